@@ -1,0 +1,368 @@
+/* clusters/<name>.json: node types, their links and prices, and the
+ * numbering of node instances ("a10[3]"). */
+#include "common/common.h"
+
+#include <ctype.h>
+#include <float.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CLUSTER_MAX_GPUS_PER_NODE 1024
+
+static const char *const cluster_keys[] = {"name", "nodes", NULL};
+static const char *const node_keys[] = {
+    "name", "count", "gpu", "gpus", "intra_node", "inter_node",
+    "price_per_hour", "devices", NULL};
+static const char *const link_keys[] = {"bandwidth_GBps", "bandwidth_Gbps",
+                                        "latency_us", NULL};
+static const char *const device_keys[] = {"index", "sm_limit",
+                                          "memory_limit_gib", NULL};
+
+/* Names end up in node names ("a10[3]") and profile file names, so they
+ * keep to characters that are safe in both. */
+static int check_identifier(const char *text, const json_place *place,
+                            const char *what, pt_error *err)
+{
+    if (text[0] == '\0')
+        return json_place_fail(place, err, "must not be empty");
+    for (const char *c = text; *c != '\0'; c++) {
+        if (!isalnum((unsigned char)*c) && *c != '-' && *c != '_' &&
+            *c != '.' && *c != '+')
+            return json_place_fail(
+                place, err,
+                "%s \"%s\" may hold only letters, digits, '-', '_', '.' and "
+                "'+', found '%c'",
+                what, text, *c);
+    }
+    if (strcmp(text, ".") == 0 || strcmp(text, "..") == 0)
+        return json_place_fail(place, err, "%s \"%s\" is not a name", what,
+                               text);
+    return 0;
+}
+
+/* A link: bandwidth in exactly one unit, and a latency. */
+static int link_from_json(const json_t *obj, const json_place *place,
+                          link_spec *out, pt_error *err)
+{
+    if (json_check_keys(obj, place, link_keys, err) != 0)
+        return -1;
+    double gigabytes_per_s = 0.0, gigabits_per_s = 0.0, latency_us = 0.0;
+    bool has_bytes = json_object_get(obj, "bandwidth_GBps") != NULL;
+    bool has_bits = json_object_get(obj, "bandwidth_Gbps") != NULL;
+    if (has_bytes == has_bits)
+        return json_place_fail(
+            place, err,
+            "give the bandwidth exactly once: bandwidth_GBps (gigabytes/s) "
+            "or bandwidth_Gbps (gigabits/s)");
+    if (json_get_positive_number(obj, place, "bandwidth_GBps", false,
+                                 &gigabytes_per_s, err) != 0 ||
+        json_get_positive_number(obj, place, "bandwidth_Gbps", false,
+                                 &gigabits_per_s, err) != 0 ||
+        json_get_number(obj, place, "latency_us", true, 0.0, 1e9,
+                        &latency_us, err) != 0)
+        return -1;
+    out->bandwidth_bytes_per_s =
+        has_bytes ? gigabytes_per_s * 1e9 : gigabits_per_s * 1e9 / 8.0;
+    out->latency_s = latency_us * 1e-6;
+    return 0;
+}
+
+static int devices_from_json(const json_t *array, const json_place *place,
+                             node_type *node, pt_error *err)
+{
+    if (!json_is_array(array))
+        return json_place_fail(place, err, "must be an array of devices");
+    size_t count = json_array_size(array);
+    if ((long long)count != node->gpus)
+        return json_place_fail(place, err,
+                               "lists %zu devices, but the node has %d GPUs "
+                               "(one device per GPU)",
+                               count, node->gpus);
+    if (count > PT_MAX_DEVICES)
+        return json_place_fail(place, err, "at most %d devices, got %zu",
+                               PT_MAX_DEVICES, count);
+    for (size_t i = 0; i < count; i++) {
+        json_place where = json_place_index(place, i);
+        const json_t *entry = json_array_get(array, i);
+        device_spec *device = &node->devices[i];
+        long long index = 0, sm_limit = 0;
+        double memory_limit_gib = 0.0;
+        if (json_check_keys(entry, &where, device_keys, err) != 0 ||
+            json_get_int(entry, &where, "index", true, 0, 1023, &index,
+                         err) != 0 ||
+            json_get_int(entry, &where, "sm_limit", false, 0, 100000,
+                         &sm_limit, err) != 0 ||
+            json_get_number(entry, &where, "memory_limit_gib", false, 0.0,
+                            1e6, &memory_limit_gib, err) != 0)
+            return -1;
+        device->index = (int)index;
+        device->sm_limit = (int)sm_limit;
+        device->memory_limit_gib = memory_limit_gib;
+    }
+    node->device_count = (int)count;
+    return 0;
+}
+
+static int node_from_json(const json_t *obj, const json_place *place,
+                          node_type *out, pt_error *err)
+{
+    if (json_check_keys(obj, place, node_keys, err) != 0)
+        return -1;
+    long long count = 1, gpus = 0;
+    if (json_get_string(obj, place, "name", true, out->name,
+                        sizeof out->name, err) != 0 ||
+        json_get_int(obj, place, "count", false, 1, PT_MAX_NODES, &count,
+                     err) != 0 ||
+        json_get_string(obj, place, "gpu", true, out->gpu, sizeof out->gpu,
+                        err) != 0 ||
+        json_get_int(obj, place, "gpus", true, 1, CLUSTER_MAX_GPUS_PER_NODE,
+                     &gpus, err) != 0 ||
+        json_get_number(obj, place, "price_per_hour", false, 0.0, DBL_MAX,
+                        &out->price_per_hour, err) != 0)
+        return -1;
+    json_place name_place = json_place_key(place, "name");
+    json_place gpu_place = json_place_key(place, "gpu");
+    if (check_identifier(out->name, &name_place, "node name", err) != 0 ||
+        check_identifier(out->gpu, &gpu_place, "GPU name", err) != 0)
+        return -1;
+    out->count = (int)count;
+    out->gpus = (int)gpus;
+
+    json_place intra_place = json_place_key(place, "intra_node");
+    const json_t *intra = json_object_get(obj, "intra_node");
+    if (intra == NULL)
+        return json_place_fail(&intra_place, err, "missing (required)");
+    if (link_from_json(intra, &intra_place, &out->intra_node, err) != 0)
+        return -1;
+    /* Absent inter_node is checked by the caller: it only matters when
+     * the cluster has more than one node. */
+    const json_t *inter = json_object_get(obj, "inter_node");
+    if (inter != NULL) {
+        json_place inter_place = json_place_key(place, "inter_node");
+        if (link_from_json(inter, &inter_place, &out->inter_node, err) != 0)
+            return -1;
+    }
+    const json_t *devices = json_object_get(obj, "devices");
+    if (devices != NULL) {
+        json_place devices_place = json_place_key(place, "devices");
+        if (devices_from_json(devices, &devices_place, out, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int check_cluster_whole(const json_t *nodes, const json_place *place,
+                               const cluster *c, pt_error *err)
+{
+    for (int i = 0; i < c->type_count; i++) {
+        json_place where = json_place_index(place, (size_t)i);
+        for (int j = 0; j < i; j++)
+            if (strcmp(c->types[i].name, c->types[j].name) == 0) {
+                json_place name_place = json_place_key(&where, "name");
+                return json_place_fail(&name_place, err,
+                                       "\"%s\" is already the name of "
+                                       "nodes[%d]",
+                                       c->types[i].name, j);
+            }
+        bool has_inter =
+            json_object_get(json_array_get(nodes, (size_t)i), "inter_node") !=
+            NULL;
+        if (!has_inter && c->node_count > 1) {
+            json_place inter_place = json_place_key(&where, "inter_node");
+            return json_place_fail(&inter_place, err,
+                                   "missing (required when the cluster has "
+                                   "more than one node; it has %d)",
+                                   c->node_count);
+        }
+    }
+    return 0;
+}
+
+int cluster_from_json(const json_t *obj, const json_place *place,
+                      cluster *out, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    pt_copy_string(out->source_dir, sizeof out->source_dir, ".");
+    if (json_check_keys(obj, place, cluster_keys, err) != 0 ||
+        json_get_string(obj, place, "name", true, out->name,
+                        sizeof out->name, err) != 0)
+        return -1;
+    if (out->name[0] == '\0') {
+        json_place name_place = json_place_key(place, "name");
+        return json_place_fail(&name_place, err, "must not be empty");
+    }
+    json_place nodes_place = json_place_key(place, "nodes");
+    const json_t *nodes = json_object_get(obj, "nodes");
+    if (nodes == NULL)
+        return json_place_fail(&nodes_place, err, "missing (required)");
+    if (!json_is_array(nodes) || json_array_size(nodes) == 0)
+        return json_place_fail(&nodes_place, err,
+                               "must be a non-empty array of node types");
+    size_t type_count = json_array_size(nodes);
+    if (type_count > PT_MAX_NODES)
+        return json_place_fail(&nodes_place, err,
+                               "at most %d node types, got %zu", PT_MAX_NODES,
+                               type_count);
+    out->types = calloc(type_count, sizeof *out->types);
+    if (out->types == NULL)
+        return json_place_fail(&nodes_place, err, "out of memory");
+    out->type_count = (int)type_count;
+    for (size_t i = 0; i < type_count; i++) {
+        json_place where = json_place_index(&nodes_place, i);
+        if (node_from_json(json_array_get(nodes, i), &where, &out->types[i],
+                           err) != 0) {
+            cluster_free(out);
+            return -1;
+        }
+        out->node_count += out->types[i].count;
+        if (out->node_count > PT_MAX_NODES) {
+            cluster_free(out);
+            return json_place_fail(&nodes_place, err,
+                                   "more than %d nodes in all", PT_MAX_NODES);
+        }
+    }
+    if (check_cluster_whole(nodes, &nodes_place, out, err) != 0) {
+        cluster_free(out);
+        return -1;
+    }
+    return 0;
+}
+
+int cluster_load_file(const char *path, cluster *out, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    json_t *root = pt_json_load_file(path, err);
+    if (root == NULL)
+        return -1;
+    json_place place = json_place_root(path);
+    int status = cluster_from_json(root, &place, out, err);
+    json_decref(root);
+    if (status == 0)
+        pt_directory_of(path, out->source_dir, sizeof out->source_dir);
+    return status;
+}
+
+void cluster_free(cluster *c)
+{
+    if (c == NULL)
+        return;
+    free(c->types);
+    c->types = NULL;
+    c->type_count = 0;
+    c->node_count = 0;
+}
+
+int cluster_copy(cluster *dst, const cluster *src, pt_error *err)
+{
+    *dst = *src;
+    dst->types = NULL;
+    if (src->type_count > 0) {
+        dst->types = malloc((size_t)src->type_count * sizeof *dst->types);
+        if (dst->types == NULL) {
+            dst->type_count = 0;
+            dst->node_count = 0;
+            return pt_fail(err, "cluster %s: out of memory", src->name);
+        }
+        memcpy(dst->types, src->types,
+               (size_t)src->type_count * sizeof *dst->types);
+    }
+    return 0;
+}
+
+int cluster_node_type(const cluster *c, int node)
+{
+    if (node < 0)
+        return -1;
+    for (int type = 0; type < c->type_count; type++) {
+        if (node < c->types[type].count)
+            return type;
+        node -= c->types[type].count;
+    }
+    return -1;
+}
+
+int cluster_node_ordinal(const cluster *c, int node)
+{
+    if (node < 0)
+        return -1;
+    for (int type = 0; type < c->type_count; type++) {
+        if (node < c->types[type].count)
+            return node;
+        node -= c->types[type].count;
+    }
+    return -1;
+}
+
+void cluster_node_name(const cluster *c, int node, char *out, size_t size)
+{
+    int type = cluster_node_type(c, node);
+    if (type < 0) {
+        snprintf(out, size, "node%d?", node);
+        return;
+    }
+    snprintf(out, size, "%s[%d]", c->types[type].name,
+             cluster_node_ordinal(c, node));
+}
+
+int cluster_find_node(const cluster *c, const char *name)
+{
+    const char *bracket = strrchr(name, '[');
+    if (bracket == NULL || bracket == name)
+        return -1;
+    size_t type_length = (size_t)(bracket - name);
+    const char *digits = bracket + 1;
+    /* Only the canonical spelling "a10[3]": no sign, space or leading 0. */
+    if (!isdigit((unsigned char)digits[0]) ||
+        (digits[0] == '0' && digits[1] != ']'))
+        return -1;
+    char *end;
+    long ordinal = strtol(digits, &end, 10);
+    if (end[0] != ']' || end[1] != '\0' || ordinal > INT_MAX)
+        return -1;
+    int first = 0;
+    for (int type = 0; type < c->type_count; type++) {
+        const node_type *node = &c->types[type];
+        if (strlen(node->name) == type_length &&
+            strncmp(node->name, name, type_length) == 0)
+            return ordinal < node->count ? first + (int)ordinal : -1;
+        first += node->count;
+    }
+    return -1;
+}
+
+int cluster_gpu_count(const cluster *c)
+{
+    int gpus = 0;
+    for (int type = 0; type < c->type_count; type++)
+        gpus += c->types[type].count * c->types[type].gpus;
+    return gpus;
+}
+
+int cluster_node_gpus(const cluster *c, int node)
+{
+    int type = cluster_node_type(c, node);
+    return type < 0 ? 0 : c->types[type].gpus;
+}
+
+link_spec cluster_link(const cluster *c, int node_a, int node_b)
+{
+    link_spec none = {0.0, 0.0};
+    int type_a = cluster_node_type(c, node_a);
+    int type_b = cluster_node_type(c, node_b);
+    if (type_a < 0 || type_b < 0)
+        return none;
+    if (node_a == node_b)
+        return c->types[type_a].intra_node;
+    const link_spec *a = &c->types[type_a].inter_node;
+    const link_spec *b = &c->types[type_b].inter_node;
+    link_spec slower;
+    slower.bandwidth_bytes_per_s =
+        a->bandwidth_bytes_per_s < b->bandwidth_bytes_per_s
+            ? a->bandwidth_bytes_per_s
+            : b->bandwidth_bytes_per_s;
+    slower.latency_s = a->latency_s > b->latency_s ? a->latency_s
+                                                   : b->latency_s;
+    return slower;
+}

@@ -1,0 +1,354 @@
+/*
+ * common: errors, units, JSON reading with validation, and the in-memory
+ * form of the files users write (model, cluster, profile, plan).
+ *
+ * Every reader validates each field and, on failure, fills a pt_error whose
+ * message names the file, the JSON path and the reason, for example
+ *   clusters/bad.json: nodes[1].gpus: must be a positive integer, got 0
+ * Libraries never print or exit; the command-line layer does.
+ */
+#ifndef PARTITA_COMMON_H
+#define PARTITA_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#define PARTITA_VERSION "0.1.0"
+#define PT_NAME_MAX 64
+#define PT_PATH_MAX 1024
+
+/* ---------------------------------------------------------------- errors */
+
+/* An error travels up as a message; the caller decides how to show it. */
+typedef struct pt_error {
+    char message[1024];
+} pt_error;
+
+/* Formats the message into err (when err is not NULL) and returns -1, so a
+ * function can write `return pt_fail(err, "...", ...);`. */
+int pt_fail(pt_error *err, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Puts "prefix: " in front of an existing message (used to add the file). */
+void pt_error_prefix(pt_error *err, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ----------------------------------------------------------------- units */
+
+#define PT_GIB (1024.0 * 1024.0 * 1024.0)
+
+/* Human-readable time with its unit: "812 us", "14.2 ms", "3.41 s". */
+void pt_format_seconds(double seconds, char *out, size_t out_size);
+/* "1.50 GiB", "512 MiB", "4.0 KiB", "12 B". */
+void pt_format_bytes(double bytes, char *out, size_t out_size);
+
+/* --------------------------------------------------------------- strings */
+
+/* Copies at most out_size-1 bytes and always terminates. */
+void pt_copy_string(char *out, size_t out_size, const char *text);
+
+/* The directory part of path ("." when it has none). */
+void pt_directory_of(const char *path, char *out, size_t out_size);
+
+/* Resolves a relative path against base_dir; absolute paths pass as is. */
+void pt_resolve_path(const char *base_dir, const char *path, char *out,
+                     size_t out_size);
+
+/* ------------------------------------------------------ JSON validation */
+
+/* Where a value sits: the file and the JSON path that leads to it. Readers
+ * pass it down so that every message can name both. */
+typedef struct json_place {
+    const char *file;   /* file name as the user gave it, or "<inline>" */
+    char path[256];     /* JSON path such as "nodes[1].intra_node" */
+} json_place;
+
+/* Parses a whole file; on failure the message names file, line, column. */
+json_t *pt_json_load_file(const char *path, pt_error *err);
+
+/* A child place: place.key or place[index]. */
+json_place json_place_key(const json_place *parent, const char *key);
+json_place json_place_index(const json_place *parent, size_t index);
+
+/* Fails when obj has a key that is not in allowed (a NULL-terminated
+ * list); the key "notes" is always allowed. */
+int json_check_keys(const json_t *obj, const json_place *place,
+                    const char *const *allowed, pt_error *err);
+
+/* Field getters. `required` false: an absent key leaves *out untouched
+ * (the caller sets the default first) and returns 0. Type and range are
+ * checked and reported with the field's full place. */
+int json_get_int(const json_t *obj, const json_place *place, const char *key,
+                 bool required, long long min, long long max, long long *out,
+                 pt_error *err);
+int json_get_number(const json_t *obj, const json_place *place,
+                    const char *key, bool required, double min, double max,
+                    double *out, pt_error *err);
+int json_get_bool(const json_t *obj, const json_place *place, const char *key,
+                  bool required, bool *out, pt_error *err);
+int json_get_string(const json_t *obj, const json_place *place,
+                    const char *key, bool required, char *out,
+                    size_t out_size, pt_error *err);
+/* Fails unless the value is an object (used for nested objects). */
+int json_expect_object(const json_t *value, const json_place *place,
+                       pt_error *err);
+
+/* The place of a file's root value (path ""); file NULL means "<inline>". */
+json_place json_place_root(const char *file);
+
+/* Formats "file: path: reason" (or "file: reason" at the root) into err
+ * and returns -1. */
+int json_place_fail(const json_place *place, pt_error *err,
+                    const char *format, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* A number > 0 (finite). Same conventions as json_get_number. */
+int json_get_positive_number(const json_t *obj, const json_place *place,
+                             const char *key, bool required, double *out,
+                             pt_error *err);
+
+/* A string that must be one of names (NULL-terminated); *out receives its
+ * index. Absent and not required: *out untouched, returns 0. */
+int json_get_choice(const json_t *obj, const json_place *place,
+                    const char *key, bool required,
+                    const char *const *names, int *out, pt_error *err);
+
+/* ----------------------------------------------------------------- model */
+
+/* The shape of a GPT-style transformer (models/<name>.json). */
+typedef struct model_shape {
+    char name[PT_NAME_MAX];
+    int layers;
+    int hidden;
+    int heads;
+    int ffn_hidden;      /* default 4 x hidden */
+    int seq;
+    int vocab;
+    bool tied_embeddings; /* default true */
+} model_shape;
+
+int model_from_json(const json_t *obj, const json_place *place,
+                    model_shape *out, pt_error *err);
+int model_load_file(const char *path, model_shape *out, pt_error *err);
+
+/* Parameters of the whole model (embeddings, position embeddings, layers,
+ * final norm; the head counts once when tied). */
+double model_parameter_count(const model_shape *model);
+/* Parameters of one transformer layer. */
+double model_layer_parameter_count(const model_shape *model);
+
+/* --------------------------------------------------------------- cluster */
+
+typedef struct link_spec {
+    double bandwidth_bytes_per_s;
+    double latency_s;
+} link_spec;
+
+/* A local device of a node, optionally throttled to pose as a slower
+ * GPU type (used by exec; the planner ignores it). */
+typedef struct device_spec {
+    int index;
+    int sm_limit;            /* 0: all SMs */
+    double memory_limit_gib; /* 0: no cap */
+} device_spec;
+
+#define PT_MAX_DEVICES 16
+
+/* One entry of "nodes": `count` identical nodes. */
+typedef struct node_type {
+    char name[PT_NAME_MAX];
+    int count;
+    char gpu[PT_NAME_MAX];  /* names a profile */
+    int gpus;               /* GPUs per node */
+    link_spec intra_node;
+    link_spec inter_node;
+    double price_per_hour;  /* USD per node-hour, 0 when not given */
+    int device_count;
+    device_spec devices[PT_MAX_DEVICES];
+} node_type;
+
+typedef struct cluster {
+    char name[PT_NAME_MAX * 2];
+    char source_dir[PT_PATH_MAX]; /* directory of the file, for profiles */
+    int type_count;
+    node_type *types;             /* owned */
+    int node_count;               /* sum of counts */
+} cluster;
+
+int cluster_from_json(const json_t *obj, const json_place *place,
+                      cluster *out, pt_error *err);
+int cluster_load_file(const char *path, cluster *out, pt_error *err);
+void cluster_free(cluster *c);
+/* Deep copy (dst must be unused or freed). */
+int cluster_copy(cluster *dst, const cluster *src, pt_error *err);
+
+/* Node instances are numbered 0..node_count-1 in file order: type 0's
+ * nodes first. These map between an instance, its type and its name
+ * ("a10[3]"). */
+int cluster_node_type(const cluster *c, int node);
+int cluster_node_ordinal(const cluster *c, int node);
+void cluster_node_name(const cluster *c, int node, char *out, size_t size);
+/* -1 when no node has that name. */
+int cluster_find_node(const cluster *c, const char *name);
+int cluster_gpu_count(const cluster *c);
+/* GPUs of one node instance (0 when node is out of range). */
+int cluster_node_gpus(const cluster *c, int node);
+/* The link between two node instances: intra-node when a == b, else the
+ * slower of the two nodes' inter-node figures. */
+link_spec cluster_link(const cluster *c, int node_a, int node_b);
+
+/* --------------------------------------------------------------- profile */
+
+/* Forward and backward seconds of one part of the model, per micro-batch. */
+typedef struct part_cost {
+    double forward_s;
+    double backward_s;
+} part_cost;
+
+/* Costs measured for one (tp, micro-batch) point. */
+typedef struct profile_point {
+    int tp;
+    int mbs;
+    part_cost embedding;
+    part_cost layer;     /* one transformer layer */
+    part_cost head;      /* final norm, LM head, loss */
+} profile_point;
+
+/* The costs of one layer shape. heads is recorded but not part of the
+ * key: a layer's FLOPs and bytes do not depend on the head count. */
+typedef struct profile_shape {
+    int hidden, heads, ffn_hidden, seq, vocab;
+    int point_count;
+    profile_point *points;  /* owned */
+} profile_shape;
+
+/* A measured communication time for a message size over `gpus` GPUs. */
+typedef struct comm_sample {
+    int gpus;
+    double bytes;
+    double time_s;
+} comm_sample;
+
+typedef struct comm_curve {
+    int sample_count;
+    comm_sample *samples;   /* owned, sorted by gpus then bytes */
+} comm_curve;
+
+typedef enum profile_source {
+    PROFILE_MEASURED,
+    PROFILE_PUBLISHED,
+    PROFILE_DERIVED
+} profile_source;
+
+typedef enum microbatch_scaling {
+    MBS_SCALING_MEASURED,  /* interpolate between measured micro-batches */
+    MBS_SCALING_LINEAR     /* time = time at the measured mbs x mbs/that */
+} microbatch_scaling;
+
+typedef struct profile {
+    char gpu[PT_NAME_MAX];
+    double memory_gib;         /* usable memory */
+    profile_source source;
+    json_t *provenance;        /* owned: kept as written, for output */
+    /* assumptions */
+    double backward_over_forward; /* > 0: backward = this x forward when a
+                                     point gives no backward */
+    microbatch_scaling mbs_scaling;
+    bool layer_times_include_tp_comm;
+    double workspace_gib;         /* CUDA context, cuBLAS, NCCL buffers */
+    double optimizer_s_per_param; /* AdamW step time per parameter */
+    /* efficiency model: prices shapes the profile does not hold */
+    double peak_tflops;           /* dense bf16/fp16 tensor peak */
+    double flops_efficiency;      /* achieved fraction of peak, 0: fit */
+    double memory_bandwidth_GBps;
+    int shape_count;
+    profile_shape *shapes;        /* owned */
+    comm_curve allreduce;         /* optional, sample_count 0 if absent */
+    comm_curve sendrecv;
+} profile;
+
+int profile_from_json(const json_t *obj, const json_place *place,
+                      profile *out, pt_error *err);
+int profile_load_file(const char *path, profile *out, pt_error *err);
+void profile_free(profile *p);
+const char *profile_source_name(profile_source source);
+
+/* The shape of p that prices this model's layers: same hidden,
+ * ffn_hidden, seq and vocab (heads is not part of the key). -1: none. */
+int profile_find_shape(const profile *p, const model_shape *model);
+/* The point (tp, mbs) of a shape; -1 when it was not measured. Points are
+ * sorted by tp, then mbs. */
+int profile_find_point(const profile_shape *shape, int tp, int mbs);
+
+/* Finds profiles/<gpu>.json: in extra_dir (may be NULL), then in
+ * $PARTITA_PROFILES, then next to the cluster file (../profiles), then in
+ * the installed profile directory. */
+int profile_find(const char *gpu, const char *extra_dir,
+                 const char *cluster_dir, char *out_path, size_t out_size,
+                 pt_error *err);
+
+/* ------------------------------------------------------------------ plan */
+
+typedef enum schedule_kind { SCHEDULE_1F1B, SCHEDULE_GPIPE } schedule_kind;
+typedef enum precision_kind {
+    PRECISION_BF16,
+    PRECISION_FP16,
+    PRECISION_FP32
+} precision_kind;
+
+const char *schedule_name(schedule_kind kind);
+const char *precision_name(precision_kind kind);
+/* Bytes of one activation / weight element in this precision. */
+int precision_bytes(precision_kind kind);
+
+/* The parallel degrees and memory levers of a plan. */
+typedef struct parallel_config {
+    int gbs, mbs, tp, dp, pp;
+    schedule_kind schedule;
+    precision_kind precision;
+    bool recompute;             /* full activation recompute */
+    bool distributed_optimizer; /* ZeRO-1 over the dp group */
+} parallel_config;
+
+/* Micro-batches per iteration: gbs / (dp x mbs). */
+int parallel_microbatches(const parallel_config *config);
+
+#define PT_MAX_STAGES 512
+#define PT_MAX_NODES 4096
+
+typedef struct plan {
+    model_shape model;
+    cluster cluster;                 /* owned */
+    char model_ref[PT_PATH_MAX];     /* as written; "" when inline */
+    char cluster_ref[PT_PATH_MAX];
+    char source_dir[PT_PATH_MAX];    /* directory of the plan file */
+    parallel_config config;
+    int partition[PT_MAX_STAGES];    /* layers per stage */
+    int node_order_count;
+    int *node_order;                 /* owned: node instances, pipeline order */
+} plan;
+
+/* Parses "0-11-8-8" (or a JSON array handled by the plan reader) into
+ * stages; fails on empty parts, signs, junk or more than max_stages. */
+int partition_parse(const char *text, int *out, int max_stages,
+                    int *out_count, pt_error *err);
+/* Writes "0-11-8-8". */
+void partition_format(const int *layers, int count, char *out, size_t size);
+/* The default partition: layers split evenly over stages, the earlier
+ * stages taking one extra layer each while the remainder lasts. */
+void partition_even(int layers, int stages, int *out);
+
+/* Readers zero *out first; on failure they free what they built, so
+ * *out is empty and safe to free again. file may be NULL ("<inline>"):
+ * relative paths then resolve against the current directory. */
+int plan_from_json(const json_t *obj, const char *file, plan *out,
+                   pt_error *err);
+int plan_load_file(const char *path, plan *out, pt_error *err);
+void plan_free(plan *p);
+/* The GPUs a plan's node order provides, and the node of a rank. */
+int plan_gpu_count(const plan *p);
+int plan_rank_node(const plan *p, int rank);
+
+#endif

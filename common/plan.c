@@ -1,0 +1,456 @@
+/* plan.json: the degrees, partition and node order of a training run. The
+ * reader checks everything that can be checked without a cost model. */
+#include "common/common.h"
+
+#include <ctype.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PLAN_FORMAT "partita-plan/1"
+
+/* `estimate` and `alternatives` are output of `plan` / `estimate`; a plan
+ * that carries them is still a plan. */
+static const char *const plan_keys[] = {
+    "format", "model", "cluster", "gbs", "mbs", "tp", "dp", "pp",
+    "partition", "node_order", "schedule", "precision", "recompute",
+    "distributed_optimizer", "estimate", "alternatives", NULL};
+
+/* In enum order. */
+static const char *const schedule_names[] = {"1f1b", "gpipe", NULL};
+static const char *const precision_names[] = {"bf16", "fp16", "fp32", NULL};
+static const char *const recompute_names[] = {"none", "full", NULL};
+
+const char *schedule_name(schedule_kind kind)
+{
+    return kind == SCHEDULE_GPIPE ? "gpipe" : "1f1b";
+}
+
+const char *precision_name(precision_kind kind)
+{
+    switch (kind) {
+    case PRECISION_FP16:
+        return "fp16";
+    case PRECISION_FP32:
+        return "fp32";
+    default:
+        return "bf16";
+    }
+}
+
+int precision_bytes(precision_kind kind)
+{
+    return kind == PRECISION_FP32 ? 4 : 2;
+}
+
+int parallel_microbatches(const parallel_config *config)
+{
+    long long per_microbatch = (long long)config->dp * config->mbs;
+    if (per_microbatch <= 0)
+        return 0;
+    return (int)(config->gbs / per_microbatch);
+}
+
+/* ------------------------------------------------------------ partition */
+
+int partition_parse(const char *text, int *out, int max_stages,
+                    int *out_count, pt_error *err)
+{
+    *out_count = 0;
+    if (text == NULL || text[0] == '\0')
+        return pt_fail(err, "partition \"\" is empty: write layers per "
+                            "stage as \"a-b-c\"");
+    int count = 0;
+    const char *cursor = text;
+    for (;;) {
+        if (!isdigit((unsigned char)*cursor))
+            return pt_fail(err,
+                           "partition \"%.80s\": expected a layer count at "
+                           "character %td, found %s",
+                           text, cursor - text + 1,
+                           *cursor == '\0' ? "the end" : "something else");
+        long long layers = 0;
+        while (isdigit((unsigned char)*cursor)) {
+            layers = layers * 10 + (*cursor - '0');
+            if (layers > INT_MAX)
+                return pt_fail(err,
+                               "partition \"%.80s\": stage %d is too large",
+                               text, count + 1);
+            cursor++;
+        }
+        if (count == max_stages)
+            return pt_fail(err,
+                           "partition \"%.80s\": more than %d stages", text,
+                           max_stages);
+        out[count++] = (int)layers;
+        if (*cursor == '\0')
+            break;
+        if (*cursor != '-')
+            return pt_fail(err,
+                           "partition \"%.80s\": unexpected '%c' at "
+                           "character %td (stages are separated by '-')",
+                           text, *cursor, cursor - text + 1);
+        cursor++;
+    }
+    *out_count = count;
+    return 0;
+}
+
+void partition_format(const int *layers, int count, char *out, size_t size)
+{
+    if (size == 0)
+        return;
+    out[0] = '\0';
+    size_t used = 0;
+    for (int i = 0; i < count && used < size; i++) {
+        int written = snprintf(out + used, size - used, "%s%d",
+                               i > 0 ? "-" : "", layers[i]);
+        if (written < 0)
+            break;
+        used += (size_t)written;
+    }
+}
+
+void partition_even(int layers, int stages, int *out)
+{
+    if (stages <= 0)
+        return;
+    for (int stage = 0; stage < stages; stage++)
+        out[stage] = layers / stages + (stage < layers % stages ? 1 : 0);
+}
+
+/* ---------------------------------------------------------- plan reader */
+
+/* model / cluster: a path (resolved against the plan's directory) or an
+ * inline object. */
+static int model_part(const json_t *obj, const json_place *place, plan *out,
+                      pt_error *err)
+{
+    json_place where = json_place_key(place, "model");
+    const json_t *value = json_object_get(obj, "model");
+    if (value == NULL)
+        return json_place_fail(&where, err, "missing (required)");
+    if (json_is_object(value))
+        return model_from_json(value, &where, &out->model, err);
+    if (!json_is_string(value))
+        return json_place_fail(&where, err,
+                               "must be a path or an inline model object");
+    if (json_get_string(obj, place, "model", true, out->model_ref,
+                        sizeof out->model_ref, err) != 0)
+        return -1;
+    char path[PT_PATH_MAX];
+    pt_resolve_path(out->source_dir, out->model_ref, path, sizeof path);
+    if (model_load_file(path, &out->model, err) != 0) {
+        pt_error_prefix(err, "%s: model", place->file);
+        return -1;
+    }
+    return 0;
+}
+
+static int cluster_part(const json_t *obj, const json_place *place,
+                        plan *out, pt_error *err)
+{
+    json_place where = json_place_key(place, "cluster");
+    const json_t *value = json_object_get(obj, "cluster");
+    if (value == NULL)
+        return json_place_fail(&where, err, "missing (required)");
+    if (json_is_object(value)) {
+        if (cluster_from_json(value, &where, &out->cluster, err) != 0)
+            return -1;
+        pt_copy_string(out->cluster.source_dir,
+                       sizeof out->cluster.source_dir, out->source_dir);
+        return 0;
+    }
+    if (!json_is_string(value))
+        return json_place_fail(&where, err,
+                               "must be a path or an inline cluster object");
+    if (json_get_string(obj, place, "cluster", true, out->cluster_ref,
+                        sizeof out->cluster_ref, err) != 0)
+        return -1;
+    char path[PT_PATH_MAX];
+    pt_resolve_path(out->source_dir, out->cluster_ref, path, sizeof path);
+    if (cluster_load_file(path, &out->cluster, err) != 0) {
+        pt_error_prefix(err, "%s: cluster", place->file);
+        return -1;
+    }
+    return 0;
+}
+
+static int degrees_part(const json_t *obj, const json_place *place,
+                        plan *out, pt_error *err)
+{
+    parallel_config *config = &out->config;
+    long long gbs = 0, mbs = 0, tp = 0, dp = 0, pp = 0;
+    int schedule = SCHEDULE_1F1B, precision = PRECISION_BF16, recompute = 0;
+    if (json_get_int(obj, place, "gbs", true, 1, INT_MAX, &gbs, err) != 0 ||
+        json_get_int(obj, place, "mbs", true, 1, INT_MAX, &mbs, err) != 0 ||
+        json_get_int(obj, place, "tp", true, 1, 65536, &tp, err) != 0 ||
+        json_get_int(obj, place, "dp", true, 1, 1 << 20, &dp, err) != 0 ||
+        json_get_int(obj, place, "pp", true, 1, PT_MAX_STAGES, &pp, err) !=
+            0 ||
+        json_get_choice(obj, place, "schedule", false, schedule_names,
+                        &schedule, err) != 0 ||
+        json_get_choice(obj, place, "precision", false, precision_names,
+                        &precision, err) != 0 ||
+        json_get_choice(obj, place, "recompute", false, recompute_names,
+                        &recompute, err) != 0 ||
+        json_get_bool(obj, place, "distributed_optimizer", false,
+                      &config->distributed_optimizer, err) != 0)
+        return -1;
+    config->gbs = (int)gbs;
+    config->mbs = (int)mbs;
+    config->tp = (int)tp;
+    config->dp = (int)dp;
+    config->pp = (int)pp;
+    config->schedule = (schedule_kind)schedule;
+    config->precision = (precision_kind)precision;
+    config->recompute = recompute == 1;
+    if (gbs % (dp * mbs) != 0) {
+        json_place where = json_place_key(place, "gbs");
+        return json_place_fail(&where, err,
+                               "%lld is not divisible by dp x mbs = %lld x "
+                               "%lld = %lld",
+                               gbs, dp, mbs, dp * mbs);
+    }
+    return 0;
+}
+
+static int partition_array(const json_t *array, const json_place *where,
+                           int *out, int *count, pt_error *err)
+{
+    size_t size = json_array_size(array);
+    if (size == 0)
+        return json_place_fail(where, err, "must not be empty");
+    if (size > PT_MAX_STAGES)
+        return json_place_fail(where, err, "more than %d stages",
+                               PT_MAX_STAGES);
+    for (size_t i = 0; i < size; i++) {
+        const json_t *entry = json_array_get(array, i);
+        json_place entry_place = json_place_index(where, i);
+        if (!json_is_integer(entry) || json_integer_value(entry) < 0 ||
+            json_integer_value(entry) > INT_MAX)
+            return json_place_fail(&entry_place, err,
+                                   "must be a non-negative integer (layers "
+                                   "of the stage)");
+        out[i] = (int)json_integer_value(entry);
+    }
+    *count = (int)size;
+    return 0;
+}
+
+static int partition_part(const json_t *obj, const json_place *place,
+                          plan *out, pt_error *err)
+{
+    json_place where = json_place_key(place, "partition");
+    const json_t *value = json_object_get(obj, "partition");
+    int pp = out->config.pp;
+    if (value == NULL) {
+        partition_even(out->model.layers, pp, out->partition);
+        return 0;
+    }
+    int count = 0;
+    if (json_is_string(value)) {
+        if (partition_parse(json_string_value(value), out->partition,
+                            PT_MAX_STAGES, &count, err) != 0) {
+            pt_error_prefix(err, "%s: partition", where.file);
+            return -1;
+        }
+    } else if (json_is_array(value)) {
+        if (partition_array(value, &where, out->partition, &count, err) != 0)
+            return -1;
+    } else {
+        return json_place_fail(&where, err,
+                               "must be a string \"a-b-c\" or an array of "
+                               "layer counts");
+    }
+    if (count != pp)
+        return json_place_fail(&where, err,
+                               "has %d stages, but pp is %d", count, pp);
+    long long sum = 0;
+    for (int stage = 0; stage < count; stage++)
+        sum += out->partition[stage];
+    if (sum != out->model.layers)
+        return json_place_fail(&where, err,
+                               "stages hold %lld layers in all, but model "
+                               "%s has %d",
+                               sum, out->model.name, out->model.layers);
+    return 0;
+}
+
+/* Lists the cluster's node names for an "unknown node" message. */
+static void list_node_names(const cluster *c, char *out, size_t size)
+{
+    out[0] = '\0';
+    size_t used = 0;
+    for (int type = 0; type < c->type_count && used < size; type++) {
+        const node_type *node = &c->types[type];
+        int written =
+            node->count == 1
+                ? snprintf(out + used, size - used, "%s%s[0]",
+                           type > 0 ? ", " : "", node->name)
+                : snprintf(out + used, size - used, "%s%s[0]..%s[%d]",
+                           type > 0 ? ", " : "", node->name, node->name,
+                           node->count - 1);
+        if (written < 0)
+            break;
+        used += (size_t)written;
+    }
+}
+
+static int node_order_part(const json_t *obj, const json_place *place,
+                           plan *out, pt_error *err)
+{
+    json_place where = json_place_key(place, "node_order");
+    const json_t *value = json_object_get(obj, "node_order");
+    const cluster *c = &out->cluster;
+    size_t count = value != NULL ? json_array_size(value)
+                                 : (size_t)c->node_count;
+    if (value != NULL && (!json_is_array(value) || count == 0))
+        return json_place_fail(&where, err,
+                               "must be a non-empty array of node names "
+                               "such as \"a10[3]\"");
+    out->node_order = calloc(count, sizeof *out->node_order);
+    if (out->node_order == NULL)
+        return json_place_fail(&where, err, "out of memory");
+    out->node_order_count = (int)count;
+    for (size_t i = 0; i < count; i++) {
+        if (value == NULL) {
+            out->node_order[i] = (int)i;
+            continue;
+        }
+        json_place entry_place = json_place_index(&where, i);
+        const json_t *entry = json_array_get(value, i);
+        if (!json_is_string(entry))
+            return json_place_fail(&entry_place, err,
+                                   "must be a node name such as \"a10[3]\"");
+        int node = cluster_find_node(c, json_string_value(entry));
+        if (node < 0) {
+            char names[256];
+            list_node_names(c, names, sizeof names);
+            return json_place_fail(&entry_place, err,
+                                   "unknown node \"%.64s\" (cluster %s has "
+                                   "%s)",
+                                   json_string_value(entry), c->name, names);
+        }
+        for (size_t j = 0; j < i; j++)
+            if (out->node_order[j] == node)
+                return json_place_fail(&entry_place, err,
+                                       "node \"%.64s\" is listed twice (also "
+                                       "at node_order[%zu])",
+                                       json_string_value(entry), j);
+        out->node_order[i] = node;
+    }
+    return 0;
+}
+
+/* tp x dp x pp must fill the ordered nodes exactly, and no tensor-parallel
+ * group may straddle two nodes. */
+static int check_placement(const json_place *place, plan *out, pt_error *err)
+{
+    const parallel_config *config = &out->config;
+    long long needed = (long long)config->tp * config->dp * config->pp;
+    long long held = plan_gpu_count(out);
+    if (needed != held)
+        return json_place_fail(place, err,
+                               "tp x dp x pp = %d x %d x %d = %lld GPUs, but "
+                               "the %d nodes of node_order hold %lld GPUs",
+                               config->tp, config->dp, config->pp, needed,
+                               out->node_order_count, held);
+    for (int i = 0; i < out->node_order_count; i++) {
+        int node = out->node_order[i];
+        int gpus = cluster_node_gpus(&out->cluster, node);
+        if (gpus % config->tp != 0) {
+            char name[PT_NAME_MAX + 16];
+            cluster_node_name(&out->cluster, node, name, sizeof name);
+            json_place where = json_place_key(place, "tp");
+            return json_place_fail(&where, err,
+                                   "%d does not divide the %d GPUs of node "
+                                   "%s: a tensor-parallel group must stay "
+                                   "inside one node",
+                                   config->tp, gpus, name);
+        }
+    }
+    return 0;
+}
+
+static int plan_parts(const json_t *obj, const json_place *place, plan *out,
+                      pt_error *err)
+{
+    char format[64] = PLAN_FORMAT;
+    if (json_check_keys(obj, place, plan_keys, err) != 0 ||
+        json_get_string(obj, place, "format", false, format, sizeof format,
+                        err) != 0)
+        return -1;
+    if (strcmp(format, PLAN_FORMAT) != 0) {
+        json_place where = json_place_key(place, "format");
+        return json_place_fail(&where, err, "must be \"%s\", got \"%s\"",
+                               PLAN_FORMAT, format);
+    }
+    if (degrees_part(obj, place, out, err) != 0 ||
+        model_part(obj, place, out, err) != 0 ||
+        cluster_part(obj, place, out, err) != 0 ||
+        partition_part(obj, place, out, err) != 0 ||
+        node_order_part(obj, place, out, err) != 0 ||
+        check_placement(place, out, err) != 0)
+        return -1;
+    return 0;
+}
+
+int plan_from_json(const json_t *obj, const char *file, plan *out,
+                   pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    json_place place = json_place_root(file);
+    if (file != NULL)
+        pt_directory_of(file, out->source_dir, sizeof out->source_dir);
+    else
+        pt_copy_string(out->source_dir, sizeof out->source_dir, ".");
+    if (plan_parts(obj, &place, out, err) != 0) {
+        plan_free(out);
+        return -1;
+    }
+    return 0;
+}
+
+int plan_load_file(const char *path, plan *out, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    json_t *root = pt_json_load_file(path, err);
+    if (root == NULL)
+        return -1;
+    int status = plan_from_json(root, path, out, err);
+    json_decref(root);
+    return status;
+}
+
+void plan_free(plan *p)
+{
+    if (p == NULL)
+        return;
+    cluster_free(&p->cluster);
+    free(p->node_order);
+    p->node_order = NULL;
+    p->node_order_count = 0;
+}
+
+int plan_gpu_count(const plan *p)
+{
+    int gpus = 0;
+    for (int i = 0; i < p->node_order_count; i++)
+        gpus += cluster_node_gpus(&p->cluster, p->node_order[i]);
+    return gpus;
+}
+
+int plan_rank_node(const plan *p, int rank)
+{
+    if (rank < 0)
+        return -1;
+    for (int i = 0; i < p->node_order_count; i++) {
+        int gpus = cluster_node_gpus(&p->cluster, p->node_order[i]);
+        if (rank < gpus)
+            return p->node_order[i];
+        rank -= gpus;
+    }
+    return -1;
+}

@@ -1,0 +1,543 @@
+/* profiles/<gpu>.json: what one GPU type costs, and where the numbers come
+ * from. docs/formats.md describes every field. */
+#include "common/common.h"
+
+#include <float.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define PROFILE_FORMAT "partita-profile/1"
+/* No single layer of any real model takes a minute per micro-batch: a
+ * larger figure is a unit mistake (ms written as s). */
+#define PROFILE_MAX_PART_SECONDS 60.0
+
+static const char *const profile_keys[] = {
+    "format", "gpu", "memory_gib", "source", "provenance", "assumptions",
+    "workspace_gib", "optimizer_s_per_param", "efficiency", "shapes",
+    "communication", NULL};
+static const char *const assumption_keys[] = {
+    "backward_over_forward", "microbatch_scaling",
+    "layer_times_include_tp_comm", NULL};
+static const char *const efficiency_keys[] = {
+    "peak_tflops", "flops_efficiency", "memory_bandwidth_GBps", NULL};
+static const char *const shape_keys[] = {"hidden", "heads", "ffn_hidden",
+                                         "seq", "vocab", "costs", NULL};
+static const char *const point_keys[] = {"tp", "mbs", "embedding", "layer",
+                                         "head", NULL};
+static const char *const part_keys[] = {"forward_s", "backward_s", NULL};
+static const char *const communication_keys[] = {"allreduce", "sendrecv",
+                                                 NULL};
+static const char *const sample_keys[] = {"gpus", "bytes", "time_s", NULL};
+
+static const char *const source_names[] = {"measured", "published",
+                                           "derived", NULL};
+/* Index order of microbatch_scaling enum values. */
+static const char *const scaling_names[] = {"measured", "linear", NULL};
+
+const char *profile_source_name(profile_source source)
+{
+    switch (source) {
+    case PROFILE_MEASURED:
+        return "measured";
+    case PROFILE_PUBLISHED:
+        return "published";
+    case PROFILE_DERIVED:
+        return "derived";
+    }
+    return "unknown";
+}
+
+static int get_int(const json_t *obj, const json_place *place,
+                   const char *key, bool required, long long min,
+                   long long max, int *out, pt_error *err)
+{
+    long long value = *out;
+    if (json_get_int(obj, place, key, required, min, max, &value, err) != 0)
+        return -1;
+    *out = (int)value;
+    return 0;
+}
+
+static int assumptions_from_json(const json_t *root, const json_place *place,
+                                 profile *out, pt_error *err)
+{
+    json_place where = json_place_key(place, "assumptions");
+    const json_t *obj = json_object_get(root, "assumptions");
+    if (obj == NULL)
+        return json_place_fail(&where, err, "missing (required)");
+    int scaling = 0;
+    if (json_check_keys(obj, &where, assumption_keys, err) != 0 ||
+        json_get_number(obj, &where, "backward_over_forward", false, 0.0,
+                        100.0, &out->backward_over_forward, err) != 0 ||
+        json_get_choice(obj, &where, "microbatch_scaling", true,
+                        scaling_names, &scaling, err) != 0 ||
+        json_get_bool(obj, &where, "layer_times_include_tp_comm", true,
+                      &out->layer_times_include_tp_comm, err) != 0)
+        return -1;
+    out->mbs_scaling =
+        scaling == 1 ? MBS_SCALING_LINEAR : MBS_SCALING_MEASURED;
+    return 0;
+}
+
+static int efficiency_from_json(const json_t *root, const json_place *place,
+                                profile *out, pt_error *err)
+{
+    json_place where = json_place_key(place, "efficiency");
+    const json_t *obj = json_object_get(root, "efficiency");
+    if (obj == NULL)
+        return 0;
+    if (json_check_keys(obj, &where, efficiency_keys, err) != 0 ||
+        json_get_positive_number(obj, &where, "peak_tflops", true,
+                                 &out->peak_tflops, err) != 0 ||
+        json_get_number(obj, &where, "flops_efficiency", false, 0.0, 1.0,
+                        &out->flops_efficiency, err) != 0 ||
+        json_get_positive_number(obj, &where, "memory_bandwidth_GBps", true,
+                                 &out->memory_bandwidth_GBps, err) != 0)
+        return -1;
+    return 0;
+}
+
+static int part_from_json(const json_t *point, const json_place *place,
+                          const char *key, double backward_over_forward,
+                          part_cost *out, pt_error *err)
+{
+    json_place where = json_place_key(place, key);
+    const json_t *obj = json_object_get(point, key);
+    if (obj == NULL)
+        return json_place_fail(&where, err, "missing (required)");
+    bool backward_required = !(backward_over_forward > 0.0);
+    out->backward_s = 0.0;
+    if (json_check_keys(obj, &where, part_keys, err) != 0 ||
+        json_get_positive_number(obj, &where, "forward_s", true,
+                                 &out->forward_s, err) != 0)
+        return -1;
+    if (backward_required && json_object_get(obj, "backward_s") == NULL) {
+        json_place backward_place = json_place_key(&where, "backward_s");
+        return json_place_fail(&backward_place, err,
+                               "missing (required unless "
+                               "assumptions.backward_over_forward > 0)");
+    }
+    if (json_get_positive_number(obj, &where, "backward_s", false,
+                                 &out->backward_s, err) != 0)
+        return -1;
+    if (out->backward_s == 0.0)
+        out->backward_s = backward_over_forward * out->forward_s;
+    if (out->forward_s > PROFILE_MAX_PART_SECONDS ||
+        out->backward_s > PROFILE_MAX_PART_SECONDS)
+        return json_place_fail(&where, err,
+                               "%g s forward / %g s backward is more than "
+                               "%g s per micro-batch: a unit mistake?",
+                               out->forward_s, out->backward_s,
+                               PROFILE_MAX_PART_SECONDS);
+    return 0;
+}
+
+static bool is_power_of_two(int value)
+{
+    return value > 0 && (value & (value - 1)) == 0;
+}
+
+static int point_from_json(const json_t *obj, const json_place *place,
+                           const profile_shape *shape,
+                           double backward_over_forward, profile_point *out,
+                           pt_error *err)
+{
+    if (json_check_keys(obj, place, point_keys, err) != 0 ||
+        get_int(obj, place, "tp", true, 1, 1024, &out->tp, err) != 0 ||
+        get_int(obj, place, "mbs", true, 1, 1 << 20, &out->mbs, err) != 0)
+        return -1;
+    json_place tp_place = json_place_key(place, "tp");
+    if (!is_power_of_two(out->tp))
+        return json_place_fail(&tp_place, err,
+                               "must be a power of two, got %d", out->tp);
+    if (shape->hidden % out->tp != 0 || shape->ffn_hidden % out->tp != 0 ||
+        shape->heads % out->tp != 0)
+        return json_place_fail(&tp_place, err,
+                               "%d does not divide hidden %d, ffn_hidden %d "
+                               "and heads %d",
+                               out->tp, shape->hidden, shape->ffn_hidden,
+                               shape->heads);
+    if (part_from_json(obj, place, "embedding", backward_over_forward,
+                       &out->embedding, err) != 0 ||
+        part_from_json(obj, place, "layer", backward_over_forward,
+                       &out->layer, err) != 0 ||
+        part_from_json(obj, place, "head", backward_over_forward, &out->head,
+                       err) != 0)
+        return -1;
+    return 0;
+}
+
+static int compare_points(const void *a, const void *b)
+{
+    const profile_point *left = a, *right = b;
+    if (left->tp != right->tp)
+        return left->tp < right->tp ? -1 : 1;
+    return (left->mbs > right->mbs) - (left->mbs < right->mbs);
+}
+
+static int costs_from_json(const json_t *obj, const json_place *place,
+                           double backward_over_forward, profile_shape *out,
+                           pt_error *err)
+{
+    json_place where = json_place_key(place, "costs");
+    const json_t *costs = json_object_get(obj, "costs");
+    if (costs == NULL)
+        return json_place_fail(&where, err, "missing (required)");
+    if (!json_is_array(costs) || json_array_size(costs) == 0)
+        return json_place_fail(&where, err,
+                               "must be a non-empty array of cost points");
+    size_t count = json_array_size(costs);
+    out->points = calloc(count, sizeof *out->points);
+    if (out->points == NULL)
+        return json_place_fail(&where, err, "out of memory");
+    out->point_count = (int)count;
+    for (size_t i = 0; i < count; i++) {
+        json_place point_place = json_place_index(&where, i);
+        if (point_from_json(json_array_get(costs, i), &point_place, out,
+                            backward_over_forward, &out->points[i],
+                            err) != 0)
+            return -1;
+        for (size_t j = 0; j < i; j++)
+            if (out->points[j].tp == out->points[i].tp &&
+                out->points[j].mbs == out->points[i].mbs)
+                return json_place_fail(&point_place, err,
+                                       "tp %d, mbs %d is already given in "
+                                       "costs[%zu]",
+                                       out->points[i].tp, out->points[i].mbs,
+                                       j);
+    }
+    qsort(out->points, count, sizeof *out->points, compare_points);
+    return 0;
+}
+
+static int shape_from_json(const json_t *obj, const json_place *place,
+                           double backward_over_forward, profile_shape *out,
+                           pt_error *err)
+{
+    if (json_check_keys(obj, place, shape_keys, err) != 0 ||
+        get_int(obj, place, "hidden", true, 1, 1000000, &out->hidden, err) !=
+            0 ||
+        get_int(obj, place, "heads", true, 1, 1000000, &out->heads, err) !=
+            0)
+        return -1;
+    out->ffn_hidden = 4 * out->hidden;
+    if (get_int(obj, place, "ffn_hidden", false, 1, 4000000,
+                &out->ffn_hidden, err) != 0 ||
+        get_int(obj, place, "seq", true, 1, 10000000, &out->seq, err) != 0 ||
+        get_int(obj, place, "vocab", true, 1, 100000000, &out->vocab, err) !=
+            0)
+        return -1;
+    return costs_from_json(obj, place, backward_over_forward, out, err);
+}
+
+static bool same_shape_key(const profile_shape *a, const profile_shape *b)
+{
+    return a->hidden == b->hidden && a->ffn_hidden == b->ffn_hidden &&
+           a->seq == b->seq && a->vocab == b->vocab;
+}
+
+static int shapes_from_json(const json_t *root, const json_place *place,
+                            profile *out, pt_error *err)
+{
+    json_place where = json_place_key(place, "shapes");
+    const json_t *shapes = json_object_get(root, "shapes");
+    if (shapes == NULL)
+        return 0;
+    if (!json_is_array(shapes))
+        return json_place_fail(&where, err, "must be an array of shapes");
+    size_t count = json_array_size(shapes);
+    if (count == 0)
+        return 0;
+    out->shapes = calloc(count, sizeof *out->shapes);
+    if (out->shapes == NULL)
+        return json_place_fail(&where, err, "out of memory");
+    out->shape_count = (int)count;
+    for (size_t i = 0; i < count; i++) {
+        json_place shape_place = json_place_index(&where, i);
+        if (shape_from_json(json_array_get(shapes, i), &shape_place,
+                            out->backward_over_forward, &out->shapes[i],
+                            err) != 0)
+            return -1;
+        for (size_t j = 0; j < i; j++)
+            if (same_shape_key(&out->shapes[j], &out->shapes[i]))
+                return json_place_fail(&shape_place, err,
+                                       "same hidden, ffn_hidden, seq and "
+                                       "vocab as shapes[%zu]",
+                                       j);
+    }
+    return 0;
+}
+
+static int compare_samples(const void *a, const void *b)
+{
+    const comm_sample *left = a, *right = b;
+    if (left->gpus != right->gpus)
+        return left->gpus < right->gpus ? -1 : 1;
+    return (left->bytes > right->bytes) - (left->bytes < right->bytes);
+}
+
+static int curve_from_json(const json_t *communication,
+                           const json_place *place, const char *key,
+                           comm_curve *out, pt_error *err)
+{
+    json_place where = json_place_key(place, key);
+    const json_t *samples = json_object_get(communication, key);
+    if (samples == NULL)
+        return 0;
+    if (!json_is_array(samples))
+        return json_place_fail(&where, err, "must be an array of samples");
+    size_t count = json_array_size(samples);
+    if (count == 0)
+        return 0;
+    out->samples = calloc(count, sizeof *out->samples);
+    if (out->samples == NULL)
+        return json_place_fail(&where, err, "out of memory");
+    out->sample_count = (int)count;
+    for (size_t i = 0; i < count; i++) {
+        json_place sample_place = json_place_index(&where, i);
+        const json_t *obj = json_array_get(samples, i);
+        comm_sample *sample = &out->samples[i];
+        if (json_check_keys(obj, &sample_place, sample_keys, err) != 0 ||
+            get_int(obj, &sample_place, "gpus", true, 2, 1 << 20,
+                    &sample->gpus, err) != 0 ||
+            json_get_positive_number(obj, &sample_place, "bytes", true,
+                                     &sample->bytes, err) != 0 ||
+            json_get_positive_number(obj, &sample_place, "time_s", true,
+                                     &sample->time_s, err) != 0)
+            return -1;
+        for (size_t j = 0; j < i; j++)
+            if (out->samples[j].gpus == sample->gpus &&
+                out->samples[j].bytes == sample->bytes)
+                return json_place_fail(&sample_place, err,
+                                       "%d GPUs, %g bytes is already given "
+                                       "in %s[%zu]",
+                                       sample->gpus, sample->bytes, key, j);
+    }
+    qsort(out->samples, count, sizeof *out->samples, compare_samples);
+    return 0;
+}
+
+static int communication_from_json(const json_t *root,
+                                   const json_place *place, profile *out,
+                                   pt_error *err)
+{
+    json_place where = json_place_key(place, "communication");
+    const json_t *obj = json_object_get(root, "communication");
+    if (obj == NULL)
+        return 0;
+    if (json_check_keys(obj, &where, communication_keys, err) != 0 ||
+        curve_from_json(obj, &where, "allreduce", &out->allreduce, err) !=
+            0 ||
+        curve_from_json(obj, &where, "sendrecv", &out->sendrecv, err) != 0)
+        return -1;
+    return 0;
+}
+
+static int header_from_json(const json_t *obj, const json_place *place,
+                            profile *out, pt_error *err)
+{
+    char format[64] = PROFILE_FORMAT;
+    int source = 0;
+    if (json_check_keys(obj, place, profile_keys, err) != 0 ||
+        json_get_string(obj, place, "format", false, format, sizeof format,
+                        err) != 0)
+        return -1;
+    if (strcmp(format, PROFILE_FORMAT) != 0) {
+        json_place where = json_place_key(place, "format");
+        return json_place_fail(&where, err, "must be \"%s\", got \"%s\"",
+                               PROFILE_FORMAT, format);
+    }
+    if (json_get_string(obj, place, "gpu", true, out->gpu, sizeof out->gpu,
+                        err) != 0 ||
+        json_get_positive_number(obj, place, "memory_gib", true,
+                                 &out->memory_gib, err) != 0 ||
+        json_get_choice(obj, place, "source", true, source_names, &source,
+                        err) != 0 ||
+        json_get_number(obj, place, "workspace_gib", true, 0.0, DBL_MAX,
+                        &out->workspace_gib, err) != 0 ||
+        json_get_positive_number(obj, place, "optimizer_s_per_param", true,
+                                 &out->optimizer_s_per_param, err) != 0)
+        return -1;
+    out->source = (profile_source)source;
+    if (out->gpu[0] == '\0' || strchr(out->gpu, '/') != NULL) {
+        json_place where = json_place_key(place, "gpu");
+        return json_place_fail(&where, err,
+                               "must be a non-empty name without '/'");
+    }
+    if (out->workspace_gib >= out->memory_gib) {
+        json_place where = json_place_key(place, "workspace_gib");
+        return json_place_fail(&where, err,
+                               "%g GiB leaves nothing of memory_gib %g GiB",
+                               out->workspace_gib, out->memory_gib);
+    }
+    json_place provenance_place = json_place_key(place, "provenance");
+    const json_t *provenance = json_object_get(obj, "provenance");
+    if (provenance == NULL)
+        return json_place_fail(&provenance_place, err,
+                               "missing (required: say where the numbers "
+                               "come from)");
+    if (json_expect_object(provenance, &provenance_place, err) != 0)
+        return -1;
+    if (json_object_size(provenance) == 0)
+        return json_place_fail(&provenance_place, err,
+                               "must not be empty: say where the numbers "
+                               "come from");
+    out->provenance = json_deep_copy(provenance);
+    if (out->provenance == NULL)
+        return json_place_fail(&provenance_place, err, "out of memory");
+    return 0;
+}
+
+/* Rules that tie fields together: something must price the layers. */
+static int check_profile_whole(const profile *p, const json_place *place,
+                               pt_error *err)
+{
+    bool has_efficiency = p->peak_tflops > 0.0;
+    if (p->shape_count == 0 && !has_efficiency)
+        return json_place_fail(place, err,
+                               "has no shapes and no efficiency model: "
+                               "nothing prices a layer");
+    if (p->shape_count == 0 && p->flops_efficiency == 0.0) {
+        json_place where = json_place_key(place, "efficiency");
+        return json_place_fail(&where, err,
+                               "flops_efficiency 0 means \"fit it on the "
+                               "shapes\", but there are no shapes: give a "
+                               "fraction in (0, 1]");
+    }
+    if (p->source == PROFILE_DERIVED && !has_efficiency) {
+        json_place where = json_place_key(place, "efficiency");
+        return json_place_fail(&where, err,
+                               "missing (required when source is "
+                               "\"derived\")");
+    }
+    return 0;
+}
+
+int profile_from_json(const json_t *obj, const json_place *place,
+                      profile *out, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (header_from_json(obj, place, out, err) != 0 ||
+        assumptions_from_json(obj, place, out, err) != 0 ||
+        efficiency_from_json(obj, place, out, err) != 0 ||
+        shapes_from_json(obj, place, out, err) != 0 ||
+        communication_from_json(obj, place, out, err) != 0 ||
+        check_profile_whole(out, place, err) != 0) {
+        profile_free(out);
+        return -1;
+    }
+    return 0;
+}
+
+int profile_load_file(const char *path, profile *out, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    json_t *root = pt_json_load_file(path, err);
+    if (root == NULL)
+        return -1;
+    json_place place = json_place_root(path);
+    int status = profile_from_json(root, &place, out, err);
+    json_decref(root);
+    return status;
+}
+
+void profile_free(profile *p)
+{
+    if (p == NULL)
+        return;
+    for (int i = 0; i < p->shape_count; i++)
+        free(p->shapes[i].points);
+    free(p->shapes);
+    free(p->allreduce.samples);
+    free(p->sendrecv.samples);
+    json_decref(p->provenance);
+    memset(p, 0, sizeof *p);
+}
+
+int profile_find_shape(const profile *p, const model_shape *model)
+{
+    for (int i = 0; i < p->shape_count; i++) {
+        const profile_shape *shape = &p->shapes[i];
+        if (shape->hidden == model->hidden &&
+            shape->ffn_hidden == model->ffn_hidden &&
+            shape->seq == model->seq && shape->vocab == model->vocab)
+            return i;
+    }
+    return -1;
+}
+
+int profile_find_point(const profile_shape *shape, int tp, int mbs)
+{
+    for (int i = 0; i < shape->point_count; i++)
+        if (shape->points[i].tp == tp && shape->points[i].mbs == mbs)
+            return i;
+    return -1;
+}
+
+static bool is_regular_file(const char *path)
+{
+    struct stat info;
+    return stat(path, &info) == 0 && S_ISREG(info.st_mode);
+}
+
+/* Tries dir/<gpu>.json; records the place in `looked` for the message. */
+static bool try_directory(const char *dir, const char *label,
+                          const char *gpu, char *out_path, size_t out_size,
+                          char *looked, size_t looked_size)
+{
+    if (dir == NULL || dir[0] == '\0')
+        return false;
+    char candidate[PT_PATH_MAX];
+    char file_name[PT_NAME_MAX + 8];
+    snprintf(file_name, sizeof file_name, "%s.json", gpu);
+    pt_resolve_path(dir, file_name, candidate, sizeof candidate);
+    if (is_regular_file(candidate)) {
+        pt_copy_string(out_path, out_size, candidate);
+        return true;
+    }
+    size_t used = strlen(looked);
+    if (used < looked_size)
+        snprintf(looked + used, looked_size - used, "%s%s (%s)",
+                 used > 0 ? ", " : "", dir, label);
+    return false;
+}
+
+int profile_find(const char *gpu, const char *extra_dir,
+                 const char *cluster_dir, char *out_path, size_t out_size,
+                 pt_error *err)
+{
+    if (gpu == NULL || gpu[0] == '\0' || strchr(gpu, '/') != NULL ||
+        strlen(gpu) >= PT_NAME_MAX)
+        return pt_fail(err, "GPU name \"%.64s\" cannot name a profile file",
+                       gpu != NULL ? gpu : "");
+    char looked[768] = "";
+    char beside_cluster[PT_PATH_MAX] = "";
+    if (cluster_dir != NULL && cluster_dir[0] != '\0')
+        pt_resolve_path(cluster_dir, "../profiles", beside_cluster,
+                        sizeof beside_cluster);
+    const char *installed = NULL, *source_tree = NULL;
+#ifdef PARTITA_SOURCE_PROFILES
+    source_tree = PARTITA_SOURCE_PROFILES;
+#endif
+#ifdef PARTITA_INSTALLED_PROFILES
+    installed = PARTITA_INSTALLED_PROFILES;
+#endif
+    const struct {
+        const char *dir;
+        const char *label;
+    } places[] = {
+        {extra_dir, "--profiles"},
+        {getenv("PARTITA_PROFILES"), "$PARTITA_PROFILES"},
+        {beside_cluster, "beside the cluster file"},
+        {source_tree, "source tree"},
+        {installed, "installed"},
+    };
+    for (size_t i = 0; i < sizeof places / sizeof *places; i++)
+        if (try_directory(places[i].dir, places[i].label, gpu, out_path,
+                          out_size, looked, sizeof looked))
+            return 0;
+    return pt_fail(err, "no profile for GPU \"%s\": looked for %s.json in %s",
+                   gpu, gpu, looked[0] != '\0' ? looked : "no directory");
+}

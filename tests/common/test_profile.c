@@ -1,0 +1,409 @@
+/* Profiles (profiles/): the bundled FASOP ones, the reader's checks and
+ * profile_find's search order. */
+#include "test_support.h"
+
+#include <math.h>
+
+static void load_bundled(const char *relative, profile *p)
+{
+    char path[PT_PATH_MAX];
+    source_path(relative, path, sizeof path);
+    pt_error err = {""};
+    if (profile_load_file(path, p, &err) != 0)
+        fail_msg("%s", err.message);
+}
+
+static void test_bundled_a100(void **state)
+{
+    (void)state;
+    profile p;
+    load_bundled("profiles/A100-FASOP.json", &p);
+    assert_string_equal(p.gpu, "A100-FASOP");
+    assert_true(p.memory_gib == 39.59);
+    assert_int_equal(p.source, PROFILE_PUBLISHED);
+    assert_true(json_is_object(p.provenance));
+    assert_non_null(json_object_get(p.provenance, "citation"));
+    assert_true(p.backward_over_forward == 2.0);
+    assert_int_equal(p.mbs_scaling, MBS_SCALING_LINEAR);
+    assert_true(p.layer_times_include_tp_comm);
+    assert_true(p.workspace_gib == 0.5);
+    assert_true(fabs(p.optimizer_s_per_param - 32.0 / 1555e9) < 1e-14);
+    assert_true(p.peak_tflops == 312.0);
+    assert_true(p.flops_efficiency == 0.0);
+    assert_true(p.memory_bandwidth_GBps == 1555.0);
+    assert_int_equal(p.shape_count, 2);
+    assert_int_equal(p.allreduce.sample_count, 0);
+
+    model_shape gpt2_xl;
+    char path[PT_PATH_MAX];
+    source_path("models/gpt2-xl.json", path, sizeof path);
+    assert_int_equal(model_load_file(path, &gpt2_xl, NULL), 0);
+    int shape_index = profile_find_shape(&p, &gpt2_xl);
+    assert_int_equal(shape_index, 0);
+    const profile_shape *shape = &p.shapes[shape_index];
+    assert_int_equal(shape->heads, 16);
+    assert_int_equal(shape->point_count, 3);
+    int point = profile_find_point(shape, 1, 1);
+    assert_true(point >= 0);
+    /* The README's sanity figure: 1.64 ms per layer forward at tp 1. */
+    assert_true(shape->points[point].layer.forward_s == 0.001638458);
+    assert_true(shape->points[point].layer.backward_s == 2 * 0.001638458);
+    assert_true(shape->points[point].embedding.forward_s == 0.000159);
+    assert_true(shape->points[point].head.forward_s == 0.00073);
+    point = profile_find_point(shape, 4, 1);
+    assert_true(shape->points[point].layer.forward_s == 0.001452471);
+    assert_int_equal(profile_find_point(shape, 8, 1), -1);
+    assert_int_equal(profile_find_point(shape, 1, 2), -1);
+
+    model_shape bert;
+    source_path("models/bert-large.json", path, sizeof path);
+    assert_int_equal(model_load_file(path, &bert, NULL), 0);
+    assert_int_equal(profile_find_shape(&p, &bert), 1);
+    model_shape gpt13b;
+    source_path("models/gpt-13b.json", path, sizeof path);
+    assert_int_equal(model_load_file(path, &gpt13b, NULL), 0);
+    assert_int_equal(profile_find_shape(&p, &gpt13b), -1);
+    profile_free(&p);
+    profile_free(&p);
+}
+
+static void test_bundled_a10(void **state)
+{
+    (void)state;
+    profile p;
+    load_bundled("profiles/A10-FASOP.json", &p);
+    assert_string_equal(p.gpu, "A10-FASOP");
+    assert_true(p.memory_gib == 22.20);
+    assert_true(p.peak_tflops == 125.0);
+    assert_true(p.memory_bandwidth_GBps == 600.0);
+    assert_true(fabs(p.optimizer_s_per_param - 32.0 / 600e9) < 1e-14);
+    const profile_shape *gpt = &p.shapes[0];
+    int point = profile_find_point(gpt, 1, 1);
+    assert_true(gpt->points[point].layer.forward_s == 0.002342229);
+    const profile_shape *bert = &p.shapes[1];
+    assert_int_equal(bert->hidden, 1024);
+    assert_int_equal(bert->seq, 512);
+    point = profile_find_point(bert, 2, 1);
+    assert_true(bert->points[point].layer.forward_s == 0.001829433);
+    profile_free(&p);
+}
+
+static const char *const base_profile =
+    "{\"format\": \"partita-profile/1\", \"gpu\": \"T\", \"memory_gib\": 20,"
+    " \"source\": \"measured\","
+    " \"provenance\": {\"device\": \"test\", \"date\": \"2026-01-01\"},"
+    " \"assumptions\": {\"backward_over_forward\": 0,"
+    "   \"microbatch_scaling\": \"measured\","
+    "   \"layer_times_include_tp_comm\": false},"
+    " \"workspace_gib\": 1, \"optimizer_s_per_param\": 1e-11,"
+    " \"shapes\": [{\"hidden\": 64, \"heads\": 4, \"seq\": 32, \"vocab\": 100,"
+    "   \"costs\": ["
+    "     {\"tp\": 2, \"mbs\": 1,"
+    "      \"embedding\": {\"forward_s\": 1e-5, \"backward_s\": 2e-5},"
+    "      \"layer\": {\"forward_s\": 2e-4, \"backward_s\": 4e-4},"
+    "      \"head\": {\"forward_s\": 3e-5, \"backward_s\": 6e-5}},"
+    "     {\"tp\": 1, \"mbs\": 2,"
+    "      \"embedding\": {\"forward_s\": 1e-5, \"backward_s\": 2e-5},"
+    "      \"layer\": {\"forward_s\": 3e-4, \"backward_s\": 5e-4},"
+    "      \"head\": {\"forward_s\": 3e-5, \"backward_s\": 6e-5}},"
+    "     {\"tp\": 1, \"mbs\": 1,"
+    "      \"embedding\": {\"forward_s\": 1e-5, \"backward_s\": 2e-5},"
+    "      \"layer\": {\"forward_s\": 1e-4, \"backward_s\": 2e-4},"
+    "      \"head\": {\"forward_s\": 3e-5, \"backward_s\": 6e-5}}]}],"
+    " \"communication\": {"
+    "   \"allreduce\": [{\"gpus\": 4, \"bytes\": 1024, \"time_s\": 3e-5},"
+    "                 {\"gpus\": 2, \"bytes\": 4096, \"time_s\": 2e-5},"
+    "                 {\"gpus\": 2, \"bytes\": 1024, \"time_s\": 1e-5}],"
+    "   \"sendrecv\": [{\"gpus\": 2, \"bytes\": 1024, \"time_s\": 1e-5}]}}";
+
+static json_t *base_json(void)
+{
+    json_error_t parse_error;
+    json_t *root = json_loads(base_profile, 0, &parse_error);
+    if (root == NULL)
+        fail_msg("base profile: %s", parse_error.text);
+    return root;
+}
+
+static void test_valid_inline(void **state)
+{
+    (void)state;
+    json_t *root = base_json();
+    json_place place = json_place_root("profiles/T.json");
+    profile p;
+    pt_error err = {""};
+    if (profile_from_json(root, &place, &p, &err) != 0)
+        fail_msg("%s", err.message);
+    json_decref(root);
+    /* Points come sorted by tp, then mbs. */
+    const profile_shape *shape = &p.shapes[0];
+    assert_int_equal(shape->ffn_hidden, 256);
+    assert_int_equal(shape->points[0].tp, 1);
+    assert_int_equal(shape->points[0].mbs, 1);
+    assert_int_equal(shape->points[1].mbs, 2);
+    assert_int_equal(shape->points[2].tp, 2);
+    assert_true(shape->points[1].layer.backward_s == 5e-4);
+    /* Samples come sorted by GPUs, then bytes. */
+    assert_int_equal(p.allreduce.sample_count, 3);
+    assert_int_equal(p.allreduce.samples[0].gpus, 2);
+    assert_true(p.allreduce.samples[0].bytes == 1024);
+    assert_true(p.allreduce.samples[1].bytes == 4096);
+    assert_int_equal(p.allreduce.samples[2].gpus, 4);
+    assert_int_equal(p.sendrecv.sample_count, 1);
+    assert_int_equal(p.mbs_scaling, MBS_SCALING_MEASURED);
+    assert_false(p.layer_times_include_tp_comm);
+    assert_true(p.peak_tflops == 0.0);
+    profile_free(&p);
+}
+
+static void test_derived_without_shapes(void **state)
+{
+    (void)state;
+    json_t *root = base_json();
+    json_object_del(root, "shapes");
+    json_object_set_new(root, "source", json_string("derived"));
+    json_object_set_new(root, "efficiency",
+                        json_pack("{s:f, s:f, s:f}", "peak_tflops", 989.0,
+                                  "flops_efficiency", 0.45,
+                                  "memory_bandwidth_GBps", 4800.0));
+    json_place place = json_place_root("profiles/T.json");
+    profile p;
+    pt_error err = {""};
+    if (profile_from_json(root, &place, &p, &err) != 0)
+        fail_msg("%s", err.message);
+    assert_int_equal(p.source, PROFILE_DERIVED);
+    assert_int_equal(p.shape_count, 0);
+    assert_true(p.flops_efficiency == 0.45);
+    profile_free(&p);
+    json_decref(root);
+}
+
+/* Applies an edit to the base profile (a JSON pointer-like path of object
+ * keys and array indexes, then the new value, NULL to delete). */
+typedef struct profile_edit {
+    const char *where[8];
+    const char *new_value; /* JSON text, or NULL: delete the key */
+} profile_edit;
+
+typedef struct bad_profile {
+    profile_edit edits[3];
+    const char *message;
+} bad_profile;
+
+static json_t *walk(json_t *root, const char *const *where, const char **last)
+{
+    json_t *node = root;
+    size_t depth = 0;
+    while (where[depth + 1] != NULL) {
+        const char *step = where[depth];
+        node = json_is_array(node) ? json_array_get(node, (size_t)atoi(step))
+                                   : json_object_get(node, step);
+        assert_non_null(node);
+        depth++;
+    }
+    *last = where[depth];
+    return node;
+}
+
+static void apply_edit(json_t *root, const profile_edit *edit)
+{
+    const char *last;
+    json_t *parent = walk(root, edit->where, &last);
+    if (edit->new_value == NULL) {
+        assert_int_equal(json_object_del(parent, last), 0);
+        return;
+    }
+    json_error_t parse_error;
+    json_t *value = json_loads(edit->new_value, JSON_DECODE_ANY,
+                               &parse_error);
+    assert_non_null(value);
+    if (json_is_array(parent))
+        assert_int_equal(json_array_set_new(parent, (size_t)atoi(last),
+                                            value), 0);
+    else
+        assert_int_equal(json_object_set_new(parent, last, value), 0);
+}
+
+static void test_bad_profiles(void **state)
+{
+    (void)state;
+    static const bad_profile cases[] = {
+        {{{{"shapes", "0", "costs", "1", "layer", "forward_s"}, "0"}},
+         "profiles/T.json: shapes[0].costs[1].layer.forward_s: must be a "
+         "positive number, got 0"},
+        {{{{"shapes", "0", "costs", "0", "head", "backward_s"}, "-1e-5"}},
+         "shapes[0].costs[0].head.backward_s: must be a positive number, "
+         "got -1e-05"},
+        {{{{"shapes", "0", "costs", "1", "mbs"}, "1"},
+          {{"shapes", "0", "costs", "1", "tp"}, "2"}},
+         "shapes[0].costs[1]: tp 2, mbs 1 is already given in costs[0]"},
+        {{{{"shapes", "0", "costs", "0", "tp"}, "3"}},
+         "shapes[0].costs[0].tp: must be a power of two, got 3"},
+        {{{{"shapes", "0", "costs", "0", "tp"}, "8"}},
+         "shapes[0].costs[0].tp: 8 does not divide hidden 64, ffn_hidden "
+         "256 and heads 4"},
+        {{{{"shapes", "0", "costs", "0", "layer", "backward_s"}, NULL}},
+         "shapes[0].costs[0].layer.backward_s: missing (required unless "
+         "assumptions.backward_over_forward > 0)"},
+        {{{{"shapes", "0", "costs", "0", "layer", "forward_s"}, "120"}},
+         "shapes[0].costs[0].layer: 120 s forward"},
+        {{{{"shapes"}, "[]"}},
+         "profiles/T.json: has no shapes and no efficiency model"},
+        {{{{"shapes"}, NULL},
+          {{"efficiency"}, "{\"peak_tflops\": 100, "
+                           "\"memory_bandwidth_GBps\": 900}"}},
+         "profiles/T.json: efficiency: flops_efficiency 0 means"},
+        {{{{"source"}, "\"derived\""}},
+         "profiles/T.json: efficiency: missing (required when source is "
+         "\"derived\")"},
+        {{{{"workspace_gib"}, "20"}},
+         "profiles/T.json: workspace_gib: 20 GiB leaves nothing of "
+         "memory_gib 20 GiB"},
+        {{{{"memory_gib"}, "0"}},
+         "profiles/T.json: memory_gib: must be a positive number, got 0"},
+        {{{{"provenance"}, NULL}},
+         "profiles/T.json: provenance: missing (required"},
+        {{{{"provenance"}, "\"me\""}},
+         "profiles/T.json: provenance: must be an object, got the string"},
+        {{{{"provenance"}, "{}"}},
+         "profiles/T.json: provenance: must not be empty"},
+        {{{{"source"}, "\"guessed\""}},
+         "profiles/T.json: source: must be one of \"measured\", "
+         "\"published\", \"derived\", got \"guessed\""},
+        {{{{"format"}, "\"partita-profile/2\""}},
+         "profiles/T.json: format: must be \"partita-profile/1\""},
+        {{{{"assumptions", "microbatch_scaling"}, "\"cubic\""}},
+         "assumptions.microbatch_scaling: must be one of"},
+        {{{{"assumptions"}, NULL}},
+         "profiles/T.json: assumptions: missing (required)"},
+        {{{{"assumptions", "tp_comm"}, "true"}},
+         "profiles/T.json: assumptions.tp_comm: unknown key"},
+        {{{{"optimizer_s_per_param"}, NULL}},
+         "optimizer_s_per_param: missing (required)"},
+        {{{{"shapes", "0", "costs"}, "[]"}},
+         "shapes[0].costs: must be a non-empty array"},
+        {{{{"shapes", "0", "hidden"}, "0"}},
+         "shapes[0].hidden: must be a positive integer, got 0"},
+        {{{{"shapes", "0", "costs", "0", "layers"}, "{}"}},
+         "shapes[0].costs[0].layers: unknown key"},
+        {{{{"shapes", "0"}, "{}"}},
+         "shapes[0].hidden: missing (required)"},
+        {{{{"communication", "allreduce", "0", "gpus"}, "1"}},
+         "communication.allreduce[0].gpus: must be an integer >= 2, got 1"},
+        {{{{"communication", "allreduce", "1", "bytes"}, "1024"}},
+         "communication.allreduce[2]: 2 GPUs, 1024 bytes is already given "
+         "in allreduce[1]"},
+        {{{{"communication", "sendrecv", "0", "time_s"}, "0"}},
+         "communication.sendrecv[0].time_s: must be a positive number"},
+        {{{{"communication", "broadcast"}, "[]"}},
+         "communication.broadcast: unknown key"},
+        {{{{"gpu"}, "\"a/b\""}}, "profiles/T.json: gpu: must be a "
+                                 "non-empty name without '/'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        json_t *root = base_json();
+        for (size_t e = 0; e < 3 && cases[i].edits[e].where[0] != NULL; e++)
+            apply_edit(root, &cases[i].edits[e]);
+        json_place place = json_place_root("profiles/T.json");
+        profile p;
+        pt_error err = {""};
+        if (profile_from_json(root, &place, &p, &err) == 0)
+            fail_msg("case %zu loaded; expected \"%s\"", i, cases[i].message);
+        EXPECT_MESSAGE(&err, cases[i].message);
+        assert_null(p.shapes);
+        assert_null(p.provenance);
+        json_decref(root);
+    }
+}
+
+static void test_backward_filled_by_ratio(void **state)
+{
+    (void)state;
+    json_t *root = base_json();
+    profile_edit edits[] = {
+        {{"assumptions", "backward_over_forward"}, "2.5"},
+        {{"shapes", "0", "costs", "2", "layer", "backward_s"}, NULL},
+    };
+    for (size_t e = 0; e < 2; e++)
+        apply_edit(root, &edits[e]);
+    json_place place = json_place_root("profiles/T.json");
+    profile p;
+    pt_error err = {""};
+    if (profile_from_json(root, &place, &p, &err) != 0)
+        fail_msg("%s", err.message);
+    int point = profile_find_point(&p.shapes[0], 1, 1);
+    assert_true(fabs(p.shapes[0].points[point].layer.backward_s - 2.5e-4) <
+                1e-15);
+    /* A given backward time wins over the ratio. */
+    assert_true(p.shapes[0].points[point].head.backward_s == 6e-5);
+    profile_free(&p);
+    json_decref(root);
+}
+
+static void test_profile_find(void **state)
+{
+    char path[512];
+    scratch_write(state, "extra/X.json", "{}", path, sizeof path);
+    scratch_write(state, "env/X.json", "{}", path, sizeof path);
+    scratch_write(state, "env/Y.json", "{}", path, sizeof path);
+    scratch_write(state, "profiles/X.json", "{}", path, sizeof path);
+    scratch_write(state, "profiles/Y.json", "{}", path, sizeof path);
+    scratch_write(state, "profiles/Z.json", "{}", path, sizeof path);
+    scratch_write(state, "clusters/c.json", "{}", path, sizeof path);
+    char extra[512], env[512], cluster_dir[512], found[PT_PATH_MAX];
+    snprintf(extra, sizeof extra, "%s/extra", scratch_dir(state));
+    snprintf(env, sizeof env, "%s/env", scratch_dir(state));
+    snprintf(cluster_dir, sizeof cluster_dir, "%s/clusters",
+             scratch_dir(state));
+    char *saved = getenv("PARTITA_PROFILES");
+    char saved_copy[PT_PATH_MAX] = "";
+    if (saved != NULL)
+        pt_copy_string(saved_copy, sizeof saved_copy, saved);
+    setenv("PARTITA_PROFILES", env, 1);
+
+    pt_error err = {""};
+    assert_int_equal(profile_find("X", extra, cluster_dir, found,
+                                  sizeof found, &err), 0);
+    assert_non_null(strstr(found, "/extra/X.json"));
+    assert_int_equal(profile_find("Y", extra, cluster_dir, found,
+                                  sizeof found, &err), 0);
+    assert_non_null(strstr(found, "/env/Y.json"));
+    assert_int_equal(profile_find("Z", extra, cluster_dir, found,
+                                  sizeof found, &err), 0);
+    assert_non_null(strstr(found, "/clusters/../profiles/Z.json"));
+    /* The source tree's profiles come after the cluster's neighbours. */
+    assert_int_equal(profile_find("A100-FASOP", NULL, NULL, found,
+                                  sizeof found, &err), 0);
+    assert_non_null(strstr(found, "profiles/A100-FASOP.json"));
+
+    assert_int_equal(profile_find("Missing", extra, cluster_dir, found,
+                                  sizeof found, &err), -1);
+    EXPECT_MESSAGE(&err, "no profile for GPU \"Missing\"", "Missing.json",
+                   "/extra (--profiles)", "/env ($PARTITA_PROFILES)",
+                   "/clusters/../profiles (beside the cluster file)",
+                   "(installed)");
+    assert_int_equal(profile_find("../etc/passwd", NULL, NULL, found,
+                                  sizeof found, &err), -1);
+    EXPECT_MESSAGE(&err, "cannot name a profile file");
+    assert_int_equal(profile_find("", NULL, NULL, found, sizeof found, &err),
+                     -1);
+
+    if (saved_copy[0] != '\0')
+        setenv("PARTITA_PROFILES", saved_copy, 1);
+    else
+        unsetenv("PARTITA_PROFILES");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bundled_a100),
+        cmocka_unit_test(test_bundled_a10),
+        cmocka_unit_test(test_valid_inline),
+        cmocka_unit_test(test_derived_without_shapes),
+        cmocka_unit_test(test_bad_profiles),
+        cmocka_unit_test(test_backward_filled_by_ratio),
+        cmocka_unit_test(test_profile_find),
+    };
+    return cmocka_run_group_tests(tests, scratch_open, scratch_close);
+}
