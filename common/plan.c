@@ -15,7 +15,7 @@
 static const char *const plan_keys[] = {
     "format", "model", "cluster", "gbs", "mbs", "tp", "dp", "pp",
     "partition", "node_order", "schedule", "precision", "recompute",
-    "distributed_optimizer", "estimate", "alternatives", NULL};
+    "distributed_optimizer", "estimate", "alternatives", "pareto", NULL};
 
 /* In enum order. */
 static const char *const schedule_names[] = {"1f1b", "gpipe", NULL};
