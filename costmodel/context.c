@@ -1,0 +1,211 @@
+/*
+ * The cost model's context: the profile of every node type of a cluster,
+ * and the notes that tell the user how those profiles were stretched.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "costmodel/internal.h"
+
+void costmodel_add_note(costmodel *cm, const char *format, ...)
+{
+    char text[sizeof cm->notes[0]];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(text, sizeof text, format, args);
+    va_end(args);
+
+    for (int i = 0; i < cm->note_count; i++)
+        if (strcmp(cm->notes[i], text) == 0)
+            return;
+    if (cm->note_count >= COSTMODEL_MAX_NOTES)
+        return;
+    if (cm->note_count == COSTMODEL_MAX_NOTES - 1)
+        pt_copy_string(text, sizeof text,
+                       "further notes left out (the list is full)");
+    pt_copy_string(cm->notes[cm->note_count], sizeof cm->notes[0], text);
+    cm->note_count++;
+}
+
+/* A deep copy of a profile, so that a costmodel built from in-memory
+ * profiles owns what it frees. */
+static int profile_copy(profile *dst, const profile *src, pt_error *err)
+{
+    *dst = *src;
+    dst->shapes = NULL;
+    dst->shape_count = 0;
+    dst->allreduce = (comm_curve){0, NULL};
+    dst->sendrecv = (comm_curve){0, NULL};
+    dst->provenance = src->provenance ? json_deep_copy(src->provenance)
+                                      : NULL;
+    if (src->shape_count > 0) {
+        dst->shapes = calloc((size_t)src->shape_count, sizeof *dst->shapes);
+        if (!dst->shapes)
+            goto out_of_memory;
+    }
+    for (int i = 0; i < src->shape_count; i++) {
+        const profile_shape *from = &src->shapes[i];
+        profile_shape *to = &dst->shapes[i];
+        *to = *from;
+        to->points = NULL;
+        to->point_count = 0;
+        if (from->point_count > 0) {
+            to->points = malloc((size_t)from->point_count *
+                                sizeof *to->points);
+            if (!to->points)
+                goto out_of_memory;
+            memcpy(to->points, from->points,
+                   (size_t)from->point_count * sizeof *to->points);
+            to->point_count = from->point_count;
+        }
+        dst->shape_count = i + 1;
+    }
+    const comm_curve *curves_from[2] = {&src->allreduce, &src->sendrecv};
+    comm_curve *curves_to[2] = {&dst->allreduce, &dst->sendrecv};
+    for (int c = 0; c < 2; c++) {
+        if (curves_from[c]->sample_count <= 0)
+            continue;
+        size_t size = (size_t)curves_from[c]->sample_count *
+                      sizeof(comm_sample);
+        curves_to[c]->samples = malloc(size);
+        if (!curves_to[c]->samples)
+            goto out_of_memory;
+        memcpy(curves_to[c]->samples, curves_from[c]->samples, size);
+        curves_to[c]->sample_count = curves_from[c]->sample_count;
+    }
+    return 0;
+
+out_of_memory:
+    profile_free(dst);
+    return pt_fail(err, "profile %s: out of memory while copying it",
+                   src->gpu);
+}
+
+/* Fails early when a type can be priced neither from its profile nor by
+ * its efficiency model, and notes a shape the profile does not hold. */
+static int check_profiles(costmodel *cm, pt_error *err)
+{
+    parallel_config probe = {.gbs = 1, .mbs = 1, .tp = 1, .dp = 1, .pp = 1,
+                             .schedule = SCHEDULE_1F1B,
+                             .precision = PRECISION_BF16};
+    for (int t = 0; t < cm->cluster->type_count; t++) {
+        type_costs costs;
+        if (costmodel_price_type(cm, t, &probe, NULL, &costs, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Last step of both ways to open: every type must be priceable; shapes
+ * priced by the efficiency model are noted. */
+static int finish_open(costmodel *cm, pt_error *err)
+{
+    if (check_profiles(cm, err) != 0) {
+        costmodel_close(cm);
+        return -1;
+    }
+    for (int t = 0; t < cm->cluster->type_count; t++)
+        costmodel_note_shape_coverage(cm, t);
+    return 0;
+}
+
+static int check_inputs(const model_shape *model, const cluster *cluster,
+                        pt_error *err)
+{
+    if (!model || !cluster)
+        return pt_fail(err, "costmodel: no model or no cluster given");
+    if (cluster->type_count <= 0 || !cluster->types)
+        return pt_fail(err, "cluster %s: has no node types", cluster->name);
+    if (model->layers <= 0 || model->hidden <= 0 || model->seq <= 0 ||
+        model->vocab <= 0 || model->heads <= 0)
+        return pt_fail(err, "model %s: layers, hidden, heads, seq and vocab "
+                       "must be positive", model->name);
+    return 0;
+}
+
+/* Everything but the profiles; the model's ffn_hidden gets its default. */
+static void init_context(costmodel *cm, const model_shape *model,
+                         const cluster *cluster)
+{
+    memset(cm, 0, sizeof *cm);
+    cm->model = *model;
+    if (cm->model.ffn_hidden <= 0)
+        cm->model.ffn_hidden = 4 * cm->model.hidden;
+    cm->cluster = cluster;
+}
+
+int costmodel_open(costmodel *cm, const model_shape *model,
+                   const cluster *cluster, const char *profile_dir,
+                   pt_error *err)
+{
+    memset(cm, 0, sizeof *cm);
+    if (check_inputs(model, cluster, err) != 0)
+        return -1;
+    init_context(cm, model, cluster);
+    cm->profiles = calloc((size_t)cluster->type_count, sizeof *cm->profiles);
+    if (!cm->profiles)
+        return pt_fail(err, "costmodel: out of memory");
+    for (int t = 0; t < cluster->type_count; t++) {
+        char path[PT_PATH_MAX];
+        const char *gpu = cluster->types[t].gpu;
+        if (profile_find(gpu, profile_dir, cluster->source_dir, path,
+                         sizeof path, err) != 0 ||
+            profile_load_file(path, &cm->profiles[t], err) != 0) {
+            pt_error_prefix(err, "cluster %s: nodes[%d] (gpu %s)",
+                            cluster->name, t, gpu);
+            costmodel_close(cm);
+            return -1;
+        }
+    }
+    return finish_open(cm, err);
+}
+
+int costmodel_open_with_profiles(costmodel *cm, const model_shape *model,
+                                 const cluster *cluster,
+                                 const profile *profiles, pt_error *err)
+{
+    memset(cm, 0, sizeof *cm);
+    if (check_inputs(model, cluster, err) != 0)
+        return -1;
+    if (!profiles)
+        return pt_fail(err, "costmodel: no profiles given");
+    init_context(cm, model, cluster);
+    cm->profiles = calloc((size_t)cluster->type_count, sizeof *cm->profiles);
+    if (!cm->profiles)
+        return pt_fail(err, "costmodel: out of memory");
+    for (int t = 0; t < cluster->type_count; t++) {
+        if (profile_copy(&cm->profiles[t], &profiles[t], err) != 0) {
+            costmodel_close(cm);
+            return -1;
+        }
+    }
+    return finish_open(cm, err);
+}
+
+void costmodel_close(costmodel *cm)
+{
+    if (!cm)
+        return;
+    if (cm->profiles && cm->cluster) {
+        for (int t = 0; t < cm->cluster->type_count; t++)
+            profile_free(&cm->profiles[t]);
+    }
+    free(cm->profiles);
+    cm->profiles = NULL;
+    cm->note_count = 0;
+}
+
+int costmodel_prepare(costmodel *cm, const parallel_config *config,
+                      pt_error *err)
+{
+    if (costmodel_check_degrees(config, err) != 0)
+        return -1;
+    for (int t = 0; t < cm->cluster->type_count; t++) {
+        type_costs costs;
+        if (costmodel_type_costs(cm, t, config, &costs, err) != 0)
+            return -1;
+    }
+    return 0;
+}

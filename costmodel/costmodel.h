@@ -1,0 +1,223 @@
+/*
+ * costmodel: what a plan costs. Layer times come from the GPU profiles,
+ * links from the cluster file; the pipeline is simulated as events (1F1B
+ * or GPipe) so uneven partitions and mixed GPU types come out right.
+ * docs/cost-model.md states every formula used here.
+ */
+#ifndef PARTITA_COSTMODEL_H
+#define PARTITA_COSTMODEL_H
+
+#include "common/common.h"
+
+/* ----------------------------------------------------------- the context */
+
+#define COSTMODEL_MAX_NOTES 16
+
+/* Owns the profiles of a cluster's GPU types for one model. Built once;
+ * afterwards an estimate writes it only to add a note it does not hold
+ * yet. Threads may share one costmodel after costmodel_prepare (below),
+ * or each use a shallow copy (profiles are only read; notes then stay in
+ * the copy). */
+typedef struct costmodel {
+    model_shape model;
+    const cluster *cluster;      /* borrowed */
+    profile *profiles;           /* owned, one per cluster node type */
+    /* Things the user should know about the prices (a shape priced by the
+     * efficiency model, a micro-batch far outside the measured grid...).
+     * Filled by costmodel_open, costmodel_prepare and every pricing call
+     * (type costs, stage terms, estimate), deduplicated; at most
+     * COSTMODEL_MAX_NOTES, the last of which then says more were left out. */
+    int note_count;
+    char notes[COSTMODEL_MAX_NOTES][256];
+} costmodel;
+
+/* Loads the profile of every node type (see profile_find for the search
+ * order; profile_dir may be NULL). */
+int costmodel_open(costmodel *cm, const model_shape *model,
+                   const cluster *cluster, const char *profile_dir,
+                   pt_error *err);
+void costmodel_close(costmodel *cm);
+
+/* Like costmodel_open with profiles given in memory, one per cluster node
+ * type (profiles[t] prices cluster->types[t]); they are deep-copied, the
+ * caller keeps its own. For tests and for callers that loaded them. */
+int costmodel_open_with_profiles(costmodel *cm, const model_shape *model,
+                                 const cluster *cluster,
+                                 const profile *profiles, pt_error *err);
+
+/* Adds the notes every node type gets under config's tp, mbs and
+ * precision. The only writes an estimate makes to cm are new notes, so
+ * once the (tp, mbs, precision) combinations to be searched have been
+ * prepared, threads may estimate with one shared cm. */
+int costmodel_prepare(costmodel *cm, const parallel_config *config,
+                      pt_error *err);
+
+/* ----------------------------------------------------- per-GPU-type costs */
+
+/* Costs of one micro-batch on one GPU type at a given tp, with TP
+ * communication of the layer included (from the profile, or added from the
+ * node's intra-node link). Linear in the number of layers by design. */
+typedef struct type_costs {
+    double embedding_forward_s, embedding_backward_s;
+    double layer_forward_s, layer_backward_s; /* backward includes the
+                                                 recompute forward */
+    double head_forward_s, head_backward_s;
+    double optimizer_s_per_param;
+    double memory_cap_bytes;   /* usable memory minus workspace */
+} type_costs;
+
+/* Prices a GPU type (index into cluster->types) for a config. May add a
+ * note to cm (why it has to be non-const). */
+int costmodel_type_costs(costmodel *cm, int type_index,
+                         const parallel_config *config, type_costs *out,
+                         pt_error *err);
+
+/* ------------------------------------------------------------- placement */
+
+/* How a plan's stages sit on the cluster: derived from tp, dp, pp and the
+ * node order (rank = t + tp x (d + dp x s), ranks fill the nodes in
+ * order). */
+typedef struct stage_placement {
+    int first_node, last_node;  /* node instances this stage's ranks use */
+    int slow_type;              /* type whose GPU is slowest per layer; a
+                                   stage runs at its slowest GPU's pace */
+    int small_type;             /* type with the least usable memory */
+    link_spec next_link;        /* towards stage s+1 (unused for the last) */
+    link_spec dp_link;          /* slowest link inside the dp group */
+    int dp_spans_nodes;         /* 1 when the dp group crosses nodes */
+} stage_placement;
+
+/* Fills placement[pp]; fails when the node order does not hold exactly
+ * tp x dp x pp GPUs or a tp group would straddle two nodes. */
+int costmodel_place(const costmodel *cm, const parallel_config *config,
+                    const int *node_order, int node_count,
+                    stage_placement *placement, pt_error *err);
+
+/* -------------------------------------------------- linear stage terms */
+
+/* Stage time and memory as linear functions of its transformer layer
+ * count; what the partition solvers need. */
+typedef struct stage_terms {
+    double fixed_s;          /* fwd+bwd of embedding/head, p2p sends */
+    double per_layer_s;      /* fwd+bwd of one layer (recompute included) */
+    double fixed_bytes;      /* memory not proportional to layers */
+    double per_layer_bytes;  /* weights, grads, optimizer state and
+                                in-flight activations of one layer */
+    double cap_bytes;        /* usable memory of the stage's smallest GPU */
+    int max_layers;          /* largest layer count that fits; -1: none */
+} stage_terms;
+
+/* Micro-batches whose activations stage `stage` holds at its peak:
+ * 1F1B min(pp - stage, m), GPipe m. */
+int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
+                                     int microbatches);
+
+int costmodel_stage_terms(costmodel *cm, const parallel_config *config,
+                          const stage_placement *placement, int stage,
+                          stage_terms *out, pt_error *err);
+
+/* -------------------------------------------------------------- estimate */
+
+typedef enum event_kind {
+    EVENT_FWD,
+    EVENT_BWD,
+    EVENT_SEND_FWD,
+    EVENT_RECV_FWD,
+    EVENT_SEND_BWD,
+    EVENT_RECV_BWD,
+    EVENT_TP_ALLREDUCE,
+    EVENT_DP_ALLREDUCE,
+    EVENT_EMBEDDING_ALLREDUCE,
+    EVENT_OPTIMIZER,
+    EVENT_KIND_COUNT
+} event_kind;
+
+const char *event_kind_name(event_kind kind);
+/* -1 when the name is not a kind. */
+int event_kind_from_name(const char *name);
+
+/* One interval of work on one rank; times are seconds from the start of
+ * the iteration (design.md's shared schema of estimates and runs). */
+typedef struct timeline_event {
+    int rank, stage, microbatch; /* microbatch -1 for per-step work */
+    event_kind kind;
+    double start_s, end_s;
+} timeline_event;
+
+typedef struct stage_estimate {
+    int layers;
+    char gpu[PT_NAME_MAX];     /* the slowest GPU type of the stage */
+    double forward_s;          /* one micro-batch */
+    double backward_s;
+    double send_s;             /* activation to the next stage */
+    double send_bwd_s;         /* gradient to the previous stage */
+    double dp_allreduce_s;     /* gradient sync once per step */
+    double embedding_allreduce_s;
+    double optimizer_s;
+    double peak_memory_bytes;
+    double memory_cap_bytes;
+} stage_estimate;
+
+typedef struct estimate {
+    double step_time_s;
+    double tokens_per_s;
+    double tflops_per_gpu;     /* model FLOPs (Megatron's formula) / time */
+    double bubble_fraction;    /* idle share of the slowest stage */
+    double cost_per_step_usd;
+    bool fits;                 /* every stage within its memory cap */
+    int worst_stage;           /* stage most over its cap (when !fits) */
+    int stage_count;
+    stage_estimate *stages;    /* owned */
+    int event_count;
+    timeline_event *events;    /* owned; NULL unless events were asked */
+} estimate;
+
+/* Estimates a complete plan. With want_events the timeline of every rank
+ * is filled. Fails on an inconsistent plan; a plan that does not fit is
+ * estimated all the same with fits = false. */
+int costmodel_estimate(costmodel *cm, const parallel_config *config,
+                       const int *node_order, int node_count,
+                       const int *partition, bool want_events,
+                       estimate *out, pt_error *err);
+void estimate_free(estimate *e);
+
+/* Megatron's FLOPs of one iteration (anchors.md): 72 B s l h^2 (1 + s/6h +
+ * V/12lh), or the 96 form with full recompute. */
+double model_flops_per_iteration(const model_shape *model, int gbs,
+                                 bool recompute);
+
+/* ------------------------------------------------------------- schedule */
+
+/* Per-stage, per-micro-batch inputs of the schedule simulator. */
+typedef struct schedule_stage {
+    double forward_s, backward_s;
+    double send_fwd_s;  /* activation to stage s+1 */
+    double send_bwd_s;  /* gradient to stage s-1 */
+} schedule_stage;
+
+typedef struct schedule_result {
+    double pipeline_end_s;      /* last backward of any stage ends */
+    double *stage_end_s;        /* owned, [pp]: stage's last backward */
+    double *stage_busy_s;       /* owned, [pp]: compute time of the stage */
+    int event_count;
+    timeline_event *events;     /* owned; rank = stage here, the caller
+                                   copies them to every rank */
+} schedule_result;
+
+/* Simulates one iteration's pipeline: dependencies between stages, one
+ * compute stream per stage, transfers on their own stream. */
+int schedule_simulate(schedule_kind kind, const schedule_stage *stages,
+                      int pp, int microbatches, bool want_events,
+                      schedule_result *out, pt_error *err);
+void schedule_result_free(schedule_result *r);
+
+/* ---------------------------------------------------------- collectives */
+
+/* Ring all-reduce of `bytes` over `members` ranks on a link. */
+double allreduce_time(double bytes, int members, link_spec link);
+/* Reduce-scatter or all-gather (half the traffic of an all-reduce). */
+double reduce_scatter_time(double bytes, int members, link_spec link);
+/* One point-to-point transfer. */
+double p2p_time(double bytes, link_spec link);
+
+#endif

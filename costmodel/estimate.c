@@ -1,0 +1,463 @@
+/*
+ * costmodel_estimate: prices every stage of a plan, simulates the
+ * pipeline, then adds the per-step work each stage does after its last
+ * backward (gradient all-reduce over dp, tied-embedding all-reduce,
+ * optimizer step) and turns the result into the figures users compare.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "costmodel/internal.h"
+
+static const char *const event_names[EVENT_KIND_COUNT] = {
+    [EVENT_FWD] = "fwd",
+    [EVENT_BWD] = "bwd",
+    [EVENT_SEND_FWD] = "send_fwd",
+    [EVENT_RECV_FWD] = "recv_fwd",
+    [EVENT_SEND_BWD] = "send_bwd",
+    [EVENT_RECV_BWD] = "recv_bwd",
+    [EVENT_TP_ALLREDUCE] = "tp_allreduce",
+    [EVENT_DP_ALLREDUCE] = "dp_allreduce",
+    [EVENT_EMBEDDING_ALLREDUCE] = "embedding_allreduce",
+    [EVENT_OPTIMIZER] = "optimizer",
+};
+
+const char *event_kind_name(event_kind kind)
+{
+    if ((int)kind < 0 || kind >= EVENT_KIND_COUNT)
+        return "unknown";
+    return event_names[kind];
+}
+
+int event_kind_from_name(const char *name)
+{
+    if (!name)
+        return -1;
+    for (int k = 0; k < EVENT_KIND_COUNT; k++)
+        if (strcmp(event_names[k], name) == 0)
+            return k;
+    return -1;
+}
+
+double model_flops_per_iteration(const model_shape *model, int gbs,
+                                 bool recompute)
+{
+    double ffn = model->ffn_hidden > 0 ? model->ffn_hidden
+                                       : 4.0 * model->hidden;
+    double layers_forward = model->layers *
+                            layer_forward_flops(model->hidden, ffn, model->seq,
+                                                gbs);
+    double head_forward = 2.0 * gbs * model->seq * (double)model->hidden *
+                          model->vocab;
+    /* forward + backward (2x forward) = 3 passes; recompute adds one more
+       forward of the layers, not of the head */
+    double layer_passes = recompute ? 4.0 : 3.0;
+    return layer_passes * layers_forward + 3.0 * head_forward;
+}
+
+void estimate_free(estimate *e)
+{
+    if (!e)
+        return;
+    free(e->stages);
+    free(e->events);
+    memset(e, 0, sizeof *e);
+}
+
+/* A stage's per-step work: durations, then when each phase runs (each
+ * starts when the one before it ends; absolute seconds). */
+typedef struct step_tail {
+    double reduce_s;         /* gradient all-reduce, or reduce-scatter */
+    double gather_s;         /* parameter all-gather (distributed opt.) */
+    bool embedding_member;   /* first or last stage of tied embeddings */
+    double backward_end;
+    double reduce_end;
+    double embedding_start, embedding_end;
+    double optimizer_end;
+    double gather_end;
+} step_tail;
+
+/* Scratch memory of one estimate, one allocation. */
+typedef struct estimate_scratch {
+    int *group_node;             /* [dp x pp] */
+    stage_placement *placement;  /* [pp] */
+    schedule_stage *schedule;    /* [pp] */
+    step_tail *tails;            /* [pp] */
+    type_costs *costs;           /* [types] */
+    bool *priced;                /* [types] */
+    void *block;
+} estimate_scratch;
+
+static int scratch_allocate(estimate_scratch *s, int groups, int pp,
+                            int types, pt_error *err)
+{
+    size_t sizes[6] = {
+        (size_t)groups * sizeof(int), (size_t)pp * sizeof(stage_placement),
+        (size_t)pp * sizeof(schedule_stage), (size_t)pp * sizeof(step_tail),
+        (size_t)types * sizeof(type_costs), (size_t)types * sizeof(bool)};
+    size_t align = sizeof(double) > sizeof(void *) ? sizeof(double)
+                                                   : sizeof(void *);
+    size_t offsets[6], total = 0;
+    for (int i = 0; i < 6; i++) {
+        offsets[i] = total;
+        total += (sizes[i] + align - 1) / align * align;
+    }
+    char *block = calloc(1, total);
+    if (!block)
+        return pt_fail(err, "costmodel: out of memory");
+    s->block = block;
+    s->group_node = (int *)(block + offsets[0]);
+    s->placement = (stage_placement *)(block + offsets[1]);
+    s->schedule = (schedule_stage *)(block + offsets[2]);
+    s->tails = (step_tail *)(block + offsets[3]);
+    s->costs = (type_costs *)(block + offsets[4]);
+    s->priced = (bool *)(block + offsets[5]);
+    return 0;
+}
+
+static int check_partition(const costmodel *cm, const parallel_config *config,
+                           const int *partition, pt_error *err)
+{
+    if (!partition)
+        return pt_fail(err, "plan: no partition given");
+    long long total = 0;
+    for (int s = 0; s < config->pp; s++) {
+        if (partition[s] < 0)
+            return pt_fail(err, "plan: partition[%d]: layer count %d is "
+                           "negative", s, partition[s]);
+        total += partition[s];
+    }
+    if (total != cm->model.layers)
+        return pt_fail(err, "plan: partition holds %lld layers, model %s has "
+                       "%d", total, cm->model.name, cm->model.layers);
+    return 0;
+}
+
+/* Prices a type once per estimate (with notes). */
+static const type_costs *priced_type(costmodel *cm,
+                                     const parallel_config *config,
+                                     estimate_scratch *scratch, int type,
+                                     pt_error *err)
+{
+    if (!scratch->priced[type]) {
+        if (costmodel_type_costs(cm, type, config, &scratch->costs[type],
+                                 err) != 0)
+            return NULL;
+        scratch->priced[type] = true;
+    }
+    return &scratch->costs[type];
+}
+
+/* Time and memory of every stage, and the simulator's inputs. */
+static int price_stages(costmodel *cm, const parallel_config *config,
+                        const int *partition, estimate_scratch *scratch,
+                        estimate *out, pt_error *err)
+{
+    for (int s = 0; s < config->pp; s++) {
+        const stage_placement *place = &scratch->placement[s];
+        const type_costs *slow = priced_type(cm, config, scratch,
+                                             place->slow_type, err);
+        const type_costs *small = priced_type(cm, config, scratch,
+                                              place->small_type, err);
+        if (!slow || !small)
+            return -1;
+        stage_terms terms;
+        costmodel_terms_from_costs(cm, config, scratch->placement, s, slow,
+                                   small, &terms);
+        bool first = s == 0, last = s == config->pp - 1;
+        int layers = partition[s];
+        stage_estimate *st = &out->stages[s];
+        st->layers = layers;
+        pt_copy_string(st->gpu, sizeof st->gpu,
+                       cm->cluster->types[place->slow_type].gpu);
+        st->forward_s = layers * slow->layer_forward_s +
+                        (first ? slow->embedding_forward_s : 0.0) +
+                        (last ? slow->head_forward_s : 0.0);
+        st->backward_s = layers * slow->layer_backward_s +
+                         (first ? slow->embedding_backward_s : 0.0) +
+                         (last ? slow->head_backward_s : 0.0);
+        costmodel_stage_sends(cm, config, scratch->placement, s, &st->send_s,
+                              &st->send_bwd_s);
+        st->peak_memory_bytes = terms.fixed_bytes +
+                                layers * terms.per_layer_bytes;
+        st->memory_cap_bytes = terms.cap_bytes;
+        scratch->schedule[s] = (schedule_stage){st->forward_s, st->backward_s,
+                                                st->send_s, st->send_bwd_s};
+    }
+    return 0;
+}
+
+/* The link of the tied-embedding all-reduce: replica d of the first
+ * stage with replica d of the last, the slowest of those pairs. */
+static link_spec embedding_link(const costmodel *cm,
+                                const parallel_config *config,
+                                const int *group_node)
+{
+    int last = config->dp * (config->pp - 1);
+    link_spec slowest = cluster_link(cm->cluster, group_node[0],
+                                     group_node[last]);
+    for (int d = 1; d < config->dp; d++)
+        slowest = slower_link(slowest, cluster_link(cm->cluster, group_node[d],
+                                                    group_node[last + d]));
+    return slowest;
+}
+
+/* Durations of each stage's per-step collectives and optimizer step. */
+static void price_step_work(const costmodel *cm, const parallel_config *config,
+                            estimate_scratch *scratch, estimate *out)
+{
+    int dp = config->dp, pp = config->pp;
+    double embedding_s = 0.0;
+    if (cm->model.tied_embeddings && pp > 1) {
+        double bytes = (double)cm->model.vocab * cm->model.hidden /
+                       config->tp * 4.0;
+        embedding_s = allreduce_time(bytes, 2,
+                                     embedding_link(cm, config,
+                                                    scratch->group_node));
+    }
+    for (int s = 0; s < pp; s++) {
+        stage_estimate *st = &out->stages[s];
+        step_tail *tail = &scratch->tails[s];
+        const stage_placement *place = &scratch->placement[s];
+        double params = stage_parameters_per_gpu(&cm->model, config, s,
+                                                 st->layers);
+        double gradient_bytes = params * 4.0; /* fp32 main gradients */
+        if (config->distributed_optimizer) {
+            tail->reduce_s = reduce_scatter_time(gradient_bytes, dp,
+                                                 place->dp_link);
+            tail->gather_s = reduce_scatter_time(
+                params * precision_bytes(config->precision), dp,
+                place->dp_link);
+        } else {
+            tail->reduce_s = allreduce_time(gradient_bytes, dp,
+                                            place->dp_link);
+            tail->gather_s = 0.0;
+        }
+        st->dp_allreduce_s = tail->reduce_s + tail->gather_s;
+        tail->embedding_member = cm->model.tied_embeddings && pp > 1 &&
+                                 (s == 0 || s == pp - 1);
+        st->embedding_allreduce_s = tail->embedding_member ? embedding_s
+                                                           : 0.0;
+        double held = config->distributed_optimizer ? params / dp : params;
+        st->optimizer_s = held *
+                          scratch->costs[place->slow_type].optimizer_s_per_param;
+    }
+}
+
+/* Schedules the per-step work after each stage's last backward; the
+ * embedding all-reduce waits for both of its members. Returns the end of
+ * the step. */
+static double schedule_step_work(const parallel_config *config,
+                                 const schedule_result *pipeline,
+                                 estimate_scratch *scratch,
+                                 const estimate *out)
+{
+    int pp = config->pp;
+    for (int s = 0; s < pp; s++) {
+        step_tail *tail = &scratch->tails[s];
+        tail->backward_end = pipeline->stage_end_s[s];
+        tail->reduce_end = tail->backward_end + tail->reduce_s;
+    }
+    double embedding_ready = scratch->tails[0].reduce_end;
+    if (scratch->tails[pp - 1].reduce_end > embedding_ready)
+        embedding_ready = scratch->tails[pp - 1].reduce_end;
+    double step_end = pipeline->pipeline_end_s;
+    for (int s = 0; s < pp; s++) {
+        const stage_estimate *st = &out->stages[s];
+        step_tail *tail = &scratch->tails[s];
+        tail->embedding_start = tail->embedding_member ? embedding_ready
+                                                       : tail->reduce_end;
+        tail->embedding_end = tail->embedding_start + st->embedding_allreduce_s;
+        tail->optimizer_end = tail->embedding_end + st->optimizer_s;
+        tail->gather_end = tail->optimizer_end + tail->gather_s;
+        if (tail->gather_end > step_end)
+            step_end = tail->gather_end;
+    }
+    return step_end;
+}
+
+/* Orders a stage's events by start, then end, kind and micro-batch. */
+static int compare_events(const void *a, const void *b)
+{
+    const timeline_event *x = a, *y = b;
+    if (x->stage != y->stage)
+        return x->stage < y->stage ? -1 : 1;
+    if (x->start_s != y->start_s)
+        return x->start_s < y->start_s ? -1 : 1;
+    if (x->end_s != y->end_s)
+        return x->end_s < y->end_s ? -1 : 1;
+    if (x->kind != y->kind)
+        return x->kind < y->kind ? -1 : 1;
+    return (x->microbatch > y->microbatch) - (x->microbatch < y->microbatch);
+}
+
+/* The per-step events of a stage (microbatch -1) into events; returns
+ * how many (at most 4). */
+static int step_events(const parallel_config *config, const step_tail *tail,
+                       int stage, timeline_event *events)
+{
+    int count = 0;
+    bool dp_comm = config->dp > 1;
+    timeline_event proto = {.rank = stage, .stage = stage, .microbatch = -1};
+    if (dp_comm) {
+        events[count] = proto;
+        events[count].kind = EVENT_DP_ALLREDUCE;
+        events[count].start_s = tail->backward_end;
+        events[count++].end_s = tail->reduce_end;
+    }
+    if (tail->embedding_member) {
+        events[count] = proto;
+        events[count].kind = EVENT_EMBEDDING_ALLREDUCE;
+        events[count].start_s = tail->embedding_start;
+        events[count++].end_s = tail->embedding_end;
+    }
+    events[count] = proto;
+    events[count].kind = EVENT_OPTIMIZER;
+    events[count].start_s = tail->embedding_end;
+    events[count++].end_s = tail->optimizer_end;
+    if (dp_comm && config->distributed_optimizer) {
+        events[count] = proto;
+        events[count].kind = EVENT_DP_ALLREDUCE;
+        events[count].start_s = tail->optimizer_end;
+        events[count++].end_s = tail->gather_end;
+    }
+    return count;
+}
+
+/* Every rank's timeline: the stage's pipeline and per-step events, once
+ * per rank of the stage, ranks in order. */
+static int build_events(const parallel_config *config,
+                        schedule_result *pipeline,
+                        const estimate_scratch *scratch, estimate *out,
+                        pt_error *err)
+{
+    int pp = config->pp, ranks_per_stage = config->tp * config->dp;
+    qsort(pipeline->events, (size_t)pipeline->event_count,
+          sizeof *pipeline->events, compare_events);
+    timeline_event tail_events[4];
+    size_t per_rank_total = (size_t)pipeline->event_count;
+    for (int s = 0; s < pp; s++)
+        per_rank_total += (size_t)step_events(config, &scratch->tails[s], s,
+                                              tail_events);
+    size_t total = per_rank_total * (size_t)ranks_per_stage;
+    if (total > (size_t)INT_MAX)
+        return pt_fail(err, "costmodel: %zu events are too many to list",
+                       total);
+    out->events = malloc((total > 0 ? total : 1) * sizeof *out->events);
+    if (!out->events)
+        return pt_fail(err, "costmodel: out of memory for %zu events", total);
+    size_t n = 0, first_of_stage = 0;
+    for (int s = 0; s < pp; s++) {
+        size_t end_of_stage = first_of_stage;
+        while (end_of_stage < (size_t)pipeline->event_count &&
+               pipeline->events[end_of_stage].stage == s)
+            end_of_stage++;
+        int tail_count = step_events(config, &scratch->tails[s], s,
+                                     tail_events);
+        for (int r = 0; r < ranks_per_stage; r++) {
+            int rank = s * ranks_per_stage + r;
+            for (size_t i = first_of_stage; i < end_of_stage; i++) {
+                out->events[n] = pipeline->events[i];
+                out->events[n++].rank = rank;
+            }
+            for (int i = 0; i < tail_count; i++) {
+                out->events[n] = tail_events[i];
+                out->events[n++].rank = rank;
+            }
+        }
+        first_of_stage = end_of_stage;
+    }
+    out->event_count = (int)n;
+    return 0;
+}
+
+/* Throughput, efficiency, price and memory verdict of a priced plan. */
+static void summarise(const costmodel *cm, const parallel_config *config,
+                      const int *node_order, int node_count,
+                      const schedule_result *pipeline, estimate *out)
+{
+    double step = out->step_time_s;
+    double gpus = (double)config->tp * config->dp * config->pp;
+    out->tokens_per_s = step > 0.0 ? (double)config->gbs * cm->model.seq / step
+                                   : 0.0;
+    out->tflops_per_gpu =
+        step > 0.0 ? model_flops_per_iteration(&cm->model, config->gbs,
+                                               config->recompute) /
+                         step / gpus / 1e12
+                   : 0.0;
+    double busiest = 0.0;
+    for (int s = 0; s < config->pp; s++)
+        if (pipeline->stage_busy_s[s] > busiest)
+            busiest = pipeline->stage_busy_s[s];
+    out->bubble_fraction = pipeline->pipeline_end_s > 0.0
+                               ? 1.0 - busiest / pipeline->pipeline_end_s
+                               : 0.0;
+    double price_per_hour = 0.0;
+    for (int i = 0; i < node_count; i++)
+        price_per_hour += cm->cluster->types[cluster_node_type(
+                                                 cm->cluster, node_order[i])]
+                              .price_per_hour;
+    out->cost_per_step_usd = step / 3600.0 * price_per_hour;
+
+    out->fits = true;
+    out->worst_stage = 0;
+    double worst_ratio = -1.0;
+    for (int s = 0; s < config->pp; s++) {
+        const stage_estimate *st = &out->stages[s];
+        double ratio = st->memory_cap_bytes > 0.0
+                           ? st->peak_memory_bytes / st->memory_cap_bytes
+                           : HUGE_VAL;
+        if (st->peak_memory_bytes > st->memory_cap_bytes)
+            out->fits = false;
+        if (ratio > worst_ratio) {
+            worst_ratio = ratio;
+            out->worst_stage = s;
+        }
+    }
+}
+
+int costmodel_estimate(costmodel *cm, const parallel_config *config,
+                       const int *node_order, int node_count,
+                       const int *partition, bool want_events,
+                       estimate *out, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (costmodel_check_degrees(config, err) != 0)
+        return -1;
+    int microbatches = costmodel_microbatch_count(config, err);
+    if (microbatches < 0 || check_partition(cm, config, partition, err) != 0)
+        return -1;
+    estimate_scratch scratch = {0};
+    if (scratch_allocate(&scratch, config->dp * config->pp, config->pp,
+                         cm->cluster->type_count, err) != 0)
+        return -1;
+    schedule_result pipeline = {0};
+    out->stage_count = config->pp;
+    out->stages = calloc((size_t)config->pp, sizeof *out->stages);
+    int rc = -1;
+    if (!out->stages) {
+        pt_fail(err, "costmodel: out of memory");
+        goto done;
+    }
+    if (costmodel_place_groups(cm, config, node_order, node_count,
+                               scratch.group_node, scratch.placement,
+                               err) != 0 ||
+        price_stages(cm, config, partition, &scratch, out, err) != 0 ||
+        schedule_simulate(config->schedule, scratch.schedule, config->pp,
+                          microbatches, want_events, &pipeline, err) != 0)
+        goto done;
+    price_step_work(cm, config, &scratch, out);
+    out->step_time_s = schedule_step_work(config, &pipeline, &scratch, out);
+    summarise(cm, config, node_order, node_count, &pipeline, out);
+    if (want_events && build_events(config, &pipeline, &scratch, out, err) != 0)
+        goto done;
+    rc = 0;
+done:
+    schedule_result_free(&pipeline);
+    free(scratch.block);
+    if (rc != 0)
+        estimate_free(out);
+    return rc;
+}

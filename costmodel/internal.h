@@ -1,0 +1,76 @@
+/*
+ * costmodel's private declarations, shared between its source files.
+ * Nothing here is part of the public interface (costmodel.h).
+ */
+#ifndef PARTITA_COSTMODEL_INTERNAL_H
+#define PARTITA_COSTMODEL_INTERNAL_H
+
+#include "costmodel/costmodel.h"
+
+/* Adds a note to cm unless the same text is already there; when the list
+ * is full the last slot says that further notes were left out. Writes cm
+ * only when the note is new. */
+void costmodel_add_note(costmodel *cm, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Prices a GPU type like costmodel_type_costs; notes go to note_target
+ * when it is not NULL (NULL: price silently, cm is only read). */
+int costmodel_price_type(const costmodel *cm, int type_index,
+                         const parallel_config *config,
+                         costmodel *note_target, type_costs *out,
+                         pt_error *err);
+
+/* Notes that the profile of a type does not hold the model's layer shape
+ * (so the efficiency model prices it); nothing when it does. */
+void costmodel_note_shape_coverage(costmodel *cm, int type_index);
+
+/* Checks the degrees of config (positive, pp within PT_MAX_STAGES). */
+int costmodel_check_degrees(const parallel_config *config, pt_error *err);
+
+/* Maps every tensor-parallel group g = d + dp x s to the node instance
+ * holding it (group_node[dp x pp]) and fills placement[pp]; see
+ * costmodel_place for the rules. */
+int costmodel_place_groups(const costmodel *cm, const parallel_config *config,
+                           const int *node_order, int node_count,
+                           int *group_node, stage_placement *placement,
+                           pt_error *err);
+
+/* The slower of two links: lower bandwidth, on a tie higher latency. */
+link_spec slower_link(link_spec a, link_spec b);
+
+/* Stage terms from already priced types (slow: the stage's pace, small:
+ * its memory cap). */
+void costmodel_terms_from_costs(const costmodel *cm,
+                                const parallel_config *config,
+                                const stage_placement *placement, int stage,
+                                const type_costs *slow,
+                                const type_costs *small, stage_terms *out);
+
+/* Micro-batches per iteration, gbs / (dp x mbs); -1 (err filled) when
+ * gbs is not a positive multiple of dp x mbs. */
+int costmodel_microbatch_count(const parallel_config *config, pt_error *err);
+
+/* Send times of a stage per micro-batch: its activation to stage + 1 and
+ * its gradient to stage - 1 (0 where there is no such stage). */
+void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
+                           const stage_placement *placement, int stage,
+                           double *send_forward_s, double *send_backward_s);
+
+/* Bytes of one stage boundary's activation (or its gradient), and of
+ * one tensor-parallel all-reduce: b x s x h elements in the plan's
+ * precision. */
+double activation_message_bytes(const model_shape *model,
+                                 const parallel_config *config);
+
+/* Parameters held by one GPU of a stage with `layers` transformer layers
+ * (the stage's parameters / tp). */
+double stage_parameters_per_gpu(const model_shape *model,
+                                const parallel_config *config, int stage,
+                                int layers);
+
+/* Forward FLOPs of one transformer layer for b sequences (whole layer,
+ * not divided by tp). */
+double layer_forward_flops(double hidden, double ffn_hidden, double seq,
+                           double microbatch);
+
+#endif

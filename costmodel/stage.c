@@ -1,0 +1,176 @@
+/*
+ * One pipeline stage as linear functions of its layer count: time per
+ * micro-batch and memory per GPU (docs/cost-model.md, "Memory" and
+ * "Stage terms"). The partition solvers and costmodel_estimate both use
+ * these, so a partition is judged the same way everywhere.
+ */
+#include <math.h>
+
+#include "costmodel/internal.h"
+
+/* Weights, gradients and optimizer state per parameter. Mixed precision
+ * keeps a 2-byte weight, a 4-byte (fp32) main gradient and 12 bytes of
+ * fp32 master weight and Adam m, v; the distributed optimizer shards the
+ * 12 over dp. fp32 keeps 4 + 4 + 8 (m, v), sharding the 8. */
+static double bytes_per_parameter(const parallel_config *config)
+{
+    double dp = config->dp;
+    if (config->precision == PRECISION_FP32)
+        return config->distributed_optimizer ? 8.0 + 8.0 / dp : 16.0;
+    return config->distributed_optimizer ? 6.0 + 12.0 / dp : 18.0;
+}
+
+double stage_parameters_per_gpu(const model_shape *model,
+                                const parallel_config *config, int stage,
+                                int layers)
+{
+    double hidden = model->hidden;
+    double word_embedding = (double)model->vocab * hidden;
+    double params = layers * model_layer_parameter_count(model);
+    if (stage == 0)
+        params += word_embedding + (double)model->seq * hidden;
+    if (stage == config->pp - 1) {
+        params += 2.0 * hidden; /* final layer norm */
+        /* an untied head is its own matrix; a tied one is a copy of the
+           word embedding on the last stage when that is not the first */
+        if (!model->tied_embeddings || config->pp > 1)
+            params += word_embedding;
+    }
+    return params / config->tp;
+}
+
+/* Activations one layer keeps for its backward, one micro-batch, per GPU
+ * (Korthikanti et al. 2022, no sequence parallelism, 2-byte elements;
+ * scaled for fp32). */
+static double layer_activation_bytes(const model_shape *model,
+                                     const parallel_config *config)
+{
+    double s = model->seq, b = config->mbs, h = model->hidden,
+           a = model->heads, t = config->tp;
+    double element_scale = precision_bytes(config->precision) / 2.0;
+    return s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) *
+           element_scale;
+}
+
+int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
+                                     int microbatches)
+{
+    if (config->schedule == SCHEDULE_GPIPE)
+        return microbatches;
+    int warm = config->pp - stage;
+    return warm < microbatches ? warm : microbatches;
+}
+
+int costmodel_microbatch_count(const parallel_config *config, pt_error *err)
+{
+    if (config->gbs <= 0 || config->dp <= 0 || config->mbs <= 0 ||
+        config->gbs % (config->dp * config->mbs) != 0)
+        return pt_fail(err, "plan: gbs %d must be a positive multiple of dp "
+                       "x mbs = %d x %d", config->gbs, config->dp,
+                       config->mbs);
+    return config->gbs / (config->dp * config->mbs);
+}
+
+void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
+                           const stage_placement *placement, int stage,
+                           double *send_forward_s, double *send_backward_s)
+{
+    double bytes = activation_message_bytes(&cm->model, config);
+    *send_forward_s = stage < config->pp - 1
+                          ? p2p_time(bytes, placement[stage].next_link)
+                          : 0.0;
+    *send_backward_s = stage > 0
+                           ? p2p_time(bytes, placement[stage - 1].next_link)
+                           : 0.0;
+}
+
+/* Largest layer count whose memory fits, in the same arithmetic the
+ * estimate uses to decide `fits`. */
+static int layers_that_fit(const stage_terms *terms, int model_layers)
+{
+    if (terms->fixed_bytes > terms->cap_bytes)
+        return -1;
+    if (terms->per_layer_bytes <= 0.0)
+        return model_layers;
+    double room = (terms->cap_bytes - terms->fixed_bytes) /
+                  terms->per_layer_bytes;
+    int layers = room >= model_layers ? model_layers : (int)floor(room);
+    while (layers > 0 &&
+           terms->fixed_bytes + layers * terms->per_layer_bytes >
+               terms->cap_bytes)
+        layers--;
+    while (layers < model_layers &&
+           terms->fixed_bytes + (layers + 1) * terms->per_layer_bytes <=
+               terms->cap_bytes)
+        layers++;
+    return layers;
+}
+
+void costmodel_terms_from_costs(const costmodel *cm,
+                                const parallel_config *config,
+                                const stage_placement *placement, int stage,
+                                const type_costs *slow,
+                                const type_costs *small, stage_terms *out)
+{
+    const model_shape *model = &cm->model;
+    bool first = stage == 0, last = stage == config->pp - 1;
+    int microbatches = config->gbs / (config->dp * config->mbs);
+    double in_flight = costmodel_microbatches_in_flight(config, stage,
+                                                        microbatches);
+    double element = precision_bytes(config->precision);
+    double tokens = (double)config->mbs * model->seq;
+
+    double send_forward, send_backward;
+    costmodel_stage_sends(cm, config, placement, stage, &send_forward,
+                          &send_backward);
+    out->fixed_s = send_forward + send_backward;
+    if (first)
+        out->fixed_s += slow->embedding_forward_s + slow->embedding_backward_s;
+    if (last)
+        out->fixed_s += slow->head_forward_s + slow->head_backward_s;
+    out->per_layer_s = slow->layer_forward_s + slow->layer_backward_s;
+
+    double per_parameter = bytes_per_parameter(config);
+    double workspace = cm->profiles[placement[stage].small_type].workspace_gib *
+                       PT_GIB;
+    out->fixed_bytes = stage_parameters_per_gpu(model, config, stage, 0) *
+                           per_parameter + workspace;
+    if (first) /* embedding output, the first layer's input */
+        out->fixed_bytes += in_flight * tokens * model->hidden * element;
+    if (last) /* half-precision logits and the fp32 softmax of the loss */
+        out->fixed_bytes += in_flight * tokens * model->vocab / config->tp *
+                            (element + 4.0);
+    double layer_parameters = model_layer_parameter_count(model) / config->tp;
+    out->per_layer_bytes = layer_parameters * per_parameter;
+    if (config->recompute) {
+        /* each layer keeps its input; the layer being recomputed holds its
+           full activations as a working set */
+        out->per_layer_bytes += in_flight * tokens * model->hidden * element;
+        out->fixed_bytes += layer_activation_bytes(model, config);
+    } else {
+        out->per_layer_bytes += in_flight * layer_activation_bytes(model, config);
+    }
+    out->cap_bytes = small->memory_cap_bytes + workspace;
+    out->max_layers = layers_that_fit(out, model->layers);
+}
+
+int costmodel_stage_terms(costmodel *cm, const parallel_config *config,
+                          const stage_placement *placement, int stage,
+                          stage_terms *out, pt_error *err)
+{
+    if (costmodel_check_degrees(config, err) != 0 ||
+        costmodel_microbatch_count(config, err) < 0)
+        return -1;
+    if (stage < 0 || stage >= config->pp)
+        return pt_fail(err, "costmodel: stage %d is not in 0..%d", stage,
+                       config->pp - 1);
+    type_costs slow, small;
+    if (costmodel_type_costs(cm, placement[stage].slow_type, config, &slow,
+                             err) != 0 ||
+        costmodel_type_costs(cm, placement[stage].small_type, config, &small,
+                             err) != 0)
+        return -1;
+    costmodel_terms_from_costs(cm, config, placement, stage, &slow, &small,
+                               out);
+    return 0;
+}

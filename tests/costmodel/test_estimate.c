@@ -1,0 +1,440 @@
+/* Whole-plan estimates on in-memory clusters: memory by hand, stage
+ * terms against the estimate, heterogeneous placement, plans that do not
+ * fit, the per-step work and the events of every rank. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "fixtures.h"
+
+static void run_estimate(fixture *f, const parallel_config *config,
+                         const int *order, int order_count,
+                         const int *partition, bool events, estimate *out)
+{
+    pt_error err = {{0}};
+    if (costmodel_estimate(&f->cm, config, order, order_count, partition,
+                           events, out, &err) != 0)
+        fail_msg("%s", err.message);
+}
+
+/* GPT-2 XL (h 1600, a 25, f 6400, s 1024, V 50257, 48 layers) on one node
+ * of 4 A100s, tp 1, dp 1, pp 4, mbs 1, gbs 8 (m = 8), bf16, 12 layers a
+ * stage, 0.5 GiB workspace = 536,870,912 bytes.
+ *   layer parameters 4h^2 + 2hf + 9h + f = 30,740,800; x 18 B = 553,334,400
+ *   layer activations s b h (10 + 24/t + 5 a s / (h t))
+ *     = 1,638,400 x (34 + 80) = 186,777,600 bytes per micro-batch
+ *   1F1B in flight: 4, 3, 2, 1 micro-batches on stages 0..3
+ * stage 0: embedding (V h + s h) = 82,049,600 x 18 = 1,476,892,800
+ *          + embedding output 4 x s b h x 2 = 13,107,200
+ *          + 12 x (553,334,400 + 4 x 186,777,600) = 15,605,337,600
+ *          + workspace = 17,632,208,512 bytes
+ * stage 1: 12 x (553,334,400 + 3 x 186,777,600) + workspace
+ *          = 13,364,006,400 + 536,870,912 = 13,900,877,312 bytes
+ * stage 2: 12 x (553,334,400 + 2 x 186,777,600) + workspace
+ *          = 11,122,675,200 + 536,870,912 = 11,659,546,112 bytes
+ * stage 3: final norm 2h + tied copy V h = 80,414,400 x 18 = 1,447,459,200
+ *          + logits 1 x b s V x (2 + 4) = 308,779,008
+ *          + 12 x (553,334,400 + 186,777,600) = 8,881,344,000
+ *          + workspace = 11,174,453,120 bytes */
+static void memory_matches_hand_computation(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    parallel_config config = config_of(8, 1, 1, 1, 4);
+    int order[1] = {0}, partition[4] = {12, 12, 12, 12};
+    estimate e;
+    run_estimate(&f, &config, order, 1, partition, false, &e);
+    double expected[4] = {17632208512.0, 13900877312.0, 11659546112.0,
+                          11174453120.0};
+    for (int s = 0; s < 4; s++) {
+        assert_true(close_to(e.stages[s].peak_memory_bytes, expected[s],
+                             1e-12));
+        assert_true(close_to(e.stages[s].memory_cap_bytes, 39.59 * PT_GIB,
+                             1e-12));
+    }
+    assert_true(e.fits);
+    assert_int_equal(e.worst_stage, 0);
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+/* Same model, tp 2, dp 2, pp 1, mbs 2, gbs 8 (m = 2), distributed
+ * optimizer, full recompute. One stage holds everything:
+ *   parameters (V h + s h + 48 x 30,740,800 + 2h) / 2 = 778,805,600
+ *   x (6 + 12/2) = 9,345,667,200
+ *   + workspace 536,870,912
+ *   + embedding output 1 x s b h x 2 = 6,553,600
+ *   + logits 1 x b s V / 2 x 6 = 308,779,008
+ *   + working set of one layer s b h (10 + 12 + 5 x 25 x 1024 / 3200)
+ *     = 3,276,800 x 62 = 203,161,600
+ *   + 48 layer inputs x s b h x 2 = 48 x 6,553,600 = 314,572,800
+ *   = 10,715,605,120 bytes */
+static void memory_with_recompute_and_distributed_optimizer(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    parallel_config config = config_of(8, 2, 2, 2, 1);
+    config.recompute = true;
+    config.distributed_optimizer = true;
+    int order[1] = {0}, partition[1] = {48};
+    estimate e;
+    run_estimate(&f, &config, order, 1, partition, false, &e);
+    assert_true(close_to(e.stages[0].peak_memory_bytes, 10715605120.0, 1e-12));
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+/* Deterministic pseudo-random numbers (a 64-bit LCG). */
+static uint64_t rng_state = 0x2545f4914f6cdd1dULL;
+static int random_int(int low, int high)
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return low + (int)((rng_state >> 33) % (uint64_t)(high - low + 1));
+}
+
+static void random_partition(int layers, int pp, int *partition)
+{
+    for (int s = 0; s < pp; s++)
+        partition[s] = 0;
+    for (int l = 0; l < layers; l++)
+        partition[random_int(0, pp - 1)]++;
+}
+
+static void stage_terms_agree_with_the_estimate(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 3), 0); /* 16 GPUs */
+    const int degrees[][3] = {{1, 1, 16}, {1, 2, 8}, {2, 2, 4}, {4, 1, 4},
+                              {1, 4, 4}, {2, 1, 8}, {4, 4, 1}, {1, 8, 2}};
+    for (int trial = 0; trial < 64; trial++) {
+        const int *d = degrees[trial % 8];
+        parallel_config config = config_of(32 * d[1], 1 << random_int(0, 2),
+                                           d[0], d[1], d[2]);
+        config.gbs = config.dp * config.mbs * random_int(1, 12);
+        config.schedule = trial % 3 == 2 ? SCHEDULE_GPIPE : SCHEDULE_1F1B;
+        config.recompute = trial % 4 == 1;
+        config.distributed_optimizer = trial % 5 == 3;
+        int order[4] = {0, 1, 2, 3};
+        for (int i = 3; i > 0; i--) {
+            int j = random_int(0, i), swap = order[i];
+            order[i] = order[j];
+            order[j] = swap;
+        }
+        int partition[16];
+        random_partition(48, config.pp, partition);
+        estimate e;
+        run_estimate(&f, &config, order, 4, partition, false, &e);
+        stage_placement placement[16];
+        pt_error err = {{0}};
+        assert_int_equal(costmodel_place(&f.cm, &config, order, 4, placement,
+                                         &err), 0);
+        bool fits = true;
+        for (int s = 0; s < config.pp; s++) {
+            stage_terms terms;
+            assert_int_equal(costmodel_stage_terms(&f.cm, &config, placement,
+                                                   s, &terms, &err), 0);
+            const stage_estimate *st = &e.stages[s];
+            double layers = partition[s];
+            assert_true(close_to(terms.fixed_s + layers * terms.per_layer_s,
+                                 st->forward_s + st->backward_s + st->send_s +
+                                     st->send_bwd_s,
+                                 1e-12));
+            assert_true(close_to(terms.fixed_bytes +
+                                     layers * terms.per_layer_bytes,
+                                 st->peak_memory_bytes, 1e-12));
+            assert_true(terms.cap_bytes == st->memory_cap_bytes);
+            bool stage_fits = st->peak_memory_bytes <= st->memory_cap_bytes;
+            assert_true(stage_fits == (partition[s] <= terms.max_layers));
+            if (terms.max_layers >= 0 && terms.max_layers < 48) {
+                assert_true(terms.fixed_bytes +
+                                terms.max_layers * terms.per_layer_bytes <=
+                            terms.cap_bytes);
+                assert_true(terms.fixed_bytes +
+                                (terms.max_layers + 1) * terms.per_layer_bytes >
+                            terms.cap_bytes);
+            }
+            fits = fits && stage_fits;
+        }
+        assert_true(e.fits == fits);
+        estimate_free(&e);
+    }
+    fixture_close(&f);
+}
+
+static void stages_run_at_their_slowest_gpu(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 2), 0); /* a100[0], a10[0..1] */
+    parallel_config config = config_of(16, 1, 1, 4, 3);
+    int order[3] = {1, 2, 0}, partition[3] = {16, 16, 16};
+    estimate e;
+    run_estimate(&f, &config, order, 3, partition, false, &e);
+    assert_string_equal(e.stages[0].gpu, "A10-TEST");
+    assert_string_equal(e.stages[1].gpu, "A10-TEST");
+    assert_string_equal(e.stages[2].gpu, "A100-TEST");
+    /* stage 1: 16 A10 layers; stage 2: 16 A100 layers and the head */
+    assert_true(close_to(e.stages[1].forward_s, 16 * 2.4e-3, 1e-12));
+    assert_true(close_to(e.stages[2].forward_s, 16 * 1.6e-3 + 0.8e-3, 1e-12));
+    assert_true(close_to(e.stages[2].memory_cap_bytes, 39.59 * PT_GIB, 1e-12));
+    assert_true(close_to(e.stages[0].memory_cap_bytes, 22.2 * PT_GIB, 1e-12));
+    /* activations leave a10[1] for a100[0]: the inter-node link */
+    link_spec inter = link_of(5.0, 20.0);
+    assert_true(close_to(e.stages[1].send_s, p2p_time(3276800.0, inter),
+                         1e-12));
+    estimate_free(&e);
+
+    /* one stage over an A100 node and an A10 node: the A10's pace and
+       memory, and its dp group crosses the inter-node link */
+    config = config_of(16, 1, 1, 8, 1);
+    int mixed_order[2] = {0, 1}, whole[1] = {48};
+    run_estimate(&f, &config, mixed_order, 2, whole, false, &e);
+    assert_string_equal(e.stages[0].gpu, "A10-TEST");
+    assert_true(close_to(e.stages[0].forward_s,
+                         48 * 2.4e-3 + 0.2e-3 + 0.8e-3, 1e-12));
+    assert_true(close_to(e.stages[0].memory_cap_bytes, 22.2 * PT_GIB, 1e-12));
+    double params = model_parameter_count(&m);
+    assert_true(close_to(e.stages[0].dp_allreduce_s,
+                         allreduce_time(params * 4.0, 8, inter), 1e-12));
+    stage_placement placement[1];
+    pt_error err = {{0}};
+    assert_int_equal(costmodel_place(&f.cm, &config, mixed_order, 2, placement,
+                                     &err), 0);
+    assert_int_equal(placement[0].slow_type, 1);
+    assert_int_equal(placement[0].small_type, 1);
+    assert_int_equal(placement[0].first_node, 0);
+    assert_int_equal(placement[0].last_node, 1);
+    assert_int_equal(placement[0].dp_spans_nodes, 1);
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+static void dp_inside_a_node_uses_the_intra_node_link(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    parallel_config config = config_of(8, 1, 1, 4, 1);
+    int order[1] = {1}, whole[1] = {48};
+    estimate e;
+    run_estimate(&f, &config, order, 1, whole, false, &e);
+    double params = model_parameter_count(&m);
+    assert_true(close_to(e.stages[0].dp_allreduce_s,
+                         allreduce_time(params * 4.0, 4, link_of(16.0, 10.0)),
+                         1e-12));
+    /* a10 optimizer: 5e-11 s per parameter held */
+    assert_true(close_to(e.stages[0].optimizer_s, params * 5e-11, 1e-12));
+    estimate_free(&e);
+
+    config.distributed_optimizer = true;
+    run_estimate(&f, &config, order, 1, whole, false, &e);
+    link_spec intra = link_of(16.0, 10.0);
+    assert_true(close_to(e.stages[0].dp_allreduce_s,
+                         reduce_scatter_time(params * 4.0, 4, intra) +
+                             reduce_scatter_time(params * 2.0, 4, intra),
+                         1e-12));
+    assert_true(close_to(e.stages[0].optimizer_s, params / 4 * 5e-11, 1e-12));
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+static void placement_errors_are_clear(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 2), 0);
+    stage_placement placement[8];
+    pt_error err = {{0}};
+    parallel_config config = config_of(8, 1, 1, 2, 4);
+    int three[3] = {0, 1, 2};
+    assert_int_equal(costmodel_place(&f.cm, &config, three, 3, placement,
+                                     &err), -1);
+    assert_non_null(strstr(err.message, "gives 12 GPUs"));
+    assert_non_null(strstr(err.message, "needs 8"));
+    config = config_of(8, 1, 8, 1, 1);
+    int two[2] = {0, 1};
+    assert_int_equal(costmodel_place(&f.cm, &config, two, 2, placement,
+                                     &err), -1);
+    assert_non_null(strstr(err.message, "straddle"));
+    config = config_of(8, 1, 3, 1, 4);
+    assert_int_equal(costmodel_place(&f.cm, &config, three, 3, placement,
+                                     &err), -1);
+    assert_non_null(strstr(err.message, "straddle"));
+    config = config_of(8, 1, 1, 1, 8);
+    int twice[2] = {1, 1};
+    assert_int_equal(costmodel_place(&f.cm, &config, twice, 2, placement,
+                                     &err), -1);
+    assert_non_null(strstr(err.message, "a10[0]"));
+    int missing[2] = {1, 7};
+    assert_int_equal(costmodel_place(&f.cm, &config, missing, 2, placement,
+                                     &err), -1);
+    assert_non_null(strstr(err.message, "node 7"));
+    fixture_close(&f);
+}
+
+static void plan_errors_are_clear(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    int order[1] = {0};
+    estimate e;
+    pt_error err = {{0}};
+    parallel_config config = config_of(8, 1, 1, 1, 4);
+    int short_partition[4] = {12, 12, 12, 11};
+    assert_int_equal(costmodel_estimate(&f.cm, &config, order, 1,
+                                        short_partition, false, &e, &err), -1);
+    assert_non_null(strstr(err.message, "47 layers"));
+    assert_null(e.stages);
+    int negative[4] = {13, 13, 23, -1};
+    assert_int_equal(costmodel_estimate(&f.cm, &config, order, 1, negative,
+                                        false, &e, &err), -1);
+    assert_non_null(strstr(err.message, "partition[3]"));
+    config.gbs = 6;
+    config.mbs = 4;
+    int even[4] = {12, 12, 12, 12};
+    assert_int_equal(costmodel_estimate(&f.cm, &config, order, 1, even, false,
+                                        &e, &err), -1);
+    assert_non_null(strstr(err.message, "gbs 6"));
+    fixture_close(&f);
+}
+
+static void plan_over_memory_is_estimated_with_its_worst_stage(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    /* two stages of two A10s each on a10[0], mbs 4 */
+    parallel_config config = config_of(32, 4, 1, 2, 2);
+    int a10[1] = {1};
+    int front_heavy[2] = {46, 2}, back_heavy[2] = {2, 46};
+    estimate e;
+    run_estimate(&f, &config, a10, 1, front_heavy, false, &e);
+    assert_false(e.fits);
+    assert_int_equal(e.worst_stage, 0);
+    assert_true(e.stages[0].peak_memory_bytes > e.stages[0].memory_cap_bytes);
+    assert_true(e.step_time_s > 0.0);
+    estimate_free(&e);
+    run_estimate(&f, &config, a10, 1, back_heavy, false, &e);
+    assert_false(e.fits);
+    assert_int_equal(e.worst_stage, 1);
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+/* Step work: the embedding all-reduce of first and last stage waits for
+ * both, everything ends by the step time, tokens, FLOPs and dollars. */
+static void step_figures_follow_from_the_timeline(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 3), 0);
+    parallel_config config = config_of(64, 1, 1, 4, 4);
+    int order[4] = {1, 2, 3, 0}, partition[4] = {10, 13, 13, 12};
+    estimate e;
+    run_estimate(&f, &config, order, 4, partition, true, &e);
+    assert_int_equal(e.stage_count, 4);
+    /* tied embeddings over a10[0] and a100[0]: V h / tp x 4 bytes, 2
+       members, the inter-node link */
+    double embedding = allreduce_time(50257.0 * 1600 * 4.0, 2,
+                                      link_of(5.0, 20.0));
+    assert_true(close_to(e.stages[0].embedding_allreduce_s, embedding, 1e-12));
+    assert_true(close_to(e.stages[3].embedding_allreduce_s, embedding, 1e-12));
+    assert_true(e.stages[1].embedding_allreduce_s == 0.0);
+    assert_true(close_to(e.tokens_per_s, 64.0 * 1024 / e.step_time_s, 1e-12));
+    assert_true(close_to(e.tflops_per_gpu,
+                         model_flops_per_iteration(&m, 64, false) /
+                             e.step_time_s / 16 / 1e12,
+                         1e-12));
+    assert_true(close_to(e.cost_per_step_usd,
+                         e.step_time_s / 3600.0 * (3 * 8.0 + 32.0), 1e-12));
+    assert_true(e.bubble_fraction > 0.0 && e.bubble_fraction < 1.0);
+
+    double latest = 0.0, embedding_start[2] = {-1.0, -1.0};
+    int counted[16] = {0};
+    for (int i = 0; i < e.event_count; i++) {
+        const timeline_event *ev = &e.events[i];
+        assert_true(ev->rank >= 0 && ev->rank < 16);
+        assert_int_equal(ev->stage, ev->rank / 4);
+        assert_true(ev->end_s >= ev->start_s);
+        counted[ev->rank]++;
+        if (ev->end_s > latest)
+            latest = ev->end_s;
+        bool per_step = ev->kind == EVENT_DP_ALLREDUCE ||
+                        ev->kind == EVENT_EMBEDDING_ALLREDUCE ||
+                        ev->kind == EVENT_OPTIMIZER;
+        assert_true(per_step == (ev->microbatch == -1));
+        if (ev->kind == EVENT_EMBEDDING_ALLREDUCE) {
+            assert_true(ev->stage == 0 || ev->stage == 3);
+            embedding_start[ev->stage == 0 ? 0 : 1] = ev->start_s;
+        }
+    }
+    assert_true(close_to(latest, e.step_time_s, 1e-12));
+    assert_true(embedding_start[0] >= 0.0);
+    assert_true(embedding_start[0] == embedding_start[1]);
+    /* m = 16 per replica: stage 0 has 16 fwd, 16 bwd, 16 send_fwd, 16
+       recv_bwd, then dp all-reduce, embedding all-reduce, optimizer */
+    assert_int_equal(counted[0], 4 * 16 + 3);
+    assert_int_equal(counted[5], 6 * 16 + 2);
+    assert_int_equal(counted[15], 4 * 16 + 3);
+    for (int r = 0; r < 16; r++)
+        assert_int_equal(counted[r], counted[r / 4 * 4]);
+
+    estimate quiet;
+    run_estimate(&f, &config, order, 4, partition, false, &quiet);
+    assert_null(quiet.events);
+    assert_int_equal(quiet.event_count, 0);
+    assert_true(quiet.step_time_s == e.step_time_s);
+    estimate_free(&quiet);
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+static void notes_reach_the_estimate_context(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    parallel_config config = config_of(64, 16, 1, 1, 4);
+    int order[1] = {0}, partition[4] = {12, 12, 12, 12};
+    estimate e;
+    run_estimate(&f, &config, order, 1, partition, false, &e);
+    assert_true(has_note_containing(&f.cm, "A100-TEST: micro-batch 16 is "
+                                           "more than 2x outside"));
+    /* the A10 is not in this plan: no note about it */
+    assert_false(has_note_containing(&f.cm, "A10-TEST"));
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(memory_matches_hand_computation),
+        cmocka_unit_test(memory_with_recompute_and_distributed_optimizer),
+        cmocka_unit_test(stage_terms_agree_with_the_estimate),
+        cmocka_unit_test(stages_run_at_their_slowest_gpu),
+        cmocka_unit_test(dp_inside_a_node_uses_the_intra_node_link),
+        cmocka_unit_test(placement_errors_are_clear),
+        cmocka_unit_test(plan_errors_are_clear),
+        cmocka_unit_test(plan_over_memory_is_estimated_with_its_worst_stage),
+        cmocka_unit_test(step_figures_follow_from_the_timeline),
+        cmocka_unit_test(notes_reach_the_estimate_context),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
