@@ -1,0 +1,450 @@
+/*
+ * executor: trains a GPT-2-family model under a plan. Public header of the
+ * executor library; the data half (datasets, prep, sampling, checkpoints)
+ * is declared in executor/data.h, which this header includes.
+ *
+ * This half holds the model and its training:
+ *   - backends behind one interface (stage_backend): `cpu`, plain fp32 C,
+ *     the reference; `cuda` is declared but not built yet;
+ *   - a model *stage*: a range of transformer layers, optionally with the
+ *     embedding (first pipeline stage) and the final norm, LM head and
+ *     loss (last stage). The whole model is one stage holding everything;
+ *   - all parameters of a stage in one contiguous fp32 buffer described by
+ *     a table of named tensors (one all-reduce, one checkpoint write);
+ *   - AdamW, gradient-norm clipping, the learning-rate schedule and a
+ *     training-step helper for the single-stage case;
+ *   - the CPU reference ops (forward and backward of each), public so that
+ *     tests and, later, the CUDA backend can be checked against them.
+ * docs/executor.md describes the layout, the ops and their tests.
+ *
+ * Like every library of Partita, nothing here prints or exits: functions
+ * that can fail return -1 and fill a pt_error.
+ */
+#ifndef PARTITA_EXECUTOR_H
+#define PARTITA_EXECUTOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+#include "executor/data.h"
+
+/* ------------------------------------------------------------- backends */
+
+typedef enum backend_kind { BACKEND_CPU, BACKEND_CUDA } backend_kind;
+
+/* "cpu" or "cuda". */
+const char *backend_name(backend_kind kind);
+/* Parses "cpu" / "cuda"; the message lists the accepted names. */
+int backend_parse(const char *text, backend_kind *out, pt_error *err);
+
+/* ---------------------------------------------------------- stage layout */
+
+/* Which part of the model a stage holds: transformer layers
+ * [first_layer, last_layer) (possibly none), and whether it holds the
+ * embedding (token + position; the first pipeline stage) and the head
+ * (final layer norm, LM head and loss; the last stage). */
+typedef struct stage_spec {
+    int first_layer;
+    int last_layer;
+    bool has_embedding;
+    bool has_head;
+} stage_spec;
+
+/* The single stage of an unsplit model: all layers, embedding and head. */
+stage_spec stage_spec_whole_model(const model_shape *shape);
+
+/* The spec of stage `stage_index` of a pipeline whose stages hold
+ * layers_per_stage[0..stage_count) layers (a plan's partition): the first
+ * stage holds the embedding, the last the head. Fails when the partition
+ * does not sum to the model's layers or the index is out of range. */
+int stage_spec_from_partition(const model_shape *shape,
+                              const int *layers_per_stage, int stage_count,
+                              int stage_index, stage_spec *out,
+                              pt_error *err);
+
+/* One named tensor inside a stage's parameter buffer (and, at the same
+ * offset, inside its gradient and optimizer-state buffers). Names use the
+ * model's global layer index, "layers.5.attn_qkv_weight", so that a tensor
+ * keeps its name whatever the split. Matrices are row-major rows x cols
+ * with rows = output features (the convention out = in W^T + b);
+ * vectors have rows = 1. */
+typedef struct param_tensor {
+    char name[PT_NAME_MAX];
+    size_t offset;          /* in floats from the start of the buffer */
+    size_t count;           /* rows x cols */
+    int rows;
+    int cols;
+    bool weight_decay;      /* AdamW decays it: matrices, not biases/norms */
+    bool tied_copy;         /* the last stage's copy of the token embedding
+                               when embeddings are tied but the embedding
+                               sits on another stage: its gradient must be
+                               summed with the first stage's token-embedding
+                               gradient before the optimizer step (the
+                               "embedding all-reduce") */
+} param_tensor;
+
+/* The tensors of a stage in buffer order: embedding (token, position),
+ * then each layer (ln1 weight/bias, attn_qkv weight/bias, attn_proj
+ * weight/bias, ln2 weight/bias, mlp_fc weight/bias, mlp_proj
+ * weight/bias), then the head (final_norm weight/bias, and lm_head_weight
+ * when it is untied or its embedding sits on another stage). Returns the
+ * number of tensors; fills `out` when it is not NULL (it then needs room
+ * for that many) and *total_floats when not NULL. Fails on an invalid
+ * shape or spec. */
+int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
+                           param_tensor *out, size_t *total_floats,
+                           pt_error *err);
+
+/* --------------------------------------------------------------- stages */
+
+struct stage_backend;
+
+/*
+ * One stage of the model on one device, with its parameters, gradients,
+ * AdamW state and the activations of up to `slot_count` micro-batches in
+ * flight (1F1B keeps several; a plain training step needs one). Owned by
+ * the thread that created it; create with model_stage_create and release
+ * with model_stage_destroy. The four float buffers live in the backend's
+ * memory (host memory for cpu, device memory for cuda); use
+ * model_stage_read / model_stage_write to move them to and from the host.
+ */
+typedef struct model_stage {
+    model_shape shape;
+    stage_spec spec;
+    const struct stage_backend *backend;
+    int mbs_capacity;            /* largest micro-batch it accepts */
+    int slot_count;              /* micro-batches whose activations it keeps */
+    int tensor_count;
+    param_tensor *tensors;       /* owned, host memory, buffer order */
+    size_t param_count;          /* floats in each of the buffers below */
+    float *params;
+    float *grads;
+    float *adam_m;               /* AdamW first moment */
+    float *adam_v;               /* AdamW second moment */
+    long optimizer_steps;        /* AdamW steps taken (bias correction, LR) */
+    void *backend_state;         /* owned by the backend: activations */
+} model_stage;
+
+/* What one micro-batch brings to a stage's forward or backward call.
+ * tokens holds mbs windows of seq + 1 token ids: a window's first seq are
+ * the inputs (read by a stage with the embedding) and its last seq the
+ * targets (read by a stage with the head). Pointers are in the backend's
+ * memory except tokens, which is always host memory. */
+typedef struct stage_io {
+    int mbs;                     /* sequences, 1..mbs_capacity */
+    const uint32_t *tokens;      /* mbs x (seq + 1); NULL is allowed only
+                                    for a stage with neither embedding nor
+                                    head */
+    const float *input;          /* forward without embedding: the previous
+                                    stage's output, mbs x seq x hidden */
+    const float *output_grad;    /* backward without head: d loss / d output,
+                                    mbs x seq x hidden */
+    float loss_scale;            /* backward with head: gradients are of
+                                    loss_scale x (mean loss of this
+                                    micro-batch); 1/micro-batches averages
+                                    accumulated micro-batches */
+} stage_io;
+
+/* The buffers model_stage_read / model_stage_write move. */
+typedef enum stage_buffer {
+    STAGE_PARAMS,
+    STAGE_GRADS,
+    STAGE_ADAM_M,
+    STAGE_ADAM_V
+} stage_buffer;
+
+/*
+ * AdamW hyper-parameters. Defaults (adamw_defaults): beta1 0.9, beta2 0.95,
+ * eps 1e-8, weight decay 0.1, the GPT-2 / GPT-3 recipe as Megatron runs it.
+ * Decay applies to matrices only (param_tensor.weight_decay).
+ */
+typedef struct adamw_config {
+    float beta1;
+    float beta2;
+    float eps;
+    float weight_decay;
+} adamw_config;
+
+adamw_config adamw_defaults(void);
+
+/*
+ * The backend interface: a table of functions every backend provides.
+ * Callers use the model_stage_* / stage_* wrappers below, which check
+ * arguments and then dispatch here, so a backend sees valid input only.
+ */
+typedef struct stage_backend {
+    backend_kind kind;
+    const char *name;
+    /* Allocates params, grads, adam_m, adam_v (param_count floats each,
+     * zeroed) and the activations; fills backend_state. */
+    int (*allocate)(model_stage *stage, pt_error *err);
+    /* Frees what allocate made; safe on a partly allocated stage. */
+    void (*release)(model_stage *stage);
+    /* mean_loss is never NULL here; a stage without the head writes 0. */
+    int (*forward)(model_stage *stage, int slot, const stage_io *io,
+                   float *mean_loss, pt_error *err);
+    int (*backward)(model_stage *stage, int slot, const stage_io *io,
+                    pt_error *err);
+    int (*zero_grads)(model_stage *stage, pt_error *err);
+    int (*grad_square_sum)(const model_stage *stage, double *out,
+                           pt_error *err);
+    /* optimizer_steps is already incremented: it is the step t of the
+     * bias correction. */
+    int (*adamw_step)(model_stage *stage, const adamw_config *config,
+                      float learning_rate, float grad_scale, pt_error *err);
+    int (*copy_to_host)(const model_stage *stage, stage_buffer which,
+                        float *host, pt_error *err);
+    int (*copy_from_host)(model_stage *stage, stage_buffer which,
+                          const float *host, pt_error *err);
+    /* Activation buffers in backend memory, mbs_capacity x seq x hidden. */
+    float *(*input_buffer)(model_stage *stage, int slot);
+    const float *(*output)(const model_stage *stage, int slot);
+    const float *(*input_grad)(const model_stage *stage);
+} stage_backend;
+
+/* The backend of a kind; fails for a kind that is not built (cuda, for
+ * now). */
+const stage_backend *backend_find(backend_kind kind, pt_error *err);
+
+/* Lays out and allocates a stage; parameters start at zero (call
+ * model_stage_init_parameters). mbs_capacity >= 1, slot_count >= 1. On
+ * failure nothing is left allocated. */
+int model_stage_create(model_stage *out, const model_shape *shape,
+                       const stage_spec *spec, backend_kind kind,
+                       int mbs_capacity, int slot_count, pt_error *err);
+void model_stage_destroy(model_stage *stage);
+
+/* The tensor of that name, or NULL. */
+const param_tensor *model_stage_find_tensor(const model_stage *stage,
+                                            const char *name);
+
+/*
+ * Deterministic GPT-2 initialisation from a seed: matrices and embeddings
+ * ~ N(0, 0.02^2), the two residual projections of each layer (attn_proj,
+ * mlp_proj) ~ N(0, (0.02 / sqrt(2 x layers))^2), biases 0, norm weights
+ * 1 and norm biases 0. Each tensor draws from its own stream, seeded by
+ * the seed and the tensor's global name, so any split of the model gets
+ * the same values as the whole model, and a tied copy of the embedding
+ * equals the embedding. Also zeroes grads and AdamW state and resets
+ * optimizer_steps.
+ */
+int model_stage_init_parameters(model_stage *stage, uint64_t seed,
+                                pt_error *err);
+
+/* Copies a whole buffer (param_count floats) to or from host memory. */
+int model_stage_read(const model_stage *stage, stage_buffer which,
+                     float *host, pt_error *err);
+int model_stage_write(model_stage *stage, stage_buffer which,
+                      const float *host, pt_error *err);
+
+/*
+ * Forward of one micro-batch into activation slot `slot` (kept until its
+ * backward). A stage with the head writes the mean cross-entropy over the
+ * micro-batch's mbs x seq positions (nats per token) to *mean_loss; others
+ * write 0. mean_loss may be NULL.
+ */
+int stage_forward(model_stage *stage, int slot, const stage_io *io,
+                  float *mean_loss, pt_error *err);
+/* Backward of the micro-batch in `slot` (its forward must be the last one
+ * run in that slot): ADDS its parameter gradients to grads, so successive
+ * micro-batches accumulate, and, when the stage has no embedding, leaves
+ * d loss / d input in stage_input_grad. */
+int stage_backward(model_stage *stage, int slot, const stage_io *io,
+                   pt_error *err);
+
+/* Where a stage without the embedding can receive its input directly
+ * (then pass the same pointer as io.input, and no copy is made). */
+float *stage_input_buffer(model_stage *stage, int slot);
+/* The activation a stage without the head hands to the next stage:
+ * io.mbs x seq x hidden floats, valid from the forward into that slot
+ * until the next forward into it. */
+const float *stage_output(const model_stage *stage, int slot);
+/* d loss / d input of the last backward of a stage without the
+ * embedding: io.mbs x seq x hidden floats, valid until the stage's next
+ * backward (send it, or copy it, before that). NULL for a stage with the
+ * embedding, whose input is tokens. */
+const float *stage_input_grad(const model_stage *stage);
+
+int stage_zero_grads(model_stage *stage, pt_error *err);
+/* Sum of squares of all gradients (double). The global norm of a split
+ * model is the square root of the sum over stages (counting a tied copy
+ * once, after its gradient has been summed in). */
+int stage_grad_square_sum(const model_stage *stage, double *out,
+                          pt_error *err);
+/* One AdamW step on every parameter with gradient g x grad_scale (the
+ * clipping coefficient); increments optimizer_steps first and uses it for
+ * bias correction. */
+int stage_adamw_step(model_stage *stage, const adamw_config *config,
+                     float learning_rate, float grad_scale, pt_error *err);
+
+/* ------------------------------------------------------------ optimizer */
+
+/* The factor that scales gradients of global norm grad_norm down to
+ * max_norm: min(1, max_norm / (grad_norm + 1e-6)); 1 when max_norm <= 0
+ * (clipping off). */
+float clip_coefficient(double grad_norm, float max_norm);
+
+/*
+ * Learning rate by step: linear warm-up from max_lr / warmup_steps to
+ * max_lr over the first warmup_steps steps, then cosine decay from max_lr
+ * down to min_lr at step decay_steps, then min_lr. Steps count from 0.
+ * Defaults (lr_schedule_defaults), those of GPT-2 small trained from
+ * scratch: max 6e-4, min 6e-5, warm-up 2000 steps, decay over 600000.
+ */
+typedef struct lr_schedule {
+    double max_lr;
+    double min_lr;
+    long warmup_steps;   /* 0: start at max_lr */
+    long decay_steps;    /* step at which min_lr is reached; counts the
+                            warm-up; must be >= warmup_steps */
+} lr_schedule;
+
+lr_schedule lr_schedule_defaults(void);
+/* Fails on negative or inconsistent values (min_lr > max_lr, ...). */
+int lr_schedule_check(const lr_schedule *schedule, pt_error *err);
+double lr_schedule_at(const lr_schedule *schedule, long step);
+
+/* ------------------------------------------------------------- training */
+
+/* Everything a training step needs besides the model and the data. */
+typedef struct train_config {
+    adamw_config adamw;
+    lr_schedule schedule;
+    float max_grad_norm;      /* global-norm clipping; <= 0: off. Default 1 */
+} train_config;
+
+train_config train_config_defaults(void);
+
+/* What one step did. */
+typedef struct step_result {
+    float loss;               /* mean over all micro-batches, nats/token */
+    float grad_norm;          /* global gradient norm before clipping */
+    float learning_rate;      /* the rate the step used */
+} step_result;
+
+/*
+ * One training step of a whole-model stage (stage_spec_whole_model):
+ * zero the gradients; for each of micro_batches micro-batches of mbs
+ * windows (tokens: micro_batches x mbs x (seq + 1) ids, micro-batch after
+ * micro-batch), forward and backward in slot 0 with loss_scale
+ * 1/micro_batches, so the gradients end up averaged; clip by global norm;
+ * one AdamW step at the schedule's rate for stage->optimizer_steps.
+ */
+int train_step(model_stage *stage, const train_config *config,
+               const uint32_t *tokens, int micro_batches, int mbs,
+               step_result *out, pt_error *err);
+
+/* -------------------------------------------------- random numbers */
+
+/*
+ * The generator behind initialisation, also handy for tests: splitmix64
+ * (a 64-bit counter stepped by the golden-ratio constant and passed
+ * through a mixing function), uniform floats from its top bits and normal
+ * ones by Box-Muller. Not cryptographic; the same sequence on every
+ * machine. The struct is the whole state; no global state anywhere.
+ */
+typedef struct model_rng {
+    uint64_t state;
+    bool has_spare;          /* Box-Muller makes two normals at a time */
+    double spare;
+} model_rng;
+
+void model_rng_seed(model_rng *rng, uint64_t seed);
+uint64_t model_rng_next(model_rng *rng);
+/* Uniform in [0, 1), 53 random bits. */
+double model_rng_uniform(model_rng *rng);
+/* Standard normal. */
+double model_rng_normal(model_rng *rng);
+
+/* ---------------------------------------------------- cpu reference ops */
+
+/*
+ * The layers of the model as plain fp32 C on host memory, forward and
+ * backward of each as separate functions, each checked against finite
+ * differences (tests/executor/model/test_ops.c).
+ *
+ * Shapes: B sequences, T positions, C channels, N = B x T rows, OC output
+ * channels, NH heads, V vocabulary. Row-major throughout.
+ *
+ * Gradient convention: every backward ADDS into its gradient outputs,
+ * parameters and inputs alike (callers zero them first), so a buffer can
+ * gather the contributions of several consumers; the one exception is
+ * cpu_softmax_crossentropy_backward, the start of the chain, which writes.
+ * A NULL gradient output is skipped.
+ */
+
+/* out[b,t,:] = token_embedding[tokens[b,t],:] + position_embedding[t,:].
+ * tokens: B x T ids below the embedding's rows (the caller checks). */
+void cpu_embedding_forward(float *out, const uint32_t *tokens,
+                           const float *token_embedding,
+                           const float *position_embedding, int B, int T,
+                           int C);
+void cpu_embedding_backward(float *d_token_embedding,
+                            float *d_position_embedding, const float *d_out,
+                            const uint32_t *tokens, int B, int T, int C);
+
+/* Layer norm over the last axis with eps 1e-5: out = (x - mean) * rstd *
+ * weight + bias; keeps mean and rstd (N each) for the backward. */
+void cpu_layernorm_forward(float *out, float *mean, float *rstd,
+                           const float *inp, const float *weight,
+                           const float *bias, int N, int C);
+void cpu_layernorm_backward(float *d_inp, float *d_weight, float *d_bias,
+                            const float *d_out, const float *inp,
+                            const float *weight, const float *mean,
+                            const float *rstd, int N, int C);
+
+/* out (N x OC) = inp (N x C) weight^T + bias, weight OC x C (one row per
+ * output channel); bias may be NULL (the LM head has none). */
+void cpu_matmul_forward(float *out, const float *inp, const float *weight,
+                        const float *bias, int N, int C, int OC);
+void cpu_matmul_backward(float *d_inp, float *d_weight, float *d_bias,
+                         const float *d_out, const float *inp,
+                         const float *weight, int N, int C, int OC);
+
+/* Causal multi-head self-attention. qkv: B x T x 3C, the query, key and
+ * value of a position side by side, head h at channels [h C/NH, (h+1)
+ * C/NH) of each. out: B x T x C, heads side by side. probs: B x NH x T x T
+ * softmax weights (zero above the diagonal), kept for the backward. */
+void cpu_attention_forward(float *out, float *probs, const float *qkv,
+                           int B, int T, int C, int NH);
+/* scratch: T floats of working space. */
+void cpu_attention_backward(float *d_qkv, const float *d_out,
+                            const float *qkv, const float *probs,
+                            float *scratch, int B, int T, int C, int NH);
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
+ * x^3))), as GPT-2. */
+void cpu_gelu_forward(float *out, const float *inp, size_t count);
+void cpu_gelu_backward(float *d_inp, const float *d_out, const float *inp,
+                       size_t count);
+
+/* out = a + b (the skip connection around each sub-block). */
+void cpu_residual_forward(float *out, const float *a, const float *b,
+                          size_t count);
+void cpu_residual_backward(float *d_a, float *d_b, const float *d_out,
+                           size_t count);
+
+/* Softmax over each row of logits (N x V) into probs (may be the same
+ * buffer) and the cross-entropy of each row against its target into
+ * losses (N). Returns the mean loss (accumulated in double). */
+float cpu_softmax_crossentropy_forward(float *probs, float *losses,
+                                       const float *logits,
+                                       const uint32_t *targets, int N, int V);
+/* WRITES d_logits = (probs - onehot(target)) x d_loss for every row, where
+ * d_loss is d (objective) / d (each row's loss); d_logits may be probs. */
+void cpu_softmax_crossentropy_backward(float *d_logits, const float *probs,
+                                       const uint32_t *targets, float d_loss,
+                                       int N, int V);
+
+/* One AdamW update of `count` parameters, step >= 1 (bias correction):
+ * g = grads x grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * p -= lr (m_hat / (sqrt(v_hat) + eps) + decay p), decay = weight_decay
+ * when `decay` else 0 (decoupled weight decay). */
+void cpu_adamw_update(float *params, const float *grads, float *m, float *v,
+                      size_t count, const adamw_config *config,
+                      float learning_rate, float grad_scale, long step,
+                      bool decay);
+
+#endif

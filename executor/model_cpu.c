@@ -1,0 +1,608 @@
+/*
+ * The cpu backend: a model stage in plain fp32 C on host memory, built
+ * from the reference ops of ops_cpu.c. It is the reference the cuda
+ * backend will be held to, so it favours plain data flow over speed.
+ *
+ * Memory: the four parameter-sized buffers (params, grads, adam_m,
+ * adam_v); per activation slot, one arena holding everything the
+ * backward of a micro-batch needs; per stage, one arena of backward
+ * scratch shared by all slots (one backward runs at a time).
+ */
+#include "executor/executor.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "executor/backends.h"
+
+/* Pointers to one transformer layer's tensors inside a parameter-sized
+ * buffer (the parameters, or the gradients at the same offsets). */
+typedef struct layer_tensors {
+    float *ln1_weight, *ln1_bias;
+    float *qkv_weight, *qkv_bias;
+    float *attn_proj_weight, *attn_proj_bias;
+    float *ln2_weight, *ln2_bias;
+    float *fc_weight, *fc_bias;
+    float *mlp_proj_weight, *mlp_proj_bias;
+} layer_tensors;
+
+/* Every tensor of a stage inside one parameter-sized buffer; NULL for
+ * the parts the stage does not hold. */
+typedef struct stage_tensors {
+    float *token_embedding, *position_embedding;
+    layer_tensors *layers;          /* owned: one per local layer */
+    float *final_norm_weight, *final_norm_bias;
+    float *head_weight;             /* lm_head_weight or token_embedding */
+} stage_tensors;
+
+/* What the forward of one layer keeps for its backward (N = B x T rows). */
+typedef struct layer_activations {
+    float *ln1_out, *ln1_mean, *ln1_rstd;  /* N x C, N, N */
+    float *qkv;                            /* N x 3C */
+    float *att_probs;                      /* B x NH x T x T */
+    float *att_out;                        /* N x C, before the projection */
+    float *residual_mid;                   /* N x C, input + attention */
+    float *ln2_out, *ln2_mean, *ln2_rstd;
+    float *fc_out;                         /* N x F, before the GELU */
+    float *gelu_out;                       /* N x F */
+    float *output;                         /* N x C, mid + MLP */
+} layer_activations;
+
+/* One micro-batch in flight. */
+typedef struct activation_slot {
+    float *arena;                    /* owned: all the floats below */
+    uint32_t *inputs;                /* owned: B x T token ids */
+    uint32_t *targets;               /* owned: B x T token ids */
+    float *input;                    /* N x C: embedding output or received */
+    layer_activations *layers;       /* owned: one per local layer */
+    float *final_out, *final_mean, *final_rstd;
+    float *probs;                    /* N x V: logits, then probabilities,
+                                        then d logits during backward */
+    float *losses;                   /* N */
+    const float *output;             /* the last layer's output, or input */
+    int mbs;                         /* sequences of the last forward */
+    bool awaiting_backward;          /* forward ran, backward not yet */
+} activation_slot;
+
+/* Gradients of activations, needed only while one backward runs. */
+typedef struct backward_scratch {
+    float *arena;                    /* owned */
+    float *d_stream[2];              /* N x C: residual stream, alternating
+                                        between a layer's output and input */
+    float *d_mid;                    /* N x C */
+    float *d_norm;                   /* N x C: gradient of a norm's output */
+    float *d_att;                    /* N x C */
+    float *d_qkv;                    /* N x 3C */
+    float *d_fc;                     /* N x F */
+    float *d_gelu;                   /* N x F */
+    float *attention_row;            /* T */
+    const float *input_grad;         /* points into d_stream after backward */
+} backward_scratch;
+
+/* backend_state of a cpu stage. */
+typedef struct cpu_stage_state {
+    stage_tensors params;
+    stage_tensors grads;
+    int layer_count;                 /* local layers */
+    activation_slot *slots;          /* owned: slot_count */
+    backward_scratch scratch;
+} cpu_stage_state;
+
+/* Hands out consecutive pieces of one allocation. Run once with base NULL
+ * to learn the size, then again over the allocated block. */
+typedef struct arena {
+    float *base;
+    size_t used;
+} arena;
+
+static float *arena_take(arena *a, size_t count)
+{
+    float *piece = a->base != NULL ? a->base + a->used : NULL;
+    a->used += count;
+    return piece;
+}
+
+/* ---------------------------------------------------------- tensor maps */
+
+/* The layout of stage_parameter_layout, walked in its order. */
+static void map_tensors(const model_stage *stage, float *base,
+                        stage_tensors *out)
+{
+    int index = 0;
+    const param_tensor *table = stage->tensors;
+    if (stage->spec.has_embedding) {
+        out->token_embedding = base + table[index++].offset;
+        out->position_embedding = base + table[index++].offset;
+    }
+    int layer_count = stage->spec.last_layer - stage->spec.first_layer;
+    for (int l = 0; l < layer_count; l++) {
+        layer_tensors *layer = &out->layers[l];
+        float **fields[] = {
+            &layer->ln1_weight,       &layer->ln1_bias,
+            &layer->qkv_weight,       &layer->qkv_bias,
+            &layer->attn_proj_weight, &layer->attn_proj_bias,
+            &layer->ln2_weight,       &layer->ln2_bias,
+            &layer->fc_weight,        &layer->fc_bias,
+            &layer->mlp_proj_weight,  &layer->mlp_proj_bias,
+        };
+        for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+            *fields[f] = base + table[index++].offset;
+    }
+    if (stage->spec.has_head) {
+        out->final_norm_weight = base + table[index++].offset;
+        out->final_norm_bias = base + table[index++].offset;
+        out->head_weight = index < stage->tensor_count
+                               ? base + table[index++].offset
+                               : out->token_embedding;
+    }
+}
+
+/* ---------------------------------------------------------- allocation */
+
+/* Shapes every buffer is sized from; B is the micro-batch capacity. */
+typedef struct stage_dims {
+    size_t B, T, C, F, V, NH, N;
+} stage_dims;
+
+static stage_dims dims_of(const model_stage *stage, int mbs)
+{
+    stage_dims dims = {
+        .B = (size_t)mbs,
+        .T = (size_t)stage->shape.seq,
+        .C = (size_t)stage->shape.hidden,
+        .F = (size_t)stage->shape.ffn_hidden,
+        .V = (size_t)stage->shape.vocab,
+        .NH = (size_t)stage->shape.heads,
+    };
+    dims.N = dims.B * dims.T;
+    return dims;
+}
+
+static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
+                       int layer_count, bool has_head)
+{
+    slot->input = arena_take(a, d->N * d->C);
+    for (int l = 0; l < layer_count; l++) {
+        layer_activations *act = &slot->layers[l];
+        act->ln1_out = arena_take(a, d->N * d->C);
+        act->ln1_mean = arena_take(a, d->N);
+        act->ln1_rstd = arena_take(a, d->N);
+        act->qkv = arena_take(a, d->N * 3 * d->C);
+        act->att_probs = arena_take(a, d->B * d->NH * d->T * d->T);
+        act->att_out = arena_take(a, d->N * d->C);
+        act->residual_mid = arena_take(a, d->N * d->C);
+        act->ln2_out = arena_take(a, d->N * d->C);
+        act->ln2_mean = arena_take(a, d->N);
+        act->ln2_rstd = arena_take(a, d->N);
+        act->fc_out = arena_take(a, d->N * d->F);
+        act->gelu_out = arena_take(a, d->N * d->F);
+        act->output = arena_take(a, d->N * d->C);
+    }
+    if (has_head) {
+        slot->final_out = arena_take(a, d->N * d->C);
+        slot->final_mean = arena_take(a, d->N);
+        slot->final_rstd = arena_take(a, d->N);
+        slot->probs = arena_take(a, d->N * d->V);
+        slot->losses = arena_take(a, d->N);
+    }
+}
+
+static void carve_scratch(backward_scratch *s, arena *a, const stage_dims *d)
+{
+    s->d_stream[0] = arena_take(a, d->N * d->C);
+    s->d_stream[1] = arena_take(a, d->N * d->C);
+    s->d_mid = arena_take(a, d->N * d->C);
+    s->d_norm = arena_take(a, d->N * d->C);
+    s->d_att = arena_take(a, d->N * d->C);
+    s->d_qkv = arena_take(a, d->N * 3 * d->C);
+    s->d_fc = arena_take(a, d->N * d->F);
+    s->d_gelu = arena_take(a, d->N * d->F);
+    s->attention_row = arena_take(a, d->T);
+}
+
+/* Sizes an arena with a dry run, allocates it zeroed and carves it. */
+static float *allocate_slot(activation_slot *slot, const stage_dims *d,
+                            int layer_count, bool has_head)
+{
+    arena a = {.base = NULL, .used = 0};
+    carve_slot(slot, &a, d, layer_count, has_head);
+    a.base = calloc(a.used, sizeof(float));
+    if (a.base == NULL)
+        return NULL;
+    a.used = 0;
+    carve_slot(slot, &a, d, layer_count, has_head);
+    return a.base;
+}
+
+static void cpu_release(model_stage *stage)
+{
+    free(stage->params);
+    free(stage->grads);
+    free(stage->adam_m);
+    free(stage->adam_v);
+    stage->params = stage->grads = stage->adam_m = stage->adam_v = NULL;
+    cpu_stage_state *state = stage->backend_state;
+    if (state == NULL)
+        return;
+    if (state->slots != NULL) {
+        for (int s = 0; s < stage->slot_count; s++) {
+            free(state->slots[s].arena);
+            free(state->slots[s].inputs);
+            free(state->slots[s].targets);
+            free(state->slots[s].layers);
+        }
+    }
+    free(state->slots);
+    free(state->scratch.arena);
+    free(state->params.layers);
+    free(state->grads.layers);
+    free(state);
+    stage->backend_state = NULL;
+}
+
+static int allocate_slots(model_stage *stage, cpu_stage_state *state)
+{
+    stage_dims d = dims_of(stage, stage->mbs_capacity);
+    for (int s = 0; s < stage->slot_count; s++) {
+        activation_slot *slot = &state->slots[s];
+        /* one extra entry so a zero-layer stage's calloc is not NULL */
+        slot->layers = calloc((size_t)state->layer_count + 1,
+                              sizeof *slot->layers);
+        slot->inputs = calloc(d.N, sizeof *slot->inputs);
+        slot->targets = calloc(d.N, sizeof *slot->targets);
+        if (slot->layers == NULL || slot->inputs == NULL ||
+            slot->targets == NULL)
+            return -1;
+        slot->arena = allocate_slot(slot, &d, state->layer_count,
+                                    stage->spec.has_head);
+        if (slot->arena == NULL)
+            return -1;
+    }
+    arena a = {.base = NULL, .used = 0};
+    carve_scratch(&state->scratch, &a, &d);
+    a.base = calloc(a.used, sizeof(float));
+    if (a.base == NULL)
+        return -1;
+    state->scratch.arena = a.base;
+    a.used = 0;
+    carve_scratch(&state->scratch, &a, &d);
+    return 0;
+}
+
+static int cpu_allocate(model_stage *stage, pt_error *err)
+{
+    size_t count = stage->param_count + 1; /* never calloc(0) */
+    stage->params = calloc(count, sizeof(float));
+    stage->grads = calloc(count, sizeof(float));
+    stage->adam_m = calloc(count, sizeof(float));
+    stage->adam_v = calloc(count, sizeof(float));
+    cpu_stage_state *state = calloc(1, sizeof *state);
+    stage->backend_state = state;
+    if (stage->params == NULL || stage->grads == NULL ||
+        stage->adam_m == NULL || stage->adam_v == NULL || state == NULL)
+        goto out_of_memory;
+    state->layer_count = stage->spec.last_layer - stage->spec.first_layer;
+    size_t layers = (size_t)state->layer_count + 1;
+    state->params.layers = calloc(layers, sizeof(layer_tensors));
+    state->grads.layers = calloc(layers, sizeof(layer_tensors));
+    state->slots = calloc((size_t)stage->slot_count, sizeof *state->slots);
+    if (state->params.layers == NULL || state->grads.layers == NULL ||
+        state->slots == NULL)
+        goto out_of_memory;
+    map_tensors(stage, stage->params, &state->params);
+    map_tensors(stage, stage->grads, &state->grads);
+    if (allocate_slots(stage, state) != 0)
+        goto out_of_memory;
+    return 0;
+out_of_memory:
+    cpu_release(stage);
+    return pt_fail(err, "cpu backend: out of memory for a stage of %zu "
+                        "parameters, micro-batch %d, %d activation slots",
+                   stage->param_count, stage->mbs_capacity,
+                   stage->slot_count);
+}
+
+/* -------------------------------------------------------------- forward */
+
+/* One pre-norm transformer block:
+ *   mid = x + proj(attention(qkv(ln1(x))));  out = mid + mlp(ln2(mid)). */
+static void layer_forward(layer_activations *act, const layer_tensors *p,
+                          const float *input, const stage_dims *d)
+{
+    int N = (int)d->N, C = (int)d->C, F = (int)d->F;
+    size_t NC = d->N * d->C;
+    cpu_layernorm_forward(act->ln1_out, act->ln1_mean, act->ln1_rstd, input,
+                          p->ln1_weight, p->ln1_bias, N, C);
+    cpu_matmul_forward(act->qkv, act->ln1_out, p->qkv_weight, p->qkv_bias, N,
+                       C, 3 * C);
+    cpu_attention_forward(act->att_out, act->att_probs, act->qkv, (int)d->B,
+                          (int)d->T, C, (int)d->NH);
+    /* the branch goes to residual_mid first, then the skip is added */
+    cpu_matmul_forward(act->residual_mid, act->att_out, p->attn_proj_weight,
+                       p->attn_proj_bias, N, C, C);
+    cpu_residual_forward(act->residual_mid, input, act->residual_mid, NC);
+    cpu_layernorm_forward(act->ln2_out, act->ln2_mean, act->ln2_rstd,
+                          act->residual_mid, p->ln2_weight, p->ln2_bias, N,
+                          C);
+    cpu_matmul_forward(act->fc_out, act->ln2_out, p->fc_weight, p->fc_bias, N,
+                       C, F);
+    cpu_gelu_forward(act->gelu_out, act->fc_out, d->N * d->F);
+    cpu_matmul_forward(act->output, act->gelu_out, p->mlp_proj_weight,
+                       p->mlp_proj_bias, N, F, C);
+    cpu_residual_forward(act->output, act->residual_mid, act->output, NC);
+}
+
+/* Splits the token windows into the inputs and the shifted targets. */
+static void split_tokens(activation_slot *slot, const uint32_t *tokens,
+                         const stage_dims *d)
+{
+    for (size_t b = 0; b < d->B; b++) {
+        const uint32_t *window = tokens + b * (d->T + 1);
+        memcpy(slot->inputs + b * d->T, window, d->T * sizeof *window);
+        memcpy(slot->targets + b * d->T, window + 1, d->T * sizeof *window);
+    }
+}
+
+static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
+                       float *mean_loss, pt_error *err)
+{
+    (void)err;
+    cpu_stage_state *state = stage->backend_state;
+    activation_slot *slot = &state->slots[slot_index];
+    const stage_tensors *p = &state->params;
+    stage_dims d = dims_of(stage, io->mbs);
+    if (io->tokens != NULL)
+        split_tokens(slot, io->tokens, &d);
+    if (stage->spec.has_embedding)
+        cpu_embedding_forward(slot->input, slot->inputs, p->token_embedding,
+                              p->position_embedding, (int)d.B, (int)d.T,
+                              (int)d.C);
+    else if (io->input != slot->input)
+        memcpy(slot->input, io->input, d.N * d.C * sizeof(float));
+    const float *stream = slot->input;
+    for (int l = 0; l < state->layer_count; l++) {
+        layer_forward(&slot->layers[l], &p->layers[l], stream, &d);
+        stream = slot->layers[l].output;
+    }
+    slot->output = stream;
+    *mean_loss = 0.0f;
+    if (stage->spec.has_head) {
+        int N = (int)d.N, C = (int)d.C, V = (int)d.V;
+        cpu_layernorm_forward(slot->final_out, slot->final_mean,
+                              slot->final_rstd, stream, p->final_norm_weight,
+                              p->final_norm_bias, N, C);
+        cpu_matmul_forward(slot->probs, slot->final_out, p->head_weight, NULL,
+                           N, C, V);
+        *mean_loss = cpu_softmax_crossentropy_forward(
+            slot->probs, slot->losses, slot->probs, slot->targets, N, V);
+    }
+    slot->mbs = io->mbs;
+    slot->awaiting_backward = true;
+    return 0;
+}
+
+/* ------------------------------------------------------------- backward */
+
+static void zero(float *buffer, size_t count)
+{
+    memset(buffer, 0, count * sizeof *buffer);
+}
+
+/* The block's backward in reverse order of its forward. d_out is the
+ * gradient of the block's output; d_input receives (is overwritten with)
+ * the gradient of its input. A residual's backward hands its output
+ * gradient to both inputs, so the branch's matmul reads the same buffer
+ * the skip path starts from. */
+static void layer_backward(float *d_input, const float *d_out,
+                           layer_tensors *g, const layer_tensors *p,
+                           const layer_activations *act, const float *input,
+                           backward_scratch *s, const stage_dims *d)
+{
+    int N = (int)d->N, C = (int)d->C, F = (int)d->F;
+    size_t NC = d->N * d->C;
+    /* out = mid + mlp(ln2(mid)) */
+    zero(s->d_mid, NC);
+    cpu_residual_backward(s->d_mid, NULL, d_out, NC);
+    zero(s->d_gelu, d->N * d->F);
+    cpu_matmul_backward(s->d_gelu, g->mlp_proj_weight, g->mlp_proj_bias,
+                        d_out, act->gelu_out, p->mlp_proj_weight, N, F, C);
+    zero(s->d_fc, d->N * d->F);
+    cpu_gelu_backward(s->d_fc, s->d_gelu, act->fc_out, d->N * d->F);
+    zero(s->d_norm, NC);
+    cpu_matmul_backward(s->d_norm, g->fc_weight, g->fc_bias, s->d_fc,
+                        act->ln2_out, p->fc_weight, N, C, F);
+    cpu_layernorm_backward(s->d_mid, g->ln2_weight, g->ln2_bias, s->d_norm,
+                           act->residual_mid, p->ln2_weight, act->ln2_mean,
+                           act->ln2_rstd, N, C);
+    /* mid = input + proj(attention(qkv(ln1(input)))) */
+    zero(d_input, NC);
+    cpu_residual_backward(d_input, NULL, s->d_mid, NC);
+    zero(s->d_att, NC);
+    cpu_matmul_backward(s->d_att, g->attn_proj_weight, g->attn_proj_bias,
+                        s->d_mid, act->att_out, p->attn_proj_weight, N, C, C);
+    zero(s->d_qkv, NC * 3);
+    cpu_attention_backward(s->d_qkv, s->d_att, act->qkv, act->att_probs,
+                           s->attention_row, (int)d->B, (int)d->T, C,
+                           (int)d->NH);
+    zero(s->d_norm, NC);
+    cpu_matmul_backward(s->d_norm, g->qkv_weight, g->qkv_bias, s->d_qkv,
+                        act->ln1_out, p->qkv_weight, N, C, 3 * C);
+    cpu_layernorm_backward(d_input, g->ln1_weight, g->ln1_bias, s->d_norm,
+                           input, p->ln1_weight, act->ln1_mean,
+                           act->ln1_rstd, N, C);
+}
+
+/* Loss -> logits -> final norm: leaves d loss / d (last stream) in
+ * d_stream. The loss is loss_scale x the mean over N positions, so each
+ * position's loss has weight loss_scale / N. */
+static void head_backward(model_stage *stage, activation_slot *slot,
+                          float loss_scale, float *d_stream,
+                          const stage_dims *d)
+{
+    cpu_stage_state *state = stage->backend_state;
+    const stage_tensors *p = &state->params;
+    stage_tensors *g = &state->grads;
+    backward_scratch *s = &state->scratch;
+    int N = (int)d->N, C = (int)d->C, V = (int)d->V;
+    float *d_logits = slot->probs; /* overwrites the probabilities */
+    cpu_softmax_crossentropy_backward(d_logits, slot->probs, slot->targets,
+                                      loss_scale / (float)N, N, V);
+    zero(s->d_norm, d->N * d->C);
+    cpu_matmul_backward(s->d_norm, g->head_weight, NULL, d_logits,
+                        slot->final_out, p->head_weight, N, C, V);
+    zero(d_stream, d->N * d->C);
+    cpu_layernorm_backward(d_stream, g->final_norm_weight, g->final_norm_bias,
+                           s->d_norm, slot->output, p->final_norm_weight,
+                           slot->final_mean, slot->final_rstd, N, C);
+}
+
+static int cpu_backward(model_stage *stage, int slot_index,
+                        const stage_io *io, pt_error *err)
+{
+    cpu_stage_state *state = stage->backend_state;
+    activation_slot *slot = &state->slots[slot_index];
+    if (!slot->awaiting_backward || slot->mbs != io->mbs)
+        return pt_fail(err, "cpu backend: backward of slot %d without a "
+                            "forward of %d sequences before it",
+                       slot_index, io->mbs);
+    backward_scratch *s = &state->scratch;
+    stage_dims d = dims_of(stage, io->mbs);
+    const float *d_out = io->output_grad;
+    int free_stream = 0;
+    if (stage->spec.has_head) {
+        head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d);
+        d_out = s->d_stream[0];
+        free_stream = 1;
+    }
+    for (int l = state->layer_count - 1; l >= 0; l--) {
+        const float *layer_input =
+            l > 0 ? slot->layers[l - 1].output : slot->input;
+        float *d_input = s->d_stream[free_stream];
+        layer_backward(d_input, d_out, &state->grads.layers[l],
+                       &state->params.layers[l], &slot->layers[l],
+                       layer_input, s, &d);
+        d_out = d_input;
+        free_stream = 1 - free_stream;
+    }
+    if (stage->spec.has_embedding) {
+        cpu_embedding_backward(state->grads.token_embedding,
+                               state->grads.position_embedding, d_out,
+                               slot->inputs, (int)d.B, (int)d.T, (int)d.C);
+        s->input_grad = NULL;
+    } else {
+        /* a stage with no layers and no head passes the gradient through;
+         * copy it so the result does not point into the caller's memory */
+        if (d_out != s->d_stream[0] && d_out != s->d_stream[1]) {
+            memcpy(s->d_stream[0], d_out, d.N * d.C * sizeof(float));
+            d_out = s->d_stream[0];
+        }
+        s->input_grad = d_out;
+    }
+    slot->awaiting_backward = false;
+    return 0;
+}
+
+/* ----------------------------------------------- buffers and optimizer */
+
+static float *buffer_of(const model_stage *stage, stage_buffer which)
+{
+    switch (which) {
+    case STAGE_PARAMS:
+        return stage->params;
+    case STAGE_GRADS:
+        return stage->grads;
+    case STAGE_ADAM_M:
+        return stage->adam_m;
+    case STAGE_ADAM_V:
+        return stage->adam_v;
+    }
+    return NULL;
+}
+
+static int cpu_copy_to_host(const model_stage *stage, stage_buffer which,
+                            float *host, pt_error *err)
+{
+    const float *buffer = buffer_of(stage, which);
+    if (buffer == NULL)
+        return pt_fail(err, "cpu backend: unknown buffer %d", (int)which);
+    memcpy(host, buffer, stage->param_count * sizeof(float));
+    return 0;
+}
+
+static int cpu_copy_from_host(model_stage *stage, stage_buffer which,
+                              const float *host, pt_error *err)
+{
+    float *buffer = buffer_of(stage, which);
+    if (buffer == NULL)
+        return pt_fail(err, "cpu backend: unknown buffer %d", (int)which);
+    memcpy(buffer, host, stage->param_count * sizeof(float));
+    return 0;
+}
+
+static int cpu_zero_grads(model_stage *stage, pt_error *err)
+{
+    (void)err;
+    zero(stage->grads, stage->param_count);
+    return 0;
+}
+
+static int cpu_grad_square_sum(const model_stage *stage, double *out,
+                               pt_error *err)
+{
+    (void)err;
+    double sum = 0.0;
+    for (size_t i = 0; i < stage->param_count; i++)
+        sum += (double)stage->grads[i] * stage->grads[i];
+    *out = sum;
+    return 0;
+}
+
+static int cpu_adamw_step(model_stage *stage, const adamw_config *config,
+                          float learning_rate, float grad_scale,
+                          pt_error *err)
+{
+    (void)err;
+    for (int i = 0; i < stage->tensor_count; i++) {
+        const param_tensor *t = &stage->tensors[i];
+        cpu_adamw_update(stage->params + t->offset, stage->grads + t->offset,
+                         stage->adam_m + t->offset, stage->adam_v + t->offset,
+                         t->count, config, learning_rate, grad_scale,
+                         stage->optimizer_steps, t->weight_decay);
+    }
+    return 0;
+}
+
+static float *cpu_input_buffer(model_stage *stage, int slot)
+{
+    cpu_stage_state *state = stage->backend_state;
+    return state->slots[slot].input;
+}
+
+static const float *cpu_output(const model_stage *stage, int slot)
+{
+    const cpu_stage_state *state = stage->backend_state;
+    return state->slots[slot].output;
+}
+
+static const float *cpu_input_grad(const model_stage *stage)
+{
+    const cpu_stage_state *state = stage->backend_state;
+    return state->scratch.input_grad;
+}
+
+const stage_backend cpu_stage_backend = {
+    .kind = BACKEND_CPU,
+    .name = "cpu",
+    .allocate = cpu_allocate,
+    .release = cpu_release,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+    .zero_grads = cpu_zero_grads,
+    .grad_square_sum = cpu_grad_square_sum,
+    .adamw_step = cpu_adamw_step,
+    .copy_to_host = cpu_copy_to_host,
+    .copy_from_host = cpu_copy_from_host,
+    .input_buffer = cpu_input_buffer,
+    .output = cpu_output,
+    .input_grad = cpu_input_grad,
+};
