@@ -1,0 +1,58 @@
+# The README's two commands. Both install the Debian packages they lack,
+# build with Meson, then run. Everything else is in meson.build.
+BUILD      ?= build
+TEST_BUILD ?= build-test
+PARTITA    := $(BUILD)/cli/partita
+
+DEBIAN_PACKAGES := meson ninja-build pkg-config gcc libjansson-dev \
+                   libglpk-dev gnuplot-nox libcmocka-dev valgrind
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps build demo test bench clean
+
+all: build
+
+# Installs only what is missing, so a second run costs nothing.
+deps:
+	@missing=""; for package in $(DEBIAN_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$package 2>/dev/null | \
+	    grep -q "install ok installed" || missing="$$missing $$package"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+$(BUILD)/build.ninja:
+	meson setup $(BUILD) -Dbuildtype=release
+
+build: deps $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+# The main job: plan GPT-2 XL (gbs 64) on the FASOP paper's heterogeneous
+# cluster (1 A100 node + 7 A10 nodes), then estimate the chosen plan.
+demo: build
+	$(PARTITA) plan --cluster hetero --model gpt2-xl --gbs 64 -o plan.json
+	$(PARTITA) estimate plan.json
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  echo "# a GPU is present, but 'partita exec' and 'partita report' are not built yet"; \
+	else \
+	  echo "# no GPU here: planning only (exec and report need a GPU and are not built yet)"; \
+	fi
+
+# Every test, built with AddressSanitizer and UndefinedBehaviorSanitizer.
+test: deps
+	@[ -f $(TEST_BUILD)/build.ninja ] || \
+	  meson setup $(TEST_BUILD) -Dbuildtype=debug -Db_sanitize=address,undefined
+	ninja -C $(TEST_BUILD)
+	@status=0; meson test -C $(TEST_BUILD) --print-errorlogs \
+	  --num-processes 2 || status=$$?; \
+	.ci/count-tests $(TEST_BUILD)/meson-logs/testlog.json; \
+	exit $$status
+
+bench: build
+	$(BUILD)/bench/plan_speed
+
+clean:
+	rm -rf $(BUILD) $(TEST_BUILD)

@@ -1,0 +1,132 @@
+/* partita estimate: the step time, timeline and memory of a given plan. */
+#include "cli/cli.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void print_estimate_help(void)
+{
+    printf(
+        "usage: partita estimate PLAN [--json] [--profiles DIR]\n"
+        "\n"
+        "Estimates a plan (written by 'partita plan' or by hand): per-stage\n"
+        "forward, backward, send and all-reduce times, memory per GPU, and\n"
+        "the simulated step time.\n"
+        "\n"
+        "  --json            print the plan with its \"estimate\" filled\n"
+        "                    (timeline events included) on standard output\n"
+        "  --profiles DIR    look for profiles/<gpu>.json here first\n"
+        "\n"
+        "Exit status 2 when the plan is invalid or does not fit in memory.\n");
+}
+
+typedef struct estimate_arguments {
+    const char *plan_path;
+    const char *profiles;
+    bool json;
+} estimate_arguments;
+
+static int parse_estimate_arguments(int argc, char **argv,
+                                    estimate_arguments *args)
+{
+    enum { OPT_JSON = 256, OPT_PROFILES, OPT_HELP };
+    static const struct option options[] = {
+        {"json", no_argument, NULL, OPT_JSON},
+        {"profiles", required_argument, NULL, OPT_PROFILES},
+        {"help", no_argument, NULL, OPT_HELP},
+        {NULL, 0, NULL, 0}};
+    optind = 1;
+    int option;
+    while ((option = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (option) {
+        case OPT_JSON: args->json = true; break;
+        case OPT_PROFILES: args->profiles = optarg; break;
+        case OPT_HELP:
+        case 'h': print_estimate_help(); return 1;
+        default: return -1;
+        }
+    }
+    if (optind + 1 != argc) {
+        fprintf(stderr, "partita estimate: expected one plan file "
+                        "(see 'partita estimate --help')\n");
+        return -1;
+    }
+    args->plan_path = argv[optind];
+    return 0;
+}
+
+/* Prints and, for --json, writes; returns the exit status. */
+static int report_estimate(const estimate_arguments *args, const plan *p,
+                           costmodel *cm, const estimate *est)
+{
+    pt_error err = {{0}};
+    if (args->json) {
+        json_t *root = plan_to_json(p, est, &err);
+        if (root == NULL) {
+            cli_error("estimate", err.message);
+            return EXIT_FAILURE_RUN;
+        }
+        char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
+        json_decref(root);
+        if (text == NULL) {
+            cli_error("estimate", "out of memory serialising the plan");
+            return EXIT_FAILURE_RUN;
+        }
+        puts(text);
+        free(text);
+        for (int i = 0; i < cm->note_count; i++)
+            fprintf(stderr, "partita estimate: note: %s\n", cm->notes[i]);
+    } else {
+        printf("# partita estimate: %s\n", args->plan_path);
+        print_estimate_summary(p, est);
+        print_notes(cm);
+    }
+    if (!est->fits) {
+        char miss[256];
+        format_memory_miss(est, miss, sizeof miss);
+        char message[320];
+        snprintf(message, sizeof message, "%s: plan does not fit: %s",
+                 args->plan_path, miss);
+        cli_error("estimate", message);
+        return EXIT_BAD_INPUT;
+    }
+    return EXIT_OK;
+}
+
+int command_estimate(int argc, char **argv)
+{
+    estimate_arguments args = {0};
+    int parsed = parse_estimate_arguments(argc, argv, &args);
+    if (parsed != 0)
+        return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    pt_error err = {{0}};
+    plan p;
+    if (plan_load_file(args.plan_path, &p, &err) != 0) {
+        cli_error("estimate", err.message);
+        return EXIT_BAD_INPUT;
+    }
+    costmodel cm;
+    if (costmodel_open(&cm, &p.model, &p.cluster, args.profiles, &err) != 0) {
+        cli_error("estimate", err.message);
+        plan_free(&p);
+        return EXIT_BAD_INPUT;
+    }
+    estimate est;
+    int status;
+    if (costmodel_estimate(&cm, &p.config, p.node_order, p.node_order_count,
+                           p.partition, args.json, &est, &err) != 0) {
+        char message[1200];
+        snprintf(message, sizeof message, "%s: %s", args.plan_path,
+                 err.message);
+        cli_error("estimate", message);
+        status = EXIT_BAD_INPUT;
+    } else {
+        status = report_estimate(&args, &p, &cm, &est);
+        estimate_free(&est);
+    }
+    costmodel_close(&cm);
+    plan_free(&p);
+    return status;
+}

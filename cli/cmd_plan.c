@@ -1,0 +1,538 @@
+/* partita plan: search every plan, print the ranking, write plan.json. */
+#include "cli/cli.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct plan_arguments {
+    const char *cluster;
+    const char *model;
+    const char *profiles;
+    const char *output;
+    bool pareto;
+    bool quiet;
+    search_options search;
+} plan_arguments;
+
+static void print_plan_help(void)
+{
+    printf(
+        "usage: partita plan --model M --gbs N [options]\n"
+        "\n"
+        "Searches every (tp, dp, pp, micro-batch, node order) of a cluster,\n"
+        "solves the layer partition of each exactly, prints the ranking and\n"
+        "writes the best plan with its estimated timeline.\n"
+        "\n"
+        "  --model M          model file or bundled name (gpt2-xl, bert-large...)\n"
+        "  --cluster C        cluster file or bundled name (default: hetero)\n"
+        "  --gbs N            global batch size in sequences\n"
+        "  --objective O      time (default) or cost ($ per step)\n"
+        "  --pareto           front of step time vs $ over every sub-cluster\n"
+        "  --solver S         dp (default, exact), ilp (GLPK, exact) or\n"
+        "                     greedy (FASOP's min-max heuristic)\n"
+        "  --schedule S       1f1b (default) or gpipe\n"
+        "  --precision P      bf16 (default), fp16 or fp32\n"
+        "  --max-mbs N        largest micro-batch tried (default 16)\n"
+        "  --no-recompute     never use full activation recompute\n"
+        "  --no-distributed-optimizer  never shard the optimizer (ZeRO-1)\n"
+        "  --top K            plans shown and kept as alternatives (default 10)\n"
+        "  --threads N        search threads (default: one per core)\n"
+        "  --profiles DIR     look for profiles/<gpu>.json here first\n"
+        "  -o, --output FILE  plan file to write (default plan.json)\n"
+        "  --quiet            no progress line\n");
+}
+
+static int parse_choice(const char *value, const char *const *names,
+                        int count, const char *option, int *out)
+{
+    for (int i = 0; i < count; i++)
+        if (strcmp(value, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    fprintf(stderr, "partita plan: %s: unknown value '%s'\n", option, value);
+    return -1;
+}
+
+static int parse_positive(const char *value, const char *option, int *out)
+{
+    char *end = NULL;
+    long number = strtol(value, &end, 10);
+    if (end == value || *end != '\0' || number <= 0 || number > 1 << 24) {
+        fprintf(stderr, "partita plan: %s: expected a positive integer, "
+                        "got '%s'\n", option, value);
+        return -1;
+    }
+    *out = (int)number;
+    return 0;
+}
+
+/* Returns 0 to go on, 1 when help was printed, -1 on a bad argument. */
+static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
+{
+    enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
+           OPT_SOLVER, OPT_SCHEDULE, OPT_PRECISION, OPT_MAX_MBS,
+           OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_TOP, OPT_THREADS, OPT_PROFILES,
+           OPT_QUIET, OPT_HELP };
+    static const struct option options[] = {
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"cluster", required_argument, NULL, OPT_CLUSTER},
+        {"gbs", required_argument, NULL, OPT_GBS},
+        {"objective", required_argument, NULL, OPT_OBJECTIVE},
+        {"pareto", no_argument, NULL, OPT_PARETO},
+        {"solver", required_argument, NULL, OPT_SOLVER},
+        {"schedule", required_argument, NULL, OPT_SCHEDULE},
+        {"precision", required_argument, NULL, OPT_PRECISION},
+        {"max-mbs", required_argument, NULL, OPT_MAX_MBS},
+        {"no-recompute", no_argument, NULL, OPT_NO_RECOMPUTE},
+        {"no-distributed-optimizer", no_argument, NULL, OPT_NO_ZERO},
+        {"top", required_argument, NULL, OPT_TOP},
+        {"threads", required_argument, NULL, OPT_THREADS},
+        {"profiles", required_argument, NULL, OPT_PROFILES},
+        {"output", required_argument, NULL, 'o'},
+        {"quiet", no_argument, NULL, OPT_QUIET},
+        {"help", no_argument, NULL, OPT_HELP},
+        {NULL, 0, NULL, 0}};
+    static const char *const objectives[] = {"time", "cost"};
+    static const char *const solvers[] = {"dp", "ilp", "greedy"};
+    static const char *const schedules[] = {"1f1b", "gpipe"};
+    static const char *const precisions[] = {"bf16", "fp16", "fp32"};
+    int choice = 0, status = 0;
+    optind = 1;
+    opterr = 1;
+    int option;
+    while (status == 0 &&
+           (option = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
+        switch (option) {
+        case OPT_MODEL: args->model = optarg; break;
+        case OPT_CLUSTER: args->cluster = optarg; break;
+        case OPT_GBS:
+            status = parse_positive(optarg, "--gbs", &args->search.gbs);
+            break;
+        case OPT_OBJECTIVE:
+            status = parse_choice(optarg, objectives, 2, "--objective",
+                                  &choice);
+            args->search.objective = (plan_objective)choice;
+            break;
+        case OPT_PARETO: args->pareto = true; break;
+        case OPT_SOLVER:
+            status = parse_choice(optarg, solvers, 3, "--solver", &choice);
+            args->search.solver = (partition_solver)choice;
+            break;
+        case OPT_SCHEDULE:
+            status = parse_choice(optarg, schedules, 2, "--schedule",
+                                  &choice);
+            args->search.schedule = (schedule_kind)choice;
+            break;
+        case OPT_PRECISION:
+            status = parse_choice(optarg, precisions, 3, "--precision",
+                                  &choice);
+            args->search.precision = (precision_kind)choice;
+            break;
+        case OPT_MAX_MBS:
+            status = parse_positive(optarg, "--max-mbs",
+                                    &args->search.max_mbs);
+            break;
+        case OPT_NO_RECOMPUTE: args->search.allow_recompute = false; break;
+        case OPT_NO_ZERO:
+            args->search.allow_distributed_optimizer = false;
+            break;
+        case OPT_TOP:
+            status = parse_positive(optarg, "--top", &args->search.keep);
+            break;
+        case OPT_THREADS:
+            status = parse_positive(optarg, "--threads",
+                                    &args->search.threads);
+            break;
+        case OPT_PROFILES: args->profiles = optarg; break;
+        case 'o': args->output = optarg; break;
+        case OPT_QUIET: args->quiet = true; break;
+        case OPT_HELP:
+        case 'h': print_plan_help(); return 1;
+        default: return -1;
+        }
+    }
+    if (status != 0)
+        return -1;
+    if (optind < argc) {
+        fprintf(stderr, "partita plan: unexpected argument '%s'\n",
+                argv[optind]);
+        return -1;
+    }
+    if (args->model == NULL || args->search.gbs == 0) {
+        fprintf(stderr, "partita plan: --model and --gbs are required "
+                        "(see 'partita plan --help')\n");
+        return -1;
+    }
+    return 0;
+}
+
+static double seconds_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+}
+
+/* A progress line on stderr, redrawn in place, only on a terminal. */
+static void show_progress(void *context, long long done, long long total)
+{
+    (void)context;
+    if (total <= 0)
+        return;
+    fprintf(stderr, "\rsearching: %lld / %lld configurations (%3.0f %%)",
+            done, total, 100.0 * (double)done / (double)total);
+    if (done >= total)
+        fprintf(stderr, "\r%60s\r", "");
+    fflush(stderr);
+}
+
+static void print_ranking_header(const cluster *c)
+{
+    printf("#\n# %4s %3s %3s %3s %4s %-8s %-22s %-26s %10s %10s %8s",
+           "rank", "tp", "dp", "pp", "mbs", "levers", "node order",
+           "partition", "step", "tokens/s", "TFLOP/s");
+    for (int t = 0; t < c->type_count && t < PLANNER_MAX_TYPES; t++)
+        printf(" %12.12s", c->types[t].gpu);
+    printf(" %9s\n", "$/step");
+    printf("# %4s %3s %3s %3s %4s %-8s %-22s %-26s %10s %10s %8s", "", "",
+           "", "", "", "", "", "", "(s)", "", "per GPU");
+    for (int t = 0; t < c->type_count && t < PLANNER_MAX_TYPES; t++)
+        printf(" %12s", "(GiB)");
+    printf(" %9s\n", "(USD)");
+}
+
+static void format_levers(const parallel_config *config, char *out,
+                          size_t size)
+{
+    snprintf(out, size, "%s%s%s", config->recompute ? "rc" : "",
+             config->recompute && config->distributed_optimizer ? "+" : "",
+             config->distributed_optimizer ? "zero1" : "");
+    if (out[0] == '\0')
+        snprintf(out, size, "-");
+}
+
+static void print_ranked_row(const cluster *c, int rank,
+                             const ranked_plan *ranked)
+{
+    char order[256], partition[PT_MAX_STAGES * 6], levers[16];
+    format_node_order(c, ranked->node_order, ranked->node_count, order,
+                      sizeof order);
+    partition_format(ranked->partition, ranked->config.pp, partition,
+                     sizeof partition);
+    format_levers(&ranked->config, levers, sizeof levers);
+    printf("  %4d %3d %3d %3d %4d %-8s %-22s %-26s %10.4f %10.0f %8.1f", rank,
+           ranked->config.tp, ranked->config.dp, ranked->config.pp,
+           ranked->config.mbs, levers, order, partition,
+           ranked->step_time_s, ranked->tokens_per_s, ranked->tflops_per_gpu);
+    for (int t = 0; t < c->type_count && t < PLANNER_MAX_TYPES; t++) {
+        if (ranked->peak_memory_gib_by_type[t] > 0)
+            printf(" %12.2f", ranked->peak_memory_gib_by_type[t]);
+        else
+            printf(" %12s", "-");
+    }
+    printf(" %9.4f\n", ranked->cost_per_step_usd);
+}
+
+/* One compact entry of plan.json's "alternatives". */
+static json_t *alternative_to_json(const cluster *c, const ranked_plan *r)
+{
+    char partition[PT_MAX_STAGES * 6];
+    partition_format(r->partition, r->config.pp, partition, sizeof partition);
+    json_t *order = json_array();
+    for (int i = 0; i < r->node_count; i++) {
+        char name[PT_NAME_MAX + 16];
+        cluster_node_name(c, r->node_order[i], name, sizeof name);
+        json_array_append_new(order, json_string(name));
+    }
+    return json_pack("{s:i, s:i, s:i, s:i, s:s, s:o, s:s, s:b, s:f, s:f, "
+                     "s:f, s:f}",
+                     "mbs", r->config.mbs, "tp", r->config.tp, "dp",
+                     r->config.dp, "pp", r->config.pp, "partition", partition,
+                     "node_order", order, "recompute",
+                     r->config.recompute ? "full" : "none",
+                     "distributed_optimizer",
+                     (int)r->config.distributed_optimizer, "step_time_s",
+                     r->step_time_s, "tokens_per_s", r->tokens_per_s,
+                     "tflops_per_gpu", r->tflops_per_gpu, "cost_per_step_usd",
+                     r->cost_per_step_usd);
+}
+
+typedef struct plan_inputs {
+    char model_path[PT_PATH_MAX];
+    char cluster_path[PT_PATH_MAX];
+    model_shape model;
+    cluster cluster;
+} plan_inputs;
+
+/* Writes the best plan, its estimated timeline and the alternatives. The
+ * plan's model and cluster paths are written relative to the plan file. */
+static int write_plan_file(const plan_arguments *args, const plan_inputs *in,
+                           costmodel *cm, const ranked_plan *plans,
+                           int plan_count, json_t *extra_key_value,
+                           const char *extra_key, pt_error *err)
+{
+    char output_dir[PT_PATH_MAX], model_ref[PT_PATH_MAX],
+        cluster_ref[PT_PATH_MAX];
+    pt_directory_of(args->output, output_dir, sizeof output_dir);
+    cli_relative_path(output_dir, in->model_path, model_ref,
+                      sizeof model_ref);
+    cli_relative_path(output_dir, in->cluster_path, cluster_ref,
+                      sizeof cluster_ref);
+    plan best;
+    if (plan_from_ranked(&plans[0], &in->model, &in->cluster, model_ref,
+                         cluster_ref, &best, err) != 0)
+        return -1;
+    estimate est;
+    int status = costmodel_estimate(cm, &best.config, best.node_order,
+                                    best.node_order_count, best.partition,
+                                    true, &est, err);
+    if (status != 0) {
+        plan_free(&best);
+        return -1;
+    }
+    json_t *root = plan_to_json(&best, &est, err);
+    if (root != NULL) {
+        json_t *alternatives = json_array();
+        for (int i = 1; i < plan_count; i++)
+            json_array_append_new(alternatives,
+                                  alternative_to_json(&in->cluster,
+                                                      &plans[i]));
+        json_object_set_new(root, "alternatives", alternatives);
+        if (extra_key != NULL)
+            json_object_set(root, extra_key, extra_key_value);
+        status = json_write_file_atomic(root, args->output, err);
+        json_decref(root);
+    } else {
+        status = -1;
+    }
+    estimate_free(&est);
+    plan_free(&best);
+    return status;
+}
+
+static int load_inputs(const plan_arguments *args, plan_inputs *in,
+                       pt_error *err)
+{
+    if (cli_locate("models", args->model, in->model_path,
+                   sizeof in->model_path, err) != 0 ||
+        cli_locate("clusters", args->cluster, in->cluster_path,
+                   sizeof in->cluster_path, err) != 0)
+        return -1;
+    if (model_load_file(in->model_path, &in->model, err) != 0)
+        return -1;
+    return cluster_load_file(in->cluster_path, &in->cluster, err);
+}
+
+static int run_search(const plan_arguments *args, plan_inputs *in,
+                      pt_error *err)
+{
+    costmodel cm;
+    if (costmodel_open(&cm, &in->model, &in->cluster, args->profiles, err) !=
+        0)
+        return EXIT_BAD_INPUT;
+    /* Notes of the search cover every configuration tried; the user needs
+     * those of opening the profiles and of the plans written. */
+    int notes_of_open = cm.note_count;
+    search_result result;
+    double started = seconds_now();
+    int status = planner_search(&cm, &args->search, &result, err);
+    double elapsed = seconds_now() - started;
+    if (status != 0) {
+        costmodel_close(&cm);
+        return EXIT_BAD_INPUT;
+    }
+    if (result.plan_count == 0) {
+        pt_fail(err, "no plan fits %s on cluster %s with gbs %d: %s",
+                in->model.name, in->cluster.name, args->search.gbs,
+                result.no_fit_reason[0] ? result.no_fit_reason
+                                        : "no configuration is possible");
+        search_result_free(&result);
+        costmodel_close(&cm);
+        return EXIT_BAD_INPUT;
+    }
+    char took[32];
+    pt_format_seconds(elapsed, took, sizeof took);
+    printf("# partita plan: model %s, cluster %s (%d nodes, %d GPUs), "
+           "gbs %d, objective %s\n",
+           in->model.name, in->cluster.name, in->cluster.node_count,
+           cluster_gpu_count(&in->cluster), args->search.gbs,
+           args->search.objective == OBJECTIVE_COST ? "$ per step"
+                                                     : "step time");
+    printf("# searched %lld configurations (%lld fit) in %s\n",
+           result.configurations_scored, result.configurations_feasible,
+           took);
+    print_ranking_header(&in->cluster);
+    for (int i = 0; i < result.plan_count; i++)
+        print_ranked_row(&in->cluster, i + 1, &result.plans[i]);
+    cm.note_count = notes_of_open;
+    status = write_plan_file(args, in, &cm, result.plans, result.plan_count,
+                             NULL, NULL, err);
+    print_notes(&cm);
+    if (status == 0)
+        printf("# wrote %s (best plan, its timeline, %d alternatives)\n",
+               args->output, result.plan_count - 1);
+    search_result_free(&result);
+    costmodel_close(&cm);
+    return status == 0 ? EXIT_OK : EXIT_FAILURE_RUN;
+}
+
+/* The pool node of a sub-cluster node: same type, same ordinal. */
+static int pool_node_of(const cluster *pool, int type, int ordinal)
+{
+    int node = 0;
+    for (int t = 0; t < type; t++)
+        node += pool->types[t].count;
+    return node + ordinal;
+}
+
+static void print_pareto_front(const cluster *pool,
+                               const pareto_result *front)
+{
+    printf("#\n# %-24s %5s %3s %3s %3s %4s %-26s %10s %10s %10s\n",
+           "sub-cluster", "GPUs", "tp", "dp", "pp", "mbs", "partition",
+           "step (s)", "tokens/s", "$/step");
+    for (int i = 0; i < front->point_count; i++) {
+        const pareto_point *point = &front->points[i];
+        char mix[128] = "";
+        size_t used = 0;
+        int gpus = 0;
+        for (int t = 0; t < pool->type_count && t < PLANNER_MAX_TYPES; t++) {
+            if (point->type_counts[t] == 0)
+                continue;
+            used += (size_t)snprintf(mix + used, sizeof mix - used, "%s%dx%s",
+                                     used ? " + " : "", point->type_counts[t],
+                                     pool->types[t].name);
+            gpus += point->type_counts[t] * pool->types[t].gpus;
+            if (used >= sizeof mix)
+                break;
+        }
+        char partition[PT_MAX_STAGES * 6];
+        partition_format(point->plan.partition, point->plan.config.pp,
+                         partition, sizeof partition);
+        printf("  %-24s %5d %3d %3d %3d %4d %-26s %10.4f %10.0f %10.4f\n",
+               mix, gpus, point->plan.config.tp, point->plan.config.dp,
+               point->plan.config.pp, point->plan.config.mbs, partition,
+               point->plan.step_time_s, point->plan.tokens_per_s,
+               point->plan.cost_per_step_usd);
+    }
+}
+
+/* The Pareto points as plan.json's "pareto" array; node orders name pool
+ * nodes, so each entry is a plan over the pool file. */
+static json_t *pareto_to_json(const cluster *pool, const pareto_result *front)
+{
+    json_t *points = json_array();
+    for (int i = 0; i < front->point_count; i++) {
+        const pareto_point *point = &front->points[i];
+        json_t *entry = alternative_to_json(pool, &point->plan);
+        json_t *counts = json_object();
+        for (int t = 0; t < pool->type_count && t < PLANNER_MAX_TYPES; t++)
+            json_object_set_new(counts, pool->types[t].name,
+                                json_integer(point->type_counts[t]));
+        json_object_set_new(entry, "nodes_used", counts);
+        json_array_append_new(points, entry);
+    }
+    return points;
+}
+
+/* A Pareto point's plan names sub-cluster nodes; renumber them to the
+ * pool's nodes so the written plan runs on the pool file. */
+static void map_to_pool(const cluster *pool, pareto_point *point)
+{
+    int seen[PLANNER_MAX_TYPES] = {0};
+    int sub_first[PLANNER_MAX_TYPES] = {0};
+    int first = 0;
+    for (int t = 0; t < pool->type_count && t < PLANNER_MAX_TYPES; t++) {
+        sub_first[t] = first;
+        first += point->type_counts[t];
+    }
+    for (int i = 0; i < point->plan.node_count; i++) {
+        int sub_node = point->plan.node_order[i];
+        int type = 0;
+        while (type + 1 < pool->type_count && type + 1 < PLANNER_MAX_TYPES &&
+               sub_first[type + 1] <= sub_node)
+            type++;
+        point->plan.node_order[i] = pool_node_of(pool, type, seen[type]++);
+    }
+}
+
+static int run_pareto(const plan_arguments *args, plan_inputs *in,
+                      pt_error *err)
+{
+    pareto_result front;
+    double started = seconds_now();
+    if (planner_pareto(&in->model, &in->cluster, args->profiles,
+                       &args->search, &front, err) != 0)
+        return EXIT_BAD_INPUT;
+    double elapsed = seconds_now() - started;
+    if (front.point_count == 0) {
+        pt_fail(err, "no sub-cluster of %s can train %s with gbs %d",
+                in->cluster.name, in->model.name, args->search.gbs);
+        pareto_result_free(&front);
+        return EXIT_BAD_INPUT;
+    }
+    char took[32];
+    pt_format_seconds(elapsed, took, sizeof took);
+    printf("# partita plan --pareto: model %s, pool %s, gbs %d\n",
+           in->model.name, in->cluster.name, args->search.gbs);
+    printf("# searched %d sub-clusters, %lld configurations in %s; "
+           "%d plans on the front of step time vs $ per step\n",
+           front.subclusters_searched, front.configurations_scored, took,
+           front.point_count);
+    for (int i = 0; i < front.point_count; i++)
+        map_to_pool(&in->cluster, &front.points[i]);
+    print_pareto_front(&in->cluster, &front);
+
+    costmodel cm;
+    int status = EXIT_BAD_INPUT;
+    if (costmodel_open(&cm, &in->model, &in->cluster, args->profiles, err) ==
+        0) {
+        json_t *points = pareto_to_json(&in->cluster, &front);
+        ranked_plan fastest = front.points[0].plan;
+        status = write_plan_file(args, in, &cm, &fastest, 1, points,
+                                 "pareto", err) == 0
+                     ? EXIT_OK
+                     : EXIT_FAILURE_RUN;
+        json_decref(points);
+        print_notes(&cm);
+        if (status == EXIT_OK)
+            printf("# wrote %s (the fastest plan of the front; the front "
+                   "under \"pareto\")\n", args->output);
+        costmodel_close(&cm);
+    }
+    pareto_result_free(&front);
+    return status;
+}
+
+int command_plan(int argc, char **argv)
+{
+    plan_arguments args = {.cluster = "hetero", .output = "plan.json"};
+    search_options_default(&args.search);
+    args.search.gbs = 0;
+    int parsed = parse_plan_arguments(argc, argv, &args);
+    if (parsed != 0)
+        return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    if (!args.quiet && isatty(STDERR_FILENO)) {
+        args.search.progress = show_progress;
+        args.search.progress_context = NULL;
+    }
+    pt_error err = {{0}};
+    plan_inputs inputs;
+    memset(&inputs, 0, sizeof inputs);
+    if (load_inputs(&args, &inputs, &err) != 0) {
+        cli_error("plan", err.message);
+        cluster_free(&inputs.cluster);
+        return EXIT_BAD_INPUT;
+    }
+    int status = args.pareto ? run_pareto(&args, &inputs, &err)
+                             : run_search(&args, &inputs, &err);
+    if (status != EXIT_OK)
+        cli_error("plan", err.message);
+    cluster_free(&inputs.cluster);
+    return status;
+}

@@ -1,0 +1,65 @@
+/*
+ * partita: plans and runs the training of GPT-style transformers on
+ * clusters that mix GPU types. This file only dispatches subcommands.
+ */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct subcommand {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} subcommand;
+
+static const subcommand subcommands[] = {
+    {"plan", command_plan,
+     "search every plan for a cluster and model, write plan.json"},
+    {"estimate", command_estimate,
+     "estimate a given (even hand-written) plan: step time, memory"},
+    {"prep", command_prep,
+     "turn text or JSON lines into a Megatron .bin/.idx dataset"},
+};
+
+static void print_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: partita <command> [options]\n"
+            "\n"
+            "Plans and runs the training of GPT-style transformers on\n"
+            "clusters that mix GPU types.\n"
+            "\n"
+            "commands:\n");
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        fprintf(out, "  %-10s %s\n", subcommands[i].name,
+                subcommands[i].summary);
+    fprintf(out,
+            "\n"
+            "Not built yet: profile, exec, report (see docs/).\n"
+            "'partita <command> --help' describes a command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        print_usage(stderr);
+        return EXIT_BAD_INPUT;
+    }
+    const char *name = argv[1];
+    if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 ||
+        strcmp(name, "help") == 0) {
+        print_usage(stdout);
+        return EXIT_OK;
+    }
+    if (strcmp(name, "--version") == 0) {
+        printf("partita %s\n", PARTITA_VERSION);
+        return EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        if (strcmp(name, subcommands[i].name) == 0)
+            return subcommands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "partita: unknown command '%s'\n\n", name);
+    print_usage(stderr);
+    return EXIT_BAD_INPUT;
+}

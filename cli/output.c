@@ -1,0 +1,102 @@
+/* Tables and lines that plan and estimate print. */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void print_notes(const costmodel *cm)
+{
+    for (int i = 0; i < cm->note_count; i++)
+        printf("# note: %s\n", cm->notes[i]);
+}
+
+void format_node_order(const cluster *c, const int *order, int count,
+                       char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < count && used < size;) {
+        int type = cluster_node_type(c, order[i]);
+        int run = 1;
+        while (i + run < count && cluster_node_type(c, order[i + run]) == type)
+            run++;
+        int written;
+        if (run > 1)
+            written = snprintf(out + used, size - used, "%s%sx%d",
+                               used ? " " : "", c->types[type].name, run);
+        else
+            written = snprintf(out + used, size - used, "%s%s",
+                               used ? " " : "", c->types[type].name);
+        if (written < 0)
+            break;
+        used += (size_t)written;
+        i += run;
+    }
+}
+
+void format_memory_miss(const estimate *est, char *out, size_t size)
+{
+    const stage_estimate *stage = &est->stages[est->worst_stage];
+    double need = stage->peak_memory_bytes / PT_GIB;
+    double have = stage->memory_cap_bytes / PT_GIB;
+    snprintf(out, size,
+             "stage %d (%s, %d layers) needs %.2f GiB, has %.2f GiB: "
+             "%.2f GiB over",
+             est->worst_stage, stage->gpu, stage->layers, need, have,
+             need - have);
+}
+
+void print_stage_table(const plan *p, const estimate *est)
+{
+    (void)p;
+    printf("#\n");
+    printf("# %5s  %-14s %6s  %12s %12s %11s %12s %11s %16s\n", "stage",
+           "gpu", "layers", "forward", "backward", "send", "dp-allred",
+           "optimizer", "memory/cap");
+    printf("# %5s  %-14s %6s  %12s %12s %11s %12s %11s %16s\n", "", "",
+           "", "(ms/mb)", "(ms/mb)", "(ms/mb)", "(ms/step)", "(ms/step)",
+           "(GiB)");
+    for (int s = 0; s < est->stage_count; s++) {
+        const stage_estimate *stage = &est->stages[s];
+        char memory[40];
+        snprintf(memory, sizeof memory, "%.2f/%.2f%s",
+                 stage->peak_memory_bytes / PT_GIB,
+                 stage->memory_cap_bytes / PT_GIB,
+                 stage->peak_memory_bytes > stage->memory_cap_bytes ? "!"
+                                                                    : "");
+        printf("  %5d  %-14s %6d  %12.3f %12.3f %11.3f %12.3f %11.3f %16s\n",
+               s, stage->gpu, stage->layers, stage->forward_s * 1e3,
+               stage->backward_s * 1e3, stage->send_s * 1e3,
+               (stage->dp_allreduce_s + stage->embedding_allreduce_s) * 1e3,
+               stage->optimizer_s * 1e3, memory);
+    }
+}
+
+void print_estimate_summary(const plan *p, const estimate *est)
+{
+    const parallel_config *config = &p->config;
+    char partition[PT_MAX_STAGES * 6];
+    partition_format(p->partition, config->pp, partition, sizeof partition);
+    char order[512];
+    format_node_order(&p->cluster, p->node_order, p->node_order_count, order,
+                      sizeof order);
+    char step[32];
+    pt_format_seconds(est->step_time_s, step, sizeof step);
+    printf("# model %s, cluster %s, %d GPUs\n", p->model.name,
+           p->cluster.name, plan_gpu_count(p));
+    printf("# gbs %d, mbs %d, tp %d, dp %d, pp %d, %d micro-batches, "
+           "schedule %s, precision %s, recompute %s, distributed optimizer "
+           "%s\n",
+           config->gbs, config->mbs, config->tp, config->dp, config->pp,
+           parallel_microbatches(config), schedule_name(config->schedule),
+           precision_name(config->precision),
+           config->recompute ? "full" : "none",
+           config->distributed_optimizer ? "on" : "off");
+    printf("# partition %s, node order %s\n", partition, order);
+    print_stage_table(p, est);
+    printf("#\n");
+    printf("# step time %s | %.0f tokens/s | %.1f TFLOP/s per GPU | "
+           "bubble %.1f %% | $%.4f per step\n",
+           step, est->tokens_per_s, est->tflops_per_gpu,
+           est->bubble_fraction * 100.0, est->cost_per_step_usd);
+}
