@@ -191,16 +191,42 @@ static void show_progress(void *context, long long done, long long total)
     fflush(stderr);
 }
 
-static void print_ranking_header(const cluster *c)
+/* Widths of the node-order and partition columns: the longest entry. */
+typedef struct ranking_widths {
+    int order;
+    int partition;
+} ranking_widths;
+
+static ranking_widths ranking_column_widths(const cluster *c,
+                                            const ranked_plan *plans,
+                                            int count)
 {
-    printf("#\n# %4s %3s %3s %3s %4s %-8s %-22s %-26s %10s %10s %8s",
-           "rank", "tp", "dp", "pp", "mbs", "levers", "node order",
-           "partition", "step", "tokens/s", "TFLOP/s");
+    ranking_widths widths = {10, 9};
+    for (int i = 0; i < count; i++) {
+        char order[256], partition[PT_MAX_STAGES * 6];
+        format_node_order(c, plans[i].node_order, plans[i].node_count, order,
+                          sizeof order);
+        partition_format(plans[i].partition, plans[i].config.pp, partition,
+                         sizeof partition);
+        if ((int)strlen(order) > widths.order)
+            widths.order = (int)strlen(order);
+        if ((int)strlen(partition) > widths.partition)
+            widths.partition = (int)strlen(partition);
+    }
+    return widths;
+}
+
+static void print_ranking_header(const cluster *c, ranking_widths w)
+{
+    printf("#\n# %4s %3s %3s %3s %4s %-8s %-*s %-*s %10s %10s %8s",
+           "rank", "tp", "dp", "pp", "mbs", "levers", w.order, "node order",
+           w.partition, "partition", "step", "tokens/s", "TFLOP/s");
     for (int t = 0; t < c->type_count && t < PLANNER_MAX_TYPES; t++)
         printf(" %12.12s", c->types[t].gpu);
     printf(" %9s\n", "$/step");
-    printf("# %4s %3s %3s %3s %4s %-8s %-22s %-26s %10s %10s %8s", "", "",
-           "", "", "", "", "", "", "(s)", "", "per GPU");
+    printf("# %4s %3s %3s %3s %4s %-8s %-*s %-*s %10s %10s %8s", "", "",
+           "", "", "", "", w.order, "", w.partition, "", "(s)", "",
+           "per GPU");
     for (int t = 0; t < c->type_count && t < PLANNER_MAX_TYPES; t++)
         printf(" %12s", "(GiB)");
     printf(" %9s\n", "(USD)");
@@ -216,7 +242,7 @@ static void format_levers(const parallel_config *config, char *out,
         snprintf(out, size, "-");
 }
 
-static void print_ranked_row(const cluster *c, int rank,
+static void print_ranked_row(const cluster *c, ranking_widths w, int rank,
                              const ranked_plan *ranked)
 {
     char order[256], partition[PT_MAX_STAGES * 6], levers[16];
@@ -225,9 +251,9 @@ static void print_ranked_row(const cluster *c, int rank,
     partition_format(ranked->partition, ranked->config.pp, partition,
                      sizeof partition);
     format_levers(&ranked->config, levers, sizeof levers);
-    printf("  %4d %3d %3d %3d %4d %-8s %-22s %-26s %10.4f %10.0f %8.1f", rank,
+    printf("  %4d %3d %3d %3d %4d %-8s %-*s %-*s %10.4f %10.0f %8.1f", rank,
            ranked->config.tp, ranked->config.dp, ranked->config.pp,
-           ranked->config.mbs, levers, order, partition,
+           ranked->config.mbs, levers, w.order, order, w.partition, partition,
            ranked->step_time_s, ranked->tokens_per_s, ranked->tflops_per_gpu);
     for (int t = 0; t < c->type_count && t < PLANNER_MAX_TYPES; t++) {
         if (ranked->peak_memory_gib_by_type[t] > 0)
@@ -363,12 +389,15 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
            cluster_gpu_count(&in->cluster), args->search.gbs,
            args->search.objective == OBJECTIVE_COST ? "$ per step"
                                                      : "step time");
-    printf("# searched %lld configurations (%lld fit) in %s\n",
+    printf("# scored %lld configurations (%lld fit) and skipped %lld that a "
+           "lower bound ruled out, in %s\n",
            result.configurations_scored, result.configurations_feasible,
-           took);
-    print_ranking_header(&in->cluster);
+           result.configurations_pruned, took);
+    ranking_widths widths = ranking_column_widths(
+        &in->cluster, result.plans, result.plan_count);
+    print_ranking_header(&in->cluster, widths);
     for (int i = 0; i < result.plan_count; i++)
-        print_ranked_row(&in->cluster, i + 1, &result.plans[i]);
+        print_ranked_row(&in->cluster, widths, i + 1, &result.plans[i]);
     cm.note_count = notes_of_open;
     status = write_plan_file(args, in, &cm, result.plans, result.plan_count,
                              NULL, NULL, err);
@@ -480,10 +509,11 @@ static int run_pareto(const plan_arguments *args, plan_inputs *in,
     pt_format_seconds(elapsed, took, sizeof took);
     printf("# partita plan --pareto: model %s, pool %s, gbs %d\n",
            in->model.name, in->cluster.name, args->search.gbs);
-    printf("# searched %d sub-clusters, %lld configurations in %s; "
-           "%d plans on the front of step time vs $ per step\n",
-           front.subclusters_searched, front.configurations_scored, took,
-           front.point_count);
+    printf("# searched %d sub-clusters: %lld configurations scored, %lld "
+           "ruled out by a lower bound, in %s; %d plans on the front of "
+           "step time vs $ per step\n",
+           front.subclusters_searched, front.configurations_scored,
+           front.configurations_pruned, took, front.point_count);
     for (int i = 0; i < front.point_count; i++)
         map_to_pool(&in->cluster, &front.points[i]);
     print_pareto_front(&in->cluster, &front);

@@ -1,0 +1,112 @@
+/*
+ * The search's memo tables: open addressing with linear probing over a
+ * word-at-a-time multiplicative hash; keys and values in one growing
+ * arena.
+ */
+#include "planner/internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t memo_hash(const void *key, size_t length)
+{
+    /* eight bytes at a time, each mixed in by a multiply and a shift */
+    const unsigned char *bytes = key;
+    uint64_t hash = 0x9e3779b97f4a7c15ULL ^ length;
+    size_t i = 0;
+    for (; i + 8 <= length; i += 8) {
+        uint64_t word;
+        memcpy(&word, bytes + i, sizeof word);
+        hash = (hash ^ word) * 0xff51afd7ed558ccdULL;
+        hash ^= hash >> 32;
+    }
+    for (; i < length; i++)
+        hash = (hash ^ bytes[i]) * 0xc4ceb9fe1a85ec53ULL;
+    hash ^= hash >> 29;
+    hash *= 0x94d049bb133111ebULL;
+    return hash ^ (hash >> 32);
+}
+
+void *memo_find(const memo_table *table, const void *key, size_t length,
+                uint64_t hash)
+{
+    if (table->slot_count == 0)
+        return NULL;
+    size_t mask = table->slot_count - 1;
+    for (size_t i = hash & mask;; i = (i + 1) & mask) {
+        const memo_entry *entry = &table->slots[i];
+        if (entry->key_length == 0)
+            return NULL;
+        if (entry->hash == hash && entry->key_length == length &&
+            memcmp(table->arena + entry->key_offset, key, length) == 0)
+            return table->arena + entry->value_offset;
+    }
+}
+
+static int grow_slots(memo_table *table)
+{
+    size_t count = table->slot_count ? 2 * table->slot_count : 1024;
+    memo_entry *slots = calloc(count, sizeof *slots);
+    if (slots == NULL)
+        return -1;
+    for (size_t i = 0; i < table->slot_count; i++) {
+        const memo_entry *entry = &table->slots[i];
+        if (entry->key_length == 0)
+            continue;
+        size_t j = entry->hash & (count - 1);
+        while (slots[j].key_length != 0)
+            j = (j + 1) & (count - 1);
+        slots[j] = *entry;
+    }
+    free(table->slots);
+    table->slots = slots;
+    table->slot_count = count;
+    return 0;
+}
+
+/* Room for `length` bytes in the arena, 8-byte aligned; its offset. */
+static int arena_take(memo_table *table, size_t length, size_t *offset)
+{
+    size_t start = (table->arena_used + 7) & ~(size_t)7;
+    if (start + length > table->arena_size) {
+        size_t size = table->arena_size ? 2 * table->arena_size : 65536;
+        while (size < start + length)
+            size *= 2;
+        unsigned char *arena = realloc(table->arena, size);
+        if (arena == NULL)
+            return -1;
+        table->arena = arena;
+        table->arena_size = size;
+    }
+    *offset = start;
+    table->arena_used = start + length;
+    return 0;
+}
+
+void *memo_insert(memo_table *table, const void *key, size_t length,
+                  uint64_t hash, size_t value_length)
+{
+    /* at most half full, so probes stay short */
+    if (2 * (table->entry_count + 1) > table->slot_count &&
+        grow_slots(table) != 0)
+        return NULL;
+    memo_entry entry = {hash, 0, length, 0};
+    if (arena_take(table, length, &entry.key_offset) != 0 ||
+        arena_take(table, value_length, &entry.value_offset) != 0)
+        return NULL;
+    memcpy(table->arena + entry.key_offset, key, length);
+    size_t mask = table->slot_count - 1;
+    size_t i = hash & mask;
+    while (table->slots[i].key_length != 0)
+        i = (i + 1) & mask;
+    table->slots[i] = entry;
+    table->entry_count++;
+    return table->arena + entry.value_offset;
+}
+
+void memo_free(memo_table *table)
+{
+    free(table->slots);
+    free(table->arena);
+    memset(table, 0, sizeof *table);
+}

@@ -1,0 +1,168 @@
+/*
+ * planner: searches every (tp, dp, pp, mbs) and distinct node order of a
+ * cluster, solves the layer partition of each exactly, ranks the plans and
+ * writes plan.json.
+ */
+#ifndef PARTITA_PLANNER_H
+#define PARTITA_PLANNER_H
+
+#include "common/common.h"
+#include "costmodel/costmodel.h"
+
+/* --------------------------------------------------- partition problem */
+
+/* One stage of the partition problem: time and memory linear in the
+ * layers it gets (see costmodel_stage_terms). */
+typedef struct partition_stage {
+    double fixed_s;
+    double per_layer_s;
+    int max_layers;        /* memory cap; -1 when nothing fits */
+} partition_stage;
+
+/* Minimise the step-time surrogate
+ *     sum_s T_s + (m - 1) x max_s T_s,   T_s = fixed_s + per_layer_s x l_s
+ * over l_s >= 0 integer, sum l_s = layers, l_s <= max_layers.
+ * Writes layers_out[pp] and the surrogate's value; returns 1 when solved,
+ * 0 when no partition fits, -1 on error. */
+typedef struct partition_problem {
+    int pp;
+    int layers;
+    int microbatches;
+    const partition_stage *stages;
+} partition_problem;
+
+/* The surrogate of a given partition. */
+double partition_surrogate(const partition_problem *problem,
+                           const int *layers);
+/* T_s of a stage holding `layers` layers (every solver prices a stage
+ * through this one expression, so their values compare exactly). */
+double partition_stage_time(const partition_stage *stage, int layers);
+/* Checks a problem (sizes, finite non-negative costs, caps >= -1); every
+ * solver starts with it. 0 or -1. */
+int partition_problem_check(const partition_problem *problem,
+                            const int *layers_out, pt_error *err);
+
+/* Exact, by dynamic programming over stages for each candidate bottleneck
+ * time (a sliding-window minimum makes each pass linear in layers). */
+int partition_solve_dp(const partition_problem *problem, int *layers_out,
+                       double *value_out, pt_error *err);
+/* Exact, the same problem as a GLPK integer program (the reference). */
+int partition_solve_ilp(const partition_problem *problem, int *layers_out,
+                        double *value_out, pt_error *err);
+/* FASOP's greedy min-max heuristic, for comparison (not optimal). */
+int partition_solve_fasop_greedy(const partition_problem *problem,
+                                 int *layers_out, double *value_out,
+                                 pt_error *err);
+/* Tries every composition; for tests on small instances only. */
+int partition_solve_brute_force(const partition_problem *problem,
+                                int *layers_out, double *value_out,
+                                pt_error *err);
+
+typedef enum partition_solver {
+    SOLVER_DP,
+    SOLVER_ILP,
+    SOLVER_FASOP_GREEDY
+} partition_solver;
+
+/* ----------------------------------------------------------------- search */
+
+#define PLANNER_MAX_NODES 256
+#define PLANNER_MAX_TYPES 16
+
+typedef enum plan_objective { OBJECTIVE_TIME, OBJECTIVE_COST } plan_objective;
+
+typedef struct search_options {
+    int gbs;
+    plan_objective objective;
+    partition_solver solver;
+    schedule_kind schedule;
+    precision_kind precision;
+    int max_mbs;              /* largest micro-batch tried (power of two) */
+    bool allow_recompute;     /* also try full recompute */
+    bool allow_distributed_optimizer;
+    int keep;                 /* how many ranked plans to keep */
+    int threads;              /* 0: one per core */
+    bool exhaustive;          /* score every configuration: no pruning by
+                                 score floors (same plans, slower; tests) */
+    /* progress: called now and then from the searching thread, may be
+       NULL; done and total count configurations (tp,dp,pp,mbs,order) in
+       planner_search, sub-clusters in planner_pareto */
+    void (*progress)(void *context, long long done, long long total);
+    void *progress_context;
+} search_options;
+
+/* A ranked candidate. */
+typedef struct ranked_plan {
+    parallel_config config;
+    int node_count;
+    int node_order[PLANNER_MAX_NODES];
+    int partition[PT_MAX_STAGES];
+    double step_time_s;         /* simulated */
+    double tokens_per_s;
+    double tflops_per_gpu;
+    double cost_per_step_usd;
+    double peak_memory_gib_by_type[PLANNER_MAX_TYPES]; /* per cluster node type, 0 unused */
+} ranked_plan;
+
+typedef struct search_result {
+    long long configurations_scored; /* (tp,dp,pp,mbs,order,levers) tried */
+    long long configurations_feasible;
+    /* (tp,dp,pp,mbs,order) skipped unscored because a lower bound of
+       their score could not beat the plans kept (depends on timing
+       between threads; the plans found do not) */
+    long long configurations_pruned;
+    int plan_count;
+    ranked_plan *plans;         /* owned, best first */
+    /* when nothing fits: the closest miss, for the error message */
+    char no_fit_reason[512];
+} search_result;
+
+/* gbs 64, time, DP, 1F1B, bf16, mbs up to 16, both levers allowed, keep
+ * 10, one thread per core. */
+void search_options_default(search_options *options);
+/* 0 when the search ran, whether or not a plan fits (plan_count 0 and
+ * no_fit_reason then), -1 on error. The plans do not depend on the
+ * number of threads (docs/planner.md). */
+int planner_search(costmodel *cm, const search_options *options,
+                   search_result *out, pt_error *err);
+void search_result_free(search_result *r);
+
+/* ----------------------------------------------------------------- pareto */
+
+typedef struct pareto_point {
+    int type_counts[PLANNER_MAX_TYPES];        /* nodes of each cluster type used */
+    ranked_plan plan;
+} pareto_point;
+
+typedef struct pareto_result {
+    long long configurations_scored;
+    long long configurations_pruned;
+    int subclusters_searched;
+    int point_count;
+    pareto_point *points;       /* owned, the front, by step time */
+} pareto_result;
+
+/* Searches every sub-cluster of the pool (0..count nodes of each type, at
+ * least one GPU) and keeps the front of step time against $ per step.
+ * A point's plan numbers nodes within its sub-cluster: the pool's types
+ * in order, type_counts[t] nodes of type t. */
+int planner_pareto(const model_shape *model, const cluster *pool,
+                   const char *profile_dir, const search_options *options,
+                   pareto_result *out, pt_error *err);
+void pareto_result_free(pareto_result *r);
+
+/* ------------------------------------------------------------- plan.json */
+
+/* The plan JSON of formats.md for a ranked plan (model and cluster as the
+ * references given, or inline when a reference is NULL), with estimate
+ * filled from est (events included when est has them). */
+json_t *plan_to_json(const plan *p, const estimate *est, pt_error *err);
+/* Turns a ranked plan into a plan over the cluster (copies the cluster). */
+int plan_from_ranked(const ranked_plan *ranked, const model_shape *model,
+                     const cluster *cluster, const char *model_ref,
+                     const char *cluster_ref, plan *out, pt_error *err);
+/* Writes JSON atomically: a temporary file beside path, fsync, rename. */
+int json_write_file_atomic(const json_t *root, const char *path,
+                           pt_error *err);
+
+#endif

@@ -1,0 +1,73 @@
+/*
+ * Inputs of the planner tests: the bundled model and cluster files (found
+ * through $PARTITA_SOURCE, which the test environment sets) and a small
+ * three-type cluster written inline.
+ */
+#ifndef PARTITA_TEST_PLANNER_FIXTURES_H
+#define PARTITA_TEST_PLANNER_FIXTURES_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/planner.h"
+
+static inline const char *source_root(void)
+{
+    const char *root = getenv("PARTITA_SOURCE");
+    return root && *root ? root : ".";
+}
+
+static inline const char *profile_root(char *out, size_t size)
+{
+    pt_resolve_path(source_root(), "profiles", out, size);
+    return out;
+}
+
+/* Loads models/<name>.json and clusters/<name>.json; fails the test on
+ * error. */
+static inline void load_inputs(const char *model_name,
+                               const char *cluster_name, model_shape *model,
+                               cluster *c)
+{
+    char relative[256], path[PT_PATH_MAX];
+    pt_error err = {{0}};
+    snprintf(relative, sizeof relative, "models/%s.json", model_name);
+    pt_resolve_path(source_root(), relative, path, sizeof path);
+    if (model_load_file(path, model, &err) != 0)
+        fail_msg("%s", err.message);
+    snprintf(relative, sizeof relative, "clusters/%s.json", cluster_name);
+    pt_resolve_path(source_root(), relative, path, sizeof path);
+    if (cluster_load_file(path, c, &err) != 0)
+        fail_msg("%s", err.message);
+}
+
+/* One A100 node of 4 GPUs, two A10 nodes of 4 and two half-size A10
+ * nodes of 2 behind a slower network: GPU counts and links differ between
+ * types, which is what node-order deduplication has to get right. */
+static inline void load_mixed_cluster(cluster *c)
+{
+    static const char *text =
+        "{\"name\": \"mixed\", \"nodes\": ["
+        "{\"name\": \"big\", \"count\": 1, \"gpu\": \"A100-FASOP\", "
+        "\"gpus\": 4, \"intra_node\": {\"bandwidth_GBps\": 230, "
+        "\"latency_us\": 5}, \"inter_node\": {\"bandwidth_Gbps\": 400, "
+        "\"latency_us\": 20}, \"price_per_hour\": 30},"
+        "{\"name\": \"mid\", \"count\": 2, \"gpu\": \"A10-FASOP\", "
+        "\"gpus\": 4, \"intra_node\": {\"bandwidth_GBps\": 16, "
+        "\"latency_us\": 10}, \"inter_node\": {\"bandwidth_Gbps\": 100, "
+        "\"latency_us\": 20}, \"price_per_hour\": 8},"
+        "{\"name\": \"small\", \"count\": 2, \"gpu\": \"A10-FASOP\", "
+        "\"gpus\": 2, \"intra_node\": {\"bandwidth_GBps\": 16, "
+        "\"latency_us\": 10}, \"inter_node\": {\"bandwidth_Gbps\": 25, "
+        "\"latency_us\": 30}, \"price_per_hour\": 4}]}";
+    json_error_t parse_error;
+    json_t *root = json_loads(text, 0, &parse_error);
+    assert_non_null(root);
+    json_place place = {"<mixed>", ""};
+    pt_error err = {{0}};
+    if (cluster_from_json(root, &place, c, &err) != 0)
+        fail_msg("%s", err.message);
+    json_decref(root);
+}
+
+#endif
