@@ -17,6 +17,7 @@ enum { EXIT_OK = 0, EXIT_FAILURE_RUN = 1, EXIT_BAD_INPUT = 2 };
 int command_plan(int argc, char **argv);
 int command_estimate(int argc, char **argv);
 int command_prep(int argc, char **argv);
+int command_exec(int argc, char **argv);
 
 /* Prints "partita <command>: <message>" on stderr. */
 void cli_error(const char *command, const char *message);

@@ -20,6 +20,7 @@ static const subcommand subcommands[] = {
      "estimate a given (even hand-written) plan: step time, memory"},
     {"prep", command_prep,
      "turn text or JSON lines into a Megatron .bin/.idx dataset"},
+    {"exec", command_exec, "train under a plan, write run.json"},
 };
 
 static void print_usage(FILE *out)
@@ -36,7 +37,8 @@ static void print_usage(FILE *out)
                 subcommands[i].summary);
     fprintf(out,
             "\n"
-            "Not built yet: profile, exec, report (see docs/).\n"
+            "Not built yet: profile, report; exec runs one-stage plans\n"
+            "on the cpu backend for now (see docs/executor.md).\n"
             "'partita <command> --help' describes a command.\n");
 }
 

@@ -447,4 +447,169 @@ void cpu_adamw_update(float *params, const float *grads, float *m, float *v,
                       float learning_rate, float grad_scale, long step,
                       bool decay);
 
+/* ---------------------------------------------------- single-stage runs */
+
+/*
+ * `partita exec` for plans of one stage on one device (tp = dp = pp = 1):
+ * samples from a dataset (gpt_sampler), gbs / mbs accumulated
+ * micro-batches per iteration, AdamW with clipping and the schedule,
+ * per-phase timing, checkpoints that resume bit for bit, and a record of
+ * it all for run.json. Only the backend interface is used, so any backend
+ * that backend_find hands out runs here. docs/executor.md ("partita exec")
+ * and docs/formats.md ("Run") describe it.
+ */
+
+#include <signal.h>
+
+struct run_result;
+
+/* Called after every iteration (and after an interval's checkpoint, if
+ * one was due); so_far->iterations[so_far->iteration_count - 1] is the
+ * iteration just finished. For printing progress: it must not keep the
+ * pointer. */
+typedef void (*run_observer)(const struct run_result *so_far, void *data);
+
+/* What a run is asked to do. run_options_defaults fills every field. */
+typedef struct run_options {
+    const char *data_prefix;     /* PREFIX of PREFIX.bin / PREFIX.idx */
+    backend_kind backend;
+    long iterations;             /* the run ends after this iteration,
+                                    counted from the start of training: a
+                                    resumed run continues up to it */
+    uint64_t seed;               /* initialisation and data order */
+    bool seed_given;             /* false: a resumed run takes the
+                                    checkpoint's seed; true: it must match */
+    train_config train;          /* AdamW, clipping, learning-rate schedule */
+    const char *save_dir;        /* NULL: no checkpoints */
+    long save_interval;          /* iterations between checkpoints; 0: only
+                                    at the end (a stopped run saves too) */
+    const char *load_dir;        /* NULL: start from initialisation */
+    double memory_available_bytes; /* cpu backend: 0 means the machine's
+                                      physical memory */
+    volatile sig_atomic_t *stop; /* non-zero (say, set by a signal handler):
+                                    finish the current iteration, save if
+                                    save_dir is set, and return normally.
+                                    NULL: never */
+    run_observer observer;       /* NULL: none */
+    void *observer_data;
+} run_options;
+
+/* Defaults for a run of `iterations` iterations: cpu backend, seed 1234,
+ * AdamW defaults, clipping at 1, learning rate 6e-4 warming up over the
+ * first 10% of the iterations, then cosine decay to 6e-5 (10%) at the
+ * last one; no checkpoints, no stop flag, no observer. */
+run_options run_options_defaults(long iterations);
+
+/* One iteration as recorded. */
+typedef struct run_iteration {
+    long iteration;              /* 1-based, counting those before a resume */
+    double step_time_s;          /* wall time: batch assembly, forwards,
+                                    backwards, norm, optimizer */
+    float loss;                  /* mean over the micro-batches, nats/token */
+    float grad_norm;             /* global norm before clipping */
+    float learning_rate;
+} run_iteration;
+
+/* One timed phase of an iteration, in the estimate's event schema
+ * (formats.md, "Events"). */
+typedef struct run_event {
+    int rank;
+    int stage;
+    int microbatch;              /* -1 for the optimizer */
+    const char *kind;            /* "fwd", "bwd" or "optimizer": the names
+                                    of costmodel's event kinds */
+    double start_s;              /* from the start of the iteration */
+    double end_s;
+} run_event;
+
+/* The device a rank ran on. */
+typedef struct run_device {
+    int rank;
+    char name[PT_NAME_MAX * 2];  /* "cpu (16 cores)", or the GPU's name */
+    int sms_used;                /* streaming multiprocessors; 0: not a GPU
+                                    or not reported */
+    double memory_cap_bytes;     /* cpu: physical memory; GPU: the plan's
+                                    memory_limit_gib, 0 when none */
+    char driver_version[32];     /* "" when not applicable or unknown */
+    char cuda_version[32];
+} run_device;
+
+#define RUN_MAX_NOTES 8
+
+/* What a run did: filled by run_training, freed by run_result_free. */
+typedef struct run_result {
+    backend_kind backend;
+    run_device device;           /* of rank 0, the only rank */
+    char data_prefix[PT_PATH_MAX];
+    uint64_t dataset_tokens;
+    uint64_t dataset_documents;
+    uint32_t largest_token;
+    uint64_t seed;
+    int gbs, mbs, micro_batches;
+    long tokens_per_iteration;   /* gbs x seq */
+    lr_schedule schedule;
+    float max_grad_norm;
+    char resumed_from[PT_PATH_MAX]; /* the --load directory, "" if none */
+    char started_utc[32];        /* when training began, ISO 8601 UTC */
+    long first_iteration;        /* 1, or one past the checkpoint's */
+    long last_iteration;         /* options.iterations */
+    long iteration_count;        /* iterations run by this call */
+    run_iteration *iterations;   /* owned, iteration_count of them */
+    long events_iteration;       /* the iteration events come from */
+    int event_count;
+    run_event *events;           /* owned: 2 x micro_batches + 1 */
+    double step_time_s;          /* median over the timed iterations (all
+                                    but the first, when there are two or
+                                    more) */
+    double tokens_per_s;         /* tokens_per_iteration / step_time_s */
+    double peak_memory_bytes;    /* see peak_memory_basis */
+    const char *peak_memory_basis;
+    double max_rss_bytes;        /* the process's peak resident set */
+    bool stopped;                /* the stop flag ended the run early */
+    long last_checkpoint_iteration; /* 0: none saved by this call */
+    int note_count;
+    char notes[RUN_MAX_NOTES][256]; /* things the user should know, such
+                                       as a precision the backend ignores */
+} run_result;
+
+/* Fails unless the plan is one stage on one device (tp = dp = pp = 1):
+ * "parallel plans need the parallel executor, not built yet". */
+int run_check_plan(const plan *p, pt_error *err);
+
+/* Host bytes a cpu-backend stage of the whole model needs at micro-batch
+ * mbs: 16 per parameter (parameters, gradients, AdamW m and v, fp32) and
+ * the activations and backward scratch of one micro-batch as the cpu
+ * backend lays them out. *activation_bytes gets the second part when not
+ * NULL. */
+double run_cpu_stage_bytes(const model_shape *shape, int mbs,
+                           double *activation_bytes);
+
+/*
+ * Trains the plan's model on the dataset: loads and checks everything
+ * first (plan, options, checkpoint to resume, dataset, vocabulary against
+ * the largest token, memory), then runs iterations up to
+ * options->iterations, saving checkpoints as asked. Returns 0; -1 when
+ * refused before training started (nothing was written; a bad plan,
+ * option, dataset, checkpoint, or too little memory); -2 when training
+ * failed part-way (a non-finite gradient norm, an I/O error saving a
+ * checkpoint: checkpoints committed earlier stay). out is filled in every
+ * case and must be freed with run_result_free.
+ */
+int run_training(const plan *p, const run_options *options, run_result *out,
+                 pt_error *err);
+void run_result_free(run_result *r);
+
+/*
+ * The run.json object of formats.md ("Run"): plan_json (the plan with
+ * model and cluster inline; a reference is taken, it is not stolen), the
+ * device, software, every iteration, the chosen iteration's events and
+ * the measured figures. flops_per_iteration (Megatron's model FLOPs of one
+ * iteration, from the caller) gives tflops_per_gpu. NULL on failure.
+ */
+json_t *run_to_json(const run_result *r, json_t *plan_json,
+                    double flops_per_iteration, pt_error *err);
+
+/* The "format" of a run checkpoint's meta.json (docs/executor.md). */
+#define RUN_CHECKPOINT_FORMAT "partita-run-checkpoint/1"
+
 #endif

@@ -47,6 +47,24 @@ write_small_pool() {
 JSON
 }
 
+# exec: the bundled corpus prepped as in-corpus, and a tiny plan of one
+# stage on one device (model and cluster inline) with the given pp/vocab.
+prep_corpus() {
+  "$partita" prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null \
+    || fail "prep of the corpus failed"
+}
+write_tiny_plan() { # FILE [PP] [VOCAB]
+  local pp="${2:-1}" vocab="${3:-257}"
+  cat >"$1" <<JSON
+{ "model": { "name": "tiny", "layers": 2, "hidden": 16, "heads": 2,
+             "seq": 16, "vocab": $vocab },
+  "cluster": { "name": "one-box", "nodes": [
+      { "name": "box", "gpu": "A100-FASOP", "gpus": $pp,
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
+  "gbs": 4, "mbs": 2, "tp": 1, "dp": 1, "pp": $pp }
+JSON
+}
+
 case "$case_name" in
 help)
   run 0 "$partita" --help;           expect_in out.txt "usage: partita"
@@ -58,7 +76,7 @@ help)
   ;;
 plan-hetero)
   run 0 "$partita" plan --model gpt2-xl --gbs 64 --cluster "$clusters/hetero.json" --quiet
-  expect_in out.txt "searched"
+  expect_in out.txt "scored"
   expect_in out.txt "partition"
   [ -s plan.json ] || fail "plan.json not written"
   expect_in plan.json '"format": "partita-plan/1"'
@@ -194,6 +212,95 @@ prep)
   [ ! -e bad.bin ] && [ ! -e bad.idx ] || fail "partial output left behind"
   run 2 "$partita" prep /nonexistent.txt -o nothing
   run 2 "$partita" prep "$source_root/data/corpus.txt"
+  ;;
+exec-tiny)
+  prep_corpus
+  write_tiny_plan in-plan.json
+  run 0 "$partita" exec in-plan.json --data in-corpus --backend cpu --iters 6 --log-interval 3
+  expect_in out.txt "iteration        3/       6 | elapsed time per iteration (ms): "
+  expect_in out.txt "iteration        6/       6 |"
+  expect_in out.txt "| tokens/s: "
+  expect_in out.txt "| TFLOP/s per GPU: "
+  expect_in out.txt "| lm loss: 5\.[0-9]*E+00 |"
+  expect_in out.txt "| grad norm: "
+  expect_in out.txt "| learning rate: "
+  expect_in out.txt "| memory (GiB): "
+  [ "$(grep -c '^iteration' out.txt)" = 2 ] || fail "expected 2 log lines"
+  [ -s run.json ] || fail "run.json not written"
+  expect_in run.json '"format": "partita-run/1"'
+  expect_in run.json '"name": "cpu ('
+  expect_in run.json '"kind": "fwd"'
+  expect_in run.json '"kind": "bwd"'
+  expect_in run.json '"kind": "optimizer"'
+  expect_in run.json '"microbatch": -1'
+  expect_in run.json '"step_time_s"'
+  expect_in run.json '"tokens_per_s"'
+  expect_in run.json '"tflops_per_gpu"'
+  expect_in run.json '"peak_memory_gib"'
+  expect_in run.json '"jansson"'
+  expect_in run.json '"hidden": 16'
+  [ "$(grep -c '"learning_rate"' run.json)" = 6 ] || fail "expected 6 iterations in run.json"
+  ;;
+exec-resume)
+  prep_corpus
+  write_tiny_plan in-plan.json
+  run 0 "$partita" exec in-plan.json --data in-corpus --iters 4 --save ckpt --save-interval 2 -o first.json
+  expect_in out.txt "checkpoint: iteration 2 saved to ckpt"
+  expect_in out.txt "checkpoint: iteration 4 saved to ckpt"
+  [ -s ckpt/manifest.json ] || fail "no checkpoint written"
+  run 0 "$partita" exec in-plan.json --data in-corpus --iters 6 --load ckpt -o second.json
+  expect_in out.txt "iteration        6/       6"
+  grep -q "iteration        4/" out.txt && fail "a resumed run repeated iteration 4"
+  expect_in second.json '"resumed_from": "ckpt"'
+  expect_in second.json '"first_iteration": 5'
+  # a checkpoint is refused for a model of another shape
+  sed 's/"hidden": 16/"hidden": 24/' in-plan.json >in-wide.json
+  run 2 "$partita" exec in-wide.json --data in-corpus --iters 8 --load ckpt -o wide.json
+  expect_in err.txt "model.hidden is 16"
+  [ ! -e wide.json ] || fail "run.json written by a refused run"
+  ;;
+exec-signal)
+  prep_corpus
+  write_tiny_plan in-plan.json
+  "$partita" exec in-plan.json --data in-corpus --iters 1000000 --log-interval 1 --save ckpt >out.txt 2>err.txt &
+  pid=$!
+  for _ in $(seq 1 200); do
+    grep -q '^iteration' out.txt && break
+    sleep 0.05
+  done
+  kill -TERM "$pid"
+  wait "$pid"
+  status=$?
+  [ "$status" = 0 ] || { cat out.txt err.txt; fail "exit $status after SIGTERM, expected 0"; }
+  expect_in out.txt "stopped by signal 15"
+  expect_in run.json '"stopped_early": true'
+  [ -s ckpt/manifest.json ] || fail "no checkpoint written on SIGTERM"
+  ;;
+exec-bad)
+  prep_corpus
+  write_tiny_plan in-pp2.json 2
+  run 2 "$partita" exec in-pp2.json --data in-corpus
+  expect_in err.txt "parallel plans need the parallel executor, not built yet"
+  write_tiny_plan in-plan.json
+  run 2 "$partita" exec in-plan.json --data in-missing
+  expect_in err.txt "in-missing.idx"
+  write_tiny_plan in-small-vocab.json 1 100
+  run 2 "$partita" exec in-small-vocab.json --data in-corpus
+  expect_in err.txt "vocab 100"
+  expect_in err.txt "token 256"
+  run 2 "$partita" exec in-plan.json --data in-corpus --iters 0
+  expect_in err.txt "\-\-iters"
+  run 2 "$partita" exec in-plan.json --data in-corpus --iters ten
+  expect_in err.txt "'ten'"
+  run 2 "$partita" exec in-plan.json --data in-corpus --backend tpu
+  expect_in err.txt "tpu"
+  run 2 "$partita" exec in-plan.json
+  expect_in err.txt "\-\-data"
+  run 2 "$partita" exec in-plan.json --data in-corpus --load in-no-checkpoint
+  expect_in err.txt "manifest.json"
+  run 0 "$partita" exec --help
+  expect_in out.txt "usage: partita exec"
+  no_leftovers
   ;;
 *)
   fail "unknown case"

@@ -1,0 +1,483 @@
+/* partita exec: train under a plan (one stage, one device for now) and
+ * write run.json. */
+#include "cli/cli.h"
+#include "executor/executor.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Set by the signal handler, read by the run between iterations: a signal
+ * handler cannot take arguments, so this one flag lives at file scope. */
+static volatile sig_atomic_t stop_requested;
+static volatile sig_atomic_t stop_signal;
+
+static void request_stop(int signal_number)
+{
+    stop_requested = 1;
+    stop_signal = signal_number;
+}
+
+/* SA_RESETHAND: a second Ctrl-C kills at once, for a user who will not
+ * wait for the iteration to finish. SA_RESTART: a checkpoint being
+ * written when the signal comes is not cut short by EINTR. */
+static void install_stop_handlers(void)
+{
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = request_stop;
+    action.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, NULL);
+    sigaction(SIGTERM, &action, NULL);
+}
+
+static void print_exec_help(void)
+{
+    printf(
+        "usage: partita exec PLAN --data PREFIX [options]\n"
+        "\n"
+        "Trains the plan's model on a Megatron dataset (PREFIX.bin /\n"
+        "PREFIX.idx, see 'partita prep') and writes run.json: the plan, the\n"
+        "device, every iteration's loss, gradient norm and time, the phase\n"
+        "events of the median iteration and the measured step time.\n"
+        "Plans with tp = dp = pp = 1 only, for now.\n"
+        "\n"
+        "  --data PREFIX        the dataset (required)\n"
+        "  --backend NAME       cpu (default) or cuda\n"
+        "  --iters N            iterations of the run, counted from the start\n"
+        "                       of training (a resumed run continues to N);\n"
+        "                       default 100\n"
+        "  --log-interval K     print a log line every K iterations (10)\n"
+        "  --seed S             initialisation and data order (1234; a\n"
+        "                       resumed run takes the checkpoint's)\n"
+        "  --lr X               peak learning rate (6e-4)\n"
+        "  --warmup N           warm-up iterations (10%% of --iters)\n"
+        "  --min-lr X           learning rate at the end of the cosine decay\n"
+        "                       (--lr / 10)\n"
+        "  --save DIR           write checkpoints here: every\n"
+        "                       --save-interval iterations and at the end\n"
+        "  --save-interval N    iterations between checkpoints (0: at the\n"
+        "                       end only)\n"
+        "  --load DIR           resume from the checkpoint in DIR\n"
+        "  -o, --output FILE    run record (default run.json)\n"
+        "\n"
+        "SIGINT or SIGTERM ends the run after the current iteration: the\n"
+        "checkpoint (with --save) and run.json are written, exit status 0.\n"
+        "Exit status 2 for bad input (plan, dataset, checkpoint, options,\n"
+        "memory), 1 when training fails part-way.\n");
+}
+
+/* The command line, parsed. */
+typedef struct exec_arguments {
+    const char *plan_path;
+    const char *data_prefix;
+    const char *backend;
+    const char *output;
+    const char *save_dir;
+    const char *load_dir;
+    long iterations;
+    long log_interval;
+    long save_interval;
+    long warmup;              /* -1: 10% of the iterations */
+    double lr;
+    double min_lr;            /* < 0: lr / 10 */
+    unsigned long long seed;
+    bool seed_given;
+    bool save_interval_given;
+} exec_arguments;
+
+/* Whole-string integer in [min, max]; prints its own message. */
+static int parse_count(const char *option, const char *text, long min,
+                       long max, long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long value = strtol(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || value < min ||
+        value > max) {
+        fprintf(stderr, "partita exec: --%s: expected an integer from %ld to "
+                        "%ld, got '%s'\n",
+                option, min, max, text);
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
+
+static int parse_rate(const char *option, const char *text, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double value = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || !isfinite(value) ||
+        value < 0.0 || value > 1.0) {
+        fprintf(stderr, "partita exec: --%s: expected a learning rate from 0 "
+                        "to 1, got '%s'\n",
+                option, text);
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
+
+static int parse_seed(const char *text, exec_arguments *args)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || text[0] == '-' ||
+        value > (unsigned long long)INT64_MAX) {
+        fprintf(stderr, "partita exec: --seed: expected an integer from 0 to "
+                        "2^63 - 1, got '%s'\n",
+                text);
+        return -1;
+    }
+    args->seed = value;
+    args->seed_given = true;
+    return 0;
+}
+
+enum {
+    OPT_DATA = 256, OPT_BACKEND, OPT_ITERS, OPT_LOG_INTERVAL, OPT_SEED,
+    OPT_LR, OPT_WARMUP, OPT_MIN_LR, OPT_SAVE, OPT_LOAD, OPT_SAVE_INTERVAL,
+    OPT_HELP
+};
+
+/* One option's value into args; -1 on a bad value (already printed). */
+static int apply_option(int option, const char *value, exec_arguments *args)
+{
+    switch (option) {
+    case OPT_DATA: args->data_prefix = value; return 0;
+    case OPT_BACKEND: args->backend = value; return 0;
+    case 'o': args->output = value; return 0;
+    case OPT_SAVE: args->save_dir = value; return 0;
+    case OPT_LOAD: args->load_dir = value; return 0;
+    case OPT_ITERS:
+        return parse_count("iters", value, 1, 1000000000L, &args->iterations);
+    case OPT_LOG_INTERVAL:
+        return parse_count("log-interval", value, 1, 1000000000L,
+                           &args->log_interval);
+    case OPT_SAVE_INTERVAL:
+        args->save_interval_given = true;
+        return parse_count("save-interval", value, 0, 1000000000L,
+                           &args->save_interval);
+    case OPT_WARMUP:
+        return parse_count("warmup", value, 0, 1000000000L, &args->warmup);
+    case OPT_SEED: return parse_seed(value, args);
+    case OPT_LR: return parse_rate("lr", value, &args->lr);
+    case OPT_MIN_LR: return parse_rate("min-lr", value, &args->min_lr);
+    default: return -1;
+    }
+}
+
+/* Checks between options, once all are read. */
+static int check_arguments(const exec_arguments *args)
+{
+    const char *problem = NULL;
+    char text[160];
+    if (args->data_prefix == NULL)
+        problem = "--data PREFIX is required (the dataset to train on; "
+                  "'partita prep' makes one)";
+    else if (args->save_interval_given && args->save_dir == NULL)
+        problem = "--save-interval needs --save DIR";
+    else if (args->warmup > args->iterations) {
+        snprintf(text, sizeof text, "--warmup %ld is more than the %ld "
+                                    "iterations of the run (--iters)",
+                 args->warmup, args->iterations);
+        problem = text;
+    } else if (args->min_lr > args->lr) {
+        snprintf(text, sizeof text, "--min-lr %g is above --lr %g",
+                 args->min_lr, args->lr);
+        problem = text;
+    }
+    if (problem != NULL) {
+        fprintf(stderr, "partita exec: %s\n", problem);
+        return -1;
+    }
+    return 0;
+}
+
+/* 0 to run, 1 when help was printed, -1 on bad arguments. */
+static int parse_exec_arguments(int argc, char **argv, exec_arguments *args)
+{
+    static const struct option options[] = {
+        {"data", required_argument, NULL, OPT_DATA},
+        {"backend", required_argument, NULL, OPT_BACKEND},
+        {"iters", required_argument, NULL, OPT_ITERS},
+        {"log-interval", required_argument, NULL, OPT_LOG_INTERVAL},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"lr", required_argument, NULL, OPT_LR},
+        {"warmup", required_argument, NULL, OPT_WARMUP},
+        {"min-lr", required_argument, NULL, OPT_MIN_LR},
+        {"save", required_argument, NULL, OPT_SAVE},
+        {"load", required_argument, NULL, OPT_LOAD},
+        {"save-interval", required_argument, NULL, OPT_SAVE_INTERVAL},
+        {"output", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, OPT_HELP},
+        {NULL, 0, NULL, 0}};
+    *args = (exec_arguments){.backend = "cpu", .output = "run.json",
+                             .iterations = 100, .log_interval = 10,
+                             .warmup = -1, .lr = 6e-4, .min_lr = -1.0,
+                             .seed = 1234};
+    optind = 1;
+    int option;
+    while ((option = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
+        if (option == OPT_HELP || option == 'h') {
+            print_exec_help();
+            return 1;
+        }
+        if (option == '?' || apply_option(option, optarg, args) != 0)
+            return -1;
+    }
+    if (optind + 1 != argc) {
+        fprintf(stderr, "partita exec: expected one plan file "
+                        "(see 'partita exec --help')\n");
+        return -1;
+    }
+    args->plan_path = argv[optind];
+    if (args->min_lr < 0)
+        args->min_lr = args->lr / 10.0;
+    if (args->warmup < 0)
+        args->warmup = args->iterations / 10;
+    return check_arguments(args);
+}
+
+/* What the per-iteration printer remembers between calls. */
+typedef struct exec_printer {
+    long log_interval;
+    double flops_per_iteration;
+    long logged_count;          /* iterations covered by earlier lines */
+    long reported_checkpoint;   /* last checkpoint iteration announced */
+    const char *save_dir;
+    bool progress;              /* stderr is a terminal: draw a bar */
+    double started_s;
+} exec_printer;
+
+static double wall_seconds(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+}
+
+static void clear_progress(const exec_printer *printer)
+{
+    if (printer->progress)
+        fputs("\r\033[K", stderr);
+}
+
+/* Megatron's line: averages over the interval for time and loss, the last
+ * iteration's norm and rate. */
+static void print_log_line(exec_printer *printer, const run_result *r)
+{
+    const run_iteration *latest = &r->iterations[r->iteration_count - 1];
+    double time_sum = 0.0, loss_sum = 0.0;
+    long count = r->iteration_count - printer->logged_count;
+    for (long i = printer->logged_count; i < r->iteration_count; i++) {
+        time_sum += r->iterations[i].step_time_s;
+        loss_sum += r->iterations[i].loss;
+    }
+    double step_s = time_sum / (double)count;
+    clear_progress(printer);
+    printf("iteration %8ld/%8ld | elapsed time per iteration (ms): %.1f | "
+           "tokens/s: %.0f | TFLOP/s per GPU: %.3g | lm loss: %.3E | "
+           "grad norm: %.3f | learning rate: %.3E | memory (GiB): %.3g\n",
+           latest->iteration, r->last_iteration, step_s * 1e3,
+           step_s > 0 ? (double)r->tokens_per_iteration / step_s : 0.0,
+           step_s > 0 ? printer->flops_per_iteration / step_s / 1e12 : 0.0,
+           loss_sum / (double)count, latest->grad_norm,
+           latest->learning_rate, r->peak_memory_bytes / PT_GIB);
+    fflush(stdout);
+    printer->logged_count = r->iteration_count;
+}
+
+static void print_progress(const exec_printer *printer, const run_result *r)
+{
+    const run_iteration *latest = &r->iterations[r->iteration_count - 1];
+    long total = r->last_iteration - r->first_iteration + 1;
+    long done = r->iteration_count;
+    enum { WIDTH = 30 };
+    char bar[WIDTH + 1];
+    int filled = (int)(WIDTH * done / total);
+    for (int i = 0; i < WIDTH; i++)
+        bar[i] = i < filled ? '#' : '.';
+    bar[WIDTH] = '\0';
+    double elapsed = wall_seconds() - printer->started_s;
+    char left[32];
+    pt_format_seconds(elapsed / (double)done * (double)(total - done), left,
+                      sizeof left);
+    fprintf(stderr, "\r\033[K[%s] iteration %ld/%ld, loss %.3f, %s left",
+            bar, latest->iteration, r->last_iteration, latest->loss, left);
+    fflush(stderr);
+}
+
+static void observe_iteration(const run_result *r, void *data)
+{
+    exec_printer *printer = data;
+    const run_iteration *latest = &r->iterations[r->iteration_count - 1];
+    if (latest->iteration % printer->log_interval == 0 ||
+        latest->iteration == r->last_iteration || stop_requested)
+        print_log_line(printer, r);
+    if (r->last_checkpoint_iteration > printer->reported_checkpoint) {
+        clear_progress(printer);
+        printf("checkpoint: iteration %ld saved to %s\n",
+               r->last_checkpoint_iteration, printer->save_dir);
+        fflush(stdout);
+        printer->reported_checkpoint = r->last_checkpoint_iteration;
+    }
+    if (printer->progress && latest->iteration < r->last_iteration &&
+        !stop_requested)
+        print_progress(printer, r);
+}
+
+/* A missing or read-only output directory is found before training, not
+ * after an hour of it. */
+static int check_output_writable(const char *output)
+{
+    char dir[PT_PATH_MAX];
+    pt_directory_of(output, dir, sizeof dir);
+    if (access(dir, W_OK) == 0)
+        return 0;
+    char message[PT_PATH_MAX * 2 + 64];
+    snprintf(message, sizeof message, "%s: cannot write there: directory "
+                                      "%s: %s",
+             output, dir, strerror(errno));
+    cli_error("exec", message);
+    return -1;
+}
+
+static int build_run_options(const exec_arguments *args, run_options *out)
+{
+    pt_error err = {{0}};
+    *out = run_options_defaults(args->iterations);
+    if (backend_parse(args->backend, &out->backend, &err) != 0) {
+        cli_error("exec", err.message);
+        return -1;
+    }
+    out->data_prefix = args->data_prefix;
+    out->seed = args->seed;
+    out->seed_given = args->seed_given;
+    out->train.schedule.max_lr = args->lr;
+    out->train.schedule.min_lr = args->min_lr;
+    out->train.schedule.warmup_steps = args->warmup;
+    out->train.schedule.decay_steps = args->iterations;
+    out->save_dir = args->save_dir;
+    out->save_interval = args->save_interval;
+    out->load_dir = args->load_dir;
+    out->stop = &stop_requested;
+    return 0;
+}
+
+/* run.json: the plan with model and cluster inline, and the record. */
+static int write_run_record(const exec_arguments *args, const plan *p,
+                            const run_result *result,
+                            double flops_per_iteration)
+{
+    pt_error err = {{0}};
+    plan inline_plan = *p; /* borrows p's buffers; only read */
+    inline_plan.model_ref[0] = '\0';
+    inline_plan.cluster_ref[0] = '\0';
+    json_t *plan_json = plan_to_json(&inline_plan, NULL, &err);
+    json_t *root = plan_json != NULL
+                       ? run_to_json(result, plan_json, flops_per_iteration,
+                                     &err)
+                       : NULL;
+    json_decref(plan_json);
+    int status = root != NULL &&
+                         json_write_file_atomic(root, args->output, &err) == 0
+                     ? 0
+                     : -1;
+    json_decref(root);
+    if (status != 0)
+        cli_error("exec", err.message);
+    return status;
+}
+
+static void print_summary(const exec_arguments *args, const run_result *r,
+                          double flops_per_iteration)
+{
+    char step[32], memory[32];
+    pt_format_seconds(r->step_time_s, step, sizeof step);
+    pt_format_bytes(r->peak_memory_bytes, memory, sizeof memory);
+    if (r->stopped)
+        printf("exec: stopped by signal %d after iteration %ld of %ld\n",
+               (int)stop_signal,
+               r->iterations[r->iteration_count - 1].iteration,
+               r->last_iteration);
+    printf("exec: %ld iterations on %s, median step time %s, %.0f tokens/s, "
+           "%.3g TFLOP/s per GPU, memory %s\n",
+           r->iteration_count, r->device.name, step, r->tokens_per_s,
+           r->step_time_s > 0 ? flops_per_iteration / r->step_time_s / 1e12
+                              : 0.0,
+           memory);
+    if (r->last_checkpoint_iteration > 0)
+        printf("exec: checkpoint of iteration %ld in %s\n",
+               r->last_checkpoint_iteration, args->save_dir);
+    for (int i = 0; i < r->note_count; i++)
+        printf("exec: note: %s\n", r->notes[i]);
+    printf("exec: wrote %s\n", args->output);
+}
+
+static int load_exec_plan(const exec_arguments *args, plan *p)
+{
+    pt_error err = {{0}};
+    if (plan_load_file(args->plan_path, p, &err) != 0 ||
+        run_check_plan(p, &err) != 0) {
+        char message[1200];
+        snprintf(message, sizeof message, "%s: %s", args->plan_path,
+                 err.message);
+        cli_error("exec", message);
+        plan_free(p);
+        return -1;
+    }
+    return 0;
+}
+
+int command_exec(int argc, char **argv)
+{
+    install_stop_handlers();
+    exec_arguments args;
+    int parsed = parse_exec_arguments(argc, argv, &args);
+    if (parsed != 0)
+        return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    run_options options;
+    if (build_run_options(&args, &options) != 0 ||
+        check_output_writable(args.output) != 0)
+        return EXIT_BAD_INPUT;
+    plan p;
+    if (load_exec_plan(&args, &p) != 0)
+        return EXIT_BAD_INPUT;
+    double flops = model_flops_per_iteration(&p.model, p.config.gbs, false);
+    exec_printer printer = {
+        .log_interval = args.log_interval,
+        .flops_per_iteration = flops,
+        .save_dir = args.save_dir,
+        .progress = isatty(STDERR_FILENO) != 0,
+        .started_s = wall_seconds(),
+    };
+    options.observer = observe_iteration;
+    options.observer_data = &printer;
+    pt_error err = {{0}};
+    run_result result;
+    int status = run_training(&p, &options, &result, &err);
+    clear_progress(&printer);
+    int exit_status = EXIT_OK;
+    if (status != 0) {
+        cli_error("exec", err.message);
+        exit_status = status == -1 ? EXIT_BAD_INPUT : EXIT_FAILURE_RUN;
+    } else if (write_run_record(&args, &p, &result, flops) != 0) {
+        exit_status = EXIT_FAILURE_RUN;
+    } else {
+        print_summary(&args, &result, flops);
+    }
+    run_result_free(&result);
+    plan_free(&p);
+    return exit_status;
+}

@@ -1,0 +1,1136 @@
+/*
+ * Single-stage runs: `partita exec` for a plan of one stage on one device.
+ * Loads and checks everything before the first allocation of the model
+ * (plan, options, checkpoint, dataset, vocabulary, memory), then trains
+ * through the backend interface only, timing each phase, saving
+ * checkpoints that resume bit for bit, and records what happened for
+ * run.json. The parallel runtime will replace the loop, not the record.
+ */
+#include "executor/executor.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "executor/data_io.h"
+
+/* Iterations whose events are kept for choosing the median one: runs of
+ * up to this many timed iterations choose among all of them, longer runs
+ * among the most recent, so memory stays bounded however long the run. */
+#define RUN_EVENT_WINDOW 128
+
+/* Run checkpoints hold these blobs besides meta.json. */
+#define BLOB_PARAMS "params"
+#define BLOB_ADAM_M "adam_m"
+#define BLOB_ADAM_V "adam_v"
+#define BLOB_STEPS "optimizer_steps"
+#define BLOB_POSITION "data_position"
+#define BLOB_RNG "rng"
+#define BLOB_META "meta.json"
+
+/* What a checkpoint to resume from holds besides the big buffers, read
+ * and checked before anything is allocated. */
+typedef struct resume_state {
+    bool active;
+    long optimizer_steps;
+    uint64_t seed;
+    unsigned char position[DATA_POSITION_BYTES];
+} resume_state;
+
+/* Everything a run holds while it trains; owned by run_training. */
+typedef struct run_context {
+    const run_options *options;
+    const plan *plan;
+    model_shape shape;
+    size_t param_count;
+    resume_state resume;
+    indexed_dataset dataset;
+    bool dataset_open;
+    gpt_sampler sampler;
+    bool sampler_ready;
+    data_position position;
+    model_stage stage;
+    bool stage_ready;
+    uint32_t *tokens;           /* gbs windows of seq + 1 ids */
+    float *host_buffer;         /* param_count floats, for checkpoints */
+    int events_per_iteration;   /* 2 x micro-batches + 1 */
+    run_event *event_ring;      /* RUN_EVENT_WINDOW iterations of events */
+    long iteration_capacity;    /* records out->iterations has room for */
+} run_context;
+
+static double monotonic_seconds(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+}
+
+static void add_note(run_result *out, const char *text)
+{
+    if (out->note_count < RUN_MAX_NOTES)
+        pt_copy_string(out->notes[out->note_count++], sizeof out->notes[0],
+                       text);
+}
+
+/* ------------------------------------------------------------- options */
+
+run_options run_options_defaults(long iterations)
+{
+    run_options options = {
+        .backend = BACKEND_CPU,
+        .iterations = iterations,
+        .seed = 1234,
+        .train = train_config_defaults(),
+    };
+    options.train.schedule.max_lr = 6e-4;
+    options.train.schedule.min_lr = 6e-5;
+    options.train.schedule.warmup_steps = iterations > 0 ? iterations / 10 : 0;
+    options.train.schedule.decay_steps = iterations > 0 ? iterations : 0;
+    return options;
+}
+
+int run_check_plan(const plan *p, pt_error *err)
+{
+    const parallel_config *config = &p->config;
+    if (config->tp > 1 || config->dp > 1 || config->pp > 1)
+        return pt_fail(err, "parallel plans need the parallel executor, not "
+                            "built yet: this plan has tp %d, dp %d, pp %d "
+                            "(exec runs plans with tp = dp = pp = 1 only)",
+                       config->tp, config->dp, config->pp);
+    if (config->mbs < 1 || config->gbs < config->mbs ||
+        config->gbs % config->mbs != 0)
+        return pt_fail(err, "gbs %d is not a positive multiple of mbs %d",
+                       config->gbs, config->mbs);
+    return 0;
+}
+
+static int check_options(const run_options *options, pt_error *err)
+{
+    if (options->data_prefix == NULL || options->data_prefix[0] == '\0')
+        return pt_fail(err, "no dataset given (the PREFIX of PREFIX.bin and "
+                            "PREFIX.idx)");
+    if (options->iterations < 1)
+        return pt_fail(err, "iterations must be >= 1, got %ld",
+                       options->iterations);
+    if (options->save_interval < 0)
+        return pt_fail(err, "the save interval must be >= 0 iterations, "
+                            "got %ld",
+                       options->save_interval);
+    if (options->seed > (uint64_t)INT64_MAX)
+        return pt_fail(err, "the seed must be below 2^63 (JSON files hold "
+                            "it as an integer)");
+    if (!isfinite(options->train.max_grad_norm))
+        return pt_fail(err, "the gradient clipping norm must be finite");
+    if (lr_schedule_check(&options->train.schedule, err) != 0)
+        return -1;
+    return 0;
+}
+
+/* -------------------------------------------------------------- device */
+
+static void describe_device(const plan *p, backend_kind backend,
+                            run_device *device, run_result *out)
+{
+    device->rank = 0;
+    if (backend == BACKEND_CPU) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        snprintf(device->name, sizeof device->name, "cpu (%ld cores)",
+                 cores > 0 ? cores : 1);
+        long pages = sysconf(_SC_PHYS_PAGES);
+        long page_size = sysconf(_SC_PAGESIZE);
+        device->memory_cap_bytes =
+            pages > 0 && page_size > 0 ? (double)pages * (double)page_size
+                                       : 0.0;
+        return;
+    }
+    /* The backend table has no query for the device's name or versions
+     * yet; take what the plan says about the device instead. */
+    snprintf(device->name, sizeof device->name, "%s device",
+             backend_name(backend));
+    int node = plan_rank_node(p, 0);
+    if (node >= 0 && node < p->cluster.node_count) {
+        const node_type *type =
+            &p->cluster.types[cluster_node_type(&p->cluster, node)];
+        if (type->device_count > 0) {
+            device->sms_used = type->devices[0].sm_limit;
+            device->memory_cap_bytes =
+                type->devices[0].memory_limit_gib * PT_GIB;
+        }
+    }
+    add_note(out, "the backend interface does not report the GPU's name, "
+                  "driver or CUDA version yet");
+}
+
+/* ------------------------------------------------------------- memory */
+
+/* Floats of one activation slot and of the backward scratch, as
+ * model_cpu.c carves them, for a whole-model stage at micro-batch mbs. */
+double run_cpu_stage_bytes(const model_shape *shape, int mbs,
+                           double *activation_bytes)
+{
+    double B = mbs, T = shape->seq, C = shape->hidden;
+    double F = shape->ffn_hidden, V = shape->vocab, NH = shape->heads;
+    double N = B * T;
+    double per_layer = 8.0 * N * C + 4.0 * N + 2.0 * N * F + B * NH * T * T;
+    double slot = N * C + shape->layers * per_layer +
+                  (N * C + 3.0 * N + N * V);
+    double scratch = 8.0 * N * C + 2.0 * N * F + T;
+    double token_ids = 2.0 * N; /* inputs and targets, uint32 */
+    double activations = 4.0 * (slot + scratch + token_ids);
+    if (activation_bytes != NULL)
+        *activation_bytes = activations;
+    return 16.0 * model_parameter_count(shape) + activations;
+}
+
+static int check_memory(const run_context *ctx, run_result *out,
+                        pt_error *err)
+{
+    double activations = 0.0;
+    double needed = run_cpu_stage_bytes(&ctx->shape, ctx->plan->config.mbs,
+                                        &activations);
+    double state = needed - activations;
+    if (ctx->options->save_dir != NULL || ctx->options->load_dir != NULL)
+        needed += 4.0 * (double)ctx->param_count; /* checkpoint buffer */
+    out->peak_memory_bytes = needed;
+    if (ctx->options->backend != BACKEND_CPU)
+        return 0; /* a GPU backend's allocation reports its own shortage */
+    double available = ctx->options->memory_available_bytes > 0
+                           ? ctx->options->memory_available_bytes
+                           : out->device.memory_cap_bytes;
+    if (available <= 0 || needed <= available)
+        return 0;
+    char need_text[32], have_text[32], state_text[32], act_text[32];
+    pt_format_bytes(needed, need_text, sizeof need_text);
+    pt_format_bytes(available, have_text, sizeof have_text);
+    pt_format_bytes(state, state_text, sizeof state_text);
+    pt_format_bytes(activations, act_text, sizeof act_text);
+    return pt_fail(err, "not enough memory: the cpu backend needs %s "
+                        "(parameters, gradients and AdamW moments %s at 16 "
+                        "bytes per parameter, activations %s at micro-batch "
+                        "%d), the machine has %s",
+                   need_text, state_text, act_text, ctx->plan->config.mbs,
+                   have_text);
+}
+
+/* ------------------------------------------------------------- dataset */
+
+static int find_largest_token(const indexed_dataset *ds, uint32_t *out,
+                              pt_error *err)
+{
+    enum { CHUNK = 65536 };
+    uint32_t *buffer = malloc(CHUNK * sizeof *buffer);
+    if (buffer == NULL)
+        return pt_fail(err, "out of memory scanning %s", ds->bin_path);
+    uint32_t largest = 0;
+    for (uint64_t s = 0; s < ds->sequence_count; s++) {
+        uint64_t length = indexed_dataset_sequence_length(ds, s);
+        for (uint64_t first = 0; first < length; first += CHUNK) {
+            uint64_t count = length - first < CHUNK ? length - first : CHUNK;
+            if (indexed_dataset_read_tokens(ds, s, first, count, buffer,
+                                            err) != 0) {
+                free(buffer);
+                return -1;
+            }
+            for (uint64_t i = 0; i < count; i++)
+                if (buffer[i] > largest)
+                    largest = buffer[i];
+        }
+    }
+    free(buffer);
+    *out = largest;
+    return 0;
+}
+
+static int open_data(run_context *ctx, uint64_t seed, run_result *out,
+                     pt_error *err)
+{
+    const char *prefix = ctx->options->data_prefix;
+    if (indexed_dataset_open(&ctx->dataset, prefix, err) != 0)
+        return -1;
+    ctx->dataset_open = true;
+    out->dataset_tokens = ctx->dataset.total_tokens;
+    out->dataset_documents = ctx->dataset.document_count;
+    if (find_largest_token(&ctx->dataset, &out->largest_token, err) != 0)
+        return -1;
+    if ((uint64_t)out->largest_token >= (uint64_t)ctx->shape.vocab)
+        return pt_fail(err, "model %s has vocab %d, but dataset %s holds "
+                            "token %u (a vocabulary of at least %llu is "
+                            "needed)",
+                       ctx->shape.name, ctx->shape.vocab, prefix,
+                       out->largest_token,
+                       (unsigned long long)out->largest_token + 1);
+    if (gpt_sampler_init(&ctx->sampler, &ctx->dataset,
+                         (uint64_t)ctx->shape.seq, seed,
+                         (uint32_t)ctx->shape.vocab, err) != 0) {
+        pt_error_prefix(err, "dataset %s", prefix);
+        return -1;
+    }
+    ctx->sampler_ready = true;
+    if (!ctx->resume.active)
+        return 0;
+    if (gpt_sampler_decode_position(&ctx->sampler, ctx->resume.position,
+                                    DATA_POSITION_BYTES, &ctx->position,
+                                    err) != 0) {
+        pt_error_prefix(err, "%s: %s", ctx->options->load_dir,
+                        BLOB_POSITION);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------- checkpoint */
+
+/* The model fields a checkpoint must agree on, in the order checked. */
+static const char *const shape_fields[] = {
+    "layers", "hidden", "heads", "ffn_hidden", "seq", "vocab",
+};
+
+static int shape_field(const model_shape *shape, size_t index)
+{
+    const int values[] = {shape->layers,     shape->hidden, shape->heads,
+                          shape->ffn_hidden, shape->seq,    shape->vocab};
+    return values[index];
+}
+
+/* meta.json: what a person (or a resume) needs to know about the
+ * checkpoint. The blobs hold the state itself. */
+static char *checkpoint_meta_text(const run_context *ctx, long iteration,
+                                  uint64_t seed)
+{
+    json_t *model = json_object();
+    json_t *meta = json_object();
+    if (model == NULL || meta == NULL) {
+        json_decref(model);
+        json_decref(meta);
+        return NULL;
+    }
+    json_object_set_new(model, "name", json_string(ctx->shape.name));
+    for (size_t i = 0; i < sizeof shape_fields / sizeof shape_fields[0]; i++)
+        json_object_set_new(model, shape_fields[i],
+                            json_integer(shape_field(&ctx->shape, i)));
+    json_object_set_new(model, "tied_embeddings",
+                        json_boolean(ctx->shape.tied_embeddings));
+    json_object_set_new(meta, "format", json_string(RUN_CHECKPOINT_FORMAT));
+    json_object_set_new(meta, "iteration", json_integer(iteration));
+    json_object_set_new(meta, "optimizer_steps",
+                        json_integer(ctx->stage.optimizer_steps));
+    json_object_set_new(meta, "seed", json_integer((json_int_t)seed));
+    json_object_set_new(meta, "backend",
+                        json_string(backend_name(ctx->options->backend)));
+    json_object_set_new(meta, "gbs", json_integer(ctx->plan->config.gbs));
+    json_object_set_new(meta, "mbs", json_integer(ctx->plan->config.mbs));
+    json_object_set_new(meta, "param_count",
+                        json_integer((json_int_t)ctx->param_count));
+    json_object_set_new(meta, "model", model);
+    char *text = json_dumps(meta, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(meta);
+    return text;
+}
+
+static int write_state_blob(checkpoint_writer *w, run_context *ctx,
+                            stage_buffer which, const char *name,
+                            pt_error *err)
+{
+    if (model_stage_read(&ctx->stage, which, ctx->host_buffer, err) != 0)
+        return -1;
+    return checkpoint_write_blob(w, name, ctx->host_buffer,
+                                 ctx->param_count * sizeof(float), err);
+}
+
+static int write_checkpoint_blobs(checkpoint_writer *w, run_context *ctx,
+                                  long iteration, uint64_t seed,
+                                  pt_error *err)
+{
+    unsigned char steps[8], rng[8], position[DATA_POSITION_BYTES];
+    store_le(steps, (uint64_t)ctx->stage.optimizer_steps, 8);
+    store_le(rng, seed, 8);
+    gpt_sampler_encode_position(&ctx->sampler, &ctx->position, position);
+    if (write_state_blob(w, ctx, STAGE_PARAMS, BLOB_PARAMS, err) != 0 ||
+        write_state_blob(w, ctx, STAGE_ADAM_M, BLOB_ADAM_M, err) != 0 ||
+        write_state_blob(w, ctx, STAGE_ADAM_V, BLOB_ADAM_V, err) != 0 ||
+        checkpoint_write_blob(w, BLOB_STEPS, steps, sizeof steps, err) != 0 ||
+        checkpoint_write_blob(w, BLOB_POSITION, position, sizeof position,
+                              err) != 0 ||
+        checkpoint_write_blob(w, BLOB_RNG, rng, sizeof rng, err) != 0)
+        return -1;
+    char *meta = checkpoint_meta_text(ctx, iteration, seed);
+    if (meta == NULL)
+        return pt_fail(err, "%s: out of memory writing %s",
+                       ctx->options->save_dir, BLOB_META);
+    int status = checkpoint_write_blob(w, BLOB_META, meta, strlen(meta), err);
+    free(meta);
+    return status;
+}
+
+static int save_checkpoint(run_context *ctx, long iteration, uint64_t seed,
+                           pt_error *err)
+{
+    checkpoint_writer writer;
+    if (checkpoint_writer_begin(&writer, ctx->options->save_dir, err) != 0)
+        return -1;
+    if (write_checkpoint_blobs(&writer, ctx, iteration, seed, err) != 0 ||
+        checkpoint_writer_commit(&writer, err) != 0) {
+        checkpoint_writer_abort(&writer);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads meta.json and refuses a checkpoint of another model, naming the
+ * first field that differs. */
+static int check_checkpoint_model(const char *dir, const model_shape *shape,
+                                  pt_error *err)
+{
+    uint64_t bytes = 0;
+    if (checkpoint_blob_size(dir, BLOB_META, &bytes, err) != 0)
+        return -1;
+    char *text = malloc((size_t)bytes + 1);
+    if (text == NULL)
+        return pt_fail(err, "%s: out of memory reading %s", dir, BLOB_META);
+    if (checkpoint_read_blob(dir, BLOB_META, text, (size_t)bytes, err) != 0) {
+        free(text);
+        return -1;
+    }
+    json_error_t json_err;
+    json_t *meta = json_loadb(text, (size_t)bytes, 0, &json_err);
+    free(text);
+    json_t *model = json_object_get(meta, "model");
+    const char *format = json_string_value(json_object_get(meta, "format"));
+    if (meta == NULL || !json_is_object(model) || format == NULL ||
+        strcmp(format, RUN_CHECKPOINT_FORMAT) != 0) {
+        json_decref(meta);
+        return pt_fail(err, "%s: %s: not a run checkpoint (expected format "
+                            "\"%s\" and a \"model\" object)",
+                       dir, BLOB_META, RUN_CHECKPOINT_FORMAT);
+    }
+    int status = 0;
+    for (size_t i = 0; i < sizeof shape_fields / sizeof shape_fields[0];
+         i++) {
+        json_t *value = json_object_get(model, shape_fields[i]);
+        int expected = shape_field(shape, i);
+        if (!json_is_integer(value)) {
+            status = pt_fail(err, "%s: %s: model.%s is missing or not an "
+                                  "integer",
+                             dir, BLOB_META, shape_fields[i]);
+            break;
+        }
+        if (json_integer_value(value) != expected) {
+            status = pt_fail(err, "%s: the checkpoint is of another model: "
+                                  "%s: model.%s is %lld, the plan's model %s "
+                                  "has %d",
+                             dir, BLOB_META, shape_fields[i],
+                             (long long)json_integer_value(value),
+                             shape->name, expected);
+            break;
+        }
+    }
+    json_t *tied = json_object_get(model, "tied_embeddings");
+    if (status == 0 && (!json_is_boolean(tied) ||
+                        json_is_true(tied) != shape->tied_embeddings))
+        status = pt_fail(err, "%s: the checkpoint is of another model: %s: "
+                              "model.tied_embeddings differs from the plan's "
+                              "model %s (%s)",
+                         dir, BLOB_META, shape->name,
+                         shape->tied_embeddings ? "true" : "false");
+    json_decref(meta);
+    return status;
+}
+
+static int check_state_blob_size(const char *dir, const char *name,
+                                 const run_context *ctx, pt_error *err)
+{
+    uint64_t bytes = 0;
+    if (checkpoint_blob_size(dir, name, &bytes, err) != 0)
+        return -1;
+    uint64_t expected = (uint64_t)ctx->param_count * sizeof(float);
+    if (bytes != expected)
+        return pt_fail(err, "%s: %s holds %llu bytes, the plan's model %s "
+                            "needs %llu (%zu parameters)",
+                       dir, name, (unsigned long long)bytes, ctx->shape.name,
+                       (unsigned long long)expected, ctx->param_count);
+    return 0;
+}
+
+/* Checks the whole checkpoint (checksums, model, sizes) and reads its
+ * small blobs: after this only the big buffers remain to be copied. */
+static int read_resume_state(run_context *ctx, pt_error *err)
+{
+    const char *dir = ctx->options->load_dir;
+    if (checkpoint_verify(dir, err) != 0 ||
+        check_checkpoint_model(dir, &ctx->shape, err) != 0 ||
+        check_state_blob_size(dir, BLOB_PARAMS, ctx, err) != 0 ||
+        check_state_blob_size(dir, BLOB_ADAM_M, ctx, err) != 0 ||
+        check_state_blob_size(dir, BLOB_ADAM_V, ctx, err) != 0)
+        return -1;
+    unsigned char steps[8], rng[8];
+    if (checkpoint_read_blob(dir, BLOB_STEPS, steps, sizeof steps, err) != 0 ||
+        checkpoint_read_blob(dir, BLOB_RNG, rng, sizeof rng, err) != 0 ||
+        checkpoint_read_blob(dir, BLOB_POSITION, ctx->resume.position,
+                             DATA_POSITION_BYTES, err) != 0)
+        return -1;
+    uint64_t step_count = load_le(steps, 8);
+    if (step_count > (uint64_t)INT32_MAX)
+        return pt_fail(err, "%s: %s: %llu steps is not a plausible count",
+                       dir, BLOB_STEPS, (unsigned long long)step_count);
+    ctx->resume.optimizer_steps = (long)step_count;
+    ctx->resume.seed = load_le(rng, 8);
+    ctx->resume.active = true;
+    const run_options *options = ctx->options;
+    if (options->seed_given && options->seed != ctx->resume.seed)
+        return pt_fail(err, "%s: the checkpoint was saved by a run with seed "
+                            "%llu, this run asks for seed %llu (resuming "
+                            "would draw other samples; leave the seed out "
+                            "to continue with %llu)",
+                       dir, (unsigned long long)ctx->resume.seed,
+                       (unsigned long long)options->seed,
+                       (unsigned long long)ctx->resume.seed);
+    if (ctx->resume.optimizer_steps >= options->iterations)
+        return pt_fail(err, "%s: the checkpoint is at iteration %ld and the "
+                            "run ends at iteration %ld: nothing left to run "
+                            "(raise the iteration count)",
+                       dir, ctx->resume.optimizer_steps, options->iterations);
+    return 0;
+}
+
+static int restore_state_blob(run_context *ctx, stage_buffer which,
+                              const char *name, pt_error *err)
+{
+    if (checkpoint_read_blob(ctx->options->load_dir, name, ctx->host_buffer,
+                             ctx->param_count * sizeof(float), err) != 0)
+        return -1;
+    return model_stage_write(&ctx->stage, which, ctx->host_buffer, err);
+}
+
+static int restore_checkpoint(run_context *ctx, pt_error *err)
+{
+    if (restore_state_blob(ctx, STAGE_PARAMS, BLOB_PARAMS, err) != 0 ||
+        restore_state_blob(ctx, STAGE_ADAM_M, BLOB_ADAM_M, err) != 0 ||
+        restore_state_blob(ctx, STAGE_ADAM_V, BLOB_ADAM_V, err) != 0)
+        return -1;
+    ctx->stage.optimizer_steps = ctx->resume.optimizer_steps;
+    return 0;
+}
+
+/* --------------------------------------------------------- preparation */
+
+static void describe_plan_fit(const plan *p, backend_kind backend,
+                              run_result *out)
+{
+    char note[256];
+    if (backend == BACKEND_CPU && p->config.precision != PRECISION_FP32) {
+        snprintf(note, sizeof note, "the plan asks for %s; the cpu backend "
+                                    "computes in fp32",
+                 precision_name(p->config.precision));
+        add_note(out, note);
+    }
+    if (backend == BACKEND_CPU && p->config.recompute)
+        add_note(out, "the plan asks for full recompute; the cpu backend "
+                      "keeps every activation instead");
+}
+
+static void fill_result_header(const run_context *ctx, run_result *out)
+{
+    const run_options *options = ctx->options;
+    const parallel_config *config = &ctx->plan->config;
+    out->backend = options->backend;
+    pt_copy_string(out->data_prefix, sizeof out->data_prefix,
+                   options->data_prefix);
+    out->gbs = config->gbs;
+    out->mbs = config->mbs;
+    out->micro_batches = config->gbs / config->mbs;
+    out->tokens_per_iteration = (long)config->gbs * ctx->shape.seq;
+    out->schedule = options->train.schedule;
+    out->max_grad_norm = options->train.max_grad_norm;
+    out->first_iteration = 1;
+    out->last_iteration = options->iterations;
+    if (options->load_dir != NULL)
+        pt_copy_string(out->resumed_from, sizeof out->resumed_from,
+                       options->load_dir);
+    out->peak_memory_basis =
+        options->backend == BACKEND_CPU
+            ? "computed: parameters, gradients and AdamW moments (16 bytes "
+              "per parameter), activations and backward scratch of one "
+              "micro-batch as the cpu backend allocates them, and the "
+              "checkpoint buffer when saving or loading"
+            : "estimated: 16 bytes per parameter plus fp32 activations as "
+              "the cpu backend lays them out (the backend interface does "
+              "not report device memory yet)";
+    describe_device(ctx->plan, options->backend, &out->device, out);
+    describe_plan_fit(ctx->plan, options->backend, out);
+}
+
+static int allocate_buffers(run_context *ctx, const run_result *out,
+                            pt_error *err)
+{
+    size_t window = (size_t)ctx->shape.seq + 1;
+    ctx->tokens = malloc((size_t)out->gbs * window * sizeof *ctx->tokens);
+    ctx->events_per_iteration = 2 * out->micro_batches + 1;
+    ctx->event_ring = calloc((size_t)RUN_EVENT_WINDOW *
+                                 (size_t)ctx->events_per_iteration,
+                             sizeof *ctx->event_ring);
+    if (ctx->options->save_dir != NULL || ctx->options->load_dir != NULL)
+        ctx->host_buffer = malloc(ctx->param_count * sizeof(float) + 1);
+    if (ctx->tokens == NULL || ctx->event_ring == NULL ||
+        ((ctx->options->save_dir != NULL || ctx->options->load_dir != NULL) &&
+         ctx->host_buffer == NULL))
+        return pt_fail(err, "out of memory for the run's buffers");
+    return 0;
+}
+
+/* Everything before the first iteration; any failure is a refusal. */
+static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
+{
+    const run_options *options = ctx->options;
+    if (run_check_plan(ctx->plan, err) != 0 || check_options(options, err) != 0)
+        return -1;
+    if (backend_find(options->backend, err) == NULL)
+        return -1;
+    fill_result_header(ctx, out);
+    stage_spec spec = stage_spec_whole_model(&ctx->shape);
+    if (stage_parameter_layout(&ctx->shape, &spec, NULL, &ctx->param_count,
+                               err) < 0)
+        return -1;
+    if (options->load_dir != NULL && read_resume_state(ctx, err) != 0)
+        return -1;
+    out->seed = ctx->resume.active ? ctx->resume.seed : options->seed;
+    out->first_iteration = ctx->resume.optimizer_steps + 1;
+    if (open_data(ctx, out->seed, out, err) != 0 ||
+        check_memory(ctx, out, err) != 0 ||
+        allocate_buffers(ctx, out, err) != 0)
+        return -1;
+    if (model_stage_create(&ctx->stage, &ctx->shape, &spec, options->backend,
+                           out->mbs, 1, err) != 0)
+        return -1;
+    ctx->stage_ready = true;
+    /* A resumed stage gets every buffer that matters from the checkpoint
+     * (gradients are zeroed at the start of each step). */
+    if (ctx->resume.active)
+        return restore_checkpoint(ctx, err);
+    return model_stage_init_parameters(&ctx->stage, out->seed, err);
+}
+
+/* ------------------------------------------------------------ training */
+
+static void set_event(run_event *event, int microbatch, const char *kind,
+                      double start_s, double end_s)
+{
+    event->rank = 0;
+    event->stage = 0;
+    event->microbatch = microbatch;
+    event->kind = kind;
+    event->start_s = start_s;
+    event->end_s = end_s;
+}
+
+/* The forwards and backwards of one iteration's micro-batches, with the
+ * gradients averaged through loss_scale, as train_step does; each phase
+ * timed from iteration_start. */
+static int accumulate_gradients(run_context *ctx, const run_result *out,
+                                double iteration_start, run_event *events,
+                                double *mean_loss, pt_error *err)
+{
+    size_t window = (size_t)ctx->shape.seq + 1;
+    double loss_sum = 0.0;
+    for (int m = 0; m < out->micro_batches; m++) {
+        stage_io io = {
+            .mbs = out->mbs,
+            .tokens = ctx->tokens + (size_t)m * (size_t)out->mbs * window,
+            .loss_scale = 1.0f / (float)out->micro_batches,
+        };
+        float loss = 0.0f;
+        double forward_start = monotonic_seconds();
+        if (stage_forward(&ctx->stage, 0, &io, &loss, err) != 0)
+            return -1;
+        double backward_start = monotonic_seconds();
+        if (stage_backward(&ctx->stage, 0, &io, err) != 0)
+            return -1;
+        double backward_end = monotonic_seconds();
+        set_event(&events[2 * m], m, "fwd", forward_start - iteration_start,
+                  backward_start - iteration_start);
+        set_event(&events[2 * m + 1], m, "bwd",
+                  backward_start - iteration_start,
+                  backward_end - iteration_start);
+        loss_sum += loss;
+    }
+    *mean_loss = loss_sum / out->micro_batches;
+    return 0;
+}
+
+/* Global norm, clipping and AdamW: the "optimizer" event. */
+static int optimizer_step(run_context *ctx, double mean_loss,
+                          run_iteration *record, pt_error *err)
+{
+    const train_config *train = &ctx->options->train;
+    double square_sum = 0.0;
+    if (stage_grad_square_sum(&ctx->stage, &square_sum, err) != 0)
+        return -1;
+    double grad_norm = sqrt(square_sum);
+    if (!isfinite(grad_norm))
+        return pt_fail(err, "iteration %ld: the gradient norm is not finite "
+                            "(loss %g); the step was not applied",
+                       record->iteration, mean_loss);
+    float learning_rate = (float)lr_schedule_at(&train->schedule,
+                                                ctx->stage.optimizer_steps);
+    float scale = clip_coefficient(grad_norm, train->max_grad_norm);
+    if (stage_adamw_step(&ctx->stage, &train->adamw, learning_rate, scale,
+                         err) != 0)
+        return -1;
+    record->loss = (float)mean_loss;
+    record->grad_norm = (float)grad_norm;
+    record->learning_rate = learning_rate;
+    return 0;
+}
+
+/* One iteration: gbs samples from the data position, the accumulated
+ * micro-batches, one optimizer step. */
+static int run_iteration_once(run_context *ctx, const run_result *out,
+                              run_event *events, run_iteration *record,
+                              pt_error *err)
+{
+    size_t window = (size_t)ctx->shape.seq + 1;
+    double start = monotonic_seconds();
+    for (int sample = 0; sample < out->gbs; sample++)
+        if (gpt_sampler_next(&ctx->sampler, &ctx->position,
+                             ctx->tokens + (size_t)sample * window, err) != 0)
+            return -1;
+    double mean_loss = 0.0;
+    if (stage_zero_grads(&ctx->stage, err) != 0 ||
+        accumulate_gradients(ctx, out, start, events, &mean_loss, err) != 0)
+        return -1;
+    double optimizer_start = monotonic_seconds();
+    if (optimizer_step(ctx, mean_loss, record, err) != 0)
+        return -1;
+    double end = monotonic_seconds();
+    set_event(&events[2 * out->micro_batches], -1, "optimizer",
+              optimizer_start - start, end - start);
+    record->step_time_s = end - start;
+    return 0;
+}
+
+static bool stop_raised(const run_options *options)
+{
+    return options->stop != NULL && *options->stop != 0;
+}
+
+/* Saves after `iteration` unless that was already done. */
+static int save_once(run_context *ctx, run_result *out, long iteration,
+                     pt_error *err)
+{
+    if (ctx->options->save_dir == NULL ||
+        out->last_checkpoint_iteration == iteration)
+        return 0;
+    if (save_checkpoint(ctx, iteration, out->seed, err) != 0)
+        return -1;
+    out->last_checkpoint_iteration = iteration;
+    return 0;
+}
+
+/* After an iteration: the interval's or the last checkpoint, the
+ * observer, and the stop flag, which may also be raised while saving or
+ * by the observer (a checkpoint is then written for this iteration too).
+ * *stopping tells the caller to end the run. */
+static int after_iteration(run_context *ctx, run_result *out, long iteration,
+                           bool *stopping, pt_error *err)
+{
+    const run_options *options = ctx->options;
+    bool last = iteration == out->last_iteration;
+    *stopping = stop_raised(options);
+    bool due = last || *stopping ||
+               (options->save_interval > 0 &&
+                iteration % options->save_interval == 0);
+    if (due && save_once(ctx, out, iteration, err) != 0)
+        return -1;
+    if (options->observer != NULL)
+        options->observer(out, options->observer_data);
+    if (!*stopping && stop_raised(options)) {
+        *stopping = true;
+        if (save_once(ctx, out, iteration, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Room for one more iteration record; the array grows by doubling, so a
+ * run asked for a billion iterations and stopped early holds only what it
+ * ran. */
+static int reserve_iteration(run_context *ctx, run_result *out,
+                             pt_error *err)
+{
+    if (out->iteration_count < ctx->iteration_capacity)
+        return 0;
+    long capacity = ctx->iteration_capacity > 0
+                        ? 2 * ctx->iteration_capacity
+                        : 64;
+    run_iteration *grown =
+        realloc(out->iterations, (size_t)capacity * sizeof *grown);
+    if (grown == NULL)
+        return pt_fail(err, "out of memory for %ld iteration records",
+                       capacity);
+    out->iterations = grown;
+    ctx->iteration_capacity = capacity;
+    return 0;
+}
+
+/* Iterations up to the last one, or until the stop flag is raised. */
+static int train_iterations(run_context *ctx, run_result *out, pt_error *err)
+{
+    for (long iteration = out->first_iteration;
+         iteration <= out->last_iteration; iteration++) {
+        if (reserve_iteration(ctx, out, err) != 0)
+            return -1;
+        long index = out->iteration_count;
+        run_event *events =
+            ctx->event_ring + (size_t)(index % RUN_EVENT_WINDOW) *
+                                  (size_t)ctx->events_per_iteration;
+        run_iteration *record = &out->iterations[index];
+        memset(record, 0, sizeof *record);
+        record->iteration = iteration;
+        if (run_iteration_once(ctx, out, events, record, err) != 0)
+            return -1;
+        out->iteration_count++;
+        bool stopping = false;
+        if (after_iteration(ctx, out, iteration, &stopping, err) != 0)
+            return -1;
+        if (stopping && iteration < out->last_iteration) {
+            out->stopped = true;
+            break;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- summary */
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median step time over the timed iterations (all but the first when
+ * there are two or more: it pays for first touches of memory and
+ * caches), and the events of the timed iteration whose time is the
+ * (lower) median among those still in the event window. */
+static int summarise_timing(const run_context *ctx, run_result *out,
+                            pt_error *err)
+{
+    long count = out->iteration_count;
+    long first_timed = count > 1 ? 1 : 0;
+    long timed = count - first_timed;
+    long first_kept = count - RUN_EVENT_WINDOW > first_timed
+                          ? count - RUN_EVENT_WINDOW
+                          : first_timed;
+    double *times = malloc((size_t)timed * sizeof *times);
+    out->events = malloc((size_t)ctx->events_per_iteration *
+                         sizeof *out->events);
+    if (times == NULL || out->events == NULL) {
+        free(times);
+        return pt_fail(err, "out of memory summarising the run");
+    }
+    for (long i = 0; i < timed; i++)
+        times[i] = out->iterations[first_timed + i].step_time_s;
+    qsort(times, (size_t)timed, sizeof *times, compare_doubles);
+    out->step_time_s = timed % 2 == 1
+                           ? times[timed / 2]
+                           : 0.5 * (times[timed / 2 - 1] + times[timed / 2]);
+    long kept = count - first_kept;
+    for (long i = 0; i < kept; i++)
+        times[i] = out->iterations[first_kept + i].step_time_s;
+    qsort(times, (size_t)kept, sizeof *times, compare_doubles);
+    double chosen_time = times[(kept - 1) / 2];
+    free(times);
+    long chosen = first_kept;
+    while (out->iterations[chosen].step_time_s != chosen_time)
+        chosen++;
+    out->events_iteration = out->iterations[chosen].iteration;
+    out->event_count = ctx->events_per_iteration;
+    memcpy(out->events,
+           ctx->event_ring + (size_t)(chosen % RUN_EVENT_WINDOW) *
+                                 (size_t)ctx->events_per_iteration,
+           (size_t)ctx->events_per_iteration * sizeof *out->events);
+    out->tokens_per_s = out->step_time_s > 0
+                            ? (double)out->tokens_per_iteration /
+                                  out->step_time_s
+                            : 0.0;
+    return 0;
+}
+
+static void record_max_rss(run_result *out)
+{
+    struct rusage usage;
+    if (getrusage(RUSAGE_SELF, &usage) == 0)
+        out->max_rss_bytes = (double)usage.ru_maxrss * 1024.0; /* KiB */
+}
+
+static void record_start_time(run_result *out)
+{
+    time_t now = time(NULL);
+    struct tm utc;
+    if (gmtime_r(&now, &utc) != NULL)
+        strftime(out->started_utc, sizeof out->started_utc,
+                 "%Y-%m-%dT%H:%M:%SZ", &utc);
+}
+
+static void release_context(run_context *ctx)
+{
+    if (ctx->stage_ready)
+        model_stage_destroy(&ctx->stage);
+    if (ctx->sampler_ready)
+        gpt_sampler_free(&ctx->sampler);
+    if (ctx->dataset_open)
+        indexed_dataset_close(&ctx->dataset);
+    free(ctx->tokens);
+    free(ctx->host_buffer);
+    free(ctx->event_ring);
+}
+
+int run_training(const plan *p, const run_options *options, run_result *out,
+                 pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    run_context ctx = {.options = options, .plan = p, .shape = p->model};
+    int status = prepare_run(&ctx, out, err);
+    if (status == 0) {
+        record_start_time(out);
+        if (train_iterations(&ctx, out, err) != 0 ||
+            summarise_timing(&ctx, out, err) != 0)
+            status = -2;
+    }
+    record_max_rss(out);
+    release_context(&ctx);
+    return status;
+}
+
+void run_result_free(run_result *r)
+{
+    free(r->iterations);
+    free(r->events);
+    r->iterations = NULL;
+    r->events = NULL;
+    r->iteration_count = 0;
+    r->event_count = 0;
+}
+
+/* ------------------------------------------------------------ run.json */
+
+/* Sets obj[key] = value, counting a failed allocation. */
+static void put(json_t *obj, const char *key, json_t *value, int *failures)
+{
+    if (value == NULL || json_object_set_new(obj, key, value) != 0)
+        (*failures)++;
+}
+
+static json_t *optional_string(const char *text)
+{
+    return text[0] != '\0' ? json_string(text) : json_null();
+}
+
+static const char *compiler_description(void)
+{
+#if defined(__clang__)
+    return "clang " __clang_version__;
+#elif defined(__GNUC__)
+    return "gcc " __VERSION__;
+#else
+    return "unknown C compiler";
+#endif
+}
+
+static json_t *device_to_json(const run_device *device, int *failures)
+{
+    json_t *obj = json_object();
+    if (obj == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    put(obj, "rank", json_integer(device->rank), failures);
+    put(obj, "name", json_string(device->name), failures);
+    put(obj, "sms_used",
+        device->sms_used > 0 ? json_integer(device->sms_used) : json_null(),
+        failures);
+    put(obj, "memory_cap_gib",
+        device->memory_cap_bytes > 0
+            ? json_real(device->memory_cap_bytes / PT_GIB)
+            : json_null(),
+        failures);
+    put(obj, "driver_version", optional_string(device->driver_version),
+        failures);
+    put(obj, "cuda_version", optional_string(device->cuda_version), failures);
+    return obj;
+}
+
+static json_t *software_to_json(int *failures)
+{
+    json_t *obj = json_object();
+    if (obj == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    put(obj, "partita", json_string(PARTITA_VERSION), failures);
+    put(obj, "compiler", json_string(compiler_description()), failures);
+    put(obj, "jansson", json_string(jansson_version_str()), failures);
+    return obj;
+}
+
+static json_t *data_to_json(const run_result *r, int *failures)
+{
+    json_t *obj = json_object();
+    if (obj == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    put(obj, "prefix", json_string(r->data_prefix), failures);
+    put(obj, "tokens", json_integer((json_int_t)r->dataset_tokens), failures);
+    put(obj, "documents", json_integer((json_int_t)r->dataset_documents),
+        failures);
+    put(obj, "largest_token", json_integer(r->largest_token), failures);
+    return obj;
+}
+
+static json_t *training_to_json(const run_result *r, int *failures)
+{
+    json_t *obj = json_object();
+    if (obj == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    put(obj, "backend", json_string(backend_name(r->backend)), failures);
+    put(obj, "seed", json_integer((json_int_t)r->seed), failures);
+    put(obj, "gbs", json_integer(r->gbs), failures);
+    put(obj, "mbs", json_integer(r->mbs), failures);
+    put(obj, "micro_batches", json_integer(r->micro_batches), failures);
+    put(obj, "tokens_per_iteration", json_integer(r->tokens_per_iteration),
+        failures);
+    put(obj, "max_lr", json_real(r->schedule.max_lr), failures);
+    put(obj, "min_lr", json_real(r->schedule.min_lr), failures);
+    put(obj, "warmup_iterations", json_integer(r->schedule.warmup_steps),
+        failures);
+    put(obj, "decay_iterations", json_integer(r->schedule.decay_steps),
+        failures);
+    put(obj, "max_grad_norm", json_real(r->max_grad_norm), failures);
+    put(obj, "first_iteration", json_integer(r->first_iteration), failures);
+    put(obj, "last_iteration", json_integer(r->last_iteration), failures);
+    put(obj, "resumed_from", optional_string(r->resumed_from), failures);
+    put(obj, "stopped_early", json_boolean(r->stopped), failures);
+    put(obj, "last_checkpoint_iteration",
+        r->last_checkpoint_iteration > 0
+            ? json_integer(r->last_checkpoint_iteration)
+            : json_null(),
+        failures);
+    put(obj, "started_utc", json_string(r->started_utc), failures);
+    return obj;
+}
+
+static json_t *iterations_to_json(const run_result *r, int *failures)
+{
+    json_t *array = json_array();
+    for (long i = 0; array != NULL && i < r->iteration_count; i++) {
+        const run_iteration *it = &r->iterations[i];
+        json_t *obj = json_object();
+        if (obj == NULL || json_array_append_new(array, obj) != 0) {
+            (*failures)++;
+            break;
+        }
+        put(obj, "iteration", json_integer(it->iteration), failures);
+        put(obj, "step_time_s", json_real(it->step_time_s), failures);
+        put(obj, "loss", json_real(it->loss), failures);
+        put(obj, "grad_norm", json_real(it->grad_norm), failures);
+        put(obj, "learning_rate", json_real(it->learning_rate), failures);
+    }
+    if (array == NULL)
+        (*failures)++;
+    return array;
+}
+
+static json_t *events_to_json(const run_result *r, int *failures)
+{
+    json_t *array = json_array();
+    for (int i = 0; array != NULL && i < r->event_count; i++) {
+        const run_event *event = &r->events[i];
+        json_t *obj = json_object();
+        if (obj == NULL || json_array_append_new(array, obj) != 0) {
+            (*failures)++;
+            break;
+        }
+        put(obj, "rank", json_integer(event->rank), failures);
+        put(obj, "stage", json_integer(event->stage), failures);
+        put(obj, "microbatch", json_integer(event->microbatch), failures);
+        put(obj, "kind", json_string(event->kind), failures);
+        put(obj, "start_s", json_real(event->start_s), failures);
+        put(obj, "end_s", json_real(event->end_s), failures);
+    }
+    if (array == NULL)
+        (*failures)++;
+    return array;
+}
+
+/* A one-element array: the value of rank 0, the only rank. */
+static json_t *per_rank(json_t *value, int *failures)
+{
+    json_t *array = json_array();
+    if (array == NULL || json_array_append_new(array, value) != 0) {
+        json_decref(array);
+        (*failures)++;
+        return NULL;
+    }
+    return array;
+}
+
+static json_t *notes_to_json(const run_result *r, int *failures)
+{
+    json_t *array = json_array();
+    for (int i = 0; array != NULL && i < r->note_count; i++)
+        if (json_array_append_new(array, json_string(r->notes[i])) != 0)
+            (*failures)++;
+    if (array == NULL)
+        (*failures)++;
+    return array;
+}
+
+json_t *run_to_json(const run_result *r, json_t *plan_json,
+                    double flops_per_iteration, pt_error *err)
+{
+    int failures = 0;
+    json_t *root = json_object();
+    if (root == NULL) {
+        pt_fail(err, "out of memory building run.json");
+        return NULL;
+    }
+    put(root, "format", json_string("partita-run/1"), &failures);
+    put(root, "plan", json_incref(plan_json), &failures);
+    put(root, "devices", per_rank(device_to_json(&r->device, &failures),
+                                  &failures),
+        &failures);
+    put(root, "software", software_to_json(&failures), &failures);
+    put(root, "data", data_to_json(r, &failures), &failures);
+    put(root, "training", training_to_json(r, &failures), &failures);
+    put(root, "iterations", iterations_to_json(r, &failures), &failures);
+    put(root, "events_iteration", json_integer(r->events_iteration),
+        &failures);
+    put(root, "events", events_to_json(r, &failures), &failures);
+    put(root, "peak_memory_gib",
+        per_rank(json_real(r->peak_memory_bytes / PT_GIB), &failures),
+        &failures);
+    put(root, "peak_memory_basis", json_string(r->peak_memory_basis),
+        &failures);
+    put(root, "max_rss_gib",
+        per_rank(json_real(r->max_rss_bytes / PT_GIB), &failures),
+        &failures);
+    put(root, "step_time_s", json_real(r->step_time_s), &failures);
+    put(root, "tokens_per_s", json_real(r->tokens_per_s), &failures);
+    double tflops = r->step_time_s > 0
+                        ? flops_per_iteration / r->step_time_s / 1e12
+                        : 0.0;
+    put(root, "tflops_per_gpu", json_real(tflops), &failures);
+    put(root, "notes", notes_to_json(r, &failures), &failures);
+    if (failures > 0) {
+        json_decref(root);
+        pt_fail(err, "out of memory building run.json");
+        return NULL;
+    }
+    return root;
+}

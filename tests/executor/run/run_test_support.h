@@ -1,0 +1,134 @@
+/* Helpers shared by the tests of single-stage runs: a scratch directory
+ * holding the bundled corpus prepped into a dataset, tiny plans written as
+ * inline JSON, and whole-file helpers. */
+#ifndef PARTITA_RUN_TEST_SUPPORT_H
+#define PARTITA_RUN_TEST_SUPPORT_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "executor/executor.h"
+
+/* One test's directory, with the corpus prepped at dir/corpus. */
+typedef struct run_scratch {
+    char dir[256];
+    char corpus[300];        /* dataset prefix */
+} run_scratch;
+
+static inline int run_scratch_open(void **state)
+{
+    run_scratch *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return -1;
+    snprintf(s->dir, sizeof s->dir, "/tmp/partita-run-test-XXXXXX");
+    if (mkdtemp(s->dir) == NULL) {
+        free(s);
+        return -1;
+    }
+    snprintf(s->corpus, sizeof s->corpus, "%s/corpus", s->dir);
+    const char *source = getenv("PARTITA_SOURCE");
+    char input[1024];
+    snprintf(input, sizeof input, "%s/data/corpus.txt",
+             source != NULL ? source : ".");
+    pt_error err = {{0}};
+    if (prep_run(input, PREP_FORMAT_TEXT, s->corpus, NULL, &err) != 0) {
+        fprintf(stderr, "prep of the corpus failed: %s\n", err.message);
+        free(s);
+        return -1;
+    }
+    *state = s;
+    return 0;
+}
+
+static inline void run_remove_tree(const char *path)
+{
+    DIR *handle = opendir(path);
+    if (handle == NULL) {
+        unlink(path);
+        return;
+    }
+    struct dirent *entry;
+    while ((entry = readdir(handle)) != NULL) {
+        if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0)
+            continue;
+        char child[1024];
+        if (snprintf(child, sizeof child, "%s/%s", path, entry->d_name) <
+            (int)sizeof child)
+            run_remove_tree(child);
+    }
+    closedir(handle);
+    rmdir(path);
+}
+
+static inline int run_scratch_close(void **state)
+{
+    run_scratch *s = *state;
+    run_remove_tree(s->dir);
+    free(s);
+    return 0;
+}
+
+/* dir/name into out. */
+static inline void run_path(const run_scratch *s, const char *name,
+                            char *out, size_t size)
+{
+    snprintf(out, size, "%s/%s", s->dir, name);
+}
+
+static inline bool run_path_exists(const char *path)
+{
+    struct stat info;
+    return stat(path, &info) == 0;
+}
+
+/* A plan of one stage on a single-GPU node, model and cluster inline. */
+static inline void tiny_plan_json(char *out, size_t size, int layers,
+                                  int hidden, int heads, int seq, int vocab,
+                                  int gbs, int mbs, int pp)
+{
+    snprintf(out, size,
+             "{ \"model\": { \"name\": \"tiny\", \"layers\": %d, "
+             "\"hidden\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d },"
+             "  \"cluster\": { \"name\": \"one\", \"nodes\": ["
+             "    { \"name\": \"box\", \"gpu\": \"A100-FASOP\", \"gpus\": %d,"
+             "      \"intra_node\": { \"bandwidth_GBps\": 230,"
+             "                        \"latency_us\": 5 } } ] },"
+             "  \"gbs\": %d, \"mbs\": %d, \"tp\": 1, \"dp\": 1, \"pp\": %d }",
+             layers, hidden, heads, seq, vocab, pp, gbs, mbs, pp);
+}
+
+static inline void tiny_plan(plan *out, int layers, int hidden, int heads,
+                             int seq, int vocab, int gbs, int mbs)
+{
+    char text[1024];
+    tiny_plan_json(text, sizeof text, layers, hidden, heads, seq, vocab, gbs,
+                   mbs, 1);
+    json_error_t json_err;
+    json_t *root = json_loads(text, 0, &json_err);
+    assert_non_null(root);
+    pt_error err = {{0}};
+    int status = plan_from_json(root, NULL, out, &err);
+    if (status != 0)
+        fprintf(stderr, "%s\n", err.message);
+    assert_int_equal(status, 0);
+    json_decref(root);
+}
+
+/* The test's message check: prints the message when it fails. */
+static inline void assert_message_has(const pt_error *err, const char *part)
+{
+    if (strstr(err->message, part) == NULL)
+        fail_msg("\"%s\" not in \"%s\"", part, err->message);
+}
+
+#endif

@@ -1,0 +1,253 @@
+/*
+ * What a run refuses before it trains, with a message that says why, and
+ * without writing anything: parallel plans, a missing dataset, a
+ * vocabulary below the data's tokens, too little memory, bad options, and
+ * checkpoints that are corrupt, of another model, of another seed or
+ * already at the end.
+ */
+#include "run_test_support.h"
+
+#include <math.h>
+
+#define HIDDEN 16
+#define SEQ 16
+
+static run_options base_options(const run_scratch *s, long iterations)
+{
+    run_options options = run_options_defaults(iterations);
+    options.data_prefix = s->corpus;
+    return options;
+}
+
+/* Runs and expects a refusal (-1) whose message holds `part`, with the
+ * save directory, when given, never created. */
+static void expect_refusal(const plan *p, const run_options *options,
+                           const char *part)
+{
+    pt_error err = {{0}};
+    run_result result;
+    int status = run_training(p, options, &result, &err);
+    run_result_free(&result);
+    if (status != -1)
+        fail_msg("expected a refusal mentioning \"%s\", got status %d (%s)",
+                 part, status, err.message);
+    assert_message_has(&err, part);
+    if (options->save_dir != NULL)
+        assert_false(run_path_exists(options->save_dir));
+}
+
+/* A committed checkpoint of a 2-layer model after two iterations. */
+static void make_checkpoint(const run_scratch *s, const plan *p,
+                            const char *dir)
+{
+    run_options options = base_options(s, 2);
+    options.save_dir = dir;
+    pt_error err = {{0}};
+    run_result result;
+    int status = run_training(p, &options, &result, &err);
+    if (status != 0)
+        fail_msg("%s", err.message);
+    run_result_free(&result);
+}
+
+static void parallel_plan_is_refused(void **state)
+{
+    run_scratch *s = *state;
+    char text[1024];
+    tiny_plan_json(text, sizeof text, 2, HIDDEN, 2, SEQ, 257, 4, 2, 2);
+    json_error_t json_err;
+    json_t *root = json_loads(text, 0, &json_err);
+    plan p;
+    pt_error err = {{0}};
+    assert_int_equal(plan_from_json(root, NULL, &p, &err), 0);
+    json_decref(root);
+    run_options options = base_options(s, 2);
+    char dir[512];
+    run_path(s, "never", dir, sizeof dir);
+    options.save_dir = dir;
+    expect_refusal(&p, &options, "parallel executor, not built yet");
+    expect_refusal(&p, &options, "pp 2");
+    plan_free(&p);
+}
+
+static void missing_dataset_is_refused(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
+    run_options options = base_options(s, 2);
+    char prefix[512];
+    run_path(s, "no-such-data", prefix, sizeof prefix);
+    options.data_prefix = prefix;
+    expect_refusal(&p, &options, "no-such-data.idx");
+    plan_free(&p);
+}
+
+static void small_vocabulary_is_refused(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    tiny_plan(&p, 2, HIDDEN, 2, SEQ, 200, 4, 2);
+    run_options options = base_options(s, 2);
+    expect_refusal(&p, &options, "vocab 200");
+    expect_refusal(&p, &options, "token 256");
+    plan_free(&p);
+}
+
+static void too_little_memory_is_refused(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
+    run_options options = base_options(s, 2);
+    double activations = 0;
+    double needed = run_cpu_stage_bytes(&p.model, 2, &activations);
+    assert_true(activations > 0 && needed > activations);
+    /* 16 bytes per parameter besides the activations */
+    assert_true(fabs(needed - activations -
+                     16.0 * model_parameter_count(&p.model)) < 0.5);
+    options.memory_available_bytes = needed / 2;
+    expect_refusal(&p, &options, "not enough memory");
+    expect_refusal(&p, &options, "16 bytes per parameter");
+    options.memory_available_bytes = needed * 2;
+    pt_error err = {{0}};
+    run_result result;
+    assert_int_equal(run_training(&p, &options, &result, &err), 0);
+    run_result_free(&result);
+    plan_free(&p);
+}
+
+static void bad_options_are_refused(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
+    run_options options = base_options(s, 0);
+    expect_refusal(&p, &options, "iterations must be >= 1");
+    options = base_options(s, 2);
+    options.save_interval = -1;
+    expect_refusal(&p, &options, "save interval");
+    options = base_options(s, 2);
+    options.train.schedule.min_lr = 1.0;
+    expect_refusal(&p, &options, "min_lr");
+    options = base_options(s, 2);
+    options.data_prefix = NULL;
+    expect_refusal(&p, &options, "no dataset");
+    plan_free(&p);
+}
+
+/* Flips one byte in the middle of a blob of the committed generation. */
+static void corrupt_blob(const char *dir, const char *name)
+{
+    checkpoint_manifest manifest;
+    pt_error err = {{0}};
+    assert_int_equal(checkpoint_read_manifest(dir, &manifest, &err), 0);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/gen-%06llu/%s", dir,
+             (unsigned long long)manifest.generation, name);
+    FILE *file = fopen(path, "r+b");
+    assert_non_null(file);
+    assert_int_equal(fseek(file, 0, SEEK_END), 0);
+    long size = ftell(file);
+    assert_true(size > 0);
+    assert_int_equal(fseek(file, size / 2, SEEK_SET), 0);
+    int byte = fgetc(file);
+    assert_int_equal(fseek(file, size / 2, SEEK_SET), 0);
+    fputc(byte ^ 0x40, file);
+    fclose(file);
+}
+
+static void corrupt_checkpoint_is_refused(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
+    char dir[512], fresh[512];
+    run_path(s, "corrupt", dir, sizeof dir);
+    run_path(s, "corrupt-next", fresh, sizeof fresh);
+    make_checkpoint(s, &p, dir);
+    corrupt_blob(dir, "adam_v");
+    run_options options = base_options(s, 4);
+    options.load_dir = dir;
+    options.save_dir = fresh;
+    expect_refusal(&p, &options, "checksum mismatch");
+    expect_refusal(&p, &options, "adam_v");
+    /* saving into the corrupt directory itself must not replace it */
+    options.save_dir = dir;
+    pt_error err = {{0}};
+    run_result result;
+    assert_int_equal(run_training(&p, &options, &result, &err), -1);
+    run_result_free(&result);
+    checkpoint_manifest manifest;
+    assert_int_equal(checkpoint_read_manifest(dir, &manifest, &err), 0);
+    assert_int_equal((int)manifest.generation, 1);
+    plan_free(&p);
+}
+
+static void checkpoint_of_another_shape_is_refused(void **state)
+{
+    run_scratch *s = *state;
+    plan p, wider, deeper;
+    tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
+    tiny_plan(&wider, 2, 24, 2, SEQ, 257, 4, 2);
+    tiny_plan(&deeper, 3, HIDDEN, 2, SEQ, 257, 4, 2);
+    char dir[512];
+    run_path(s, "shape", dir, sizeof dir);
+    make_checkpoint(s, &p, dir);
+    run_options options = base_options(s, 4);
+    options.load_dir = dir;
+    expect_refusal(&wider, &options, "model.hidden is 16");
+    expect_refusal(&wider, &options, "another model");
+    expect_refusal(&deeper, &options, "model.layers is 2");
+    /* the same shape loads */
+    pt_error err = {{0}};
+    run_result result;
+    int status = run_training(&p, &options, &result, &err);
+    if (status != 0)
+        fail_msg("%s", err.message);
+    assert_int_equal(result.first_iteration, 3);
+    run_result_free(&result);
+    plan_free(&p);
+    plan_free(&wider);
+    plan_free(&deeper);
+}
+
+static void other_seed_or_finished_checkpoint_is_refused(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
+    char dir[512];
+    run_path(s, "seeded", dir, sizeof dir);
+    make_checkpoint(s, &p, dir);
+    run_options options = base_options(s, 4);
+    options.load_dir = dir;
+    options.seed = 99;
+    options.seed_given = true;
+    expect_refusal(&p, &options, "seed 1234");
+    options = base_options(s, 2);
+    options.load_dir = dir;
+    expect_refusal(&p, &options, "nothing left to run");
+    expect_refusal(&p, &options, "at iteration 2");
+    char missing[512];
+    run_path(s, "no-checkpoint-here", missing, sizeof missing);
+    options = base_options(s, 4);
+    options.load_dir = missing;
+    expect_refusal(&p, &options, "no manifest.json");
+    plan_free(&p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(parallel_plan_is_refused),
+        cmocka_unit_test(missing_dataset_is_refused),
+        cmocka_unit_test(small_vocabulary_is_refused),
+        cmocka_unit_test(too_little_memory_is_refused),
+        cmocka_unit_test(bad_options_are_refused),
+        cmocka_unit_test(corrupt_checkpoint_is_refused),
+        cmocka_unit_test(checkpoint_of_another_shape_is_refused),
+        cmocka_unit_test(other_seed_or_finished_checkpoint_is_refused),
+    };
+    return cmocka_run_group_tests(tests, run_scratch_open, run_scratch_close);
+}
