@@ -2,6 +2,7 @@
 # build with Meson, then run. Everything else is in meson.build.
 BUILD      ?= build
 TEST_BUILD ?= build-test
+VALGRIND_BUILD ?= build-valgrind
 PARTITA    := $(BUILD)/cli/partita
 
 DEBIAN_PACKAGES := meson ninja-build pkg-config gcc libjansson-dev \
@@ -41,18 +42,25 @@ demo: build
 	  echo "# no GPU here: planning only (exec and report need a GPU and are not built yet)"; \
 	fi
 
-# Every test, built with AddressSanitizer and UndefinedBehaviorSanitizer.
+# Every test, built with AddressSanitizer and UndefinedBehaviorSanitizer;
+# then the planner's end-to-end cases under valgrind in a plain build.
 test: deps
 	@[ -f $(TEST_BUILD)/build.ninja ] || \
 	  meson setup $(TEST_BUILD) -Dbuildtype=debug -Db_sanitize=address,undefined
+	@[ -f $(VALGRIND_BUILD)/build.ninja ] || \
+	  meson setup $(VALGRIND_BUILD) -Dbuildtype=debug
 	ninja -C $(TEST_BUILD)
+	ninja -C $(VALGRIND_BUILD) cli/partita
 	@status=0; meson test -C $(TEST_BUILD) --print-errorlogs \
 	  --num-processes 2 || status=$$?; \
-	.ci/count-tests $(TEST_BUILD)/meson-logs/testlog.json; \
+	meson test -C $(VALGRIND_BUILD) --suite valgrind --print-errorlogs \
+	  --num-processes 2 || status=$$?; \
+	.ci/count-tests $(TEST_BUILD)/meson-logs/testlog.json \
+	  $(VALGRIND_BUILD)/meson-logs/testlog.json; \
 	exit $$status
 
 bench: build
 	$(BUILD)/bench/plan_speed
 
 clean:
-	rm -rf $(BUILD) $(TEST_BUILD)
+	rm -rf $(BUILD) $(TEST_BUILD) $(VALGRIND_BUILD)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end tests of the partita command on the bundled files.
 # usage: e2e.sh PARTITA CASE   (run by meson, one test per case)
+# PARTITA_WRAPPER, when set, runs partita under it (valgrind, say).
 set -u
-partita="$1"
+partita_binary="$1"
+partita() { ${PARTITA_WRAPPER:-} "$partita_binary" "$@"; }
 case_name="$2"
 source_root="${PARTITA_SOURCE:?PARTITA_SOURCE must be set}"
 work=$(mktemp -d)
@@ -50,7 +52,7 @@ JSON
 # exec: the bundled corpus prepped as in-corpus, and a tiny plan of one
 # stage on one device (model and cluster inline) with the given pp/vocab.
 prep_corpus() {
-  "$partita" prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null \
+  partita prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null \
     || fail "prep of the corpus failed"
 }
 write_tiny_plan() { # FILE [PP] [VOCAB]
@@ -67,70 +69,70 @@ JSON
 
 case "$case_name" in
 help)
-  run 0 "$partita" --help;           expect_in out.txt "usage: partita"
-  run 0 "$partita" plan --help;      expect_in out.txt "--gbs"
-  run 0 "$partita" estimate --help;  expect_in out.txt "--json"
-  run 0 "$partita" --version;        expect_in out.txt "partita"
-  run 2 "$partita" frobnicate;       expect_in err.txt "unknown command"
-  run 2 "$partita"
+  run 0 partita --help;           expect_in out.txt "usage: partita"
+  run 0 partita plan --help;      expect_in out.txt "--gbs"
+  run 0 partita estimate --help;  expect_in out.txt "--json"
+  run 0 partita --version;        expect_in out.txt "partita"
+  run 2 partita frobnicate;       expect_in err.txt "unknown command"
+  run 2 partita
   ;;
 plan-hetero)
-  run 0 "$partita" plan --model gpt2-xl --gbs 64 --cluster "$clusters/hetero.json" --quiet
+  run 0 partita plan --model gpt2-xl --gbs 64 --cluster "$clusters/hetero.json" --quiet
   expect_in out.txt "scored"
   expect_in out.txt "partition"
   [ -s plan.json ] || fail "plan.json not written"
   expect_in plan.json '"format": "partita-plan/1"'
   expect_in plan.json '"events"'
   expect_in plan.json '"alternatives"'
-  run 0 "$partita" estimate plan.json
+  run 0 partita estimate plan.json
   expect_in out.txt "step time"
   ;;
 plan-default-cluster)
   # the default cluster is the bundled hetero.json
-  run 0 "$partita" plan --model "$models/gpt2-xl.json" --gbs 64 -o here.json --quiet
+  run 0 partita plan --model "$models/gpt2-xl.json" --gbs 64 -o here.json --quiet
   expect_in out.txt "cluster hetero"
   [ -s here.json ] || fail "here.json not written"
   ;;
 plan-ilp-agrees)
-  run 0 "$partita" plan --model gpt2-xl --gbs 64 --solver dp --quiet -o dp.json
+  run 0 partita plan --model gpt2-xl --gbs 64 --solver dp --quiet -o dp.json
   dp=$(best_step_time)
-  run 0 "$partita" plan --model gpt2-xl --gbs 64 --solver ilp --quiet -o ilp.json
+  run 0 partita plan --model gpt2-xl --gbs 64 --solver ilp --quiet -o ilp.json
   ilp=$(best_step_time)
   [ -n "$dp" ] && [ "$dp" = "$ilp" ] || fail "dp best $dp s, ilp best $ilp s"
-  run 0 "$partita" plan --model gpt2-xl --gbs 64 --solver greedy --quiet -o greedy.json
+  run 0 partita plan --model gpt2-xl --gbs 64 --solver greedy --quiet -o greedy.json
   greedy=$(best_step_time)
   awk -v a="$dp" -v b="$greedy" 'BEGIN { exit !(a <= b + 1e-4) }' \
     || fail "exact $dp s slower than greedy $greedy s"
   ;;
 plan-bert)
-  run 0 "$partita" plan --model bert-large --gbs 256 --cluster fasop-bert --quiet
+  run 0 partita plan --model bert-large --gbs 256 --cluster fasop-bert --quiet
   expect_in out.txt "bert"
   ;;
 plan-cost)
-  run 0 "$partita" plan --model gpt2-xl --gbs 64 --objective cost --quiet
+  run 0 partita plan --model gpt2-xl --gbs 64 --objective cost --quiet
   expect_in out.txt "objective \$ per step"
   ;;
 plan-pareto)
   write_small_pool
-  run 0 "$partita" plan --model gpt2-xl --gbs 64 --cluster in-pool.json --pareto --quiet -o front.json
+  run 0 partita plan --model gpt2-xl --gbs 64 --cluster in-pool.json --pareto --quiet -o front.json
   expect_in out.txt "front"
   expect_in front.json '"pareto"'
-  run 0 "$partita" estimate front.json
+  run 0 partita estimate front.json
   ;;
 estimate-hand-plan)
-  run 0 "$partita" estimate "$source_root/docs/examples/plan-gpt2xl-hetero.json"
+  run 0 partita estimate "$source_root/docs/examples/plan-gpt2xl-hetero.json"
   expect_in out.txt "0-11-8-8-8-8-5-0"
   expect_in out.txt "forward"
   ;;
 estimate-json)
   cp "$source_root/docs/examples/plan-gpt2xl-hetero.json" in-plan.json
   sed -i "s|\.\./\.\./|$source_root/|g" in-plan.json
-  run 0 "$partita" estimate --json in-plan.json
+  run 0 partita estimate --json in-plan.json
   expect_in out.txt '"estimate"'
   expect_in out.txt '"events"'
   expect_in out.txt '"kind": "fwd"'
   cp out.txt in-estimated.json
-  run 0 "$partita" estimate in-estimated.json
+  run 0 partita estimate in-estimated.json
   ;;
 estimate-inline)
   cat >in-inline.json <<JSON
@@ -142,28 +144,28 @@ estimate-inline)
         "inter_node": { "bandwidth_Gbps": 40, "latency_us": 20 } } ] },
   "gbs": 8, "mbs": 1, "tp": 1, "dp": 1, "pp": 2, "partition": [3, 1] }
 JSON
-  run 0 "$partita" estimate in-inline.json
+  run 0 partita estimate in-inline.json
   expect_in out.txt "3-1"
   ;;
 bad-json)
   printf '{ "model": "x", ' >in-bad.json
-  run 2 "$partita" estimate in-bad.json
+  run 2 partita estimate in-bad.json
   expect_in err.txt "in-bad.json"
   ;;
 bad-gpu)
   sed 's/"A10-FASOP"/"B300-IMAGINARY"/' "$clusters/hetero.json" >in-cluster.json
-  run 2 "$partita" plan --model gpt2-xl --gbs 64 --cluster in-cluster.json --quiet
+  run 2 partita plan --model gpt2-xl --gbs 64 --cluster in-cluster.json --quiet
   expect_in err.txt "B300-IMAGINARY"
   no_leftovers
   ;;
 bad-zero-gpus)
   sed 's/"gpus": 4/"gpus": 0/' "$clusters/hetero.json" >in-cluster.json
-  run 2 "$partita" plan --model gpt2-xl --gbs 64 --cluster in-cluster.json --quiet
+  run 2 partita plan --model gpt2-xl --gbs 64 --cluster in-cluster.json --quiet
   expect_in err.txt "gpus"
   no_leftovers
   ;;
 bad-no-fit)
-  run 2 "$partita" plan --model gpt-175b --gbs 64 --quiet
+  run 2 partita plan --model gpt-175b --gbs 64 --quiet
   expect_in err.txt "no plan fits"
   expect_in err.txt "GiB"
   no_leftovers
@@ -172,51 +174,51 @@ bad-partition)
   sed 's/0-11-8-8-8-8-5-0/0-11-8-8-8-8-5-1/' \
     "$source_root/docs/examples/plan-gpt2xl-hetero.json" >in-plan.json
   sed -i "s|\.\./\.\./|$source_root/|g" in-plan.json
-  run 2 "$partita" estimate in-plan.json
+  run 2 partita estimate in-plan.json
   expect_in err.txt "partition"
   ;;
 bad-gbs)
   sed 's/"gbs": 64/"gbs": 63/' \
     "$source_root/docs/examples/plan-gpt2xl-hetero.json" >in-plan.json
   sed -i "s|\.\./\.\./|$source_root/|g" in-plan.json
-  run 2 "$partita" estimate in-plan.json
+  run 2 partita estimate in-plan.json
   expect_in err.txt "gbs"
   ;;
 bad-arguments)
-  run 2 "$partita" plan --gbs 64
+  run 2 partita plan --gbs 64
   expect_in err.txt "required"
-  run 2 "$partita" plan --model gpt2-xl --gbs -4
-  run 2 "$partita" plan --model gpt2-xl --gbs 64 --solver magic
+  run 2 partita plan --model gpt2-xl --gbs -4
+  run 2 partita plan --model gpt2-xl --gbs 64 --solver magic
   expect_in err.txt "magic"
-  run 2 "$partita" plan --model no-such-model --gbs 64
+  run 2 partita plan --model no-such-model --gbs 64
   expect_in err.txt "no-such-model"
-  run 2 "$partita" estimate
-  run 2 "$partita" estimate /nonexistent/plan.json
+  run 2 partita estimate
+  run 2 partita estimate /nonexistent/plan.json
   expect_in err.txt "/nonexistent/plan.json"
   no_leftovers
   ;;
 output-unwritable)
-  run 1 "$partita" plan --model gpt2-xl --gbs 64 --quiet -o /nonexistent-dir/plan.json
+  run 1 partita plan --model gpt2-xl --gbs 64 --quiet -o /nonexistent-dir/plan.json
   expect_in err.txt "/nonexistent-dir/plan.json"
   ;;
 prep)
-  run 0 "$partita" prep "$source_root/data/corpus.txt" -o corpus
+  run 0 partita prep "$source_root/data/corpus.txt" -o corpus
   expect_in out.txt "documents"
   [ -s corpus.bin ] && [ -s corpus.idx ] || fail "corpus.bin/.idx not written"
   printf '{"text": "hello"}\n{"text": "world"}\n' >in.jsonl
-  run 0 "$partita" prep --jsonl in.jsonl -o small
+  run 0 partita prep --jsonl in.jsonl -o small
   expect_in out.txt "2 documents"
   printf '{"text": "hello"}\n{"txt": "world"}\n' >in-bad.jsonl
-  run 2 "$partita" prep --jsonl in-bad.jsonl -o bad
+  run 2 partita prep --jsonl in-bad.jsonl -o bad
   expect_in err.txt "in-bad.jsonl:2"
   [ ! -e bad.bin ] && [ ! -e bad.idx ] || fail "partial output left behind"
-  run 2 "$partita" prep /nonexistent.txt -o nothing
-  run 2 "$partita" prep "$source_root/data/corpus.txt"
+  run 2 partita prep /nonexistent.txt -o nothing
+  run 2 partita prep "$source_root/data/corpus.txt"
   ;;
 exec-tiny)
   prep_corpus
   write_tiny_plan in-plan.json
-  run 0 "$partita" exec in-plan.json --data in-corpus --backend cpu --iters 6 --log-interval 3
+  run 0 partita exec in-plan.json --data in-corpus --backend cpu --iters 6 --log-interval 3
   expect_in out.txt "iteration        3/       6 | elapsed time per iteration (ms): "
   expect_in out.txt "iteration        6/       6 |"
   expect_in out.txt "| tokens/s: "
@@ -244,25 +246,26 @@ exec-tiny)
 exec-resume)
   prep_corpus
   write_tiny_plan in-plan.json
-  run 0 "$partita" exec in-plan.json --data in-corpus --iters 4 --save ckpt --save-interval 2 -o first.json
+  run 0 partita exec in-plan.json --data in-corpus --iters 4 --save ckpt --save-interval 2 -o first.json
   expect_in out.txt "checkpoint: iteration 2 saved to ckpt"
   expect_in out.txt "checkpoint: iteration 4 saved to ckpt"
   [ -s ckpt/manifest.json ] || fail "no checkpoint written"
-  run 0 "$partita" exec in-plan.json --data in-corpus --iters 6 --load ckpt -o second.json
+  run 0 partita exec in-plan.json --data in-corpus --iters 6 --load ckpt -o second.json
   expect_in out.txt "iteration        6/       6"
   grep -q "iteration        4/" out.txt && fail "a resumed run repeated iteration 4"
   expect_in second.json '"resumed_from": "ckpt"'
   expect_in second.json '"first_iteration": 5'
   # a checkpoint is refused for a model of another shape
   sed 's/"hidden": 16/"hidden": 24/' in-plan.json >in-wide.json
-  run 2 "$partita" exec in-wide.json --data in-corpus --iters 8 --load ckpt -o wide.json
+  run 2 partita exec in-wide.json --data in-corpus --iters 8 --load ckpt -o wide.json
   expect_in err.txt "model.hidden is 16"
   [ ! -e wide.json ] || fail "run.json written by a refused run"
   ;;
 exec-signal)
   prep_corpus
   write_tiny_plan in-plan.json
-  "$partita" exec in-plan.json --data in-corpus --iters 1000000 --log-interval 1 --save ckpt >out.txt 2>err.txt &
+  # the binary itself (not the wrapper function), so the signal reaches it
+  "$partita_binary" exec in-plan.json --data in-corpus --iters 1000000 --log-interval 1 --save ckpt >out.txt 2>err.txt &
   pid=$!
   for _ in $(seq 1 200); do
     grep -q '^iteration' out.txt && break
@@ -279,26 +282,26 @@ exec-signal)
 exec-bad)
   prep_corpus
   write_tiny_plan in-pp2.json 2
-  run 2 "$partita" exec in-pp2.json --data in-corpus
+  run 2 partita exec in-pp2.json --data in-corpus
   expect_in err.txt "parallel plans need the parallel executor, not built yet"
   write_tiny_plan in-plan.json
-  run 2 "$partita" exec in-plan.json --data in-missing
+  run 2 partita exec in-plan.json --data in-missing
   expect_in err.txt "in-missing.idx"
   write_tiny_plan in-small-vocab.json 1 100
-  run 2 "$partita" exec in-small-vocab.json --data in-corpus
+  run 2 partita exec in-small-vocab.json --data in-corpus
   expect_in err.txt "vocab 100"
   expect_in err.txt "token 256"
-  run 2 "$partita" exec in-plan.json --data in-corpus --iters 0
+  run 2 partita exec in-plan.json --data in-corpus --iters 0
   expect_in err.txt "\-\-iters"
-  run 2 "$partita" exec in-plan.json --data in-corpus --iters ten
+  run 2 partita exec in-plan.json --data in-corpus --iters ten
   expect_in err.txt "'ten'"
-  run 2 "$partita" exec in-plan.json --data in-corpus --backend tpu
+  run 2 partita exec in-plan.json --data in-corpus --backend tpu
   expect_in err.txt "tpu"
-  run 2 "$partita" exec in-plan.json
+  run 2 partita exec in-plan.json
   expect_in err.txt "\-\-data"
-  run 2 "$partita" exec in-plan.json --data in-corpus --load in-no-checkpoint
+  run 2 partita exec in-plan.json --data in-corpus --load in-no-checkpoint
   expect_in err.txt "manifest.json"
-  run 0 "$partita" exec --help
+  run 0 partita exec --help
   expect_in out.txt "usage: partita exec"
   no_leftovers
   ;;
