@@ -80,7 +80,7 @@ int search_score_floors(costmodel *cm, const search_options *options,
             parallel_config config = {options->gbs, shape->mbs[i], shape->tp,
                                       shape->dp, shape->pp, options->schedule,
                                       options->precision, false, false};
-            type_costs prices[PLANNER_MAX_TYPES];
+            type_costs prices[PLANNER_MAX_TYPES] = {0};
             for (int t = 0; t < c->type_count; t++)
                 if (c->types[t].count > 0 &&
                     costmodel_type_costs(cm, t, &config, &prices[t], err) != 0)
