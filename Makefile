@@ -49,14 +49,16 @@ demo: build
 	  echo "# no GPU here: planned, estimated, and trained a toy plan on the CPU"; \
 	fi
 
-# Every test, built with AddressSanitizer and UndefinedBehaviorSanitizer;
-# then an optimised plain build (which also catches the warnings only
-# -O2 shows), whose planner end-to-end cases run under valgrind.
+# Every test, built with AddressSanitizer and UndefinedBehaviorSanitizer
+# (the CUDA backend is compiled too when nvcc is there; its GPU tests skip
+# without a GPU); then an optimised build without CUDA (valgrind cannot
+# follow the CUDA runtime), which also catches the warnings only -O2
+# shows, and whose planner end-to-end cases run under valgrind.
 test: deps
 	@[ -f $(TEST_BUILD)/build.ninja ] || \
 	  meson setup $(TEST_BUILD) -Dbuildtype=debug -Db_sanitize=address,undefined
 	@[ -f $(VALGRIND_BUILD)/build.ninja ] || \
-	  meson setup $(VALGRIND_BUILD) -Dbuildtype=debugoptimized
+	  meson setup $(VALGRIND_BUILD) -Dbuildtype=debugoptimized -Dcuda=disabled
 	ninja -C $(TEST_BUILD)
 	ninja -C $(VALGRIND_BUILD)
 	@status=0; meson test -C $(TEST_BUILD) --print-errorlogs \

@@ -3,6 +3,9 @@
  * and where they sit in its one parameter buffer, creation and release,
  * and the checked wrappers that dispatch to the backend.
  */
+#ifdef PARTITA_HAVE_CUDA
+#include "executor/cuda/cuda_backend.h"
+#endif
 #include "executor/executor.h"
 
 #include <stdio.h>
@@ -35,7 +38,12 @@ const stage_backend *backend_find(backend_kind kind, pt_error *err)
 {
     if (kind == BACKEND_CPU)
         return &cpu_stage_backend;
-    pt_fail(err, "the %s backend is not built yet (only cpu is)",
+#ifdef PARTITA_HAVE_CUDA
+    if (kind == BACKEND_CUDA)
+        return cuda_stage_backend();
+#endif
+    pt_fail(err, "the %s backend is not built in this binary (meson "
+                 "option cuda, needs nvcc)",
             backend_name(kind));
     return NULL;
 }

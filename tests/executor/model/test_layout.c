@@ -163,14 +163,23 @@ static void test_backends(void **state)
     assert_int_equal(backend_parse("tpu", &kind, &err), -1);
     assert_non_null(strstr(err.message, "tpu"));
     assert_non_null(backend_find(BACKEND_CPU, &err));
-    assert_null(backend_find(BACKEND_CUDA, &err));
-    assert_non_null(strstr(err.message, "not built"));
     model_shape shape = tiny_shape();
     stage_spec whole = stage_spec_whole_model(&shape);
     model_stage stage;
-    assert_int_equal(
-        model_stage_create(&stage, &shape, &whole, BACKEND_CUDA, 1, 1, &err),
-        -1);
+    /* The cuda backend exists when the build found nvcc; either way a
+     * stage on it fails with a reason where no GPU can take it (CI). */
+    if (backend_find(BACKEND_CUDA, &err) == NULL) {
+        assert_non_null(strstr(err.message, "not built"));
+        assert_int_equal(model_stage_create(&stage, &shape, &whole,
+                                            BACKEND_CUDA, 1, 1, &err),
+                         -1);
+    } else if (model_stage_create(&stage, &shape, &whole, BACKEND_CUDA, 1, 1,
+                                  &err) == 0) {
+        model_stage_destroy(&stage);
+    } else {
+        assert_true(strlen(err.message) > 0);
+        print_message("cuda stage refused: %s\n", err.message);
+    }
     assert_int_equal(
         model_stage_create(&stage, &shape, &whole, BACKEND_CPU, 0, 1, &err),
         -1);

@@ -1,0 +1,204 @@
+/*
+ * Training throughput of the executor's cuda backend on one GPU: a whole
+ * GPT model as one stage, synthetic tokens, warm-up steps, then timed
+ * steps. Each step is what train_step does (zero grads, forward,
+ * backward, global-norm clipping, AdamW), written out so that the time of
+ * each phase can be printed. torch_gpt.py runs the same model and step in
+ * PyTorch; run.sh puts the two side by side.
+ *
+ * Usage: exec_bench MODEL.json MBS [WARMUP_STEPS [TIMED_STEPS]]
+ * Prints a table and one machine-readable line:
+ *   RESULT impl=partita model=... mbs=... tokens_per_s=... step_ms=...
+ *          peak_gib=...
+ * Exit status: 0, 1 on failure, 77 when no GPU is visible.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "executor/cuda/cuda_backend.h"
+#include "executor/executor.h"
+
+/* GPT-2-like parameters, fast: uniform values of standard deviation 0.02
+ * for matrices and embeddings, norm weights 1, biases 0. (The library's
+ * model_stage_init_parameters draws true normals, a minute of host time
+ * for 1.5B parameters; the timing does not depend on the distribution,
+ * only on the values not being trivial.) */
+static int fast_init(model_stage *stage, pt_error *err)
+{
+    float *host = malloc((stage->param_count + 1) * sizeof *host);
+    if (host == NULL)
+        return pt_fail(err, "exec_bench: out of host memory");
+    uint64_t state = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < stage->tensor_count; i++) {
+        const param_tensor *t = &stage->tensors[i];
+        float *values = host + t->offset;
+        bool is_bias = strstr(t->name, "_bias") != NULL;
+        bool is_norm = strstr(t->name, "ln1_") != NULL ||
+                       strstr(t->name, "ln2_") != NULL ||
+                       strstr(t->name, "final_norm") != NULL;
+        for (size_t k = 0; k < t->count; k++) {
+            if (is_bias) {
+                values[k] = 0.0f;
+            } else if (is_norm) {
+                values[k] = 1.0f;
+            } else {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                /* uniform in [-sqrt(3), sqrt(3)) x 0.02 */
+                double u = (double)(state >> 11) * 0x1.0p-53;
+                values[k] = (float)((2.0 * u - 1.0) * 1.7320508 * 0.02);
+            }
+        }
+    }
+    float *zeros = calloc(stage->param_count + 1, sizeof *zeros);
+    int status = -1;
+    if (zeros == NULL)
+        pt_fail(err, "exec_bench: out of host memory");
+    else if (model_stage_write(stage, STAGE_PARAMS, host, err) == 0 &&
+             model_stage_write(stage, STAGE_ADAM_M, zeros, err) == 0 &&
+             model_stage_write(stage, STAGE_ADAM_V, zeros, err) == 0)
+        status = 0;
+    free(zeros);
+    free(host);
+    return status;
+}
+
+static double now_seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Seconds spent in each phase over the timed steps. */
+typedef struct phase_times {
+    double forward;
+    double backward;
+    double optimizer;     /* gradient norm + AdamW */
+    double step;
+} phase_times;
+
+static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
+                    float learning_rate, phase_times *times, float *loss,
+                    pt_error *err)
+{
+    double start = now_seconds();
+    stage_io io = {.mbs = mbs, .tokens = tokens, .loss_scale = 1.0f};
+    if (stage_zero_grads(stage, err) != 0 ||
+        stage_forward(stage, 0, &io, loss, err) != 0)
+        return -1;
+    double forward_end = now_seconds();
+    if (stage_backward(stage, 0, &io, err) != 0)
+        return -1;
+    double backward_end = now_seconds();
+    double square_sum = 0.0;
+    if (stage_grad_square_sum(stage, &square_sum, err) != 0)
+        return -1;
+    adamw_config config = adamw_defaults();
+    float scale = clip_coefficient(sqrt(square_sum), 1.0f);
+    if (stage_adamw_step(stage, &config, learning_rate, scale, err) != 0)
+        return -1;
+    double end = now_seconds();
+    times->forward += forward_end - start;
+    times->backward += backward_end - forward_end;
+    times->optimizer += end - backward_end;
+    times->step += end - start;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s MODEL.json MBS [WARMUP [STEPS]]\n",
+                argv[0]);
+        return 1;
+    }
+    if (cuda_device_count() == 0) {
+        printf("SKIP exec_bench: no CUDA device is visible\n");
+        return 77;
+    }
+    int mbs = atoi(argv[2]);
+    int warmup = argc > 3 ? atoi(argv[3]) : 5;
+    int steps = argc > 4 ? atoi(argv[4]) : 20;
+    pt_error err;
+    model_shape shape;
+    if (model_load_file(argv[1], &shape, &err) != 0) {
+        fprintf(stderr, "exec_bench: %s\n", err.message);
+        return 1;
+    }
+    struct cudaDeviceProp properties;
+    if (cudaGetDeviceProperties(&properties, 0) != cudaSuccess) {
+        fprintf(stderr, "exec_bench: cannot read the device properties\n");
+        return 1;
+    }
+    size_t free_before = 0, total = 0;
+    cudaMemGetInfo(&free_before, &total);
+    stage_spec spec = stage_spec_whole_model(&shape);
+    model_stage stage;
+    if (cuda_model_stage_create(&stage, &shape, &spec, mbs, 1, &err) != 0 ||
+        fast_init(&stage, &err) != 0) {
+        fprintf(stderr, "exec_bench: %s\n", err.message);
+        return 1;
+    }
+    size_t window = (size_t)shape.seq + 1;
+    uint32_t *tokens = malloc((size_t)mbs * window * sizeof *tokens);
+    if (tokens == NULL) {
+        fprintf(stderr, "exec_bench: out of host memory\n");
+        return 1;
+    }
+    uint64_t state = 0x853c49e6748fea9bull;
+    for (size_t i = 0; i < (size_t)mbs * window; i++) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        tokens[i] = (uint32_t)((state >> 33) % (uint64_t)shape.vocab);
+    }
+    phase_times warm = {0}, timed = {0};
+    float loss = 0.0f, first_loss = 0.0f;
+    for (int i = 0; i < warmup + steps; i++) {
+        phase_times *times = i < warmup ? &warm : &timed;
+        if (run_step(&stage, tokens, mbs, 1e-4f, times, &loss, &err) != 0) {
+            fprintf(stderr, "exec_bench: step %d: %s\n", i, err.message);
+            return 1;
+        }
+        if (i == 0)
+            first_loss = loss;
+    }
+    size_t free_after = 0;
+    cudaMemGetInfo(&free_after, &total);
+    double held = (double)cuda_stage_device_bytes(&stage) / (1 << 30);
+    double used = (double)(free_before - free_after) / (1 << 30);
+    double tokens_per_step = (double)mbs * shape.seq;
+    double step_s = timed.step / steps;
+    double params = model_parameter_count(&shape);
+    /* 6 N per token for the dense part, plus the causal attention
+     * products (Q K^T and P V, forward and backward: 6 x 2 x s x h / 2
+     * per layer per token) */
+    double flops_per_token =
+        6.0 * params + 6.0 * shape.layers * (double)shape.seq * shape.hidden;
+    printf("# exec_bench on %s: %s, mbs %d, seq %d, %d warm-up + %d timed "
+           "steps\n",
+           properties.name, shape.name, mbs, shape.seq, warmup, steps);
+    printf("# loss %.4f -> %.4f nats/token (synthetic tokens)\n", first_loss,
+           loss);
+    printf("# per step: forward %.2f ms, backward %.2f ms, norm + AdamW "
+           "%.2f ms, total %.2f ms\n",
+           1e3 * timed.forward / steps, 1e3 * timed.backward / steps,
+           1e3 * timed.optimizer / steps, 1e3 * step_s);
+    printf("# %.0f tokens/s, %.1f TFLOP/s (6N + attention), device memory: "
+           "%.2f GiB held by the stage, %.2f GiB in use by the process\n",
+           tokens_per_step / step_s,
+           flops_per_token * tokens_per_step / step_s / 1e12, held, used);
+    printf("RESULT impl=partita mode=cuda model=%s mbs=%d tokens_per_s=%.0f "
+           "step_ms=%.3f peak_gib=%.3f process_gib=%.3f\n",
+           shape.name, mbs, tokens_per_step / step_s, 1e3 * step_s, held,
+           used);
+    free(tokens);
+    model_stage_destroy(&stage);
+    return 0;
+}

@@ -1,0 +1,66 @@
+/*
+ * The cuda backend of the executor: a model stage on one NVIDIA GPU
+ * (Hopper, sm_90), bf16 matrix products on cuBLASLt with fp32 master
+ * weights, fp32 gradients and fp32 AdamW state. Private to the executor:
+ * backend_find hands it out for BACKEND_CUDA; the GPU tests and the
+ * benchmark use the helpers below. docs/cuda-backend.md describes it.
+ *
+ * Semantics are those of stage_backend (executor.h), with these
+ * specifics:
+ *   - the four float buffers of model_stage (params, grads, adam_m,
+ *     adam_v) and the activation pointers (stage_input_buffer,
+ *     stage_output, stage_input_grad, stage_io.input / output_grad) are
+ *     device memory of the GPU that was current when the stage was made;
+ *   - every call returns with its work finished (the stage's stream is
+ *     synchronised), so its outputs can go to NCCL on any stream;
+ *   - the model needs hidden and ffn_hidden divisible by 8 (16-byte rows
+ *     of bf16); head sizes 64 and 128 run on the fast attention kernels,
+ *     others on a slow fallback.
+ *
+ * Environment (read when a stage is allocated):
+ *   PARTITA_CUDA_RECOMPUTE  comma list of what the backward recomputes
+ *                           instead of keeping: "gelu" (the MLP's GELU
+ *                           output), "norm" (the layer-norm outputs),
+ *                           "all", "none". Default: gelu.
+ *   PARTITA_CUDA_FUSE       "0" turns off the cuBLASLt GELU and
+ *                           bias-gradient epilogues (separate kernels then
+ *                           do that work); for tests and measurements.
+ */
+#ifndef PARTITA_EXECUTOR_CUDA_BACKEND_H
+#define PARTITA_EXECUTOR_CUDA_BACKEND_H
+
+#include <stddef.h>
+
+#include "executor/executor.h"
+
+const stage_backend *cuda_stage_backend(void);
+
+/* Lays out and allocates a stage on the cuda backend directly (the same
+ * as model_stage_create with BACKEND_CUDA, without backend_find). Release
+ * with model_stage_destroy. */
+int cuda_model_stage_create(model_stage *out, const model_shape *shape,
+                            const stage_spec *spec, int mbs_capacity,
+                            int slot_count, pt_error *err);
+
+/* Device bytes the stage holds: parameters, gradients, AdamW state, the
+ * bf16 weight mirror, activations of every slot, backward scratch and the
+ * cuBLASLt workspace. */
+size_t cuda_stage_device_bytes(const model_stage *stage);
+
+/* Number of CUDA devices this process sees; 0 when there is no GPU or no
+ * usable driver (never fails). */
+int cuda_device_count(void);
+
+/* The current device, for run.json. */
+typedef struct cuda_device_info {
+    char name[256];   /* as cudaDeviceProp.name */
+    int multiprocessors;
+    double memory_bytes;
+    char driver_cuda_version[16];   /* highest CUDA the driver supports */
+    char runtime_cuda_version[16];  /* the CUDA runtime linked in */
+} cuda_device_info;
+
+/* Fills out for the current device; -1 when there is none. */
+int cuda_device_describe(cuda_device_info *out);
+
+#endif

@@ -1,0 +1,164 @@
+/*
+ * Device-side helpers shared by the kernel files of the cuda backend:
+ * bf16 conversions, 16-byte vectors, warp and block reductions. CUDA C++
+ * (nvcc needs it), kept C-like: no classes beyond plain structs.
+ */
+#ifndef PARTITA_EXECUTOR_CUDA_COMMON_CUH
+#define PARTITA_EXECUTOR_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "executor/cuda/cuda_ops.h"
+
+typedef __nv_bfloat16 bf16;
+typedef __nv_bfloat162 bf16x2;
+
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+
+/* Reinterprets the opaque pt_bf16 storage of the C side. */
+static __host__ __device__ inline bf16 *as_bf16(pt_bf16 *p)
+{
+    return reinterpret_cast<bf16 *>(p);
+}
+static __host__ __device__ inline const bf16 *as_bf16(const pt_bf16 *p)
+{
+    return reinterpret_cast<const bf16 *>(p);
+}
+
+/* Eight bf16 in one 16-byte load or store. */
+struct __align__(16) bf16x8 {
+    bf16x2 pair[4];
+};
+
+static __device__ inline void bf16x8_to_float(const bf16x8 &v, float *out)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f = __bfloat1622float2(v.pair[i]);
+        out[2 * i] = f.x;
+        out[2 * i + 1] = f.y;
+    }
+}
+
+static __device__ inline bf16x8 float_to_bf16x8(const float *in)
+{
+    bf16x8 v;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        v.pair[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+    return v;
+}
+
+/* Eight consecutive values in or out, 16 or 32 bytes at a time (the
+ * pointers must be 16-byte aligned). */
+static __device__ inline void load8(float *out, const bf16 *p)
+{
+    bf16x8_to_float(*reinterpret_cast<const bf16x8 *>(p), out);
+}
+
+static __device__ inline void load8(float *out, const float *p)
+{
+    *reinterpret_cast<float4 *>(out) = *reinterpret_cast<const float4 *>(p);
+    *reinterpret_cast<float4 *>(out + 4) =
+        *reinterpret_cast<const float4 *>(p + 4);
+}
+
+static __device__ inline void store8(float *p, const float *in)
+{
+    *reinterpret_cast<float4 *>(p) = *reinterpret_cast<const float4 *>(in);
+    *reinterpret_cast<float4 *>(p + 4) =
+        *reinterpret_cast<const float4 *>(in + 4);
+}
+
+static __device__ inline void store8(bf16 *p, const float *in)
+{
+    *reinterpret_cast<bf16x8 *>(p) = float_to_bf16x8(in);
+}
+
+static __device__ inline float warp_sum(float value)
+{
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        value += __shfl_xor_sync(FULL_MASK, value, offset);
+    return value;
+}
+
+static __device__ inline double warp_sum_double(double value)
+{
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        value += __shfl_xor_sync(FULL_MASK, value, offset);
+    return value;
+}
+
+static __device__ inline float warp_max(float value)
+{
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        value = fmaxf(value, __shfl_xor_sync(FULL_MASK, value, offset));
+    return value;
+}
+
+/* Sum over the whole block (blockDim.x a multiple of 32, at most 1024);
+ * every thread gets the result. `shared` holds 32 floats. */
+static __device__ inline float block_sum(float value, float *shared)
+{
+    int lane = threadIdx.x % WARP_SIZE;
+    int warp = threadIdx.x / WARP_SIZE;
+    int warps = blockDim.x / WARP_SIZE;
+    value = warp_sum(value);
+    __syncthreads(); /* `shared` may still be read by a previous call */
+    if (lane == 0)
+        shared[warp] = value;
+    __syncthreads();
+    value = lane < warps ? shared[lane] : 0.0f;
+    return warp_sum(value);
+}
+
+static __device__ inline float block_max(float value, float *shared)
+{
+    int lane = threadIdx.x % WARP_SIZE;
+    int warp = threadIdx.x / WARP_SIZE;
+    int warps = blockDim.x / WARP_SIZE;
+    value = warp_max(value);
+    __syncthreads();
+    if (lane == 0)
+        shared[warp] = value;
+    __syncthreads();
+    value = lane < warps ? shared[lane] : -INFINITY;
+    return warp_max(value);
+}
+
+static inline unsigned int blocks_for(size_t count, unsigned int per_block)
+{
+    return (unsigned int)((count + per_block - 1) / per_block);
+}
+
+static inline bool aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+/* GELU with the tanh approximation (GPT-2's), and its derivative. */
+#define GELU_SCALE_F 0.7978845608028654f
+#define GELU_CUBIC_F 0.044715f
+
+static __device__ inline float gelu_value(float x)
+{
+    float inner = GELU_SCALE_F * (x + GELU_CUBIC_F * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+static __device__ inline float gelu_derivative(float x)
+{
+    float inner = GELU_SCALE_F * (x + GELU_CUBIC_F * x * x * x);
+    float tanh_inner = tanhf(inner);
+    float d_inner = GELU_SCALE_F * (1.0f + 3.0f * GELU_CUBIC_F * x * x);
+    float sech_squared = 1.0f - tanh_inner * tanh_inner;
+    return 0.5f * (1.0f + tanh_inner) + 0.5f * x * sech_squared * d_inner;
+}
+
+#endif

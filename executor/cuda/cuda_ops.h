@@ -1,0 +1,220 @@
+/*
+ * The kernels of the cuda backend, as C launchers. Private to the
+ * executor's cuda folder and its GPU tests (tests/executor/gpu), which
+ * hold each of them against the cpu reference op of executor.h.
+ *
+ * Conventions (the same as the cpu ops): B sequences, T positions, C
+ * channels, N = B x T rows, NH heads, V vocabulary; row-major. Tensors
+ * named *_bf16 hold bfloat16 bit patterns (pt_bf16); the rest are fp32.
+ * All pointers are device memory except where a comment says host. Every
+ * launcher enqueues on `stream` and returns cudaSuccess or the launch
+ * error (cudaGetLastError); none synchronises.
+ *
+ * The cuda backend keeps the residual stream and every gradient that is
+ * accumulated in fp32; the inputs of the matrix products (activations and
+ * a bf16 mirror of the weights) are bf16.
+ */
+#ifndef PARTITA_EXECUTOR_CUDA_OPS_H
+#define PARTITA_EXECUTOR_CUDA_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A bfloat16 value as its 16 bits (the top half of an fp32). */
+typedef uint16_t pt_bf16;
+
+/* Host-side conversions, round to nearest even (tests and set-up). */
+pt_bf16 pt_float_to_bf16(float value);
+float pt_bf16_to_float(pt_bf16 value);
+
+/* ------------------------------------------------------------ elementwise */
+
+/* out_bf16[i] = bf16(in[i]). */
+cudaError_t cuda_convert_to_bf16(pt_bf16 *out_bf16, const float *in,
+                                 size_t count, cudaStream_t stream);
+/* dst[i] += src[i] (fp32). */
+cudaError_t cuda_add_inplace(float *dst, const float *src, size_t count,
+                             cudaStream_t stream);
+/* GELU (tanh approximation) of a bf16 tensor: out = gelu(in). */
+cudaError_t cuda_gelu_forward(pt_bf16 *out_bf16, const pt_bf16 *in_bf16,
+                              size_t count, cudaStream_t stream);
+/* d_in = gelu'(in) x d_out, all bf16 (WRITES, unlike the cpu op: the
+ * backend never needs to add here). */
+cudaError_t cuda_gelu_backward(pt_bf16 *d_in_bf16, const pt_bf16 *d_out_bf16,
+                               const pt_bf16 *in_bf16, size_t count,
+                               cudaStream_t stream);
+
+/* -------------------------------------------------------------- embedding */
+
+/* out[b,t,:] = token_embedding[tokens[b,t],:] + position_embedding[t,:]
+ * (fp32 out, fp32 tables; tokens device memory). */
+cudaError_t cuda_embedding_forward(float *out, const uint32_t *tokens,
+                                   const float *token_embedding,
+                                   const float *position_embedding, int B,
+                                   int T, int C, cudaStream_t stream);
+
+/*
+ * The token-embedding gradient without atomics: rows that share a token
+ * are summed in a fixed order, so results do not change between runs.
+ * The host groups the N rows by token (embedding_plan_build) and the
+ * device reads that plan.
+ */
+typedef struct embedding_plan {
+    int unique_tokens;       /* distinct tokens among the N rows */
+    /* host arrays, N + 1 and N entries: group g holds rows
+     * rows[starts[g] .. starts[g+1]) and its token is tokens[g] */
+    int *starts;
+    int *rows;
+    uint32_t *tokens;
+} embedding_plan;
+
+/* Groups the N = B x T input tokens (host) by value. counts: V ints of
+ * host scratch. plan arrays must have room for N + 1 / N entries. */
+void embedding_plan_build(embedding_plan *plan, const uint32_t *tokens,
+                          int N, int V, int *counts);
+
+/* d_token_embedding[token] += sum of its rows of d_out; d_position[t] +=
+ * sum over b of d_out[b,t,:]. plan arrays (device copies): starts (N+1),
+ * rows (N), tokens (N); unique_tokens groups. Either gradient may be
+ * NULL. */
+cudaError_t cuda_embedding_backward(float *d_token_embedding,
+                                    float *d_position_embedding,
+                                    const float *d_out, const int *starts,
+                                    const int *rows,
+                                    const uint32_t *group_tokens,
+                                    int unique_tokens, int B, int T, int C,
+                                    cudaStream_t stream);
+
+/* ------------------------------------------------------------- layer norm */
+
+/* out_bf16 = layernorm(inp) (eps 1e-5) with fp32 weight and bias; mean and
+ * rstd (N each, fp32) are kept for the backward. Either may be NULL when
+ * the caller recomputes nothing later. */
+cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
+                                   float *rstd, const float *inp,
+                                   const float *weight, const float *bias,
+                                   int N, int C, cudaStream_t stream);
+
+/*
+ * Layer-norm backward fused with the residual branch point:
+ *   d_inp = d_residual + rstd (g - mean(g) - xhat mean(g xhat)),
+ *   g = d_out x weight,
+ * written to d_inp (fp32) and, when d_inp_bf16 is not NULL, to a bf16
+ * copy for the matrix products that follow. d_residual may be NULL (then
+ * taken as 0) and may equal d_inp. d_weight and d_bias (fp32, C) are
+ * ADDED to. scratch: cuda_layernorm_backward_scratch(N, C) floats.
+ */
+size_t cuda_layernorm_backward_scratch(int N, int C);
+cudaError_t cuda_layernorm_backward(float *d_inp, pt_bf16 *d_inp_bf16,
+                                    float *d_weight, float *d_bias,
+                                    const float *d_residual,
+                                    const pt_bf16 *d_out_bf16,
+                                    const float *inp, const float *weight,
+                                    const float *mean, const float *rstd,
+                                    float *scratch, int N, int C,
+                                    cudaStream_t stream);
+
+/* ------------------------------------------------------------ bias grads */
+
+/* d_bias[j] += sum over the N rows of d_out_bf16[n, j] (OC columns), with
+ * a fixed summation order. scratch: cuda_bias_grad_scratch(N, OC)
+ * floats. */
+size_t cuda_bias_grad_scratch(int N, int OC);
+cudaError_t cuda_bias_grad(float *d_bias, const pt_bf16 *d_out_bf16,
+                           float *scratch, int N, int OC,
+                           cudaStream_t stream);
+
+/* -------------------------------------------------------------- attention */
+
+/*
+ * Causal multi-head attention, flash-attention style: the T x T scores
+ * never reach device memory. qkv_bf16: B x T x 3C (query, key, value of a
+ * position side by side, head h at channels [h D, (h+1) D), D = C / NH).
+ * out_bf16: B x T x C. lse: B x NH x T floats, the log-sum-exp of each
+ * query's scores (base 2, of the scaled scores), kept for the backward.
+ * Head sizes 64 and 128 run on the tensor cores (mma.sync); others take
+ * a plain fallback that is correct but slow.
+ */
+cudaError_t cuda_attention_forward(pt_bf16 *out_bf16, float *lse,
+                                   const pt_bf16 *qkv_bf16, int B, int T,
+                                   int C, int NH, cudaStream_t stream);
+/* WRITES d_qkv_bf16 (B x T x 3C). scratch: cuda_attention_backward_scratch
+ * floats (B x NH x T). */
+size_t cuda_attention_backward_scratch(int B, int T, int NH);
+cudaError_t cuda_attention_backward(pt_bf16 *d_qkv_bf16,
+                                    const pt_bf16 *d_out_bf16,
+                                    const pt_bf16 *qkv_bf16,
+                                    const pt_bf16 *out_bf16, const float *lse,
+                                    float *scratch, int B, int T, int C,
+                                    int NH, cudaStream_t stream);
+
+/* ------------------------------------------------------------- classifier */
+
+/*
+ * Softmax + cross-entropy of N rows of logits (bf16, V valid columns,
+ * row stride ld >= V), fused with the start of the backward: each row's
+ * loss goes to losses[n] (fp32) and the row is overwritten IN PLACE with
+ * softmax - onehot(target), unscaled (the backward scales it by
+ * loss_scale / N inside the matrix products); columns V..ld are set to
+ * zero. targets: device, N ids.
+ */
+cudaError_t cuda_classifier_forward(pt_bf16 *logits_bf16, float *losses,
+                                    const uint32_t *targets, int N, int V,
+                                    int ld, cudaStream_t stream);
+/* out[0] = sum of values[0..count) / count, summed in double (device). */
+cudaError_t cuda_mean(double *out, const float *values, int count,
+                      cudaStream_t stream);
+
+/* -------------------------------------------------------------- optimizer */
+
+/*
+ * A piece of one tensor for the optimizer kernels: `count` (<= the chunk
+ * size) floats at fp32 offset `offset` of the parameter buffers and at
+ * `mirror_offset` of the bf16 weight mirror; `decay` when AdamW decays it.
+ */
+typedef struct param_chunk {
+    uint64_t offset;
+    uint64_t mirror_offset;
+    uint32_t count;
+    uint32_t decay;
+} param_chunk;
+
+/* Elements per param_chunk. */
+#define PARAM_CHUNK_ELEMENTS 16384
+
+/* AdamW over every chunk (see cpu_adamw_update), then the bf16 mirror of
+ * the updated parameters. first_correction / second_correction:
+ * 1 - beta^step. */
+typedef struct adamw_args {
+    float learning_rate;
+    float beta1, beta2, eps, weight_decay;
+    float grad_scale;
+    float first_correction, second_correction;
+} adamw_args;
+
+cudaError_t cuda_adamw(float *params, const float *grads, float *adam_m,
+                       float *adam_v, pt_bf16 *mirror_bf16,
+                       const param_chunk *chunks, int chunk_count,
+                       const adamw_args *args, cudaStream_t stream);
+/* The bf16 mirror of params, chunk by chunk (after a host write). */
+cudaError_t cuda_refresh_mirror(pt_bf16 *mirror_bf16, const float *params,
+                                const param_chunk *chunks, int chunk_count,
+                                cudaStream_t stream);
+/* out[0] = sum of values[i]^2 (double, device). scratch:
+ * cuda_square_sum_scratch() doubles. */
+size_t cuda_square_sum_scratch(void);
+cudaError_t cuda_square_sum(double *out, const float *values, size_t count,
+                            double *scratch, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

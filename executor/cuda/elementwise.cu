@@ -1,0 +1,150 @@
+/*
+ * Element-wise kernels of the cuda backend: fp32 -> bf16 conversion,
+ * in-place addition, and the GELU pair used when the matrix products
+ * cannot fuse it (or the backward recomputes it). All memory-bound: eight
+ * elements per thread through 16-byte accesses where the pointers allow.
+ */
+#include <string.h>
+
+#include "executor/cuda/cuda_common.cuh"
+
+extern "C" pt_bf16 pt_float_to_bf16(float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0)
+        return (pt_bf16)((bits >> 16) | 0x0040u); /* keep NaN a NaN */
+    uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+    return (pt_bf16)((bits + rounding) >> 16);
+}
+
+extern "C" float pt_bf16_to_float(pt_bf16 value)
+{
+    uint32_t bits = (uint32_t)value << 16;
+    float result;
+    memcpy(&result, &bits, sizeof result);
+    return result;
+}
+
+#define ELEMENTWISE_THREADS 256
+
+/* Each thread handles 8 consecutive elements; `vector` says every
+ * pointer is 16-byte aligned so the 8 move in one access. */
+__global__ void convert_to_bf16_kernel(bf16 *out, const float *in,
+                                       size_t count, bool vector)
+{
+    size_t start = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (start >= count)
+        return;
+    if (vector && start + 8 <= count) {
+        float4 a = reinterpret_cast<const float4 *>(in + start)[0];
+        float4 b = reinterpret_cast<const float4 *>(in + start)[1];
+        float values[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        *reinterpret_cast<bf16x8 *>(out + start) = float_to_bf16x8(values);
+        return;
+    }
+    for (size_t i = start; i < count && i < start + 8; i++)
+        out[i] = __float2bfloat16_rn(in[i]);
+}
+
+extern "C" cudaError_t cuda_convert_to_bf16(pt_bf16 *out_bf16,
+                                            const float *in, size_t count,
+                                            cudaStream_t stream)
+{
+    if (count == 0)
+        return cudaSuccess;
+    bool vector = aligned16(out_bf16) && aligned16(in);
+    convert_to_bf16_kernel<<<blocks_for(count, ELEMENTWISE_THREADS * 8),
+                             ELEMENTWISE_THREADS, 0, stream>>>(
+        as_bf16(out_bf16), in, count, vector);
+    return cudaGetLastError();
+}
+
+__global__ void add_inplace_kernel(float *dst, const float *src,
+                                   size_t count)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count)
+        dst[i] += src[i];
+}
+
+extern "C" cudaError_t cuda_add_inplace(float *dst, const float *src,
+                                        size_t count, cudaStream_t stream)
+{
+    if (count == 0)
+        return cudaSuccess;
+    add_inplace_kernel<<<blocks_for(count, ELEMENTWISE_THREADS),
+                         ELEMENTWISE_THREADS, 0, stream>>>(dst, src, count);
+    return cudaGetLastError();
+}
+
+__global__ void gelu_forward_kernel(bf16 *out, const bf16 *in, size_t count,
+                                    bool vector)
+{
+    size_t start = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (start >= count)
+        return;
+    if (vector && start + 8 <= count) {
+        float x[8];
+        bf16x8_to_float(*reinterpret_cast<const bf16x8 *>(in + start), x);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            x[i] = gelu_value(x[i]);
+        *reinterpret_cast<bf16x8 *>(out + start) = float_to_bf16x8(x);
+        return;
+    }
+    for (size_t i = start; i < count && i < start + 8; i++)
+        out[i] = __float2bfloat16_rn(gelu_value(__bfloat162float(in[i])));
+}
+
+extern "C" cudaError_t cuda_gelu_forward(pt_bf16 *out_bf16,
+                                         const pt_bf16 *in_bf16, size_t count,
+                                         cudaStream_t stream)
+{
+    if (count == 0)
+        return cudaSuccess;
+    bool vector = aligned16(out_bf16) && aligned16(in_bf16);
+    gelu_forward_kernel<<<blocks_for(count, ELEMENTWISE_THREADS * 8),
+                          ELEMENTWISE_THREADS, 0, stream>>>(
+        as_bf16(out_bf16), as_bf16(in_bf16), count, vector);
+    return cudaGetLastError();
+}
+
+__global__ void gelu_backward_kernel(bf16 *d_in, const bf16 *d_out,
+                                     const bf16 *in, size_t count,
+                                     bool vector)
+{
+    size_t start = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (start >= count)
+        return;
+    if (vector && start + 8 <= count) {
+        float x[8], dy[8];
+        bf16x8_to_float(*reinterpret_cast<const bf16x8 *>(in + start), x);
+        bf16x8_to_float(*reinterpret_cast<const bf16x8 *>(d_out + start),
+                        dy);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            x[i] = gelu_derivative(x[i]) * dy[i];
+        *reinterpret_cast<bf16x8 *>(d_in + start) = float_to_bf16x8(x);
+        return;
+    }
+    for (size_t i = start; i < count && i < start + 8; i++)
+        d_in[i] = __float2bfloat16_rn(gelu_derivative(__bfloat162float(in[i])) *
+                                      __bfloat162float(d_out[i]));
+}
+
+extern "C" cudaError_t cuda_gelu_backward(pt_bf16 *d_in_bf16,
+                                          const pt_bf16 *d_out_bf16,
+                                          const pt_bf16 *in_bf16,
+                                          size_t count, cudaStream_t stream)
+{
+    if (count == 0)
+        return cudaSuccess;
+    bool vector = aligned16(d_in_bf16) && aligned16(d_out_bf16) &&
+                  aligned16(in_bf16);
+    gelu_backward_kernel<<<blocks_for(count, ELEMENTWISE_THREADS * 8),
+                           ELEMENTWISE_THREADS, 0, stream>>>(
+        as_bf16(d_in_bf16), as_bf16(d_out_bf16), as_bf16(in_bf16), count,
+        vector);
+    return cudaGetLastError();
+}

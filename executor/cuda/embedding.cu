@@ -1,0 +1,140 @@
+/*
+ * Token + position embedding, forward and backward. The forward reads the
+ * fp32 master tables (it is a gather, a few MB at most). The backward of
+ * the token table sums the rows that share a token in a fixed order
+ * (grouped on the host by embedding_plan_build), so gradients come out the
+ * same on every run, which atomics would not give.
+ */
+#include <string.h>
+
+#include "executor/cuda/cuda_common.cuh"
+
+__global__ void embedding_forward_kernel(float *out, const uint32_t *tokens,
+                                         const float *token_embedding,
+                                         const float *position_embedding,
+                                         int N, int T, int C)
+{
+    int quads = C / 4;
+    size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)N * quads)
+        return;
+    int row = (int)(index / quads);
+    int quad = (int)(index % quads);
+    int t = row % T;
+    const float4 *token_row = reinterpret_cast<const float4 *>(
+        token_embedding + (size_t)tokens[row] * C);
+    const float4 *position_row =
+        reinterpret_cast<const float4 *>(position_embedding + (size_t)t * C);
+    float4 a = token_row[quad];
+    float4 b = position_row[quad];
+    reinterpret_cast<float4 *>(out + (size_t)row * C)[quad] =
+        make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+__global__ void embedding_forward_scalar_kernel(
+    float *out, const uint32_t *tokens, const float *token_embedding,
+    const float *position_embedding, int N, int T, int C)
+{
+    size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)N * C)
+        return;
+    int row = (int)(index / C);
+    int c = (int)(index % C);
+    out[index] = token_embedding[(size_t)tokens[row] * C + c] +
+                 position_embedding[(size_t)(row % T) * C + c];
+}
+
+extern "C" cudaError_t cuda_embedding_forward(
+    float *out, const uint32_t *tokens, const float *token_embedding,
+    const float *position_embedding, int B, int T, int C,
+    cudaStream_t stream)
+{
+    int N = B * T;
+    if (C % 4 == 0 && aligned16(out) && aligned16(token_embedding) &&
+        aligned16(position_embedding)) {
+        size_t work = (size_t)N * (C / 4);
+        embedding_forward_kernel<<<blocks_for(work, 256), 256, 0, stream>>>(
+            out, tokens, token_embedding, position_embedding, N, T, C);
+    } else {
+        size_t work = (size_t)N * C;
+        embedding_forward_scalar_kernel<<<blocks_for(work, 256), 256, 0,
+                                          stream>>>(
+            out, tokens, token_embedding, position_embedding, N, T, C);
+    }
+    return cudaGetLastError();
+}
+
+/* Counting sort of the rows by token: rows of one token stay in row
+ * order, so the sums below have a fixed order. */
+extern "C" void embedding_plan_build(embedding_plan *plan,
+                                     const uint32_t *tokens, int N, int V,
+                                     int *counts)
+{
+    memset(counts, 0, (size_t)V * sizeof *counts);
+    for (int n = 0; n < N; n++)
+        counts[tokens[n]]++;
+    int groups = 0;
+    int offset = 0;
+    for (int v = 0; v < V; v++) {
+        if (counts[v] == 0)
+            continue;
+        plan->starts[groups] = offset;
+        plan->tokens[groups] = (uint32_t)v;
+        int rows = counts[v];
+        counts[v] = offset; /* from now on: next free place of token v */
+        offset += rows;
+        groups++;
+    }
+    plan->starts[groups] = offset;
+    plan->unique_tokens = groups;
+    /* counts[] of unused tokens is 0 and never read below */
+    for (int n = 0; n < N; n++)
+        plan->rows[counts[tokens[n]]++] = n;
+}
+
+/* One block per token group (blockIdx.x) and column range (blockIdx.y). */
+__global__ void embedding_backward_token_kernel(
+    float *d_token_embedding, const float *d_out, const int *starts,
+    const int *rows, const uint32_t *group_tokens, int C)
+{
+    int group = blockIdx.x;
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float sum = 0.0f;
+    for (int i = starts[group]; i < starts[group + 1]; i++)
+        sum += d_out[(size_t)rows[i] * C + c];
+    d_token_embedding[(size_t)group_tokens[group] * C + c] += sum;
+}
+
+__global__ void embedding_backward_position_kernel(
+    float *d_position_embedding, const float *d_out, int B, int T, int C)
+{
+    size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)T * C)
+        return;
+    float sum = 0.0f;
+    for (int b = 0; b < B; b++)
+        sum += d_out[(size_t)b * T * C + index];
+    d_position_embedding[index] += sum;
+}
+
+extern "C" cudaError_t cuda_embedding_backward(
+    float *d_token_embedding, float *d_position_embedding, const float *d_out,
+    const int *starts, const int *rows, const uint32_t *group_tokens,
+    int unique_tokens, int B, int T, int C, cudaStream_t stream)
+{
+    const int threads = 256;
+    if (d_token_embedding != NULL && unique_tokens > 0) {
+        dim3 grid((unsigned)unique_tokens, blocks_for((size_t)C, threads));
+        embedding_backward_token_kernel<<<grid, threads, 0, stream>>>(
+            d_token_embedding, d_out, starts, rows, group_tokens, C);
+    }
+    if (d_position_embedding != NULL) {
+        size_t work = (size_t)T * C;
+        embedding_backward_position_kernel<<<blocks_for(work, threads),
+                                             threads, 0, stream>>>(
+            d_position_embedding, d_out, B, T, C);
+    }
+    return cudaGetLastError();
+}

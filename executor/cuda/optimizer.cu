@@ -1,0 +1,99 @@
+/*
+ * AdamW over the stage's fp32 buffers, fused with the refresh of the bf16
+ * weight mirror the matrix products read: one pass reads parameter,
+ * gradient and both moments and writes parameter, moments and the bf16
+ * copy (26 bytes per parameter, the least a separate-kernel design could
+ * also do in its first pass alone). Work comes as chunks of one tensor
+ * each (param_chunk), so the decay flag and the mirror's offset are per
+ * block.
+ */
+#include "executor/cuda/cuda_common.cuh"
+
+#define OPTIMIZER_THREADS 256
+
+static __device__ inline float adamw_update(float p, float g, float *m,
+                                            float *v, const adamw_args &a,
+                                            float decay)
+{
+    g *= a.grad_scale;
+    *m = a.beta1 * *m + (1.0f - a.beta1) * g;
+    *v = a.beta2 * *v + (1.0f - a.beta2) * g * g;
+    float m_hat = *m / a.first_correction;
+    float v_hat = *v / a.second_correction;
+    return p - a.learning_rate * (m_hat / (sqrtf(v_hat) + a.eps) + decay * p);
+}
+
+__global__ void __launch_bounds__(OPTIMIZER_THREADS)
+adamw_kernel(float *params, const float *grads, float *adam_m, float *adam_v,
+             bf16 *mirror, const param_chunk *chunks, adamw_args args)
+{
+    param_chunk chunk = chunks[blockIdx.x];
+    float decay = chunk.decay ? args.weight_decay : 0.0f;
+    float *p = params + chunk.offset;
+    const float *g = grads + chunk.offset;
+    float *m = adam_m + chunk.offset;
+    float *v = adam_v + chunk.offset;
+    bf16 *w = mirror + chunk.mirror_offset;
+    bool vector = chunk.offset % 4 == 0 && chunk.mirror_offset % 4 == 0;
+    int quads = vector ? (int)chunk.count / 4 : 0;
+    /* unrolled so that several iterations' loads are in flight */
+#pragma unroll 4
+    for (int q = threadIdx.x; q < quads; q += blockDim.x) {
+        float4 p4 = reinterpret_cast<float4 *>(p)[q];
+        float4 g4 = reinterpret_cast<const float4 *>(g)[q];
+        float4 m4 = reinterpret_cast<float4 *>(m)[q];
+        float4 v4 = reinterpret_cast<float4 *>(v)[q];
+        p4.x = adamw_update(p4.x, g4.x, &m4.x, &v4.x, args, decay);
+        p4.y = adamw_update(p4.y, g4.y, &m4.y, &v4.y, args, decay);
+        p4.z = adamw_update(p4.z, g4.z, &m4.z, &v4.z, args, decay);
+        p4.w = adamw_update(p4.w, g4.w, &m4.w, &v4.w, args, decay);
+        reinterpret_cast<float4 *>(p)[q] = p4;
+        reinterpret_cast<float4 *>(m)[q] = m4;
+        reinterpret_cast<float4 *>(v)[q] = v4;
+        bf16x2 low = __floats2bfloat162_rn(p4.x, p4.y);
+        bf16x2 high = __floats2bfloat162_rn(p4.z, p4.w);
+        reinterpret_cast<bf16x2 *>(w)[2 * q] = low;
+        reinterpret_cast<bf16x2 *>(w)[2 * q + 1] = high;
+    }
+    for (int i = quads * 4 + threadIdx.x; i < (int)chunk.count;
+         i += blockDim.x) {
+        p[i] = adamw_update(p[i], g[i], &m[i], &v[i], args, decay);
+        w[i] = __float2bfloat16_rn(p[i]);
+    }
+}
+
+extern "C" cudaError_t cuda_adamw(float *params, const float *grads,
+                                  float *adam_m, float *adam_v,
+                                  pt_bf16 *mirror_bf16,
+                                  const param_chunk *chunks, int chunk_count,
+                                  const adamw_args *args, cudaStream_t stream)
+{
+    if (chunk_count == 0)
+        return cudaSuccess;
+    adamw_kernel<<<chunk_count, OPTIMIZER_THREADS, 0, stream>>>(
+        params, grads, adam_m, adam_v, as_bf16(mirror_bf16), chunks, *args);
+    return cudaGetLastError();
+}
+
+__global__ void refresh_mirror_kernel(bf16 *mirror, const float *params,
+                                      const param_chunk *chunks)
+{
+    param_chunk chunk = chunks[blockIdx.x];
+    const float *p = params + chunk.offset;
+    bf16 *w = mirror + chunk.mirror_offset;
+    for (int i = threadIdx.x; i < (int)chunk.count; i += blockDim.x)
+        w[i] = __float2bfloat16_rn(p[i]);
+}
+
+extern "C" cudaError_t cuda_refresh_mirror(pt_bf16 *mirror_bf16,
+                                           const float *params,
+                                           const param_chunk *chunks,
+                                           int chunk_count,
+                                           cudaStream_t stream)
+{
+    if (chunk_count == 0)
+        return cudaSuccess;
+    refresh_mirror_kernel<<<chunk_count, OPTIMIZER_THREADS, 0, stream>>>(
+        as_bf16(mirror_bf16), params, chunks);
+    return cudaGetLastError();
+}

@@ -1,0 +1,183 @@
+/*
+ * Reductions with a fixed summation order (results do not change between
+ * runs): bias gradients (column sums of a bf16 matrix), the sum of
+ * squares of the gradients (for the global norm) and the mean loss.
+ */
+#include "executor/cuda/cuda_common.cuh"
+
+/* Bias gradient: a block covers BIAS_COLUMNS columns (32 threads across,
+ * VECTOR columns each) and BIAS_ROWS rows (8 threads down, each summing
+ * every 8th row); the 8 partial sums are then added in order. */
+#define BIAS_ROWS 256
+#define BIAS_LANES_DOWN 8
+
+template <int VECTOR>
+__global__ void bias_grad_partial_kernel(float *partials, const bf16 *d_out,
+                                         int N, int OC)
+{
+    __shared__ float sums[BIAS_LANES_DOWN][WARP_SIZE * VECTOR];
+    int column = (blockIdx.x * WARP_SIZE + threadIdx.x) * VECTOR;
+    int first_row = blockIdx.y * BIAS_ROWS;
+    int last_row = min(first_row + BIAS_ROWS, N);
+    float acc[VECTOR];
+#pragma unroll
+    for (int i = 0; i < VECTOR; i++)
+        acc[i] = 0.0f;
+    if (column < OC) {
+        for (int row = first_row + threadIdx.y; row < last_row;
+             row += BIAS_LANES_DOWN) {
+            const bf16 *p = d_out + (size_t)row * OC + column;
+            if (VECTOR == 8) {
+                float values[8];
+                bf16x8_to_float(*reinterpret_cast<const bf16x8 *>(p), values);
+#pragma unroll
+                for (int i = 0; i < VECTOR; i++)
+                    acc[i] += values[i];
+            } else {
+                acc[0] += __bfloat162float(p[0]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < VECTOR; i++)
+        sums[threadIdx.y][threadIdx.x * VECTOR + i] = acc[i];
+    __syncthreads();
+    if (threadIdx.y != 0 || column >= OC)
+        return;
+#pragma unroll
+    for (int i = 0; i < VECTOR; i++) {
+        float total = 0.0f;
+        for (int y = 0; y < BIAS_LANES_DOWN; y++)
+            total += sums[y][threadIdx.x * VECTOR + i];
+        partials[(size_t)blockIdx.y * OC + column + i] = total;
+    }
+}
+
+__global__ void bias_grad_finish_kernel(float *d_bias, const float *partials,
+                                        int chunks, int OC)
+{
+    int column = blockIdx.x * blockDim.x + threadIdx.x;
+    if (column >= OC)
+        return;
+    float total = 0.0f;
+    for (int chunk = 0; chunk < chunks; chunk++)
+        total += partials[(size_t)chunk * OC + column];
+    d_bias[column] += total;
+}
+
+extern "C" size_t cuda_bias_grad_scratch(int N, int OC)
+{
+    size_t chunks = ((size_t)N + BIAS_ROWS - 1) / BIAS_ROWS;
+    return chunks * (size_t)OC;
+}
+
+extern "C" cudaError_t cuda_bias_grad(float *d_bias, const pt_bf16 *d_out_bf16,
+                                      float *scratch, int N, int OC,
+                                      cudaStream_t stream)
+{
+    int chunks = (int)blocks_for((size_t)N, BIAS_ROWS);
+    dim3 threads(WARP_SIZE, BIAS_LANES_DOWN);
+    if (OC % 8 == 0 && aligned16(d_out_bf16)) {
+        dim3 grid(blocks_for((size_t)OC, WARP_SIZE * 8), (unsigned)chunks);
+        bias_grad_partial_kernel<8><<<grid, threads, 0, stream>>>(
+            scratch, as_bf16(d_out_bf16), N, OC);
+    } else {
+        dim3 grid(blocks_for((size_t)OC, WARP_SIZE), (unsigned)chunks);
+        bias_grad_partial_kernel<1><<<grid, threads, 0, stream>>>(
+            scratch, as_bf16(d_out_bf16), N, OC);
+    }
+    bias_grad_finish_kernel<<<blocks_for((size_t)OC, 256), 256, 0, stream>>>(
+        d_bias, scratch, chunks, OC);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------- sum of squares */
+
+#define SQUARE_BLOCKS 1024
+#define SQUARE_THREADS 256
+
+static __device__ double block_sum_double(double value)
+{
+    __shared__ double warp_sums[WARP_SIZE];
+    int lane = threadIdx.x % WARP_SIZE;
+    int warp = threadIdx.x / WARP_SIZE;
+    value = warp_sum_double(value);
+    if (lane == 0)
+        warp_sums[warp] = value;
+    __syncthreads();
+    int warps = blockDim.x / WARP_SIZE;
+    value = lane < warps ? warp_sums[lane] : 0.0;
+    return warp_sum_double(value);
+}
+
+__global__ void square_sum_partial_kernel(double *partials,
+                                          const float *values, size_t count,
+                                          bool vector)
+{
+    double sum = 0.0;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vector) {
+        size_t quads = count / 4;
+        const float4 *v4 = reinterpret_cast<const float4 *>(values);
+#pragma unroll 4
+        for (size_t i = first; i < quads; i += stride) {
+            float4 v = v4[i];
+            sum += (double)(v.x * v.x + v.y * v.y) +
+                   (double)(v.z * v.z + v.w * v.w);
+        }
+        for (size_t i = quads * 4 + first; i < count; i += stride)
+            sum += (double)values[i] * values[i];
+    } else {
+        for (size_t i = first; i < count; i += stride)
+            sum += (double)values[i] * values[i];
+    }
+    sum = block_sum_double(sum);
+    if (threadIdx.x == 0)
+        partials[blockIdx.x] = sum;
+}
+
+__global__ void sum_doubles_kernel(double *out, const double *values,
+                                   int count)
+{
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x)
+        sum += values[i];
+    sum = block_sum_double(sum);
+    if (threadIdx.x == 0)
+        out[0] = sum;
+}
+
+extern "C" size_t cuda_square_sum_scratch(void)
+{
+    return SQUARE_BLOCKS;
+}
+
+extern "C" cudaError_t cuda_square_sum(double *out, const float *values,
+                                       size_t count, double *scratch,
+                                       cudaStream_t stream)
+{
+    square_sum_partial_kernel<<<SQUARE_BLOCKS, SQUARE_THREADS, 0, stream>>>(
+        scratch, values, count, aligned16(values));
+    sum_doubles_kernel<<<1, 1024, 0, stream>>>(out, scratch, SQUARE_BLOCKS);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------------ mean */
+
+__global__ void mean_kernel(double *out, const float *values, int count)
+{
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x)
+        sum += values[i];
+    sum = block_sum_double(sum);
+    if (threadIdx.x == 0)
+        out[0] = sum / count;
+}
+
+extern "C" cudaError_t cuda_mean(double *out, const float *values, int count,
+                                 cudaStream_t stream)
+{
+    mean_kernel<<<1, 1024, 0, stream>>>(out, values, count);
+    return cudaGetLastError();
+}

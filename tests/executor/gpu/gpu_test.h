@@ -1,0 +1,218 @@
+/*
+ * Support for the GPU test programs of the cuda backend. These are plain
+ * C programs, not cmocka suites (the GPU machines have no cmocka): each
+ * check prints one PASS or FAIL line with its error and tolerance, and
+ * the program exits 0 when all passed, 1 when one failed, 77 (skip) when
+ * no GPU is visible.
+ *
+ * Errors are measured as the relative L2 error ||got - want|| / ||want||
+ * (the METHOD of the lent GPUs: fp32 lands far under 1e-3, bf16 operands
+ * between 1e-3 and 1e-2), with the largest absolute error printed beside
+ * it; a NaN or infinity anywhere fails.
+ */
+#ifndef PARTITA_TESTS_GPU_TEST_H
+#define PARTITA_TESTS_GPU_TEST_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "executor/cuda/cuda_backend.h"
+#include "executor/cuda/cuda_ops.h"
+
+#define GPU_TEST_SKIP 77
+
+/* Stops the program on a failed CUDA call, naming it, file and line. */
+#define GPU_CHECK(call)                                                      \
+    do {                                                                     \
+        cudaError_t gpu_status_ = (call);                                    \
+        if (gpu_status_ != cudaSuccess) {                                    \
+            printf("FAIL %s at %s:%d: %s\n", #call, __FILE__, __LINE__,      \
+                   cudaGetErrorString(gpu_status_));                         \
+            exit(1);                                                         \
+        }                                                                    \
+    } while (0)
+
+/* Stops the program when a Partita call returns non-zero. */
+#define PT_CHECK(call, err)                                                  \
+    do {                                                                     \
+        if ((call) != 0) {                                                   \
+            printf("FAIL %s at %s:%d: %s\n", #call, __FILE__, __LINE__,      \
+                   (err)->message);                                          \
+            exit(1);                                                         \
+        }                                                                    \
+    } while (0)
+
+/* Counts the checks of a program. */
+typedef struct gpu_test_tally {
+    int passed;
+    int failed;
+} gpu_test_tally;
+
+static inline void gpu_test_require_device(const char *program)
+{
+    int devices = cuda_device_count();
+    if (devices == 0) {
+        printf("SKIP %s: no CUDA device is visible\n", program);
+        exit(GPU_TEST_SKIP);
+    }
+    struct cudaDeviceProp properties;
+    GPU_CHECK(cudaGetDeviceProperties(&properties, 0));
+    printf("# %s on %s (sm_%d%d, %d SMs, %.1f GiB)\n", program,
+           properties.name, properties.major, properties.minor,
+           properties.multiProcessorCount,
+           (double)properties.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+}
+
+/* Compares got against want; prints the line and counts it. */
+static inline bool gpu_test_compare(gpu_test_tally *tally, const char *name,
+                                    const float *got, const float *want,
+                                    size_t count, double tolerance)
+{
+    double diff_square = 0.0, want_square = 0.0, max_abs = 0.0;
+    bool finite = true;
+    for (size_t i = 0; i < count; i++) {
+        if (!isfinite(got[i]) || !isfinite(want[i])) {
+            finite = false;
+            break;
+        }
+        double diff = (double)got[i] - (double)want[i];
+        diff_square += diff * diff;
+        want_square += (double)want[i] * want[i];
+        if (fabs(diff) > max_abs)
+            max_abs = fabs(diff);
+    }
+    double relative = want_square > 0.0 ? sqrt(diff_square / want_square)
+                                        : sqrt(diff_square);
+    bool pass = finite && relative <= tolerance;
+    if (!finite)
+        printf("FAIL %-44s non-finite value (count %zu)\n", name, count);
+    else
+        printf("%s %-44s rel L2 err %.3e (tolerance %.1e), max abs err "
+               "%.3e, count %zu\n",
+               pass ? "PASS" : "FAIL", name, relative, tolerance, max_abs,
+               count);
+    if (pass)
+        tally->passed++;
+    else
+        tally->failed++;
+    return pass;
+}
+
+/* A plain yes/no check with a message. */
+static inline bool gpu_test_expect(gpu_test_tally *tally, bool condition,
+                                   const char *what)
+{
+    printf("%s %s\n", condition ? "PASS" : "FAIL", what);
+    if (condition)
+        tally->passed++;
+    else
+        tally->failed++;
+    return condition;
+}
+
+static inline int gpu_test_finish(const gpu_test_tally *tally,
+                                  const char *program)
+{
+    printf("# %s: %d passed, %d failed\n", program, tally->passed,
+           tally->failed);
+    printf("%s %s\n", tally->failed == 0 ? "ALL PASS" : "SOME FAILED",
+           program);
+    return tally->failed == 0 ? 0 : 1;
+}
+
+/* ------------------------------------------------------- random data */
+
+/* xorshift64*, enough for test data; the state is the caller's. */
+static inline double gpu_test_uniform(uint64_t *state)
+{
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    uint64_t bits = *state * 0x2545F4914F6CDD1Dull;
+    return (double)(bits >> 11) * 0x1.0p-53;
+}
+
+/* Uniform in [-scale, scale) + offset. */
+static inline void gpu_test_fill(float *values, size_t count, float scale,
+                                 float offset, uint64_t *state)
+{
+    for (size_t i = 0; i < count; i++)
+        values[i] = offset +
+                    scale * (float)(2.0 * gpu_test_uniform(state) - 1.0);
+}
+
+/* Rounds every value to bf16 in place, so the cpu reference sees the
+ * same inputs as the GPU. */
+static inline void gpu_test_round_bf16(float *values, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        values[i] = pt_bf16_to_float(pt_float_to_bf16(values[i]));
+}
+
+static inline void *gpu_test_host(size_t bytes)
+{
+    void *p = calloc(bytes > 0 ? bytes : 1, 1);
+    if (p == NULL) {
+        printf("FAIL out of host memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+/* Device memory filled with 0xff bytes: NaN in fp32 and bf16, so an
+ * element a kernel fails to write shows up. */
+static inline void *gpu_test_device(size_t bytes)
+{
+    void *p = NULL;
+    GPU_CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 1));
+    GPU_CHECK(cudaMemset(p, 0xff, bytes > 0 ? bytes : 1));
+    return p;
+}
+
+static inline float *gpu_test_upload(const float *host, size_t count)
+{
+    float *device = gpu_test_device(count * sizeof *device);
+    GPU_CHECK(cudaMemcpy(device, host, count * sizeof *device,
+                         cudaMemcpyHostToDevice));
+    return device;
+}
+
+static inline pt_bf16 *gpu_test_upload_bf16(const float *host, size_t count)
+{
+    pt_bf16 *staging = gpu_test_host(count * sizeof *staging);
+    for (size_t i = 0; i < count; i++)
+        staging[i] = pt_float_to_bf16(host[i]);
+    pt_bf16 *device = gpu_test_device(count * sizeof *device);
+    GPU_CHECK(cudaMemcpy(device, staging, count * sizeof *device,
+                         cudaMemcpyHostToDevice));
+    free(staging);
+    return device;
+}
+
+static inline void gpu_test_download(float *host, const float *device,
+                                     size_t count)
+{
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaMemcpy(host, device, count * sizeof *host,
+                         cudaMemcpyDeviceToHost));
+}
+
+static inline void gpu_test_download_bf16(float *host, const pt_bf16 *device,
+                                          size_t count)
+{
+    pt_bf16 *staging = gpu_test_host(count * sizeof *staging);
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaMemcpy(staging, device, count * sizeof *staging,
+                         cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < count; i++)
+        host[i] = pt_bf16_to_float(staging[i]);
+    free(staging);
+}
+
+#endif
