@@ -443,6 +443,47 @@ static void cuda_release(model_stage *stage)
     stage->backend_state = NULL;
 }
 
+/* After a failed allocation, says how far it got and what the device
+ * has, so the user can size the micro-batch or the plan. */
+static void append_memory_report(pt_error *err, double allocated_gib)
+{
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    size_t length = strlen(err->message);
+    snprintf(err->message + length, sizeof err->message - length,
+             " (%.2f GiB were allocated before it failed; the device has "
+             "%.2f GiB free of %.2f GiB)",
+             allocated_gib, (double)free_bytes / PT_GIB,
+             (double)total_bytes / PT_GIB);
+}
+
+/* Refuses, before any allocation, a stage whose fp32 parameters,
+ * gradients and AdamW moments and bf16 weight mirror (18 bytes per
+ * parameter) alone exceed the device's free memory; activations come on
+ * top, and a shortage there is reported by the allocation itself. */
+static int check_state_fits(const model_stage *stage, pt_error *err)
+{
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return 0; /* the allocations will tell */
+    }
+    double state_bytes = 18.0 * (double)stage->param_count;
+    if (state_bytes <= (double)free_bytes)
+        return 0;
+    return pt_fail(err, "cuda backend: model %s needs at least %.2f GiB on "
+                        "the device for its %zu parameters (fp32 weights, "
+                        "gradients and AdamW moments and a bf16 copy: 18 "
+                        "bytes each) before activations; the device has "
+                        "%.2f GiB free of %.2f GiB",
+                   stage->shape.name, state_bytes / PT_GIB,
+                   stage->param_count, (double)free_bytes / PT_GIB,
+                   (double)total_bytes / PT_GIB);
+}
+
 static int check_shape(const model_stage *stage, pt_error *err)
 {
     const model_shape *shape = &stage->shape;
@@ -454,7 +495,7 @@ static int check_shape(const model_stage *stage, pt_error *err)
     int device_count = cuda_device_count();
     if (device_count == 0)
         return pt_fail(err, "cuda backend: no CUDA device is visible");
-    return 0;
+    return check_state_fits(stage, err);
 }
 
 static int allocate_parts(model_stage *stage, cuda_stage_state *state,
@@ -540,11 +581,13 @@ static int cuda_allocate(model_stage *stage, pt_error *err)
         status = allocate_parts(stage, state, err);
     }
     if (status != 0) {
+        double allocated_gib = (double)state->device_bytes / PT_GIB;
         pt_error_prefix(err, "cuda backend: a stage of %zu parameters, "
                              "micro-batch %d, %d activation slots",
                         stage->param_count, stage->mbs_capacity,
                         stage->slot_count);
         cuda_release(stage);
+        append_memory_report(err, allocated_gib);
         return -1;
     }
     return 0;
