@@ -35,9 +35,8 @@
 
 const stage_backend *cuda_stage_backend(void);
 
-/* Lays out and allocates a stage on the cuda backend directly (the same
- * as model_stage_create with BACKEND_CUDA, without backend_find). Release
- * with model_stage_destroy. */
+/* model_stage_create with BACKEND_CUDA (kept for the GPU tests and the
+ * benchmark). Release with model_stage_destroy. */
 int cuda_model_stage_create(model_stage *out, const model_shape *shape,
                             const stage_spec *spec, int mbs_capacity,
                             int slot_count, pt_error *err);

@@ -1254,32 +1254,9 @@ int cuda_model_stage_create(model_stage *out, const model_shape *shape,
                             const stage_spec *spec, int mbs_capacity,
                             int slot_count, pt_error *err)
 {
-    memset(out, 0, sizeof *out);
-    if (mbs_capacity < 1 || slot_count < 1)
-        return pt_fail(err, "model stage: micro-batch capacity (%d) and "
-                            "activation slots (%d) must be >= 1",
-                       mbs_capacity, slot_count);
-    size_t floats = 0;
-    int count = stage_parameter_layout(shape, spec, NULL, &floats, err);
-    if (count < 0)
-        return -1;
-    out->shape = *shape;
-    out->spec = *spec;
-    out->mbs_capacity = mbs_capacity;
-    out->slot_count = slot_count;
-    out->tensor_count = count;
-    out->param_count = floats;
-    out->tensors = calloc((size_t)count + 1, sizeof *out->tensors);
-    if (out->tensors == NULL)
-        return pt_fail(err, "model stage: out of memory for %d tensors",
-                       count);
-    stage_parameter_layout(shape, spec, out->tensors, NULL, err);
-    out->backend = cuda_stage_backend();
-    if (out->backend->allocate(out, err) != 0) {
-        model_stage_destroy(out);
-        return -1;
-    }
-    return 0;
+    /* backend_find hands out this backend whenever it is built. */
+    return model_stage_create(out, shape, spec, BACKEND_CUDA, mbs_capacity,
+                              slot_count, err);
 }
 
 size_t cuda_stage_device_bytes(const model_stage *stage)
