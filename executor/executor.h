@@ -612,4 +612,188 @@ json_t *run_to_json(const run_result *r, json_t *plan_json,
 /* The "format" of a run checkpoint's meta.json (docs/executor.md). */
 #define RUN_CHECKPOINT_FORMAT "partita-run-checkpoint/1"
 
+/* ------------------------------------------------------ parallel runtime */
+
+/*
+ * Communication between the ranks of a parallel run, behind one interface
+ * (a table of functions and the implementation's shared state) so the
+ * pipeline and data-parallel runtime below is written once: the threads
+ * implementation (comm_threads_*, N ranks as N threads of one process,
+ * host memory) is the CPU reference; NCCL comes later. Buffers are in the
+ * backend's memory of the rank (host memory for threads).
+ *
+ * Every blocking wait ends: when a rank calls comm_abort (the runtime
+ * does on any error), every other rank's pending and later operations
+ * return -1 with a message naming the failed rank and what it was doing;
+ * when a peer does not answer within the timeout, the waiting rank's
+ * operation returns -1 naming the peer and the operation, and aborts the
+ * others too.
+ */
+typedef struct comm comm;
+
+/* What an implementation provides; the comm_* wrappers check arguments
+ * and dispatch here. */
+typedef struct comm_ops {
+    const char *name;
+    /* Hands `count` floats to `peer` under `tag`; may return before the
+     * peer received them (the threads implementation copies). */
+    int (*send)(const comm *c, int peer, int tag, const float *data,
+                size_t count, pt_error *err);
+    /* Waits for the message of `peer` under `tag` (messages of one peer
+     * and tag arrive in the order they were sent) and copies its `count`
+     * floats into data; a different count is an error. */
+    int (*recv)(const comm *c, int peer, int tag, float *data, size_t count,
+                pt_error *err);
+    /* Sums data element-wise over the ranks group[0..group_size), which
+     * all call it with the same group and count; every member gets the
+     * same sum, added in group order. Members of two groups must call
+     * their collectives in the same order. */
+    int (*all_reduce_sum)(const comm *c, const int *group, int group_size,
+                          float *data, size_t count, pt_error *err);
+    /* Returns once every rank has called it. */
+    int (*barrier)(const comm *c, pt_error *err);
+    /* Records that this rank failed (the first failure wins) and wakes
+     * every waiting rank. */
+    void (*abort)(const comm *c, const char *reason);
+} comm_ops;
+
+/* One rank's handle: plain value, valid while its world lives. */
+struct comm {
+    const comm_ops *ops;
+    void *shared;        /* the implementation's state, shared by ranks */
+    int rank;
+    int size;            /* ranks in the world */
+};
+
+/* Operation tags at or above 0 are the caller's; collectives use their
+ * own. */
+int comm_send(const comm *c, int peer, int tag, const float *data,
+              size_t count, pt_error *err);
+int comm_recv(const comm *c, int peer, int tag, float *data, size_t count,
+              pt_error *err);
+int comm_all_reduce_sum(const comm *c, const int *group, int group_size,
+                        float *data, size_t count, pt_error *err);
+int comm_barrier(const comm *c, pt_error *err);
+void comm_abort(const comm *c, const char *reason);
+
+/* How long a rank waits for a peer unless told otherwise. */
+#define COMM_DEFAULT_TIMEOUT_S 60.0
+
+/* The threads implementation: a world of `size` ranks sharing memory,
+ * with one mailbox per rank under a mutex and condition variable. */
+typedef struct comm_threads comm_threads;
+
+int comm_threads_create(int size, double timeout_s, comm_threads **out,
+                        pt_error *err);
+/* Frees the world and any message never received. No rank may be inside
+ * an operation. */
+void comm_threads_destroy(comm_threads *world);
+/* The handle of one rank, 0 <= rank < size. */
+comm comm_threads_rank(comm_threads *world, int rank);
+/* The rank that failed first (called comm_abort or timed out) and its
+ * reason, or -1 when none has; reason may be NULL. */
+int comm_threads_failed_rank(comm_threads *world, char *reason,
+                             size_t reason_size);
+
+/*
+ * A parallel plan's layout without tensor parallelism (tp = 1): pp
+ * pipeline stages, each replicated dp times. Rank layout as the
+ * planner's (formats.md): rank = d + dp x s for replica d of stage s.
+ * Each step takes a global batch of gbs token windows of seq + 1 ids;
+ * replica d trains on windows [d gbs/dp, (d + 1) gbs/dp) as
+ * micro_batches micro-batches of mbs windows.
+ */
+typedef struct pipeline_layout {
+    model_shape shape;
+    parallel_config config;
+    int stage_count;                 /* config.pp */
+    int partition[PT_MAX_STAGES];    /* layers per stage */
+    int micro_batches;               /* gbs / (dp x mbs) */
+    int rank_count;                  /* pp x dp */
+} pipeline_layout;
+
+/* Checks the config (tp = 1, gbs a multiple of dp x mbs, the partition
+ * summing to the layers) and fills out. */
+int pipeline_layout_init(pipeline_layout *out, const model_shape *shape,
+                         const parallel_config *config, const int *partition,
+                         int partition_count, pt_error *err);
+int pipeline_rank_stage(const pipeline_layout *layout, int rank);
+int pipeline_rank_replica(const pipeline_layout *layout, int rank);
+/* Micro-batches whose activations stage s keeps at once: min(pp - s, m)
+ * for 1F1B, m for GPipe. */
+int pipeline_slot_count(const pipeline_layout *layout, int stage);
+/* Creates and initialises (seed: the same values as the whole model) the
+ * stage of a rank with its slots. */
+int pipeline_stage_create(model_stage *out, const pipeline_layout *layout,
+                          int rank, backend_kind backend, uint64_t seed,
+                          pt_error *err);
+
+/* The timed events of one rank's step, in the estimate's event schema;
+ * kinds are costmodel's names: "fwd", "bwd", "send_fwd", "recv_fwd",
+ * "send_bwd", "recv_bwd", "dp_allreduce", "embedding_allreduce",
+ * "optimizer" (microbatch -1 for the last three). */
+typedef struct pipeline_events {
+    int count;
+    int capacity;
+    run_event *events;   /* owned */
+} pipeline_events;
+
+/* Room for every event of a step of that layout: 6 per micro-batch and
+ * 4 more. */
+int pipeline_events_reserve(pipeline_events *events,
+                            const pipeline_layout *layout, pt_error *err);
+void pipeline_events_free(pipeline_events *events);
+
+/*
+ * One training step of one rank, whatever launches the ranks (threads
+ * here; one process per GPU later): zero the gradients; the schedule's
+ * forwards and backwards (1F1B: min(pp - s - 1, m) warm-up forwards, then
+ * one forward one backward, then the remaining backwards; GPipe: every
+ * forward, then every backward), activations received from rank
+ * d + dp (s - 1) and sent to d + dp (s + 1), gradients the other way,
+ * loss_scale 1 / (m dp) so gradients average over the global batch; the
+ * gradient all-reduce over the stage's dp group; with tied embeddings and
+ * pp > 1, the all-reduce of the first stage's token-embedding gradient
+ * with the last stage's tied copy; the global gradient norm (sum over the
+ * stages of a replica, the tied copy once); clipping and AdamW. Every
+ * rank gets the same step_result (loss: mean over the m dp
+ * micro-batches). tokens: the global batch, gbs x (seq + 1) ids, host
+ * memory. step_start_s: CLOCK_MONOTONIC seconds the event times count
+ * from. events may be NULL; it is emptied first. inject_failure: fail
+ * after the first forward (tests of the failure path). On failure the
+ * rank aborts the comm so that the others return too.
+ */
+int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
+                       const comm *c, const train_config *config,
+                       const uint32_t *tokens, double step_start_s,
+                       bool inject_failure, step_result *out,
+                       pipeline_events *events, pt_error *err);
+
+/*
+ * Every rank of a layout in one process: one model_stage per rank
+ * (indexed by rank, created on the calling thread; cpu backend), a
+ * threads comm world, and a thread per rank for each step.
+ */
+typedef struct pipeline_threads {
+    pipeline_layout layout;
+    model_stage *stages;             /* rank_count, owned */
+    comm_threads *world;             /* owned */
+    pipeline_events *events;         /* rank_count: the last step's */
+    pt_error *rank_errors;           /* rank_count: the last step's */
+    int *rank_status;                /* rank_count: 0 or -1 */
+    int inject_failure_rank;         /* -1: none (tests set it) */
+} pipeline_threads;
+
+int pipeline_threads_create(pipeline_threads *out,
+                            const pipeline_layout *layout,
+                            backend_kind backend, uint64_t seed,
+                            double timeout_s, pt_error *err);
+/* Runs one step on every rank. Fails when any rank failed, with the
+ * message of the rank that failed first (each rank's own message stays
+ * in rank_errors); the world is then unusable. */
+int pipeline_threads_step(pipeline_threads *p, const train_config *config,
+                          const uint32_t *tokens, step_result *out,
+                          pt_error *err);
+void pipeline_threads_destroy(pipeline_threads *p);
+
 #endif

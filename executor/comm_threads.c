@@ -1,0 +1,431 @@
+/*
+ * The communication interface (comm_* wrappers) and its threads
+ * implementation: the ranks of a world are threads of one process; a
+ * send copies the floats into a message appended to the receiver's
+ * mailbox, a receive waits for the first message of that peer and tag.
+ * One mutex and one condition variable guard the whole world: the CPU
+ * reference moves little data and wants simplicity over throughput.
+ * Collectives are built on the mailboxes (gather to the group's first
+ * rank, sum in group order, send back), so every member gets the same
+ * bits.
+ */
+#include "executor/executor.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Tags of the collectives: below 0, out of the callers' range. */
+enum { TAG_REDUCE = -1, TAG_BROADCAST = -2 };
+
+/* ------------------------------------------------------------ interface */
+
+static int check_peer(const comm *c, int peer, const char *what,
+                      pt_error *err)
+{
+    if (peer < 0 || peer >= c->size || peer == c->rank)
+        return pt_fail(err, "rank %d: %s: peer %d is not another rank of "
+                            "the %d",
+                       c->rank, what, peer, c->size);
+    return 0;
+}
+
+int comm_send(const comm *c, int peer, int tag, const float *data,
+              size_t count, pt_error *err)
+{
+    if (check_peer(c, peer, "send", err) != 0)
+        return -1;
+    if (tag < 0 || (data == NULL && count > 0))
+        return pt_fail(err, "rank %d: send to rank %d: tag %d must be >= 0 "
+                            "and data given",
+                       c->rank, peer, tag);
+    return c->ops->send(c, peer, tag, data, count, err);
+}
+
+int comm_recv(const comm *c, int peer, int tag, float *data, size_t count,
+              pt_error *err)
+{
+    if (check_peer(c, peer, "receive", err) != 0)
+        return -1;
+    if (tag < 0 || (data == NULL && count > 0))
+        return pt_fail(err, "rank %d: receive from rank %d: tag %d must be "
+                            ">= 0 and data given",
+                       c->rank, peer, tag);
+    return c->ops->recv(c, peer, tag, data, count, err);
+}
+
+int comm_all_reduce_sum(const comm *c, const int *group, int group_size,
+                        float *data, size_t count, pt_error *err)
+{
+    bool member = false;
+    for (int i = 0; i < group_size; i++) {
+        if (group[i] < 0 || group[i] >= c->size)
+            return pt_fail(err, "rank %d: all-reduce: group member %d is "
+                                "not a rank of the %d",
+                           c->rank, group[i], c->size);
+        for (int j = 0; j < i; j++)
+            if (group[j] == group[i])
+                return pt_fail(err, "rank %d: all-reduce: rank %d appears "
+                                    "twice in the group",
+                               c->rank, group[i]);
+        member = member || group[i] == c->rank;
+    }
+    if (!member)
+        return pt_fail(err, "rank %d: all-reduce over a group of %d ranks "
+                            "it is not in",
+                       c->rank, group_size);
+    if (data == NULL && count > 0)
+        return pt_fail(err, "rank %d: all-reduce without data", c->rank);
+    if (group_size == 1 || count == 0)
+        return 0;
+    return c->ops->all_reduce_sum(c, group, group_size, data, count, err);
+}
+
+int comm_barrier(const comm *c, pt_error *err)
+{
+    return c->ops->barrier(c, err);
+}
+
+void comm_abort(const comm *c, const char *reason)
+{
+    c->ops->abort(c, reason);
+}
+
+/* -------------------------------------------------------------- threads */
+
+/* One message waiting in a mailbox. */
+typedef struct comm_message {
+    struct comm_message *next;
+    int source;
+    int tag;
+    size_t count;
+    float data[];
+} comm_message;
+
+/* The shared state of a world. */
+struct comm_threads {
+    pthread_mutex_t lock;
+    pthread_cond_t changed;      /* a message, a barrier arrival, a failure */
+    int size;
+    double timeout_s;
+    comm_message **mailbox_head; /* per receiving rank, oldest first */
+    comm_message **mailbox_tail;
+    bool failed;
+    int failed_rank;
+    char failure[600];           /* what the failed rank reported */
+    int barrier_arrived;
+    long barrier_generation;
+};
+
+static comm_threads *world_of(const comm *c)
+{
+    return (comm_threads *)c->shared;
+}
+
+static struct timespec deadline_after(double seconds)
+{
+    struct timespec when;
+    clock_gettime(CLOCK_MONOTONIC, &when);
+    double whole = (double)(long)seconds;
+    when.tv_sec += (time_t)whole;
+    when.tv_nsec += (long)((seconds - whole) * 1e9);
+    if (when.tv_nsec >= 1000000000L) {
+        when.tv_sec += 1;
+        when.tv_nsec -= 1000000000L;
+    }
+    return when;
+}
+
+/* Marks the world failed by `rank` (first failure wins); lock held. */
+static void mark_failed(comm_threads *world, int rank, const char *reason)
+{
+    if (world->failed)
+        return;
+    world->failed = true;
+    world->failed_rank = rank;
+    snprintf(world->failure, sizeof world->failure, "%s", reason);
+    pthread_cond_broadcast(&world->changed);
+}
+
+/* The error of an operation cut short by another rank's failure; lock
+ * held. */
+static int fail_interrupted(const comm *c, const char *operation,
+                            pt_error *err)
+{
+    comm_threads *world = world_of(c);
+    if (world->failed_rank == c->rank)
+        return pt_fail(err, "rank %d: %s: this rank already failed: %s",
+                       c->rank, operation, world->failure);
+    return pt_fail(err, "rank %d: %s interrupted: rank %d failed: %s",
+                   c->rank, operation, world->failed_rank, world->failure);
+}
+
+/* Waits for a change until the deadline; on timeout marks the world
+ * failed by this rank and fills err. Lock held. */
+static int wait_for_change(const comm *c, const struct timespec *deadline,
+                           const char *operation, pt_error *err)
+{
+    comm_threads *world = world_of(c);
+    int status = pthread_cond_timedwait(&world->changed, &world->lock,
+                                        deadline);
+    if (status != ETIMEDOUT)
+        return 0;
+    char reason[300];
+    snprintf(reason, sizeof reason, "rank %d: %s timed out after %g s",
+             c->rank, operation, world->timeout_s);
+    mark_failed(world, c->rank, reason);
+    return pt_fail(err, "%s", reason);
+}
+
+static int threads_post(const comm *c, int peer, int tag, const float *data,
+                        size_t count, pt_error *err)
+{
+    comm_threads *world = world_of(c);
+    comm_message *message = malloc(sizeof *message + count * sizeof(float));
+    if (message == NULL)
+        return pt_fail(err, "rank %d: send to rank %d: out of memory for "
+                            "%zu floats",
+                       c->rank, peer, count);
+    message->next = NULL;
+    message->source = c->rank;
+    message->tag = tag;
+    message->count = count;
+    if (count > 0)
+        memcpy(message->data, data, count * sizeof(float));
+    pthread_mutex_lock(&world->lock);
+    if (world->failed) {
+        char operation[64];
+        snprintf(operation, sizeof operation, "send to rank %d (tag %d)",
+                 peer, tag);
+        int status = fail_interrupted(c, operation, err);
+        pthread_mutex_unlock(&world->lock);
+        free(message);
+        return status;
+    }
+    if (world->mailbox_tail[peer] == NULL)
+        world->mailbox_head[peer] = message;
+    else
+        world->mailbox_tail[peer]->next = message;
+    world->mailbox_tail[peer] = message;
+    pthread_cond_broadcast(&world->changed);
+    pthread_mutex_unlock(&world->lock);
+    return 0;
+}
+
+/* Unlinks the oldest message of (peer, tag) from this rank's mailbox, or
+ * returns NULL; lock held. */
+static comm_message *take_message(comm_threads *world, int rank, int peer,
+                                  int tag)
+{
+    comm_message *previous = NULL;
+    for (comm_message *m = world->mailbox_head[rank]; m != NULL;
+         previous = m, m = m->next) {
+        if (m->source != peer || m->tag != tag)
+            continue;
+        if (previous == NULL)
+            world->mailbox_head[rank] = m->next;
+        else
+            previous->next = m->next;
+        if (world->mailbox_tail[rank] == m)
+            world->mailbox_tail[rank] = previous;
+        return m;
+    }
+    return NULL;
+}
+
+/* Waits for the message of (peer, tag); the caller frees it. */
+static int threads_wait_message(const comm *c, int peer, int tag,
+                                size_t count, comm_message **out,
+                                pt_error *err)
+{
+    comm_threads *world = world_of(c);
+    char operation[64];
+    snprintf(operation, sizeof operation, "receive from rank %d (tag %d)",
+             peer, tag);
+    struct timespec deadline = deadline_after(world->timeout_s);
+    pthread_mutex_lock(&world->lock);
+    comm_message *message = NULL;
+    while (message == NULL) {
+        if (world->failed) {
+            int status = fail_interrupted(c, operation, err);
+            pthread_mutex_unlock(&world->lock);
+            return status;
+        }
+        message = take_message(world, c->rank, peer, tag);
+        if (message == NULL &&
+            wait_for_change(c, &deadline, operation, err) != 0) {
+            pthread_mutex_unlock(&world->lock);
+            return -1;
+        }
+    }
+    pthread_mutex_unlock(&world->lock);
+    if (message->count != count) {
+        size_t got = message->count;
+        free(message);
+        return pt_fail(err, "rank %d: %s: expected %zu floats, got %zu",
+                       c->rank, operation, count, got);
+    }
+    *out = message;
+    return 0;
+}
+
+static int threads_recv(const comm *c, int peer, int tag, float *data,
+                        size_t count, pt_error *err)
+{
+    comm_message *message = NULL;
+    if (threads_wait_message(c, peer, tag, count, &message, err) != 0)
+        return -1;
+    if (count > 0)
+        memcpy(data, message->data, count * sizeof(float));
+    free(message);
+    return 0;
+}
+
+/* Gathers to group[0], which sums in group order and sends the sum back
+ * to every member. */
+static int threads_all_reduce_sum(const comm *c, const int *group,
+                                  int group_size, float *data, size_t count,
+                                  pt_error *err)
+{
+    int root = group[0];
+    if (c->rank != root)
+        return threads_post(c, root, TAG_REDUCE, data, count, err) != 0 ||
+                       threads_recv(c, root, TAG_BROADCAST, data, count,
+                                    err) != 0
+                   ? -1
+                   : 0;
+    for (int i = 1; i < group_size; i++) {
+        comm_message *message = NULL;
+        if (threads_wait_message(c, group[i], TAG_REDUCE, count, &message,
+                                 err) != 0)
+            return -1;
+        for (size_t k = 0; k < count; k++)
+            data[k] += message->data[k];
+        free(message);
+    }
+    for (int i = 1; i < group_size; i++)
+        if (threads_post(c, group[i], TAG_BROADCAST, data, count, err) != 0)
+            return -1;
+    return 0;
+}
+
+static int threads_barrier(const comm *c, pt_error *err)
+{
+    comm_threads *world = world_of(c);
+    struct timespec deadline = deadline_after(world->timeout_s);
+    pthread_mutex_lock(&world->lock);
+    long generation = world->barrier_generation;
+    if (!world->failed && ++world->barrier_arrived == world->size) {
+        world->barrier_arrived = 0;
+        world->barrier_generation++;
+        pthread_cond_broadcast(&world->changed);
+    }
+    while (world->barrier_generation == generation) {
+        if (world->failed) {
+            int status = fail_interrupted(c, "barrier", err);
+            pthread_mutex_unlock(&world->lock);
+            return status;
+        }
+        if (wait_for_change(c, &deadline, "barrier", err) != 0) {
+            pthread_mutex_unlock(&world->lock);
+            return -1;
+        }
+    }
+    pthread_mutex_unlock(&world->lock);
+    return 0;
+}
+
+static void threads_abort(const comm *c, const char *reason)
+{
+    comm_threads *world = world_of(c);
+    pthread_mutex_lock(&world->lock);
+    mark_failed(world, c->rank, reason);
+    pthread_mutex_unlock(&world->lock);
+}
+
+static const comm_ops threads_ops = {
+    .name = "threads",
+    .send = threads_post,
+    .recv = threads_recv,
+    .all_reduce_sum = threads_all_reduce_sum,
+    .barrier = threads_barrier,
+    .abort = threads_abort,
+};
+
+int comm_threads_create(int size, double timeout_s, comm_threads **out,
+                        pt_error *err)
+{
+    *out = NULL;
+    if (size < 1 || !(timeout_s > 0.0))
+        return pt_fail(err, "threads comm: needs at least 1 rank and a "
+                            "positive timeout, got %d ranks and %g s",
+                       size, timeout_s);
+    comm_threads *world = calloc(1, sizeof *world);
+    if (world == NULL)
+        return pt_fail(err, "threads comm: out of memory");
+    world->size = size;
+    world->timeout_s = timeout_s;
+    world->mailbox_head = calloc((size_t)size, sizeof *world->mailbox_head);
+    world->mailbox_tail = calloc((size_t)size, sizeof *world->mailbox_tail);
+    pthread_condattr_t attributes;
+    bool ready = world->mailbox_head != NULL &&
+                 world->mailbox_tail != NULL &&
+                 pthread_condattr_init(&attributes) == 0;
+    if (ready) {
+        /* timed waits count on the monotonic clock, as deadline_after */
+        ready = pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC) ==
+                    0 &&
+                pthread_cond_init(&world->changed, &attributes) == 0;
+        pthread_condattr_destroy(&attributes);
+    }
+    if (!ready) {
+        free(world->mailbox_head);
+        free(world->mailbox_tail);
+        free(world);
+        return pt_fail(err, "threads comm: cannot set up %d ranks", size);
+    }
+    pthread_mutex_init(&world->lock, NULL);
+    *out = world;
+    return 0;
+}
+
+void comm_threads_destroy(comm_threads *world)
+{
+    if (world == NULL)
+        return;
+    for (int rank = 0; rank < world->size; rank++) {
+        comm_message *m = world->mailbox_head[rank];
+        while (m != NULL) {
+            comm_message *next = m->next;
+            free(m);
+            m = next;
+        }
+    }
+    free(world->mailbox_head);
+    free(world->mailbox_tail);
+    pthread_cond_destroy(&world->changed);
+    pthread_mutex_destroy(&world->lock);
+    free(world);
+}
+
+comm comm_threads_rank(comm_threads *world, int rank)
+{
+    comm handle = {.ops = &threads_ops, .shared = world, .rank = rank,
+                   .size = world->size};
+    return handle;
+}
+
+int comm_threads_failed_rank(comm_threads *world, char *reason,
+                             size_t reason_size)
+{
+    pthread_mutex_lock(&world->lock);
+    int rank = world->failed ? world->failed_rank : -1;
+    if (reason != NULL && reason_size > 0)
+        snprintf(reason, reason_size, "%s", world->failed ? world->failure
+                                                          : "");
+    pthread_mutex_unlock(&world->lock);
+    return rank;
+}

@@ -1,0 +1,618 @@
+/*
+ * The pipeline and data-parallel runtime over model stages (tp = 1): one
+ * rank's training step (schedule, activations and gradients over the
+ * comm, gradient all-reduces, global norm, AdamW) and a launcher that
+ * runs every rank of a layout as a thread of this process over the
+ * threads comm. docs/executor.md ("Parallel runtime") describes it.
+ */
+#include "executor/executor.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------- layout */
+
+int pipeline_layout_init(pipeline_layout *out, const model_shape *shape,
+                         const parallel_config *config, const int *partition,
+                         int partition_count, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (config->tp != 1)
+        return pt_fail(err, "pipeline runtime: tp %d: tensor parallelism "
+                            "is not built yet (tp must be 1)",
+                       config->tp);
+    if (config->pp < 1 || config->pp > PT_MAX_STAGES || config->dp < 1 ||
+        config->mbs < 1 || config->gbs < 1)
+        return pt_fail(err, "pipeline runtime: pp %d, dp %d, mbs %d, gbs "
+                            "%d: each must be at least 1 (pp at most %d)",
+                       config->pp, config->dp, config->mbs, config->gbs,
+                       PT_MAX_STAGES);
+    if (config->gbs % (config->dp * config->mbs) != 0)
+        return pt_fail(err, "pipeline runtime: gbs %d is not a multiple of "
+                            "dp x mbs = %d",
+                       config->gbs, config->dp * config->mbs);
+    if (partition_count != config->pp)
+        return pt_fail(err, "pipeline runtime: the partition has %d stages, "
+                            "pp is %d",
+                       partition_count, config->pp);
+    stage_spec spec;
+    for (int s = 0; s < config->pp; s++)
+        if (stage_spec_from_partition(shape, partition, partition_count, s,
+                                      &spec, err) != 0)
+            return -1;
+    out->shape = *shape;
+    out->config = *config;
+    out->stage_count = config->pp;
+    memcpy(out->partition, partition, (size_t)config->pp * sizeof(int));
+    out->micro_batches = config->gbs / (config->dp * config->mbs);
+    out->rank_count = config->pp * config->dp;
+    return 0;
+}
+
+int pipeline_rank_stage(const pipeline_layout *layout, int rank)
+{
+    return rank / layout->config.dp;
+}
+
+int pipeline_rank_replica(const pipeline_layout *layout, int rank)
+{
+    return rank % layout->config.dp;
+}
+
+int pipeline_slot_count(const pipeline_layout *layout, int stage)
+{
+    int in_flight = layout->stage_count - stage;
+    if (layout->config.schedule == SCHEDULE_GPIPE ||
+        in_flight > layout->micro_batches)
+        return layout->micro_batches;
+    return in_flight;
+}
+
+int pipeline_stage_create(model_stage *out, const pipeline_layout *layout,
+                          int rank, backend_kind backend, uint64_t seed,
+                          pt_error *err)
+{
+    if (rank < 0 || rank >= layout->rank_count)
+        return pt_fail(err, "pipeline runtime: rank %d is not one of the "
+                            "%d",
+                       rank, layout->rank_count);
+    int stage = pipeline_rank_stage(layout, rank);
+    stage_spec spec;
+    if (stage_spec_from_partition(&layout->shape, layout->partition,
+                                  layout->stage_count, stage, &spec,
+                                  err) != 0)
+        return -1;
+    if (model_stage_create(out, &layout->shape, &spec, backend,
+                           layout->config.mbs,
+                           pipeline_slot_count(layout, stage), err) != 0)
+        return -1;
+    if (model_stage_init_parameters(out, seed, err) != 0) {
+        model_stage_destroy(out);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- events */
+
+int pipeline_events_reserve(pipeline_events *events,
+                            const pipeline_layout *layout, pt_error *err)
+{
+    int capacity = 6 * layout->micro_batches + 4;
+    if (events->capacity >= capacity)
+        return 0;
+    run_event *grown = realloc(events->events,
+                               (size_t)capacity * sizeof *grown);
+    if (grown == NULL)
+        return pt_fail(err, "pipeline runtime: out of memory for %d events",
+                       capacity);
+    events->events = grown;
+    events->capacity = capacity;
+    return 0;
+}
+
+void pipeline_events_free(pipeline_events *events)
+{
+    free(events->events);
+    memset(events, 0, sizeof *events);
+}
+
+static double monotonic_s(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------- one rank's step */
+
+/* What one rank's step works with. */
+typedef struct rank_step {
+    const pipeline_layout *layout;
+    model_stage *stage;
+    const comm *c;
+    int stage_index;
+    int replica;
+    int previous_rank;           /* stage s - 1 of this replica, or -1 */
+    int next_rank;               /* stage s + 1 of this replica, or -1 */
+    const uint32_t *tokens;      /* this replica's windows */
+    size_t activation_floats;    /* mbs x seq x hidden */
+    float *output_grad;          /* receives d loss / d output (no head) */
+    float loss_scale;            /* 1 / (m dp) */
+    double loss_sum;             /* of this rank's micro-batches (head) */
+    double step_start_s;
+    pipeline_events *events;     /* may be NULL */
+    int micro_batch;             /* being worked on, for messages */
+    const char *operation;       /* event kind being worked on */
+} rank_step;
+
+static void record(rank_step *r, const char *kind, int micro_batch,
+                   double start_s)
+{
+    if (r->events == NULL || r->events->count >= r->events->capacity)
+        return;
+    run_event *event = &r->events->events[r->events->count++];
+    event->rank = r->c->rank;
+    event->stage = r->stage_index;
+    event->microbatch = micro_batch;
+    event->kind = kind;
+    event->start_s = start_s - r->step_start_s;
+    event->end_s = monotonic_s() - r->step_start_s;
+}
+
+/* Marks what the rank starts now (for the error message) and returns the
+ * time. */
+static double begin(rank_step *r, const char *operation, int micro_batch)
+{
+    r->operation = operation;
+    r->micro_batch = micro_batch;
+    return monotonic_s();
+}
+
+static stage_io micro_batch_io(const rank_step *r, int micro_batch)
+{
+    size_t window = (size_t)r->layout->shape.seq + 1;
+    stage_io io = {
+        .mbs = r->layout->config.mbs,
+        .tokens = r->tokens +
+                  (size_t)micro_batch * (size_t)r->layout->config.mbs * window,
+        .loss_scale = r->loss_scale,
+    };
+    return io;
+}
+
+/* Tags: micro-batch j's activation 2j, its gradient 2j + 1. */
+static int forward(rank_step *r, int micro_batch, pt_error *err)
+{
+    int slot = micro_batch % r->stage->slot_count;
+    stage_io io = micro_batch_io(r, micro_batch);
+    if (r->previous_rank >= 0) {
+        double start = begin(r, "recv_fwd", micro_batch);
+        float *input = stage_input_buffer(r->stage, slot);
+        if (comm_recv(r->c, r->previous_rank, 2 * micro_batch, input,
+                      r->activation_floats, err) != 0)
+            return -1;
+        record(r, "recv_fwd", micro_batch, start);
+        io.input = input;
+    }
+    double start = begin(r, "fwd", micro_batch);
+    float loss = 0.0f;
+    if (stage_forward(r->stage, slot, &io, &loss, err) != 0)
+        return -1;
+    record(r, "fwd", micro_batch, start);
+    r->loss_sum += loss;
+    if (r->next_rank >= 0) {
+        start = begin(r, "send_fwd", micro_batch);
+        if (comm_send(r->c, r->next_rank, 2 * micro_batch,
+                      stage_output(r->stage, slot), r->activation_floats,
+                      err) != 0)
+            return -1;
+        record(r, "send_fwd", micro_batch, start);
+    }
+    return 0;
+}
+
+static int backward(rank_step *r, int micro_batch, pt_error *err)
+{
+    int slot = micro_batch % r->stage->slot_count;
+    stage_io io = micro_batch_io(r, micro_batch);
+    if (r->next_rank >= 0) {
+        double start = begin(r, "recv_bwd", micro_batch);
+        if (comm_recv(r->c, r->next_rank, 2 * micro_batch + 1,
+                      r->output_grad, r->activation_floats, err) != 0)
+            return -1;
+        record(r, "recv_bwd", micro_batch, start);
+        io.output_grad = r->output_grad;
+    }
+    double start = begin(r, "bwd", micro_batch);
+    if (stage_backward(r->stage, slot, &io, err) != 0)
+        return -1;
+    record(r, "bwd", micro_batch, start);
+    if (r->previous_rank >= 0) {
+        start = begin(r, "send_bwd", micro_batch);
+        if (comm_send(r->c, r->previous_rank, 2 * micro_batch + 1,
+                      stage_input_grad(r->stage), r->activation_floats,
+                      err) != 0)
+            return -1;
+        record(r, "send_bwd", micro_batch, start);
+    }
+    return 0;
+}
+
+/* 1F1B: warm-up forwards, then one forward one backward, then the
+ * remaining backwards; GPipe: every forward, then every backward.
+ * Backwards run in micro-batch order either way, so gradients accumulate
+ * in the order of the one-stage step. */
+static int run_schedule(rank_step *r, bool inject_failure, pt_error *err)
+{
+    int m = r->layout->micro_batches;
+    int warm_up = m;
+    if (r->layout->config.schedule == SCHEDULE_1F1B) {
+        warm_up = r->layout->stage_count - r->stage_index - 1;
+        if (warm_up > m)
+            warm_up = m;
+    }
+    int forwards = 0, backwards = 0;
+    while (forwards < m || backwards < m) {
+        bool in_warm_up = forwards < warm_up;
+        if (forwards < m) {
+            if (forward(r, forwards++, err) != 0)
+                return -1;
+            if (inject_failure)
+                return pt_fail(err, "injected failure after the forward of "
+                                    "micro-batch 0 (a test asked for it)");
+        }
+        if (!in_warm_up && backward(r, backwards++, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The first stage's token-embedding gradient and the last stage's tied
+ * copy, summed: they are one tensor. */
+static int embedding_all_reduce(rank_step *r, pt_error *err)
+{
+    const pipeline_layout *layout = r->layout;
+    int last = layout->stage_count - 1;
+    if (layout->stage_count < 2 || !layout->shape.tied_embeddings ||
+        (r->stage_index != 0 && r->stage_index != last))
+        return 0;
+    const param_tensor *tensor = model_stage_find_tensor(
+        r->stage, r->stage_index == 0 ? "token_embedding" : "lm_head_weight");
+    if (tensor == NULL || (r->stage_index == last && !tensor->tied_copy))
+        return pt_fail(err, "stage %d holds no tied embedding tensor",
+                       r->stage_index);
+    int group[2] = {r->replica, r->replica + layout->config.dp * last};
+    double start = begin(r, "embedding_allreduce", -1);
+    if (comm_all_reduce_sum(r->c, group, 2, r->stage->grads + tensor->offset,
+                            tensor->count, err) != 0)
+        return -1;
+    record(r, "embedding_allreduce", -1, start);
+    return 0;
+}
+
+/* The group of ranks first, first + 1, ..., first + count - 1 (a dp
+ * group, or the world). NULL when out of memory. */
+static int *consecutive_group(int first, int count)
+{
+    int *group = malloc((size_t)count * sizeof *group);
+    if (group != NULL)
+        for (int i = 0; i < count; i++)
+            group[i] = first + i;
+    return group;
+}
+
+static int dp_all_reduce(rank_step *r, pt_error *err)
+{
+    int dp = r->layout->config.dp;
+    if (dp == 1)
+        return 0;
+    int *group = consecutive_group(dp * r->stage_index, dp);
+    if (group == NULL)
+        return pt_fail(err, "out of memory for a group of %d", dp);
+    double start = begin(r, "dp_allreduce", -1);
+    int status = comm_all_reduce_sum(r->c, group, dp, r->stage->grads,
+                                     r->stage->param_count, err);
+    free(group);
+    if (status != 0)
+        return -1;
+    record(r, "dp_allreduce", -1, start);
+    return 0;
+}
+
+/* This stage's share of the squared global norm: its gradients, less the
+ * tied copy (counted on the first stage). cpu backend: grads are host
+ * memory. */
+static int square_sum_share(const rank_step *r, double *out, pt_error *err)
+{
+    if (stage_grad_square_sum(r->stage, out, err) != 0)
+        return -1;
+    const param_tensor *head =
+        model_stage_find_tensor(r->stage, "lm_head_weight");
+    if (head != NULL && head->tied_copy) {
+        double copy = 0.0;
+        const float *g = r->stage->grads + head->offset;
+        for (size_t k = 0; k < head->count; k++)
+            copy += (double)g[k] * (double)g[k];
+        *out -= copy;
+    }
+    return 0;
+}
+
+/* Norm and loss over the world in one all-reduce: replica 0's ranks add
+ * their square sums (every replica holds the same gradients now), the
+ * last stages their loss sums. */
+static int reduce_norm_and_loss(rank_step *r, double *grad_norm,
+                                double *loss, pt_error *err)
+{
+    double square_sum = 0.0;
+    if (square_sum_share(r, &square_sum, err) != 0)
+        return -1;
+    float totals[2] = {r->replica == 0 ? (float)square_sum : 0.0f,
+                       (float)r->loss_sum};
+    int world = r->layout->rank_count;
+    int *group = consecutive_group(0, world);
+    if (group == NULL)
+        return pt_fail(err, "out of memory for a group of %d", world);
+    r->operation = "norm and loss all-reduce";
+    r->micro_batch = -1;
+    int status = comm_all_reduce_sum(r->c, group, world, totals, 2, err);
+    free(group);
+    if (status != 0)
+        return -1;
+    *grad_norm = sqrt(totals[0] > 0.0f ? (double)totals[0] : 0.0);
+    *loss = (double)totals[1] /
+            ((double)r->layout->micro_batches * r->layout->config.dp);
+    return 0;
+}
+
+static int optimizer_step(rank_step *r, const train_config *config,
+                          step_result *out, pt_error *err)
+{
+    double grad_norm = 0.0, loss = 0.0;
+    if (reduce_norm_and_loss(r, &grad_norm, &loss, err) != 0)
+        return -1;
+    if (!isfinite(grad_norm))
+        return pt_fail(err, "step %ld: gradient norm is not finite (loss "
+                            "%g); the step was not applied",
+                       r->stage->optimizer_steps, loss);
+    double start = begin(r, "optimizer", -1);
+    float learning_rate = (float)lr_schedule_at(&config->schedule,
+                                                r->stage->optimizer_steps);
+    float scale = clip_coefficient(grad_norm, config->max_grad_norm);
+    if (stage_adamw_step(r->stage, &config->adamw, learning_rate, scale,
+                         err) != 0)
+        return -1;
+    record(r, "optimizer", -1, start);
+    out->loss = (float)loss;
+    out->grad_norm = (float)grad_norm;
+    out->learning_rate = learning_rate;
+    return 0;
+}
+
+static int check_rank(const pipeline_layout *layout, const model_stage *stage,
+                      const comm *c, pt_error *err)
+{
+    if (c->size != layout->rank_count)
+        return pt_fail(err, "the comm has %d ranks, the layout %d", c->size,
+                       layout->rank_count);
+    if (stage->backend->kind != BACKEND_CPU)
+        return pt_fail(err, "the pipeline runtime runs the cpu backend only "
+                            "for now, not %s",
+                       stage->backend->name);
+    stage_spec expected;
+    if (stage_spec_from_partition(&layout->shape, layout->partition,
+                                  layout->stage_count,
+                                  pipeline_rank_stage(layout, c->rank),
+                                  &expected, err) != 0)
+        return -1;
+    if (expected.first_layer != stage->spec.first_layer ||
+        expected.last_layer != stage->spec.last_layer ||
+        expected.has_embedding != stage->spec.has_embedding ||
+        expected.has_head != stage->spec.has_head ||
+        stage->slot_count < pipeline_slot_count(
+                                layout, pipeline_rank_stage(layout, c->rank)) ||
+        stage->mbs_capacity < layout->config.mbs)
+        return pt_fail(err, "its stage was not made for this layout (make "
+                            "it with pipeline_stage_create)");
+    return 0;
+}
+
+int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
+                       const comm *c, const train_config *config,
+                       const uint32_t *tokens, double step_start_s,
+                       bool inject_failure, step_result *out,
+                       pipeline_events *events, pt_error *err)
+{
+    if (check_rank(layout, stage, c, err) != 0 ||
+        lr_schedule_check(&config->schedule, err) != 0) {
+        pt_error_prefix(err, "rank %d", c->rank);
+        comm_abort(c, err->message);
+        return -1;
+    }
+    int dp = layout->config.dp;
+    int stage_index = pipeline_rank_stage(layout, c->rank);
+    int replica = pipeline_rank_replica(layout, c->rank);
+    size_t window = (size_t)layout->shape.seq + 1;
+    size_t replica_windows = (size_t)(layout->config.gbs / dp);
+    rank_step r = {
+        .layout = layout,
+        .stage = stage,
+        .c = c,
+        .stage_index = stage_index,
+        .replica = replica,
+        .previous_rank = stage_index > 0 ? c->rank - dp : -1,
+        .next_rank = stage_index < layout->stage_count - 1 ? c->rank + dp
+                                                           : -1,
+        .tokens = tokens + (size_t)replica * replica_windows * window,
+        .activation_floats = (size_t)layout->config.mbs *
+                             (size_t)layout->shape.seq *
+                             (size_t)layout->shape.hidden,
+        .loss_scale = 1.0f / (float)(layout->micro_batches * dp),
+        .step_start_s = step_start_s,
+        .events = events,
+        .micro_batch = -1,
+        .operation = "zero_grads",
+    };
+    if (events != NULL)
+        events->count = 0;
+    int status = -1;
+    if (r.next_rank >= 0) {
+        r.output_grad = malloc(r.activation_floats * sizeof(float));
+        if (r.output_grad == NULL) {
+            pt_fail(err, "out of memory for a gradient of %zu floats",
+                    r.activation_floats);
+            goto done;
+        }
+    }
+    if (stage_zero_grads(stage, err) != 0 ||
+        run_schedule(&r, inject_failure, err) != 0 ||
+        dp_all_reduce(&r, err) != 0 || embedding_all_reduce(&r, err) != 0 ||
+        optimizer_step(&r, config, out, err) != 0)
+        goto done;
+    status = 0;
+done:
+    free(r.output_grad);
+    if (status != 0) {
+        if (r.micro_batch >= 0)
+            pt_error_prefix(err, "rank %d (stage %d, replica %d), %s of "
+                                 "micro-batch %d",
+                            c->rank, stage_index, replica, r.operation,
+                            r.micro_batch);
+        else
+            pt_error_prefix(err, "rank %d (stage %d, replica %d), %s",
+                            c->rank, stage_index, replica, r.operation);
+        comm_abort(c, err->message);
+    }
+    return status;
+}
+
+/* ------------------------------------------------------ threads launcher */
+
+/* What the thread of one rank gets and returns. */
+typedef struct rank_thread {
+    pipeline_threads *p;
+    int rank;
+    const train_config *config;
+    const uint32_t *tokens;
+    double step_start_s;
+    step_result result;
+} rank_thread;
+
+static void *rank_thread_main(void *argument)
+{
+    rank_thread *t = argument;
+    pipeline_threads *p = t->p;
+    comm c = comm_threads_rank(p->world, t->rank);
+    p->rank_errors[t->rank].message[0] = '\0';
+    p->rank_status[t->rank] = pipeline_rank_step(
+        &p->layout, &p->stages[t->rank], &c, t->config, t->tokens,
+        t->step_start_s, t->rank == p->inject_failure_rank, &t->result,
+        &p->events[t->rank], &p->rank_errors[t->rank]);
+    return NULL;
+}
+
+int pipeline_threads_create(pipeline_threads *out,
+                            const pipeline_layout *layout,
+                            backend_kind backend, uint64_t seed,
+                            double timeout_s, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    out->layout = *layout;
+    out->inject_failure_rank = -1;
+    int ranks = layout->rank_count;
+    out->stages = calloc((size_t)ranks, sizeof *out->stages);
+    out->events = calloc((size_t)ranks, sizeof *out->events);
+    out->rank_errors = calloc((size_t)ranks, sizeof *out->rank_errors);
+    out->rank_status = calloc((size_t)ranks, sizeof *out->rank_status);
+    if (out->stages == NULL || out->events == NULL ||
+        out->rank_errors == NULL || out->rank_status == NULL) {
+        pipeline_threads_destroy(out);
+        return pt_fail(err, "pipeline runtime: out of memory for %d ranks",
+                       ranks);
+    }
+    for (int rank = 0; rank < ranks; rank++) {
+        if (pipeline_stage_create(&out->stages[rank], layout, rank, backend,
+                                  seed, err) != 0 ||
+            pipeline_events_reserve(&out->events[rank], layout, err) != 0) {
+            pt_error_prefix(err, "rank %d", rank);
+            pipeline_threads_destroy(out);
+            return -1;
+        }
+    }
+    if (comm_threads_create(ranks, timeout_s, &out->world, err) != 0) {
+        pipeline_threads_destroy(out);
+        return -1;
+    }
+    return 0;
+}
+
+int pipeline_threads_step(pipeline_threads *p, const train_config *config,
+                          const uint32_t *tokens, step_result *out,
+                          pt_error *err)
+{
+    int ranks = p->layout.rank_count;
+    if (comm_threads_failed_rank(p->world, NULL, 0) >= 0)
+        return pt_fail(err, "pipeline runtime: a rank failed in an earlier "
+                            "step; the world is unusable");
+    rank_thread *threads = calloc((size_t)ranks, sizeof *threads);
+    pthread_t *ids = calloc((size_t)ranks, sizeof *ids);
+    bool *started = calloc((size_t)ranks, sizeof *started);
+    if (threads == NULL || ids == NULL || started == NULL) {
+        free(threads);
+        free(ids);
+        free(started);
+        return pt_fail(err, "pipeline runtime: out of memory for %d "
+                            "threads",
+                       ranks);
+    }
+    double start = monotonic_s();
+    for (int rank = 0; rank < ranks; rank++) {
+        threads[rank] = (rank_thread){.p = p, .rank = rank, .config = config,
+                                      .tokens = tokens,
+                                      .step_start_s = start};
+        started[rank] = pthread_create(&ids[rank], NULL, rank_thread_main,
+                                       &threads[rank]) == 0;
+        if (!started[rank]) {
+            p->rank_status[rank] = -1;
+            pt_fail(&p->rank_errors[rank], "rank %d: cannot start its "
+                                           "thread",
+                    rank);
+            comm c = comm_threads_rank(p->world, rank);
+            comm_abort(&c, p->rank_errors[rank].message);
+        }
+    }
+    for (int rank = 0; rank < ranks; rank++)
+        if (started[rank])
+            pthread_join(ids[rank], NULL);
+    int status = 0;
+    char reason[600];
+    int failed = comm_threads_failed_rank(p->world, reason, sizeof reason);
+    if (failed >= 0)
+        status = pt_fail(err, "%s", reason);
+    else
+        *out = threads[0].result;
+    free(threads);
+    free(ids);
+    free(started);
+    return status;
+}
+
+void pipeline_threads_destroy(pipeline_threads *p)
+{
+    if (p->stages != NULL)
+        for (int rank = 0; rank < p->layout.rank_count; rank++)
+            model_stage_destroy(&p->stages[rank]);
+    if (p->events != NULL)
+        for (int rank = 0; rank < p->layout.rank_count; rank++)
+            pipeline_events_free(&p->events[rank]);
+    comm_threads_destroy(p->world);
+    free(p->stages);
+    free(p->events);
+    free(p->rank_errors);
+    free(p->rank_status);
+    memset(p, 0, sizeof *p);
+}
