@@ -18,6 +18,7 @@ int command_plan(int argc, char **argv);
 int command_estimate(int argc, char **argv);
 int command_prep(int argc, char **argv);
 int command_exec(int argc, char **argv);
+int command_report(int argc, char **argv);
 
 /* Prints "partita <command>: <message>" on stderr. */
 void cli_error(const char *command, const char *message);

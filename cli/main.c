@@ -21,6 +21,7 @@ static const subcommand subcommands[] = {
     {"prep", command_prep,
      "turn text or JSON lines into a Megatron .bin/.idx dataset"},
     {"exec", command_exec, "train under a plan, write run.json"},
+    {"report", command_report, "estimated vs measured: tables, charts, trace"},
 };
 
 static void print_usage(FILE *out)
@@ -37,8 +38,9 @@ static void print_usage(FILE *out)
                 subcommands[i].summary);
     fprintf(out,
             "\n"
-            "Not built yet: profile, report; exec runs one-stage plans\n"
-            "on the cpu backend for now (see docs/executor.md).\n"
+            "Not built yet: profile. exec runs one-stage plans (cpu or\n"
+            "cuda) and, on the cpu backend, pipeline and data-parallel\n"
+            "plans (see docs/executor.md).\n"
             "'partita <command> --help' describes a command.\n");
 }
 

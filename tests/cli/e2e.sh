@@ -305,6 +305,94 @@ exec-bad)
   expect_in out.txt "usage: partita exec"
   no_leftovers
   ;;
+report-run)
+  report_fixtures="$source_root/tests/data/report"
+  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out/nested
+  for file in report.md trace.json timeline.png timeline.svg stages.png \
+              stages.svg memory.png memory.svg step_time.png step_time.svg; do
+    [ -s "out/nested/$file" ] || fail "out/nested/$file missing or empty"
+  done
+  [ -z "$(ls -A out/nested | grep '^\.')" ] || fail "temporary files left in out/nested"
+  [ ! -s out.txt ] || fail "report printed on standard output"
+  expect_in out/nested/report.md "| step time |"
+  expect_in out/nested/report.md "| 0 | A100-FASOP | 2 | forward |"
+  expect_in out/nested/report.md "step_time.png"
+  head -c 8 out/nested/timeline.png | grep -q PNG || fail "timeline.png is not a PNG"
+  expect_in out/nested/timeline.svg "<svg"
+  if command -v python3 >/dev/null; then
+    python3 - out/nested/trace.json <<'PY' || fail "trace.json is not the expected trace"
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+complete = [e for e in events if e["ph"] == "X"]
+tids = {e["tid"] for e in complete}
+assert tids == {1, 2}, tids
+assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in complete)
+names = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+assert names == {"estimated", "measured"}, names
+# the measured forward of micro-batch 0 lasts hundreds of ms: us units
+fwd = [e for e in complete if e["tid"] == 2 and e["name"] == "fwd 0"][0]
+assert fwd["dur"] > 1000, fwd
+PY
+  else
+    expect_in out/nested/trace.json '"traceEvents"'
+    expect_in out/nested/trace.json '"ph":"X"'
+  fi
+  ;;
+report-plan-only)
+  run 0 partita report "$source_root/tests/data/report/plan.json" -o out
+  for file in report.md trace.json timeline.png timeline.svg stages.png \
+              stages.svg memory.png memory.svg; do
+    [ -s "out/$file" ] || fail "out/$file missing or empty"
+  done
+  [ ! -e out/step_time.png ] || fail "step_time.png drawn without a run"
+  expect_in out/report.md "No run given"
+  expect_in out/trace.json '"estimated"'
+  if grep -q '"measured"' out/trace.json; then fail "measured track without a run"; fi
+  run 0 partita report "$source_root/docs/examples/plan-gpt2xl-hetero.json" -o hetero
+  expect_in hetero/report.md "| 31 | 7 |"
+  [ -s hetero/timeline.png ] || fail "hetero timeline missing"
+  ;;
+report-no-gnuplot)
+  report_fixtures="$source_root/tests/data/report"
+  PARTITA_GNUPLOT=/nonexistent run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out
+  expect_in err.txt "warning: no charts"
+  expect_in err.txt "/nonexistent"
+  [ "$(grep -c warning err.txt)" = 1 ] || fail "expected one warning line"
+  [ -s out/report.md ] && [ -s out/trace.json ] || fail "tables or trace missing"
+  expect_in out/report.md "Charts are missing"
+  expect_in out/report.md "| step time |"
+  [ -z "$(ls -A out | grep -v -e '^report.md$' -e '^trace.json$')" ] || fail "stray files: $(ls -A out)"
+  mkdir empty-path
+  PATH="$work/empty-path" run 0 partita report "$report_fixtures/plan.json" -o out2
+  expect_in err.txt "gnuplot"
+  [ -s out2/report.md ] && [ -s out2/trace.json ] || fail "tables or trace missing without gnuplot on PATH"
+  PARTITA_GNUPLOT=false run 0 partita report "$report_fixtures/plan.json" -o out3
+  expect_in err.txt "failed"
+  expect_in out3/report.md "Charts are missing"
+  ;;
+report-bad)
+  report_fixtures="$source_root/tests/data/report"
+  sed 's/"peak_memory_gib": \[/"peak_memory_gib": [ "lots", /' \
+    "$report_fixtures/run.json" >in-bad-run.json
+  grep -q '"lots"' in-bad-run.json || fail "could not break the run fixture"
+  run 2 partita report "$report_fixtures/plan.json" in-bad-run.json -o out
+  expect_in err.txt "in-bad-run.json"
+  expect_in err.txt "peak_memory_gib"
+  [ ! -e out ] || fail "a bad run left a report folder"
+  echo '{ "format": "partita-run/1", ' >in-truncated.json
+  run 2 partita report "$report_fixtures/plan.json" in-truncated.json -o out
+  expect_in err.txt "in-truncated.json"
+  run 2 partita report "$report_fixtures/plan.json" in-missing.json -o out
+  expect_in err.txt "in-missing.json"
+  write_tiny_plan in-other-plan.json
+  run 2 partita report in-other-plan.json "$report_fixtures/run.json" -o out
+  expect_in err.txt "plan.gbs"
+  run 2 partita report
+  run 2 partita report a b c
+  run 0 partita report --help
+  expect_in out.txt "usage: partita report"
+  no_leftovers
+  ;;
 *)
   fail "unknown case"
   ;;

@@ -1,0 +1,404 @@
+/* report: charts drawn by gnuplot, run as a child process on a generated
+ * script. Every chart is drawn into a private temporary folder and renamed
+ * into place only when gnuplot succeeded, so a failure leaves none. */
+#include "report/report.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SECONDS_TO_MS 1e3
+
+/* Colours of the event kinds in the timeline, 0xRRGGBB, by event_kind. */
+static const unsigned kind_colours[EVENT_KIND_COUNT] = {
+    0x4C72B0, /* fwd */
+    0xDD8452, /* bwd */
+    0x55A868, /* send_fwd */
+    0x8CC084, /* recv_fwd */
+    0xC44E52, /* send_bwd */
+    0xE59A9C, /* recv_bwd */
+    0x8172B3, /* tp_allreduce */
+    0x937860, /* dp_allreduce */
+    0xDA8BC3, /* embedding_allreduce */
+    0x8C8C8C, /* optimizer */
+};
+
+/* Sets the terminal and output of one chart in one format. */
+static void emit_terminal(FILE *script, const char *chart, bool svg,
+                          int width, int height)
+{
+    fprintf(script, "reset\n");
+    if (svg)
+        fprintf(script,
+                "set terminal svg size %d,%d dynamic noenhanced "
+                "font \"sans,11\"\n",
+                width, height);
+    else
+        fprintf(script,
+                "if (strstrt(GPVAL_TERMINALS, \"pngcairo\") > 0) {\n"
+                "  set terminal pngcairo size %d,%d noenhanced "
+                "font \"sans,10\"\n"
+                "} else {\n  set terminal png size %d,%d noenhanced\n}\n",
+                width, height, width, height);
+    fprintf(script, "set output \"%s.%s\"\n", chart, svg ? "svg" : "png");
+}
+
+static void emit_timeline_data(FILE *script, const report_input *in,
+                               int rank_count, bool *kinds_used)
+{
+    int lanes_per_rank = in->run ? 2 : 1;
+    fprintf(script, "$timeline << EOD\n");
+    for (int lane = 0; lane < lanes_per_rank; lane++) {
+        const timeline_event *events =
+            lane == 0 ? in->estimate->events : in->run->events;
+        int count = lane == 0 ? in->estimate->event_count
+                              : in->run->event_count;
+        for (int i = 0; i < count; i++) {
+            const timeline_event *e = &events[i];
+            if (e->rank < 0 || e->rank >= rank_count)
+                continue;
+            kinds_used[e->kind] = true;
+            fprintf(script, "%.6f %.6f %d %u\n", e->start_s * SECONDS_TO_MS,
+                    e->end_s * SECONDS_TO_MS,
+                    e->rank * lanes_per_rank + lane, kind_colours[e->kind]);
+        }
+    }
+    fprintf(script, "EOD\n");
+}
+
+static void emit_timeline_plot(FILE *script, const report_input *in,
+                               int rank_count, const bool *kinds_used)
+{
+    int lanes_per_rank = in->run ? 2 : 1;
+    int lanes = rank_count * lanes_per_rank;
+    fprintf(script,
+            "set title \"Pipeline timeline of one iteration%s\"\n"
+            "set xlabel \"time from the start of the iteration (ms)\"\n"
+            "set yrange [%d-0.5:-0.5]\nset grid xtics\nset xrange [0:*]\n"
+            "set key outside top center horizontal\nset ytics (",
+            in->run ? ": estimated and measured" : " (estimated)", lanes);
+    for (int lane = 0; lane < lanes; lane++)
+        fprintf(script, "%s\"rank %d %s\" %d", lane ? ", " : "",
+                lane / lanes_per_rank,
+                lane % lanes_per_rank ? "measured" : "estimated", lane);
+    fprintf(script, ")\nplot $timeline using (($1+$2)/2):3:(($2-$1)/2):"
+                    "(0.4):4 with boxxyerror fs solid 0.9 noborder "
+                    "lc rgb variable notitle");
+    for (int k = 0; k < EVENT_KIND_COUNT; k++)
+        if (kinds_used[k])
+            fprintf(script, ", \\\n  keyentry with boxes fs solid 0.9 "
+                            "lc rgb \"#%06X\" title \"%s\"",
+                    kind_colours[k], event_kind_name((event_kind)k));
+    fprintf(script, "\n");
+}
+
+/* A value in a data block: NAN (nothing measured) as gnuplot's NaN. */
+static void emit_value(FILE *script, double value)
+{
+    if (isfinite(value))
+        fprintf(script, " %.9g", value);
+    else
+        fprintf(script, " NaN");
+}
+
+static void emit_stage_data(FILE *script, const report_comparison *cmp)
+{
+    fprintf(script, "$stages << EOD\n");
+    for (int s = 0; s < cmp->stage_count; s++) {
+        const stage_phases *est = &cmp->estimated[s];
+        const stage_phases *meas = &cmp->measured[s];
+        const char *names[] = {"forward", "backward", "comm."};
+        double est_values[] = {est->forward_s, est->backward_s,
+                               est->communication_s};
+        double meas_values[] = {meas->forward_s, meas->backward_s,
+                                meas->communication_s};
+        for (int q = 0; q < 3; q++) {
+            fprintf(script, "\"s%d %s\"", s, names[q]);
+            emit_value(script, est_values[q] * SECONDS_TO_MS);
+            emit_value(script, meas_values[q] * SECONDS_TO_MS);
+            fprintf(script, "\n");
+        }
+    }
+    fprintf(script, "EOD\n");
+}
+
+static void emit_histogram_style(FILE *script)
+{
+    fprintf(script,
+            "set style data histograms\n"
+            "set style histogram clustered gap 1\n"
+            "set style fill solid 0.85 border -1\n"
+            "set boxwidth 0.9\nset grid ytics\nset yrange [0:*]\n"
+            "set key outside right top\nset xtics rotate by -30 nomirror\n");
+}
+
+static void emit_stage_plot(FILE *script, bool measured)
+{
+    emit_histogram_style(script);
+    fprintf(script,
+            "set title \"Per stage, one micro-batch: forward, backward, "
+            "communication\"\nset ylabel \"time per micro-batch (ms)\"\n"
+            "plot $stages using 2:xtic(1) title \"estimated\" "
+            "lc rgb \"#4C72B0\"%s\n",
+            measured ? ", $stages using 3 title \"measured\" "
+                       "lc rgb \"#DD8452\""
+                     : "");
+}
+
+static void emit_memory_data(FILE *script, const report_comparison *cmp)
+{
+    fprintf(script, "$memory << EOD\n");
+    for (int r = 0; r < cmp->rank_count; r++) {
+        fprintf(script, "\"%d\"", r);
+        emit_value(script, cmp->estimated_memory_gib[r]);
+        emit_value(script, cmp->measured_memory_gib[r]);
+        fprintf(script, "\n");
+    }
+    fprintf(script, "EOD\n");
+}
+
+static void emit_memory_plot(FILE *script, bool measured)
+{
+    emit_histogram_style(script);
+    fprintf(script,
+            "set title \"Peak memory per GPU\"\nset ylabel \"GiB\"\n"
+            "set xlabel \"rank\"\nset xtics norotate\n"
+            "plot $memory using 2:xtic(1) title \"estimated\" "
+            "lc rgb \"#4C72B0\"%s\n",
+            measured ? ", $memory using 3 title \"measured\" "
+                       "lc rgb \"#DD8452\""
+                     : "");
+}
+
+static void emit_step_data(FILE *script, const run_record *run)
+{
+    fprintf(script, "$steps << EOD\n");
+    for (int i = 0; i < run->iteration_count; i++)
+        fprintf(script, "%d %.9g\n", run->iterations[i].iteration,
+                run->iterations[i].step_time_s * SECONDS_TO_MS);
+    fprintf(script, "EOD\n");
+}
+
+static void emit_step_plot(FILE *script, double estimated_s)
+{
+    fprintf(script,
+            "set title \"Step time over iterations\"\n"
+            "set xlabel \"iteration\"\nset ylabel \"step time (ms)\"\n"
+            "set grid\nset yrange [0:*]\nset key outside right top\n"
+            "plot $steps using 1:2 with linespoints pt 7 ps 0.6 "
+            "lc rgb \"#DD8452\" title \"measured\", "
+            "%.9g with lines dt 2 lw 2 lc rgb \"#4C72B0\" "
+            "title \"estimated (%.3g ms)\"\n",
+            estimated_s * SECONDS_TO_MS, estimated_s * SECONDS_TO_MS);
+}
+
+/* Writes the whole script; *charts gets the chart names drawn. */
+static void emit_script(FILE *script, const report_input *in,
+                        const report_comparison *cmp, report_outcome *charts)
+{
+    bool kinds_used[EVENT_KIND_COUNT] = {false};
+    emit_timeline_data(script, in, cmp->rank_count, kinds_used);
+    emit_stage_data(script, cmp);
+    emit_memory_data(script, cmp);
+    if (in->run)
+        emit_step_data(script, in->run);
+    int timeline_height = 160 + 28 * cmp->rank_count * (in->run ? 2 : 1);
+    if (timeline_height > 4000)
+        timeline_height = 4000;
+    for (int svg = 0; svg < 2; svg++) {
+        emit_terminal(script, "timeline", svg, 1200, timeline_height);
+        emit_timeline_plot(script, in, cmp->rank_count, kinds_used);
+        emit_terminal(script, "stages", svg, 1000, 560);
+        emit_stage_plot(script, in->run != NULL);
+        emit_terminal(script, "memory", svg, 1000, 520);
+        emit_memory_plot(script, in->run != NULL);
+        if (in->run) {
+            emit_terminal(script, "step_time", svg, 1000, 480);
+            emit_step_plot(script, in->estimate->step_time_s);
+        }
+    }
+    fprintf(script, "unset output\n");
+    const char *names[] = {"timeline", "stages", "memory", "step_time"};
+    int count = in->run ? 4 : 3;
+    for (int i = 0; i < count; i++)
+        for (int svg = 0; svg < 2; svg++)
+            snprintf(charts->files[charts->file_count++], PT_NAME_MAX,
+                     "%s.%s", names[i], svg ? "svg" : "png");
+}
+
+/* The first line gnuplot wrote on stderr, for the warning. */
+static void first_error_line(const char *path, char *out, size_t size)
+{
+    out[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    char line[400];
+    while (fgets(line, sizeof line, f) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        if (strspn(line, " \t^") != strlen(line)) {
+            pt_copy_string(out, size, line);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* Runs `gnuplot script.gp` inside work_dir; 0 or -1 with reason set. */
+static int run_gnuplot(const char *gnuplot, const char *work_dir,
+                       char *reason, size_t reason_size)
+{
+    char script_path[PT_PATH_MAX + 64], error_path[PT_PATH_MAX + 64];
+    snprintf(script_path, sizeof script_path, "%s/charts.gp", work_dir);
+    snprintf(error_path, sizeof error_path, "%s/gnuplot.err", work_dir);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 2, error_path,
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addchdir_np(&actions, work_dir);
+    char *argv[] = {(char *)gnuplot, "charts.gp", NULL};
+    extern char **environ;
+    pid_t child;
+    int spawn_status = posix_spawnp(&child, gnuplot, &actions, NULL, argv,
+                                     environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (spawn_status != 0) {
+        if (spawn_status == ENOENT)
+            snprintf(reason, reason_size,
+                     "gnuplot not found ('%s': no such program; install "
+                     "gnuplot or set PARTITA_GNUPLOT)", gnuplot);
+        else
+            snprintf(reason, reason_size, "cannot run gnuplot '%s': %s",
+                     gnuplot, strerror(spawn_status));
+        return -1;
+    }
+    int wait_status;
+    while (waitpid(child, &wait_status, 0) < 0)
+        if (errno != EINTR) {
+            snprintf(reason, reason_size, "waiting for gnuplot: %s",
+                     strerror(errno));
+            return -1;
+        }
+    if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0)
+        return 0;
+    char detail[300];
+    first_error_line(error_path, detail, sizeof detail);
+    if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 127)
+        /* Where posix_spawn falls back to fork + exec, a program that
+         * cannot be run shows only as the shell's status 127. */
+        snprintf(reason, reason_size, "gnuplot '%s' could not be run "
+                 "(exit 127: not found?)", gnuplot);
+    else if (WIFEXITED(wait_status))
+        snprintf(reason, reason_size, "gnuplot '%s' failed (exit %d)%s%s",
+                 gnuplot, WEXITSTATUS(wait_status), detail[0] ? ": " : "",
+                 detail);
+    else
+        snprintf(reason, reason_size, "gnuplot '%s' was killed by signal %d",
+                 gnuplot, WTERMSIG(wait_status));
+    return -1;
+}
+
+/* Empties and removes the private work folder (it holds no subfolders). */
+static void remove_work_dir(const char *work_dir)
+{
+    DIR *dir = opendir(work_dir);
+    if (dir != NULL) {
+        struct dirent *entry;
+        while ((entry = readdir(dir)) != NULL) {
+            if (strcmp(entry->d_name, ".") == 0 ||
+                strcmp(entry->d_name, "..") == 0)
+                continue;
+            char path[PT_PATH_MAX + 300];
+            snprintf(path, sizeof path, "%s/%s", work_dir, entry->d_name);
+            unlink(path);
+        }
+        closedir(dir);
+    }
+    rmdir(work_dir);
+}
+
+static int write_script(const char *work_dir, const report_input *in,
+                        const report_comparison *cmp, report_outcome *charts,
+                        char *reason, size_t reason_size)
+{
+    char path[PT_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/charts.gp", work_dir);
+    FILE *script = fopen(path, "w");
+    if (script == NULL) {
+        snprintf(reason, reason_size, "cannot write %s: %s", path,
+                 strerror(errno));
+        return -1;
+    }
+    emit_script(script, in, cmp, charts);
+    if (fclose(script) != 0) {
+        snprintf(reason, reason_size, "cannot write %s: %s", path,
+                 strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Moves the drawn charts into dir; fails when one is missing or empty. */
+static int move_charts(const char *work_dir, const char *dir,
+                       const report_outcome *charts, char *reason,
+                       size_t reason_size)
+{
+    for (int i = 0; i < charts->file_count; i++) {
+        char drawn[PT_PATH_MAX + 160];
+        snprintf(drawn, sizeof drawn, "%s/%s", work_dir, charts->files[i]);
+        struct stat info;
+        if (stat(drawn, &info) != 0 || info.st_size == 0) {
+            snprintf(reason, reason_size, "gnuplot drew no %s",
+                     charts->files[i]);
+            return -1;
+        }
+    }
+    for (int i = 0; i < charts->file_count; i++) {
+        char drawn[PT_PATH_MAX + 160], final_path[PT_PATH_MAX + 160];
+        snprintf(drawn, sizeof drawn, "%s/%s", work_dir, charts->files[i]);
+        snprintf(final_path, sizeof final_path, "%s/%s", dir,
+                 charts->files[i]);
+        chmod(drawn, 0644);
+        if (rename(drawn, final_path) != 0) {
+            snprintf(reason, reason_size, "cannot move %s into place: %s",
+                     charts->files[i], strerror(errno));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int report_draw_charts(const report_input *in, const report_comparison *cmp,
+                       const char *dir, report_outcome *charts,
+                       char *reason, size_t reason_size)
+{
+    const char *gnuplot = in->gnuplot && in->gnuplot[0] ? in->gnuplot
+                                                        : "gnuplot";
+    char work_dir[PT_PATH_MAX + 32];
+    snprintf(work_dir, sizeof work_dir, "%s/.charts.XXXXXX", dir);
+    if (mkdtemp(work_dir) == NULL) {
+        snprintf(reason, reason_size, "cannot create %s: %s", work_dir,
+                 strerror(errno));
+        return -1;
+    }
+    charts->file_count = 0;
+    int status = write_script(work_dir, in, cmp, charts, reason, reason_size);
+    if (status == 0)
+        status = run_gnuplot(gnuplot, work_dir, reason, reason_size);
+    if (status == 0)
+        status = move_charts(work_dir, dir, charts, reason, reason_size);
+    remove_work_dir(work_dir);
+    if (status != 0)
+        charts->file_count = 0;
+    return status;
+}

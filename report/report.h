@@ -1,0 +1,155 @@
+/*
+ * report: estimated against measured. Reads what `partita exec` measured
+ * (run.json), joins it with the cost model's estimate of the same plan and
+ * writes report.md (tables), gnuplot charts (PNG and SVG) and a Chrome
+ * trace (trace.json) for Perfetto. docs/report.md describes every file.
+ */
+#ifndef PARTITA_REPORT_H
+#define PARTITA_REPORT_H
+
+#include "common/common.h"
+#include "costmodel/costmodel.h"
+
+/* ------------------------------------------------------------- run.json */
+
+/* One timed iteration of a run. */
+typedef struct run_iteration {
+    int iteration;       /* 1-based, as exec counts them */
+    double step_time_s;
+    double loss;         /* nats per token */
+} run_iteration;
+
+/* The parts of run.json a report uses, validated; everything else in the
+ * file is left unread. */
+typedef struct run_record {
+    char file[PT_PATH_MAX];         /* as the user named it */
+    char backend[PT_NAME_MAX];      /* training.backend, "" when absent */
+    int rank_count;                 /* length of peak_memory_gib */
+    int tp, dp, pp, gbs, mbs;       /* of the plan that ran */
+    double step_time_s;             /* median of the timed iterations */
+    double tokens_per_s;
+    double tflops_per_gpu;
+    int events_iteration;           /* the iteration `events` come from */
+    int iteration_count;
+    run_iteration *iterations;      /* owned */
+    int event_count;
+    timeline_event *events;         /* owned */
+    double *peak_memory_gib;        /* owned, [rank_count] */
+} run_record;
+
+/* Readers zero *out first and free what they built on failure. Messages
+ * name the file, the JSON path and the reason. */
+int run_record_from_json(const json_t *root, const char *file,
+                         run_record *out, pt_error *err);
+int run_record_load_file(const char *path, run_record *out, pt_error *err);
+void run_record_free(run_record *run);
+
+/* Fails, naming the run's field, when the run's plan has other degrees,
+ * batch sizes or rank count than the plan being reported. */
+int run_record_check_plan(const run_record *run, const plan *p,
+                          pt_error *err);
+
+/* ----------------------------------------------------------- comparison */
+
+/* Signed error of an estimate against a measurement in percent:
+ * (estimated - measured) / measured x 100. NAN when the measurement is
+ * missing (NAN), not positive, or either value is not finite. */
+double report_error_percent(double estimated, double measured);
+
+/* "+1.4 %", "-12 %", or "n/a" for NAN. */
+void report_format_error(double error_percent, char *out, size_t size);
+
+/* What a stage did in one iteration, taken from events: the mean duration
+ * per micro-batch of its forward and backward passes and of its
+ * point-to-point transfers, and the once-per-step work. NAN where the
+ * events hold no such phase for the stage (communication and per-step
+ * terms are 0, not NAN, once the stage has any compute event: a phase
+ * that never happened took no time). */
+typedef struct stage_phases {
+    double forward_s;
+    double backward_s;
+    double communication_s;   /* send_fwd + send_bwd per micro-batch */
+    double dp_allreduce_s;    /* per step, mean over the stage's ranks */
+    double optimizer_s;
+} stage_phases;
+
+/* Fills phases[pp] from any event list (estimated or measured). */
+void report_stage_phases(const timeline_event *events, int event_count,
+                         int pp, stage_phases *phases);
+
+/* Everything a report compares, stage by stage and rank by rank. The
+ * estimated stage phases come from the estimate's stage table, the
+ * measured ones from the run's events; measured values are NAN without a
+ * run. */
+typedef struct report_comparison {
+    int stage_count, rank_count;
+    stage_phases *estimated;        /* owned, [stage_count] */
+    stage_phases *measured;         /* owned, [stage_count] */
+    double *estimated_memory_gib;   /* owned, [rank_count] */
+    double *measured_memory_gib;    /* owned, [rank_count] */
+} report_comparison;
+
+/* run may be NULL. Fails only when out of memory. */
+int report_compare(const plan *p, const estimate *est, const run_record *run,
+                   report_comparison *out, pt_error *err);
+void report_comparison_free(report_comparison *cmp);
+
+/* ---------------------------------------------------------------- trace */
+
+/* The Chrome trace (Perfetto's JSON format): one process per rank, thread
+ * 1 "estimated" and thread 2 "measured", complete ("X") events with ts and
+ * dur in microseconds, process_name / thread_name metadata. run may be
+ * NULL (estimated lanes only). */
+json_t *report_trace_json(const plan *p, const estimate *est,
+                          const run_record *run, pt_error *err);
+
+#define REPORT_TRACE_TID_ESTIMATED 1
+#define REPORT_TRACE_TID_MEASURED 2
+
+/* ---------------------------------------------------------------- write */
+
+/* What report_write needs; run may be NULL. */
+typedef struct report_input {
+    const char *plan_file;        /* as the user named them, for titles */
+    const plan *plan;
+    const estimate *estimate;     /* with events */
+    const costmodel *costmodel;   /* for its notes; may be NULL */
+    const run_record *run;
+    const char *gnuplot;          /* binary name or path; NULL: "gnuplot" */
+} report_input;
+
+#define REPORT_MAX_FILES 16
+
+/* What report_write did. The library never prints: the caller shows the
+ * warning and the files. */
+typedef struct report_outcome {
+    bool charts_written;
+    char chart_warning[512];      /* why the charts are missing, or "" */
+    int file_count;
+    char files[REPORT_MAX_FILES][PT_NAME_MAX]; /* names inside dir */
+} report_outcome;
+
+/* Creates dir when missing and writes report.md, trace.json and (when
+ * gnuplot works) the charts, each atomically (temporary file, rename).
+ * A gnuplot failure is not an error: outcome->chart_warning says why and
+ * report.md says the charts are missing. */
+int report_write(const report_input *in, const char *dir,
+                 report_outcome *outcome, pt_error *err);
+
+/* The markdown text of report.md (caller frees); charts says whether the
+ * chart files exist, chart_warning why not. */
+char *report_markdown(const report_input *in, bool charts,
+                      const char *chart_warning, pt_error *err);
+
+/* Draws the charts with gnuplot into dir (see docs/report.md); fills
+ * charts->files with the chart names. -1 with reason set when gnuplot is
+ * missing or fails; no chart is then left in dir. */
+int report_draw_charts(const report_input *in, const report_comparison *cmp,
+                       const char *dir, report_outcome *charts,
+                       char *reason, size_t reason_size);
+
+/* Writes data to dir/name through a temporary file in dir and rename. */
+int report_write_file_atomic(const char *dir, const char *name,
+                             const char *data, size_t size, pt_error *err);
+
+#endif

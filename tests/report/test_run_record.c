@@ -1,0 +1,146 @@
+/* The run.json reader: what it keeps, and errors that name the file, the
+ * field and the reason. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "report/report.h"
+
+/* A valid run of a one-rank plan; tests replace parts of it. */
+static const char *valid_run =
+    "{ \"format\": \"partita-run/1\","
+    "  \"plan\": { \"gbs\": 8, \"mbs\": 4, \"tp\": 1, \"dp\": 1, \"pp\": 1 },"
+    "  \"training\": { \"backend\": \"cpu\" },"
+    "  \"iterations\": [ { \"iteration\": 1, \"step_time_s\": 0.02,"
+    "                      \"loss\": 5.5 },"
+    "                    { \"iteration\": 2, \"step_time_s\": 0.015,"
+    "                      \"loss\": 5.4 } ],"
+    "  \"events_iteration\": 2,"
+    "  \"events\": [ { \"rank\": 0, \"stage\": 0, \"microbatch\": 0,"
+    "                  \"kind\": \"fwd\", \"start_s\": 0, \"end_s\": 0.003 },"
+    "                { \"rank\": 0, \"stage\": 0, \"microbatch\": -1,"
+    "                  \"kind\": \"optimizer\", \"start_s\": 0.012,"
+    "                  \"end_s\": 0.013 } ],"
+    "  \"peak_memory_gib\": [ 0.0015 ],"
+    "  \"step_time_s\": 0.015, \"tokens_per_s\": 34133,"
+    "  \"tflops_per_gpu\": 0.004, \"notes\": [] }";
+
+/* Parses valid_run, applies edit (a JSON object merged over the root,
+ * or NULL), reads it; returns the reader's status. */
+static int read_edited(const char *edit, run_record *run, pt_error *err)
+{
+    json_error_t json_err;
+    json_t *root = json_loads(valid_run, 0, &json_err);
+    assert_non_null(root);
+    if (edit != NULL) {
+        json_t *patch = json_loads(edit, 0, &json_err);
+        assert_non_null(patch);
+        json_object_update(root, patch);
+        json_decref(patch);
+    }
+    int status = run_record_from_json(root, "runs/run.json", run, err);
+    json_decref(root);
+    return status;
+}
+
+static void reads_a_valid_run(void **state)
+{
+    (void)state;
+    run_record run;
+    pt_error err = {{0}};
+    assert_int_equal(read_edited(NULL, &run, &err), 0);
+    assert_int_equal(run.rank_count, 1);
+    assert_int_equal(run.iteration_count, 2);
+    assert_int_equal(run.event_count, 2);
+    assert_int_equal(run.events[1].kind, EVENT_OPTIMIZER);
+    assert_int_equal(run.events[1].microbatch, -1);
+    assert_int_equal(run.events_iteration, 2);
+    assert_int_equal(run.gbs, 8);
+    assert_string_equal(run.backend, "cpu");
+    assert_true(run.step_time_s == 0.015);
+    run_record_free(&run);
+}
+
+/* The edit must fail with a message holding every one of the parts. */
+static void expect_failure(const char *edit, const char *part1,
+                           const char *part2)
+{
+    run_record run;
+    pt_error err = {{0}};
+    assert_int_equal(read_edited(edit, &run, &err), -1);
+    if (strstr(err.message, "runs/run.json") == NULL ||
+        strstr(err.message, part1) == NULL ||
+        (part2 && strstr(err.message, part2) == NULL))
+        fail_msg("message '%s' lacks '%s' or '%s'", err.message, part1,
+                 part2 ? part2 : "");
+    /* Nothing is left to free after a failure; freeing again is safe. */
+    assert_null(run.events);
+    run_record_free(&run);
+}
+
+static void errors_name_file_field_and_reason(void **state)
+{
+    (void)state;
+    expect_failure("{\"format\": \"partita-plan/1\"}", "format",
+                   "partita-run/1");
+    expect_failure("{\"step_time_s\": -1}", "step_time_s", NULL);
+    expect_failure("{\"events\": {}}", "events", "array");
+    expect_failure("{\"events\": [ { \"rank\": 0, \"stage\": 0, "
+                   "\"microbatch\": 0, \"kind\": \"lunch\", \"start_s\": 0, "
+                   "\"end_s\": 1 } ]}",
+                   "events[0].kind", "lunch");
+    expect_failure("{\"events\": [ { \"rank\": 3, \"stage\": 0, "
+                   "\"microbatch\": 0, \"kind\": \"fwd\", \"start_s\": 0, "
+                   "\"end_s\": 1 } ]}",
+                   "events[0]", "rank");
+    expect_failure("{\"events\": [ { \"rank\": 0, \"stage\": 0, "
+                   "\"microbatch\": 0, \"kind\": \"fwd\", \"start_s\": 2, "
+                   "\"end_s\": 1 } ]}",
+                   "events[0].end_s", "before it starts");
+    expect_failure("{\"peak_memory_gib\": [1, 2]}", "peak_memory_gib",
+                   "ranks");
+    expect_failure("{\"peak_memory_gib\": [\"lots\"]}", "peak_memory_gib[0]",
+                   "GiB");
+    expect_failure("{\"iterations\": [ {\"iteration\": 1} ]}",
+                   "iterations[0]", "step_time_s");
+    expect_failure("{\"plan\": 3}", "plan", NULL);
+}
+
+static void missing_file_and_mismatched_plan(void **state)
+{
+    (void)state;
+    run_record run;
+    pt_error err = {{0}};
+    assert_int_equal(run_record_load_file("/nonexistent/run.json", &run,
+                                          &err), -1);
+    assert_non_null(strstr(err.message, "/nonexistent/run.json"));
+    run_record_free(&run);
+
+    assert_int_equal(read_edited(NULL, &run, &err), 0);
+    plan p;
+    memset(&p, 0, sizeof p);
+    p.config = (parallel_config){.gbs = 8, .mbs = 2, .tp = 1, .dp = 1,
+                                 .pp = 1};
+    assert_int_equal(run_record_check_plan(&run, &p, &err), -1);
+    assert_non_null(strstr(err.message, "runs/run.json"));
+    assert_non_null(strstr(err.message, "plan.mbs"));
+    p.config.mbs = 4;
+    assert_int_equal(run_record_check_plan(&run, &p, &err), 0);
+    run_record_free(&run);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(reads_a_valid_run),
+        cmocka_unit_test(errors_name_file_field_and_reason),
+        cmocka_unit_test(missing_file_and_mismatched_plan),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
