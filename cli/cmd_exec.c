@@ -1,5 +1,6 @@
-/* partita exec: train under a plan (one stage, one device for now) and
- * write run.json. */
+/* partita exec: train under a plan (one stage on one device, or tp = 1
+ * with pipeline and data parallelism on the cpu backend) and write
+ * run.json. */
 #include "cli/cli.h"
 #include "executor/executor.h"
 
@@ -47,7 +48,8 @@ static void print_exec_help(void)
         "PREFIX.idx, see 'partita prep') and writes run.json: the plan, the\n"
         "device, every iteration's loss, gradient norm and time, the phase\n"
         "events of the median iteration and the measured step time.\n"
-        "Plans with tp = dp = pp = 1 only, for now.\n"
+        "Plans with tp = 1; pp or dp > 1 runs on the cpu backend only, its\n"
+        "ranks as threads of this process.\n"
         "\n"
         "  --data PREFIX        the dataset (required)\n"
         "  --backend NAME       cpu (default) or cuda\n"
@@ -291,7 +293,9 @@ static void print_log_line(exec_printer *printer, const run_result *r)
            "grad norm: %.3f | learning rate: %.3E | memory (GiB): %.3g\n",
            latest->iteration, r->last_iteration, step_s * 1e3,
            step_s > 0 ? (double)r->tokens_per_iteration / step_s : 0.0,
-           step_s > 0 ? printer->flops_per_iteration / step_s / 1e12 : 0.0,
+           step_s > 0 ? printer->flops_per_iteration / step_s / 1e12 /
+                            (r->rank_count > 0 ? r->rank_count : 1)
+                      : 0.0,
            loss_sum / (double)count, latest->grad_norm,
            latest->learning_rate, r->peak_memory_bytes / PT_GIB);
     fflush(stdout);
@@ -411,12 +415,20 @@ static void print_summary(const exec_arguments *args, const run_result *r,
                (int)stop_signal,
                r->iterations[r->iteration_count - 1].iteration,
                r->last_iteration);
+    int ranks = r->rank_count > 0 ? r->rank_count : 1;
+    char where[PT_NAME_MAX * 2 + 64];
+    if (ranks > 1)
+        snprintf(where, sizeof where, "%d ranks (pp %d x dp %d) of %s",
+                 ranks, r->pp, r->dp, r->device.name);
+    else
+        snprintf(where, sizeof where, "%s", r->device.name);
     printf("exec: %ld iterations on %s, median step time %s, %.0f tokens/s, "
-           "%.3g TFLOP/s per GPU, memory %s\n",
-           r->iteration_count, r->device.name, step, r->tokens_per_s,
-           r->step_time_s > 0 ? flops_per_iteration / r->step_time_s / 1e12
-                              : 0.0,
-           memory);
+           "%.3g TFLOP/s per GPU, memory %s%s\n",
+           r->iteration_count, where, step, r->tokens_per_s,
+           r->step_time_s > 0
+               ? flops_per_iteration / r->step_time_s / 1e12 / ranks
+               : 0.0,
+           memory, ranks > 1 ? " (largest rank)" : "");
     if (r->last_checkpoint_iteration > 0)
         printf("exec: checkpoint of iteration %ld in %s\n",
                r->last_checkpoint_iteration, args->save_dir);

@@ -450,7 +450,10 @@ void cpu_adamw_update(float *params, const float *grads, float *m, float *v,
 /* ---------------------------------------------------- single-stage runs */
 
 /*
- * `partita exec` for plans of one stage on one device (tp = dp = pp = 1):
+ * `partita exec` for plans of one stage on one device (tp = dp = pp = 1),
+ * and, on the cpu backend, for plans with tp = 1 and pp or dp > 1, whose
+ * ranks run as threads through the parallel runtime (pipeline_threads)
+ * on the same data, seed and record:
  * samples from a dataset (gpt_sampler), gbs / mbs accumulated
  * micro-batches per iteration, AdamW with clipping and the schedule,
  * per-phase timing, checkpoints that resume bit for bit, and a record of
@@ -539,7 +542,13 @@ typedef struct run_device {
 /* What a run did: filled by run_training, freed by run_result_free. */
 typedef struct run_result {
     backend_kind backend;
-    run_device device;           /* of rank 0, the only rank */
+    run_device device;           /* of rank 0 (the only rank of a one-stage
+                                    run) */
+    int rank_count;              /* pp x dp: 1 for a one-stage run */
+    int pp, dp;
+    run_device *devices;         /* owned, rank_count, by rank */
+    double *rank_peak_memory_bytes; /* owned, rank_count: each rank's
+                                       figure on peak_memory_basis */
     char data_prefix[PT_PATH_MAX];
     uint64_t dataset_tokens;
     uint64_t dataset_documents;
@@ -557,12 +566,16 @@ typedef struct run_result {
     run_iteration *iterations;   /* owned, iteration_count of them */
     long events_iteration;       /* the iteration events come from */
     int event_count;
-    run_event *events;           /* owned: 2 x micro_batches + 1 */
+    run_event *events;           /* owned: one-stage, 2 x micro_batches + 1;
+                                    parallel, every rank's events of that
+                                    iteration, rank after rank, with the
+                                    runtime's kinds */
     double step_time_s;          /* median over the timed iterations (all
                                     but the first, when there are two or
                                     more) */
     double tokens_per_s;         /* tokens_per_iteration / step_time_s */
-    double peak_memory_bytes;    /* see peak_memory_basis */
+    double peak_memory_bytes;    /* the largest rank's, see
+                                    peak_memory_basis */
     const char *peak_memory_basis;
     double max_rss_bytes;        /* the process's peak resident set */
     bool stopped;                /* the stop flag ended the run early */
@@ -572,8 +585,11 @@ typedef struct run_result {
                                        as a precision the backend ignores */
 } run_result;
 
-/* Fails unless the plan is one stage on one device (tp = dp = pp = 1):
- * "parallel plans need the parallel executor, not built yet". */
+/* Fails for plans exec cannot run on any backend: tp > 1 ("tensor
+ * parallelism is not built yet"), dp x pp different from the GPUs of the
+ * plan's node order, gbs not a multiple of dp x mbs. Plans with pp or
+ * dp > 1 run on the cpu backend only (run_training refuses them on
+ * cuda: "parallel plans run on the cpu backend only for now"). */
 int run_check_plan(const plan *p, pt_error *err);
 
 /* Host bytes a cpu-backend stage of the whole model needs at micro-batch
@@ -583,6 +599,13 @@ int run_check_plan(const plan *p, pt_error *err);
  * NULL. */
 double run_cpu_stage_bytes(const model_shape *shape, int mbs,
                            double *activation_bytes);
+/* The same for one pipeline stage (spec) keeping slot_count micro-batches'
+ * activations, as a rank of a parallel run allocates it: 16 bytes per
+ * parameter of the stage, slot_count activation slots of the stage's
+ * layers (and embedding input / head), one backward scratch. */
+double run_cpu_partial_stage_bytes(const model_shape *shape,
+                                   const stage_spec *spec, int mbs,
+                                   int slot_count, double *activation_bytes);
 
 /*
  * Trains the plan's model on the dataset: loads and checks everything

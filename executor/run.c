@@ -1,10 +1,13 @@
 /*
- * Single-stage runs: `partita exec` for a plan of one stage on one device.
- * Loads and checks everything before the first allocation of the model
- * (plan, options, checkpoint, dataset, vocabulary, memory), then trains
- * through the backend interface only, timing each phase, saving
- * checkpoints that resume bit for bit, and records what happened for
- * run.json. The parallel runtime will replace the loop, not the record.
+ * `partita exec`'s library half: a plan of one stage on one device, or a
+ * plan with tp = 1 and pp or dp > 1 on the cpu backend, whose ranks run
+ * as threads of this process through the parallel runtime
+ * (pipeline_threads). Loads and checks everything before the first
+ * allocation of the model (plan, options, checkpoint, dataset,
+ * vocabulary, memory), then trains, timing each phase, saving checkpoints
+ * that resume bit for bit, and records what happened for run.json. Both
+ * paths share the data, the checkpoints and the record; only the step
+ * differs.
  */
 #ifdef PARTITA_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
@@ -21,10 +24,21 @@
 
 #include "executor/data_io.h"
 
+/* Ranks of a parallel run the record holds devices and memory for. */
+#define RUN_MAX_RANKS (PT_MAX_STAGES * 64)
+
 /* Iterations whose events are kept for choosing the median one: runs of
  * up to this many timed iterations choose among all of them, longer runs
  * among the most recent, so memory stays bounded however long the run. */
 #define RUN_EVENT_WINDOW 128
+/* ...and at most this many events in all: a parallel run of many ranks
+ * and micro-batches keeps fewer iterations instead of more memory. */
+#define RUN_EVENT_BUDGET (1L << 20)
+
+/* How long a rank of a parallel run waits for a peer before calling the
+ * run hung: a cpu stage of a large model can take minutes per
+ * micro-batch, and a rank that fails wakes the others at once anyway. */
+#define RUN_COMM_TIMEOUT_S 3600.0
 
 /* Run checkpoints hold these blobs besides meta.json. */
 #define BLOB_PARAMS "params"
@@ -56,12 +70,22 @@ typedef struct run_context {
     gpt_sampler sampler;
     bool sampler_ready;
     data_position position;
-    model_stage stage;
+    model_stage stage;          /* one-stage runs */
     bool stage_ready;
+    bool parallel;              /* pp or dp > 1: the threads below */
+    pipeline_layout layout;
+    pipeline_threads threads;
+    bool threads_ready;
+    size_t largest_rank_params; /* floats of the largest rank's stage */
     uint32_t *tokens;           /* gbs windows of seq + 1 ids */
-    float *host_buffer;         /* param_count floats, for checkpoints */
-    int events_per_iteration;   /* 2 x micro-batches + 1 */
-    run_event *event_ring;      /* RUN_EVENT_WINDOW iterations of events */
+    float *host_buffer;         /* largest_rank_params floats, for
+                                   checkpoints */
+    int events_per_iteration;   /* room per iteration: one-stage 2 x
+                                   micro-batches + 1; parallel every
+                                   rank's events */
+    run_event *event_ring;      /* event_window iterations of events */
+    long event_window;          /* 1..RUN_EVENT_WINDOW */
+    int ring_counts[RUN_EVENT_WINDOW]; /* events each ring entry holds */
     long iteration_capacity;    /* records out->iterations has room for */
 } run_context;
 
@@ -112,15 +136,27 @@ run_options run_options_defaults(long iterations)
 int run_check_plan(const plan *p, pt_error *err)
 {
     const parallel_config *config = &p->config;
-    if (config->tp > 1 || config->dp > 1 || config->pp > 1)
-        return pt_fail(err, "parallel plans need the parallel executor, not "
-                            "built yet: this plan has tp %d, dp %d, pp %d "
-                            "(exec runs plans with tp = dp = pp = 1 only)",
+    if (config->tp > 1)
+        return pt_fail(err, "tensor parallelism is not built yet: this plan "
+                            "has tp %d, dp %d, pp %d (exec runs plans with "
+                            "tp = 1)",
                        config->tp, config->dp, config->pp);
+    if (config->dp < 1 || config->pp < 1 || config->pp > PT_MAX_STAGES ||
+        (long)config->dp * config->pp > RUN_MAX_RANKS)
+        return pt_fail(err, "dp %d x pp %d: exec runs 1 to %d ranks of 1 to "
+                            "%d stages",
+                       config->dp, config->pp, RUN_MAX_RANKS, PT_MAX_STAGES);
+    int ranks = config->dp * config->pp;
+    int gpus = plan_gpu_count(p);
+    if (ranks != gpus)
+        return pt_fail(err, "the plan has dp x pp = %d x %d = %d ranks, but "
+                            "the nodes of its node order hold %d GPUs",
+                       config->dp, config->pp, ranks, gpus);
     if (config->mbs < 1 || config->gbs < config->mbs ||
-        config->gbs % config->mbs != 0)
-        return pt_fail(err, "gbs %d is not a positive multiple of mbs %d",
-                       config->gbs, config->mbs);
+        config->gbs % (config->mbs * config->dp) != 0)
+        return pt_fail(err, "gbs %d is not a positive multiple of dp x mbs "
+                            "= %d x %d",
+                       config->gbs, config->dp, config->mbs);
     return 0;
 }
 
@@ -202,9 +238,104 @@ double run_cpu_stage_bytes(const model_shape *shape, int mbs,
     return 16.0 * model_parameter_count(shape) + activations;
 }
 
+double run_cpu_partial_stage_bytes(const model_shape *shape,
+                                   const stage_spec *spec, int mbs,
+                                   int slot_count, double *activation_bytes)
+{
+    double B = mbs, T = shape->seq, C = shape->hidden;
+    double F = shape->ffn_hidden, V = shape->vocab, NH = shape->heads;
+    double N = B * T;
+    double layers = spec->last_layer - spec->first_layer;
+    double per_layer = 8.0 * N * C + 4.0 * N + 2.0 * N * F + B * NH * T * T;
+    double slot = N * C + layers * per_layer +
+                  (spec->has_head ? N * C + 3.0 * N + N * V : 0.0);
+    double token_ids = 2.0 * N; /* per slot: inputs and targets, uint32 */
+    double scratch = 8.0 * N * C + 2.0 * N * F + T;
+    double activations = 4.0 * (slot_count * (slot + token_ids) + scratch);
+    if (activation_bytes != NULL)
+        *activation_bytes = activations;
+    size_t params = 0;
+    pt_error ignored = {{0}};
+    if (stage_parameter_layout(shape, spec, NULL, &params, &ignored) < 0)
+        params = 0;
+    return 16.0 * (double)params + activations;
+}
+
+/* The stage spec of a rank of a parallel run. */
+static int rank_spec(const run_context *ctx, int rank, stage_spec *out,
+                     pt_error *err)
+{
+    return stage_spec_from_partition(
+        &ctx->shape, ctx->layout.partition, ctx->layout.stage_count,
+        pipeline_rank_stage(&ctx->layout, rank), out, err);
+}
+
+static int rank_param_count(const run_context *ctx, int rank, size_t *out,
+                            pt_error *err)
+{
+    if (!ctx->parallel) {
+        *out = ctx->param_count;
+        return 0;
+    }
+    stage_spec spec;
+    if (rank_spec(ctx, rank, &spec, err) != 0 ||
+        stage_parameter_layout(&ctx->shape, &spec, NULL, out, err) < 0)
+        return -1;
+    return 0;
+}
+
+/* A parallel run's ranks all live in this process: each rank's figure is
+ * its own stage, and the check is of their sum (and the checkpoint
+ * buffer) against the machine. */
+static int check_parallel_memory(const run_context *ctx, run_result *out,
+                                 pt_error *err)
+{
+    double total = 0.0, largest_activations = 0.0;
+    int largest_rank = 0;
+    for (int rank = 0; rank < out->rank_count; rank++) {
+        stage_spec spec;
+        if (rank_spec(ctx, rank, &spec, err) != 0)
+            return -1;
+        int stage = pipeline_rank_stage(&ctx->layout, rank);
+        double activations = 0.0;
+        double bytes = run_cpu_partial_stage_bytes(
+            &ctx->shape, &spec, out->mbs,
+            pipeline_slot_count(&ctx->layout, stage), &activations);
+        out->rank_peak_memory_bytes[rank] = bytes;
+        total += bytes;
+        if (bytes > out->rank_peak_memory_bytes[largest_rank] ||
+            rank == 0) {
+            largest_rank = rank;
+            largest_activations = activations;
+        }
+    }
+    out->peak_memory_bytes = out->rank_peak_memory_bytes[largest_rank];
+    if (ctx->options->save_dir != NULL || ctx->options->load_dir != NULL)
+        total += 4.0 * (double)ctx->largest_rank_params;
+    double available = ctx->options->memory_available_bytes > 0
+                           ? ctx->options->memory_available_bytes
+                           : out->device.memory_cap_bytes;
+    if (available <= 0 || total <= available)
+        return 0;
+    char total_text[32], have_text[32], rank_text[32], act_text[32];
+    pt_format_bytes(total, total_text, sizeof total_text);
+    pt_format_bytes(available, have_text, sizeof have_text);
+    pt_format_bytes(out->peak_memory_bytes, rank_text, sizeof rank_text);
+    pt_format_bytes(largest_activations, act_text, sizeof act_text);
+    return pt_fail(err, "not enough memory: the %d ranks of this plan run "
+                        "as threads of one process and need %s in all on "
+                        "the cpu backend (rank %d the most: %s, of which "
+                        "activations %s at micro-batch %d), the machine has "
+                        "%s",
+                   out->rank_count, total_text, largest_rank, rank_text,
+                   act_text, out->mbs, have_text);
+}
+
 static int check_memory(const run_context *ctx, run_result *out,
                         pt_error *err)
 {
+    if (ctx->parallel)
+        return check_parallel_memory(ctx, out, err);
     double activations = 0.0;
     double needed = run_cpu_stage_bytes(&ctx->shape, ctx->plan->config.mbs,
                                         &activations);
@@ -212,6 +343,7 @@ static int check_memory(const run_context *ctx, run_result *out,
     if (ctx->options->save_dir != NULL || ctx->options->load_dir != NULL)
         needed += 4.0 * (double)ctx->param_count; /* checkpoint buffer */
     out->peak_memory_bytes = needed;
+    out->rank_peak_memory_bytes[0] = needed;
     if (ctx->options->backend != BACKEND_CPU)
         return 0; /* a GPU backend's allocation reports its own shortage */
     double available = ctx->options->memory_available_bytes > 0
@@ -312,9 +444,31 @@ static int shape_field(const model_shape *shape, size_t index)
     return values[index];
 }
 
+static model_stage *rank_stage(run_context *ctx, int rank)
+{
+    return ctx->parallel ? &ctx->threads.stages[rank] : &ctx->stage;
+}
+
+static int rank_total(const run_context *ctx)
+{
+    return ctx->parallel ? ctx->layout.rank_count : 1;
+}
+
+/* A state blob's name: "params" for a one-stage run, "params.rank3" for
+ * rank 3 of a parallel one. */
+static void blob_name(const run_context *ctx, const char *base, int rank,
+                      char *out, size_t size)
+{
+    if (ctx->parallel)
+        snprintf(out, size, "%s.rank%d", base, rank);
+    else
+        snprintf(out, size, "%s", base);
+}
+
 /* meta.json: what a person (or a resume) needs to know about the
- * checkpoint. The blobs hold the state itself. */
-static char *checkpoint_meta_text(const run_context *ctx, long iteration,
+ * checkpoint (pp, dp and the partition say which stage each rank's blobs
+ * hold). The blobs hold the state itself. */
+static char *checkpoint_meta_text(run_context *ctx, long iteration,
                                   uint64_t seed)
 {
     json_t *model = json_object();
@@ -333,7 +487,16 @@ static char *checkpoint_meta_text(const run_context *ctx, long iteration,
     json_object_set_new(meta, "format", json_string(RUN_CHECKPOINT_FORMAT));
     json_object_set_new(meta, "iteration", json_integer(iteration));
     json_object_set_new(meta, "optimizer_steps",
-                        json_integer(ctx->stage.optimizer_steps));
+                        json_integer(rank_stage(ctx, 0)->optimizer_steps));
+    json_t *partition = json_array();
+    for (int s = 0; partition != NULL && s < ctx->plan->config.pp; s++)
+        json_array_append_new(partition,
+                              json_integer(ctx->parallel
+                                               ? ctx->layout.partition[s]
+                                               : ctx->shape.layers));
+    json_object_set_new(meta, "pp", json_integer(ctx->plan->config.pp));
+    json_object_set_new(meta, "dp", json_integer(ctx->plan->config.dp));
+    json_object_set_new(meta, "partition", partition);
     json_object_set_new(meta, "seed", json_integer((json_int_t)seed));
     json_object_set_new(meta, "backend",
                         json_string(backend_name(ctx->options->backend)));
@@ -348,13 +511,30 @@ static char *checkpoint_meta_text(const run_context *ctx, long iteration,
 }
 
 static int write_state_blob(checkpoint_writer *w, run_context *ctx,
-                            stage_buffer which, const char *name,
+                            int rank, stage_buffer which, const char *base,
                             pt_error *err)
 {
-    if (model_stage_read(&ctx->stage, which, ctx->host_buffer, err) != 0)
+    model_stage *stage = rank_stage(ctx, rank);
+    char name[64];
+    blob_name(ctx, base, rank, name, sizeof name);
+    if (model_stage_read(stage, which, ctx->host_buffer, err) != 0)
         return -1;
     return checkpoint_write_blob(w, name, ctx->host_buffer,
-                                 ctx->param_count * sizeof(float), err);
+                                 stage->param_count * sizeof(float), err);
+}
+
+static int write_rank_blobs(checkpoint_writer *w, run_context *ctx,
+                            pt_error *err)
+{
+    for (int rank = 0; rank < rank_total(ctx); rank++)
+        if (write_state_blob(w, ctx, rank, STAGE_PARAMS, BLOB_PARAMS,
+                             err) != 0 ||
+            write_state_blob(w, ctx, rank, STAGE_ADAM_M, BLOB_ADAM_M,
+                             err) != 0 ||
+            write_state_blob(w, ctx, rank, STAGE_ADAM_V, BLOB_ADAM_V,
+                             err) != 0)
+            return -1;
+    return 0;
 }
 
 static int write_checkpoint_blobs(checkpoint_writer *w, run_context *ctx,
@@ -362,12 +542,10 @@ static int write_checkpoint_blobs(checkpoint_writer *w, run_context *ctx,
                                   pt_error *err)
 {
     unsigned char steps[8], rng[8], position[DATA_POSITION_BYTES];
-    store_le(steps, (uint64_t)ctx->stage.optimizer_steps, 8);
+    store_le(steps, (uint64_t)rank_stage(ctx, 0)->optimizer_steps, 8);
     store_le(rng, seed, 8);
     gpt_sampler_encode_position(&ctx->sampler, &ctx->position, position);
-    if (write_state_blob(w, ctx, STAGE_PARAMS, BLOB_PARAMS, err) != 0 ||
-        write_state_blob(w, ctx, STAGE_ADAM_M, BLOB_ADAM_M, err) != 0 ||
-        write_state_blob(w, ctx, STAGE_ADAM_V, BLOB_ADAM_V, err) != 0 ||
+    if (write_rank_blobs(w, ctx, err) != 0 ||
         checkpoint_write_blob(w, BLOB_STEPS, steps, sizeof steps, err) != 0 ||
         checkpoint_write_blob(w, BLOB_POSITION, position, sizeof position,
                               err) != 0 ||
@@ -396,10 +574,71 @@ static int save_checkpoint(run_context *ctx, long iteration, uint64_t seed,
     return 0;
 }
 
-/* Reads meta.json and refuses a checkpoint of another model, naming the
- * first field that differs. */
+/* An integer field of meta.json; a missing one is `missing` (checkpoints
+ * of one-stage runs written before pp and dp were recorded). */
+static int meta_integer(const json_t *meta, const char *key, int missing,
+                        long long *out)
+{
+    const json_t *value = json_object_get(meta, key);
+    if (value == NULL) {
+        *out = missing;
+        return 0;
+    }
+    if (!json_is_integer(value))
+        return -1;
+    *out = json_integer_value(value);
+    return 0;
+}
+
+/* A checkpoint holds one set of blobs per rank of the layout that saved
+ * it: refuse another layout, naming the first field that differs. */
+static int check_checkpoint_layout(const char *dir, const json_t *meta,
+                                   const plan *p, pt_error *err)
+{
+    const char *const keys[] = {"pp", "dp"};
+    const int expected[] = {p->config.pp, p->config.dp};
+    for (int i = 0; i < 2; i++) {
+        long long value = 0;
+        if (meta_integer(meta, keys[i], 1, &value) != 0)
+            return pt_fail(err, "%s: %s: %s is not an integer", dir,
+                           BLOB_META, keys[i]);
+        if (value != expected[i])
+            return pt_fail(err, "%s: the checkpoint is of another layout: "
+                                "%s: %s is %lld, the plan has %s %d (a "
+                                "checkpoint resumes under the layout that "
+                                "saved it)",
+                           dir, BLOB_META, keys[i], value, keys[i],
+                           expected[i]);
+    }
+    const json_t *partition = json_object_get(meta, "partition");
+    if (partition == NULL)
+        return p->config.pp == 1 ? 0
+                                 : pt_fail(err, "%s: %s: partition is "
+                                                "missing",
+                                           dir, BLOB_META);
+    for (int s = 0; s < p->config.pp; s++) {
+        const json_t *layers = json_array_get(partition, (size_t)s);
+        if (!json_is_array(partition) ||
+            json_array_size(partition) != (size_t)p->config.pp ||
+            !json_is_integer(layers))
+            return pt_fail(err, "%s: %s: partition is not an array of %d "
+                                "layer counts",
+                           dir, BLOB_META, p->config.pp);
+        if (json_integer_value(layers) != p->partition[s])
+            return pt_fail(err, "%s: the checkpoint is of another layout: "
+                                "%s: partition[%d] is %lld layers, the "
+                                "plan's stage %d holds %d",
+                           dir, BLOB_META, s,
+                           (long long)json_integer_value(layers), s,
+                           p->partition[s]);
+    }
+    return 0;
+}
+
+/* Reads meta.json and refuses a checkpoint of another model or layout,
+ * naming the first field that differs. */
 static int check_checkpoint_model(const char *dir, const model_shape *shape,
-                                  pt_error *err)
+                                  const plan *p, pt_error *err)
 {
     uint64_t bytes = 0;
     if (checkpoint_blob_size(dir, BLOB_META, &bytes, err) != 0)
@@ -452,22 +691,41 @@ static int check_checkpoint_model(const char *dir, const model_shape *shape,
                               "model %s (%s)",
                          dir, BLOB_META, shape->name,
                          shape->tied_embeddings ? "true" : "false");
+    if (status == 0)
+        status = check_checkpoint_layout(dir, meta, p, err);
     json_decref(meta);
     return status;
 }
 
-static int check_state_blob_size(const char *dir, const char *name,
-                                 const run_context *ctx, pt_error *err)
+static int check_state_blob_size(const char *dir, const char *base,
+                                 int rank, const run_context *ctx,
+                                 pt_error *err)
 {
+    char name[64];
+    blob_name(ctx, base, rank, name, sizeof name);
+    size_t params = 0;
+    if (rank_param_count(ctx, rank, &params, err) != 0)
+        return -1;
     uint64_t bytes = 0;
     if (checkpoint_blob_size(dir, name, &bytes, err) != 0)
         return -1;
-    uint64_t expected = (uint64_t)ctx->param_count * sizeof(float);
+    uint64_t expected = (uint64_t)params * sizeof(float);
     if (bytes != expected)
         return pt_fail(err, "%s: %s holds %llu bytes, the plan's model %s "
                             "needs %llu (%zu parameters)",
                        dir, name, (unsigned long long)bytes, ctx->shape.name,
-                       (unsigned long long)expected, ctx->param_count);
+                       (unsigned long long)expected, params);
+    return 0;
+}
+
+static int check_rank_blob_sizes(const char *dir, const run_context *ctx,
+                                 pt_error *err)
+{
+    for (int rank = 0; rank < rank_total(ctx); rank++)
+        if (check_state_blob_size(dir, BLOB_PARAMS, rank, ctx, err) != 0 ||
+            check_state_blob_size(dir, BLOB_ADAM_M, rank, ctx, err) != 0 ||
+            check_state_blob_size(dir, BLOB_ADAM_V, rank, ctx, err) != 0)
+            return -1;
     return 0;
 }
 
@@ -477,10 +735,8 @@ static int read_resume_state(run_context *ctx, pt_error *err)
 {
     const char *dir = ctx->options->load_dir;
     if (checkpoint_verify(dir, err) != 0 ||
-        check_checkpoint_model(dir, &ctx->shape, err) != 0 ||
-        check_state_blob_size(dir, BLOB_PARAMS, ctx, err) != 0 ||
-        check_state_blob_size(dir, BLOB_ADAM_M, ctx, err) != 0 ||
-        check_state_blob_size(dir, BLOB_ADAM_V, ctx, err) != 0)
+        check_checkpoint_model(dir, &ctx->shape, ctx->plan, err) != 0 ||
+        check_rank_blob_sizes(dir, ctx, err) != 0)
         return -1;
     unsigned char steps[8], rng[8];
     if (checkpoint_read_blob(dir, BLOB_STEPS, steps, sizeof steps, err) != 0 ||
@@ -512,22 +768,30 @@ static int read_resume_state(run_context *ctx, pt_error *err)
     return 0;
 }
 
-static int restore_state_blob(run_context *ctx, stage_buffer which,
-                              const char *name, pt_error *err)
+static int restore_state_blob(run_context *ctx, int rank, stage_buffer which,
+                              const char *base, pt_error *err)
 {
+    model_stage *stage = rank_stage(ctx, rank);
+    char name[64];
+    blob_name(ctx, base, rank, name, sizeof name);
     if (checkpoint_read_blob(ctx->options->load_dir, name, ctx->host_buffer,
-                             ctx->param_count * sizeof(float), err) != 0)
+                             stage->param_count * sizeof(float), err) != 0)
         return -1;
-    return model_stage_write(&ctx->stage, which, ctx->host_buffer, err);
+    return model_stage_write(stage, which, ctx->host_buffer, err);
 }
 
 static int restore_checkpoint(run_context *ctx, pt_error *err)
 {
-    if (restore_state_blob(ctx, STAGE_PARAMS, BLOB_PARAMS, err) != 0 ||
-        restore_state_blob(ctx, STAGE_ADAM_M, BLOB_ADAM_M, err) != 0 ||
-        restore_state_blob(ctx, STAGE_ADAM_V, BLOB_ADAM_V, err) != 0)
-        return -1;
-    ctx->stage.optimizer_steps = ctx->resume.optimizer_steps;
+    for (int rank = 0; rank < rank_total(ctx); rank++) {
+        if (restore_state_blob(ctx, rank, STAGE_PARAMS, BLOB_PARAMS,
+                               err) != 0 ||
+            restore_state_blob(ctx, rank, STAGE_ADAM_M, BLOB_ADAM_M,
+                               err) != 0 ||
+            restore_state_blob(ctx, rank, STAGE_ADAM_V, BLOB_ADAM_V,
+                               err) != 0)
+            return -1;
+        rank_stage(ctx, rank)->optimizer_steps = ctx->resume.optimizer_steps;
+    }
     return 0;
 }
 
@@ -557,7 +821,11 @@ static void fill_result_header(const run_context *ctx, run_result *out)
                    options->data_prefix);
     out->gbs = config->gbs;
     out->mbs = config->mbs;
-    out->micro_batches = config->gbs / config->mbs;
+    out->pp = config->pp;
+    out->dp = config->dp;
+    out->rank_count = config->pp * config->dp;
+    /* per replica: each of the dp replicas runs gbs / dp windows */
+    out->micro_batches = config->gbs / (config->dp * config->mbs);
     out->tokens_per_iteration = (long)config->gbs * ctx->shape.seq;
     out->schedule = options->train.schedule;
     out->max_grad_norm = options->train.max_grad_norm;
@@ -567,7 +835,14 @@ static void fill_result_header(const run_context *ctx, run_result *out)
         pt_copy_string(out->resumed_from, sizeof out->resumed_from,
                        options->load_dir);
     out->peak_memory_basis =
-        options->backend == BACKEND_CPU
+        ctx->parallel
+            ? "computed per rank: its stage's parameters, gradients and "
+              "AdamW moments (16 bytes per parameter of the stage), and the "
+              "activations of the micro-batches it keeps in flight (its 1F1B "
+              "or GPipe slot count) and one backward scratch, as the cpu "
+              "backend allocates them; the ranks are threads of one process, "
+              "whose shared checkpoint buffer is not in any rank's figure"
+        : options->backend == BACKEND_CPU
             ? "computed: parameters, gradients and AdamW moments (16 bytes "
               "per parameter), activations and backward scratch of one "
               "micro-batch as the cpu backend allocates them, and the "
@@ -576,7 +851,19 @@ static void fill_result_header(const run_context *ctx, run_result *out)
               "the cpu backend lays them out (the backend interface does "
               "not report device memory yet)";
     describe_device(ctx->plan, options->backend, &out->device, out);
+    for (int rank = 0; rank < out->rank_count; rank++) {
+        out->devices[rank] = out->device;
+        out->devices[rank].rank = rank;
+    }
     describe_plan_fit(ctx->plan, options->backend, out);
+    if (ctx->parallel) {
+        char note[256];
+        snprintf(note, sizeof note,
+                 "the %d ranks (pp %d x dp %d) ran as threads of one "
+                 "process, sharing the cpu's cores and memory",
+                 out->rank_count, out->pp, out->dp);
+        add_note(out, note);
+    }
 }
 
 /* A cuda stage knows its device and the bytes it allocated: report those
@@ -600,6 +887,8 @@ static void describe_cuda_stage(run_context *ctx, run_result *out)
     snprintf(device->cuda_version, sizeof device->cuda_version, "%s",
              info.runtime_cuda_version);
     out->peak_memory_bytes = (double)cuda_stage_device_bytes(&ctx->stage);
+    out->rank_peak_memory_bytes[0] = out->peak_memory_bytes;
+    out->devices[0] = *device;
     out->peak_memory_basis =
         "device bytes the cuda stage allocated: fp32 parameters, gradients "
         "and AdamW moments, the bf16 weight mirror, activations, backward "
@@ -616,16 +905,87 @@ static int allocate_buffers(run_context *ctx, const run_result *out,
 {
     size_t window = (size_t)ctx->shape.seq + 1;
     ctx->tokens = malloc((size_t)out->gbs * window * sizeof *ctx->tokens);
-    ctx->events_per_iteration = 2 * out->micro_batches + 1;
-    ctx->event_ring = calloc((size_t)RUN_EVENT_WINDOW *
+    ctx->events_per_iteration =
+        ctx->parallel ? out->rank_count * (6 * out->micro_batches + 4)
+                      : 2 * out->micro_batches + 1;
+    ctx->event_window = RUN_EVENT_BUDGET / ctx->events_per_iteration;
+    if (ctx->event_window > RUN_EVENT_WINDOW)
+        ctx->event_window = RUN_EVENT_WINDOW;
+    if (ctx->event_window < 1)
+        ctx->event_window = 1;
+    ctx->event_ring = calloc((size_t)ctx->event_window *
                                  (size_t)ctx->events_per_iteration,
                              sizeof *ctx->event_ring);
     if (ctx->options->save_dir != NULL || ctx->options->load_dir != NULL)
-        ctx->host_buffer = malloc(ctx->param_count * sizeof(float) + 1);
+        ctx->host_buffer =
+            malloc(ctx->largest_rank_params * sizeof(float) + 1);
     if (ctx->tokens == NULL || ctx->event_ring == NULL ||
         ((ctx->options->save_dir != NULL || ctx->options->load_dir != NULL) &&
          ctx->host_buffer == NULL))
         return pt_fail(err, "out of memory for the run's buffers");
+    return 0;
+}
+
+/* The layout of a parallel plan, the per-rank records and the largest
+ * stage (for the checkpoint buffer). */
+static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
+{
+    const plan *p = ctx->plan;
+    stage_spec whole = stage_spec_whole_model(&ctx->shape);
+    if (stage_parameter_layout(&ctx->shape, &whole, NULL, &ctx->param_count,
+                               err) < 0)
+        return -1;
+    ctx->largest_rank_params = ctx->param_count;
+    ctx->parallel = p->config.pp > 1 || p->config.dp > 1;
+    int ranks = p->config.pp * p->config.dp;
+    out->devices = calloc((size_t)ranks, sizeof *out->devices);
+    out->rank_peak_memory_bytes =
+        calloc((size_t)ranks, sizeof *out->rank_peak_memory_bytes);
+    if (out->devices == NULL || out->rank_peak_memory_bytes == NULL)
+        return pt_fail(err, "out of memory for the records of %d ranks",
+                       ranks);
+    if (!ctx->parallel)
+        return 0;
+    if (ctx->options->backend != BACKEND_CPU)
+        return pt_fail(err, "parallel plans run on the cpu backend only for "
+                            "now: this plan has dp %d, pp %d, and the %s "
+                            "backend runs one stage on one device (use "
+                            "--backend cpu)",
+                       p->config.dp, p->config.pp,
+                       backend_name(ctx->options->backend));
+    if (pipeline_layout_init(&ctx->layout, &ctx->shape, &p->config,
+                             p->partition, p->config.pp, err) != 0)
+        return -1;
+    int blobs = 3 * ranks + 4; /* three buffers per rank, four shared */
+    if ((ctx->options->save_dir != NULL || ctx->options->load_dir != NULL) &&
+        blobs > CHECKPOINT_MAX_BLOBS)
+        return pt_fail(err, "checkpoints of %d ranks are not supported yet: "
+                            "they need %d blobs (3 per rank and 4 more), a "
+                            "checkpoint holds at most %d",
+                       ranks, blobs, CHECKPOINT_MAX_BLOBS);
+    ctx->largest_rank_params = 0;
+    for (int rank = 0; rank < ranks; rank++) {
+        size_t params = 0;
+        if (rank_param_count(ctx, rank, &params, err) != 0)
+            return -1;
+        if (params > ctx->largest_rank_params)
+            ctx->largest_rank_params = params;
+    }
+    return 0;
+}
+
+/* Every rank's stage, initialised from the seed (the same values as the
+ * one-stage run's) and then, when resuming, overwritten by the
+ * checkpoint. */
+static int start_threads(run_context *ctx, run_result *out, pt_error *err)
+{
+    if (pipeline_threads_create(&ctx->threads, &ctx->layout,
+                                ctx->options->backend, out->seed,
+                                RUN_COMM_TIMEOUT_S, err) != 0)
+        return -1;
+    ctx->threads_ready = true;
+    if (ctx->resume.active)
+        return restore_checkpoint(ctx, err);
     return 0;
 }
 
@@ -635,13 +995,11 @@ static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
     const run_options *options = ctx->options;
     if (run_check_plan(ctx->plan, err) != 0 || check_options(options, err) != 0)
         return -1;
-    if (backend_find(options->backend, err) == NULL)
+    if (prepare_layout(ctx, out, err) != 0 ||
+        backend_find(options->backend, err) == NULL)
         return -1;
     fill_result_header(ctx, out);
     stage_spec spec = stage_spec_whole_model(&ctx->shape);
-    if (stage_parameter_layout(&ctx->shape, &spec, NULL, &ctx->param_count,
-                               err) < 0)
-        return -1;
     if (options->load_dir != NULL && read_resume_state(ctx, err) != 0)
         return -1;
     out->seed = ctx->resume.active ? ctx->resume.seed : options->seed;
@@ -650,6 +1008,8 @@ static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
         check_memory(ctx, out, err) != 0 ||
         allocate_buffers(ctx, out, err) != 0)
         return -1;
+    if (ctx->parallel)
+        return start_threads(ctx, out, err);
     if (model_stage_create(&ctx->stage, &ctx->shape, &spec, options->backend,
                            out->mbs, 1, err) != 0)
         return -1;
@@ -734,11 +1094,49 @@ static int optimizer_step(run_context *ctx, double mean_loss,
     return 0;
 }
 
+/* One step of every rank on the global batch already in ctx->tokens;
+ * the ranks' events, shifted to count from the iteration's start (the
+ * runtime counts from its own, just after sampling), go to events rank
+ * after rank. */
+static int parallel_step(run_context *ctx, double start, run_event *events,
+                         int *event_count, run_iteration *record,
+                         pt_error *err)
+{
+    double step_start = monotonic_seconds();
+    step_result result;
+    if (pipeline_threads_step(&ctx->threads, &ctx->options->train,
+                              ctx->tokens, &result, err) != 0) {
+        pt_error_prefix(err, "iteration %ld", record->iteration);
+        return -1;
+    }
+    double end = monotonic_seconds();
+    double shift = step_start - start;
+    int count = 0;
+    for (int rank = 0; rank < ctx->layout.rank_count; rank++) {
+        const pipeline_events *rank_events = &ctx->threads.events[rank];
+        for (int i = 0; i < rank_events->count &&
+                        count < ctx->events_per_iteration;
+             i++) {
+            events[count] = rank_events->events[i];
+            events[count].start_s += shift;
+            events[count].end_s += shift;
+            count++;
+        }
+    }
+    *event_count = count;
+    record->loss = result.loss;
+    record->grad_norm = result.grad_norm;
+    record->learning_rate = result.learning_rate;
+    record->step_time_s = end - start;
+    return 0;
+}
+
 /* One iteration: gbs samples from the data position, the accumulated
- * micro-batches, one optimizer step. */
+ * micro-batches (one stage) or every rank's step (parallel), one
+ * optimizer step. */
 static int run_iteration_once(run_context *ctx, const run_result *out,
-                              run_event *events, run_iteration *record,
-                              pt_error *err)
+                              run_event *events, int *event_count,
+                              run_iteration *record, pt_error *err)
 {
     size_t window = (size_t)ctx->shape.seq + 1;
     double start = monotonic_seconds();
@@ -746,6 +1144,9 @@ static int run_iteration_once(run_context *ctx, const run_result *out,
         if (gpt_sampler_next(&ctx->sampler, &ctx->position,
                              ctx->tokens + (size_t)sample * window, err) != 0)
             return -1;
+    if (ctx->parallel)
+        return parallel_step(ctx, start, events, event_count, record, err);
+    *event_count = 2 * out->micro_batches + 1;
     double mean_loss = 0.0;
     if (stage_zero_grads(&ctx->stage, err) != 0 ||
         accumulate_gradients(ctx, out, start, events, &mean_loss, err) != 0)
@@ -833,12 +1234,14 @@ static int train_iterations(run_context *ctx, run_result *out, pt_error *err)
             return -1;
         long index = out->iteration_count;
         run_event *events =
-            ctx->event_ring + (size_t)(index % RUN_EVENT_WINDOW) *
+            ctx->event_ring + (size_t)(index % ctx->event_window) *
                                   (size_t)ctx->events_per_iteration;
         run_iteration *record = &out->iterations[index];
         memset(record, 0, sizeof *record);
         record->iteration = iteration;
-        if (run_iteration_once(ctx, out, events, record, err) != 0)
+        if (run_iteration_once(ctx, out, events,
+                               &ctx->ring_counts[index % ctx->event_window],
+                               record, err) != 0)
             return -1;
         out->iteration_count++;
         bool stopping = false;
@@ -870,8 +1273,8 @@ static int summarise_timing(const run_context *ctx, run_result *out,
     long count = out->iteration_count;
     long first_timed = count > 1 ? 1 : 0;
     long timed = count - first_timed;
-    long first_kept = count - RUN_EVENT_WINDOW > first_timed
-                          ? count - RUN_EVENT_WINDOW
+    long first_kept = count - ctx->event_window > first_timed
+                          ? count - ctx->event_window
                           : first_timed;
     double *times = malloc((size_t)timed * sizeof *times);
     out->events = malloc((size_t)ctx->events_per_iteration *
@@ -896,11 +1299,11 @@ static int summarise_timing(const run_context *ctx, run_result *out,
     while (out->iterations[chosen].step_time_s != chosen_time)
         chosen++;
     out->events_iteration = out->iterations[chosen].iteration;
-    out->event_count = ctx->events_per_iteration;
+    out->event_count = ctx->ring_counts[chosen % ctx->event_window];
     memcpy(out->events,
-           ctx->event_ring + (size_t)(chosen % RUN_EVENT_WINDOW) *
+           ctx->event_ring + (size_t)(chosen % ctx->event_window) *
                                  (size_t)ctx->events_per_iteration,
-           (size_t)ctx->events_per_iteration * sizeof *out->events);
+           (size_t)out->event_count * sizeof *out->events);
     out->tokens_per_s = out->step_time_s > 0
                             ? (double)out->tokens_per_iteration /
                                   out->step_time_s
@@ -928,6 +1331,8 @@ static void release_context(run_context *ctx)
 {
     if (ctx->stage_ready)
         model_stage_destroy(&ctx->stage);
+    if (ctx->threads_ready)
+        pipeline_threads_destroy(&ctx->threads);
     if (ctx->sampler_ready)
         gpt_sampler_free(&ctx->sampler);
     if (ctx->dataset_open)
@@ -958,8 +1363,12 @@ void run_result_free(run_result *r)
 {
     free(r->iterations);
     free(r->events);
+    free(r->devices);
+    free(r->rank_peak_memory_bytes);
     r->iterations = NULL;
     r->events = NULL;
+    r->devices = NULL;
+    r->rank_peak_memory_bytes = NULL;
     r->iteration_count = 0;
     r->event_count = 0;
 }
@@ -1117,15 +1526,51 @@ static json_t *events_to_json(const run_result *r, int *failures)
     return array;
 }
 
-/* A one-element array: the value of rank 0, the only rank. */
-static json_t *per_rank(json_t *value, int *failures)
+/* One entry per rank. A record that never got its per-rank arrays (a
+ * refusal before they were made) shows rank 0 from the scalar fields. */
+static json_t *devices_to_json(const run_result *r, int *failures)
 {
     json_t *array = json_array();
-    if (array == NULL || json_array_append_new(array, value) != 0) {
-        json_decref(array);
+    int ranks = r->devices != NULL ? r->rank_count : 1;
+    for (int rank = 0; array != NULL && rank < ranks; rank++)
+        if (json_array_append_new(
+                array, device_to_json(r->devices != NULL ? &r->devices[rank]
+                                                         : &r->device,
+                                      failures)) != 0)
+            (*failures)++;
+    if (array == NULL)
         (*failures)++;
-        return NULL;
+    return array;
+}
+
+static json_t *memory_to_json(const run_result *r, int *failures)
+{
+    json_t *array = json_array();
+    int ranks = r->rank_peak_memory_bytes != NULL ? r->rank_count : 1;
+    for (int rank = 0; array != NULL && rank < ranks; rank++) {
+        double bytes = r->rank_peak_memory_bytes != NULL
+                           ? r->rank_peak_memory_bytes[rank]
+                           : r->peak_memory_bytes;
+        if (json_array_append_new(array, json_real(bytes / PT_GIB)) != 0)
+            (*failures)++;
     }
+    if (array == NULL)
+        (*failures)++;
+    return array;
+}
+
+/* The process's peak resident set, once per rank: the ranks are threads
+ * of this one process. */
+static json_t *rss_to_json(const run_result *r, int *failures)
+{
+    json_t *array = json_array();
+    int ranks = r->rank_count > 0 ? r->rank_count : 1;
+    for (int rank = 0; array != NULL && rank < ranks; rank++)
+        if (json_array_append_new(array,
+                                  json_real(r->max_rss_bytes / PT_GIB)) != 0)
+            (*failures)++;
+    if (array == NULL)
+        (*failures)++;
     return array;
 }
 
@@ -1151,9 +1596,7 @@ json_t *run_to_json(const run_result *r, json_t *plan_json,
     }
     put(root, "format", json_string("partita-run/1"), &failures);
     put(root, "plan", json_incref(plan_json), &failures);
-    put(root, "devices", per_rank(device_to_json(&r->device, &failures),
-                                  &failures),
-        &failures);
+    put(root, "devices", devices_to_json(r, &failures), &failures);
     put(root, "software", software_to_json(&failures), &failures);
     put(root, "data", data_to_json(r, &failures), &failures);
     put(root, "training", training_to_json(r, &failures), &failures);
@@ -1161,18 +1604,15 @@ json_t *run_to_json(const run_result *r, json_t *plan_json,
     put(root, "events_iteration", json_integer(r->events_iteration),
         &failures);
     put(root, "events", events_to_json(r, &failures), &failures);
-    put(root, "peak_memory_gib",
-        per_rank(json_real(r->peak_memory_bytes / PT_GIB), &failures),
-        &failures);
+    put(root, "peak_memory_gib", memory_to_json(r, &failures), &failures);
     put(root, "peak_memory_basis", json_string(r->peak_memory_basis),
         &failures);
-    put(root, "max_rss_gib",
-        per_rank(json_real(r->max_rss_bytes / PT_GIB), &failures),
-        &failures);
+    put(root, "max_rss_gib", rss_to_json(r, &failures), &failures);
     put(root, "step_time_s", json_real(r->step_time_s), &failures);
     put(root, "tokens_per_s", json_real(r->tokens_per_s), &failures);
+    int gpus = r->rank_count > 0 ? r->rank_count : 1;
     double tflops = r->step_time_s > 0
-                        ? flops_per_iteration / r->step_time_s / 1e12
+                        ? flops_per_iteration / r->step_time_s / 1e12 / gpus
                         : 0.0;
     put(root, "tflops_per_gpu", json_real(tflops), &failures);
     put(root, "notes", notes_to_json(r, &failures), &failures);

@@ -281,9 +281,10 @@ exec-signal)
   ;;
 exec-bad)
   prep_corpus
-  write_tiny_plan in-pp2.json 2
-  run 2 partita exec in-pp2.json --data in-corpus
-  expect_in err.txt "parallel plans need the parallel executor, not built yet"
+  write_tiny_plan in-tp2.json 2
+  sed -i 's/"tp": 1, "dp": 1, "pp": 2/"tp": 2, "dp": 1, "pp": 1/' in-tp2.json
+  run 2 partita exec in-tp2.json --data in-corpus
+  expect_in err.txt "tensor parallelism is not built yet"
   write_tiny_plan in-plan.json
   run 2 partita exec in-plan.json --data in-missing
   expect_in err.txt "in-missing.idx"
@@ -392,6 +393,38 @@ report-bad)
   run 0 partita report --help
   expect_in out.txt "usage: partita report"
   no_leftovers
+  ;;
+exec-pp2)
+  # a pipeline of two stages (3 + 1 layers) on a node of 2 "gpus": its
+  # ranks run as threads on the cpu backend
+  prep_corpus
+  cat >in-pp2.json <<JSON
+{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
+             "seq": 16, "vocab": 257 },
+  "cluster": { "name": "one-box", "nodes": [
+      { "name": "box", "gpu": "A100-FASOP", "gpus": 2,
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
+  "gbs": 4, "mbs": 1, "tp": 1, "dp": 1, "pp": 2, "partition": "3-1" }
+JSON
+  run 0 partita exec in-pp2.json --data in-corpus --iters 4 --log-interval 2 --save ckpt
+  [ "$(grep -c '^iteration' out.txt)" = 2 ] || fail "expected 2 log lines"
+  expect_in out.txt "iteration        4/       4 |"
+  expect_in out.txt "| lm loss: 5\.[0-9]*E+00 |"
+  expect_in out.txt "2 ranks (pp 2 x dp 1)"
+  [ -s run.json ] || fail "run.json not written"
+  [ "$(grep -c '"memory_cap_gib"' run.json)" = 2 ] || fail "expected 2 devices in run.json"
+  expect_in run.json '"kind": "send_fwd"'
+  expect_in run.json '"kind": "recv_bwd"'
+  expect_in run.json '"rank": 1'
+  [ -s ckpt/manifest.json ] || fail "no checkpoint written"
+  expect_in ckpt/manifest.json 'params.rank1'
+  run 0 partita exec in-pp2.json --data in-corpus --iters 6 --load ckpt -o resumed.json
+  expect_in resumed.json '"first_iteration": 5'
+  sed 's/"3-1"/"2-2"/' in-pp2.json >in-other.json
+  run 2 partita exec in-other.json --data in-corpus --iters 8 --load ckpt -o other.json
+  expect_in err.txt "partition\[0\] is 3 layers"
+  run 2 partita exec in-pp2.json --data in-corpus --backend cuda -o cuda.json
+  expect_in err.txt "parallel plans run on the cpu backend only for now"
   ;;
 *)
   fail "unknown case"

@@ -1,6 +1,6 @@
 /*
  * What a run refuses before it trains, with a message that says why, and
- * without writing anything: parallel plans, a missing dataset, a
+ * without writing anything: tensor-parallel plans, a missing dataset, a
  * vocabulary below the data's tokens, too little memory, bad options, and
  * checkpoints that are corrupt, of another model, of another seed or
  * already at the end.
@@ -50,11 +50,19 @@ static void make_checkpoint(const run_scratch *s, const plan *p,
     run_result_free(&result);
 }
 
-static void parallel_plan_is_refused(void **state)
+/* Tensor parallelism is not built: a tp = 2 plan is refused, naming it
+ * (pp and dp > 1 run: tests/executor/run/test_parallel.c). */
+static void tensor_parallel_plan_is_refused(void **state)
 {
     run_scratch *s = *state;
-    char text[1024];
-    tiny_plan_json(text, sizeof text, 2, HIDDEN, 2, SEQ, 257, 4, 2, 2);
+    const char *text =
+        "{ \"model\": { \"name\": \"tiny\", \"layers\": 2, "
+        "\"hidden\": 16, \"heads\": 2, \"seq\": 16, \"vocab\": 257 },"
+        "  \"cluster\": { \"name\": \"one\", \"nodes\": ["
+        "    { \"name\": \"box\", \"gpu\": \"A100-FASOP\", \"gpus\": 2,"
+        "      \"intra_node\": { \"bandwidth_GBps\": 230,"
+        "                        \"latency_us\": 5 } } ] },"
+        "  \"gbs\": 4, \"mbs\": 2, \"tp\": 2, \"dp\": 1, \"pp\": 1 }";
     json_error_t json_err;
     json_t *root = json_loads(text, 0, &json_err);
     plan p;
@@ -65,8 +73,8 @@ static void parallel_plan_is_refused(void **state)
     char dir[512];
     run_path(s, "never", dir, sizeof dir);
     options.save_dir = dir;
-    expect_refusal(&p, &options, "parallel executor, not built yet");
-    expect_refusal(&p, &options, "pp 2");
+    expect_refusal(&p, &options, "tensor parallelism is not built yet");
+    expect_refusal(&p, &options, "tp 2");
     plan_free(&p);
 }
 
@@ -240,7 +248,7 @@ static void other_seed_or_finished_checkpoint_is_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(parallel_plan_is_refused),
+        cmocka_unit_test(tensor_parallel_plan_is_refused),
         cmocka_unit_test(missing_dataset_is_refused),
         cmocka_unit_test(small_vocabulary_is_refused),
         cmocka_unit_test(too_little_memory_is_refused),

@@ -1,0 +1,347 @@
+/*
+ * Parallel plans (tp = 1, pp and/or dp > 1) under run_training, cpu
+ * backend, ranks as threads: every layout trains on the same samples from
+ * the same initial weights as the one-stage run, so its losses and
+ * gradient norms match within fp32 round-off; a pp = 2 run resumed from
+ * its checkpoint equals the straight run bit for bit; the record holds
+ * one device, one memory figure and events for every rank; the stop flag
+ * ends the run after the current iteration with a checkpoint; too little
+ * memory for the ranks together, tp > 1, a parallel plan on cuda and a
+ * checkpoint of another layout are refused.
+ */
+#include "run_test_support.h"
+
+#include <math.h>
+
+#define LAYERS 4
+#define GBS 4
+#define MBS 1
+#define ITERATIONS 3
+
+/* A plan of the tiny model on one node of tp x dp x pp "gpus". */
+static void parallel_plan(plan *out, int tp, int dp, int pp,
+                          const char *partition, const char *schedule)
+{
+    char extra[128] = "";
+    if (partition != NULL)
+        snprintf(extra, sizeof extra, ", \"partition\": \"%s\"", partition);
+    char text[1400];
+    snprintf(text, sizeof text,
+             "{ \"model\": { \"name\": \"tiny\", \"layers\": %d, "
+             "\"hidden\": 16, \"heads\": 2, \"seq\": 16, \"vocab\": 257 },"
+             "  \"cluster\": { \"name\": \"one\", \"nodes\": ["
+             "    { \"name\": \"box\", \"gpu\": \"A100-FASOP\", \"gpus\": %d,"
+             "      \"intra_node\": { \"bandwidth_GBps\": 230,"
+             "                        \"latency_us\": 5 } } ] },"
+             "  \"gbs\": %d, \"mbs\": %d, \"tp\": %d, \"dp\": %d, \"pp\": %d,"
+             "  \"schedule\": \"%s\"%s }",
+             LAYERS, tp * dp * pp, GBS, MBS, tp, dp, pp, schedule, extra);
+    json_error_t json_err;
+    json_t *root = json_loads(text, 0, &json_err);
+    assert_non_null(root);
+    pt_error err = {{0}};
+    int status = plan_from_json(root, NULL, out, &err);
+    if (status != 0)
+        fprintf(stderr, "%s\n", err.message);
+    assert_int_equal(status, 0);
+    json_decref(root);
+}
+
+static run_options base_options(const run_scratch *s, long iterations)
+{
+    run_options options = run_options_defaults(iterations);
+    options.data_prefix = s->corpus;
+    /* a little warm-up so the learning rate changes between steps */
+    options.train.schedule.warmup_steps = 1;
+    return options;
+}
+
+static void train_ok(const plan *p, const run_options *options,
+                     run_result *out)
+{
+    pt_error err = {{0}};
+    int status = run_training(p, options, out, &err);
+    if (status != 0)
+        fail_msg("run failed (%d): %s", status, err.message);
+}
+
+static void assert_close(double got, double want, const char *what,
+                         long iteration)
+{
+    double scale = fabs(want) > 1e-30 ? fabs(want) : 1.0;
+    if (!(fabs(got - want) <= 1e-5 * scale))
+        fail_msg("iteration %ld: %s %.9g, one-stage run %.9g", iteration,
+                 what, got, want);
+}
+
+/* The layout's run against the one-stage run on the same data and seed. */
+static void expect_same_as_one_stage(const run_scratch *s, int dp, int pp,
+                                     const char *partition,
+                                     const char *schedule)
+{
+    plan one, parallel;
+    parallel_plan(&one, 1, 1, 1, NULL, "1f1b");
+    parallel_plan(&parallel, 1, dp, pp, partition, schedule);
+    run_options options = base_options(s, ITERATIONS);
+    run_result reference, result;
+    train_ok(&one, &options, &reference);
+    train_ok(&parallel, &options, &result);
+    assert_int_equal(result.iteration_count, ITERATIONS);
+    assert_int_equal(result.rank_count, dp * pp);
+    for (long i = 0; i < ITERATIONS; i++) {
+        const run_iteration *got = &result.iterations[i];
+        const run_iteration *want = &reference.iterations[i];
+        assert_int_equal(got->iteration, want->iteration);
+        assert_true(isfinite(got->loss) && got->loss > 0.0f);
+        assert_close(got->loss, want->loss, "loss", got->iteration);
+        assert_close(got->grad_norm, want->grad_norm, "grad norm",
+                     got->iteration);
+        assert_close(got->learning_rate, want->learning_rate,
+                     "learning rate", got->iteration);
+    }
+    /* training moved: the last loss differs from the first */
+    assert_true(result.iterations[0].loss != result.iterations[2].loss);
+    run_result_free(&reference);
+    run_result_free(&result);
+    plan_free(&one);
+    plan_free(&parallel);
+}
+
+static void pp2_uneven_1f1b_matches_one_stage(void **state)
+{
+    expect_same_as_one_stage(*state, 1, 2, "3-1", "1f1b");
+}
+
+static void pp3_with_empty_stage_matches_one_stage(void **state)
+{
+    expect_same_as_one_stage(*state, 1, 3, "2-0-2", "gpipe");
+}
+
+static void dp2_matches_one_stage(void **state)
+{
+    expect_same_as_one_stage(*state, 2, 1, NULL, "1f1b");
+}
+
+static void pp2_dp2_matches_one_stage(void **state)
+{
+    expect_same_as_one_stage(*state, 2, 2, "1-3", "1f1b");
+}
+
+/* 4 iterations straight, against 2 + checkpoint + resume + 2. */
+static void pp2_resume_equals_straight_run(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    parallel_plan(&p, 1, 1, 2, "3-1", "1f1b");
+    run_options options = base_options(s, 4);
+    run_result straight, first, second;
+    train_ok(&p, &options, &straight);
+
+    char dir[512];
+    run_path(s, "pp2-checkpoint", dir, sizeof dir);
+    run_options first_half = options;
+    first_half.iterations = 2;
+    first_half.train.schedule = options.train.schedule; /* of the 4-run */
+    first_half.save_dir = dir;
+    train_ok(&p, &first_half, &first);
+    assert_int_equal(first.last_checkpoint_iteration, 2);
+    /* every rank's stage is saved under its own name */
+    uint64_t bytes = 0;
+    pt_error blob_err = {{0}};
+    assert_int_equal(checkpoint_blob_size(dir, "params.rank1", &bytes,
+                                          &blob_err),
+                     0);
+    assert_true(bytes > 0);
+    assert_int_equal(checkpoint_blob_size(dir, "adam_v.rank0", &bytes,
+                                          &blob_err),
+                     0);
+    assert_int_equal(checkpoint_blob_size(dir, "params", &bytes, &blob_err),
+                     -1);
+
+    run_options resumed = options;
+    resumed.load_dir = dir;
+    train_ok(&p, &resumed, &second);
+    assert_int_equal(second.first_iteration, 3);
+    assert_int_equal(second.iteration_count, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(first.iterations[i].iteration, i + 1);
+        assert_true(first.iterations[i].loss == straight.iterations[i].loss);
+        const run_iteration *got = &second.iterations[i];
+        const run_iteration *want = &straight.iterations[2 + i];
+        assert_int_equal(got->iteration, want->iteration);
+        if (got->loss != want->loss || got->grad_norm != want->grad_norm)
+            fail_msg("iteration %ld: resumed loss %.9g norm %.9g, straight "
+                     "%.9g %.9g",
+                     got->iteration, got->loss, got->grad_norm, want->loss,
+                     want->grad_norm);
+        assert_true(got->learning_rate == want->learning_rate);
+    }
+    run_result_free(&straight);
+    run_result_free(&first);
+    run_result_free(&second);
+
+    /* the checkpoint resumes only under its own layout */
+    plan other;
+    parallel_plan(&other, 1, 1, 2, "2-2", "1f1b");
+    pt_error err = {{0}};
+    run_result refused;
+    assert_int_equal(run_training(&other, &resumed, &refused, &err), -1);
+    run_result_free(&refused);
+    assert_message_has(&err, "another layout");
+    assert_message_has(&err, "partition[0]");
+    plan_free(&other);
+    parallel_plan(&other, 1, 1, 1, NULL, "1f1b");
+    assert_int_equal(run_training(&other, &resumed, &refused, &err), -1);
+    run_result_free(&refused);
+    assert_message_has(&err, "pp is 2");
+    plan_free(&other);
+    plan_free(&p);
+}
+
+static bool has_kind_of_rank(json_t *events, int rank, const char *kind)
+{
+    size_t i;
+    json_t *event;
+    json_array_foreach(events, i, event)
+    {
+        if (json_integer_value(json_object_get(event, "rank")) == rank &&
+            strcmp(json_string_value(json_object_get(event, "kind")),
+                   kind) == 0)
+            return true;
+    }
+    return false;
+}
+
+static void pp2_record_holds_every_rank(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    parallel_plan(&p, 1, 1, 2, "3-1", "1f1b");
+    run_options options = base_options(s, ITERATIONS);
+    run_result result;
+    train_ok(&p, &options, &result);
+    json_t *plan_json = json_object();
+    pt_error err = {{0}};
+    json_t *root = run_to_json(&result, plan_json, 1e9, &err);
+    assert_non_null(root);
+    json_t *devices = json_object_get(root, "devices");
+    assert_int_equal(json_array_size(devices), 2);
+    for (int rank = 0; rank < 2; rank++)
+        assert_int_equal(json_integer_value(json_object_get(
+                             json_array_get(devices, (size_t)rank), "rank")),
+                         rank);
+    json_t *memory = json_object_get(root, "peak_memory_gib");
+    assert_int_equal(json_array_size(memory), 2);
+    /* stage 0 holds 3 layers and the embedding, stage 1 one layer and
+     * the head: their figures differ and each is below the whole
+     * model's */
+    double whole = run_cpu_stage_bytes(&p.model, MBS, NULL) / PT_GIB;
+    double rank0 = json_real_value(json_array_get(memory, 0));
+    double rank1 = json_real_value(json_array_get(memory, 1));
+    assert_true(rank0 > 0 && rank1 > 0 && rank0 != rank1);
+    assert_true(rank1 < whole);
+    json_t *events = json_object_get(root, "events");
+    assert_true(json_array_size(events) > 2 * GBS + 1);
+    assert_true(has_kind_of_rank(events, 0, "fwd"));
+    assert_true(has_kind_of_rank(events, 0, "send_fwd"));
+    assert_true(has_kind_of_rank(events, 0, "recv_bwd"));
+    assert_true(has_kind_of_rank(events, 0, "optimizer"));
+    assert_true(has_kind_of_rank(events, 1, "recv_fwd"));
+    assert_true(has_kind_of_rank(events, 1, "bwd"));
+    assert_true(has_kind_of_rank(events, 1, "send_bwd"));
+    assert_true(has_kind_of_rank(events, 1, "optimizer"));
+    size_t i;
+    json_t *event;
+    json_array_foreach(events, i, event)
+    {
+        double start = json_real_value(json_object_get(event, "start_s"));
+        double end = json_real_value(json_object_get(event, "end_s"));
+        assert_true(start >= 0.0 && end >= start);
+    }
+    json_decref(root);
+    json_decref(plan_json);
+    run_result_free(&result);
+    plan_free(&p);
+}
+
+/* Raises the stop flag once the first iteration is done, as the signal
+ * handler of partita exec would. */
+static void stop_after_first(const run_result *so_far, void *data)
+{
+    if (so_far->iteration_count >= 1)
+        *(volatile sig_atomic_t *)data = 1;
+}
+
+static void pp2_stop_flag_ends_after_the_iteration(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    parallel_plan(&p, 1, 1, 2, "3-1", "1f1b");
+    run_options options = base_options(s, 50);
+    volatile sig_atomic_t stop = 0;
+    char dir[512];
+    run_path(s, "pp2-stopped", dir, sizeof dir);
+    options.stop = &stop;
+    options.observer = stop_after_first;
+    options.observer_data = (void *)&stop;
+    options.save_dir = dir;
+    run_result result;
+    train_ok(&p, &options, &result);
+    assert_true(result.stopped);
+    assert_int_equal(result.iteration_count, 1);
+    assert_int_equal(result.last_checkpoint_iteration, 1);
+    assert_true(checkpoint_exists(dir));
+    run_result_free(&result);
+    plan_free(&p);
+}
+
+static void expect_refusal(const plan *p, const run_options *options,
+                           const char *part)
+{
+    pt_error err = {{0}};
+    run_result result;
+    int status = run_training(p, options, &result, &err);
+    run_result_free(&result);
+    if (status != -1)
+        fail_msg("expected a refusal mentioning \"%s\", got %d (%s)", part,
+                 status, err.message);
+    assert_message_has(&err, part);
+}
+
+static void tp2_cuda_parallel_and_memory_are_refused(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    parallel_plan(&p, 2, 1, 1, NULL, "1f1b");
+    run_options options = base_options(s, 2);
+    expect_refusal(&p, &options, "tensor parallelism is not built yet");
+    pt_error err = {{0}};
+    assert_int_equal(run_check_plan(&p, &err), -1);
+    plan_free(&p);
+
+    parallel_plan(&p, 1, 1, 2, NULL, "1f1b");
+    assert_int_equal(run_check_plan(&p, &err), 0);
+    /* memory: the sum of the ranks' figures must fit */
+    options.memory_available_bytes = 1024.0;
+    expect_refusal(&p, &options, "the 2 ranks of this plan");
+    options.memory_available_bytes = 0.0;
+    options.backend = BACKEND_CUDA;
+    expect_refusal(&p, &options,
+                   "parallel plans run on the cpu backend only for now");
+    plan_free(&p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(pp2_uneven_1f1b_matches_one_stage),
+        cmocka_unit_test(pp3_with_empty_stage_matches_one_stage),
+        cmocka_unit_test(dp2_matches_one_stage),
+        cmocka_unit_test(pp2_dp2_matches_one_stage),
+        cmocka_unit_test(pp2_resume_equals_straight_run),
+        cmocka_unit_test(pp2_record_holds_every_rank),
+        cmocka_unit_test(pp2_stop_flag_ends_after_the_iteration),
+        cmocka_unit_test(tp2_cuda_parallel_and_memory_are_refused),
+    };
+    return cmocka_run_group_tests(tests, run_scratch_open, run_scratch_close);
+}
