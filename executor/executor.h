@@ -234,6 +234,10 @@ int model_stage_init_parameters(model_stage *stage, uint64_t seed,
                                 pt_error *err);
 
 /* Copies a whole buffer (param_count floats) to or from host memory. */
+/* The buffer `which` of a stage, in the backend's memory (for backends
+ * and for code that stays in that memory). */
+float *model_stage_buffer(const model_stage *stage, stage_buffer which);
+
 int model_stage_read(const model_stage *stage, stage_buffer which,
                      float *host, pt_error *err);
 int model_stage_write(model_stage *stage, stage_buffer which,

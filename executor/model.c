@@ -14,6 +14,21 @@
 
 #include "executor/backends.h"
 
+float *model_stage_buffer(const model_stage *stage, stage_buffer which)
+{
+    switch (which) {
+    case STAGE_PARAMS:
+        return stage->params;
+    case STAGE_GRADS:
+        return stage->grads;
+    case STAGE_ADAM_M:
+        return stage->adam_m;
+    case STAGE_ADAM_V:
+        return stage->adam_v;
+    }
+    return NULL;
+}
+
 const char *backend_name(backend_kind kind)
 {
     return kind == BACKEND_CUDA ? "cuda" : "cpu";

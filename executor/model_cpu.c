@@ -504,25 +504,10 @@ static int cpu_backward(model_stage *stage, int slot_index,
 
 /* ----------------------------------------------- buffers and optimizer */
 
-static float *buffer_of(const model_stage *stage, stage_buffer which)
-{
-    switch (which) {
-    case STAGE_PARAMS:
-        return stage->params;
-    case STAGE_GRADS:
-        return stage->grads;
-    case STAGE_ADAM_M:
-        return stage->adam_m;
-    case STAGE_ADAM_V:
-        return stage->adam_v;
-    }
-    return NULL;
-}
-
 static int cpu_copy_to_host(const model_stage *stage, stage_buffer which,
                             float *host, pt_error *err)
 {
-    const float *buffer = buffer_of(stage, which);
+    const float *buffer = model_stage_buffer(stage, which);
     if (buffer == NULL)
         return pt_fail(err, "cpu backend: unknown buffer %d", (int)which);
     memcpy(host, buffer, stage->param_count * sizeof(float));
@@ -532,7 +517,7 @@ static int cpu_copy_to_host(const model_stage *stage, stage_buffer which,
 static int cpu_copy_from_host(model_stage *stage, stage_buffer which,
                               const float *host, pt_error *err)
 {
-    float *buffer = buffer_of(stage, which);
+    float *buffer = model_stage_buffer(stage, which);
     if (buffer == NULL)
         return pt_fail(err, "cpu backend: unknown buffer %d", (int)which);
     memcpy(buffer, host, stage->param_count * sizeof(float));

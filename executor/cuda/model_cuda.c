@@ -1115,26 +1115,11 @@ static int cuda_backward(model_stage *stage, int slot_index,
 
 /* ----------------------------------------------- buffers and optimizer */
 
-static float *buffer_of(const model_stage *stage, stage_buffer which)
-{
-    switch (which) {
-    case STAGE_PARAMS:
-        return stage->params;
-    case STAGE_GRADS:
-        return stage->grads;
-    case STAGE_ADAM_M:
-        return stage->adam_m;
-    case STAGE_ADAM_V:
-        return stage->adam_v;
-    }
-    return NULL;
-}
-
 static int cuda_copy_to_host(const model_stage *stage, stage_buffer which,
                              float *host, pt_error *err)
 {
     const cuda_stage_state *state = state_of(stage);
-    const float *buffer = buffer_of(stage, which);
+    const float *buffer = model_stage_buffer(stage, which);
     if (buffer == NULL)
         return pt_fail(err, "cuda backend: unknown buffer %d", (int)which);
     CUDA_TRY(cudaSetDevice(state->device));
@@ -1148,7 +1133,7 @@ static int cuda_copy_from_host(model_stage *stage, stage_buffer which,
                                const float *host, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
-    float *buffer = buffer_of(stage, which);
+    float *buffer = model_stage_buffer(stage, which);
     if (buffer == NULL)
         return pt_fail(err, "cuda backend: unknown buffer %d", (int)which);
     CUDA_TRY(cudaSetDevice(state->device));
