@@ -181,6 +181,13 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        estimate *out, pt_error *err);
 void estimate_free(estimate *e);
 
+/* Parameters held by one GPU of a stage with `layers` transformer layers
+ * (the stage's parameters / tp): stage 0 holds the embeddings, the last
+ * stage the final norm and the head (a tied head is a copy when pp > 1). */
+double stage_parameters_per_gpu(const model_shape *model,
+                                const parallel_config *config, int stage,
+                                int layers);
+
 /* Megatron's FLOPs of one iteration (anchors.md): 72 B s l h^2 (1 + s/6h +
  * V/12lh), or the 96 form with full recompute. */
 double model_flops_per_iteration(const model_shape *model, int gbs,

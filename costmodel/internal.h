@@ -62,12 +62,6 @@ void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
 double activation_message_bytes(const model_shape *model,
                                  const parallel_config *config);
 
-/* Parameters held by one GPU of a stage with `layers` transformer layers
- * (the stage's parameters / tp). */
-double stage_parameters_per_gpu(const model_shape *model,
-                                const parallel_config *config, int stage,
-                                int layers);
-
 /* Forward FLOPs of one transformer layer for b sequences (whole layer,
  * not divided by tp). */
 double layer_forward_flops(double hidden, double ffn_hidden, double seq,

@@ -157,25 +157,6 @@ static void candidate_offer(candidate_set *set, double score_s,
 
 /* ------------------------------------------------------------- scoring */
 
-/* Parameters on one GPU of a stage; the same count as the cost model's
- * memory (stage 0 holds the embeddings, the last stage the final norm and
- * the head, a tied head being a copy when pp > 1). */
-static double stage_parameters(const model_shape *model,
-                               const parallel_config *config, int stage,
-                               int layers)
-{
-    double word_embedding = (double)model->vocab * model->hidden;
-    double params = layers * model_layer_parameter_count(model);
-    if (stage == 0)
-        params += word_embedding + (double)model->seq * model->hidden;
-    if (stage == config->pp - 1) {
-        params += 2.0 * model->hidden;
-        if (!model->tied_embeddings || config->pp > 1)
-            params += word_embedding;
-    }
-    return params / config->tp;
-}
-
 static bool same_config(const parallel_config *a, const parallel_config *b)
 {
     return a->gbs == b->gbs && a->mbs == b->mbs && a->tp == b->tp &&
@@ -227,7 +208,8 @@ static int step_tail_s(search_worker *w, const parallel_config *config,
                                                err);
         if (prices == NULL)
             return -1;
-        double params = stage_parameters(model, config, s, w->layers[s]);
+        double params =
+            stage_parameters_per_gpu(model, config, s, w->layers[s]);
         double gradient_bytes = params * 4.0; /* fp32 main gradients */
         double reduce_s = 0.0;
         if (config->dp > 1 && config->distributed_optimizer)

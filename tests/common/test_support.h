@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "tests/scratch_tree.h"
 
 /* The source root from the test environment (tests/meson.build sets it). */
 static inline const char *source_root(void)
@@ -33,7 +34,7 @@ static inline void source_path(const char *relative, char *out, size_t size)
 }
 
 /* A scratch directory, made by scratch_open and removed (with the files in
- * it and one level of subdirectories) by scratch_close. */
+ * it and everything under it) by scratch_close. */
 typedef struct scratch {
     char dir[256];
 } scratch;
@@ -52,34 +53,11 @@ static inline int scratch_open(void **state)
     return 0;
 }
 
-static inline void remove_tree(const char *dir, int depth)
-{
-    DIR *handle = opendir(dir);
-    if (handle == NULL)
-        return;
-    struct dirent *entry;
-    while ((entry = readdir(handle)) != NULL) {
-        if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0)
-            continue;
-        char path[1024];
-        int length = snprintf(path, sizeof path, "%s/%s", dir, entry->d_name);
-        if (length < 0 || (size_t)length >= sizeof path)
-            continue;
-        struct stat info;
-        if (lstat(path, &info) == 0 && S_ISDIR(info.st_mode) && depth > 0)
-            remove_tree(path, depth - 1);
-        else
-            unlink(path);
-    }
-    closedir(handle);
-    rmdir(dir);
-}
-
 static inline int scratch_close(void **state)
 {
     scratch *s = *state;
     if (s != NULL)
-        remove_tree(s->dir, 2);
+        remove_scratch_tree(s->dir);
     free(s);
     return 0;
 }

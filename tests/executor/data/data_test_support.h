@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tests/scratch_tree.h"
 #include "executor/data.h"
 
 /* A private directory for one test; removed with everything in it. */
@@ -39,30 +40,10 @@ static inline int scratch_open(void **state)
     return 0;
 }
 
-static inline void remove_tree(const char *path)
-{
-    DIR *handle = opendir(path);
-    if (handle == NULL) {
-        unlink(path);
-        return;
-    }
-    struct dirent *entry;
-    while ((entry = readdir(handle)) != NULL) {
-        if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0)
-            continue;
-        char child[1024];
-        if (snprintf(child, sizeof child, "%s/%s", path, entry->d_name) <
-            (int)sizeof child)
-            remove_tree(child);
-    }
-    closedir(handle);
-    rmdir(path);
-}
-
 static inline int scratch_close(void **state)
 {
     scratch *s = *state;
-    remove_tree(s->dir);
+    remove_scratch_tree(s->dir);
     free(s);
     return 0;
 }

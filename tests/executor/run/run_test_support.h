@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tests/scratch_tree.h"
 #include "executor/executor.h"
 
 /* One test's directory, with the corpus prepped at dir/corpus. */
@@ -50,30 +51,10 @@ static inline int run_scratch_open(void **state)
     return 0;
 }
 
-static inline void run_remove_tree(const char *path)
-{
-    DIR *handle = opendir(path);
-    if (handle == NULL) {
-        unlink(path);
-        return;
-    }
-    struct dirent *entry;
-    while ((entry = readdir(handle)) != NULL) {
-        if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0)
-            continue;
-        char child[1024];
-        if (snprintf(child, sizeof child, "%s/%s", path, entry->d_name) <
-            (int)sizeof child)
-            run_remove_tree(child);
-    }
-    closedir(handle);
-    rmdir(path);
-}
-
 static inline int run_scratch_close(void **state)
 {
     run_scratch *s = *state;
-    run_remove_tree(s->dir);
+    remove_scratch_tree(s->dir);
     free(s);
     return 0;
 }
