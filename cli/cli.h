@@ -19,6 +19,10 @@ int command_estimate(int argc, char **argv);
 int command_prep(int argc, char **argv);
 int command_exec(int argc, char **argv);
 int command_report(int argc, char **argv);
+/* `partita profile --derive GPU --from ...` (cli/cmd_derive.c): the
+ * measuring `partita profile` hands its whole argv here when --derive is
+ * given; argv[0] names the command in messages. */
+int cmd_profile_derive(int argc, char **argv);
 
 /* Prints "partita <command>: <message>" on stderr. */
 void cli_error(const char *command, const char *message);

@@ -1,5 +1,5 @@
-/* partita exec: train under a plan (one stage on one device, or tp = 1
- * with pipeline and data parallelism on the cpu backend) and write
+/* partita exec: train under a plan (one stage on one device, or
+ * with pipeline, data and tensor parallelism) and write
  * run.json. */
 #include "cli/cli.h"
 #include "executor/executor.h"
@@ -48,7 +48,7 @@ static void print_exec_help(void)
         "PREFIX.idx, see 'partita prep') and writes run.json: the plan, the\n"
         "device, every iteration's loss, gradient norm and time, the phase\n"
         "events of the median iteration and the measured step time.\n"
-        "Plans with tp = 1; pp or dp > 1 runs on the cpu backend only, its\n"
+        "Plans with pp, dp or tp > 1 run on the cpu backend only, their\n"
         "ranks as threads of this process.\n"
         "\n"
         "  --data PREFIX        the dataset (required)\n"
@@ -418,8 +418,9 @@ static void print_summary(const exec_arguments *args, const run_result *r,
     int ranks = r->rank_count > 0 ? r->rank_count : 1;
     char where[PT_NAME_MAX * 2 + 64];
     if (ranks > 1)
-        snprintf(where, sizeof where, "%d ranks (pp %d x dp %d) of %s",
-                 ranks, r->pp, r->dp, r->device.name);
+        snprintf(where, sizeof where,
+                 "%d ranks (pp %d x dp %d x tp %d) of %s", ranks, r->pp,
+                 r->dp, r->tp, r->device.name);
     else
         snprintf(where, sizeof where, "%s", r->device.name);
     printf("exec: %ld iterations on %s, median step time %s, %.0f tokens/s, "

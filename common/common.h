@@ -247,6 +247,22 @@ typedef enum microbatch_scaling {
     MBS_SCALING_LINEAR     /* time = time at the measured mbs x mbs/that */
 } microbatch_scaling;
 
+/* The fitted parameters of the per-kernel roofline that prices any layer
+ * shape (costmodel/roofline.c; docs/profiles.md states the model).
+ * `present` is false when the profile's efficiency block has none. */
+typedef struct roofline_params {
+    bool present;
+    double gemm_efficiency;        /* fraction of peak a large GEMM reaches */
+    double gemm_half_work_flop;    /* GEMM FLOPs per SM at half of that */
+    double attention_efficiency;   /* attention's fraction of peak on the
+                                      full-square FLOP count, (0, 2] */
+    double bandwidth_efficiency;   /* fraction of memory bandwidth that
+                                      memory-bound kernels reach */
+    double kernel_overhead_s;      /* launch and tail of every kernel */
+    double bandwidth_saturation_sm_fraction; /* share of the SMs that
+                                      reaches full memory bandwidth */
+} roofline_params;
+
 typedef struct profile {
     char gpu[PT_NAME_MAX];
     double memory_gib;         /* usable memory */
@@ -263,6 +279,9 @@ typedef struct profile {
     double peak_tflops;           /* dense bf16/fp16 tensor peak */
     double flops_efficiency;      /* achieved fraction of peak, 0: fit */
     double memory_bandwidth_GBps;
+    int sms;                      /* SMs of the whole GPU; 0: not given */
+    int sm_limit;                 /* SMs the times were taken on; 0: all */
+    roofline_params roofline;     /* prices any shape when present */
     int shape_count;
     profile_shape *shapes;        /* owned */
     comm_curve allreduce;         /* optional, sample_count 0 if absent */

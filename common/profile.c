@@ -12,6 +12,12 @@
 /* No single layer of any real model takes a minute per micro-batch: a
  * larger figure is a unit mistake (ms written as s). */
 #define PROFILE_MAX_PART_SECONDS 60.0
+/* An AdamW step of a billion parameters in over 1000 s is a unit mistake
+ * too (real ones take 1e-11 to 1e-10 s per parameter). */
+#define PROFILE_MAX_OPTIMIZER_S_PER_PARAM 1e-6
+/* Measured noise: a larger micro-batch may come out a little faster than
+ * a smaller one, but not by more than this share. */
+#define PROFILE_MBS_NOISE 0.10
 
 static const char *const profile_keys[] = {
     "format", "gpu", "memory_gib", "source", "provenance", "assumptions",
@@ -21,7 +27,12 @@ static const char *const assumption_keys[] = {
     "backward_over_forward", "microbatch_scaling",
     "layer_times_include_tp_comm", NULL};
 static const char *const efficiency_keys[] = {
-    "peak_tflops", "flops_efficiency", "memory_bandwidth_GBps", NULL};
+    "peak_tflops", "flops_efficiency", "memory_bandwidth_GBps", "sms",
+    "sm_limit", "roofline", NULL};
+static const char *const roofline_keys[] = {
+    "gemm_efficiency", "gemm_half_work_gflop_per_sm", "attention_efficiency",
+    "bandwidth_efficiency", "kernel_overhead_us",
+    "bandwidth_saturation_sm_fraction", NULL};
 static const char *const shape_keys[] = {"hidden", "heads", "ffn_hidden",
                                          "seq", "vocab", "costs", NULL};
 static const char *const point_keys[] = {"tp", "mbs", "embedding", "layer",
@@ -81,6 +92,46 @@ static int assumptions_from_json(const json_t *root, const json_place *place,
     return 0;
 }
 
+/* efficiency.roofline: every parameter is required, each in the range
+ * the model gives it meaning (docs/profiles.md). */
+static int roofline_from_json(const json_t *efficiency,
+                              const json_place *place, profile *out,
+                              pt_error *err)
+{
+    json_place where = json_place_key(place, "roofline");
+    const json_t *obj = json_object_get(efficiency, "roofline");
+    if (obj == NULL)
+        return 0;
+    roofline_params *r = &out->roofline;
+    double half_work_gflop = 0.0, overhead_us = 0.0;
+    if (json_check_keys(obj, &where, roofline_keys, err) != 0 ||
+        json_get_number(obj, &where, "gemm_efficiency", true, 1e-6, 1.0,
+                        &r->gemm_efficiency, err) != 0 ||
+        json_get_positive_number(obj, &where, "gemm_half_work_gflop_per_sm",
+                                 true, &half_work_gflop, err) != 0 ||
+        json_get_number(obj, &where, "attention_efficiency", true, 1e-6, 2.0,
+                        &r->attention_efficiency, err) != 0 ||
+        json_get_number(obj, &where, "bandwidth_efficiency", true, 1e-6, 1.0,
+                        &r->bandwidth_efficiency, err) != 0 ||
+        json_get_number(obj, &where, "kernel_overhead_us", true, 0.0,
+                        PROFILE_MAX_PART_SECONDS * 1e6, &overhead_us,
+                        err) != 0 ||
+        json_get_number(obj, &where, "bandwidth_saturation_sm_fraction", true,
+                        1e-6, 1.0, &r->bandwidth_saturation_sm_fraction,
+                        err) != 0)
+        return -1;
+    r->gemm_half_work_flop = half_work_gflop * 1e9;
+    r->kernel_overhead_s = overhead_us * 1e-6;
+    r->present = true;
+    if (out->sms == 0) {
+        json_place sms_place = json_place_key(place, "sms");
+        return json_place_fail(&sms_place, err,
+                               "missing (required with a roofline: its "
+                               "GEMM efficiency depends on the work per SM)");
+    }
+    return 0;
+}
+
 static int efficiency_from_json(const json_t *root, const json_place *place,
                                 profile *out, pt_error *err)
 {
@@ -94,9 +145,24 @@ static int efficiency_from_json(const json_t *root, const json_place *place,
         json_get_number(obj, &where, "flops_efficiency", false, 0.0, 1.0,
                         &out->flops_efficiency, err) != 0 ||
         json_get_positive_number(obj, &where, "memory_bandwidth_GBps", true,
-                                 &out->memory_bandwidth_GBps, err) != 0)
+                                 &out->memory_bandwidth_GBps, err) != 0 ||
+        get_int(obj, &where, "sms", false, 1, 100000, &out->sms, err) != 0 ||
+        get_int(obj, &where, "sm_limit", false, 1, 100000, &out->sm_limit,
+                err) != 0)
         return -1;
-    return 0;
+    if (out->sm_limit > 0 && out->sms == 0) {
+        json_place sms_place = json_place_key(&where, "sms");
+        return json_place_fail(&sms_place, err,
+                               "missing (required with sm_limit: the limit "
+                               "is a share of the GPU's SMs)");
+    }
+    if (out->sm_limit > out->sms) {
+        json_place limit_place = json_place_key(&where, "sm_limit");
+        return json_place_fail(&limit_place, err,
+                               "%d is more than the GPU's %d SMs",
+                               out->sm_limit, out->sms);
+    }
+    return roofline_from_json(obj, &where, out, err);
 }
 
 static int part_from_json(const json_t *point, const json_place *place,
@@ -177,6 +243,40 @@ static int compare_points(const void *a, const void *b)
     return (left->mbs > right->mbs) - (left->mbs < right->mbs);
 }
 
+/* A part that takes clearly less time at a larger micro-batch than at a
+ * smaller one (same tp) is a mislabelled or broken measurement. Points
+ * are sorted, so each point is compared with the one before it. */
+static int check_micro_batch_order(const profile_shape *shape,
+                                   const json_place *costs_place,
+                                   pt_error *err)
+{
+    static const char *const part_names[] = {"embedding", "layer", "head"};
+    for (int i = 1; i < shape->point_count; i++) {
+        const profile_point *small = &shape->points[i - 1];
+        const profile_point *large = &shape->points[i];
+        if (small->tp != large->tp)
+            continue;
+        const part_cost *small_parts[] = {&small->embedding, &small->layer,
+                                          &small->head};
+        const part_cost *large_parts[] = {&large->embedding, &large->layer,
+                                          &large->head};
+        for (int part = 0; part < 3; part++) {
+            double before = small_parts[part]->forward_s;
+            double after = large_parts[part]->forward_s;
+            if (after >= (1.0 - PROFILE_MBS_NOISE) * before)
+                continue;
+            return json_place_fail(
+                costs_place, err,
+                "inconsistent: at tp %d the %s forward takes %g s at mbs "
+                "%d but only %g s at mbs %d (a larger micro-batch cannot "
+                "be more than %.0f%% faster)",
+                large->tp, part_names[part], before, small->mbs, after,
+                large->mbs, 100.0 * PROFILE_MBS_NOISE);
+        }
+    }
+    return 0;
+}
+
 static int costs_from_json(const json_t *obj, const json_place *place,
                            double backward_over_forward, profile_shape *out,
                            pt_error *err)
@@ -209,7 +309,7 @@ static int costs_from_json(const json_t *obj, const json_place *place,
                                        j);
     }
     qsort(out->points, count, sizeof *out->points, compare_points);
-    return 0;
+    return check_micro_batch_order(out, &where, err);
 }
 
 static int shape_from_json(const json_t *obj, const json_place *place,
@@ -229,6 +329,13 @@ static int shape_from_json(const json_t *obj, const json_place *place,
         get_int(obj, place, "vocab", true, 1, 100000000, &out->vocab, err) !=
             0)
         return -1;
+    if (out->hidden % out->heads != 0) {
+        json_place heads_place = json_place_key(place, "heads");
+        return json_place_fail(&heads_place, err,
+                               "%d does not divide hidden %d (every head "
+                               "has hidden / heads dimensions)",
+                               out->heads, out->hidden);
+    }
     return costs_from_json(obj, place, backward_over_forward, out, err);
 }
 
@@ -307,6 +414,11 @@ static int curve_from_json(const json_t *communication,
             json_get_positive_number(obj, &sample_place, "time_s", true,
                                      &sample->time_s, err) != 0)
             return -1;
+        if (sample->time_s > PROFILE_MAX_PART_SECONDS)
+            return json_place_fail(&sample_place, err,
+                                   "%g s for one collective is more than "
+                                   "%g s: a unit mistake?",
+                                   sample->time_s, PROFILE_MAX_PART_SECONDS);
         for (size_t j = 0; j < i; j++)
             if (out->samples[j].gpus == sample->gpus &&
                 out->samples[j].bytes == sample->bytes)
@@ -361,6 +473,14 @@ static int header_from_json(const json_t *obj, const json_place *place,
                                  &out->optimizer_s_per_param, err) != 0)
         return -1;
     out->source = (profile_source)source;
+    if (out->optimizer_s_per_param > PROFILE_MAX_OPTIMIZER_S_PER_PARAM) {
+        json_place where = json_place_key(place, "optimizer_s_per_param");
+        return json_place_fail(&where, err,
+                               "%g s per parameter is more than %g: a unit "
+                               "mistake?",
+                               out->optimizer_s_per_param,
+                               PROFILE_MAX_OPTIMIZER_S_PER_PARAM);
+    }
     if (out->gpu[0] == '\0' || strchr(out->gpu, '/') != NULL) {
         json_place where = json_place_key(place, "gpu");
         return json_place_fail(&where, err,
@@ -399,12 +519,13 @@ static int check_profile_whole(const profile *p, const json_place *place,
         return json_place_fail(place, err,
                                "has no shapes and no efficiency model: "
                                "nothing prices a layer");
-    if (p->shape_count == 0 && p->flops_efficiency == 0.0) {
+    if (p->shape_count == 0 && p->flops_efficiency == 0.0 &&
+        !p->roofline.present) {
         json_place where = json_place_key(place, "efficiency");
         return json_place_fail(&where, err,
                                "flops_efficiency 0 means \"fit it on the "
                                "shapes\", but there are no shapes: give a "
-                               "fraction in (0, 1]");
+                               "fraction in (0, 1] or a roofline");
     }
     if (p->source == PROFILE_DERIVED && !has_efficiency) {
         json_place where = json_place_key(place, "efficiency");

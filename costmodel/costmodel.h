@@ -85,6 +85,12 @@ typedef struct stage_placement {
     link_spec next_link;        /* towards stage s+1 (unused for the last) */
     link_spec dp_link;          /* slowest link inside the dp group */
     int dp_spans_nodes;         /* 1 when the dp group crosses nodes */
+    /* Node type whose profile's measured curves may price the transfer
+     * (every replica's send to stage s+1 stays inside a node of this
+     * type) or the dp all-reduce (the dp group sits in one node); -1: the
+     * links above price it. */
+    int next_curve_type;
+    int dp_curve_type;
 } stage_placement;
 
 /* Fills placement[pp]; fails when the node order does not hold exactly
@@ -217,6 +223,139 @@ int schedule_simulate(schedule_kind kind, const schedule_stage *stages,
                       int pp, int microbatches, bool want_events,
                       schedule_result *out, pt_error *err);
 void schedule_result_free(schedule_result *r);
+
+/* ------------------------------------------- roofline: prices any shape */
+
+/* What a roofline runs on: one GPU, or an SM-limited share of one (a
+ * green context). Peak and bandwidth are the whole GPU's spec figures. */
+typedef struct roofline_device {
+    double peak_flops;             /* dense half-precision tensor FLOP/s */
+    double bandwidth_bytes_per_s;  /* memory bandwidth */
+    int sms;                       /* SMs of the whole GPU */
+    int sms_used;                  /* SMs the work runs on, 1..sms */
+} roofline_device;
+
+/* Forward and backward seconds of the model's three parts, one
+ * micro-batch on one GPU of the tp group. */
+typedef struct model_part_costs {
+    part_cost embedding, layer, head;
+} model_part_costs;
+
+/* The device a profile's times were taken on (or a derived profile
+ * prices): efficiency.peak_tflops, memory_bandwidth_GBps, sms, sm_limit.
+ * Fails naming the profile and the missing figure. */
+int roofline_device_of(const profile *p, roofline_device *out,
+                       pt_error *err);
+
+/* Computation only (no tensor-parallel communication) of one micro-batch
+ * of `mbs` sequences of `shape` at tensor-parallel degree tp, with
+ * activations of element_bytes bytes: every kernel of the embedding, one
+ * transformer layer and the head, forward and backward, as
+ * max(FLOPs / rate, bytes / bandwidth) + overhead (docs/profiles.md). */
+void roofline_part_costs(const roofline_params *params,
+                         const roofline_device *device,
+                         const model_shape *shape, int tp, int mbs,
+                         double element_bytes, model_part_costs *out);
+
+/* One time of a source profile, as the fit sees it. part: 0 embedding,
+ * 1 layer, 2 head. */
+typedef struct roofline_observation {
+    int shape_index, tp, mbs, part;
+    bool backward;
+    double measured_s;
+    double predicted_s;    /* under the params given to the call */
+} roofline_observation;
+
+/* The times of `source` a fit uses, each with its prediction under
+ * params (allocated into *out, count in *count; free() it). Times that
+ * hold tensor-parallel communication (tp > 1 in a profile whose
+ * layer_times_include_tp_comm) and backward times the reader filled in
+ * from backward_over_forward are left out and counted in *left_out. */
+int roofline_observations(const roofline_params *params,
+                          const profile *source,
+                          roofline_observation **out, int *count,
+                          int *left_out, pt_error *err);
+
+#define ROOFLINE_MAX_SOURCES 16
+
+/* How well the fitted parameters reproduce one source (or all). */
+typedef struct roofline_fit_error {
+    char gpu[PT_NAME_MAX];
+    int points;            /* times fitted */
+    int left_out;          /* times not fitted (see roofline_observations) */
+    double rms_log_error;  /* root mean square of ln(predicted / measured) */
+    double max_error;      /* largest |predicted / measured - 1| */
+} roofline_fit_error;
+
+typedef struct roofline_fit_result {
+    roofline_params params;   /* rounded to 4 significant digits, as written */
+    roofline_fit_error all;   /* over every source; errors use params */
+    int source_count;
+    roofline_fit_error sources[ROOFLINE_MAX_SOURCES];
+} roofline_fit_result;
+
+/* Fits the roofline's parameters by least squares in log-time over every
+ * usable time of the sources (each with its own device; see
+ * roofline_device_of), with a weak pull towards prior values so that a
+ * parameter no source pins down stays sensible. */
+int roofline_fit(const profile *sources, int source_count,
+                 roofline_fit_result *out, pt_error *err);
+
+/* -------------------------------------------- derived profiles (specs) */
+
+/* One row of profiles/specs.json (from shared/reference/gpu-specs.md). */
+typedef struct gpu_spec {
+    char gpu[PT_NAME_MAX];         /* the profile name it derives */
+    char row[PT_NAME_MAX];         /* the row of gpu-specs.md */
+    double tensor_tflops;          /* dense half-precision tensor peak */
+    char tensor_precision[8];      /* "bf16" or "fp16" (V100: no bf16) */
+    double memory_GB;              /* nameplate */
+    double usable_memory_gib;
+    char usable_memory_from[256];  /* where the usable figure comes from */
+    double memory_bandwidth_GBps;
+    int sms;
+    char link[128];                /* GPU-GPU link, as the data sheet says */
+} gpu_spec;
+
+typedef struct gpu_spec_table {
+    char source[256];              /* what the figures are cited from */
+    int count;
+    gpu_spec *specs;               /* owned */
+} gpu_spec_table;
+
+int gpu_spec_table_load(const char *path, gpu_spec_table *out,
+                        pt_error *err);
+void gpu_spec_table_free(gpu_spec_table *table);
+/* The row named gpu; NULL when there is none. */
+const gpu_spec *gpu_spec_find(const gpu_spec_table *table, const char *gpu);
+
+/* Completes a source profile for the fit: a profile without the spec
+ * figures (a measured one may carry none) takes peak, bandwidth and SMs
+ * from the row named like its GPU (the same name, or the longest row name
+ * it starts with followed by '-': "H200-40SM" -> "H200"); a profile
+ * without efficiency.sm_limit takes provenance.sm_limit, then
+ * provenance.sms_used, then a "-<n>SM" suffix of its name. `said` (may be
+ * empty) tells what was taken. Fails when no row matches. */
+int gpu_spec_complete_source(const gpu_spec_table *table, profile *p,
+                             char *said, size_t said_size, pt_error *err);
+
+/* What a derived profile is made from; the strings go to its provenance. */
+typedef struct derive_request {
+    const gpu_spec *spec;
+    const char *spec_file;             /* as given, e.g. profiles/specs.json */
+    const char *spec_source;           /* the table's citation */
+    const profile *sources;            /* fitted on */
+    const char *const *source_files;   /* [source_count], as given */
+    int source_count;
+    const char *command;               /* the command line that made it */
+    const char *date;                  /* YYYY-MM-DD */
+} derive_request;
+
+/* The derived profile (docs/formats.md, source "derived") of spec with
+ * the fitted roofline; NULL with err filled on failure. The caller owns
+ * the JSON. */
+json_t *derive_profile_json(const derive_request *request,
+                            const roofline_fit_result *fit, pt_error *err);
 
 /* ---------------------------------------------------------- collectives */
 

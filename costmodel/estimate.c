@@ -213,9 +213,12 @@ static void price_step_work(const costmodel *cm, const parallel_config *config,
     if (cm->model.tied_embeddings && pp > 1) {
         double bytes = (double)cm->model.vocab * cm->model.hidden /
                        config->tp * 4.0;
-        embedding_s = allreduce_time(bytes, 2,
-                                     embedding_link(cm, config,
-                                                    scratch->group_node));
+        const int *first = scratch->group_node;
+        const int *last = &scratch->group_node[dp * (pp - 1)];
+        embedding_s = costmodel_allreduce_seconds(
+            cm, bytes, 2, costmodel_pairs_curve_type(cm->cluster, first, last,
+                                                     dp),
+            embedding_link(cm, config, scratch->group_node));
     }
     for (int s = 0; s < pp; s++) {
         stage_estimate *st = &out->stages[s];
@@ -225,14 +228,14 @@ static void price_step_work(const costmodel *cm, const parallel_config *config,
                                                  st->layers);
         double gradient_bytes = params * 4.0; /* fp32 main gradients */
         if (config->distributed_optimizer) {
-            tail->reduce_s = reduce_scatter_time(gradient_bytes, dp,
-                                                 place->dp_link);
-            tail->gather_s = reduce_scatter_time(
-                params * precision_bytes(config->precision), dp,
-                place->dp_link);
+            tail->reduce_s = costmodel_reduce_scatter_seconds(
+                cm, gradient_bytes, dp, place->dp_curve_type, place->dp_link);
+            tail->gather_s = costmodel_reduce_scatter_seconds(
+                cm, params * precision_bytes(config->precision), dp,
+                place->dp_curve_type, place->dp_link);
         } else {
-            tail->reduce_s = allreduce_time(gradient_bytes, dp,
-                                            place->dp_link);
+            tail->reduce_s = costmodel_allreduce_seconds(
+                cm, gradient_bytes, dp, place->dp_curve_type, place->dp_link);
             tail->gather_s = 0.0;
         }
         st->dp_allreduce_s = tail->reduce_s + tail->gather_s;

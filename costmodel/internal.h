@@ -35,6 +35,12 @@ int costmodel_place_groups(const costmodel *cm, const parallel_config *config,
                            int *group_node, stage_placement *placement,
                            pt_error *err);
 
+/* The node type whose curves price transfers between from_nodes[d] and
+ * to_nodes[d] for every d < pairs: each pair inside one node, all nodes
+ * of one type; -1 otherwise. */
+int costmodel_pairs_curve_type(const cluster *c, const int *from_nodes,
+                               const int *to_nodes, int pairs);
+
 /* The slower of two links: lower bandwidth, on a tie higher latency. */
 link_spec slower_link(link_spec a, link_spec b);
 
@@ -55,6 +61,21 @@ int costmodel_microbatch_count(const parallel_config *config, pt_error *err);
 void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
                            const stage_placement *placement, int stage,
                            double *send_forward_s, double *send_backward_s);
+
+/* Communication of `bytes` priced from the measured curve ("sendrecv"
+ * for 2 GPUs, "allreduce" for `members` GPUs) of node type curve_type's
+ * profile when it has samples for that GPU count, else from the link's
+ * closed form (collectives.c). curve_type -1: the GPUs are not all inside
+ * one node of one type, so the link prices it. A reduce-scatter (or an
+ * all-gather) is half of the curve's all-reduce. */
+double costmodel_send_seconds(const costmodel *cm, double bytes,
+                              int curve_type, link_spec link);
+double costmodel_allreduce_seconds(const costmodel *cm, double bytes,
+                                   int members, int curve_type,
+                                   link_spec link);
+double costmodel_reduce_scatter_seconds(const costmodel *cm, double bytes,
+                                        int members, int curve_type,
+                                        link_spec link);
 
 /* Bytes of one stage boundary's activation (or its gradient), and of
  * one tensor-parallel all-reduce: b x s x h elements in the plan's

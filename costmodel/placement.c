@@ -153,6 +153,10 @@ int costmodel_place_groups(const costmodel *cm, const parallel_config *config,
         place->last_node = groups[dp - 1];
         place->dp_spans_nodes = groups[0] != groups[dp - 1];
         place->dp_link = dp_group_link(c, groups, dp);
+        place->dp_curve_type = place->dp_spans_nodes
+                                   ? -1
+                                   : cluster_node_type(c, groups[0]);
+        place->next_curve_type = -1;
         if (stage_types(cm, config, groups, place, err) != 0)
             return -1;
         if (s == pp - 1) {
@@ -165,8 +169,21 @@ int costmodel_place_groups(const costmodel *cm, const parallel_config *config,
         for (int d = 1; d < dp; d++)
             place->next_link = slower_link(place->next_link,
                                            cluster_link(c, groups[d], next[d]));
+        place->next_curve_type = costmodel_pairs_curve_type(c, groups, next,
+                                                            dp);
     }
     return 0;
+}
+
+int costmodel_pairs_curve_type(const cluster *c, const int *from_nodes,
+                               const int *to_nodes, int pairs)
+{
+    int type = cluster_node_type(c, from_nodes[0]);
+    for (int d = 0; d < pairs; d++)
+        if (from_nodes[d] != to_nodes[d] ||
+            cluster_node_type(c, from_nodes[d]) != type)
+            return -1;
+    return type;
 }
 
 int costmodel_place(const costmodel *cm, const parallel_config *config,

@@ -205,6 +205,12 @@ static int check_efficiency_model(const costmodel *cm, int type_index,
 {
     const profile *prof = &cm->profiles[type_index];
     const model_shape *m = &cm->model;
+    if (prof->roofline.present) {
+        roofline_device device;
+        if (roofline_device_of(prof, &device, err) != 0)
+            return -1;
+        return 0;
+    }
     if (prof->peak_tflops <= 0.0 || model_efficiency(prof) <= 0.0)
         return pt_fail(err,
                        "profile %s: holds no layer shape hidden %d, ffn_hidden "
@@ -221,6 +227,18 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
     const model_shape *m = &cm->model;
     if (held_shape(prof, m) || check_efficiency_model(cm, type_index, NULL))
         return;
+    if (prof->roofline.present) {
+        costmodel_add_note(cm,
+                           "%s: %s profile without measured times for hidden "
+                           "%d, ffn_hidden %d, seq %d, vocab %d; priced by "
+                           "its roofline (%.0f TFLOP/s, %.0f GB/s, %d SMs, "
+                           "fitted efficiencies)",
+                           prof->gpu, profile_source_name(prof->source),
+                           m->hidden, m->ffn_hidden, m->seq, m->vocab,
+                           prof->peak_tflops, prof->memory_bandwidth_GBps,
+                           prof->sm_limit > 0 ? prof->sm_limit : prof->sms);
+        return;
+    }
     costmodel_add_note(cm,
                        "%s: the profile holds no layer shape hidden %d, "
                        "ffn_hidden %d, seq %d, vocab %d; priced by the "
@@ -260,6 +278,20 @@ static part_times efficiency_times(const profile *prof, const model_shape *m,
     t.head.forward_s = head_flops / flops_per_s + head_bytes_s;
     t.head.backward_s = 2.0 * head_flops / flops_per_s + head_bytes_s;
     return t;
+}
+
+/* Computation of the three parts from the profile's roofline (any
+ * shape, tp and micro-batch; costmodel/roofline.c). */
+static part_times roofline_times(const profile *prof, const model_shape *m,
+                                 const parallel_config *config)
+{
+    roofline_device device;
+    model_part_costs costs;
+    /* check_efficiency_model has made sure the device is complete */
+    roofline_device_of(prof, &device, NULL);
+    roofline_part_costs(&prof->roofline, &device, m, config->tp, config->mbs,
+                        precision_bytes(config->precision), &costs);
+    return (part_times){costs.embedding, costs.layer, costs.head};
 }
 
 /* Time of one measured communication curve at (gpus, bytes): piecewise
@@ -321,6 +353,51 @@ static double tp_allreduce_seconds(const costmodel *cm, int type_index,
                           cm->cluster->types[type_index].intra_node);
 }
 
+/* The profile of node type curve_type when a collective stays inside
+ * one node of that type; NULL when the cluster's links price it. */
+static const profile *curve_profile(const costmodel *cm, int curve_type)
+{
+    if (curve_type < 0 || curve_type >= cm->cluster->type_count)
+        return NULL;
+    return &cm->profiles[curve_type];
+}
+
+double costmodel_send_seconds(const costmodel *cm, double bytes,
+                              int curve_type, link_spec link)
+{
+    const profile *prof = curve_profile(cm, curve_type);
+    double measured;
+    if (bytes > 0.0 && prof && curve_time(&prof->sendrecv, 2, bytes,
+                                          &measured))
+        return measured;
+    return p2p_time(bytes, link);
+}
+
+double costmodel_allreduce_seconds(const costmodel *cm, double bytes,
+                                   int members, int curve_type,
+                                   link_spec link)
+{
+    const profile *prof = curve_profile(cm, curve_type);
+    double measured;
+    if (members > 1 && bytes > 0.0 && prof &&
+        curve_time(&prof->allreduce, members, bytes, &measured))
+        return measured;
+    return allreduce_time(bytes, members, link);
+}
+
+double costmodel_reduce_scatter_seconds(const costmodel *cm, double bytes,
+                                        int members, int curve_type,
+                                        link_spec link)
+{
+    const profile *prof = curve_profile(cm, curve_type);
+    double measured;
+    /* a ring reduce-scatter (or all-gather) is half of a ring all-reduce */
+    if (members > 1 && bytes > 0.0 && prof &&
+        curve_time(&prof->allreduce, members, bytes, &measured))
+        return 0.5 * measured;
+    return reduce_scatter_time(bytes, members, link);
+}
+
 double activation_message_bytes(const model_shape *model,
                                 const parallel_config *config)
 {
@@ -378,7 +455,9 @@ int costmodel_price_type(const costmodel *cm, int type_index,
     } else {
         if (check_efficiency_model(cm, type_index, err) != 0)
             return -1;
-        times = efficiency_times(prof, &cm->model, config);
+        times = prof->roofline.present
+                    ? roofline_times(prof, &cm->model, config)
+                    : efficiency_times(prof, &cm->model, config);
         add_tp_comm = true; /* FLOPs alone carry no communication */
         if (note_target)
             costmodel_note_shape_coverage(note_target, type_index);

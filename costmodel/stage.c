@@ -76,12 +76,17 @@ void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
                            double *send_forward_s, double *send_backward_s)
 {
     double bytes = activation_message_bytes(&cm->model, config);
-    *send_forward_s = stage < config->pp - 1
-                          ? p2p_time(bytes, placement[stage].next_link)
-                          : 0.0;
-    *send_backward_s = stage > 0
-                           ? p2p_time(bytes, placement[stage - 1].next_link)
-                           : 0.0;
+    *send_forward_s =
+        stage < config->pp - 1
+            ? costmodel_send_seconds(cm, bytes,
+                                     placement[stage].next_curve_type,
+                                     placement[stage].next_link)
+            : 0.0;
+    *send_backward_s =
+        stage > 0 ? costmodel_send_seconds(cm, bytes,
+                                           placement[stage - 1].next_curve_type,
+                                           placement[stage - 1].next_link)
+                  : 0.0;
 }
 
 /* Largest layer count whose memory fits, in the same arithmetic the

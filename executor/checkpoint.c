@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +96,69 @@ uint32_t pt_crc32(const void *data, size_t size)
     return pt_crc32_update(0, data, size);
 }
 
+/* --------------------------------------------------------- crash points */
+
+/*
+ * A save must leave a loadable checkpoint whatever instant it dies at. To
+ * test that, the test executor_run_checkpoint_kill compiles this file with
+ * PARTITA_CHECKPOINT_CRASH_POINTS and runs saves in a child process with
+ * $PARTITA_CHECKPOINT_KILL_AT set to K: the child sends itself SIGKILL
+ * right after the K-th step of its saves that touches the disk (a
+ * directory made, a file created, half or all of its bytes written, a
+ * file or directory synced, renamed or removed), for every K in turn. The
+ * library that partita links has no crash points and never reads the
+ * variable.
+ */
+#ifdef PARTITA_CHECKPOINT_CRASH_POINTS
+/* Steps taken by this process's saves while the variable is set: test
+ * builds only, where one child process makes one count. */
+static long crash_steps_taken;
+
+static void crash_point(void)
+{
+    const char *kill_at = getenv("PARTITA_CHECKPOINT_KILL_AT");
+    if (kill_at != NULL && ++crash_steps_taken == atol(kill_at))
+        raise(SIGKILL);
+}
+#else
+static void crash_point(void)
+{
+}
+#endif
+
+/* write_file_atomically (data_io.c) step by step, with a crash point after
+ * each step: a temporary file beside target, the first half of the bytes,
+ * the rest, fsync and close, rename. */
+static int write_file_in_steps(const char *target, const void *data,
+                               size_t size, pt_error *err)
+{
+    char temp_path[PT_PATH_MAX + 160];
+    int fd = temp_file_beside(target, temp_path, sizeof temp_path, err);
+    if (fd < 0)
+        return -1;
+    crash_point();
+    size_t half = size / 2;
+    int written = write_fully(fd, data, half);
+    crash_point();
+    if (written == 0)
+        written = write_fully(fd, (const char *)data + half, size - half);
+    if (written != 0) {
+        int saved = errno;
+        close(fd);
+        unlink(temp_path);
+        return pt_fail(err, "%s: write failed: %s", temp_path,
+                       strerror(saved));
+    }
+    crash_point();
+    if (finish_temp_file(fd, temp_path, err) != 0)
+        return -1;
+    crash_point();
+    if (rename_into_place(temp_path, target, err) != 0)
+        return -1;
+    crash_point();
+    return 0;
+}
+
 /* ---------------------------------------------------------------- paths */
 
 static bool valid_blob_name(const char *name)
@@ -159,7 +223,9 @@ static int make_directories(const char *dir, pt_error *err)
         if (!end && *slash != '/')
             continue;
         *slash = '\0';
-        if (mkdir(path, 0777) != 0 && errno != EEXIST)
+        if (mkdir(path, 0777) == 0)
+            crash_point();
+        else if (errno != EEXIST)
             return pt_fail(err, "%s: cannot create directory: %s", path,
                            strerror(errno));
         if (end)
@@ -183,11 +249,13 @@ static void remove_generation(const char *dir, uint64_t generation)
         struct dirent *entry;
         while ((entry = readdir(listing)) != NULL)
             if (strcmp(entry->d_name, ".") != 0 &&
-                strcmp(entry->d_name, "..") != 0)
-                unlinkat(dirfd(listing), entry->d_name, 0);
+                strcmp(entry->d_name, "..") != 0 &&
+                unlinkat(dirfd(listing), entry->d_name, 0) == 0)
+                crash_point();
         closedir(listing);
     }
-    rmdir(folder);
+    if (rmdir(folder) == 0)
+        crash_point();
 }
 
 /* Lists the generation folders of dir, removing all but `keep` when
@@ -207,9 +275,12 @@ static uint64_t scan_generations(const char *dir, uint64_t keep,
             highest = generation;
         if (generation != 0 && generation != keep && remove_others)
             remove_generation(dir, generation);
-        if (remove_others && strncmp(entry->d_name, CHECKPOINT_MANIFEST ".tmp.",
-                                     strlen(CHECKPOINT_MANIFEST ".tmp.")) == 0)
-            unlinkat(dirfd(listing), entry->d_name, 0);
+        bool manifest_temp =
+            strncmp(entry->d_name, CHECKPOINT_MANIFEST ".tmp.",
+                    strlen(CHECKPOINT_MANIFEST ".tmp.")) == 0;
+        if (remove_others && manifest_temp &&
+            unlinkat(dirfd(listing), entry->d_name, 0) == 0)
+            crash_point();
     }
     closedir(listing);
     return highest;
@@ -242,6 +313,7 @@ int checkpoint_writer_begin(checkpoint_writer *w, const char *dir,
     if (mkdir(folder, 0777) != 0)
         return pt_fail(err, "%s: cannot create directory: %s", folder,
                        strerror(errno));
+    crash_point();
     w->active = true;
     return 0;
 }
@@ -274,7 +346,7 @@ int checkpoint_write_blob(checkpoint_writer *w, const char *name,
     }
     char path[PT_PATH_MAX + 128];
     blob_path(w->dir, w->generation, name, path, sizeof path);
-    if (write_file_atomically(path, data, size, err) != 0) {
+    if (write_file_in_steps(path, data, size, err) != 0) {
         checkpoint_writer_abort(w);
         return -1;
     }
@@ -320,10 +392,12 @@ int checkpoint_writer_commit(checkpoint_writer *w, pt_error *err)
     }
     /* The blobs' renames must be durable before the manifest names them. */
     int result = sync_directory(folder, err);
+    crash_point();
     if (result == 0)
         result = sync_directory(w->dir, err);
+    crash_point();
     if (result == 0)
-        result = write_file_atomically(path, text, strlen(text), err);
+        result = write_file_in_steps(path, text, strlen(text), err);
     free(text);
     if (result != 0) {
         checkpoint_writer_abort(w);
@@ -332,6 +406,7 @@ int checkpoint_writer_commit(checkpoint_writer *w, pt_error *err)
     w->active = false;
     if (sync_directory(w->dir, err) != 0)
         return -1;
+    crash_point();
     scan_generations(w->dir, w->generation, true);
     return 0;
 }

@@ -57,8 +57,8 @@ int comm_recv(const comm *c, int peer, int tag, float *data, size_t count,
     return c->ops->recv(c, peer, tag, data, count, err);
 }
 
-int comm_all_reduce_sum(const comm *c, const int *group, int group_size,
-                        float *data, size_t count, pt_error *err)
+static int check_group(const comm *c, const int *group, int group_size,
+                       pt_error *err)
 {
     bool member = false;
     for (int i = 0; i < group_size; i++) {
@@ -77,11 +77,44 @@ int comm_all_reduce_sum(const comm *c, const int *group, int group_size,
         return pt_fail(err, "rank %d: all-reduce over a group of %d ranks "
                             "it is not in",
                        c->rank, group_size);
+    return 0;
+}
+
+static int all_reduce(const comm *c, const int *group, int group_size,
+                      float *data, size_t count, comm_reduce_op op,
+                      pt_error *err)
+{
+    if (check_group(c, group, group_size, err) != 0)
+        return -1;
     if (data == NULL && count > 0)
         return pt_fail(err, "rank %d: all-reduce without data", c->rank);
     if (group_size == 1 || count == 0)
         return 0;
-    return c->ops->all_reduce_sum(c, group, group_size, data, count, err);
+    return c->ops->all_reduce(c, group, group_size, data, count, op, err);
+}
+
+int comm_all_reduce_sum(const comm *c, const int *group, int group_size,
+                        float *data, size_t count, pt_error *err)
+{
+    return all_reduce(c, group, group_size, data, count, COMM_SUM, err);
+}
+
+int comm_all_reduce_max(const comm *c, const int *group, int group_size,
+                        float *data, size_t count, pt_error *err)
+{
+    return all_reduce(c, group, group_size, data, count, COMM_MAX, err);
+}
+
+int comm_all_reduce_host(const comm *c, const int *group, int group_size,
+                         double *data, size_t count, pt_error *err)
+{
+    if (check_group(c, group, group_size, err) != 0)
+        return -1;
+    if (data == NULL && count > 0)
+        return pt_fail(err, "rank %d: all-reduce without data", c->rank);
+    if (group_size == 1 || count == 0)
+        return 0;
+    return c->ops->all_reduce_host(c, group, group_size, data, count, err);
 }
 
 int comm_barrier(const comm *c, pt_error *err)
@@ -284,32 +317,76 @@ static int threads_recv(const comm *c, int peer, int tag, float *data,
     return 0;
 }
 
-/* Gathers to group[0], which sums in group order and sends the sum back
- * to every member. */
-static int threads_all_reduce_sum(const comm *c, const int *group,
-                                  int group_size, float *data, size_t count,
-                                  pt_error *err)
+/* Gathers to group[0], which reduces in group order and sends the result
+ * back to every member. Payloads travel as floats; a double is two. */
+typedef enum payload_kind { PAYLOAD_FLOAT_SUM, PAYLOAD_FLOAT_MAX,
+                            PAYLOAD_DOUBLE_SUM } payload_kind;
+
+static void reduce_into(void *data, const float *incoming, size_t count,
+                        payload_kind kind)
 {
+    if (kind == PAYLOAD_DOUBLE_SUM) {
+        double *sum = data;
+        for (size_t k = 0; k < count; k++) {
+            double value;
+            memcpy(&value, incoming + 2 * k, sizeof value);
+            sum[k] += value;
+        }
+        return;
+    }
+    float *values = data;
+    for (size_t k = 0; k < count; k++) {
+        if (kind == PAYLOAD_FLOAT_SUM)
+            values[k] += incoming[k];
+        else if (incoming[k] > values[k])
+            values[k] = incoming[k];
+    }
+}
+
+static int threads_reduce(const comm *c, const int *group, int group_size,
+                          void *data, size_t count, payload_kind kind,
+                          pt_error *err)
+{
+    size_t floats = kind == PAYLOAD_DOUBLE_SUM ? 2 * count : count;
+    float *payload = data; /* doubles are sent as their bytes */
     int root = group[0];
     if (c->rank != root)
-        return threads_post(c, root, TAG_REDUCE, data, count, err) != 0 ||
-                       threads_recv(c, root, TAG_BROADCAST, data, count,
+        return threads_post(c, root, TAG_REDUCE, payload, floats, err) != 0 ||
+                       threads_recv(c, root, TAG_BROADCAST, payload, floats,
                                     err) != 0
                    ? -1
                    : 0;
     for (int i = 1; i < group_size; i++) {
         comm_message *message = NULL;
-        if (threads_wait_message(c, group[i], TAG_REDUCE, count, &message,
+        if (threads_wait_message(c, group[i], TAG_REDUCE, floats, &message,
                                  err) != 0)
             return -1;
-        for (size_t k = 0; k < count; k++)
-            data[k] += message->data[k];
+        reduce_into(data, message->data, count, kind);
         free(message);
     }
     for (int i = 1; i < group_size; i++)
-        if (threads_post(c, group[i], TAG_BROADCAST, data, count, err) != 0)
+        if (threads_post(c, group[i], TAG_BROADCAST, payload, floats, err) !=
+            0)
             return -1;
     return 0;
+}
+
+static int threads_all_reduce(const comm *c, const int *group, int group_size,
+                              float *data, size_t count, comm_reduce_op op,
+                              pt_error *err)
+{
+    return threads_reduce(c, group, group_size, data, count,
+                          op == COMM_MAX ? PAYLOAD_FLOAT_MAX
+                                         : PAYLOAD_FLOAT_SUM,
+                          err);
+}
+
+static int threads_all_reduce_host(const comm *c, const int *group,
+                                   int group_size, double *data, size_t count,
+                                   pt_error *err)
+{
+    return threads_reduce(c, group, group_size, data, count,
+                          PAYLOAD_DOUBLE_SUM, err);
 }
 
 static int threads_barrier(const comm *c, pt_error *err)
@@ -350,7 +427,8 @@ static const comm_ops threads_ops = {
     .name = "threads",
     .send = threads_post,
     .recv = threads_recv,
-    .all_reduce_sum = threads_all_reduce_sum,
+    .all_reduce = threads_all_reduce,
+    .all_reduce_host = threads_all_reduce_host,
     .barrier = threads_barrier,
     .abort = threads_abort,
 };

@@ -32,6 +32,9 @@
 
 /* ------------------------------------------------------------- backends */
 
+/* The largest tensor-parallel degree a stage accepts. */
+#define PT_MAX_TP 64
+
 typedef enum backend_kind { BACKEND_CPU, BACKEND_CUDA } backend_kind;
 
 /* "cpu" or "cuda". */
@@ -50,7 +53,22 @@ typedef struct stage_spec {
     int last_layer;
     bool has_embedding;
     bool has_head;
+    /* Tensor parallelism, Megatron style: the stage holds shard tp_rank of
+     * tp (tp 0 is read as 1, the unsplit stage). Attention heads, the MLP's
+     * inner features and the vocabulary are split: column-parallel QKV and
+     * first MLP matrix, row-parallel projections, vocab-parallel embedding
+     * and head. Norms, the position embedding and the row-parallel biases
+     * are replicated on every shard. */
+    int tp;
+    int tp_rank;
 } stage_spec;
+
+/* spec->tp, or 1 when it is 0. */
+int stage_spec_tp(const stage_spec *spec);
+/* The rows [*first, *first + *count) of the vocabulary shard tp_rank holds:
+ * ceil(vocab / tp) rows each, the last shard taking what remains. */
+void stage_vocab_shard(int vocab, int tp, int tp_rank, int *first,
+                       int *count);
 
 /* The single stage of an unsplit model: all layers, embedding and head. */
 stage_spec stage_spec_whole_model(const model_shape *shape);
@@ -83,6 +101,20 @@ typedef struct param_tensor {
                                summed with the first stage's token-embedding
                                gradient before the optimizer step (the
                                "embedding all-reduce") */
+    /* Where this shard sits in the whole tensor (full_rows x full_cols):
+     * the full rows fall in row_parts equal parts (3 for the QKV matrix:
+     * queries, keys, values; else 1) and the shard holds rows / row_parts
+     * rows of each, from part_row_offset within the part; likewise for
+     * columns (col_parts 3 for the QKV bias). The unsplit tensor has
+     * parts 1, offsets 0 and full = its own shape. */
+    int full_rows;
+    int full_cols;
+    int row_parts;
+    int part_row_offset;
+    int col_parts;
+    int part_col_offset;
+    bool replicated;        /* the same on every tensor-parallel shard
+                               (counted once in the gradient norm) */
 } param_tensor;
 
 /* The tensors of a stage in buffer order: embedding (token, position),
@@ -125,6 +157,14 @@ typedef struct model_stage {
     float *adam_v;               /* AdamW second moment */
     long optimizer_steps;        /* AdamW steps taken (bias correction, LR) */
     void *backend_state;         /* owned by the backend: activations */
+    /* Tensor parallelism (spec.tp > 1): the comm and the ranks of this
+     * stage's tp group, in tp_rank order, through which the backend sums
+     * the partial results of row-parallel layers (model_stage_attach_tp).
+     * tp_compute_only: no comm; the sums are skipped, so the results are
+     * not the model's but the arithmetic is a shard's (the profiler). */
+    const struct comm *tp_comm;
+    int tp_group[PT_MAX_TP];
+    bool tp_compute_only;
 } model_stage;
 
 /* What one micro-batch brings to a stage's forward or backward call.
@@ -190,6 +230,9 @@ typedef struct stage_backend {
     int (*zero_grads)(model_stage *stage, pt_error *err);
     int (*grad_square_sum)(const model_stage *stage, double *out,
                            pt_error *err);
+    /* The same, one sum per tensor (tensor_count doubles, table order). */
+    int (*grad_square_sums)(const model_stage *stage, double *per_tensor,
+                            pt_error *err);
     /* optimizer_steps is already incremented: it is the step t of the
      * bias correction. */
     int (*adamw_step)(model_stage *stage, const adamw_config *config,
@@ -202,6 +245,9 @@ typedef struct stage_backend {
     float *(*input_buffer)(model_stage *stage, int slot);
     const float *(*output)(const model_stage *stage, int slot);
     const float *(*input_grad)(const model_stage *stage);
+    /* Where a stage without the head receives d loss / d output,
+     * mbs_capacity x seq x hidden floats in backend memory. */
+    float *(*output_grad_buffer)(model_stage *stage);
 } stage_backend;
 
 /* The backend of a kind; fails for a kind that is not built (cuda, for
@@ -215,6 +261,17 @@ int model_stage_create(model_stage *out, const model_shape *shape,
                        const stage_spec *spec, backend_kind kind,
                        int mbs_capacity, int slot_count, pt_error *err);
 void model_stage_destroy(model_stage *stage);
+
+/* Connects a tensor-parallel stage to its group: ranks[0..spec.tp) of
+ * comm c, in tp_rank order; or, with c NULL, marks it compute-only. */
+int model_stage_attach_tp(model_stage *stage, const struct comm *c,
+                          const int *ranks, pt_error *err);
+/* Sums data (backend memory) over the stage's tp group; nothing when
+ * tp is 1 or the stage is compute-only. Backends call these. */
+int stage_tp_all_reduce_sum(const model_stage *stage, float *data,
+                            size_t count, pt_error *err);
+int stage_tp_all_reduce_max(const model_stage *stage, float *data,
+                            size_t count, pt_error *err);
 
 /* The tensor of that name, or NULL. */
 const param_tensor *model_stage_find_tensor(const model_stage *stage,
@@ -270,12 +327,21 @@ const float *stage_output(const model_stage *stage, int slot);
  * backward (send it, or copy it, before that). NULL for a stage with the
  * embedding, whose input is tokens. */
 const float *stage_input_grad(const model_stage *stage);
+/* A buffer in backend memory for the output gradient a stage without the
+ * head receives (pass it as io.output_grad); NULL for a stage with it. */
+float *stage_output_grad_buffer(model_stage *stage);
 
 int stage_zero_grads(model_stage *stage, pt_error *err);
 /* Sum of squares of all gradients (double). The global norm of a split
  * model is the square root of the sum over stages (counting a tied copy
  * once, after its gradient has been summed in). */
 int stage_grad_square_sum(const model_stage *stage, double *out,
+                          pt_error *err);
+/* This stage's share of the squared global gradient norm of a parallel
+ * model: the sum of squares of its gradients less the tensors counted
+ * elsewhere: a tied copy of the embedding (counted on the first stage) and,
+ * on tensor-parallel shards other than 0, the replicated tensors. */
+int stage_grad_norm_share(const model_stage *stage, double *out,
                           pt_error *err);
 /* One AdamW step on every parameter with gradient g x grad_scale (the
  * clipping coefficient); increments optimizer_steps first and uses it for
@@ -548,8 +614,8 @@ typedef struct run_result {
     backend_kind backend;
     run_device device;           /* of rank 0 (the only rank of a one-stage
                                     run) */
-    int rank_count;              /* pp x dp: 1 for a one-stage run */
-    int pp, dp;
+    int rank_count;              /* pp x dp x tp: 1 for a one-stage run */
+    int pp, dp, tp;
     run_device *devices;         /* owned, rank_count, by rank */
     double *rank_peak_memory_bytes; /* owned, rank_count: each rank's
                                        figure on peak_memory_basis */
@@ -589,11 +655,11 @@ typedef struct run_result {
                                        as a precision the backend ignores */
 } run_result;
 
-/* Fails for plans exec cannot run on any backend: tp > 1 ("tensor
- * parallelism is not built yet"), dp x pp different from the GPUs of the
- * plan's node order, gbs not a multiple of dp x mbs. Plans with pp or
- * dp > 1 run on the cpu backend only (run_training refuses them on
- * cuda: "parallel plans run on the cpu backend only for now"). */
+/* Fails for plans exec cannot run on any backend: tp x dp x pp different
+ * from the GPUs of the plan's node order, gbs not a multiple of dp x mbs.
+ * Plans with pp, dp or tp > 1 run on the cpu backend only (run_training
+ * refuses them on cuda: "parallel plans run on the cpu backend only for
+ * now"). */
 int run_check_plan(const plan *p, pt_error *err);
 
 /* Host bytes a cpu-backend stage of the whole model needs at micro-batch
@@ -639,6 +705,50 @@ json_t *run_to_json(const run_result *r, json_t *plan_json,
 /* The "format" of a run checkpoint's meta.json (docs/executor.md). */
 #define RUN_CHECKPOINT_FORMAT "partita-run-checkpoint/1"
 
+/*
+ * A plan against the GPUs of this machine, checked before any allocation
+ * (executor/device_check.c). All ranks of the plan run here (one process,
+ * a thread per GPU). The caller queries the devices; the check only
+ * compares, and names the rank, the cluster's GPU type, the device and
+ * the numbers when they disagree.
+ */
+
+/* A GPU this machine has, as the CUDA runtime reports it. */
+typedef struct local_device {
+    int index;                  /* CUDA device ordinal */
+    char name[256];             /* cudaDeviceProp.name: "NVIDIA H200" */
+    double total_memory_bytes;
+    double free_memory_bytes;   /* cudaMemGetInfo, before allocating */
+    int multiprocessors;        /* SMs */
+} local_device;
+
+/* The device a rank runs on, with its throttles: a node that lists
+ * `devices` (formats.md) gives its i-th GPU devices[i]; a node without
+ * them gives rank r device r, unthrottled. -1 when no node holds rank. */
+int plan_rank_device(const plan *p, int rank, device_spec *out);
+
+/* Whether a cluster file's GPU type names the hardware of a device,
+ * case-insensitively: the type's model, its words up to the first with a
+ * digit, less a "-NNSM" suffix ("H200" of "H200-40SM", "A100" of
+ * "A100-40GB" or "A100-FASOP", "RTX3090" of "RTX-3090"), must equal a
+ * word of the device's name ("NVIDIA A100-SXM4-40GB") or adjacent words
+ * joined ("GeForce RTX 3090"). "A10" does not match an A100. */
+bool gpu_name_matches(const char *cluster_gpu, const char *device_name);
+
+/* 0 when the machine can run every rank of the plan: as many devices as
+ * the plan needs (tp x dp x pp) and its node order provides; each rank's
+ * device present and of its node's GPU type; sm_limit and
+ * memory_limit_gib within the device's SMs and memory (together, for
+ * ranks that share a device); needed_bytes[rank] (what the rank will
+ * allocate; NULL: not checked) within its memory_limit_gib and, summed
+ * over the ranks of a device, within the device's free memory. -1 with
+ * the first disagreement otherwise, e.g. "rank 1 (stage 1, H200-40SM on
+ * node h200x2[0] device 1) needs 61.2 GiB, device 1 NVIDIA H200 has 58.0
+ * GiB free". */
+int device_check_plan(const plan *p, const local_device *devices,
+                      int device_count, const double *needed_bytes,
+                      pt_error *err);
+
 /* ------------------------------------------------------ parallel runtime */
 
 /*
@@ -658,6 +768,8 @@ json_t *run_to_json(const run_result *r, json_t *plan_json,
  */
 typedef struct comm comm;
 
+typedef enum comm_reduce_op { COMM_SUM, COMM_MAX } comm_reduce_op;
+
 /* What an implementation provides; the comm_* wrappers check arguments
  * and dispatch here. */
 typedef struct comm_ops {
@@ -671,12 +783,18 @@ typedef struct comm_ops {
      * floats into data; a different count is an error. */
     int (*recv)(const comm *c, int peer, int tag, float *data, size_t count,
                 pt_error *err);
-    /* Sums data element-wise over the ranks group[0..group_size), which
-     * all call it with the same group and count; every member gets the
-     * same sum, added in group order. Members of two groups must call
-     * their collectives in the same order. */
-    int (*all_reduce_sum)(const comm *c, const int *group, int group_size,
-                          float *data, size_t count, pt_error *err);
+    /* Reduces data element-wise (sum or max) over the ranks
+     * group[0..group_size), which all call it with the same group, count
+     * and op; every member gets the same result, summed in group order.
+     * Members of two groups must call their collectives in the same
+     * order. */
+    int (*all_reduce)(const comm *c, const int *group, int group_size,
+                      float *data, size_t count, comm_reduce_op op,
+                      pt_error *err);
+    /* The same sum for a few doubles in host memory (norms, losses),
+     * whatever memory the other operations use. */
+    int (*all_reduce_host)(const comm *c, const int *group, int group_size,
+                           double *data, size_t count, pt_error *err);
     /* Returns once every rank has called it. */
     int (*barrier)(const comm *c, pt_error *err);
     /* Records that this rank failed (the first failure wins) and wakes
@@ -700,6 +818,10 @@ int comm_recv(const comm *c, int peer, int tag, float *data, size_t count,
               pt_error *err);
 int comm_all_reduce_sum(const comm *c, const int *group, int group_size,
                         float *data, size_t count, pt_error *err);
+int comm_all_reduce_max(const comm *c, const int *group, int group_size,
+                        float *data, size_t count, pt_error *err);
+int comm_all_reduce_host(const comm *c, const int *group, int group_size,
+                         double *data, size_t count, pt_error *err);
 int comm_barrier(const comm *c, pt_error *err);
 void comm_abort(const comm *c, const char *reason);
 
@@ -723,12 +845,14 @@ int comm_threads_failed_rank(comm_threads *world, char *reason,
                              size_t reason_size);
 
 /*
- * A parallel plan's layout without tensor parallelism (tp = 1): pp
- * pipeline stages, each replicated dp times. Rank layout as the
- * planner's (formats.md): rank = d + dp x s for replica d of stage s.
+ * A parallel plan's layout: pp pipeline stages, each replicated dp times,
+ * each replica split over tp tensor-parallel shards. Rank layout as the
+ * planner's (formats.md), pipeline outermost, then data, then tensor:
+ * rank = t + tp x (d + dp x s) for shard t of replica d of stage s.
  * Each step takes a global batch of gbs token windows of seq + 1 ids;
  * replica d trains on windows [d gbs/dp, (d + 1) gbs/dp) as
- * micro_batches micro-batches of mbs windows.
+ * micro_batches micro-batches of mbs windows (every shard of a replica
+ * reads the same windows).
  */
 typedef struct pipeline_layout {
     model_shape shape;
@@ -736,16 +860,20 @@ typedef struct pipeline_layout {
     int stage_count;                 /* config.pp */
     int partition[PT_MAX_STAGES];    /* layers per stage */
     int micro_batches;               /* gbs / (dp x mbs) */
-    int rank_count;                  /* pp x dp */
+    int rank_count;                  /* pp x dp x tp */
 } pipeline_layout;
 
-/* Checks the config (tp = 1, gbs a multiple of dp x mbs, the partition
- * summing to the layers) and fills out. */
+/* Checks the config (gbs a multiple of dp x mbs, the partition summing to
+ * the layers, tp dividing the heads and ffn_hidden) and fills out. */
 int pipeline_layout_init(pipeline_layout *out, const model_shape *shape,
                          const parallel_config *config, const int *partition,
                          int partition_count, pt_error *err);
 int pipeline_rank_stage(const pipeline_layout *layout, int rank);
 int pipeline_rank_replica(const pipeline_layout *layout, int rank);
+int pipeline_rank_tp(const pipeline_layout *layout, int rank);
+/* The rank of shard tp_rank of replica `replica` of stage `stage`. */
+int pipeline_rank_of(const pipeline_layout *layout, int stage, int replica,
+                     int tp_rank);
 /* Micro-batches whose activations stage s keeps at once: min(pp - s, m)
  * for 1F1B, m for GPipe. */
 int pipeline_slot_count(const pipeline_layout *layout, int stage);
@@ -754,6 +882,10 @@ int pipeline_slot_count(const pipeline_layout *layout, int stage);
 int pipeline_stage_create(model_stage *out, const pipeline_layout *layout,
                           int rank, backend_kind backend, uint64_t seed,
                           pt_error *err);
+/* Connects a rank's stage to its tensor-parallel group on comm c (which
+ * must outlive the stage's use); nothing when tp is 1. */
+int pipeline_stage_attach(const pipeline_layout *layout, model_stage *stage,
+                          const comm *c, pt_error *err);
 
 /* The timed events of one rank's step, in the estimate's event schema;
  * kinds are costmodel's names: "fwd", "bwd", "send_fwd", "recv_fwd",
@@ -808,6 +940,7 @@ typedef struct pipeline_threads {
     pipeline_events *events;         /* rank_count: the last step's */
     pt_error *rank_errors;           /* rank_count: the last step's */
     int *rank_status;                /* rank_count: 0 or -1 */
+    comm *comms;                     /* rank_count: each rank's handle */
     int inject_failure_rank;         /* -1: none (tests set it) */
 } pipeline_threads;
 
@@ -822,5 +955,170 @@ int pipeline_threads_step(pipeline_threads *p, const train_config *config,
                           const uint32_t *tokens, step_result *out,
                           pt_error *err);
 void pipeline_threads_destroy(pipeline_threads *p);
+
+/* ------------------------------------------------------------- profiler */
+
+/*
+ * `partita profile` (executor/profiler.c, docs/profiles.md "Measuring"):
+ * what the parts of a model cost on the device at hand. For every tp of
+ * a list, shard 0 of the embedding, of one transformer layer and of the
+ * head, each a stage of its own, tensor-parallel shards compute-only (the
+ * tp all-reduces are priced separately, from the all-reduce curve), at
+ * every micro-batch of a list that fits in memory. Each part is run
+ * forward then backward, warm-up runs first, then timed runs, host clock
+ * around each synchronous call; a part's time is the median of its runs,
+ * its spread the interquartile range over the median. Plus the AdamW step
+ * per parameter and, built with NCCL and given two GPUs, all-reduce and
+ * send/recv curves. Backend-agnostic except the device handling: on the
+ * cpu backend it runs (slowly) on a tiny model, which is how CI tests it.
+ */
+
+/* The most entries of a tp or micro-batch list; of notes; of message
+ * sizes of a communication curve. */
+#define PROFILER_MAX_VALUES 16
+#define PROFILER_MAX_NOTES 24
+#define PROFILER_MAX_COMM_SIZES 32
+
+/* A timed quantity: the median of its timed runs and their spread,
+ * (third quartile - first quartile) / median (quartiles by linear
+ * interpolation between the sorted runs). */
+typedef struct timing_summary {
+    double median_s;
+    double spread;
+    int runs;
+} timing_summary;
+
+/* Summarises runs[0..count) (count >= 1; the array is left as is). */
+timing_summary timing_summarize(const double *runs, int count);
+
+typedef struct profiled_part {
+    timing_summary forward;
+    timing_summary backward;
+} profiled_part;
+
+/* One measured (tp, micro-batch) point: seconds per micro-batch on one
+ * GPU of the tp group. */
+typedef struct profiled_point {
+    int tp;
+    int mbs;
+    profiled_part embedding;
+    profiled_part layer;
+    profiled_part head;      /* final norm, LM head and loss */
+} profiled_point;
+
+/* Reported after each step of a measurement: done of total steps; point
+ * is the point just measured, or NULL for another step (label says
+ * which: "optimizer", "skipped: ...", "all-reduce 4.0 KiB"). */
+typedef void (*profiler_progress_fn)(int done, int total, const char *label,
+                                     const profiled_point *point,
+                                     void *data);
+
+typedef struct profiler_options {
+    backend_kind backend;
+    int device;                  /* cuda device ordinal (0) */
+    int sm_limit;                /* cuda: only this many SMs, through a
+                                    green context; 0: all */
+    double memory_limit_bytes;   /* cuda: cap on the stages; 0: none */
+    int tp_count;
+    int tp_values[PROFILER_MAX_VALUES];   /* ascending */
+    int mbs_count;
+    int mbs_values[PROFILER_MAX_VALUES];  /* ascending */
+    int warmup_runs;             /* untimed runs before each point */
+    int timed_runs;              /* timed runs of a point, at most */
+    int min_timed_runs;          /* at least, however slow the point */
+    double point_budget_s;       /* timed seconds a point should take:
+                                    slow points get fewer runs */
+    double device_warmup_s;      /* work before the first timing, so that
+                                    clocks have ramped up */
+    uint64_t seed;               /* parameters and tokens */
+    profiler_progress_fn progress;   /* NULL: none */
+    void *progress_data;
+} profiler_options;
+
+/* The full measurement: tp 1, 2, 4, 8, micro-batches 1, 2, 4, 8, 16,
+ * 5 warm-up and up to 20 timed runs per point (at least 7, about 1.5 s
+ * of timed runs per point), 2 s of device warm-up. */
+profiler_options profiler_options_defaults(backend_kind backend);
+/* Fewer runs, no device warm-up: for tests and a first look. */
+void profiler_options_quick(profiler_options *options);
+/* Checks lists (ascending powers of two for tp, ascending for mbs, each
+ * 1..1024), run counts and the cuda-only options. */
+int profiler_options_check(const profiler_options *options, pt_error *err);
+
+/* The device the profile was taken on. */
+typedef struct profiled_device {
+    char name[256];              /* "NVIDIA H200", "cpu (16 cores)" */
+    int sms;                     /* SMs of the GPU; 0 for the cpu */
+    int sms_used;                /* the green context's, or sms */
+    double memory_bytes;         /* the GPU's (host's for the cpu) */
+    double context_bytes;        /* device memory in use before the first
+                                    stage: CUDA context and libraries */
+    char driver_version[64];     /* "580.95.05"; "" when unknown */
+    char driver_cuda_version[16];    /* highest CUDA the driver runs */
+    char runtime_cuda_version[16];   /* the CUDA runtime linked in */
+} profiled_device;
+
+typedef struct profiler_result {
+    profiled_device device;
+    int point_count;             /* sorted by tp, then mbs */
+    profiled_point points[PROFILER_MAX_VALUES * PROFILER_MAX_VALUES];
+    /* AdamW steps of the tp 1 (or smallest tp measured) layer and
+     * embedding stages, and the parameters each holds. */
+    timing_summary optimizer_layer;
+    timing_summary optimizer_embedding;
+    double layer_parameters;
+    double embedding_parameters;
+    /* optimizer_layer per parameter: a real stage is mostly layers. */
+    double optimizer_s_per_param;
+    int runs_warmup;             /* as run (options, after checks) */
+    int runs_timed_max;
+    int runs_timed_min;
+    double elapsed_s;            /* wall time of the measurement */
+    int note_count;              /* what was skipped and why */
+    char notes[PROFILER_MAX_NOTES][320];
+} profiler_result;
+
+/* Measures the model's parts under the options into out (zeroed first).
+ * Points that fail to be made or run are skipped with a note (a tp the
+ * shape does not divide; a tp the backend cannot run; a micro-batch that
+ * does not fit: larger ones are not tried). -1 when nothing at all could
+ * be measured, or on a device failure. */
+int profiler_measure(const model_shape *shape,
+                     const profiler_options *options, profiler_result *out,
+                     pt_error *err);
+
+/* Communication curves between two GPUs of this machine (devices 0 and
+ * 1) through NCCL. */
+typedef struct profiled_comm_sample {
+    double bytes;
+    timing_summary time;         /* one operation */
+} profiled_comm_sample;
+
+typedef struct profiler_comm_result {
+    int gpus;                    /* 2 */
+    int sample_count;            /* sizes, in each curve */
+    profiled_comm_sample allreduce[PROFILER_MAX_COMM_SIZES];
+    profiled_comm_sample sendrecv[PROFILER_MAX_COMM_SIZES];  /* 0 -> 1 */
+    int operations_per_run[PROFILER_MAX_COMM_SIZES]; /* back to back,
+                                    timed together: small messages */
+    char nccl_version[16];
+    double elapsed_s;
+} profiler_comm_result;
+
+/* Whether this build has NCCL and this machine shows two GPUs; if not,
+ * why, in reason (which may be NULL). */
+bool profiler_comm_available(char *reason, size_t reason_size);
+
+/* All-reduce (fp32 sum, in place) over GPUs 0 and 1, and send/recv from
+ * GPU 0 to GPU 1, for every power of two from min_bytes to max_bytes
+ * (both powers of two): warm-up runs, then timed runs (the options'
+ * counts), each of a few operations back to back when messages are small
+ * (so that launch jitter averages out), host clock from the first GPU's
+ * start to the last GPU's end; one thread per GPU, each in
+ * options->sm_limit SMs when set. progress reports each size (point
+ * NULL). */
+int profiler_measure_comm(const profiler_options *options, double min_bytes,
+                          double max_bytes, profiler_comm_result *out,
+                          pt_error *err);
 
 #endif

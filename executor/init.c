@@ -74,6 +74,49 @@ static bool ends_with(const char *text, const char *suffix)
            strcmp(text + text_length - suffix_length, suffix) == 0;
 }
 
+/* Where full index `full` (a row or column of the whole tensor) lands in
+ * a shard cut in `parts` parts of which it keeps `count` / parts from
+ * part_offset in each; -1 when the shard does not hold it. */
+static int shard_index(int full, int full_count, int parts, int part_offset,
+                       int count)
+{
+    int part_size = full_count / parts;
+    int kept = count / parts;
+    int part = full / part_size, within = full % part_size - part_offset;
+    if (within < 0 || within >= kept)
+        return -1;
+    return part * kept + within;
+}
+
+/* Draws the whole tensor's normals in order and keeps the shard's: every
+ * tensor-parallel split then holds a slice of the unsplit model's values.
+ * Stops after the last row the shard holds. */
+static void draw_shard(const param_tensor *t, double std, model_rng *rng,
+                       float *values)
+{
+    if (t->rows == t->full_rows && t->cols == t->full_cols) {
+        for (size_t i = 0; i < t->count; i++)
+            values[i] = (float)(std * model_rng_normal(rng));
+        return;
+    }
+    for (int r = 0; r < t->full_rows; r++) {
+        int row = shard_index(r, t->full_rows, t->row_parts,
+                              t->part_row_offset, t->rows);
+        bool last_part = r / (t->full_rows / t->row_parts) ==
+                         t->row_parts - 1;
+        if (row < 0 && last_part && r % (t->full_rows / t->row_parts) >=
+                                        t->part_row_offset)
+            return; /* past the shard's last row */
+        for (int c = 0; c < t->full_cols; c++) {
+            float value = (float)(std * model_rng_normal(rng));
+            int col = shard_index(c, t->full_cols, t->col_parts,
+                                  t->part_col_offset, t->cols);
+            if (row >= 0 && col >= 0)
+                values[(size_t)row * (size_t)t->cols + (size_t)col] = value;
+        }
+    }
+}
+
 /* Fills one tensor: constants for biases and norms, GPT-2's normals for
  * the rest. The projections that write into the residual stream get a
  * smaller spread, 1 / sqrt(2 x layers) of the others, because each layer
@@ -102,8 +145,7 @@ static void init_tensor(const param_tensor *tensor, int total_layers,
         tensor->tied_copy ? "token_embedding" : tensor->name;
     model_rng rng;
     model_rng_seed(&rng, seed ^ name_hash(stream_name));
-    for (size_t i = 0; i < tensor->count; i++)
-        values[i] = (float)(std * model_rng_normal(&rng));
+    draw_shard(tensor, std, &rng, values);
 }
 
 int model_stage_init_parameters(model_stage *stage, uint64_t seed,

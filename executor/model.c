@@ -65,6 +65,22 @@ const stage_backend *backend_find(backend_kind kind, pt_error *err)
 
 /* ---------------------------------------------------------------- specs */
 
+int stage_spec_tp(const stage_spec *spec)
+{
+    return spec->tp > 1 ? spec->tp : 1;
+}
+
+void stage_vocab_shard(int vocab, int tp, int tp_rank, int *first, int *count)
+{
+    int per_shard = (vocab + tp - 1) / tp;
+    int start = per_shard * tp_rank;
+    if (start > vocab)
+        start = vocab;
+    int end = start + per_shard < vocab ? start + per_shard : vocab;
+    *first = start;
+    *count = end - start;
+}
+
 stage_spec stage_spec_whole_model(const model_shape *shape)
 {
     stage_spec spec = {
@@ -72,6 +88,8 @@ stage_spec stage_spec_whole_model(const model_shape *shape)
         .last_layer = shape->layers,
         .has_embedding = true,
         .has_head = true,
+        .tp = 1,
+        .tp_rank = 0,
     };
     return spec;
 }
@@ -105,6 +123,8 @@ int stage_spec_from_partition(const model_shape *shape,
     out->last_layer = (int)first + layers_per_stage[stage_index];
     out->has_embedding = stage_index == 0;
     out->has_head = stage_index == stage_count - 1;
+    out->tp = 1;
+    out->tp_rank = 0;
     return 0;
 }
 
@@ -128,6 +148,20 @@ static int check_shape_and_spec(const model_shape *shape,
                             "[0, %d]",
                        shape->name, spec->first_layer, spec->last_layer,
                        shape->layers);
+    int tp = stage_spec_tp(spec);
+    if (tp > PT_MAX_TP || spec->tp_rank < 0 || spec->tp_rank >= tp)
+        return pt_fail(err, "model %s: tensor-parallel shard %d of %d does "
+                            "not exist (tp at most %d)",
+                       shape->name, spec->tp_rank, tp, PT_MAX_TP);
+    int last_first = 0, last_count = 0;
+    stage_vocab_shard(shape->vocab, tp, tp - 1, &last_first, &last_count);
+    if (shape->heads % tp != 0 || shape->ffn_hidden % tp != 0 ||
+        last_count < 1)
+        return pt_fail(err, "model %s: tp %d must divide the %d heads and "
+                            "ffn_hidden %d, and leave every shard some of "
+                            "the vocabulary of %d",
+                       shape->name, tp, shape->heads, shape->ffn_hidden,
+                       shape->vocab);
     return 0;
 }
 
@@ -136,40 +170,106 @@ typedef struct layout_builder {
     param_tensor *out;
     int count;
     size_t floats;
+    int tp;
+    int tp_rank;
 } layout_builder;
 
-static void add_tensor(layout_builder *builder, const char *name, int rows,
-                       int cols, bool weight_decay, bool tied_copy)
+/* How a tensor is cut over the tp shards. */
+typedef enum shard_kind {
+    SHARD_NONE,      /* replicated: norms, position embedding, row biases */
+    SHARD_ROWS,      /* output features: column-parallel weight, the
+                        vocabulary rows of the embedding and head */
+    SHARD_QKV_ROWS,  /* the query, key and value thirds, each by rows */
+    SHARD_COLS,      /* input features of a row-parallel weight, or the
+                        features of a column-parallel bias */
+    SHARD_QKV_COLS   /* the QKV bias: each third by columns */
+} shard_kind;
+
+typedef struct tensor_desc {
+    const char *name;
+    int full_rows;
+    int full_cols;
+    shard_kind shard;
+    bool weight_decay;
+    bool tied_copy;
+} tensor_desc;
+
+/* Shard tp_rank of `full` elements cut in `parts` equal parts, each part
+ * split evenly over tp (or, for one part, ceil-split: vocabularies). */
+static void cut(int full, int parts, const layout_builder *b, int *offset,
+                int *count)
 {
-    size_t count = (size_t)rows * (size_t)cols;
-    if (builder->out != NULL) {
-        param_tensor *tensor = &builder->out[builder->count];
-        memset(tensor, 0, sizeof *tensor);
-        pt_copy_string(tensor->name, sizeof tensor->name, name);
-        tensor->offset = builder->floats;
-        tensor->count = count;
-        tensor->rows = rows;
-        tensor->cols = cols;
-        tensor->weight_decay = weight_decay;
-        tensor->tied_copy = tied_copy;
+    if (parts == 1) {
+        stage_vocab_shard(full, b->tp, b->tp_rank, offset, count);
+        return;
     }
-    builder->count++;
-    builder->floats += count;
+    int per_shard = full / parts / b->tp;
+    *offset = per_shard * b->tp_rank;
+    *count = per_shard * parts;
 }
 
-/* A matrix (decayed) and its bias (not decayed). */
-static void add_linear(layout_builder *builder, int layer, const char *part,
-                       int out_features, int in_features)
+static void shard_shape(const layout_builder *b, const tensor_desc *desc,
+                        param_tensor *t)
 {
-    char name[PT_NAME_MAX];
-    snprintf(name, sizeof name, "layers.%d.%s_weight", layer, part);
-    add_tensor(builder, name, out_features, in_features, true, false);
-    snprintf(name, sizeof name, "layers.%d.%s_bias", layer, part);
-    add_tensor(builder, name, 1, out_features, false, false);
+    t->full_rows = t->rows = desc->full_rows;
+    t->full_cols = t->cols = desc->full_cols;
+    t->row_parts = t->col_parts = 1;
+    t->replicated = b->tp > 1 && desc->shard == SHARD_NONE;
+    switch (desc->shard) {
+    case SHARD_NONE:
+        break;
+    case SHARD_ROWS:
+    case SHARD_QKV_ROWS:
+        t->row_parts = desc->shard == SHARD_QKV_ROWS ? 3 : 1;
+        cut(desc->full_rows, t->row_parts, b, &t->part_row_offset, &t->rows);
+        break;
+    case SHARD_COLS:
+    case SHARD_QKV_COLS:
+        t->col_parts = desc->shard == SHARD_QKV_COLS ? 3 : 1;
+        cut(desc->full_cols, t->col_parts, b, &t->part_col_offset, &t->cols);
+        break;
+    }
 }
 
-/* A layer norm's weight and bias (neither decayed): "layers.L.PART_..."
- * inside a layer, "PART_..." for the final norm (layer < 0). */
+static void add_tensor(layout_builder *builder, const tensor_desc *desc)
+{
+    param_tensor tensor;
+    memset(&tensor, 0, sizeof tensor);
+    shard_shape(builder, desc, &tensor);
+    pt_copy_string(tensor.name, sizeof tensor.name, desc->name);
+    tensor.offset = builder->floats;
+    tensor.count = (size_t)tensor.rows * (size_t)tensor.cols;
+    tensor.weight_decay = desc->weight_decay;
+    tensor.tied_copy = desc->tied_copy;
+    if (builder->out != NULL)
+        builder->out[builder->count] = tensor;
+    builder->count++;
+    builder->floats += tensor.count;
+}
+
+/* A matrix (decayed) and its bias (not decayed). A column-parallel layer
+ * splits both by output features; a row-parallel one splits the matrix by
+ * input features and keeps the whole bias, added once after the sum. */
+static void add_linear(layout_builder *builder, int layer, const char *part,
+                       int out_features, int in_features, shard_kind shard)
+{
+    char weight[PT_NAME_MAX], bias[PT_NAME_MAX];
+    snprintf(weight, sizeof weight, "layers.%d.%s_weight", layer, part);
+    snprintf(bias, sizeof bias, "layers.%d.%s_bias", layer, part);
+    tensor_desc w = {weight, out_features, in_features, shard, true, false};
+    tensor_desc b = {bias, 1, out_features, SHARD_NONE, false, false};
+    /* a bias is one row: a column-parallel layer splits its columns */
+    if (shard == SHARD_ROWS)
+        b.shard = SHARD_COLS;
+    else if (shard == SHARD_QKV_ROWS)
+        b.shard = SHARD_QKV_COLS;
+    add_tensor(builder, &w);
+    add_tensor(builder, &b);
+}
+
+/* A layer norm's weight and bias (neither decayed, replicated):
+ * "layers.L.PART_..." inside a layer, "PART_..." for the final norm
+ * (layer < 0). */
 static void add_layernorm(layout_builder *builder, int layer,
                           const char *part, int hidden)
 {
@@ -181,8 +281,10 @@ static void add_layernorm(layout_builder *builder, int layer,
         snprintf(weight, sizeof weight, "%s_weight", part);
         snprintf(bias, sizeof bias, "%s_bias", part);
     }
-    add_tensor(builder, weight, 1, hidden, false, false);
-    add_tensor(builder, bias, 1, hidden, false, false);
+    tensor_desc w = {weight, 1, hidden, SHARD_NONE, false, false};
+    tensor_desc b = {bias, 1, hidden, SHARD_NONE, false, false};
+    add_tensor(builder, &w);
+    add_tensor(builder, &b);
 }
 
 int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
@@ -192,20 +294,27 @@ int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
     if (check_shape_and_spec(shape, spec, err) != 0)
         return -1;
     int hidden = shape->hidden;
-    layout_builder builder = {.out = out, .count = 0, .floats = 0};
+    layout_builder builder = {.out = out,
+                              .tp = stage_spec_tp(spec),
+                              .tp_rank = spec->tp_rank};
     if (spec->has_embedding) {
-        add_tensor(&builder, "token_embedding", shape->vocab, hidden, true,
-                   false);
-        add_tensor(&builder, "position_embedding", shape->seq, hidden, true,
-                   false);
+        tensor_desc token = {"token_embedding", shape->vocab, hidden,
+                             SHARD_ROWS, true, false};
+        tensor_desc position = {"position_embedding", shape->seq, hidden,
+                                SHARD_NONE, true, false};
+        add_tensor(&builder, &token);
+        add_tensor(&builder, &position);
     }
     for (int layer = spec->first_layer; layer < spec->last_layer; layer++) {
         add_layernorm(&builder, layer, "ln1", hidden);
-        add_linear(&builder, layer, "attn_qkv", 3 * hidden, hidden);
-        add_linear(&builder, layer, "attn_proj", hidden, hidden);
+        add_linear(&builder, layer, "attn_qkv", 3 * hidden, hidden,
+                   SHARD_QKV_ROWS);
+        add_linear(&builder, layer, "attn_proj", hidden, hidden, SHARD_COLS);
         add_layernorm(&builder, layer, "ln2", hidden);
-        add_linear(&builder, layer, "mlp_fc", shape->ffn_hidden, hidden);
-        add_linear(&builder, layer, "mlp_proj", hidden, shape->ffn_hidden);
+        add_linear(&builder, layer, "mlp_fc", shape->ffn_hidden, hidden,
+                   SHARD_ROWS);
+        add_linear(&builder, layer, "mlp_proj", hidden, shape->ffn_hidden,
+                   SHARD_COLS);
     }
     if (spec->has_head) {
         add_layernorm(&builder, -1, "final_norm", hidden);
@@ -213,9 +322,11 @@ int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
          * stage this stage keeps its own copy, kept equal by summing the
          * two gradients (Megatron's embedding all-reduce). */
         bool tied = shape->tied_embeddings;
-        if (!tied || !spec->has_embedding)
-            add_tensor(&builder, "lm_head_weight", shape->vocab, hidden, true,
-                       tied);
+        if (!tied || !spec->has_embedding) {
+            tensor_desc head = {"lm_head_weight", shape->vocab, hidden,
+                                SHARD_ROWS, true, tied};
+            add_tensor(&builder, &head);
+        }
     }
     if (total_floats != NULL)
         *total_floats = builder.floats;
@@ -266,6 +377,58 @@ int model_stage_create(model_stage *out, const model_shape *shape,
         return -1;
     }
     return 0;
+}
+
+int model_stage_attach_tp(model_stage *stage, const struct comm *c,
+                          const int *ranks, pt_error *err)
+{
+    int tp = stage_spec_tp(&stage->spec);
+    stage->tp_comm = c;
+    stage->tp_compute_only = c == NULL;
+    if (c == NULL)
+        return 0;
+    for (int t = 0; t < tp; t++) {
+        if (ranks[t] < 0 || ranks[t] >= c->size)
+            return pt_fail(err, "tensor parallel: member %d of the group is "
+                                "rank %d, not one of the %d",
+                           t, ranks[t], c->size);
+        stage->tp_group[t] = ranks[t];
+    }
+    if (stage->tp_group[stage->spec.tp_rank] != c->rank)
+        return pt_fail(err, "tensor parallel: rank %d holds shard %d, but "
+                            "the group names rank %d for it",
+                       c->rank, stage->spec.tp_rank,
+                       stage->tp_group[stage->spec.tp_rank]);
+    return 0;
+}
+
+static int tp_all_reduce(const model_stage *stage, float *data, size_t count,
+                         comm_reduce_op op, pt_error *err)
+{
+    int tp = stage_spec_tp(&stage->spec);
+    if (tp == 1 || stage->tp_compute_only)
+        return 0;
+    if (stage->tp_comm == NULL)
+        return pt_fail(err, "tensor parallel: shard %d of %d has no comm "
+                            "(model_stage_attach_tp was not called)",
+                       stage->spec.tp_rank, tp);
+    if (op == COMM_MAX)
+        return comm_all_reduce_max(stage->tp_comm, stage->tp_group, tp, data,
+                                   count, err);
+    return comm_all_reduce_sum(stage->tp_comm, stage->tp_group, tp, data,
+                               count, err);
+}
+
+int stage_tp_all_reduce_sum(const model_stage *stage, float *data,
+                            size_t count, pt_error *err)
+{
+    return tp_all_reduce(stage, data, count, COMM_SUM, err);
+}
+
+int stage_tp_all_reduce_max(const model_stage *stage, float *data,
+                            size_t count, pt_error *err)
+{
+    return tp_all_reduce(stage, data, count, COMM_MAX, err);
 }
 
 const param_tensor *model_stage_find_tensor(const model_stage *stage,
@@ -372,6 +535,13 @@ const float *stage_input_grad(const model_stage *stage)
     return stage->backend->input_grad(stage);
 }
 
+float *stage_output_grad_buffer(model_stage *stage)
+{
+    if (stage->spec.has_head)
+        return NULL;
+    return stage->backend->output_grad_buffer(stage);
+}
+
 int stage_zero_grads(model_stage *stage, pt_error *err)
 {
     return stage->backend->zero_grads(stage, err);
@@ -381,6 +551,34 @@ int stage_grad_square_sum(const model_stage *stage, double *out,
                           pt_error *err)
 {
     return stage->backend->grad_square_sum(stage, out, err);
+}
+
+int stage_grad_norm_share(const model_stage *stage, double *out,
+                          pt_error *err)
+{
+    bool excludes = false;
+    for (int i = 0; i < stage->tensor_count; i++)
+        excludes = excludes || stage->tensors[i].tied_copy ||
+                   (stage->tensors[i].replicated && stage->spec.tp_rank > 0);
+    if (!excludes)
+        return stage_grad_square_sum(stage, out, err);
+    if (stage->backend->grad_square_sums == NULL)
+        return pt_fail(err, "the %s backend cannot sum gradients per tensor",
+                       stage->backend->name);
+    double *sums = calloc((size_t)stage->tensor_count, sizeof *sums);
+    if (sums == NULL)
+        return pt_fail(err, "out of memory for %d tensor norms",
+                       stage->tensor_count);
+    int status = stage->backend->grad_square_sums(stage, sums, err);
+    double total = 0.0;
+    for (int i = 0; i < stage->tensor_count && status == 0; i++) {
+        const param_tensor *t = &stage->tensors[i];
+        if (!t->tied_copy && !(t->replicated && stage->spec.tp_rank > 0))
+            total += sums[i];
+    }
+    free(sums);
+    *out = total;
+    return status;
 }
 
 int stage_adamw_step(model_stage *stage, const adamw_config *config,

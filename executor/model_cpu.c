@@ -10,6 +10,7 @@
  */
 #include "executor/executor.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,12 +36,14 @@ typedef struct stage_tensors {
     float *head_weight;             /* lm_head_weight or token_embedding */
 } stage_tensors;
 
-/* What the forward of one layer keeps for its backward (N = B x T rows). */
+/* What the forward of one layer keeps for its backward (N = B x T rows;
+ * with tensor parallelism, A = C / tp attention channels and F the shard's
+ * MLP features). */
 typedef struct layer_activations {
     float *ln1_out, *ln1_mean, *ln1_rstd;  /* N x C, N, N */
-    float *qkv;                            /* N x 3C */
-    float *att_probs;                      /* B x NH x T x T */
-    float *att_out;                        /* N x C, before the projection */
+    float *qkv;                            /* N x 3A */
+    float *att_probs;                      /* B x NH/tp x T x T */
+    float *att_out;                        /* N x A, before the projection */
     float *residual_mid;                   /* N x C, input + attention */
     float *ln2_out, *ln2_mean, *ln2_rstd;
     float *fc_out;                         /* N x F, before the GELU */
@@ -56,8 +59,9 @@ typedef struct activation_slot {
     float *input;                    /* N x C: embedding output or received */
     layer_activations *layers;       /* owned: one per local layer */
     float *final_out, *final_mean, *final_rstd;
-    float *probs;                    /* N x V: logits, then probabilities,
-                                        then d logits during backward */
+    float *probs;                    /* N x V (the shard's vocabulary):
+                                        logits, then probabilities, then
+                                        d logits during backward */
     float *losses;                   /* N */
     const float *output;             /* the last layer's output, or input */
     int mbs;                         /* sequences of the last forward */
@@ -71,11 +75,14 @@ typedef struct backward_scratch {
                                         between a layer's output and input */
     float *d_mid;                    /* N x C */
     float *d_norm;                   /* N x C: gradient of a norm's output */
-    float *d_att;                    /* N x C */
-    float *d_qkv;                    /* N x 3C */
+    float *d_att;                    /* N x A */
+    float *d_qkv;                    /* N x 3A */
     float *d_fc;                     /* N x F */
     float *d_gelu;                   /* N x F */
     float *attention_row;            /* T */
+    float *row_stats;                /* 3N: the vocab-parallel softmax's
+                                        row maxima, sums and target logits */
+    float *output_grad;              /* N x C: received d loss / d output */
     const float *input_grad;         /* points into d_stream after backward */
 } backward_scratch;
 
@@ -139,20 +146,32 @@ static void map_tensors(const model_stage *stage, float *base,
 
 /* ---------------------------------------------------------- allocation */
 
-/* Shapes every buffer is sized from; B is the micro-batch capacity. */
+/* Shapes every buffer is sized from; B is the micro-batch capacity. With
+ * tensor parallelism the shard's: A attention channels and NH heads
+ * (C / tp and heads / tp), F MLP features, V vocabulary rows from
+ * vocab_first. */
 typedef struct stage_dims {
-    size_t B, T, C, F, V, NH, N;
+    size_t B, T, C, A, F, V, NH, N;
+    int vocab_first;
+    int tp;
 } stage_dims;
 
 static stage_dims dims_of(const model_stage *stage, int mbs)
 {
+    int tp = stage_spec_tp(&stage->spec);
+    int vocab_first = 0, vocab_count = 0;
+    stage_vocab_shard(stage->shape.vocab, tp, stage->spec.tp_rank,
+                      &vocab_first, &vocab_count);
     stage_dims dims = {
         .B = (size_t)mbs,
         .T = (size_t)stage->shape.seq,
         .C = (size_t)stage->shape.hidden,
-        .F = (size_t)stage->shape.ffn_hidden,
-        .V = (size_t)stage->shape.vocab,
-        .NH = (size_t)stage->shape.heads,
+        .A = (size_t)(stage->shape.hidden / tp),
+        .F = (size_t)(stage->shape.ffn_hidden / tp),
+        .V = (size_t)vocab_count,
+        .NH = (size_t)(stage->shape.heads / tp),
+        .vocab_first = vocab_first,
+        .tp = tp,
     };
     dims.N = dims.B * dims.T;
     return dims;
@@ -167,9 +186,9 @@ static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
         act->ln1_out = arena_take(a, d->N * d->C);
         act->ln1_mean = arena_take(a, d->N);
         act->ln1_rstd = arena_take(a, d->N);
-        act->qkv = arena_take(a, d->N * 3 * d->C);
+        act->qkv = arena_take(a, d->N * 3 * d->A);
         act->att_probs = arena_take(a, d->B * d->NH * d->T * d->T);
-        act->att_out = arena_take(a, d->N * d->C);
+        act->att_out = arena_take(a, d->N * d->A);
         act->residual_mid = arena_take(a, d->N * d->C);
         act->ln2_out = arena_take(a, d->N * d->C);
         act->ln2_mean = arena_take(a, d->N);
@@ -193,11 +212,13 @@ static void carve_scratch(backward_scratch *s, arena *a, const stage_dims *d)
     s->d_stream[1] = arena_take(a, d->N * d->C);
     s->d_mid = arena_take(a, d->N * d->C);
     s->d_norm = arena_take(a, d->N * d->C);
-    s->d_att = arena_take(a, d->N * d->C);
-    s->d_qkv = arena_take(a, d->N * 3 * d->C);
+    s->d_att = arena_take(a, d->N * d->A);
+    s->d_qkv = arena_take(a, d->N * 3 * d->A);
     s->d_fc = arena_take(a, d->N * d->F);
     s->d_gelu = arena_take(a, d->N * d->F);
     s->attention_row = arena_take(a, d->T);
+    s->row_stats = arena_take(a, 3 * d->N);
+    s->output_grad = arena_take(a, d->N * d->C);
 }
 
 /* Sizes an arena with a dry run, allocates it zeroed and carves it. */
@@ -304,22 +325,48 @@ out_of_memory:
 
 /* -------------------------------------------------------------- forward */
 
-/* One pre-norm transformer block:
- *   mid = x + proj(attention(qkv(ln1(x))));  out = mid + mlp(ln2(mid)). */
-static void layer_forward(layer_activations *act, const layer_tensors *p,
-                          const float *input, const stage_dims *d)
+/* out = inp W^T, then (row-parallel) summed over the tp group, then
+ * + bias: each shard holds some input features of W, and the whole bias
+ * is added once after the sum. */
+static int row_parallel_forward(const model_stage *stage, float *out,
+                                const float *inp, const float *weight,
+                                const float *bias, const stage_dims *d,
+                                int in_features, pt_error *err)
 {
-    int N = (int)d->N, C = (int)d->C, F = (int)d->F;
+    int N = (int)d->N, C = (int)d->C;
+    cpu_matmul_forward(out, inp, weight, d->tp > 1 ? NULL : bias, N,
+                       in_features, C);
+    if (d->tp == 1)
+        return 0;
+    if (stage_tp_all_reduce_sum(stage, out, d->N * d->C, err) != 0)
+        return -1;
+    for (size_t n = 0; n < d->N; n++)
+        for (size_t c = 0; c < d->C; c++)
+            out[n * d->C + c] += bias[c];
+    return 0;
+}
+
+/* One pre-norm transformer block:
+ *   mid = x + proj(attention(qkv(ln1(x))));  out = mid + mlp(ln2(mid)).
+ * With tensor parallelism the shard computes its heads and MLP features;
+ * the two projections sum over the group. */
+static int layer_forward(const model_stage *stage, layer_activations *act,
+                         const layer_tensors *p, const float *input,
+                         const stage_dims *d, pt_error *err)
+{
+    int N = (int)d->N, C = (int)d->C, A = (int)d->A, F = (int)d->F;
     size_t NC = d->N * d->C;
     cpu_layernorm_forward(act->ln1_out, act->ln1_mean, act->ln1_rstd, input,
                           p->ln1_weight, p->ln1_bias, N, C);
     cpu_matmul_forward(act->qkv, act->ln1_out, p->qkv_weight, p->qkv_bias, N,
-                       C, 3 * C);
+                       C, 3 * A);
     cpu_attention_forward(act->att_out, act->att_probs, act->qkv, (int)d->B,
-                          (int)d->T, C, (int)d->NH);
+                          (int)d->T, A, (int)d->NH);
     /* the branch goes to residual_mid first, then the skip is added */
-    cpu_matmul_forward(act->residual_mid, act->att_out, p->attn_proj_weight,
-                       p->attn_proj_bias, N, C, C);
+    if (row_parallel_forward(stage, act->residual_mid, act->att_out,
+                             p->attn_proj_weight, p->attn_proj_bias, d, A,
+                             err) != 0)
+        return -1;
     cpu_residual_forward(act->residual_mid, input, act->residual_mid, NC);
     cpu_layernorm_forward(act->ln2_out, act->ln2_mean, act->ln2_rstd,
                           act->residual_mid, p->ln2_weight, p->ln2_bias, N,
@@ -327,9 +374,89 @@ static void layer_forward(layer_activations *act, const layer_tensors *p,
     cpu_matmul_forward(act->fc_out, act->ln2_out, p->fc_weight, p->fc_bias, N,
                        C, F);
     cpu_gelu_forward(act->gelu_out, act->fc_out, d->N * d->F);
-    cpu_matmul_forward(act->output, act->gelu_out, p->mlp_proj_weight,
-                       p->mlp_proj_bias, N, F, C);
+    if (row_parallel_forward(stage, act->output, act->gelu_out,
+                             p->mlp_proj_weight, p->mlp_proj_bias, d, F,
+                             err) != 0)
+        return -1;
     cpu_residual_forward(act->output, act->residual_mid, act->output, NC);
+    return 0;
+}
+
+/* Vocab-parallel embedding: each shard looks up the tokens of its rows
+ * (zero for the others), the group sums, then the positions are added. */
+static int embedding_forward(const model_stage *stage, activation_slot *slot,
+                             const stage_tensors *p, const stage_dims *d,
+                             pt_error *err)
+{
+    if (d->tp == 1) {
+        cpu_embedding_forward(slot->input, slot->inputs, p->token_embedding,
+                              p->position_embedding, (int)d->B, (int)d->T,
+                              (int)d->C);
+        return 0;
+    }
+    for (size_t n = 0; n < d->N; n++) {
+        float *row = slot->input + n * d->C;
+        long local = (long)slot->inputs[n] - d->vocab_first;
+        if (local >= 0 && local < (long)d->V)
+            memcpy(row, p->token_embedding + (size_t)local * d->C,
+                   d->C * sizeof *row);
+        else
+            memset(row, 0, d->C * sizeof *row);
+    }
+    if (stage_tp_all_reduce_sum(stage, slot->input, d->N * d->C, err) != 0)
+        return -1;
+    for (size_t n = 0; n < d->N; n++) {
+        const float *position = p->position_embedding + (n % d->T) * d->C;
+        for (size_t c = 0; c < d->C; c++)
+            slot->input[n * d->C + c] += position[c];
+    }
+    return 0;
+}
+
+/* Vocab-parallel softmax cross-entropy over the shard's logits (N x V,
+ * turned into probabilities in place): the row maxima reduced by max, the
+ * exponential sums and target logits by sum, as Megatron does. */
+static int vocab_parallel_loss(const model_stage *stage, activation_slot *slot,
+                               float *row_stats, const stage_dims *d,
+                               float *mean_loss, pt_error *err)
+{
+    size_t N = d->N, V = d->V;
+    float *row_max = row_stats, *sums = row_stats + N,
+          *target_logit = row_stats + 2 * N;
+    for (size_t n = 0; n < N; n++) {
+        const float *z = slot->probs + n * V;
+        float max = z[0];
+        for (size_t i = 1; i < V; i++)
+            max = z[i] > max ? z[i] : max;
+        row_max[n] = max;
+        long local = (long)slot->targets[n] - d->vocab_first;
+        target_logit[n] = local >= 0 && local < (long)V ? z[local] : 0.0f;
+    }
+    if (stage_tp_all_reduce_max(stage, row_max, N, err) != 0)
+        return -1;
+    for (size_t n = 0; n < N; n++) {
+        float *z = slot->probs + n * V;
+        double sum = 0.0;
+        for (size_t i = 0; i < V; i++) {
+            z[i] = expf(z[i] - row_max[n]);
+            sum += z[i];
+        }
+        sums[n] = (float)sum;
+    }
+    /* sums and target logits side by side: one all-reduce */
+    if (stage_tp_all_reduce_sum(stage, sums, 2 * N, err) != 0)
+        return -1;
+    double loss_sum = 0.0;
+    for (size_t n = 0; n < N; n++) {
+        float inverse = 1.0f / sums[n];
+        for (size_t i = 0; i < V; i++)
+            slot->probs[n * V + i] *= inverse;
+        slot->losses[n] = (float)(log((double)sums[n]) -
+                                  (double)(target_logit[n] - row_max[n]));
+        loss_sum += slot->losses[n];
+    }
+    *mean_loss = (float)(loss_sum / (double)N);
+    return 0;
 }
 
 /* Splits the token windows into the inputs and the shifted targets. */
@@ -346,22 +473,23 @@ static void split_tokens(activation_slot *slot, const uint32_t *tokens,
 static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
                        float *mean_loss, pt_error *err)
 {
-    (void)err;
     cpu_stage_state *state = stage->backend_state;
     activation_slot *slot = &state->slots[slot_index];
     const stage_tensors *p = &state->params;
     stage_dims d = dims_of(stage, io->mbs);
     if (io->tokens != NULL)
         split_tokens(slot, io->tokens, &d);
-    if (stage->spec.has_embedding)
-        cpu_embedding_forward(slot->input, slot->inputs, p->token_embedding,
-                              p->position_embedding, (int)d.B, (int)d.T,
-                              (int)d.C);
-    else if (io->input != slot->input)
+    if (stage->spec.has_embedding) {
+        if (embedding_forward(stage, slot, p, &d, err) != 0)
+            return -1;
+    } else if (io->input != slot->input) {
         memcpy(slot->input, io->input, d.N * d.C * sizeof(float));
+    }
     const float *stream = slot->input;
     for (int l = 0; l < state->layer_count; l++) {
-        layer_forward(&slot->layers[l], &p->layers[l], stream, &d);
+        if (layer_forward(stage, &slot->layers[l], &p->layers[l], stream, &d,
+                          err) != 0)
+            return -1;
         stream = slot->layers[l].output;
     }
     slot->output = stream;
@@ -373,8 +501,12 @@ static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
                               p->final_norm_bias, N, C);
         cpu_matmul_forward(slot->probs, slot->final_out, p->head_weight, NULL,
                            N, C, V);
-        *mean_loss = cpu_softmax_crossentropy_forward(
-            slot->probs, slot->losses, slot->probs, slot->targets, N, V);
+        if (d.tp == 1)
+            *mean_loss = cpu_softmax_crossentropy_forward(
+                slot->probs, slot->losses, slot->probs, slot->targets, N, V);
+        else if (vocab_parallel_loss(stage, slot, state->scratch.row_stats,
+                                     &d, mean_loss, err) != 0)
+            return -1;
     }
     slot->mbs = io->mbs;
     slot->awaiting_backward = true;
@@ -388,17 +520,27 @@ static void zero(float *buffer, size_t count)
     memset(buffer, 0, count * sizeof *buffer);
 }
 
+/* The gradient of a column-parallel layer's input is partial on each
+ * shard (it saw some output features): sum it over the group. */
+static int sum_partial_input_grad(const model_stage *stage, float *d_input,
+                                  const stage_dims *d, pt_error *err)
+{
+    return stage_tp_all_reduce_sum(stage, d_input, d->N * d->C, err);
+}
+
 /* The block's backward in reverse order of its forward. d_out is the
  * gradient of the block's output; d_input receives (is overwritten with)
  * the gradient of its input. A residual's backward hands its output
  * gradient to both inputs, so the branch's matmul reads the same buffer
  * the skip path starts from. */
-static void layer_backward(float *d_input, const float *d_out,
-                           layer_tensors *g, const layer_tensors *p,
-                           const layer_activations *act, const float *input,
-                           backward_scratch *s, const stage_dims *d)
+static int layer_backward(const model_stage *stage, float *d_input,
+                          const float *d_out, layer_tensors *g,
+                          const layer_tensors *p,
+                          const layer_activations *act, const float *input,
+                          backward_scratch *s, const stage_dims *d,
+                          pt_error *err)
 {
-    int N = (int)d->N, C = (int)d->C, F = (int)d->F;
+    int N = (int)d->N, C = (int)d->C, A = (int)d->A, F = (int)d->F;
     size_t NC = d->N * d->C;
     /* out = mid + mlp(ln2(mid)) */
     zero(s->d_mid, NC);
@@ -411,33 +553,51 @@ static void layer_backward(float *d_input, const float *d_out,
     zero(s->d_norm, NC);
     cpu_matmul_backward(s->d_norm, g->fc_weight, g->fc_bias, s->d_fc,
                         act->ln2_out, p->fc_weight, N, C, F);
+    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0)
+        return -1;
     cpu_layernorm_backward(s->d_mid, g->ln2_weight, g->ln2_bias, s->d_norm,
                            act->residual_mid, p->ln2_weight, act->ln2_mean,
                            act->ln2_rstd, N, C);
     /* mid = input + proj(attention(qkv(ln1(input)))) */
     zero(d_input, NC);
     cpu_residual_backward(d_input, NULL, s->d_mid, NC);
-    zero(s->d_att, NC);
+    zero(s->d_att, d->N * d->A);
     cpu_matmul_backward(s->d_att, g->attn_proj_weight, g->attn_proj_bias,
-                        s->d_mid, act->att_out, p->attn_proj_weight, N, C, C);
-    zero(s->d_qkv, NC * 3);
+                        s->d_mid, act->att_out, p->attn_proj_weight, N, A, C);
+    zero(s->d_qkv, d->N * d->A * 3);
     cpu_attention_backward(s->d_qkv, s->d_att, act->qkv, act->att_probs,
-                           s->attention_row, (int)d->B, (int)d->T, C,
+                           s->attention_row, (int)d->B, (int)d->T, A,
                            (int)d->NH);
     zero(s->d_norm, NC);
     cpu_matmul_backward(s->d_norm, g->qkv_weight, g->qkv_bias, s->d_qkv,
-                        act->ln1_out, p->qkv_weight, N, C, 3 * C);
+                        act->ln1_out, p->qkv_weight, N, C, 3 * A);
+    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0)
+        return -1;
     cpu_layernorm_backward(d_input, g->ln1_weight, g->ln1_bias, s->d_norm,
                            input, p->ln1_weight, act->ln1_mean,
                            act->ln1_rstd, N, C);
+    return 0;
+}
+
+/* d logits = (probs - onehot(target)) x d_loss over the shard's
+ * vocabulary; a target outside the shard has no one-hot entry here. */
+static void vocab_parallel_loss_backward(activation_slot *slot, float d_loss,
+                                         const stage_dims *d)
+{
+    for (size_t n = 0; n < d->N; n++) {
+        long local = (long)slot->targets[n] - d->vocab_first;
+        float *row = slot->probs + n * d->V;
+        for (size_t i = 0; i < d->V; i++)
+            row[i] = (row[i] - ((long)i == local ? 1.0f : 0.0f)) * d_loss;
+    }
 }
 
 /* Loss -> logits -> final norm: leaves d loss / d (last stream) in
  * d_stream. The loss is loss_scale x the mean over N positions, so each
  * position's loss has weight loss_scale / N. */
-static void head_backward(model_stage *stage, activation_slot *slot,
-                          float loss_scale, float *d_stream,
-                          const stage_dims *d)
+static int head_backward(model_stage *stage, activation_slot *slot,
+                         float loss_scale, float *d_stream,
+                         const stage_dims *d, pt_error *err)
 {
     cpu_stage_state *state = stage->backend_state;
     const stage_tensors *p = &state->params;
@@ -445,15 +605,49 @@ static void head_backward(model_stage *stage, activation_slot *slot,
     backward_scratch *s = &state->scratch;
     int N = (int)d->N, C = (int)d->C, V = (int)d->V;
     float *d_logits = slot->probs; /* overwrites the probabilities */
-    cpu_softmax_crossentropy_backward(d_logits, slot->probs, slot->targets,
-                                      loss_scale / (float)N, N, V);
+    if (d->tp == 1)
+        cpu_softmax_crossentropy_backward(d_logits, slot->probs,
+                                          slot->targets,
+                                          loss_scale / (float)N, N, V);
+    else
+        vocab_parallel_loss_backward(slot, loss_scale / (float)N, d);
     zero(s->d_norm, d->N * d->C);
     cpu_matmul_backward(s->d_norm, g->head_weight, NULL, d_logits,
                         slot->final_out, p->head_weight, N, C, V);
+    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0)
+        return -1;
     zero(d_stream, d->N * d->C);
     cpu_layernorm_backward(d_stream, g->final_norm_weight, g->final_norm_bias,
                            s->d_norm, slot->output, p->final_norm_weight,
                            slot->final_mean, slot->final_rstd, N, C);
+    return 0;
+}
+
+/* The vocab-parallel embedding's backward: the shard's rows only. */
+static void embedding_backward(cpu_stage_state *state, const float *d_out,
+                               const activation_slot *slot,
+                               const stage_dims *d)
+{
+    if (d->tp == 1) {
+        cpu_embedding_backward(state->grads.token_embedding,
+                               state->grads.position_embedding, d_out,
+                               slot->inputs, (int)d->B, (int)d->T, (int)d->C);
+        return;
+    }
+    for (size_t n = 0; n < d->N; n++) {
+        const float *row = d_out + n * d->C;
+        float *position = state->grads.position_embedding + (n % d->T) * d->C;
+        long local = (long)slot->inputs[n] - d->vocab_first;
+        float *token = local >= 0 && local < (long)d->V
+                           ? state->grads.token_embedding +
+                                 (size_t)local * d->C
+                           : NULL;
+        for (size_t c = 0; c < d->C; c++) {
+            position[c] += row[c];
+            if (token != NULL)
+                token[c] += row[c];
+        }
+    }
 }
 
 static int cpu_backward(model_stage *stage, int slot_index,
@@ -470,7 +664,9 @@ static int cpu_backward(model_stage *stage, int slot_index,
     const float *d_out = io->output_grad;
     int free_stream = 0;
     if (stage->spec.has_head) {
-        head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d);
+        if (head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d,
+                          err) != 0)
+            return -1;
         d_out = s->d_stream[0];
         free_stream = 1;
     }
@@ -478,16 +674,15 @@ static int cpu_backward(model_stage *stage, int slot_index,
         const float *layer_input =
             l > 0 ? slot->layers[l - 1].output : slot->input;
         float *d_input = s->d_stream[free_stream];
-        layer_backward(d_input, d_out, &state->grads.layers[l],
-                       &state->params.layers[l], &slot->layers[l],
-                       layer_input, s, &d);
+        if (layer_backward(stage, d_input, d_out, &state->grads.layers[l],
+                           &state->params.layers[l], &slot->layers[l],
+                           layer_input, s, &d, err) != 0)
+            return -1;
         d_out = d_input;
         free_stream = 1 - free_stream;
     }
     if (stage->spec.has_embedding) {
-        cpu_embedding_backward(state->grads.token_embedding,
-                               state->grads.position_embedding, d_out,
-                               slot->inputs, (int)d.B, (int)d.T, (int)d.C);
+        embedding_backward(state, d_out, slot, &d);
         s->input_grad = NULL;
     } else {
         /* a stage with no layers and no head passes the gradient through;
@@ -542,6 +737,21 @@ static int cpu_grad_square_sum(const model_stage *stage, double *out,
     return 0;
 }
 
+static int cpu_grad_square_sums(const model_stage *stage, double *per_tensor,
+                                pt_error *err)
+{
+    (void)err;
+    for (int i = 0; i < stage->tensor_count; i++) {
+        const param_tensor *t = &stage->tensors[i];
+        const float *g = stage->grads + t->offset;
+        double sum = 0.0;
+        for (size_t k = 0; k < t->count; k++)
+            sum += (double)g[k] * g[k];
+        per_tensor[i] = sum;
+    }
+    return 0;
+}
+
 static int cpu_adamw_step(model_stage *stage, const adamw_config *config,
                           float learning_rate, float grad_scale,
                           pt_error *err)
@@ -575,6 +785,12 @@ static const float *cpu_input_grad(const model_stage *stage)
     return state->scratch.input_grad;
 }
 
+static float *cpu_output_grad_buffer(model_stage *stage)
+{
+    cpu_stage_state *state = stage->backend_state;
+    return state->scratch.output_grad;
+}
+
 const stage_backend cpu_stage_backend = {
     .kind = BACKEND_CPU,
     .name = "cpu",
@@ -584,10 +800,12 @@ const stage_backend cpu_stage_backend = {
     .backward = cpu_backward,
     .zero_grads = cpu_zero_grads,
     .grad_square_sum = cpu_grad_square_sum,
+    .grad_square_sums = cpu_grad_square_sums,
     .adamw_step = cpu_adamw_step,
     .copy_to_host = cpu_copy_to_host,
     .copy_from_host = cpu_copy_from_host,
     .input_buffer = cpu_input_buffer,
     .output = cpu_output,
     .input_grad = cpu_input_grad,
+    .output_grad_buffer = cpu_output_grad_buffer,
 };

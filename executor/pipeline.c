@@ -1,8 +1,9 @@
 /*
- * The pipeline and data-parallel runtime over model stages (tp = 1): one
+ * The pipeline, data- and tensor-parallel runtime over model stages: one
  * rank's training step (schedule, activations and gradients over the
- * comm, gradient all-reduces, global norm, AdamW) and a launcher that
- * runs every rank of a layout as a thread of this process over the
+ * comm, gradient all-reduces, global norm, AdamW; the tensor-parallel
+ * sums happen inside the backend's forward and backward) and a launcher
+ * that runs every rank of a layout as a thread of this process over the
  * threads comm. docs/executor.md ("Parallel runtime") describes it.
  */
 #include "executor/executor.h"
@@ -20,16 +21,14 @@ int pipeline_layout_init(pipeline_layout *out, const model_shape *shape,
                          int partition_count, pt_error *err)
 {
     memset(out, 0, sizeof *out);
-    if (config->tp != 1)
-        return pt_fail(err, "pipeline runtime: tp %d: tensor parallelism "
-                            "is not built yet (tp must be 1)",
-                       config->tp);
     if (config->pp < 1 || config->pp > PT_MAX_STAGES || config->dp < 1 ||
-        config->mbs < 1 || config->gbs < 1)
-        return pt_fail(err, "pipeline runtime: pp %d, dp %d, mbs %d, gbs "
-                            "%d: each must be at least 1 (pp at most %d)",
-                       config->pp, config->dp, config->mbs, config->gbs,
-                       PT_MAX_STAGES);
+        config->tp < 1 || config->tp > PT_MAX_TP || config->mbs < 1 ||
+        config->gbs < 1)
+        return pt_fail(err, "pipeline runtime: pp %d, dp %d, tp %d, mbs %d, "
+                            "gbs %d: each must be at least 1 (pp at most %d, "
+                            "tp at most %d)",
+                       config->pp, config->dp, config->tp, config->mbs,
+                       config->gbs, PT_MAX_STAGES, PT_MAX_TP);
     if (config->gbs % (config->dp * config->mbs) != 0)
         return pt_fail(err, "pipeline runtime: gbs %d is not a multiple of "
                             "dp x mbs = %d",
@@ -39,27 +38,71 @@ int pipeline_layout_init(pipeline_layout *out, const model_shape *shape,
                             "pp is %d",
                        partition_count, config->pp);
     stage_spec spec;
-    for (int s = 0; s < config->pp; s++)
+    for (int s = 0; s < config->pp; s++) {
         if (stage_spec_from_partition(shape, partition, partition_count, s,
                                       &spec, err) != 0)
             return -1;
+        /* the tensor-parallel split must fit the model (heads, vocab) */
+        spec.tp = config->tp;
+        if (stage_parameter_layout(shape, &spec, NULL, NULL, err) < 0)
+            return -1;
+    }
     out->shape = *shape;
     out->config = *config;
     out->stage_count = config->pp;
     memcpy(out->partition, partition, (size_t)config->pp * sizeof(int));
     out->micro_batches = config->gbs / (config->dp * config->mbs);
-    out->rank_count = config->pp * config->dp;
+    out->rank_count = config->pp * config->dp * config->tp;
     return 0;
 }
 
 int pipeline_rank_stage(const pipeline_layout *layout, int rank)
 {
-    return rank / layout->config.dp;
+    return rank / (layout->config.dp * layout->config.tp);
 }
 
 int pipeline_rank_replica(const pipeline_layout *layout, int rank)
 {
-    return rank % layout->config.dp;
+    return rank / layout->config.tp % layout->config.dp;
+}
+
+int pipeline_rank_tp(const pipeline_layout *layout, int rank)
+{
+    return rank % layout->config.tp;
+}
+
+int pipeline_rank_of(const pipeline_layout *layout, int stage, int replica,
+                     int tp_rank)
+{
+    return tp_rank +
+           layout->config.tp * (replica + layout->config.dp * stage);
+}
+
+/* The spec of a rank's stage: its layers and its tensor-parallel shard. */
+static int rank_spec(const pipeline_layout *layout, int rank, stage_spec *out,
+                     pt_error *err)
+{
+    if (stage_spec_from_partition(&layout->shape, layout->partition,
+                                  layout->stage_count,
+                                  pipeline_rank_stage(layout, rank), out,
+                                  err) != 0)
+        return -1;
+    out->tp = layout->config.tp;
+    out->tp_rank = pipeline_rank_tp(layout, rank);
+    return 0;
+}
+
+int pipeline_stage_attach(const pipeline_layout *layout, model_stage *stage,
+                          const comm *c, pt_error *err)
+{
+    if (layout->config.tp == 1)
+        return 0;
+    int group[PT_MAX_TP];
+    int stage_index = pipeline_rank_stage(layout, c->rank);
+    int replica = pipeline_rank_replica(layout, c->rank);
+    for (int t = 0; t < layout->config.tp; t++)
+        group[t] = pipeline_rank_of(layout, stage_index, replica, t);
+    return model_stage_attach_tp(stage, c, group, err);
 }
 
 int pipeline_slot_count(const pipeline_layout *layout, int stage)
@@ -81,9 +124,7 @@ int pipeline_stage_create(model_stage *out, const pipeline_layout *layout,
                        rank, layout->rank_count);
     int stage = pipeline_rank_stage(layout, rank);
     stage_spec spec;
-    if (stage_spec_from_partition(&layout->shape, layout->partition,
-                                  layout->stage_count, stage, &spec,
-                                  err) != 0)
+    if (rank_spec(layout, rank, &spec, err) != 0)
         return -1;
     if (model_stage_create(out, &layout->shape, &spec, backend,
                            layout->config.mbs,
@@ -147,6 +188,7 @@ typedef struct rank_step {
     pipeline_events *events;     /* may be NULL */
     int micro_batch;             /* being worked on, for messages */
     const char *operation;       /* event kind being worked on */
+    int tp_rank;
 } rank_step;
 
 static void record(rank_step *r, const char *kind, int micro_batch,
@@ -285,7 +327,8 @@ static int embedding_all_reduce(rank_step *r, pt_error *err)
     if (tensor == NULL || (r->stage_index == last && !tensor->tied_copy))
         return pt_fail(err, "stage %d holds no tied embedding tensor",
                        r->stage_index);
-    int group[2] = {r->replica, r->replica + layout->config.dp * last};
+    int group[2] = {pipeline_rank_of(layout, 0, r->replica, r->tp_rank),
+                    pipeline_rank_of(layout, last, r->replica, r->tp_rank)};
     double start = begin(r, "embedding_allreduce", -1);
     if (comm_all_reduce_sum(r->c, group, 2, r->stage->grads + tensor->offset,
                             tensor->count, err) != 0)
@@ -294,14 +337,14 @@ static int embedding_all_reduce(rank_step *r, pt_error *err)
     return 0;
 }
 
-/* The group of ranks first, first + 1, ..., first + count - 1 (a dp
- * group, or the world). NULL when out of memory. */
-static int *consecutive_group(int first, int count)
+/* The group of ranks first, first + stride, ... (count of them): a dp
+ * group, or the world. NULL when out of memory. */
+static int *strided_group(int first, int count, int stride)
 {
     int *group = malloc((size_t)count * sizeof *group);
     if (group != NULL)
         for (int i = 0; i < count; i++)
-            group[i] = first + i;
+            group[i] = first + i * stride;
     return group;
 }
 
@@ -310,7 +353,9 @@ static int dp_all_reduce(rank_step *r, pt_error *err)
     int dp = r->layout->config.dp;
     if (dp == 1)
         return 0;
-    int *group = consecutive_group(dp * r->stage_index, dp);
+    int *group = strided_group(
+        pipeline_rank_of(r->layout, r->stage_index, 0, r->tp_rank), dp,
+        r->layout->config.tp);
     if (group == NULL)
         return pt_fail(err, "out of memory for a group of %d", dp);
     double start = begin(r, "dp_allreduce", -1);
@@ -323,48 +368,30 @@ static int dp_all_reduce(rank_step *r, pt_error *err)
     return 0;
 }
 
-/* This stage's share of the squared global norm: its gradients, less the
- * tied copy (counted on the first stage). cpu backend: grads are host
- * memory. */
-static int square_sum_share(const rank_step *r, double *out, pt_error *err)
-{
-    if (stage_grad_square_sum(r->stage, out, err) != 0)
-        return -1;
-    const param_tensor *head =
-        model_stage_find_tensor(r->stage, "lm_head_weight");
-    if (head != NULL && head->tied_copy) {
-        double copy = 0.0;
-        const float *g = r->stage->grads + head->offset;
-        for (size_t k = 0; k < head->count; k++)
-            copy += (double)g[k] * (double)g[k];
-        *out -= copy;
-    }
-    return 0;
-}
-
 /* Norm and loss over the world in one all-reduce: replica 0's ranks add
- * their square sums (every replica holds the same gradients now), the
- * last stages their loss sums. */
+ * their share of the squared norm (every replica holds the same gradients
+ * now; stage_grad_norm_share counts tied and replicated tensors once),
+ * the last stage's shard 0 its loss sum. */
 static int reduce_norm_and_loss(rank_step *r, double *grad_norm,
                                 double *loss, pt_error *err)
 {
     double square_sum = 0.0;
-    if (square_sum_share(r, &square_sum, err) != 0)
+    if (stage_grad_norm_share(r->stage, &square_sum, err) != 0)
         return -1;
-    float totals[2] = {r->replica == 0 ? (float)square_sum : 0.0f,
-                       (float)r->loss_sum};
+    double totals[2] = {r->replica == 0 ? square_sum : 0.0,
+                        r->tp_rank == 0 ? r->loss_sum : 0.0};
     int world = r->layout->rank_count;
-    int *group = consecutive_group(0, world);
+    int *group = strided_group(0, world, 1);
     if (group == NULL)
         return pt_fail(err, "out of memory for a group of %d", world);
     r->operation = "norm and loss all-reduce";
     r->micro_batch = -1;
-    int status = comm_all_reduce_sum(r->c, group, world, totals, 2, err);
+    int status = comm_all_reduce_host(r->c, group, world, totals, 2, err);
     free(group);
     if (status != 0)
         return -1;
-    *grad_norm = sqrt(totals[0] > 0.0f ? (double)totals[0] : 0.0);
-    *loss = (double)totals[1] /
+    *grad_norm = sqrt(totals[0] > 0.0 ? totals[0] : 0.0);
+    *loss = totals[1] /
             ((double)r->layout->micro_batches * r->layout->config.dp);
     return 0;
 }
@@ -399,17 +426,12 @@ static int check_rank(const pipeline_layout *layout, const model_stage *stage,
     if (c->size != layout->rank_count)
         return pt_fail(err, "the comm has %d ranks, the layout %d", c->size,
                        layout->rank_count);
-    if (stage->backend->kind != BACKEND_CPU)
-        return pt_fail(err, "the pipeline runtime runs the cpu backend only "
-                            "for now, not %s",
-                       stage->backend->name);
     stage_spec expected;
-    if (stage_spec_from_partition(&layout->shape, layout->partition,
-                                  layout->stage_count,
-                                  pipeline_rank_stage(layout, c->rank),
-                                  &expected, err) != 0)
+    if (rank_spec(layout, c->rank, &expected, err) != 0)
         return -1;
     if (expected.first_layer != stage->spec.first_layer ||
+        stage_spec_tp(&expected) != stage_spec_tp(&stage->spec) ||
+        expected.tp_rank != stage->spec.tp_rank ||
         expected.last_layer != stage->spec.last_layer ||
         expected.has_embedding != stage->spec.has_embedding ||
         expected.has_head != stage->spec.has_head ||
@@ -434,6 +456,7 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
         return -1;
     }
     int dp = layout->config.dp;
+    int hop = dp * layout->config.tp; /* ranks between adjacent stages */
     int stage_index = pipeline_rank_stage(layout, c->rank);
     int replica = pipeline_rank_replica(layout, c->rank);
     size_t window = (size_t)layout->shape.seq + 1;
@@ -444,8 +467,8 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
         .c = c,
         .stage_index = stage_index,
         .replica = replica,
-        .previous_rank = stage_index > 0 ? c->rank - dp : -1,
-        .next_rank = stage_index < layout->stage_count - 1 ? c->rank + dp
+        .previous_rank = stage_index > 0 ? c->rank - hop : -1,
+        .next_rank = stage_index < layout->stage_count - 1 ? c->rank + hop
                                                            : -1,
         .tokens = tokens + (size_t)replica * replica_windows * window,
         .activation_floats = (size_t)layout->config.mbs *
@@ -456,15 +479,15 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
         .events = events,
         .micro_batch = -1,
         .operation = "zero_grads",
+        .tp_rank = pipeline_rank_tp(layout, c->rank),
     };
     if (events != NULL)
         events->count = 0;
     int status = -1;
     if (r.next_rank >= 0) {
-        r.output_grad = malloc(r.activation_floats * sizeof(float));
+        r.output_grad = stage_output_grad_buffer(stage);
         if (r.output_grad == NULL) {
-            pt_fail(err, "out of memory for a gradient of %zu floats",
-                    r.activation_floats);
+            pt_fail(err, "the stage has no buffer for its output gradient");
             goto done;
         }
     }
@@ -475,16 +498,16 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
         goto done;
     status = 0;
 done:
-    free(r.output_grad);
     if (status != 0) {
         if (r.micro_batch >= 0)
-            pt_error_prefix(err, "rank %d (stage %d, replica %d), %s of "
-                                 "micro-batch %d",
-                            c->rank, stage_index, replica, r.operation,
-                            r.micro_batch);
+            pt_error_prefix(err, "rank %d (stage %d, replica %d, tp %d), %s "
+                                 "of micro-batch %d",
+                            c->rank, stage_index, replica, r.tp_rank,
+                            r.operation, r.micro_batch);
         else
-            pt_error_prefix(err, "rank %d (stage %d, replica %d), %s",
-                            c->rank, stage_index, replica, r.operation);
+            pt_error_prefix(err, "rank %d (stage %d, replica %d, tp %d), %s",
+                            c->rank, stage_index, replica, r.tp_rank,
+                            r.operation);
         comm_abort(c, err->message);
     }
     return status;
@@ -506,10 +529,10 @@ static void *rank_thread_main(void *argument)
 {
     rank_thread *t = argument;
     pipeline_threads *p = t->p;
-    comm c = comm_threads_rank(p->world, t->rank);
     p->rank_errors[t->rank].message[0] = '\0';
     p->rank_status[t->rank] = pipeline_rank_step(
-        &p->layout, &p->stages[t->rank], &c, t->config, t->tokens,
+        &p->layout, &p->stages[t->rank], &p->comms[t->rank], t->config,
+        t->tokens,
         t->step_start_s, t->rank == p->inject_failure_rank, &t->result,
         &p->events[t->rank], &p->rank_errors[t->rank]);
     return NULL;
@@ -528,8 +551,10 @@ int pipeline_threads_create(pipeline_threads *out,
     out->events = calloc((size_t)ranks, sizeof *out->events);
     out->rank_errors = calloc((size_t)ranks, sizeof *out->rank_errors);
     out->rank_status = calloc((size_t)ranks, sizeof *out->rank_status);
+    out->comms = calloc((size_t)ranks, sizeof *out->comms);
     if (out->stages == NULL || out->events == NULL ||
-        out->rank_errors == NULL || out->rank_status == NULL) {
+        out->rank_errors == NULL || out->rank_status == NULL ||
+        out->comms == NULL) {
         pipeline_threads_destroy(out);
         return pt_fail(err, "pipeline runtime: out of memory for %d ranks",
                        ranks);
@@ -546,6 +571,15 @@ int pipeline_threads_create(pipeline_threads *out,
     if (comm_threads_create(ranks, timeout_s, &out->world, err) != 0) {
         pipeline_threads_destroy(out);
         return -1;
+    }
+    for (int rank = 0; rank < ranks; rank++) {
+        comm c = comm_threads_rank(out->world, rank);
+        out->comms[rank] = c;
+        if (pipeline_stage_attach(layout, &out->stages[rank],
+                                  &out->comms[rank], err) != 0) {
+            pipeline_threads_destroy(out);
+            return -1;
+        }
     }
     return 0;
 }
@@ -614,5 +648,6 @@ void pipeline_threads_destroy(pipeline_threads *p)
     free(p->events);
     free(p->rank_errors);
     free(p->rank_status);
+    free(p->comms);
     memset(p, 0, sizeof *p);
 }

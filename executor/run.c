@@ -136,22 +136,20 @@ run_options run_options_defaults(long iterations)
 int run_check_plan(const plan *p, pt_error *err)
 {
     const parallel_config *config = &p->config;
-    if (config->tp > 1)
-        return pt_fail(err, "tensor parallelism is not built yet: this plan "
-                            "has tp %d, dp %d, pp %d (exec runs plans with "
-                            "tp = 1)",
-                       config->tp, config->dp, config->pp);
-    if (config->dp < 1 || config->pp < 1 || config->pp > PT_MAX_STAGES ||
-        (long)config->dp * config->pp > RUN_MAX_RANKS)
-        return pt_fail(err, "dp %d x pp %d: exec runs 1 to %d ranks of 1 to "
-                            "%d stages",
-                       config->dp, config->pp, RUN_MAX_RANKS, PT_MAX_STAGES);
-    int ranks = config->dp * config->pp;
+    if (config->dp < 1 || config->pp < 1 || config->tp < 1 ||
+        config->pp > PT_MAX_STAGES || config->tp > PT_MAX_TP ||
+        (long)config->dp * config->pp * config->tp > RUN_MAX_RANKS)
+        return pt_fail(err, "tp %d x dp %d x pp %d: exec runs 1 to %d ranks "
+                            "of 1 to %d stages, tp at most %d",
+                       config->tp, config->dp, config->pp, RUN_MAX_RANKS,
+                       PT_MAX_STAGES, PT_MAX_TP);
+    int ranks = config->tp * config->dp * config->pp;
     int gpus = plan_gpu_count(p);
     if (ranks != gpus)
-        return pt_fail(err, "the plan has dp x pp = %d x %d = %d ranks, but "
-                            "the nodes of its node order hold %d GPUs",
-                       config->dp, config->pp, ranks, gpus);
+        return pt_fail(err, "the plan has tp x dp x pp = %d x %d x %d = %d "
+                            "ranks, but the nodes of its node order hold %d "
+                            "GPUs",
+                       config->tp, config->dp, config->pp, ranks, gpus);
     if (config->mbs < 1 || config->gbs < config->mbs ||
         config->gbs % (config->mbs * config->dp) != 0)
         return pt_fail(err, "gbs %d is not a positive multiple of dp x mbs "
@@ -242,15 +240,24 @@ double run_cpu_partial_stage_bytes(const model_shape *shape,
                                    const stage_spec *spec, int mbs,
                                    int slot_count, double *activation_bytes)
 {
-    double B = mbs, T = shape->seq, C = shape->hidden;
-    double F = shape->ffn_hidden, V = shape->vocab, NH = shape->heads;
+    int tp = stage_spec_tp(spec);
+    int vocab_first = 0, vocab_count = 0;
+    stage_vocab_shard(shape->vocab, tp, spec->tp_rank, &vocab_first,
+                      &vocab_count);
+    double B = mbs, T = shape->seq, C = shape->hidden, A = C / tp;
+    double F = shape->ffn_hidden / tp, V = vocab_count;
+    double NH = shape->heads / tp;
     double N = B * T;
     double layers = spec->last_layer - spec->first_layer;
-    double per_layer = 8.0 * N * C + 4.0 * N + 2.0 * N * F + B * NH * T * T;
+    /* ln1, mid, ln2, output: N x C; qkv and attention output: 4 N x A */
+    double per_layer =
+        4.0 * N * C + 4.0 * N * A + 4.0 * N + 2.0 * N * F + B * NH * T * T;
     double slot = N * C + layers * per_layer +
                   (spec->has_head ? N * C + 3.0 * N + N * V : 0.0);
     double token_ids = 2.0 * N; /* per slot: inputs and targets, uint32 */
-    double scratch = 8.0 * N * C + 2.0 * N * F + T;
+    /* streams, mid, norm, received gradient: 5 N x C; attention 4 N x A;
+     * row statistics 3 N */
+    double scratch = 5.0 * N * C + 4.0 * N * A + 2.0 * N * F + T + 3.0 * N;
     double activations = 4.0 * (slot_count * (slot + token_ids) + scratch);
     if (activation_bytes != NULL)
         *activation_bytes = activations;
@@ -265,9 +272,14 @@ double run_cpu_partial_stage_bytes(const model_shape *shape,
 static int rank_spec(const run_context *ctx, int rank, stage_spec *out,
                      pt_error *err)
 {
-    return stage_spec_from_partition(
-        &ctx->shape, ctx->layout.partition, ctx->layout.stage_count,
-        pipeline_rank_stage(&ctx->layout, rank), out, err);
+    if (stage_spec_from_partition(&ctx->shape, ctx->layout.partition,
+                                  ctx->layout.stage_count,
+                                  pipeline_rank_stage(&ctx->layout, rank),
+                                  out, err) != 0)
+        return -1;
+    out->tp = ctx->layout.config.tp;
+    out->tp_rank = pipeline_rank_tp(&ctx->layout, rank);
+    return 0;
 }
 
 static int rank_param_count(const run_context *ctx, int rank, size_t *out,
@@ -496,6 +508,7 @@ static char *checkpoint_meta_text(run_context *ctx, long iteration,
                                                : ctx->shape.layers));
     json_object_set_new(meta, "pp", json_integer(ctx->plan->config.pp));
     json_object_set_new(meta, "dp", json_integer(ctx->plan->config.dp));
+    json_object_set_new(meta, "tp", json_integer(ctx->plan->config.tp));
     json_object_set_new(meta, "partition", partition);
     json_object_set_new(meta, "seed", json_integer((json_int_t)seed));
     json_object_set_new(meta, "backend",
@@ -595,9 +608,9 @@ static int meta_integer(const json_t *meta, const char *key, int missing,
 static int check_checkpoint_layout(const char *dir, const json_t *meta,
                                    const plan *p, pt_error *err)
 {
-    const char *const keys[] = {"pp", "dp"};
-    const int expected[] = {p->config.pp, p->config.dp};
-    for (int i = 0; i < 2; i++) {
+    const char *const keys[] = {"pp", "dp", "tp"};
+    const int expected[] = {p->config.pp, p->config.dp, p->config.tp};
+    for (int i = 0; i < 3; i++) {
         long long value = 0;
         if (meta_integer(meta, keys[i], 1, &value) != 0)
             return pt_fail(err, "%s: %s: %s is not an integer", dir,
@@ -823,7 +836,8 @@ static void fill_result_header(const run_context *ctx, run_result *out)
     out->mbs = config->mbs;
     out->pp = config->pp;
     out->dp = config->dp;
-    out->rank_count = config->pp * config->dp;
+    out->rank_count = config->pp * config->dp * config->tp;
+    out->tp = config->tp;
     /* per replica: each of the dp replicas runs gbs / dp windows */
     out->micro_batches = config->gbs / (config->dp * config->mbs);
     out->tokens_per_iteration = (long)config->gbs * ctx->shape.seq;
@@ -859,9 +873,9 @@ static void fill_result_header(const run_context *ctx, run_result *out)
     if (ctx->parallel) {
         char note[256];
         snprintf(note, sizeof note,
-                 "the %d ranks (pp %d x dp %d) ran as threads of one "
-                 "process, sharing the cpu's cores and memory",
-                 out->rank_count, out->pp, out->dp);
+                 "the %d ranks (pp %d x dp %d x tp %d) ran as threads of "
+                 "one process, sharing the cpu's cores and memory",
+                 out->rank_count, out->pp, out->dp, out->tp);
         add_note(out, note);
     }
 }
@@ -936,8 +950,8 @@ static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
                                err) < 0)
         return -1;
     ctx->largest_rank_params = ctx->param_count;
-    ctx->parallel = p->config.pp > 1 || p->config.dp > 1;
-    int ranks = p->config.pp * p->config.dp;
+    ctx->parallel = p->config.pp > 1 || p->config.dp > 1 || p->config.tp > 1;
+    int ranks = p->config.pp * p->config.dp * p->config.tp;
     out->devices = calloc((size_t)ranks, sizeof *out->devices);
     out->rank_peak_memory_bytes =
         calloc((size_t)ranks, sizeof *out->rank_peak_memory_bytes);
@@ -948,10 +962,10 @@ static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
         return 0;
     if (ctx->options->backend != BACKEND_CPU)
         return pt_fail(err, "parallel plans run on the cpu backend only for "
-                            "now: this plan has dp %d, pp %d, and the %s "
-                            "backend runs one stage on one device (use "
-                            "--backend cpu)",
-                       p->config.dp, p->config.pp,
+                            "now: this plan has tp %d, dp %d, pp %d, and "
+                            "the %s backend runs one stage on one device "
+                            "(use --backend cpu)",
+                       p->config.tp, p->config.dp, p->config.pp,
                        backend_name(ctx->options->backend));
     if (pipeline_layout_init(&ctx->layout, &ctx->shape, &p->config,
                              p->partition, p->config.pp, err) != 0)

@@ -1,6 +1,7 @@
 /* report: the reader of run.json (the fields a report uses). */
 #include "report/report.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,8 @@ static int read_iterations(const json_t *root, const json_place *root_place,
         long long iteration = (long long)i + 1;
         run_iteration *it = &out->iterations[i];
         it->loss = NAN;
-        if (json_get_int(obj, &item, "iteration", false, 1, 1LL << 40,
+        /* run_iteration.iteration is an int */
+        if (json_get_int(obj, &item, "iteration", false, 1, INT_MAX,
                          &iteration, err) != 0 ||
             json_get_number(obj, &item, "step_time_s", true, 0,
                             RUN_MAX_SECONDS, &it->step_time_s, err) != 0 ||
@@ -187,18 +189,22 @@ static int read_run_fields(const json_t *root, run_record *out, pt_error *err)
         json_get_number(root, &root_place, "tflops_per_gpu", true, 0, 1e9,
                         &out->tflops_per_gpu, err) != 0 ||
         json_get_int(root, &root_place, "events_iteration", false, 0,
-                     1LL << 40, &events_iteration, err) != 0 ||
+                     INT_MAX, &events_iteration, err) != 0 ||
         read_iterations(root, &root_place, out, err) != 0 ||
         read_peak_memory(root, &root_place, out, err) != 0)
         return -1;
     out->events_iteration = (int)events_iteration;
-    long long ranks = (long long)out->tp * out->dp * out->pp;
+    /* Each degree is at most 2^24, so the full product could overflow;
+     * past RUN_MAX_RANKS it cannot match anyway. */
+    long long ranks = (long long)out->tp * out->dp;
+    if (ranks <= RUN_MAX_RANKS)
+        ranks *= out->pp;
     if (ranks != out->rank_count) {
         json_place at = json_place_key(&root_place, "peak_memory_gib");
         return json_place_fail(&at, err,
                                "has %d entries, but the plan that ran has "
-                               "%lld ranks (tp x dp x pp)",
-                               out->rank_count, ranks);
+                               "tp x dp x pp = %d x %d x %d ranks",
+                               out->rank_count, out->tp, out->dp, out->pp);
     }
     return read_events(root, &root_place, out, err);
 }

@@ -5,6 +5,10 @@
  * second overwrites the row with softmax - onehot(target). The logits
  * are bf16 and exist once; no fp32 logits or probabilities are ever
  * written to memory.
+ *
+ * A vocab-parallel shard (tensor parallelism) holds some of the
+ * vocabulary's columns: the same two passes run as three launches with
+ * the group's reductions between them (see cuda_ops.h).
  */
 #include "executor/cuda/cuda_common.cuh"
 
@@ -21,18 +25,15 @@ static __device__ inline void softmax_merge(float &max_value, float &sum,
     max_value = merged;
 }
 
-__global__ void __launch_bounds__(CLASSIFIER_THREADS)
-classifier_forward_kernel(bf16 *logits, float *losses,
-                          const uint32_t *targets, int V, int ld, bool vector)
+/* The (max, sum of exp(x - max)) of the row's V valid columns, merged over
+ * the whole block; every thread gets it. Its __syncthreads also orders
+ * reads of the row made before the call before any writes after it. */
+static __device__ void row_softmax_stats(const bf16 *z, int V, bool vector,
+                                         float *row_max, float *row_sum)
 {
     __shared__ float shared_max[WARP_SIZE];
     __shared__ float shared_sum[WARP_SIZE];
-    int row = blockIdx.x;
-    bf16 *z = logits + (size_t)row * ld;
-    uint32_t target = targets[row];
-    float target_logit = __bfloat162float(z[target]);
     int vector_end = vector ? V / 8 * 8 : 0;
-
     float max_value = -INFINITY;
     float sum = 0.0f;
     for (int c = threadIdx.x * 8; c < vector_end; c += blockDim.x * 8) {
@@ -64,7 +65,7 @@ classifier_forward_kernel(bf16 *logits, float *losses,
         shared_max[warp] = max_value;
         shared_sum[warp] = sum;
     }
-    __syncthreads(); /* also orders the target read before the writes */
+    __syncthreads();
     int warps = blockDim.x / WARP_SIZE;
     max_value = lane < warps ? shared_max[lane] : -INFINITY;
     sum = lane < warps ? shared_sum[lane] : 0.0f;
@@ -74,31 +75,54 @@ classifier_forward_kernel(bf16 *logits, float *losses,
         float other_sum = __shfl_xor_sync(FULL_MASK, sum, offset);
         softmax_merge(max_value, sum, other_max, other_sum);
     }
-    if (threadIdx.x == 0)
-        losses[row] = logf(sum) + max_value - target_logit;
+    *row_max = max_value;
+    *row_sum = sum;
+}
 
-    float inverse = 1.0f / sum;
+/* Overwrites the row with exp(x - max) x inverse - onehot(target), target
+ * a column index (out of [0, V) for none), and zeroes the padding
+ * columns V..ld: they take part in the backward's products over the
+ * rounded-up vocabulary and must add nothing. */
+static __device__ void row_write_gradient(bf16 *z, int V, int ld, bool vector,
+                                          float max_value, float inverse,
+                                          long target)
+{
+    int vector_end = vector ? V / 8 * 8 : 0;
     for (int c = threadIdx.x * 8; c < vector_end; c += blockDim.x * 8) {
         float x[8];
         bf16x8_to_float(*reinterpret_cast<const bf16x8 *>(z + c), x);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             x[i] = expf(x[i] - max_value) * inverse;
-            if ((uint32_t)(c + i) == target)
+            if ((long)(c + i) == target)
                 x[i] -= 1.0f;
         }
         *reinterpret_cast<bf16x8 *>(z + c) = float_to_bf16x8(x);
     }
     for (int c = vector_end + threadIdx.x; c < V; c += blockDim.x) {
         float p = expf(__bfloat162float(z[c]) - max_value) * inverse;
-        if ((uint32_t)c == target)
+        if ((long)c == target)
             p -= 1.0f;
         z[c] = __float2bfloat16_rn(p);
     }
-    /* the padding columns take part in the backward's products over the
-     * rounded-up vocabulary: they must add nothing */
     for (int c = V + threadIdx.x; c < ld; c += blockDim.x)
         z[c] = __float2bfloat16_rn(0.0f);
+}
+
+__global__ void __launch_bounds__(CLASSIFIER_THREADS)
+classifier_forward_kernel(bf16 *logits, float *losses,
+                          const uint32_t *targets, int V, int ld, bool vector)
+{
+    int row = blockIdx.x;
+    bf16 *z = logits + (size_t)row * ld;
+    uint32_t target = targets[row];
+    float target_logit = __bfloat162float(z[target]);
+    float max_value, sum;
+    row_softmax_stats(z, V, vector, &max_value, &sum);
+    if (threadIdx.x == 0)
+        losses[row] = logf(sum) + max_value - target_logit;
+    row_write_gradient(z, V, ld, vector, max_value, 1.0f / sum,
+                       (long)target);
 }
 
 extern "C" cudaError_t cuda_classifier_forward(pt_bf16 *logits_bf16,
@@ -110,5 +134,84 @@ extern "C" cudaError_t cuda_classifier_forward(pt_bf16 *logits_bf16,
     bool vector = ld % 8 == 0 && aligned16(logits_bf16);
     classifier_forward_kernel<<<N, CLASSIFIER_THREADS, 0, stream>>>(
         as_bf16(logits_bf16), losses, targets, V, ld, vector);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------ vocab-parallel */
+
+__global__ void __launch_bounds__(CLASSIFIER_THREADS)
+vocab_parallel_partials_kernel(const bf16 *logits, float *row_max,
+                               float *row_sum, float *target_logit,
+                               const uint32_t *targets, int vocab_first,
+                               int V, int ld, bool vector)
+{
+    int row = blockIdx.x;
+    const bf16 *z = logits + (size_t)row * ld;
+    float max_value, sum;
+    row_softmax_stats(z, V, vector, &max_value, &sum);
+    if (threadIdx.x != 0)
+        return;
+    long local = (long)targets[row] - vocab_first;
+    row_max[row] = max_value;
+    row_sum[row] = sum;
+    target_logit[row] =
+        local >= 0 && local < V ? __bfloat162float(z[local]) : 0.0f;
+}
+
+extern "C" cudaError_t cuda_vocab_parallel_partials(
+    const pt_bf16 *logits_bf16, float *row_max, float *row_sum,
+    float *target_logit, const uint32_t *targets, int vocab_first, int N,
+    int V, int ld, cudaStream_t stream)
+{
+    bool vector = ld % 8 == 0 && aligned16(logits_bf16);
+    vocab_parallel_partials_kernel<<<N, CLASSIFIER_THREADS, 0, stream>>>(
+        as_bf16(logits_bf16), row_max, row_sum, target_logit, targets,
+        vocab_first, V, ld, vector);
+    return cudaGetLastError();
+}
+
+__global__ void vocab_parallel_rescale_kernel(float *row_sum,
+                                              const float *row_max,
+                                              const float *global_max, int N)
+{
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n < N)
+        row_sum[n] *= expf(row_max[n] - global_max[n]);
+}
+
+extern "C" cudaError_t cuda_vocab_parallel_rescale(float *row_sum,
+                                                   const float *row_max,
+                                                   const float *global_max,
+                                                   int N, cudaStream_t stream)
+{
+    vocab_parallel_rescale_kernel<<<blocks_for((size_t)N, 256), 256, 0,
+                                    stream>>>(row_sum, row_max, global_max,
+                                              N);
+    return cudaGetLastError();
+}
+
+__global__ void __launch_bounds__(CLASSIFIER_THREADS)
+vocab_parallel_finish_kernel(bf16 *logits, float *losses,
+                             const uint32_t *targets, const float *global_max,
+                             const float *row_sum, const float *target_logit,
+                             int vocab_first, int V, int ld, bool vector)
+{
+    int row = blockIdx.x;
+    float max_value = global_max[row], sum = row_sum[row];
+    if (threadIdx.x == 0)
+        losses[row] = logf(sum) + max_value - target_logit[row];
+    row_write_gradient(logits + (size_t)row * ld, V, ld, vector, max_value,
+                       1.0f / sum, (long)targets[row] - vocab_first);
+}
+
+extern "C" cudaError_t cuda_vocab_parallel_finish(
+    pt_bf16 *logits_bf16, float *losses, const uint32_t *targets,
+    const float *global_max, const float *row_sum, const float *target_logit,
+    int vocab_first, int N, int V, int ld, cudaStream_t stream)
+{
+    bool vector = ld % 8 == 0 && aligned16(logits_bf16);
+    vocab_parallel_finish_kernel<<<N, CLASSIFIER_THREADS, 0, stream>>>(
+        as_bf16(logits_bf16), losses, targets, global_max, row_sum,
+        target_logit, vocab_first, V, ld, vector);
     return cudaGetLastError();
 }

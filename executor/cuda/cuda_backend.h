@@ -31,6 +31,8 @@
 
 #include <stddef.h>
 
+#include <cuda_runtime_api.h>
+
 #include "executor/executor.h"
 
 const stage_backend *cuda_stage_backend(void);
@@ -61,5 +63,31 @@ typedef struct cuda_device_info {
 
 /* Fills out for the current device; -1 when there is none. */
 int cuda_device_describe(cuda_device_info *out);
+
+/*
+ * The device a rank's thread works on (executor/cuda/device.c): which GPU,
+ * optionally only sm_limit of its SMs (a CUDA green context: the
+ * stand-in for a slower GPU type) and at most memory_limit_bytes of its
+ * memory (0: no cap). Thread-local: each rank's thread opens its own
+ * before it creates its stage; a thread that opened none works on the
+ * current device with every SM and no cap.
+ */
+int cuda_rank_device_open(int device, int sm_limit, double memory_limit_bytes,
+                          pt_error *err);
+void cuda_rank_device_close(void);
+/* A non-blocking stream on the thread's device, inside its green context
+ * when it has one (cuBLAS and kernels launched on it then use only those
+ * SMs). The cuda backend makes its stage stream here. */
+int cuda_rank_stream_create(cudaStream_t *out, pt_error *err);
+/* Counts `bytes` against the thread's memory cap before an allocation;
+ * fails, naming the cap and what is already held, when they would pass
+ * it. cuda_rank_memory_release gives bytes back. */
+int cuda_rank_memory_reserve(size_t bytes, const char *what, pt_error *err);
+void cuda_rank_memory_release(size_t bytes);
+/* SMs the thread's kernels may use: the green context's, or the device's. */
+int cuda_rank_sm_count(void);
+
+/* The stream a cuda stage runs on (for NCCL work ordered with it). */
+cudaStream_t cuda_stage_stream(const model_stage *stage);
 
 #endif

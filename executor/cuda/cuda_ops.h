@@ -42,6 +42,13 @@ cudaError_t cuda_convert_to_bf16(pt_bf16 *out_bf16, const float *in,
 /* dst[i] += src[i] (fp32). */
 cudaError_t cuda_add_inplace(float *dst, const float *src, size_t count,
                              cudaStream_t stream);
+/* out[n, c] += rows[n % period, c] + residual[n, c] (fp32, N x C; rows
+ * holds period rows of C; residual may be NULL). period 1 adds a bias
+ * (the row-parallel layers' bias after the tensor-parallel sum), period T
+ * the position embedding. */
+cudaError_t cuda_add_broadcast_rows(float *out, const float *rows,
+                                    int period, const float *residual, int N,
+                                    int C, cudaStream_t stream);
 /* GELU (tanh approximation) of a bf16 tensor: out = gelu(in). */
 cudaError_t cuda_gelu_forward(pt_bf16 *out_bf16, const pt_bf16 *in_bf16,
                               size_t count, cudaStream_t stream);
@@ -79,6 +86,22 @@ typedef struct embedding_plan {
  * host scratch. plan arrays must have room for N + 1 / N entries. */
 void embedding_plan_build(embedding_plan *plan, const uint32_t *tokens,
                           int N, int V, int *counts);
+/* The same for a vocab-parallel shard holding the rows [vocab_first,
+ * vocab_first + vocab_count): rows of other tokens are left out and the
+ * group tokens are shard-local (token - vocab_first). counts: vocab_count
+ * ints. */
+void embedding_plan_build_range(embedding_plan *plan, const uint32_t *tokens,
+                                int N, int vocab_first, int vocab_count,
+                                int *counts);
+
+/* The vocab-parallel lookup (tensor parallelism): out[n,:] =
+ * token_embedding[tokens[n] - vocab_first,:] when the shard holds that
+ * token, else 0; no position. The group's sum then assembles the whole
+ * lookup, and cuda_add_broadcast_rows adds the positions. */
+cudaError_t cuda_embedding_shard_forward(float *out, const uint32_t *tokens,
+                                         const float *token_embedding,
+                                         int vocab_first, int vocab_count,
+                                         int N, int C, cudaStream_t stream);
 
 /* d_token_embedding[token] += sum of its rows of d_out; d_position[t] +=
  * sum over b of d_out[b,t,:]. plan arrays (device copies): starts (N+1),
@@ -168,6 +191,37 @@ cudaError_t cuda_attention_backward(pt_bf16 *d_qkv_bf16,
 cudaError_t cuda_classifier_forward(pt_bf16 *logits_bf16, float *losses,
                                     const uint32_t *targets, int N, int V,
                                     int ld, cudaStream_t stream);
+/*
+ * The same for a vocab-parallel shard (tensor parallelism: V of the
+ * vocabulary's columns, from vocab_first; targets are whole-vocabulary
+ * ids), as Megatron splits it:
+ *   1. cuda_vocab_parallel_partials: each row's max and sum of exp(x -
+ *      max) over the shard's V columns, and the target's logit when the
+ *      shard holds it (else 0);
+ *   2. the caller reduces the maxima over the group by max (into
+ *      global_max, a copy: the shard's own maxima are still needed);
+ *   3. cuda_vocab_parallel_rescale: row_sum *= exp(row_max - global_max);
+ *   4. the caller sums row_sum and target_logit over the group;
+ *   5. cuda_vocab_parallel_finish: losses[n] = log(sum) + max - target
+ *      logit, and the row becomes softmax - onehot as above, padding
+ *      columns V..ld zeroed.
+ */
+cudaError_t cuda_vocab_parallel_partials(const pt_bf16 *logits_bf16,
+                                         float *row_max, float *row_sum,
+                                         float *target_logit,
+                                         const uint32_t *targets,
+                                         int vocab_first, int N, int V,
+                                         int ld, cudaStream_t stream);
+cudaError_t cuda_vocab_parallel_rescale(float *row_sum, const float *row_max,
+                                        const float *global_max, int N,
+                                        cudaStream_t stream);
+cudaError_t cuda_vocab_parallel_finish(pt_bf16 *logits_bf16, float *losses,
+                                       const uint32_t *targets,
+                                       const float *global_max,
+                                       const float *row_sum,
+                                       const float *target_logit,
+                                       int vocab_first, int N, int V, int ld,
+                                       cudaStream_t stream);
 /* out[0] = sum of values[0..count) / count, summed in double (device). */
 cudaError_t cuda_mean(double *out, const float *values, int count,
                       cudaStream_t stream);
@@ -212,6 +266,16 @@ cudaError_t cuda_refresh_mirror(pt_bf16 *mirror_bf16, const float *params,
 size_t cuda_square_sum_scratch(void);
 cudaError_t cuda_square_sum(double *out, const float *values, size_t count,
                             double *scratch, cudaStream_t stream);
+/* out[t] = sum of squares of tensor t (double, device), t < tensor_count,
+ * where tensor t is chunks [tensor_chunk_starts[t], tensor_chunk_starts[t
+ * + 1]) of the optimizer table (device). chunk_sums: chunk_count doubles
+ * of scratch. Two launches, fixed summation order. */
+cudaError_t cuda_square_sums_per_tensor(double *out, const float *values,
+                                        const param_chunk *chunks,
+                                        int chunk_count,
+                                        const int *tensor_chunk_starts,
+                                        int tensor_count, double *chunk_sums,
+                                        cudaStream_t stream);
 
 #ifdef __cplusplus
 }

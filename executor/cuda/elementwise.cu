@@ -148,3 +148,49 @@ extern "C" cudaError_t cuda_gelu_backward(pt_bf16 *d_in_bf16,
         vector);
     return cudaGetLastError();
 }
+
+/* One thread per 4 consecutive columns of a row (C % 4 == 0, pointers
+ * 16-byte aligned) or per element. */
+__global__ void add_broadcast_rows_kernel(float *out, const float *rows,
+                                          int period, const float *residual,
+                                          int N, int C, bool vector)
+{
+    int width = vector ? 4 : 1;
+    size_t index = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * width;
+    if (index >= (size_t)N * C)
+        return;
+    size_t n = index / (size_t)C;
+    const float *row = rows + (n % (size_t)period) * (size_t)C +
+                       index % (size_t)C;
+    if (vector) {
+        float4 value = *reinterpret_cast<float4 *>(out + index);
+        float4 add = *reinterpret_cast<const float4 *>(row);
+        float4 skip = residual != NULL
+                          ? *reinterpret_cast<const float4 *>(residual + index)
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        value.x += add.x + skip.x;
+        value.y += add.y + skip.y;
+        value.z += add.z + skip.z;
+        value.w += add.w + skip.w;
+        *reinterpret_cast<float4 *>(out + index) = value;
+        return;
+    }
+    out[index] += row[0] + (residual != NULL ? residual[index] : 0.0f);
+}
+
+extern "C" cudaError_t cuda_add_broadcast_rows(float *out, const float *rows,
+                                               int period,
+                                               const float *residual, int N,
+                                               int C, cudaStream_t stream)
+{
+    size_t count = (size_t)N * C;
+    if (count == 0)
+        return cudaSuccess;
+    bool vector = C % 4 == 0 && aligned16(out) && aligned16(rows) &&
+                  (residual == NULL || aligned16(residual));
+    size_t threads = vector ? count / 4 : count;
+    add_broadcast_rows_kernel<<<blocks_for(threads, ELEMENTWISE_THREADS),
+                                ELEMENTWISE_THREADS, 0, stream>>>(
+        out, rows, period, residual, N, C, vector);
+    return cudaGetLastError();
+}

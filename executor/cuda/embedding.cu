@@ -1,5 +1,6 @@
 /*
- * Token + position embedding, forward and backward. The forward reads the
+ * Token + position embedding, forward and backward, and the lookup of a
+ * vocab-parallel shard (tensor parallelism). The forward reads the
  * fp32 master tables (it is a gather, a few MB at most). The backward of
  * the token table sums the rows that share a token in a fixed order
  * (grouped on the host by embedding_plan_build), so gradients come out the
@@ -65,17 +66,24 @@ extern "C" cudaError_t cuda_embedding_forward(
 }
 
 /* Counting sort of the rows by token: rows of one token stay in row
- * order, so the sums below have a fixed order. */
-extern "C" void embedding_plan_build(embedding_plan *plan,
-                                     const uint32_t *tokens, int N, int V,
-                                     int *counts)
+ * order, so the sums below have a fixed order. Rows whose token lies
+ * outside [vocab_first, vocab_first + vocab_count) are left out (a
+ * vocab-parallel shard's embedding holds only those rows); group tokens
+ * are shard-local row indices. */
+extern "C" void embedding_plan_build_range(embedding_plan *plan,
+                                           const uint32_t *tokens, int N,
+                                           int vocab_first, int vocab_count,
+                                           int *counts)
 {
-    memset(counts, 0, (size_t)V * sizeof *counts);
-    for (int n = 0; n < N; n++)
-        counts[tokens[n]]++;
+    memset(counts, 0, (size_t)vocab_count * sizeof *counts);
+    for (int n = 0; n < N; n++) {
+        long local = (long)tokens[n] - vocab_first;
+        if (local >= 0 && local < vocab_count)
+            counts[local]++;
+    }
     int groups = 0;
     int offset = 0;
-    for (int v = 0; v < V; v++) {
+    for (int v = 0; v < vocab_count; v++) {
         if (counts[v] == 0)
             continue;
         plan->starts[groups] = offset;
@@ -88,8 +96,73 @@ extern "C" void embedding_plan_build(embedding_plan *plan,
     plan->starts[groups] = offset;
     plan->unique_tokens = groups;
     /* counts[] of unused tokens is 0 and never read below */
-    for (int n = 0; n < N; n++)
-        plan->rows[counts[tokens[n]]++] = n;
+    for (int n = 0; n < N; n++) {
+        long local = (long)tokens[n] - vocab_first;
+        if (local >= 0 && local < vocab_count)
+            plan->rows[counts[local]++] = n;
+    }
+}
+
+extern "C" void embedding_plan_build(embedding_plan *plan,
+                                     const uint32_t *tokens, int N, int V,
+                                     int *counts)
+{
+    embedding_plan_build_range(plan, tokens, N, 0, V, counts);
+}
+
+/* The vocab-parallel lookup: a row whose token the shard holds gets its
+ * embedding row, any other row zeros (another shard fills it, and the
+ * group's sum assembles the whole lookup). One thread per 4 columns. */
+__global__ void embedding_shard_forward_kernel(float *out,
+                                               const uint32_t *tokens,
+                                               const float *token_embedding,
+                                               int vocab_first,
+                                               int vocab_count, int N, int C)
+{
+    int quads = C / 4;
+    size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)N * quads)
+        return;
+    int row = (int)(index / quads);
+    int quad = (int)(index % quads);
+    long local = (long)tokens[row] - vocab_first;
+    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (local >= 0 && local < vocab_count)
+        value = reinterpret_cast<const float4 *>(
+            token_embedding + (size_t)local * C)[quad];
+    reinterpret_cast<float4 *>(out + (size_t)row * C)[quad] = value;
+}
+
+__global__ void embedding_shard_forward_scalar_kernel(
+    float *out, const uint32_t *tokens, const float *token_embedding,
+    int vocab_first, int vocab_count, int N, int C)
+{
+    size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)N * C)
+        return;
+    int row = (int)(index / C);
+    long local = (long)tokens[row] - vocab_first;
+    out[index] = local >= 0 && local < vocab_count
+                     ? token_embedding[(size_t)local * C + index % C]
+                     : 0.0f;
+}
+
+extern "C" cudaError_t cuda_embedding_shard_forward(
+    float *out, const uint32_t *tokens, const float *token_embedding,
+    int vocab_first, int vocab_count, int N, int C, cudaStream_t stream)
+{
+    if (C % 4 == 0 && aligned16(out) && aligned16(token_embedding)) {
+        size_t work = (size_t)N * (C / 4);
+        embedding_shard_forward_kernel<<<blocks_for(work, 256), 256, 0,
+                                         stream>>>(
+            out, tokens, token_embedding, vocab_first, vocab_count, N, C);
+    } else {
+        size_t work = (size_t)N * C;
+        embedding_shard_forward_scalar_kernel<<<blocks_for(work, 256), 256,
+                                                0, stream>>>(
+            out, tokens, token_embedding, vocab_first, vocab_count, N, C);
+    }
+    return cudaGetLastError();
 }
 
 /* One block per token group (blockIdx.x) and column range (blockIdx.y). */

@@ -102,6 +102,11 @@ size_t gemm_context_bytes(const gemm_context *context)
     return GEMM_WORKSPACE_BYTES;
 }
 
+size_t gemm_workspace_bytes(void)
+{
+    return GEMM_WORKSPACE_BYTES;
+}
+
 /* The largest power of two up to 256 that divides the address. */
 static int alignment_of(const void *pointer)
 {

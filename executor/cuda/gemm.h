@@ -59,6 +59,9 @@ int gemm_context_create(gemm_context **out, pt_error *err);
 void gemm_context_destroy(gemm_context *context);
 /* Device bytes the context holds (its workspace). */
 size_t gemm_context_bytes(const gemm_context *context);
+/* The same before a context exists: what gemm_context_create will
+ * cudaMalloc (callers count it against a memory cap first). */
+size_t gemm_workspace_bytes(void);
 
 /* Whether cuBLASLt has an algorithm for this product (same shapes,
  * epilogue and pointer alignment); the answer is cached. */

@@ -24,6 +24,19 @@
  * d logits) to whatever follows the head tensor, and the gradient buffer
  * has (Vp - V) x C floats of slack at its end for a head stored last.
  *
+ * Tensor parallelism (spec.tp > 1, Megatron's split): the stage holds
+ * its shard of every split tensor (the table of stage_parameter_layout)
+ * and its activations are the shard's: A = C / tp attention channels
+ * (heads / tp heads of unchanged size), F / tp MLP features, the
+ * vocabulary rows of stage_vocab_shard. The group's sums (through
+ * stage_tp_all_reduce_sum / _max on device pointers, the stream drained
+ * first: tp_reduce) follow the row-parallel products (attention and MLP
+ * projections: bias and residual added after the sum), the
+ * column-parallel input gradients (QKV, fc, LM head: computed in fp32,
+ * summed, then rounded to bf16), the vocab-parallel embedding lookup and
+ * the vocab-parallel cross-entropy (row maxima by max, exponential sums
+ * and target logits by sum). docs/cuda-backend.md, "Tensor parallelism".
+ *
  * Matrix products, row-major model view -> column-major cuBLASLt view: a
  * linear layer out (N x OC) = in (N x IC) W^T (W is OC x IC) is
  *   out^T (OC x N) = op_T(W^T as IC x OC) in^T (IC x N),
@@ -68,12 +81,14 @@ typedef struct stage_offsets {
     size_t head_weight;             /* lm_head_weight or token_embedding */
 } stage_offsets;
 
-/* What the forward of one layer keeps for its backward (N rows). */
+/* What the forward of one layer keeps for its backward (N rows; A and
+ * F are the shard's attention channels and MLP features, C and F unsplit;
+ * NH its heads). */
 typedef struct layer_activations {
     float *ln1_mean, *ln1_rstd;     /* N */
     pt_bf16 *ln1_out;               /* N x C; NULL when recomputed */
-    pt_bf16 *qkv;                   /* N x 3C */
-    pt_bf16 *att_out;               /* N x C, before the projection */
+    pt_bf16 *qkv;                   /* N x 3A */
+    pt_bf16 *att_out;               /* N x A, before the projection */
     float *att_lse;                 /* B x NH x T */
     float *residual_mid;            /* N x C fp32: input + attention */
     float *ln2_mean, *ln2_rstd;
@@ -118,8 +133,8 @@ typedef struct backward_scratch {
     float *d_stream[2];             /* N x C fp32, alternating */
     pt_bf16 *d_stream_bf16;         /* N x C: the same, for the products */
     pt_bf16 *d_norm;                /* N x C: gradient of a norm's output */
-    pt_bf16 *d_att;                 /* N x C */
-    pt_bf16 *d_qkv;                 /* N x 3C */
+    pt_bf16 *d_att;                 /* N x A */
+    pt_bf16 *d_qkv;                 /* N x 3A */
     pt_bf16 *d_fc;                  /* N x F; also the GELU recompute */
     pt_bf16 *norm_out;              /* N x C: recomputed norm outputs */
     float *norm_partials;           /* layer-norm weight/bias partials */
@@ -128,6 +143,16 @@ typedef struct backward_scratch {
     float *attention;               /* B x NH x T */
     double *square_partials;
     double *reduced;                /* one double read back by the host */
+    double *tensor_squares;         /* tensor_count: grad_square_sums */
+    double *chunk_squares;          /* chunk_count: their partials */
+    /* tensor parallelism only (NULL when tp is 1): */
+    float *d_partial;               /* N x C fp32: a column-parallel input
+                                       gradient before the group's sum */
+    float *row_stats;               /* 4N with the head: the vocab-parallel
+                                       softmax's shard maxima, group
+                                       maxima, sums and target logits */
+    float *output_grad;             /* N x C without the head: where the
+                                       next stage's gradient is received */
     const float *input_grad;
 } backward_scratch;
 
@@ -147,6 +172,9 @@ typedef struct cuda_stage_state {
     pt_bf16 *mirror;                /* owned: bf16 copy of params */
     param_chunk *chunks;            /* owned device table for AdamW */
     int chunk_count;
+    int *tensor_chunk_starts;       /* device, tensor_count + 1, inside the
+                                       chunks' allocation: tensor t is
+                                       chunks [starts[t], starts[t + 1]) */
     activation_slot *slots;         /* owned host array */
     backward_scratch scratch;
     token_block host_tokens;        /* pinned host, one micro-batch */
@@ -185,19 +213,32 @@ static pt_bf16 *take_bf16(arena *a, size_t count)
 
 /* ------------------------------------------------------------ dimensions */
 
+/* The shapes buffers and products are sized from. With tensor
+ * parallelism the shard's: A attention channels and NH heads (C / tp and
+ * heads / tp), F MLP features (ffn_hidden / tp), V vocabulary rows from
+ * vocab_first. C, the residual stream's width, is never split. */
 typedef struct stage_dims {
-    int B, T, C, F, V, NH, N;
+    int B, T, C, A, F, V, NH, N;
+    int vocab_first;
+    int tp;
 } stage_dims;
 
 static stage_dims dims_of(const model_stage *stage, int mbs)
 {
+    int tp = stage_spec_tp(&stage->spec);
+    int vocab_first = 0, vocab_count = 0;
+    stage_vocab_shard(stage->shape.vocab, tp, stage->spec.tp_rank,
+                      &vocab_first, &vocab_count);
     stage_dims d = {
         .B = mbs,
         .T = stage->shape.seq,
         .C = stage->shape.hidden,
-        .F = stage->shape.ffn_hidden,
-        .V = stage->shape.vocab,
-        .NH = stage->shape.heads,
+        .A = stage->shape.hidden / tp,
+        .F = stage->shape.ffn_hidden / tp,
+        .V = vocab_count,
+        .NH = stage->shape.heads / tp,
+        .vocab_first = vocab_first,
+        .tp = tp,
     };
     d.N = d.B * d.T;
     return d;
@@ -256,7 +297,8 @@ static void carve_tokens(token_block *block, arena *a, size_t N)
 static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
                        const cuda_stage_state *state, bool has_head)
 {
-    size_t N = (size_t)d->N, C = (size_t)d->C, F = (size_t)d->F;
+    size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
+           F = (size_t)d->F;
     carve_tokens(&slot->tokens, a, N);
     slot->input = take_floats(a, N * C);
     for (int l = 0; l < state->layer_count; l++) {
@@ -264,8 +306,8 @@ static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
         act->ln1_mean = take_floats(a, N);
         act->ln1_rstd = take_floats(a, N);
         act->ln1_out = state->recompute_norm ? NULL : take_bf16(a, N * C);
-        act->qkv = take_bf16(a, N * 3 * C);
-        act->att_out = take_bf16(a, N * C);
+        act->qkv = take_bf16(a, N * 3 * A);
+        act->att_out = take_bf16(a, N * A);
         act->att_lse = take_floats(a, (size_t)d->B * d->NH * d->T);
         act->residual_mid = take_floats(a, N * C);
         act->ln2_mean = take_floats(a, N);
@@ -289,20 +331,23 @@ static size_t max_size(size_t a, size_t b)
     return a > b ? a : b;
 }
 
-static void carve_scratch(backward_scratch *s, arena *a, const stage_dims *d)
+static void carve_scratch(backward_scratch *s, arena *a, const stage_dims *d,
+                          const model_stage *stage,
+                          const cuda_stage_state *state)
 {
-    size_t N = (size_t)d->N, C = (size_t)d->C, F = (size_t)d->F;
+    size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
+           F = (size_t)d->F;
     s->d_stream[0] = take_floats(a, N * C);
     s->d_stream[1] = take_floats(a, N * C);
     s->d_stream_bf16 = take_bf16(a, N * C);
     s->d_norm = take_bf16(a, N * C);
-    s->d_att = take_bf16(a, N * C);
-    s->d_qkv = take_bf16(a, N * 3 * C);
+    s->d_att = take_bf16(a, N * A);
+    s->d_qkv = take_bf16(a, N * 3 * A);
     s->d_fc = take_bf16(a, N * F);
     s->norm_out = take_bf16(a, N * C);
     s->norm_partials =
         take_floats(a, cuda_layernorm_backward_scratch(d->N, d->C));
-    size_t widest = max_size(max_size(3 * C, F), C);
+    size_t widest = max_size(max_size(3 * A, F), C);
     s->bias_partials =
         take_floats(a, cuda_bias_grad_scratch(d->N, (int)widest));
     s->bias_grads = take_floats(a, F);
@@ -311,6 +356,14 @@ static void carve_scratch(backward_scratch *s, arena *a, const stage_dims *d)
     s->square_partials =
         arena_take(a, cuda_square_sum_scratch() * sizeof(double));
     s->reduced = arena_take(a, sizeof(double));
+    s->tensor_squares =
+        arena_take(a, (size_t)stage->tensor_count * sizeof(double));
+    s->chunk_squares =
+        arena_take(a, (size_t)state->chunk_count * sizeof(double));
+    s->d_partial = d->tp > 1 ? take_floats(a, N * C) : NULL;
+    s->row_stats =
+        d->tp > 1 && stage->spec.has_head ? take_floats(a, 4 * N) : NULL;
+    s->output_grad = stage->spec.has_head ? NULL : take_floats(a, N * C);
 }
 
 /* Allocates an arena sized by a dry run of `carve` and carves it. */
@@ -502,8 +555,8 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
                           pt_error *err)
 {
     CUDA_TRY(cudaGetDevice(&state->device));
-    CUDA_TRY(cudaStreamCreateWithFlags(&state->stream,
-                                       cudaStreamNonBlocking));
+    if (cuda_rank_stream_create(&state->stream, err) != 0)
+        return -1;
     if (gemm_context_create(&state->gemm, err) != 0)
         return -1;
     state->device_bytes += gemm_context_bytes(state->gemm);
@@ -1248,6 +1301,12 @@ size_t cuda_stage_device_bytes(const model_stage *stage)
 {
     const cuda_stage_state *state = state_of(stage);
     return state != NULL ? state->device_bytes : 0;
+}
+
+cudaStream_t cuda_stage_stream(const model_stage *stage)
+{
+    const cuda_stage_state *state = stage->backend_state;
+    return state != NULL ? state->stream : NULL;
 }
 
 int cuda_device_count(void)

@@ -1,7 +1,8 @@
 /*
  * Reductions with a fixed summation order (results do not change between
  * runs): bias gradients (column sums of a bf16 matrix), the sum of
- * squares of the gradients (for the global norm) and the mean loss.
+ * squares of the gradients (for the global norm), whole or per tensor,
+ * and the mean loss.
  */
 #include "executor/cuda/cuda_common.cuh"
 
@@ -160,6 +161,50 @@ extern "C" cudaError_t cuda_square_sum(double *out, const float *values,
     square_sum_partial_kernel<<<SQUARE_BLOCKS, SQUARE_THREADS, 0, stream>>>(
         scratch, values, count, aligned16(values));
     sum_doubles_kernel<<<1, 1024, 0, stream>>>(out, scratch, SQUARE_BLOCKS);
+    return cudaGetLastError();
+}
+
+/* Per tensor: one block per optimizer chunk sums its squares, then one
+ * block per tensor adds its chunks' sums in chunk order. Two launches
+ * whatever the number of tensors, and a fixed summation order. */
+__global__ void square_sum_chunks_kernel(double *chunk_sums,
+                                         const float *values,
+                                         const param_chunk *chunks)
+{
+    param_chunk chunk = chunks[blockIdx.x];
+    const float *v = values + chunk.offset;
+    double sum = 0.0;
+    for (uint32_t i = threadIdx.x; i < chunk.count; i += blockDim.x)
+        sum += (double)v[i] * v[i];
+    sum = block_sum_double(sum);
+    if (threadIdx.x == 0)
+        chunk_sums[blockIdx.x] = sum;
+}
+
+__global__ void sum_chunk_ranges_kernel(double *out, const double *chunk_sums,
+                                        const int *tensor_chunk_starts)
+{
+    int tensor = blockIdx.x;
+    double sum = 0.0;
+    for (int i = tensor_chunk_starts[tensor] + (int)threadIdx.x;
+         i < tensor_chunk_starts[tensor + 1]; i += blockDim.x)
+        sum += chunk_sums[i];
+    sum = block_sum_double(sum);
+    if (threadIdx.x == 0)
+        out[tensor] = sum;
+}
+
+extern "C" cudaError_t cuda_square_sums_per_tensor(
+    double *out, const float *values, const param_chunk *chunks,
+    int chunk_count, const int *tensor_chunk_starts, int tensor_count,
+    double *chunk_sums, cudaStream_t stream)
+{
+    if (chunk_count == 0 || tensor_count == 0)
+        return cudaSuccess;
+    square_sum_chunks_kernel<<<chunk_count, SQUARE_THREADS, 0, stream>>>(
+        chunk_sums, values, chunks);
+    sum_chunk_ranges_kernel<<<tensor_count, SQUARE_THREADS, 0, stream>>>(
+        out, chunk_sums, tensor_chunk_starts);
     return cudaGetLastError();
 }
 

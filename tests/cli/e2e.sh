@@ -147,6 +147,60 @@ JSON
   run 0 partita estimate in-inline.json
   expect_in out.txt "3-1"
   ;;
+plan-every-profile)
+  # every committed profile prices a plan (specs.json is the spec table
+  # the derived profiles come from, not a profile)
+  for file in "$source_root"/profiles/*.json; do
+    gpu=$(basename "$file" .json)
+    [ "$gpu" = specs ] && continue
+    cat >in-cluster.json <<JSON
+{ "name": "two-$gpu", "nodes": [
+    { "name": "node", "count": 2, "gpu": "$gpu", "gpus": 4,
+      "intra_node": { "bandwidth_GBps": 16, "latency_us": 10 },
+      "inter_node": { "bandwidth_Gbps": 50, "latency_us": 20 } } ] }
+JSON
+    run 0 partita plan --model gpt2-xl --gbs 32 --cluster in-cluster.json \
+      --quiet -o in-plan.json
+    expect_in out.txt "scored"
+  done
+  ;;
+plan-mixed-derived)
+  run 0 partita plan --model gpt2-xl --gbs 64 --cluster mixed-derived --quiet \
+    -o in-plan.json
+  expect_in out.txt "cluster mixed-derived"
+  for gpu in A10 RTX3090 A100-40GB V100-32GB; do
+    expect_in out.txt "note: $gpu: derived profile"
+  done
+  run 0 partita estimate in-plan.json
+  expect_in out.txt "step time"
+  ;;
+derive-profile)
+  run 0 partita derive-profile --help
+  expect_in out.txt "--derive GPU"
+  mkdir in-profiles
+  run 0 partita derive-profile --derive A100-80GB \
+    --from "$source_root/profiles/A100-FASOP.json,A10-FASOP" --points \
+    --compare A100-FASOP --link-GBps 230 --link-latency-us 5 \
+    -o in-profiles/A100-80GB.json
+  expect_in out.txt "rms log error"
+  expect_in out.txt "| A100-FASOP | h 1600, s 1024, V 50257 | 4 | 1 | layer |"
+  expect_in in-profiles/A100-80GB.json '"source": "derived"'
+  expect_in in-profiles/A100-80GB.json '"fitted_on"'
+  # the fresh profile is the one a plan finds first
+  sed -e 's/"gpu": "A100-40GB"/"gpu": "A100-80GB"/' \
+    "$clusters/mixed-derived.json" >in-cluster.json
+  run 0 partita plan --model gpt2-xl --gbs 64 --cluster in-cluster.json \
+    --profiles in-profiles --quiet -o in-plan.json
+  expect_in out.txt "A100-80GB"
+  run 2 partita derive-profile --derive B300 --from A10-FASOP
+  expect_in err.txt "no such GPU"
+  run 2 partita derive-profile --derive A10
+  expect_in err.txt "required"
+  run 2 partita derive-profile --derive A10 --from no-such-profile
+  expect_in err.txt "no-such-profile"
+  run 2 partita derive-profile --derive A10 --from A10-FASOP --compare A10-FASOP
+  expect_in err.txt "link-GBps"
+  ;;
 bad-json)
   printf '{ "model": "x", ' >in-bad.json
   run 2 partita estimate in-bad.json
@@ -281,10 +335,10 @@ exec-signal)
   ;;
 exec-bad)
   prep_corpus
-  write_tiny_plan in-tp2.json 2
-  sed -i 's/"tp": 1, "dp": 1, "pp": 2/"tp": 2, "dp": 1, "pp": 1/' in-tp2.json
-  run 2 partita exec in-tp2.json --data in-corpus
-  expect_in err.txt "tensor parallelism is not built yet"
+  write_tiny_plan in-tp4.json 4
+  sed -i 's/"tp": 1, "dp": 1, "pp": 4/"tp": 4, "dp": 1, "pp": 1/' in-tp4.json
+  run 2 partita exec in-tp4.json --data in-corpus
+  expect_in err.txt "tp 4 must divide the 2 heads"
   write_tiny_plan in-plan.json
   run 2 partita exec in-plan.json --data in-missing
   expect_in err.txt "in-missing.idx"
@@ -410,7 +464,7 @@ JSON
   [ "$(grep -c '^iteration' out.txt)" = 2 ] || fail "expected 2 log lines"
   expect_in out.txt "iteration        4/       4 |"
   expect_in out.txt "| lm loss: 5\.[0-9]*E+00 |"
-  expect_in out.txt "2 ranks (pp 2 x dp 1)"
+  expect_in out.txt "2 ranks (pp 2 x dp 1 x tp 1)"
   [ -s run.json ] || fail "run.json not written"
   [ "$(grep -c '"memory_cap_gib"' run.json)" = 2 ] || fail "expected 2 devices in run.json"
   expect_in run.json '"kind": "send_fwd"'
@@ -425,6 +479,26 @@ JSON
   expect_in err.txt "partition\[0\] is 3 layers"
   run 2 partita exec in-pp2.json --data in-corpus --backend cuda -o cuda.json
   expect_in err.txt "parallel plans run on the cpu backend only for now"
+  ;;
+exec-tp2)
+  # Megatron tensor parallelism over 2 "gpus" on the cpu backend, with a
+  # pipeline of 2 stages: 4 ranks as threads
+  prep_corpus
+  cat >in-tp2.json <<JSON
+{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
+             "seq": 16, "vocab": 257 },
+  "cluster": { "name": "one-box", "nodes": [
+      { "name": "box", "gpu": "A100-FASOP", "gpus": 4,
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
+  "gbs": 4, "mbs": 1, "tp": 2, "dp": 1, "pp": 2, "partition": "1-3" }
+JSON
+  run 0 partita exec in-tp2.json --data in-corpus --iters 3 --log-interval 1 --save ckpt
+  expect_in out.txt "4 ranks (pp 2 x dp 1 x tp 2)"
+  expect_in out.txt "iteration        3/       3 |"
+  [ "$(grep -c '"memory_cap_gib"' run.json)" = 4 ] || fail "expected 4 devices in run.json"
+  expect_in ckpt/manifest.json 'params.rank3'
+  run 0 partita exec in-tp2.json --data in-corpus --iters 4 --load ckpt -o resumed.json
+  expect_in resumed.json '"first_iteration": 4'
   ;;
 *)
   fail "unknown case"

@@ -116,6 +116,14 @@ static const char *const base_profile =
     "                 {\"gpus\": 2, \"bytes\": 1024, \"time_s\": 1e-5}],"
     "   \"sendrecv\": [{\"gpus\": 2, \"bytes\": 1024, \"time_s\": 1e-5}]}}";
 
+/* A complete efficiency block with a roofline (docs/formats.md). */
+#define ROOFLINE_EFFICIENCY                                                  \
+    "{\"peak_tflops\": 125, \"memory_bandwidth_GBps\": 600, \"sms\": 72," \
+    " \"roofline\": {\"gemm_efficiency\": 0.7,"                             \
+    " \"gemm_half_work_gflop_per_sm\": 0.01, \"attention_efficiency\": 0.8," \
+    " \"bandwidth_efficiency\": 0.8, \"kernel_overhead_us\": 5,"            \
+    " \"bandwidth_saturation_sm_fraction\": 0.5}}"
+
 static json_t *base_json(void)
 {
     json_error_t parse_error;
@@ -299,6 +307,57 @@ static void test_bad_profiles(void **state)
          "communication.broadcast: unknown key"},
         {{{{"gpu"}, "\"a/b\""}}, "profiles/T.json: gpu: must be a "
                                  "non-empty name without '/'"},
+        /* inconsistent profiles */
+        {{{{"shapes", "0", "heads"}, "5"}},
+         "profiles/T.json: shapes[0].heads: 5 does not divide hidden 64"},
+        {{{{"shapes", "0", "costs", "1", "layer", "forward_s"}, "5e-5"}},
+         "profiles/T.json: shapes[0].costs: inconsistent: at tp 1 the layer "
+         "forward takes 0.0001 s at mbs 1 but only 5e-05 s at mbs 2"},
+        {{{{"optimizer_s_per_param"}, "0.001"}},
+         "profiles/T.json: optimizer_s_per_param: 0.001 s per parameter is "
+         "more than 1e-06: a unit mistake?"},
+        {{{{"communication", "allreduce", "0", "time_s"}, "100"}},
+         "profiles/T.json: communication.allreduce[0]: 100 s for one "
+         "collective is more than 60 s"},
+        /* the efficiency model's device and roofline */
+        {{{{"efficiency"}, "{\"peak_tflops\": 100, "
+                           "\"memory_bandwidth_GBps\": 900, \"sms\": 10, "
+                           "\"sm_limit\": 20}"}},
+         "profiles/T.json: efficiency.sm_limit: 20 is more than the GPU's 10 "
+         "SMs"},
+        {{{{"efficiency"}, "{\"peak_tflops\": 100, "
+                           "\"memory_bandwidth_GBps\": 900, "
+                           "\"sm_limit\": 20}"}},
+         "profiles/T.json: efficiency.sms: missing (required with sm_limit"},
+        {{{{"efficiency"}, "{\"peak_tflops\": 100, "
+                           "\"memory_bandwidth_GBps\": 900, \"sms\": 2.5}"}},
+         "profiles/T.json: efficiency.sms: must be a positive integer, got "
+         "2.5"},
+        {{{{"efficiency"}, "{\"peak_tflops\": 100, "
+                           "\"memory_bandwidth_GBps\": 900, "
+                           "\"roofline\": {\"gemm_efficiency\": 0.7, "
+                           "\"gemm_half_work_gflop_per_sm\": 0.01, "
+                           "\"attention_efficiency\": 0.8, "
+                           "\"bandwidth_efficiency\": 0.8, "
+                           "\"kernel_overhead_us\": 5, "
+                           "\"bandwidth_saturation_sm_fraction\": 0.5}}"}},
+         "profiles/T.json: efficiency.sms: missing (required with a "
+         "roofline"},
+        {{{{"efficiency"}, ROOFLINE_EFFICIENCY},
+          {{"efficiency", "roofline", "gemm_efficiency"}, "1.5"}},
+         "profiles/T.json: efficiency.roofline.gemm_efficiency: must be a "
+         "number in [1e-06, 1], got 1.5"},
+        {{{{"efficiency"}, ROOFLINE_EFFICIENCY},
+          {{"efficiency", "roofline", "kernel_overhead_us"}, NULL}},
+         "profiles/T.json: efficiency.roofline.kernel_overhead_us: missing "
+         "(required)"},
+        {{{{"efficiency"}, ROOFLINE_EFFICIENCY},
+          {{"efficiency", "roofline", "gemm_eff"}, "0.5"}},
+         "profiles/T.json: efficiency.roofline.gemm_eff: unknown key"},
+        {{{{"efficiency"}, ROOFLINE_EFFICIENCY},
+          {{"efficiency", "roofline", "attention_efficiency"}, "-1"}},
+         "efficiency.roofline.attention_efficiency: must be a number in "
+         "[1e-06, 2], got -1"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         json_t *root = base_json();
@@ -313,6 +372,61 @@ static void test_bad_profiles(void **state)
         assert_null(p.shapes);
         assert_null(p.provenance);
         json_decref(root);
+    }
+}
+
+static void test_derived_with_roofline(void **state)
+{
+    (void)state;
+    json_t *root = base_json();
+    json_object_del(root, "shapes");
+    json_object_set_new(root, "source", json_string("derived"));
+    json_error_t parse_error;
+    json_object_set_new(root, "efficiency",
+                        json_loads(ROOFLINE_EFFICIENCY, 0, &parse_error));
+    json_place place = json_place_root("profiles/T.json");
+    profile p;
+    pt_error err = {""};
+    if (profile_from_json(root, &place, &p, &err) != 0)
+        fail_msg("%s", err.message);
+    assert_true(p.roofline.present);
+    assert_int_equal(p.sms, 72);
+    assert_int_equal(p.sm_limit, 0);
+    assert_true(p.roofline.gemm_efficiency == 0.7);
+    /* units converted: GFLOP per SM and microseconds */
+    assert_true(fabs(p.roofline.gemm_half_work_flop - 1e7) < 1e-3);
+    assert_true(fabs(p.roofline.kernel_overhead_s - 5e-6) < 1e-18);
+    assert_true(p.roofline.bandwidth_saturation_sm_fraction == 0.5);
+    profile_free(&p);
+
+    /* an SM-limited measurement records its share of the GPU */
+    json_object_set_new(json_object_get(root, "efficiency"), "sm_limit",
+                        json_integer(40));
+    if (profile_from_json(root, &place, &p, &err) != 0)
+        fail_msg("%s", err.message);
+    assert_int_equal(p.sm_limit, 40);
+    profile_free(&p);
+    json_decref(root);
+}
+
+static void test_bundled_derived(void **state)
+{
+    (void)state;
+    static const char *const files[] = {
+        "profiles/A10.json", "profiles/RTX3090.json",
+        "profiles/A100-40GB.json", "profiles/A100-80GB.json",
+        "profiles/V100-16GB.json", "profiles/V100-32GB.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        profile p;
+        load_bundled(files[i], &p);
+        assert_int_equal(p.source, PROFILE_DERIVED);
+        assert_true(p.roofline.present);
+        assert_true(p.sms > 0 && p.peak_tflops > 0.0);
+        assert_int_equal(p.shape_count, 0);
+        assert_non_null(json_object_get(p.provenance, "spec"));
+        assert_non_null(json_object_get(p.provenance, "fitted_on"));
+        assert_non_null(json_object_get(p.provenance, "command"));
+        profile_free(&p);
     }
 }
 
@@ -401,6 +515,8 @@ int main(void)
         cmocka_unit_test(test_bundled_a10),
         cmocka_unit_test(test_valid_inline),
         cmocka_unit_test(test_derived_without_shapes),
+        cmocka_unit_test(test_derived_with_roofline),
+        cmocka_unit_test(test_bundled_derived),
         cmocka_unit_test(test_bad_profiles),
         cmocka_unit_test(test_backward_filled_by_ratio),
         cmocka_unit_test(test_profile_find),

@@ -10,7 +10,7 @@
 #   -b  build only
 #   -m  merge only: minimise the saved corpus with what new/ holds
 #   HARNESS  model cluster profile plan partition estimate idx checkpoint
-#            (default all)
+#            run (default all)
 #
 # Work goes to $FUZZ_WORK (default /tmp/partita-fuzz): bin/ (binaries),
 # new/<harness>/ (inputs found), crashes/<harness>/, logs/<harness>.log.
@@ -40,7 +40,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 WORK=${FUZZ_WORK:-/tmp/partita-fuzz}
 CC=${CC_FUZZ:-clang}
-HARNESSES=${*:-model cluster profile plan partition estimate idx checkpoint}
+HARNESSES=${*:-model cluster profile plan partition estimate idx checkpoint run}
 # The harnesses' scratch directories go under $WORK/tmp: libFuzzer ends a
 # campaign without running atexit handlers, so they are not removed.
 mkdir -p "$WORK/bin" "$WORK/logs" "$WORK/tmp"
@@ -55,6 +55,7 @@ sources_of() {
     estimate) echo "$COMMON_SOURCES $ROOT/costmodel/*.c" ;;
     idx) echo "$COMMON_SOURCES $ROOT/executor/dataset.c $ROOT/executor/data_io.c" ;;
     checkpoint) echo "$COMMON_SOURCES $ROOT/executor/checkpoint.c $ROOT/executor/data_io.c" ;;
+    run) echo "$COMMON_SOURCES $ROOT/costmodel/*.c $ROOT/report/run_record.c $ROOT/report/compare.c" ;;
     *) echo "$COMMON_SOURCES" ;;
   esac
 }

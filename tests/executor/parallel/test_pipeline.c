@@ -13,7 +13,8 @@
  * (1e-5), and all but 1% within 1e-5 relative plus 2e-6. A step moves
  * parameters by about lr = 1e-2, so a missing all-reduce, a lost
  * micro-batch or a wrong loss scale is off by a whole step and fails.
- * by a whole step and fails. Also the 1F1B order on a stage, the event
+ * Tensor-parallel shards are compared with their slice of the whole
+ * tensor. Also the 1F1B order on a stage, the event
  * kinds, and a rank that fails ending every other rank with its name.
  */
 #include <stdarg.h>
@@ -74,8 +75,23 @@ static bool close_for_adamw(float got, float expected)
     return fabsf(got - expected) <= 1e-5f + 1e-5f * fabsf(expected);
 }
 
-/* Every tensor of every rank against the whole model's; replicas of one
- * stage must agree bit for bit (they all-reduce, then step alike). */
+/* Where element k of a (possibly tensor-parallel) shard sits in the
+ * whole tensor. */
+static size_t whole_index(const param_tensor *shard, size_t k)
+{
+    int r = (int)(k / (size_t)shard->cols), c = (int)(k % (size_t)shard->cols);
+    int kept_rows = shard->rows / shard->row_parts;
+    int kept_cols = shard->cols / shard->col_parts;
+    int row = r / kept_rows * (shard->full_rows / shard->row_parts) +
+              shard->part_row_offset + r % kept_rows;
+    int col = c / kept_cols * (shard->full_cols / shard->col_parts) +
+              shard->part_col_offset + c % kept_cols;
+    return (size_t)row * (size_t)shard->full_cols + (size_t)col;
+}
+
+/* Every tensor of every rank against the whole model's (a shard against
+ * its slice); replicas of one shard must agree bit for bit (they
+ * all-reduce, then step alike). */
 static void compare_parameters(const model_stage *whole,
                                const pipeline_threads *p,
                                const float *initial)
@@ -91,19 +107,20 @@ static void compare_parameters(const model_stage *whole,
             assert_non_null(theirs);
             for (size_t k = 0; k < mine->count; k++) {
                 float got = stage->params[mine->offset + k];
-                float expected = whole->params[theirs->offset + k];
+                size_t at = theirs->offset + whole_index(mine, k);
+                float expected = whole->params[at];
                 total++;
                 loose += !close_enough(got, expected);
                 if (!close_for_adamw(got, expected))
                     fail_msg("rank %d %s[%zu]: %.9g, one stage %.9g", rank,
                              mine->name, k, (double)got, (double)expected);
-                double move = fabs((double)expected -
-                                   (double)initial[theirs->offset + k]);
+                double move = fabs((double)expected - (double)initial[at]);
                 if (move > largest_move)
                     largest_move = move;
             }
         }
-        int replica0 = rank - pipeline_rank_replica(&p->layout, rank);
+        int replica0 = rank - p->layout.config.tp *
+                                  pipeline_rank_replica(&p->layout, rank);
         assert_memory_equal(stage->params, p->stages[replica0].params,
                             stage->param_count * sizeof(float));
     }
@@ -113,9 +130,9 @@ static void compare_parameters(const model_stage *whole,
                  total);
 }
 
-static void check_plan(int pp, int dp, int mbs, int gbs,
-                       schedule_kind schedule, const int *partition,
-                       bool tied)
+static void check_tp_plan(int pp, int dp, int tp, int mbs, int gbs,
+                          schedule_kind schedule, const int *partition,
+                          bool tied)
 {
     model_shape shape = tiny_shape(tied);
     train_config config = test_train_config();
@@ -133,7 +150,7 @@ static void check_plan(int pp, int dp, int mbs, int gbs,
     assert_non_null(initial);
     memcpy(initial, whole.params, whole.param_count * sizeof(float));
 
-    parallel_config parallel = {.gbs = gbs, .mbs = mbs, .tp = 1, .dp = dp,
+    parallel_config parallel = {.gbs = gbs, .mbs = mbs, .tp = tp, .dp = dp,
                                 .pp = pp, .schedule = schedule,
                                 .precision = PRECISION_FP32};
     pipeline_layout layout;
@@ -169,6 +186,13 @@ static void check_plan(int pp, int dp, int mbs, int gbs,
     free(initial);
     model_stage_destroy(&whole);
     free(tokens);
+}
+
+static void check_plan(int pp, int dp, int mbs, int gbs,
+                       schedule_kind schedule, const int *partition,
+                       bool tied)
+{
+    check_tp_plan(pp, dp, 1, mbs, gbs, schedule, partition, tied);
 }
 
 static void test_two_stages_1f1b(void **state)
@@ -207,6 +231,19 @@ static void test_pipeline_and_data_parallel(void **state)
     (void)state;
     static const int uneven[] = {1, 3};
     check_plan(2, 2, 1, 8, SCHEDULE_1F1B, uneven, true);
+}
+
+/* Megatron tensor parallelism: two shards (31 vocabulary rows split 16 +
+ * 15), tied and untied, alone and with pipeline and data parallelism. */
+static void test_tensor_parallel(void **state)
+{
+    (void)state;
+    static const int whole[] = {4};
+    static const int uneven[] = {1, 3};
+    check_tp_plan(1, 1, 2, 2, 8, SCHEDULE_1F1B, whole, true);
+    check_tp_plan(1, 1, 2, 2, 8, SCHEDULE_1F1B, whole, false);
+    check_tp_plan(2, 1, 2, 1, 8, SCHEDULE_1F1B, uneven, true);
+    check_tp_plan(1, 2, 2, 1, 8, SCHEDULE_1F1B, whole, true);
 }
 
 /* The order of a 1F1B stage and the events each rank records. */
@@ -303,7 +340,7 @@ static void test_failing_rank_stops_everyone(void **state)
     assert_int_equal(pipeline_threads_step(&p, &config, tokens, &result,
                                            &err),
                      -1);
-    assert_non_null(strstr(err.message, "rank 3 (stage 1, replica 1)"));
+    assert_non_null(strstr(err.message, "rank 3 (stage 1, replica 1, tp 0)"));
     assert_non_null(strstr(err.message, "injected failure"));
     for (int rank = 0; rank < 4; rank++) {
         assert_int_equal(p.rank_status[rank], -1);
@@ -327,11 +364,12 @@ static void test_layout_refusals(void **state)
     static const int short_partition[] = {2, 1};
     pipeline_layout layout;
     pt_error err;
-    parallel_config tensor = {.gbs = 8, .mbs = 1, .tp = 2, .dp = 1, .pp = 2};
+    /* tp must divide the 2 heads */
+    parallel_config tensor = {.gbs = 8, .mbs = 1, .tp = 4, .dp = 1, .pp = 2};
     assert_int_equal(pipeline_layout_init(&layout, &shape, &tensor,
                                           partition, 2, &err),
                      -1);
-    assert_non_null(strstr(err.message, "tp 2"));
+    assert_non_null(strstr(err.message, "tp 4"));
     parallel_config odd = {.gbs = 7, .mbs = 2, .tp = 1, .dp = 1, .pp = 2};
     assert_int_equal(pipeline_layout_init(&layout, &shape, &odd, partition,
                                           2, &err),
@@ -359,6 +397,7 @@ int main(void)
         cmocka_unit_test(test_two_stages_gpipe),
         cmocka_unit_test(test_data_parallel),
         cmocka_unit_test(test_pipeline_and_data_parallel),
+        cmocka_unit_test(test_tensor_parallel),
         cmocka_unit_test(test_schedule_and_events),
         cmocka_unit_test(test_failing_rank_stops_everyone),
         cmocka_unit_test(test_layout_refusals),

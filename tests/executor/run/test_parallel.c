@@ -1,12 +1,12 @@
 /*
- * Parallel plans (tp = 1, pp and/or dp > 1) under run_training, cpu
+ * Parallel plans (pp, dp and/or tp > 1) under run_training, cpu
  * backend, ranks as threads: every layout trains on the same samples from
  * the same initial weights as the one-stage run, so its losses and
  * gradient norms match within fp32 round-off; a pp = 2 run resumed from
  * its checkpoint equals the straight run bit for bit; the record holds
  * one device, one memory figure and events for every rank; the stop flag
  * ends the run after the current iteration with a checkpoint; too little
- * memory for the ranks together, tp > 1, a parallel plan on cuda and a
+ * memory for the ranks together, a parallel plan on cuda and a
  * checkpoint of another layout are refused.
  */
 #include "run_test_support.h"
@@ -75,19 +75,19 @@ static void assert_close(double got, double want, const char *what,
 }
 
 /* The layout's run against the one-stage run on the same data and seed. */
-static void expect_same_as_one_stage(const run_scratch *s, int dp, int pp,
-                                     const char *partition,
-                                     const char *schedule)
+static void expect_tp_same_as_one_stage(const run_scratch *s, int tp, int dp,
+                                        int pp, const char *partition,
+                                        const char *schedule)
 {
     plan one, parallel;
     parallel_plan(&one, 1, 1, 1, NULL, "1f1b");
-    parallel_plan(&parallel, 1, dp, pp, partition, schedule);
+    parallel_plan(&parallel, tp, dp, pp, partition, schedule);
     run_options options = base_options(s, ITERATIONS);
     run_result reference, result;
     train_ok(&one, &options, &reference);
     train_ok(&parallel, &options, &result);
     assert_int_equal(result.iteration_count, ITERATIONS);
-    assert_int_equal(result.rank_count, dp * pp);
+    assert_int_equal(result.rank_count, tp * dp * pp);
     for (long i = 0; i < ITERATIONS; i++) {
         const run_iteration *got = &result.iterations[i];
         const run_iteration *want = &reference.iterations[i];
@@ -105,6 +105,13 @@ static void expect_same_as_one_stage(const run_scratch *s, int dp, int pp,
     run_result_free(&result);
     plan_free(&one);
     plan_free(&parallel);
+}
+
+static void expect_same_as_one_stage(const run_scratch *s, int dp, int pp,
+                                     const char *partition,
+                                     const char *schedule)
+{
+    expect_tp_same_as_one_stage(s, 1, dp, pp, partition, schedule);
 }
 
 static void pp2_uneven_1f1b_matches_one_stage(void **state)
@@ -125,6 +132,16 @@ static void dp2_matches_one_stage(void **state)
 static void pp2_dp2_matches_one_stage(void **state)
 {
     expect_same_as_one_stage(*state, 2, 2, "1-3", "1f1b");
+}
+
+static void tp2_matches_one_stage(void **state)
+{
+    expect_tp_same_as_one_stage(*state, 2, 1, 1, NULL, "1f1b");
+}
+
+static void pp2_tp2_matches_one_stage(void **state)
+{
+    expect_tp_same_as_one_stage(*state, 2, 1, 2, "3-1", "1f1b");
 }
 
 /* 4 iterations straight, against 2 + checkpoint + resume + 2. */
@@ -308,17 +325,12 @@ static void expect_refusal(const plan *p, const run_options *options,
     assert_message_has(&err, part);
 }
 
-static void tp2_cuda_parallel_and_memory_are_refused(void **state)
+static void cuda_parallel_and_memory_are_refused(void **state)
 {
     run_scratch *s = *state;
     plan p;
-    parallel_plan(&p, 2, 1, 1, NULL, "1f1b");
     run_options options = base_options(s, 2);
-    expect_refusal(&p, &options, "tensor parallelism is not built yet");
     pt_error err = {{0}};
-    assert_int_equal(run_check_plan(&p, &err), -1);
-    plan_free(&p);
-
     parallel_plan(&p, 1, 1, 2, NULL, "1f1b");
     assert_int_equal(run_check_plan(&p, &err), 0);
     /* memory: the sum of the ranks' figures must fit */
@@ -341,7 +353,9 @@ int main(void)
         cmocka_unit_test(pp2_resume_equals_straight_run),
         cmocka_unit_test(pp2_record_holds_every_rank),
         cmocka_unit_test(pp2_stop_flag_ends_after_the_iteration),
-        cmocka_unit_test(tp2_cuda_parallel_and_memory_are_refused),
+        cmocka_unit_test(tp2_matches_one_stage),
+        cmocka_unit_test(pp2_tp2_matches_one_stage),
+        cmocka_unit_test(cuda_parallel_and_memory_are_refused),
     };
     return cmocka_run_group_tests(tests, run_scratch_open, run_scratch_close);
 }

@@ -50,8 +50,8 @@ static void make_checkpoint(const run_scratch *s, const plan *p,
     run_result_free(&result);
 }
 
-/* Tensor parallelism is not built: a tp = 2 plan is refused, naming it
- * (pp and dp > 1 run: tests/executor/run/test_parallel.c). */
+/* A tensor-parallel degree that does not divide the heads is refused
+ * before anything is written (tp = 2 runs: test_parallel.c). */
 static void tensor_parallel_plan_is_refused(void **state)
 {
     run_scratch *s = *state;
@@ -59,10 +59,10 @@ static void tensor_parallel_plan_is_refused(void **state)
         "{ \"model\": { \"name\": \"tiny\", \"layers\": 2, "
         "\"hidden\": 16, \"heads\": 2, \"seq\": 16, \"vocab\": 257 },"
         "  \"cluster\": { \"name\": \"one\", \"nodes\": ["
-        "    { \"name\": \"box\", \"gpu\": \"A100-FASOP\", \"gpus\": 2,"
+        "    { \"name\": \"box\", \"gpu\": \"A100-FASOP\", \"gpus\": 4,"
         "      \"intra_node\": { \"bandwidth_GBps\": 230,"
         "                        \"latency_us\": 5 } } ] },"
-        "  \"gbs\": 4, \"mbs\": 2, \"tp\": 2, \"dp\": 1, \"pp\": 1 }";
+        "  \"gbs\": 4, \"mbs\": 2, \"tp\": 4, \"dp\": 1, \"pp\": 1 }";
     json_error_t json_err;
     json_t *root = json_loads(text, 0, &json_err);
     plan p;
@@ -73,8 +73,7 @@ static void tensor_parallel_plan_is_refused(void **state)
     char dir[512];
     run_path(s, "never", dir, sizeof dir);
     options.save_dir = dir;
-    expect_refusal(&p, &options, "tensor parallelism is not built yet");
-    expect_refusal(&p, &options, "tp 2");
+    expect_refusal(&p, &options, "tp 4 must divide the 2 heads");
     plan_free(&p);
 }
 

@@ -1,0 +1,300 @@
+/*
+ * bench/accuracy: the cost model against the GPUs. For every plan of the
+ * suite (bench/accuracy/plans/NAME.json) and the run.json that `partita
+ * exec` wrote for it on the GPU machine (RUNS/NAME.run.json, made by
+ * bench/accuracy/run.sh), estimates the plan with the committed profiles
+ * and compares step time and peak memory; writes the table, the mean and
+ * largest errors, the terms of the model (forward, backward,
+ * communication per stage) and a scatter chart (gnuplot) of estimated
+ * against measured step time. docs/accuracy.md is its output.
+ *
+ * usage: accuracy PLANS_DIR RUNS_DIR OUT.md CHART_DIR
+ */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "costmodel/costmodel.h"
+#include "report/report.h"
+
+#define MAX_PLANS 64
+
+/* One plan of the suite, compared. */
+typedef struct suite_row {
+    char name[PT_NAME_MAX];
+    char layout[400];             /* model, degrees, partition, batch */
+    double estimated_step_s, measured_step_s;
+    double estimated_memory_gib, measured_memory_gib;
+    double forward_error, backward_error; /* % per micro-batch, mean over
+                                             stages */
+    bool has_run;
+    char problem[sizeof(pt_error)]; /* why a row has no comparison */
+} suite_row;
+
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The .json files of dir, sorted; returns how many (<= MAX_PLANS). */
+static int list_plans(const char *dir, char **names)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return -1;
+    int count = 0;
+    struct dirent *entry;
+    while ((entry = readdir(d)) != NULL && count < MAX_PLANS) {
+        size_t length = strlen(entry->d_name);
+        if (length > 5 && strcmp(entry->d_name + length - 5, ".json") == 0)
+            names[count++] = strdup(entry->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)count, sizeof *names, compare_names);
+    return count;
+}
+
+static void describe_layout(const plan *p, char *out, size_t size)
+{
+    char partition[96];
+    partition_format(p->partition, p->config.pp, partition, sizeof partition);
+    snprintf(out, size, "%s on %s: tp %d dp %d pp %d (%s), mbs %d, gbs %d, %s",
+             p->model.name, p->cluster.name, p->config.tp, p->config.dp,
+             p->config.pp, partition, p->config.mbs, p->config.gbs,
+             p->config.schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B");
+}
+
+static double largest(const double *values, int count)
+{
+    double top = 0.0;
+    for (int i = 0; i < count; i++)
+        if (values[i] > top)
+            top = values[i];
+    return top;
+}
+
+/* Mean over stages of the per-micro-batch forward and backward errors. */
+static void phase_errors(const report_comparison *cmp, suite_row *row)
+{
+    double forward = 0.0, backward = 0.0;
+    int counted = 0;
+    for (int s = 0; s < cmp->stage_count; s++) {
+        double f = report_error_percent(cmp->estimated[s].forward_s,
+                                        cmp->measured[s].forward_s);
+        double b = report_error_percent(cmp->estimated[s].backward_s,
+                                        cmp->measured[s].backward_s);
+        if (isnan(f) || isnan(b))
+            continue;
+        forward += f;
+        backward += b;
+        counted++;
+    }
+    row->forward_error = counted > 0 ? forward / counted : NAN;
+    row->backward_error = counted > 0 ? backward / counted : NAN;
+}
+
+static int compare_plan(const char *plans_dir, const char *runs_dir,
+                        const char *file, suite_row *row, pt_error *err)
+{
+    char path[PT_PATH_MAX * 2], run_path[PT_PATH_MAX * 2];
+    snprintf(path, sizeof path, "%s/%s", plans_dir, file);
+    pt_copy_string(row->name, sizeof row->name, file);
+    row->name[strlen(row->name) - 5] = '\0';
+    snprintf(run_path, sizeof run_path, "%s/%s.run.json", runs_dir,
+             row->name);
+    plan p;
+    if (plan_load_file(path, &p, err) != 0)
+        return -1;
+    describe_layout(&p, row->layout, sizeof row->layout);
+    costmodel cm;
+    estimate est;
+    int status = -1;
+    if (costmodel_open(&cm, &p.model, &p.cluster, NULL, err) != 0)
+        goto no_model;
+    if (costmodel_estimate(&cm, &p.config, p.node_order, p.node_order_count,
+                           p.partition, true, &est, err) != 0)
+        goto no_estimate;
+    row->estimated_step_s = est.step_time_s;
+    row->estimated_memory_gib = 0.0;
+    for (int s = 0; s < est.stage_count; s++)
+        if (est.stages[s].peak_memory_bytes / PT_GIB >
+            row->estimated_memory_gib)
+            row->estimated_memory_gib =
+                est.stages[s].peak_memory_bytes / PT_GIB;
+    run_record run;
+    pt_error run_err = {{0}};
+    if (run_record_load_file(run_path, &run, &run_err) != 0 ||
+        run_record_check_plan(&run, &p, &run_err) != 0) {
+        snprintf(row->problem, sizeof row->problem, "%s", run_err.message);
+        status = 0;
+        goto no_run;
+    }
+    report_comparison cmp;
+    if (report_compare(&p, &est, &run, &cmp, err) == 0) {
+        row->has_run = true;
+        row->measured_step_s = run.step_time_s;
+        row->measured_memory_gib = largest(run.peak_memory_gib,
+                                           run.rank_count);
+        phase_errors(&cmp, row);
+        report_comparison_free(&cmp);
+        status = 0;
+    }
+    run_record_free(&run);
+no_run:
+    estimate_free(&est);
+no_estimate:
+    costmodel_close(&cm);
+no_model:
+    plan_free(&p);
+    return status;
+}
+
+static void format_error(double percent, char *out, size_t size)
+{
+    report_format_error(percent, out, size);
+}
+
+static void write_table(FILE *out, const suite_row *rows, int count)
+{
+    fprintf(out, "| plan | layout | step est. | step meas. | error | "
+                 "memory est. | memory meas. | error | fwd err. | "
+                 "bwd err. |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < count; i++) {
+        const suite_row *r = &rows[i];
+        if (!r->has_run) {
+            fprintf(out, "| %s | %s | %.1f ms | not run | | %.2f GiB | | | "
+                         "| |\n",
+                    r->name, r->layout, 1e3 * r->estimated_step_s,
+                    r->estimated_memory_gib);
+            continue;
+        }
+        char step[32], memory[32], forward[32], backward[32];
+        format_error(report_error_percent(r->estimated_step_s,
+                                          r->measured_step_s),
+                     step, sizeof step);
+        format_error(report_error_percent(r->estimated_memory_gib,
+                                          r->measured_memory_gib),
+                     memory, sizeof memory);
+        format_error(r->forward_error, forward, sizeof forward);
+        format_error(r->backward_error, backward, sizeof backward);
+        fprintf(out, "| %s | %s | %.1f ms | %.1f ms | %s | %.2f GiB | "
+                     "%.2f GiB | %s | %s | %s |\n",
+                r->name, r->layout, 1e3 * r->estimated_step_s,
+                1e3 * r->measured_step_s, step, r->estimated_memory_gib,
+                r->measured_memory_gib, memory, forward, backward);
+    }
+}
+
+static void write_summary(FILE *out, const suite_row *rows, int count)
+{
+    double step_sum = 0.0, step_max = 0.0, memory_sum = 0.0,
+           memory_max = 0.0;
+    int measured = 0;
+    for (int i = 0; i < count; i++) {
+        if (!rows[i].has_run)
+            continue;
+        double step = fabs(report_error_percent(rows[i].estimated_step_s,
+                                                rows[i].measured_step_s));
+        double memory = fabs(report_error_percent(
+            rows[i].estimated_memory_gib, rows[i].measured_memory_gib));
+        step_sum += step;
+        memory_sum += memory;
+        step_max = step > step_max ? step : step_max;
+        memory_max = memory > memory_max ? memory : memory_max;
+        measured++;
+    }
+    if (measured == 0) {
+        fprintf(out, "\nNo plan of the suite has a run yet.\n");
+        return;
+    }
+    fprintf(out, "\n%d of %d plans measured. Step time: mean absolute error "
+                 "%.1f %%, largest %.1f %% (targets 3 %% and 8 %%). Peak "
+                 "memory: mean absolute error %.1f %%, largest %.1f %% "
+                 "(target 5 %%).\n",
+            measured, count, step_sum / measured, step_max,
+            memory_sum / measured, memory_max);
+}
+
+/* The scatter chart with gnuplot (PNG and SVG); returns 0 when drawn. */
+static int draw_scatter(const char *chart_dir, const suite_row *rows,
+                        int count)
+{
+    char data_path[PT_PATH_MAX], script[4096];
+    snprintf(data_path, sizeof data_path, "%s/accuracy-scatter.dat",
+             chart_dir);
+    FILE *data = fopen(data_path, "w");
+    if (data == NULL)
+        return -1;
+    double top = 0.0;
+    for (int i = 0; i < count; i++) {
+        if (!rows[i].has_run)
+            continue;
+        fprintf(data, "%.3f %.3f %s\n", 1e3 * rows[i].measured_step_s,
+                1e3 * rows[i].estimated_step_s, rows[i].name);
+        double larger = 1e3 * fmax(rows[i].measured_step_s,
+                                   rows[i].estimated_step_s);
+        top = larger > top ? larger : top;
+    }
+    fclose(data);
+    const char *gnuplot = getenv("PARTITA_GNUPLOT");
+    snprintf(script, sizeof script,
+             "%s -e \"set xlabel 'measured step time (ms)'; "
+             "set ylabel 'estimated step time (ms)'; set key top left; "
+             "set grid; set xrange [0:%.0f]; set yrange [0:%.0f]; "
+             "do for [t in 'pngcairo svg'] { "
+             "set terminal t size 800,600; "
+             "set output '%s/accuracy-scatter.'.(t eq 'svg' ? 'svg' : 'png'); "
+             "plot '%s' using 1:2 with points pt 7 ps 1.3 title 'plans', "
+             "x with lines dt 2 title 'y = x' }\"",
+             gnuplot != NULL ? gnuplot : "gnuplot", top * 1.1, top * 1.1,
+             chart_dir, data_path);
+    int status = system(script);
+    remove(data_path);
+    return status == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 5) {
+        fprintf(stderr, "usage: %s PLANS_DIR RUNS_DIR OUT.md CHART_DIR\n",
+                argv[0]);
+        return 2;
+    }
+    char *names[MAX_PLANS];
+    int count = list_plans(argv[1], names);
+    if (count <= 0) {
+        fprintf(stderr, "accuracy: no plans in %s\n", argv[1]);
+        return 2;
+    }
+    suite_row *rows = calloc((size_t)count, sizeof *rows);
+    int status = 0;
+    for (int i = 0; i < count && rows != NULL; i++) {
+        pt_error err = {{0}};
+        if (compare_plan(argv[1], argv[2], names[i], &rows[i], &err) != 0) {
+            fprintf(stderr, "accuracy: %s: %s\n", names[i], err.message);
+            status = 1;
+        } else if (!rows[i].has_run) {
+            fprintf(stderr, "accuracy: %s: no run (%s)\n", names[i],
+                    rows[i].problem);
+        }
+    }
+    FILE *out = rows != NULL ? fopen(argv[3], "w") : NULL;
+    if (out == NULL) {
+        fprintf(stderr, "accuracy: cannot write %s\n", argv[3]);
+        status = 2;
+    } else {
+        write_table(out, rows, count);
+        write_summary(out, rows, count);
+        bool drawn = draw_scatter(argv[4], rows, count) == 0;
+        fprintf(out, "\n%s\n", drawn ? "![estimated against measured step "
+                                       "time](accuracy/accuracy-scatter.svg)"
+                                     : "(gnuplot failed: no scatter chart)");
+        fclose(out);
+    }
+    for (int i = 0; i < count; i++)
+        free(names[i]);
+    free(rows);
+    return status;
+}

@@ -1,0 +1,673 @@
+/*
+ * A per-kernel roofline of the embedding, one transformer layer and the
+ * head, and its fit on measured (or published) profiles. A `derived`
+ * profile carries the fitted parameters and the spec figures of its GPU,
+ * and so prices any layer shape. docs/profiles.md states the model, the
+ * kernels, the fit and its error; the formulas below follow it.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "costmodel/internal.h"
+
+/* ------------------------------------------------------------ kernels */
+
+typedef enum kernel_kind { KERNEL_GEMM, KERNEL_ATTENTION, KERNEL_MEMORY }
+    kernel_kind;
+
+typedef struct kernel {
+    kernel_kind kind;
+    double flops;
+    double bytes;
+} kernel;
+
+/* The most kernels any part runs in one direction (a layer's backward
+ * runs 15). */
+#define MAX_PART_KERNELS 24
+
+typedef struct kernel_list {
+    int count;
+    kernel kernels[MAX_PART_KERNELS];
+} kernel_list;
+
+static void add_kernel(kernel_list *list, kernel_kind kind, double flops,
+                       double bytes)
+{
+    if (list->count < MAX_PART_KERNELS)
+        list->kernels[list->count++] = (kernel){kind, flops, bytes};
+}
+
+/* C[m x n] = A[m x k] B[k x n]: 2mnk FLOPs; A, B read and C written once. */
+static void add_gemm(kernel_list *list, double m, double n, double k,
+                     double element)
+{
+    add_kernel(list, KERNEL_GEMM, 2.0 * m * n * k,
+               element * (m * k + k * n + m * n));
+}
+
+static void add_memory(kernel_list *list, double bytes)
+{
+    add_kernel(list, KERNEL_MEMORY, 0.0, bytes);
+}
+
+/* The shard of one transformer layer a tp rank computes, forward. Biases
+ * ride in the kernels that apply them (QKV's in the GEMM epilogue, the
+ * others fused with GELU or with the residual add). Attention is
+ * flash-style: the FLOPs of Q K^T and P V (counted over the full s x s
+ * square, as Megatron counts them) and the bytes of Q, K, V and O. */
+static void layer_forward_kernels(const model_shape *m, int tp, int mbs,
+                                  double e, kernel_list *out)
+{
+    double tokens = (double)mbs * m->seq, h = m->hidden, t = tp;
+    double f = m->ffn_hidden;
+    add_memory(out, 2.0 * tokens * h * e);               /* layer norm 1 */
+    add_gemm(out, tokens, 3.0 * h / t, h, e);            /* QKV + bias */
+    add_kernel(out, KERNEL_ATTENTION,
+               4.0 * mbs * (double)m->seq * m->seq * h / t,
+               4.0 * tokens * h / t * e);                /* flash attention */
+    add_gemm(out, tokens, h, h / t, e);                  /* projection */
+    add_memory(out, 3.0 * tokens * h * e);               /* bias + residual */
+    add_memory(out, 2.0 * tokens * h * e);               /* layer norm 2 */
+    add_gemm(out, tokens, f / t, h, e);                  /* MLP up */
+    add_memory(out, 2.0 * tokens * f / t * e);           /* bias + GELU */
+    add_gemm(out, tokens, h, f / t, e);                  /* MLP down */
+    add_memory(out, 3.0 * tokens * h * e);               /* bias + residual */
+}
+
+/* Token and position rows read, their sum written. Vocabulary-parallel
+ * embeddings read the same rows on every tp rank (masked), so the bytes
+ * do not shrink with tp. */
+static void embedding_forward_kernels(const model_shape *m, int mbs,
+                                      double e, kernel_list *out)
+{
+    add_memory(out, 3.0 * mbs * (double)m->seq * m->hidden * e);
+}
+
+/* Final layer norm, the LM head GEMM over the rank's V / tp vocabulary
+ * rows, and the cross-entropy: the logits read, the fp32 softmax
+ * written. */
+static void head_forward_kernels(const model_shape *m, int tp, int mbs,
+                                 double e, kernel_list *out)
+{
+    double tokens = (double)mbs * m->seq, h = m->hidden;
+    double vocab_shard = (double)m->vocab / tp;
+    add_memory(out, 2.0 * tokens * h * e);
+    add_gemm(out, tokens, vocab_shard, h, e);
+    add_memory(out, tokens * vocab_shard * (e + 4.0));
+}
+
+/* Backward of a forward kernel list: a GEMM becomes two of its size
+ * (input gradient and weight gradient); flash attention's backward
+ * recomputes the scores, 2.5x the forward FLOPs, reading Q, K, V, O, dO
+ * and writing dQ, dK, dV (2x the bytes); a memory-bound kernel reads its
+ * saved input and the incoming gradient and writes a gradient (2x the
+ * bytes). */
+static void backward_kernels(const kernel_list *forward, kernel_list *out)
+{
+    out->count = 0;
+    for (int i = 0; i < forward->count; i++) {
+        const kernel *k = &forward->kernels[i];
+        switch (k->kind) {
+        case KERNEL_GEMM:
+            add_kernel(out, KERNEL_GEMM, k->flops, k->bytes);
+            add_kernel(out, KERNEL_GEMM, k->flops, k->bytes);
+            break;
+        case KERNEL_ATTENTION:
+            add_kernel(out, KERNEL_ATTENTION, 2.5 * k->flops, 2.0 * k->bytes);
+            break;
+        case KERNEL_MEMORY:
+            add_memory(out, 2.0 * k->bytes);
+            break;
+        }
+    }
+}
+
+/* The kernels of one part (0 embedding, 1 layer, 2 head) in one
+ * direction. */
+static void part_kernels(const model_shape *m, int tp, int mbs, double e,
+                         int part, bool backward, kernel_list *out)
+{
+    kernel_list forward = {0};
+    if (part == 0)
+        embedding_forward_kernels(m, mbs, e, &forward);
+    else if (part == 1)
+        layer_forward_kernels(m, tp, mbs, e, &forward);
+    else
+        head_forward_kernels(m, tp, mbs, e, &forward);
+    if (backward)
+        backward_kernels(&forward, out);
+    else
+        *out = forward;
+}
+
+/* ------------------------------------------------------- kernel times */
+
+/* Share of the GPU's memory bandwidth that sms_used SMs can pull: all of
+ * it from the saturating share of the SMs on, proportionally less below. */
+static double bandwidth_share(const roofline_params *p,
+                              const roofline_device *d)
+{
+    double sm_share = (double)d->sms_used / d->sms;
+    double share = sm_share / p->bandwidth_saturation_sm_fraction;
+    return share < 1.0 ? share : 1.0;
+}
+
+/* max(FLOPs / rate, bytes / bandwidth) + overhead. A GEMM's (or the
+ * attention's) efficiency saturates with its work per SM w:
+ * top x w / (w + w_half), so small GEMMs reach less of the peak. The
+ * SMs used scale the peak. */
+static double kernel_seconds(const roofline_params *p,
+                             const roofline_device *d, const kernel *k)
+{
+    double bandwidth = d->bandwidth_bytes_per_s * bandwidth_share(p, d) *
+                       p->bandwidth_efficiency;
+    double memory_s = k->bytes / bandwidth;
+    double compute_s = 0.0;
+    if (k->kind != KERNEL_MEMORY && k->flops > 0.0) {
+        double top = k->kind == KERNEL_GEMM ? p->gemm_efficiency
+                                            : p->attention_efficiency;
+        double work_per_sm = k->flops / d->sms_used;
+        double efficiency = top * work_per_sm /
+                            (work_per_sm + p->gemm_half_work_flop);
+        double peak = d->peak_flops * d->sms_used / d->sms;
+        compute_s = k->flops / (peak * efficiency);
+    }
+    return (compute_s > memory_s ? compute_s : memory_s) +
+           p->kernel_overhead_s;
+}
+
+static double list_seconds(const roofline_params *p, const roofline_device *d,
+                           const kernel_list *list)
+{
+    double total = 0.0;
+    for (int i = 0; i < list->count; i++)
+        total += kernel_seconds(p, d, &list->kernels[i]);
+    return total;
+}
+
+void roofline_part_costs(const roofline_params *params,
+                         const roofline_device *device,
+                         const model_shape *shape, int tp, int mbs,
+                         double element_bytes, model_part_costs *out)
+{
+    part_cost *parts[3] = {&out->embedding, &out->layer, &out->head};
+    for (int part = 0; part < 3; part++) {
+        kernel_list forward, backward;
+        part_kernels(shape, tp, mbs, element_bytes, part, false, &forward);
+        part_kernels(shape, tp, mbs, element_bytes, part, true, &backward);
+        parts[part]->forward_s = list_seconds(params, device, &forward);
+        parts[part]->backward_s = list_seconds(params, device, &backward);
+    }
+}
+
+int roofline_device_of(const profile *p, roofline_device *out, pt_error *err)
+{
+    if (!(p->peak_tflops > 0.0) || !(p->memory_bandwidth_GBps > 0.0) ||
+        p->sms <= 0)
+        return pt_fail(err,
+                       "profile %s: efficiency.peak_tflops, "
+                       "memory_bandwidth_GBps and sms are needed for the "
+                       "roofline (the GPU's spec figures), got %g TFLOP/s, "
+                       "%g GB/s, %d SMs",
+                       p->gpu, p->peak_tflops, p->memory_bandwidth_GBps,
+                       p->sms);
+    if (p->sm_limit > p->sms)
+        return pt_fail(err, "profile %s: sm_limit %d is more than its %d SMs",
+                       p->gpu, p->sm_limit, p->sms);
+    *out = (roofline_device){
+        .peak_flops = p->peak_tflops * 1e12,
+        .bandwidth_bytes_per_s = p->memory_bandwidth_GBps * 1e9,
+        .sms = p->sms,
+        .sms_used = p->sm_limit > 0 ? p->sm_limit : p->sms};
+    return 0;
+}
+
+/* ------------------------------------------------------- observations */
+
+/* A usable time of a source with the kernels that predict it (which do
+ * not depend on the parameters, so the fit builds them once). */
+typedef struct fit_point {
+    roofline_observation observation;
+    const roofline_device *device;
+    kernel_list kernels;
+} fit_point;
+
+/* Times that carry tensor-parallel communication, or that the reader
+ * filled in from backward_over_forward, are not the roofline's to fit. */
+static bool time_is_usable(const profile *source, const profile_point *pt,
+                           const part_cost *cost, bool backward)
+{
+    if (source->layer_times_include_tp_comm && pt->tp > 1)
+        return false;
+    if (!backward)
+        return cost->forward_s > 0.0;
+    bool filled = source->backward_over_forward > 0.0 &&
+                  cost->backward_s ==
+                      source->backward_over_forward * cost->forward_s;
+    return cost->backward_s > 0.0 && !filled;
+}
+
+/* Appends the usable times of one source to points (which has room for
+ * six per profile point); returns how many, counting the rest in
+ * *left_out. */
+static int source_points(const profile *source, const roofline_device *device,
+                         fit_point *points, int *left_out)
+{
+    int count = 0;
+    for (int s = 0; s < source->shape_count; s++) {
+        const profile_shape *shape = &source->shapes[s];
+        model_shape m = {.hidden = shape->hidden, .heads = shape->heads,
+                         .ffn_hidden = shape->ffn_hidden, .seq = shape->seq,
+                         .vocab = shape->vocab, .layers = 1};
+        for (int i = 0; i < shape->point_count; i++) {
+            const profile_point *pt = &shape->points[i];
+            const part_cost *parts[3] = {&pt->embedding, &pt->layer,
+                                         &pt->head};
+            for (int part = 0; part < 3; part++) {
+                for (int direction = 0; direction < 2; direction++) {
+                    bool backward = direction == 1;
+                    if (!time_is_usable(source, pt, parts[part], backward)) {
+                        (*left_out)++;
+                        continue;
+                    }
+                    fit_point *fp = &points[count++];
+                    fp->observation = (roofline_observation){
+                        .shape_index = s, .tp = pt->tp, .mbs = pt->mbs,
+                        .part = part, .backward = backward,
+                        .measured_s = backward ? parts[part]->backward_s
+                                               : parts[part]->forward_s};
+                    fp->device = device;
+                    /* the sources are half-precision measurements */
+                    part_kernels(&m, pt->tp, pt->mbs, 2.0, part, backward,
+                                 &fp->kernels);
+                }
+            }
+        }
+    }
+    return count;
+}
+
+static int profile_time_slots(const profile *source)
+{
+    int slots = 0;
+    for (int s = 0; s < source->shape_count; s++)
+        slots += 6 * source->shapes[s].point_count;
+    return slots;
+}
+
+int roofline_observations(const roofline_params *params,
+                          const profile *source,
+                          roofline_observation **out, int *count,
+                          int *left_out, pt_error *err)
+{
+    *out = NULL;
+    *count = 0;
+    *left_out = 0;
+    roofline_device device;
+    if (roofline_device_of(source, &device, err) != 0)
+        return -1;
+    int slots = profile_time_slots(source);
+    fit_point *points = calloc(slots > 0 ? (size_t)slots : 1, sizeof *points);
+    roofline_observation *observations =
+        calloc(slots > 0 ? (size_t)slots : 1, sizeof *observations);
+    if (points == NULL || observations == NULL) {
+        free(points);
+        free(observations);
+        return pt_fail(err, "roofline: out of memory");
+    }
+    int used = source_points(source, &device, points, left_out);
+    for (int i = 0; i < used; i++) {
+        observations[i] = points[i].observation;
+        observations[i].predicted_s = list_seconds(params, &device,
+                                                   &points[i].kernels);
+    }
+    free(points);
+    *out = observations;
+    *count = used;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- fit */
+
+/* The fit works on unbounded coordinates: logit of the efficiencies (the
+ * attention's over (0, 2)), log of the sizes and times. */
+#define PARAM_COUNT 6
+/* Weight of the pull towards the priors, per parameter, against the sum
+ * of squared log errors (one point off by 10% adds 0.009). */
+#define PRIOR_WEIGHT 0.01
+
+static double logit(double x) { return log(x / (1.0 - x)); }
+static double logistic(double u) { return 1.0 / (1.0 + exp(-u)); }
+
+static roofline_params params_from_vector(const double *u)
+{
+    return (roofline_params){
+        .present = true,
+        .gemm_efficiency = logistic(u[0]),
+        .gemm_half_work_flop = 1e9 * exp(u[1]),
+        .attention_efficiency = 2.0 * logistic(u[2]),
+        .bandwidth_efficiency = logistic(u[3]),
+        .kernel_overhead_s = 1e-6 * exp(u[4]),
+        .bandwidth_saturation_sm_fraction = logistic(u[5])};
+}
+
+static void vector_from_params(const roofline_params *p, double *u)
+{
+    u[0] = logit(p->gemm_efficiency);
+    u[1] = log(p->gemm_half_work_flop / 1e9);
+    u[2] = logit(p->attention_efficiency / 2.0);
+    u[3] = logit(p->bandwidth_efficiency);
+    u[4] = log(p->kernel_overhead_s / 1e-6);
+    u[5] = logit(p->bandwidth_saturation_sm_fraction);
+}
+
+/* Priors (docs/profiles.md, "The fit"): cuBLAS reaches about 70% of peak
+ * on large GEMMs; a GEMM of 0.01 GFLOP per SM reaches half of that; flash
+ * attention 0.8 of peak on the full-square count (it skips the masked
+ * half); elementwise kernels 80% of bandwidth; 5 us per kernel; half of
+ * the SMs saturate memory bandwidth. */
+static roofline_params prior_params(void)
+{
+    return (roofline_params){.present = true,
+                             .gemm_efficiency = 0.7,
+                             .gemm_half_work_flop = 1e7,
+                             .attention_efficiency = 0.8,
+                             .bandwidth_efficiency = 0.8,
+                             .kernel_overhead_s = 5e-6,
+                             .bandwidth_saturation_sm_fraction = 0.5};
+}
+
+typedef struct fit_problem {
+    const fit_point *points;
+    int point_count;
+    double prior[PARAM_COUNT];
+} fit_problem;
+
+static int residual_count(const fit_problem *problem)
+{
+    return problem->point_count + PARAM_COUNT;
+}
+
+/* ln(predicted / measured) for every point, then the prior terms. */
+static void residuals(const fit_problem *problem, const double *u, double *r)
+{
+    roofline_params p = params_from_vector(u);
+    for (int i = 0; i < problem->point_count; i++) {
+        const fit_point *fp = &problem->points[i];
+        double predicted = list_seconds(&p, fp->device, &fp->kernels);
+        r[i] = log(predicted / fp->observation.measured_s);
+    }
+    double weight = sqrt(PRIOR_WEIGHT);
+    for (int j = 0; j < PARAM_COUNT; j++)
+        r[problem->point_count + j] = weight * (u[j] - problem->prior[j]);
+}
+
+static double sum_of_squares(const double *r, int n)
+{
+    double sum = 0.0;
+    for (int i = 0; i < n; i++)
+        sum += r[i] * r[i];
+    return sum;
+}
+
+/* Solves a x = b for a small symmetric positive definite a (Cholesky);
+ * false when a is not positive definite. a is overwritten. */
+static bool solve_small(double a[PARAM_COUNT][PARAM_COUNT],
+                        const double *b, double *x)
+{
+    int n = PARAM_COUNT;
+    for (int j = 0; j < n; j++) {
+        double diagonal = a[j][j];
+        for (int k = 0; k < j; k++)
+            diagonal -= a[j][k] * a[j][k];
+        if (!(diagonal > 0.0))
+            return false;
+        a[j][j] = sqrt(diagonal);
+        for (int i = j + 1; i < n; i++) {
+            double value = a[i][j];
+            for (int k = 0; k < j; k++)
+                value -= a[i][k] * a[j][k];
+            a[i][j] = value / a[j][j];
+        }
+    }
+    double y[PARAM_COUNT];
+    for (int i = 0; i < n; i++) {
+        double value = b[i];
+        for (int k = 0; k < i; k++)
+            value -= a[i][k] * y[k];
+        y[i] = value / a[i][i];
+    }
+    for (int i = n - 1; i >= 0; i--) {
+        double value = y[i];
+        for (int k = i + 1; k < n; k++)
+            value -= a[k][i] * x[k];
+        x[i] = value / a[i][i];
+    }
+    return true;
+}
+
+/* Central-difference Jacobian of the residuals, column by column. */
+static void jacobian(const fit_problem *problem, const double *u,
+                     double *jac, double *scratch_plus, double *scratch_minus)
+{
+    int n = residual_count(problem);
+    const double step = 1e-5;
+    double probe[PARAM_COUNT];
+    for (int j = 0; j < PARAM_COUNT; j++) {
+        memcpy(probe, u, sizeof probe);
+        probe[j] = u[j] + step;
+        residuals(problem, probe, scratch_plus);
+        probe[j] = u[j] - step;
+        residuals(problem, probe, scratch_minus);
+        for (int i = 0; i < n; i++)
+            jac[(size_t)i * PARAM_COUNT + j] =
+                (scratch_plus[i] - scratch_minus[i]) / (2.0 * step);
+    }
+}
+
+typedef struct fit_workspace {
+    double *r, *trial_r, *jac, *plus, *minus;
+} fit_workspace;
+
+/* One Levenberg-Marquardt step from u: tries damping until the cost
+ * drops. Returns false when no damping helps (a minimum). */
+static bool lm_step(const fit_problem *problem, fit_workspace *w, double *u,
+                    double *cost, double *damping)
+{
+    int n = residual_count(problem);
+    jacobian(problem, u, w->jac, w->plus, w->minus);
+    double normal[PARAM_COUNT][PARAM_COUNT] = {{0}};
+    double gradient[PARAM_COUNT] = {0};
+    for (int i = 0; i < n; i++) {
+        const double *row = &w->jac[(size_t)i * PARAM_COUNT];
+        for (int a = 0; a < PARAM_COUNT; a++) {
+            gradient[a] -= row[a] * w->r[i];
+            for (int b = 0; b < PARAM_COUNT; b++)
+                normal[a][b] += row[a] * row[b];
+        }
+    }
+    for (int attempt = 0; attempt < 30; attempt++) {
+        double damped[PARAM_COUNT][PARAM_COUNT], delta[PARAM_COUNT];
+        memcpy(damped, normal, sizeof damped);
+        for (int a = 0; a < PARAM_COUNT; a++)
+            damped[a][a] += *damping * (normal[a][a] + 1e-9);
+        double trial[PARAM_COUNT];
+        if (solve_small(damped, gradient, delta)) {
+            for (int a = 0; a < PARAM_COUNT; a++)
+                trial[a] = u[a] + delta[a];
+            residuals(problem, trial, w->trial_r);
+            double trial_cost = sum_of_squares(w->trial_r, n);
+            if (trial_cost < *cost) {
+                bool tiny = *cost - trial_cost < 1e-12 * (1.0 + *cost);
+                memcpy(u, trial, sizeof trial);
+                memcpy(w->r, w->trial_r, (size_t)n * sizeof *w->r);
+                *cost = trial_cost;
+                *damping = *damping * 0.3 > 1e-12 ? *damping * 0.3 : 1e-12;
+                return !tiny;
+            }
+        }
+        *damping *= 10.0;
+    }
+    return false;
+}
+
+/* Minimises from u (updated in place); returns the final cost. */
+static double minimise_from(const fit_problem *problem, fit_workspace *w,
+                            double *u)
+{
+    int n = residual_count(problem);
+    residuals(problem, u, w->r);
+    double cost = sum_of_squares(w->r, n);
+    double damping = 1e-3;
+    for (int iteration = 0; iteration < 200; iteration++)
+        if (!lm_step(problem, w, u, &cost, &damping))
+            break;
+    return cost;
+}
+
+/* The least-squares cost has kinks (the max of compute and memory time)
+ * and flat directions, so the fit starts from the prior and from a few
+ * spread-out points and keeps the best end. */
+static void fit_from_starts(const fit_problem *problem, fit_workspace *w,
+                            double *best)
+{
+    static const double gemm_starts[] = {0.2, 0.5, 0.85};
+    static const double overhead_starts_us[] = {1.0, 5.0, 30.0};
+    double best_cost = HUGE_VAL;
+    for (int start = -1; start < 9; start++) {
+        roofline_params p = prior_params();
+        if (start >= 0) {
+            p.gemm_efficiency = gemm_starts[start / 3];
+            p.kernel_overhead_s = overhead_starts_us[start % 3] * 1e-6;
+        }
+        double u[PARAM_COUNT];
+        vector_from_params(&p, u);
+        double cost = minimise_from(problem, w, u);
+        if (cost < best_cost) {
+            best_cost = cost;
+            memcpy(best, u, sizeof u);
+        }
+    }
+}
+
+static double round_significant(double x, int digits)
+{
+    if (x == 0.0 || !isfinite(x))
+        return x;
+    double scale = pow(10.0, digits - 1 - (int)floor(log10(fabs(x))));
+    return round(x * scale) / scale;
+}
+
+/* What the file will say: 4 significant digits of each parameter. */
+static roofline_params rounded(const roofline_params *p)
+{
+    roofline_params out = *p;
+    out.gemm_efficiency = round_significant(p->gemm_efficiency, 4);
+    out.gemm_half_work_flop = round_significant(p->gemm_half_work_flop, 4);
+    out.attention_efficiency = round_significant(p->attention_efficiency, 4);
+    out.bandwidth_efficiency = round_significant(p->bandwidth_efficiency, 4);
+    out.kernel_overhead_s = round_significant(p->kernel_overhead_s, 4);
+    out.bandwidth_saturation_sm_fraction =
+        round_significant(p->bandwidth_saturation_sm_fraction, 4);
+    return out;
+}
+
+static void error_of(const roofline_params *p, const fit_point *points,
+                     int count, roofline_fit_error *out)
+{
+    double squares = 0.0, worst = 0.0;
+    for (int i = 0; i < count; i++) {
+        double predicted = list_seconds(p, points[i].device,
+                                        &points[i].kernels);
+        double ratio = predicted / points[i].observation.measured_s;
+        squares += log(ratio) * log(ratio);
+        if (fabs(ratio - 1.0) > worst)
+            worst = fabs(ratio - 1.0);
+    }
+    out->points = count;
+    out->rms_log_error = count > 0 ? sqrt(squares / count) : 0.0;
+    out->max_error = worst;
+}
+
+/* Gathers every source's usable points (devices into devices[]). */
+static int gather_points(const profile *sources, int source_count,
+                         roofline_device *devices, fit_point **out,
+                         int *first, roofline_fit_result *result,
+                         pt_error *err)
+{
+    int slots = 0;
+    for (int i = 0; i < source_count; i++) {
+        if (roofline_device_of(&sources[i], &devices[i], err) != 0)
+            return -1;
+        slots += profile_time_slots(&sources[i]);
+    }
+    fit_point *points = calloc(slots > 0 ? (size_t)slots : 1, sizeof *points);
+    if (points == NULL)
+        return pt_fail(err, "roofline: out of memory");
+    int count = 0;
+    for (int i = 0; i < source_count; i++) {
+        roofline_fit_error *e = &result->sources[i];
+        pt_copy_string(e->gpu, sizeof e->gpu, sources[i].gpu);
+        first[i] = count;
+        count += source_points(&sources[i], &devices[i], points + count,
+                               &e->left_out);
+        result->all.left_out += e->left_out;
+    }
+    first[source_count] = count;
+    *out = points;
+    return count;
+}
+
+int roofline_fit(const profile *sources, int source_count,
+                 roofline_fit_result *out, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (source_count <= 0 || source_count > ROOFLINE_MAX_SOURCES)
+        return pt_fail(err, "roofline: fit on 1 to %d profiles, got %d",
+                       ROOFLINE_MAX_SOURCES, source_count);
+    roofline_device devices[ROOFLINE_MAX_SOURCES];
+    int first[ROOFLINE_MAX_SOURCES + 1];
+    fit_point *points = NULL;
+    int count = gather_points(sources, source_count, devices, &points, first,
+                              out, err);
+    if (count < 0)
+        return -1;
+    if (count == 0) {
+        free(points);
+        return pt_fail(err, "roofline: the profiles hold no time to fit (%d "
+                       "left out: times with tensor-parallel communication "
+                       "inside, or backward times filled in by a ratio)",
+                       out->all.left_out);
+    }
+    fit_problem problem = {.points = points, .point_count = count};
+    roofline_params prior = prior_params();
+    vector_from_params(&prior, problem.prior);
+    int n = residual_count(&problem);
+    fit_workspace w = {
+        calloc((size_t)n, sizeof(double)), calloc((size_t)n, sizeof(double)),
+        calloc((size_t)n * PARAM_COUNT, sizeof(double)),
+        calloc((size_t)n, sizeof(double)), calloc((size_t)n, sizeof(double))};
+    int status = 0;
+    if (!w.r || !w.trial_r || !w.jac || !w.plus || !w.minus) {
+        status = pt_fail(err, "roofline: out of memory");
+    } else {
+        double best[PARAM_COUNT];
+        fit_from_starts(&problem, &w, best);
+        roofline_params fitted = params_from_vector(best);
+        out->params = rounded(&fitted);
+        out->source_count = source_count;
+        pt_copy_string(out->all.gpu, sizeof out->all.gpu, "all");
+        error_of(&out->params, points, count, &out->all);
+        for (int i = 0; i < source_count; i++)
+            error_of(&out->params, points + first[i], first[i + 1] - first[i],
+                     &out->sources[i]);
+    }
+    free(w.r);
+    free(w.trial_r);
+    free(w.jac);
+    free(w.plus);
+    free(w.minus);
+    free(points);
+    return status;
+}

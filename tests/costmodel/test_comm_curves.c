@@ -1,0 +1,230 @@
+/* Communication from the profiles' measured curves: the pipeline's
+ * send/recv, the data-parallel gradient all-reduce (and the distributed
+ * optimizer's halves) and the tied-embedding all-reduce use a profile's
+ * "sendrecv" / "allreduce" curve when the GPUs involved sit in one node
+ * of that profile's type, and the cluster's link figures otherwise. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "fixtures.h"
+
+/* GPT-2 XL activation of one micro-batch: 1 x 1024 x 1600 x 2 bytes. */
+#define ACTIVATION_BYTES 3276800.0
+
+static comm_sample *samples_of(const comm_sample *given, int count)
+{
+    comm_sample *copy = malloc((size_t)count * sizeof *copy);
+    memcpy(copy, given, (size_t)count * sizeof *copy);
+    return copy;
+}
+
+/* The fixture with curves on the A100 type (type 0) only: send/recv of 2
+ * GPUs; all-reduce of 2 and 4 GPUs. */
+static void open_with_curves(fixture *f, int a100_nodes, int a10_nodes)
+{
+    memset(f, 0, sizeof *f);
+    f->model = gpt2_xl();
+    make_cluster(&f->cluster, a100_nodes, a10_nodes);
+    make_profiles(f->profiles);
+    static const comm_sample sendrecv[] = {{2, 1e6, 50e-6},
+                                           {2, 1e7, 200e-6}};
+    static const comm_sample allreduce[] = {
+        {2, 1e6, 40e-6}, {2, 1e9, 10e-3}, {4, 1e6, 60e-6}, {4, 1e9, 15e-3}};
+    f->profiles[0].sendrecv = (comm_curve){2, samples_of(sendrecv, 2)};
+    f->profiles[0].allreduce = (comm_curve){4, samples_of(allreduce, 4)};
+    pt_error err = {{0}};
+    if (costmodel_open_with_profiles(&f->cm, &f->model, &f->cluster,
+                                     f->profiles, &err) != 0)
+        fail_msg("%s", err.message);
+}
+
+/* The curves above between or beyond their samples (piecewise linear,
+ * the last slope beyond). */
+static double sendrecv_curve(double bytes)
+{
+    return 50e-6 + (bytes - 1e6) / 9e6 * 150e-6;
+}
+
+static double allreduce_curve(int gpus, double bytes)
+{
+    double small = gpus == 2 ? 40e-6 : 60e-6, large = gpus == 2 ? 10e-3
+                                                                : 15e-3;
+    return small + (bytes - 1e6) / (1e9 - 1e6) * (large - small);
+}
+
+static estimate estimate_of(fixture *f, parallel_config config,
+                            const int *order, int order_count,
+                            const int *partition)
+{
+    estimate e;
+    pt_error err = {{0}};
+    if (costmodel_estimate(&f->cm, &config, order, order_count, partition,
+                           false, &e, &err) != 0)
+        fail_msg("%s", err.message);
+    return e;
+}
+
+static void sends_inside_a_node_use_the_sendrecv_curve(void **state)
+{
+    (void)state;
+    fixture f;
+    open_with_curves(&f, 2, 1);
+    /* pp 12 over a100[0], a100[1], a10[0]: stages 0-3, 4-7, 8-11 */
+    int order[3] = {0, 1, 2}, partition[12];
+    for (int s = 0; s < 12; s++)
+        partition[s] = 4;
+    estimate e = estimate_of(&f, config_of(12, 1, 1, 1, 12), order, 3,
+                             partition);
+    /* inside an A100 node: the curve */
+    assert_true(close_to(e.stages[0].send_s, sendrecv_curve(ACTIVATION_BYTES),
+                         1e-12));
+    assert_true(close_to(e.stages[1].send_bwd_s,
+                         sendrecv_curve(ACTIVATION_BYTES), 1e-12));
+    /* between two A100 nodes: the inter-node link (5 GB/s, 20 us) */
+    assert_true(close_to(e.stages[3].send_s,
+                         p2p_time(ACTIVATION_BYTES, link_of(5.0, 20.0)),
+                         1e-12));
+    /* inside the A10 node, whose profile has no curve: its intra link */
+    assert_true(close_to(e.stages[8].send_s,
+                         p2p_time(ACTIVATION_BYTES, link_of(16.0, 10.0)),
+                         1e-12));
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+static void dp_allreduce_inside_a_node_uses_the_allreduce_curve(void **state)
+{
+    (void)state;
+    fixture f;
+    open_with_curves(&f, 2, 0);
+    int order[2] = {0, 1}, one_stage[1] = {48};
+    parallel_config config = config_of(8, 1, 1, 4, 1);
+    estimate e = estimate_of(&f, config, order, 1, one_stage);
+    double gradient_bytes =
+        stage_parameters_per_gpu(&f.model, &config, 0, 48) * 4.0;
+    assert_true(close_to(e.stages[0].dp_allreduce_s,
+                         allreduce_curve(4, gradient_bytes), 1e-12));
+    estimate_free(&e);
+
+    /* the distributed optimizer: a reduce-scatter and an all-gather, each
+       half of the curve's all-reduce of its buffer */
+    config.distributed_optimizer = true;
+    e = estimate_of(&f, config, order, 1, one_stage);
+    double params = stage_parameters_per_gpu(&f.model, &config, 0, 48);
+    assert_true(close_to(e.stages[0].dp_allreduce_s,
+                         0.5 * allreduce_curve(4, params * 4.0) +
+                             0.5 * allreduce_curve(4, params * 2.0),
+                         1e-12));
+    estimate_free(&e);
+
+    /* tp 4, dp 2 over two nodes: the dp group crosses the network */
+    config = config_of(8, 1, 4, 2, 1);
+    e = estimate_of(&f, config, order, 2, one_stage);
+    gradient_bytes = stage_parameters_per_gpu(&f.model, &config, 0, 48) * 4.0;
+    assert_true(close_to(e.stages[0].dp_allreduce_s,
+                         allreduce_time(gradient_bytes, 2, link_of(5.0, 20.0)),
+                         1e-12));
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+static void a_curve_without_that_gpu_count_falls_back_to_the_link(
+    void **state)
+{
+    (void)state;
+    fixture f;
+    open_with_curves(&f, 1, 0);
+    /* tp 2 takes GPU pairs; dp 2 then pairs GPU 0 with GPU 2 inside the
+       node: 2 members, sampled */
+    int order[1] = {0}, one_stage[1] = {48};
+    parallel_config config = config_of(8, 1, 2, 2, 1);
+    estimate e = estimate_of(&f, config, order, 1, one_stage);
+    double gradient_bytes =
+        stage_parameters_per_gpu(&f.model, &config, 0, 48) * 4.0;
+    assert_true(close_to(e.stages[0].dp_allreduce_s,
+                         allreduce_curve(2, gradient_bytes), 1e-12));
+    estimate_free(&e);
+    fixture_close(&f);
+
+    /* the same with a curve of 4-GPU samples only: the intra-node link */
+    memset(&f, 0, sizeof f);
+    f.model = gpt2_xl();
+    make_cluster(&f.cluster, 1, 0);
+    make_profiles(f.profiles);
+    static const comm_sample four_only[] = {{4, 1e6, 60e-6}};
+    f.profiles[0].allreduce = (comm_curve){1, samples_of(four_only, 1)};
+    pt_error err = {{0}};
+    assert_int_equal(costmodel_open_with_profiles(&f.cm, &f.model, &f.cluster,
+                                                  f.profiles, &err), 0);
+    e = estimate_of(&f, config, order, 1, one_stage);
+    assert_true(close_to(e.stages[0].dp_allreduce_s,
+                         allreduce_time(gradient_bytes, 2,
+                                        link_of(230.0, 5.0)),
+                         1e-12));
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+static void embedding_allreduce_inside_a_node_uses_the_curve(void **state)
+{
+    (void)state;
+    fixture f;
+    open_with_curves(&f, 2, 0);
+    /* tp 2, pp 2 in one node: first and last stage share a100[0] */
+    int order[2] = {0, 1}, two_stages[2] = {24, 24};
+    parallel_config config = config_of(8, 1, 2, 1, 2);
+    estimate e = estimate_of(&f, config, order, 1, two_stages);
+    double bytes = 50257.0 * 1600 / 2 * 4.0;
+    assert_true(close_to(e.stages[0].embedding_allreduce_s,
+                         allreduce_curve(2, bytes), 1e-12));
+    assert_true(close_to(e.stages[1].embedding_allreduce_s,
+                         allreduce_curve(2, bytes), 1e-12));
+    estimate_free(&e);
+
+    /* tp 4, pp 2: the two stages on two nodes, over the network */
+    config = config_of(8, 1, 4, 1, 2);
+    e = estimate_of(&f, config, order, 2, two_stages);
+    bytes = 50257.0 * 1600 / 4 * 4.0;
+    assert_true(close_to(e.stages[0].embedding_allreduce_s,
+                         allreduce_time(bytes, 2, link_of(5.0, 20.0)), 1e-12));
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+/* The stage terms the partition solvers use see the same send times. */
+static void stage_terms_use_the_curves_too(void **state)
+{
+    (void)state;
+    fixture f;
+    open_with_curves(&f, 1, 0);
+    parallel_config config = config_of(8, 1, 1, 1, 4);
+    int order[1] = {0};
+    stage_placement placement[4];
+    pt_error err = {{0}};
+    assert_int_equal(costmodel_place(&f.cm, &config, order, 1, placement,
+                                     &err), 0);
+    assert_int_equal(placement[0].next_curve_type, 0);
+    assert_int_equal(placement[0].dp_curve_type, 0);
+    stage_terms middle;
+    assert_int_equal(costmodel_stage_terms(&f.cm, &config, placement, 1,
+                                           &middle, &err), 0);
+    /* a middle stage: its activation out and its gradient back */
+    assert_true(close_to(middle.fixed_s, 2.0 * sendrecv_curve(ACTIVATION_BYTES),
+                         1e-12));
+    fixture_close(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(sends_inside_a_node_use_the_sendrecv_curve),
+        cmocka_unit_test(dp_allreduce_inside_a_node_uses_the_allreduce_curve),
+        cmocka_unit_test(a_curve_without_that_gpu_count_falls_back_to_the_link),
+        cmocka_unit_test(embedding_allreduce_inside_a_node_uses_the_curve),
+        cmocka_unit_test(stage_terms_use_the_curves_too),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
