@@ -19,6 +19,15 @@ int command_estimate(int argc, char **argv);
 int command_prep(int argc, char **argv);
 int command_exec(int argc, char **argv);
 int command_report(int argc, char **argv);
+/* `partita profile` (cli/cmd_profile.c): measures a profile; hands
+ * --derive to cmd_profile_derive and --compare to profile_compare. */
+int command_profile(int argc, char **argv);
+/* Prints every entry of two profiles with the difference of B against A
+ * in percent; EXIT_OK when all are within tolerance_percent and present
+ * in both, EXIT_FAILURE_RUN when not, EXIT_BAD_INPUT when a file does
+ * not load (cli/profile_compare.c). */
+int profile_compare(const char *path_a, const char *path_b,
+                    double tolerance_percent);
 /* `partita profile --derive GPU --from ...` (cli/cmd_derive.c): the
  * measuring `partita profile` hands its whole argv here when --derive is
  * given; argv[0] names the command in messages. */

@@ -264,6 +264,23 @@ static void today(char *out, size_t size)
     strftime(out, size, "%Y-%m-%d", &utc);
 }
 
+/* The row --derive names; NULL (err lists the rows) when there is none. */
+static const gpu_spec *find_spec(const gpu_spec_table *table,
+                                 const char *specs, const char *gpu,
+                                 pt_error *err)
+{
+    const gpu_spec *spec = gpu_spec_find(table, gpu);
+    if (spec != NULL)
+        return spec;
+    char names[512] = "";
+    for (int i = 0; i < table->count; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+                 i ? ", " : "", table->specs[i].gpu);
+    pt_fail(err, "--derive %s: %s has no such GPU (it has %s)", gpu, specs,
+            names);
+    return NULL;
+}
+
 /* The derived profile as JSON and, read back through the profile reader
  * (so that what is written is what loads), as a profile. */
 static json_t *build_profile(const derive_arguments *a, int argc, char **argv,
@@ -272,16 +289,9 @@ static json_t *build_profile(const derive_arguments *a, int argc, char **argv,
                              const roofline_fit_result *fit, profile *out,
                              pt_error *err)
 {
-    const gpu_spec *spec = gpu_spec_find(table, a->gpu);
-    if (spec == NULL) {
-        char names[512] = "";
-        for (int i = 0; i < table->count; i++)
-            snprintf(names + strlen(names), sizeof names - strlen(names),
-                     "%s%s", i ? ", " : "", table->specs[i].gpu);
-        pt_fail(err, "--derive %s: %s has no such GPU (it has %s)", a->gpu,
-                specs, names);
+    const gpu_spec *spec = find_spec(table, specs, a->gpu, err);
+    if (spec == NULL)
         return NULL;
-    }
     char command[MAX_COMMAND_TEXT], date[32];
     command_text(argc, argv, command, sizeof command);
     if (a->date != NULL)
@@ -448,6 +458,7 @@ static int derive(const derive_arguments *a, int argc, char **argv)
     }
     if (locate_specs(a, specs, sizeof specs, &err) != 0 ||
         gpu_spec_table_load(specs, &table, &err) != 0 ||
+        find_spec(&table, specs, a->gpu, &err) == NULL ||
         load_sources(a, &table, sources, &err) != 0 ||
         roofline_fit(sources->profiles, sources->count, &fit, &err) != 0)
         goto done;

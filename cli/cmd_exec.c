@@ -48,8 +48,9 @@ static void print_exec_help(void)
         "PREFIX.idx, see 'partita prep') and writes run.json: the plan, the\n"
         "device, every iteration's loss, gradient norm and time, the phase\n"
         "events of the median iteration and the measured step time.\n"
-        "Plans with pp, dp or tp > 1 run on the cpu backend only, their\n"
-        "ranks as threads of this process.\n"
+        "Plans with pp, dp or tp > 1 run their ranks as threads of this\n"
+        "process: on the cpu backend over shared memory, on the cuda\n"
+        "backend one GPU per rank over NCCL.\n"
         "\n"
         "  --data PREFIX        the dataset (required)\n"
         "  --backend NAME       cpu (default) or cuda\n"
@@ -68,6 +69,9 @@ static void print_exec_help(void)
         "  --save-interval N    iterations between checkpoints (0: at the\n"
         "                       end only)\n"
         "  --load DIR           resume from the checkpoint in DIR\n"
+        "  --comm-timeout S     parallel runs: seconds a rank waits for a\n"
+        "                       peer before the run fails (3600 on cpu,\n"
+        "                       300 on cuda)\n"
         "  -o, --output FILE    run record (default run.json)\n"
         "\n"
         "SIGINT or SIGTERM ends the run after the current iteration: the\n"
@@ -90,6 +94,7 @@ typedef struct exec_arguments {
     long warmup;              /* -1: 10% of the iterations */
     double lr;
     double min_lr;            /* < 0: lr / 10 */
+    double comm_timeout_s;    /* 0: the run's default */
     unsigned long long seed;
     bool seed_given;
     bool save_interval_given;
@@ -149,8 +154,25 @@ static int parse_seed(const char *text, exec_arguments *args)
 enum {
     OPT_DATA = 256, OPT_BACKEND, OPT_ITERS, OPT_LOG_INTERVAL, OPT_SEED,
     OPT_LR, OPT_WARMUP, OPT_MIN_LR, OPT_SAVE, OPT_LOAD, OPT_SAVE_INTERVAL,
-    OPT_HELP
+    OPT_COMM_TIMEOUT, OPT_HELP
 };
+
+/* Seconds, positive and finite; prints its own message. */
+static int parse_seconds(const char *option, const char *text, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double value = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || !isfinite(value) ||
+        !(value > 0.0)) {
+        fprintf(stderr, "partita exec: --%s: expected a positive number of "
+                        "seconds, got '%s'\n",
+                option, text);
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
 
 /* One option's value into args; -1 on a bad value (already printed). */
 static int apply_option(int option, const char *value, exec_arguments *args)
@@ -175,6 +197,8 @@ static int apply_option(int option, const char *value, exec_arguments *args)
     case OPT_SEED: return parse_seed(value, args);
     case OPT_LR: return parse_rate("lr", value, &args->lr);
     case OPT_MIN_LR: return parse_rate("min-lr", value, &args->min_lr);
+    case OPT_COMM_TIMEOUT:
+        return parse_seconds("comm-timeout", value, &args->comm_timeout_s);
     default: return -1;
     }
 }
@@ -221,6 +245,7 @@ static int parse_exec_arguments(int argc, char **argv, exec_arguments *args)
         {"save", required_argument, NULL, OPT_SAVE},
         {"load", required_argument, NULL, OPT_LOAD},
         {"save-interval", required_argument, NULL, OPT_SAVE_INTERVAL},
+        {"comm-timeout", required_argument, NULL, OPT_COMM_TIMEOUT},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
@@ -375,6 +400,7 @@ static int build_run_options(const exec_arguments *args, run_options *out)
     out->save_dir = args->save_dir;
     out->save_interval = args->save_interval;
     out->load_dir = args->load_dir;
+    out->comm_timeout_s = args->comm_timeout_s;
     out->stop = &stop_requested;
     return 0;
 }

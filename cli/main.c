@@ -22,6 +22,8 @@ static const subcommand subcommands[] = {
      "turn text or JSON lines into a Megatron .bin/.idx dataset"},
     {"exec", command_exec, "train under a plan, write run.json"},
     {"report", command_report, "estimated vs measured: tables, charts, trace"},
+    {"profile", command_profile,
+     "measure this GPU's per-layer and communication costs (or --derive)"},
 };
 
 static void print_usage(FILE *out)
@@ -38,9 +40,9 @@ static void print_usage(FILE *out)
                 subcommands[i].summary);
     fprintf(out,
             "\n"
-            "Not built yet: profile. exec runs one-stage plans (cpu or\n"
-            "cuda) and, on the cpu backend, pipeline and data-parallel\n"
-            "plans (see docs/executor.md).\n"
+            "exec runs one-stage plans (cpu or cuda) and, on the cpu\n"
+            "backend, pipeline and data-parallel plans (see\n"
+            "docs/executor.md).\n"
             "'partita <command> --help' describes a command.\n");
 }
 

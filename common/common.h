@@ -273,6 +273,9 @@ typedef struct profile {
                                      point gives no backward */
     microbatch_scaling mbs_scaling;
     bool layer_times_include_tp_comm;
+    bool flash_attention;         /* the layers measured keep no attention
+                                     scores (fused attention): memory
+                                     drops Korthikanti's 5 a s / h term */
     double workspace_gib;         /* CUDA context, cuBLAS, NCCL buffers */
     double optimizer_s_per_param; /* AdamW step time per parameter */
     /* efficiency model: prices shapes the profile does not hold */

@@ -25,7 +25,7 @@ static const char *const profile_keys[] = {
     "communication", NULL};
 static const char *const assumption_keys[] = {
     "backward_over_forward", "microbatch_scaling",
-    "layer_times_include_tp_comm", NULL};
+    "layer_times_include_tp_comm", "flash_attention", NULL};
 static const char *const efficiency_keys[] = {
     "peak_tflops", "flops_efficiency", "memory_bandwidth_GBps", "sms",
     "sm_limit", "roofline", NULL};
@@ -37,10 +37,15 @@ static const char *const shape_keys[] = {"hidden", "heads", "ffn_hidden",
                                          "seq", "vocab", "costs", NULL};
 static const char *const point_keys[] = {"tp", "mbs", "embedding", "layer",
                                          "head", NULL};
-static const char *const part_keys[] = {"forward_s", "backward_s", NULL};
+/* The spreads are written by `partita profile` (interquartile range over
+ * the median of the timed runs): checked, kept for people, not priced. */
+static const char *const part_keys[] = {"forward_s", "backward_s",
+                                        "forward_spread", "backward_spread",
+                                        NULL};
 static const char *const communication_keys[] = {"allreduce", "sendrecv",
                                                  NULL};
-static const char *const sample_keys[] = {"gpus", "bytes", "time_s", NULL};
+static const char *const sample_keys[] = {"gpus", "bytes", "time_s",
+                                          "spread", NULL};
 
 static const char *const source_names[] = {"measured", "published",
                                            "derived", NULL};
@@ -85,7 +90,9 @@ static int assumptions_from_json(const json_t *root, const json_place *place,
         json_get_choice(obj, &where, "microbatch_scaling", true,
                         scaling_names, &scaling, err) != 0 ||
         json_get_bool(obj, &where, "layer_times_include_tp_comm", true,
-                      &out->layer_times_include_tp_comm, err) != 0)
+                      &out->layer_times_include_tp_comm, err) != 0 ||
+        json_get_bool(obj, &where, "flash_attention", false,
+                      &out->flash_attention, err) != 0)
         return -1;
     out->mbs_scaling =
         scaling == 1 ? MBS_SCALING_LINEAR : MBS_SCALING_MEASURED;
@@ -175,9 +182,14 @@ static int part_from_json(const json_t *point, const json_place *place,
         return json_place_fail(&where, err, "missing (required)");
     bool backward_required = !(backward_over_forward > 0.0);
     out->backward_s = 0.0;
+    double spread = 0.0;
     if (json_check_keys(obj, &where, part_keys, err) != 0 ||
         json_get_positive_number(obj, &where, "forward_s", true,
-                                 &out->forward_s, err) != 0)
+                                 &out->forward_s, err) != 0 ||
+        json_get_number(obj, &where, "forward_spread", false, 0.0, 1000.0,
+                        &spread, err) != 0 ||
+        json_get_number(obj, &where, "backward_spread", false, 0.0, 1000.0,
+                        &spread, err) != 0)
         return -1;
     if (backward_required && json_object_get(obj, "backward_s") == NULL) {
         json_place backward_place = json_place_key(&where, "backward_s");
@@ -406,13 +418,16 @@ static int curve_from_json(const json_t *communication,
         json_place sample_place = json_place_index(&where, i);
         const json_t *obj = json_array_get(samples, i);
         comm_sample *sample = &out->samples[i];
+        double spread = 0.0;
         if (json_check_keys(obj, &sample_place, sample_keys, err) != 0 ||
             get_int(obj, &sample_place, "gpus", true, 2, 1 << 20,
                     &sample->gpus, err) != 0 ||
             json_get_positive_number(obj, &sample_place, "bytes", true,
                                      &sample->bytes, err) != 0 ||
             json_get_positive_number(obj, &sample_place, "time_s", true,
-                                     &sample->time_s, err) != 0)
+                                     &sample->time_s, err) != 0 ||
+            json_get_number(obj, &sample_place, "spread", false, 0.0, 1000.0,
+                            &spread, err) != 0)
             return -1;
         if (sample->time_s > PROFILE_MAX_PART_SECONDS)
             return json_place_fail(&sample_place, err,

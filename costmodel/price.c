@@ -207,9 +207,7 @@ static int check_efficiency_model(const costmodel *cm, int type_index,
     const model_shape *m = &cm->model;
     if (prof->roofline.present) {
         roofline_device device;
-        if (roofline_device_of(prof, &device, err) != 0)
-            return -1;
-        return 0;
+        return roofline_device_of(prof, &device, err);
     }
     if (prof->peak_tflops <= 0.0 || model_efficiency(prof) <= 0.0)
         return pt_fail(err,

@@ -23,7 +23,7 @@ typedef struct kernel {
 } kernel;
 
 /* The most kernels any part runs in one direction (a layer's backward
- * runs 15). */
+ * runs 14). */
 #define MAX_PART_KERNELS 24
 
 typedef struct kernel_list {

@@ -41,15 +41,18 @@ double stage_parameters_per_gpu(const model_shape *model,
 
 /* Activations one layer keeps for its backward, one micro-batch, per GPU
  * (Korthikanti et al. 2022, no sequence parallelism, 2-byte elements;
- * scaled for fp32). */
+ * scaled for fp32). A fused (flash) attention keeps no a x s x s scores
+ * and softmax, so its 5 a s / h term goes (Partita's executor, Megatron
+ * with --use-flash-attn). */
 static double layer_activation_bytes(const model_shape *model,
-                                     const parallel_config *config)
+                                     const parallel_config *config,
+                                     bool flash_attention)
 {
     double s = model->seq, b = config->mbs, h = model->hidden,
            a = model->heads, t = config->tp;
     double element_scale = precision_bytes(config->precision) / 2.0;
-    return s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) *
-           element_scale;
+    double scores = flash_attention ? 0.0 : 5.0 * a * s / (h * t);
+    return s * b * h * (10.0 + 24.0 / t + scores) * element_scale;
 }
 
 int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
@@ -136,6 +139,7 @@ void costmodel_terms_from_costs(const costmodel *cm,
     out->per_layer_s = slow->layer_forward_s + slow->layer_backward_s;
 
     double per_parameter = bytes_per_parameter(config);
+    bool flash = cm->profiles[placement[stage].small_type].flash_attention;
     double workspace = cm->profiles[placement[stage].small_type].workspace_gib *
                        PT_GIB;
     out->fixed_bytes = stage_parameters_per_gpu(model, config, stage, 0) *
@@ -151,9 +155,10 @@ void costmodel_terms_from_costs(const costmodel *cm,
         /* each layer keeps its input; the layer being recomputed holds its
            full activations as a working set */
         out->per_layer_bytes += in_flight * tokens * model->hidden * element;
-        out->fixed_bytes += layer_activation_bytes(model, config);
+        out->fixed_bytes += layer_activation_bytes(model, config, flash);
     } else {
-        out->per_layer_bytes += in_flight * layer_activation_bytes(model, config);
+        out->per_layer_bytes +=
+            in_flight * layer_activation_bytes(model, config, flash);
     }
     out->cap_bytes = small->memory_cap_bytes + workspace;
     out->max_layers = layers_that_fit(out, model->layers);

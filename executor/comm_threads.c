@@ -127,6 +127,18 @@ void comm_abort(const comm *c, const char *reason)
     c->ops->abort(c, reason);
 }
 
+int comm_failed_rank(const comm *c, char *reason, size_t reason_size)
+{
+    return c->ops->failed_rank(c, reason, reason_size);
+}
+
+void comm_groups_free(comm_groups *groups)
+{
+    free(groups->offsets);
+    free(groups->members);
+    memset(groups, 0, sizeof *groups);
+}
+
 /* -------------------------------------------------------------- threads */
 
 /* One message waiting in a mailbox. */
@@ -423,6 +435,12 @@ static void threads_abort(const comm *c, const char *reason)
     pthread_mutex_unlock(&world->lock);
 }
 
+static int threads_failed_rank(const comm *c, char *reason,
+                               size_t reason_size)
+{
+    return comm_threads_failed_rank(world_of(c), reason, reason_size);
+}
+
 static const comm_ops threads_ops = {
     .name = "threads",
     .send = threads_post,
@@ -431,6 +449,7 @@ static const comm_ops threads_ops = {
     .all_reduce_host = threads_all_reduce_host,
     .barrier = threads_barrier,
     .abort = threads_abort,
+    .failed_rank = threads_failed_rank,
 };
 
 int comm_threads_create(int size, double timeout_s, comm_threads **out,

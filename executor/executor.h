@@ -521,9 +521,12 @@ void cpu_adamw_update(float *params, const float *grads, float *m, float *v,
 
 /*
  * `partita exec` for plans of one stage on one device (tp = dp = pp = 1),
- * and, on the cpu backend, for plans with tp = 1 and pp or dp > 1, whose
- * ranks run as threads through the parallel runtime (pipeline_threads)
- * on the same data, seed and record:
+ * and for parallel plans (pp, dp or tp > 1), whose ranks run as threads
+ * through the parallel runtime: on the cpu backend over the threads comm
+ * (pipeline_threads), on the cuda backend one GPU per rank over NCCL
+ * (pipeline_gpu, executor/comm_nccl.h), after the plan was checked
+ * against this machine's GPUs (device_check_plan); on the same data, seed
+ * and record:
  * samples from a dataset (gpt_sampler), gbs / mbs accumulated
  * micro-batches per iteration, AdamW with clipping and the schedule,
  * per-phase timing, checkpoints that resume bit for bit, and a record of
@@ -559,6 +562,10 @@ typedef struct run_options {
     const char *load_dir;        /* NULL: start from initialisation */
     double memory_available_bytes; /* cpu backend: 0 means the machine's
                                       physical memory */
+    double comm_timeout_s;       /* parallel runs: how long a rank waits
+                                    for a peer before the run fails; 0:
+                                    the default (3600 s on cpu, 300 s on
+                                    cuda) */
     volatile sig_atomic_t *stop; /* non-zero (say, set by a signal handler):
                                     finish the current iteration, save if
                                     save_dir is set, and return normally.
@@ -657,9 +664,8 @@ typedef struct run_result {
 
 /* Fails for plans exec cannot run on any backend: tp x dp x pp different
  * from the GPUs of the plan's node order, gbs not a multiple of dp x mbs.
- * Plans with pp, dp or tp > 1 run on the cpu backend only (run_training
- * refuses them on cuda: "parallel plans run on the cpu backend only for
- * now"). */
+ * On the cuda backend run_training also checks a parallel plan against
+ * this machine's GPUs (device_check_plan) before allocating anything. */
 int run_check_plan(const plan *p, pt_error *err);
 
 /* Host bytes a cpu-backend stage of the whole model needs at micro-batch
@@ -756,8 +762,12 @@ int device_check_plan(const plan *p, const local_device *devices,
  * (a table of functions and the implementation's shared state) so the
  * pipeline and data-parallel runtime below is written once: the threads
  * implementation (comm_threads_*, N ranks as N threads of one process,
- * host memory) is the CPU reference; NCCL comes later. Buffers are in the
- * backend's memory of the rank (host memory for threads).
+ * host memory) is the CPU reference; the NCCL one (executor/comm_nccl.h,
+ * one GPU per rank) runs the cuda backend. Buffers are in the backend's
+ * memory of the rank (host memory for threads, device memory for NCCL);
+ * whatever wrote them must have finished when the call is made (the cuda
+ * backend synchronises its stream), and a call returns with its result in
+ * place.
  *
  * Every blocking wait ends: when a rank calls comm_abort (the runtime
  * does on any error), every other rank's pending and later operations
@@ -800,6 +810,9 @@ typedef struct comm_ops {
     /* Records that this rank failed (the first failure wins) and wakes
      * every waiting rank. */
     void (*abort)(const comm *c, const char *reason);
+    /* The rank that failed first (called abort, timed out, or hit an
+     * error of the transport) and its reason, or -1 when none has. */
+    int (*failed_rank)(const comm *c, char *reason, size_t reason_size);
 } comm_ops;
 
 /* One rank's handle: plain value, valid while its world lives. */
@@ -824,6 +837,19 @@ int comm_all_reduce_host(const comm *c, const int *group, int group_size,
                          double *data, size_t count, pt_error *err);
 int comm_barrier(const comm *c, pt_error *err);
 void comm_abort(const comm *c, const char *reason);
+/* The rank of c's world that failed first, or -1; reason may be NULL. */
+int comm_failed_rank(const comm *c, char *reason, size_t reason_size);
+
+/* Groups of ranks that run collectives together, as flat lists: group g
+ * is members[offsets[g] .. offsets[g + 1]). A comm that must set up each
+ * group in advance (NCCL) is given these. */
+typedef struct comm_groups {
+    int count;
+    int *offsets;        /* count + 1, owned */
+    int *members;        /* offsets[count], owned */
+} comm_groups;
+
+void comm_groups_free(comm_groups *groups);
 
 /* How long a rank waits for a peer unless told otherwise. */
 #define COMM_DEFAULT_TIMEOUT_S 60.0
@@ -928,22 +954,70 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
                        bool inject_failure, step_result *out,
                        pipeline_events *events, pt_error *err);
 
+/* The groups the ranks of a layout run collectives over, besides the
+ * world: each stage's dp groups (one per tp shard; dp > 1), each
+ * replica's tp groups (tp > 1), and each first/last-stage embedding pair
+ * (tied embeddings, pp > 1), as pipeline_rank_step and
+ * pipeline_stage_attach form them; a group equal to an earlier one or to
+ * the world is left out. Free with comm_groups_free. */
+int pipeline_layout_groups(const pipeline_layout *layout, comm_groups *out,
+                           pt_error *err);
+
+/* What a launcher's rank thread does around its stage, for backends whose
+ * state is per thread (the cuda backend: the rank's GPU, green context and
+ * memory cap; the NCCL comm's streams). Each hook runs on the rank's own
+ * thread; NULL hooks do nothing. */
+typedef struct pipeline_rank_hooks {
+    /* Before the rank's stage is made. */
+    int (*open)(void *data, int rank, pt_error *err);
+    /* After its stage is destroyed; also after a failed open. */
+    void (*close)(void *data, int rank);
+    void *data;
+} pipeline_rank_hooks;
+
+/* How pipeline_threads_start runs the ranks. */
+typedef struct pipeline_launch {
+    backend_kind backend;
+    uint64_t seed;                   /* initialisation */
+    double timeout_s;                /* the threads comm's (comms NULL) */
+    /* NULL: the launcher makes and owns a threads comm world. Else
+     * comms[rank] is each rank's handle of a world the caller made and
+     * keeps until pipeline_threads_destroy has returned (NCCL). */
+    const comm *comms;
+    pipeline_rank_hooks hooks;
+} pipeline_launch;
+
+struct pipeline_workers;
+
 /*
- * Every rank of a layout in one process: one model_stage per rank
- * (indexed by rank, created on the calling thread; cpu backend), a
- * threads comm world, and a thread per rank for each step.
+ * Every rank of a layout in one process, each on a thread of its own that
+ * lives as long as the launcher: the thread runs the open hook, makes and
+ * initialises its rank's stage (so a cuda stage lands on the rank's
+ * device), attaches it to its comm, then runs the steps (and tasks) it is
+ * given, and at the end destroys the stage and runs the close hook.
  */
 typedef struct pipeline_threads {
     pipeline_layout layout;
-    model_stage *stages;             /* rank_count, owned */
-    comm_threads *world;             /* owned */
+    model_stage *stages;             /* rank_count, each owned by its
+                                        rank's thread */
+    comm_threads *world;             /* owned; NULL with the caller's
+                                        comms */
     pipeline_events *events;         /* rank_count: the last step's */
     pt_error *rank_errors;           /* rank_count: the last step's */
     int *rank_status;                /* rank_count: 0 or -1 */
     comm *comms;                     /* rank_count: each rank's handle */
     int inject_failure_rank;         /* -1: none (tests set it) */
+    struct pipeline_workers *workers; /* owned: the rank threads */
 } pipeline_threads;
 
+/* Starts the rank threads and waits until every rank has its stage.
+ * Fails, with nothing left running, when any rank's hook or stage fails
+ * (the message of the lowest such rank, prefixed "rank R"). */
+int pipeline_threads_start(pipeline_threads *out,
+                           const pipeline_layout *layout,
+                           const pipeline_launch *launch, pt_error *err);
+/* pipeline_threads_start with a threads comm of that timeout and no
+ * hooks: the CPU reference. */
 int pipeline_threads_create(pipeline_threads *out,
                             const pipeline_layout *layout,
                             backend_kind backend, uint64_t seed,
@@ -954,6 +1028,16 @@ int pipeline_threads_create(pipeline_threads *out,
 int pipeline_threads_step(pipeline_threads *p, const train_config *config,
                           const uint32_t *tokens, step_result *out,
                           pt_error *err);
+/* Runs task(data, rank, stage) on that rank's own thread and waits for
+ * it: what must run where the rank's device is current (checkpoint
+ * copies, device queries). Returns the task's status. */
+typedef int (*pipeline_rank_task)(void *data, int rank, model_stage *stage,
+                                  pt_error *err);
+int pipeline_threads_on_rank(pipeline_threads *p, int rank,
+                             pipeline_rank_task task, void *data,
+                             pt_error *err);
+/* Ends the rank threads (each destroys its stage) and frees the rest.
+ * Safe on a launcher that failed to start or was zeroed. */
 void pipeline_threads_destroy(pipeline_threads *p);
 
 /* ------------------------------------------------------------- profiler */
@@ -1036,8 +1120,8 @@ typedef struct profiler_options {
 } profiler_options;
 
 /* The full measurement: tp 1, 2, 4, 8, micro-batches 1, 2, 4, 8, 16,
- * 5 warm-up and up to 20 timed runs per point (at least 7, about 1.5 s
- * of timed runs per point), 2 s of device warm-up. */
+ * 5 warm-up and up to 50 timed runs per point (at least 7; as many as
+ * fit in about 1.5 s), 2 s of device warm-up. */
 profiler_options profiler_options_defaults(backend_kind backend);
 /* Fewer runs, no device warm-up: for tests and a first look. */
 void profiler_options_quick(profiler_options *options);

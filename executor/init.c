@@ -7,6 +7,8 @@
 #include "executor/executor.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,6 +150,62 @@ static void init_tensor(const param_tensor *tensor, int total_layers,
     draw_shard(tensor, std, &rng, values);
 }
 
+/* The tensors a worker fills: every tensor_count-th from `first`. Each
+ * tensor has its own stream, so the split changes no value. */
+typedef struct init_worker {
+    const model_stage *stage;
+    uint64_t seed;
+    float *host;
+    int first;
+    int stride;
+} init_worker;
+
+static void *init_worker_main(void *argument)
+{
+    const init_worker *w = argument;
+    for (int i = w->first; i < w->stage->tensor_count; i += w->stride) {
+        const param_tensor *tensor = &w->stage->tensors[i];
+        init_tensor(tensor, w->stage->shape.layers, w->seed,
+                    w->host + tensor->offset);
+    }
+    return NULL;
+}
+
+/* Drawing normals one by one takes about 50 ns each: a 1.5B model would
+ * wait over a minute on one core, so big stages use up to INIT_THREADS
+ * (a thread that cannot start leaves its share to this one). */
+#define INIT_THREADS 16
+#define INIT_FLOATS_PER_THREAD (16u << 20)
+
+static void init_tensors_in_parallel(const model_stage *stage, uint64_t seed,
+                                     float *host)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t wanted = stage->param_count / INIT_FLOATS_PER_THREAD + 1;
+    int threads = (int)(wanted < (size_t)INIT_THREADS ? wanted
+                                                     : (size_t)INIT_THREADS);
+    if (cores > 0 && threads > cores)
+        threads = (int)cores;
+    if (threads < 1)
+        threads = 1;
+    init_worker workers[INIT_THREADS];
+    pthread_t ids[INIT_THREADS];
+    bool started[INIT_THREADS] = {false};
+    for (int t = 0; t < threads; t++) {
+        workers[t] = (init_worker){stage, seed, host, t, threads};
+        if (t > 0)
+            started[t] = pthread_create(&ids[t], NULL, init_worker_main,
+                                        &workers[t]) == 0;
+    }
+    init_worker_main(&workers[0]);
+    for (int t = 1; t < threads; t++) {
+        if (started[t])
+            pthread_join(ids[t], NULL);
+        else
+            init_worker_main(&workers[t]);
+    }
+}
+
 int model_stage_init_parameters(model_stage *stage, uint64_t seed,
                                  pt_error *err)
 {
@@ -162,11 +220,7 @@ int model_stage_init_parameters(model_stage *stage, uint64_t seed,
         model_stage_write(stage, STAGE_ADAM_V, host, err) != 0) {
         status = -1;
     } else {
-        for (int i = 0; i < stage->tensor_count; i++) {
-            const param_tensor *tensor = &stage->tensors[i];
-            init_tensor(tensor, stage->shape.layers, seed,
-                        host + tensor->offset);
-        }
+        init_tensors_in_parallel(stage, seed, host);
         status = model_stage_write(stage, STAGE_PARAMS, host, err);
     }
     stage->optimizer_steps = 0;

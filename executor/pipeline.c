@@ -2,9 +2,11 @@
  * The pipeline, data- and tensor-parallel runtime over model stages: one
  * rank's training step (schedule, activations and gradients over the
  * comm, gradient all-reduces, global norm, AdamW; the tensor-parallel
- * sums happen inside the backend's forward and backward) and a launcher
- * that runs every rank of a layout as a thread of this process over the
- * threads comm. docs/executor.md ("Parallel runtime") describes it.
+ * sums happen inside the backend's forward and backward), the groups a
+ * layout's collectives run over, and a launcher that runs every rank of a
+ * layout on a thread of its own in this process, over the threads comm or
+ * a comm the caller made (NCCL). docs/executor.md ("Parallel runtime")
+ * describes it.
  */
 #include "executor/executor.h"
 
@@ -513,29 +515,336 @@ done:
     return status;
 }
 
-/* ------------------------------------------------------ threads launcher */
+/* ---------------------------------------------------------------- groups */
 
-/* What the thread of one rank gets and returns. */
-typedef struct rank_thread {
-    pipeline_threads *p;
-    int rank;
+/* Appends one group to out (room was made by the caller). */
+static void add_group(comm_groups *out, const int *members, int size)
+{
+    int first = out->offsets[out->count];
+    memcpy(out->members + first, members, (size_t)size * sizeof *members);
+    out->offsets[++out->count] = first + size;
+}
+
+static bool is_world(const int *members, int size, int world_size)
+{
+    if (size != world_size)
+        return false;
+    for (int i = 0; i < size; i++) /* members are in increasing order */
+        if (members[i] != i)
+            return false;
+    return true;
+}
+
+/* The groups are built in increasing rank order, so equal sets are equal
+ * lists. */
+static bool already_listed(const comm_groups *out, const int *members,
+                           int size)
+{
+    for (int g = 0; g < out->count; g++)
+        if (out->offsets[g + 1] - out->offsets[g] == size &&
+            memcmp(out->members + out->offsets[g], members,
+                   (size_t)size * sizeof *members) == 0)
+            return true;
+    return false;
+}
+
+static void add_new_group(comm_groups *out, const int *members, int size,
+                          int world_size)
+{
+    if (size > 1 && !is_world(members, size, world_size) &&
+        !already_listed(out, members, size))
+        add_group(out, members, size);
+}
+
+int pipeline_layout_groups(const pipeline_layout *layout, comm_groups *out,
+                           pt_error *err)
+{
+    const parallel_config *c = &layout->config;
+    int pp = layout->stage_count, dp = c->dp, tp = c->tp;
+    int ranks = layout->rank_count;
+    bool embedding = pp > 1 && layout->shape.tied_embeddings;
+    /* at most: pp x tp dp groups, pp x dp tp groups, dp x tp pairs */
+    int most_groups = pp * tp + pp * dp + dp * tp;
+    memset(out, 0, sizeof *out);
+    out->offsets = calloc((size_t)most_groups + 1, sizeof *out->offsets);
+    out->members = calloc((size_t)ranks * 3 + 2, sizeof *out->members);
+    int *members = calloc((size_t)(dp > tp ? dp : tp) + 2, sizeof *members);
+    if (out->offsets == NULL || out->members == NULL || members == NULL) {
+        free(members);
+        comm_groups_free(out);
+        return pt_fail(err, "pipeline runtime: out of memory for the "
+                            "groups of %d ranks",
+                       ranks);
+    }
+    for (int s = 0; s < pp; s++)
+        for (int t = 0; t < tp; t++) {
+            for (int d = 0; d < dp; d++)
+                members[d] = pipeline_rank_of(layout, s, d, t);
+            add_new_group(out, members, dp, ranks);
+        }
+    for (int s = 0; s < pp; s++)
+        for (int d = 0; d < dp; d++) {
+            for (int t = 0; t < tp; t++)
+                members[t] = pipeline_rank_of(layout, s, d, t);
+            add_new_group(out, members, tp, ranks);
+        }
+    for (int d = 0; embedding && d < dp; d++)
+        for (int t = 0; t < tp; t++) {
+            members[0] = pipeline_rank_of(layout, 0, d, t);
+            members[1] = pipeline_rank_of(layout, pp - 1, d, t);
+            add_new_group(out, members, 2, ranks);
+        }
+    free(members);
+    return 0;
+}
+
+/* -------------------------------------------------------------- launcher */
+
+typedef enum worker_command {
+    COMMAND_STEP,
+    COMMAND_TASK,
+    COMMAND_EXIT
+} worker_command;
+
+/* What the rank threads are told to do; each copies it under the lock
+ * when it sees a new generation, so the next order cannot change it under
+ * a slow reader. */
+typedef struct worker_order {
+    worker_command command;
+    /* COMMAND_STEP */
     const train_config *config;
     const uint32_t *tokens;
     double step_start_s;
-    step_result result;
-} rank_thread;
+    int inject_failure_rank;
+    /* COMMAND_TASK: one rank runs it */
+    int task_rank;
+    pipeline_rank_task task;
+    void *task_data;
+    pt_error *task_err;
+} worker_order;
 
-static void *rank_thread_main(void *argument)
+/* One rank's thread. */
+typedef struct rank_worker {
+    struct pipeline_workers *all;
+    int rank;
+    pthread_t thread;
+    bool started;
+    step_result result;          /* of the last step */
+} rank_worker;
+
+/* The rank threads and the order they are given. The main thread posts
+ * an order (bumping generation) and waits until `pending` ranks have
+ * carried it out; everything here is read and written under lock. */
+struct pipeline_workers {
+    pipeline_threads *owner;
+    pipeline_launch launch;
+    pthread_mutex_t lock;
+    pthread_cond_t posted;       /* a new order */
+    pthread_cond_t done;         /* pending went down */
+    long generation;
+    worker_order order;
+    int pending;
+    int task_status;             /* of the last COMMAND_TASK */
+    rank_worker *ranks;          /* rank_count */
+};
+
+/* A rank's part of pipeline_threads_start, on its own thread: the open
+ * hook, its stage, its events, its comm. */
+static int set_up_rank(rank_worker *w, pt_error *err)
 {
-    rank_thread *t = argument;
-    pipeline_threads *p = t->p;
-    p->rank_errors[t->rank].message[0] = '\0';
-    p->rank_status[t->rank] = pipeline_rank_step(
-        &p->layout, &p->stages[t->rank], &p->comms[t->rank], t->config,
-        t->tokens,
-        t->step_start_s, t->rank == p->inject_failure_rank, &t->result,
-        &p->events[t->rank], &p->rank_errors[t->rank]);
+    struct pipeline_workers *all = w->all;
+    pipeline_threads *p = all->owner;
+    const pipeline_launch *launch = &all->launch;
+    if (launch->hooks.open != NULL &&
+        launch->hooks.open(launch->hooks.data, w->rank, err) != 0)
+        return -1;
+    if (pipeline_stage_create(&p->stages[w->rank], &p->layout, w->rank,
+                              launch->backend, launch->seed, err) != 0)
+        return -1;
+    if (pipeline_events_reserve(&p->events[w->rank], &p->layout, err) != 0 ||
+        pipeline_stage_attach(&p->layout, &p->stages[w->rank],
+                              &p->comms[w->rank], err) != 0) {
+        model_stage_destroy(&p->stages[w->rank]);
+        return -1;
+    }
+    return 0;
+}
+
+/* Counts one rank's part of the current command as done; lock held. */
+static void finish_part(struct pipeline_workers *all)
+{
+    if (--all->pending == 0)
+        pthread_cond_broadcast(&all->done);
+}
+
+static void run_order(rank_worker *w, const worker_order *order)
+{
+    struct pipeline_workers *all = w->all;
+    pipeline_threads *p = all->owner;
+    int task_status = 0;
+    if (order->command == COMMAND_TASK) {
+        if (order->task_rank != w->rank)
+            return;
+        task_status = order->task(order->task_data, w->rank,
+                                  &p->stages[w->rank], order->task_err);
+    } else {
+        p->rank_errors[w->rank].message[0] = '\0';
+        p->rank_status[w->rank] = pipeline_rank_step(
+            &p->layout, &p->stages[w->rank], &p->comms[w->rank],
+            order->config, order->tokens, order->step_start_s,
+            w->rank == order->inject_failure_rank, &w->result,
+            &p->events[w->rank], &p->rank_errors[w->rank]);
+    }
+    pthread_mutex_lock(&all->lock);
+    if (order->command == COMMAND_TASK)
+        all->task_status = task_status;
+    finish_part(all);
+    pthread_mutex_unlock(&all->lock);
+}
+
+static void *worker_main(void *argument)
+{
+    rank_worker *w = argument;
+    struct pipeline_workers *all = w->all;
+    pipeline_threads *p = all->owner;
+    int status = set_up_rank(w, &p->rank_errors[w->rank]);
+    pthread_mutex_lock(&all->lock);
+    p->rank_status[w->rank] = status;
+    long seen = all->generation;
+    finish_part(all);
+    for (;;) {
+        while (all->generation == seen)
+            pthread_cond_wait(&all->posted, &all->lock);
+        seen = all->generation;
+        worker_order order = all->order;
+        if (order.command == COMMAND_EXIT)
+            break;
+        pthread_mutex_unlock(&all->lock);
+        run_order(w, &order);
+        pthread_mutex_lock(&all->lock);
+    }
+    pthread_mutex_unlock(&all->lock);
+    if (status == 0)
+        model_stage_destroy(&p->stages[w->rank]);
+    if (all->launch.hooks.close != NULL)
+        all->launch.hooks.close(all->launch.hooks.data, w->rank);
     return NULL;
+}
+
+/* Posts an order that `parts` ranks carry out and waits for them. */
+static void post_order(struct pipeline_workers *all,
+                       const worker_order *order, int parts)
+{
+    pthread_mutex_lock(&all->lock);
+    all->order = *order;
+    all->pending = parts;
+    all->generation++;
+    pthread_cond_broadcast(&all->posted);
+    while (all->pending > 0)
+        pthread_cond_wait(&all->done, &all->lock);
+    pthread_mutex_unlock(&all->lock);
+}
+
+static int allocate_launcher(pipeline_threads *out, int ranks, pt_error *err)
+{
+    out->stages = calloc((size_t)ranks, sizeof *out->stages);
+    out->events = calloc((size_t)ranks, sizeof *out->events);
+    out->rank_errors = calloc((size_t)ranks, sizeof *out->rank_errors);
+    out->rank_status = calloc((size_t)ranks, sizeof *out->rank_status);
+    out->comms = calloc((size_t)ranks, sizeof *out->comms);
+    struct pipeline_workers *all = calloc(1, sizeof *all);
+    if (all != NULL)
+        all->ranks = calloc((size_t)ranks, sizeof *all->ranks);
+    if (out->stages == NULL || out->events == NULL ||
+        out->rank_errors == NULL || out->rank_status == NULL ||
+        out->comms == NULL || all == NULL || all->ranks == NULL) {
+        if (all != NULL)
+            free(all->ranks);
+        free(all);
+        return pt_fail(err, "pipeline runtime: out of memory for %d ranks",
+                       ranks);
+    }
+    pthread_mutex_init(&all->lock, NULL);
+    pthread_cond_init(&all->posted, NULL);
+    pthread_cond_init(&all->done, NULL);
+    all->owner = out;
+    out->workers = all;
+    return 0;
+}
+
+/* Each rank's handle: the caller's, or of a threads world made here. */
+static int set_up_comms(pipeline_threads *out, const pipeline_launch *launch,
+                        pt_error *err)
+{
+    int ranks = out->layout.rank_count;
+    if (launch->comms != NULL) {
+        memcpy(out->comms, launch->comms, (size_t)ranks * sizeof *out->comms);
+        for (int rank = 0; rank < ranks; rank++)
+            if (out->comms[rank].rank != rank ||
+                out->comms[rank].size != ranks)
+                return pt_fail(err, "pipeline runtime: comm %d is rank %d "
+                                    "of %d, the layout has %d ranks",
+                               rank, out->comms[rank].rank,
+                               out->comms[rank].size, ranks);
+        return 0;
+    }
+    if (comm_threads_create(ranks, launch->timeout_s, &out->world, err) != 0)
+        return -1;
+    for (int rank = 0; rank < ranks; rank++)
+        out->comms[rank] = comm_threads_rank(out->world, rank);
+    return 0;
+}
+
+/* Starts every rank's thread and waits until each has set itself up. */
+static void start_workers(pipeline_threads *out)
+{
+    struct pipeline_workers *all = out->workers;
+    int ranks = out->layout.rank_count;
+    pthread_mutex_lock(&all->lock);
+    all->pending = ranks;
+    pthread_mutex_unlock(&all->lock);
+    for (int rank = 0; rank < ranks; rank++) {
+        rank_worker *w = &all->ranks[rank];
+        w->all = all;
+        w->rank = rank;
+        w->started = pthread_create(&w->thread, NULL, worker_main, w) == 0;
+        if (w->started)
+            continue;
+        pthread_mutex_lock(&all->lock);
+        out->rank_status[rank] = -1;
+        pt_fail(&out->rank_errors[rank], "cannot start its thread");
+        finish_part(all);
+        pthread_mutex_unlock(&all->lock);
+    }
+    pthread_mutex_lock(&all->lock);
+    while (all->pending > 0)
+        pthread_cond_wait(&all->done, &all->lock);
+    pthread_mutex_unlock(&all->lock);
+}
+
+int pipeline_threads_start(pipeline_threads *out,
+                           const pipeline_layout *layout,
+                           const pipeline_launch *launch, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    out->layout = *layout;
+    out->inject_failure_rank = -1;
+    int ranks = layout->rank_count;
+    if (allocate_launcher(out, ranks, err) != 0 ||
+        set_up_comms(out, launch, err) != 0) {
+        pipeline_threads_destroy(out);
+        return -1;
+    }
+    out->workers->launch = *launch;
+    start_workers(out);
+    for (int rank = 0; rank < ranks; rank++)
+        if (out->rank_status[rank] != 0) {
+            pt_fail(err, "rank %d: %s", rank,
+                    out->rank_errors[rank].message);
+            pipeline_threads_destroy(out);
+            return -1;
+        }
+    return 0;
 }
 
 int pipeline_threads_create(pipeline_threads *out,
@@ -543,103 +852,74 @@ int pipeline_threads_create(pipeline_threads *out,
                             backend_kind backend, uint64_t seed,
                             double timeout_s, pt_error *err)
 {
-    memset(out, 0, sizeof *out);
-    out->layout = *layout;
-    out->inject_failure_rank = -1;
-    int ranks = layout->rank_count;
-    out->stages = calloc((size_t)ranks, sizeof *out->stages);
-    out->events = calloc((size_t)ranks, sizeof *out->events);
-    out->rank_errors = calloc((size_t)ranks, sizeof *out->rank_errors);
-    out->rank_status = calloc((size_t)ranks, sizeof *out->rank_status);
-    out->comms = calloc((size_t)ranks, sizeof *out->comms);
-    if (out->stages == NULL || out->events == NULL ||
-        out->rank_errors == NULL || out->rank_status == NULL ||
-        out->comms == NULL) {
-        pipeline_threads_destroy(out);
-        return pt_fail(err, "pipeline runtime: out of memory for %d ranks",
-                       ranks);
-    }
-    for (int rank = 0; rank < ranks; rank++) {
-        if (pipeline_stage_create(&out->stages[rank], layout, rank, backend,
-                                  seed, err) != 0 ||
-            pipeline_events_reserve(&out->events[rank], layout, err) != 0) {
-            pt_error_prefix(err, "rank %d", rank);
-            pipeline_threads_destroy(out);
-            return -1;
-        }
-    }
-    if (comm_threads_create(ranks, timeout_s, &out->world, err) != 0) {
-        pipeline_threads_destroy(out);
-        return -1;
-    }
-    for (int rank = 0; rank < ranks; rank++) {
-        comm c = comm_threads_rank(out->world, rank);
-        out->comms[rank] = c;
-        if (pipeline_stage_attach(layout, &out->stages[rank],
-                                  &out->comms[rank], err) != 0) {
-            pipeline_threads_destroy(out);
-            return -1;
-        }
-    }
-    return 0;
+    pipeline_launch launch = {.backend = backend, .seed = seed,
+                              .timeout_s = timeout_s};
+    return pipeline_threads_start(out, layout, &launch, err);
 }
 
 int pipeline_threads_step(pipeline_threads *p, const train_config *config,
                           const uint32_t *tokens, step_result *out,
                           pt_error *err)
 {
+    struct pipeline_workers *all = p->workers;
     int ranks = p->layout.rank_count;
-    if (comm_threads_failed_rank(p->world, NULL, 0) >= 0)
+    if (comm_failed_rank(&p->comms[0], NULL, 0) >= 0)
         return pt_fail(err, "pipeline runtime: a rank failed in an earlier "
                             "step; the world is unusable");
-    rank_thread *threads = calloc((size_t)ranks, sizeof *threads);
-    pthread_t *ids = calloc((size_t)ranks, sizeof *ids);
-    bool *started = calloc((size_t)ranks, sizeof *started);
-    if (threads == NULL || ids == NULL || started == NULL) {
-        free(threads);
-        free(ids);
-        free(started);
-        return pt_fail(err, "pipeline runtime: out of memory for %d "
-                            "threads",
-                       ranks);
-    }
-    double start = monotonic_s();
-    for (int rank = 0; rank < ranks; rank++) {
-        threads[rank] = (rank_thread){.p = p, .rank = rank, .config = config,
-                                      .tokens = tokens,
-                                      .step_start_s = start};
-        started[rank] = pthread_create(&ids[rank], NULL, rank_thread_main,
-                                       &threads[rank]) == 0;
-        if (!started[rank]) {
-            p->rank_status[rank] = -1;
-            pt_fail(&p->rank_errors[rank], "rank %d: cannot start its "
-                                           "thread",
-                    rank);
-            comm c = comm_threads_rank(p->world, rank);
-            comm_abort(&c, p->rank_errors[rank].message);
-        }
-    }
+    worker_order order = {.command = COMMAND_STEP,
+                          .config = config,
+                          .tokens = tokens,
+                          .step_start_s = monotonic_s(),
+                          .inject_failure_rank = p->inject_failure_rank};
+    post_order(all, &order, ranks);
+    char reason[sizeof err->message];
+    if (comm_failed_rank(&p->comms[0], reason, sizeof reason) >= 0)
+        return pt_fail(err, "%s", reason);
     for (int rank = 0; rank < ranks; rank++)
-        if (started[rank])
-            pthread_join(ids[rank], NULL);
-    int status = 0;
-    char reason[600];
-    int failed = comm_threads_failed_rank(p->world, reason, sizeof reason);
-    if (failed >= 0)
-        status = pt_fail(err, "%s", reason);
-    else
-        *out = threads[0].result;
-    free(threads);
-    free(ids);
-    free(started);
+        if (p->rank_status[rank] != 0)
+            return pt_fail(err, "%s", p->rank_errors[rank].message);
+    *out = all->ranks[0].result;
+    return 0;
+}
+
+int pipeline_threads_on_rank(pipeline_threads *p, int rank,
+                             pipeline_rank_task task, void *data,
+                             pt_error *err)
+{
+    struct pipeline_workers *all = p->workers;
+    if (all == NULL || rank < 0 || rank >= p->layout.rank_count)
+        return pt_fail(err, "pipeline runtime: no rank %d to run a task on",
+                       rank);
+    worker_order order = {.command = COMMAND_TASK,
+                          .task_rank = rank,
+                          .task = task,
+                          .task_data = data,
+                          .task_err = err};
+    post_order(all, &order, 1);
+    pthread_mutex_lock(&all->lock);
+    int status = all->task_status;
+    pthread_mutex_unlock(&all->lock);
     return status;
 }
 
 void pipeline_threads_destroy(pipeline_threads *p)
 {
-    if (p->stages != NULL)
+    struct pipeline_workers *all = p->workers;
+    if (all != NULL) {
+        pthread_mutex_lock(&all->lock);
+        all->order = (worker_order){.command = COMMAND_EXIT};
+        all->generation++;
+        pthread_cond_broadcast(&all->posted);
+        pthread_mutex_unlock(&all->lock);
         for (int rank = 0; rank < p->layout.rank_count; rank++)
-            model_stage_destroy(&p->stages[rank]);
+            if (all->ranks[rank].started)
+                pthread_join(all->ranks[rank].thread, NULL);
+        pthread_cond_destroy(&all->posted);
+        pthread_cond_destroy(&all->done);
+        pthread_mutex_destroy(&all->lock);
+        free(all->ranks);
+        free(all);
+    }
     if (p->events != NULL)
         for (int rank = 0; rank < p->layout.rank_count; rank++)
             pipeline_events_free(&p->events[rank]);

@@ -1,8 +1,9 @@
 /*
  * `partita exec`'s library half: a plan of one stage on one device, or a
- * plan with tp = 1 and pp or dp > 1 on the cpu backend, whose ranks run
- * as threads of this process through the parallel runtime
- * (pipeline_threads). Loads and checks everything before the first
+ * parallel plan (pp, dp or tp > 1) whose ranks run as threads of this
+ * process through the parallel runtime: on the cpu backend over the
+ * threads comm (pipeline_threads), on the cuda backend one GPU per rank
+ * over NCCL (pipeline_gpu). Loads and checks everything before the first
  * allocation of the model (plan, options, checkpoint, dataset,
  * vocabulary, memory), then trains, timing each phase, saving checkpoints
  * that resume bit for bit, and records what happened for run.json. Both
@@ -11,6 +12,9 @@
  */
 #ifdef PARTITA_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
+#endif
+#ifdef PARTITA_HAVE_NCCL
+#include "executor/comm_nccl.h"
 #endif
 #include "executor/executor.h"
 
@@ -39,6 +43,9 @@
  * run hung: a cpu stage of a large model can take minutes per
  * micro-batch, and a rank that fails wakes the others at once anyway. */
 #define RUN_COMM_TIMEOUT_S 3600.0
+/* ...and on GPUs, where a micro-batch takes well under a second but the
+ * first step also sets up cuBLAS and NCCL's connections. */
+#define RUN_GPU_COMM_TIMEOUT_S 300.0
 
 /* Run checkpoints hold these blobs besides meta.json. */
 #define BLOB_PARAMS "params"
@@ -72,10 +79,13 @@ typedef struct run_context {
     data_position position;
     model_stage stage;          /* one-stage runs */
     bool stage_ready;
-    bool parallel;              /* pp or dp > 1: the threads below */
+    bool parallel;              /* pp, dp or tp > 1: the ranks below */
     pipeline_layout layout;
-    pipeline_threads threads;
+    pipeline_threads threads;   /* cpu backend */
     bool threads_ready;
+    struct pipeline_gpu *gpu;   /* cuda backend (NCCL), owned */
+    pipeline_threads *launcher; /* the running ranks: &threads or the
+                                   GPU launcher's */
     size_t largest_rank_params; /* floats of the largest rank's stage */
     uint32_t *tokens;           /* gbs windows of seq + 1 ids */
     float *host_buffer;         /* largest_rank_params floats, for
@@ -296,9 +306,88 @@ static int rank_param_count(const run_context *ctx, int rank, size_t *out,
     return 0;
 }
 
+#ifdef PARTITA_HAVE_NCCL
+/* The GPUs of this machine as device_check_plan wants them; free memory
+ * is asked only of the devices the plan's ranks use (asking creates a
+ * CUDA context there). */
+static int query_local_devices(const plan *p, int rank_count,
+                               local_device *devices, int count,
+                               pt_error *err)
+{
+    for (int d = 0; d < count; d++) {
+        struct cudaDeviceProp properties;
+        if (cudaGetDeviceProperties(&properties, d) != cudaSuccess) {
+            cudaGetLastError();
+            return pt_fail(err, "cuda device %d: cannot read its "
+                                "properties",
+                           d);
+        }
+        devices[d] = (local_device){
+            .index = d,
+            .total_memory_bytes = (double)properties.totalGlobalMem,
+            .free_memory_bytes = (double)properties.totalGlobalMem,
+            .multiprocessors = properties.multiProcessorCount};
+        pt_copy_string(devices[d].name, sizeof devices[d].name,
+                       properties.name);
+    }
+    for (int rank = 0; rank < rank_count; rank++) {
+        device_spec spec;
+        size_t free_bytes = 0, total_bytes = 0;
+        if (plan_rank_device(p, rank, &spec) != 0 || spec.index < 0 ||
+            spec.index >= count)
+            continue; /* device_check_plan names it */
+        if (cudaSetDevice(spec.index) != cudaSuccess ||
+            cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+            cudaGetLastError();
+            return pt_fail(err, "cuda device %d: cannot read its free "
+                                "memory",
+                           spec.index);
+        }
+        devices[spec.index].free_memory_bytes = (double)free_bytes;
+    }
+    return 0;
+}
+
+/* A parallel plan against this machine's GPUs before anything is
+ * allocated on them: device count, GPU types, sm_limit and
+ * memory_limit_gib, and each rank's floor of 18 bytes per parameter of
+ * its stage (fp32 weights, gradients and AdamW moments and the bf16
+ * copy; activations come on top and are counted against the rank's cap
+ * as the stage allocates them). */
+static int check_gpu_devices(const run_context *ctx, pt_error *err)
+{
+    int ranks = ctx->layout.rank_count;
+    int count = cuda_device_count();
+    local_device *devices = calloc((size_t)(count > 0 ? count : 1),
+                                   sizeof *devices);
+    double *needed = calloc((size_t)ranks, sizeof *needed);
+    int status = devices != NULL && needed != NULL
+                     ? query_local_devices(ctx->plan, ranks, devices, count,
+                                           err)
+                     : pt_fail(err, "out of memory checking the devices");
+    for (int rank = 0; status == 0 && rank < ranks; rank++) {
+        size_t params = 0;
+        status = rank_param_count(ctx, rank, &params, err);
+        needed[rank] = 18.0 * (double)params;
+    }
+    if (status == 0)
+        status = device_check_plan(ctx->plan, devices, count, needed, err);
+    free(devices);
+    free(needed);
+    return status;
+}
+#else
+static int check_gpu_devices(const run_context *ctx, pt_error *err)
+{
+    return pt_fail(err, "parallel plans on the %s backend are not built in "
+                        "this binary",
+                   backend_name(ctx->options->backend));
+}
+#endif
+
 /* A parallel run's ranks all live in this process: each rank's figure is
  * its own stage, and the check is of their sum (and the checkpoint
- * buffer) against the machine. */
+ * buffer) against the machine; on GPUs, device_check_plan's checks. */
 static int check_parallel_memory(const run_context *ctx, run_result *out,
                                  pt_error *err)
 {
@@ -322,6 +411,8 @@ static int check_parallel_memory(const run_context *ctx, run_result *out,
         }
     }
     out->peak_memory_bytes = out->rank_peak_memory_bytes[largest_rank];
+    if (ctx->options->backend != BACKEND_CPU)
+        return check_gpu_devices(ctx, err);
     if (ctx->options->save_dir != NULL || ctx->options->load_dir != NULL)
         total += 4.0 * (double)ctx->largest_rank_params;
     double available = ctx->options->memory_available_bytes > 0
@@ -458,7 +549,7 @@ static int shape_field(const model_shape *shape, size_t index)
 
 static model_stage *rank_stage(run_context *ctx, int rank)
 {
-    return ctx->parallel ? &ctx->threads.stages[rank] : &ctx->stage;
+    return ctx->parallel ? &ctx->launcher->stages[rank] : &ctx->stage;
 }
 
 static int rank_total(const run_context *ctx)
@@ -523,6 +614,37 @@ static char *checkpoint_meta_text(run_context *ctx, long iteration,
     return text;
 }
 
+/* One buffer of a rank's stage to or from ctx->host_buffer. */
+typedef struct buffer_copy {
+    float *host;
+    stage_buffer which;
+    bool to_host;
+} buffer_copy;
+
+static int copy_buffer_task(void *data, int rank, model_stage *stage,
+                            pt_error *err)
+{
+    (void)rank;
+    const buffer_copy *copy = data;
+    return copy->to_host ? model_stage_read(stage, copy->which, copy->host,
+                                            err)
+                         : model_stage_write(stage, copy->which, copy->host,
+                                             err);
+}
+
+/* The copy runs on the rank's own thread in a parallel run, where the
+ * rank's device (and green context) is current. */
+static int copy_stage_buffer(run_context *ctx, int rank, stage_buffer which,
+                             bool to_host, pt_error *err)
+{
+    buffer_copy copy = {.host = ctx->host_buffer, .which = which,
+                        .to_host = to_host};
+    if (!ctx->parallel)
+        return copy_buffer_task(&copy, 0, &ctx->stage, err);
+    return pipeline_threads_on_rank(ctx->launcher, rank, copy_buffer_task,
+                                    &copy, err);
+}
+
 static int write_state_blob(checkpoint_writer *w, run_context *ctx,
                             int rank, stage_buffer which, const char *base,
                             pt_error *err)
@@ -530,7 +652,7 @@ static int write_state_blob(checkpoint_writer *w, run_context *ctx,
     model_stage *stage = rank_stage(ctx, rank);
     char name[64];
     blob_name(ctx, base, rank, name, sizeof name);
-    if (model_stage_read(stage, which, ctx->host_buffer, err) != 0)
+    if (copy_stage_buffer(ctx, rank, which, true, err) != 0)
         return -1;
     return checkpoint_write_blob(w, name, ctx->host_buffer,
                                  stage->param_count * sizeof(float), err);
@@ -790,7 +912,7 @@ static int restore_state_blob(run_context *ctx, int rank, stage_buffer which,
     if (checkpoint_read_blob(ctx->options->load_dir, name, ctx->host_buffer,
                              stage->param_count * sizeof(float), err) != 0)
         return -1;
-    return model_stage_write(stage, which, ctx->host_buffer, err);
+    return copy_stage_buffer(ctx, rank, which, false, err);
 }
 
 static int restore_checkpoint(run_context *ctx, pt_error *err)
@@ -874,8 +996,11 @@ static void fill_result_header(const run_context *ctx, run_result *out)
         char note[256];
         snprintf(note, sizeof note,
                  "the %d ranks (pp %d x dp %d x tp %d) ran as threads of "
-                 "one process, sharing the cpu's cores and memory",
-                 out->rank_count, out->pp, out->dp, out->tp);
+                 "one process, %s",
+                 out->rank_count, out->pp, out->dp, out->tp,
+                 options->backend == BACKEND_CPU
+                     ? "sharing the cpu's cores and memory"
+                     : "one GPU each, communicating over NCCL");
         add_note(out, note);
     }
 }
@@ -960,13 +1085,14 @@ static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
                        ranks);
     if (!ctx->parallel)
         return 0;
-    if (ctx->options->backend != BACKEND_CPU)
-        return pt_fail(err, "parallel plans run on the cpu backend only for "
-                            "now: this plan has tp %d, dp %d, pp %d, and "
-                            "the %s backend runs one stage on one device "
-                            "(use --backend cpu)",
-                       p->config.tp, p->config.dp, p->config.pp,
-                       backend_name(ctx->options->backend));
+#if defined(PARTITA_HAVE_CUDA) && !defined(PARTITA_HAVE_NCCL)
+    if (ctx->options->backend == BACKEND_CUDA)
+        return pt_fail(err, "this plan has tp %d, dp %d, pp %d: parallel "
+                            "plans on the cuda backend communicate over "
+                            "NCCL, which this binary was built without "
+                            "(nccl.h and libnccl were not found)",
+                       p->config.tp, p->config.dp, p->config.pp);
+#endif
     if (pipeline_layout_init(&ctx->layout, &ctx->shape, &p->config,
                              p->partition, p->config.pp, err) != 0)
         return -1;
@@ -988,16 +1114,121 @@ static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
     return 0;
 }
 
+#ifdef PARTITA_HAVE_NCCL
+/* What a rank's thread reports of its device into the record. */
+typedef struct rank_description {
+    run_context *ctx;
+    run_result *out;
+} rank_description;
+
+static int describe_rank_task(void *data, int rank, model_stage *stage,
+                              pt_error *err)
+{
+    (void)err;
+    const rank_description *d = data;
+    run_device *device = &d->out->devices[rank];
+    cuda_device_info info;
+    if (cuda_device_describe(&info) != 0)
+        return 0; /* the plan's figures stay */
+    pt_copy_string(device->name, sizeof device->name, info.name);
+    device->sms_used = cuda_rank_sm_count();
+    device_spec spec = {.index = rank};
+    plan_rank_device(d->ctx->plan, rank, &spec);
+    device->memory_cap_bytes = spec.memory_limit_gib > 0
+                                   ? spec.memory_limit_gib * PT_GIB
+                                   : info.memory_bytes;
+    snprintf(device->driver_version, sizeof device->driver_version,
+             "CUDA %s", info.driver_cuda_version);
+    snprintf(device->cuda_version, sizeof device->cuda_version, "%s",
+             info.runtime_cuda_version);
+    d->out->rank_peak_memory_bytes[rank] =
+        (double)cuda_stage_device_bytes(stage) +
+        comm_nccl_rank_peak_bytes(d->ctx->gpu->world, rank);
+    return 0;
+}
+
+/* Each rank's device and device bytes, from its own thread: the stage's
+ * allocation plus the comm's staging buffers (which grow during the first
+ * steps, so this runs again at the end). */
+static int record_gpu_ranks(run_context *ctx, run_result *out,
+                            pt_error *err)
+{
+    rank_description description = {.ctx = ctx, .out = out};
+    out->peak_memory_bytes = 0.0;
+    for (int rank = 0; rank < ctx->layout.rank_count; rank++) {
+        if (pipeline_threads_on_rank(ctx->launcher, rank, describe_rank_task,
+                                     &description, err) != 0)
+            return -1;
+        if (out->rank_peak_memory_bytes[rank] > out->peak_memory_bytes)
+            out->peak_memory_bytes = out->rank_peak_memory_bytes[rank];
+    }
+    out->device = out->devices[0];
+    out->peak_memory_basis =
+        "device bytes each rank allocated: its cuda stage (fp32 "
+        "parameters, gradients and AdamW moments, the bf16 weight mirror, "
+        "activations, backward scratch, the cuBLASLt workspace) and its "
+        "NCCL comm's staging buffers and scratch (not the CUDA context or "
+        "NCCL's own buffers)";
+    drop_note(out, "the backend interface does not report");
+    return 0;
+}
+
+/* The ranks on their GPUs: rank r on the device its node's `devices`
+ * entry names (plan_rank_device), with its sm_limit and memory cap. */
+static int start_gpus(run_context *ctx, run_result *out, pt_error *err)
+{
+    int ranks = ctx->layout.rank_count;
+    device_spec *devices = calloc((size_t)ranks, sizeof *devices);
+    ctx->gpu = calloc(1, sizeof *ctx->gpu);
+    if (devices == NULL || ctx->gpu == NULL) {
+        free(devices);
+        return pt_fail(err, "out of memory for the GPU launcher");
+    }
+    for (int rank = 0; rank < ranks; rank++)
+        if (plan_rank_device(ctx->plan, rank, &devices[rank]) != 0)
+            devices[rank] = (device_spec){.index = rank};
+    double timeout = ctx->options->comm_timeout_s > 0
+                         ? ctx->options->comm_timeout_s
+                         : RUN_GPU_COMM_TIMEOUT_S;
+    int status = pipeline_gpu_start(ctx->gpu, &ctx->layout, devices,
+                                    out->seed, timeout, err);
+    free(devices);
+    if (status != 0) {
+        free(ctx->gpu);
+        ctx->gpu = NULL;
+        return -1;
+    }
+    ctx->launcher = &ctx->gpu->threads;
+    return record_gpu_ranks(ctx, out, err);
+}
+#else
+static int start_gpus(run_context *ctx, run_result *out, pt_error *err)
+{
+    (void)out;
+    return pt_fail(err, "parallel plans on the %s backend are not built in "
+                        "this binary",
+                   backend_name(ctx->options->backend));
+}
+#endif
+
 /* Every rank's stage, initialised from the seed (the same values as the
  * one-stage run's) and then, when resuming, overwritten by the
  * checkpoint. */
 static int start_threads(run_context *ctx, run_result *out, pt_error *err)
 {
-    if (pipeline_threads_create(&ctx->threads, &ctx->layout,
-                                ctx->options->backend, out->seed,
-                                RUN_COMM_TIMEOUT_S, err) != 0)
+    if (ctx->options->backend == BACKEND_CPU) {
+        if (pipeline_threads_create(&ctx->threads, &ctx->layout,
+                                    ctx->options->backend, out->seed,
+                                    ctx->options->comm_timeout_s > 0
+                                        ? ctx->options->comm_timeout_s
+                                        : RUN_COMM_TIMEOUT_S,
+                                    err) != 0)
+            return -1;
+        ctx->threads_ready = true;
+        ctx->launcher = &ctx->threads;
+    } else if (start_gpus(ctx, out, err) != 0) {
         return -1;
-    ctx->threads_ready = true;
+    }
     if (ctx->resume.active)
         return restore_checkpoint(ctx, err);
     return 0;
@@ -1118,7 +1349,7 @@ static int parallel_step(run_context *ctx, double start, run_event *events,
 {
     double step_start = monotonic_seconds();
     step_result result;
-    if (pipeline_threads_step(&ctx->threads, &ctx->options->train,
+    if (pipeline_threads_step(ctx->launcher, &ctx->options->train,
                               ctx->tokens, &result, err) != 0) {
         pt_error_prefix(err, "iteration %ld", record->iteration);
         return -1;
@@ -1127,7 +1358,7 @@ static int parallel_step(run_context *ctx, double start, run_event *events,
     double shift = step_start - start;
     int count = 0;
     for (int rank = 0; rank < ctx->layout.rank_count; rank++) {
-        const pipeline_events *rank_events = &ctx->threads.events[rank];
+        const pipeline_events *rank_events = &ctx->launcher->events[rank];
         for (int i = 0; i < rank_events->count &&
                         count < ctx->events_per_iteration;
              i++) {
@@ -1332,6 +1563,20 @@ static void record_max_rss(run_result *out)
         out->max_rss_bytes = (double)usage.ru_maxrss * 1024.0; /* KiB */
 }
 
+/* A GPU run's comm buffers grow during the first steps: take each rank's
+ * figure again at the end. */
+static void record_final_gpu_memory(run_context *ctx, run_result *out)
+{
+#ifdef PARTITA_HAVE_NCCL
+    pt_error ignored = {{0}};
+    if (ctx->gpu != NULL && ctx->launcher != NULL)
+        record_gpu_ranks(ctx, out, &ignored);
+#else
+    (void)ctx;
+    (void)out;
+#endif
+}
+
 static void record_start_time(run_result *out)
 {
     time_t now = time(NULL);
@@ -1347,6 +1592,11 @@ static void release_context(run_context *ctx)
         model_stage_destroy(&ctx->stage);
     if (ctx->threads_ready)
         pipeline_threads_destroy(&ctx->threads);
+#ifdef PARTITA_HAVE_NCCL
+    if (ctx->gpu != NULL)
+        pipeline_gpu_stop(ctx->gpu);
+#endif
+    free(ctx->gpu);
     if (ctx->sampler_ready)
         gpt_sampler_free(&ctx->sampler);
     if (ctx->dataset_open)
@@ -1369,6 +1619,7 @@ int run_training(const plan *p, const run_options *options, run_result *out,
             status = -2;
     }
     record_max_rss(out);
+    record_final_gpu_memory(&ctx, out);
     release_context(&ctx);
     return status;
 }

@@ -13,9 +13,22 @@
  *     device memory of the GPU that was current when the stage was made;
  *   - every call returns with its work finished (the stage's stream is
  *     synchronised), so its outputs can go to NCCL on any stream;
- *   - the model needs hidden and ffn_hidden divisible by 8 (16-byte rows
- *     of bf16); head sizes 64 and 128 run on the fast attention kernels,
- *     others on a slow fallback.
+ *   - the model needs hidden and ffn_hidden divisible by 8 x tp (16-byte
+ *     rows of bf16 in every tensor-parallel shard); head sizes 64 and 128
+ *     run on the fast attention kernels, others on a slow fallback;
+ *   - tensor parallelism (spec.tp > 1): the stage holds its shard and
+ *     reduces partial results over its group inside forward and backward
+ *     by stage_tp_all_reduce_sum / _max on DEVICE pointers (fp32). The
+ *     contract with the comm: the backend synchronises the stage's stream
+ *     before each call (the buffer is complete), and the comm returns only
+ *     when the result is in the buffer (blocking; it may use any stream of
+ *     its own), after which the backend's next kernels read it. Every
+ *     member of the group makes the same reductions in the same order.
+ *     A compute-only stage (tp_compute_only) skips them;
+ *   - memory: every cudaMalloc of a stage is first counted against the
+ *     calling thread's cap (cuda_rank_memory_reserve below) and given back
+ *     when the stage is released, so a stage must be created and destroyed
+ *     on the same thread (the rank's).
  *
  * Environment (read when a stage is allocated):
  *   PARTITA_CUDA_RECOMPUTE  comma list of what the backward recomputes

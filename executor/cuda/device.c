@@ -3,24 +3,152 @@
  * green context) and how much of its memory. Thread-local state, so the
  * threads of one process can each drive their own GPU, or a throttled
  * part of one. docs/cuda-backend.md ("Devices of a parallel run").
+ *
+ * Green contexts are driver-API objects. Their functions are looked up at
+ * run time through the CUDA runtime (cudaGetDriverEntryPointByVersion)
+ * rather than linked from libcuda: the build machine has only a stub
+ * libcuda, binaries built there must start on machines without a GPU
+ * (the cpu tests), and the runtime already loaded the driver anyway.
  */
 #include "executor/cuda/cuda_backend.h"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 
 #include "executor/cuda/cuda_check.h"
 
+/* The driver functions a green context needs, at the ABI of the headers
+ * this file is compiled with (CUDA_VERSION). */
+typedef struct green_api {
+    CUresult (*device_get)(CUdevice *device, int ordinal);
+    CUresult (*get_resource)(CUdevice device, CUdevResource *resource,
+                             CUdevResourceType type);
+    CUresult (*split_by_count)(CUdevResource *result, unsigned int *groups,
+                               const CUdevResource *input,
+                               CUdevResource *remaining,
+                               unsigned int flags, unsigned int min_count);
+    CUresult (*generate_desc)(CUdevResourceDesc *desc,
+                              CUdevResource *resources, unsigned int count);
+    CUresult (*create)(CUgreenCtx *context, CUdevResourceDesc desc,
+                       CUdevice device, unsigned int flags);
+    CUresult (*destroy)(CUgreenCtx context);
+    CUresult (*stream_create)(CUstream *stream, CUgreenCtx context,
+                              unsigned int flags, int priority);
+    CUresult (*error_string)(CUresult status, const char **text);
+} green_api;
+
 /* The state of this thread's rank device. */
 typedef struct rank_device {
     bool open;
     int device;
-    int sm_limit;               /* 0: every SM */
+    int sm_limit;               /* asked for; 0: every SM */
+    int sm_count;               /* SMs the green context got (the limit
+                                   rounded up to the device's granularity);
+                                   0 without one */
+    CUgreenCtx green;           /* NULL: the device's primary context */
+    green_api api;              /* set when green is */
     double memory_limit_bytes;  /* 0: no cap */
     double memory_held_bytes;   /* reserved through this thread */
 } rank_device;
 
 static _Thread_local rank_device current;
+
+/* ------------------------------------------------------ green contexts */
+
+static int load_green_api(green_api *api, int device, pt_error *err)
+{
+    struct {
+        const char *name;
+        void **slot;
+    } symbols[] = {
+        {"cuDeviceGet", (void **)&api->device_get},
+        {"cuDeviceGetDevResource", (void **)&api->get_resource},
+        {"cuDevSmResourceSplitByCount", (void **)&api->split_by_count},
+        {"cuDevResourceGenerateDesc", (void **)&api->generate_desc},
+        {"cuGreenCtxCreate", (void **)&api->create},
+        {"cuGreenCtxDestroy", (void **)&api->destroy},
+        {"cuGreenCtxStreamCreate", (void **)&api->stream_create},
+        {"cuGetErrorString", (void **)&api->error_string},
+    };
+    for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
+        enum cudaDriverEntryPointQueryResult found =
+            cudaDriverEntryPointSymbolNotFound;
+        cudaError_t status = cudaGetDriverEntryPointByVersion(
+            symbols[i].name, symbols[i].slot, CUDA_VERSION,
+            cudaEnableDefault, &found);
+        if (status != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess || *symbols[i].slot == NULL) {
+            cudaGetLastError();
+            return pt_fail(err, "cuda device %d: sm_limit needs CUDA green "
+                                "contexts, but the driver does not provide "
+                                "%s for CUDA %d.%d",
+                           device, symbols[i].name, CUDA_VERSION / 1000,
+                           CUDA_VERSION % 1000 / 10);
+        }
+    }
+    return 0;
+}
+
+static int driver_failed(const green_api *api, CUresult status,
+                         const char *call, int device, pt_error *err)
+{
+    const char *text = NULL;
+    if (api->error_string == NULL ||
+        api->error_string(status, &text) != CUDA_SUCCESS || text == NULL)
+        text = "unknown error";
+    return pt_fail(err, "cuda device %d: %s failed: %s (error %d)", device,
+                   call, text, (int)status);
+}
+
+#define DRIVER_TRY(call, name)                                               \
+    do {                                                                     \
+        CUresult driver_status_ = (call);                                    \
+        if (driver_status_ != CUDA_SUCCESS)                                  \
+            return driver_failed(api, driver_status_, name, device, err);    \
+    } while (0)
+
+/* A green context of sm_limit SMs of the device (rounded up by the
+ * driver to its partition granularity: 8 SMs on Hopper); *sm_count gets
+ * the real count. */
+static int make_green_context(green_api *api, int device, int sm_limit,
+                              CUgreenCtx *out, int *sm_count, pt_error *err)
+{
+    if (load_green_api(api, device, err) != 0)
+        return -1;
+    CUdevice handle;
+    CUdevResource all, part, rest;
+    CUdevResourceDesc desc;
+    unsigned int groups = 1;
+    DRIVER_TRY(api->device_get(&handle, device), "cuDeviceGet");
+    DRIVER_TRY(api->get_resource(handle, &all, CU_DEV_RESOURCE_TYPE_SM),
+               "cuDeviceGetDevResource");
+    if ((unsigned int)sm_limit > all.sm.smCount)
+        return pt_fail(err, "cuda device %d: sm_limit %d, but the device "
+                            "has %u SMs",
+                       device, sm_limit, all.sm.smCount);
+    if ((unsigned int)sm_limit == all.sm.smCount) {
+        *out = NULL; /* every SM: the primary context will do */
+        *sm_count = (int)all.sm.smCount;
+        return 0;
+    }
+    DRIVER_TRY(api->split_by_count(&part, &groups, &all, &rest, 0,
+                                   (unsigned int)sm_limit),
+               "cuDevSmResourceSplitByCount");
+    if (groups < 1)
+        return pt_fail(err, "cuda device %d: cannot split off %d of its %u "
+                            "SMs (the smallest part is %u)",
+                       device, sm_limit, all.sm.smCount,
+                       all.sm.minSmPartitionSize);
+    DRIVER_TRY(api->generate_desc(&desc, &part, 1),
+               "cuDevResourceGenerateDesc");
+    DRIVER_TRY(api->create(out, desc, handle, CU_GREEN_CTX_DEFAULT_STREAM),
+               "cuGreenCtxCreate");
+    *sm_count = (int)part.sm.smCount;
+    return 0;
+}
+
+/* ------------------------------------------------------------ the rank */
 
 int cuda_rank_device_open(int device, int sm_limit, double memory_limit_bytes,
                           pt_error *err)
@@ -29,26 +157,45 @@ int cuda_rank_device_open(int device, int sm_limit, double memory_limit_bytes,
     if (device < 0 || device >= count)
         return pt_fail(err, "cuda device %d does not exist (%d visible)",
                        device, count);
+    if (sm_limit < 0 || memory_limit_bytes < 0)
+        return pt_fail(err, "cuda device %d: sm_limit %d and "
+                            "memory_limit_gib %g must not be negative",
+                       device, sm_limit, memory_limit_bytes / PT_GIB);
+    cuda_rank_device_close();
     CUDA_TRY(cudaSetDevice(device));
-    if (sm_limit > 0)
-        return pt_fail(err, "cuda device %d: an SM limit of %d needs green "
-                            "contexts, which this build does not make yet",
-                       device, sm_limit);
-    current = (rank_device){.open = true,
-                            .device = device,
-                            .sm_limit = sm_limit,
-                            .memory_limit_bytes = memory_limit_bytes};
+    /* the primary context first: the green context retains it, and
+     * making it here keeps that cost out of cuGreenCtxCreate */
+    CUDA_TRY(cudaFree(NULL));
+    rank_device opened = {.open = true,
+                          .device = device,
+                          .sm_limit = sm_limit,
+                          .memory_limit_bytes = memory_limit_bytes};
+    if (sm_limit > 0 &&
+        make_green_context(&opened.api, device, sm_limit, &opened.green,
+                           &opened.sm_count, err) != 0)
+        return -1;
+    current = opened;
     return 0;
 }
 
 void cuda_rank_device_close(void)
 {
+    if (current.green != NULL)
+        current.api.destroy(current.green);
     current = (rank_device){0};
 }
 
 int cuda_rank_stream_create(cudaStream_t *out, pt_error *err)
 {
-    CUDA_TRY(cudaStreamCreateWithFlags(out, cudaStreamNonBlocking));
+    if (current.green == NULL) {
+        CUDA_TRY(cudaStreamCreateWithFlags(out, cudaStreamNonBlocking));
+        return 0;
+    }
+    const green_api *api = &current.api;
+    int device = current.device;
+    DRIVER_TRY(api->stream_create(out, current.green, CU_STREAM_NON_BLOCKING,
+                                  0),
+               "cuGreenCtxStreamCreate");
     return 0;
 }
 
@@ -56,9 +203,10 @@ int cuda_rank_memory_reserve(size_t bytes, const char *what, pt_error *err)
 {
     double after = current.memory_held_bytes + (double)bytes;
     if (current.memory_limit_bytes > 0 && after > current.memory_limit_bytes)
-        return pt_fail(err, "cuda device %d: %s needs %.2f GiB more, the "
-                            "rank already holds %.2f GiB of its cap of "
-                            "%.2f GiB (memory_limit_gib)",
+        return pt_fail(err, "cuda device %d: %s needs %.2f GiB more, but the "
+                            "rank already holds %.2f GiB of the %.2f GiB its "
+                            "cluster entry allows (memory_limit_gib of the "
+                            "device)",
                        current.device, what, (double)bytes / PT_GIB,
                        current.memory_held_bytes / PT_GIB,
                        current.memory_limit_bytes / PT_GIB);
@@ -75,8 +223,8 @@ void cuda_rank_memory_release(size_t bytes)
 
 int cuda_rank_sm_count(void)
 {
-    if (current.sm_limit > 0)
-        return current.sm_limit;
+    if (current.sm_count > 0)
+        return current.sm_count;
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,

@@ -145,14 +145,15 @@ typedef struct backward_scratch {
     double *reduced;                /* one double read back by the host */
     double *tensor_squares;         /* tensor_count: grad_square_sums */
     double *chunk_squares;          /* chunk_count: their partials */
+    float *output_grad;             /* N x C fp32 without the head (else
+                                       NULL): where the next stage's
+                                       gradient is received */
     /* tensor parallelism only (NULL when tp is 1): */
     float *d_partial;               /* N x C fp32: a column-parallel input
                                        gradient before the group's sum */
     float *row_stats;               /* 4N with the head: the vocab-parallel
                                        softmax's shard maxima, group
                                        maxima, sums and target logits */
-    float *output_grad;             /* N x C without the head: where the
-                                       next stage's gradient is received */
     const float *input_grad;
 } backward_scratch;
 
@@ -366,16 +367,40 @@ static void carve_scratch(backward_scratch *s, arena *a, const stage_dims *d,
     s->output_grad = stage->spec.has_head ? NULL : take_floats(a, N * C);
 }
 
+/* cudaMalloc counted against the rank's memory cap (memory_limit_gib,
+ * executor/cuda/device.c) and in device_bytes, which cuda_release gives
+ * back to the cap: both happen on the thread that owns the stage. */
+static int device_alloc(cuda_stage_state *state, void **out, size_t bytes,
+                        const char *what, pt_error *err)
+{
+    *out = NULL;
+    if (cuda_rank_memory_reserve(bytes, what, err) != 0)
+        return -1;
+    cudaError_t status = cudaMalloc(out, bytes);
+    if (status != cudaSuccess) {
+        cuda_rank_memory_release(bytes);
+        *out = NULL;
+        cudaGetLastError(); /* clear it: the stage is released after */
+        return pt_fail(err, "cuda backend: cudaMalloc of %.3f GiB for %s "
+                            "failed at %s:%d: %s",
+                       (double)bytes / PT_GIB, what, __FILE__, __LINE__,
+                       cudaGetErrorString(status));
+    }
+    state->device_bytes += bytes;
+    return 0;
+}
+
 /* Allocates an arena sized by a dry run of `carve` and carves it. */
-#define ALLOCATE_ARENA(state, block, carve_call)                             \
+#define ALLOCATE_ARENA(state, block, what, carve_call)                       \
     do {                                                                     \
         arena a_ = {.base = NULL, .used = 0};                                \
         arena *a = &a_;                                                      \
         carve_call;                                                          \
-        size_t bytes_ = a_.used + 1;                                         \
-        CUDA_TRY(cudaMalloc(&(block), bytes_));                              \
-        (state)->device_bytes += bytes_;                                     \
-        a_.base = (char *)(block);                                           \
+        void *block_ = NULL;                                                 \
+        if (device_alloc((state), &block_, a_.used + 1, (what), err) != 0)   \
+            return -1;                                                       \
+        (block) = block_;                                                    \
+        a_.base = (char *)block_;                                            \
         a_.used = 0;                                                         \
         carve_call;                                                          \
     } while (0)
@@ -388,7 +413,8 @@ static size_t mirror_offset(const cuda_stage_state *state, size_t offset)
 }
 
 /* The AdamW work table: every tensor cut into chunks of at most
- * PARAM_CHUNK_ELEMENTS, copied to the device. */
+ * PARAM_CHUNK_ELEMENTS, copied to the device, followed by the index of
+ * each tensor's first chunk (the per-tensor gradient norms). */
 static int build_chunks(model_stage *stage, cuda_stage_state *state,
                         pt_error *err)
 {
@@ -399,14 +425,19 @@ static int build_chunks(model_stage *stage, cuda_stage_state *state,
     state->chunk_count = count;
     if (count == 0)
         return 0;
-    param_chunk *host = calloc((size_t)count, sizeof *host);
+    size_t table_bytes = (size_t)count * sizeof(param_chunk);
+    size_t bytes =
+        table_bytes + ((size_t)stage->tensor_count + 1) * sizeof(int);
+    param_chunk *host = calloc(1, bytes);
     if (host == NULL)
         return pt_fail(err, "cuda backend: out of host memory for %d "
                             "optimizer chunks",
                        count);
+    int *starts = (int *)((char *)host + table_bytes);
     int next = 0;
     for (int i = 0; i < stage->tensor_count; i++) {
         const param_tensor *t = &stage->tensors[i];
+        starts[i] = next;
         for (size_t start = 0; start < t->count;
              start += PARAM_CHUNK_ELEMENTS) {
             size_t left = t->count - start;
@@ -419,18 +450,23 @@ static int build_chunks(model_stage *stage, cuda_stage_state *state,
             chunk->decay = t->weight_decay;
         }
     }
-    size_t bytes = (size_t)count * sizeof *host;
-    cudaError_t status = cudaMalloc((void **)&state->chunks, bytes);
-    if (status == cudaSuccess)
-        status = cudaMemcpy(state->chunks, host, bytes,
-                            cudaMemcpyHostToDevice);
+    starts[stage->tensor_count] = next;
+    void *device = NULL;
+    if (device_alloc(state, &device, bytes, "the optimizer table", err) !=
+        0) {
+        free(host);
+        return -1;
+    }
+    state->chunks = device;
+    state->tensor_chunk_starts = (int *)((char *)device + table_bytes);
+    cudaError_t status =
+        cudaMemcpy(state->chunks, host, bytes, cudaMemcpyHostToDevice);
     free(host);
     if (status != cudaSuccess)
         return pt_fail(err, "cuda backend: optimizer table of %d chunks: "
                             "%s (%s:%d)",
                        count, cudaGetErrorString(status), __FILE__,
                        __LINE__);
-    state->device_bytes += bytes;
     return 0;
 }
 
@@ -492,6 +528,7 @@ static void cuda_release(model_stage *stage)
     gemm_context_destroy(state->gemm);
     if (state->stream != NULL)
         cudaStreamDestroy(state->stream);
+    cuda_rank_memory_release(state->device_bytes);
     free(state);
     stage->backend_state = NULL;
 }
@@ -540,11 +577,14 @@ static int check_state_fits(const model_stage *stage, pt_error *err)
 static int check_shape(const model_stage *stage, pt_error *err)
 {
     const model_shape *shape = &stage->shape;
-    if (shape->hidden % 8 != 0 || shape->ffn_hidden % 8 != 0)
+    int tp = stage_spec_tp(&stage->spec);
+    if (shape->hidden % (8 * tp) != 0 || shape->ffn_hidden % (8 * tp) != 0)
         return pt_fail(err, "cuda backend: model %s has hidden %d and "
-                            "ffn_hidden %d; both must be divisible by 8 "
-                            "(16-byte rows of bf16)",
-                       shape->name, shape->hidden, shape->ffn_hidden);
+                            "ffn_hidden %d; with tensor parallelism %d "
+                            "both must be divisible by %d (16-byte rows of "
+                            "bf16 in every shard)",
+                       shape->name, shape->hidden, shape->ffn_hidden, tp,
+                       8 * tp);
     int device_count = cuda_device_count();
     if (device_count == 0)
         return pt_fail(err, "cuda backend: no CUDA device is visible");
@@ -557,9 +597,15 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
     CUDA_TRY(cudaGetDevice(&state->device));
     if (cuda_rank_stream_create(&state->stream, err) != 0)
         return -1;
-    if (gemm_context_create(&state->gemm, err) != 0)
+    size_t workspace = gemm_workspace_bytes();
+    if (cuda_rank_memory_reserve(workspace, "the cuBLASLt workspace",
+                                 err) != 0)
         return -1;
-    state->device_bytes += gemm_context_bytes(state->gemm);
+    if (gemm_context_create(&state->gemm, err) != 0) {
+        cuda_rank_memory_release(workspace);
+        return -1;
+    }
+    state->device_bytes += workspace;
     if (read_options(state, err) != 0)
         return -1;
     stage_dims d = dims_of(stage, stage->mbs_capacity);
@@ -571,19 +617,27 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
     }
     float **buffers[] = {&stage->params, &stage->grads, &stage->adam_m,
                          &stage->adam_v};
+    const char *names[] = {"the parameters", "the gradients",
+                           "the AdamW first moments",
+                           "the AdamW second moments"};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) {
         /* the gradients' slack: see the head products above */
         size_t slack = buffers[i] == &stage->grads ? state->head_pad : 0;
         size_t bytes = (stage->param_count + slack + 1) * sizeof(float);
-        CUDA_TRY(cudaMalloc((void **)buffers[i], bytes));
-        CUDA_TRY(cudaMemset(*buffers[i], 0, bytes));
-        state->device_bytes += bytes;
+        void *buffer = NULL;
+        if (device_alloc(state, &buffer, bytes, names[i], err) != 0)
+            return -1;
+        *buffers[i] = buffer;
+        CUDA_TRY(cudaMemset(buffer, 0, bytes));
     }
     size_t mirror_bytes =
         (stage->param_count + state->head_pad + 1) * sizeof(pt_bf16);
-    CUDA_TRY(cudaMalloc((void **)&state->mirror, mirror_bytes));
+    void *mirror = NULL;
+    if (device_alloc(state, &mirror, mirror_bytes, "the bf16 weight mirror",
+                     err) != 0)
+        return -1;
+    state->mirror = mirror;
     CUDA_TRY(cudaMemset(state->mirror, 0, mirror_bytes));
-    state->device_bytes += mirror_bytes;
     if (build_chunks(stage, state, err) != 0)
         return -1;
 
@@ -593,11 +647,11 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
                               sizeof *slot->layers);
         if (slot->layers == NULL)
             return pt_fail(err, "cuda backend: out of host memory");
-        ALLOCATE_ARENA(state, slot->arena,
+        ALLOCATE_ARENA(state, slot->arena, "an activation slot",
                        carve_slot(slot, a, &d, state, stage->spec.has_head));
     }
-    ALLOCATE_ARENA(state, state->scratch.arena,
-                   carve_scratch(&state->scratch, a, &d));
+    ALLOCATE_ARENA(state, state->scratch.arena, "the backward scratch",
+                   carve_scratch(&state->scratch, a, &d, stage, state));
     {
         arena a = {.base = NULL, .used = 0};
         carve_tokens(&state->host_tokens, &a, (size_t)d.N);
@@ -607,6 +661,7 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
         carve_tokens(&state->host_tokens, &a, (size_t)d.N);
     }
     if (stage->spec.has_embedding) {
+        /* the shard's vocabulary: embedding_plan_build_range */
         state->token_counts = calloc((size_t)d.V, sizeof(int));
         if (state->token_counts == NULL)
             return pt_fail(err, "cuda backend: out of host memory");
@@ -750,11 +805,58 @@ static int weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
     return 0;
 }
 
+/* ------------------------------------------------ tensor-parallel sums */
+
+/* Reduces `count` floats of device memory over the stage's tensor-parallel
+ * group (sum or max). The comm is blocking and reads the buffer when it is
+ * called, so the stage's stream is drained first; the kernels after the
+ * call find the result in place. Nothing on an unsplit or compute-only
+ * stage (which then does a shard's arithmetic without the sums). */
+static int tp_reduce(const model_stage *stage, float *data, size_t count,
+                     comm_reduce_op op, pt_error *err)
+{
+    if (stage_spec_tp(&stage->spec) == 1 || stage->tp_compute_only)
+        return 0;
+    CUDA_TRY(cudaStreamSynchronize(state_of(stage)->stream));
+    if (op == COMM_MAX)
+        return stage_tp_all_reduce_max(stage, data, count, err);
+    return stage_tp_all_reduce_sum(stage, data, count, err);
+}
+
 /* -------------------------------------------------------------- forward */
 
 static pt_bf16 *mirror_at(const cuda_stage_state *state, size_t offset)
 {
     return state->mirror + mirror_offset(state, offset);
+}
+
+/* A row-parallel product into the fp32 stream: out = in W^T + bias +
+ * residual. Unsplit, bias and residual ride in the epilogue. Split, each
+ * shard holds some input features of W, so its product is partial: it
+ * runs plain, the group sums it, and bias and residual are added once
+ * after the sum. */
+static int row_parallel_forward(model_stage *stage, linear_forward f,
+                                const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (d->tp == 1) {
+        gemm_call call = forward_call(&f);
+        return gemm_run(state->gemm, &call, state->stream, err);
+    }
+    const float *bias = f.bias;
+    const float *residual = f.residual;
+    f.bias = NULL;
+    f.residual = NULL;
+    gemm_call call = forward_call(&f);
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+        return -1;
+    float *out = f.out;
+    if (tp_reduce(stage, out, (size_t)f.N * (size_t)f.OC, COMM_SUM, err) !=
+        0)
+        return -1;
+    CUDA_TRY(cuda_add_broadcast_rows(out, bias, 1, residual, f.N, f.OC,
+                                     state->stream));
+    return 0;
 }
 
 /* One pre-norm transformer block:
@@ -769,7 +871,7 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     backward_scratch *s = &state->scratch;
     cudaStream_t stream = state->stream;
     const float *P = stage->params;
-    int N = d->N, C = d->C, F = d->F;
+    int N = d->N, C = d->C, A = d->A, F = d->F;
 
     pt_bf16 *ln1_out = act->ln1_out != NULL ? act->ln1_out : s->norm_out;
     CUDA_TRY(cuda_layernorm_forward(ln1_out, act->ln1_mean, act->ln1_rstd,
@@ -779,21 +881,20 @@ static int layer_forward(model_stage *stage, layer_activations *act,
         .weight = mirror_at(state, o->qkv_weight), .input = ln1_out,
         .out = act->qkv, .out_fp32 = false,
         .bias = mirror_at(state, o->qkv_bias),
-        .N = N, .IC = C, .OC = 3 * C, .ld_out = 3 * C,
+        .N = N, .IC = C, .OC = 3 * A, .ld_out = 3 * A,
     };
     gemm_call call = forward_call(&qkv);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
     CUDA_TRY(cuda_attention_forward(act->att_out, act->att_lse, act->qkv,
-                                    d->B, d->T, C, d->NH, stream));
+                                    d->B, d->T, A, d->NH, stream));
     linear_forward proj = {
         .weight = mirror_at(state, o->attn_proj_weight),
         .input = act->att_out, .out = act->residual_mid, .out_fp32 = true,
         .bias = P + o->attn_proj_bias, .residual = input,
-        .N = N, .IC = C, .OC = C, .ld_out = C,
+        .N = N, .IC = A, .OC = C, .ld_out = C,
     };
-    call = forward_call(&proj);
-    if (gemm_run(state->gemm, &call, stream, err) != 0)
+    if (row_parallel_forward(stage, proj, d, err) != 0)
         return -1;
 
     pt_bf16 *ln2_out = act->ln2_out != NULL ? act->ln2_out : s->norm_out;
@@ -829,8 +930,7 @@ static int layer_forward(model_stage *stage, layer_activations *act,
         .bias = P + o->mlp_proj_bias, .residual = act->residual_mid,
         .N = N, .IC = F, .OC = C, .ld_out = C,
     };
-    call = forward_call(&mlp_proj);
-    return gemm_run(state->gemm, &call, stream, err);
+    return row_parallel_forward(stage, mlp_proj, d, err);
 }
 
 /* Copies the micro-batch's tokens (and, for the embedding, the plan of
@@ -855,8 +955,9 @@ static int upload_tokens(model_stage *stage, activation_slot *slot,
             .rows = host->plan_rows,
             .tokens = host->plan_tokens,
         };
-        embedding_plan_build(&plan, host->inputs, d->N, d->V,
-                             state->token_counts);
+        embedding_plan_build_range(&plan, host->inputs, d->N,
+                                   d->vocab_first, d->V,
+                                   state->token_counts);
         slot->unique_tokens = plan.unique_tokens;
     }
     /* host and device blocks share one layout: copy up to the plan's
@@ -865,6 +966,36 @@ static int upload_tokens(model_stage *stage, activation_slot *slot,
                             (char *)host->inputs);
     CUDA_TRY(cudaMemcpyAsync(slot->tokens.inputs, host->inputs, bytes,
                              cudaMemcpyHostToDevice, state->stream));
+    return 0;
+}
+
+/* The vocab-parallel classifier over the shard's logits (cuda_ops.h): the
+ * shard's row maxima and exponential sums, the group's maxima, the sums
+ * rescaled to them, then sums and target logits summed side by side in
+ * one reduction. The logits become softmax - onehot as on one GPU. */
+static int vocab_parallel_loss(model_stage *stage, activation_slot *slot,
+                               const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    cudaStream_t stream = state->stream;
+    size_t N = (size_t)d->N;
+    float *shard_max = state->scratch.row_stats;
+    float *group_max = shard_max + N, *sums = shard_max + 2 * N,
+          *target_logit = shard_max + 3 * N;
+    CUDA_TRY(cuda_vocab_parallel_partials(
+        slot->logits, shard_max, sums, target_logit, slot->tokens.targets,
+        d->vocab_first, d->N, d->V, state->ld_logits, stream));
+    CUDA_TRY(cudaMemcpyAsync(group_max, shard_max, N * sizeof(float),
+                             cudaMemcpyDeviceToDevice, stream));
+    if (tp_reduce(stage, group_max, N, COMM_MAX, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_vocab_parallel_rescale(sums, shard_max, group_max, d->N,
+                                         stream));
+    if (tp_reduce(stage, sums, 2 * N, COMM_SUM, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_vocab_parallel_finish(
+        slot->logits, slot->losses, slot->tokens.targets, group_max, sums,
+        target_logit, d->vocab_first, d->N, d->V, state->ld_logits, stream));
     return 0;
 }
 
@@ -889,9 +1020,12 @@ static int head_forward(model_stage *stage, activation_slot *slot,
     gemm_call call = forward_call(&head);
     if (gemm_run(state->gemm, &call, state->stream, err) != 0)
         return -1;
-    CUDA_TRY(cuda_classifier_forward(slot->logits, slot->losses,
-                                     slot->tokens.targets, N, V,
-                                     state->ld_logits, state->stream));
+    if (d->tp == 1)
+        CUDA_TRY(cuda_classifier_forward(slot->logits, slot->losses,
+                                         slot->tokens.targets, N, V,
+                                         state->ld_logits, state->stream));
+    else if (vocab_parallel_loss(stage, slot, d, err) != 0)
+        return -1;
     CUDA_TRY(cuda_mean(state->scratch.reduced, slot->losses, N,
                        state->stream));
     double loss = 0.0;
@@ -899,6 +1033,33 @@ static int head_forward(model_stage *stage, activation_slot *slot,
                              cudaMemcpyDeviceToHost, state->stream));
     CUDA_TRY(cudaStreamSynchronize(state->stream));
     *mean_loss = (float)loss;
+    return 0;
+}
+
+/* Token + position embedding into the slot's input. Vocab-parallel: each
+ * shard looks up the tokens of its rows (zero for the others), the group
+ * sums, then the positions are added. */
+static int embedding_forward(model_stage *stage, activation_slot *slot,
+                             const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    const stage_offsets *o = &state->offsets;
+    const float *token = stage->params + o->token_embedding;
+    const float *position = stage->params + o->position_embedding;
+    if (d->tp == 1) {
+        CUDA_TRY(cuda_embedding_forward(slot->input, slot->tokens.inputs,
+                                        token, position, d->B, d->T, d->C,
+                                        state->stream));
+        return 0;
+    }
+    CUDA_TRY(cuda_embedding_shard_forward(slot->input, slot->tokens.inputs,
+                                          token, d->vocab_first, d->V, d->N,
+                                          d->C, state->stream));
+    if (tp_reduce(stage, slot->input, (size_t)d->N * d->C, COMM_SUM, err) !=
+        0)
+        return -1;
+    CUDA_TRY(cuda_add_broadcast_rows(slot->input, position, d->T, NULL,
+                                     d->N, d->C, state->stream));
     return 0;
 }
 
@@ -915,12 +1076,8 @@ static int cuda_forward(model_stage *stage, int slot_index,
         return -1;
     size_t NC = (size_t)d.N * d.C;
     if (stage->spec.has_embedding) {
-        const stage_offsets *o = &state->offsets;
-        CUDA_TRY(cuda_embedding_forward(
-            slot->input, slot->tokens.inputs,
-            stage->params + o->token_embedding,
-            stage->params + o->position_embedding, d.B, d.T, d.C,
-            state->stream));
+        if (embedding_forward(stage, slot, &d, err) != 0)
+            return -1;
     } else if (io->input != slot->input) {
         CUDA_TRY(cudaMemcpyAsync(slot->input, io->input, NC * sizeof(float),
                                  cudaMemcpyDeviceToDevice, state->stream));
@@ -947,6 +1104,29 @@ static int cuda_forward(model_stage *stage, int slot_index,
 
 /* ------------------------------------------------------------- backward */
 
+/* The input gradient of a column-parallel layer (QKV, fc, LM head):
+ * call writes d_in (bf16, N x C). Split, each shard saw some output
+ * features, so its result is partial: the product writes fp32 into
+ * scratch.d_partial, the group sums it there and one pass rounds it to
+ * bf16 for the layer-norm backward, so the sum itself loses nothing. */
+static int column_parallel_input_grad(model_stage *stage, gemm_call call,
+                                      const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (d->tp == 1)
+        return gemm_run(state->gemm, &call, state->stream, err);
+    pt_bf16 *d_in = call.d;
+    float *partial = state->scratch.d_partial;
+    size_t count = (size_t)d->N * (size_t)d->C;
+    call.d = partial;
+    call.d_fp32 = true;
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
+        tp_reduce(stage, partial, count, COMM_SUM, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_convert_to_bf16(d_in, partial, count, state->stream));
+    return 0;
+}
+
 /* The block's backward in reverse order of its forward. d_out (fp32) and
  * its bf16 copy in scratch.d_stream_bf16 are the gradient of the block's
  * output; d_input (fp32) and scratch.d_stream_bf16 receive the gradient
@@ -961,7 +1141,7 @@ static int layer_backward(model_stage *stage, float *d_input,
     cudaStream_t stream = state->stream;
     const float *P = stage->params;
     float *G = stage->grads;
-    int N = d->N, C = d->C, F = d->F;
+    int N = d->N, C = d->C, A = d->A, F = d->F;
     /* the fc bias gradient, when the DGELU_BGRAD epilogue makes it */
     float *bias_fc = s->bias_grads;
     bool fc_bias_pending = false;
@@ -1026,7 +1206,7 @@ static int layer_backward(model_stage *stage, float *d_input,
         return -1;
     call = input_grad_call(s->d_norm, s->d_fc, F,
                            mirror_at(state, o->fc_weight), N, C, F, 1.0f);
-    if (gemm_run(state->gemm, &call, stream, err) != 0)
+    if (column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
     /* d_mid = d_out + ln2's term, into d_input (and its bf16 copy) */
     CUDA_TRY(cuda_layernorm_backward(
@@ -1036,18 +1216,18 @@ static int layer_backward(model_stage *stage, float *d_input,
 
     /* mid = input + attn_proj(attention(qkv(ln1(input)))) */
     call = weight_grad_call(G + o->attn_proj_weight, act->att_out,
-                            s->d_stream_bf16, C, N, C, C, 1.0f);
+                            s->d_stream_bf16, C, N, A, C, 1.0f);
     if (weight_and_bias_grad(state, &call, G + o->attn_proj_bias, d, err) !=
         0)
         return -1;
     call = input_grad_call(s->d_att, s->d_stream_bf16, C,
-                           mirror_at(state, o->attn_proj_weight), N, C, C,
+                           mirror_at(state, o->attn_proj_weight), N, A, C,
                            1.0f);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
     CUDA_TRY(cuda_attention_backward(s->d_qkv, s->d_att, act->qkv,
                                      act->att_out, act->att_lse,
-                                     s->attention, d->B, d->T, C, d->NH,
+                                     s->attention, d->B, d->T, A, d->NH,
                                      stream));
     const pt_bf16 *ln1_out = act->ln1_out;
     if (ln1_out == NULL) {
@@ -1056,14 +1236,14 @@ static int layer_backward(model_stage *stage, float *d_input,
                                         N, C, stream));
         ln1_out = s->norm_out;
     }
-    call = weight_grad_call(G + o->qkv_weight, ln1_out, s->d_qkv, 3 * C, N,
-                            C, 3 * C, 1.0f);
+    call = weight_grad_call(G + o->qkv_weight, ln1_out, s->d_qkv, 3 * A, N,
+                            C, 3 * A, 1.0f);
     if (weight_and_bias_grad(state, &call, G + o->qkv_bias, d, err) != 0)
         return -1;
-    call = input_grad_call(s->d_norm, s->d_qkv, 3 * C,
-                           mirror_at(state, o->qkv_weight), N, C, 3 * C,
+    call = input_grad_call(s->d_norm, s->d_qkv, 3 * A,
+                           mirror_at(state, o->qkv_weight), N, C, 3 * A,
                            1.0f);
-    if (gemm_run(state->gemm, &call, stream, err) != 0)
+    if (column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
     CUDA_TRY(cuda_layernorm_backward(
         d_input, s->d_stream_bf16, G + o->ln1_weight, G + o->ln1_bias,
@@ -1091,7 +1271,7 @@ static int head_backward(model_stage *stage, activation_slot *slot,
                                      state->ld_logits,
                                      mirror_at(state, o->head_weight), N, C,
                                      Vp, alpha);
-    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+    if (column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
     call = weight_grad_call(stage->grads + o->head_weight, slot->final_out,
                             slot->logits, state->ld_logits, N, C, Vp, alpha);
@@ -1225,6 +1405,25 @@ static int cuda_grad_square_sum(const model_stage *stage, double *out,
     return 0;
 }
 
+static int cuda_grad_square_sums(const model_stage *stage,
+                                 double *per_tensor, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    if (stage->tensor_count == 0)
+        return 0;
+    CUDA_TRY(cudaSetDevice(state->device));
+    CUDA_TRY(cuda_square_sums_per_tensor(
+        s->tensor_squares, stage->grads, state->chunks, state->chunk_count,
+        state->tensor_chunk_starts, stage->tensor_count, s->chunk_squares,
+        state->stream));
+    CUDA_TRY(cudaMemcpyAsync(per_tensor, s->tensor_squares,
+                             (size_t)stage->tensor_count * sizeof(double),
+                             cudaMemcpyDeviceToHost, state->stream));
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    return 0;
+}
+
 static int cuda_adamw_step(model_stage *stage, const adamw_config *config,
                            float learning_rate, float grad_scale,
                            pt_error *err)
@@ -1264,6 +1463,11 @@ static const float *cuda_input_grad(const model_stage *stage)
     return state_of(stage)->scratch.input_grad;
 }
 
+static float *cuda_output_grad_buffer(model_stage *stage)
+{
+    return state_of(stage)->scratch.output_grad;
+}
+
 static const stage_backend cuda_backend_table = {
     .kind = BACKEND_CUDA,
     .name = "cuda",
@@ -1273,12 +1477,14 @@ static const stage_backend cuda_backend_table = {
     .backward = cuda_backward,
     .zero_grads = cuda_zero_grads,
     .grad_square_sum = cuda_grad_square_sum,
+    .grad_square_sums = cuda_grad_square_sums,
     .adamw_step = cuda_adamw_step,
     .copy_to_host = cuda_copy_to_host,
     .copy_from_host = cuda_copy_from_host,
     .input_buffer = cuda_input_buffer,
     .output = cuda_output,
     .input_grad = cuda_input_grad,
+    .output_grad_buffer = cuda_output_grad_buffer,
 };
 
 const stage_backend *cuda_stage_backend(void)

@@ -67,6 +67,14 @@ write_tiny_plan() { # FILE [PP] [VOCAB]
 JSON
 }
 
+# A model small enough for the cpu backend to profile in a second.
+write_profile_model() { # FILE
+  cat >"$1" <<JSON
+{ "name": "tiny", "layers": 2, "hidden": 64, "heads": 4, "seq": 32,
+  "vocab": 512 }
+JSON
+}
+
 case "$case_name" in
 help)
   run 0 partita --help;           expect_in out.txt "usage: partita"
@@ -356,8 +364,11 @@ exec-bad)
   expect_in err.txt "\-\-data"
   run 2 partita exec in-plan.json --data in-corpus --load in-no-checkpoint
   expect_in err.txt "manifest.json"
+  run 2 partita exec in-plan.json --data in-corpus --comm-timeout 0
+  expect_in err.txt "\-\-comm-timeout: expected a positive number of seconds"
   run 0 partita exec --help
   expect_in out.txt "usage: partita exec"
+  expect_in out.txt "\-\-comm-timeout S"
   no_leftovers
   ;;
 report-run)
@@ -477,8 +488,11 @@ JSON
   sed 's/"3-1"/"2-2"/' in-pp2.json >in-other.json
   run 2 partita exec in-other.json --data in-corpus --iters 8 --load ckpt -o other.json
   expect_in err.txt "partition\[0\] is 3 layers"
+  # on cuda the plan is checked against this machine's GPUs first: no GPU
+  # (or no cuda backend), or GPUs that are not the cluster's A100s
   run 2 partita exec in-pp2.json --data in-corpus --backend cuda -o cuda.json
-  expect_in err.txt "parallel plans run on the cpu backend only for now"
+  grep -q -e "GPU" -e "device" -e "cuda backend is not built" err.txt ||
+    { cat err.txt; fail "the cuda refusal does not name the GPUs"; }
   ;;
 exec-tp2)
   # Megatron tensor parallelism over 2 "gpus" on the cpu backend, with a
@@ -499,6 +513,84 @@ JSON
   expect_in ckpt/manifest.json 'params.rank3'
   run 0 partita exec in-tp2.json --data in-corpus --iters 4 --load ckpt -o resumed.json
   expect_in resumed.json '"first_iteration": 4'
+  ;;
+profile-cpu)
+  # partita profile on the cpu backend: the profile of a tiny model loads
+  # in the reader and prices the model for the planner
+  write_profile_model in-tiny.json
+  run 0 partita profile --model in-tiny.json --backend cpu --quick --tp 1,2,4 --mbs 1,2,4 -o cpu.json
+  [ -s cpu.json ] || fail "cpu.json not written"
+  expect_in cpu.json '"source": "measured"'
+  expect_in cpu.json '"forward_spread"'
+  expect_in cpu.json '"command": "partita profile --model in-tiny.json'
+  expect_in cpu.json '"date_utc"'
+  expect_in cpu.json 'link figures apply'
+  [ "$(grep -c '"mbs"' cpu.json)" = 9 ] || fail "expected 9 points in cpu.json"
+  expect_in err.txt "tp 4, micro-batch 4: embedding"
+  expect_in out.txt "written to cpu.json"
+  [ -z "$(ls -A | grep tmp)" ] || fail "temporary files left: $(ls -A)"
+  cat >in-box.json <<JSON
+{ "name": "cpu-box", "nodes": [
+    { "name": "box", "gpu": "cpu", "gpus": 4,
+      "intra_node": { "bandwidth_GBps": 10, "latency_us": 5 } } ] }
+JSON
+  run 0 partita plan --model in-tiny.json --cluster in-box.json --gbs 8 --profiles . --quiet -o plan.json
+  expect_in out.txt "scored"
+  run 0 partita estimate plan.json --profiles .
+  # two models, two shapes; a tp the heads do not allow is skipped with a
+  # note, the rest measured
+  sed 's/"hidden": 64, "heads": 4/"hidden": 48, "heads": 2/' in-tiny.json >in-tiny2.json
+  run 0 partita profile --model in-tiny.json,in-tiny2.json --backend cpu --quick --tp 1,4 --mbs 1 --gpu-name tiny-cpu
+  expect_in tiny-cpu.json '"gpu": "tiny-cpu"'
+  [ "$(grep -c '"hidden"' tiny-cpu.json)" = 2 ] || fail "expected 2 shapes in tiny-cpu.json"
+  expect_in tiny-cpu.json 'tiny: tp 4 skipped: it does not divide the heads (2 heads'
+  run 2 partita profile --model in-tiny.json,in-tiny.json --backend cpu --quick
+  expect_in err.txt "the same hidden"
+  ;;
+profile-bad)
+  write_profile_model in-tiny.json
+  run 2 partita profile --backend cpu --model in-missing.json
+  expect_in err.txt "in-missing.json"
+  run 2 partita profile --backend cpu --model in-tiny.json --tp 1,3
+  expect_in err.txt "tp 3 is not a power of two"
+  run 2 partita profile --backend cpu --model in-tiny.json --tp 2,1
+  expect_in err.txt "ascend"
+  run 2 partita profile --backend cpu --model in-tiny.json --tp one
+  expect_in err.txt "'one'"
+  run 2 partita profile --backend cpu --model in-tiny.json --mbs 1,,2
+  expect_in err.txt "\-\-mbs"
+  run 2 partita profile --backend cpu --model in-tiny.json -o in-missing-dir/p.json
+  expect_in err.txt "in-missing-dir"
+  [ ! -e in-missing-dir ] || fail "a directory was made"
+  run 2 partita profile --backend cpu --model in-tiny.json --sm-limit 16
+  expect_in err.txt "cuda backend"
+  run 2 partita profile --backend tpu --model in-tiny.json
+  expect_in err.txt "tpu"
+  run 2 partita profile
+  expect_in err.txt "\-\-model is required"
+  run 0 partita profile --help
+  expect_in out.txt "usage: partita profile"
+  no_leftovers
+  ;;
+profile-compare)
+  write_profile_model in-tiny.json
+  run 0 partita profile --model in-tiny.json --backend cpu --quick --tp 1,2 --mbs 1,2 -o p.json
+  run 0 partita profile --compare p.json p.json
+  expect_in out.txt "0 differ by more than 3 %"
+  expect_in out.txt "tp 2 mbs 2 head backward"
+  # the optimizer figure five times larger: one entry over
+  sed 's/"optimizer_s_per_param": /"optimizer_s_per_param": 2/' p.json >in-perturbed.json
+  run 1 partita profile --compare p.json in-perturbed.json
+  expect_in out.txt "1 differ by more than 3 %"
+  expect_in out.txt "optimizer per parameter"
+  run 0 partita profile --compare p.json in-perturbed.json --tolerance 1000
+  run 0 partita profile --model in-tiny.json --backend cpu --quick --tp 1 --mbs 1 -o q.json
+  run 1 partita profile --compare p.json q.json --tolerance 1000
+  expect_in out.txt "only in A"
+  run 2 partita profile --compare p.json in-missing.json
+  expect_in err.txt "in-missing.json"
+  run 2 partita profile --compare p.json
+  expect_in err.txt "two profile files"
   ;;
 *)
   fail "unknown case"

@@ -84,9 +84,28 @@ static void small_work_pays_overheads_and_ramps(void **state)
     /* half the layer per rank at tp 2, but not half the time */
     assert_true(tp_two.layer.forward_s < one.layer.forward_s);
     assert_true(tp_two.layer.forward_s > 0.5 * one.layer.forward_s);
-    /* ten kernels forward, fifteen backward, each at least its overhead */
-    assert_true(one.layer.forward_s >= 10 * 4e-6);
-    assert_true(one.layer.backward_s >= 15 * 4e-6);
+}
+
+/* With a 1 s overhead every kernel shows up as a whole second. */
+static void every_part_runs_its_kernels(void **state)
+{
+    (void)state;
+    roofline_params p = known_params();
+    p.kernel_overhead_s = 1.0;
+    roofline_device device = h200(132);
+    model_shape small = shape_of(768, 12, 1024, 50257);
+    model_part_costs costs;
+    roofline_part_costs(&p, &device, &small, 2, 1, 2.0, &costs);
+    /* embedding: one kernel each way */
+    assert_int_equal((int)floor(costs.embedding.forward_s), 1);
+    assert_int_equal((int)floor(costs.embedding.backward_s), 1);
+    /* layer: 2 norms, 4 GEMMs, attention, bias + GELU, 2 bias + residual;
+       backward: each GEMM twice */
+    assert_int_equal((int)floor(costs.layer.forward_s), 10);
+    assert_int_equal((int)floor(costs.layer.backward_s), 14);
+    /* head: norm, LM head GEMM, cross-entropy; backward: the GEMM twice */
+    assert_int_equal((int)floor(costs.head.forward_s), 3);
+    assert_int_equal((int)floor(costs.head.backward_s), 4);
 }
 
 static void fewer_sms_are_slower(void **state)
@@ -407,6 +426,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(large_gemms_approach_the_peak),
         cmocka_unit_test(small_work_pays_overheads_and_ramps),
+        cmocka_unit_test(every_part_runs_its_kernels),
         cmocka_unit_test(fewer_sms_are_slower),
         cmocka_unit_test(fit_recovers_known_parameters),
         cmocka_unit_test(fit_leaves_out_times_it_cannot_model),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check of the cuda backend in one call, for the GPU machine:
-# the three test programs, then the benchmark against PyTorch
+# the four test programs, then the benchmark against PyTorch
 # (bench/exec_vs_torch/run.sh). Logs go to LOG_DIR; a summary comes last.
 #
 # Usage: tests/executor/gpu/run_all.sh BUILD_DIR [LOG_DIR]
@@ -47,6 +47,7 @@ run test_cuda_ops "$gpu/test_cuda_ops"
 run test_cuda_training "$gpu/test_cuda_training"
 # shellcheck disable=SC2086
 run test_cuda_stage "$gpu/test_cuda_stage" ${STAGE_ARGS:-}
+run test_cuda_tensor_parallel "$gpu/test_cuda_tensor_parallel"
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     echo "== benchmark (bench/exec_vs_torch/run.sh)"

@@ -1,6 +1,7 @@
 /*
  * Each kernel and product of the cuda backend against the cpu reference
- * op of executor.h, on fresh random inputs. Inputs the GPU reads as bf16
+ * op of executor.h, on fresh random inputs (the tensor-parallel kernels
+ * against the whole op, their shards put together on the host). Inputs the GPU reads as bf16
  * are rounded to bf16 before the cpu sees them, so the errors below are
  * those of the computation alone: fp32 kernels must land under 1e-4,
  * kernels with bf16 outputs or bf16 intermediates (attention's P, the
@@ -103,6 +104,107 @@ static void test_embedding(gpu_test_tally *tally)
     cudaFree(d_wte), cudaFree(d_wpe), cudaFree(d_tokens), cudaFree(d_out);
     cudaFree(dev_grad_wte), cudaFree(dev_grad_wpe), cudaFree(d_starts);
     cudaFree(d_rows), cudaFree(d_group_tokens), cudaFree(dev_grad_out);
+}
+
+/* The vocab-parallel lookup of two shards (rows 0..V/2 and the rest),
+ * summed on the host, plus the positions by cuda_add_broadcast_rows,
+ * against the whole lookup; then each shard's token gradient through its
+ * range plan against its rows of the whole gradient. */
+static void test_embedding_shards(gpu_test_tally *tally)
+{
+    int B = 2, T = 33, C = 64, V = 51;
+    int N = B * T, tp = 2;
+    size_t NC = (size_t)N * C;
+    float *wte = random_host((size_t)V * C, 1.0f, 0.0f);
+    float *wpe = random_host((size_t)T * C, 1.0f, 0.0f);
+    uint32_t *tokens = gpu_test_host((size_t)N * sizeof *tokens);
+    for (int i = 0; i < N; i++)
+        tokens[i] = (uint32_t)(gpu_test_uniform(&rng_state) * V);
+    float *want = gpu_test_host(NC * sizeof *want);
+    cpu_embedding_forward(want, tokens, wte, wpe, B, T, C);
+    float *grad_out = random_host(NC, 1.0f, 0.0f);
+    float *want_wte = gpu_test_host((size_t)V * C * sizeof(float));
+    float *want_wpe = gpu_test_host((size_t)T * C * sizeof(float));
+    cpu_embedding_backward(want_wte, want_wpe, grad_out, tokens, B, T, C);
+
+    uint32_t *d_tokens = gpu_test_device((size_t)N * sizeof *d_tokens);
+    GPU_CHECK(cudaMemcpy(d_tokens, tokens, (size_t)N * sizeof *tokens,
+                         cudaMemcpyHostToDevice));
+    float *d_out = gpu_test_device(NC * sizeof(float));
+    float *dev_grad_out = gpu_test_upload(grad_out, NC);
+    float *sum = gpu_test_host(NC * sizeof *sum);
+    float *part = gpu_test_host(NC * sizeof *part);
+    embedding_plan plan = {
+        .starts = gpu_test_host((size_t)(N + 1) * sizeof(int)),
+        .rows = gpu_test_host((size_t)N * sizeof(int)),
+        .tokens = gpu_test_host((size_t)N * sizeof(uint32_t)),
+    };
+    int *counts = gpu_test_host((size_t)V * sizeof(int));
+    int *d_starts = gpu_test_device((size_t)(N + 1) * sizeof(int));
+    int *d_rows = gpu_test_device((size_t)N * sizeof(int));
+    uint32_t *d_group_tokens = gpu_test_device((size_t)N * sizeof(uint32_t));
+    float *got_wte = gpu_test_host((size_t)V * C * sizeof(float));
+    for (int t = 0; t < tp; t++) {
+        int first = 0, count = 0;
+        stage_vocab_shard(V, tp, t, &first, &count);
+        float *d_shard = gpu_test_upload(wte + (size_t)first * C,
+                                         (size_t)count * C);
+        GPU_CHECK(cuda_embedding_shard_forward(d_out, d_tokens, d_shard,
+                                               first, count, N, C, 0));
+        gpu_test_download(part, d_out, NC);
+        for (size_t i = 0; i < NC; i++)
+            sum[i] = t == 0 ? part[i] : sum[i] + part[i];
+
+        /* the shard's token gradient from zero, through its range plan */
+        GPU_CHECK(cudaMemset(d_shard, 0, (size_t)count * C * sizeof(float)));
+        embedding_plan_build_range(&plan, tokens, N, first, count, counts);
+        GPU_CHECK(cudaMemcpy(d_starts, plan.starts,
+                             (size_t)(N + 1) * sizeof(int),
+                             cudaMemcpyHostToDevice));
+        GPU_CHECK(cudaMemcpy(d_rows, plan.rows, (size_t)N * sizeof(int),
+                             cudaMemcpyHostToDevice));
+        GPU_CHECK(cudaMemcpy(d_group_tokens, plan.tokens,
+                             (size_t)N * sizeof(uint32_t),
+                             cudaMemcpyHostToDevice));
+        GPU_CHECK(cuda_embedding_backward(d_shard, NULL, dev_grad_out,
+                                          d_starts, d_rows, d_group_tokens,
+                                          plan.unique_tokens, B, T, C, 0));
+        gpu_test_download(got_wte + (size_t)first * C, d_shard,
+                          (size_t)count * C);
+        cudaFree(d_shard);
+    }
+    float *d_sum = gpu_test_upload(sum, NC);
+    float *d_wpe = gpu_test_upload(wpe, (size_t)T * C);
+    GPU_CHECK(cuda_add_broadcast_rows(d_sum, d_wpe, T, NULL, N, C, 0));
+    float *got = gpu_test_host(NC * sizeof *got);
+    gpu_test_download(got, d_sum, NC);
+    gpu_test_compare(tally, "embedding shards summed + positions", got, want,
+                     NC, 1e-7);
+    gpu_test_compare(tally, "embedding shards' token gradients", got_wte,
+                     want_wte, (size_t)V * C, 1e-6);
+
+    /* a bias and a residual, the row-parallel layers' epilogue */
+    float *out = random_host(NC, 1.0f, 0.0f);
+    float *bias = random_host((size_t)C, 1.0f, 0.0f);
+    float *residual = random_host(NC, 1.0f, 0.0f);
+    float *d_target = gpu_test_upload(out, NC);
+    float *d_bias = gpu_test_upload(bias, (size_t)C);
+    float *d_residual = gpu_test_upload(residual, NC);
+    for (size_t i = 0; i < NC; i++)
+        out[i] += bias[i % (size_t)C] + residual[i];
+    GPU_CHECK(cuda_add_broadcast_rows(d_target, d_bias, 1, d_residual, N, C,
+                                      0));
+    gpu_test_download(got, d_target, NC);
+    gpu_test_compare(tally, "add bias and residual", got, out, NC, 1e-7);
+
+    free(wte), free(wpe), free(tokens), free(want), free(grad_out);
+    free(want_wte), free(want_wpe), free(sum), free(part), free(got);
+    free(plan.starts), free(plan.rows), free(plan.tokens), free(counts);
+    free(got_wte), free(out), free(bias), free(residual);
+    cudaFree(d_tokens), cudaFree(d_out), cudaFree(dev_grad_out);
+    cudaFree(d_starts), cudaFree(d_rows), cudaFree(d_group_tokens);
+    cudaFree(d_sum), cudaFree(d_wpe), cudaFree(d_target), cudaFree(d_bias);
+    cudaFree(d_residual);
 }
 
 /* ----------------------------------------------------------- layernorm */
@@ -562,6 +664,117 @@ static void test_classifier(gpu_test_tally *tally, int N, int V)
     cudaFree(dev_mean);
 }
 
+/* The vocab-parallel classifier over tp shards of the vocabulary, the
+ * group's reductions done on the host between the launches, against the
+ * whole classifier of the cpu: losses, each shard's d logits (its columns
+ * of the whole), zeroed padding. */
+static void test_vocab_parallel_classifier(gpu_test_tally *tally, int N,
+                                           int V, int tp)
+{
+    char name[128];
+    float *logits = random_bf16_host((size_t)N * V, 4.0f);
+    uint32_t *targets = gpu_test_host((size_t)N * sizeof *targets);
+    for (int n = 0; n < N; n++)
+        targets[n] = (uint32_t)(gpu_test_uniform(&rng_state) * V);
+    targets[0] = (uint32_t)V - 1;
+    float *probs = gpu_test_host((size_t)N * V * sizeof(float));
+    float *want_losses = gpu_test_host((size_t)N * sizeof(float));
+    cpu_softmax_crossentropy_forward(probs, want_losses, logits, targets, N,
+                                     V);
+    cpu_softmax_crossentropy_backward(probs, probs, targets, 1.0f, N, V);
+    uint32_t *dev_targets = gpu_test_device((size_t)N * sizeof(uint32_t));
+    GPU_CHECK(cudaMemcpy(dev_targets, targets, (size_t)N * sizeof(uint32_t),
+                         cudaMemcpyHostToDevice));
+
+    /* per shard: its padded logits and its 4N row statistics */
+    pt_bf16 *dev_logits[8];
+    float *dev_stats[8];
+    int firsts[8], counts[8], lds[8];
+    size_t stats_bytes = 4 * (size_t)N * sizeof(float);
+    for (int t = 0; t < tp; t++) {
+        stage_vocab_shard(V, tp, t, &firsts[t], &counts[t]);
+        lds[t] = (counts[t] + 127) / 128 * 128;
+        float *padded = gpu_test_host((size_t)N * lds[t] * sizeof(float));
+        for (int n = 0; n < N; n++)
+            memcpy(padded + (size_t)n * lds[t],
+                   logits + (size_t)n * V + firsts[t],
+                   (size_t)counts[t] * sizeof(float));
+        dev_logits[t] = gpu_test_upload_bf16(padded, (size_t)N * lds[t]);
+        dev_stats[t] = gpu_test_device(stats_bytes);
+        free(padded);
+        /* stats: shard max, group max, sums, target logits */
+        float *s = dev_stats[t];
+        GPU_CHECK(cuda_vocab_parallel_partials(dev_logits[t], s, s + 2 * N,
+                                               s + 3 * N, dev_targets,
+                                               firsts[t], N, counts[t],
+                                               lds[t], 0));
+    }
+    /* the group's max, then (after the rescale) the group's sums */
+    float *host = gpu_test_host(stats_bytes);
+    float *group = gpu_test_host(stats_bytes);
+    for (int t = 0; t < tp; t++) {
+        gpu_test_download(host, dev_stats[t], (size_t)N);
+        for (int n = 0; n < N; n++)
+            group[n] = t == 0 || host[n] > group[n] ? host[n] : group[n];
+    }
+    for (int t = 0; t < tp; t++) {
+        GPU_CHECK(cudaMemcpy(dev_stats[t] + N, group, (size_t)N * sizeof(float),
+                             cudaMemcpyHostToDevice));
+        GPU_CHECK(cuda_vocab_parallel_rescale(dev_stats[t] + 2 * N,
+                                              dev_stats[t], dev_stats[t] + N,
+                                              N, 0));
+    }
+    for (int t = 0; t < tp; t++) {
+        gpu_test_download(host, dev_stats[t] + 2 * N, 2 * (size_t)N);
+        for (int i = 0; i < 2 * N; i++)
+            group[i] = t == 0 ? host[i] : group[i] + host[i];
+    }
+    float *dev_losses = gpu_test_device((size_t)N * sizeof(float));
+    float *got_losses = gpu_test_host((size_t)N * sizeof(float));
+    float *got = gpu_test_host((size_t)N * V * sizeof(float));
+    bool padding_zero = true, losses_agree = true;
+    for (int t = 0; t < tp; t++) {
+        GPU_CHECK(cudaMemcpy(dev_stats[t] + 2 * N, group,
+                             2 * (size_t)N * sizeof(float),
+                             cudaMemcpyHostToDevice));
+        float *s = dev_stats[t];
+        GPU_CHECK(cuda_vocab_parallel_finish(dev_logits[t], dev_losses,
+                                             dev_targets, s + N, s + 2 * N,
+                                             s + 3 * N, firsts[t], N,
+                                             counts[t], lds[t], 0));
+        gpu_test_download(host, dev_losses, (size_t)N);
+        for (int n = 0; n < N; n++)
+            losses_agree = losses_agree && (t == 0 || host[n] == got_losses[n]);
+        memcpy(got_losses, host, (size_t)N * sizeof(float));
+        float *rows = gpu_test_host((size_t)N * lds[t] * sizeof(float));
+        gpu_test_download_bf16(rows, dev_logits[t], (size_t)N * lds[t]);
+        for (int n = 0; n < N; n++) {
+            memcpy(got + (size_t)n * V + firsts[t], rows + (size_t)n * lds[t],
+                   (size_t)counts[t] * sizeof(float));
+            for (int c = counts[t]; c < lds[t]; c++)
+                padding_zero =
+                    padding_zero && rows[(size_t)n * lds[t] + c] == 0.0f;
+        }
+        free(rows);
+    }
+    snprintf(name, sizeof name, "vocab-parallel losses N=%d V=%d tp=%d", N,
+             V, tp);
+    gpu_test_compare(tally, name, got_losses, want_losses, (size_t)N,
+                     TOL_FP32);
+    snprintf(name, sizeof name, "vocab-parallel d_logits V=%d tp=%d", V, tp);
+    gpu_test_compare(tally, name, got, probs, (size_t)N * V, TOL_BF16_OUT);
+    snprintf(name, sizeof name,
+             "vocab-parallel: every shard gets the same losses and zeroes "
+             "its padding (tp=%d)",
+             tp);
+    gpu_test_expect(tally, losses_agree && padding_zero, name);
+    for (int t = 0; t < tp; t++)
+        cudaFree(dev_logits[t]), cudaFree(dev_stats[t]);
+    free(logits), free(targets), free(probs), free(want_losses), free(host);
+    free(group), free(got_losses), free(got);
+    cudaFree(dev_targets), cudaFree(dev_losses);
+}
+
 /* ----------------------------------------------------------- optimizer */
 
 static void test_optimizer(gpu_test_tally *tally)
@@ -638,6 +851,34 @@ static void test_optimizer(gpu_test_tally *tally)
     float got_f = (float)got_sum, want_f = (float)want_sum;
     gpu_test_compare(tally, "gradient sum of squares", &got_f, &want_f, 1,
                      1e-6);
+
+    /* per tensor, through the chunk table: tensor 1 starts at the first
+     * chunk past tensor 0 */
+    int tensor_chunk_starts[3] = {0, 0, chunk_count};
+    while (chunks[tensor_chunk_starts[1]].offset < sizes[0])
+        tensor_chunk_starts[1]++;
+    int *dev_starts = gpu_test_device(sizeof tensor_chunk_starts);
+    GPU_CHECK(cudaMemcpy(dev_starts, tensor_chunk_starts,
+                         sizeof tensor_chunk_starts, cudaMemcpyHostToDevice));
+    double *dev_sums = gpu_test_device(2 * sizeof(double));
+    double *dev_chunk_sums = gpu_test_device(8 * sizeof(double));
+    GPU_CHECK(cuda_square_sums_per_tensor(dev_sums, dev_grads, dev_chunks,
+                                          chunk_count, dev_starts, 2,
+                                          dev_chunk_sums, 0));
+    double got_sums[2];
+    GPU_CHECK(cudaMemcpy(got_sums, dev_sums, sizeof got_sums,
+                         cudaMemcpyDeviceToHost));
+    float got_per_tensor[2], want_per_tensor[2] = {0.0f, 0.0f};
+    double want_tensor[2] = {0.0, 0.0};
+    for (size_t i = 0; i < total; i++)
+        want_tensor[i < sizes[0] ? 0 : 1] += (double)grads[i] * grads[i];
+    for (int t = 0; t < 2; t++) {
+        got_per_tensor[t] = (float)got_sums[t];
+        want_per_tensor[t] = (float)want_tensor[t];
+    }
+    gpu_test_compare(tally, "gradient sums of squares per tensor",
+                     got_per_tensor, want_per_tensor, 2, 1e-6);
+    cudaFree(dev_starts), cudaFree(dev_sums), cudaFree(dev_chunk_sums);
     free(params), free(grads), free(m), free(v), free(got);
     cudaFree(dev_params), cudaFree(dev_grads), cudaFree(dev_m);
     cudaFree(dev_v), cudaFree(dev_mirror), cudaFree(dev_chunks);
@@ -649,6 +890,7 @@ int main(void)
     gpu_test_require_device("test_cuda_ops");
     gpu_test_tally tally = {0, 0};
     test_embedding(&tally);
+    test_embedding_shards(&tally);
     test_layernorm(&tally, 300, 768);
     test_layernorm(&tally, 77, 100); /* C % 8 != 0: the scalar path */
     test_bias_grad(&tally, 1000, 768);
@@ -661,6 +903,8 @@ int main(void)
     test_attention(&tally, 2, 70, 48, 3);     /* D 16: plain fallback */
     test_classifier(&tally, 64, 1000);
     test_classifier(&tally, 16, 50257);
+    test_vocab_parallel_classifier(&tally, 64, 1001, 2);
+    test_vocab_parallel_classifier(&tally, 16, 50257, 4);
     test_optimizer(&tally);
     GPU_CHECK(cudaGetLastError());
     return gpu_test_finish(&tally, "test_cuda_ops");

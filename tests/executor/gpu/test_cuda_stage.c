@@ -6,7 +6,8 @@
  *      parameter's gradient, the gradient norm, then one AdamW step;
  *   2. a small model split into three pipeline stages (embedding and
  *      tied head on different stages, two micro-batches in flight in two
- *      activation slots) against the whole model on the cpu;
+ *      activation slots, gradients received in stage_output_grad_buffer)
+ *      against the whole model on the cpu;
  *   3. the backend's variants (epilogues off, nothing or everything
  *      recomputed, untied head) on a small model.
  *
@@ -254,11 +255,27 @@ static void test_pipeline_split(gpu_test_tally *tally)
             activation = stage_output(&stages[s], m);
         }
     }
+    /* gradients travel as the runtime moves them: into the receiving
+     * stage's stage_output_grad_buffer */
+    size_t activation_bytes =
+        (size_t)mbs * (size_t)shape.seq * (size_t)shape.hidden * sizeof(float);
+    gpu_test_expect(tally,
+                    stage_output_grad_buffer(&stages[2]) == NULL &&
+                        stage_output_grad_buffer(&stages[0]) != NULL &&
+                        stage_output_grad_buffer(&stages[1]) != NULL,
+                    "pipeline: stages without the head have an output "
+                    "gradient buffer, the head's stage none");
     for (int m = 0; m < micro_batches; m++) {
         const float *gradient = NULL;
         for (int s = 2; s >= 0; s--) {
+            float *received = NULL;
+            if (gradient != NULL) {
+                received = stage_output_grad_buffer(&stages[s]);
+                GPU_CHECK(cudaMemcpy(received, gradient, activation_bytes,
+                                     cudaMemcpyDeviceToDevice));
+            }
             stage_io io = {.mbs = mbs, .tokens = tokens + m * mbs * window,
-                           .output_grad = gradient, .loss_scale = 0.5f};
+                           .output_grad = received, .loss_scale = 0.5f};
             PT_CHECK(stage_backward(&stages[s], m, &io, &err), &err);
             gradient = stage_input_grad(&stages[s]);
         }

@@ -6,8 +6,8 @@
  * its checkpoint equals the straight run bit for bit; the record holds
  * one device, one memory figure and events for every rank; the stop flag
  * ends the run after the current iteration with a checkpoint; too little
- * memory for the ranks together, a parallel plan on cuda and a
- * checkpoint of another layout are refused.
+ * memory for the ranks together, a parallel plan on cuda without the
+ * GPUs it names and a checkpoint of another layout are refused.
  */
 #include "run_test_support.h"
 
@@ -337,9 +337,22 @@ static void cuda_parallel_and_memory_are_refused(void **state)
     options.memory_available_bytes = 1024.0;
     expect_refusal(&p, &options, "the 2 ranks of this plan");
     options.memory_available_bytes = 0.0;
+    /* on cuda, a parallel plan is checked against this machine's GPUs
+     * before anything is allocated: refused here with no GPU (or no cuda
+     * backend), and on a GPU machine for the cluster's A100 type */
     options.backend = BACKEND_CUDA;
-    expect_refusal(&p, &options,
-                   "parallel plans run on the cpu backend only for now");
+    run_result result;
+    int status = run_training(&p, &options, &result, &err);
+    run_result_free(&result);
+    if (status != -1)
+        fail_msg("expected a refusal, got %d (%s)", status, err.message);
+    pt_error ignored = {{0}};
+    if (backend_find(BACKEND_CUDA, &ignored) == NULL)
+        assert_message_has(&err, "cuda backend is not built");
+    else if (strstr(err.message, "GPU") == NULL &&
+             strstr(err.message, "device") == NULL)
+        fail_msg("expected a refusal naming the GPUs, got \"%s\"",
+                 err.message);
     plan_free(&p);
 }
 

@@ -1,0 +1,204 @@
+/*
+ * partita profile --compare A.json B.json [--tolerance P]: every entry of
+ * two profiles side by side with its difference, B against A, in percent;
+ * the repeatability check of two measurements of one GPU. An entry is
+ * one part's forward or backward time at a (tp, micro-batch) point of a
+ * shape, the optimizer's time per parameter, or one communication sample.
+ */
+#include "cli/cli.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct compare_tally {
+    double tolerance_percent;
+    int entries;
+    int over;                    /* differ by more than the tolerance */
+    int missing;                 /* in one profile only */
+    double worst_percent;        /* largest |difference| */
+    char worst[96];
+} compare_tally;
+
+static void format_value(double value, bool per_param, char *out,
+                         size_t size)
+{
+    if (per_param)
+        snprintf(out, size, "%.4g s/param", value);
+    else
+        pt_format_seconds(value, out, size);
+}
+
+static void compare_entry(compare_tally *t, const char *name, double a,
+                          double b, bool per_param)
+{
+    char a_text[32], b_text[32];
+    format_value(a, per_param, a_text, sizeof a_text);
+    format_value(b, per_param, b_text, sizeof b_text);
+    double percent = a > 0.0 ? 100.0 * (b - a) / a : INFINITY;
+    bool over = !(fabs(percent) <= t->tolerance_percent);
+    t->entries++;
+    t->over += over;
+    if (!(fabs(percent) <= t->worst_percent)) {
+        t->worst_percent = fabs(percent);
+        pt_copy_string(t->worst, sizeof t->worst, name);
+    }
+    printf("  %-40s %17s %17s %+9.2f %%%s\n", name, a_text, b_text, percent,
+           over ? "  over" : "");
+}
+
+static void missing_entry(compare_tally *t, const char *name, bool in_a)
+{
+    t->entries++;
+    t->missing++;
+    printf("  %-40s %17s %17s %11s  only in %s\n", name, in_a ? "yes" : "-",
+           in_a ? "-" : "yes", "", in_a ? "A" : "B");
+}
+
+static void compare_point(compare_tally *t, const char *prefix,
+                          const profile_point *a, const profile_point *b)
+{
+    static const char *const parts[] = {"embedding", "layer", "head"};
+    const part_cost *a_parts[] = {&a->embedding, &a->layer, &a->head};
+    const part_cost *b_parts[] = {&b->embedding, &b->layer, &b->head};
+    for (int i = 0; i < 3; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "%stp %d mbs %d %s forward", prefix,
+                 a->tp, a->mbs, parts[i]);
+        compare_entry(t, name, a_parts[i]->forward_s, b_parts[i]->forward_s,
+                      false);
+        snprintf(name, sizeof name, "%stp %d mbs %d %s backward", prefix,
+                 a->tp, a->mbs, parts[i]);
+        compare_entry(t, name, a_parts[i]->backward_s,
+                      b_parts[i]->backward_s, false);
+    }
+}
+
+/* Points of both shapes, merged in (tp, mbs) order (the reader sorts). */
+static void compare_shape(compare_tally *t, const char *prefix,
+                          const profile_shape *a, const profile_shape *b)
+{
+    int i = 0, j = 0;
+    while (i < a->point_count || j < b->point_count) {
+        const profile_point *pa = i < a->point_count ? &a->points[i] : NULL;
+        const profile_point *pb = j < b->point_count ? &b->points[j] : NULL;
+        int order = pa == NULL   ? 1
+                    : pb == NULL ? -1
+                    : pa->tp != pb->tp ? (pa->tp < pb->tp ? -1 : 1)
+                                       : (pa->mbs > pb->mbs) -
+                                             (pa->mbs < pb->mbs);
+        char name[96];
+        if (order == 0) {
+            compare_point(t, prefix, pa, pb);
+            i++, j++;
+        } else {
+            const profile_point *only = order < 0 ? pa : pb;
+            snprintf(name, sizeof name, "%stp %d mbs %d (6 entries)", prefix,
+                     only->tp, only->mbs);
+            missing_entry(t, name, order < 0);
+            if (order < 0)
+                i++;
+            else
+                j++;
+        }
+    }
+}
+
+static int find_same_shape(const profile *p, const profile_shape *shape)
+{
+    model_shape key = {.hidden = shape->hidden,
+                       .ffn_hidden = shape->ffn_hidden,
+                       .seq = shape->seq,
+                       .vocab = shape->vocab};
+    return profile_find_shape(p, &key);
+}
+
+static void compare_shapes(compare_tally *t, const profile *a,
+                           const profile *b)
+{
+    for (int i = 0; i < a->shape_count; i++) {
+        const profile_shape *shape = &a->shapes[i];
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "h%d s%d ", shape->hidden,
+                 shape->seq);
+        int k = find_same_shape(b, shape);
+        if (k >= 0)
+            compare_shape(t, prefix, shape, &b->shapes[k]);
+        else
+            missing_entry(t, prefix, true);
+    }
+    for (int k = 0; k < b->shape_count; k++)
+        if (find_same_shape(a, &b->shapes[k]) < 0) {
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "h%d s%d ", b->shapes[k].hidden,
+                     b->shapes[k].seq);
+            missing_entry(t, prefix, false);
+        }
+}
+
+static void compare_curve(compare_tally *t, const char *label,
+                          const comm_curve *a, const comm_curve *b)
+{
+    int i = 0, j = 0;
+    while (i < a->sample_count || j < b->sample_count) {
+        const comm_sample *sa = i < a->sample_count ? &a->samples[i] : NULL;
+        const comm_sample *sb = j < b->sample_count ? &b->samples[j] : NULL;
+        int order = sa == NULL   ? 1
+                    : sb == NULL ? -1
+                    : sa->gpus != sb->gpus
+                        ? (sa->gpus < sb->gpus ? -1 : 1)
+                        : (sa->bytes > sb->bytes) - (sa->bytes < sb->bytes);
+        const comm_sample *named = order <= 0 ? sa : sb;
+        char size[32], name[96];
+        pt_format_bytes(named->bytes, size, sizeof size);
+        snprintf(name, sizeof name, "%s %d GPUs %s", label, named->gpus,
+                 size);
+        if (order == 0) {
+            compare_entry(t, name, sa->time_s, sb->time_s, false);
+            i++, j++;
+        } else {
+            missing_entry(t, name, order < 0);
+            if (order < 0)
+                i++;
+            else
+                j++;
+        }
+    }
+}
+
+int profile_compare(const char *path_a, const char *path_b,
+                    double tolerance_percent)
+{
+    pt_error err = {{0}};
+    profile a, b;
+    if (profile_load_file(path_a, &a, &err) != 0) {
+        cli_error("profile", err.message);
+        return EXIT_BAD_INPUT;
+    }
+    if (profile_load_file(path_b, &b, &err) != 0) {
+        cli_error("profile", err.message);
+        profile_free(&a);
+        return EXIT_BAD_INPUT;
+    }
+    printf("# A: %s (%s, %s)\n# B: %s (%s, %s)\n", path_a, a.gpu,
+           profile_source_name(a.source), path_b, b.gpu,
+           profile_source_name(b.source));
+    printf("  %-40s %17s %17s %11s\n", "entry", "A", "B", "B vs A");
+    compare_tally tally = {.tolerance_percent = tolerance_percent};
+    compare_shapes(&tally, &a, &b);
+    compare_entry(&tally, "optimizer per parameter",
+                  a.optimizer_s_per_param, b.optimizer_s_per_param, true);
+    compare_curve(&tally, "all-reduce", &a.allreduce, &b.allreduce);
+    compare_curve(&tally, "send/recv", &a.sendrecv, &b.sendrecv);
+    printf("# %d entries: %d differ by more than %g %%, %d in one profile "
+           "only",
+           tally.entries, tally.over, tolerance_percent, tally.missing);
+    if (tally.worst[0] != '\0')
+        printf("; largest difference %.2f %% (%s)", tally.worst_percent,
+               tally.worst);
+    printf("\n");
+    profile_free(&a);
+    profile_free(&b);
+    return tally.over == 0 && tally.missing == 0 ? EXIT_OK
+                                                 : EXIT_FAILURE_RUN;
+}

@@ -1,0 +1,1076 @@
+/*
+ * The comm interface over NCCL: one process, one GPU per rank, each rank
+ * on its own thread (executor/comm_nccl.h states the contract). The
+ * communicators are non-blocking (ncclConfig_t.blocking = 0): a call
+ * that returns ncclInProgress is polled with ncclCommGetAsyncError
+ * before the next one, and every wait is a poll loop that also watches
+ * the world's failure flag and a deadline, so no thread can be held by
+ * a dead or silent peer.
+ */
+#include "executor/comm_nccl.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "executor/cuda/cuda_backend.h"
+
+/* The world's cliques: the world itself, the two point-to-point ones,
+ * then one per distinct group. */
+enum { CLIQUE_WORLD, CLIQUE_TO_HIGHER, CLIQUE_TO_LOWER, FIXED_CLIQUES };
+
+/* Staging buffers per direction: the ring grows up to this many when
+ * every buffer is still in flight (more than a step's messages in flight
+ * means a peer is not receiving; then a send waits, within the timeout). */
+#define STAGING_MAX 256
+
+/* The communicators of one set of ranks: members[i] is NCCL rank i. */
+typedef struct nccl_clique {
+    char name[32];               /* for messages: "world", "group 2" */
+    int size;
+    int *members;                /* increasing world ranks */
+    ncclComm_t *comms;           /* by member index; NULL once aborted or
+                                    destroyed */
+} nccl_clique;
+
+/* One staging buffer of a direction. */
+typedef struct staging_buffer {
+    float *data;
+    size_t capacity;             /* floats */
+    cudaEvent_t sent;            /* recorded after its ncclSend */
+    bool used;                   /* sent at least once (sent is recorded) */
+    bool stream_ordered;         /* from cudaMallocAsync, else cudaMalloc */
+} staging_buffer;
+
+/* One direction of a rank's messages: its communicator, stream and
+ * staging ring. */
+typedef struct message_lane {
+    int clique;                  /* CLIQUE_TO_HIGHER or CLIQUE_TO_LOWER */
+    cudaStream_t stream;
+    cudaEvent_t received;
+    staging_buffer staging[STAGING_MAX];
+    int staging_count;
+    int next;                    /* where the search for a free one starts */
+} message_lane;
+
+/* What one rank holds; touched only by the rank's own thread (and by
+ * comm_nccl_destroy once every rank has closed). */
+typedef struct nccl_rank {
+    bool open;
+    int device;
+    cudaStream_t collective_stream;
+    cudaStream_t copy_stream;    /* staging copies: never behind a send */
+    cudaEvent_t collective_done;
+    cudaEvent_t copy_done;
+    message_lane lanes[2];       /* to higher ranks, to lower ranks */
+    double *device_scratch;      /* all_reduce_host's doubles */
+    double *host_scratch;        /* pinned, so copies never block */
+    size_t scratch_count;
+    double device_bytes;         /* reserved now */
+    double peak_device_bytes;
+    int aborted;                 /* communicators aborted */
+} nccl_rank;
+
+struct comm_nccl {
+    int size;
+    double timeout_s;
+    int *devices;
+    int clique_count;
+    nccl_clique *cliques;
+    nccl_rank *ranks;
+    atomic_bool failed;          /* read in every poll without the lock */
+    pthread_mutex_t lock;        /* guards failed_rank and failure */
+    int failed_rank;
+    char failure[600];
+};
+
+static comm_nccl *world_of(const comm *c)
+{
+    return (comm_nccl *)c->shared;
+}
+
+static double monotonic_s(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------ arguments */
+
+static int check_group(int size, const int *members, int count, int group,
+                       pt_error *err)
+{
+    if (count < 2)
+        return pt_fail(err, "nccl comm: group %d has %d rank%s; a group "
+                            "needs at least 2",
+                       group, count, count == 1 ? "" : "s");
+    for (int i = 0; i < count; i++) {
+        if (members[i] < 0 || members[i] >= size)
+            return pt_fail(err, "nccl comm: group %d: rank %d is not one of "
+                                "the %d",
+                           group, members[i], size);
+        for (int j = 0; j < i; j++)
+            if (members[j] == members[i])
+                return pt_fail(err, "nccl comm: group %d: rank %d appears "
+                                    "twice",
+                               group, members[i]);
+    }
+    return 0;
+}
+
+int comm_nccl_check_arguments(int size, const int *devices, int device_count,
+                              const comm_groups *groups, pt_error *err)
+{
+    if (size < 2)
+        return pt_fail(err, "nccl comm: a world needs at least 2 ranks, got "
+                            "%d (one rank needs no comm)",
+                       size);
+    for (int rank = 0; rank < size; rank++) {
+        if (devices[rank] < 0 || devices[rank] >= device_count)
+            return pt_fail(err, "nccl comm: rank %d is on cuda device %d, "
+                                "which does not exist (%d visible)",
+                           rank, devices[rank], device_count);
+        for (int other = 0; other < rank; other++)
+            if (devices[other] == devices[rank])
+                return pt_fail(err, "nccl comm: ranks %d and %d are both on "
+                                    "cuda device %d; NCCL runs one rank per "
+                                    "device",
+                               other, rank, devices[rank]);
+    }
+    for (int g = 0; groups != NULL && g < groups->count; g++)
+        if (check_group(size, groups->members + groups->offsets[g],
+                        groups->offsets[g + 1] - groups->offsets[g], g,
+                        err) != 0)
+            return -1;
+    return 0;
+}
+
+/* ---------------------------------------------------------- bookkeeping */
+
+static int compare_ints(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* The collective clique whose members are exactly `sorted`, or -1. */
+static int find_clique(const comm_nccl *world, const int *sorted, int count)
+{
+    for (int k = 0; k < world->clique_count; k++) {
+        if (k == CLIQUE_TO_HIGHER || k == CLIQUE_TO_LOWER)
+            continue;
+        const nccl_clique *q = &world->cliques[k];
+        if (q->size == count &&
+            memcmp(q->members, sorted, (size_t)count * sizeof *sorted) == 0)
+            return k;
+    }
+    return -1;
+}
+
+static int add_clique(comm_nccl *world, const char *name, const int *members,
+                      int count, pt_error *err)
+{
+    nccl_clique *q = &world->cliques[world->clique_count];
+    q->members = malloc((size_t)count * sizeof *q->members);
+    q->comms = calloc((size_t)count, sizeof *q->comms);
+    if (q->members == NULL || q->comms == NULL) {
+        free(q->members);
+        free(q->comms);
+        return pt_fail(err, "nccl comm: out of memory");
+    }
+    memcpy(q->members, members, (size_t)count * sizeof *members);
+    qsort(q->members, (size_t)count, sizeof *q->members, compare_ints);
+    q->size = count;
+    snprintf(q->name, sizeof q->name, "%s", name);
+    world->clique_count++;
+    return 0;
+}
+
+/* The world, the two message cliques and each distinct group. */
+static int plan_cliques(comm_nccl *world, const comm_groups *groups,
+                        pt_error *err)
+{
+    int group_count = groups != NULL ? groups->count : 0;
+    world->cliques = calloc((size_t)(FIXED_CLIQUES + group_count),
+                            sizeof *world->cliques);
+    int *everyone = malloc((size_t)world->size * sizeof *everyone);
+    if (world->cliques == NULL || everyone == NULL) {
+        free(everyone);
+        return pt_fail(err, "nccl comm: out of memory");
+    }
+    for (int rank = 0; rank < world->size; rank++)
+        everyone[rank] = rank;
+    int status = add_clique(world, "world", everyone, world->size, err);
+    if (status == 0)
+        status = add_clique(world, "messages to higher ranks", everyone,
+                            world->size, err);
+    if (status == 0)
+        status = add_clique(world, "messages to lower ranks", everyone,
+                            world->size, err);
+    free(everyone);
+    for (int g = 0; status == 0 && g < group_count; g++) {
+        int count = groups->offsets[g + 1] - groups->offsets[g];
+        int *sorted = malloc((size_t)count * sizeof *sorted);
+        if (sorted == NULL)
+            return pt_fail(err, "nccl comm: out of memory");
+        memcpy(sorted, groups->members + groups->offsets[g],
+               (size_t)count * sizeof *sorted);
+        qsort(sorted, (size_t)count, sizeof *sorted, compare_ints);
+        char name[32];
+        snprintf(name, sizeof name, "group %d", g);
+        if (find_clique(world, sorted, count) < 0)
+            status = add_clique(world, name, sorted, count, err);
+        free(sorted);
+    }
+    return status;
+}
+
+/* ------------------------------------------------------------- failure */
+
+/* Records the first failure of the world. */
+static void mark_failed(comm_nccl *world, int rank, const char *reason)
+{
+    pthread_mutex_lock(&world->lock);
+    if (!atomic_load(&world->failed)) {
+        world->failed_rank = rank;
+        snprintf(world->failure, sizeof world->failure, "%s", reason);
+        atomic_store(&world->failed, true);
+    }
+    pthread_mutex_unlock(&world->lock);
+}
+
+/* Aborts every communicator of the rank (on its own thread): its kernels
+ * stop waiting on peers, and the handles are gone. */
+static void abort_rank_comms(comm_nccl *world, int rank)
+{
+    for (int k = 0; k < world->clique_count; k++) {
+        nccl_clique *q = &world->cliques[k];
+        for (int i = 0; i < q->size; i++)
+            if (q->members[i] == rank && q->comms[i] != NULL) {
+                ncclCommAbort(q->comms[i]);
+                q->comms[i] = NULL;
+                world->ranks[rank].aborted++;
+            }
+    }
+}
+
+/* This rank failed in `operation` for `what`: records it, aborts the
+ * rank's communicators, fills err. */
+static int fail_here(const comm *c, const char *operation, const char *what,
+                     pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    char reason[sizeof world->failure];
+    snprintf(reason, sizeof reason, "rank %d: %s: %s", c->rank, operation,
+             what);
+    mark_failed(world, c->rank, reason);
+    abort_rank_comms(world, c->rank);
+    return pt_fail(err, "%s", reason);
+}
+
+/* Another rank failed (or this one, earlier): aborts this rank's
+ * communicators and says so. */
+static int fail_interrupted(const comm *c, const char *operation,
+                            pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    abort_rank_comms(world, c->rank);
+    pthread_mutex_lock(&world->lock);
+    int failed = world->failed_rank;
+    char reason[sizeof world->failure];
+    snprintf(reason, sizeof reason, "%s", world->failure);
+    pthread_mutex_unlock(&world->lock);
+    if (failed == c->rank)
+        return pt_fail(err, "rank %d: %s: this rank already failed: %s",
+                       c->rank, operation, reason);
+    return pt_fail(err, "rank %d: %s interrupted: rank %d failed: %s",
+                   c->rank, operation, failed, reason);
+}
+
+/* Between polls: spin at first (a message usually lands within
+ * microseconds), then sleep a little, then more. */
+static void back_off(long polls)
+{
+    if (polls < 2000)
+        return;
+    struct timespec pause = {.tv_sec = 0,
+                             .tv_nsec = polls < 200000 ? 20000 : 1000000};
+    nanosleep(&pause, NULL);
+}
+
+/*
+ * Waits until `event` has completed (event NULL: until the communicator's
+ * state is no longer ncclInProgress, that is, the last call on it is
+ * enqueued), watching the failure flag, the communicator's asynchronous
+ * error and the deadline.
+ */
+static int wait_for(const comm *c, ncclComm_t comm, cudaEvent_t event,
+                    const char *operation, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    double deadline = monotonic_s() + world->timeout_s;
+    char what[400];
+    for (long polls = 0;; polls++) {
+        if (atomic_load(&world->failed) || comm == NULL)
+            return fail_interrupted(c, operation, err);
+        if (event != NULL) {
+            cudaError_t status = cudaEventQuery(event);
+            if (status == cudaSuccess)
+                return 0;
+            if (status != cudaErrorNotReady) {
+                snprintf(what, sizeof what, "CUDA error: %s",
+                         cudaGetErrorString(status));
+                return fail_here(c, operation, what, err);
+            }
+        }
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
+        if (queried != ncclSuccess)
+            state = queried;
+        if (state == ncclSuccess && event == NULL)
+            return 0;
+        if (state != ncclSuccess && state != ncclInProgress) {
+            snprintf(what, sizeof what, "NCCL error: %s (%s)",
+                     ncclGetErrorString(state), ncclGetLastError(comm));
+            return fail_here(c, operation, what, err);
+        }
+        if (monotonic_s() > deadline) {
+            snprintf(what, sizeof what, "no answer within %g s (the comm "
+                                        "timeout)",
+                     world->timeout_s);
+            return fail_here(c, operation, what, err);
+        }
+        back_off(polls);
+    }
+}
+
+/* After a NCCL call on a non-blocking communicator: an error fails the
+ * rank; ncclInProgress is polled until the operation is enqueued. */
+static int settle(const comm *c, ncclComm_t comm, ncclResult_t status,
+                  const char *operation, pt_error *err)
+{
+    if (status == ncclSuccess)
+        return 0;
+    if (status != ncclInProgress) {
+        char what[400];
+        snprintf(what, sizeof what, "NCCL error: %s (%s)",
+                 ncclGetErrorString(status), ncclGetLastError(comm));
+        return fail_here(c, operation, what, err);
+    }
+    return wait_for(c, comm, NULL, operation, err);
+}
+
+/* A CUDA call inside an operation: failure fails the rank. */
+static int cuda_step(const comm *c, cudaError_t status, const char *call,
+                     const char *operation, pt_error *err)
+{
+    if (status == cudaSuccess)
+        return 0;
+    char what[400];
+    snprintf(what, sizeof what, "%s failed: %s", call,
+             cudaGetErrorString(status));
+    return fail_here(c, operation, what, err);
+}
+
+#define CUDA_STEP(call) cuda_step(c, (call), #call, operation, err)
+
+/* The rank's handle in clique k. */
+static ncclComm_t clique_comm(const comm_nccl *world, int k, int rank)
+{
+    const nccl_clique *q = &world->cliques[k];
+    for (int i = 0; i < q->size; i++)
+        if (q->members[i] == rank)
+            return q->comms[i];
+    return NULL;
+}
+
+/* --------------------------------------------------------- rank memory */
+
+static int reserve_bytes(comm_nccl *world, int rank, size_t bytes,
+                         const char *what, pt_error *err)
+{
+    if (cuda_rank_memory_reserve(bytes, what, err) != 0)
+        return -1;
+    nccl_rank *r = &world->ranks[rank];
+    r->device_bytes += (double)bytes;
+    if (r->device_bytes > r->peak_device_bytes)
+        r->peak_device_bytes = r->device_bytes;
+    return 0;
+}
+
+static void release_bytes(comm_nccl *world, int rank, size_t bytes)
+{
+    cuda_rank_memory_release(bytes);
+    world->ranks[rank].device_bytes -= (double)bytes;
+}
+
+/* ---------------------------------------------------------- operations */
+
+/* Gives a staging buffer room for `count` floats. The stream-ordered
+ * allocator (on the copy stream, which the staging copy then follows)
+ * never waits for the device, whereas cudaMalloc and cudaFree may, and
+ * the device may be running a send that waits on a peer. */
+static int grow_staging(const comm *c, staging_buffer *b, size_t count,
+                        const char *operation, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    size_t bytes = count * sizeof(float);
+    if (b->data != NULL) {
+        if (CUDA_STEP(b->stream_ordered
+                          ? cudaFreeAsync(b->data, r->copy_stream)
+                          : cudaFree(b->data)) != 0)
+            return -1;
+        release_bytes(world, c->rank, b->capacity * sizeof(float));
+        b->data = NULL;
+        b->capacity = 0;
+    }
+    if (reserve_bytes(world, c->rank, bytes, "a send's staging buffer",
+                      err) != 0)
+        return -1;
+    /* a device or stream without stream-ordered allocation: plain
+     * cudaMalloc, which does not wait for the device either (only
+     * freeing does, and buffers are freed when the rank closes) */
+    b->stream_ordered = cudaMallocAsync((void **)&b->data, bytes,
+                                        r->copy_stream) == cudaSuccess;
+    if (!b->stream_ordered) {
+        cudaGetLastError();
+        if (CUDA_STEP(cudaMalloc((void **)&b->data, bytes)) != 0) {
+            release_bytes(world, c->rank, bytes);
+            b->data = NULL;
+            return -1;
+        }
+    }
+    b->capacity = count;
+    return 0;
+}
+
+/* A staging buffer of the lane for `count` floats whose last send has
+ * finished: a free one that fits, a free one regrown, a new one, or (the
+ * ring at its size) the next one once its send is done. */
+static int take_staging(const comm *c, message_lane *lane, size_t count,
+                        const char *operation, staging_buffer **out,
+                        pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    staging_buffer *chosen = NULL;
+    for (int i = 0; i < lane->staging_count && chosen == NULL; i++) {
+        staging_buffer *b =
+            &lane->staging[(lane->next + i) % lane->staging_count];
+        cudaError_t status = b->used ? cudaEventQuery(b->sent) : cudaSuccess;
+        if (status == cudaSuccess)
+            chosen = b;
+        else if (status != cudaErrorNotReady)
+            return CUDA_STEP(status);
+    }
+    if (chosen == NULL && lane->staging_count < STAGING_MAX) {
+        chosen = &lane->staging[lane->staging_count++];
+        if (CUDA_STEP(cudaEventCreateWithFlags(&chosen->sent,
+                                               cudaEventDisableTiming)) != 0)
+            return -1;
+    }
+    if (chosen == NULL) {
+        chosen = &lane->staging[lane->next];
+        ncclComm_t comm = clique_comm(world, lane->clique, c->rank);
+        if (wait_for(c, comm, chosen->sent, operation, err) != 0)
+            return -1;
+    }
+    lane->next = (int)(chosen - lane->staging + 1) % STAGING_MAX;
+    if (lane->next >= lane->staging_count)
+        lane->next = 0;
+    if (chosen->capacity < count &&
+        grow_staging(c, chosen, count, operation, err) != 0)
+        return -1;
+    *out = chosen;
+    return 0;
+}
+
+static int nccl_send(const comm *c, int peer, int tag, const float *data,
+                     size_t count, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    char operation[64];
+    snprintf(operation, sizeof operation, "send to rank %d (tag %d)", peer,
+             tag);
+    if (atomic_load(&world->failed))
+        return fail_interrupted(c, operation, err);
+    if (!r->open)
+        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
+                       c->rank, operation);
+    if (count == 0)
+        return 0;
+    message_lane *lane = &r->lanes[peer > c->rank ? 0 : 1];
+    ncclComm_t comm = clique_comm(world, lane->clique, c->rank);
+    staging_buffer *staging = NULL;
+    if (take_staging(c, lane, count, operation, &staging, err) != 0)
+        return -1;
+    /* The copy runs on a stream of its own and is waited for here: the
+     * caller may overwrite `data` as soon as this returns, while the
+     * lane's stream may still be held by an earlier send. */
+    if (CUDA_STEP(cudaMemcpyAsync(staging->data, data, count * sizeof(float),
+                                  cudaMemcpyDeviceToDevice,
+                                  r->copy_stream)) != 0 ||
+        CUDA_STEP(cudaEventRecord(r->copy_done, r->copy_stream)) != 0 ||
+        wait_for(c, comm, r->copy_done, operation, err) != 0)
+        return -1;
+    if (settle(c, comm,
+               ncclSend(staging->data, count, ncclFloat32, peer, comm,
+                        lane->stream),
+               operation, err) != 0 ||
+        CUDA_STEP(cudaEventRecord(staging->sent, lane->stream)) != 0)
+        return -1;
+    staging->used = true;
+    return 0;
+}
+
+static int nccl_recv(const comm *c, int peer, int tag, float *data,
+                     size_t count, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    char operation[64];
+    snprintf(operation, sizeof operation, "receive from rank %d (tag %d)",
+             peer, tag);
+    if (atomic_load(&world->failed))
+        return fail_interrupted(c, operation, err);
+    if (!r->open)
+        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
+                       c->rank, operation);
+    if (count == 0)
+        return 0;
+    /* the peer sent it on its lane towards us */
+    message_lane *lane = &r->lanes[peer < c->rank ? 0 : 1];
+    ncclComm_t comm = clique_comm(world, lane->clique, c->rank);
+    if (settle(c, comm,
+               ncclRecv(data, count, ncclFloat32, peer, comm, lane->stream),
+               operation, err) != 0 ||
+        CUDA_STEP(cudaEventRecord(lane->received, lane->stream)) != 0)
+        return -1;
+    return wait_for(c, comm, lane->received, operation, err);
+}
+
+/* The rank's handle of the communicator of `group`, or an error saying
+ * that no communicator was made for it. */
+static int group_comm(const comm *c, const int *group, int group_size,
+                      const char *operation, ncclComm_t *out, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    int local[64];
+    int *sorted = group_size <= 64
+                      ? local
+                      : malloc((size_t)group_size * sizeof *sorted);
+    if (sorted == NULL)
+        return pt_fail(err, "rank %d: %s: out of memory", c->rank,
+                       operation);
+    memcpy(sorted, group, (size_t)group_size * sizeof *group);
+    qsort(sorted, (size_t)group_size, sizeof *sorted, compare_ints);
+    int k = find_clique(world, sorted, group_size);
+    if (sorted != local)
+        free(sorted);
+    if (k < 0)
+        return pt_fail(err, "rank %d: %s: no communicator was made for this "
+                            "group (comm_nccl_create's groups)",
+                       c->rank, operation);
+    *out = clique_comm(world, k, c->rank);
+    return 0;
+}
+
+/* "all-reduce over ranks 0, 2, 4" (the first few). */
+static void describe_group(const char *what, const int *group,
+                           int group_size, char *out, size_t size)
+{
+    int used = snprintf(out, size, "%s over ranks", what);
+    for (int i = 0; i < group_size && used > 0 && (size_t)used < size;
+         i++) {
+        if (i == 6) {
+            snprintf(out + used, size - (size_t)used, ", ... (%d)",
+                     group_size);
+            break;
+        }
+        used += snprintf(out + used, size - (size_t)used, "%s%d",
+                         i == 0 ? " " : ", ", group[i]);
+    }
+}
+
+/* An all-reduce of `group` on the rank's collective stream, waited
+ * for. */
+static int collective(const comm *c, const int *group, int group_size,
+                      const char *what, const void *send, void *receive,
+                      size_t count, ncclDataType_t type, ncclRedOp_t op,
+                      pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    char operation[96];
+    describe_group(what, group, group_size, operation, sizeof operation);
+    if (atomic_load(&world->failed))
+        return fail_interrupted(c, operation, err);
+    if (!r->open)
+        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
+                       c->rank, operation);
+    ncclComm_t comm = NULL;
+    if (group_comm(c, group, group_size, operation, &comm, err) != 0)
+        return -1;
+    if (settle(c, comm,
+               ncclAllReduce(send, receive, count, type, op, comm,
+                             r->collective_stream),
+               operation, err) != 0 ||
+        CUDA_STEP(cudaEventRecord(r->collective_done,
+                                  r->collective_stream)) != 0)
+        return -1;
+    return wait_for(c, comm, r->collective_done, operation, err);
+}
+
+static int nccl_all_reduce(const comm *c, const int *group, int group_size,
+                           float *data, size_t count, comm_reduce_op op,
+                           pt_error *err)
+{
+    return collective(c, group, group_size,
+                      op == COMM_MAX ? "all-reduce (max)" : "all-reduce",
+                      data, data, count, ncclFloat32,
+                      op == COMM_MAX ? ncclMax : ncclSum, err);
+}
+
+/* Doubles all_reduce_host takes at once: its buffers are made when the
+ * rank opens (allocating pinned memory later could wait for the device). */
+#define HOST_REDUCE_MAX 256
+
+static int nccl_all_reduce_host(const comm *c, const int *group,
+                                int group_size, double *data, size_t count,
+                                pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    const char *operation = "all-reduce of host values";
+    if (atomic_load(&world->failed))
+        return fail_interrupted(c, operation, err);
+    if (!r->open)
+        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
+                       c->rank, operation);
+    if (count > HOST_REDUCE_MAX)
+        return pt_fail(err, "rank %d: %s: %zu values, at most %d at once",
+                       c->rank, operation, count, HOST_REDUCE_MAX);
+    size_t bytes = count * sizeof(double);
+    memcpy(r->host_scratch, data, bytes);
+    if (CUDA_STEP(cudaMemcpyAsync(r->device_scratch, r->host_scratch, bytes,
+                                  cudaMemcpyHostToDevice,
+                                  r->collective_stream)) != 0 ||
+        collective(c, group, group_size, "all-reduce (host doubles)",
+                   r->device_scratch, r->device_scratch, count, ncclFloat64,
+                   ncclSum, err) != 0 ||
+        CUDA_STEP(cudaMemcpyAsync(r->host_scratch, r->device_scratch, bytes,
+                                  cudaMemcpyDeviceToHost,
+                                  r->collective_stream)) != 0 ||
+        CUDA_STEP(cudaEventRecord(r->collective_done,
+                                  r->collective_stream)) != 0)
+        return -1;
+    ncclComm_t comm = clique_comm(world, CLIQUE_WORLD, c->rank);
+    if (wait_for(c, comm, r->collective_done, operation, err) != 0)
+        return -1;
+    memcpy(data, r->host_scratch, bytes);
+    return 0;
+}
+
+/* One double summed over the world: returns once every rank is here. */
+static int nccl_barrier(const comm *c, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    int *everyone = malloc((size_t)world->size * sizeof *everyone);
+    if (everyone == NULL)
+        return pt_fail(err, "rank %d: barrier: out of memory", c->rank);
+    for (int rank = 0; rank < world->size; rank++)
+        everyone[rank] = rank;
+    double token = 0.0;
+    int status = nccl_all_reduce_host(c, everyone, world->size, &token, 1,
+                                      err);
+    free(everyone);
+    return status;
+}
+
+static void nccl_abort(const comm *c, const char *reason)
+{
+    comm_nccl *world = world_of(c);
+    mark_failed(world, c->rank, reason);
+    abort_rank_comms(world, c->rank);
+}
+
+static int nccl_failed_rank(const comm *c, char *reason, size_t reason_size)
+{
+    return comm_nccl_failed_rank(world_of(c), reason, reason_size);
+}
+
+static const comm_ops nccl_ops = {
+    .name = "nccl",
+    .send = nccl_send,
+    .recv = nccl_recv,
+    .all_reduce = nccl_all_reduce,
+    .all_reduce_host = nccl_all_reduce_host,
+    .barrier = nccl_barrier,
+    .abort = nccl_abort,
+    .failed_rank = nccl_failed_rank,
+};
+
+/* ---------------------------------------------------------------- world */
+
+/* Making a communicator starts NCCL's threads and, the first time, the
+ * CUDA contexts: a short comm timeout (a test's) must not cut it off. */
+#define INIT_TIMEOUT_MIN_S 120.0
+
+static double init_timeout_s(const comm_nccl *world)
+{
+    return world->timeout_s > INIT_TIMEOUT_MIN_S ? world->timeout_s
+                                                 : INIT_TIMEOUT_MIN_S;
+}
+
+/* Makes clique q's communicators from this thread: one ncclCommInitRank
+ * per member inside a group call, then polls each until it is ready. */
+static int init_clique(comm_nccl *world, nccl_clique *q, pt_error *err)
+{
+    ncclUniqueId id;
+    ncclResult_t status = ncclGetUniqueId(&id);
+    if (status != ncclSuccess)
+        return pt_fail(err, "nccl comm: ncclGetUniqueId for the %s "
+                            "communicator failed: %s",
+                       q->name, ncclGetErrorString(status));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.commName = q->name;
+    cudaError_t set = cudaSuccess;
+    ncclGroupStart();
+    for (int i = 0; i < q->size && status == ncclSuccess; i++) {
+        set = cudaSetDevice(world->devices[q->members[i]]);
+        if (set != cudaSuccess)
+            break;
+        status = ncclCommInitRankConfig(&q->comms[i], q->size, id, i,
+                                        &config);
+        if (status == ncclInProgress)
+            status = ncclSuccess;
+    }
+    ncclResult_t ended = ncclGroupEnd();
+    if (set != cudaSuccess)
+        return pt_fail(err, "nccl comm: making the %s communicator: "
+                            "cudaSetDevice: %s",
+                       q->name, cudaGetErrorString(set));
+    if (status == ncclSuccess && ended != ncclInProgress)
+        status = ended;
+    double deadline = monotonic_s() + init_timeout_s(world);
+    for (int i = 0; i < q->size && status == ncclSuccess; i++) {
+        ncclResult_t state = ncclInProgress;
+        while (q->comms[i] != NULL && state == ncclInProgress) {
+            if (ncclCommGetAsyncError(q->comms[i], &state) != ncclSuccess)
+                state = ncclInternalError;
+            if (state == ncclInProgress && monotonic_s() > deadline)
+                return pt_fail(err, "nccl comm: the %s communicator was not "
+                                    "ready within %g s",
+                               q->name, init_timeout_s(world));
+            if (state == ncclInProgress) {
+                struct timespec pause = {.tv_sec = 0, .tv_nsec = 1000000};
+                nanosleep(&pause, NULL);
+            }
+        }
+        status = state;
+    }
+    if (status != ncclSuccess)
+        return pt_fail(err, "nccl comm: making the %s communicator of %d "
+                            "ranks failed: %s (%s)",
+                       q->name, q->size, ncclGetErrorString(status),
+                       ncclGetLastError(NULL));
+    return 0;
+}
+
+static void abort_all(comm_nccl *world)
+{
+    for (int k = 0; k < world->clique_count; k++)
+        for (int i = 0; i < world->cliques[k].size; i++)
+            if (world->cliques[k].comms[i] != NULL) {
+                ncclCommAbort(world->cliques[k].comms[i]);
+                world->cliques[k].comms[i] = NULL;
+            }
+}
+
+static void free_world(comm_nccl *world)
+{
+    for (int k = 0; world->cliques != NULL && k < world->clique_count;
+         k++) {
+        free(world->cliques[k].members);
+        free(world->cliques[k].comms);
+    }
+    free(world->cliques);
+    free(world->ranks);
+    free(world->devices);
+    pthread_mutex_destroy(&world->lock);
+    free(world);
+}
+
+int comm_nccl_create(int size, const int *devices, const comm_groups *groups,
+                     double timeout_s, comm_nccl **out, pt_error *err)
+{
+    *out = NULL;
+    if (!(timeout_s > 0.0))
+        return pt_fail(err, "nccl comm: the timeout must be positive, got "
+                            "%g s",
+                       timeout_s);
+    if (comm_nccl_check_arguments(size, devices, cuda_device_count(), groups,
+                                  err) != 0)
+        return -1;
+    comm_nccl *world = calloc(1, sizeof *world);
+    if (world == NULL)
+        return pt_fail(err, "nccl comm: out of memory");
+    pthread_mutex_init(&world->lock, NULL);
+    atomic_init(&world->failed, false);
+    world->failed_rank = -1;
+    world->size = size;
+    world->timeout_s = timeout_s;
+    world->devices = malloc((size_t)size * sizeof *world->devices);
+    world->ranks = calloc((size_t)size, sizeof *world->ranks);
+    if (world->devices == NULL || world->ranks == NULL) {
+        free_world(world);
+        return pt_fail(err, "nccl comm: out of memory");
+    }
+    memcpy(world->devices, devices, (size_t)size * sizeof *devices);
+    int status = plan_cliques(world, groups, err);
+    for (int k = 0; status == 0 && k < world->clique_count; k++)
+        status = init_clique(world, &world->cliques[k], err);
+    if (status != 0) {
+        abort_all(world);
+        free_world(world);
+        return -1;
+    }
+    *out = world;
+    return 0;
+}
+
+/* Finalizes every communicator, waits (within the timeout) until each is
+ * quiescent, then destroys them; anything left over is aborted. */
+static void finalize_all(comm_nccl *world)
+{
+    for (int k = 0; k < world->clique_count; k++)
+        for (int i = 0; i < world->cliques[k].size; i++) {
+            ncclComm_t comm = world->cliques[k].comms[i];
+            if (comm != NULL) {
+                ncclResult_t status = ncclCommFinalize(comm);
+                if (status != ncclSuccess && status != ncclInProgress) {
+                    ncclCommAbort(comm);
+                    world->cliques[k].comms[i] = NULL;
+                }
+            }
+        }
+    double deadline = monotonic_s() + world->timeout_s;
+    for (int k = 0; k < world->clique_count; k++)
+        for (int i = 0; i < world->cliques[k].size; i++) {
+            ncclComm_t comm = world->cliques[k].comms[i];
+            ncclResult_t state = ncclInProgress;
+            while (comm != NULL && state == ncclInProgress &&
+                   monotonic_s() < deadline) {
+                if (ncclCommGetAsyncError(comm, &state) != ncclSuccess)
+                    state = ncclInternalError;
+                struct timespec pause = {.tv_sec = 0, .tv_nsec = 100000};
+                if (state == ncclInProgress)
+                    nanosleep(&pause, NULL);
+            }
+            if (comm != NULL && state == ncclSuccess) {
+                ncclCommDestroy(comm);
+                world->cliques[k].comms[i] = NULL;
+            }
+        }
+    abort_all(world);
+}
+
+void comm_nccl_destroy(comm_nccl *world)
+{
+    if (world == NULL)
+        return;
+    /* finalizing waits for every member: not once one was aborted */
+    bool aborted = atomic_load(&world->failed);
+    for (int rank = 0; rank < world->size; rank++)
+        aborted = aborted || world->ranks[rank].aborted > 0;
+    if (aborted)
+        abort_all(world);
+    else
+        finalize_all(world);
+    free_world(world);
+}
+
+comm comm_nccl_rank(comm_nccl *world, int rank)
+{
+    comm handle = {.ops = &nccl_ops, .shared = world, .rank = rank,
+                   .size = world->size};
+    return handle;
+}
+
+/* ----------------------------------------------------------- rank state */
+
+#define OPEN_TRY(call)                                                       \
+    do {                                                                     \
+        cudaError_t open_status_ = (call);                                   \
+        if (open_status_ != cudaSuccess)                                     \
+            return pt_fail(err, "rank %d: nccl comm: %s failed: %s", rank,   \
+                           #call, cudaGetErrorString(open_status_));         \
+    } while (0)
+
+static int open_lane(message_lane *lane, int clique, int rank, pt_error *err)
+{
+    lane->clique = clique;
+    if (cuda_rank_stream_create(&lane->stream, err) != 0)
+        return -1;
+    OPEN_TRY(cudaEventCreateWithFlags(&lane->received,
+                                      cudaEventDisableTiming));
+    return 0;
+}
+
+int comm_nccl_rank_open(comm_nccl *world, int rank, pt_error *err)
+{
+    if (rank < 0 || rank >= world->size)
+        return pt_fail(err, "nccl comm: no rank %d in a world of %d", rank,
+                       world->size);
+    nccl_rank *r = &world->ranks[rank];
+    if (r->open)
+        return 0;
+    int device = -1;
+    OPEN_TRY(cudaGetDevice(&device));
+    if (device != world->devices[rank])
+        return pt_fail(err, "rank %d: nccl comm: the thread works on cuda "
+                            "device %d, the rank's communicators are on "
+                            "device %d (open the rank's device first)",
+                       rank, device, world->devices[rank]);
+    r->device = device;
+    r->open = true; /* from here on, close frees what was made */
+    if (cuda_rank_stream_create(&r->collective_stream, err) != 0 ||
+        cuda_rank_stream_create(&r->copy_stream, err) != 0 ||
+        open_lane(&r->lanes[0], CLIQUE_TO_HIGHER, rank, err) != 0 ||
+        open_lane(&r->lanes[1], CLIQUE_TO_LOWER, rank, err) != 0)
+        return -1;
+    OPEN_TRY(cudaEventCreateWithFlags(&r->collective_done,
+                                      cudaEventDisableTiming));
+    OPEN_TRY(cudaEventCreateWithFlags(&r->copy_done,
+                                      cudaEventDisableTiming));
+    size_t bytes = HOST_REDUCE_MAX * sizeof(double);
+    if (reserve_bytes(world, rank, bytes, "the comm's scratch", err) != 0)
+        return -1;
+    r->scratch_count = HOST_REDUCE_MAX;
+    OPEN_TRY(cudaMalloc((void **)&r->device_scratch, bytes));
+    OPEN_TRY(cudaMallocHost((void **)&r->host_scratch, bytes));
+    return 0;
+}
+
+
+static void close_lane(comm_nccl *world, int rank, message_lane *lane)
+{
+    for (int i = 0; i < lane->staging_count; i++) {
+        staging_buffer *b = &lane->staging[i];
+        if (b->data != NULL) {
+            cudaFree(b->data);
+            release_bytes(world, rank, b->capacity * sizeof(float));
+        }
+        cudaEventDestroy(b->sent);
+    }
+    if (lane->received != NULL)
+        cudaEventDestroy(lane->received);
+    if (lane->stream != NULL)
+        cudaStreamDestroy(lane->stream);
+    double peak = world->ranks[rank].peak_device_bytes;
+    memset(lane, 0, sizeof *lane);
+    world->ranks[rank].peak_device_bytes = peak;
+}
+
+/* Whether a send of the rank was never taken by its receiver (or not
+ * yet). */
+static bool send_in_flight(const nccl_rank *r)
+{
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < r->lanes[l].staging_count; i++) {
+            const staging_buffer *b = &r->lanes[l].staging[i];
+            if (b->used && cudaEventQuery(b->sent) != cudaSuccess)
+                return true;
+        }
+    return false;
+}
+
+/* How long a send may take to finish after its receiver took it (the
+ * sender's kernel ends a little after the receiver's). */
+#define SEND_DRAIN_S 5.0
+
+void comm_nccl_rank_abort_if_stuck(comm_nccl *world, int rank)
+{
+    if (rank < 0 || rank >= world->size)
+        return;
+    const nccl_rank *r = &world->ranks[rank];
+    double deadline = monotonic_s() + SEND_DRAIN_S;
+    bool stuck = r->open && send_in_flight(r);
+    while (stuck && !atomic_load(&world->failed) &&
+           monotonic_s() < deadline) {
+        struct timespec pause = {.tv_sec = 0, .tv_nsec = 1000000};
+        nanosleep(&pause, NULL);
+        stuck = send_in_flight(r);
+    }
+    if (atomic_load(&world->failed) || stuck)
+        abort_rank_comms(world, rank);
+}
+
+void comm_nccl_rank_close(comm_nccl *world, int rank)
+{
+    if (rank < 0 || rank >= world->size || !world->ranks[rank].open)
+        return;
+    nccl_rank *r = &world->ranks[rank];
+    cudaSetDevice(r->device);
+    /* Freeing device memory waits for the device: a send nobody will
+     * receive (a failed world, or a caller's unmatched send) would hold
+     * it forever, so such a rank aborts its communicators first, which
+     * ends their kernels. */
+    comm_nccl_rank_abort_if_stuck(world, rank);
+    close_lane(world, rank, &r->lanes[0]);
+    close_lane(world, rank, &r->lanes[1]);
+    cudaFree(r->device_scratch);
+    cudaFreeHost(r->host_scratch);
+    release_bytes(world, rank, r->scratch_count * sizeof(double));
+    cudaStream_t streams[] = {r->collective_stream, r->copy_stream};
+    for (size_t i = 0; i < sizeof streams / sizeof streams[0]; i++)
+        if (streams[i] != NULL)
+            cudaStreamDestroy(streams[i]);
+    if (r->collective_done != NULL)
+        cudaEventDestroy(r->collective_done);
+    if (r->copy_done != NULL)
+        cudaEventDestroy(r->copy_done);
+    cudaGetLastError(); /* what failed here was already reported */
+    nccl_rank closed = {.device = r->device,
+                        .peak_device_bytes = r->peak_device_bytes,
+                        .aborted = r->aborted};
+    *r = closed;
+}
+
+/* ------------------------------------------------------------- queries */
+
+int comm_nccl_failed_rank(comm_nccl *world, char *reason, size_t reason_size)
+{
+    pthread_mutex_lock(&world->lock);
+    bool failed = atomic_load(&world->failed);
+    int rank = failed ? world->failed_rank : -1;
+    if (reason != NULL && reason_size > 0)
+        snprintf(reason, reason_size, "%s", failed ? world->failure : "");
+    pthread_mutex_unlock(&world->lock);
+    return rank;
+}
+
+int comm_nccl_aborted_count(comm_nccl *world, int rank)
+{
+    return rank >= 0 && rank < world->size ? world->ranks[rank].aborted : 0;
+}
+
+double comm_nccl_rank_peak_bytes(comm_nccl *world, int rank)
+{
+    return rank >= 0 && rank < world->size
+               ? world->ranks[rank].peak_device_bytes
+               : 0.0;
+}
+
+int comm_nccl_clique_count(const comm_nccl *world)
+{
+    return world->clique_count;
+}

@@ -1,0 +1,676 @@
+/*
+ * Tensor parallelism in the cuda backend, on one GPU:
+ *   1. a tp = 2 pair of whole-model stages (embedding, layers, head; tied
+ *      and untied head; a vocabulary of 1001 split 501 + 500, so both
+ *      shards' logits carry masked padding) run as two threads, one per
+ *      shard, joined by a test comm that sums device buffers through host
+ *      memory. The shards' gradients, put together into whole tensors,
+ *      are held against the unsplit cuda stage and against the cpu
+ *      backend's tp = 2 shards (same parameters, same tokens); the loss
+ *      too. Replicated tensors (norms, row-parallel biases, position
+ *      embedding) must come out bit for bit equal on both shards, and
+ *      the shards' gradient-norm shares must add up to the unsplit norm;
+ *   2. a compute-only shard (the profiler's: no comm) runs and stays
+ *      finite;
+ *   3. grad_square_sums (one sum per tensor) against sums made on the
+ *      host and against grad_square_sum;
+ *   4. the memory cap: a stage is refused under a cap smaller than it,
+ *      and releasing a stage gives its bytes back to the cap.
+ *
+ * Usage: test_cuda_tensor_parallel
+ * Tolerances: those of test_cuda_stage (bf16 products): loss 5e-3,
+ * gradients 3e-2 relative L2 per tensor.
+ */
+#include <pthread.h>
+
+#include "gpu_test.h"
+
+#include "executor/executor.h"
+
+#define TOL_LOSS 5e-3
+#define TOL_GRAD 3e-2
+#define TOL_NORM 2e-2
+#define TOL_DOUBLE_SUM 1e-9
+#define TP 2
+
+/* ------------------------------------------------------ the test comm */
+
+/* A comm for shards of one process on one GPU: an all-reduce copies the
+ * device buffer to host memory, reduces it through a threads comm, and
+ * copies the result back before returning (blocking, as the cuda backend
+ * expects of NCCL). The threads comm gives the group order, the
+ * timeouts and the abort. */
+typedef struct device_comm_world {
+    comm_threads *threads;
+} device_comm_world;
+
+static comm inner_comm(const comm *c)
+{
+    const device_comm_world *world = c->shared;
+    return comm_threads_rank(world->threads, c->rank);
+}
+
+static int device_send(const comm *c, int peer, int tag, const float *data,
+                       size_t count, pt_error *err)
+{
+    (void)c, (void)peer, (void)tag, (void)data, (void)count;
+    return pt_fail(err, "test device comm: send is not provided");
+}
+
+static int device_recv(const comm *c, int peer, int tag, float *data,
+                       size_t count, pt_error *err)
+{
+    (void)c, (void)peer, (void)tag, (void)data, (void)count;
+    return pt_fail(err, "test device comm: recv is not provided");
+}
+
+static int device_all_reduce(const comm *c, const int *group, int group_size,
+                             float *data, size_t count, comm_reduce_op op,
+                             pt_error *err)
+{
+    float *host = malloc((count + 1) * sizeof *host);
+    if (host == NULL)
+        return pt_fail(err, "test device comm: out of host memory");
+    comm inner = inner_comm(c);
+    cudaStream_t copies = cudaStreamPerThread;
+    int status = -1;
+    if (cudaMemcpyAsync(host, data, count * sizeof *host,
+                        cudaMemcpyDeviceToHost, copies) != cudaSuccess ||
+        cudaStreamSynchronize(copies) != cudaSuccess) {
+        pt_fail(err, "test device comm: copy to the host failed");
+    } else if ((op == COMM_MAX
+                    ? comm_all_reduce_max(&inner, group, group_size, host,
+                                          count, err)
+                    : comm_all_reduce_sum(&inner, group, group_size, host,
+                                          count, err)) == 0) {
+        /* pageable memory: cudaMemcpy may return before the device has
+         * it; the synchronisation makes the result visible to the stage's
+         * stream when this returns */
+        if (cudaMemcpyAsync(data, host, count * sizeof *host,
+                            cudaMemcpyHostToDevice, copies) != cudaSuccess ||
+            cudaStreamSynchronize(copies) != cudaSuccess)
+            pt_fail(err, "test device comm: copy to the device failed");
+        else
+            status = 0;
+    }
+    free(host);
+    return status;
+}
+
+static int device_all_reduce_host(const comm *c, const int *group,
+                                  int group_size, double *data, size_t count,
+                                  pt_error *err)
+{
+    comm inner = inner_comm(c);
+    return comm_all_reduce_host(&inner, group, group_size, data, count, err);
+}
+
+static int device_barrier(const comm *c, pt_error *err)
+{
+    comm inner = inner_comm(c);
+    return comm_barrier(&inner, err);
+}
+
+static void device_abort(const comm *c, const char *reason)
+{
+    comm inner = inner_comm(c);
+    comm_abort(&inner, reason);
+}
+
+static const comm_ops device_comm_ops = {
+    .name = "test-device",
+    .send = device_send,
+    .recv = device_recv,
+    .all_reduce = device_all_reduce,
+    .all_reduce_host = device_all_reduce_host,
+    .barrier = device_barrier,
+    .abort = device_abort,
+};
+
+/* --------------------------------------------------------- the shards */
+
+static model_shape tp_shape(bool tied)
+{
+    model_shape shape;
+    memset(&shape, 0, sizeof shape);
+    snprintf(shape.name, sizeof shape.name, "tp-test");
+    shape.layers = 2;
+    shape.hidden = 128;
+    shape.heads = 2;       /* one head of 64 per shard */
+    shape.ffn_hidden = 512;
+    shape.seq = 96;        /* one and a half attention tiles */
+    shape.vocab = 1001;    /* 501 + 500 rows: padded logits on both */
+    shape.tied_embeddings = tied;
+    return shape;
+}
+
+static uint32_t *random_tokens(int count, int vocab, uint64_t *state)
+{
+    uint32_t *tokens = gpu_test_host((size_t)count * sizeof *tokens);
+    for (int i = 0; i < count; i++)
+        tokens[i] = (uint32_t)(gpu_test_uniform(state) * vocab);
+    return tokens;
+}
+
+static float *read_buffer(const model_stage *stage, stage_buffer which)
+{
+    pt_error err;
+    float *host = gpu_test_host((stage->param_count + 1) * sizeof *host);
+    PT_CHECK(model_stage_read(stage, which, host, &err), &err);
+    return host;
+}
+
+/* One shard's share of a step, run on its own thread. */
+typedef struct shard_job {
+    model_stage *stage;
+    const comm *handle;          /* to abort the group on failure */
+    const uint32_t *tokens;
+    int micro_batches;
+    int mbs;
+    float loss;                  /* mean over the micro-batches */
+    int status;
+    pt_error err;
+} shard_job;
+
+/* Zero grads, then forward and backward of each micro-batch in slot 0
+ * with loss_scale 1 / micro_batches. */
+static int micro_batch_steps(model_stage *stage, const uint32_t *tokens,
+                             int micro_batches, int mbs, float *mean_loss,
+                             pt_error *err)
+{
+    if (stage_zero_grads(stage, err) != 0)
+        return -1;
+    double loss_sum = 0.0;
+    size_t window = (size_t)stage->shape.seq + 1;
+    for (int m = 0; m < micro_batches; m++) {
+        stage_io io = {
+            .mbs = mbs,
+            .tokens = tokens + (size_t)m * (size_t)mbs * window,
+            .loss_scale = 1.0f / (float)micro_batches,
+        };
+        float loss = 0.0f;
+        if (stage_forward(stage, 0, &io, &loss, err) != 0 ||
+            stage_backward(stage, 0, &io, err) != 0)
+            return -1;
+        loss_sum += loss;
+    }
+    *mean_loss = (float)(loss_sum / micro_batches);
+    return 0;
+}
+
+static void *run_shard(void *argument)
+{
+    shard_job *job = argument;
+    job->status = micro_batch_steps(job->stage, job->tokens,
+                                    job->micro_batches, job->mbs, &job->loss,
+                                    &job->err);
+    if (job->status != 0 && job->handle != NULL)
+        comm_abort(job->handle, job->err.message);
+    return NULL;
+}
+
+/* Runs the TP shards' step, one thread each, joined by handles[t]. */
+static void run_shards(model_stage *shards, const comm *handles,
+                       const uint32_t *tokens, int micro_batches, int mbs,
+                       float *losses)
+{
+    pthread_t threads[TP];
+    shard_job jobs[TP];
+    for (int t = 0; t < TP; t++) {
+        jobs[t] = (shard_job){.stage = &shards[t], .handle = &handles[t],
+                              .tokens = tokens, .micro_batches = micro_batches,
+                              .mbs = mbs};
+        if (pthread_create(&threads[t], NULL, run_shard, &jobs[t]) != 0) {
+            printf("FAIL cannot start the thread of shard %d\n", t);
+            exit(1);
+        }
+    }
+    for (int t = 0; t < TP; t++)
+        pthread_join(threads[t], NULL);
+    for (int t = 0; t < TP; t++) {
+        if (jobs[t].status != 0) {
+            printf("FAIL shard %d (%s backend): %s\n", t,
+                   shards[t].backend->name, jobs[t].err.message);
+            exit(1);
+        }
+        losses[t] = jobs[t].loss;
+    }
+}
+
+/* Shard t of the whole model on a backend, initialised like the unsplit
+ * model and attached to its group through handles[t]. */
+static void create_shards(model_stage *shards, const model_shape *shape,
+                          backend_kind backend, int mbs, uint64_t seed,
+                          const comm *handles)
+{
+    pt_error err;
+    static const int group[TP] = {0, 1};
+    for (int t = 0; t < TP; t++) {
+        stage_spec spec = stage_spec_whole_model(shape);
+        spec.tp = TP;
+        spec.tp_rank = t;
+        PT_CHECK(model_stage_create(&shards[t], shape, &spec, backend, mbs, 1,
+                                    &err),
+                 &err);
+        PT_CHECK(model_stage_init_parameters(&shards[t], seed, &err), &err);
+        PT_CHECK(model_stage_attach_tp(&shards[t], &handles[t], group, &err),
+                 &err);
+    }
+}
+
+/* ------------------------------------------------ putting shards together */
+
+/* Where element k of a shard's tensor sits in the whole tensor (see
+ * param_tensor: parts, part offsets and full shape). */
+static size_t whole_index(const param_tensor *shard, size_t k)
+{
+    int r = (int)(k / (size_t)shard->cols), c = (int)(k % (size_t)shard->cols);
+    int kept_rows = shard->rows / shard->row_parts;
+    int kept_cols = shard->cols / shard->col_parts;
+    int row = r / kept_rows * (shard->full_rows / shard->row_parts) +
+              shard->part_row_offset + r % kept_rows;
+    int col = c / kept_cols * (shard->full_cols / shard->col_parts) +
+              shard->part_col_offset + c % kept_cols;
+    return (size_t)row * (size_t)shard->full_cols + (size_t)col;
+}
+
+/* The shards' gradients laid out as the unsplit stage's buffer. Fails the
+ * program when an element of the whole is left uncovered. */
+static float *assemble(const model_stage *shards, const model_stage *whole)
+{
+    float *out = gpu_test_host((whole->param_count + 1) * sizeof *out);
+    unsigned char *covered = gpu_test_host(whole->param_count + 1);
+    for (int t = 0; t < TP; t++) {
+        float *grads = read_buffer(&shards[t], STAGE_GRADS);
+        for (int i = 0; i < shards[t].tensor_count; i++) {
+            const param_tensor *mine = &shards[t].tensors[i];
+            const param_tensor *theirs =
+                model_stage_find_tensor(whole, mine->name);
+            if (theirs == NULL || mine->full_rows != theirs->rows ||
+                mine->full_cols != theirs->cols) {
+                printf("FAIL shard tensor %s has no whole counterpart\n",
+                       mine->name);
+                exit(1);
+            }
+            for (size_t k = 0; k < mine->count; k++) {
+                size_t at = theirs->offset + whole_index(mine, k);
+                out[at] = grads[mine->offset + k];
+                covered[at] = 1;
+            }
+        }
+        free(grads);
+    }
+    for (size_t i = 0; i < whole->param_count; i++) {
+        if (!covered[i]) {
+            printf("FAIL the shards leave element %zu of the whole model "
+                   "uncovered\n",
+                   i);
+            exit(1);
+        }
+    }
+    free(covered);
+    return out;
+}
+
+/* Every tensor of `got` against `want`, both in the layout of `layout`.
+ * Prints the failures and one summary check. */
+static void compare_tensors(gpu_test_tally *tally, const char *label,
+                            const model_stage *layout, const float *got,
+                            const float *want, double tolerance)
+{
+    int failures = 0;
+    double worst = 0.0;
+    const char *worst_name = "";
+    for (int i = 0; i < layout->tensor_count; i++) {
+        const param_tensor *t = &layout->tensors[i];
+        double diff = 0.0, norm = 0.0;
+        bool finite = true;
+        for (size_t k = 0; k < t->count; k++) {
+            double g = got[t->offset + k], w = want[t->offset + k];
+            finite = finite && isfinite(g);
+            diff += (g - w) * (g - w);
+            norm += w * w;
+        }
+        double relative = norm > 0 ? sqrt(diff / norm) : sqrt(diff);
+        bool pass = finite && relative <= tolerance;
+        if (!finite || relative > worst) {
+            worst = finite ? relative : INFINITY;
+            worst_name = t->name;
+        }
+        if (!pass) {
+            printf("FAIL %s %-36s rel L2 err %.3e (tolerance %.1e)%s\n",
+                   label, t->name, relative, tolerance,
+                   finite ? "" : " NON-FINITE");
+            failures++;
+        }
+    }
+    char line[256];
+    snprintf(line, sizeof line,
+             "%s: %d tensors, worst %s at rel L2 err %.3e (tolerance %.1e)",
+             label, layout->tensor_count, worst_name, worst, tolerance);
+    gpu_test_expect(tally, failures == 0, line);
+}
+
+static void compare_value(gpu_test_tally *tally, const char *name, double got,
+                          double want, double tolerance)
+{
+    float g = (float)got, w = (float)want;
+    gpu_test_compare(tally, name, &g, &w, 1, tolerance);
+}
+
+/* Replicated tensors are computed from the same summed values on every
+ * shard by the same deterministic kernels: they must agree exactly. */
+static void check_replicas_agree(gpu_test_tally *tally, const char *label,
+                                 const model_stage *shards)
+{
+    float *first = read_buffer(&shards[0], STAGE_GRADS);
+    float *second = read_buffer(&shards[1], STAGE_GRADS);
+    int replicated = 0, differing = 0;
+    for (int i = 0; i < shards[0].tensor_count; i++) {
+        const param_tensor *t = &shards[0].tensors[i];
+        if (!t->replicated)
+            continue;
+        replicated++;
+        const param_tensor *other = &shards[1].tensors[i];
+        if (memcmp(first + t->offset, second + other->offset,
+                   t->count * sizeof(float)) != 0) {
+            printf("FAIL %s: replicated %s differs between the shards\n",
+                   label, t->name);
+            differing++;
+        }
+    }
+    char line[256];
+    snprintf(line, sizeof line,
+             "%s: %d replicated gradient tensors equal on both shards",
+             label, replicated);
+    gpu_test_expect(tally, replicated > 0 && differing == 0, line);
+    free(first), free(second);
+}
+
+/* --------------------------------------------------- 1. the tp = 2 pair */
+
+static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied)
+{
+    pt_error err;
+    model_shape shape = tp_shape(tied);
+    int mbs = 2, micro_batches = 2;
+    uint64_t seed = tied ? 31 : 32;
+    const char *label = tied ? "tp=2 tied" : "tp=2 untied";
+    printf("# %s: %d layers, hidden %d, %d heads, ffn %d, vocab %d, seq %d, "
+           "mbs %d x %d micro-batches\n",
+           label, shape.layers, shape.hidden, shape.heads, shape.ffn_hidden,
+           shape.vocab, shape.seq, mbs, micro_batches);
+    uint64_t state = tied ? 77 : 78;
+    uint32_t *tokens = random_tokens(micro_batches * mbs * (shape.seq + 1),
+                                     shape.vocab, &state);
+
+    /* the unsplit cuda stage */
+    stage_spec whole_spec = stage_spec_whole_model(&shape);
+    model_stage whole;
+    PT_CHECK(cuda_model_stage_create(&whole, &shape, &whole_spec, mbs, 1,
+                                     &err),
+             &err);
+    PT_CHECK(model_stage_init_parameters(&whole, seed, &err), &err);
+    float whole_loss = 0.0f;
+    PT_CHECK(micro_batch_steps(&whole, tokens, micro_batches, mbs,
+                               &whole_loss, &err),
+             &err);
+    float *whole_grads = read_buffer(&whole, STAGE_GRADS);
+
+    /* the cuda pair through the device comm */
+    comm_threads *cuda_world = NULL, *cpu_world = NULL;
+    PT_CHECK(comm_threads_create(TP, 60.0, &cuda_world, &err), &err);
+    PT_CHECK(comm_threads_create(TP, 60.0, &cpu_world, &err), &err);
+    device_comm_world device_world = {.threads = cuda_world};
+    comm cuda_handles[TP], cpu_handles[TP];
+    for (int t = 0; t < TP; t++) {
+        cuda_handles[t] = (comm){.ops = &device_comm_ops,
+                                 .shared = &device_world, .rank = t,
+                                 .size = TP};
+        cpu_handles[t] = comm_threads_rank(cpu_world, t);
+    }
+    model_stage cuda_shards[TP], cpu_shards[TP];
+    create_shards(cuda_shards, &shape, BACKEND_CUDA, mbs, seed, cuda_handles);
+    create_shards(cpu_shards, &shape, BACKEND_CPU, mbs, seed, cpu_handles);
+    float cuda_losses[TP], cpu_losses[TP];
+    run_shards(cuda_shards, cuda_handles, tokens, micro_batches, mbs,
+               cuda_losses);
+    run_shards(cpu_shards, cpu_handles, tokens, micro_batches, mbs,
+               cpu_losses);
+    printf("# %s loss: cuda shards %.6f / %.6f, unsplit cuda %.6f, cpu "
+           "shards %.6f nats/token\n",
+           label, cuda_losses[0], cuda_losses[1], whole_loss, cpu_losses[0]);
+
+    char name[160];
+    snprintf(name, sizeof name, "%s: both shards report the same loss",
+             label);
+    gpu_test_expect(tally, cuda_losses[0] == cuda_losses[1], name);
+    snprintf(name, sizeof name, "%s loss vs unsplit cuda", label);
+    compare_value(tally, name, cuda_losses[0], whole_loss, TOL_LOSS);
+    snprintf(name, sizeof name, "%s loss vs cpu tp=2", label);
+    compare_value(tally, name, cuda_losses[0], cpu_losses[0], TOL_LOSS);
+
+    float *cuda_assembled = assemble(cuda_shards, &whole);
+    float *cpu_assembled = assemble(cpu_shards, &whole);
+    snprintf(name, sizeof name, "%s grad vs unsplit cuda", label);
+    compare_tensors(tally, name, &whole, cuda_assembled, whole_grads,
+                    TOL_GRAD);
+    snprintf(name, sizeof name, "%s grad vs cpu tp=2", label);
+    compare_tensors(tally, name, &whole, cuda_assembled, cpu_assembled,
+                    TOL_GRAD);
+    check_replicas_agree(tally, label, cuda_shards);
+
+    /* the global norm: shard 1 leaves out what shard 0 counts */
+    double shares[TP], whole_square = 0.0;
+    for (int t = 0; t < TP; t++)
+        PT_CHECK(stage_grad_norm_share(&cuda_shards[t], &shares[t], &err),
+                 &err);
+    PT_CHECK(stage_grad_square_sum(&whole, &whole_square, &err), &err);
+    printf("# %s gradient norm: shards %.6f, unsplit %.6f\n", label,
+           sqrt(shares[0] + shares[1]), sqrt(whole_square));
+    snprintf(name, sizeof name, "%s gradient norm from the shares", label);
+    compare_value(tally, name, sqrt(shares[0] + shares[1]),
+                  sqrt(whole_square), TOL_NORM);
+
+    free(cuda_assembled), free(cpu_assembled), free(whole_grads);
+    free(tokens);
+    for (int t = 0; t < TP; t++) {
+        model_stage_destroy(&cuda_shards[t]);
+        model_stage_destroy(&cpu_shards[t]);
+    }
+    model_stage_destroy(&whole);
+    comm_threads_destroy(cuda_world);
+    comm_threads_destroy(cpu_world);
+}
+
+/* ------------------------------------------------- 2. compute-only shard */
+
+static void test_compute_only(gpu_test_tally *tally)
+{
+    pt_error err;
+    model_shape shape = tp_shape(true);
+    int mbs = 2;
+    stage_spec spec = stage_spec_whole_model(&shape);
+    spec.tp = TP;
+    spec.tp_rank = 1;
+    model_stage shard;
+    PT_CHECK(cuda_model_stage_create(&shard, &shape, &spec, mbs, 1, &err),
+             &err);
+    PT_CHECK(model_stage_init_parameters(&shard, 5, &err), &err);
+    PT_CHECK(model_stage_attach_tp(&shard, NULL, NULL, &err), &err);
+    uint64_t state = 3;
+    uint32_t *tokens = random_tokens(mbs * (shape.seq + 1), shape.vocab,
+                                     &state);
+    float loss = 0.0f;
+    PT_CHECK(micro_batch_steps(&shard, tokens, 1, mbs, &loss, &err), &err);
+    double square = 0.0;
+    PT_CHECK(stage_grad_square_sum(&shard, &square, &err), &err);
+    char line[160];
+    snprintf(line, sizeof line,
+             "compute-only shard: finite loss %.4f nats/token and gradient "
+             "norm %.4f without a comm",
+             loss, sqrt(square));
+    gpu_test_expect(tally, isfinite(loss) && isfinite(square) && square > 0,
+                    line);
+    free(tokens);
+    model_stage_destroy(&shard);
+}
+
+/* ---------------------------------------------- 3. grad_square_sums */
+
+/* The backend's per-tensor sums against double sums of the downloaded
+ * gradients, and their total against grad_square_sum. */
+static void check_square_sums(gpu_test_tally *tally, const char *label,
+                              const model_stage *stage)
+{
+    pt_error err;
+    float *grads = read_buffer(stage, STAGE_GRADS);
+    double *sums = gpu_test_host((size_t)stage->tensor_count * sizeof *sums);
+    PT_CHECK(stage->backend->grad_square_sums(stage, sums, &err), &err);
+    double worst = 0.0, total = 0.0;
+    const char *worst_name = "";
+    for (int i = 0; i < stage->tensor_count; i++) {
+        const param_tensor *t = &stage->tensors[i];
+        double want = 0.0;
+        for (size_t k = 0; k < t->count; k++)
+            want += (double)grads[t->offset + k] * grads[t->offset + k];
+        double relative = fabs(sums[i] - want) / (want > 0 ? want : 1.0);
+        if (!isfinite(sums[i]) || relative > worst) {
+            worst = isfinite(sums[i]) ? relative : INFINITY;
+            worst_name = t->name;
+        }
+        total += sums[i];
+    }
+    char line[256];
+    snprintf(line, sizeof line,
+             "%s: grad_square_sums of %d tensors against the host, worst %s "
+             "at rel err %.3e (tolerance %.0e)",
+             label, stage->tensor_count, worst_name, worst, TOL_DOUBLE_SUM);
+    gpu_test_expect(tally, worst <= TOL_DOUBLE_SUM, line);
+    double whole = 0.0;
+    PT_CHECK(stage_grad_square_sum(stage, &whole, &err), &err);
+    double relative = fabs(total - whole) / (whole > 0 ? whole : 1.0);
+    snprintf(line, sizeof line,
+             "%s: sum of grad_square_sums %.9g vs grad_square_sum %.9g, rel "
+             "err %.3e (tolerance %.0e)",
+             label, total, whole, relative, TOL_DOUBLE_SUM);
+    gpu_test_expect(tally, whole > 0 && relative <= TOL_DOUBLE_SUM, line);
+    free(grads), free(sums);
+}
+
+static void test_square_sums(gpu_test_tally *tally)
+{
+    pt_error err;
+    /* several chunks per tensor: 2 layers of hidden 256, vocab 5000 */
+    model_shape shape = tp_shape(false);
+    shape.hidden = 256;
+    shape.heads = 4;
+    shape.ffn_hidden = 1024;
+    shape.vocab = 5000;
+    int mbs = 2;
+    uint64_t state = 9;
+    uint32_t *tokens = random_tokens(mbs * (shape.seq + 1), shape.vocab,
+                                     &state);
+    stage_spec spec = stage_spec_whole_model(&shape);
+    model_stage stage;
+    PT_CHECK(cuda_model_stage_create(&stage, &shape, &spec, mbs, 1, &err),
+             &err);
+    PT_CHECK(model_stage_init_parameters(&stage, 21, &err), &err);
+    float loss = 0.0f;
+    PT_CHECK(micro_batch_steps(&stage, tokens, 1, mbs, &loss, &err), &err);
+    check_square_sums(tally, "unsplit stage", &stage);
+    /* a pipeline stage with the head only: its lm_head is a tied copy,
+     * left out of the norm share */
+    model_shape tied = shape;
+    tied.tied_embeddings = true;
+    int partition[2] = {1, 1};
+    stage_spec last;
+    PT_CHECK(stage_spec_from_partition(&tied, partition, 2, 1, &last, &err),
+             &err);
+    model_stage head;
+    PT_CHECK(cuda_model_stage_create(&head, &tied, &last, mbs, 1, &err),
+             &err);
+    PT_CHECK(model_stage_init_parameters(&head, 21, &err), &err);
+    /* gradients to sum without a backward: write known values */
+    float *values = gpu_test_host(head.param_count * sizeof *values);
+    gpu_test_fill(values, head.param_count, 1.0f, 0.0f, &state);
+    PT_CHECK(model_stage_write(&head, STAGE_GRADS, values, &err), &err);
+    check_square_sums(tally, "last pipeline stage", &head);
+    double share = 0.0, want = 0.0;
+    PT_CHECK(stage_grad_norm_share(&head, &share, &err), &err);
+    for (int i = 0; i < head.tensor_count; i++) {
+        const param_tensor *t = &head.tensors[i];
+        if (t->tied_copy)
+            continue;
+        for (size_t k = 0; k < t->count; k++)
+            want += (double)values[t->offset + k] * values[t->offset + k];
+    }
+    char line[200];
+    snprintf(line, sizeof line,
+             "last pipeline stage: norm share %.9g leaves out the tied copy "
+             "(host %.9g)",
+             share, want);
+    gpu_test_expect(tally, fabs(share - want) <= TOL_DOUBLE_SUM * want,
+                    line);
+    free(values), free(tokens);
+    model_stage_destroy(&head);
+    model_stage_destroy(&stage);
+}
+
+/* -------------------------------------------------------- 4. memory cap */
+
+static void test_memory_cap(gpu_test_tally *tally)
+{
+    pt_error err;
+    model_shape shape = tp_shape(true);
+    stage_spec spec = stage_spec_whole_model(&shape);
+    model_stage stage;
+    PT_CHECK(cuda_model_stage_create(&stage, &shape, &spec, 2, 1, &err),
+             &err);
+    double bytes = (double)cuda_stage_device_bytes(&stage);
+    model_stage_destroy(&stage);
+
+    /* a cap of 1.5 stages: two stages one after the other fit only if
+     * the first one's release gave its bytes back */
+    PT_CHECK(cuda_rank_device_open(0, 0, 1.5 * bytes, &err), &err);
+    bool fits = true;
+    for (int round = 0; round < 2 && fits; round++) {
+        fits = cuda_model_stage_create(&stage, &shape, &spec, 2, 1, &err) ==
+               0;
+        if (fits)
+            model_stage_destroy(&stage);
+        else
+            printf("# round %d: %s\n", round, err.message);
+    }
+    char line[200];
+    snprintf(line, sizeof line,
+             "memory cap of %.1f MiB: a stage of %.1f MiB, released, fits "
+             "again",
+             1.5 * bytes / (1024.0 * 1024.0), bytes / (1024.0 * 1024.0));
+    gpu_test_expect(tally, fits, line);
+    cuda_rank_device_close();
+
+    PT_CHECK(cuda_rank_device_open(0, 0, 0.5 * bytes, &err), &err);
+    int status = cuda_model_stage_create(&stage, &shape, &spec, 2, 1, &err);
+    if (status == 0)
+        model_stage_destroy(&stage);
+    else
+        printf("# refused: %s\n", err.message);
+    gpu_test_expect(tally,
+                    status != 0 && strstr(err.message, "memory_limit_gib"),
+                    "memory cap of half a stage: the stage is refused, "
+                    "naming memory_limit_gib");
+    cuda_rank_device_close();
+}
+
+int main(void)
+{
+    gpu_test_require_device("test_cuda_tensor_parallel");
+    gpu_test_tally tally = {0, 0};
+    test_tensor_parallel_pair(&tally, true);
+    test_tensor_parallel_pair(&tally, false);
+    test_compute_only(&tally);
+    test_square_sums(&tally);
+    test_memory_cap(&tally);
+    return gpu_test_finish(&tally, "test_cuda_tensor_parallel");
+}
