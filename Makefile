@@ -36,7 +36,7 @@ build: deps $(BUILD)/build.ninja
 # draw its estimated timeline. Then a short real training run: GPT-2 124M
 # on the GPU where one is present (the cuda backend), else a toy plan on
 # the CPU reference backend, from the bundled corpus, and its report.
-# (Running the chosen 32-GPU plan needs the parallel executor over NCCL.)
+# (The chosen 32-GPU plan needs 32 GPUs of those types to run.)
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
 demo: build
@@ -48,7 +48,9 @@ ifeq ($(HAVE_GPU),yes)
 	$(PARTITA) exec docs/examples/plan-gpt2-124m-1gpu.json \
 	  --data demo-out/corpus --backend cuda --iters 30 --log-interval 10 \
 	  -o demo-out/run.json
-	@echo "# GPU run written to demo-out/run.json (its report needs a measured H100 profile: issue 5)"
+	$(PARTITA) report docs/examples/plan-gpt2-124m-1gpu.json demo-out/run.json \
+	  -o demo-out/run-report
+	@echo "# planned, estimated, trained GPT-2 124M on the GPU, reports in demo-out/"
 else
 	$(PARTITA) exec docs/examples/plan-tiny-cpu.json --data demo-out/corpus \
 	  --backend cpu --iters 30 --log-interval 10 -o demo-out/run.json

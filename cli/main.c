@@ -65,10 +65,6 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         if (strcmp(name, subcommands[i].name) == 0)
             return subcommands[i].run(argc - 1, argv + 1);
-    /* Temporary, hidden: `partita profile --derive` until the measuring
-     * `partita profile` exists and hands --derive to cmd_profile_derive. */
-    if (strcmp(name, "derive-profile") == 0)
-        return cmd_profile_derive(argc - 1, argv + 1);
     fprintf(stderr, "partita: unknown command '%s'\n\n", name);
     print_usage(stderr);
     return EXIT_BAD_INPUT;

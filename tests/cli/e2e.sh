@@ -183,10 +183,10 @@ plan-mixed-derived)
   expect_in out.txt "step time"
   ;;
 derive-profile)
-  run 0 partita derive-profile --help
+  run 0 partita profile --derive A10 --help
   expect_in out.txt "--derive GPU"
   mkdir in-profiles
-  run 0 partita derive-profile --derive A100-80GB \
+  run 0 partita profile --derive A100-80GB \
     --from "$source_root/profiles/A100-FASOP.json,A10-FASOP" --points \
     --compare A100-FASOP --link-GBps 230 --link-latency-us 5 \
     -o in-profiles/A100-80GB.json
@@ -200,13 +200,13 @@ derive-profile)
   run 0 partita plan --model gpt2-xl --gbs 64 --cluster in-cluster.json \
     --profiles in-profiles --quiet -o in-plan.json
   expect_in out.txt "A100-80GB"
-  run 2 partita derive-profile --derive B300 --from A10-FASOP
+  run 2 partita profile --derive B300 --from A10-FASOP
   expect_in err.txt "no such GPU"
-  run 2 partita derive-profile --derive A10
+  run 2 partita profile --derive A10
   expect_in err.txt "required"
-  run 2 partita derive-profile --derive A10 --from no-such-profile
+  run 2 partita profile --derive A10 --from no-such-profile
   expect_in err.txt "no-such-profile"
-  run 2 partita derive-profile --derive A10 --from A10-FASOP --compare A10-FASOP
+  run 2 partita profile --derive A10 --from A10-FASOP --compare A10-FASOP
   expect_in err.txt "link-GBps"
   ;;
 bad-json)
@@ -578,12 +578,12 @@ profile-compare)
   run 0 partita profile --compare p.json p.json
   expect_in out.txt "0 differ by more than 3 %"
   expect_in out.txt "tp 2 mbs 2 head backward"
-  # the optimizer figure five times larger: one entry over
+  # the optimizer figure 2 to 21 times larger (a 2 put before it): one entry over
   sed 's/"optimizer_s_per_param": /"optimizer_s_per_param": 2/' p.json >in-perturbed.json
   run 1 partita profile --compare p.json in-perturbed.json
   expect_in out.txt "1 differ by more than 3 %"
   expect_in out.txt "optimizer per parameter"
-  run 0 partita profile --compare p.json in-perturbed.json --tolerance 1000
+  run 0 partita profile --compare p.json in-perturbed.json --tolerance 100000
   run 0 partita profile --model in-tiny.json --backend cpu --quick --tp 1 --mbs 1 -o q.json
   run 1 partita profile --compare p.json q.json --tolerance 1000
   expect_in out.txt "only in A"

@@ -310,9 +310,9 @@ static void test_bad_profiles(void **state)
         /* inconsistent profiles */
         {{{{"shapes", "0", "heads"}, "5"}},
          "profiles/T.json: shapes[0].heads: 5 does not divide hidden 64"},
-        {{{{"shapes", "0", "costs", "1", "layer", "forward_s"}, "5e-5"}},
+        {{{{"shapes", "0", "costs", "2", "layer", "forward_s"}, "0.002"}},
          "profiles/T.json: shapes[0].costs: inconsistent: at tp 1 the layer "
-         "forward takes 0.0001 s at mbs 1 but only 5e-05 s at mbs 2"},
+         "forward takes 0.002 s at mbs 1 but only 0.0003 s at mbs 2"},
         {{{{"optimizer_s_per_param"}, "0.001"}},
          "profiles/T.json: optimizer_s_per_param: 0.001 s per parameter is "
          "more than 1e-06: a unit mistake?"},
