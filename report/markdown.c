@@ -69,7 +69,7 @@ static void write_header(FILE *out, const report_input *in)
                      "estimate prices the plan's GPUs: the errors compare "
                      "two different machines and say nothing about the "
                      "cost model's accuracy.\n\n");
-    else
+    else if (in->run == NULL)
         fprintf(out, "No run given: estimates only (run the plan with "
                      "`partita exec` and pass its run.json to compare).\n\n");
 }
