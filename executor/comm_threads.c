@@ -80,16 +80,25 @@ static int check_group(const comm *c, const int *group, int group_size,
     return 0;
 }
 
+/* The checks every all-reduce wrapper makes: 1 when there is nothing to
+ * reduce (a group of one, no elements), 0 to go on, -1 on bad input. */
+static int check_reduce(const comm *c, const int *group, int group_size,
+                        bool has_data, size_t count, pt_error *err)
+{
+    if (check_group(c, group, group_size, err) != 0)
+        return -1;
+    if (!has_data && count > 0)
+        return pt_fail(err, "rank %d: all-reduce without data", c->rank);
+    return group_size == 1 || count == 0 ? 1 : 0;
+}
+
 static int all_reduce(const comm *c, const int *group, int group_size,
                       float *data, size_t count, comm_reduce_op op,
                       pt_error *err)
 {
-    if (check_group(c, group, group_size, err) != 0)
-        return -1;
-    if (data == NULL && count > 0)
-        return pt_fail(err, "rank %d: all-reduce without data", c->rank);
-    if (group_size == 1 || count == 0)
-        return 0;
+    int checked = check_reduce(c, group, group_size, data != NULL, count, err);
+    if (checked != 0)
+        return checked < 0 ? -1 : 0;
     return c->ops->all_reduce(c, group, group_size, data, count, op, err);
 }
 
@@ -108,12 +117,9 @@ int comm_all_reduce_max(const comm *c, const int *group, int group_size,
 int comm_all_reduce_host(const comm *c, const int *group, int group_size,
                          double *data, size_t count, pt_error *err)
 {
-    if (check_group(c, group, group_size, err) != 0)
-        return -1;
-    if (data == NULL && count > 0)
-        return pt_fail(err, "rank %d: all-reduce without data", c->rank);
-    if (group_size == 1 || count == 0)
-        return 0;
+    int checked = check_reduce(c, group, group_size, data != NULL, count, err);
+    if (checked != 0)
+        return checked < 0 ? -1 : 0;
     return c->ops->all_reduce_host(c, group, group_size, data, count, err);
 }
 

@@ -945,6 +945,14 @@ static void describe_plan_fit(const plan *p, backend_kind backend,
     if (backend == BACKEND_CPU && p->config.recompute)
         add_note(out, "the plan asks for full recompute; the cpu backend "
                       "keeps every activation instead");
+    if (backend == BACKEND_CUDA && p->config.recompute)
+        add_note(out, "the plan asks for full recompute; exec does not "
+                      "apply it yet (PARTITA_CUDA_RECOMPUTE=all makes the "
+                      "cuda backend recompute)");
+    if (p->config.distributed_optimizer && p->config.dp > 1)
+        add_note(out, "the plan asks for the distributed optimizer; exec "
+                      "keeps the whole AdamW state on every replica (ZeRO-1 "
+                      "is not built yet)");
 }
 
 static void fill_result_header(const run_context *ctx, run_result *out)
