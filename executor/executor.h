@@ -70,6 +70,19 @@ int stage_spec_tp(const stage_spec *spec);
 void stage_vocab_shard(int vocab, int tp, int tp_rank, int *first,
                        int *count);
 
+/* The sizes a stage's tensor-parallel shard computes with (the unsplit
+ * model's when tp is 1): the residual stream's width is never split. */
+typedef struct stage_shard {
+    int tp;
+    int attention_channels;  /* hidden / tp */
+    int heads;               /* heads / tp */
+    int ffn;                 /* ffn_hidden / tp */
+    int vocab_first;         /* the shard's vocabulary rows */
+    int vocab_count;
+} stage_shard;
+
+stage_shard stage_shard_of(const model_shape *shape, const stage_spec *spec);
+
 /* The single stage of an unsplit model: all layers, embedding and head. */
 stage_spec stage_spec_whole_model(const model_shape *shape);
 

@@ -65,6 +65,20 @@ const stage_backend *backend_find(backend_kind kind, pt_error *err)
 
 /* ---------------------------------------------------------------- specs */
 
+stage_shard stage_shard_of(const model_shape *shape, const stage_spec *spec)
+{
+    int tp = stage_spec_tp(spec);
+    stage_shard shard = {
+        .tp = tp,
+        .attention_channels = shape->hidden / tp,
+        .heads = shape->heads / tp,
+        .ffn = shape->ffn_hidden / tp,
+    };
+    stage_vocab_shard(shape->vocab, tp, spec->tp_rank, &shard.vocab_first,
+                      &shard.vocab_count);
+    return shard;
+}
+
 int stage_spec_tp(const stage_spec *spec)
 {
     return spec->tp > 1 ? spec->tp : 1;

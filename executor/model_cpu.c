@@ -158,20 +158,17 @@ typedef struct stage_dims {
 
 static stage_dims dims_of(const model_stage *stage, int mbs)
 {
-    int tp = stage_spec_tp(&stage->spec);
-    int vocab_first = 0, vocab_count = 0;
-    stage_vocab_shard(stage->shape.vocab, tp, stage->spec.tp_rank,
-                      &vocab_first, &vocab_count);
+    stage_shard shard = stage_shard_of(&stage->shape, &stage->spec);
     stage_dims dims = {
         .B = (size_t)mbs,
         .T = (size_t)stage->shape.seq,
         .C = (size_t)stage->shape.hidden,
-        .A = (size_t)(stage->shape.hidden / tp),
-        .F = (size_t)(stage->shape.ffn_hidden / tp),
-        .V = (size_t)vocab_count,
-        .NH = (size_t)(stage->shape.heads / tp),
-        .vocab_first = vocab_first,
-        .tp = tp,
+        .A = (size_t)shard.attention_channels,
+        .F = (size_t)shard.ffn,
+        .V = (size_t)shard.vocab_count,
+        .NH = (size_t)shard.heads,
+        .vocab_first = shard.vocab_first,
+        .tp = shard.tp,
     };
     dims.N = dims.B * dims.T;
     return dims;

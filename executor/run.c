@@ -250,13 +250,10 @@ double run_cpu_partial_stage_bytes(const model_shape *shape,
                                    const stage_spec *spec, int mbs,
                                    int slot_count, double *activation_bytes)
 {
-    int tp = stage_spec_tp(spec);
-    int vocab_first = 0, vocab_count = 0;
-    stage_vocab_shard(shape->vocab, tp, spec->tp_rank, &vocab_first,
-                      &vocab_count);
-    double B = mbs, T = shape->seq, C = shape->hidden, A = C / tp;
-    double F = shape->ffn_hidden / tp, V = vocab_count;
-    double NH = shape->heads / tp;
+    stage_shard shard = stage_shard_of(shape, spec);
+    double B = mbs, T = shape->seq, C = shape->hidden;
+    double A = shard.attention_channels, F = shard.ffn, V = shard.vocab_count;
+    double NH = shard.heads;
     double N = B * T;
     double layers = spec->last_layer - spec->first_layer;
     /* ln1, mid, ln2, output: N x C; qkv and attention output: 4 N x A */

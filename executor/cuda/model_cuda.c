@@ -226,20 +226,17 @@ typedef struct stage_dims {
 
 static stage_dims dims_of(const model_stage *stage, int mbs)
 {
-    int tp = stage_spec_tp(&stage->spec);
-    int vocab_first = 0, vocab_count = 0;
-    stage_vocab_shard(stage->shape.vocab, tp, stage->spec.tp_rank,
-                      &vocab_first, &vocab_count);
+    stage_shard shard = stage_shard_of(&stage->shape, &stage->spec);
     stage_dims d = {
         .B = mbs,
         .T = stage->shape.seq,
         .C = stage->shape.hidden,
-        .A = stage->shape.hidden / tp,
-        .F = stage->shape.ffn_hidden / tp,
-        .V = vocab_count,
-        .NH = stage->shape.heads / tp,
-        .vocab_first = vocab_first,
-        .tp = tp,
+        .A = shard.attention_channels,
+        .F = shard.ffn,
+        .V = shard.vocab_count,
+        .NH = shard.heads,
+        .vocab_first = shard.vocab_first,
+        .tp = shard.tp,
     };
     d.N = d.B * d.T;
     return d;
