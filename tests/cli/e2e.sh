@@ -489,9 +489,10 @@ JSON
   run 2 partita exec in-other.json --data in-corpus --iters 8 --load ckpt -o other.json
   expect_in err.txt "partition\[0\] is 3 layers"
   # on cuda the plan is checked against this machine's GPUs first: no GPU
-  # (or no cuda backend), or GPUs that are not the cluster's A100s
+  # (or no cuda backend, or one built without NCCL), or GPUs that are not
+  # the cluster's A100s
   run 2 partita exec in-pp2.json --data in-corpus --backend cuda -o cuda.json
-  grep -q -e "GPU" -e "device" -e "cuda backend is not built" err.txt ||
+  grep -q -e "GPU" -e "device" -e "cuda backend is not built" -e "NCCL" err.txt ||
     { cat err.txt; fail "the cuda refusal does not name the GPUs"; }
   ;;
 exec-tp2)
