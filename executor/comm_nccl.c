@@ -599,6 +599,24 @@ static void describe_group(const char *what, const int *group,
     }
 }
 
+/* What every collective checks first: the world has not failed, the
+ * rank is open, the group has a communicator (*comm). operation gets
+ * the call's description for messages. */
+static int open_group_call(const comm *c, const int *group, int group_size,
+                           const char *what, char *operation,
+                           size_t operation_size, ncclComm_t *comm,
+                           pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    describe_group(what, group, group_size, operation, operation_size);
+    if (atomic_load(&world->failed))
+        return fail_interrupted(c, operation, err);
+    if (!world->ranks[c->rank].open)
+        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
+                       c->rank, operation);
+    return group_comm(c, group, group_size, operation, comm, err);
+}
+
 /* An all-reduce of `group` on the rank's collective stream, waited
  * for. */
 static int collective(const comm *c, const int *group, int group_size,
@@ -606,17 +624,11 @@ static int collective(const comm *c, const int *group, int group_size,
                       size_t count, ncclDataType_t type, ncclRedOp_t op,
                       pt_error *err)
 {
-    comm_nccl *world = world_of(c);
-    nccl_rank *r = &world->ranks[c->rank];
+    nccl_rank *r = &world_of(c)->ranks[c->rank];
     char operation[96];
-    describe_group(what, group, group_size, operation, sizeof operation);
-    if (atomic_load(&world->failed))
-        return fail_interrupted(c, operation, err);
-    if (!r->open)
-        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
-                       c->rank, operation);
     ncclComm_t comm = NULL;
-    if (group_comm(c, group, group_size, operation, &comm, err) != 0)
+    if (open_group_call(c, group, group_size, what, operation,
+                        sizeof operation, &comm, err) != 0)
         return -1;
     if (settle(c, comm,
                ncclAllReduce(send, receive, count, type, op, comm,
@@ -636,6 +648,71 @@ static int nccl_all_reduce(const comm *c, const int *group, int group_size,
                       op == COMM_MAX ? "all-reduce (max)" : "all-reduce",
                       data, data, count, ncclFloat32,
                       op == COMM_MAX ? ncclMax : ncclSum, err);
+}
+
+/* The rank of global rank `rank` in the clique of `group`: cliques are
+ * made of the sorted members. */
+static int clique_rank_of(const int *group, int group_size, int rank)
+{
+    int below = 0;
+    for (int i = 0; i < group_size; i++)
+        below += group[i] < rank;
+    return below;
+}
+
+/* ZeRO-1's collectives as one NCCL group of per-chunk calls, so chunks of
+ * unequal size need no padding: chunk j reduced to (or broadcast from)
+ * member j. NCCL runs the group like its reduce-scatter and all-gather
+ * (each member sends and receives (n - 1) / n of the buffer). */
+static int chunked_collective(const comm *c, const int *group, int group_size,
+                              float *data, const size_t *offsets,
+                              bool gather, pt_error *err)
+{
+    nccl_rank *r = &world_of(c)->ranks[c->rank];
+    char operation[96];
+    ncclComm_t comm = NULL;
+    if (open_group_call(c, group, group_size,
+                        gather ? "all-gather" : "reduce-scatter", operation,
+                        sizeof operation, &comm, err) != 0 ||
+        settle(c, comm, ncclGroupStart(), operation, err) != 0)
+        return -1;
+    ncclResult_t first_error = ncclSuccess;
+    for (int j = 0; j < group_size; j++) {
+        float *chunk = data + offsets[j];
+        size_t count = offsets[j + 1] - offsets[j];
+        int root = clique_rank_of(group, group_size, group[j]);
+        ncclResult_t status =
+            gather ? ncclBroadcast(chunk, chunk, count, ncclFloat32, root,
+                                   comm, r->collective_stream)
+                   : ncclReduce(chunk, chunk, count, ncclFloat32, ncclSum,
+                                root, comm, r->collective_stream);
+        if (status != ncclSuccess && status != ncclInProgress &&
+            first_error == ncclSuccess)
+            first_error = status;
+    }
+    ncclResult_t ended = ncclGroupEnd();
+    if (settle(c, comm, first_error != ncclSuccess ? first_error : ended,
+               operation, err) != 0 ||
+        CUDA_STEP(cudaEventRecord(r->collective_done,
+                                  r->collective_stream)) != 0)
+        return -1;
+    return wait_for(c, comm, r->collective_done, operation, err);
+}
+
+static int nccl_reduce_scatter(const comm *c, const int *group,
+                               int group_size, float *data,
+                               const size_t *chunk_offsets, pt_error *err)
+{
+    return chunked_collective(c, group, group_size, data, chunk_offsets,
+                              false, err);
+}
+
+static int nccl_all_gather(const comm *c, const int *group, int group_size,
+                           float *data, const size_t *chunk_offsets,
+                           pt_error *err)
+{
+    return chunked_collective(c, group, group_size, data, chunk_offsets,
+                              true, err);
 }
 
 /* Doubles all_reduce_host takes at once: its buffers are made when the
@@ -712,6 +789,8 @@ static const comm_ops nccl_ops = {
     .recv = nccl_recv,
     .all_reduce = nccl_all_reduce,
     .all_reduce_host = nccl_all_reduce_host,
+    .reduce_scatter = nccl_reduce_scatter,
+    .all_gather = nccl_all_gather,
     .barrier = nccl_barrier,
     .abort = nccl_abort,
     .failed_rank = nccl_failed_rank,

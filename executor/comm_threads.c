@@ -19,7 +19,8 @@
 #include <time.h>
 
 /* Tags of the collectives: below 0, out of the callers' range. */
-enum { TAG_REDUCE = -1, TAG_BROADCAST = -2 };
+enum { TAG_REDUCE = -1, TAG_BROADCAST = -2, TAG_SCATTER = -3,
+       TAG_GATHER = -4 };
 
 /* ------------------------------------------------------------ interface */
 
@@ -121,6 +122,52 @@ int comm_all_reduce_host(const comm *c, const int *group, int group_size,
     if (checked != 0)
         return checked < 0 ? -1 : 0;
     return c->ops->all_reduce_host(c, group, group_size, data, count, err);
+}
+
+/* The wrappers' checks for the chunked collectives: offsets run from 0,
+ * never decrease. 1: nothing to move; 0: go on; -1: bad input. */
+static int check_chunked(const comm *c, const char *what, const int *group,
+                         int group_size, const float *data,
+                         const size_t *chunk_offsets, pt_error *err)
+{
+    if (check_group(c, group, group_size, err) != 0)
+        return -1;
+    if (chunk_offsets == NULL || chunk_offsets[0] != 0)
+        return pt_fail(err, "rank %d: %s: chunk offsets must start at 0",
+                       c->rank, what);
+    for (int i = 0; i < group_size; i++)
+        if (chunk_offsets[i + 1] < chunk_offsets[i])
+            return pt_fail(err, "rank %d: %s: chunk %d ends (%zu) before it "
+                                "starts (%zu)",
+                           c->rank, what, i, chunk_offsets[i + 1],
+                           chunk_offsets[i]);
+    size_t count = chunk_offsets[group_size];
+    if (data == NULL && count > 0)
+        return pt_fail(err, "rank %d: %s without data", c->rank, what);
+    return group_size == 1 || count == 0 ? 1 : 0;
+}
+
+int comm_reduce_scatter_sum(const comm *c, const int *group, int group_size,
+                            float *data, const size_t *chunk_offsets,
+                            pt_error *err)
+{
+    int checked = check_chunked(c, "reduce-scatter", group, group_size, data,
+                                chunk_offsets, err);
+    if (checked != 0)
+        return checked < 0 ? -1 : 0;
+    return c->ops->reduce_scatter(c, group, group_size, data, chunk_offsets,
+                                  err);
+}
+
+int comm_all_gather(const comm *c, const int *group, int group_size,
+                    float *data, const size_t *chunk_offsets, pt_error *err)
+{
+    int checked = check_chunked(c, "all-gather", group, group_size, data,
+                                chunk_offsets, err);
+    if (checked != 0)
+        return checked < 0 ? -1 : 0;
+    return c->ops->all_gather(c, group, group_size, data, chunk_offsets,
+                              err);
 }
 
 int comm_barrier(const comm *c, pt_error *err)
@@ -407,6 +454,74 @@ static int threads_all_reduce_host(const comm *c, const int *group,
                           PAYLOAD_DOUBLE_SUM, err);
 }
 
+/* This rank's index in the group (checked to be a member). */
+static int member_index(const comm *c, const int *group, int group_size)
+{
+    for (int i = 0; i < group_size; i++)
+        if (group[i] == c->rank)
+            return i;
+    return -1;
+}
+
+/* Every member sends chunk j to member j, which sums the chunks in group
+ * order: the same additions, in the same order, as the all-reduce, so
+ * ZeRO-1 gives bit for bit the gradients a replicated optimizer sees. */
+static int threads_reduce_scatter(const comm *c, const int *group,
+                                  int group_size, float *data,
+                                  const size_t *offsets, pt_error *err)
+{
+    int me = member_index(c, group, group_size);
+    for (int j = 0; j < group_size; j++)
+        if (j != me && threads_post(c, group[j], TAG_SCATTER, data + offsets[j],
+                                    offsets[j + 1] - offsets[j], err) != 0)
+            return -1;
+    size_t count = offsets[me + 1] - offsets[me];
+    float *mine = data + offsets[me];
+    float *own = malloc((count + 1) * sizeof *own);
+    if (own == NULL)
+        return pt_fail(err, "rank %d: reduce-scatter: out of memory for "
+                            "%zu floats",
+                       c->rank, count);
+    memcpy(own, mine, count * sizeof *own);
+    int status = 0;
+    for (int i = 0; i < group_size && status == 0; i++) {
+        const float *incoming = own;
+        comm_message *message = NULL;
+        if (i != me) {
+            status = threads_wait_message(c, group[i], TAG_SCATTER, count,
+                                          &message, err);
+            if (status != 0)
+                break;
+            incoming = message->data;
+        }
+        if (i == 0)
+            memcpy(mine, incoming, count * sizeof *mine);
+        else
+            reduce_into(mine, incoming, count, PAYLOAD_FLOAT_SUM);
+        free(message);
+    }
+    free(own);
+    return status;
+}
+
+static int threads_all_gather(const comm *c, const int *group,
+                              int group_size, float *data,
+                              const size_t *offsets, pt_error *err)
+{
+    int me = member_index(c, group, group_size);
+    size_t count = offsets[me + 1] - offsets[me];
+    for (int j = 0; j < group_size; j++)
+        if (j != me && threads_post(c, group[j], TAG_GATHER,
+                                    data + offsets[me], count, err) != 0)
+            return -1;
+    for (int i = 0; i < group_size; i++)
+        if (i != me && threads_recv(c, group[i], TAG_GATHER,
+                                    data + offsets[i],
+                                    offsets[i + 1] - offsets[i], err) != 0)
+            return -1;
+    return 0;
+}
+
 static int threads_barrier(const comm *c, pt_error *err)
 {
     comm_threads *world = world_of(c);
@@ -453,6 +568,8 @@ static const comm_ops threads_ops = {
     .recv = threads_recv,
     .all_reduce = threads_all_reduce,
     .all_reduce_host = threads_all_reduce_host,
+    .reduce_scatter = threads_reduce_scatter,
+    .all_gather = threads_all_gather,
     .barrier = threads_barrier,
     .abort = threads_abort,
     .failed_rank = threads_failed_rank,

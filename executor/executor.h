@@ -61,10 +61,26 @@ typedef struct stage_spec {
      * are replicated on every shard. */
     int tp;
     int tp_rank;
+    /* The distributed optimizer (ZeRO-1): the stage keeps AdamW state for
+     * shard optimizer_shard of optimizer_shards (its data-parallel rank of
+     * dp) and steps only those parameters; the runtime reduce-scatters the
+     * gradients before and all-gathers the parameters after. 0 is read as
+     * 1: the whole state. */
+    int optimizer_shards;
+    int optimizer_shard;
 } stage_spec;
 
 /* spec->tp, or 1 when it is 0. */
 int stage_spec_tp(const stage_spec *spec);
+
+/* Where each of `shards` optimizer shards of a buffer of param_count
+ * floats starts: offsets[0..shards] (offsets[shards] = param_count), in
+ * equal runs of a multiple of 64 floats (aligned vector loads) but the
+ * last. A run may be empty when there are more shards than runs. */
+void stage_optimizer_offsets(size_t param_count, int shards, size_t *offsets);
+/* Shard `shard`'s part of those: [*first, *first + *count). */
+void stage_optimizer_range(size_t param_count, int shards, int shard,
+                           size_t *first, size_t *count);
 /* The rows [*first, *first + *count) of the vocabulary shard tp_rank holds:
  * ceil(vocab / tp) rows each, the last shard taking what remains. */
 void stage_vocab_shard(int vocab, int tp, int tp_rank, int *first,
@@ -168,6 +184,13 @@ typedef struct model_stage {
     float *grads;
     float *adam_m;               /* AdamW first moment */
     float *adam_v;               /* AdamW second moment */
+    /* The parameters the optimizer steps, [optimizer_first,
+     * optimizer_first + optimizer_count): all of them, or the stage's
+     * ZeRO-1 shard; adam_m and adam_v hold optimizer_count floats, for
+     * these only. With a shard, the gradient norms cover it only (the
+     * rest of grads is not this rank's after the reduce-scatter). */
+    size_t optimizer_first;
+    size_t optimizer_count;
     long optimizer_steps;        /* AdamW steps taken (bias correction, LR) */
     void *backend_state;         /* owned by the backend: activations */
     /* Tensor parallelism (spec.tp > 1): the comm and the ranks of this
@@ -254,6 +277,10 @@ typedef struct stage_backend {
                         float *host, pt_error *err);
     int (*copy_from_host)(model_stage *stage, stage_buffer which,
                           const float *host, pt_error *err);
+    /* Called after params changed in backend memory outside adamw_step
+     * (the distributed optimizer's all-gather); NULL when nothing
+     * derives from them. */
+    int (*params_changed)(model_stage *stage, pt_error *err);
     /* Activation buffers in backend memory, mbs_capacity x seq x hidden. */
     float *(*input_buffer)(model_stage *stage, int slot);
     const float *(*output)(const model_stage *stage, int slot);
@@ -303,10 +330,14 @@ const param_tensor *model_stage_find_tensor(const model_stage *stage,
 int model_stage_init_parameters(model_stage *stage, uint64_t seed,
                                 pt_error *err);
 
-/* Copies a whole buffer (param_count floats) to or from host memory. */
 /* The buffer `which` of a stage, in the backend's memory (for backends
  * and for code that stays in that memory). */
 float *model_stage_buffer(const model_stage *stage, stage_buffer which);
+
+/* Floats in buffer `which`: param_count, or optimizer_count for the
+ * AdamW moments. */
+size_t model_stage_buffer_count(const model_stage *stage,
+                                stage_buffer which);
 
 int model_stage_read(const model_stage *stage, stage_buffer which,
                      float *host, pt_error *err);
@@ -361,6 +392,9 @@ int stage_grad_norm_share(const model_stage *stage, double *out,
  * bias correction. */
 int stage_adamw_step(model_stage *stage, const adamw_config *config,
                      float learning_rate, float grad_scale, pt_error *err);
+/* After params were written in backend memory by other means than the
+ * optimizer (an all-gather): lets the backend refresh what it derives. */
+int stage_params_changed(model_stage *stage, pt_error *err);
 
 /* ------------------------------------------------------------ optimizer */
 
@@ -689,8 +723,9 @@ int run_check_plan(const plan *p, pt_error *err);
 double run_cpu_stage_bytes(const model_shape *shape, int mbs,
                            double *activation_bytes);
 /* The same for one pipeline stage (spec) keeping slot_count micro-batches'
- * activations, as a rank of a parallel run allocates it: 16 bytes per
- * parameter of the stage, slot_count activation slots of the stage's
+ * activations, as a rank of a parallel run allocates it: 8 bytes per
+ * parameter of the stage and 8 per parameter of its optimizer's range
+ * (all, or its ZeRO-1 shard), slot_count activation slots of the stage's
  * layers (and embedding input / head), one backward scratch. */
 double run_cpu_partial_stage_bytes(const model_shape *shape,
                                    const stage_spec *spec, int mbs,
@@ -818,6 +853,18 @@ typedef struct comm_ops {
      * whatever memory the other operations use. */
     int (*all_reduce_host)(const comm *c, const int *group, int group_size,
                            double *data, size_t count, pt_error *err);
+    /* Sums data over the group and leaves, on member i, chunk i of the sum,
+     * data[chunk_offsets[i] .. chunk_offsets[i + 1]), in place; the rest of
+     * data is undefined afterwards. chunk_offsets: group_size + 1
+     * non-decreasing offsets from 0 to the buffer's count. */
+    int (*reduce_scatter)(const comm *c, const int *group, int group_size,
+                          float *data, const size_t *chunk_offsets,
+                          pt_error *err);
+    /* Member i's chunk i to every member: afterwards data holds every
+     * member's chunk, in place. */
+    int (*all_gather)(const comm *c, const int *group, int group_size,
+                      float *data, const size_t *chunk_offsets,
+                      pt_error *err);
     /* Returns once every rank has called it. */
     int (*barrier)(const comm *c, pt_error *err);
     /* Records that this rank failed (the first failure wins) and wakes
@@ -848,6 +895,13 @@ int comm_all_reduce_max(const comm *c, const int *group, int group_size,
                         float *data, size_t count, pt_error *err);
 int comm_all_reduce_host(const comm *c, const int *group, int group_size,
                          double *data, size_t count, pt_error *err);
+/* ZeRO-1's two halves of an all-reduce (see comm_ops): the sum's chunk i
+ * to member i, and every member's chunk to every member. */
+int comm_reduce_scatter_sum(const comm *c, const int *group, int group_size,
+                            float *data, const size_t *chunk_offsets,
+                            pt_error *err);
+int comm_all_gather(const comm *c, const int *group, int group_size,
+                    float *data, const size_t *chunk_offsets, pt_error *err);
 int comm_barrier(const comm *c, pt_error *err);
 void comm_abort(const comm *c, const char *reason);
 /* The rank of c's world that failed first, or -1; reason may be NULL. */
@@ -913,6 +967,11 @@ int pipeline_rank_tp(const pipeline_layout *layout, int rank);
 /* The rank of shard tp_rank of replica `replica` of stage `stage`. */
 int pipeline_rank_of(const pipeline_layout *layout, int stage, int replica,
                      int tp_rank);
+/* The stage spec of a rank: its stage's layers, its tp shard and, with
+ * the distributed optimizer and dp > 1, its optimizer shard (its
+ * replica). */
+int pipeline_rank_spec(const pipeline_layout *layout, int rank,
+                       stage_spec *out, pt_error *err);
 /* Micro-batches whose activations stage s keeps at once: min(pp - s, m)
  * for 1F1B, m for GPipe. */
 int pipeline_slot_count(const pipeline_layout *layout, int stage);
@@ -929,7 +988,9 @@ int pipeline_stage_attach(const pipeline_layout *layout, model_stage *stage,
 /* The timed events of one rank's step, in the estimate's event schema;
  * kinds are costmodel's names: "fwd", "bwd", "send_fwd", "recv_fwd",
  * "send_bwd", "recv_bwd", "dp_allreduce", "embedding_allreduce",
- * "optimizer" (microbatch -1 for the last three). */
+ * "optimizer" (microbatch -1 for the last three; with ZeRO-1 the
+ * reduce-scatter and the all-gather are two "dp_allreduce" events, as in
+ * the estimate). */
 typedef struct pipeline_events {
     int count;
     int capacity;

@@ -29,6 +29,13 @@ float *model_stage_buffer(const model_stage *stage, stage_buffer which)
     return NULL;
 }
 
+size_t model_stage_buffer_count(const model_stage *stage, stage_buffer which)
+{
+    return which == STAGE_ADAM_M || which == STAGE_ADAM_V
+               ? stage->optimizer_count
+               : stage->param_count;
+}
+
 const char *backend_name(backend_kind kind)
 {
     return kind == BACKEND_CUDA ? "cuda" : "cpu";
@@ -84,6 +91,37 @@ int stage_spec_tp(const stage_spec *spec)
     return spec->tp > 1 ? spec->tp : 1;
 }
 
+/* Runs of a multiple of 64 floats keep every shard's start 256-byte
+ * aligned when the buffer's is, for the backends' vector loads. */
+#define OPTIMIZER_SHARD_ALIGN 64
+
+static size_t shard_start(size_t param_count, int shards, int shard)
+{
+    size_t runs = (param_count + OPTIMIZER_SHARD_ALIGN - 1) /
+                  OPTIMIZER_SHARD_ALIGN;
+    size_t per_shard =
+        (runs + (size_t)shards - 1) / (size_t)shards * OPTIMIZER_SHARD_ALIGN;
+    size_t start = per_shard * (size_t)shard;
+    return start < param_count ? start : param_count;
+}
+
+void stage_optimizer_offsets(size_t param_count, int shards, size_t *offsets)
+{
+    if (shards < 1)
+        shards = 1;
+    for (int i = 0; i <= shards; i++)
+        offsets[i] = shard_start(param_count, shards, i);
+}
+
+void stage_optimizer_range(size_t param_count, int shards, int shard,
+                           size_t *first, size_t *count)
+{
+    if (shards < 1)
+        shards = 1;
+    *first = shard_start(param_count, shards, shard);
+    *count = shard_start(param_count, shards, shard + 1) - *first;
+}
+
 void stage_vocab_shard(int vocab, int tp, int tp_rank, int *first, int *count)
 {
     int per_shard = (vocab + tp - 1) / tp;
@@ -133,6 +171,7 @@ int stage_spec_from_partition(const model_shape *shape,
         return pt_fail(err, "partition: stages hold %ld layers, the model "
                             "has %d",
                        total, shape->layers);
+    memset(out, 0, sizeof *out); /* the fields a caller adds stay off */
     out->first_layer = (int)first;
     out->last_layer = (int)first + layers_per_stage[stage_index];
     out->has_embedding = stage_index == 0;
@@ -357,6 +396,23 @@ void model_stage_destroy(model_stage *stage)
     memset(stage, 0, sizeof *stage);
 }
 
+/* The parameters this stage's optimizer steps: all, or its ZeRO-1
+ * shard (stage_spec.optimizer_shards). */
+static int set_optimizer_range(model_stage *stage, pt_error *err)
+{
+    int shards = stage->spec.optimizer_shards > 1
+                     ? stage->spec.optimizer_shards
+                     : 1;
+    int shard = shards > 1 ? stage->spec.optimizer_shard : 0;
+    if (shard < 0 || shard >= shards)
+        return pt_fail(err, "model stage: optimizer shard %d of %d does not "
+                            "exist",
+                       stage->spec.optimizer_shard, shards);
+    stage_optimizer_range(stage->param_count, shards, shard,
+                          &stage->optimizer_first, &stage->optimizer_count);
+    return 0;
+}
+
 int model_stage_create(model_stage *out, const model_shape *shape,
                        const stage_spec *spec, backend_kind kind,
                        int mbs_capacity, int slot_count, pt_error *err)
@@ -379,6 +435,8 @@ int model_stage_create(model_stage *out, const model_shape *shape,
     out->slot_count = slot_count;
     out->tensor_count = count;
     out->param_count = floats;
+    if (set_optimizer_range(out, err) != 0)
+        return -1;
     /* calloc(0) may return NULL: keep one entry so NULL means failure. */
     out->tensors = calloc((size_t)count + 1, sizeof *out->tensors);
     if (out->tensors == NULL)
@@ -612,4 +670,11 @@ int stage_adamw_step(model_stage *stage, const adamw_config *config,
         return -1;
     }
     return 0;
+}
+
+int stage_params_changed(model_stage *stage, pt_error *err)
+{
+    if (stage->backend->params_changed == NULL)
+        return 0;
+    return stage->backend->params_changed(stage, err);
 }

@@ -3,8 +3,9 @@
  * from the reference ops of ops_cpu.c. It is the reference the cuda
  * backend will be held to, so it favours plain data flow over speed.
  *
- * Memory: the four parameter-sized buffers (params, grads, adam_m,
- * adam_v); per activation slot, one arena holding everything the
+ * Memory: params and grads (the stage's parameters), adam_m and adam_v
+ * (the optimizer's range: all of them, or a ZeRO-1 shard); per activation
+ * slot, one arena holding everything the
  * backward of a micro-batch needs; per stage, one arena of backward
  * scratch shared by all slots (one backward runs at a time).
  */
@@ -290,10 +291,11 @@ static int allocate_slots(model_stage *stage, cpu_stage_state *state)
 static int cpu_allocate(model_stage *stage, pt_error *err)
 {
     size_t count = stage->param_count + 1; /* never calloc(0) */
+    size_t moments = stage->optimizer_count + 1;
     stage->params = calloc(count, sizeof(float));
     stage->grads = calloc(count, sizeof(float));
-    stage->adam_m = calloc(count, sizeof(float));
-    stage->adam_v = calloc(count, sizeof(float));
+    stage->adam_m = calloc(moments, sizeof(float));
+    stage->adam_v = calloc(moments, sizeof(float));
     cpu_stage_state *state = calloc(1, sizeof *state);
     stage->backend_state = state;
     if (stage->params == NULL || stage->grads == NULL ||
@@ -702,7 +704,8 @@ static int cpu_copy_to_host(const model_stage *stage, stage_buffer which,
     const float *buffer = model_stage_buffer(stage, which);
     if (buffer == NULL)
         return pt_fail(err, "cpu backend: unknown buffer %d", (int)which);
-    memcpy(host, buffer, stage->param_count * sizeof(float));
+    memcpy(host, buffer,
+           model_stage_buffer_count(stage, which) * sizeof(float));
     return 0;
 }
 
@@ -712,7 +715,8 @@ static int cpu_copy_from_host(model_stage *stage, stage_buffer which,
     float *buffer = model_stage_buffer(stage, which);
     if (buffer == NULL)
         return pt_fail(err, "cpu backend: unknown buffer %d", (int)which);
-    memcpy(buffer, host, stage->param_count * sizeof(float));
+    memcpy(buffer, host,
+           model_stage_buffer_count(stage, which) * sizeof(float));
     return 0;
 }
 
@@ -723,14 +727,34 @@ static int cpu_zero_grads(model_stage *stage, pt_error *err)
     return 0;
 }
 
+/* The part [*first, *first + *count) of tensor t the optimizer steps;
+ * false when none of it. */
+static bool optimizer_part(const model_stage *stage, const param_tensor *t,
+                           size_t *first, size_t *count)
+{
+    size_t lo = stage->optimizer_first;
+    size_t hi = lo + stage->optimizer_count;
+    size_t start = t->offset > lo ? t->offset : lo;
+    size_t end = t->offset + t->count < hi ? t->offset + t->count : hi;
+    *first = start;
+    *count = end > start ? end - start : 0;
+    return end > start;
+}
+
+static double square_sum(const float *values, size_t count)
+{
+    double sum = 0.0;
+    for (size_t k = 0; k < count; k++)
+        sum += (double)values[k] * values[k];
+    return sum;
+}
+
 static int cpu_grad_square_sum(const model_stage *stage, double *out,
                                pt_error *err)
 {
     (void)err;
-    double sum = 0.0;
-    for (size_t i = 0; i < stage->param_count; i++)
-        sum += (double)stage->grads[i] * stage->grads[i];
-    *out = sum;
+    *out = square_sum(stage->grads + stage->optimizer_first,
+                      stage->optimizer_count);
     return 0;
 }
 
@@ -739,16 +763,17 @@ static int cpu_grad_square_sums(const model_stage *stage, double *per_tensor,
 {
     (void)err;
     for (int i = 0; i < stage->tensor_count; i++) {
-        const param_tensor *t = &stage->tensors[i];
-        const float *g = stage->grads + t->offset;
-        double sum = 0.0;
-        for (size_t k = 0; k < t->count; k++)
-            sum += (double)g[k] * g[k];
-        per_tensor[i] = sum;
+        size_t first = 0, count = 0;
+        per_tensor[i] = optimizer_part(stage, &stage->tensors[i], &first,
+                                       &count)
+                            ? square_sum(stage->grads + first, count)
+                            : 0.0;
     }
     return 0;
 }
 
+/* Only the optimizer's range: the whole stage, or its ZeRO-1 shard, whose
+ * moments start at adam_m[0]. */
 static int cpu_adamw_step(model_stage *stage, const adamw_config *config,
                           float learning_rate, float grad_scale,
                           pt_error *err)
@@ -756,9 +781,13 @@ static int cpu_adamw_step(model_stage *stage, const adamw_config *config,
     (void)err;
     for (int i = 0; i < stage->tensor_count; i++) {
         const param_tensor *t = &stage->tensors[i];
-        cpu_adamw_update(stage->params + t->offset, stage->grads + t->offset,
-                         stage->adam_m + t->offset, stage->adam_v + t->offset,
-                         t->count, config, learning_rate, grad_scale,
+        size_t first = 0, count = 0;
+        if (!optimizer_part(stage, t, &first, &count))
+            continue;
+        size_t moment = first - stage->optimizer_first;
+        cpu_adamw_update(stage->params + first, stage->grads + first,
+                         stage->adam_m + moment, stage->adam_v + moment,
+                         count, config, learning_rate, grad_scale,
                          stage->optimizer_steps, t->weight_decay);
     }
     return 0;

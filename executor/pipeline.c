@@ -81,8 +81,8 @@ int pipeline_rank_of(const pipeline_layout *layout, int stage, int replica,
 }
 
 /* The spec of a rank's stage: its layers and its tensor-parallel shard. */
-static int rank_spec(const pipeline_layout *layout, int rank, stage_spec *out,
-                     pt_error *err)
+int pipeline_rank_spec(const pipeline_layout *layout, int rank,
+                       stage_spec *out, pt_error *err)
 {
     if (stage_spec_from_partition(&layout->shape, layout->partition,
                                   layout->stage_count,
@@ -91,6 +91,10 @@ static int rank_spec(const pipeline_layout *layout, int rank, stage_spec *out,
         return -1;
     out->tp = layout->config.tp;
     out->tp_rank = pipeline_rank_tp(layout, rank);
+    if (layout->config.distributed_optimizer && layout->config.dp > 1) {
+        out->optimizer_shards = layout->config.dp;
+        out->optimizer_shard = pipeline_rank_replica(layout, rank);
+    }
     return 0;
 }
 
@@ -126,7 +130,7 @@ int pipeline_stage_create(model_stage *out, const pipeline_layout *layout,
                        rank, layout->rank_count);
     int stage = pipeline_rank_stage(layout, rank);
     stage_spec spec;
-    if (rank_spec(layout, rank, &spec, err) != 0)
+    if (pipeline_rank_spec(layout, rank, &spec, err) != 0)
         return -1;
     if (model_stage_create(out, &layout->shape, &spec, backend,
                            layout->config.mbs,
@@ -350,21 +354,79 @@ static int *strided_group(int first, int count, int stride)
     return group;
 }
 
-static int dp_all_reduce(rank_step *r, pt_error *err)
+static bool sharded_optimizer(const rank_step *r)
+{
+    return r->stage->spec.optimizer_shards > 1;
+}
+
+/* The dp group of this rank's stage and tp shard, in replica order, and
+ * where each replica's optimizer shard starts (dp + 1 offsets); the
+ * caller frees both. */
+static int dp_shards(const rank_step *r, int **group, size_t **offsets,
+                     pt_error *err)
+{
+    int dp = r->layout->config.dp;
+    *group = strided_group(
+        pipeline_rank_of(r->layout, r->stage_index, 0, r->tp_rank), dp,
+        r->layout->config.tp);
+    *offsets = malloc(((size_t)dp + 1) * sizeof **offsets);
+    if (*group == NULL || *offsets == NULL) {
+        free(*group);
+        free(*offsets);
+        return pt_fail(err, "out of memory for a group of %d", dp);
+    }
+    stage_optimizer_offsets(r->stage->param_count, dp, *offsets);
+    return 0;
+}
+
+/* Replicated optimizer: every replica gets the summed gradients. ZeRO-1:
+ * replica i gets the sum of its shard only (reduce-scatter), the half of
+ * the all-reduce's traffic its step needs. */
+static int dp_reduce_gradients(rank_step *r, pt_error *err)
 {
     int dp = r->layout->config.dp;
     if (dp == 1)
         return 0;
-    int *group = strided_group(
-        pipeline_rank_of(r->layout, r->stage_index, 0, r->tp_rank), dp,
-        r->layout->config.tp);
-    if (group == NULL)
-        return pt_fail(err, "out of memory for a group of %d", dp);
+    int *group = NULL;
+    size_t *offsets = NULL;
+    if (dp_shards(r, &group, &offsets, err) != 0)
+        return -1;
+    /* both halves of ZeRO-1 are "dp_allreduce" events, as the estimate
+     * writes them (the run's schema is the estimate's) */
     double start = begin(r, "dp_allreduce", -1);
-    int status = comm_all_reduce_sum(r->c, group, dp, r->stage->grads,
+    int status;
+    if (sharded_optimizer(r)) {
+        status = comm_reduce_scatter_sum(r->c, group, dp, r->stage->grads,
+                                         offsets, err);
+    } else {
+        status = comm_all_reduce_sum(r->c, group, dp, r->stage->grads,
                                      r->stage->param_count, err);
+    }
     free(group);
+    free(offsets);
     if (status != 0)
+        return -1;
+    record(r, "dp_allreduce", -1, start);
+    return 0;
+}
+
+/* ZeRO-1's second half: every replica's updated shard to every replica,
+ * then the backend refreshes what it derives from the parameters. */
+static int dp_gather_parameters(rank_step *r, pt_error *err)
+{
+    int dp = r->layout->config.dp;
+    if (dp == 1 || !sharded_optimizer(r))
+        return 0;
+    int *group = NULL;
+    size_t *offsets = NULL;
+    if (dp_shards(r, &group, &offsets, err) != 0)
+        return -1;
+    double start = begin(r, "dp_allreduce", -1);
+    int status = comm_all_gather(r->c, group, dp, r->stage->params, offsets,
+                                 err);
+    free(group);
+    free(offsets);
+    if (status != 0 || stage_params_changed(r->stage, err) != 0)
         return -1;
     record(r, "dp_allreduce", -1, start);
     return 0;
@@ -380,7 +442,10 @@ static int reduce_norm_and_loss(rank_step *r, double *grad_norm,
     double square_sum = 0.0;
     if (stage_grad_norm_share(r->stage, &square_sum, err) != 0)
         return -1;
-    double totals[2] = {r->replica == 0 ? square_sum : 0.0,
+    /* ZeRO-1: each replica holds the summed gradients of its shard only,
+     * so every replica adds its share */
+    bool counts = r->replica == 0 || sharded_optimizer(r);
+    double totals[2] = {counts ? square_sum : 0.0,
                         r->tp_rank == 0 ? r->loss_sum : 0.0};
     int world = r->layout->rank_count;
     int *group = strided_group(0, world, 1);
@@ -396,6 +461,23 @@ static int reduce_norm_and_loss(rank_step *r, double *grad_norm,
     *loss = totals[1] /
             ((double)r->layout->micro_batches * r->layout->config.dp);
     return 0;
+}
+
+/* The gradients every optimizer step needs. The tied embedding's two
+ * copies are summed before ZeRO-1's reduce-scatter: after it, the first
+ * and the last stage would hold different parts of the tensor (their
+ * shards cut different buffers). */
+static int reduce_gradients(rank_step *r, pt_error *err)
+{
+    if (sharded_optimizer(r))
+        return embedding_all_reduce(r, err) != 0 ||
+                       dp_reduce_gradients(r, err) != 0
+                   ? -1
+                   : 0;
+    return dp_reduce_gradients(r, err) != 0 ||
+                   embedding_all_reduce(r, err) != 0
+               ? -1
+               : 0;
 }
 
 static int optimizer_step(rank_step *r, const train_config *config,
@@ -429,7 +511,7 @@ static int check_rank(const pipeline_layout *layout, const model_stage *stage,
         return pt_fail(err, "the comm has %d ranks, the layout %d", c->size,
                        layout->rank_count);
     stage_spec expected;
-    if (rank_spec(layout, c->rank, &expected, err) != 0)
+    if (pipeline_rank_spec(layout, c->rank, &expected, err) != 0)
         return -1;
     if (expected.first_layer != stage->spec.first_layer ||
         stage_spec_tp(&expected) != stage_spec_tp(&stage->spec) ||
@@ -495,8 +577,9 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
     }
     if (stage_zero_grads(stage, err) != 0 ||
         run_schedule(&r, inject_failure, err) != 0 ||
-        dp_all_reduce(&r, err) != 0 || embedding_all_reduce(&r, err) != 0 ||
-        optimizer_step(&r, config, out, err) != 0)
+        reduce_gradients(&r, err) != 0 ||
+        optimizer_step(&r, config, out, err) != 0 ||
+        dp_gather_parameters(&r, err) != 0)
         goto done;
     status = 0;
 done:

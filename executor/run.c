@@ -268,25 +268,21 @@ double run_cpu_partial_stage_bytes(const model_shape *shape,
     double activations = 4.0 * (slot_count * (slot + token_ids) + scratch);
     if (activation_bytes != NULL)
         *activation_bytes = activations;
-    size_t params = 0;
+    size_t params = 0, first = 0, moments = 0;
     pt_error ignored = {{0}};
     if (stage_parameter_layout(shape, spec, NULL, &params, &ignored) < 0)
         params = 0;
-    return 16.0 * (double)params + activations;
+    stage_optimizer_range(params, spec->optimizer_shards,
+                          spec->optimizer_shard, &first, &moments);
+    /* params and grads; AdamW's two moments of the optimizer's range */
+    return 8.0 * (double)params + 8.0 * (double)moments + activations;
 }
 
 /* The stage spec of a rank of a parallel run. */
 static int rank_spec(const run_context *ctx, int rank, stage_spec *out,
                      pt_error *err)
 {
-    if (stage_spec_from_partition(&ctx->shape, ctx->layout.partition,
-                                  ctx->layout.stage_count,
-                                  pipeline_rank_stage(&ctx->layout, rank),
-                                  out, err) != 0)
-        return -1;
-    out->tp = ctx->layout.config.tp;
-    out->tp_rank = pipeline_rank_tp(&ctx->layout, rank);
-    return 0;
+    return pipeline_rank_spec(&ctx->layout, rank, out, err);
 }
 
 static int rank_param_count(const run_context *ctx, int rank, size_t *out,
@@ -300,6 +296,25 @@ static int rank_param_count(const run_context *ctx, int rank, size_t *out,
     if (rank_spec(ctx, rank, &spec, err) != 0 ||
         stage_parameter_layout(&ctx->shape, &spec, NULL, out, err) < 0)
         return -1;
+    return 0;
+}
+
+/* Floats of a rank's buffer `which`: its parameters, or for the AdamW
+ * moments its optimizer's range (a ZeRO-1 shard of them). */
+static int rank_buffer_count(const run_context *ctx, int rank,
+                             stage_buffer which, size_t *out, pt_error *err)
+{
+    size_t params = 0, first = 0;
+    if (rank_param_count(ctx, rank, &params, err) != 0)
+        return -1;
+    *out = params;
+    if (!ctx->parallel || (which != STAGE_ADAM_M && which != STAGE_ADAM_V))
+        return 0;
+    stage_spec spec;
+    if (rank_spec(ctx, rank, &spec, err) != 0)
+        return -1;
+    stage_optimizer_range(params, spec.optimizer_shards,
+                          spec.optimizer_shard, &first, out);
     return 0;
 }
 
@@ -565,6 +580,14 @@ static void blob_name(const run_context *ctx, const char *base, int rank,
         snprintf(out, size, "%s", base);
 }
 
+/* Whether the ranks keep ZeRO-1 shards of the AdamW state (the plan asks
+ * and dp > 1): the checkpoint's moment blobs are shards then. */
+static bool sharded_optimizer(const run_context *ctx)
+{
+    return ctx->parallel && ctx->plan->config.distributed_optimizer &&
+           ctx->plan->config.dp > 1;
+}
+
 /* meta.json: what a person (or a resume) needs to know about the
  * checkpoint (pp, dp and the partition say which stage each rank's blobs
  * hold). The blobs hold the state itself. */
@@ -597,6 +620,8 @@ static char *checkpoint_meta_text(run_context *ctx, long iteration,
     json_object_set_new(meta, "pp", json_integer(ctx->plan->config.pp));
     json_object_set_new(meta, "dp", json_integer(ctx->plan->config.dp));
     json_object_set_new(meta, "tp", json_integer(ctx->plan->config.tp));
+    json_object_set_new(meta, "distributed_optimizer",
+                        json_boolean(sharded_optimizer(ctx)));
     json_object_set_new(meta, "partition", partition);
     json_object_set_new(meta, "seed", json_integer((json_int_t)seed));
     json_object_set_new(meta, "backend",
@@ -651,8 +676,9 @@ static int write_state_blob(checkpoint_writer *w, run_context *ctx,
     blob_name(ctx, base, rank, name, sizeof name);
     if (copy_stage_buffer(ctx, rank, which, true, err) != 0)
         return -1;
-    return checkpoint_write_blob(w, name, ctx->host_buffer,
-                                 stage->param_count * sizeof(float), err);
+    return checkpoint_write_blob(
+        w, name, ctx->host_buffer,
+        model_stage_buffer_count(stage, which) * sizeof(float), err);
 }
 
 static int write_rank_blobs(checkpoint_writer *w, run_context *ctx,
@@ -742,6 +768,19 @@ static int check_checkpoint_layout(const char *dir, const json_t *meta,
                            dir, BLOB_META, keys[i], value, keys[i],
                            expected[i]);
     }
+    const json_t *sharded = json_object_get(meta, "distributed_optimizer");
+    bool expected_sharded =
+        p->config.distributed_optimizer && p->config.dp > 1;
+    if (sharded != NULL && !json_is_boolean(sharded))
+        return pt_fail(err, "%s: %s: distributed_optimizer is not a boolean",
+                       dir, BLOB_META);
+    if ((sharded != NULL && json_is_true(sharded)) != expected_sharded)
+        return pt_fail(err, "%s: the checkpoint is of another layout: %s: "
+                            "distributed_optimizer is %s, the plan's is %s "
+                            "(ZeRO-1 checkpoints hold each replica's shard "
+                            "of the AdamW state)",
+                       dir, BLOB_META, expected_sharded ? "false" : "true",
+                       expected_sharded ? "true" : "false");
     const json_t *partition = json_object_get(meta, "partition");
     if (partition == NULL)
         return p->config.pp == 1 ? 0
@@ -830,23 +869,23 @@ static int check_checkpoint_model(const char *dir, const model_shape *shape,
 }
 
 static int check_state_blob_size(const char *dir, const char *base,
-                                 int rank, const run_context *ctx,
-                                 pt_error *err)
+                                 stage_buffer which, int rank,
+                                 const run_context *ctx, pt_error *err)
 {
     char name[64];
     blob_name(ctx, base, rank, name, sizeof name);
-    size_t params = 0;
-    if (rank_param_count(ctx, rank, &params, err) != 0)
+    size_t floats = 0;
+    if (rank_buffer_count(ctx, rank, which, &floats, err) != 0)
         return -1;
     uint64_t bytes = 0;
     if (checkpoint_blob_size(dir, name, &bytes, err) != 0)
         return -1;
-    uint64_t expected = (uint64_t)params * sizeof(float);
+    uint64_t expected = (uint64_t)floats * sizeof(float);
     if (bytes != expected)
         return pt_fail(err, "%s: %s holds %llu bytes, the plan's model %s "
                             "needs %llu (%zu parameters)",
                        dir, name, (unsigned long long)bytes, ctx->shape.name,
-                       (unsigned long long)expected, params);
+                       (unsigned long long)expected, floats);
     return 0;
 }
 
@@ -854,9 +893,12 @@ static int check_rank_blob_sizes(const char *dir, const run_context *ctx,
                                  pt_error *err)
 {
     for (int rank = 0; rank < rank_total(ctx); rank++)
-        if (check_state_blob_size(dir, BLOB_PARAMS, rank, ctx, err) != 0 ||
-            check_state_blob_size(dir, BLOB_ADAM_M, rank, ctx, err) != 0 ||
-            check_state_blob_size(dir, BLOB_ADAM_V, rank, ctx, err) != 0)
+        if (check_state_blob_size(dir, BLOB_PARAMS, STAGE_PARAMS, rank, ctx,
+                                  err) != 0 ||
+            check_state_blob_size(dir, BLOB_ADAM_M, STAGE_ADAM_M, rank, ctx,
+                                  err) != 0 ||
+            check_state_blob_size(dir, BLOB_ADAM_V, STAGE_ADAM_V, rank, ctx,
+                                  err) != 0)
             return -1;
     return 0;
 }
@@ -906,8 +948,10 @@ static int restore_state_blob(run_context *ctx, int rank, stage_buffer which,
     model_stage *stage = rank_stage(ctx, rank);
     char name[64];
     blob_name(ctx, base, rank, name, sizeof name);
-    if (checkpoint_read_blob(ctx->options->load_dir, name, ctx->host_buffer,
-                             stage->param_count * sizeof(float), err) != 0)
+    if (checkpoint_read_blob(
+            ctx->options->load_dir, name, ctx->host_buffer,
+            model_stage_buffer_count(stage, which) * sizeof(float),
+            err) != 0)
         return -1;
     return copy_stage_buffer(ctx, rank, which, false, err);
 }
@@ -946,10 +990,6 @@ static void describe_plan_fit(const plan *p, backend_kind backend,
         add_note(out, "the plan asks for full recompute; exec does not "
                       "apply it yet (PARTITA_CUDA_RECOMPUTE=all makes the "
                       "cuda backend recompute)");
-    if (p->config.distributed_optimizer && p->config.dp > 1)
-        add_note(out, "the plan asks for the distributed optimizer; exec "
-                      "keeps the whole AdamW state on every replica (ZeRO-1 "
-                      "is not built yet)");
 }
 
 static void fill_result_header(const run_context *ctx, run_result *out)

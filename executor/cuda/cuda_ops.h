@@ -236,6 +236,8 @@ cudaError_t cuda_mean(double *out, const float *values, int count,
 typedef struct param_chunk {
     uint64_t offset;
     uint64_t mirror_offset;
+    uint64_t moment_offset;      /* in adam_m / adam_v: offset less the
+                                    first parameter the optimizer steps */
     uint32_t count;
     uint32_t decay;
 } param_chunk;

@@ -144,7 +144,8 @@ typedef struct backward_scratch {
     double *square_partials;
     double *reduced;                /* one double read back by the host */
     double *tensor_squares;         /* tensor_count: grad_square_sums */
-    double *chunk_squares;          /* chunk_count: their partials */
+    double *chunk_squares;          /* a chunk table's count: their
+                                       partials */
     float *output_grad;             /* N x C fp32 without the head (else
                                        NULL): where the next stage's
                                        gradient is received */
@@ -156,6 +157,15 @@ typedef struct backward_scratch {
                                        maxima, sums and target logits */
     const float *input_grad;
 } backward_scratch;
+
+/* A device table of parameter chunks (param_chunk) followed by the index
+ * of each tensor's first chunk: tensor t is chunks [tensor_starts[t],
+ * tensor_starts[t + 1]). */
+typedef struct chunk_table {
+    param_chunk *chunks;            /* device; owns the allocation */
+    int count;
+    int *tensor_starts;             /* device, tensor_count + 1, inside it */
+} chunk_table;
 
 /* backend_state of a cuda stage. */
 typedef struct cuda_stage_state {
@@ -171,11 +181,10 @@ typedef struct cuda_stage_state {
     bool recompute_norm;
     bool fuse_epilogues;
     pt_bf16 *mirror;                /* owned: bf16 copy of params */
-    param_chunk *chunks;            /* owned device table for AdamW */
-    int chunk_count;
-    int *tensor_chunk_starts;       /* device, tensor_count + 1, inside the
-                                       chunks' allocation: tensor t is
-                                       chunks [starts[t], starts[t + 1]) */
+    chunk_table all_chunks;         /* every parameter: the mirror */
+    chunk_table optimizer_chunks;   /* the optimizer's range (AdamW, the
+                                       gradient norms): all_chunks' own
+                                       memory unless a ZeRO-1 shard */
     activation_slot *slots;         /* owned host array */
     backward_scratch scratch;
     token_block host_tokens;        /* pinned host, one micro-batch */
@@ -357,7 +366,7 @@ static void carve_scratch(backward_scratch *s, arena *a, const stage_dims *d,
     s->tensor_squares =
         arena_take(a, (size_t)stage->tensor_count * sizeof(double));
     s->chunk_squares =
-        arena_take(a, (size_t)state->chunk_count * sizeof(double));
+        arena_take(a, (size_t)state->all_chunks.count * sizeof(double));
     s->d_partial = d->tp > 1 ? take_floats(a, N * C) : NULL;
     s->row_stats =
         d->tp > 1 && stage->spec.has_head ? take_floats(a, 4 * N) : NULL;
@@ -409,38 +418,59 @@ static size_t mirror_offset(const cuda_stage_state *state, size_t offset)
     return offset > state->head_offset ? offset + state->head_pad : offset;
 }
 
-/* The AdamW work table: every tensor cut into chunks of at most
- * PARAM_CHUNK_ELEMENTS, copied to the device, followed by the index of
- * each tensor's first chunk (the per-tensor gradient norms). */
-static int build_chunks(model_stage *stage, cuda_stage_state *state,
-                        pt_error *err)
+/* The part [*lo, *hi) of tensor t inside [first, end); empty when
+ * *lo >= *hi. */
+static void tensor_part(const param_tensor *t, size_t first, size_t end,
+                        size_t *lo, size_t *hi)
 {
-    int count = 0;
-    for (int i = 0; i < stage->tensor_count; i++)
-        count += (int)((stage->tensors[i].count + PARAM_CHUNK_ELEMENTS - 1) /
-                       PARAM_CHUNK_ELEMENTS);
-    state->chunk_count = count;
-    if (count == 0)
-        return 0;
-    size_t table_bytes = (size_t)count * sizeof(param_chunk);
+    *lo = t->offset > first ? t->offset : first;
+    *hi = t->offset + t->count < end ? t->offset + t->count : end;
+}
+
+static int chunks_in_range(const model_stage *stage, size_t first,
+                           size_t end)
+{
+    int chunks = 0;
+    for (int i = 0; i < stage->tensor_count; i++) {
+        size_t lo = 0, hi = 0;
+        tensor_part(&stage->tensors[i], first, end, &lo, &hi);
+        if (hi > lo)
+            chunks += (int)((hi - lo + PARAM_CHUNK_ELEMENTS - 1) /
+                            PARAM_CHUNK_ELEMENTS);
+    }
+    return chunks;
+}
+
+/* Chunks of at most PARAM_CHUNK_ELEMENTS covering the part of every
+ * tensor inside [first, first + count), on the host: *out_count chunks,
+ * then tensor_count + 1 ints, each tensor's first chunk. */
+static param_chunk *host_chunk_table(const model_stage *stage,
+                                     const cuda_stage_state *state,
+                                     size_t first, size_t count,
+                                     int *out_count, size_t *out_bytes)
+{
+    size_t end = first + count;
+    int chunks = chunks_in_range(stage, first, end);
+    size_t table_bytes = (size_t)chunks * sizeof(param_chunk);
     size_t bytes =
         table_bytes + ((size_t)stage->tensor_count + 1) * sizeof(int);
     param_chunk *host = calloc(1, bytes);
     if (host == NULL)
-        return pt_fail(err, "cuda backend: out of host memory for %d "
-                            "optimizer chunks",
-                       count);
+        return NULL;
     int *starts = (int *)((char *)host + table_bytes);
     int next = 0;
     for (int i = 0; i < stage->tensor_count; i++) {
         const param_tensor *t = &stage->tensors[i];
+        size_t lo = 0, hi = 0;
+        tensor_part(t, first, end, &lo, &hi);
         starts[i] = next;
-        for (size_t start = 0; start < t->count;
-             start += PARAM_CHUNK_ELEMENTS) {
-            size_t left = t->count - start;
+        for (size_t at = lo; at < hi; at += PARAM_CHUNK_ELEMENTS) {
             param_chunk *chunk = &host[next++];
-            chunk->offset = t->offset + start;
-            chunk->mirror_offset = mirror_offset(state, t->offset) + start;
+            size_t left = hi - at;
+            chunk->offset = at;
+            chunk->mirror_offset =
+                mirror_offset(state, t->offset) + (at - t->offset);
+            chunk->moment_offset = at - first;
             chunk->count = (uint32_t)(left < PARAM_CHUNK_ELEMENTS
                                           ? left
                                           : PARAM_CHUNK_ELEMENTS);
@@ -448,23 +478,60 @@ static int build_chunks(model_stage *stage, cuda_stage_state *state,
         }
     }
     starts[stage->tensor_count] = next;
+    *out_count = chunks;
+    *out_bytes = bytes;
+    return host;
+}
+
+/* A chunk table of the range on the device. */
+static int build_chunk_table(const model_stage *stage,
+                             cuda_stage_state *state, size_t first,
+                             size_t count, chunk_table *out, pt_error *err)
+{
+    int chunks = 0;
+    size_t bytes = 0;
+    param_chunk *host =
+        host_chunk_table(stage, state, first, count, &chunks, &bytes);
+    if (host == NULL)
+        return pt_fail(err, "cuda backend: out of host memory for the "
+                            "optimizer's chunk table");
     void *device = NULL;
     if (device_alloc(state, &device, bytes, "the optimizer table", err) !=
         0) {
         free(host);
         return -1;
     }
-    state->chunks = device;
-    state->tensor_chunk_starts = (int *)((char *)device + table_bytes);
-    cudaError_t status =
-        cudaMemcpy(state->chunks, host, bytes, cudaMemcpyHostToDevice);
+    out->chunks = device;
+    out->count = chunks;
+    out->tensor_starts =
+        (int *)((char *)device + (size_t)chunks * sizeof(param_chunk));
+    cudaError_t status = cudaMemcpy(device, host, bytes,
+                                    cudaMemcpyHostToDevice);
     free(host);
     if (status != cudaSuccess)
         return pt_fail(err, "cuda backend: optimizer table of %d chunks: "
                             "%s (%s:%d)",
-                       count, cudaGetErrorString(status), __FILE__,
+                       chunks, cudaGetErrorString(status), __FILE__,
                        __LINE__);
     return 0;
+}
+
+/* The work tables: every parameter (the bf16 mirror's refresh) and the
+ * optimizer's range (AdamW and the gradient norms), one table when they
+ * are the same. */
+static int build_chunks(model_stage *stage, cuda_stage_state *state,
+                        pt_error *err)
+{
+    if (build_chunk_table(stage, state, 0, stage->param_count,
+                          &state->all_chunks, err) != 0)
+        return -1;
+    if (stage->optimizer_count == stage->param_count) {
+        state->optimizer_chunks = state->all_chunks;
+        return 0;
+    }
+    return build_chunk_table(stage, state, stage->optimizer_first,
+                             stage->optimizer_count,
+                             &state->optimizer_chunks, err);
 }
 
 static bool list_has(const char *list, const char *word)
@@ -518,7 +585,9 @@ static void cuda_release(model_stage *stage)
     free(state->slots);
     cudaFree(state->scratch.arena);
     cudaFree(state->mirror);
-    cudaFree(state->chunks);
+    if (state->optimizer_chunks.chunks != state->all_chunks.chunks)
+        cudaFree(state->optimizer_chunks.chunks);
+    cudaFree(state->all_chunks.chunks);
     cudaFreeHost(state->host_block);
     free(state->token_counts);
     free(state->offsets.layers);
@@ -620,7 +689,11 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) {
         /* the gradients' slack: see the head products above */
         size_t slack = buffers[i] == &stage->grads ? state->head_pad : 0;
-        size_t bytes = (stage->param_count + slack + 1) * sizeof(float);
+        bool moments = buffers[i] == &stage->adam_m ||
+                       buffers[i] == &stage->adam_v;
+        size_t floats =
+            moments ? stage->optimizer_count : stage->param_count;
+        size_t bytes = (floats + slack + 1) * sizeof(float);
         void *buffer = NULL;
         if (device_alloc(state, &buffer, bytes, names[i], err) != 0)
             return -1;
@@ -1353,8 +1426,9 @@ static int cuda_copy_to_host(const model_stage *stage, stage_buffer which,
     if (buffer == NULL)
         return pt_fail(err, "cuda backend: unknown buffer %d", (int)which);
     CUDA_TRY(cudaSetDevice(state->device));
-    CUDA_TRY(cudaMemcpyAsync(host, buffer, stage->param_count * sizeof(float),
-                             cudaMemcpyDeviceToHost, state->stream));
+    size_t bytes = model_stage_buffer_count(stage, which) * sizeof(float);
+    CUDA_TRY(cudaMemcpyAsync(host, buffer, bytes, cudaMemcpyDeviceToHost,
+                             state->stream));
     CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
@@ -1367,12 +1441,13 @@ static int cuda_copy_from_host(model_stage *stage, stage_buffer which,
     if (buffer == NULL)
         return pt_fail(err, "cuda backend: unknown buffer %d", (int)which);
     CUDA_TRY(cudaSetDevice(state->device));
-    CUDA_TRY(cudaMemcpyAsync(buffer, host, stage->param_count * sizeof(float),
-                             cudaMemcpyHostToDevice, state->stream));
+    size_t bytes = model_stage_buffer_count(stage, which) * sizeof(float);
+    CUDA_TRY(cudaMemcpyAsync(buffer, host, bytes, cudaMemcpyHostToDevice,
+                             state->stream));
     if (which == STAGE_PARAMS)
         CUDA_TRY(cuda_refresh_mirror(state->mirror, stage->params,
-                                     state->chunks, state->chunk_count,
-                                     state->stream));
+                                     state->all_chunks.chunks,
+                                     state->all_chunks.count, state->stream));
     CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
@@ -1394,8 +1469,10 @@ static int cuda_grad_square_sum(const model_stage *stage, double *out,
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
     CUDA_TRY(cudaSetDevice(state->device));
-    CUDA_TRY(cuda_square_sum(s->reduced, stage->grads, stage->param_count,
-                             s->square_partials, state->stream));
+    CUDA_TRY(cuda_square_sum(s->reduced,
+                             stage->grads + stage->optimizer_first,
+                             stage->optimizer_count, s->square_partials,
+                             state->stream));
     CUDA_TRY(cudaMemcpyAsync(out, s->reduced, sizeof *out,
                              cudaMemcpyDeviceToHost, state->stream));
     CUDA_TRY(cudaStreamSynchronize(state->stream));
@@ -1411,9 +1488,9 @@ static int cuda_grad_square_sums(const model_stage *stage,
         return 0;
     CUDA_TRY(cudaSetDevice(state->device));
     CUDA_TRY(cuda_square_sums_per_tensor(
-        s->tensor_squares, stage->grads, state->chunks, state->chunk_count,
-        state->tensor_chunk_starts, stage->tensor_count, s->chunk_squares,
-        state->stream));
+        s->tensor_squares, stage->grads, state->optimizer_chunks.chunks,
+        state->optimizer_chunks.count, state->optimizer_chunks.tensor_starts,
+        stage->tensor_count, s->chunk_squares, state->stream));
     CUDA_TRY(cudaMemcpyAsync(per_tensor, s->tensor_squares,
                              (size_t)stage->tensor_count * sizeof(double),
                              cudaMemcpyDeviceToHost, state->stream));
@@ -1439,8 +1516,23 @@ static int cuda_adamw_step(model_stage *stage, const adamw_config *config,
         .second_correction = (float)(1.0 - pow(config->beta2, step)),
     };
     CUDA_TRY(cuda_adamw(stage->params, stage->grads, stage->adam_m,
-                        stage->adam_v, state->mirror, state->chunks,
-                        state->chunk_count, &args, state->stream));
+                        stage->adam_v, state->mirror,
+                        state->optimizer_chunks.chunks,
+                        state->optimizer_chunks.count, &args, state->stream));
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    return 0;
+}
+
+/* After the all-gather brought the other shards' parameters: their bf16
+ * copies (the own shard's are fresh from AdamW, refreshed again for
+ * simplicity: one read of the parameters). */
+static int cuda_params_changed(model_stage *stage, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    CUDA_TRY(cudaSetDevice(state->device));
+    CUDA_TRY(cuda_refresh_mirror(state->mirror, stage->params,
+                                 state->all_chunks.chunks,
+                                 state->all_chunks.count, state->stream));
     CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
@@ -1476,6 +1568,7 @@ static const stage_backend cuda_backend_table = {
     .grad_square_sum = cuda_grad_square_sum,
     .grad_square_sums = cuda_grad_square_sums,
     .adamw_step = cuda_adamw_step,
+    .params_changed = cuda_params_changed,
     .copy_to_host = cuda_copy_to_host,
     .copy_from_host = cuda_copy_from_host,
     .input_buffer = cuda_input_buffer,

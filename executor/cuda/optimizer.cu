@@ -31,10 +31,11 @@ adamw_kernel(float *params, const float *grads, float *adam_m, float *adam_v,
     float decay = chunk.decay ? args.weight_decay : 0.0f;
     float *p = params + chunk.offset;
     const float *g = grads + chunk.offset;
-    float *m = adam_m + chunk.offset;
-    float *v = adam_v + chunk.offset;
+    float *m = adam_m + chunk.moment_offset;
+    float *v = adam_v + chunk.moment_offset;
     bf16 *w = mirror + chunk.mirror_offset;
-    bool vector = chunk.offset % 4 == 0 && chunk.mirror_offset % 4 == 0;
+    bool vector = chunk.offset % 4 == 0 && chunk.mirror_offset % 4 == 0 &&
+                  chunk.moment_offset % 4 == 0;
     int quads = vector ? (int)chunk.count / 4 : 0;
     /* unrolled so that several iterations' loads are in flight */
 #pragma unroll 4

@@ -495,6 +495,39 @@ JSON
   grep -q -e "GPU" -e "device" -e "cuda backend is not built" -e "NCCL" err.txt ||
     { cat err.txt; fail "the cuda refusal does not name the GPUs"; }
   ;;
+exec-zero1)
+  # data parallel over 2 "gpus" with the distributed optimizer (ZeRO-1):
+  # each rank keeps half of the AdamW state, the losses are those of the
+  # replicated optimizer
+  prep_corpus
+  cat >in-dp2.json <<JSON
+{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
+             "seq": 16, "vocab": 257 },
+  "cluster": { "name": "one-box", "nodes": [
+      { "name": "box", "gpu": "A100-FASOP", "gpus": 2,
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
+  "gbs": 4, "mbs": 1, "tp": 1, "dp": 2, "pp": 1 }
+JSON
+  sed 's/"pp": 1 }/"pp": 1, "distributed_optimizer": true }/' in-dp2.json >in-zero1.json
+  grep -q distributed_optimizer in-zero1.json || fail "could not write the ZeRO-1 plan"
+  run 0 partita exec in-dp2.json --data in-corpus --iters 3 --log-interval 1 -o plain.json
+  grep '^iteration' out.txt | sed 's/elapsed time[^|]*|//' >plain-log.txt
+  run 0 partita exec in-zero1.json --data in-corpus --iters 3 --log-interval 1 --save ckpt -o zero1.json
+  grep '^iteration' out.txt | sed 's/elapsed time[^|]*|//' >zero1-log.txt
+  grep -o 'lm loss: [0-9.E+-]*' plain-log.txt >plain-loss.txt
+  grep -o 'lm loss: [0-9.E+-]*' zero1-log.txt >zero1-loss.txt
+  [ "$(wc -l <zero1-loss.txt)" = 3 ] || fail "expected 3 loss lines"
+  cmp -s plain-loss.txt zero1-loss.txt ||
+    { paste plain-loss.txt zero1-loss.txt; fail "ZeRO-1 changed the losses"; }
+  ! grep -q "ZeRO-1 is not built" zero1.json || fail "exec still says ZeRO-1 is not built"
+  generation=$(ls -d ckpt/*/ | tail -1)
+  expect_in "$generation/meta.json" '"distributed_optimizer": true'
+  params=$(stat -c %s "$generation/params.rank0")
+  moments=$(stat -c %s "$generation/adam_m.rank0")
+  [ "$moments" -lt "$params" ] || fail "adam_m.rank0 ($moments B) is not a shard of params.rank0 ($params B)"
+  run 2 partita exec in-dp2.json --data in-corpus --iters 5 --load ckpt -o other.json
+  expect_in err.txt "distributed_optimizer"
+  ;;
 exec-tp2)
   # Megatron tensor parallelism over 2 "gpus" on the cpu backend, with a
   # pipeline of 2 stages: 4 ranks as threads

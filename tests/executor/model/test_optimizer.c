@@ -1,6 +1,7 @@
 /*
  * AdamW against updates worked out by hand, weight decay only on
- * matrices, the learning-rate schedule's values and the clipping factor.
+ * matrices, ZeRO-1 shards that step together as the whole optimizer,
+ * the learning-rate schedule's values and the clipping factor.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -104,6 +105,82 @@ static void test_decay_only_on_matrices(void **state)
     model_stage_destroy(&stage);
 }
 
+/* ZeRO-1's shards cover the buffer once, in aligned runs, and three
+ * shard stages stepping their own parts give the parameters of the
+ * whole optimizer exactly (same element-wise arithmetic); their moments
+ * hold only their part, and their gradient norms only their part. */
+static void fill_normal(float *values, size_t count, uint64_t seed)
+{
+    model_rng rng;
+    model_rng_seed(&rng, seed);
+    for (size_t i = 0; i < count; i++)
+        values[i] = (float)model_rng_normal(&rng);
+}
+
+static void test_sharded_optimizer_equals_whole(void **state)
+{
+    (void)state;
+    size_t offsets[4];
+    stage_optimizer_offsets(1000, 3, offsets);
+    assert_true(offsets[0] == 0 && offsets[3] == 1000);
+    assert_true(offsets[1] % 64 == 0 && offsets[2] % 64 == 0);
+    stage_optimizer_offsets(100, 3, offsets); /* 2 runs for 3 shards */
+    assert_true(offsets[1] == 64 && offsets[2] == 100 && offsets[3] == 100);
+
+    model_shape shape = {.name = "tiny", .layers = 2, .hidden = 8,
+                         .heads = 2, .ffn_hidden = 32, .seq = 4,
+                         .vocab = 11, .tied_embeddings = false};
+    stage_spec spec = stage_spec_whole_model(&shape);
+    model_stage whole, shards[3];
+    pt_error err;
+    adamw_config config = adamw_defaults();
+    assert_int_equal(
+        model_stage_create(&whole, &shape, &spec, BACKEND_CPU, 1, 1, &err), 0);
+    size_t count = whole.param_count;
+    fill_normal(whole.params, count, 5);
+    fill_normal(whole.grads, count, 6);
+    double whole_norm = 0.0, shard_norms = 0.0;
+    assert_int_equal(stage_grad_square_sum(&whole, &whole_norm, &err), 0);
+    assert_int_equal(stage_adamw_step(&whole, &config, 0.1f, 0.5f, &err), 0);
+    float *gathered = calloc(count, sizeof *gathered);
+    assert_non_null(gathered);
+    size_t covered = 0;
+    for (int i = 0; i < 3; i++) {
+        spec.optimizer_shards = 3;
+        spec.optimizer_shard = i;
+        model_stage *shard = &shards[i];
+        assert_int_equal(model_stage_create(shard, &shape, &spec, BACKEND_CPU,
+                                            1, 1, &err),
+                         0);
+        assert_true(model_stage_buffer_count(shard, STAGE_ADAM_M) <
+                    model_stage_buffer_count(shard, STAGE_PARAMS));
+        fill_normal(shard->params, count, 5);
+        fill_normal(shard->grads, count, 6);
+        double norm = 0.0;
+        assert_int_equal(stage_grad_square_sum(shard, &norm, &err), 0);
+        shard_norms += norm;
+        assert_int_equal(stage_adamw_step(shard, &config, 0.1f, 0.5f, &err),
+                         0);
+        memcpy(gathered + shard->optimizer_first,
+               shard->params + shard->optimizer_first,
+               shard->optimizer_count * sizeof *gathered);
+        covered += shard->optimizer_count;
+    }
+    assert_true(covered == count);
+    assert_memory_equal(gathered, whole.params, count * sizeof *gathered);
+    assert_float_equal(shard_norms, whole_norm, 1e-9 * whole_norm);
+    spec.optimizer_shard = 3;
+    model_stage refused;
+    assert_int_equal(
+        model_stage_create(&refused, &shape, &spec, BACKEND_CPU, 1, 1, &err),
+        -1);
+    assert_non_null(strstr(err.message, "shard 3 of 3"));
+    free(gathered);
+    for (int i = 0; i < 3; i++)
+        model_stage_destroy(&shards[i]);
+    model_stage_destroy(&whole);
+}
+
 /*
  * max 1, min 0.1, warm-up 10 steps, decay until step 110:
  * warm-up rises by 0.1 a step from 0.1 at step 0 to 1 at step 9;
@@ -167,6 +244,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw_by_hand),
         cmocka_unit_test(test_decay_only_on_matrices),
+        cmocka_unit_test(test_sharded_optimizer_equals_whole),
         cmocka_unit_test(test_lr_schedule),
         cmocka_unit_test(test_clip_coefficient),
     };

@@ -1,7 +1,8 @@
 /*
  * The threads comm: messages of one peer and tag arrive in order and
  * others wait their turn, all-reduce gives every member the same sum
- * over its group, barrier, size mismatches, and the failure paths: a
+ * over its group, reduce-scatter and all-gather of uneven chunks make
+ * that sum in two halves, barrier, size mismatches, and the failure paths: a
  * receive that nobody answers times out naming the peer, and an abort
  * wakes every waiting rank with the failed rank's name.
  */
@@ -122,6 +123,67 @@ static void test_all_reduce(void **state)
     comm_threads_destroy(world);
 }
 
+/* Uneven chunks (3, 0, 2, 3 floats) over the world in the order 2, 0,
+ * 3, 1: member i keeps chunk i of the sum; the all-gather then gives
+ * every rank every chunk, which together equal an all-reduce. */
+static const int scatter_group[RANKS] = {2, 0, 3, 1};
+static const size_t scatter_offsets[RANKS + 1] = {0, 3, 3, 5, 8};
+
+static int member_of(int rank)
+{
+    for (int i = 0; i < RANKS; i++)
+        if (scatter_group[i] == rank)
+            return i;
+    return -1;
+}
+
+static void *scatter_gather_body(void *argument)
+{
+    rank_job *job = argument;
+    const comm *c = &job->c;
+    for (int k = 0; k < 8; k++)
+        job->values[k] = (float)(c->rank * 10 + k);
+    job->status = comm_reduce_scatter_sum(c, scatter_group, RANKS,
+                                          job->values, scatter_offsets,
+                                          &job->err);
+    if (job->status != 0)
+        return NULL;
+    /* poison what is not this rank's chunk: the gather must fill it */
+    int me = member_of(c->rank);
+    for (int k = 0; k < 8; k++)
+        if (k < (int)scatter_offsets[me] || k >= (int)scatter_offsets[me + 1])
+            job->values[k] = -1.0f;
+    job->status = comm_all_gather(c, scatter_group, RANKS, job->values,
+                                  scatter_offsets, &job->err);
+    return NULL;
+}
+
+static void test_reduce_scatter_and_all_gather(void **state)
+{
+    (void)state;
+    comm_threads *world = NULL;
+    pt_error err;
+    assert_int_equal(comm_threads_create(RANKS, 10.0, &world, &err), 0);
+    rank_job jobs[RANKS];
+    run_ranks(world, jobs, RANKS, scatter_gather_body);
+    /* sum over ranks of 10 r + k: 60 + 4k */
+    for (int r = 0; r < RANKS; r++) {
+        if (jobs[r].status != 0)
+            fail_msg("rank %d: %s", r, jobs[r].err.message);
+        for (int k = 0; k < 8; k++)
+            assert_true(jobs[r].values[k] == (float)(60 + 4 * k));
+    }
+    comm rank0 = comm_threads_rank(world, 0);
+    static const size_t backwards[3] = {0, 4, 2};
+    static const int pair[2] = {0, 1};
+    float data[4] = {0};
+    assert_int_equal(comm_reduce_scatter_sum(&rank0, pair, 2, data,
+                                             backwards, &err),
+                     -1);
+    assert_non_null(strstr(err.message, "chunk 1 ends"));
+    comm_threads_destroy(world);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -223,6 +285,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_send_receive_in_order),
         cmocka_unit_test(test_all_reduce),
+        cmocka_unit_test(test_reduce_scatter_and_all_gather),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_receive_times_out),
         cmocka_unit_test(test_abort_wakes_everyone),

@@ -2,7 +2,8 @@
  * Parallel plans (pp, dp and/or tp > 1) under run_training, cpu
  * backend, ranks as threads: every layout trains on the same samples from
  * the same initial weights as the one-stage run, so its losses and
- * gradient norms match within fp32 round-off; a pp = 2 run resumed from
+ * gradient norms match within fp32 round-off (with the distributed
+ * optimizer, ZeRO-1, too); a pp = 2 run resumed from
  * its checkpoint equals the straight run bit for bit; the record holds
  * one device, one memory figure and events for every rank; the stop flag
  * ends the run after the current iteration with a checkpoint; too little
@@ -74,14 +75,17 @@ static void assert_close(double got, double want, const char *what,
                  what, got, want);
 }
 
-/* The layout's run against the one-stage run on the same data and seed. */
-static void expect_tp_same_as_one_stage(const run_scratch *s, int tp, int dp,
-                                        int pp, const char *partition,
-                                        const char *schedule)
+/* The layout's run against the one-stage run on the same data and seed;
+ * zero1: with the distributed optimizer. */
+static void expect_run_same_as_one_stage(const run_scratch *s, int tp,
+                                         int dp, int pp,
+                                         const char *partition,
+                                         const char *schedule, bool zero1)
 {
     plan one, parallel;
     parallel_plan(&one, 1, 1, 1, NULL, "1f1b");
     parallel_plan(&parallel, tp, dp, pp, partition, schedule);
+    parallel.config.distributed_optimizer = zero1;
     run_options options = base_options(s, ITERATIONS);
     run_result reference, result;
     train_ok(&one, &options, &reference);
@@ -105,6 +109,13 @@ static void expect_tp_same_as_one_stage(const run_scratch *s, int tp, int dp,
     run_result_free(&result);
     plan_free(&one);
     plan_free(&parallel);
+}
+
+static void expect_tp_same_as_one_stage(const run_scratch *s, int tp, int dp,
+                                        int pp, const char *partition,
+                                        const char *schedule)
+{
+    expect_run_same_as_one_stage(s, tp, dp, pp, partition, schedule, false);
 }
 
 static void expect_same_as_one_stage(const run_scratch *s, int dp, int pp,
@@ -144,6 +155,91 @@ static void pp2_tp2_matches_one_stage(void **state)
     expect_tp_same_as_one_stage(*state, 2, 1, 2, "3-1", "1f1b");
 }
 
+/* ZeRO-1: each replica steps its shard of the parameters and the
+ * all-gather brings the others' */
+static void dp2_zero1_matches_one_stage(void **state)
+{
+    expect_run_same_as_one_stage(*state, 1, 2, 1, NULL, "1f1b", true);
+}
+
+/* the tied embedding's two copies are summed before the reduce-scatter;
+ * shards cut the first and last stages' buffers differently */
+static void pp2_dp2_zero1_matches_one_stage(void **state)
+{
+    expect_run_same_as_one_stage(*state, 1, 2, 2, "1-3", "1f1b", true);
+}
+
+static void tp2_dp2_zero1_matches_one_stage(void **state)
+{
+    expect_run_same_as_one_stage(*state, 2, 2, 1, NULL, "1f1b", true);
+}
+
+/* The last 2 iterations of a 4-iteration straight run, bit for bit. */
+static void expect_resumed_equals_straight(const run_result *resumed,
+                                           const run_result *straight)
+{
+    assert_int_equal(resumed->first_iteration, 3);
+    assert_int_equal(resumed->iteration_count, 2);
+    for (int i = 0; i < 2; i++) {
+        const run_iteration *got = &resumed->iterations[i];
+        const run_iteration *want = &straight->iterations[2 + i];
+        assert_int_equal(got->iteration, want->iteration);
+        if (got->loss != want->loss || got->grad_norm != want->grad_norm)
+            fail_msg("iteration %ld: resumed loss %.9g norm %.9g, straight "
+                     "%.9g %.9g",
+                     got->iteration, got->loss, got->grad_norm, want->loss,
+                     want->grad_norm);
+        assert_true(got->learning_rate == want->learning_rate);
+    }
+}
+
+static uint64_t blob_bytes(const char *dir, const char *name)
+{
+    uint64_t bytes = 0;
+    pt_error err = {{0}};
+    if (checkpoint_blob_size(dir, name, &bytes, &err) != 0)
+        fail_msg("%s", err.message);
+    return bytes;
+}
+
+/* A ZeRO-1 checkpoint holds each replica's shard of the AdamW moments,
+ * resumes bit for bit, and only under a plan with the same optimizer. */
+static void dp2_zero1_checkpoint_holds_shards_and_resumes(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    parallel_plan(&p, 1, 2, 1, NULL, "1f1b");
+    p.config.distributed_optimizer = true;
+    run_options options = base_options(s, 4);
+    run_result straight, first, second;
+    train_ok(&p, &options, &straight);
+    char dir[512];
+    run_path(s, "zero1-checkpoint", dir, sizeof dir);
+    run_options first_half = options;
+    first_half.iterations = 2;
+    first_half.save_dir = dir;
+    train_ok(&p, &first_half, &first);
+    uint64_t params = blob_bytes(dir, "params.rank0");
+    uint64_t shard0 = blob_bytes(dir, "adam_m.rank0");
+    uint64_t shard1 = blob_bytes(dir, "adam_v.rank1");
+    assert_true(shard0 < params && shard1 < params);
+    assert_int_equal(shard0 + shard1, params);
+    run_options resumed = options;
+    resumed.load_dir = dir;
+    train_ok(&p, &resumed, &second);
+    expect_resumed_equals_straight(&second, &straight);
+    run_result_free(&straight);
+    run_result_free(&first);
+    run_result_free(&second);
+    p.config.distributed_optimizer = false;
+    pt_error err = {{0}};
+    run_result refused;
+    assert_int_equal(run_training(&p, &resumed, &refused, &err), -1);
+    run_result_free(&refused);
+    assert_message_has(&err, "distributed_optimizer");
+    plan_free(&p);
+}
+
 /* 4 iterations straight, against 2 + checkpoint + resume + 2. */
 static void pp2_resume_equals_straight_run(void **state)
 {
@@ -178,21 +274,11 @@ static void pp2_resume_equals_straight_run(void **state)
     run_options resumed = options;
     resumed.load_dir = dir;
     train_ok(&p, &resumed, &second);
-    assert_int_equal(second.first_iteration, 3);
-    assert_int_equal(second.iteration_count, 2);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(first.iterations[i].iteration, i + 1);
         assert_true(first.iterations[i].loss == straight.iterations[i].loss);
-        const run_iteration *got = &second.iterations[i];
-        const run_iteration *want = &straight.iterations[2 + i];
-        assert_int_equal(got->iteration, want->iteration);
-        if (got->loss != want->loss || got->grad_norm != want->grad_norm)
-            fail_msg("iteration %ld: resumed loss %.9g norm %.9g, straight "
-                     "%.9g %.9g",
-                     got->iteration, got->loss, got->grad_norm, want->loss,
-                     want->grad_norm);
-        assert_true(got->learning_rate == want->learning_rate);
     }
+    expect_resumed_equals_straight(&second, &straight);
     run_result_free(&straight);
     run_result_free(&first);
     run_result_free(&second);
@@ -370,6 +456,10 @@ int main(void)
         cmocka_unit_test(pp2_stop_flag_ends_after_the_iteration),
         cmocka_unit_test(tp2_matches_one_stage),
         cmocka_unit_test(pp2_tp2_matches_one_stage),
+        cmocka_unit_test(dp2_zero1_matches_one_stage),
+        cmocka_unit_test(pp2_dp2_zero1_matches_one_stage),
+        cmocka_unit_test(tp2_dp2_zero1_matches_one_stage),
+        cmocka_unit_test(dp2_zero1_checkpoint_holds_shards_and_resumes),
         cmocka_unit_test(cuda_parallel_and_memory_are_refused),
     };
     return cmocka_run_group_tests(tests, run_scratch_open, run_scratch_close);
