@@ -68,7 +68,10 @@ profiler_options profiler_options_defaults(backend_kind backend)
         .mbs_count = 5,
         .mbs_values = {1, 2, 4, 8, 16},
         .warmup_runs = 5,
-        .timed_runs = 50,
+        /* the point budget decides below this: short points (an
+         * embedding of tens of microseconds) get many runs, whose median
+         * host overheads do not move from one profile to the next */
+        .timed_runs = PROFILER_MAX_RUNS,
         .min_timed_runs = 7,
         .point_budget_s = 1.5,
         .device_warmup_s = 2.0,

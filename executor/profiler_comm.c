@@ -30,9 +30,15 @@
 
 #define COMM_GPUS 2
 /* Bytes that one run should move at least: below it, operations are
- * repeated back to back (at most COMM_MAX_OPERATIONS of them). */
+ * repeated back to back (at most COMM_MAX_OPERATIONS of them: a 4 KiB
+ * all-reduce takes about 8 us, so a run of 1024 lasts about 8 ms, and the
+ * threads' wake-up skew of tens of microseconds stays under 1 %; with 32
+ * it was 10-30 %, and two profiles differed by that much). */
 #define COMM_RUN_BYTES (64.0 * 1024 * 1024)
-#define COMM_MAX_OPERATIONS 32
+#define COMM_MAX_OPERATIONS 1024
+/* Timed runs per size at most: each is already an average of many
+ * operations. */
+#define COMM_MAX_TIMED_RUNS 50
 
 typedef enum comm_kind { COMM_ALLREDUCE, COMM_SENDRECV } comm_kind;
 
@@ -188,8 +194,9 @@ static int time_size(comm_bench *bench, comm_kind kind, size_t bytes,
                      int operations, timing_summary *out, pt_error *err)
 {
     const profiler_options *o = bench->options;
-    double runs[256];
-    int timed = o->timed_runs < 256 ? o->timed_runs : 256;
+    double runs[COMM_MAX_TIMED_RUNS];
+    int timed = o->timed_runs < COMM_MAX_TIMED_RUNS ? o->timed_runs
+                                                    : COMM_MAX_TIMED_RUNS;
     for (int i = 0; i < o->warmup_runs + timed; i++) {
         bench->kind = kind;
         bench->bytes = bytes;
