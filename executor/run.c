@@ -362,10 +362,11 @@ static int query_local_devices(const plan *p, int rank_count,
 
 /* A parallel plan against this machine's GPUs before anything is
  * allocated on them: device count, GPU types, sm_limit and
- * memory_limit_gib, and each rank's floor of 18 bytes per parameter of
- * its stage (fp32 weights, gradients and AdamW moments and the bf16
- * copy; activations come on top and are counted against the rank's cap
- * as the stage allocates them). */
+ * memory_limit_gib, and each rank's floor of 10 bytes per parameter of
+ * its stage (fp32 weights and gradients, the bf16 copy) and 8 per
+ * parameter of its optimizer's range (AdamW's moments: all, or a ZeRO-1
+ * shard); activations come on top and are counted against the rank's cap
+ * as the stage allocates them. */
 static int check_gpu_devices(const run_context *ctx, pt_error *err)
 {
     int ranks = ctx->layout.rank_count;
@@ -378,9 +379,13 @@ static int check_gpu_devices(const run_context *ctx, pt_error *err)
                                            err)
                      : pt_fail(err, "out of memory checking the devices");
     for (int rank = 0; status == 0 && rank < ranks; rank++) {
-        size_t params = 0;
-        status = rank_param_count(ctx, rank, &params, err);
-        needed[rank] = 18.0 * (double)params;
+        size_t params = 0, moments = 0;
+        status = rank_param_count(ctx, rank, &params, err) != 0 ||
+                         rank_buffer_count(ctx, rank, STAGE_ADAM_M, &moments,
+                                           err) != 0
+                     ? -1
+                     : 0;
+        needed[rank] = 10.0 * (double)params + 8.0 * (double)moments;
     }
     if (status == 0)
         status = device_check_plan(ctx->plan, devices, count, needed, err);
@@ -1017,8 +1022,10 @@ static void fill_result_header(const run_context *ctx, run_result *out)
                        options->load_dir);
     out->peak_memory_basis =
         ctx->parallel
-            ? "computed per rank: its stage's parameters, gradients and "
-              "AdamW moments (16 bytes per parameter of the stage), and the "
+            ? "computed per rank: its stage's parameters and gradients (8 "
+              "bytes per parameter of the stage) and AdamW moments (8 bytes "
+              "per parameter of its optimizer's range: all, or its ZeRO-1 "
+              "shard), and the "
               "activations of the micro-batches it keeps in flight (its 1F1B "
               "or GPipe slot count) and one backward scratch, as the cpu "
               "backend allocates them; the ranks are threads of one process, "
