@@ -6,7 +6,8 @@ VALGRIND_BUILD ?= build-valgrind
 PARTITA    := $(BUILD)/cli/partita
 
 DEBIAN_PACKAGES := meson ninja-build pkg-config gcc libjansson-dev \
-                   libglpk-dev gnuplot-nox libcmocka-dev valgrind
+                   libglpk-dev gnuplot-nox libcmocka-dev valgrind \
+                   libopenmpi-dev openmpi-bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build demo test bench clean

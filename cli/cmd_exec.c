@@ -50,7 +50,9 @@ static void print_exec_help(void)
         "events of the median iteration and the measured step time.\n"
         "Plans with pp, dp or tp > 1 run their ranks as threads of this\n"
         "process: on the cpu backend over shared memory, on the cuda\n"
-        "backend one GPU per rank over NCCL.\n"
+        "backend one GPU per rank over NCCL. Started by mpirun or srun,\n"
+        "one process per rank instead (the process count must equal the\n"
+        "plan's tp x dp x pp): rank 0 prints the log and writes run.json.\n"
         "\n"
         "  --data PREFIX        the dataset (required)\n"
         "  --backend NAME       cpu (default) or cuda\n"
@@ -72,6 +74,9 @@ static void print_exec_help(void)
         "  --comm-timeout S     parallel runs: seconds a rank waits for a\n"
         "                       peer before the run fails (3600 on cpu,\n"
         "                       300 on cuda)\n"
+        "  --launch MODE        auto (default): one process per rank when\n"
+        "                       started by mpirun or srun with more than one\n"
+        "                       process, else threads; threads; or mpi\n"
         "  -o, --output FILE    run record (default run.json)\n"
         "\n"
         "SIGINT or SIGTERM ends the run after the current iteration: the\n"
@@ -88,6 +93,7 @@ typedef struct exec_arguments {
     const char *output;
     const char *save_dir;
     const char *load_dir;
+    const char *launch;       /* auto, threads or mpi */
     long iterations;
     long log_interval;
     long save_interval;
@@ -154,7 +160,7 @@ static int parse_seed(const char *text, exec_arguments *args)
 enum {
     OPT_DATA = 256, OPT_BACKEND, OPT_ITERS, OPT_LOG_INTERVAL, OPT_SEED,
     OPT_LR, OPT_WARMUP, OPT_MIN_LR, OPT_SAVE, OPT_LOAD, OPT_SAVE_INTERVAL,
-    OPT_COMM_TIMEOUT, OPT_HELP
+    OPT_COMM_TIMEOUT, OPT_LAUNCH, OPT_HELP
 };
 
 /* Seconds, positive and finite; prints its own message. */
@@ -183,6 +189,7 @@ static int apply_option(int option, const char *value, exec_arguments *args)
     case 'o': args->output = value; return 0;
     case OPT_SAVE: args->save_dir = value; return 0;
     case OPT_LOAD: args->load_dir = value; return 0;
+    case OPT_LAUNCH: args->launch = value; return 0;
     case OPT_ITERS:
         return parse_count("iters", value, 1, 1000000000L, &args->iterations);
     case OPT_LOG_INTERVAL:
@@ -211,6 +218,14 @@ static int check_arguments(const exec_arguments *args)
     if (args->data_prefix == NULL)
         problem = "--data PREFIX is required (the dataset to train on; "
                   "'partita prep' makes one)";
+    else if (strcmp(args->launch, "auto") != 0 &&
+             strcmp(args->launch, "threads") != 0 &&
+             strcmp(args->launch, "mpi") != 0) {
+        snprintf(text, sizeof text, "--launch: expected auto, threads or "
+                                    "mpi, got '%.60s'",
+                 args->launch);
+        problem = text;
+    }
     else if (args->save_interval_given && args->save_dir == NULL)
         problem = "--save-interval needs --save DIR";
     else if (args->warmup > args->iterations) {
@@ -246,10 +261,12 @@ static int parse_exec_arguments(int argc, char **argv, exec_arguments *args)
         {"load", required_argument, NULL, OPT_LOAD},
         {"save-interval", required_argument, NULL, OPT_SAVE_INTERVAL},
         {"comm-timeout", required_argument, NULL, OPT_COMM_TIMEOUT},
+        {"launch", required_argument, NULL, OPT_LAUNCH},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
     *args = (exec_arguments){.backend = "cpu", .output = "run.json",
+                             .launch = "auto",
                              .iterations = 100, .log_interval = 10,
                              .warmup = -1, .lr = 6e-4, .min_lr = -1.0,
                              .seed = 1234};
@@ -436,7 +453,12 @@ static void print_summary(const exec_arguments *args, const run_result *r,
     char step[32], memory[32];
     pt_format_seconds(r->step_time_s, step, sizeof step);
     pt_format_bytes(r->peak_memory_bytes, memory, sizeof memory);
-    if (r->stopped)
+    if (r->stopped && stop_signal == 0) /* one process per rank */
+        printf("exec: stopped by a signal to another rank's process after "
+               "iteration %ld of %ld\n",
+               r->iterations[r->iteration_count - 1].iteration,
+               r->last_iteration);
+    else if (r->stopped)
         printf("exec: stopped by signal %d after iteration %ld of %ld\n",
                (int)stop_signal,
                r->iterations[r->iteration_count - 1].iteration,
@@ -479,6 +501,49 @@ static int load_exec_plan(const exec_arguments *args, plan *p)
     return 0;
 }
 
+/* How many processes the launcher that started this one started: Open
+ * MPI's mpirun, a PMI launcher (MPICH's, srun --mpi=pmi2) or Slurm's
+ * srun each tell their processes; 1 when none did. */
+static long launched_process_count(void)
+{
+    const char *const variables[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                     "SLURM_NTASKS"};
+    for (size_t i = 0; i < sizeof variables / sizeof variables[0]; i++) {
+        const char *value = getenv(variables[i]);
+        /* an sbatch script has SLURM_NTASKS too, but only srun's tasks
+         * have a step */
+        if (i == 2 && getenv("SLURM_STEP_ID") == NULL)
+            continue;
+        if (value != NULL && atol(value) > 0)
+            return atol(value);
+    }
+    return 1;
+}
+
+/* --launch: the MPI world of one process per rank, or NULL for threads.
+ * -1 when MPI was asked for (or detected) and cannot start. */
+static int start_processes(const exec_arguments *args,
+                           const run_options *options, comm_mpi **out)
+{
+    *out = NULL;
+    long launched = launched_process_count();
+    bool wanted = strcmp(args->launch, "mpi") == 0 ||
+                  (strcmp(args->launch, "auto") == 0 && launched > 1);
+    if (!wanted)
+        return 0;
+    pt_error err = {{0}};
+    if (comm_mpi_create(run_comm_timeout(options), out, &err) == 0)
+        return 0;
+    char message[1300];
+    snprintf(message, sizeof message, "%s%s", err.message,
+             launched > 1 && !comm_mpi_built()
+                 ? " (started as one of several processes: each would "
+                   "otherwise run every rank)"
+                 : "");
+    cli_error("exec", message);
+    return -1;
+}
+
 int command_exec(int argc, char **argv)
 {
     install_stop_handlers();
@@ -493,6 +558,13 @@ int command_exec(int argc, char **argv)
     plan p;
     if (load_exec_plan(&args, &p) != 0)
         return EXIT_BAD_INPUT;
+    comm_mpi *processes = NULL;
+    if (start_processes(&args, &options, &processes) != 0) {
+        plan_free(&p);
+        return EXIT_BAD_INPUT;
+    }
+    options.processes = processes;
+    int rank = processes != NULL ? comm_mpi_handle(processes).rank : 0;
     double flops = model_flops_per_iteration(&p.model, p.config.gbs, false);
     exec_printer printer = {
         .log_interval = args.log_interval,
@@ -501,22 +573,36 @@ int command_exec(int argc, char **argv)
         .progress = isatty(STDERR_FILENO) != 0,
         .started_s = wall_seconds(),
     };
-    options.observer = observe_iteration;
-    options.observer_data = &printer;
+    /* one process per rank: rank 0 speaks for the run */
+    if (rank == 0) {
+        options.observer = observe_iteration;
+        options.observer_data = &printer;
+    }
     pt_error err = {{0}};
     run_result result;
     int status = run_training(&p, &options, &result, &err);
     clear_progress(&printer);
     int exit_status = EXIT_OK;
     if (status != 0) {
-        cli_error("exec", err.message);
+        /* one process per rank: say which process speaks, unless the
+         * message (a comm's) already begins with its rank */
+        char message[sizeof err.message + 32];
+        if (processes != NULL && strncmp(err.message, "rank ", 5) != 0)
+            snprintf(message, sizeof message, "rank %d: %s", rank,
+                     err.message);
+        else
+            snprintf(message, sizeof message, "%s", err.message);
+        cli_error("exec", message);
         exit_status = status == -1 ? EXIT_BAD_INPUT : EXIT_FAILURE_RUN;
-    } else if (write_run_record(&args, &p, &result, flops) != 0) {
+    } else if (rank == 0 &&
+               write_run_record(&args, &p, &result, flops) != 0) {
         exit_status = EXIT_FAILURE_RUN;
-    } else {
+    } else if (rank == 0) {
         print_summary(&args, &result, flops);
     }
     run_result_free(&result);
     plan_free(&p);
+    fflush(stdout);
+    comm_mpi_finish(processes, exit_status);
     return exit_status;
 }

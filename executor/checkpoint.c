@@ -382,6 +382,10 @@ int checkpoint_writer_commit(checkpoint_writer *w, pt_error *err)
 {
     if (!w->active)
         return pt_fail(err, "%s: no checkpoint save in progress", w->dir);
+    if (w->joined)
+        return pt_fail(err, "%s: only the process that began the save "
+                            "commits it",
+                       w->dir);
     char folder[PT_PATH_MAX + 32], path[PT_PATH_MAX + 32];
     generation_dir(w->dir, w->generation, folder, sizeof folder);
     manifest_path(w->dir, path, sizeof path);
@@ -415,8 +419,54 @@ void checkpoint_writer_abort(checkpoint_writer *w)
 {
     if (!w->active)
         return;
-    remove_generation(w->dir, w->generation);
     w->active = false;
+    if (!w->joined) {
+        remove_generation(w->dir, w->generation);
+        return;
+    }
+    for (int b = 0; b < w->blob_count; b++) {
+        char path[PT_PATH_MAX + 128];
+        blob_path(w->dir, w->generation, w->blobs[b].name, path,
+                  sizeof path);
+        unlink(path);
+    }
+}
+
+int checkpoint_writer_join(checkpoint_writer *w, const char *dir,
+                           uint64_t generation, pt_error *err)
+{
+    memset(w, 0, sizeof *w);
+    if (strlen(dir) + 64 >= sizeof w->dir)
+        return pt_fail(err, "%s: checkpoint directory path too long", dir);
+    pt_copy_string(w->dir, sizeof w->dir, dir);
+    char folder[PT_PATH_MAX + 32];
+    generation_dir(dir, generation, folder, sizeof folder);
+    struct stat info;
+    if (stat(folder, &info) != 0 || !S_ISDIR(info.st_mode))
+        return pt_fail(err, "%s: the generation folder the save began is "
+                            "not there (is %s shared by every process?)",
+                       folder, dir);
+    w->generation = generation;
+    w->joined = true;
+    w->active = true;
+    return 0;
+}
+
+int checkpoint_writer_add(checkpoint_writer *w, const checkpoint_blob *blob,
+                          pt_error *err)
+{
+    if (w->joined) {
+        checkpoint_writer_abort(w);
+        return pt_fail(err, "%s: a joined writer does not commit, so it "
+                            "takes no other blobs",
+                       w->dir);
+    }
+    if (check_new_blob(w, blob->name, err) != 0) {
+        checkpoint_writer_abort(w);
+        return -1;
+    }
+    w->blobs[w->blob_count++] = *blob;
+    return 0;
 }
 
 /* --------------------------------------------------------------- reader */

@@ -87,6 +87,12 @@ struct comm_nccl {
     pthread_mutex_t lock;        /* guards failed_rank and failure */
     int failed_rank;
     char failure[600];
+    /* One process per rank (comm_nccl_create_rank): this process holds
+     * only process_rank; its failures go to the other processes, and
+     * theirs come back, over `processes` (the MPI world). */
+    bool has_processes;
+    int process_rank;
+    comm processes;
 };
 
 static comm_nccl *world_of(const comm *c)
@@ -237,12 +243,28 @@ static int plan_cliques(comm_nccl *world, const comm_groups *groups,
 static void mark_failed(comm_nccl *world, int rank, const char *reason)
 {
     pthread_mutex_lock(&world->lock);
-    if (!atomic_load(&world->failed)) {
+    bool first = !atomic_load(&world->failed);
+    if (first) {
         world->failed_rank = rank;
         snprintf(world->failure, sizeof world->failure, "%s", reason);
         atomic_store(&world->failed, true);
     }
     pthread_mutex_unlock(&world->lock);
+    /* the other processes' waits end too */
+    if (first && world->has_processes && rank == world->process_rank)
+        comm_abort(&world->processes, reason);
+}
+
+/* One process per rank: another process's failure, announced over MPI,
+ * fails this world as well. */
+static void watch_other_processes(comm_nccl *world)
+{
+    if (!world->has_processes || atomic_load(&world->failed))
+        return;
+    char reason[sizeof world->failure];
+    int failed = comm_failed_rank(&world->processes, reason, sizeof reason);
+    if (failed >= 0)
+        mark_failed(world, failed, reason);
 }
 
 /* Aborts every communicator of the rank (on its own thread): its kernels
@@ -317,6 +339,8 @@ static int wait_for(const comm *c, ncclComm_t comm, cudaEvent_t event,
     double deadline = monotonic_s() + world->timeout_s;
     char what[400];
     for (long polls = 0;; polls++) {
+        if (polls % 1024 == 1023)
+            watch_other_processes(world);
         if (atomic_load(&world->failed) || comm == NULL)
             return fail_interrupted(c, operation, err);
         if (event != NULL) {
@@ -816,6 +840,7 @@ static void nccl_abort(const comm *c, const char *reason)
 
 static int nccl_failed_rank(const comm *c, char *reason, size_t reason_size)
 {
+    watch_other_processes(world_of(c));
     return comm_nccl_failed_rank(world_of(c), reason, reason_size);
 }
 
@@ -955,6 +980,206 @@ int comm_nccl_create(int size, const int *devices, const comm_groups *groups,
     int status = plan_cliques(world, groups, err);
     for (int k = 0; status == 0 && k < world->clique_count; k++)
         status = init_clique(world, &world->cliques[k], err);
+    if (status != 0) {
+        abort_all(world);
+        free_world(world);
+        return -1;
+    }
+    *out = world;
+    return 0;
+}
+
+/* ------------------------------------------- one process per rank */
+
+/* World rank 0 makes every clique's id (making one needs no membership)
+ * and broadcasts them all at once; `made` tells the others whether it
+ * could. */
+typedef struct clique_ids {
+    int made;
+    ncclUniqueId ids[];
+} clique_ids;
+
+static int share_clique_ids(comm_nccl *world, clique_ids *shared,
+                            size_t bytes, pt_error *err)
+{
+    char reason[300] = "";
+    if (world->process_rank == 0) {
+        shared->made = 1;
+        for (int k = 0; k < world->clique_count && shared->made; k++) {
+            ncclResult_t status = ncclGetUniqueId(&shared->ids[k]);
+            if (status != ncclSuccess) {
+                shared->made = 0;
+                snprintf(reason, sizeof reason, "nccl comm: ncclGetUniqueId "
+                                                "for the %s communicator "
+                                                "failed: %s",
+                         world->cliques[k].name, ncclGetErrorString(status));
+            }
+        }
+    }
+    if (comm_mpi_broadcast(&world->processes, shared, bytes, err) != 0)
+        return -1;
+    if (!shared->made)
+        return pt_fail(err, "%s", reason[0] != '\0'
+                                      ? reason
+                                      : "nccl comm: rank 0 could not make "
+                                        "the communicators' ids");
+    return 0;
+}
+
+/* This process's member index in clique q, or -1. */
+static int own_member(const comm_nccl *world, const nccl_clique *q)
+{
+    for (int i = 0; i < q->size; i++)
+        if (q->members[i] == world->process_rank)
+            return i;
+    return -1;
+}
+
+/* Starts every communicator of the cliques this process is in, in one
+ * group call (non-blocking: NCCL sets them up in the background, every
+ * process in the same clique order). */
+static int start_own_cliques(comm_nccl *world, const clique_ids *shared,
+                             pt_error *err)
+{
+    cudaError_t set = cudaSetDevice(world->devices[world->process_rank]);
+    if (set != cudaSuccess)
+        return pt_fail(err, "rank %d: nccl comm: cudaSetDevice(%d): %s",
+                       world->process_rank,
+                       world->devices[world->process_rank],
+                       cudaGetErrorString(set));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t status = ncclGroupStart();
+    for (int k = 0; k < world->clique_count && status == ncclSuccess; k++) {
+        nccl_clique *q = &world->cliques[k];
+        int member = own_member(world, q);
+        if (member < 0)
+            continue;
+        config.commName = q->name;
+        status = ncclCommInitRankConfig(&q->comms[member], q->size,
+                                        shared->ids[k], member, &config);
+        if (status == ncclInProgress)
+            status = ncclSuccess;
+    }
+    ncclResult_t ended = ncclGroupEnd();
+    if (status == ncclSuccess && ended != ncclInProgress)
+        status = ended;
+    if (status != ncclSuccess)
+        return pt_fail(err, "rank %d: nccl comm: starting its "
+                            "communicators failed: %s (%s)",
+                       world->process_rank, ncclGetErrorString(status),
+                       ncclGetLastError(NULL));
+    return 0;
+}
+
+/* Polls this process's communicators until each is ready, another
+ * process failed, or the set-up time is up. */
+static int await_own_cliques(comm_nccl *world, pt_error *err)
+{
+    double deadline = monotonic_s() + init_timeout_s(world);
+    for (int k = 0; k < world->clique_count; k++) {
+        nccl_clique *q = &world->cliques[k];
+        int member = own_member(world, q);
+        ncclResult_t state = member >= 0 ? ncclInProgress : ncclSuccess;
+        while (state == ncclInProgress) {
+            if (ncclCommGetAsyncError(q->comms[member], &state) !=
+                ncclSuccess)
+                state = ncclInternalError;
+            watch_other_processes(world);
+            if (atomic_load(&world->failed))
+                return pt_fail(err, "rank %d: nccl comm: making the %s "
+                                    "communicator: rank %d failed: %s",
+                               world->process_rank, q->name,
+                               world->failed_rank, world->failure);
+            if (state == ncclInProgress && monotonic_s() > deadline)
+                return pt_fail(err, "rank %d: nccl comm: the %s "
+                                    "communicator was not ready within %g s "
+                                    "(is every process of the job up?)",
+                               world->process_rank, q->name,
+                               init_timeout_s(world));
+            struct timespec pause = {.tv_sec = 0, .tv_nsec = 1000000};
+            if (state == ncclInProgress)
+                nanosleep(&pause, NULL);
+        }
+        if (state != ncclSuccess)
+            return pt_fail(err, "rank %d: nccl comm: making the %s "
+                                "communicator of %d ranks failed: %s (%s)",
+                           world->process_rank, q->name, q->size,
+                           ncclGetErrorString(state),
+                           ncclGetLastError(q->comms[member]));
+    }
+    return 0;
+}
+
+static int check_rank_arguments(int size, int rank, int device,
+                                const comm_groups *groups,
+                                const comm *processes, pt_error *err)
+{
+    if (size < 2 || rank < 0 || rank >= size || processes == NULL ||
+        processes->rank != rank || processes->size != size)
+        return pt_fail(err, "nccl comm: this process must be rank %d of a "
+                            "world of %d ranks, one per process of the MPI "
+                            "world (%d of %d)",
+                       rank, size, processes != NULL ? processes->rank : -1,
+                       processes != NULL ? processes->size : 0);
+    int count = cuda_device_count();
+    if (device < 0 || device >= count)
+        return pt_fail(err, "rank %d: nccl comm: cuda device %d does not "
+                            "exist on this host (%d visible)",
+                       rank, device, count);
+    for (int g = 0; groups != NULL && g < groups->count; g++)
+        if (check_group(size, groups->members + groups->offsets[g],
+                        groups->offsets[g + 1] - groups->offsets[g], g,
+                        err) != 0)
+            return -1;
+    return 0;
+}
+
+int comm_nccl_create_rank(int size, int rank, int device,
+                          const comm_groups *groups, double timeout_s,
+                          const comm *processes, comm_nccl **out,
+                          pt_error *err)
+{
+    *out = NULL;
+    if (!(timeout_s > 0.0))
+        return pt_fail(err, "nccl comm: the timeout must be positive, got "
+                            "%g s",
+                       timeout_s);
+    if (check_rank_arguments(size, rank, device, groups, processes, err) !=
+        0)
+        return -1;
+    comm_nccl *world = calloc(1, sizeof *world);
+    if (world == NULL)
+        return pt_fail(err, "nccl comm: out of memory");
+    pthread_mutex_init(&world->lock, NULL);
+    atomic_init(&world->failed, false);
+    world->failed_rank = -1;
+    world->size = size;
+    world->timeout_s = timeout_s;
+    world->has_processes = true;
+    world->process_rank = rank;
+    world->processes = *processes;
+    world->devices = malloc((size_t)size * sizeof *world->devices);
+    world->ranks = calloc((size_t)size, sizeof *world->ranks);
+    if (world->devices == NULL || world->ranks == NULL) {
+        free_world(world);
+        return pt_fail(err, "nccl comm: out of memory");
+    }
+    for (int r = 0; r < size; r++)
+        world->devices[r] = r == rank ? device : -1;
+    int status = plan_cliques(world, groups, err);
+    size_t bytes = sizeof(clique_ids) +
+                   (size_t)world->clique_count * sizeof(ncclUniqueId);
+    clique_ids *shared = status == 0 ? calloc(1, bytes) : NULL;
+    if (status == 0 && shared == NULL)
+        status = pt_fail(err, "nccl comm: out of memory for the ids");
+    if (status == 0)
+        status = share_clique_ids(world, shared, bytes, err);
+    if (status == 0)
+        status = start_own_cliques(world, shared, err);
+    if (status == 0)
+        status = await_own_cliques(world, err);
+    free(shared);
     if (status != 0) {
         abort_all(world);
         free_world(world);

@@ -51,6 +51,21 @@ int comm_nccl_check_arguments(int size, const int *devices, int device_count,
  * 120 s (NCCL's threads and, the first time, the CUDA contexts start). */
 int comm_nccl_create(int size, const int *devices, const comm_groups *groups,
                      double timeout_s, comm_nccl **out, pt_error *err);
+/* One process per rank (mpirun, srun): this process holds rank `rank`
+ * of a world of `size` ranks, on CUDA device `device`; the other ranks
+ * are the other processes of the MPI world `processes` (comm_mpi, rank
+ * and size the same), which must outlive the call. World rank 0 makes
+ * every communicator's id and broadcasts them over MPI; each process
+ * makes (ncclCommInitRankConfig, non-blocking) the communicators of the
+ * cliques it is in, with the same lanes, groups and waits as above. A
+ * failure of this process is sent to the others over MPI, and theirs end
+ * this world's waits. Every process calls it with the same groups; the
+ * handle is comm_nccl_rank(world, rank), the rank's state is opened and
+ * closed on its thread as above. */
+int comm_nccl_create_rank(int size, int rank, int device,
+                          const comm_groups *groups, double timeout_s,
+                          const comm *processes, comm_nccl **out,
+                          pt_error *err);
 /* Ends the world: finalizes and destroys the communicators of a healthy
  * world, aborts them after a failure. Every rank must have closed. */
 void comm_nccl_destroy(comm_nccl *world);
@@ -100,6 +115,12 @@ typedef struct pipeline_gpu {
 int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
                        const device_spec *devices, uint64_t seed,
                        double timeout_s, pt_error *err);
+/* One process per rank: only this process's rank (processes->rank), on
+ * `device`, over a NCCL world of comm_nccl_create_rank; devices[] then
+ * holds that rank's entry only. */
+int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
+                            const device_spec *device, const comm *processes,
+                            uint64_t seed, double timeout_s, pt_error *err);
 /* Stops the rank threads (after a failure, each aborts its communicators
  * before its stage is freed) and ends the world. Safe on a zeroed or
  * failed launcher. */

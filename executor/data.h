@@ -260,6 +260,8 @@ typedef struct checkpoint_writer {
     int blob_count;
     checkpoint_blob blobs[CHECKPOINT_MAX_BLOBS];
     bool active;              /* begun and neither committed nor aborted */
+    bool joined;              /* writes into another process's generation
+                                 (checkpoint_writer_join) */
 } checkpoint_writer;
 
 /* Creates dir when missing, removes generations an earlier interrupted
@@ -274,6 +276,17 @@ int checkpoint_write_blob(checkpoint_writer *w, const char *name,
 int checkpoint_writer_commit(checkpoint_writer *w, pt_error *err);
 /* Removes the uncommitted generation; the previous checkpoint stays. */
 void checkpoint_writer_abort(checkpoint_writer *w);
+
+/* One process per rank: the process that began the save (the only one
+ * that commits) tells the others its generation; each joins it to write
+ * its own blobs there, then hands their records (name, bytes, CRC-32) to
+ * the committing writer, which adds them before its commit. A joined
+ * writer never commits; its abort removes only the blobs it wrote (the
+ * committing writer's abort removes the whole generation). */
+int checkpoint_writer_join(checkpoint_writer *w, const char *dir,
+                           uint64_t generation, pt_error *err);
+int checkpoint_writer_add(checkpoint_writer *w, const checkpoint_blob *blob,
+                          pt_error *err);
 
 /* What a committed checkpoint holds. */
 typedef struct checkpoint_manifest {

@@ -613,6 +613,14 @@ typedef struct run_options {
                                     for a peer before the run fails; 0:
                                     the default (3600 s on cpu, 300 s on
                                     cuda) */
+    struct comm_mpi *processes;  /* NULL: the ranks of a parallel plan
+                                    are threads of this process. Else one
+                                    process per rank (mpirun, srun): this
+                                    process runs only its rank of this
+                                    world, whose size must be the plan's
+                                    ranks; rank 0's result holds every
+                                    rank's events, devices and memory, and
+                                    checkpoints hold every rank's blobs */
     volatile sig_atomic_t *stop; /* non-zero (say, set by a signal handler):
                                     finish the current iteration, save if
                                     save_dir is set, and return normally.
@@ -626,6 +634,10 @@ typedef struct run_options {
  * first 10% of the iterations, then cosine decay to 6e-5 (10%) at the
  * last one; no checkpoints, no stop flag, no observer. */
 run_options run_options_defaults(long iterations);
+
+/* How long a rank of the run waits for a peer: options->comm_timeout_s,
+ * or the backend's default. */
+double run_comm_timeout(const run_options *options);
 
 /* One iteration as recorded. */
 typedef struct run_iteration {
@@ -954,6 +966,48 @@ int comm_threads_failed_rank(comm_threads *world, char *reason,
                              size_t reason_size);
 
 /*
+ * The MPI implementation (executor/comm_mpi.c, built when meson finds MPI:
+ * option `mpi`): one process per rank, started by mpirun or srun, host
+ * memory. send copies the floats and returns (MPI_Isend, completed
+ * lazily), so crossing sends cannot wait on each other; every wait polls
+ * its request, the abort messages of the other ranks and a deadline (the
+ * timeout), so a dead or silent peer is an error naming it, not a hang.
+ * Collectives run over MPI communicators made once for the world and for
+ * each group the runtime gives (comm_mpi_set_groups). Without MPI in the
+ * build every function below fails, saying so.
+ */
+typedef struct comm_mpi comm_mpi;
+
+/* Whether this binary was built with MPI. */
+bool comm_mpi_built(void);
+/* Joins the MPI job this process was started in (MPI_Init_thread) and
+ * makes its world: every process of the job is a rank. */
+int comm_mpi_create(double timeout_s, comm_mpi **out, pt_error *err);
+/* This process's handle. */
+comm comm_mpi_handle(comm_mpi *world);
+/* Rank among the processes of this host (the GPU a process drives) and
+ * how many processes this host runs. */
+int comm_mpi_local_rank(const comm_mpi *world);
+int comm_mpi_local_size(const comm_mpi *world);
+/* Makes a communicator for each group; every process calls it with the
+ * same groups (collective over the world). A collective over a group
+ * never set up, other than the whole world in rank order, fails. */
+int comm_mpi_set_groups(comm_mpi *world, const comm_groups *groups,
+                        pt_error *err);
+/* Every rank's `bytes` bytes of data, in rank order, into gathered on
+ * rank 0 (which must hold size x bytes; NULL elsewhere). */
+int comm_mpi_gather(const comm *c, const void *data, size_t bytes,
+                    void *gathered, pt_error *err);
+/* Rank 0's `bytes` bytes of data to every rank, in place. */
+int comm_mpi_broadcast(const comm *c, void *data, size_t bytes,
+                       pt_error *err);
+/* Ends this process's part: after a failure of any rank (comm_failed_rank
+ * >= 0) the whole job is ended (MPI_Abort with exit_status, after a
+ * moment that lets the rank that failed first print its message); else
+ * the pending sends complete and MPI is finalized. Frees the world. */
+void comm_mpi_finish(comm_mpi *world, int exit_status);
+
+/*
  * A parallel plan's layout: pp pipeline stages, each replicated dp times,
  * each replica split over tp tensor-parallel shards. Rank layout as the
  * planner's (formats.md), pipeline outermost, then data, then tensor:
@@ -1074,6 +1128,10 @@ typedef struct pipeline_launch {
      * comms[rank] is each rank's handle of a world the caller made and
      * keeps until pipeline_threads_destroy has returned (NCCL). */
     const comm *comms;
+    /* One process per rank (comm_mpi): only the rank of comms[0], the one
+     * handle given, runs here; the layout's other ranks are other
+     * processes. false: every rank of the layout runs here. */
+    bool this_rank_only;
     pipeline_rank_hooks hooks;
 } pipeline_launch;
 
@@ -1098,6 +1156,11 @@ typedef struct pipeline_threads {
     comm *comms;                     /* rank_count: each rank's handle */
     int inject_failure_rank;         /* -1: none (tests set it) */
     struct pipeline_workers *workers; /* owned: the rank threads */
+    /* The ranks that run in this process, [first_local_rank,
+     * first_local_rank + local_rank_count): all of them, or the one rank
+     * of this_rank_only; only their entries above are filled. */
+    int first_local_rank;
+    int local_rank_count;
 } pipeline_threads;
 
 /* Starts the rank threads and waits until every rank has its stage.

@@ -860,6 +860,19 @@ static int set_up_comms(pipeline_threads *out, const pipeline_launch *launch,
                         pt_error *err)
 {
     int ranks = out->layout.rank_count;
+    out->first_local_rank = 0;
+    out->local_rank_count = ranks;
+    if (launch->comms != NULL && launch->this_rank_only) {
+        const comm *own = &launch->comms[0];
+        if (own->size != ranks || own->rank < 0 || own->rank >= ranks)
+            return pt_fail(err, "pipeline runtime: this process is rank %d "
+                                "of %d, the layout has %d ranks",
+                           own->rank, own->size, ranks);
+        out->comms[own->rank] = *own;
+        out->first_local_rank = own->rank;
+        out->local_rank_count = 1;
+        return 0;
+    }
     if (launch->comms != NULL) {
         memcpy(out->comms, launch->comms, (size_t)ranks * sizeof *out->comms);
         for (int rank = 0; rank < ranks; rank++)
@@ -878,15 +891,16 @@ static int set_up_comms(pipeline_threads *out, const pipeline_launch *launch,
     return 0;
 }
 
-/* Starts every rank's thread and waits until each has set itself up. */
+/* Starts every local rank's thread and waits until each has set itself
+ * up. */
 static void start_workers(pipeline_threads *out)
 {
     struct pipeline_workers *all = out->workers;
-    int ranks = out->layout.rank_count;
+    int first = out->first_local_rank;
     pthread_mutex_lock(&all->lock);
-    all->pending = ranks;
+    all->pending = out->local_rank_count;
     pthread_mutex_unlock(&all->lock);
-    for (int rank = 0; rank < ranks; rank++) {
+    for (int rank = first; rank < first + out->local_rank_count; rank++) {
         rank_worker *w = &all->ranks[rank];
         w->all = all;
         w->rank = rank;
@@ -920,7 +934,8 @@ int pipeline_threads_start(pipeline_threads *out,
     }
     out->workers->launch = *launch;
     start_workers(out);
-    for (int rank = 0; rank < ranks; rank++)
+    for (int rank = out->first_local_rank;
+         rank < out->first_local_rank + out->local_rank_count; rank++)
         if (out->rank_status[rank] != 0) {
             pt_fail(err, "rank %d: %s", rank,
                     out->rank_errors[rank].message);
@@ -945,8 +960,9 @@ int pipeline_threads_step(pipeline_threads *p, const train_config *config,
                           pt_error *err)
 {
     struct pipeline_workers *all = p->workers;
-    int ranks = p->layout.rank_count;
-    if (comm_failed_rank(&p->comms[0], NULL, 0) >= 0)
+    int first = p->first_local_rank;
+    const comm *local = &p->comms[first];
+    if (comm_failed_rank(local, NULL, 0) >= 0)
         return pt_fail(err, "pipeline runtime: a rank failed in an earlier "
                             "step; the world is unusable");
     worker_order order = {.command = COMMAND_STEP,
@@ -954,14 +970,14 @@ int pipeline_threads_step(pipeline_threads *p, const train_config *config,
                           .tokens = tokens,
                           .step_start_s = monotonic_s(),
                           .inject_failure_rank = p->inject_failure_rank};
-    post_order(all, &order, ranks);
+    post_order(all, &order, p->local_rank_count);
     char reason[sizeof err->message];
-    if (comm_failed_rank(&p->comms[0], reason, sizeof reason) >= 0)
+    if (comm_failed_rank(local, reason, sizeof reason) >= 0)
         return pt_fail(err, "%s", reason);
-    for (int rank = 0; rank < ranks; rank++)
+    for (int rank = first; rank < first + p->local_rank_count; rank++)
         if (p->rank_status[rank] != 0)
             return pt_fail(err, "%s", p->rank_errors[rank].message);
-    *out = all->ranks[0].result;
+    *out = all->ranks[first].result;
     return 0;
 }
 
@@ -970,7 +986,8 @@ int pipeline_threads_on_rank(pipeline_threads *p, int rank,
                              pt_error *err)
 {
     struct pipeline_workers *all = p->workers;
-    if (all == NULL || rank < 0 || rank >= p->layout.rank_count)
+    if (all == NULL || rank < p->first_local_rank ||
+        rank >= p->first_local_rank + p->local_rank_count)
         return pt_fail(err, "pipeline runtime: no rank %d to run a task on",
                        rank);
     worker_order order = {.command = COMMAND_TASK,

@@ -87,11 +87,60 @@ int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
     return 0;
 }
 
+int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
+                            const device_spec *device, const comm *processes,
+                            uint64_t seed, double timeout_s, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    int ranks = layout->rank_count, rank = processes->rank;
+    if (rank < 0 || rank >= ranks)
+        return pt_fail(err, "gpu launcher: this process is rank %d, the "
+                            "layout has %d ranks",
+                       rank, ranks);
+    /* open_rank finds the rank's device by rank */
+    out->devices = calloc((size_t)ranks, sizeof *out->devices);
+    out->comms = malloc(sizeof *out->comms);
+    if (out->devices == NULL || out->comms == NULL) {
+        pipeline_gpu_stop(out);
+        return pt_fail(err, "gpu launcher: out of memory");
+    }
+    out->devices[rank] = *device;
+    comm_groups groups;
+    int status = pipeline_layout_groups(layout, &groups, err);
+    if (status == 0) {
+        status = comm_nccl_create_rank(ranks, rank, device->index, &groups,
+                                       timeout_s, processes, &out->world,
+                                       err);
+        comm_groups_free(&groups);
+    }
+    if (status != 0) {
+        pipeline_gpu_stop(out);
+        return -1;
+    }
+    out->comms[0] = comm_nccl_rank(out->world, rank);
+    pipeline_launch launch = {
+        .backend = BACKEND_CUDA,
+        .seed = seed,
+        .timeout_s = timeout_s,
+        .comms = out->comms,
+        .this_rank_only = true,
+        .hooks = {.open = open_rank, .close = close_rank, .data = out},
+    };
+    if (pipeline_threads_start(&out->threads, layout, &launch, err) != 0) {
+        pipeline_gpu_stop(out);
+        return -1;
+    }
+    return 0;
+}
+
 void pipeline_gpu_stop(pipeline_gpu *g)
 {
     if (g->world != NULL && g->threads.workers != NULL) {
         pt_error ignored = {{0}};
-        for (int rank = 0; rank < g->threads.layout.rank_count; rank++)
+        for (int rank = g->threads.first_local_rank;
+             rank < g->threads.first_local_rank +
+                        g->threads.local_rank_count;
+             rank++)
             pipeline_threads_on_rank(&g->threads, rank, abort_if_stuck,
                                      g->world, &ignored);
     }

@@ -86,6 +86,11 @@ typedef struct run_context {
     struct pipeline_gpu *gpu;   /* cuda backend (NCCL), owned */
     pipeline_threads *launcher; /* the running ranks: &threads or the
                                    GPU launcher's */
+    bool processes;             /* one process per rank: this process
+                                   runs only world.rank */
+    comm world;                 /* of options->processes */
+    int *world_members;         /* 0 .. world.size - 1: the world as a
+                                   group */
     size_t largest_rank_params; /* floats of the largest rank's stage */
     uint32_t *tokens;           /* gbs windows of seq + 1 ids */
     float *host_buffer;         /* largest_rank_params floats, for
@@ -127,6 +132,14 @@ static void drop_note(run_result *out, const char *prefix)
 #endif
 
 /* ------------------------------------------------------------- options */
+
+double run_comm_timeout(const run_options *options)
+{
+    if (options->comm_timeout_s > 0)
+        return options->comm_timeout_s;
+    return options->backend == BACKEND_CPU ? RUN_COMM_TIMEOUT_S
+                                           : RUN_GPU_COMM_TIMEOUT_S;
+}
 
 run_options run_options_defaults(long iterations)
 {
@@ -278,6 +291,20 @@ double run_cpu_partial_stage_bytes(const model_shape *shape,
     return 8.0 * (double)params + 8.0 * (double)moments + activations;
 }
 
+/* The ranks this process runs, [local_first, local_end): every rank, or
+ * its own one under one process per rank. */
+static int local_first(const run_context *ctx)
+{
+    return ctx->processes ? ctx->world.rank : 0;
+}
+
+static int local_end(const run_context *ctx)
+{
+    if (ctx->processes)
+        return ctx->world.rank + 1;
+    return ctx->parallel ? ctx->layout.rank_count : 1;
+}
+
 /* The stage spec of a rank of a parallel run. */
 static int rank_spec(const run_context *ctx, int rank, stage_spec *out,
                      pt_error *err)
@@ -319,6 +346,9 @@ static int rank_buffer_count(const run_context *ctx, int rank,
 }
 
 #ifdef PARTITA_HAVE_NCCL
+static device_spec own_device(const run_context *ctx);
+static int check_own_gpu(const run_context *ctx, pt_error *err);
+
 /* The GPUs of this machine as device_check_plan wants them; free memory
  * is asked only of the devices the plan's ranks use (asking creates a
  * CUDA context there). */
@@ -369,6 +399,8 @@ static int query_local_devices(const plan *p, int rank_count,
  * as the stage allocates them. */
 static int check_gpu_devices(const run_context *ctx, pt_error *err)
 {
+    if (ctx->processes)
+        return check_own_gpu(ctx, err);
     int ranks = ctx->layout.rank_count;
     int count = cuda_device_count();
     local_device *devices = calloc((size_t)(count > 0 ? count : 1),
@@ -409,8 +441,8 @@ static int check_parallel_memory(const run_context *ctx, run_result *out,
                                  pt_error *err)
 {
     double total = 0.0, largest_activations = 0.0;
-    int largest_rank = 0;
-    for (int rank = 0; rank < out->rank_count; rank++) {
+    int largest_rank = local_first(ctx);
+    for (int rank = local_first(ctx); rank < local_end(ctx); rank++) {
         stage_spec spec;
         if (rank_spec(ctx, rank, &spec, err) != 0)
             return -1;
@@ -422,7 +454,7 @@ static int check_parallel_memory(const run_context *ctx, run_result *out,
         out->rank_peak_memory_bytes[rank] = bytes;
         total += bytes;
         if (bytes > out->rank_peak_memory_bytes[largest_rank] ||
-            rank == 0) {
+            rank == local_first(ctx)) {
             largest_rank = rank;
             largest_activations = activations;
         }
@@ -442,6 +474,12 @@ static int check_parallel_memory(const run_context *ctx, run_result *out,
     pt_format_bytes(available, have_text, sizeof have_text);
     pt_format_bytes(out->peak_memory_bytes, rank_text, sizeof rank_text);
     pt_format_bytes(largest_activations, act_text, sizeof act_text);
+    if (ctx->processes)
+        return pt_fail(err, "not enough memory: rank %d of this plan needs "
+                            "%s on the cpu backend (activations %s at "
+                            "micro-batch %d), its machine has %s",
+                       largest_rank, total_text, act_text, out->mbs,
+                       have_text);
     return pt_fail(err, "not enough memory: the %d ranks of this plan run "
                         "as threads of one process and need %s in all on "
                         "the cpu backend (rank %d the most: %s, of which "
@@ -614,8 +652,9 @@ static char *checkpoint_meta_text(run_context *ctx, long iteration,
                         json_boolean(ctx->shape.tied_embeddings));
     json_object_set_new(meta, "format", json_string(RUN_CHECKPOINT_FORMAT));
     json_object_set_new(meta, "iteration", json_integer(iteration));
-    json_object_set_new(meta, "optimizer_steps",
-                        json_integer(rank_stage(ctx, 0)->optimizer_steps));
+    json_object_set_new(
+        meta, "optimizer_steps",
+        json_integer(rank_stage(ctx, local_first(ctx))->optimizer_steps));
     json_t *partition = json_array();
     for (int s = 0; partition != NULL && s < ctx->plan->config.pp; s++)
         json_array_append_new(partition,
@@ -689,7 +728,7 @@ static int write_state_blob(checkpoint_writer *w, run_context *ctx,
 static int write_rank_blobs(checkpoint_writer *w, run_context *ctx,
                             pt_error *err)
 {
-    for (int rank = 0; rank < rank_total(ctx); rank++)
+    for (int rank = local_first(ctx); rank < local_end(ctx); rank++)
         if (write_state_blob(w, ctx, rank, STAGE_PARAMS, BLOB_PARAMS,
                              err) != 0 ||
             write_state_blob(w, ctx, rank, STAGE_ADAM_M, BLOB_ADAM_M,
@@ -705,10 +744,12 @@ static int write_checkpoint_blobs(checkpoint_writer *w, run_context *ctx,
                                   pt_error *err)
 {
     unsigned char steps[8], rng[8], position[DATA_POSITION_BYTES];
-    store_le(steps, (uint64_t)rank_stage(ctx, 0)->optimizer_steps, 8);
+    store_le(steps,
+             (uint64_t)rank_stage(ctx, local_first(ctx))->optimizer_steps,
+             8);
     store_le(rng, seed, 8);
     gpt_sampler_encode_position(&ctx->sampler, &ctx->position, position);
-    if (write_rank_blobs(w, ctx, err) != 0 ||
+    if ((!ctx->processes && write_rank_blobs(w, ctx, err) != 0) ||
         checkpoint_write_blob(w, BLOB_STEPS, steps, sizeof steps, err) != 0 ||
         checkpoint_write_blob(w, BLOB_POSITION, position, sizeof position,
                               err) != 0 ||
@@ -723,9 +764,14 @@ static int write_checkpoint_blobs(checkpoint_writer *w, run_context *ctx,
     return status;
 }
 
+static int save_checkpoint_processes(run_context *ctx, long iteration,
+                                     uint64_t seed, pt_error *err);
+
 static int save_checkpoint(run_context *ctx, long iteration, uint64_t seed,
                            pt_error *err)
 {
+    if (ctx->processes)
+        return save_checkpoint_processes(ctx, iteration, seed, err);
     checkpoint_writer writer;
     if (checkpoint_writer_begin(&writer, ctx->options->save_dir, err) != 0)
         return -1;
@@ -963,7 +1009,7 @@ static int restore_state_blob(run_context *ctx, int rank, stage_buffer which,
 
 static int restore_checkpoint(run_context *ctx, pt_error *err)
 {
-    for (int rank = 0; rank < rank_total(ctx); rank++) {
+    for (int rank = local_first(ctx); rank < local_end(ctx); rank++) {
         if (restore_state_blob(ctx, rank, STAGE_PARAMS, BLOB_PARAMS,
                                err) != 0 ||
             restore_state_blob(ctx, rank, STAGE_ADAM_M, BLOB_ADAM_M,
@@ -1044,7 +1090,17 @@ static void fill_result_header(const run_context *ctx, run_result *out)
         out->devices[rank].rank = rank;
     }
     describe_plan_fit(ctx->plan, options->backend, out);
-    if (ctx->parallel) {
+    if (ctx->processes) {
+        char note[256];
+        snprintf(note, sizeof note,
+                 "the %d ranks (pp %d x dp %d x tp %d) ran as %d processes "
+                 "(MPI), one rank each, %s",
+                 out->rank_count, out->pp, out->dp, out->tp, out->rank_count,
+                 options->backend == BACKEND_CPU
+                     ? "communicating over MPI"
+                     : "one GPU each, communicating over NCCL");
+        add_note(out, note);
+    } else if (ctx->parallel) {
         char note[256];
         snprintf(note, sizeof note,
                  "the %d ranks (pp %d x dp %d x tp %d) ran as threads of "
@@ -1185,7 +1241,10 @@ static int describe_rank_task(void *data, int rank, model_stage *stage,
     pt_copy_string(device->name, sizeof device->name, info.name);
     device->sms_used = cuda_rank_sm_count();
     device_spec spec = {.index = rank};
-    plan_rank_device(d->ctx->plan, rank, &spec);
+    if (d->ctx->processes)
+        spec = own_device(d->ctx);
+    else
+        plan_rank_device(d->ctx->plan, rank, &spec);
     device->memory_cap_bytes = spec.memory_limit_gib > 0
                                    ? spec.memory_limit_gib * PT_GIB
                                    : info.memory_bytes;
@@ -1207,14 +1266,14 @@ static int record_gpu_ranks(run_context *ctx, run_result *out,
 {
     rank_description description = {.ctx = ctx, .out = out};
     out->peak_memory_bytes = 0.0;
-    for (int rank = 0; rank < ctx->layout.rank_count; rank++) {
+    for (int rank = local_first(ctx); rank < local_end(ctx); rank++) {
         if (pipeline_threads_on_rank(ctx->launcher, rank, describe_rank_task,
                                      &description, err) != 0)
             return -1;
         if (out->rank_peak_memory_bytes[rank] > out->peak_memory_bytes)
             out->peak_memory_bytes = out->rank_peak_memory_bytes[rank];
     }
-    out->device = out->devices[0];
+    out->device = out->devices[local_first(ctx)];
     out->peak_memory_basis =
         "device bytes each rank allocated: its cuda stage (fp32 "
         "parameters, gradients and AdamW moments, the bf16 weight mirror, "
@@ -1223,6 +1282,84 @@ static int record_gpu_ranks(run_context *ctx, run_result *out,
         "NCCL's own buffers)";
     drop_note(out, "the backend interface does not report");
     return 0;
+}
+
+/* The node type of a rank and its place among the node's GPUs. */
+static const node_type *rank_node(const plan *p, int rank, int *place)
+{
+    int local = rank;
+    for (int i = 0; i < p->node_order_count; i++) {
+        int node = p->node_order[i];
+        int gpus = cluster_node_gpus(&p->cluster, node);
+        if (local >= gpus) {
+            local -= gpus;
+            continue;
+        }
+        *place = local;
+        return &p->cluster.types[cluster_node_type(&p->cluster, node)];
+    }
+    return NULL;
+}
+
+/* One process per rank: the GPU of this process's rank is its node's
+ * `devices` entry when the node lists them (index, sm_limit, memory
+ * cap), else the process's local rank on its host (mpirun and srun
+ * number a host's processes from 0). */
+static device_spec own_device(const run_context *ctx)
+{
+    device_spec spec = {.index = comm_mpi_local_rank(ctx->options->processes)};
+    int place = 0;
+    const node_type *type = rank_node(ctx->plan, ctx->world.rank, &place);
+    if (type != NULL && type->device_count > place)
+        spec = type->devices[place];
+    return spec;
+}
+
+/* One process per rank: its GPU exists and is of its node's type (the
+ * other ranks' GPUs are other hosts' to check). */
+static int check_own_gpu(const run_context *ctx, pt_error *err)
+{
+    int rank = ctx->world.rank, place = 0;
+    device_spec spec = own_device(ctx);
+    int count = cuda_device_count();
+    if (spec.index < 0 || spec.index >= count)
+        return pt_fail(err, "rank %d: its GPU is cuda device %d (local rank "
+                            "%d of the %d processes on this host), and this "
+                            "host has %d: start one process per GPU",
+                       rank, spec.index,
+                       comm_mpi_local_rank(ctx->options->processes),
+                       comm_mpi_local_size(ctx->options->processes), count);
+    struct cudaDeviceProp properties;
+    if (cudaGetDeviceProperties(&properties, spec.index) != cudaSuccess) {
+        cudaGetLastError();
+        return pt_fail(err, "rank %d: cuda device %d: cannot read its "
+                            "properties",
+                       rank, spec.index);
+    }
+    const node_type *type = rank_node(ctx->plan, rank, &place);
+    if (type != NULL && !gpu_name_matches(type->gpu, properties.name))
+        return pt_fail(err, "rank %d (node type %s, GPU %s) is on cuda "
+                            "device %d, a %s",
+                       rank, type->name, type->gpu, spec.index,
+                       properties.name);
+    return 0;
+}
+
+static int start_own_gpu(run_context *ctx, run_result *out, pt_error *err)
+{
+    device_spec device = own_device(ctx);
+    ctx->gpu = calloc(1, sizeof *ctx->gpu);
+    if (ctx->gpu == NULL)
+        return pt_fail(err, "out of memory for the GPU launcher");
+    if (pipeline_gpu_start_rank(ctx->gpu, &ctx->layout, &device, &ctx->world,
+                                out->seed, run_comm_timeout(ctx->options),
+                                err) != 0) {
+        free(ctx->gpu);
+        ctx->gpu = NULL;
+        return -1;
+    }
+    ctx->launcher = &ctx->gpu->threads;
+    return record_gpu_ranks(ctx, out, err);
 }
 
 /* The ranks on their GPUs: rank r on the device its node's `devices`
@@ -1261,14 +1398,340 @@ static int start_gpus(run_context *ctx, run_result *out, pt_error *err)
                         "this binary",
                    backend_name(ctx->options->backend));
 }
+
+static int start_own_gpu(run_context *ctx, run_result *out, pt_error *err)
+{
+    return start_gpus(ctx, out, err);
+}
 #endif
+
+/* ------------------------------------------------ one process per rank */
+
+/*
+ * Under mpirun or srun every rank is a process of its own (run_options
+ * processes): each runs its rank's stage through the same launcher and
+ * runtime as the threads (pipeline_threads_start with this_rank_only),
+ * and rank 0 gathers what the record needs of the others: the chosen
+ * iteration's events, each rank's device and memory. Checkpoints: rank 0
+ * begins the generation, every rank writes its own blobs into it, rank 0
+ * adds their records, writes the shared blobs and commits, so the
+ * directory equals a threads run's. Stopping is agreed after every
+ * iteration, so that a signal seen by some processes stops all of them
+ * at the same iteration.
+ */
+
+/* The world must hold one process per rank of the plan; checked before
+ * anything else, identically in every process, so all refuse together. */
+static int check_process_world(run_context *ctx, pt_error *err)
+{
+    const parallel_config *config = &ctx->plan->config;
+    int ranks = config->pp * config->dp * config->tp;
+    ctx->world = comm_mpi_handle(ctx->options->processes);
+    if (ctx->world.size != ranks)
+        return pt_fail(err, "%d processes were started (mpirun -np, srun "
+                            "--ntasks), but the plan has tp %d x dp %d x pp "
+                            "%d = %d ranks: start one process per rank",
+                       ctx->world.size, config->tp, config->dp, config->pp,
+                       ranks);
+    ctx->world_members = malloc((size_t)ranks * sizeof *ctx->world_members);
+    if (ctx->world_members == NULL)
+        return pt_fail(err, "out of memory for the world's %d ranks", ranks);
+    for (int rank = 0; rank < ranks; rank++)
+        ctx->world_members[rank] = rank;
+    ctx->processes = ranks > 1;
+    return 0;
+}
+
+static int start_own_gpu(run_context *ctx, run_result *out, pt_error *err);
+
+/* This process's rank: the MPI communicators of its groups, then its
+ * stage on the launcher's thread. */
+static int start_own_rank(run_context *ctx, run_result *out, pt_error *err)
+{
+    comm_groups groups;
+    if (pipeline_layout_groups(&ctx->layout, &groups, err) != 0)
+        return -1;
+    int status = comm_mpi_set_groups(ctx->options->processes, &groups, err);
+    comm_groups_free(&groups);
+    if (status != 0)
+        return -1;
+    if (ctx->options->backend != BACKEND_CPU)
+        return start_own_gpu(ctx, out, err);
+    pipeline_launch launch = {.backend = ctx->options->backend,
+                              .seed = out->seed,
+                              .comms = &ctx->world,
+                              .this_rank_only = true};
+    if (pipeline_threads_start(&ctx->threads, &ctx->layout, &launch,
+                               err) != 0)
+        return -1;
+    ctx->threads_ready = true;
+    ctx->launcher = &ctx->threads;
+    return 0;
+}
+
+/* Whether any process saw the stop flag: then all stop. */
+static int agree_stop(run_context *ctx, bool *stopping, pt_error *err)
+{
+    double votes = *stopping ? 1.0 : 0.0;
+    if (comm_all_reduce_host(&ctx->world, ctx->world_members,
+                             ctx->world.size, &votes, 1, err) != 0)
+        return -1;
+    *stopping = votes > 0.0;
+    return 0;
+}
+
+/* The three state blobs of each rank, in the order a threads run writes
+ * them. */
+static const char *const rank_blob_bases[] = {BLOB_PARAMS, BLOB_ADAM_M,
+                                              BLOB_ADAM_V};
+enum { RANK_BLOBS = 3, REPORT_SLOTS = RANK_BLOBS + 1 };
+
+/* Rank 0: the others' blobs (their CRCs in report), then the shared
+ * blobs, then the commit. */
+static int commit_for_all(checkpoint_writer *w, run_context *ctx,
+                          const double *report, long iteration,
+                          uint64_t seed, pt_error *err)
+{
+    for (int rank = 1; rank < ctx->world.size; rank++) {
+        size_t params = 0;
+        if (rank_param_count(ctx, rank, &params, err) != 0) {
+            checkpoint_writer_abort(w);
+            return -1;
+        }
+        for (int b = 0; b < RANK_BLOBS; b++) {
+            checkpoint_blob blob = {
+                .bytes = params * sizeof(float),
+                .crc32 = (uint32_t)report[rank * REPORT_SLOTS + 1 + b]};
+            blob_name(ctx, rank_blob_bases[b], rank, blob.name,
+                      sizeof blob.name);
+            if (checkpoint_writer_add(w, &blob, err) != 0)
+                return -1;
+        }
+    }
+    if (write_checkpoint_blobs(w, ctx, iteration, seed, err) != 0)
+        return -1;
+    if (checkpoint_writer_commit(w, err) != 0) {
+        checkpoint_writer_abort(w);
+        return -1;
+    }
+    return 0;
+}
+
+/* Every rank's own blobs into the generation rank 0 began; report gets
+ * this rank's slot: a failure flag and its blobs' CRCs. */
+static int write_own_blobs(checkpoint_writer *w, run_context *ctx,
+                           uint64_t generation, double *report,
+                           pt_error *err)
+{
+    double *slot = report + ctx->world.rank * REPORT_SLOTS;
+    slot[0] = 1.0;
+    if (ctx->world.rank != 0 &&
+        checkpoint_writer_join(w, ctx->options->save_dir, generation,
+                               err) != 0)
+        return -1;
+    if (write_rank_blobs(w, ctx, err) != 0)
+        return -1;
+    slot[0] = 0.0;
+    for (int b = 0; b < RANK_BLOBS; b++)
+        slot[1 + b] = w->blobs[w->blob_count - RANK_BLOBS + b].crc32;
+    return 0;
+}
+
+static int save_checkpoint_processes(run_context *ctx, long iteration,
+                                     uint64_t seed, pt_error *err)
+{
+    const comm *world = &ctx->world;
+    bool root = world->rank == 0;
+    checkpoint_writer writer;
+    memset(&writer, 0, sizeof writer);
+    pt_error local = {{0}};
+    double generation = 0.0, committed = 0.0;
+    if (root && checkpoint_writer_begin(&writer, ctx->options->save_dir,
+                                        &local) == 0)
+        generation = (double)writer.generation;
+    double *report = calloc((size_t)world->size * REPORT_SLOTS,
+                            sizeof *report);
+    if (report == NULL ||
+        comm_all_reduce_host(world, ctx->world_members, world->size,
+                             &generation, 1, err) != 0) {
+        free(report);
+        checkpoint_writer_abort(&writer);
+        return report == NULL ? pt_fail(err, "out of memory saving") : -1;
+    }
+    int written = generation > 0.0
+                      ? write_own_blobs(&writer, ctx, (uint64_t)generation,
+                                        report, &local)
+                      : -1;
+    int failed_rank = -1;
+    if (comm_all_reduce_host(world, ctx->world_members, world->size, report,
+                             (size_t)world->size * REPORT_SLOTS, err) != 0) {
+        free(report);
+        checkpoint_writer_abort(&writer);
+        return -1;
+    }
+    for (int rank = world->size - 1; rank >= 0; rank--)
+        if (report[rank * REPORT_SLOTS] != 0.0)
+            failed_rank = rank;
+    if (root && generation > 0.0 && failed_rank < 0)
+        committed = commit_for_all(&writer, ctx, report, iteration, seed,
+                                   &local) == 0
+                        ? 1.0
+                        : 0.0;
+    free(report);
+    if (comm_all_reduce_host(world, ctx->world_members, world->size,
+                             &committed, 1, err) != 0)
+        return -1;
+    if (committed > 0.0)
+        return 0;
+    checkpoint_writer_abort(&writer);
+    if (local.message[0] != '\0')
+        return pt_fail(err, "%s", local.message);
+    if (generation == 0.0)
+        return pt_fail(err, "%s: rank 0 could not begin the checkpoint",
+                       ctx->options->save_dir);
+    if (written == 0 && failed_rank >= 0)
+        return pt_fail(err, "%s: rank %d could not write its blobs",
+                       ctx->options->save_dir, failed_rank);
+    return pt_fail(err, "%s: rank 0 could not commit the checkpoint",
+                   ctx->options->save_dir);
+}
+
+/* An event as it travels between processes: the kind as an index, since
+ * each process's string addresses are its own. */
+typedef struct event_record {
+    int rank;
+    int stage;
+    int microbatch;
+    int kind;
+    double start_s;
+    double end_s;
+} event_record;
+
+static const char *const event_kinds[] = {
+    "fwd",          "bwd",          "send_fwd",
+    "recv_fwd",     "send_bwd",     "recv_bwd",
+    "tp_allreduce", "dp_allreduce", "embedding_allreduce",
+    "optimizer",    "other",
+};
+enum { EVENT_KIND_COUNT = sizeof event_kinds / sizeof event_kinds[0] };
+
+static int event_kind_index(const char *kind)
+{
+    for (int k = 0; k < EVENT_KIND_COUNT - 1; k++)
+        if (strcmp(event_kinds[k], kind) == 0)
+            return k;
+    return EVENT_KIND_COUNT - 1;
+}
+
+/* This process's events of the chosen iteration into record slot
+ * `mine` (entry 0's rank field holds the count). */
+static void pack_events(const run_context *ctx, long chosen, int capacity,
+                        event_record *mine)
+{
+    const run_event *events =
+        ctx->event_ring + (size_t)(chosen % ctx->event_window) *
+                              (size_t)ctx->events_per_iteration;
+    int count = ctx->ring_counts[chosen % ctx->event_window];
+    if (count > capacity)
+        count = capacity;
+    mine[0].rank = count;
+    for (int i = 0; i < count; i++)
+        mine[i + 1] = (event_record){
+            .rank = events[i].rank,
+            .stage = events[i].stage,
+            .microbatch = events[i].microbatch,
+            .kind = event_kind_index(events[i].kind),
+            .start_s = events[i].start_s,
+            .end_s = events[i].end_s};
+}
+
+/* Rank 0 chose the iteration whose events the record keeps (its own
+ * median step); every rank's events of that iteration go to rank 0. */
+static int gather_chosen_events(const run_context *ctx, run_result *out,
+                                long *chosen, pt_error *err)
+{
+    if (comm_mpi_broadcast(&ctx->world, chosen, sizeof *chosen, err) != 0)
+        return -1;
+    int ranks = ctx->world.size;
+    int capacity = ctx->events_per_iteration / ranks;
+    size_t slot = (size_t)capacity + 1;
+    bool root = ctx->world.rank == 0;
+    event_record *mine = calloc(slot, sizeof *mine);
+    event_record *all = root ? calloc(slot * (size_t)ranks, sizeof *all)
+                             : NULL;
+    if (mine == NULL || (root && all == NULL)) {
+        free(mine);
+        free(all);
+        return pt_fail(err, "out of memory gathering the ranks' events");
+    }
+    pack_events(ctx, *chosen, capacity, mine);
+    int status = comm_mpi_gather(&ctx->world, mine, slot * sizeof *mine, all,
+                                 err);
+    out->event_count = 0;
+    for (int rank = 0; status == 0 && root && rank < ranks; rank++) {
+        const event_record *records = all + (size_t)rank * slot;
+        for (int i = 0; i < records[0].rank; i++) {
+            const event_record *e = &records[i + 1];
+            out->events[out->event_count++] = (run_event){
+                .rank = e->rank, .stage = e->stage,
+                .microbatch = e->microbatch,
+                .kind = event_kinds[e->kind >= 0 &&
+                                            e->kind < EVENT_KIND_COUNT
+                                        ? e->kind
+                                        : EVENT_KIND_COUNT - 1],
+                .start_s = e->start_s, .end_s = e->end_s};
+        }
+    }
+    free(mine);
+    free(all);
+    return status;
+}
+
+/* What rank 0's record needs of each process's rank. */
+typedef struct rank_record {
+    run_device device;
+    double peak_memory_bytes;
+} rank_record;
+
+static int gather_rank_records(run_context *ctx, run_result *out,
+                               pt_error *err)
+{
+    int me = ctx->world.rank, ranks = ctx->world.size;
+    bool root = me == 0;
+    rank_record mine = {.device = out->devices[me],
+                        .peak_memory_bytes =
+                            out->rank_peak_memory_bytes[me]};
+    rank_record *all = root ? calloc((size_t)ranks, sizeof *all) : NULL;
+    if (root && all == NULL)
+        return pt_fail(err, "out of memory gathering the ranks' records");
+    int status = comm_mpi_gather(&ctx->world, &mine, sizeof mine, all, err);
+    if (status == 0 && root) {
+        out->peak_memory_bytes = 0.0;
+        for (int rank = 0; rank < ranks; rank++) {
+            out->devices[rank] = all[rank].device;
+            out->devices[rank].rank = rank;
+            out->rank_peak_memory_bytes[rank] = all[rank].peak_memory_bytes;
+            if (all[rank].peak_memory_bytes > out->peak_memory_bytes)
+                out->peak_memory_bytes = all[rank].peak_memory_bytes;
+        }
+        out->device = out->devices[0];
+    }
+    free(all);
+    return status;
+}
+
 
 /* Every rank's stage, initialised from the seed (the same values as the
  * one-stage run's) and then, when resuming, overwritten by the
  * checkpoint. */
 static int start_threads(run_context *ctx, run_result *out, pt_error *err)
 {
-    if (ctx->options->backend == BACKEND_CPU) {
+    if (ctx->processes) {
+        /* rank 0's log shows the largest rank's memory from the start */
+        if (start_own_rank(ctx, out, err) != 0 ||
+            gather_rank_records(ctx, out, err) != 0)
+            return -1;
+    } else if (ctx->options->backend == BACKEND_CPU) {
         if (pipeline_threads_create(&ctx->threads, &ctx->layout,
                                     ctx->options->backend, out->seed,
                                     ctx->options->comm_timeout_s > 0
@@ -1409,7 +1872,7 @@ static int parallel_step(run_context *ctx, double start, run_event *events,
     double end = monotonic_seconds();
     double shift = step_start - start;
     int count = 0;
-    for (int rank = 0; rank < ctx->layout.rank_count; rank++) {
+    for (int rank = local_first(ctx); rank < local_end(ctx); rank++) {
         const pipeline_events *rank_events = &ctx->launcher->events[rank];
         for (int i = 0; i < rank_events->count &&
                         count < ctx->events_per_iteration;
@@ -1486,6 +1949,8 @@ static int after_iteration(run_context *ctx, run_result *out, long iteration,
     const run_options *options = ctx->options;
     bool last = iteration == out->last_iteration;
     *stopping = stop_raised(options);
+    if (ctx->processes && agree_stop(ctx, stopping, err) != 0)
+        return -1;
     bool due = last || *stopping ||
                (options->save_interval > 0 &&
                 iteration % options->save_interval == 0);
@@ -1493,7 +1958,7 @@ static int after_iteration(run_context *ctx, run_result *out, long iteration,
         return -1;
     if (options->observer != NULL)
         options->observer(out, options->observer_data);
-    if (!*stopping && stop_raised(options)) {
+    if (!ctx->processes && !*stopping && stop_raised(options)) {
         *stopping = true;
         if (save_once(ctx, out, iteration, err) != 0)
             return -1;
@@ -1595,12 +2060,16 @@ static int summarise_timing(const run_context *ctx, run_result *out,
     long chosen = first_kept;
     while (out->iterations[chosen].step_time_s != chosen_time)
         chosen++;
+    if (ctx->processes && gather_chosen_events(ctx, out, &chosen, err) != 0)
+        return -1;
     out->events_iteration = out->iterations[chosen].iteration;
-    out->event_count = ctx->ring_counts[chosen % ctx->event_window];
-    memcpy(out->events,
-           ctx->event_ring + (size_t)(chosen % ctx->event_window) *
-                                 (size_t)ctx->events_per_iteration,
-           (size_t)out->event_count * sizeof *out->events);
+    if (!ctx->processes) {
+        out->event_count = ctx->ring_counts[chosen % ctx->event_window];
+        memcpy(out->events,
+               ctx->event_ring + (size_t)(chosen % ctx->event_window) *
+                                     (size_t)ctx->events_per_iteration,
+               (size_t)out->event_count * sizeof *out->events);
+    }
     out->tokens_per_s = out->step_time_s > 0
                             ? (double)out->tokens_per_iteration /
                                   out->step_time_s
@@ -1656,6 +2125,7 @@ static void release_context(run_context *ctx)
     free(ctx->tokens);
     free(ctx->host_buffer);
     free(ctx->event_ring);
+    free(ctx->world_members);
 }
 
 int run_training(const plan *p, const run_options *options, run_result *out,
@@ -1663,6 +2133,8 @@ int run_training(const plan *p, const run_options *options, run_result *out,
 {
     memset(out, 0, sizeof *out);
     run_context ctx = {.options = options, .plan = p, .shape = p->model};
+    if (options->processes != NULL && check_process_world(&ctx, err) != 0)
+        return -1;
     int status = prepare_run(&ctx, out, err);
     if (status == 0) {
         record_start_time(out);
@@ -1672,6 +2144,11 @@ int run_training(const plan *p, const run_options *options, run_result *out,
     }
     record_max_rss(out);
     record_final_gpu_memory(&ctx, out);
+    if (status == 0 && ctx.processes && gather_rank_records(&ctx, out, err) != 0)
+        status = -2;
+    /* The other processes wait on this one: a failure here ends them. */
+    if (status != 0 && options->processes != NULL)
+        comm_abort(&ctx.world, err->message);
     release_context(&ctx);
     return status;
 }

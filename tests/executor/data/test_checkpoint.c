@@ -1,6 +1,7 @@
 /* Checkpoints: CRC-32 against known values, a full round trip, corrupted
- * or truncated blobs refused without touching the caller's buffer, and an
- * interrupted save that leaves the previous checkpoint loadable. */
+ * or truncated blobs refused without touching the caller's buffer, an
+ * interrupted save that leaves the previous checkpoint loadable, and a
+ * save shared by two writers (one process per rank). */
 #include "data_test_support.h"
 
 #include <inttypes.h>
@@ -353,6 +354,68 @@ static void damaged_manifest_is_refused(void **state)
     }
 }
 
+/* One process per rank: a second writer joins the generation the first
+ * began, writes its blob there and hands its record over; the first
+ * commits both. A joined writer cannot commit, and its abort removes only
+ * its own blobs. */
+static void joined_writer_adds_its_blobs(void **state)
+{
+    char dir[512];
+    scratch_path(state, "joined", dir, sizeof dir);
+    pt_error err = {{0}};
+    checkpoint_writer first, second;
+    assert_int_equal(checkpoint_writer_join(&second, dir, 1, &err), -1);
+    assert_non_null(strstr(err.message, "gen-000001"));
+    assert_int_equal(checkpoint_writer_begin(&first, dir, &err), 0);
+    assert_int_equal(checkpoint_writer_join(&second, dir, first.generation,
+                                            &err),
+                     0);
+    const float mine[3] = {1.0f, 2.0f, 3.0f}, theirs[2] = {4.0f, 5.0f};
+    assert_int_equal(checkpoint_write_blob(&first, "params.rank0", mine,
+                                           sizeof mine, &err),
+                     0);
+    assert_int_equal(checkpoint_write_blob(&second, "params.rank1", theirs,
+                                           sizeof theirs, &err),
+                     0);
+    assert_int_equal(checkpoint_writer_commit(&second, &err), -1);
+    assert_int_equal(checkpoint_writer_add(&first, &second.blobs[0], &err),
+                     0);
+    assert_int_equal(checkpoint_writer_commit(&first, &err), 0);
+    assert_int_equal(checkpoint_verify(dir, &err), 0);
+    float read_back[2] = {0};
+    assert_int_equal(checkpoint_read_blob(dir, "params.rank1", read_back,
+                                          sizeof read_back, &err),
+                     0);
+    assert_true(read_back[0] == 4.0f && read_back[1] == 5.0f);
+
+    /* a joined writer's abort leaves the rest of the generation */
+    checkpoint_writer third, fourth;
+    assert_int_equal(checkpoint_writer_begin(&third, dir, &err), 0);
+    assert_int_equal(checkpoint_write_blob(&third, "params.rank0", mine,
+                                           sizeof mine, &err),
+                     0);
+    assert_int_equal(checkpoint_writer_join(&fourth, dir, third.generation,
+                                            &err),
+                     0);
+    assert_int_equal(checkpoint_write_blob(&fourth, "params.rank1", theirs,
+                                           sizeof theirs, &err),
+                     0);
+    /* a joined writer takes no records (it never commits): refusing one
+     * aborts it */
+    assert_int_equal(checkpoint_writer_add(&fourth, &third.blobs[0], &err),
+                     -1);
+    assert_false(fourth.active);
+    char path[700];
+    snprintf(path, sizeof path, "%s/gen-%06llu/params.rank1", dir,
+             (unsigned long long)third.generation);
+    assert_int_equal(access(path, F_OK), -1);
+    snprintf(path, sizeof path, "%s/gen-%06llu/params.rank0", dir,
+             (unsigned long long)third.generation);
+    assert_int_equal(access(path, F_OK), 0);
+    checkpoint_writer_abort(&third);
+    assert_int_equal(checkpoint_verify(dir, &err), 0); /* the first stays */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -364,6 +427,7 @@ int main(void)
         SCRATCH_TEST(aborted_save_keeps_the_previous_checkpoint),
         SCRATCH_TEST(bad_blob_names_and_sizes_are_refused),
         SCRATCH_TEST(damaged_manifest_is_refused),
+        SCRATCH_TEST(joined_writer_adds_its_blobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,8 @@
  * hooks and tasks run on each rank's own thread; a rank whose hook fails
  * stops the start with its name and every rank's close hook still runs;
  * the device of each rank (GPU index, sm_limit, memory cap) comes from
- * the cluster file's `devices` entries.
+ * the cluster file's `devices` entries; one launcher per rank (as each
+ * process of an mpirun job makes) trains like one launcher of all.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -303,6 +304,93 @@ static void collectives_use_only_the_listed_groups(void **state)
     free_checked_world(&w, threads);
 }
 
+/* One launcher per rank (launch.this_rank_only), as each process of an
+ * mpirun job makes: here two launchers over one threads world, stepped
+ * from two threads, must train exactly as one launcher of both ranks. */
+typedef struct own_rank_run {
+    pipeline_threads launcher;
+    const uint32_t *tokens;
+    float losses[2];
+    int status;
+    pt_error err;
+} own_rank_run;
+
+static void *step_own_rank(void *data)
+{
+    own_rank_run *run = data;
+    train_config config = train_config_defaults();
+    for (int step = 0; step < 2 && run->status == 0; step++) {
+        step_result result;
+        run->status = pipeline_threads_step(&run->launcher, &config,
+                                            run->tokens, &result, &run->err);
+        run->losses[step] = result.loss;
+    }
+    return NULL;
+}
+
+static void one_launcher_per_rank_trains_like_one_for_all(void **state)
+{
+    (void)state;
+    pipeline_layout layout = make_layout(1, 1, 2);
+    size_t window = (size_t)layout.shape.seq + 1;
+    uint32_t tokens[2 * 9];
+    for (size_t i = 0; i < 2 * window; i++)
+        tokens[i] = (uint32_t)(i * 5 % 31);
+    pt_error err = {{0}};
+    pipeline_threads all;
+    if (pipeline_threads_create(&all, &layout, BACKEND_CPU, SEED, 60.0,
+                                &err) != 0)
+        fail_msg("start: %s", err.message);
+    assert_int_equal(all.first_local_rank, 0);
+    assert_int_equal(all.local_rank_count, 2);
+    train_config config = train_config_defaults();
+    float expected[2];
+    for (int step = 0; step < 2; step++) {
+        step_result result;
+        if (pipeline_threads_step(&all, &config, tokens, &result, &err) != 0)
+            fail_msg("step: %s", err.message);
+        expected[step] = result.loss;
+    }
+    pipeline_threads_destroy(&all);
+
+    comm_threads *world = NULL;
+    if (comm_threads_create(2, 60.0, &world, &err) != 0)
+        fail_msg("%s", err.message);
+    own_rank_run runs[2];
+    memset(runs, 0, sizeof runs);
+    for (int rank = 0; rank < 2; rank++) {
+        comm own = comm_threads_rank(world, rank);
+        pipeline_launch launch = {.backend = BACKEND_CPU, .seed = SEED,
+                                  .comms = &own, .this_rank_only = true};
+        if (pipeline_threads_start(&runs[rank].launcher, &layout, &launch,
+                                   &err) != 0)
+            fail_msg("rank %d: %s", rank, err.message);
+        assert_int_equal(runs[rank].launcher.first_local_rank, rank);
+        assert_int_equal(runs[rank].launcher.local_rank_count, 1);
+        runs[rank].tokens = tokens;
+    }
+    /* a launcher runs tasks on its own rank only */
+    assert_int_equal(pipeline_threads_on_rank(&runs[0].launcher, 1,
+                                              same_thread_task, NULL, &err),
+                     -1);
+    assert_non_null(strstr(err.message, "no rank 1"));
+    pthread_t threads[2];
+    for (int rank = 0; rank < 2; rank++)
+        assert_int_equal(pthread_create(&threads[rank], NULL, step_own_rank,
+                                        &runs[rank]),
+                         0);
+    for (int rank = 0; rank < 2; rank++)
+        pthread_join(threads[rank], NULL);
+    for (int rank = 0; rank < 2; rank++) {
+        if (runs[rank].status != 0)
+            fail_msg("rank %d: %s", rank, runs[rank].err.message);
+        for (int step = 0; step < 2; step++)
+            assert_true(runs[rank].losses[step] == expected[step]);
+        pipeline_threads_destroy(&runs[rank].launcher);
+    }
+    comm_threads_destroy(world);
+}
+
 static void failed_hook_stops_the_start(void **state)
 {
     (void)state;
@@ -364,6 +452,7 @@ int main(void)
         cmocka_unit_test(groups_of_a_full_layout),
         cmocka_unit_test(groups_equal_to_the_world_are_left_out),
         cmocka_unit_test(collectives_use_only_the_listed_groups),
+        cmocka_unit_test(one_launcher_per_rank_trains_like_one_for_all),
         cmocka_unit_test(failed_hook_stops_the_start),
         cmocka_unit_test(devices_come_from_the_cluster_file),
     };

@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# partita exec with one process per rank under mpirun, against the
+# threads launch of the same plans (e2e.sh's exec-pp2 and exec-tp2).
+# usage: mpi.sh PARTITA CASE MPI_BUILT(yes|no)   (run by meson)
+# Exit 77 (skipped) when this partita has no MPI or mpirun is missing.
+set -u
+partita="$1"
+case_name="$2"
+[ "${3:-no}" = yes ] || { echo "SKIP: partita built without MPI"; exit 77; }
+command -v mpirun >/dev/null || { echo "SKIP: no mpirun"; exit 77; }
+source_root="${PARTITA_SOURCE:?PARTITA_SOURCE must be set}"
+work=$(mktemp -d)
+mpirun_pid=""
+cleanup() {
+  [ -n "$mpirun_pid" ] && kill -9 "$mpirun_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+cd "$work" || exit 1
+
+# Open MPI inside containers and CI: shared memory without the ptrace
+# single copy, more processes than cores, root allowed; MPI's own
+# allocations are not ours to leak-check.
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+
+fail() { echo "FAIL [$case_name]: $*"; exit 1; }
+mpi() { # N ARGS...: partita under mpirun with N processes
+  local count="$1"; shift
+  timeout 120 mpirun --oversubscribe -np "$count" "$partita" "$@"
+}
+# run EXPECTED_STATUS CMD...: output in out.txt / err.txt
+run() {
+  local expected="$1"; shift
+  "$@" >out.txt 2>err.txt
+  local status=$?
+  if [ "$status" != "$expected" ]; then
+    echo "--- stdout"; cat out.txt; echo "--- stderr"; cat err.txt
+    fail "'$*' exited $status, expected $expected"
+  fi
+}
+expect_in() { grep -q -- "$2" "$1" || { cat "$1"; fail "'$2' not in $1"; }; }
+
+"$partita" prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null ||
+  fail "prep of the corpus failed"
+
+write_plan() { # FILE GPUS TP DP PP PARTITION
+  cat >"$1" <<JSON
+{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
+             "seq": 16, "vocab": 257 },
+  "cluster": { "name": "one-box", "nodes": [
+      { "name": "box", "gpu": "A100-FASOP", "gpus": $2,
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
+  "gbs": 4, "mbs": 1, "tp": $3, "dp": $4, "pp": $5, "partition": "$6" }
+JSON
+}
+
+# The lm loss column of the log lines, one per iteration.
+losses() { grep -o 'lm loss: [^ ]*' "$1" | awk '{print $3}'; }
+
+# Same losses within fp32 round-off (MPI sums in its own order).
+same_losses() { # THREADS_LOG MPI_LOG
+  losses "$1" >threads.losses; losses "$2" >mpi.losses
+  [ -s threads.losses ] || fail "no loss in $1"
+  paste threads.losses mpi.losses | awk '
+    NF != 2 { bad = 1 }
+    { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 < 0 ? -$1 : $1) + 1e-6) bad = 1 }
+    END { exit bad }' || { paste threads.losses mpi.losses; fail "losses differ"; }
+}
+
+# run.json holds every rank's events and device.
+every_rank_recorded() { # RUN_JSON RANKS
+  python3 - "$1" "$2" <<'PY' || fail "$1 does not hold every rank"
+import json, sys
+run = json.load(open(sys.argv[1])); ranks = int(sys.argv[2])
+event_ranks = {e["rank"] for e in run["events"]}
+assert event_ranks == set(range(ranks)), event_ranks
+assert len(run["devices"]) == ranks, run["devices"]
+PY
+}
+
+# Threads and processes on one plan: same losses, every rank in run.json.
+compare_launches() { # PLAN RANKS ITERS
+  run 0 "$partita" exec "$1" --data in-corpus --iters "$3" \
+    --log-interval 1 --save ckpt-threads -o run-threads.json
+  cp out.txt threads.log
+  run 0 mpi "$2" exec "$1" --data in-corpus --iters "$3" --log-interval 1 \
+    --save ckpt-mpi -o run-mpi.json
+  cp out.txt mpi.log
+  expect_in mpi.log "ran as $2 processes (MPI)"
+  same_losses threads.log mpi.log
+  every_rank_recorded run-mpi.json "$2"
+  for blob in ckpt-threads/gen-*/*.rank*; do
+    [ -f ckpt-mpi/gen-*/"$(basename "$blob")" ] ||
+      fail "the checkpoint of the processes lacks $(basename "$blob")"
+  done
+}
+
+# Starts a long run in the background, waits for its first log line and
+# returns the pid of rank $1's process in rank_pid.
+start_long_run() { # RANK
+  mpi 2 exec in-pp2.json --data in-corpus --iters 1000000 --log-interval 1 \
+    --comm-timeout 3 -o run.json >out.txt 2>err.txt &
+  mpirun_pid=$!
+  for _ in $(seq 300); do
+    grep -q '^iteration' out.txt 2>/dev/null && break
+    sleep 0.1
+  done
+  # the rank's process: a partita of this directory with that MPI rank
+  rank_pid=""
+  local process
+  for process in $(pgrep -f -- "$partita exec in-pp2.json"); do
+    [ "$(readlink "/proc/$process/cwd")" = "$work" ] || continue
+    if tr '\0' '\n' <"/proc/$process/environ" 2>/dev/null |
+        grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
+      rank_pid=$process
+    fi
+  done
+  [ -n "$rank_pid" ] || fail "no process of rank $1 found"
+}
+
+# Waits for the background run; it must end, failed, within limit_s.
+expect_ended_within() { # LIMIT_S
+  local started=$SECONDS
+  while kill -0 "$mpirun_pid" 2>/dev/null; do
+    [ $((SECONDS - started)) -le "$1" ] ||
+      fail "the run did not end within $1 s"
+    sleep 0.2
+  done
+  wait "$mpirun_pid" && fail "the run succeeded"
+  mpirun_pid=""
+}
+
+write_plan in-pp2.json 2 1 1 2 3-1
+case "$case_name" in
+pp2)
+  compare_launches in-pp2.json 2 4
+  # every blob of the checkpoint is the same bytes as the threads run's
+  for blob in ckpt-threads/gen-*/*; do
+    cmp -s "$blob" ckpt-mpi/gen-*/"$(basename "$blob")" ||
+      fail "checkpoint blob $(basename "$blob") differs"
+  done
+  ;;
+tp2)
+  write_plan in-tp2.json 4 2 1 2 1-3
+  compare_launches in-tp2.json 4 3
+  ;;
+dp2)
+  write_plan in-dp2.json 4 1 2 2 2-2
+  compare_launches in-dp2.json 4 3
+  # resumed by the threads launch from the processes' checkpoint
+  run 0 "$partita" exec in-dp2.json --data in-corpus --iters 5 \
+    --log-interval 1 --load ckpt-mpi -o run-resumed.json
+  expect_in out.txt "iteration        5/"
+  ;;
+dp2-zero1)
+  # the distributed optimizer: MPI's reduce-scatter and all-gather
+  write_plan in-dp2.json 4 1 2 2 2-2
+  sed 's/"partition": "2-2" }/"partition": "2-2", "distributed_optimizer": true }/' \
+    in-dp2.json >in-zero1.json
+  grep -q distributed_optimizer in-zero1.json || fail "could not write the ZeRO-1 plan"
+  compare_launches in-zero1.json 4 3
+  # its losses are the replicated optimizer's too
+  run 0 "$partita" exec in-dp2.json --data in-corpus --iters 3 \
+    --log-interval 1 -o run-plain.json
+  cp out.txt plain.log
+  same_losses plain.log mpi.log
+  ;;
+size-mismatch)
+  run 2 mpi 3 exec in-pp2.json --data in-corpus --iters 2 -o run.json
+  expect_in err.txt "3 processes were started"
+  expect_in err.txt "= 2 ranks"
+  [ ! -e run.json ] || fail "a refused run wrote run.json"
+  ;;
+rank-killed)
+  start_long_run 1
+  kill -9 "$rank_pid"
+  expect_ended_within 10
+  grep -q "rank 1" out.txt err.txt || { cat out.txt err.txt; fail "no message names rank 1"; }
+  [ ! -e run.json ] || fail "a failed run wrote run.json"
+  ;;
+rank-silent)
+  # a stopped process never answers: its peer's wait times out (3 s)
+  start_long_run 1
+  kill -STOP "$rank_pid"
+  expect_ended_within 15
+  kill -9 "$rank_pid" 2>/dev/null
+  expect_in err.txt "timed out after 3 s"
+  grep -q "rank 0: .*ranks 0, 1\|rank 0: .*rank 1" err.txt ||
+    { cat err.txt; fail "the timeout does not name the silent rank"; }
+  [ ! -e run.json ] || fail "a failed run wrote run.json"
+  ;;
+*)
+  fail "unknown case"
+  ;;
+esac
+echo "ok [$case_name]"

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# One process per GPU under mpirun on the 2-GPU machine (issue 4's
+# launch), against the threads launch of the same plans. The machine has
+# no Open MPI: it runs the copy bundle_mpi.sh made (BUNDLE_DIR, carried
+# with the build). Logs and run.json files go to LOG_DIR; a summary comes
+# last. A few minutes.
+#
+#   0. the bundled mpirun on the cpu backend: a tiny pp = 2 plan as two
+#      processes, its losses against the threads launch's (same bits);
+#   1. `partita exec --backend cuda` of a small GPT (6 layers, hidden 256,
+#      seq 256) for ITERS iterations as pp = 2 (1F1B, 4-2), dp = 2 and
+#      tp = 2, each as threads of one process and as 2 processes under
+#      mpirun (NCCL communicators from ids broadcast over MPI): losses
+#      within 2e-3 at iteration 1 and 2e-2 after (the sums' order
+#      differs), and the processes' run.json holds both ranks' events and
+#      devices;
+#   2. a pp = 2 checkpoint saved by 2 processes, resumed by the threads
+#      launch, against the straight threads run (1e-4);
+#   3. rank 1 killed mid-run: the job ends within 60 s, naming rank 1;
+#   4. 3 processes for a 2-rank plan: refused by every process.
+#
+# Usage: tests/executor/gpu/run_mpi.sh BUILD_DIR BUNDLE_DIR [LOG_DIR]
+#   BUILD_DIR   a meson build with -Dcuda=enabled, NCCL and MPI found
+#               (build-mpi-cuda)
+#   BUNDLE_DIR  Open MPI copied by bundle_mpi.sh (its env.sh is sourced),
+#               or "system" for the mpirun on PATH
+# Environment: ITERS (30). Exit status 0 when every check passed, else 1.
+set -u
+build=$(cd "${1:?usage: run_mpi.sh BUILD_DIR BUNDLE_DIR [LOG_DIR]}" && pwd)
+bundle=${2:?usage: run_mpi.sh BUILD_DIR BUNDLE_DIR [LOG_DIR]}
+logs=${3:-$build/gpu-mpi-logs}
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+partita="$build/cli/partita"
+checks="$here/parallel_checks.py"
+iters=${ITERS:-30}
+mkdir -p "$logs/plans"
+logs=$(cd "$logs" && pwd)
+export PARTITA_SOURCE="$root"
+export NCCL_NVLS_ENABLE=0
+[ -d "$build/lib" ] && export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ "$bundle" != system ]; then
+    # shellcheck source=/dev/null
+    source "$(cd "$bundle" && pwd)/env.sh"
+fi
+command -v mpirun >/dev/null || { echo "FAIL no mpirun (BUNDLE_DIR?)"; exit 1; }
+mpirun --version | head -1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi() { # N ARGS...: partita as N processes
+    local count=$1; shift
+    timeout 600 mpirun --oversubscribe -np "$count" "$partita" "$@"
+}
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
+    | tee "$logs/nvidia-smi.txt"
+gpu_type=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 |
+    awk '{ for (i = 1; i <= NF; i++) if ($i ~ /[0-9]/) { print $i; exit } }')
+
+declare -a summary
+status=0
+note() { summary+=("$(printf '%-30s %-4s %s' "$1" "$2" "$3")"); }
+step() { # NAME COMMAND...: output in LOG_DIR/NAME.log
+    local name=$1; shift
+    local log="$logs/$name.log" start=$SECONDS
+    "$@" >"$log" 2>&1
+    local rc=$?
+    grep -E '^(PASS|FAIL|SKIP|NOTE|#|exec:|partita exec:)' "$log" | tail -20
+    if [ $rc -ne 0 ]; then
+        tail -6 "$log"; status=1
+        note "$name" FAIL "exit $rc, $((SECONDS - start)) s ($log)"
+    else
+        note "$name" PASS "$((SECONDS - start)) s ($log)"
+    fi
+    return $rc
+}
+# expect_failure NAME LIMIT_S PATTERN COMMAND...: must fail within
+# LIMIT_S, its output matching PATTERN
+expect_failure() {
+    local name=$1 limit=$2 pattern=$3; shift 3
+    local log="$logs/$name.log" start=$SECONDS
+    "$@" >"$log" 2>&1
+    local rc=$? took=$((SECONDS - start))
+    if [ $rc -ne 0 ] && [ $took -le "$limit" ] && grep -q -- "$pattern" "$log"; then
+        note "$name" PASS "failed as it should in $took s ($log)"
+    else
+        status=1; tail -8 "$log"
+        note "$name" FAIL "exit $rc after $took s, '$pattern' expected ($log)"
+    fi
+}
+every_rank() { # RUN_JSON RANKS: both ranks' events and devices recorded
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1])); ranks = int(sys.argv[2])
+events = {e["rank"] for e in run["events"]}
+devices = [d.get("name") for d in run["devices"]]
+ok = events == set(range(ranks)) and len(devices) == ranks
+print(("PASS" if ok else "FAIL") + f" {sys.argv[1]}: events of ranks "
+      f"{sorted(events)}, devices {devices}")
+sys.exit(0 if ok else 1)
+PY
+}
+
+data="$logs/corpus"
+"$partita" prep "$root/data/corpus.txt" -o "$data" >"$logs/prep.log" 2>&1 ||
+    { echo "FAIL partita prep"; cat "$logs/prep.log"; exit 1; }
+
+# ------------------------------------------------ 0. the bundle, on cpu
+echo "== cpu: pp 2 tiny plan, threads against 2 processes"
+cat >"$logs/plans/tiny-pp2.json" <<JSON
+{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
+             "seq": 16, "vocab": 257 },
+  "cluster": { "name": "one-box", "nodes": [
+      { "name": "box", "gpu": "A100-FASOP", "gpus": 2,
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
+  "gbs": 4, "mbs": 1, "tp": 1, "dp": 1, "pp": 2, "partition": "3-1" }
+JSON
+step cpu-threads "$partita" exec "$logs/plans/tiny-pp2.json" --data "$data" \
+    --iters 4 -o "$logs/cpu-threads.run.json"
+step cpu-mpi mpi 2 exec "$logs/plans/tiny-pp2.json" --data "$data" \
+    --iters 4 -o "$logs/cpu-mpi.run.json" &&
+    step cpu-losses python3 "$checks" losses "$logs/cpu-threads.run.json" \
+        "$logs/cpu-mpi.run.json" cpu-pp2 1e-6 1e-5
+
+if [ "$gpus" -lt 2 ]; then
+    echo "SKIP the GPU part: needs 2 GPUs, $gpus visible"
+    for line in "${summary[@]}"; do echo "  $line"; done
+    exit $status
+fi
+
+# -------------------------------------------- 1. cuda: threads vs mpirun
+link='"intra_node": { "bandwidth_GBps": 300, "latency_us": 5 },
+      "inter_node": { "bandwidth_GBps": 300, "latency_us": 5 }'
+two_gpus="{ \"name\": \"two\", \"nodes\": [ { \"name\": \"box\", \"gpu\": \"$gpu_type\", \"gpus\": 2, $link, \"devices\": [ { \"index\": 0 }, { \"index\": 1 } ] } ] }"
+small='{ "name": "small", "layers": 6, "hidden": 256, "heads": 4, "ffn_hidden": 1024, "seq": 256, "vocab": 257 }'
+plan() { # NAME "tp dp pp" [PARTITION]
+    local extra=""
+    [ -n "${3:-}" ] && extra=", \"partition\": \"$3\""
+    read -r tp dp pp <<<"$2"
+    cat >"$logs/plans/$1.json" <<JSON
+{ "model": $small, "cluster": $two_gpus, "gbs": 16, "mbs": 2,
+  "tp": $tp, "dp": $dp, "pp": $pp, "precision": "bf16"$extra }
+JSON
+}
+plan pp2 "1 1 2" 4-2
+plan dp2 "1 2 1"
+plan tp2 "2 1 1"
+cuda=(--backend cuda --log-interval 10 --comm-timeout 120)
+
+echo "== cuda: pp 2, dp 2, tp 2 as threads and as 2 processes ($iters iterations)"
+for name in pp2 dp2 tp2; do
+    step "threads-$name" "$partita" exec "$logs/plans/$name.json" \
+        --data "$data" "${cuda[@]}" --iters "$iters" \
+        -o "$logs/threads-$name.run.json" || continue
+    step "mpi-$name" mpi 2 exec "$logs/plans/$name.json" --data "$data" \
+        "${cuda[@]}" --iters "$iters" -o "$logs/mpi-$name.run.json" ||
+        continue
+    step "losses-$name" python3 "$checks" losses \
+        "$logs/threads-$name.run.json" "$logs/mpi-$name.run.json" \
+        "mpi-$name" 2e-3 2e-2
+    step "ranks-$name" every_rank "$logs/mpi-$name.run.json" 2
+done
+
+# -------------------------------------------------- 2. checkpoint, cuda
+echo "== pp 2: 3 iterations as 2 processes, resumed to 6 as threads"
+constant_lr=(--lr 3e-4 --min-lr 3e-4 --warmup 0)
+rm -rf "$logs/ckpt"
+step straight "$partita" exec "$logs/plans/pp2.json" --data "$data" \
+    "${cuda[@]}" --iters 6 "${constant_lr[@]}" -o "$logs/straight.run.json"
+step mpi-first-half mpi 2 exec "$logs/plans/pp2.json" --data "$data" \
+    "${cuda[@]}" --iters 3 "${constant_lr[@]}" --save "$logs/ckpt" \
+    -o "$logs/first-half.run.json" &&
+step resumed "$partita" exec "$logs/plans/pp2.json" --data "$data" \
+    "${cuda[@]}" --iters 6 "${constant_lr[@]}" --load "$logs/ckpt" \
+    -o "$logs/resumed.run.json" &&
+step resume python3 "$checks" resume "$logs/straight.run.json" \
+    "$logs/resumed.run.json" 1e-4
+
+# ------------------------------------------------------ 3. a killed rank
+echo "== rank 1 killed mid-run"
+kill_rank_1() {
+    mpi 2 exec "$logs/plans/pp2.json" --data "$data" --backend cuda \
+        --log-interval 1 --comm-timeout 20 --iters 1000000 \
+        -o "$logs/killed.run.json" &
+    local job=$! pid="" process
+    # after the first log line (this function's output is the log), the
+    # process whose MPI rank is 1
+    for _ in $(seq 600); do
+        grep -q '^iteration' "$logs/rank-killed.log" 2>/dev/null && break
+        sleep 0.2
+    done
+    for process in $(pgrep -f -- "$partita exec"); do
+        tr '\0' '\n' <"/proc/$process/environ" 2>/dev/null |
+            grep -qx OMPI_COMM_WORLD_RANK=1 && pid=$process
+    done
+    echo "# SIGKILL to the second process, pid ${pid:-none found}"
+    [ -n "$pid" ] && kill -9 "$pid"
+    wait "$job"
+}
+expect_failure rank-killed 60 "rank 1" kill_rank_1
+[ -e "$logs/killed.run.json" ] && { status=1; note killed-record FAIL "a failed run wrote run.json"; }
+
+# --------------------------------------------------- 4. process count
+expect_failure size-mismatch 60 "3 processes were started" \
+    mpi 3 exec "$logs/plans/pp2.json" --data "$data" "${cuda[@]}" --iters 2 \
+    -o "$logs/mismatch.run.json"
+
+echo
+echo "Summary (logs in $logs):"
+for line in "${summary[@]}"; do echo "  $line"; done
+[ $status -eq 0 ] && echo "ALL MPI GPU CHECKS PASSED" ||
+    echo "SOME MPI GPU CHECKS FAILED"
+exit $status
