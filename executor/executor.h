@@ -68,6 +68,12 @@ typedef struct stage_spec {
      * 1: the whole state. */
     int optimizer_shards;
     int optimizer_shard;
+    /* Full activation recompute (a plan's "recompute": "full"): each
+     * activation slot keeps only every layer's input (the residual stream
+     * between layers); a layer's forward is run again right before its
+     * backward, into one set of activations the stage shares. The same
+     * arithmetic, so the same results, for about one more forward. */
+    bool recompute_layers;
 } stage_spec;
 
 /* spec->tp, or 1 when it is 0. */
@@ -730,9 +736,9 @@ int run_check_plan(const plan *p, pt_error *err);
 /* Host bytes a cpu-backend stage of the whole model needs at micro-batch
  * mbs: 16 per parameter (parameters, gradients, AdamW m and v, fp32) and
  * the activations and backward scratch of one micro-batch as the cpu
- * backend lays them out. *activation_bytes gets the second part when not
- * NULL. */
-double run_cpu_stage_bytes(const model_shape *shape, int mbs,
+ * backend lays them out (with full recompute or without). *activation_bytes
+ * gets the second part when not NULL. */
+double run_cpu_stage_bytes(const model_shape *shape, int mbs, bool recompute,
                            double *activation_bytes);
 /* The same for one pipeline stage (spec) keeping slot_count micro-batches'
  * activations, as a rank of a parallel run allocates it: 8 bytes per

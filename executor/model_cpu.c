@@ -5,9 +5,10 @@
  *
  * Memory: params and grads (the stage's parameters), adam_m and adam_v
  * (the optimizer's range: all of them, or a ZeRO-1 shard); per activation
- * slot, one arena holding everything the
- * backward of a micro-batch needs; per stage, one arena of backward
- * scratch shared by all slots (one backward runs at a time).
+ * slot, one arena holding everything the backward of a micro-batch needs
+ * (with full recompute, only each layer's input); per stage, one arena of
+ * backward scratch shared by all slots (one backward runs at a time), with
+ * full recompute also the one layer's activations it recomputes into.
  */
 #include "executor/executor.h"
 
@@ -94,6 +95,10 @@ typedef struct cpu_stage_state {
     int layer_count;                 /* local layers */
     activation_slot *slots;          /* owned: slot_count */
     backward_scratch scratch;
+    /* full recompute (spec.recompute_layers): the one layer's activations
+     * every forward and recomputed forward writes, inside the scratch
+     * arena; its `output` is pointed at the slot's kept layer output */
+    layer_activations recomputed;
 } cpu_stage_state;
 
 /* Hands out consecutive pieces of one allocation. Run once with base NULL
@@ -175,24 +180,33 @@ static stage_dims dims_of(const model_stage *stage, int mbs)
     return dims;
 }
 
+/* Everything one layer's backward reads but its output. */
+static void carve_layer(layer_activations *act, arena *a, const stage_dims *d)
+{
+    act->ln1_out = arena_take(a, d->N * d->C);
+    act->ln1_mean = arena_take(a, d->N);
+    act->ln1_rstd = arena_take(a, d->N);
+    act->qkv = arena_take(a, d->N * 3 * d->A);
+    act->att_probs = arena_take(a, d->B * d->NH * d->T * d->T);
+    act->att_out = arena_take(a, d->N * d->A);
+    act->residual_mid = arena_take(a, d->N * d->C);
+    act->ln2_out = arena_take(a, d->N * d->C);
+    act->ln2_mean = arena_take(a, d->N);
+    act->ln2_rstd = arena_take(a, d->N);
+    act->fc_out = arena_take(a, d->N * d->F);
+    act->gelu_out = arena_take(a, d->N * d->F);
+}
+
+/* A micro-batch's activations: every layer's, or with full recompute
+ * only every layer's output (the next one's input). */
 static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
-                       int layer_count, bool has_head)
+                       int layer_count, bool has_head, bool recompute)
 {
     slot->input = arena_take(a, d->N * d->C);
     for (int l = 0; l < layer_count; l++) {
         layer_activations *act = &slot->layers[l];
-        act->ln1_out = arena_take(a, d->N * d->C);
-        act->ln1_mean = arena_take(a, d->N);
-        act->ln1_rstd = arena_take(a, d->N);
-        act->qkv = arena_take(a, d->N * 3 * d->A);
-        act->att_probs = arena_take(a, d->B * d->NH * d->T * d->T);
-        act->att_out = arena_take(a, d->N * d->A);
-        act->residual_mid = arena_take(a, d->N * d->C);
-        act->ln2_out = arena_take(a, d->N * d->C);
-        act->ln2_mean = arena_take(a, d->N);
-        act->ln2_rstd = arena_take(a, d->N);
-        act->fc_out = arena_take(a, d->N * d->F);
-        act->gelu_out = arena_take(a, d->N * d->F);
+        if (!recompute)
+            carve_layer(act, a, d);
         act->output = arena_take(a, d->N * d->C);
     }
     if (has_head) {
@@ -204,8 +218,11 @@ static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
     }
 }
 
-static void carve_scratch(backward_scratch *s, arena *a, const stage_dims *d)
+static void carve_scratch(backward_scratch *s, layer_activations *recomputed,
+                          arena *a, const stage_dims *d, bool recompute)
 {
+    if (recompute)
+        carve_layer(recomputed, a, d);
     s->d_stream[0] = arena_take(a, d->N * d->C);
     s->d_stream[1] = arena_take(a, d->N * d->C);
     s->d_mid = arena_take(a, d->N * d->C);
@@ -221,15 +238,15 @@ static void carve_scratch(backward_scratch *s, arena *a, const stage_dims *d)
 
 /* Sizes an arena with a dry run, allocates it zeroed and carves it. */
 static float *allocate_slot(activation_slot *slot, const stage_dims *d,
-                            int layer_count, bool has_head)
+                            int layer_count, bool has_head, bool recompute)
 {
     arena a = {.base = NULL, .used = 0};
-    carve_slot(slot, &a, d, layer_count, has_head);
+    carve_slot(slot, &a, d, layer_count, has_head, recompute);
     a.base = calloc(a.used, sizeof(float));
     if (a.base == NULL)
         return NULL;
     a.used = 0;
-    carve_slot(slot, &a, d, layer_count, has_head);
+    carve_slot(slot, &a, d, layer_count, has_head, recompute);
     return a.base;
 }
 
@@ -262,6 +279,7 @@ static void cpu_release(model_stage *stage)
 static int allocate_slots(model_stage *stage, cpu_stage_state *state)
 {
     stage_dims d = dims_of(stage, stage->mbs_capacity);
+    bool recompute = stage->spec.recompute_layers;
     for (int s = 0; s < stage->slot_count; s++) {
         activation_slot *slot = &state->slots[s];
         /* one extra entry so a zero-layer stage's calloc is not NULL */
@@ -273,18 +291,18 @@ static int allocate_slots(model_stage *stage, cpu_stage_state *state)
             slot->targets == NULL)
             return -1;
         slot->arena = allocate_slot(slot, &d, state->layer_count,
-                                    stage->spec.has_head);
+                                    stage->spec.has_head, recompute);
         if (slot->arena == NULL)
             return -1;
     }
     arena a = {.base = NULL, .used = 0};
-    carve_scratch(&state->scratch, &a, &d);
+    carve_scratch(&state->scratch, &state->recomputed, &a, &d, recompute);
     a.base = calloc(a.used, sizeof(float));
     if (a.base == NULL)
         return -1;
     state->scratch.arena = a.base;
     a.used = 0;
-    carve_scratch(&state->scratch, &a, &d);
+    carve_scratch(&state->scratch, &state->recomputed, &a, &d, recompute);
     return 0;
 }
 
@@ -469,6 +487,19 @@ static void split_tokens(activation_slot *slot, const uint32_t *tokens,
     }
 }
 
+/* Where layer l of the slot's micro-batch has its activations: its own,
+ * or with full recompute the stage's one set, writing its output into the
+ * slot's kept one. */
+static layer_activations *layer_kept(model_stage *stage,
+                                     activation_slot *slot, int l)
+{
+    cpu_stage_state *state = stage->backend_state;
+    if (!stage->spec.recompute_layers)
+        return &slot->layers[l];
+    state->recomputed.output = slot->layers[l].output;
+    return &state->recomputed;
+}
+
 static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
                        float *mean_loss, pt_error *err)
 {
@@ -486,8 +517,8 @@ static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
     }
     const float *stream = slot->input;
     for (int l = 0; l < state->layer_count; l++) {
-        if (layer_forward(stage, &slot->layers[l], &p->layers[l], stream, &d,
-                          err) != 0)
+        if (layer_forward(stage, layer_kept(stage, slot, l), &p->layers[l],
+                          stream, &d, err) != 0)
             return -1;
         stream = slot->layers[l].output;
     }
@@ -673,9 +704,16 @@ static int cpu_backward(model_stage *stage, int slot_index,
         const float *layer_input =
             l > 0 ? slot->layers[l - 1].output : slot->input;
         float *d_input = s->d_stream[free_stream];
+        layer_activations *act = layer_kept(stage, slot, l);
+        /* full recompute: the layer's forward again, from its kept input
+         * (its output is rewritten with the same values) */
+        if (stage->spec.recompute_layers &&
+            layer_forward(stage, act, &state->params.layers[l], layer_input,
+                          &d, err) != 0)
+            return -1;
         if (layer_backward(stage, d_input, d_out, &state->grads.layers[l],
-                           &state->params.layers[l], &slot->layers[l],
-                           layer_input, s, &d, err) != 0)
+                           &state->params.layers[l], act, layer_input, s, &d,
+                           err) != 0)
             return -1;
         d_out = d_input;
         free_stream = 1 - free_stream;

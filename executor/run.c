@@ -242,16 +242,19 @@ static void describe_device(const plan *p, backend_kind backend,
 
 /* Floats of one activation slot and of the backward scratch, as
  * model_cpu.c carves them, for a whole-model stage at micro-batch mbs. */
-double run_cpu_stage_bytes(const model_shape *shape, int mbs,
+double run_cpu_stage_bytes(const model_shape *shape, int mbs, bool recompute,
                            double *activation_bytes)
 {
     double B = mbs, T = shape->seq, C = shape->hidden;
     double F = shape->ffn_hidden, V = shape->vocab, NH = shape->heads;
     double N = B * T;
     double per_layer = 8.0 * N * C + 4.0 * N + 2.0 * N * F + B * NH * T * T;
-    double slot = N * C + shape->layers * per_layer +
-                  (N * C + 3.0 * N + N * V);
-    double scratch = 8.0 * N * C + 2.0 * N * F + T;
+    /* full recompute keeps each layer's output (N x C) per slot and one
+     * layer's other activations in the scratch */
+    double kept = recompute ? N * C : per_layer;
+    double slot = N * C + shape->layers * kept + (N * C + 3.0 * N + N * V);
+    double scratch = 8.0 * N * C + 2.0 * N * F + T +
+                     (recompute ? per_layer - N * C : 0.0);
     double token_ids = 2.0 * N; /* inputs and targets, uint32 */
     double activations = 4.0 * (slot + scratch + token_ids);
     if (activation_bytes != NULL)
@@ -272,12 +275,18 @@ double run_cpu_partial_stage_bytes(const model_shape *shape,
     /* ln1, mid, ln2, output: N x C; qkv and attention output: 4 N x A */
     double per_layer =
         4.0 * N * C + 4.0 * N * A + 4.0 * N + 2.0 * N * F + B * NH * T * T;
-    double slot = N * C + layers * per_layer +
+    /* full recompute: each layer's output per slot, one layer's other
+     * activations in the scratch */
+    double kept = spec->recompute_layers ? N * C : per_layer;
+    double slot = N * C + layers * kept +
                   (spec->has_head ? N * C + 3.0 * N + N * V : 0.0);
     double token_ids = 2.0 * N; /* per slot: inputs and targets, uint32 */
     /* streams, mid, norm, received gradient: 5 N x C; attention 4 N x A;
      * row statistics 3 N */
-    double scratch = 5.0 * N * C + 4.0 * N * A + 2.0 * N * F + T + 3.0 * N;
+    double scratch = 5.0 * N * C + 4.0 * N * A + 2.0 * N * F + T + 3.0 * N +
+                     (spec->recompute_layers && layers > 0
+                          ? per_layer - N * C
+                          : 0.0);
     double activations = 4.0 * (slot_count * (slot + token_ids) + scratch);
     if (activation_bytes != NULL)
         *activation_bytes = activations;
@@ -496,6 +505,7 @@ static int check_memory(const run_context *ctx, run_result *out,
         return check_parallel_memory(ctx, out, err);
     double activations = 0.0;
     double needed = run_cpu_stage_bytes(&ctx->shape, ctx->plan->config.mbs,
+                                        ctx->plan->config.recompute,
                                         &activations);
     double state = needed - activations;
     if (ctx->options->save_dir != NULL || ctx->options->load_dir != NULL)
@@ -1034,9 +1044,6 @@ static void describe_plan_fit(const plan *p, backend_kind backend,
                  precision_name(p->config.precision));
         add_note(out, note);
     }
-    if (backend == BACKEND_CPU && p->config.recompute)
-        add_note(out, "the plan asks for full recompute; the cpu backend "
-                      "keeps every activation instead");
     if (backend == BACKEND_CUDA && p->config.recompute)
         add_note(out, "the plan asks for full recompute; exec does not "
                       "apply it yet (PARTITA_CUDA_RECOMPUTE=all makes the "
@@ -1760,6 +1767,7 @@ static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
         return -1;
     fill_result_header(ctx, out);
     stage_spec spec = stage_spec_whole_model(&ctx->shape);
+    spec.recompute_layers = ctx->plan->config.recompute;
     if (options->load_dir != NULL && read_resume_state(ctx, err) != 0)
         return -1;
     out->seed = ctx->resume.active ? ctx->resume.seed : options->seed;

@@ -528,6 +528,38 @@ JSON
   run 2 partita exec in-dp2.json --data in-corpus --iters 5 --load ckpt -o other.json
   expect_in err.txt "distributed_optimizer"
   ;;
+exec-recompute)
+  # full activation recompute, one stage and a pipeline of two: the same
+  # losses as without it, less activation memory, no note that it was
+  # not applied
+  prep_corpus
+  for layout in '1, "pp": 1' '2, "pp": 2, "partition": "3-1"'; do
+    cat >in-keep.json <<JSON
+{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
+             "seq": 16, "vocab": 257 },
+  "cluster": { "name": "one-box", "nodes": [
+      { "name": "box", "gpu": "A100-FASOP", "gpus": ${layout%%,*},
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
+  "gbs": 4, "mbs": 2, "tp": 1, "dp": 1, ${layout#*, } }
+JSON
+    sed 's/"dp": 1,/"dp": 1, "recompute": "full",/' in-keep.json >in-recompute.json
+    grep -q '"full"' in-recompute.json || fail "could not write the recompute plan"
+    run 0 partita exec in-keep.json --data in-corpus --iters 3 --log-interval 1 -o keep.json
+    grep -o 'lm loss: [0-9.E+-]*' out.txt >keep-loss.txt
+    run 0 partita exec in-recompute.json --data in-corpus --iters 3 --log-interval 1 -o recompute.json
+    grep -o 'lm loss: [0-9.E+-]*' out.txt >recompute-loss.txt
+    [ "$(wc -l <keep-loss.txt)" = 3 ] || fail "expected 3 loss lines"
+    cmp -s keep-loss.txt recompute-loss.txt ||
+      { paste keep-loss.txt recompute-loss.txt; fail "recompute changed the losses"; }
+    python3 - keep.json recompute.json <<'PY' || fail "recompute did not lower the peak memory"
+import json, sys
+keep = json.load(open(sys.argv[1]))["peak_memory_gib"]
+rc = json.load(open(sys.argv[2]))["peak_memory_gib"]
+assert sum(rc) < sum(keep), (keep, rc)
+assert not any("recompute" in n for n in json.load(open(sys.argv[2]))["notes"])
+PY
+  done
+  ;;
 exec-tp2)
   # Megatron tensor parallelism over 2 "gpus" on the cpu backend, with a
   # pipeline of 2 stages: 4 ranks as threads

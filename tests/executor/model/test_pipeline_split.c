@@ -3,8 +3,8 @@
  * between them by hand, gives the loss and the gradients of the unsplit
  * model: the groundwork of the 1F1B runtime. Covers a 1-1 split, splits
  * with zero-layer stages (embedding alone, head alone, an empty middle
- * stage), tied and untied heads, and several micro-batches in flight
- * (one activation slot each).
+ * stage), tied and untied heads, several micro-batches in flight (one
+ * activation slot each), and full activation recompute.
  *
  * The stages run the same ops in the same order as the whole model, so
  * losses and gradients must match bit for bit; the one exception is a
@@ -169,7 +169,10 @@ static void compare_gradients(const model_stage *whole,
     assert_int_equal(covered, whole->tensor_count);
 }
 
-static void check_split(const int *partition, int stage_count, bool tied)
+/* recompute: the stages run full activation recompute (the whole model
+ * does not), which must not change a bit. */
+static void check_split_with(const int *partition, int stage_count,
+                             bool tied, bool recompute)
 {
     model_shape shape = tiny_shape(tied);
     stage_spec whole_spec = stage_spec_whole_model(&shape);
@@ -185,6 +188,7 @@ static void check_split(const int *partition, int stage_count, bool tied)
                                                    stage_count, s, &spec,
                                                    &err),
                          0);
+        spec.recompute_layers = recompute;
         assert_int_equal(model_stage_create(&stages[s], &shape, &spec,
                                             BACKEND_CPU, MBS, MICRO_BATCHES,
                                             &err),
@@ -208,6 +212,26 @@ static void check_split(const int *partition, int stage_count, bool tied)
     for (int s = 0; s < stage_count; s++)
         model_stage_destroy(&stages[s]);
     model_stage_destroy(&whole);
+}
+
+static void check_split(const int *partition, int stage_count, bool tied)
+{
+    check_split_with(partition, stage_count, tied, false);
+}
+
+/* Full recompute keeps only each layer's input per micro-batch and runs
+ * the layer's forward again before its backward, into one set of
+ * activations: three micro-batches in flight share it. */
+static void test_recompute_changes_nothing(void **state)
+{
+    (void)state;
+    static const int whole[] = {2};
+    static const int two[] = {1, 1};
+    static const int ends_alone[] = {0, 2, 0};
+    check_split_with(whole, 1, true, true);
+    check_split_with(two, 2, true, true);
+    check_split_with(two, 2, false, true);
+    check_split_with(ends_alone, 3, true, true);
 }
 
 static void test_two_stages(void **state)
@@ -267,6 +291,7 @@ int main(void)
         cmocka_unit_test(test_two_stages),
         cmocka_unit_test(test_zero_layer_end_stages),
         cmocka_unit_test(test_empty_middle_stage),
+        cmocka_unit_test(test_recompute_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -155,6 +155,57 @@ static void pp2_tp2_matches_one_stage(void **state)
     expect_tp_same_as_one_stage(*state, 2, 1, 2, "3-1", "1f1b");
 }
 
+/* Full activation recompute: the same arithmetic, so the same bits as
+ * the layout without it; each rank's activation memory is smaller. */
+static void expect_recompute_changes_nothing(const run_scratch *s, int tp,
+                                             int dp, int pp,
+                                             const char *partition)
+{
+    plan keep, recompute;
+    parallel_plan(&keep, tp, dp, pp, partition, "1f1b");
+    parallel_plan(&recompute, tp, dp, pp, partition, "1f1b");
+    recompute.config.recompute = true;
+    run_options options = base_options(s, ITERATIONS);
+    run_result kept, recomputed;
+    train_ok(&keep, &options, &kept);
+    train_ok(&recompute, &options, &recomputed);
+    for (long i = 0; i < ITERATIONS; i++) {
+        const run_iteration *got = &recomputed.iterations[i];
+        const run_iteration *want = &kept.iterations[i];
+        if (got->loss != want->loss || got->grad_norm != want->grad_norm)
+            fail_msg("iteration %ld: recomputed loss %.9g norm %.9g, kept "
+                     "%.9g %.9g",
+                     got->iteration, got->loss, got->grad_norm, want->loss,
+                     want->grad_norm);
+    }
+    /* a rank keeping one micro-batch of one layer saves nothing (that
+     * layer's activations move to the shared set); the others do */
+    double kept_total = 0.0, recomputed_total = 0.0;
+    for (int rank = 0; rank < kept.rank_count; rank++) {
+        assert_true(recomputed.rank_peak_memory_bytes[rank] <=
+                    kept.rank_peak_memory_bytes[rank]);
+        kept_total += kept.rank_peak_memory_bytes[rank];
+        recomputed_total += recomputed.rank_peak_memory_bytes[rank];
+    }
+    assert_true(recomputed_total < kept_total);
+    for (int n = 0; n < recomputed.note_count; n++)
+        assert_null(strstr(recomputed.notes[n], "recompute"));
+    run_result_free(&kept);
+    run_result_free(&recomputed);
+    plan_free(&keep);
+    plan_free(&recompute);
+}
+
+static void pp2_recompute_changes_nothing(void **state)
+{
+    expect_recompute_changes_nothing(*state, 1, 1, 2, "3-1");
+}
+
+static void tp2_dp2_recompute_changes_nothing(void **state)
+{
+    expect_recompute_changes_nothing(*state, 2, 2, 1, NULL);
+}
+
 /* ZeRO-1: each replica steps its shard of the parameters and the
  * all-gather brings the others' */
 static void dp2_zero1_matches_one_stage(void **state)
@@ -338,7 +389,7 @@ static void pp2_record_holds_every_rank(void **state)
     /* stage 0 holds 3 layers and the embedding, stage 1 one layer and
      * the head: their figures differ and each is below the whole
      * model's */
-    double whole = run_cpu_stage_bytes(&p.model, MBS, NULL) / PT_GIB;
+    double whole = run_cpu_stage_bytes(&p.model, MBS, false, NULL) / PT_GIB;
     double rank0 = json_real_value(json_array_get(memory, 0));
     double rank1 = json_real_value(json_array_get(memory, 1));
     assert_true(rank0 > 0 && rank1 > 0 && rank0 != rank1);
@@ -456,6 +507,8 @@ int main(void)
         cmocka_unit_test(pp2_stop_flag_ends_after_the_iteration),
         cmocka_unit_test(tp2_matches_one_stage),
         cmocka_unit_test(pp2_tp2_matches_one_stage),
+        cmocka_unit_test(pp2_recompute_changes_nothing),
+        cmocka_unit_test(tp2_dp2_recompute_changes_nothing),
         cmocka_unit_test(dp2_zero1_matches_one_stage),
         cmocka_unit_test(pp2_dp2_zero1_matches_one_stage),
         cmocka_unit_test(tp2_dp2_zero1_matches_one_stage),

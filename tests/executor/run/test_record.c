@@ -117,7 +117,7 @@ static void check_figures(json_t *root, const run_result *r, double flops,
                 1e-9 * (flops / step_s / 1e12));
     json_t *peak = get(root, "peak_memory_gib");
     assert_int_equal(json_array_size(peak), 1);
-    double expected = run_cpu_stage_bytes(shape, MBS, NULL) / PT_GIB;
+    double expected = run_cpu_stage_bytes(shape, MBS, false, NULL) / PT_GIB;
     assert_true(fabs(json_number_value(json_array_get(peak, 0)) - expected) <
                 1e-9 * expected);
     assert_non_null(strstr(json_string_value(get(root, "peak_memory_basis")),

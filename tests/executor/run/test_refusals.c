@@ -108,7 +108,7 @@ static void too_little_memory_is_refused(void **state)
     tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
     run_options options = base_options(s, 2);
     double activations = 0;
-    double needed = run_cpu_stage_bytes(&p.model, 2, &activations);
+    double needed = run_cpu_stage_bytes(&p.model, 2, false, &activations);
     assert_true(activations > 0 && needed > activations);
     /* 16 bytes per parameter besides the activations */
     assert_true(fabs(needed - activations -
