@@ -1044,10 +1044,6 @@ static void describe_plan_fit(const plan *p, backend_kind backend,
                  precision_name(p->config.precision));
         add_note(out, note);
     }
-    if (backend == BACKEND_CUDA && p->config.recompute)
-        add_note(out, "the plan asks for full recompute; exec does not "
-                      "apply it yet (PARTITA_CUDA_RECOMPUTE=all makes the "
-                      "cuda backend recompute)");
 }
 
 static void fill_result_header(const run_context *ctx, run_result *out)

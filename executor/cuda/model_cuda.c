@@ -179,6 +179,11 @@ typedef struct cuda_stage_state {
     size_t head_pad;                /* (Vp - V) x C, 0 without a head */
     bool recompute_gelu;
     bool recompute_norm;
+    /* full recompute (spec.recompute_layers): slots keep each layer's
+     * output only; every forward, and the forward run again before a
+     * layer's backward, write this one set in the scratch arena, its
+     * `output` pointed at the slot's */
+    layer_activations recomputed;
     bool fuse_epilogues;
     pt_bf16 *mirror;                /* owned: bf16 copy of params */
     chunk_table all_chunks;         /* every parameter: the mirror */
@@ -301,29 +306,41 @@ static void carve_tokens(token_block *block, arena *a, size_t N)
     block->plan_tokens = arena_take(a, N * sizeof(uint32_t));
 }
 
-static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
-                       const cuda_stage_state *state, bool has_head)
+/* Everything a layer's backward reads but its output (the selective
+ * recompute options leave out the norms' or the GELU's outputs). */
+static void carve_layer(layer_activations *act, arena *a, const stage_dims *d,
+                        const cuda_stage_state *state)
 {
     size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
            F = (size_t)d->F;
+    act->ln1_mean = take_floats(a, N);
+    act->ln1_rstd = take_floats(a, N);
+    act->ln1_out = state->recompute_norm ? NULL : take_bf16(a, N * C);
+    act->qkv = take_bf16(a, N * 3 * A);
+    act->att_out = take_bf16(a, N * A);
+    act->att_lse = take_floats(a, (size_t)d->B * d->NH * d->T);
+    act->residual_mid = take_floats(a, N * C);
+    act->ln2_mean = take_floats(a, N);
+    act->ln2_rstd = take_floats(a, N);
+    act->ln2_out = state->recompute_norm ? NULL : take_bf16(a, N * C);
+    act->fc_pre = take_bf16(a, N * F);
+    act->gelu_out = state->recompute_gelu ? NULL : take_bf16(a, N * F);
+}
+
+static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
+                       const cuda_stage_state *state,
+                       const stage_spec *spec)
+{
+    size_t N = (size_t)d->N, C = (size_t)d->C;
     carve_tokens(&slot->tokens, a, N);
     slot->input = take_floats(a, N * C);
     for (int l = 0; l < state->layer_count; l++) {
         layer_activations *act = &slot->layers[l];
-        act->ln1_mean = take_floats(a, N);
-        act->ln1_rstd = take_floats(a, N);
-        act->ln1_out = state->recompute_norm ? NULL : take_bf16(a, N * C);
-        act->qkv = take_bf16(a, N * 3 * A);
-        act->att_out = take_bf16(a, N * A);
-        act->att_lse = take_floats(a, (size_t)d->B * d->NH * d->T);
-        act->residual_mid = take_floats(a, N * C);
-        act->ln2_mean = take_floats(a, N);
-        act->ln2_rstd = take_floats(a, N);
-        act->ln2_out = state->recompute_norm ? NULL : take_bf16(a, N * C);
-        act->fc_pre = take_bf16(a, N * F);
-        act->gelu_out = state->recompute_gelu ? NULL : take_bf16(a, N * F);
+        if (!spec->recompute_layers)
+            carve_layer(act, a, d, state);
         act->output = take_floats(a, N * C);
     }
+    bool has_head = spec->has_head;
     if (has_head) {
         slot->final_out = take_bf16(a, N * C);
         slot->final_mean = take_floats(a, N);
@@ -339,11 +356,12 @@ static size_t max_size(size_t a, size_t b)
 }
 
 static void carve_scratch(backward_scratch *s, arena *a, const stage_dims *d,
-                          const model_stage *stage,
-                          const cuda_stage_state *state)
+                          const model_stage *stage, cuda_stage_state *state)
 {
     size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
            F = (size_t)d->F;
+    if (stage->spec.recompute_layers && state->layer_count > 0)
+        carve_layer(&state->recomputed, a, d, state);
     s->d_stream[0] = take_floats(a, N * C);
     s->d_stream[1] = take_floats(a, N * C);
     s->d_stream_bf16 = take_bf16(a, N * C);
@@ -718,7 +736,7 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
         if (slot->layers == NULL)
             return pt_fail(err, "cuda backend: out of host memory");
         ALLOCATE_ARENA(state, slot->arena, "an activation slot",
-                       carve_slot(slot, a, &d, state, stage->spec.has_head));
+                       carve_slot(slot, a, &d, state, &stage->spec));
     }
     ALLOCATE_ARENA(state, state->scratch.arena, "the backward scratch",
                    carve_scratch(&state->scratch, a, &d, stage, state));
@@ -999,6 +1017,19 @@ static int row_parallel_forward(model_stage *stage, linear_forward f,
  *   mid = x + proj(attention(qkv(ln1(x))));  out = mid + mlp(ln2(mid)).
  * The residual additions ride in the projections' epilogues (beta = 1
  * with the skip as C). */
+/* Where layer l of the slot's micro-batch has its activations: its own,
+ * or with full recompute the stage's one set, writing its output into the
+ * slot's kept one. */
+static layer_activations *layer_kept(model_stage *stage,
+                                     activation_slot *slot, int l)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (!stage->spec.recompute_layers)
+        return &slot->layers[l];
+    state->recomputed.output = slot->layers[l].output;
+    return &state->recomputed;
+}
+
 static int layer_forward(model_stage *stage, layer_activations *act,
                          const layer_offsets *o, const float *input,
                          const stage_dims *d, pt_error *err)
@@ -1221,8 +1252,9 @@ static int cuda_forward(model_stage *stage, int slot_index,
     }
     const float *stream_in = slot->input;
     for (int l = 0; l < state->layer_count; l++) {
-        if (layer_forward(stage, &slot->layers[l], &state->offsets.layers[l],
-                          stream_in, &d, err) != 0)
+        if (layer_forward(stage, layer_kept(stage, slot, l),
+                          &state->offsets.layers[l], stream_in, &d,
+                          err) != 0)
             return -1;
         stream_in = slot->layers[l].output;
     }
@@ -1448,8 +1480,15 @@ static int cuda_backward(model_stage *stage, int slot_index,
         const float *layer_input =
             l > 0 ? slot->layers[l - 1].output : slot->input;
         float *d_input = s->d_stream[free_stream];
+        layer_activations *act = layer_kept(stage, slot, l);
+        /* full recompute: the layer's forward again from its kept input
+         * (rewriting its output with the same values) */
+        if (stage->spec.recompute_layers &&
+            layer_forward(stage, act, &state->offsets.layers[l], layer_input,
+                          &d, err) != 0)
+            return -1;
         if (layer_backward(stage, d_input, d_out, &state->offsets.layers[l],
-                           &slot->layers[l], layer_input, &d, err) != 0)
+                           act, layer_input, &d, err) != 0)
             return -1;
         d_out = d_input;
         free_stream = 1 - free_stream;

@@ -9,8 +9,9 @@
 #      ending the pipeline with its name;
 #   2. `partita exec` of a small GPT (6 layers, hidden 256, seq 256) for 50
 #      iterations on one GPU, then as pp = 2 (1F1B, uneven 4-2 split),
-#      pp = 2 GPipe, dp = 2, dp = 2 with the distributed optimizer (ZeRO-1)
-#      and tp = 2, each against the one-GPU losses;
+#      pp = 2 GPipe, pp = 2 with full recompute, dp = 2, dp = 2 with the
+#      distributed optimizer (ZeRO-1) and tp = 2, each against the one-GPU
+#      losses;
 #   3. a pp = 2 run resumed from its checkpoint against the straight run;
 #   4. a heterogeneous pp = 2 run (GPU 1 in a green context of 40 SMs, 48
 #      GiB cap) against the same plan on two whole GPUs: stage 1's events
@@ -120,6 +121,9 @@ plan tp2 "$small" "$two_gpus" "2 1 1" 16 2
 # dp 2 with the distributed optimizer (ZeRO-1)
 sed 's/"precision": "bf16"/"precision": "bf16", "distributed_optimizer": true/' \
     "$logs/plans/dp2.json" >"$logs/plans/dp2-zero1.json"
+# pp 2 with full activation recompute
+sed 's/"precision": "bf16"/"precision": "bf16", "recompute": "full"/' \
+    "$logs/plans/pp2.json" >"$logs/plans/pp2-recompute.json"
 plan medium-full "$medium" "$two_gpus" "1 1 2" 16 4 4-4
 plan medium-hetero "$medium" "$hetero" "1 1 2" 16 4 4-4
 
@@ -133,9 +137,9 @@ exec_run() {
 }
 
 # ------------------------------------------------- losses against 1 GPU
-echo "== partita exec: one GPU, then pp 2, pp 2 GPipe, dp 2, dp 2 ZeRO-1, tp 2 ($iters iterations)"
+echo "== partita exec: one GPU, then pp 2, pp 2 GPipe, pp 2 recompute, dp 2, dp 2 ZeRO-1, tp 2 ($iters iterations)"
 exec_run one one --iters "$iters"
-for name in pp2 pp2-gpipe dp2 dp2-zero1 tp2; do
+for name in pp2 pp2-gpipe pp2-recompute dp2 dp2-zero1 tp2; do
     before=$status
     if exec_run "$name" "$name" --iters "$iters"; then
         step "losses-$name" python3 "$checks" losses "$logs/one.run.json" \

@@ -9,7 +9,10 @@
  *      activation slots, gradients received in stage_output_grad_buffer)
  *      against the whole model on the cpu;
  *   3. the backend's variants (epilogues off, nothing or everything
- *      recomputed, untied head) on a small model.
+ *      recomputed, untied head) on a small model;
+ *   4. full activation recompute (a plan's "recompute": "full") against
+ *      keeping every activation, three micro-batches in flight: the same
+ *      loss and gradients, less device memory.
  *
  * Usage: test_cuda_stage [model.json [seq [mbs]]]
  * Tolerances: the cuda backend runs its products in bf16, so gradients
@@ -23,6 +26,7 @@
 #define TOL_LOSS 5e-3
 #define TOL_GRAD 3e-2
 #define TOL_PARAM 1e-5
+#define TOL_RECOMPUTE 1e-6
 
 static uint32_t *random_tokens(int count, int vocab, uint64_t *state)
 {
@@ -40,27 +44,40 @@ static float *read_buffer(const model_stage *stage, stage_buffer which)
     return host;
 }
 
-/* Zero grads; forward and backward of `micro_batches` micro-batches in
- * slot 0, loss_scale 1 / micro_batches; returns the mean loss. */
-static float run_micro_batches(model_stage *stage, const uint32_t *tokens,
-                               int micro_batches, int mbs)
+/* Zero grads; forward and backward of `micro_batches` micro-batches,
+ * loss_scale 1 / micro_batches; returns the mean loss. One after the
+ * other in slot 0, or (in_flight) every forward into slots 0, 1, ...
+ * before the backwards in order, as 1F1B keeps several in flight. */
+static float run_micro_batches_as(model_stage *stage, const uint32_t *tokens,
+                                  int micro_batches, int mbs, bool in_flight)
 {
     pt_error err;
     PT_CHECK(stage_zero_grads(stage, &err), &err);
     double loss_sum = 0.0;
     size_t window = (size_t)stage->shape.seq + 1;
-    for (int m = 0; m < micro_batches; m++) {
+    for (int step = 0; step < 2 * micro_batches; step++) {
+        int m = in_flight ? step % micro_batches : step / 2;
+        bool forward = in_flight ? step < micro_batches : step % 2 == 0;
+        int slot = in_flight ? m : 0;
         stage_io io = {
             .mbs = mbs,
             .tokens = tokens + (size_t)m * mbs * window,
             .loss_scale = 1.0f / (float)micro_batches,
         };
         float loss = 0.0f;
-        PT_CHECK(stage_forward(stage, 0, &io, &loss, &err), &err);
-        PT_CHECK(stage_backward(stage, 0, &io, &err), &err);
+        if (forward)
+            PT_CHECK(stage_forward(stage, slot, &io, &loss, &err), &err);
+        else
+            PT_CHECK(stage_backward(stage, slot, &io, &err), &err);
         loss_sum += loss;
     }
     return (float)(loss_sum / micro_batches);
+}
+
+static float run_micro_batches(model_stage *stage, const uint32_t *tokens,
+                               int micro_batches, int mbs)
+{
+    return run_micro_batches_as(stage, tokens, micro_batches, mbs, false);
 }
 
 /* Every tensor's values in `got` (of stage `got_stage`) against the
@@ -363,6 +380,57 @@ static void test_variant(gpu_test_tally *tally, const char *label,
     model_stage_destroy(&gpu);
 }
 
+/* -------------------------------------------- 4. full recompute */
+
+/* A plan's "recompute": "full" keeps each layer's input only and runs
+ * the layer's forward again before its backward: the same kernels, so
+ * the same loss and gradients as keeping everything (within
+ * TOL_RECOMPUTE, room for a kernel that sums in a run-dependent order),
+ * with less device memory for three micro-batches in flight. */
+static void test_full_recompute(gpu_test_tally *tally)
+{
+    pt_error err;
+    model_shape shape = small_shape();
+    int mbs = 2, micro_batches = 3;
+    stage_spec keep_spec = stage_spec_whole_model(&shape);
+    stage_spec recompute_spec = keep_spec;
+    recompute_spec.recompute_layers = true;
+    model_stage keep, recompute;
+    PT_CHECK(cuda_model_stage_create(&keep, &shape, &keep_spec, mbs,
+                                     micro_batches, &err),
+             &err);
+    PT_CHECK(cuda_model_stage_create(&recompute, &shape, &recompute_spec, mbs,
+                                     micro_batches, &err),
+             &err);
+    PT_CHECK(model_stage_init_parameters(&keep, 11, &err), &err);
+    PT_CHECK(model_stage_init_parameters(&recompute, 11, &err), &err);
+    uint64_t state = 9;
+    uint32_t *tokens = random_tokens(micro_batches * mbs * (shape.seq + 1),
+                                     shape.vocab, &state);
+    float kept_loss =
+        run_micro_batches_as(&keep, tokens, micro_batches, mbs, true);
+    float recomputed_loss =
+        run_micro_batches_as(&recompute, tokens, micro_batches, mbs, true);
+    compare_value(tally, "full recompute: loss", recomputed_loss, kept_loss,
+                  TOL_RECOMPUTE);
+    float *kept_grads = read_buffer(&keep, STAGE_GRADS);
+    float *recomputed_grads = read_buffer(&recompute, STAGE_GRADS);
+    compare_tensors(tally, "full recompute: grad", &recompute,
+                    recomputed_grads, &keep, kept_grads, TOL_RECOMPUTE,
+                    false);
+    size_t kept_bytes = cuda_stage_device_bytes(&keep);
+    size_t recomputed_bytes = cuda_stage_device_bytes(&recompute);
+    char line[160];
+    snprintf(line, sizeof line,
+             "full recompute: device memory %.1f MiB against %.1f MiB kept",
+             (double)recomputed_bytes / 1048576.0,
+             (double)kept_bytes / 1048576.0);
+    gpu_test_expect(tally, recomputed_bytes < kept_bytes, line);
+    free(tokens), free(kept_grads), free(recomputed_grads);
+    model_stage_destroy(&keep);
+    model_stage_destroy(&recompute);
+}
+
 int main(int argc, char **argv)
 {
     gpu_test_require_device("test_cuda_stage");
@@ -383,6 +451,7 @@ int main(int argc, char **argv)
     test_variant(&tally, "recompute all", "all", NULL, true);
     test_variant(&tally, "untied head", NULL, NULL, false);
     test_pipeline_split(&tally);
+    test_full_recompute(&tally);
     test_gpt2_step(&tally, path, seq, mbs);
     return gpu_test_finish(&tally, "test_cuda_stage");
 }
