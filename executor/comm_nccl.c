@@ -739,42 +739,6 @@ static int nccl_all_gather(const comm *c, const int *group, int group_size,
                               true, err);
 }
 
-static int nccl_all_reduce_on_stream(const comm *c, const int *group,
-                                     int group_size, void *data,
-                                     size_t count, comm_data_type type,
-                                     comm_reduce_op op, void *stream,
-                                     pt_error *err)
-{
-    char operation[96];
-    ncclComm_t comm = NULL;
-    if (open_group_call(c, group, group_size,
-                        op == COMM_MAX ? "stream all-reduce (max)"
-                                       : "stream all-reduce",
-                        operation, sizeof operation, &comm, err) != 0)
-        return -1;
-    return settle(c, comm,
-                  ncclAllReduce(data, data, count,
-                                type == COMM_BFLOAT16 ? ncclBfloat16
-                                                      : ncclFloat32,
-                                op == COMM_MAX ? ncclMax : ncclSum, comm,
-                                (cudaStream_t)stream),
-                  operation, err);
-}
-
-static int nccl_wait_stream(const comm *c, void *stream,
-                            const char *operation, pt_error *err)
-{
-    comm_nccl *world = world_of(c);
-    nccl_rank *r = &world->ranks[c->rank];
-    if (atomic_load(&world->failed))
-        return fail_interrupted(c, operation, err);
-    if (CUDA_STEP(cudaEventRecord(r->collective_done,
-                                  (cudaStream_t)stream)) != 0)
-        return -1;
-    return wait_for(c, clique_comm(world, CLIQUE_WORLD, c->rank),
-                    r->collective_done, operation, err);
-}
-
 /* Doubles all_reduce_host takes at once: its buffers are made when the
  * rank opens (allocating pinned memory later could wait for the device). */
 #define HOST_REDUCE_MAX 256
@@ -852,8 +816,6 @@ static const comm_ops nccl_ops = {
     .all_reduce_host = nccl_all_reduce_host,
     .reduce_scatter = nccl_reduce_scatter,
     .all_gather = nccl_all_gather,
-    .all_reduce_on_stream = nccl_all_reduce_on_stream,
-    .wait_stream = nccl_wait_stream,
     .barrier = nccl_barrier,
     .abort = nccl_abort,
     .failed_rank = nccl_failed_rank,
@@ -1267,46 +1229,6 @@ static int open_lane(message_lane *lane, int clique, int rank, pt_error *err)
     return 0;
 }
 
-/* NCCL connects a pair of ranks lazily, at their first send / receive,
- * and the connection needs both: a send whose peer is itself blocked in
- * a send on the other lane (crossing messages) would wait for it until
- * the timeout. So each lane connects to every peer when the rank opens:
- * one float to every peer in the lane's direction and one from every
- * peer in the other, in one NCCL group (every rank opens at the same
- * time, as the launcher's threads do). */
-static int connect_lane(comm_nccl *world, int rank, message_lane *lane,
-                        bool to_higher, pt_error *err)
-{
-    comm handle = comm_nccl_rank(world, rank);
-    const comm *c = &handle;
-    nccl_rank *r = &world->ranks[rank];
-    ncclComm_t comm = clique_comm(world, lane->clique, rank);
-    const char *operation = to_higher ? "connecting to the higher ranks"
-                                      : "connecting to the lower ranks";
-    float *token = (float *)r->device_scratch;
-    if (settle(c, comm, ncclGroupStart(), operation, err) != 0)
-        return -1;
-    ncclResult_t first_error = ncclSuccess;
-    for (int peer = 0; peer < world->size; peer++) {
-        if (peer == rank)
-            continue;
-        bool sends = to_higher ? peer > rank : peer < rank;
-        ncclResult_t status =
-            sends ? ncclSend(token, 1, ncclFloat32, peer, comm, lane->stream)
-                  : ncclRecv(token + 1 + peer, 1, ncclFloat32, peer, comm,
-                             lane->stream);
-        if (status != ncclSuccess && status != ncclInProgress &&
-            first_error == ncclSuccess)
-            first_error = status;
-    }
-    ncclResult_t ended = ncclGroupEnd();
-    if (settle(c, comm, first_error != ncclSuccess ? first_error : ended,
-               operation, err) != 0 ||
-        CUDA_STEP(cudaEventRecord(lane->received, lane->stream)) != 0)
-        return -1;
-    return wait_for(c, comm, lane->received, operation, err);
-}
-
 int comm_nccl_rank_open(comm_nccl *world, int rank, pt_error *err)
 {
     if (rank < 0 || rank >= world->size)
@@ -1339,14 +1261,7 @@ int comm_nccl_rank_open(comm_nccl *world, int rank, pt_error *err)
     r->scratch_count = HOST_REDUCE_MAX;
     OPEN_TRY(cudaMalloc((void **)&r->device_scratch, bytes));
     OPEN_TRY(cudaMallocHost((void **)&r->host_scratch, bytes));
-    /* the tokens: one float sent, one per peer received */
-    if ((size_t)world->size + 1 > 2 * (size_t)HOST_REDUCE_MAX)
-        return pt_fail(err, "rank %d: nccl comm: %d ranks, at most %d",
-                       rank, world->size, 2 * HOST_REDUCE_MAX - 1);
-    return connect_lane(world, rank, &r->lanes[0], true, err) != 0 ||
-                   connect_lane(world, rank, &r->lanes[1], false, err) != 0
-               ? -1
-               : 0;
+    return 0;
 }
 
 

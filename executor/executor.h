@@ -845,8 +845,6 @@ int device_check_plan(const plan *p, const local_device *devices,
 typedef struct comm comm;
 
 typedef enum comm_reduce_op { COMM_SUM, COMM_MAX } comm_reduce_op;
-/* Element types of the stream-ordered all-reduce. */
-typedef enum comm_data_type { COMM_FLOAT32, COMM_BFLOAT16 } comm_data_type;
 
 /* What an implementation provides; the comm_* wrappers check arguments
  * and dispatch here. */
@@ -885,20 +883,6 @@ typedef struct comm_ops {
     int (*all_gather)(const comm *c, const int *group, int group_size,
                       float *data, const size_t *chunk_offsets,
                       pt_error *err);
-    /* Optional (NULL in the threads comm): enqueues the all-reduce of
-     * `count` elements of `type` at data on the caller's CUDA stream
-     * (`stream`, a cudaStream_t) and returns without waiting for it, so
-     * a GPU's kernels and its sums run back to back with no host round
-     * trip; the stream's later work sees the result. */
-    int (*all_reduce_on_stream)(const comm *c, const int *group,
-                                int group_size, void *data, size_t count,
-                                comm_data_type type, comm_reduce_op op,
-                                void *stream, pt_error *err);
-    /* With all_reduce_on_stream: waits until the stream's work so far has
-     * finished, under the comm's deadline and failure flag (a stream that
-     * holds a sum a dead peer never joins would never finish). */
-    int (*wait_stream)(const comm *c, void *stream, const char *operation,
-                       pt_error *err);
     /* Returns once every rank has called it. */
     int (*barrier)(const comm *c, pt_error *err);
     /* Records that this rank failed (the first failure wins) and wakes

@@ -39,9 +39,6 @@ float pt_bf16_to_float(pt_bf16 value);
 /* out_bf16[i] = bf16(in[i]). */
 cudaError_t cuda_convert_to_bf16(pt_bf16 *out_bf16, const float *in,
                                  size_t count, cudaStream_t stream);
-/* out[i] = float(in_bf16[i]). */
-cudaError_t cuda_convert_from_bf16(float *out, const pt_bf16 *in_bf16,
-                                   size_t count, cudaStream_t stream);
 /* dst[i] += src[i] (fp32). */
 cudaError_t cuda_add_inplace(float *dst, const float *src, size_t count,
                              cudaStream_t stream);

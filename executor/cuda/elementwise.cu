@@ -60,27 +60,6 @@ extern "C" cudaError_t cuda_convert_to_bf16(pt_bf16 *out_bf16,
     return cudaGetLastError();
 }
 
-__global__ void convert_from_bf16_kernel(float *out, const bf16 *in,
-                                         size_t count)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < count)
-        out[i] = __bfloat162float(in[i]);
-}
-
-extern "C" cudaError_t cuda_convert_from_bf16(float *out,
-                                              const pt_bf16 *in_bf16,
-                                              size_t count,
-                                              cudaStream_t stream)
-{
-    if (count == 0)
-        return cudaSuccess;
-    convert_from_bf16_kernel<<<blocks_for(count, ELEMENTWISE_THREADS),
-                               ELEMENTWISE_THREADS, 0, stream>>>(
-        out, as_bf16(in_bf16), count);
-    return cudaGetLastError();
-}
-
 __global__ void add_inplace_kernel(float *dst, const float *src,
                                    size_t count)
 {

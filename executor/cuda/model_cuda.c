@@ -895,77 +895,20 @@ static int weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
 
 /* ------------------------------------------------ tensor-parallel sums */
 
-/* Whether the stage's tp sums run on its stream (a comm with
- * stream-ordered collectives: NCCL): then nothing waits on the host
- * between a sum and the kernels around it. */
-static bool tp_on_stream(const model_stage *stage)
-{
-    return stage_spec_tp(&stage->spec) > 1 && !stage->tp_compute_only &&
-           stage->tp_comm != NULL &&
-           stage->tp_comm->ops->all_reduce_on_stream != NULL &&
-           stage->tp_comm->ops->wait_stream != NULL;
-}
-
-/* Waits for the stage's stream: through the comm when sums were
- * enqueued on it (a dead peer ends the wait at the comm's deadline
- * instead of never), else plainly. */
-static int sync_stream(const model_stage *stage, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    if (tp_on_stream(stage))
-        return stage->tp_comm->ops->wait_stream(
-            stage->tp_comm, state->stream, "the stage's kernels and sums",
-            err);
-    CUDA_TRY(cudaStreamSynchronize(state->stream));
-    return 0;
-}
-
-static int enqueue_tp_reduce(const model_stage *stage, void *data,
-                             size_t count, comm_data_type type,
-                             comm_reduce_op op, pt_error *err)
-{
-    return stage->tp_comm->ops->all_reduce_on_stream(
-        stage->tp_comm, stage->tp_group, stage_spec_tp(&stage->spec), data,
-        count, type, op, state_of(stage)->stream, err);
-}
-
 /* Reduces `count` floats of device memory over the stage's tensor-parallel
- * group (sum or max). On the stream when the comm can; else the comm is
- * blocking and reads the buffer when it is called, so the stage's stream
- * is drained first. Nothing on an unsplit or compute-only stage (which
- * then does a shard's arithmetic without the sums). */
+ * group (sum or max). The comm is blocking and reads the buffer when it is
+ * called, so the stage's stream is drained first; the kernels after the
+ * call find the result in place. Nothing on an unsplit or compute-only
+ * stage (which then does a shard's arithmetic without the sums). */
 static int tp_reduce(const model_stage *stage, float *data, size_t count,
                      comm_reduce_op op, pt_error *err)
 {
     if (stage_spec_tp(&stage->spec) == 1 || stage->tp_compute_only)
         return 0;
-    if (tp_on_stream(stage))
-        return enqueue_tp_reduce(stage, data, count, COMM_FLOAT32, op, err);
     CUDA_TRY(cudaStreamSynchronize(state_of(stage)->stream));
     if (op == COMM_MAX)
         return stage_tp_all_reduce_max(stage, data, count, err);
     return stage_tp_all_reduce_sum(stage, data, count, err);
-}
-
-/* The sums of the row-parallel products and of the column-parallel input
- * gradients, Megatron's four per layer: in bf16 on the stream (half the
- * bytes of fp32; the products were bf16 x bf16 and each shard's partial
- * is rounded once more), or, on a comm without stream-ordered calls, in
- * fp32 through `fp32` (count floats of scratch). data is bf16. */
-static int tp_sum_bf16(const model_stage *stage, pt_bf16 *data,
-                       size_t count, float *fp32, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    if (stage_spec_tp(&stage->spec) == 1 || stage->tp_compute_only)
-        return 0;
-    if (tp_on_stream(stage))
-        return enqueue_tp_reduce(stage, data, count, COMM_BFLOAT16, COMM_SUM,
-                                 err);
-    CUDA_TRY(cuda_convert_from_bf16(fp32, data, count, state->stream));
-    if (tp_reduce(stage, fp32, count, COMM_SUM, err) != 0)
-        return -1;
-    CUDA_TRY(cuda_convert_to_bf16(data, fp32, count, state->stream));
-    return 0;
 }
 
 /* -------------------------------------------------------------- forward */
@@ -996,18 +939,9 @@ static int row_parallel_forward(model_stage *stage, linear_forward f,
     if (gemm_run(state->gemm, &call, state->stream, err) != 0)
         return -1;
     float *out = f.out;
-    size_t count = (size_t)f.N * (size_t)f.OC;
-    if (tp_on_stream(stage)) {
-        /* the partial in bf16 (the backward's d_partial is free during a
-         * forward and has room), summed, back into the fp32 stream */
-        pt_bf16 *partial = (pt_bf16 *)state->scratch.d_partial;
-        CUDA_TRY(cuda_convert_to_bf16(partial, out, count, state->stream));
-        if (tp_sum_bf16(stage, partial, count, NULL, err) != 0)
-            return -1;
-        CUDA_TRY(cuda_convert_from_bf16(out, partial, count, state->stream));
-    } else if (tp_reduce(stage, out, count, COMM_SUM, err) != 0) {
+    if (tp_reduce(stage, out, (size_t)f.N * (size_t)f.OC, COMM_SUM, err) !=
+        0)
         return -1;
-    }
     CUDA_TRY(cuda_add_broadcast_rows(out, bias, 1, residual, f.N, f.OC,
                                      state->stream));
     return 0;
@@ -1198,8 +1132,7 @@ static int head_forward(model_stage *stage, activation_slot *slot,
     double loss = 0.0;
     CUDA_TRY(cudaMemcpyAsync(&loss, state->scratch.reduced, sizeof loss,
                              cudaMemcpyDeviceToHost, state->stream));
-    if (sync_stream(stage, err) != 0)
-        return -1;
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
     *mean_loss = (float)loss;
     return 0;
 }
@@ -1264,8 +1197,7 @@ static int cuda_forward(model_stage *stage, int slot_index,
         if (head_forward(stage, slot, stream_in, &d, mean_loss, err) != 0)
             return -1;
     } else {
-        if (sync_stream(stage, err) != 0)
-            return -1;
+        CUDA_TRY(cudaStreamSynchronize(state->stream));
     }
     slot->mbs = io->mbs;
     slot->awaiting_backward = true;
@@ -1285,12 +1217,16 @@ static int column_parallel_input_grad(model_stage *stage, gemm_call call,
     cuda_stage_state *state = state_of(stage);
     if (d->tp == 1)
         return gemm_run(state->gemm, &call, state->stream, err);
+    pt_bf16 *d_in = call.d;
+    float *partial = state->scratch.d_partial;
     size_t count = (size_t)d->N * (size_t)d->C;
-    /* the shard's partial straight into the bf16 input gradient, summed
-     * there by the group */
-    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+    call.d = partial;
+    call.d_fp32 = true;
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
+        tp_reduce(stage, partial, count, COMM_SUM, err) != 0)
         return -1;
-    return tp_sum_bf16(stage, call.d, count, state->scratch.d_partial, err);
+    CUDA_TRY(cuda_convert_to_bf16(d_in, partial, count, state->stream));
+    return 0;
 }
 
 /* The block's backward in reverse order of its forward. d_out (fp32) and
@@ -1514,8 +1450,7 @@ static int cuda_backward(model_stage *stage, int slot_index,
         }
         s->input_grad = d_out;
     }
-    if (sync_stream(stage, err) != 0)
-        return -1;
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
     slot->awaiting_backward = false;
     return 0;
 }
@@ -1533,8 +1468,7 @@ static int cuda_copy_to_host(const model_stage *stage, stage_buffer which,
     size_t bytes = model_stage_buffer_count(stage, which) * sizeof(float);
     CUDA_TRY(cudaMemcpyAsync(host, buffer, bytes, cudaMemcpyDeviceToHost,
                              state->stream));
-    if (sync_stream(stage, err) != 0)
-        return -1;
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
 
@@ -1553,8 +1487,7 @@ static int cuda_copy_from_host(model_stage *stage, stage_buffer which,
         CUDA_TRY(cuda_refresh_mirror(state->mirror, stage->params,
                                      state->all_chunks.chunks,
                                      state->all_chunks.count, state->stream));
-    if (sync_stream(stage, err) != 0)
-        return -1;
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
 
@@ -1565,8 +1498,7 @@ static int cuda_zero_grads(model_stage *stage, pt_error *err)
     CUDA_TRY(cudaMemsetAsync(stage->grads, 0,
                              stage->param_count * sizeof(float),
                              state->stream));
-    if (sync_stream(stage, err) != 0)
-        return -1;
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
 
@@ -1582,8 +1514,7 @@ static int cuda_grad_square_sum(const model_stage *stage, double *out,
                              state->stream));
     CUDA_TRY(cudaMemcpyAsync(out, s->reduced, sizeof *out,
                              cudaMemcpyDeviceToHost, state->stream));
-    if (sync_stream(stage, err) != 0)
-        return -1;
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
 
@@ -1602,8 +1533,7 @@ static int cuda_grad_square_sums(const model_stage *stage,
     CUDA_TRY(cudaMemcpyAsync(per_tensor, s->tensor_squares,
                              (size_t)stage->tensor_count * sizeof(double),
                              cudaMemcpyDeviceToHost, state->stream));
-    if (sync_stream(stage, err) != 0)
-        return -1;
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
 
@@ -1628,8 +1558,7 @@ static int cuda_adamw_step(model_stage *stage, const adamw_config *config,
                         stage->adam_v, state->mirror,
                         state->optimizer_chunks.chunks,
                         state->optimizer_chunks.count, &args, state->stream));
-    if (sync_stream(stage, err) != 0)
-        return -1;
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
 
@@ -1643,8 +1572,7 @@ static int cuda_params_changed(model_stage *stage, pt_error *err)
     CUDA_TRY(cuda_refresh_mirror(state->mirror, stage->params,
                                  state->all_chunks.chunks,
                                  state->all_chunks.count, state->stream));
-    if (sync_stream(stage, err) != 0)
-        return -1;
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
 
