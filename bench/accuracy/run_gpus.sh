@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Issue 8's runs on a 4-GPU machine (nvidia-h200-x4): every plan of
-# bench/accuracy/plans-x4 with `partita exec --backend cuda`, then each
-# x4 plan's losses against the one-GPU reference of its model (ref-*),
-# iteration by iteration: within 2e-2 relative (bf16 products; the
-# layouts differ only in the order of fp32 sums), the first iteration
-# within 2e-3.
-# Usage: bench/accuracy/run_x4.sh BUILD_DIR RUNS_DIR
+# Issue 8's runs on a 4- or 8-GPU machine (nvidia-h200-x4, -x8): every
+# plan of PLANS_DIR (bench/accuracy/plans-x4 or plans-x8) with `partita
+# exec --backend cuda`, the one-GPU references (ref-*) first, then each
+# multi-GPU plan's losses against the reference PLANS_DIR/refs.txt names
+# for it ("plan reference" per line), iteration by iteration: within 2e-2
+# relative (bf16 products; the layouts differ only in the order of fp32
+# sums), the first iteration within 2e-3.
+# Usage: bench/accuracy/run_gpus.sh BUILD_DIR RUNS_DIR PLANS_DIR
+# Environment: ITERS iterations per run (8).
 set -u
-build=${1:?usage: run_x4.sh BUILD_DIR RUNS_DIR}
-runs=${2:?usage}
+build=${1:?usage: run_gpus.sh BUILD_DIR RUNS_DIR PLANS_DIR}
+runs=${2:?usage: run_gpus.sh BUILD_DIR RUNS_DIR PLANS_DIR}
+plans=${3:?usage: run_gpus.sh BUILD_DIR RUNS_DIR PLANS_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 partita="$build/cli/partita"
@@ -16,7 +19,7 @@ export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIB
 mkdir -p "$runs"
 data="$runs/corpus"
 [ -f "$data.idx" ] || "$partita" prep "$root/data/corpus.txt" -o "$data" >/dev/null
-for plan in "$here"/plans-x4/*.json; do
+for plan in "$plans"/ref-*.json "$plans"/x*.json; do
     name=$(basename "$plan" .json)
     if "$partita" exec "$plan" --data "$data" --backend cuda --iters "${ITERS:-8}" \
         --log-interval 100 -o "$runs/$name.run.json" >"$runs/$name.log" 2>&1; then
@@ -25,12 +28,10 @@ for plan in "$here"/plans-x4/*.json; do
         echo "FAIL $name: $(tail -n 3 "$runs/$name.log" | tr '\n' ' ')"
     fi
 done
-python3 - "$runs" <<'PY'
+python3 - "$runs" "$plans/refs.txt" <<'PY'
 import json, os, sys
-runs = sys.argv[1]
-refs = {"x4-01-xl-pp4-uneven": "ref-xl", "x4-02-xl26h-tp2-pp2": "ref-xl26h",
-        "x4-03-xl-dp2-pp2": "ref-xl", "x4-04-xl24h-tp4": "ref-xl24h",
-        "x4-05-hetero-xl-pp4": "ref-xl"}
+runs, refs_file = sys.argv[1], sys.argv[2]
+refs = dict(line.split() for line in open(refs_file) if line.strip())
 def losses(name):
     path = f"{runs}/{name}.run.json"
     if not os.path.exists(path):
