@@ -80,7 +80,8 @@ int pipeline_rank_of(const pipeline_layout *layout, int stage, int replica,
            layout->config.tp * (replica + layout->config.dp * stage);
 }
 
-/* The spec of a rank's stage: its layers and its tensor-parallel shard. */
+/* The spec of a rank's stage: its layers, its tensor-parallel shard, and
+ * the plan's recompute and (dp > 1) optimizer shard. */
 int pipeline_rank_spec(const pipeline_layout *layout, int rank,
                        stage_spec *out, pt_error *err)
 {
