@@ -748,6 +748,10 @@ double run_cpu_stage_bytes(const model_shape *shape, int mbs, bool recompute,
 double run_cpu_partial_stage_bytes(const model_shape *shape,
                                    const stage_spec *spec, int mbs,
                                    int slot_count, double *activation_bytes);
+/* Host bytes a cpu-backend stage allocated for activations: its slots'
+ * arenas and token ids and its backward scratch (what *activation_bytes
+ * above predicts); 0 for a stage of another backend. */
+size_t cpu_stage_activation_bytes(const model_stage *stage);
 
 /*
  * Trains the plan's model on the dataset: loads and checks everything

@@ -99,6 +99,7 @@ typedef struct cpu_stage_state {
      * every forward and recomputed forward writes, inside the scratch
      * arena; its `output` is pointed at the slot's kept layer output */
     layer_activations recomputed;
+    size_t activation_bytes;         /* slots, their token ids, scratch */
 } cpu_stage_state;
 
 /* Hands out consecutive pieces of one allocation. Run once with base NULL
@@ -238,10 +239,12 @@ static void carve_scratch(backward_scratch *s, layer_activations *recomputed,
 
 /* Sizes an arena with a dry run, allocates it zeroed and carves it. */
 static float *allocate_slot(activation_slot *slot, const stage_dims *d,
-                            int layer_count, bool has_head, bool recompute)
+                            int layer_count, bool has_head, bool recompute,
+                            size_t *floats)
 {
     arena a = {.base = NULL, .used = 0};
     carve_slot(slot, &a, d, layer_count, has_head, recompute);
+    *floats = a.used;
     a.base = calloc(a.used, sizeof(float));
     if (a.base == NULL)
         return NULL;
@@ -279,7 +282,7 @@ static void cpu_release(model_stage *stage)
 static int allocate_slots(model_stage *stage, cpu_stage_state *state)
 {
     stage_dims d = dims_of(stage, stage->mbs_capacity);
-    bool recompute = stage->spec.recompute_layers;
+    bool recompute = stage->spec.recompute_layers && state->layer_count > 0;
     for (int s = 0; s < stage->slot_count; s++) {
         activation_slot *slot = &state->slots[s];
         /* one extra entry so a zero-layer stage's calloc is not NULL */
@@ -290,16 +293,20 @@ static int allocate_slots(model_stage *stage, cpu_stage_state *state)
         if (slot->layers == NULL || slot->inputs == NULL ||
             slot->targets == NULL)
             return -1;
+        size_t floats = 0;
         slot->arena = allocate_slot(slot, &d, state->layer_count,
-                                    stage->spec.has_head, recompute);
+                                    stage->spec.has_head, recompute, &floats);
         if (slot->arena == NULL)
             return -1;
+        state->activation_bytes +=
+            floats * sizeof(float) + 2 * d.N * sizeof(uint32_t);
     }
     arena a = {.base = NULL, .used = 0};
     carve_scratch(&state->scratch, &state->recomputed, &a, &d, recompute);
     a.base = calloc(a.used, sizeof(float));
     if (a.base == NULL)
         return -1;
+    state->activation_bytes += a.used * sizeof(float);
     state->scratch.arena = a.base;
     a.used = 0;
     carve_scratch(&state->scratch, &state->recomputed, &a, &d, recompute);
@@ -853,6 +860,15 @@ static float *cpu_output_grad_buffer(model_stage *stage)
 {
     cpu_stage_state *state = stage->backend_state;
     return state->scratch.output_grad;
+}
+
+size_t cpu_stage_activation_bytes(const model_stage *stage)
+{
+    if (stage->backend == NULL || stage->backend->kind != BACKEND_CPU ||
+        stage->backend_state == NULL)
+        return 0;
+    const cpu_stage_state *state = stage->backend_state;
+    return state->activation_bytes;
 }
 
 const stage_backend cpu_stage_backend = {

@@ -4,7 +4,8 @@
  * model: the groundwork of the 1F1B runtime. Covers a 1-1 split, splits
  * with zero-layer stages (embedding alone, head alone, an empty middle
  * stage), tied and untied heads, several micro-batches in flight (one
- * activation slot each), and full activation recompute.
+ * activation slot each), and full activation recompute (also: the
+ * activation bytes exec's memory check predicts are those allocated).
  *
  * The stages run the same ops in the same order as the whole model, so
  * losses and gradients must match bit for bit; the one exception is a
@@ -169,6 +170,24 @@ static void compare_gradients(const model_stage *whole,
     assert_int_equal(covered, whole->tensor_count);
 }
 
+/* What exec's memory check predicts for a stage's activations is what
+ * the cpu backend allocates, with full recompute or without; recompute
+ * allocates less once a stage keeps several micro-batches of layers. */
+static void expect_sized_as_allocated(const model_stage *stage)
+{
+    double predicted = 0.0, kept = 0.0;
+    run_cpu_partial_stage_bytes(&stage->shape, &stage->spec, MBS,
+                                stage->slot_count, &predicted);
+    assert_true(predicted == (double)cpu_stage_activation_bytes(stage));
+    stage_spec keep = stage->spec;
+    keep.recompute_layers = false;
+    run_cpu_partial_stage_bytes(&stage->shape, &keep, MBS, stage->slot_count,
+                                &kept);
+    if (stage->spec.recompute_layers &&
+        stage->spec.last_layer > stage->spec.first_layer)
+        assert_true(predicted < kept);
+}
+
 /* recompute: the stages run full activation recompute (the whole model
  * does not), which must not change a bit. */
 static void check_split_with(const int *partition, int stage_count,
@@ -193,6 +212,7 @@ static void check_split_with(const int *partition, int stage_count,
                                             BACKEND_CPU, MBS, MICRO_BATCHES,
                                             &err),
                          0);
+        expect_sized_as_allocated(&stages[s]);
     }
     share_parameters(&whole, stages, stage_count);
 
