@@ -913,20 +913,15 @@ static void free_world(comm_nccl *world)
     free(world);
 }
 
-int comm_nccl_create(int size, const int *devices, const comm_groups *groups,
-                     double timeout_s, comm_nccl **out, pt_error *err)
+/* A world of `size` ranks with nothing opened yet: the state both
+ * constructors share (NULL with err filled on failure). */
+static comm_nccl *new_world(int size, double timeout_s, pt_error *err)
 {
-    *out = NULL;
-    if (!(timeout_s > 0.0))
-        return pt_fail(err, "nccl comm: the timeout must be positive, got "
-                            "%g s",
-                       timeout_s);
-    if (comm_nccl_check_arguments(size, devices, cuda_device_count(), groups,
-                                  err) != 0)
-        return -1;
     comm_nccl *world = calloc(1, sizeof *world);
-    if (world == NULL)
-        return pt_fail(err, "nccl comm: out of memory");
+    if (world == NULL) {
+        pt_fail(err, "nccl comm: out of memory");
+        return NULL;
+    }
     pthread_mutex_init(&world->lock, NULL);
     atomic_init(&world->failed, false);
     world->failed_rank = -1;
@@ -936,8 +931,32 @@ int comm_nccl_create(int size, const int *devices, const comm_groups *groups,
     world->ranks = calloc((size_t)size, sizeof *world->ranks);
     if (world->devices == NULL || world->ranks == NULL) {
         free_world(world);
-        return pt_fail(err, "nccl comm: out of memory");
+        pt_fail(err, "nccl comm: out of memory");
+        return NULL;
     }
+    return world;
+}
+
+static int check_timeout(double timeout_s, pt_error *err)
+{
+    if (!(timeout_s > 0.0))
+        return pt_fail(err, "nccl comm: the timeout must be positive, got "
+                            "%g s",
+                       timeout_s);
+    return 0;
+}
+
+int comm_nccl_create(int size, const int *devices, const comm_groups *groups,
+                     double timeout_s, comm_nccl **out, pt_error *err)
+{
+    *out = NULL;
+    if (check_timeout(timeout_s, err) != 0 ||
+        comm_nccl_check_arguments(size, devices, cuda_device_count(), groups,
+                                  err) != 0)
+        return -1;
+    comm_nccl *world = new_world(size, timeout_s, err);
+    if (world == NULL)
+        return -1;
     memcpy(world->devices, devices, (size_t)size * sizeof *devices);
     int status = plan_cliques(world, groups, err);
     for (int k = 0; status == 0 && k < world->clique_count; k++)
@@ -1103,30 +1122,16 @@ int comm_nccl_create_rank(int size, int rank, int device,
                           pt_error *err)
 {
     *out = NULL;
-    if (!(timeout_s > 0.0))
-        return pt_fail(err, "nccl comm: the timeout must be positive, got "
-                            "%g s",
-                       timeout_s);
-    if (check_rank_arguments(size, rank, device, groups, processes, err) !=
-        0)
+    if (check_timeout(timeout_s, err) != 0 ||
+        check_rank_arguments(size, rank, device, groups, processes, err) !=
+            0)
         return -1;
-    comm_nccl *world = calloc(1, sizeof *world);
+    comm_nccl *world = new_world(size, timeout_s, err);
     if (world == NULL)
-        return pt_fail(err, "nccl comm: out of memory");
-    pthread_mutex_init(&world->lock, NULL);
-    atomic_init(&world->failed, false);
-    world->failed_rank = -1;
-    world->size = size;
-    world->timeout_s = timeout_s;
+        return -1;
     world->has_processes = true;
     world->process_rank = rank;
     world->processes = *processes;
-    world->devices = malloc((size_t)size * sizeof *world->devices);
-    world->ranks = calloc((size_t)size, sizeof *world->ranks);
-    if (world->devices == NULL || world->ranks == NULL) {
-        free_world(world);
-        return pt_fail(err, "nccl comm: out of memory");
-    }
     for (int r = 0; r < size; r++)
         world->devices[r] = r == rank ? device : -1;
     int status = plan_cliques(world, groups, err);

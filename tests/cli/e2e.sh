@@ -11,18 +11,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
 
-fail() { echo "FAIL [$case_name]: $*"; exit 1; }
-# run EXPECTED_STATUS CMD...: runs, keeps output in out.txt / err.txt
-run() {
-  local expected="$1"; shift
-  "$@" >out.txt 2>err.txt
-  local status=$?
-  if [ "$status" != "$expected" ]; then
-    echo "--- stdout"; cat out.txt; echo "--- stderr"; cat err.txt
-    fail "'$*' exited $status, expected $expected"
-  fi
-}
-expect_in() { grep -q -- "$2" "$1" || { cat "$1"; fail "'$2' not in $1"; }; }
+# fail, run, expect_in, write_layout_plan
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 no_leftovers() {
   local left
   left=$(ls -A | grep -v -e '^out.txt$' -e '^err.txt$' -e '^in' || true)
@@ -463,14 +453,7 @@ exec-pp2)
   # a pipeline of two stages (3 + 1 layers) on a node of 2 "gpus": its
   # ranks run as threads on the cpu backend
   prep_corpus
-  cat >in-pp2.json <<JSON
-{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
-             "seq": 16, "vocab": 257 },
-  "cluster": { "name": "one-box", "nodes": [
-      { "name": "box", "gpu": "A100-FASOP", "gpus": 2,
-        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
-  "gbs": 4, "mbs": 1, "tp": 1, "dp": 1, "pp": 2, "partition": "3-1" }
-JSON
+  write_layout_plan in-pp2.json 1 1 1 2 ', "partition": "3-1"'
   run 0 partita exec in-pp2.json --data in-corpus --iters 4 --log-interval 2 --save ckpt
   [ "$(grep -c '^iteration' out.txt)" = 2 ] || fail "expected 2 log lines"
   expect_in out.txt "iteration        4/       4 |"
@@ -500,22 +483,12 @@ exec-zero1)
   # each rank keeps half of the AdamW state, the losses are those of the
   # replicated optimizer
   prep_corpus
-  cat >in-dp2.json <<JSON
-{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
-             "seq": 16, "vocab": 257 },
-  "cluster": { "name": "one-box", "nodes": [
-      { "name": "box", "gpu": "A100-FASOP", "gpus": 2,
-        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
-  "gbs": 4, "mbs": 1, "tp": 1, "dp": 2, "pp": 1 }
-JSON
-  sed 's/"pp": 1 }/"pp": 1, "distributed_optimizer": true }/' in-dp2.json >in-zero1.json
-  grep -q distributed_optimizer in-zero1.json || fail "could not write the ZeRO-1 plan"
+  write_layout_plan in-dp2.json 1 1 2 1
+  write_layout_plan in-zero1.json 1 1 2 1 ', "distributed_optimizer": true'
   run 0 partita exec in-dp2.json --data in-corpus --iters 3 --log-interval 1 -o plain.json
-  grep '^iteration' out.txt | sed 's/elapsed time[^|]*|//' >plain-log.txt
+  grep -o 'lm loss: [0-9.E+-]*' out.txt >plain-loss.txt
   run 0 partita exec in-zero1.json --data in-corpus --iters 3 --log-interval 1 --save ckpt -o zero1.json
-  grep '^iteration' out.txt | sed 's/elapsed time[^|]*|//' >zero1-log.txt
-  grep -o 'lm loss: [0-9.E+-]*' plain-log.txt >plain-loss.txt
-  grep -o 'lm loss: [0-9.E+-]*' zero1-log.txt >zero1-loss.txt
+  grep -o 'lm loss: [0-9.E+-]*' out.txt >zero1-loss.txt
   [ "$(wc -l <zero1-loss.txt)" = 3 ] || fail "expected 3 loss lines"
   cmp -s plain-loss.txt zero1-loss.txt ||
     { paste plain-loss.txt zero1-loss.txt; fail "ZeRO-1 changed the losses"; }
@@ -533,17 +506,11 @@ exec-recompute)
   # losses as without it, less activation memory, no note that it was
   # not applied
   prep_corpus
-  for layout in '1, "pp": 1' '2, "pp": 2, "partition": "3-1"'; do
-    cat >in-keep.json <<JSON
-{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
-             "seq": 16, "vocab": 257 },
-  "cluster": { "name": "one-box", "nodes": [
-      { "name": "box", "gpu": "A100-FASOP", "gpus": ${layout%%,*},
-        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
-  "gbs": 4, "mbs": 2, "tp": 1, "dp": 1, ${layout#*, } }
-JSON
-    sed 's/"dp": 1,/"dp": 1, "recompute": "full",/' in-keep.json >in-recompute.json
-    grep -q '"full"' in-recompute.json || fail "could not write the recompute plan"
+  for pp in 1 2; do
+    partition=""
+    [ "$pp" = 2 ] && partition=', "partition": "3-1"'
+    write_layout_plan in-keep.json 2 1 1 "$pp" "$partition"
+    write_layout_plan in-recompute.json 2 1 1 "$pp" "$partition, \"recompute\": \"full\""
     run 0 partita exec in-keep.json --data in-corpus --iters 3 --log-interval 1 -o keep.json
     grep -o 'lm loss: [0-9.E+-]*' out.txt >keep-loss.txt
     run 0 partita exec in-recompute.json --data in-corpus --iters 3 --log-interval 1 -o recompute.json
@@ -564,14 +531,7 @@ exec-tp2)
   # Megatron tensor parallelism over 2 "gpus" on the cpu backend, with a
   # pipeline of 2 stages: 4 ranks as threads
   prep_corpus
-  cat >in-tp2.json <<JSON
-{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
-             "seq": 16, "vocab": 257 },
-  "cluster": { "name": "one-box", "nodes": [
-      { "name": "box", "gpu": "A100-FASOP", "gpus": 4,
-        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
-  "gbs": 4, "mbs": 1, "tp": 2, "dp": 1, "pp": 2, "partition": "1-3" }
-JSON
+  write_layout_plan in-tp2.json 1 2 1 2 ', "partition": "1-3"'
   run 0 partita exec in-tp2.json --data in-corpus --iters 3 --log-interval 1 --save ckpt
   expect_in out.txt "4 ranks (pp 2 x dp 1 x tp 2)"
   expect_in out.txt "iteration        3/       3 |"

@@ -26,36 +26,16 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 
-fail() { echo "FAIL [$case_name]: $*"; exit 1; }
+# fail, run, expect_in, write_layout_plan
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 mpi() { # N ARGS...: partita under mpirun with N processes
   local count="$1"; shift
   timeout 120 mpirun --oversubscribe -np "$count" "$partita" "$@"
 }
-# run EXPECTED_STATUS CMD...: output in out.txt / err.txt
-run() {
-  local expected="$1"; shift
-  "$@" >out.txt 2>err.txt
-  local status=$?
-  if [ "$status" != "$expected" ]; then
-    echo "--- stdout"; cat out.txt; echo "--- stderr"; cat err.txt
-    fail "'$*' exited $status, expected $expected"
-  fi
-}
-expect_in() { grep -q -- "$2" "$1" || { cat "$1"; fail "'$2' not in $1"; }; }
 
 "$partita" prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null ||
   fail "prep of the corpus failed"
 
-write_plan() { # FILE GPUS TP DP PP PARTITION
-  cat >"$1" <<JSON
-{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
-             "seq": 16, "vocab": 257 },
-  "cluster": { "name": "one-box", "nodes": [
-      { "name": "box", "gpu": "A100-FASOP", "gpus": $2,
-        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
-  "gbs": 4, "mbs": 1, "tp": $3, "dp": $4, "pp": $5, "partition": "$6" }
-JSON
-}
 
 # The lm loss column of the log lines, one per iteration.
 losses() { grep -o 'lm loss: [^ ]*' "$1" | awk '{print $3}'; }
@@ -133,7 +113,7 @@ expect_ended_within() { # LIMIT_S
   mpirun_pid=""
 }
 
-write_plan in-pp2.json 2 1 1 2 3-1
+write_layout_plan in-pp2.json 1 1 1 2 ', "partition": "3-1"'
 case "$case_name" in
 pp2)
   compare_launches in-pp2.json 2 4
@@ -144,11 +124,11 @@ pp2)
   done
   ;;
 tp2)
-  write_plan in-tp2.json 4 2 1 2 1-3
+  write_layout_plan in-tp2.json 1 2 1 2 ', "partition": "1-3"'
   compare_launches in-tp2.json 4 3
   ;;
 dp2)
-  write_plan in-dp2.json 4 1 2 2 2-2
+  write_layout_plan in-dp2.json 1 1 2 2 ', "partition": "2-2"'
   compare_launches in-dp2.json 4 3
   # resumed by the threads launch from the processes' checkpoint
   run 0 "$partita" exec in-dp2.json --data in-corpus --iters 5 \
@@ -157,10 +137,9 @@ dp2)
   ;;
 dp2-zero1)
   # the distributed optimizer: MPI's reduce-scatter and all-gather
-  write_plan in-dp2.json 4 1 2 2 2-2
-  sed 's/"partition": "2-2" }/"partition": "2-2", "distributed_optimizer": true }/' \
-    in-dp2.json >in-zero1.json
-  grep -q distributed_optimizer in-zero1.json || fail "could not write the ZeRO-1 plan"
+  write_layout_plan in-dp2.json 1 1 2 2 ', "partition": "2-2"'
+  write_layout_plan in-zero1.json 1 1 2 2 \
+    ', "partition": "2-2", "distributed_optimizer": true'
   compare_launches in-zero1.json 4 3
   # its losses are the replicated optimizer's too
   run 0 "$partita" exec in-dp2.json --data in-corpus --iters 3 \

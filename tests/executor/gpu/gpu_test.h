@@ -215,4 +215,24 @@ static inline void gpu_test_download_bf16(float *host, const pt_bf16 *device,
     free(staging);
 }
 
+/* count token ids drawn uniformly from [0, vocab). */
+static inline uint32_t *gpu_test_random_tokens(int count, int vocab,
+                                               uint64_t *state)
+{
+    uint32_t *tokens = gpu_test_host((size_t)count * sizeof *tokens);
+    for (int i = 0; i < count; i++)
+        tokens[i] = (uint32_t)(gpu_test_uniform(state) * vocab);
+    return tokens;
+}
+
+/* A stage's buffer `which` in host memory (the caller frees it). */
+static inline float *gpu_test_read_buffer(const model_stage *stage,
+                                          stage_buffer which)
+{
+    pt_error err;
+    float *host = gpu_test_host((stage->param_count + 1) * sizeof *host);
+    PT_CHECK(model_stage_read(stage, which, host, &err), &err);
+    return host;
+}
+
 #endif

@@ -28,22 +28,6 @@
 #define TOL_PARAM 1e-5
 #define TOL_RECOMPUTE 1e-6
 
-static uint32_t *random_tokens(int count, int vocab, uint64_t *state)
-{
-    uint32_t *tokens = gpu_test_host((size_t)count * sizeof *tokens);
-    for (int i = 0; i < count; i++)
-        tokens[i] = (uint32_t)(gpu_test_uniform(state) * vocab);
-    return tokens;
-}
-
-static float *read_buffer(const model_stage *stage, stage_buffer which)
-{
-    pt_error err;
-    float *host = gpu_test_host((stage->param_count + 1) * sizeof *host);
-    PT_CHECK(model_stage_read(stage, which, host, &err), &err);
-    return host;
-}
-
 /* Zero grads; forward and backward of `micro_batches` micro-batches,
  * loss_scale 1 / micro_batches; returns the mean loss. One after the
  * other in slot 0, or (in_flight) every forward into slots 0, 1, ...
@@ -162,14 +146,14 @@ static void test_gpt2_step(gpu_test_tally *tally, const char *path, int seq,
     PT_CHECK(model_stage_init_parameters(&cpu, 1234, &err), &err);
     PT_CHECK(model_stage_init_parameters(&gpu, 1234, &err), &err);
     uint64_t state = 42;
-    uint32_t *tokens = random_tokens(mbs * (seq + 1), shape.vocab, &state);
+    uint32_t *tokens = gpu_test_random_tokens(mbs * (seq + 1), shape.vocab, &state);
 
     float cpu_loss = run_micro_batches(&cpu, tokens, 1, mbs);
     float gpu_loss = run_micro_batches(&gpu, tokens, 1, mbs);
     printf("# loss: cpu %.6f, cuda %.6f nats/token\n", cpu_loss, gpu_loss);
     compare_value(tally, "gpt2 loss", gpu_loss, cpu_loss, TOL_LOSS);
-    float *cpu_grads = read_buffer(&cpu, STAGE_GRADS);
-    float *gpu_grads = read_buffer(&gpu, STAGE_GRADS);
+    float *cpu_grads = gpu_test_read_buffer(&cpu, STAGE_GRADS);
+    float *gpu_grads = gpu_test_read_buffer(&gpu, STAGE_GRADS);
     compare_tensors(tally, "gpt2 grad", &gpu, gpu_grads, &cpu, cpu_grads,
                     TOL_GRAD, true);
     double cpu_square = 0.0, gpu_square = 0.0;
@@ -190,12 +174,12 @@ static void test_gpt2_step(gpu_test_tally *tally, const char *path, int seq,
         PT_CHECK(stage_adamw_step(&cpu, &config, 6e-4f, 0.5f, &err), &err);
         PT_CHECK(stage_adamw_step(&gpu, &config, 6e-4f, 0.5f, &err), &err);
     }
-    float *cpu_params = read_buffer(&cpu, STAGE_PARAMS);
-    float *gpu_params = read_buffer(&gpu, STAGE_PARAMS);
+    float *cpu_params = gpu_test_read_buffer(&cpu, STAGE_PARAMS);
+    float *gpu_params = gpu_test_read_buffer(&gpu, STAGE_PARAMS);
     compare_tensors(tally, "gpt2 params after 2 AdamW steps", &gpu,
                     gpu_params, &cpu, cpu_params, TOL_PARAM, false);
-    float *cpu_moment = read_buffer(&cpu, STAGE_ADAM_V);
-    float *gpu_moment = read_buffer(&gpu, STAGE_ADAM_V);
+    float *cpu_moment = gpu_test_read_buffer(&cpu, STAGE_ADAM_V);
+    float *gpu_moment = gpu_test_read_buffer(&gpu, STAGE_ADAM_V);
     compare_tensors(tally, "gpt2 AdamW second moments", &gpu, gpu_moment,
                     &cpu, cpu_moment, TOL_PARAM, false);
     free(cpu_moment), free(gpu_moment);
@@ -251,7 +235,7 @@ static void test_pipeline_split(gpu_test_tally *tally)
     uint64_t state = 99;
     size_t window = (size_t)shape.seq + 1;
     uint32_t *tokens =
-        random_tokens(micro_batches * mbs * (int)window, shape.vocab, &state);
+        gpu_test_random_tokens(micro_batches * mbs * (int)window, shape.vocab, &state);
     float cpu_losses[2];
     PT_CHECK(stage_zero_grads(&cpu, &err), &err);
     for (int m = 0; m < micro_batches; m++) {
@@ -303,8 +287,8 @@ static void test_pipeline_split(gpu_test_tally *tally)
         compare_value(tally, name, gpu_losses[m], cpu_losses[m], TOL_LOSS);
     }
     /* the embedding all-reduce: the head's tied copy joins stage 0 */
-    float *first = read_buffer(&stages[0], STAGE_GRADS);
-    float *last = read_buffer(&stages[2], STAGE_GRADS);
+    float *first = gpu_test_read_buffer(&stages[0], STAGE_GRADS);
+    float *last = gpu_test_read_buffer(&stages[2], STAGE_GRADS);
     const param_tensor *embedding =
         model_stage_find_tensor(&stages[0], "token_embedding");
     const param_tensor *copy =
@@ -319,12 +303,12 @@ static void test_pipeline_split(gpu_test_tally *tally)
             last[copy->offset + k] = sum;
         }
     }
-    float *cpu_grads = read_buffer(&cpu, STAGE_GRADS);
+    float *cpu_grads = gpu_test_read_buffer(&cpu, STAGE_GRADS);
     float *buffers[3] = {first, last, NULL};
     for (int s = 0; s < 3; s++) {
         float *grads = s == 0 ? buffers[0]
                      : s == 2 ? buffers[1]
-                              : read_buffer(&stages[s], STAGE_GRADS);
+                              : gpu_test_read_buffer(&stages[s], STAGE_GRADS);
         char label[64];
         snprintf(label, sizeof label, "pipeline stage %d grad", s);
         compare_tensors(tally, label, &stages[s], grads, &cpu, cpu_grads,
@@ -363,15 +347,15 @@ static void test_variant(gpu_test_tally *tally, const char *label,
     PT_CHECK(model_stage_init_parameters(&cpu, 11, &err), &err);
     PT_CHECK(model_stage_init_parameters(&gpu, 11, &err), &err);
     uint64_t state = 5;
-    uint32_t *tokens = random_tokens(micro_batches * mbs * (shape.seq + 1),
+    uint32_t *tokens = gpu_test_random_tokens(micro_batches * mbs * (shape.seq + 1),
                                      shape.vocab, &state);
     float cpu_loss = run_micro_batches(&cpu, tokens, micro_batches, mbs);
     float gpu_loss = run_micro_batches(&gpu, tokens, micro_batches, mbs);
     char name[128];
     snprintf(name, sizeof name, "%s: loss", label);
     compare_value(tally, name, gpu_loss, cpu_loss, TOL_LOSS);
-    float *cpu_grads = read_buffer(&cpu, STAGE_GRADS);
-    float *gpu_grads = read_buffer(&gpu, STAGE_GRADS);
+    float *cpu_grads = gpu_test_read_buffer(&cpu, STAGE_GRADS);
+    float *gpu_grads = gpu_test_read_buffer(&gpu, STAGE_GRADS);
     snprintf(name, sizeof name, "%s: grad", label);
     compare_tensors(tally, name, &gpu, gpu_grads, &cpu, cpu_grads, TOL_GRAD,
                     false);
@@ -405,7 +389,7 @@ static void test_full_recompute(gpu_test_tally *tally)
     PT_CHECK(model_stage_init_parameters(&keep, 11, &err), &err);
     PT_CHECK(model_stage_init_parameters(&recompute, 11, &err), &err);
     uint64_t state = 9;
-    uint32_t *tokens = random_tokens(micro_batches * mbs * (shape.seq + 1),
+    uint32_t *tokens = gpu_test_random_tokens(micro_batches * mbs * (shape.seq + 1),
                                      shape.vocab, &state);
     float kept_loss =
         run_micro_batches_as(&keep, tokens, micro_batches, mbs, true);
@@ -413,8 +397,8 @@ static void test_full_recompute(gpu_test_tally *tally)
         run_micro_batches_as(&recompute, tokens, micro_batches, mbs, true);
     compare_value(tally, "full recompute: loss", recomputed_loss, kept_loss,
                   TOL_RECOMPUTE);
-    float *kept_grads = read_buffer(&keep, STAGE_GRADS);
-    float *recomputed_grads = read_buffer(&recompute, STAGE_GRADS);
+    float *kept_grads = gpu_test_read_buffer(&keep, STAGE_GRADS);
+    float *recomputed_grads = gpu_test_read_buffer(&recompute, STAGE_GRADS);
     compare_tensors(tally, "full recompute: grad", &recompute,
                     recomputed_grads, &keep, kept_grads, TOL_RECOMPUTE,
                     false);

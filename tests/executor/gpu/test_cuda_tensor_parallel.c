@@ -144,22 +144,6 @@ static model_shape tp_shape(bool tied)
     return shape;
 }
 
-static uint32_t *random_tokens(int count, int vocab, uint64_t *state)
-{
-    uint32_t *tokens = gpu_test_host((size_t)count * sizeof *tokens);
-    for (int i = 0; i < count; i++)
-        tokens[i] = (uint32_t)(gpu_test_uniform(state) * vocab);
-    return tokens;
-}
-
-static float *read_buffer(const model_stage *stage, stage_buffer which)
-{
-    pt_error err;
-    float *host = gpu_test_host((stage->param_count + 1) * sizeof *host);
-    PT_CHECK(model_stage_read(stage, which, host, &err), &err);
-    return host;
-}
-
 /* One shard's share of a step, run on its own thread. */
 typedef struct shard_job {
     model_stage *stage;
@@ -281,7 +265,7 @@ static float *assemble(const model_stage *shards, const model_stage *whole)
     float *out = gpu_test_host((whole->param_count + 1) * sizeof *out);
     unsigned char *covered = gpu_test_host(whole->param_count + 1);
     for (int t = 0; t < TP; t++) {
-        float *grads = read_buffer(&shards[t], STAGE_GRADS);
+        float *grads = gpu_test_read_buffer(&shards[t], STAGE_GRADS);
         for (int i = 0; i < shards[t].tensor_count; i++) {
             const param_tensor *mine = &shards[t].tensors[i];
             const param_tensor *theirs =
@@ -363,8 +347,8 @@ static void compare_value(gpu_test_tally *tally, const char *name, double got,
 static void check_replicas_agree(gpu_test_tally *tally, const char *label,
                                  const model_stage *shards)
 {
-    float *first = read_buffer(&shards[0], STAGE_GRADS);
-    float *second = read_buffer(&shards[1], STAGE_GRADS);
+    float *first = gpu_test_read_buffer(&shards[0], STAGE_GRADS);
+    float *second = gpu_test_read_buffer(&shards[1], STAGE_GRADS);
     int replicated = 0, differing = 0;
     for (int i = 0; i < shards[0].tensor_count; i++) {
         const param_tensor *t = &shards[0].tensors[i];
@@ -401,7 +385,7 @@ static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied)
            label, shape.layers, shape.hidden, shape.heads, shape.ffn_hidden,
            shape.vocab, shape.seq, mbs, micro_batches);
     uint64_t state = tied ? 77 : 78;
-    uint32_t *tokens = random_tokens(micro_batches * mbs * (shape.seq + 1),
+    uint32_t *tokens = gpu_test_random_tokens(micro_batches * mbs * (shape.seq + 1),
                                      shape.vocab, &state);
 
     /* the unsplit cuda stage */
@@ -415,7 +399,7 @@ static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied)
     PT_CHECK(micro_batch_steps(&whole, tokens, micro_batches, mbs,
                                &whole_loss, &err),
              &err);
-    float *whole_grads = read_buffer(&whole, STAGE_GRADS);
+    float *whole_grads = gpu_test_read_buffer(&whole, STAGE_GRADS);
 
     /* the cuda pair through the device comm */
     comm_threads *cuda_world = NULL, *cpu_world = NULL;
@@ -499,7 +483,7 @@ static void test_compute_only(gpu_test_tally *tally)
     PT_CHECK(model_stage_init_parameters(&shard, 5, &err), &err);
     PT_CHECK(model_stage_attach_tp(&shard, NULL, NULL, &err), &err);
     uint64_t state = 3;
-    uint32_t *tokens = random_tokens(mbs * (shape.seq + 1), shape.vocab,
+    uint32_t *tokens = gpu_test_random_tokens(mbs * (shape.seq + 1), shape.vocab,
                                      &state);
     float loss = 0.0f;
     PT_CHECK(micro_batch_steps(&shard, tokens, 1, mbs, &loss, &err), &err);
@@ -524,7 +508,7 @@ static void check_square_sums(gpu_test_tally *tally, const char *label,
                               const model_stage *stage)
 {
     pt_error err;
-    float *grads = read_buffer(stage, STAGE_GRADS);
+    float *grads = gpu_test_read_buffer(stage, STAGE_GRADS);
     double *sums = gpu_test_host((size_t)stage->tensor_count * sizeof *sums);
     PT_CHECK(stage->backend->grad_square_sums(stage, sums, &err), &err);
     double worst = 0.0, total = 0.0;
@@ -569,7 +553,7 @@ static void test_square_sums(gpu_test_tally *tally)
     shape.vocab = 5000;
     int mbs = 2;
     uint64_t state = 9;
-    uint32_t *tokens = random_tokens(mbs * (shape.seq + 1), shape.vocab,
+    uint32_t *tokens = gpu_test_random_tokens(mbs * (shape.seq + 1), shape.vocab,
                                      &state);
     stage_spec spec = stage_spec_whole_model(&shape);
     model_stage stage;
