@@ -82,17 +82,22 @@ typedef struct embedding_plan {
     uint32_t *tokens;
 } embedding_plan;
 
-/* Groups the N = B x T input tokens (host) by value. counts: V ints of
- * host scratch. plan arrays must have room for N + 1 / N entries. */
+/* Host scratch of embedding_plan_build(_range) for a vocabulary (or
+ * shard) of vocab_count tokens: allocate it zeroed (calloc); the builds
+ * leave it zeroed. */
+size_t embedding_plan_scratch_bytes(int vocab_count);
+/* Groups the N = B x T input tokens (host) by value, in ascending token
+ * order. scratch: embedding_plan_scratch_bytes(V), zeroed. plan arrays
+ * must have room for N + 1 / N entries. */
 void embedding_plan_build(embedding_plan *plan, const uint32_t *tokens,
-                          int N, int V, int *counts);
+                          int N, int V, void *scratch);
 /* The same for a vocab-parallel shard holding the rows [vocab_first,
  * vocab_first + vocab_count): rows of other tokens are left out and the
- * group tokens are shard-local (token - vocab_first). counts: vocab_count
- * ints. */
+ * group tokens are shard-local (token - vocab_first). scratch:
+ * embedding_plan_scratch_bytes(vocab_count), zeroed. */
 void embedding_plan_build_range(embedding_plan *plan, const uint32_t *tokens,
                                 int N, int vocab_first, int vocab_count,
-                                int *counts);
+                                void *scratch);
 
 /* The vocab-parallel lookup (tensor parallelism): out[n,:] =
  * token_embedding[tokens[n] - vocab_first,:] when the shard holds that

@@ -194,7 +194,8 @@ typedef struct cuda_stage_state {
     backward_scratch scratch;
     token_block host_tokens;        /* pinned host, one micro-batch */
     void *host_block;               /* owned pinned memory */
-    int *token_counts;              /* owned host scratch, V ints */
+    void *token_counts;             /* owned host scratch of the
+                                       embedding plan, zeroed */
     size_t device_bytes;
 } cuda_stage_state;
 
@@ -750,7 +751,7 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
     }
     if (stage->spec.has_embedding) {
         /* the shard's vocabulary: embedding_plan_build_range */
-        state->token_counts = calloc((size_t)d.V, sizeof(int));
+        state->token_counts = calloc(1, embedding_plan_scratch_bytes(d.V));
         if (state->token_counts == NULL)
             return pt_fail(err, "cuda backend: out of host memory");
     }

@@ -72,7 +72,7 @@ static void test_embedding(gpu_test_tally *tally)
         .rows = gpu_test_host((size_t)N * sizeof(int)),
         .tokens = gpu_test_host((size_t)N * sizeof(uint32_t)),
     };
-    int *counts = gpu_test_host((size_t)V * sizeof(int));
+    void *counts = calloc(1, embedding_plan_scratch_bytes(V));
     embedding_plan_build(&plan, tokens, N, V, counts);
     int *d_starts = gpu_test_device((size_t)(N + 1) * sizeof(int));
     int *d_rows = gpu_test_device((size_t)N * sizeof(int));
@@ -139,7 +139,7 @@ static void test_embedding_shards(gpu_test_tally *tally)
         .rows = gpu_test_host((size_t)N * sizeof(int)),
         .tokens = gpu_test_host((size_t)N * sizeof(uint32_t)),
     };
-    int *counts = gpu_test_host((size_t)V * sizeof(int));
+    void *counts = calloc(1, embedding_plan_scratch_bytes(V));
     int *d_starts = gpu_test_device((size_t)(N + 1) * sizeof(int));
     int *d_rows = gpu_test_device((size_t)N * sizeof(int));
     uint32_t *d_group_tokens = gpu_test_device((size_t)N * sizeof(uint32_t));
