@@ -50,7 +50,8 @@ static void print_exec_help(void)
         "events of the median iteration and the measured step time.\n"
         "Plans with pp, dp or tp > 1 run their ranks as threads of this\n"
         "process: on the cpu backend over shared memory, on the cuda\n"
-        "backend one GPU per rank over NCCL. Started by mpirun or srun,\n"
+        "backend one GPU per rank over NCCL (or, --gpu-comm host, ranks\n"
+        "sharing GPUs through host memory). Started by mpirun or srun,\n"
         "one process per rank instead (the process count must equal the\n"
         "plan's tp x dp x pp): rank 0 prints the log and writes run.json.\n"
         "\n"
@@ -74,6 +75,11 @@ static void print_exec_help(void)
         "  --comm-timeout S     parallel runs: seconds a rank waits for a\n"
         "                       peer before the run fails (3600 on cpu,\n"
         "                       300 on cuda)\n"
+        "  --gpu-comm KIND      cuda backend, ranks as threads: nccl (a GPU\n"
+        "                       per rank), host (through host memory: slow,\n"
+        "                       but ranks may share a GPU, each in its own\n"
+        "                       slice of SMs), or auto (default: nccl when\n"
+        "                       built and no two ranks share a GPU)\n"
         "  --launch MODE        auto (default): one process per rank when\n"
         "                       started by mpirun or srun with more than one\n"
         "                       process, else threads; threads; or mpi\n"
@@ -94,6 +100,7 @@ typedef struct exec_arguments {
     const char *save_dir;
     const char *load_dir;
     const char *launch;       /* auto, threads or mpi */
+    const char *gpu_comm;     /* auto, nccl or host */
     long iterations;
     long log_interval;
     long save_interval;
@@ -160,7 +167,7 @@ static int parse_seed(const char *text, exec_arguments *args)
 enum {
     OPT_DATA = 256, OPT_BACKEND, OPT_ITERS, OPT_LOG_INTERVAL, OPT_SEED,
     OPT_LR, OPT_WARMUP, OPT_MIN_LR, OPT_SAVE, OPT_LOAD, OPT_SAVE_INTERVAL,
-    OPT_COMM_TIMEOUT, OPT_LAUNCH, OPT_HELP
+    OPT_COMM_TIMEOUT, OPT_LAUNCH, OPT_GPU_COMM, OPT_HELP
 };
 
 /* Seconds, positive and finite; prints its own message. */
@@ -190,6 +197,7 @@ static int apply_option(int option, const char *value, exec_arguments *args)
     case OPT_SAVE: args->save_dir = value; return 0;
     case OPT_LOAD: args->load_dir = value; return 0;
     case OPT_LAUNCH: args->launch = value; return 0;
+    case OPT_GPU_COMM: args->gpu_comm = value; return 0;
     case OPT_ITERS:
         return parse_count("iters", value, 1, 1000000000L, &args->iterations);
     case OPT_LOG_INTERVAL:
@@ -210,6 +218,13 @@ static int apply_option(int option, const char *value, exec_arguments *args)
     }
 }
 
+static bool one_of(const char *value, const char *a, const char *b,
+                   const char *c)
+{
+    return strcmp(value, a) == 0 || strcmp(value, b) == 0 ||
+           strcmp(value, c) == 0;
+}
+
 /* Checks between options, once all are read. */
 static int check_arguments(const exec_arguments *args)
 {
@@ -218,12 +233,15 @@ static int check_arguments(const exec_arguments *args)
     if (args->data_prefix == NULL)
         problem = "--data PREFIX is required (the dataset to train on; "
                   "'partita prep' makes one)";
-    else if (strcmp(args->launch, "auto") != 0 &&
-             strcmp(args->launch, "threads") != 0 &&
-             strcmp(args->launch, "mpi") != 0) {
+    else if (!one_of(args->launch, "auto", "threads", "mpi")) {
         snprintf(text, sizeof text, "--launch: expected auto, threads or "
                                     "mpi, got '%.60s'",
                  args->launch);
+        problem = text;
+    } else if (!one_of(args->gpu_comm, "auto", "nccl", "host")) {
+        snprintf(text, sizeof text, "--gpu-comm: expected auto, nccl or "
+                                    "host, got '%.60s'",
+                 args->gpu_comm);
         problem = text;
     }
     else if (args->save_interval_given && args->save_dir == NULL)
@@ -262,11 +280,12 @@ static int parse_exec_arguments(int argc, char **argv, exec_arguments *args)
         {"save-interval", required_argument, NULL, OPT_SAVE_INTERVAL},
         {"comm-timeout", required_argument, NULL, OPT_COMM_TIMEOUT},
         {"launch", required_argument, NULL, OPT_LAUNCH},
+        {"gpu-comm", required_argument, NULL, OPT_GPU_COMM},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
     *args = (exec_arguments){.backend = "cpu", .output = "run.json",
-                             .launch = "auto",
+                             .launch = "auto", .gpu_comm = "auto",
                              .iterations = 100, .log_interval = 10,
                              .warmup = -1, .lr = 6e-4, .min_lr = -1.0,
                              .seed = 1234};
@@ -418,6 +437,9 @@ static int build_run_options(const exec_arguments *args, run_options *out)
     out->save_interval = args->save_interval;
     out->load_dir = args->load_dir;
     out->comm_timeout_s = args->comm_timeout_s;
+    out->gpu_comm = strcmp(args->gpu_comm, "nccl") == 0   ? RUN_GPU_COMM_NCCL
+                    : strcmp(args->gpu_comm, "host") == 0 ? RUN_GPU_COMM_HOST
+                                                          : RUN_GPU_COMM_AUTO;
     out->stop = &stop_requested;
     return 0;
 }

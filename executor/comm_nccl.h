@@ -1,6 +1,6 @@
 /*
- * The NCCL implementation of the comm interface (executor/comm_nccl.c) and
- * the GPU launcher of parallel plans (executor/pipeline_gpu.c). Built only
+ * The NCCL implementation of the comm interface (executor/comm_nccl.c),
+ * which the GPU launcher (executor/pipeline_gpu.h) uses. Built only
  * with the cuda backend and NCCL (meson defines PARTITA_HAVE_NCCL); include
  * this header under that macro. docs/executor.md ("Parallel runtime on
  * GPUs") describes the design.
@@ -33,6 +33,7 @@
 #define PARTITA_EXECUTOR_COMM_NCCL_H
 
 #include "executor/executor.h"
+#include "executor/pipeline_gpu.h"
 
 typedef struct comm_nccl comm_nccl;
 
@@ -97,33 +98,7 @@ double comm_nccl_rank_peak_bytes(comm_nccl *world, int rank);
  * and one per distinct group (for tests). */
 int comm_nccl_clique_count(const comm_nccl *world);
 
-/*
- * The GPU launcher: every rank of a layout on its own GPU of this
- * machine, one thread per rank (pipeline_threads over a NCCL world).
- * devices[rank] gives the rank's GPU (index), its sm_limit (run in a CUDA
- * green context of that many SMs; 0: all) and memory_limit_gib (a cap on
- * what the rank allocates; 0: none). Each rank's thread opens its device,
- * its comm streams and its cuda stage; the close runs on the same thread.
- */
-typedef struct pipeline_gpu {
-    pipeline_threads threads;        /* stages, events, errors by rank */
-    comm_nccl *world;                /* owned */
-    comm *comms;                     /* rank_count, owned */
-    device_spec *devices;            /* rank_count, owned copy */
-} pipeline_gpu;
-
-int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
-                       const device_spec *devices, uint64_t seed,
-                       double timeout_s, pt_error *err);
-/* One process per rank: only this process's rank (processes->rank), on
- * `device`, over a NCCL world of comm_nccl_create_rank; devices[] then
- * holds that rank's entry only. */
-int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
-                            const device_spec *device, const comm *processes,
-                            uint64_t seed, double timeout_s, pt_error *err);
-/* Stops the rank threads (after a failure, each aborts its communicators
- * before its stage is freed) and ends the world. Safe on a zeroed or
- * failed launcher. */
-void pipeline_gpu_stop(pipeline_gpu *g);
+/* The GPU launcher over this comm (and the host-staged one) is declared
+ * in executor/pipeline_gpu.h. */
 
 #endif

@@ -576,8 +576,9 @@ void cpu_adamw_update(float *params, const float *grads, float *m, float *v,
  * `partita exec` for plans of one stage on one device (tp = dp = pp = 1),
  * and for parallel plans (pp, dp or tp > 1), whose ranks run as threads
  * through the parallel runtime: on the cpu backend over the threads comm
- * (pipeline_threads), on the cuda backend one GPU per rank over NCCL
- * (pipeline_gpu, executor/comm_nccl.h), after the plan was checked
+ * (pipeline_threads), on the cuda backend one GPU per rank over NCCL or
+ * ranks sharing GPUs over the host-staged comm (pipeline_gpu,
+ * executor/pipeline_gpu.h), after the plan was checked
  * against this machine's GPUs (device_check_plan); on the same data, seed
  * and record:
  * samples from a dataset (gpt_sampler), gbs / mbs accumulated
@@ -597,6 +598,15 @@ struct run_result;
  * iteration just finished. For printing progress: it must not keep the
  * pointer. */
 typedef void (*run_observer)(const struct run_result *so_far, void *data);
+
+/* The comm of a parallel plan's ranks on GPUs (executor/pipeline_gpu.h):
+ * NCCL, one GPU per rank; or host-staged, slow, but ranks may share a GPU
+ * (each in its own slice of SMs) and no NCCL is needed. */
+typedef enum run_gpu_comm {
+    RUN_GPU_COMM_AUTO,
+    RUN_GPU_COMM_NCCL,
+    RUN_GPU_COMM_HOST,
+} run_gpu_comm;
 
 /* What a run is asked to do. run_options_defaults fills every field. */
 typedef struct run_options {
@@ -619,6 +629,10 @@ typedef struct run_options {
                                     for a peer before the run fails; 0:
                                     the default (3600 s on cpu, 300 s on
                                     cuda) */
+    run_gpu_comm gpu_comm;       /* cuda backend, ranks as threads: how
+                                    they communicate (RUN_GPU_COMM_AUTO:
+                                    NCCL when built and every rank has a
+                                    GPU of its own, else host-staged) */
     struct comm_mpi *processes;  /* NULL: the ranks of a parallel plan
                                     are threads of this process. Else one
                                     process per rank (mpirun, srun): this
@@ -833,7 +847,9 @@ int device_check_plan(const plan *p, const local_device *devices,
  * pipeline and data-parallel runtime below is written once: the threads
  * implementation (comm_threads_*, N ranks as N threads of one process,
  * host memory) is the CPU reference; the NCCL one (executor/comm_nccl.h,
- * one GPU per rank) runs the cuda backend. Buffers are in the backend's
+ * one GPU per rank) runs the cuda backend, and so does the host-staged one
+ * (executor/pipeline_gpu.h: the threads comm on pinned host copies, ranks
+ * may share a GPU). Buffers are in the backend's
  * memory of the rank (host memory for threads, device memory for NCCL);
  * whatever wrote them must have finished when the call is made (the cuda
  * backend synchronises its stream), and a call returns with its result in

@@ -12,9 +12,7 @@
  */
 #ifdef PARTITA_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
-#endif
-#ifdef PARTITA_HAVE_NCCL
-#include "executor/comm_nccl.h"
+#include "executor/pipeline_gpu.h"
 #endif
 #include "executor/executor.h"
 
@@ -83,7 +81,8 @@ typedef struct run_context {
     pipeline_layout layout;
     pipeline_threads threads;   /* cpu backend */
     bool threads_ready;
-    struct pipeline_gpu *gpu;   /* cuda backend (NCCL), owned */
+    struct pipeline_gpu *gpu;   /* cuda backend, owned */
+    run_gpu_comm gpu_comm;      /* its comm, resolved (never AUTO) */
     pipeline_threads *launcher; /* the running ranks: &threads or the
                                    GPU launcher's */
     bool processes;             /* one process per rank: this process
@@ -354,7 +353,7 @@ static int rank_buffer_count(const run_context *ctx, int rank,
     return 0;
 }
 
-#ifdef PARTITA_HAVE_NCCL
+#ifdef PARTITA_HAVE_CUDA
 static device_spec own_device(const run_context *ctx);
 static int check_own_gpu(const run_context *ctx, pt_error *err);
 
@@ -1104,13 +1103,18 @@ static void fill_result_header(const run_context *ctx, run_result *out)
                      : "one GPU each, communicating over NCCL");
         add_note(out, note);
     } else if (ctx->parallel) {
-        char note[256];
+        char note[384];
         snprintf(note, sizeof note,
                  "the %d ranks (pp %d x dp %d x tp %d) ran as threads of "
                  "one process, %s",
                  out->rank_count, out->pp, out->dp, out->tp,
                  options->backend == BACKEND_CPU
                      ? "sharing the cpu's cores and memory"
+                 : ctx->gpu_comm == RUN_GPU_COMM_HOST
+                     ? "on this machine's GPUs (ranks may share one, each "
+                       "in its own slice of SMs), communicating through "
+                       "host memory (the host-staged comm: slow, for "
+                       "checks, not for speed)"
                      : "one GPU each, communicating over NCCL");
         add_note(out, note);
     }
@@ -1176,6 +1180,83 @@ static int allocate_buffers(run_context *ctx, const run_result *out,
     return 0;
 }
 
+/* The first two ranks of the plan on one GPU, in *first and *second;
+ * false when every rank has a GPU of its own. */
+static bool ranks_share_gpu(const plan *p, int *first, int *second)
+{
+    int ranks = p->config.pp * p->config.dp * p->config.tp;
+    for (int b = 1; b < ranks; b++)
+        for (int a = 0; a < b; a++) {
+            device_spec da, db;
+            if (plan_rank_device(p, a, &da) != 0)
+                da = (device_spec){.index = a};
+            if (plan_rank_device(p, b, &db) != 0)
+                db = (device_spec){.index = b};
+            if (da.index == db.index) {
+                *first = a;
+                *second = b;
+                return true;
+            }
+        }
+    return false;
+}
+
+#ifdef PARTITA_HAVE_NCCL
+static const bool nccl_built = true;
+#else
+static const bool nccl_built = false;
+#endif
+
+/* The comm of a parallel cuda run (options->gpu_comm, AUTO resolved):
+ * NCCL needs a GPU per rank and a build with it; host-staged needs the
+ * ranks to be threads of this process. */
+static int resolve_gpu_comm(run_context *ctx, pt_error *err)
+{
+    run_gpu_comm asked = ctx->options->gpu_comm;
+    const plan *p = ctx->plan;
+    if (ctx->options->backend != BACKEND_CUDA) {
+        if (asked != RUN_GPU_COMM_AUTO)
+            return pt_fail(err, "--gpu-comm chooses how the ranks of the "
+                                "cuda backend communicate; the %s backend's "
+                                "ranks use %s",
+                           backend_name(ctx->options->backend),
+                           ctx->options->processes ? "MPI" : "the threads "
+                                                            "comm");
+        return 0;
+    }
+    int first = 0, second = 0;
+    bool shared = !ctx->options->processes &&
+                  ranks_share_gpu(p, &first, &second);
+    device_spec device;
+    if (shared && plan_rank_device(p, first, &device) != 0)
+        device = (device_spec){.index = first};
+    if (ctx->options->processes) {
+        if (asked == RUN_GPU_COMM_HOST)
+            return pt_fail(err, "--gpu-comm host runs the ranks as threads "
+                                "of one process; under mpirun or srun each "
+                                "process drives its GPU over NCCL");
+        ctx->gpu_comm = RUN_GPU_COMM_NCCL;
+    } else if (asked == RUN_GPU_COMM_AUTO) {
+        ctx->gpu_comm = nccl_built && !shared ? RUN_GPU_COMM_NCCL
+                                              : RUN_GPU_COMM_HOST;
+    } else {
+        ctx->gpu_comm = asked;
+    }
+    if (ctx->gpu_comm == RUN_GPU_COMM_NCCL && !nccl_built)
+        return pt_fail(err, "this plan has tp %d, dp %d, pp %d: parallel "
+                            "plans on the cuda backend communicate over "
+                            "NCCL, which this binary was built without "
+                            "(nccl.h and libnccl were not found); "
+                            "--gpu-comm host runs them through host memory",
+                       p->config.tp, p->config.dp, p->config.pp);
+    if (ctx->gpu_comm == RUN_GPU_COMM_NCCL && shared)
+        return pt_fail(err, "ranks %d and %d share cuda device %d, and NCCL "
+                            "needs a GPU per rank; --gpu-comm host runs "
+                            "ranks that share a GPU",
+                       first, second, device.index);
+    return 0;
+}
+
 /* The layout of a parallel plan, the per-rank records and the largest
  * stage (for the checkpoint buffer). */
 static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
@@ -1196,14 +1277,8 @@ static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
                        ranks);
     if (!ctx->parallel)
         return 0;
-#if defined(PARTITA_HAVE_CUDA) && !defined(PARTITA_HAVE_NCCL)
-    if (ctx->options->backend == BACKEND_CUDA)
-        return pt_fail(err, "this plan has tp %d, dp %d, pp %d: parallel "
-                            "plans on the cuda backend communicate over "
-                            "NCCL, which this binary was built without "
-                            "(nccl.h and libnccl were not found)",
-                       p->config.tp, p->config.dp, p->config.pp);
-#endif
+    if (resolve_gpu_comm(ctx, err) != 0)
+        return -1;
     if (pipeline_layout_init(&ctx->layout, &ctx->shape, &p->config,
                              p->partition, p->config.pp, err) != 0)
         return -1;
@@ -1225,7 +1300,7 @@ static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
     return 0;
 }
 
-#ifdef PARTITA_HAVE_NCCL
+#ifdef PARTITA_HAVE_CUDA
 /* What a rank's thread reports of its device into the record. */
 typedef struct rank_description {
     run_context *ctx;
@@ -1257,7 +1332,7 @@ static int describe_rank_task(void *data, int rank, model_stage *stage,
              info.runtime_cuda_version);
     d->out->rank_peak_memory_bytes[rank] =
         (double)cuda_stage_device_bytes(stage) +
-        comm_nccl_rank_peak_bytes(d->ctx->gpu->world, rank);
+        pipeline_gpu_comm_device_bytes(d->ctx->gpu, rank);
     return 0;
 }
 
@@ -1282,7 +1357,7 @@ static int record_gpu_ranks(run_context *ctx, run_result *out,
         "parameters, gradients and AdamW moments, the bf16 weight mirror, "
         "activations, backward scratch, the cuBLASLt workspace) and its "
         "NCCL comm's staging buffers and scratch (not the CUDA context or "
-        "NCCL's own buffers)";
+        "NCCL's own buffers; the host-staged comm holds no device memory)";
     drop_note(out, "the backend interface does not report");
     return 0;
 }
@@ -1382,8 +1457,10 @@ static int start_gpus(run_context *ctx, run_result *out, pt_error *err)
     double timeout = ctx->options->comm_timeout_s > 0
                          ? ctx->options->comm_timeout_s
                          : RUN_GPU_COMM_TIMEOUT_S;
-    int status = pipeline_gpu_start(ctx->gpu, &ctx->layout, devices,
-                                    out->seed, timeout, err);
+    int status = pipeline_gpu_start(
+        ctx->gpu, &ctx->layout, devices,
+        ctx->gpu_comm == RUN_GPU_COMM_HOST ? GPU_COMM_HOST : GPU_COMM_NCCL,
+        out->seed, timeout, err);
     free(devices);
     if (status != 0) {
         free(ctx->gpu);
@@ -2092,7 +2169,7 @@ static void record_max_rss(run_result *out)
  * figure again at the end. */
 static void record_final_gpu_memory(run_context *ctx, run_result *out)
 {
-#ifdef PARTITA_HAVE_NCCL
+#ifdef PARTITA_HAVE_CUDA
     pt_error ignored = {{0}};
     if (ctx->gpu != NULL && ctx->launcher != NULL)
         record_gpu_ranks(ctx, out, &ignored);
@@ -2117,7 +2194,7 @@ static void release_context(run_context *ctx)
         model_stage_destroy(&ctx->stage);
     if (ctx->threads_ready)
         pipeline_threads_destroy(&ctx->threads);
-#ifdef PARTITA_HAVE_NCCL
+#ifdef PARTITA_HAVE_CUDA
     if (ctx->gpu != NULL)
         pipeline_gpu_stop(ctx->gpu);
 #endif

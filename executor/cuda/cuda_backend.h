@@ -87,6 +87,15 @@ int cuda_device_describe(cuda_device_info *out);
  */
 int cuda_rank_device_open(int device, int sm_limit, double memory_limit_bytes,
                           pt_error *err);
+/* The same for a rank that shares its GPU with other ranks that have an
+ * sm_limit: the device is split into partitions of its granularity (8
+ * SMs on Hopper) and this rank's green context takes the next
+ * ceil(sm_limit / granularity) of them after those of the ranks before it
+ * on the device (sm_before[0 .. before_count), their sm_limits in rank
+ * order), so the ranks' slices do not overlap. sm_limit must be > 0. */
+int cuda_rank_device_open_slice(int device, const int *sm_before,
+                                int before_count, int sm_limit,
+                                double memory_limit_bytes, pt_error *err);
 void cuda_rank_device_close(void);
 /* A non-blocking stream on the thread's device, inside its green context
  * when it has one (cuBLAS and kernels launched on it then use only those

@@ -15,6 +15,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "executor/cuda/cuda_check.h"
 
@@ -108,11 +109,72 @@ static int driver_failed(const green_api *api, CUresult status,
             return driver_failed(api, driver_status_, name, device, err);    \
     } while (0)
 
+/* SMs in whole partitions of `granularity` SMs: sm_limit rounded up. */
+static unsigned int partitions_for(int sm_limit, unsigned int granularity)
+{
+    return ((unsigned int)sm_limit + granularity - 1) / granularity;
+}
+
+/* A green context of sm_limit SMs (rounded up to the device's partition
+ * granularity: 8 SMs on Hopper) that does not overlap the slices of the
+ * ranks before this one on the device (sm_before[0 .. before_count), their
+ * sm_limits in rank order). The device is split into partitions of the
+ * granularity, the same split in every rank (the driver's split is
+ * deterministic, and a split's outputs cannot be split again); each rank
+ * takes the next ceil(limit / granularity) partitions, joined into one
+ * descriptor (partitions of one split may be joined). */
+static int make_sliced_context(green_api *api, int device, CUdevice handle,
+                               const CUdevResource *all, const int *sm_before,
+                               int before_count, int sm_limit,
+                               CUgreenCtx *out, int *sm_count, pt_error *err)
+{
+    unsigned int granularity = all->sm.minSmPartitionSize;
+    if (all->sm.smCoscheduledAlignment > granularity)
+        granularity = all->sm.smCoscheduledAlignment;
+    if (granularity == 0)
+        granularity = 1;
+    unsigned int first = 0;
+    for (int i = 0; i < before_count; i++)
+        first += partitions_for(sm_before[i], granularity);
+    unsigned int wanted = partitions_for(sm_limit, granularity);
+    unsigned int groups = 0;
+    DRIVER_TRY(api->split_by_count(NULL, &groups, all, NULL, 0, granularity),
+               "cuDevSmResourceSplitByCount");
+    if (first + wanted > groups)
+        return pt_fail(err, "cuda device %d: this rank's %d SMs after the "
+                            "%u partitions of the %d ranks before it on the "
+                            "device need partitions %u-%u of %u SMs, the "
+                            "device splits into %u",
+                       device, sm_limit, first, before_count, first,
+                       first + wanted - 1, granularity, groups);
+    CUdevResource *parts = calloc(groups, sizeof *parts);
+    if (parts == NULL)
+        return pt_fail(err, "cuda device %d: out of memory", device);
+    CUresult status = api->split_by_count(parts, &groups, all, NULL, 0,
+                                          granularity);
+    CUdevResourceDesc desc;
+    if (status == CUDA_SUCCESS && first + wanted > groups)
+        status = CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+    if (status == CUDA_SUCCESS)
+        status = api->generate_desc(&desc, parts + first, wanted);
+    free(parts);
+    if (status != CUDA_SUCCESS)
+        return driver_failed(api, status, "splitting the device into "
+                                          "slices", device, err);
+    DRIVER_TRY(api->create(out, desc, handle, CU_GREEN_CTX_DEFAULT_STREAM),
+               "cuGreenCtxCreate");
+    *sm_count = (int)(wanted * granularity);
+    return 0;
+}
+
 /* A green context of sm_limit SMs of the device (rounded up by the
  * driver to its partition granularity: 8 SMs on Hopper); *sm_count gets
- * the real count. */
-static int make_green_context(green_api *api, int device, int sm_limit,
-                              CUgreenCtx *out, int *sm_count, pt_error *err)
+ * the real count. sliced: the rank shares the device with other ranks
+ * that have an sm_limit (make_sliced_context). */
+static int make_green_context(green_api *api, int device, bool sliced,
+                              const int *sm_before, int before_count,
+                              int sm_limit, CUgreenCtx *out, int *sm_count,
+                              pt_error *err)
 {
     if (load_green_api(api, device, err) != 0)
         return -1;
@@ -127,6 +189,10 @@ static int make_green_context(green_api *api, int device, int sm_limit,
         return pt_fail(err, "cuda device %d: sm_limit %d, but the device "
                             "has %u SMs",
                        device, sm_limit, all.sm.smCount);
+    if (sliced)
+        return make_sliced_context(api, device, handle, &all, sm_before,
+                                   before_count, sm_limit, out, sm_count,
+                                   err);
     if ((unsigned int)sm_limit == all.sm.smCount) {
         *out = NULL; /* every SM: the primary context will do */
         *sm_count = (int)all.sm.smCount;
@@ -150,17 +216,40 @@ static int make_green_context(green_api *api, int device, int sm_limit,
 
 /* ------------------------------------------------------------ the rank */
 
+static int rank_device_open(int device, bool sliced, const int *sm_before,
+                            int before_count, int sm_limit,
+                            double memory_limit_bytes, pt_error *err);
+
 int cuda_rank_device_open(int device, int sm_limit, double memory_limit_bytes,
                           pt_error *err)
+{
+    return rank_device_open(device, false, NULL, 0, sm_limit,
+                            memory_limit_bytes, err);
+}
+
+int cuda_rank_device_open_slice(int device, const int *sm_before,
+                                int before_count, int sm_limit,
+                                double memory_limit_bytes, pt_error *err)
+{
+    return rank_device_open(device, true, sm_before, before_count, sm_limit,
+                            memory_limit_bytes, err);
+}
+
+static int rank_device_open(int device, bool sliced, const int *sm_before,
+                            int before_count, int sm_limit,
+                            double memory_limit_bytes, pt_error *err)
 {
     int count = cuda_device_count();
     if (device < 0 || device >= count)
         return pt_fail(err, "cuda device %d does not exist (%d visible)",
                        device, count);
-    if (sm_limit < 0 || memory_limit_bytes < 0)
-        return pt_fail(err, "cuda device %d: sm_limit %d and "
-                            "memory_limit_gib %g must not be negative",
-                       device, sm_limit, memory_limit_bytes / PT_GIB);
+    if (sm_limit < 0 || memory_limit_bytes < 0 || before_count < 0 ||
+        (sliced && sm_limit == 0) || (before_count > 0 && sm_before == NULL))
+        return pt_fail(err, "cuda device %d: sm_limit %d (needed for a "
+                            "slice after %d others) and memory_limit_gib %g "
+                            "must not be negative",
+                       device, sm_limit, before_count,
+                       memory_limit_bytes / PT_GIB);
     cuda_rank_device_close();
     CUDA_TRY(cudaSetDevice(device));
     /* the primary context first: the green context retains it, and
@@ -171,7 +260,8 @@ int cuda_rank_device_open(int device, int sm_limit, double memory_limit_bytes,
                           .sm_limit = sm_limit,
                           .memory_limit_bytes = memory_limit_bytes};
     if (sm_limit > 0 &&
-        make_green_context(&opened.api, device, sm_limit, &opened.green,
+        make_green_context(&opened.api, device, sliced, sm_before,
+                           before_count, sm_limit, &opened.green,
                            &opened.sm_count, err) != 0)
         return -1;
     current = opened;

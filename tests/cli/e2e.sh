@@ -501,6 +501,30 @@ exec-zero1)
   run 2 partita exec in-dp2.json --data in-corpus --iters 5 --load ckpt -o other.json
   expect_in err.txt "distributed_optimizer"
   ;;
+exec-gpu-comm)
+  # --gpu-comm: its values, its refusal on the cpu backend, and ranks that
+  # share a GPU (NCCL cannot run them; the host-staged comm can, so on a
+  # machine without a GPU only the device check refuses it). Nothing is
+  # written.
+  prep_corpus
+  write_layout_plan in-pp2.json 1 1 1 2 ', "partition": "3-1"'
+  run 2 partita exec in-pp2.json --data in-corpus --gpu-comm bogus
+  expect_in err.txt "expected auto, nccl or host, got 'bogus'"
+  run 2 partita exec in-pp2.json --data in-corpus --gpu-comm host -o cpu.json
+  expect_in err.txt "chooses how the ranks of the cuda backend communicate"
+  sed 's/"latency_us": 5 }/"latency_us": 5 },\n        "devices": [ { "index": 0, "sm_limit": 88 }, { "index": 0, "sm_limit": 40 } ]/' \
+    in-pp2.json >in-shared.json
+  expect_in in-shared.json '"sm_limit": 40'
+  run 2 partita exec in-shared.json --data in-corpus --backend cuda --gpu-comm nccl -o shared.json
+  grep -q -e "ranks 0 and 1 share cuda device 0, and NCCL needs a GPU per rank" \
+       -e "built without" -e "cuda backend is not built" err.txt ||
+    { cat err.txt; fail "NCCL over ranks sharing a GPU was not refused"; }
+  run 2 partita exec in-shared.json --data in-corpus --backend cuda -o shared.json
+  grep -q -e "GPU" -e "device" -e "cuda backend is not built" err.txt ||
+    { cat err.txt; fail "the cuda refusal does not name the GPUs"; }
+  ! grep -q "NCCL" err.txt || { cat err.txt; fail "auto chose NCCL for ranks sharing a GPU"; }
+  [ ! -e cpu.json ] && [ ! -e shared.json ] || fail "a refused run wrote its record"
+  ;;
 exec-recompute)
   # full activation recompute, one stage and a pipeline of two: the same
   # losses as without it, less activation memory, no note that it was

@@ -18,6 +18,13 @@
 #      must be slower;
 #   5. the benchmark (unless SKIP_BENCH=1).
 #
+# SHARED=1 runs the same checks on ONE GPU: both ranks on GPU 0, each in
+# its own green context (56 + 56 SMs; the heterogeneous run 80 + 40), over
+# the host-staged comm (--gpu-comm host; no NCCL, no test_nccl_parallel,
+# no benchmark). The heterogeneous check then compares stage 1 at 40 SMs
+# with stage 1 at 56, so it asks for 1.25 x slower, not 1.5 x (HETERO_RATIO
+# overrides either).
+#
 # Loss tolerances: the cuda backend multiplies in bf16 (8-bit mantissa,
 # relative rounding 2^-9 = 2e-3) with fp32 accumulation and fp32 master
 # weights; a parallel layout computes each micro-batch's layers with the
@@ -30,7 +37,7 @@
 # Usage: tests/executor/gpu/run_parallel.sh BUILD_DIR [LOG_DIR]
 #   BUILD_DIR  a meson build with -Dcuda=enabled and NCCL found
 # Environment: SKIP_BENCH=1 skips the benchmark; ITERS (50) the iterations
-# of the loss comparisons. Exit status 0 when every check passed (a skip is
+# of the loss comparisons; SHARED=1 as above. Exit status 0 when every check passed (a skip is
 # a pass), else 1.
 set -u
 build=$(cd "${1:?usage: run_parallel.sh BUILD_DIR [LOG_DIR]}" && pwd)
@@ -48,10 +55,19 @@ export NCCL_NVLS_ENABLE=0
 # BUILD_DIR/lib (docs/cuda-backend.md, "Build and hook-up")
 [ -d "$build/lib" ] && export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
+shared=${SHARED:-0}
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [ "$gpus" -lt 2 ]; then
-    echo "SKIP run_parallel.sh: needs 2 GPUs, $gpus visible"
+needed=$([ "$shared" = 1 ] && echo 1 || echo 2)
+if [ "$gpus" -lt "$needed" ]; then
+    echo "SKIP run_parallel.sh: needs $needed GPUs, $gpus visible"
     exit 0
+fi
+comm_options=()
+hetero_ratio=${HETERO_RATIO:-1.5}
+if [ "$shared" = 1 ]; then
+    comm_options=(--gpu-comm host)
+    hetero_ratio=${HETERO_RATIO:-1.25}
+    echo "# SHARED=1: every rank on GPU 0, host-staged comm"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
     | tee "$logs/nvidia-smi.txt"
@@ -80,8 +96,10 @@ step() {
     return $rc
 }
 
-echo "== test_nccl_parallel"
-step test_nccl_parallel "$build/tests/executor/gpu/test_nccl_parallel"
+if [ "$shared" != 1 ]; then
+    echo "== test_nccl_parallel"
+    step test_nccl_parallel "$build/tests/executor/gpu/test_nccl_parallel"
+fi
 
 # ------------------------------------------------------------------ data
 data="$logs/corpus"
@@ -106,10 +124,17 @@ link='"intra_node": { "bandwidth_GBps": 300, "latency_us": 5 },
 one_gpu="{ \"name\": \"one\", \"nodes\": [ { \"name\": \"gpu\", \"gpu\": \"$gpu_type\", \"gpus\": 1, $link, \"devices\": [ { \"index\": 0 } ] } ] }"
 two_gpus="{ \"name\": \"two\", \"nodes\": [ { \"name\": \"box\", \"gpu\": \"$gpu_type\", \"gpus\": 2, $link, \"devices\": [ { \"index\": 0 }, { \"index\": 1 } ] } ] }"
 # GPU 1 posing as a slower type: 40 SMs, 48 GiB
+full_device='{ "index": 0 }' slow_device='{ "index": 1, "sm_limit": 40, "memory_limit_gib": 48 }'
+if [ "$shared" = 1 ]; then
+    # both "GPUs" are slices of GPU 0: 56 + 56 SMs, or 80 + 40 SMs
+    two_gpus="{ \"name\": \"two\", \"nodes\": [ { \"name\": \"box\", \"gpu\": \"$gpu_type\", \"gpus\": 2, $link, \"devices\": [ { \"index\": 0, \"sm_limit\": 56 }, { \"index\": 0, \"sm_limit\": 56 } ] } ] }"
+    full_device='{ "index": 0, "sm_limit": 80 }'
+    slow_device='{ "index": 0, "sm_limit": 40, "memory_limit_gib": 48 }'
+fi
 hetero="{ \"name\": \"hetero\", \"nodes\": [
-    { \"name\": \"full\", \"gpu\": \"$gpu_type\", \"gpus\": 1, $link, \"devices\": [ { \"index\": 0 } ] },
+    { \"name\": \"full\", \"gpu\": \"$gpu_type\", \"gpus\": 1, $link, \"devices\": [ $full_device ] },
     { \"name\": \"slow\", \"gpu\": \"$gpu_type-40SM\", \"gpus\": 1, $link,
-      \"devices\": [ { \"index\": 1, \"sm_limit\": 40, \"memory_limit_gib\": 48 } ] } ] }"
+      \"devices\": [ $slow_device ] } ] }"
 small='{ "name": "small", "layers": 6, "hidden": 256, "heads": 4, "ffn_hidden": 1024, "seq": 256, "vocab": 257 }'
 medium='{ "name": "medium", "layers": 8, "hidden": 1024, "heads": 16, "ffn_hidden": 4096, "seq": 1024, "vocab": 257 }'
 
@@ -133,7 +158,7 @@ exec_run() {
     local name=$1 plan=$2; shift 2
     step "exec-$name" "$partita" exec "$logs/plans/$plan.json" --data "$data" \
         --backend cuda --log-interval 10 --comm-timeout 120 \
-        -o "$logs/$name.run.json" "$@"
+        ${comm_options[@]+"${comm_options[@]}"} -o "$logs/$name.run.json" "$@"
 }
 
 # ------------------------------------------------- losses against 1 GPU
@@ -169,10 +194,10 @@ echo "== heterogeneous pp 2: GPU 1 whole, then in a green context of 40 SMs"
 exec_run medium-full medium-full --iters 6
 exec_run medium-hetero medium-hetero --iters 6 &&
     step hetero python3 "$checks" hetero "$logs/medium-full.run.json" \
-        "$logs/medium-hetero.run.json" 1.5 40 48
+        "$logs/medium-hetero.run.json" "$hetero_ratio" 40 48
 
 # ---------------------------------------------------------- benchmark
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "$shared" != 1 ]; then
     echo "== benchmark (bench/parallel/run.sh)"
     "$root/bench/parallel/run.sh" "$build" "$logs/bench" 2>&1 |
         tee "$logs/bench.log"
