@@ -524,6 +524,10 @@ exec-gpu-comm)
     { cat err.txt; fail "the cuda refusal does not name the GPUs"; }
   ! grep -q "NCCL" err.txt || { cat err.txt; fail "auto chose NCCL for ranks sharing a GPU"; }
   [ ! -e cpu.json ] && [ ! -e shared.json ] || fail "a refused run wrote its record"
+  # the README's example of a pipeline on one H200 split 80 + 40 SMs
+  run 0 partita estimate "$source_root/docs/examples/plan-pp2-one-h200.json"
+  expect_in out.txt "partition 10-2"
+  expect_in out.txt "H200-40SM"
   ;;
 exec-recompute)
   # full activation recompute, one stage and a pipeline of two: the same
