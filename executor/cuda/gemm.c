@@ -27,13 +27,20 @@ typedef struct gemm_key {
     int align_a, align_b, align_c, align_d;
 } gemm_key;
 
-/* A product shape seen before: its descriptors and chosen algorithm. */
+/* Algorithms asked of the heuristic per shape: the first is used; the
+ * others stand by for a launch that fails (below). */
+#define GEMM_CANDIDATES 8
+
+/* A product shape seen before: its descriptors and the heuristic's
+ * algorithms, best first. */
 typedef struct gemm_plan {
     gemm_key key;
     bool supported;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t layout_a, layout_b, layout_c;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algos[GEMM_CANDIDATES];
+    int algo_count;
+    int chosen;          /* the first algorithm that launched */
 } gemm_plan;
 
 struct gemm_context {
@@ -227,22 +234,24 @@ static int plan_build(gemm_context *context, gemm_plan *plan,
         status = cublasLtMatmulPreferenceSetAttribute(
             preference, alignment_attributes[i], &alignments[i],
             sizeof alignments[i]);
-    cublasLtMatmulHeuristicResult_t result;
-    memset(&result, 0, sizeof result);
+    cublasLtMatmulHeuristicResult_t results[GEMM_CANDIDATES];
+    memset(results, 0, sizeof results);
     int found = 0;
     if (status == CUBLAS_STATUS_SUCCESS) {
         cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
             context->handle, plan->desc, plan->layout_a, plan->layout_b,
-            plan->layout_c, plan->layout_c, preference, 1, &result, &found);
+            plan->layout_c, plan->layout_c, preference, GEMM_CANDIDATES,
+            results, &found);
         /* "no algorithm" is an answer, not an error */
         if (heuristic != CUBLAS_STATUS_SUCCESS)
             found = 0;
     }
     cublasLtMatmulPreferenceDestroy(preference);
     CUBLAS_TRY(status);
-    plan->supported = found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (plan->supported)
-        plan->algo = result.algo;
+    for (int i = 0; i < found; i++)
+        if (results[i].state == CUBLAS_STATUS_SUCCESS)
+            plan->algos[plan->algo_count++] = results[i].algo;
+    plan->supported = plan->algo_count > 0;
     return 0;
 }
 
@@ -284,6 +293,43 @@ bool gemm_supported(gemm_context *context, const gemm_call *call)
     return plan != NULL && plan->supported;
 }
 
+/* Launches the plan's chosen algorithm. In a CUDA green context of few
+ * SMs the heuristic's best pick (made for the whole device) can fail to
+ * launch (cuBLASLt says "the function failed to launch on the GPU"; seen
+ * for tensor-parallel shards of GPT-2 1.5B on 24 SMs of an H200): then
+ * the next algorithm of the heuristic's list is tried, and the first
+ * that launches stays the plan's. A launch that failed did nothing. */
+static int launch_first_that_runs(gemm_context *context, gemm_plan *plan,
+                                  const gemm_call *call, cudaStream_t stream,
+                                  pt_error *err)
+{
+    const void *c = call->c != NULL ? call->c : call->d;
+    cublasStatus_t status = CUBLAS_STATUS_EXECUTION_FAILED;
+    int tried = 0;
+    for (; plan->chosen < plan->algo_count; plan->chosen++) {
+        tried++;
+        status = cublasLtMatmul(context->handle, plan->desc, &call->alpha,
+                                call->a, plan->layout_a, call->b,
+                                plan->layout_b, &call->beta, c,
+                                plan->layout_c, call->d, plan->layout_c,
+                                &plan->algos[plan->chosen], context->workspace,
+                                GEMM_WORKSPACE_BYTES, stream);
+        if (status != CUBLAS_STATUS_EXECUTION_FAILED)
+            break;
+        cudaGetLastError(); /* the failed launch's error, not sticky */
+    }
+    if (status == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    if (plan->chosen >= plan->algo_count)
+        plan->chosen = 0; /* a later call starts over */
+    return pt_fail(err, "cuda backend: cublasLtMatmul of a %d x %d x %d "
+                        "product failed at %s:%d: %s (%d algorithm%s of "
+                        "cuBLASLt's heuristic tried)",
+                   call->m, call->n, call->k, __FILE__, __LINE__,
+                   cublasLtGetStatusString(status), tried,
+                   tried == 1 ? "" : "s");
+}
+
 int gemm_run(gemm_context *context, const gemm_call *call,
              cudaStream_t stream, pt_error *err)
 {
@@ -307,12 +353,5 @@ int gemm_run(gemm_context *context, const gemm_call *call,
         CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
             plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
             &call->aux, sizeof call->aux));
-    const void *c = call->c != NULL ? call->c : call->d;
-    CUBLAS_TRY(cublasLtMatmul(context->handle, plan->desc, &call->alpha,
-                              call->a, plan->layout_a, call->b,
-                              plan->layout_b, &call->beta, c,
-                              plan->layout_c, call->d, plan->layout_c,
-                              &plan->algo, context->workspace,
-                              GEMM_WORKSPACE_BYTES, stream));
-    return 0;
+    return launch_first_that_runs(context, plan, call, stream, err);
 }

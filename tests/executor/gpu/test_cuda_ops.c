@@ -807,6 +807,7 @@ static void test_optimizer(gpu_test_tally *tally)
             chunks[chunk_count++] = (param_chunk){
                 .offset = offset + start,
                 .mirror_offset = offset + start,
+                .moment_offset = offset + start, /* the whole optimizer */
                 .count = (uint32_t)(left < PARAM_CHUNK_ELEMENTS
                                         ? left
                                         : PARAM_CHUNK_ELEMENTS),
