@@ -18,7 +18,14 @@ typedef struct compare_tally {
     int missing;                 /* in one profile only */
     double worst_percent;        /* largest |difference| */
     char worst[96];
+    /* the same over the times of LONG_ENTRY_S or more, which repeat far
+     * better than launch-bound ones (docs/profiles.md, "Repeatability") */
+    int long_entries;
+    int long_over;
+    double long_worst_percent;
 } compare_tally;
+
+#define LONG_ENTRY_S 0.5e-3
 
 static void format_value(double value, bool per_param, char *out,
                          size_t size)
@@ -42,6 +49,12 @@ static void compare_entry(compare_tally *t, const char *name, double a,
     if (!(fabs(percent) <= t->worst_percent)) {
         t->worst_percent = fabs(percent);
         pt_copy_string(t->worst, sizeof t->worst, name);
+    }
+    if (!per_param && a >= LONG_ENTRY_S) {
+        t->long_entries++;
+        t->long_over += over;
+        if (!(fabs(percent) <= t->long_worst_percent))
+            t->long_worst_percent = fabs(percent);
     }
     printf("  %-40s %17s %17s %+9.2f %%%s\n", name, a_text, b_text, percent,
            over ? "  over" : "");
@@ -196,7 +209,10 @@ int profile_compare(const char *path_a, const char *path_b,
     if (tally.worst[0] != '\0')
         printf("; largest difference %.2f %% (%s)", tally.worst_percent,
                tally.worst);
-    printf("\n");
+    printf("\n# %d times of %.1f ms or more: %d differ by more than %g %%, "
+           "largest difference %.2f %%\n",
+           tally.long_entries, LONG_ENTRY_S * 1e3, tally.long_over,
+           tolerance_percent, tally.long_worst_percent);
     profile_free(&a);
     profile_free(&b);
     return tally.over == 0 && tally.missing == 0 ? EXIT_OK

@@ -631,6 +631,7 @@ profile-compare)
   run 0 partita profile --model in-tiny.json --backend cpu --quick --tp 1,2 --mbs 1,2 -o p.json
   run 0 partita profile --compare p.json p.json
   expect_in out.txt "0 differ by more than 3 %"
+  expect_in out.txt "times of 0.5 ms or more: 0 differ by more than 3 %, largest difference 0.00 %"
   expect_in out.txt "tp 2 mbs 2 head backward"
   # the optimizer figure 1.5 times larger: one entry over (a figure made
   # larger by a digit put before it could pass the reader's sanity bound
