@@ -35,8 +35,9 @@ void comm_staged_destroy(comm_staged *world);
 /* The handle of one rank, 0 <= rank < size. */
 comm comm_staged_rank(comm_staged *world, int rank);
 /* On the rank's own thread, once its device is open (cuda_rank_device_open
- * or _slice): its copy stream (in its green context when it has one) and
- * its pinned staging buffer. */
+ * or _slice): its copy stream (in its green context when it has one). Its
+ * pinned staging buffer is allocated at the first operation, as large as
+ * the first piece needs (64 MiB at most). */
 int comm_staged_rank_open(comm_staged *world, int rank, pt_error *err);
 /* On the rank's own thread: frees what open made. */
 void comm_staged_rank_close(comm_staged *world, int rank);

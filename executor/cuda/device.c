@@ -109,7 +109,7 @@ static int driver_failed(const green_api *api, CUresult status,
             return driver_failed(api, driver_status_, name, device, err);    \
     } while (0)
 
-/* SMs in whole partitions of `granularity` SMs: sm_limit rounded up. */
+/* How many partitions of `granularity` SMs hold sm_limit SMs. */
 static unsigned int partitions_for(int sm_limit, unsigned int granularity)
 {
     return ((unsigned int)sm_limit + granularity - 1) / granularity;
