@@ -476,8 +476,9 @@ static void cuda_parallel_and_memory_are_refused(void **state)
     options.memory_available_bytes = 0.0;
     /* on cuda, a parallel plan is checked against this machine's GPUs
      * before anything is allocated: refused here with no GPU (or no cuda
-     * backend, or a cuda backend built without NCCL), and on a GPU
-     * machine for the cluster's A100 type */
+     * backend; a cuda backend built without NCCL takes the host-staged
+     * comm and is refused for the GPUs too), and on a GPU machine for the
+     * cluster's A100 type */
     options.backend = BACKEND_CUDA;
     run_result result;
     int status = run_training(&p, &options, &result, &err);
