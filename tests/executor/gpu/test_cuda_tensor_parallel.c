@@ -3,8 +3,8 @@
  *   1. a tp = 2 pair of whole-model stages (embedding, layers, head; tied
  *      and untied head; a vocabulary of 1001 split 501 + 500, so both
  *      shards' logits carry masked padding) run as two threads, one per
- *      shard, joined by a test comm that sums device buffers through host
- *      memory. The shards' gradients, put together into whole tensors,
+ *      shard, joined by the host-staged comm (executor/pipeline_gpu.h:
+ *      device buffers summed through host memory). The shards' gradients, put together into whole tensors,
  *      are held against the unsplit cuda stage and against the cpu
  *      backend's tp = 2 shards (same parameters, same tokens); the loss
  *      too. Replicated tensors (norms, row-parallel biases, position
@@ -26,106 +26,13 @@
 #include "gpu_test.h"
 
 #include "executor/executor.h"
+#include "executor/pipeline_gpu.h"
 
 #define TOL_LOSS 5e-3
 #define TOL_GRAD 3e-2
 #define TOL_NORM 2e-2
 #define TOL_DOUBLE_SUM 1e-9
 #define TP 2
-
-/* ------------------------------------------------------ the test comm */
-
-/* A comm for shards of one process on one GPU: an all-reduce copies the
- * device buffer to host memory, reduces it through a threads comm, and
- * copies the result back before returning (blocking, as the cuda backend
- * expects of NCCL). The threads comm gives the group order, the
- * timeouts and the abort. */
-typedef struct device_comm_world {
-    comm_threads *threads;
-} device_comm_world;
-
-static comm inner_comm(const comm *c)
-{
-    const device_comm_world *world = c->shared;
-    return comm_threads_rank(world->threads, c->rank);
-}
-
-static int device_send(const comm *c, int peer, int tag, const float *data,
-                       size_t count, pt_error *err)
-{
-    (void)c, (void)peer, (void)tag, (void)data, (void)count;
-    return pt_fail(err, "test device comm: send is not provided");
-}
-
-static int device_recv(const comm *c, int peer, int tag, float *data,
-                       size_t count, pt_error *err)
-{
-    (void)c, (void)peer, (void)tag, (void)data, (void)count;
-    return pt_fail(err, "test device comm: recv is not provided");
-}
-
-static int device_all_reduce(const comm *c, const int *group, int group_size,
-                             float *data, size_t count, comm_reduce_op op,
-                             pt_error *err)
-{
-    float *host = malloc((count + 1) * sizeof *host);
-    if (host == NULL)
-        return pt_fail(err, "test device comm: out of host memory");
-    comm inner = inner_comm(c);
-    cudaStream_t copies = cudaStreamPerThread;
-    int status = -1;
-    if (cudaMemcpyAsync(host, data, count * sizeof *host,
-                        cudaMemcpyDeviceToHost, copies) != cudaSuccess ||
-        cudaStreamSynchronize(copies) != cudaSuccess) {
-        pt_fail(err, "test device comm: copy to the host failed");
-    } else if ((op == COMM_MAX
-                    ? comm_all_reduce_max(&inner, group, group_size, host,
-                                          count, err)
-                    : comm_all_reduce_sum(&inner, group, group_size, host,
-                                          count, err)) == 0) {
-        /* pageable memory: cudaMemcpy may return before the device has
-         * it; the synchronisation makes the result visible to the stage's
-         * stream when this returns */
-        if (cudaMemcpyAsync(data, host, count * sizeof *host,
-                            cudaMemcpyHostToDevice, copies) != cudaSuccess ||
-            cudaStreamSynchronize(copies) != cudaSuccess)
-            pt_fail(err, "test device comm: copy to the device failed");
-        else
-            status = 0;
-    }
-    free(host);
-    return status;
-}
-
-static int device_all_reduce_host(const comm *c, const int *group,
-                                  int group_size, double *data, size_t count,
-                                  pt_error *err)
-{
-    comm inner = inner_comm(c);
-    return comm_all_reduce_host(&inner, group, group_size, data, count, err);
-}
-
-static int device_barrier(const comm *c, pt_error *err)
-{
-    comm inner = inner_comm(c);
-    return comm_barrier(&inner, err);
-}
-
-static void device_abort(const comm *c, const char *reason)
-{
-    comm inner = inner_comm(c);
-    comm_abort(&inner, reason);
-}
-
-static const comm_ops device_comm_ops = {
-    .name = "test-device",
-    .send = device_send,
-    .recv = device_recv,
-    .all_reduce = device_all_reduce,
-    .all_reduce_host = device_all_reduce_host,
-    .barrier = device_barrier,
-    .abort = device_abort,
-};
 
 /* --------------------------------------------------------- the shards */
 
@@ -401,16 +308,16 @@ static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied)
              &err);
     float *whole_grads = gpu_test_read_buffer(&whole, STAGE_GRADS);
 
-    /* the cuda pair through the device comm */
-    comm_threads *cuda_world = NULL, *cpu_world = NULL;
-    PT_CHECK(comm_threads_create(TP, 60.0, &cuda_world, &err), &err);
+    /* the cuda pair through the host-staged comm (no green contexts, so
+     * its streams may be made on this thread) */
+    comm_staged *cuda_world = NULL;
+    comm_threads *cpu_world = NULL;
+    PT_CHECK(comm_staged_create(TP, 60.0, &cuda_world, &err), &err);
     PT_CHECK(comm_threads_create(TP, 60.0, &cpu_world, &err), &err);
-    device_comm_world device_world = {.threads = cuda_world};
     comm cuda_handles[TP], cpu_handles[TP];
     for (int t = 0; t < TP; t++) {
-        cuda_handles[t] = (comm){.ops = &device_comm_ops,
-                                 .shared = &device_world, .rank = t,
-                                 .size = TP};
+        PT_CHECK(comm_staged_rank_open(cuda_world, t, &err), &err);
+        cuda_handles[t] = comm_staged_rank(cuda_world, t);
         cpu_handles[t] = comm_threads_rank(cpu_world, t);
     }
     model_stage cuda_shards[TP], cpu_shards[TP];
@@ -463,7 +370,9 @@ static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied)
         model_stage_destroy(&cpu_shards[t]);
     }
     model_stage_destroy(&whole);
-    comm_threads_destroy(cuda_world);
+    for (int t = 0; t < TP; t++)
+        comm_staged_rank_close(cuda_world, t);
+    comm_staged_destroy(cuda_world);
     comm_threads_destroy(cpu_world);
 }
 
