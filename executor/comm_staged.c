@@ -143,20 +143,45 @@ static int staged_recv(const comm *c, int peer, int tag, float *data,
 
 /* -------------------------------------------------------- collectives */
 
-/* One collective on the host copy of a piece [first, first + count) of
- * the device buffer; chunk_offsets (group_size + 1) are the piece's. */
-typedef int (*host_collective)(const comm *inner, const int *group,
-                               int group_size, float *host, size_t count,
-                               const size_t *chunk_offsets,
-                               const void *data, pt_error *err);
+/* The collectives the staged comm runs piece by piece. */
+typedef enum staged_kind {
+    STAGED_SUM,
+    STAGED_MAX,
+    STAGED_REDUCE_SCATTER,
+    STAGED_ALL_GATHER,
+} staged_kind;
 
-/* Runs `collective` over the buffer piece by piece: stage in, operate,
+/* The threads comm's collective on the host copy of one piece;
+ * piece_offsets (group_size + 1) are the chunks cut to the piece. */
+static int host_collective(const comm *inner, staged_kind kind,
+                           const int *group, int group_size, float *host,
+                           size_t count, const size_t *piece_offsets,
+                           pt_error *err)
+{
+    switch (kind) {
+    case STAGED_SUM:
+        return comm_all_reduce_sum(inner, group, group_size, host, count,
+                                   err);
+    case STAGED_MAX:
+        return comm_all_reduce_max(inner, group, group_size, host, count,
+                                   err);
+    case STAGED_REDUCE_SCATTER:
+        return comm_reduce_scatter_sum(inner, group, group_size, host,
+                                       piece_offsets, err);
+    case STAGED_ALL_GATHER:
+        return comm_all_gather(inner, group, group_size, host,
+                               piece_offsets, err);
+    }
+    return pt_fail(err, "host-staged comm: unknown collective %d",
+                   (int)kind);
+}
+
+/* Runs a collective over the buffer piece by piece: stage in, operate,
  * stage out. chunk_offsets (NULL for the all-reduces) are cut to each
  * piece, so a member's chunk is the part of it inside the piece. */
-static int staged_collective(const comm *c, const int *group, int group_size,
-                             float *data, size_t count,
-                             const size_t *chunk_offsets,
-                             host_collective collective, const void *extra,
+static int staged_collective(const comm *c, staged_kind kind,
+                             const int *group, int group_size, float *data,
+                             size_t count, const size_t *chunk_offsets,
                              pt_error *err)
 {
     staged_rank *r = rank_of(c);
@@ -176,8 +201,9 @@ static int staged_collective(const comm *c, const int *group, int group_size,
             piece_offsets[i] = at - done;
         }
         status = copy_and_wait(c, r->host, data + done, piece, err) != 0 ||
-                         collective(&r->inner, group, group_size, r->host,
-                                    piece, piece_offsets, extra, err) != 0 ||
+                         host_collective(&r->inner, kind, group, group_size,
+                                         r->host, piece, piece_offsets,
+                                         err) != 0 ||
                          copy_and_wait(c, data + done, r->host, piece,
                                        err) != 0
                      ? -1
@@ -188,65 +214,29 @@ static int staged_collective(const comm *c, const int *group, int group_size,
     return status;
 }
 
-static int host_all_reduce(const comm *inner, const int *group,
-                           int group_size, float *host, size_t count,
-                           const size_t *chunk_offsets, const void *op,
-                           pt_error *err)
-{
-    (void)chunk_offsets;
-    return *(const comm_reduce_op *)op == COMM_MAX
-               ? comm_all_reduce_max(inner, group, group_size, host, count,
-                                     err)
-               : comm_all_reduce_sum(inner, group, group_size, host, count,
-                                     err);
-}
-
-static int host_reduce_scatter(const comm *inner, const int *group,
-                               int group_size, float *host, size_t count,
-                               const size_t *chunk_offsets,
-                               const void *unused, pt_error *err)
-{
-    (void)count;
-    (void)unused;
-    return comm_reduce_scatter_sum(inner, group, group_size, host,
-                                   chunk_offsets, err);
-}
-
-static int host_all_gather(const comm *inner, const int *group,
-                           int group_size, float *host, size_t count,
-                           const size_t *chunk_offsets, const void *unused,
-                           pt_error *err)
-{
-    (void)count;
-    (void)unused;
-    return comm_all_gather(inner, group, group_size, host, chunk_offsets,
-                           err);
-}
-
 static int staged_all_reduce(const comm *c, const int *group, int group_size,
                              float *data, size_t count, comm_reduce_op op,
                              pt_error *err)
 {
-    return staged_collective(c, group, group_size, data, count, NULL,
-                             host_all_reduce, &op, err);
+    return staged_collective(c, op == COMM_MAX ? STAGED_MAX : STAGED_SUM,
+                             group, group_size, data, count, NULL, err);
 }
 
 static int staged_reduce_scatter(const comm *c, const int *group,
                                  int group_size, float *data,
                                  const size_t *chunk_offsets, pt_error *err)
 {
-    return staged_collective(c, group, group_size, data,
-                             chunk_offsets[group_size], chunk_offsets,
-                             host_reduce_scatter, NULL, err);
+    return staged_collective(c, STAGED_REDUCE_SCATTER, group, group_size,
+                             data, chunk_offsets[group_size], chunk_offsets,
+                             err);
 }
 
 static int staged_all_gather(const comm *c, const int *group, int group_size,
                              float *data, const size_t *chunk_offsets,
                              pt_error *err)
 {
-    return staged_collective(c, group, group_size, data,
-                             chunk_offsets[group_size], chunk_offsets,
-                             host_all_gather, NULL, err);
+    return staged_collective(c, STAGED_ALL_GATHER, group, group_size, data,
+                             chunk_offsets[group_size], chunk_offsets, err);
 }
 
 /* ------------------------------------------------- host data, failures */
@@ -348,15 +338,4 @@ void comm_staged_rank_close(comm_staged *world, int rank)
         cudaStreamDestroy(r->stream);
     comm inner = r->inner;
     *r = (staged_rank){.inner = inner};
-}
-
-int comm_staged_failed_rank(comm_staged *world, char *reason,
-                            size_t reason_size)
-{
-    return comm_threads_failed_rank(world->threads, reason, reason_size);
-}
-
-const char *gpu_comm_kind_name(gpu_comm_kind kind)
-{
-    return kind == GPU_COMM_NCCL ? "nccl" : "host";
 }

@@ -41,9 +41,6 @@ comm comm_staged_rank(comm_staged *world, int rank);
 int comm_staged_rank_open(comm_staged *world, int rank, pt_error *err);
 /* On the rank's own thread: frees what open made. */
 void comm_staged_rank_close(comm_staged *world, int rank);
-/* The rank that failed first and its reason, or -1. */
-int comm_staged_failed_rank(comm_staged *world, char *reason,
-                            size_t reason_size);
 
 /* ---------------------------------------------------------- the launcher */
 
@@ -51,8 +48,6 @@ typedef enum gpu_comm_kind {
     GPU_COMM_NCCL,    /* one GPU per rank; needs a build with NCCL */
     GPU_COMM_HOST,    /* staged through host memory; ranks may share GPUs */
 } gpu_comm_kind;
-
-const char *gpu_comm_kind_name(gpu_comm_kind kind);
 
 struct comm_nccl;
 

@@ -1180,24 +1180,27 @@ static int allocate_buffers(run_context *ctx, const run_result *out,
     return 0;
 }
 
-/* The first two ranks of the plan on one GPU, in *first and *second;
- * false when every rank has a GPU of its own. */
-static bool ranks_share_gpu(const plan *p, int *first, int *second)
+/* The GPU a rank of a thread-launched run uses (start_gpus' rule). */
+static int rank_gpu_index(const plan *p, int rank)
+{
+    device_spec spec;
+    return plan_rank_device(p, rank, &spec) == 0 ? spec.index : rank;
+}
+
+/* The first two ranks of the plan on one GPU, in *first and *second, and
+ * that GPU in *gpu; false when every rank has a GPU of its own. */
+static bool ranks_share_gpu(const plan *p, int *first, int *second,
+                            int *gpu)
 {
     int ranks = p->config.pp * p->config.dp * p->config.tp;
     for (int b = 1; b < ranks; b++)
-        for (int a = 0; a < b; a++) {
-            device_spec da, db;
-            if (plan_rank_device(p, a, &da) != 0)
-                da = (device_spec){.index = a};
-            if (plan_rank_device(p, b, &db) != 0)
-                db = (device_spec){.index = b};
-            if (da.index == db.index) {
+        for (int a = 0; a < b; a++)
+            if (rank_gpu_index(p, a) == rank_gpu_index(p, b)) {
                 *first = a;
                 *second = b;
+                *gpu = rank_gpu_index(p, a);
                 return true;
             }
-        }
     return false;
 }
 
@@ -1224,12 +1227,9 @@ static int resolve_gpu_comm(run_context *ctx, pt_error *err)
                                                             "comm");
         return 0;
     }
-    int first = 0, second = 0;
+    int first = 0, second = 0, gpu = 0;
     bool shared = !ctx->options->processes &&
-                  ranks_share_gpu(p, &first, &second);
-    device_spec device;
-    if (shared && plan_rank_device(p, first, &device) != 0)
-        device = (device_spec){.index = first};
+                  ranks_share_gpu(p, &first, &second, &gpu);
     if (ctx->options->processes) {
         if (asked == RUN_GPU_COMM_HOST)
             return pt_fail(err, "--gpu-comm host runs the ranks as threads "
@@ -1253,7 +1253,7 @@ static int resolve_gpu_comm(run_context *ctx, pt_error *err)
         return pt_fail(err, "ranks %d and %d share cuda device %d, and NCCL "
                             "needs a GPU per rank; --gpu-comm host runs "
                             "ranks that share a GPU",
-                       first, second, device.index);
+                       first, second, gpu);
     return 0;
 }
 
