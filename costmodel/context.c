@@ -2,32 +2,11 @@
  * The cost model's context: the profile of every node type of a cluster,
  * and the notes that tell the user how those profiles were stretched.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "costmodel/internal.h"
-
-void costmodel_add_note(costmodel *cm, const char *format, ...)
-{
-    char text[sizeof cm->notes[0]];
-    va_list args;
-    va_start(args, format);
-    vsnprintf(text, sizeof text, format, args);
-    va_end(args);
-
-    for (int i = 0; i < cm->note_count; i++)
-        if (strcmp(cm->notes[i], text) == 0)
-            return;
-    if (cm->note_count >= COSTMODEL_MAX_NOTES)
-        return;
-    if (cm->note_count == COSTMODEL_MAX_NOTES - 1)
-        pt_copy_string(text, sizeof text,
-                       "further notes left out (the list is full)");
-    pt_copy_string(cm->notes[cm->note_count], sizeof cm->notes[0], text);
-    cm->note_count++;
-}
 
 /* A deep copy of a profile, so that a costmodel built from in-memory
  * profiles owns what it frees. */

@@ -64,7 +64,19 @@ typedef struct type_costs {
     double head_forward_s, head_backward_s;
     double optimizer_s_per_param;
     double memory_cap_bytes;   /* usable memory minus workspace */
+    double tp_allreduce_s;     /* one of a layer's tensor-parallel
+                                  all-reduces inside one node of this type
+                                  (the layer times hold 2 forward and 2
+                                  backward, 2 more with recompute) */
 } type_costs;
+
+/* Forward plus backward seconds of one layer (recompute included) for a
+ * tp group whose slowest GPU is priced by costs; a group that spans nodes
+ * does its all-reduces over span_link instead of inside one node. */
+double costmodel_layer_pace_s(const costmodel *cm,
+                              const parallel_config *config,
+                              const type_costs *costs, bool spans_nodes,
+                              link_spec span_link);
 
 /* Prices a GPU type (index into cluster->types) for a config. May add a
  * note to cm (why it has to be non-const). */
@@ -74,30 +86,86 @@ int costmodel_type_costs(costmodel *cm, int type_index,
 
 /* ------------------------------------------------------------- placement */
 
+/* The nodes along a pipeline as placement reads them: slot i is one node
+ * of type types[i] whose GPUs are starts[i] .. starts[i + 1] - 1, counted
+ * from the pipeline's first GPU. Two GPUs share a node when they share a
+ * slot. A lane may hold only the slots around the stages being placed
+ * (the planner's search places a stage before it knows the whole order);
+ * its first slot then starts at a GPU other than 0. Owned by the caller. */
+typedef struct node_lane {
+    int count;
+    const int *types;    /* [count] */
+    const int *starts;   /* [count + 1], increasing */
+} node_lane;
+
 /* How a plan's stages sit on the cluster: derived from tp, dp, pp and the
- * node order (rank = t + tp x (d + dp x s), ranks fill the nodes in
- * order). */
+ * node order (rank = t + tp x (d + dp x s), ranks fill the nodes' GPUs in
+ * order). A tensor-parallel group may span nodes; it then talks over the
+ * slowest link between its nodes. */
 typedef struct stage_placement {
-    int first_node, last_node;  /* node instances this stage's ranks use */
-    int slow_type;              /* type whose GPU is slowest per layer; a
-                                   stage runs at its slowest GPU's pace */
+    int slow_type;              /* type of the slowest GPU of the stage's
+                                   slowest tp group; the stage runs at its
+                                   pace */
     int small_type;             /* type with the least usable memory */
-    link_spec next_link;        /* towards stage s+1 (unused for the last) */
-    link_spec dp_link;          /* slowest link inside the dp group */
-    int dp_spans_nodes;         /* 1 when the dp group crosses nodes */
+    bool tp_spans_nodes;        /* that slowest tp group crosses nodes */
+    link_spec tp_link;          /* and this is its slowest link */
+    link_spec next_link;        /* towards stage s+1: the slowest between a
+                                   GPU and the one S = dp x tp further
+                                   (intra-node link of the stage's first
+                                   node for the last stage) */
+    link_spec dp_link;          /* slowest link of the dp rings */
     /* Node type whose profile's measured curves may price the transfer
-     * (every replica's send to stage s+1 stays inside a node of this
-     * type) or the dp all-reduce (the dp group sits in one node); -1: the
-     * links above price it. */
+     * (every GPU's send to stage s+1 stays inside a node of this type) or
+     * the dp all-reduce (the stage sits in one node); -1: the links above
+     * price it. */
     int next_curve_type;
     int dp_curve_type;
 } stage_placement;
 
 /* Fills placement[pp]; fails when the node order does not hold exactly
- * tp x dp x pp GPUs or a tp group would straddle two nodes. */
+ * tp x dp x pp GPUs, names a node twice or a node that does not exist. */
 int costmodel_place(const costmodel *cm, const parallel_config *config,
                     const int *node_order, int node_count,
                     stage_placement *placement, pt_error *err);
+
+/* Places one stage from a lane holding at least the nodes over its GPUs
+ * and, when next_known and the stage is not the last, over the next
+ * stage's GPUs. Without the next stage (next_known false) the link towards
+ * it is left infinitely fast (a send over it costs 0): the search bounds
+ * it separately. */
+int costmodel_place_stage(const costmodel *cm, const parallel_config *config,
+                          const node_lane *lane, int stage, bool next_known,
+                          stage_placement *out, pt_error *err);
+
+/* The tied-embedding all-reduce between the first and the last stage:
+ * the slowest link between a GPU of stage 0 and the one (pp-1) x S
+ * further, and the node type whose curve prices it (-1: the link). The
+ * lane must hold both stages' nodes. */
+void costmodel_embedding_link(const costmodel *cm,
+                              const parallel_config *config,
+                              const node_lane *lane, link_spec *link,
+                              int *curve_type);
+
+/* Seconds of the tied-embedding all-reduce over that link (0 when the
+ * model's embeddings are not tied or pp is 1). */
+double costmodel_embedding_allreduce_s(const costmodel *cm,
+                                       const parallel_config *config,
+                                       link_spec link, int curve_type);
+
+/* A stage's per-step work after its last backward, but the embedding
+ * all-reduce: gradient all-reduce (or reduce-scatter and parameter
+ * all-gather under ZeRO-1) over its dp link, and its optimizer step, for
+ * `layers` transformer layers. `slow` prices the optimizer. */
+typedef struct step_work {
+    double reduce_s;       /* all-reduce, or reduce-scatter */
+    double gather_s;       /* ZeRO-1's parameter all-gather, else 0 */
+    double optimizer_s;
+} step_work;
+
+void costmodel_step_work(const costmodel *cm, const parallel_config *config,
+                         const stage_placement *placement, int stage,
+                         int layers, const type_costs *slow,
+                         step_work *out);
 
 /* -------------------------------------------------- linear stage terms */
 
@@ -121,6 +189,13 @@ int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
 int costmodel_stage_terms(costmodel *cm, const parallel_config *config,
                           const stage_placement *placement, int stage,
                           stage_terms *out, pt_error *err);
+/* The same from the stage's own placement and the one before it
+ * (previous NULL for stage 0): all a stage's terms depend on. */
+int costmodel_stage_terms_between(costmodel *cm,
+                                  const parallel_config *config,
+                                  const stage_placement *previous,
+                                  const stage_placement *self, int stage,
+                                  stage_terms *out, pt_error *err);
 
 /* -------------------------------------------------------------- estimate */
 
@@ -358,6 +433,22 @@ json_t *derive_profile_json(const derive_request *request,
                             const roofline_fit_result *fit, pt_error *err);
 
 /* ---------------------------------------------------------- collectives */
+
+/* Communication of `bytes` priced from the measured curve ("sendrecv"
+ * for 2 GPUs, "allreduce" for `members` GPUs) of node type curve_type's
+ * profile when it has samples for that GPU count, else from the link's
+ * closed form (collectives.c). curve_type -1: the GPUs are not all inside
+ * one node of one type, so the link prices it. A reduce-scatter (or an
+ * all-gather) is half of the curve's all-reduce. */
+double costmodel_send_seconds(const costmodel *cm, double bytes,
+                              int curve_type, link_spec link);
+double costmodel_allreduce_seconds(const costmodel *cm, double bytes,
+                                   int members, int curve_type,
+                                   link_spec link);
+double costmodel_reduce_scatter_seconds(const costmodel *cm, double bytes,
+                                        int members, int curve_type,
+                                        link_spec link);
+
 
 /* Ring all-reduce of `bytes` over `members` ranks on a link. */
 double allreduce_time(double bytes, int members, link_spec link);

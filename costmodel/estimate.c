@@ -79,9 +79,10 @@ typedef struct step_tail {
     double gather_end;
 } step_tail;
 
-/* Scratch memory of one estimate, one allocation. */
+/* Scratch memory of one estimate, one allocation (but the lane's). */
 typedef struct estimate_scratch {
-    int *group_node;             /* [dp x pp] */
+    node_lane lane;              /* the node order's nodes */
+    int *lane_storage;
     stage_placement *placement;  /* [pp] */
     schedule_stage *schedule;    /* [pp] */
     step_tail *tails;            /* [pp] */
@@ -90,17 +91,17 @@ typedef struct estimate_scratch {
     void *block;
 } estimate_scratch;
 
-static int scratch_allocate(estimate_scratch *s, int groups, int pp,
-                            int types, pt_error *err)
+static int scratch_allocate(estimate_scratch *s, int pp, int types,
+                            pt_error *err)
 {
-    size_t sizes[6] = {
-        (size_t)groups * sizeof(int), (size_t)pp * sizeof(stage_placement),
+    size_t sizes[5] = {
+        (size_t)pp * sizeof(stage_placement),
         (size_t)pp * sizeof(schedule_stage), (size_t)pp * sizeof(step_tail),
         (size_t)types * sizeof(type_costs), (size_t)types * sizeof(bool)};
     size_t align = sizeof(double) > sizeof(void *) ? sizeof(double)
                                                    : sizeof(void *);
-    size_t offsets[6], total = 0;
-    for (int i = 0; i < 6; i++) {
+    size_t offsets[5], total = 0;
+    for (int i = 0; i < 5; i++) {
         offsets[i] = total;
         total += (sizes[i] + align - 1) / align * align;
     }
@@ -108,12 +109,11 @@ static int scratch_allocate(estimate_scratch *s, int groups, int pp,
     if (!block)
         return pt_fail(err, "costmodel: out of memory");
     s->block = block;
-    s->group_node = (int *)(block + offsets[0]);
-    s->placement = (stage_placement *)(block + offsets[1]);
-    s->schedule = (schedule_stage *)(block + offsets[2]);
-    s->tails = (step_tail *)(block + offsets[3]);
-    s->costs = (type_costs *)(block + offsets[4]);
-    s->priced = (bool *)(block + offsets[5]);
+    s->placement = (stage_placement *)(block + offsets[0]);
+    s->schedule = (schedule_stage *)(block + offsets[1]);
+    s->tails = (step_tail *)(block + offsets[2]);
+    s->costs = (type_costs *)(block + offsets[3]);
+    s->priced = (bool *)(block + offsets[4]);
     return 0;
 }
 
@@ -164,7 +164,8 @@ static int price_stages(costmodel *cm, const parallel_config *config,
         if (!slow || !small)
             return -1;
         stage_terms terms;
-        costmodel_terms_from_costs(cm, config, scratch->placement, s, slow,
+        const stage_placement *previous = s > 0 ? place - 1 : NULL;
+        costmodel_terms_from_costs(cm, config, previous, place, s, slow,
                                    small, &terms);
         bool first = s == 0, last = s == config->pp - 1;
         int layers = partition[s];
@@ -172,13 +173,17 @@ static int price_stages(costmodel *cm, const parallel_config *config,
         st->layers = layers;
         pt_copy_string(st->gpu, sizeof st->gpu,
                        cm->cluster->types[place->slow_type].gpu);
-        st->forward_s = layers * slow->layer_forward_s +
+        /* a tp group across nodes slows its layers' all-reduces; spread
+           the difference over forward and backward as the layer is */
+        double pace = slow->layer_forward_s + slow->layer_backward_s;
+        double scale = pace > 0.0 ? terms.per_layer_s / pace : 1.0;
+        st->forward_s = layers * slow->layer_forward_s * scale +
                         (first ? slow->embedding_forward_s : 0.0) +
                         (last ? slow->head_forward_s : 0.0);
-        st->backward_s = layers * slow->layer_backward_s +
+        st->backward_s = layers * slow->layer_backward_s * scale +
                          (first ? slow->embedding_backward_s : 0.0) +
                          (last ? slow->head_backward_s : 0.0);
-        costmodel_stage_sends(cm, config, scratch->placement, s, &st->send_s,
+        costmodel_stage_sends(cm, config, previous, place, s, &st->send_s,
                               &st->send_bwd_s);
         st->peak_memory_bytes = terms.fixed_bytes +
                                 layers * terms.per_layer_bytes;
@@ -189,63 +194,32 @@ static int price_stages(costmodel *cm, const parallel_config *config,
     return 0;
 }
 
-/* The link of the tied-embedding all-reduce: replica d of the first
- * stage with replica d of the last, the slowest of those pairs. */
-static link_spec embedding_link(const costmodel *cm,
-                                const parallel_config *config,
-                                const int *group_node)
-{
-    int last = config->dp * (config->pp - 1);
-    link_spec slowest = cluster_link(cm->cluster, group_node[0],
-                                     group_node[last]);
-    for (int d = 1; d < config->dp; d++)
-        slowest = slower_link(slowest, cluster_link(cm->cluster, group_node[d],
-                                                    group_node[last + d]));
-    return slowest;
-}
-
 /* Durations of each stage's per-step collectives and optimizer step. */
 static void price_step_work(const costmodel *cm, const parallel_config *config,
                             estimate_scratch *scratch, estimate *out)
 {
-    int dp = config->dp, pp = config->pp;
-    double embedding_s = 0.0;
-    if (cm->model.tied_embeddings && pp > 1) {
-        double bytes = (double)cm->model.vocab * cm->model.hidden /
-                       config->tp * 4.0;
-        const int *first = scratch->group_node;
-        const int *last = &scratch->group_node[dp * (pp - 1)];
-        embedding_s = costmodel_allreduce_seconds(
-            cm, bytes, 2, costmodel_pairs_curve_type(cm->cluster, first, last,
-                                                     dp),
-            embedding_link(cm, config, scratch->group_node));
-    }
+    int pp = config->pp;
+    link_spec embedding_link;
+    int embedding_curve;
+    costmodel_embedding_link(cm, config, &scratch->lane, &embedding_link,
+                             &embedding_curve);
+    double embedding_s = costmodel_embedding_allreduce_s(
+        cm, config, embedding_link, embedding_curve);
     for (int s = 0; s < pp; s++) {
         stage_estimate *st = &out->stages[s];
         step_tail *tail = &scratch->tails[s];
         const stage_placement *place = &scratch->placement[s];
-        double params = stage_parameters_per_gpu(&cm->model, config, s,
-                                                 st->layers);
-        double gradient_bytes = params * 4.0; /* fp32 main gradients */
-        if (config->distributed_optimizer) {
-            tail->reduce_s = costmodel_reduce_scatter_seconds(
-                cm, gradient_bytes, dp, place->dp_curve_type, place->dp_link);
-            tail->gather_s = costmodel_reduce_scatter_seconds(
-                cm, params * precision_bytes(config->precision), dp,
-                place->dp_curve_type, place->dp_link);
-        } else {
-            tail->reduce_s = costmodel_allreduce_seconds(
-                cm, gradient_bytes, dp, place->dp_curve_type, place->dp_link);
-            tail->gather_s = 0.0;
-        }
-        st->dp_allreduce_s = tail->reduce_s + tail->gather_s;
+        step_work work;
+        costmodel_step_work(cm, config, place, s, st->layers,
+                            &scratch->costs[place->slow_type], &work);
+        tail->reduce_s = work.reduce_s;
+        tail->gather_s = work.gather_s;
+        st->dp_allreduce_s = work.reduce_s + work.gather_s;
         tail->embedding_member = cm->model.tied_embeddings && pp > 1 &&
                                  (s == 0 || s == pp - 1);
         st->embedding_allreduce_s = tail->embedding_member ? embedding_s
                                                            : 0.0;
-        double held = config->distributed_optimizer ? params / dp : params;
-        st->optimizer_s = held *
-                          scratch->costs[place->slow_type].optimizer_s_per_param;
+        st->optimizer_s = work.optimizer_s;
     }
 }
 
@@ -433,8 +407,8 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
     if (microbatches < 0 || check_partition(cm, config, partition, err) != 0)
         return -1;
     estimate_scratch scratch = {0};
-    if (scratch_allocate(&scratch, config->dp * config->pp, config->pp,
-                         cm->cluster->type_count, err) != 0)
+    if (scratch_allocate(&scratch, config->pp, cm->cluster->type_count,
+                         err) != 0)
         return -1;
     schedule_result pipeline = {0};
     out->stage_count = config->pp;
@@ -444,9 +418,9 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
         pt_fail(err, "costmodel: out of memory");
         goto done;
     }
-    if (costmodel_place_groups(cm, config, node_order, node_count,
-                               scratch.group_node, scratch.placement,
-                               err) != 0 ||
+    if (costmodel_place_order(cm, config, node_order, node_count,
+                              scratch.placement, &scratch.lane,
+                              &scratch.lane_storage, err) != 0 ||
         price_stages(cm, config, partition, &scratch, out, err) != 0 ||
         schedule_simulate(config->schedule, scratch.schedule, config->pp,
                           microbatches, want_events, &pipeline, err) != 0)
@@ -459,6 +433,7 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
     rc = 0;
 done:
     schedule_result_free(&pipeline);
+    free(scratch.lane_storage);
     free(scratch.block);
     if (rc != 0)
         estimate_free(out);

@@ -27,28 +27,30 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index);
 /* Checks the degrees of config (positive, pp within PT_MAX_STAGES). */
 int costmodel_check_degrees(const parallel_config *config, pt_error *err);
 
-/* Maps every tensor-parallel group g = d + dp x s to the node instance
- * holding it (group_node[dp x pp]) and fills placement[pp]; see
- * costmodel_place for the rules. */
-int costmodel_place_groups(const costmodel *cm, const parallel_config *config,
-                           const int *node_order, int node_count,
-                           int *group_node, stage_placement *placement,
-                           pt_error *err);
+/* The lane of a whole node order (types and GPU starts of its nodes, in
+ * *storage, which the caller frees). */
+int costmodel_lane_open(const cluster *c, const int *node_order,
+                        int node_count, node_lane *lane, int **storage,
+                        pt_error *err);
 
-/* The node type whose curves price transfers between from_nodes[d] and
- * to_nodes[d] for every d < pairs: each pair inside one node, all nodes
- * of one type; -1 otherwise. */
-int costmodel_pairs_curve_type(const cluster *c, const int *from_nodes,
-                               const int *to_nodes, int pairs);
+/* Checks a node order and places every stage of config on it; also
+ * returns the order's lane (its storage in *storage, freed by the caller,
+ * NULL on failure). */
+int costmodel_place_order(const costmodel *cm, const parallel_config *config,
+                          const int *node_order, int node_count,
+                          stage_placement *placement, node_lane *lane,
+                          int **storage, pt_error *err);
 
 /* The slower of two links: lower bandwidth, on a tie higher latency. */
 link_spec slower_link(link_spec a, link_spec b);
 
 /* Stage terms from already priced types (slow: the stage's pace, small:
- * its memory cap). */
+ * its memory cap); previous is stage - 1's placement (NULL for stage 0),
+ * whose link prices the gradient sent back. */
 void costmodel_terms_from_costs(const costmodel *cm,
                                 const parallel_config *config,
-                                const stage_placement *placement, int stage,
+                                const stage_placement *previous,
+                                const stage_placement *self, int stage,
                                 const type_costs *slow,
                                 const type_costs *small, stage_terms *out);
 
@@ -59,23 +61,9 @@ int costmodel_microbatch_count(const parallel_config *config, pt_error *err);
 /* Send times of a stage per micro-batch: its activation to stage + 1 and
  * its gradient to stage - 1 (0 where there is no such stage). */
 void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
-                           const stage_placement *placement, int stage,
+                           const stage_placement *previous,
+                           const stage_placement *self, int stage,
                            double *send_forward_s, double *send_backward_s);
-
-/* Communication of `bytes` priced from the measured curve ("sendrecv"
- * for 2 GPUs, "allreduce" for `members` GPUs) of node type curve_type's
- * profile when it has samples for that GPU count, else from the link's
- * closed form (collectives.c). curve_type -1: the GPUs are not all inside
- * one node of one type, so the link prices it. A reduce-scatter (or an
- * all-gather) is half of the curve's all-reduce. */
-double costmodel_send_seconds(const costmodel *cm, double bytes,
-                              int curve_type, link_spec link);
-double costmodel_allreduce_seconds(const costmodel *cm, double bytes,
-                                   int members, int curve_type,
-                                   link_spec link);
-double costmodel_reduce_scatter_seconds(const costmodel *cm, double bytes,
-                                        int members, int curve_type,
-                                        link_spec link);
 
 /* Bytes of one stage boundary's activation (or its gradient), and of
  * one tensor-parallel all-reduce: b x s x h elements in the plan's

@@ -1,8 +1,18 @@
 /*
- * Placement: which node holds each rank of a plan, and what that means
- * for every pipeline stage (its pace, its memory cap, its links).
- * rank = t + tp x (d + dp x s); ranks fill the node order's GPUs in order.
+ * Placement: which node holds each GPU of a plan, and what that means for
+ * every pipeline stage (its pace, its memory cap, its links).
+ *
+ * rank = t + tp x (d + dp x s) and ranks fill the node order's GPUs in
+ * order, so GPU x belongs to stage x / S (S = dp x tp), replica
+ * (x / tp) % dp and tp rank x % tp. Every link a stage uses joins a GPU to
+ * one a fixed distance further: tp rings (neighbours inside a group), dp
+ * rings (tp further), sends to the next stage (S further), the tied
+ * embedding (S x (pp - 1) further). So a stage is placed from the nodes
+ * over it and its next stage alone (a node_lane), which lets the planner
+ * price a stage before it knows the whole order, and the estimate and the
+ * search read the very same facts.
  */
+#include <math.h>
 #include <stdlib.h>
 
 #include "costmodel/internal.h"
@@ -22,36 +32,277 @@ int costmodel_check_degrees(const parallel_config *config, pt_error *err)
     return 0;
 }
 
-static int node_gpus(const cluster *c, int node)
+/* ------------------------------------------------------------ the lane */
+
+/* Walks a lane's slots in increasing GPU order: slot_of answers "which
+ * slot holds GPU x" for non-decreasing x in amortised constant time. */
+typedef struct lane_cursor {
+    const node_lane *lane;
+    int slot;
+} lane_cursor;
+
+static int slot_of(lane_cursor *cursor, long long gpu)
 {
-    return c->types[cluster_node_type(c, node)].gpus;
+    const node_lane *lane = cursor->lane;
+    if (gpu < lane->starts[cursor->slot])
+        cursor->slot = 0;
+    while (cursor->slot + 1 < lane->count &&
+           lane->starts[cursor->slot + 1] <= gpu)
+        cursor->slot++;
+    return cursor->slot;
 }
 
+/* The link between the nodes of two slots (cluster_link on types: the
+ * intra-node link for one slot, else the slower of the two inter-node
+ * figures). */
+static link_spec slot_link(const cluster *c, const node_lane *lane, int a,
+                           int b)
+{
+    const node_type *type_a = &c->types[lane->types[a]];
+    if (a == b)
+        return type_a->intra_node;
+    const link_spec *x = &type_a->inter_node;
+    const link_spec *y = &c->types[lane->types[b]].inter_node;
+    link_spec slower = {
+        x->bandwidth_bytes_per_s < y->bandwidth_bytes_per_s
+            ? x->bandwidth_bytes_per_s
+            : y->bandwidth_bytes_per_s,
+        x->latency_s > y->latency_s ? x->latency_s : y->latency_s};
+    return slower;
+}
+
+/* The slowest link between GPU x and GPU x + distance for every x in
+ * [first, first + count), and the type whose curves apply when every pair
+ * shares a node of one type (else -1). */
+static link_spec pair_links(const cluster *c, const node_lane *lane,
+                            long long first, long long count,
+                            long long distance, int *curve_type)
+{
+    lane_cursor from = {lane, 0}, to = {lane, 0};
+    link_spec slowest = {0.0, 0.0};
+    int same_type = -2; /* -2: nothing seen yet */
+    /* the slot pair only changes at node boundaries: step from one to the
+       next instead of GPU by GPU */
+    long long x = first, end = first + count;
+    while (x < end) {
+        int a = slot_of(&from, x), b = slot_of(&to, x + distance);
+        long long run_a = lane->starts[a + 1] - x;
+        long long run_b = lane->starts[b + 1] - (x + distance);
+        long long run = run_a < run_b ? run_a : run_b;
+        if (run > end - x)
+            run = end - x;
+        link_spec link = slot_link(c, lane, a, b);
+        slowest = x == first ? link : slower_link(slowest, link);
+        int type = a == b ? lane->types[a] : -1;
+        same_type = same_type == -2 || same_type == type ? type : -1;
+        x += run;
+    }
+    *curve_type = same_type < 0 ? -1 : same_type;
+    return slowest;
+}
+
+/* ------------------------------------------------------- a tp group's pace */
+
+/* What a stage's slowest tp group is made of. */
+typedef struct group_pace {
+    double seconds;        /* forward + backward of one layer */
+    int slow_type;
+    bool spans_nodes;
+    link_spec link;
+} group_pace;
+
+/* The tp group of GPUs [first, first + tp): its slowest type, and when it
+ * crosses nodes, its slowest link (the inter-node links between its
+ * nodes, the intra-node link of a node holding two of its GPUs). */
+static int price_group(const costmodel *cm, const parallel_config *config,
+                       const node_lane *lane, lane_cursor *cursor,
+                       long long first, group_pace *out, pt_error *err)
+{
+    const cluster *c = cm->cluster;
+    int first_slot = slot_of(cursor, first);
+    int last_slot = first_slot;
+    while (last_slot + 1 < lane->count &&
+           lane->starts[last_slot + 1] < first + config->tp)
+        last_slot++;
+    out->spans_nodes = last_slot != first_slot;
+    out->slow_type = lane->types[first_slot];
+    out->link = c->types[lane->types[first_slot]].intra_node;
+    bool any_link = false;
+    double slowest = -1.0;
+    for (int slot = first_slot; slot <= last_slot; slot++) {
+        type_costs costs;
+        int type = lane->types[slot];
+        if (costmodel_price_type(cm, type, config, NULL, &costs, err) != 0)
+            return -1;
+        double pace = costs.layer_forward_s + costs.layer_backward_s;
+        if (pace > slowest || (pace == slowest && type < out->slow_type)) {
+            slowest = pace;
+            out->slow_type = type;
+        }
+        if (!out->spans_nodes)
+            break;
+        long long lo = lane->starts[slot] > first ? lane->starts[slot] : first;
+        long long hi = lane->starts[slot + 1] < first + config->tp
+                           ? lane->starts[slot + 1]
+                           : first + config->tp;
+        link_spec link = slot_link(c, lane, slot, slot);
+        if (hi - lo >= 2) {
+            out->link = any_link ? slower_link(out->link, link) : link;
+            any_link = true;
+        }
+        if (slot < last_slot) {
+            link = slot_link(c, lane, slot, slot + 1);
+            out->link = any_link ? slower_link(out->link, link) : link;
+            any_link = true;
+        }
+    }
+    type_costs slow;
+    if (costmodel_price_type(cm, out->slow_type, config, NULL, &slow, err) != 0)
+        return -1;
+    out->seconds = costmodel_layer_pace_s(cm, config, &slow, out->spans_nodes,
+                                          out->link);
+    return 0;
+}
+
+/* The pace of a stage (its slowest tp group) and the type with the least
+ * usable memory among the nodes over it. */
+static int stage_types(const costmodel *cm, const parallel_config *config,
+                       const node_lane *lane, long long first,
+                       stage_placement *out, pt_error *err)
+{
+    lane_cursor cursor = {lane, 0};
+    double slowest = -1.0;
+    for (int d = 0; d < config->dp; d++) {
+        group_pace group;
+        if (price_group(cm, config, lane, &cursor,
+                        first + (long long)d * config->tp, &group, err) != 0)
+            return -1;
+        /* ties go to the lower type index, so that the arrangement of a
+           stage's nodes does not change which type it names */
+        if (group.seconds > slowest ||
+            (group.seconds == slowest && group.slow_type < out->slow_type)) {
+            slowest = group.seconds;
+            out->slow_type = group.slow_type;
+            out->tp_spans_nodes = group.spans_nodes;
+            out->tp_link = group.link;
+        }
+    }
+    long long stage_gpus = (long long)config->dp * config->tp;
+    lane_cursor walk = {lane, 0};
+    double smallest = INFINITY;
+    for (int slot = slot_of(&walk, first);
+         slot < lane->count && lane->starts[slot] < first + stage_gpus;
+         slot++) {
+        type_costs costs;
+        int type = lane->types[slot];
+        if (costmodel_price_type(cm, type, config, NULL, &costs, err) != 0)
+            return -1;
+        if (costs.memory_cap_bytes < smallest ||
+            (costs.memory_cap_bytes == smallest && type < out->small_type)) {
+            smallest = costs.memory_cap_bytes;
+            out->small_type = type;
+        }
+    }
+    return 0;
+}
+
+/* Checks that the lane holds GPUs [first, end). */
+static int check_lane_covers(const node_lane *lane, long long first,
+                             long long end, int stage, pt_error *err)
+{
+    if (lane->count <= 0 || lane->starts[0] > first ||
+        lane->starts[lane->count] < end)
+        return pt_fail(err, "costmodel: the nodes given do not cover stage "
+                       "%d's GPUs %lld..%lld", stage, first, end - 1);
+    return 0;
+}
+
+int costmodel_place_stage(const costmodel *cm, const parallel_config *config,
+                          const node_lane *lane, int stage, bool next_known,
+                          stage_placement *out, pt_error *err)
+{
+    if (costmodel_check_degrees(config, err) != 0)
+        return -1;
+    const cluster *c = cm->cluster;
+    long long stage_gpus = (long long)config->dp * config->tp;
+    long long first = stage * stage_gpus;
+    bool last = stage == config->pp - 1;
+    long long end = first + (last || !next_known ? 1 : 2) * stage_gpus;
+    if (check_lane_covers(lane, first, end, stage, err) != 0 ||
+        stage_types(cm, config, lane, first, out, err) != 0)
+        return -1;
+    int curve_type;
+    lane_cursor cursor = {lane, 0};
+    int first_slot = slot_of(&cursor, first);
+    /* dp rings: the GPU of tp rank t in replica d talks to tp rank t of
+       replica d + 1, tp GPUs further */
+    if (config->dp == 1)
+        out->dp_link = slot_link(c, lane, first_slot, first_slot);
+    else
+        out->dp_link = pair_links(c, lane, first, stage_gpus - config->tp,
+                                  config->tp, &curve_type);
+    int last_slot = slot_of(&cursor, first + stage_gpus - 1);
+    out->dp_curve_type = first_slot == last_slot ? lane->types[first_slot]
+                                                 : -1;
+    if (last) {
+        out->next_link = slot_link(c, lane, first_slot, first_slot);
+        out->next_curve_type = -1;
+    } else if (!next_known) {
+        out->next_link = (link_spec){INFINITY, 0.0};
+        out->next_curve_type = -1;
+    } else {
+        out->next_link = pair_links(c, lane, first, stage_gpus, stage_gpus,
+                                    &out->next_curve_type);
+    }
+    return 0;
+}
+
+void costmodel_embedding_link(const costmodel *cm,
+                              const parallel_config *config,
+                              const node_lane *lane, link_spec *link,
+                              int *curve_type)
+{
+    long long stage_gpus = (long long)config->dp * config->tp;
+    *link = pair_links(cm->cluster, lane, 0, stage_gpus,
+                       stage_gpus * (config->pp - 1), curve_type);
+}
+
+/* ------------------------------------------------------ whole node orders */
+
 /* Node indices in range, each node at most once, exactly the GPUs the
- * plan needs. */
+ * plan needs. A mark per node makes it linear in the order's length. */
 static int check_node_order(const cluster *c, const parallel_config *config,
                             const int *node_order, int node_count,
                             pt_error *err)
 {
     if (!node_order || node_count <= 0)
         return pt_fail(err, "plan: node_order is empty");
+    int *seen_at = malloc((size_t)c->node_count * sizeof *seen_at);
+    if (!seen_at)
+        return pt_fail(err, "costmodel: out of memory");
+    for (int i = 0; i < c->node_count; i++)
+        seen_at[i] = -1;
     long long gpus = 0;
-    for (int i = 0; i < node_count; i++) {
+    int rc = 0;
+    for (int i = 0; i < node_count && rc == 0; i++) {
         int node = node_order[i];
-        if (node < 0 || node >= c->node_count)
-            return pt_fail(err, "plan: node_order[%d]: node %d does not "
-                           "exist (cluster %s has %d nodes)", i, node,
-                           c->name, c->node_count);
-        for (int j = 0; j < i; j++) {
-            if (node_order[j] == node) {
-                char name[PT_NAME_MAX + 16];
-                cluster_node_name(c, node, name, sizeof name);
-                return pt_fail(err, "plan: node_order[%d]: node %s is "
-                               "already at node_order[%d]", i, name, j);
-            }
+        if (node < 0 || node >= c->node_count) {
+            rc = pt_fail(err, "plan: node_order[%d]: node %d does not exist "
+                         "(cluster %s has %d nodes)", i, node, c->name,
+                         c->node_count);
+        } else if (seen_at[node] >= 0) {
+            char name[PT_NAME_MAX + 16];
+            cluster_node_name(c, node, name, sizeof name);
+            rc = pt_fail(err, "plan: node_order[%d]: node %s is already at "
+                         "node_order[%d]", i, name, seen_at[node]);
+        } else {
+            seen_at[node] = i;
+            gpus += cluster_node_gpus(c, node);
         }
-        gpus += node_gpus(c, node);
     }
+    free(seen_at);
+    if (rc != 0)
+        return -1;
     long long needed = (long long)config->tp * config->dp * config->pp;
     if (gpus != needed)
         return pt_fail(err, "plan: node_order gives %lld GPUs but tp x dp x "
@@ -60,144 +311,54 @@ static int check_node_order(const cluster *c, const parallel_config *config,
     return 0;
 }
 
-/* Fills group_node: tensor-parallel groups take tp consecutive GPUs of
- * the current node and never straddle two. */
-static int assign_groups(const cluster *c, const parallel_config *config,
-                         const int *node_order, int *group_node,
-                         pt_error *err)
+int costmodel_lane_open(const cluster *c, const int *node_order,
+                        int node_count, node_lane *lane, int **storage,
+                        pt_error *err)
 {
-    int position = 0, used = 0;
-    int groups = config->dp * config->pp;
-    for (int g = 0; g < groups; g++) {
-        int node = node_order[position];
-        int gpus = node_gpus(c, node);
-        if (gpus - used < config->tp) {
-            char name[PT_NAME_MAX + 16];
-            cluster_node_name(c, node, name, sizeof name);
-            return pt_fail(err, "plan: the tp group of ranks %d..%d would "
-                           "straddle nodes (node %s has %d GPUs, %d of them "
-                           "free); tp must divide each node's GPUs",
-                           g * config->tp, g * config->tp + config->tp - 1,
-                           name, gpus, gpus - used);
-        }
-        group_node[g] = node;
-        used += config->tp;
-        if (used == gpus) {
-            position++;
-            used = 0;
-        }
+    int *block = malloc(((size_t)2 * node_count + 1) * sizeof *block);
+    if (!block)
+        return pt_fail(err, "costmodel: out of memory");
+    int *types = block, *starts = block + node_count;
+    starts[0] = 0;
+    for (int i = 0; i < node_count; i++) {
+        types[i] = cluster_node_type(c, node_order[i]);
+        starts[i + 1] = starts[i] + cluster_node_gpus(c, node_order[i]);
     }
+    *lane = (node_lane){node_count, types, starts};
+    *storage = block;
     return 0;
 }
 
-/* The type a stage runs at (largest layer fwd+bwd) and the type that caps
- * its memory (least usable memory). */
-static int stage_types(const costmodel *cm, const parallel_config *config,
-                       const int *stage_groups, stage_placement *out,
-                       pt_error *err)
+int costmodel_place_order(const costmodel *cm, const parallel_config *config,
+                          const int *node_order, int node_count,
+                          stage_placement *placement, node_lane *lane,
+                          int **storage, pt_error *err)
 {
-    const cluster *c = cm->cluster;
-    double slowest = -1.0, smallest = 0.0;
-    int previous_type = -1;
-    for (int d = 0; d < config->dp; d++) {
-        int type = cluster_node_type(c, stage_groups[d]);
-        if (type == previous_type)
-            continue;
-        previous_type = type;
-        type_costs costs;
-        if (costmodel_price_type(cm, type, config, NULL, &costs, err) != 0)
-            return -1;
-        double layer_s = costs.layer_forward_s + costs.layer_backward_s;
-        if (layer_s > slowest) {
-            slowest = layer_s;
-            out->slow_type = type;
-        }
-        if (d == 0 || costs.memory_cap_bytes < smallest) {
-            smallest = costs.memory_cap_bytes;
-            out->small_type = type;
-        }
-    }
-    return 0;
-}
-
-/* Slowest link a ring over the dp group crosses: the intra-node link of
- * a node holding two members, the inter-node link between neighbours. */
-static link_spec dp_group_link(const cluster *c, const int *stage_groups,
-                               int dp)
-{
-    link_spec slowest = cluster_link(c, stage_groups[0], stage_groups[0]);
-    bool any = dp == 1;
-    for (int d = 1; d < dp; d++) {
-        link_spec link = cluster_link(c, stage_groups[d - 1], stage_groups[d]);
-        slowest = any ? slower_link(slowest, link) : link;
-        any = true;
-    }
-    return slowest;
-}
-
-int costmodel_place_groups(const costmodel *cm, const parallel_config *config,
-                           const int *node_order, int node_count,
-                           int *group_node, stage_placement *placement,
-                           pt_error *err)
-{
-    const cluster *c = cm->cluster;
+    *storage = NULL;
     if (costmodel_check_degrees(config, err) != 0 ||
-        check_node_order(c, config, node_order, node_count, err) != 0 ||
-        assign_groups(c, config, node_order, group_node, err) != 0)
+        check_node_order(cm->cluster, config, node_order, node_count, err) != 0 ||
+        costmodel_lane_open(cm->cluster, node_order, node_count, lane, storage,
+                            err) != 0)
         return -1;
-    int dp = config->dp, pp = config->pp;
-    for (int s = 0; s < pp; s++) {
-        const int *groups = &group_node[dp * s];
-        stage_placement *place = &placement[s];
-        place->first_node = groups[0];
-        place->last_node = groups[dp - 1];
-        place->dp_spans_nodes = groups[0] != groups[dp - 1];
-        place->dp_link = dp_group_link(c, groups, dp);
-        place->dp_curve_type = place->dp_spans_nodes
-                                   ? -1
-                                   : cluster_node_type(c, groups[0]);
-        place->next_curve_type = -1;
-        if (stage_types(cm, config, groups, place, err) != 0)
+    for (int s = 0; s < config->pp; s++) {
+        if (costmodel_place_stage(cm, config, lane, s, true, &placement[s],
+                                  err) != 0) {
+            free(*storage);
+            *storage = NULL;
             return -1;
-        if (s == pp - 1) {
-            place->next_link = cluster_link(c, groups[0], groups[0]);
-            continue;
         }
-        /* replica d of stage s sends to replica d of stage s + 1 */
-        const int *next = &group_node[dp * (s + 1)];
-        place->next_link = cluster_link(c, groups[0], next[0]);
-        for (int d = 1; d < dp; d++)
-            place->next_link = slower_link(place->next_link,
-                                           cluster_link(c, groups[d], next[d]));
-        place->next_curve_type = costmodel_pairs_curve_type(c, groups, next,
-                                                            dp);
     }
     return 0;
-}
-
-int costmodel_pairs_curve_type(const cluster *c, const int *from_nodes,
-                               const int *to_nodes, int pairs)
-{
-    int type = cluster_node_type(c, from_nodes[0]);
-    for (int d = 0; d < pairs; d++)
-        if (from_nodes[d] != to_nodes[d] ||
-            cluster_node_type(c, from_nodes[d]) != type)
-            return -1;
-    return type;
 }
 
 int costmodel_place(const costmodel *cm, const parallel_config *config,
                     const int *node_order, int node_count,
                     stage_placement *placement, pt_error *err)
 {
-    if (costmodel_check_degrees(config, err) != 0)
-        return -1;
-    int *group_node = malloc((size_t)config->dp * config->pp *
-                             sizeof *group_node);
-    if (!group_node)
-        return pt_fail(err, "costmodel: out of memory");
-    int rc = costmodel_place_groups(cm, config, node_order, node_count,
-                                    group_node, placement, err);
-    free(group_node);
+    node_lane lane;
+    int *storage = NULL;
+    int rc = costmodel_place_order(cm, config, node_order, node_count,
+                                   placement, &lane, &storage, err);
+    free(storage);
     return rc;
 }

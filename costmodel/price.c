@@ -471,16 +471,35 @@ int costmodel_price_type(const costmodel *cm, int type_index,
     out->layer_backward_s = times.layer.backward_s;
     out->head_forward_s = times.head.forward_s;
     out->head_backward_s = times.head.backward_s;
-    if (add_tp_comm && config->tp > 1) {
-        double allreduce = tp_allreduce_seconds(cm, type_index, config);
-        out->layer_forward_s += 2.0 * allreduce;
-        out->layer_backward_s += 2.0 * allreduce;
+    out->tp_allreduce_s = config->tp > 1
+                              ? tp_allreduce_seconds(cm, type_index, config)
+                              : 0.0;
+    if (add_tp_comm) {
+        out->layer_forward_s += 2.0 * out->tp_allreduce_s;
+        out->layer_backward_s += 2.0 * out->tp_allreduce_s;
     }
     if (config->recompute)
         out->layer_backward_s += out->layer_forward_s;
     out->optimizer_s_per_param = prof->optimizer_s_per_param;
     out->memory_cap_bytes = (prof->memory_gib - prof->workspace_gib) * PT_GIB;
     return 0;
+}
+
+double costmodel_layer_pace_s(const costmodel *cm,
+                              const parallel_config *config,
+                              const type_costs *costs, bool spans_nodes,
+                              link_spec span_link)
+{
+    double pace = costs->layer_forward_s + costs->layer_backward_s;
+    if (!spans_nodes || config->tp < 2)
+        return pace;
+    /* the layer's all-reduces (2 forward, 2 backward, 2 more when the
+       backward recomputes the forward) leave the node: swap the in-node
+       time for the closed form over the group's slowest link */
+    double count = config->recompute ? 6.0 : 4.0;
+    double bytes = activation_message_bytes(&cm->model, config);
+    return pace + count * (allreduce_time(bytes, config->tp, span_link) -
+                           costs->tp_allreduce_s);
 }
 
 int costmodel_type_costs(costmodel *cm, int type_index,

@@ -75,21 +75,21 @@ int costmodel_microbatch_count(const parallel_config *config, pt_error *err)
 }
 
 void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
-                           const stage_placement *placement, int stage,
+                           const stage_placement *previous,
+                           const stage_placement *self, int stage,
                            double *send_forward_s, double *send_backward_s)
 {
     double bytes = activation_message_bytes(&cm->model, config);
-    *send_forward_s =
-        stage < config->pp - 1
-            ? costmodel_send_seconds(cm, bytes,
-                                     placement[stage].next_curve_type,
-                                     placement[stage].next_link)
-            : 0.0;
-    *send_backward_s =
-        stage > 0 ? costmodel_send_seconds(cm, bytes,
-                                           placement[stage - 1].next_curve_type,
-                                           placement[stage - 1].next_link)
-                  : 0.0;
+    *send_forward_s = stage < config->pp - 1
+                          ? costmodel_send_seconds(cm, bytes,
+                                                   self->next_curve_type,
+                                                   self->next_link)
+                          : 0.0;
+    *send_backward_s = stage > 0
+                           ? costmodel_send_seconds(cm, bytes,
+                                                    previous->next_curve_type,
+                                                    previous->next_link)
+                           : 0.0;
 }
 
 /* Largest layer count whose memory fits, in the same arithmetic the
@@ -116,7 +116,8 @@ static int layers_that_fit(const stage_terms *terms, int model_layers)
 
 void costmodel_terms_from_costs(const costmodel *cm,
                                 const parallel_config *config,
-                                const stage_placement *placement, int stage,
+                                const stage_placement *previous,
+                                const stage_placement *self, int stage,
                                 const type_costs *slow,
                                 const type_costs *small, stage_terms *out)
 {
@@ -129,19 +130,20 @@ void costmodel_terms_from_costs(const costmodel *cm,
     double tokens = (double)config->mbs * model->seq;
 
     double send_forward, send_backward;
-    costmodel_stage_sends(cm, config, placement, stage, &send_forward,
+    costmodel_stage_sends(cm, config, previous, self, stage, &send_forward,
                           &send_backward);
     out->fixed_s = send_forward + send_backward;
     if (first)
         out->fixed_s += slow->embedding_forward_s + slow->embedding_backward_s;
     if (last)
         out->fixed_s += slow->head_forward_s + slow->head_backward_s;
-    out->per_layer_s = slow->layer_forward_s + slow->layer_backward_s;
+    out->per_layer_s = costmodel_layer_pace_s(cm, config, slow,
+                                              self->tp_spans_nodes,
+                                              self->tp_link);
 
     double per_parameter = bytes_per_parameter(config);
-    bool flash = cm->profiles[placement[stage].small_type].flash_attention;
-    double workspace = cm->profiles[placement[stage].small_type].workspace_gib *
-                       PT_GIB;
+    bool flash = cm->profiles[self->small_type].flash_attention;
+    double workspace = cm->profiles[self->small_type].workspace_gib * PT_GIB;
     out->fixed_bytes = stage_parameters_per_gpu(model, config, stage, 0) *
                            per_parameter + workspace;
     if (first) /* embedding output, the first layer's input */
@@ -164,9 +166,11 @@ void costmodel_terms_from_costs(const costmodel *cm,
     out->max_layers = layers_that_fit(out, model->layers);
 }
 
-int costmodel_stage_terms(costmodel *cm, const parallel_config *config,
-                          const stage_placement *placement, int stage,
-                          stage_terms *out, pt_error *err)
+int costmodel_stage_terms_between(costmodel *cm,
+                                  const parallel_config *config,
+                                  const stage_placement *previous,
+                                  const stage_placement *self, int stage,
+                                  stage_terms *out, pt_error *err)
 {
     if (costmodel_check_degrees(config, err) != 0 ||
         costmodel_microbatch_count(config, err) < 0)
@@ -174,13 +178,63 @@ int costmodel_stage_terms(costmodel *cm, const parallel_config *config,
     if (stage < 0 || stage >= config->pp)
         return pt_fail(err, "costmodel: stage %d is not in 0..%d", stage,
                        config->pp - 1);
+    if (stage > 0 && previous == NULL)
+        return pt_fail(err, "costmodel: stage %d needs the placement of the "
+                       "stage before it", stage);
     type_costs slow, small;
-    if (costmodel_type_costs(cm, placement[stage].slow_type, config, &slow,
-                             err) != 0 ||
-        costmodel_type_costs(cm, placement[stage].small_type, config, &small,
-                             err) != 0)
+    if (costmodel_type_costs(cm, self->slow_type, config, &slow, err) != 0 ||
+        costmodel_type_costs(cm, self->small_type, config, &small, err) != 0)
         return -1;
-    costmodel_terms_from_costs(cm, config, placement, stage, &slow, &small,
-                               out);
+    costmodel_terms_from_costs(cm, config, previous, self, stage, &slow,
+                               &small, out);
     return 0;
+}
+
+int costmodel_stage_terms(costmodel *cm, const parallel_config *config,
+                          const stage_placement *placement, int stage,
+                          stage_terms *out, pt_error *err)
+{
+    if (stage < 0 || stage >= config->pp)
+        return pt_fail(err, "costmodel: stage %d is not in 0..%d", stage,
+                       config->pp - 1);
+    return costmodel_stage_terms_between(cm, config,
+                                         stage > 0 ? &placement[stage - 1]
+                                                   : NULL,
+                                         &placement[stage], stage, out, err);
+}
+
+double costmodel_embedding_allreduce_s(const costmodel *cm,
+                                       const parallel_config *config,
+                                       link_spec link, int curve_type)
+{
+    if (!cm->model.tied_embeddings || config->pp < 2)
+        return 0.0;
+    double bytes = (double)cm->model.vocab * cm->model.hidden / config->tp *
+                   4.0;
+    return costmodel_allreduce_seconds(cm, bytes, 2, curve_type, link);
+}
+
+void costmodel_step_work(const costmodel *cm, const parallel_config *config,
+                         const stage_placement *placement, int stage,
+                         int layers, const type_costs *slow, step_work *out)
+{
+    int dp = config->dp;
+    double params = stage_parameters_per_gpu(&cm->model, config, stage,
+                                             layers);
+    double gradient_bytes = params * 4.0; /* fp32 main gradients */
+    if (config->distributed_optimizer) {
+        out->reduce_s = costmodel_reduce_scatter_seconds(
+            cm, gradient_bytes, dp, placement->dp_curve_type,
+            placement->dp_link);
+        out->gather_s = costmodel_reduce_scatter_seconds(
+            cm, params * precision_bytes(config->precision), dp,
+            placement->dp_curve_type, placement->dp_link);
+    } else {
+        out->reduce_s = costmodel_allreduce_seconds(
+            cm, gradient_bytes, dp, placement->dp_curve_type,
+            placement->dp_link);
+        out->gather_s = 0.0;
+    }
+    double held = config->distributed_optimizer ? params / dp : params;
+    out->optimizer_s = held * slow->optimizer_s_per_param;
 }

@@ -211,9 +211,9 @@ static void stages_run_at_their_slowest_gpu(void **state)
                                      &err), 0);
     assert_int_equal(placement[0].slow_type, 1);
     assert_int_equal(placement[0].small_type, 1);
-    assert_int_equal(placement[0].first_node, 0);
-    assert_int_equal(placement[0].last_node, 1);
-    assert_int_equal(placement[0].dp_spans_nodes, 1);
+    /* the dp group crosses nodes: no node's measured curve prices it */
+    assert_int_equal(placement[0].dp_curve_type, -1);
+    assert_false(placement[0].tp_spans_nodes);
     estimate_free(&e);
     fixture_close(&f);
 }
@@ -262,15 +262,6 @@ static void placement_errors_are_clear(void **state)
                                      &err), -1);
     assert_non_null(strstr(err.message, "gives 12 GPUs"));
     assert_non_null(strstr(err.message, "needs 8"));
-    config = config_of(8, 1, 8, 1, 1);
-    int two[2] = {0, 1};
-    assert_int_equal(costmodel_place(&f.cm, &config, two, 2, placement,
-                                     &err), -1);
-    assert_non_null(strstr(err.message, "straddle"));
-    config = config_of(8, 1, 3, 1, 4);
-    assert_int_equal(costmodel_place(&f.cm, &config, three, 3, placement,
-                                     &err), -1);
-    assert_non_null(strstr(err.message, "straddle"));
     config = config_of(8, 1, 1, 1, 8);
     int twice[2] = {1, 1};
     assert_int_equal(costmodel_place(&f.cm, &config, twice, 2, placement,
@@ -280,6 +271,47 @@ static void placement_errors_are_clear(void **state)
     assert_int_equal(costmodel_place(&f.cm, &config, missing, 2, placement,
                                      &err), -1);
     assert_non_null(strstr(err.message, "node 7"));
+    fixture_close(&f);
+}
+
+/* A tp group over two nodes: its all-reduces go over the slower of the
+ * two nodes' inter-node links instead of inside a node, and groups that
+ * start inside a node and end in the next are placed the same way. */
+static void tp_groups_may_span_nodes(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 2), 0);
+    stage_placement placement[4];
+    pt_error err = {{0}};
+    parallel_config config = config_of(8, 1, 8, 1, 1);
+    int two[2] = {0, 1};
+    assert_int_equal(costmodel_place(&f.cm, &config, two, 2, placement, &err),
+                     0);
+    assert_true(placement[0].tp_spans_nodes);
+    link_spec inter = link_of(5.0, 20.0);
+    assert_true(close_to(placement[0].tp_link.bandwidth_bytes_per_s,
+                         inter.bandwidth_bytes_per_s, 1e-12));
+    assert_int_equal(placement[0].slow_type, 1); /* the a10 sets the pace */
+    type_costs a10;
+    assert_int_equal(costmodel_type_costs(&f.cm, 1, &config, &a10, &err), 0);
+    stage_terms terms;
+    assert_int_equal(costmodel_stage_terms(&f.cm, &config, placement, 0,
+                                           &terms, &err), 0);
+    double bytes = 1.0 * m.seq * m.hidden * 2.0;
+    double expected = a10.layer_forward_s + a10.layer_backward_s +
+                      4.0 * (allreduce_time(bytes, 8, inter) -
+                             a10.tp_allreduce_s);
+    assert_true(close_to(terms.per_layer_s, expected, 1e-12));
+    assert_true(terms.per_layer_s >
+                a10.layer_forward_s + a10.layer_backward_s);
+    /* tp 3 over three nodes of 4 GPUs: groups 1 and 2 straddle */
+    config = config_of(8, 1, 3, 1, 4);
+    int three[3] = {0, 1, 2};
+    assert_int_equal(costmodel_place(&f.cm, &config, three, 3, placement,
+                                     &err), 0);
+    assert_true(placement[1].tp_spans_nodes);
     fixture_close(&f);
 }
 
@@ -431,6 +463,7 @@ int main(void)
         cmocka_unit_test(stages_run_at_their_slowest_gpu),
         cmocka_unit_test(dp_inside_a_node_uses_the_intra_node_link),
         cmocka_unit_test(placement_errors_are_clear),
+        cmocka_unit_test(tp_groups_may_span_nodes),
         cmocka_unit_test(plan_errors_are_clear),
         cmocka_unit_test(plan_over_memory_is_estimated_with_its_worst_stage),
         cmocka_unit_test(step_figures_follow_from_the_timeline),
