@@ -363,37 +363,63 @@ static int compare_configuration(costmodel *cm, const parallel_config *config,
     return 0;
 }
 
-/* Every configuration the search scores: each order and mbs as it is,
- * and with the memory levers when it does not fit. */
+/* What the walk of one task compares at every node order it visits. */
+typedef struct greedy_walk {
+    costmodel *cm;
+    const parallel_config *config;
+    greedy_tally *tally;
+    bool failed;
+    pt_error err;
+} greedy_walk;
+
+static void compare_order(void *context, const int *types, int count)
+{
+    greedy_walk *walk = context;
+    const cluster *c = walk->cm->cluster;
+    int order[PT_MAX_NODES], first[PLANNER_MAX_TYPES],
+        used[PLANNER_MAX_TYPES] = {0};
+    for (int t = 0, node = 0; t < c->type_count; t++) {
+        first[t] = node;
+        node += c->types[t].count;
+    }
+    for (int i = 0; i < count; i++)
+        order[i] = first[types[i]] + used[types[i]]++;
+    bool fits = false;
+    if (!walk->failed &&
+        compare_configuration(walk->cm, walk->config, order, count,
+                              walk->tally, &fits, &walk->err) != 0)
+        walk->failed = true;
+}
+
+/* Every placement of every task the search has, visited exhaustively. */
 static int compare_problem(costmodel *cm, const search_space *space,
                            const search_options *options, greedy_tally *tally,
                            pt_error *err)
 {
-    static const bool levers[4][2] = {
-        {false, false}, {true, false}, {false, true}, {true, true}};
-    for (int o = 0; o < space->order_count; o++) {
-        const search_shape *shape = &space->shapes[space->order_shape[o]];
-        for (int i = 0; i < shape->mbs_count; i++) {
-            for (int l = 0; l < 4; l++) {
-                if (levers[l][0] && shape->dp < 2)
-                    continue;
-                parallel_config config = {options->gbs, shape->mbs[i],
-                                          shape->tp, shape->dp, shape->pp,
-                                          options->schedule,
-                                          options->precision, levers[l][1],
-                                          levers[l][0]};
-                bool fits = false;
-                if (compare_configuration(cm, &config,
-                                          search_space_order(space, o),
-                                          space->node_count, tally, &fits,
-                                          err) != 0)
-                    return -1;
-                if (l == 0 && fits)
-                    break;
-            }
+    int max_pp = 1;
+    for (int i = 0; i < space->task_count; i++)
+        if (space->tasks[i].config.pp > max_pp)
+            max_pp = space->tasks[i].config.pp;
+    tree_worker *worker;
+    shortlist best;
+    if (tree_worker_open(&worker, cm, max_pp, options, err) != 0)
+        return -1;
+    int status = shortlist_open(&best, 1, space->node_count, max_pp, err);
+    for (int i = 0; status == 0 && i < space->task_count; i++) {
+        greedy_walk walk = {cm, &space->tasks[i].config, tally, false,
+                            {{0}}};
+        tree_limits limits = {true, INFINITY, 0, compare_order, &walk};
+        tree_outcome outcome;
+        status = search_tree_run(worker, &space->tasks[i], &limits, &best,
+                                 &outcome, err);
+        if (status == 0 && walk.failed) {
+            *err = walk.err;
+            status = -1;
         }
     }
-    return 0;
+    shortlist_close(&best);
+    tree_worker_close(worker);
+    return status;
 }
 
 static int greedy_report(const bench_arguments *args, pt_error *err)

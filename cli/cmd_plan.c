@@ -40,10 +40,18 @@ static void print_plan_help(void)
         "  --no-recompute     never use full activation recompute\n"
         "  --no-distributed-optimizer  never shard the optimizer (ZeRO-1)\n"
         "  --top K            plans shown and kept as alternatives (default 10)\n"
-        "  --threads N        search threads (default: one per core)\n"
+        "  --search S         bb (default): branch and bound, exact, cuts what\n"
+        "                     cannot make the shortlist; exhaustive: visit\n"
+        "                     every distinct node order (same plans, slower)\n"
+        "  --max-tree-nodes N stop the search after about N tree nodes and say\n"
+        "                     how far from exact its best plan may be\n"
+        "                     (default 200000000; 0: never stop)\n"
+        "  --threads N        search threads (default: one per core); the\n"
+        "                     plans and counts do not depend on it\n"
         "  --profiles DIR     look for profiles/<gpu>.json here first\n"
         "  -o, --output FILE  plan file to write (default plan.json)\n"
-        "  --quiet            no progress line\n");
+        "  --quiet            no progress lines (a search longer than a few\n"
+        "                     seconds prints one on stderr every few seconds)\n");
 }
 
 static int parse_choice(const char *value, const char *const *names,
@@ -71,13 +79,26 @@ static int parse_positive(const char *value, const char *option, int *out)
     return 0;
 }
 
+static int parse_count(const char *value, const char *option, long long *out)
+{
+    char *end = NULL;
+    long long number = strtoll(value, &end, 10);
+    if (end == value || *end != '\0' || number < 0) {
+        fprintf(stderr, "partita plan: %s: expected a count >= 0, got '%s'\n",
+                option, value);
+        return -1;
+    }
+    *out = number;
+    return 0;
+}
+
 /* Returns 0 to go on, 1 when help was printed, -1 on a bad argument. */
 static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
 {
     enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
            OPT_SOLVER, OPT_SCHEDULE, OPT_PRECISION, OPT_MAX_MBS,
            OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_TOP, OPT_THREADS, OPT_PROFILES,
-           OPT_QUIET, OPT_HELP };
+           OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_HELP };
     static const struct option options[] = {
         {"model", required_argument, NULL, OPT_MODEL},
         {"cluster", required_argument, NULL, OPT_CLUSTER},
@@ -95,12 +116,15 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
         {"profiles", required_argument, NULL, OPT_PROFILES},
         {"output", required_argument, NULL, 'o'},
         {"quiet", no_argument, NULL, OPT_QUIET},
+        {"search", required_argument, NULL, OPT_SEARCH},
+        {"max-tree-nodes", required_argument, NULL, OPT_MAX_TREE_NODES},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
     static const char *const objectives[] = {"time", "cost"};
     static const char *const solvers[] = {"dp", "ilp", "greedy"};
     static const char *const schedules[] = {"1f1b", "gpipe"};
     static const char *const precisions[] = {"bf16", "fp16", "fp32"};
+    static const char *const searches[] = {"bb", "exhaustive"};
     int choice = 0, status = 0;
     optind = 1;
     opterr = 1;
@@ -151,6 +175,14 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
         case OPT_PROFILES: args->profiles = optarg; break;
         case 'o': args->output = optarg; break;
         case OPT_QUIET: args->quiet = true; break;
+        case OPT_SEARCH:
+            status = parse_choice(optarg, searches, 2, "--search", &choice);
+            args->search.exhaustive = choice == 1;
+            break;
+        case OPT_MAX_TREE_NODES:
+            status = parse_count(optarg, "--max-tree-nodes",
+                                 &args->search.max_tree_nodes);
+            break;
         case OPT_HELP:
         case 'h': print_plan_help(); return 1;
         default: return -1;
@@ -178,16 +210,29 @@ static double seconds_now(void)
     return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
 }
 
-/* A progress line on stderr, redrawn in place, only on a terminal. */
-static void show_progress(void *context, long long done, long long total)
+/* Progress of a long search: a line on stderr every few seconds, on a
+ * terminal or in a batch job's log alike. */
+typedef struct progress_state {
+    double started, last_line;
+    const char *unit;          /* what done / total count */
+} progress_state;
+
+#define PROGRESS_EVERY_S 3.0
+
+static void show_progress(void *context, long long done, long long total,
+                          long long scored)
 {
-    (void)context;
-    if (total <= 0)
+    progress_state *state = context;
+    double now = seconds_now();
+    if (total <= 0 || now - state->last_line < PROGRESS_EVERY_S)
         return;
-    fprintf(stderr, "\rsearching: %lld / %lld configurations (%3.0f %%)",
-            done, total, 100.0 * (double)done / (double)total);
-    if (done >= total)
-        fprintf(stderr, "\r%60s\r", "");
+    state->last_line = now;
+    char took[32];
+    pt_format_seconds(now - state->started, took, sizeof took);
+    fprintf(stderr, "# searching: %lld / %lld %s (%.0f %%), %lld placements "
+                    "scored, %s\n",
+            done, total, state->unit, 100.0 * (double)done / (double)total,
+            scored, took);
     fflush(stderr);
 }
 
@@ -389,10 +434,17 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
            cluster_gpu_count(&in->cluster), args->search.gbs,
            args->search.objective == OBJECTIVE_COST ? "$ per step"
                                                      : "step time");
-    printf("# scored %lld configurations (%lld fit) and skipped %lld that a "
-           "lower bound ruled out, in %s\n",
+    printf("# scored %lld configurations (%lld fit) of %lld tasks and "
+           "skipped %lld that a lower bound ruled out, in %s\n",
            result.configurations_scored, result.configurations_feasible,
-           result.configurations_pruned, took);
+           result.tasks, result.configurations_pruned, took);
+    if (!result.exact)
+        printf("# NOT EXACT: the search stopped after %lld tree nodes "
+               "(--max-tree-nodes); the best plan scores %.4f s, and no plan "
+               "scores below %.4f s (gap %.2f %%)\n",
+               result.tree_nodes, result.best_score_s, result.score_floor_s,
+               100.0 * (result.best_score_s - result.score_floor_s) /
+                   result.best_score_s);
     ranking_widths widths = ranking_column_widths(
         &in->cluster, result.plans, result.plan_count);
     print_ranking_header(&in->cluster, widths);
@@ -547,9 +599,11 @@ int command_plan(int argc, char **argv)
     int parsed = parse_plan_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
-    if (!args.quiet && isatty(STDERR_FILENO)) {
+    progress_state progress = {seconds_now(), seconds_now(),
+                               args.pareto ? "sub-clusters" : "tasks"};
+    if (!args.quiet) {
         args.search.progress = show_progress;
-        args.search.progress_context = NULL;
+        args.search.progress_context = &progress;
     }
     pt_error err = {{0}};
     plan_inputs inputs;

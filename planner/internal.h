@@ -8,57 +8,53 @@
 #include "planner/planner.h"
 
 #define SEARCH_MAX_MBS_VALUES 16
+#define SEARCH_LEVER_SETS 4
 
-/* One (tp, dp, pp) that fills the cluster, the micro-batch sizes gbs
- * allows for it, and where its distinct node orders sit in the space. */
-typedef struct search_shape {
-    int tp, dp, pp;
-    int mbs_count;
-    int mbs[SEARCH_MAX_MBS_VALUES];
-    int first_order;
-    int order_count;
-    /* per mbs: no configuration of this shape scores below it, whatever
-       its order or levers (filled by the search) */
-    double score_floor_s[SEARCH_MAX_MBS_VALUES];
-} search_shape;
+/* ------------------------------------------------------------ the tasks */
 
-/* Everything a search visits: shapes and, shape after shape, their node
- * orders (node instances in pipeline order). A work item of the search is
- * one order, so item i belongs to shape order_shape[i]. */
+/* One unit of search work: a (tp, dp, pp) that fills the cluster, one
+ * micro-batch size and one set of memory levers. Its placements (node
+ * orders) are searched by search_tree_run. */
+typedef struct search_task {
+    parallel_config config;
+    int index;             /* place in the enumeration: breaks ties */
+    double floor_s;        /* no placement of the task scores below it */
+} search_task;
+
+/* Everything a search visits, in enumeration order: for tp, pp and mbs
+ * ascending, then the lever sets (none, ZeRO-1, recompute, both). */
 typedef struct search_space {
     int node_count;
-    int shape_count;
-    search_shape *shapes;       /* owned */
-    int order_count;
-    int *orders;                /* owned, [order_count x node_count] */
-    int *order_shape;           /* owned, [order_count] */
+    int task_count;
+    search_task *tasks;    /* owned */
 } search_space;
 
-/* Enumerates the shapes of a cluster for a model and the options (gbs,
- * max_mbs), and the distinct node orders of each. A shape that no
- * micro-batch size fits is left out. */
+/* The tasks of a cluster for a model and the options (gbs, max_mbs,
+ * levers allowed). Fails when the cluster has too many types or nodes. */
 int search_space_build(const cluster *c, int layers,
                        const search_options *options, search_space *out,
                        pt_error *err);
 void search_space_free(search_space *space);
 
-static inline const int *search_space_order(const search_space *space,
-                                            int index)
-{
-    return space->orders + (size_t)index * (size_t)space->node_count;
-}
+/* Whether tp suits the cluster: a power of two with every node type's
+ * GPU count a multiple of it, or a multiple of every node type's GPU
+ * count (tp groups of whole nodes), among the types that have nodes. */
+bool search_tp_fits(const cluster *c, int tp);
+
+/* ------------------------------------------------------ the thread pool */
 
 /* Runs work(context, worker, item) for item 0..item_count-1 on `threads`
  * threads (the calling one is worker 0); items are handed out in order.
- * after_item, when not NULL, runs on the calling thread after each of its
- * own items with the number of items finished so far. A thread that
- * cannot start leaves its share to the others; -1 only when out of
- * memory. */
+ * A thread that cannot start leaves its share to the others; -1 only
+ * when out of memory. */
 typedef void (*parallel_work)(void *context, int worker, int item);
 int parallel_for(int threads, int item_count, parallel_work work,
-                 void *context,
-                 void (*after_item)(void *context, long long finished),
-                 pt_error *err);
+                 void *context, pt_error *err);
+
+/* Worker threads to use for options->threads (0: the online cores). */
+int search_thread_count(int requested);
+
+/* ---------------------------------------------------------- hash tables */
 
 /* A hash table from byte strings to byte strings, for the memos of one
  * search worker (never shared between threads). Keys and values live in
@@ -86,28 +82,31 @@ void *memo_find(const memo_table *table, const void *key, size_t length,
  * value_length bytes (8-byte aligned), or NULL when out of memory. */
 void *memo_insert(memo_table *table, const void *key, size_t length,
                   uint64_t hash, size_t value_length);
+/* Empties the table but keeps its memory. */
+void memo_clear(memo_table *table);
 void memo_free(memo_table *table);
+/* Bytes the table holds. */
+size_t memo_bytes(const memo_table *table);
 
-/* What the search reads of one stage: its linear terms and the
- * placement facts the score and the no-fit message use. */
+/* -------------------------------------------------------- stage facts */
+
+/* What the search reads of one stage: its linear terms and the placement
+ * they come from (the simulator reads the same placement, so two orders
+ * whose stages have equal facts cost exactly the same). */
 typedef struct stage_facts {
     stage_terms terms;
-    int slow_type, small_type;
-    link_spec dp_link;
+    stage_placement place;
 } stage_facts;
 
-/* A worker's memo of stage facts and partition solutions, and its
- * scratch memory (sized for the largest pp and node count). */
+/* A worker's memos: stage facts by the node types around the stage, and
+ * partition solutions by the multiset of stage terms. */
 typedef struct search_memo {
     memo_table stage_table;
     memo_table partition_table;
-    int *key;                    /* scratch key, [key_capacity] ints */
-    int key_capacity;
-    stage_placement *placement;  /* [max pp] */
-    int *node_start;             /* [nodes + 1] GPU offset of each node */
-    int *node_type;              /* [nodes] */
-    int *canonical;              /* [max pp] stage order for the memo */
+    int *key;                    /* scratch key */
+    int key_capacity;            /* ints */
     partition_stage *sorted;     /* [max pp] */
+    int *canonical;              /* [max pp] */
     int *sorted_layers;          /* [max pp] */
     long long stage_lookups, stage_misses;
     long long partition_lookups, partition_misses;
@@ -116,14 +115,22 @@ typedef struct search_memo {
 int search_memo_open(search_memo *memo, int max_pp, int node_count,
                      pt_error *err);
 void search_memo_close(search_memo *memo);
+/* The memos are caches: a worker drops one past this size. */
+#define SEARCH_MEMO_BYTES ((size_t)32 << 20)
 
-/* The facts of every stage of config on order, from the memo where the
- * same stage was priced before: a stage's terms depend only on its
- * position, the config and how node types lie over it and its two
- * neighbours (docs/planner.md), which is the key. */
+/* Forgets what the memos hold once they pass `bytes` (they are caches:
+ * forgetting changes no result). */
+void search_memo_trim(search_memo *memo, size_t bytes);
+
+/* The facts of stage s from the lane of the nodes placed so far, which
+ * must cover GPUs [(s-1) S, (s+2) S) (clipped to the pipeline). With
+ * next_known false only [(s-1) S, (s+1) S) is needed and the send to
+ * stage s+1 is left out (costs 0). Memoised by the node types over that
+ * window and where it starts in its first node. */
 int search_stage_facts(costmodel *cm, search_memo *memo,
-                       const parallel_config *config, const int *order,
-                       int node_count, stage_facts *out, pt_error *err);
+                       const parallel_config *config, const node_lane *lane,
+                       int stage, bool next_known, stage_facts *out,
+                       pt_error *err);
 
 /* Solves a partition through the memo: the surrogate does not depend on
  * the order of the stages, so the stages are put in a canonical order
@@ -134,17 +141,218 @@ int search_solve_partition(search_memo *memo, partition_solver solver,
                            const partition_problem *problem, int *layers,
                            double *value, pt_error *err);
 
-/* Fills every shape's score_floor_s: no configuration of the shape, at
- * that micro-batch size, whatever its node order and memory levers,
- * scores below it. */
-int search_score_floors(costmodel *cm, const search_options *options,
-                        search_space *space, pt_error *err);
-/* The order indices in the order the workers should take them: shapes
- * by their lowest floor first (owned by the caller). */
-int search_visit_order(const search_space *space, int **visit,
-                       pt_error *err);
+/* ----------------------------------------------------------- shortlist */
 
-/* Worker threads to use for options->threads (0: the online cores). */
-int search_thread_count(int requested);
+/* A scored placement: its score and what identifies it. Two placements
+ * of one task whose stages have the same facts (the same key) cost the
+ * same in every respect, so a shortlist keeps one of them. */
+typedef struct candidate {
+    double score_s;        /* surrogate + per-step work, see search_tree.c */
+    int task;              /* index into the search space */
+    int node_count;
+    int pp;
+    int key_length;        /* bytes */
+    unsigned char *node_types; /* [node_count] type of each node in order */
+    int *partition;        /* [pp] */
+    unsigned char *key;    /* [key_length]: the facts of every stage */
+} candidate;
+
+/* The best candidates seen, in the total order (score, task, key): slots
+ * of fixed capacity plus their indices sorted best first. */
+typedef struct shortlist {
+    int count, capacity;
+    int max_nodes, max_pp, max_key;
+    candidate *slots;
+    int *sorted;
+    unsigned char *storage;
+} shortlist;
+
+int shortlist_open(shortlist *list, int capacity, int max_nodes, int max_pp,
+                   pt_error *err);
+void shortlist_close(shortlist *list);
+void shortlist_clear(shortlist *list);
+/* The candidate at a rank (0 best). */
+const candidate *shortlist_at(const shortlist *list, int position);
+/* The score a newcomer must not exceed to enter (INFINITY while the list
+ * has room). */
+double shortlist_threshold(const shortlist *list);
+/* Keeps a copy of the candidate when it is among the capacity best and no
+ * candidate with the same task and key is there. */
+void shortlist_offer(shortlist *list, const candidate *offered);
+/* Bytes of the key of pp stages. */
+int shortlist_key_bytes(int pp);
+/* Writes the key of a placement (its stages' facts and its embedding
+ * link; dp_of_one: dp is 1) into out; returns its length. */
+int shortlist_key_write(const stage_facts *facts, int pp, bool dp_of_one,
+                        link_spec embedding_link, int embedding_curve,
+                        unsigned char *out);
+
+/* ------------------------------------------------------- the tree search */
+
+/* What a task's search needs and leaves behind. */
+typedef struct tree_limits {
+    bool exhaustive;       /* visit every placement, prune nothing */
+    double threshold_s;    /* prune subtrees whose floor is above it */
+    long long node_budget; /* stop after this many tree nodes (0: none) */
+    /* tests only: called with every complete order visited, may be NULL */
+    void (*on_order)(void *context, const int *types, int count);
+    void *on_order_context;
+} tree_limits;
+
+typedef struct tree_outcome {
+    long long scored;      /* complete placements scored */
+    long long feasible;    /* of which a partition fits memory */
+    long long pruned;      /* subtrees a floor ruled out */
+    long long nodes;       /* tree nodes visited */
+    bool stopped;          /* the node budget ran out */
+    double open_floor_s;   /* when stopped: no unvisited placement of the
+                              task scores below it */
+} tree_outcome;
+
+/* A worker's scratch memory for tree searches, sized for the cluster. */
+typedef struct tree_worker tree_worker;
+
+int tree_worker_open(tree_worker **out, costmodel *cm, int max_pp,
+                     const search_options *options, pt_error *err);
+void tree_worker_close(tree_worker *w);
+search_memo *tree_worker_memo(tree_worker *w);
+costmodel *tree_worker_costmodel(tree_worker *w);
+
+/* A floor under every placement's score of a task (the bound of the
+ * empty placement). */
+int search_task_floor(tree_worker *w, const search_task *task,
+                      double *floor_s, pt_error *err);
+
+/* Searches the placements of one task depth first, node by node, keeping
+ * one canonical order per class of orders that cost the same, scoring
+ * every complete one and offering it to `best`; without `exhaustive`,
+ * subtrees whose floor exceeds min(threshold, best's threshold) are cut. */
+int search_tree_run(tree_worker *w, const search_task *task,
+                    const tree_limits *limits, shortlist *best,
+                    tree_outcome *outcome, pt_error *err);
+
+/* ------------------------------------------------------------ the bound */
+
+/* One relaxed stage to come, by pace rank: what its real partner is at
+ * least (the pace of the rank's GPU; the best send and head of the types
+ * at least that slow, whose GPUs the partner must hold). */
+typedef struct relaxed {
+    double pace, send, head;
+    int first_eligible;      /* index into pace_order */
+} relaxed;
+
+#define CAPACITY_GRID_MAX 32
+
+/* Capacity tables (search_capacity.c): for a grid of bottleneck times M,
+ * the most layers the stages at positions [s, pp) can hold with every
+ * stage time at most M, by how many stages of each pace kind they are.
+ * The grid's last point is INFINITY (memory alone). */
+typedef struct capacity_table {
+    int grid_count;          /* 0: no tables built */
+    double grid_s[CAPACITY_GRID_MAX]; /* increasing */
+    int kinds;               /* the types with nodes, in pace order */
+    int radix[PLANNER_MAX_TYPES]; /* most stages of a kind, plus one */
+    double price[PLANNER_MAX_TYPES]; /* layer prices: each kind's pace */
+    long long states;        /* per position and grid point */
+    int *held;               /* [grid x (pp + 1) x states]; -1: cannot */
+    double *sums;            /* [grid x kinds x (pp + 1) x states] least
+                                Lagrange sums, one table per price */
+    size_t held_allocated, sums_allocated; /* entries */
+} capacity_table;
+
+/* Per task, what the floors read: each type's fastest possible pace, its
+ * least send, head and embedding, and the memory of a stage of it at
+ * every position. Owned by a tree worker; refilled per task. */
+typedef struct bound_tables {
+    const costmodel *cm;
+    parallel_config config;
+    int type_count, pp, layers, microbatches;
+    long long stage_gpus;
+    bool caps_by_pace;       /* a stage holds at most what its slowest
+                                type fits: every profile makes the same
+                                flash-attention assumption */
+    bool head_by_pace;       /* no tp group may span nodes: a stage's
+                                pace, head and sends are its slowest
+                                type's, which is at least as slow as its
+                                pace rank says */
+    int *pace_order;         /* [types] fastest first, types without
+                                nodes last */
+    double *pace;            /* [types] fastest possible layer pace */
+    double *send;            /* [types] least time of a send of a stage
+                                holding this type */
+    double *head, *embedding; /* [types] forward + backward */
+    double *optimizer_per_param; /* [types] */
+    stage_terms *pure;       /* [types x pp] a stage of one type at a
+                                position: its memory terms */
+    double sum_floor_s;      /* no placement's stage times sum lower */
+    relaxed *ranks;          /* scratch [pp] */
+    capacity_table capacity;
+    int *cap_by_position;    /* scratch [pp] */
+    partition_stage *stages; /* scratch [pp] */
+    int *layers_out;         /* scratch [pp] */
+} bound_tables;
+
+int bound_tables_open(bound_tables **out, int max_pp, int type_count,
+                      pt_error *err);
+void bound_tables_close(bound_tables *tables);
+int bound_tables_fill(bound_tables *tables, costmodel *cm,
+                      const parallel_config *config, pt_error *err);
+
+/* A placement in the making: stages [0, final_count) have final facts;
+ * stage final_count, when pending, has all its GPUs placed but not yet
+ * the next stage's (its send to it is left out of its facts); the GPUs
+ * of the later stages are gpus_left[t] of each type. */
+typedef struct partial_placement {
+    const stage_facts *facts;  /* [final_count (+1 when pending)] */
+    int final_count;
+    bool pending;
+    const int *gpus_left;      /* [type count] */
+} partial_placement;
+
+/* The layers stage s can hold at bottleneck M when its pace is that of
+ * pace rank `kind` (search_capacity.c); -1 when none. */
+int capacity_of_kind(const bound_tables *tables, int kind, int stage,
+                     double bottleneck_s);
+
+/* Builds the capacity tables for a grid of bottlenecks from low_s up to
+ * high_s (geometric), then INFINITY, as many points as max_bytes allows
+ * (none when even one point would pass it: grid_count 0). */
+int capacity_build(bound_tables *tables, double low_s, double high_s,
+                   size_t max_bytes, pt_error *err);
+
+/* The bottleneck M above which no placement can score below threshold_s:
+ * (threshold - sum_floor) / (m - 1); INFINITY when m is 1. */
+double capacity_bottleneck_for(const bound_tables *tables,
+                               double threshold_s);
+
+/* A floor under the score of every completion of the partial placement
+ * from the tables (search_capacity.c). INFINITY when its stages cannot
+ * hold the layers at all; -INFINITY when the tables say nothing. */
+double capacity_floor(const bound_tables *tables,
+                      const partial_placement *partial);
+
+/* How close a task comes to fitting memory at best: each position's
+ * roomiest type, layers given one by one to the stage whose share of its
+ * memory grows least; the worst stage's needed and usable bytes. */
+typedef struct memory_miss {
+    double ratio;          /* needed / usable */
+    int stage, type;
+    double needed_bytes, usable_bytes;
+} memory_miss;
+
+void bound_memory_miss(const bound_tables *tables, memory_miss *out);
+
+/* The per-step work the score adds is at least that of every placed
+ * stage without its layers. */
+double bound_tail_floor(const bound_tables *tables, const stage_facts *facts,
+                        int count);
+
+/* A floor under the score of every completion of the partial placement
+ * (shaded down a little so rounding never lifts it above a real score);
+ * INFINITY when no completion can fit memory. The floor may be left
+ * weaker once it is known to be above threshold_s. */
+int bound_floor(const bound_tables *tables, search_memo *memo,
+                const partial_placement *partial, double threshold_s,
+                double *floor_s, pt_error *err);
 
 #endif

@@ -104,6 +104,19 @@ void *memo_insert(memo_table *table, const void *key, size_t length,
     return table->arena + entry.value_offset;
 }
 
+void memo_clear(memo_table *table)
+{
+    if (table->slots != NULL)
+        memset(table->slots, 0, table->slot_count * sizeof *table->slots);
+    table->entry_count = 0;
+    table->arena_used = 0;
+}
+
+size_t memo_bytes(const memo_table *table)
+{
+    return table->entry_count * 2 * sizeof *table->slots + table->arena_used;
+}
+
 void memo_free(memo_table *table)
 {
     free(table->slots);

@@ -18,8 +18,6 @@ typedef struct parallel_job {
     void *context;
     int item_count;
     atomic_int next_item;
-    atomic_llong finished;
-    void (*after_item)(void *context, long long finished);
 } parallel_job;
 
 /* What one spawned thread needs. */
@@ -36,9 +34,6 @@ static void run_items(parallel_job *job, int worker)
         if (item >= job->item_count)
             return;
         job->work(job->context, worker, item);
-        long long finished = atomic_fetch_add(&job->finished, 1) + 1;
-        if (worker == 0 && job->after_item != NULL)
-            job->after_item(job->context, finished);
     }
 }
 
@@ -60,11 +55,9 @@ int search_thread_count(int requested)
 }
 
 int parallel_for(int threads, int item_count, parallel_work work,
-                 void *context,
-                 void (*after_item)(void *context, long long finished),
-                 pt_error *err)
+                 void *context, pt_error *err)
 {
-    parallel_job job = {work, context, item_count, 0, 0, after_item};
+    parallel_job job = {work, context, item_count, 0};
     if (threads > item_count)
         threads = item_count > 0 ? item_count : 1;
     parallel_thread *spawned = NULL;

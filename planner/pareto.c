@@ -138,7 +138,8 @@ static int search_subclusters(costmodel *pool_model, const cluster *pool,
             return -1;
         if (options->progress)
             options->progress(options->progress_context,
-                              out->subclusters_searched, total);
+                              out->subclusters_searched, total,
+                              out->configurations_scored);
     }
     return 0;
 }

@@ -1,7 +1,8 @@
 /*
- * planner: searches every (tp, dp, pp, mbs) and distinct node order of a
- * cluster, solves the layer partition of each exactly, ranks the plans and
- * writes plan.json.
+ * planner: searches the (tp, dp, pp, mbs, levers) and node orders of a
+ * cluster, with the layer partition of each solved exactly, by a tree
+ * search that cuts what provably cannot make the shortlist; ranks the
+ * plans and writes plan.json.
  */
 #ifndef PARTITA_PLANNER_H
 #define PARTITA_PLANNER_H
@@ -66,7 +67,7 @@ typedef enum partition_solver {
 
 /* ----------------------------------------------------------------- search */
 
-#define PLANNER_MAX_NODES 256
+#define PLANNER_MAX_NODES PT_MAX_NODES
 #define PLANNER_MAX_TYPES 16
 
 typedef enum plan_objective { OBJECTIVE_TIME, OBJECTIVE_COST } plan_objective;
@@ -82,12 +83,18 @@ typedef struct search_options {
     bool allow_distributed_optimizer;
     int keep;                 /* how many ranked plans to keep */
     int threads;              /* 0: one per core */
-    bool exhaustive;          /* score every configuration: no pruning by
-                                 score floors (same plans, slower; tests) */
+    bool exhaustive;          /* visit and score every distinct node order
+                                 of every task, cut nothing (the same
+                                 plans, far slower: `--search exhaustive`) */
+    long long max_tree_nodes; /* stop the search after about this many
+                                 tree nodes and say how far from exact the
+                                 best plan may be; 0: never */
     /* progress: called now and then from the searching thread, may be
-       NULL; done and total count configurations (tp,dp,pp,mbs,order) in
-       planner_search, sub-clusters in planner_pareto */
-    void (*progress)(void *context, long long done, long long total);
+       NULL; done and total count tasks (tp, dp, pp, mbs, levers) in
+       planner_search, sub-clusters in planner_pareto; scored counts the
+       placements scored so far */
+    void (*progress)(void *context, long long done, long long total,
+                     long long scored);
     void *progress_context;
 } search_options;
 
@@ -105,12 +112,18 @@ typedef struct ranked_plan {
 } ranked_plan;
 
 typedef struct search_result {
-    long long configurations_scored; /* (tp,dp,pp,mbs,order,levers) tried */
+    long long configurations_scored; /* complete placements scored */
     long long configurations_feasible;
-    /* (tp,dp,pp,mbs,order) skipped unscored because a lower bound of
-       their score could not beat the plans kept (depends on timing
-       between threads; the plans found do not) */
+    /* tasks and partial placements cut unscored because a floor under
+       their score could not reach the plans kept */
     long long configurations_pruned;
+    long long tree_nodes;            /* partial placements visited */
+    long long tasks;                 /* (tp, dp, pp, mbs, levers) */
+    /* false when max_tree_nodes stopped the search: then no placement
+       scores below score_floor_s, and the best found scores best_score_s
+       (the score is the ranking surrogate, see docs/planner.md) */
+    bool exact;
+    double best_score_s, score_floor_s;
     int plan_count;
     ranked_plan *plans;         /* owned, best first */
     /* when nothing fits: the closest miss, for the error message */
@@ -118,11 +131,12 @@ typedef struct search_result {
 } search_result;
 
 /* gbs 64, time, DP, 1F1B, bf16, mbs up to 16, both levers allowed, keep
- * 10, one thread per core. */
+ * 10, one thread per core, tree search stopped after 200 million nodes. */
 void search_options_default(search_options *options);
 /* 0 when the search ran, whether or not a plan fits (plan_count 0 and
- * no_fit_reason then), -1 on error. The plans do not depend on the
- * number of threads (docs/planner.md). */
+ * no_fit_reason then), -1 on error. The plans and every count in the
+ * result depend neither on the number of threads nor on the run
+ * (docs/planner.md). */
 int planner_search(costmodel *cm, const search_options *options,
                    search_result *out, pt_error *err);
 void search_result_free(search_result *r);

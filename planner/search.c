@@ -1,460 +1,275 @@
 /*
- * planner_search: scores every configuration of the search space (shape,
- * micro-batch size, node order, memory levers) with an exact partition
- * and a cheap step-time score, keeps the best few, and ranks those by
- * the simulated step time (docs/planner.md).
+ * planner_search: finds the best placements of every task (tp, dp, pp,
+ * mbs, levers) by tree search (search_tree.c), keeps the best few by
+ * score (the shortlist) and ranks those by the simulated step time
+ * (docs/planner.md).
  *
- * Work is spread over threads one node order at a time; each worker keeps
- * its own best candidates and every candidate carries its place in the
- * enumeration (its rank), which breaks ties. The merged result is thus
- * the same for any number of threads. Workers memoise stage prices and
- * partitions (search_memo.c) and skip configurations whose score floor
- * (search_floor.c) cannot beat their worst kept candidate: such a
- * configuration could not have made the shortlist, so pruning changes
- * how much is scored, never what is kept.
+ * Tasks are visited by their floor, lowest first, in batches of a fixed
+ * size. Every task of a batch is searched on its own against the
+ * shortlist as it stood when the batch began, then the batch's finds are
+ * merged in task order. So what a task visits, and every count, depends
+ * neither on the number of threads nor on their timing, and the
+ * shortlist is exactly the one an exhaustive search would keep: a task
+ * or subtree is cut only when a floor under its scores is above the
+ * shortlist's worst, which the final shortlist's worst can only be
+ * below.
  */
 #include "planner/internal.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* Candidates the simulator ranks: at least this many, or twice `keep`. */
 #define SHORTLIST_MINIMUM 32
+/* Tasks searched between two merges (fixed: counts must not depend on
+ * the number of threads). */
+#define BATCH_TASKS 8
 
-/* The memory levers: none first; the others only when that does not fit. */
-typedef struct memory_levers {
-    bool distributed_optimizer;
-    bool recompute;
-} memory_levers;
-
-static const memory_levers lever_sets[] = {
-    {false, false}, {true, false}, {false, true}, {true, true}};
-#define LEVER_SET_COUNT 4
-
-/* A scored configuration that may go on to the simulator. */
-typedef struct candidate {
-    double score_s;        /* surrogate + per-step work, see step_tail_s */
-    long long rank;        /* place in the enumeration, breaks ties */
-    parallel_config config;
-    int order_index;       /* into the search space */
-    int partition[PT_MAX_STAGES];
-} candidate;
-
-/* The best candidates seen: slots plus their indices sorted best first. */
-typedef struct candidate_set {
-    int count, capacity;
-    candidate *slots;
-    int *sorted;           /* slot indices, best first */
-} candidate_set;
-
-/* The configuration that came closest to fitting, for the message shown
- * when nothing fits. */
-typedef struct memory_miss {
-    double ratio;          /* needed / usable at its worst stage */
-    long long rank;
-    parallel_config config;
-    int stage;
-    int type;              /* node type of that stage's smallest GPU */
-    double needed_bytes, usable_bytes;
-} memory_miss;
-
-/* One thread's scratch memory and results. */
-typedef struct search_worker {
-    costmodel model;       /* shallow copy: notes it adds stay here */
-    candidate_set best;
-    memory_miss closest;
-    long long scored, feasible, pruned;
-    bool failed;
-    pt_error err;
-    search_memo memo;
-    stage_facts *facts;          /* [max pp] */
-    partition_stage *stages;     /* [max pp] */
-    int *layers;                 /* [max pp] */
-    /* the prices of every type for the last config asked (the per-step
-       work needs them; pricing is not free) */
-    parallel_config priced_config;
-    bool priced[PLANNER_MAX_TYPES];
-    type_costs prices[PLANNER_MAX_TYPES];
-} search_worker;
-
-/* What every worker shares. */
+/* What every worker shares during a search. */
 typedef struct search_run {
     costmodel *cm;
     const search_options *options;
-    const search_space *space;
-    search_worker *workers;
+    search_space *space;
+    tree_worker **workers;
     int worker_count;
-    int *visit;                       /* order indices, most promising
-                                         shapes first */
-    atomic_bool stop;                 /* a worker failed */
-    atomic_llong configurations_done; /* for progress */
-    long long configurations_total;
-    int progress_percent;
+    int shortlist_size, max_pp;
+    int *visit;                 /* task indices by floor, lowest first */
+    /* the batch in flight */
+    int batch[BATCH_TASKS];     /* task indices */
+    shortlist *found;           /* [BATCH_TASKS] per task */
+    tree_outcome *outcomes;     /* [BATCH_TASKS] */
+    tree_limits limits;
+    bool failed;
+    pt_error first_error;
+    int failed_worker;
 } search_run;
 
-/* ------------------------------------------------------- candidate set */
-
-static bool ranks_before(double score_a, long long rank_a, double score_b,
-                         long long rank_b)
+static int largest_pp(const search_space *space)
 {
-    return score_a < score_b || (score_a == score_b && rank_a < rank_b);
-}
-
-static int candidate_set_open(candidate_set *set, int capacity)
-{
-    set->count = 0;
-    set->capacity = capacity;
-    set->slots = malloc((size_t)capacity * sizeof *set->slots);
-    set->sorted = malloc((size_t)capacity * sizeof *set->sorted);
-    return set->slots && set->sorted ? 0 : -1;
-}
-
-static void candidate_set_close(candidate_set *set)
-{
-    free(set->slots);
-    free(set->sorted);
-    memset(set, 0, sizeof *set);
-}
-
-static const candidate *candidate_at(const candidate_set *set, int position)
-{
-    return &set->slots[set->sorted[position]];
-}
-
-/* Keeps the candidate when it is among the capacity best so far. */
-static void candidate_offer(candidate_set *set, double score_s,
-                            long long rank, const parallel_config *config,
-                            int order_index, const int *partition)
-{
-    int slot;
-    if (set->count < set->capacity) {
-        slot = set->count++;
-    } else {
-        const candidate *worst = candidate_at(set, set->count - 1);
-        if (!ranks_before(score_s, rank, worst->score_s, worst->rank))
-            return;
-        slot = set->sorted[set->count - 1];
-    }
-    candidate *entry = &set->slots[slot];
-    entry->score_s = score_s;
-    entry->rank = rank;
-    entry->config = *config;
-    entry->order_index = order_index;
-    memcpy(entry->partition, partition, (size_t)config->pp * sizeof(int));
-    int position = set->count - 1;
-    while (position > 0) {
-        const candidate *before = candidate_at(set, position - 1);
-        if (!ranks_before(score_s, rank, before->score_s, before->rank))
-            break;
-        set->sorted[position] = set->sorted[position - 1];
-        position--;
-    }
-    set->sorted[position] = slot;
-}
-
-/* ------------------------------------------------------------- scoring */
-
-static bool same_config(const parallel_config *a, const parallel_config *b)
-{
-    return a->gbs == b->gbs && a->mbs == b->mbs && a->tp == b->tp &&
-           a->dp == b->dp && a->pp == b->pp && a->schedule == b->schedule &&
-           a->precision == b->precision && a->recompute == b->recompute &&
-           a->distributed_optimizer == b->distributed_optimizer;
-}
-
-static const type_costs *type_prices(search_worker *w,
-                                     const parallel_config *config, int type,
-                                     pt_error *err)
-{
-    if (!same_config(config, &w->priced_config)) {
-        w->priced_config = *config;
-        memset(w->priced, 0, sizeof w->priced);
-    }
-    if (!w->priced[type]) {
-        if (costmodel_type_costs(&w->model, type, config, &w->prices[type],
-                                 err) != 0)
-            return NULL;
-        w->priced[type] = true;
-    }
-    return &w->prices[type];
-}
-
-/* The per-step work after the pipeline (gradient reduction over dp,
- * tied-embedding all-reduce, optimizer step) of the stage that needs the
- * most, as if every stage began it when the pipeline ends. Only used to
- * choose what the simulator ranks, which schedules this work exactly. */
-static int step_tail_s(search_worker *w, const parallel_config *config,
-                       const int *order, double *out, pt_error *err)
-{
-    const model_shape *model = &w->model.model;
-    double embedding_s = 0.0;
-    if (model->tied_embeddings && config->pp > 1) {
-        /* the nodes holding the first GPU of the first and last stage */
-        int last_stage_gpu = (config->pp - 1) * config->dp * config->tp;
-        int node = 0;
-        while (w->memo.node_start[node + 1] <= last_stage_gpu)
-            node++;
-        double bytes = (double)model->vocab * model->hidden / config->tp * 4.0;
-        embedding_s = allreduce_time(
-            bytes, 2, cluster_link(w->model.cluster, order[0], order[node]));
-    }
-    double worst = 0.0;
-    for (int s = 0; s < config->pp; s++) {
-        const stage_facts *facts = &w->facts[s];
-        const type_costs *prices = type_prices(w, config, facts->slow_type,
-                                               err);
-        if (prices == NULL)
-            return -1;
-        double params =
-            stage_parameters_per_gpu(model, config, s, w->layers[s]);
-        double gradient_bytes = params * 4.0; /* fp32 main gradients */
-        double reduce_s = 0.0;
-        if (config->dp > 1 && config->distributed_optimizer)
-            reduce_s = reduce_scatter_time(gradient_bytes, config->dp,
-                                           facts->dp_link) +
-                       reduce_scatter_time(
-                           params * precision_bytes(config->precision),
-                           config->dp, facts->dp_link);
-        else if (config->dp > 1)
-            reduce_s = allreduce_time(gradient_bytes, config->dp,
-                                      facts->dp_link);
-        double held = config->distributed_optimizer ? params / config->dp
-                                                    : params;
-        double tail = reduce_s + held * prices->optimizer_s_per_param;
-        if (s == 0 || s == config->pp - 1)
-            tail += embedding_s;
-        if (tail > worst)
-            worst = tail;
-    }
-    *out = worst;
-    return 0;
-}
-
-/* How far a configuration that does not fit is from fitting: layers go
- * one by one to the stage whose memory share grows least; the worst
- * stage's needed / usable memory is the answer. */
-static void note_memory_miss(search_worker *w, const parallel_config *config,
-                             long long rank)
-{
-    int pp = config->pp;
-    int *counts = w->layers;
-    for (int s = 0; s < pp; s++)
-        counts[s] = 0;
-    for (int layer = 0; layer < w->model.model.layers; layer++) {
-        int chosen = 0;
-        double lowest = INFINITY;
-        for (int s = 0; s < pp; s++) {
-            const stage_terms *t = &w->facts[s].terms;
-            double share = (t->fixed_bytes + t->per_layer_bytes *
-                                                 (counts[s] + 1)) /
-                           t->cap_bytes;
-            if (share < lowest) {
-                lowest = share;
-                chosen = s;
-            }
-        }
-        counts[chosen]++;
-    }
-    memory_miss miss = {0.0, rank, *config, 0, 0, 0.0, 0.0};
-    for (int s = 0; s < pp; s++) {
-        const stage_terms *t = &w->facts[s].terms;
-        double needed = t->fixed_bytes + t->per_layer_bytes * counts[s];
-        double ratio = needed / t->cap_bytes;
-        if (s == 0 || ratio > miss.ratio) {
-            miss.ratio = ratio;
-            miss.stage = s;
-            miss.type = w->facts[s].small_type;
-            miss.needed_bytes = needed;
-            miss.usable_bytes = t->cap_bytes;
-        }
-    }
-    if (isnan(miss.ratio))
-        miss.ratio = INFINITY;
-    if (ranks_before(miss.ratio, miss.rank, w->closest.ratio,
-                     w->closest.rank))
-        w->closest = miss;
-}
-
-/* Places, prices, partitions and scores one configuration: 1 when it
- * fits, 0 when not, -1 on error. */
-static int score_configuration(search_worker *w, const search_run *run,
-                               const parallel_config *config,
-                               int order_index, long long rank)
-{
-    const int *order = search_space_order(run->space, order_index);
-    if (search_stage_facts(&w->model, &w->memo, config, order,
-                           run->space->node_count, w->facts, &w->err) != 0)
-        return -1;
-    for (int s = 0; s < config->pp; s++)
-        w->stages[s] = (partition_stage){w->facts[s].terms.fixed_s,
-                                         w->facts[s].terms.per_layer_s,
-                                         w->facts[s].terms.max_layers};
-    partition_problem problem = {config->pp, w->model.model.layers,
-                                 parallel_microbatches(config), w->stages};
-    double surrogate_s = 0.0;
-    int status = search_solve_partition(&w->memo, run->options->solver,
-                                        &problem, w->layers, &surrogate_s,
-                                        &w->err);
-    w->scored++;
-    if (status <= 0) {
-        if (status == 0)
-            note_memory_miss(w, config, rank);
-        return status;
-    }
-    w->feasible++;
-    double tail_s = 0.0;
-    if (step_tail_s(w, config, order, &tail_s, &w->err) != 0)
-        return -1;
-    candidate_offer(&w->best, surrogate_s + tail_s, rank, config, order_index,
-                    w->layers);
-    return 1;
-}
-
-static bool lever_allowed(const search_options *options,
-                          const memory_levers *levers, int dp)
-{
-    if (levers->distributed_optimizer &&
-        (!options->allow_distributed_optimizer || dp < 2))
-        return false;
-    return !levers->recompute || options->allow_recompute;
-}
-
-/* Every micro-batch size and lever of one node order. */
-/* Whether a configuration whose score cannot go below floor_s can still
- * make the worker's shortlist (and so the merged one). */
-static bool could_make_shortlist(const search_worker *w, double floor_s)
-{
-    if (w->best.count < w->best.capacity)
-        return true;
-    return floor_s <= candidate_at(&w->best, w->best.count - 1)->score_s;
-}
-
-static void search_order(void *context, int worker_index, int position)
-{
-    search_run *run = context;
-    search_worker *w = &run->workers[worker_index];
-    int order_index = run->visit[position];
-    if (w->failed || atomic_load(&run->stop))
-        return;
-    const search_options *options = run->options;
-    const search_shape *shape =
-        &run->space->shapes[run->space->order_shape[order_index]];
-    for (int i = 0; i < shape->mbs_count; i++) {
-        atomic_fetch_add(&run->configurations_done, 1);
-        if (!options->exhaustive &&
-            !could_make_shortlist(w, shape->score_floor_s[i])) {
-            w->pruned++;
-            continue;
-        }
-        parallel_config config = {options->gbs, shape->mbs[i], shape->tp,
-                                  shape->dp, shape->pp, options->schedule,
-                                  options->precision, false, false};
-        for (int lever = 0; lever < LEVER_SET_COUNT; lever++) {
-            if (!lever_allowed(options, &lever_sets[lever], shape->dp))
-                continue;
-            config.distributed_optimizer =
-                lever_sets[lever].distributed_optimizer;
-            config.recompute = lever_sets[lever].recompute;
-            long long rank = ((long long)order_index * SEARCH_MAX_MBS_VALUES +
-                              i) * LEVER_SET_COUNT + lever;
-            int status = score_configuration(w, run, &config, order_index,
-                                             rank);
-            if (status < 0) {
-                w->failed = true;
-                atomic_store(&run->stop, true);
-                return;
-            }
-            if (lever == 0 && status == 1)
-                break; /* fits as it is: no lever needed */
-        }
-    }
-}
-
-static void report_progress(void *context, long long finished_items)
-{
-    (void)finished_items;
-    search_run *run = context;
-    long long done = atomic_load(&run->configurations_done);
-    int percent = run->configurations_total > 0
-                      ? (int)(100 * done / run->configurations_total)
-                      : 100;
-    if (percent == run->progress_percent)
-        return;
-    run->progress_percent = percent;
-    run->options->progress(run->options->progress_context, done,
-                           run->configurations_total);
+    int largest = 1;
+    for (int i = 0; i < space->task_count; i++)
+        if (space->tasks[i].config.pp > largest)
+            largest = space->tasks[i].config.pp;
+    return largest;
 }
 
 /* ------------------------------------------------------------- workers */
 
-static int workers_open(search_run *run, int count, int shortlist,
-                        int max_pp, pt_error *err)
+static void workers_close(search_run *run)
+{
+    for (int i = 0; i < run->worker_count; i++)
+        tree_worker_close(run->workers[i]);
+    free(run->workers);
+    run->workers = NULL;
+    for (int i = 0; run->found != NULL && i < BATCH_TASKS; i++)
+        shortlist_close(&run->found[i]);
+    free(run->found);
+    free(run->outcomes);
+    run->found = NULL;
+    run->outcomes = NULL;
+    run->worker_count = 0;
+}
+
+static int workers_open(search_run *run, int count, pt_error *err)
 {
     run->workers = calloc((size_t)count, sizeof *run->workers);
-    if (run->workers == NULL)
+    run->found = calloc(BATCH_TASKS, sizeof *run->found);
+    run->outcomes = calloc(BATCH_TASKS, sizeof *run->outcomes);
+    if (!run->workers || !run->found || !run->outcomes)
         return pt_fail(err, "search: out of memory for %d workers", count);
     run->worker_count = count;
-    for (int i = 0; i < count; i++) {
-        search_worker *w = &run->workers[i];
-        w->model = *run->cm;
-        w->closest.ratio = INFINITY;
-        w->closest.rank = -1;
-        if (search_memo_open(&w->memo, max_pp, run->space->node_count,
-                             err) != 0)
+    for (int i = 0; i < count; i++)
+        if (tree_worker_open(&run->workers[i], run->cm, run->max_pp,
+                             run->options, err) != 0)
             return -1;
-        w->facts = malloc((size_t)max_pp * sizeof *w->facts);
-        w->stages = malloc((size_t)max_pp * sizeof *w->stages);
-        w->layers = malloc((size_t)max_pp * sizeof *w->layers);
-        if (candidate_set_open(&w->best, shortlist) != 0 || !w->facts ||
-            !w->stages || !w->layers)
-            return pt_fail(err, "search: out of memory for the workers");
-    }
+    for (int i = 0; i < BATCH_TASKS; i++)
+        if (shortlist_open(&run->found[i], run->shortlist_size,
+                           run->space->node_count, run->max_pp, err) != 0)
+            return -1;
     return 0;
 }
 
-static void workers_close(search_run *run)
+/* A worker's failure, kept for the caller (the first one wins). */
+static void worker_failed(search_run *run, int worker, const pt_error *err)
 {
-    for (int i = 0; i < run->worker_count; i++) {
-        search_worker *w = &run->workers[i];
-        candidate_set_close(&w->best);
-        search_memo_close(&w->memo);
-        free(w->facts);
-        free(w->stages);
-        free(w->layers);
+    if (!run->failed || worker < run->failed_worker) {
+        run->first_error = *err;
+        run->failed_worker = worker;
     }
-    free(run->workers);
-    run->workers = NULL;
-    run->worker_count = 0;
+    run->failed = true;
+}
+
+/* ------------------------------------------------------------- floors */
+
+typedef struct floor_job {
+    search_run *run;
+    pt_error *errors;           /* [workers] */
+    bool *failed;               /* [workers] */
+} floor_job;
+
+static void floor_of_task(void *context, int worker, int item)
+{
+    floor_job *job = context;
+    if (job->failed[worker])
+        return;
+    search_task *task = &job->run->space->tasks[item];
+    if (search_task_floor(job->run->workers[worker], task, &task->floor_s,
+                          &job->errors[worker]) != 0)
+        job->failed[worker] = true;
+}
+
+static int compare_floors(const void *a, const void *b, void *context)
+{
+    const search_task *tasks = context;
+    const search_task *x = &tasks[*(const int *)a], *y = &tasks[*(const int *)b];
+    if (x->floor_s != y->floor_s)
+        return x->floor_s < y->floor_s ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+/* Floors every task and sorts the visit order by them. */
+static int floor_tasks(search_run *run, int threads, pt_error *err)
+{
+    int workers = run->worker_count;
+    floor_job job = {run, calloc((size_t)workers, sizeof(pt_error)),
+                     calloc((size_t)workers, sizeof(bool))};
+    run->visit = malloc(((size_t)run->space->task_count + 1) * sizeof(int));
+    int rc = 0;
+    if (!job.errors || !job.failed || !run->visit)
+        rc = pt_fail(err, "search: out of memory for the task floors");
+    if (rc == 0)
+        rc = parallel_for(threads, run->space->task_count, floor_of_task,
+                          &job, err);
+    for (int i = 0; rc == 0 && i < workers; i++)
+        if (job.failed[i]) {
+            *err = job.errors[i];
+            rc = -1;
+        }
+    for (int i = 0; rc == 0 && i < run->space->task_count; i++)
+        run->visit[i] = i;
+    if (rc == 0)
+        qsort_r(run->visit, (size_t)run->space->task_count, sizeof(int),
+                compare_floors, run->space->tasks);
+    free(job.errors);
+    free(job.failed);
+    return rc;
+}
+
+/* ------------------------------------------------------------- batches */
+
+static void search_batch_task(void *context, int worker, int item)
+{
+    search_run *run = context;
+    const search_task *task = &run->space->tasks[run->batch[item]];
+    shortlist_clear(&run->found[item]);
+    pt_error err;
+    tree_worker *w = run->workers[worker];
+    if (search_tree_run(w, task, &run->limits, &run->found[item],
+                        &run->outcomes[item], &err) != 0)
+        worker_failed(run, worker, &err);
+    search_memo_trim(tree_worker_memo(w), SEARCH_MEMO_BYTES);
+}
+
+/* What the batches add up to. */
+typedef struct search_totals {
+    long long scored, feasible, pruned, nodes, tasks_done;
+    double open_floor_s;        /* floor of what was left unsearched */
+} search_totals;
+
+static void add_outcome(search_totals *totals, const tree_outcome *outcome)
+{
+    totals->scored += outcome->scored;
+    totals->feasible += outcome->feasible;
+    totals->pruned += outcome->pruned;
+    totals->nodes += outcome->nodes;
+    if (outcome->stopped)
+        totals->open_floor_s = fmin(totals->open_floor_s,
+                                    outcome->open_floor_s);
+}
+
+/* Searches the tasks in visit order, batch by batch, merging each batch's
+ * finds into `best`. */
+static int search_tasks(search_run *run, int threads, shortlist *best,
+                        search_totals *totals, pt_error *err)
+{
+    const search_options *options = run->options;
+    int count = run->space->task_count;
+    int *batch = run->batch;
+    for (int next = 0; next < count;) {
+        double threshold = options->exhaustive ? INFINITY
+                                               : shortlist_threshold(best);
+        long long budget_left = options->max_tree_nodes > 0
+                                    ? options->max_tree_nodes - totals->nodes
+                                    : 0;
+        /* small batches first: the lowest floors are searched alone and
+           give the rest a threshold (sizes fixed, not by thread count) */
+        int batch_size = next < 2 ? 1 : next < 4 ? 2 : next < 8 ? 4
+                                                         : BATCH_TASKS;
+        int size = 0;
+        while (next < count && size < batch_size) {
+            const search_task *task = &run->space->tasks[run->visit[next]];
+            if (task->floor_s > threshold) {
+                /* floors only rise along the visit order */
+                totals->pruned += count - next;
+                next = count;
+                break;
+            }
+            if (options->max_tree_nodes > 0 && budget_left <= 0) {
+                totals->open_floor_s = fmin(totals->open_floor_s,
+                                            task->floor_s);
+                next = count;
+                break;
+            }
+            batch[size++] = run->visit[next++];
+        }
+        if (size == 0)
+            break;
+        run->limits = (tree_limits){options->exhaustive, threshold,
+                                    budget_left > 0 ? budget_left / size : 0,
+                                    NULL, NULL};
+        if (parallel_for(threads, size, search_batch_task, run, err) != 0)
+            return -1;
+        if (run->failed) {
+            *err = run->first_error;
+            return -1;
+        }
+        for (int i = 0; i < size; i++) {
+            add_outcome(totals, &run->outcomes[i]);
+            for (int k = 0; k < run->found[i].count; k++)
+                shortlist_offer(best, shortlist_at(&run->found[i], k));
+        }
+        totals->tasks_done = next;
+        if (options->progress && next < count)
+            options->progress(options->progress_context, next, count,
+                              totals->scored);
+    }
+    if (options->progress)
+        options->progress(options->progress_context, count, count,
+                          totals->scored);
+    return 0;
 }
 
 /* Prices every type once per (tp, mbs, recompute) before the workers
  * start, so every note the prices raise lands in cm in a fixed order; the
  * workers' copies of cm then only read notes that exist already. */
-static int collect_price_notes(costmodel *cm, const search_options *options,
-                               const search_space *space, pt_error *err)
+static int collect_price_notes(costmodel *cm, const search_space *space,
+                               pt_error *err)
 {
-    for (int s = 0; s < space->shape_count; s++) {
-        const search_shape *shape = &space->shapes[s];
-        if (s > 0 && shape->tp == space->shapes[s - 1].tp)
-            continue; /* shapes come grouped by tp, mbs sets nest */
-        for (int i = 0; i < SEARCH_MAX_MBS_VALUES; i++) {
-            int mbs = 1 << i;
-            if (mbs > options->max_mbs)
-                break;
-            for (int recompute = 0; recompute < 2; recompute++) {
-                parallel_config config = {options->gbs, mbs, shape->tp, 1, 1,
-                                          options->schedule,
-                                          options->precision, recompute, false};
-                for (int t = 0; t < cm->cluster->type_count; t++) {
-                    type_costs costs;
-                    if (cm->cluster->types[t].count > 0 &&
-                        costmodel_type_costs(cm, t, &config, &costs, err) != 0)
-                        return -1;
-                }
-            }
+    for (int i = 0; i < space->task_count; i++) {
+        const parallel_config *config = &space->tasks[i].config;
+        if (i > 0) {
+            const parallel_config *before = &space->tasks[i - 1].config;
+            if (before->tp == config->tp && before->mbs == config->mbs &&
+                before->recompute == config->recompute)
+                continue;
+        }
+        for (int t = 0; t < cm->cluster->type_count; t++) {
+            type_costs costs;
+            if (cm->cluster->types[t].count > 0 &&
+                costmodel_type_costs(cm, t, config, &costs, err) != 0)
+                return -1;
         }
     }
     return 0;
@@ -464,7 +279,7 @@ static int collect_price_notes(costmodel *cm, const search_options *options,
 static void merge_notes(costmodel *cm, const search_run *run)
 {
     for (int i = 0; i < run->worker_count; i++) {
-        const costmodel *copy = &run->workers[i].model;
+        const costmodel *copy = tree_worker_costmodel(run->workers[i]);
         for (int n = 0; n < copy->note_count; n++) {
             bool known = false;
             for (int k = 0; k < cm->note_count && !known; k++)
@@ -481,28 +296,24 @@ static void merge_notes(costmodel *cm, const search_run *run)
 /* The shortlist and what the simulator made of each entry. */
 typedef struct ranking {
     search_run *run;
-    candidate_set shortlist;
-    ranked_plan *plans;     /* [shortlist count] */
-    bool *usable;           /* [shortlist count] */
+    const shortlist *list;
+    ranked_plan *plans;     /* [list count] */
+    bool *usable;           /* [list count] */
+    int **orders;           /* [workers] node-order scratch */
 } ranking;
 
-/* Which node types hold GPUs of each stage (bit t for type t). */
-static void stage_types_held(const cluster *c, const int *order,
-                             int node_count, const parallel_config *config,
-                             unsigned *masks)
+/* The node instances of a sequence of node types (each type's nodes in
+ * their file order). */
+static void nodes_of_types(const cluster *c, const unsigned char *types,
+                           int count, int *order)
 {
-    int stage_gpus = config->dp * config->tp;
-    for (int s = 0; s < config->pp; s++)
-        masks[s] = 0;
-    int position = 0;
-    for (int i = 0; i < node_count; i++) {
-        int type = cluster_node_type(c, order[i]);
-        int gpus = c->types[type].gpus;
-        int last = (position + gpus - 1) / stage_gpus;
-        for (int s = position / stage_gpus; s <= last && s < config->pp; s++)
-            masks[s] |= 1u << type;
-        position += gpus;
+    int first[PLANNER_MAX_TYPES], used[PLANNER_MAX_TYPES] = {0};
+    for (int t = 0, node = 0; t < c->type_count; t++) {
+        first[t] = node;
+        node += c->types[t].count;
     }
+    for (int i = 0; i < count; i++)
+        order[i] = first[types[i]] + used[types[i]]++;
 }
 
 static double cluster_price_per_hour(const cluster *c)
@@ -513,156 +324,171 @@ static double cluster_price_per_hour(const cluster *c)
     return price;
 }
 
-static void fill_ranked_plan(const search_run *run, const candidate *chosen,
-                             const estimate *est, ranked_plan *out)
+/* Peak memory per node type: the highest stage peak among the stages
+ * that type's GPUs serve. */
+static void peak_memory_by_type(const cluster *c, const int *order,
+                                int node_count, const parallel_config *config,
+                                const estimate *est, ranked_plan *out)
 {
-    const cluster *c = run->cm->cluster;
-    const int *order = search_space_order(run->space, chosen->order_index);
-    memset(out, 0, sizeof *out);
-    out->config = chosen->config;
-    out->node_count = run->space->node_count;
-    memcpy(out->node_order, order, (size_t)out->node_count * sizeof(int));
-    memcpy(out->partition, chosen->partition,
-           (size_t)chosen->config.pp * sizeof(int));
-    out->step_time_s = est->step_time_s;
-    out->tokens_per_s = est->tokens_per_s;
-    out->tflops_per_gpu = est->tflops_per_gpu;
-    out->cost_per_step_usd = est->step_time_s / 3600.0 *
-                             cluster_price_per_hour(c);
-    unsigned masks[PT_MAX_STAGES];
-    stage_types_held(c, order, out->node_count, &chosen->config, masks);
-    for (int s = 0; s < est->stage_count; s++) {
-        double gib = est->stages[s].peak_memory_bytes / PT_GIB;
-        for (int t = 0; t < c->type_count; t++)
-            if ((masks[s] & (1u << t)) && gib > out->peak_memory_gib_by_type[t])
-                out->peak_memory_gib_by_type[t] = gib;
+    long long stage_gpus = (long long)config->dp * config->tp, position = 0;
+    for (int i = 0; i < node_count; i++) {
+        int type = cluster_node_type(c, order[i]);
+        long long end = position + c->types[type].gpus;
+        for (long long s = position / stage_gpus;
+             s <= (end - 1) / stage_gpus && s < est->stage_count; s++) {
+            double gib = est->stages[s].peak_memory_bytes / PT_GIB;
+            if (gib > out->peak_memory_gib_by_type[type])
+                out->peak_memory_gib_by_type[type] = gib;
+        }
+        position = end;
     }
 }
 
-static void simulate_candidate(void *context, int worker_index, int position)
+static void simulate_candidate(void *context, int worker, int position)
 {
     ranking *rank = context;
     search_run *run = rank->run;
-    search_worker *w = &run->workers[worker_index];
-    if (w->failed)
-        return;
-    const candidate *chosen = candidate_at(&rank->shortlist, position);
+    const candidate *chosen = shortlist_at(rank->list, position);
+    const search_task *task = &run->space->tasks[chosen->task];
+    int *order = rank->orders[worker];
+    costmodel *cm = tree_worker_costmodel(run->workers[worker]);
+    nodes_of_types(cm->cluster, chosen->node_types, chosen->node_count,
+                   order);
     estimate est;
-    memset(&est, 0, sizeof est);
-    if (costmodel_estimate(&w->model, &chosen->config,
-                           search_space_order(run->space, chosen->order_index),
-                           run->space->node_count, chosen->partition, false,
-                           &est, &w->err) != 0) {
-        w->failed = true;
+    pt_error err;
+    if (costmodel_estimate(cm, &task->config, order, chosen->node_count,
+                           chosen->partition, false, &est, &err) != 0) {
+        worker_failed(run, worker, &err);
         return;
     }
     rank->usable[position] = est.fits;
-    if (est.fits)
-        fill_ranked_plan(run, chosen, &est, &rank->plans[position]);
+    ranked_plan *out = &rank->plans[position];
+    memset(out, 0, sizeof *out);
+    out->config = task->config;
+    out->node_count = chosen->node_count;
+    memcpy(out->node_order, order, (size_t)chosen->node_count * sizeof(int));
+    memcpy(out->partition, chosen->partition,
+           (size_t)task->config.pp * sizeof(int));
+    out->step_time_s = est.step_time_s;
+    out->tokens_per_s = est.tokens_per_s;
+    out->tflops_per_gpu = est.tflops_per_gpu;
+    out->cost_per_step_usd = est.step_time_s / 3600.0 *
+                             cluster_price_per_hour(cm->cluster);
+    peak_memory_by_type(cm->cluster, order, chosen->node_count,
+                        &task->config, &est, out);
     estimate_free(&est);
 }
 
-/* Sort key of a simulated plan. */
+/* Sort key of a simulated plan: the objective, then shortlist place. */
 typedef struct ranked_key {
     double objective;
-    long long rank;
     int position;
 } ranked_key;
 
 static int compare_keys(const void *a, const void *b)
 {
     const ranked_key *x = a, *y = b;
-    if (ranks_before(x->objective, x->rank, y->objective, y->rank))
-        return -1;
-    return ranks_before(y->objective, y->rank, x->objective, x->rank) ? 1 : 0;
+    if (x->objective != y->objective)
+        return x->objective < y->objective ? -1 : 1;
+    return (x->position > y->position) - (x->position < y->position);
 }
 
 /* Simulates the shortlist and keeps the `keep` best by the objective. */
-static int rank_shortlist(ranking *rank, int threads, search_result *out,
-                          pt_error *err)
+static int rank_shortlist(search_run *run, const shortlist *list,
+                          int threads, search_result *out, pt_error *err)
 {
-    search_run *run = rank->run;
-    int count = rank->shortlist.count;
-    rank->plans = calloc((size_t)count + 1, sizeof *rank->plans);
-    rank->usable = calloc((size_t)count + 1, sizeof *rank->usable);
+    int count = list->count;
+    ranking rank = {run, list, calloc((size_t)count + 1, sizeof(ranked_plan)),
+                    calloc((size_t)count + 1, sizeof(bool)),
+                    calloc((size_t)run->worker_count, sizeof(int *))};
     ranked_key *keys = calloc((size_t)count + 1, sizeof *keys);
-    if (!rank->plans || !rank->usable || !keys) {
-        free(keys);
-        return pt_fail(err, "search: out of memory for the ranking");
+    int rc = 0;
+    if (!rank.plans || !rank.usable || !rank.orders || !keys)
+        rc = pt_fail(err, "search: out of memory for the ranking");
+    for (int i = 0; rc == 0 && i < run->worker_count; i++) {
+        rank.orders[i] = malloc(((size_t)run->space->node_count + 1) *
+                                sizeof(int));
+        if (rank.orders[i] == NULL)
+            rc = pt_fail(err, "search: out of memory for the ranking");
     }
-    if (parallel_for(threads, count, simulate_candidate, rank, NULL, err) != 0)
-        goto failed;
-    for (int i = 0; i < run->worker_count; i++) {
-        if (run->workers[i].failed) {
-            *err = run->workers[i].err;
-            goto failed;
-        }
+    if (rc == 0)
+        rc = parallel_for(threads, count, simulate_candidate, &rank, err);
+    if (rc == 0 && run->failed) {
+        *err = run->first_error;
+        rc = -1;
     }
     int usable = 0;
-    for (int p = 0; p < count; p++) {
-        if (!rank->usable[p])
+    for (int p = 0; rc == 0 && p < count; p++) {
+        if (!rank.usable[p])
             continue;
-        const ranked_plan *plan = &rank->plans[p];
+        const ranked_plan *plan = &rank.plans[p];
         keys[usable++] = (ranked_key){
             run->options->objective == OBJECTIVE_COST ? plan->cost_per_step_usd
                                                       : plan->step_time_s,
-            candidate_at(&rank->shortlist, p)->rank, p};
+            p};
     }
-    qsort(keys, (size_t)usable, sizeof *keys, compare_keys);
-    int kept = usable < run->options->keep ? usable : run->options->keep;
-    out->plans = calloc((size_t)kept + 1, sizeof *out->plans);
-    if (out->plans == NULL) {
-        pt_fail(err, "search: out of memory for the plans");
-        goto failed;
+    if (rc == 0) {
+        qsort(keys, (size_t)usable, sizeof *keys, compare_keys);
+        int kept = usable < run->options->keep ? usable : run->options->keep;
+        out->plans = calloc((size_t)kept + 1, sizeof *out->plans);
+        if (out->plans == NULL)
+            rc = pt_fail(err, "search: out of memory for the plans");
+        for (int i = 0; rc == 0 && i < kept; i++)
+            out->plans[i] = rank.plans[keys[i].position];
+        out->plan_count = rc == 0 ? kept : 0;
     }
-    for (int i = 0; i < kept; i++)
-        out->plans[i] = rank->plans[keys[i].position];
-    out->plan_count = kept;
+    for (int i = 0; rank.orders && i < run->worker_count; i++)
+        free(rank.orders[i]);
+    free(rank.orders);
+    free(rank.plans);
+    free(rank.usable);
     free(keys);
-    return 0;
-failed:
-    free(keys);
-    return -1;
+    return rc;
 }
 
 /* ------------------------------------------------------------- results */
 
-static void merge_results(search_run *run, candidate_set *shortlist,
-                          memory_miss *closest, search_result *out)
+/* When nothing fits: the task that comes closest, as a message. */
+static int describe_closest_miss(search_run *run, search_result *out,
+                                 pt_error *err)
 {
-    closest->ratio = INFINITY;
-    closest->rank = -1;
-    for (int i = 0; i < run->worker_count; i++) {
-        const search_worker *w = &run->workers[i];
-        out->configurations_scored += w->scored;
-        out->configurations_feasible += w->feasible;
-        out->configurations_pruned += w->pruned;
-        for (int p = 0; p < w->best.count; p++) {
-            const candidate *c = candidate_at(&w->best, p);
-            candidate_offer(shortlist, c->score_s, c->rank, &c->config,
-                            c->order_index, c->partition);
+    bound_tables *tables;
+    if (bound_tables_open(&tables, run->max_pp,
+                          run->cm->cluster->type_count, err) != 0)
+        return -1;
+    memory_miss closest = {INFINITY, 0, 0, 0.0, 0.0};
+    const parallel_config *config = NULL;
+    for (int i = 0; i < run->space->task_count; i++) {
+        const parallel_config *c = &run->space->tasks[i].config;
+        if (bound_tables_fill(tables, run->cm, c, err) != 0) {
+            bound_tables_close(tables);
+            return -1;
         }
-        if (ranks_before(w->closest.ratio, w->closest.rank, closest->ratio,
-                         closest->rank))
-            *closest = w->closest;
+        memory_miss miss;
+        bound_memory_miss(tables, &miss);
+        if (miss.ratio < closest.ratio) {
+            closest = miss;
+            config = c;
+        }
     }
-}
-
-static void describe_miss(const costmodel *cm, const memory_miss *miss,
-                          char *out, size_t size)
-{
-    const parallel_config *c = &miss->config;
-    const char *levers = c->distributed_optimizer && c->recompute
-                             ? ", distributed optimizer and full recompute"
-                         : c->distributed_optimizer ? ", distributed optimizer"
-                         : c->recompute             ? ", full recompute"
-                                                    : "";
-    const node_type *type = &cm->cluster->types[miss->type];
-    snprintf(out, size, "the closest configuration (tp %d, dp %d, pp %d, "
-             "mbs %d%s) needs %.2f GiB per GPU on stage %d (%s, node type "
-             "%s) where %.2f GiB are usable", c->tp, c->dp, c->pp, c->mbs,
-             levers, miss->needed_bytes / PT_GIB, miss->stage, type->gpu,
-             type->name, miss->usable_bytes / PT_GIB);
+    bound_tables_close(tables);
+    if (config == NULL)
+        return 0;
+    const char *levers =
+        config->distributed_optimizer && config->recompute
+            ? ", distributed optimizer and full recompute"
+        : config->distributed_optimizer ? ", distributed optimizer"
+        : config->recompute             ? ", full recompute"
+                                        : "";
+    const node_type *type = &run->cm->cluster->types[closest.type];
+    snprintf(out->no_fit_reason, sizeof out->no_fit_reason,
+             "the closest configuration (tp %d, dp %d, pp %d, mbs %d%s) "
+             "needs %.2f GiB per GPU on stage %d (%s, node type %s) where "
+             "%.2f GiB are usable", config->tp, config->dp, config->pp,
+             config->mbs, levers, closest.needed_bytes / PT_GIB,
+             closest.stage, type->gpu, type->name,
+             closest.usable_bytes / PT_GIB);
+    return 0;
 }
 
 static int check_options(const costmodel *cm, const search_options *options,
@@ -682,63 +508,42 @@ static int check_options(const costmodel *cm, const search_options *options,
     if (options->threads < 0)
         return pt_fail(err, "search: threads must be >= 0, got %d",
                        options->threads);
+    if (options->max_tree_nodes < 0)
+        return pt_fail(err, "search: max_tree_nodes must be >= 0, got %lld",
+                       options->max_tree_nodes);
     if (cm->model.layers < 1)
         return pt_fail(err, "search: model %s has no layers", cm->model.name);
     return 0;
 }
 
-static int largest_pp(const search_space *space)
-{
-    int largest = 1;
-    for (int s = 0; s < space->shape_count; s++)
-        if (space->shapes[s].pp > largest)
-            largest = space->shapes[s].pp;
-    return largest;
-}
-
-static long long configurations_in(const search_space *space)
-{
-    long long total = 0;
-    for (int s = 0; s < space->shape_count; s++)
-        total += (long long)space->shapes[s].order_count *
-                 space->shapes[s].mbs_count;
-    return total;
-}
-
-/* Scores the whole space, then simulates and ranks the shortlist. */
+/* Searches, then simulates and ranks the shortlist. */
 static int run_search(search_run *run, int threads, search_result *out,
                       pt_error *err)
 {
-    const search_options *options = run->options;
-    int shortlist_size = 2 * options->keep > SHORTLIST_MINIMUM
-                             ? 2 * options->keep
-                             : SHORTLIST_MINIMUM;
-    if (workers_open(run, threads, shortlist_size, largest_pp(run->space),
-                     err) != 0)
+    shortlist best;
+    if (shortlist_open(&best, run->shortlist_size, run->space->node_count,
+                       run->max_pp, err) != 0)
         return -1;
-    if (parallel_for(threads, run->space->order_count, search_order, run,
-                     options->progress ? report_progress : NULL, err) != 0)
-        return -1;
-    for (int i = 0; i < run->worker_count; i++) {
-        if (run->workers[i].failed) {
-            *err = run->workers[i].err;
-            return -1;
-        }
+    search_totals totals = {0};
+    totals.open_floor_s = INFINITY;
+    int rc = floor_tasks(run, threads, err);
+    if (rc == 0)
+        rc = search_tasks(run, threads, &best, &totals, err);
+    if (rc == 0) {
+        out->configurations_scored = totals.scored;
+        out->configurations_feasible = totals.feasible;
+        out->configurations_pruned = totals.pruned;
+        out->tree_nodes = totals.nodes;
+        out->best_score_s = best.count > 0 ? shortlist_at(&best, 0)->score_s
+                                           : INFINITY;
+        out->score_floor_s = fmin(out->best_score_s, totals.open_floor_s);
+        out->exact = !(totals.open_floor_s < out->best_score_s);
+        rc = rank_shortlist(run, &best, threads, out, err);
     }
-    ranking rank = {run, {0, 0, NULL, NULL}, NULL, NULL};
-    memory_miss closest;
-    memset(&closest, 0, sizeof closest);
-    if (candidate_set_open(&rank.shortlist, shortlist_size) != 0)
-        return pt_fail(err, "search: out of memory for the shortlist");
-    merge_results(run, &rank.shortlist, &closest, out);
-    int status = rank_shortlist(&rank, threads, out, err);
-    if (status == 0 && out->plan_count == 0 && isfinite(closest.ratio))
-        describe_miss(run->cm, &closest, out->no_fit_reason,
-                      sizeof out->no_fit_reason);
-    candidate_set_close(&rank.shortlist);
-    free(rank.plans);
-    free(rank.usable);
-    return status;
+    if (rc == 0 && out->plan_count == 0)
+        rc = describe_closest_miss(run, out, err);
+    shortlist_close(&best);
+    return rc;
 }
 
 int planner_search(costmodel *cm, const search_options *options,
@@ -752,7 +557,9 @@ int planner_search(costmodel *cm, const search_options *options,
     if (search_space_build(cm->cluster, cm->model.layers, options, &space,
                            err) != 0)
         return -1;
-    if (space.order_count == 0) {
+    out->tasks = space.task_count;
+    out->exact = true;
+    if (space.task_count == 0) {
         snprintf(out->no_fit_reason, sizeof out->no_fit_reason,
                  "no (tp, dp, pp, mbs) fills the cluster's %d GPUs with gbs "
                  "%d a multiple of dp x mbs (mbs 1..%d)",
@@ -766,25 +573,20 @@ int planner_search(costmodel *cm, const search_options *options,
     run.cm = cm;
     run.options = options;
     run.space = &space;
-    run.configurations_total = configurations_in(&space);
-    run.progress_percent = -1;
-    int status = collect_price_notes(cm, options, &space, err);
+    run.max_pp = largest_pp(&space);
+    run.shortlist_size = 2 * options->keep > SHORTLIST_MINIMUM
+                             ? 2 * options->keep
+                             : SHORTLIST_MINIMUM;
+    int threads = search_thread_count(options->threads);
+    int status = collect_price_notes(cm, &space, err);
     if (status == 0)
-        status = search_score_floors(cm, options, &space, err);
+        status = workers_open(&run, threads, err);
     if (status == 0)
-        status = search_visit_order(&space, &run.visit, err);
+        status = run_search(&run, threads, out, err);
     if (status == 0)
-        status = run_search(&run, search_thread_count(options->threads), out,
-                            err);
-    if (status == 0) {
         merge_notes(cm, &run);
-        if (options->progress)
-            options->progress(options->progress_context,
-                              run.configurations_total,
-                              run.configurations_total);
-    } else {
+    else
         search_result_free(out);
-    }
     workers_close(&run);
     free(run.visit);
     search_space_free(&space);
@@ -813,4 +615,5 @@ void search_options_default(search_options *options)
     options->allow_distributed_optimizer = true;
     options->keep = 10;
     options->threads = 0;
+    options->max_tree_nodes = 200000000;
 }

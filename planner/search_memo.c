@@ -12,9 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Ints of a stage key before the node types: the config, the stage, the
- * offset of the window in its first node and the node count. */
-#define STAGE_KEY_HEADER 12
+/* Ints of a stage key before the node types: the config, the stage,
+ * whether the next stage is known, where the window starts in its first
+ * node and how many nodes it spans. */
+#define STAGE_KEY_HEADER 13
 /* Ints of a partition key before the stages, and per stage (two doubles
  * and the cap). */
 #define PARTITION_KEY_HEADER 4
@@ -38,14 +39,10 @@ int search_memo_open(search_memo *memo, int max_pp, int node_count,
     memo->key_capacity = stage_key > partition_key ? stage_key
                                                    : partition_key;
     memo->key = malloc((size_t)memo->key_capacity * sizeof(int));
-    memo->placement = malloc((size_t)max_pp * sizeof *memo->placement);
-    memo->node_start = malloc(((size_t)node_count + 1) * sizeof(int));
-    memo->node_type = malloc((size_t)node_count * sizeof(int));
     memo->canonical = malloc((size_t)max_pp * sizeof(int));
     memo->sorted = malloc((size_t)max_pp * sizeof *memo->sorted);
     memo->sorted_layers = malloc((size_t)max_pp * sizeof(int));
-    if (!memo->key || !memo->placement || !memo->node_start ||
-        !memo->node_type || !memo->canonical || !memo->sorted ||
+    if (!memo->key || !memo->canonical || !memo->sorted ||
         !memo->sorted_layers) {
         search_memo_close(memo);
         return pt_fail(err, "search: out of memory for the memos");
@@ -58,110 +55,107 @@ void search_memo_close(search_memo *memo)
     memo_free(&memo->stage_table);
     memo_free(&memo->partition_table);
     free(memo->key);
-    free(memo->placement);
-    free(memo->node_start);
-    free(memo->node_type);
     free(memo->canonical);
     free(memo->sorted);
     free(memo->sorted_layers);
     memset(memo, 0, sizeof *memo);
 }
 
+void search_memo_trim(search_memo *memo, size_t bytes)
+{
+    if (memo_bytes(&memo->stage_table) > bytes)
+        memo_clear(&memo->stage_table);
+    if (memo_bytes(&memo->partition_table) > bytes)
+        memo_clear(&memo->partition_table);
+}
+
 /* ------------------------------------------------------- stage facts */
 
-/* The key of stage s: the config, s, and the node types lying over the
- * GPUs of stages s-1..s+1 (with where the window starts in its first
- * node). The cost model reads a stage's slowest and smallest GPU type,
- * its link to the next stage and the previous stage's link to it; all
- * are functions of that window. Returns the key length in ints. */
+/* The slot of the lane holding GPU x (the lane must cover it). */
+static int lane_slot(const node_lane *lane, long long gpu)
+{
+    int low = 0, high = lane->count - 1;
+    while (low < high) {
+        int middle = (low + high + 1) / 2;
+        if (lane->starts[middle] <= gpu)
+            low = middle;
+        else
+            high = middle - 1;
+    }
+    return low;
+}
+
+/* Writes the key of stage s over the window's slots [first, last];
+ * returns its length in ints. */
 static int stage_key(const search_memo *memo, const parallel_config *config,
-                     int stage, int first_node, int last_node, int window_low)
+                     int stage, bool next_known, const node_lane *lane,
+                     int first, int last, long long window_low)
 {
     int *key = memo->key;
     int header[STAGE_KEY_HEADER] = {
         config->gbs, config->mbs, config->tp, config->dp, config->pp,
         (int)config->schedule, (int)config->precision, config->recompute,
-        config->distributed_optimizer, stage,
-        window_low - memo->node_start[first_node],
-        last_node - first_node + 1};
+        config->distributed_optimizer, stage, next_known,
+        (int)(window_low - lane->starts[first]), last - first + 1};
     memcpy(key, header, sizeof header);
-    for (int i = first_node; i <= last_node; i++)
-        key[STAGE_KEY_HEADER + i - first_node] = memo->node_type[i];
-    return STAGE_KEY_HEADER + last_node - first_node + 1;
+    for (int i = first; i <= last; i++)
+        key[STAGE_KEY_HEADER + i - first] = lane->types[i];
+    return STAGE_KEY_HEADER + last - first + 1;
 }
 
-static void lay_out_nodes(const cluster *c, search_memo *memo,
-                          const int *order, int node_count)
+/* Places stage s (and s - 1, whose link prices the gradient sent back)
+ * on the window's nodes and prices it. */
+static int price_stage(costmodel *cm, const parallel_config *config,
+                       const node_lane *window, int stage, bool next_known,
+                       stage_facts *out, pt_error *err)
 {
-    int position = 0;
-    for (int i = 0; i < node_count; i++) {
-        memo->node_type[i] = cluster_node_type(c, order[i]);
-        memo->node_start[i] = position;
-        position += c->types[memo->node_type[i]].gpus;
-    }
-    memo->node_start[node_count] = position;
+    stage_placement previous;
+    if (stage > 0 && costmodel_place_stage(cm, config, window, stage - 1,
+                                           true, &previous, err) != 0)
+        return -1;
+    if (costmodel_place_stage(cm, config, window, stage, next_known,
+                              &out->place, err) != 0)
+        return -1;
+    return costmodel_stage_terms_between(cm, config,
+                                         stage > 0 ? &previous : NULL,
+                                         &out->place, stage, &out->terms,
+                                         err);
 }
 
-/* Prices stage s for real (placing the order first when needed) and
- * remembers it under the key in memo->key. */
-static int price_stage(costmodel *cm, search_memo *memo,
-                       const parallel_config *config, const int *order,
-                       int node_count, int stage, bool *placed,
-                       int key_length, uint64_t hash, stage_facts *out,
+int search_stage_facts(costmodel *cm, search_memo *memo,
+                       const parallel_config *config, const node_lane *lane,
+                       int stage, bool next_known, stage_facts *out,
                        pt_error *err)
 {
-    if (!*placed) {
-        if (costmodel_place(cm, config, order, node_count, memo->placement,
-                            err) != 0)
-            return -1;
-        *placed = true;
+    long long stage_gpus = (long long)config->dp * config->tp;
+    long long gpus = stage_gpus * config->pp;
+    long long low = (stage - 1) * stage_gpus > 0 ? (stage - 1) * stage_gpus
+                                                 : 0;
+    long long high = (stage + (next_known ? 2 : 1)) * stage_gpus;
+    if (high > gpus)
+        high = gpus;
+    int first = lane_slot(lane, low), last = lane_slot(lane, high - 1);
+    int length = stage_key(memo, config, stage, next_known, lane, first, last,
+                           low);
+    size_t bytes = (size_t)length * sizeof(int);
+    uint64_t hash = memo_hash(memo->key, bytes);
+    const stage_facts *known = memo_find(&memo->stage_table, memo->key, bytes,
+                                         hash);
+    memo->stage_lookups++;
+    if (known != NULL) {
+        *out = *known;
+        return 0;
     }
-    if (costmodel_stage_terms(cm, config, memo->placement, stage, &out->terms,
-                              err) != 0)
+    node_lane window = {last - first + 1, lane->types + first,
+                        lane->starts + first};
+    if (price_stage(cm, config, &window, stage, next_known, out, err) != 0)
         return -1;
-    out->slow_type = memo->placement[stage].slow_type;
-    out->small_type = memo->placement[stage].small_type;
-    out->dp_link = memo->placement[stage].dp_link;
-    void *slot = memo_insert(&memo->stage_table, memo->key,
-                             (size_t)key_length * sizeof(int), hash,
+    void *slot = memo_insert(&memo->stage_table, memo->key, bytes, hash,
                              sizeof *out);
     if (slot == NULL)
         return pt_fail(err, "search: out of memory for the stage memo");
     memcpy(slot, out, sizeof *out);
     memo->stage_misses++;
-    return 0;
-}
-
-int search_stage_facts(costmodel *cm, search_memo *memo,
-                       const parallel_config *config, const int *order,
-                       int node_count, stage_facts *out, pt_error *err)
-{
-    lay_out_nodes(cm->cluster, memo, order, node_count);
-    const int stage_gpus = config->dp * config->tp;
-    const int gpus = memo->node_start[node_count];
-    bool placed = false;
-    int first = 0;
-    for (int s = 0; s < config->pp; s++) {
-        int low = (s - 1) * stage_gpus > 0 ? (s - 1) * stage_gpus : 0;
-        int high = (s + 2) * stage_gpus < gpus ? (s + 2) * stage_gpus : gpus;
-        while (memo->node_start[first + 1] <= low)
-            first++;
-        int last = first;
-        while (last + 1 < node_count && memo->node_start[last + 1] < high)
-            last++;
-        int length = stage_key(memo, config, s, first, last, low);
-        uint64_t hash = memo_hash(memo->key, (size_t)length * sizeof(int));
-        const stage_facts *known = memo_find(
-            &memo->stage_table, memo->key, (size_t)length * sizeof(int), hash);
-        memo->stage_lookups++;
-        if (known != NULL) {
-            out[s] = *known;
-            continue;
-        }
-        if (price_stage(cm, memo, config, order, node_count, s, &placed,
-                        length, hash, &out[s], err) != 0)
-            return -1;
-    }
     return 0;
 }
 

@@ -1,0 +1,508 @@
+/*
+ * Floors under the score of a placement in the making (docs/planner.md,
+ * "Why the search is exact"). The stages already placed keep their exact
+ * terms; the stages still to come are relaxed into the best stages their
+ * GPUs could possibly form, and the partition problem of the whole lot is
+ * solved exactly. Every relaxation only makes stages faster, cheaper to
+ * reach or roomier, so no completion scores below the floor, and the
+ * search may cut every subtree whose floor is above the scores it keeps.
+ *
+ * The relaxed stages: take the GPUs left fastest first, S = dp x tp at a
+ * time; the i-th group's slowest GPU gives relaxed stage i its pace.
+ * Sorted by pace, the real stages are no faster, one by one (the i
+ * fastest real stages hold i S GPUs, all at most as slow as the i-th).
+ * Each real stage holds a GPU at least as slow as its relaxed partner, of
+ * a type whose send and memory then bound the stage's. Memory is bounded
+ * two ways, each valid alone, and the higher floor is kept: by type
+ * (the most layers that type fits at any position left) or by position
+ * (the most layers any type left fits there, the roomiest positions
+ * given to the fastest stages, which an exchange of two stages' layers
+ * shows to be the best pairing).
+ */
+#include "planner/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+int bound_tables_open(bound_tables **out, int max_pp, int type_count,
+                      pt_error *err)
+{
+    bound_tables *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return pt_fail(err, "search: out of memory for the floors");
+    size_t types = (size_t)type_count, pp = (size_t)max_pp;
+    t->pace_order = malloc(types * sizeof(int));
+    t->pace = malloc(types * sizeof(double));
+    t->send = malloc(types * sizeof(double));
+    t->head = malloc(types * sizeof(double));
+    t->embedding = malloc(types * sizeof(double));
+    t->optimizer_per_param = malloc(types * sizeof(double));
+    t->pure = malloc(types * pp * sizeof *t->pure);
+    t->ranks = malloc(pp * sizeof *t->ranks);
+
+    t->cap_by_position = malloc(pp * sizeof(int));
+    t->stages = malloc(pp * sizeof *t->stages);
+    t->layers_out = malloc(pp * sizeof(int));
+    *out = t;
+    if (!t->pace_order || !t->pace || !t->send || !t->head || !t->embedding ||
+        !t->optimizer_per_param || !t->pure || !t->ranks ||
+        !t->cap_by_position || !t->stages || !t->layers_out) {
+        bound_tables_close(t);
+        *out = NULL;
+        return pt_fail(err, "search: out of memory for the floors");
+    }
+    return 0;
+}
+
+void bound_tables_close(bound_tables *t)
+{
+    if (t == NULL)
+        return;
+    free(t->pace_order);
+    free(t->pace);
+    free(t->send);
+    free(t->head);
+    free(t->embedding);
+    free(t->optimizer_per_param);
+    free(t->pure);
+    free(t->ranks);
+    free(t->capacity.held);
+    free(t->capacity.sums);
+    free(t->cap_by_position);
+    free(t->stages);
+    free(t->layers_out);
+    free(t);
+}
+
+/* Seconds a send of `bytes` over a link of that bandwidth at least takes
+ * (latency left out: the slowest link of a set is chosen by bandwidth, so
+ * its latency need not be the largest). */
+static double bandwidth_floor(double bytes, link_spec link)
+{
+    return link.bandwidth_bytes_per_s > 0.0
+               ? bytes / link.bandwidth_bytes_per_s
+               : INFINITY;
+}
+
+/* The least a stage holding a node of type t can take to send to a
+ * neighbour: every GPU of the stage sends, so a GPU of that node does,
+ * either inside its node (only when a node can hold GPUs of two stages)
+ * or to another node over a link no faster than t's inter-node link. */
+static double send_floor(costmodel *cm, const parallel_config *config,
+                         int type, long long stage_gpus)
+{
+    const node_type *node = &cm->cluster->types[type];
+    double bytes = (double)config->mbs * cm->model.seq * cm->model.hidden *
+                   precision_bytes(config->precision);
+    double least = bandwidth_floor(bytes, node->inter_node);
+    if (node->gpus > stage_gpus) {
+        double inside = bandwidth_floor(bytes, node->intra_node);
+        double measured = costmodel_send_seconds(cm, bytes, type,
+                                                 node->intra_node);
+        least = fmin(least, fmin(inside, measured));
+    }
+    return least;
+}
+
+/* Whether a tp group may span nodes under config: some node type's GPU
+ * count is not a multiple of tp. */
+static bool groups_may_span(const cluster *c, const parallel_config *config)
+{
+    for (int t = 0; t < c->type_count; t++)
+        if (c->types[t].count > 0 && c->types[t].gpus % config->tp != 0)
+            return true;
+    return false;
+}
+
+/* The fastest a tp group holding type t can run a layer: in one node, or
+ * when groups may span nodes, across a link no faster than t's
+ * inter-node link (counted by bandwidth alone). */
+static double pace_floor(costmodel *cm, const parallel_config *config,
+                         const type_costs *costs, int type, bool may_span)
+{
+    double pace = costs->layer_forward_s + costs->layer_backward_s;
+    if (!may_span)
+        return pace;
+    link_spec fastest = cm->cluster->types[type].inter_node;
+    fastest.latency_s = 0.0;
+    return fmin(pace, costmodel_layer_pace_s(cm, config, costs, true,
+                                             fastest));
+}
+
+static int pure_cap(const bound_tables *t, int type, int stage)
+{
+    return t->pure[(size_t)type * t->pp + stage].max_layers;
+}
+
+/* A stage of type t alone at position s, placed so that only its memory
+ * terms are meaningful. */
+static int pure_terms(costmodel *cm, const parallel_config *config, int type,
+                      int stage, stage_terms *out, pt_error *err)
+{
+    link_spec none = {INFINITY, 0.0};
+    stage_placement place = {type, type, false, none, none, none, -1, -1};
+    return costmodel_stage_terms_between(cm, config,
+                                         stage > 0 ? &place : NULL, &place,
+                                         stage, out, err);
+}
+
+int bound_tables_fill(bound_tables *t, costmodel *cm,
+                      const parallel_config *config, pt_error *err)
+{
+    const cluster *c = cm->cluster;
+    t->cm = cm;
+    t->config = *config;
+    t->type_count = c->type_count;
+    t->pp = config->pp;
+    t->layers = cm->model.layers;
+    t->microbatches = parallel_microbatches(config);
+    t->stage_gpus = (long long)config->dp * config->tp;
+    t->caps_by_pace = true;
+    bool may_span = groups_may_span(c, config);
+    t->head_by_pace = !may_span;
+    int used = 0, first_used = 0;
+    while (first_used + 1 < c->type_count && c->types[first_used].count == 0)
+        first_used++;
+    for (int type = 0; type < c->type_count; type++) {
+        if (c->types[type].count == 0)
+            continue;
+        type_costs costs;
+        if (costmodel_type_costs(cm, type, config, &costs, err) != 0)
+            return -1;
+        t->pace[type] = pace_floor(cm, config, &costs, type, may_span);
+        t->send[type] = config->pp > 1
+                            ? send_floor(cm, config, type, t->stage_gpus)
+                            : 0.0;
+        t->head[type] = costs.head_forward_s + costs.head_backward_s;
+        t->embedding[type] = costs.embedding_forward_s +
+                             costs.embedding_backward_s;
+        t->optimizer_per_param[type] = costs.optimizer_s_per_param;
+        if (cm->profiles[type].flash_attention !=
+            cm->profiles[first_used].flash_attention)
+            t->caps_by_pace = false;
+        for (int s = 0; s < config->pp; s++)
+            if (pure_terms(cm, config, type, s,
+                           &t->pure[(size_t)type * config->pp + s], err) != 0)
+                return -1;
+        int position = used++;
+        while (position > 0 && t->pace[t->pace_order[position - 1]] >
+                                   t->pace[type]) {
+            t->pace_order[position] = t->pace_order[position - 1];
+            position--;
+        }
+        t->pace_order[position] = type;
+    }
+    /* types without nodes go last; gpus_left keeps them out anyway */
+    for (int type = 0; type < c->type_count; type++)
+        if (c->types[type].count == 0)
+            t->pace_order[used++] = type;
+    t->capacity.states = 0;
+    double pace = INFINITY, send = INFINITY, head = INFINITY,
+           embedding = INFINITY;
+    for (int type = 0; type < c->type_count; type++) {
+        if (c->types[type].count == 0)
+            continue;
+        pace = fmin(pace, t->pace[type]);
+        send = fmin(send, t->send[type]);
+        head = fmin(head, t->head[type]);
+        embedding = fmin(embedding, t->embedding[type]);
+    }
+    t->sum_floor_s = t->layers * pace + embedding + head +
+                     (t->pp > 1 ? 2.0 * (t->pp - 1) * send : 0.0);
+    return 0;
+}
+
+
+/* Fills ranks[0..n) for the GPUs left; ranks of equal kind share
+ * first_eligible. */
+static void rank_relaxed(const bound_tables *t, const int *gpus_left, int n,
+                         relaxed *ranks)
+{
+    int order_index = 0;
+    long long seen = 0;
+    for (int i = 0; i < n; i++) {
+        long long wanted = (long long)(i + 1) * t->stage_gpus;
+        while (order_index + 1 < t->type_count &&
+               seen + gpus_left[t->pace_order[order_index]] < wanted) {
+            seen += gpus_left[t->pace_order[order_index]];
+            order_index++;
+        }
+        double pace = t->pace[t->pace_order[order_index]];
+        int eligible = order_index;
+        while (eligible > 0 && t->pace[t->pace_order[eligible - 1]] >= pace)
+            eligible--;
+        relaxed *r = &ranks[i];
+        r->pace = pace;
+        r->first_eligible = eligible;
+        r->send = INFINITY;
+        r->head = INFINITY;
+        for (int k = t->head_by_pace ? eligible : 0; k < t->type_count; k++) {
+            int type = t->pace_order[k];
+            if (gpus_left[type] > 0)
+                r->head = fmin(r->head, t->head[type]);
+        }
+        for (int k = eligible; k < t->type_count; k++) {
+            int type = t->pace_order[k];
+            if (gpus_left[type] > 0)
+                r->send = fmin(r->send, t->send[type]);
+        }
+    }
+}
+
+/* The most layers a real partner of rank r fits at positions [from, to):
+ * over the types at least as slow (all types when caps need not order
+ * like memory). -1 when none fits. */
+static int rank_cap(const bound_tables *t, const int *gpus_left,
+                    const relaxed *r, int from, int to)
+{
+    int best = -1;
+    int first = t->caps_by_pace ? r->first_eligible : 0;
+    for (int k = first; k < t->type_count; k++) {
+        int type = t->pace_order[k];
+        if (gpus_left[type] == 0)
+            continue;
+        for (int s = from; s < to; s++)
+            if (pure_cap(t, type, s) > best)
+                best = pure_cap(t, type, s);
+    }
+    return best;
+}
+
+/* Whether rank i starts a new kind (ranks of one kind are alike). */
+static bool new_kind(const relaxed *ranks, int i)
+{
+    return i == 0 || ranks[i].first_eligible != ranks[i - 1].first_eligible ||
+           ranks[i].pace != ranks[i - 1].pace;
+}
+
+static int solve(const bound_tables *t, search_memo *memo, double *value,
+                 pt_error *err);
+
+/* Memory by type: every relaxed stage fits what its types fit at the
+ * roomiest position left; the head goes to one of them, whichever kind
+ * gives the lowest floor. */
+static int floor_by_type(const bound_tables *t, search_memo *memo,
+                         const int *gpus_left, int complete,
+                         const relaxed *ranks, double *out, pt_error *err)
+{
+    int n = t->pp - complete;
+    for (int i = 0; i < n; i++) {
+        int cap = rank_cap(t, gpus_left, &ranks[i], complete, t->pp);
+        if (cap < 0) {
+            *out = INFINITY;
+            return 0;
+        }
+        t->stages[complete + i] = (partition_stage){ranks[i].send,
+                                                    ranks[i].pace, cap};
+    }
+    *out = INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (!new_kind(ranks, i))
+            continue;
+        double saved = t->stages[complete + i].fixed_s;
+        t->stages[complete + i].fixed_s += ranks[i].head;
+        double value;
+        if (solve(t, memo, &value, err) != 0)
+            return -1;
+        t->stages[complete + i].fixed_s = saved;
+        *out = fmin(*out, value);
+    }
+    return 0;
+}
+
+/* Memory by position: the last position takes a stage of some kind with
+ * the head and the room its types have there; the other positions take
+ * the most any type left fits there, the roomiest to the fastest of the
+ * other relaxed stages (an exchange of two stages' layers shows this
+ * pairing is the best one). The lowest floor over the last stage's
+ * kind. */
+static int floor_by_position(const bound_tables *t, search_memo *memo,
+                             const int *gpus_left, int complete,
+                             const relaxed *ranks, double *out,
+                             pt_error *err)
+{
+    int n = t->pp - complete, last = t->pp - 1;
+    for (int i = 0; i + 1 < n; i++) {
+        int best = -1;
+        for (int type = 0; type < t->type_count; type++)
+            if (gpus_left[type] > 0 && pure_cap(t, type, complete + i) > best)
+                best = pure_cap(t, type, complete + i);
+        if (best < 0) {
+            *out = INFINITY;
+            return 0;
+        }
+        int position = i;
+        while (position > 0 && t->cap_by_position[position - 1] < best) {
+            t->cap_by_position[position] = t->cap_by_position[position - 1];
+            position--;
+        }
+        t->cap_by_position[position] = best;
+    }
+    *out = INFINITY;
+    for (int chosen = 0; chosen < n; chosen++) {
+        if (!new_kind(ranks, chosen))
+            continue;
+        int cap = rank_cap(t, gpus_left, &ranks[chosen], last, last + 1);
+        if (cap < 0)
+            continue;
+        t->stages[last] = (partition_stage){ranks[chosen].send +
+                                                ranks[chosen].head,
+                                            ranks[chosen].pace, cap};
+        for (int i = 0, slot = 0; i < n; i++) {
+            if (i == chosen)
+                continue;
+            t->stages[complete + slot] = (partition_stage){
+                ranks[i].send, ranks[i].pace, t->cap_by_position[slot]};
+            slot++;
+        }
+        double value;
+        if (solve(t, memo, &value, err) != 0)
+            return -1;
+        *out = fmin(*out, value);
+    }
+    return 0;
+}
+
+/* What the relaxed stages leave out and every completion pays: the
+ * embedding on stage 0 when it is still to come, and the sends beyond the
+ * one each relaxed stage carries. */
+static double sum_extras(const bound_tables *t, const int *gpus_left,
+                         int complete)
+{
+    int n = t->pp - complete;
+    double embedding = INFINITY, send = INFINITY;
+    for (int type = 0; type < t->type_count; type++) {
+        if (gpus_left[type] == 0)
+            continue;
+        embedding = fmin(embedding, t->embedding[type]);
+        send = fmin(send, t->send[type]);
+    }
+    if (n == 0)
+        return 0.0;
+    double extras = complete == 0 ? embedding : 0.0;
+    int extra_sends = n - 2 + (complete >= 1 ? 1 : 0);
+    if (t->pp > 1 && extra_sends > 0)
+        extras += extra_sends * send;
+    return extras;
+}
+
+/* The per-step work of a placed stage is at least that of its parameters
+ * without its layers (the closed forms grow with the bytes; a measured
+ * curve need not, so only the optimizer counts then). */
+double bound_tail_floor(const bound_tables *t, const stage_facts *facts,
+                        int count)
+{
+    double worst = 0.0;
+    for (int s = 0; s < count; s++) {
+        const stage_placement *place = &facts[s].place;
+        type_costs slow = {0};
+        slow.optimizer_s_per_param = t->optimizer_per_param[place->slow_type];
+        step_work work;
+        costmodel_step_work(t->cm, &t->config, place, s, 0, &slow, &work);
+        double tail = work.optimizer_s;
+        if (place->dp_curve_type < 0)
+            tail += work.reduce_s + work.gather_s;
+        worst = fmax(worst, tail);
+    }
+    return worst;
+}
+
+static int solve(const bound_tables *t, search_memo *memo, double *value,
+                 pt_error *err)
+{
+    partition_problem problem = {t->pp, t->layers, t->microbatches,
+                                 t->stages};
+    int status = search_solve_partition(memo, SOLVER_DP, &problem,
+                                        t->layers_out, value, err);
+    if (status == 0)
+        *value = INFINITY;
+    return status < 0 ? -1 : 0;
+}
+
+int bound_floor(const bound_tables *t, search_memo *memo,
+                const partial_placement *partial, double threshold_s,
+                double *floor_s, pt_error *err)
+{
+    int complete = partial->final_count + (partial->pending ? 1 : 0);
+    int n = t->pp - complete;
+    if (n == 0)
+        return pt_fail(err, "search: no floor for a complete placement");
+    for (int s = 0; s < complete; s++) {
+        const stage_terms *terms = &partial->facts[s].terms;
+        t->stages[s] = (partition_stage){terms->fixed_s, terms->per_layer_s,
+                                         terms->max_layers};
+    }
+    if (partial->pending) {
+        /* its send to the next stage is still unknown: at least what a
+           node of its slowest or smallest type must take */
+        const stage_placement *place = &partial->facts[complete - 1].place;
+        t->stages[complete - 1].fixed_s +=
+            fmax(t->send[place->slow_type], t->send[place->small_type]);
+    }
+    rank_relaxed(t, partial->gpus_left, n, t->ranks);
+    double extras = sum_extras(t, partial->gpus_left, complete) +
+                    bound_tail_floor(t, partial->facts, partial->final_count);
+    double by_type, by_position = -INFINITY;
+    if (floor_by_type(t, memo, partial->gpus_left, complete, t->ranks,
+                      &by_type, err) != 0)
+        return -1;
+    /* the second floor only matters when the first leaves the subtree in */
+    if ((by_type + extras) * (1.0 - 1e-9) <= threshold_s &&
+        floor_by_position(t, memo, partial->gpus_left, complete, t->ranks,
+                          &by_position, err) != 0)
+        return -1;
+    *floor_s = (fmax(by_type, by_position) + extras) * (1.0 - 1e-9);
+    return 0;
+}
+
+void bound_memory_miss(const bound_tables *t, memory_miss *out)
+{
+    int *counts = t->layers_out;
+    int *roomiest = t->cap_by_position;
+    for (int s = 0; s < t->pp; s++) {
+        counts[s] = 0;
+        roomiest[s] = -1;
+        for (int type = 0; type < t->type_count; type++) {
+            if (t->cm->cluster->types[type].count == 0)
+                continue;
+            const stage_terms *terms = &t->pure[(size_t)type * t->pp + s];
+            const stage_terms *best =
+                roomiest[s] < 0 ? NULL
+                                : &t->pure[(size_t)roomiest[s] * t->pp + s];
+            if (best == NULL ||
+                terms->cap_bytes - terms->fixed_bytes >
+                    best->cap_bytes - best->fixed_bytes)
+                roomiest[s] = type;
+        }
+    }
+    for (int layer = 0; layer < t->layers; layer++) {
+        int chosen = 0;
+        double lowest = INFINITY;
+        for (int s = 0; s < t->pp; s++) {
+            const stage_terms *terms = &t->pure[(size_t)roomiest[s] * t->pp + s];
+            double share = (terms->fixed_bytes +
+                            terms->per_layer_bytes * (counts[s] + 1)) /
+                           terms->cap_bytes;
+            if (share < lowest) {
+                lowest = share;
+                chosen = s;
+            }
+        }
+        counts[chosen]++;
+    }
+    out->ratio = -1.0;
+    for (int s = 0; s < t->pp; s++) {
+        const stage_terms *terms = &t->pure[(size_t)roomiest[s] * t->pp + s];
+        double needed = terms->fixed_bytes + terms->per_layer_bytes * counts[s];
+        double ratio = needed / terms->cap_bytes;
+        if (isnan(ratio))
+            ratio = INFINITY;
+        if (ratio > out->ratio) {
+            *out = (memory_miss){ratio, s, roomiest[s], needed,
+                                 terms->cap_bytes};
+        }
+    }
+}
+
