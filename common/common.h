@@ -115,6 +115,28 @@ int json_get_choice(const json_t *obj, const json_place *place,
                     const char *key, bool required,
                     const char *const *names, int *out, pt_error *err);
 
+/* ----------------------------------------------------------- JSON output */
+
+/* The text of every JSON file Partita writes: objects indented by 2,
+ * arrays of numbers and strings filled onto lines of up to 78 columns,
+ * reals with 9 significant digits, keys in the order they were set; ends
+ * with a newline. NULL when out of memory; the caller frees. */
+char *json_format_text(const json_t *root);
+
+/* THE atomic writer: data goes to a temporary file beside path (same
+ * folder, so rename is atomic), is fsync'ed, made 0644 and renamed over
+ * path. On failure path is untouched (no partial or replaced file) and
+ * the message names path and the reason. */
+int pt_write_file_atomic(const char *path, const void *data, size_t size,
+                         pt_error *err);
+/* json_format_text(root) through pt_write_file_atomic. */
+int json_write_file_atomic(const json_t *root, const char *path,
+                           pt_error *err);
+/* Sets obj[key] = value, taking value's reference; counts a failure
+ * (value NULL from a failed allocation, or a failed set) in *failures, so
+ * that a writer builds a whole object and checks once. */
+void json_put(json_t *obj, const char *key, json_t *value, int *failures);
+
 /* ----------------------------------------------------------------- model */
 
 /* The shape of a GPT-style transformer (models/<name>.json). */

@@ -1,15 +1,11 @@
 /*
  * plan.json: turning ranked plans into plans and plans into the JSON of
- * formats.md, and writing files so that a crash never leaves half a file.
+ * formats.md (common/json_write.c writes the files).
  */
 #include "planner/planner.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* Sets obj[key] = value and takes the reference; a failed allocation
  * inside Jansson surfaces as a NULL value, which we count and report. */
@@ -287,54 +283,5 @@ int plan_from_ranked(const ranked_plan *ranked, const model_shape *model,
     memcpy(out->node_order, ranked->node_order,
            sizeof(int) * (size_t)ranked->node_count);
     out->node_order_count = ranked->node_count;
-    return 0;
-}
-
-/* Writes the whole buffer, retrying short writes and interrupts. */
-static int write_all(int fd, const char *data, size_t size)
-{
-    while (size > 0) {
-        ssize_t written = write(fd, data, size);
-        if (written < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        data += written;
-        size -= (size_t)written;
-    }
-    return 0;
-}
-
-int json_write_file_atomic(const json_t *root, const char *path,
-                           pt_error *err)
-{
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
-    if (text == NULL)
-        return pt_fail(err, "%s: out of memory serialising JSON", path);
-    char temporary[PT_PATH_MAX + 32];
-    snprintf(temporary, sizeof temporary, "%s.tmp.%ld", path,
-             (long)getpid());
-    int fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int saved = errno;
-        free(text);
-        return pt_fail(err, "%s: cannot create: %s", path, strerror(saved));
-    }
-    size_t length = strlen(text);
-    int failed = write_all(fd, text, length) != 0 ||
-                 write_all(fd, "\n", 1) != 0 || fsync(fd) != 0;
-    int saved = errno;
-    free(text);
-    if (close(fd) != 0 && !failed) {
-        failed = 1;
-        saved = errno;
-    }
-    if (failed || rename(temporary, path) != 0) {
-        if (!failed)
-            saved = errno;
-        unlink(temporary);
-        return pt_fail(err, "%s: cannot write: %s", path, strerror(saved));
-    }
     return 0;
 }

@@ -161,8 +161,5 @@ json_t *plan_to_json(const plan *p, const estimate *est, pt_error *err);
 int plan_from_ranked(const ranked_plan *ranked, const model_shape *model,
                      const cluster *cluster, const char *model_ref,
                      const char *cluster_ref, plan *out, pt_error *err);
-/* Writes JSON atomically: a temporary file beside path, fsync, rename. */
-int json_write_file_atomic(const json_t *root, const char *path,
-                           pt_error *err);
 
 #endif

@@ -148,8 +148,4 @@ int report_draw_charts(const report_input *in, const report_comparison *cmp,
                        const char *dir, report_outcome *charts,
                        char *reason, size_t reason_size);
 
-/* Writes data to dir/name through a temporary file in dir and rename. */
-int report_write_file_atomic(const char *dir, const char *name,
-                             const char *data, size_t size, pt_error *err);
-
 #endif
