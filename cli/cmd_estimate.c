@@ -63,18 +63,23 @@ static int report_estimate(const estimate_arguments *args, const plan *p,
 {
     pt_error err = {{0}};
     if (args->json) {
-        json_t *root = plan_to_json(p, est, &err);
+        plan_json_sections sections = {.estimate = estimate_to_json(est,
+                                                                    &err)};
+        json_t *root = sections.estimate != NULL
+                           ? plan_to_json(p, &sections, &err)
+                           : NULL;
+        json_decref(sections.estimate);
         if (root == NULL) {
             cli_error("estimate", err.message);
             return EXIT_FAILURE_RUN;
         }
-        char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
+        char *text = json_format_text(root);
         json_decref(root);
         if (text == NULL) {
             cli_error("estimate", "out of memory serialising the plan");
             return EXIT_FAILURE_RUN;
         }
-        puts(text);
+        fputs(text, stdout);
         free(text);
         for (int i = 0; i < cm->note_count; i++)
             fprintf(stderr, "partita estimate: note: %s\n", cm->notes[i]);

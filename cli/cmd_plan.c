@@ -295,23 +295,16 @@ typedef struct plan_inputs {
     cluster cluster;
 } plan_inputs;
 
-/* Writes the best plan, its estimated timeline and the alternatives. The
- * plan's model and cluster paths are written relative to the plan file. */
+/* Writes the best plan, its estimated timeline and the alternatives
+ * (pareto: the front, or NULL). Model and cluster go inline, so the plan
+ * loads wherever it is moved; "origin" keeps the files they came from. */
 static int write_plan_file(const plan_arguments *args, const plan_inputs *in,
                            costmodel *cm, const ranked_plan *plans,
-                           int plan_count, json_t *extra_key_value,
-                           const char *extra_key, pt_error *err)
+                           int plan_count, json_t *pareto, pt_error *err)
 {
-    char output_dir[PT_PATH_MAX], model_ref[PT_PATH_MAX],
-        cluster_ref[PT_PATH_MAX];
-    pt_directory_of(args->output, output_dir, sizeof output_dir);
-    cli_relative_path(output_dir, in->model_path, model_ref,
-                      sizeof model_ref);
-    cli_relative_path(output_dir, in->cluster_path, cluster_ref,
-                      sizeof cluster_ref);
     plan best;
-    if (plan_from_ranked(&plans[0], &in->model, &in->cluster, model_ref,
-                         cluster_ref, &best, err) != 0)
+    if (plan_from_ranked(&plans[0], &in->model, &in->cluster, in->model_path,
+                         in->cluster_path, &best, err) != 0)
         return -1;
     estimate est;
     int status = costmodel_estimate(cm, &best.config, best.node_order,
@@ -321,21 +314,19 @@ static int write_plan_file(const plan_arguments *args, const plan_inputs *in,
         plan_free(&best);
         return -1;
     }
-    json_t *root = plan_to_json(&best, &est, err);
-    if (root != NULL) {
-        json_t *alternatives = json_array();
-        for (int i = 1; i < plan_count; i++)
-            json_array_append_new(alternatives,
-                                  alternative_to_json(&in->cluster,
-                                                      &plans[i]));
-        json_object_set_new(root, "alternatives", alternatives);
-        if (extra_key != NULL)
-            json_object_set(root, extra_key, extra_key_value);
-        status = json_write_file_atomic(root, args->output, err);
-        json_decref(root);
-    } else {
-        status = -1;
-    }
+    plan_json_sections sections = {
+        .estimate = estimate_to_json(&est, err),
+        .alternatives = json_array(),
+        .pareto = pareto};
+    for (int i = 1; sections.alternatives != NULL && i < plan_count; i++)
+        json_array_append_new(sections.alternatives,
+                              alternative_to_json(&in->cluster, &plans[i]));
+    if (sections.estimate == NULL || sections.alternatives == NULL)
+        status = pt_fail(err, "out of memory building the plan JSON");
+    else
+        status = plan_write_file(&best, &sections, args->output, err);
+    json_decref(sections.estimate);
+    json_decref(sections.alternatives);
     estimate_free(&est);
     plan_free(&best);
     return status;
@@ -400,7 +391,7 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
         print_ranked_row(&in->cluster, widths, i + 1, &result.plans[i]);
     cm.note_count = notes_of_open;
     status = write_plan_file(args, in, &cm, result.plans, result.plan_count,
-                             NULL, NULL, err);
+                             NULL, err);
     print_notes(&cm);
     if (status == 0)
         printf("# wrote %s (best plan, its timeline, %d alternatives)\n",
@@ -525,7 +516,7 @@ static int run_pareto(const plan_arguments *args, plan_inputs *in,
         json_t *points = pareto_to_json(&in->cluster, &front);
         ranked_plan fastest = front.points[0].plan;
         status = write_plan_file(args, in, &cm, &fastest, 1, points,
-                                 "pareto", err) == 0
+                                 err) == 0
                      ? EXIT_OK
                      : EXIT_FAILURE_RUN;
         json_decref(points);

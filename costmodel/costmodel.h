@@ -187,6 +187,11 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        estimate *out, pt_error *err);
 void estimate_free(estimate *e);
 
+/* The "estimate" section of plan.json (docs/formats.md): the figures, one
+ * object per stage and, when est has events, the events. NULL with err
+ * set when out of memory. */
+json_t *estimate_to_json(const estimate *est, pt_error *err);
+
 /* Parameters held by one GPU of a stage with `layers` transformer layers
  * (the stage's parameters / tp): stage 0 holds the embeddings, the last
  * stage the final norm and the head (a tied head is a copy when pp > 1). */

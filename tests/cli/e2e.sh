@@ -664,6 +664,41 @@ PY
   run 2 partita profile --compare p.json
   expect_in err.txt "two profile files"
   ;;
+plan-moved)
+  # a plan written by `partita plan`, copied alone into another folder
+  # (its model and cluster files gone), still loads everywhere
+  mkdir in-src elsewhere
+  cat >in-src/tiny.json <<JSON
+{ "name": "tiny", "layers": 4, "hidden": 16, "heads": 2, "seq": 16, "vocab": 257 }
+JSON
+  cat >in-src/box.json <<JSON
+{ "name": "one-box", "nodes": [
+    { "name": "box", "gpu": "A100-FASOP", "gpus": 2,
+      "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] }
+JSON
+  run 0 partita plan --model in-src/tiny.json --cluster in-src/box.json --gbs 4 --quiet -o in-src/plan.json
+  run 0 partita estimate in-src/plan.json
+  grep '^# step time' out.txt >in-step-before.txt
+  cp in-src/plan.json elsewhere/plan.json
+  rm -r in-src
+  expect_in elsewhere/plan.json '"origin": {'
+  expect_in elsewhere/plan.json '"model": "in-src/tiny.json"'
+  run 0 partita estimate elsewhere/plan.json
+  grep '^# step time' out.txt | cmp -s - in-step-before.txt ||
+    fail "the moved plan estimates differently: $(grep '^# step time' out.txt)"
+  run 0 partita report elsewhere/plan.json -o report-plan
+  [ -s report-plan/report.md ] && [ -s report-plan/trace.json ] || fail "report of the moved plan missing"
+  prep_corpus
+  run 0 partita exec elsewhere/plan.json --data in-corpus --backend cpu --iters 2 -o run.json
+  expect_in run.json '"name": "tiny"'
+  run 0 partita report elsewhere/plan.json run.json -o report-run
+  expect_in report-run/report.md "| step time |"
+  # an older plan naming its files by path still resolves them against
+  # its own folder
+  cp "$source_root/docs/examples/plan-gpt2xl-hetero.json" elsewhere/old.json
+  run 2 partita estimate elsewhere/old.json
+  expect_in err.txt "elsewhere/old.json: model"
+  ;;
 *)
   fail "unknown case"
   ;;
