@@ -15,6 +15,7 @@ typedef struct plan_arguments {
     const char *output;
     bool pareto;
     bool quiet;
+    bool per_rank_timeline;
     search_options search;
 } plan_arguments;
 
@@ -43,6 +44,9 @@ static void print_plan_help(void)
         "  --threads N        search threads (default: one per core)\n"
         "  --profiles DIR     look for profiles/<gpu>.json here first\n"
         "  -o, --output FILE  plan file to write (default plan.json)\n"
+        "  --per-rank-timeline  write the estimated timeline once per rank\n"
+        "                     (default: once per stage, which every rank of\n"
+        "                     the stage runs; per rank is tp x dp times larger)\n"
         "  --quiet            no progress line\n");
 }
 
@@ -77,7 +81,7 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
     enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
            OPT_SOLVER, OPT_SCHEDULE, OPT_PRECISION, OPT_MAX_MBS,
            OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_TOP, OPT_THREADS, OPT_PROFILES,
-           OPT_QUIET, OPT_HELP };
+           OPT_QUIET, OPT_PER_RANK_TIMELINE, OPT_HELP };
     static const struct option options[] = {
         {"model", required_argument, NULL, OPT_MODEL},
         {"cluster", required_argument, NULL, OPT_CLUSTER},
@@ -95,6 +99,7 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
         {"profiles", required_argument, NULL, OPT_PROFILES},
         {"output", required_argument, NULL, 'o'},
         {"quiet", no_argument, NULL, OPT_QUIET},
+        {"per-rank-timeline", no_argument, NULL, OPT_PER_RANK_TIMELINE},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
     static const char *const objectives[] = {"time", "cost"};
@@ -151,6 +156,7 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
         case OPT_PROFILES: args->profiles = optarg; break;
         case 'o': args->output = optarg; break;
         case OPT_QUIET: args->quiet = true; break;
+        case OPT_PER_RANK_TIMELINE: args->per_rank_timeline = true; break;
         case OPT_HELP:
         case 'h': print_plan_help(); return 1;
         default: return -1;
@@ -315,7 +321,8 @@ static int write_plan_file(const plan_arguments *args, const plan_inputs *in,
         return -1;
     }
     plan_json_sections sections = {
-        .estimate = estimate_to_json(&est, err),
+        .estimate = estimate_to_json(&est, &best.config,
+                                     args->per_rank_timeline, err),
         .alternatives = json_array(),
         .pareto = pareto};
     for (int i = 1; sections.alternatives != NULL && i < plan_count; i++)

@@ -50,7 +50,8 @@ static void add_file(report_outcome *outcome, const char *name)
 static int write_trace(const report_input *in, const char *dir,
                        report_outcome *outcome, pt_error *err)
 {
-    json_t *trace = report_trace_json(in->plan, in->estimate, in->run, err);
+    json_t *trace = report_trace_json(in->plan, in->estimate, in->run,
+                                      in->per_rank, err);
     if (trace == NULL)
         return -1;
     char *text = json_dumps(trace, JSON_COMPACT | JSON_REAL_PRECISION(12));
