@@ -41,11 +41,6 @@ void cli_error(const char *command, const char *message);
 int cli_locate(const char *kind, const char *name_or_path, char *out,
                size_t out_size, pt_error *err);
 
-/* The path of `target` relative to directory `from_dir` (both made
- * absolute first), for references written into plan.json. */
-void cli_relative_path(const char *from_dir, const char *target, char *out,
-                       size_t out_size);
-
 /* Tables shared by plan and estimate. */
 void print_notes(const costmodel *cm);
 void print_stage_table(const plan *p, const estimate *est);

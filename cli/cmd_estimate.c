@@ -9,14 +9,18 @@
 static void print_estimate_help(void)
 {
     printf(
-        "usage: partita estimate PLAN [--json] [--profiles DIR]\n"
+        "usage: partita estimate PLAN [--json [--per-rank-timeline]]\n"
+        "                             [--profiles DIR]\n"
         "\n"
         "Estimates a plan (written by 'partita plan' or by hand): per-stage\n"
         "forward, backward, send and all-reduce times, memory per GPU, and\n"
         "the simulated step time.\n"
         "\n"
         "  --json            print the plan with its \"estimate\" filled\n"
-        "                    (timeline events included) on standard output\n"
+        "                    (the timeline of one iteration included, once\n"
+        "                    per stage) on standard output\n"
+        "  --per-rank-timeline  with --json: the timeline once per rank\n"
+        "                    (tp x dp times larger)\n"
         "  --profiles DIR    look for profiles/<gpu>.json here first\n"
         "\n"
         "Exit status 2 when the plan is invalid or does not fit in memory.\n");
@@ -26,14 +30,16 @@ typedef struct estimate_arguments {
     const char *plan_path;
     const char *profiles;
     bool json;
+    bool per_rank_timeline;
 } estimate_arguments;
 
 static int parse_estimate_arguments(int argc, char **argv,
                                     estimate_arguments *args)
 {
-    enum { OPT_JSON = 256, OPT_PROFILES, OPT_HELP };
+    enum { OPT_JSON = 256, OPT_PER_RANK_TIMELINE, OPT_PROFILES, OPT_HELP };
     static const struct option options[] = {
         {"json", no_argument, NULL, OPT_JSON},
+        {"per-rank-timeline", no_argument, NULL, OPT_PER_RANK_TIMELINE},
         {"profiles", required_argument, NULL, OPT_PROFILES},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
@@ -42,6 +48,7 @@ static int parse_estimate_arguments(int argc, char **argv,
     while ((option = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (option) {
         case OPT_JSON: args->json = true; break;
+        case OPT_PER_RANK_TIMELINE: args->per_rank_timeline = true; break;
         case OPT_PROFILES: args->profiles = optarg; break;
         case OPT_HELP:
         case 'h': print_estimate_help(); return 1;
@@ -51,6 +58,11 @@ static int parse_estimate_arguments(int argc, char **argv,
     if (optind + 1 != argc) {
         fprintf(stderr, "partita estimate: expected one plan file "
                         "(see 'partita estimate --help')\n");
+        return -1;
+    }
+    if (args->per_rank_timeline && !args->json) {
+        fprintf(stderr, "partita estimate: --per-rank-timeline shapes the "
+                        "--json output; give --json too\n");
         return -1;
     }
     args->plan_path = argv[optind];
@@ -63,18 +75,24 @@ static int report_estimate(const estimate_arguments *args, const plan *p,
 {
     pt_error err = {{0}};
     if (args->json) {
-        json_t *root = plan_to_json(p, est, &err);
+        plan_json_sections sections = {
+            .estimate = estimate_to_json(est, &p->config,
+                                         args->per_rank_timeline, &err)};
+        json_t *root = sections.estimate != NULL
+                           ? plan_to_json(p, &sections, &err)
+                           : NULL;
+        json_decref(sections.estimate);
         if (root == NULL) {
             cli_error("estimate", err.message);
             return EXIT_FAILURE_RUN;
         }
-        char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
+        char *text = json_format_text(root);
         json_decref(root);
         if (text == NULL) {
             cli_error("estimate", "out of memory serialising the plan");
             return EXIT_FAILURE_RUN;
         }
-        puts(text);
+        fputs(text, stdout);
         free(text);
         for (int i = 0; i < cm->note_count; i++)
             fprintf(stderr, "partita estimate: note: %s\n", cm->notes[i]);

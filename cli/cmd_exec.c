@@ -450,10 +450,7 @@ static int write_run_record(const exec_arguments *args, const plan *p,
                             double flops_per_iteration)
 {
     pt_error err = {{0}};
-    plan inline_plan = *p; /* borrows p's buffers; only read */
-    inline_plan.model_ref[0] = '\0';
-    inline_plan.cluster_ref[0] = '\0';
-    json_t *plan_json = plan_to_json(&inline_plan, NULL, &err);
+    json_t *plan_json = plan_to_json(p, NULL, &err);
     json_t *root = plan_json != NULL
                        ? run_to_json(result, plan_json, flops_per_iteration,
                                      &err)

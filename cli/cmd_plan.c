@@ -15,6 +15,7 @@ typedef struct plan_arguments {
     const char *output;
     bool pareto;
     bool quiet;
+    bool per_rank_timeline;
     search_options search;
 } plan_arguments;
 
@@ -50,6 +51,9 @@ static void print_plan_help(void)
         "                     plans and counts do not depend on it\n"
         "  --profiles DIR     look for profiles/<gpu>.json here first\n"
         "  -o, --output FILE  plan file to write (default plan.json)\n"
+        "  --per-rank-timeline  write the estimated timeline once per rank\n"
+        "                     (default: once per stage, which every rank of\n"
+        "                     the stage runs; per rank is tp x dp times larger)\n"
         "  --quiet            no progress lines (a search longer than a few\n"
         "                     seconds prints one on stderr every few seconds)\n");
 }
@@ -98,7 +102,8 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
     enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
            OPT_SOLVER, OPT_SCHEDULE, OPT_PRECISION, OPT_MAX_MBS,
            OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_TOP, OPT_THREADS, OPT_PROFILES,
-           OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_HELP };
+           OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_PER_RANK_TIMELINE,
+           OPT_HELP };
     static const struct option options[] = {
         {"model", required_argument, NULL, OPT_MODEL},
         {"cluster", required_argument, NULL, OPT_CLUSTER},
@@ -118,6 +123,7 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
         {"quiet", no_argument, NULL, OPT_QUIET},
         {"search", required_argument, NULL, OPT_SEARCH},
         {"max-tree-nodes", required_argument, NULL, OPT_MAX_TREE_NODES},
+        {"per-rank-timeline", no_argument, NULL, OPT_PER_RANK_TIMELINE},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
     static const char *const objectives[] = {"time", "cost"};
@@ -183,6 +189,7 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
             status = parse_count(optarg, "--max-tree-nodes",
                                  &args->search.max_tree_nodes);
             break;
+        case OPT_PER_RANK_TIMELINE: args->per_rank_timeline = true; break;
         case OPT_HELP:
         case 'h': print_plan_help(); return 1;
         default: return -1;
@@ -340,23 +347,16 @@ typedef struct plan_inputs {
     cluster cluster;
 } plan_inputs;
 
-/* Writes the best plan, its estimated timeline and the alternatives. The
- * plan's model and cluster paths are written relative to the plan file. */
+/* Writes the best plan, its estimated timeline and the alternatives
+ * (pareto: the front, or NULL). Model and cluster go inline, so the plan
+ * loads wherever it is moved; "origin" keeps the files they came from. */
 static int write_plan_file(const plan_arguments *args, const plan_inputs *in,
                            costmodel *cm, const ranked_plan *plans,
-                           int plan_count, json_t *extra_key_value,
-                           const char *extra_key, pt_error *err)
+                           int plan_count, json_t *pareto, pt_error *err)
 {
-    char output_dir[PT_PATH_MAX], model_ref[PT_PATH_MAX],
-        cluster_ref[PT_PATH_MAX];
-    pt_directory_of(args->output, output_dir, sizeof output_dir);
-    cli_relative_path(output_dir, in->model_path, model_ref,
-                      sizeof model_ref);
-    cli_relative_path(output_dir, in->cluster_path, cluster_ref,
-                      sizeof cluster_ref);
     plan best;
-    if (plan_from_ranked(&plans[0], &in->model, &in->cluster, model_ref,
-                         cluster_ref, &best, err) != 0)
+    if (plan_from_ranked(&plans[0], &in->model, &in->cluster, in->model_path,
+                         in->cluster_path, &best, err) != 0)
         return -1;
     estimate est;
     int status = costmodel_estimate(cm, &best.config, best.node_order,
@@ -366,21 +366,20 @@ static int write_plan_file(const plan_arguments *args, const plan_inputs *in,
         plan_free(&best);
         return -1;
     }
-    json_t *root = plan_to_json(&best, &est, err);
-    if (root != NULL) {
-        json_t *alternatives = json_array();
-        for (int i = 1; i < plan_count; i++)
-            json_array_append_new(alternatives,
-                                  alternative_to_json(&in->cluster,
-                                                      &plans[i]));
-        json_object_set_new(root, "alternatives", alternatives);
-        if (extra_key != NULL)
-            json_object_set(root, extra_key, extra_key_value);
-        status = json_write_file_atomic(root, args->output, err);
-        json_decref(root);
-    } else {
-        status = -1;
-    }
+    plan_json_sections sections = {
+        .estimate = estimate_to_json(&est, &best.config,
+                                     args->per_rank_timeline, err),
+        .alternatives = json_array(),
+        .pareto = pareto};
+    for (int i = 1; sections.alternatives != NULL && i < plan_count; i++)
+        json_array_append_new(sections.alternatives,
+                              alternative_to_json(&in->cluster, &plans[i]));
+    if (sections.estimate == NULL || sections.alternatives == NULL)
+        status = pt_fail(err, "out of memory building the plan JSON");
+    else
+        status = plan_write_file(&best, &sections, args->output, err);
+    json_decref(sections.estimate);
+    json_decref(sections.alternatives);
     estimate_free(&est);
     plan_free(&best);
     return status;
@@ -452,7 +451,7 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
         print_ranked_row(&in->cluster, widths, i + 1, &result.plans[i]);
     cm.note_count = notes_of_open;
     status = write_plan_file(args, in, &cm, result.plans, result.plan_count,
-                             NULL, NULL, err);
+                             NULL, err);
     print_notes(&cm);
     if (status == 0)
         printf("# wrote %s (best plan, its timeline, %d alternatives)\n",
@@ -577,7 +576,7 @@ static int run_pareto(const plan_arguments *args, plan_inputs *in,
         json_t *points = pareto_to_json(&in->cluster, &front);
         ranked_plan fastest = front.points[0].plan;
         status = write_plan_file(args, in, &cm, &fastest, 1, points,
-                                 "pareto", err) == 0
+                                 err) == 0
                      ? EXIT_OK
                      : EXIT_FAILURE_RUN;
         json_decref(points);

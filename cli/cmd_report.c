@@ -11,7 +11,8 @@
 static void print_report_help(void)
 {
     printf(
-        "usage: partita report PLAN [RUN] [-o DIR] [--profiles DIR]\n"
+        "usage: partita report PLAN [RUN] [-o DIR] [--per-rank]\n"
+        "                      [--profiles DIR]\n"
         "\n"
         "Compares the cost model's estimate of PLAN with what 'partita exec'\n"
         "measured (RUN, its run.json) and writes into DIR (default:\n"
@@ -26,6 +27,9 @@ static void print_report_help(void)
         "Without RUN only the estimate is reported.\n"
         "\n"
         "  -o, --output DIR   the report folder, created when missing\n"
+        "  --per-rank         one lane per rank in the timeline and the trace,\n"
+        "                     one bar and row per rank for memory (default:\n"
+        "                     one per stage, readable at any size)\n"
         "  --profiles DIR     look for profiles/<gpu>.json here first\n"
         "\n"
         "PARTITA_GNUPLOT names the gnuplot binary (default: gnuplot on\n"
@@ -39,14 +43,16 @@ typedef struct report_arguments {
     const char *run_path;    /* NULL: estimate only */
     const char *output_dir;
     const char *profiles;
+    bool per_rank;
 } report_arguments;
 
 static int parse_report_arguments(int argc, char **argv,
                                   report_arguments *args)
 {
-    enum { OPT_PROFILES = 256, OPT_HELP };
+    enum { OPT_PROFILES = 256, OPT_PER_RANK, OPT_HELP };
     static const struct option options[] = {
         {"output", required_argument, NULL, 'o'},
+        {"per-rank", no_argument, NULL, OPT_PER_RANK},
         {"profiles", required_argument, NULL, OPT_PROFILES},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
@@ -57,6 +63,7 @@ static int parse_report_arguments(int argc, char **argv,
         switch (option) {
         case 'o': args->output_dir = optarg; break;
         case OPT_PROFILES: args->profiles = optarg; break;
+        case OPT_PER_RANK: args->per_rank = true; break;
         case OPT_HELP:
         case 'h': print_report_help(); return 1;
         default: return -1;
@@ -80,7 +87,8 @@ static int write_report(const report_arguments *args, const plan *p,
 {
     report_input input = {
         .plan_file = args->plan_path, .plan = p, .estimate = est,
-        .costmodel = cm, .run = run, .gnuplot = getenv("PARTITA_GNUPLOT")};
+        .costmodel = cm, .run = run, .gnuplot = getenv("PARTITA_GNUPLOT"),
+        .per_rank = args->per_rank};
     report_outcome outcome;
     pt_error err = {{0}};
     if (report_write(&input, args->output_dir, &outcome, &err) != 0) {

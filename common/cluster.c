@@ -1,5 +1,6 @@
 /* clusters/<name>.json: node types, their links and prices, and the
- * numbering of node instances ("a10[3]"). */
+ * numbering of node instances ("a10[3]"); read and written here (plans
+ * and run records embed it). */
 #include "common/common.h"
 
 #include <ctype.h>
@@ -242,6 +243,103 @@ int cluster_load_file(const char *path, cluster *out, pt_error *err)
     if (status == 0)
         pt_directory_of(path, out->source_dir, sizeof out->source_dir);
     return status;
+}
+
+/* ---------------------------------------------------------- writing */
+
+static json_t *link_to_json(const link_spec *link, bool in_gigabits)
+{
+    json_t *obj = json_object();
+    if (obj == NULL)
+        return NULL;
+    int failures = 0;
+    if (in_gigabits)
+        json_put(obj, "bandwidth_Gbps",
+                 json_real(link->bandwidth_bytes_per_s * 8.0 / 1e9),
+                 &failures);
+    else
+        json_put(obj, "bandwidth_GBps",
+                 json_real(link->bandwidth_bytes_per_s / 1e9), &failures);
+    json_put(obj, "latency_us", json_real(link->latency_s * 1e6), &failures);
+    if (failures > 0) {
+        json_decref(obj);
+        return NULL;
+    }
+    return obj;
+}
+
+static json_t *devices_to_json(const node_type *type)
+{
+    json_t *devices = json_array();
+    for (int i = 0; devices != NULL && i < type->device_count; i++) {
+        const device_spec *device = &type->devices[i];
+        json_t *entry = json_object();
+        int failures = entry == NULL;
+        if (entry != NULL) {
+            json_put(entry, "index", json_integer(device->index), &failures);
+            if (device->sm_limit > 0)
+                json_put(entry, "sm_limit", json_integer(device->sm_limit),
+                         &failures);
+            if (device->memory_limit_gib > 0)
+                json_put(entry, "memory_limit_gib",
+                         json_real(device->memory_limit_gib), &failures);
+        }
+        if (failures > 0 || json_array_append_new(devices, entry) != 0) {
+            json_decref(devices);
+            return NULL;
+        }
+    }
+    return devices;
+}
+
+static json_t *node_type_to_json(const node_type *type)
+{
+    json_t *obj = json_object();
+    if (obj == NULL)
+        return NULL;
+    int failures = 0;
+    json_put(obj, "name", json_string(type->name), &failures);
+    json_put(obj, "count", json_integer(type->count), &failures);
+    json_put(obj, "gpu", json_string(type->gpu), &failures);
+    json_put(obj, "gpus", json_integer(type->gpus), &failures);
+    json_put(obj, "intra_node", link_to_json(&type->intra_node, false),
+             &failures);
+    /* A single node may have no inter-node link; write none then, as the
+     * reader rejects a zero bandwidth. */
+    if (type->inter_node.bandwidth_bytes_per_s > 0)
+        json_put(obj, "inter_node", link_to_json(&type->inter_node, true),
+                 &failures);
+    json_put(obj, "price_per_hour", json_real(type->price_per_hour),
+             &failures);
+    if (type->device_count > 0)
+        json_put(obj, "devices", devices_to_json(type), &failures);
+    if (failures > 0) {
+        json_decref(obj);
+        return NULL;
+    }
+    return obj;
+}
+
+json_t *cluster_to_json(const cluster *c)
+{
+    json_t *obj = json_object();
+    json_t *nodes = json_array();
+    int failures = obj == NULL || nodes == NULL;
+    for (int i = 0; failures == 0 && i < c->type_count; i++)
+        if (json_array_append_new(nodes, node_type_to_json(&c->types[i])) !=
+            0)
+            failures++;
+    if (failures == 0) {
+        json_put(obj, "name", json_string(c->name), &failures);
+        json_put(obj, "nodes", nodes, &failures);
+        nodes = NULL;
+    }
+    json_decref(nodes);
+    if (failures > 0) {
+        json_decref(obj);
+        return NULL;
+    }
+    return obj;
 }
 
 void cluster_free(cluster *c)

@@ -115,6 +115,28 @@ int json_get_choice(const json_t *obj, const json_place *place,
                     const char *key, bool required,
                     const char *const *names, int *out, pt_error *err);
 
+/* ----------------------------------------------------------- JSON output */
+
+/* The text of every JSON file Partita writes: objects indented by 2,
+ * arrays of numbers and strings filled onto lines of up to 78 columns,
+ * reals with 9 significant digits, keys in the order they were set; ends
+ * with a newline. NULL when out of memory; the caller frees. */
+char *json_format_text(const json_t *root);
+
+/* THE atomic writer: data goes to a temporary file beside path (same
+ * folder, so rename is atomic), is fsync'ed, made 0644 and renamed over
+ * path. On failure path is untouched (no partial or replaced file) and
+ * the message names path and the reason. */
+int pt_write_file_atomic(const char *path, const void *data, size_t size,
+                         pt_error *err);
+/* json_format_text(root) through pt_write_file_atomic. */
+int json_write_file_atomic(const json_t *root, const char *path,
+                           pt_error *err);
+/* Sets obj[key] = value, taking value's reference; counts a failure
+ * (value NULL from a failed allocation, or a failed set) in *failures, so
+ * that a writer builds a whole object and checks once. */
+void json_put(json_t *obj, const char *key, json_t *value, int *failures);
+
 /* ----------------------------------------------------------------- model */
 
 /* The shape of a GPT-style transformer (models/<name>.json). */
@@ -132,6 +154,8 @@ typedef struct model_shape {
 int model_from_json(const json_t *obj, const json_place *place,
                     model_shape *out, pt_error *err);
 int model_load_file(const char *path, model_shape *out, pt_error *err);
+/* The model as models/<name>.json holds it; NULL when out of memory. */
+json_t *model_to_json(const model_shape *model);
 
 /* Parameters of the whole model (embeddings, position embeddings, layers,
  * final norm; the head counts once when tied). */
@@ -181,6 +205,9 @@ int cluster_from_json(const json_t *obj, const json_place *place,
                       cluster *out, pt_error *err);
 int cluster_load_file(const char *path, cluster *out, pt_error *err);
 void cluster_free(cluster *c);
+/* The cluster as clusters/<name>.json holds it (intra-node bandwidths in
+ * GB/s, inter-node in Gbit/s); NULL when out of memory. */
+json_t *cluster_to_json(const cluster *c);
 /* Deep copy (dst must be unused or freed). */
 int cluster_copy(cluster *dst, const cluster *src, pt_error *err);
 
@@ -340,11 +367,20 @@ int parallel_microbatches(const parallel_config *config);
 #define PT_MAX_STAGES 512
 #define PT_MAX_NODES 4096
 
+/* A plan: what plan.json holds (docs/formats.md, "Plan"). Owned by
+ * common/plan.c, which reads and writes the file. */
 typedef struct plan {
     model_shape model;
     cluster cluster;                 /* owned */
-    char model_ref[PT_PATH_MAX];     /* as written; "" when inline */
+    /* Paths as an older plan wrote them ("model": "../models/x.json");
+     * "" when inline, as every plan Partita writes now has them. */
+    char model_ref[PT_PATH_MAX];
     char cluster_ref[PT_PATH_MAX];
+    /* For people: where the model and cluster were read from when the
+     * plan was made ("origin" in the file, or the resolved path of a
+     * model_ref); "" when unknown. Never opened. */
+    char model_origin[PT_PATH_MAX];
+    char cluster_origin[PT_PATH_MAX];
     char source_dir[PT_PATH_MAX];    /* directory of the plan file */
     parallel_config config;
     int partition[PT_MAX_STAGES];    /* layers per stage */
@@ -372,5 +408,28 @@ void plan_free(plan *p);
 /* The GPUs a plan's node order provides, and the node of a rank. */
 int plan_gpu_count(const plan *p);
 int plan_rank_node(const plan *p, int rank);
+/* Ranks of a stage: rank = t + tp x (d + dp x s), so stage s holds the
+ * tp x dp consecutive ranks from s x tp x dp. */
+int parallel_ranks_per_stage(const parallel_config *config);
+int parallel_stage_first_rank(const parallel_config *config, int stage);
+
+/* What plan.json carries beside the plan proper, each built by the layer
+ * that owns its content and attached under its key by plan_to_json
+ * (borrowed: the writer takes its own reference). NULL leaves the key
+ * out. The reader accepts and ignores all three. */
+typedef struct plan_json_sections {
+    json_t *estimate;      /* costmodel's estimate_to_json */
+    json_t *alternatives;  /* runner-up plans (partita plan) */
+    json_t *pareto;        /* the front of partita plan --pareto */
+} plan_json_sections;
+
+/* The JSON of a plan: model and cluster always inline (a plan stands
+ * alone wherever it is moved), "origin" when known, then the sections.
+ * sections may be NULL. NULL with err set when out of memory. */
+json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
+                     pt_error *err);
+/* plan_to_json written with json_write_file_atomic. */
+int plan_write_file(const plan *p, const plan_json_sections *sections,
+                    const char *path, pt_error *err);
 
 #endif

@@ -1,4 +1,5 @@
-/* models/<name>.json: the shape of a GPT-style transformer. */
+/* models/<name>.json: the shape of a GPT-style transformer, read and
+ * written here (plans and run records embed it). */
 #include "common/common.h"
 
 #include <string.h>
@@ -75,6 +76,28 @@ int model_load_file(const char *path, model_shape *out, pt_error *err)
     int status = model_from_json(root, &place, out, err);
     json_decref(root);
     return status;
+}
+
+json_t *model_to_json(const model_shape *model)
+{
+    json_t *obj = json_object();
+    if (obj == NULL)
+        return NULL;
+    int failures = 0;
+    json_put(obj, "name", json_string(model->name), &failures);
+    json_put(obj, "layers", json_integer(model->layers), &failures);
+    json_put(obj, "hidden", json_integer(model->hidden), &failures);
+    json_put(obj, "heads", json_integer(model->heads), &failures);
+    json_put(obj, "ffn_hidden", json_integer(model->ffn_hidden), &failures);
+    json_put(obj, "seq", json_integer(model->seq), &failures);
+    json_put(obj, "vocab", json_integer(model->vocab), &failures);
+    json_put(obj, "tied_embeddings", json_boolean(model->tied_embeddings),
+             &failures);
+    if (failures > 0) {
+        json_decref(obj);
+        return NULL;
+    }
+    return obj;
 }
 
 double model_layer_parameter_count(const model_shape *model)

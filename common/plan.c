@@ -1,5 +1,14 @@
-/* plan.json: the degrees, partition and node order of a training run. The
- * reader checks everything that can be checked without a cost model. */
+/* plan.json: the degrees, partition and node order of a training run.
+ * This file is the one owner of the format: it reads plans (checking
+ * everything that can be checked without a cost model) and writes them.
+ *
+ * The plan lives in common/ because every layer reads it (the executor
+ * too, which sits beside costmodel, not above it). What plan.json carries
+ * beside the plan proper, the estimate above all, is content of higher
+ * layers: each is built by its owner (the estimate by costmodel's
+ * estimate_to_json) and handed to plan_to_json as a JSON section, so no
+ * layer includes one above it. The reader accepts those sections and
+ * does not read them: an estimate is always made afresh. */
 #include "common/common.h"
 
 #include <ctype.h>
@@ -15,7 +24,9 @@
 static const char *const plan_keys[] = {
     "format", "model", "cluster", "gbs", "mbs", "tp", "dp", "pp",
     "partition", "node_order", "schedule", "precision", "recompute",
-    "distributed_optimizer", "estimate", "alternatives", "pareto", NULL};
+    "distributed_optimizer", "origin", "estimate", "alternatives", "pareto",
+    NULL};
+static const char *const origin_keys[] = {"model", "cluster", NULL};
 
 /* In enum order. */
 static const char *const schedule_names[] = {"1f1b", "gpipe", NULL};
@@ -122,6 +133,15 @@ void partition_even(int layers, int stages, int *out)
 
 /* ---------------------------------------------------------- plan reader */
 
+/* The origin of a model or cluster read by path: the file's canonical
+ * path (path as resolved when realpath cannot tell). */
+static void remember_origin(const char *path, char *origin, size_t size)
+{
+    char canonical[PATH_MAX];
+    pt_copy_string(origin, size,
+                   realpath(path, canonical) != NULL ? canonical : path);
+}
+
 /* model / cluster: a path (resolved against the plan's directory) or an
  * inline object. */
 static int model_part(const json_t *obj, const json_place *place, plan *out,
@@ -145,6 +165,7 @@ static int model_part(const json_t *obj, const json_place *place, plan *out,
         pt_error_prefix(err, "%s: model", place->file);
         return -1;
     }
+    remember_origin(path, out->model_origin, sizeof out->model_origin);
     return 0;
 }
 
@@ -174,6 +195,31 @@ static int cluster_part(const json_t *obj, const json_place *place,
         pt_error_prefix(err, "%s: cluster", place->file);
         return -1;
     }
+    remember_origin(path, out->cluster_origin, sizeof out->cluster_origin);
+    return 0;
+}
+
+/* "origin": where an inline model and cluster came from; informative, so
+ * only its shape is checked. */
+static int origin_part(const json_t *obj, const json_place *place,
+                       plan *out, pt_error *err)
+{
+    const json_t *value = json_object_get(obj, "origin");
+    if (value == NULL)
+        return 0;
+    json_place where = json_place_key(place, "origin");
+    if (json_expect_object(value, &where, err) != 0 ||
+        json_check_keys(value, &where, origin_keys, err) != 0)
+        return -1;
+    /* A model or cluster given by path keeps the path it was read from. */
+    if (out->model_ref[0] == '\0' &&
+        json_get_string(value, &where, "model", false, out->model_origin,
+                        sizeof out->model_origin, err) != 0)
+        return -1;
+    if (out->cluster_ref[0] == '\0' &&
+        json_get_string(value, &where, "cluster", false, out->cluster_origin,
+                        sizeof out->cluster_origin, err) != 0)
+        return -1;
     return 0;
 }
 
@@ -357,20 +403,8 @@ static int check_placement(const json_place *place, plan *out, pt_error *err)
                                "the %d nodes of node_order hold %lld GPUs",
                                config->tp, config->dp, config->pp, needed,
                                out->node_order_count, held);
-    for (int i = 0; i < out->node_order_count; i++) {
-        int node = out->node_order[i];
-        int gpus = cluster_node_gpus(&out->cluster, node);
-        if (gpus % config->tp != 0) {
-            char name[PT_NAME_MAX + 16];
-            cluster_node_name(&out->cluster, node, name, sizeof name);
-            json_place where = json_place_key(place, "tp");
-            return json_place_fail(&where, err,
-                                   "%d does not divide the %d GPUs of node "
-                                   "%s: a tensor-parallel group must stay "
-                                   "inside one node",
-                                   config->tp, gpus, name);
-        }
-    }
+    /* a tensor-parallel group may span nodes (the cost model prices its
+       all-reduces over the link between them) */
     return 0;
 }
 
@@ -390,6 +424,7 @@ static int plan_parts(const json_t *obj, const json_place *place, plan *out,
     if (degrees_part(obj, place, out, err) != 0 ||
         model_part(obj, place, out, err) != 0 ||
         cluster_part(obj, place, out, err) != 0 ||
+        origin_part(obj, place, out, err) != 0 ||
         partition_part(obj, place, out, err) != 0 ||
         node_order_part(obj, place, out, err) != 0 ||
         check_placement(place, out, err) != 0)
@@ -453,4 +488,109 @@ int plan_rank_node(const plan *p, int rank)
         rank -= gpus;
     }
     return -1;
+}
+
+int parallel_ranks_per_stage(const parallel_config *config)
+{
+    return config->tp * config->dp;
+}
+
+int parallel_stage_first_rank(const parallel_config *config, int stage)
+{
+    return stage * parallel_ranks_per_stage(config);
+}
+
+/* ----------------------------------------------------------- plan writer */
+
+static json_t *node_order_to_json(const plan *p)
+{
+    json_t *order = json_array();
+    for (int i = 0; order != NULL && i < p->node_order_count; i++) {
+        char name[PT_NAME_MAX + 16];
+        cluster_node_name(&p->cluster, p->node_order[i], name, sizeof name);
+        if (json_array_append_new(order, json_string(name)) != 0) {
+            json_decref(order);
+            return NULL;
+        }
+    }
+    return order;
+}
+
+static json_t *origin_to_json(const plan *p)
+{
+    json_t *origin = json_object();
+    int failures = origin == NULL;
+    if (failures == 0 && p->model_origin[0] != '\0')
+        json_put(origin, "model", json_string(p->model_origin), &failures);
+    if (failures == 0 && p->cluster_origin[0] != '\0')
+        json_put(origin, "cluster", json_string(p->cluster_origin),
+                 &failures);
+    if (failures > 0) {
+        json_decref(origin);
+        return NULL;
+    }
+    return origin;
+}
+
+static void put_section(json_t *root, const char *key, json_t *section,
+                        int *failures)
+{
+    if (section != NULL)
+        json_put(root, key, json_incref(section), failures);
+}
+
+json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
+                     pt_error *err)
+{
+    json_t *root = json_object();
+    if (root == NULL) {
+        pt_fail(err, "out of memory building the plan JSON");
+        return NULL;
+    }
+    int failures = 0;
+    const parallel_config *config = &p->config;
+    char partition[PT_MAX_STAGES * 12];
+    partition_format(p->partition, config->pp, partition, sizeof partition);
+    json_put(root, "format", json_string(PLAN_FORMAT), &failures);
+    json_put(root, "model", model_to_json(&p->model), &failures);
+    json_put(root, "cluster", cluster_to_json(&p->cluster), &failures);
+    if (p->model_origin[0] != '\0' || p->cluster_origin[0] != '\0')
+        json_put(root, "origin", origin_to_json(p), &failures);
+    json_put(root, "gbs", json_integer(config->gbs), &failures);
+    json_put(root, "mbs", json_integer(config->mbs), &failures);
+    json_put(root, "tp", json_integer(config->tp), &failures);
+    json_put(root, "dp", json_integer(config->dp), &failures);
+    json_put(root, "pp", json_integer(config->pp), &failures);
+    json_put(root, "partition", json_string(partition), &failures);
+    json_put(root, "node_order", node_order_to_json(p), &failures);
+    json_put(root, "schedule", json_string(schedule_name(config->schedule)),
+             &failures);
+    json_put(root, "precision",
+             json_string(precision_name(config->precision)), &failures);
+    json_put(root, "recompute",
+             json_string(config->recompute ? "full" : "none"), &failures);
+    json_put(root, "distributed_optimizer",
+             json_boolean(config->distributed_optimizer), &failures);
+    if (sections != NULL) {
+        put_section(root, "estimate", sections->estimate, &failures);
+        put_section(root, "alternatives", sections->alternatives, &failures);
+        put_section(root, "pareto", sections->pareto, &failures);
+    }
+    if (failures > 0) {
+        json_decref(root);
+        pt_fail(err, "out of memory building the plan JSON");
+        return NULL;
+    }
+    return root;
+}
+
+int plan_write_file(const plan *p, const plan_json_sections *sections,
+                    const char *path, pt_error *err)
+{
+    json_t *root = plan_to_json(p, sections, err);
+    if (root == NULL)
+        return -1;
+    int status = json_write_file_atomic(root, path, err);
+    json_decref(root);
+    return status;
 }

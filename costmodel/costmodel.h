@@ -217,10 +217,13 @@ const char *event_kind_name(event_kind kind);
 /* -1 when the name is not a kind. */
 int event_kind_from_name(const char *name);
 
-/* One interval of work on one rank; times are seconds from the start of
- * the iteration (design.md's shared schema of estimates and runs). */
+/* One interval of work; times are seconds from the start of the
+ * iteration (design.md's shared schema of estimates and runs). A measured
+ * event is one rank's; an estimated one is its stage's, run alike by every
+ * rank of the stage, and has rank -1. */
 typedef struct timeline_event {
-    int rank, stage, microbatch; /* microbatch -1 for per-step work */
+    int rank;                    /* -1: every rank of the stage */
+    int stage, microbatch;       /* microbatch -1 for per-step work */
     event_kind kind;
     double start_s, end_s;
 } timeline_event;
@@ -249,18 +252,30 @@ typedef struct estimate {
     int worst_stage;           /* stage most over its cap (when !fits) */
     int stage_count;
     stage_estimate *stages;    /* owned */
+    /* The timeline, one copy per stage (owned; NULL unless events were
+     * asked): stage 0's events sorted by start, then its per-step work,
+     * then stage 1's...; each has rank -1 and stands for every rank of
+     * its stage (parallel_stage_first_rank and the tp x dp after it). */
     int event_count;
-    timeline_event *events;    /* owned; NULL unless events were asked */
+    timeline_event *events;
 } estimate;
 
-/* Estimates a complete plan. With want_events the timeline of every rank
- * is filled. Fails on an inconsistent plan; a plan that does not fit is
- * estimated all the same with fits = false. */
+/* Estimates a complete plan. With want_events the timeline (one copy per
+ * stage) is filled. Fails on an inconsistent plan; a plan that does not
+ * fit is estimated all the same with fits = false. */
 int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        const int *node_order, int node_count,
                        const int *partition, bool want_events,
                        estimate *out, pt_error *err);
 void estimate_free(estimate *e);
+
+/* The "estimate" section of plan.json (docs/formats.md): the figures, one
+ * object per stage with its rank range and, when est has events, the
+ * timeline: one lane per stage holding its events once, or with
+ * per_rank_timeline one lane per rank (copies of its stage's). NULL with
+ * err set when out of memory. */
+json_t *estimate_to_json(const estimate *est, const parallel_config *config,
+                         bool per_rank_timeline, pt_error *err);
 
 /* Parameters held by one GPU of a stage with `layers` transformer layers
  * (the stage's parameters / tp): stage 0 holds the embeddings, the last
@@ -288,8 +303,8 @@ typedef struct schedule_result {
     double *stage_end_s;        /* owned, [pp]: stage's last backward */
     double *stage_busy_s;       /* owned, [pp]: compute time of the stage */
     int event_count;
-    timeline_event *events;     /* owned; rank = stage here, the caller
-                                   copies them to every rank */
+    timeline_event *events;     /* owned; rank = stage here, the
+                                   estimate sets -1 (every rank of it) */
 } schedule_result;
 
 /* Simulates one iteration's pipeline: dependencies between stages, one

@@ -277,7 +277,7 @@ static int step_events(const parallel_config *config, const step_tail *tail,
 {
     int count = 0;
     bool dp_comm = config->dp > 1;
-    timeline_event proto = {.rank = stage, .stage = stage, .microbatch = -1};
+    timeline_event proto = {.rank = -1, .stage = stage, .microbatch = -1};
     if (dp_comm) {
         events[count] = proto;
         events[count].kind = EVENT_DP_ALLREDUCE;
@@ -303,48 +303,40 @@ static int step_events(const parallel_config *config, const step_tail *tail,
     return count;
 }
 
-/* Every rank's timeline: the stage's pipeline and per-step events, once
- * per rank of the stage, ranks in order. */
+/* The timeline, one copy per stage: each stage's pipeline events (sorted
+ * by start) and then its per-step events, stages in order. Every rank of
+ * a stage runs the same events, so they carry rank -1 rather than being
+ * copied tp x dp times (a 1,024-GPU plan would hold a million). */
 static int build_events(const parallel_config *config,
                         schedule_result *pipeline,
                         const estimate_scratch *scratch, estimate *out,
                         pt_error *err)
 {
-    int pp = config->pp, ranks_per_stage = config->tp * config->dp;
+    int pp = config->pp;
     qsort(pipeline->events, (size_t)pipeline->event_count,
           sizeof *pipeline->events, compare_events);
     timeline_event tail_events[4];
-    size_t per_rank_total = (size_t)pipeline->event_count;
+    size_t total = (size_t)pipeline->event_count;
     for (int s = 0; s < pp; s++)
-        per_rank_total += (size_t)step_events(config, &scratch->tails[s], s,
-                                              tail_events);
-    size_t total = per_rank_total * (size_t)ranks_per_stage;
+        total += (size_t)step_events(config, &scratch->tails[s], s,
+                                     tail_events);
     if (total > (size_t)INT_MAX)
         return pt_fail(err, "costmodel: %zu events are too many to list",
                        total);
     out->events = malloc((total > 0 ? total : 1) * sizeof *out->events);
     if (!out->events)
         return pt_fail(err, "costmodel: out of memory for %zu events", total);
-    size_t n = 0, first_of_stage = 0;
+    size_t n = 0, next = 0;
     for (int s = 0; s < pp; s++) {
-        size_t end_of_stage = first_of_stage;
-        while (end_of_stage < (size_t)pipeline->event_count &&
-               pipeline->events[end_of_stage].stage == s)
-            end_of_stage++;
+        while (next < (size_t)pipeline->event_count &&
+               pipeline->events[next].stage == s) {
+            out->events[n] = pipeline->events[next++];
+            out->events[n++].rank = -1;
+        }
         int tail_count = step_events(config, &scratch->tails[s], s,
                                      tail_events);
-        for (int r = 0; r < ranks_per_stage; r++) {
-            int rank = s * ranks_per_stage + r;
-            for (size_t i = first_of_stage; i < end_of_stage; i++) {
-                out->events[n] = pipeline->events[i];
-                out->events[n++].rank = rank;
-            }
-            for (int i = 0; i < tail_count; i++) {
-                out->events[n] = tail_events[i];
-                out->events[n++].rank = rank;
-            }
-        }
-        first_of_stage = end_of_stage;
+        for (int i = 0; i < tail_count; i++)
+            out->events[n++] = tail_events[i];
     }
     out->event_count = (int)n;
     return 0;

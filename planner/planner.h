@@ -167,16 +167,11 @@ void pareto_result_free(pareto_result *r);
 
 /* ------------------------------------------------------------- plan.json */
 
-/* The plan JSON of formats.md for a ranked plan (model and cluster as the
- * references given, or inline when a reference is NULL), with estimate
- * filled from est (events included when est has them). */
-json_t *plan_to_json(const plan *p, const estimate *est, pt_error *err);
-/* Turns a ranked plan into a plan over the cluster (copies the cluster). */
+/* Turns a ranked plan into a plan over the cluster (copies the cluster);
+ * the origins (may be NULL) say where model and cluster were read from
+ * and become the plan's "origin". common/plan.c writes it. */
 int plan_from_ranked(const ranked_plan *ranked, const model_shape *model,
-                     const cluster *cluster, const char *model_ref,
-                     const char *cluster_ref, plan *out, pt_error *err);
-/* Writes JSON atomically: a temporary file beside path, fsync, rename. */
-int json_write_file_atomic(const json_t *root, const char *path,
-                           pt_error *err);
+                     const cluster *cluster, const char *model_origin,
+                     const char *cluster_origin, plan *out, pt_error *err);
 
 #endif

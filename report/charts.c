@@ -51,44 +51,101 @@ static void emit_terminal(FILE *script, const char *chart, bool svg,
     fprintf(script, "set output \"%s.%s\"\n", chart, svg ? "svg" : "png");
 }
 
-static void emit_timeline_data(FILE *script, const report_input *in,
-                               int rank_count, bool *kinds_used)
+/* The lanes of the timeline: one per stage (default) or per rank, each
+ * followed by its measured lane when there is a run. */
+typedef struct timeline_lanes {
+    bool per_rank;
+    int units;              /* stages or ranks */
+    int per_unit;           /* 1, or 2 with a run */
+    int ranks_per_stage;
+    const int *shown_rank;  /* per stage: the rank its measured lane shows */
+} timeline_lanes;
+
+static void emit_box(FILE *script, const timeline_event *e, int lane,
+                     bool *kinds_used)
 {
-    int lanes_per_rank = in->run ? 2 : 1;
-    fprintf(script, "$timeline << EOD\n");
-    for (int lane = 0; lane < lanes_per_rank; lane++) {
-        const timeline_event *events =
-            lane == 0 ? in->estimate->events : in->run->events;
-        int count = lane == 0 ? in->estimate->event_count
-                              : in->run->event_count;
-        for (int i = 0; i < count; i++) {
-            const timeline_event *e = &events[i];
-            if (e->rank < 0 || e->rank >= rank_count)
-                continue;
-            kinds_used[e->kind] = true;
-            fprintf(script, "%.6f %.6f %d %u\n", e->start_s * SECONDS_TO_MS,
-                    e->end_s * SECONDS_TO_MS,
-                    e->rank * lanes_per_rank + lane, kind_colours[e->kind]);
+    kinds_used[e->kind] = true;
+    fprintf(script, "%.6f %.6f %d %u\n", e->start_s * SECONDS_TO_MS,
+            e->end_s * SECONDS_TO_MS, lane, kind_colours[e->kind]);
+}
+
+/* Estimated boxes: a stage's events in its lane, or in the lane of every
+ * rank of the stage. */
+static void emit_estimated_boxes(FILE *script, const estimate *est,
+                                 const timeline_lanes *lanes,
+                                 bool *kinds_used)
+{
+    for (int i = 0; i < est->event_count; i++) {
+        const timeline_event *e = &est->events[i];
+        if (e->stage < 0 || e->stage >= est->stage_count)
+            continue;
+        if (!lanes->per_rank) {
+            emit_box(script, e, e->stage * lanes->per_unit, kinds_used);
+            continue;
         }
+        int first = e->stage * lanes->ranks_per_stage;
+        for (int r = first; r < first + lanes->ranks_per_stage; r++)
+            emit_box(script, e, r * lanes->per_unit, kinds_used);
     }
+}
+
+/* Measured boxes: each rank's own lane, or per stage the lane of the
+ * rank shown for it. */
+static void emit_measured_boxes(FILE *script, const run_record *run,
+                                const timeline_lanes *lanes,
+                                bool *kinds_used)
+{
+    for (int i = 0; i < run->event_count; i++) {
+        const timeline_event *e = &run->events[i];
+        int unit = lanes->per_rank ? e->rank : e->stage;
+        if (unit < 0 || unit >= lanes->units ||
+            (!lanes->per_rank && lanes->shown_rank[unit] != e->rank))
+            continue;
+        emit_box(script, e, unit * lanes->per_unit + 1, kinds_used);
+    }
+}
+
+static void emit_timeline_data(FILE *script, const report_input *in,
+                               const timeline_lanes *lanes, bool *kinds_used)
+{
+    fprintf(script, "$timeline << EOD\n");
+    emit_estimated_boxes(script, in->estimate, lanes, kinds_used);
+    if (in->run)
+        emit_measured_boxes(script, in->run, lanes, kinds_used);
     fprintf(script, "EOD\n");
 }
 
-static void emit_timeline_plot(FILE *script, const report_input *in,
-                               int rank_count, const bool *kinds_used)
+/* "stage 2 estimated", "stage 2 measured (rank 9)", "rank 9 measured". */
+static void lane_label(const timeline_lanes *lanes, int lane, char *out,
+                       size_t size)
 {
-    int lanes_per_rank = in->run ? 2 : 1;
-    int lanes = rank_count * lanes_per_rank;
+    int unit = lane / lanes->per_unit;
+    bool measured = lane % lanes->per_unit == 1;
+    int written = snprintf(out, size, "%s %d %s",
+                           lanes->per_rank ? "rank" : "stage", unit,
+                           measured ? "measured" : "estimated");
+    if (measured && !lanes->per_rank && lanes->ranks_per_stage > 1 &&
+        lanes->shown_rank[unit] >= 0 && written > 0 && (size_t)written < size)
+        snprintf(out + written, size - (size_t)written, " (rank %d)",
+                 lanes->shown_rank[unit]);
+}
+
+static void emit_timeline_plot(FILE *script, const report_input *in,
+                               const timeline_lanes *lanes,
+                               const bool *kinds_used)
+{
+    int count = lanes->units * lanes->per_unit;
     fprintf(script,
             "set title \"Pipeline timeline of one iteration%s\"\n"
             "set xlabel \"time from the start of the iteration (ms)\"\n"
             "set yrange [%d-0.5:-0.5]\nset grid xtics\nset xrange [0:*]\n"
             "set key outside top center horizontal\nset ytics (",
-            in->run ? ": estimated and measured" : " (estimated)", lanes);
-    for (int lane = 0; lane < lanes; lane++)
-        fprintf(script, "%s\"rank %d %s\" %d", lane ? ", " : "",
-                lane / lanes_per_rank,
-                lane % lanes_per_rank ? "measured" : "estimated", lane);
+            in->run ? ": estimated and measured" : " (estimated)", count);
+    for (int lane = 0; lane < count; lane++) {
+        char label[96];
+        lane_label(lanes, lane, label, sizeof label);
+        fprintf(script, "%s\"%s\" %d", lane ? ", " : "", label, lane);
+    }
     fprintf(script, ")\nplot $timeline using (($1+$2)/2):3:(($2-$1)/2):"
                     "(0.4):4 with boxxyerror fs solid 0.9 noborder "
                     "lc rgb variable notitle");
@@ -153,26 +210,34 @@ static void emit_stage_plot(FILE *script, bool measured)
                      : "");
 }
 
-static void emit_memory_data(FILE *script, const report_comparison *cmp)
+/* One bar pair per stage (the estimate, the run's fullest rank of the
+ * stage) or per rank. */
+static void emit_memory_data(FILE *script, const report_comparison *cmp,
+                             bool per_rank)
 {
     fprintf(script, "$memory << EOD\n");
-    for (int r = 0; r < cmp->rank_count; r++) {
-        fprintf(script, "\"%d\"", r);
-        emit_value(script, cmp->estimated_memory_gib[r]);
-        emit_value(script, cmp->measured_memory_gib[r]);
+    int count = per_rank ? cmp->rank_count : cmp->stage_count;
+    for (int i = 0; i < count; i++) {
+        fprintf(script, "\"%d\"", i);
+        emit_value(script, per_rank ? cmp->estimated_memory_gib[i]
+                                    : cmp->stage_estimated_memory_gib[i]);
+        emit_value(script, per_rank ? cmp->measured_memory_gib[i]
+                                    : cmp->stage_measured_memory_gib[i]);
         fprintf(script, "\n");
     }
     fprintf(script, "EOD\n");
 }
 
-static void emit_memory_plot(FILE *script, bool measured)
+static void emit_memory_plot(FILE *script, bool measured, bool per_rank)
 {
     emit_histogram_style(script);
     fprintf(script,
-            "set title \"Peak memory per GPU\"\nset ylabel \"GiB\"\n"
-            "set xlabel \"rank\"\nset xtics norotate\n"
+            "set title \"Peak memory %s\"\nset ylabel \"GiB\"\n"
+            "set xlabel \"%s\"\nset xtics norotate\n"
             "plot $memory using 2:xtic(1) title \"estimated\" "
             "lc rgb \"#4C72B0\"%s\n",
+            per_rank ? "per GPU" : "per stage (measured: its fullest GPU)",
+            per_rank ? "rank" : "stage",
             measured ? ", $memory using 3 title \"measured\" "
                        "lc rgb \"#DD8452\""
                      : "");
@@ -202,24 +267,31 @@ static void emit_step_plot(FILE *script, double estimated_s)
 
 /* Writes the whole script; *charts gets the chart names drawn. */
 static void emit_script(FILE *script, const report_input *in,
-                        const report_comparison *cmp, report_outcome *charts)
+                        const report_comparison *cmp, const int *shown_rank,
+                        report_outcome *charts)
 {
+    timeline_lanes lanes = {
+        .per_rank = in->per_rank,
+        .units = in->per_rank ? cmp->rank_count : cmp->stage_count,
+        .per_unit = in->run ? 2 : 1,
+        .ranks_per_stage = parallel_ranks_per_stage(&in->plan->config),
+        .shown_rank = shown_rank};
     bool kinds_used[EVENT_KIND_COUNT] = {false};
-    emit_timeline_data(script, in, cmp->rank_count, kinds_used);
+    emit_timeline_data(script, in, &lanes, kinds_used);
     emit_stage_data(script, cmp);
-    emit_memory_data(script, cmp);
+    emit_memory_data(script, cmp, in->per_rank);
     if (in->run)
         emit_step_data(script, in->run);
-    int timeline_height = 160 + 28 * cmp->rank_count * (in->run ? 2 : 1);
+    int timeline_height = 160 + 28 * lanes.units * lanes.per_unit;
     if (timeline_height > 4000)
         timeline_height = 4000;
     for (int svg = 0; svg < 2; svg++) {
         emit_terminal(script, "timeline", svg, 1200, timeline_height);
-        emit_timeline_plot(script, in, cmp->rank_count, kinds_used);
+        emit_timeline_plot(script, in, &lanes, kinds_used);
         emit_terminal(script, "stages", svg, 1000, 560);
         emit_stage_plot(script, in->run != NULL);
         emit_terminal(script, "memory", svg, 1000, 520);
-        emit_memory_plot(script, in->run != NULL);
+        emit_memory_plot(script, in->run != NULL, in->per_rank);
         if (in->run) {
             emit_terminal(script, "step_time", svg, 1000, 480);
             emit_step_plot(script, in->estimate->step_time_s);
@@ -339,7 +411,16 @@ static int write_script(const char *work_dir, const report_input *in,
                  strerror(errno));
         return -1;
     }
-    emit_script(script, in, cmp, charts);
+    int *shown_rank = calloc((size_t)cmp->stage_count + 1, sizeof *shown_rank);
+    if (shown_rank == NULL) {
+        fclose(script);
+        snprintf(reason, reason_size, "out of memory drawing the charts");
+        return -1;
+    }
+    for (int s = 0; s < cmp->stage_count; s++)
+        shown_rank[s] = report_stage_measured_rank(in->plan, in->run, s);
+    emit_script(script, in, cmp, shown_rank, charts);
+    free(shown_rank);
     if (fclose(script) != 0) {
         snprintf(reason, reason_size, "cannot write %s: %s", path,
                  strerror(errno));

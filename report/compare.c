@@ -109,8 +109,12 @@ int report_compare(const plan *p, const estimate *est, const run_record *run,
     out->measured = calloc((size_t)pp, sizeof *out->measured);
     out->estimated_memory_gib = calloc((size_t)ranks, sizeof(double));
     out->measured_memory_gib = calloc((size_t)ranks, sizeof(double));
+    out->stage_estimated_memory_gib = calloc((size_t)pp, sizeof(double));
+    out->stage_measured_memory_gib = calloc((size_t)pp, sizeof(double));
+    out->stage_measured_memory_rank = calloc((size_t)pp, sizeof(int));
     if (!out->estimated || !out->measured || !out->estimated_memory_gib ||
-        !out->measured_memory_gib) {
+        !out->measured_memory_gib || !out->stage_estimated_memory_gib ||
+        !out->stage_measured_memory_gib || !out->stage_measured_memory_rank) {
         report_comparison_free(out);
         return pt_fail(err, "out of memory comparing the run");
     }
@@ -123,12 +127,24 @@ int report_compare(const plan *p, const estimate *est, const run_record *run,
     else
         for (int s = 0; s < pp; s++)
             out->measured[s] = (stage_phases){NAN, NAN, NAN, NAN, NAN};
+    for (int s = 0; s < pp; s++) {
+        out->stage_estimated_memory_gib[s] =
+            est->stages[s].peak_memory_bytes / PT_GIB;
+        out->stage_measured_memory_gib[s] = NAN;
+        out->stage_measured_memory_rank[s] = -1;
+    }
     for (int r = 0; r < ranks; r++) {
-        out->estimated_memory_gib[r] =
-            est->stages[r / ranks_per_stage].peak_memory_bytes / PT_GIB;
-        out->measured_memory_gib[r] =
-            run != NULL && r < run->rank_count ? run->peak_memory_gib[r]
-                                               : NAN;
+        int s = r / ranks_per_stage;
+        out->estimated_memory_gib[r] = out->stage_estimated_memory_gib[s];
+        double measured = run != NULL && r < run->rank_count
+                              ? run->peak_memory_gib[r]
+                              : NAN;
+        out->measured_memory_gib[r] = measured;
+        if (isfinite(measured) &&
+            !(measured <= out->stage_measured_memory_gib[s])) {
+            out->stage_measured_memory_gib[s] = measured;
+            out->stage_measured_memory_rank[s] = r;
+        }
     }
     return 0;
 }
@@ -139,5 +155,8 @@ void report_comparison_free(report_comparison *cmp)
     free(cmp->measured);
     free(cmp->estimated_memory_gib);
     free(cmp->measured_memory_gib);
+    free(cmp->stage_estimated_memory_gib);
+    free(cmp->stage_measured_memory_gib);
+    free(cmp->stage_measured_memory_rank);
     memset(cmp, 0, sizeof *cmp);
 }

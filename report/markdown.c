@@ -141,10 +141,10 @@ static void write_stage_table(FILE *out, const report_input *in,
     fprintf(out, "\n");
 }
 
-static void write_memory_table(FILE *out, const report_input *in,
-                               const report_comparison *cmp)
+static void write_rank_memory_table(FILE *out, const report_input *in,
+                                    const report_comparison *cmp)
 {
-    int ranks_per_stage = in->plan->config.tp * in->plan->config.dp;
+    int ranks_per_stage = parallel_ranks_per_stage(&in->plan->config);
     fprintf(out, "## Peak memory per GPU\n\n"
                  "| rank | stage | GPU | estimated | measured | error |\n"
                  "|---:|---:|---|---:|---:|---:|\n");
@@ -154,6 +154,32 @@ static void write_memory_table(FILE *out, const report_input *in,
                 in->estimate->stages[stage].gpu);
         write_comparison_cells(out, cmp->estimated_memory_gib[r],
                                cmp->measured_memory_gib[r], UNIT_GIB);
+    }
+    fprintf(out, "\n");
+}
+
+/* One row per stage: the estimate holds for each of its GPUs; the
+ * measurement is the stage's fullest GPU. */
+static void write_stage_memory_table(FILE *out, const report_input *in,
+                                     const report_comparison *cmp)
+{
+    int ranks_per_stage = parallel_ranks_per_stage(&in->plan->config);
+    fprintf(out, "## Peak memory per stage\n\n"
+                 "The estimate holds for every GPU of the stage; measured "
+                 "is the stage's fullest GPU (`--per-rank` lists every "
+                 "rank).\n\n"
+                 "| stage | ranks | GPU | estimated | measured | error |\n"
+                 "|---:|---:|---|---:|---:|---:|\n");
+    for (int s = 0; s < cmp->stage_count; s++) {
+        int first = parallel_stage_first_rank(&in->plan->config, s);
+        if (ranks_per_stage == 1)
+            fprintf(out, "| %d | %d | %s |", s, first,
+                    in->estimate->stages[s].gpu);
+        else
+            fprintf(out, "| %d | %d-%d | %s |", s, first,
+                    first + ranks_per_stage - 1, in->estimate->stages[s].gpu);
+        write_comparison_cells(out, cmp->stage_estimated_memory_gib[s],
+                               cmp->stage_measured_memory_gib[s], UNIT_GIB);
     }
     fprintf(out, "\n");
 }
@@ -170,10 +196,13 @@ static void write_chart_links(FILE *out, const report_input *in, bool charts,
     }
     const char *names[] = {"timeline", "stages", "step_time", "memory"};
     const char *titles[] = {
-        "Pipeline timeline of one iteration, one lane per rank",
+        in->per_rank ? "Pipeline timeline of one iteration, one lane per rank"
+                     : "Pipeline timeline of one iteration, one lane per "
+                       "stage",
         "Per stage: forward, backward and communication per micro-batch",
         "Step time over iterations; the dashed line is the estimate",
-        "Peak memory per GPU"};
+        in->per_rank ? "Peak memory per GPU"
+                     : "Peak memory per stage (measured: its fullest GPU)"};
     for (int i = 0; i < 4; i++) {
         if (!in->run && strcmp(names[i], "step_time") == 0)
             continue;
@@ -185,10 +214,12 @@ static void write_chart_links(FILE *out, const report_input *in, bool charts,
 static void write_trailer(FILE *out, const report_input *in)
 {
     fprintf(out,
-            "## Trace\n\n`trace.json` holds every event of the iteration in "
-            "Chrome trace format, one process per rank with an `estimated` "
-            "and a `measured` track: open it at https://ui.perfetto.dev "
-            "(Open trace file).\n\n");
+            "## Trace\n\n`trace.json` holds the events of the iteration in "
+            "Chrome trace format, one process per %s with an `estimated` "
+            "track%s: open it at https://ui.perfetto.dev (Open trace "
+            "file).\n\n",
+            in->per_rank ? "rank" : "stage",
+            in->run ? " and a `measured` one" : "");
     if (in->costmodel == NULL || in->costmodel->note_count == 0)
         return;
     fprintf(out, "## Notes from the cost model\n\n");
@@ -214,7 +245,10 @@ char *report_markdown(const report_input *in, bool charts,
     write_header(out, in);
     write_summary(out, in, &cmp);
     write_stage_table(out, in, &cmp);
-    write_memory_table(out, in, &cmp);
+    if (in->per_rank)
+        write_rank_memory_table(out, in, &cmp);
+    else
+        write_stage_memory_table(out, in, &cmp);
     write_chart_links(out, in, charts, chart_warning);
     write_trailer(out, in);
     report_comparison_free(&cmp);

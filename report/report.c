@@ -29,6 +29,17 @@ static int make_directory(const char *dir, pt_error *err)
     return 0;
 }
 
+/* Writes data to dir/name with the one atomic writer (common/). */
+static int write_file(const char *dir, const char *name, const char *data,
+                      pt_error *err)
+{
+    char path[PT_PATH_MAX];
+    int length = snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (length < 0 || (size_t)length >= sizeof path)
+        return pt_fail(err, "%s/%s: the path is too long", dir, name);
+    return pt_write_file_atomic(path, data, strlen(data), err);
+}
+
 static void add_file(report_outcome *outcome, const char *name)
 {
     if (outcome->file_count < REPORT_MAX_FILES)
@@ -39,15 +50,15 @@ static void add_file(report_outcome *outcome, const char *name)
 static int write_trace(const report_input *in, const char *dir,
                        report_outcome *outcome, pt_error *err)
 {
-    json_t *trace = report_trace_json(in->plan, in->estimate, in->run, err);
+    json_t *trace = report_trace_json(in->plan, in->estimate, in->run,
+                                      in->per_rank, err);
     if (trace == NULL)
         return -1;
     char *text = json_dumps(trace, JSON_COMPACT | JSON_REAL_PRECISION(12));
     json_decref(trace);
     if (text == NULL)
         return pt_fail(err, "out of memory serialising trace.json");
-    int status = report_write_file_atomic(dir, "trace.json", text,
-                                          strlen(text), err);
+    int status = write_file(dir, "trace.json", text, err);
     free(text);
     if (status == 0)
         add_file(outcome, "trace.json");
@@ -88,8 +99,7 @@ int report_write(const report_input *in, const char *dir,
                                  outcome->chart_warning, err);
     if (text == NULL)
         return -1;
-    int status = report_write_file_atomic(dir, "report.md", text,
-                                          strlen(text), err);
+    int status = write_file(dir, "report.md", text, err);
     free(text);
     if (status == 0)
         add_file(outcome, "report.md");

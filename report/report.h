@@ -80,13 +80,18 @@ void report_stage_phases(const timeline_event *events, int event_count,
 /* Everything a report compares, stage by stage and rank by rank. The
  * estimated stage phases come from the estimate's stage table, the
  * measured ones from the run's events; measured values are NAN without a
- * run. */
+ * run. An estimate is per stage: every rank of a stage has its figures. */
 typedef struct report_comparison {
     int stage_count, rank_count;
     stage_phases *estimated;        /* owned, [stage_count] */
     stage_phases *measured;         /* owned, [stage_count] */
     double *estimated_memory_gib;   /* owned, [rank_count] */
     double *measured_memory_gib;    /* owned, [rank_count] */
+    /* Per stage: the estimate, and the fullest of the stage's ranks in
+     * the run (its rank in measured_memory_rank, -1 and NAN: none). */
+    double *stage_estimated_memory_gib; /* owned, [stage_count] */
+    double *stage_measured_memory_gib;  /* owned, [stage_count] */
+    int *stage_measured_memory_rank;    /* owned, [stage_count] */
 } report_comparison;
 
 /* run may be NULL. Fails only when out of memory. */
@@ -96,12 +101,22 @@ void report_comparison_free(report_comparison *cmp);
 
 /* ---------------------------------------------------------------- trace */
 
-/* The Chrome trace (Perfetto's JSON format): one process per rank, thread
- * 1 "estimated" and thread 2 "measured", complete ("X") events with ts and
- * dur in microseconds, process_name / thread_name metadata. run may be
- * NULL (estimated lanes only). */
+/* The Chrome trace (Perfetto's JSON format): one process per stage
+ * (pid = stage), or with per_rank one per rank (pid = rank); thread 1
+ * "estimated" (the stage's estimated events, which every rank of it runs)
+ * and thread 2 "measured" (a stage shows the run's events of one of its
+ * ranks, report_stage_measured_rank; a rank its own). Complete ("X")
+ * events with ts and dur in microseconds, process_name / thread_name
+ * metadata. run may be NULL (estimated threads only). */
 json_t *report_trace_json(const plan *p, const estimate *est,
-                          const run_record *run, pt_error *err);
+                          const run_record *run, bool per_rank,
+                          pt_error *err);
+
+/* The rank whose measured events stand for a stage in per-stage views:
+ * the stage's first rank with events in the run; -1 when run is NULL or
+ * holds none of the stage's. */
+int report_stage_measured_rank(const plan *p, const run_record *run,
+                               int stage);
 
 #define REPORT_TRACE_TID_ESTIMATED 1
 #define REPORT_TRACE_TID_MEASURED 2
@@ -116,6 +131,10 @@ typedef struct report_input {
     const costmodel *costmodel;   /* for its notes; may be NULL */
     const run_record *run;
     const char *gnuplot;          /* binary name or path; NULL: "gnuplot" */
+    /* Lanes of the timeline chart and the trace, bars of the memory chart
+     * and rows of the memory table: one per rank, instead of one per
+     * stage (readable at any size; a stage's ranks share its estimate). */
+    bool per_rank;
 } report_input;
 
 #define REPORT_MAX_FILES 16
@@ -147,9 +166,5 @@ char *report_markdown(const report_input *in, bool charts,
 int report_draw_charts(const report_input *in, const report_comparison *cmp,
                        const char *dir, report_outcome *charts,
                        char *reason, size_t reason_size);
-
-/* Writes data to dir/name through a temporary file in dir and rename. */
-int report_write_file_atomic(const char *dir, const char *name,
-                             const char *data, size_t size, pt_error *err);
 
 #endif

@@ -127,10 +127,33 @@ estimate-json)
   sed -i "s|\.\./\.\./|$source_root/|g" in-plan.json
   run 0 partita estimate --json in-plan.json
   expect_in out.txt '"estimate"'
-  expect_in out.txt '"events"'
-  expect_in out.txt '"kind": "fwd"'
+  expect_in out.txt '"timeline"'
+  expect_in out.txt '"fwd": {'
   cp out.txt in-estimated.json
   run 0 partita estimate in-estimated.json
+  # the timeline once per stage (8 lanes of 4 ranks), per rank on request
+  # (32 lanes, each its stage's); model and cluster inline either way
+  run 0 partita estimate --json --per-rank-timeline in-plan.json
+  python3 - in-estimated.json out.txt <<'PY' || fail "unexpected timeline lanes"
+import json, sys
+per_stage = json.load(open(sys.argv[1]))
+per_rank = json.load(open(sys.argv[2]))
+for plan in per_stage, per_rank:
+    assert isinstance(plan["model"], dict) and isinstance(plan["cluster"], dict)
+    assert plan["origin"]["model"].endswith("models/gpt2-xl.json"), plan["origin"]
+stages = per_stage["estimate"]["timeline"]
+assert [lane["ranks"] for lane in stages] == [[4 * s, 4 * s + 3] for s in range(8)]
+ranks = per_rank["estimate"]["timeline"]
+assert [lane["ranks"] for lane in ranks] == [[r, r] for r in range(32)]
+for lane in ranks:
+    assert lane["events"] == stages[lane["stage"]]["events"]
+fwd = stages[1]["events"]["fwd"]
+assert fwd["microbatch"] == list(range(16)), fwd["microbatch"]
+assert len(fwd["start_s"]) == len(fwd["end_s"]) == 16
+assert all(e > s for s, e in zip(fwd["start_s"], fwd["end_s"]))
+PY
+  run 2 partita estimate --per-rank-timeline in-plan.json
+  expect_in err.txt "give --json too"
   ;;
 estimate-inline)
   cat >in-inline.json <<JSON
@@ -404,9 +427,23 @@ report-plan-only)
   expect_in out/report.md "No run given"
   expect_in out/trace.json '"estimated"'
   if grep -q '"measured"' out/trace.json; then fail "measured track without a run"; fi
+  # 32 ranks in 8 stages: a lane and a memory row per stage, per rank
+  # when asked
   run 0 partita report "$source_root/docs/examples/plan-gpt2xl-hetero.json" -o hetero
-  expect_in hetero/report.md "| 31 | 7 |"
+  expect_in hetero/report.md "| 7 | 28-31 | A100-FASOP |"
+  expect_in hetero/timeline.svg "stage 7 estimated"
+  if grep -q "rank 31 estimated" hetero/timeline.svg; then fail "a lane per rank by default"; fi
   [ -s hetero/timeline.png ] || fail "hetero timeline missing"
+  run 0 partita report "$source_root/docs/examples/plan-gpt2xl-hetero.json" -o hetero-ranks --per-rank
+  expect_in hetero-ranks/report.md "| 31 | 7 |"
+  expect_in hetero-ranks/timeline.svg "rank 31 estimated"
+  python3 - hetero/trace.json hetero-ranks/trace.json <<'PY' || fail "unexpected trace processes"
+import json, sys
+for path, count in (sys.argv[1], 8), (sys.argv[2], 32):
+    events = json.load(open(path))["traceEvents"]
+    names = [e for e in events if e["name"] == "process_name"]
+    assert len(names) == count, (path, len(names))
+PY
   ;;
 report-no-gnuplot)
   report_fixtures="$source_root/tests/data/report"
@@ -663,6 +700,93 @@ PY
   expect_in err.txt "in-missing.json"
   run 2 partita profile --compare p.json
   expect_in err.txt "two profile files"
+  ;;
+plan-moved)
+  # a plan written by `partita plan`, copied alone into another folder
+  # (its model and cluster files gone), still loads everywhere
+  mkdir in-src elsewhere
+  cat >in-src/tiny.json <<JSON
+{ "name": "tiny", "layers": 4, "hidden": 16, "heads": 2, "seq": 16, "vocab": 257 }
+JSON
+  cat >in-src/box.json <<JSON
+{ "name": "one-box", "nodes": [
+    { "name": "box", "gpu": "A100-FASOP", "gpus": 2,
+      "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] }
+JSON
+  run 0 partita plan --model in-src/tiny.json --cluster in-src/box.json --gbs 4 --quiet -o in-src/plan.json
+  run 0 partita estimate in-src/plan.json
+  grep '^# step time' out.txt >in-step-before.txt
+  cp in-src/plan.json elsewhere/plan.json
+  rm -r in-src
+  expect_in elsewhere/plan.json '"origin": {'
+  expect_in elsewhere/plan.json '"model": "in-src/tiny.json"'
+  run 0 partita estimate elsewhere/plan.json
+  grep '^# step time' out.txt | cmp -s - in-step-before.txt ||
+    fail "the moved plan estimates differently: $(grep '^# step time' out.txt)"
+  run 0 partita report elsewhere/plan.json -o report-plan
+  [ -s report-plan/report.md ] && [ -s report-plan/trace.json ] || fail "report of the moved plan missing"
+  prep_corpus
+  run 0 partita exec elsewhere/plan.json --data in-corpus --backend cpu --iters 2 -o run.json
+  expect_in run.json '"name": "tiny"'
+  run 0 partita report elsewhere/plan.json run.json -o report-run
+  expect_in report-run/report.md "| step time |"
+  # an older plan naming its files by path still resolves them against
+  # its own folder
+  cp "$source_root/docs/examples/plan-gpt2xl-hetero.json" elsewhere/old.json
+  run 2 partita estimate elsewhere/old.json
+  expect_in err.txt "elsewhere/old.json: model"
+  ;;
+plan-1024-gpus)
+  # 128 nodes of 8 GPUs of four types (the node kinds of mixed-derived),
+  # GPT-3 175B, tp 8 x pp 16 x dp 8: plan.json stays under 1 MB, the
+  # report draws a lane per stage
+  python3 - "$clusters/mixed-derived.json" "$models/gpt-175b.json" <<'PY' || fail "could not write the plan"
+import json, sys
+cluster = json.load(open(sys.argv[1]))
+for node in cluster["nodes"]:
+    node["gpus"], node["count"] = 8, 32
+cluster["name"] = "mixed-1024"
+order = ["%s[%d]" % (kind, i) for kind in ("a100", "v100", "a10", "rtx3090")
+         for i in range(32)]
+plan = {"model": sys.argv[2], "cluster": cluster, "gbs": 1536, "mbs": 1,
+        "tp": 8, "dp": 8, "pp": 16, "partition": "-".join(["6"] * 16),
+        "node_order": order, "recompute": "full",
+        "distributed_optimizer": True}
+json.dump(plan, open("in-plan.json", "w"), indent=1)
+PY
+  run 0 partita estimate in-plan.json
+  expect_in out.txt "1024 GPUs"
+  run 0 partita estimate --json in-plan.json
+  cp out.txt big-plan.json
+  size=$(stat -c %s big-plan.json)
+  [ "$size" -lt 1048576 ] || fail "plan.json of 1,024 GPUs is $size bytes"
+  run 0 partita estimate big-plan.json
+  run 0 partita report big-plan.json -o report
+  for file in report.md trace.json timeline.png timeline.svg memory.svg; do
+    [ -s "report/$file" ] || fail "report/$file missing or empty"
+  done
+  python3 - big-plan.json report/trace.json report/timeline.svg <<'PY' || fail "the big plan's outputs are not as expected"
+import json, re, sys
+plan = json.load(open(sys.argv[1]))
+lanes = plan["estimate"]["timeline"]
+assert [lane["ranks"] for lane in lanes] == [[64 * s, 64 * s + 63] for s in range(16)]
+trace = json.load(open(sys.argv[2]))
+assert trace["displayTimeUnit"] == "ms"
+events = trace["traceEvents"]
+complete = [e for e in events if e["ph"] == "X"]
+for e in complete:
+    assert {"name", "cat", "ts", "dur", "pid", "tid"} <= e.keys(), e
+    assert e["dur"] >= 0 and e["ts"] >= 0
+assert all(e["ph"] in ("X", "M") for e in events)
+processes = {e["pid"] for e in events if e["name"] == "process_name"}
+assert processes == set(range(16)), processes
+stage_events = sum(len(c["microbatch"]) for lane in lanes for c in lane["events"].values())
+assert len(complete) == stage_events, (len(complete), stage_events)
+labels = set(re.findall(r"stage \d+ estimated", open(sys.argv[3]).read()))
+assert len(labels) == 16, labels
+PY
+  size=$(stat -c %s report/trace.json)
+  [ "$size" -lt 8388608 ] || fail "trace.json of 1,024 GPUs is $size bytes"
   ;;
 *)
   fail "unknown case"

@@ -32,12 +32,13 @@ static inline void report_fixture_init(report_fixture *f)
         f->stages[s].optimizer_s = 0.001;
         f->stages[s].peak_memory_bytes = 2.0 * PT_GIB;
     }
+    /* As costmodel_estimate gives them: once per stage, rank -1. */
     const timeline_event events[] = {
-        {0, 0, 0, EVENT_FWD, 0.0, 0.002},
-        {0, 0, 0, EVENT_SEND_FWD, 0.002, 0.0025},
-        {1, 1, 0, EVENT_FWD, 0.0025, 0.0045},
-        {1, 1, 0, EVENT_BWD, 0.0045, 0.0085},
-        {1, 1, -1, EVENT_OPTIMIZER, 0.0085, 0.0095},
+        {-1, 0, 0, EVENT_FWD, 0.0, 0.002},
+        {-1, 0, 0, EVENT_SEND_FWD, 0.002, 0.0025},
+        {-1, 1, 0, EVENT_FWD, 0.0025, 0.0045},
+        {-1, 1, 0, EVENT_BWD, 0.0045, 0.0085},
+        {-1, 1, -1, EVENT_OPTIMIZER, 0.0085, 0.0095},
     };
     memcpy(f->events, events, sizeof events);
     f->estimate = (estimate){.step_time_s = 0.0095, .tokens_per_s = 1000,

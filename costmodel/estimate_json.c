@@ -1,0 +1,173 @@
+/*
+ * The "estimate" section of plan.json: the one writer of an estimate as
+ * JSON (common/plan.c writes the rest of the file and attaches this
+ * section; docs/formats.md describes both). The timeline is written per
+ * stage, not per rank, and column-wise, so that a 1,024-GPU plan stays a
+ * small file: every rank of a stage runs the same estimated events.
+ */
+#include "costmodel/costmodel.h"
+
+#include <stdlib.h>
+
+/* "ranks": [first, last] of a stage, or of one rank. */
+static json_t *rank_range(int first, int last)
+{
+    return json_pack("[i, i]", first, last);
+}
+
+static json_t *stage_to_json(const stage_estimate *stage, int index,
+                             const parallel_config *config, int *failures)
+{
+    json_t *obj = json_object();
+    if (obj == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    int first = parallel_stage_first_rank(config, index);
+    int last = first + parallel_ranks_per_stage(config) - 1;
+    json_put(obj, "stage", json_integer(index), failures);
+    json_put(obj, "ranks", rank_range(first, last), failures);
+    json_put(obj, "layers", json_integer(stage->layers), failures);
+    json_put(obj, "gpu", json_string(stage->gpu), failures);
+    json_put(obj, "forward_s", json_real(stage->forward_s), failures);
+    json_put(obj, "backward_s", json_real(stage->backward_s), failures);
+    json_put(obj, "send_s", json_real(stage->send_s), failures);
+    json_put(obj, "dp_allreduce_s", json_real(stage->dp_allreduce_s),
+             failures);
+    json_put(obj, "embedding_allreduce_s",
+             json_real(stage->embedding_allreduce_s), failures);
+    json_put(obj, "optimizer_s", json_real(stage->optimizer_s), failures);
+    json_put(obj, "peak_memory_gib",
+             json_real(stage->peak_memory_bytes / PT_GIB), failures);
+    json_put(obj, "memory_cap_gib",
+             json_real(stage->memory_cap_bytes / PT_GIB), failures);
+    return obj;
+}
+
+/* The events of one stage, grouped by kind (in event_kind order), each
+ * kind as three parallel arrays: microbatch, start_s, end_s. */
+static json_t *stage_events_to_json(const timeline_event *events, int count,
+                                    int *failures)
+{
+    json_t *by_kind = json_object();
+    if (by_kind == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    for (int kind = 0; kind < EVENT_KIND_COUNT; kind++) {
+        json_t *microbatch = NULL, *start = NULL, *end = NULL;
+        for (int i = 0; i < count; i++) {
+            if ((int)events[i].kind != kind)
+                continue;
+            if (microbatch == NULL) {
+                microbatch = json_array();
+                start = json_array();
+                end = json_array();
+            }
+            if (json_array_append_new(microbatch,
+                                      json_integer(events[i].microbatch)) ||
+                json_array_append_new(start, json_real(events[i].start_s)) ||
+                json_array_append_new(end, json_real(events[i].end_s)))
+                (*failures)++;
+        }
+        if (microbatch == NULL)
+            continue;
+        json_t *columns = json_object();
+        if (columns == NULL)
+            (*failures)++;
+        json_put(columns, "microbatch", microbatch, failures);
+        json_put(columns, "start_s", start, failures);
+        json_put(columns, "end_s", end, failures);
+        json_put(by_kind, event_kind_name((event_kind)kind), columns,
+                 failures);
+    }
+    return by_kind;
+}
+
+static json_t *lane_to_json(int stage, int first_rank, int last_rank,
+                            json_t *events, int *failures)
+{
+    json_t *lane = json_object();
+    if (lane == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    json_put(lane, "stage", json_integer(stage), failures);
+    json_put(lane, "ranks", rank_range(first_rank, last_rank), failures);
+    /* The lanes of one stage's ranks share its events object. */
+    json_put(lane, "events", json_incref(events), failures);
+    return lane;
+}
+
+/* One lane per stage, or per rank; est->events come grouped by stage. */
+static json_t *timeline_to_json(const estimate *est,
+                                const parallel_config *config,
+                                bool per_rank, int *failures)
+{
+    json_t *lanes = json_array();
+    if (lanes == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    int ranks_per_stage = parallel_ranks_per_stage(config);
+    int next = 0;
+    for (int s = 0; s < est->stage_count && *failures == 0; s++) {
+        int first = next;
+        while (next < est->event_count && est->events[next].stage == s)
+            next++;
+        json_t *events = stage_events_to_json(&est->events[first],
+                                              next - first, failures);
+        int first_rank = parallel_stage_first_rank(config, s);
+        int lane_count = per_rank ? ranks_per_stage : 1;
+        for (int r = 0; r < lane_count && *failures == 0; r++) {
+            int low = per_rank ? first_rank + r : first_rank;
+            int high = per_rank ? low : first_rank + ranks_per_stage - 1;
+            if (json_array_append_new(lanes, lane_to_json(s, low, high,
+                                                          events,
+                                                          failures)) != 0)
+                (*failures)++;
+        }
+        json_decref(events);
+    }
+    return lanes;
+}
+
+json_t *estimate_to_json(const estimate *est, const parallel_config *config,
+                         bool per_rank_timeline, pt_error *err)
+{
+    int failures = 0;
+    json_t *obj = json_object();
+    json_t *stages = json_array();
+    if (obj == NULL || stages == NULL)
+        failures++;
+    for (int s = 0; failures == 0 && s < est->stage_count; s++)
+        if (json_array_append_new(stages, stage_to_json(&est->stages[s], s,
+                                                        config,
+                                                        &failures)) != 0)
+            failures++;
+    if (failures == 0) {
+        json_put(obj, "step_time_s", json_real(est->step_time_s), &failures);
+        json_put(obj, "tokens_per_s", json_real(est->tokens_per_s),
+                 &failures);
+        json_put(obj, "tflops_per_gpu", json_real(est->tflops_per_gpu),
+                 &failures);
+        json_put(obj, "bubble_fraction", json_real(est->bubble_fraction),
+                 &failures);
+        json_put(obj, "cost_per_step_usd", json_real(est->cost_per_step_usd),
+                 &failures);
+        json_put(obj, "fits", json_boolean(est->fits), &failures);
+        json_put(obj, "stages", stages, &failures);
+        stages = NULL;
+    }
+    if (failures == 0 && est->events != NULL)
+        json_put(obj, "timeline",
+                 timeline_to_json(est, config, per_rank_timeline, &failures),
+                 &failures);
+    json_decref(stages);
+    if (failures > 0) {
+        json_decref(obj);
+        pt_fail(err, "out of memory building the estimate JSON");
+        return NULL;
+    }
+    return obj;
+}
