@@ -219,9 +219,10 @@ search_memo *tree_worker_memo(tree_worker *w);
 costmodel *tree_worker_costmodel(tree_worker *w);
 
 /* A floor under every placement's score of a task (the bound of the
- * empty placement). */
+ * empty placement); with a finite threshold, also the capacity tables'
+ * floor for it (dearer: tables are built). */
 int search_task_floor(tree_worker *w, const search_task *task,
-                      double *floor_s, pt_error *err);
+                      double threshold_s, double *floor_s, pt_error *err);
 
 /* Searches the placements of one task depth first, node by node, keeping
  * one canonical order per class of orders that cost the same, scoring
@@ -285,6 +286,10 @@ typedef struct bound_tables {
     stage_terms *pure;       /* [types x pp] a stage of one type at a
                                 position: its memory terms */
     double sum_floor_s;      /* no placement's stage times sum lower */
+    double tail_floor_s;     /* nor is its per-step work lower */
+    /* [slow][small]: a first or last stage of those types pays at least
+       this for the tied embedding's all-reduce */
+    double embedding_floor_s[PLANNER_MAX_TYPES][PLANNER_MAX_TYPES];
     relaxed *ranks;          /* scratch [pp] */
     capacity_table capacity;
     int *cap_by_position;    /* scratch [pp] */
@@ -319,6 +324,12 @@ int capacity_of_kind(const bound_tables *tables, int kind, int stage,
  * (none when even one point would pass it: grid_count 0). */
 int capacity_build(bound_tables *tables, double low_s, double high_s,
                    size_t max_bytes, pt_error *err);
+
+/* Builds the tables at the bottlenecks that bracket, to 0.1 %, the least
+ * one under which the partial placement's stages can hold the layers
+ * (below high_s; bisection: dearer than a grid, sharper). */
+int capacity_bisect(bound_tables *tables, const partial_placement *partial,
+                    double high_s, size_t max_bytes, pt_error *err);
 
 /* The bottleneck M above which no placement can score below threshold_s:
  * (threshold - sum_floor) / (m - 1); INFINITY when m is 1. */

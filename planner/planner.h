@@ -130,8 +130,13 @@ typedef struct search_result {
     char no_fit_reason[512];
 } search_result;
 
+/* Tree nodes a search visits at most by default: about 10 s on a 2-core
+ * machine, after which it reports how far from exact its best plan may
+ * be (docs/planner.md). */
+#define SEARCH_DEFAULT_TREE_NODES 4000000LL
+
 /* gbs 64, time, DP, 1F1B, bf16, mbs up to 16, both levers allowed, keep
- * 10, one thread per core, tree search stopped after 200 million nodes. */
+ * 10, one thread per core, SEARCH_DEFAULT_TREE_NODES. */
 void search_options_default(search_options *options);
 /* 0 when the search ran, whether or not a plan fits (plan_count 0 and
  * no_fit_reason then), -1 on error. The plans and every count in the

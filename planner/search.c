@@ -105,6 +105,8 @@ static void worker_failed(search_run *run, int worker, const pt_error *err)
 
 typedef struct floor_job {
     search_run *run;
+    double threshold_s;         /* INFINITY: the floors of the start */
+    const int *tasks;           /* NULL: every task, else these */
     pt_error *errors;           /* [workers] */
     bool *failed;               /* [workers] */
 } floor_job;
@@ -114,9 +116,10 @@ static void floor_of_task(void *context, int worker, int item)
     floor_job *job = context;
     if (job->failed[worker])
         return;
-    search_task *task = &job->run->space->tasks[item];
-    if (search_task_floor(job->run->workers[worker], task, &task->floor_s,
-                          &job->errors[worker]) != 0)
+    search_task *task =
+        &job->run->space->tasks[job->tasks ? job->tasks[item] : item];
+    if (search_task_floor(job->run->workers[worker], task, job->threshold_s,
+                          &task->floor_s, &job->errors[worker]) != 0)
         job->failed[worker] = true;
 }
 
@@ -133,7 +136,8 @@ static int compare_floors(const void *a, const void *b, void *context)
 static int floor_tasks(search_run *run, int threads, pt_error *err)
 {
     int workers = run->worker_count;
-    floor_job job = {run, calloc((size_t)workers, sizeof(pt_error)),
+    floor_job job = {run, INFINITY, NULL,
+                     calloc((size_t)workers, sizeof(pt_error)),
                      calloc((size_t)workers, sizeof(bool))};
     run->visit = malloc(((size_t)run->space->task_count + 1) * sizeof(int));
     int rc = 0;
@@ -189,6 +193,50 @@ static void add_outcome(search_totals *totals, const tree_outcome *outcome)
                                     outcome->open_floor_s);
 }
 
+/* When the node budget stops the search before the tasks from `next` on:
+ * their floors, sharpened by capacity tables for the current threshold,
+ * bound what was left unsearched (only those below the best score
+ * matter). */
+static int refine_open_floor(search_run *run, int threads, int next,
+                             const shortlist *best, search_totals *totals,
+                             pt_error *err)
+{
+    double best_score = best->count > 0 ? shortlist_at(best, 0)->score_s
+                                        : INFINITY;
+    int count = 0;
+    while (next + count < run->space->task_count &&
+           run->space->tasks[run->visit[next + count]].floor_s < best_score)
+        count++;
+    if (count == 0) {
+        if (next < run->space->task_count)
+            totals->open_floor_s =
+                fmin(totals->open_floor_s,
+                     run->space->tasks[run->visit[next]].floor_s);
+        return 0;
+    }
+    int workers = run->worker_count;
+    floor_job job = {run, shortlist_threshold(best), run->visit + next,
+                     calloc((size_t)workers, sizeof(pt_error)),
+                     calloc((size_t)workers, sizeof(bool))};
+    int rc = 0;
+    if (!job.errors || !job.failed)
+        rc = pt_fail(err, "search: out of memory for the task floors");
+    if (rc == 0)
+        rc = parallel_for(threads, count, floor_of_task, &job, err);
+    for (int i = 0; rc == 0 && i < workers; i++)
+        if (job.failed[i]) {
+            *err = job.errors[i];
+            rc = -1;
+        }
+    for (int i = 0; rc == 0 && i < count; i++)
+        totals->open_floor_s =
+            fmin(totals->open_floor_s,
+                 run->space->tasks[run->visit[next + i]].floor_s);
+    free(job.errors);
+    free(job.failed);
+    return rc;
+}
+
 /* Searches the tasks in visit order, batch by batch, merging each batch's
  * finds into `best`. */
 static int search_tasks(search_run *run, int threads, shortlist *best,
@@ -217,8 +265,9 @@ static int search_tasks(search_run *run, int threads, shortlist *best,
                 break;
             }
             if (options->max_tree_nodes > 0 && budget_left <= 0) {
-                totals->open_floor_s = fmin(totals->open_floor_s,
-                                            task->floor_s);
+                if (refine_open_floor(run, threads, next, best, totals,
+                                      err) != 0)
+                    return -1;
                 next = count;
                 break;
             }
@@ -615,5 +664,5 @@ void search_options_default(search_options *options)
     options->allow_distributed_optimizer = true;
     options->keep = 10;
     options->threads = 0;
-    options->max_tree_nodes = 200000000;
+    options->max_tree_nodes = SEARCH_DEFAULT_TREE_NODES;
 }

@@ -148,6 +148,156 @@ static int pure_terms(costmodel *cm, const parallel_config *config, int type,
                                          stage, out, err);
 }
 
+/* Whether a type's measured all-reduce curve for `members` GPUs never
+ * gets faster with more bytes (then its time at some bytes bounds its
+ * time at more). */
+static bool curve_grows(const comm_curve *curve, int members)
+{
+    double last_bytes = -1.0, last_time = -1.0;
+    for (int i = 0; i < curve->sample_count; i++) {
+        const comm_sample *sample = &curve->samples[i];
+        if (sample->gpus != members)
+            continue;
+        /* samples are sorted by gpus, then bytes */
+        if (sample->bytes > last_bytes && sample->time_s < last_time)
+            return false;
+        last_bytes = sample->bytes;
+        last_time = sample->time_s;
+    }
+    return true;
+}
+
+/* Seconds of a stage's gradient reduction (and ZeRO-1's gather) for
+ * `params` parameters per GPU over a link or a type's curve. */
+static double reduction_s(costmodel *cm, const parallel_config *config,
+                          double params, int curve_type, link_spec link)
+{
+    int dp = config->dp;
+    double gradients = params * 4.0; /* fp32 main gradients */
+    if (!config->distributed_optimizer)
+        return costmodel_allreduce_seconds(cm, gradients, dp, curve_type,
+                                           link);
+    return costmodel_reduce_scatter_seconds(cm, gradients, dp, curve_type,
+                                            link) +
+           costmodel_reduce_scatter_seconds(
+               cm, params * precision_bytes(config->precision), dp,
+               curve_type, link);
+}
+
+/* The first stage's per-step work: at least its embeddings' reduction and
+ * optimizer step, and the tied embedding's all-reduce with the last stage
+ * over the fastest link it could have (its bytes are fixed). */
+static double first_stage_tail_floor(const bound_tables *t, costmodel *cm,
+                                     link_spec fastest, double optimizer)
+{
+    const cluster *c = cm->cluster;
+    const parallel_config *config = &t->config;
+    double params = stage_parameters_per_gpu(&cm->model, config, 0, 0);
+    double reduce = reduction_s(cm, config, params, -1, fastest);
+    link_spec between = {0.0, 0.0};
+    double embedding = INFINITY;
+    long long distance = t->stage_gpus * (t->pp - 1);
+    for (int type = 0; type < c->type_count; type++) {
+        if (c->types[type].count == 0)
+            continue;
+        const node_type *node = &c->types[type];
+        if (node->gpus >= t->stage_gpus &&
+            !curve_grows(&cm->profiles[type].allreduce, config->dp))
+            reduce = 0.0;
+        else if (node->gpus >= t->stage_gpus)
+            reduce = fmin(reduce, reduction_s(cm, config, params, type,
+                                              fastest));
+        between.bandwidth_bytes_per_s = fmax(
+            between.bandwidth_bytes_per_s, node->inter_node.bandwidth_bytes_per_s);
+        if (node->gpus > distance) { /* both ends may share a node */
+            between.bandwidth_bytes_per_s = fmax(
+                between.bandwidth_bytes_per_s,
+                node->intra_node.bandwidth_bytes_per_s);
+            embedding = fmin(embedding, costmodel_embedding_allreduce_s(
+                                            cm, config, node->intra_node,
+                                            type));
+        }
+    }
+    embedding = fmin(embedding,
+                     costmodel_embedding_allreduce_s(cm, config, between, -1));
+    double held = config->distributed_optimizer ? params / config->dp
+                                                : params;
+    return reduce + held * optimizer + embedding;
+}
+
+/* The tied-embedding all-reduce of a first (or last) stage holding types
+ * a and b: over a link no faster than either's inter-node link, unless
+ * both ends of the pipeline may share a node of its type. */
+static void fill_embedding_floors(bound_tables *t, costmodel *cm)
+{
+    const cluster *c = cm->cluster;
+    long long distance = t->stage_gpus * (t->pp - 1);
+    for (int a = 0; a < c->type_count && a < PLANNER_MAX_TYPES; a++) {
+        for (int b = 0; b < c->type_count && b < PLANNER_MAX_TYPES; b++) {
+            link_spec link = c->types[a].inter_node;
+            if (c->types[b].inter_node.bandwidth_bytes_per_s <
+                link.bandwidth_bytes_per_s)
+                link = c->types[b].inter_node;
+            link.latency_s = 0.0;
+            double least = costmodel_embedding_allreduce_s(cm, &t->config,
+                                                           link, -1);
+            for (int k = 0; k < 2; k++) {
+                int type = k == 0 ? a : b;
+                if (c->types[type].gpus > distance)
+                    least = fmin(least, fmin(costmodel_embedding_allreduce_s(
+                                                 cm, &t->config,
+                                                 c->types[type].intra_node,
+                                                 type),
+                                             costmodel_embedding_allreduce_s(
+                                                 cm, &t->config,
+                                                 c->types[type].intra_node,
+                                                 -1)));
+            }
+            t->embedding_floor_s[a][b] = least;
+        }
+    }
+}
+
+/* The score's per-step work is at least that of the stage holding the
+ * most layers, which holds at least ceil(L / pp): its gradient reduction
+ * over the fastest dp ring any stage could have and its optimizer step
+ * at the fastest rate. 0 when a measured curve that can shrink with more
+ * bytes could price that ring. */
+static double busiest_stage_tail_floor(const bound_tables *t, costmodel *cm)
+{
+    const cluster *c = cm->cluster;
+    const parallel_config *config = &t->config;
+    int layers = (t->layers + t->pp - 1) / t->pp;
+    double params = layers * model_layer_parameter_count(&cm->model) /
+                    config->tp;
+    double optimizer = INFINITY;
+    link_spec fastest = {0.0, 0.0};
+    for (int type = 0; type < c->type_count; type++) {
+        if (c->types[type].count == 0)
+            continue;
+        optimizer = fmin(optimizer, t->optimizer_per_param[type]);
+        const node_type *node = &c->types[type];
+        fastest.bandwidth_bytes_per_s = fmax(
+            fastest.bandwidth_bytes_per_s, node->inter_node.bandwidth_bytes_per_s);
+        if (node->gpus >= t->stage_gpus) /* a stage may sit in one node */
+            fastest.bandwidth_bytes_per_s = fmax(
+                fastest.bandwidth_bytes_per_s,
+                node->intra_node.bandwidth_bytes_per_s);
+    }
+    double reduce = reduction_s(cm, config, params, -1, fastest);
+    for (int type = 0; type < c->type_count; type++) {
+        if (c->types[type].count == 0 || c->types[type].gpus < t->stage_gpus)
+            continue;
+        if (!curve_grows(&cm->profiles[type].allreduce, config->dp))
+            return 0.0;
+        reduce = fmin(reduce, reduction_s(cm, config, params, type, fastest));
+    }
+    double held = config->distributed_optimizer ? params / config->dp
+                                                : params;
+    return fmax(reduce + held * optimizer,
+                first_stage_tail_floor(t, cm, fastest, optimizer));
+}
+
 int bound_tables_fill(bound_tables *t, costmodel *cm,
                       const parallel_config *config, pt_error *err)
 {
@@ -211,6 +361,8 @@ int bound_tables_fill(bound_tables *t, costmodel *cm,
     }
     t->sum_floor_s = t->layers * pace + embedding + head +
                      (t->pp > 1 ? 2.0 * (t->pp - 1) * send : 0.0);
+    t->tail_floor_s = busiest_stage_tail_floor(t, cm);
+    fill_embedding_floors(t, cm);
     return 0;
 }
 
@@ -368,24 +520,57 @@ static int floor_by_position(const bound_tables *t, search_memo *memo,
 /* What the relaxed stages leave out and every completion pays: the
  * embedding on stage 0 when it is still to come, and the sends beyond the
  * one each relaxed stage carries. */
+/* The sum of the `count` least sends the stages to come can take: each
+ * stage's send is at least the slowest send of its GPUs' types, and
+ * grouping the GPUs slowest send first, S at a time, the i-th slowest
+ * stage sends no faster than the first GPU of the i-th group. */
+static double least_sends(const bound_tables *t, const int *gpus_left, int n,
+                          int count)
+{
+    if (count <= 0 || t->pp < 2)
+        return 0.0;
+    int order[PLANNER_MAX_TYPES], used = 0;
+    for (int type = 0; type < t->type_count; type++) {
+        if (gpus_left[type] == 0)
+            continue;
+        int position = used++;
+        while (position > 0 && t->send[order[position - 1]] < t->send[type]) {
+            order[position] = order[position - 1];
+            position--;
+        }
+        order[position] = type;
+    }
+    /* the last `count` groups of n, slowest first */
+    double sum = 0.0;
+    int k = 0;
+    long long seen = 0;
+    for (int i = 0; i < n; i++) {
+        long long first = (long long)i * t->stage_gpus; /* 0-based GPU */
+        while (k + 1 < used && seen + gpus_left[order[k]] <= first) {
+            seen += gpus_left[order[k]];
+            k++;
+        }
+        if (i >= n - count)
+            sum += t->send[order[k]];
+    }
+    return sum;
+}
+
 static double sum_extras(const bound_tables *t, const int *gpus_left,
                          int complete)
 {
     int n = t->pp - complete;
-    double embedding = INFINITY, send = INFINITY;
-    for (int type = 0; type < t->type_count; type++) {
-        if (gpus_left[type] == 0)
-            continue;
-        embedding = fmin(embedding, t->embedding[type]);
-        send = fmin(send, t->send[type]);
-    }
+    double embedding = INFINITY;
+    for (int type = 0; type < t->type_count; type++)
+        if (gpus_left[type] > 0)
+            embedding = fmin(embedding, t->embedding[type]);
     if (n == 0)
         return 0.0;
     double extras = complete == 0 ? embedding : 0.0;
-    int extra_sends = n - 2 + (complete >= 1 ? 1 : 0);
-    if (t->pp > 1 && extra_sends > 0)
-        extras += extra_sends * send;
-    return extras;
+    /* every stage to come but the pipeline's ends sends both ways; the
+       relaxed stages carry one send each */
+    return extras + least_sends(t, gpus_left, n,
+                                n - 2 + (complete >= 1 ? 1 : 0));
 }
 
 /* The per-step work of a placed stage is at least that of its parameters
@@ -394,7 +579,7 @@ static double sum_extras(const bound_tables *t, const int *gpus_left,
 double bound_tail_floor(const bound_tables *t, const stage_facts *facts,
                         int count)
 {
-    double worst = 0.0;
+    double worst = t->tail_floor_s;
     for (int s = 0; s < count; s++) {
         const stage_placement *place = &facts[s].place;
         type_costs slow = {0};
@@ -404,6 +589,8 @@ double bound_tail_floor(const bound_tables *t, const stage_facts *facts,
         double tail = work.optimizer_s;
         if (place->dp_curve_type < 0)
             tail += work.reduce_s + work.gather_s;
+        if (s == 0 || s == t->pp - 1)
+            tail += t->embedding_floor_s[place->slow_type][place->small_type];
         worst = fmax(worst, tail);
     }
     return worst;

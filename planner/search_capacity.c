@@ -260,8 +260,10 @@ static int reserve(capacity_table *table, int points, int pp, pt_error *err)
     return 0;
 }
 
-int capacity_build(bound_tables *t, double low_s, double high_s,
-                   size_t max_bytes, pt_error *err)
+/* Builds the tables for the given increasing bottlenecks (the last one
+ * INFINITY), as many as fit max_bytes. */
+static int build_points(bound_tables *t, const double *grid, int count,
+                        size_t max_bytes, pt_error *err)
 {
     capacity_table *table = &t->capacity;
     table->grid_count = 0;
@@ -269,17 +271,11 @@ int capacity_build(bound_tables *t, double low_s, double high_s,
     table->states = count_states(t, max_bytes);
     if (table->states == 0)
         return 0;
-    size_t entry = sizeof(int) + (size_t)table->kinds * sizeof(double);
-    int points = (int)(max_bytes / (point_entries(table, t->pp) * entry));
-    points = points > CAPACITY_GRID_MAX ? CAPACITY_GRID_MAX : points;
-    if (!(low_s > 0.0) || !(high_s > low_s) || high_s == INFINITY)
-        points = 1; /* no range to cover: memory alone */
-    if (reserve(table, points, t->pp, err) != 0)
+    if (reserve(table, count, t->pp, err) != 0)
         return -1;
-    double ratio = points > 2 ? pow(high_s / low_s, 1.0 / (points - 2)) : 1.0;
     kind_bound kinds[PLANNER_MAX_TYPES];
-    for (int g = 0; g < points; g++) {
-        table->grid_s[g] = g == points - 1 ? INFINITY : low_s * pow(ratio, g);
+    for (int g = 0; g < count; g++) {
+        table->grid_s[g] = grid[g];
         size_t last = (size_t)t->pp * table->states;
         for (long long v = 0; v < table->states; v++) {
             held_table(table, g, t->pp)[last + v] = v == 0 ? 0 : -1;
@@ -294,8 +290,65 @@ int capacity_build(bound_tables *t, double low_s, double high_s,
             fill_position(t, g, s, kinds);
         }
     }
-    table->grid_count = points;
+    table->grid_count = count;
     return 0;
+}
+
+int capacity_build(bound_tables *t, double low_s, double high_s,
+                   size_t max_bytes, pt_error *err)
+{
+    capacity_table *table = &t->capacity;
+    table->grid_count = 0;
+    prepare_kinds(t);
+    table->states = count_states(t, max_bytes);
+    if (table->states == 0)
+        return 0;
+    size_t entry = sizeof(int) + (size_t)table->kinds * sizeof(double);
+    int points = (int)(max_bytes / (point_entries(table, t->pp) * entry));
+    points = points > CAPACITY_GRID_MAX ? CAPACITY_GRID_MAX : points;
+    if (!(low_s > 0.0) || !(high_s > low_s) || high_s == INFINITY)
+        points = 1; /* no range to cover: memory alone */
+    double grid[CAPACITY_GRID_MAX];
+    double ratio = points > 2 ? pow(high_s / low_s, 1.0 / (points - 2)) : 1.0;
+    for (int g = 0; g < points; g++)
+        grid[g] = g == points - 1 ? INFINITY : low_s * pow(ratio, g);
+    return build_points(t, grid, points, max_bytes, err);
+}
+
+static bool fits_at(const bound_tables *t, const partial_placement *partial,
+                    int point);
+
+int capacity_bisect(bound_tables *t, const partial_placement *partial,
+                    double high_s, size_t max_bytes, pt_error *err)
+{
+    double points[3] = {high_s, INFINITY, INFINITY};
+    if (build_points(t, points, 2, max_bytes, err) != 0)
+        return -1;
+    if (t->capacity.grid_count == 0 || !fits_at(t, partial, 0))
+        return 0; /* nothing to sharpen below the threshold's bottleneck */
+    double fits = high_s, short_of = 0.0;
+    for (int halving = 0; halving < 20 && short_of == 0.0; halving++) {
+        points[0] = 0.5 * fits;
+        if (build_points(t, points, 2, max_bytes, err) != 0)
+            return -1;
+        if (fits_at(t, partial, 0))
+            fits = points[0];
+        else
+            short_of = points[0];
+    }
+    while (short_of > 0.0 && fits - short_of > 1e-3 * fits) {
+        points[0] = 0.5 * (short_of + fits);
+        if (build_points(t, points, 2, max_bytes, err) != 0)
+            return -1;
+        if (fits_at(t, partial, 0))
+            fits = points[0];
+        else
+            short_of = points[0];
+    }
+    double grid[3] = {short_of, fits, INFINITY};
+    if (short_of > 0.0)
+        return build_points(t, grid, 3, max_bytes, err);
+    return build_points(t, grid + 1, 2, max_bytes, err);
 }
 
 /* ------------------------------------------------------------ the floor */
@@ -385,20 +438,39 @@ static bool point_fits(const bound_tables *t, const partial_placement *partial,
     return true;
 }
 
+static long long kinds_index(const bound_tables *t,
+                             const partial_placement *partial, int complete)
+{
+    const capacity_table *table = &t->capacity;
+    int counts[PLANNER_MAX_TYPES];
+    kinds_of(t, partial->gpus_left, t->pp - complete, counts);
+    long long index = 0;
+    for (int k = table->kinds - 1; k >= 0; k--) {
+        if (counts[k] >= table->radix[k])
+            return -1;
+        index = index * table->radix[k] + counts[k];
+    }
+    return index;
+}
+
+static bool fits_at(const bound_tables *t, const partial_placement *partial,
+                    int point)
+{
+    int complete = partial->final_count + (partial->pending ? 1 : 0);
+    long long index = kinds_index(t, partial, complete);
+    double sums;
+    return index < 0 || point_fits(t, partial, point, complete, index, &sums);
+}
+
 double capacity_floor(const bound_tables *t, const partial_placement *partial)
 {
     const capacity_table *table = &t->capacity;
     if (table->grid_count == 0 || t->microbatches < 1)
         return -INFINITY;
     int complete = partial->final_count + (partial->pending ? 1 : 0);
-    int counts[PLANNER_MAX_TYPES];
-    kinds_of(t, partial->gpus_left, t->pp - complete, counts);
-    long long index = 0;
-    for (int k = table->kinds - 1; k >= 0; k--) {
-        if (counts[k] >= table->radix[k])
-            return -INFINITY;
-        index = index * table->radix[k] + counts[k];
-    }
+    long long index = kinds_index(t, partial, complete);
+    if (index < 0)
+        return -INFINITY;
     double weight = t->microbatches - 1;
     /* M_c lies in some interval [M_g, M_g+1] where the layers fit under
        M_g+1: the score is at least (m - 1) M_g + the least sum there */

@@ -103,6 +103,7 @@ int tree_worker_open(tree_worker **out, costmodel *cm, int max_pp,
     w->layers = malloc(pp * sizeof(int));
     w->key = malloc((size_t)shortlist_key_bytes(max_pp));
     w->node_types = malloc(nodes);
+
     if (!w->types || !w->starts || !w->facts ||
         !w->stages || !w->layers || !w->key || !w->node_types) {
         tree_worker_close(w);
@@ -279,11 +280,11 @@ static bool canonical(const tree_worker *w, int depth)
 
 /* The capacity grid of the task for a threshold: from the bottleneck the
  * task's floor implies up to the one the threshold allows. */
-static int build_capacity(tree_worker *w, double threshold)
+static int build_capacity(tree_worker *w, double threshold, double low_share)
 {
     const bound_tables *b = w->bounds;
     double high = capacity_bottleneck_for(b, threshold);
-    double low = high * CAPACITY_GRID_LOW;
+    double low = high * low_share;
     w->capacity_high_s = high;
     w->capacity_generation++;
     return capacity_build(w->bounds, low, high, CAPACITY_TABLE_BYTES,
@@ -297,7 +298,7 @@ static int refresh_capacity(tree_worker *w, double threshold)
     double wanted = capacity_bottleneck_for(w->bounds, threshold);
     if (!(wanted < w->capacity_high_s * CAPACITY_REBUILD_BELOW))
         return 0;
-    return build_capacity(w, threshold);
+    return build_capacity(w, threshold, CAPACITY_GRID_LOW);
 }
 
 /* The floor of a partial placement: the capacity tables' and, when they
@@ -468,11 +469,25 @@ static void undo_child(tree_worker *w, const tree_child *child)
 
 /* When the budget stops the search: every placement not visited lies
  * under a child not yet visited, at some level of the path. */
-static void note_open_floor(tree_worker *w, int first, int end)
+static void note_open_floor(tree_worker *w, int depth, int first, int end)
 {
-    for (int i = first; i < end; i++)
-        w->outcome->open_floor_s = fmin(w->outcome->open_floor_s,
-                                        w->children[i].floor_s);
+    int saved_final = w->final_count;
+    for (int i = first; i < end && !w->failed; i++) {
+        tree_child child = w->children[i];
+        double floor_s = child.floor_s;
+        if (child.generation != w->capacity_generation) {
+            /* floored before the tables it would meet now: again */
+            bool pending = false;
+            int next = apply_child(w, depth, &child, &pending);
+            double again;
+            if (!w->failed && w->starts[next] < w->gpus &&
+                child_floor(w, next, pending, &again) == 0)
+                floor_s = fmax(floor_s, again);
+            undo_child(w, &child);
+            w->final_count = saved_final;
+        }
+        w->outcome->open_floor_s = fmin(w->outcome->open_floor_s, floor_s);
+    }
 }
 
 /* Visits the node whose first `depth` nodes are placed. */
@@ -487,7 +502,7 @@ static void expand(tree_worker *w, int depth)
     int saved_final = w->final_count;
     for (int i = first; i < end && !w->failed; i++) {
         if (w->stop) {
-            note_open_floor(w, i, end);
+            note_open_floor(w, depth, i, end);
             break;
         }
         tree_child child = w->children[i];
@@ -566,7 +581,7 @@ static int prepare_task(tree_worker *w, const search_task *task,
 }
 
 int search_task_floor(tree_worker *w, const search_task *task,
-                      double *floor_s, pt_error *err)
+                      double threshold_s, double *floor_s, pt_error *err)
 {
     if (prepare_task(w, task, err) != 0)
         return -1;
@@ -574,7 +589,17 @@ int search_task_floor(tree_worker *w, const search_task *task,
     for (int t = 0; t < w->type_count; t++)
         w->gpus_left[t] = c->types[t].count * c->types[t].gpus;
     partial_placement empty = {w->facts, 0, false, w->gpus_left};
-    return bound_floor(w->bounds, &w->memo, &empty, INFINITY, floor_s, err);
+    if (bound_floor(w->bounds, &w->memo, &empty, INFINITY, floor_s, err) != 0)
+        return -1;
+    if (threshold_s == INFINITY)
+        return 0;
+    /* the whole task: the bottleneck it needs, found by bisection */
+    if (capacity_bisect(w->bounds, &empty,
+                        capacity_bottleneck_for(w->bounds, threshold_s),
+                        CAPACITY_TABLE_BYTES, err) != 0)
+        return -1;
+    *floor_s = fmax(*floor_s, capacity_floor(w->bounds, &empty));
+    return 0;
 }
 
 int search_tree_run(tree_worker *w, const search_task *task,
@@ -591,7 +616,7 @@ int search_tree_run(tree_worker *w, const search_task *task,
     w->child_count = 0;
     w->child_type_count = 0;
     if (!limits->exhaustive) {
-        if (build_capacity(w, limits->threshold_s) != 0)
+        if (build_capacity(w, limits->threshold_s, CAPACITY_GRID_LOW) != 0)
             return -1;
         /* the root again, now with the capacity tables */
         const cluster *c = w->model.cluster;

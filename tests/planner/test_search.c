@@ -144,6 +144,11 @@ static void test_threads_do_not_change_plans(void **state)
     search_options one = gpt2_options(1), three = gpt2_options(3);
     search_result a = run_search(f, &one), b = run_search(f, &three);
     expect_same_plans(&a, &b);
+    /* and the counts the "scored N configurations" line prints */
+    assert_int_equal(a.configurations_scored, b.configurations_scored);
+    assert_int_equal(a.configurations_feasible, b.configurations_feasible);
+    assert_int_equal(a.configurations_pruned, b.configurations_pruned);
+    assert_int_equal(a.tree_nodes, b.tree_nodes);
     search_result_free(&a);
     search_result_free(&b);
 }
