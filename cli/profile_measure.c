@@ -1,8 +1,9 @@
 /*
- * partita profile: measures what the parts of a model cost on the GPU at
+ * partita profile, measuring (in partita-exec, the executable that loads
+ * the GPU stack): measures what the parts of a model cost on the GPU at
  * hand (executor's profiler) and writes profiles/<gpu>.json, source
- * "measured", with its provenance. Also hands `--derive` to
- * cmd_profile_derive and runs `--compare A B` (cli/profile_compare.c).
+ * "measured", with its provenance. `partita` itself parses the arguments
+ * first and runs --derive and --compare (cli/cmd_profile.c).
  * docs/profiles.md ("Measuring") describes the measurement.
  */
 #include "cli/cli.h"
@@ -24,175 +25,6 @@
  * workspaces and NCCL buffers, on top of the measured CUDA context. */
 #define WORKSPACE_ALLOWANCE_GIB 0.5
 
-static void print_profile_help(void)
-{
-    printf(
-        "usage: partita profile --model M [options] [-o FILE]\n"
-        "       partita profile --compare A.json B.json [--tolerance P]\n"
-        "       partita profile --derive GPU --from P1.json,... (see\n"
-        "                       'partita profile --derive --help')\n"
-        "\n"
-        "Measures, on the GPU at hand, the embedding, one transformer layer\n"
-        "and the head of the model, forward and backward, for every tp (the\n"
-        "shard one rank of the group computes, without the tp all-reduces)\n"
-        "and micro-batch that fits, and the AdamW step per parameter; with\n"
-        "two GPUs, NCCL all-reduce and send/recv curves from 4 KiB to 1 GiB.\n"
-        "Writes a profile of source \"measured\" (docs/profiles.md).\n"
-        "\n"
-        "  --model M[,M2...]      model files or bundled names (required);\n"
-        "                         each model is one shape of the profile\n"
-        "  --gpu-name NAME        the profile's GPU name (default: from the\n"
-        "                         device, \"H200\", with \"-<N>SM\" under\n"
-        "                         --sm-limit; \"cpu\" on the cpu backend)\n"
-        "  --sm-limit N           use only N SMs (a CUDA green context)\n"
-        "  --memory-limit-gib G   cap the stages' memory at G GiB\n"
-        "  --tp LIST              tensor-parallel degrees (1,2,4,8)\n"
-        "  --mbs LIST             micro-batch sizes (1,2,4,8,16)\n"
-        "  --backend NAME         cuda (default) or cpu (slow: tiny models)\n"
-        "  --quick                fewer runs per point, no device warm-up\n"
-        "  --no-comm              skip the NCCL curves\n"
-        "  -o, --output FILE      profile to write (default NAME.json)\n"
-        "\n"
-        "  --compare A B          print every entry of two profiles with its\n"
-        "                         difference; exit 1 when one differs by more\n"
-        "                         than --tolerance percent (default 3)\n"
-        "\n"
-        "Exit status: 0 written (or profiles agree), 1 measurement or write\n"
-        "failed (or profiles differ), 2 bad arguments or files.\n");
-}
-
-typedef struct profile_arguments {
-    const char *model;
-    const char *gpu_name;
-    const char *output;
-    const char *backend;
-    int sm_limit;
-    double memory_limit_gib;
-    const char *tp_list;
-    const char *mbs_list;
-    bool quick;
-    bool no_comm;
-    bool compare;
-    double tolerance_percent;
-    const char *compare_files[2];
-} profile_arguments;
-
-enum {
-    OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
-    OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_COMPARE, OPT_TOLERANCE,
-    OPT_HELP
-};
-
-static int bad_argument(const char *option, const char *expected,
-                        const char *got)
-{
-    fprintf(stderr, "partita profile: %s: expected %s, got '%s'\n", option,
-            expected, got);
-    return -1;
-}
-
-static int parse_positive(const char *option, const char *text, double max,
-                          double *out)
-{
-    char *end = NULL;
-    errno = 0;
-    double value = strtod(text, &end);
-    if (errno != 0 || end == text || *end != '\0' || !isfinite(value) ||
-        value <= 0.0 || value > max) {
-        char expected[64];
-        snprintf(expected, sizeof expected, "a number above 0, at most %g",
-                 max);
-        return bad_argument(option, expected, text);
-    }
-    *out = value;
-    return 0;
-}
-
-static int apply_option(int option, const char *value, profile_arguments *a)
-{
-    double number = 0.0;
-    switch (option) {
-    case OPT_MODEL: a->model = value; return 0;
-    case OPT_GPU_NAME: a->gpu_name = value; return 0;
-    case 'o': a->output = value; return 0;
-    case OPT_BACKEND: a->backend = value; return 0;
-    case OPT_TP: a->tp_list = value; return 0;
-    case OPT_MBS: a->mbs_list = value; return 0;
-    case OPT_QUICK: a->quick = true; return 0;
-    case OPT_NO_COMM: a->no_comm = true; return 0;
-    case OPT_COMPARE: a->compare = true; return 0;
-    case OPT_SM_LIMIT:
-        if (parse_positive("--sm-limit", value, 100000, &number) != 0)
-            return -1;
-        if (number != floor(number))
-            return bad_argument("--sm-limit", "a whole number of SMs", value);
-        a->sm_limit = (int)number;
-        return 0;
-    case OPT_MEMORY_LIMIT:
-        return parse_positive("--memory-limit-gib", value, 1e6,
-                              &a->memory_limit_gib);
-    case OPT_TOLERANCE:
-        return parse_positive("--tolerance", value, 1e6,
-                              &a->tolerance_percent);
-    default: return -1;
-    }
-}
-
-/* 0 to go on, 1 when help was printed, -1 on bad arguments. */
-static int parse_profile_arguments(int argc, char **argv,
-                                   profile_arguments *a)
-{
-    static const struct option options[] = {
-        {"model", required_argument, NULL, OPT_MODEL},
-        {"gpu-name", required_argument, NULL, OPT_GPU_NAME},
-        {"sm-limit", required_argument, NULL, OPT_SM_LIMIT},
-        {"memory-limit-gib", required_argument, NULL, OPT_MEMORY_LIMIT},
-        {"tp", required_argument, NULL, OPT_TP},
-        {"mbs", required_argument, NULL, OPT_MBS},
-        {"backend", required_argument, NULL, OPT_BACKEND},
-        {"quick", no_argument, NULL, OPT_QUICK},
-        {"no-comm", no_argument, NULL, OPT_NO_COMM},
-        {"compare", no_argument, NULL, OPT_COMPARE},
-        {"tolerance", required_argument, NULL, OPT_TOLERANCE},
-        {"output", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, OPT_HELP},
-        {NULL, 0, NULL, 0}};
-    *a = (profile_arguments){.backend = "cuda", .tp_list = "1,2,4,8",
-                             .mbs_list = "1,2,4,8,16",
-                             .tolerance_percent = 3.0};
-    optind = 1;
-    int option;
-    while ((option = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
-        if (option == OPT_HELP || option == 'h') {
-            print_profile_help();
-            return 1;
-        }
-        if (option == '?' || apply_option(option, optarg, a) != 0)
-            return -1;
-    }
-    if (a->compare) {
-        if (argc - optind != 2) {
-            fprintf(stderr, "partita profile: --compare takes two profile "
-                            "files\n");
-            return -1;
-        }
-        a->compare_files[0] = argv[optind];
-        a->compare_files[1] = argv[optind + 1];
-        return 0;
-    }
-    if (optind < argc) {
-        fprintf(stderr, "partita profile: unexpected argument '%s'\n",
-                argv[optind]);
-        return -1;
-    }
-    if (a->model == NULL) {
-        fprintf(stderr, "partita profile: --model is required (see "
-                        "'partita profile --help')\n");
-        return -1;
-    }
-    return 0;
-}
-
 /* "1,2,4" into values; -1 (printed) on anything else. */
 static int parse_list(const char *option, const char *text, int *values,
                       int *count)
@@ -206,7 +38,7 @@ static int parse_list(const char *option, const char *text, int *values,
         if (errno != 0 || end == at || value < 1 || value > 1024 ||
             *count == PROFILER_MAX_VALUES || (*end != ',' && *end != '\0') ||
             at[0] == '+' || at[0] == ' ')
-            return bad_argument(option, "a comma-separated list of integers "
+            return profile_bad_argument(option, "a comma-separated list of integers "
                                         "from 1 to 1024 (at most 16)",
                                 text);
         values[(*count)++] = (int)value;
@@ -793,7 +625,7 @@ static int load_models(const char *list, model_shape *shapes, int *count)
         (*count)++;
     }
     if (*count == 0)
-        return bad_argument("--model", "a model file or name", list);
+        return profile_bad_argument("--model", "a model file or name", list);
     return 0;
 }
 
@@ -838,7 +670,7 @@ static int check_gpu_name(const char *name)
     if (name == NULL || (name[0] != '\0' && strchr(name, '/') == NULL &&
                          strlen(name) < PT_NAME_MAX))
         return 0;
-    return bad_argument("--gpu-name", "a name without '/' (under 64 bytes)",
+    return profile_bad_argument("--gpu-name", "a name without '/' (under 64 bytes)",
                         name);
 }
 
@@ -884,25 +716,11 @@ static int measure_and_write(profile_arguments *a, int argc, char **argv)
     return status;
 }
 
-static bool asks_for_derive(int argc, char **argv)
+int command_profile_measure(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--derive") == 0 ||
-            strncmp(argv[i], "--derive=", 9) == 0)
-            return true;
-    return false;
-}
-
-int command_profile(int argc, char **argv)
-{
-    if (asks_for_derive(argc, argv))
-        return cmd_profile_derive(argc, argv);
     profile_arguments args;
-    int parsed = parse_profile_arguments(argc, argv, &args);
-    if (parsed != 0)
-        return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
-    if (args.compare)
-        return profile_compare(args.compare_files[0], args.compare_files[1],
-                               args.tolerance_percent);
+    int status = profile_run_unless_measuring(argc, argv, &args);
+    if (status != PROFILE_MEASURE)
+        return status;
     return measure_and_write(&args, argc, argv);
 }

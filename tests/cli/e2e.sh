@@ -664,6 +664,33 @@ PY
   run 2 partita profile --compare p.json
   expect_in err.txt "two profile files"
   ;;
+no-gpu-stack)
+  # plan, estimate, report, prep and profile --derive/--compare run in
+  # `partita`, which must never load the CUDA runtime, cuBLAS, NCCL or
+  # MPI (they cost ~100 ms and ~200 MB at start); exec and the measuring
+  # profile run in partita-exec, beside it (cli/hand_over.c).
+  gpu_stack='libcuda|libcudart|libcublas|libnccl|libmpi|libopen-pal|libopen-rte|libpmix'
+  command -v ldd >/dev/null || fail "ldd is missing"
+  ldd "$partita_binary" >ldd.txt 2>&1 || fail "ldd failed: $(cat ldd.txt)"
+  expect_in ldd.txt "libjansson"
+  if grep -E "$gpu_stack" ldd.txt; then fail "partita links the GPU stack"; fi
+  # and at run time, libraries opened later included (the loader's own
+  # list of every library it maps)
+  for command in "plan --model gpt2-xl --gbs 64 --cluster $clusters/hetero.json --quiet -o p.json" \
+                 "estimate p.json"; do
+    # shellcheck disable=SC2086 # the command's words
+    LD_DEBUG=libs LD_DEBUG_OUTPUT="$work/loader" partita $command >out.txt 2>err.txt \
+      || fail "partita $command failed: $(cat err.txt)"
+    cat "$work"/loader.* >ld.txt; rm -f "$work"/loader.*
+    expect_in ld.txt "libjansson"
+    if grep -E "$gpu_stack" ld.txt; then fail "partita $command loaded the GPU stack"; fi
+  done
+  # partita-exec is looked for beside partita: without it, one clear line
+  cp "$partita_binary" ./partita-alone
+  run 1 ./partita-alone exec p.json --data x
+  expect_in err.txt "partita exec: cannot find partita-exec"
+  rm -f ./partita-alone p.json ld.txt ldd.txt
+  ;;
 *)
   fail "unknown case"
   ;;
