@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
-#include "executor/data.h"
+#include "executor/data/data.h"
 
 /* ------------------------------------------------------------- backends */
 

@@ -26,7 +26,7 @@
 #include "gpu_test.h"
 
 #include "executor/executor.h"
-#include "executor/pipeline_gpu.h"
+#include "executor/parallel/pipeline_gpu.h"
 
 #define TOL_LOSS 5e-3
 #define TOL_GRAD 3e-2

@@ -17,7 +17,7 @@
 
 #include <pthread.h>
 
-#include "executor/pipeline_gpu.h"
+#include "executor/parallel/pipeline_gpu.h"
 
 #define PROGRAM "test_staged_comm"
 #define RANKS 3

@@ -12,7 +12,7 @@
  */
 #ifdef PARTITA_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
-#include "executor/pipeline_gpu.h"
+#include "executor/parallel/pipeline_gpu.h"
 #endif
 #include "executor/executor.h"
 
@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "executor/data_io.h"
+#include "executor/data/data_io.h"
 
 /* Ranks of a parallel run the record holds devices and memory for. */
 #define RUN_MAX_RANKS (PT_MAX_STAGES * 64)

@@ -13,7 +13,7 @@
  * already owns matching, timeouts and aborts, and the point of this comm
  * is to check the cuda backend's parallel runtime on one GPU, not speed.
  */
-#include "executor/pipeline_gpu.h"
+#include "executor/parallel/pipeline_gpu.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "executor/backends.h"
+#include "executor/stage/backends.h"
 
 float *model_stage_buffer(const model_stage *stage, stage_buffer which)
 {

@@ -7,7 +7,7 @@
  * the world's failure flag and a deadline, so no thread can be held by
  * a dead or silent peer.
  */
-#include "executor/comm_nccl.h"
+#include "executor/comm/comm_nccl.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

@@ -4,8 +4,8 @@
  * written last. Whatever point a save dies at, the manifest on disk names
  * a complete, verified generation: the new one or the previous one.
  */
-#include "executor/data.h"
-#include "executor/data_io.h"
+#include "executor/data/data.h"
+#include "executor/data/data_io.h"
 
 #include <dirent.h>
 #include <errno.h>

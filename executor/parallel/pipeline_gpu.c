@@ -5,14 +5,14 @@
  * rank's thread on its GPU (green context, memory cap) and open its comm
  * streams before the thread makes its cuda stage.
  */
-#include "executor/pipeline_gpu.h"
+#include "executor/parallel/pipeline_gpu.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "executor/cuda/cuda_backend.h"
 #ifdef PARTITA_HAVE_NCCL
-#include "executor/comm_nccl.h"
+#include "executor/comm/comm_nccl.h"
 #endif
 
 static int open_rank(void *data, int rank, pt_error *err)

@@ -33,7 +33,7 @@
 #define PARTITA_EXECUTOR_COMM_NCCL_H
 
 #include "executor/executor.h"
-#include "executor/pipeline_gpu.h"
+#include "executor/parallel/pipeline_gpu.h"
 
 typedef struct comm_nccl comm_nccl;
 

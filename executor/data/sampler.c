@@ -4,8 +4,8 @@
  * samples of seq + 1 tokens, visited in a shuffled order; both orders are
  * drawn anew for every epoch from (seed, epoch).
  */
-#include "executor/data.h"
-#include "executor/data_io.h"
+#include "executor/data/data.h"
+#include "executor/data/data_io.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

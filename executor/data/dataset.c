@@ -3,8 +3,8 @@
  * writer that publishes .bin/.idx atomically. The byte layout is in
  * /work/shared/reference/megatron-indexed-dataset.md and docs/data.md.
  */
-#include "executor/data.h"
-#include "executor/data_io.h"
+#include "executor/data/data.h"
+#include "executor/data/data_io.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /* Little-endian codecs and crash-safe publishing of files. */
-#include "executor/data_io.h"
+#include "executor/data/data_io.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -3,7 +3,7 @@
  * tokenizer (token = byte value, then PREP_EOD_TOKEN). The writer publishes
  * both files atomically, so a failure anywhere leaves no output behind.
  */
-#include "executor/data.h"
+#include "executor/data/data.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "executor/backends.h"
+#include "executor/stage/backends.h"
 
 /* Pointers to one transformer layer's tensors inside a parameter-sized
  * buffer (the parameters, or the gradients at the same offsets). */
