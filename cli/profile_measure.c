@@ -8,6 +8,7 @@
  */
 #include "cli/cli.h"
 #include "executor/executor.h"
+#include "profiler/profiler.h"
 
 #include <errno.h>
 #include <getopt.h>

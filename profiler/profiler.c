@@ -2,7 +2,7 @@
  * The measuring half of `partita profile`: times the embedding, one
  * transformer layer and the head of a model, forward and backward, per
  * tensor-parallel shard and micro-batch, and the AdamW step per parameter.
- * executor.h ("profiler") states what is measured; docs/profiles.md
+ * profiler/profiler.h states what is measured; docs/profiles.md
  * ("Measuring") how and why.
  *
  * The three parts are three stages run as a pipeline would run them, so
@@ -13,7 +13,7 @@
  * the activation it received: the timed calls copy nothing a real stage
  * would not.
  */
-#include "executor/executor.h"
+#include "profiler/profiler.h"
 
 #include <math.h>
 #include <stdarg.h>

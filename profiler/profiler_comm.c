@@ -3,7 +3,7 @@
  * send/recv between GPUs 0 and 1 of this machine, one thread per GPU (as
  * `partita exec` runs its ranks), message sizes in powers of two. Built
  * only with the cuda backend and NCCL (PARTITA_HAVE_NCCL); otherwise
- * profiler_comm_available says why not. executor.h ("profiler") states
+ * profiler_comm_available says why not. profiler/profiler.h states
  * the measurement.
  *
  * Timing: the two threads meet at a barrier, each notes its start,
@@ -12,7 +12,7 @@
  * operations. Small messages take several operations per run so that
  * the barrier's wake-up skew and launch jitter average out.
  */
-#include "executor/executor.h"
+#include "profiler/profiler.h"
 
 #include <math.h>
 #include <stdio.h>

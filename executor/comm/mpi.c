@@ -16,7 +16,7 @@
  * from the main thread between steps, never at once: MPI_THREAD_SERIALIZED
  * is enough.
  */
-#include "executor/executor.h"
+#include "executor/comm/comm.h"
 
 #include <stdio.h>
 #include <stdlib.h>

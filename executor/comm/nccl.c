@@ -1,13 +1,13 @@
 /*
  * The comm interface over NCCL: one process, one GPU per rank, each rank
- * on its own thread (executor/comm_nccl.h states the contract). The
+ * on its own thread (executor/comm/comm.h states the contract). The
  * communicators are non-blocking (ncclConfig_t.blocking = 0): a call
  * that returns ncclInProgress is polled with ncclCommGetAsyncError
  * before the next one, and every wait is a poll loop that also watches
  * the world's failure flag and a deadline, so no thread can be held by
  * a dead or silent peer.
  */
-#include "executor/comm/comm_nccl.h"
+#include "executor/comm/comm.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

@@ -1,5 +1,5 @@
 /*
- * The host-staged comm (executor/pipeline_gpu.h): GPU ranks that are
+ * The host-staged comm (executor/parallel/parallel.h): GPU ranks that are
  * threads of this process, on any GPUs, several on one allowed. Every
  * operation copies the rank's device floats into its pinned staging
  * buffer, runs the same operation of a threads comm world on the host
@@ -13,7 +13,7 @@
  * already owns matching, timeouts and aborts, and the point of this comm
  * is to check the cuda backend's parallel runtime on one GPU, not speed.
  */
-#include "executor/parallel/pipeline_gpu.h"
+#include "executor/comm/comm.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,7 +9,7 @@
  * rank, sum in group order, send back), so every member gets the same
  * bits.
  */
-#include "executor/executor.h"
+#include "executor/comm/comm.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -10,13 +10,12 @@
  * backward scratch shared by all slots (one backward runs at a time), with
  * full recompute also the one layer's activations it recomputes into.
  */
-#include "executor/executor.h"
+#include "executor/cpu/cpu.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "executor/stage/backends.h"
 
 /* Pointers to one transformer layer's tensors inside a parameter-sized
  * buffer (the parameters, or the gradients at the same offsets). */

@@ -4,9 +4,9 @@
  * holds each backward against finite differences); the matmul, where the
  * time goes, is blocked for the cache and written so the compiler can
  * vectorise it, but no more. Every backward adds into its gradient
- * outputs (see executor.h).
+ * outputs (see executor/cpu/cpu.h).
  */
-#include "executor/executor.h"
+#include "executor/cpu/cpu.h"
 
 #include <math.h>
 #include <string.h>

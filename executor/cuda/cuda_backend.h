@@ -5,7 +5,7 @@
  * backend_find hands it out for BACKEND_CUDA; the GPU tests and the
  * benchmark use the helpers below. docs/cuda-backend.md describes it.
  *
- * Semantics are those of stage_backend (executor.h), with these
+ * Semantics are those of stage_backend (executor/stage/stage.h), with these
  * specifics:
  *   - the four float buffers of model_stage (params, grads, adam_m,
  *     adam_v) and the activation pointers (stage_input_buffer,
@@ -46,7 +46,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "executor/executor.h"
+#include "executor/stage/stage.h"
 
 const stage_backend *cuda_stage_backend(void);
 

@@ -1,7 +1,7 @@
 /*
  * The kernels of the cuda backend, as C launchers. Private to the
  * executor's cuda folder and its GPU tests (tests/executor/gpu), which
- * hold each of them against the cpu reference op of executor.h.
+ * hold each of them against the cpu reference op of executor/cpu/cpu.h.
  *
  * Conventions (the same as the cpu ops): B sequences, T positions, C
  * channels, N = B x T rows, NH heads, V vocabulary; row-major. Tensors

@@ -43,6 +43,7 @@
  * its input gradient d_in^T (IC x N) = W^T (IC x OC) d_out^T (OC x N),
  * and its weight gradient d_W^T (IC x OC) += in^T (IC x N) op_T(d_out^T).
  */
+#include "executor/comm/comm.h"
 #include "executor/cuda/cuda_backend.h"
 
 #include <math.h>

@@ -1,8 +1,8 @@
 /*
- * executor data: Megatron "MMIDIDX" indexed datasets (reader and writer),
- * GPT training samples drawn from them, `prep` (text or JSON lines to
- * .bin/.idx with a byte-level tokenizer) and atomic, checksummed
- * checkpoints. docs/data.md describes the formats and the sampling.
+ * executor/data: Megatron "MMIDIDX" indexed datasets (reader and writer),
+ * GPT training samples drawn from them and `prep` (text or JSON lines to
+ * .bin/.idx with a byte-level tokenizer). docs/data.md describes the
+ * formats and the sampling. Checkpoints are executor/run's.
  *
  * Like every library of Partita these functions never print or exit: they
  * return -1 and fill a pt_error naming the file, the byte offset or field,
@@ -227,89 +227,5 @@ void gpt_sampler_encode_position(const gpt_sampler *s,
 int gpt_sampler_decode_position(const gpt_sampler *s, const void *bytes,
                                 size_t size, data_position *out,
                                 pt_error *err);
-
-/* ----------------------------------------------------------- checkpoints */
-
-/* CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), table driven.
- * Start with crc 0 and feed the data in pieces of any size. */
-uint32_t pt_crc32_update(uint32_t crc, const void *data, size_t size);
-uint32_t pt_crc32(const void *data, size_t size);
-
-#define CHECKPOINT_MAX_BLOBS 64
-#define CHECKPOINT_MANIFEST "manifest.json"
-
-/* One blob as the manifest records it. */
-typedef struct checkpoint_blob {
-    char name[PT_NAME_MAX];   /* [A-Za-z0-9_.-], not starting with '.' */
-    uint64_t bytes;
-    uint32_t crc32;
-} checkpoint_blob;
-
-/*
- * A checkpoint directory holds manifest.json and one folder per save,
- * gen-NNNNNN/, with a file per blob. A save writes its blobs into a new
- * generation folder (each through a temporary file, fsync and rename) and
- * the manifest last (same way, then fsync of the directory); only then are
- * older generations removed. An interrupted save therefore leaves the
- * previous manifest and its generation untouched and loadable. One writer
- * per directory at a time.
- */
-typedef struct checkpoint_writer {
-    char dir[PT_PATH_MAX];
-    uint64_t generation;
-    int blob_count;
-    checkpoint_blob blobs[CHECKPOINT_MAX_BLOBS];
-    bool active;              /* begun and neither committed nor aborted */
-    bool joined;              /* writes into another process's generation
-                                 (checkpoint_writer_join) */
-} checkpoint_writer;
-
-/* Creates dir when missing, removes generations an earlier interrupted
- * save left behind and opens a new generation. */
-int checkpoint_writer_begin(checkpoint_writer *w, const char *dir,
-                            pt_error *err);
-/* Any failure (bad or repeated name, I/O) aborts the save. */
-int checkpoint_write_blob(checkpoint_writer *w, const char *name,
-                          const void *data, size_t size, pt_error *err);
-/* Writes the manifest: from here on the new checkpoint is the one that
- * loads. Older generations are then removed. */
-int checkpoint_writer_commit(checkpoint_writer *w, pt_error *err);
-/* Removes the uncommitted generation; the previous checkpoint stays. */
-void checkpoint_writer_abort(checkpoint_writer *w);
-
-/* One process per rank: the process that began the save (the only one
- * that commits) tells the others its generation; each joins it to write
- * its own blobs there, then hands their records (name, bytes, CRC-32) to
- * the committing writer, which adds them before its commit. A joined
- * writer never commits; its abort removes only the blobs it wrote (the
- * committing writer's abort removes the whole generation). */
-int checkpoint_writer_join(checkpoint_writer *w, const char *dir,
-                           uint64_t generation, pt_error *err);
-int checkpoint_writer_add(checkpoint_writer *w, const checkpoint_blob *blob,
-                          pt_error *err);
-
-/* What a committed checkpoint holds. */
-typedef struct checkpoint_manifest {
-    uint64_t generation;
-    int blob_count;
-    checkpoint_blob blobs[CHECKPOINT_MAX_BLOBS];
-} checkpoint_manifest;
-
-/* Whether dir holds a manifest (a committed checkpoint). */
-bool checkpoint_exists(const char *dir);
-/* Reads and validates the manifest only. */
-int checkpoint_read_manifest(const char *dir, checkpoint_manifest *out,
-                             pt_error *err);
-/* Checks every blob's size and CRC-32: call it before reading blobs to
- * restore all or nothing. */
-int checkpoint_verify(const char *dir, pt_error *err);
-/* The recorded size of a blob. */
-int checkpoint_blob_size(const char *dir, const char *name, uint64_t *bytes,
-                         pt_error *err);
-/* Copies a blob into buffer, which must be exactly its recorded size. The
- * size and CRC-32 are checked before anything is copied: on failure the
- * buffer is untouched. */
-int checkpoint_read_blob(const char *dir, const char *name, void *buffer,
-                         size_t size, pt_error *err);
 
 #endif

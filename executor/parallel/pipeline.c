@@ -8,7 +8,7 @@
  * a comm the caller made (NCCL). docs/executor.md ("Parallel runtime")
  * describes it.
  */
-#include "executor/executor.h"
+#include "executor/parallel/parallel.h"
 
 #include <math.h>
 #include <pthread.h>

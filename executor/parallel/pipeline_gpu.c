@@ -1,18 +1,18 @@
 /*
- * The GPU launcher of parallel plans (executor/pipeline_gpu.h): a comm
+ * The GPU launcher of parallel plans (executor/parallel/parallel.h): a comm
  * world over the ranks' GPUs (NCCL, or the host-staged comm) and the
  * generic launcher (pipeline_threads_start) with hooks that put each
  * rank's thread on its GPU (green context, memory cap) and open its comm
  * streams before the thread makes its cuda stage.
  */
-#include "executor/parallel/pipeline_gpu.h"
+#include "executor/parallel/parallel.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "executor/cuda/cuda_backend.h"
 #ifdef PARTITA_HAVE_NCCL
-#include "executor/comm/comm_nccl.h"
+#include "executor/comm/comm.h"
 #endif
 
 static int open_rank(void *data, int rank, pt_error *err)

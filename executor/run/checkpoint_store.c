@@ -4,7 +4,7 @@
  * written last. Whatever point a save dies at, the manifest on disk names
  * a complete, verified generation: the new one or the previous one.
  */
-#include "executor/data/data.h"
+#include "executor/run/run.h"
 #include "executor/data/data_io.h"
 
 #include <dirent.h>

@@ -6,7 +6,7 @@
  * CUDA runtime) and sizes the ranks; this file only compares, so it is
  * tested with made-up device lists.
  */
-#include "executor/executor.h"
+#include "executor/run/run.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -12,9 +12,9 @@
  */
 #ifdef PARTITA_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
-#include "executor/parallel/pipeline_gpu.h"
+#include "executor/parallel/parallel.h"
 #endif
-#include "executor/executor.h"
+#include "executor/run/run.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -4,7 +4,7 @@
  * the tensor's global name, so the values of a tensor do not depend on
  * which stage holds it or on what else that stage holds.
  */
-#include "executor/executor.h"
+#include "executor/stage/stage.h"
 
 #include <math.h>
 #include <pthread.h>

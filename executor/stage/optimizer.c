@@ -4,7 +4,7 @@
  * held to; the schedule and the clipping factor are plain arithmetic that
  * every backend shares.
  */
-#include "executor/executor.h"
+#include "executor/stage/stage.h"
 
 #include <math.h>
 

@@ -6,13 +6,14 @@
 #ifdef PARTITA_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
 #endif
-#include "executor/executor.h"
+#include "executor/comm/comm.h"
+#include "executor/stage/stage.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "executor/stage/backends.h"
+#include "executor/cpu/cpu.h"
 
 float *model_stage_buffer(const model_stage *stage, stage_buffer which)
 {

@@ -4,7 +4,7 @@
  * will do the same per stage with communication in between; this is the
  * single-stage case it will be checked against.
  */
-#include "executor/executor.h"
+#include "executor/stage/stage.h"
 
 #include <math.h>
 

@@ -53,8 +53,8 @@ COMMON_SOURCES="$ROOT/common/errors.c $ROOT/common/units.c
 sources_of() {
   case $1 in
     estimate) echo "$COMMON_SOURCES $ROOT/costmodel/*.c" ;;
-    idx) echo "$COMMON_SOURCES $ROOT/executor/dataset.c $ROOT/executor/data_io.c" ;;
-    checkpoint) echo "$COMMON_SOURCES $ROOT/executor/checkpoint.c $ROOT/executor/data_io.c" ;;
+    idx) echo "$COMMON_SOURCES $ROOT/executor/data/dataset.c $ROOT/executor/data/data_io.c" ;;
+    checkpoint) echo "$COMMON_SOURCES $ROOT/executor/run/checkpoint_store.c $ROOT/executor/data/data_io.c" ;;
     run) echo "$COMMON_SOURCES $ROOT/costmodel/*.c $ROOT/report/run_record.c $ROOT/report/compare.c" ;;
     *) echo "$COMMON_SOURCES" ;;
   esac

@@ -1,5 +1,5 @@
 /*
- * The profiler (executor/profiler.c): the median and spread of timed
+ * The profiler (profiler/profiler.c): the median and spread of timed
  * runs, the checks of its options, and a whole measurement of a tiny
  * model on the cpu backend: every point that the shape allows is there,
  * the others are skipped with a note, progress reaches its total. No
@@ -13,7 +13,7 @@
 
 #include <string.h>
 
-#include "executor/executor.h"
+#include "profiler/profiler.h"
 
 static void test_summary_of_odd_and_even_counts(void **state)
 {

@@ -25,7 +25,7 @@
 #include <pthread.h>
 #include <time.h>
 
-#include "executor/comm/comm_nccl.h"
+#include "executor/parallel/parallel.h"
 
 #define PROGRAM "test_nccl_parallel"
 #define MESSAGES 8
