@@ -373,4 +373,66 @@ void plan_free(plan *p);
 int plan_gpu_count(const plan *p);
 int plan_rank_node(const plan *p, int rank);
 
+/* ----------------------------------------------------------------- clock */
+
+/* Seconds on the monotonic clock (CLOCK_MONOTONIC), from an arbitrary
+ * start: for durations, deadlines and timelines within one process; the
+ * one clock every timing in Partita reads (common/clock.c). */
+double pt_monotonic_seconds(void);
+
+/* --------------------------------------------------------- atomic files */
+
+/*
+ * Files that appear whole or not at all (common/atomic_file.c): written
+ * under a temporary name beside the target, fsynced, then renamed over
+ * it, so a crash or an error leaves the old file (or none) and never a
+ * partial one. pt_write_file_atomic does it in one call; the steps are
+ * public for writers that stream (datasets) or must be interruptible
+ * between steps (checkpoints).
+ */
+
+/* Writes size bytes of data to path through a temporary file, fsync and
+ * rename; no file is left under either name on failure. */
+int pt_write_file_atomic(const char *path, const void *data, size_t size,
+                         pt_error *err);
+
+/* Writes all of data, retrying short writes and EINTR; 0 or -1 (errno). */
+int pt_write_fully(int fd, const void *data, size_t size);
+/* Creates an empty temporary file beside target ("target.tmp.<pid>.<n>",
+ * mode 0666 less umask), names it in temp_path and returns its
+ * descriptor, or -1 with err. */
+int pt_temp_file_beside(const char *target, char *temp_path,
+                        size_t temp_size, pt_error *err);
+/* fsyncs and closes fd (before a rename: otherwise a crash can leave the
+ * new name on an empty or partial file). On failure the temporary file is
+ * removed. fd is closed either way. */
+int pt_finish_temp_file(int fd, const char *temp_path, pt_error *err);
+/* Renames a finished temporary file to target; removes it on failure. */
+int pt_rename_into_place(const char *temp_path, const char *target,
+                         pt_error *err);
+/* pt_finish_temp_file, then pt_rename_into_place. */
+int pt_publish_temp_file(int fd, const char *temp_path, const char *target,
+                         pt_error *err);
+/* fsyncs a directory so that renames and creations inside it last. */
+int pt_sync_directory(const char *dir, pt_error *err);
+
+/* Little-endian loads and stores of 1 to 8 bytes at any alignment (the
+ * byte order of datasets and checkpoints). */
+static inline uint64_t pt_load_le(const unsigned char *bytes, size_t width)
+{
+    uint64_t value = 0;
+    for (size_t i = width; i > 0; i--)
+        value = (value << 8) | bytes[i - 1];
+    return value;
+}
+
+static inline void pt_store_le(unsigned char *bytes, uint64_t value,
+                               size_t width)
+{
+    for (size_t i = 0; i < width; i++) {
+        bytes[i] = (unsigned char)(value & 0xff);
+        value >>= 8;
+    }
+}
+
 #endif

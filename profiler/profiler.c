@@ -36,13 +36,6 @@
  * steps leave the parameters (and so the timings) as they were. */
 #define PROFILER_LEARNING_RATE 1e-6f
 
-static double now_seconds(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
-}
-
 static void add_note(profiler_result *out, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
 
@@ -436,7 +429,7 @@ static int run_chain(part_chain *chain, int mbs, double seconds[CHAIN_CALLS],
     stage_io head_io = {.mbs = mbs, .tokens = chain->tokens,
                         .input = stage_input_buffer(&chain->head, 0),
                         .loss_scale = 1.0f};
-    double start = now_seconds();
+    double start = pt_monotonic_seconds();
     for (int call = 0; call < CHAIN_CALLS; call++) {
         int status = 0;
         switch ((chain_call)call) {
@@ -464,7 +457,7 @@ static int run_chain(part_chain *chain, int mbs, double seconds[CHAIN_CALLS],
         case CHAIN_CALLS:
             break;
         }
-        double end = now_seconds();
+        double end = pt_monotonic_seconds();
         if (status != 0)
             return -1;
         seconds[call] = end - start;
@@ -536,11 +529,11 @@ static int measure_point(part_chain *chain, int tp, int mbs,
 static int warm_device(part_chain *chain, double warmup_s, pt_error *err)
 {
     double seconds[CHAIN_CALLS];
-    double until = now_seconds() + warmup_s;
+    double until = pt_monotonic_seconds() + warmup_s;
     do {
         if (run_chain(chain, chain->capacity, seconds, err) != 0)
             return -1;
-    } while (now_seconds() < until);
+    } while (pt_monotonic_seconds() < until);
     return 0;
 }
 
@@ -550,12 +543,12 @@ static int time_adamw(model_stage *stage, const profiler_options *o,
     adamw_config config = adamw_defaults();
     double runs[PROFILER_MAX_RUNS];
     for (int i = 0; i < o->warmup_runs + o->timed_runs; i++) {
-        double start = now_seconds();
+        double start = pt_monotonic_seconds();
         if (stage_adamw_step(stage, &config, PROFILER_LEARNING_RATE, 1.0f,
                              err) != 0)
             return -1;
         if (i >= o->warmup_runs)
-            runs[i - o->warmup_runs] = now_seconds() - start;
+            runs[i - o->warmup_runs] = pt_monotonic_seconds() - start;
     }
     *out = timing_summarize(runs, o->timed_runs);
     return 0;
@@ -691,7 +684,7 @@ int profiler_measure(const model_shape *shape,
     memset(out, 0, sizeof *out);
     if (profiler_options_check(options, err) != 0)
         return -1;
-    double started = now_seconds();
+    double started = pt_monotonic_seconds();
     out->runs_warmup = options->warmup_runs;
     out->runs_timed_max = options->timed_runs;
     out->runs_timed_min = options->min_timed_runs;
@@ -705,7 +698,7 @@ int profiler_measure(const model_shape *shape,
         status = measure_tp(shape, options->tp_values[i], options,
                             &optimizer_done, out, &progress, err);
     close_device(options);
-    out->elapsed_s = now_seconds() - started;
+    out->elapsed_s = pt_monotonic_seconds() - started;
     if (status != 0)
         return -1;
     if (out->point_count == 0 || !optimizer_done)

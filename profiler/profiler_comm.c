@@ -66,13 +66,6 @@ typedef struct comm_thread {
     float *buffer;
 } comm_thread;
 
-static double now_seconds(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
-}
-
 #define COMM_CUDA_TRY(call)                                                  \
     do {                                                                     \
         cudaError_t status_ = (call);                                        \
@@ -146,12 +139,12 @@ static void *comm_thread_main(void *argument)
         /* thread 0's controller prepares the next run meanwhile */
         if (!meet(bench) || bench->operations == 0)
             break;
-        bench->starts[gpu] = now_seconds();
+        bench->starts[gpu] = pt_monotonic_seconds();
         if (enqueue(t, &bench->errors[gpu]) != 0) {
             bench->status[gpu] = -1;
             bench->stop = true;
         }
-        bench->ends[gpu] = now_seconds();
+        bench->ends[gpu] = pt_monotonic_seconds();
         if (!meet(bench))
             break;
     }
@@ -287,7 +280,7 @@ int profiler_measure_comm(const profiler_options *options, double min_bytes,
     if (check_sizes(min_bytes, max_bytes, err) != 0 ||
         !profiler_comm_available(err->message, sizeof err->message))
         return -1;
-    double started = now_seconds();
+    double started = pt_monotonic_seconds();
     int version = 0;
     ncclGetVersion(&version);
     snprintf(out->nccl_version, sizeof out->nccl_version, "%d.%d.%d",
@@ -317,7 +310,7 @@ int profiler_measure_comm(const profiler_options *options, double min_bytes,
     for (int gpu = 0; gpu < COMM_GPUS; gpu++)
         ncclCommDestroy(bench.comms[gpu]);
     out->gpus = COMM_GPUS;
-    out->elapsed_s = now_seconds() - started;
+    out->elapsed_s = pt_monotonic_seconds() - started;
     return status;
 }
 

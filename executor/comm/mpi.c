@@ -16,7 +16,7 @@
  * from the main thread between steps, never at once: MPI_THREAD_SERIALIZED
  * is enough.
  */
-#include "executor/comm/comm.h"
+#include "executor/comm/internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,8 +103,9 @@ void comm_mpi_finish(comm_mpi *world, int exit_status)
 
 /* The largest count one MPI call takes (its counts are ints). */
 #define MPI_MAX_CHUNK (1 << 30)
-/* The longest abort reason sent to the other ranks. */
-#define ABORT_REASON_MAX 512
+/* The longest abort reason sent to the other ranks: what a failure
+ * keeps, so that sender and receiver agree. */
+#define ABORT_REASON_MAX COMM_FAILURE_REASON_MAX
 
 /* A send the peer has not taken yet: its copy lives until MPI is done. */
 typedef struct pending_send {
@@ -134,22 +135,13 @@ struct comm_mpi {
     int send_capacity;
     mpi_group *groups;
     int group_count;
-    bool failed;                 /* the first failure wins */
-    int failed_rank;
-    char failure[ABORT_REASON_MAX];
+    comm_failure failure;        /* the first rank that failed, and why */
     MPI_Request *abort_requests; /* size: our notice to each peer */
 };
 
 static comm_mpi *world_of(const comm *c)
 {
     return (comm_mpi *)c->shared;
-}
-
-static double now_s(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
 }
 
 /* Spins briefly, then sleeps up to a millisecond: a wait must not eat
@@ -167,23 +159,24 @@ static void pause_poll(long polls)
 
 static void mark_failed(comm_mpi *w, int rank, const char *reason)
 {
-    if (w->failed)
-        return;
-    w->failed = true;
-    w->failed_rank = rank;
-    snprintf(w->failure, sizeof w->failure, "%s", reason);
+    comm_failure_record(&w->failure, rank, reason);
+}
+
+static bool has_failed(const comm_mpi *w)
+{
+    return w->failure.rank >= 0;
 }
 
 /* Our failure to every other rank; nobody waits for these notices (the
  * peer may be dead), MPI_Abort or MPI_Finalize ends them. */
 static void notify_others(comm_mpi *w)
 {
-    int length = (int)strlen(w->failure) + 1;
+    int length = (int)strlen(w->failure.reason) + 1;
     for (int peer = 0; peer < w->size; peer++)
         if (peer != w->rank &&
             w->abort_requests[peer] == MPI_REQUEST_NULL)
-            MPI_Isend(w->failure, length, MPI_CHAR, peer, 0, w->aborts,
-                      &w->abort_requests[peer]);
+            MPI_Isend(w->failure.reason, length, MPI_CHAR, peer, 0,
+                      w->aborts, &w->abort_requests[peer]);
 }
 
 /* Takes the abort notices that arrived; the first one names the rank
@@ -246,12 +239,8 @@ static int fail_transport(const comm *c, const char *operation, int code,
 static int fail_interrupted(const comm *c, const char *operation,
                             pt_error *err)
 {
-    comm_mpi *w = world_of(c);
-    if (w->failed_rank == c->rank)
-        return pt_fail(err, "rank %d: %s: this rank already failed: %s",
-                       c->rank, operation, w->failure);
-    return pt_fail(err, "rank %d: %s interrupted: rank %d failed: %s",
-                   c->rank, operation, w->failed_rank, w->failure);
+    return comm_failure_interrupted(&world_of(c)->failure, c->rank,
+                                    operation, err);
 }
 
 static int fail_timeout(const comm *c, const char *operation,
@@ -271,10 +260,10 @@ static int poll_until(const comm *c, ready_check ready, void *state,
                       const char *operation, pt_error *err)
 {
     comm_mpi *w = world_of(c);
-    double deadline = now_s() + w->timeout_s;
+    double deadline = pt_monotonic_seconds() + w->timeout_s;
     for (long polls = 0;; polls++) {
         poll_aborts(w);
-        if (w->failed)
+        if (has_failed(w))
             return fail_interrupted(c, operation, err);
         int done = 0;
         int code = ready(state, &done);
@@ -284,7 +273,7 @@ static int poll_until(const comm *c, ready_check ready, void *state,
             return 0;
         if (polls % 64 == 63)
             progress_sends(w);
-        if (now_s() > deadline)
+        if (pt_monotonic_seconds() > deadline)
             return fail_timeout(c, operation, err);
         pause_poll(polls);
     }
@@ -336,7 +325,7 @@ static int mpi_send(const comm *c, int peer, int tag, const float *data,
     snprintf(operation, sizeof operation, "send to rank %d (tag %d)", peer,
              tag);
     poll_aborts(w);
-    if (w->failed)
+    if (has_failed(w))
         return fail_interrupted(c, operation, err);
     if (check_message_count(c, operation, count, err) != 0)
         return -1;
@@ -592,7 +581,7 @@ static int mpi_barrier(const comm *c, pt_error *err)
 static void mpi_abort(const comm *c, const char *reason)
 {
     comm_mpi *w = world_of(c);
-    if (w->failed)
+    if (has_failed(w))
         return;
     mark_failed(w, c->rank, reason);
     notify_others(w);
@@ -602,9 +591,7 @@ static int mpi_failed_rank(const comm *c, char *reason, size_t reason_size)
 {
     comm_mpi *w = world_of(c);
     poll_aborts(w);
-    if (reason != NULL && reason_size > 0)
-        snprintf(reason, reason_size, "%s", w->failed ? w->failure : "");
-    return w->failed ? w->failed_rank : -1;
+    return comm_failure_get(&w->failure, reason, reason_size);
 }
 
 static const comm_ops mpi_ops = {
@@ -689,7 +676,7 @@ int comm_mpi_create(double timeout_s, comm_mpi **out, pt_error *err)
         return pt_fail(err, "mpi comm: out of memory");
     w->messages = w->collectives = w->aborts = MPI_COMM_NULL;
     w->timeout_s = timeout_s;
-    w->failed_rank = -1;
+    comm_failure_init(&w->failure);
     if (start_mpi(err) != 0 || duplicate_world(w, err) != 0) {
         free(w);
         return -1;
@@ -797,10 +784,10 @@ int comm_mpi_broadcast(const comm *c, void *data, size_t bytes,
  * peer never took one within the timeout. */
 static bool complete_sends(comm_mpi *w)
 {
-    double deadline = now_s() + w->timeout_s;
+    double deadline = pt_monotonic_seconds() + w->timeout_s;
     for (long polls = 0; w->send_count > 0; polls++) {
         progress_sends(w);
-        if (now_s() > deadline)
+        if (pt_monotonic_seconds() > deadline)
             return false;
         if (w->send_count > 0)
             pause_poll(polls);
@@ -813,10 +800,10 @@ void comm_mpi_finish(comm_mpi *world, int exit_status)
     if (world == NULL)
         return;
     poll_aborts(world);
-    if (world->failed || !complete_sends(world)) {
+    if (has_failed(world) || !complete_sends(world)) {
         /* The rank that failed first prints why; the others, whose
          * messages only repeat it, give it a moment before the job ends. */
-        if (world->failed_rank != world->rank)
+        if (world->failure.rank != world->rank)
             sleep(1);
         fflush(stdout);
         fflush(stderr);

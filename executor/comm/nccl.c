@@ -7,7 +7,7 @@
  * the world's failure flag and a deadline, so no thread can be held by
  * a dead or silent peer.
  */
-#include "executor/comm/comm.h"
+#include "executor/comm/internal.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -84,9 +84,8 @@ struct comm_nccl {
     nccl_clique *cliques;
     nccl_rank *ranks;
     atomic_bool failed;          /* read in every poll without the lock */
-    pthread_mutex_t lock;        /* guards failed_rank and failure */
-    int failed_rank;
-    char failure[600];
+    pthread_mutex_t lock;        /* guards failure */
+    comm_failure failure;        /* the first rank that failed, and why */
     /* One process per rank (comm_nccl_create_rank): this process holds
      * only process_rank; its failures go to the other processes, and
      * theirs come back, over `processes` (the MPI world). */
@@ -98,13 +97,6 @@ struct comm_nccl {
 static comm_nccl *world_of(const comm *c)
 {
     return (comm_nccl *)c->shared;
-}
-
-static double monotonic_s(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
 }
 
 /* ------------------------------------------------------------ arguments */
@@ -243,12 +235,9 @@ static int plan_cliques(comm_nccl *world, const comm_groups *groups,
 static void mark_failed(comm_nccl *world, int rank, const char *reason)
 {
     pthread_mutex_lock(&world->lock);
-    bool first = !atomic_load(&world->failed);
-    if (first) {
-        world->failed_rank = rank;
-        snprintf(world->failure, sizeof world->failure, "%s", reason);
+    bool first = comm_failure_record(&world->failure, rank, reason);
+    if (first)
         atomic_store(&world->failed, true);
-    }
     pthread_mutex_unlock(&world->lock);
     /* the other processes' waits end too */
     if (first && world->has_processes && rank == world->process_rank)
@@ -261,7 +250,7 @@ static void watch_other_processes(comm_nccl *world)
 {
     if (!world->has_processes || atomic_load(&world->failed))
         return;
-    char reason[sizeof world->failure];
+    char reason[COMM_FAILURE_REASON_MAX];
     int failed = comm_failed_rank(&world->processes, reason, sizeof reason);
     if (failed >= 0)
         mark_failed(world, failed, reason);
@@ -288,7 +277,7 @@ static int fail_here(const comm *c, const char *operation, const char *what,
                      pt_error *err)
 {
     comm_nccl *world = world_of(c);
-    char reason[sizeof world->failure];
+    char reason[COMM_FAILURE_REASON_MAX];
     snprintf(reason, sizeof reason, "rank %d: %s: %s", c->rank, operation,
              what);
     mark_failed(world, c->rank, reason);
@@ -304,15 +293,9 @@ static int fail_interrupted(const comm *c, const char *operation,
     comm_nccl *world = world_of(c);
     abort_rank_comms(world, c->rank);
     pthread_mutex_lock(&world->lock);
-    int failed = world->failed_rank;
-    char reason[sizeof world->failure];
-    snprintf(reason, sizeof reason, "%s", world->failure);
+    comm_failure failure = world->failure;
     pthread_mutex_unlock(&world->lock);
-    if (failed == c->rank)
-        return pt_fail(err, "rank %d: %s: this rank already failed: %s",
-                       c->rank, operation, reason);
-    return pt_fail(err, "rank %d: %s interrupted: rank %d failed: %s",
-                   c->rank, operation, failed, reason);
+    return comm_failure_interrupted(&failure, c->rank, operation, err);
 }
 
 /* Between polls: spin at first (a message usually lands within
@@ -336,7 +319,7 @@ static int wait_for(const comm *c, ncclComm_t comm, cudaEvent_t event,
                     const char *operation, pt_error *err)
 {
     comm_nccl *world = world_of(c);
-    double deadline = monotonic_s() + world->timeout_s;
+    double deadline = pt_monotonic_seconds() + world->timeout_s;
     char what[400];
     for (long polls = 0;; polls++) {
         if (polls % 1024 == 1023)
@@ -364,7 +347,7 @@ static int wait_for(const comm *c, ncclComm_t comm, cudaEvent_t event,
                      ncclGetErrorString(state), ncclGetLastError(comm));
             return fail_here(c, operation, what, err);
         }
-        if (monotonic_s() > deadline) {
+        if (pt_monotonic_seconds() > deadline) {
             snprintf(what, sizeof what, "no answer within %g s (the comm "
                                         "timeout)",
                      world->timeout_s);
@@ -864,13 +847,13 @@ static int init_clique(comm_nccl *world, nccl_clique *q, pt_error *err)
                        q->name, cudaGetErrorString(set));
     if (status == ncclSuccess && ended != ncclInProgress)
         status = ended;
-    double deadline = monotonic_s() + init_timeout_s(world);
+    double deadline = pt_monotonic_seconds() + init_timeout_s(world);
     for (int i = 0; i < q->size && status == ncclSuccess; i++) {
         ncclResult_t state = ncclInProgress;
         while (q->comms[i] != NULL && state == ncclInProgress) {
             if (ncclCommGetAsyncError(q->comms[i], &state) != ncclSuccess)
                 state = ncclInternalError;
-            if (state == ncclInProgress && monotonic_s() > deadline)
+            if (state == ncclInProgress && pt_monotonic_seconds() > deadline)
                 return pt_fail(err, "nccl comm: the %s communicator was not "
                                     "ready within %g s",
                                q->name, init_timeout_s(world));
@@ -924,7 +907,7 @@ static comm_nccl *new_world(int size, double timeout_s, pt_error *err)
     }
     pthread_mutex_init(&world->lock, NULL);
     atomic_init(&world->failed, false);
-    world->failed_rank = -1;
+    comm_failure_init(&world->failure);
     world->size = size;
     world->timeout_s = timeout_s;
     world->devices = malloc((size_t)size * sizeof *world->devices);
@@ -1057,7 +1040,7 @@ static int start_own_cliques(comm_nccl *world, const clique_ids *shared,
  * process failed, or the set-up time is up. */
 static int await_own_cliques(comm_nccl *world, pt_error *err)
 {
-    double deadline = monotonic_s() + init_timeout_s(world);
+    double deadline = pt_monotonic_seconds() + init_timeout_s(world);
     for (int k = 0; k < world->clique_count; k++) {
         nccl_clique *q = &world->cliques[k];
         int member = own_member(world, q);
@@ -1071,8 +1054,8 @@ static int await_own_cliques(comm_nccl *world, pt_error *err)
                 return pt_fail(err, "rank %d: nccl comm: making the %s "
                                     "communicator: rank %d failed: %s",
                                world->process_rank, q->name,
-                               world->failed_rank, world->failure);
-            if (state == ncclInProgress && monotonic_s() > deadline)
+                               world->failure.rank, world->failure.reason);
+            if (state == ncclInProgress && pt_monotonic_seconds() > deadline)
                 return pt_fail(err, "rank %d: nccl comm: the %s "
                                     "communicator was not ready within %g s "
                                     "(is every process of the job up?)",
@@ -1171,13 +1154,13 @@ static void finalize_all(comm_nccl *world)
                 }
             }
         }
-    double deadline = monotonic_s() + world->timeout_s;
+    double deadline = pt_monotonic_seconds() + world->timeout_s;
     for (int k = 0; k < world->clique_count; k++)
         for (int i = 0; i < world->cliques[k].size; i++) {
             ncclComm_t comm = world->cliques[k].comms[i];
             ncclResult_t state = ncclInProgress;
             while (comm != NULL && state == ncclInProgress &&
-                   monotonic_s() < deadline) {
+                   pt_monotonic_seconds() < deadline) {
                 if (ncclCommGetAsyncError(comm, &state) != ncclSuccess)
                     state = ncclInternalError;
                 struct timespec pause = {.tv_sec = 0, .tv_nsec = 100000};
@@ -1311,10 +1294,10 @@ void comm_nccl_rank_abort_if_stuck(comm_nccl *world, int rank)
     if (rank < 0 || rank >= world->size)
         return;
     const nccl_rank *r = &world->ranks[rank];
-    double deadline = monotonic_s() + SEND_DRAIN_S;
+    double deadline = pt_monotonic_seconds() + SEND_DRAIN_S;
     bool stuck = r->open && send_in_flight(r);
     while (stuck && !atomic_load(&world->failed) &&
-           monotonic_s() < deadline) {
+           pt_monotonic_seconds() < deadline) {
         struct timespec pause = {.tv_sec = 0, .tv_nsec = 1000000};
         nanosleep(&pause, NULL);
         stuck = send_in_flight(r);
@@ -1359,10 +1342,7 @@ void comm_nccl_rank_close(comm_nccl *world, int rank)
 int comm_nccl_failed_rank(comm_nccl *world, char *reason, size_t reason_size)
 {
     pthread_mutex_lock(&world->lock);
-    bool failed = atomic_load(&world->failed);
-    int rank = failed ? world->failed_rank : -1;
-    if (reason != NULL && reason_size > 0)
-        snprintf(reason, reason_size, "%s", failed ? world->failure : "");
+    int rank = comm_failure_get(&world->failure, reason, reason_size);
     pthread_mutex_unlock(&world->lock);
     return rank;
 }

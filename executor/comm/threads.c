@@ -1,15 +1,14 @@
 /*
- * The communication interface (comm_* wrappers) and its threads
- * implementation: the ranks of a world are threads of one process; a
- * send copies the floats into a message appended to the receiver's
- * mailbox, a receive waits for the first message of that peer and tag.
- * One mutex and one condition variable guard the whole world: the CPU
- * reference moves little data and wants simplicity over throughput.
- * Collectives are built on the mailboxes (gather to the group's first
- * rank, sum in group order, send back), so every member gets the same
- * bits.
+ * The threads implementation of the comm interface: the ranks of a world
+ * are threads of one process; a send copies the floats into a message
+ * appended to the receiver's mailbox, a receive waits for the first
+ * message of that peer and tag. One mutex and one condition variable
+ * guard the whole world: the CPU reference moves little data and wants
+ * simplicity over throughput. Collectives are built on the mailboxes
+ * (gather to the group's first rank, sum in group order, send back), so
+ * every member gets the same bits.
  */
-#include "executor/comm/comm.h"
+#include "executor/comm/internal.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -21,176 +20,6 @@
 /* Tags of the collectives: below 0, out of the callers' range. */
 enum { TAG_REDUCE = -1, TAG_BROADCAST = -2, TAG_SCATTER = -3,
        TAG_GATHER = -4 };
-
-/* ------------------------------------------------------------ interface */
-
-static int check_peer(const comm *c, int peer, const char *what,
-                      pt_error *err)
-{
-    if (peer < 0 || peer >= c->size || peer == c->rank)
-        return pt_fail(err, "rank %d: %s: peer %d is not another rank of "
-                            "the %d",
-                       c->rank, what, peer, c->size);
-    return 0;
-}
-
-int comm_send(const comm *c, int peer, int tag, const float *data,
-              size_t count, pt_error *err)
-{
-    if (check_peer(c, peer, "send", err) != 0)
-        return -1;
-    if (tag < 0 || (data == NULL && count > 0))
-        return pt_fail(err, "rank %d: send to rank %d: tag %d must be >= 0 "
-                            "and data given",
-                       c->rank, peer, tag);
-    return c->ops->send(c, peer, tag, data, count, err);
-}
-
-int comm_recv(const comm *c, int peer, int tag, float *data, size_t count,
-              pt_error *err)
-{
-    if (check_peer(c, peer, "receive", err) != 0)
-        return -1;
-    if (tag < 0 || (data == NULL && count > 0))
-        return pt_fail(err, "rank %d: receive from rank %d: tag %d must be "
-                            ">= 0 and data given",
-                       c->rank, peer, tag);
-    return c->ops->recv(c, peer, tag, data, count, err);
-}
-
-static int check_group(const comm *c, const int *group, int group_size,
-                       pt_error *err)
-{
-    bool member = false;
-    for (int i = 0; i < group_size; i++) {
-        if (group[i] < 0 || group[i] >= c->size)
-            return pt_fail(err, "rank %d: all-reduce: group member %d is "
-                                "not a rank of the %d",
-                           c->rank, group[i], c->size);
-        for (int j = 0; j < i; j++)
-            if (group[j] == group[i])
-                return pt_fail(err, "rank %d: all-reduce: rank %d appears "
-                                    "twice in the group",
-                               c->rank, group[i]);
-        member = member || group[i] == c->rank;
-    }
-    if (!member)
-        return pt_fail(err, "rank %d: all-reduce over a group of %d ranks "
-                            "it is not in",
-                       c->rank, group_size);
-    return 0;
-}
-
-/* The checks every all-reduce wrapper makes: 1 when there is nothing to
- * reduce (a group of one, no elements), 0 to go on, -1 on bad input. */
-static int check_reduce(const comm *c, const int *group, int group_size,
-                        bool has_data, size_t count, pt_error *err)
-{
-    if (check_group(c, group, group_size, err) != 0)
-        return -1;
-    if (!has_data && count > 0)
-        return pt_fail(err, "rank %d: all-reduce without data", c->rank);
-    return group_size == 1 || count == 0 ? 1 : 0;
-}
-
-static int all_reduce(const comm *c, const int *group, int group_size,
-                      float *data, size_t count, comm_reduce_op op,
-                      pt_error *err)
-{
-    int checked = check_reduce(c, group, group_size, data != NULL, count, err);
-    if (checked != 0)
-        return checked < 0 ? -1 : 0;
-    return c->ops->all_reduce(c, group, group_size, data, count, op, err);
-}
-
-int comm_all_reduce_sum(const comm *c, const int *group, int group_size,
-                        float *data, size_t count, pt_error *err)
-{
-    return all_reduce(c, group, group_size, data, count, COMM_SUM, err);
-}
-
-int comm_all_reduce_max(const comm *c, const int *group, int group_size,
-                        float *data, size_t count, pt_error *err)
-{
-    return all_reduce(c, group, group_size, data, count, COMM_MAX, err);
-}
-
-int comm_all_reduce_host(const comm *c, const int *group, int group_size,
-                         double *data, size_t count, pt_error *err)
-{
-    int checked = check_reduce(c, group, group_size, data != NULL, count, err);
-    if (checked != 0)
-        return checked < 0 ? -1 : 0;
-    return c->ops->all_reduce_host(c, group, group_size, data, count, err);
-}
-
-/* The wrappers' checks for the chunked collectives: offsets run from 0,
- * never decrease. 1: nothing to move; 0: go on; -1: bad input. */
-static int check_chunked(const comm *c, const char *what, const int *group,
-                         int group_size, const float *data,
-                         const size_t *chunk_offsets, pt_error *err)
-{
-    if (check_group(c, group, group_size, err) != 0)
-        return -1;
-    if (chunk_offsets == NULL || chunk_offsets[0] != 0)
-        return pt_fail(err, "rank %d: %s: chunk offsets must start at 0",
-                       c->rank, what);
-    for (int i = 0; i < group_size; i++)
-        if (chunk_offsets[i + 1] < chunk_offsets[i])
-            return pt_fail(err, "rank %d: %s: chunk %d ends (%zu) before it "
-                                "starts (%zu)",
-                           c->rank, what, i, chunk_offsets[i + 1],
-                           chunk_offsets[i]);
-    size_t count = chunk_offsets[group_size];
-    if (data == NULL && count > 0)
-        return pt_fail(err, "rank %d: %s without data", c->rank, what);
-    return group_size == 1 || count == 0 ? 1 : 0;
-}
-
-int comm_reduce_scatter_sum(const comm *c, const int *group, int group_size,
-                            float *data, const size_t *chunk_offsets,
-                            pt_error *err)
-{
-    int checked = check_chunked(c, "reduce-scatter", group, group_size, data,
-                                chunk_offsets, err);
-    if (checked != 0)
-        return checked < 0 ? -1 : 0;
-    return c->ops->reduce_scatter(c, group, group_size, data, chunk_offsets,
-                                  err);
-}
-
-int comm_all_gather(const comm *c, const int *group, int group_size,
-                    float *data, const size_t *chunk_offsets, pt_error *err)
-{
-    int checked = check_chunked(c, "all-gather", group, group_size, data,
-                                chunk_offsets, err);
-    if (checked != 0)
-        return checked < 0 ? -1 : 0;
-    return c->ops->all_gather(c, group, group_size, data, chunk_offsets,
-                              err);
-}
-
-int comm_barrier(const comm *c, pt_error *err)
-{
-    return c->ops->barrier(c, err);
-}
-
-void comm_abort(const comm *c, const char *reason)
-{
-    c->ops->abort(c, reason);
-}
-
-int comm_failed_rank(const comm *c, char *reason, size_t reason_size)
-{
-    return c->ops->failed_rank(c, reason, reason_size);
-}
-
-void comm_groups_free(comm_groups *groups)
-{
-    free(groups->offsets);
-    free(groups->members);
-    memset(groups, 0, sizeof *groups);
-}
 
 /* -------------------------------------------------------------- threads */
 
@@ -211,9 +40,7 @@ struct comm_threads {
     double timeout_s;
     comm_message **mailbox_head; /* per receiving rank, oldest first */
     comm_message **mailbox_tail;
-    bool failed;
-    int failed_rank;
-    char failure[600];           /* what the failed rank reported */
+    comm_failure failure;        /* the first rank that failed, and why */
     int barrier_arrived;
     long barrier_generation;
 };
@@ -223,13 +50,14 @@ static comm_threads *world_of(const comm *c)
     return (comm_threads *)c->shared;
 }
 
+/* The moment `seconds` from now, on the monotonic clock the condition
+ * variable waits on (comm_threads_create sets it), as a timespec. */
 static struct timespec deadline_after(double seconds)
 {
-    struct timespec when;
-    clock_gettime(CLOCK_MONOTONIC, &when);
-    double whole = (double)(long)seconds;
-    when.tv_sec += (time_t)whole;
-    when.tv_nsec += (long)((seconds - whole) * 1e9);
+    double at = pt_monotonic_seconds() + seconds;
+    double whole = (double)(long)at;
+    struct timespec when = {.tv_sec = (time_t)whole,
+                            .tv_nsec = (long)((at - whole) * 1e9)};
     if (when.tv_nsec >= 1000000000L) {
         when.tv_sec += 1;
         when.tv_nsec -= 1000000000L;
@@ -240,12 +68,13 @@ static struct timespec deadline_after(double seconds)
 /* Marks the world failed by `rank` (first failure wins); lock held. */
 static void mark_failed(comm_threads *world, int rank, const char *reason)
 {
-    if (world->failed)
-        return;
-    world->failed = true;
-    world->failed_rank = rank;
-    snprintf(world->failure, sizeof world->failure, "%s", reason);
-    pthread_cond_broadcast(&world->changed);
+    if (comm_failure_record(&world->failure, rank, reason))
+        pthread_cond_broadcast(&world->changed);
+}
+
+static bool has_failed(const comm_threads *world)
+{
+    return world->failure.rank >= 0;
 }
 
 /* The error of an operation cut short by another rank's failure; lock
@@ -253,12 +82,8 @@ static void mark_failed(comm_threads *world, int rank, const char *reason)
 static int fail_interrupted(const comm *c, const char *operation,
                             pt_error *err)
 {
-    comm_threads *world = world_of(c);
-    if (world->failed_rank == c->rank)
-        return pt_fail(err, "rank %d: %s: this rank already failed: %s",
-                       c->rank, operation, world->failure);
-    return pt_fail(err, "rank %d: %s interrupted: rank %d failed: %s",
-                   c->rank, operation, world->failed_rank, world->failure);
+    return comm_failure_interrupted(&world_of(c)->failure, c->rank,
+                                    operation, err);
 }
 
 /* Waits for a change until the deadline; on timeout marks the world
@@ -294,7 +119,7 @@ static int threads_post(const comm *c, int peer, int tag, const float *data,
     if (count > 0)
         memcpy(message->data, data, count * sizeof(float));
     pthread_mutex_lock(&world->lock);
-    if (world->failed) {
+    if (has_failed(world)) {
         char operation[64];
         snprintf(operation, sizeof operation, "send to rank %d (tag %d)",
                  peer, tag);
@@ -347,7 +172,7 @@ static int threads_wait_message(const comm *c, int peer, int tag,
     pthread_mutex_lock(&world->lock);
     comm_message *message = NULL;
     while (message == NULL) {
-        if (world->failed) {
+        if (has_failed(world)) {
             int status = fail_interrupted(c, operation, err);
             pthread_mutex_unlock(&world->lock);
             return status;
@@ -528,13 +353,13 @@ static int threads_barrier(const comm *c, pt_error *err)
     struct timespec deadline = deadline_after(world->timeout_s);
     pthread_mutex_lock(&world->lock);
     long generation = world->barrier_generation;
-    if (!world->failed && ++world->barrier_arrived == world->size) {
+    if (!has_failed(world) && ++world->barrier_arrived == world->size) {
         world->barrier_arrived = 0;
         world->barrier_generation++;
         pthread_cond_broadcast(&world->changed);
     }
     while (world->barrier_generation == generation) {
-        if (world->failed) {
+        if (has_failed(world)) {
             int status = fail_interrupted(c, "barrier", err);
             pthread_mutex_unlock(&world->lock);
             return status;
@@ -608,6 +433,7 @@ int comm_threads_create(int size, double timeout_s, comm_threads **out,
         return pt_fail(err, "threads comm: cannot set up %d ranks", size);
     }
     pthread_mutex_init(&world->lock, NULL);
+    comm_failure_init(&world->failure);
     *out = world;
     return 0;
 }
@@ -642,10 +468,7 @@ int comm_threads_failed_rank(comm_threads *world, char *reason,
                              size_t reason_size)
 {
     pthread_mutex_lock(&world->lock);
-    int rank = world->failed ? world->failed_rank : -1;
-    if (reason != NULL && reason_size > 0)
-        snprintf(reason, reason_size, "%s", world->failed ? world->failure
-                                                          : "");
+    int rank = comm_failure_get(&world->failure, reason, reason_size);
     pthread_mutex_unlock(&world->lock);
     return rank;
 }

@@ -4,7 +4,6 @@
  * /work/shared/reference/megatron-indexed-dataset.md and docs/data.md.
  */
 #include "executor/data/data.h"
-#include "executor/data/data_io.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -146,7 +145,7 @@ static int check_header(indexed_dataset *ds, uint64_t *doc_index_count,
                        "not a Megatron indexed dataset", ds->idx_path);
     if (need_bytes(ds, OFFSET_VERSION, 8, "version", err) != 0)
         return -1;
-    uint64_t version = load_le(idx + OFFSET_VERSION, 8);
+    uint64_t version = pt_load_le(idx + OFFSET_VERSION, 8);
     if (version != 1)
         return pt_fail(err, "%s: offset %d (version): %" PRIu64 ", only "
                        "version 1 is supported", ds->idx_path,
@@ -163,8 +162,8 @@ static int check_header(indexed_dataset *ds, uint64_t *doc_index_count,
         need_bytes(ds, OFFSET_DOC_INDEX_COUNT, 8, "document index count",
                    err) != 0)
         return -1;
-    ds->sequence_count = load_le(idx + OFFSET_SEQUENCE_COUNT, 8);
-    *doc_index_count = load_le(idx + OFFSET_DOC_INDEX_COUNT, 8);
+    ds->sequence_count = pt_load_le(idx + OFFSET_SEQUENCE_COUNT, 8);
+    *doc_index_count = pt_load_le(idx + OFFSET_DOC_INDEX_COUNT, 8);
     if (*doc_index_count == 0)
         return pt_fail(err, "%s: offset %d (document index count): 0, must be "
                        "at least 1 (the leading 0)", ds->idx_path,
@@ -212,12 +211,12 @@ static int check_sequences(indexed_dataset *ds, pt_error *err)
     uint64_t pointers_offset = INDEXED_HEADER_BYTES + 4 * ds->sequence_count;
     for (uint64_t i = 0; i < ds->sequence_count; i++) {
         uint64_t length_offset = INDEXED_HEADER_BYTES + 4 * i;
-        int32_t length = (int32_t)(uint32_t)load_le(ds->lengths + 4 * i, 4);
+        int32_t length = (int32_t)(uint32_t)pt_load_le(ds->lengths + 4 * i, 4);
         if (length < 0)
             return pt_fail(err, "%s: offset %" PRIu64 " (length of sequence %"
                            PRIu64 "): %" PRId32 " is negative", ds->idx_path,
                            length_offset, i, length);
-        uint64_t pointer = load_le(ds->pointers + 8 * i, 8);
+        uint64_t pointer = pt_load_le(ds->pointers + 8 * i, 8);
         if (pointer != running)
             return pt_fail(err, "%s: offset %" PRIu64 " (pointer of sequence %"
                            PRIu64 "): %" PRId64 ", expected %" PRIu64 " (the "
@@ -245,7 +244,7 @@ static int check_document_index(const indexed_dataset *ds, pt_error *err)
     uint64_t base = INDEXED_HEADER_BYTES + 12 * ds->sequence_count;
     uint64_t previous = 0;
     for (uint64_t j = 0; j <= ds->document_count; j++) {
-        uint64_t entry = load_le(ds->doc_index + 8 * j, 8);
+        uint64_t entry = pt_load_le(ds->doc_index + 8 * j, 8);
         if (j == 0 && entry != 0)
             return pt_fail(err, "%s: offset %" PRIu64 " (document index 0): %"
                            PRId64 ", must be 0", ds->idx_path, base,
@@ -313,21 +312,21 @@ void indexed_dataset_close(indexed_dataset *ds)
 uint64_t indexed_dataset_sequence_length(const indexed_dataset *ds,
                                          uint64_t sequence)
 {
-    return load_le(ds->lengths + 4 * sequence, 4);
+    return pt_load_le(ds->lengths + 4 * sequence, 4);
 }
 
 uint64_t indexed_dataset_sequence_offset(const indexed_dataset *ds,
                                          uint64_t sequence)
 {
-    return load_le(ds->pointers + 8 * sequence, 8);
+    return pt_load_le(ds->pointers + 8 * sequence, 8);
 }
 
 void indexed_dataset_document_sequences(const indexed_dataset *ds,
                                         uint64_t document, uint64_t *first,
                                         uint64_t *end)
 {
-    *first = load_le(ds->doc_index + 8 * document, 8);
-    *end = load_le(ds->doc_index + 8 * (document + 1), 8);
+    *first = pt_load_le(ds->doc_index + 8 * document, 8);
+    *end = pt_load_le(ds->doc_index + 8 * (document + 1), 8);
 }
 
 uint64_t indexed_dataset_document_length(const indexed_dataset *ds,
@@ -359,7 +358,7 @@ int indexed_dataset_read_tokens(const indexed_dataset *ds, uint64_t sequence,
     uint64_t sign_bit = (uint64_t)1 << (8 * item - 1);
     bool is_signed = dtype_is_signed(ds->dtype);
     for (uint64_t t = 0; t < count; t++, offset += item) {
-        uint64_t raw = load_le(ds->bin_map + offset, item);
+        uint64_t raw = pt_load_le(ds->bin_map + offset, item);
         if ((is_signed && (raw & sign_bit)) || raw > UINT32_MAX)
             return pt_fail(err, "%s: offset %" PRIu64 ": token %s is not a "
                            "valid token id (%s)", ds->bin_path, offset,
@@ -393,7 +392,7 @@ int indexed_writer_begin(indexed_writer *w, const char *prefix, int dtype,
     w->staging = malloc(STAGING_TOKENS * w->item_bytes);
     if (w->staging == NULL)
         return pt_fail(err, "%s: out of memory", prefix);
-    w->bin_fd = temp_file_beside(bin_path, w->bin_temp, sizeof w->bin_temp,
+    w->bin_fd = pt_temp_file_beside(bin_path, w->bin_temp, sizeof w->bin_temp,
                                  err);
     if (w->bin_fd < 0) {
         indexed_writer_abort(w);
@@ -444,9 +443,9 @@ static int stage_and_write(indexed_writer *w, const uint32_t *tokens,
                                PRIu64 ": %" PRIu32 " does not fit %s",
                                w->prefix, w->sequence_count, done + t, token,
                                indexed_dtype_name(w->dtype));
-            store_le(w->staging + t * w->item_bytes, token, w->item_bytes);
+            pt_store_le(w->staging + t * w->item_bytes, token, w->item_bytes);
         }
-        if (write_fully(w->bin_fd, w->staging, chunk * w->item_bytes) != 0)
+        if (pt_write_fully(w->bin_fd, w->staging, chunk * w->item_bytes) != 0)
             return pt_fail(err, "%s: write failed: %s", w->bin_temp,
                            strerror(errno));
         done += chunk;
@@ -484,21 +483,21 @@ static unsigned char *encode_index(const indexed_writer *w, size_t *size)
     if (idx == NULL)
         return NULL;
     memcpy(idx, INDEXED_MAGIC, INDEXED_MAGIC_BYTES);
-    store_le(idx + OFFSET_VERSION, 1, 8);
+    pt_store_le(idx + OFFSET_VERSION, 1, 8);
     idx[OFFSET_DTYPE] = (unsigned char)w->dtype;
-    store_le(idx + OFFSET_SEQUENCE_COUNT, s, 8);
-    store_le(idx + OFFSET_DOC_INDEX_COUNT, s + 1, 8);
+    pt_store_le(idx + OFFSET_SEQUENCE_COUNT, s, 8);
+    pt_store_le(idx + OFFSET_DOC_INDEX_COUNT, s + 1, 8);
     unsigned char *lengths = idx + INDEXED_HEADER_BYTES;
     unsigned char *pointers = lengths + 4 * s;
     unsigned char *documents = pointers + 8 * s;
     uint64_t pointer = 0;
     for (uint64_t i = 0; i < s; i++) {
-        store_le(lengths + 4 * i, (uint32_t)w->lengths[i], 4);
-        store_le(pointers + 8 * i, pointer, 8);
+        pt_store_le(lengths + 4 * i, (uint32_t)w->lengths[i], 4);
+        pt_store_le(pointers + 8 * i, pointer, 8);
         pointer += (uint64_t)w->lengths[i] * w->item_bytes;
     }
     for (uint64_t j = 0; j <= s; j++)
-        store_le(documents + 8 * j, j, 8);
+        pt_store_le(documents + 8 * j, j, 8);
     return idx;
 }
 
@@ -513,12 +512,12 @@ static int publish_dataset(indexed_writer *w, pt_error *err)
     unsigned char *idx = encode_index(w, &idx_size);
     if (idx == NULL)
         return pt_fail(err, "%s: out of memory for the index", idx_path);
-    int fd = temp_file_beside(idx_path, idx_temp, sizeof idx_temp, err);
+    int fd = pt_temp_file_beside(idx_path, idx_temp, sizeof idx_temp, err);
     if (fd < 0) {
         free(idx);
         return -1;
     }
-    int written = write_fully(fd, idx, idx_size);
+    int written = pt_write_fully(fd, idx, idx_size);
     int saved = errno;
     free(idx);
     if (written != 0) {
@@ -526,18 +525,18 @@ static int publish_dataset(indexed_writer *w, pt_error *err)
         unlink(idx_temp);
         return pt_fail(err, "%s: write failed: %s", idx_temp, strerror(saved));
     }
-    if (finish_temp_file(fd, idx_temp, err) != 0)
+    if (pt_finish_temp_file(fd, idx_temp, err) != 0)
         return -1;
-    if (rename_into_place(w->bin_temp, bin_path, err) != 0) {
+    if (pt_rename_into_place(w->bin_temp, bin_path, err) != 0) {
         unlink(idx_temp);
         return -1;
     }
     w->bin_temp[0] = '\0';
-    if (rename_into_place(idx_temp, idx_path, err) != 0)
+    if (pt_rename_into_place(idx_temp, idx_path, err) != 0)
         return -1;
     char dir[PT_PATH_MAX];
     pt_directory_of(w->prefix, dir, sizeof dir);
-    return sync_directory(dir, err);
+    return pt_sync_directory(dir, err);
 }
 
 int indexed_writer_commit(indexed_writer *w, pt_error *err)
@@ -547,7 +546,7 @@ int indexed_writer_commit(indexed_writer *w, pt_error *err)
     int fd = w->bin_fd;
     w->bin_fd = -1;
     int result = -1;
-    if (finish_temp_file(fd, w->bin_temp, err) == 0)
+    if (pt_finish_temp_file(fd, w->bin_temp, err) == 0)
         result = publish_dataset(w, err);
     else
         w->bin_temp[0] = '\0';  /* finish_temp_file removed it */

@@ -5,7 +5,6 @@
  * drawn anew for every epoch from (seed, epoch).
  */
 #include "executor/data/data.h"
-#include "executor/data/data_io.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -243,7 +242,7 @@ void gpt_sampler_encode_position(const gpt_sampler *s,
         s->dataset->total_tokens, s->dataset->document_count};
     memcpy(out, POSITION_MAGIC, 8);
     for (int f = 0; f < POSITION_FIELDS; f++)
-        store_le(out + 8 + 8 * f, fields[f], 8);
+        pt_store_le(out + 8 + 8 * f, fields[f], 8);
 }
 
 static int expect_same(const char *what, uint64_t saved, uint64_t current,
@@ -269,7 +268,7 @@ int gpt_sampler_decode_position(const gpt_sampler *s, const void *bytes,
                        POSITION_MAGIC);
     uint64_t fields[POSITION_FIELDS];
     for (int f = 0; f < POSITION_FIELDS; f++)
-        fields[f] = load_le(in + 8 + 8 * f, 8);
+        fields[f] = pt_load_le(in + 8 + 8 * f, 8);
     if (expect_same("seed", fields[POSITION_SEED], s->seed, err) != 0 ||
         expect_same("seq", fields[POSITION_SEQ], s->seq, err) != 0 ||
         expect_same("a dataset of tokens", fields[POSITION_TOKENS],

@@ -169,13 +169,6 @@ void pipeline_events_free(pipeline_events *events)
     memset(events, 0, sizeof *events);
 }
 
-static double monotonic_s(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
-}
-
 /* ------------------------------------------------------- one rank's step */
 
 /* What one rank's step works with. */
@@ -210,7 +203,7 @@ static void record(rank_step *r, const char *kind, int micro_batch,
     event->microbatch = micro_batch;
     event->kind = kind;
     event->start_s = start_s - r->step_start_s;
-    event->end_s = monotonic_s() - r->step_start_s;
+    event->end_s = pt_monotonic_seconds() - r->step_start_s;
 }
 
 /* Marks what the rank starts now (for the error message) and returns the
@@ -219,7 +212,7 @@ static double begin(rank_step *r, const char *operation, int micro_batch)
 {
     r->operation = operation;
     r->micro_batch = micro_batch;
-    return monotonic_s();
+    return pt_monotonic_seconds();
 }
 
 static stage_io micro_batch_io(const rank_step *r, int micro_batch)
@@ -970,7 +963,7 @@ int pipeline_threads_step(pipeline_threads *p, const train_config *config,
     worker_order order = {.command = COMMAND_STEP,
                           .config = config,
                           .tokens = tokens,
-                          .step_start_s = monotonic_s(),
+                          .step_start_s = pt_monotonic_seconds(),
                           .inject_failure_rank = p->inject_failure_rank};
     post_order(all, &order, p->local_rank_count);
     char reason[sizeof err->message];

@@ -5,7 +5,6 @@
  * a complete, verified generation: the new one or the previous one.
  */
 #include "executor/run/run.h"
-#include "executor/data/data_io.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -126,22 +125,22 @@ static void crash_point(void)
 }
 #endif
 
-/* write_file_atomically (data_io.c) step by step, with a crash point after
- * each step: a temporary file beside target, the first half of the bytes,
- * the rest, fsync and close, rename. */
+/* pt_write_file_atomic (common/atomic_file.c) step by step, with a crash
+ * point after each step: a temporary file beside target, the first half
+ * of the bytes, the rest, fsync and close, rename. */
 static int write_file_in_steps(const char *target, const void *data,
                                size_t size, pt_error *err)
 {
     char temp_path[PT_PATH_MAX + 160];
-    int fd = temp_file_beside(target, temp_path, sizeof temp_path, err);
+    int fd = pt_temp_file_beside(target, temp_path, sizeof temp_path, err);
     if (fd < 0)
         return -1;
     crash_point();
     size_t half = size / 2;
-    int written = write_fully(fd, data, half);
+    int written = pt_write_fully(fd, data, half);
     crash_point();
     if (written == 0)
-        written = write_fully(fd, (const char *)data + half, size - half);
+        written = pt_write_fully(fd, (const char *)data + half, size - half);
     if (written != 0) {
         int saved = errno;
         close(fd);
@@ -150,10 +149,10 @@ static int write_file_in_steps(const char *target, const void *data,
                        strerror(saved));
     }
     crash_point();
-    if (finish_temp_file(fd, temp_path, err) != 0)
+    if (pt_finish_temp_file(fd, temp_path, err) != 0)
         return -1;
     crash_point();
-    if (rename_into_place(temp_path, target, err) != 0)
+    if (pt_rename_into_place(temp_path, target, err) != 0)
         return -1;
     crash_point();
     return 0;
@@ -395,10 +394,10 @@ int checkpoint_writer_commit(checkpoint_writer *w, pt_error *err)
         return pt_fail(err, "%s: out of memory for the manifest", path);
     }
     /* The blobs' renames must be durable before the manifest names them. */
-    int result = sync_directory(folder, err);
+    int result = pt_sync_directory(folder, err);
     crash_point();
     if (result == 0)
-        result = sync_directory(w->dir, err);
+        result = pt_sync_directory(w->dir, err);
     crash_point();
     if (result == 0)
         result = write_file_in_steps(path, text, strlen(text), err);
@@ -408,7 +407,7 @@ int checkpoint_writer_commit(checkpoint_writer *w, pt_error *err)
         return -1;
     }
     w->active = false;
-    if (sync_directory(w->dir, err) != 0)
+    if (pt_sync_directory(w->dir, err) != 0)
         return -1;
     crash_point();
     scan_generations(w->dir, w->generation, true);

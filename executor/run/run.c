@@ -24,7 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "executor/data/data_io.h"
 
 /* Ranks of a parallel run the record holds devices and memory for. */
 #define RUN_MAX_RANKS (PT_MAX_STAGES * 64)
@@ -102,13 +101,6 @@ typedef struct run_context {
     int ring_counts[RUN_EVENT_WINDOW]; /* events each ring entry holds */
     long iteration_capacity;    /* records out->iterations has room for */
 } run_context;
-
-static double monotonic_seconds(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
-}
 
 static void add_note(run_result *out, const char *text)
 {
@@ -753,10 +745,10 @@ static int write_checkpoint_blobs(checkpoint_writer *w, run_context *ctx,
                                   pt_error *err)
 {
     unsigned char steps[8], rng[8], position[DATA_POSITION_BYTES];
-    store_le(steps,
+    pt_store_le(steps,
              (uint64_t)rank_stage(ctx, local_first(ctx))->optimizer_steps,
              8);
-    store_le(rng, seed, 8);
+    pt_store_le(rng, seed, 8);
     gpt_sampler_encode_position(&ctx->sampler, &ctx->position, position);
     if ((!ctx->processes && write_rank_blobs(w, ctx, err) != 0) ||
         checkpoint_write_blob(w, BLOB_STEPS, steps, sizeof steps, err) != 0 ||
@@ -978,12 +970,12 @@ static int read_resume_state(run_context *ctx, pt_error *err)
         checkpoint_read_blob(dir, BLOB_POSITION, ctx->resume.position,
                              DATA_POSITION_BYTES, err) != 0)
         return -1;
-    uint64_t step_count = load_le(steps, 8);
+    uint64_t step_count = pt_load_le(steps, 8);
     if (step_count > (uint64_t)INT32_MAX)
         return pt_fail(err, "%s: %s: %llu steps is not a plausible count",
                        dir, BLOB_STEPS, (unsigned long long)step_count);
     ctx->resume.optimizer_steps = (long)step_count;
-    ctx->resume.seed = load_le(rng, 8);
+    ctx->resume.seed = pt_load_le(rng, 8);
     ctx->resume.active = true;
     const run_options *options = ctx->options;
     if (options->seed_given && options->seed != ctx->resume.seed)
@@ -1892,13 +1884,13 @@ static int accumulate_gradients(run_context *ctx, const run_result *out,
             .loss_scale = 1.0f / (float)out->micro_batches,
         };
         float loss = 0.0f;
-        double forward_start = monotonic_seconds();
+        double forward_start = pt_monotonic_seconds();
         if (stage_forward(&ctx->stage, 0, &io, &loss, err) != 0)
             return -1;
-        double backward_start = monotonic_seconds();
+        double backward_start = pt_monotonic_seconds();
         if (stage_backward(&ctx->stage, 0, &io, err) != 0)
             return -1;
-        double backward_end = monotonic_seconds();
+        double backward_end = pt_monotonic_seconds();
         set_event(&events[2 * m], m, "fwd", forward_start - iteration_start,
                   backward_start - iteration_start);
         set_event(&events[2 * m + 1], m, "bwd",
@@ -1943,14 +1935,14 @@ static int parallel_step(run_context *ctx, double start, run_event *events,
                          int *event_count, run_iteration *record,
                          pt_error *err)
 {
-    double step_start = monotonic_seconds();
+    double step_start = pt_monotonic_seconds();
     step_result result;
     if (pipeline_threads_step(ctx->launcher, &ctx->options->train,
                               ctx->tokens, &result, err) != 0) {
         pt_error_prefix(err, "iteration %ld", record->iteration);
         return -1;
     }
-    double end = monotonic_seconds();
+    double end = pt_monotonic_seconds();
     double shift = step_start - start;
     int count = 0;
     for (int rank = local_first(ctx); rank < local_end(ctx); rank++) {
@@ -1980,7 +1972,7 @@ static int run_iteration_once(run_context *ctx, const run_result *out,
                               run_iteration *record, pt_error *err)
 {
     size_t window = (size_t)ctx->shape.seq + 1;
-    double start = monotonic_seconds();
+    double start = pt_monotonic_seconds();
     for (int sample = 0; sample < out->gbs; sample++)
         if (gpt_sampler_next(&ctx->sampler, &ctx->position,
                              ctx->tokens + (size_t)sample * window, err) != 0)
@@ -1992,10 +1984,10 @@ static int run_iteration_once(run_context *ctx, const run_result *out,
     if (stage_zero_grads(&ctx->stage, err) != 0 ||
         accumulate_gradients(ctx, out, start, events, &mean_loss, err) != 0)
         return -1;
-    double optimizer_start = monotonic_seconds();
+    double optimizer_start = pt_monotonic_seconds();
     if (optimizer_step(ctx, mean_loss, record, err) != 0)
         return -1;
-    double end = monotonic_seconds();
+    double end = pt_monotonic_seconds();
     set_event(&events[2 * out->micro_batches], -1, "optimizer",
               optimizer_start - start, end - start);
     record->step_time_s = end - start;

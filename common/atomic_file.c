@@ -1,5 +1,9 @@
-/* Little-endian codecs and crash-safe publishing of files. */
-#include "executor/data/data_io.h"
+/*
+ * Files that appear whole or not at all: a temporary file beside the
+ * target, fsync, rename (common.h, "atomic files"). Used whole by prep
+ * and step by step by the dataset writer and the checkpoints.
+ */
+#include "common/common.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,23 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-uint64_t load_le(const unsigned char *bytes, size_t width)
-{
-    uint64_t value = 0;
-    for (size_t i = width; i > 0; i--)
-        value = (value << 8) | bytes[i - 1];
-    return value;
-}
-
-void store_le(unsigned char *bytes, uint64_t value, size_t width)
-{
-    for (size_t i = 0; i < width; i++) {
-        bytes[i] = (unsigned char)(value & 0xff);
-        value >>= 8;
-    }
-}
-
-int write_fully(int fd, const void *data, size_t size)
+int pt_write_fully(int fd, const void *data, size_t size)
 {
     const unsigned char *next = data;
     while (size > 0) {
@@ -42,8 +30,8 @@ int write_fully(int fd, const void *data, size_t size)
     return 0;
 }
 
-int temp_file_beside(const char *target, char *temp_path, size_t temp_size,
-                     pt_error *err)
+int pt_temp_file_beside(const char *target, char *temp_path,
+                        size_t temp_size, pt_error *err)
 {
     /* Not mkstemp: it makes files 0600, and published datasets and
      * checkpoints should get the usual permissions (0666 less umask). The
@@ -76,7 +64,7 @@ int temp_file_beside(const char *target, char *temp_path, size_t temp_size,
     return pt_fail(err, "%s: no free temporary name beside it", target);
 }
 
-int finish_temp_file(int fd, const char *temp_path, pt_error *err)
+int pt_finish_temp_file(int fd, const char *temp_path, pt_error *err)
 {
     if (fsync(fd) != 0) {
         int saved = errno;
@@ -94,8 +82,8 @@ int finish_temp_file(int fd, const char *temp_path, pt_error *err)
     return 0;
 }
 
-int rename_into_place(const char *temp_path, const char *target,
-                      pt_error *err)
+int pt_rename_into_place(const char *temp_path, const char *target,
+                         pt_error *err)
 {
     if (rename(temp_path, target) != 0) {
         int saved = errno;
@@ -106,32 +94,32 @@ int rename_into_place(const char *temp_path, const char *target,
     return 0;
 }
 
-int publish_temp_file(int fd, const char *temp_path, const char *target,
-                      pt_error *err)
+int pt_publish_temp_file(int fd, const char *temp_path, const char *target,
+                         pt_error *err)
 {
-    if (finish_temp_file(fd, temp_path, err) != 0)
+    if (pt_finish_temp_file(fd, temp_path, err) != 0)
         return -1;
-    return rename_into_place(temp_path, target, err);
+    return pt_rename_into_place(temp_path, target, err);
 }
 
-int write_file_atomically(const char *target, const void *data, size_t size,
-                          pt_error *err)
+int pt_write_file_atomic(const char *target, const void *data, size_t size,
+                         pt_error *err)
 {
     char temp_path[PT_PATH_MAX + 16];
-    int fd = temp_file_beside(target, temp_path, sizeof temp_path, err);
+    int fd = pt_temp_file_beside(target, temp_path, sizeof temp_path, err);
     if (fd < 0)
         return -1;
-    if (write_fully(fd, data, size) != 0) {
+    if (pt_write_fully(fd, data, size) != 0) {
         int saved = errno;
         close(fd);
         unlink(temp_path);
         return pt_fail(err, "%s: write failed: %s", temp_path,
                        strerror(saved));
     }
-    return publish_temp_file(fd, temp_path, target, err);
+    return pt_publish_temp_file(fd, temp_path, target, err);
 }
 
-int sync_directory(const char *dir, pt_error *err)
+int pt_sync_directory(const char *dir, pt_error *err)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
