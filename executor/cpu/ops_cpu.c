@@ -1,6 +1,6 @@
 /*
- * The CPU reference ops: forward and backward of each layer kind in plain
- * fp32 C. Written to be read and checked (tests/executor/model/test_ops.c
+ * The CPU reference ops: forward and backward of each layer kind, and the
+ * AdamW update, in plain fp32 C. Written to be read and checked (tests/executor/model/test_ops.c
  * holds each backward against finite differences); the matmul, where the
  * time goes, is blocked for the cache and written so the compiler can
  * vectorise it, but no more. Every backward adds into its gradient
@@ -367,5 +367,28 @@ void cpu_softmax_crossentropy_backward(float *d_logits, const float *probs,
             float indicator = (uint32_t)i == targets[n] ? 1.0f : 0.0f;
             d[i] = (p[i] - indicator) * d_loss;
         }
+    }
+}
+
+/* Decoupled weight decay (Loshchilov and Hutter): the decay shrinks the
+ * parameter directly, scaled by the learning rate, instead of entering the
+ * gradient and being rescaled by the second moment. */
+void cpu_adamw_update(float *params, const float *grads, float *m, float *v,
+                      size_t count, const adamw_config *config,
+                      float learning_rate, float grad_scale, long step,
+                      bool decay)
+{
+    float first_correction = (float)(1.0 - pow(config->beta1, (double)step));
+    float second_correction = (float)(1.0 - pow(config->beta2, (double)step));
+    float weight_decay = decay ? config->weight_decay : 0.0f;
+    for (size_t i = 0; i < count; i++) {
+        float g = grads[i] * grad_scale;
+        m[i] = config->beta1 * m[i] + (1.0f - config->beta1) * g;
+        v[i] = config->beta2 * v[i] + (1.0f - config->beta2) * g * g;
+        float m_hat = m[i] / first_correction;
+        float v_hat = v[i] / second_correction;
+        params[i] -= learning_rate *
+                     (m_hat / (sqrtf(v_hat) + config->eps) +
+                      weight_decay * params[i]);
     }
 }

@@ -1625,15 +1625,6 @@ const stage_backend *cuda_stage_backend(void)
 
 /* ------------------------------------------------------------- helpers */
 
-int cuda_model_stage_create(model_stage *out, const model_shape *shape,
-                            const stage_spec *spec, int mbs_capacity,
-                            int slot_count, pt_error *err)
-{
-    /* backend_find hands out this backend whenever it is built. */
-    return model_stage_create(out, shape, spec, BACKEND_CUDA, mbs_capacity,
-                              slot_count, err);
-}
-
 size_t cuda_stage_device_bytes(const model_stage *stage)
 {
     const cuda_stage_state *state = state_of(stage);
@@ -1644,37 +1635,4 @@ cudaStream_t cuda_stage_stream(const model_stage *stage)
 {
     const cuda_stage_state *state = stage->backend_state;
     return state != NULL ? state->stream : NULL;
-}
-
-int cuda_device_count(void)
-{
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-        cudaGetLastError(); /* clear the sticky "no device" error */
-        return 0;
-    }
-    return count;
-}
-
-int cuda_device_describe(cuda_device_info *out)
-{
-    memset(out, 0, sizeof *out);
-    int device = 0;
-    struct cudaDeviceProp properties;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaGetDeviceProperties(&properties, device) != cudaSuccess) {
-        cudaGetLastError();
-        return -1;
-    }
-    snprintf(out->name, sizeof out->name, "%s", properties.name);
-    out->multiprocessors = properties.multiProcessorCount;
-    out->memory_bytes = (double)properties.totalGlobalMem;
-    int driver = 0, runtime = 0;
-    cudaDriverGetVersion(&driver);
-    cudaRuntimeGetVersion(&runtime);
-    snprintf(out->driver_cuda_version, sizeof out->driver_cuda_version,
-             "%d.%d", driver / 1000, driver % 1000 / 10);
-    snprintf(out->runtime_cuda_version, sizeof out->runtime_cuda_version,
-             "%d.%d", runtime / 1000, runtime % 1000 / 10);
-    return 0;
 }

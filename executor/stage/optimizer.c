@@ -1,8 +1,8 @@
 /*
- * AdamW, gradient-norm clipping and the learning-rate schedule. The
- * element-wise AdamW update is the CPU reference the backends' steps are
- * held to; the schedule and the clipping factor are plain arithmetic that
- * every backend shares.
+ * AdamW's hyper-parameters, gradient-norm clipping and the learning-rate
+ * schedule: plain arithmetic that every backend shares. The element-wise
+ * AdamW update itself is each backend's (the cpu reference:
+ * cpu_adamw_update, executor/cpu/ops_cpu.c).
  */
 #include "executor/stage/stage.h"
 
@@ -17,29 +17,6 @@ adamw_config adamw_defaults(void)
         .weight_decay = 0.1f,
     };
     return config;
-}
-
-/* Decoupled weight decay (Loshchilov and Hutter): the decay shrinks the
- * parameter directly, scaled by the learning rate, instead of entering the
- * gradient and being rescaled by the second moment. */
-void cpu_adamw_update(float *params, const float *grads, float *m, float *v,
-                      size_t count, const adamw_config *config,
-                      float learning_rate, float grad_scale, long step,
-                      bool decay)
-{
-    float first_correction = (float)(1.0 - pow(config->beta1, (double)step));
-    float second_correction = (float)(1.0 - pow(config->beta2, (double)step));
-    float weight_decay = decay ? config->weight_decay : 0.0f;
-    for (size_t i = 0; i < count; i++) {
-        float g = grads[i] * grad_scale;
-        m[i] = config->beta1 * m[i] + (1.0f - config->beta1) * g;
-        v[i] = config->beta2 * v[i] + (1.0f - config->beta2) * g * g;
-        float m_hat = m[i] / first_correction;
-        float v_hat = v[i] / second_correction;
-        params[i] -= learning_rate *
-                     (m_hat / (sqrtf(v_hat) + config->eps) +
-                      weight_decay * params[i]);
-    }
 }
 
 /* The 1e-6 keeps the factor finite for a zero norm and just below 1 at
