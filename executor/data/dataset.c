@@ -393,7 +393,7 @@ int indexed_writer_begin(indexed_writer *w, const char *prefix, int dtype,
     if (w->staging == NULL)
         return pt_fail(err, "%s: out of memory", prefix);
     w->bin_fd = pt_temp_file_beside(bin_path, w->bin_temp, sizeof w->bin_temp,
-                                 err);
+                                    err);
     if (w->bin_fd < 0) {
         indexed_writer_abort(w);
         return -1;
