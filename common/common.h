@@ -435,4 +435,106 @@ static inline void pt_store_le(unsigned char *bytes, uint64_t value,
     }
 }
 
+/* ------------------------------------------------------------- run.json */
+
+/*
+ * run.json (formats.md, "Run"), the record of a training run. One owner,
+ * common/run_json.c: `partita exec` fills a run_json (executor/run) and
+ * builds the file's object with run_json_build; `partita report` reads it
+ * back with run_json_read (report/run_record.c). A run_json is plain data:
+ * the writer borrows what it points to; the reader allocates iterations,
+ * events and peak_memory_gib, freed by run_json_free.
+ */
+#define RUN_JSON_FORMAT "partita-run/1"
+/* The most ranks a run has: what exec runs, and so what a record holds. */
+#define RUN_JSON_MAX_RANKS (PT_MAX_STAGES * 64)
+
+/* One iteration. */
+typedef struct run_json_iteration {
+    long iteration;              /* 1-based, counting those before a resume */
+    double step_time_s;
+    double loss;                 /* nats per token; NAN when a file has none */
+    double grad_norm;            /* written only */
+    double learning_rate;        /* written only */
+} run_json_iteration;
+
+/* One timed phase of the chosen iteration (formats.md, "Events"). */
+typedef struct run_json_event {
+    int rank;
+    int stage;
+    int microbatch;              /* -1 for the once-per-step phases */
+    char kind[PT_NAME_MAX];      /* the cost model's event kind names */
+    int kind_index;              /* read: what the reader's kind_index
+                                    gave for kind */
+    double start_s;              /* from the start of the iteration */
+    double end_s;
+} run_json_event;
+
+/* The device of a rank (written only). */
+typedef struct run_json_device {
+    int rank;
+    const char *name;
+    int sms_used;                /* 0: not a GPU, or not reported (null) */
+    double memory_cap_bytes;     /* 0: none (null) */
+    const char *driver_version;  /* "": unknown (null) */
+    const char *cuda_version;
+} run_json_device;
+
+/* The record. "read" fields are those the reader fills; the others are
+ * written only. */
+typedef struct run_json {
+    char file[PT_PATH_MAX];      /* read: as the user named it */
+    json_t *plan;                /* written: the plan, model and cluster
+                                    inline (a reference is taken) */
+    int tp, dp, pp, gbs, mbs;    /* read (from plan); gbs, mbs written */
+    char backend[PT_NAME_MAX];   /* training.backend; read: "" if absent */
+    int rank_count;              /* read: entries of peak_memory_gib;
+                                    written: ranks of max_rss_gib */
+    int device_count;
+    const run_json_device *devices;
+    char data_prefix[PT_PATH_MAX];
+    uint64_t dataset_tokens;
+    uint64_t dataset_documents;
+    uint32_t largest_token;
+    uint64_t seed;
+    int micro_batches;
+    long tokens_per_iteration;
+    double max_lr, min_lr;
+    long warmup_iterations, decay_iterations;
+    double max_grad_norm;
+    long first_iteration, last_iteration;
+    char resumed_from[PT_PATH_MAX];  /* "": not resumed (null) */
+    bool stopped_early;
+    long last_checkpoint_iteration;  /* 0: none (null) */
+    char started_utc[32];
+    long iteration_count;        /* read */
+    run_json_iteration *iterations;  /* read */
+    long events_iteration;       /* read */
+    int event_count;             /* read */
+    run_json_event *events;      /* read */
+    int peak_memory_count;       /* read: rank_count */
+    double *peak_memory_gib;     /* read */
+    const char *peak_memory_basis;
+    double max_rss_gib;          /* the process's peak resident set */
+    double step_time_s;          /* read */
+    double tokens_per_s;         /* read */
+    double tflops_per_gpu;       /* read */
+    int note_count;
+    const char *const *notes;
+} run_json;
+
+/* The run.json object of r; NULL (err filled) when out of memory. */
+json_t *run_json_build(const run_json *r, pt_error *err);
+
+/* The index of an event kind name, or -1 when the caller knows no such
+ * kind (report: the cost model's event_kind_from_name). */
+typedef int (*run_json_kind_index)(const char *kind);
+/* Reads the fields a report uses, each validated; *out is zeroed first
+ * and emptied on failure. Messages name file (NULL: "<inline>"), the JSON
+ * path and the reason. */
+int run_json_read(const json_t *root, const char *file,
+                  run_json_kind_index kind_index, run_json *out,
+                  pt_error *err);
+void run_json_free(run_json *run);
+
 #endif

@@ -8,8 +8,8 @@
 
 #include "executor/run/run.h"
 
-/* Ranks of a parallel run the record holds devices and memory for. */
-#define RUN_MAX_RANKS (PT_MAX_STAGES * 64)
+/* Ranks of a parallel run: as many as its record, run.json, may hold. */
+#define RUN_MAX_RANKS RUN_JSON_MAX_RANKS
 
 /* Iterations whose events are kept for choosing the median one: runs of
  * up to this many timed iterations choose among all of them, longer runs

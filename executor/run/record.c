@@ -1,255 +1,155 @@
 /*
- * run.json (formats.md, "Run"): the record of a run as one JSON object.
+ * A run's record as run.json: what run_result holds, handed to the
+ * format's owner (common/run_json.c) as a run_json. No key of the file is
+ * named here.
  */
 #include "executor/run/internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
-/* Sets obj[key] = value, counting a failed allocation. */
-static void put(json_t *obj, const char *key, json_t *value, int *failures)
+/* The arrays the run_json points into, owned here while it is built. */
+typedef struct record_arrays {
+    run_json_device *devices;
+    double *peak_memory_gib;
+    run_json_iteration *iterations;
+    run_json_event *events;
+    const char *notes[RUN_MAX_NOTES];
+} record_arrays;
+
+static void free_arrays(record_arrays *a)
 {
-    if (value == NULL || json_object_set_new(obj, key, value) != 0)
-        (*failures)++;
+    free(a->devices);
+    free(a->peak_memory_gib);
+    free(a->iterations);
+    free(a->events);
 }
 
-static json_t *optional_string(const char *text)
+static run_json_device device_of(const run_device *device)
 {
-    return text[0] != '\0' ? json_string(text) : json_null();
-}
-
-static const char *compiler_description(void)
-{
-#if defined(__clang__)
-    return "clang " __clang_version__;
-#elif defined(__GNUC__)
-    return "gcc " __VERSION__;
-#else
-    return "unknown C compiler";
-#endif
-}
-
-static json_t *device_to_json(const run_device *device, int *failures)
-{
-    json_t *obj = json_object();
-    if (obj == NULL) {
-        (*failures)++;
-        return NULL;
-    }
-    put(obj, "rank", json_integer(device->rank), failures);
-    put(obj, "name", json_string(device->name), failures);
-    put(obj, "sms_used",
-        device->sms_used > 0 ? json_integer(device->sms_used) : json_null(),
-        failures);
-    put(obj, "memory_cap_gib",
-        device->memory_cap_bytes > 0
-            ? json_real(device->memory_cap_bytes / PT_GIB)
-            : json_null(),
-        failures);
-    put(obj, "driver_version", optional_string(device->driver_version),
-        failures);
-    put(obj, "cuda_version", optional_string(device->cuda_version), failures);
-    return obj;
-}
-
-static json_t *software_to_json(int *failures)
-{
-    json_t *obj = json_object();
-    if (obj == NULL) {
-        (*failures)++;
-        return NULL;
-    }
-    put(obj, "partita", json_string(PARTITA_VERSION), failures);
-    put(obj, "compiler", json_string(compiler_description()), failures);
-    put(obj, "jansson", json_string(jansson_version_str()), failures);
-    return obj;
-}
-
-static json_t *data_to_json(const run_result *r, int *failures)
-{
-    json_t *obj = json_object();
-    if (obj == NULL) {
-        (*failures)++;
-        return NULL;
-    }
-    put(obj, "prefix", json_string(r->data_prefix), failures);
-    put(obj, "tokens", json_integer((json_int_t)r->dataset_tokens), failures);
-    put(obj, "documents", json_integer((json_int_t)r->dataset_documents),
-        failures);
-    put(obj, "largest_token", json_integer(r->largest_token), failures);
-    return obj;
-}
-
-static json_t *training_to_json(const run_result *r, int *failures)
-{
-    json_t *obj = json_object();
-    if (obj == NULL) {
-        (*failures)++;
-        return NULL;
-    }
-    put(obj, "backend", json_string(backend_name(r->backend)), failures);
-    put(obj, "seed", json_integer((json_int_t)r->seed), failures);
-    put(obj, "gbs", json_integer(r->gbs), failures);
-    put(obj, "mbs", json_integer(r->mbs), failures);
-    put(obj, "micro_batches", json_integer(r->micro_batches), failures);
-    put(obj, "tokens_per_iteration", json_integer(r->tokens_per_iteration),
-        failures);
-    put(obj, "max_lr", json_real(r->schedule.max_lr), failures);
-    put(obj, "min_lr", json_real(r->schedule.min_lr), failures);
-    put(obj, "warmup_iterations", json_integer(r->schedule.warmup_steps),
-        failures);
-    put(obj, "decay_iterations", json_integer(r->schedule.decay_steps),
-        failures);
-    put(obj, "max_grad_norm", json_real(r->max_grad_norm), failures);
-    put(obj, "first_iteration", json_integer(r->first_iteration), failures);
-    put(obj, "last_iteration", json_integer(r->last_iteration), failures);
-    put(obj, "resumed_from", optional_string(r->resumed_from), failures);
-    put(obj, "stopped_early", json_boolean(r->stopped), failures);
-    put(obj, "last_checkpoint_iteration",
-        r->last_checkpoint_iteration > 0
-            ? json_integer(r->last_checkpoint_iteration)
-            : json_null(),
-        failures);
-    put(obj, "started_utc", json_string(r->started_utc), failures);
-    return obj;
-}
-
-static json_t *iterations_to_json(const run_result *r, int *failures)
-{
-    json_t *array = json_array();
-    for (long i = 0; array != NULL && i < r->iteration_count; i++) {
-        const run_iteration *it = &r->iterations[i];
-        json_t *obj = json_object();
-        if (obj == NULL || json_array_append_new(array, obj) != 0) {
-            (*failures)++;
-            break;
-        }
-        put(obj, "iteration", json_integer(it->iteration), failures);
-        put(obj, "step_time_s", json_real(it->step_time_s), failures);
-        put(obj, "loss", json_real(it->loss), failures);
-        put(obj, "grad_norm", json_real(it->grad_norm), failures);
-        put(obj, "learning_rate", json_real(it->learning_rate), failures);
-    }
-    if (array == NULL)
-        (*failures)++;
-    return array;
-}
-
-static json_t *events_to_json(const run_result *r, int *failures)
-{
-    json_t *array = json_array();
-    for (int i = 0; array != NULL && i < r->event_count; i++) {
-        const run_event *event = &r->events[i];
-        json_t *obj = json_object();
-        if (obj == NULL || json_array_append_new(array, obj) != 0) {
-            (*failures)++;
-            break;
-        }
-        put(obj, "rank", json_integer(event->rank), failures);
-        put(obj, "stage", json_integer(event->stage), failures);
-        put(obj, "microbatch", json_integer(event->microbatch), failures);
-        put(obj, "kind", json_string(event->kind), failures);
-        put(obj, "start_s", json_real(event->start_s), failures);
-        put(obj, "end_s", json_real(event->end_s), failures);
-    }
-    if (array == NULL)
-        (*failures)++;
-    return array;
+    return (run_json_device){.rank = device->rank,
+                             .name = device->name,
+                             .sms_used = device->sms_used,
+                             .memory_cap_bytes = device->memory_cap_bytes,
+                             .driver_version = device->driver_version,
+                             .cuda_version = device->cuda_version};
 }
 
 /* One entry per rank. A record that never got its per-rank arrays (a
  * refusal before they were made) shows rank 0 from the scalar fields. */
-static json_t *devices_to_json(const run_result *r, int *failures)
+static int fill_ranks(const run_result *r, run_json *out, record_arrays *a)
 {
-    json_t *array = json_array();
-    int ranks = r->devices != NULL ? r->rank_count : 1;
-    for (int rank = 0; array != NULL && rank < ranks; rank++)
-        if (json_array_append_new(
-                array, device_to_json(r->devices != NULL ? &r->devices[rank]
-                                                         : &r->device,
-                                      failures)) != 0)
-            (*failures)++;
-    if (array == NULL)
-        (*failures)++;
-    return array;
+    int devices = r->devices != NULL ? r->rank_count : 1;
+    int memory = r->rank_peak_memory_bytes != NULL ? r->rank_count : 1;
+    a->devices = calloc((size_t)devices, sizeof *a->devices);
+    a->peak_memory_gib = calloc((size_t)memory, sizeof *a->peak_memory_gib);
+    if (a->devices == NULL || a->peak_memory_gib == NULL)
+        return -1;
+    for (int rank = 0; rank < devices; rank++)
+        a->devices[rank] =
+            device_of(r->devices != NULL ? &r->devices[rank] : &r->device);
+    for (int rank = 0; rank < memory; rank++)
+        a->peak_memory_gib[rank] = (r->rank_peak_memory_bytes != NULL
+                                        ? r->rank_peak_memory_bytes[rank]
+                                        : r->peak_memory_bytes) /
+                                   PT_GIB;
+    out->device_count = devices;
+    out->devices = a->devices;
+    out->peak_memory_count = memory;
+    out->peak_memory_gib = a->peak_memory_gib;
+    return 0;
 }
 
-static json_t *memory_to_json(const run_result *r, int *failures)
+static int fill_timeline(const run_result *r, run_json *out, record_arrays *a)
 {
-    json_t *array = json_array();
-    int ranks = r->rank_peak_memory_bytes != NULL ? r->rank_count : 1;
-    for (int rank = 0; array != NULL && rank < ranks; rank++) {
-        double bytes = r->rank_peak_memory_bytes != NULL
-                           ? r->rank_peak_memory_bytes[rank]
-                           : r->peak_memory_bytes;
-        if (json_array_append_new(array, json_real(bytes / PT_GIB)) != 0)
-            (*failures)++;
+    a->iterations = calloc((size_t)r->iteration_count + 1,
+                           sizeof *a->iterations);
+    a->events = calloc((size_t)r->event_count + 1, sizeof *a->events);
+    if (a->iterations == NULL || a->events == NULL)
+        return -1;
+    for (long i = 0; i < r->iteration_count; i++)
+        a->iterations[i] = (run_json_iteration){
+            .iteration = r->iterations[i].iteration,
+            .step_time_s = r->iterations[i].step_time_s,
+            .loss = r->iterations[i].loss,
+            .grad_norm = r->iterations[i].grad_norm,
+            .learning_rate = r->iterations[i].learning_rate};
+    for (int i = 0; i < r->event_count; i++) {
+        const run_event *e = &r->events[i];
+        a->events[i] = (run_json_event){.rank = e->rank,
+                                        .stage = e->stage,
+                                        .microbatch = e->microbatch,
+                                        .start_s = e->start_s,
+                                        .end_s = e->end_s};
+        pt_copy_string(a->events[i].kind, sizeof a->events[i].kind, e->kind);
     }
-    if (array == NULL)
-        (*failures)++;
-    return array;
+    out->iteration_count = r->iteration_count;
+    out->iterations = a->iterations;
+    out->event_count = r->event_count;
+    out->events = a->events;
+    return 0;
 }
 
-/* The process's peak resident set, once per rank: the ranks are threads
- * of this one process. */
-static json_t *rss_to_json(const run_result *r, int *failures)
+static void fill_training(const run_result *r, run_json *out)
 {
-    json_t *array = json_array();
-    int ranks = r->rank_count > 0 ? r->rank_count : 1;
-    for (int rank = 0; array != NULL && rank < ranks; rank++)
-        if (json_array_append_new(array,
-                                  json_real(r->max_rss_bytes / PT_GIB)) != 0)
-            (*failures)++;
-    if (array == NULL)
-        (*failures)++;
-    return array;
-}
-
-static json_t *notes_to_json(const run_result *r, int *failures)
-{
-    json_t *array = json_array();
-    for (int i = 0; array != NULL && i < r->note_count; i++)
-        if (json_array_append_new(array, json_string(r->notes[i])) != 0)
-            (*failures)++;
-    if (array == NULL)
-        (*failures)++;
-    return array;
+    pt_copy_string(out->backend, sizeof out->backend,
+                   backend_name(r->backend));
+    pt_copy_string(out->data_prefix, sizeof out->data_prefix,
+                   r->data_prefix);
+    out->dataset_tokens = r->dataset_tokens;
+    out->dataset_documents = r->dataset_documents;
+    out->largest_token = r->largest_token;
+    out->seed = r->seed;
+    out->gbs = r->gbs;
+    out->mbs = r->mbs;
+    out->micro_batches = r->micro_batches;
+    out->tokens_per_iteration = r->tokens_per_iteration;
+    out->max_lr = r->schedule.max_lr;
+    out->min_lr = r->schedule.min_lr;
+    out->warmup_iterations = r->schedule.warmup_steps;
+    out->decay_iterations = r->schedule.decay_steps;
+    out->max_grad_norm = r->max_grad_norm;
+    out->first_iteration = r->first_iteration;
+    out->last_iteration = r->last_iteration;
+    pt_copy_string(out->resumed_from, sizeof out->resumed_from,
+                   r->resumed_from);
+    out->stopped_early = r->stopped;
+    out->last_checkpoint_iteration = r->last_checkpoint_iteration;
+    pt_copy_string(out->started_utc, sizeof out->started_utc,
+                   r->started_utc);
 }
 
 json_t *run_to_json(const run_result *r, json_t *plan_json,
                     double flops_per_iteration, pt_error *err)
 {
-    int failures = 0;
-    json_t *root = json_object();
-    if (root == NULL) {
+    run_json *record = calloc(1, sizeof *record);
+    record_arrays arrays = {0};
+    if (record == NULL || fill_ranks(r, record, &arrays) != 0 ||
+        fill_timeline(r, record, &arrays) != 0) {
+        free_arrays(&arrays);
+        free(record);
         pt_fail(err, "out of memory building run.json");
         return NULL;
     }
-    put(root, "format", json_string("partita-run/1"), &failures);
-    put(root, "plan", json_incref(plan_json), &failures);
-    put(root, "devices", devices_to_json(r, &failures), &failures);
-    put(root, "software", software_to_json(&failures), &failures);
-    put(root, "data", data_to_json(r, &failures), &failures);
-    put(root, "training", training_to_json(r, &failures), &failures);
-    put(root, "iterations", iterations_to_json(r, &failures), &failures);
-    put(root, "events_iteration", json_integer(r->events_iteration),
-        &failures);
-    put(root, "events", events_to_json(r, &failures), &failures);
-    put(root, "peak_memory_gib", memory_to_json(r, &failures), &failures);
-    put(root, "peak_memory_basis", json_string(r->peak_memory_basis),
-        &failures);
-    put(root, "max_rss_gib", rss_to_json(r, &failures), &failures);
-    put(root, "step_time_s", json_real(r->step_time_s), &failures);
-    put(root, "tokens_per_s", json_real(r->tokens_per_s), &failures);
+    record->plan = plan_json;
+    record->rank_count = r->rank_count;
+    fill_training(r, record);
+    record->events_iteration = r->events_iteration;
+    record->peak_memory_basis = r->peak_memory_basis;
+    record->max_rss_gib = r->max_rss_bytes / PT_GIB;
+    record->step_time_s = r->step_time_s;
+    record->tokens_per_s = r->tokens_per_s;
     int gpus = r->rank_count > 0 ? r->rank_count : 1;
-    double tflops = r->step_time_s > 0
-                        ? flops_per_iteration / r->step_time_s / 1e12 / gpus
-                        : 0.0;
-    put(root, "tflops_per_gpu", json_real(tflops), &failures);
-    put(root, "notes", notes_to_json(r, &failures), &failures);
-    if (failures > 0) {
-        json_decref(root);
-        pt_fail(err, "out of memory building run.json");
-        return NULL;
-    }
+    record->tflops_per_gpu =
+        r->step_time_s > 0
+            ? flops_per_iteration / r->step_time_s / 1e12 / gpus
+            : 0.0;
+    for (int i = 0; i < r->note_count; i++)
+        arrays.notes[i] = r->notes[i];
+    record->note_count = r->note_count;
+    record->notes = arrays.notes;
+    json_t *root = run_json_build(record, err);
+    free_arrays(&arrays);
+    free(record);
     return root;
 }

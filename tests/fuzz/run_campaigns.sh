@@ -50,7 +50,7 @@ export TMPDIR="$WORK/tmp"
 COMMON_SOURCES="$ROOT/common/errors.c $ROOT/common/units.c
   $ROOT/common/json_check.c $ROOT/common/model.c $ROOT/common/cluster.c
   $ROOT/common/profile.c $ROOT/common/plan.c $ROOT/common/clock.c
-  $ROOT/common/atomic_file.c"
+  $ROOT/common/atomic_file.c $ROOT/common/run_json.c"
 sources_of() {
   case $1 in
     estimate) echo "$COMMON_SOURCES $ROOT/costmodel/*.c" ;;
