@@ -173,4 +173,38 @@ int profiler_measure_comm(const profiler_options *options, double min_bytes,
                           double max_bytes, profiler_comm_result *out,
                           pt_error *err);
 
+/* ------------------------------------------------------ the profile file */
+
+/* The models one profile measures, one shape each. */
+#define PROFILER_MAX_MODELS 8
+
+/* What a profile says of how it was made, besides the measurements. The
+ * first model's result gives the device and the optimizer figure. */
+typedef struct profiler_writeup {
+    int model_count;
+    const model_shape *shapes;          /* model_count */
+    const profiler_options *options;
+    const profiler_result *results;     /* model_count */
+    const profiler_comm_result *comm;   /* NULL: no curves */
+    const char *comm_reason;            /* why none, when comm is NULL */
+    const char *gpu;                    /* the profile's GPU name */
+    const char *command_line;           /* as typed */
+    const char *date_utc;               /* ISO 8601 */
+    int sm_limit;                       /* 0: every SM */
+    double memory_limit_gib;            /* 0: the device's memory */
+} profiler_writeup;
+
+/* The profile's name for a device: its first word with a digit, cut at
+ * a '-' ("NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA A100-SXM4-40GB" ->
+ * "A100"), and "-<N>SM" under an SM limit; "cpu" on the cpu backend. */
+void profiler_default_gpu_name(const profiled_device *device,
+                               backend_kind backend, int sm_limit, char *out,
+                               size_t size);
+/* Seconds the whole measurement took (every model, and the curves). */
+double profiler_measured_seconds(const profiler_writeup *writeup);
+/* The profile's JSON object, checked by the profile reader (messages
+ * name output); NULL with err when out of memory or refused. */
+json_t *profiler_profile_json(const profiler_writeup *writeup,
+                              const char *output, pt_error *err);
+
 #endif
