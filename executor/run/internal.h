@@ -85,7 +85,7 @@ typedef struct run_context {
     long iteration_capacity;    /* records out->iterations has room for */
 } run_context;
 
-/* ------------------------------------------------------------ run.c */
+/* -------------------------------------------------------- context.c */
 
 /* A note for the user in the record (at most RUN_MAX_NOTES), and the
  * removal of the notes that start with prefix (a guess made before a
