@@ -489,30 +489,11 @@ static int check_shape(const model_stage *stage, pt_error *err)
     return check_state_fits(stage, err);
 }
 
-static int allocate_parts(model_stage *stage, cuda_stage_state *state,
-                          pt_error *err)
+/* The four parameter-sized buffers of model_stage (the gradients with
+ * the head's slack), zeroed, and the bf16 mirror with its chunk tables. */
+static int allocate_parameters(model_stage *stage, cuda_stage_state *state,
+                               pt_error *err)
 {
-    CUDA_TRY(cudaGetDevice(&state->device));
-    if (cuda_rank_stream_create(&state->stream, err) != 0)
-        return -1;
-    size_t workspace = gemm_workspace_bytes();
-    if (cuda_rank_memory_reserve(workspace, "the cuBLASLt workspace",
-                                 err) != 0)
-        return -1;
-    if (gemm_context_create(&state->gemm, err) != 0) {
-        cuda_rank_memory_release(workspace);
-        return -1;
-    }
-    state->device_bytes += workspace;
-    if (read_options(state, err) != 0)
-        return -1;
-    stage_dims d = dims_of(stage, stage->mbs_capacity);
-    state->ld_logits =
-        (d.V + VOCAB_ROUNDING - 1) / VOCAB_ROUNDING * VOCAB_ROUNDING;
-    if (stage->spec.has_head) {
-        state->head_offset = state->offsets.head_weight;
-        state->head_pad = (size_t)(state->ld_logits - d.V) * (size_t)d.C;
-    }
     float **buffers[] = {&stage->params, &stage->grads, &stage->adam_m,
                          &stage->adam_v};
     const char *names[] = {"the parameters", "the gradients",
@@ -540,9 +521,35 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
         return -1;
     state->mirror = mirror;
     CUDA_TRY(cudaMemset(state->mirror, 0, mirror_bytes));
-    if (build_chunks(stage, state, err) != 0)
-        return -1;
+    return build_chunks(stage, state, err);
+}
 
+static int allocate_parts(model_stage *stage, cuda_stage_state *state,
+                          pt_error *err)
+{
+    CUDA_TRY(cudaGetDevice(&state->device));
+    if (cuda_rank_stream_create(&state->stream, err) != 0)
+        return -1;
+    size_t workspace = gemm_workspace_bytes();
+    if (cuda_rank_memory_reserve(workspace, "the cuBLASLt workspace",
+                                 err) != 0)
+        return -1;
+    if (gemm_context_create(&state->gemm, err) != 0) {
+        cuda_rank_memory_release(workspace);
+        return -1;
+    }
+    state->device_bytes += workspace;
+    if (read_options(state, err) != 0)
+        return -1;
+    stage_dims d = dims_of(stage, stage->mbs_capacity);
+    state->ld_logits =
+        (d.V + VOCAB_ROUNDING - 1) / VOCAB_ROUNDING * VOCAB_ROUNDING;
+    if (stage->spec.has_head) {
+        state->head_offset = state->offsets.head_weight;
+        state->head_pad = (size_t)(state->ld_logits - d.V) * (size_t)d.C;
+    }
+    if (allocate_parameters(stage, state, err) != 0)
+        return -1;
     for (int s = 0; s < stage->slot_count; s++) {
         activation_slot *slot = &state->slots[s];
         slot->layers = calloc((size_t)state->layer_count + 1,

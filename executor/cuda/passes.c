@@ -455,26 +455,21 @@ static int column_parallel_input_grad(model_stage *stage, gemm_call call,
     return 0;
 }
 
-/* The block's backward in reverse order of its forward. d_out (fp32) and
- * its bf16 copy in scratch.d_stream_bf16 are the gradient of the block's
- * output; d_input (fp32) and scratch.d_stream_bf16 receive the gradient
- * of its input. d_out may be caller memory: it is only read. */
-static int layer_backward(model_stage *stage, float *d_input,
-                          const float *d_out, const layer_offsets *o,
-                          const layer_activations *act, const float *input,
-                          const stage_dims *d, pt_error *err)
+/* The MLP's projection back to its GELU's input: the projection's weight
+ * and bias gradients, then d (fc output) through the GELU into s->d_fc,
+ * fused into the product's epilogue when cuBLASLt offers it (with the fc
+ * bias gradient too, left in s->bias_grads: *fc_bias_pending). */
+static int mlp_projection_backward(model_stage *stage,
+                                   const layer_offsets *o,
+                                   const layer_activations *act,
+                                   const stage_dims *d,
+                                   bool *fc_bias_pending, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
     cudaStream_t stream = state->stream;
-    const float *P = stage->params;
     float *G = stage->grads;
-    int N = d->N, C = d->C, A = d->A, F = d->F;
-    /* the fc bias gradient, when the DGELU_BGRAD epilogue makes it */
-    float *bias_fc = s->bias_grads;
-    bool fc_bias_pending = false;
-
-    /* out = mid + mlp_proj(gelu(fc(ln2(mid)))) */
+    int N = d->N, C = d->C, F = d->F;
     const pt_bf16 *gelu_out = act->gelu_out;
     if (gelu_out == NULL) {
         CUDA_TRY(cuda_gelu_forward(s->d_fc, act->fc_pre, (size_t)N * F,
@@ -491,14 +486,12 @@ static int layer_backward(model_stage *stage, float *d_input,
     call.epilogue = GEMM_DGELU_BGRAD;
     call.aux = act->fc_pre;
     call.ld_aux = F;
-    call.bias = bias_fc;
-    bool dgelu_done = false;
+    call.bias = s->bias_grads;
     if (state->fuse_epilogues && gemm_supported(state->gemm, &call)) {
-        if (gemm_run(state->gemm, &call, stream, err) != 0)
-            return -1;
-        fc_bias_pending = true;
-        dgelu_done = true;
-    } else if (state->fuse_epilogues) {
+        *fc_bias_pending = true;
+        return gemm_run(state->gemm, &call, stream, err);
+    }
+    if (state->fuse_epilogues) {
         /* the GELU gradient alone in the epilogue, the bias by a kernel */
         call.epilogue = GEMM_DGELU;
         call.bias = NULL;
@@ -507,20 +500,35 @@ static int layer_backward(model_stage *stage, float *d_input,
                 return -1;
             CUDA_TRY(cuda_bias_grad(G + o->fc_bias, s->d_fc,
                                     s->bias_partials, N, F, stream));
-            dgelu_done = true;
+            return 0;
         }
     }
-    if (!dgelu_done) {
-        call.epilogue = GEMM_PLAIN;
-        call.aux = NULL;
-        call.bias = NULL;
-        if (gemm_run(state->gemm, &call, stream, err) != 0)
-            return -1;
-        CUDA_TRY(cuda_gelu_backward(s->d_fc, s->d_fc, act->fc_pre,
-                                    (size_t)N * F, stream));
-        CUDA_TRY(cuda_bias_grad(G + o->fc_bias, s->d_fc, s->bias_partials, N,
-                                F, stream));
-    }
+    call.epilogue = GEMM_PLAIN;
+    call.aux = NULL;
+    call.bias = NULL;
+    if (gemm_run(state->gemm, &call, stream, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_gelu_backward(s->d_fc, s->d_fc, act->fc_pre, (size_t)N * F,
+                                stream));
+    CUDA_TRY(cuda_bias_grad(G + o->fc_bias, s->d_fc, s->bias_partials, N, F,
+                            stream));
+    return 0;
+}
+
+/* The MLP's first product and the second layer norm: fc's weight
+ * gradient, d (ln2 output), and d_mid = d_out + ln2's term into d_input
+ * (and its bf16 copy in scratch.d_stream_bf16). */
+static int mlp_input_backward(model_stage *stage, float *d_input,
+                              const float *d_out, const layer_offsets *o,
+                              const layer_activations *act,
+                              const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    cudaStream_t stream = state->stream;
+    const float *P = stage->params;
+    float *G = stage->grads;
+    int N = d->N, C = d->C, F = d->F;
     const pt_bf16 *ln2_out = act->ln2_out;
     if (ln2_out == NULL) {
         CUDA_TRY(cuda_layernorm_forward(s->norm_out, NULL, NULL,
@@ -528,23 +536,38 @@ static int layer_backward(model_stage *stage, float *d_input,
                                         P + o->ln2_bias, N, C, stream));
         ln2_out = s->norm_out;
     }
-    call = weight_grad_call(G + o->fc_weight, ln2_out, s->d_fc, F, N, C, F,
-                            1.0f);
+    gemm_call call = weight_grad_call(G + o->fc_weight, ln2_out, s->d_fc, F,
+                                      N, C, F, 1.0f);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
     call = input_grad_call(s->d_norm, s->d_fc, F,
                            mirror_at(state, o->fc_weight), N, C, F, 1.0f);
     if (column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
-    /* d_mid = d_out + ln2's term, into d_input (and its bf16 copy) */
     CUDA_TRY(cuda_layernorm_backward(
         d_input, s->d_stream_bf16, G + o->ln2_weight, G + o->ln2_bias, d_out,
         s->d_norm, act->residual_mid, P + o->ln2_weight, act->ln2_mean,
         act->ln2_rstd, s->norm_partials, N, C, stream));
+    return 0;
+}
 
-    /* mid = input + attn_proj(attention(qkv(ln1(input)))) */
-    call = weight_grad_call(G + o->attn_proj_weight, act->att_out,
-                            s->d_stream_bf16, C, N, A, C, 1.0f);
+/* mid = input + attn_proj(attention(qkv(ln1(input)))), backwards: from
+ * d_mid in d_input (and scratch.d_stream_bf16) to the gradient of the
+ * layer's input, in the same places. */
+static int attention_block_backward(model_stage *stage, float *d_input,
+                                    const layer_offsets *o,
+                                    const layer_activations *act,
+                                    const float *input, const stage_dims *d,
+                                    pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    cudaStream_t stream = state->stream;
+    const float *P = stage->params;
+    float *G = stage->grads;
+    int N = d->N, C = d->C, A = d->A;
+    gemm_call call = weight_grad_call(G + o->attn_proj_weight, act->att_out,
+                                      s->d_stream_bf16, C, N, A, C, 1.0f);
     if (weight_and_bias_grad(state, &call, G + o->attn_proj_bias, d, err) !=
         0)
         return -1;
@@ -577,8 +600,32 @@ static int layer_backward(model_stage *stage, float *d_input,
         d_input, s->d_stream_bf16, G + o->ln1_weight, G + o->ln1_bias,
         d_input, s->d_norm, input, P + o->ln1_weight, act->ln1_mean,
         act->ln1_rstd, s->norm_partials, N, C, stream));
+    return 0;
+}
+
+/* The block's backward in reverse order of its forward
+ * (out = mid + mlp_proj(gelu(fc(ln2(mid)))), mid = input +
+ * attn_proj(attention(qkv(ln1(input))))). d_out (fp32) and its bf16 copy
+ * in scratch.d_stream_bf16 are the gradient of the block's output;
+ * d_input (fp32) and scratch.d_stream_bf16 receive the gradient of its
+ * input. d_out may be caller memory: it is only read. An fc bias
+ * gradient made by the product's epilogue is added last. */
+static int layer_backward(model_stage *stage, float *d_input,
+                          const float *d_out, const layer_offsets *o,
+                          const layer_activations *act, const float *input,
+                          const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    bool fc_bias_pending = false;
+    if (mlp_projection_backward(stage, o, act, d, &fc_bias_pending, err) !=
+            0 ||
+        mlp_input_backward(stage, d_input, d_out, o, act, d, err) != 0 ||
+        attention_block_backward(stage, d_input, o, act, input, d, err) != 0)
+        return -1;
     if (fc_bias_pending)
-        CUDA_TRY(cuda_add_inplace(G + o->fc_bias, bias_fc, (size_t)F, stream));
+        CUDA_TRY(cuda_add_inplace(stage->grads + o->fc_bias,
+                                  state->scratch.bias_grads, (size_t)d->F,
+                                  state->stream));
     return 0;
 }
 
