@@ -1,7 +1,8 @@
 /*
  * The cpu backend: a model stage in plain fp32 C on host memory, built
  * from the reference ops of ops_cpu.c. It is the reference the cuda
- * backend will be held to, so it favours plain data flow over speed.
+ * backend is held to (tests/executor/gpu), so it favours plain data flow
+ * over speed.
  *
  * Memory: params and grads (the stage's parameters), adam_m and adam_v
  * (the optimizer's range: all of them, or a ZeRO-1 shard); per activation

@@ -1,7 +1,7 @@
 /*
  * Megatron "MMIDIDX" indexed datasets: a validating reader over mmap and a
- * writer that publishes .bin/.idx atomically. The byte layout is in
- * /work/shared/reference/megatron-indexed-dataset.md and docs/data.md.
+ * writer that publishes .bin/.idx atomically. docs/data.md describes the
+ * byte layout.
  */
 #include "executor/data/data.h"
 

@@ -1,8 +1,9 @@
 /*
  * One training step of an unsplit model: gradient accumulation over
  * micro-batches, global-norm clipping and AdamW. The pipeline runtime
- * will do the same per stage with communication in between; this is the
- * single-stage case it will be checked against.
+ * (executor/parallel) does the same per stage with communication in
+ * between, and is checked against this single-stage case
+ * (tests/executor/run/test_parallel.c).
  */
 #include "executor/stage/stage.h"
 
