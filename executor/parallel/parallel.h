@@ -1,11 +1,12 @@
 /*
  * executor/parallel: the parallel runtime. A plan's layout of ranks
  * (pipeline stages, data-parallel replicas, tensor-parallel shards) and
- * the groups they run collectives over, one rank's training step under
- * the pipeline schedule (1F1B or GPipe), and the launchers that run every
- * rank: threads of one process over any comm (parallel/pipeline.c), and
- * on this machine's GPUs over NCCL or the host-staged comm
- * (parallel/pipeline_gpu.c). docs/executor.md ("Parallel runtime").
+ * the groups they run collectives over (parallel/layout.c), one rank's
+ * training step under the pipeline schedule, 1F1B or GPipe
+ * (parallel/step.c), and the launchers that run every rank: threads of
+ * one process over any comm (parallel/launcher.c), and on this machine's
+ * GPUs over NCCL or the host-staged comm (parallel/pipeline_gpu.c).
+ * docs/executor.md ("Parallel runtime").
  */
 #ifndef PARTITA_EXECUTOR_PARALLEL_H
 #define PARTITA_EXECUTOR_PARALLEL_H
