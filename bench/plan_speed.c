@@ -5,7 +5,12 @@
  * table row per problem.
  *
  *   plan_speed [--runs N] [--threads N] [--only a|b|c] [--exhaustive]
- *             [--greedy-report]
+ *             [--greedy-report] [--no-scale] [--scale-runs N]
+ *             [--random N] [--with-exhaustive]
+ *
+ * Then issue 14's cases as whole processes (plan_scale.c): --no-scale
+ * leaves them out, --random N times N random 20-node clusters (default
+ * 10), --with-exhaustive also times the 160-GPU case's enumeration.
  *
  * --exhaustive scores every configuration (no pruning by score floors).
  * --greedy-report also compares FASOP's greedy partition with the exact
@@ -19,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "planner/internal.h"
+#include "bench/plan_speed.h"
 
 #ifndef PLAN_SPEED_SOURCE_ROOT
 #define PLAN_SPEED_SOURCE_ROOT "."
@@ -57,6 +62,8 @@ typedef struct bench_arguments {
     bool exhaustive;        /* no pruning by score floors */
     int only;               /* -1: every problem, else its index */
     char root[PT_PATH_MAX];
+    bool scale;             /* also the whole-process table */
+    scale_arguments scaling;
 } bench_arguments;
 
 /* The inputs of one problem, loaded once. */
@@ -77,9 +84,7 @@ typedef struct speed_row {
 
 static double seconds_now(void)
 {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+    return pt_monotonic_seconds();
 }
 
 static int compare_doubles(const void *a, const void *b)
@@ -488,6 +493,9 @@ static int parse_arguments(int argc, char **argv, bench_arguments *args)
     const char *root = getenv("PARTITA_SOURCE");
     pt_copy_string(args->root, sizeof args->root,
                    root && *root ? root : PLAN_SPEED_SOURCE_ROOT);
+    args->scale = true;
+    args->scaling = (scale_arguments){PLAN_SPEED_PARTITA, "", 3, 10, false};
+    pt_copy_string(args->scaling.root, sizeof args->scaling.root, args->root);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
             args->runs = atoi(argv[++i]);
@@ -501,14 +509,25 @@ static int parse_arguments(int argc, char **argv, bench_arguments *args)
             args->exhaustive = true;
         } else if (strcmp(argv[i], "--greedy-report") == 0) {
             args->greedy_report = true;
+        } else if (strcmp(argv[i], "--no-scale") == 0) {
+            args->scale = false;
+        } else if (strcmp(argv[i], "--with-exhaustive") == 0) {
+            args->scaling.with_exhaustive = true;
+        } else if (strcmp(argv[i], "--scale-runs") == 0 && i + 1 < argc) {
+            args->scaling.scale_runs = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--random") == 0 && i + 1 < argc) {
+            args->scaling.random_clusters = atoi(argv[++i]);
         } else {
             fprintf(stderr, "usage: plan_speed [--runs N] [--threads N] "
-                    "[--only a|b|c] [--exhaustive] [--greedy-report]\n");
+                    "[--only a|b|c] [--exhaustive] [--greedy-report] "
+                    "[--no-scale] [--scale-runs N] [--random N] "
+                    "[--with-exhaustive]\n");
             return -1;
         }
     }
     if (args->runs < 1 || args->runs > MAX_RUNS || args->threads < 0 ||
-        args->only >= PROBLEM_COUNT) {
+        args->only >= PROBLEM_COUNT || args->scaling.scale_runs < 1 ||
+        args->scaling.random_clusters < 0) {
         fprintf(stderr, "plan_speed: --runs must be 1..%d, --threads >= 0, "
                 "--only a, b or c\n", MAX_RUNS);
         return -1;
@@ -524,7 +543,8 @@ int main(int argc, char **argv)
     pt_error err = {{0}};
     printf("# plan_speed: Partita's planner search time against FASOP's\n");
     if (speed_table(&args, &err) != 0 ||
-        (args.greedy_report && greedy_report(&args, &err) != 0)) {
+        (args.greedy_report && greedy_report(&args, &err) != 0) ||
+        (args.scale && scale_table(&args.scaling, &err) != 0)) {
         fprintf(stderr, "plan_speed: %s\n", err.message);
         return 1;
     }

@@ -1,7 +1,11 @@
 /*
  * The command-line layer: the only code that prints and exits. Each
  * subcommand is a function taking argc/argv (argv[0] is the subcommand)
- * and returning the process exit status.
+ * and returning the process exit status. Two executables share it:
+ * `partita` (main.c: plan, estimate, prep, report, profile --derive and
+ * --compare), which never loads the GPU stack, and partita-exec
+ * (exec_main.c: exec and the measuring profile), to which partita hands
+ * those commands (hand_over.c).
  */
 #ifndef PARTITA_CLI_H
 #define PARTITA_CLI_H
@@ -17,11 +21,16 @@ enum { EXIT_OK = 0, EXIT_FAILURE_RUN = 1, EXIT_BAD_INPUT = 2 };
 int command_plan(int argc, char **argv);
 int command_estimate(int argc, char **argv);
 int command_prep(int argc, char **argv);
+/* `partita exec` (cmd_exec.c, in partita-exec). */
 int command_exec(int argc, char **argv);
 int command_report(int argc, char **argv);
-/* `partita profile` (cli/cmd_profile.c): measures a profile; hands
- * --derive to cmd_profile_derive and --compare to profile_compare. */
+/* `partita profile` as partita runs it (cmd_profile.c): --derive to
+ * cmd_profile_derive, --compare to profile_compare, a measurement handed
+ * to partita-exec. */
 int command_profile(int argc, char **argv);
+/* `partita profile` in partita-exec (profile_measure.c): measures and
+ * writes the profile. */
+int command_profile_measure(int argc, char **argv);
 /* Prints every entry of two profiles with the difference of B against A
  * in percent; EXIT_OK when all are within tolerance_percent and present
  * in both, EXIT_FAILURE_RUN when not, EXIT_BAD_INPUT when a file does
@@ -32,6 +41,37 @@ int profile_compare(const char *path_a, const char *path_b,
  * measuring `partita profile` hands its whole argv here when --derive is
  * given; argv[0] names the command in messages. */
 int cmd_profile_derive(int argc, char **argv);
+
+/* The arguments of `partita profile` (profile_args.c), parsed by both
+ * executables. Strings point into argv. */
+typedef struct profile_arguments {
+    const char *model;          /* --model: names or files, comma-separated */
+    const char *gpu_name;       /* --gpu-name, NULL: from the device */
+    const char *output;         /* -o, NULL: <gpu>.json */
+    const char *backend;        /* --backend: "cuda" or "cpu" */
+    int sm_limit;               /* --sm-limit, 0: every SM */
+    double memory_limit_gib;    /* --memory-limit-gib, 0: the device's */
+    const char *tp_list;        /* --tp, "1,2,4,8" */
+    const char *mbs_list;       /* --mbs, "1,2,4,8,16" */
+    bool quick;
+    bool no_comm;
+    bool compare;               /* --compare: compare_files, no measuring */
+    double tolerance_percent;   /* --tolerance of --compare */
+    const char *compare_files[2];
+} profile_arguments;
+/* Parses the arguments of `partita profile` into a and does what needs
+ * no device: prints the help, refuses bad arguments, runs --compare; the
+ * exit status of that, or PROFILE_MEASURE when a measurement is asked. */
+enum { PROFILE_MEASURE = -1 };
+int profile_run_unless_measuring(int argc, char **argv, profile_arguments *a);
+/* Prints "partita profile: OPTION: expected EXPECTED, got 'GOT'"; -1. */
+int profile_bad_argument(const char *option, const char *expected,
+                         const char *got);
+
+/* Runs the command in partita-exec in this process's place (execv, with
+ * this process's argv[0]): its exit status is the command's. Returns only when partita-exec cannot be
+ * found or started (printed, EXIT_FAILURE_RUN). argv[0] is the command. */
+int cli_hand_over(int argc, char **argv);
 
 /* Prints "partita <command>: <message>" on stderr. */
 void cli_error(const char *command, const char *message);

@@ -1,9 +1,9 @@
 /*
  * partita profile --derive GPU --from P1.json,P2.json [-o OUT]: fits the
  * roofline (costmodel/roofline.c) on measured or published profiles and
- * writes the `derived` profile of a GPU of profiles/specs.json. The
- * measuring `partita profile` hands its arguments here when --derive is
- * given; until it exists, `partita derive-profile` (hidden) runs this.
+ * writes the `derived` profile of a GPU of profiles/specs.json.
+ * `partita profile` (cli/cmd_profile.c) hands its arguments here when
+ * --derive is given; it runs in `partita`, never loading the GPU stack.
  * docs/profiles.md describes the model and the outputs.
  */
 #include "cli/cli.h"
@@ -18,7 +18,7 @@
 #define MAX_COMMAND_TEXT 2048
 
 typedef struct derive_arguments {
-    const char *command;      /* argv[0]: "profile" or "derive-profile" */
+    const char *command;      /* argv[0], "profile": names it in messages */
     const char *gpu;          /* --derive */
     const char *from;         /* --from, comma-separated */
     const char *output;       /* -o, NULL: print only */

@@ -323,13 +323,6 @@ typedef struct exec_printer {
     double started_s;
 } exec_printer;
 
-static double wall_seconds(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
-}
-
 static void clear_progress(const exec_printer *printer)
 {
     if (printer->progress)
@@ -374,7 +367,7 @@ static void print_progress(const exec_printer *printer, const run_result *r)
     for (int i = 0; i < WIDTH; i++)
         bar[i] = i < filled ? '#' : '.';
     bar[WIDTH] = '\0';
-    double elapsed = wall_seconds() - printer->started_s;
+    double elapsed = pt_monotonic_seconds() - printer->started_s;
     char left[32];
     pt_format_seconds(elapsed / (double)done * (double)(total - done), left,
                       sizeof left);
@@ -590,7 +583,7 @@ int command_exec(int argc, char **argv)
         .flops_per_iteration = flops,
         .save_dir = args.save_dir,
         .progress = isatty(STDERR_FILENO) != 0,
-        .started_s = wall_seconds(),
+        .started_s = pt_monotonic_seconds(),
     };
     /* one process per rank: rank 0 speaks for the run */
     if (rank == 0) {

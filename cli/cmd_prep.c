@@ -1,6 +1,6 @@
 /* partita prep: text or JSON lines -> Megatron .bin/.idx token files. */
 #include "cli/cli.h"
-#include "executor/executor.h"
+#include "executor/data/data.h"
 
 #include <getopt.h>
 #include <inttypes.h>

@@ -1,6 +1,9 @@
 /*
  * partita: plans and runs the training of GPT-style transformers on
- * clusters that mix GPU types. This file only dispatches subcommands.
+ * clusters that mix GPU types. This file only dispatches subcommands;
+ * exec (and profile when it measures) run in partita-exec, which this
+ * executable becomes (cli/hand_over.c), so that the others never load
+ * the GPU stack.
  */
 #include "cli/cli.h"
 
@@ -20,7 +23,7 @@ static const subcommand subcommands[] = {
      "estimate a given (even hand-written) plan: step time, memory"},
     {"prep", command_prep,
      "turn text or JSON lines into a Megatron .bin/.idx dataset"},
-    {"exec", command_exec, "train under a plan, write run.json"},
+    {"exec", cli_hand_over, "train under a plan, write run.json"},
     {"report", command_report, "estimated vs measured: tables, charts, trace"},
     {"profile", command_profile,
      "measure this GPU's per-layer and communication costs (or --derive)"},

@@ -123,13 +123,8 @@ int json_get_choice(const json_t *obj, const json_place *place,
  * with a newline. NULL when out of memory; the caller frees. */
 char *json_format_text(const json_t *root);
 
-/* THE atomic writer: data goes to a temporary file beside path (same
- * folder, so rename is atomic), is fsync'ed, made 0644 and renamed over
- * path. On failure path is untouched (no partial or replaced file) and
- * the message names path and the reason. */
-int pt_write_file_atomic(const char *path, const void *data, size_t size,
-                         pt_error *err);
-/* json_format_text(root) through pt_write_file_atomic. */
+/* json_format_text(root) through pt_write_file_atomic (the one atomic
+ * writer, common/atomic_file.c). */
 int json_write_file_atomic(const json_t *root, const char *path,
                            pt_error *err);
 /* Sets obj[key] = value, taking value's reference; counts a failure
@@ -431,5 +426,169 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
 /* plan_to_json written with json_write_file_atomic. */
 int plan_write_file(const plan *p, const plan_json_sections *sections,
                     const char *path, pt_error *err);
+
+/* ----------------------------------------------------------------- clock */
+
+/* Seconds on the monotonic clock (CLOCK_MONOTONIC), from an arbitrary
+ * start: for durations, deadlines and timelines within one process; the
+ * one clock every timing in Partita reads (common/clock.c). */
+double pt_monotonic_seconds(void);
+
+/* --------------------------------------------------------- atomic files */
+
+/*
+ * Files that appear whole or not at all (common/atomic_file.c): written
+ * under a temporary name beside the target, fsynced, then renamed over
+ * it, so a crash or an error leaves the old file (or none) and never a
+ * partial one. pt_write_file_atomic does it in one call; the steps are
+ * public for writers that stream (datasets) or must be interruptible
+ * between steps (checkpoints).
+ */
+
+/* Writes size bytes of data to path through a temporary file, fsync and
+ * rename; no file is left under either name on failure. */
+int pt_write_file_atomic(const char *path, const void *data, size_t size,
+                         pt_error *err);
+
+/* Writes all of data, retrying short writes and EINTR; 0 or -1 (errno). */
+int pt_write_fully(int fd, const void *data, size_t size);
+/* Creates an empty temporary file beside target ("target.tmp.<pid>.<n>",
+ * mode 0666 less umask), names it in temp_path and returns its
+ * descriptor, or -1 with err. */
+int pt_temp_file_beside(const char *target, char *temp_path,
+                        size_t temp_size, pt_error *err);
+/* fsyncs and closes fd (before a rename: otherwise a crash can leave the
+ * new name on an empty or partial file). On failure the temporary file is
+ * removed. fd is closed either way. */
+int pt_finish_temp_file(int fd, const char *temp_path, pt_error *err);
+/* Renames a finished temporary file to target; removes it on failure. */
+int pt_rename_into_place(const char *temp_path, const char *target,
+                         pt_error *err);
+/* pt_finish_temp_file, then pt_rename_into_place. */
+int pt_publish_temp_file(int fd, const char *temp_path, const char *target,
+                         pt_error *err);
+/* fsyncs a directory so that renames and creations inside it last. */
+int pt_sync_directory(const char *dir, pt_error *err);
+
+/* Little-endian loads and stores of 1 to 8 bytes at any alignment (the
+ * byte order of datasets and checkpoints). */
+static inline uint64_t pt_load_le(const unsigned char *bytes, size_t width)
+{
+    uint64_t value = 0;
+    for (size_t i = width; i > 0; i--)
+        value = (value << 8) | bytes[i - 1];
+    return value;
+}
+
+static inline void pt_store_le(unsigned char *bytes, uint64_t value,
+                               size_t width)
+{
+    for (size_t i = 0; i < width; i++) {
+        bytes[i] = (unsigned char)(value & 0xff);
+        value >>= 8;
+    }
+}
+
+/* ------------------------------------------------------------- run.json */
+
+/*
+ * run.json (formats.md, "Run"), the record of a training run. One owner,
+ * common/run_json.c: `partita exec` fills a run_json (executor/run) and
+ * builds the file's object with run_json_build; `partita report` reads it
+ * back with run_json_read (report/run_record.c). A run_json is plain data:
+ * the writer borrows what it points to; the reader allocates iterations,
+ * events and peak_memory_gib, freed by run_json_free.
+ */
+#define RUN_JSON_FORMAT "partita-run/1"
+/* The most ranks a run has: what exec runs, and so what a record holds. */
+#define RUN_JSON_MAX_RANKS (PT_MAX_STAGES * 64)
+
+/* One iteration. */
+typedef struct run_json_iteration {
+    long iteration;              /* 1-based, counting those before a resume */
+    double step_time_s;
+    double loss;                 /* nats per token; NAN when a file has none */
+    double grad_norm;            /* written only */
+    double learning_rate;        /* written only */
+} run_json_iteration;
+
+/* One timed phase of the chosen iteration (formats.md, "Events"). */
+typedef struct run_json_event {
+    int rank;
+    int stage;
+    int microbatch;              /* -1 for the once-per-step phases */
+    char kind[PT_NAME_MAX];      /* the cost model's event kind names */
+    int kind_index;              /* read: what the reader's kind_index
+                                    gave for kind */
+    double start_s;              /* from the start of the iteration */
+    double end_s;
+} run_json_event;
+
+/* The device of a rank (written only). */
+typedef struct run_json_device {
+    int rank;
+    const char *name;
+    int sms_used;                /* 0: not a GPU, or not reported (null) */
+    double memory_cap_bytes;     /* 0: none (null) */
+    const char *driver_version;  /* "": unknown (null) */
+    const char *cuda_version;
+} run_json_device;
+
+/* The record. "read" fields are those the reader fills; the others are
+ * written only. */
+typedef struct run_json {
+    char file[PT_PATH_MAX];      /* read: as the user named it */
+    json_t *plan;                /* written: the plan, model and cluster
+                                    inline (a reference is taken) */
+    int tp, dp, pp, gbs, mbs;    /* read (from plan); gbs, mbs written */
+    char backend[PT_NAME_MAX];   /* training.backend; read: "" if absent */
+    int rank_count;              /* read: entries of peak_memory_gib;
+                                    written: ranks of max_rss_gib */
+    int device_count;
+    const run_json_device *devices;
+    char data_prefix[PT_PATH_MAX];
+    uint64_t dataset_tokens;
+    uint64_t dataset_documents;
+    uint32_t largest_token;
+    uint64_t seed;
+    int micro_batches;
+    long tokens_per_iteration;
+    double max_lr, min_lr;
+    long warmup_iterations, decay_iterations;
+    double max_grad_norm;
+    long first_iteration, last_iteration;
+    char resumed_from[PT_PATH_MAX];  /* "": not resumed (null) */
+    bool stopped_early;
+    long last_checkpoint_iteration;  /* 0: none (null) */
+    char started_utc[32];
+    long iteration_count;        /* read */
+    run_json_iteration *iterations;  /* read */
+    long events_iteration;       /* read */
+    int event_count;             /* read */
+    run_json_event *events;      /* read */
+    int peak_memory_count;       /* read: rank_count */
+    double *peak_memory_gib;     /* read */
+    const char *peak_memory_basis;
+    double max_rss_gib;          /* the process's peak resident set */
+    double step_time_s;          /* read */
+    double tokens_per_s;         /* read */
+    double tflops_per_gpu;       /* read */
+    int note_count;
+    const char *const *notes;
+} run_json;
+
+/* The run.json object of r; NULL (err filled) when out of memory. */
+json_t *run_json_build(const run_json *r, pt_error *err);
+
+/* The index of an event kind name, or -1 when the caller knows no such
+ * kind (report: the cost model's event_kind_from_name). */
+typedef int (*run_json_kind_index)(const char *kind);
+/* Reads the fields a report uses, each validated; *out is zeroed first
+ * and emptied on failure. Messages name file (NULL: "<inline>"), the JSON
+ * path and the reason. */
+int run_json_read(const json_t *root, const char *file,
+                  run_json_kind_index kind_index, run_json *out,
+                  pt_error *err);
+void run_json_free(run_json *run);
 
 #endif

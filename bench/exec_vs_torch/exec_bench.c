@@ -70,13 +70,6 @@ static int fast_init(model_stage *stage, pt_error *err)
     return status;
 }
 
-static double now_seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Seconds spent in each phase over the timed steps. */
 typedef struct phase_times {
     double forward;
@@ -89,15 +82,15 @@ static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
                     float learning_rate, phase_times *times, float *loss,
                     pt_error *err)
 {
-    double start = now_seconds();
+    double start = pt_monotonic_seconds();
     stage_io io = {.mbs = mbs, .tokens = tokens, .loss_scale = 1.0f};
     if (stage_zero_grads(stage, err) != 0 ||
         stage_forward(stage, 0, &io, loss, err) != 0)
         return -1;
-    double forward_end = now_seconds();
+    double forward_end = pt_monotonic_seconds();
     if (stage_backward(stage, 0, &io, err) != 0)
         return -1;
-    double backward_end = now_seconds();
+    double backward_end = pt_monotonic_seconds();
     double square_sum = 0.0;
     if (stage_grad_square_sum(stage, &square_sum, err) != 0)
         return -1;
@@ -105,7 +98,7 @@ static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
     float scale = clip_coefficient(sqrt(square_sum), 1.0f);
     if (stage_adamw_step(stage, &config, learning_rate, scale, err) != 0)
         return -1;
-    double end = now_seconds();
+    double end = pt_monotonic_seconds();
     times->forward += forward_end - start;
     times->backward += backward_end - forward_end;
     times->optimizer += end - backward_end;

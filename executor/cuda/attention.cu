@@ -22,9 +22,9 @@
  * exponentials are exp2 (one instruction); the saved lse is
  * log2(sum exp2(s2)) + max.
  *
- * Head sizes other than 64 and 128 take plain fallback kernels (one block
- * per query or key row, no tensor cores), correct but slow; GPT-2 uses 64
- * at every size.
+ * Head sizes other than 64 and 128 take the plain fallback kernels of
+ * attention_plain.cu (one block per query or key row, no tensor cores),
+ * correct but slow; GPT-2 uses 64 at every size.
  */
 #include "executor/cuda/cuda_common.cuh"
 
@@ -32,7 +32,6 @@
 #define ATT_TILE 64      /* rows of the streamed tiles */
 #define ATT_WARPS 4
 #define ATT_THREADS (ATT_WARPS * WARP_SIZE)
-#define LOG2E_F 1.4426950408889634f
 
 /* --------------------------------------------------------- PTX helpers */
 
@@ -92,15 +91,6 @@ static __device__ inline void mma_16x8x16(float c[4], const uint32_t a[4],
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
                    "r"(b1));
-}
-
-/* 2^x in one MUFU instruction (flushing denormals, which a softmax
- * weight below 2^-126 may well become); exp2f adds range handling. */
-static __device__ inline float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 static __device__ inline uint32_t pack_bf16x2(float low, float high)
@@ -224,6 +214,13 @@ static __device__ inline void store_rows(bf16 *global_head, size_t row_stride,
  * fragment it reads from shared memory feeds MT products: with MT = 2 the
  * shared-memory traffic per product halves (one m-tile per warp leaves
  * the kernel bound by ldmatrix, not the tensor cores).
+ *
+ * Long, on purpose (as the two backward kernels): the fragments of the
+ * running output, maxima and sums live in registers across the loop over
+ * key tiles, and the two-buffer cp.async pipeline interleaves loads with
+ * products; cut into functions, the tile loop would have to pass those
+ * arrays by reference and the compiler could no longer keep them in
+ * registers.
  */
 template <int HD, int MT>
 __global__ void __launch_bounds__(ATT_THREADS)
@@ -429,37 +426,8 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, int T,
 
 /* ------------------------------------------------------------ backward */
 
-/* delta[bh, t] = dO . O of each query row and head (fp32). */
-__global__ void attention_delta_kernel(float *delta, const bf16 *d_out,
-                                       const bf16 *out, int N, int T, int NH,
-                                       int HD)
-{
-    size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (index >= (size_t)N * NH)
-        return;
-    int row = (int)(index / NH);
-    int h = (int)(index % NH);
-    size_t offset = (size_t)row * NH * HD + (size_t)h * HD;
-    float sum = 0.0f;
-    if (HD % 8 == 0) {
-        for (int d = 0; d < HD; d += 8) {
-            float a[8], b[8];
-            load8(a, d_out + offset + d);
-            load8(b, out + offset + d);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                sum += a[i] * b[i];
-        }
-    } else {
-        for (int d = 0; d < HD; d++)
-            sum += __bfloat162float(d_out[offset + d]) *
-                   __bfloat162float(out[offset + d]);
-    }
-    int b = row / T;
-    int t = row % T;
-    delta[((size_t)b * NH + h) * T + t] = sum;
-}
-
+/* dK and dV of one block of keys; long for the reason the forward kernel
+ * gives (its accumulators stay in registers across the query loop). */
 template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS)
 attention_backward_dkdv_kernel(bf16 *d_qkv, const bf16 *d_out,
@@ -674,7 +642,7 @@ attention_backward_dkdv_kernel(bf16 *d_qkv, const bf16 *d_out,
 /*
  * Runs before the dK / dV kernel: besides dQ it computes delta = dO . O
  * of its query rows (from an O tile it loads) and writes it for that
- * kernel.
+ * kernel. Long for the reason the forward kernel gives.
  */
 template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS)
@@ -852,135 +820,6 @@ attention_backward_dq_kernel(bf16 *d_qkv, const bf16 *d_out, const bf16 *qkv,
                    q_tile + warp * 16 * STRIDE, lane);
 }
 
-/* ------------------------------------------------------------ fallback */
-
-/* One block per (query, sequence x head); scores of the row in shared
- * memory (T floats). */
-__global__ void attention_forward_plain_kernel(bf16 *out, float *lse,
-                                               const bf16 *qkv, int T, int NH,
-                                               int HD, float scale_log2)
-{
-    extern __shared__ float scores[];
-    __shared__ float reduce_space[WARP_SIZE];
-    int query = blockIdx.x;
-    int bh = blockIdx.y;
-    int b = bh / NH;
-    int h = bh % NH;
-    int C = NH * HD;
-    size_t stride = 3 * (size_t)C;
-    const bf16 *q = qkv + ((size_t)b * T + query) * stride + h * HD;
-    float local_max = -INFINITY;
-    for (int key = threadIdx.x; key <= query; key += blockDim.x) {
-        const bf16 *k = qkv + ((size_t)b * T + key) * stride + C + h * HD;
-        float dot = 0.0f;
-        for (int d = 0; d < HD; d++)
-            dot += __bfloat162float(q[d]) * __bfloat162float(k[d]);
-        scores[key] = dot * scale_log2;
-        local_max = fmaxf(local_max, scores[key]);
-    }
-    float row_max = block_max(local_max, reduce_space);
-    float local_sum = 0.0f;
-    for (int key = threadIdx.x; key <= query; key += blockDim.x) {
-        scores[key] = fast_exp2(scores[key] - row_max);
-        local_sum += scores[key];
-    }
-    float row_sum = block_sum(local_sum, reduce_space); /* syncs */
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int key = 0; key <= query; key++)
-            acc += scores[key] *
-                   __bfloat162float(qkv[((size_t)b * T + key) * stride +
-                                        2 * C + h * HD + d]);
-        out[((size_t)b * T + query) * C + h * HD + d] =
-            __float2bfloat16_rn(acc / row_sum);
-    }
-    if (threadIdx.x == 0)
-        lse[(size_t)bh * T + query] = row_max + log2f(row_sum);
-}
-
-static __device__ float plain_dot(const bf16 *a, const bf16 *b, int n)
-{
-    float sum = 0.0f;
-    for (int i = 0; i < n; i++)
-        sum += __bfloat162float(a[i]) * __bfloat162float(b[i]);
-    return sum;
-}
-
-/* dQ of one query row: shared holds dS over the keys (T floats). */
-__global__ void attention_backward_dq_plain_kernel(
-    bf16 *d_qkv, const bf16 *d_out, const bf16 *qkv, const float *lse,
-    const float *delta, int T, int NH, int HD, float scale_log2, float scale)
-{
-    extern __shared__ float d_scores[];
-    int query = blockIdx.x;
-    int bh = blockIdx.y;
-    int b = bh / NH;
-    int h = bh % NH;
-    int C = NH * HD;
-    size_t stride = 3 * (size_t)C;
-    const bf16 *q = qkv + ((size_t)b * T + query) * stride + h * HD;
-    const bf16 *dy = d_out + ((size_t)b * T + query) * C + h * HD;
-    float row_lse = lse[(size_t)bh * T + query];
-    float row_delta = delta[(size_t)bh * T + query];
-    for (int key = threadIdx.x; key <= query; key += blockDim.x) {
-        const bf16 *k = qkv + ((size_t)b * T + key) * stride + C + h * HD;
-        const bf16 *v = k + C;
-        float p = fast_exp2(plain_dot(q, k, HD) * scale_log2 - row_lse);
-        d_scores[key] = p * (plain_dot(dy, v, HD) - row_delta);
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int key = 0; key <= query; key++)
-            acc += d_scores[key] *
-                   __bfloat162float(qkv[((size_t)b * T + key) * stride + C +
-                                        h * HD + d]);
-        d_qkv[((size_t)b * T + query) * stride + h * HD + d] =
-            __float2bfloat16_rn(acc * scale);
-    }
-}
-
-/* dK, dV of one key row: shared holds P and dS over the queries. */
-__global__ void attention_backward_dkdv_plain_kernel(
-    bf16 *d_qkv, const bf16 *d_out, const bf16 *qkv, const float *lse,
-    const float *delta, int T, int NH, int HD, float scale_log2, float scale)
-{
-    extern __shared__ float shared_rows[];
-    float *probs = shared_rows;
-    float *d_scores = shared_rows + T;
-    int key = blockIdx.x;
-    int bh = blockIdx.y;
-    int b = bh / NH;
-    int h = bh % NH;
-    int C = NH * HD;
-    size_t stride = 3 * (size_t)C;
-    const bf16 *k = qkv + ((size_t)b * T + key) * stride + C + h * HD;
-    const bf16 *v = k + C;
-    for (int query = key + threadIdx.x; query < T; query += blockDim.x) {
-        const bf16 *q = qkv + ((size_t)b * T + query) * stride + h * HD;
-        const bf16 *dy = d_out + ((size_t)b * T + query) * C + h * HD;
-        float p = fast_exp2(plain_dot(q, k, HD) * scale_log2 -
-                        lse[(size_t)bh * T + query]);
-        probs[query] = p;
-        d_scores[query] =
-            p * (plain_dot(dy, v, HD) - delta[(size_t)bh * T + query]);
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        float dk = 0.0f;
-        float dv = 0.0f;
-        for (int query = key; query < T; query++) {
-            size_t row = (size_t)b * T + query;
-            dk += d_scores[query] *
-                  __bfloat162float(qkv[row * stride + h * HD + d]);
-            dv += probs[query] * __bfloat162float(d_out[row * C + h * HD + d]);
-        }
-        size_t key_row = ((size_t)b * T + key) * stride;
-        d_qkv[key_row + C + h * HD + d] = __float2bfloat16_rn(dk * scale);
-        d_qkv[key_row + 2 * C + h * HD + d] = __float2bfloat16_rn(dv);
-    }
-}
-
 /* ----------------------------------------------------------- launchers */
 
 static size_t tile_bytes(int HD)
@@ -995,9 +834,6 @@ static size_t tile_bytes(int HD)
 #ifndef ATTENTION_FORWARD_M_TILES
 #define ATTENTION_FORWARD_M_TILES 2
 #endif
-
-/* The largest dynamic shared memory a plain-fallback block may take. */
-#define PLAIN_SHARED_LIMIT (48 * 1024)
 
 template <int HD, int MT>
 static cudaError_t launch_forward(bf16 *out, float *lse, const bf16 *qkv,
@@ -1032,13 +868,8 @@ extern "C" cudaError_t cuda_attention_forward(pt_bf16 *out_bf16, float *lse,
     if (HD == 128)
         return launch_forward<128, 1>(out, lse, qkv, B, T, NH, scale_log2,
                                       stream);
-    size_t shared = (size_t)T * sizeof(float);
-    if (shared > PLAIN_SHARED_LIMIT)
-        return cudaErrorInvalidValue;
-    dim3 grid((unsigned)T, (unsigned)(B * NH));
-    attention_forward_plain_kernel<<<grid, 128, shared, stream>>>(
-        out, lse, qkv, T, NH, HD, scale_log2);
-    return cudaGetLastError();
+    return cuda_attention_forward_plain(out_bf16, lse, qkv_bf16, B, T, C, NH,
+                                        stream);
 }
 
 extern "C" size_t cuda_attention_backward_scratch(int B, int T, int NH)
@@ -1095,16 +926,7 @@ extern "C" cudaError_t cuda_attention_backward(
     if (HD == 128)
         return launch_backward<128>(d_qkv, d_out, qkv, out, lse, delta, B, T,
                                     NH, scale_log2, scale, stream);
-    size_t rows = (size_t)B * T * NH;
-    attention_delta_kernel<<<blocks_for(rows, 256), 256, 0, stream>>>(
-        delta, d_out, out, B * T, T, NH, HD);
-    size_t shared = 2 * (size_t)T * sizeof(float);
-    if (shared > PLAIN_SHARED_LIMIT)
-        return cudaErrorInvalidValue;
-    dim3 grid((unsigned)T, (unsigned)(B * NH));
-    attention_backward_dq_plain_kernel<<<grid, 128, shared / 2, stream>>>(
-        d_qkv, d_out, qkv, lse, delta, T, NH, HD, scale_log2, scale);
-    attention_backward_dkdv_plain_kernel<<<grid, 128, shared, stream>>>(
-        d_qkv, d_out, qkv, lse, delta, T, NH, HD, scale_log2, scale);
-    return cudaGetLastError();
+    return cuda_attention_backward_plain(d_qkv_bf16, d_out_bf16, qkv_bf16,
+                                         out_bf16, lse, scratch, B, T, C, NH,
+                                         stream);
 }

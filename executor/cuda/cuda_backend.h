@@ -5,7 +5,7 @@
  * backend_find hands it out for BACKEND_CUDA; the GPU tests and the
  * benchmark use the helpers below. docs/cuda-backend.md describes it.
  *
- * Semantics are those of stage_backend (executor.h), with these
+ * Semantics are those of stage_backend (executor/stage/stage.h), with these
  * specifics:
  *   - the four float buffers of model_stage (params, grads, adam_m,
  *     adam_v) and the activation pointers (stage_input_buffer,
@@ -46,23 +46,35 @@
 
 #include <cuda_runtime_api.h>
 
-#include "executor/executor.h"
+#include "executor/stage/stage.h"
 
 const stage_backend *cuda_stage_backend(void);
 
 /* model_stage_create with BACKEND_CUDA (kept for the GPU tests and the
- * benchmark). Release with model_stage_destroy. */
-int cuda_model_stage_create(model_stage *out, const model_shape *shape,
-                            const stage_spec *spec, int mbs_capacity,
-                            int slot_count, pt_error *err);
+ * benchmark). Release with model_stage_destroy. Inline: the backend's
+ * files call nothing that hands the backend out (no circle through
+ * backend_find). */
+static inline int cuda_model_stage_create(model_stage *out,
+                                          const model_shape *shape,
+                                          const stage_spec *spec,
+                                          int mbs_capacity, int slot_count,
+                                          pt_error *err)
+{
+    return model_stage_create(out, shape, spec, BACKEND_CUDA, mbs_capacity,
+                              slot_count, err);
+}
 
 /* Device bytes the stage holds: parameters, gradients, AdamW state, the
  * bf16 weight mirror, activations of every slot, backward scratch and the
  * cuBLASLt workspace. */
 size_t cuda_stage_device_bytes(const model_stage *stage);
 
+/* The stream a cuda stage runs on (for NCCL work ordered with it). */
+cudaStream_t cuda_stage_stream(const model_stage *stage);
+
 /* Number of CUDA devices this process sees; 0 when there is no GPU or no
- * usable driver (never fails). */
+ * usable driver (never fails). executor/cuda/device.c, as the rest of
+ * this header from here on. */
 int cuda_device_count(void);
 
 /* The current device, for run.json. */
@@ -108,8 +120,5 @@ int cuda_rank_memory_reserve(size_t bytes, const char *what, pt_error *err);
 void cuda_rank_memory_release(size_t bytes);
 /* SMs the thread's kernels may use: the green context's, or the device's. */
 int cuda_rank_sm_count(void);
-
-/* The stream a cuda stage runs on (for NCCL work ordered with it). */
-cudaStream_t cuda_stage_stream(const model_stage *stage);
 
 #endif

@@ -102,6 +102,18 @@ static __device__ inline float warp_max(float value)
     return value;
 }
 
+/* log2(e): the attention keeps its scores in base 2. */
+#define LOG2E_F 1.4426950408889634f
+
+/* 2^x in one MUFU instruction (flushing denormals, which a softmax
+ * weight below 2^-126 may well become); exp2f adds range handling. */
+static __device__ inline float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* Sum over the whole block (blockDim.x a multiple of 32, at most 1024);
  * every thread gets the result. `shared` holds 32 floats. */
 static __device__ inline float block_sum(float value, float *shared)

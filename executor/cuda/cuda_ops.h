@@ -1,7 +1,7 @@
 /*
  * The kernels of the cuda backend, as C launchers. Private to the
  * executor's cuda folder and its GPU tests (tests/executor/gpu), which
- * hold each of them against the cpu reference op of executor.h.
+ * hold each of them against the cpu reference op of executor/cpu/cpu.h.
  *
  * Conventions (the same as the cpu ops): B sequences, T positions, C
  * channels, N = B x T rows, NH heads, V vocabulary; row-major. Tensors
@@ -182,6 +182,19 @@ cudaError_t cuda_attention_backward(pt_bf16 *d_qkv_bf16,
                                     const pt_bf16 *out_bf16, const float *lse,
                                     float *scratch, int B, int T, int C,
                                     int NH, cudaStream_t stream);
+
+/* The same for head sizes without tensor-core kernels (attention_plain.cu;
+ * cuda_attention_forward and _backward hand such heads here): one block
+ * per row, T x 4 (forward) or T x 8 bytes (backward) of shared memory at
+ * most 48 KiB, else cudaErrorInvalidValue. */
+cudaError_t cuda_attention_forward_plain(pt_bf16 *out_bf16, float *lse,
+                                         const pt_bf16 *qkv_bf16, int B,
+                                         int T, int C, int NH,
+                                         cudaStream_t stream);
+cudaError_t cuda_attention_backward_plain(
+    pt_bf16 *d_qkv_bf16, const pt_bf16 *d_out_bf16, const pt_bf16 *qkv_bf16,
+    const pt_bf16 *out_bf16, const float *lse, float *scratch, int B, int T,
+    int C, int NH, cudaStream_t stream);
 
 /* ------------------------------------------------------------- classifier */
 

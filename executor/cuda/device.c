@@ -1,5 +1,6 @@
 /*
- * The device of a rank's thread: which GPU, how many of its SMs (a CUDA
+ * The GPUs of this machine (how many, what the current one is) and the
+ * device of a rank's thread: which GPU, how many of its SMs (a CUDA
  * green context) and how much of its memory. Thread-local state, so the
  * threads of one process can each drive their own GPU, or a throttled
  * part of one. docs/cuda-backend.md ("Devices of a parallel run").
@@ -16,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "executor/cuda/cuda_check.h"
 
@@ -321,4 +323,39 @@ int cuda_rank_sm_count(void)
                                device) != cudaSuccess)
         return 0;
     return sms;
+}
+
+/* ------------------------------------------------------------ devices */
+
+int cuda_device_count(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return 0;
+    }
+    return count;
+}
+
+int cuda_device_describe(cuda_device_info *out)
+{
+    memset(out, 0, sizeof *out);
+    int device = 0;
+    struct cudaDeviceProp properties;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaGetDeviceProperties(&properties, device) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    snprintf(out->name, sizeof out->name, "%s", properties.name);
+    out->multiprocessors = properties.multiProcessorCount;
+    out->memory_bytes = (double)properties.totalGlobalMem;
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    snprintf(out->driver_cuda_version, sizeof out->driver_cuda_version,
+             "%d.%d", driver / 1000, driver % 1000 / 10);
+    snprintf(out->runtime_cuda_version, sizeof out->runtime_cuda_version,
+             "%d.%d", runtime / 1000, runtime % 1000 / 10);
+    return 0;
 }

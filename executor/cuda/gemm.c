@@ -165,13 +165,10 @@ static cublasLtEpilogue_t epilogue_of(gemm_epilogue epilogue)
     return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-/* Makes the descriptors of a new shape and asks the heuristic for an
- * algorithm; plan->supported says whether one came back. */
-static int plan_build(gemm_context *context, gemm_plan *plan,
-                      const gemm_key *key, pt_error *err)
+/* The descriptors of a new shape: the operation (transposes, epilogue
+ * and its bias and aux types) and the three matrix layouts. */
+static int plan_describe(gemm_plan *plan, const gemm_key *key, pt_error *err)
 {
-    memset(plan, 0, sizeof *plan);
-    plan->key = *key;
     cudaDataType_t d_type = key->d_fp32 ? CUDA_R_32F : CUDA_R_16BF;
     cublasOperation_t op_a = key->transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t op_b = key->transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -215,7 +212,16 @@ static int plan_build(gemm_context *context, gemm_plan *plan,
     CUBLAS_TRY(cublasLtMatrixLayoutCreate(&plan->layout_c, d_type,
                                           (uint64_t)key->m, (uint64_t)key->n,
                                           key->ldd));
+    return 0;
+}
 
+/* Asks the heuristic for algorithms of a described plan (within the
+ * workspace and the operands' alignments); plan->supported says whether
+ * any came back. */
+static int plan_choose_algorithms(gemm_context *context, gemm_plan *plan,
+                                  pt_error *err)
+{
+    const gemm_key *key = &plan->key;
     cublasLtMatmulPreference_t preference = NULL;
     CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&preference));
     uint64_t workspace = GEMM_WORKSPACE_BYTES;
@@ -253,6 +259,18 @@ static int plan_build(gemm_context *context, gemm_plan *plan,
             plan->algos[plan->algo_count++] = results[i].algo;
     plan->supported = plan->algo_count > 0;
     return 0;
+}
+
+/* Makes the descriptors of a new shape and asks the heuristic for an
+ * algorithm; plan->supported says whether one came back. */
+static int plan_build(gemm_context *context, gemm_plan *plan,
+                      const gemm_key *key, pt_error *err)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->key = *key;
+    if (plan_describe(plan, key, err) != 0)
+        return -1;
+    return plan_choose_algorithms(context, plan, err);
 }
 
 /* The plan of this call's shape, built on first sight; NULL on error. */

@@ -97,7 +97,9 @@ extern "C" cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
  * sums dy x xhat and dy of 8 columns (VECTOR) over a share of the block's
  * rows (re-read from L2, where phase 1 just left them); the shares are
  * added in order in shared memory and written as the block's partials
- * (partials[block][0..C) weight, [C..2C) bias).
+ * (partials[block][0..C) weight, [C..2C) bias). One kernel, and so one
+ * long function: the two phases share the block's rows through L2 and
+ * its shared memory, which a second kernel or a call would not keep.
  */
 #define BACKWARD_ROWS 32 /* 512 blocks for 16384 rows: full waves */
 #define PARTIAL_SPACE (BACKWARD_THREADS * 16)

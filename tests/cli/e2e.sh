@@ -605,6 +605,34 @@ exec-tp2)
   run 0 partita exec in-tp2.json --data in-corpus --iters 4 --load ckpt -o resumed.json
   expect_in resumed.json '"first_iteration": 4'
   ;;
+exec-tp-spans-nodes)
+  # nodes of 2 and 4 GPUs, tp 4: stage 0's tp group spans the two small
+  # nodes, stage 1 fills the big one. plan, estimate and exec take it.
+  prep_corpus
+  cat >in-plan.json <<JSON
+{ "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 4,
+             "seq": 16, "vocab": 257 },
+  "cluster": { "name": "mixed-sizes", "nodes": [
+      { "name": "small", "count": 2, "gpu": "A10-FASOP", "gpus": 2,
+        "intra_node": { "bandwidth_GBps": 16, "latency_us": 10 },
+        "inter_node": { "bandwidth_Gbps": 50, "latency_us": 20 } },
+      { "name": "big", "gpu": "A100-FASOP", "gpus": 4,
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 },
+        "inter_node": { "bandwidth_Gbps": 400, "latency_us": 20 } } ] },
+  "gbs": 4, "mbs": 1, "tp": 4, "dp": 1, "pp": 2, "partition": "1-3",
+  "node_order": ["small[0]", "small[1]", "big[0]"] }
+JSON
+  run 0 partita estimate in-plan.json
+  expect_in out.txt "8 GPUs"
+  run 0 partita exec in-plan.json --data in-corpus --backend cpu --iters 2 -o run.json
+  expect_in out.txt "8 ranks (pp 2 x dp 1 x tp 4)"
+  run 0 partita report in-plan.json run.json -o report
+  # the planner searches this cluster too (its tp 4 tasks: test_search_tree)
+  python3 -c "import json; p = json.load(open('in-plan.json')); json.dump(p['cluster'], open('in-cluster.json', 'w')); json.dump(p['model'], open('in-model.json', 'w'))"
+  run 0 partita plan --model in-model.json --cluster in-cluster.json --gbs 4 --quiet -o plan.json
+  expect_in out.txt "of 50 tasks"
+  run 0 partita estimate plan.json
+  ;;
 profile-cpu)
   # partita profile on the cpu backend: the profile of a tiny model loads
   # in the reader and prices the model for the planner
@@ -787,6 +815,33 @@ assert len(labels) == 16, labels
 PY
   size=$(stat -c %s report/trace.json)
   [ "$size" -lt 8388608 ] || fail "trace.json of 1,024 GPUs is $size bytes"
+  ;;
+no-gpu-stack)
+  # plan, estimate, report, prep and profile --derive/--compare run in
+  # `partita`, which must never load the CUDA runtime, cuBLAS, NCCL or
+  # MPI (they cost ~100 ms and ~200 MB at start); exec and the measuring
+  # profile run in partita-exec, beside it (cli/hand_over.c).
+  gpu_stack='libcuda|libcudart|libcublas|libnccl|libmpi|libopen-pal|libopen-rte|libpmix'
+  command -v ldd >/dev/null || fail "ldd is missing"
+  ldd "$partita_binary" >ldd.txt 2>&1 || fail "ldd failed: $(cat ldd.txt)"
+  expect_in ldd.txt "libjansson"
+  if grep -E "$gpu_stack" ldd.txt; then fail "partita links the GPU stack"; fi
+  # and at run time, libraries opened later included (the loader's own
+  # list of every library it maps)
+  for command in "plan --model gpt2-xl --gbs 64 --cluster $clusters/hetero.json --quiet -o p.json" \
+                 "estimate p.json"; do
+    # shellcheck disable=SC2086 # the command's words
+    LD_DEBUG=libs LD_DEBUG_OUTPUT="$work/loader" partita $command >out.txt 2>err.txt \
+      || fail "partita $command failed: $(cat err.txt)"
+    cat "$work"/loader.* >ld.txt; rm -f "$work"/loader.*
+    expect_in ld.txt "libjansson"
+    if grep -E "$gpu_stack" ld.txt; then fail "partita $command loaded the GPU stack"; fi
+  done
+  # partita-exec is looked for beside partita: without it, one clear line
+  cp "$partita_binary" ./partita-alone
+  run 1 ./partita-alone exec p.json --data x
+  expect_in err.txt "partita exec: cannot find partita-exec"
+  rm -f ./partita-alone p.json ld.txt ldd.txt
   ;;
 *)
   fail "unknown case"

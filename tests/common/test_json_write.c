@@ -103,7 +103,7 @@ static void test_atomic_write(void **state)
                      0);
     json_t *root = json_pack("{s:i}", "gbs", 64);
     assert_int_equal(json_write_file_atomic(root, blocked, &err), -1);
-    EXPECT_MESSAGE(&err, blocked, "cannot write");
+    EXPECT_MESSAGE(&err, blocked, "cannot rename");
     assert_int_equal(hidden_entries(dir), 0);
     text = read_whole_file(inside, &length);
     assert_string_equal(text, first);

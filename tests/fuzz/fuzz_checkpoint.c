@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 
 #include "common/common.h"
-#include "executor/data.h"
+#include "executor/run/run.h"
 
 enum { BLOB_BYTES = 16 };
 

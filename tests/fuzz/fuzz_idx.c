@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "common/common.h"
-#include "executor/data.h"
+#include "executor/data/data.h"
 
 /* Tokens read at most per input, so a large dataset stays fast. */
 enum { FUZZ_TOKEN_BUDGET = 1 << 14 };

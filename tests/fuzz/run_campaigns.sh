@@ -49,12 +49,13 @@ export TMPDIR="$WORK/tmp"
 # The library sources each harness needs (the fuzzer instruments them).
 COMMON_SOURCES="$ROOT/common/errors.c $ROOT/common/units.c
   $ROOT/common/json_check.c $ROOT/common/model.c $ROOT/common/cluster.c
-  $ROOT/common/profile.c $ROOT/common/plan.c"
+  $ROOT/common/profile.c $ROOT/common/plan.c $ROOT/common/clock.c
+  $ROOT/common/atomic_file.c $ROOT/common/run_json.c"
 sources_of() {
   case $1 in
     estimate) echo "$COMMON_SOURCES $ROOT/costmodel/*.c" ;;
-    idx) echo "$COMMON_SOURCES $ROOT/executor/dataset.c $ROOT/executor/data_io.c" ;;
-    checkpoint) echo "$COMMON_SOURCES $ROOT/executor/checkpoint.c $ROOT/executor/data_io.c" ;;
+    idx) echo "$COMMON_SOURCES $ROOT/executor/data/dataset.c" ;;
+    checkpoint) echo "$COMMON_SOURCES $ROOT/executor/run/checkpoint_store.c" ;;
     run) echo "$COMMON_SOURCES $ROOT/costmodel/*.c $ROOT/report/run_record.c $ROOT/report/compare.c" ;;
     *) echo "$COMMON_SOURCES" ;;
   esac

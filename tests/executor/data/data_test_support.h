@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "tests/scratch_tree.h"
-#include "executor/data.h"
+#include "executor/data/data.h"
 
 /* A private directory for one test; removed with everything in it. */
 typedef struct scratch {

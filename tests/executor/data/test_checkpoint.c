@@ -3,6 +3,7 @@
  * interrupted save that leaves the previous checkpoint loadable, and a
  * save shared by two writers (one process per rank). */
 #include "data_test_support.h"
+#include "executor/run/run.h"
 
 #include <inttypes.h>
 

@@ -1,6 +1,6 @@
 /*
  * Each kernel and product of the cuda backend against the cpu reference
- * op of executor.h, on fresh random inputs (the tensor-parallel kernels
+ * op of executor/cpu/cpu.h, on fresh random inputs (the tensor-parallel kernels
  * against the whole op, their shards put together on the host). Inputs the GPU reads as bf16
  * are rounded to bf16 before the cpu sees them, so the errors below are
  * those of the computation alone: fp32 kernels must land under 1e-4,
@@ -10,7 +10,7 @@
 #include "gpu_test.h"
 
 #include "executor/cuda/gemm.h"
-#include "executor/executor.h"
+#include "executor/cpu/cpu.h"
 
 #define TOL_FP32 1e-4
 #define TOL_BF16_OUT 8e-3

@@ -3,7 +3,7 @@
  *   1. a tp = 2 pair of whole-model stages (embedding, layers, head; tied
  *      and untied head; a vocabulary of 1001 split 501 + 500, so both
  *      shards' logits carry masked padding) run as two threads, one per
- *      shard, joined by the host-staged comm (executor/pipeline_gpu.h:
+ *      shard, joined by the host-staged comm (executor/parallel/parallel.h:
  *      device buffers summed through host memory). The shards' gradients, put together into whole tensors,
  *      are held against the unsplit cuda stage and against the cpu
  *      backend's tp = 2 shards (same parameters, same tokens); the loss
@@ -26,7 +26,7 @@
 #include "gpu_test.h"
 
 #include "executor/executor.h"
-#include "executor/pipeline_gpu.h"
+#include "executor/parallel/parallel.h"
 
 #define TOL_LOSS 5e-3
 #define TOL_GRAD 3e-2

@@ -25,20 +25,13 @@
 #include <pthread.h>
 #include <time.h>
 
-#include "executor/comm_nccl.h"
+#include "executor/parallel/parallel.h"
 
 #define PROGRAM "test_nccl_parallel"
 #define MESSAGES 8
 #define MESSAGE_FLOATS ((size_t)1 << 20)
 #define SILENT_TIMEOUT_S 3.0
 #define PIPELINE_TIMEOUT_S 120.0
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /* One rank of a two-rank world, on its own thread and GPU. */
 typedef struct rank_run {
@@ -54,7 +47,7 @@ typedef struct rank_run {
 static void *rank_main(void *argument)
 {
     rank_run *r = argument;
-    double start = now_s();
+    double start = pt_monotonic_seconds();
     if (cuda_rank_device_open(r->rank, 0, 0.0, &r->err) != 0 ||
         comm_nccl_rank_open(r->world, r->rank, &r->err) != 0) {
         r->status = -1;
@@ -63,7 +56,7 @@ static void *rank_main(void *argument)
     } else {
         r->status = r->body(r);
     }
-    r->seconds = now_s() - start;
+    r->seconds = pt_monotonic_seconds() - start;
     comm_nccl_rank_close(r->world, r->rank);
     cuda_rank_device_close();
     return NULL;
@@ -359,10 +352,10 @@ static void test_failing_rank(gpu_test_tally *tally)
                                        &err);
     gpu_test_expect(tally, status == 0, "a pp = 2 step on two GPUs runs");
     gpu.threads.inject_failure_rank = 1;
-    double start = now_s();
+    double start = pt_monotonic_seconds();
     status = pipeline_threads_step(&gpu.threads, &train, tokens, &result,
                                    &err);
-    double seconds = now_s() - start;
+    double seconds = pt_monotonic_seconds() - start;
     printf("NOTE the failing step returned after %.2f s (comm timeout %.0f "
            "s)\n# %s\n# rank 0: %s\n",
            seconds, PIPELINE_TIMEOUT_S, err.message,

@@ -1,5 +1,5 @@
 /*
- * The host-staged comm (executor/pipeline_gpu.h) on ONE GPU: three ranks,
+ * The host-staged comm (executor/parallel/parallel.h) on ONE GPU: three ranks,
  * threads of this process, all on device 0, each in its own slice of the
  * SMs (plain C: PASS / FAIL lines, exit 77 without a GPU). Checked:
  *   - crossing sends of a message larger than the 64 MiB staging piece
@@ -17,7 +17,7 @@
 
 #include <pthread.h>
 
-#include "executor/pipeline_gpu.h"
+#include "executor/parallel/parallel.h"
 
 #define PROGRAM "test_staged_comm"
 #define RANKS 3

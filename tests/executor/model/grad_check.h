@@ -24,7 +24,7 @@
 #include <stdio.h>
 #include <stddef.h>
 
-#include "executor/executor.h"
+#include "executor/cpu/cpu.h"
 
 #define FD_STEP 1e-2f
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "executor/executor.h"
+#include "executor/cpu/cpu.h"
 
 /*
  * Two steps, lr 0.1, beta1 0.9, beta2 0.95, eps 1e-8, weight decay 0.1.

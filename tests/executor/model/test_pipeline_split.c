@@ -19,6 +19,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "executor/run/run.h"
+
 #include <stdlib.h>
 #include <string.h>
 

@@ -12,7 +12,7 @@
 
 #include <string.h>
 
-#include "executor/comm_nccl.h"
+#include "executor/parallel/parallel.h"
 
 static void expect_refusal(int size, const int *devices, int device_count,
                            const comm_groups *groups, const char *part)

@@ -1,0 +1,177 @@
+/*
+ * The arguments of `partita profile`: its help and their parsing, shared
+ * by both executables: `partita` parses them to run --compare itself (and
+ * to answer --help and bad arguments without loading the GPU stack);
+ * `partita-exec` parses them again to measure (cli/profile_measure.c).
+ */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void print_profile_help(void)
+{
+    printf(
+        "usage: partita profile --model M [options] [-o FILE]\n"
+        "       partita profile --compare A.json B.json [--tolerance P]\n"
+        "       partita profile --derive GPU --from P1.json,... (see\n"
+        "                       'partita profile --derive --help')\n"
+        "\n"
+        "Measures, on the GPU at hand, the embedding, one transformer layer\n"
+        "and the head of the model, forward and backward, for every tp (the\n"
+        "shard one rank of the group computes, without the tp all-reduces)\n"
+        "and micro-batch that fits, and the AdamW step per parameter; with\n"
+        "two GPUs, NCCL all-reduce and send/recv curves from 4 KiB to 1 GiB.\n"
+        "Writes a profile of source \"measured\" (docs/profiles.md).\n"
+        "\n"
+        "  --model M[,M2...]      model files or bundled names (required);\n"
+        "                         each model is one shape of the profile\n"
+        "  --gpu-name NAME        the profile's GPU name (default: from the\n"
+        "                         device, \"H200\", with \"-<N>SM\" under\n"
+        "                         --sm-limit; \"cpu\" on the cpu backend)\n"
+        "  --sm-limit N           use only N SMs (a CUDA green context)\n"
+        "  --memory-limit-gib G   cap the stages' memory at G GiB\n"
+        "  --tp LIST              tensor-parallel degrees (1,2,4,8)\n"
+        "  --mbs LIST             micro-batch sizes (1,2,4,8,16)\n"
+        "  --backend NAME         cuda (default) or cpu (slow: tiny models)\n"
+        "  --quick                fewer runs per point, no device warm-up\n"
+        "  --no-comm              skip the NCCL curves\n"
+        "  -o, --output FILE      profile to write (default NAME.json)\n"
+        "\n"
+        "  --compare A B          print every entry of two profiles with its\n"
+        "                         difference; exit 1 when one differs by more\n"
+        "                         than --tolerance percent (default 3)\n"
+        "\n"
+        "Exit status: 0 written (or profiles agree), 1 measurement or write\n"
+        "failed (or profiles differ), 2 bad arguments or files.\n");
+}
+
+enum {
+    OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
+    OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_COMPARE, OPT_TOLERANCE,
+    OPT_HELP
+};
+
+int profile_bad_argument(const char *option, const char *expected,
+                         const char *got)
+{
+    fprintf(stderr, "partita profile: %s: expected %s, got '%s'\n", option,
+            expected, got);
+    return -1;
+}
+
+static int parse_positive(const char *option, const char *text, double max,
+                          double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double value = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || !isfinite(value) ||
+        value <= 0.0 || value > max) {
+        char expected[64];
+        snprintf(expected, sizeof expected, "a number above 0, at most %g",
+                 max);
+        return profile_bad_argument(option, expected, text);
+    }
+    *out = value;
+    return 0;
+}
+
+static int apply_option(int option, const char *value, profile_arguments *a)
+{
+    double number = 0.0;
+    switch (option) {
+    case OPT_MODEL: a->model = value; return 0;
+    case OPT_GPU_NAME: a->gpu_name = value; return 0;
+    case 'o': a->output = value; return 0;
+    case OPT_BACKEND: a->backend = value; return 0;
+    case OPT_TP: a->tp_list = value; return 0;
+    case OPT_MBS: a->mbs_list = value; return 0;
+    case OPT_QUICK: a->quick = true; return 0;
+    case OPT_NO_COMM: a->no_comm = true; return 0;
+    case OPT_COMPARE: a->compare = true; return 0;
+    case OPT_SM_LIMIT:
+        if (parse_positive("--sm-limit", value, 100000, &number) != 0)
+            return -1;
+        if (number != floor(number))
+            return profile_bad_argument("--sm-limit", "a whole number of SMs", value);
+        a->sm_limit = (int)number;
+        return 0;
+    case OPT_MEMORY_LIMIT:
+        return parse_positive("--memory-limit-gib", value, 1e6,
+                              &a->memory_limit_gib);
+    case OPT_TOLERANCE:
+        return parse_positive("--tolerance", value, 1e6,
+                              &a->tolerance_percent);
+    default: return -1;
+    }
+}
+
+/* 0 to go on, 1 when the help was printed, -1 on bad arguments (printed). */
+static int parse_arguments(int argc, char **argv, profile_arguments *a)
+{
+    static const struct option options[] = {
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"gpu-name", required_argument, NULL, OPT_GPU_NAME},
+        {"sm-limit", required_argument, NULL, OPT_SM_LIMIT},
+        {"memory-limit-gib", required_argument, NULL, OPT_MEMORY_LIMIT},
+        {"tp", required_argument, NULL, OPT_TP},
+        {"mbs", required_argument, NULL, OPT_MBS},
+        {"backend", required_argument, NULL, OPT_BACKEND},
+        {"quick", no_argument, NULL, OPT_QUICK},
+        {"no-comm", no_argument, NULL, OPT_NO_COMM},
+        {"compare", no_argument, NULL, OPT_COMPARE},
+        {"tolerance", required_argument, NULL, OPT_TOLERANCE},
+        {"output", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, OPT_HELP},
+        {NULL, 0, NULL, 0}};
+    *a = (profile_arguments){.backend = "cuda", .tp_list = "1,2,4,8",
+                             .mbs_list = "1,2,4,8,16",
+                             .tolerance_percent = 3.0};
+    optind = 1;
+    int option;
+    while ((option = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
+        if (option == OPT_HELP || option == 'h') {
+            print_profile_help();
+            return 1;
+        }
+        if (option == '?' || apply_option(option, optarg, a) != 0)
+            return -1;
+    }
+    if (a->compare) {
+        if (argc - optind != 2) {
+            fprintf(stderr, "partita profile: --compare takes two profile "
+                            "files\n");
+            return -1;
+        }
+        a->compare_files[0] = argv[optind];
+        a->compare_files[1] = argv[optind + 1];
+        return 0;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "partita profile: unexpected argument '%s'\n",
+                argv[optind]);
+        return -1;
+    }
+    if (a->model == NULL) {
+        fprintf(stderr, "partita profile: --model is required (see "
+                        "'partita profile --help')\n");
+        return -1;
+    }
+    return 0;
+}
+
+int profile_run_unless_measuring(int argc, char **argv, profile_arguments *a)
+{
+    int parsed = parse_arguments(argc, argv, a);
+    if (parsed != 0)
+        return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    if (a->compare)
+        return profile_compare(a->compare_files[0], a->compare_files[1],
+                               a->tolerance_percent);
+    return PROFILE_MEASURE;
+}

@@ -1,0 +1,360 @@
+/*
+ * partita profile, measuring (in partita-exec, the executable that loads
+ * the GPU stack): measures what the parts of a model cost on the GPU at
+ * hand (executor's profiler) and writes profiles/<gpu>.json, source
+ * "measured", with its provenance. `partita` itself parses the arguments
+ * first and runs --derive and --compare (cli/cmd_profile.c).
+ * docs/profiles.md ("Measuring") describes the measurement.
+ */
+#include "cli/cli.h"
+#include "executor/executor.h"
+#include "profiler/profiler.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* NCCL curves: 4 KiB to 1 GiB, every power of two. */
+#define COMM_MIN_BYTES 4096.0
+#define COMM_MAX_BYTES (1024.0 * 1024.0 * 1024.0)
+
+/* "1,2,4" into values; -1 (printed) on anything else. */
+static int parse_list(const char *option, const char *text, int *values,
+                      int *count)
+{
+    *count = 0;
+    const char *at = text;
+    for (;;) {
+        char *end = NULL;
+        errno = 0;
+        long value = strtol(at, &end, 10);
+        if (errno != 0 || end == at || value < 1 || value > 1024 ||
+            *count == PROFILER_MAX_VALUES || (*end != ',' && *end != '\0') ||
+            at[0] == '+' || at[0] == ' ')
+            return profile_bad_argument(option, "a comma-separated list of integers "
+                                        "from 1 to 1024 (at most 16)",
+                                text);
+        values[(*count)++] = (int)value;
+        if (*end == '\0')
+            return 0;
+        at = end + 1;
+    }
+}
+
+/* ------------------------------------------------------------ progress */
+
+static void print_progress(int done, int total, const char *label,
+                           const profiled_point *point, void *data)
+{
+    (void)data;
+    enum { WIDTH = 20 };
+    char bar[WIDTH + 1];
+    int filled = total > 0 ? WIDTH * done / total : WIDTH;
+    for (int i = 0; i < WIDTH; i++)
+        bar[i] = i < filled ? '#' : '.';
+    bar[WIDTH] = '\0';
+    fprintf(stderr, "[%s] %3d/%-3d %s", bar, done, total, label);
+    if (point != NULL) {
+        const profiled_part *parts[] = {&point->embedding, &point->layer,
+                                        &point->head};
+        static const char *const names[] = {"embedding", "layer", "head"};
+        double spread = 0.0;
+        for (int i = 0; i < 3; i++) {
+            fprintf(stderr, "%s %s %.3f / %.3f ms", i == 0 ? ":" : ",",
+                    names[i], parts[i]->forward.median_s * 1e3,
+                    parts[i]->backward.median_s * 1e3);
+            spread = fmax(spread, fmax(parts[i]->forward.spread,
+                                       parts[i]->backward.spread));
+        }
+        fprintf(stderr, " (forward / backward; spread up to %.1f %%)",
+                100.0 * spread);
+    }
+    fputc('\n', stderr);
+    fflush(stderr);
+}
+
+/* ---------------------------------------------------------- the device */
+
+/* ------------------------------------------------------------ command */
+
+static void join_command_line(int argc, char **argv, char *out, size_t size)
+{
+    size_t used = (size_t)snprintf(out, size, "partita");
+    for (int i = 0; i < argc && used < size; i++) {
+        bool plain = argv[i][0] != '\0' &&
+                     strpbrk(argv[i], " \t'\"$\\") == NULL;
+        used += (size_t)snprintf(out + used, size - used,
+                                 plain ? " %s" : " '%s'", argv[i]);
+    }
+}
+
+static void format_date_utc(char *out, size_t size)
+{
+    time_t now = time(NULL);
+    struct tm utc;
+    out[0] = '\0';
+    if (gmtime_r(&now, &utc) != NULL)
+        strftime(out, size, "%Y-%m-%dT%H:%M:%SZ", &utc);
+}
+
+/* A missing or read-only output directory is found before measuring. */
+static int check_output_writable(const char *output)
+{
+    char dir[PT_PATH_MAX];
+    pt_directory_of(output, dir, sizeof dir);
+    if (access(dir, W_OK) == 0)
+        return 0;
+    fprintf(stderr, "partita profile: %s: cannot write there: directory "
+                    "%s: %s\n",
+            output, dir, strerror(errno));
+    return -1;
+}
+
+/* The options the arguments ask for; -1 (printed) when they are bad. */
+static int build_options(const profile_arguments *a,
+                         profiler_options *options)
+{
+    pt_error err = {{0}};
+    backend_kind backend = BACKEND_CUDA;
+    if (backend_parse(a->backend, &backend, &err) != 0) {
+        cli_error("profile", err.message);
+        return -1;
+    }
+    *options = profiler_options_defaults(backend);
+    if (a->quick)
+        profiler_options_quick(options);
+    options->sm_limit = a->sm_limit;
+    options->memory_limit_bytes = a->memory_limit_gib * PT_GIB;
+    if (parse_list("--tp", a->tp_list, options->tp_values,
+                   &options->tp_count) != 0 ||
+        parse_list("--mbs", a->mbs_list, options->mbs_values,
+                   &options->mbs_count) != 0)
+        return -1;
+    if (profiler_options_check(options, &err) != 0) {
+        cli_error("profile", err.message);
+        return -1;
+    }
+    options->progress = print_progress;
+    return 0;
+}
+
+/* The NCCL curves, when asked for and possible; NULL with the reason in
+ * reason otherwise. -1 when measuring them failed. */
+static int measure_curves(const profile_arguments *a,
+                          const profiler_options *options,
+                          profiler_comm_result *comm, bool *measured,
+                          char *reason, size_t reason_size)
+{
+    *measured = false;
+    if (a->no_comm) {
+        pt_copy_string(reason, reason_size, "--no-comm");
+        return 0;
+    }
+    if (options->backend != BACKEND_CUDA) {
+        pt_copy_string(reason, reason_size, "cpu backend");
+        return 0;
+    }
+    if (!profiler_comm_available(reason, reason_size))
+        return 0;
+    pt_error err = {{0}};
+    if (profiler_measure_comm(options, COMM_MIN_BYTES, COMM_MAX_BYTES, comm,
+                              &err) != 0) {
+        cli_error("profile", err.message);
+        return -1;
+    }
+    *measured = true;
+    return 0;
+}
+
+static void print_points(const model_shape *shape, const profiler_result *r)
+{
+    printf("# %s: %d points\n", shape->name, r->point_count);
+    printf("# %3s %4s  %21s  %21s  %21s\n", "tp", "mbs",
+           "embedding fwd/bwd ms", "layer fwd/bwd ms", "head fwd/bwd ms");
+    for (int i = 0; i < r->point_count; i++) {
+        const profiled_point *p = &r->points[i];
+        printf("  %3d %4d  %10.4f %10.4f  %10.4f %10.4f  %10.4f %10.4f\n",
+               p->tp, p->mbs, p->embedding.forward.median_s * 1e3,
+               p->embedding.backward.median_s * 1e3,
+               p->layer.forward.median_s * 1e3,
+               p->layer.backward.median_s * 1e3,
+               p->head.forward.median_s * 1e3,
+               p->head.backward.median_s * 1e3);
+    }
+    for (int i = 0; i < r->note_count; i++)
+        printf("# note: %s: %s\n", shape->name, r->notes[i]);
+}
+
+static void print_summary(const profiler_writeup *ctx, const char *output)
+{
+    const profiler_result *r = &ctx->results[0];
+    printf("# profile %s on %s", ctx->gpu, r->device.name);
+    if (r->device.sms_used > 0)
+        printf(" (%d of its %d SMs used)", r->device.sms_used,
+               r->device.sms);
+    printf("\n");
+    for (int m = 0; m < ctx->model_count; m++)
+        print_points(&ctx->shapes[m], &ctx->results[m]);
+    printf("# optimizer: %.3g s per parameter (AdamW step of one layer, "
+           "%.0f parameters, %.3f ms)\n",
+           r->optimizer_s_per_param, r->layer_parameters,
+           r->optimizer_layer.median_s * 1e3);
+    if (ctx->comm == NULL)
+        printf("# communication: not measured (%s)\n", ctx->comm_reason);
+    for (int i = 0; ctx->comm != NULL && i < ctx->comm->sample_count; i++) {
+        char size[32];
+        pt_format_bytes(ctx->comm->allreduce[i].bytes, size, sizeof size);
+        printf("# %10s  all-reduce %10.2f us  send/recv %10.2f us\n", size,
+               ctx->comm->allreduce[i].time.median_s * 1e6,
+               ctx->comm->sendrecv[i].time.median_s * 1e6);
+    }
+    char elapsed[32];
+    pt_format_seconds(profiler_measured_seconds(ctx), elapsed,
+                      sizeof elapsed);
+    printf("# measured in %s; written to %s\n", elapsed, output);
+}
+
+/* The models of --model (a comma-separated list of files or bundled
+ * names); -1 (printed) when one does not load or two share a shape key
+ * (a profile holds one shape per key). */
+static int load_models(const char *list, model_shape *shapes, int *count)
+{
+    char names[PT_PATH_MAX * 2];
+    pt_copy_string(names, sizeof names, list);
+    *count = 0;
+    char *save = NULL;
+    for (char *name = strtok_r(names, ",", &save); name != NULL;
+         name = strtok_r(NULL, ",", &save)) {
+        pt_error err = {{0}};
+        char path[PT_PATH_MAX];
+        if (*count == PROFILER_MAX_MODELS) {
+            fprintf(stderr, "partita profile: --model: at most %d models\n",
+                    PROFILER_MAX_MODELS);
+            return -1;
+        }
+        model_shape *shape = &shapes[*count];
+        if (cli_locate("models", name, path, sizeof path, &err) != 0 ||
+            model_load_file(path, shape, &err) != 0) {
+            cli_error("profile", err.message);
+            return -1;
+        }
+        for (int i = 0; i < *count; i++)
+            if (shapes[i].hidden == shape->hidden &&
+                shapes[i].ffn_hidden == shape->ffn_hidden &&
+                shapes[i].seq == shape->seq && shapes[i].vocab == shape->vocab) {
+                fprintf(stderr, "partita profile: --model: %s and %s have "
+                                "the same hidden, ffn_hidden, seq and vocab "
+                                "(one shape of the profile)\n",
+                        shapes[i].name, shape->name);
+                return -1;
+            }
+        (*count)++;
+    }
+    if (*count == 0)
+        return profile_bad_argument("--model", "a model file or name", list);
+    return 0;
+}
+
+/* Measures every model, then the curves; results[0]'s device and
+ * optimizer speak for the profile. 0, or -1 (printed). */
+static int measure_all(const profile_arguments *a,
+                       const profiler_options *options,
+                       const model_shape *shapes, int model_count,
+                       profiler_result *results, profiler_comm_result *comm,
+                       bool *has_curves, char *reason, size_t reason_size)
+{
+    for (int m = 0; m < model_count; m++) {
+        pt_error err = {{0}};
+        if (model_count > 1)
+            fprintf(stderr, "# model %s\n", shapes[m].name);
+        if (profiler_measure(&shapes[m], options, &results[m], &err) != 0) {
+            fprintf(stderr, "partita profile: %s: %s\n", shapes[m].name,
+                    err.message);
+            return -1;
+        }
+    }
+    return measure_curves(a, options, comm, has_curves, reason, reason_size);
+}
+
+/* The profile, built and checked by the profiler, written atomically;
+ * then the summary. */
+static int write_profile(const profiler_writeup *writeup, const char *output)
+{
+    pt_error err = {{0}};
+    json_t *root = profiler_profile_json(writeup, output, &err);
+    int status = -1;
+    if (root == NULL || json_write_file_atomic(root, output, &err) != 0) {
+        cli_error("profile", err.message);
+    } else {
+        print_summary(writeup, output);
+        status = 0;
+    }
+    json_decref(root);
+    return status;
+}
+
+static int check_gpu_name(const char *name)
+{
+    if (name == NULL || (name[0] != '\0' && strchr(name, '/') == NULL &&
+                         strlen(name) < PT_NAME_MAX))
+        return 0;
+    return profile_bad_argument("--gpu-name", "a name without '/' (under 64 bytes)",
+                        name);
+}
+
+static int measure_and_write(profile_arguments *a, int argc, char **argv)
+{
+    model_shape shapes[PROFILER_MAX_MODELS];
+    int model_count = 0;
+    profiler_options options;
+    if (load_models(a->model, shapes, &model_count) != 0 ||
+        build_options(a, &options) != 0 || check_gpu_name(a->gpu_name) != 0 ||
+        (a->output != NULL && check_output_writable(a->output) != 0))
+        return EXIT_BAD_INPUT;
+    profiler_result *results = calloc((size_t)model_count, sizeof *results);
+    profiler_comm_result *comm = calloc(1, sizeof *comm);
+    int status = EXIT_FAILURE_RUN;
+    char gpu[PT_NAME_MAX], output[PT_PATH_MAX], reason[256] = "";
+    char command_line[2048], date_utc[32];
+    bool has_curves = false;
+    if (results == NULL || comm == NULL) {
+        cli_error("profile", "out of memory");
+    } else if (measure_all(a, &options, shapes, model_count, results, comm,
+                           &has_curves, reason, sizeof reason) == 0) {
+        profiler_default_gpu_name(&results[0].device, options.backend,
+                                  a->sm_limit, gpu, sizeof gpu);
+        if (a->gpu_name != NULL)
+            pt_copy_string(gpu, sizeof gpu, a->gpu_name);
+        if (a->output == NULL) {
+            snprintf(output, sizeof output, "%s.json", gpu);
+            a->output = output;
+        }
+        join_command_line(argc, argv, command_line, sizeof command_line);
+        format_date_utc(date_utc, sizeof date_utc);
+        profiler_writeup writeup = {
+            .model_count = model_count, .shapes = shapes,
+            .options = &options, .results = results,
+            .comm = has_curves ? comm : NULL, .comm_reason = reason,
+            .gpu = gpu, .command_line = command_line, .date_utc = date_utc,
+            .sm_limit = a->sm_limit, .memory_limit_gib = a->memory_limit_gib};
+        if (write_profile(&writeup, a->output) == 0)
+            status = EXIT_OK;
+    }
+    free(results);
+    free(comm);
+    return status;
+}
+
+int command_profile_measure(int argc, char **argv)
+{
+    profile_arguments args;
+    int status = profile_run_unless_measuring(argc, argv, &args);
+    if (status != PROFILE_MEASURE)
+        return status;
+    return measure_and_write(&args, argc, argv);
+}

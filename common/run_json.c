@@ -1,0 +1,479 @@
+/*
+ * run.json (formats.md, "Run"), the record of a training run: the one
+ * module that writes it (for `partita exec`, through executor/run) and
+ * reads it back (for `partita report`, through report/run_record.c), so
+ * that the key names, the shape and the limits live here only. The
+ * reader validates the fields a report uses and leaves the rest unread.
+ */
+#include "common/common.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Beyond these a file is corrupt. */
+enum { RUN_MAX_MICROBATCHES = 1 << 24 };
+#define RUN_MAX_SECONDS 1e7
+
+/* --------------------------------------------------------------- writer */
+
+/* Sets obj[key] = value, counting a failed allocation. */
+static void put(json_t *obj, const char *key, json_t *value, int *failures)
+{
+    if (value == NULL || json_object_set_new(obj, key, value) != 0)
+        (*failures)++;
+}
+
+/* Appends value to array, counting a failed allocation. */
+static void push(json_t *array, json_t *value, int *failures)
+{
+    if (array == NULL || value == NULL ||
+        json_array_append_new(array, value) != 0)
+        (*failures)++;
+}
+
+static json_t *optional_string(const char *text)
+{
+    return text[0] != '\0' ? json_string(text) : json_null();
+}
+
+static const char *compiler_description(void)
+{
+#if defined(__clang__)
+    return "clang " __clang_version__;
+#elif defined(__GNUC__)
+    return "gcc " __VERSION__;
+#else
+    return "unknown C compiler";
+#endif
+}
+
+static json_t *device_to_json(const run_json_device *device, int *failures)
+{
+    json_t *obj = json_object();
+    if (obj == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    put(obj, "rank", json_integer(device->rank), failures);
+    put(obj, "name", json_string(device->name), failures);
+    put(obj, "sms_used",
+        device->sms_used > 0 ? json_integer(device->sms_used) : json_null(),
+        failures);
+    put(obj, "memory_cap_gib",
+        device->memory_cap_bytes > 0
+            ? json_real(device->memory_cap_bytes / PT_GIB)
+            : json_null(),
+        failures);
+    put(obj, "driver_version", optional_string(device->driver_version),
+        failures);
+    put(obj, "cuda_version", optional_string(device->cuda_version), failures);
+    return obj;
+}
+
+static json_t *software_to_json(int *failures)
+{
+    json_t *obj = json_object();
+    if (obj == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    put(obj, "partita", json_string(PARTITA_VERSION), failures);
+    put(obj, "compiler", json_string(compiler_description()), failures);
+    put(obj, "jansson", json_string(jansson_version_str()), failures);
+    return obj;
+}
+
+static json_t *data_to_json(const run_json *r, int *failures)
+{
+    json_t *obj = json_object();
+    if (obj == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    put(obj, "prefix", json_string(r->data_prefix), failures);
+    put(obj, "tokens", json_integer((json_int_t)r->dataset_tokens), failures);
+    put(obj, "documents", json_integer((json_int_t)r->dataset_documents),
+        failures);
+    put(obj, "largest_token", json_integer(r->largest_token), failures);
+    return obj;
+}
+
+static json_t *training_to_json(const run_json *r, int *failures)
+{
+    json_t *obj = json_object();
+    if (obj == NULL) {
+        (*failures)++;
+        return NULL;
+    }
+    put(obj, "backend", json_string(r->backend), failures);
+    put(obj, "seed", json_integer((json_int_t)r->seed), failures);
+    put(obj, "gbs", json_integer(r->gbs), failures);
+    put(obj, "mbs", json_integer(r->mbs), failures);
+    put(obj, "micro_batches", json_integer(r->micro_batches), failures);
+    put(obj, "tokens_per_iteration", json_integer(r->tokens_per_iteration),
+        failures);
+    put(obj, "max_lr", json_real(r->max_lr), failures);
+    put(obj, "min_lr", json_real(r->min_lr), failures);
+    put(obj, "warmup_iterations", json_integer(r->warmup_iterations),
+        failures);
+    put(obj, "decay_iterations", json_integer(r->decay_iterations),
+        failures);
+    put(obj, "max_grad_norm", json_real(r->max_grad_norm), failures);
+    put(obj, "first_iteration", json_integer(r->first_iteration), failures);
+    put(obj, "last_iteration", json_integer(r->last_iteration), failures);
+    put(obj, "resumed_from", optional_string(r->resumed_from), failures);
+    put(obj, "stopped_early", json_boolean(r->stopped_early), failures);
+    put(obj, "last_checkpoint_iteration",
+        r->last_checkpoint_iteration > 0
+            ? json_integer(r->last_checkpoint_iteration)
+            : json_null(),
+        failures);
+    put(obj, "started_utc", json_string(r->started_utc), failures);
+    return obj;
+}
+
+static json_t *iterations_to_json(const run_json *r, int *failures)
+{
+    json_t *array = json_array();
+    for (long i = 0; array != NULL && i < r->iteration_count; i++) {
+        const run_json_iteration *it = &r->iterations[i];
+        json_t *obj = json_object();
+        if (obj == NULL || json_array_append_new(array, obj) != 0) {
+            (*failures)++;
+            break;
+        }
+        put(obj, "iteration", json_integer(it->iteration), failures);
+        put(obj, "step_time_s", json_real(it->step_time_s), failures);
+        put(obj, "loss", json_real(it->loss), failures);
+        put(obj, "grad_norm", json_real(it->grad_norm), failures);
+        put(obj, "learning_rate", json_real(it->learning_rate), failures);
+    }
+    if (array == NULL)
+        (*failures)++;
+    return array;
+}
+
+static json_t *events_to_json(const run_json *r, int *failures)
+{
+    json_t *array = json_array();
+    for (int i = 0; array != NULL && i < r->event_count; i++) {
+        const run_json_event *event = &r->events[i];
+        json_t *obj = json_object();
+        if (obj == NULL || json_array_append_new(array, obj) != 0) {
+            (*failures)++;
+            break;
+        }
+        put(obj, "rank", json_integer(event->rank), failures);
+        put(obj, "stage", json_integer(event->stage), failures);
+        put(obj, "microbatch", json_integer(event->microbatch), failures);
+        put(obj, "kind", json_string(event->kind), failures);
+        put(obj, "start_s", json_real(event->start_s), failures);
+        put(obj, "end_s", json_real(event->end_s), failures);
+    }
+    if (array == NULL)
+        (*failures)++;
+    return array;
+}
+
+static json_t *devices_to_json(const run_json *r, int *failures)
+{
+    json_t *array = json_array();
+    for (int i = 0; array != NULL && i < r->device_count; i++)
+        push(array, device_to_json(&r->devices[i], failures), failures);
+    if (array == NULL)
+        (*failures)++;
+    return array;
+}
+
+/* Peak memory per rank and the process's peak resident set, once per
+ * rank (each rank's process: this one, for ranks that are threads). */
+static void put_memory(json_t *root, const run_json *r, int *failures)
+{
+    json_t *memory = json_array();
+    for (int i = 0; memory != NULL && i < r->peak_memory_count; i++)
+        push(memory, json_real(r->peak_memory_gib[i]), failures);
+    put(root, "peak_memory_gib", memory, failures);
+    put(root, "peak_memory_basis", json_string(r->peak_memory_basis),
+        failures);
+    json_t *rss = json_array();
+    int ranks = r->rank_count > 0 ? r->rank_count : 1;
+    for (int i = 0; rss != NULL && i < ranks; i++)
+        push(rss, json_real(r->max_rss_gib), failures);
+    put(root, "max_rss_gib", rss, failures);
+}
+
+static json_t *notes_to_json(const run_json *r, int *failures)
+{
+    json_t *array = json_array();
+    for (int i = 0; array != NULL && i < r->note_count; i++)
+        push(array, json_string(r->notes[i]), failures);
+    if (array == NULL)
+        (*failures)++;
+    return array;
+}
+
+json_t *run_json_build(const run_json *r, pt_error *err)
+{
+    int failures = 0;
+    json_t *root = json_object();
+    if (root == NULL) {
+        pt_fail(err, "out of memory building run.json");
+        return NULL;
+    }
+    put(root, "format", json_string(RUN_JSON_FORMAT), &failures);
+    put(root, "plan", json_incref(r->plan), &failures);
+    put(root, "devices", devices_to_json(r, &failures), &failures);
+    put(root, "software", software_to_json(&failures), &failures);
+    put(root, "data", data_to_json(r, &failures), &failures);
+    put(root, "training", training_to_json(r, &failures), &failures);
+    put(root, "iterations", iterations_to_json(r, &failures), &failures);
+    put(root, "events_iteration", json_integer(r->events_iteration),
+        &failures);
+    put(root, "events", events_to_json(r, &failures), &failures);
+    put_memory(root, r, &failures);
+    put(root, "step_time_s", json_real(r->step_time_s), &failures);
+    put(root, "tokens_per_s", json_real(r->tokens_per_s), &failures);
+    put(root, "tflops_per_gpu", json_real(r->tflops_per_gpu), &failures);
+    put(root, "notes", notes_to_json(r, &failures), &failures);
+    if (failures > 0) {
+        json_decref(root);
+        pt_fail(err, "out of memory building run.json");
+        return NULL;
+    }
+    return root;
+}
+
+/* --------------------------------------------------------------- reader */
+
+static int read_plan_degrees(const json_t *root, const json_place *root_place,
+                             run_json *out, pt_error *err)
+{
+    json_place place = json_place_key(root_place, "plan");
+    const json_t *plan_obj = json_object_get(root, "plan");
+    if (plan_obj == NULL)
+        return json_place_fail(&place, err, "missing (the plan that ran)");
+    if (json_expect_object(plan_obj, &place, err) != 0)
+        return -1;
+    const char *keys[] = {"tp", "dp", "pp", "gbs", "mbs"};
+    int *targets[] = {&out->tp, &out->dp, &out->pp, &out->gbs, &out->mbs};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        long long value = 1;
+        /* tp, dp and pp default to 1 in a plan; gbs is required there. */
+        bool required = strcmp(keys[i], "gbs") == 0;
+        if (json_get_int(plan_obj, &place, keys[i], required, 1, 1 << 24,
+                         &value, err) != 0)
+            return -1;
+        *targets[i] = (int)value;
+    }
+    return 0;
+}
+
+static int read_iterations(const json_t *root, const json_place *root_place,
+                           run_json *out, pt_error *err)
+{
+    json_place place = json_place_key(root_place, "iterations");
+    const json_t *array = json_object_get(root, "iterations");
+    if (!json_is_array(array))
+        return json_place_fail(&place, err, array == NULL
+                                                ? "missing"
+                                                : "must be an array");
+    size_t count = json_array_size(array);
+    out->iterations = calloc(count ? count : 1, sizeof *out->iterations);
+    if (out->iterations == NULL)
+        return pt_fail(err, "%s: out of memory", out->file);
+    for (size_t i = 0; i < count; i++) {
+        json_place item = json_place_index(&place, i);
+        const json_t *obj = json_array_get(array, i);
+        if (json_expect_object(obj, &item, err) != 0)
+            return -1;
+        long long iteration = (long long)i + 1;
+        run_json_iteration *it = &out->iterations[i];
+        it->loss = NAN;
+        /* a report counts iterations in an int */
+        if (json_get_int(obj, &item, "iteration", false, 1, INT_MAX,
+                         &iteration, err) != 0 ||
+            json_get_number(obj, &item, "step_time_s", true, 0,
+                            RUN_MAX_SECONDS, &it->step_time_s, err) != 0 ||
+            json_get_number(obj, &item, "loss", false, -INFINITY, INFINITY,
+                            &it->loss, err) != 0)
+            return -1;
+        it->iteration = (long)iteration;
+        out->iteration_count++;
+    }
+    return 0;
+}
+
+static int read_event(const json_t *obj, const json_place *place,
+                      const run_json *run, run_json_kind_index kind_index,
+                      run_json_event *event, pt_error *err)
+{
+    if (json_expect_object(obj, place, err) != 0)
+        return -1;
+    long long rank, stage, microbatch;
+    if (json_get_int(obj, place, "rank", true, 0, run->rank_count - 1, &rank,
+                     err) != 0 ||
+        json_get_int(obj, place, "stage", true, 0, run->pp - 1, &stage,
+                     err) != 0 ||
+        json_get_int(obj, place, "microbatch", true, -1,
+                     RUN_MAX_MICROBATCHES, &microbatch, err) != 0 ||
+        json_get_string(obj, place, "kind", true, event->kind,
+                        sizeof event->kind, err) != 0 ||
+        json_get_number(obj, place, "start_s", true, 0, RUN_MAX_SECONDS,
+                        &event->start_s, err) != 0 ||
+        json_get_number(obj, place, "end_s", true, 0, RUN_MAX_SECONDS,
+                        &event->end_s, err) != 0)
+        return -1;
+    event->kind_index = kind_index(event->kind);
+    if (event->kind_index < 0) {
+        json_place at = json_place_key(place, "kind");
+        return json_place_fail(&at, err, "unknown event kind '%s'",
+                               event->kind);
+    }
+    if (event->end_s < event->start_s) {
+        json_place at = json_place_key(place, "end_s");
+        return json_place_fail(&at, err, "ends (%g s) before it starts (%g s)",
+                               event->end_s, event->start_s);
+    }
+    event->rank = (int)rank;
+    event->stage = (int)stage;
+    event->microbatch = (int)microbatch;
+    return 0;
+}
+
+static int read_events(const json_t *root, const json_place *root_place,
+                       run_json_kind_index kind_index, run_json *out,
+                       pt_error *err)
+{
+    json_place place = json_place_key(root_place, "events");
+    const json_t *array = json_object_get(root, "events");
+    if (!json_is_array(array))
+        return json_place_fail(&place, err, array == NULL
+                                                ? "missing"
+                                                : "must be an array");
+    size_t count = json_array_size(array);
+    out->events = calloc(count ? count : 1, sizeof *out->events);
+    if (out->events == NULL)
+        return pt_fail(err, "%s: out of memory", out->file);
+    for (size_t i = 0; i < count; i++) {
+        json_place item = json_place_index(&place, i);
+        if (read_event(json_array_get(array, i), &item, out, kind_index,
+                       &out->events[i], err) != 0)
+            return -1;
+        out->event_count++;
+    }
+    return 0;
+}
+
+static int read_peak_memory(const json_t *root, const json_place *root_place,
+                            run_json *out, pt_error *err)
+{
+    json_place place = json_place_key(root_place, "peak_memory_gib");
+    const json_t *array = json_object_get(root, "peak_memory_gib");
+    if (!json_is_array(array) || json_array_size(array) == 0)
+        return json_place_fail(&place, err, array == NULL
+                                   ? "missing"
+                                   : "must be a non-empty array, one "
+                                     "number per rank");
+    size_t count = json_array_size(array);
+    if (count > RUN_JSON_MAX_RANKS)
+        return json_place_fail(&place, err, "%zu ranks is too many", count);
+    out->peak_memory_gib = calloc(count, sizeof *out->peak_memory_gib);
+    if (out->peak_memory_gib == NULL)
+        return pt_fail(err, "%s: out of memory", out->file);
+    for (size_t i = 0; i < count; i++) {
+        const json_t *value = json_array_get(array, i);
+        double gib = json_is_number(value) ? json_number_value(value) : NAN;
+        if (!isfinite(gib) || gib < 0) {
+            json_place item = json_place_index(&place, i);
+            return json_place_fail(&item, err,
+                                   "must be a number >= 0 (GiB)");
+        }
+        out->peak_memory_gib[i] = gib;
+    }
+    out->rank_count = out->peak_memory_count = (int)count;
+    return 0;
+}
+
+static int read_format_and_backend(const json_t *root,
+                                   const json_place *root_place,
+                                   run_json *out, pt_error *err)
+{
+    if (json_expect_object(root, root_place, err) != 0)
+        return -1;
+    char format[PT_NAME_MAX] = "";
+    if (json_get_string(root, root_place, "format", true, format,
+                        sizeof format, err) != 0)
+        return -1;
+    if (strcmp(format, RUN_JSON_FORMAT) != 0) {
+        json_place at = json_place_key(root_place, "format");
+        return json_place_fail(&at, err, "is '%s', expected '%s'", format,
+                               RUN_JSON_FORMAT);
+    }
+    const json_t *training = json_object_get(root, "training");
+    if (!json_is_object(training))
+        return 0;
+    json_place at = json_place_key(root_place, "training");
+    return json_get_string(training, &at, "backend", false, out->backend,
+                           sizeof out->backend, err);
+}
+
+static int read_run_fields(const json_t *root, run_json_kind_index kind_index,
+                           run_json *out, pt_error *err)
+{
+    json_place root_place = json_place_root(out->file);
+    long long events_iteration = 0;
+    if (read_format_and_backend(root, &root_place, out, err) != 0 ||
+        read_plan_degrees(root, &root_place, out, err) != 0 ||
+        json_get_positive_number(root, &root_place, "step_time_s", true,
+                                 &out->step_time_s, err) != 0 ||
+        json_get_positive_number(root, &root_place, "tokens_per_s", true,
+                                 &out->tokens_per_s, err) != 0 ||
+        json_get_number(root, &root_place, "tflops_per_gpu", true, 0, 1e9,
+                        &out->tflops_per_gpu, err) != 0 ||
+        json_get_int(root, &root_place, "events_iteration", false, 0,
+                     INT_MAX, &events_iteration, err) != 0 ||
+        read_iterations(root, &root_place, out, err) != 0 ||
+        read_peak_memory(root, &root_place, out, err) != 0)
+        return -1;
+    out->events_iteration = (long)events_iteration;
+    /* Each degree is at most 2^24, so the full product could overflow;
+     * past RUN_JSON_MAX_RANKS it cannot match anyway. */
+    long long ranks = (long long)out->tp * out->dp;
+    if (ranks <= RUN_JSON_MAX_RANKS)
+        ranks *= out->pp;
+    if (ranks != out->rank_count) {
+        json_place at = json_place_key(&root_place, "peak_memory_gib");
+        return json_place_fail(&at, err,
+                               "has %d entries, but the plan that ran has "
+                               "tp x dp x pp = %d x %d x %d ranks",
+                               out->rank_count, out->tp, out->dp, out->pp);
+    }
+    return read_events(root, &root_place, kind_index, out, err);
+}
+
+int run_json_read(const json_t *root, const char *file,
+                  run_json_kind_index kind_index, run_json *out,
+                  pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    pt_copy_string(out->file, sizeof out->file, file ? file : "<inline>");
+    if (read_run_fields(root, kind_index, out, err) != 0) {
+        run_json_free(out);
+        return -1;
+    }
+    return 0;
+}
+
+void run_json_free(run_json *run)
+{
+    free(run->iterations);
+    free(run->events);
+    free(run->peak_memory_gib);
+    run->iterations = NULL;
+    run->events = NULL;
+    run->peak_memory_gib = NULL;
+    run->iteration_count = 0;
+    run->event_count = run->rank_count = run->peak_memory_count = 0;
+}

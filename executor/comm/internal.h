@@ -1,0 +1,39 @@
+/*
+ * Private to executor/comm: what its implementations (threads, MPI,
+ * NCCL, host-staged) share. The public interface is executor/comm/comm.h.
+ */
+#ifndef PARTITA_EXECUTOR_COMM_INTERNAL_H
+#define PARTITA_EXECUTOR_COMM_INTERNAL_H
+
+#include "executor/comm/comm.h"
+
+/* Longest reason a failure keeps (longer ones are cut). */
+#define COMM_FAILURE_REASON_MAX 600
+
+/*
+ * The first failure of a world: the rank that failed first and what it
+ * reported. The first record wins and later ones are dropped, so every
+ * rank's error names the same cause. Owned by the world's shared state;
+ * not locked: implementations whose ranks are threads record and read it
+ * under their own lock.
+ */
+typedef struct comm_failure {
+    int rank;                               /* -1: no failure yet */
+    char reason[COMM_FAILURE_REASON_MAX];
+} comm_failure;
+
+void comm_failure_init(comm_failure *failure);
+/* Records (rank, reason) unless a failure was recorded before; true when
+ * this one was the first. */
+bool comm_failure_record(comm_failure *failure, int rank, const char *reason);
+/* The rank that failed first, or -1; its reason into reason (may be
+ * NULL; "" when none failed). */
+int comm_failure_get(const comm_failure *failure, char *reason,
+                     size_t reason_size);
+/* Fills err for an operation of `rank` cut short by the failure ("rank 2:
+ * recv interrupted: rank 0 failed: ..." or, for the rank that failed,
+ * "... this rank already failed: ..."); returns -1. */
+int comm_failure_interrupted(const comm_failure *failure, int rank,
+                             const char *operation, pt_error *err);
+
+#endif

@@ -1,0 +1,535 @@
+/*
+ * The comm interface over NCCL, its operations: one process, one GPU per
+ * rank, each rank on its own thread (executor/comm/comm.h states the
+ * contract). The communicators are non-blocking (ncclConfig_t.blocking =
+ * 0): a call that returns ncclInProgress is polled with
+ * ncclCommGetAsyncError before the next one, and every wait is a poll
+ * loop that also watches the world's failure flag and a deadline, so no
+ * thread can be held by a dead or silent peer. The world and the ranks'
+ * state are comm/nccl_world.c's.
+ */
+#include "executor/comm/nccl_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "executor/cuda/cuda_backend.h"
+
+/* This rank failed in `operation` for `what`: records it, aborts the
+ * rank's communicators, fills err. */
+static int fail_here(const comm *c, const char *operation, const char *what,
+                     pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    char reason[COMM_FAILURE_REASON_MAX];
+    snprintf(reason, sizeof reason, "rank %d: %s: %s", c->rank, operation,
+             what);
+    nccl_mark_failed(world, c->rank, reason);
+    nccl_abort_rank_comms(world, c->rank);
+    return pt_fail(err, "%s", reason);
+}
+
+/* Another rank failed (or this one, earlier): aborts this rank's
+ * communicators and says so. */
+static int fail_interrupted(const comm *c, const char *operation,
+                            pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_abort_rank_comms(world, c->rank);
+    pthread_mutex_lock(&world->lock);
+    comm_failure failure = world->failure;
+    pthread_mutex_unlock(&world->lock);
+    return comm_failure_interrupted(&failure, c->rank, operation, err);
+}
+
+/* Between polls: spin at first (a message usually lands within
+ * microseconds), then sleep a little, then more. */
+static void back_off(long polls)
+{
+    if (polls < 2000)
+        return;
+    struct timespec pause = {.tv_sec = 0,
+                             .tv_nsec = polls < 200000 ? 20000 : 1000000};
+    nanosleep(&pause, NULL);
+}
+
+/*
+ * Waits until `event` has completed (event NULL: until the communicator's
+ * state is no longer ncclInProgress, that is, the last call on it is
+ * enqueued), watching the failure flag, the communicator's asynchronous
+ * error and the deadline.
+ */
+static int wait_for(const comm *c, ncclComm_t comm, cudaEvent_t event,
+                    const char *operation, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    double deadline = pt_monotonic_seconds() + world->timeout_s;
+    char what[400];
+    for (long polls = 0;; polls++) {
+        if (polls % 1024 == 1023)
+            nccl_watch_other_processes(world);
+        if (atomic_load(&world->failed) || comm == NULL)
+            return fail_interrupted(c, operation, err);
+        if (event != NULL) {
+            cudaError_t status = cudaEventQuery(event);
+            if (status == cudaSuccess)
+                return 0;
+            if (status != cudaErrorNotReady) {
+                snprintf(what, sizeof what, "CUDA error: %s",
+                         cudaGetErrorString(status));
+                return fail_here(c, operation, what, err);
+            }
+        }
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
+        if (queried != ncclSuccess)
+            state = queried;
+        if (state == ncclSuccess && event == NULL)
+            return 0;
+        if (state != ncclSuccess && state != ncclInProgress) {
+            snprintf(what, sizeof what, "NCCL error: %s (%s)",
+                     ncclGetErrorString(state), ncclGetLastError(comm));
+            return fail_here(c, operation, what, err);
+        }
+        if (pt_monotonic_seconds() > deadline) {
+            snprintf(what, sizeof what, "no answer within %g s (the comm "
+                                        "timeout)",
+                     world->timeout_s);
+            return fail_here(c, operation, what, err);
+        }
+        back_off(polls);
+    }
+}
+
+/* After a NCCL call on a non-blocking communicator: an error fails the
+ * rank; ncclInProgress is polled until the operation is enqueued. */
+static int settle(const comm *c, ncclComm_t comm, ncclResult_t status,
+                  const char *operation, pt_error *err)
+{
+    if (status == ncclSuccess)
+        return 0;
+    if (status != ncclInProgress) {
+        char what[400];
+        snprintf(what, sizeof what, "NCCL error: %s (%s)",
+                 ncclGetErrorString(status), ncclGetLastError(comm));
+        return fail_here(c, operation, what, err);
+    }
+    return wait_for(c, comm, NULL, operation, err);
+}
+
+/* A CUDA call inside an operation: failure fails the rank. */
+static int cuda_step(const comm *c, cudaError_t status, const char *call,
+                     const char *operation, pt_error *err)
+{
+    if (status == cudaSuccess)
+        return 0;
+    char what[400];
+    snprintf(what, sizeof what, "%s failed: %s", call,
+             cudaGetErrorString(status));
+    return fail_here(c, operation, what, err);
+}
+
+#define CUDA_STEP(call) cuda_step(c, (call), #call, operation, err)
+
+/* The rank's handle in clique k. */
+static ncclComm_t clique_comm(const comm_nccl *world, int k, int rank)
+{
+    const nccl_clique *q = &world->cliques[k];
+    for (int i = 0; i < q->size; i++)
+        if (q->members[i] == rank)
+            return q->comms[i];
+    return NULL;
+}
+
+/* ---------------------------------------------------------- operations */
+
+/* Gives a staging buffer room for `count` floats. The stream-ordered
+ * allocator (on the copy stream, which the staging copy then follows)
+ * never waits for the device, whereas cudaMalloc and cudaFree may, and
+ * the device may be running a send that waits on a peer. */
+static int grow_staging(const comm *c, staging_buffer *b, size_t count,
+                        const char *operation, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    size_t bytes = count * sizeof(float);
+    if (b->data != NULL) {
+        if (CUDA_STEP(b->stream_ordered
+                          ? cudaFreeAsync(b->data, r->copy_stream)
+                          : cudaFree(b->data)) != 0)
+            return -1;
+        nccl_release_bytes(world, c->rank, b->capacity * sizeof(float));
+        b->data = NULL;
+        b->capacity = 0;
+    }
+    if (nccl_reserve_bytes(world, c->rank, bytes, "a send's staging buffer",
+                           err) != 0)
+        return -1;
+    /* a device or stream without stream-ordered allocation: plain
+     * cudaMalloc, which does not wait for the device either (only
+     * freeing does, and buffers are freed when the rank closes) */
+    b->stream_ordered = cudaMallocAsync((void **)&b->data, bytes,
+                                        r->copy_stream) == cudaSuccess;
+    if (!b->stream_ordered) {
+        cudaGetLastError();
+        if (CUDA_STEP(cudaMalloc((void **)&b->data, bytes)) != 0) {
+            nccl_release_bytes(world, c->rank, bytes);
+            b->data = NULL;
+            return -1;
+        }
+    }
+    b->capacity = count;
+    return 0;
+}
+
+/* A staging buffer of the lane for `count` floats whose last send has
+ * finished: a free one that fits, a free one regrown, a new one, or (the
+ * ring at its size) the next one once its send is done. */
+static int take_staging(const comm *c, message_lane *lane, size_t count,
+                        const char *operation, staging_buffer **out,
+                        pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    staging_buffer *chosen = NULL;
+    for (int i = 0; i < lane->staging_count && chosen == NULL; i++) {
+        staging_buffer *b =
+            &lane->staging[(lane->next + i) % lane->staging_count];
+        cudaError_t status = b->used ? cudaEventQuery(b->sent) : cudaSuccess;
+        if (status == cudaSuccess)
+            chosen = b;
+        else if (status != cudaErrorNotReady)
+            return CUDA_STEP(status);
+    }
+    if (chosen == NULL && lane->staging_count < STAGING_MAX) {
+        chosen = &lane->staging[lane->staging_count++];
+        if (CUDA_STEP(cudaEventCreateWithFlags(&chosen->sent,
+                                               cudaEventDisableTiming)) != 0)
+            return -1;
+    }
+    if (chosen == NULL) {
+        chosen = &lane->staging[lane->next];
+        ncclComm_t comm = clique_comm(world, lane->clique, c->rank);
+        if (wait_for(c, comm, chosen->sent, operation, err) != 0)
+            return -1;
+    }
+    lane->next = (int)(chosen - lane->staging + 1) % STAGING_MAX;
+    if (lane->next >= lane->staging_count)
+        lane->next = 0;
+    if (chosen->capacity < count &&
+        grow_staging(c, chosen, count, operation, err) != 0)
+        return -1;
+    *out = chosen;
+    return 0;
+}
+
+static int nccl_send(const comm *c, int peer, int tag, const float *data,
+                     size_t count, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    char operation[64];
+    snprintf(operation, sizeof operation, "send to rank %d (tag %d)", peer,
+             tag);
+    if (atomic_load(&world->failed))
+        return fail_interrupted(c, operation, err);
+    if (!r->open)
+        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
+                       c->rank, operation);
+    if (count == 0)
+        return 0;
+    message_lane *lane = &r->lanes[peer > c->rank ? 0 : 1];
+    ncclComm_t comm = clique_comm(world, lane->clique, c->rank);
+    staging_buffer *staging = NULL;
+    if (take_staging(c, lane, count, operation, &staging, err) != 0)
+        return -1;
+    /* The copy runs on a stream of its own and is waited for here: the
+     * caller may overwrite `data` as soon as this returns, while the
+     * lane's stream may still be held by an earlier send. */
+    if (CUDA_STEP(cudaMemcpyAsync(staging->data, data, count * sizeof(float),
+                                  cudaMemcpyDeviceToDevice,
+                                  r->copy_stream)) != 0 ||
+        CUDA_STEP(cudaEventRecord(r->copy_done, r->copy_stream)) != 0 ||
+        wait_for(c, comm, r->copy_done, operation, err) != 0)
+        return -1;
+    if (settle(c, comm,
+               ncclSend(staging->data, count, ncclFloat32, peer, comm,
+                        lane->stream),
+               operation, err) != 0 ||
+        CUDA_STEP(cudaEventRecord(staging->sent, lane->stream)) != 0)
+        return -1;
+    staging->used = true;
+    return 0;
+}
+
+static int nccl_recv(const comm *c, int peer, int tag, float *data,
+                     size_t count, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    char operation[64];
+    snprintf(operation, sizeof operation, "receive from rank %d (tag %d)",
+             peer, tag);
+    if (atomic_load(&world->failed))
+        return fail_interrupted(c, operation, err);
+    if (!r->open)
+        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
+                       c->rank, operation);
+    if (count == 0)
+        return 0;
+    /* the peer sent it on its lane towards us */
+    message_lane *lane = &r->lanes[peer < c->rank ? 0 : 1];
+    ncclComm_t comm = clique_comm(world, lane->clique, c->rank);
+    if (settle(c, comm,
+               ncclRecv(data, count, ncclFloat32, peer, comm, lane->stream),
+               operation, err) != 0 ||
+        CUDA_STEP(cudaEventRecord(lane->received, lane->stream)) != 0)
+        return -1;
+    return wait_for(c, comm, lane->received, operation, err);
+}
+
+/* The rank's handle of the communicator of `group`, or an error saying
+ * that no communicator was made for it. */
+static int group_comm(const comm *c, const int *group, int group_size,
+                      const char *operation, ncclComm_t *out, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    int local[64];
+    int *sorted = group_size <= 64
+                      ? local
+                      : malloc((size_t)group_size * sizeof *sorted);
+    if (sorted == NULL)
+        return pt_fail(err, "rank %d: %s: out of memory", c->rank,
+                       operation);
+    memcpy(sorted, group, (size_t)group_size * sizeof *group);
+    qsort(sorted, (size_t)group_size, sizeof *sorted, nccl_compare_ints);
+    int k = nccl_find_clique(world, sorted, group_size);
+    if (sorted != local)
+        free(sorted);
+    if (k < 0)
+        return pt_fail(err, "rank %d: %s: no communicator was made for this "
+                            "group (comm_nccl_create's groups)",
+                       c->rank, operation);
+    *out = clique_comm(world, k, c->rank);
+    return 0;
+}
+
+/* "all-reduce over ranks 0, 2, 4" (the first few). */
+static void describe_group(const char *what, const int *group,
+                           int group_size, char *out, size_t size)
+{
+    int used = snprintf(out, size, "%s over ranks", what);
+    for (int i = 0; i < group_size && used > 0 && (size_t)used < size;
+         i++) {
+        if (i == 6) {
+            snprintf(out + used, size - (size_t)used, ", ... (%d)",
+                     group_size);
+            break;
+        }
+        used += snprintf(out + used, size - (size_t)used, "%s%d",
+                         i == 0 ? " " : ", ", group[i]);
+    }
+}
+
+/* What every collective checks first: the world has not failed, the
+ * rank is open, the group has a communicator (*comm). operation gets
+ * the call's description for messages. */
+static int open_group_call(const comm *c, const int *group, int group_size,
+                           const char *what, char *operation,
+                           size_t operation_size, ncclComm_t *comm,
+                           pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    describe_group(what, group, group_size, operation, operation_size);
+    if (atomic_load(&world->failed))
+        return fail_interrupted(c, operation, err);
+    if (!world->ranks[c->rank].open)
+        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
+                       c->rank, operation);
+    return group_comm(c, group, group_size, operation, comm, err);
+}
+
+/* An all-reduce of `group` on the rank's collective stream, waited
+ * for. */
+static int collective(const comm *c, const int *group, int group_size,
+                      const char *what, const void *send, void *receive,
+                      size_t count, ncclDataType_t type, ncclRedOp_t op,
+                      pt_error *err)
+{
+    nccl_rank *r = &world_of(c)->ranks[c->rank];
+    char operation[96];
+    ncclComm_t comm = NULL;
+    if (open_group_call(c, group, group_size, what, operation,
+                        sizeof operation, &comm, err) != 0)
+        return -1;
+    if (settle(c, comm,
+               ncclAllReduce(send, receive, count, type, op, comm,
+                             r->collective_stream),
+               operation, err) != 0 ||
+        CUDA_STEP(cudaEventRecord(r->collective_done,
+                                  r->collective_stream)) != 0)
+        return -1;
+    return wait_for(c, comm, r->collective_done, operation, err);
+}
+
+static int nccl_all_reduce(const comm *c, const int *group, int group_size,
+                           float *data, size_t count, comm_reduce_op op,
+                           pt_error *err)
+{
+    return collective(c, group, group_size,
+                      op == COMM_MAX ? "all-reduce (max)" : "all-reduce",
+                      data, data, count, ncclFloat32,
+                      op == COMM_MAX ? ncclMax : ncclSum, err);
+}
+
+/* The rank of global rank `rank` in the clique of `group`: cliques are
+ * made of the sorted members. */
+static int clique_rank_of(const int *group, int group_size, int rank)
+{
+    int below = 0;
+    for (int i = 0; i < group_size; i++)
+        below += group[i] < rank;
+    return below;
+}
+
+/* ZeRO-1's collectives as one NCCL group of per-chunk calls, so chunks of
+ * unequal size need no padding: chunk j reduced to (or broadcast from)
+ * member j. NCCL runs the group like its reduce-scatter and all-gather
+ * (each member sends and receives (n - 1) / n of the buffer). */
+static int chunked_collective(const comm *c, const int *group, int group_size,
+                              float *data, const size_t *offsets,
+                              bool gather, pt_error *err)
+{
+    nccl_rank *r = &world_of(c)->ranks[c->rank];
+    char operation[96];
+    ncclComm_t comm = NULL;
+    if (open_group_call(c, group, group_size,
+                        gather ? "all-gather" : "reduce-scatter", operation,
+                        sizeof operation, &comm, err) != 0 ||
+        settle(c, comm, ncclGroupStart(), operation, err) != 0)
+        return -1;
+    ncclResult_t first_error = ncclSuccess;
+    for (int j = 0; j < group_size; j++) {
+        float *chunk = data + offsets[j];
+        size_t count = offsets[j + 1] - offsets[j];
+        int root = clique_rank_of(group, group_size, group[j]);
+        ncclResult_t status =
+            gather ? ncclBroadcast(chunk, chunk, count, ncclFloat32, root,
+                                   comm, r->collective_stream)
+                   : ncclReduce(chunk, chunk, count, ncclFloat32, ncclSum,
+                                root, comm, r->collective_stream);
+        if (status != ncclSuccess && status != ncclInProgress &&
+            first_error == ncclSuccess)
+            first_error = status;
+    }
+    ncclResult_t ended = ncclGroupEnd();
+    if (settle(c, comm, first_error != ncclSuccess ? first_error : ended,
+               operation, err) != 0 ||
+        CUDA_STEP(cudaEventRecord(r->collective_done,
+                                  r->collective_stream)) != 0)
+        return -1;
+    return wait_for(c, comm, r->collective_done, operation, err);
+}
+
+static int nccl_reduce_scatter(const comm *c, const int *group,
+                               int group_size, float *data,
+                               const size_t *chunk_offsets, pt_error *err)
+{
+    return chunked_collective(c, group, group_size, data, chunk_offsets,
+                              false, err);
+}
+
+static int nccl_all_gather(const comm *c, const int *group, int group_size,
+                           float *data, const size_t *chunk_offsets,
+                           pt_error *err)
+{
+    return chunked_collective(c, group, group_size, data, chunk_offsets,
+                              true, err);
+}
+
+
+static int nccl_all_reduce_host(const comm *c, const int *group,
+                                int group_size, double *data, size_t count,
+                                pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    const char *operation = "all-reduce of host values";
+    if (atomic_load(&world->failed))
+        return fail_interrupted(c, operation, err);
+    if (!r->open)
+        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
+                       c->rank, operation);
+    if (count > HOST_REDUCE_MAX)
+        return pt_fail(err, "rank %d: %s: %zu values, at most %d at once",
+                       c->rank, operation, count, HOST_REDUCE_MAX);
+    size_t bytes = count * sizeof(double);
+    memcpy(r->host_scratch, data, bytes);
+    if (CUDA_STEP(cudaMemcpyAsync(r->device_scratch, r->host_scratch, bytes,
+                                  cudaMemcpyHostToDevice,
+                                  r->collective_stream)) != 0 ||
+        collective(c, group, group_size, "all-reduce (host doubles)",
+                   r->device_scratch, r->device_scratch, count, ncclFloat64,
+                   ncclSum, err) != 0 ||
+        CUDA_STEP(cudaMemcpyAsync(r->host_scratch, r->device_scratch, bytes,
+                                  cudaMemcpyDeviceToHost,
+                                  r->collective_stream)) != 0 ||
+        CUDA_STEP(cudaEventRecord(r->collective_done,
+                                  r->collective_stream)) != 0)
+        return -1;
+    ncclComm_t comm = clique_comm(world, CLIQUE_WORLD, c->rank);
+    if (wait_for(c, comm, r->collective_done, operation, err) != 0)
+        return -1;
+    memcpy(data, r->host_scratch, bytes);
+    return 0;
+}
+
+/* One double summed over the world: returns once every rank is here. */
+static int nccl_barrier(const comm *c, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    int *everyone = malloc((size_t)world->size * sizeof *everyone);
+    if (everyone == NULL)
+        return pt_fail(err, "rank %d: barrier: out of memory", c->rank);
+    for (int rank = 0; rank < world->size; rank++)
+        everyone[rank] = rank;
+    double token = 0.0;
+    int status = nccl_all_reduce_host(c, everyone, world->size, &token, 1,
+                                      err);
+    free(everyone);
+    return status;
+}
+
+static void nccl_abort(const comm *c, const char *reason)
+{
+    comm_nccl *world = world_of(c);
+    nccl_mark_failed(world, c->rank, reason);
+    nccl_abort_rank_comms(world, c->rank);
+}
+
+static int nccl_failed_rank(const comm *c, char *reason, size_t reason_size)
+{
+    nccl_watch_other_processes(world_of(c));
+    return comm_nccl_failed_rank(world_of(c), reason, reason_size);
+}
+
+const comm_ops nccl_ops = {
+    .name = "nccl",
+    .send = nccl_send,
+    .recv = nccl_recv,
+    .all_reduce = nccl_all_reduce,
+    .all_reduce_host = nccl_all_reduce_host,
+    .reduce_scatter = nccl_reduce_scatter,
+    .all_gather = nccl_all_gather,
+    .barrier = nccl_barrier,
+    .abort = nccl_abort,
+    .failed_rank = nccl_failed_rank,
+};
+
+comm comm_nccl_rank(comm_nccl *world, int rank)
+{
+    comm handle = {.ops = &nccl_ops, .shared = world, .rank = rank,
+                   .size = world->size};
+    return handle;
+}

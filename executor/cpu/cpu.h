@@ -1,0 +1,111 @@
+/*
+ * executor/cpu: the cpu backend, plain fp32 C on host memory, the
+ * reference every other backend is held to (executor/cuda is checked
+ * against it), and its ops, public so that tests and the cuda backend's
+ * tests can compare with them.
+ */
+#ifndef PARTITA_EXECUTOR_CPU_H
+#define PARTITA_EXECUTOR_CPU_H
+
+#include "executor/stage/stage.h"
+
+/* ---------------------------------------------------- cpu reference ops */
+
+/*
+ * The layers of the model as plain fp32 C on host memory, forward and
+ * backward of each as separate functions, each checked against finite
+ * differences (tests/executor/model/test_ops.c).
+ *
+ * Shapes: B sequences, T positions, C channels, N = B x T rows, OC output
+ * channels, NH heads, V vocabulary. Row-major throughout.
+ *
+ * Gradient convention: every backward ADDS into its gradient outputs,
+ * parameters and inputs alike (callers zero them first), so a buffer can
+ * gather the contributions of several consumers; the one exception is
+ * cpu_softmax_crossentropy_backward, the start of the chain, which writes.
+ * A NULL gradient output is skipped.
+ */
+
+/* out[b,t,:] = token_embedding[tokens[b,t],:] + position_embedding[t,:].
+ * tokens: B x T ids below the embedding's rows (the caller checks). */
+void cpu_embedding_forward(float *out, const uint32_t *tokens,
+                           const float *token_embedding,
+                           const float *position_embedding, int B, int T,
+                           int C);
+void cpu_embedding_backward(float *d_token_embedding,
+                            float *d_position_embedding, const float *d_out,
+                            const uint32_t *tokens, int B, int T, int C);
+
+/* Layer norm over the last axis with eps 1e-5: out = (x - mean) * rstd *
+ * weight + bias; keeps mean and rstd (N each) for the backward. */
+void cpu_layernorm_forward(float *out, float *mean, float *rstd,
+                           const float *inp, const float *weight,
+                           const float *bias, int N, int C);
+void cpu_layernorm_backward(float *d_inp, float *d_weight, float *d_bias,
+                            const float *d_out, const float *inp,
+                            const float *weight, const float *mean,
+                            const float *rstd, int N, int C);
+
+/* out (N x OC) = inp (N x C) weight^T + bias, weight OC x C (one row per
+ * output channel); bias may be NULL (the LM head has none). */
+void cpu_matmul_forward(float *out, const float *inp, const float *weight,
+                        const float *bias, int N, int C, int OC);
+void cpu_matmul_backward(float *d_inp, float *d_weight, float *d_bias,
+                         const float *d_out, const float *inp,
+                         const float *weight, int N, int C, int OC);
+
+/* Causal multi-head self-attention. qkv: B x T x 3C, the query, key and
+ * value of a position side by side, head h at channels [h C/NH, (h+1)
+ * C/NH) of each. out: B x T x C, heads side by side. probs: B x NH x T x T
+ * softmax weights (zero above the diagonal), kept for the backward. */
+void cpu_attention_forward(float *out, float *probs, const float *qkv,
+                           int B, int T, int C, int NH);
+/* scratch: T floats of working space. */
+void cpu_attention_backward(float *d_qkv, const float *d_out,
+                            const float *qkv, const float *probs,
+                            float *scratch, int B, int T, int C, int NH);
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
+ * x^3))), as GPT-2. */
+void cpu_gelu_forward(float *out, const float *inp, size_t count);
+void cpu_gelu_backward(float *d_inp, const float *d_out, const float *inp,
+                       size_t count);
+
+/* out = a + b (the skip connection around each sub-block). */
+void cpu_residual_forward(float *out, const float *a, const float *b,
+                          size_t count);
+void cpu_residual_backward(float *d_a, float *d_b, const float *d_out,
+                           size_t count);
+
+/* Softmax over each row of logits (N x V) into probs (may be the same
+ * buffer) and the cross-entropy of each row against its target into
+ * losses (N). Returns the mean loss (accumulated in double). */
+float cpu_softmax_crossentropy_forward(float *probs, float *losses,
+                                       const float *logits,
+                                       const uint32_t *targets, int N, int V);
+/* WRITES d_logits = (probs - onehot(target)) x d_loss for every row, where
+ * d_loss is d (objective) / d (each row's loss); d_logits may be probs. */
+void cpu_softmax_crossentropy_backward(float *d_logits, const float *probs,
+                                       const uint32_t *targets, float d_loss,
+                                       int N, int V);
+
+/* One AdamW update of `count` parameters, step >= 1 (bias correction):
+ * g = grads x grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * p -= lr (m_hat / (sqrt(v_hat) + eps) + decay p), decay = weight_decay
+ * when `decay` else 0 (decoupled weight decay). */
+void cpu_adamw_update(float *params, const float *grads, float *m, float *v,
+                      size_t count, const adamw_config *config,
+                      float learning_rate, float grad_scale, long step,
+                      bool decay);
+
+
+/* The cpu backend's table (cpu/model_cpu.c), which backend_find hands
+ * out for BACKEND_CPU. */
+extern const stage_backend cpu_stage_backend;
+
+/* Host bytes a cpu-backend stage allocated for activations: its slots'
+ * arenas and token ids and its backward scratch (what *activation_bytes
+ * above predicts); 0 for a stage of another backend. */
+size_t cpu_stage_activation_bytes(const model_stage *stage);
+
+#endif

@@ -1,0 +1,891 @@
+/*
+ * The cpu backend: a model stage in plain fp32 C on host memory, built
+ * from the reference ops of ops_cpu.c. It is the reference the cuda
+ * backend is held to (tests/executor/gpu), so it favours plain data flow
+ * over speed.
+ *
+ * Memory: params and grads (the stage's parameters), adam_m and adam_v
+ * (the optimizer's range: all of them, or a ZeRO-1 shard); per activation
+ * slot, one arena holding everything the backward of a micro-batch needs
+ * (with full recompute, only each layer's input); per stage, one arena of
+ * backward scratch shared by all slots (one backward runs at a time), with
+ * full recompute also the one layer's activations it recomputes into.
+ */
+#include "executor/cpu/cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+/* Pointers to one transformer layer's tensors inside a parameter-sized
+ * buffer (the parameters, or the gradients at the same offsets). */
+typedef struct layer_tensors {
+    float *ln1_weight, *ln1_bias;
+    float *qkv_weight, *qkv_bias;
+    float *attn_proj_weight, *attn_proj_bias;
+    float *ln2_weight, *ln2_bias;
+    float *fc_weight, *fc_bias;
+    float *mlp_proj_weight, *mlp_proj_bias;
+} layer_tensors;
+
+/* Every tensor of a stage inside one parameter-sized buffer; NULL for
+ * the parts the stage does not hold. */
+typedef struct stage_tensors {
+    float *token_embedding, *position_embedding;
+    layer_tensors *layers;          /* owned: one per local layer */
+    float *final_norm_weight, *final_norm_bias;
+    float *head_weight;             /* lm_head_weight or token_embedding */
+} stage_tensors;
+
+/* What the forward of one layer keeps for its backward (N = B x T rows;
+ * with tensor parallelism, A = C / tp attention channels and F the shard's
+ * MLP features). */
+typedef struct layer_activations {
+    float *ln1_out, *ln1_mean, *ln1_rstd;  /* N x C, N, N */
+    float *qkv;                            /* N x 3A */
+    float *att_probs;                      /* B x NH/tp x T x T */
+    float *att_out;                        /* N x A, before the projection */
+    float *residual_mid;                   /* N x C, input + attention */
+    float *ln2_out, *ln2_mean, *ln2_rstd;
+    float *fc_out;                         /* N x F, before the GELU */
+    float *gelu_out;                       /* N x F */
+    float *output;                         /* N x C, mid + MLP */
+} layer_activations;
+
+/* One micro-batch in flight. */
+typedef struct activation_slot {
+    float *arena;                    /* owned: all the floats below */
+    uint32_t *inputs;                /* owned: B x T token ids */
+    uint32_t *targets;               /* owned: B x T token ids */
+    float *input;                    /* N x C: embedding output or received */
+    layer_activations *layers;       /* owned: one per local layer */
+    float *final_out, *final_mean, *final_rstd;
+    float *probs;                    /* N x V (the shard's vocabulary):
+                                        logits, then probabilities, then
+                                        d logits during backward */
+    float *losses;                   /* N */
+    const float *output;             /* the last layer's output, or input */
+    int mbs;                         /* sequences of the last forward */
+    bool awaiting_backward;          /* forward ran, backward not yet */
+} activation_slot;
+
+/* Gradients of activations, needed only while one backward runs. */
+typedef struct backward_scratch {
+    float *arena;                    /* owned */
+    float *d_stream[2];              /* N x C: residual stream, alternating
+                                        between a layer's output and input */
+    float *d_mid;                    /* N x C */
+    float *d_norm;                   /* N x C: gradient of a norm's output */
+    float *d_att;                    /* N x A */
+    float *d_qkv;                    /* N x 3A */
+    float *d_fc;                     /* N x F */
+    float *d_gelu;                   /* N x F */
+    float *attention_row;            /* T */
+    float *row_stats;                /* 3N: the vocab-parallel softmax's
+                                        row maxima, sums and target logits */
+    float *output_grad;              /* N x C: received d loss / d output */
+    const float *input_grad;         /* points into d_stream after backward */
+} backward_scratch;
+
+/* backend_state of a cpu stage. */
+typedef struct cpu_stage_state {
+    stage_tensors params;
+    stage_tensors grads;
+    int layer_count;                 /* local layers */
+    activation_slot *slots;          /* owned: slot_count */
+    backward_scratch scratch;
+    /* full recompute (spec.recompute_layers): the one layer's activations
+     * every forward and recomputed forward writes, inside the scratch
+     * arena; its `output` is pointed at the slot's kept layer output */
+    layer_activations recomputed;
+    size_t activation_bytes;         /* slots, their token ids, scratch */
+} cpu_stage_state;
+
+/* Hands out consecutive pieces of one allocation. Run once with base NULL
+ * to learn the size, then again over the allocated block. */
+typedef struct arena {
+    float *base;
+    size_t used;
+} arena;
+
+static float *arena_take(arena *a, size_t count)
+{
+    float *piece = a->base != NULL ? a->base + a->used : NULL;
+    a->used += count;
+    return piece;
+}
+
+/* ---------------------------------------------------------- tensor maps */
+
+/* The layout of stage_parameter_layout, walked in its order. */
+static void map_tensors(const model_stage *stage, float *base,
+                        stage_tensors *out)
+{
+    int index = 0;
+    const param_tensor *table = stage->tensors;
+    if (stage->spec.has_embedding) {
+        out->token_embedding = base + table[index++].offset;
+        out->position_embedding = base + table[index++].offset;
+    }
+    int layer_count = stage->spec.last_layer - stage->spec.first_layer;
+    for (int l = 0; l < layer_count; l++) {
+        layer_tensors *layer = &out->layers[l];
+        float **fields[] = {
+            &layer->ln1_weight,       &layer->ln1_bias,
+            &layer->qkv_weight,       &layer->qkv_bias,
+            &layer->attn_proj_weight, &layer->attn_proj_bias,
+            &layer->ln2_weight,       &layer->ln2_bias,
+            &layer->fc_weight,        &layer->fc_bias,
+            &layer->mlp_proj_weight,  &layer->mlp_proj_bias,
+        };
+        for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+            *fields[f] = base + table[index++].offset;
+    }
+    if (stage->spec.has_head) {
+        out->final_norm_weight = base + table[index++].offset;
+        out->final_norm_bias = base + table[index++].offset;
+        out->head_weight = index < stage->tensor_count
+                               ? base + table[index++].offset
+                               : out->token_embedding;
+    }
+}
+
+/* ---------------------------------------------------------- allocation */
+
+/* Shapes every buffer is sized from; B is the micro-batch capacity. With
+ * tensor parallelism the shard's: A attention channels and NH heads
+ * (C / tp and heads / tp), F MLP features, V vocabulary rows from
+ * vocab_first. */
+typedef struct stage_dims {
+    size_t B, T, C, A, F, V, NH, N;
+    int vocab_first;
+    int tp;
+} stage_dims;
+
+static stage_dims dims_of(const model_stage *stage, int mbs)
+{
+    stage_shard shard = stage_shard_of(&stage->shape, &stage->spec);
+    stage_dims dims = {
+        .B = (size_t)mbs,
+        .T = (size_t)stage->shape.seq,
+        .C = (size_t)stage->shape.hidden,
+        .A = (size_t)shard.attention_channels,
+        .F = (size_t)shard.ffn,
+        .V = (size_t)shard.vocab_count,
+        .NH = (size_t)shard.heads,
+        .vocab_first = shard.vocab_first,
+        .tp = shard.tp,
+    };
+    dims.N = dims.B * dims.T;
+    return dims;
+}
+
+/* Everything one layer's backward reads but its output. */
+static void carve_layer(layer_activations *act, arena *a, const stage_dims *d)
+{
+    act->ln1_out = arena_take(a, d->N * d->C);
+    act->ln1_mean = arena_take(a, d->N);
+    act->ln1_rstd = arena_take(a, d->N);
+    act->qkv = arena_take(a, d->N * 3 * d->A);
+    act->att_probs = arena_take(a, d->B * d->NH * d->T * d->T);
+    act->att_out = arena_take(a, d->N * d->A);
+    act->residual_mid = arena_take(a, d->N * d->C);
+    act->ln2_out = arena_take(a, d->N * d->C);
+    act->ln2_mean = arena_take(a, d->N);
+    act->ln2_rstd = arena_take(a, d->N);
+    act->fc_out = arena_take(a, d->N * d->F);
+    act->gelu_out = arena_take(a, d->N * d->F);
+}
+
+/* A micro-batch's activations: every layer's, or with full recompute
+ * only every layer's output (the next one's input). */
+static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
+                       int layer_count, bool has_head, bool recompute)
+{
+    slot->input = arena_take(a, d->N * d->C);
+    for (int l = 0; l < layer_count; l++) {
+        layer_activations *act = &slot->layers[l];
+        if (!recompute)
+            carve_layer(act, a, d);
+        act->output = arena_take(a, d->N * d->C);
+    }
+    if (has_head) {
+        slot->final_out = arena_take(a, d->N * d->C);
+        slot->final_mean = arena_take(a, d->N);
+        slot->final_rstd = arena_take(a, d->N);
+        slot->probs = arena_take(a, d->N * d->V);
+        slot->losses = arena_take(a, d->N);
+    }
+}
+
+static void carve_scratch(backward_scratch *s, layer_activations *recomputed,
+                          arena *a, const stage_dims *d, bool recompute)
+{
+    if (recompute)
+        carve_layer(recomputed, a, d);
+    s->d_stream[0] = arena_take(a, d->N * d->C);
+    s->d_stream[1] = arena_take(a, d->N * d->C);
+    s->d_mid = arena_take(a, d->N * d->C);
+    s->d_norm = arena_take(a, d->N * d->C);
+    s->d_att = arena_take(a, d->N * d->A);
+    s->d_qkv = arena_take(a, d->N * 3 * d->A);
+    s->d_fc = arena_take(a, d->N * d->F);
+    s->d_gelu = arena_take(a, d->N * d->F);
+    s->attention_row = arena_take(a, d->T);
+    s->row_stats = arena_take(a, 3 * d->N);
+    s->output_grad = arena_take(a, d->N * d->C);
+}
+
+/* Sizes an arena with a dry run, allocates it zeroed and carves it. */
+static float *allocate_slot(activation_slot *slot, const stage_dims *d,
+                            int layer_count, bool has_head, bool recompute,
+                            size_t *floats)
+{
+    arena a = {.base = NULL, .used = 0};
+    carve_slot(slot, &a, d, layer_count, has_head, recompute);
+    *floats = a.used;
+    a.base = calloc(a.used, sizeof(float));
+    if (a.base == NULL)
+        return NULL;
+    a.used = 0;
+    carve_slot(slot, &a, d, layer_count, has_head, recompute);
+    return a.base;
+}
+
+static void cpu_release(model_stage *stage)
+{
+    free(stage->params);
+    free(stage->grads);
+    free(stage->adam_m);
+    free(stage->adam_v);
+    stage->params = stage->grads = stage->adam_m = stage->adam_v = NULL;
+    cpu_stage_state *state = stage->backend_state;
+    if (state == NULL)
+        return;
+    if (state->slots != NULL) {
+        for (int s = 0; s < stage->slot_count; s++) {
+            free(state->slots[s].arena);
+            free(state->slots[s].inputs);
+            free(state->slots[s].targets);
+            free(state->slots[s].layers);
+        }
+    }
+    free(state->slots);
+    free(state->scratch.arena);
+    free(state->params.layers);
+    free(state->grads.layers);
+    free(state);
+    stage->backend_state = NULL;
+}
+
+static int allocate_slots(model_stage *stage, cpu_stage_state *state)
+{
+    stage_dims d = dims_of(stage, stage->mbs_capacity);
+    bool recompute = stage->spec.recompute_layers && state->layer_count > 0;
+    for (int s = 0; s < stage->slot_count; s++) {
+        activation_slot *slot = &state->slots[s];
+        /* one extra entry so a zero-layer stage's calloc is not NULL */
+        slot->layers = calloc((size_t)state->layer_count + 1,
+                              sizeof *slot->layers);
+        slot->inputs = calloc(d.N, sizeof *slot->inputs);
+        slot->targets = calloc(d.N, sizeof *slot->targets);
+        if (slot->layers == NULL || slot->inputs == NULL ||
+            slot->targets == NULL)
+            return -1;
+        size_t floats = 0;
+        slot->arena = allocate_slot(slot, &d, state->layer_count,
+                                    stage->spec.has_head, recompute, &floats);
+        if (slot->arena == NULL)
+            return -1;
+        state->activation_bytes +=
+            floats * sizeof(float) + 2 * d.N * sizeof(uint32_t);
+    }
+    arena a = {.base = NULL, .used = 0};
+    carve_scratch(&state->scratch, &state->recomputed, &a, &d, recompute);
+    a.base = calloc(a.used, sizeof(float));
+    if (a.base == NULL)
+        return -1;
+    state->activation_bytes += a.used * sizeof(float);
+    state->scratch.arena = a.base;
+    a.used = 0;
+    carve_scratch(&state->scratch, &state->recomputed, &a, &d, recompute);
+    return 0;
+}
+
+static int cpu_allocate(model_stage *stage, pt_error *err)
+{
+    size_t count = stage->param_count + 1; /* never calloc(0) */
+    size_t moments = stage->optimizer_count + 1;
+    stage->params = calloc(count, sizeof(float));
+    stage->grads = calloc(count, sizeof(float));
+    stage->adam_m = calloc(moments, sizeof(float));
+    stage->adam_v = calloc(moments, sizeof(float));
+    cpu_stage_state *state = calloc(1, sizeof *state);
+    stage->backend_state = state;
+    if (stage->params == NULL || stage->grads == NULL ||
+        stage->adam_m == NULL || stage->adam_v == NULL || state == NULL)
+        goto out_of_memory;
+    state->layer_count = stage->spec.last_layer - stage->spec.first_layer;
+    size_t layers = (size_t)state->layer_count + 1;
+    state->params.layers = calloc(layers, sizeof(layer_tensors));
+    state->grads.layers = calloc(layers, sizeof(layer_tensors));
+    state->slots = calloc((size_t)stage->slot_count, sizeof *state->slots);
+    if (state->params.layers == NULL || state->grads.layers == NULL ||
+        state->slots == NULL)
+        goto out_of_memory;
+    map_tensors(stage, stage->params, &state->params);
+    map_tensors(stage, stage->grads, &state->grads);
+    if (allocate_slots(stage, state) != 0)
+        goto out_of_memory;
+    return 0;
+out_of_memory:
+    cpu_release(stage);
+    return pt_fail(err, "cpu backend: out of memory for a stage of %zu "
+                        "parameters, micro-batch %d, %d activation slots",
+                   stage->param_count, stage->mbs_capacity,
+                   stage->slot_count);
+}
+
+/* -------------------------------------------------------------- forward */
+
+/* out = inp W^T, then (row-parallel) summed over the tp group, then
+ * + bias: each shard holds some input features of W, and the whole bias
+ * is added once after the sum. */
+static int row_parallel_forward(const model_stage *stage, float *out,
+                                const float *inp, const float *weight,
+                                const float *bias, const stage_dims *d,
+                                int in_features, pt_error *err)
+{
+    int N = (int)d->N, C = (int)d->C;
+    cpu_matmul_forward(out, inp, weight, d->tp > 1 ? NULL : bias, N,
+                       in_features, C);
+    if (d->tp == 1)
+        return 0;
+    if (stage_tp_all_reduce_sum(stage, out, d->N * d->C, err) != 0)
+        return -1;
+    for (size_t n = 0; n < d->N; n++)
+        for (size_t c = 0; c < d->C; c++)
+            out[n * d->C + c] += bias[c];
+    return 0;
+}
+
+/* One pre-norm transformer block:
+ *   mid = x + proj(attention(qkv(ln1(x))));  out = mid + mlp(ln2(mid)).
+ * With tensor parallelism the shard computes its heads and MLP features;
+ * the two projections sum over the group. */
+static int layer_forward(const model_stage *stage, layer_activations *act,
+                         const layer_tensors *p, const float *input,
+                         const stage_dims *d, pt_error *err)
+{
+    int N = (int)d->N, C = (int)d->C, A = (int)d->A, F = (int)d->F;
+    size_t NC = d->N * d->C;
+    cpu_layernorm_forward(act->ln1_out, act->ln1_mean, act->ln1_rstd, input,
+                          p->ln1_weight, p->ln1_bias, N, C);
+    cpu_matmul_forward(act->qkv, act->ln1_out, p->qkv_weight, p->qkv_bias, N,
+                       C, 3 * A);
+    cpu_attention_forward(act->att_out, act->att_probs, act->qkv, (int)d->B,
+                          (int)d->T, A, (int)d->NH);
+    /* the branch goes to residual_mid first, then the skip is added */
+    if (row_parallel_forward(stage, act->residual_mid, act->att_out,
+                             p->attn_proj_weight, p->attn_proj_bias, d, A,
+                             err) != 0)
+        return -1;
+    cpu_residual_forward(act->residual_mid, input, act->residual_mid, NC);
+    cpu_layernorm_forward(act->ln2_out, act->ln2_mean, act->ln2_rstd,
+                          act->residual_mid, p->ln2_weight, p->ln2_bias, N,
+                          C);
+    cpu_matmul_forward(act->fc_out, act->ln2_out, p->fc_weight, p->fc_bias, N,
+                       C, F);
+    cpu_gelu_forward(act->gelu_out, act->fc_out, d->N * d->F);
+    if (row_parallel_forward(stage, act->output, act->gelu_out,
+                             p->mlp_proj_weight, p->mlp_proj_bias, d, F,
+                             err) != 0)
+        return -1;
+    cpu_residual_forward(act->output, act->residual_mid, act->output, NC);
+    return 0;
+}
+
+/* Vocab-parallel embedding: each shard looks up the tokens of its rows
+ * (zero for the others), the group sums, then the positions are added. */
+static int embedding_forward(const model_stage *stage, activation_slot *slot,
+                             const stage_tensors *p, const stage_dims *d,
+                             pt_error *err)
+{
+    if (d->tp == 1) {
+        cpu_embedding_forward(slot->input, slot->inputs, p->token_embedding,
+                              p->position_embedding, (int)d->B, (int)d->T,
+                              (int)d->C);
+        return 0;
+    }
+    for (size_t n = 0; n < d->N; n++) {
+        float *row = slot->input + n * d->C;
+        long local = (long)slot->inputs[n] - d->vocab_first;
+        if (local >= 0 && local < (long)d->V)
+            memcpy(row, p->token_embedding + (size_t)local * d->C,
+                   d->C * sizeof *row);
+        else
+            memset(row, 0, d->C * sizeof *row);
+    }
+    if (stage_tp_all_reduce_sum(stage, slot->input, d->N * d->C, err) != 0)
+        return -1;
+    for (size_t n = 0; n < d->N; n++) {
+        const float *position = p->position_embedding + (n % d->T) * d->C;
+        for (size_t c = 0; c < d->C; c++)
+            slot->input[n * d->C + c] += position[c];
+    }
+    return 0;
+}
+
+/* Vocab-parallel softmax cross-entropy over the shard's logits (N x V,
+ * turned into probabilities in place): the row maxima reduced by max, the
+ * exponential sums and target logits by sum, as Megatron does. */
+static int vocab_parallel_loss(const model_stage *stage, activation_slot *slot,
+                               float *row_stats, const stage_dims *d,
+                               float *mean_loss, pt_error *err)
+{
+    size_t N = d->N, V = d->V;
+    float *row_max = row_stats, *sums = row_stats + N,
+          *target_logit = row_stats + 2 * N;
+    for (size_t n = 0; n < N; n++) {
+        const float *z = slot->probs + n * V;
+        float max = z[0];
+        for (size_t i = 1; i < V; i++)
+            max = z[i] > max ? z[i] : max;
+        row_max[n] = max;
+        long local = (long)slot->targets[n] - d->vocab_first;
+        target_logit[n] = local >= 0 && local < (long)V ? z[local] : 0.0f;
+    }
+    if (stage_tp_all_reduce_max(stage, row_max, N, err) != 0)
+        return -1;
+    for (size_t n = 0; n < N; n++) {
+        float *z = slot->probs + n * V;
+        double sum = 0.0;
+        for (size_t i = 0; i < V; i++) {
+            z[i] = expf(z[i] - row_max[n]);
+            sum += z[i];
+        }
+        sums[n] = (float)sum;
+    }
+    /* sums and target logits side by side: one all-reduce */
+    if (stage_tp_all_reduce_sum(stage, sums, 2 * N, err) != 0)
+        return -1;
+    double loss_sum = 0.0;
+    for (size_t n = 0; n < N; n++) {
+        float inverse = 1.0f / sums[n];
+        for (size_t i = 0; i < V; i++)
+            slot->probs[n * V + i] *= inverse;
+        slot->losses[n] = (float)(log((double)sums[n]) -
+                                  (double)(target_logit[n] - row_max[n]));
+        loss_sum += slot->losses[n];
+    }
+    *mean_loss = (float)(loss_sum / (double)N);
+    return 0;
+}
+
+/* Splits the token windows into the inputs and the shifted targets. */
+static void split_tokens(activation_slot *slot, const uint32_t *tokens,
+                         const stage_dims *d)
+{
+    for (size_t b = 0; b < d->B; b++) {
+        const uint32_t *window = tokens + b * (d->T + 1);
+        memcpy(slot->inputs + b * d->T, window, d->T * sizeof *window);
+        memcpy(slot->targets + b * d->T, window + 1, d->T * sizeof *window);
+    }
+}
+
+/* Where layer l of the slot's micro-batch has its activations: its own,
+ * or with full recompute the stage's one set, writing its output into the
+ * slot's kept one. */
+static layer_activations *layer_kept(model_stage *stage,
+                                     activation_slot *slot, int l)
+{
+    cpu_stage_state *state = stage->backend_state;
+    if (!stage->spec.recompute_layers)
+        return &slot->layers[l];
+    state->recomputed.output = slot->layers[l].output;
+    return &state->recomputed;
+}
+
+static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
+                       float *mean_loss, pt_error *err)
+{
+    cpu_stage_state *state = stage->backend_state;
+    activation_slot *slot = &state->slots[slot_index];
+    const stage_tensors *p = &state->params;
+    stage_dims d = dims_of(stage, io->mbs);
+    if (io->tokens != NULL)
+        split_tokens(slot, io->tokens, &d);
+    if (stage->spec.has_embedding) {
+        if (embedding_forward(stage, slot, p, &d, err) != 0)
+            return -1;
+    } else if (io->input != slot->input) {
+        memcpy(slot->input, io->input, d.N * d.C * sizeof(float));
+    }
+    const float *stream = slot->input;
+    for (int l = 0; l < state->layer_count; l++) {
+        if (layer_forward(stage, layer_kept(stage, slot, l), &p->layers[l],
+                          stream, &d, err) != 0)
+            return -1;
+        stream = slot->layers[l].output;
+    }
+    slot->output = stream;
+    *mean_loss = 0.0f;
+    if (stage->spec.has_head) {
+        int N = (int)d.N, C = (int)d.C, V = (int)d.V;
+        cpu_layernorm_forward(slot->final_out, slot->final_mean,
+                              slot->final_rstd, stream, p->final_norm_weight,
+                              p->final_norm_bias, N, C);
+        cpu_matmul_forward(slot->probs, slot->final_out, p->head_weight, NULL,
+                           N, C, V);
+        if (d.tp == 1)
+            *mean_loss = cpu_softmax_crossentropy_forward(
+                slot->probs, slot->losses, slot->probs, slot->targets, N, V);
+        else if (vocab_parallel_loss(stage, slot, state->scratch.row_stats,
+                                     &d, mean_loss, err) != 0)
+            return -1;
+    }
+    slot->mbs = io->mbs;
+    slot->awaiting_backward = true;
+    return 0;
+}
+
+/* ------------------------------------------------------------- backward */
+
+static void zero(float *buffer, size_t count)
+{
+    memset(buffer, 0, count * sizeof *buffer);
+}
+
+/* The gradient of a column-parallel layer's input is partial on each
+ * shard (it saw some output features): sum it over the group. */
+static int sum_partial_input_grad(const model_stage *stage, float *d_input,
+                                  const stage_dims *d, pt_error *err)
+{
+    return stage_tp_all_reduce_sum(stage, d_input, d->N * d->C, err);
+}
+
+/* The block's backward in reverse order of its forward. d_out is the
+ * gradient of the block's output; d_input receives (is overwritten with)
+ * the gradient of its input. A residual's backward hands its output
+ * gradient to both inputs, so the branch's matmul reads the same buffer
+ * the skip path starts from. */
+static int layer_backward(const model_stage *stage, float *d_input,
+                          const float *d_out, layer_tensors *g,
+                          const layer_tensors *p,
+                          const layer_activations *act, const float *input,
+                          backward_scratch *s, const stage_dims *d,
+                          pt_error *err)
+{
+    int N = (int)d->N, C = (int)d->C, A = (int)d->A, F = (int)d->F;
+    size_t NC = d->N * d->C;
+    /* out = mid + mlp(ln2(mid)) */
+    zero(s->d_mid, NC);
+    cpu_residual_backward(s->d_mid, NULL, d_out, NC);
+    zero(s->d_gelu, d->N * d->F);
+    cpu_matmul_backward(s->d_gelu, g->mlp_proj_weight, g->mlp_proj_bias,
+                        d_out, act->gelu_out, p->mlp_proj_weight, N, F, C);
+    zero(s->d_fc, d->N * d->F);
+    cpu_gelu_backward(s->d_fc, s->d_gelu, act->fc_out, d->N * d->F);
+    zero(s->d_norm, NC);
+    cpu_matmul_backward(s->d_norm, g->fc_weight, g->fc_bias, s->d_fc,
+                        act->ln2_out, p->fc_weight, N, C, F);
+    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0)
+        return -1;
+    cpu_layernorm_backward(s->d_mid, g->ln2_weight, g->ln2_bias, s->d_norm,
+                           act->residual_mid, p->ln2_weight, act->ln2_mean,
+                           act->ln2_rstd, N, C);
+    /* mid = input + proj(attention(qkv(ln1(input)))) */
+    zero(d_input, NC);
+    cpu_residual_backward(d_input, NULL, s->d_mid, NC);
+    zero(s->d_att, d->N * d->A);
+    cpu_matmul_backward(s->d_att, g->attn_proj_weight, g->attn_proj_bias,
+                        s->d_mid, act->att_out, p->attn_proj_weight, N, A, C);
+    zero(s->d_qkv, d->N * d->A * 3);
+    cpu_attention_backward(s->d_qkv, s->d_att, act->qkv, act->att_probs,
+                           s->attention_row, (int)d->B, (int)d->T, A,
+                           (int)d->NH);
+    zero(s->d_norm, NC);
+    cpu_matmul_backward(s->d_norm, g->qkv_weight, g->qkv_bias, s->d_qkv,
+                        act->ln1_out, p->qkv_weight, N, C, 3 * A);
+    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0)
+        return -1;
+    cpu_layernorm_backward(d_input, g->ln1_weight, g->ln1_bias, s->d_norm,
+                           input, p->ln1_weight, act->ln1_mean,
+                           act->ln1_rstd, N, C);
+    return 0;
+}
+
+/* d logits = (probs - onehot(target)) x d_loss over the shard's
+ * vocabulary; a target outside the shard has no one-hot entry here. */
+static void vocab_parallel_loss_backward(activation_slot *slot, float d_loss,
+                                         const stage_dims *d)
+{
+    for (size_t n = 0; n < d->N; n++) {
+        long local = (long)slot->targets[n] - d->vocab_first;
+        float *row = slot->probs + n * d->V;
+        for (size_t i = 0; i < d->V; i++)
+            row[i] = (row[i] - ((long)i == local ? 1.0f : 0.0f)) * d_loss;
+    }
+}
+
+/* Loss -> logits -> final norm: leaves d loss / d (last stream) in
+ * d_stream. The loss is loss_scale x the mean over N positions, so each
+ * position's loss has weight loss_scale / N. */
+static int head_backward(model_stage *stage, activation_slot *slot,
+                         float loss_scale, float *d_stream,
+                         const stage_dims *d, pt_error *err)
+{
+    cpu_stage_state *state = stage->backend_state;
+    const stage_tensors *p = &state->params;
+    stage_tensors *g = &state->grads;
+    backward_scratch *s = &state->scratch;
+    int N = (int)d->N, C = (int)d->C, V = (int)d->V;
+    float *d_logits = slot->probs; /* overwrites the probabilities */
+    if (d->tp == 1)
+        cpu_softmax_crossentropy_backward(d_logits, slot->probs,
+                                          slot->targets,
+                                          loss_scale / (float)N, N, V);
+    else
+        vocab_parallel_loss_backward(slot, loss_scale / (float)N, d);
+    zero(s->d_norm, d->N * d->C);
+    cpu_matmul_backward(s->d_norm, g->head_weight, NULL, d_logits,
+                        slot->final_out, p->head_weight, N, C, V);
+    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0)
+        return -1;
+    zero(d_stream, d->N * d->C);
+    cpu_layernorm_backward(d_stream, g->final_norm_weight, g->final_norm_bias,
+                           s->d_norm, slot->output, p->final_norm_weight,
+                           slot->final_mean, slot->final_rstd, N, C);
+    return 0;
+}
+
+/* The vocab-parallel embedding's backward: the shard's rows only. */
+static void embedding_backward(cpu_stage_state *state, const float *d_out,
+                               const activation_slot *slot,
+                               const stage_dims *d)
+{
+    if (d->tp == 1) {
+        cpu_embedding_backward(state->grads.token_embedding,
+                               state->grads.position_embedding, d_out,
+                               slot->inputs, (int)d->B, (int)d->T, (int)d->C);
+        return;
+    }
+    for (size_t n = 0; n < d->N; n++) {
+        const float *row = d_out + n * d->C;
+        float *position = state->grads.position_embedding + (n % d->T) * d->C;
+        long local = (long)slot->inputs[n] - d->vocab_first;
+        float *token = local >= 0 && local < (long)d->V
+                           ? state->grads.token_embedding +
+                                 (size_t)local * d->C
+                           : NULL;
+        for (size_t c = 0; c < d->C; c++) {
+            position[c] += row[c];
+            if (token != NULL)
+                token[c] += row[c];
+        }
+    }
+}
+
+static int cpu_backward(model_stage *stage, int slot_index,
+                        const stage_io *io, pt_error *err)
+{
+    cpu_stage_state *state = stage->backend_state;
+    activation_slot *slot = &state->slots[slot_index];
+    if (!slot->awaiting_backward || slot->mbs != io->mbs)
+        return pt_fail(err, "cpu backend: backward of slot %d without a "
+                            "forward of %d sequences before it",
+                       slot_index, io->mbs);
+    backward_scratch *s = &state->scratch;
+    stage_dims d = dims_of(stage, io->mbs);
+    const float *d_out = io->output_grad;
+    int free_stream = 0;
+    if (stage->spec.has_head) {
+        if (head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d,
+                          err) != 0)
+            return -1;
+        d_out = s->d_stream[0];
+        free_stream = 1;
+    }
+    for (int l = state->layer_count - 1; l >= 0; l--) {
+        const float *layer_input =
+            l > 0 ? slot->layers[l - 1].output : slot->input;
+        float *d_input = s->d_stream[free_stream];
+        layer_activations *act = layer_kept(stage, slot, l);
+        /* full recompute: the layer's forward again, from its kept input
+         * (its output is rewritten with the same values) */
+        if (stage->spec.recompute_layers &&
+            layer_forward(stage, act, &state->params.layers[l], layer_input,
+                          &d, err) != 0)
+            return -1;
+        if (layer_backward(stage, d_input, d_out, &state->grads.layers[l],
+                           &state->params.layers[l], act, layer_input, s, &d,
+                           err) != 0)
+            return -1;
+        d_out = d_input;
+        free_stream = 1 - free_stream;
+    }
+    if (stage->spec.has_embedding) {
+        embedding_backward(state, d_out, slot, &d);
+        s->input_grad = NULL;
+    } else {
+        /* a stage with no layers and no head passes the gradient through;
+         * copy it so the result does not point into the caller's memory */
+        if (d_out != s->d_stream[0] && d_out != s->d_stream[1]) {
+            memcpy(s->d_stream[0], d_out, d.N * d.C * sizeof(float));
+            d_out = s->d_stream[0];
+        }
+        s->input_grad = d_out;
+    }
+    slot->awaiting_backward = false;
+    return 0;
+}
+
+/* ----------------------------------------------- buffers and optimizer */
+
+static int cpu_copy_to_host(const model_stage *stage, stage_buffer which,
+                            float *host, pt_error *err)
+{
+    const float *buffer = model_stage_buffer(stage, which);
+    if (buffer == NULL)
+        return pt_fail(err, "cpu backend: unknown buffer %d", (int)which);
+    memcpy(host, buffer,
+           model_stage_buffer_count(stage, which) * sizeof(float));
+    return 0;
+}
+
+static int cpu_copy_from_host(model_stage *stage, stage_buffer which,
+                              const float *host, pt_error *err)
+{
+    float *buffer = model_stage_buffer(stage, which);
+    if (buffer == NULL)
+        return pt_fail(err, "cpu backend: unknown buffer %d", (int)which);
+    memcpy(buffer, host,
+           model_stage_buffer_count(stage, which) * sizeof(float));
+    return 0;
+}
+
+static int cpu_zero_grads(model_stage *stage, pt_error *err)
+{
+    (void)err;
+    zero(stage->grads, stage->param_count);
+    return 0;
+}
+
+/* The part [*first, *first + *count) of tensor t the optimizer steps;
+ * false when none of it. */
+static bool optimizer_part(const model_stage *stage, const param_tensor *t,
+                           size_t *first, size_t *count)
+{
+    size_t lo = stage->optimizer_first;
+    size_t hi = lo + stage->optimizer_count;
+    size_t start = t->offset > lo ? t->offset : lo;
+    size_t end = t->offset + t->count < hi ? t->offset + t->count : hi;
+    *first = start;
+    *count = end > start ? end - start : 0;
+    return end > start;
+}
+
+static double square_sum(const float *values, size_t count)
+{
+    double sum = 0.0;
+    for (size_t k = 0; k < count; k++)
+        sum += (double)values[k] * values[k];
+    return sum;
+}
+
+static int cpu_grad_square_sum(const model_stage *stage, double *out,
+                               pt_error *err)
+{
+    (void)err;
+    *out = square_sum(stage->grads + stage->optimizer_first,
+                      stage->optimizer_count);
+    return 0;
+}
+
+static int cpu_grad_square_sums(const model_stage *stage, double *per_tensor,
+                                pt_error *err)
+{
+    (void)err;
+    for (int i = 0; i < stage->tensor_count; i++) {
+        size_t first = 0, count = 0;
+        per_tensor[i] = optimizer_part(stage, &stage->tensors[i], &first,
+                                       &count)
+                            ? square_sum(stage->grads + first, count)
+                            : 0.0;
+    }
+    return 0;
+}
+
+/* Only the optimizer's range: the whole stage, or its ZeRO-1 shard, whose
+ * moments start at adam_m[0]. */
+static int cpu_adamw_step(model_stage *stage, const adamw_config *config,
+                          float learning_rate, float grad_scale,
+                          pt_error *err)
+{
+    (void)err;
+    for (int i = 0; i < stage->tensor_count; i++) {
+        const param_tensor *t = &stage->tensors[i];
+        size_t first = 0, count = 0;
+        if (!optimizer_part(stage, t, &first, &count))
+            continue;
+        size_t moment = first - stage->optimizer_first;
+        cpu_adamw_update(stage->params + first, stage->grads + first,
+                         stage->adam_m + moment, stage->adam_v + moment,
+                         count, config, learning_rate, grad_scale,
+                         stage->optimizer_steps, t->weight_decay);
+    }
+    return 0;
+}
+
+static float *cpu_input_buffer(model_stage *stage, int slot)
+{
+    cpu_stage_state *state = stage->backend_state;
+    return state->slots[slot].input;
+}
+
+static const float *cpu_output(const model_stage *stage, int slot)
+{
+    const cpu_stage_state *state = stage->backend_state;
+    return state->slots[slot].output;
+}
+
+static const float *cpu_input_grad(const model_stage *stage)
+{
+    const cpu_stage_state *state = stage->backend_state;
+    return state->scratch.input_grad;
+}
+
+static float *cpu_output_grad_buffer(model_stage *stage)
+{
+    cpu_stage_state *state = stage->backend_state;
+    return state->scratch.output_grad;
+}
+
+size_t cpu_stage_activation_bytes(const model_stage *stage)
+{
+    if (stage->backend == NULL || stage->backend->kind != BACKEND_CPU ||
+        stage->backend_state == NULL)
+        return 0;
+    const cpu_stage_state *state = stage->backend_state;
+    return state->activation_bytes;
+}
+
+const stage_backend cpu_stage_backend = {
+    .kind = BACKEND_CPU,
+    .name = "cpu",
+    .allocate = cpu_allocate,
+    .release = cpu_release,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+    .zero_grads = cpu_zero_grads,
+    .grad_square_sum = cpu_grad_square_sum,
+    .grad_square_sums = cpu_grad_square_sums,
+    .adamw_step = cpu_adamw_step,
+    .copy_to_host = cpu_copy_to_host,
+    .copy_from_host = cpu_copy_from_host,
+    .input_buffer = cpu_input_buffer,
+    .output = cpu_output,
+    .input_grad = cpu_input_grad,
+    .output_grad_buffer = cpu_output_grad_buffer,
+};

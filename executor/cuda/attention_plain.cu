@@ -1,0 +1,210 @@
+/*
+ * The plain fallback of the attention (attention.cu) for head sizes
+ * without tensor-core kernels: one block per query row (forward, dQ) or
+ * key row (dK, dV), scores in shared memory, no tensor cores. Correct but
+ * slow; the same math as the fast kernels, base-2 scores and the saved
+ * log-sum-exp included.
+ */
+#include "executor/cuda/cuda_common.cuh"
+
+/* The largest dynamic shared memory a plain-fallback block may take. */
+#define PLAIN_SHARED_LIMIT (48 * 1024)
+
+/* delta[bh, t] = dO . O of each query row and head (fp32). */
+__global__ void attention_delta_kernel(float *delta, const bf16 *d_out,
+                                       const bf16 *out, int N, int T, int NH,
+                                       int HD)
+{
+    size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)N * NH)
+        return;
+    int row = (int)(index / NH);
+    int h = (int)(index % NH);
+    size_t offset = (size_t)row * NH * HD + (size_t)h * HD;
+    float sum = 0.0f;
+    if (HD % 8 == 0) {
+        for (int d = 0; d < HD; d += 8) {
+            float a[8], b[8];
+            load8(a, d_out + offset + d);
+            load8(b, out + offset + d);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                sum += a[i] * b[i];
+        }
+    } else {
+        for (int d = 0; d < HD; d++)
+            sum += __bfloat162float(d_out[offset + d]) *
+                   __bfloat162float(out[offset + d]);
+    }
+    int b = row / T;
+    int t = row % T;
+    delta[((size_t)b * NH + h) * T + t] = sum;
+}
+
+/* One block per (query, sequence x head); scores of the row in shared
+ * memory (T floats). */
+__global__ void attention_forward_plain_kernel(bf16 *out, float *lse,
+                                               const bf16 *qkv, int T, int NH,
+                                               int HD, float scale_log2)
+{
+    extern __shared__ float scores[];
+    __shared__ float reduce_space[WARP_SIZE];
+    int query = blockIdx.x;
+    int bh = blockIdx.y;
+    int b = bh / NH;
+    int h = bh % NH;
+    int C = NH * HD;
+    size_t stride = 3 * (size_t)C;
+    const bf16 *q = qkv + ((size_t)b * T + query) * stride + h * HD;
+    float local_max = -INFINITY;
+    for (int key = threadIdx.x; key <= query; key += blockDim.x) {
+        const bf16 *k = qkv + ((size_t)b * T + key) * stride + C + h * HD;
+        float dot = 0.0f;
+        for (int d = 0; d < HD; d++)
+            dot += __bfloat162float(q[d]) * __bfloat162float(k[d]);
+        scores[key] = dot * scale_log2;
+        local_max = fmaxf(local_max, scores[key]);
+    }
+    float row_max = block_max(local_max, reduce_space);
+    float local_sum = 0.0f;
+    for (int key = threadIdx.x; key <= query; key += blockDim.x) {
+        scores[key] = fast_exp2(scores[key] - row_max);
+        local_sum += scores[key];
+    }
+    float row_sum = block_sum(local_sum, reduce_space); /* syncs */
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int key = 0; key <= query; key++)
+            acc += scores[key] *
+                   __bfloat162float(qkv[((size_t)b * T + key) * stride +
+                                        2 * C + h * HD + d]);
+        out[((size_t)b * T + query) * C + h * HD + d] =
+            __float2bfloat16_rn(acc / row_sum);
+    }
+    if (threadIdx.x == 0)
+        lse[(size_t)bh * T + query] = row_max + log2f(row_sum);
+}
+
+static __device__ float plain_dot(const bf16 *a, const bf16 *b, int n)
+{
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++)
+        sum += __bfloat162float(a[i]) * __bfloat162float(b[i]);
+    return sum;
+}
+
+/* dQ of one query row: shared holds dS over the keys (T floats). */
+__global__ void attention_backward_dq_plain_kernel(
+    bf16 *d_qkv, const bf16 *d_out, const bf16 *qkv, const float *lse,
+    const float *delta, int T, int NH, int HD, float scale_log2, float scale)
+{
+    extern __shared__ float d_scores[];
+    int query = blockIdx.x;
+    int bh = blockIdx.y;
+    int b = bh / NH;
+    int h = bh % NH;
+    int C = NH * HD;
+    size_t stride = 3 * (size_t)C;
+    const bf16 *q = qkv + ((size_t)b * T + query) * stride + h * HD;
+    const bf16 *dy = d_out + ((size_t)b * T + query) * C + h * HD;
+    float row_lse = lse[(size_t)bh * T + query];
+    float row_delta = delta[(size_t)bh * T + query];
+    for (int key = threadIdx.x; key <= query; key += blockDim.x) {
+        const bf16 *k = qkv + ((size_t)b * T + key) * stride + C + h * HD;
+        const bf16 *v = k + C;
+        float p = fast_exp2(plain_dot(q, k, HD) * scale_log2 - row_lse);
+        d_scores[key] = p * (plain_dot(dy, v, HD) - row_delta);
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int key = 0; key <= query; key++)
+            acc += d_scores[key] *
+                   __bfloat162float(qkv[((size_t)b * T + key) * stride + C +
+                                        h * HD + d]);
+        d_qkv[((size_t)b * T + query) * stride + h * HD + d] =
+            __float2bfloat16_rn(acc * scale);
+    }
+}
+
+/* dK, dV of one key row: shared holds P and dS over the queries. */
+__global__ void attention_backward_dkdv_plain_kernel(
+    bf16 *d_qkv, const bf16 *d_out, const bf16 *qkv, const float *lse,
+    const float *delta, int T, int NH, int HD, float scale_log2, float scale)
+{
+    extern __shared__ float shared_rows[];
+    float *probs = shared_rows;
+    float *d_scores = shared_rows + T;
+    int key = blockIdx.x;
+    int bh = blockIdx.y;
+    int b = bh / NH;
+    int h = bh % NH;
+    int C = NH * HD;
+    size_t stride = 3 * (size_t)C;
+    const bf16 *k = qkv + ((size_t)b * T + key) * stride + C + h * HD;
+    const bf16 *v = k + C;
+    for (int query = key + threadIdx.x; query < T; query += blockDim.x) {
+        const bf16 *q = qkv + ((size_t)b * T + query) * stride + h * HD;
+        const bf16 *dy = d_out + ((size_t)b * T + query) * C + h * HD;
+        float p = fast_exp2(plain_dot(q, k, HD) * scale_log2 -
+                        lse[(size_t)bh * T + query]);
+        probs[query] = p;
+        d_scores[query] =
+            p * (plain_dot(dy, v, HD) - delta[(size_t)bh * T + query]);
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float dk = 0.0f;
+        float dv = 0.0f;
+        for (int query = key; query < T; query++) {
+            size_t row = (size_t)b * T + query;
+            dk += d_scores[query] *
+                  __bfloat162float(qkv[row * stride + h * HD + d]);
+            dv += probs[query] * __bfloat162float(d_out[row * C + h * HD + d]);
+        }
+        size_t key_row = ((size_t)b * T + key) * stride;
+        d_qkv[key_row + C + h * HD + d] = __float2bfloat16_rn(dk * scale);
+        d_qkv[key_row + 2 * C + h * HD + d] = __float2bfloat16_rn(dv);
+    }
+}
+
+extern "C" cudaError_t cuda_attention_forward_plain(
+    pt_bf16 *out_bf16, float *lse, const pt_bf16 *qkv_bf16, int B, int T,
+    int C, int NH, cudaStream_t stream)
+{
+    int HD = C / NH;
+    float scale_log2 = LOG2E_F / sqrtf((float)HD);
+    size_t shared = (size_t)T * sizeof(float);
+    if (shared > PLAIN_SHARED_LIMIT)
+        return cudaErrorInvalidValue;
+    dim3 grid((unsigned)T, (unsigned)(B * NH));
+    attention_forward_plain_kernel<<<grid, 128, shared, stream>>>(
+        as_bf16(out_bf16), lse, as_bf16(qkv_bf16), T, NH, HD, scale_log2);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_attention_backward_plain(
+    pt_bf16 *d_qkv_bf16, const pt_bf16 *d_out_bf16, const pt_bf16 *qkv_bf16,
+    const pt_bf16 *out_bf16, const float *lse, float *scratch, int B, int T,
+    int C, int NH, cudaStream_t stream)
+{
+    int HD = C / NH;
+    float scale = 1.0f / sqrtf((float)HD);
+    float scale_log2 = LOG2E_F * scale;
+    bf16 *d_qkv = as_bf16(d_qkv_bf16);
+    const bf16 *d_out = as_bf16(d_out_bf16);
+    const bf16 *qkv = as_bf16(qkv_bf16);
+    float *delta = scratch;
+    size_t rows = (size_t)B * T * NH;
+    attention_delta_kernel<<<blocks_for(rows, 256), 256, 0, stream>>>(
+        delta, d_out, as_bf16(out_bf16), B * T, T, NH, HD);
+    size_t shared = 2 * (size_t)T * sizeof(float);
+    if (shared > PLAIN_SHARED_LIMIT)
+        return cudaErrorInvalidValue;
+    dim3 grid((unsigned)T, (unsigned)(B * NH));
+    attention_backward_dq_plain_kernel<<<grid, 128, shared / 2, stream>>>(
+        d_qkv, d_out, qkv, lse, delta, T, NH, HD, scale_log2, scale);
+    attention_backward_dkdv_plain_kernel<<<grid, 128, shared, stream>>>(
+        d_qkv, d_out, qkv, lse, delta, T, NH, HD, scale_log2, scale);
+    return cudaGetLastError();
+}

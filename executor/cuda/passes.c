@@ -1,0 +1,729 @@
+/*
+ * The forward and backward passes of a cuda stage: the order of the
+ * kernels and matrix products of each layer, the embedding and the head,
+ * with the tensor-parallel sums between them. Precision, the memory the
+ * passes read and write, and the products' layout are described at the
+ * top of model_cuda.c.
+ */
+#include "executor/comm/comm.h"
+#include "executor/cuda/cuda_stage.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "executor/cuda/cuda_check.h"
+
+/* ---------------------------------------------------- product helpers */
+
+/* out (N x OC, row-major) = in (N x IC) W^T [+ bias] [+ residual]. */
+typedef struct linear_forward {
+    const pt_bf16 *weight;          /* OC x IC, bf16 mirror */
+    const pt_bf16 *input;           /* N x IC */
+    void *out;                      /* N x OC */
+    bool out_fp32;
+    const void *bias;               /* of out's type */
+    const float *residual;          /* fp32 out only; NULL: none */
+    int N, IC, OC;
+    int ld_out;
+} linear_forward;
+
+static gemm_call forward_call(const linear_forward *f)
+{
+    gemm_call call = {
+        .transpose_a = true,
+        .transpose_b = false,
+        .m = f->OC,
+        .n = f->N,
+        .k = f->IC,
+        .a = f->weight,
+        .lda = f->IC,
+        .b = f->input,
+        .ldb = f->IC,
+        .d = f->out,
+        .ldd = f->ld_out,
+        .d_fp32 = f->out_fp32,
+        .c = f->residual,
+        .alpha = 1.0f,
+        .beta = f->residual != NULL ? 1.0f : 0.0f,
+        .epilogue = f->bias != NULL ? GEMM_BIAS : GEMM_PLAIN,
+        .bias = (void *)f->bias,
+    };
+    return call;
+}
+
+/* d_in (N x IC, bf16) = alpha d_out (N x OC) W. */
+static gemm_call input_grad_call(pt_bf16 *d_in, const pt_bf16 *d_out,
+                                 int ld_d_out, const pt_bf16 *weight, int N,
+                                 int IC, int OC, float alpha)
+{
+    gemm_call call = {
+        .transpose_a = false,
+        .transpose_b = false,
+        .m = IC,
+        .n = N,
+        .k = OC,
+        .a = weight,
+        .lda = IC,
+        .b = d_out,
+        .ldb = ld_d_out,
+        .d = d_in,
+        .ldd = IC,
+        .d_fp32 = false,
+        .alpha = alpha,
+        .beta = 0.0f,
+        .epilogue = GEMM_PLAIN,
+    };
+    return call;
+}
+
+/* d_W (OC x IC, fp32) += alpha d_out^T (OC x N) in (N x IC). */
+static gemm_call weight_grad_call(float *d_weight, const pt_bf16 *input,
+                                  const pt_bf16 *d_out, int ld_d_out, int N,
+                                  int IC, int OC, float alpha)
+{
+    gemm_call call = {
+        .transpose_a = false,
+        .transpose_b = true,
+        .m = IC,
+        .n = OC,
+        .k = N,
+        .a = input,
+        .lda = IC,
+        .b = d_out,
+        .ldb = ld_d_out,
+        .d = d_weight,
+        .ldd = IC,
+        .d_fp32 = true,
+        .alpha = alpha,
+        .beta = 1.0f,
+        .epilogue = GEMM_PLAIN,
+    };
+    return call;
+}
+
+/* The weight gradient of a linear layer, then its bias gradient (column
+ * sums of d_out) by cuda_bias_grad. cuBLASLt's BGRADB epilogue is no
+ * fusion on Hopper: it runs as a kernel of its own after the product, and
+ * measured slower than ours (24 us against 9 us for 16384 x 768 on an
+ * H100), so it is not used. */
+static int weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
+                                float *d_bias, const stage_dims *d,
+                                pt_error *err)
+{
+    if (gemm_run(state->gemm, call, state->stream, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_bias_grad(d_bias, call->b, state->scratch.bias_partials,
+                            d->N, call->n, state->stream));
+    return 0;
+}
+
+/* ------------------------------------------------ tensor-parallel sums */
+
+/* Reduces `count` floats of device memory over the stage's tensor-parallel
+ * group (sum or max). The comm is blocking and reads the buffer when it is
+ * called, so the stage's stream is drained first; the kernels after the
+ * call find the result in place. Nothing on an unsplit or compute-only
+ * stage (which then does a shard's arithmetic without the sums). */
+static int tp_reduce(const model_stage *stage, float *data, size_t count,
+                     comm_reduce_op op, pt_error *err)
+{
+    if (stage_spec_tp(&stage->spec) == 1 || stage->tp_compute_only)
+        return 0;
+    CUDA_TRY(cudaStreamSynchronize(state_of(stage)->stream));
+    if (op == COMM_MAX)
+        return stage_tp_all_reduce_max(stage, data, count, err);
+    return stage_tp_all_reduce_sum(stage, data, count, err);
+}
+
+/* -------------------------------------------------------------- forward */
+
+static pt_bf16 *mirror_at(const cuda_stage_state *state, size_t offset)
+{
+    return state->mirror + mirror_offset(state, offset);
+}
+
+/* A row-parallel product into the fp32 stream: out = in W^T + bias +
+ * residual. Unsplit, bias and residual ride in the epilogue. Split, each
+ * shard holds some input features of W, so its product is partial: it
+ * runs plain, the group sums it, and bias and residual are added once
+ * after the sum. */
+static int row_parallel_forward(model_stage *stage, linear_forward f,
+                                const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (d->tp == 1) {
+        gemm_call call = forward_call(&f);
+        return gemm_run(state->gemm, &call, state->stream, err);
+    }
+    const float *bias = f.bias;
+    const float *residual = f.residual;
+    f.bias = NULL;
+    f.residual = NULL;
+    gemm_call call = forward_call(&f);
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+        return -1;
+    float *out = f.out;
+    if (tp_reduce(stage, out, (size_t)f.N * (size_t)f.OC, COMM_SUM, err) !=
+        0)
+        return -1;
+    CUDA_TRY(cuda_add_broadcast_rows(out, bias, 1, residual, f.N, f.OC,
+                                     state->stream));
+    return 0;
+}
+
+/* One pre-norm transformer block:
+ *   mid = x + proj(attention(qkv(ln1(x))));  out = mid + mlp(ln2(mid)).
+ * The residual additions ride in the projections' epilogues (beta = 1
+ * with the skip as C). */
+/* Where layer l of the slot's micro-batch has its activations: its own,
+ * or with full recompute the stage's one set, writing its output into the
+ * slot's kept one. */
+static layer_activations *layer_kept(model_stage *stage,
+                                     activation_slot *slot, int l)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (!stage->spec.recompute_layers)
+        return &slot->layers[l];
+    state->recomputed.output = slot->layers[l].output;
+    return &state->recomputed;
+}
+
+static int layer_forward(model_stage *stage, layer_activations *act,
+                         const layer_offsets *o, const float *input,
+                         const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    cudaStream_t stream = state->stream;
+    const float *P = stage->params;
+    int N = d->N, C = d->C, A = d->A, F = d->F;
+
+    pt_bf16 *ln1_out = act->ln1_out != NULL ? act->ln1_out : s->norm_out;
+    CUDA_TRY(cuda_layernorm_forward(ln1_out, act->ln1_mean, act->ln1_rstd,
+                                    input, P + o->ln1_weight, P + o->ln1_bias,
+                                    N, C, stream));
+    linear_forward qkv = {
+        .weight = mirror_at(state, o->qkv_weight), .input = ln1_out,
+        .out = act->qkv, .out_fp32 = false,
+        .bias = mirror_at(state, o->qkv_bias),
+        .N = N, .IC = C, .OC = 3 * A, .ld_out = 3 * A,
+    };
+    gemm_call call = forward_call(&qkv);
+    if (gemm_run(state->gemm, &call, stream, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_attention_forward(act->att_out, act->att_lse, act->qkv,
+                                    d->B, d->T, A, d->NH, stream));
+    linear_forward proj = {
+        .weight = mirror_at(state, o->attn_proj_weight),
+        .input = act->att_out, .out = act->residual_mid, .out_fp32 = true,
+        .bias = P + o->attn_proj_bias, .residual = input,
+        .N = N, .IC = A, .OC = C, .ld_out = C,
+    };
+    if (row_parallel_forward(stage, proj, d, err) != 0)
+        return -1;
+
+    pt_bf16 *ln2_out = act->ln2_out != NULL ? act->ln2_out : s->norm_out;
+    CUDA_TRY(cuda_layernorm_forward(ln2_out, act->ln2_mean, act->ln2_rstd,
+                                    act->residual_mid, P + o->ln2_weight,
+                                    P + o->ln2_bias, N, C, stream));
+    pt_bf16 *gelu_out = act->gelu_out != NULL ? act->gelu_out : s->d_fc;
+    linear_forward fc = {
+        .weight = mirror_at(state, o->fc_weight), .input = ln2_out,
+        .out = gelu_out, .out_fp32 = false,
+        .bias = mirror_at(state, o->fc_bias),
+        .N = N, .IC = C, .OC = F, .ld_out = F,
+    };
+    call = forward_call(&fc);
+    call.epilogue = GEMM_GELU_AUX_BIAS;
+    call.aux = act->fc_pre;
+    call.ld_aux = F;
+    if (state->fuse_epilogues && gemm_supported(state->gemm, &call)) {
+        if (gemm_run(state->gemm, &call, stream, err) != 0)
+            return -1;
+    } else {
+        /* bias in the product, GELU as its own pass */
+        fc.out = act->fc_pre;
+        call = forward_call(&fc);
+        if (gemm_run(state->gemm, &call, stream, err) != 0)
+            return -1;
+        CUDA_TRY(cuda_gelu_forward(gelu_out, act->fc_pre, (size_t)N * F,
+                                   stream));
+    }
+    linear_forward mlp_proj = {
+        .weight = mirror_at(state, o->mlp_proj_weight), .input = gelu_out,
+        .out = act->output, .out_fp32 = true,
+        .bias = P + o->mlp_proj_bias, .residual = act->residual_mid,
+        .N = N, .IC = F, .OC = C, .ld_out = C,
+    };
+    return row_parallel_forward(stage, mlp_proj, d, err);
+}
+
+/* Copies the micro-batch's tokens (and, for the embedding, the plan of
+ * its gradient) to the slot with one transfer. */
+static int upload_tokens(model_stage *stage, activation_slot *slot,
+                         const uint32_t *tokens, const stage_dims *d,
+                         pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    token_block *host = &state->host_tokens;
+    int T = d->T;
+    for (int b = 0; b < d->B; b++) {
+        const uint32_t *window = tokens + (size_t)b * (T + 1);
+        memcpy(host->inputs + (size_t)b * T, window, T * sizeof *window);
+        memcpy(host->targets + (size_t)b * T, window + 1,
+               T * sizeof *window);
+    }
+    slot->unique_tokens = 0;
+    if (stage->spec.has_embedding) {
+        embedding_plan plan = {
+            .starts = host->plan_starts,
+            .rows = host->plan_rows,
+            .tokens = host->plan_tokens,
+        };
+        embedding_plan_build_range(&plan, host->inputs, d->N,
+                                   d->vocab_first, d->V,
+                                   state->token_counts);
+        slot->unique_tokens = plan.unique_tokens;
+    }
+    /* host and device blocks share one layout: copy up to the plan's
+     * end (the capacity's layout, so offsets match) */
+    size_t bytes = (size_t)((char *)(host->plan_tokens + d->N) -
+                            (char *)host->inputs);
+    CUDA_TRY(cudaMemcpyAsync(slot->tokens.inputs, host->inputs, bytes,
+                             cudaMemcpyHostToDevice, state->stream));
+    return 0;
+}
+
+/* The vocab-parallel classifier over the shard's logits (cuda_ops.h): the
+ * shard's row maxima and exponential sums, the group's maxima, the sums
+ * rescaled to them, then sums and target logits summed side by side in
+ * one reduction. The logits become softmax - onehot as on one GPU. */
+static int vocab_parallel_loss(model_stage *stage, activation_slot *slot,
+                               const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    cudaStream_t stream = state->stream;
+    size_t N = (size_t)d->N;
+    float *shard_max = state->scratch.row_stats;
+    float *group_max = shard_max + N, *sums = shard_max + 2 * N,
+          *target_logit = shard_max + 3 * N;
+    CUDA_TRY(cuda_vocab_parallel_partials(
+        slot->logits, shard_max, sums, target_logit, slot->tokens.targets,
+        d->vocab_first, d->N, d->V, state->ld_logits, stream));
+    CUDA_TRY(cudaMemcpyAsync(group_max, shard_max, N * sizeof(float),
+                             cudaMemcpyDeviceToDevice, stream));
+    if (tp_reduce(stage, group_max, N, COMM_MAX, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_vocab_parallel_rescale(sums, shard_max, group_max, d->N,
+                                         stream));
+    if (tp_reduce(stage, sums, 2 * N, COMM_SUM, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_vocab_parallel_finish(
+        slot->logits, slot->losses, slot->tokens.targets, group_max, sums,
+        target_logit, d->vocab_first, d->N, d->V, state->ld_logits, stream));
+    return 0;
+}
+
+static int head_forward(model_stage *stage, activation_slot *slot,
+                        const float *stream_in, const stage_dims *d,
+                        float *mean_loss, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    const stage_offsets *o = &state->offsets;
+    const float *P = stage->params;
+    int N = d->N, C = d->C, V = d->V;
+    CUDA_TRY(cuda_layernorm_forward(slot->final_out, slot->final_mean,
+                                    slot->final_rstd, stream_in,
+                                    P + o->final_norm_weight,
+                                    P + o->final_norm_bias, N, C,
+                                    state->stream));
+    linear_forward head = {
+        .weight = mirror_at(state, o->head_weight), .input = slot->final_out,
+        .out = slot->logits, .out_fp32 = false,
+        .N = N, .IC = C, .OC = state->ld_logits, .ld_out = state->ld_logits,
+    };
+    gemm_call call = forward_call(&head);
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+        return -1;
+    if (d->tp == 1)
+        CUDA_TRY(cuda_classifier_forward(slot->logits, slot->losses,
+                                         slot->tokens.targets, N, V,
+                                         state->ld_logits, state->stream));
+    else if (vocab_parallel_loss(stage, slot, d, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_mean(state->scratch.reduced, slot->losses, N,
+                       state->stream));
+    double loss = 0.0;
+    CUDA_TRY(cudaMemcpyAsync(&loss, state->scratch.reduced, sizeof loss,
+                             cudaMemcpyDeviceToHost, state->stream));
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    *mean_loss = (float)loss;
+    return 0;
+}
+
+/* Token + position embedding into the slot's input. Vocab-parallel: each
+ * shard looks up the tokens of its rows (zero for the others), the group
+ * sums, then the positions are added. */
+static int embedding_forward(model_stage *stage, activation_slot *slot,
+                             const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    const stage_offsets *o = &state->offsets;
+    const float *token = stage->params + o->token_embedding;
+    const float *position = stage->params + o->position_embedding;
+    if (d->tp == 1) {
+        CUDA_TRY(cuda_embedding_forward(slot->input, slot->tokens.inputs,
+                                        token, position, d->B, d->T, d->C,
+                                        state->stream));
+        return 0;
+    }
+    CUDA_TRY(cuda_embedding_shard_forward(slot->input, slot->tokens.inputs,
+                                          token, d->vocab_first, d->V, d->N,
+                                          d->C, state->stream));
+    if (tp_reduce(stage, slot->input, (size_t)d->N * d->C, COMM_SUM, err) !=
+        0)
+        return -1;
+    CUDA_TRY(cuda_add_broadcast_rows(slot->input, position, d->T, NULL,
+                                     d->N, d->C, state->stream));
+    return 0;
+}
+
+int cuda_stage_forward(model_stage *stage, int slot_index,
+                       const stage_io *io, float *mean_loss, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    CUDA_TRY(cudaSetDevice(state->device));
+    activation_slot *slot = &state->slots[slot_index];
+    stage_dims d = dims_of(stage, io->mbs);
+    slot->awaiting_backward = false;
+    if (io->tokens != NULL &&
+        upload_tokens(stage, slot, io->tokens, &d, err) != 0)
+        return -1;
+    size_t NC = (size_t)d.N * d.C;
+    if (stage->spec.has_embedding) {
+        if (embedding_forward(stage, slot, &d, err) != 0)
+            return -1;
+    } else if (io->input != slot->input) {
+        CUDA_TRY(cudaMemcpyAsync(slot->input, io->input, NC * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, state->stream));
+    }
+    const float *stream_in = slot->input;
+    for (int l = 0; l < state->layer_count; l++) {
+        if (layer_forward(stage, layer_kept(stage, slot, l),
+                          &state->offsets.layers[l], stream_in, &d,
+                          err) != 0)
+            return -1;
+        stream_in = slot->layers[l].output;
+    }
+    slot->output = stream_in;
+    *mean_loss = 0.0f;
+    if (stage->spec.has_head) {
+        if (head_forward(stage, slot, stream_in, &d, mean_loss, err) != 0)
+            return -1;
+    } else {
+        CUDA_TRY(cudaStreamSynchronize(state->stream));
+    }
+    slot->mbs = io->mbs;
+    slot->awaiting_backward = true;
+    return 0;
+}
+
+/* ------------------------------------------------------------- backward */
+
+/* The input gradient of a column-parallel layer (QKV, fc, LM head):
+ * call writes d_in (bf16, N x C). Split, each shard saw some output
+ * features, so its result is partial: the product writes fp32 into
+ * scratch.d_partial, the group sums it there and one pass rounds it to
+ * bf16 for the layer-norm backward, so the sum itself loses nothing. */
+static int column_parallel_input_grad(model_stage *stage, gemm_call call,
+                                      const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (d->tp == 1)
+        return gemm_run(state->gemm, &call, state->stream, err);
+    pt_bf16 *d_in = call.d;
+    float *partial = state->scratch.d_partial;
+    size_t count = (size_t)d->N * (size_t)d->C;
+    call.d = partial;
+    call.d_fp32 = true;
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
+        tp_reduce(stage, partial, count, COMM_SUM, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_convert_to_bf16(d_in, partial, count, state->stream));
+    return 0;
+}
+
+/* The MLP's projection back to its GELU's input: the projection's weight
+ * and bias gradients, then d (fc output) through the GELU into s->d_fc,
+ * fused into the product's epilogue when cuBLASLt offers it (with the fc
+ * bias gradient too, left in s->bias_grads: *fc_bias_pending). */
+static int mlp_projection_backward(model_stage *stage,
+                                   const layer_offsets *o,
+                                   const layer_activations *act,
+                                   const stage_dims *d,
+                                   bool *fc_bias_pending, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    cudaStream_t stream = state->stream;
+    float *G = stage->grads;
+    int N = d->N, C = d->C, F = d->F;
+    const pt_bf16 *gelu_out = act->gelu_out;
+    if (gelu_out == NULL) {
+        CUDA_TRY(cuda_gelu_forward(s->d_fc, act->fc_pre, (size_t)N * F,
+                                   stream));
+        gelu_out = s->d_fc;
+    }
+    gemm_call call = weight_grad_call(G + o->mlp_proj_weight, gelu_out,
+                                      s->d_stream_bf16, C, N, F, C, 1.0f);
+    if (weight_and_bias_grad(state, &call, G + o->mlp_proj_bias, d, err) != 0)
+        return -1;
+    call = input_grad_call(s->d_fc, s->d_stream_bf16, C,
+                           mirror_at(state, o->mlp_proj_weight), N, F, C,
+                           1.0f);
+    call.epilogue = GEMM_DGELU_BGRAD;
+    call.aux = act->fc_pre;
+    call.ld_aux = F;
+    call.bias = s->bias_grads;
+    if (state->fuse_epilogues && gemm_supported(state->gemm, &call)) {
+        *fc_bias_pending = true;
+        return gemm_run(state->gemm, &call, stream, err);
+    }
+    if (state->fuse_epilogues) {
+        /* the GELU gradient alone in the epilogue, the bias by a kernel */
+        call.epilogue = GEMM_DGELU;
+        call.bias = NULL;
+        if (gemm_supported(state->gemm, &call)) {
+            if (gemm_run(state->gemm, &call, stream, err) != 0)
+                return -1;
+            CUDA_TRY(cuda_bias_grad(G + o->fc_bias, s->d_fc,
+                                    s->bias_partials, N, F, stream));
+            return 0;
+        }
+    }
+    call.epilogue = GEMM_PLAIN;
+    call.aux = NULL;
+    call.bias = NULL;
+    if (gemm_run(state->gemm, &call, stream, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_gelu_backward(s->d_fc, s->d_fc, act->fc_pre, (size_t)N * F,
+                                stream));
+    CUDA_TRY(cuda_bias_grad(G + o->fc_bias, s->d_fc, s->bias_partials, N, F,
+                            stream));
+    return 0;
+}
+
+/* The MLP's first product and the second layer norm: fc's weight
+ * gradient, d (ln2 output), and d_mid = d_out + ln2's term into d_input
+ * (and its bf16 copy in scratch.d_stream_bf16). */
+static int mlp_input_backward(model_stage *stage, float *d_input,
+                              const float *d_out, const layer_offsets *o,
+                              const layer_activations *act,
+                              const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    cudaStream_t stream = state->stream;
+    const float *P = stage->params;
+    float *G = stage->grads;
+    int N = d->N, C = d->C, F = d->F;
+    const pt_bf16 *ln2_out = act->ln2_out;
+    if (ln2_out == NULL) {
+        CUDA_TRY(cuda_layernorm_forward(s->norm_out, NULL, NULL,
+                                        act->residual_mid, P + o->ln2_weight,
+                                        P + o->ln2_bias, N, C, stream));
+        ln2_out = s->norm_out;
+    }
+    gemm_call call = weight_grad_call(G + o->fc_weight, ln2_out, s->d_fc, F,
+                                      N, C, F, 1.0f);
+    if (gemm_run(state->gemm, &call, stream, err) != 0)
+        return -1;
+    call = input_grad_call(s->d_norm, s->d_fc, F,
+                           mirror_at(state, o->fc_weight), N, C, F, 1.0f);
+    if (column_parallel_input_grad(stage, call, d, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_layernorm_backward(
+        d_input, s->d_stream_bf16, G + o->ln2_weight, G + o->ln2_bias, d_out,
+        s->d_norm, act->residual_mid, P + o->ln2_weight, act->ln2_mean,
+        act->ln2_rstd, s->norm_partials, N, C, stream));
+    return 0;
+}
+
+/* mid = input + attn_proj(attention(qkv(ln1(input)))), backwards: from
+ * d_mid in d_input (and scratch.d_stream_bf16) to the gradient of the
+ * layer's input, in the same places. */
+static int attention_block_backward(model_stage *stage, float *d_input,
+                                    const layer_offsets *o,
+                                    const layer_activations *act,
+                                    const float *input, const stage_dims *d,
+                                    pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    cudaStream_t stream = state->stream;
+    const float *P = stage->params;
+    float *G = stage->grads;
+    int N = d->N, C = d->C, A = d->A;
+    gemm_call call = weight_grad_call(G + o->attn_proj_weight, act->att_out,
+                                      s->d_stream_bf16, C, N, A, C, 1.0f);
+    if (weight_and_bias_grad(state, &call, G + o->attn_proj_bias, d, err) !=
+        0)
+        return -1;
+    call = input_grad_call(s->d_att, s->d_stream_bf16, C,
+                           mirror_at(state, o->attn_proj_weight), N, A, C,
+                           1.0f);
+    if (gemm_run(state->gemm, &call, stream, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_attention_backward(s->d_qkv, s->d_att, act->qkv,
+                                     act->att_out, act->att_lse,
+                                     s->attention, d->B, d->T, A, d->NH,
+                                     stream));
+    const pt_bf16 *ln1_out = act->ln1_out;
+    if (ln1_out == NULL) {
+        CUDA_TRY(cuda_layernorm_forward(s->norm_out, NULL, NULL, input,
+                                        P + o->ln1_weight, P + o->ln1_bias,
+                                        N, C, stream));
+        ln1_out = s->norm_out;
+    }
+    call = weight_grad_call(G + o->qkv_weight, ln1_out, s->d_qkv, 3 * A, N,
+                            C, 3 * A, 1.0f);
+    if (weight_and_bias_grad(state, &call, G + o->qkv_bias, d, err) != 0)
+        return -1;
+    call = input_grad_call(s->d_norm, s->d_qkv, 3 * A,
+                           mirror_at(state, o->qkv_weight), N, C, 3 * A,
+                           1.0f);
+    if (column_parallel_input_grad(stage, call, d, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_layernorm_backward(
+        d_input, s->d_stream_bf16, G + o->ln1_weight, G + o->ln1_bias,
+        d_input, s->d_norm, input, P + o->ln1_weight, act->ln1_mean,
+        act->ln1_rstd, s->norm_partials, N, C, stream));
+    return 0;
+}
+
+/* The block's backward in reverse order of its forward
+ * (out = mid + mlp_proj(gelu(fc(ln2(mid)))), mid = input +
+ * attn_proj(attention(qkv(ln1(input))))). d_out (fp32) and its bf16 copy
+ * in scratch.d_stream_bf16 are the gradient of the block's output;
+ * d_input (fp32) and scratch.d_stream_bf16 receive the gradient of its
+ * input. d_out may be caller memory: it is only read. An fc bias
+ * gradient made by the product's epilogue is added last. */
+static int layer_backward(model_stage *stage, float *d_input,
+                          const float *d_out, const layer_offsets *o,
+                          const layer_activations *act, const float *input,
+                          const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    bool fc_bias_pending = false;
+    if (mlp_projection_backward(stage, o, act, d, &fc_bias_pending, err) !=
+            0 ||
+        mlp_input_backward(stage, d_input, d_out, o, act, d, err) != 0 ||
+        attention_block_backward(stage, d_input, o, act, input, d, err) != 0)
+        return -1;
+    if (fc_bias_pending)
+        CUDA_TRY(cuda_add_inplace(stage->grads + o->fc_bias,
+                                  state->scratch.bias_grads, (size_t)d->F,
+                                  state->stream));
+    return 0;
+}
+
+/* Loss -> logits -> final norm: leaves d loss / d (last stream) in
+ * d_stream (fp32) and scratch.d_stream_bf16. The loss is loss_scale x
+ * the mean over N positions; the logits' buffer holds softmax - onehot,
+ * so the products take alpha = loss_scale / N. */
+static int head_backward(model_stage *stage, activation_slot *slot,
+                         float loss_scale, float *d_stream,
+                         const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    const stage_offsets *o = &state->offsets;
+    int N = d->N, C = d->C, Vp = state->ld_logits;
+    float alpha = loss_scale / (float)N;
+    gemm_call call = input_grad_call(s->d_norm, slot->logits,
+                                     state->ld_logits,
+                                     mirror_at(state, o->head_weight), N, C,
+                                     Vp, alpha);
+    if (column_parallel_input_grad(stage, call, d, err) != 0)
+        return -1;
+    call = weight_grad_call(stage->grads + o->head_weight, slot->final_out,
+                            slot->logits, state->ld_logits, N, C, Vp, alpha);
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_layernorm_backward(
+        d_stream, s->d_stream_bf16, stage->grads + o->final_norm_weight,
+        stage->grads + o->final_norm_bias, NULL, s->d_norm, slot->output,
+        stage->params + o->final_norm_weight, slot->final_mean,
+        slot->final_rstd, s->norm_partials, N, C, state->stream));
+    return 0;
+}
+
+int cuda_stage_backward(model_stage *stage, int slot_index,
+                        const stage_io *io, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    CUDA_TRY(cudaSetDevice(state->device));
+    activation_slot *slot = &state->slots[slot_index];
+    if (!slot->awaiting_backward || slot->mbs != io->mbs)
+        return pt_fail(err, "cuda backend: backward of slot %d without a "
+                            "forward of %d sequences before it",
+                       slot_index, io->mbs);
+    backward_scratch *s = &state->scratch;
+    stage_dims d = dims_of(stage, io->mbs);
+    size_t NC = (size_t)d.N * d.C;
+    const float *d_out = io->output_grad;
+    int free_stream = 0;
+    if (stage->spec.has_head) {
+        if (head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d,
+                          err) != 0)
+            return -1;
+        d_out = s->d_stream[0];
+        free_stream = 1;
+    } else if (state->layer_count > 0) {
+        CUDA_TRY(cuda_convert_to_bf16(s->d_stream_bf16, d_out, NC,
+                                      state->stream));
+    }
+    for (int l = state->layer_count - 1; l >= 0; l--) {
+        const float *layer_input =
+            l > 0 ? slot->layers[l - 1].output : slot->input;
+        float *d_input = s->d_stream[free_stream];
+        layer_activations *act = layer_kept(stage, slot, l);
+        /* full recompute: the layer's forward again from its kept input
+         * (rewriting its output with the same values) */
+        if (stage->spec.recompute_layers &&
+            layer_forward(stage, act, &state->offsets.layers[l], layer_input,
+                          &d, err) != 0)
+            return -1;
+        if (layer_backward(stage, d_input, d_out, &state->offsets.layers[l],
+                           act, layer_input, &d, err) != 0)
+            return -1;
+        d_out = d_input;
+        free_stream = 1 - free_stream;
+    }
+    if (stage->spec.has_embedding) {
+        const stage_offsets *o = &state->offsets;
+        const token_block *t = &slot->tokens;
+        CUDA_TRY(cuda_embedding_backward(
+            stage->grads + o->token_embedding,
+            stage->grads + o->position_embedding, d_out, t->plan_starts,
+            t->plan_rows, t->plan_tokens, slot->unique_tokens, d.B, d.T, d.C,
+            state->stream));
+        s->input_grad = NULL;
+    } else {
+        /* a stage with no layers and no head passes the gradient through;
+         * copy it so the result does not point into the caller's memory */
+        if (d_out != s->d_stream[0] && d_out != s->d_stream[1]) {
+            CUDA_TRY(cudaMemcpyAsync(s->d_stream[0], d_out,
+                                     NC * sizeof(float),
+                                     cudaMemcpyDeviceToDevice,
+                                     state->stream));
+            d_out = s->d_stream[0];
+        }
+        s->input_grad = d_out;
+    }
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    slot->awaiting_backward = false;
+    return 0;
+}

@@ -1,0 +1,285 @@
+/*
+ * executor/parallel: the parallel runtime. A plan's layout of ranks
+ * (pipeline stages, data-parallel replicas, tensor-parallel shards) and
+ * the groups they run collectives over (parallel/layout.c), one rank's
+ * training step under the pipeline schedule, 1F1B or GPipe
+ * (parallel/step.c), and the launchers that run every rank: threads of
+ * one process over any comm (parallel/launcher.c), and on this machine's
+ * GPUs over NCCL or the host-staged comm (parallel/pipeline_gpu.c).
+ * docs/executor.md ("Parallel runtime").
+ */
+#ifndef PARTITA_EXECUTOR_PARALLEL_H
+#define PARTITA_EXECUTOR_PARALLEL_H
+
+#include "executor/comm/comm.h"
+#include "executor/stage/stage.h"
+
+/* One timed phase of an iteration, in the estimate's event schema
+ * (formats.md, "Events"). */
+typedef struct run_event {
+    int rank;
+    int stage;
+    int microbatch;              /* -1 for the optimizer */
+    const char *kind;            /* "fwd", "bwd" or "optimizer": the names
+                                    of costmodel's event kinds */
+    double start_s;              /* from the start of the iteration */
+    double end_s;
+} run_event;
+
+/*
+ * A parallel plan's layout: pp pipeline stages, each replicated dp times,
+ * each replica split over tp tensor-parallel shards. Rank layout as the
+ * planner's (formats.md), pipeline outermost, then data, then tensor:
+ * rank = t + tp x (d + dp x s) for shard t of replica d of stage s.
+ * Each step takes a global batch of gbs token windows of seq + 1 ids;
+ * replica d trains on windows [d gbs/dp, (d + 1) gbs/dp) as
+ * micro_batches micro-batches of mbs windows (every shard of a replica
+ * reads the same windows).
+ */
+typedef struct pipeline_layout {
+    model_shape shape;
+    parallel_config config;
+    int stage_count;                 /* config.pp */
+    int partition[PT_MAX_STAGES];    /* layers per stage */
+    int micro_batches;               /* gbs / (dp x mbs) */
+    int rank_count;                  /* pp x dp x tp */
+} pipeline_layout;
+
+/* Checks the config (gbs a multiple of dp x mbs, the partition summing to
+ * the layers, tp dividing the heads and ffn_hidden) and fills out. */
+int pipeline_layout_init(pipeline_layout *out, const model_shape *shape,
+                         const parallel_config *config, const int *partition,
+                         int partition_count, pt_error *err);
+int pipeline_rank_stage(const pipeline_layout *layout, int rank);
+int pipeline_rank_replica(const pipeline_layout *layout, int rank);
+int pipeline_rank_tp(const pipeline_layout *layout, int rank);
+/* The rank of shard tp_rank of replica `replica` of stage `stage`. */
+int pipeline_rank_of(const pipeline_layout *layout, int stage, int replica,
+                     int tp_rank);
+/* The stage spec of a rank: its stage's layers, its tp shard and, with
+ * the distributed optimizer and dp > 1, its optimizer shard (its
+ * replica). */
+int pipeline_rank_spec(const pipeline_layout *layout, int rank,
+                       stage_spec *out, pt_error *err);
+/* Micro-batches whose activations stage s keeps at once: min(pp - s, m)
+ * for 1F1B, m for GPipe. */
+int pipeline_slot_count(const pipeline_layout *layout, int stage);
+/* Creates and initialises (seed: the same values as the whole model) the
+ * stage of a rank with its slots. */
+int pipeline_stage_create(model_stage *out, const pipeline_layout *layout,
+                          int rank, backend_kind backend, uint64_t seed,
+                          pt_error *err);
+/* Connects a rank's stage to its tensor-parallel group on comm c (which
+ * must outlive the stage's use); nothing when tp is 1. */
+int pipeline_stage_attach(const pipeline_layout *layout, model_stage *stage,
+                          const comm *c, pt_error *err);
+
+/* The timed events of one rank's step, in the estimate's event schema;
+ * kinds are costmodel's names: "fwd", "bwd", "send_fwd", "recv_fwd",
+ * "send_bwd", "recv_bwd", "dp_allreduce", "embedding_allreduce",
+ * "optimizer" (microbatch -1 for the last three; with ZeRO-1 the
+ * reduce-scatter and the all-gather are two "dp_allreduce" events, as in
+ * the estimate). */
+typedef struct pipeline_events {
+    int count;
+    int capacity;
+    run_event *events;   /* owned */
+} pipeline_events;
+
+/* Room for every event of a step of that layout: 6 per micro-batch and
+ * 4 more. */
+int pipeline_events_reserve(pipeline_events *events,
+                            const pipeline_layout *layout, pt_error *err);
+void pipeline_events_free(pipeline_events *events);
+
+/*
+ * One training step of one rank, whatever launches the ranks (threads of
+ * one process, or one process per rank under MPI): zero the gradients; the schedule's
+ * forwards and backwards (1F1B: min(pp - s - 1, m) warm-up forwards, then
+ * one forward one backward, then the remaining backwards; GPipe: every
+ * forward, then every backward), activations received from rank
+ * d + dp (s - 1) and sent to d + dp (s + 1), gradients the other way,
+ * loss_scale 1 / (m dp) so gradients average over the global batch; the
+ * gradient all-reduce over the stage's dp group; with tied embeddings and
+ * pp > 1, the all-reduce of the first stage's token-embedding gradient
+ * with the last stage's tied copy; the global gradient norm (sum over the
+ * stages of a replica, the tied copy once); clipping and AdamW. Every
+ * rank gets the same step_result (loss: mean over the m dp
+ * micro-batches). tokens: the global batch, gbs x (seq + 1) ids, host
+ * memory. step_start_s: CLOCK_MONOTONIC seconds the event times count
+ * from. events may be NULL; it is emptied first. inject_failure: fail
+ * after the first forward (tests of the failure path). On failure the
+ * rank aborts the comm so that the others return too.
+ */
+int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
+                       const comm *c, const train_config *config,
+                       const uint32_t *tokens, double step_start_s,
+                       bool inject_failure, step_result *out,
+                       pipeline_events *events, pt_error *err);
+
+/* The groups the ranks of a layout run collectives over, besides the
+ * world: each stage's dp groups (one per tp shard; dp > 1), each
+ * replica's tp groups (tp > 1), and each first/last-stage embedding pair
+ * (tied embeddings, pp > 1), as pipeline_rank_step and
+ * pipeline_stage_attach form them; a group equal to an earlier one or to
+ * the world is left out. Free with comm_groups_free. */
+int pipeline_layout_groups(const pipeline_layout *layout, comm_groups *out,
+                           pt_error *err);
+
+/* What a launcher's rank thread does around its stage, for backends whose
+ * state is per thread (the cuda backend: the rank's GPU, green context and
+ * memory cap; the NCCL comm's streams). Each hook runs on the rank's own
+ * thread; NULL hooks do nothing. */
+typedef struct pipeline_rank_hooks {
+    /* Before the rank's stage is made. */
+    int (*open)(void *data, int rank, pt_error *err);
+    /* After its stage is destroyed; also after a failed open. */
+    void (*close)(void *data, int rank);
+    void *data;
+} pipeline_rank_hooks;
+
+/* How pipeline_threads_start runs the ranks. */
+typedef struct pipeline_launch {
+    backend_kind backend;
+    uint64_t seed;                   /* initialisation */
+    double timeout_s;                /* the threads comm's (comms NULL) */
+    /* NULL: the launcher makes and owns a threads comm world. Else
+     * comms[rank] is each rank's handle of a world the caller made and
+     * keeps until pipeline_threads_destroy has returned (NCCL). */
+    const comm *comms;
+    /* One process per rank (comm_mpi): only the rank of comms[0], the one
+     * handle given, runs here; the layout's other ranks are other
+     * processes. false: every rank of the layout runs here. */
+    bool this_rank_only;
+    pipeline_rank_hooks hooks;
+} pipeline_launch;
+
+struct pipeline_workers;
+
+/*
+ * Every rank of a layout in one process, each on a thread of its own that
+ * lives as long as the launcher: the thread runs the open hook, makes and
+ * initialises its rank's stage (so a cuda stage lands on the rank's
+ * device), attaches it to its comm, then runs the steps (and tasks) it is
+ * given, and at the end destroys the stage and runs the close hook.
+ */
+typedef struct pipeline_threads {
+    pipeline_layout layout;
+    model_stage *stages;             /* rank_count, each owned by its
+                                        rank's thread */
+    comm_threads *world;             /* owned; NULL with the caller's
+                                        comms */
+    pipeline_events *events;         /* rank_count: the last step's */
+    pt_error *rank_errors;           /* rank_count: the last step's */
+    int *rank_status;                /* rank_count: 0 or -1 */
+    comm *comms;                     /* rank_count: each rank's handle */
+    int inject_failure_rank;         /* -1: none (tests set it) */
+    struct pipeline_workers *workers; /* owned: the rank threads */
+    /* The ranks that run in this process, [first_local_rank,
+     * first_local_rank + local_rank_count): all of them, or the one rank
+     * of this_rank_only; only their entries above are filled. */
+    int first_local_rank;
+    int local_rank_count;
+} pipeline_threads;
+
+/* Starts the rank threads and waits until every rank has its stage.
+ * Fails, with nothing left running, when any rank's hook or stage fails
+ * (the message of the lowest such rank, prefixed "rank R"). */
+int pipeline_threads_start(pipeline_threads *out,
+                           const pipeline_layout *layout,
+                           const pipeline_launch *launch, pt_error *err);
+/* pipeline_threads_start with a threads comm of that timeout and no
+ * hooks: the CPU reference. */
+int pipeline_threads_create(pipeline_threads *out,
+                            const pipeline_layout *layout,
+                            backend_kind backend, uint64_t seed,
+                            double timeout_s, pt_error *err);
+/* Runs one step on every rank. Fails when any rank failed, with the
+ * message of the rank that failed first (each rank's own message stays
+ * in rank_errors); the world is then unusable. */
+int pipeline_threads_step(pipeline_threads *p, const train_config *config,
+                          const uint32_t *tokens, step_result *out,
+                          pt_error *err);
+/* Runs task(data, rank, stage) on that rank's own thread and waits for
+ * it: what must run where the rank's device is current (checkpoint
+ * copies, device queries). Returns the task's status. */
+typedef int (*pipeline_rank_task)(void *data, int rank, model_stage *stage,
+                                  pt_error *err);
+int pipeline_threads_on_rank(pipeline_threads *p, int rank,
+                             pipeline_rank_task task, void *data,
+                             pt_error *err);
+/* Ends the rank threads (each destroys its stage) and frees the rest.
+ * Safe on a launcher that failed to start or was zeroed. */
+void pipeline_threads_destroy(pipeline_threads *p);
+
+/* ------------------------------------------------ the launcher on GPUs */
+
+/*
+ * Parallel plans on the GPUs of this machine (executor/parallel/pipeline_gpu.c),
+ * built with the cuda backend: one process, one thread per rank, each
+ * rank on the GPU (and green context, and memory cap) its plan entry
+ * names, over one of two comms:
+ *   - NCCL (executor/comm/comm.h, built when NCCL is found): one GPU per
+ *     rank, the fast path;
+ *   - host-staged (executor/comm/staged.c, below): every operation copies
+ *     the rank's device floats into pinned host memory and runs the
+ *     threads comm on them. Slow (two PCIe copies per operation, nothing
+ *     overlapped), but it needs neither NCCL nor a GPU per rank: ranks may
+ *     share a GPU, each in its own slice of its SMs, so one GPU runs a
+ *     real pipeline, tensor- or data-parallel plan, a heterogeneous one
+ *     included (a full-speed slice and a throttled slice). Its sums are
+ *     the threads comm's, made on the host in group order.
+ * Include under PARTITA_HAVE_CUDA. docs/executor.md ("Parallel runtime on
+ * GPUs", "Ranks sharing a GPU") describes both.
+ */
+
+typedef enum gpu_comm_kind {
+    GPU_COMM_NCCL,    /* one GPU per rank; needs a build with NCCL */
+    GPU_COMM_HOST,    /* staged through host memory; ranks may share GPUs */
+} gpu_comm_kind;
+
+struct comm_nccl;
+
+/*
+ * Every rank of a layout on this machine's GPUs, one thread per rank
+ * (pipeline_threads over the chosen comm). devices[rank] gives the rank's
+ * GPU (index), its sm_limit (run in a CUDA green context of that many
+ * SMs; 0: all) and memory_limit_gib (a cap on what the rank allocates; 0:
+ * none). Ranks with an sm_limit that share a GPU get consecutive,
+ * non-overlapping slices of its SMs in rank order. Each rank's thread
+ * opens its device, its comm's streams and its cuda stage; the close runs
+ * on the same thread.
+ */
+typedef struct pipeline_gpu {
+    pipeline_threads threads;        /* stages, events, errors by rank */
+    gpu_comm_kind kind;
+    struct comm_nccl *world;         /* owned, GPU_COMM_NCCL */
+    comm_staged *staged;             /* owned, GPU_COMM_HOST */
+    comm *comms;                     /* rank_count, owned */
+    device_spec *devices;            /* rank_count, owned copy */
+    bool *sliced;                    /* rank_count: shares its GPU with
+                                        other ranks that have sm_limits */
+    int *sm_before;                  /* the sm_limits of the ranks before
+                                        each sliced rank on its GPU, in
+                                        rank order (sm_before_offset) */
+    int *sm_before_offset;           /* rank_count + 1 offsets into it */
+} pipeline_gpu;
+
+int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
+                       const device_spec *devices, gpu_comm_kind kind,
+                       uint64_t seed, double timeout_s, pt_error *err);
+/* One process per rank (NCCL only): only this process's rank
+ * (processes->rank), on `device`, over a NCCL world of
+ * comm_nccl_create_rank; devices[] then holds that rank's entry only. */
+int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
+                            const device_spec *device, const comm *processes,
+                            uint64_t seed, double timeout_s, pt_error *err);
+/* Device bytes the rank's comm holds (NCCL's staging buffers and scratch;
+ * 0 for the host-staged comm, whose buffers are host memory). */
+double pipeline_gpu_comm_device_bytes(const pipeline_gpu *g, int rank);
+/* Stops the rank threads (after a failure, each aborts its NCCL
+ * communicators before its stage is freed) and ends the world. Safe on a
+ * zeroed or failed launcher. */
+void pipeline_gpu_stop(pipeline_gpu *g);
+
+#endif

@@ -1,0 +1,461 @@
+/*
+ * One rank's training step over model stages: the schedule's forwards
+ * and backwards (1F1B or GPipe) with activations and gradients over the
+ * comm, the gradient all-reduces (ZeRO-1: reduce-scatter and
+ * all-gather), the global norm, clipping and AdamW, each phase recorded
+ * as an event; the tensor-parallel sums happen inside the backend's
+ * forward and backward. docs/executor.md ("One step of one rank").
+ */
+#include "executor/parallel/parallel.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- events */
+
+int pipeline_events_reserve(pipeline_events *events,
+                            const pipeline_layout *layout, pt_error *err)
+{
+    int capacity = 6 * layout->micro_batches + 4;
+    if (events->capacity >= capacity)
+        return 0;
+    run_event *grown = realloc(events->events,
+                               (size_t)capacity * sizeof *grown);
+    if (grown == NULL)
+        return pt_fail(err, "pipeline runtime: out of memory for %d events",
+                       capacity);
+    events->events = grown;
+    events->capacity = capacity;
+    return 0;
+}
+
+void pipeline_events_free(pipeline_events *events)
+{
+    free(events->events);
+    memset(events, 0, sizeof *events);
+}
+
+/* ------------------------------------------------------- one rank's step */
+
+/* What one rank's step works with. */
+typedef struct rank_step {
+    const pipeline_layout *layout;
+    model_stage *stage;
+    const comm *c;
+    int stage_index;
+    int replica;
+    int previous_rank;           /* stage s - 1 of this replica, or -1 */
+    int next_rank;               /* stage s + 1 of this replica, or -1 */
+    const uint32_t *tokens;      /* this replica's windows */
+    size_t activation_floats;    /* mbs x seq x hidden */
+    float *output_grad;          /* receives d loss / d output (no head) */
+    float loss_scale;            /* 1 / (m dp) */
+    double loss_sum;             /* of this rank's micro-batches (head) */
+    double step_start_s;
+    pipeline_events *events;     /* may be NULL */
+    int micro_batch;             /* being worked on, for messages */
+    const char *operation;       /* event kind being worked on */
+    int tp_rank;
+} rank_step;
+
+static void record(rank_step *r, const char *kind, int micro_batch,
+                   double start_s)
+{
+    if (r->events == NULL || r->events->count >= r->events->capacity)
+        return;
+    run_event *event = &r->events->events[r->events->count++];
+    event->rank = r->c->rank;
+    event->stage = r->stage_index;
+    event->microbatch = micro_batch;
+    event->kind = kind;
+    event->start_s = start_s - r->step_start_s;
+    event->end_s = pt_monotonic_seconds() - r->step_start_s;
+}
+
+/* Marks what the rank starts now (for the error message) and returns the
+ * time. */
+static double begin(rank_step *r, const char *operation, int micro_batch)
+{
+    r->operation = operation;
+    r->micro_batch = micro_batch;
+    return pt_monotonic_seconds();
+}
+
+static stage_io micro_batch_io(const rank_step *r, int micro_batch)
+{
+    size_t window = (size_t)r->layout->shape.seq + 1;
+    stage_io io = {
+        .mbs = r->layout->config.mbs,
+        .tokens = r->tokens +
+                  (size_t)micro_batch * (size_t)r->layout->config.mbs * window,
+        .loss_scale = r->loss_scale,
+    };
+    return io;
+}
+
+/* Tags: micro-batch j's activation 2j, its gradient 2j + 1. */
+static int forward(rank_step *r, int micro_batch, pt_error *err)
+{
+    int slot = micro_batch % r->stage->slot_count;
+    stage_io io = micro_batch_io(r, micro_batch);
+    if (r->previous_rank >= 0) {
+        double start = begin(r, "recv_fwd", micro_batch);
+        float *input = stage_input_buffer(r->stage, slot);
+        if (comm_recv(r->c, r->previous_rank, 2 * micro_batch, input,
+                      r->activation_floats, err) != 0)
+            return -1;
+        record(r, "recv_fwd", micro_batch, start);
+        io.input = input;
+    }
+    double start = begin(r, "fwd", micro_batch);
+    float loss = 0.0f;
+    if (stage_forward(r->stage, slot, &io, &loss, err) != 0)
+        return -1;
+    record(r, "fwd", micro_batch, start);
+    r->loss_sum += loss;
+    if (r->next_rank >= 0) {
+        start = begin(r, "send_fwd", micro_batch);
+        if (comm_send(r->c, r->next_rank, 2 * micro_batch,
+                      stage_output(r->stage, slot), r->activation_floats,
+                      err) != 0)
+            return -1;
+        record(r, "send_fwd", micro_batch, start);
+    }
+    return 0;
+}
+
+static int backward(rank_step *r, int micro_batch, pt_error *err)
+{
+    int slot = micro_batch % r->stage->slot_count;
+    stage_io io = micro_batch_io(r, micro_batch);
+    if (r->next_rank >= 0) {
+        double start = begin(r, "recv_bwd", micro_batch);
+        if (comm_recv(r->c, r->next_rank, 2 * micro_batch + 1,
+                      r->output_grad, r->activation_floats, err) != 0)
+            return -1;
+        record(r, "recv_bwd", micro_batch, start);
+        io.output_grad = r->output_grad;
+    }
+    double start = begin(r, "bwd", micro_batch);
+    if (stage_backward(r->stage, slot, &io, err) != 0)
+        return -1;
+    record(r, "bwd", micro_batch, start);
+    if (r->previous_rank >= 0) {
+        start = begin(r, "send_bwd", micro_batch);
+        if (comm_send(r->c, r->previous_rank, 2 * micro_batch + 1,
+                      stage_input_grad(r->stage), r->activation_floats,
+                      err) != 0)
+            return -1;
+        record(r, "send_bwd", micro_batch, start);
+    }
+    return 0;
+}
+
+/* 1F1B: warm-up forwards, then one forward one backward, then the
+ * remaining backwards; GPipe: every forward, then every backward.
+ * Backwards run in micro-batch order either way, so gradients accumulate
+ * in the order of the one-stage step. */
+static int run_schedule(rank_step *r, bool inject_failure, pt_error *err)
+{
+    int m = r->layout->micro_batches;
+    int warm_up = m;
+    if (r->layout->config.schedule == SCHEDULE_1F1B) {
+        warm_up = r->layout->stage_count - r->stage_index - 1;
+        if (warm_up > m)
+            warm_up = m;
+    }
+    int forwards = 0, backwards = 0;
+    while (forwards < m || backwards < m) {
+        bool in_warm_up = forwards < warm_up;
+        if (forwards < m) {
+            if (forward(r, forwards++, err) != 0)
+                return -1;
+            if (inject_failure)
+                return pt_fail(err, "injected failure after the forward of "
+                                    "micro-batch 0 (a test asked for it)");
+        }
+        if (!in_warm_up && backward(r, backwards++, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The first stage's token-embedding gradient and the last stage's tied
+ * copy, summed: they are one tensor. */
+static int embedding_all_reduce(rank_step *r, pt_error *err)
+{
+    const pipeline_layout *layout = r->layout;
+    int last = layout->stage_count - 1;
+    if (layout->stage_count < 2 || !layout->shape.tied_embeddings ||
+        (r->stage_index != 0 && r->stage_index != last))
+        return 0;
+    const param_tensor *tensor = model_stage_find_tensor(
+        r->stage, r->stage_index == 0 ? "token_embedding" : "lm_head_weight");
+    if (tensor == NULL || (r->stage_index == last && !tensor->tied_copy))
+        return pt_fail(err, "stage %d holds no tied embedding tensor",
+                       r->stage_index);
+    int group[2] = {pipeline_rank_of(layout, 0, r->replica, r->tp_rank),
+                    pipeline_rank_of(layout, last, r->replica, r->tp_rank)};
+    double start = begin(r, "embedding_allreduce", -1);
+    if (comm_all_reduce_sum(r->c, group, 2, r->stage->grads + tensor->offset,
+                            tensor->count, err) != 0)
+        return -1;
+    record(r, "embedding_allreduce", -1, start);
+    return 0;
+}
+
+/* The group of ranks first, first + stride, ... (count of them): a dp
+ * group, or the world. NULL when out of memory. */
+static int *strided_group(int first, int count, int stride)
+{
+    int *group = malloc((size_t)count * sizeof *group);
+    if (group != NULL)
+        for (int i = 0; i < count; i++)
+            group[i] = first + i * stride;
+    return group;
+}
+
+static bool sharded_optimizer(const rank_step *r)
+{
+    return r->stage->spec.optimizer_shards > 1;
+}
+
+/* The dp group of this rank's stage and tp shard, in replica order, and
+ * where each replica's optimizer shard starts (dp + 1 offsets); the
+ * caller frees both. */
+static int dp_shards(const rank_step *r, int **group, size_t **offsets,
+                     pt_error *err)
+{
+    int dp = r->layout->config.dp;
+    *group = strided_group(
+        pipeline_rank_of(r->layout, r->stage_index, 0, r->tp_rank), dp,
+        r->layout->config.tp);
+    *offsets = malloc(((size_t)dp + 1) * sizeof **offsets);
+    if (*group == NULL || *offsets == NULL) {
+        free(*group);
+        free(*offsets);
+        return pt_fail(err, "out of memory for a group of %d", dp);
+    }
+    stage_optimizer_offsets(r->stage->param_count, dp, *offsets);
+    return 0;
+}
+
+/* Replicated optimizer: every replica gets the summed gradients. ZeRO-1:
+ * replica i gets the sum of its shard only (reduce-scatter), the half of
+ * the all-reduce's traffic its step needs. */
+static int dp_reduce_gradients(rank_step *r, pt_error *err)
+{
+    int dp = r->layout->config.dp;
+    if (dp == 1)
+        return 0;
+    int *group = NULL;
+    size_t *offsets = NULL;
+    if (dp_shards(r, &group, &offsets, err) != 0)
+        return -1;
+    /* both halves of ZeRO-1 are "dp_allreduce" events, as the estimate
+     * writes them (the run's schema is the estimate's) */
+    double start = begin(r, "dp_allreduce", -1);
+    int status;
+    if (sharded_optimizer(r)) {
+        status = comm_reduce_scatter_sum(r->c, group, dp, r->stage->grads,
+                                         offsets, err);
+    } else {
+        status = comm_all_reduce_sum(r->c, group, dp, r->stage->grads,
+                                     r->stage->param_count, err);
+    }
+    free(group);
+    free(offsets);
+    if (status != 0)
+        return -1;
+    record(r, "dp_allreduce", -1, start);
+    return 0;
+}
+
+/* ZeRO-1's second half: every replica's updated shard to every replica,
+ * then the backend refreshes what it derives from the parameters. */
+static int dp_gather_parameters(rank_step *r, pt_error *err)
+{
+    int dp = r->layout->config.dp;
+    if (dp == 1 || !sharded_optimizer(r))
+        return 0;
+    int *group = NULL;
+    size_t *offsets = NULL;
+    if (dp_shards(r, &group, &offsets, err) != 0)
+        return -1;
+    double start = begin(r, "dp_allreduce", -1);
+    int status = comm_all_gather(r->c, group, dp, r->stage->params, offsets,
+                                 err);
+    free(group);
+    free(offsets);
+    if (status != 0 || stage_params_changed(r->stage, err) != 0)
+        return -1;
+    record(r, "dp_allreduce", -1, start);
+    return 0;
+}
+
+/* Norm and loss over the world in one all-reduce: replica 0's ranks add
+ * their share of the squared norm (every replica holds the same gradients
+ * now; stage_grad_norm_share counts tied and replicated tensors once),
+ * the last stage's shard 0 its loss sum. */
+static int reduce_norm_and_loss(rank_step *r, double *grad_norm,
+                                double *loss, pt_error *err)
+{
+    double square_sum = 0.0;
+    if (stage_grad_norm_share(r->stage, &square_sum, err) != 0)
+        return -1;
+    /* ZeRO-1: each replica holds the summed gradients of its shard only,
+     * so every replica adds its share */
+    bool counts = r->replica == 0 || sharded_optimizer(r);
+    double totals[2] = {counts ? square_sum : 0.0,
+                        r->tp_rank == 0 ? r->loss_sum : 0.0};
+    int world = r->layout->rank_count;
+    int *group = strided_group(0, world, 1);
+    if (group == NULL)
+        return pt_fail(err, "out of memory for a group of %d", world);
+    r->operation = "norm and loss all-reduce";
+    r->micro_batch = -1;
+    int status = comm_all_reduce_host(r->c, group, world, totals, 2, err);
+    free(group);
+    if (status != 0)
+        return -1;
+    *grad_norm = sqrt(totals[0] > 0.0 ? totals[0] : 0.0);
+    *loss = totals[1] /
+            ((double)r->layout->micro_batches * r->layout->config.dp);
+    return 0;
+}
+
+/* The gradients every optimizer step needs. The tied embedding's two
+ * copies are summed before ZeRO-1's reduce-scatter: after it, the first
+ * and the last stage would hold different parts of the tensor (their
+ * shards cut different buffers). */
+static int reduce_gradients(rank_step *r, pt_error *err)
+{
+    if (sharded_optimizer(r))
+        return embedding_all_reduce(r, err) != 0 ||
+                       dp_reduce_gradients(r, err) != 0
+                   ? -1
+                   : 0;
+    return dp_reduce_gradients(r, err) != 0 ||
+                   embedding_all_reduce(r, err) != 0
+               ? -1
+               : 0;
+}
+
+static int optimizer_step(rank_step *r, const train_config *config,
+                          step_result *out, pt_error *err)
+{
+    double grad_norm = 0.0, loss = 0.0;
+    if (reduce_norm_and_loss(r, &grad_norm, &loss, err) != 0)
+        return -1;
+    if (!isfinite(grad_norm))
+        return pt_fail(err, "step %ld: gradient norm is not finite (loss "
+                            "%g); the step was not applied",
+                       r->stage->optimizer_steps, loss);
+    double start = begin(r, "optimizer", -1);
+    float learning_rate = (float)lr_schedule_at(&config->schedule,
+                                                r->stage->optimizer_steps);
+    float scale = clip_coefficient(grad_norm, config->max_grad_norm);
+    if (stage_adamw_step(r->stage, &config->adamw, learning_rate, scale,
+                         err) != 0)
+        return -1;
+    record(r, "optimizer", -1, start);
+    out->loss = (float)loss;
+    out->grad_norm = (float)grad_norm;
+    out->learning_rate = learning_rate;
+    return 0;
+}
+
+static int check_rank(const pipeline_layout *layout, const model_stage *stage,
+                      const comm *c, pt_error *err)
+{
+    if (c->size != layout->rank_count)
+        return pt_fail(err, "the comm has %d ranks, the layout %d", c->size,
+                       layout->rank_count);
+    stage_spec expected;
+    if (pipeline_rank_spec(layout, c->rank, &expected, err) != 0)
+        return -1;
+    if (expected.first_layer != stage->spec.first_layer ||
+        stage_spec_tp(&expected) != stage_spec_tp(&stage->spec) ||
+        expected.tp_rank != stage->spec.tp_rank ||
+        expected.last_layer != stage->spec.last_layer ||
+        expected.has_embedding != stage->spec.has_embedding ||
+        expected.has_head != stage->spec.has_head ||
+        stage->slot_count < pipeline_slot_count(
+                                layout, pipeline_rank_stage(layout, c->rank)) ||
+        stage->mbs_capacity < layout->config.mbs)
+        return pt_fail(err, "its stage was not made for this layout (make "
+                            "it with pipeline_stage_create)");
+    return 0;
+}
+
+int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
+                       const comm *c, const train_config *config,
+                       const uint32_t *tokens, double step_start_s,
+                       bool inject_failure, step_result *out,
+                       pipeline_events *events, pt_error *err)
+{
+    if (check_rank(layout, stage, c, err) != 0 ||
+        lr_schedule_check(&config->schedule, err) != 0) {
+        pt_error_prefix(err, "rank %d", c->rank);
+        comm_abort(c, err->message);
+        return -1;
+    }
+    int dp = layout->config.dp;
+    int hop = dp * layout->config.tp; /* ranks between adjacent stages */
+    int stage_index = pipeline_rank_stage(layout, c->rank);
+    int replica = pipeline_rank_replica(layout, c->rank);
+    size_t window = (size_t)layout->shape.seq + 1;
+    size_t replica_windows = (size_t)(layout->config.gbs / dp);
+    rank_step r = {
+        .layout = layout,
+        .stage = stage,
+        .c = c,
+        .stage_index = stage_index,
+        .replica = replica,
+        .previous_rank = stage_index > 0 ? c->rank - hop : -1,
+        .next_rank = stage_index < layout->stage_count - 1 ? c->rank + hop
+                                                           : -1,
+        .tokens = tokens + (size_t)replica * replica_windows * window,
+        .activation_floats = (size_t)layout->config.mbs *
+                             (size_t)layout->shape.seq *
+                             (size_t)layout->shape.hidden,
+        .loss_scale = 1.0f / (float)(layout->micro_batches * dp),
+        .step_start_s = step_start_s,
+        .events = events,
+        .micro_batch = -1,
+        .operation = "zero_grads",
+        .tp_rank = pipeline_rank_tp(layout, c->rank),
+    };
+    if (events != NULL)
+        events->count = 0;
+    int status = -1;
+    if (r.next_rank >= 0) {
+        r.output_grad = stage_output_grad_buffer(stage);
+        if (r.output_grad == NULL) {
+            pt_fail(err, "the stage has no buffer for its output gradient");
+            goto done;
+        }
+    }
+    if (stage_zero_grads(stage, err) != 0 ||
+        run_schedule(&r, inject_failure, err) != 0 ||
+        reduce_gradients(&r, err) != 0 ||
+        optimizer_step(&r, config, out, err) != 0 ||
+        dp_gather_parameters(&r, err) != 0)
+        goto done;
+    status = 0;
+done:
+    if (status != 0) {
+        if (r.micro_batch >= 0)
+            pt_error_prefix(err, "rank %d (stage %d, replica %d, tp %d), %s "
+                                 "of micro-batch %d",
+                            c->rank, stage_index, replica, r.tp_rank,
+                            r.operation, r.micro_batch);
+        else
+            pt_error_prefix(err, "rank %d (stage %d, replica %d, tp %d), %s",
+                            c->rank, stage_index, replica, r.tp_rank,
+                            r.operation);
+        comm_abort(c, err->message);
+    }
+    return status;
+}

@@ -1,0 +1,82 @@
+/*
+ * What every file of run/ asks of a run_context: the ranks this process
+ * runs and their stages' sizes, and the notes of the record. Calls
+ * nothing else of run/, so that the files above it call in one direction.
+ */
+#include "executor/run/internal.h"
+
+#include <string.h>
+
+void run_add_note(run_result *out, const char *text)
+{
+    if (out->note_count < RUN_MAX_NOTES)
+        pt_copy_string(out->notes[out->note_count++], sizeof out->notes[0],
+                       text);
+}
+
+#ifdef PARTITA_HAVE_CUDA
+/* Removes the notes that start with prefix (a guess made before the
+ * stage could say better). */
+void run_drop_note(run_result *out, const char *prefix)
+{
+    int kept = 0;
+    for (int i = 0; i < out->note_count; i++)
+        if (strncmp(out->notes[i], prefix, strlen(prefix)) != 0)
+            memmove(out->notes[kept++], out->notes[i], sizeof out->notes[0]);
+    out->note_count = kept;
+}
+#endif
+
+/* The ranks this process runs, [local_first, local_end): every rank, or
+ * its own one under one process per rank. */
+int run_local_first(const run_context *ctx)
+{
+    return ctx->processes ? ctx->world.rank : 0;
+}
+
+int run_local_end(const run_context *ctx)
+{
+    if (ctx->processes)
+        return ctx->world.rank + 1;
+    return ctx->parallel ? ctx->layout.rank_count : 1;
+}
+
+/* The stage spec of a rank of a parallel run. */
+int run_rank_spec(const run_context *ctx, int rank, stage_spec *out,
+                  pt_error *err)
+{
+    return pipeline_rank_spec(&ctx->layout, rank, out, err);
+}
+
+int run_rank_param_count(const run_context *ctx, int rank, size_t *out,
+                         pt_error *err)
+{
+    if (!ctx->parallel) {
+        *out = ctx->param_count;
+        return 0;
+    }
+    stage_spec spec;
+    if (run_rank_spec(ctx, rank, &spec, err) != 0 ||
+        stage_parameter_layout(&ctx->shape, &spec, NULL, out, err) < 0)
+        return -1;
+    return 0;
+}
+
+/* Floats of a rank's buffer `which`: its parameters, or for the AdamW
+ * moments its optimizer's range (a ZeRO-1 shard of them). */
+int run_rank_buffer_count(const run_context *ctx, int rank,
+                          stage_buffer which, size_t *out, pt_error *err)
+{
+    size_t params = 0, first = 0;
+    if (run_rank_param_count(ctx, rank, &params, err) != 0)
+        return -1;
+    *out = params;
+    if (!ctx->parallel || (which != STAGE_ADAM_M && which != STAGE_ADAM_V))
+        return 0;
+    stage_spec spec;
+    if (run_rank_spec(ctx, rank, &spec, err) != 0)
+        return -1;
+    stage_optimizer_range(params, spec.optimizer_shards,
+                          spec.optimizer_shard, &first, out);
+    return 0;
+}

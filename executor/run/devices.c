@@ -1,0 +1,433 @@
+/*
+ * The GPUs of a run on the cuda backend: the check of a plan against this
+ * machine's devices before anything is allocated, the comm the ranks use
+ * (NCCL or host-staged), starting the ranks on their GPUs, and what the
+ * record says of each rank's device. Without the cuda backend in the
+ * build, the entry points refuse.
+ */
+#ifdef PARTITA_HAVE_CUDA
+#include "executor/cuda/cuda_backend.h"
+#endif
+#include "executor/run/internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+void run_describe_device(const plan *p, backend_kind backend,
+                         run_device *device, run_result *out)
+{
+    device->rank = 0;
+    if (backend == BACKEND_CPU) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        snprintf(device->name, sizeof device->name, "cpu (%ld cores)",
+                 cores > 0 ? cores : 1);
+        long pages = sysconf(_SC_PHYS_PAGES);
+        long page_size = sysconf(_SC_PAGESIZE);
+        device->memory_cap_bytes =
+            pages > 0 && page_size > 0 ? (double)pages * (double)page_size
+                                       : 0.0;
+        return;
+    }
+    /* The backend table has no query for the device's name or versions
+     * yet; take what the plan says about the device instead. */
+    snprintf(device->name, sizeof device->name, "%s device",
+             backend_name(backend));
+    int node = plan_rank_node(p, 0);
+    if (node >= 0 && node < p->cluster.node_count) {
+        const node_type *type =
+            &p->cluster.types[cluster_node_type(&p->cluster, node)];
+        if (type->device_count > 0) {
+            device->sms_used = type->devices[0].sm_limit;
+            device->memory_cap_bytes =
+                type->devices[0].memory_limit_gib * PT_GIB;
+        }
+    }
+    run_add_note(out, "the backend interface does not report the GPU's name, "
+                  "driver or CUDA version yet");
+}
+
+#ifdef PARTITA_HAVE_CUDA
+static device_spec own_device(const run_context *ctx);
+static int check_own_gpu(const run_context *ctx, pt_error *err);
+
+/* The GPUs of this machine as device_check_plan wants them; free memory
+ * is asked only of the devices the plan's ranks use (asking creates a
+ * CUDA context there). */
+static int query_local_devices(const plan *p, int rank_count,
+                               local_device *devices, int count,
+                               pt_error *err)
+{
+    for (int d = 0; d < count; d++) {
+        struct cudaDeviceProp properties;
+        if (cudaGetDeviceProperties(&properties, d) != cudaSuccess) {
+            cudaGetLastError();
+            return pt_fail(err, "cuda device %d: cannot read its "
+                                "properties",
+                           d);
+        }
+        devices[d] = (local_device){
+            .index = d,
+            .total_memory_bytes = (double)properties.totalGlobalMem,
+            .free_memory_bytes = (double)properties.totalGlobalMem,
+            .multiprocessors = properties.multiProcessorCount};
+        pt_copy_string(devices[d].name, sizeof devices[d].name,
+                       properties.name);
+    }
+    for (int rank = 0; rank < rank_count; rank++) {
+        device_spec spec;
+        size_t free_bytes = 0, total_bytes = 0;
+        if (plan_rank_device(p, rank, &spec) != 0 || spec.index < 0 ||
+            spec.index >= count)
+            continue; /* device_check_plan names it */
+        if (cudaSetDevice(spec.index) != cudaSuccess ||
+            cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+            cudaGetLastError();
+            return pt_fail(err, "cuda device %d: cannot read its free "
+                                "memory",
+                           spec.index);
+        }
+        devices[spec.index].free_memory_bytes = (double)free_bytes;
+    }
+    return 0;
+}
+
+/* A parallel plan against this machine's GPUs before anything is
+ * allocated on them: device count, GPU types, sm_limit and
+ * memory_limit_gib, and each rank's floor of 10 bytes per parameter of
+ * its stage (fp32 weights and gradients, the bf16 copy) and 8 per
+ * parameter of its optimizer's range (AdamW's moments: all, or a ZeRO-1
+ * shard); activations come on top and are counted against the rank's cap
+ * as the stage allocates them. */
+int run_check_gpu_devices(const run_context *ctx, pt_error *err)
+{
+    if (ctx->processes)
+        return check_own_gpu(ctx, err);
+    int ranks = ctx->layout.rank_count;
+    int count = cuda_device_count();
+    local_device *devices = calloc((size_t)(count > 0 ? count : 1),
+                                   sizeof *devices);
+    double *needed = calloc((size_t)ranks, sizeof *needed);
+    int status = devices != NULL && needed != NULL
+                     ? query_local_devices(ctx->plan, ranks, devices, count,
+                                           err)
+                     : pt_fail(err, "out of memory checking the devices");
+    for (int rank = 0; status == 0 && rank < ranks; rank++) {
+        size_t params = 0, moments = 0;
+        status = run_rank_param_count(ctx, rank, &params, err) != 0 ||
+                         run_rank_buffer_count(ctx, rank, STAGE_ADAM_M,
+                                               &moments, err) != 0
+                     ? -1
+                     : 0;
+        needed[rank] = 10.0 * (double)params + 8.0 * (double)moments;
+    }
+    if (status == 0)
+        status = device_check_plan(ctx->plan, devices, count, needed, err);
+    free(devices);
+    free(needed);
+    return status;
+}
+#else
+int run_check_gpu_devices(const run_context *ctx, pt_error *err)
+{
+    return pt_fail(err, "parallel plans on the %s backend are not built in "
+                        "this binary",
+                   backend_name(ctx->options->backend));
+}
+#endif
+
+/* A cuda stage knows its device and the bytes it allocated: report those
+ * instead of the plan's figures and the cpu layout's estimate. */
+void run_describe_cuda_stage(run_context *ctx, run_result *out)
+{
+#ifdef PARTITA_HAVE_CUDA
+    if (ctx->options->backend != BACKEND_CUDA)
+        return;
+    cuda_device_info info;
+    if (cuda_device_describe(&info) != 0)
+        return;
+    run_device *device = &out->device;
+    pt_copy_string(device->name, sizeof device->name, info.name);
+    if (device->sms_used == 0)
+        device->sms_used = info.multiprocessors;
+    if (device->memory_cap_bytes <= 0)
+        device->memory_cap_bytes = info.memory_bytes;
+    snprintf(device->driver_version, sizeof device->driver_version,
+             "CUDA %s", info.driver_cuda_version);
+    snprintf(device->cuda_version, sizeof device->cuda_version, "%s",
+             info.runtime_cuda_version);
+    out->peak_memory_bytes = (double)cuda_stage_device_bytes(&ctx->stage);
+    out->rank_peak_memory_bytes[0] = out->peak_memory_bytes;
+    out->devices[0] = *device;
+    out->peak_memory_basis =
+        "device bytes the cuda stage allocated: fp32 parameters, gradients "
+        "and AdamW moments, the bf16 weight mirror, activations, backward "
+        "scratch and the cuBLASLt workspace (not the CUDA context)";
+    run_drop_note(out, "the backend interface does not report");
+#else
+    (void)ctx;
+    (void)out;
+#endif
+}
+
+/* The GPU a rank of a thread-launched run uses (start_gpus' rule). */
+static int rank_gpu_index(const plan *p, int rank)
+{
+    device_spec spec;
+    return plan_rank_device(p, rank, &spec) == 0 ? spec.index : rank;
+}
+
+/* The first two ranks of the plan on one GPU, in *first and *second, and
+ * that GPU in *gpu; false when every rank has a GPU of its own. */
+static bool ranks_share_gpu(const plan *p, int *first, int *second,
+                            int *gpu)
+{
+    int ranks = p->config.pp * p->config.dp * p->config.tp;
+    for (int b = 1; b < ranks; b++)
+        for (int a = 0; a < b; a++)
+            if (rank_gpu_index(p, a) == rank_gpu_index(p, b)) {
+                *first = a;
+                *second = b;
+                *gpu = rank_gpu_index(p, a);
+                return true;
+            }
+    return false;
+}
+
+#ifdef PARTITA_HAVE_NCCL
+static const bool nccl_built = true;
+#else
+static const bool nccl_built = false;
+#endif
+
+/* The comm of a parallel cuda run (options->gpu_comm, AUTO resolved):
+ * NCCL needs a GPU per rank and a build with it; host-staged needs the
+ * ranks to be threads of this process. */
+int run_resolve_gpu_comm(run_context *ctx, pt_error *err)
+{
+    run_gpu_comm asked = ctx->options->gpu_comm;
+    const plan *p = ctx->plan;
+    if (ctx->options->backend != BACKEND_CUDA) {
+        if (asked != RUN_GPU_COMM_AUTO)
+            return pt_fail(err, "--gpu-comm chooses how the ranks of the "
+                                "cuda backend communicate; the %s backend's "
+                                "ranks use %s",
+                           backend_name(ctx->options->backend),
+                           ctx->options->processes ? "MPI" : "the threads "
+                                                            "comm");
+        return 0;
+    }
+    int first = 0, second = 0, gpu = 0;
+    bool shared = !ctx->options->processes &&
+                  ranks_share_gpu(p, &first, &second, &gpu);
+    if (ctx->options->processes) {
+        if (asked == RUN_GPU_COMM_HOST)
+            return pt_fail(err, "--gpu-comm host runs the ranks as threads "
+                                "of one process; under mpirun or srun each "
+                                "process drives its GPU over NCCL");
+        ctx->gpu_comm = RUN_GPU_COMM_NCCL;
+    } else if (asked == RUN_GPU_COMM_AUTO) {
+        ctx->gpu_comm = nccl_built && !shared ? RUN_GPU_COMM_NCCL
+                                              : RUN_GPU_COMM_HOST;
+    } else {
+        ctx->gpu_comm = asked;
+    }
+    if (ctx->gpu_comm == RUN_GPU_COMM_NCCL && !nccl_built)
+        return pt_fail(err, "this plan has tp %d, dp %d, pp %d: parallel "
+                            "plans on the cuda backend communicate over "
+                            "NCCL, which this binary was built without "
+                            "(nccl.h and libnccl were not found); "
+                            "--gpu-comm host runs them through host memory",
+                       p->config.tp, p->config.dp, p->config.pp);
+    if (ctx->gpu_comm == RUN_GPU_COMM_NCCL && shared)
+        return pt_fail(err, "ranks %d and %d share cuda device %d, and NCCL "
+                            "needs a GPU per rank; --gpu-comm host runs "
+                            "ranks that share a GPU",
+                       first, second, gpu);
+    return 0;
+}
+
+#ifdef PARTITA_HAVE_CUDA
+/* What a rank's thread reports of its device into the record. */
+typedef struct rank_description {
+    run_context *ctx;
+    run_result *out;
+} rank_description;
+
+static int describe_rank_task(void *data, int rank, model_stage *stage,
+                              pt_error *err)
+{
+    (void)err;
+    const rank_description *d = data;
+    run_device *device = &d->out->devices[rank];
+    cuda_device_info info;
+    if (cuda_device_describe(&info) != 0)
+        return 0; /* the plan's figures stay */
+    pt_copy_string(device->name, sizeof device->name, info.name);
+    device->sms_used = cuda_rank_sm_count();
+    device_spec spec = {.index = rank};
+    if (d->ctx->processes)
+        spec = own_device(d->ctx);
+    else
+        plan_rank_device(d->ctx->plan, rank, &spec);
+    device->memory_cap_bytes = spec.memory_limit_gib > 0
+                                   ? spec.memory_limit_gib * PT_GIB
+                                   : info.memory_bytes;
+    snprintf(device->driver_version, sizeof device->driver_version,
+             "CUDA %s", info.driver_cuda_version);
+    snprintf(device->cuda_version, sizeof device->cuda_version, "%s",
+             info.runtime_cuda_version);
+    d->out->rank_peak_memory_bytes[rank] =
+        (double)cuda_stage_device_bytes(stage) +
+        pipeline_gpu_comm_device_bytes(d->ctx->gpu, rank);
+    return 0;
+}
+
+/* Each rank's device and device bytes, from its own thread: the stage's
+ * allocation plus the comm's staging buffers (which grow during the first
+ * steps, so this runs again at the end). */
+int run_record_gpu_ranks(run_context *ctx, run_result *out,
+                         pt_error *err)
+{
+    rank_description description = {.ctx = ctx, .out = out};
+    out->peak_memory_bytes = 0.0;
+    for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++) {
+        if (pipeline_threads_on_rank(ctx->launcher, rank, describe_rank_task,
+                                     &description, err) != 0)
+            return -1;
+        if (out->rank_peak_memory_bytes[rank] > out->peak_memory_bytes)
+            out->peak_memory_bytes = out->rank_peak_memory_bytes[rank];
+    }
+    out->device = out->devices[run_local_first(ctx)];
+    out->peak_memory_basis =
+        "device bytes each rank allocated: its cuda stage (fp32 "
+        "parameters, gradients and AdamW moments, the bf16 weight mirror, "
+        "activations, backward scratch, the cuBLASLt workspace) and its "
+        "NCCL comm's staging buffers and scratch (not the CUDA context or "
+        "NCCL's own buffers; the host-staged comm holds no device memory)";
+    run_drop_note(out, "the backend interface does not report");
+    return 0;
+}
+
+/* The node type of a rank and its place among the node's GPUs. */
+static const node_type *rank_node(const plan *p, int rank, int *place)
+{
+    int local = rank;
+    for (int i = 0; i < p->node_order_count; i++) {
+        int node = p->node_order[i];
+        int gpus = cluster_node_gpus(&p->cluster, node);
+        if (local >= gpus) {
+            local -= gpus;
+            continue;
+        }
+        *place = local;
+        return &p->cluster.types[cluster_node_type(&p->cluster, node)];
+    }
+    return NULL;
+}
+
+/* One process per rank: the GPU of this process's rank is its node's
+ * `devices` entry when the node lists them (index, sm_limit, memory
+ * cap), else the process's local rank on its host (mpirun and srun
+ * number a host's processes from 0). */
+static device_spec own_device(const run_context *ctx)
+{
+    device_spec spec = {.index = comm_mpi_local_rank(ctx->options->processes)};
+    int place = 0;
+    const node_type *type = rank_node(ctx->plan, ctx->world.rank, &place);
+    if (type != NULL && type->device_count > place)
+        spec = type->devices[place];
+    return spec;
+}
+
+/* One process per rank: its GPU exists and is of its node's type (the
+ * other ranks' GPUs are other hosts' to check). */
+static int check_own_gpu(const run_context *ctx, pt_error *err)
+{
+    int rank = ctx->world.rank, place = 0;
+    device_spec spec = own_device(ctx);
+    int count = cuda_device_count();
+    if (spec.index < 0 || spec.index >= count)
+        return pt_fail(err, "rank %d: its GPU is cuda device %d (local rank "
+                            "%d of the %d processes on this host), and this "
+                            "host has %d: start one process per GPU",
+                       rank, spec.index,
+                       comm_mpi_local_rank(ctx->options->processes),
+                       comm_mpi_local_size(ctx->options->processes), count);
+    struct cudaDeviceProp properties;
+    if (cudaGetDeviceProperties(&properties, spec.index) != cudaSuccess) {
+        cudaGetLastError();
+        return pt_fail(err, "rank %d: cuda device %d: cannot read its "
+                            "properties",
+                       rank, spec.index);
+    }
+    const node_type *type = rank_node(ctx->plan, rank, &place);
+    if (type != NULL && !gpu_name_matches(type->gpu, properties.name))
+        return pt_fail(err, "rank %d (node type %s, GPU %s) is on cuda "
+                            "device %d, a %s",
+                       rank, type->name, type->gpu, spec.index,
+                       properties.name);
+    return 0;
+}
+
+int run_start_own_gpu(run_context *ctx, run_result *out, pt_error *err)
+{
+    device_spec device = own_device(ctx);
+    ctx->gpu = calloc(1, sizeof *ctx->gpu);
+    if (ctx->gpu == NULL)
+        return pt_fail(err, "out of memory for the GPU launcher");
+    if (pipeline_gpu_start_rank(ctx->gpu, &ctx->layout, &device, &ctx->world,
+                                out->seed, run_comm_timeout(ctx->options),
+                                err) != 0) {
+        free(ctx->gpu);
+        ctx->gpu = NULL;
+        return -1;
+    }
+    ctx->launcher = &ctx->gpu->threads;
+    return run_record_gpu_ranks(ctx, out, err);
+}
+
+/* The ranks on their GPUs: rank r on the device its node's `devices`
+ * entry names (plan_rank_device), with its sm_limit and memory cap. */
+int run_start_gpus(run_context *ctx, run_result *out, pt_error *err)
+{
+    int ranks = ctx->layout.rank_count;
+    device_spec *devices = calloc((size_t)ranks, sizeof *devices);
+    ctx->gpu = calloc(1, sizeof *ctx->gpu);
+    if (devices == NULL || ctx->gpu == NULL) {
+        free(devices);
+        return pt_fail(err, "out of memory for the GPU launcher");
+    }
+    for (int rank = 0; rank < ranks; rank++)
+        if (plan_rank_device(ctx->plan, rank, &devices[rank]) != 0)
+            devices[rank] = (device_spec){.index = rank};
+    double timeout = ctx->options->comm_timeout_s > 0
+                         ? ctx->options->comm_timeout_s
+                         : RUN_GPU_COMM_TIMEOUT_S;
+    int status = pipeline_gpu_start(
+        ctx->gpu, &ctx->layout, devices,
+        ctx->gpu_comm == RUN_GPU_COMM_HOST ? GPU_COMM_HOST : GPU_COMM_NCCL,
+        out->seed, timeout, err);
+    free(devices);
+    if (status != 0) {
+        free(ctx->gpu);
+        ctx->gpu = NULL;
+        return -1;
+    }
+    ctx->launcher = &ctx->gpu->threads;
+    return run_record_gpu_ranks(ctx, out, err);
+}
+#else
+int run_start_gpus(run_context *ctx, run_result *out, pt_error *err)
+{
+    (void)out;
+    return pt_fail(err, "parallel plans on the %s backend are not built in "
+                        "this binary",
+                   backend_name(ctx->options->backend));
+}
+
+int run_start_own_gpu(run_context *ctx, run_result *out, pt_error *err)
+{
+    return run_start_gpus(ctx, out, err);
+}
+#endif

@@ -1,0 +1,244 @@
+/*
+ * The training loop of a run: each iteration draws gbs samples, runs the
+ * accumulated micro-batches of a one-stage run (or every rank's step of a
+ * parallel one) and one optimizer step, timing each phase; after it, the
+ * checkpoint that is due, the observer and the stop flag.
+ */
+#include "executor/run/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void set_event(run_event *event, int microbatch, const char *kind,
+                      double start_s, double end_s)
+{
+    event->rank = 0;
+    event->stage = 0;
+    event->microbatch = microbatch;
+    event->kind = kind;
+    event->start_s = start_s;
+    event->end_s = end_s;
+}
+
+/* The forwards and backwards of one iteration's micro-batches, with the
+ * gradients averaged through loss_scale, as train_step does; each phase
+ * timed from iteration_start. */
+static int accumulate_gradients(run_context *ctx, const run_result *out,
+                                double iteration_start, run_event *events,
+                                double *mean_loss, pt_error *err)
+{
+    size_t window = (size_t)ctx->shape.seq + 1;
+    double loss_sum = 0.0;
+    for (int m = 0; m < out->micro_batches; m++) {
+        stage_io io = {
+            .mbs = out->mbs,
+            .tokens = ctx->tokens + (size_t)m * (size_t)out->mbs * window,
+            .loss_scale = 1.0f / (float)out->micro_batches,
+        };
+        float loss = 0.0f;
+        double forward_start = pt_monotonic_seconds();
+        if (stage_forward(&ctx->stage, 0, &io, &loss, err) != 0)
+            return -1;
+        double backward_start = pt_monotonic_seconds();
+        if (stage_backward(&ctx->stage, 0, &io, err) != 0)
+            return -1;
+        double backward_end = pt_monotonic_seconds();
+        set_event(&events[2 * m], m, "fwd", forward_start - iteration_start,
+                  backward_start - iteration_start);
+        set_event(&events[2 * m + 1], m, "bwd",
+                  backward_start - iteration_start,
+                  backward_end - iteration_start);
+        loss_sum += loss;
+    }
+    *mean_loss = loss_sum / out->micro_batches;
+    return 0;
+}
+
+/* Global norm, clipping and AdamW: the "optimizer" event. */
+static int optimizer_step(run_context *ctx, double mean_loss,
+                          run_iteration *record, pt_error *err)
+{
+    const train_config *train = &ctx->options->train;
+    double square_sum = 0.0;
+    if (stage_grad_square_sum(&ctx->stage, &square_sum, err) != 0)
+        return -1;
+    double grad_norm = sqrt(square_sum);
+    if (!isfinite(grad_norm))
+        return pt_fail(err, "iteration %ld: the gradient norm is not finite "
+                            "(loss %g); the step was not applied",
+                       record->iteration, mean_loss);
+    float learning_rate = (float)lr_schedule_at(&train->schedule,
+                                                ctx->stage.optimizer_steps);
+    float scale = clip_coefficient(grad_norm, train->max_grad_norm);
+    if (stage_adamw_step(&ctx->stage, &train->adamw, learning_rate, scale,
+                         err) != 0)
+        return -1;
+    record->loss = (float)mean_loss;
+    record->grad_norm = (float)grad_norm;
+    record->learning_rate = learning_rate;
+    return 0;
+}
+
+/* One step of every rank on the global batch already in ctx->tokens;
+ * the ranks' events, shifted to count from the iteration's start (the
+ * runtime counts from its own, just after sampling), go to events rank
+ * after rank. */
+static int parallel_step(run_context *ctx, double start, run_event *events,
+                         int *event_count, run_iteration *record,
+                         pt_error *err)
+{
+    double step_start = pt_monotonic_seconds();
+    step_result result;
+    if (pipeline_threads_step(ctx->launcher, &ctx->options->train,
+                              ctx->tokens, &result, err) != 0) {
+        pt_error_prefix(err, "iteration %ld", record->iteration);
+        return -1;
+    }
+    double end = pt_monotonic_seconds();
+    double shift = step_start - start;
+    int count = 0;
+    for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++) {
+        const pipeline_events *rank_events = &ctx->launcher->events[rank];
+        for (int i = 0; i < rank_events->count &&
+                        count < ctx->events_per_iteration;
+             i++) {
+            events[count] = rank_events->events[i];
+            events[count].start_s += shift;
+            events[count].end_s += shift;
+            count++;
+        }
+    }
+    *event_count = count;
+    record->loss = result.loss;
+    record->grad_norm = result.grad_norm;
+    record->learning_rate = result.learning_rate;
+    record->step_time_s = end - start;
+    return 0;
+}
+
+/* One iteration: gbs samples from the data position, the accumulated
+ * micro-batches (one stage) or every rank's step (parallel), one
+ * optimizer step. */
+static int run_iteration_once(run_context *ctx, const run_result *out,
+                              run_event *events, int *event_count,
+                              run_iteration *record, pt_error *err)
+{
+    size_t window = (size_t)ctx->shape.seq + 1;
+    double start = pt_monotonic_seconds();
+    for (int sample = 0; sample < out->gbs; sample++)
+        if (gpt_sampler_next(&ctx->sampler, &ctx->position,
+                             ctx->tokens + (size_t)sample * window, err) != 0)
+            return -1;
+    if (ctx->parallel)
+        return parallel_step(ctx, start, events, event_count, record, err);
+    *event_count = 2 * out->micro_batches + 1;
+    double mean_loss = 0.0;
+    if (stage_zero_grads(&ctx->stage, err) != 0 ||
+        accumulate_gradients(ctx, out, start, events, &mean_loss, err) != 0)
+        return -1;
+    double optimizer_start = pt_monotonic_seconds();
+    if (optimizer_step(ctx, mean_loss, record, err) != 0)
+        return -1;
+    double end = pt_monotonic_seconds();
+    set_event(&events[2 * out->micro_batches], -1, "optimizer",
+              optimizer_start - start, end - start);
+    record->step_time_s = end - start;
+    return 0;
+}
+
+static bool stop_raised(const run_options *options)
+{
+    return options->stop != NULL && *options->stop != 0;
+}
+
+/* Saves after `iteration` unless that was already done. */
+static int save_once(run_context *ctx, run_result *out, long iteration,
+                     pt_error *err)
+{
+    if (ctx->options->save_dir == NULL ||
+        out->last_checkpoint_iteration == iteration)
+        return 0;
+    if (run_save_checkpoint(ctx, iteration, out->seed, err) != 0)
+        return -1;
+    out->last_checkpoint_iteration = iteration;
+    return 0;
+}
+
+/* After an iteration: the interval's or the last checkpoint, the
+ * observer, and the stop flag, which may also be raised while saving or
+ * by the observer (a checkpoint is then written for this iteration too).
+ * *stopping tells the caller to end the run. */
+static int after_iteration(run_context *ctx, run_result *out, long iteration,
+                           bool *stopping, pt_error *err)
+{
+    const run_options *options = ctx->options;
+    bool last = iteration == out->last_iteration;
+    *stopping = stop_raised(options);
+    if (ctx->processes && run_agree_stop(ctx, stopping, err) != 0)
+        return -1;
+    bool due = last || *stopping ||
+               (options->save_interval > 0 &&
+                iteration % options->save_interval == 0);
+    if (due && save_once(ctx, out, iteration, err) != 0)
+        return -1;
+    if (options->observer != NULL)
+        options->observer(out, options->observer_data);
+    if (!ctx->processes && !*stopping && stop_raised(options)) {
+        *stopping = true;
+        if (save_once(ctx, out, iteration, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Room for one more iteration record; the array grows by doubling, so a
+ * run asked for a billion iterations and stopped early holds only what it
+ * ran. */
+static int reserve_iteration(run_context *ctx, run_result *out,
+                             pt_error *err)
+{
+    if (out->iteration_count < ctx->iteration_capacity)
+        return 0;
+    long capacity = ctx->iteration_capacity > 0
+                        ? 2 * ctx->iteration_capacity
+                        : 64;
+    run_iteration *grown =
+        realloc(out->iterations, (size_t)capacity * sizeof *grown);
+    if (grown == NULL)
+        return pt_fail(err, "out of memory for %ld iteration records",
+                       capacity);
+    out->iterations = grown;
+    ctx->iteration_capacity = capacity;
+    return 0;
+}
+
+/* Iterations up to the last one, or until the stop flag is raised. */
+int run_train_iterations(run_context *ctx, run_result *out, pt_error *err)
+{
+    for (long iteration = out->first_iteration;
+         iteration <= out->last_iteration; iteration++) {
+        if (reserve_iteration(ctx, out, err) != 0)
+            return -1;
+        long index = out->iteration_count;
+        run_event *events =
+            ctx->event_ring + (size_t)(index % ctx->event_window) *
+                                  (size_t)ctx->events_per_iteration;
+        run_iteration *record = &out->iterations[index];
+        memset(record, 0, sizeof *record);
+        record->iteration = iteration;
+        if (run_iteration_once(ctx, out, events,
+                               &ctx->ring_counts[index % ctx->event_window],
+                               record, err) != 0)
+            return -1;
+        out->iteration_count++;
+        bool stopping = false;
+        if (after_iteration(ctx, out, iteration, &stopping, err) != 0)
+            return -1;
+        if (stopping && iteration < out->last_iteration) {
+            out->stopped = true;
+            break;
+        }
+    }
+    return 0;
+}

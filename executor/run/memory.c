@@ -1,0 +1,158 @@
+/*
+ * The memory a run needs, computed before anything is allocated: on the
+ * cpu backend the bytes every stage will allocate (checked against the
+ * machine's memory), on GPUs the check of the plan against this
+ * machine's devices (devices.c).
+ */
+#include "executor/run/internal.h"
+
+#include <stdlib.h>
+
+/* Floats of one activation slot and of the backward scratch, as
+ * model_cpu.c carves them, for a whole-model stage at micro-batch mbs. */
+double run_cpu_stage_bytes(const model_shape *shape, int mbs, bool recompute,
+                           double *activation_bytes)
+{
+    double B = mbs, T = shape->seq, C = shape->hidden;
+    double F = shape->ffn_hidden, V = shape->vocab, NH = shape->heads;
+    double N = B * T;
+    double per_layer = 8.0 * N * C + 4.0 * N + 2.0 * N * F + B * NH * T * T;
+    /* full recompute keeps each layer's output (N x C) per slot and one
+     * layer's other activations in the scratch */
+    double kept = recompute ? N * C : per_layer;
+    double slot = N * C + shape->layers * kept + (N * C + 3.0 * N + N * V);
+    double scratch = 8.0 * N * C + 2.0 * N * F + T +
+                     (recompute ? per_layer - N * C : 0.0);
+    double token_ids = 2.0 * N; /* inputs and targets, uint32 */
+    double activations = 4.0 * (slot + scratch + token_ids);
+    if (activation_bytes != NULL)
+        *activation_bytes = activations;
+    return 16.0 * model_parameter_count(shape) + activations;
+}
+
+double run_cpu_partial_stage_bytes(const model_shape *shape,
+                                   const stage_spec *spec, int mbs,
+                                   int slot_count, double *activation_bytes)
+{
+    stage_shard shard = stage_shard_of(shape, spec);
+    double B = mbs, T = shape->seq, C = shape->hidden;
+    double A = shard.attention_channels, F = shard.ffn, V = shard.vocab_count;
+    double NH = shard.heads;
+    double N = B * T;
+    double layers = spec->last_layer - spec->first_layer;
+    /* ln1, mid, ln2, output: N x C; qkv and attention output: 4 N x A */
+    double per_layer =
+        4.0 * N * C + 4.0 * N * A + 4.0 * N + 2.0 * N * F + B * NH * T * T;
+    /* full recompute: each layer's output per slot, one layer's other
+     * activations in the scratch */
+    double kept = spec->recompute_layers ? N * C : per_layer;
+    double slot = N * C + layers * kept +
+                  (spec->has_head ? N * C + 3.0 * N + N * V : 0.0);
+    double token_ids = 2.0 * N; /* per slot: inputs and targets, uint32 */
+    /* streams, mid, norm, received gradient: 5 N x C; attention 4 N x A;
+     * row statistics 3 N */
+    double scratch = 5.0 * N * C + 4.0 * N * A + 2.0 * N * F + T + 3.0 * N +
+                     (spec->recompute_layers && layers > 0
+                          ? per_layer - N * C
+                          : 0.0);
+    double activations = 4.0 * (slot_count * (slot + token_ids) + scratch);
+    if (activation_bytes != NULL)
+        *activation_bytes = activations;
+    size_t params = 0, first = 0, moments = 0;
+    pt_error ignored = {{0}};
+    if (stage_parameter_layout(shape, spec, NULL, &params, &ignored) < 0)
+        params = 0;
+    stage_optimizer_range(params, spec->optimizer_shards,
+                          spec->optimizer_shard, &first, &moments);
+    /* params and grads; AdamW's two moments of the optimizer's range */
+    return 8.0 * (double)params + 8.0 * (double)moments + activations;
+}
+
+/* A parallel run's ranks all live in this process: each rank's figure is
+ * its own stage, and the check is of their sum (and the checkpoint
+ * buffer) against the machine; on GPUs, device_check_plan's checks. */
+static int check_parallel_memory(const run_context *ctx, run_result *out,
+                                 pt_error *err)
+{
+    double total = 0.0, largest_activations = 0.0;
+    int largest_rank = run_local_first(ctx);
+    for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++) {
+        stage_spec spec;
+        if (run_rank_spec(ctx, rank, &spec, err) != 0)
+            return -1;
+        int stage = pipeline_rank_stage(&ctx->layout, rank);
+        double activations = 0.0;
+        double bytes = run_cpu_partial_stage_bytes(
+            &ctx->shape, &spec, out->mbs,
+            pipeline_slot_count(&ctx->layout, stage), &activations);
+        out->rank_peak_memory_bytes[rank] = bytes;
+        total += bytes;
+        if (bytes > out->rank_peak_memory_bytes[largest_rank] ||
+            rank == run_local_first(ctx)) {
+            largest_rank = rank;
+            largest_activations = activations;
+        }
+    }
+    out->peak_memory_bytes = out->rank_peak_memory_bytes[largest_rank];
+    if (ctx->options->backend != BACKEND_CPU)
+        return run_check_gpu_devices(ctx, err);
+    if (ctx->options->save_dir != NULL || ctx->options->load_dir != NULL)
+        total += 4.0 * (double)ctx->largest_rank_params;
+    double available = ctx->options->memory_available_bytes > 0
+                           ? ctx->options->memory_available_bytes
+                           : out->device.memory_cap_bytes;
+    if (available <= 0 || total <= available)
+        return 0;
+    char total_text[32], have_text[32], rank_text[32], act_text[32];
+    pt_format_bytes(total, total_text, sizeof total_text);
+    pt_format_bytes(available, have_text, sizeof have_text);
+    pt_format_bytes(out->peak_memory_bytes, rank_text, sizeof rank_text);
+    pt_format_bytes(largest_activations, act_text, sizeof act_text);
+    if (ctx->processes)
+        return pt_fail(err, "not enough memory: rank %d of this plan needs "
+                            "%s on the cpu backend (activations %s at "
+                            "micro-batch %d), its machine has %s",
+                       largest_rank, total_text, act_text, out->mbs,
+                       have_text);
+    return pt_fail(err, "not enough memory: the %d ranks of this plan run "
+                        "as threads of one process and need %s in all on "
+                        "the cpu backend (rank %d the most: %s, of which "
+                        "activations %s at micro-batch %d), the machine has "
+                        "%s",
+                   out->rank_count, total_text, largest_rank, rank_text,
+                   act_text, out->mbs, have_text);
+}
+
+int run_check_memory(const run_context *ctx, run_result *out,
+                     pt_error *err)
+{
+    if (ctx->parallel)
+        return check_parallel_memory(ctx, out, err);
+    double activations = 0.0;
+    double needed = run_cpu_stage_bytes(&ctx->shape, ctx->plan->config.mbs,
+                                        ctx->plan->config.recompute,
+                                        &activations);
+    double state = needed - activations;
+    if (ctx->options->save_dir != NULL || ctx->options->load_dir != NULL)
+        needed += 4.0 * (double)ctx->param_count; /* checkpoint buffer */
+    out->peak_memory_bytes = needed;
+    out->rank_peak_memory_bytes[0] = needed;
+    if (ctx->options->backend != BACKEND_CPU)
+        return 0; /* a GPU backend's allocation reports its own shortage */
+    double available = ctx->options->memory_available_bytes > 0
+                           ? ctx->options->memory_available_bytes
+                           : out->device.memory_cap_bytes;
+    if (available <= 0 || needed <= available)
+        return 0;
+    char need_text[32], have_text[32], state_text[32], act_text[32];
+    pt_format_bytes(needed, need_text, sizeof need_text);
+    pt_format_bytes(available, have_text, sizeof have_text);
+    pt_format_bytes(state, state_text, sizeof state_text);
+    pt_format_bytes(activations, act_text, sizeof act_text);
+    return pt_fail(err, "not enough memory: the cpu backend needs %s "
+                        "(parameters, gradients and AdamW moments %s at 16 "
+                        "bytes per parameter, activations %s at micro-batch "
+                        "%d), the machine has %s",
+                   need_text, state_text, act_text, ctx->plan->config.mbs,
+                   have_text);
+}

@@ -1,0 +1,77 @@
+/*
+ * A run's options: their defaults and checks, and the plans exec can run
+ * at all.
+ */
+#include "executor/run/internal.h"
+
+#include <math.h>
+
+double run_comm_timeout(const run_options *options)
+{
+    if (options->comm_timeout_s > 0)
+        return options->comm_timeout_s;
+    return options->backend == BACKEND_CPU ? RUN_COMM_TIMEOUT_S
+                                           : RUN_GPU_COMM_TIMEOUT_S;
+}
+
+run_options run_options_defaults(long iterations)
+{
+    run_options options = {
+        .backend = BACKEND_CPU,
+        .iterations = iterations,
+        .seed = 1234,
+        .train = train_config_defaults(),
+    };
+    options.train.schedule.max_lr = 6e-4;
+    options.train.schedule.min_lr = 6e-5;
+    options.train.schedule.warmup_steps = iterations > 0 ? iterations / 10 : 0;
+    options.train.schedule.decay_steps = iterations > 0 ? iterations : 0;
+    return options;
+}
+
+int run_check_plan(const plan *p, pt_error *err)
+{
+    const parallel_config *config = &p->config;
+    if (config->dp < 1 || config->pp < 1 || config->tp < 1 ||
+        config->pp > PT_MAX_STAGES || config->tp > PT_MAX_TP ||
+        (long)config->dp * config->pp * config->tp > RUN_MAX_RANKS)
+        return pt_fail(err, "tp %d x dp %d x pp %d: exec runs 1 to %d ranks "
+                            "of 1 to %d stages, tp at most %d",
+                       config->tp, config->dp, config->pp, RUN_MAX_RANKS,
+                       PT_MAX_STAGES, PT_MAX_TP);
+    int ranks = config->tp * config->dp * config->pp;
+    int gpus = plan_gpu_count(p);
+    if (ranks != gpus)
+        return pt_fail(err, "the plan has tp x dp x pp = %d x %d x %d = %d "
+                            "ranks, but the nodes of its node order hold %d "
+                            "GPUs",
+                       config->tp, config->dp, config->pp, ranks, gpus);
+    if (config->mbs < 1 || config->gbs < config->mbs ||
+        config->gbs % (config->mbs * config->dp) != 0)
+        return pt_fail(err, "gbs %d is not a positive multiple of dp x mbs "
+                            "= %d x %d",
+                       config->gbs, config->dp, config->mbs);
+    return 0;
+}
+
+int run_check_options(const run_options *options, pt_error *err)
+{
+    if (options->data_prefix == NULL || options->data_prefix[0] == '\0')
+        return pt_fail(err, "no dataset given (the PREFIX of PREFIX.bin and "
+                            "PREFIX.idx)");
+    if (options->iterations < 1)
+        return pt_fail(err, "iterations must be >= 1, got %ld",
+                       options->iterations);
+    if (options->save_interval < 0)
+        return pt_fail(err, "the save interval must be >= 0 iterations, "
+                            "got %ld",
+                       options->save_interval);
+    if (options->seed > (uint64_t)INT64_MAX)
+        return pt_fail(err, "the seed must be below 2^63 (JSON files hold "
+                            "it as an integer)");
+    if (!isfinite(options->train.max_grad_norm))
+        return pt_fail(err, "the gradient clipping norm must be finite");
+    if (lr_schedule_check(&options->train.schedule, err) != 0)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,327 @@
+/*
+ * Which part of the model a stage holds and how its parameters are laid
+ * out: stage specs (layers, embedding, head, tensor-parallel shard,
+ * ZeRO-1 optimizer shard) and the table of named tensors in the stage's
+ * one contiguous buffer, the same for every backend.
+ */
+#include "executor/stage/stage.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- specs */
+
+stage_shard stage_shard_of(const model_shape *shape, const stage_spec *spec)
+{
+    int tp = stage_spec_tp(spec);
+    stage_shard shard = {
+        .tp = tp,
+        .attention_channels = shape->hidden / tp,
+        .heads = shape->heads / tp,
+        .ffn = shape->ffn_hidden / tp,
+    };
+    stage_vocab_shard(shape->vocab, tp, spec->tp_rank, &shard.vocab_first,
+                      &shard.vocab_count);
+    return shard;
+}
+
+int stage_spec_tp(const stage_spec *spec)
+{
+    return spec->tp > 1 ? spec->tp : 1;
+}
+
+/* Runs of a multiple of 64 floats keep every shard's start 256-byte
+ * aligned when the buffer's is, for the backends' vector loads. */
+#define OPTIMIZER_SHARD_ALIGN 64
+
+static size_t shard_start(size_t param_count, int shards, int shard)
+{
+    size_t runs = (param_count + OPTIMIZER_SHARD_ALIGN - 1) /
+                  OPTIMIZER_SHARD_ALIGN;
+    size_t per_shard =
+        (runs + (size_t)shards - 1) / (size_t)shards * OPTIMIZER_SHARD_ALIGN;
+    size_t start = per_shard * (size_t)shard;
+    return start < param_count ? start : param_count;
+}
+
+void stage_optimizer_offsets(size_t param_count, int shards, size_t *offsets)
+{
+    if (shards < 1)
+        shards = 1;
+    for (int i = 0; i <= shards; i++)
+        offsets[i] = shard_start(param_count, shards, i);
+}
+
+void stage_optimizer_range(size_t param_count, int shards, int shard,
+                           size_t *first, size_t *count)
+{
+    if (shards < 1)
+        shards = 1;
+    *first = shard_start(param_count, shards, shard);
+    *count = shard_start(param_count, shards, shard + 1) - *first;
+}
+
+void stage_vocab_shard(int vocab, int tp, int tp_rank, int *first, int *count)
+{
+    int per_shard = (vocab + tp - 1) / tp;
+    int start = per_shard * tp_rank;
+    if (start > vocab)
+        start = vocab;
+    int end = start + per_shard < vocab ? start + per_shard : vocab;
+    *first = start;
+    *count = end - start;
+}
+
+stage_spec stage_spec_whole_model(const model_shape *shape)
+{
+    stage_spec spec = {
+        .first_layer = 0,
+        .last_layer = shape->layers,
+        .has_embedding = true,
+        .has_head = true,
+        .tp = 1,
+        .tp_rank = 0,
+    };
+    return spec;
+}
+
+int stage_spec_from_partition(const model_shape *shape,
+                              const int *layers_per_stage, int stage_count,
+                              int stage_index, stage_spec *out,
+                              pt_error *err)
+{
+    if (stage_count < 1)
+        return pt_fail(err, "partition: needs at least one stage, got %d",
+                       stage_count);
+    if (stage_index < 0 || stage_index >= stage_count)
+        return pt_fail(err, "partition: stage %d does not exist (%d stages)",
+                       stage_index, stage_count);
+    long total = 0;
+    long first = 0;
+    for (int s = 0; s < stage_count; s++) {
+        if (layers_per_stage[s] < 0)
+            return pt_fail(err, "partition: stage %d has %d layers", s,
+                           layers_per_stage[s]);
+        if (s == stage_index)
+            first = total;
+        total += layers_per_stage[s];
+    }
+    if (total != shape->layers)
+        return pt_fail(err, "partition: stages hold %ld layers, the model "
+                            "has %d",
+                       total, shape->layers);
+    memset(out, 0, sizeof *out); /* the fields a caller adds stay off */
+    out->first_layer = (int)first;
+    out->last_layer = (int)first + layers_per_stage[stage_index];
+    out->has_embedding = stage_index == 0;
+    out->has_head = stage_index == stage_count - 1;
+    out->tp = 1;
+    out->tp_rank = 0;
+    return 0;
+}
+
+/* --------------------------------------------------------------- layout */
+
+static int check_shape_and_spec(const model_shape *shape,
+                                const stage_spec *spec, pt_error *err)
+{
+    if (shape->layers < 0 || shape->hidden < 1 || shape->heads < 1 ||
+        shape->ffn_hidden < 1 || shape->seq < 1 || shape->vocab < 1)
+        return pt_fail(err, "model %s: layers must be >= 0 and hidden, "
+                            "heads, ffn_hidden, seq, vocab >= 1",
+                       shape->name);
+    if (shape->hidden % shape->heads != 0)
+        return pt_fail(err, "model %s: hidden %d is not divisible by %d "
+                            "heads",
+                       shape->name, shape->hidden, shape->heads);
+    if (spec->first_layer < 0 || spec->last_layer < spec->first_layer ||
+        spec->last_layer > shape->layers)
+        return pt_fail(err, "model %s: stage layers [%d, %d) do not lie in "
+                            "[0, %d]",
+                       shape->name, spec->first_layer, spec->last_layer,
+                       shape->layers);
+    int tp = stage_spec_tp(spec);
+    if (tp > PT_MAX_TP || spec->tp_rank < 0 || spec->tp_rank >= tp)
+        return pt_fail(err, "model %s: tensor-parallel shard %d of %d does "
+                            "not exist (tp at most %d)",
+                       shape->name, spec->tp_rank, tp, PT_MAX_TP);
+    int last_first = 0, last_count = 0;
+    stage_vocab_shard(shape->vocab, tp, tp - 1, &last_first, &last_count);
+    if (shape->heads % tp != 0 || shape->ffn_hidden % tp != 0 ||
+        last_count < 1)
+        return pt_fail(err, "model %s: tp %d must divide the %d heads and "
+                            "ffn_hidden %d, and leave every shard some of "
+                            "the vocabulary of %d",
+                       shape->name, tp, shape->heads, shape->ffn_hidden,
+                       shape->vocab);
+    return 0;
+}
+
+/* Collects the tensor table; `out` may be NULL to count only. */
+typedef struct layout_builder {
+    param_tensor *out;
+    int count;
+    size_t floats;
+    int tp;
+    int tp_rank;
+} layout_builder;
+
+/* How a tensor is cut over the tp shards. */
+typedef enum shard_kind {
+    SHARD_NONE,      /* replicated: norms, position embedding, row biases */
+    SHARD_ROWS,      /* output features: column-parallel weight, the
+                        vocabulary rows of the embedding and head */
+    SHARD_QKV_ROWS,  /* the query, key and value thirds, each by rows */
+    SHARD_COLS,      /* input features of a row-parallel weight, or the
+                        features of a column-parallel bias */
+    SHARD_QKV_COLS   /* the QKV bias: each third by columns */
+} shard_kind;
+
+typedef struct tensor_desc {
+    const char *name;
+    int full_rows;
+    int full_cols;
+    shard_kind shard;
+    bool weight_decay;
+    bool tied_copy;
+} tensor_desc;
+
+/* Shard tp_rank of `full` elements cut in `parts` equal parts, each part
+ * split evenly over tp (or, for one part, ceil-split: vocabularies). */
+static void cut(int full, int parts, const layout_builder *b, int *offset,
+                int *count)
+{
+    if (parts == 1) {
+        stage_vocab_shard(full, b->tp, b->tp_rank, offset, count);
+        return;
+    }
+    int per_shard = full / parts / b->tp;
+    *offset = per_shard * b->tp_rank;
+    *count = per_shard * parts;
+}
+
+static void shard_shape(const layout_builder *b, const tensor_desc *desc,
+                        param_tensor *t)
+{
+    t->full_rows = t->rows = desc->full_rows;
+    t->full_cols = t->cols = desc->full_cols;
+    t->row_parts = t->col_parts = 1;
+    t->replicated = b->tp > 1 && desc->shard == SHARD_NONE;
+    switch (desc->shard) {
+    case SHARD_NONE:
+        break;
+    case SHARD_ROWS:
+    case SHARD_QKV_ROWS:
+        t->row_parts = desc->shard == SHARD_QKV_ROWS ? 3 : 1;
+        cut(desc->full_rows, t->row_parts, b, &t->part_row_offset, &t->rows);
+        break;
+    case SHARD_COLS:
+    case SHARD_QKV_COLS:
+        t->col_parts = desc->shard == SHARD_QKV_COLS ? 3 : 1;
+        cut(desc->full_cols, t->col_parts, b, &t->part_col_offset, &t->cols);
+        break;
+    }
+}
+
+static void add_tensor(layout_builder *builder, const tensor_desc *desc)
+{
+    param_tensor tensor;
+    memset(&tensor, 0, sizeof tensor);
+    shard_shape(builder, desc, &tensor);
+    pt_copy_string(tensor.name, sizeof tensor.name, desc->name);
+    tensor.offset = builder->floats;
+    tensor.count = (size_t)tensor.rows * (size_t)tensor.cols;
+    tensor.weight_decay = desc->weight_decay;
+    tensor.tied_copy = desc->tied_copy;
+    if (builder->out != NULL)
+        builder->out[builder->count] = tensor;
+    builder->count++;
+    builder->floats += tensor.count;
+}
+
+/* A matrix (decayed) and its bias (not decayed). A column-parallel layer
+ * splits both by output features; a row-parallel one splits the matrix by
+ * input features and keeps the whole bias, added once after the sum. */
+static void add_linear(layout_builder *builder, int layer, const char *part,
+                       int out_features, int in_features, shard_kind shard)
+{
+    char weight[PT_NAME_MAX], bias[PT_NAME_MAX];
+    snprintf(weight, sizeof weight, "layers.%d.%s_weight", layer, part);
+    snprintf(bias, sizeof bias, "layers.%d.%s_bias", layer, part);
+    tensor_desc w = {weight, out_features, in_features, shard, true, false};
+    tensor_desc b = {bias, 1, out_features, SHARD_NONE, false, false};
+    /* a bias is one row: a column-parallel layer splits its columns */
+    if (shard == SHARD_ROWS)
+        b.shard = SHARD_COLS;
+    else if (shard == SHARD_QKV_ROWS)
+        b.shard = SHARD_QKV_COLS;
+    add_tensor(builder, &w);
+    add_tensor(builder, &b);
+}
+
+/* A layer norm's weight and bias (neither decayed, replicated):
+ * "layers.L.PART_..." inside a layer, "PART_..." for the final norm
+ * (layer < 0). */
+static void add_layernorm(layout_builder *builder, int layer,
+                          const char *part, int hidden)
+{
+    char weight[PT_NAME_MAX], bias[PT_NAME_MAX];
+    if (layer >= 0) {
+        snprintf(weight, sizeof weight, "layers.%d.%s_weight", layer, part);
+        snprintf(bias, sizeof bias, "layers.%d.%s_bias", layer, part);
+    } else {
+        snprintf(weight, sizeof weight, "%s_weight", part);
+        snprintf(bias, sizeof bias, "%s_bias", part);
+    }
+    tensor_desc w = {weight, 1, hidden, SHARD_NONE, false, false};
+    tensor_desc b = {bias, 1, hidden, SHARD_NONE, false, false};
+    add_tensor(builder, &w);
+    add_tensor(builder, &b);
+}
+
+int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
+                           param_tensor *out, size_t *total_floats,
+                           pt_error *err)
+{
+    if (check_shape_and_spec(shape, spec, err) != 0)
+        return -1;
+    int hidden = shape->hidden;
+    layout_builder builder = {.out = out,
+                              .tp = stage_spec_tp(spec),
+                              .tp_rank = spec->tp_rank};
+    if (spec->has_embedding) {
+        tensor_desc token = {"token_embedding", shape->vocab, hidden,
+                             SHARD_ROWS, true, false};
+        tensor_desc position = {"position_embedding", shape->seq, hidden,
+                                SHARD_NONE, true, false};
+        add_tensor(&builder, &token);
+        add_tensor(&builder, &position);
+    }
+    for (int layer = spec->first_layer; layer < spec->last_layer; layer++) {
+        add_layernorm(&builder, layer, "ln1", hidden);
+        add_linear(&builder, layer, "attn_qkv", 3 * hidden, hidden,
+                   SHARD_QKV_ROWS);
+        add_linear(&builder, layer, "attn_proj", hidden, hidden, SHARD_COLS);
+        add_layernorm(&builder, layer, "ln2", hidden);
+        add_linear(&builder, layer, "mlp_fc", shape->ffn_hidden, hidden,
+                   SHARD_ROWS);
+        add_linear(&builder, layer, "mlp_proj", hidden, shape->ffn_hidden,
+                   SHARD_COLS);
+    }
+    if (spec->has_head) {
+        add_layernorm(&builder, -1, "final_norm", hidden);
+        /* A tied head reads the token embedding; when that sits on another
+         * stage this stage keeps its own copy, kept equal by summing the
+         * two gradients (Megatron's embedding all-reduce). */
+        bool tied = shape->tied_embeddings;
+        if (!tied || !spec->has_embedding) {
+            tensor_desc head = {"lm_head_weight", shape->vocab, hidden,
+                                SHARD_ROWS, true, tied};
+            add_tensor(&builder, &head);
+        }
+    }
+    if (total_floats != NULL)
+        *total_floats = builder.floats;
+    return builder.count;
+}

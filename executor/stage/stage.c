@@ -1,0 +1,273 @@
+/*
+ * A model stage, whatever its backend: its buffers, release, the
+ * tensor-parallel sums a backend asks for, and the checked wrappers that
+ * dispatch to the backend's table, so that a backend sees valid input
+ * only. The layout of the parameters is stage/layout.c's; creating a
+ * stage on a backend, stage/backends.c's.
+ */
+#include "executor/comm/comm.h"
+#include "executor/stage/stage.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+float *model_stage_buffer(const model_stage *stage, stage_buffer which)
+{
+    switch (which) {
+    case STAGE_PARAMS:
+        return stage->params;
+    case STAGE_GRADS:
+        return stage->grads;
+    case STAGE_ADAM_M:
+        return stage->adam_m;
+    case STAGE_ADAM_V:
+        return stage->adam_v;
+    }
+    return NULL;
+}
+
+size_t model_stage_buffer_count(const model_stage *stage, stage_buffer which)
+{
+    return which == STAGE_ADAM_M || which == STAGE_ADAM_V
+               ? stage->optimizer_count
+               : stage->param_count;
+}
+
+/* --------------------------------------------------------------- stages */
+
+void model_stage_destroy(model_stage *stage)
+{
+    if (stage->backend != NULL)
+        stage->backend->release(stage);
+    free(stage->tensors);
+    memset(stage, 0, sizeof *stage);
+}
+
+int model_stage_attach_tp(model_stage *stage, const struct comm *c,
+                          const int *ranks, pt_error *err)
+{
+    int tp = stage_spec_tp(&stage->spec);
+    stage->tp_comm = c;
+    stage->tp_compute_only = c == NULL;
+    if (c == NULL)
+        return 0;
+    for (int t = 0; t < tp; t++) {
+        if (ranks[t] < 0 || ranks[t] >= c->size)
+            return pt_fail(err, "tensor parallel: member %d of the group is "
+                                "rank %d, not one of the %d",
+                           t, ranks[t], c->size);
+        stage->tp_group[t] = ranks[t];
+    }
+    if (stage->tp_group[stage->spec.tp_rank] != c->rank)
+        return pt_fail(err, "tensor parallel: rank %d holds shard %d, but "
+                            "the group names rank %d for it",
+                       c->rank, stage->spec.tp_rank,
+                       stage->tp_group[stage->spec.tp_rank]);
+    return 0;
+}
+
+static int tp_all_reduce(const model_stage *stage, float *data, size_t count,
+                         comm_reduce_op op, pt_error *err)
+{
+    int tp = stage_spec_tp(&stage->spec);
+    if (tp == 1 || stage->tp_compute_only)
+        return 0;
+    if (stage->tp_comm == NULL)
+        return pt_fail(err, "tensor parallel: shard %d of %d has no comm "
+                            "(model_stage_attach_tp was not called)",
+                       stage->spec.tp_rank, tp);
+    if (op == COMM_MAX)
+        return comm_all_reduce_max(stage->tp_comm, stage->tp_group, tp, data,
+                                   count, err);
+    return comm_all_reduce_sum(stage->tp_comm, stage->tp_group, tp, data,
+                               count, err);
+}
+
+int stage_tp_all_reduce_sum(const model_stage *stage, float *data,
+                            size_t count, pt_error *err)
+{
+    return tp_all_reduce(stage, data, count, COMM_SUM, err);
+}
+
+int stage_tp_all_reduce_max(const model_stage *stage, float *data,
+                            size_t count, pt_error *err)
+{
+    return tp_all_reduce(stage, data, count, COMM_MAX, err);
+}
+
+const param_tensor *model_stage_find_tensor(const model_stage *stage,
+                                            const char *name)
+{
+    for (int i = 0; i < stage->tensor_count; i++)
+        if (strcmp(stage->tensors[i].name, name) == 0)
+            return &stage->tensors[i];
+    return NULL;
+}
+
+int model_stage_read(const model_stage *stage, stage_buffer which,
+                     float *host, pt_error *err)
+{
+    return stage->backend->copy_to_host(stage, which, host, err);
+}
+
+int model_stage_write(model_stage *stage, stage_buffer which,
+                      const float *host, pt_error *err)
+{
+    return stage->backend->copy_from_host(stage, which, host, err);
+}
+
+/* ------------------------------------------------- forward and backward */
+
+static int check_io(const model_stage *stage, int slot, const stage_io *io,
+                    bool forward, pt_error *err)
+{
+    if (slot < 0 || slot >= stage->slot_count)
+        return pt_fail(err, "stage: activation slot %d does not exist (%d "
+                            "slots)",
+                       slot, stage->slot_count);
+    if (io->mbs < 1 || io->mbs > stage->mbs_capacity)
+        return pt_fail(err, "stage: micro-batch of %d sequences, capacity "
+                            "is %d",
+                       io->mbs, stage->mbs_capacity);
+    bool needs_tokens = stage->spec.has_embedding || stage->spec.has_head;
+    if (needs_tokens && io->tokens == NULL)
+        return pt_fail(err, "stage: tokens are required by a stage with the "
+                            "embedding or the head");
+    if (forward && !stage->spec.has_embedding && io->input == NULL)
+        return pt_fail(err, "stage: forward of a stage without the "
+                            "embedding needs an input activation");
+    if (!forward && !stage->spec.has_head && io->output_grad == NULL)
+        return pt_fail(err, "stage: backward of a stage without the head "
+                            "needs the output gradient");
+    if (!needs_tokens)
+        return 0;
+    /* Only the rows a stage reads need be valid: inputs for the
+     * embedding, targets for the head; check those that will be read. */
+    size_t window = (size_t)stage->shape.seq + 1;
+    for (int b = 0; b < io->mbs; b++) {
+        for (size_t t = 0; t < window; t++) {
+            bool read = (t < window - 1 && stage->spec.has_embedding) ||
+                        (t > 0 && stage->spec.has_head);
+            uint32_t token = io->tokens[b * window + t];
+            if (read && token >= (uint32_t)stage->shape.vocab)
+                return pt_fail(err, "stage: token %u at sequence %d, "
+                                    "position %zu is outside the "
+                                    "vocabulary of %d",
+                               token, b, t, stage->shape.vocab);
+        }
+    }
+    return 0;
+}
+
+int stage_forward(model_stage *stage, int slot, const stage_io *io,
+                  float *mean_loss, pt_error *err)
+{
+    if (check_io(stage, slot, io, true, err) != 0)
+        return -1;
+    float loss = 0.0f;
+    if (stage->backend->forward(stage, slot, io, &loss, err) != 0)
+        return -1;
+    if (mean_loss != NULL)
+        *mean_loss = loss;
+    return 0;
+}
+
+int stage_backward(model_stage *stage, int slot, const stage_io *io,
+                   pt_error *err)
+{
+    if (check_io(stage, slot, io, false, err) != 0)
+        return -1;
+    return stage->backend->backward(stage, slot, io, err);
+}
+
+float *stage_input_buffer(model_stage *stage, int slot)
+{
+    if (slot < 0 || slot >= stage->slot_count)
+        return NULL;
+    return stage->backend->input_buffer(stage, slot);
+}
+
+const float *stage_output(const model_stage *stage, int slot)
+{
+    if (slot < 0 || slot >= stage->slot_count)
+        return NULL;
+    return stage->backend->output(stage, slot);
+}
+
+const float *stage_input_grad(const model_stage *stage)
+{
+    return stage->backend->input_grad(stage);
+}
+
+float *stage_output_grad_buffer(model_stage *stage)
+{
+    if (stage->spec.has_head)
+        return NULL;
+    return stage->backend->output_grad_buffer(stage);
+}
+
+int stage_zero_grads(model_stage *stage, pt_error *err)
+{
+    return stage->backend->zero_grads(stage, err);
+}
+
+int stage_grad_square_sum(const model_stage *stage, double *out,
+                          pt_error *err)
+{
+    return stage->backend->grad_square_sum(stage, out, err);
+}
+
+int stage_grad_norm_share(const model_stage *stage, double *out,
+                          pt_error *err)
+{
+    bool excludes = false;
+    for (int i = 0; i < stage->tensor_count; i++)
+        excludes = excludes || stage->tensors[i].tied_copy ||
+                   (stage->tensors[i].replicated && stage->spec.tp_rank > 0);
+    if (!excludes)
+        return stage_grad_square_sum(stage, out, err);
+    if (stage->backend->grad_square_sums == NULL)
+        return pt_fail(err, "the %s backend cannot sum gradients per tensor",
+                       stage->backend->name);
+    double *sums = calloc((size_t)stage->tensor_count, sizeof *sums);
+    if (sums == NULL)
+        return pt_fail(err, "out of memory for %d tensor norms",
+                       stage->tensor_count);
+    int status = stage->backend->grad_square_sums(stage, sums, err);
+    double total = 0.0;
+    for (int i = 0; i < stage->tensor_count && status == 0; i++) {
+        const param_tensor *t = &stage->tensors[i];
+        if (!t->tied_copy && !(t->replicated && stage->spec.tp_rank > 0))
+            total += sums[i];
+    }
+    free(sums);
+    *out = total;
+    return status;
+}
+
+int stage_adamw_step(model_stage *stage, const adamw_config *config,
+                     float learning_rate, float grad_scale, pt_error *err)
+{
+    if (!(config->beta1 >= 0.0f && config->beta1 < 1.0f) ||
+        !(config->beta2 >= 0.0f && config->beta2 < 1.0f) ||
+        !(config->eps > 0.0f) || !(config->weight_decay >= 0.0f))
+        return pt_fail(err, "adamw: need 0 <= beta1, beta2 < 1, eps > 0 and "
+                            "weight_decay >= 0 (got %g, %g, %g, %g)",
+                       config->beta1, config->beta2, config->eps,
+                       config->weight_decay);
+    stage->optimizer_steps++;
+    if (stage->backend->adamw_step(stage, config, learning_rate, grad_scale,
+                                   err) != 0) {
+        stage->optimizer_steps--;
+        return -1;
+    }
+    return 0;
+}
+
+int stage_params_changed(model_stage *stage, pt_error *err)
+{
+    if (stage->backend->params_changed == NULL)
+        return 0;
+    return stage->backend->params_changed(stage, err);
+}

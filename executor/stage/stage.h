@@ -1,0 +1,477 @@
+/*
+ * executor/stage: the model stage, whatever the backend. A stage is a
+ * range of transformer layers, optionally with the embedding (first
+ * pipeline stage) and the final norm, LM head and loss (last stage); the
+ * whole model is one stage holding everything. All its parameters sit in
+ * one contiguous fp32 buffer described by a table of named tensors (one
+ * all-reduce, one checkpoint write). Declared here: the layout of that
+ * buffer, the backend interface (stage_backend) and the checked wrappers
+ * that dispatch to it, deterministic initialisation, AdamW, clipping, the
+ * learning-rate schedule and the one-stage training step. The backends
+ * are executor/cpu (the fp32 reference) and executor/cuda.
+ * docs/executor.md describes the layout, the ops and their tests.
+ *
+ * Like every library of Partita, nothing here prints or exits: functions
+ * that can fail return -1 and fill a pt_error.
+ */
+#ifndef PARTITA_EXECUTOR_STAGE_H
+#define PARTITA_EXECUTOR_STAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+/* ------------------------------------------------------------- backends */
+
+/* The largest tensor-parallel degree a stage accepts. */
+#define PT_MAX_TP 64
+
+typedef enum backend_kind { BACKEND_CPU, BACKEND_CUDA } backend_kind;
+
+/* "cpu" or "cuda". */
+const char *backend_name(backend_kind kind);
+/* Parses "cpu" / "cuda"; the message lists the accepted names. */
+int backend_parse(const char *text, backend_kind *out, pt_error *err);
+
+/* ---------------------------------------------------------- stage layout */
+
+/* Which part of the model a stage holds: transformer layers
+ * [first_layer, last_layer) (possibly none), and whether it holds the
+ * embedding (token + position; the first pipeline stage) and the head
+ * (final layer norm, LM head and loss; the last stage). */
+typedef struct stage_spec {
+    int first_layer;
+    int last_layer;
+    bool has_embedding;
+    bool has_head;
+    /* Tensor parallelism, Megatron style: the stage holds shard tp_rank of
+     * tp (tp 0 is read as 1, the unsplit stage). Attention heads, the MLP's
+     * inner features and the vocabulary are split: column-parallel QKV and
+     * first MLP matrix, row-parallel projections, vocab-parallel embedding
+     * and head. Norms, the position embedding and the row-parallel biases
+     * are replicated on every shard. */
+    int tp;
+    int tp_rank;
+    /* The distributed optimizer (ZeRO-1): the stage keeps AdamW state for
+     * shard optimizer_shard of optimizer_shards (its data-parallel rank of
+     * dp) and steps only those parameters; the runtime reduce-scatters the
+     * gradients before and all-gathers the parameters after. 0 is read as
+     * 1: the whole state. */
+    int optimizer_shards;
+    int optimizer_shard;
+    /* Full activation recompute (a plan's "recompute": "full"): each
+     * activation slot keeps only every layer's input (the residual stream
+     * between layers); a layer's forward is run again right before its
+     * backward, into one set of activations the stage shares. The same
+     * arithmetic, so the same results, for about one more forward. */
+    bool recompute_layers;
+} stage_spec;
+
+/* spec->tp, or 1 when it is 0. */
+int stage_spec_tp(const stage_spec *spec);
+
+/* Where each of `shards` optimizer shards of a buffer of param_count
+ * floats starts: offsets[0..shards] (offsets[shards] = param_count), in
+ * equal runs of a multiple of 64 floats (aligned vector loads) but the
+ * last. A run may be empty when there are more shards than runs. */
+void stage_optimizer_offsets(size_t param_count, int shards, size_t *offsets);
+/* Shard `shard`'s part of those: [*first, *first + *count). */
+void stage_optimizer_range(size_t param_count, int shards, int shard,
+                           size_t *first, size_t *count);
+/* The rows [*first, *first + *count) of the vocabulary shard tp_rank holds:
+ * ceil(vocab / tp) rows each, the last shard taking what remains. */
+void stage_vocab_shard(int vocab, int tp, int tp_rank, int *first,
+                       int *count);
+
+/* The sizes a stage's tensor-parallel shard computes with (the unsplit
+ * model's when tp is 1): the residual stream's width is never split. */
+typedef struct stage_shard {
+    int tp;
+    int attention_channels;  /* hidden / tp */
+    int heads;               /* heads / tp */
+    int ffn;                 /* ffn_hidden / tp */
+    int vocab_first;         /* the shard's vocabulary rows */
+    int vocab_count;
+} stage_shard;
+
+stage_shard stage_shard_of(const model_shape *shape, const stage_spec *spec);
+
+/* The single stage of an unsplit model: all layers, embedding and head. */
+stage_spec stage_spec_whole_model(const model_shape *shape);
+
+/* The spec of stage `stage_index` of a pipeline whose stages hold
+ * layers_per_stage[0..stage_count) layers (a plan's partition): the first
+ * stage holds the embedding, the last the head. Fails when the partition
+ * does not sum to the model's layers or the index is out of range. */
+int stage_spec_from_partition(const model_shape *shape,
+                              const int *layers_per_stage, int stage_count,
+                              int stage_index, stage_spec *out,
+                              pt_error *err);
+
+/* One named tensor inside a stage's parameter buffer (and, at the same
+ * offset, inside its gradient and optimizer-state buffers). Names use the
+ * model's global layer index, "layers.5.attn_qkv_weight", so that a tensor
+ * keeps its name whatever the split. Matrices are row-major rows x cols
+ * with rows = output features (the convention out = in W^T + b);
+ * vectors have rows = 1. */
+typedef struct param_tensor {
+    char name[PT_NAME_MAX];
+    size_t offset;          /* in floats from the start of the buffer */
+    size_t count;           /* rows x cols */
+    int rows;
+    int cols;
+    bool weight_decay;      /* AdamW decays it: matrices, not biases/norms */
+    bool tied_copy;         /* the last stage's copy of the token embedding
+                               when embeddings are tied but the embedding
+                               sits on another stage: its gradient must be
+                               summed with the first stage's token-embedding
+                               gradient before the optimizer step (the
+                               "embedding all-reduce") */
+    /* Where this shard sits in the whole tensor (full_rows x full_cols):
+     * the full rows fall in row_parts equal parts (3 for the QKV matrix:
+     * queries, keys, values; else 1) and the shard holds rows / row_parts
+     * rows of each, from part_row_offset within the part; likewise for
+     * columns (col_parts 3 for the QKV bias). The unsplit tensor has
+     * parts 1, offsets 0 and full = its own shape. */
+    int full_rows;
+    int full_cols;
+    int row_parts;
+    int part_row_offset;
+    int col_parts;
+    int part_col_offset;
+    bool replicated;        /* the same on every tensor-parallel shard
+                               (counted once in the gradient norm) */
+} param_tensor;
+
+/* The tensors of a stage in buffer order: embedding (token, position),
+ * then each layer (ln1 weight/bias, attn_qkv weight/bias, attn_proj
+ * weight/bias, ln2 weight/bias, mlp_fc weight/bias, mlp_proj
+ * weight/bias), then the head (final_norm weight/bias, and lm_head_weight
+ * when it is untied or its embedding sits on another stage). Returns the
+ * number of tensors; fills `out` when it is not NULL (it then needs room
+ * for that many) and *total_floats when not NULL. Fails on an invalid
+ * shape or spec. */
+int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
+                           param_tensor *out, size_t *total_floats,
+                           pt_error *err);
+
+/* --------------------------------------------------------------- stages */
+
+struct stage_backend;
+
+/*
+ * One stage of the model on one device, with its parameters, gradients,
+ * AdamW state and the activations of up to `slot_count` micro-batches in
+ * flight (1F1B keeps several; a plain training step needs one). Owned by
+ * the thread that created it; create with model_stage_create and release
+ * with model_stage_destroy. The four float buffers live in the backend's
+ * memory (host memory for cpu, device memory for cuda); use
+ * model_stage_read / model_stage_write to move them to and from the host.
+ */
+typedef struct model_stage {
+    model_shape shape;
+    stage_spec spec;
+    const struct stage_backend *backend;
+    int mbs_capacity;            /* largest micro-batch it accepts */
+    int slot_count;              /* micro-batches whose activations it keeps */
+    int tensor_count;
+    param_tensor *tensors;       /* owned, host memory, buffer order */
+    size_t param_count;          /* floats in each of the buffers below */
+    float *params;
+    float *grads;
+    float *adam_m;               /* AdamW first moment */
+    float *adam_v;               /* AdamW second moment */
+    /* The parameters the optimizer steps, [optimizer_first,
+     * optimizer_first + optimizer_count): all of them, or the stage's
+     * ZeRO-1 shard; adam_m and adam_v hold optimizer_count floats, for
+     * these only. With a shard, the gradient norms cover it only (the
+     * rest of grads is not this rank's after the reduce-scatter). */
+    size_t optimizer_first;
+    size_t optimizer_count;
+    long optimizer_steps;        /* AdamW steps taken (bias correction, LR) */
+    void *backend_state;         /* owned by the backend: activations */
+    /* Tensor parallelism (spec.tp > 1): the comm and the ranks of this
+     * stage's tp group, in tp_rank order, through which the backend sums
+     * the partial results of row-parallel layers (model_stage_attach_tp).
+     * tp_compute_only: no comm; the sums are skipped, so the results are
+     * not the model's but the arithmetic is a shard's (the profiler). */
+    const struct comm *tp_comm;
+    int tp_group[PT_MAX_TP];
+    bool tp_compute_only;
+} model_stage;
+
+/* What one micro-batch brings to a stage's forward or backward call.
+ * tokens holds mbs windows of seq + 1 token ids: a window's first seq are
+ * the inputs (read by a stage with the embedding) and its last seq the
+ * targets (read by a stage with the head). Pointers are in the backend's
+ * memory except tokens, which is always host memory. */
+typedef struct stage_io {
+    int mbs;                     /* sequences, 1..mbs_capacity */
+    const uint32_t *tokens;      /* mbs x (seq + 1); NULL is allowed only
+                                    for a stage with neither embedding nor
+                                    head */
+    const float *input;          /* forward without embedding: the previous
+                                    stage's output, mbs x seq x hidden */
+    const float *output_grad;    /* backward without head: d loss / d output,
+                                    mbs x seq x hidden */
+    float loss_scale;            /* backward with head: gradients are of
+                                    loss_scale x (mean loss of this
+                                    micro-batch); 1/micro-batches averages
+                                    accumulated micro-batches */
+} stage_io;
+
+/* The buffers model_stage_read / model_stage_write move. */
+typedef enum stage_buffer {
+    STAGE_PARAMS,
+    STAGE_GRADS,
+    STAGE_ADAM_M,
+    STAGE_ADAM_V
+} stage_buffer;
+
+/*
+ * AdamW hyper-parameters. Defaults (adamw_defaults): beta1 0.9, beta2 0.95,
+ * eps 1e-8, weight decay 0.1, the GPT-2 / GPT-3 recipe as Megatron runs it.
+ * Decay applies to matrices only (param_tensor.weight_decay).
+ */
+typedef struct adamw_config {
+    float beta1;
+    float beta2;
+    float eps;
+    float weight_decay;
+} adamw_config;
+
+adamw_config adamw_defaults(void);
+
+/*
+ * The backend interface: a table of functions every backend provides.
+ * Callers use the model_stage_* / stage_* wrappers below, which check
+ * arguments and then dispatch here, so a backend sees valid input only.
+ */
+typedef struct stage_backend {
+    backend_kind kind;
+    const char *name;
+    /* Allocates params, grads, adam_m, adam_v (param_count floats each,
+     * zeroed) and the activations; fills backend_state. */
+    int (*allocate)(model_stage *stage, pt_error *err);
+    /* Frees what allocate made; safe on a partly allocated stage. */
+    void (*release)(model_stage *stage);
+    /* mean_loss is never NULL here; a stage without the head writes 0. */
+    int (*forward)(model_stage *stage, int slot, const stage_io *io,
+                   float *mean_loss, pt_error *err);
+    int (*backward)(model_stage *stage, int slot, const stage_io *io,
+                    pt_error *err);
+    int (*zero_grads)(model_stage *stage, pt_error *err);
+    int (*grad_square_sum)(const model_stage *stage, double *out,
+                           pt_error *err);
+    /* The same, one sum per tensor (tensor_count doubles, table order). */
+    int (*grad_square_sums)(const model_stage *stage, double *per_tensor,
+                            pt_error *err);
+    /* optimizer_steps is already incremented: it is the step t of the
+     * bias correction. */
+    int (*adamw_step)(model_stage *stage, const adamw_config *config,
+                      float learning_rate, float grad_scale, pt_error *err);
+    int (*copy_to_host)(const model_stage *stage, stage_buffer which,
+                        float *host, pt_error *err);
+    int (*copy_from_host)(model_stage *stage, stage_buffer which,
+                          const float *host, pt_error *err);
+    /* Called after params changed in backend memory outside adamw_step
+     * (the distributed optimizer's all-gather); NULL when nothing
+     * derives from them. */
+    int (*params_changed)(model_stage *stage, pt_error *err);
+    /* Activation buffers in backend memory, mbs_capacity x seq x hidden. */
+    float *(*input_buffer)(model_stage *stage, int slot);
+    const float *(*output)(const model_stage *stage, int slot);
+    const float *(*input_grad)(const model_stage *stage);
+    /* Where a stage without the head receives d loss / d output,
+     * mbs_capacity x seq x hidden floats in backend memory. */
+    float *(*output_grad_buffer)(model_stage *stage);
+} stage_backend;
+
+/* The backend of a kind; fails for a kind this binary was built without
+ * (cuda, when meson found no nvcc). */
+const stage_backend *backend_find(backend_kind kind, pt_error *err);
+
+/* Lays out and allocates a stage; parameters start at zero (call
+ * model_stage_init_parameters). mbs_capacity >= 1, slot_count >= 1. On
+ * failure nothing is left allocated. */
+int model_stage_create(model_stage *out, const model_shape *shape,
+                       const stage_spec *spec, backend_kind kind,
+                       int mbs_capacity, int slot_count, pt_error *err);
+void model_stage_destroy(model_stage *stage);
+
+/* Connects a tensor-parallel stage to its group: ranks[0..spec.tp) of
+ * comm c, in tp_rank order; or, with c NULL, marks it compute-only. */
+int model_stage_attach_tp(model_stage *stage, const struct comm *c,
+                          const int *ranks, pt_error *err);
+/* Sums data (backend memory) over the stage's tp group; nothing when
+ * tp is 1 or the stage is compute-only. Backends call these. */
+int stage_tp_all_reduce_sum(const model_stage *stage, float *data,
+                            size_t count, pt_error *err);
+int stage_tp_all_reduce_max(const model_stage *stage, float *data,
+                            size_t count, pt_error *err);
+
+/* The tensor of that name, or NULL. */
+const param_tensor *model_stage_find_tensor(const model_stage *stage,
+                                            const char *name);
+
+/*
+ * Deterministic GPT-2 initialisation from a seed: matrices and embeddings
+ * ~ N(0, 0.02^2), the two residual projections of each layer (attn_proj,
+ * mlp_proj) ~ N(0, (0.02 / sqrt(2 x layers))^2), biases 0, norm weights
+ * 1 and norm biases 0. Each tensor draws from its own stream, seeded by
+ * the seed and the tensor's global name, so any split of the model gets
+ * the same values as the whole model, and a tied copy of the embedding
+ * equals the embedding. Also zeroes grads and AdamW state and resets
+ * optimizer_steps.
+ */
+int model_stage_init_parameters(model_stage *stage, uint64_t seed,
+                                pt_error *err);
+
+/* The buffer `which` of a stage, in the backend's memory (for backends
+ * and for code that stays in that memory). */
+float *model_stage_buffer(const model_stage *stage, stage_buffer which);
+
+/* Floats in buffer `which`: param_count, or optimizer_count for the
+ * AdamW moments. */
+size_t model_stage_buffer_count(const model_stage *stage,
+                                stage_buffer which);
+
+int model_stage_read(const model_stage *stage, stage_buffer which,
+                     float *host, pt_error *err);
+int model_stage_write(model_stage *stage, stage_buffer which,
+                      const float *host, pt_error *err);
+
+/*
+ * Forward of one micro-batch into activation slot `slot` (kept until its
+ * backward). A stage with the head writes the mean cross-entropy over the
+ * micro-batch's mbs x seq positions (nats per token) to *mean_loss; others
+ * write 0. mean_loss may be NULL.
+ */
+int stage_forward(model_stage *stage, int slot, const stage_io *io,
+                  float *mean_loss, pt_error *err);
+/* Backward of the micro-batch in `slot` (its forward must be the last one
+ * run in that slot): ADDS its parameter gradients to grads, so successive
+ * micro-batches accumulate, and, when the stage has no embedding, leaves
+ * d loss / d input in stage_input_grad. */
+int stage_backward(model_stage *stage, int slot, const stage_io *io,
+                   pt_error *err);
+
+/* Where a stage without the embedding can receive its input directly
+ * (then pass the same pointer as io.input, and no copy is made). */
+float *stage_input_buffer(model_stage *stage, int slot);
+/* The activation a stage without the head hands to the next stage:
+ * io.mbs x seq x hidden floats, valid from the forward into that slot
+ * until the next forward into it. */
+const float *stage_output(const model_stage *stage, int slot);
+/* d loss / d input of the last backward of a stage without the
+ * embedding: io.mbs x seq x hidden floats, valid until the stage's next
+ * backward (send it, or copy it, before that). NULL for a stage with the
+ * embedding, whose input is tokens. */
+const float *stage_input_grad(const model_stage *stage);
+/* A buffer in backend memory for the output gradient a stage without the
+ * head receives (pass it as io.output_grad); NULL for a stage with it. */
+float *stage_output_grad_buffer(model_stage *stage);
+
+int stage_zero_grads(model_stage *stage, pt_error *err);
+/* Sum of squares of all gradients (double). The global norm of a split
+ * model is the square root of the sum over stages (counting a tied copy
+ * once, after its gradient has been summed in). */
+int stage_grad_square_sum(const model_stage *stage, double *out,
+                          pt_error *err);
+/* This stage's share of the squared global gradient norm of a parallel
+ * model: the sum of squares of its gradients less the tensors counted
+ * elsewhere: a tied copy of the embedding (counted on the first stage) and,
+ * on tensor-parallel shards other than 0, the replicated tensors. */
+int stage_grad_norm_share(const model_stage *stage, double *out,
+                          pt_error *err);
+/* One AdamW step on every parameter with gradient g x grad_scale (the
+ * clipping coefficient); increments optimizer_steps first and uses it for
+ * bias correction. */
+int stage_adamw_step(model_stage *stage, const adamw_config *config,
+                     float learning_rate, float grad_scale, pt_error *err);
+/* After params were written in backend memory by other means than the
+ * optimizer (an all-gather): lets the backend refresh what it derives. */
+int stage_params_changed(model_stage *stage, pt_error *err);
+
+/* ------------------------------------------------------------ optimizer */
+
+/* The factor that scales gradients of global norm grad_norm down to
+ * max_norm: min(1, max_norm / (grad_norm + 1e-6)); 1 when max_norm <= 0
+ * (clipping off). */
+float clip_coefficient(double grad_norm, float max_norm);
+
+/*
+ * Learning rate by step: linear warm-up from max_lr / warmup_steps to
+ * max_lr over the first warmup_steps steps, then cosine decay from max_lr
+ * down to min_lr at step decay_steps, then min_lr. Steps count from 0.
+ * Defaults (lr_schedule_defaults), those of GPT-2 small trained from
+ * scratch: max 6e-4, min 6e-5, warm-up 2000 steps, decay over 600000.
+ */
+typedef struct lr_schedule {
+    double max_lr;
+    double min_lr;
+    long warmup_steps;   /* 0: start at max_lr */
+    long decay_steps;    /* step at which min_lr is reached; counts the
+                            warm-up; must be >= warmup_steps */
+} lr_schedule;
+
+lr_schedule lr_schedule_defaults(void);
+/* Fails on negative or inconsistent values (min_lr > max_lr, ...). */
+int lr_schedule_check(const lr_schedule *schedule, pt_error *err);
+double lr_schedule_at(const lr_schedule *schedule, long step);
+
+/* ------------------------------------------------------------- training */
+
+/* Everything a training step needs besides the model and the data. */
+typedef struct train_config {
+    adamw_config adamw;
+    lr_schedule schedule;
+    float max_grad_norm;      /* global-norm clipping; <= 0: off. Default 1 */
+} train_config;
+
+train_config train_config_defaults(void);
+
+/* What one step did. */
+typedef struct step_result {
+    float loss;               /* mean over all micro-batches, nats/token */
+    float grad_norm;          /* global gradient norm before clipping */
+    float learning_rate;      /* the rate the step used */
+} step_result;
+
+/*
+ * One training step of a whole-model stage (stage_spec_whole_model):
+ * zero the gradients; for each of micro_batches micro-batches of mbs
+ * windows (tokens: micro_batches x mbs x (seq + 1) ids, micro-batch after
+ * micro-batch), forward and backward in slot 0 with loss_scale
+ * 1/micro_batches, so the gradients end up averaged; clip by global norm;
+ * one AdamW step at the schedule's rate for stage->optimizer_steps.
+ */
+int train_step(model_stage *stage, const train_config *config,
+               const uint32_t *tokens, int micro_batches, int mbs,
+               step_result *out, pt_error *err);
+
+/* -------------------------------------------------- random numbers */
+
+/*
+ * The generator behind initialisation, also handy for tests: splitmix64
+ * (a 64-bit counter stepped by the golden-ratio constant and passed
+ * through a mixing function), uniform floats from its top bits and normal
+ * ones by Box-Muller. Not cryptographic; the same sequence on every
+ * machine. The struct is the whole state; no global state anywhere.
+ */
+typedef struct model_rng {
+    uint64_t state;
+    bool has_spare;          /* Box-Muller makes two normals at a time */
+    double spare;
+} model_rng;
+
+void model_rng_seed(model_rng *rng, uint64_t seed);
+uint64_t model_rng_next(model_rng *rng);
+/* Uniform in [0, 1), 53 random bits. */
+double model_rng_uniform(model_rng *rng);
+/* Standard normal. */
+double model_rng_normal(model_rng *rng);
+
+#endif

@@ -1,0 +1,709 @@
+/*
+ * The measuring half of `partita profile`: times the embedding, one
+ * transformer layer and the head of a model, forward and backward, per
+ * tensor-parallel shard and micro-batch, and the AdamW step per parameter.
+ * profiler/profiler.h states what is measured; docs/profiles.md
+ * ("Measuring") how and why.
+ *
+ * The three parts are three stages run as a pipeline would run them, so
+ * every part sees realistic data: the embedding's output feeds the layer,
+ * the layer's the head; the head's input gradient feeds the layer's
+ * backward, the layer's the embedding's. Each stage's input buffer is
+ * filled once (a copy) and then read in place, as a pipeline stage reads
+ * the activation it received: the timed calls copy nothing a real stage
+ * would not.
+ */
+#include "profiler/profiler.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef PARTITA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "executor/cuda/cuda_backend.h"
+#endif
+
+/* Enough runs for any sensible measurement; timing_summarize sorts a
+ * copy of this size on the stack. */
+#define PROFILER_MAX_RUNS 256
+/* The AdamW learning rate while timing: small, so that the repeated
+ * steps leave the parameters (and so the timings) as they were. */
+#define PROFILER_LEARNING_RATE 1e-6f
+
+static void add_note(profiler_result *out, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void add_note(profiler_result *out, const char *format, ...)
+{
+    if (out->note_count >= PROFILER_MAX_NOTES)
+        return;
+    va_list args;
+    va_start(args, format);
+    vsnprintf(out->notes[out->note_count++], sizeof out->notes[0], format,
+              args);
+    va_end(args);
+}
+
+/* ------------------------------------------------------------- options */
+
+profiler_options profiler_options_defaults(backend_kind backend)
+{
+    profiler_options options = {
+        .backend = backend,
+        .tp_count = 4,
+        .tp_values = {1, 2, 4, 8},
+        .mbs_count = 5,
+        .mbs_values = {1, 2, 4, 8, 16},
+        .warmup_runs = 5,
+        /* the point budget decides below this: short points (an
+         * embedding of tens of microseconds) get many runs, whose median
+         * host overheads do not move from one profile to the next */
+        .timed_runs = PROFILER_MAX_RUNS,
+        .min_timed_runs = 7,
+        .point_budget_s = 1.5,
+        .device_warmup_s = 2.0,
+        .seed = 1234,
+    };
+    return options;
+}
+
+void profiler_options_quick(profiler_options *options)
+{
+    options->warmup_runs = 1;
+    options->timed_runs = 5;
+    options->min_timed_runs = 5;
+    options->point_budget_s = 0.5;
+    options->device_warmup_s = 0.0;
+}
+
+static int check_list(const char *what, const int *values, int count,
+                      bool powers_of_two, pt_error *err)
+{
+    if (count < 1 || count > PROFILER_MAX_VALUES)
+        return pt_fail(err, "profiler: the %s list has %d entries, expected "
+                            "1 to %d",
+                       what, count, PROFILER_MAX_VALUES);
+    for (int i = 0; i < count; i++) {
+        int value = values[i];
+        if (value < 1 || value > 1024)
+            return pt_fail(err, "profiler: %s %d is outside 1..1024", what,
+                           value);
+        if (powers_of_two && (value & (value - 1)) != 0)
+            return pt_fail(err, "profiler: %s %d is not a power of two",
+                           what, value);
+        if (i > 0 && value <= values[i - 1])
+            return pt_fail(err, "profiler: the %s list must ascend without "
+                                "repeats (%d after %d)",
+                           what, value, values[i - 1]);
+    }
+    return 0;
+}
+
+int profiler_options_check(const profiler_options *options, pt_error *err)
+{
+    if (check_list("tp", options->tp_values, options->tp_count, true,
+                   err) != 0 ||
+        check_list("micro-batch", options->mbs_values, options->mbs_count,
+                   false, err) != 0)
+        return -1;
+    if (options->warmup_runs < 0 || options->min_timed_runs < 1 ||
+        options->timed_runs < options->min_timed_runs ||
+        options->timed_runs > PROFILER_MAX_RUNS)
+        return pt_fail(err, "profiler: runs: %d warm-up, %d to %d timed; "
+                            "expected >= 0 warm-up and 1 <= min <= max <= %d "
+                            "timed",
+                       options->warmup_runs, options->min_timed_runs,
+                       options->timed_runs, PROFILER_MAX_RUNS);
+    if (!(options->point_budget_s >= 0.0) ||
+        !(options->device_warmup_s >= 0.0))
+        return pt_fail(err, "profiler: time budgets must be >= 0 s");
+    if (options->backend == BACKEND_CPU &&
+        (options->sm_limit != 0 || options->memory_limit_bytes != 0.0))
+        return pt_fail(err, "profiler: an SM limit or memory limit needs the "
+                            "cuda backend");
+    if (options->sm_limit < 0 || options->memory_limit_bytes < 0.0)
+        return pt_fail(err, "profiler: SM and memory limits must be >= 0");
+    return 0;
+}
+
+/* ---------------------------------------------------------- statistics */
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double left = *(const double *)a, right = *(const double *)b;
+    return (left > right) - (left < right);
+}
+
+/* The q-quantile of sorted[0..count), interpolating between neighbours. */
+static double quantile(const double *sorted, int count, double q)
+{
+    double position = q * (double)(count - 1);
+    int below = (int)floor(position);
+    int above = below + 1 < count ? below + 1 : below;
+    double weight = position - (double)below;
+    return sorted[below] * (1.0 - weight) + sorted[above] * weight;
+}
+
+timing_summary timing_summarize(const double *runs, int count)
+{
+    timing_summary summary = {0};
+    if (count < 1)
+        return summary;
+    if (count > PROFILER_MAX_RUNS)
+        count = PROFILER_MAX_RUNS;
+    double sorted[PROFILER_MAX_RUNS];
+    memcpy(sorted, runs, (size_t)count * sizeof *sorted);
+    qsort(sorted, (size_t)count, sizeof *sorted, compare_doubles);
+    summary.runs = count;
+    summary.median_s = quantile(sorted, count, 0.5);
+    if (summary.median_s > 0.0)
+        summary.spread = (quantile(sorted, count, 0.75) -
+                          quantile(sorted, count, 0.25)) /
+                         summary.median_s;
+    return summary;
+}
+
+/* -------------------------------------------------------------- device */
+
+static void describe_cpu(profiled_device *device)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(device->name, sizeof device->name, "cpu (%ld cores)",
+             cores > 0 ? cores : 1);
+    long pages = sysconf(_SC_PHYS_PAGES);
+    long page_size = sysconf(_SC_PAGESIZE);
+    device->memory_bytes = pages > 0 && page_size > 0
+                               ? (double)pages * (double)page_size
+                               : 0.0;
+}
+
+#ifdef PARTITA_HAVE_CUDA
+/* The kernel driver's version, "580.95.05", from the line
+ * "NVRM version: NVIDIA UNIX ... Kernel Module  580.95.05  ...": the
+ * first word after "Module" that starts with a digit. */
+static void read_driver_version(char *out, size_t size)
+{
+    out[0] = '\0';
+    FILE *file = fopen("/proc/driver/nvidia/version", "r");
+    if (file == NULL)
+        return;
+    char line[512];
+    if (fgets(line, sizeof line, file) != NULL) {
+        const char *after = strstr(line, "Module");
+        char *save = NULL;
+        for (char *word = after != NULL ? strtok_r(line + (after - line),
+                                                   " \t\n", &save)
+                                        : NULL;
+             word != NULL; word = strtok_r(NULL, " \t\n", &save))
+            if (word[0] >= '0' && word[0] <= '9' && strchr(word, '.')) {
+                pt_copy_string(out, size, word);
+                break;
+            }
+    }
+    fclose(file);
+}
+
+static int open_cuda_device(const profiler_options *options,
+                            profiled_device *device, pt_error *err)
+{
+    if (cuda_rank_device_open(options->device, options->sm_limit,
+                              options->memory_limit_bytes, err) != 0)
+        return -1;
+    cuda_device_info info;
+    if (cuda_device_describe(&info) != 0)
+        return pt_fail(err, "profiler: cannot describe cuda device %d",
+                       options->device);
+    pt_copy_string(device->name, sizeof device->name, info.name);
+    device->sms = info.multiprocessors;
+    device->sms_used = cuda_rank_sm_count();
+    device->memory_bytes = info.memory_bytes;
+    pt_copy_string(device->driver_cuda_version,
+                   sizeof device->driver_cuda_version,
+                   info.driver_cuda_version);
+    pt_copy_string(device->runtime_cuda_version,
+                   sizeof device->runtime_cuda_version,
+                   info.runtime_cuda_version);
+    read_driver_version(device->driver_version,
+                        sizeof device->driver_version);
+    /* cudaFree(0) makes the context, so what it costs shows below. */
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaFree(NULL) != cudaSuccess ||
+        cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess)
+        return pt_fail(err, "profiler: cuda device %d does not answer",
+                       options->device);
+    device->context_bytes = (double)(total_bytes - free_bytes);
+    return 0;
+}
+#endif
+
+static int open_device(const profiler_options *options,
+                       profiled_device *device, pt_error *err)
+{
+    if (options->backend == BACKEND_CPU) {
+        describe_cpu(device);
+        return 0;
+    }
+#ifdef PARTITA_HAVE_CUDA
+    return open_cuda_device(options, device, err);
+#else
+    return pt_fail(err, "profiler: this build has no cuda backend "
+                        "(meson option cuda, needs nvcc)");
+#endif
+}
+
+static void close_device(const profiler_options *options)
+{
+#ifdef PARTITA_HAVE_CUDA
+    if (options->backend == BACKEND_CUDA)
+        cuda_rank_device_close();
+#else
+    (void)options;
+#endif
+}
+
+/* --------------------------------------------------------------- chain */
+
+/* The parts, each a stage, and the calls of one run in the order they
+ * are made. */
+typedef enum chain_call {
+    EMBEDDING_FORWARD,
+    LAYER_FORWARD,
+    HEAD_FORWARD,
+    HEAD_BACKWARD,
+    LAYER_BACKWARD,
+    EMBEDDING_BACKWARD,
+    CHAIN_CALLS
+} chain_call;
+
+typedef struct part_chain {
+    model_stage embedding;
+    model_stage layer;
+    model_stage head;
+    int made;                    /* stages made, in the order above */
+    int capacity;                /* largest micro-batch */
+    uint32_t *tokens;            /* capacity x (seq + 1), host memory */
+} part_chain;
+
+static void chain_destroy(part_chain *chain)
+{
+    model_stage *stages[] = {&chain->embedding, &chain->layer, &chain->head};
+    for (int i = 0; i < chain->made; i++)
+        model_stage_destroy(stages[i]);
+    free(chain->tokens);
+    memset(chain, 0, sizeof *chain);
+}
+
+/* xorshift64: fast enough for the hundreds of millions of values a large
+ * vocabulary needs (a normal draw per value takes minutes there). */
+static uint64_t next_random(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}
+
+/* GPT-2-like values: norm weights 1, biases 0, everything else uniform
+ * with standard deviation 0.02. Times depend on the values only through
+ * power draw (zeros would run cooler, hence faster), not on their
+ * distribution. */
+static int fill_parameters(model_stage *stage, uint64_t seed, pt_error *err)
+{
+    float *host = malloc((stage->param_count + 1) * sizeof *host);
+    if (host == NULL)
+        return pt_fail(err, "profiler: out of host memory for %zu "
+                            "parameters",
+                       stage->param_count);
+    uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int i = 0; i < stage->tensor_count; i++) {
+        const param_tensor *t = &stage->tensors[i];
+        bool is_bias = strstr(t->name, "_bias") != NULL;
+        bool is_norm_weight = !is_bias && t->rows == 1;
+        for (size_t k = 0; k < t->count; k++) {
+            float value = is_bias ? 0.0f : 1.0f;
+            if (!is_bias && !is_norm_weight) {
+                double unit = (double)(next_random(&state) >> 11) * 0x1p-53;
+                value = (float)((2.0 * unit - 1.0) * 1.7320508 * 0.02);
+            }
+            host[t->offset + k] = value;
+        }
+    }
+    int status = model_stage_write(stage, STAGE_PARAMS, host, err);
+    free(host);
+    return status;
+}
+
+static int make_stage(model_stage *out, const model_shape *shape,
+                      stage_spec spec, int tp, const profiler_options *o,
+                      int capacity, pt_error *err)
+{
+    spec.tp = tp;
+    spec.tp_rank = 0;
+    if (model_stage_create(out, shape, &spec, o->backend, capacity, 1,
+                           err) != 0)
+        return -1;
+    if ((tp > 1 && model_stage_attach_tp(out, NULL, NULL, err) != 0) ||
+        fill_parameters(out, o->seed + (uint64_t)spec.first_layer, err) !=
+            0) {
+        model_stage_destroy(out);
+        return -1;
+    }
+    return 0;
+}
+
+/* Fills each stage's input once, with the previous part's output at the
+ * full capacity; the timed runs then read their inputs in place. */
+static int prime_chain(part_chain *chain, pt_error *err)
+{
+    stage_io io = {.mbs = chain->capacity, .tokens = chain->tokens,
+                   .loss_scale = 1.0f};
+    if (stage_forward(&chain->embedding, 0, &io, NULL, err) != 0)
+        return -1;
+    io.input = stage_output(&chain->embedding, 0);
+    if (stage_forward(&chain->layer, 0, &io, NULL, err) != 0)
+        return -1;
+    io.input = stage_output(&chain->layer, 0);
+    return stage_forward(&chain->head, 0, &io, NULL, err);
+}
+
+static int chain_create(part_chain *chain, const model_shape *shape, int tp,
+                        int capacity, const profiler_options *o,
+                        pt_error *err)
+{
+    memset(chain, 0, sizeof *chain);
+    chain->capacity = capacity;
+    size_t window = (size_t)shape->seq + 1;
+    chain->tokens = malloc((size_t)capacity * window * sizeof(uint32_t));
+    if (chain->tokens == NULL)
+        return pt_fail(err, "profiler: out of host memory for tokens");
+    uint64_t state = o->seed * 0xD1B54A32D192ED03ull + 7;
+    for (size_t i = 0; i < (size_t)capacity * window; i++)
+        chain->tokens[i] =
+            (uint32_t)(next_random(&state) % (uint64_t)shape->vocab);
+    stage_spec embedding = {.first_layer = 0, .last_layer = 0,
+                            .has_embedding = true};
+    stage_spec layer = {.first_layer = 0, .last_layer = 1};
+    stage_spec head = {.first_layer = shape->layers,
+                       .last_layer = shape->layers, .has_head = true};
+    const struct {
+        model_stage *stage;
+        stage_spec spec;
+        const char *name;
+    } parts[] = {{&chain->embedding, embedding, "embedding"},
+                 {&chain->layer, layer, "layer"},
+                 {&chain->head, head, "head"}};
+    for (int i = 0; i < 3; i++) {
+        if (make_stage(parts[i].stage, shape, parts[i].spec, tp, o, capacity,
+                       err) != 0) {
+            pt_error_prefix(err, "the %s stage", parts[i].name);
+            chain_destroy(chain);
+            return -1;
+        }
+        chain->made++;
+    }
+    if (prime_chain(chain, err) != 0) {
+        chain_destroy(chain);
+        return -1;
+    }
+    return 0;
+}
+
+/* One run of every call at micro-batch mbs, each timed; gradients are
+ * zeroed first (untimed), as a training step would. */
+static int run_chain(part_chain *chain, int mbs, double seconds[CHAIN_CALLS],
+                     pt_error *err)
+{
+    model_stage *stages[] = {&chain->embedding, &chain->layer, &chain->head};
+    for (int i = 0; i < 3; i++)
+        if (stage_zero_grads(stages[i], err) != 0)
+            return -1;
+    stage_io embedding_io = {.mbs = mbs, .tokens = chain->tokens};
+    stage_io layer_io = {.mbs = mbs,
+                         .input = stage_input_buffer(&chain->layer, 0)};
+    stage_io head_io = {.mbs = mbs, .tokens = chain->tokens,
+                        .input = stage_input_buffer(&chain->head, 0),
+                        .loss_scale = 1.0f};
+    double start = pt_monotonic_seconds();
+    for (int call = 0; call < CHAIN_CALLS; call++) {
+        int status = 0;
+        switch ((chain_call)call) {
+        case EMBEDDING_FORWARD:
+            status = stage_forward(&chain->embedding, 0, &embedding_io, NULL,
+                                   err);
+            break;
+        case LAYER_FORWARD:
+            status = stage_forward(&chain->layer, 0, &layer_io, NULL, err);
+            break;
+        case HEAD_FORWARD:
+            status = stage_forward(&chain->head, 0, &head_io, NULL, err);
+            break;
+        case HEAD_BACKWARD:
+            status = stage_backward(&chain->head, 0, &head_io, err);
+            layer_io.output_grad = stage_input_grad(&chain->head);
+            break;
+        case LAYER_BACKWARD:
+            status = stage_backward(&chain->layer, 0, &layer_io, err);
+            embedding_io.output_grad = stage_input_grad(&chain->layer);
+            break;
+        case EMBEDDING_BACKWARD:
+            status = stage_backward(&chain->embedding, 0, &embedding_io, err);
+            break;
+        case CHAIN_CALLS:
+            break;
+        }
+        double end = pt_monotonic_seconds();
+        if (status != 0)
+            return -1;
+        seconds[call] = end - start;
+        start = end;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------- measuring */
+
+static double sum_of(const double *values, int count)
+{
+    double sum = 0.0;
+    for (int i = 0; i < count; i++)
+        sum += values[i];
+    return sum;
+}
+
+/* Timed runs for a point whose one run took run_s: as many as fit the
+ * budget, within the options' bounds. */
+static int timed_runs_for(const profiler_options *o, double run_s)
+{
+    int runs = o->timed_runs;
+    if (run_s > 0.0 && o->point_budget_s / run_s < (double)runs)
+        runs = (int)(o->point_budget_s / run_s);
+    return runs < o->min_timed_runs ? o->min_timed_runs : runs;
+}
+
+static int measure_point(part_chain *chain, int tp, int mbs,
+                         const profiler_options *o, profiled_point *out,
+                         pt_error *err)
+{
+    double seconds[CHAIN_CALLS];
+    double run_s = 0.0;
+    for (int i = 0; i < o->warmup_runs; i++) {
+        if (run_chain(chain, mbs, seconds, err) != 0)
+            return -1;
+        run_s = sum_of(seconds, CHAIN_CALLS);
+    }
+    int runs = timed_runs_for(o, run_s);
+    double *samples = malloc((size_t)runs * CHAIN_CALLS * sizeof *samples);
+    if (samples == NULL)
+        return pt_fail(err, "profiler: out of host memory");
+    for (int r = 0; r < runs; r++) {
+        if (run_chain(chain, mbs, seconds, err) != 0) {
+            free(samples);
+            return -1;
+        }
+        for (int call = 0; call < CHAIN_CALLS; call++)
+            samples[call * runs + r] = seconds[call];
+    }
+    timing_summary summary[CHAIN_CALLS];
+    for (int call = 0; call < CHAIN_CALLS; call++)
+        summary[call] = timing_summarize(samples + call * runs, runs);
+    free(samples);
+    *out = (profiled_point){
+        .tp = tp,
+        .mbs = mbs,
+        .embedding = {summary[EMBEDDING_FORWARD],
+                      summary[EMBEDDING_BACKWARD]},
+        .layer = {summary[LAYER_FORWARD], summary[LAYER_BACKWARD]},
+        .head = {summary[HEAD_FORWARD], summary[HEAD_BACKWARD]},
+    };
+    return 0;
+}
+
+/* Repeats runs at the chain's capacity until warmup_s has passed, so that
+ * the first timings do not see the clocks of an idle device. */
+static int warm_device(part_chain *chain, double warmup_s, pt_error *err)
+{
+    double seconds[CHAIN_CALLS];
+    double until = pt_monotonic_seconds() + warmup_s;
+    do {
+        if (run_chain(chain, chain->capacity, seconds, err) != 0)
+            return -1;
+    } while (pt_monotonic_seconds() < until);
+    return 0;
+}
+
+static int time_adamw(model_stage *stage, const profiler_options *o,
+                      timing_summary *out, pt_error *err)
+{
+    adamw_config config = adamw_defaults();
+    double runs[PROFILER_MAX_RUNS];
+    for (int i = 0; i < o->warmup_runs + o->timed_runs; i++) {
+        double start = pt_monotonic_seconds();
+        if (stage_adamw_step(stage, &config, PROFILER_LEARNING_RATE, 1.0f,
+                             err) != 0)
+            return -1;
+        if (i >= o->warmup_runs)
+            runs[i - o->warmup_runs] = pt_monotonic_seconds() - start;
+    }
+    *out = timing_summarize(runs, o->timed_runs);
+    return 0;
+}
+
+static int measure_optimizer(part_chain *chain, const profiler_options *o,
+                             profiler_result *out, pt_error *err)
+{
+    if (time_adamw(&chain->layer, o, &out->optimizer_layer, err) != 0 ||
+        time_adamw(&chain->embedding, o, &out->optimizer_embedding, err) !=
+            0) {
+        pt_error_prefix(err, "profiler: AdamW step");
+        return -1;
+    }
+    out->layer_parameters = (double)chain->layer.param_count;
+    out->embedding_parameters = (double)chain->embedding.param_count;
+    out->optimizer_s_per_param =
+        out->optimizer_layer.median_s / out->layer_parameters;
+    return 0;
+}
+
+/* Why a tp cannot be profiled for this shape, or NULL. */
+static const char *tp_refusal(const model_shape *shape, int tp)
+{
+    if (shape->heads % tp != 0)
+        return "it does not divide the heads";
+    if (shape->ffn_hidden % tp != 0 || shape->hidden % tp != 0)
+        return "it does not divide hidden and ffn_hidden";
+    if (shape->vocab < tp)
+        return "the vocabulary has fewer rows than shards";
+    return NULL;
+}
+
+/* The chain of the largest micro-batch of the list that fits at this tp:
+ * tries them from the largest down. Returns the index of that micro-batch
+ * in the list, or -1 (err holds the smallest's failure). */
+static int largest_chain(part_chain *chain, const model_shape *shape, int tp,
+                         const profiler_options *o, profiler_result *out,
+                         pt_error *err)
+{
+    pt_error failure = {{0}};
+    for (int i = o->mbs_count - 1; i >= 0; i--) {
+        if (chain_create(chain, shape, tp, o->mbs_values[i], o, err) == 0) {
+            if (i < o->mbs_count - 1)
+                add_note(out, "tp %d: micro-batch %d and up not measured: "
+                              "%s",
+                         tp, o->mbs_values[i + 1], failure.message);
+            return i;
+        }
+        failure = *err; /* the smallest micro-batch that failed so far */
+    }
+    return -1;
+}
+
+typedef struct measure_progress {
+    int done;
+    int total;
+} measure_progress;
+
+static void report(const profiler_options *o, measure_progress *progress,
+                   int steps, const char *label, const profiled_point *point)
+{
+    progress->done += steps;
+    if (o->progress != NULL)
+        o->progress(progress->done, progress->total, label, point,
+                    o->progress_data);
+}
+
+/* Every micro-batch of the list up to the chain's capacity; a run that
+ * fails ends the tp (larger micro-batches would fail too). */
+static int measure_tp(const model_shape *shape, int tp,
+                      const profiler_options *o, bool *optimizer_done,
+                      profiler_result *out, measure_progress *progress,
+                      pt_error *err)
+{
+    char label[400];
+    const char *refusal = tp_refusal(shape, tp);
+    if (refusal != NULL) {
+        add_note(out, "tp %d skipped: %s (%d heads, hidden %d, ffn_hidden "
+                      "%d)",
+                 tp, refusal, shape->heads, shape->hidden, shape->ffn_hidden);
+        snprintf(label, sizeof label, "tp %d skipped: %s", tp, refusal);
+        report(o, progress, o->mbs_count, label, NULL);
+        return 0;
+    }
+    part_chain chain;
+    pt_error failure = {{0}};
+    int last = largest_chain(&chain, shape, tp, o, out, &failure);
+    if (last < 0) {
+        add_note(out, "tp %d skipped: %s", tp, failure.message);
+        snprintf(label, sizeof label, "tp %d skipped: %.300s", tp,
+                 failure.message);
+        report(o, progress, o->mbs_count, label, NULL);
+        return 0;
+    }
+    if (out->point_count == 0 && o->device_warmup_s > 0.0 &&
+        warm_device(&chain, o->device_warmup_s, err) != 0) {
+        chain_destroy(&chain);
+        return -1;
+    }
+    int measured = 0;
+    for (int i = 0; i <= last; i++) {
+        profiled_point *point = &out->points[out->point_count];
+        if (measure_point(&chain, tp, o->mbs_values[i], o, point,
+                          &failure) != 0) {
+            add_note(out, "tp %d: micro-batch %d and up not measured: %s",
+                     tp, o->mbs_values[i], failure.message);
+            break;
+        }
+        out->point_count++;
+        measured++;
+        snprintf(label, sizeof label, "tp %d, micro-batch %d", tp,
+                 o->mbs_values[i]);
+        report(o, progress, 1, label, point);
+    }
+    int status = 0;
+    if (measured > 0 && !*optimizer_done) {
+        status = measure_optimizer(&chain, o, out, err);
+        *optimizer_done = status == 0;
+        if (status == 0)
+            report(o, progress, 1, "optimizer", NULL);
+    }
+    chain_destroy(&chain);
+    /* the steps of the micro-batches not measured */
+    progress->done += o->mbs_count - measured;
+    return status;
+}
+
+int profiler_measure(const model_shape *shape,
+                     const profiler_options *options, profiler_result *out,
+                     pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (profiler_options_check(options, err) != 0)
+        return -1;
+    double started = pt_monotonic_seconds();
+    out->runs_warmup = options->warmup_runs;
+    out->runs_timed_max = options->timed_runs;
+    out->runs_timed_min = options->min_timed_runs;
+    if (open_device(options, &out->device, err) != 0)
+        return -1;
+    measure_progress progress = {
+        .total = options->tp_count * options->mbs_count + 1};
+    bool optimizer_done = false;
+    int status = 0;
+    for (int i = 0; i < options->tp_count && status == 0; i++)
+        status = measure_tp(shape, options->tp_values[i], options,
+                            &optimizer_done, out, &progress, err);
+    close_device(options);
+    out->elapsed_s = pt_monotonic_seconds() - started;
+    if (status != 0)
+        return -1;
+    if (out->point_count == 0 || !optimizer_done)
+        return pt_fail(err, "profiler: nothing could be measured: %s",
+                       out->note_count > 0 ? out->notes[0]
+                                           : "no tp and micro-batch given");
+    return 0;
+}

@@ -1,0 +1,210 @@
+/*
+ * profiler: `partita profile`, what the parts of a model cost on the
+ * device at hand, measured through the executor's stages (and, with
+ * NCCL and two GPUs, the communication curves).
+ */
+#ifndef PARTITA_PROFILER_H
+#define PARTITA_PROFILER_H
+
+#include "executor/stage/stage.h"
+
+/* ------------------------------------------------------------- profiler */
+
+/*
+ * `partita profile` (profiler/profiler.c, docs/profiles.md "Measuring"):
+ * what the parts of a model cost on the device at hand. For every tp of
+ * a list, shard 0 of the embedding, of one transformer layer and of the
+ * head, each a stage of its own, tensor-parallel shards compute-only (the
+ * tp all-reduces are priced separately, from the all-reduce curve), at
+ * every micro-batch of a list that fits in memory. Each part is run
+ * forward then backward, warm-up runs first, then timed runs, host clock
+ * around each synchronous call; a part's time is the median of its runs,
+ * its spread the interquartile range over the median. Plus the AdamW step
+ * per parameter and, built with NCCL and given two GPUs, all-reduce and
+ * send/recv curves. Backend-agnostic except the device handling: on the
+ * cpu backend it runs (slowly) on a tiny model, which is how CI tests it.
+ */
+
+/* The most entries of a tp or micro-batch list; of notes; of message
+ * sizes of a communication curve. */
+#define PROFILER_MAX_VALUES 16
+#define PROFILER_MAX_NOTES 24
+#define PROFILER_MAX_COMM_SIZES 32
+
+/* A timed quantity: the median of its timed runs and their spread,
+ * (third quartile - first quartile) / median (quartiles by linear
+ * interpolation between the sorted runs). */
+typedef struct timing_summary {
+    double median_s;
+    double spread;
+    int runs;
+} timing_summary;
+
+/* Summarises runs[0..count) (count >= 1; the array is left as is). */
+timing_summary timing_summarize(const double *runs, int count);
+
+typedef struct profiled_part {
+    timing_summary forward;
+    timing_summary backward;
+} profiled_part;
+
+/* One measured (tp, micro-batch) point: seconds per micro-batch on one
+ * GPU of the tp group. */
+typedef struct profiled_point {
+    int tp;
+    int mbs;
+    profiled_part embedding;
+    profiled_part layer;
+    profiled_part head;      /* final norm, LM head and loss */
+} profiled_point;
+
+/* Reported after each step of a measurement: done of total steps; point
+ * is the point just measured, or NULL for another step (label says
+ * which: "optimizer", "skipped: ...", "all-reduce 4.0 KiB"). */
+typedef void (*profiler_progress_fn)(int done, int total, const char *label,
+                                     const profiled_point *point,
+                                     void *data);
+
+typedef struct profiler_options {
+    backend_kind backend;
+    int device;                  /* cuda device ordinal (0) */
+    int sm_limit;                /* cuda: only this many SMs, through a
+                                    green context; 0: all */
+    double memory_limit_bytes;   /* cuda: cap on the stages; 0: none */
+    int tp_count;
+    int tp_values[PROFILER_MAX_VALUES];   /* ascending */
+    int mbs_count;
+    int mbs_values[PROFILER_MAX_VALUES];  /* ascending */
+    int warmup_runs;             /* untimed runs before each point */
+    int timed_runs;              /* timed runs of a point, at most */
+    int min_timed_runs;          /* at least, however slow the point */
+    double point_budget_s;       /* timed seconds a point should take:
+                                    slow points get fewer runs */
+    double device_warmup_s;      /* work before the first timing, so that
+                                    clocks have ramped up */
+    uint64_t seed;               /* parameters and tokens */
+    profiler_progress_fn progress;   /* NULL: none */
+    void *progress_data;
+} profiler_options;
+
+/* The full measurement: tp 1, 2, 4, 8, micro-batches 1, 2, 4, 8, 16,
+ * 5 warm-up and up to 50 timed runs per point (at least 7; as many as
+ * fit in about 1.5 s), 2 s of device warm-up. */
+profiler_options profiler_options_defaults(backend_kind backend);
+/* Fewer runs, no device warm-up: for tests and a first look. */
+void profiler_options_quick(profiler_options *options);
+/* Checks lists (ascending powers of two for tp, ascending for mbs, each
+ * 1..1024), run counts and the cuda-only options. */
+int profiler_options_check(const profiler_options *options, pt_error *err);
+
+/* The device the profile was taken on. */
+typedef struct profiled_device {
+    char name[256];              /* "NVIDIA H200", "cpu (16 cores)" */
+    int sms;                     /* SMs of the GPU; 0 for the cpu */
+    int sms_used;                /* the green context's, or sms */
+    double memory_bytes;         /* the GPU's (host's for the cpu) */
+    double context_bytes;        /* device memory in use before the first
+                                    stage: CUDA context and libraries */
+    char driver_version[64];     /* "580.95.05"; "" when unknown */
+    char driver_cuda_version[16];    /* highest CUDA the driver runs */
+    char runtime_cuda_version[16];   /* the CUDA runtime linked in */
+} profiled_device;
+
+typedef struct profiler_result {
+    profiled_device device;
+    int point_count;             /* sorted by tp, then mbs */
+    profiled_point points[PROFILER_MAX_VALUES * PROFILER_MAX_VALUES];
+    /* AdamW steps of the tp 1 (or smallest tp measured) layer and
+     * embedding stages, and the parameters each holds. */
+    timing_summary optimizer_layer;
+    timing_summary optimizer_embedding;
+    double layer_parameters;
+    double embedding_parameters;
+    /* optimizer_layer per parameter: a real stage is mostly layers. */
+    double optimizer_s_per_param;
+    int runs_warmup;             /* as run (options, after checks) */
+    int runs_timed_max;
+    int runs_timed_min;
+    double elapsed_s;            /* wall time of the measurement */
+    int note_count;              /* what was skipped and why */
+    char notes[PROFILER_MAX_NOTES][320];
+} profiler_result;
+
+/* Measures the model's parts under the options into out (zeroed first).
+ * Points that fail to be made or run are skipped with a note (a tp the
+ * shape does not divide; a tp the backend cannot run; a micro-batch that
+ * does not fit: larger ones are not tried). -1 when nothing at all could
+ * be measured, or on a device failure. */
+int profiler_measure(const model_shape *shape,
+                     const profiler_options *options, profiler_result *out,
+                     pt_error *err);
+
+/* Communication curves between two GPUs of this machine (devices 0 and
+ * 1) through NCCL. */
+typedef struct profiled_comm_sample {
+    double bytes;
+    timing_summary time;         /* one operation */
+} profiled_comm_sample;
+
+typedef struct profiler_comm_result {
+    int gpus;                    /* 2 */
+    int sample_count;            /* sizes, in each curve */
+    profiled_comm_sample allreduce[PROFILER_MAX_COMM_SIZES];
+    profiled_comm_sample sendrecv[PROFILER_MAX_COMM_SIZES];  /* 0 -> 1 */
+    int operations_per_run[PROFILER_MAX_COMM_SIZES]; /* back to back,
+                                    timed together: small messages */
+    char nccl_version[16];
+    double elapsed_s;
+} profiler_comm_result;
+
+/* Whether this build has NCCL and this machine shows two GPUs; if not,
+ * why, in reason (which may be NULL). */
+bool profiler_comm_available(char *reason, size_t reason_size);
+
+/* All-reduce (fp32 sum, in place) over GPUs 0 and 1, and send/recv from
+ * GPU 0 to GPU 1, for every power of two from min_bytes to max_bytes
+ * (both powers of two): warm-up runs, then timed runs (the options'
+ * counts), each of a few operations back to back when messages are small
+ * (so that launch jitter averages out), host clock from the first GPU's
+ * start to the last GPU's end; one thread per GPU, each in
+ * options->sm_limit SMs when set. progress reports each size (point
+ * NULL). */
+int profiler_measure_comm(const profiler_options *options, double min_bytes,
+                          double max_bytes, profiler_comm_result *out,
+                          pt_error *err);
+
+/* ------------------------------------------------------ the profile file */
+
+/* The models one profile measures, one shape each. */
+#define PROFILER_MAX_MODELS 8
+
+/* What a profile says of how it was made, besides the measurements. The
+ * first model's result gives the device and the optimizer figure. */
+typedef struct profiler_writeup {
+    int model_count;
+    const model_shape *shapes;          /* model_count */
+    const profiler_options *options;
+    const profiler_result *results;     /* model_count */
+    const profiler_comm_result *comm;   /* NULL: no curves */
+    const char *comm_reason;            /* why none, when comm is NULL */
+    const char *gpu;                    /* the profile's GPU name */
+    const char *command_line;           /* as typed */
+    const char *date_utc;               /* ISO 8601 */
+    int sm_limit;                       /* 0: every SM */
+    double memory_limit_gib;            /* 0: the device's memory */
+} profiler_writeup;
+
+/* The profile's name for a device: its first word with a digit, cut at
+ * a '-' ("NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA A100-SXM4-40GB" ->
+ * "A100"), and "-<N>SM" under an SM limit; "cpu" on the cpu backend. */
+void profiler_default_gpu_name(const profiled_device *device,
+                               backend_kind backend, int sm_limit, char *out,
+                               size_t size);
+/* Seconds the whole measurement took (every model, and the curves). */
+double profiler_measured_seconds(const profiler_writeup *writeup);
+/* The profile's JSON object, checked by the profile reader (messages
+ * name output); NULL with err when out of memory or refused. */
+json_t *profiler_profile_json(const profiler_writeup *writeup,
+                              const char *output, pt_error *err);
+
+#endif

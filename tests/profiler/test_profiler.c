@@ -1,0 +1,172 @@
+/*
+ * The profiler (profiler/profiler.c): the median and spread of timed
+ * runs, the checks of its options, and a whole measurement of a tiny
+ * model on the cpu backend: every point that the shape allows is there,
+ * the others are skipped with a note, progress reaches its total. No
+ * time is asserted beyond being positive.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "profiler/profiler.h"
+
+static void test_summary_of_odd_and_even_counts(void **state)
+{
+    (void)state;
+    const double odd[] = {5.0, 1.0, 3.0, 2.0, 4.0};
+    timing_summary s = timing_summarize(odd, 5);
+    assert_int_equal(s.runs, 5);
+    assert_float_equal(s.median_s, 3.0, 1e-12);
+    /* quartiles 2 and 4: range 2 over median 3 */
+    assert_float_equal(s.spread, 2.0 / 3.0, 1e-12);
+    const double even[] = {4.0, 1.0, 3.0, 2.0};
+    s = timing_summarize(even, 4);
+    assert_float_equal(s.median_s, 2.5, 1e-12);
+    /* quartiles at positions 0.75 and 2.25: 1.75 and 3.25 */
+    assert_float_equal(s.spread, 1.5 / 2.5, 1e-12);
+    assert_float_equal(odd[0], 5.0, 0.0); /* the input is left as is */
+}
+
+static void test_summary_of_one_run(void **state)
+{
+    (void)state;
+    const double one[] = {0.25};
+    timing_summary s = timing_summarize(one, 1);
+    assert_float_equal(s.median_s, 0.25, 0.0);
+    assert_float_equal(s.spread, 0.0, 0.0);
+    assert_int_equal(timing_summarize(one, 0).runs, 0);
+}
+
+static void expect_refused(const profiler_options *options,
+                           const char *fragment)
+{
+    pt_error err = {{0}};
+    assert_int_equal(profiler_options_check(options, &err), -1);
+    if (strstr(err.message, fragment) == NULL)
+        fail_msg("'%s' not in '%s'", fragment, err.message);
+}
+
+static void test_option_checks(void **state)
+{
+    (void)state;
+    pt_error err = {{0}};
+    profiler_options options = profiler_options_defaults(BACKEND_CPU);
+    assert_int_equal(profiler_options_check(&options, &err), 0);
+    profiler_options bad = options;
+    bad.tp_values[1] = 3;
+    expect_refused(&bad, "tp 3 is not a power of two");
+    bad = options;
+    bad.mbs_values[2] = 1;
+    expect_refused(&bad, "ascend");
+    bad = options;
+    bad.tp_count = 0;
+    expect_refused(&bad, "1 to 16");
+    bad = options;
+    bad.min_timed_runs = bad.timed_runs + 1;
+    expect_refused(&bad, "timed");
+    bad = options;
+    bad.sm_limit = 16;
+    expect_refused(&bad, "cuda backend");
+}
+
+typedef struct progress_log {
+    int calls;
+    int last_done;
+    int total;
+    int points;
+} progress_log;
+
+static void record_progress(int done, int total, const char *label,
+                            const profiled_point *point, void *data)
+{
+    progress_log *log = data;
+    assert_non_null(label);
+    assert_true(done >= log->last_done);
+    log->calls++;
+    log->last_done = done;
+    log->total = total;
+    log->points += point != NULL;
+}
+
+static void assert_positive(const profiled_part *part)
+{
+    assert_true(part->forward.median_s > 0.0);
+    assert_true(part->backward.median_s > 0.0);
+    assert_true(part->forward.spread >= 0.0);
+    assert_int_equal(part->forward.runs, 3);
+}
+
+static void test_tiny_model_on_cpu(void **state)
+{
+    (void)state;
+    model_shape shape = {.name = "tiny", .layers = 2, .hidden = 32,
+                         .heads = 4, .ffn_hidden = 128, .seq = 16,
+                         .vocab = 100, .tied_embeddings = true};
+    profiler_options options = profiler_options_defaults(BACKEND_CPU);
+    profiler_options_quick(&options);
+    options.timed_runs = options.min_timed_runs = 3;
+    options.tp_count = 3;
+    memcpy(options.tp_values, (int[]){1, 2, 8}, 3 * sizeof(int));
+    options.mbs_count = 2;
+    memcpy(options.mbs_values, (int[]){1, 2}, 2 * sizeof(int));
+    progress_log log = {0};
+    options.progress = record_progress;
+    options.progress_data = &log;
+    profiler_result *result = test_calloc(1, sizeof *result);
+    pt_error err = {{0}};
+    if (profiler_measure(&shape, &options, result, &err) != 0)
+        fail_msg("%s", err.message);
+    assert_int_equal(result->point_count, 4);
+    const int expected[][2] = {{1, 1}, {1, 2}, {2, 1}, {2, 2}};
+    for (int i = 0; i < 4; i++) {
+        const profiled_point *p = &result->points[i];
+        assert_int_equal(p->tp, expected[i][0]);
+        assert_int_equal(p->mbs, expected[i][1]);
+        assert_positive(&p->embedding);
+        assert_positive(&p->layer);
+        assert_positive(&p->head);
+    }
+    assert_int_equal(result->note_count, 1);
+    assert_non_null(strstr(result->notes[0], "tp 8 skipped"));
+    assert_true(result->optimizer_s_per_param > 0.0);
+    assert_true(result->layer_parameters > 0.0);
+    assert_true(result->embedding_parameters > 0.0);
+    assert_non_null(strstr(result->device.name, "cpu"));
+    assert_int_equal(log.points, 4);
+    assert_int_equal(log.total, 7); /* 3 tp x 2 mbs + the optimizer */
+    assert_int_equal(log.last_done, log.total);
+    test_free(result);
+}
+
+static void test_comm_needs_nccl_and_two_gpus(void **state)
+{
+    (void)state;
+    char reason[160] = "";
+    if (profiler_comm_available(reason, sizeof reason))
+        skip();
+    assert_true(reason[0] != '\0');
+    profiler_options options = profiler_options_defaults(BACKEND_CUDA);
+    profiler_comm_result *out = test_calloc(1, sizeof *out);
+    pt_error err = {{0}};
+    assert_int_equal(
+        profiler_measure_comm(&options, 4096, 1 << 20, out, &err), -1);
+    assert_true(err.message[0] != '\0');
+    test_free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_summary_of_odd_and_even_counts),
+        cmocka_unit_test(test_summary_of_one_run),
+        cmocka_unit_test(test_option_checks),
+        cmocka_unit_test(test_tiny_model_on_cpu),
+        cmocka_unit_test(test_comm_needs_nccl_and_two_gpus),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
