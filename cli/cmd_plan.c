@@ -46,7 +46,7 @@ static void print_plan_help(void)
         "                     every distinct node order (same plans, slower)\n"
         "  --max-tree-nodes N stop the search after about N tree nodes and say\n"
         "                     how far from exact its best plan may be\n"
-        "                     (default 4000000, about 10 s; 0: never stop)\n"
+        "                     (default 40000000, about 10 s; 0: never stop)\n"
         "  --threads N        search threads (default: one per core); the\n"
         "                     plans and counts do not depend on it\n"
         "  --profiles DIR     look for profiles/<gpu>.json here first\n"

@@ -133,7 +133,7 @@ typedef struct search_result {
 /* Tree nodes a search visits at most by default: about 10 s on a 2-core
  * machine, after which it reports how far from exact its best plan may
  * be (docs/planner.md). */
-#define SEARCH_DEFAULT_TREE_NODES 4000000LL
+#define SEARCH_DEFAULT_TREE_NODES 40000000LL
 
 /* gbs 64, time, DP, 1F1B, bf16, mbs up to 16, both levers allowed, keep
  * 10, one thread per core, SEARCH_DEFAULT_TREE_NODES. */

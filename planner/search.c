@@ -23,6 +23,8 @@
 
 /* Candidates the simulator ranks: at least this many, or twice `keep`. */
 #define SHORTLIST_MINIMUM 32
+/* At most this share of the node budget goes to one task. */
+#define SEARCH_BUDGET_SHARES 8
 /* Tasks searched between two merges (fixed: counts must not depend on
  * the number of threads). */
 #define BATCH_TASKS 8
@@ -275,9 +277,14 @@ static int search_tasks(search_run *run, int threads, shortlist *best,
         }
         if (size == 0)
             break;
+        /* no task takes more than an eighth of the budget, so that the
+           next lowest floors get searched too */
+        long long share = budget_left / size;
+        if (options->max_tree_nodes > 0 &&
+            share > options->max_tree_nodes / SEARCH_BUDGET_SHARES)
+            share = options->max_tree_nodes / SEARCH_BUDGET_SHARES;
         run->limits = (tree_limits){options->exhaustive, threshold,
-                                    budget_left > 0 ? budget_left / size : 0,
-                                    NULL, NULL};
+                                    budget_left > 0 ? share : 0, NULL, NULL};
         if (parallel_for(threads, size, search_batch_task, run, err) != 0)
             return -1;
         if (run->failed) {

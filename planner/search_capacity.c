@@ -25,6 +25,9 @@
 #include <math.h>
 #include <stdlib.h>
 
+/* Table entries x kinds x prices one grid of tables may take to build. */
+#define CAPACITY_BUILD_WORK ((size_t)8 << 20)
+
 static int pure_cap(const bound_tables *t, int type, int stage)
 {
     return t->pure[(size_t)type * t->pp + stage].max_layers;
@@ -305,6 +308,13 @@ int capacity_build(bound_tables *t, double low_s, double high_s,
         return 0;
     size_t entry = sizeof(int) + (size_t)table->kinds * sizeof(double);
     int points = (int)(max_bytes / (point_entries(table, t->pp) * entry));
+    /* and as many as CAPACITY_BUILD_WORK table entries x kinds allow:
+       a build must stay cheap beside the search it serves */
+    size_t work = point_entries(table, t->pp) * (size_t)table->kinds *
+                  (size_t)table->kinds;
+    int affordable = (int)(CAPACITY_BUILD_WORK / (work > 0 ? work : 1));
+    points = points < affordable ? points : affordable;
+    points = points < 2 ? 2 : points;
     points = points > CAPACITY_GRID_MAX ? CAPACITY_GRID_MAX : points;
     if (!(low_s > 0.0) || !(high_s > low_s) || high_s == INFINITY)
         points = 1; /* no range to cover: memory alone */
@@ -474,16 +484,31 @@ double capacity_floor(const bound_tables *t, const partial_placement *partial)
     double weight = t->microbatches - 1;
     /* M_c lies in some interval [M_g, M_g+1] where the layers fit under
        M_g+1: the score is at least (m - 1) M_g + the least sum there */
-    double floor_s = INFINITY, below = 0.0;
     int last = table->grid_count - 1;
-    for (int g = 0; g < last; g++) {
-        double sums;
-        if (point_fits(t, partial, g, complete, index, &sums))
-            floor_s = fmin(floor_s, weight * below + sums);
+    double sums;
+    if (!point_fits(t, partial, last, complete, index, &sums))
+        return INFINITY;
+    /* the layers fit under every grid point from `first` on (more room
+       under a larger bottleneck): find it by bisection */
+    int first = 0, fits_from = last;
+    while (first < fits_from) {
+        int middle = (first + fits_from) / 2;
+        double unused;
+        if (point_fits(t, partial, middle, complete, index, &unused))
+            fits_from = middle;
+        else
+            first = middle + 1;
+    }
+    double floor_s = INFINITY;
+    double below = fits_from > 0 ? table->grid_s[fits_from - 1] : 0.0;
+    for (int g = fits_from; g < last && weight * below < floor_s; g++) {
+        double at;
+        point_fits(t, partial, g, complete, index, &at);
+        /* a sum of stage times is never negative */
+        floor_s = fmin(floor_s, weight * below + fmax(at, 0.0));
         below = table->grid_s[g];
     }
-    double sums;
-    if (point_fits(t, partial, last, complete, index, &sums))
+    if (weight * below < floor_s)
         floor_s = fmin(floor_s, weight * below +
                                     fmax(sums, sum_floor(t, partial,
                                                          complete)));

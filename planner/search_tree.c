@@ -74,6 +74,7 @@ struct tree_worker {
     bool stop, failed;
     pt_error *err;
     double capacity_high_s;     /* the bottleneck the tables reach */
+    long long placements;       /* nodes placed, for trimming the memos */
     int capacity_generation;    /* counts the builds */
     /* scoring scratch */
     partition_stage *stages;    /* [max_pp] */
@@ -383,6 +384,9 @@ static int child_floor(tree_worker *w, int depth, bool pending,
                                  w->gpus_left};
     if (refresh_capacity(w, threshold) != 0)
         return -1;
+    /* a floor solves partition problems of pp stages: it counts as that
+       many nodes towards the budget, which so stays a measure of time */
+    w->outcome->nodes += w->task->config.pp;
     return node_floor(w, &partial, threshold, floor_s);
 }
 
@@ -398,7 +402,8 @@ static void try_node(tree_worker *w, int start, int depth, int type)
     if (!canonical(w, depth))
         return;
     tree_outcome *o = w->outcome;
-    if (++o->nodes % 4096 == 0)
+    o->nodes++;
+    if (++w->placements % 4096 == 0)
         search_memo_trim(&w->memo, SEARCH_MEMO_BYTES);
     if (w->limits->node_budget > 0 && o->nodes > w->limits->node_budget)
         w->stop = true;
