@@ -496,5 +496,8 @@ int cmd_profile_derive(int argc, char **argv)
     int parsed = parse_derive_arguments(argc, argv, &arguments);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    if (arguments.output != NULL &&
+        cli_check_output("profile", arguments.output, false) != 0)
+        return EXIT_BAD_INPUT;
     return derive(&arguments, argc, argv);
 }

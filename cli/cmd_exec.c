@@ -83,7 +83,8 @@ static void print_exec_help(void)
         "  --launch MODE        auto (default): one process per rank when\n"
         "                       started by mpirun or srun with more than one\n"
         "                       process, else threads; threads; or mpi\n"
-        "  -o, --output FILE    run record (default run.json)\n"
+        "  -o, --output FILE    run record (default run.json; - for standard\n"
+        "                       output, the log then on standard error)\n"
         "\n"
         "SIGINT or SIGTERM ends the run after the current iteration: the\n"
         "checkpoint (with --save) and run.json are written, exit status 0.\n"
@@ -395,20 +396,16 @@ static void observe_iteration(const run_result *r, void *data)
         print_progress(printer, r);
 }
 
-/* A missing or read-only output directory is found before training, not
- * after an hour of it. */
-static int check_output_writable(const char *output)
+/* Outputs that cannot be written are found before training, not after
+ * an hour of it: run.json's folder, and --save's. */
+static int check_outputs(const exec_arguments *args)
 {
-    char dir[PT_PATH_MAX];
-    pt_directory_of(output, dir, sizeof dir);
-    if (access(dir, W_OK) == 0)
-        return 0;
-    char message[PT_PATH_MAX * 2 + 64];
-    snprintf(message, sizeof message, "%s: cannot write there: directory "
-                                      "%s: %s",
-             output, dir, strerror(errno));
-    cli_error("exec", message);
-    return -1;
+    if (cli_check_output("exec", args->output, false) != 0)
+        return -1;
+    if (args->save_dir != NULL &&
+        cli_check_output("exec", args->save_dir, true) != 0)
+        return -1;
+    return 0;
 }
 
 static int build_run_options(const exec_arguments *args, run_options *out)
@@ -449,14 +446,7 @@ static int write_run_record(const exec_arguments *args, const plan *p,
                                      &err)
                        : NULL;
     json_decref(plan_json);
-    int status = root != NULL &&
-                         json_write_file_atomic(root, args->output, &err) == 0
-                     ? 0
-                     : -1;
-    json_decref(root);
-    if (status != 0)
-        cli_error("exec", err.message);
-    return status;
+    return cli_write_json("exec", root, args->output, &err);
 }
 
 static void print_summary(const exec_arguments *args, const run_result *r,
@@ -495,7 +485,7 @@ static void print_summary(const exec_arguments *args, const run_result *r,
                r->last_checkpoint_iteration, args->save_dir);
     for (int i = 0; i < r->note_count; i++)
         printf("exec: note: %s\n", r->notes[i]);
-    printf("exec: wrote %s\n", args->output);
+    printf("exec: wrote %s\n", cli_output_name(args->output));
 }
 
 static int load_exec_plan(const exec_arguments *args, plan *p)
@@ -565,8 +555,10 @@ int command_exec(int argc, char **argv)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
     run_options options;
     if (build_run_options(&args, &options) != 0 ||
-        check_output_writable(args.output) != 0)
+        check_outputs(&args) != 0)
         return EXIT_BAD_INPUT;
+    if (strcmp(args.output, "-") == 0)
+        cli_text_to_stderr();
     plan p;
     if (load_exec_plan(&args, &p) != 0)
         return EXIT_BAD_INPUT;

@@ -50,7 +50,8 @@ static void print_plan_help(void)
         "  --threads N        search threads (default: one per core); the\n"
         "                     plans and counts do not depend on it\n"
         "  --profiles DIR     look for profiles/<gpu>.json here first\n"
-        "  -o, --output FILE  plan file to write (default plan.json)\n"
+        "  -o, --output FILE  plan file to write (default plan.json; - for\n"
+        "                     standard output, the tables then on stderr)\n"
         "  --per-rank-timeline  write the estimated timeline once per rank\n"
         "                     (default: once per stage, which every rank of\n"
         "                     the stage runs; per rank is tp x dp times larger)\n"
@@ -455,7 +456,7 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
     print_notes(&cm);
     if (status == 0)
         printf("# wrote %s (best plan, its timeline, %d alternatives)\n",
-               args->output, result.plan_count - 1);
+               cli_output_name(args->output), result.plan_count - 1);
     search_result_free(&result);
     costmodel_close(&cm);
     return status == 0 ? EXIT_OK : EXIT_FAILURE_RUN;
@@ -583,7 +584,7 @@ static int run_pareto(const plan_arguments *args, plan_inputs *in,
         print_notes(&cm);
         if (status == EXIT_OK)
             printf("# wrote %s (the fastest plan of the front; the front "
-                   "under \"pareto\")\n", args->output);
+                   "under \"pareto\")\n", cli_output_name(args->output));
         costmodel_close(&cm);
     }
     pareto_result_free(&front);
@@ -598,6 +599,12 @@ int command_plan(int argc, char **argv)
     int parsed = parse_plan_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    /* an output that cannot be written is found now, not after the
+       search */
+    if (cli_check_output("plan", args.output, false) != 0)
+        return EXIT_BAD_INPUT;
+    if (strcmp(args.output, "-") == 0)
+        cli_text_to_stderr();
     progress_state progress = {seconds_now(), seconds_now(),
                                args.pareto ? "sub-clusters" : "tasks"};
     if (!args.quiet) {

@@ -145,6 +145,8 @@ int command_report(int argc, char **argv)
     int parsed = parse_report_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    if (cli_check_output("report", args.output_dir, true) != 0)
+        return EXIT_BAD_INPUT;
     pt_error err = {{0}};
     plan p;
     if (plan_load_file(args.plan_path, &p, &err) != 0) {

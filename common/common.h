@@ -445,10 +445,26 @@ double pt_monotonic_seconds(void);
  * between steps (checkpoints).
  */
 
-/* Writes size bytes of data to path through a temporary file, fsync and
- * rename; no file is left under either name on failure. */
+/* Writes size bytes of data to path. A regular file (or none yet) is
+ * replaced through a temporary file, fsync and rename, keeping its
+ * permissions; no file is left under either name on failure. Symbolic
+ * links are followed (the link stays, its target is replaced). "-" is
+ * standard output, and a device, FIFO or socket is written through, as
+ * cp and tee do: there is nothing to rename over. A directory is
+ * refused. */
 int pt_write_file_atomic(const char *path, const void *data, size_t size,
                          pt_error *err);
+
+/* Before any work: 0 when pt_write_file_atomic could write path ("-", a
+ * device or FIFO that may be written, or a file whose folder exists and
+ * takes a new file, tried by creating and removing one). -1 otherwise,
+ * e.g. "out/plan.json: cannot write there: folder out: No such file or
+ * directory". */
+int pt_check_output_file(const char *path, pt_error *err);
+/* The same for a folder that will be made if missing (mkdir -p): it is a
+ * folder, or its nearest existing ancestor is one, and takes a new
+ * file. */
+int pt_check_output_folder(const char *dir, pt_error *err);
 
 /* Writes all of data, retrying short writes and EINTR; 0 or -1 (errno). */
 int pt_write_fully(int fd, const void *data, size_t size);

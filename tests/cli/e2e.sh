@@ -273,8 +273,79 @@ bad-arguments)
   no_leftovers
   ;;
 output-unwritable)
-  run 1 partita plan --model gpt2-xl --gbs 64 --quiet -o /nonexistent-dir/plan.json
+  run 2 partita plan --model gpt2-xl --gbs 64 --quiet -o /nonexistent-dir/plan.json
   expect_in err.txt "/nonexistent-dir/plan.json"
+  ;;
+output-checked-first)
+  # issue 18, item 3: an output that cannot be written is refused before
+  # any work (no search, no training), exit 2, one line naming it
+  prep_corpus
+  write_tiny_plan in-plan.json
+  touch in-file
+  run 2 partita plan --model gpt2-xl --gbs 64 -o in-missing/plan.json
+  expect_in err.txt "in-missing/plan.json: cannot write there"
+  [ ! -s out.txt ] || fail "plan searched before refusing its output"
+  run 2 partita plan --model gpt2-xl --gbs 64 -o in-file/plan.json
+  expect_in err.txt "in-file is not a folder"
+  run 2 partita exec in-plan.json --data in-corpus --iters 3 --save in-file/ckpt
+  expect_in err.txt "in-file/ckpt: cannot write there: in-file is not a folder"
+  [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line: $(cat err.txt)"
+  grep -q '^iteration' out.txt && fail "exec trained before refusing --save"
+  [ ! -e run.json ] || fail "run.json written by a refused run"
+  run 2 partita exec in-plan.json --data in-corpus --iters 3 -o in-missing/run.json
+  expect_in err.txt "in-missing/run.json: cannot write there"
+  run 2 partita exec in-plan.json --data in-corpus --iters 3 -o .
+  expect_in err.txt "is a directory"
+  run 2 partita estimate in-plan.json -o in-missing/estimated.json
+  expect_in err.txt "in-missing/estimated.json"
+  run 2 partita report in-plan.json -o in-file/report
+  expect_in err.txt "in-file is not a folder"
+  run 2 partita profile --derive A10 --from A10-FASOP -o in-missing/A10.json
+  expect_in err.txt "in-missing/A10.json: cannot write there"
+  no_leftovers
+  ;;
+output-stdout)
+  # issue 18, item 2: -o - is standard output (the tables and the log go
+  # to standard error); no file named '-' is made
+  run 0 partita plan --model gpt2-xl --gbs 64 --quiet -o -
+  python3 -c "import json, sys; p = json.load(open(sys.argv[1])); assert p['format'] == 'partita-plan/1'" out.txt \
+    || fail "plan -o - did not print plan.json alone"
+  expect_in err.txt "# scored"
+  expect_in err.txt "wrote standard output"
+  cp out.txt in-plan.json
+  run 0 partita estimate in-plan.json -o -
+  python3 -c "import json, sys; assert 'estimate' in json.load(open(sys.argv[1]))" out.txt \
+    || fail "estimate -o - did not print the plan"
+  run 0 partita estimate in-plan.json -o in-estimated.json
+  expect_in out.txt "# step time"
+  expect_in in-estimated.json '"estimate"'
+  prep_corpus
+  write_tiny_plan in-tiny.json
+  run 0 partita exec in-tiny.json --data in-corpus --iters 2 --log-interval 1 -o -
+  python3 -c "import json, sys; assert json.load(open(sys.argv[1]))['format'] == 'partita-run/1'" out.txt \
+    || fail "exec -o - did not print run.json alone"
+  expect_in err.txt "iteration        2/       2"
+  expect_in err.txt "exec: wrote standard output"
+  [ ! -e ./- ] || fail "a file named '-' was written"
+  ;;
+output-special)
+  # issue 18, item 1: a symbolic link keeps pointing at its target, which
+  # gets the plan; a FIFO and a device are written through, not replaced
+  echo old >in-target.json
+  ln -s in-target.json in-link.json
+  run 0 partita plan --model gpt2-xl --gbs 64 --quiet -o in-link.json
+  [ -L in-link.json ] || fail "the symbolic link was replaced"
+  expect_in in-target.json '"format": "partita-plan/1"'
+  mkfifo in-fifo
+  cat in-fifo >in-from-fifo.json &
+  reader=$!
+  run 0 partita plan --model gpt2-xl --gbs 64 --quiet -o in-fifo
+  wait "$reader"
+  [ -p in-fifo ] || fail "the FIFO was replaced"
+  expect_in in-from-fifo.json '"format": "partita-plan/1"'
+  run 0 partita estimate in-target.json -o /dev/null
+  [ -c /dev/null ] || fail "/dev/null is no longer a device"
+  no_leftovers
   ;;
 prep)
   run 0 partita prep "$source_root/data/corpus.txt" -o corpus
