@@ -71,6 +71,11 @@ static void print_exec_help(void)
         "                       --save-interval iterations and at the end\n"
         "  --save-interval N    iterations between checkpoints (0: at the\n"
         "                       end only)\n"
+        "  --keep-checkpoints N generations of checkpoints kept in DIR, the\n"
+        "                       newest included (2); an older one loads\n"
+        "                       from its folder, --load DIR/gen-NNNNNN\n"
+        "  --overwrite          --save into a DIR that holds a checkpoint\n"
+        "                       this run does not --load (else refused)\n"
         "  --load DIR           resume from the checkpoint in DIR\n"
         "  --comm-timeout S     parallel runs: seconds a rank waits for a\n"
         "                       peer before the run fails (3600 on cpu,\n"
@@ -105,6 +110,7 @@ typedef struct exec_arguments {
     long iterations;
     long log_interval;
     long save_interval;
+    long checkpoint_keep;
     long warmup;              /* -1: 10% of the iterations */
     double lr;
     double min_lr;            /* < 0: lr / 10 */
@@ -112,6 +118,8 @@ typedef struct exec_arguments {
     unsigned long long seed;
     bool seed_given;
     bool save_interval_given;
+    bool checkpoint_keep_given;
+    bool overwrite;
 } exec_arguments;
 
 /* Whole-string integer in [min, max]; prints its own message. */
@@ -168,7 +176,8 @@ static int parse_seed(const char *text, exec_arguments *args)
 enum {
     OPT_DATA = 256, OPT_BACKEND, OPT_ITERS, OPT_LOG_INTERVAL, OPT_SEED,
     OPT_LR, OPT_WARMUP, OPT_MIN_LR, OPT_SAVE, OPT_LOAD, OPT_SAVE_INTERVAL,
-    OPT_COMM_TIMEOUT, OPT_LAUNCH, OPT_GPU_COMM, OPT_HELP
+    OPT_COMM_TIMEOUT, OPT_LAUNCH, OPT_GPU_COMM, OPT_KEEP_CHECKPOINTS,
+    OPT_OVERWRITE, OPT_HELP
 };
 
 /* Seconds, positive and finite; prints its own message. */
@@ -210,6 +219,11 @@ static int apply_option(int option, const char *value, exec_arguments *args)
                            &args->save_interval);
     case OPT_WARMUP:
         return parse_count("warmup", value, 0, 1000000000L, &args->warmup);
+    case OPT_KEEP_CHECKPOINTS:
+        args->checkpoint_keep_given = true;
+        return parse_count("keep-checkpoints", value, 1, 1000,
+                           &args->checkpoint_keep);
+    case OPT_OVERWRITE: args->overwrite = true; return 0;
     case OPT_SEED: return parse_seed(value, args);
     case OPT_LR: return parse_rate("lr", value, &args->lr);
     case OPT_MIN_LR: return parse_rate("min-lr", value, &args->min_lr);
@@ -247,6 +261,11 @@ static int check_arguments(const exec_arguments *args)
     }
     else if (args->save_interval_given && args->save_dir == NULL)
         problem = "--save-interval needs --save DIR";
+    else if (args->checkpoint_keep_given && args->save_dir == NULL)
+        problem = "--keep-checkpoints needs --save DIR";
+    else if (args->overwrite && args->save_dir == NULL)
+        problem = "--overwrite needs --save DIR (it lets a save replace "
+                  "the checkpoint there)";
     else if (args->warmup > args->iterations) {
         snprintf(text, sizeof text, "--warmup %ld is more than the %ld "
                                     "iterations of the run (--iters)",
@@ -279,6 +298,8 @@ static int parse_exec_arguments(int argc, char **argv, exec_arguments *args)
         {"save", required_argument, NULL, OPT_SAVE},
         {"load", required_argument, NULL, OPT_LOAD},
         {"save-interval", required_argument, NULL, OPT_SAVE_INTERVAL},
+        {"keep-checkpoints", required_argument, NULL, OPT_KEEP_CHECKPOINTS},
+        {"overwrite", no_argument, NULL, OPT_OVERWRITE},
         {"comm-timeout", required_argument, NULL, OPT_COMM_TIMEOUT},
         {"launch", required_argument, NULL, OPT_LAUNCH},
         {"gpu-comm", required_argument, NULL, OPT_GPU_COMM},
@@ -289,7 +310,7 @@ static int parse_exec_arguments(int argc, char **argv, exec_arguments *args)
                              .launch = "auto", .gpu_comm = "auto",
                              .iterations = 100, .log_interval = 10,
                              .warmup = -1, .lr = 6e-4, .min_lr = -1.0,
-                             .seed = 1234};
+                             .seed = 1234, .checkpoint_keep = 2};
     optind = 1;
     int option;
     while ((option = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
@@ -425,6 +446,8 @@ static int build_run_options(const exec_arguments *args, run_options *out)
     out->train.schedule.decay_steps = args->iterations;
     out->save_dir = args->save_dir;
     out->save_interval = args->save_interval;
+    out->checkpoint_keep = (int)args->checkpoint_keep;
+    out->overwrite_checkpoint = args->overwrite;
     out->load_dir = args->load_dir;
     out->comm_timeout_s = args->comm_timeout_s;
     out->gpu_comm = strcmp(args->gpu_comm, "nccl") == 0   ? RUN_GPU_COMM_NCCL

@@ -64,6 +64,11 @@ typedef struct run_options {
     const char *save_dir;        /* NULL: no checkpoints */
     long save_interval;          /* iterations between checkpoints; 0: only
                                     at the end (a stopped run saves too) */
+    int checkpoint_keep;         /* generations kept in save_dir, the
+                                    newest included (default 2) */
+    bool overwrite_checkpoint;   /* save_dir may hold another run's
+                                    checkpoint; false: a save_dir holding
+                                    one is refused unless it is load_dir */
     const char *load_dir;        /* NULL: start from initialisation */
     double memory_available_bytes; /* cpu backend: 0 means the machine's
                                       physical memory */
@@ -94,7 +99,8 @@ typedef struct run_options {
 /* Defaults for a run of `iterations` iterations: cpu backend, seed 1234,
  * AdamW defaults, clipping at 1, learning rate 6e-4 warming up over the
  * first 10% of the iterations, then cosine decay to 6e-5 (10%) at the
- * last one; no checkpoints, no stop flag, no observer. */
+ * last one; no checkpoints (2 generations kept when saving, another
+ * run's checkpoint never replaced), no stop flag, no observer. */
 run_options run_options_defaults(long iterations);
 
 /* How long a rank of the run waits for a peer: options->comm_timeout_s,
@@ -281,6 +287,10 @@ uint32_t pt_crc32(const void *data, size_t size);
 
 #define CHECKPOINT_MAX_BLOBS 64
 #define CHECKPOINT_MANIFEST "manifest.json"
+/* Each generation folder's own copy of its manifest (no blob may take
+ * the name): an older generation kept beside the newest loads from its
+ * folder, dir/gen-NNNNNN. */
+#define CHECKPOINT_GENERATION_MANIFEST "generation.json"
 
 /* One blob as the manifest records it. */
 typedef struct checkpoint_blob {
@@ -292,11 +302,12 @@ typedef struct checkpoint_blob {
 /*
  * A checkpoint directory holds manifest.json and one folder per save,
  * gen-NNNNNN/, with a file per blob. A save writes its blobs into a new
- * generation folder (each through a temporary file, fsync and rename) and
- * the manifest last (same way, then fsync of the directory); only then are
- * older generations removed. An interrupted save therefore leaves the
- * previous manifest and its generation untouched and loadable. One writer
- * per directory at a time.
+ * generation folder (each through a temporary file, fsync and rename), a
+ * copy of its manifest there (generation.json), and the manifest last
+ * (same way, then fsync of the directory); only then are the generations
+ * beyond the `keep` newest removed. An interrupted save therefore leaves
+ * the previous manifest and its generation untouched and loadable. One
+ * writer per directory at a time.
  */
 typedef struct checkpoint_writer {
     char dir[PT_PATH_MAX];
@@ -306,6 +317,9 @@ typedef struct checkpoint_writer {
     bool active;              /* begun and neither committed nor aborted */
     bool joined;              /* writes into another process's generation
                                  (checkpoint_writer_join) */
+    int keep;                 /* generations left after a commit, the new
+                                 one included; 0 (begin's) counts as 1.
+                                 Set between begin and commit */
 } checkpoint_writer;
 
 /* Creates dir when missing, removes generations an earlier interrupted
@@ -337,9 +351,13 @@ typedef struct checkpoint_manifest {
     uint64_t generation;
     int blob_count;
     checkpoint_blob blobs[CHECKPOINT_MAX_BLOBS];
+    bool in_generation_folder; /* read from a generation folder's own copy
+                                  (its blobs sit beside it) */
 } checkpoint_manifest;
 
-/* Whether dir holds a manifest (a committed checkpoint). */
+/* Whether dir holds a manifest (a committed checkpoint): dir is a
+ * checkpoint directory, or one of its generation folders. The readers
+ * below take either. */
 bool checkpoint_exists(const char *dir);
 /* Reads and validates the manifest only. */
 int checkpoint_read_manifest(const char *dir, checkpoint_manifest *out,

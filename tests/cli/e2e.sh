@@ -407,6 +407,37 @@ exec-resume)
   expect_in err.txt "model.hidden is 16"
   [ ! -e wide.json ] || fail "run.json written by a refused run"
   ;;
+exec-save-refuses)
+  # issue 18, item 4: a fresh run does not replace another run's
+  # checkpoint unless told to, and the generation before is kept
+  prep_corpus
+  write_tiny_plan in-plan.json
+  run 0 partita exec in-plan.json --data in-corpus --iters 10 --save ckpt -o first.json
+  cp ckpt/manifest.json in-manifest-before.json
+  run 2 partita exec in-plan.json --data in-corpus --iters 3 --save ckpt -o second.json
+  expect_in err.txt "ckpt: the folder already holds a checkpoint"
+  expect_in err.txt "\-\-overwrite"
+  [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line: $(cat err.txt)"
+  grep -q '^iteration' out.txt && fail "trained before refusing"
+  cmp -s ckpt/manifest.json in-manifest-before.json || fail "the checkpoint changed"
+  [ ! -e second.json ] || fail "a refused run wrote run.json"
+  run 0 partita exec in-plan.json --data in-corpus --iters 3 --save ckpt --overwrite -o third.json
+  python3 - <<'PY' || fail "the generations are not the expected ones"
+import glob, json
+gens = sorted(glob.glob("ckpt/gen-*"))
+assert len(gens) == 2, gens
+its = [json.load(open(g + "/meta.json"))["iteration"] for g in gens]
+assert its == [10, 3], its
+PY
+  # the older generation resumes from its folder
+  old=$(ls -d ckpt/gen-* | head -1)
+  run 0 partita exec in-plan.json --data in-corpus --iters 11 --load "$old" -o resumed.json
+  expect_in resumed.json '"first_iteration": 11'
+  run 2 partita exec in-plan.json --data in-corpus --overwrite
+  expect_in err.txt "\-\-overwrite needs \-\-save"
+  run 2 partita exec in-plan.json --data in-corpus --save ckpt --keep-checkpoints 0
+  expect_in err.txt "keep-checkpoints"
+  ;;
 exec-signal)
   prep_corpus
   write_tiny_plan in-plan.json
