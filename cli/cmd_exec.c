@@ -19,15 +19,36 @@
 static volatile sig_atomic_t stop_requested;
 static volatile sig_atomic_t stop_signal;
 
+static const char *signal_name(int signal_number)
+{
+    return signal_number == SIGINT    ? "SIGINT"
+           : signal_number == SIGTERM ? "SIGTERM"
+                                      : "a signal";
+}
+
+/* Says at once that the signal was seen (write(2) is safe in a handler,
+ * stdio is not); the run says later which iteration it interrupted. */
 static void request_stop(int signal_number)
 {
     stop_requested = 1;
     stop_signal = signal_number;
+    static const char message[] =
+        "\npartita exec: %s received: stopping (a one-stage run abandons "
+        "the iteration in progress, a parallel one finishes its step), "
+        "then saving what finished; a second signal ends at once, "
+        "without run.json\n";
+    const char *name = signal_name(signal_number);
+    const char *percent = strchr(message, '%');
+    ssize_t ignored = write(STDERR_FILENO, message,
+                            (size_t)(percent - message));
+    ignored = write(STDERR_FILENO, name, strlen(name));
+    ignored = write(STDERR_FILENO, percent + 2, strlen(percent + 2));
+    (void)ignored;
 }
 
 /* SA_RESETHAND: a second Ctrl-C kills at once, for a user who will not
- * wait for the iteration to finish. SA_RESTART: a checkpoint being
- * written when the signal comes is not cut short by EINTR. */
+ * wait for the run to stop. SA_RESTART: a checkpoint being written when
+ * the signal comes is not cut short by EINTR. */
 static void install_stop_handlers(void)
 {
     struct sigaction action;
@@ -91,10 +112,13 @@ static void print_exec_help(void)
         "  -o, --output FILE    run record (default run.json; - for standard\n"
         "                       output, the log then on standard error)\n"
         "\n"
-        "SIGINT or SIGTERM ends the run after the current iteration: the\n"
-        "checkpoint (with --save) and run.json are written, exit status 0.\n"
+        "SIGINT or SIGTERM stops the run: a one-stage run abandons the\n"
+        "iteration in progress, a parallel one finishes its step; the\n"
+        "checkpoint (with --save) and run.json of the iterations that\n"
+        "finished are written, exit status 128 + the signal (130, 143).\n"
         "Exit status 2 for bad input (plan, dataset, checkpoint, options,\n"
-        "memory), 1 when training fails part-way.\n");
+        "memory), 1 when training fails part-way (a NaN or infinite loss,\n"
+        "say): run.json then holds the iterations done and the reason.\n");
 }
 
 /* The command line, parsed. */
@@ -478,16 +502,8 @@ static void print_summary(const exec_arguments *args, const run_result *r,
     char step[32], memory[32];
     pt_format_seconds(r->step_time_s, step, sizeof step);
     pt_format_bytes(r->peak_memory_bytes, memory, sizeof memory);
-    if (r->stopped && stop_signal == 0) /* one process per rank */
-        printf("exec: stopped by a signal to another rank's process after "
-               "iteration %ld of %ld\n",
-               r->iterations[r->iteration_count - 1].iteration,
-               r->last_iteration);
-    else if (r->stopped)
-        printf("exec: stopped by signal %d after iteration %ld of %ld\n",
-               (int)stop_signal,
-               r->iterations[r->iteration_count - 1].iteration,
-               r->last_iteration);
+    if (r->stopped)
+        printf("exec: stopped early: %s\n", r->stop_reason);
     int ranks = r->rank_count > 0 ? r->rank_count : 1;
     char where[PT_NAME_MAX * 2 + 64];
     if (ranks > 1)
@@ -509,6 +525,67 @@ static void print_summary(const exec_arguments *args, const run_result *r,
     for (int i = 0; i < r->note_count; i++)
         printf("exec: note: %s\n", r->notes[i]);
     printf("exec: wrote %s\n", cli_output_name(args->output));
+}
+
+/* The stop by a signal, for the log and the record: the iteration it
+ * came during and what became of that iteration. */
+static void describe_stop(run_result *r)
+{
+    long last = r->iteration_count > 0
+                    ? r->iterations[r->iteration_count - 1].iteration
+                    : r->first_iteration - 1;
+    if (stop_signal == 0) { /* one process per rank: another's signal */
+        snprintf(r->stop_reason, sizeof r->stop_reason,
+                 "stopped by a signal to another rank's process after "
+                 "iteration %ld of %ld",
+                 last, r->last_iteration);
+        return;
+    }
+    const char *name = signal_name((int)stop_signal);
+    if (r->interrupted_iteration > 0)
+        snprintf(r->stop_reason, sizeof r->stop_reason,
+                 "%s during iteration %ld of %ld: that iteration was "
+                 "abandoned (nothing of it applied); the last that "
+                 "finished is %ld",
+                 name, r->interrupted_iteration, r->last_iteration, last);
+    else
+        snprintf(r->stop_reason, sizeof r->stop_reason,
+                 "%s during iteration %ld of %ld: that iteration finished, "
+                 "then the run stopped",
+                 name, last, r->last_iteration);
+}
+
+/* One process per rank: say which process speaks, unless the message (a
+ * comm's) already begins with its rank. */
+static void print_failure(const pt_error *err, bool processes, int rank)
+{
+    char message[sizeof err->message + 32];
+    if (processes && strncmp(err->message, "rank ", 5) != 0)
+        snprintf(message, sizeof message, "rank %d: %s", rank, err->message);
+    else
+        snprintf(message, sizeof message, "%s", err->message);
+    cli_error("exec", message);
+}
+
+/* run.json of the iterations that finished, after a full run, a stop or
+ * a failure part-way (whose reason it keeps), and the summary; nothing
+ * when no iteration finished. -1 when run.json could not be written. */
+static int record_what_finished(const exec_arguments *args, const plan *p,
+                                run_result *r, double flops)
+{
+    if (r->iteration_count == 0 || r->events == NULL) {
+        if (r->stopped)
+            printf("exec: %s; no iteration %s, so no run.json was "
+                   "written\n",
+                   r->stop_reason,
+                   r->iteration_count == 0 ? "of this run finished"
+                                           : "could be summarised");
+        return 0;
+    }
+    if (write_run_record(args, p, r, flops) != 0)
+        return -1;
+    print_summary(args, r, flops);
+    return 0;
 }
 
 static int load_exec_plan(const exec_arguments *args, plan *p)
@@ -609,24 +686,18 @@ int command_exec(int argc, char **argv)
     run_result result;
     int status = run_training(&p, &options, &result, &err);
     clear_progress(&printer);
-    int exit_status = EXIT_OK;
-    if (status != 0) {
-        /* one process per rank: say which process speaks, unless the
-         * message (a comm's) already begins with its rank */
-        char message[sizeof err.message + 32];
-        if (processes != NULL && strncmp(err.message, "rank ", 5) != 0)
-            snprintf(message, sizeof message, "rank %d: %s", rank,
-                     err.message);
-        else
-            snprintf(message, sizeof message, "%s", err.message);
-        cli_error("exec", message);
-        exit_status = status == -1 ? EXIT_BAD_INPUT : EXIT_FAILURE_RUN;
-    } else if (rank == 0 &&
-               write_run_record(&args, &p, &result, flops) != 0) {
+    if (status != 0)
+        print_failure(&err, processes != NULL, rank);
+    else if (result.stopped)
+        describe_stop(&result);
+    int exit_status = status == -1 ? EXIT_BAD_INPUT
+                      : status != 0 ? EXIT_FAILURE_RUN
+                      : stop_signal != 0 ? 128 + (int)stop_signal
+                                         : EXIT_OK;
+    if (status != -1 && rank == 0 &&
+        record_what_finished(&args, &p, &result, flops) != 0 &&
+        exit_status == EXIT_OK)
         exit_status = EXIT_FAILURE_RUN;
-    } else if (rank == 0) {
-        print_summary(&args, &result, flops);
-    }
     run_result_free(&result);
     plan_free(&p);
     fflush(stdout);

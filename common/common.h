@@ -575,6 +575,10 @@ typedef struct run_json {
     long first_iteration, last_iteration;
     char resumed_from[PT_PATH_MAX];  /* "": not resumed (null) */
     bool stopped_early;
+    char stop_reason[512];           /* why it stopped early; "": it ran
+                                        to the end (null) */
+    long interrupted_iteration;      /* abandoned by a stop; 0: none
+                                        (null) */
     long last_checkpoint_iteration;  /* 0: none (null) */
     char started_utc[32];
     long iteration_count;        /* read */

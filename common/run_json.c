@@ -125,6 +125,11 @@ static json_t *training_to_json(const run_json *r, int *failures)
     put(obj, "last_iteration", json_integer(r->last_iteration), failures);
     put(obj, "resumed_from", optional_string(r->resumed_from), failures);
     put(obj, "stopped_early", json_boolean(r->stopped_early), failures);
+    put(obj, "stop_reason", optional_string(r->stop_reason), failures);
+    put(obj, "interrupted_iteration",
+        r->interrupted_iteration > 0 ? json_integer(r->interrupted_iteration)
+                                     : json_null(),
+        failures);
     put(obj, "last_checkpoint_iteration",
         r->last_checkpoint_iteration > 0
             ? json_integer(r->last_checkpoint_iteration)

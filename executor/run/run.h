@@ -170,7 +170,15 @@ typedef struct run_result {
                                     peak_memory_basis */
     const char *peak_memory_basis;
     double max_rss_bytes;        /* the process's peak resident set */
-    bool stopped;                /* the stop flag ended the run early */
+    bool stopped;                /* the run ended before last_iteration:
+                                    the stop flag, or a failure part-way */
+    long interrupted_iteration;  /* the iteration the stop flag abandoned
+                                    (one-stage runs read it between
+                                    micro-batches; nothing of it was
+                                    applied or recorded); 0: none */
+    char stop_reason[512];       /* why the run stopped early: the failure
+                                    of run_training's -2, or "stopped on
+                                    request"; "" when it ran to the end */
     long last_checkpoint_iteration; /* 0: none saved by this call */
     int note_count;
     char notes[RUN_MAX_NOTES][256]; /* things the user should know, such
@@ -203,12 +211,17 @@ double run_cpu_partial_stage_bytes(const model_shape *shape,
  * Trains the plan's model on the dataset: loads and checks everything
  * first (plan, options, checkpoint to resume, dataset, vocabulary against
  * the largest token, memory), then runs iterations up to
- * options->iterations, saving checkpoints as asked. Returns 0; -1 when
- * refused before training started (nothing was written; a bad plan,
- * option, dataset, checkpoint, or too little memory); -2 when training
- * failed part-way (a non-finite gradient norm, an I/O error saving a
- * checkpoint: checkpoints committed earlier stay). out is filled in every
- * case and must be freed with run_result_free.
+ * options->iterations, saving checkpoints as asked. Returns 0 (also when
+ * the stop flag ended the run: out->stopped); -1 when refused before
+ * training started (nothing was written; a bad plan, option, dataset,
+ * checkpoint, or too little memory); -2 when training failed part-way (a
+ * non-finite loss or gradient norm, a state that is not finite or an I/O
+ * error saving a checkpoint: checkpoints committed earlier stay). After a
+ * stop or a part-way failure out holds the iterations that finished, with
+ * their summary when there is at least one (threads; one process per
+ * rank: stops only), and out->stop_reason says why, so the record can
+ * still be written. out is filled in every case and must be freed with
+ * run_result_free.
  */
 int run_training(const plan *p, const run_options *options, run_result *out,
                  pt_error *err);

@@ -439,22 +439,90 @@ PY
   expect_in err.txt "keep-checkpoints"
   ;;
 exec-signal)
+  # issue 18, item 6: SIGTERM during a run says at once that it stops,
+  # then which iteration it came during; run.json holds what finished, the
+  # checkpoint is that iteration's, the exit status is 128 + 15
   prep_corpus
-  write_tiny_plan in-plan.json
+  # 16 micro-batches an iteration: the signal mostly lands inside one,
+  # which a one-stage run abandons (either way the checks below hold)
+  write_layout_plan in-plan.json 1 1 1 1
+  sed -i 's/"gbs": 4/"gbs": 16/' in-plan.json
   # the binary itself (not the wrapper function), so the signal reaches it
   "$partita_binary" exec in-plan.json --data in-corpus --iters 1000000 --log-interval 1 --save ckpt >out.txt 2>err.txt &
   pid=$!
   for _ in $(seq 1 200); do
-    grep -q '^iteration' out.txt && break
+    grep -q '^iteration        2/' out.txt && break
     sleep 0.05
   done
   kill -TERM "$pid"
   wait "$pid"
   status=$?
-  [ "$status" = 0 ] || { cat out.txt err.txt; fail "exit $status after SIGTERM, expected 0"; }
-  expect_in out.txt "stopped by signal 15"
+  [ "$status" = 143 ] || { cat out.txt err.txt; fail "exit $status after SIGTERM, expected 143"; }
+  expect_in err.txt "partita exec: SIGTERM received: stopping"
+  expect_in out.txt "exec: stopped early: SIGTERM during iteration [0-9]* of 1000000"
   expect_in run.json '"stopped_early": true'
+  expect_in run.json '"stop_reason": "SIGTERM during iteration'
   [ -s ckpt/manifest.json ] || fail "no checkpoint written on SIGTERM"
+  python3 - <<'PY' || fail "run.json and the checkpoint disagree"
+import glob, json
+run = json.load(open("run.json"))
+last = run["iterations"][-1]["iteration"]
+training = run["training"]
+assert training["last_checkpoint_iteration"] == last, (training, last)
+interrupted = training["interrupted_iteration"]
+assert interrupted is None or interrupted == last + 1, (interrupted, last)
+gen = sorted(glob.glob("ckpt/gen-*"))[-1]
+assert json.load(open(gen + "/meta.json"))["iteration"] == last
+PY
+  # the checkpoint resumes
+  last=$(python3 -c "import json; print(json.load(open('run.json'))['iterations'][-1]['iteration'])")
+  run 0 partita exec in-plan.json --data in-corpus --iters $((last + 1)) --load ckpt -o resumed.json
+  expect_in resumed.json "\"first_iteration\": $((last + 1))"
+  ;;
+exec-nan)
+  # issue 18, item 5: a loss that turns NaN ends the run with run.json of
+  # the iterations done and the reason, exit 1; the last good checkpoint
+  # stays (a state that is not finite is never saved over it)
+  prep_corpus
+  write_tiny_plan in-plan.json
+  run 0 partita exec in-plan.json --data in-corpus --iters 2 --save ckpt -o first.json
+  # AdamW's second moments made negative: iteration 3's update takes their
+  # square root, so the parameters turn NaN and iteration 4's loss too
+  python3 - <<'PY' || fail "could not spoil the checkpoint"
+import glob, json, os, struct, zlib
+gen = sorted(glob.glob("ckpt/gen-*"))[-1]
+path = gen + "/adam_v"
+count = len(open(path, "rb").read()) // 4
+spoiled = struct.pack("<%df" % count, *([-1.0] * count))
+open(path, "wb").write(spoiled)
+for manifest in ("ckpt/manifest.json", gen + "/generation.json"):
+    if not os.path.exists(manifest):
+        continue
+    m = json.load(open(manifest))
+    for blob in m["blobs"]:
+        if blob["name"] == "adam_v":
+            blob["crc32"] = "%08x" % zlib.crc32(spoiled)
+    json.dump(m, open(manifest, "w"))
+PY
+  cp -r ckpt in-spoiled
+  run 1 partita exec in-plan.json --data in-corpus --iters 10 --log-interval 1 --load ckpt -o nan.json
+  expect_in err.txt "iteration 4: the loss (-\?nan) or the gradient norm"
+  expect_in out.txt "exec: stopped early: iteration 4: the loss"
+  python3 - nan.json <<'PY' || fail "run.json of the iterations done is not as expected"
+import json, sys
+run = json.load(open(sys.argv[1]))
+assert [i["iteration"] for i in run["iterations"]] == [3], run["iterations"]
+assert run["training"]["stopped_early"] is True
+assert "not finite" in run["training"]["stop_reason"], run["training"]
+PY
+  # saving after iteration 3 would write NaN parameters: refused, the
+  # checkpoint of iteration 2 stays
+  cp ckpt/manifest.json in-manifest-before.json
+  run 1 partita exec in-plan.json --data in-corpus --iters 10 --log-interval 1 --load ckpt --save ckpt --save-interval 1 -o saved.json
+  expect_in err.txt "params holds a value that is not finite"
+  expect_in err.txt "the checkpoint before it stays"
+  cmp -s ckpt/manifest.json in-manifest-before.json || fail "the checkpoint was replaced"
+  expect_in saved.json '"stopped_early": true'
   ;;
 exec-bad)
   prep_corpus
