@@ -328,10 +328,16 @@ int profile_find_point(const profile_shape *shape, int tp, int mbs);
 
 /* Finds profiles/<gpu>.json: in extra_dir (may be NULL), then in
  * $PARTITA_PROFILES, then next to the cluster file (../profiles), then in
- * the installed profile directory. */
+ * the installed profile directory. extra_dir and $PARTITA_PROFILES, when
+ * given, must be folders that can be read: a missing one is an error,
+ * not a silent fall back. */
 int profile_find(const char *gpu, const char *extra_dir,
                  const char *cluster_dir, char *out_path, size_t out_size,
                  pt_error *err);
+/* profile_load_file of a file profile_find found for gpu, refused when
+ * the file's "gpu" is another name (naming both). */
+int profile_load_for_gpu(const char *path, const char *gpu, profile *out,
+                         pt_error *err);
 
 /* ------------------------------------------------------------------ plan */
 

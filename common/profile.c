@@ -2,6 +2,9 @@
  * from. docs/formats.md describes every field. */
 #include "common/common.h"
 
+#include <dirent.h>
+#include <errno.h>
+
 #include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -622,6 +625,31 @@ static bool is_regular_file(const char *path)
     return stat(path, &info) == 0 && S_ISREG(info.st_mode);
 }
 
+/* A folder that can be listed; errno says why not. */
+static bool is_readable_folder(const char *path)
+{
+    DIR *folder = opendir(path);
+    if (folder == NULL)
+        return false;
+    closedir(folder);
+    return true;
+}
+
+int profile_load_for_gpu(const char *path, const char *gpu, profile *out,
+                         pt_error *err)
+{
+    if (profile_load_file(path, out, err) != 0)
+        return -1;
+    if (strcmp(out->gpu, gpu) == 0)
+        return 0;
+    pt_fail(err, "%s: gpu: is \"%s\", but the file was found as the "
+                 "profile of GPU \"%s\" (its name): a profile's gpu must "
+                 "be its file name without .json",
+            path, out->gpu, gpu);
+    profile_free(out);
+    return -1;
+}
+
 /* Tries dir/<gpu>.json; records the place in `looked` for the message. */
 static bool try_directory(const char *dir, const char *label,
                           const char *gpu, char *out_path, size_t out_size,
@@ -674,6 +702,13 @@ int profile_find(const char *gpu, const char *extra_dir,
         {source_tree, "source tree"},
         {installed, "installed"},
     };
+    /* the folders a user names must be there: a typo would otherwise
+       fall back to the bundled profiles without a word */
+    for (size_t i = 0; i < 2; i++)
+        if (places[i].dir != NULL && places[i].dir[0] != '\0' &&
+            !is_readable_folder(places[i].dir))
+            return pt_fail(err, "%s %s: cannot read the folder: %s",
+                           places[i].label, places[i].dir, strerror(errno));
     for (size_t i = 0; i < sizeof places / sizeof *places; i++)
         if (try_directory(places[i].dir, places[i].label, gpu, out_path,
                           out_size, looked, sizeof looked))

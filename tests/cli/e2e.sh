@@ -272,6 +272,20 @@ bad-arguments)
   expect_in err.txt "/nonexistent/plan.json"
   no_leftovers
   ;;
+bad-profiles)
+  # issue 18, items 7 and 8: a --profiles folder that is not there, and a
+  # profile whose gpu is not its file name, are refused, not guessed
+  run 2 partita plan --model gpt2-xl --gbs 64 --quiet --profiles /nonexistent
+  expect_in err.txt "\-\-profiles /nonexistent: cannot read the folder"
+  mkdir in-profiles
+  cp "$source_root/profiles/A10-FASOP.json" in-profiles/A100-FASOP.json
+  run 2 partita plan --model gpt2-xl --gbs 64 --quiet --profiles in-profiles
+  expect_in err.txt 'in-profiles/A100-FASOP.json: gpu: is "A10-FASOP"'
+  expect_in err.txt 'profile of GPU "A100-FASOP"'
+  run 2 partita estimate "$source_root/docs/examples/plan-gpt2xl-hetero.json" --profiles in-profiles
+  expect_in err.txt 'gpu: is "A10-FASOP"'
+  no_leftovers
+  ;;
 output-unwritable)
   run 2 partita plan --model gpt2-xl --gbs 64 --quiet -o /nonexistent-dir/plan.json
   expect_in err.txt "/nonexistent-dir/plan.json"
