@@ -18,6 +18,17 @@
 /* An AdamW step of a billion parameters in over 1000 s is a unit mistake
  * too (real ones take 1e-11 to 1e-10 s per parameter). */
 #define PROFILE_MAX_OPTIMIZER_S_PER_PARAM 1e-6
+/* Beyond physical sense, and far enough inside a double that the cost
+ * model's sums stay finite: memories from 1 MiB to 100 TiB, 1 GFLOP/s to
+ * 1 EFLOP/s of tensor peak, 1 MB/s to 1 PB/s of memory bandwidth,
+ * messages up to 1 PB. */
+#define PROFILE_MIN_GIB 1e-3
+#define PROFILE_MAX_GIB 1e5
+#define PROFILE_MIN_RATE 1e-3
+#define PROFILE_MAX_TFLOPS 1e6
+#define PROFILE_MAX_BANDWIDTH_GBPS 1e6
+#define PROFILE_MAX_HALF_WORK_GFLOP 1e6
+#define PROFILE_MAX_MESSAGE_BYTES 1e15
 /* Measured noise: a larger micro-batch may come out a little faster than
  * a smaller one, but not by more than this share; times below
  * PROFILE_MBS_NOISE_FLOOR_S (launch-bound kernels, a tiny model on a busy
@@ -120,8 +131,9 @@ static int roofline_from_json(const json_t *efficiency,
     if (json_check_keys(obj, &where, roofline_keys, err) != 0 ||
         json_get_number(obj, &where, "gemm_efficiency", true, 1e-6, 1.0,
                         &r->gemm_efficiency, err) != 0 ||
-        json_get_positive_number(obj, &where, "gemm_half_work_gflop_per_sm",
-                                 true, &half_work_gflop, err) != 0 ||
+        json_get_number(obj, &where, "gemm_half_work_gflop_per_sm", true,
+                        1e-9, PROFILE_MAX_HALF_WORK_GFLOP, &half_work_gflop,
+                        err) != 0 ||
         json_get_number(obj, &where, "attention_efficiency", true, 1e-6, 2.0,
                         &r->attention_efficiency, err) != 0 ||
         json_get_number(obj, &where, "bandwidth_efficiency", true, 1e-6, 1.0,
@@ -153,12 +165,13 @@ static int efficiency_from_json(const json_t *root, const json_place *place,
     if (obj == NULL)
         return 0;
     if (json_check_keys(obj, &where, efficiency_keys, err) != 0 ||
-        json_get_positive_number(obj, &where, "peak_tflops", true,
-                                 &out->peak_tflops, err) != 0 ||
+        json_get_number(obj, &where, "peak_tflops", true, PROFILE_MIN_RATE,
+                        PROFILE_MAX_TFLOPS, &out->peak_tflops, err) != 0 ||
         json_get_number(obj, &where, "flops_efficiency", false, 0.0, 1.0,
                         &out->flops_efficiency, err) != 0 ||
-        json_get_positive_number(obj, &where, "memory_bandwidth_GBps", true,
-                                 &out->memory_bandwidth_GBps, err) != 0 ||
+        json_get_number(obj, &where, "memory_bandwidth_GBps", true,
+                        PROFILE_MIN_RATE, PROFILE_MAX_BANDWIDTH_GBPS,
+                        &out->memory_bandwidth_GBps, err) != 0 ||
         get_int(obj, &where, "sms", false, 1, 100000, &out->sms, err) != 0 ||
         get_int(obj, &where, "sm_limit", false, 1, 100000, &out->sm_limit,
                 err) != 0)
@@ -429,8 +442,9 @@ static int curve_from_json(const json_t *communication,
         if (json_check_keys(obj, &sample_place, sample_keys, err) != 0 ||
             get_int(obj, &sample_place, "gpus", true, 2, 1 << 20,
                     &sample->gpus, err) != 0 ||
-            json_get_positive_number(obj, &sample_place, "bytes", true,
-                                     &sample->bytes, err) != 0 ||
+            json_get_number(obj, &sample_place, "bytes", true, 1.0,
+                            PROFILE_MAX_MESSAGE_BYTES, &sample->bytes,
+                            err) != 0 ||
             json_get_positive_number(obj, &sample_place, "time_s", true,
                                      &sample->time_s, err) != 0 ||
             json_get_number(obj, &sample_place, "spread", false, 0.0, 1000.0,
@@ -485,12 +499,12 @@ static int header_from_json(const json_t *obj, const json_place *place,
     }
     if (json_get_string(obj, place, "gpu", true, out->gpu, sizeof out->gpu,
                         err) != 0 ||
-        json_get_positive_number(obj, place, "memory_gib", true,
-                                 &out->memory_gib, err) != 0 ||
+        json_get_number(obj, place, "memory_gib", true, PROFILE_MIN_GIB,
+                        PROFILE_MAX_GIB, &out->memory_gib, err) != 0 ||
         json_get_choice(obj, place, "source", true, source_names, &source,
                         err) != 0 ||
-        json_get_number(obj, place, "workspace_gib", true, 0.0, DBL_MAX,
-                        &out->workspace_gib, err) != 0 ||
+        json_get_number(obj, place, "workspace_gib", true, 0.0,
+                        PROFILE_MAX_GIB, &out->workspace_gib, err) != 0 ||
         json_get_positive_number(obj, place, "optimizer_s_per_param", true,
                                  &out->optimizer_s_per_param, err) != 0)
         return -1;

@@ -286,6 +286,20 @@ bad-profiles)
   expect_in err.txt 'gpu: is "A10-FASOP"'
   no_leftovers
   ;;
+bad-huge-values)
+  # issue 18, item 9: values beyond physical sense are refused naming the
+  # field and the range (1e308 used to become inf, then "out of memory")
+  sed 's/"price_per_hour": 8.144/"price_per_hour": 1e308/' "$clusters/hetero.json" >in-cluster.json
+  grep -q 1e308 in-cluster.json || fail "could not write the cluster"
+  run 2 partita plan --model gpt2-xl --gbs 64 --cluster in-cluster.json --quiet
+  expect_in err.txt "nodes\[1\].price_per_hour: must be a number in \[0, 1e+06\], got 1e+308"
+  mkdir in-profiles
+  sed 's/"memory_gib": [0-9.]*/"memory_gib": 1e308/' "$source_root/profiles/A10-FASOP.json" >in-profiles/A10-FASOP.json
+  grep -q 1e308 in-profiles/A10-FASOP.json || fail "could not write the profile"
+  run 2 partita plan --model gpt2-xl --gbs 64 --quiet --profiles in-profiles
+  expect_in err.txt "memory_gib: must be a number in \[0.001, 100000\], got 1e+308"
+  no_leftovers
+  ;;
 output-unwritable)
   run 2 partita plan --model gpt2-xl --gbs 64 --quiet -o /nonexistent-dir/plan.json
   expect_in err.txt "/nonexistent-dir/plan.json"

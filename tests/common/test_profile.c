@@ -268,7 +268,15 @@ static void test_bad_profiles(void **state)
          "profiles/T.json: workspace_gib: 20 GiB leaves nothing of "
          "memory_gib 20 GiB"},
         {{{{"memory_gib"}, "0"}},
-         "profiles/T.json: memory_gib: must be a positive number, got 0"},
+         "profiles/T.json: memory_gib: must be a number in [0.001, 100000], "
+         "got 0"},
+        /* issue 18, item 9: values beyond physical sense, with the range */
+        {{{{"memory_gib"}, "1e308"}},
+         "profiles/T.json: memory_gib: must be a number in [0.001, 100000], "
+         "got 1e+308"},
+        {{{{"workspace_gib"}, "1e300"}},
+         "profiles/T.json: workspace_gib: must be a number in [0, 100000], "
+         "got 1e+300"},
         {{{{"provenance"}, NULL}},
          "profiles/T.json: provenance: missing (required"},
         {{{{"provenance"}, "\"me\""}},
