@@ -47,8 +47,9 @@ static void print_plan_help(void)
         "  --max-tree-nodes N stop the search after about N tree nodes and say\n"
         "                     how far from exact its best plan may be\n"
         "                     (default 40000000, about 10 s; 0: never stop)\n"
-        "  --threads N        search threads (default: one per core); the\n"
-        "                     plans and counts do not depend on it\n"
+        "  --threads N        search threads (default: one per core, and at\n"
+        "                     most that); the plans and counts do not depend\n"
+        "                     on it\n"
         "  --profiles DIR     look for profiles/<gpu>.json here first\n"
         "  -o, --output FILE  plan file to write (default plan.json; - for\n"
         "                     standard output, the tables then on stderr)\n"
@@ -95,6 +96,19 @@ static int parse_count(const char *value, const char *option, long long *out)
     }
     *out = number;
     return 0;
+}
+
+/* More threads than cores only adds memory (a cost model per thread) and
+ * switching: the search uses one per core at most, and says so. */
+static void cap_threads(int *threads)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1 || *threads <= cores)
+        return;
+    fprintf(stderr, "partita plan: --threads %d is more than the %ld cores "
+                    "here: using %ld\n",
+            *threads, cores, cores);
+    *threads = (int)cores;
 }
 
 /* Returns 0 to go on, 1 when help was printed, -1 on a bad argument. */
@@ -208,6 +222,7 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
                         "(see 'partita plan --help')\n");
         return -1;
     }
+    cap_threads(&args->search.threads);
     return 0;
 }
 

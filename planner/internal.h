@@ -51,7 +51,8 @@ typedef void (*parallel_work)(void *context, int worker, int item);
 int parallel_for(int threads, int item_count, parallel_work work,
                  void *context, pt_error *err);
 
-/* Worker threads to use for options->threads (0: the online cores). */
+/* Worker threads to use for options->threads: the online cores when 0
+ * or more than them. */
 int search_thread_count(int requested);
 
 /* ---------------------------------------------------------- hash tables */

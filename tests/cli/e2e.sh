@@ -300,6 +300,11 @@ bad-huge-values)
   expect_in err.txt "memory_gib: must be a number in \[0.001, 100000\], got 1e+308"
   no_leftovers
   ;;
+plan-threads-capped)
+  # issue 18, item 10: more threads than cores are capped, and said so
+  run 0 partita plan --model gpt2-xl --gbs 64 --quiet --threads 100000 -o plan.json
+  expect_in err.txt "partita plan: \-\-threads 100000 is more than the [0-9]* cores here: using [0-9]*"
+  ;;
 output-unwritable)
   run 2 partita plan --model gpt2-xl --gbs 64 --quiet -o /nonexistent-dir/plan.json
   expect_in err.txt "/nonexistent-dir/plan.json"
