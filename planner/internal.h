@@ -27,6 +27,8 @@ typedef struct search_space {
     int node_count;
     int task_count;
     search_task *tasks;    /* owned */
+    int too_many_steps;    /* (tp, dp, pp, mbs) left out: more schedule
+                              steps than COSTMODEL_MAX_SCHEDULE_STEPS */
 } search_space;
 
 /* The tasks of a cluster for a model and the options (gbs, max_mbs,

@@ -305,6 +305,19 @@ plan-threads-capped)
   run 0 partita plan --model gpt2-xl --gbs 64 --quiet --threads 100000 -o plan.json
   expect_in err.txt "partita plan: \-\-threads 100000 is more than the [0-9]* cores here: using [0-9]*"
   ;;
+bad-huge-gbs)
+  # issue 18, item 11: a schedule of more steps than the cost model
+  # simulates is refused at once, naming the bound
+  sed 's/"gbs": 64/"gbs": 100000000/' \
+    "$source_root/docs/examples/plan-gpt2xl-hetero.json" >in-plan.json
+  sed -i "s|\.\./\.\./|$source_root/|g" in-plan.json
+  run 2 partita estimate in-plan.json
+  expect_in err.txt "gbs 100000000 / (dp 4 x mbs 1) = 25000000 micro-batches"
+  expect_in err.txt "simulates at most 262144"
+  run 2 partita report in-plan.json -o report
+  expect_in err.txt "simulates at most"
+  no_leftovers
+  ;;
 output-unwritable)
   run 2 partita plan --model gpt2-xl --gbs 64 --quiet -o /nonexistent-dir/plan.json
   expect_in err.txt "/nonexistent-dir/plan.json"
