@@ -38,6 +38,20 @@ void pipeline_events_free(pipeline_events *events)
 
 /* ------------------------------------------------------- one rank's step */
 
+/* A send the rank has yet to make. It goes out with the receive that
+ * follows it in the schedule, as one operation (comm_sendrecv: one NCCL
+ * group, Megatron's send_forward_recv_backward), so two stages sending
+ * to each other at once cannot wait on each other; or alone, right
+ * before the next forward or backward when no receive comes first. */
+typedef struct pending_send {
+    bool present;
+    int peer;
+    int tag;
+    const float *data;
+    const char *kind;            /* "send_fwd" or "send_bwd" */
+    int micro_batch;
+} pending_send;
+
 /* What one rank's step works with. */
 typedef struct rank_step {
     const pipeline_layout *layout;
@@ -57,10 +71,11 @@ typedef struct rank_step {
     int micro_batch;             /* being worked on, for messages */
     const char *operation;       /* event kind being worked on */
     int tp_rank;
+    pending_send pending;
 } rank_step;
 
-static void record(rank_step *r, const char *kind, int micro_batch,
-                   double start_s)
+static void record_span(rank_step *r, const char *kind, int micro_batch,
+                        double start_s, double end_s)
 {
     if (r->events == NULL || r->events->count >= r->events->capacity)
         return;
@@ -70,7 +85,13 @@ static void record(rank_step *r, const char *kind, int micro_batch,
     event->microbatch = micro_batch;
     event->kind = kind;
     event->start_s = start_s - r->step_start_s;
-    event->end_s = pt_monotonic_seconds() - r->step_start_s;
+    event->end_s = end_s - r->step_start_s;
+}
+
+static void record(rank_step *r, const char *kind, int micro_batch,
+                   double start_s)
+{
+    record_span(r, kind, micro_batch, start_s, pt_monotonic_seconds());
 }
 
 /* Marks what the rank starts now (for the error message) and returns the
@@ -94,19 +115,57 @@ static stage_io micro_batch_io(const rank_step *r, int micro_batch)
     return io;
 }
 
+/* Makes the pending send alone (no receive follows it). */
+static int flush_send(rank_step *r, pt_error *err)
+{
+    pending_send p = r->pending;
+    if (!p.present)
+        return 0;
+    r->pending.present = false;
+    double start = begin(r, p.kind, p.micro_batch);
+    if (comm_send(r->c, p.peer, p.tag, p.data, r->activation_floats, err) !=
+        0)
+        return -1;
+    record(r, p.kind, p.micro_batch, start);
+    return 0;
+}
+
+/* Receives `data` from peer, with the pending send when there is one (a
+ * grouped send is recorded with no length at the group's start; the
+ * group's time is the receive's event). */
+static int receive(rank_step *r, const char *kind, int micro_batch,
+                   int peer, int tag, float *data, pt_error *err)
+{
+    pending_send p = r->pending;
+    r->pending.present = false;
+    double start = begin(r, kind, micro_batch);
+    int status =
+        p.present ? comm_sendrecv(r->c, p.peer, p.tag, p.data,
+                                  r->activation_floats, peer, tag, data,
+                                  r->activation_floats, err)
+                  : comm_recv(r->c, peer, tag, data, r->activation_floats,
+                              err);
+    if (status != 0)
+        return -1;
+    if (p.present)
+        record_span(r, p.kind, p.micro_batch, start, start);
+    record(r, kind, micro_batch, start);
+    return 0;
+}
+
 /* Tags: micro-batch j's activation 2j, its gradient 2j + 1. */
 static int forward(rank_step *r, int micro_batch, pt_error *err)
 {
     int slot = micro_batch % r->stage->slot_count;
     stage_io io = micro_batch_io(r, micro_batch);
     if (r->previous_rank >= 0) {
-        double start = begin(r, "recv_fwd", micro_batch);
         float *input = stage_input_buffer(r->stage, slot);
-        if (comm_recv(r->c, r->previous_rank, 2 * micro_batch, input,
-                      r->activation_floats, err) != 0)
+        if (receive(r, "recv_fwd", micro_batch, r->previous_rank,
+                    2 * micro_batch, input, err) != 0)
             return -1;
-        record(r, "recv_fwd", micro_batch, start);
         io.input = input;
+    } else if (flush_send(r, err) != 0) {
+        return -1;
     }
     double start = begin(r, "fwd", micro_batch);
     float loss = 0.0f;
@@ -114,14 +173,13 @@ static int forward(rank_step *r, int micro_batch, pt_error *err)
         return -1;
     record(r, "fwd", micro_batch, start);
     r->loss_sum += loss;
-    if (r->next_rank >= 0) {
-        start = begin(r, "send_fwd", micro_batch);
-        if (comm_send(r->c, r->next_rank, 2 * micro_batch,
-                      stage_output(r->stage, slot), r->activation_floats,
-                      err) != 0)
-            return -1;
-        record(r, "send_fwd", micro_batch, start);
-    }
+    if (r->next_rank >= 0)
+        r->pending = (pending_send){.present = true,
+                                    .peer = r->next_rank,
+                                    .tag = 2 * micro_batch,
+                                    .data = stage_output(r->stage, slot),
+                                    .kind = "send_fwd",
+                                    .micro_batch = micro_batch};
     return 0;
 }
 
@@ -130,25 +188,24 @@ static int backward(rank_step *r, int micro_batch, pt_error *err)
     int slot = micro_batch % r->stage->slot_count;
     stage_io io = micro_batch_io(r, micro_batch);
     if (r->next_rank >= 0) {
-        double start = begin(r, "recv_bwd", micro_batch);
-        if (comm_recv(r->c, r->next_rank, 2 * micro_batch + 1,
-                      r->output_grad, r->activation_floats, err) != 0)
+        if (receive(r, "recv_bwd", micro_batch, r->next_rank,
+                    2 * micro_batch + 1, r->output_grad, err) != 0)
             return -1;
-        record(r, "recv_bwd", micro_batch, start);
         io.output_grad = r->output_grad;
+    } else if (flush_send(r, err) != 0) {
+        return -1;
     }
     double start = begin(r, "bwd", micro_batch);
     if (stage_backward(r->stage, slot, &io, err) != 0)
         return -1;
     record(r, "bwd", micro_batch, start);
-    if (r->previous_rank >= 0) {
-        start = begin(r, "send_bwd", micro_batch);
-        if (comm_send(r->c, r->previous_rank, 2 * micro_batch + 1,
-                      stage_input_grad(r->stage), r->activation_floats,
-                      err) != 0)
-            return -1;
-        record(r, "send_bwd", micro_batch, start);
-    }
+    if (r->previous_rank >= 0)
+        r->pending = (pending_send){.present = true,
+                                    .peer = r->previous_rank,
+                                    .tag = 2 * micro_batch + 1,
+                                    .data = stage_input_grad(r->stage),
+                                    .kind = "send_bwd",
+                                    .micro_batch = micro_batch};
     return 0;
 }
 
@@ -172,13 +229,16 @@ static int run_schedule(rank_step *r, bool inject_failure, pt_error *err)
             if (forward(r, forwards++, err) != 0)
                 return -1;
             if (inject_failure)
-                return pt_fail(err, "injected failure after the forward of "
-                                    "micro-batch 0 (a test asked for it)");
+                return flush_send(r, err) != 0
+                           ? -1
+                           : pt_fail(err, "injected failure after the "
+                                          "forward of micro-batch 0 (a "
+                                          "test asked for it)");
         }
         if (!in_warm_up && backward(r, backwards++, err) != 0)
             return -1;
     }
-    return 0;
+    return flush_send(r, err);
 }
 
 /* The first stage's token-embedding gradient and the last stage's tied
