@@ -218,24 +218,29 @@ void pipeline_threads_destroy(pipeline_threads *p);
  * Parallel plans on the GPUs of this machine (executor/parallel/pipeline_gpu.c),
  * built with the cuda backend: one process, one thread per rank, each
  * rank on the GPU (and green context, and memory cap) its plan entry
- * names, over one of two comms:
+ * names, over one of three comms:
  *   - NCCL (executor/comm/comm.h, built when NCCL is found): one GPU per
  *     rank, the fast path;
+ *   - the device exchange (executor/comm/exchange.c): every rank on ONE
+ *     GPU, each in its own slice of its SMs, exchanging through its
+ *     memory with no host round trip, paced to emulated links (the
+ *     cluster's), so that one GPU runs a plan for several and its step
+ *     can be held against the estimate of that cluster;
  *   - host-staged (executor/comm/staged.c, below): every operation copies
  *     the rank's device floats into pinned host memory and runs the
  *     threads comm on them. Slow (two PCIe copies per operation, nothing
  *     overlapped), but it needs neither NCCL nor a GPU per rank: ranks may
- *     share a GPU, each in its own slice of its SMs, so one GPU runs a
- *     real pipeline, tensor- or data-parallel plan, a heterogeneous one
- *     included (a full-speed slice and a throttled slice). Its sums are
- *     the threads comm's, made on the host in group order.
+ *     share GPUs in any way, a heterogeneous plan included (a full-speed
+ *     slice and a throttled slice). Its sums are the threads comm's, made
+ *     on the host in group order.
  * Include under PARTITA_HAVE_CUDA. docs/executor.md ("Parallel runtime on
- * GPUs", "Ranks sharing a GPU") describes both.
+ * GPUs", "Ranks sharing a GPU") describes them.
  */
 
 typedef enum gpu_comm_kind {
     GPU_COMM_NCCL,    /* one GPU per rank; needs a build with NCCL */
     GPU_COMM_HOST,    /* staged through host memory; ranks may share GPUs */
+    GPU_COMM_DEVICE,  /* the device exchange: every rank on one GPU */
 } gpu_comm_kind;
 
 struct comm_nccl;
@@ -255,6 +260,7 @@ typedef struct pipeline_gpu {
     gpu_comm_kind kind;
     struct comm_nccl *world;         /* owned, GPU_COMM_NCCL */
     comm_staged *staged;             /* owned, GPU_COMM_HOST */
+    comm_exchange *exchange;         /* owned, GPU_COMM_DEVICE */
     comm *comms;                     /* rank_count, owned */
     device_spec *devices;            /* rank_count, owned copy */
     bool *sliced;                    /* rank_count: shares its GPU with
@@ -265,17 +271,22 @@ typedef struct pipeline_gpu {
     int *sm_before_offset;           /* rank_count + 1 offsets into it */
 } pipeline_gpu;
 
+/* links: GPU_COMM_DEVICE only, the emulated links between the ranks
+ * (rank_count x rank_count, as comm_exchange_create takes them), or NULL
+ * for unpaced exchanges; the other comms ignore it. */
 int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
                        const device_spec *devices, gpu_comm_kind kind,
-                       uint64_t seed, double timeout_s, pt_error *err);
+                       const link_spec *links, uint64_t seed,
+                       double timeout_s, pt_error *err);
 /* One process per rank (NCCL only): only this process's rank
  * (processes->rank), on `device`, over a NCCL world of
  * comm_nccl_create_rank; devices[] then holds that rank's entry only. */
 int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
                             const device_spec *device, const comm *processes,
                             uint64_t seed, double timeout_s, pt_error *err);
-/* Device bytes the rank's comm holds (NCCL's staging buffers and scratch;
- * 0 for the host-staged comm, whose buffers are host memory). */
+/* Device bytes the rank's comm holds (NCCL's or the device exchange's
+ * staging buffers and scratch; 0 for the host-staged comm, whose buffers
+ * are host memory). */
 double pipeline_gpu_comm_device_bytes(const pipeline_gpu *g, int rank);
 /* Stops the rank threads (after a failure, each aborts its NCCL
  * communicators before its stage is freed) and ends the world. Safe on a

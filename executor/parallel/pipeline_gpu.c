@@ -1,6 +1,7 @@
 /*
  * The GPU launcher of parallel plans (executor/parallel/parallel.h): a comm
- * world over the ranks' GPUs (NCCL, or the host-staged comm) and the
+ * world over the ranks' GPUs (NCCL, the device exchange or the
+ * host-staged comm) and the
  * generic launcher (pipeline_threads_start) with hooks that put each
  * rank's thread on its GPU (green context, memory cap) and open its comm
  * streams before the thread makes its cuda stage.
@@ -34,6 +35,8 @@ static int open_rank(void *data, int rank, pt_error *err)
     if (g->kind == GPU_COMM_NCCL)
         return comm_nccl_rank_open(g->world, rank, err);
 #endif
+    if (g->kind == GPU_COMM_DEVICE)
+        return comm_exchange_rank_open(g->exchange, rank, err);
     return comm_staged_rank_open(g->staged, rank, err);
 }
 
@@ -46,6 +49,8 @@ static void close_rank(void *data, int rank)
 #endif
     if (g->kind == GPU_COMM_HOST)
         comm_staged_rank_close(g->staged, rank);
+    if (g->kind == GPU_COMM_DEVICE)
+        comm_exchange_rank_close(g->exchange, rank);
     cuda_rank_device_close();
 }
 
@@ -100,10 +105,31 @@ static int plan_sm_slices(pipeline_gpu *g, int ranks, pt_error *err)
     return 0;
 }
 
+/* The device exchange's world: every rank on one GPU. */
+static int make_exchange(pipeline_gpu *g, int ranks, const link_spec *links,
+                         double timeout_s, pt_error *err)
+{
+    for (int rank = 1; rank < ranks; rank++)
+        if (g->devices[rank].index != g->devices[0].index)
+            return pt_fail(err, "gpu launcher: the device exchange joins "
+                                "ranks of one GPU, but rank 0 is on cuda "
+                                "device %d and rank %d on device %d",
+                           g->devices[0].index, rank,
+                           g->devices[rank].index);
+    if (comm_exchange_create(ranks, links, timeout_s, &g->exchange, err) != 0)
+        return -1;
+    for (int rank = 0; rank < ranks; rank++)
+        g->comms[rank] = comm_exchange_rank(g->exchange, rank);
+    return 0;
+}
+
 static int make_world(pipeline_gpu *g, const pipeline_layout *layout,
-                      double timeout_s, pt_error *err)
+                      const link_spec *links, double timeout_s,
+                      pt_error *err)
 {
     int ranks = layout->rank_count;
+    if (g->kind == GPU_COMM_DEVICE)
+        return make_exchange(g, ranks, links, timeout_s, err);
     if (g->kind == GPU_COMM_HOST) {
         if (comm_staged_create(ranks, timeout_s, &g->staged, err) != 0)
             return -1;
@@ -140,7 +166,8 @@ static int make_world(pipeline_gpu *g, const pipeline_layout *layout,
 
 int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
                        const device_spec *devices, gpu_comm_kind kind,
-                       uint64_t seed, double timeout_s, pt_error *err)
+                       const link_spec *links, uint64_t seed,
+                       double timeout_s, pt_error *err)
 {
     memset(out, 0, sizeof *out);
     out->kind = kind;
@@ -154,7 +181,7 @@ int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
     }
     memcpy(out->devices, devices, (size_t)ranks * sizeof *devices);
     if (plan_sm_slices(out, ranks, err) != 0 ||
-        make_world(out, layout, timeout_s, err) != 0) {
+        make_world(out, layout, links, timeout_s, err) != 0) {
         pipeline_gpu_stop(out);
         return -1;
     }
@@ -245,6 +272,8 @@ int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
 
 double pipeline_gpu_comm_device_bytes(const pipeline_gpu *g, int rank)
 {
+    if (g->kind == GPU_COMM_DEVICE && g->exchange != NULL)
+        return comm_exchange_rank_peak_bytes(g->exchange, rank);
 #ifdef PARTITA_HAVE_NCCL
     if (g->kind == GPU_COMM_NCCL && g->world != NULL)
         return comm_nccl_rank_peak_bytes(g->world, rank);
@@ -273,6 +302,7 @@ void pipeline_gpu_stop(pipeline_gpu *g)
     comm_nccl_destroy(g->world);
 #endif
     comm_staged_destroy(g->staged);
+    comm_exchange_destroy(g->exchange);
     free(g->devices);
     free(g->comms);
     free(g->sm_before);

@@ -334,8 +334,8 @@ static void test_failing_rank(gpu_test_tally *tally)
     }
     device_spec devices[2] = {{.index = 0}, {.index = 1}};
     pipeline_gpu gpu;
-    if (pipeline_gpu_start(&gpu, &layout, devices, GPU_COMM_NCCL, 7, PIPELINE_TIMEOUT_S,
-                           &err) != 0) {
+    if (pipeline_gpu_start(&gpu, &layout, devices, GPU_COMM_NCCL, NULL, 7,
+                           PIPELINE_TIMEOUT_S, &err) != 0) {
         gpu_test_expect(tally, false, err.message);
         return;
     }
