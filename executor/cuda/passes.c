@@ -417,11 +417,14 @@ static int head_forward(model_stage *stage, activation_slot *slot,
         return -1;
     CUDA_TRY(cuda_mean(state->scratch.reduced, slot->losses, N,
                        state->stream));
+    /* the stream first, under the comm's deadline when sums are on it: a
+     * copy into pageable memory would wait for it with no deadline */
+    if (sync_stage_stream(stage, err) != 0)
+        return -1;
     double loss = 0.0;
     CUDA_TRY(cudaMemcpyAsync(&loss, state->scratch.reduced, sizeof loss,
                              cudaMemcpyDeviceToHost, state->stream));
-    if (sync_stage_stream(stage, err) != 0)
-        return -1;
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
     *mean_loss = (float)loss;
     return 0;
 }

@@ -405,19 +405,6 @@ int run_start_own_gpu(run_context *ctx, run_result *out, pt_error *err)
     return run_record_gpu_ranks(ctx, out, err);
 }
 
-/* The node instance that holds a rank (the plan's node order), or -1. */
-static int rank_node_instance(const plan *p, int rank)
-{
-    int local = rank;
-    for (int i = 0; i < p->node_order_count; i++) {
-        int gpus = cluster_node_gpus(&p->cluster, p->node_order[i]);
-        if (local < gpus)
-            return p->node_order[i];
-        local -= gpus;
-    }
-    return -1;
-}
-
 /* The device exchange's emulated links: between two ranks, the link of
  * the plan's cluster between their nodes (intra-node on one node). NULL
  * when out of memory or a rank has no node. */
@@ -426,8 +413,8 @@ static link_spec *plan_links(const plan *p, int ranks)
     link_spec *links = malloc((size_t)ranks * (size_t)ranks * sizeof *links);
     for (int a = 0; links != NULL && a < ranks; a++)
         for (int b = 0; b < ranks; b++) {
-            int node_a = rank_node_instance(p, a);
-            int node_b = rank_node_instance(p, b);
+            int node_a = plan_rank_node(p, a);
+            int node_b = plan_rank_node(p, b);
             if (node_a < 0 || node_b < 0) {
                 free(links);
                 return NULL;
