@@ -72,6 +72,9 @@ typedef struct rank_step {
     const char *operation;       /* event kind being worked on */
     int tp_rank;
     pending_send pending;
+    const pipeline_grad_sync *sync;  /* may be NULL */
+    bool overlap_armed;          /* the dp reduction runs with the last
+                                    backward */
 } rank_step;
 
 static void record_span(rank_step *r, const char *kind, int micro_batch,
@@ -209,6 +212,8 @@ static int backward(rank_step *r, int micro_batch, pt_error *err)
     return 0;
 }
 
+static int arm_overlap(rank_step *r, pt_error *err);
+
 /* 1F1B: warm-up forwards, then one forward one backward, then the
  * remaining backwards; GPipe: every forward, then every backward.
  * Backwards run in micro-batch order either way, so gradients accumulate
@@ -235,6 +240,9 @@ static int run_schedule(rank_step *r, bool inject_failure, pt_error *err)
                                           "forward of micro-batch 0 (a "
                                           "test asked for it)");
         }
+        if (!in_warm_up && backwards == m - 1 &&
+            arm_overlap(r, err) != 0)
+            return -1;
         if (!in_warm_up && backward(r, backwards++, err) != 0)
             return -1;
     }
@@ -301,29 +309,91 @@ static int dp_shards(const rank_step *r, int **group, size_t **offsets,
     return 0;
 }
 
-/* Replicated optimizer: every replica gets the summed gradients. ZeRO-1:
- * replica i gets the sum of its shard only (reduce-scatter), the half of
- * the all-reduce's traffic its step needs. */
-static int dp_reduce_gradients(rank_step *r, pt_error *err)
+/* Whether this rank's dp reduction may run with its last backward: a
+ * launcher offers it, and the gradients are final when the backward ends
+ * (with ZeRO-1 the tied embedding's two copies are summed first, after
+ * the backward, so its pair keeps the reduction after it too). */
+static bool overlap_allowed(const rank_step *r)
 {
-    int dp = r->layout->config.dp;
-    if (dp == 1)
+    const pipeline_layout *layout = r->layout;
+    bool embedding_pair = layout->stage_count > 1 &&
+                          layout->shape.tied_embeddings &&
+                          (r->stage_index == 0 ||
+                           r->stage_index == layout->stage_count - 1);
+    return layout->config.dp > 1 && r->sync != NULL &&
+           r->sync->overlap != NULL && r->sync->overlap->begin != NULL &&
+           r->sync->buckets != NULL &&
+           !(sharded_optimizer(r) && embedding_pair);
+}
+
+/* Before the last micro-batch's backward: the launcher's overlap armed,
+ * when it applies. */
+static int arm_overlap(rank_step *r, pt_error *err)
+{
+    r->overlap_armed = false;
+    if (!overlap_allowed(r))
         return 0;
     int *group = NULL;
     size_t *offsets = NULL;
     if (dp_shards(r, &group, &offsets, err) != 0)
         return -1;
+    const pipeline_grad_overlap *overlap = r->sync->overlap;
+    int status = overlap->begin(overlap->data, r->c->rank, r->stage, r->c,
+                                group, r->layout->config.dp,
+                                r->sync->buckets,
+                                sharded_optimizer(r) ? offsets : NULL, err);
+    free(group);
+    free(offsets);
+    r->overlap_armed = status == 0;
+    return status < 0 ? -1 : 0;
+}
+
+/* Every bucket in turn, blocking (the whole buffer when there are none). */
+static int reduce_buckets(rank_step *r, const int *group,
+                          const size_t *offsets, pt_error *err)
+{
+    const pipeline_buckets *buckets =
+        r->sync != NULL ? r->sync->buckets : NULL;
+    pipeline_bucket whole = {.offset = 0, .count = r->stage->param_count};
+    int count = buckets != NULL ? buckets->count : 1;
+    for (int b = 0; b < count; b++)
+        if (pipeline_reduce_bucket(r->c, group, r->layout->config.dp,
+                                   r->stage->grads,
+                                   buckets != NULL ? buckets->buckets[b]
+                                                   : whole,
+                                   sharded_optimizer(r) ? offsets : NULL,
+                                   NULL, err) != 0)
+            return -1;
+    return 0;
+}
+
+/* Replicated optimizer: every replica gets the summed gradients. ZeRO-1:
+ * replica i gets the sum of its shard only (reduce-scatter), the half of
+ * the all-reduce's traffic its step needs. Bucket by bucket after the
+ * backward, or what the overlap left of it. */
+static int dp_reduce_gradients(rank_step *r, pt_error *err)
+{
+    int dp = r->layout->config.dp;
+    if (dp == 1)
+        return 0;
     /* both halves of ZeRO-1 are "dp_allreduce" events, as the estimate
-     * writes them (the run's schema is the estimate's) */
+     * writes them (the run's schema is the estimate's); with the overlap
+     * the event is what the backward left to wait for */
     double start = begin(r, "dp_allreduce", -1);
-    int status;
-    if (sharded_optimizer(r)) {
-        status = comm_reduce_scatter_sum(r->c, group, dp, r->stage->grads,
-                                         offsets, err);
-    } else {
-        status = comm_all_reduce_sum(r->c, group, dp, r->stage->grads,
-                                     r->stage->param_count, err);
+    if (r->overlap_armed) {
+        const pipeline_grad_overlap *overlap = r->sync->overlap;
+        r->overlap_armed = false;
+        if (overlap->end(overlap->data, r->c->rank, r->stage, r->c, err) !=
+            0)
+            return -1;
+        record(r, "dp_allreduce", -1, start);
+        return 0;
     }
+    int *group = NULL;
+    size_t *offsets = NULL;
+    if (dp_shards(r, &group, &offsets, err) != 0)
+        return -1;
+    int status = reduce_buckets(r, group, offsets, err);
     free(group);
     free(offsets);
     if (status != 0)
@@ -452,8 +522,9 @@ static int check_rank(const pipeline_layout *layout, const model_stage *stage,
 int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
                        const comm *c, const train_config *config,
                        const uint32_t *tokens, double step_start_s,
-                       bool inject_failure, step_result *out,
-                       pipeline_events *events, pt_error *err)
+                       bool inject_failure, const pipeline_grad_sync *sync,
+                       step_result *out, pipeline_events *events,
+                       pt_error *err)
 {
     if (check_rank(layout, stage, c, err) != 0 ||
         lr_schedule_check(&config->schedule, err) != 0) {
@@ -486,6 +557,7 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
         .micro_batch = -1,
         .operation = "zero_grads",
         .tp_rank = pipeline_rank_tp(layout, c->rank),
+        .sync = sync,
     };
     if (events != NULL)
         events->count = 0;
@@ -505,6 +577,11 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
         goto done;
     status = 0;
 done:
+    if (status != 0 && r.overlap_armed) {
+        /* disarm the backend; the world has failed, so this ends fast */
+        pt_error ignored = {{0}};
+        sync->overlap->end(sync->overlap->data, c->rank, stage, c, &ignored);
+    }
     if (status != 0) {
         if (r.micro_batch >= 0)
             pt_error_prefix(err, "rank %d (stage %d, replica %d, tp %d), %s "
