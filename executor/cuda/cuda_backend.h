@@ -72,6 +72,17 @@ size_t cuda_stage_device_bytes(const model_stage *stage);
 /* The stream a cuda stage runs on (for NCCL work ordered with it). */
 cudaStream_t cuda_stage_stream(const model_stage *stage);
 
+/* Called by a cuda stage's backward, on the calling thread, each time the
+ * gradients from float `ready_from` of the buffers to their end have all
+ * been enqueued on the stage's stream: after the head, after each layer
+ * (going down), after the embedding. The data-parallel reduction's
+ * overlap (executor/parallel/grad_overlap.c) arms it for the last
+ * micro-batch's backward, when those gradients are final. */
+typedef void (*cuda_grad_hook)(void *data, size_t ready_from);
+/* hook NULL: none (the default). */
+void cuda_stage_set_grad_hook(model_stage *stage, cuda_grad_hook hook,
+                              void *data);
+
 /* Number of CUDA devices this process sees; 0 when there is no GPU or no
  * usable driver (never fails). executor/cuda/device.c, as the rest of
  * this header from here on. */

@@ -789,3 +789,13 @@ cudaStream_t cuda_stage_stream(const model_stage *stage)
     const cuda_stage_state *state = stage->backend_state;
     return state != NULL ? state->stream : NULL;
 }
+
+void cuda_stage_set_grad_hook(model_stage *stage, cuda_grad_hook hook,
+                              void *data)
+{
+    cuda_stage_state *state = stage->backend_state;
+    if (state == NULL)
+        return;
+    state->grad_hook = hook;
+    state->grad_hook_data = hook != NULL ? data : NULL;
+}

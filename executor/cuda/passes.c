@@ -733,6 +733,15 @@ static int head_backward(model_stage *stage, activation_slot *slot,
     return 0;
 }
 
+/* Tells the armed hook (cuda_backend.h) that every gradient from float
+ * ready_from on is enqueued. */
+static void gradients_enqueued(const cuda_stage_state *state,
+                               size_t ready_from)
+{
+    if (state->grad_hook != NULL)
+        state->grad_hook(state->grad_hook_data, ready_from);
+}
+
 int cuda_stage_backward(model_stage *stage, int slot_index,
                         const stage_io *io, pt_error *err)
 {
@@ -752,6 +761,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         if (head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d,
                           err) != 0)
             return -1;
+        gradients_enqueued(state, state->offsets.final_norm_weight);
         d_out = s->d_stream[0];
         free_stream = 1;
     } else if (state->layer_count > 0) {
@@ -772,6 +782,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         if (layer_backward(stage, d_input, d_out, &state->offsets.layers[l],
                            act, layer_input, &d, err) != 0)
             return -1;
+        gradients_enqueued(state, state->offsets.layers[l].ln1_weight);
         d_out = d_input;
         free_stream = 1 - free_stream;
     }
@@ -783,6 +794,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
             stage->grads + o->position_embedding, d_out, t->plan_starts,
             t->plan_rows, t->plan_tokens, slot->unique_tokens, d.B, d.T, d.C,
             state->stream));
+        gradients_enqueued(state, 0);
         s->input_grad = NULL;
     } else {
         /* a stage with no layers and no head passes the gradient through;

@@ -321,6 +321,14 @@ typedef enum gpu_comm_kind {
 
 struct comm_nccl;
 
+/* A rank's overlap of the dp reduction with its backward on a GPU
+ * (parallel/grad_overlap.c): a reduction stream in the rank's slice and
+ * the state of an armed backward. Opened and closed on the rank's thread
+ * once its device is open. */
+typedef struct gpu_grad_overlap gpu_grad_overlap;
+int gpu_grad_overlap_open(gpu_grad_overlap **out, pt_error *err);
+void gpu_grad_overlap_close(gpu_grad_overlap *overlap);
+
 /*
  * Every rank of a layout on this machine's GPUs, one thread per rank
  * (pipeline_threads over the chosen comm). devices[rank] gives the rank's
@@ -345,7 +353,14 @@ typedef struct pipeline_gpu {
                                         each sliced rank on its GPU, in
                                         rank order (sm_before_offset) */
     int *sm_before_offset;           /* rank_count + 1 offsets into it */
+    gpu_grad_overlap **overlaps;     /* rank_count; NULL entries with the
+                                        host-staged comm (no streams) */
 } pipeline_gpu;
+
+/* The launch hooks that overlap each rank's dp reduction with its last
+ * backward (pipeline_launch.overlap), for a comm with stream-ordered
+ * collectives. */
+pipeline_grad_overlap pipeline_gpu_overlap(pipeline_gpu *g);
 
 /* links: GPU_COMM_DEVICE only, the emulated links between the ranks
  * (rank_count x rank_count, as comm_exchange_create takes them), or NULL

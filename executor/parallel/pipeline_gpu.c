@@ -31,18 +31,25 @@ static int open_rank(void *data, int rank, pt_error *err)
                                     device->memory_limit_gib * PT_GIB, err);
     if (status != 0)
         return -1;
+    if (g->kind == GPU_COMM_HOST)
+        return comm_staged_rank_open(g->staged, rank, err);
 #ifdef PARTITA_HAVE_NCCL
-    if (g->kind == GPU_COMM_NCCL)
-        return comm_nccl_rank_open(g->world, rank, err);
+    if (g->kind == GPU_COMM_NCCL &&
+        comm_nccl_rank_open(g->world, rank, err) != 0)
+        return -1;
 #endif
-    if (g->kind == GPU_COMM_DEVICE)
-        return comm_exchange_rank_open(g->exchange, rank, err);
-    return comm_staged_rank_open(g->staged, rank, err);
+    if (g->kind == GPU_COMM_DEVICE &&
+        comm_exchange_rank_open(g->exchange, rank, err) != 0)
+        return -1;
+    /* the comm has streams: the dp reduction overlaps the backward */
+    return gpu_grad_overlap_open(&g->overlaps[rank], err);
 }
 
 static void close_rank(void *data, int rank)
 {
     pipeline_gpu *g = data;
+    gpu_grad_overlap_close(g->overlaps[rank]);
+    g->overlaps[rank] = NULL;
 #ifdef PARTITA_HAVE_NCCL
     if (g->kind == GPU_COMM_NCCL)
         comm_nccl_rank_close(g->world, rank);
@@ -174,7 +181,9 @@ int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
     int ranks = layout->rank_count;
     out->devices = malloc((size_t)ranks * sizeof *out->devices);
     out->comms = malloc((size_t)ranks * sizeof *out->comms);
-    if (out->devices == NULL || out->comms == NULL) {
+    out->overlaps = calloc((size_t)ranks, sizeof *out->overlaps);
+    if (out->devices == NULL || out->comms == NULL ||
+        out->overlaps == NULL) {
         pipeline_gpu_stop(out);
         return pt_fail(err, "gpu launcher: out of memory for %d ranks",
                        ranks);
@@ -192,6 +201,8 @@ int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
         .comms = out->comms,
         .hooks = {.open = open_rank, .close = close_rank, .data = out},
     };
+    if (kind != GPU_COMM_HOST)
+        launch.overlap = pipeline_gpu_overlap(out);
     if (pipeline_threads_start(&out->threads, layout, &launch, err) != 0) {
         pipeline_gpu_stop(out);
         return -1;
@@ -219,9 +230,10 @@ int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
                                    sizeof *out->sm_before_offset);
     out->sm_before = malloc(sizeof *out->sm_before);
     out->sliced = calloc((size_t)ranks, sizeof *out->sliced);
+    out->overlaps = calloc((size_t)ranks, sizeof *out->overlaps);
     if (out->devices == NULL || out->comms == NULL ||
         out->sm_before_offset == NULL || out->sm_before == NULL ||
-        out->sliced == NULL) {
+        out->sliced == NULL || out->overlaps == NULL) {
         pipeline_gpu_stop(out);
         return pt_fail(err, "gpu launcher: out of memory");
     }
@@ -246,6 +258,7 @@ int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
         .comms = out->comms,
         .this_rank_only = true,
         .hooks = {.open = open_rank, .close = close_rank, .data = out},
+        .overlap = pipeline_gpu_overlap(out),
     };
     if (pipeline_threads_start(&out->threads, layout, &launch, err) != 0) {
         pipeline_gpu_stop(out);
@@ -308,5 +321,6 @@ void pipeline_gpu_stop(pipeline_gpu *g)
     free(g->sm_before);
     free(g->sm_before_offset);
     free(g->sliced);
+    free(g->overlaps);
     memset(g, 0, sizeof *g);
 }

@@ -13,8 +13,10 @@
 #      and over the device exchange (bf16 sums on the stream) against the
 #      unsplit stage;
 #   3. run_parallel.sh SHARED=1 SHARED_COMM=auto: `partita exec` of a
-#      small GPT on one GPU, then pp 2, dp 2 with ZeRO-1 and tp 2 on two
-#      slices over the device exchange, losses against one GPU;
+#      small GPT on one GPU, then pp 2, dp 2 (its sums in buckets during
+#      the last backward), dp 2 with ZeRO-1 and tp 2 on two slices over
+#      the device exchange, losses against one GPU; pp 2 and dp 2 again
+#      over the host-staged comm: the same losses bit for bit;
 #   4. profiles of the slices (`partita profile --quick` at 64 and 32 SMs,
 #      and the whole GPU, for the shapes the plans use), so the estimates
 #      price what the slices compute;
@@ -93,9 +95,21 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     step test_cuda_tensor_parallel 150 \
         "$build/tests/executor/gpu/test_cuda_tensor_parallel"
     echo "== partita exec over the device exchange against one GPU"
-    step exec-losses 200 env SHARED=1 SHARED_COMM=auto ITERS=20 \
-        LOSS_ROWS="pp2 dp2-zero1 tp2" SKIP_RESUME=1 SKIP_HETERO=1 \
+    step exec-losses 240 env SHARED=1 SHARED_COMM=auto ITERS=20 \
+        LOSS_ROWS="pp2 dp2 dp2-zero1 tp2" SKIP_RESUME=1 SKIP_HETERO=1 \
         SKIP_BENCH=1 "$here/run_parallel.sh" "$build" "$logs/losses"
+    # pp 2 and dp 2 move and sum fp32 in the same order over either comm
+    # (the dp sums bucket by bucket during the last backward over the
+    # exchange, after it over the host): the same losses, bit for bit
+    for name in pp2 dp2; do
+        step "exec-$name-host" 60 "$partita" exec \
+            "$logs/losses/plans/$name.json" --data "$logs/losses/corpus" \
+            --backend cuda --gpu-comm host --iters 20 --log-interval 10 \
+            -o "$logs/$name-host.run.json" &&
+            step "same-$name" 10 python3 "$here/parallel_checks.py" losses \
+                "$logs/$name-host.run.json" "$logs/losses/$name.run.json" \
+                "$name: device exchange against host-staged" 0 0
+    done
 fi
 
 # --------------------------------------------------------------- profiles
