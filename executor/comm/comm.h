@@ -275,6 +275,10 @@ void comm_mpi_finish(comm_mpi *world, int exit_status);
  *     staging buffer (a small ring per direction that grows when every
  *     buffer is still in flight) and ncclSend is enqueued; recv, the
  *     collectives and the barrier return with their result in place;
+ *     sendrecv posts a send and a receive in one NCCL group, so that two
+ *     ranks sending to each other cannot wait on each other's lazily
+ *     made connection; the stream-ordered collectives (comm_stream_ops)
+ *     enqueue on the caller's stream and return;
  *   - messages of one peer and direction arrive in the order they were
  *     sent: the tag is not transmitted, so a receiver must take them in
  *     that order (the pipeline runtime does) and with the sent count;

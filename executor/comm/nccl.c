@@ -5,8 +5,11 @@
  * 0): a call that returns ncclInProgress is polled with
  * ncclCommGetAsyncError before the next one, and every wait is a poll
  * loop that also watches the world's failure flag and a deadline, so no
- * thread can be held by a dead or silent peer. The world and the ranks'
- * state are comm/nccl_world.c's.
+ * thread can be held by a dead or silent peer. Besides the blocking
+ * operations: a send with its receive in one NCCL group (sendrecv), and
+ * the collectives enqueued on the caller's stream (comm_stream_ops) with
+ * a wait for that stream under the same deadline. The world and the
+ * ranks' state are comm/nccl_world.c's.
  */
 #include "executor/comm/nccl_internal.h"
 

@@ -29,7 +29,9 @@
 #      alone (what a busy neighbour costs: slices share the GPU's memory
 #      bandwidth and L2). Targets: tokens/s over the baseline's (one
 #      rank, whole GPU) tp 2 >= 0.80, dp 2 >= 0.95, pp 2 >= 0.90; every
-#      step within 10 % of its estimate.
+#      step within 10 % of its estimate. Last, the README's pipeline on
+#      one GPU (GPT-2 124M, pp 2 on 80 + 40 SMs, links of 25 GB/s and
+#      20 us) against its estimate with its slices' profiles.
 #
 # Usage: tests/executor/gpu/run_devcomm.sh BUILD_DIR LOG_DIR
 #   BUILD_DIR  a meson build made with -Dcuda=enabled (NCCL not needed)
@@ -49,7 +51,7 @@ partita="$build/cli/partita"
 iters=${ITERS:-4}
 warmup=${WARMUP:-2}
 budget=${BUDGET_S:-420}
-rows=${ROWS:-"one-gpu-26h tp2 dp2 pp2 pp4 one-gpu-24h tp4"}
+rows=${ROWS:-"one-gpu-26h tp2 dp2 pp2 pp4 one-gpu-24h tp4 readme-pp2"}
 export PARTITA_SOURCE="$root"
 [ -d "$build/lib" ] && export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 SECONDS=0
@@ -130,6 +132,9 @@ profile() {
 profile "$gpu_type" "$both" 1
 profile "$gpu_type-64SM" "$root/models/gpt2-xl-26h.json" 1,2 --sm-limit 64
 profile "$gpu_type-32SM" "$both" 1,4 --sm-limit 32
+# the README's pipeline on one GPU: GPT-2 124M on 80 + 40 SMs
+profile "$gpu_type-80SM" "$root/models/gpt2-124m.json" 1 --sm-limit 80
+profile "$gpu_type-40SM" "$root/models/gpt2-124m.json" 1 --sm-limit 40
 
 # ------------------------------------------------------------------ plans
 mkdir -p "$logs/plans"
@@ -172,6 +177,12 @@ plan pp2 gpt2-xl-26h 2 64 "1 1 2" 64 23-21
 plan pp4 gpt2-xl-26h 4 32 "1 1 4" 128 12-12-11-9
 plan one-gpu-24h gpt2-xl-24h 1 0 "1 1 1" 32
 plan tp4 gpt2-xl-24h 4 32 "4 1 1" 64
+# the README's example (docs/examples/plan-pp2-one-h200.json) with its
+# slices' own profiles (the file names the whole-GPU type for 80 SMs)
+sed -e "s|\"../../models/|\"$root/models/|" \
+    -e "s|\"gpu\": \"H200\"|\"gpu\": \"$gpu_type-80SM\"|" \
+    -e "s|\"gpu\": \"H200-40SM\"|\"gpu\": \"$gpu_type-40SM\"|" \
+    "$root/docs/examples/plan-pp2-one-h200.json" >"$logs/plans/readme-pp2.json"
 
 # -------------------------------------------------------------- benchmark
 bench="$logs/bench"
@@ -184,14 +195,16 @@ for name in $rows; do
         status=1
         continue
     fi
-    echo "== $name ($iters iterations)"
+    row_iters=$iters
+    [ "$name" = readme-pp2 ] && row_iters=$((iters * 3))
+    echo "== $name ($row_iters iterations)"
     "$partita" estimate "$logs/plans/$name.json" --json \
         --profiles "$profiles" >"$bench/$name.estimate.json" \
         2>"$bench/$name.estimate.log" ||
         { echo "NOTE $name: no estimate"; tail -2 "$bench/$name.estimate.log"; }
     step "bench-$name" 110 "$partita" exec "$logs/plans/$name.json" \
-        --data "$data" --backend cuda --iters "$iters" \
-        --log-interval "$iters" --comm-timeout 120 \
+        --data "$data" --backend cuda --iters "$row_iters" \
+        --log-interval "$row_iters" --comm-timeout 120 \
         -o "$bench/$name.run.json" && ran+=("$name")
 done
 
@@ -203,6 +216,7 @@ for name in $rows; do
         dp2) table_rows+=("$name:one-gpu-26h:0.95:1") ;;
         pp2) table_rows+=("$name:one-gpu-26h:0.90:1") ;;
         pp4) table_rows+=("$name:one-gpu-26h:-:1") ;;
+        readme-pp2) table_rows+=("$name:-:-:1") ;;
         tp4) table_rows+=("$name:one-gpu-24h:-:1") ;;
         *) table_rows+=("$name:-:-:1") ;;
     esac
