@@ -210,12 +210,6 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
     return 0;
 }
 
-static double seconds_now(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
-}
 
 /* Progress of a long search: a line on stderr every few seconds, on a
  * terminal or in a batch job's log alike. */
@@ -230,7 +224,7 @@ static void show_progress(void *context, long long done, long long total,
                           long long scored)
 {
     progress_state *state = context;
-    double now = seconds_now();
+    double now = pt_monotonic_seconds();
     if (total <= 0 || now - state->last_line < PROGRESS_EVERY_S)
         return;
     state->last_line = now;
@@ -409,9 +403,9 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
      * those of opening the profiles and of the plans written. */
     int notes_of_open = cm.note_count;
     search_result result;
-    double started = seconds_now();
+    double started = pt_monotonic_seconds();
     int status = planner_search(&cm, &args->search, &result, err);
-    double elapsed = seconds_now() - started;
+    double elapsed = pt_monotonic_seconds() - started;
     if (status != 0) {
         costmodel_close(&cm);
         return EXIT_BAD_INPUT;
@@ -545,11 +539,11 @@ static int run_pareto(const plan_arguments *args, plan_inputs *in,
                       pt_error *err)
 {
     pareto_result front;
-    double started = seconds_now();
+    double started = pt_monotonic_seconds();
     if (planner_pareto(&in->model, &in->cluster, args->profiles,
                        &args->search, &front, err) != 0)
         return EXIT_BAD_INPUT;
-    double elapsed = seconds_now() - started;
+    double elapsed = pt_monotonic_seconds() - started;
     if (front.point_count == 0) {
         pt_fail(err, "no sub-cluster of %s can train %s with gbs %d",
                 in->cluster.name, in->model.name, args->search.gbs);
@@ -598,7 +592,7 @@ int command_plan(int argc, char **argv)
     int parsed = parse_plan_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
-    progress_state progress = {seconds_now(), seconds_now(),
+    progress_state progress = {pt_monotonic_seconds(), pt_monotonic_seconds(),
                                args.pareto ? "sub-clusters" : "tasks"};
     if (!args.quiet) {
         args.search.progress = show_progress;
