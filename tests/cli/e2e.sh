@@ -816,6 +816,103 @@ PY
   size=$(stat -c %s report/trace.json)
   [ "$size" -lt 8388608 ] || fail "trace.json of 1,024 GPUs is $size bytes"
   ;;
+export-megatron)
+  # every bundled plan becomes a script bash accepts
+  for plan in "$source_root"/docs/examples/*.json; do
+    name=$(basename "$plan" .json)
+    run 0 partita export "$plan" --to megatron -o "launch-$name.sh"
+    expect_in err.txt "wrote launch-$name.sh (Megatron-LM launch script"
+    bash -n "launch-$name.sh" || fail "launch-$name.sh is not valid bash"
+    [ ! -s out.txt ] || fail "export -o printed on standard output"
+  done
+  expect_in launch-plan-megatron-175b-a100.sh "    --tensor-model-parallel-size 8"
+  expect_in launch-plan-megatron-175b-a100.sh "    --use-distributed-optimizer"
+  expect_in launch-plan-megatron-175b-a100.sh "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+  expect_in launch-plan-pp2-one-h200.sh "    --decoder-first-pipeline-num-layers 10"
+  # standard output by default and with -o -
+  run 0 partita export "$source_root/docs/examples/plan-gpt2xl-hetero.json" --to megatron
+  cp out.txt stdout.sh
+  run 0 partita export "$source_root/docs/examples/plan-gpt2xl-hetero.json" --to megatron -o -
+  cmp -s out.txt stdout.sh || fail "-o - differs from standard output"
+  cmp -s stdout.sh launch-plan-gpt2xl-hetero.sh || fail "-o FILE differs from standard output"
+  # the launch itself, with stand-ins for torchrun and srun that print
+  # what they were given
+  mkdir bin
+  printf '#!/bin/sh\necho "torchrun $*"\n' >bin/torchrun
+  printf '#!/bin/sh\necho "srun $*"; cat "$SLURM_HOSTFILE"; echo "WORLD_SIZE=$WORLD_SIZE"\n' >bin/srun
+  chmod +x bin/torchrun bin/srun
+  PATH="$work/bin:$PATH" NODE_RANK=7 MEGATRON=/opt/megatron run 0 bash launch-plan-gpt2xl-hetero.sh --train-iters 20
+  expect_in out.txt "torchrun --nnodes 8 --node-rank 7 --nproc-per-node 4 --master-addr a10-0"
+  expect_in out.txt "/opt/megatron/pretrain_gpt.py --tensor-model-parallel-size 1 --pipeline-model-parallel-size 8 --pipeline-model-parallel-layout E|t\*11|t\*8|t\*8|t\*8|t\*8|t\*5|L"
+  expect_in out.txt "--global-batch-size 64 --bf16 --log-interval 10 --log-throughput --train-iters 20"
+  PATH="$work/bin:$PATH" LAUNCHER=srun run 0 bash launch-plan-gpt2xl-hetero.sh
+  expect_in out.txt "srun --ntasks 32 --distribution arbitrary"
+  [ "$(grep -c '^a10-' out.txt)" = 28 ] || fail "expected 28 tasks on the A10 hosts"
+  [ "$(grep -c '^a100-0$' out.txt)" = 4 ] || fail "expected 4 tasks on a100-0"
+  [ "$(grep -n '^a100-0$' out.txt | head -1 | cut -d: -f1)" -gt "$(grep -n '^a10-6$' out.txt | tail -1 | cut -d: -f1)" ] \
+    || fail "the A100 host is not last"
+  expect_in out.txt "WORLD_SIZE=32"
+  PATH="$work/bin:$PATH" run 1 bash launch-plan-gpt2xl-hetero.sh
+  expect_in err.txt "set NODE_RANK"
+  rm -rf bin launch-*.sh stdout.sh
+  no_leftovers
+  ;;
+export-deepspeed)
+  for plan in "$source_root"/docs/examples/*.json; do
+    name=$(basename "$plan" .json)
+    run 0 partita export "$plan" --to deepspeed -o "ds-$name.json"
+    expect_in err.txt "wrote ds-$name.json (DeepSpeed ds_config"
+  done
+  python3 - <<'PY' || fail "unexpected ds_config"
+import json
+big = json.load(open("ds-plan-megatron-175b-a100.json"))
+assert big["train_batch_size"] == 1536, big
+assert big["train_micro_batch_size_per_gpu"] == 1
+assert big["gradient_accumulation_steps"] == 256
+assert big["zero_optimization"]["stage"] == 1
+assert big["bf16"]["enabled"] is True
+assert big["pipeline"]["activation_checkpoint_interval"] == 1
+assert len(big["partita"]["hostfile"]) == 96
+assert big["partita"]["hostfile"][95] == "a100-95 slots=4"
+het = json.load(open("ds-plan-gpt2xl-hetero.json"))
+assert het["partita"]["pipeline"]["parts"] == [0, 1, 12, 20, 28, 36, 44, 49, 51]
+assert het["partita"]["hostfile"][-1] == "a100-0 slots=4"
+assert het["zero_optimization"]["stage"] == 0
+one = json.load(open("ds-plan-tiny-cpu.json"))
+assert "pipeline" not in one and one["gradient_accumulation_steps"] == 2
+PY
+  rm -f ds-*.json
+  no_leftovers
+  ;;
+export-bad)
+  hetero_plan="$source_root/docs/examples/plan-gpt2xl-hetero.json"
+  run 2 partita export "$hetero_plan"
+  expect_in err.txt "--to"
+  run 2 partita export "$hetero_plan" --to torchtitan
+  expect_in err.txt "expected megatron or deepspeed, got 'torchtitan'"
+  run 2 partita export --to megatron
+  run 2 partita export in-missing.json --to megatron -o out.sh
+  expect_in err.txt "in-missing.json"
+  echo '{ "gbs": 8, ' >in-truncated.json
+  run 2 partita export in-truncated.json --to deepspeed -o out.json
+  expect_in err.txt "in-truncated.json"
+  # 3 heads cannot be split over tp 2: Megatron-LM would stop at start
+  write_layout_plan in-odd.json 1 2 1 2
+  sed -i 's/"hidden": 16, "heads": 2/"hidden": 48, "heads": 3/' in-odd.json
+  run 2 partita export in-odd.json --to megatron -o out.sh
+  expect_in err.txt "in-odd.json: plan.tp: Megatron-LM needs the 3 attention heads divisible by tp 2"
+  [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line"
+  run 2 partita export "$hetero_plan" --to megatron -o /nonexistent-dir/launch.sh
+  expect_in err.txt "/nonexistent-dir/launch.sh"
+  # an existing file is replaced whole or left alone
+  echo "keep me" >out.sh
+  run 2 partita export in-odd.json --to megatron -o out.sh
+  [ "$(cat out.sh)" = "keep me" ] || fail "a refused export touched out.sh"
+  rm -f out.sh
+  run 0 partita export --help
+  expect_in out.txt "usage: partita export"
+  no_leftovers
+  ;;
 no-gpu-stack)
   # plan, estimate, report, prep and profile --derive/--compare run in
   # `partita`, which must never load the CUDA runtime, cuBLAS, NCCL or
