@@ -913,6 +913,90 @@ export-bad)
   expect_in out.txt "usage: partita export"
   no_leftovers
   ;;
+report-megatron-log)
+  # the README's example: plan on a bundled cluster, export to Megatron-LM,
+  # compare the bundled synthetic log with the estimate
+  synthetic_log="$source_root/docs/examples/megatron-gpt2xl-hetero.synthetic.log"
+  head -1 "$synthetic_log" | grep -q "SYNTHETIC" || fail "the bundled log does not say it is synthetic"
+  run 0 partita plan --model gpt2-xl --gbs 64 --cluster hetero --quiet -o plan.json
+  run 0 partita export plan.json --to megatron -o launch.sh
+  expect_in launch.sh "    --pipeline-model-parallel-size 8"
+  run 0 partita report plan.json --megatron-log "$synthetic_log" -o report
+  for file in report.md trace.json timeline.png stages.png memory.png step_time.png step_time.svg; do
+    [ -s "report/$file" ] || fail "report/$file missing or empty"
+  done
+  if grep -q warning err.txt; then fail "unexpected warning: $(cat err.txt)"; fi
+  expect_in report/report.md "backend megatron-lm, 9 timed log lines"
+  expect_in report/report.md "Megatron-LM log: 10 iteration lines (the last of iteration 100 of 100)"
+  expect_in report/report.md "9 printed arguments that match the plan"
+  expect_in report/report.md "the peak of the 8 of 32 ranks"
+  expect_in report/report.md "| step time | "
+  expect_in report/report.md "| 1.13 s |"
+  # the median of the nine kept lines, 1130.5 ms, as tokens per second
+  expect_in report/report.md "| 57971 tokens/s |"
+  expect_in report/report.md "| 0 | 0-3 | A100-FASOP |"
+  # --warmup-iterations 0 keeps the first line; 50 keeps five
+  run 0 partita report plan.json --megatron-log "$synthetic_log" --warmup-iterations 50 -o report50
+  expect_in report50/report.md "5 timed log lines"
+  expect_in report50/report.md "up to iteration 50, are left out"
+  rm -rf report report50 plan.json launch.sh
+  no_leftovers
+  ;;
+report-deepspeed-log)
+  cat >in-ds.log <<'LOG'
+[2026-08-24 10:00:00,001] [INFO] [engine.py:100:__init__] SYNTHETIC log for the tests
+steps: 10 loss: 10.2345 iter time (s): 1.910 samples/sec: 33.508
+epoch=0/micro_step=160/global_step=10, RunningAvgSamplesPerSec=33.1, CurrSamplesPerSec=33.5, MemAllocated=3.21GB, MaxMemAllocated=9.87GB
+steps: 20 loss: 9.0123 iter time (s): 1.130 samples/sec: 56.637
+epoch=0/micro_step=320/global_step=20, RunningAvgSamplesPerSec=50.1, CurrSamplesPerSec=56.6, MemAllocated=3.21GB, MaxMemAllocated=10.12GB
+steps: 30 loss: 8.1234 iter time (s): 1.128 samples/sec: 56.738
+LOG
+  hetero_plan="$source_root/docs/examples/plan-gpt2xl-hetero.json"
+  run 0 partita report "$hetero_plan" --deepspeed-log in-ds.log -o report
+  expect_in report/report.md "backend deepspeed, 2 timed log lines"
+  expect_in report/report.md "3 pipeline-engine step lines"
+  expect_in report/report.md "| 1.13 s |"
+  [ -s report/memory.png ] && [ -s report/step_time.png ] || fail "charts missing"
+  rm -rf report
+  no_leftovers
+  ;;
+report-log-bad)
+  synthetic_log="$source_root/docs/examples/megatron-gpt2xl-hetero.synthetic.log"
+  hetero_plan="$source_root/docs/examples/plan-gpt2xl-hetero.json"
+  # a log cut off inside an iteration line
+  head -c 3600 "$synthetic_log" >in-cut.log
+  run 2 partita report "$hetero_plan" --megatron-log in-cut.log -o out
+  expect_in err.txt "in-cut.log:40: the log ends inside this iteration line (truncated)"
+  [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line"
+  [ ! -e out ] || fail "a bad log left a report folder"
+  sed 's/elapsed time per iteration (ms): 1135.2/elapsed time per iteration (ms): 1,135.2/' \
+    "$synthetic_log" >in-malformed.log
+  run 2 partita report "$hetero_plan" --megatron-log in-malformed.log -o out
+  expect_in err.txt "in-malformed.log:42: elapsed time per iteration (ms): expected a number, got '1,135.2'"
+  sed 's/tensor_model_parallel_size ...................... 1/tensor_model_parallel_size ...................... 2/' \
+    "$synthetic_log" >in-other.log
+  run 2 partita report "$hetero_plan" --megatron-log in-other.log -o out
+  expect_in err.txt "in-other.log:23: tensor_model_parallel_size is 2, the plan's tp is 1"
+  echo "no iterations here" >in-empty.log
+  run 2 partita report "$hetero_plan" --megatron-log in-empty.log -o out
+  expect_in err.txt "in-empty.log: no Megatron-LM iteration line"
+  run 2 partita report "$hetero_plan" --deepspeed-log "$synthetic_log" -o out
+  expect_in err.txt "no DeepSpeed step line"
+  run 2 partita report "$hetero_plan" --megatron-log in-missing.log -o out
+  expect_in err.txt "in-missing.log"
+  run 2 partita report "$hetero_plan" --megatron-log "$synthetic_log" --warmup-iterations 100 -o out
+  expect_in err.txt "all 10 timed lines are warm-up"
+  run 2 partita report "$hetero_plan" --megatron-log "$synthetic_log" --warmup-iterations -3 -o out
+  expect_in err.txt "--warmup-iterations: expected an iteration number"
+  run 2 partita report "$hetero_plan" --warmup-iterations 3 -o out
+  expect_in err.txt "--warmup-iterations needs --megatron-log or --deepspeed-log"
+  run 2 partita report "$hetero_plan" "$source_root/tests/data/report/run.json" --megatron-log "$synthetic_log" -o out
+  expect_in err.txt "not both"
+  run 2 partita report "$hetero_plan" --megatron-log a.log --deepspeed-log b.log -o out
+  expect_in err.txt "give one training log"
+  [ ! -e out ] || fail "a refused report left a folder"
+  no_leftovers
+  ;;
 no-gpu-stack)
   # plan, estimate, report, prep and profile --derive/--compare run in
   # `partita`, which must never load the CUDA runtime, cuBLAS, NCCL or
