@@ -111,107 +111,117 @@ static void cap_threads(int *threads)
     *threads = (int)cores;
 }
 
-/* Returns 0 to go on, 1 when help was printed, -1 on a bad argument. */
-static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
+enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
+       OPT_SOLVER, OPT_SCHEDULE, OPT_PRECISION, OPT_MAX_MBS,
+       OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_TOP, OPT_THREADS, OPT_PROFILES,
+       OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_PER_RANK_TIMELINE,
+       OPT_HELP };
+static const struct option plan_options[] = {
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"cluster", required_argument, NULL, OPT_CLUSTER},
+    {"gbs", required_argument, NULL, OPT_GBS},
+    {"objective", required_argument, NULL, OPT_OBJECTIVE},
+    {"pareto", no_argument, NULL, OPT_PARETO},
+    {"solver", required_argument, NULL, OPT_SOLVER},
+    {"schedule", required_argument, NULL, OPT_SCHEDULE},
+    {"precision", required_argument, NULL, OPT_PRECISION},
+    {"max-mbs", required_argument, NULL, OPT_MAX_MBS},
+    {"no-recompute", no_argument, NULL, OPT_NO_RECOMPUTE},
+    {"no-distributed-optimizer", no_argument, NULL, OPT_NO_ZERO},
+    {"top", required_argument, NULL, OPT_TOP},
+    {"threads", required_argument, NULL, OPT_THREADS},
+    {"profiles", required_argument, NULL, OPT_PROFILES},
+    {"output", required_argument, NULL, 'o'},
+    {"quiet", no_argument, NULL, OPT_QUIET},
+    {"search", required_argument, NULL, OPT_SEARCH},
+    {"max-tree-nodes", required_argument, NULL, OPT_MAX_TREE_NODES},
+    {"per-rank-timeline", no_argument, NULL, OPT_PER_RANK_TIMELINE},
+    {"help", no_argument, NULL, OPT_HELP},
+    {NULL, 0, NULL, 0}};
+
+/* The options that choose a name from a list. */
+static int apply_choice_option(int option, const char *value,
+                               search_options *search)
 {
-    enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
-           OPT_SOLVER, OPT_SCHEDULE, OPT_PRECISION, OPT_MAX_MBS,
-           OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_TOP, OPT_THREADS, OPT_PROFILES,
-           OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_PER_RANK_TIMELINE,
-           OPT_HELP };
-    static const struct option options[] = {
-        {"model", required_argument, NULL, OPT_MODEL},
-        {"cluster", required_argument, NULL, OPT_CLUSTER},
-        {"gbs", required_argument, NULL, OPT_GBS},
-        {"objective", required_argument, NULL, OPT_OBJECTIVE},
-        {"pareto", no_argument, NULL, OPT_PARETO},
-        {"solver", required_argument, NULL, OPT_SOLVER},
-        {"schedule", required_argument, NULL, OPT_SCHEDULE},
-        {"precision", required_argument, NULL, OPT_PRECISION},
-        {"max-mbs", required_argument, NULL, OPT_MAX_MBS},
-        {"no-recompute", no_argument, NULL, OPT_NO_RECOMPUTE},
-        {"no-distributed-optimizer", no_argument, NULL, OPT_NO_ZERO},
-        {"top", required_argument, NULL, OPT_TOP},
-        {"threads", required_argument, NULL, OPT_THREADS},
-        {"profiles", required_argument, NULL, OPT_PROFILES},
-        {"output", required_argument, NULL, 'o'},
-        {"quiet", no_argument, NULL, OPT_QUIET},
-        {"search", required_argument, NULL, OPT_SEARCH},
-        {"max-tree-nodes", required_argument, NULL, OPT_MAX_TREE_NODES},
-        {"per-rank-timeline", no_argument, NULL, OPT_PER_RANK_TIMELINE},
-        {"help", no_argument, NULL, OPT_HELP},
-        {NULL, 0, NULL, 0}};
     static const char *const objectives[] = {"time", "cost"};
     static const char *const solvers[] = {"dp", "ilp", "greedy"};
     static const char *const schedules[] = {"1f1b", "gpipe"};
     static const char *const precisions[] = {"bf16", "fp16", "fp32"};
     static const char *const searches[] = {"bb", "exhaustive"};
     int choice = 0, status = 0;
+    switch (option) {
+    case OPT_OBJECTIVE:
+        status = parse_choice(value, objectives, 2, "--objective", &choice);
+        search->objective = (plan_objective)choice;
+        break;
+    case OPT_SOLVER:
+        status = parse_choice(value, solvers, 3, "--solver", &choice);
+        search->solver = (partition_solver)choice;
+        break;
+    case OPT_SCHEDULE:
+        status = parse_choice(value, schedules, 2, "--schedule", &choice);
+        search->schedule = (schedule_kind)choice;
+        break;
+    case OPT_PRECISION:
+        status = parse_choice(value, precisions, 3, "--precision", &choice);
+        search->precision = (precision_kind)choice;
+        break;
+    default: /* OPT_SEARCH */
+        status = parse_choice(value, searches, 2, "--search", &choice);
+        search->exhaustive = choice == 1;
+        break;
+    }
+    return status;
+}
+
+/* One option of the command line: 0, or -1 on a bad value. */
+static int apply_plan_option(int option, const char *value,
+                             plan_arguments *args)
+{
+    search_options *search = &args->search;
+    switch (option) {
+    case OPT_MODEL: args->model = value; return 0;
+    case OPT_CLUSTER: args->cluster = value; return 0;
+    case OPT_GBS: return parse_positive(value, "--gbs", &search->gbs);
+    case OPT_OBJECTIVE:
+    case OPT_SOLVER:
+    case OPT_SCHEDULE:
+    case OPT_PRECISION:
+    case OPT_SEARCH: return apply_choice_option(option, value, search);
+    case OPT_PARETO: args->pareto = true; return 0;
+    case OPT_MAX_MBS:
+        return parse_positive(value, "--max-mbs", &search->max_mbs);
+    case OPT_NO_RECOMPUTE: search->allow_recompute = false; return 0;
+    case OPT_NO_ZERO: search->allow_distributed_optimizer = false; return 0;
+    case OPT_TOP: return parse_positive(value, "--top", &search->keep);
+    case OPT_THREADS:
+        return parse_positive(value, "--threads", &search->threads);
+    case OPT_PROFILES: args->profiles = value; return 0;
+    case 'o': args->output = value; return 0;
+    case OPT_QUIET: args->quiet = true; return 0;
+    case OPT_MAX_TREE_NODES:
+        return parse_count(value, "--max-tree-nodes",
+                           &search->max_tree_nodes);
+    case OPT_PER_RANK_TIMELINE: args->per_rank_timeline = true; return 0;
+    default: return -1;
+    }
+}
+
+/* Returns 0 to go on, 1 when help was printed, -1 on a bad argument. */
+static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
+{
     optind = 1;
     opterr = 1;
     int option;
-    while (status == 0 &&
-           (option = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
-        switch (option) {
-        case OPT_MODEL: args->model = optarg; break;
-        case OPT_CLUSTER: args->cluster = optarg; break;
-        case OPT_GBS:
-            status = parse_positive(optarg, "--gbs", &args->search.gbs);
-            break;
-        case OPT_OBJECTIVE:
-            status = parse_choice(optarg, objectives, 2, "--objective",
-                                  &choice);
-            args->search.objective = (plan_objective)choice;
-            break;
-        case OPT_PARETO: args->pareto = true; break;
-        case OPT_SOLVER:
-            status = parse_choice(optarg, solvers, 3, "--solver", &choice);
-            args->search.solver = (partition_solver)choice;
-            break;
-        case OPT_SCHEDULE:
-            status = parse_choice(optarg, schedules, 2, "--schedule",
-                                  &choice);
-            args->search.schedule = (schedule_kind)choice;
-            break;
-        case OPT_PRECISION:
-            status = parse_choice(optarg, precisions, 3, "--precision",
-                                  &choice);
-            args->search.precision = (precision_kind)choice;
-            break;
-        case OPT_MAX_MBS:
-            status = parse_positive(optarg, "--max-mbs",
-                                    &args->search.max_mbs);
-            break;
-        case OPT_NO_RECOMPUTE: args->search.allow_recompute = false; break;
-        case OPT_NO_ZERO:
-            args->search.allow_distributed_optimizer = false;
-            break;
-        case OPT_TOP:
-            status = parse_positive(optarg, "--top", &args->search.keep);
-            break;
-        case OPT_THREADS:
-            status = parse_positive(optarg, "--threads",
-                                    &args->search.threads);
-            break;
-        case OPT_PROFILES: args->profiles = optarg; break;
-        case 'o': args->output = optarg; break;
-        case OPT_QUIET: args->quiet = true; break;
-        case OPT_SEARCH:
-            status = parse_choice(optarg, searches, 2, "--search", &choice);
-            args->search.exhaustive = choice == 1;
-            break;
-        case OPT_MAX_TREE_NODES:
-            status = parse_count(optarg, "--max-tree-nodes",
-                                 &args->search.max_tree_nodes);
-            break;
-        case OPT_PER_RANK_TIMELINE: args->per_rank_timeline = true; break;
-        case OPT_HELP:
-        case 'h': print_plan_help(); return 1;
-        default: return -1;
+    while ((option = getopt_long(argc, argv, "o:h", plan_options, NULL)) !=
+           -1) {
+        if (option == OPT_HELP || option == 'h') {
+            print_plan_help();
+            return 1;
         }
+        if (apply_plan_option(option, optarg, args) != 0)
+            return -1;
     }
-    if (status != 0)
-        return -1;
     if (optind < argc) {
         fprintf(stderr, "partita plan: unexpected argument '%s'\n",
                 argv[optind]);
@@ -224,13 +234,6 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
     }
     cap_threads(&args->search.threads);
     return 0;
-}
-
-static double seconds_now(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
 }
 
 /* Progress of a long search: a line on stderr every few seconds, on a
@@ -246,7 +249,7 @@ static void show_progress(void *context, long long done, long long total,
                           long long scored)
 {
     progress_state *state = context;
-    double now = seconds_now();
+    double now = pt_monotonic_seconds();
     if (total <= 0 || now - state->last_line < PROGRESS_EVERY_S)
         return;
     state->last_line = now;
@@ -425,9 +428,9 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
      * those of opening the profiles and of the plans written. */
     int notes_of_open = cm.note_count;
     search_result result;
-    double started = seconds_now();
+    double started = pt_monotonic_seconds();
     int status = planner_search(&cm, &args->search, &result, err);
-    double elapsed = seconds_now() - started;
+    double elapsed = pt_monotonic_seconds() - started;
     if (status != 0) {
         costmodel_close(&cm);
         return EXIT_BAD_INPUT;
@@ -561,11 +564,11 @@ static int run_pareto(const plan_arguments *args, plan_inputs *in,
                       pt_error *err)
 {
     pareto_result front;
-    double started = seconds_now();
+    double started = pt_monotonic_seconds();
     if (planner_pareto(&in->model, &in->cluster, args->profiles,
                        &args->search, &front, err) != 0)
         return EXIT_BAD_INPUT;
-    double elapsed = seconds_now() - started;
+    double elapsed = pt_monotonic_seconds() - started;
     if (front.point_count == 0) {
         pt_fail(err, "no sub-cluster of %s can train %s with gbs %d",
                 in->cluster.name, in->model.name, args->search.gbs);
@@ -620,7 +623,7 @@ int command_plan(int argc, char **argv)
         return EXIT_BAD_INPUT;
     if (strcmp(args.output, "-") == 0)
         cli_text_to_stderr();
-    progress_state progress = {seconds_now(), seconds_now(),
+    progress_state progress = {pt_monotonic_seconds(), pt_monotonic_seconds(),
                                args.pareto ? "sub-clusters" : "tasks"};
     if (!args.quiet) {
         args.search.progress = show_progress;

@@ -43,6 +43,9 @@ void pt_error_prefix(pt_error *err, const char *format, ...)
 void pt_format_seconds(double seconds, char *out, size_t out_size);
 /* "1.50 GiB", "512 MiB", "4.0 KiB", "12 B". */
 void pt_format_bytes(double bytes, char *out, size_t out_size);
+/* x rounded to `digits` significant digits (0 and non-finite x as given):
+ * fitted figures are written no finer than they are known. */
+double pt_round_significant(double x, int digits);
 
 /* --------------------------------------------------------------- strings */
 
@@ -131,6 +134,8 @@ int json_write_file_atomic(const json_t *root, const char *path,
  * (value NULL from a failed allocation, or a failed set) in *failures, so
  * that a writer builds a whole object and checks once. */
 void json_put(json_t *obj, const char *key, json_t *value, int *failures);
+/* Appends value to array, as json_put does for an object. */
+void json_push(json_t *array, json_t *value, int *failures);
 
 /* ----------------------------------------------------------------- model */
 
@@ -223,10 +228,15 @@ link_spec cluster_link(const cluster *c, int node_a, int node_b);
 
 /* --------------------------------------------------------------- profile */
 
-/* Forward and backward seconds of one part of the model, per micro-batch. */
+/* Forward and backward seconds of one part of the model, per micro-batch.
+ * The spreads (interquartile range of the timed runs over their median)
+ * come with measured profiles: kept for people and for output, never
+ * priced; 0 where the profile gives none. */
 typedef struct part_cost {
     double forward_s;
     double backward_s;
+    double forward_spread;
+    double backward_spread;
 } part_cost;
 
 /* Costs measured for one (tp, micro-batch) point. */
@@ -246,11 +256,13 @@ typedef struct profile_shape {
     profile_point *points;  /* owned */
 } profile_shape;
 
-/* A measured communication time for a message size over `gpus` GPUs. */
+/* A measured communication time for a message size over `gpus` GPUs;
+ * spread as in part_cost. */
 typedef struct comm_sample {
     int gpus;
     double bytes;
     double time_s;
+    double spread;
 } comm_sample;
 
 typedef struct comm_curve {
@@ -285,6 +297,10 @@ typedef struct roofline_params {
                                       reaches full memory bandwidth */
 } roofline_params;
 
+/* One GPU type's costs: profiles/<gpu>.json in memory. Owned by
+ * common/profile.c, which reads it (profile_from_json) and writes it
+ * (profile_to_json) for every writer: `partita profile` fills one from
+ * its measurements, `partita profile --derive` from a spec row and a fit. */
 typedef struct profile {
     char gpu[PT_NAME_MAX];
     double memory_gib;         /* usable memory */
@@ -311,11 +327,19 @@ typedef struct profile {
     profile_shape *shapes;        /* owned */
     comm_curve allreduce;         /* optional, sample_count 0 if absent */
     comm_curve sendrecv;
+    json_t *notes;                /* owned: the file's top-level notes, kept
+                                     as written for output; NULL: none */
 } profile;
 
 int profile_from_json(const json_t *obj, const json_place *place,
                       profile *out, pt_error *err);
 int profile_load_file(const char *path, profile *out, pt_error *err);
+/* The file's JSON of p in its canonical key order, checked by the reader
+ * (so that what a writer writes loads); NULL with err set when the reader
+ * refuses it, naming `label` as the file. p is not changed. */
+json_t *profile_to_json(const profile *p, const char *label, pt_error *err);
+/* A deep copy of src into dst, which then owns what it frees. */
+int profile_copy(profile *dst, const profile *src, pt_error *err);
 void profile_free(profile *p);
 const char *profile_source_name(profile_source source);
 

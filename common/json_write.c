@@ -212,6 +212,13 @@ void json_put(json_t *obj, const char *key, json_t *value, int *failures)
         (*failures)++;
 }
 
+void json_push(json_t *array, json_t *value, int *failures)
+{
+    /* json_array_append_new releases value itself when it fails. */
+    if (value == NULL || json_array_append_new(array, value) != 0)
+        (*failures)++;
+}
+
 int json_write_file_atomic(const json_t *root, const char *path,
                            pt_error *err)
 {

@@ -1,5 +1,7 @@
 /* profiles/<gpu>.json: what one GPU type costs, and where the numbers come
- * from. docs/formats.md describes every field. */
+ * from. The format's one owner: it reads a profile and writes one for
+ * every writer (measured, derived). docs/formats.md describes every
+ * field. */
 #include "common/common.h"
 
 #include <dirent.h>
@@ -201,14 +203,13 @@ static int part_from_json(const json_t *point, const json_place *place,
         return json_place_fail(&where, err, "missing (required)");
     bool backward_required = !(backward_over_forward > 0.0);
     out->backward_s = 0.0;
-    double spread = 0.0;
     if (json_check_keys(obj, &where, part_keys, err) != 0 ||
         json_get_positive_number(obj, &where, "forward_s", true,
                                  &out->forward_s, err) != 0 ||
         json_get_number(obj, &where, "forward_spread", false, 0.0, 1000.0,
-                        &spread, err) != 0 ||
+                        &out->forward_spread, err) != 0 ||
         json_get_number(obj, &where, "backward_spread", false, 0.0, 1000.0,
-                        &spread, err) != 0)
+                        &out->backward_spread, err) != 0)
         return -1;
     if (backward_required && json_object_get(obj, "backward_s") == NULL) {
         json_place backward_place = json_place_key(&where, "backward_s");
@@ -438,7 +439,6 @@ static int curve_from_json(const json_t *communication,
         json_place sample_place = json_place_index(&where, i);
         const json_t *obj = json_array_get(samples, i);
         comm_sample *sample = &out->samples[i];
-        double spread = 0.0;
         if (json_check_keys(obj, &sample_place, sample_keys, err) != 0 ||
             get_int(obj, &sample_place, "gpus", true, 2, 1 << 20,
                     &sample->gpus, err) != 0 ||
@@ -448,7 +448,7 @@ static int curve_from_json(const json_t *communication,
             json_get_positive_number(obj, &sample_place, "time_s", true,
                                      &sample->time_s, err) != 0 ||
             json_get_number(obj, &sample_place, "spread", false, 0.0, 1000.0,
-                            &spread, err) != 0)
+                            &sample->spread, err) != 0)
             return -1;
         if (sample->time_s > PROFILE_MAX_PART_SECONDS)
             return json_place_fail(&sample_place, err,
@@ -543,6 +543,11 @@ static int header_from_json(const json_t *obj, const json_place *place,
     out->provenance = json_deep_copy(provenance);
     if (out->provenance == NULL)
         return json_place_fail(&provenance_place, err, "out of memory");
+    const json_t *notes = json_object_get(obj, "notes");
+    if (notes != NULL && (out->notes = json_deep_copy(notes)) == NULL) {
+        json_place where = json_place_key(place, "notes");
+        return json_place_fail(&where, err, "out of memory");
+    }
     return 0;
 }
 
@@ -600,6 +605,251 @@ int profile_load_file(const char *path, profile *out, pt_error *err)
     return status;
 }
 
+/* ------------------------------------------------------------- writing */
+
+/* A reference to a kept object (provenance, notes): NULL counts as a
+ * failure in json_put. */
+static json_t *kept(json_t *value)
+{
+    return value != NULL ? json_incref(value) : NULL;
+}
+
+static json_t *assumptions_to_json(const profile *p, int *failures)
+{
+    json_t *obj = json_object();
+    if (p->backward_over_forward > 0.0)
+        json_put(obj, "backward_over_forward",
+                 json_real(p->backward_over_forward), failures);
+    json_put(obj, "microbatch_scaling",
+             json_string(scaling_names[p->mbs_scaling == MBS_SCALING_LINEAR
+                                           ? 1
+                                           : 0]),
+             failures);
+    json_put(obj, "layer_times_include_tp_comm",
+             json_boolean(p->layer_times_include_tp_comm), failures);
+    if (p->flash_attention)
+        json_put(obj, "flash_attention", json_true(), failures);
+    return obj;
+}
+
+/* The roofline to 4 significant digits: a fit is known no finer. */
+static json_t *roofline_to_json(const roofline_params *r, int *failures)
+{
+    json_t *obj = json_object();
+    json_put(obj, "gemm_efficiency",
+             json_real(pt_round_significant(r->gemm_efficiency, 4)),
+             failures);
+    json_put(obj, "gemm_half_work_gflop_per_sm",
+             json_real(pt_round_significant(r->gemm_half_work_flop / 1e9, 4)),
+             failures);
+    json_put(obj, "attention_efficiency",
+             json_real(pt_round_significant(r->attention_efficiency, 4)),
+             failures);
+    json_put(obj, "bandwidth_efficiency",
+             json_real(pt_round_significant(r->bandwidth_efficiency, 4)),
+             failures);
+    json_put(obj, "kernel_overhead_us",
+             json_real(pt_round_significant(r->kernel_overhead_s * 1e6, 4)),
+             failures);
+    json_put(obj, "bandwidth_saturation_sm_fraction",
+             json_real(pt_round_significant(
+                 r->bandwidth_saturation_sm_fraction, 4)),
+             failures);
+    return obj;
+}
+
+/* flops_efficiency is written only without a roofline (with one, the
+ * roofline prices every shape and the figure means nothing). */
+static json_t *efficiency_to_json(const profile *p, int *failures)
+{
+    json_t *obj = json_object();
+    json_put(obj, "peak_tflops", json_real(p->peak_tflops), failures);
+    if (!p->roofline.present)
+        json_put(obj, "flops_efficiency", json_real(p->flops_efficiency),
+                 failures);
+    json_put(obj, "memory_bandwidth_GBps",
+             json_real(p->memory_bandwidth_GBps), failures);
+    if (p->sms > 0)
+        json_put(obj, "sms", json_integer(p->sms), failures);
+    if (p->sm_limit > 0)
+        json_put(obj, "sm_limit", json_integer(p->sm_limit), failures);
+    if (p->roofline.present)
+        json_put(obj, "roofline", roofline_to_json(&p->roofline, failures),
+                 failures);
+    return obj;
+}
+
+/* Spreads are written for measured profiles, which always have them. */
+static json_t *part_to_json(const part_cost *part, bool spreads,
+                            int *failures)
+{
+    json_t *obj = json_object();
+    json_put(obj, "forward_s", json_real(part->forward_s), failures);
+    json_put(obj, "backward_s", json_real(part->backward_s), failures);
+    if (spreads) {
+        json_put(obj, "forward_spread", json_real(part->forward_spread),
+                 failures);
+        json_put(obj, "backward_spread", json_real(part->backward_spread),
+                 failures);
+    }
+    return obj;
+}
+
+static json_t *shape_to_json(const profile_shape *shape, bool spreads,
+                             int *failures)
+{
+    json_t *obj = json_object();
+    json_put(obj, "hidden", json_integer(shape->hidden), failures);
+    json_put(obj, "heads", json_integer(shape->heads), failures);
+    json_put(obj, "ffn_hidden", json_integer(shape->ffn_hidden), failures);
+    json_put(obj, "seq", json_integer(shape->seq), failures);
+    json_put(obj, "vocab", json_integer(shape->vocab), failures);
+    json_t *costs = json_array();
+    for (int i = 0; i < shape->point_count; i++) {
+        const profile_point *point = &shape->points[i];
+        json_t *entry = json_object();
+        json_put(entry, "tp", json_integer(point->tp), failures);
+        json_put(entry, "mbs", json_integer(point->mbs), failures);
+        json_put(entry, "embedding",
+                 part_to_json(&point->embedding, spreads, failures), failures);
+        json_put(entry, "layer", part_to_json(&point->layer, spreads, failures),
+                 failures);
+        json_put(entry, "head", part_to_json(&point->head, spreads, failures),
+                 failures);
+        json_push(costs, entry, failures);
+    }
+    json_put(obj, "costs", costs, failures);
+    return obj;
+}
+
+static json_t *curve_to_json(const comm_curve *curve, bool spreads,
+                             int *failures)
+{
+    json_t *array = json_array();
+    for (int i = 0; i < curve->sample_count; i++) {
+        const comm_sample *sample = &curve->samples[i];
+        json_t *entry = json_object();
+        json_put(entry, "gpus", json_integer(sample->gpus), failures);
+        json_put(entry, "bytes", json_real(sample->bytes), failures);
+        json_put(entry, "time_s", json_real(sample->time_s), failures);
+        if (spreads)
+            json_put(entry, "spread", json_real(sample->spread), failures);
+        json_push(array, entry, failures);
+    }
+    return array;
+}
+
+static json_t *profile_build_json(const profile *p, int *failures)
+{
+    bool spreads = p->source == PROFILE_MEASURED;
+    json_t *root = json_object();
+    json_put(root, "format", json_string(PROFILE_FORMAT), failures);
+    json_put(root, "gpu", json_string(p->gpu), failures);
+    json_put(root, "memory_gib", json_real(p->memory_gib), failures);
+    json_put(root, "source", json_string(profile_source_name(p->source)),
+             failures);
+    json_put(root, "provenance", kept(p->provenance), failures);
+    json_put(root, "assumptions", assumptions_to_json(p, failures), failures);
+    json_put(root, "workspace_gib", json_real(p->workspace_gib), failures);
+    json_put(root, "optimizer_s_per_param",
+             json_real(p->optimizer_s_per_param), failures);
+    if (p->peak_tflops > 0.0)
+        json_put(root, "efficiency", efficiency_to_json(p, failures),
+                 failures);
+    if (p->shape_count > 0) {
+        json_t *shapes = json_array();
+        for (int i = 0; i < p->shape_count; i++)
+            json_push(shapes, shape_to_json(&p->shapes[i], spreads, failures),
+                 failures);
+        json_put(root, "shapes", shapes, failures);
+    }
+    if (p->allreduce.sample_count > 0 || p->sendrecv.sample_count > 0) {
+        json_t *communication = json_object();
+        json_put(communication, "allreduce",
+                 curve_to_json(&p->allreduce, spreads, failures), failures);
+        json_put(communication, "sendrecv",
+                 curve_to_json(&p->sendrecv, spreads, failures), failures);
+        json_put(root, "communication", communication, failures);
+    }
+    if (p->notes != NULL)
+        json_put(root, "notes", kept(p->notes), failures);
+    return root;
+}
+
+json_t *profile_to_json(const profile *p, const char *label, pt_error *err)
+{
+    int failures = 0;
+    json_t *root = profile_build_json(p, &failures);
+    if (root == NULL || failures > 0) {
+        json_decref(root);
+        pt_fail(err, "%s: out of memory writing the profile", label);
+        return NULL;
+    }
+    profile loaded;
+    json_place place = json_place_root(label);
+    if (profile_from_json(root, &place, &loaded, err) != 0) {
+        json_decref(root);
+        return NULL;
+    }
+    profile_free(&loaded);
+    return root;
+}
+
+int profile_copy(profile *dst, const profile *src, pt_error *err)
+{
+    *dst = *src;
+    dst->shapes = NULL;
+    dst->shape_count = 0;
+    dst->allreduce = (comm_curve){0, NULL};
+    dst->sendrecv = (comm_curve){0, NULL};
+    dst->provenance = src->provenance ? json_deep_copy(src->provenance)
+                                      : NULL;
+    dst->notes = src->notes ? json_deep_copy(src->notes) : NULL;
+    if ((src->provenance && !dst->provenance) || (src->notes && !dst->notes))
+        goto out_of_memory;
+    if (src->shape_count > 0) {
+        dst->shapes = calloc((size_t)src->shape_count, sizeof *dst->shapes);
+        if (!dst->shapes)
+            goto out_of_memory;
+    }
+    for (int i = 0; i < src->shape_count; i++) {
+        const profile_shape *from = &src->shapes[i];
+        profile_shape *to = &dst->shapes[i];
+        *to = *from;
+        to->points = NULL;
+        to->point_count = 0;
+        if (from->point_count > 0) {
+            to->points = malloc((size_t)from->point_count *
+                                sizeof *to->points);
+            if (!to->points)
+                goto out_of_memory;
+            memcpy(to->points, from->points,
+                   (size_t)from->point_count * sizeof *to->points);
+            to->point_count = from->point_count;
+        }
+        dst->shape_count = i + 1;
+    }
+    const comm_curve *curves_from[2] = {&src->allreduce, &src->sendrecv};
+    comm_curve *curves_to[2] = {&dst->allreduce, &dst->sendrecv};
+    for (int c = 0; c < 2; c++) {
+        if (curves_from[c]->sample_count <= 0)
+            continue;
+        size_t size = (size_t)curves_from[c]->sample_count *
+                      sizeof(comm_sample);
+        curves_to[c]->samples = malloc(size);
+        if (!curves_to[c]->samples)
+            goto out_of_memory;
+        memcpy(curves_to[c]->samples, curves_from[c]->samples, size);
+        curves_to[c]->sample_count = curves_from[c]->sample_count;
+    }
+    return 0;
+
+out_of_memory:
+    profile_free(dst);
+    return pt_fail(err, "profile %s: out of memory while copying it",
+                   src->gpu);
+}
+
 void profile_free(profile *p)
 {
     if (p == NULL)
@@ -610,6 +860,7 @@ void profile_free(profile *p)
     free(p->allreduce.samples);
     free(p->sendrecv.samples);
     json_decref(p->provenance);
+    json_decref(p->notes);
     memset(p, 0, sizeof *p);
 }
 

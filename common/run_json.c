@@ -18,21 +18,6 @@ enum { RUN_MAX_MICROBATCHES = 1 << 24 };
 
 /* --------------------------------------------------------------- writer */
 
-/* Sets obj[key] = value, counting a failed allocation. */
-static void put(json_t *obj, const char *key, json_t *value, int *failures)
-{
-    if (value == NULL || json_object_set_new(obj, key, value) != 0)
-        (*failures)++;
-}
-
-/* Appends value to array, counting a failed allocation. */
-static void push(json_t *array, json_t *value, int *failures)
-{
-    if (array == NULL || value == NULL ||
-        json_array_append_new(array, value) != 0)
-        (*failures)++;
-}
-
 static json_t *optional_string(const char *text)
 {
     return text[0] != '\0' ? json_string(text) : json_null();
@@ -56,19 +41,19 @@ static json_t *device_to_json(const run_json_device *device, int *failures)
         (*failures)++;
         return NULL;
     }
-    put(obj, "rank", json_integer(device->rank), failures);
-    put(obj, "name", json_string(device->name), failures);
-    put(obj, "sms_used",
+    json_put(obj, "rank", json_integer(device->rank), failures);
+    json_put(obj, "name", json_string(device->name), failures);
+    json_put(obj, "sms_used",
         device->sms_used > 0 ? json_integer(device->sms_used) : json_null(),
         failures);
-    put(obj, "memory_cap_gib",
+    json_put(obj, "memory_cap_gib",
         device->memory_cap_bytes > 0
             ? json_real(device->memory_cap_bytes / PT_GIB)
             : json_null(),
         failures);
-    put(obj, "driver_version", optional_string(device->driver_version),
+    json_put(obj, "driver_version", optional_string(device->driver_version),
         failures);
-    put(obj, "cuda_version", optional_string(device->cuda_version), failures);
+    json_put(obj, "cuda_version", optional_string(device->cuda_version), failures);
     return obj;
 }
 
@@ -79,9 +64,9 @@ static json_t *software_to_json(int *failures)
         (*failures)++;
         return NULL;
     }
-    put(obj, "partita", json_string(PARTITA_VERSION), failures);
-    put(obj, "compiler", json_string(compiler_description()), failures);
-    put(obj, "jansson", json_string(jansson_version_str()), failures);
+    json_put(obj, "partita", json_string(PARTITA_VERSION), failures);
+    json_put(obj, "compiler", json_string(compiler_description()), failures);
+    json_put(obj, "jansson", json_string(jansson_version_str()), failures);
     return obj;
 }
 
@@ -92,11 +77,11 @@ static json_t *data_to_json(const run_json *r, int *failures)
         (*failures)++;
         return NULL;
     }
-    put(obj, "prefix", json_string(r->data_prefix), failures);
-    put(obj, "tokens", json_integer((json_int_t)r->dataset_tokens), failures);
-    put(obj, "documents", json_integer((json_int_t)r->dataset_documents),
+    json_put(obj, "prefix", json_string(r->data_prefix), failures);
+    json_put(obj, "tokens", json_integer((json_int_t)r->dataset_tokens), failures);
+    json_put(obj, "documents", json_integer((json_int_t)r->dataset_documents),
         failures);
-    put(obj, "largest_token", json_integer(r->largest_token), failures);
+    json_put(obj, "largest_token", json_integer(r->largest_token), failures);
     return obj;
 }
 
@@ -107,35 +92,37 @@ static json_t *training_to_json(const run_json *r, int *failures)
         (*failures)++;
         return NULL;
     }
-    put(obj, "backend", json_string(r->backend), failures);
-    put(obj, "seed", json_integer((json_int_t)r->seed), failures);
-    put(obj, "gbs", json_integer(r->gbs), failures);
-    put(obj, "mbs", json_integer(r->mbs), failures);
-    put(obj, "micro_batches", json_integer(r->micro_batches), failures);
-    put(obj, "tokens_per_iteration", json_integer(r->tokens_per_iteration),
+    json_put(obj, "backend", json_string(r->backend), failures);
+    json_put(obj, "seed", json_integer((json_int_t)r->seed), failures);
+    json_put(obj, "gbs", json_integer(r->gbs), failures);
+    json_put(obj, "mbs", json_integer(r->mbs), failures);
+    json_put(obj, "micro_batches", json_integer(r->micro_batches), failures);
+    json_put(obj, "tokens_per_iteration", json_integer(r->tokens_per_iteration),
         failures);
-    put(obj, "max_lr", json_real(r->max_lr), failures);
-    put(obj, "min_lr", json_real(r->min_lr), failures);
-    put(obj, "warmup_iterations", json_integer(r->warmup_iterations),
+    json_put(obj, "max_lr", json_real(r->max_lr), failures);
+    json_put(obj, "min_lr", json_real(r->min_lr), failures);
+    json_put(obj, "warmup_iterations", json_integer(r->warmup_iterations),
         failures);
-    put(obj, "decay_iterations", json_integer(r->decay_iterations),
+    json_put(obj, "decay_iterations", json_integer(r->decay_iterations),
         failures);
-    put(obj, "max_grad_norm", json_real(r->max_grad_norm), failures);
-    put(obj, "first_iteration", json_integer(r->first_iteration), failures);
-    put(obj, "last_iteration", json_integer(r->last_iteration), failures);
-    put(obj, "resumed_from", optional_string(r->resumed_from), failures);
-    put(obj, "stopped_early", json_boolean(r->stopped_early), failures);
-    put(obj, "stop_reason", optional_string(r->stop_reason), failures);
-    put(obj, "interrupted_iteration",
-        r->interrupted_iteration > 0 ? json_integer(r->interrupted_iteration)
-                                     : json_null(),
-        failures);
-    put(obj, "last_checkpoint_iteration",
+    json_put(obj, "max_grad_norm", json_real(r->max_grad_norm), failures);
+    json_put(obj, "first_iteration", json_integer(r->first_iteration),
+             failures);
+    json_put(obj, "last_iteration", json_integer(r->last_iteration), failures);
+    json_put(obj, "resumed_from", optional_string(r->resumed_from), failures);
+    json_put(obj, "stopped_early", json_boolean(r->stopped_early), failures);
+    json_put(obj, "stop_reason", optional_string(r->stop_reason), failures);
+    json_put(obj, "interrupted_iteration",
+             r->interrupted_iteration > 0
+                 ? json_integer(r->interrupted_iteration)
+                 : json_null(),
+             failures);
+    json_put(obj, "last_checkpoint_iteration",
         r->last_checkpoint_iteration > 0
             ? json_integer(r->last_checkpoint_iteration)
             : json_null(),
         failures);
-    put(obj, "started_utc", json_string(r->started_utc), failures);
+    json_put(obj, "started_utc", json_string(r->started_utc), failures);
     return obj;
 }
 
@@ -149,11 +136,11 @@ static json_t *iterations_to_json(const run_json *r, int *failures)
             (*failures)++;
             break;
         }
-        put(obj, "iteration", json_integer(it->iteration), failures);
-        put(obj, "step_time_s", json_real(it->step_time_s), failures);
-        put(obj, "loss", json_real(it->loss), failures);
-        put(obj, "grad_norm", json_real(it->grad_norm), failures);
-        put(obj, "learning_rate", json_real(it->learning_rate), failures);
+        json_put(obj, "iteration", json_integer(it->iteration), failures);
+        json_put(obj, "step_time_s", json_real(it->step_time_s), failures);
+        json_put(obj, "loss", json_real(it->loss), failures);
+        json_put(obj, "grad_norm", json_real(it->grad_norm), failures);
+        json_put(obj, "learning_rate", json_real(it->learning_rate), failures);
     }
     if (array == NULL)
         (*failures)++;
@@ -170,12 +157,12 @@ static json_t *events_to_json(const run_json *r, int *failures)
             (*failures)++;
             break;
         }
-        put(obj, "rank", json_integer(event->rank), failures);
-        put(obj, "stage", json_integer(event->stage), failures);
-        put(obj, "microbatch", json_integer(event->microbatch), failures);
-        put(obj, "kind", json_string(event->kind), failures);
-        put(obj, "start_s", json_real(event->start_s), failures);
-        put(obj, "end_s", json_real(event->end_s), failures);
+        json_put(obj, "rank", json_integer(event->rank), failures);
+        json_put(obj, "stage", json_integer(event->stage), failures);
+        json_put(obj, "microbatch", json_integer(event->microbatch), failures);
+        json_put(obj, "kind", json_string(event->kind), failures);
+        json_put(obj, "start_s", json_real(event->start_s), failures);
+        json_put(obj, "end_s", json_real(event->end_s), failures);
     }
     if (array == NULL)
         (*failures)++;
@@ -186,7 +173,7 @@ static json_t *devices_to_json(const run_json *r, int *failures)
 {
     json_t *array = json_array();
     for (int i = 0; array != NULL && i < r->device_count; i++)
-        push(array, device_to_json(&r->devices[i], failures), failures);
+        json_push(array, device_to_json(&r->devices[i], failures), failures);
     if (array == NULL)
         (*failures)++;
     return array;
@@ -198,22 +185,22 @@ static void put_memory(json_t *root, const run_json *r, int *failures)
 {
     json_t *memory = json_array();
     for (int i = 0; memory != NULL && i < r->peak_memory_count; i++)
-        push(memory, json_real(r->peak_memory_gib[i]), failures);
-    put(root, "peak_memory_gib", memory, failures);
-    put(root, "peak_memory_basis", json_string(r->peak_memory_basis),
+        json_push(memory, json_real(r->peak_memory_gib[i]), failures);
+    json_put(root, "peak_memory_gib", memory, failures);
+    json_put(root, "peak_memory_basis", json_string(r->peak_memory_basis),
         failures);
     json_t *rss = json_array();
     int ranks = r->rank_count > 0 ? r->rank_count : 1;
     for (int i = 0; rss != NULL && i < ranks; i++)
-        push(rss, json_real(r->max_rss_gib), failures);
-    put(root, "max_rss_gib", rss, failures);
+        json_push(rss, json_real(r->max_rss_gib), failures);
+    json_put(root, "max_rss_gib", rss, failures);
 }
 
 static json_t *notes_to_json(const run_json *r, int *failures)
 {
     json_t *array = json_array();
     for (int i = 0; array != NULL && i < r->note_count; i++)
-        push(array, json_string(r->notes[i]), failures);
+        json_push(array, json_string(r->notes[i]), failures);
     if (array == NULL)
         (*failures)++;
     return array;
@@ -227,21 +214,21 @@ json_t *run_json_build(const run_json *r, pt_error *err)
         pt_fail(err, "out of memory building run.json");
         return NULL;
     }
-    put(root, "format", json_string(RUN_JSON_FORMAT), &failures);
-    put(root, "plan", json_incref(r->plan), &failures);
-    put(root, "devices", devices_to_json(r, &failures), &failures);
-    put(root, "software", software_to_json(&failures), &failures);
-    put(root, "data", data_to_json(r, &failures), &failures);
-    put(root, "training", training_to_json(r, &failures), &failures);
-    put(root, "iterations", iterations_to_json(r, &failures), &failures);
-    put(root, "events_iteration", json_integer(r->events_iteration),
+    json_put(root, "format", json_string(RUN_JSON_FORMAT), &failures);
+    json_put(root, "plan", json_incref(r->plan), &failures);
+    json_put(root, "devices", devices_to_json(r, &failures), &failures);
+    json_put(root, "software", software_to_json(&failures), &failures);
+    json_put(root, "data", data_to_json(r, &failures), &failures);
+    json_put(root, "training", training_to_json(r, &failures), &failures);
+    json_put(root, "iterations", iterations_to_json(r, &failures), &failures);
+    json_put(root, "events_iteration", json_integer(r->events_iteration),
         &failures);
-    put(root, "events", events_to_json(r, &failures), &failures);
+    json_put(root, "events", events_to_json(r, &failures), &failures);
     put_memory(root, r, &failures);
-    put(root, "step_time_s", json_real(r->step_time_s), &failures);
-    put(root, "tokens_per_s", json_real(r->tokens_per_s), &failures);
-    put(root, "tflops_per_gpu", json_real(r->tflops_per_gpu), &failures);
-    put(root, "notes", notes_to_json(r, &failures), &failures);
+    json_put(root, "step_time_s", json_real(r->step_time_s), &failures);
+    json_put(root, "tokens_per_s", json_real(r->tokens_per_s), &failures);
+    json_put(root, "tflops_per_gpu", json_real(r->tflops_per_gpu), &failures);
+    json_put(root, "notes", notes_to_json(r, &failures), &failures);
     if (failures > 0) {
         json_decref(root);
         pt_fail(err, "out of memory building run.json");

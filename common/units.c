@@ -16,6 +16,14 @@ static void format_three_digits(double value, const char *unit, char *out,
     snprintf(out, out_size, "%.*f %s", decimals, value, unit);
 }
 
+double pt_round_significant(double x, int digits)
+{
+    if (x == 0.0 || !isfinite(x))
+        return x;
+    double scale = pow(10.0, digits - 1 - (int)floor(log10(fabs(x))));
+    return round(x * scale) / scale;
+}
+
 void pt_format_seconds(double seconds, char *out, size_t out_size)
 {
     double magnitude = fabs(seconds);

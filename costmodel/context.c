@@ -8,60 +8,6 @@
 
 #include "costmodel/internal.h"
 
-/* A deep copy of a profile, so that a costmodel built from in-memory
- * profiles owns what it frees. */
-static int profile_copy(profile *dst, const profile *src, pt_error *err)
-{
-    *dst = *src;
-    dst->shapes = NULL;
-    dst->shape_count = 0;
-    dst->allreduce = (comm_curve){0, NULL};
-    dst->sendrecv = (comm_curve){0, NULL};
-    dst->provenance = src->provenance ? json_deep_copy(src->provenance)
-                                      : NULL;
-    if (src->shape_count > 0) {
-        dst->shapes = calloc((size_t)src->shape_count, sizeof *dst->shapes);
-        if (!dst->shapes)
-            goto out_of_memory;
-    }
-    for (int i = 0; i < src->shape_count; i++) {
-        const profile_shape *from = &src->shapes[i];
-        profile_shape *to = &dst->shapes[i];
-        *to = *from;
-        to->points = NULL;
-        to->point_count = 0;
-        if (from->point_count > 0) {
-            to->points = malloc((size_t)from->point_count *
-                                sizeof *to->points);
-            if (!to->points)
-                goto out_of_memory;
-            memcpy(to->points, from->points,
-                   (size_t)from->point_count * sizeof *to->points);
-            to->point_count = from->point_count;
-        }
-        dst->shape_count = i + 1;
-    }
-    const comm_curve *curves_from[2] = {&src->allreduce, &src->sendrecv};
-    comm_curve *curves_to[2] = {&dst->allreduce, &dst->sendrecv};
-    for (int c = 0; c < 2; c++) {
-        if (curves_from[c]->sample_count <= 0)
-            continue;
-        size_t size = (size_t)curves_from[c]->sample_count *
-                      sizeof(comm_sample);
-        curves_to[c]->samples = malloc(size);
-        if (!curves_to[c]->samples)
-            goto out_of_memory;
-        memcpy(curves_to[c]->samples, curves_from[c]->samples, size);
-        curves_to[c]->sample_count = curves_from[c]->sample_count;
-    }
-    return 0;
-
-out_of_memory:
-    profile_free(dst);
-    return pt_fail(err, "profile %s: out of memory while copying it",
-                   src->gpu);
-}
-
 /* Fails early when a type can be priced neither from its profile nor by
  * its efficiency model, and notes a shape the profile does not hold. */
 static int check_profiles(costmodel *cm, pt_error *err)

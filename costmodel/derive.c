@@ -1,7 +1,8 @@
 /*
  * Derived profiles: the spec table (profiles/specs.json, from
- * shared/reference/gpu-specs.md) and the profile JSON a spec row and a
- * fitted roofline make (docs/profiles.md, docs/formats.md).
+ * shared/reference/gpu-specs.md) and the profile a spec row and a fitted
+ * roofline make (docs/profiles.md), written by the format's owner,
+ * common/profile.c.
  */
 #include <math.h>
 #include <stdio.h>
@@ -226,13 +227,10 @@ int gpu_spec_complete_source(const gpu_spec_table *table, profile *p,
 
 /* ------------------------------------------------------ the profile */
 
-/* Numbers as the file shows them: 4 significant digits. */
+/* Numbers as the file shows them: a few significant digits. */
 static json_t *rounded_real(double x, int digits)
 {
-    if (x == 0.0 || !isfinite(x))
-        return json_real(x);
-    double scale = pow(10.0, digits - 1 - (int)floor(log10(fabs(x))));
-    return json_real(round(x * scale) / scale);
+    return json_real(pt_round_significant(x, digits));
 }
 
 /* Builds an object from key / value pairs, dropping the whole object when
@@ -362,68 +360,38 @@ static json_t *provenance_json(const derive_request *r,
     return set_all(json_object(), keys, values, 11);
 }
 
-static json_t *roofline_json(const roofline_params *p)
-{
-    const char *keys[] = {"gemm_efficiency", "gemm_half_work_gflop_per_sm",
-                          "attention_efficiency", "bandwidth_efficiency",
-                          "kernel_overhead_us",
-                          "bandwidth_saturation_sm_fraction"};
-    json_t *values[] = {rounded_real(p->gemm_efficiency, 4),
-                        rounded_real(p->gemm_half_work_flop / 1e9, 4),
-                        rounded_real(p->attention_efficiency, 4),
-                        rounded_real(p->bandwidth_efficiency, 4),
-                        rounded_real(p->kernel_overhead_s * 1e6, 4),
-                        rounded_real(p->bandwidth_saturation_sm_fraction, 4)};
-    return set_all(json_object(), keys, values, 6);
-}
-
-static json_t *efficiency_json(const gpu_spec *s, const roofline_params *p)
-{
-    const char *keys[] = {"peak_tflops", "memory_bandwidth_GBps", "sms",
-                          "roofline"};
-    json_t *values[] = {json_real(s->tensor_tflops),
-                        json_real(s->memory_bandwidth_GBps),
-                        json_integer(s->sms), roofline_json(p)};
-    return set_all(json_object(), keys, values, 4);
-}
-
-static json_t *assumptions_json(void)
-{
-    const char *keys[] = {"microbatch_scaling",
-                          "layer_times_include_tp_comm"};
-    json_t *values[] = {json_string("measured"), json_false()};
-    return set_all(json_object(), keys, values, 2);
-}
-
 json_t *derive_profile_json(const derive_request *request,
                             const roofline_fit_result *fit, pt_error *err)
 {
     const gpu_spec *s = request->spec;
     const roofline_params *p = &fit->params;
-    double optimizer_s_per_param =
-        32.0 / (s->memory_bandwidth_GBps * 1e9 * p->bandwidth_efficiency);
-    const char *keys[] = {"format", "gpu", "memory_gib", "source",
-                          "provenance", "assumptions", "workspace_gib",
-                          "optimizer_s_per_param", "efficiency", "notes"};
-    json_t *values[] = {
-        json_string("partita-profile/1"),
-        json_string(s->gpu),
-        json_real(s->usable_memory_gib),
-        json_string("derived"),
-        provenance_json(request, fit),
-        assumptions_json(),
-        json_real(0.5),
-        rounded_real(optimizer_s_per_param, 4),
-        efficiency_json(s, p),
-        json_string("Derived from the spec sheet, not measured: every layer "
-                    "shape, tp and micro-batch is priced by the roofline in "
-                    "efficiency.roofline; the cost model adds the "
-                    "tensor-parallel all-reduces from the cluster's links. "
-                    "Re-derive when the profiles it was fitted on change "
-                    "(provenance.command).")};
-    json_t *root = set_all(json_object(), keys, values, 10);
-    if (root == NULL)
+    profile derived = {
+        .memory_gib = s->usable_memory_gib,
+        .source = PROFILE_DERIVED,
+        .provenance = provenance_json(request, fit),
+        .mbs_scaling = MBS_SCALING_MEASURED,
+        .workspace_gib = 0.5,
+        .optimizer_s_per_param = pt_round_significant(
+            32.0 / (s->memory_bandwidth_GBps * 1e9 * p->bandwidth_efficiency),
+            4),
+        .peak_tflops = s->tensor_tflops,
+        .memory_bandwidth_GBps = s->memory_bandwidth_GBps,
+        .sms = s->sms,
+        .roofline = *p,
+        .notes = json_string(
+            "Derived from the spec sheet, not measured: every layer shape, "
+            "tp and micro-batch is priced by the roofline in "
+            "efficiency.roofline; the cost model adds the tensor-parallel "
+            "all-reduces from the cluster's links. Re-derive when the "
+            "profiles it was fitted on change (provenance.command).")};
+    pt_copy_string(derived.gpu, sizeof derived.gpu, s->gpu);
+    derived.roofline.present = true;
+    json_t *root = NULL;
+    if (derived.provenance == NULL || derived.notes == NULL)
         pt_fail(err, "derive: out of memory building the profile of %s",
                 s->gpu);
+    else
+        root = profile_to_json(&derived, s->gpu, err);
+    profile_free(&derived);
     return root;
 }

@@ -74,8 +74,9 @@ static part_times point_times(const profile_point *point,
 static part_cost blend_part(part_cost a, part_cost b, double weight_a,
                             double weight_b)
 {
-    return (part_cost){a.forward_s * weight_a + b.forward_s * weight_b,
-                       a.backward_s * weight_a + b.backward_s * weight_b};
+    return (part_cost){
+        .forward_s = a.forward_s * weight_a + b.forward_s * weight_b,
+        .backward_s = a.backward_s * weight_a + b.backward_s * weight_b};
 }
 
 static part_times blend(part_times a, part_times b, double weight_a,

@@ -551,25 +551,20 @@ static void fit_from_starts(const fit_problem *problem, fit_workspace *w,
     }
 }
 
-static double round_significant(double x, int digits)
-{
-    if (x == 0.0 || !isfinite(x))
-        return x;
-    double scale = pow(10.0, digits - 1 - (int)floor(log10(fabs(x))));
-    return round(x * scale) / scale;
-}
-
 /* What the file will say: 4 significant digits of each parameter. */
 static roofline_params rounded(const roofline_params *p)
 {
     roofline_params out = *p;
-    out.gemm_efficiency = round_significant(p->gemm_efficiency, 4);
-    out.gemm_half_work_flop = round_significant(p->gemm_half_work_flop, 4);
-    out.attention_efficiency = round_significant(p->attention_efficiency, 4);
-    out.bandwidth_efficiency = round_significant(p->bandwidth_efficiency, 4);
-    out.kernel_overhead_s = round_significant(p->kernel_overhead_s, 4);
+    out.gemm_efficiency = pt_round_significant(p->gemm_efficiency, 4);
+    out.gemm_half_work_flop =
+        pt_round_significant(p->gemm_half_work_flop, 4);
+    out.attention_efficiency =
+        pt_round_significant(p->attention_efficiency, 4);
+    out.bandwidth_efficiency =
+        pt_round_significant(p->bandwidth_efficiency, 4);
+    out.kernel_overhead_s = pt_round_significant(p->kernel_overhead_s, 4);
     out.bandwidth_saturation_sm_fraction =
-        round_significant(p->bandwidth_saturation_sm_fraction, 4);
+        pt_round_significant(p->bandwidth_saturation_sm_fraction, 4);
     return out;
 }
 

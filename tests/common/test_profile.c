@@ -4,20 +4,11 @@
 
 #include <math.h>
 
-static void load_bundled(const char *relative, profile *p)
-{
-    char path[PT_PATH_MAX];
-    source_path(relative, path, sizeof path);
-    pt_error err = {""};
-    if (profile_load_file(path, p, &err) != 0)
-        fail_msg("%s", err.message);
-}
-
 static void test_bundled_a100(void **state)
 {
     (void)state;
     profile p;
-    load_bundled("profiles/A100-FASOP.json", &p);
+    load_bundled_profile("profiles/A100-FASOP.json", &p);
     assert_string_equal(p.gpu, "A100-FASOP");
     assert_true(p.memory_gib == 39.59);
     assert_int_equal(p.source, PROFILE_PUBLISHED);
@@ -71,7 +62,7 @@ static void test_bundled_a10(void **state)
 {
     (void)state;
     profile p;
-    load_bundled("profiles/A10-FASOP.json", &p);
+    load_bundled_profile("profiles/A10-FASOP.json", &p);
     assert_string_equal(p.gpu, "A10-FASOP");
     assert_true(p.memory_gib == 22.20);
     assert_true(p.peak_tflops == 125.0);
@@ -426,7 +417,7 @@ static void test_bundled_derived(void **state)
         "profiles/V100-16GB.json", "profiles/V100-32GB.json"};
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         profile p;
-        load_bundled(files[i], &p);
+        load_bundled_profile(files[i], &p);
         assert_int_equal(p.source, PROFILE_DERIVED);
         assert_true(p.roofline.present);
         assert_true(p.sms > 0 && p.peak_tflops > 0.0);

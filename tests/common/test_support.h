@@ -33,6 +33,16 @@ static inline void source_path(const char *relative, char *out, size_t size)
     snprintf(out, size, "%s/%s", source_root(), relative);
 }
 
+/* Loads a profile of the source tree (e.g. "profiles/H100.json"). */
+static inline void load_bundled_profile(const char *relative, profile *p)
+{
+    char path[PT_PATH_MAX];
+    source_path(relative, path, sizeof path);
+    pt_error err = {""};
+    if (profile_load_file(path, p, &err) != 0)
+        fail_msg("%s", err.message);
+}
+
 /* A scratch directory, made by scratch_open and removed (with the files in
  * it and everything under it) by scratch_close. */
 typedef struct scratch {

@@ -29,10 +29,12 @@ static void open_with_curves(fixture *f, int a100_nodes, int a10_nodes)
     f->model = gpt2_xl();
     make_cluster(&f->cluster, a100_nodes, a10_nodes);
     make_profiles(f->profiles);
-    static const comm_sample sendrecv[] = {{2, 1e6, 50e-6},
-                                           {2, 1e7, 200e-6}};
-    static const comm_sample allreduce[] = {
-        {2, 1e6, 40e-6}, {2, 1e9, 10e-3}, {4, 1e6, 60e-6}, {4, 1e9, 15e-3}};
+    static const comm_sample sendrecv[] = {{2, 1e6, 50e-6, 0.0},
+                                           {2, 1e7, 200e-6, 0.0}};
+    static const comm_sample allreduce[] = {{2, 1e6, 40e-6, 0.0},
+                                            {2, 1e9, 10e-3, 0.0},
+                                            {4, 1e6, 60e-6, 0.0},
+                                            {4, 1e9, 15e-3, 0.0}};
     f->profiles[0].sendrecv = (comm_curve){2, samples_of(sendrecv, 2)};
     f->profiles[0].allreduce = (comm_curve){4, samples_of(allreduce, 4)};
     pt_error err = {{0}};
@@ -154,7 +156,7 @@ static void a_curve_without_that_gpu_count_falls_back_to_the_link(
     f.model = gpt2_xl();
     make_cluster(&f.cluster, 1, 0);
     make_profiles(f.profiles);
-    static const comm_sample four_only[] = {{4, 1e6, 60e-6}};
+    static const comm_sample four_only[] = {{4, 1e6, 60e-6, 0.0}};
     f.profiles[0].allreduce = (comm_curve){1, samples_of(four_only, 1)};
     pt_error err = {{0}};
     assert_int_equal(costmodel_open_with_profiles(&f.cm, &f.model, &f.cluster,

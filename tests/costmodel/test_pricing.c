@@ -239,7 +239,8 @@ static void measured_allreduce_curve_is_preferred(void **state)
     make_cluster(&f.cluster, 1, 1);
     make_profiles(f.profiles);
     f.profiles[0].layer_times_include_tp_comm = false;
-    comm_sample samples[2] = {{2, 1e6, 100e-6}, {2, 1e7, 400e-6}};
+    comm_sample samples[2] = {{.gpus = 2, .bytes = 1e6, .time_s = 100e-6},
+                             {.gpus = 2, .bytes = 1e7, .time_s = 400e-6}};
     f.profiles[0].allreduce = (comm_curve){2, samples};
     f.model = m;
     pt_error err = {{0}};
