@@ -406,6 +406,14 @@ prep)
   [ ! -e bad.bin ] && [ ! -e bad.idx ] || fail "partial output left behind"
   run 2 partita prep /nonexistent.txt -o nothing
   run 2 partita prep "$source_root/data/corpus.txt"
+  # issue 18, item 15: a prefix ending in '/' or naming a folder would
+  # write the hidden files dir/.bin and dir/.idx
+  mkdir outdir
+  run 2 partita prep "$source_root/data/corpus.txt" -o outdir/
+  expect_in err.txt "outdir/: the output prefix ends in '/'"
+  run 2 partita prep "$source_root/data/corpus.txt" -o outdir
+  expect_in err.txt "outdir: the output prefix is a folder"
+  [ -z "$(ls -A outdir)" ] || fail "prep wrote into the folder"
   ;;
 exec-tiny)
   prep_corpus
