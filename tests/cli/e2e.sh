@@ -610,7 +610,8 @@ exec-bad)
   ;;
 report-run)
   report_fixtures="$source_root/tests/data/report"
-  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out/nested
+  # the fixture is a cpu run of an A100 plan: compared only when asked
+  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out/nested --any-device
   for file in report.md trace.json timeline.png timeline.svg stages.png \
               stages.svg memory.png memory.svg step_time.png step_time.svg; do
     [ -s "out/nested/$file" ] || fail "out/nested/$file missing or empty"
@@ -640,6 +641,42 @@ PY
     expect_in out/nested/trace.json '"traceEvents"'
     expect_in out/nested/trace.json '"ph":"X"'
   fi
+  ;;
+report-other-device)
+  # issue 18, item 12: a run on the cpu backend is not compared with the
+  # estimate of the plan's GPUs (+287,904 %) unless --any-device is given
+  report_fixtures="$source_root/tests/data/report"
+  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out
+  expect_in err.txt "run.json: not compared: it ran on the cpu reference backend, the plan is for A100-FASOP GPUs"
+  [ "$(grep -c 'not compared' err.txt)" = 1 ] || fail "expected one line saying why"
+  expect_in out/report.md "Run not compared: "
+  ! grep -q 'step_time.png' out/report.md || fail "the run was compared"
+  ! grep -q '| [+-][0-9][0-9,.]* % |' out/report.md || fail "an error in % was shown"
+  [ ! -e out/step_time.png ] || fail "a step time chart of the run was drawn"
+  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out --any-device
+  expect_in out/report.md "The run used the cpu reference backend"
+  grep -q '| [+-][0-9][0-9,.]* % |' out/report.md || fail "--any-device did not compare the run"
+  [ -s out/step_time.png ] || fail "--any-device drew no step time chart"
+  ;;
+report-gnuplot-hangs)
+  # issue 18, item 17: a gnuplot that hangs is stopped after
+  # PARTITA_GNUPLOT_TIMEOUT, and no chart of an older report stays
+  report_fixtures="$source_root/tests/data/report"
+  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out --any-device
+  [ -s out/step_time.png ] && [ -s out/timeline.svg ] || fail "charts not drawn"
+  printf '#!/bin/sh\nsleep 300\n' >in-hang.sh
+  chmod +x in-hang.sh
+  PARTITA_GNUPLOT="$work/in-hang.sh" PARTITA_GNUPLOT_TIMEOUT=1 run 0 partita report "$report_fixtures/plan.json" -o out
+  expect_in err.txt "in-hang.sh' did not finish in 1 s: stopped"
+  expect_in out/report.md "Charts are missing"
+  [ -z "$(ls -A out | grep -v -e '^report.md$' -e '^trace.json$')" ] || fail "charts of the older report left: $(ls -A out)"
+  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out --any-device
+  [ -s out/step_time.png ] || fail "charts not drawn"
+  run 0 partita report "$report_fixtures/plan.json" -o out
+  [ ! -e out/step_time.png ] && [ ! -e out/step_time.svg ] || fail "the older report's step_time chart stayed"
+  [ -s out/timeline.png ] || fail "timeline not drawn"
+  PARTITA_GNUPLOT_TIMEOUT=soon run 2 partita report "$report_fixtures/plan.json" -o out
+  expect_in err.txt "PARTITA_GNUPLOT_TIMEOUT: expected seconds"
   ;;
 report-plan-only)
   run 0 partita report "$source_root/tests/data/report/plan.json" -o out
@@ -671,7 +708,7 @@ PY
   ;;
 report-no-gnuplot)
   report_fixtures="$source_root/tests/data/report"
-  PARTITA_GNUPLOT=/nonexistent run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out
+  PARTITA_GNUPLOT=/nonexistent run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out --any-device
   expect_in err.txt "warning: no charts"
   expect_in err.txt "/nonexistent"
   [ "$(grep -c warning err.txt)" = 1 ] || fail "expected one warning line"
