@@ -78,6 +78,10 @@ int cli_hand_over(int argc, char **argv);
 
 /* Prints "partita <command>: <message>" on stderr. */
 void cli_error(const char *command, const char *message);
+/* "partita COMMAND: FILE: MESSAGE", naming FILE once: not again when the
+ * message begins with it already (a reader's message does). */
+void cli_error_in(const char *command, const char *file,
+                  const char *message);
 
 /* `-o -` puts a command's file on standard output: from here on the text
  * the command prints goes to standard error, so the file stays clean for

@@ -158,10 +158,7 @@ int command_estimate(int argc, char **argv)
     if (costmodel_estimate(&cm, &p.config, p.node_order, p.node_order_count,
                            p.partition, args.output != NULL, &est,
                            &err) != 0) {
-        char message[1200];
-        snprintf(message, sizeof message, "%s: %s", args.plan_path,
-                 err.message);
-        cli_error("estimate", message);
+        cli_error_in("estimate", args.plan_path, err.message);
         status = EXIT_BAD_INPUT;
     } else {
         status = report_estimate(&args, &p, &cm, &est);

@@ -593,10 +593,7 @@ static int load_exec_plan(const exec_arguments *args, plan *p)
     pt_error err = {{0}};
     if (plan_load_file(args->plan_path, p, &err) != 0 ||
         run_check_plan(p, &err) != 0) {
-        char message[1200];
-        snprintf(message, sizeof message, "%s: %s", args->plan_path,
-                 err.message);
-        cli_error("exec", message);
+        cli_error_in("exec", args->plan_path, err.message);
         plan_free(p);
         return -1;
     }

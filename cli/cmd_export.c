@@ -135,10 +135,7 @@ int command_export(int argc, char **argv)
     char *text = export_text(&p, &args, &err);
     int status;
     if (text == NULL) {
-        char message[1200];
-        snprintf(message, sizeof message, "%s: %s", args.plan_path,
-                 err.message);
-        cli_error("export", message);
+        cli_error_in("export", args.plan_path, err.message);
         status = EXIT_BAD_INPUT;
     } else {
         status = write_export(text, &args, &p);

@@ -181,10 +181,14 @@ static int write_report(const report_arguments *args, const plan *p,
         cli_error("report", err.message);
         return EXIT_FAILURE_RUN;
     }
-    if (!outcome.charts_written)
+    if (!outcome.charts_written) {
+        /* the reason may quote gnuplot's own error line */
+        char shown[4 * sizeof outcome.chart_warning + 1];
+        pt_escape_controls(outcome.chart_warning, shown, sizeof shown);
         fprintf(stderr, "partita report: warning: no charts: %s "
                         "(tables and trace written)\n",
-                outcome.chart_warning);
+                shown);
+    }
     for (int i = 0; i < outcome.file_count; i++)
         fprintf(stderr, "partita report: wrote %s/%s\n", args->output_dir,
                 outcome.files[i]);
@@ -207,10 +211,7 @@ static int estimate_and_report(const report_arguments *args, const plan *p,
     if (costmodel_estimate(&cm, &p->config, p->node_order,
                            p->node_order_count, p->partition, true, &est,
                            &err) != 0) {
-        char message[1200];
-        snprintf(message, sizeof message, "%s: %s", args->plan_path,
-                 err.message);
-        cli_error("report", message);
+        cli_error_in("report", args->plan_path, err.message);
         status = EXIT_BAD_INPUT;
     } else {
         if (!est.fits) {

@@ -8,7 +8,24 @@
 
 void cli_error(const char *command, const char *message)
 {
-    fprintf(stderr, "partita %s: %s\n", command, message);
+    /* messages quote input files: their control characters are shown,
+       never sent to the terminal (4 bytes at most for each) */
+    char shown[4 * sizeof(pt_error) + 1];
+    pt_escape_controls(message, shown, sizeof shown);
+    fprintf(stderr, "partita %s: %s\n", command, shown);
+}
+
+void cli_error_in(const char *command, const char *file,
+                  const char *message)
+{
+    size_t length = strlen(file);
+    if (strncmp(message, file, length) == 0 && message[length] == ':') {
+        cli_error(command, message);
+        return;
+    }
+    char located[PT_PATH_MAX + sizeof(pt_error) + 2];
+    snprintf(located, sizeof located, "%s: %s", file, message);
+    cli_error(command, located);
 }
 
 void cli_text_to_stderr(void)

@@ -52,6 +52,12 @@ double pt_round_significant(double x, int digits);
 /* Copies at most out_size-1 bytes and always terminates. */
 void pt_copy_string(char *out, size_t out_size, const char *text);
 
+/* Copies text with its control characters written as escapes (\n, \t,
+ * \r, \x1b; the C1 controls U+0080..U+009F of UTF-8 as \u0080..), so
+ * that bytes from an input file never steer the terminal they are shown
+ * on; stops before an escape that does not fit, always terminates. */
+void pt_escape_controls(const char *text, char *out, size_t out_size);
+
 /* The directory part of path ("." when it has none). */
 void pt_directory_of(const char *path, char *out, size_t out_size);
 

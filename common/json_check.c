@@ -10,12 +10,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 json_t *pt_json_load_file(const char *path, pt_error *err)
 {
     FILE *file = fopen(path, "rb");
     if (file == NULL) {
         pt_fail(err, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat info;
+    if (fstat(fileno(file), &info) == 0 && S_ISDIR(info.st_mode)) {
+        fclose(file);
+        pt_fail(err, "%s: is a directory, not a JSON file", path);
         return NULL;
     }
     json_error_t parse_error;
@@ -101,11 +108,13 @@ static void describe_value(const json_t *value, char *out, size_t out_size)
     case JSON_ARRAY:
         pt_copy_string(out, out_size, "an array");
         break;
-    case JSON_STRING:
-        snprintf(out, out_size, "the string \"%.40s%s\"",
-                 json_string_value(value),
-                 json_string_length(value) > 40 ? "..." : "");
+    case JSON_STRING: {
+        char shown[200];
+        pt_escape_controls(json_string_value(value), shown, sizeof shown);
+        snprintf(out, out_size, "the string \"%.40s%s\"", shown,
+                 strlen(shown) > 40 ? "..." : "");
         break;
+    }
     case JSON_INTEGER:
         snprintf(out, out_size, "%" JSON_INTEGER_FORMAT,
                  json_integer_value(value));
@@ -345,6 +354,16 @@ int json_get_string(const json_t *obj, const json_place *place,
     if (strlen(json_string_value(value)) != length)
         return json_place_fail(&where, err,
                                "must not contain a NUL character");
+    /* names and paths: a control character would reach the terminal in
+       every table that shows them */
+    const unsigned char *text = (const unsigned char *)json_string_value(value);
+    for (size_t i = 0; i < length; i++)
+        if (text[i] < 0x20 || text[i] == 0x7f ||
+            (text[i] == 0xc2 && text[i + 1] >= 0x80 && text[i + 1] <= 0x9f))
+            return json_place_fail(&where, err,
+                                   "must not contain control characters "
+                                   "(byte %zu is 0x%02x)",
+                                   i + 1, text[i + (text[i] == 0xc2)]);
     memcpy(out, json_string_value(value), length + 1);
     return 0;
 }

@@ -272,6 +272,27 @@ bad-arguments)
   expect_in err.txt "/nonexistent/plan.json"
   no_leftovers
   ;;
+bad-messages)
+  # issue 18, items 13 and 14: a path named once, a directory said to be
+  # one, numbers as written, control characters of files never sent to
+  # the terminal
+  run 2 partita exec in-missing.json --data in-corpus
+  [ "$(grep -o 'in-missing.json' err.txt | wc -l)" = 1 ] || fail "the path is not named once: $(cat err.txt)"
+  mkdir in-dir
+  run 2 partita plan --model in-dir --gbs 8 --quiet
+  expect_in err.txt "in-dir: is a directory, not a JSON file"
+  sed 's/"gpus": 4,/"gpus": 48.0,/' "$clusters/hetero.json" >in-cluster.json
+  run 2 partita plan --model gpt2-xl --gbs 64 --cluster in-cluster.json --quiet
+  expect_in err.txt "gpus: must be an integer in \[1, 1024\], got 48.0\|gpus: must be a positive integer, got 48.0"
+  printf '{ "name": "x\\u001b[2J", "layers": 2, "hidden": 16, "heads": 2, "seq": 16, "vocab": 257 }\n' >in-model.json
+  run 2 partita plan --model in-model.json --gbs 8 --quiet
+  expect_in err.txt "name: must not contain control characters (byte 2 is 0x1b)"
+  printf '{ "name": "m", "\\u001b[31mlayers": 2 }\n' >in-model2.json
+  run 2 partita plan --model in-model2.json --gbs 8 --quiet
+  expect_in err.txt '\\x1b\[31mlayers: unknown key'
+  ! grep -q "$(printf '\033')" err.txt || fail "an escape character reached the terminal"
+  no_leftovers
+  ;;
 bad-profiles)
   # issue 18, items 7 and 8: a --profiles folder that is not there, and a
   # profile whose gpu is not its file name, are refused, not guessed
