@@ -126,6 +126,9 @@ int command_export(int argc, char **argv)
     int parsed = parse_export_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    if (args.output != NULL && strcmp(args.output, "-") != 0 &&
+        cli_check_output("export", args.output, false) != 0)
+        return EXIT_BAD_INPUT;
     pt_error err = {{0}};
     plan p;
     if (plan_load_file(args.plan_path, &p, &err) != 0) {

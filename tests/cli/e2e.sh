@@ -1186,6 +1186,9 @@ export-bad)
   [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line"
   run 2 partita export "$hetero_plan" --to megatron -o /nonexistent-dir/launch.sh
   expect_in err.txt "/nonexistent-dir/launch.sh"
+  # the output is checked before the plan is read (issue 18, item 3)
+  run 2 partita export in-missing.json --to megatron -o /nonexistent-dir/launch.sh
+  expect_in err.txt "/nonexistent-dir/launch.sh: cannot write there"
   # an existing file is replaced whole or left alone
   echo "keep me" >out.sh
   run 2 partita export in-odd.json --to megatron -o out.sh
