@@ -78,6 +78,26 @@ int cli_hand_over(int argc, char **argv);
 
 /* Prints "partita <command>: <message>" on stderr. */
 void cli_error(const char *command, const char *message);
+/* "partita COMMAND: FILE: MESSAGE", naming FILE once: not again when the
+ * message begins with it already (a reader's message does). */
+void cli_error_in(const char *command, const char *file,
+                  const char *message);
+
+/* `-o -` puts a command's file on standard output: from here on the text
+ * the command prints goes to standard error, so the file stays clean for
+ * a pipe. */
+void cli_text_to_stderr(void);
+/* The output as messages name it: "standard output" for "-". */
+const char *cli_output_name(const char *path);
+/* Checks an output file (or, folder true, a folder made when missing)
+ * before any work (pt_check_output_file / _folder): prints the reason
+ * and returns -1 when it cannot be written. */
+int cli_check_output(const char *command, const char *path, bool folder);
+/* Writes root (taken: its reference is dropped) to path with the one
+ * writer; root NULL means building it failed, with err saying why. Prints
+ * the reason and returns -1 on failure. */
+int cli_write_json(const char *command, json_t *root, const char *path,
+                   pt_error *err);
 
 /* Finds a model or cluster given as a path or as a bundled name
  * ("gpt2-xl" -> models/gpt2-xl.json). kind is "models" or "clusters". */

@@ -142,17 +142,21 @@ static int parse_derive_arguments(int argc, char **argv, derive_arguments *a)
     return 0;
 }
 
-/* A file as given, or a profile name searched like a cluster's GPU. */
-static int locate_profile(const char *name, const char *profile_dir,
-                          char *out, size_t size, pt_error *err)
+/* A file as given, or a profile name searched like a cluster's GPU
+ * (whose file must then hold that GPU). */
+static int load_profile(const char *name, const char *profile_dir,
+                        char *path, size_t size, profile *out,
+                        pt_error *err)
 {
     FILE *file = fopen(name, "r");
     if (file != NULL) {
         fclose(file);
-        pt_copy_string(out, size, name);
-        return 0;
+        pt_copy_string(path, size, name);
+        return profile_load_file(path, out, err);
     }
-    return profile_find(name, profile_dir, NULL, out, size, err);
+    if (profile_find(name, profile_dir, NULL, path, size, err) != 0)
+        return -1;
+    return profile_load_for_gpu(path, name, out, err);
 }
 
 static int load_sources(const derive_arguments *a,
@@ -169,8 +173,8 @@ static int load_sources(const derive_arguments *a,
                            ROOFLINE_MAX_SOURCES);
         int i = out->count;
         char *file = out->files[i];
-        if (locate_profile(name, a->profiles, file, PT_PATH_MAX, err) != 0 ||
-            profile_load_file(file, &out->profiles[i], err) != 0)
+        if (load_profile(name, a->profiles, file, PT_PATH_MAX,
+                         &out->profiles[i], err) != 0)
             return -1;
         out->count++;
         out->file_names[i] = file;
@@ -386,8 +390,8 @@ static int print_comparison(const derive_arguments *a, const profile *derived,
 {
     char path[PT_PATH_MAX];
     profile ref;
-    if (locate_profile(a->compare, a->profiles, path, sizeof path, err) != 0 ||
-        profile_load_file(path, &ref, err) != 0)
+    if (load_profile(a->compare, a->profiles, path, sizeof path, &ref,
+                     err) != 0)
         return -1;
     printf("\n| reference | shape | tp | mbs | part | reference fwd | %s fwd "
            "| error |\n|---|---|---:|---:|---|---:|---:|---:|\n",
@@ -496,5 +500,8 @@ int cmd_profile_derive(int argc, char **argv)
     int parsed = parse_derive_arguments(argc, argv, &arguments);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    if (arguments.output != NULL &&
+        cli_check_output("profile", arguments.output, false) != 0)
+        return EXIT_BAD_INPUT;
     return derive(&arguments, argc, argv);
 }

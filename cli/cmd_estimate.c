@@ -9,8 +9,8 @@
 static void print_estimate_help(void)
 {
     printf(
-        "usage: partita estimate PLAN [--json [--per-rank-timeline]]\n"
-        "                             [--profiles DIR]\n"
+        "usage: partita estimate PLAN [--json] [-o FILE]\n"
+        "                             [--per-rank-timeline] [--profiles DIR]\n"
         "\n"
         "Estimates a plan (written by 'partita plan' or by hand): per-stage\n"
         "forward, backward, send and all-reduce times, memory per GPU, and\n"
@@ -19,8 +19,11 @@ static void print_estimate_help(void)
         "  --json            print the plan with its \"estimate\" filled\n"
         "                    (the timeline of one iteration included, once\n"
         "                    per stage) on standard output\n"
-        "  --per-rank-timeline  with --json: the timeline once per rank\n"
-        "                    (tp x dp times larger)\n"
+        "  -o, --output FILE  write that plan to FILE instead (atomically;\n"
+        "                    - is standard output, as --json); the tables\n"
+        "                    are then printed as without --json\n"
+        "  --per-rank-timeline  with --json or -o: the timeline once per\n"
+        "                    rank (tp x dp times larger)\n"
         "  --profiles DIR    look for profiles/<gpu>.json here first\n"
         "\n"
         "Exit status 2 when the plan is invalid or does not fit in memory.\n");
@@ -29,7 +32,7 @@ static void print_estimate_help(void)
 typedef struct estimate_arguments {
     const char *plan_path;
     const char *profiles;
-    bool json;
+    const char *output;      /* the plan with its estimate; NULL: none */
     bool per_rank_timeline;
 } estimate_arguments;
 
@@ -41,13 +44,16 @@ static int parse_estimate_arguments(int argc, char **argv,
         {"json", no_argument, NULL, OPT_JSON},
         {"per-rank-timeline", no_argument, NULL, OPT_PER_RANK_TIMELINE},
         {"profiles", required_argument, NULL, OPT_PROFILES},
+        {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
     optind = 1;
     int option;
-    while ((option = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+    bool json = false;
+    while ((option = getopt_long(argc, argv, "ho:", options, NULL)) != -1) {
         switch (option) {
-        case OPT_JSON: args->json = true; break;
+        case OPT_JSON: json = true; break;
+        case 'o': args->output = optarg; break;
         case OPT_PER_RANK_TIMELINE: args->per_rank_timeline = true; break;
         case OPT_PROFILES: args->profiles = optarg; break;
         case OPT_HELP:
@@ -60,46 +66,59 @@ static int parse_estimate_arguments(int argc, char **argv,
                         "(see 'partita estimate --help')\n");
         return -1;
     }
-    if (args->per_rank_timeline && !args->json) {
+    if (json && args->output != NULL && strcmp(args->output, "-") != 0) {
+        fprintf(stderr, "partita estimate: --json prints on standard output "
+                        "and -o %s writes a file: give one of them\n",
+                args->output);
+        return -1;
+    }
+    if (json)
+        args->output = "-";
+    if (args->per_rank_timeline && args->output == NULL) {
         fprintf(stderr, "partita estimate: --per-rank-timeline shapes the "
-                        "--json output; give --json too\n");
+                        "--json output; give --json too (or -o FILE)\n");
         return -1;
     }
     args->plan_path = argv[optind];
     return 0;
 }
 
-/* Prints and, for --json, writes; returns the exit status. */
+/* The plan with its "estimate" through the one writer (common/). */
+static int write_estimated_plan(const estimate_arguments *args,
+                                const plan *p, const estimate *est)
+{
+    pt_error err = {{0}};
+    plan_json_sections sections = {
+        .estimate = estimate_to_json(est, &p->config,
+                                     args->per_rank_timeline, &err)};
+    json_t *root = sections.estimate != NULL
+                       ? plan_to_json(p, &sections, &err)
+                       : NULL;
+    json_decref(sections.estimate);
+    return cli_write_json("estimate", root, args->output, &err);
+}
+
+/* Prints and, for --json or -o, writes; returns the exit status. */
 static int report_estimate(const estimate_arguments *args, const plan *p,
                            costmodel *cm, const estimate *est)
 {
-    pt_error err = {{0}};
-    if (args->json) {
-        plan_json_sections sections = {
-            .estimate = estimate_to_json(est, &p->config,
-                                         args->per_rank_timeline, &err)};
-        json_t *root = sections.estimate != NULL
-                           ? plan_to_json(p, &sections, &err)
-                           : NULL;
-        json_decref(sections.estimate);
-        if (root == NULL) {
-            cli_error("estimate", err.message);
-            return EXIT_FAILURE_RUN;
-        }
-        char *text = json_format_text(root);
-        json_decref(root);
-        if (text == NULL) {
-            cli_error("estimate", "out of memory serialising the plan");
-            return EXIT_FAILURE_RUN;
-        }
-        fputs(text, stdout);
-        free(text);
+    bool json_on_stdout = args->output != NULL &&
+                          strcmp(args->output, "-") == 0;
+    /* a plan that does not fit is bad input: it replaces no file (on
+       standard output it still shows where the memory goes) */
+    bool write = json_on_stdout || (args->output != NULL && est->fits);
+    if (write && write_estimated_plan(args, p, est) != 0)
+        return EXIT_FAILURE_RUN;
+    if (json_on_stdout) {
         for (int i = 0; i < cm->note_count; i++)
             fprintf(stderr, "partita estimate: note: %s\n", cm->notes[i]);
     } else {
         printf("# partita estimate: %s\n", args->plan_path);
         print_estimate_summary(p, est);
         print_notes(cm);
+        if (write)
+            printf("# wrote %s (the plan with its estimate)\n",
+                   args->output);
     }
     if (!est->fits) {
         char miss[256];
@@ -119,6 +138,9 @@ int command_estimate(int argc, char **argv)
     int parsed = parse_estimate_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    if (args.output != NULL &&
+        cli_check_output("estimate", args.output, false) != 0)
+        return EXIT_BAD_INPUT;
     pt_error err = {{0}};
     plan p;
     if (plan_load_file(args.plan_path, &p, &err) != 0) {
@@ -134,11 +156,9 @@ int command_estimate(int argc, char **argv)
     estimate est;
     int status;
     if (costmodel_estimate(&cm, &p.config, p.node_order, p.node_order_count,
-                           p.partition, args.json, &est, &err) != 0) {
-        char message[1200];
-        snprintf(message, sizeof message, "%s: %s", args.plan_path,
-                 err.message);
-        cli_error("estimate", message);
+                           p.partition, args.output != NULL, &est,
+                           &err) != 0) {
+        cli_error_in("estimate", args.plan_path, err.message);
         status = EXIT_BAD_INPUT;
     } else {
         status = report_estimate(&args, &p, &cm, &est);

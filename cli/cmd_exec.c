@@ -19,15 +19,36 @@
 static volatile sig_atomic_t stop_requested;
 static volatile sig_atomic_t stop_signal;
 
+static const char *signal_name(int signal_number)
+{
+    return signal_number == SIGINT    ? "SIGINT"
+           : signal_number == SIGTERM ? "SIGTERM"
+                                      : "a signal";
+}
+
+/* Says at once that the signal was seen (write(2) is safe in a handler,
+ * stdio is not); the run says later which iteration it interrupted. */
 static void request_stop(int signal_number)
 {
     stop_requested = 1;
     stop_signal = signal_number;
+    static const char message[] =
+        "\npartita exec: %s received: stopping (a one-stage run abandons "
+        "the iteration in progress, a parallel one finishes its step), "
+        "then saving what finished; a second signal ends at once, "
+        "without run.json\n";
+    const char *name = signal_name(signal_number);
+    const char *percent = strchr(message, '%');
+    ssize_t ignored = write(STDERR_FILENO, message,
+                            (size_t)(percent - message));
+    ignored = write(STDERR_FILENO, name, strlen(name));
+    ignored = write(STDERR_FILENO, percent + 2, strlen(percent + 2));
+    (void)ignored;
 }
 
 /* SA_RESETHAND: a second Ctrl-C kills at once, for a user who will not
- * wait for the iteration to finish. SA_RESTART: a checkpoint being
- * written when the signal comes is not cut short by EINTR. */
+ * wait for the run to stop. SA_RESTART: a checkpoint being written when
+ * the signal comes is not cut short by EINTR. */
 static void install_stop_handlers(void)
 {
     struct sigaction action;
@@ -71,6 +92,11 @@ static void print_exec_help(void)
         "                       --save-interval iterations and at the end\n"
         "  --save-interval N    iterations between checkpoints (0: at the\n"
         "                       end only)\n"
+        "  --keep-checkpoints N generations of checkpoints kept in DIR, the\n"
+        "                       newest included (2); an older one loads\n"
+        "                       from its folder, --load DIR/gen-NNNNNN\n"
+        "  --overwrite          --save into a DIR that holds a checkpoint\n"
+        "                       this run does not --load (else refused)\n"
         "  --load DIR           resume from the checkpoint in DIR\n"
         "  --comm-timeout S     parallel runs: seconds a rank waits for a\n"
         "                       peer before the run fails (3600 on cpu,\n"
@@ -83,12 +109,16 @@ static void print_exec_help(void)
         "  --launch MODE        auto (default): one process per rank when\n"
         "                       started by mpirun or srun with more than one\n"
         "                       process, else threads; threads; or mpi\n"
-        "  -o, --output FILE    run record (default run.json)\n"
+        "  -o, --output FILE    run record (default run.json; - for standard\n"
+        "                       output, the log then on standard error)\n"
         "\n"
-        "SIGINT or SIGTERM ends the run after the current iteration: the\n"
-        "checkpoint (with --save) and run.json are written, exit status 0.\n"
+        "SIGINT or SIGTERM stops the run: a one-stage run abandons the\n"
+        "iteration in progress, a parallel one finishes its step; the\n"
+        "checkpoint (with --save) and run.json of the iterations that\n"
+        "finished are written, exit status 128 + the signal (130, 143).\n"
         "Exit status 2 for bad input (plan, dataset, checkpoint, options,\n"
-        "memory), 1 when training fails part-way.\n");
+        "memory), 1 when training fails part-way (a NaN or infinite loss,\n"
+        "say): run.json then holds the iterations done and the reason.\n");
 }
 
 /* The command line, parsed. */
@@ -104,6 +134,7 @@ typedef struct exec_arguments {
     long iterations;
     long log_interval;
     long save_interval;
+    long checkpoint_keep;
     long warmup;              /* -1: 10% of the iterations */
     double lr;
     double min_lr;            /* < 0: lr / 10 */
@@ -111,6 +142,8 @@ typedef struct exec_arguments {
     unsigned long long seed;
     bool seed_given;
     bool save_interval_given;
+    bool checkpoint_keep_given;
+    bool overwrite;
 } exec_arguments;
 
 /* Whole-string integer in [min, max]; prints its own message. */
@@ -167,7 +200,8 @@ static int parse_seed(const char *text, exec_arguments *args)
 enum {
     OPT_DATA = 256, OPT_BACKEND, OPT_ITERS, OPT_LOG_INTERVAL, OPT_SEED,
     OPT_LR, OPT_WARMUP, OPT_MIN_LR, OPT_SAVE, OPT_LOAD, OPT_SAVE_INTERVAL,
-    OPT_COMM_TIMEOUT, OPT_LAUNCH, OPT_GPU_COMM, OPT_HELP
+    OPT_COMM_TIMEOUT, OPT_LAUNCH, OPT_GPU_COMM, OPT_KEEP_CHECKPOINTS,
+    OPT_OVERWRITE, OPT_HELP
 };
 
 /* Seconds, positive and finite; prints its own message. */
@@ -209,6 +243,11 @@ static int apply_option(int option, const char *value, exec_arguments *args)
                            &args->save_interval);
     case OPT_WARMUP:
         return parse_count("warmup", value, 0, 1000000000L, &args->warmup);
+    case OPT_KEEP_CHECKPOINTS:
+        args->checkpoint_keep_given = true;
+        return parse_count("keep-checkpoints", value, 1, 1000,
+                           &args->checkpoint_keep);
+    case OPT_OVERWRITE: args->overwrite = true; return 0;
     case OPT_SEED: return parse_seed(value, args);
     case OPT_LR: return parse_rate("lr", value, &args->lr);
     case OPT_MIN_LR: return parse_rate("min-lr", value, &args->min_lr);
@@ -246,6 +285,11 @@ static int check_arguments(const exec_arguments *args)
     }
     else if (args->save_interval_given && args->save_dir == NULL)
         problem = "--save-interval needs --save DIR";
+    else if (args->checkpoint_keep_given && args->save_dir == NULL)
+        problem = "--keep-checkpoints needs --save DIR";
+    else if (args->overwrite && args->save_dir == NULL)
+        problem = "--overwrite needs --save DIR (it lets a save replace "
+                  "the checkpoint there)";
     else if (args->warmup > args->iterations) {
         snprintf(text, sizeof text, "--warmup %ld is more than the %ld "
                                     "iterations of the run (--iters)",
@@ -278,6 +322,8 @@ static int parse_exec_arguments(int argc, char **argv, exec_arguments *args)
         {"save", required_argument, NULL, OPT_SAVE},
         {"load", required_argument, NULL, OPT_LOAD},
         {"save-interval", required_argument, NULL, OPT_SAVE_INTERVAL},
+        {"keep-checkpoints", required_argument, NULL, OPT_KEEP_CHECKPOINTS},
+        {"overwrite", no_argument, NULL, OPT_OVERWRITE},
         {"comm-timeout", required_argument, NULL, OPT_COMM_TIMEOUT},
         {"launch", required_argument, NULL, OPT_LAUNCH},
         {"gpu-comm", required_argument, NULL, OPT_GPU_COMM},
@@ -288,7 +334,7 @@ static int parse_exec_arguments(int argc, char **argv, exec_arguments *args)
                              .launch = "auto", .gpu_comm = "auto",
                              .iterations = 100, .log_interval = 10,
                              .warmup = -1, .lr = 6e-4, .min_lr = -1.0,
-                             .seed = 1234};
+                             .seed = 1234, .checkpoint_keep = 2};
     optind = 1;
     int option;
     while ((option = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
@@ -395,20 +441,16 @@ static void observe_iteration(const run_result *r, void *data)
         print_progress(printer, r);
 }
 
-/* A missing or read-only output directory is found before training, not
- * after an hour of it. */
-static int check_output_writable(const char *output)
+/* Outputs that cannot be written are found before training, not after
+ * an hour of it: run.json's folder, and --save's. */
+static int check_outputs(const exec_arguments *args)
 {
-    char dir[PT_PATH_MAX];
-    pt_directory_of(output, dir, sizeof dir);
-    if (access(dir, W_OK) == 0)
-        return 0;
-    char message[PT_PATH_MAX * 2 + 64];
-    snprintf(message, sizeof message, "%s: cannot write there: directory "
-                                      "%s: %s",
-             output, dir, strerror(errno));
-    cli_error("exec", message);
-    return -1;
+    if (cli_check_output("exec", args->output, false) != 0)
+        return -1;
+    if (args->save_dir != NULL &&
+        cli_check_output("exec", args->save_dir, true) != 0)
+        return -1;
+    return 0;
 }
 
 static int build_run_options(const exec_arguments *args, run_options *out)
@@ -428,6 +470,8 @@ static int build_run_options(const exec_arguments *args, run_options *out)
     out->train.schedule.decay_steps = args->iterations;
     out->save_dir = args->save_dir;
     out->save_interval = args->save_interval;
+    out->checkpoint_keep = (int)args->checkpoint_keep;
+    out->overwrite_checkpoint = args->overwrite;
     out->load_dir = args->load_dir;
     out->comm_timeout_s = args->comm_timeout_s;
     out->gpu_comm = strcmp(args->gpu_comm, "nccl") == 0   ? RUN_GPU_COMM_NCCL
@@ -449,14 +493,7 @@ static int write_run_record(const exec_arguments *args, const plan *p,
                                      &err)
                        : NULL;
     json_decref(plan_json);
-    int status = root != NULL &&
-                         json_write_file_atomic(root, args->output, &err) == 0
-                     ? 0
-                     : -1;
-    json_decref(root);
-    if (status != 0)
-        cli_error("exec", err.message);
-    return status;
+    return cli_write_json("exec", root, args->output, &err);
 }
 
 static void print_summary(const exec_arguments *args, const run_result *r,
@@ -465,16 +502,8 @@ static void print_summary(const exec_arguments *args, const run_result *r,
     char step[32], memory[32];
     pt_format_seconds(r->step_time_s, step, sizeof step);
     pt_format_bytes(r->peak_memory_bytes, memory, sizeof memory);
-    if (r->stopped && stop_signal == 0) /* one process per rank */
-        printf("exec: stopped by a signal to another rank's process after "
-               "iteration %ld of %ld\n",
-               r->iterations[r->iteration_count - 1].iteration,
-               r->last_iteration);
-    else if (r->stopped)
-        printf("exec: stopped by signal %d after iteration %ld of %ld\n",
-               (int)stop_signal,
-               r->iterations[r->iteration_count - 1].iteration,
-               r->last_iteration);
+    if (r->stopped)
+        printf("exec: stopped early: %s\n", r->stop_reason);
     int ranks = r->rank_count > 0 ? r->rank_count : 1;
     char where[PT_NAME_MAX * 2 + 64];
     if (ranks > 1)
@@ -495,7 +524,68 @@ static void print_summary(const exec_arguments *args, const run_result *r,
                r->last_checkpoint_iteration, args->save_dir);
     for (int i = 0; i < r->note_count; i++)
         printf("exec: note: %s\n", r->notes[i]);
-    printf("exec: wrote %s\n", args->output);
+    printf("exec: wrote %s\n", cli_output_name(args->output));
+}
+
+/* The stop by a signal, for the log and the record: the iteration it
+ * came during and what became of that iteration. */
+static void describe_stop(run_result *r)
+{
+    long last = r->iteration_count > 0
+                    ? r->iterations[r->iteration_count - 1].iteration
+                    : r->first_iteration - 1;
+    if (stop_signal == 0) { /* one process per rank: another's signal */
+        snprintf(r->stop_reason, sizeof r->stop_reason,
+                 "stopped by a signal to another rank's process after "
+                 "iteration %ld of %ld",
+                 last, r->last_iteration);
+        return;
+    }
+    const char *name = signal_name((int)stop_signal);
+    if (r->interrupted_iteration > 0)
+        snprintf(r->stop_reason, sizeof r->stop_reason,
+                 "%s during iteration %ld of %ld: that iteration was "
+                 "abandoned (nothing of it applied); the last that "
+                 "finished is %ld",
+                 name, r->interrupted_iteration, r->last_iteration, last);
+    else
+        snprintf(r->stop_reason, sizeof r->stop_reason,
+                 "%s during iteration %ld of %ld: that iteration finished, "
+                 "then the run stopped",
+                 name, last, r->last_iteration);
+}
+
+/* One process per rank: say which process speaks, unless the message (a
+ * comm's) already begins with its rank. */
+static void print_failure(const pt_error *err, bool processes, int rank)
+{
+    char message[sizeof err->message + 32];
+    if (processes && strncmp(err->message, "rank ", 5) != 0)
+        snprintf(message, sizeof message, "rank %d: %s", rank, err->message);
+    else
+        snprintf(message, sizeof message, "%s", err->message);
+    cli_error("exec", message);
+}
+
+/* run.json of the iterations that finished, after a full run, a stop or
+ * a failure part-way (whose reason it keeps), and the summary; nothing
+ * when no iteration finished. -1 when run.json could not be written. */
+static int record_what_finished(const exec_arguments *args, const plan *p,
+                                run_result *r, double flops)
+{
+    if (r->iteration_count == 0 || r->events == NULL) {
+        if (r->stopped)
+            printf("exec: %s; no iteration %s, so no run.json was "
+                   "written\n",
+                   r->stop_reason,
+                   r->iteration_count == 0 ? "of this run finished"
+                                           : "could be summarised");
+        return 0;
+    }
+    if (write_run_record(args, p, r, flops) != 0)
+        return -1;
+    print_summary(args, r, flops);
+    return 0;
 }
 
 static int load_exec_plan(const exec_arguments *args, plan *p)
@@ -503,10 +593,7 @@ static int load_exec_plan(const exec_arguments *args, plan *p)
     pt_error err = {{0}};
     if (plan_load_file(args->plan_path, p, &err) != 0 ||
         run_check_plan(p, &err) != 0) {
-        char message[1200];
-        snprintf(message, sizeof message, "%s: %s", args->plan_path,
-                 err.message);
-        cli_error("exec", message);
+        cli_error_in("exec", args->plan_path, err.message);
         plan_free(p);
         return -1;
     }
@@ -565,8 +652,10 @@ int command_exec(int argc, char **argv)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
     run_options options;
     if (build_run_options(&args, &options) != 0 ||
-        check_output_writable(args.output) != 0)
+        check_outputs(&args) != 0)
         return EXIT_BAD_INPUT;
+    if (strcmp(args.output, "-") == 0)
+        cli_text_to_stderr();
     plan p;
     if (load_exec_plan(&args, &p) != 0)
         return EXIT_BAD_INPUT;
@@ -594,24 +683,18 @@ int command_exec(int argc, char **argv)
     run_result result;
     int status = run_training(&p, &options, &result, &err);
     clear_progress(&printer);
-    int exit_status = EXIT_OK;
-    if (status != 0) {
-        /* one process per rank: say which process speaks, unless the
-         * message (a comm's) already begins with its rank */
-        char message[sizeof err.message + 32];
-        if (processes != NULL && strncmp(err.message, "rank ", 5) != 0)
-            snprintf(message, sizeof message, "rank %d: %s", rank,
-                     err.message);
-        else
-            snprintf(message, sizeof message, "%s", err.message);
-        cli_error("exec", message);
-        exit_status = status == -1 ? EXIT_BAD_INPUT : EXIT_FAILURE_RUN;
-    } else if (rank == 0 &&
-               write_run_record(&args, &p, &result, flops) != 0) {
+    if (status != 0)
+        print_failure(&err, processes != NULL, rank);
+    else if (result.stopped)
+        describe_stop(&result);
+    int exit_status = status == -1 ? EXIT_BAD_INPUT
+                      : status != 0 ? EXIT_FAILURE_RUN
+                      : stop_signal != 0 ? 128 + (int)stop_signal
+                                         : EXIT_OK;
+    if (status != -1 && rank == 0 &&
+        record_what_finished(&args, &p, &result, flops) != 0 &&
+        exit_status == EXIT_OK)
         exit_status = EXIT_FAILURE_RUN;
-    } else if (rank == 0) {
-        print_summary(&args, &result, flops);
-    }
     run_result_free(&result);
     plan_free(&p);
     fflush(stdout);

@@ -126,6 +126,9 @@ int command_export(int argc, char **argv)
     int parsed = parse_export_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    if (args.output != NULL && strcmp(args.output, "-") != 0 &&
+        cli_check_output("export", args.output, false) != 0)
+        return EXIT_BAD_INPUT;
     pt_error err = {{0}};
     plan p;
     if (plan_load_file(args.plan_path, &p, &err) != 0) {
@@ -135,10 +138,7 @@ int command_export(int argc, char **argv)
     char *text = export_text(&p, &args, &err);
     int status;
     if (text == NULL) {
-        char message[1200];
-        snprintf(message, sizeof message, "%s: %s", args.plan_path,
-                 err.message);
-        cli_error("export", message);
+        cli_error_in("export", args.plan_path, err.message);
         status = EXIT_BAD_INPUT;
     } else {
         status = write_export(text, &args, &p);

@@ -47,10 +47,12 @@ static void print_plan_help(void)
         "  --max-tree-nodes N stop the search after about N tree nodes and say\n"
         "                     how far from exact its best plan may be\n"
         "                     (default 40000000, about 10 s; 0: never stop)\n"
-        "  --threads N        search threads (default: one per core); the\n"
-        "                     plans and counts do not depend on it\n"
+        "  --threads N        search threads (default: one per core, and at\n"
+        "                     most that); the plans and counts do not depend\n"
+        "                     on it\n"
         "  --profiles DIR     look for profiles/<gpu>.json here first\n"
-        "  -o, --output FILE  plan file to write (default plan.json)\n"
+        "  -o, --output FILE  plan file to write (default plan.json; - for\n"
+        "                     standard output, the tables then on stderr)\n"
         "  --per-rank-timeline  write the estimated timeline once per rank\n"
         "                     (default: once per stage, which every rank of\n"
         "                     the stage runs; per rank is tp x dp times larger)\n"
@@ -94,6 +96,19 @@ static int parse_count(const char *value, const char *option, long long *out)
     }
     *out = number;
     return 0;
+}
+
+/* More threads than cores only adds memory (a cost model per thread) and
+ * switching: the search uses one per core at most, and says so. */
+static void cap_threads(int *threads)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1 || *threads <= cores)
+        return;
+    fprintf(stderr, "partita plan: --threads %d is more than the %ld cores "
+                    "here: using %ld\n",
+            *threads, cores, cores);
+    *threads = (int)cores;
 }
 
 enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
@@ -217,6 +232,7 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
                         "(see 'partita plan --help')\n");
         return -1;
     }
+    cap_threads(&args->search.threads);
     return 0;
 }
 
@@ -458,7 +474,7 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
     print_notes(&cm);
     if (status == 0)
         printf("# wrote %s (best plan, its timeline, %d alternatives)\n",
-               args->output, result.plan_count - 1);
+               cli_output_name(args->output), result.plan_count - 1);
     search_result_free(&result);
     costmodel_close(&cm);
     return status == 0 ? EXIT_OK : EXIT_FAILURE_RUN;
@@ -586,7 +602,7 @@ static int run_pareto(const plan_arguments *args, plan_inputs *in,
         print_notes(&cm);
         if (status == EXIT_OK)
             printf("# wrote %s (the fastest plan of the front; the front "
-                   "under \"pareto\")\n", args->output);
+                   "under \"pareto\")\n", cli_output_name(args->output));
         costmodel_close(&cm);
     }
     pareto_result_free(&front);
@@ -601,6 +617,12 @@ int command_plan(int argc, char **argv)
     int parsed = parse_plan_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    /* an output that cannot be written is found now, not after the
+       search */
+    if (cli_check_output("plan", args.output, false) != 0)
+        return EXIT_BAD_INPUT;
+    if (strcmp(args.output, "-") == 0)
+        cli_text_to_stderr();
     progress_state progress = {pt_monotonic_seconds(), pt_monotonic_seconds(),
                                args.pareto ? "sub-clusters" : "tasks"};
     if (!args.quiet) {

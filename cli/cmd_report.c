@@ -12,7 +12,7 @@ static void print_report_help(void)
 {
     printf(
         "usage: partita report PLAN [RUN] [-o DIR] [--per-rank]\n"
-        "                      [--profiles DIR]\n"
+        "                      [--profiles DIR] [--any-device]\n"
         "       partita report PLAN --megatron-log LOG|--deepspeed-log LOG\n"
         "                      [--warmup-iterations N] [-o DIR] ...\n"
         "\n"
@@ -37,13 +37,18 @@ static void print_report_help(void)
         "                     one bar and row per rank for memory (default:\n"
         "                     one per stage, readable at any size)\n"
         "  --profiles DIR     look for profiles/<gpu>.json here first\n"
+        "  --any-device       compare a run of the cpu backend with the\n"
+        "                     estimate of the plan's GPUs too (by default\n"
+        "                     such a run is left out, saying why: its errors\n"
+        "                     compare two machines)\n"
         "  --megatron-log LOG  the log of a Megatron-LM run of PLAN\n"
         "  --deepspeed-log LOG the log of a DeepSpeed run of PLAN\n"
         "  --warmup-iterations N  leave out a log's lines of iterations up\n"
         "                     to N (default: its first timed line)\n"
         "\n"
         "PARTITA_GNUPLOT names the gnuplot binary (default: gnuplot on\n"
-        "PATH).\n"
+        "PATH); PARTITA_GNUPLOT_TIMEOUT the seconds it may run (default\n"
+        "60; then it is stopped and the report has no charts).\n"
         "Without a working gnuplot the tables and the trace are still written.\n"
         "Exit status 2 when the plan, the run or the log is invalid (a\n"
         "log's message names the line).\n");
@@ -55,6 +60,8 @@ typedef struct report_arguments {
     const char *output_dir;
     const char *profiles;
     bool per_rank;
+    bool any_device;         /* compare a run on other devices too */
+    double gnuplot_timeout_s;  /* PARTITA_GNUPLOT_TIMEOUT, 0: default */
     const char *log_path;    /* a trainer's log in the run's place */
     bool deepspeed_log;      /* log_path is DeepSpeed's, else Megatron's */
     train_log_options log_options;
@@ -82,14 +89,32 @@ static int parse_warmup(const char *text, train_log_options *options)
     return 0;
 }
 
+/* PARTITA_GNUPLOT_TIMEOUT: seconds, > 0; unset or empty: the default. */
+static int parse_gnuplot_timeout(report_arguments *args)
+{
+    const char *text = getenv("PARTITA_GNUPLOT_TIMEOUT");
+    if (text == NULL || text[0] == '\0')
+        return 0;
+    char *end = NULL;
+    double seconds = strtod(text, &end);
+    if (end == text || *end != '\0' || !(seconds > 0 && seconds <= 1e6)) {
+        fprintf(stderr, "partita report: PARTITA_GNUPLOT_TIMEOUT: expected "
+                        "seconds in (0, 1e6], got '%s'\n", text);
+        return -1;
+    }
+    args->gnuplot_timeout_s = seconds;
+    return 0;
+}
+
 static int parse_report_arguments(int argc, char **argv,
                                   report_arguments *args)
 {
     enum { OPT_PROFILES = 256, OPT_PER_RANK, OPT_HELP, OPT_MEGATRON_LOG,
-           OPT_DEEPSPEED_LOG, OPT_WARMUP };
+           OPT_DEEPSPEED_LOG, OPT_WARMUP, OPT_ANY_DEVICE };
     static const struct option options[] = {
         {"output", required_argument, NULL, 'o'},
         {"per-rank", no_argument, NULL, OPT_PER_RANK},
+        {"any-device", no_argument, NULL, OPT_ANY_DEVICE},
         {"profiles", required_argument, NULL, OPT_PROFILES},
         {"megatron-log", required_argument, NULL, OPT_MEGATRON_LOG},
         {"deepspeed-log", required_argument, NULL, OPT_DEEPSPEED_LOG},
@@ -105,6 +130,7 @@ static int parse_report_arguments(int argc, char **argv,
         case 'o': args->output_dir = optarg; break;
         case OPT_PROFILES: args->profiles = optarg; break;
         case OPT_PER_RANK: args->per_rank = true; break;
+        case OPT_ANY_DEVICE: args->any_device = true; break;
         case OPT_MEGATRON_LOG:
         case OPT_DEEPSPEED_LOG:
             if (args->log_path != NULL)
@@ -136,28 +162,33 @@ static int parse_report_arguments(int argc, char **argv,
                                   "--megatron-log or --deepspeed-log");
     args->plan_path = argv[optind];
     args->run_path = positional == 2 ? argv[optind + 1] : NULL;
-    return 0;
+    return parse_gnuplot_timeout(args);
 }
 
 /* Writes the folder and tells what it holds; returns the exit status. */
 static int write_report(const report_arguments *args, const plan *p,
                         const costmodel *cm, const estimate *est,
-                        const run_record *run)
+                        const run_record *run, const char *run_left_out)
 {
     report_input input = {
         .plan_file = args->plan_path, .plan = p, .estimate = est,
         .costmodel = cm, .run = run, .gnuplot = getenv("PARTITA_GNUPLOT"),
-        .per_rank = args->per_rank};
+        .gnuplot_timeout_s = args->gnuplot_timeout_s,
+        .per_rank = args->per_rank, .run_left_out = run_left_out};
     report_outcome outcome;
     pt_error err = {{0}};
     if (report_write(&input, args->output_dir, &outcome, &err) != 0) {
         cli_error("report", err.message);
         return EXIT_FAILURE_RUN;
     }
-    if (!outcome.charts_written)
+    if (!outcome.charts_written) {
+        /* the reason may quote gnuplot's own error line */
+        char shown[4 * sizeof outcome.chart_warning + 1];
+        pt_escape_controls(outcome.chart_warning, shown, sizeof shown);
         fprintf(stderr, "partita report: warning: no charts: %s "
                         "(tables and trace written)\n",
-                outcome.chart_warning);
+                shown);
+    }
     for (int i = 0; i < outcome.file_count; i++)
         fprintf(stderr, "partita report: wrote %s/%s\n", args->output_dir,
                 outcome.files[i]);
@@ -165,7 +196,8 @@ static int write_report(const report_arguments *args, const plan *p,
 }
 
 static int estimate_and_report(const report_arguments *args, const plan *p,
-                               const run_record *run)
+                               const run_record *run,
+                               const char *run_left_out)
 {
     pt_error err = {{0}};
     costmodel cm;
@@ -179,10 +211,7 @@ static int estimate_and_report(const report_arguments *args, const plan *p,
     if (costmodel_estimate(&cm, &p->config, p->node_order,
                            p->node_order_count, p->partition, true, &est,
                            &err) != 0) {
-        char message[1200];
-        snprintf(message, sizeof message, "%s: %s", args->plan_path,
-                 err.message);
-        cli_error("report", message);
+        cli_error_in("report", args->plan_path, err.message);
         status = EXIT_BAD_INPUT;
     } else {
         if (!est.fits) {
@@ -191,7 +220,7 @@ static int estimate_and_report(const report_arguments *args, const plan *p,
             fprintf(stderr, "partita report: warning: %s: plan does not "
                             "fit: %s\n", args->plan_path, miss);
         }
-        status = write_report(args, p, &cm, &est, run);
+        status = write_report(args, p, &cm, &est, run, run_left_out);
         estimate_free(&est);
     }
     costmodel_close(&cm);
@@ -204,6 +233,8 @@ int command_report(int argc, char **argv)
     int parsed = parse_report_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
+    if (cli_check_output("report", args.output_dir, true) != 0)
+        return EXIT_BAD_INPUT;
     pt_error err = {{0}};
     plan p;
     if (plan_load_file(args.plan_path, &p, &err) != 0) {
@@ -228,7 +259,19 @@ int command_report(int argc, char **argv)
         plan_free(&p);
         return EXIT_BAD_INPUT;
     }
-    int status = estimate_and_report(&args, &p, have_run ? &run : NULL);
+    /* a run on other devices than the plan's is compared only when asked:
+       its errors would compare two machines */
+    char why[512], left_out[PT_PATH_MAX + 600] = "";
+    bool compared = have_run;
+    if (have_run && !args.any_device &&
+        !run_record_on_plan_devices(&run, &p, why, sizeof why)) {
+        compared = false;
+        snprintf(left_out, sizeof left_out, "`%s`: %s", run.file, why);
+        fprintf(stderr, "partita report: %s: not compared: %s (--any-device "
+                        "compares it anyway)\n", run.file, why);
+    }
+    int status = estimate_and_report(&args, &p, compared ? &run : NULL,
+                                     left_out);
     if (have_run)
         run_record_free(&run);
     plan_free(&p);

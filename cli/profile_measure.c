@@ -102,19 +102,6 @@ static void format_date_utc(char *out, size_t size)
         strftime(out, size, "%Y-%m-%dT%H:%M:%SZ", &utc);
 }
 
-/* A missing or read-only output directory is found before measuring. */
-static int check_output_writable(const char *output)
-{
-    char dir[PT_PATH_MAX];
-    pt_directory_of(output, dir, sizeof dir);
-    if (access(dir, W_OK) == 0)
-        return 0;
-    fprintf(stderr, "partita profile: %s: cannot write there: directory "
-                    "%s: %s\n",
-            output, dir, strerror(errno));
-    return -1;
-}
-
 /* The options the arguments ask for; -1 (printed) when they are bad. */
 static int build_options(const profile_arguments *a,
                          profiler_options *options)
@@ -287,15 +274,10 @@ static int write_profile(const profiler_writeup *writeup, const char *output)
 {
     pt_error err = {{0}};
     json_t *root = profiler_profile_json(writeup, output, &err);
-    int status = -1;
-    if (root == NULL || json_write_file_atomic(root, output, &err) != 0) {
-        cli_error("profile", err.message);
-    } else {
-        print_summary(writeup, output);
-        status = 0;
-    }
-    json_decref(root);
-    return status;
+    if (cli_write_json("profile", root, output, &err) != 0)
+        return -1;
+    print_summary(writeup, output);
+    return 0;
 }
 
 static int check_gpu_name(const char *name)
@@ -314,7 +296,8 @@ static int measure_and_write(profile_arguments *a, int argc, char **argv)
     profiler_options options;
     if (load_models(a->model, shapes, &model_count) != 0 ||
         build_options(a, &options) != 0 || check_gpu_name(a->gpu_name) != 0 ||
-        (a->output != NULL && check_output_writable(a->output) != 0))
+        (a->output != NULL &&
+         cli_check_output("profile", a->output, false) != 0))
         return EXIT_BAD_INPUT;
     profiler_result *results = calloc((size_t)model_count, sizeof *results);
     profiler_comm_result *comm = calloc(1, sizeof *comm);

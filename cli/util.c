@@ -8,7 +8,59 @@
 
 void cli_error(const char *command, const char *message)
 {
-    fprintf(stderr, "partita %s: %s\n", command, message);
+    /* messages quote input files: their control characters are shown,
+       never sent to the terminal (4 bytes at most for each) */
+    char shown[4 * sizeof(pt_error) + 1];
+    pt_escape_controls(message, shown, sizeof shown);
+    fprintf(stderr, "partita %s: %s\n", command, shown);
+}
+
+void cli_error_in(const char *command, const char *file,
+                  const char *message)
+{
+    size_t length = strlen(file);
+    if (strncmp(message, file, length) == 0 && message[length] == ':') {
+        cli_error(command, message);
+        return;
+    }
+    char located[PT_PATH_MAX + sizeof(pt_error) + 2];
+    snprintf(located, sizeof located, "%s: %s", file, message);
+    cli_error(command, located);
+}
+
+void cli_text_to_stderr(void)
+{
+    fflush(stdout);
+    /* glibc documents stdout as a variable that may be assigned; the
+       writers of files use the descriptor, never this stream */
+    stdout = stderr;
+}
+
+const char *cli_output_name(const char *path)
+{
+    return strcmp(path, "-") == 0 ? "standard output" : path;
+}
+
+int cli_check_output(const char *command, const char *path, bool folder)
+{
+    pt_error err = {{0}};
+    int status = folder ? pt_check_output_folder(path, &err)
+                        : pt_check_output_file(path, &err);
+    if (status != 0)
+        cli_error(command, err.message);
+    return status;
+}
+
+int cli_write_json(const char *command, json_t *root, const char *path,
+                   pt_error *err)
+{
+    int status = root != NULL && json_write_file_atomic(root, path, err) == 0
+                     ? 0
+                     : -1;
+    json_decref(root);
+    if (status != 0)
+        cli_error(command, err->message);
+    return status;
 }
 
 static bool file_exists(const char *path)

@@ -11,6 +11,15 @@
 #include <string.h>
 
 #define CLUSTER_MAX_GPUS_PER_NODE 1024
+/* Beyond physical sense, and far enough inside a double that every sum
+ * and product of the cost model stays finite: 1 MB/s to 100 TB/s within
+ * a node, 1 Mbit/s to 1 Pbit/s between nodes, latencies up to a second,
+ * a node-hour up to a million dollars. */
+#define CLUSTER_MIN_BANDWIDTH 1e-3
+#define CLUSTER_MAX_GBPS 1e5
+#define CLUSTER_MAX_GBITPS 1e6
+#define CLUSTER_MAX_LATENCY_US 1e6
+#define CLUSTER_MAX_PRICE_PER_HOUR 1e6
 
 static const char *const cluster_keys[] = {"name", "nodes", NULL};
 static const char *const node_keys[] = {
@@ -57,12 +66,14 @@ static int link_from_json(const json_t *obj, const json_place *place,
             place, err,
             "give the bandwidth exactly once: bandwidth_GBps (gigabytes/s) "
             "or bandwidth_Gbps (gigabits/s)");
-    if (json_get_positive_number(obj, place, "bandwidth_GBps", false,
-                                 &gigabytes_per_s, err) != 0 ||
-        json_get_positive_number(obj, place, "bandwidth_Gbps", false,
-                                 &gigabits_per_s, err) != 0 ||
-        json_get_number(obj, place, "latency_us", true, 0.0, 1e9,
-                        &latency_us, err) != 0)
+    if (json_get_number(obj, place, "bandwidth_GBps", false,
+                        CLUSTER_MIN_BANDWIDTH, CLUSTER_MAX_GBPS,
+                        &gigabytes_per_s, err) != 0 ||
+        json_get_number(obj, place, "bandwidth_Gbps", false,
+                        CLUSTER_MIN_BANDWIDTH, CLUSTER_MAX_GBITPS,
+                        &gigabits_per_s, err) != 0 ||
+        json_get_number(obj, place, "latency_us", true, 0.0,
+                        CLUSTER_MAX_LATENCY_US, &latency_us, err) != 0)
         return -1;
     out->bandwidth_bytes_per_s =
         has_bytes ? gigabytes_per_s * 1e9 : gigabits_per_s * 1e9 / 8.0;
@@ -120,8 +131,9 @@ static int node_from_json(const json_t *obj, const json_place *place,
                         err) != 0 ||
         json_get_int(obj, place, "gpus", true, 1, CLUSTER_MAX_GPUS_PER_NODE,
                      &gpus, err) != 0 ||
-        json_get_number(obj, place, "price_per_hour", false, 0.0, DBL_MAX,
-                        &out->price_per_hour, err) != 0)
+        json_get_number(obj, place, "price_per_hour", false, 0.0,
+                        CLUSTER_MAX_PRICE_PER_HOUR, &out->price_per_hour,
+                        err) != 0)
         return -1;
     json_place name_place = json_place_key(place, "name");
     json_place gpu_place = json_place_key(place, "gpu");

@@ -52,6 +52,12 @@ double pt_round_significant(double x, int digits);
 /* Copies at most out_size-1 bytes and always terminates. */
 void pt_copy_string(char *out, size_t out_size, const char *text);
 
+/* Copies text with its control characters written as escapes (\n, \t,
+ * \r, \x1b; the C1 controls U+0080..U+009F of UTF-8 as \u0080..), so
+ * that bytes from an input file never steer the terminal they are shown
+ * on; stops before an escape that does not fit, always terminates. */
+void pt_escape_controls(const char *text, char *out, size_t out_size);
+
 /* The directory part of path ("." when it has none). */
 void pt_directory_of(const char *path, char *out, size_t out_size);
 
@@ -352,10 +358,16 @@ int profile_find_point(const profile_shape *shape, int tp, int mbs);
 
 /* Finds profiles/<gpu>.json: in extra_dir (may be NULL), then in
  * $PARTITA_PROFILES, then next to the cluster file (../profiles), then in
- * the installed profile directory. */
+ * the installed profile directory. extra_dir and $PARTITA_PROFILES, when
+ * given, must be folders that can be read: a missing one is an error,
+ * not a silent fall back. */
 int profile_find(const char *gpu, const char *extra_dir,
                  const char *cluster_dir, char *out_path, size_t out_size,
                  pt_error *err);
+/* profile_load_file of a file profile_find found for gpu, refused when
+ * the file's "gpu" is another name (naming both). */
+int profile_load_for_gpu(const char *path, const char *gpu, profile *out,
+                         pt_error *err);
 
 /* ------------------------------------------------------------------ plan */
 
@@ -469,10 +481,26 @@ double pt_monotonic_seconds(void);
  * between steps (checkpoints).
  */
 
-/* Writes size bytes of data to path through a temporary file, fsync and
- * rename; no file is left under either name on failure. */
+/* Writes size bytes of data to path. A regular file (or none yet) is
+ * replaced through a temporary file, fsync and rename, keeping its
+ * permissions; no file is left under either name on failure. Symbolic
+ * links are followed (the link stays, its target is replaced). "-" is
+ * standard output, and a device, FIFO or socket is written through, as
+ * cp and tee do: there is nothing to rename over. A directory is
+ * refused. */
 int pt_write_file_atomic(const char *path, const void *data, size_t size,
                          pt_error *err);
+
+/* Before any work: 0 when pt_write_file_atomic could write path ("-", a
+ * device or FIFO that may be written, or a file whose folder exists and
+ * takes a new file, tried by creating and removing one). -1 otherwise,
+ * e.g. "out/plan.json: cannot write there: folder out: No such file or
+ * directory". */
+int pt_check_output_file(const char *path, pt_error *err);
+/* The same for a folder that will be made if missing (mkdir -p): it is a
+ * folder, or its nearest existing ancestor is one, and takes a new
+ * file. */
+int pt_check_output_folder(const char *dir, pt_error *err);
 
 /* Writes all of data, retrying short writes and EINTR; 0 or -1 (errno). */
 int pt_write_fully(int fd, const void *data, size_t size);
@@ -583,6 +611,10 @@ typedef struct run_json {
     long first_iteration, last_iteration;
     char resumed_from[PT_PATH_MAX];  /* "": not resumed (null) */
     bool stopped_early;
+    char stop_reason[512];           /* why it stopped early; "": it ran
+                                        to the end (null) */
+    long interrupted_iteration;      /* abandoned by a stop; 0: none
+                                        (null) */
     long last_checkpoint_iteration;  /* 0: none (null) */
     char started_utc[32];
     long iteration_count;        /* read */

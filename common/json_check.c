@@ -8,13 +8,21 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 json_t *pt_json_load_file(const char *path, pt_error *err)
 {
     FILE *file = fopen(path, "rb");
     if (file == NULL) {
         pt_fail(err, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat info;
+    if (fstat(fileno(file), &info) == 0 && S_ISDIR(info.st_mode)) {
+        fclose(file);
+        pt_fail(err, "%s: is a directory, not a JSON file", path);
         return NULL;
     }
     json_error_t parse_error;
@@ -75,6 +83,21 @@ int json_place_fail(const json_place *place, pt_error *err,
     return -1;
 }
 
+/* A real as the user wrote it, near enough: the fewest digits that read
+ * back as the same double, and a decimal point when it has no fraction,
+ * so that 48.0 is not shown as the integer 48 it is refused for being. */
+static void format_real(double number, char *out, size_t out_size)
+{
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(out, out_size, "%.*g", digits, number);
+        if (strtod(out, NULL) == number)
+            break;
+    }
+    if (isfinite(number) && strpbrk(out, ".e") == NULL &&
+        strlen(out) + 3 <= out_size)
+        strcat(out, ".0");
+}
+
 /* A short description of a value for "got ..." in messages. */
 static void describe_value(const json_t *value, char *out, size_t out_size)
 {
@@ -85,17 +108,19 @@ static void describe_value(const json_t *value, char *out, size_t out_size)
     case JSON_ARRAY:
         pt_copy_string(out, out_size, "an array");
         break;
-    case JSON_STRING:
-        snprintf(out, out_size, "the string \"%.40s%s\"",
-                 json_string_value(value),
-                 json_string_length(value) > 40 ? "..." : "");
+    case JSON_STRING: {
+        char shown[200];
+        pt_escape_controls(json_string_value(value), shown, sizeof shown);
+        snprintf(out, out_size, "the string \"%.40s%s\"", shown,
+                 strlen(shown) > 40 ? "..." : "");
         break;
+    }
     case JSON_INTEGER:
         snprintf(out, out_size, "%" JSON_INTEGER_FORMAT,
                  json_integer_value(value));
         break;
     case JSON_REAL:
-        snprintf(out, out_size, "%g", json_real_value(value));
+        format_real(json_real_value(value), out, out_size);
         break;
     case JSON_TRUE:
         pt_copy_string(out, out_size, "true");
@@ -212,9 +237,11 @@ int json_get_int(const json_t *obj, const json_place *place, const char *key,
     return 0;
 }
 
+/* The number at key, and in got how the file wrote it. */
 static int get_finite_number(const json_t *obj, const json_place *place,
                              const char *key, bool required, bool *present,
-                             double *number, pt_error *err)
+                             double *number, char *got, size_t got_size,
+                             pt_error *err)
 {
     json_t *value;
     *present = false;
@@ -222,10 +249,9 @@ static int get_finite_number(const json_t *obj, const json_place *place,
         return -1;
     if (value == NULL)
         return 0;
+    describe_value(value, got, got_size);
     if (!json_is_number(value)) {
         json_place where = json_place_key(place, key);
-        char got[80];
-        describe_value(value, got, sizeof got);
         return json_place_fail(&where, err, "must be a number, got %s", got);
     }
     *number = json_number_value(value);
@@ -239,24 +265,27 @@ int json_get_number(const json_t *obj, const json_place *place,
 {
     bool present;
     double number = 0.0;
-    if (get_finite_number(obj, place, key, required, &present, &number,
-                          err) != 0)
+    char got[80];
+    if (get_finite_number(obj, place, key, required, &present, &number, got,
+                          sizeof got, err) != 0)
         return -1;
     if (!present)
         return 0;
     if (!(number >= min && number <= max)) {
         json_place where = json_place_key(place, key);
-        if (min == 0.0 && max >= DBL_MAX)
+        /* below zero, that alone; else the whole range (an upper bound
+           guards against values beyond physical sense) */
+        if (number < min && min == 0.0)
             return json_place_fail(&where, err,
-                                   "must be a non-negative number, got %g",
-                                   number);
+                                   "must be a non-negative number, got %s",
+                                   got);
         if (max >= DBL_MAX)
             return json_place_fail(&where, err,
-                                   "must be a number >= %g, got %g", min,
-                                   number);
+                                   "must be a number >= %g, got %s", min,
+                                   got);
         return json_place_fail(&where, err,
-                               "must be a number in [%g, %g], got %g", min,
-                               max, number);
+                               "must be a number in [%g, %g], got %s", min,
+                               max, got);
     }
     *out = number;
     return 0;
@@ -268,15 +297,16 @@ int json_get_positive_number(const json_t *obj, const json_place *place,
 {
     bool present;
     double number = 0.0;
-    if (get_finite_number(obj, place, key, required, &present, &number,
-                          err) != 0)
+    char got[80];
+    if (get_finite_number(obj, place, key, required, &present, &number, got,
+                          sizeof got, err) != 0)
         return -1;
     if (!present)
         return 0;
     if (!(number > 0.0 && isfinite(number))) {
         json_place where = json_place_key(place, key);
         return json_place_fail(&where, err,
-                               "must be a positive number, got %g", number);
+                               "must be a positive number, got %s", got);
     }
     *out = number;
     return 0;
@@ -324,6 +354,16 @@ int json_get_string(const json_t *obj, const json_place *place,
     if (strlen(json_string_value(value)) != length)
         return json_place_fail(&where, err,
                                "must not contain a NUL character");
+    /* names and paths: a control character would reach the terminal in
+       every table that shows them */
+    const unsigned char *text = (const unsigned char *)json_string_value(value);
+    for (size_t i = 0; i < length; i++)
+        if (text[i] < 0x20 || text[i] == 0x7f ||
+            (text[i] == 0xc2 && text[i + 1] >= 0x80 && text[i + 1] <= 0x9f))
+            return json_place_fail(&where, err,
+                                   "must not contain control characters "
+                                   "(byte %zu is 0x%02x)",
+                                   i + 1, text[i + (text[i] == 0xc2)]);
     memcpy(out, json_string_value(value), length + 1);
     return 0;
 }

@@ -86,8 +86,9 @@ int partition_parse(const char *text, int *out, int max_stages,
             layers = layers * 10 + (*cursor - '0');
             if (layers > INT_MAX)
                 return pt_fail(err,
-                               "partition \"%.80s\": stage %d is too large",
-                               text, count + 1);
+                               "partition \"%.80s\": stage %d (counted "
+                               "from 0) has more than %d layers",
+                               text, count, INT_MAX);
             cursor++;
         }
         if (count == max_stages)

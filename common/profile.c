@@ -4,6 +4,9 @@
  * field. */
 #include "common/common.h"
 
+#include <dirent.h>
+#include <errno.h>
+
 #include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +20,17 @@
 /* An AdamW step of a billion parameters in over 1000 s is a unit mistake
  * too (real ones take 1e-11 to 1e-10 s per parameter). */
 #define PROFILE_MAX_OPTIMIZER_S_PER_PARAM 1e-6
+/* Beyond physical sense, and far enough inside a double that the cost
+ * model's sums stay finite: memories from 1 MiB to 100 TiB, 1 GFLOP/s to
+ * 1 EFLOP/s of tensor peak, 1 MB/s to 1 PB/s of memory bandwidth,
+ * messages up to 1 PB. */
+#define PROFILE_MIN_GIB 1e-3
+#define PROFILE_MAX_GIB 1e5
+#define PROFILE_MIN_RATE 1e-3
+#define PROFILE_MAX_TFLOPS 1e6
+#define PROFILE_MAX_BANDWIDTH_GBPS 1e6
+#define PROFILE_MAX_HALF_WORK_GFLOP 1e6
+#define PROFILE_MAX_MESSAGE_BYTES 1e15
 /* Measured noise: a larger micro-batch may come out a little faster than
  * a smaller one, but not by more than this share; times below
  * PROFILE_MBS_NOISE_FLOOR_S (launch-bound kernels, a tiny model on a busy
@@ -119,8 +133,9 @@ static int roofline_from_json(const json_t *efficiency,
     if (json_check_keys(obj, &where, roofline_keys, err) != 0 ||
         json_get_number(obj, &where, "gemm_efficiency", true, 1e-6, 1.0,
                         &r->gemm_efficiency, err) != 0 ||
-        json_get_positive_number(obj, &where, "gemm_half_work_gflop_per_sm",
-                                 true, &half_work_gflop, err) != 0 ||
+        json_get_number(obj, &where, "gemm_half_work_gflop_per_sm", true,
+                        1e-9, PROFILE_MAX_HALF_WORK_GFLOP, &half_work_gflop,
+                        err) != 0 ||
         json_get_number(obj, &where, "attention_efficiency", true, 1e-6, 2.0,
                         &r->attention_efficiency, err) != 0 ||
         json_get_number(obj, &where, "bandwidth_efficiency", true, 1e-6, 1.0,
@@ -152,12 +167,13 @@ static int efficiency_from_json(const json_t *root, const json_place *place,
     if (obj == NULL)
         return 0;
     if (json_check_keys(obj, &where, efficiency_keys, err) != 0 ||
-        json_get_positive_number(obj, &where, "peak_tflops", true,
-                                 &out->peak_tflops, err) != 0 ||
+        json_get_number(obj, &where, "peak_tflops", true, PROFILE_MIN_RATE,
+                        PROFILE_MAX_TFLOPS, &out->peak_tflops, err) != 0 ||
         json_get_number(obj, &where, "flops_efficiency", false, 0.0, 1.0,
                         &out->flops_efficiency, err) != 0 ||
-        json_get_positive_number(obj, &where, "memory_bandwidth_GBps", true,
-                                 &out->memory_bandwidth_GBps, err) != 0 ||
+        json_get_number(obj, &where, "memory_bandwidth_GBps", true,
+                        PROFILE_MIN_RATE, PROFILE_MAX_BANDWIDTH_GBPS,
+                        &out->memory_bandwidth_GBps, err) != 0 ||
         get_int(obj, &where, "sms", false, 1, 100000, &out->sms, err) != 0 ||
         get_int(obj, &where, "sm_limit", false, 1, 100000, &out->sm_limit,
                 err) != 0)
@@ -426,8 +442,9 @@ static int curve_from_json(const json_t *communication,
         if (json_check_keys(obj, &sample_place, sample_keys, err) != 0 ||
             get_int(obj, &sample_place, "gpus", true, 2, 1 << 20,
                     &sample->gpus, err) != 0 ||
-            json_get_positive_number(obj, &sample_place, "bytes", true,
-                                     &sample->bytes, err) != 0 ||
+            json_get_number(obj, &sample_place, "bytes", true, 1.0,
+                            PROFILE_MAX_MESSAGE_BYTES, &sample->bytes,
+                            err) != 0 ||
             json_get_positive_number(obj, &sample_place, "time_s", true,
                                      &sample->time_s, err) != 0 ||
             json_get_number(obj, &sample_place, "spread", false, 0.0, 1000.0,
@@ -482,12 +499,12 @@ static int header_from_json(const json_t *obj, const json_place *place,
     }
     if (json_get_string(obj, place, "gpu", true, out->gpu, sizeof out->gpu,
                         err) != 0 ||
-        json_get_positive_number(obj, place, "memory_gib", true,
-                                 &out->memory_gib, err) != 0 ||
+        json_get_number(obj, place, "memory_gib", true, PROFILE_MIN_GIB,
+                        PROFILE_MAX_GIB, &out->memory_gib, err) != 0 ||
         json_get_choice(obj, place, "source", true, source_names, &source,
                         err) != 0 ||
-        json_get_number(obj, place, "workspace_gib", true, 0.0, DBL_MAX,
-                        &out->workspace_gib, err) != 0 ||
+        json_get_number(obj, place, "workspace_gib", true, 0.0,
+                        PROFILE_MAX_GIB, &out->workspace_gib, err) != 0 ||
         json_get_positive_number(obj, place, "optimizer_s_per_param", true,
                                  &out->optimizer_s_per_param, err) != 0)
         return -1;
@@ -873,6 +890,31 @@ static bool is_regular_file(const char *path)
     return stat(path, &info) == 0 && S_ISREG(info.st_mode);
 }
 
+/* A folder that can be listed; errno says why not. */
+static bool is_readable_folder(const char *path)
+{
+    DIR *folder = opendir(path);
+    if (folder == NULL)
+        return false;
+    closedir(folder);
+    return true;
+}
+
+int profile_load_for_gpu(const char *path, const char *gpu, profile *out,
+                         pt_error *err)
+{
+    if (profile_load_file(path, out, err) != 0)
+        return -1;
+    if (strcmp(out->gpu, gpu) == 0)
+        return 0;
+    pt_fail(err, "%s: gpu: is \"%s\", but the file was found as the "
+                 "profile of GPU \"%s\" (its name): a profile's gpu must "
+                 "be its file name without .json",
+            path, out->gpu, gpu);
+    profile_free(out);
+    return -1;
+}
+
 /* Tries dir/<gpu>.json; records the place in `looked` for the message. */
 static bool try_directory(const char *dir, const char *label,
                           const char *gpu, char *out_path, size_t out_size,
@@ -925,6 +967,13 @@ int profile_find(const char *gpu, const char *extra_dir,
         {source_tree, "source tree"},
         {installed, "installed"},
     };
+    /* the folders a user names must be there: a typo would otherwise
+       fall back to the bundled profiles without a word */
+    for (size_t i = 0; i < 2; i++)
+        if (places[i].dir != NULL && places[i].dir[0] != '\0' &&
+            !is_readable_folder(places[i].dir))
+            return pt_fail(err, "%s %s: cannot read the folder: %s",
+                           places[i].label, places[i].dir, strerror(errno));
     for (size_t i = 0; i < sizeof places / sizeof *places; i++)
         if (try_directory(places[i].dir, places[i].label, gpu, out_path,
                           out_size, looked, sizeof looked))

@@ -3,7 +3,8 @@
  * module that writes it (for `partita exec`, through executor/run) and
  * reads it back (for `partita report`, through report/run_record.c), so
  * that the key names, the shape and the limits live here only. The
- * reader validates the fields a report uses and leaves the rest unread.
+ * reader validates the fields a report uses, and refuses keys the writer
+ * never writes and arrays it never leaves empty, naming them.
  */
 #include "common/common.h"
 
@@ -106,10 +107,17 @@ static json_t *training_to_json(const run_json *r, int *failures)
     json_put(obj, "decay_iterations", json_integer(r->decay_iterations),
         failures);
     json_put(obj, "max_grad_norm", json_real(r->max_grad_norm), failures);
-    json_put(obj, "first_iteration", json_integer(r->first_iteration), failures);
+    json_put(obj, "first_iteration", json_integer(r->first_iteration),
+             failures);
     json_put(obj, "last_iteration", json_integer(r->last_iteration), failures);
     json_put(obj, "resumed_from", optional_string(r->resumed_from), failures);
     json_put(obj, "stopped_early", json_boolean(r->stopped_early), failures);
+    json_put(obj, "stop_reason", optional_string(r->stop_reason), failures);
+    json_put(obj, "interrupted_iteration",
+             r->interrupted_iteration > 0
+                 ? json_integer(r->interrupted_iteration)
+                 : json_null(),
+             failures);
     json_put(obj, "last_checkpoint_iteration",
         r->last_checkpoint_iteration > 0
             ? json_integer(r->last_checkpoint_iteration)
@@ -232,6 +240,84 @@ json_t *run_json_build(const run_json *r, pt_error *err)
 
 /* --------------------------------------------------------------- reader */
 
+/* Every key the writer above writes, object by object ("notes" is
+ * allowed everywhere by json_check_keys). "plan" holds a plan, whose
+ * format is the plan reader's. */
+static const char *const run_keys[] = {
+    "format", "plan", "devices", "software", "data", "training",
+    "iterations", "events_iteration", "events", "peak_memory_gib",
+    "peak_memory_basis", "max_rss_gib", "step_time_s", "tokens_per_s",
+    "tflops_per_gpu", NULL};
+static const char *const training_keys[] = {
+    "backend", "seed", "gbs", "mbs", "micro_batches", "tokens_per_iteration",
+    "max_lr", "min_lr", "warmup_iterations", "decay_iterations",
+    "max_grad_norm", "first_iteration", "last_iteration", "resumed_from",
+    "stopped_early", "stop_reason", "interrupted_iteration",
+    "last_checkpoint_iteration", "started_utc", NULL};
+static const char *const device_keys[] = {
+    "rank", "name", "sms_used", "memory_cap_gib", "driver_version",
+    "cuda_version", NULL};
+static const char *const software_keys[] = {"partita", "compiler",
+                                            "jansson", NULL};
+static const char *const data_keys[] = {"prefix", "tokens", "documents",
+                                        "largest_token", NULL};
+static const char *const iteration_keys[] = {
+    "iteration", "step_time_s", "loss", "grad_norm", "learning_rate", NULL};
+static const char *const event_keys[] = {
+    "rank", "stage", "microbatch", "kind", "start_s", "end_s", NULL};
+
+/* The object at key, when present, holds only the allowed keys. */
+static int check_object_keys(const json_t *root, const json_place *root_place,
+                             const char *key, const char *const *allowed,
+                             pt_error *err)
+{
+    const json_t *obj = json_object_get(root, key);
+    json_place place = json_place_key(root_place, key);
+    return obj == NULL ? 0 : json_check_keys(obj, &place, allowed, err);
+}
+
+/* An array the writer always fills (one entry per rank at least), when
+ * present: a non-empty array. */
+static int check_filled_array(const json_t *root, const json_place *root_place,
+                              const char *key, const char *what,
+                              pt_error *err)
+{
+    const json_t *array = json_object_get(root, key);
+    json_place place = json_place_key(root_place, key);
+    if (array != NULL && (!json_is_array(array) || json_array_size(array) == 0))
+        return json_place_fail(&place, err, "must be a non-empty array, %s",
+                               what);
+    return 0;
+}
+
+/* The parts a report does not read, in the shape the writer gives them:
+ * a key it never writes is a typo or another format, not to be passed
+ * over in silence. */
+static int check_written_shape(const json_t *root,
+                               const json_place *root_place, pt_error *err)
+{
+    if (json_check_keys(root, root_place, run_keys, err) != 0 ||
+        check_object_keys(root, root_place, "training", training_keys,
+                          err) != 0 ||
+        check_object_keys(root, root_place, "software", software_keys,
+                          err) != 0 ||
+        check_object_keys(root, root_place, "data", data_keys, err) != 0 ||
+        check_filled_array(root, root_place, "devices",
+                           "one device per rank", err) != 0 ||
+        check_filled_array(root, root_place, "max_rss_gib",
+                           "one number per rank (GiB)", err) != 0)
+        return -1;
+    const json_t *devices = json_object_get(root, "devices");
+    json_place place = json_place_key(root_place, "devices");
+    for (size_t i = 0; i < json_array_size(devices); i++) {
+        json_place item = json_place_index(&place, i);
+        if (json_check_keys(json_array_get(devices, i), &item, device_keys,
+                            err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int read_plan_degrees(const json_t *root, const json_place *root_place,
                              run_json *out, pt_error *err)
 {
@@ -271,7 +357,7 @@ static int read_iterations(const json_t *root, const json_place *root_place,
     for (size_t i = 0; i < count; i++) {
         json_place item = json_place_index(&place, i);
         const json_t *obj = json_array_get(array, i);
-        if (json_expect_object(obj, &item, err) != 0)
+        if (json_check_keys(obj, &item, iteration_keys, err) != 0)
             return -1;
         long long iteration = (long long)i + 1;
         run_json_iteration *it = &out->iterations[i];
@@ -294,7 +380,7 @@ static int read_event(const json_t *obj, const json_place *place,
                       const run_json *run, run_json_kind_index kind_index,
                       run_json_event *event, pt_error *err)
 {
-    if (json_expect_object(obj, place, err) != 0)
+    if (json_check_keys(obj, place, event_keys, err) != 0)
         return -1;
     long long rank, stage, microbatch;
     if (json_get_int(obj, place, "rank", true, 0, run->rank_count - 1, &rank,
@@ -396,6 +482,8 @@ static int read_format_and_backend(const json_t *root,
         return json_place_fail(&at, err, "is '%s', expected '%s'", format,
                                RUN_JSON_FORMAT);
     }
+    if (check_written_shape(root, root_place, err) != 0)
+        return -1;
     const json_t *training = json_object_get(root, "training");
     if (!json_is_object(training))
         return 0;

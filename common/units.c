@@ -1,6 +1,6 @@
-/* Human-readable quantities and path helpers. Every number a user sees
- * carries its unit; three significant digits are enough for a reader and
- * keep columns narrow. */
+/* Human-readable quantities, and string and path helpers. Every number a
+ * user sees carries its unit; three significant digits are enough for a
+ * reader and keep columns narrow. */
 #include "common/common.h"
 
 #include <math.h>
@@ -72,6 +72,32 @@ void pt_copy_string(char *out, size_t out_size, const char *text)
     size_t length = strnlen(text, out_size - 1);
     memcpy(out, text, length);
     out[length] = '\0';
+}
+
+void pt_escape_controls(const char *text, char *out, size_t out_size)
+{
+    if (out_size == 0)
+        return;
+    size_t used = 0;
+    for (const unsigned char *c = (const unsigned char *)(text ? text : "");
+         *c != '\0'; c++) {
+        char piece[8];
+        if (*c == '\n' || *c == '\t' || *c == '\r')
+            snprintf(piece, sizeof piece, "\\%c",
+                     *c == '\n' ? 'n' : *c == '\t' ? 't' : 'r');
+        else if (*c < 0x20 || *c == 0x7f)
+            snprintf(piece, sizeof piece, "\\x%02x", *c);
+        else if (*c == 0xc2 && c[1] >= 0x80 && c[1] <= 0x9f)
+            snprintf(piece, sizeof piece, "\\u%04x", *++c);
+        else
+            snprintf(piece, sizeof piece, "%c", *c);
+        size_t length = strlen(piece);
+        if (used + length + 1 > out_size)
+            break;
+        memcpy(out + used, piece, length);
+        used += length;
+    }
+    out[used] = '\0';
 }
 
 void pt_directory_of(const char *path, char *out, size_t out_size)

@@ -77,7 +77,7 @@ int costmodel_open(costmodel *cm, const model_shape *model,
         const char *gpu = cluster->types[t].gpu;
         if (profile_find(gpu, profile_dir, cluster->source_dir, path,
                          sizeof path, err) != 0 ||
-            profile_load_file(path, &cm->profiles[t], err) != 0) {
+            profile_load_for_gpu(path, gpu, &cm->profiles[t], err) != 0) {
             pt_error_prefix(err, "cluster %s: nodes[%d] (gpu %s)",
                             cluster->name, t, gpu);
             costmodel_close(cm);

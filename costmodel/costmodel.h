@@ -13,6 +13,15 @@
 
 #define COSTMODEL_MAX_NOTES 16
 
+/* The most steps (pp x micro-batches per iteration) of a schedule the
+ * cost model simulates: its time and memory grow with them (gbs 1e8 took
+ * 28 s and 4.8 GB; 2^18 steps take about 0.3 s, and 1.7 s and 170 MB
+ * with the timeline, in the sanitizer build), and a real plan has far
+ * fewer (GPT-3's gbs 1536 on pp 16 x dp 8, mbs 1: 3,072; pp 64 with 4,096
+ * micro-batches is at the bound). A plan beyond it is refused, naming
+ * it; the planner does not try such configurations. */
+#define COSTMODEL_MAX_SCHEDULE_STEPS (1L << 18)
+
 /* Owns the profiles of a cluster's GPU types for one model. Built once;
  * afterwards an estimate writes it only to add a note it does not hold
  * yet. Threads may share one costmodel after costmodel_prepare (below),

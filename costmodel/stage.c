@@ -71,7 +71,17 @@ int costmodel_microbatch_count(const parallel_config *config, pt_error *err)
         return pt_fail(err, "plan: gbs %d must be a positive multiple of dp "
                        "x mbs = %d x %d", config->gbs, config->dp,
                        config->mbs);
-    return config->gbs / (config->dp * config->mbs);
+    int microbatches = config->gbs / (config->dp * config->mbs);
+    if ((long)microbatches * config->pp > COSTMODEL_MAX_SCHEDULE_STEPS)
+        return pt_fail(err, "plan: gbs %d / (dp %d x mbs %d) = %d "
+                       "micro-batches on pp %d stages is %ld steps of the "
+                       "schedule; the cost model simulates at most %ld (a "
+                       "bound on its time and memory): a larger mbs or dp, "
+                       "or a smaller gbs, brings it under",
+                       config->gbs, config->dp, config->mbs, microbatches,
+                       config->pp, (long)microbatches * config->pp,
+                       COSTMODEL_MAX_SCHEDULE_STEPS);
+    return microbatches;
 }
 
 void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,

@@ -27,6 +27,8 @@ typedef struct search_space {
     int node_count;
     int task_count;
     search_task *tasks;    /* owned */
+    int too_many_steps;    /* (tp, dp, pp, mbs) left out: more schedule
+                              steps than COSTMODEL_MAX_SCHEDULE_STEPS */
 } search_space;
 
 /* The tasks of a cluster for a model and the options (gbs, max_mbs,
@@ -51,7 +53,8 @@ typedef void (*parallel_work)(void *context, int worker, int item);
 int parallel_for(int threads, int item_count, parallel_work work,
                  void *context, pt_error *err);
 
-/* Worker threads to use for options->threads (0: the online cores). */
+/* Worker threads to use for options->threads: the online cores when 0
+ * or more than them. */
 int search_thread_count(int requested);
 
 /* ---------------------------------------------------------- hash tables */

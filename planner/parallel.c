@@ -48,10 +48,10 @@ static void *thread_main(void *argument)
 
 int search_thread_count(int requested)
 {
-    if (requested > 0)
-        return requested;
     long online = sysconf(_SC_NPROCESSORS_ONLN);
-    return online > 0 ? (int)online : 1;
+    int cores = online > 0 ? (int)online : 1;
+    /* each thread holds a cost model: more than the cores only costs */
+    return requested > 0 && requested < cores ? requested : cores;
 }
 
 int parallel_for(int threads, int item_count, parallel_work work,

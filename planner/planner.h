@@ -82,7 +82,7 @@ typedef struct search_options {
     bool allow_recompute;     /* also try full recompute */
     bool allow_distributed_optimizer;
     int keep;                 /* how many ranked plans to keep */
-    int threads;              /* 0: one per core */
+    int threads;              /* 0: one per core; never more */
     bool exhaustive;          /* visit and score every distinct node order
                                  of every task, cut nothing (the same
                                  plans, far slower: `--search exhaustive`) */

@@ -616,11 +616,21 @@ int planner_search(costmodel *cm, const search_options *options,
     out->tasks = space.task_count;
     out->exact = true;
     if (space.task_count == 0) {
-        snprintf(out->no_fit_reason, sizeof out->no_fit_reason,
-                 "no (tp, dp, pp, mbs) fills the cluster's %d GPUs with gbs "
-                 "%d a multiple of dp x mbs (mbs 1..%d)",
-                 cluster_gpu_count(cm->cluster), options->gbs,
-                 options->max_mbs);
+        if (space.too_many_steps > 0)
+            snprintf(out->no_fit_reason, sizeof out->no_fit_reason,
+                     "every (tp, dp, pp, mbs) that fills the cluster's %d "
+                     "GPUs has more than %ld steps of pp x micro-batches "
+                     "with gbs %d, the most the cost model simulates (mbs "
+                     "1..%d; a larger --max-mbs or a smaller gbs helps)",
+                     cluster_gpu_count(cm->cluster),
+                     COSTMODEL_MAX_SCHEDULE_STEPS, options->gbs,
+                     options->max_mbs);
+        else
+            snprintf(out->no_fit_reason, sizeof out->no_fit_reason,
+                     "no (tp, dp, pp, mbs) fills the cluster's %d GPUs with "
+                     "gbs %d a multiple of dp x mbs (mbs 1..%d)",
+                     cluster_gpu_count(cm->cluster), options->gbs,
+                     options->max_mbs);
         search_space_free(&space);
         return 0;
     }

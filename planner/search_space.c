@@ -88,8 +88,13 @@ static int add_shape(search_space *space, int *capacity, int tp, int dp,
     int sizes = 0;
     for (int mbs = 1; mbs <= options->max_mbs && sizes < SEARCH_MAX_MBS_VALUES;
          mbs *= 2, sizes++) {
-        if (options->gbs % (dp * mbs) != 0)
+        /* beyond what the cost model simulates (costmodel.h) */
+        if (options->gbs % (dp * mbs) != 0 ||
+            (long)(options->gbs / (dp * mbs)) * pp >
+                COSTMODEL_MAX_SCHEDULE_STEPS) {
+            space->too_many_steps += options->gbs % (dp * mbs) == 0;
             continue;
+        }
         for (int lever = 0; lever < SEARCH_LEVER_SETS; lever++) {
             if (!lever_allowed(options, lever, dp))
                 continue;

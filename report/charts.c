@@ -1,21 +1,34 @@
 /* report: charts drawn by gnuplot, run as a child process on a generated
- * script. Every chart is drawn into a private temporary folder and renamed
- * into place only when gnuplot succeeded, so a failure leaves none. */
+ * script under a time limit. Every chart is drawn into a private
+ * temporary folder and renamed into place only when gnuplot succeeded, so
+ * a failure leaves none, and charts of an older report that this one does
+ * not draw are removed. */
 #include "report/report.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <math.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define SECONDS_TO_MS 1e3
+/* How often a running gnuplot is looked at (a hung one is killed after
+ * report_input.gnuplot_timeout_s). */
+#define GNUPLOT_POLL_S 0.02
+
+/* Every chart a report may draw, each as .png and .svg: step_time only
+ * with a run. */
+static const char *const chart_names[] = {"timeline", "stages", "memory",
+                                          "step_time"};
+#define CHART_NAME_COUNT (sizeof chart_names / sizeof *chart_names)
 
 /* Colours of the event kinds in the timeline, 0xRRGGBB, by event_kind. */
 static const unsigned kind_colours[EVENT_KIND_COUNT] = {
@@ -319,12 +332,11 @@ static void emit_script(FILE *script, const report_input *in,
         }
     }
     fprintf(script, "unset output\n");
-    const char *names[] = {"timeline", "stages", "memory", "step_time"};
     int count = in->run ? 4 : 3;
     for (int i = 0; i < count; i++)
         for (int svg = 0; svg < 2; svg++)
             snprintf(charts->files[charts->file_count++], PT_NAME_MAX,
-                     "%s.%s", names[i], svg ? "svg" : "png");
+                     "%s.%s", chart_names[i], svg ? "svg" : "png");
 }
 
 /* The first line gnuplot wrote on stderr, for the warning. */
@@ -345,9 +357,41 @@ static void first_error_line(const char *path, char *out, size_t size)
     fclose(f);
 }
 
-/* Runs `gnuplot script.gp` inside work_dir; 0 or -1 with reason set. */
-static int run_gnuplot(const char *gnuplot, const char *work_dir,
-                       char *reason, size_t reason_size)
+/* Waits for the child; past timeout_s kills its process group (a script
+ * given as gnuplot may have started others) and says so. 0 with
+ * *wait_status, or -1 with reason set. */
+static int wait_gnuplot(pid_t child, const char *gnuplot, double timeout_s,
+                        int *wait_status, char *reason, size_t reason_size)
+{
+    double deadline = pt_monotonic_seconds() + timeout_s;
+    struct timespec poll = {0, (long)(GNUPLOT_POLL_S * 1e9)};
+    for (;;) {
+        pid_t done = waitpid(child, wait_status, WNOHANG);
+        if (done == child)
+            return 0;
+        if (done < 0 && errno != EINTR) {
+            snprintf(reason, reason_size, "waiting for gnuplot: %s",
+                     strerror(errno));
+            return -1;
+        }
+        if (pt_monotonic_seconds() > deadline)
+            break;
+        nanosleep(&poll, NULL);
+    }
+    kill(-child, SIGKILL);
+    while (waitpid(child, wait_status, 0) < 0 && errno == EINTR)
+        continue;
+    snprintf(reason, reason_size, "gnuplot '%s' did not finish in %g s: "
+             "stopped (PARTITA_GNUPLOT_TIMEOUT sets the limit)",
+             gnuplot, timeout_s);
+    return -1;
+}
+
+/* Runs `gnuplot script.gp` inside work_dir, in a process group of its
+ * own, for at most timeout_s; 0 or -1 with reason set. */
+static int run_gnuplot(const char *gnuplot, double timeout_s,
+                       const char *work_dir, char *reason,
+                       size_t reason_size)
 {
     char script_path[PT_PATH_MAX + 64], error_path[PT_PATH_MAX + 64];
     snprintf(script_path, sizeof script_path, "%s/charts.gp", work_dir);
@@ -359,12 +403,17 @@ static int run_gnuplot(const char *gnuplot, const char *work_dir,
     posix_spawn_file_actions_addopen(&actions, 2, error_path,
                                      O_WRONLY | O_CREAT | O_TRUNC, 0600);
     posix_spawn_file_actions_addchdir_np(&actions, work_dir);
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attributes, 0);
     char *argv[] = {(char *)gnuplot, "charts.gp", NULL};
     extern char **environ;
     pid_t child;
-    int spawn_status = posix_spawnp(&child, gnuplot, &actions, NULL, argv,
-                                     environ);
+    int spawn_status = posix_spawnp(&child, gnuplot, &actions, &attributes,
+                                    argv, environ);
     posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
     if (spawn_status != 0) {
         if (spawn_status == ENOENT)
             snprintf(reason, reason_size,
@@ -376,12 +425,9 @@ static int run_gnuplot(const char *gnuplot, const char *work_dir,
         return -1;
     }
     int wait_status;
-    while (waitpid(child, &wait_status, 0) < 0)
-        if (errno != EINTR) {
-            snprintf(reason, reason_size, "waiting for gnuplot: %s",
-                     strerror(errno));
-            return -1;
-        }
+    if (wait_gnuplot(child, gnuplot, timeout_s, &wait_status, reason,
+                     reason_size) != 0)
+        return -1;
     if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0)
         return 0;
     char detail[300];
@@ -480,6 +526,25 @@ static int move_charts(const char *work_dir, const char *dir,
     return 0;
 }
 
+/* Removes dir's charts that this report did not draw (all of them when
+ * it drew none), so that no chart of an older report is taken for one of
+ * this report. */
+static void remove_stale_charts(const char *dir, const report_outcome *drawn)
+{
+    for (size_t i = 0; i < CHART_NAME_COUNT; i++)
+        for (int svg = 0; svg < 2; svg++) {
+            char name[PT_NAME_MAX], path[PT_PATH_MAX + PT_NAME_MAX + 2];
+            snprintf(name, sizeof name, "%s.%s", chart_names[i],
+                     svg ? "svg" : "png");
+            bool current = false;
+            for (int f = 0; f < drawn->file_count; f++)
+                current |= strcmp(drawn->files[f], name) == 0;
+            snprintf(path, sizeof path, "%s/%s", dir, name);
+            if (!current)
+                unlink(path);
+        }
+}
+
 int report_draw_charts(const report_input *in, const report_comparison *cmp,
                        const char *dir, report_outcome *charts,
                        char *reason, size_t reason_size)
@@ -495,12 +560,17 @@ int report_draw_charts(const report_input *in, const report_comparison *cmp,
     }
     charts->file_count = 0;
     int status = write_script(work_dir, in, cmp, charts, reason, reason_size);
+    double timeout_s = in->gnuplot_timeout_s > 0
+                           ? in->gnuplot_timeout_s
+                           : REPORT_GNUPLOT_TIMEOUT_S;
     if (status == 0)
-        status = run_gnuplot(gnuplot, work_dir, reason, reason_size);
+        status = run_gnuplot(gnuplot, timeout_s, work_dir, reason,
+                             reason_size);
     if (status == 0)
         status = move_charts(work_dir, dir, charts, reason, reason_size);
     remove_work_dir(work_dir);
     if (status != 0)
         charts->file_count = 0;
+    remove_stale_charts(dir, charts);
     return status;
 }

@@ -75,6 +75,10 @@ static void write_header(FILE *out, const report_input *in)
                      "estimate prices the plan's GPUs: the errors compare "
                      "two different machines and say nothing about the "
                      "cost model's accuracy.\n\n");
+    else if (in->run == NULL && in->run_left_out && in->run_left_out[0])
+        fprintf(out, "Run not compared: %s. Estimates only (`partita "
+                     "report --any-device` compares them anyway).\n\n",
+                in->run_left_out);
     else if (in->run == NULL)
         fprintf(out, "No run given: estimates only (run the plan with "
                      "`partita exec` and pass its run.json to compare).\n\n");

@@ -53,6 +53,15 @@ void run_record_free(run_record *run);
 int run_record_check_plan(const run_record *run, const plan *p,
                           pt_error *err);
 
+/* Whether the run ran on the devices the plan is for. False, with why
+ * ("ran on the cpu reference backend, the plan is for A100-FASOP
+ * GPUs"), for a run of the cpu backend: its times compare two machines
+ * (+287,904 %), not the cost model with the GPUs. A cuda run was checked
+ * against the cluster's GPU types before it started (device_check_plan)
+ * and a trainer's log is of the plan's launch: both are. */
+bool run_record_on_plan_devices(const run_record *run, const plan *p,
+                                char *why, size_t why_size);
+
 /* ------------------------------------------------------- training logs */
 
 /* How a trainer's log is read (report/train_log.c). */
@@ -161,6 +170,11 @@ typedef struct report_input {
     const costmodel *costmodel;   /* for its notes; may be NULL */
     const run_record *run;
     const char *gnuplot;          /* binary name or path; NULL: "gnuplot" */
+    double gnuplot_timeout_s;     /* gnuplot is stopped after this long;
+                                     0: REPORT_GNUPLOT_TIMEOUT_S */
+    /* A run given but not compared (run is then NULL): why, for the
+     * header of report.md; NULL or "" when none was left out. */
+    const char *run_left_out;
     /* Lanes of the timeline chart and the trace, bars of the memory chart
      * and rows of the memory table: one per rank, instead of one per
      * stage (readable at any size; a stage's ranks share its estimate). */
@@ -168,6 +182,9 @@ typedef struct report_input {
 } report_input;
 
 #define REPORT_MAX_FILES 16
+/* gnuplot draws a 1,024-GPU plan's charts in a few seconds: one that runs
+ * for a minute hangs (a wrong PARTITA_GNUPLOT, say). */
+#define REPORT_GNUPLOT_TIMEOUT_S 60.0
 
 /* What report_write did. The library never prints: the caller shows the
  * warning and the files. */
@@ -192,7 +209,9 @@ char *report_markdown(const report_input *in, bool charts,
 
 /* Draws the charts with gnuplot into dir (see docs/report.md); fills
  * charts->files with the chart names. -1 with reason set when gnuplot is
- * missing or fails; no chart is then left in dir. */
+ * missing, fails or runs past its time limit (it is then killed); no
+ * chart is then left in dir. Charts in dir that this report does not
+ * draw (an older report's) are removed either way. */
 int report_draw_charts(const report_input *in, const report_comparison *cmp,
                        const char *dir, report_outcome *charts,
                        char *reason, size_t reason_size);

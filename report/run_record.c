@@ -98,3 +98,21 @@ int run_record_check_plan(const run_record *run, const plan *p,
                            run->file, names[i], names[i], ran[i], planned[i]);
     return 0;
 }
+
+bool run_record_on_plan_devices(const run_record *run, const plan *p,
+                                char *why, size_t why_size)
+{
+    why[0] = '\0';
+    if (strcmp(run->backend, "cpu") != 0)
+        return true;
+    char types[256] = "";
+    for (int t = 0; t < p->cluster.type_count; t++) {
+        size_t used = strlen(types);
+        snprintf(types + used, sizeof types - used, "%s%s",
+                 t > 0 ? ", " : "", p->cluster.types[t].gpu);
+    }
+    snprintf(why, why_size, "it ran on the cpu reference backend, the plan "
+             "is for %s GPUs: its times say nothing of the estimate's",
+             types);
+    return false;
+}

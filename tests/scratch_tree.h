@@ -1,5 +1,6 @@
-/* Removing a test's scratch directory and everything under it; shared by
- * the test-support headers of every module. */
+/* Removing a test's scratch directory and everything under it, and
+ * counting what it holds; shared by the test-support headers of every
+ * module. */
 #ifndef PARTITA_TESTS_SCRATCH_TREE_H
 #define PARTITA_TESTS_SCRATCH_TREE_H
 
@@ -36,6 +37,24 @@ static inline void remove_scratch_tree(const char *path)
         closedir(handle);
     }
     rmdir(path);
+}
+
+/* Entries of dir other than . and .. (with hidden_only, those whose name
+ * starts with '.': temporary files); -1 when dir cannot be read. */
+static inline int count_scratch_entries(const char *dir, int hidden_only)
+{
+    DIR *handle = opendir(dir);
+    if (handle == NULL)
+        return -1;
+    int count = 0;
+    struct dirent *entry;
+    while ((entry = readdir(handle)) != NULL)
+        if (strcmp(entry->d_name, ".") != 0 &&
+            strcmp(entry->d_name, "..") != 0 &&
+            (!hidden_only || entry->d_name[0] == '.'))
+            count++;
+    closedir(handle);
+    return count;
 }
 
 #endif

@@ -166,7 +166,8 @@ typedef struct prep_stats {
  * bytes taken as written without the newline of its last line. A JSON-lines
  * file gives one document per non-blank line, its "text" field as UTF-8
  * bytes; errors name the line. Fails, leaving no output, when the input
- * holds no document. stats may be NULL. */
+ * holds no document, or when the prefix ends in '/' or names a folder
+ * (it would write hidden files, "dir/.bin"). stats may be NULL. */
 int prep_run(const char *input_path, prep_format format,
              const char *output_prefix, prep_stats *stats, pt_error *err);
 

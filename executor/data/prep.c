@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* One run of prep: the writer, a reusable token buffer and the counts. */
 typedef struct prep_state {
@@ -184,9 +185,33 @@ static int read_input(prep_state *state, prep_format format, pt_error *err)
     return result;
 }
 
+/* A prefix names the two files: "dir/" or a folder would write the
+ * hidden files dir/.bin and dir/.idx. */
+static int check_prefix(const char *prefix, pt_error *err)
+{
+    size_t length = strlen(prefix);
+    struct stat info;
+    if (length == 0)
+        return pt_fail(err, "the output prefix is empty: give PREFIX for "
+                            "PREFIX.bin and PREFIX.idx");
+    if (prefix[length - 1] == '/')
+        return pt_fail(err, "%s: the output prefix ends in '/': it would "
+                            "write the hidden files %s.bin and %s.idx; give "
+                            "a name in the folder, e.g. %scorpus",
+                       prefix, prefix, prefix, prefix);
+    if (stat(prefix, &info) == 0 && S_ISDIR(info.st_mode))
+        return pt_fail(err, "%s: the output prefix is a folder: give a name "
+                            "in it, e.g. %s/corpus (for corpus.bin and "
+                            "corpus.idx)",
+                       prefix, prefix);
+    return 0;
+}
+
 int prep_run(const char *input_path, prep_format format,
              const char *output_prefix, prep_stats *stats, pt_error *err)
 {
+    if (check_prefix(output_prefix, err) != 0)
+        return -1;
     prep_state state = {.input_path = input_path};
     if (indexed_writer_begin(&state.writer, output_prefix, INDEXED_DTYPE_UINT16,
                              err) != 0)

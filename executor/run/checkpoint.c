@@ -9,6 +9,7 @@
  */
 #include "executor/run/internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,9 +144,18 @@ static int write_state_blob(checkpoint_writer *w, run_context *ctx,
     blob_name(ctx, base, rank, name, sizeof name);
     if (copy_stage_buffer(ctx, rank, which, true, err) != 0)
         return -1;
-    return checkpoint_write_blob(
-        w, name, ctx->host_buffer,
-        model_stage_buffer_count(stage, which) * sizeof(float), err);
+    size_t count = model_stage_buffer_count(stage, which);
+    /* a state that went to NaN or inf would replace the last good
+       checkpoint with one that cannot train: it is not saved */
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(ctx->host_buffer[i]))
+            return pt_fail(err, "%s: %s holds a value that is not finite "
+                                "(%g at index %zu): this state was not "
+                                "saved, the checkpoint before it stays",
+                           ctx->options->save_dir, name,
+                           (double)ctx->host_buffer[i], i);
+    return checkpoint_write_blob(w, name, ctx->host_buffer,
+                                 count * sizeof(float), err);
 }
 
 static int write_rank_blobs(checkpoint_writer *w, run_context *ctx,
@@ -197,6 +207,7 @@ int run_save_checkpoint(run_context *ctx, long iteration, uint64_t seed,
     checkpoint_writer writer;
     if (checkpoint_writer_begin(&writer, ctx->options->save_dir, err) != 0)
         return -1;
+    writer.keep = ctx->options->checkpoint_keep;
     if (write_checkpoint_blobs(&writer, ctx, iteration, seed, err) != 0 ||
         checkpoint_writer_commit(&writer, err) != 0) {
         checkpoint_writer_abort(&writer);
@@ -511,8 +522,10 @@ static int save_checkpoint_processes(run_context *ctx, long iteration,
     pt_error local = {{0}};
     double generation = 0.0, committed = 0.0;
     if (root && checkpoint_writer_begin(&writer, ctx->options->save_dir,
-                                        &local) == 0)
+                                        &local) == 0) {
+        writer.keep = ctx->options->checkpoint_keep;
         generation = (double)writer.generation;
+    }
     double *report = calloc((size_t)world->size * REPORT_SLOTS,
                             sizeof *report);
     if (report == NULL ||

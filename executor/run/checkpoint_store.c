@@ -2,7 +2,9 @@
  * Checkpoints: a directory of named binary blobs, each written atomically
  * into a fresh generation folder, and a manifest of sizes and CRC-32s
  * written last. Whatever point a save dies at, the manifest on disk names
- * a complete, verified generation: the new one or the previous one.
+ * a complete, verified generation: the new one or the previous one. The
+ * newest few generations are kept (checkpoint_writer.keep), each with its
+ * own copy of its manifest, so an older one loads from its folder.
  */
 #include "executor/run/run.h"
 
@@ -163,7 +165,8 @@ static int write_file_in_steps(const char *target, const void *data,
 static bool valid_blob_name(const char *name)
 {
     size_t length = strlen(name);
-    if (length == 0 || length >= PT_NAME_MAX || name[0] == '.')
+    if (length == 0 || length >= PT_NAME_MAX || name[0] == '.' ||
+        strcmp(name, CHECKPOINT_GENERATION_MANIFEST) == 0)
         return false;
     for (size_t i = 0; i < length; i++) {
         char c = name[i];
@@ -257,11 +260,12 @@ static void remove_generation(const char *dir, uint64_t generation)
         crash_point();
 }
 
-/* Lists the generation folders of dir, removing all but `keep` when
- * remove_others (with any manifest temporary a killed commit left);
- * returns the highest generation seen (0 when none). */
-static uint64_t scan_generations(const char *dir, uint64_t keep,
-                                    bool remove_others)
+/* Lists the generation folders of dir and returns the highest (0 when
+ * none). With remove_leftovers, removes those above `current`, which a
+ * save that died before its commit left, and the manifest temporaries
+ * such a save leaves; older folders are generations kept on purpose. */
+static uint64_t scan_generations(const char *dir, uint64_t current,
+                                 bool remove_leftovers)
 {
     DIR *listing = opendir(dir);
     if (listing == NULL)
@@ -272,17 +276,56 @@ static uint64_t scan_generations(const char *dir, uint64_t keep,
         uint64_t generation = parse_generation(entry->d_name);
         if (generation > highest)
             highest = generation;
-        if (generation != 0 && generation != keep && remove_others)
+        if (generation > current && remove_leftovers)
             remove_generation(dir, generation);
         bool manifest_temp =
             strncmp(entry->d_name, CHECKPOINT_MANIFEST ".tmp.",
                     strlen(CHECKPOINT_MANIFEST ".tmp.")) == 0;
-        if (remove_others && manifest_temp &&
+        if (remove_leftovers && manifest_temp &&
             unlinkat(dirfd(listing), entry->d_name, 0) == 0)
             crash_point();
     }
     closedir(listing);
     return highest;
+}
+
+static int compare_generations_newest_first(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* After a commit of `newest`: removes the generation folders beyond the
+ * `keep` newest (keep < 1 counts as 1). Best effort, like
+ * remove_generation. */
+static void keep_newest_generations(const char *dir, uint64_t newest,
+                                    int keep)
+{
+    DIR *listing = opendir(dir);
+    if (listing == NULL)
+        return;
+    uint64_t *found = NULL;
+    size_t count = 0, capacity = 0;
+    struct dirent *entry;
+    while ((entry = readdir(listing)) != NULL) {
+        uint64_t generation = parse_generation(entry->d_name);
+        if (generation == 0 || generation > newest)
+            continue;
+        if (count == capacity) {
+            size_t grown = capacity > 0 ? 2 * capacity : 16;
+            uint64_t *bigger = realloc(found, grown * sizeof *found);
+            if (bigger == NULL)
+                break;
+            found = bigger;
+            capacity = grown;
+        }
+        found[count++] = generation;
+    }
+    closedir(listing);
+    qsort(found, count, sizeof *found, compare_generations_newest_first);
+    for (size_t i = keep > 1 ? (size_t)keep : 1; i < count; i++)
+        remove_generation(dir, found[i]);
+    free(found);
 }
 
 /* --------------------------------------------------------------- writer */
@@ -296,9 +339,10 @@ int checkpoint_writer_begin(checkpoint_writer *w, const char *dir,
     pt_copy_string(w->dir, sizeof w->dir, dir);
     if (make_directories(dir, err) != 0)
         return -1;
-    /* Folders beside the committed generation are leftovers of a save that
-     * died before its commit. Without a readable manifest we cannot tell
-     * which folder is current, so nothing is removed until our commit. */
+    /* Folders above the committed generation are leftovers of a save
+     * that died before its commit. Without a readable manifest we cannot
+     * tell which folder is current, so nothing is removed until our
+     * commit. */
     checkpoint_manifest current;
     bool have_current = checkpoint_exists(dir) &&
                         checkpoint_read_manifest(dir, &current, NULL) == 0;
@@ -393,8 +437,15 @@ int checkpoint_writer_commit(checkpoint_writer *w, pt_error *err)
         checkpoint_writer_abort(w);
         return pt_fail(err, "%s: out of memory for the manifest", path);
     }
-    /* The blobs' renames must be durable before the manifest names them. */
-    int result = pt_sync_directory(folder, err);
+    /* The generation's own copy of its manifest, which lets it load from
+     * its folder once newer ones exist; then the blobs' renames must be
+     * durable before the manifest names them. */
+    char copy_path[PT_PATH_MAX + 64];
+    snprintf(copy_path, sizeof copy_path, "%s/%s", folder,
+             CHECKPOINT_GENERATION_MANIFEST);
+    int result = write_file_in_steps(copy_path, text, strlen(text), err);
+    if (result == 0)
+        result = pt_sync_directory(folder, err);
     crash_point();
     if (result == 0)
         result = pt_sync_directory(w->dir, err);
@@ -411,6 +462,7 @@ int checkpoint_writer_commit(checkpoint_writer *w, pt_error *err)
         return -1;
     crash_point();
     scan_generations(w->dir, w->generation, true);
+    keep_newest_generations(w->dir, w->generation, w->keep);
     return 0;
 }
 
@@ -470,11 +522,36 @@ int checkpoint_writer_add(checkpoint_writer *w, const checkpoint_blob *blob,
 
 /* --------------------------------------------------------------- reader */
 
+/* The manifest a load of dir reads: dir/manifest.json (the checkpoint
+ * directory), else dir/generation.json (dir is one of its generation
+ * folders, whose blobs sit beside it). false when neither is there. */
+static bool find_manifest(const char *dir, char *path, size_t size,
+                          bool *in_generation_folder)
+{
+    manifest_path(dir, path, size);
+    *in_generation_folder = false;
+    if (access(path, F_OK) == 0)
+        return true;
+    snprintf(path, size, "%s/" CHECKPOINT_GENERATION_MANIFEST, dir);
+    *in_generation_folder = true;
+    return access(path, F_OK) == 0;
+}
+
+/* Where a blob of a manifest read from dir is. */
+static void stored_blob_path(const char *dir, const checkpoint_manifest *m,
+                             const char *name, char *out, size_t size)
+{
+    if (m->in_generation_folder)
+        snprintf(out, size, "%s/%s", dir, name);
+    else
+        blob_path(dir, m->generation, name, out, size);
+}
+
 bool checkpoint_exists(const char *dir)
 {
     char path[PT_PATH_MAX + 32];
-    manifest_path(dir, path, sizeof path);
-    return access(path, F_OK) == 0;
+    bool in_folder;
+    return find_manifest(dir, path, sizeof path, &in_folder);
 }
 
 static int parse_crc(const char *text, const json_place *place, uint32_t *out,
@@ -561,9 +638,9 @@ int checkpoint_read_manifest(const char *dir, checkpoint_manifest *out,
                              pt_error *err)
 {
     char path[PT_PATH_MAX + 32];
-    manifest_path(dir, path, sizeof path);
     memset(out, 0, sizeof *out);
-    if (access(path, F_OK) != 0)
+    bool in_folder = false;
+    if (!find_manifest(dir, path, sizeof path, &in_folder))
         return pt_fail(err, "%s: no %s: no checkpoint was committed here (a "
                        "save that died before its commit leaves none)", dir,
                        CHECKPOINT_MANIFEST);
@@ -573,6 +650,7 @@ int checkpoint_read_manifest(const char *dir, checkpoint_manifest *out,
     json_place place = {.file = path, .path = ""};
     int result = parse_manifest(root, &place, out, err);
     json_decref(root);
+    out->in_generation_folder = in_folder;
     return result;
 }
 
@@ -583,7 +661,7 @@ static int map_verified_blob(const char *dir, const checkpoint_manifest *m,
                              const unsigned char **map, pt_error *err)
 {
     char path[PT_PATH_MAX + 128];
-    blob_path(dir, m->generation, blob->name, path, sizeof path);
+    stored_blob_path(dir, m, blob->name, path, sizeof path);
     *map = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)

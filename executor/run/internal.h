@@ -107,6 +107,12 @@ int run_rank_buffer_count(const run_context *ctx, int rank,
 /* -------------------------------------------------------- options.c */
 
 int run_check_options(const run_options *options, pt_error *err);
+/* A save_dir that holds a checkpoint is refused unless the run resumes
+ * from it or may overwrite it (called by run_check_options). */
+int run_check_save_dir(const run_options *options, pt_error *err);
+
+/* The most checkpoint generations a run keeps. */
+#define RUN_MAX_CHECKPOINT_KEEP 1000
 
 /* --------------------------------------------------------- memory.c */
 

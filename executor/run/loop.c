@@ -2,7 +2,9 @@
  * The training loop of a run: each iteration draws gbs samples, runs the
  * accumulated micro-batches of a one-stage run (or every rank's step of a
  * parallel one) and one optimizer step, timing each phase; after it, the
- * checkpoint that is due, the observer and the stop flag.
+ * checkpoint that is due, the observer and the stop flag. A one-stage run
+ * also reads the stop flag between micro-batches and abandons the
+ * iteration in progress, so that a signal ends a long iteration in time.
  */
 #include "executor/run/internal.h"
 
@@ -21,9 +23,19 @@ static void set_event(run_event *event, int microbatch, const char *kind,
     event->end_s = end_s;
 }
 
+static bool stop_raised(const run_options *options)
+{
+    return options->stop != NULL && *options->stop != 0;
+}
+
+/* What run_iteration_once returns when the stop flag abandoned the
+ * iteration: nothing of it was applied. */
+enum { ITERATION_ABANDONED = 1 };
+
 /* The forwards and backwards of one iteration's micro-batches, with the
  * gradients averaged through loss_scale, as train_step does; each phase
- * timed from iteration_start. */
+ * timed from iteration_start. ITERATION_ABANDONED when the stop flag
+ * rose before a micro-batch. */
 static int accumulate_gradients(run_context *ctx, const run_result *out,
                                 double iteration_start, run_event *events,
                                 double *mean_loss, pt_error *err)
@@ -31,6 +43,8 @@ static int accumulate_gradients(run_context *ctx, const run_result *out,
     size_t window = (size_t)ctx->shape.seq + 1;
     double loss_sum = 0.0;
     for (int m = 0; m < out->micro_batches; m++) {
+        if (stop_raised(ctx->options))
+            return ITERATION_ABANDONED;
         stage_io io = {
             .mbs = out->mbs,
             .tokens = ctx->tokens + (size_t)m * (size_t)out->mbs * window,
@@ -64,10 +78,11 @@ static int optimizer_step(run_context *ctx, double mean_loss,
     if (stage_grad_square_sum(&ctx->stage, &square_sum, err) != 0)
         return -1;
     double grad_norm = sqrt(square_sum);
-    if (!isfinite(grad_norm))
-        return pt_fail(err, "iteration %ld: the gradient norm is not finite "
-                            "(loss %g); the step was not applied",
-                       record->iteration, mean_loss);
+    if (!isfinite(mean_loss) || !isfinite(grad_norm))
+        return pt_fail(err, "iteration %ld: the loss (%g) or the gradient "
+                            "norm (%g) is not finite; the step was not "
+                            "applied",
+                       record->iteration, mean_loss, grad_norm);
     float learning_rate = (float)lr_schedule_at(&train->schedule,
                                                 ctx->stage.optimizer_steps);
     float scale = clip_coefficient(grad_norm, train->max_grad_norm);
@@ -134,9 +149,12 @@ static int run_iteration_once(run_context *ctx, const run_result *out,
         return parallel_step(ctx, start, events, event_count, record, err);
     *event_count = 2 * out->micro_batches + 1;
     double mean_loss = 0.0;
-    if (stage_zero_grads(&ctx->stage, err) != 0 ||
-        accumulate_gradients(ctx, out, start, events, &mean_loss, err) != 0)
+    if (stage_zero_grads(&ctx->stage, err) != 0)
         return -1;
+    int accumulated = accumulate_gradients(ctx, out, start, events,
+                                           &mean_loss, err);
+    if (accumulated != 0)
+        return accumulated;
     double optimizer_start = pt_monotonic_seconds();
     if (optimizer_step(ctx, mean_loss, record, err) != 0)
         return -1;
@@ -145,11 +163,6 @@ static int run_iteration_once(run_context *ctx, const run_result *out,
               optimizer_start - start, end - start);
     record->step_time_s = end - start;
     return 0;
-}
-
-static bool stop_raised(const run_options *options)
-{
-    return options->stop != NULL && *options->stop != 0;
 }
 
 /* Saves after `iteration` unless that was already done. */
@@ -213,6 +226,22 @@ static int reserve_iteration(run_context *ctx, run_result *out,
     return 0;
 }
 
+/* The stop flag abandoned `iteration` before its optimizer step: the
+ * state is the previous iteration's, and so is the data position once
+ * restored; saved as such (unless no iteration of this run finished, when
+ * the checkpoint resumed from is still the last). */
+static int abandon_iteration(run_context *ctx, run_result *out,
+                             long iteration, const data_position *before,
+                             pt_error *err)
+{
+    ctx->position = *before;
+    out->interrupted_iteration = iteration;
+    out->stopped = true;
+    if (iteration - 1 < out->first_iteration)
+        return 0;
+    return save_once(ctx, out, iteration - 1, err);
+}
+
 /* Iterations up to the last one, or until the stop flag is raised. */
 int run_train_iterations(run_context *ctx, run_result *out, pt_error *err)
 {
@@ -227,9 +256,13 @@ int run_train_iterations(run_context *ctx, run_result *out, pt_error *err)
         run_iteration *record = &out->iterations[index];
         memset(record, 0, sizeof *record);
         record->iteration = iteration;
-        if (run_iteration_once(ctx, out, events,
-                               &ctx->ring_counts[index % ctx->event_window],
-                               record, err) != 0)
+        data_position before = ctx->position;
+        int status = run_iteration_once(
+            ctx, out, events, &ctx->ring_counts[index % ctx->event_window],
+            record, err);
+        if (status == ITERATION_ABANDONED)
+            return abandon_iteration(ctx, out, iteration, &before, err);
+        if (status != 0)
             return -1;
         out->iteration_count++;
         bool stopping = false;

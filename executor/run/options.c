@@ -5,6 +5,7 @@
 #include "executor/run/internal.h"
 
 #include <math.h>
+#include <sys/stat.h>
 
 double run_comm_timeout(const run_options *options)
 {
@@ -21,6 +22,7 @@ run_options run_options_defaults(long iterations)
         .iterations = iterations,
         .seed = 1234,
         .train = train_config_defaults(),
+        .checkpoint_keep = 2,
     };
     options.train.schedule.max_lr = 6e-4;
     options.train.schedule.min_lr = 6e-5;
@@ -73,5 +75,38 @@ int run_check_options(const run_options *options, pt_error *err)
         return pt_fail(err, "the gradient clipping norm must be finite");
     if (lr_schedule_check(&options->train.schedule, err) != 0)
         return -1;
-    return 0;
+    if (options->checkpoint_keep < 1 ||
+        options->checkpoint_keep > RUN_MAX_CHECKPOINT_KEEP)
+        return pt_fail(err, "checkpoints kept: expected 1 to %d "
+                            "generations, got %d",
+                       RUN_MAX_CHECKPOINT_KEEP, options->checkpoint_keep);
+    return run_check_save_dir(options, err);
+}
+
+/* Whether two paths name the same folder. */
+static bool same_folder(const char *a, const char *b)
+{
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev &&
+           x.st_ino == y.st_ino;
+}
+
+int run_check_save_dir(const run_options *options, pt_error *err)
+{
+    const char *save = options->save_dir;
+    if (save == NULL || options->overwrite_checkpoint ||
+        !checkpoint_exists(save))
+        return 0;
+    if (options->load_dir != NULL && same_folder(options->load_dir, save))
+        return 0;
+    checkpoint_manifest held;
+    char what[96] = "a checkpoint";
+    if (checkpoint_read_manifest(save, &held, NULL) == 0)
+        snprintf(what, sizeof what, "a checkpoint (generation %llu)",
+                 (unsigned long long)held.generation);
+    return pt_fail(err, "--save %s: the folder already holds %s that this "
+                        "run does not resume from: resume with --load %s, "
+                        "or give --overwrite to save over it (the newest "
+                        "%d generations are kept)",
+                   save, what, save, options->checkpoint_keep);
 }

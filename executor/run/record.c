@@ -114,6 +114,9 @@ static void fill_training(const run_result *r, run_json *out)
     pt_copy_string(out->resumed_from, sizeof out->resumed_from,
                    r->resumed_from);
     out->stopped_early = r->stopped;
+    pt_copy_string(out->stop_reason, sizeof out->stop_reason,
+                   r->stop_reason);
+    out->interrupted_iteration = r->interrupted_iteration;
     out->last_checkpoint_iteration = r->last_checkpoint_iteration;
     pt_copy_string(out->started_utc, sizeof out->started_utc,
                    r->started_utc);

@@ -374,6 +374,34 @@ static int summarise_timing(const run_context *ctx, run_result *out,
     return 0;
 }
 
+/* Trains, then summarises what finished: after a part-way failure too
+ * (threads), so that the record keeps the iterations done and the
+ * reason. 0 or -2. */
+static int train_and_summarise(run_context *ctx, run_result *out,
+                               pt_error *err)
+{
+    int status = run_train_iterations(ctx, out, err) == 0 ? 0 : -2;
+    if (status != 0) {
+        out->stopped = true;
+        pt_copy_string(out->stop_reason, sizeof out->stop_reason,
+                       err->message);
+    } else if (out->stopped) {
+        pt_copy_string(out->stop_reason, sizeof out->stop_reason,
+                       "stopped on request");
+    }
+    /* the summary of one process per rank gathers from every process,
+       which a failure may have ended */
+    bool summarise = out->iteration_count > 0 &&
+                     (status == 0 || !ctx->processes);
+    pt_error summary_err = {{0}};
+    if (summarise && summarise_timing(ctx, out, &summary_err) != 0 &&
+        status == 0) {
+        *err = summary_err;
+        status = -2;
+    }
+    return status;
+}
+
 static void record_max_rss(run_result *out)
 {
     struct rusage usage;
@@ -435,9 +463,7 @@ int run_training(const plan *p, const run_options *options, run_result *out,
     int status = prepare_run(&ctx, out, err);
     if (status == 0) {
         record_start_time(out);
-        if (run_train_iterations(&ctx, out, err) != 0 ||
-            summarise_timing(&ctx, out, err) != 0)
-            status = -2;
+        status = train_and_summarise(&ctx, out, err);
     }
     record_max_rss(out);
     record_final_gpu_memory(&ctx, out);

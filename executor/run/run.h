@@ -67,6 +67,11 @@ typedef struct run_options {
     const char *save_dir;        /* NULL: no checkpoints */
     long save_interval;          /* iterations between checkpoints; 0: only
                                     at the end (a stopped run saves too) */
+    int checkpoint_keep;         /* generations kept in save_dir, the
+                                    newest included (default 2) */
+    bool overwrite_checkpoint;   /* save_dir may hold another run's
+                                    checkpoint; false: a save_dir holding
+                                    one is refused unless it is load_dir */
     const char *load_dir;        /* NULL: start from initialisation */
     double memory_available_bytes; /* cpu backend: 0 means the machine's
                                       physical memory */
@@ -99,7 +104,8 @@ typedef struct run_options {
 /* Defaults for a run of `iterations` iterations: cpu backend, seed 1234,
  * AdamW defaults, clipping at 1, learning rate 6e-4 warming up over the
  * first 10% of the iterations, then cosine decay to 6e-5 (10%) at the
- * last one; no checkpoints, no stop flag, no observer. */
+ * last one; no checkpoints (2 generations kept when saving, another
+ * run's checkpoint never replaced), no stop flag, no observer. */
 run_options run_options_defaults(long iterations);
 
 /* How long a rank of the run waits for a peer: options->comm_timeout_s,
@@ -169,7 +175,15 @@ typedef struct run_result {
                                     peak_memory_basis */
     const char *peak_memory_basis;
     double max_rss_bytes;        /* the process's peak resident set */
-    bool stopped;                /* the stop flag ended the run early */
+    bool stopped;                /* the run ended before last_iteration:
+                                    the stop flag, or a failure part-way */
+    long interrupted_iteration;  /* the iteration the stop flag abandoned
+                                    (one-stage runs read it between
+                                    micro-batches; nothing of it was
+                                    applied or recorded); 0: none */
+    char stop_reason[512];       /* why the run stopped early: the failure
+                                    of run_training's -2, or "stopped on
+                                    request"; "" when it ran to the end */
     long last_checkpoint_iteration; /* 0: none saved by this call */
     int note_count;
     char notes[RUN_MAX_NOTES][256]; /* things the user should know, such
@@ -202,12 +216,17 @@ double run_cpu_partial_stage_bytes(const model_shape *shape,
  * Trains the plan's model on the dataset: loads and checks everything
  * first (plan, options, checkpoint to resume, dataset, vocabulary against
  * the largest token, memory), then runs iterations up to
- * options->iterations, saving checkpoints as asked. Returns 0; -1 when
- * refused before training started (nothing was written; a bad plan,
- * option, dataset, checkpoint, or too little memory); -2 when training
- * failed part-way (a non-finite gradient norm, an I/O error saving a
- * checkpoint: checkpoints committed earlier stay). out is filled in every
- * case and must be freed with run_result_free.
+ * options->iterations, saving checkpoints as asked. Returns 0 (also when
+ * the stop flag ended the run: out->stopped); -1 when refused before
+ * training started (nothing was written; a bad plan, option, dataset,
+ * checkpoint, or too little memory); -2 when training failed part-way (a
+ * non-finite loss or gradient norm, a state that is not finite or an I/O
+ * error saving a checkpoint: checkpoints committed earlier stay). After a
+ * stop or a part-way failure out holds the iterations that finished, with
+ * their summary when there is at least one (threads; one process per
+ * rank: stops only), and out->stop_reason says why, so the record can
+ * still be written. out is filled in every case and must be freed with
+ * run_result_free.
  */
 int run_training(const plan *p, const run_options *options, run_result *out,
                  pt_error *err);
@@ -286,6 +305,10 @@ uint32_t pt_crc32(const void *data, size_t size);
 
 #define CHECKPOINT_MAX_BLOBS 64
 #define CHECKPOINT_MANIFEST "manifest.json"
+/* Each generation folder's own copy of its manifest (no blob may take
+ * the name): an older generation kept beside the newest loads from its
+ * folder, dir/gen-NNNNNN. */
+#define CHECKPOINT_GENERATION_MANIFEST "generation.json"
 
 /* One blob as the manifest records it. */
 typedef struct checkpoint_blob {
@@ -297,11 +320,12 @@ typedef struct checkpoint_blob {
 /*
  * A checkpoint directory holds manifest.json and one folder per save,
  * gen-NNNNNN/, with a file per blob. A save writes its blobs into a new
- * generation folder (each through a temporary file, fsync and rename) and
- * the manifest last (same way, then fsync of the directory); only then are
- * older generations removed. An interrupted save therefore leaves the
- * previous manifest and its generation untouched and loadable. One writer
- * per directory at a time.
+ * generation folder (each through a temporary file, fsync and rename), a
+ * copy of its manifest there (generation.json), and the manifest last
+ * (same way, then fsync of the directory); only then are the generations
+ * beyond the `keep` newest removed. An interrupted save therefore leaves
+ * the previous manifest and its generation untouched and loadable. One
+ * writer per directory at a time.
  */
 typedef struct checkpoint_writer {
     char dir[PT_PATH_MAX];
@@ -311,6 +335,9 @@ typedef struct checkpoint_writer {
     bool active;              /* begun and neither committed nor aborted */
     bool joined;              /* writes into another process's generation
                                  (checkpoint_writer_join) */
+    int keep;                 /* generations left after a commit, the new
+                                 one included; 0 (begin's) counts as 1.
+                                 Set between begin and commit */
 } checkpoint_writer;
 
 /* Creates dir when missing, removes generations an earlier interrupted
@@ -342,9 +369,13 @@ typedef struct checkpoint_manifest {
     uint64_t generation;
     int blob_count;
     checkpoint_blob blobs[CHECKPOINT_MAX_BLOBS];
+    bool in_generation_folder; /* read from a generation folder's own copy
+                                  (its blobs sit beside it) */
 } checkpoint_manifest;
 
-/* Whether dir holds a manifest (a committed checkpoint). */
+/* Whether dir holds a manifest (a committed checkpoint): dir is a
+ * checkpoint directory, or one of its generation folders. The readers
+ * below take either. */
 bool checkpoint_exists(const char *dir);
 /* Reads and validates the manifest only. */
 int checkpoint_read_manifest(const char *dir, checkpoint_manifest *out,

@@ -272,9 +272,147 @@ bad-arguments)
   expect_in err.txt "/nonexistent/plan.json"
   no_leftovers
   ;;
+bad-messages)
+  # issue 18, items 13 and 14: a path named once, a directory said to be
+  # one, numbers as written, control characters of files never sent to
+  # the terminal
+  run 2 partita exec in-missing.json --data in-corpus
+  [ "$(grep -o 'in-missing.json' err.txt | wc -l)" = 1 ] || fail "the path is not named once: $(cat err.txt)"
+  mkdir in-dir
+  run 2 partita plan --model in-dir --gbs 8 --quiet
+  expect_in err.txt "in-dir: is a directory, not a JSON file"
+  sed 's/"gpus": 4,/"gpus": 48.0,/' "$clusters/hetero.json" >in-cluster.json
+  run 2 partita plan --model gpt2-xl --gbs 64 --cluster in-cluster.json --quiet
+  expect_in err.txt "gpus: must be an integer in \[1, 1024\], got 48.0\|gpus: must be a positive integer, got 48.0"
+  printf '{ "name": "x\\u001b[2J", "layers": 2, "hidden": 16, "heads": 2, "seq": 16, "vocab": 257 }\n' >in-model.json
+  run 2 partita plan --model in-model.json --gbs 8 --quiet
+  expect_in err.txt "name: must not contain control characters (byte 2 is 0x1b)"
+  printf '{ "name": "m", "\\u001b[31mlayers": 2 }\n' >in-model2.json
+  run 2 partita plan --model in-model2.json --gbs 8 --quiet
+  expect_in err.txt '\\x1b\[31mlayers: unknown key'
+  ! grep -q "$(printf '\033')" err.txt || fail "an escape character reached the terminal"
+  no_leftovers
+  ;;
+bad-profiles)
+  # issue 18, items 7 and 8: a --profiles folder that is not there, and a
+  # profile whose gpu is not its file name, are refused, not guessed
+  run 2 partita plan --model gpt2-xl --gbs 64 --quiet --profiles /nonexistent
+  expect_in err.txt "\-\-profiles /nonexistent: cannot read the folder"
+  mkdir in-profiles
+  cp "$source_root/profiles/A10-FASOP.json" in-profiles/A100-FASOP.json
+  run 2 partita plan --model gpt2-xl --gbs 64 --quiet --profiles in-profiles
+  expect_in err.txt 'in-profiles/A100-FASOP.json: gpu: is "A10-FASOP"'
+  expect_in err.txt 'profile of GPU "A100-FASOP"'
+  run 2 partita estimate "$source_root/docs/examples/plan-gpt2xl-hetero.json" --profiles in-profiles
+  expect_in err.txt 'gpu: is "A10-FASOP"'
+  no_leftovers
+  ;;
+bad-huge-values)
+  # issue 18, item 9: values beyond physical sense are refused naming the
+  # field and the range (1e308 used to become inf, then "out of memory")
+  sed 's/"price_per_hour": 8.144/"price_per_hour": 1e308/' "$clusters/hetero.json" >in-cluster.json
+  grep -q 1e308 in-cluster.json || fail "could not write the cluster"
+  run 2 partita plan --model gpt2-xl --gbs 64 --cluster in-cluster.json --quiet
+  expect_in err.txt "nodes\[1\].price_per_hour: must be a number in \[0, 1e+06\], got 1e+308"
+  mkdir in-profiles
+  sed 's/"memory_gib": [0-9.]*/"memory_gib": 1e308/' "$source_root/profiles/A10-FASOP.json" >in-profiles/A10-FASOP.json
+  grep -q 1e308 in-profiles/A10-FASOP.json || fail "could not write the profile"
+  run 2 partita plan --model gpt2-xl --gbs 64 --quiet --profiles in-profiles
+  expect_in err.txt "memory_gib: must be a number in \[0.001, 100000\], got 1e+308"
+  no_leftovers
+  ;;
+plan-threads-capped)
+  # issue 18, item 10: more threads than cores are capped, and said so
+  run 0 partita plan --model gpt2-xl --gbs 64 --quiet --threads 100000 -o plan.json
+  expect_in err.txt "partita plan: \-\-threads 100000 is more than the [0-9]* cores here: using [0-9]*"
+  ;;
+bad-huge-gbs)
+  # issue 18, item 11: a schedule of more steps than the cost model
+  # simulates is refused at once, naming the bound
+  sed 's/"gbs": 64/"gbs": 100000000/' \
+    "$source_root/docs/examples/plan-gpt2xl-hetero.json" >in-plan.json
+  sed -i "s|\.\./\.\./|$source_root/|g" in-plan.json
+  run 2 partita estimate in-plan.json
+  expect_in err.txt "gbs 100000000 / (dp 4 x mbs 1) = 25000000 micro-batches"
+  expect_in err.txt "simulates at most 262144"
+  run 2 partita report in-plan.json -o report
+  expect_in err.txt "simulates at most"
+  no_leftovers
+  ;;
 output-unwritable)
-  run 1 partita plan --model gpt2-xl --gbs 64 --quiet -o /nonexistent-dir/plan.json
+  run 2 partita plan --model gpt2-xl --gbs 64 --quiet -o /nonexistent-dir/plan.json
   expect_in err.txt "/nonexistent-dir/plan.json"
+  ;;
+output-checked-first)
+  # issue 18, item 3: an output that cannot be written is refused before
+  # any work (no search, no training), exit 2, one line naming it
+  prep_corpus
+  write_tiny_plan in-plan.json
+  touch in-file
+  run 2 partita plan --model gpt2-xl --gbs 64 -o in-missing/plan.json
+  expect_in err.txt "in-missing/plan.json: cannot write there"
+  [ ! -s out.txt ] || fail "plan searched before refusing its output"
+  run 2 partita plan --model gpt2-xl --gbs 64 -o in-file/plan.json
+  expect_in err.txt "in-file is not a folder"
+  run 2 partita exec in-plan.json --data in-corpus --iters 3 --save in-file/ckpt
+  expect_in err.txt "in-file/ckpt: cannot write there: in-file is not a folder"
+  [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line: $(cat err.txt)"
+  grep -q '^iteration' out.txt && fail "exec trained before refusing --save"
+  [ ! -e run.json ] || fail "run.json written by a refused run"
+  run 2 partita exec in-plan.json --data in-corpus --iters 3 -o in-missing/run.json
+  expect_in err.txt "in-missing/run.json: cannot write there"
+  run 2 partita exec in-plan.json --data in-corpus --iters 3 -o .
+  expect_in err.txt "is a directory"
+  run 2 partita estimate in-plan.json -o in-missing/estimated.json
+  expect_in err.txt "in-missing/estimated.json"
+  run 2 partita report in-plan.json -o in-file/report
+  expect_in err.txt "in-file is not a folder"
+  run 2 partita profile --derive A10 --from A10-FASOP -o in-missing/A10.json
+  expect_in err.txt "in-missing/A10.json: cannot write there"
+  no_leftovers
+  ;;
+output-stdout)
+  # issue 18, item 2: -o - is standard output (the tables and the log go
+  # to standard error); no file named '-' is made
+  run 0 partita plan --model gpt2-xl --gbs 64 --quiet -o -
+  python3 -c "import json, sys; p = json.load(open(sys.argv[1])); assert p['format'] == 'partita-plan/1'" out.txt \
+    || fail "plan -o - did not print plan.json alone"
+  expect_in err.txt "# scored"
+  expect_in err.txt "wrote standard output"
+  cp out.txt in-plan.json
+  run 0 partita estimate in-plan.json -o -
+  python3 -c "import json, sys; assert 'estimate' in json.load(open(sys.argv[1]))" out.txt \
+    || fail "estimate -o - did not print the plan"
+  run 0 partita estimate in-plan.json -o in-estimated.json
+  expect_in out.txt "# step time"
+  expect_in in-estimated.json '"estimate"'
+  prep_corpus
+  write_tiny_plan in-tiny.json
+  run 0 partita exec in-tiny.json --data in-corpus --iters 2 --log-interval 1 -o -
+  python3 -c "import json, sys; assert json.load(open(sys.argv[1]))['format'] == 'partita-run/1'" out.txt \
+    || fail "exec -o - did not print run.json alone"
+  expect_in err.txt "iteration        2/       2"
+  expect_in err.txt "exec: wrote standard output"
+  [ ! -e ./- ] || fail "a file named '-' was written"
+  ;;
+output-special)
+  # issue 18, item 1: a symbolic link keeps pointing at its target, which
+  # gets the plan; a FIFO and a device are written through, not replaced
+  echo old >in-target.json
+  ln -s in-target.json in-link.json
+  run 0 partita plan --model gpt2-xl --gbs 64 --quiet -o in-link.json
+  [ -L in-link.json ] || fail "the symbolic link was replaced"
+  expect_in in-target.json '"format": "partita-plan/1"'
+  mkfifo in-fifo
+  cat in-fifo >in-from-fifo.json &
+  reader=$!
+  run 0 partita plan --model gpt2-xl --gbs 64 --quiet -o in-fifo
+  wait "$reader"
+  [ -p in-fifo ] || fail "the FIFO was replaced"
+  expect_in in-from-fifo.json '"format": "partita-plan/1"'
+  run 0 partita estimate in-target.json -o /dev/null
+  [ -c /dev/null ] || fail "/dev/null is no longer a device"
+  no_leftovers
   ;;
 prep)
   run 0 partita prep "$source_root/data/corpus.txt" -o corpus
@@ -289,6 +427,14 @@ prep)
   [ ! -e bad.bin ] && [ ! -e bad.idx ] || fail "partial output left behind"
   run 2 partita prep /nonexistent.txt -o nothing
   run 2 partita prep "$source_root/data/corpus.txt"
+  # issue 18, item 15: a prefix ending in '/' or naming a folder would
+  # write the hidden files dir/.bin and dir/.idx
+  mkdir outdir
+  run 2 partita prep "$source_root/data/corpus.txt" -o outdir/
+  expect_in err.txt "outdir/: the output prefix ends in '/'"
+  run 2 partita prep "$source_root/data/corpus.txt" -o outdir
+  expect_in err.txt "outdir: the output prefix is a folder"
+  [ -z "$(ls -A outdir)" ] || fail "prep wrote into the folder"
   ;;
 exec-tiny)
   prep_corpus
@@ -336,23 +482,122 @@ exec-resume)
   expect_in err.txt "model.hidden is 16"
   [ ! -e wide.json ] || fail "run.json written by a refused run"
   ;;
-exec-signal)
+exec-save-refuses)
+  # issue 18, item 4: a fresh run does not replace another run's
+  # checkpoint unless told to, and the generation before is kept
   prep_corpus
   write_tiny_plan in-plan.json
+  run 0 partita exec in-plan.json --data in-corpus --iters 10 --save ckpt -o first.json
+  cp ckpt/manifest.json in-manifest-before.json
+  run 2 partita exec in-plan.json --data in-corpus --iters 3 --save ckpt -o second.json
+  expect_in err.txt "ckpt: the folder already holds a checkpoint"
+  expect_in err.txt "\-\-overwrite"
+  [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line: $(cat err.txt)"
+  grep -q '^iteration' out.txt && fail "trained before refusing"
+  cmp -s ckpt/manifest.json in-manifest-before.json || fail "the checkpoint changed"
+  [ ! -e second.json ] || fail "a refused run wrote run.json"
+  run 0 partita exec in-plan.json --data in-corpus --iters 3 --save ckpt --overwrite -o third.json
+  python3 - <<'PY' || fail "the generations are not the expected ones"
+import glob, json
+gens = sorted(glob.glob("ckpt/gen-*"))
+assert len(gens) == 2, gens
+its = [json.load(open(g + "/meta.json"))["iteration"] for g in gens]
+assert its == [10, 3], its
+PY
+  # the older generation resumes from its folder
+  old=$(ls -d ckpt/gen-* | head -1)
+  run 0 partita exec in-plan.json --data in-corpus --iters 11 --load "$old" -o resumed.json
+  expect_in resumed.json '"first_iteration": 11'
+  run 2 partita exec in-plan.json --data in-corpus --overwrite
+  expect_in err.txt "\-\-overwrite needs \-\-save"
+  run 2 partita exec in-plan.json --data in-corpus --save ckpt --keep-checkpoints 0
+  expect_in err.txt "keep-checkpoints"
+  ;;
+exec-signal)
+  # issue 18, item 6: SIGTERM during a run says at once that it stops,
+  # then which iteration it came during; run.json holds what finished, the
+  # checkpoint is that iteration's, the exit status is 128 + 15
+  prep_corpus
+  # 16 micro-batches an iteration: the signal mostly lands inside one,
+  # which a one-stage run abandons (either way the checks below hold)
+  write_layout_plan in-plan.json 1 1 1 1
+  sed -i 's/"gbs": 4/"gbs": 16/' in-plan.json
   # the binary itself (not the wrapper function), so the signal reaches it
   "$partita_binary" exec in-plan.json --data in-corpus --iters 1000000 --log-interval 1 --save ckpt >out.txt 2>err.txt &
   pid=$!
   for _ in $(seq 1 200); do
-    grep -q '^iteration' out.txt && break
+    grep -q '^iteration        2/' out.txt && break
     sleep 0.05
   done
   kill -TERM "$pid"
   wait "$pid"
   status=$?
-  [ "$status" = 0 ] || { cat out.txt err.txt; fail "exit $status after SIGTERM, expected 0"; }
-  expect_in out.txt "stopped by signal 15"
+  [ "$status" = 143 ] || { cat out.txt err.txt; fail "exit $status after SIGTERM, expected 143"; }
+  expect_in err.txt "partita exec: SIGTERM received: stopping"
+  expect_in out.txt "exec: stopped early: SIGTERM during iteration [0-9]* of 1000000"
   expect_in run.json '"stopped_early": true'
+  expect_in run.json '"stop_reason": "SIGTERM during iteration'
   [ -s ckpt/manifest.json ] || fail "no checkpoint written on SIGTERM"
+  python3 - <<'PY' || fail "run.json and the checkpoint disagree"
+import glob, json
+run = json.load(open("run.json"))
+last = run["iterations"][-1]["iteration"]
+training = run["training"]
+assert training["last_checkpoint_iteration"] == last, (training, last)
+interrupted = training["interrupted_iteration"]
+assert interrupted is None or interrupted == last + 1, (interrupted, last)
+gen = sorted(glob.glob("ckpt/gen-*"))[-1]
+assert json.load(open(gen + "/meta.json"))["iteration"] == last
+PY
+  # the checkpoint resumes
+  last=$(python3 -c "import json; print(json.load(open('run.json'))['iterations'][-1]['iteration'])")
+  run 0 partita exec in-plan.json --data in-corpus --iters $((last + 1)) --load ckpt -o resumed.json
+  expect_in resumed.json "\"first_iteration\": $((last + 1))"
+  ;;
+exec-nan)
+  # issue 18, item 5: a loss that turns NaN ends the run with run.json of
+  # the iterations done and the reason, exit 1; the last good checkpoint
+  # stays (a state that is not finite is never saved over it)
+  prep_corpus
+  write_tiny_plan in-plan.json
+  run 0 partita exec in-plan.json --data in-corpus --iters 2 --save ckpt -o first.json
+  # AdamW's second moments made negative: iteration 3's update takes their
+  # square root, so the parameters turn NaN and iteration 4's loss too
+  python3 - <<'PY' || fail "could not spoil the checkpoint"
+import glob, json, os, struct, zlib
+gen = sorted(glob.glob("ckpt/gen-*"))[-1]
+path = gen + "/adam_v"
+count = len(open(path, "rb").read()) // 4
+spoiled = struct.pack("<%df" % count, *([-1.0] * count))
+open(path, "wb").write(spoiled)
+for manifest in ("ckpt/manifest.json", gen + "/generation.json"):
+    if not os.path.exists(manifest):
+        continue
+    m = json.load(open(manifest))
+    for blob in m["blobs"]:
+        if blob["name"] == "adam_v":
+            blob["crc32"] = "%08x" % zlib.crc32(spoiled)
+    json.dump(m, open(manifest, "w"))
+PY
+  cp -r ckpt in-spoiled
+  run 1 partita exec in-plan.json --data in-corpus --iters 10 --log-interval 1 --load ckpt -o nan.json
+  expect_in err.txt "iteration 4: the loss (-\?nan) or the gradient norm"
+  expect_in out.txt "exec: stopped early: iteration 4: the loss"
+  python3 - nan.json <<'PY' || fail "run.json of the iterations done is not as expected"
+import json, sys
+run = json.load(open(sys.argv[1]))
+assert [i["iteration"] for i in run["iterations"]] == [3], run["iterations"]
+assert run["training"]["stopped_early"] is True
+assert "not finite" in run["training"]["stop_reason"], run["training"]
+PY
+  # saving after iteration 3 would write NaN parameters: refused, the
+  # checkpoint of iteration 2 stays
+  cp ckpt/manifest.json in-manifest-before.json
+  run 1 partita exec in-plan.json --data in-corpus --iters 10 --log-interval 1 --load ckpt --save ckpt --save-interval 1 -o saved.json
+  expect_in err.txt "params holds a value that is not finite"
+  expect_in err.txt "the checkpoint before it stays"
+  cmp -s ckpt/manifest.json in-manifest-before.json || fail "the checkpoint was replaced"
+  expect_in saved.json '"stopped_early": true'
   ;;
 exec-bad)
   prep_corpus
@@ -386,7 +631,8 @@ exec-bad)
   ;;
 report-run)
   report_fixtures="$source_root/tests/data/report"
-  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out/nested
+  # the fixture is a cpu run of an A100 plan: compared only when asked
+  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out/nested --any-device
   for file in report.md trace.json timeline.png timeline.svg stages.png \
               stages.svg memory.png memory.svg step_time.png step_time.svg; do
     [ -s "out/nested/$file" ] || fail "out/nested/$file missing or empty"
@@ -416,6 +662,42 @@ PY
     expect_in out/nested/trace.json '"traceEvents"'
     expect_in out/nested/trace.json '"ph":"X"'
   fi
+  ;;
+report-other-device)
+  # issue 18, item 12: a run on the cpu backend is not compared with the
+  # estimate of the plan's GPUs (+287,904 %) unless --any-device is given
+  report_fixtures="$source_root/tests/data/report"
+  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out
+  expect_in err.txt "run.json: not compared: it ran on the cpu reference backend, the plan is for A100-FASOP GPUs"
+  [ "$(grep -c 'not compared' err.txt)" = 1 ] || fail "expected one line saying why"
+  expect_in out/report.md "Run not compared: "
+  ! grep -q 'step_time.png' out/report.md || fail "the run was compared"
+  ! grep -q '| [+-][0-9][0-9,.]* % |' out/report.md || fail "an error in % was shown"
+  [ ! -e out/step_time.png ] || fail "a step time chart of the run was drawn"
+  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out --any-device
+  expect_in out/report.md "The run used the cpu reference backend"
+  grep -q '| [+-][0-9][0-9,.]* % |' out/report.md || fail "--any-device did not compare the run"
+  [ -s out/step_time.png ] || fail "--any-device drew no step time chart"
+  ;;
+report-gnuplot-hangs)
+  # issue 18, item 17: a gnuplot that hangs is stopped after
+  # PARTITA_GNUPLOT_TIMEOUT, and no chart of an older report stays
+  report_fixtures="$source_root/tests/data/report"
+  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out --any-device
+  [ -s out/step_time.png ] && [ -s out/timeline.svg ] || fail "charts not drawn"
+  printf '#!/bin/sh\nsleep 300\n' >in-hang.sh
+  chmod +x in-hang.sh
+  PARTITA_GNUPLOT="$work/in-hang.sh" PARTITA_GNUPLOT_TIMEOUT=1 run 0 partita report "$report_fixtures/plan.json" -o out
+  expect_in err.txt "in-hang.sh' did not finish in 1 s: stopped"
+  expect_in out/report.md "Charts are missing"
+  [ -z "$(ls -A out | grep -v -e '^report.md$' -e '^trace.json$')" ] || fail "charts of the older report left: $(ls -A out)"
+  run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out --any-device
+  [ -s out/step_time.png ] || fail "charts not drawn"
+  run 0 partita report "$report_fixtures/plan.json" -o out
+  [ ! -e out/step_time.png ] && [ ! -e out/step_time.svg ] || fail "the older report's step_time chart stayed"
+  [ -s out/timeline.png ] || fail "timeline not drawn"
+  PARTITA_GNUPLOT_TIMEOUT=soon run 2 partita report "$report_fixtures/plan.json" -o out
+  expect_in err.txt "PARTITA_GNUPLOT_TIMEOUT: expected seconds"
   ;;
 report-plan-only)
   run 0 partita report "$source_root/tests/data/report/plan.json" -o out
@@ -447,7 +729,7 @@ PY
   ;;
 report-no-gnuplot)
   report_fixtures="$source_root/tests/data/report"
-  PARTITA_GNUPLOT=/nonexistent run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out
+  PARTITA_GNUPLOT=/nonexistent run 0 partita report "$report_fixtures/plan.json" "$report_fixtures/run.json" -o out --any-device
   expect_in err.txt "warning: no charts"
   expect_in err.txt "/nonexistent"
   [ "$(grep -c warning err.txt)" = 1 ] || fail "expected one warning line"
@@ -904,6 +1186,9 @@ export-bad)
   [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line"
   run 2 partita export "$hetero_plan" --to megatron -o /nonexistent-dir/launch.sh
   expect_in err.txt "/nonexistent-dir/launch.sh"
+  # the output is checked before the plan is read (issue 18, item 3)
+  run 2 partita export in-missing.json --to megatron -o /nonexistent-dir/launch.sh
+  expect_in err.txt "/nonexistent-dir/launch.sh: cannot write there"
   # an existing file is replaced whole or left alone
   echo "keep me" >out.sh
   run 2 partita export in-odd.json --to megatron -o out.sh

@@ -151,8 +151,10 @@ static void test_partition_parse_invalid(void **state)
     expect_partition_error("1-", 8, "found the end");
     expect_partition_error("+1", 8, "character 1");
     expect_partition_error("1.5", 8, "unexpected '.'");
-    expect_partition_error("2147483648", 8, "too large");
-    expect_partition_error("99999999999999999999999", 8, "too large");
+    /* stages count from 0, as in plan.json (issue 18, item 13) */
+    expect_partition_error("2147483648", 8, "stage 0 (counted from 0) has "
+                                            "more than 2147483647 layers");
+    expect_partition_error("1-99999999999999999999999", 8, "stage 1 (counted");
     expect_partition_error("1-2-3", 2, "more than 2 stages");
 }
 

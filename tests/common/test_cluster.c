@@ -178,8 +178,22 @@ static void test_bad_clusters(void **state)
         {"{\"name\": \"c\", \"nodes\": [{\"name\": \"a\", \"gpu\": \"A\", "
          "\"gpus\": 4, \"intra_node\": {\"bandwidth_GBps\": 0, "
          "\"latency_us\": 1}}]}",
-         "nodes[0].intra_node.bandwidth_GBps: must be a positive number, "
-         "got 0"},
+         "nodes[0].intra_node.bandwidth_GBps: must be a number in [0.001, "
+         "100000], got 0"},
+        /* issue 18, item 9: values beyond physical sense, with the range */
+        {"{\"name\": \"c\", \"nodes\": [{\"name\": \"a\", \"gpu\": \"A\", "
+         "\"gpus\": 4, \"intra_node\": {\"bandwidth_GBps\": 1e308, "
+         "\"latency_us\": 1}}]}",
+         "nodes[0].intra_node.bandwidth_GBps: must be a number in [0.001, "
+         "100000], got 1e+308"},
+        {"{\"name\": \"c\", \"nodes\": [{\"name\": \"a\", \"gpu\": \"A\", "
+         "\"gpus\": 1, " LINK ", \"price_per_hour\": 1e308}]}",
+         "nodes[0].price_per_hour: must be a number in [0, 1e+06], got "
+         "1e+308"},
+        /* item 13: a number is shown as the file wrote it */
+        {"{\"name\": \"c\", \"nodes\": [{\"name\": \"a\", \"gpu\": \"A\", "
+         "\"gpus\": 48.0, " LINK "}]}",
+         "nodes[0].gpus: must be a positive integer, got 48.0"},
         {"{\"name\": \"c\", \"nodes\": [{\"name\": \"a\", \"gpu\": \"A\", "
          "\"gpus\": 4, \"intra_node\": {\"bandwidth_GBps\": 10}}]}",
          "nodes[0].intra_node.latency_us: missing (required)"},

@@ -43,6 +43,61 @@ static void test_load_missing_file(void **state)
                    "No such file");
 }
 
+/* issue 18, item 13: a directory is not "malformed JSON" */
+static void test_load_directory(void **state)
+{
+    char path[512];
+    scratch_write(state, "models/x.json", "{}", path, sizeof path);
+    *strrchr(path, '/') = '\0';
+    pt_error err;
+    assert_null(pt_json_load_file(path, &err));
+    EXPECT_MESSAGE(&err, "models: is a directory, not a JSON file");
+    assert_null(strstr(err.message, "malformed"));
+}
+
+/* issue 18, items 13 and 14: numbers as the file wrote them; control
+ * characters of a file refused in names and escaped in messages */
+static void test_messages_quote_safely(void **state)
+{
+    (void)state;
+    json_t *obj = parse("{\"gpus\": 48.0, \"big\": 1e308, "
+                        "\"name\": \"a\\u001b[2Jb\", "
+                        "\"c1\": \"x\\u009by\", \"tab\": \"a\\tb\"}");
+    json_place place = json_place_root("f.json");
+    pt_error err;
+    long long count;
+    assert_int_equal(json_get_int(obj, &place, "gpus", true, 1, 8, &count,
+                                  &err), -1);
+    EXPECT_MESSAGE(&err, "got 48.0");
+    double number;
+    assert_int_equal(json_get_number(obj, &place, "big", true, 0, 1e6,
+                                     &number, &err), -1);
+    EXPECT_MESSAGE(&err, "must be a number in [0, 1e+06], got 1e+308");
+    char text[64];
+    assert_int_equal(json_get_string(obj, &place, "name", true, text,
+                                     sizeof text, &err), -1);
+    EXPECT_MESSAGE(&err, "name: must not contain control characters "
+                         "(byte 2 is 0x1b)");
+    assert_int_equal(json_get_string(obj, &place, "c1", true, text,
+                                     sizeof text, &err), -1);
+    EXPECT_MESSAGE(&err, "(byte 2 is 0x9b)");
+    assert_int_equal(json_get_string(obj, &place, "tab", true, text,
+                                     sizeof text, &err), -1);
+    assert_int_equal(json_get_number(obj, &place, "name", true, 0, 1,
+                                     &number, &err), -1);
+    EXPECT_MESSAGE(&err, "got the string \"a\\x1b[2Jb\"");
+    assert_null(strchr(err.message, 0x1b));
+    json_decref(obj);
+
+    char shown[32];
+    pt_escape_controls("a\x1b[31m\n\t\x7f\xc2\x9b\xc3\xa9", shown,
+                       sizeof shown);
+    assert_string_equal(shown, "a\\x1b[31m\\n\\t\\x7f\\u009b\xc3\xa9");
+    char small[6];
+    pt_escape_controls("ab\x1b", small, sizeof small);
+    assert_string_equal(small, "ab");
+}
+
 static void test_places(void **state)
 {
     (void)state;
@@ -214,6 +269,8 @@ int main(void)
         cmocka_unit_test(test_load_reports_line_and_column),
         cmocka_unit_test(test_load_rejects_duplicate_keys),
         cmocka_unit_test(test_load_missing_file),
+        cmocka_unit_test(test_load_directory),
+        cmocka_unit_test(test_messages_quote_safely),
         cmocka_unit_test(test_places),
         cmocka_unit_test(test_get_int),
         cmocka_unit_test(test_get_number_bool_string),

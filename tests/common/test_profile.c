@@ -259,7 +259,15 @@ static void test_bad_profiles(void **state)
          "profiles/T.json: workspace_gib: 20 GiB leaves nothing of "
          "memory_gib 20 GiB"},
         {{{{"memory_gib"}, "0"}},
-         "profiles/T.json: memory_gib: must be a positive number, got 0"},
+         "profiles/T.json: memory_gib: must be a number in [0.001, 100000], "
+         "got 0"},
+        /* issue 18, item 9: values beyond physical sense, with the range */
+        {{{{"memory_gib"}, "1e308"}},
+         "profiles/T.json: memory_gib: must be a number in [0.001, 100000], "
+         "got 1e+308"},
+        {{{{"workspace_gib"}, "1e300"}},
+         "profiles/T.json: workspace_gib: must be a number in [0, 100000], "
+         "got 1e+300"},
         {{{{"provenance"}, NULL}},
          "profiles/T.json: provenance: missing (required"},
         {{{{"provenance"}, "\"me\""}},
@@ -493,10 +501,42 @@ static void test_profile_find(void **state)
     assert_int_equal(profile_find("", NULL, NULL, found, sizeof found, &err),
                      -1);
 
+    /* issue 18, item 7: a folder the user names must be there, never a
+       silent fall back to the bundled profiles */
+    assert_int_equal(profile_find("A100-FASOP", "/nonexistent-profiles",
+                                  NULL, found, sizeof found, &err), -1);
+    EXPECT_MESSAGE(&err, "--profiles /nonexistent-profiles: cannot read the "
+                         "folder");
+    setenv("PARTITA_PROFILES", "/nonexistent-env", 1);
+    assert_int_equal(profile_find("A100-FASOP", NULL, NULL, found,
+                                  sizeof found, &err), -1);
+    EXPECT_MESSAGE(&err, "$PARTITA_PROFILES /nonexistent-env");
+
     if (saved_copy[0] != '\0')
         setenv("PARTITA_PROFILES", saved_copy, 1);
     else
         unsetenv("PARTITA_PROFILES");
+}
+
+/* issue 18, item 8: a profile found by its file name must hold that
+ * GPU, or it prices another GPU's nodes without a word */
+static void test_profile_named_for_another_gpu(void **state)
+{
+    char bundled[PT_PATH_MAX], text_path[512];
+    source_path("profiles/A10-FASOP.json", bundled, sizeof bundled);
+    size_t length;
+    char *text = read_whole_file(bundled, &length);
+    scratch_write(state, "profiles/A100-FASOP.json", text, text_path,
+                  sizeof text_path);
+    free(text);
+    profile p;
+    pt_error err = {""};
+    assert_int_equal(profile_load_for_gpu(text_path, "A100-FASOP", &p, &err),
+                     -1);
+    EXPECT_MESSAGE(&err, "A100-FASOP.json: gpu: is \"A10-FASOP\"",
+                   "profile of GPU \"A100-FASOP\"");
+    assert_int_equal(profile_load_for_gpu(bundled, "A10-FASOP", &p, &err), 0);
+    profile_free(&p);
 }
 
 int main(void)
@@ -511,6 +551,7 @@ int main(void)
         cmocka_unit_test(test_bad_profiles),
         cmocka_unit_test(test_backward_filled_by_ratio),
         cmocka_unit_test(test_profile_find),
+        cmocka_unit_test(test_profile_named_for_another_gpu),
     };
     return cmocka_run_group_tests(tests, scratch_open, scratch_close);
 }

@@ -399,6 +399,15 @@ static void plan_errors_are_clear(void **state)
     assert_int_equal(costmodel_estimate(&f.cm, &config, order, 1, even, false,
                                         &e, &err), -1);
     assert_non_null(strstr(err.message, "gbs 6"));
+    /* issue 18, item 11: a schedule beyond what the cost model simulates
+       is refused at once, naming the bound, not simulated for a minute */
+    config.gbs = 100000000;
+    config.mbs = 1;
+    assert_int_equal(costmodel_estimate(&f.cm, &config, order, 1, even, true,
+                                        &e, &err), -1);
+    assert_non_null(strstr(err.message, "gbs 100000000"));
+    assert_non_null(strstr(err.message, "simulates at most 262144"));
+    assert_null(e.stages);
     fixture_close(&f);
 }
 

@@ -112,6 +112,43 @@ static void errors_name_file_field_and_reason(void **state)
     expect_failure("{\"plan\": 3}", "plan", NULL);
 }
 
+/* issue 18, item 16: keys the writer never writes and arrays it never
+ * leaves empty are refused, naming the key, in every object it writes. */
+static void unknown_keys_and_empty_arrays_are_refused(void **state)
+{
+    (void)state;
+    expect_failure("{\"step_time\": 0.015}", "step_time", "unknown key");
+    expect_failure("{\"training\": {\"backend\": \"cpu\", \"sed\": 1}}",
+                   "training.sed", "unknown key");
+    expect_failure("{\"software\": {\"partita\": \"0.1\", \"gcc\": 1}}",
+                   "software.gcc", "unknown key");
+    expect_failure("{\"data\": {\"prefix\": \"c\", \"token\": 1}}",
+                   "data.token", "unknown key");
+    expect_failure("{\"iterations\": [ {\"iteration\": 1, "
+                   "\"step_time_s\": 0.02, \"los\": 5.5} ]}",
+                   "iterations[0].los", "unknown key");
+    expect_failure("{\"events\": [ { \"rank\": 0, \"stage\": 0, "
+                   "\"microbatch\": 0, \"kind\": \"fwd\", \"start_s\": 0, "
+                   "\"end_s\": 1, \"gpu\": 0 } ]}",
+                   "events[0].gpu", "unknown key");
+    expect_failure("{\"devices\": [ {\"rank\": 0, \"nmae\": \"cpu\"} ]}",
+                   "devices[0].nmae", "unknown key");
+    expect_failure("{\"devices\": []}", "devices", "non-empty array");
+    expect_failure("{\"max_rss_gib\": []}", "max_rss_gib", "non-empty array");
+    expect_failure("{\"peak_memory_gib\": []}", "peak_memory_gib",
+                   "non-empty array");
+    /* what the writer does write, empty or not, still reads */
+    run_record run;
+    pt_error err = {{0}};
+    assert_int_equal(read_edited("{\"devices\": [ {\"rank\": 0, \"name\": "
+                                 "\"cpu\", \"sms_used\": null} ], "
+                                 "\"max_rss_gib\": [0.1], \"notes\": [], "
+                                 "\"training\": {\"backend\": \"cpu\", "
+                                 "\"stop_reason\": null}}",
+                                 &run, &err), 0);
+    run_record_free(&run);
+}
+
 static void missing_file_and_mismatched_plan(void **state)
 {
     (void)state;
@@ -140,6 +177,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(reads_a_valid_run),
         cmocka_unit_test(errors_name_file_field_and_reason),
+        cmocka_unit_test(unknown_keys_and_empty_arrays_are_refused),
         cmocka_unit_test(missing_file_and_mismatched_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -98,14 +98,8 @@ static inline bool file_exists(const char *path)
 /* Entries in a directory other than . and .. (to find stray files). */
 static inline int count_entries(const char *dir)
 {
-    DIR *handle = opendir(dir);
-    assert_non_null(handle);
-    int count = 0;
-    struct dirent *entry;
-    while ((entry = readdir(handle)) != NULL)
-        if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0)
-            count++;
-    closedir(handle);
+    int count = count_scratch_entries(dir, 0);
+    assert_true(count >= 0);
     return count;
 }
 

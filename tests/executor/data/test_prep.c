@@ -209,6 +209,25 @@ static void missing_output_directory_is_refused(void **state)
     assert_message_has(err.message, "no/such/dir/out.bin", "temporary file");
 }
 
+/* issue 18, item 15: "dir/" or a folder as the prefix would write the
+ * hidden files dir/.bin and dir/.idx; refused, nothing written. */
+static void folder_prefix_is_refused(void **state)
+{
+    char input[512], folder[512], slash[520];
+    scratch_path(state, "in.txt", input, sizeof input);
+    write_text(input, "text\n");
+    scratch_path(state, "data", folder, sizeof folder);
+    assert_int_equal(mkdir(folder, 0755), 0);
+    snprintf(slash, sizeof slash, "%s/", folder);
+    pt_error err = {{0}};
+    assert_int_equal(prep_run(input, PREP_FORMAT_TEXT, slash, NULL, &err), -1);
+    assert_message_has(err.message, "ends in '/'", "hidden files");
+    assert_int_equal(prep_run(input, PREP_FORMAT_TEXT, folder, NULL, &err), -1);
+    assert_message_has(err.message, "data: the output prefix is a folder",
+                       "data/corpus");
+    assert_int_equal(count_entries(folder), 0);
+}
+
 /* The bundled corpus preps, reads back byte for byte and feeds samples. */
 static void bundled_corpus_preps(void **state)
 {
@@ -274,6 +293,7 @@ int main(void)
         SCRATCH_TEST(failing_prep_keeps_the_previous_output),
         SCRATCH_TEST(empty_input_is_refused),
         SCRATCH_TEST(missing_output_directory_is_refused),
+        SCRATCH_TEST(folder_prefix_is_refused),
         SCRATCH_TEST(bundled_corpus_preps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

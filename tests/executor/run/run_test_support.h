@@ -105,6 +105,38 @@ static inline void tiny_plan(plan *out, int layers, int hidden, int heads,
     json_decref(root);
 }
 
+/* A run of the prepped corpus for `iterations` iterations, with the
+ * library's defaults otherwise. */
+static inline run_options run_test_options(const run_scratch *s,
+                                           long iterations)
+{
+    run_options options = run_options_defaults(iterations);
+    options.data_prefix = s->corpus;
+    return options;
+}
+
+/* meta.json's "iteration": the iteration the checkpoint a load of dir
+ * reads was saved after. */
+static inline long run_checkpoint_iteration(const char *dir)
+{
+    pt_error err = {{0}};
+    uint64_t bytes = 0;
+    if (checkpoint_blob_size(dir, "meta.json", &bytes, &err) != 0)
+        fail_msg("%s", err.message);
+    char *text = calloc(1, (size_t)bytes + 1);
+    assert_non_null(text);
+    assert_int_equal(checkpoint_read_blob(dir, "meta.json", text,
+                                          (size_t)bytes, &err), 0);
+    json_error_t json_err;
+    json_t *meta = json_loads(text, 0, &json_err);
+    assert_non_null(meta);
+    long iteration = (long)json_integer_value(json_object_get(meta,
+                                                              "iteration"));
+    json_decref(meta);
+    free(text);
+    return iteration;
+}
+
 /* The test's message check: prints the message when it fails. */
 static inline void assert_message_has(const pt_error *err, const char *part)
 {

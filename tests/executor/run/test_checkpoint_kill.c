@@ -31,8 +31,10 @@
 
 static run_options tiny_options(const run_scratch *s, long iterations)
 {
-    run_options options = run_options_defaults(iterations);
-    options.data_prefix = s->corpus;
+    run_options options = run_test_options(s, iterations);
+    /* one generation after a save, so that what a kill leaves is plain
+       to see (test_checkpoint_keep covers keeping more) */
+    options.checkpoint_keep = 1;
     options.train.schedule.max_lr = 1e-2;
     options.train.schedule.warmup_steps = 1;
     options.train.schedule.decay_steps = 10;
@@ -123,26 +125,6 @@ static void add_leftovers(const char *dir)
 
 /* -------------------------------------------------------- checkpoints */
 
-/* meta.json's "iteration". */
-static long checkpoint_iteration(const char *dir)
-{
-    pt_error err = {{0}};
-    uint64_t bytes = 0;
-    assert_int_equal(checkpoint_blob_size(dir, "meta.json", &bytes, &err), 0);
-    char *text = calloc(1, (size_t)bytes + 1);
-    assert_non_null(text);
-    assert_int_equal(checkpoint_read_blob(dir, "meta.json", text,
-                                          (size_t)bytes, &err), 0);
-    json_error_t json_err;
-    json_t *meta = json_loads(text, 0, &json_err);
-    assert_non_null(meta);
-    long iteration = (long)json_integer_value(json_object_get(meta,
-                                                              "iteration"));
-    json_decref(meta);
-    free(text);
-    return iteration;
-}
-
 /* dir's checkpoint holds exactly the blobs of reference, byte for byte. */
 static void assert_same_checkpoint(const char *dir, const char *reference)
 {
@@ -167,8 +149,9 @@ static void assert_same_checkpoint(const char *dir, const char *reference)
     }
 }
 
-/* The generation folder the manifest names holds its blobs and nothing
- * else: no temporary or half-written file sits where a load looks. */
+/* The generation folder the manifest names holds its blobs and its own
+ * copy of the manifest, nothing else: no temporary or half-written file
+ * sits where a load looks. */
 static void assert_generation_is_clean(const char *dir)
 {
     checkpoint_manifest manifest;
@@ -182,7 +165,9 @@ static void assert_generation_is_clean(const char *dir)
     int files = 0;
     struct dirent *entry;
     while ((entry = readdir(listing)) != NULL) {
-        if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0)
+        if (strcmp(entry->d_name, ".") == 0 ||
+            strcmp(entry->d_name, "..") == 0 ||
+            strcmp(entry->d_name, CHECKPOINT_GENERATION_MANIFEST) == 0)
             continue;
         bool listed = false;
         for (int b = 0; b < manifest.blob_count; b++)
@@ -277,7 +262,7 @@ static void killed_saves_keep_a_whole_checkpoint(void **state)
         options.load_dir = dir;
         options.save_dir = dir;
         if (!save_killed_at(&p, &options, step)) {
-            assert_int_equal(checkpoint_iteration(dir), AFTER_ITERATION);
+            assert_int_equal(run_checkpoint_iteration(dir), AFTER_ITERATION);
             assert_same_checkpoint(dir, after);
             assert_only_one_generation(dir);
             break;
@@ -286,7 +271,7 @@ static void killed_saves_keep_a_whole_checkpoint(void **state)
         pt_error err = {{0}};
         if (checkpoint_verify(dir, &err) != 0)
             fail_msg("killed at step %ld: %s", step, err.message);
-        long iteration = checkpoint_iteration(dir);
+        long iteration = run_checkpoint_iteration(dir);
         if (iteration == BEFORE_ITERATION) {
             /* the manifest's rename is one step: none after it goes back */
             assert_int_equal(new_kept, 0);
@@ -304,9 +289,10 @@ static void killed_saves_keep_a_whole_checkpoint(void **state)
         assert_only_one_generation(dir);
         remove_scratch_tree(dir);
     }
-    /* every step was reached: removing 4 leftovers, 7 blobs of 5 steps,
-     * the commit, removing the old generation */
-    assert_true(kills >= 4 + 7 * 5 + 8);
+    /* every step was reached: removing 4 leftovers, 7 blobs and the
+     * generation's manifest of 5 steps each, the commit, removing the old
+     * generation */
+    assert_true(kills >= 4 + 8 * 5 + 8);
     assert_true(kills < MAX_STEPS);
     assert_true(old_kept > 0);
     assert_true(new_kept > 0);

@@ -12,13 +12,6 @@
 #define HIDDEN 16
 #define SEQ 16
 
-static run_options base_options(const run_scratch *s, long iterations)
-{
-    run_options options = run_options_defaults(iterations);
-    options.data_prefix = s->corpus;
-    return options;
-}
-
 /* Runs and expects a refusal (-1) whose message holds `part`, with the
  * save directory, when given, never created. */
 static void expect_refusal(const plan *p, const run_options *options,
@@ -40,7 +33,7 @@ static void expect_refusal(const plan *p, const run_options *options,
 static void make_checkpoint(const run_scratch *s, const plan *p,
                             const char *dir)
 {
-    run_options options = base_options(s, 2);
+    run_options options = run_test_options(s, 2);
     options.save_dir = dir;
     pt_error err = {{0}};
     run_result result;
@@ -69,7 +62,7 @@ static void tensor_parallel_plan_is_refused(void **state)
     pt_error err = {{0}};
     assert_int_equal(plan_from_json(root, NULL, &p, &err), 0);
     json_decref(root);
-    run_options options = base_options(s, 2);
+    run_options options = run_test_options(s, 2);
     char dir[512];
     run_path(s, "never", dir, sizeof dir);
     options.save_dir = dir;
@@ -82,7 +75,7 @@ static void missing_dataset_is_refused(void **state)
     run_scratch *s = *state;
     plan p;
     tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
-    run_options options = base_options(s, 2);
+    run_options options = run_test_options(s, 2);
     char prefix[512];
     run_path(s, "no-such-data", prefix, sizeof prefix);
     options.data_prefix = prefix;
@@ -95,7 +88,7 @@ static void small_vocabulary_is_refused(void **state)
     run_scratch *s = *state;
     plan p;
     tiny_plan(&p, 2, HIDDEN, 2, SEQ, 200, 4, 2);
-    run_options options = base_options(s, 2);
+    run_options options = run_test_options(s, 2);
     expect_refusal(&p, &options, "vocab 200");
     expect_refusal(&p, &options, "token 256");
     plan_free(&p);
@@ -106,7 +99,7 @@ static void too_little_memory_is_refused(void **state)
     run_scratch *s = *state;
     plan p;
     tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
-    run_options options = base_options(s, 2);
+    run_options options = run_test_options(s, 2);
     double activations = 0;
     double needed = run_cpu_stage_bytes(&p.model, 2, false, &activations);
     assert_true(activations > 0 && needed > activations);
@@ -129,15 +122,15 @@ static void bad_options_are_refused(void **state)
     run_scratch *s = *state;
     plan p;
     tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
-    run_options options = base_options(s, 0);
+    run_options options = run_test_options(s, 0);
     expect_refusal(&p, &options, "iterations must be >= 1");
-    options = base_options(s, 2);
+    options = run_test_options(s, 2);
     options.save_interval = -1;
     expect_refusal(&p, &options, "save interval");
-    options = base_options(s, 2);
+    options = run_test_options(s, 2);
     options.train.schedule.min_lr = 1.0;
     expect_refusal(&p, &options, "min_lr");
-    options = base_options(s, 2);
+    options = run_test_options(s, 2);
     options.data_prefix = NULL;
     expect_refusal(&p, &options, "no dataset");
     plan_free(&p);
@@ -174,7 +167,7 @@ static void corrupt_checkpoint_is_refused(void **state)
     run_path(s, "corrupt-next", fresh, sizeof fresh);
     make_checkpoint(s, &p, dir);
     corrupt_blob(dir, "adam_v");
-    run_options options = base_options(s, 4);
+    run_options options = run_test_options(s, 4);
     options.load_dir = dir;
     options.save_dir = fresh;
     expect_refusal(&p, &options, "checksum mismatch");
@@ -201,7 +194,7 @@ static void checkpoint_of_another_shape_is_refused(void **state)
     char dir[512];
     run_path(s, "shape", dir, sizeof dir);
     make_checkpoint(s, &p, dir);
-    run_options options = base_options(s, 4);
+    run_options options = run_test_options(s, 4);
     options.load_dir = dir;
     expect_refusal(&wider, &options, "model.hidden is 16");
     expect_refusal(&wider, &options, "another model");
@@ -227,18 +220,18 @@ static void other_seed_or_finished_checkpoint_is_refused(void **state)
     char dir[512];
     run_path(s, "seeded", dir, sizeof dir);
     make_checkpoint(s, &p, dir);
-    run_options options = base_options(s, 4);
+    run_options options = run_test_options(s, 4);
     options.load_dir = dir;
     options.seed = 99;
     options.seed_given = true;
     expect_refusal(&p, &options, "seed 1234");
-    options = base_options(s, 2);
+    options = run_test_options(s, 2);
     options.load_dir = dir;
     expect_refusal(&p, &options, "nothing left to run");
     expect_refusal(&p, &options, "at iteration 2");
     char missing[512];
     run_path(s, "no-checkpoint-here", missing, sizeof missing);
-    options = base_options(s, 4);
+    options = run_test_options(s, 4);
     options.load_dir = missing;
     expect_refusal(&p, &options, "no manifest.json");
     plan_free(&p);
