@@ -561,6 +561,10 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
     }
     ALLOCATE_ARENA(state, state->scratch.arena, "the backward scratch",
                    carve_scratch(&state->scratch, a, &d, stage, state));
+    /* the layer-norm backward's completion counters start at zero */
+    CUDA_TRY(cudaMemset(state->scratch.norm_partials, 0,
+                        cuda_layernorm_backward_scratch(d.N, d.C) *
+                            sizeof(float)));
     {
         arena a = {.base = NULL, .used = 0};
         carve_tokens(&state->host_tokens, &a, (size_t)d.N);
