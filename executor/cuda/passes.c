@@ -213,8 +213,10 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     gemm_call call = forward_call(&qkv);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
-    CUDA_TRY(cuda_attention_forward(act->att_out, act->att_lse, act->qkv,
-                                    d->B, d->T, A, d->NH, stream));
+    if (attention_runner_forward(state->attention, act->att_out,
+                                 act->att_lse, act->qkv, d->B, d->T, A,
+                                 d->NH, stream, err) != 0)
+        return -1;
     linear_forward proj = {
         .weight = mirror_at(state, o->attn_proj_weight),
         .input = act->att_out, .out = act->residual_mid, .out_fp32 = true,
@@ -576,10 +578,11 @@ static int attention_block_backward(model_stage *stage, float *d_input,
                            1.0f);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
-    CUDA_TRY(cuda_attention_backward(s->d_qkv, s->d_att, act->qkv,
-                                     act->att_out, act->att_lse,
-                                     s->attention, d->B, d->T, A, d->NH,
-                                     stream));
+    if (attention_runner_backward(state->attention, s->d_qkv, s->d_att,
+                                  act->qkv, act->att_out, act->att_lse,
+                                  s->attention, d->B, d->T, A, d->NH, stream,
+                                  err) != 0)
+        return -1;
     const pt_bf16 *ln1_out = act->ln1_out;
     if (ln1_out == NULL) {
         CUDA_TRY(cuda_layernorm_forward(s->norm_out, NULL, NULL, input,
