@@ -155,11 +155,17 @@ double costmodel_embedding_allreduce_s(const costmodel *cm,
 /* A stage's per-step work after its last backward, but the embedding
  * all-reduce: gradient all-reduce (or reduce-scatter and parameter
  * all-gather under ZeRO-1) over its dp link, and its optimizer step, for
- * `layers` transformer layers. `slow` prices the optimizer. */
+ * `layers` transformer layers. `slow` prices the optimizer. The executor
+ * sums the gradients in buckets of COSTMODEL_GRAD_BUCKET_BYTES during the
+ * last micro-batch's backward (docs/cost-model.md, 7.1): tail_fraction is
+ * the share of reduce_s that cannot start before the backward ends, the
+ * last bucket's (the first stage's embedding, else one bucket). */
+#define COSTMODEL_GRAD_BUCKET_BYTES (25.0 * 1024.0 * 1024.0)
 typedef struct step_work {
     double reduce_s;       /* all-reduce, or reduce-scatter */
     double gather_s;       /* ZeRO-1's parameter all-gather, else 0 */
     double optimizer_s;
+    double tail_fraction;  /* of reduce_s, in 0..1 */
 } step_work;
 
 void costmodel_step_work(const costmodel *cm, const parallel_config *config,

@@ -70,6 +70,7 @@ void estimate_free(estimate *e)
  * starts when the one before it ends; absolute seconds). */
 typedef struct step_tail {
     double reduce_s;         /* gradient all-reduce, or reduce-scatter */
+    double exposed_s;        /* of reduce_s, after the last backward */
     double gather_s;         /* parameter all-gather (distributed opt.) */
     bool embedding_member;   /* first or last stage of tied embeddings */
     double backward_end;
@@ -217,6 +218,16 @@ static void price_step_work(const costmodel *cm, const parallel_config *config,
         st->dp_allreduce_s = work.reduce_s + work.gather_s;
         tail->embedding_member = cm->model.tied_embeddings && pp > 1 &&
                                  (s == 0 || s == pp - 1);
+        /* the executor's buckets run during the last micro-batch's
+         * backward, but under ZeRO-1 on the tied embedding's pair, whose
+         * copies are summed after it first (docs/cost-model.md, 7.1) */
+        double exposed = work.reduce_s;
+        if (!(config->distributed_optimizer && tail->embedding_member)) {
+            exposed = work.reduce_s * work.tail_fraction;
+            if (work.reduce_s - st->backward_s > exposed)
+                exposed = work.reduce_s - st->backward_s;
+        }
+        tail->exposed_s = exposed;
         st->embedding_allreduce_s = tail->embedding_member ? embedding_s
                                                            : 0.0;
         st->optimizer_s = work.optimizer_s;
@@ -235,7 +246,7 @@ static double schedule_step_work(const parallel_config *config,
     for (int s = 0; s < pp; s++) {
         step_tail *tail = &scratch->tails[s];
         tail->backward_end = pipeline->stage_end_s[s];
-        tail->reduce_end = tail->backward_end + tail->reduce_s;
+        tail->reduce_end = tail->backward_end + tail->exposed_s;
     }
     double embedding_ready = scratch->tails[0].reduce_end;
     if (scratch->tails[pp - 1].reduce_end > embedding_ready)
@@ -281,7 +292,7 @@ static int step_events(const parallel_config *config, const step_tail *tail,
     if (dp_comm) {
         events[count] = proto;
         events[count].kind = EVENT_DP_ALLREDUCE;
-        events[count].start_s = tail->backward_end;
+        events[count].start_s = tail->reduce_end - tail->reduce_s;
         events[count++].end_s = tail->reduce_end;
     }
     if (tail->embedding_member) {

@@ -165,6 +165,8 @@ typedef struct cuda_stage_state {
     void *token_counts;             /* owned host scratch of the
                                        embedding plan, zeroed */
     size_t device_bytes;
+    cuda_grad_hook grad_hook;       /* NULL: none (cuda_backend.h) */
+    void *grad_hook_data;
 } cuda_stage_state;
 
 /* The shapes buffers and products are sized from. With tensor

@@ -248,6 +248,65 @@ static void dp_inside_a_node_uses_the_intra_node_link(void **state)
     fixture_close(&f);
 }
 
+/* The end of stage 0's last `bwd` and its `dp_allreduce` event. */
+static void last_backward_and_sync(const estimate *e, double *backward_end,
+                                   const timeline_event **sync)
+{
+    *backward_end = 0.0;
+    *sync = NULL;
+    for (int i = 0; i < e->event_count; i++) {
+        const timeline_event *ev = &e->events[i];
+        if (ev->stage != 0)
+            continue;
+        if (ev->kind == EVENT_BWD && ev->end_s > *backward_end)
+            *backward_end = ev->end_s;
+        if (ev->kind == EVENT_DP_ALLREDUCE && *sync == NULL)
+            *sync = ev;
+    }
+    assert_non_null(*sync);
+}
+
+/* The dp sync runs in buckets during the last backward (7.1): after it
+ * is left max(R x tail, R - B), the tail being the embedding's share of
+ * the first stage's gradients; ZeRO-1 on the tied embedding's pair keeps
+ * all of R after the backward. */
+static void dp_sync_overlaps_the_last_backward(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    parallel_config config = config_of(8, 1, 1, 4, 1);
+    int order[1] = {1}, whole[1] = {48};
+    estimate e;
+    run_estimate(&f, &config, order, 1, whole, true, &e);
+    double backward_end = 0.0;
+    const timeline_event *sync = NULL;
+    last_backward_and_sync(&e, &backward_end, &sync);
+    double reduce = e.stages[0].dp_allreduce_s;
+    double tail = (50257.0 + 1024.0) * 1600 * 4.0 /
+                  (model_parameter_count(&m) * 4.0);
+    double exposed = reduce * tail;
+    if (reduce - e.stages[0].backward_s > exposed)
+        exposed = reduce - e.stages[0].backward_s;
+    assert_true(close_to(sync->end_s - backward_end, exposed, 1e-9));
+    assert_true(close_to(sync->end_s - sync->start_s, reduce, 1e-9));
+    assert_true(sync->end_s - backward_end < reduce);
+    estimate_free(&e);
+    fixture_close(&f);
+
+    /* pp 2 x dp 2 under ZeRO-1: stage 0 holds the tied embedding */
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    config = config_of(8, 1, 1, 2, 2);
+    config.distributed_optimizer = true;
+    int halves[2] = {24, 24};
+    run_estimate(&f, &config, order, 1, halves, true, &e);
+    last_backward_and_sync(&e, &backward_end, &sync);
+    assert_true(close_to(sync->start_s, backward_end, 1e-9));
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
 static void placement_errors_are_clear(void **state)
 {
     (void)state;
@@ -461,6 +520,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(memory_matches_hand_computation),
         cmocka_unit_test(memory_with_recompute_and_distributed_optimizer),
+        cmocka_unit_test(dp_sync_overlaps_the_last_backward),
         cmocka_unit_test(stage_terms_agree_with_the_estimate),
         cmocka_unit_test(stages_run_at_their_slowest_gpu),
         cmocka_unit_test(dp_inside_a_node_uses_the_intra_node_link),
