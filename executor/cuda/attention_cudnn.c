@@ -87,7 +87,9 @@ typedef struct sdpa_plan {
 typedef struct sdpa_shape {
     int B, T, H, D;
     sdpa_plan forward, backward;
-    char description[256];
+    bool backward_borrows;      /* the backward's workspace is lent by the
+                                   caller (cudnn_attention_prepare) */
+    char description[320];
 } sdpa_shape;
 
 struct cudnn_attention {
@@ -842,18 +844,25 @@ static void describe_shape(sdpa_shape *s)
     snprintf(s->description, sizeof s->description,
              "cuDNN %zu.%zu.%zu (built with %d.%d.%d) fused attention: "
              "forward engine %lld (workspace %.1f MiB), backward engine "
-             "%lld (workspace %.1f MiB + %.1f MiB of row sums)",
+             "%lld (workspace %.1f MiB + %.1f MiB of row sums%s)",
              runtime / 10000, runtime % 10000 / 100, runtime % 100,
              CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL,
              (long long)s->forward.engine,
              (double)s->forward.workspace / (1 << 20),
              (long long)s->backward.engine,
              (double)s->backward.workspace / (1 << 20),
-             (double)delta_bytes(s) / (1 << 20));
+             (double)delta_bytes(s) / (1 << 20),
+             s->backward_borrows ? ", in lent memory" : "");
+}
+
+/* The backward's workspace: its row sums and cuDNN's own. */
+static size_t backward_workspace_bytes(const sdpa_shape *s)
+{
+    return delta_bytes(s) + round_up((size_t)s->backward.workspace);
 }
 
 int cudnn_attention_prepare(cudnn_attention *a, int B, int T, int H, int D,
-                            pt_error *err)
+                            size_t lendable, pt_error *err)
 {
     if (find_shape(a, B, T, H, D) != NULL)
         return 0;
@@ -867,10 +876,9 @@ int cudnn_attention_prepare(cudnn_attention *a, int B, int T, int H, int D,
         return -1;
     if (build_plan(a, &l, false, &s->backward, err) == 0) {
         size_t need = round_up((size_t)s->forward.workspace);
-        size_t backward_need =
-            delta_bytes(s) + (size_t)s->backward.workspace;
-        if (backward_need > need)
-            need = backward_need;
+        s->backward_borrows = backward_workspace_bytes(s) <= lendable;
+        if (!s->backward_borrows && backward_workspace_bytes(s) > need)
+            need = backward_workspace_bytes(s);
         if (grow_workspace(a, need, err) == 0) {
             describe_shape(s);
             a->shape_count++;
@@ -967,15 +975,26 @@ int cudnn_attention_forward(cudnn_attention *a, pt_bf16 *out, float *stats,
 int cudnn_attention_backward(cudnn_attention *a, pt_bf16 *d_qkv,
                              const pt_bf16 *d_out, const pt_bf16 *qkv,
                              const pt_bf16 *out, const float *stats, int B,
-                             int T, int H, int D, cudaStream_t stream,
+                             int T, int H, int D, void *lent,
+                             size_t lent_bytes, cudaStream_t stream,
                              pt_error *err)
 {
     sdpa_shape *s = NULL;
     if (prepared(a, B, T, H, D, &s, err) != 0)
         return -1;
+    char *delta = a->workspace;
+    if (s->backward_borrows) {
+        if (lent == NULL || lent_bytes < backward_workspace_bytes(s))
+            return pt_fail(err, "cuDNN attention: the backward of B %d, "
+                                "T %d needs %.1f MiB of lent workspace, "
+                                "%.1f MiB were lent",
+                           B, T,
+                           (double)backward_workspace_bytes(s) / (1 << 20),
+                           (double)lent_bytes / (1 << 20));
+        delta = lent;
+    }
     size_t C = (size_t)H * D;
     float scale = 1.0f / sqrtf((float)D), neg_inf = a->neg_inf, one = 1.0f;
-    char *delta = a->workspace;
     int64_t uids[] = {UID_Q,     UID_K,     UID_V,     UID_O,
                       UID_D_OUT, UID_STATS, UID_D_Q,   UID_D_K,
                       UID_D_V,   UID_SCALE, UID_NEG_INF, UID_ONE,

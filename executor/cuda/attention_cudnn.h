@@ -41,22 +41,29 @@ void cudnn_attention_destroy(cudnn_attention *attention);
 
 /* Builds the forward and backward plans of B sequences of T positions,
  * H heads of D channels (once: later calls find them) and grows the
- * workspace to what they need. Fails, with the cuDNN call and cuDNN's
- * own message, when cuDNN cannot run the shape; then nothing of it is
- * kept. */
+ * workspace to what they need. When the backward needs at most
+ * `lendable` bytes (its fused kernels may want B x H x T x T bf16: 384
+ * MiB at GPT-2 124M, mbs 16), it runs in memory its caller lends at each
+ * call instead, and the own workspace covers the forward alone. Fails,
+ * with the cuDNN call and cuDNN's own message, when cuDNN cannot run the
+ * shape; then nothing of it is kept. */
 int cudnn_attention_prepare(cudnn_attention *attention, int B, int T, int H,
-                            int D, pt_error *err);
+                            int D, size_t lendable, pt_error *err);
 
 /* Forward: out and stats (B x H x T floats) from qkv. Backward: WRITES
- * d_qkv from d_out, qkv, out and the forward's stats. The shape must
- * have been prepared; both enqueue on stream. */
+ * d_qkv from d_out, qkv, out and the forward's stats, in `lent` (device
+ * memory free until the backward's work on stream is done, 256-byte
+ * aligned) when the shape was prepared to borrow, else in the own
+ * workspace (lent may be NULL then). The shape must have been prepared;
+ * both enqueue on stream. */
 int cudnn_attention_forward(cudnn_attention *attention, pt_bf16 *out,
                             float *stats, const pt_bf16 *qkv, int B, int T,
                             int H, int D, cudaStream_t stream, pt_error *err);
 int cudnn_attention_backward(cudnn_attention *attention, pt_bf16 *d_qkv,
                              const pt_bf16 *d_out, const pt_bf16 *qkv,
                              const pt_bf16 *out, const float *stats, int B,
-                             int T, int H, int D, cudaStream_t stream,
+                             int T, int H, int D, void *lent,
+                             size_t lent_bytes, cudaStream_t stream,
                              pt_error *err);
 
 /* Device bytes held (the workspace). */

@@ -29,6 +29,7 @@ typedef struct shape_choice {
 
 struct attention_runner {
     attention_mode mode;
+    size_t lendable;            /* bytes the backward's caller lends */
     shape_choice shapes[RUNNER_MAX_SHAPES];
     int shape_count;
     char description[sizeof(((pt_error *)0)->message) + 64];
@@ -123,7 +124,7 @@ static int cudnn_plan(attention_runner *runner, const shape_choice *s,
         cudnn_attention_create(&runner->cudnn, err) != 0)
         return -1;
     return cudnn_attention_prepare(runner->cudnn, s->B, s->T, s->NH,
-                                   s->C / s->NH, err);
+                                   s->C / s->NH, runner->lendable, err);
 #else
     (void)runner, (void)s;
     return pt_fail(err, "this build has no cuDNN");
@@ -194,9 +195,10 @@ static int decide(attention_runner *runner, int B, int T, int C, int NH,
 }
 
 int attention_runner_prepare(attention_runner *runner, int B, int T, int C,
-                             int NH, pt_error *err)
+                             int NH, size_t lendable, pt_error *err)
 {
     const shape_choice *s = NULL;
+    runner->lendable = lendable;
     return decide(runner, B, T, C, NH, &s, err);
 }
 
@@ -231,6 +233,7 @@ int attention_runner_backward(attention_runner *runner, pt_bf16 *d_qkv,
                               const pt_bf16 *d_out, const pt_bf16 *qkv,
                               const pt_bf16 *out, const float *lse,
                               float *scratch, int B, int T, int C, int NH,
+                              void *lent, size_t lent_bytes,
                               cudaStream_t stream, pt_error *err)
 {
     const shape_choice *s = NULL;
@@ -239,8 +242,10 @@ int attention_runner_backward(attention_runner *runner, pt_bf16 *d_qkv,
 #ifdef PARTITA_HAVE_CUDNN
     if (s->cudnn)
         return cudnn_attention_backward(runner->cudnn, d_qkv, d_out, qkv,
-                                        out, lse, B, T, NH, C / NH, stream,
-                                        err);
+                                        out, lse, B, T, NH, C / NH, lent,
+                                        lent_bytes, stream, err);
+#else
+    (void)lent, (void)lent_bytes;
 #endif
     CUDA_TRY(cuda_attention_backward(d_qkv, d_out, qkv, out, lse, scratch, B,
                                      T, C, NH, stream));

@@ -46,19 +46,24 @@ void attention_runner_destroy(attention_runner *runner);
 
 /* Decides the path of B sequences of T positions, C channels in NH
  * heads, building cuDNN's plans and workspace when it may take cuDNN;
- * at most 8 shapes. Forward and backward decide on their own when not
- * prepared. In auto mode a shape cuDNN declines goes to the own kernels
- * (attention_runner_describe says why); in cudnn mode it fails with
- * cuDNN's message. */
+ * at most 8 shapes. `lendable`: the bytes every backward call will lend
+ * (attention_runner_backward), for this and later shapes; cuDNN's
+ * backward workspace goes there when it fits. Forward and backward
+ * decide on their own when not prepared. In auto mode a shape cuDNN
+ * declines goes to the own kernels (attention_runner_describe says
+ * why); in cudnn mode it fails with cuDNN's message. */
 int attention_runner_prepare(attention_runner *runner, int B, int T, int C,
-                             int NH, pt_error *err);
+                             int NH, size_t lendable, pt_error *err);
 /* Whether the shape runs on cuDNN (preparing it first). */
 int attention_runner_uses_cudnn(attention_runner *runner, int B, int T,
                                 int C, int NH, bool *out, pt_error *err);
 
 /* cuda_attention_forward / _backward of cuda_ops.h on the shape's path
  * (scratch: cuda_attention_backward_scratch floats, used by the own
- * kernels only). */
+ * kernels only; lent: lent_bytes of device memory, 256-byte aligned,
+ * that nothing else uses until the backward's work on stream is done,
+ * at least the lendable bytes of attention_runner_prepare, or NULL when
+ * that was 0). */
 int attention_runner_forward(attention_runner *runner, pt_bf16 *out,
                              float *lse, const pt_bf16 *qkv, int B, int T,
                              int C, int NH, cudaStream_t stream,
@@ -67,6 +72,7 @@ int attention_runner_backward(attention_runner *runner, pt_bf16 *d_qkv,
                               const pt_bf16 *d_out, const pt_bf16 *qkv,
                               const pt_bf16 *out, const float *lse,
                               float *scratch, int B, int T, int C, int NH,
+                              void *lent, size_t lent_bytes,
                               cudaStream_t stream, pt_error *err);
 
 /* One line on the path of the last shape prepared: cuDNN's version and

@@ -140,6 +140,13 @@ typedef struct cuda_stage_state {
     cudaStream_t stream;
     gemm_context *gemm;
     attention_runner *attention;    /* cuDNN's or the own kernels */
+    /* A slot's logits (N x ld_logits bf16 at full micro-batches, 0
+     * without a head) are dead from the head's backward to the slot's
+     * next forward: the attention's backward borrows them for cuDNN's
+     * workspace (B x NH x T x T bf16 at most); attention_lent is the
+     * slot in backward's, NULL outside a backward. */
+    size_t logits_bytes;
+    void *attention_lent;
     stage_offsets offsets;
     int layer_count;
     int ld_logits;                  /* Vp: the vocabulary rounded up */

@@ -4,8 +4,9 @@
  * backward, at head sizes 64 and 128 and at the shapes of GPT-2 124M and
  * 1.5B (there against the own kernels only: the cpu would take minutes).
  * The statistics are compared across conventions (cuDNN's natural
- * log-sum-exp x log2 e against the own kernels' base-2 one). Then the
- * runner's choice in auto mode (cuDNN where it plans, the own kernels
+ * log-sum-exp x log2 e against the own kernels' base-2 one), and the
+ * backward in lent memory against the own workspace, bit for bit. Then
+ * the runner's choice in auto mode (cuDNN where it plans, the own kernels
  * for a sequence of 200) and the refusal in cudnn mode, the backward's
  * determinism, and the time of both paths (NOTE lines, never checked).
  *
@@ -81,10 +82,12 @@ static void buffers_free(path_buffers *b)
 }
 
 /* Forward and backward on the runner's path into host memory (lse
- * converted to base 2 when `natural_log`). */
+ * converted to base 2 when `natural_log`), the backward lent lent_bytes
+ * at lent. */
 static attention_result run_path(gpu_test_tally *tally,
                                  attention_runner *runner,
                                  const attention_case *c, bool natural_log,
+                                 void *lent, size_t lent_bytes,
                                  const char *name)
 {
     pt_error err;
@@ -99,8 +102,8 @@ static attention_result run_path(gpu_test_tally *tally,
     if (attention_runner_forward(runner, out, lse, c->qkv, c->B, c->T, c->C,
                                  c->NH, 0, &err) != 0 ||
         attention_runner_backward(runner, d_qkv, c->d_out, c->qkv, out, lse,
-                                  scratch, c->B, c->T, c->C, c->NH, 0,
-                                  &err) != 0) {
+                                  scratch, c->B, c->T, c->C, c->NH, lent,
+                                  lent_bytes, 0, &err) != 0) {
         printf("FAIL %s: %s\n", name, err.message);
         tally->failed++;
     }
@@ -164,8 +167,8 @@ static void check_determinism(gpu_test_tally *tally,
                               attention_runner *cudnn,
                               const attention_case *c)
 {
-    attention_result first = run_path(tally, cudnn, c, true, "determinism");
-    attention_result second = run_path(tally, cudnn, c, true, "determinism");
+    attention_result first = run_path(tally, cudnn, c, true, NULL, 0, "determinism");
+    attention_result second = run_path(tally, cudnn, c, true, NULL, 0, "determinism");
     bool same = memcmp(first.d_qkv, second.d_qkv,
                        c->qkv_count * sizeof(float)) == 0;
     char what[128];
@@ -174,6 +177,40 @@ static void check_determinism(gpu_test_tally *tally,
              c->T);
     gpu_test_expect(tally, same, what);
     result_free(&first), result_free(&second);
+}
+
+/* cuDNN's backward in lent memory (as a stage lends its logits): the
+ * same bits as in the own workspace, and the description says so. */
+static void check_lent(gpu_test_tally *tally, const attention_case *c,
+                       const attention_result *own_workspace)
+{
+    pt_error err;
+    attention_runner *borrower = NULL;
+    size_t lent_bytes = (size_t)c->B * c->NH * c->T * c->T * 2 + (8u << 20);
+    void *lent = gpu_test_device(lent_bytes);
+    PT_CHECK(attention_runner_create(&borrower, ATTENTION_CUDNN, &err), &err);
+    PT_CHECK(attention_runner_prepare(borrower, c->B, c->T, c->C, c->NH,
+                                      lent_bytes, &err),
+             &err);
+    printf("# lent B=%d T=%d: %s\n", c->B, c->T,
+           attention_runner_describe(borrower));
+    attention_result r =
+        run_path(tally, borrower, c, true, lent, lent_bytes, "lent");
+    char what[128];
+    snprintf(what, sizeof what,
+             "cuDNN backward B=%d T=%d in lent memory: the same bits", c->B,
+             c->T);
+    gpu_test_expect(tally,
+                    memcmp(r.d_qkv, own_workspace->d_qkv,
+                           c->qkv_count * sizeof(float)) == 0,
+                    what);
+    gpu_test_expect(tally,
+                    strstr(attention_runner_describe(borrower), "lent") !=
+                        NULL,
+                    "the description names the lent workspace");
+    result_free(&r);
+    attention_runner_destroy(borrower);
+    cudaFree(lent);
 }
 
 static void print_path(attention_runner *runner, const attention_case *c,
@@ -211,8 +248,8 @@ static double time_path(attention_runner *runner, const attention_case *c,
         if (status == 0)
             status = attention_runner_backward(runner, d_qkv, c->d_out,
                                                c->qkv, out, lse, scratch,
-                                               c->B, c->T, c->C, c->NH, 0,
-                                               &err);
+                                               c->B, c->T, c->C, c->NH, NULL,
+                                               0, 0, &err);
         GPU_CHECK(cudaEventRecord(marks[2], 0));
         GPU_CHECK(cudaEventSynchronize(marks[2]));
         if (status != 0) {
@@ -245,8 +282,10 @@ static void test_shape(gpu_test_tally *tally, attention_runner *own,
     c.qkv = gpu_test_upload_bf16(qkv, c.qkv_count);
     c.d_out = gpu_test_upload_bf16(d_out, c.out_count);
     print_path(cudnn, &c, "cudnn mode");
-    attention_result mine = run_path(tally, own, &c, false, "own kernels");
-    attention_result theirs = run_path(tally, cudnn, &c, true, "cuDNN");
+    attention_result mine =
+        run_path(tally, own, &c, false, NULL, 0, "own kernels");
+    attention_result theirs =
+        run_path(tally, cudnn, &c, true, NULL, 0, "cuDNN");
     char name[160];
     snprintf(name, sizeof name, "cuDNN forward B=%d T=%d C=%d NH=%d vs own",
              B, T, C, NH);
@@ -277,6 +316,7 @@ static void test_shape(gpu_test_tally *tally, attention_runner *own,
                "own %.3f ms (forward %.3f), cuDNN %.3f ms (forward %.3f)\n",
                B, T, C, NH, own_ms, own_fwd, cudnn_ms, cudnn_fwd);
         check_determinism(tally, cudnn, &c);
+        check_lent(tally, &c, &theirs);
     }
     result_free(&mine), result_free(&theirs);
     free(qkv), free(d_out);
@@ -304,7 +344,7 @@ static void test_choice(gpu_test_tally *tally, attention_runner *cudnn)
            attention_runner_describe(automatic));
     gpu_test_expect(tally, !uses, "auto mode takes the own kernels for T=200");
     attention_runner_destroy(automatic);
-    int status = attention_runner_prepare(cudnn, 2, 200, 128, 2, &err);
+    int status = attention_runner_prepare(cudnn, 2, 200, 128, 2, 0, &err);
     printf("# cudnn mode B=2 T=200: %s\n",
            status != 0 ? err.message : "accepted");
     gpu_test_expect(tally, status != 0 && strstr(err.message, "128") != NULL,
