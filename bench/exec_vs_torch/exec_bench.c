@@ -179,6 +179,7 @@ int main(int argc, char **argv)
            properties.name, shape.name, mbs, shape.seq, warmup, steps);
     printf("# loss %.4f -> %.4f nats/token (synthetic tokens)\n", first_loss,
            loss);
+    printf("# attention: %s\n", cuda_stage_attention(&stage));
     printf("# per step: forward %.2f ms, backward %.2f ms, norm + AdamW "
            "%.2f ms, total %.2f ms\n",
            1e3 * timed.forward / steps, 1e3 * timed.backward / steps,

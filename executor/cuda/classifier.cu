@@ -1,10 +1,10 @@
 /*
  * The classifier: softmax + cross-entropy of the LM head's logits fused
  * with the start of the backward. One block per row: one pass finds the
- * row's maximum and sum of exponentials together (online softmax), a
- * second overwrites the row with softmax - onehot(target). The logits
- * are bf16 and exist once; no fp32 logits or probabilities are ever
- * written to memory.
+ * row's maximum and sum of exponentials together (online softmax, from
+ * the row's end backwards), a second overwrites the row with softmax -
+ * onehot(target). The logits are bf16 and exist once; no fp32 logits or
+ * probabilities are ever written to memory.
  *
  * A vocab-parallel shard (tensor parallelism) holds some of the
  * vocabulary's columns: the same two passes run as three launches with
@@ -25,31 +25,58 @@ static __device__ inline void softmax_merge(float &max_value, float &sum,
     max_value = merged;
 }
 
+/* The row's (max, sum) of one 8-column chunk merged into a thread's:
+ * exponentials as ex2.approx of x log2 e - max log2 e (one FFMA and one
+ * MUFU op a column; the kernel is bound by its instructions, not by
+ * memory: GPU runs of 2026-11-25, docs/benchmarks.md). */
+static __device__ inline void chunk_merge(const bf16x8 &packed,
+                                          float &max_value, float &sum)
+{
+    float x[8];
+    bf16x8_to_float(packed, x);
+    float merged = max_value;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        merged = fmaxf(merged, x[i]);
+    if (merged == -INFINITY)
+        return; /* nothing to add (and no -inf - -inf) */
+    /* max_value is -inf before the first chunk: 2^-inf = 0 x sum 0 */
+    float shift = -merged * LOG2E_F;
+    float chunk_sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        chunk_sum += fast_exp2(fmaf(x[i], LOG2E_F, shift));
+    sum = fmaf(sum, fast_exp2((max_value - merged) * LOG2E_F), chunk_sum);
+    max_value = merged;
+}
+
 /* The (max, sum of exp(x - max)) of the row's V valid columns, merged over
- * the whole block; every thread gets it. Its __syncthreads also orders
- * reads of the row made before the call before any writes after it. */
+ * the whole block; every thread gets it. The chunks are read from the
+ * row's end backwards, two at a time, so that the start of the row,
+ * which row_write_gradient reads first, is the most recently read (and
+ * likely still in L2). Its __syncthreads also orders reads of the row
+ * made before the call before any writes after it. */
 static __device__ void row_softmax_stats(const bf16 *z, int V, bool vector,
                                          float *row_max, float *row_sum)
 {
     __shared__ float shared_max[WARP_SIZE];
     __shared__ float shared_sum[WARP_SIZE];
-    int vector_end = vector ? V / 8 * 8 : 0;
+    int chunks = vector ? V / 8 : 0;
+    int stride = (int)blockDim.x;
     float max_value = -INFINITY;
     float sum = 0.0f;
-    for (int c = threadIdx.x * 8; c < vector_end; c += blockDim.x * 8) {
-        float x[8];
-        bf16x8_to_float(*reinterpret_cast<const bf16x8 *>(z + c), x);
-        float local_max = x[0];
-#pragma unroll
-        for (int i = 1; i < 8; i++)
-            local_max = fmaxf(local_max, x[i]);
-        float local_sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            local_sum += expf(x[i] - local_max);
-        softmax_merge(max_value, sum, local_max, local_sum);
+    int k = chunks - 1 - (int)threadIdx.x;
+    for (; k - stride >= 0; k -= 2 * stride) {
+        bf16x8 first = *reinterpret_cast<const bf16x8 *>(z + (size_t)k * 8);
+        bf16x8 second =
+            *reinterpret_cast<const bf16x8 *>(z + (size_t)(k - stride) * 8);
+        chunk_merge(first, max_value, sum);
+        chunk_merge(second, max_value, sum);
     }
-    for (int c = vector_end + threadIdx.x; c < V; c += blockDim.x)
+    if (k >= 0)
+        chunk_merge(*reinterpret_cast<const bf16x8 *>(z + (size_t)k * 8),
+                    max_value, sum);
+    for (int c = chunks * 8 + threadIdx.x; c < V; c += blockDim.x)
         softmax_merge(max_value, sum, __bfloat162float(z[c]), 1.0f);
 
     /* block-wide merge: warps by shuffles, then across warps */
@@ -88,14 +115,19 @@ static __device__ void row_write_gradient(bf16 *z, int V, int ld, bool vector,
                                           long target)
 {
     int vector_end = vector ? V / 8 * 8 : 0;
+    float shift = -max_value * LOG2E_F;
     for (int c = threadIdx.x * 8; c < vector_end; c += blockDim.x * 8) {
         float x[8];
         bf16x8_to_float(*reinterpret_cast<const bf16x8 *>(z + c), x);
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            x[i] = expf(x[i] - max_value) * inverse;
-            if ((long)(c + i) == target)
-                x[i] -= 1.0f;
+        for (int i = 0; i < 8; i++)
+            x[i] = fast_exp2(fmaf(x[i], LOG2E_F, shift)) * inverse;
+        long offset = target - c; /* the target's place in the chunk */
+        if (offset >= 0 && offset < 8) {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (i == offset)
+                    x[i] -= 1.0f;
         }
         *reinterpret_cast<bf16x8 *>(z + c) = float_to_bf16x8(x);
     }

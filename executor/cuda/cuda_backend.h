@@ -40,6 +40,11 @@
  *   PARTITA_CUDA_FUSE       "0" turns off the cuBLASLt GELU and
  *                           bias-gradient epilogues (separate kernels then
  *                           do that work); for tests and measurements.
+ *   PARTITA_CUDA_ATTENTION  "auto" (default): cuDNN's fused attention
+ *                           where the build has cuDNN and it plans the
+ *                           shape, else the own kernels; "own" or
+ *                           "cudnn" force one (cudnn fails when cuDNN
+ *                           cannot run the shape).
  */
 #ifndef PARTITA_EXECUTOR_CUDA_BACKEND_H
 #define PARTITA_EXECUTOR_CUDA_BACKEND_H
@@ -66,9 +71,13 @@ static inline int cuda_model_stage_create(model_stage *out,
                               slot_count, err);
 }
 
+/* One line on the attention the stage runs: cuDNN's fused attention
+ * (version, engines, workspace) or the own kernels and why. */
+const char *cuda_stage_attention(const model_stage *stage);
+
 /* Device bytes the stage holds: parameters, gradients, AdamW state, the
- * bf16 weight mirror, activations of every slot, backward scratch and the
- * cuBLASLt workspace. */
+ * bf16 weight mirror, activations of every slot, backward scratch, the
+ * cuBLASLt workspace and cuDNN's attention workspace. */
 size_t cuda_stage_device_bytes(const model_stage *stage);
 
 /* The stream a cuda stage runs on (for NCCL work ordered with it). */

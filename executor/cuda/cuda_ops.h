@@ -145,7 +145,12 @@ cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
  * written to d_inp (fp32) and, when d_inp_bf16 is not NULL, to a bf16
  * copy for the matrix products that follow. d_residual may be NULL (then
  * taken as 0) and may equal d_inp. d_weight and d_bias (fp32, C) are
- * ADDED to. scratch: cuda_layernorm_backward_scratch(N, C) floats.
+ * ADDED to (either may be NULL). One kernel when C % 8 == 0, C <= 8192
+ * and the tensors are 16-byte aligned, else two. scratch:
+ * cuda_layernorm_backward_scratch(N_max, C) floats for calls of up to
+ * N_max rows, ZEROED once before the first call (it holds the kernel's
+ * completion counters, which every call leaves at zero again); one call
+ * at a time may use it.
  */
 size_t cuda_layernorm_backward_scratch(int N, int C);
 cudaError_t cuda_layernorm_backward(float *d_inp, pt_bf16 *d_inp_bf16,

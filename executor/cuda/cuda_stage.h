@@ -7,6 +7,7 @@
 #ifndef PARTITA_EXECUTOR_CUDA_STAGE_H
 #define PARTITA_EXECUTOR_CUDA_STAGE_H
 
+#include "executor/cuda/attention_runner.h"
 #include "executor/cuda/cuda_backend.h"
 #include "executor/cuda/cuda_ops.h"
 #include "executor/cuda/gemm.h"
@@ -53,7 +54,9 @@ typedef struct layer_activations {
     pt_bf16 *ln1_out;               /* N x C; NULL when recomputed */
     pt_bf16 *qkv;                   /* N x 3A */
     pt_bf16 *att_out;               /* N x A, before the projection */
-    float *att_lse;                 /* B x NH x T */
+    float *att_lse;                 /* B x NH x T, in the convention of
+                                       the attention's path
+                                       (attention_runner.h) */
     float *residual_mid;            /* N x C fp32: input + attention */
     float *ln2_mean, *ln2_rstd;
     pt_bf16 *ln2_out;               /* NULL when recomputed */
@@ -136,6 +139,14 @@ typedef struct cuda_stage_state {
     int device;
     cudaStream_t stream;
     gemm_context *gemm;
+    attention_runner *attention;    /* cuDNN's or the own kernels */
+    /* A slot's logits (N x ld_logits bf16 at full micro-batches, 0
+     * without a head) are dead from the head's backward to the slot's
+     * next forward: the attention's backward borrows them for cuDNN's
+     * workspace (B x NH x T x T bf16 at most); attention_lent is the
+     * slot in backward's, NULL outside a backward. */
+    size_t logits_bytes;
+    void *attention_lent;
     stage_offsets offsets;
     int layer_count;
     int ld_logits;                  /* Vp: the vocabulary rounded up */

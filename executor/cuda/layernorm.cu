@@ -1,25 +1,42 @@
 /*
- * Layer norm, forward and backward. One warp per row: a row (C <= a few
- * thousand floats) is read up to three times, the later reads from L1.
- * The forward reads the fp32 residual stream and writes bf16, the input
- * of the next matrix product. The backward fuses the residual branch
- * point (d_inp = d_residual + the norm's own term) and writes the bf16
- * copy the next matrix products read; its weight and bias gradients are
- * summed per block of rows and then over blocks, in a fixed order.
+ * Layer norm, forward and backward, on the fp32 residual stream.
+ *
+ * Forward: one warp per row; the row (C <= 2048 channels, C % 8 == 0)
+ * is read once into registers and written as bf16, the input of the next
+ * matrix product (larger or odd rows take a generic kernel that reads the
+ * row three times, the later reads from L1). The residual add that
+ * precedes a norm rides on the products' epilogue (passes.c), so there is
+ * nothing else to fuse here.
+ *
+ * Backward: fused with the residual branch point (d_inp = d_residual +
+ * the norm's own term), it writes d_inp in fp32 and the bf16 copy the
+ * next matrix products read, and adds the weight and bias gradients, in
+ * one kernel: each block sums dy x xhat and dy over its rows in
+ * registers, writes them as its partial row, and the last block of each
+ * group of blocks to finish sums the group's partials, the last group
+ * the groups' sums (a fixed order everywhere, so results do not change
+ * between runs). Rows wider than FUSED_MAX_COLUMNS or not 16-byte
+ * vectorisable take two generic kernels (rows, then partials).
  */
 #include "executor/cuda/cuda_common.cuh"
 
 #define LAYERNORM_EPS 1e-5f
 #define ROWS_PER_FORWARD_BLOCK 8   /* one warp each */
+#define FORWARD_MAX_GROUPS 8       /* 8-channel groups per lane: C <= 2048 */
 #define BACKWARD_THREADS 256
+#define BACKWARD_ROWS 32 /* rows per block: 512 blocks for 16384 rows */
+#define FUSED_MAX_COLUMNS 8192     /* 256 threads x 4 groups of 8 */
+#define FUSED_GROUP_BLOCKS 16      /* blocks whose partials one of them sums */
+#define COUNTER_ALIGNMENT 64       /* floats: the partials start 256-aligned */
 
-/* `vector`: C % 8 == 0 and every pointer 16-byte aligned, so a lane moves
- * 8 channels per access. */
-__global__ void layernorm_forward_kernel(bf16 *out, float *mean, float *rstd,
-                                         const float *inp,
-                                         const float *weight,
-                                         const float *bias, int N, int C,
-                                         bool vector)
+/* The generic forward (any C; `vector`: C % 8 == 0 and every pointer
+ * 16-byte aligned, so a lane moves 8 channels per access): the row is
+ * read three times, the later reads from L1. */
+__global__ void layernorm_forward_generic(bf16 *out, float *mean,
+                                          float *rstd, const float *inp,
+                                          const float *weight,
+                                          const float *bias, int N, int C,
+                                          bool vector)
 {
     int lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * ROWS_PER_FORWARD_BLOCK + threadIdx.x / WARP_SIZE;
@@ -76,37 +93,351 @@ __global__ void layernorm_forward_kernel(bf16 *out, float *mean, float *rstd,
     }
 }
 
+
+/*
+ * The forward of a row held in registers: lane l holds the 8-channel
+ * groups l, l + 32, ... (G of them, C % 8 == 0, pointers 16-byte
+ * aligned), so the row is read from memory once; the variance is taken
+ * about the mean, two passes over the registers, as the cpu reference
+ * does.
+ */
+template <int G>
+__global__ void __launch_bounds__(ROWS_PER_FORWARD_BLOCK *WARP_SIZE)
+layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
+                         const float *inp, const float *weight,
+                         const float *bias, int N, int C)
+{
+    int lane = threadIdx.x % WARP_SIZE;
+    int row = blockIdx.x * ROWS_PER_FORWARD_BLOCK + threadIdx.x / WARP_SIZE;
+    if (row >= N)
+        return;
+    const float *x = inp + (size_t)row * C;
+    float values[G][8];
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        int c = (lane + k * WARP_SIZE) * 8;
+        if (c < C) {
+            load8(values[k], x + c);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                values[k][i] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            sum += values[k][i];
+    }
+    float row_mean = warp_sum(sum) / (float)C;
+    float square_sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        if ((lane + k * WARP_SIZE) * 8 >= C)
+            continue;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float centred = values[k][i] - row_mean;
+            square_sum += centred * centred;
+        }
+    }
+    float row_rstd =
+        rsqrtf(warp_sum(square_sum) / (float)C + LAYERNORM_EPS);
+    bf16 *y = out + (size_t)row * C;
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        int c = (lane + k * WARP_SIZE) * 8;
+        if (c >= C)
+            continue;
+        float w[8], b[8], normed[8];
+        load8(w, weight + c);
+        load8(b, bias + c);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            normed[i] = (values[k][i] - row_mean) * row_rstd * w[i] + b[i];
+        store8(y + c, normed);
+    }
+    if (lane == 0) {
+        if (mean != NULL)
+            mean[row] = row_mean;
+        if (rstd != NULL)
+            rstd[row] = row_rstd;
+    }
+}
+
 extern "C" cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
                                               float *rstd, const float *inp,
                                               const float *weight,
                                               const float *bias, int N, int C,
                                               cudaStream_t stream)
 {
+    if (N <= 0)
+        return cudaSuccess;
     bool vector = C % 8 == 0 && aligned16(out_bf16) && aligned16(inp) &&
                   aligned16(weight) && aligned16(bias);
-    layernorm_forward_kernel<<<blocks_for((size_t)N, ROWS_PER_FORWARD_BLOCK),
-                               ROWS_PER_FORWARD_BLOCK * WARP_SIZE, 0,
-                               stream>>>(as_bf16(out_bf16), mean, rstd, inp,
-                                         weight, bias, N, C, vector);
+    unsigned int blocks = blocks_for((size_t)N, ROWS_PER_FORWARD_BLOCK);
+    unsigned int threads = ROWS_PER_FORWARD_BLOCK * WARP_SIZE;
+    int groups = (C / 8 + WARP_SIZE - 1) / WARP_SIZE;
+    bf16 *out = as_bf16(out_bf16);
+    if (!vector || groups > FORWARD_MAX_GROUPS) {
+        layernorm_forward_generic<<<blocks, threads, 0, stream>>>(
+            out, mean, rstd, inp, weight, bias, N, C, vector);
+        return cudaGetLastError();
+    }
+#define FORWARD_CASE(G)                                                      \
+    case G:                                                                  \
+        layernorm_forward_cached<G><<<blocks, threads, 0, stream>>>(         \
+            out, mean, rstd, inp, weight, bias, N, C);                       \
+        break
+    switch (groups) {
+        FORWARD_CASE(1);
+        FORWARD_CASE(2);
+        FORWARD_CASE(3);
+        FORWARD_CASE(4);
+        FORWARD_CASE(5);
+        FORWARD_CASE(6);
+        FORWARD_CASE(7);
+        default:
+        FORWARD_CASE(8);
+    }
+#undef FORWARD_CASE
     return cudaGetLastError();
 }
 
+/* ------------------------------------------------------ fused backward */
+
+/* What the fused backward reads and writes (cuda_layernorm_backward's
+ * arguments; partials and counters: its scratch, see
+ * cuda_layernorm_backward_scratch). */
+struct layernorm_backward_args {
+    float *d_inp;
+    bf16 *d_inp_bf16;            /* may be NULL */
+    float *d_weight, *d_bias;    /* added to; either may be NULL */
+    float *partials;             /* blocks x 2C, then groups x 2C */
+    unsigned int *counters;      /* groups + 1, zero between calls */
+    const float *d_residual;     /* may be NULL, may equal d_inp */
+    const bf16 *d_out;
+    const float *inp, *weight, *mean, *rstd;
+    int N, C;
+};
+
 /*
- * A block owns BACKWARD_ROWS rows. Phase 1, row-parallel: one warp per
- * row writes d_inp (fp32 and bf16). Phase 2, column-parallel: each thread
- * sums dy x xhat and dy of 8 columns (VECTOR) over a share of the block's
- * rows (re-read from L2, where phase 1 just left them); the shares are
- * added in order in shared memory and written as the block's partials
- * (partials[block][0..C) weight, [C..2C) bias). One kernel, and so one
- * long function: the two phases share the block's rows through L2 and
- * its shared memory, which a second kernel or a call would not keep.
+ * The rows [first, last) of a block, ROWS at a time. Thread t owns the
+ * 8-channel groups t, t + blockDim.x, ... (G of them): for each row it
+ * computes its share of the row's sums of g = dy w and g xhat, the
+ * block adds the shares (one barrier per ROWS rows; the shared sums are
+ * double-buffered, so a buffer is rewritten only after the next
+ * barrier), then the thread writes its channels of d_inp and adds
+ * dy xhat and dy to its weight and bias sums dw, db. One function for
+ * the pass: the rows' values stay in registers between its steps.
  */
-#define BACKWARD_ROWS 32 /* 512 blocks for 16384 rows: full waves */
+template <int G, int ROWS>
+static __device__ void fused_backward_rows(const layernorm_backward_args &a,
+                                           int first, int last,
+                                           float dw[G][8], float db[G][8])
+{
+    __shared__ float shares[2][BACKWARD_THREADS / WARP_SIZE][2 * ROWS];
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    int warps = blockDim.x / WARP_SIZE, C = a.C, buffer = 0;
+    float w[G][8];
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        int c = (threadIdx.x + k * blockDim.x) * 8;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            w[k][i] = 0.0f;
+        if (c < C)
+            load8(w[k], a.weight + c);
+    }
+    for (int row0 = first; row0 < last; row0 += ROWS) {
+        float dy[ROWS][G][8], xhat[ROWS][G][8], sums[2 * ROWS], rs[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            int row = row0 + r;
+            bool live = row < last;
+            float m = live ? a.mean[row] : 0.0f;
+            rs[r] = live ? a.rstd[row] : 0.0f;
+            float g_sum = 0.0f, g_xhat_sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < G; k++) {
+                int c = (threadIdx.x + k * blockDim.x) * 8;
+                float x[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    dy[r][k][i] = x[i] = 0.0f;
+                if (live && c < C) {
+                    load8(dy[r][k], a.d_out + (size_t)row * C + c);
+                    load8(x, a.inp + (size_t)row * C + c);
+                }
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    xhat[r][k][i] = (x[i] - m) * rs[r];
+                    float g = dy[r][k][i] * w[k][i];
+                    g_sum += g;
+                    g_xhat_sum += g * xhat[r][k][i];
+                }
+            }
+            sums[2 * r] = warp_sum(g_sum);
+            sums[2 * r + 1] = warp_sum(g_xhat_sum);
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < 2 * ROWS; j++)
+                shares[buffer][warp][j] = sums[j];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < 2 * ROWS; j++) {
+            float total = 0.0f;
+            for (int v = 0; v < warps; v++)
+                total += shares[buffer][v][j];
+            sums[j] = total / (float)C;
+        }
+        buffer ^= 1;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            size_t base = (size_t)(row0 + r) * C;
+#pragma unroll
+            for (int k = 0; k < G; k++) {
+                int c = (threadIdx.x + k * blockDim.x) * 8;
+                if (row0 + r >= last || c >= C)
+                    continue;
+                float residual[8], value[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    residual[i] = 0.0f;
+                if (a.d_residual != NULL)
+                    load8(residual, a.d_residual + base + c);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float g = dy[r][k][i] * w[k][i];
+                    value[i] = residual[i] +
+                               rs[r] * (g - sums[2 * r] -
+                                        xhat[r][k][i] * sums[2 * r + 1]);
+                    dw[k][i] += dy[r][k][i] * xhat[r][k][i];
+                    db[k][i] += dy[r][k][i];
+                }
+                store8(a.d_inp + base + c, value);
+                if (a.d_inp_bf16 != NULL)
+                    store8(a.d_inp_bf16 + base + c, value);
+            }
+        }
+    }
+}
+
+/* Counts the block in at *counter after its writes (fenced first); true
+ * in every thread of the block that completes the count (`expected`
+ * blocks), which then zeroes the counter for the next call and sees the
+ * other blocks' writes. */
+static __device__ bool arrive_last(unsigned int *counter,
+                                   unsigned int expected)
+{
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) + 1u == expected;
+        if (last)
+            *counter = 0u;
+    }
+    __syncthreads();
+    if (last)
+        __threadfence();
+    return last;
+}
+
+/* The column sums of count rows of C2 floats, in row order, 4 columns a
+ * thread at a time (read through L2: other blocks wrote them); written
+ * to out, or added to d_weight (columns < C) and d_bias when out is
+ * NULL. */
+static __device__ void sum_rows(float *out, float *d_weight, float *d_bias,
+                                const float *rows, int count, int C)
+{
+    int C2 = 2 * C;
+    for (int j = threadIdx.x * 4; j < C2; j += blockDim.x * 4) {
+        float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int r = 0; r < count; r++) {
+            float4 v = __ldcg(
+                reinterpret_cast<const float4 *>(rows + (size_t)r * C2 + j));
+            total.x += v.x;
+            total.y += v.y;
+            total.z += v.z;
+            total.w += v.w;
+        }
+        if (out != NULL) {
+            *reinterpret_cast<float4 *>(out + j) = total;
+            continue;
+        }
+        float *grad = j < C ? d_weight : d_bias;
+        int at = j < C ? j : j - C;
+        if (grad != NULL) {
+            grad[at] += total.x;
+            grad[at + 1] += total.y;
+            grad[at + 2] += total.z;
+            grad[at + 3] += total.w;
+        }
+    }
+}
+
+/* One kernel for the whole backward: the block's rows, its partial row,
+ * then, in the last block of its group to finish, the group's sum, and
+ * in the last group to finish, the gradients. */
+template <int G, int ROWS>
+__global__ void __launch_bounds__(BACKWARD_THREADS)
+layernorm_backward_fused(layernorm_backward_args a)
+{
+    int first = blockIdx.x * BACKWARD_ROWS;
+    int last = min(first + BACKWARD_ROWS, a.N);
+    float dw[G][8], db[G][8];
+#pragma unroll
+    for (int k = 0; k < G; k++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            dw[k][i] = db[k][i] = 0.0f;
+    fused_backward_rows<G, ROWS>(a, first, last, dw, db);
+    size_t C2 = 2 * (size_t)a.C;
+    float *own = a.partials + blockIdx.x * C2;
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        int c = (threadIdx.x + k * blockDim.x) * 8;
+        if (c < a.C) {
+            store8(own + c, dw[k]);
+            store8(own + a.C + c, db[k]);
+        }
+    }
+    int blocks = gridDim.x;
+    int groups = (blocks + FUSED_GROUP_BLOCKS - 1) / FUSED_GROUP_BLOCKS;
+    int group = blockIdx.x / FUSED_GROUP_BLOCKS;
+    int group_first = group * FUSED_GROUP_BLOCKS;
+    int group_size = min(FUSED_GROUP_BLOCKS, blocks - group_first);
+    float *group_sums = a.partials + (size_t)blocks * C2;
+    if (!arrive_last(&a.counters[group], (unsigned int)group_size))
+        return;
+    sum_rows(group_sums + group * C2, NULL, NULL,
+             a.partials + group_first * C2, group_size, a.C);
+    if (!arrive_last(&a.counters[groups], (unsigned int)groups))
+        return;
+    sum_rows(NULL, a.d_weight, a.d_bias, group_sums, groups, a.C);
+}
+
+/* ---------------------------------------------------- generic backward */
+
+/*
+ * The generic backward (C % 8 != 0, unaligned tensors, or C above
+ * FUSED_MAX_COLUMNS), in two kernels. A block owns BACKWARD_ROWS rows.
+ * Phase 1, row-parallel: one warp per row writes d_inp (fp32 and bf16).
+ * Phase 2, column-parallel: each thread sums dy x xhat and dy of 8
+ * columns (VECTOR) over a share of the block's rows (re-read from L2,
+ * where phase 1 just left them); the shares are added in order in shared
+ * memory and written as the block's partials (partials[block][0..C)
+ * weight, [C..2C) bias). One kernel, and so one long function: the two
+ * phases share the block's rows through L2 and its shared memory, which
+ * a second kernel or a call would not keep.
+ */
 #define PARTIAL_SPACE (BACKWARD_THREADS * 16)
 
 template <int VECTOR>
 __global__ void __launch_bounds__(BACKWARD_THREADS)
-layernorm_backward_kernel(float *d_inp, bf16 *d_inp_bf16, float *partials,
+layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
                           const float *d_residual, const bf16 *d_out,
                           const float *inp, const float *weight,
                           const float *mean, const float *rstd, int N, int C)
@@ -265,10 +596,43 @@ __global__ void layernorm_partials_kernel(float *d_weight, float *d_bias,
     }
 }
 
+/* Counters first (a fixed place whatever N, so a call with fewer rows
+ * finds them zeroed too), then the blocks' partial rows and the groups'
+ * sums; the generic kernels use the same partial rows. */
+static size_t counter_floats(int N)
+{
+    size_t blocks = blocks_for((size_t)N, BACKWARD_ROWS);
+    size_t groups = (blocks + FUSED_GROUP_BLOCKS - 1) / FUSED_GROUP_BLOCKS;
+    return (groups + 1 + COUNTER_ALIGNMENT - 1) / COUNTER_ALIGNMENT *
+           COUNTER_ALIGNMENT;
+}
+
 extern "C" size_t cuda_layernorm_backward_scratch(int N, int C)
 {
-    size_t blocks = ((size_t)N + BACKWARD_ROWS - 1) / BACKWARD_ROWS;
-    return blocks * 2 * (size_t)C;
+    size_t blocks = blocks_for((size_t)N, BACKWARD_ROWS);
+    size_t groups = (blocks + FUSED_GROUP_BLOCKS - 1) / FUSED_GROUP_BLOCKS;
+    return counter_floats(N) + (blocks + groups) * 2 * (size_t)C;
+}
+
+/* The fused kernel for rows of C % 8 == 0 channels, C <= 8192: G groups
+ * of 8 channels per thread, at most 256 threads, ROWS rows at a time (G
+ * x ROWS = 4: 64 values of the rows in registers). */
+static void launch_fused(const layernorm_backward_args &a, unsigned int blocks,
+                         cudaStream_t stream)
+{
+    int groups = a.C / 8;
+    int G = groups <= BACKWARD_THREADS ? 1
+            : groups <= 2 * BACKWARD_THREADS ? 2
+                                             : 4;
+    unsigned int threads =
+        (unsigned int)((groups + G - 1) / G + WARP_SIZE - 1) / WARP_SIZE *
+        WARP_SIZE;
+    if (G == 1)
+        layernorm_backward_fused<1, 4><<<blocks, threads, 0, stream>>>(a);
+    else if (G == 2)
+        layernorm_backward_fused<2, 2><<<blocks, threads, 0, stream>>>(a);
+    else
+        layernorm_backward_fused<4, 1><<<blocks, threads, 0, stream>>>(a);
 }
 
 extern "C" cudaError_t cuda_layernorm_backward(
@@ -277,24 +641,37 @@ extern "C" cudaError_t cuda_layernorm_backward(
     const float *weight, const float *mean, const float *rstd,
     float *scratch, int N, int C, cudaStream_t stream)
 {
-    int blocks = (int)blocks_for((size_t)N, BACKWARD_ROWS);
+    if (N <= 0)
+        return cudaSuccess;
+    unsigned int blocks = blocks_for((size_t)N, BACKWARD_ROWS);
     bool vector = C % 8 == 0 && aligned16(d_inp) && aligned16(d_out_bf16) &&
-                  aligned16(inp) && aligned16(weight) &&
+                  aligned16(inp) && aligned16(weight) && aligned16(scratch) &&
                   (d_inp_bf16 == NULL || aligned16(d_inp_bf16)) &&
                   (d_residual == NULL || aligned16(d_residual));
+    float *partials = scratch + counter_floats(N);
+    if (vector && C <= FUSED_MAX_COLUMNS) {
+        layernorm_backward_args a = {
+            d_inp, as_bf16(d_inp_bf16), d_weight, d_bias, partials,
+            reinterpret_cast<unsigned int *>(scratch), d_residual,
+            as_bf16(d_out_bf16), inp, weight, mean, rstd, N, C};
+        launch_fused(a, blocks, stream);
+        return cudaGetLastError();
+    }
     /* the shared shares hold lanes x 2C floats: lanes x C <= 8 x threads
      * for the vector path, 1 x threads for the scalar one */
     if (vector)
-        layernorm_backward_kernel<8><<<blocks, BACKWARD_THREADS, 0, stream>>>(
-            d_inp, as_bf16(d_inp_bf16), scratch, d_residual,
-            as_bf16(d_out_bf16), inp, weight, mean, rstd, N, C);
+        layernorm_backward_generic<8>
+            <<<blocks, BACKWARD_THREADS, 0, stream>>>(
+                d_inp, as_bf16(d_inp_bf16), partials, d_residual,
+                as_bf16(d_out_bf16), inp, weight, mean, rstd, N, C);
     else
-        layernorm_backward_kernel<1><<<blocks, BACKWARD_THREADS, 0, stream>>>(
-            d_inp, as_bf16(d_inp_bf16), scratch, d_residual,
-            as_bf16(d_out_bf16), inp, weight, mean, rstd, N, C);
+        layernorm_backward_generic<1>
+            <<<blocks, BACKWARD_THREADS, 0, stream>>>(
+                d_inp, as_bf16(d_inp_bf16), partials, d_residual,
+                as_bf16(d_out_bf16), inp, weight, mean, rstd, N, C);
     dim3 threads(WARP_SIZE, 8);
     layernorm_partials_kernel<<<blocks_for((size_t)2 * C, WARP_SIZE), threads,
-                                0, stream>>>(d_weight, d_bias, scratch,
-                                             blocks, C);
+                                0, stream>>>(d_weight, d_bias, partials,
+                                             (int)blocks, C);
     return cudaGetLastError();
 }

@@ -379,7 +379,9 @@ static bool list_has(const char *list, const char *word)
     return false;
 }
 
-static int read_options(cuda_stage_state *state, pt_error *err)
+/* The PARTITA_CUDA_* variables of cuda_backend.h. */
+static int read_options(cuda_stage_state *state, attention_mode *attention,
+                        pt_error *err)
 {
     const char *recompute = getenv("PARTITA_CUDA_RECOMPUTE");
     if (recompute == NULL)
@@ -394,7 +396,7 @@ static int read_options(cuda_stage_state *state, pt_error *err)
                        recompute);
     const char *fuse = getenv("PARTITA_CUDA_FUSE");
     state->fuse_epilogues = fuse == NULL || strcmp(fuse, "0") != 0;
-    return 0;
+    return attention_mode_from_env(attention, err);
 }
 
 static void cuda_release(model_stage *stage)
@@ -424,6 +426,7 @@ static void cuda_release(model_stage *stage)
     cudaFreeHost(state->host_block);
     free(state->token_counts);
     free(state->offsets.layers);
+    attention_runner_destroy(state->attention);
     gemm_context_destroy(state->gemm);
     if (state->stream != NULL)
         cudaStreamDestroy(state->stream);
@@ -540,7 +543,9 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
         return -1;
     }
     state->device_bytes += workspace;
-    if (read_options(state, err) != 0)
+    attention_mode attention = ATTENTION_AUTO;
+    if (read_options(state, &attention, err) != 0 ||
+        attention_runner_create(&state->attention, attention, err) != 0)
         return -1;
     stage_dims d = dims_of(stage, stage->mbs_capacity);
     state->ld_logits =
@@ -562,6 +567,10 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
     }
     ALLOCATE_ARENA(state, state->scratch.arena, "the backward scratch",
                    carve_scratch(&state->scratch, a, &d, stage, state));
+    /* the layer-norm backward's completion counters start at zero */
+    CUDA_TRY(cudaMemset(state->scratch.norm_partials, 0,
+                        cuda_layernorm_backward_scratch(d.N, d.C) *
+                            sizeof(float)));
     {
         arena a = {.base = NULL, .used = 0};
         carve_tokens(&state->host_tokens, &a, (size_t)d.N);
@@ -570,6 +579,16 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
         a.used = 0;
         carve_tokens(&state->host_tokens, &a, (size_t)d.N);
     }
+    /* the attention's path for full micro-batches, cuDNN's plans and
+     * workspace included, now rather than in the first step */
+    state->logits_bytes = stage->spec.has_head
+                              ? (size_t)d.N * (size_t)state->ld_logits *
+                                    sizeof(pt_bf16)
+                              : 0;
+    if (state->layer_count > 0 &&
+        attention_runner_prepare(state->attention, d.B, d.T, d.A, d.NH,
+                                 state->logits_bytes, err) != 0)
+        return -1;
     if (stage->spec.has_embedding) {
         /* the shard's vocabulary: embedding_plan_build_range */
         state->token_counts = calloc(1, embedding_plan_scratch_bytes(d.V));
@@ -782,7 +801,16 @@ const stage_backend *cuda_stage_backend(void)
 size_t cuda_stage_device_bytes(const model_stage *stage)
 {
     const cuda_stage_state *state = state_of(stage);
-    return state != NULL ? state->device_bytes : 0;
+    return state != NULL ? state->device_bytes +
+                               attention_runner_device_bytes(state->attention)
+                         : 0;
+}
+
+const char *cuda_stage_attention(const model_stage *stage)
+{
+    const cuda_stage_state *state = state_of(stage);
+    return attention_runner_describe(state != NULL ? state->attention
+                                                   : NULL);
 }
 
 cudaStream_t cuda_stage_stream(const model_stage *stage)

@@ -275,8 +275,10 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     gemm_call call = forward_call(&qkv);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
-    CUDA_TRY(cuda_attention_forward(act->att_out, act->att_lse, act->qkv,
-                                    d->B, d->T, A, d->NH, stream));
+    if (attention_runner_forward(state->attention, act->att_out,
+                                 act->att_lse, act->qkv, d->B, d->T, A,
+                                 d->NH, stream, err) != 0)
+        return -1;
     linear_forward proj = {
         .weight = mirror_at(state, o->attn_proj_weight),
         .input = act->att_out, .out = act->residual_mid, .out_fp32 = true,
@@ -649,10 +651,12 @@ static int attention_block_backward(model_stage *stage, float *d_input,
                            1.0f);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
-    CUDA_TRY(cuda_attention_backward(s->d_qkv, s->d_att, act->qkv,
-                                     act->att_out, act->att_lse,
-                                     s->attention, d->B, d->T, A, d->NH,
-                                     stream));
+    if (attention_runner_backward(state->attention, s->d_qkv, s->d_att,
+                                  act->qkv, act->att_out, act->att_lse,
+                                  s->attention, d->B, d->T, A, d->NH,
+                                  state->attention_lent, state->logits_bytes,
+                                  stream, err) != 0)
+        return -1;
     const pt_bf16 *ln1_out = act->ln1_out;
     if (ln1_out == NULL) {
         CUDA_TRY(cuda_layernorm_forward(s->norm_out, NULL, NULL, input,
@@ -764,6 +768,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         gradients_enqueued(state, state->offsets.final_norm_weight);
         d_out = s->d_stream[0];
         free_stream = 1;
+        state->attention_lent = slot->logits; /* dead until its forward */
     } else if (state->layer_count > 0) {
         CUDA_TRY(cuda_convert_to_bf16(s->d_stream_bf16, d_out, NC,
                                       state->stream));
@@ -808,6 +813,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         }
         s->input_grad = d_out;
     }
+    state->attention_lent = NULL;
     if (sync_stage_stream(stage, err) != 0)
         return -1;
     slot->awaiting_backward = false;

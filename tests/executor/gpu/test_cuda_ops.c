@@ -243,7 +243,9 @@ static void test_layernorm(gpu_test_tally *tally, int N, int C)
     gpu_test_compare(tally, name, got_mean, want_mean, (size_t)N, TOL_FP32);
     gpu_test_compare(tally, name, got_rstd, want_rstd, (size_t)N, TOL_FP32);
 
-    /* backward with a residual gradient and non-zero weight gradients */
+    /* backward with a residual gradient and non-zero weight gradients,
+     * twice: the weight gradients accumulate, and the second call finds
+     * the scratch's completion counters zeroed by the first */
     float *grad_out = random_bf16_host(NC, 1.0f);
     float *residual = random_host(NC, 1.0f, 0.0f);
     float *want_dinp = gpu_test_host(NC * sizeof(float));
@@ -254,16 +256,21 @@ static void test_layernorm(gpu_test_tally *tally, int N, int C)
     float *dev_db = gpu_test_upload(want_db, (size_t)C);
     cpu_layernorm_backward(want_dinp, want_dw, want_db, grad_out, inp, weight,
                            want_mean, want_rstd, N, C);
+    cpu_layernorm_backward(NULL, want_dw, want_db, grad_out, inp, weight,
+                           want_mean, want_rstd, N, C);
     pt_bf16 *dev_grad_out = gpu_test_upload_bf16(grad_out, NC);
     float *dev_residual = gpu_test_upload(residual, NC);
     float *dev_dinp = gpu_test_device(NC * sizeof(float));
     pt_bf16 *dev_dinp_bf16 = gpu_test_device(NC * sizeof(pt_bf16));
-    float *scratch = gpu_test_device(cuda_layernorm_backward_scratch(N, C) *
-                                     sizeof(float));
-    GPU_CHECK(cuda_layernorm_backward(dev_dinp, dev_dinp_bf16, dev_dw, dev_db,
-                                      dev_residual, dev_grad_out, d_inp,
-                                      d_weight, d_mean, d_rstd, scratch, N, C,
-                                      0));
+    size_t scratch_bytes =
+        cuda_layernorm_backward_scratch(N, C) * sizeof(float);
+    float *scratch = gpu_test_device(scratch_bytes);
+    GPU_CHECK(cudaMemset(scratch, 0, scratch_bytes));
+    for (int call = 0; call < 2; call++)
+        GPU_CHECK(cuda_layernorm_backward(dev_dinp, dev_dinp_bf16, dev_dw,
+                                          dev_db, dev_residual, dev_grad_out,
+                                          d_inp, d_weight, d_mean, d_rstd,
+                                          scratch, N, C, 0));
     float *got_dinp = gpu_test_host(NC * sizeof(float));
     float *got_dw = gpu_test_host((size_t)C * sizeof(float));
     float *got_db = gpu_test_host((size_t)C * sizeof(float));
@@ -272,9 +279,10 @@ static void test_layernorm(gpu_test_tally *tally, int N, int C)
     gpu_test_download(got_db, dev_db, (size_t)C);
     snprintf(name, sizeof name, "layernorm backward d_inp C=%d", C);
     gpu_test_compare(tally, name, got_dinp, want_dinp, NC, TOL_FP32);
-    snprintf(name, sizeof name, "layernorm backward d_weight C=%d", C);
+    snprintf(name, sizeof name, "layernorm backward d_weight C=%d (2 calls)",
+             C);
     gpu_test_compare(tally, name, got_dw, want_dw, (size_t)C, TOL_FP32);
-    snprintf(name, sizeof name, "layernorm backward d_bias C=%d", C);
+    snprintf(name, sizeof name, "layernorm backward d_bias C=%d (2 calls)", C);
     gpu_test_compare(tally, name, got_db, want_db, (size_t)C, TOL_FP32);
     gpu_test_download_bf16(got_dinp, dev_dinp_bf16, NC);
     snprintf(name, sizeof name, "layernorm backward d_inp bf16 copy C=%d", C);
@@ -892,7 +900,13 @@ int main(void)
     gpu_test_tally tally = {0, 0};
     test_embedding(&tally);
     test_embedding_shards(&tally);
+    /* the fused backward: 1, 2 and 4 channel groups per thread, several
+     * groups of blocks (2500 rows: 79 blocks); then the generic kernels */
     test_layernorm(&tally, 300, 768);
+    test_layernorm(&tally, 2500, 1600);
+    test_layernorm(&tally, 200, 2560);
+    test_layernorm(&tally, 100, 5120);
+    test_layernorm(&tally, 64, 12288); /* above 8192: generic, vector */
     test_layernorm(&tally, 77, 100); /* C % 8 != 0: the scalar path */
     test_bias_grad(&tally, 1000, 768);
     test_bias_grad(&tally, 333, 100);

@@ -143,6 +143,7 @@ static void test_gpt2_step(gpu_test_tally *tally, const char *path, int seq,
              &err);
     PT_CHECK(cuda_model_stage_create(&gpu, &shape, &spec, mbs, 1, &err),
              &err);
+    printf("# attention: %s\n", cuda_stage_attention(&gpu));
     PT_CHECK(model_stage_init_parameters(&cpu, 1234, &err), &err);
     PT_CHECK(model_stage_init_parameters(&gpu, 1234, &err), &err);
     uint64_t state = 42;

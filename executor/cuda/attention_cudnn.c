@@ -1,0 +1,1024 @@
+/*
+ * cuDNN's fused flash attention through cuDNN's backend graph API, in C
+ * (no cudnn-frontend): the forward and backward of causal scaled
+ * dot-product attention written as graphs of cuDNN operations (matrix
+ * products, pointwise operations, reductions, reshapes) in the pattern
+ * cuDNN's heuristics match to its fused SDPA engines:
+ *
+ *   forward   S = Q K^T scale, masked where key > query (-inf),
+ *             M = rowmax S, E = exp(S - M), Z = rowsum E,
+ *             stats = M + log Z, P = E / Z (bf16), O = P V
+ *   backward  delta = rowsum(dO * O) (real memory: the workspace's head),
+ *             P = exp(mask(Q K^T scale - stats)), dV = P^T dO,
+ *             dS = P (dO V^T - delta) scale, dK = dS^T Q, dQ = dS K
+ *
+ * dQ is written by its product directly: cuDNN's deterministic backward
+ * (no fp32 accumulator, no atomics; llm.c asks for the same), so a step
+ * gives the same bits on every run, as the own kernels do.
+ *
+ * Plans are built once per shape (cuDNN compiles kernels for them) and
+ * kept with every descriptor they came from; each call makes its variant
+ * pack. Every failing call becomes a pt_error naming the graph, the call
+ * and the attribute, and cuDNN's message (cudnnGetLastErrorString).
+ */
+#include "executor/cuda/attention_cudnn.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cudnn_graph.h>
+#include <cudnn_version.h>
+
+#include "executor/cuda/cuda_backend.h"
+
+#define GRAPH_MAX_DESCRIPTORS 112
+#define GRAPH_MAX_OPERATIONS 32
+#define ATTENTION_MAX_SHAPES 8
+#define ENGINE_CONFIGS_TRIED 16
+#define WORKSPACE_ALIGNMENT 256
+#define TENSOR_ALIGNMENT 16
+
+/* Unique ids of the tensors the caller's memory (or a host scalar)
+ * backs, the variant pack's; virtual tensors are numbered after them. */
+enum tensor_uid {
+    UID_Q = 1,
+    UID_K,          /* bound as K^T: the key's dims and strides swapped */
+    UID_V,          /* V, or V^T in the backward */
+    UID_O,
+    UID_STATS,
+    UID_D_OUT,
+    UID_D_Q,
+    UID_D_K,
+    UID_D_V,
+    UID_SCALE,      /* by value: 1 / sqrt(D) */
+    UID_NEG_INF,    /* by value: what masked scores become */
+    UID_ONE,        /* by value: 1 */
+    UID_DELTA,      /* rowsum(dO * O), B x H x T floats of workspace */
+    UID_FIRST_VIRTUAL = 100
+};
+
+/* A graph being built: every descriptor made for it (destroyed together,
+ * after its plan), its operations in order, and the first failure,
+ * after which every step does nothing (one check at the end). */
+typedef struct graph {
+    cudnnBackendDescriptor_t owned[GRAPH_MAX_DESCRIPTORS];
+    int owned_count;
+    cudnnBackendDescriptor_t operations[GRAPH_MAX_OPERATIONS];
+    int operation_count;
+    int64_t next_uid;
+    const char *name;           /* "forward" or "backward" */
+    pt_error *err;
+    bool failed;
+} graph;
+
+/* An execution plan and the graph it was made from. */
+typedef struct sdpa_plan {
+    graph *graph;
+    cudnnBackendDescriptor_t plan;
+    int64_t workspace;          /* bytes cuDNN asked for */
+    int64_t engine;             /* cuDNN's global engine index */
+} sdpa_plan;
+
+typedef struct sdpa_shape {
+    int B, T, H, D;
+    sdpa_plan forward, backward;
+    bool backward_borrows;      /* the backward's workspace is lent by the
+                                   caller (cudnn_attention_prepare) */
+    char description[320];
+} sdpa_shape;
+
+struct cudnn_attention {
+    cudnnHandle_t handle;
+    sdpa_shape shapes[ATTENTION_MAX_SHAPES];
+    int shape_count;
+    void *workspace;            /* device */
+    size_t workspace_bytes;
+    float neg_inf;
+};
+
+/* ------------------------------------------------------- cuDNN errors */
+
+static int cudnn_fail(pt_error *err, const char *where, const char *call,
+                      const char *what, cudnnStatus_t status)
+{
+    char detail[600];
+    cudnnGetLastErrorString(detail, sizeof detail);
+    return pt_fail(err, "cuDNN attention, %s: %s(%s) failed: %s%s%s", where,
+                   call, what, cudnnGetErrorString(status),
+                   detail[0] != '\0' ? ": " : "", detail);
+}
+
+static void graph_failed(graph *g, const char *call, const char *what,
+                         cudnnStatus_t status)
+{
+    if (g->failed)
+        return;
+    g->failed = true;
+    char where[64];
+    snprintf(where, sizeof where, "%s graph", g->name);
+    cudnn_fail(g->err, where, call, what, status);
+}
+
+/* --------------------------------------------------- graph primitives */
+
+static cudnnBackendDescriptor_t graph_new(graph *g,
+                                          cudnnBackendDescriptorType_t type,
+                                          const char *what)
+{
+    if (g->failed)
+        return NULL;
+    if (g->owned_count == GRAPH_MAX_DESCRIPTORS) {
+        g->failed = true;
+        pt_fail(g->err, "cuDNN attention, %s graph: more than %d "
+                        "descriptors (at %s)",
+                g->name, GRAPH_MAX_DESCRIPTORS, what);
+        return NULL;
+    }
+    cudnnBackendDescriptor_t d = NULL;
+    cudnnStatus_t status = cudnnBackendCreateDescriptor(type, &d);
+    if (status != CUDNN_STATUS_SUCCESS) {
+        graph_failed(g, "cudnnBackendCreateDescriptor", what, status);
+        return NULL;
+    }
+    g->owned[g->owned_count++] = d;
+    return d;
+}
+
+static void graph_set_attribute(graph *g, cudnnBackendDescriptor_t d,
+                                cudnnBackendAttributeName_t name,
+                                cudnnBackendAttributeType_t type,
+                                int64_t count, const void *values,
+                                const char *what)
+{
+    if (g->failed)
+        return;
+    cudnnStatus_t status =
+        cudnnBackendSetAttribute(d, name, type, count, values);
+    if (status != CUDNN_STATUS_SUCCESS)
+        graph_failed(g, "cudnnBackendSetAttribute", what, status);
+}
+
+/* The attribute's name and the object it is set on, for messages. */
+#define SET(g, d, name, type, count, values, object)                         \
+    graph_set_attribute((g), (d), (name), (type), (count), (values),          \
+                        #name " of " object)
+
+static void graph_finalize(graph *g, cudnnBackendDescriptor_t d,
+                           const char *what)
+{
+    if (g->failed)
+        return;
+    cudnnStatus_t status = cudnnBackendFinalize(d);
+    if (status != CUDNN_STATUS_SUCCESS)
+        graph_failed(g, "cudnnBackendFinalize", what, status);
+}
+
+static void graph_add_operation(graph *g, cudnnBackendDescriptor_t op,
+                                const char *what)
+{
+    graph_finalize(g, op, what);
+    if (g->failed)
+        return;
+    if (g->operation_count == GRAPH_MAX_OPERATIONS) {
+        g->failed = true;
+        pt_fail(g->err, "cuDNN attention, %s graph: more than %d "
+                        "operations",
+                g->name, GRAPH_MAX_OPERATIONS);
+        return;
+    }
+    g->operations[g->operation_count++] = op;
+}
+
+static void graph_destroy(graph *g)
+{
+    if (g == NULL)
+        return;
+    for (int i = g->owned_count - 1; i >= 0; i--)
+        cudnnBackendDestroyDescriptor(g->owned[i]);
+    free(g);
+}
+
+/* ------------------------------------------------------------ tensors */
+
+typedef struct tensor_shape {
+    int64_t dims[4];
+    int64_t strides[4];
+} tensor_shape;
+
+static cudnnBackendDescriptor_t tensor(graph *g, const char *name,
+                                       int64_t uid, cudnnDataType_t type,
+                                       const tensor_shape *shape,
+                                       bool is_virtual, bool by_value)
+{
+    cudnnBackendDescriptor_t t =
+        graph_new(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR, name);
+    int64_t alignment = TENSOR_ALIGNMENT;
+    bool yes = true;
+    SET(g, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type,
+        "a tensor");
+    SET(g, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, shape->dims,
+        "a tensor");
+    SET(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, shape->strides,
+        "a tensor");
+    SET(g, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid,
+        "a tensor");
+    SET(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1,
+        &alignment, "a tensor");
+    if (is_virtual)
+        SET(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes,
+            "a tensor");
+    if (by_value)
+        SET(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes,
+            "a tensor");
+    graph_finalize(g, t, name);
+    return t;
+}
+
+/* A tensor that lives only inside cuDNN's fused kernels. */
+static cudnnBackendDescriptor_t virtual_tensor(graph *g, const char *name,
+                                               cudnnDataType_t type,
+                                               const tensor_shape *shape)
+{
+    return tensor(g, name, g->next_uid++, type, shape, true, false);
+}
+
+/* An fp32 scalar passed by value (a host pointer in the variant pack). */
+static cudnnBackendDescriptor_t scalar(graph *g, const char *name,
+                                       int64_t uid)
+{
+    static const tensor_shape one = {{1, 1, 1, 1}, {1, 1, 1, 1}};
+    return tensor(g, name, uid, CUDNN_DATA_FLOAT, &one, false, true);
+}
+
+/* ---------------------------------------------------------- operations */
+
+/* y = mode(x[, b[, t]]) in math precision `math`; axis: GEN_INDEX's
+ * (else negative). */
+static void pointwise(graph *g, const char *label, cudnnPointwiseMode_t mode,
+                      cudnnDataType_t math, int64_t axis,
+                      cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                      cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t pw =
+        graph_new(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, label);
+    SET(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode,
+        "a pointwise descriptor");
+    SET(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1,
+        &math, "a pointwise descriptor");
+    if (axis >= 0)
+        SET(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis,
+            "a pointwise descriptor");
+    graph_finalize(g, pw, label);
+    cudnnBackendDescriptor_t op =
+        graph_new(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, label);
+    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw, "a pointwise operation");
+    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "a pointwise operation");
+    if (b != NULL)
+        SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
+            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "a pointwise operation");
+    if (t != NULL)
+        SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC,
+            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, "a pointwise operation");
+    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "a pointwise operation");
+    graph_add_operation(g, op, label);
+}
+
+/* Elementwise y = x op b (b broadcast), in fp32. */
+static void binary(graph *g, const char *label, cudnnPointwiseMode_t mode,
+                   cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                   cudnnBackendDescriptor_t y)
+{
+    pointwise(g, label, mode, CUDNN_DATA_FLOAT, -1, x, b, NULL, y);
+}
+
+static void unary(graph *g, const char *label, cudnnPointwiseMode_t mode,
+                  cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
+{
+    pointwise(g, label, mode, CUDNN_DATA_FLOAT, -1, x, NULL, NULL, y);
+}
+
+/* c = a b over the last two dimensions, batched over the first two,
+ * accumulated in fp32. */
+static void matmul(graph *g, const char *label, cudnnBackendDescriptor_t a,
+                   cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c)
+{
+    cudnnDataType_t math = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t desc =
+        graph_new(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR, label);
+    SET(g, desc, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &math,
+        "a matmul descriptor");
+    graph_finalize(g, desc, label);
+    cudnnBackendDescriptor_t op =
+        graph_new(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, label);
+    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a, "a matmul operation");
+    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "a matmul operation");
+    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, "a matmul operation");
+    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &desc, "a matmul operation");
+    graph_add_operation(g, op, label);
+}
+
+/* y (..., 1) = reduction of x (..., n) over its last dimension. */
+static void reduction(graph *g, const char *label,
+                      cudnnReduceTensorOp_t kind, cudnnBackendDescriptor_t x,
+                      cudnnBackendDescriptor_t y)
+{
+    cudnnDataType_t math = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t desc =
+        graph_new(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, label);
+    SET(g, desc, CUDNN_ATTR_REDUCTION_OPERATOR,
+        CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &kind, "a reduction");
+    SET(g, desc, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1,
+        &math, "a reduction");
+    graph_finalize(g, desc, label);
+    cudnnBackendDescriptor_t op =
+        graph_new(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, label);
+    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "a reduction operation");
+    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "a reduction operation");
+    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &desc, "a reduction operation");
+    graph_add_operation(g, op, label);
+}
+
+/* y = x seen with other dimensions and strides (here: transposed). */
+static void reshape(graph *g, const char *label, cudnnBackendDescriptor_t x,
+                    cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t op =
+        graph_new(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, label);
+    SET(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "a reshape");
+    SET(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "a reshape");
+    graph_add_operation(g, op, label);
+}
+
+/* --------------------------------------------------------------- graphs */
+
+/* The tensor shapes of one problem: B sequences, H heads, T positions,
+ * D channels a head, C = H D; qkv rows of 3C, output rows of C. */
+typedef struct sdpa_layout {
+    tensor_shape q;             /* Q, K, V, dQ, dK, dV: [B, H, T, D] */
+    tensor_shape kt;            /* K^T, V^T: [B, H, D, T] */
+    tensor_shape o;             /* O, dO: [B, H, T, D] */
+    tensor_shape o_product;     /* dO * O (virtual) */
+    tensor_shape scores;        /* [B, H, T, T] */
+    tensor_shape scores_t;      /* the same, transposed */
+    tensor_shape rows;          /* stats, delta: [B, H, T, 1] */
+} sdpa_layout;
+
+static sdpa_layout layout_of(int B, int T, int H, int D)
+{
+    int64_t b = B, t = T, h = H, d = D, c = h * d;
+    sdpa_layout l = {
+        .q = {{b, h, t, d}, {t * 3 * c, d, 3 * c, 1}},
+        .kt = {{b, h, d, t}, {t * 3 * c, d, 1, 3 * c}},
+        .o = {{b, h, t, d}, {t * c, d, c, 1}},
+        /* as cudnn-frontend declares it (virtual: never laid out) */
+        .o_product = {{b, h, t, d}, {h * t * d, t * d, h * d, 1}},
+        .scores = {{b, h, t, t}, {h * t * t, t * t, t, 1}},
+        .scores_t = {{b, h, t, t}, {h * t * t, t * t, 1, t}},
+        .rows = {{b, h, t, 1}, {h * t, t, 1, 1}},
+    };
+    return l;
+}
+
+/* scores where the query's position (row) is at least the key's
+ * (column), neg_inf elsewhere. */
+static cudnnBackendDescriptor_t causal_mask(graph *g,
+                                            cudnnBackendDescriptor_t scores,
+                                            const tensor_shape *shape,
+                                            cudnnBackendDescriptor_t neg_inf)
+{
+    cudnnBackendDescriptor_t row =
+        virtual_tensor(g, "row index", CUDNN_DATA_INT32, shape);
+    cudnnBackendDescriptor_t column =
+        virtual_tensor(g, "column index", CUDNN_DATA_INT32, shape);
+    cudnnBackendDescriptor_t keep =
+        virtual_tensor(g, "causal", CUDNN_DATA_BOOLEAN, shape);
+    cudnnBackendDescriptor_t masked =
+        virtual_tensor(g, "masked scores", CUDNN_DATA_FLOAT, shape);
+    pointwise(g, "row index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, 2,
+              scores, NULL, NULL, row);
+    pointwise(g, "column index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT,
+              3, scores, NULL, NULL, column);
+    pointwise(g, "row >= column", CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN,
+              -1, row, column, NULL, keep);
+    pointwise(g, "causal select", CUDNN_POINTWISE_BINARY_SELECT,
+              CUDNN_DATA_FLOAT, -1, scores, neg_inf, keep, masked);
+    return masked;
+}
+
+static void build_forward(graph *g, const sdpa_layout *l)
+{
+    cudnnBackendDescriptor_t q =
+        tensor(g, "Q", UID_Q, CUDNN_DATA_BFLOAT16, &l->q, false, false);
+    cudnnBackendDescriptor_t kt =
+        tensor(g, "K^T", UID_K, CUDNN_DATA_BFLOAT16, &l->kt, false, false);
+    cudnnBackendDescriptor_t v =
+        tensor(g, "V", UID_V, CUDNN_DATA_BFLOAT16, &l->q, false, false);
+    cudnnBackendDescriptor_t o =
+        tensor(g, "O", UID_O, CUDNN_DATA_BFLOAT16, &l->o, false, false);
+    cudnnBackendDescriptor_t stats = tensor(
+        g, "stats", UID_STATS, CUDNN_DATA_FLOAT, &l->rows, false, false);
+    cudnnBackendDescriptor_t scale = scalar(g, "scale", UID_SCALE);
+    cudnnBackendDescriptor_t neg_inf = scalar(g, "-inf", UID_NEG_INF);
+
+    cudnnBackendDescriptor_t s =
+        virtual_tensor(g, "Q K^T", CUDNN_DATA_FLOAT, &l->scores);
+    matmul(g, "Q K^T", q, kt, s);
+    cudnnBackendDescriptor_t scaled =
+        virtual_tensor(g, "scores", CUDNN_DATA_FLOAT, &l->scores);
+    binary(g, "scores x scale", CUDNN_POINTWISE_MUL, s, scale, scaled);
+    cudnnBackendDescriptor_t masked =
+        causal_mask(g, scaled, &l->scores, neg_inf);
+    cudnnBackendDescriptor_t max =
+        virtual_tensor(g, "row max", CUDNN_DATA_FLOAT, &l->rows);
+    reduction(g, "row max", CUDNN_REDUCE_TENSOR_MAX, masked, max);
+    cudnnBackendDescriptor_t shifted =
+        virtual_tensor(g, "scores - max", CUDNN_DATA_FLOAT, &l->scores);
+    binary(g, "scores - max", CUDNN_POINTWISE_SUB, masked, max, shifted);
+    cudnnBackendDescriptor_t e =
+        virtual_tensor(g, "exp", CUDNN_DATA_FLOAT, &l->scores);
+    unary(g, "exp", CUDNN_POINTWISE_EXP, shifted, e);
+    cudnnBackendDescriptor_t sum =
+        virtual_tensor(g, "row sum", CUDNN_DATA_FLOAT, &l->rows);
+    reduction(g, "row sum", CUDNN_REDUCE_TENSOR_ADD, e, sum);
+    cudnnBackendDescriptor_t log_sum =
+        virtual_tensor(g, "log row sum", CUDNN_DATA_FLOAT, &l->rows);
+    unary(g, "log row sum", CUDNN_POINTWISE_LOG, sum, log_sum);
+    binary(g, "stats = max + log sum", CUDNN_POINTWISE_ADD, max, log_sum,
+           stats);
+    /* the second product takes P in the inputs' type */
+    cudnnBackendDescriptor_t p =
+        virtual_tensor(g, "P", CUDNN_DATA_BFLOAT16, &l->scores);
+    binary(g, "P = exp / sum", CUDNN_POINTWISE_DIV, e, sum, p);
+    matmul(g, "P V", p, v, o);
+}
+
+/* The backward's P = exp(mask(Q K^T scale - stats)). */
+static cudnnBackendDescriptor_t backward_probabilities(
+    graph *g, const sdpa_layout *l, cudnnBackendDescriptor_t q,
+    cudnnBackendDescriptor_t kt, cudnnBackendDescriptor_t stats,
+    cudnnBackendDescriptor_t scale, cudnnBackendDescriptor_t neg_inf)
+{
+    cudnnBackendDescriptor_t s =
+        virtual_tensor(g, "Q K^T", CUDNN_DATA_FLOAT, &l->scores);
+    matmul(g, "Q K^T", q, kt, s);
+    cudnnBackendDescriptor_t scaled =
+        virtual_tensor(g, "scores", CUDNN_DATA_FLOAT, &l->scores);
+    binary(g, "scores x scale", CUDNN_POINTWISE_MUL, s, scale, scaled);
+    cudnnBackendDescriptor_t shifted =
+        virtual_tensor(g, "scores - stats", CUDNN_DATA_FLOAT, &l->scores);
+    binary(g, "scores - stats", CUDNN_POINTWISE_SUB, scaled, stats, shifted);
+    cudnnBackendDescriptor_t masked =
+        causal_mask(g, shifted, &l->scores, neg_inf);
+    cudnnBackendDescriptor_t p =
+        virtual_tensor(g, "P", CUDNN_DATA_FLOAT, &l->scores);
+    unary(g, "P = exp", CUDNN_POINTWISE_EXP, masked, p);
+    return p;
+}
+
+/* delta = rowsum(dO * O) x 1, into the workspace (a real tensor, which
+ * the rest of the backward reads). */
+static cudnnBackendDescriptor_t backward_delta(graph *g,
+                                               const sdpa_layout *l,
+                                               cudnnBackendDescriptor_t d_out,
+                                               cudnnBackendDescriptor_t o)
+{
+    cudnnBackendDescriptor_t one = scalar(g, "one", UID_ONE);
+    cudnnBackendDescriptor_t delta = tensor(
+        g, "delta", UID_DELTA, CUDNN_DATA_FLOAT, &l->rows, false, false);
+    cudnnBackendDescriptor_t product =
+        virtual_tensor(g, "dO * O", CUDNN_DATA_FLOAT, &l->o_product);
+    binary(g, "dO * O", CUDNN_POINTWISE_MUL, d_out, o, product);
+    cudnnBackendDescriptor_t sum =
+        virtual_tensor(g, "rowsum dO * O", CUDNN_DATA_FLOAT, &l->rows);
+    reduction(g, "rowsum dO * O", CUDNN_REDUCE_TENSOR_ADD, product, sum);
+    binary(g, "delta", CUDNN_POINTWISE_MUL, sum, one, delta);
+    return delta;
+}
+
+/* The inputs and outputs of the backward, the caller's memory. */
+typedef struct backward_io {
+    cudnnBackendDescriptor_t q, kt, vt, o, d_out, stats, d_q, d_k, d_v;
+} backward_io;
+
+static backward_io backward_tensors(graph *g, const sdpa_layout *l)
+{
+    cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, fp32 = CUDNN_DATA_FLOAT;
+    backward_io io = {
+        .q = tensor(g, "Q", UID_Q, bf16, &l->q, false, false),
+        .kt = tensor(g, "K^T", UID_K, bf16, &l->kt, false, false),
+        .vt = tensor(g, "V^T", UID_V, bf16, &l->kt, false, false),
+        .o = tensor(g, "O", UID_O, bf16, &l->o, false, false),
+        .d_out = tensor(g, "dO", UID_D_OUT, bf16, &l->o, false, false),
+        .stats = tensor(g, "stats", UID_STATS, fp32, &l->rows, false, false),
+        .d_q = tensor(g, "dQ", UID_D_Q, bf16, &l->q, false, false),
+        .d_k = tensor(g, "dK", UID_D_K, bf16, &l->q, false, false),
+        .d_v = tensor(g, "dV", UID_D_V, bf16, &l->q, false, false),
+    };
+    return io;
+}
+
+static void build_backward(graph *g, const sdpa_layout *l)
+{
+    cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, fp32 = CUDNN_DATA_FLOAT;
+    backward_io io = backward_tensors(g, l);
+    cudnnBackendDescriptor_t scale = scalar(g, "scale", UID_SCALE);
+    cudnnBackendDescriptor_t neg_inf = scalar(g, "-inf", UID_NEG_INF);
+    cudnnBackendDescriptor_t delta = backward_delta(g, l, io.d_out, io.o);
+    cudnnBackendDescriptor_t p =
+        backward_probabilities(g, l, io.q, io.kt, io.stats, scale, neg_inf);
+    /* dV = P^T dO */
+    cudnnBackendDescriptor_t p_t =
+        virtual_tensor(g, "P^T", bf16, &l->scores_t);
+    reshape(g, "P^T", p, p_t);
+    matmul(g, "dV = P^T dO", p_t, io.d_out, io.d_v);
+    /* dS = P (dO V^T - delta) scale */
+    cudnnBackendDescriptor_t d_p = virtual_tensor(g, "dP", fp32, &l->scores);
+    matmul(g, "dP = dO V^T", io.d_out, io.vt, d_p);
+    cudnnBackendDescriptor_t centred =
+        virtual_tensor(g, "dP - delta", fp32, &l->scores);
+    binary(g, "dP - delta", CUDNN_POINTWISE_SUB, d_p, delta, centred);
+    cudnnBackendDescriptor_t d_s_raw =
+        virtual_tensor(g, "P (dP - delta)", fp32, &l->scores);
+    binary(g, "P (dP - delta)", CUDNN_POINTWISE_MUL, centred, p, d_s_raw);
+    cudnnBackendDescriptor_t d_s = virtual_tensor(g, "dS", fp32, &l->scores);
+    binary(g, "dS = ... x scale", CUDNN_POINTWISE_MUL, d_s_raw, scale, d_s);
+    /* dK = dS^T Q */
+    cudnnBackendDescriptor_t d_s_t =
+        virtual_tensor(g, "dS^T", bf16, &l->scores_t);
+    reshape(g, "dS^T", d_s, d_s_t);
+    matmul(g, "dK = dS^T Q", d_s_t, io.q, io.d_k);
+    /* dQ = dS K, K being K^T seen transposed again */
+    cudnnBackendDescriptor_t k = virtual_tensor(g, "K", bf16, &l->q);
+    reshape(g, "K", io.kt, k);
+    matmul(g, "dQ = dS K", d_s, k, io.d_q);
+}
+
+/* ---------------------------------------------------------------- plans */
+
+/* The operation graph of g's operations, finalized. */
+static cudnnBackendDescriptor_t operation_graph(graph *g, cudnnHandle_t handle)
+{
+    cudnnBackendDescriptor_t og =
+        graph_new(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "graph");
+    SET(g, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        g->operation_count, g->operations, "the operation graph");
+    /* deprecated in cuDNN 9 (set, as cudnn-frontend does, but a refusal
+     * is no failure) */
+    if (og != NULL)
+        cudnnBackendSetAttribute(og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
+                                 CUDNN_TYPE_HANDLE, 1, &handle);
+    graph_finalize(g, og, "the operation graph");
+    return og;
+}
+
+/* cuDNN's engine configurations for the graph, best first (heuristics
+ * mode A), at most ENGINE_CONFIGS_TRIED; the count, 0 after a failure. */
+static int64_t engine_configs(graph *g, cudnnBackendDescriptor_t og,
+                              cudnnBackendDescriptor_t *configs)
+{
+    cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    cudnnBackendDescriptor_t heuristics =
+        graph_new(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
+    SET(g, heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og, "the heuristics");
+    SET(g, heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1,
+        &mode, "the heuristics");
+    graph_finalize(g, heuristics, "the heuristics (mode A)");
+    int64_t available = 0, count = 0;
+    if (g->failed)
+        return 0;
+    cudnnStatus_t status =
+        cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &available,
+                                 NULL);
+    if (status != CUDNN_STATUS_SUCCESS) {
+        graph_failed(g, "cudnnBackendGetAttribute",
+                     "CUDNN_ATTR_ENGINEHEUR_RESULTS (count)", status);
+        return 0;
+    }
+    if (available > ENGINE_CONFIGS_TRIED)
+        available = ENGINE_CONFIGS_TRIED;
+    for (int64_t i = 0; i < available; i++)
+        configs[i] = graph_new(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
+                               "an engine configuration");
+    if (g->failed || available == 0)
+        return 0;
+    status = cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                      CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                      available, &count, configs);
+    if (status != CUDNN_STATUS_SUCCESS) {
+        graph_failed(g, "cudnnBackendGetAttribute",
+                     "CUDNN_ATTR_ENGINEHEUR_RESULTS", status);
+        return 0;
+    }
+    return count;
+}
+
+/* A finalized execution plan of the config, or NULL (cuDNN's message
+ * left in `why`). */
+static cudnnBackendDescriptor_t try_plan(cudnnHandle_t handle,
+                                         cudnnBackendDescriptor_t config,
+                                         char *why, size_t why_size)
+{
+    cudnnBackendDescriptor_t plan = NULL;
+    cudnnStatus_t status =
+        cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR,
+                                     &plan);
+    if (status == CUDNN_STATUS_SUCCESS)
+        status = cudnnBackendSetAttribute(
+            plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &config);
+    if (status == CUDNN_STATUS_SUCCESS) /* deprecated, as the graph's */
+        cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
+                                 CUDNN_TYPE_HANDLE, 1, &handle);
+    if (status == CUDNN_STATUS_SUCCESS)
+        status = cudnnBackendFinalize(plan);
+    if (status == CUDNN_STATUS_SUCCESS)
+        return plan;
+    char detail[400];
+    cudnnGetLastErrorString(detail, sizeof detail);
+    snprintf(why, why_size, "%s%s%s", cudnnGetErrorString(status),
+             detail[0] != '\0' ? ": " : "", detail);
+    if (plan != NULL)
+        cudnnBackendDestroyDescriptor(plan);
+    return NULL;
+}
+
+/* cuDNN's global index of the config's engine (for the description);
+ * -1 when it cannot say. */
+static int64_t engine_index(graph *g, cudnnBackendDescriptor_t config)
+{
+    cudnnBackendDescriptor_t engine =
+        graph_new(g, CUDNN_BACKEND_ENGINE_DESCRIPTOR, "an engine");
+    int64_t count = 0, index = -1;
+    if (engine == NULL ||
+        cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE,
+                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count,
+                                 &engine) != CUDNN_STATUS_SUCCESS ||
+        cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX,
+                                 CUDNN_TYPE_INT64, 1, &count,
+                                 &index) != CUDNN_STATUS_SUCCESS)
+        return -1;
+    return index;
+}
+
+/* The plan of a built graph: the first engine configuration that cuDNN
+ * finalizes, its workspace and engine. */
+static int plan_graph(graph *g, cudnnHandle_t handle, sdpa_plan *out)
+{
+    cudnnBackendDescriptor_t og = operation_graph(g, handle);
+    cudnnBackendDescriptor_t configs[ENGINE_CONFIGS_TRIED];
+    int64_t count = engine_configs(g, og, configs);
+    if (g->failed)
+        return -1;
+    char why[480] = "cuDNN's heuristics returned no engine configuration";
+    for (int64_t i = 0; i < count; i++) {
+        cudnnBackendDescriptor_t plan =
+            try_plan(handle, configs[i], why, sizeof why);
+        if (plan == NULL)
+            continue;
+        g->owned[g->owned_count++] = plan; /* build_plan kept room */
+        int64_t elements = 0;
+        cudnnStatus_t status = cudnnBackendGetAttribute(
+            plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
+            1, &elements, &out->workspace);
+        if (status != CUDNN_STATUS_SUCCESS) {
+            graph_failed(g, "cudnnBackendGetAttribute",
+                         "CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE", status);
+            return -1;
+        }
+        out->plan = plan;
+        out->engine = engine_index(g, configs[i]);
+        return 0;
+    }
+    return pt_fail(g->err, "cuDNN attention, %s graph: none of the %lld "
+                           "engine configurations of cuDNN's heuristics "
+                           "could be planned; the last: %s",
+                   g->name, (long long)count, why);
+}
+
+/* Builds the forward or backward graph of the layout and its plan. */
+static int build_plan(cudnn_attention *a, const sdpa_layout *l, bool forward,
+                      sdpa_plan *out, pt_error *err)
+{
+    graph *g = calloc(1, sizeof *g);
+    if (g == NULL)
+        return pt_fail(err, "cuDNN attention: out of host memory");
+    g->next_uid = UID_FIRST_VIRTUAL;
+    g->name = forward ? "forward" : "backward";
+    g->err = err;
+    if (forward)
+        build_forward(g, l);
+    else
+        build_backward(g, l);
+    /* room for what plan_graph adds: the operation graph, heuristics,
+     * configurations, plan and engine */
+    if (!g->failed && g->owned_count + ENGINE_CONFIGS_TRIED + 4 >
+                          GRAPH_MAX_DESCRIPTORS)
+        pt_fail(err, "cuDNN attention: GRAPH_MAX_DESCRIPTORS is too small");
+    else if (!g->failed && plan_graph(g, a->handle, out) == 0) {
+        out->graph = g;
+        return 0;
+    }
+    graph_destroy(g);
+    return -1;
+}
+
+/* ----------------------------------------------------------- the object */
+
+size_t cudnn_attention_runtime_version(void)
+{
+    return cudnnGetVersion();
+}
+
+size_t cudnn_attention_build_version(void)
+{
+    return CUDNN_VERSION;
+}
+
+int cudnn_attention_create(cudnn_attention **out, pt_error *err)
+{
+    *out = NULL;
+    cudnn_attention *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return pt_fail(err, "cuDNN attention: out of host memory");
+    cudnnStatus_t status = cudnnCreate(&a->handle);
+    if (status != CUDNN_STATUS_SUCCESS) {
+        free(a);
+        return cudnn_fail(err, "setting up", "cudnnCreate", "", status);
+    }
+    /* what masked scores become: cuDNN before 9.10 wants the lowest
+     * float rather than -inf (as cudnn-frontend does) */
+    a->neg_inf = cudnnGetVersion() < 91000 ? -FLT_MAX : -INFINITY;
+    *out = a;
+    return 0;
+}
+
+void cudnn_attention_destroy(cudnn_attention *a)
+{
+    if (a == NULL)
+        return;
+    for (int i = 0; i < a->shape_count; i++) {
+        graph_destroy(a->shapes[i].forward.graph);
+        graph_destroy(a->shapes[i].backward.graph);
+    }
+    if (a->workspace != NULL) {
+        cudaFree(a->workspace);
+        cuda_rank_memory_release(a->workspace_bytes);
+    }
+    cudnnDestroy(a->handle);
+    free(a);
+}
+
+static sdpa_shape *find_shape(cudnn_attention *a, int B, int T, int H, int D)
+{
+    for (int i = 0; i < a->shape_count; i++) {
+        sdpa_shape *s = &a->shapes[i];
+        if (s->B == B && s->T == T && s->H == H && s->D == D)
+            return s;
+    }
+    return NULL;
+}
+
+static size_t round_up(size_t bytes)
+{
+    return (bytes + WORKSPACE_ALIGNMENT - 1) / WORKSPACE_ALIGNMENT *
+           WORKSPACE_ALIGNMENT;
+}
+
+/* The backward's delta (B x H x T floats) heads the workspace; cuDNN's
+ * own workspace follows. */
+static size_t delta_bytes(const sdpa_shape *s)
+{
+    return round_up((size_t)s->B * s->H * s->T * sizeof(float));
+}
+
+/* Grows the workspace to `bytes` (once per new largest shape: the old
+ * one may still be in use by queued work, so the device is drained). */
+static int grow_workspace(cudnn_attention *a, size_t bytes, pt_error *err)
+{
+    if (bytes <= a->workspace_bytes)
+        return 0;
+    if (cuda_rank_memory_reserve(bytes, "the cuDNN attention workspace",
+                                 err) != 0)
+        return -1;
+    void *fresh = NULL;
+    cudaError_t status = cudaDeviceSynchronize();
+    if (status == cudaSuccess)
+        status = cudaMalloc(&fresh, bytes);
+    if (status != cudaSuccess) {
+        cuda_rank_memory_release(bytes);
+        cudaGetLastError();
+        return pt_fail(err, "cuDNN attention: a workspace of %.1f MiB: %s",
+                       (double)bytes / (1 << 20), cudaGetErrorString(status));
+    }
+    if (a->workspace != NULL) {
+        cudaFree(a->workspace);
+        cuda_rank_memory_release(a->workspace_bytes);
+    }
+    a->workspace = fresh;
+    a->workspace_bytes = bytes;
+    return 0;
+}
+
+static void describe_shape(sdpa_shape *s)
+{
+    size_t runtime = cudnnGetVersion();
+    snprintf(s->description, sizeof s->description,
+             "cuDNN %zu.%zu.%zu (built with %d.%d.%d) fused attention: "
+             "forward engine %lld (workspace %.1f MiB), backward engine "
+             "%lld (workspace %.1f MiB + %.1f MiB of row sums%s)",
+             runtime / 10000, runtime % 10000 / 100, runtime % 100,
+             CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL,
+             (long long)s->forward.engine,
+             (double)s->forward.workspace / (1 << 20),
+             (long long)s->backward.engine,
+             (double)s->backward.workspace / (1 << 20),
+             (double)delta_bytes(s) / (1 << 20),
+             s->backward_borrows ? ", in lent memory" : "");
+}
+
+/* The backward's workspace: its row sums and cuDNN's own. */
+static size_t backward_workspace_bytes(const sdpa_shape *s)
+{
+    return delta_bytes(s) + round_up((size_t)s->backward.workspace);
+}
+
+int cudnn_attention_prepare(cudnn_attention *a, int B, int T, int H, int D,
+                            size_t lendable, pt_error *err)
+{
+    if (find_shape(a, B, T, H, D) != NULL)
+        return 0;
+    if (a->shape_count == ATTENTION_MAX_SHAPES)
+        return pt_fail(err, "cuDNN attention: more than %d shapes",
+                       ATTENTION_MAX_SHAPES);
+    sdpa_shape *s = &a->shapes[a->shape_count];
+    *s = (sdpa_shape){.B = B, .T = T, .H = H, .D = D};
+    sdpa_layout l = layout_of(B, T, H, D);
+    if (build_plan(a, &l, true, &s->forward, err) != 0)
+        return -1;
+    if (build_plan(a, &l, false, &s->backward, err) == 0) {
+        size_t need = round_up((size_t)s->forward.workspace);
+        s->backward_borrows = backward_workspace_bytes(s) <= lendable;
+        if (!s->backward_borrows && backward_workspace_bytes(s) > need)
+            need = backward_workspace_bytes(s);
+        if (grow_workspace(a, need, err) == 0) {
+            describe_shape(s);
+            a->shape_count++;
+            return 0;
+        }
+        graph_destroy(s->backward.graph);
+    }
+    graph_destroy(s->forward.graph);
+    return -1;
+}
+
+/* Runs a plan with the tensors uids[i] at pointers[i] (device memory, or
+ * a host scalar for the by-value ones). */
+static int execute(cudnn_attention *a, const sdpa_plan *plan,
+                   const char *what, const int64_t *uids, void **pointers,
+                   int64_t count, void *workspace, cudaStream_t stream,
+                   pt_error *err)
+{
+    cudnnStatus_t status = cudnnSetStream(a->handle, stream);
+    if (status != CUDNN_STATUS_SUCCESS)
+        return cudnn_fail(err, what, "cudnnSetStream", "", status);
+    cudnnBackendDescriptor_t pack = NULL;
+    const char *call = "cudnnBackendCreateDescriptor";
+    const char *attribute = "CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR";
+    status = cudnnBackendCreateDescriptor(
+        CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
+    if (status == CUDNN_STATUS_SUCCESS) {
+        call = "cudnnBackendSetAttribute";
+        attribute = "CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS";
+        status = cudnnBackendSetAttribute(pack,
+                                          CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+                                          CUDNN_TYPE_INT64, count, uids);
+    }
+    if (status == CUDNN_STATUS_SUCCESS) {
+        attribute = "CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS";
+        status = cudnnBackendSetAttribute(
+            pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+            count, pointers);
+    }
+    if (status == CUDNN_STATUS_SUCCESS) {
+        attribute = "CUDNN_ATTR_VARIANT_PACK_WORKSPACE";
+        status = cudnnBackendSetAttribute(pack,
+                                          CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+                                          CUDNN_TYPE_VOID_PTR, 1, &workspace);
+    }
+    if (status == CUDNN_STATUS_SUCCESS) {
+        call = "cudnnBackendFinalize";
+        attribute = "the variant pack";
+        status = cudnnBackendFinalize(pack);
+    }
+    if (status == CUDNN_STATUS_SUCCESS) {
+        call = "cudnnBackendExecute";
+        attribute = "the plan";
+        status = cudnnBackendExecute(a->handle, plan->plan, pack);
+    }
+    if (pack != NULL)
+        cudnnBackendDestroyDescriptor(pack);
+    if (status != CUDNN_STATUS_SUCCESS)
+        return cudnn_fail(err, what, call, attribute, status);
+    return 0;
+}
+
+static int prepared(cudnn_attention *a, int B, int T, int H, int D,
+                    sdpa_shape **out, pt_error *err)
+{
+    *out = find_shape(a, B, T, H, D);
+    if (*out != NULL)
+        return 0;
+    return pt_fail(err, "cuDNN attention: B %d, T %d, %d heads of %d was "
+                        "not prepared",
+                   B, T, H, D);
+}
+
+int cudnn_attention_forward(cudnn_attention *a, pt_bf16 *out, float *stats,
+                            const pt_bf16 *qkv, int B, int T, int H, int D,
+                            cudaStream_t stream, pt_error *err)
+{
+    sdpa_shape *s = NULL;
+    if (prepared(a, B, T, H, D, &s, err) != 0)
+        return -1;
+    size_t C = (size_t)H * D;
+    float scale = 1.0f / sqrtf((float)D), neg_inf = a->neg_inf;
+    int64_t uids[] = {UID_Q,     UID_K,     UID_V,      UID_O,
+                      UID_STATS, UID_SCALE, UID_NEG_INF};
+    void *pointers[] = {(void *)qkv,       (void *)(qkv + C),
+                        (void *)(qkv + 2 * C), out,
+                        stats,             &scale,
+                        &neg_inf};
+    return execute(a, &s->forward, "forward", uids, pointers,
+                   (int64_t)(sizeof uids / sizeof uids[0]), a->workspace,
+                   stream, err);
+}
+
+int cudnn_attention_backward(cudnn_attention *a, pt_bf16 *d_qkv,
+                             const pt_bf16 *d_out, const pt_bf16 *qkv,
+                             const pt_bf16 *out, const float *stats, int B,
+                             int T, int H, int D, void *lent,
+                             size_t lent_bytes, cudaStream_t stream,
+                             pt_error *err)
+{
+    sdpa_shape *s = NULL;
+    if (prepared(a, B, T, H, D, &s, err) != 0)
+        return -1;
+    char *delta = a->workspace;
+    if (s->backward_borrows) {
+        if (lent == NULL || lent_bytes < backward_workspace_bytes(s))
+            return pt_fail(err, "cuDNN attention: the backward of B %d, "
+                                "T %d needs %.1f MiB of lent workspace, "
+                                "%.1f MiB were lent",
+                           B, T,
+                           (double)backward_workspace_bytes(s) / (1 << 20),
+                           (double)lent_bytes / (1 << 20));
+        delta = lent;
+    }
+    size_t C = (size_t)H * D;
+    float scale = 1.0f / sqrtf((float)D), neg_inf = a->neg_inf, one = 1.0f;
+    int64_t uids[] = {UID_Q,     UID_K,     UID_V,     UID_O,
+                      UID_D_OUT, UID_STATS, UID_D_Q,   UID_D_K,
+                      UID_D_V,   UID_SCALE, UID_NEG_INF, UID_ONE,
+                      UID_DELTA};
+    void *pointers[] = {(void *)qkv,         (void *)(qkv + C),
+                        (void *)(qkv + 2 * C), (void *)out,
+                        (void *)d_out,       (void *)stats,
+                        d_qkv,               d_qkv + C,
+                        d_qkv + 2 * C,       &scale,
+                        &neg_inf,            &one,
+                        delta};
+    return execute(a, &s->backward, "backward", uids, pointers,
+                   (int64_t)(sizeof uids / sizeof uids[0]),
+                   delta + delta_bytes(s), stream, err);
+}
+
+size_t cudnn_attention_device_bytes(const cudnn_attention *a)
+{
+    return a != NULL ? a->workspace_bytes : 0;
+}
+
+const char *cudnn_attention_describe(cudnn_attention *a, int B, int T, int H,
+                                     int D)
+{
+    sdpa_shape *s = find_shape(a, B, T, H, D);
+    return s != NULL ? s->description : "";
+}
