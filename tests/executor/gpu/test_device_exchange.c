@@ -73,10 +73,10 @@ struct rank_run {
 static void *rank_main(void *argument)
 {
     rank_run *r = argument;
-    int before[MAX_RANKS];
-    for (int i = 0; i < r->rank; i++)
-        before[i] = r->sm_limit;
-    r->status = cuda_rank_device_open_slice(0, before, r->rank, r->sm_limit,
+    int slices[MAX_RANKS];
+    for (int i = 0; i < r->ranks; i++)
+        slices[i] = r->sm_limit;
+    r->status = cuda_rank_device_open_slice(0, slices, r->ranks, r->rank,
                                             0.0, &r->err);
     if (r->status == 0)
         r->status = comm_exchange_rank_open(r->world, r->rank, &r->err);
