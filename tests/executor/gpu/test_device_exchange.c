@@ -533,7 +533,11 @@ static int paced_all_reduce_body(rank_run *r)
     if (status == 0)
         status = comm_wait_stream(&r->c, r->stream, "timed", &r->err);
     float ms = 0.0f;
-    GPU_CHECK(cudaEventElapsedTime(&ms, start, end));
+    /* a failed comm leaves the stream unfinished: no time to read */
+    if (status == 0) {
+        GPU_CHECK(cudaEventSynchronize(end));
+        GPU_CHECK(cudaEventElapsedTime(&ms, start, end));
+    }
     r->seconds = ms * 1e-3 / paced_repeats;
     r->ok = true;
     cudaEventDestroy(start);
