@@ -17,9 +17,44 @@ static __device__ inline float combine(float a, float b, bool max)
     return max ? (b > a ? b : a) : a + b;
 }
 
+/* Run `at` of every input loaded before any is combined (N known at
+ * compile time, so the loads are in flight together and the step's
+ * pointer arrays are indexed by constants, staying in parameter space). */
+template <typename T, int N>
+__device__ void exchange_vector_n(const cuda_exchange_step &s, size_t at)
+{
+    float value[N][8];
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        load8(value[j], reinterpret_cast<const T *>(s.inputs[j]) + at);
+#pragma unroll
+    for (int j = 1; j < N; j++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            value[0][i] = combine(value[0][i], value[j][i], s.max);
+#pragma unroll
+    for (int j = 0; j < CUDA_EXCHANGE_MAX_MEMBERS; j++)
+        if (j < s.output_count)
+            store8(reinterpret_cast<T *>(s.outputs[j]) + at, value[0]);
+}
+
 template <typename T>
 __device__ void exchange_vector(const cuda_exchange_step &s, size_t at)
 {
+    switch (s.input_count) {
+    case 1:
+        exchange_vector_n<T, 1>(s, at);
+        return;
+    case 2:
+        exchange_vector_n<T, 2>(s, at);
+        return;
+    case 3:
+        exchange_vector_n<T, 3>(s, at);
+        return;
+    case 4:
+        exchange_vector_n<T, 4>(s, at);
+        return;
+    }
     float sum[8], value[8];
     load8(sum, reinterpret_cast<const T *>(s.inputs[0]) + at);
     for (int j = 1; j < s.input_count; j++) {
