@@ -161,6 +161,10 @@ static void fill(float *device, size_t count, float (*value)(size_t, int),
         host[i] = value(i, rank);
     GPU_CHECK(cudaMemcpy(device, host, count * sizeof *host,
                          cudaMemcpyHostToDevice));
+    /* from pageable memory cudaMemcpy may return before its DMA lands,
+     * and the exchange reads the buffer on its own stream, not ordered
+     * after the default one */
+    GPU_CHECK(cudaStreamSynchronize(0));
     free(host);
 }
 
