@@ -97,7 +97,7 @@ def main(argv):
         print(__doc__)
         return 2
     warmup, directory, rows = int(argv[1]), argv[2], argv[3:]
-    results, missing, timed, runs = {}, False, 0, []
+    results, missing, timed_counts, runs = {}, False, set(), []
     print("| plan | model | tp dp pp | gbs mbs | step (ms) | estimate (ms) "
           "| step vs estimate (within 10 %) | tokens/s | ratio | target "
           "| peak GiB per rank |")
@@ -109,6 +109,7 @@ def main(argv):
         path = os.path.join(directory, name + ".run.json")
         try:
             tps, step, timed, run = throughput(path, warmup)
+            timed_counts.add(timed)
         except (OSError, ValueError, KeyError) as problem:
             print(f"| {name} | failed: {problem} | | | | | | | | | |")
             missing = True
@@ -130,7 +131,10 @@ def main(argv):
               f"{plan['dp']} {plan['pp']} | {plan['gbs']} {plan['mbs']} | "
               f"{step * 1e3:.1f} | {estimate} | {versus} | {tps:.0f} | "
               f"{ratio} | {verdict} | {memory} |")
-    print(f"(median of {timed} iterations after {warmup} warm-up; "
+    counts = sorted(timed_counts)
+    timed = (f"{counts[0]}" if len(counts) == 1 else
+             f"{counts[0]} to {counts[-1]}" if counts else "no")
+    print(f"(median of {timed} iterations after {warmup} warm-up, by row; "
           f"ratio = tokens/s / (GPUs x the baseline row's tokens/s))")
     compute_table(directory, runs)
     return 1 if missing else 0

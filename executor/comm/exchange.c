@@ -655,14 +655,36 @@ int comm_exchange_rank_open(comm_exchange *world, int rank, pt_error *err)
     return 0;
 }
 
+/* A sender that finishes first must not free what a receiver still
+ * reads: waits (at most the comm timeout, and not once the world failed)
+ * until every message of the rank was taken and its copy out enqueued,
+ * then until those copies ran. */
+static void drain_staging(comm_exchange *world, exchange_rank *r)
+{
+    struct timespec deadline = exchange_deadline(world);
+    pthread_mutex_lock(&world->lock);
+    for (;;) {
+        bool busy = false;
+        for (int i = 0; i < r->staging_count; i++)
+            busy = busy || r->staging[i].in_flight;
+        if (!busy || atomic_load(&world->failed) ||
+            pthread_cond_timedwait(&world->changed, &world->lock,
+                                   &deadline) == ETIMEDOUT)
+            break;
+    }
+    pthread_mutex_unlock(&world->lock);
+    for (int i = 0; i < r->staging_count; i++)
+        if (r->staging[i].release_recorded)
+            cudaEventSynchronize(r->staging[i].released);
+}
+
 void comm_exchange_rank_close(comm_exchange *world, int rank)
 {
     if (rank < 0 || rank >= world->size || !world->ranks[rank].open)
         return;
     exchange_rank *r = &world->ranks[rank];
     cudaSetDevice(r->device);
-    /* receivers' copies may still read the staging buffers: cudaFree
-     * waits for the device, whose work never waits on a host */
+    drain_staging(world, r);
     for (int i = 0; i < r->staging_count; i++) {
         exchange_staging *b = &r->staging[i];
         if (b->data != NULL) {

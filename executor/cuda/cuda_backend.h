@@ -122,13 +122,14 @@ int cuda_device_describe(cuda_device_info *out);
 int cuda_rank_device_open(int device, int sm_limit, double memory_limit_bytes,
                           pt_error *err);
 /* The same for a rank that shares its GPU with other ranks that have an
- * sm_limit: the device is split into partitions of its granularity (8
- * SMs on Hopper) and this rank's green context takes the next
- * ceil(sm_limit / granularity) of them after those of the ranks before it
- * on the device (sm_before[0 .. before_count), their sm_limits in rank
- * order), so the ranks' slices do not overlap. sm_limit must be > 0. */
-int cuda_rank_device_open_slice(int device, const int *sm_before,
-                                int before_count, int sm_limit,
+ * sm_limit: sm_slices[0 .. slice_count) are the sm_limits (each > 0) of
+ * every such rank on the device in rank order, this one at `index`.
+ * Every rank splits the device the same way and takes its own part, so
+ * the slices do not overlap: equal slices take one group each of a split
+ * into groups of that size, others consecutive partitions of the
+ * device's granularity (8 SMs on Hopper); docs/cuda-backend.md. */
+int cuda_rank_device_open_slice(int device, const int *sm_slices,
+                                int slice_count, int index,
                                 double memory_limit_bytes, pt_error *err);
 void cuda_rank_device_close(void);
 /* A non-blocking stream on the thread's device, inside its green context

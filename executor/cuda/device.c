@@ -117,56 +117,110 @@ static unsigned int partitions_for(int sm_limit, unsigned int granularity)
     return ((unsigned int)sm_limit + granularity - 1) / granularity;
 }
 
-/* A green context of sm_limit SMs (rounded up to the device's partition
- * granularity: 8 SMs on Hopper) that does not overlap the slices of the
- * ranks before this one on the device (sm_before[0 .. before_count), their
- * sm_limits in rank order). The device is split into partitions of the
- * granularity, the same split in every rank (the driver's split is
- * deterministic, and a split's outputs cannot be split again); each rank
- * takes the next ceil(limit / granularity) partitions, joined into one
- * descriptor (partitions of one split may be joined). */
-static int make_sliced_context(green_api *api, int device, CUdevice handle,
-                               const CUdevResource *all, const int *sm_before,
-                               int before_count, int sm_limit,
-                               CUgreenCtx *out, int *sm_count, pt_error *err)
+/* Slice `index` of a split of the device into groups of at least
+ * min_count SMs (flags: the driver's split flags), taking `wanted`
+ * consecutive groups joined into one descriptor (groups of one split may
+ * be joined). Returns 1 when the split has too few groups (nothing
+ * made; *groups_out says how many it has), 0 when *out was made, -1 on a
+ * driver error. */
+static int take_split_groups(green_api *api, int device, CUdevice handle,
+                             const CUdevResource *all, unsigned int flags,
+                             unsigned int min_count, unsigned int first,
+                             unsigned int wanted, CUgreenCtx *out,
+                             int *sm_count, unsigned int *groups_out,
+                             pt_error *err)
 {
-    unsigned int granularity = all->sm.minSmPartitionSize;
-    if (all->sm.smCoscheduledAlignment > granularity)
-        granularity = all->sm.smCoscheduledAlignment;
-    if (granularity == 0)
-        granularity = 1;
-    unsigned int first = 0;
-    for (int i = 0; i < before_count; i++)
-        first += partitions_for(sm_before[i], granularity);
-    unsigned int wanted = partitions_for(sm_limit, granularity);
     unsigned int groups = 0;
-    DRIVER_TRY(api->split_by_count(NULL, &groups, all, NULL, 0, granularity),
+    DRIVER_TRY(api->split_by_count(NULL, &groups, all, NULL, flags,
+                                   min_count),
                "cuDevSmResourceSplitByCount");
+    *groups_out = groups;
     if (first + wanted > groups)
-        return pt_fail(err, "cuda device %d: this rank's %d SMs after the "
-                            "%u partitions of the %d ranks before it on the "
-                            "device need partitions %u-%u of %u SMs, the "
-                            "device splits into %u",
-                       device, sm_limit, first, before_count, first,
-                       first + wanted - 1, granularity, groups);
+        return 1;
     CUdevResource *parts = calloc(groups, sizeof *parts);
     if (parts == NULL)
         return pt_fail(err, "cuda device %d: out of memory", device);
-    CUresult status = api->split_by_count(parts, &groups, all, NULL, 0,
-                                          granularity);
+    CUresult status = api->split_by_count(parts, &groups, all, NULL, flags,
+                                          min_count);
     CUdevResourceDesc desc;
+    int sms = 0;
     if (status == CUDA_SUCCESS && first + wanted > groups)
         status = CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
-    if (status == CUDA_SUCCESS)
+    if (status == CUDA_SUCCESS) {
+        for (unsigned int i = 0; i < wanted; i++)
+            sms += (int)parts[first + i].sm.smCount;
         status = api->generate_desc(&desc, parts + first, wanted);
+    }
     free(parts);
     if (status != CUDA_SUCCESS)
         return driver_failed(api, status, "splitting the device into "
                                           "slices", device, err);
     DRIVER_TRY(api->create(out, desc, handle, CU_GREEN_CTX_DEFAULT_STREAM),
                "cuGreenCtxCreate");
-    *sm_count = (int)(wanted * granularity);
+    *sm_count = sms;
     return 0;
+}
+
+/* A green context of sm_slices[index] SMs that does not overlap the
+ * slices of the other ranks on the device (sm_slices[0 .. slice_count),
+ * the sm_limits of every sliced rank on it, this one included, in rank
+ * order). Every rank makes the same split (the
+ * driver's split is deterministic, and a split's outputs cannot be split
+ * again) and takes its own groups of it, tried in this order:
+ *   1. equal slices (every rank on the device has this sm_limit): a
+ *      split into groups of sm_limit SMs, group `index` (the driver keeps its
+ *      groups symmetrical and whole-cluster: on a 132-SM H100 or H200,
+ *      two of 64 where partitions of 8 give only 15 x 8);
+ *   2. a split into partitions of the device's granularity (8 SMs on
+ *      Hopper), each rank taking the next ceil(limit / granularity);
+ *   3. the same split ignoring SM co-scheduling (the driver's own flag:
+ *      finer groups, at the cost of large thread-block clusters).
+ * The first that fits is used; none fitting is an error naming each. */
+static int make_sliced_context(green_api *api, int device, CUdevice handle,
+                               const CUdevResource *all, const int *sm_slices,
+                               int slice_count, int index, CUgreenCtx *out,
+                               int *sm_count, pt_error *err)
+{
+    int sm_limit = sm_slices[index];
+    unsigned int granularity = all->sm.minSmPartitionSize;
+    if (all->sm.smCoscheduledAlignment > granularity)
+        granularity = all->sm.smCoscheduledAlignment;
+    if (granularity == 0)
+        granularity = 1;
+    unsigned int wanted = partitions_for(sm_limit, granularity);
+    bool equal = true;
+    unsigned int first = 0;
+    for (int i = 0; i < slice_count; i++) {
+        equal = equal && sm_slices[i] == sm_limit;
+        if (i < index)
+            first += partitions_for(sm_slices[i], granularity);
+    }
+    unsigned int equal_groups = 0, fine_groups = 0, loose_groups = 0;
+    int made = 1;
+    if (equal)
+        made = take_split_groups(api, device, handle, all, 0,
+                                 wanted * granularity,
+                                 (unsigned int)index, 1, out,
+                                 sm_count, &equal_groups, err);
+    if (made == 1)
+        made = take_split_groups(api, device, handle, all, 0, granularity,
+                                 first, wanted, out, sm_count,
+                                 &fine_groups, err);
+    if (made == 1)
+        made = take_split_groups(
+            api, device, handle, all,
+            CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING, granularity,
+            first, wanted, out, sm_count, &loose_groups, err);
+    if (made != 1)
+        return made;
+    return pt_fail(err, "cuda device %d: slice %d of %d SMs after %d "
+                        "others on the device does not fit: the "
+                        "device's %u SMs split into %u groups of %u SMs "
+                        "(equal slices), %u partitions of %u (this rank "
+                        "needs partitions %u-%u), %u ignoring co-scheduling",
+                   device, index, sm_limit, index, all->sm.smCount,
+                   equal_groups, wanted * granularity, fine_groups,
+                   granularity, first, first + wanted - 1, loose_groups);
 }
 
 /* A green context of sm_limit SMs of the device (rounded up by the
@@ -174,9 +228,9 @@ static int make_sliced_context(green_api *api, int device, CUdevice handle,
  * the real count. sliced: the rank shares the device with other ranks
  * that have an sm_limit (make_sliced_context). */
 static int make_green_context(green_api *api, int device, bool sliced,
-                              const int *sm_before, int before_count,
-                              int sm_limit, CUgreenCtx *out, int *sm_count,
-                              pt_error *err)
+                              const int *sm_slices, int slice_count,
+                              int index, int sm_limit, CUgreenCtx *out,
+                              int *sm_count, pt_error *err)
 {
     if (load_green_api(api, device, err) != 0)
         return -1;
@@ -192,9 +246,8 @@ static int make_green_context(green_api *api, int device, bool sliced,
                             "has %u SMs",
                        device, sm_limit, all.sm.smCount);
     if (sliced)
-        return make_sliced_context(api, device, handle, &all, sm_before,
-                                   before_count, sm_limit, out, sm_count,
-                                   err);
+        return make_sliced_context(api, device, handle, &all, sm_slices,
+                                   slice_count, index, out, sm_count, err);
     if ((unsigned int)sm_limit == all.sm.smCount) {
         *out = NULL; /* every SM: the primary context will do */
         *sm_count = (int)all.sm.smCount;
@@ -218,39 +271,41 @@ static int make_green_context(green_api *api, int device, bool sliced,
 
 /* ------------------------------------------------------------ the rank */
 
-static int rank_device_open(int device, bool sliced, const int *sm_before,
-                            int before_count, int sm_limit,
+static int rank_device_open(int device, bool sliced, const int *sm_slices,
+                            int slice_count, int index, int sm_limit,
                             double memory_limit_bytes, pt_error *err);
 
 int cuda_rank_device_open(int device, int sm_limit, double memory_limit_bytes,
                           pt_error *err)
 {
-    return rank_device_open(device, false, NULL, 0, sm_limit,
+    return rank_device_open(device, false, NULL, 0, 0, sm_limit,
                             memory_limit_bytes, err);
 }
 
-int cuda_rank_device_open_slice(int device, const int *sm_before,
-                                int before_count, int sm_limit,
+int cuda_rank_device_open_slice(int device, const int *sm_slices,
+                                int slice_count, int index,
                                 double memory_limit_bytes, pt_error *err)
 {
-    return rank_device_open(device, true, sm_before, before_count, sm_limit,
-                            memory_limit_bytes, err);
+    if (sm_slices == NULL || index < 0 || index >= slice_count)
+        return pt_fail(err, "cuda device %d: slice %d of %d sliced ranks",
+                       device, index, slice_count);
+    return rank_device_open(device, true, sm_slices, slice_count, index,
+                            sm_slices[index], memory_limit_bytes, err);
 }
 
-static int rank_device_open(int device, bool sliced, const int *sm_before,
-                            int before_count, int sm_limit,
+static int rank_device_open(int device, bool sliced, const int *sm_slices,
+                            int slice_count, int index, int sm_limit,
                             double memory_limit_bytes, pt_error *err)
 {
     int count = cuda_device_count();
     if (device < 0 || device >= count)
         return pt_fail(err, "cuda device %d does not exist (%d visible)",
                        device, count);
-    if (sm_limit < 0 || memory_limit_bytes < 0 || before_count < 0 ||
-        (sliced && sm_limit == 0) || (before_count > 0 && sm_before == NULL))
+    if (sm_limit < 0 || memory_limit_bytes < 0 || (sliced && sm_limit == 0))
         return pt_fail(err, "cuda device %d: sm_limit %d (needed for a "
-                            "slice after %d others) and memory_limit_gib %g "
+                            "slice beside %d others) and memory_limit_gib %g "
                             "must not be negative",
-                       device, sm_limit, before_count,
+                       device, sm_limit, slice_count - 1,
                        memory_limit_bytes / PT_GIB);
     cuda_rank_device_close();
     CUDA_TRY(cudaSetDevice(device));
@@ -262,8 +317,8 @@ static int rank_device_open(int device, bool sliced, const int *sm_before,
                           .sm_limit = sm_limit,
                           .memory_limit_bytes = memory_limit_bytes};
     if (sm_limit > 0 &&
-        make_green_context(&opened.api, device, sliced, sm_before,
-                           before_count, sm_limit, &opened.green,
+        make_green_context(&opened.api, device, sliced, sm_slices,
+                           slice_count, index, sm_limit, &opened.green,
                            &opened.sm_count, err) != 0)
         return -1;
     current = opened;

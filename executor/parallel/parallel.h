@@ -349,10 +349,13 @@ typedef struct pipeline_gpu {
     device_spec *devices;            /* rank_count, owned copy */
     bool *sliced;                    /* rank_count: shares its GPU with
                                         other ranks that have sm_limits */
-    int *sm_before;                  /* the sm_limits of the ranks before
-                                        each sliced rank on its GPU, in
-                                        rank order (sm_before_offset) */
-    int *sm_before_offset;           /* rank_count + 1 offsets into it */
+    int *sm_slices;                  /* for each rank, the sm_limits of
+                                        the sliced ranks on its GPU, its
+                                        own included, in rank order
+                                        (sm_slice_offset) */
+    int *sm_slice_offset;            /* rank_count + 1 offsets into it */
+    int *slice_index;                /* rank_count: each rank's place in
+                                        its own list */
     gpu_grad_overlap **overlaps;     /* rank_count; NULL entries with the
                                         host-staged comm (no streams) */
 } pipeline_gpu;

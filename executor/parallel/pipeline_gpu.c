@@ -20,12 +20,12 @@ static int open_rank(void *data, int rank, pt_error *err)
 {
     pipeline_gpu *g = data;
     const device_spec *device = &g->devices[rank];
-    int first = g->sm_before_offset[rank];
+    int first = g->sm_slice_offset[rank];
     int status =
         g->sliced[rank]
             ? cuda_rank_device_open_slice(
-                  device->index, g->sm_before + first,
-                  g->sm_before_offset[rank + 1] - first, device->sm_limit,
+                  device->index, g->sm_slices + first,
+                  g->sm_slice_offset[rank + 1] - first, g->slice_index[rank],
                   device->memory_limit_gib * PT_GIB, err)
             : cuda_rank_device_open(device->index, device->sm_limit,
                                     device->memory_limit_gib * PT_GIB, err);
@@ -82,33 +82,36 @@ static bool limited_on_same_gpu(const device_spec *a, const device_spec *b)
 }
 
 /* For each rank with an sm_limit that shares its GPU with another such
- * rank: sliced, and the sm_limits of those before it, whose slices its
- * own follows. A rank without sm_limit uses the whole GPU, over
- * everyone's slices. */
+ * rank: sliced, the sm_limits of every such rank on its GPU (itself
+ * included) in rank order, and its own place among them. A rank without
+ * sm_limit uses the whole GPU, over everyone's slices. */
 static int plan_sm_slices(pipeline_gpu *g, int ranks, pt_error *err)
 {
-    g->sm_before = malloc((size_t)ranks * (size_t)ranks *
-                          sizeof *g->sm_before);
-    g->sm_before_offset = malloc((size_t)(ranks + 1) *
-                                 sizeof *g->sm_before_offset);
+    g->sm_slices = malloc((size_t)ranks * (size_t)ranks *
+                          sizeof *g->sm_slices);
+    g->sm_slice_offset = malloc((size_t)(ranks + 1) *
+                                sizeof *g->sm_slice_offset);
+    g->slice_index = calloc((size_t)ranks, sizeof *g->slice_index);
     g->sliced = calloc((size_t)ranks, sizeof *g->sliced);
-    if (g->sm_before == NULL || g->sm_before_offset == NULL ||
-        g->sliced == NULL)
+    if (g->sm_slices == NULL || g->sm_slice_offset == NULL ||
+        g->slice_index == NULL || g->sliced == NULL)
         return pt_fail(err, "gpu launcher: out of memory for %d ranks",
                        ranks);
     int used = 0;
     for (int rank = 0; rank < ranks; rank++) {
-        g->sm_before_offset[rank] = used;
+        g->sm_slice_offset[rank] = used;
         for (int other = 0; other < ranks; other++) {
-            if (other == rank ||
+            if (other != rank &&
                 !limited_on_same_gpu(&g->devices[other], &g->devices[rank]))
                 continue;
-            g->sliced[rank] = true;
-            if (other < rank)
-                g->sm_before[used++] = g->devices[other].sm_limit;
+            if (other == rank)
+                g->slice_index[rank] = used - g->sm_slice_offset[rank];
+            else
+                g->sliced[rank] = true;
+            g->sm_slices[used++] = g->devices[other].sm_limit;
         }
     }
-    g->sm_before_offset[ranks] = used;
+    g->sm_slice_offset[ranks] = used;
     return 0;
 }
 
@@ -226,13 +229,15 @@ int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
      * no rank shares its GPU with another of this process */
     out->devices = calloc((size_t)ranks, sizeof *out->devices);
     out->comms = malloc(sizeof *out->comms);
-    out->sm_before_offset = calloc((size_t)ranks + 1,
-                                   sizeof *out->sm_before_offset);
-    out->sm_before = malloc(sizeof *out->sm_before);
+    out->sm_slice_offset = calloc((size_t)ranks + 1,
+                                  sizeof *out->sm_slice_offset);
+    out->sm_slices = malloc(sizeof *out->sm_slices);
+    out->slice_index = calloc((size_t)ranks, sizeof *out->slice_index);
     out->sliced = calloc((size_t)ranks, sizeof *out->sliced);
     out->overlaps = calloc((size_t)ranks, sizeof *out->overlaps);
     if (out->devices == NULL || out->comms == NULL ||
-        out->sm_before_offset == NULL || out->sm_before == NULL ||
+        out->sm_slice_offset == NULL || out->sm_slices == NULL ||
+        out->slice_index == NULL ||
         out->sliced == NULL || out->overlaps == NULL) {
         pipeline_gpu_stop(out);
         return pt_fail(err, "gpu launcher: out of memory");
@@ -318,8 +323,9 @@ void pipeline_gpu_stop(pipeline_gpu *g)
     comm_exchange_destroy(g->exchange);
     free(g->devices);
     free(g->comms);
-    free(g->sm_before);
-    free(g->sm_before_offset);
+    free(g->sm_slices);
+    free(g->sm_slice_offset);
+    free(g->slice_index);
     free(g->sliced);
     free(g->overlaps);
     memset(g, 0, sizeof *g);

@@ -148,8 +148,8 @@ void run_describe_cuda_stage(run_context *ctx, run_result *out)
         return;
     run_device *device = &out->device;
     pt_copy_string(device->name, sizeof device->name, info.name);
-    if (device->sms_used == 0)
-        device->sms_used = info.multiprocessors;
+    int slice = cuda_rank_sm_count(); /* the green context's, or 0 */
+    device->sms_used = slice > 0 ? slice : info.multiprocessors;
     if (device->memory_cap_bytes <= 0)
         device->memory_cap_bytes = info.memory_bytes;
     snprintf(device->driver_version, sizeof device->driver_version,
@@ -358,6 +358,29 @@ static device_spec own_device(const run_context *ctx)
     return spec;
 }
 
+int run_open_stage_gpu(run_context *ctx, pt_error *err)
+{
+    if (ctx->options->backend != BACKEND_CUDA)
+        return 0;
+    device_spec spec = {0};
+    int place = 0;
+    const node_type *type = rank_node(ctx->plan, 0, &place);
+    if (type != NULL && type->device_count > place)
+        spec = type->devices[place];
+    if (cuda_rank_device_open(spec.index, spec.sm_limit,
+                              spec.memory_limit_gib * PT_GIB, err) != 0)
+        return -1;
+    ctx->stage_gpu_open = true;
+    return 0;
+}
+
+void run_close_stage_gpu(run_context *ctx)
+{
+    if (ctx->stage_gpu_open)
+        cuda_rank_device_close();
+    ctx->stage_gpu_open = false;
+}
+
 /* One process per rank: its GPU exists and is of its node's type (the
  * other ranks' GPUs are other hosts' to check). */
 static int check_own_gpu(const run_context *ctx, pt_error *err)
@@ -479,5 +502,17 @@ int run_start_gpus(run_context *ctx, run_result *out, pt_error *err)
 int run_start_own_gpu(run_context *ctx, run_result *out, pt_error *err)
 {
     return run_start_gpus(ctx, out, err);
+}
+
+int run_open_stage_gpu(run_context *ctx, pt_error *err)
+{
+    (void)ctx;
+    (void)err;
+    return 0; /* no cuda backend: backend_find refused it already */
+}
+
+void run_close_stage_gpu(run_context *ctx)
+{
+    (void)ctx;
 }
 #endif

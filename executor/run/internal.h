@@ -59,6 +59,7 @@ typedef struct run_context {
     data_position position;
     model_stage stage;          /* one-stage runs */
     bool stage_ready;
+    bool stage_gpu_open;        /* its thread's GPU slice was opened */
     bool parallel;              /* pp, dp or tp > 1: the ranks below */
     pipeline_layout layout;
     pipeline_threads threads;   /* cpu backend */
@@ -125,6 +126,11 @@ int run_check_memory(const run_context *ctx, run_result *out,
 /* What the record says of rank 0's device before any stage exists. */
 void run_describe_device(const plan *p, backend_kind backend,
                          run_device *device, run_result *out);
+/* A one-stage cuda run: this thread on rank 0's GPU, in its slice of
+ * SMs and under its memory cap (the node's `devices` entry), before the
+ * stage is made; closed after it. */
+int run_open_stage_gpu(run_context *ctx, pt_error *err);
+void run_close_stage_gpu(run_context *ctx);
 /* A one-stage cuda run: the device and bytes its stage reports. */
 void run_describe_cuda_stage(run_context *ctx, run_result *out);
 /* A parallel plan against this machine's GPUs, before any allocation. */

@@ -301,7 +301,8 @@ static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
         return -1;
     if (ctx->parallel)
         return start_threads(ctx, out, err);
-    if (model_stage_create(&ctx->stage, &ctx->shape, &spec, options->backend,
+    if (run_open_stage_gpu(ctx, err) != 0 ||
+        model_stage_create(&ctx->stage, &ctx->shape, &spec, options->backend,
                            out->mbs, 1, err) != 0)
         return -1;
     ctx->stage_ready = true;
@@ -436,6 +437,7 @@ static void release_context(run_context *ctx)
 {
     if (ctx->stage_ready)
         model_stage_destroy(&ctx->stage);
+    run_close_stage_gpu(ctx);
     if (ctx->threads_ready)
         pipeline_threads_destroy(&ctx->threads);
 #ifdef PARTITA_HAVE_CUDA

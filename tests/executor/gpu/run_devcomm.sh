@@ -21,7 +21,8 @@
 #      and the whole GPU, for the shapes the plans use), so the estimates
 #      price what the slices compute;
 #   5. the benchmark: GPT-2 1.5B with 26 heads (models/gpt2-xl-26h.json)
-#      on the whole GPU (the baseline), then tp 2, dp 2 and pp 2 on two
+#      on the whole GPU (the baseline), alone on one slice of 64 SMs
+#      (beside an idle slice), then tp 2, dp 2 and pp 2 on two
 #      slices of 64 SMs, pp 4 on four of 32; the 24-head shape
 #      (models/gpt2-xl-24h.json) on the whole GPU and as tp 4. Every run
 #      gets `partita estimate` of its plan; a second table holds rank 0's
@@ -51,7 +52,7 @@ partita="$build/cli/partita"
 iters=${ITERS:-4}
 warmup=${WARMUP:-2}
 budget=${BUDGET_S:-420}
-rows=${ROWS:-"one-gpu-26h tp2 dp2 pp2 pp4 one-gpu-24h tp4 readme-pp2"}
+rows=${ROWS:-"one-gpu-26h one-slice-64 tp2 dp2 pp2 pp4 one-gpu-24h tp4 readme-pp2"}
 export PARTITA_SOURCE="$root"
 [ -d "$build/lib" ] && export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 SECONDS=0
@@ -171,6 +172,10 @@ JSON
 # per slice, the baseline's 8 micro-batches of 4; the head costs about 2.4
 # layers, so the last stage holds fewer
 plan one-gpu-26h gpt2-xl-26h 1 0 "1 1 1" 32
+# one rank on a 64-SM slice beside an idle one: against dp2's ranks (the
+# same work per micro-batch, each beside a busy slice), what a neighbour
+# costs
+plan one-slice-64 gpt2-xl-26h 1 64 "1 1 1" 32
 plan tp2 gpt2-xl-26h 2 64 "2 1 1" 64
 plan dp2 gpt2-xl-26h 2 64 "1 2 1" 64
 plan pp2 gpt2-xl-26h 2 64 "1 1 2" 64 23-21
@@ -211,7 +216,7 @@ done
 table_rows=()
 for name in $rows; do
     case $name in
-        one-gpu-26h|one-gpu-24h) table_rows+=("$name:-:-:1") ;;
+        one-gpu-26h|one-gpu-24h|one-slice-64) table_rows+=("$name:-:-:1") ;;
         tp2) table_rows+=("$name:one-gpu-26h:0.80:1") ;;
         dp2) table_rows+=("$name:one-gpu-26h:0.95:1") ;;
         pp2) table_rows+=("$name:one-gpu-26h:0.90:1") ;;

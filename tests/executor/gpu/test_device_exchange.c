@@ -73,10 +73,10 @@ struct rank_run {
 static void *rank_main(void *argument)
 {
     rank_run *r = argument;
-    int before[MAX_RANKS];
-    for (int i = 0; i < r->rank; i++)
-        before[i] = r->sm_limit;
-    r->status = cuda_rank_device_open_slice(0, before, r->rank, r->sm_limit,
+    int slices[MAX_RANKS];
+    for (int i = 0; i < r->ranks; i++)
+        slices[i] = r->sm_limit;
+    r->status = cuda_rank_device_open_slice(0, slices, r->ranks, r->rank,
                                             0.0, &r->err);
     if (r->status == 0)
         r->status = comm_exchange_rank_open(r->world, r->rank, &r->err);
@@ -161,6 +161,10 @@ static void fill(float *device, size_t count, float (*value)(size_t, int),
         host[i] = value(i, rank);
     GPU_CHECK(cudaMemcpy(device, host, count * sizeof *host,
                          cudaMemcpyHostToDevice));
+    /* from pageable memory cudaMemcpy may return before its DMA lands,
+     * and the exchange reads the buffer on its own stream, not ordered
+     * after the default one */
+    GPU_CHECK(cudaStreamSynchronize(0));
     free(host);
 }
 
@@ -533,7 +537,11 @@ static int paced_all_reduce_body(rank_run *r)
     if (status == 0)
         status = comm_wait_stream(&r->c, r->stream, "timed", &r->err);
     float ms = 0.0f;
-    GPU_CHECK(cudaEventElapsedTime(&ms, start, end));
+    /* a failed comm leaves the stream unfinished: no time to read */
+    if (status == 0) {
+        GPU_CHECK(cudaEventSynchronize(end));
+        GPU_CHECK(cudaEventElapsedTime(&ms, start, end));
+    }
     r->seconds = ms * 1e-3 / paced_repeats;
     r->ok = true;
     cudaEventDestroy(start);

@@ -27,7 +27,7 @@
 typedef struct rank_run {
     comm_staged *world;
     int rank;
-    int sm_before[RANKS];
+    int sm_slices[RANKS]; /* every rank's sm_limit on the GPU */
     int sm_count;
     int status;
     pt_error err;
@@ -160,7 +160,7 @@ static rank_results results[RANKS];
 static void *rank_main(void *argument)
 {
     rank_run *r = argument;
-    r->status = cuda_rank_device_open_slice(0, r->sm_before, r->rank, 40,
+    r->status = cuda_rank_device_open_slice(0, r->sm_slices, RANKS, r->rank,
                                             0.0, &r->err);
     if (r->status == 0)
         r->status = comm_staged_rank_open(r->world, r->rank, &r->err);
@@ -194,7 +194,7 @@ static void run_world(rank_run runs[RANKS], bool aborting)
     pthread_t threads[RANKS];
     for (int rank = 0; rank < RANKS; rank++) {
         runs[rank] = (rank_run){.world = world, .rank = rank,
-                                .sm_before = {40, 40, 40},
+                                .sm_slices = {40, 40, 40},
                                 .aborting = aborting};
         pthread_create(&threads[rank], NULL, rank_main, &runs[rank]);
     }
@@ -242,7 +242,7 @@ int main(void)
 
     pt_error err = {{0}};
     int too_many[4] = {40, 40, 40, 40};
-    int refused = cuda_rank_device_open_slice(0, too_many, 4, 40, 0.0, &err);
+    int refused = cuda_rank_device_open_slice(0, too_many, 4, 3, 0.0, &err);
     cuda_rank_device_close();
     printf("NOTE %s\n", err.message);
     expect(&tally, refused != 0 && strstr(err.message, "partitions") != NULL,
