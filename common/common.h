@@ -47,6 +47,47 @@ void pt_format_bytes(double bytes, char *out, size_t out_size);
  * fitted figures are written no finer than they are known. */
 double pt_round_significant(double x, int digits);
 
+/* ---------------------------------------------------------- memory terms */
+
+/* The terms of one rank's device memory, named alike by the cuda backend's
+ * tally (executor/cuda/buffers.c, what it allocates), run.json (measured,
+ * per rank) and the cost model (estimated, per stage; docs/cost-model.md,
+ * "Memory per GPU"). */
+typedef enum pt_memory_term {
+    PT_MEMORY_WEIGHTS,        /* fp32 master parameters */
+    PT_MEMORY_WEIGHT_MIRROR,  /* the bf16 copy the matrix products read */
+    PT_MEMORY_GRADIENTS,      /* fp32 gradients */
+    PT_MEMORY_OPTIMIZER,      /* AdamW moments (ZeRO-1: the rank's shard)
+                                 and the optimizer's chunk tables */
+    PT_MEMORY_ACTIVATIONS,    /* what the micro-batches in flight keep for
+                                 their backward, but the head's */
+    PT_MEMORY_LOGITS,         /* the head's per micro-batch in flight: final
+                                 norm, logits, losses */
+    PT_MEMORY_SCRATCH,        /* one backward's working space (and the
+                                 layer being recomputed) */
+    PT_MEMORY_WORKSPACE,      /* the cuBLASLt workspace */
+    PT_MEMORY_COMM,           /* the comm's device buffers (NCCL staging) */
+    PT_MEMORY_ROUNDING,       /* alignment inside arenas, slack, and each
+                                 allocation rounded up to 2 MiB */
+    PT_MEMORY_CONTEXT,        /* the CUDA context and the libraries' own
+                                 buffers: what the executor does not
+                                 allocate itself */
+    PT_MEMORY_TERM_COUNT
+} pt_memory_term;
+
+/* Bytes per term. */
+typedef struct pt_memory_terms {
+    double bytes[PT_MEMORY_TERM_COUNT];
+} pt_memory_terms;
+
+/* The term's key in run.json and the estimate ("weights", "weight_mirror",
+ * ...); NULL past the last. */
+const char *pt_memory_term_name(pt_memory_term term);
+/* The term of that key, or -1. */
+int pt_memory_term_from_name(const char *name);
+/* Sum of the terms; without the context when with_context is false. */
+double pt_memory_terms_total(const pt_memory_terms *terms, bool with_context);
+
 /* --------------------------------------------------------------- strings */
 
 /* Copies at most out_size-1 bytes and always terminates. */

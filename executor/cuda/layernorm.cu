@@ -101,7 +101,7 @@ extern "C" cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
  * long function: the two phases share the block's rows through L2 and
  * its shared memory, which a second kernel or a call would not keep.
  */
-#define BACKWARD_ROWS 32 /* 512 blocks for 16384 rows: full waves */
+#define BACKWARD_ROWS CUDA_LAYERNORM_BACKWARD_ROWS /* kernel_sizes.h */
 #define PARTIAL_SPACE (BACKWARD_THREADS * 16)
 
 template <int VECTOR>
@@ -263,12 +263,6 @@ __global__ void layernorm_partials_kernel(float *d_weight, float *d_bias,
     } else if (d_bias != NULL) {
         d_bias[j - C] += total;
     }
-}
-
-extern "C" size_t cuda_layernorm_backward_scratch(int N, int C)
-{
-    size_t blocks = ((size_t)N + BACKWARD_ROWS - 1) / BACKWARD_ROWS;
-    return blocks * 2 * (size_t)C;
 }
 
 extern "C" cudaError_t cuda_layernorm_backward(

@@ -12,7 +12,9 @@
  *      recomputed, untied head) on a small model;
  *   4. full activation recompute (a plan's "recompute": "full") against
  *      keeping every activation, three micro-batches in flight: the same
- *      loss and gradients, less device memory.
+ *      loss and gradients, less device memory;
+ *   and for the stages of 3 and 4 the tally of device memory by term
+ *   against the memory plan computed without the GPU.
  *
  * Usage: test_cuda_stage [model.json [seq [mbs]]]
  * Tolerances: the cuda backend runs its products in bf16, so gradients
@@ -21,6 +23,7 @@
  */
 #include "gpu_test.h"
 
+#include "executor/cuda/buffers.h"
 #include "executor/executor.h"
 
 #define TOL_LOSS 5e-3
@@ -324,6 +327,33 @@ static void test_pipeline_split(gpu_test_tally *tally)
 
 /* ------------------------------------------------------- 3. variants */
 
+/* The stage's tally of its allocations, term by term, against the
+ * memory plan computed without the GPU (executor/cuda/buffers.c) for the
+ * same shape, slots and PARTITA_CUDA_RECOMPUTE: what the cost model's
+ * formulas are tested against on the cpu (tests/costmodel/test_memory.c). */
+static void compare_tally(gpu_test_tally *tally, const char *label,
+                          const model_stage *stage, const char *recompute)
+{
+    pt_error err;
+    pt_memory_terms tallied, planned;
+    cuda_stage_memory_terms(stage, &tallied);
+    PT_CHECK(cuda_stage_memory_plan(&stage->shape, &stage->spec,
+                                    stage->mbs_capacity, stage->slot_count,
+                                    recompute, &planned, &err),
+             &err);
+    bool same = true;
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+        same = same && tallied.bytes[t] == planned.bytes[t];
+    char line[200];
+    snprintf(line, sizeof line,
+             "%s: tallied device memory %.0f bytes by term as planned "
+             "(%.0f), %zu asked of cudaMalloc",
+             label, pt_memory_terms_total(&tallied, true),
+             pt_memory_terms_total(&planned, true),
+             cuda_stage_device_bytes(stage));
+    gpu_test_expect(tally, same, line);
+}
+
 static void test_variant(gpu_test_tally *tally, const char *label,
                          const char *recompute, const char *fuse, bool tied)
 {
@@ -342,6 +372,7 @@ static void test_variant(gpu_test_tally *tally, const char *label,
              &err);
     PT_CHECK(cuda_model_stage_create(&gpu, &shape, &spec, mbs, 1, &err),
              &err);
+    compare_tally(tally, label, &gpu, recompute);
     unsetenv("PARTITA_CUDA_RECOMPUTE");
     unsetenv("PARTITA_CUDA_FUSE");
     PT_CHECK(model_stage_init_parameters(&cpu, 11, &err), &err);
@@ -386,6 +417,8 @@ static void test_full_recompute(gpu_test_tally *tally)
     PT_CHECK(cuda_model_stage_create(&recompute, &shape, &recompute_spec, mbs,
                                      micro_batches, &err),
              &err);
+    compare_tally(tally, "kept activations", &keep, NULL);
+    compare_tally(tally, "full recompute", &recompute, NULL);
     PT_CHECK(model_stage_init_parameters(&keep, 11, &err), &err);
     PT_CHECK(model_stage_init_parameters(&recompute, 11, &err), &err);
     uint64_t state = 9;
