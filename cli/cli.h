@@ -84,6 +84,8 @@ int cli_locate(const char *kind, const char *name_or_path, char *out,
 /* Tables shared by plan and estimate. */
 void print_notes(const costmodel *cm);
 void print_stage_table(const plan *p, const estimate *est);
+/* Each stage's memory terms, GiB. */
+void print_memory_table(const estimate *est);
 void print_estimate_summary(const plan *p, const estimate *est);
 /* "a100 a10x7": runs of identical node types in pipeline order. */
 void format_node_order(const cluster *c, const int *order, int count,

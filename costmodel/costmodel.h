@@ -181,8 +181,28 @@ typedef struct stage_terms {
     int max_layers;          /* largest layer count that fits; -1: none */
 } stage_terms;
 
-/* Micro-batches whose activations stage `stage` holds at its peak:
- * 1F1B min(pp - stage, m), GPipe m. */
+/* A stage's device memory per GPU, term by term (common.h's
+ * pt_memory_terms), as a linear function of its transformer layers:
+ * fixed + layers x per_layer. The formulas mirror what the executor's
+ * cuda backend allocates (docs/cost-model.md, "Memory per GPU"); the
+ * context term is the profile's workspace_gib. */
+typedef struct stage_memory {
+    pt_memory_terms fixed;
+    pt_memory_terms per_layer;
+} stage_memory;
+
+/* The memory of stage `stage` of config (its largest rank: tensor-
+ * parallel rank 0, ZeRO-1 shard 0), context_bytes for the context. */
+void costmodel_stage_memory(const model_shape *model,
+                            const parallel_config *config, int stage,
+                            double context_bytes, stage_memory *out);
+/* The terms of a stage of `layers` layers. */
+void stage_memory_at(const stage_memory *memory, int layers,
+                     pt_memory_terms *out);
+
+/* Micro-batches whose activations stage `stage` holds at its peak (the
+ * executor's activation slots): 1F1B min(pp - stage, m), GPipe m; 1 for
+ * a plan of one rank, which trains one micro-batch at a time. */
 int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
                                      int microbatches);
 
@@ -238,7 +258,8 @@ typedef struct stage_estimate {
     double dp_allreduce_s;     /* gradient sync once per step */
     double embedding_allreduce_s;
     double optimizer_s;
-    double peak_memory_bytes;
+    double peak_memory_bytes;  /* the sum of memory's terms */
+    pt_memory_terms memory;    /* by term, at the stage's layers */
     double memory_cap_bytes;
 } stage_estimate;
 

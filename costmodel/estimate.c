@@ -187,6 +187,11 @@ static int price_stages(costmodel *cm, const parallel_config *config,
                               &st->send_bwd_s);
         st->peak_memory_bytes = terms.fixed_bytes +
                                 layers * terms.per_layer_bytes;
+        stage_memory memory;
+        costmodel_stage_memory(
+            &cm->model, config, s,
+            cm->profiles[place->small_type].workspace_gib * PT_GIB, &memory);
+        stage_memory_at(&memory, layers, &st->memory);
         st->memory_cap_bytes = terms.cap_bytes;
         scratch->schedule[s] = (schedule_stage){st->forward_s, st->backward_s,
                                                 st->send_s, st->send_bwd_s};

@@ -15,6 +15,19 @@ static json_t *rank_range(int first, int last)
     return json_pack("[i, i]", first, last);
 }
 
+/* {"weights": GiB, ...}: the terms of a stage's peak memory. */
+static json_t *memory_terms_to_json(const pt_memory_terms *terms,
+                                    int *failures)
+{
+    json_t *obj = json_object();
+    for (int t = 0; obj != NULL && t < PT_MEMORY_TERM_COUNT; t++)
+        json_put(obj, pt_memory_term_name(t),
+                 json_real(terms->bytes[t] / PT_GIB), failures);
+    if (obj == NULL)
+        (*failures)++;
+    return obj;
+}
+
 static json_t *stage_to_json(const stage_estimate *stage, int index,
                              const parallel_config *config, int *failures)
 {
@@ -41,6 +54,8 @@ static json_t *stage_to_json(const stage_estimate *stage, int index,
              json_real(stage->peak_memory_bytes / PT_GIB), failures);
     json_put(obj, "memory_cap_gib",
              json_real(stage->memory_cap_bytes / PT_GIB), failures);
+    json_put(obj, "memory_terms_gib",
+             memory_terms_to_json(&stage->memory, failures), failures);
     return obj;
 }
 

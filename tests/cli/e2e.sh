@@ -84,6 +84,7 @@ plan-hetero)
   expect_in plan.json '"alternatives"'
   run 0 partita estimate plan.json
   expect_in out.txt "step time"
+  expect_in out.txt "memory per GPU by term (GiB)"
   ;;
 plan-default-cluster)
   # the default cluster is the bundled hetero.json
