@@ -562,7 +562,7 @@ static inline void pt_store_le(unsigned char *bytes, uint64_t value,
  * builds the file's object with run_json_build; `partita report` reads it
  * back with run_json_read (report/run_record.c). A run_json is plain data:
  * the writer borrows what it points to; the reader allocates iterations,
- * events and peak_memory_gib, freed by run_json_free.
+ * events, peak_memory_gib and memory_terms, freed by run_json_free.
  */
 #define RUN_JSON_FORMAT "partita-run/1"
 /* The most ranks a run has: what exec runs, and so what a record holds. */
@@ -634,6 +634,11 @@ typedef struct run_json {
     int peak_memory_count;       /* read: rank_count */
     double *peak_memory_gib;     /* read */
     const char *peak_memory_basis;
+    /* Each rank's device memory by term, peak_memory_count entries: NAN
+     * bytes where not known (written null: a rank with none known, or
+     * one term such as an unmeasured context). Written when not NULL;
+     * read: NULL when the file has none (an older file). */
+    pt_memory_terms *memory_terms;
     double max_rss_gib;          /* the process's peak resident set */
     double step_time_s;          /* read */
     double tokens_per_s;         /* read */

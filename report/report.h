@@ -35,6 +35,8 @@ typedef struct run_record {
     int event_count;
     timeline_event *events;         /* owned */
     double *peak_memory_gib;        /* owned, [rank_count] */
+    pt_memory_terms *memory_terms;  /* owned, [rank_count], NAN where not
+                                       known; NULL: the file has none */
 } run_record;
 
 /* Readers zero *out first and free what they built on failure. Messages
