@@ -70,6 +70,7 @@ void estimate_free(estimate *e)
  * starts when the one before it ends; absolute seconds). */
 typedef struct step_tail {
     double reduce_s;         /* gradient all-reduce, or reduce-scatter */
+    double exposed_s;        /* of it, what runs after the last backward */
     double gather_s;         /* parameter all-gather (distributed opt.) */
     bool embedding_member;   /* first or last stage of tied embeddings */
     double backward_end;
@@ -213,6 +214,7 @@ static void price_step_work(const costmodel *cm, const parallel_config *config,
         costmodel_step_work(cm, config, place, s, st->layers,
                             &scratch->costs[place->slow_type], &work);
         tail->reduce_s = work.reduce_s;
+        tail->exposed_s = work.exposed_s;
         tail->gather_s = work.gather_s;
         st->dp_allreduce_s = work.reduce_s + work.gather_s;
         tail->embedding_member = cm->model.tied_embeddings && pp > 1 &&
@@ -235,7 +237,7 @@ static double schedule_step_work(const parallel_config *config,
     for (int s = 0; s < pp; s++) {
         step_tail *tail = &scratch->tails[s];
         tail->backward_end = pipeline->stage_end_s[s];
-        tail->reduce_end = tail->backward_end + tail->reduce_s;
+        tail->reduce_end = tail->backward_end + tail->exposed_s;
     }
     double embedding_ready = scratch->tails[0].reduce_end;
     if (scratch->tails[pp - 1].reduce_end > embedding_ready)
@@ -281,7 +283,10 @@ static int step_events(const parallel_config *config, const step_tail *tail,
     if (dp_comm) {
         events[count] = proto;
         events[count].kind = EVENT_DP_ALLREDUCE;
-        events[count].start_s = tail->backward_end;
+        /* overlapped with the backward, it started before its end */
+        events[count].start_s = tail->exposed_s < tail->reduce_s
+                                    ? tail->reduce_end - tail->reduce_s
+                                    : tail->backward_end;
         events[count++].end_s = tail->reduce_end;
     }
     if (tail->embedding_member) {

@@ -76,4 +76,31 @@ double activation_message_bytes(const model_shape *model,
 double layer_forward_flops(double hidden, double ffn_hidden, double seq,
                            double microbatch);
 
+/* The backward of a stage's last micro-batch as the dp overlap sees it:
+ * the head's backward first (last stage), then the layers', then the
+ * embedding's (first stage); the gradient bytes each part completes. The
+ * fixed parameters' gradients are complete after the head's backward,
+ * or, on the first stage, after the embedding's. */
+typedef struct dp_backward {
+    bool first;
+    int layers;
+    double head_s, layer_s, embedding_s;
+    double fixed_bytes, layer_bytes;
+} dp_backward;
+
+/* The dp reduction of `bytes` gradient bytes of a placed stage: an
+ * all-reduce, or with scatter a reduce-scatter (dp_reduce.c). */
+double costmodel_dp_reduce_seconds(const costmodel *cm,
+                                   const parallel_config *config,
+                                   const stage_placement *place,
+                                   double bytes, bool scatter);
+
+/* Seconds of the reduction (reduce_s when it does not overlap) that the
+ * step waits for after the last backward, under cm->dp_overlap. */
+double costmodel_dp_exposed_seconds(const costmodel *cm,
+                                    const parallel_config *config,
+                                    const stage_placement *place,
+                                    const dp_backward *backward,
+                                    double reduce_s);
+
 #endif

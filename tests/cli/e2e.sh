@@ -121,6 +121,11 @@ estimate-hand-plan)
   run 0 partita estimate "$source_root/docs/examples/plan-gpt2xl-hetero.json"
   expect_in out.txt "0-11-8-8-8-8-5-0"
   expect_in out.txt "forward"
+  # dp overlap: switched on and said so; a fraction outside 0..1 refused
+  run 0 partita estimate --dp-overlap 1 "$source_root/docs/examples/plan-gpt2xl-hetero.json"
+  expect_in out.txt "dp overlap: gradients reduced in 25 MiB buckets"
+  run 2 partita estimate --dp-overlap 1.5 "$source_root/docs/examples/plan-gpt2xl-hetero.json"
+  expect_in err.txt "--dp-overlap: expected a fraction from 0 to 1, got '1.5'"
   ;;
 estimate-json)
   cp "$source_root/docs/examples/plan-gpt2xl-hetero.json" in-plan.json
