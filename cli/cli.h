@@ -83,6 +83,9 @@ int cli_locate(const char *kind, const char *name_or_path, char *out,
 
 /* Tables shared by plan and estimate. */
 void print_notes(const costmodel *cm);
+/* "# not measured: ..." for every entry of est->pricing that was not
+ * measured, one line each, then how many were. */
+void print_pricing(const estimate *est);
 void print_stage_table(const plan *p, const estimate *est);
 void print_estimate_summary(const plan *p, const estimate *est);
 /* "a100 a10x7": runs of identical node types in pipeline order. */

@@ -131,6 +131,7 @@ static int report_estimate(const estimate_arguments *args, const plan *p,
                    "hide hidden\n",
                    cm->dp_overlap.bucket_bytes / (1024.0 * 1024.0),
                    cm->dp_overlap.hidden_fraction * 100.0);
+        print_pricing(est);
         print_notes(cm);
     }
     if (!est->fits) {
@@ -170,7 +171,7 @@ int command_estimate(int argc, char **argv)
     estimate est;
     int status;
     if (costmodel_estimate(&cm, &p.config, p.node_order, p.node_order_count,
-                           p.partition, args.json, &est, &err) != 0) {
+                           p.partition, true, &est, &err) != 0) {
         char message[1200];
         snprintf(message, sizeof message, "%s: %s", args.plan_path,
                  err.message);

@@ -106,6 +106,36 @@ int costmodel_type_costs(costmodel *cm, int type_index,
                          const parallel_config *config, type_costs *out,
                          pt_error *err);
 
+/* How one part of the model was priced on a GPU type (the estimate lists
+ * every part that was not measured). */
+typedef enum price_method {
+    PRICE_MEASURED,        /* a measured point of the model's shape */
+    PRICE_MICROBATCH,      /* the shape's points at other micro-batches */
+    PRICE_TP_SCALED,       /* the shape's points at another tp, scaled */
+    PRICE_INTERPOLATED,    /* measured shapes on both sides */
+    PRICE_EXTRAPOLATED,    /* measured shapes on one side */
+    PRICE_ROOFLINE,        /* a derived profile's roofline */
+    PRICE_EFFICIENCY       /* FLOPs at a fitted efficiency */
+} price_method;
+
+const char *price_method_name(price_method method);
+
+typedef struct pricing_entry {
+    char gpu[PT_NAME_MAX];
+    const char *part;          /* "embedding", "layer", "head" */
+    int tp, mbs;
+    price_method method;
+    char how[320];             /* from what, for people */
+    double forward_s;          /* one micro-batch, computation only (no */
+    double backward_s;         /* tp all-reduces, no recompute) */
+} pricing_entry;
+
+/* How the three parts of type type_index are priced under config
+ * (embedding, layer, head); adds no note. */
+int costmodel_pricing(const costmodel *cm, int type_index,
+                      const parallel_config *config, pricing_entry out[3],
+                      pt_error *err);
+
 /* ------------------------------------------------------------- placement */
 
 /* The nodes along a pipeline as placement reads them: slot i is one node
@@ -289,10 +319,14 @@ typedef struct estimate {
      * its stage (parallel_stage_first_rank and the tp x dp after it). */
     int event_count;
     timeline_event *events;
+    /* With events: how each part of each GPU type pacing a stage was
+     * priced (costmodel_pricing; 3 entries a type, in type order; owned). */
+    int pricing_count;
+    pricing_entry *pricing;
 } estimate;
 
 /* Estimates a complete plan. With want_events the timeline (one copy per
- * stage) is filled. Fails on an inconsistent plan; a plan that does not
+ * stage) and the pricing entries are filled. Fails on an inconsistent plan; a plan that does not
  * fit is estimated all the same with fits = false. */
 int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        const int *node_order, int node_count,

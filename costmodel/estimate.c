@@ -63,6 +63,7 @@ void estimate_free(estimate *e)
         return;
     free(e->stages);
     free(e->events);
+    free(e->pricing);
     memset(e, 0, sizeof *e);
 }
 
@@ -392,6 +393,29 @@ static void summarise(const costmodel *cm, const parallel_config *config,
     }
 }
 
+/* The pricing entries of every type that paces a stage, in type order. */
+static int list_pricing(const costmodel *cm, const parallel_config *config,
+                        const estimate_scratch *scratch, estimate *out,
+                        pt_error *err)
+{
+    int types = cm->cluster->type_count;
+    out->pricing = calloc((size_t)types * 3, sizeof *out->pricing);
+    if (!out->pricing)
+        return pt_fail(err, "costmodel: out of memory");
+    for (int t = 0; t < types; t++) {
+        bool paces = false;
+        for (int s = 0; s < config->pp && !paces; s++)
+            paces = scratch->placement[s].slow_type == t;
+        if (!paces)
+            continue;
+        if (costmodel_pricing(cm, t, config, &out->pricing[out->pricing_count],
+                              err) != 0)
+            return -1;
+        out->pricing_count += 3;
+    }
+    return 0;
+}
+
 int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        const int *node_order, int node_count,
                        const int *partition, bool want_events,
@@ -425,7 +449,9 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
     price_step_work(cm, config, &scratch, out);
     out->step_time_s = schedule_step_work(config, &pipeline, &scratch, out);
     summarise(cm, config, node_order, node_count, &pipeline, out);
-    if (want_events && build_events(config, &pipeline, &scratch, out, err) != 0)
+    if (want_events && (build_events(config, &pipeline, &scratch, out,
+                                     err) != 0 ||
+                        list_pricing(cm, config, &scratch, out, err) != 0))
         goto done;
     rc = 0;
 done:
