@@ -570,8 +570,7 @@ static int measure_optimizer(part_chain *chain, const profiler_options *o,
     return 0;
 }
 
-/* Why a tp cannot be profiled for this shape, or NULL. */
-static const char *tp_refusal(const model_shape *shape, int tp)
+const char *profiler_tp_refusal(const model_shape *shape, int tp)
 {
     if (shape->heads % tp != 0)
         return "it does not divide the heads";
@@ -625,7 +624,7 @@ static int measure_tp(const model_shape *shape, int tp,
                       pt_error *err)
 {
     char label[400];
-    const char *refusal = tp_refusal(shape, tp);
+    const char *refusal = profiler_tp_refusal(shape, tp);
     if (refusal != NULL) {
         add_note(out, "tp %d skipped: %s (%d heads, hidden %d, ffn_hidden "
                       "%d)",

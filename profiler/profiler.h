@@ -139,6 +139,10 @@ int profiler_measure(const model_shape *shape,
                      const profiler_options *options, profiler_result *out,
                      pt_error *err);
 
+/* Why a tp cannot be profiled for this shape (it does not divide the
+ * heads...), or NULL. */
+const char *profiler_tp_refusal(const model_shape *shape, int tp);
+
 /* Communication curves between two GPUs of this machine (devices 0 and
  * 1) through NCCL. */
 typedef struct profiled_comm_sample {
