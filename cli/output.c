@@ -10,6 +10,26 @@ void print_notes(const costmodel *cm)
         printf("# note: %s\n", cm->notes[i]);
 }
 
+void print_pricing(const estimate *est)
+{
+    int measured = 0;
+    for (int i = 0; i < est->pricing_count; i++) {
+        const pricing_entry *entry = &est->pricing[i];
+        if (entry->method == PRICE_MEASURED) {
+            measured++;
+            continue;
+        }
+        printf("# not measured: %s %s, tp %d, micro-batch %d: %.3f ms "
+               "forward, %.3f ms backward: %s\n",
+               entry->gpu, entry->part, entry->tp, entry->mbs,
+               entry->forward_s * 1e3, entry->backward_s * 1e3, entry->how);
+    }
+    if (est->pricing_count > 0)
+        printf("# %d of %d profile entries measured (embedding, layer and "
+               "head of each GPU type pacing a stage)\n",
+               measured, est->pricing_count);
+}
+
 void format_node_order(const cluster *c, const int *order, int count,
                        char *out, size_t size)
 {

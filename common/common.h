@@ -381,6 +381,11 @@ int profile_load_file(const char *path, profile *out, pt_error *err);
 json_t *profile_to_json(const profile *p, const char *label, pt_error *err);
 /* A deep copy of src into dst, which then owns what it frees. */
 int profile_copy(profile *dst, const profile *src, pt_error *err);
+/* Adds to `into` every point of `from` it lacks (a shape it lacks, with
+ * all its points): points stay sorted by tp, then mbs; *added counts
+ * them. On failure (out of memory) into keeps what it held. */
+int profile_add_points(profile *into, const profile *from, int *added,
+                       pt_error *err);
 void profile_free(profile *p);
 const char *profile_source_name(profile_source source);
 

@@ -13,6 +13,21 @@
 
 #define COSTMODEL_MAX_NOTES 16
 
+/* Whether the dp gradient reduction overlaps the backward, bucket by
+ * bucket (docs/cost-model.md, 7.1). Off by default, as the executor
+ * reduces after the last backward; switch on to price an executor that
+ * overlaps. */
+typedef struct dp_overlap_options {
+    bool enabled;
+    double bucket_bytes;      /* gradient bytes per bucket (25 MiB) */
+    double hidden_fraction;   /* share, 0..1, of what the buckets could
+                                 hide behind the remaining backward that
+                                 is hidden (1: all of it) */
+} dp_overlap_options;
+
+/* The defaults: off, 25 MiB buckets, fraction 1. */
+dp_overlap_options dp_overlap_defaults(void);
+
 /* Owns the profiles of a cluster's GPU types for one model. Built once;
  * afterwards an estimate writes it only to add a note it does not hold
  * yet. Threads may share one costmodel after costmodel_prepare (below),
@@ -29,6 +44,9 @@ typedef struct costmodel {
      * COSTMODEL_MAX_NOTES, the last of which then says more were left out. */
     int note_count;
     char notes[COSTMODEL_MAX_NOTES][256];
+    /* dp_overlap_defaults() after costmodel_open; callers may change it
+     * before estimating. */
+    dp_overlap_options dp_overlap;
 } costmodel;
 
 /* Loads the profile of every node type (see profile_find for the search
@@ -51,6 +69,10 @@ int costmodel_open_with_profiles(costmodel *cm, const model_shape *model,
  * prepared, threads may estimate with one shared cm. */
 int costmodel_prepare(costmodel *cm, const parallel_config *config,
                       pt_error *err);
+
+/* The least share of a dp reduction the step waits for: 1 with overlap
+ * off, else 1 - hidden_fraction (for the planner's floors). */
+double costmodel_dp_overlap_floor_share(const costmodel *cm);
 
 /* ----------------------------------------------------- per-GPU-type costs */
 
@@ -84,6 +106,36 @@ int costmodel_type_costs(costmodel *cm, int type_index,
                          const parallel_config *config, type_costs *out,
                          pt_error *err);
 
+/* How one part of the model was priced on a GPU type (the estimate lists
+ * every part that was not measured). */
+typedef enum price_method {
+    PRICE_MEASURED,        /* a measured point of the model's shape */
+    PRICE_MICROBATCH,      /* the shape's points at other micro-batches */
+    PRICE_TP_SCALED,       /* the shape's points at another tp, scaled */
+    PRICE_INTERPOLATED,    /* measured shapes on both sides */
+    PRICE_EXTRAPOLATED,    /* measured shapes on one side */
+    PRICE_ROOFLINE,        /* a derived profile's roofline */
+    PRICE_EFFICIENCY       /* FLOPs at a fitted efficiency */
+} price_method;
+
+const char *price_method_name(price_method method);
+
+typedef struct pricing_entry {
+    char gpu[PT_NAME_MAX];
+    const char *part;          /* "embedding", "layer", "head" */
+    int tp, mbs;
+    price_method method;
+    char how[320];             /* from what, for people */
+    double forward_s;          /* one micro-batch, computation only (no */
+    double backward_s;         /* tp all-reduces, no recompute) */
+} pricing_entry;
+
+/* How the three parts of type type_index are priced under config
+ * (embedding, layer, head); adds no note. */
+int costmodel_pricing(const costmodel *cm, int type_index,
+                      const parallel_config *config, pricing_entry out[3],
+                      pt_error *err);
+
 /* ------------------------------------------------------------- placement */
 
 /* The nodes along a pipeline as placement reads them: slot i is one node
@@ -114,6 +166,12 @@ typedef struct stage_placement {
                                    (intra-node link of the stage's first
                                    node for the last stage) */
     link_spec dp_link;          /* slowest link of the dp rings */
+    /* The dp group as NCCL sees it: dp_nodes nodes holding dp / dp_nodes
+     * members each (1: one node; 0: spread unevenly, priced flat over
+     * dp_link), dp_intra_link the slowest inside those nodes (dp_link is
+     * then the slowest between them). */
+    int dp_nodes;
+    link_spec dp_intra_link;
     /* Node type whose profile's measured curves may price the transfer
      * (every GPU's send to stage s+1 stays inside a node of this type) or
      * the dp all-reduce (the stage sits in one node); -1: the links above
@@ -158,6 +216,9 @@ double costmodel_embedding_allreduce_s(const costmodel *cm,
  * `layers` transformer layers. `slow` prices the optimizer. */
 typedef struct step_work {
     double reduce_s;       /* all-reduce, or reduce-scatter */
+    double exposed_s;      /* of reduce_s, what the step waits for after
+                              the last backward (reduce_s unless
+                              cm->dp_overlap is on) */
     double gather_s;       /* ZeRO-1's parameter all-gather, else 0 */
     double optimizer_s;
 } step_work;
@@ -279,10 +340,14 @@ typedef struct estimate {
      * its stage (parallel_stage_first_rank and the tp x dp after it). */
     int event_count;
     timeline_event *events;
+    /* With events: how each part of each GPU type pacing a stage was
+     * priced (costmodel_pricing; 3 entries a type, in type order; owned). */
+    int pricing_count;
+    pricing_entry *pricing;
 } estimate;
 
 /* Estimates a complete plan. With want_events the timeline (one copy per
- * stage) is filled. Fails on an inconsistent plan; a plan that does not
+ * stage) and the pricing entries are filled. Fails on an inconsistent plan; a plan that does not
  * fit is estimated all the same with fits = false. */
 int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        const int *node_order, int node_count,
@@ -486,11 +551,61 @@ double costmodel_reduce_scatter_seconds(const costmodel *cm, double bytes,
                                         link_spec link);
 
 
-/* Ring all-reduce of `bytes` over `members` ranks on a link. */
+/* Ring all-reduce of `bytes` over `members` ranks on one link: 2(n-1)
+ * steps, 2(n-1)/n of the buffer through the link. */
 double allreduce_time(double bytes, int members, link_spec link);
+/* NCCL's double binary tree all-reduce on one link: 2 ceil(log2 n)
+ * steps (tree_allreduce_steps), twice the buffer through the link. */
+double tree_allreduce_time(double bytes, int members, link_spec link);
+int tree_allreduce_steps(int members);
 /* Reduce-scatter or all-gather (half the traffic of an all-reduce). */
 double reduce_scatter_time(double bytes, int members, link_spec link);
 /* One point-to-point transfer. */
 double p2p_time(double bytes, link_spec link);
+
+/* The ranks of a collective as the placement sees them: `members` ranks
+ * on `nodes` nodes, members / nodes on each when that divides (else the
+ * group is priced flat over its slowest link); intra links the ranks of
+ * a node, inter the nodes (each rank's own rail: concurrent rings of a
+ * node do not share it). nodes <= 1: one node, intra alone. */
+typedef struct comm_group {
+    int members;
+    int nodes;
+    link_spec intra;
+    link_spec inter;
+} comm_group;
+
+typedef enum allreduce_algorithm {
+    ALLREDUCE_RING,
+    ALLREDUCE_TREE,
+    ALLREDUCE_HIERARCHICAL_RING,   /* ring between the nodes */
+    ALLREDUCE_HIERARCHICAL_TREE    /* tree between the nodes */
+} allreduce_algorithm;
+
+const char *allreduce_algorithm_name(allreduce_algorithm algorithm);
+
+/* A collective's time and the algorithm that gives it. */
+typedef struct comm_price {
+    double seconds;
+    allreduce_algorithm algorithm;
+} comm_price;
+
+/* All-reduce of `bytes` as NCCL would run it over the group: inside one
+ * node a ring; over nodes the fastest of a ring and a tree through every
+ * rank (over the slowest link) and, when the group is spread evenly, the
+ * hierarchy: reduce-scatter inside each node, all-reduce of the node's
+ * 1/g shard between the nodes (ring or tree), all-gather inside. */
+comm_price nccl_allreduce(double bytes, const comm_group *group);
+/* Reduce-scatter (or all-gather) likewise: flat ring, or inside each
+ * node then between the nodes, whichever is faster. */
+double nccl_reduce_scatter(double bytes, const comm_group *group);
+/* nccl-tests' bus bandwidth of an all-reduce: bytes / seconds x 2(n-1)/n
+ * (bytes per second; 0 when it cannot be said). */
+double allreduce_bus_bandwidth(double bytes, int members, double seconds);
+/* A lower bound of nccl_allreduce for any placement of `members` ranks
+ * with at most most_per_node on a node, links no faster than these
+ * bandwidths and no latency (the planner's floors). */
+double allreduce_floor_time(double bytes, int members, int most_per_node,
+                            double intra_bandwidth, double inter_bandwidth);
 
 #endif

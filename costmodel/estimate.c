@@ -63,6 +63,7 @@ void estimate_free(estimate *e)
         return;
     free(e->stages);
     free(e->events);
+    free(e->pricing);
     memset(e, 0, sizeof *e);
 }
 
@@ -70,6 +71,7 @@ void estimate_free(estimate *e)
  * starts when the one before it ends; absolute seconds). */
 typedef struct step_tail {
     double reduce_s;         /* gradient all-reduce, or reduce-scatter */
+    double exposed_s;        /* of it, what runs after the last backward */
     double gather_s;         /* parameter all-gather (distributed opt.) */
     bool embedding_member;   /* first or last stage of tied embeddings */
     double backward_end;
@@ -218,6 +220,7 @@ static void price_step_work(const costmodel *cm, const parallel_config *config,
         costmodel_step_work(cm, config, place, s, st->layers,
                             &scratch->costs[place->slow_type], &work);
         tail->reduce_s = work.reduce_s;
+        tail->exposed_s = work.exposed_s;
         tail->gather_s = work.gather_s;
         st->dp_allreduce_s = work.reduce_s + work.gather_s;
         tail->embedding_member = cm->model.tied_embeddings && pp > 1 &&
@@ -240,7 +243,7 @@ static double schedule_step_work(const parallel_config *config,
     for (int s = 0; s < pp; s++) {
         step_tail *tail = &scratch->tails[s];
         tail->backward_end = pipeline->stage_end_s[s];
-        tail->reduce_end = tail->backward_end + tail->reduce_s;
+        tail->reduce_end = tail->backward_end + tail->exposed_s;
     }
     double embedding_ready = scratch->tails[0].reduce_end;
     if (scratch->tails[pp - 1].reduce_end > embedding_ready)
@@ -286,7 +289,10 @@ static int step_events(const parallel_config *config, const step_tail *tail,
     if (dp_comm) {
         events[count] = proto;
         events[count].kind = EVENT_DP_ALLREDUCE;
-        events[count].start_s = tail->backward_end;
+        /* overlapped with the backward, it started before its end */
+        events[count].start_s = tail->exposed_s < tail->reduce_s
+                                    ? tail->reduce_end - tail->reduce_s
+                                    : tail->backward_end;
         events[count++].end_s = tail->reduce_end;
     }
     if (tail->embedding_member) {
@@ -392,6 +398,29 @@ static void summarise(const costmodel *cm, const parallel_config *config,
     }
 }
 
+/* The pricing entries of every type that paces a stage, in type order. */
+static int list_pricing(const costmodel *cm, const parallel_config *config,
+                        const estimate_scratch *scratch, estimate *out,
+                        pt_error *err)
+{
+    int types = cm->cluster->type_count;
+    out->pricing = calloc((size_t)types * 3, sizeof *out->pricing);
+    if (!out->pricing)
+        return pt_fail(err, "costmodel: out of memory");
+    for (int t = 0; t < types; t++) {
+        bool paces = false;
+        for (int s = 0; s < config->pp && !paces; s++)
+            paces = scratch->placement[s].slow_type == t;
+        if (!paces)
+            continue;
+        if (costmodel_pricing(cm, t, config, &out->pricing[out->pricing_count],
+                              err) != 0)
+            return -1;
+        out->pricing_count += 3;
+    }
+    return 0;
+}
+
 int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        const int *node_order, int node_count,
                        const int *partition, bool want_events,
@@ -425,7 +454,9 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
     price_step_work(cm, config, &scratch, out);
     out->step_time_s = schedule_step_work(config, &pipeline, &scratch, out);
     summarise(cm, config, node_order, node_count, &pipeline, out);
-    if (want_events && build_events(config, &pipeline, &scratch, out, err) != 0)
+    if (want_events && (build_events(config, &pipeline, &scratch, out,
+                                     err) != 0 ||
+                        list_pricing(cm, config, &scratch, out, err) != 0))
         goto done;
     rc = 0;
 done:

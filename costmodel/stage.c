@@ -169,6 +169,25 @@ double costmodel_embedding_allreduce_s(const costmodel *cm,
     return costmodel_allreduce_seconds(cm, bytes, 2, curve_type, link);
 }
 
+/* The backward of the stage's last micro-batch and its gradient bytes,
+ * for the dp overlap. */
+static dp_backward last_backward(const costmodel *cm,
+                                 const parallel_config *config, int stage,
+                                 int layers, const type_costs *slow)
+{
+    bool first = stage == 0, last = stage == config->pp - 1;
+    return (dp_backward){
+        .first = first,
+        .layers = layers,
+        .head_s = last ? slow->head_backward_s : 0.0,
+        .layer_s = slow->layer_backward_s,
+        .embedding_s = first ? slow->embedding_backward_s : 0.0,
+        .fixed_bytes = 4.0 * stage_parameters_per_gpu(&cm->model, config,
+                                                      stage, 0),
+        .layer_bytes = 4.0 * model_layer_parameter_count(&cm->model) /
+                       config->tp};
+}
+
 void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                          const stage_placement *placement, int stage,
                          int layers, const type_costs *slow, step_work *out)
@@ -177,19 +196,18 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
     double params = stage_parameters_per_gpu(&cm->model, config, stage,
                                              layers);
     double gradient_bytes = params * 4.0; /* fp32 main gradients */
-    if (config->distributed_optimizer) {
-        out->reduce_s = costmodel_reduce_scatter_seconds(
-            cm, gradient_bytes, dp, placement->dp_curve_type,
-            placement->dp_link);
-        out->gather_s = costmodel_reduce_scatter_seconds(
-            cm, params * precision_bytes(config->precision), dp,
-            placement->dp_curve_type, placement->dp_link);
-    } else {
-        out->reduce_s = costmodel_allreduce_seconds(
-            cm, gradient_bytes, dp, placement->dp_curve_type,
-            placement->dp_link);
-        out->gather_s = 0.0;
-    }
-    double held = config->distributed_optimizer ? params / dp : params;
+    bool zero1 = config->distributed_optimizer;
+    out->reduce_s = costmodel_dp_reduce_seconds(cm, config, placement,
+                                                gradient_bytes, zero1);
+    /* ZeRO-1's all-gather of the updated parameters: as a reduce-scatter */
+    out->gather_s = zero1 ? costmodel_dp_reduce_seconds(
+                                cm, config, placement,
+                                params * precision_bytes(config->precision),
+                                true)
+                          : 0.0;
+    dp_backward backward = last_backward(cm, config, stage, layers, slow);
+    out->exposed_s = costmodel_dp_exposed_seconds(cm, config, placement,
+                                                  &backward, out->reduce_s);
+    double held = zero1 ? params / dp : params;
     out->optimizer_s = held * slow->optimizer_s_per_param;
 }

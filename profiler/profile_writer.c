@@ -94,7 +94,10 @@ static json_t *runs_provenance(const profiler_options *o,
     json_put(obj, "warmup", json_integer(r->runs_warmup), failures);
     json_put(obj, "timed_max", json_integer(r->runs_timed_max), failures);
     json_put(obj, "timed_min", json_integer(r->runs_timed_min), failures);
-    json_put(obj, "point_budget_s", json_real(o->point_budget_s), failures);
+    json_put(obj, "rounds", json_integer(o->timing_rounds), failures);
+    json_put(obj, "round_s", json_real(o->round_s), failures);
+    json_put(obj, "calls_per_round_max", json_integer(PROFILER_MAX_QUEUED),
+             failures);
     json_put(obj, "device_warmup_s", json_real(o->device_warmup_s), failures);
     return obj;
 }
@@ -174,14 +177,23 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
     join_model_names(ctx, models, sizeof models);
     json_put(obj, "model", json_string(models), failures);
     json_put(obj, "timing",
-        json_string("host clock around each synchronous call of the stage "
-                    "(the call returns with its work finished); tp > 1: "
-                    "shard 0 computed alone, without the tp all-reduces"),
+        json_string("back to back: each part's calls queued without "
+                    "synchronising (enough for runs.round_s, at most "
+                    "runs.calls_per_round_max), host clock from the first "
+                    "call to the end of the stage's stream, over the calls; "
+                    "a round of forwards, then of forward + backward pairs "
+                    "(backward = pair - forward); the stage's per-call "
+                    "synchronisation is not counted; tp > 1: shard 0 "
+                    "computed alone, without the tp all-reduces"),
         failures);
-    json_put(obj, "statistic", json_string("median of the timed runs"), failures);
+    json_put(obj, "statistic", json_string("median over runs.rounds rounds "
+                                           "(the AdamW step alike; a curve: "
+                                           "of its timed runs)"),
+             failures);
     json_put(obj, "spread",
         json_string("forward_spread, backward_spread, spread: interquartile "
-                    "range of the timed runs over their median"),
+                    "range of the rounds (of a curve: its timed runs) over "
+                    "their median"),
         failures);
     json_put(obj, "runs", runs_provenance(ctx->options, r, failures), failures);
     json_put(obj, "optimizer", optimizer_provenance(r, failures), failures);

@@ -563,7 +563,8 @@ static int cuda_adamw_step(model_stage *stage, const adamw_config *config,
                         stage->adam_v, state->mirror,
                         state->optimizer_chunks.chunks,
                         state->optimizer_chunks.count, &args, state->stream));
-    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    if (!stage->defer_sync)
+        CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
 
@@ -601,6 +602,14 @@ static float *cuda_output_grad_buffer(model_stage *stage)
     return state_of(stage)->scratch.output_grad;
 }
 
+static int cuda_synchronize(model_stage *stage, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    CUDA_TRY(cudaSetDevice(state->device));
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    return 0;
+}
+
 static const stage_backend cuda_backend_table = {
     .kind = BACKEND_CUDA,
     .name = "cuda",
@@ -613,6 +622,7 @@ static const stage_backend cuda_backend_table = {
     .grad_square_sums = cuda_grad_square_sums,
     .adamw_step = cuda_adamw_step,
     .params_changed = cuda_params_changed,
+    .synchronize = cuda_synchronize,
     .copy_to_host = cuda_copy_to_host,
     .copy_from_host = cuda_copy_from_host,
     .input_buffer = cuda_input_buffer,

@@ -244,8 +244,17 @@ static void stages_run_at_their_slowest_gpu(void **state)
                          48 * 2.4e-3 + 0.2e-3 + 0.8e-3, 1e-12));
     assert_true(close_to(e.stages[0].memory_cap_bytes, 22.2 * PT_GIB, 1e-12));
     double params = model_parameter_count(&m);
-    assert_true(close_to(e.stages[0].dp_allreduce_s,
-                         allreduce_time(params * 4.0, 8, inter), 1e-12));
+    /* NCCL over 2 nodes of 4 members: a ring through all 8 whose
+       network hops use the 4 rails (4 x 5 GB/s, capped by the A10's
+       16 GB/s inside), faster than the hierarchy here */
+    comm_group group = {8, 2, link_of(16.0, 10.0), inter};
+    comm_price price = nccl_allreduce(params * 4.0, &group);
+    assert_int_equal(price.algorithm, ALLREDUCE_RING);
+    assert_true(close_to(e.stages[0].dp_allreduce_s, price.seconds, 1e-12));
+    assert_true(close_to(price.seconds,
+                         allreduce_time(params * 4.0, 8,
+                                        link_of(16.0, 20.0)),
+                         1e-12));
     stage_placement placement[1];
     pt_error err = {{0}};
     assert_int_equal(costmodel_place(&f.cm, &config, mixed_order, 2, placement,
@@ -497,6 +506,79 @@ static void notes_reach_the_estimate_context(void **state)
     fixture_close(&f);
 }
 
+
+/* The dp event of a stage: [start, end] of its dp_allreduce. */
+static void dp_event(const estimate *e, int stage, double *start, double *end)
+{
+    for (int i = 0; i < e->event_count; i++)
+        if (e->events[i].stage == stage &&
+            e->events[i].kind == EVENT_DP_ALLREDUCE) {
+            *start = e->events[i].start_s;
+            *end = e->events[i].end_s;
+            return;
+        }
+    fail_msg("no dp_allreduce event on stage %d", stage);
+}
+
+/* With dp overlap on, buckets reduce during the last backward: all of
+ * what they can hide is hidden at fraction 1, none at 0 (then the
+ * buckets' own latencies make it slower than one reduction after the
+ * backward); off, the reduction follows the backward as before. The
+ * planner's floor share is 1 - fraction. */
+static void dp_overlap_hides_the_reduction(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    parallel_config config = config_of(8, 1, 1, 4, 1);
+    int order[1] = {1}, whole[1] = {48};
+    estimate off, hidden, none;
+    assert_false(f.cm.dp_overlap.enabled);
+    assert_true(costmodel_dp_overlap_floor_share(&f.cm) == 1.0);
+    run_estimate(&f, &config, order, 1, whole, true, &off);
+    f.cm.dp_overlap.enabled = true;
+    f.cm.dp_overlap.hidden_fraction = 1.0;
+    run_estimate(&f, &config, order, 1, whole, true, &hidden);
+    f.cm.dp_overlap.hidden_fraction = 0.0;
+    run_estimate(&f, &config, order, 1, whole, true, &none);
+    assert_true(costmodel_dp_overlap_floor_share(&f.cm) == 1.0);
+    f.cm.dp_overlap.hidden_fraction = 0.25;
+    assert_true(close_to(costmodel_dp_overlap_floor_share(&f.cm), 0.75,
+                         1e-12));
+
+    /* the reduction's own time is reported unchanged */
+    assert_true(close_to(hidden.stages[0].dp_allreduce_s,
+                         off.stages[0].dp_allreduce_s, 1e-12));
+    double start, end, reduce = off.stages[0].dp_allreduce_s;
+    dp_event(&off, 0, &start, &end);
+    assert_true(close_to(end - start, reduce, 1e-9));
+    double backward_end = start;
+    dp_event(&hidden, 0, &start, &end);
+    /* 48 layers of 30.7 M parameters, 123 MB of gradients a layer (a
+       bucket each, 11.6 ms over the A10s' 16 GB/s, more than a layer's
+       4.8 ms backward: the stream is busy from the first layer's end),
+       then the embeddings' 328 MB when the backward ends */
+    link_spec intra = link_of(16.0, 10.0);
+    double layer_bytes = 4.0 * model_layer_parameter_count(&m);
+    double fixed_bytes = 4.0 * model_parameter_count(&m) - 48 * layer_bytes;
+    double head_s = 1.6e-3, layer_s = 4.8e-3, embedding_s = 0.4e-3;
+    double stream = head_s + layer_s + 48 * allreduce_time(layer_bytes, 4,
+                                                           intra);
+    double ready = head_s + 48 * layer_s + embedding_s;
+    double tail = fmax(stream, ready) + allreduce_time(fixed_bytes, 4, intra) -
+                  ready;
+    assert_true(start < backward_end);
+    assert_true(close_to(end - backward_end, tail, 1e-9));
+    assert_true(close_to(off.step_time_s - hidden.step_time_s, reduce - tail,
+                         1e-9));
+    assert_true(none.step_time_s >= off.step_time_s);
+    estimate_free(&off);
+    estimate_free(&hidden);
+    estimate_free(&none);
+    fixture_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -511,6 +593,7 @@ int main(void)
         cmocka_unit_test(plan_over_memory_is_estimated_with_its_worst_stage),
         cmocka_unit_test(step_figures_follow_from_the_timeline),
         cmocka_unit_test(notes_reach_the_estimate_context),
+        cmocka_unit_test(dp_overlap_hides_the_reduction),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -448,6 +448,53 @@ static void test_full_recompute(gpu_test_tally *tally)
     model_stage_destroy(&recompute);
 }
 
+/* ------------------------------------ 5. deferred synchronisation */
+
+/* The profiler's back-to-back timing queues calls without waiting
+ * (defer_sync) and waits once (stage_synchronize): the same gradients as
+ * synchronous calls, and no loss read back. */
+static void test_deferred_sync(gpu_test_tally *tally)
+{
+    pt_error err;
+    model_shape shape = small_shape();
+    int mbs = 2;
+    stage_spec spec = stage_spec_whole_model(&shape);
+    model_stage synced, deferred;
+    PT_CHECK(cuda_model_stage_create(&synced, &shape, &spec, mbs, 1, &err),
+             &err);
+    PT_CHECK(cuda_model_stage_create(&deferred, &shape, &spec, mbs, 1, &err),
+             &err);
+    PT_CHECK(model_stage_init_parameters(&synced, 11, &err), &err);
+    PT_CHECK(model_stage_init_parameters(&deferred, 11, &err), &err);
+    uint64_t state = 13;
+    uint32_t *tokens = gpu_test_random_tokens(mbs * (shape.seq + 1),
+                                              shape.vocab, &state);
+    stage_io io = {.mbs = mbs, .tokens = tokens, .loss_scale = 1.0f};
+    float loss = -1.0f, deferred_loss = -1.0f;
+    deferred.defer_sync = true;
+    PT_CHECK(stage_zero_grads(&synced, &err), &err);
+    PT_CHECK(stage_zero_grads(&deferred, &err), &err);
+    for (int i = 0; i < 3; i++) {
+        PT_CHECK(stage_forward(&synced, 0, &io, &loss, &err), &err);
+        PT_CHECK(stage_backward(&synced, 0, &io, &err), &err);
+        PT_CHECK(stage_forward(&deferred, 0, &io, &deferred_loss, &err),
+                 &err);
+        PT_CHECK(stage_backward(&deferred, 0, &io, &err), &err);
+    }
+    PT_CHECK(stage_synchronize(&deferred, &err), &err);
+    gpu_test_expect(tally, deferred_loss == 0.0f && loss > 0.0f,
+                    "deferred sync: no loss read back (the synchronous "
+                    "stage's is positive)");
+    float *synced_grads = gpu_test_read_buffer(&synced, STAGE_GRADS);
+    float *deferred_grads = gpu_test_read_buffer(&deferred, STAGE_GRADS);
+    compare_tensors(tally, "deferred sync: grads of 3 queued steps",
+                    &deferred, deferred_grads, &synced, synced_grads,
+                    TOL_RECOMPUTE, false);
+    free(tokens), free(synced_grads), free(deferred_grads);
+    model_stage_destroy(&synced);
+    model_stage_destroy(&deferred);
+}
+
 int main(int argc, char **argv)
 {
     gpu_test_require_device("test_cuda_stage");
@@ -469,6 +516,7 @@ int main(int argc, char **argv)
     test_variant(&tally, "untied head", NULL, NULL, false);
     test_pipeline_split(&tally);
     test_full_recompute(&tally);
+    test_deferred_sync(&tally);
     test_gpt2_step(&tally, path, seq, mbs);
     return gpu_test_finish(&tally, "test_cuda_stage");
 }
