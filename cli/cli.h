@@ -24,6 +24,9 @@ int command_prep(int argc, char **argv);
 /* `partita exec` (cmd_exec.c, in partita-exec). */
 int command_exec(int argc, char **argv);
 int command_report(int argc, char **argv);
+/* `partita export` (cmd_export.c): a plan as a Megatron-LM launch or a
+ * DeepSpeed ds_config. */
+int command_export(int argc, char **argv);
 /* `partita profile` as partita runs it (cmd_profile.c): --derive to
  * cmd_profile_derive, --compare to profile_compare, a measurement handed
  * to partita-exec. */

@@ -22,11 +22,11 @@ static void print_estimate_help(void)
         "  --per-rank-timeline  with --json: the timeline once per rank\n"
         "                    (tp x dp times larger)\n"
         "  --profiles DIR    look for profiles/<gpu>.json here first\n"
-        "  --dp-overlap F    price the dp gradient reduction as overlapped\n"
-        "                    with the backward in 25 MiB buckets, F (0..1)\n"
+        "  --dp-overlap F    price the dp gradient reduction's overlap with\n"
+        "                    the backward bucket by bucket (25 MiB), F (0..1)\n"
         "                    of what the buckets could hide hidden\n"
-        "                    (docs/cost-model.md 7.1; default: no overlap,\n"
-        "                    as the executor runs today)\n"
+        "                    (docs/cost-model.md 7.1; default: the closed\n"
+        "                    form of the executor's overlap)\n"
         "\n"
         "Exit status 2 when the plan is invalid or does not fit in memory.\n");
 }

@@ -13,6 +13,8 @@ static void print_report_help(void)
     printf(
         "usage: partita report PLAN [RUN] [-o DIR] [--per-rank]\n"
         "                      [--profiles DIR]\n"
+        "       partita report PLAN --megatron-log LOG|--deepspeed-log LOG\n"
+        "                      [--warmup-iterations N] [-o DIR] ...\n"
         "\n"
         "Compares the cost model's estimate of PLAN with what 'partita exec'\n"
         "measured (RUN, its run.json) and writes into DIR (default:\n"
@@ -26,16 +28,25 @@ static void print_report_help(void)
         "               (https://ui.perfetto.dev)\n"
         "Without RUN only the estimate is reported.\n"
         "\n"
+        "A Megatron-LM or DeepSpeed training log takes RUN's place\n"
+        "(docs/interop.md): its step times, losses and, where it prints\n"
+        "them, peak memory per rank are compared with the estimate.\n"
+        "\n"
         "  -o, --output DIR   the report folder, created when missing\n"
         "  --per-rank         one lane per rank in the timeline and the trace,\n"
         "                     one bar and row per rank for memory (default:\n"
         "                     one per stage, readable at any size)\n"
         "  --profiles DIR     look for profiles/<gpu>.json here first\n"
+        "  --megatron-log LOG  the log of a Megatron-LM run of PLAN\n"
+        "  --deepspeed-log LOG the log of a DeepSpeed run of PLAN\n"
+        "  --warmup-iterations N  leave out a log's lines of iterations up\n"
+        "                     to N (default: its first timed line)\n"
         "\n"
         "PARTITA_GNUPLOT names the gnuplot binary (default: gnuplot on\n"
         "PATH).\n"
         "Without a working gnuplot the tables and the trace are still written.\n"
-        "Exit status 2 when the plan or the run is invalid.\n");
+        "Exit status 2 when the plan, the run or the log is invalid (a\n"
+        "log's message names the line).\n");
 }
 
 typedef struct report_arguments {
@@ -44,19 +55,49 @@ typedef struct report_arguments {
     const char *output_dir;
     const char *profiles;
     bool per_rank;
+    const char *log_path;    /* a trainer's log in the run's place */
+    bool deepspeed_log;      /* log_path is DeepSpeed's, else Megatron's */
+    train_log_options log_options;
+    bool warmup_given;
 } report_arguments;
+
+/* Prints "partita report: MESSAGE (see ...)"; -1. */
+static int report_usage_error(const char *message)
+{
+    fprintf(stderr, "partita report: %s (see 'partita report --help')\n",
+            message);
+    return -1;
+}
+
+static int parse_warmup(const char *text, train_log_options *options)
+{
+    char *end = NULL;
+    long value = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || value < 0) {
+        fprintf(stderr, "partita report: --warmup-iterations: expected an "
+                        "iteration number (0 or more), got '%s'\n", text);
+        return -1;
+    }
+    options->warmup_iterations = value;
+    return 0;
+}
 
 static int parse_report_arguments(int argc, char **argv,
                                   report_arguments *args)
 {
-    enum { OPT_PROFILES = 256, OPT_PER_RANK, OPT_HELP };
+    enum { OPT_PROFILES = 256, OPT_PER_RANK, OPT_HELP, OPT_MEGATRON_LOG,
+           OPT_DEEPSPEED_LOG, OPT_WARMUP };
     static const struct option options[] = {
         {"output", required_argument, NULL, 'o'},
         {"per-rank", no_argument, NULL, OPT_PER_RANK},
         {"profiles", required_argument, NULL, OPT_PROFILES},
+        {"megatron-log", required_argument, NULL, OPT_MEGATRON_LOG},
+        {"deepspeed-log", required_argument, NULL, OPT_DEEPSPEED_LOG},
+        {"warmup-iterations", required_argument, NULL, OPT_WARMUP},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
     args->output_dir = "report";
+    args->log_options.warmup_iterations = -1;
     optind = 1;
     int option;
     while ((option = getopt_long(argc, argv, "ho:", options, NULL)) != -1) {
@@ -64,6 +105,18 @@ static int parse_report_arguments(int argc, char **argv,
         case 'o': args->output_dir = optarg; break;
         case OPT_PROFILES: args->profiles = optarg; break;
         case OPT_PER_RANK: args->per_rank = true; break;
+        case OPT_MEGATRON_LOG:
+        case OPT_DEEPSPEED_LOG:
+            if (args->log_path != NULL)
+                return report_usage_error("give one training log");
+            args->log_path = optarg;
+            args->deepspeed_log = option == OPT_DEEPSPEED_LOG;
+            break;
+        case OPT_WARMUP:
+            if (parse_warmup(optarg, &args->log_options) != 0)
+                return -1;
+            args->warmup_given = true;
+            break;
         case OPT_HELP:
         case 'h': print_report_help(); return 1;
         default: return -1;
@@ -75,6 +128,12 @@ static int parse_report_arguments(int argc, char **argv,
                         "a run file (see 'partita report --help')\n");
         return -1;
     }
+    if (args->log_path != NULL && positional == 2)
+        return report_usage_error("give a run file or a training log, not "
+                                  "both");
+    if (args->warmup_given && args->log_path == NULL)
+        return report_usage_error("--warmup-iterations needs "
+                                  "--megatron-log or --deepspeed-log");
     args->plan_path = argv[optind];
     args->run_path = positional == 2 ? argv[optind + 1] : NULL;
     return 0;
@@ -152,9 +211,18 @@ int command_report(int argc, char **argv)
         return EXIT_BAD_INPUT;
     }
     run_record run;
-    bool have_run = args.run_path != NULL;
-    if (have_run && (run_record_load_file(args.run_path, &run, &err) != 0 ||
-                     run_record_check_plan(&run, &p, &err) != 0)) {
+    bool have_run = args.run_path != NULL || args.log_path != NULL;
+    int loaded = 0;
+    if (args.log_path != NULL)
+        loaded = args.deepspeed_log
+                     ? deepspeed_log_load_file(args.log_path, &p,
+                                               &args.log_options, &run, &err)
+                     : megatron_log_load_file(args.log_path, &p,
+                                              &args.log_options, &run, &err);
+    else if (have_run && (run_record_load_file(args.run_path, &run, &err) != 0 ||
+                          run_record_check_plan(&run, &p, &err) != 0))
+        loaded = -1;
+    if (loaded != 0) {
         cli_error("report", err.message);
         run_record_free(&run);
         plan_free(&p);

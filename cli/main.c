@@ -25,6 +25,8 @@ static const subcommand subcommands[] = {
      "turn text or JSON lines into a Megatron .bin/.idx dataset"},
     {"exec", cli_hand_over, "train under a plan, write run.json"},
     {"report", command_report, "estimated vs measured: tables, charts, trace"},
+    {"export", command_export,
+     "write a plan as a Megatron-LM launch or a DeepSpeed ds_config"},
     {"profile", command_profile,
      "measure this GPU's per-layer and communication costs (or --derive)"},
 };

@@ -13,10 +13,10 @@
 
 #define COSTMODEL_MAX_NOTES 16
 
-/* Whether the dp gradient reduction overlaps the backward, bucket by
- * bucket (docs/cost-model.md, 7.1). Off by default, as the executor
- * reduces after the last backward; switch on to price an executor that
- * overlaps. */
+/* Whether the dp gradient reduction is priced bucket by bucket behind
+ * the backward, with a stated hidden fraction (docs/cost-model.md, 7.1).
+ * Off by default: the estimate then takes the closed form of the
+ * executor's overlap (step_work's tail_fraction). */
 typedef struct dp_overlap_options {
     bool enabled;
     double bucket_bytes;      /* gradient bytes per bucket (25 MiB) */
@@ -213,14 +213,22 @@ double costmodel_embedding_allreduce_s(const costmodel *cm,
 /* A stage's per-step work after its last backward, but the embedding
  * all-reduce: gradient all-reduce (or reduce-scatter and parameter
  * all-gather under ZeRO-1) over its dp link, and its optimizer step, for
- * `layers` transformer layers. `slow` prices the optimizer. */
+ * `layers` transformer layers. `slow` prices the optimizer. The executor
+ * sums the gradients in buckets of COSTMODEL_GRAD_BUCKET_BYTES during the
+ * last micro-batch's backward (docs/cost-model.md, 7.1): tail_fraction is
+ * the share of reduce_s that cannot start before the backward ends, the
+ * last bucket's (the first stage's embedding, else one bucket). */
+#define COSTMODEL_GRAD_BUCKET_BYTES (25.0 * 1024.0 * 1024.0)
 typedef struct step_work {
     double reduce_s;       /* all-reduce, or reduce-scatter */
     double exposed_s;      /* of reduce_s, what the step waits for after
-                              the last backward (reduce_s unless
-                              cm->dp_overlap is on) */
+                              the last backward under cm->dp_overlap's
+                              bucket-by-bucket model (reduce_s when it is
+                              off; the estimate then takes tail_fraction's
+                              closed form, the executor's default) */
     double gather_s;       /* ZeRO-1's parameter all-gather, else 0 */
     double optimizer_s;
+    double tail_fraction;  /* of reduce_s, in 0..1 */
 } step_work;
 
 void costmodel_step_work(const costmodel *cm, const parallel_config *config,

@@ -71,7 +71,7 @@ void estimate_free(estimate *e)
  * starts when the one before it ends; absolute seconds). */
 typedef struct step_tail {
     double reduce_s;         /* gradient all-reduce, or reduce-scatter */
-    double exposed_s;        /* of it, what runs after the last backward */
+    double exposed_s;        /* of reduce_s, after the last backward */
     double gather_s;         /* parameter all-gather (distributed opt.) */
     bool embedding_member;   /* first or last stage of tied embeddings */
     double backward_end;
@@ -220,11 +220,24 @@ static void price_step_work(const costmodel *cm, const parallel_config *config,
         costmodel_step_work(cm, config, place, s, st->layers,
                             &scratch->costs[place->slow_type], &work);
         tail->reduce_s = work.reduce_s;
-        tail->exposed_s = work.exposed_s;
         tail->gather_s = work.gather_s;
         st->dp_allreduce_s = work.reduce_s + work.gather_s;
         tail->embedding_member = cm->model.tied_embeddings && pp > 1 &&
                                  (s == 0 || s == pp - 1);
+        /* the executor's buckets run during the last micro-batch's
+         * backward, but under ZeRO-1 on the tied embedding's pair, whose
+         * copies are summed after it first (docs/cost-model.md, 7.1) */
+        double exposed = work.reduce_s;
+        if (config->distributed_optimizer && tail->embedding_member) {
+            /* after the backward, whole */
+        } else if (cm->dp_overlap.enabled) {
+            exposed = work.exposed_s; /* --dp-overlap: bucket by bucket */
+        } else {
+            exposed = work.reduce_s * work.tail_fraction;
+            if (work.reduce_s - st->backward_s > exposed)
+                exposed = work.reduce_s - st->backward_s;
+        }
+        tail->exposed_s = exposed;
         st->embedding_allreduce_s = tail->embedding_member ? embedding_s
                                                            : 0.0;
         st->optimizer_s = work.optimizer_s;
@@ -289,10 +302,7 @@ static int step_events(const parallel_config *config, const step_tail *tail,
     if (dp_comm) {
         events[count] = proto;
         events[count].kind = EVENT_DP_ALLREDUCE;
-        /* overlapped with the backward, it started before its end */
-        events[count].start_s = tail->exposed_s < tail->reduce_s
-                                    ? tail->reduce_end - tail->reduce_s
-                                    : tail->backward_end;
+        events[count].start_s = tail->reduce_end - tail->reduce_s;
         events[count++].end_s = tail->reduce_end;
     }
     if (tail->embedding_member) {

@@ -210,4 +210,15 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                                                   &backward, out->reduce_s);
     double held = zero1 ? params / dp : params;
     out->optimizer_s = held * slow->optimizer_s_per_param;
+    /* the buckets the backward completes last: the embedding's gradients
+     * (the first stage's), or one bucket */
+    const model_shape *m = &cm->model;
+    double tail_bytes = COSTMODEL_GRAD_BUCKET_BYTES;
+    double embedding_bytes = ((double)m->vocab / config->tp + m->seq) *
+                             m->hidden * 4.0;
+    if (stage == 0 && embedding_bytes > tail_bytes)
+        tail_bytes = embedding_bytes;
+    out->tail_fraction = gradient_bytes > tail_bytes
+                             ? tail_bytes / gradient_bytes
+                             : 1.0;
 }

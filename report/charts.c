@@ -187,6 +187,27 @@ static void emit_stage_data(FILE *script, const report_comparison *cmp)
     fprintf(script, "EOD\n");
 }
 
+/* Whether a measured column holds a number: gnuplot refuses a histogram
+ * column of NaN alone, which a run without events (a training log) or
+ * without memory figures gives. */
+static bool stages_measured(const report_comparison *cmp)
+{
+    for (int s = 0; s < cmp->stage_count; s++)
+        if (isfinite(cmp->measured[s].forward_s) ||
+            isfinite(cmp->measured[s].backward_s) ||
+            isfinite(cmp->measured[s].communication_s))
+            return true;
+    return false;
+}
+
+static bool memory_measured(const report_comparison *cmp)
+{
+    for (int r = 0; r < cmp->rank_count; r++)
+        if (isfinite(cmp->measured_memory_gib[r]))
+            return true;
+    return false;
+}
+
 static void emit_histogram_style(FILE *script)
 {
     fprintf(script,
@@ -289,9 +310,9 @@ static void emit_script(FILE *script, const report_input *in,
         emit_terminal(script, "timeline", svg, 1200, timeline_height);
         emit_timeline_plot(script, in, &lanes, kinds_used);
         emit_terminal(script, "stages", svg, 1000, 560);
-        emit_stage_plot(script, in->run != NULL);
+        emit_stage_plot(script, stages_measured(cmp));
         emit_terminal(script, "memory", svg, 1000, 520);
-        emit_memory_plot(script, in->run != NULL, in->per_rank);
+        emit_memory_plot(script, memory_measured(cmp), in->per_rank);
         if (in->run) {
             emit_terminal(script, "step_time", svg, 1000, 480);
             emit_step_plot(script, in->estimate->step_time_s);

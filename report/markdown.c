@@ -56,14 +56,20 @@ static void write_header(FILE *out, const report_input *in)
             parallel_microbatches(&p->config), partition,
             schedule_name(p->config.schedule),
             precision_name(p->config.precision));
-    if (in->run)
-        fprintf(out,
-                "Run `%s`: backend %s, %d iterations; measured events from "
-                "iteration %d.\n\n"
-                "Error = (estimated - measured) / measured: positive when "
-                "the estimate is too high.\n\n",
-                in->run->file, in->run->backend[0] ? in->run->backend : "?",
-                in->run->iteration_count, in->run->events_iteration);
+    if (in->run) {
+        fprintf(out, "Run `%s`: backend %s, %d %s", in->run->file,
+                in->run->backend[0] ? in->run->backend : "?",
+                in->run->iteration_count,
+                in->run->log_summary[0] ? "timed log lines" : "iterations");
+        if (in->run->event_count > 0)
+            fprintf(out, "; measured events from iteration %d",
+                    in->run->events_iteration);
+        fprintf(out, ".\n\n");
+        if (in->run->log_summary[0] != '\0')
+            fprintf(out, "%s\n\n", in->run->log_summary);
+        fprintf(out, "Error = (estimated - measured) / measured: positive "
+                     "when the estimate is too high.\n\n");
+    }
     if (in->run && strcmp(in->run->backend, "cpu") == 0)
         fprintf(out, "The run used the cpu reference backend while the "
                      "estimate prices the plan's GPUs: the errors compare "
@@ -83,6 +89,21 @@ static double largest(const double *values, int count)
     return best;
 }
 
+/* The largest estimate among the GPUs the run measured (all of them
+ * without a run, or when it measured none): a training log may give only
+ * some ranks' memory. */
+static double largest_estimate_measured(const report_comparison *cmp)
+{
+    double best = NAN;
+    for (int r = 0; r < cmp->rank_count; r++)
+        if (isfinite(cmp->measured_memory_gib[r]) &&
+            isfinite(cmp->estimated_memory_gib[r]) &&
+            !(cmp->estimated_memory_gib[r] <= best))
+            best = cmp->estimated_memory_gib[r];
+    return isfinite(best) ? best
+                          : largest(cmp->estimated_memory_gib, cmp->rank_count);
+}
+
 static void write_summary(FILE *out, const report_input *in,
                           const report_comparison *cmp)
 {
@@ -99,8 +120,7 @@ static void write_summary(FILE *out, const report_input *in,
     write_comparison_cells(out, est->tflops_per_gpu,
                            run ? run->tflops_per_gpu : NAN, UNIT_TFLOPS);
     fprintf(out, "| peak memory, largest GPU |");
-    write_comparison_cells(out,
-                           largest(cmp->estimated_memory_gib, cmp->rank_count),
+    write_comparison_cells(out, largest_estimate_measured(cmp),
                            largest(cmp->measured_memory_gib, cmp->rank_count),
                            UNIT_GIB);
     fprintf(out, "| pipeline bubble (estimate only) |");

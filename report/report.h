@@ -34,9 +34,13 @@ typedef struct run_record {
     run_iteration *iterations;      /* owned */
     int event_count;
     timeline_event *events;         /* owned */
-    double *peak_memory_gib;        /* owned, [rank_count] */
+    double *peak_memory_gib;        /* owned, [rank_count]; NAN: not
+                                       measured */
     pt_memory_terms *memory_terms;  /* owned, [rank_count], NAN where not
                                        known; NULL: the file has none */
+    /* Read from a training log rather than a run.json: what it held and
+     * lacked, a paragraph for the report's header ("" for a run.json). */
+    char log_summary[1024];
 } run_record;
 
 /* Readers zero *out first and free what they built on failure. Messages
@@ -50,6 +54,32 @@ void run_record_free(run_record *run);
  * batch sizes or rank count than the plan being reported. */
 int run_record_check_plan(const run_record *run, const plan *p,
                           pt_error *err);
+
+/* ------------------------------------------------------- training logs */
+
+/* How a trainer's log is read (report/train_log.c). */
+typedef struct train_log_options {
+    /* Iterations up to this one are warm-up, left out; -1: leave out the
+     * first timed line only (its time holds the start-up). */
+    long warmup_iterations;
+} train_log_options;
+
+/* Reads the log of a Megatron-LM run of plan p (report/megatron_log.c:
+ * its iteration lines, memory lines and printed arguments) into a run
+ * record, which a report compares like a run.json: step times and
+ * losses per logged iteration, peak memory of the ranks that printed
+ * it, no events. Fails, naming the file and the line number, on a
+ * malformed or truncated line, a log of another plan, or no timed
+ * line. *out is zeroed first and empty on failure. */
+int megatron_log_load_file(const char *path, const plan *p,
+                           const train_log_options *options, run_record *out,
+                           pt_error *err);
+/* The same for DeepSpeed (report/deepspeed_log.c): the pipeline engine's
+ * "steps: N loss: L iter time (s): T" lines, else the throughput timer's
+ * "global_step=N, ... CurrSamplesPerSec=S, ... MaxMemAllocated=M GB". */
+int deepspeed_log_load_file(const char *path, const plan *p,
+                            const train_log_options *options,
+                            run_record *out, pt_error *err);
 
 /* ----------------------------------------------------------- comparison */
 

@@ -1,8 +1,8 @@
 /*
  * The comm interface (executor/comm/comm.h): the comm_* wrappers, which
  * check their arguments and dispatch to an implementation's table, and
- * what the implementations share (comm/internal.h): the record of a
- * world's first failure.
+ * what the implementations share (comm/internal.h): mailboxes of
+ * messages and the record of a world's first failure.
  */
 #include "executor/comm/internal.h"
 
@@ -44,6 +44,32 @@ int comm_recv(const comm *c, int peer, int tag, float *data, size_t count,
                             ">= 0 and data given",
                        c->rank, peer, tag);
     return c->ops->recv(c, peer, tag, data, count, err);
+}
+
+int comm_sendrecv(const comm *c, int send_peer, int send_tag,
+                  const float *send_data, size_t send_count, int recv_peer,
+                  int recv_tag, float *recv_data, size_t recv_count,
+                  pt_error *err)
+{
+    if (check_peer(c, send_peer, "send", err) != 0 ||
+        check_peer(c, recv_peer, "receive", err) != 0)
+        return -1;
+    if (send_tag < 0 || recv_tag < 0 ||
+        (send_data == NULL && send_count > 0) ||
+        (recv_data == NULL && recv_count > 0))
+        return pt_fail(err, "rank %d: send to rank %d (tag %d) with receive "
+                            "from rank %d (tag %d): tags must be >= 0 and "
+                            "data given",
+                       c->rank, send_peer, send_tag, recv_peer, recv_tag);
+    if (c->ops->sendrecv == NULL)
+        return c->ops->send(c, send_peer, send_tag, send_data, send_count,
+                            err) != 0 ||
+                       c->ops->recv(c, recv_peer, recv_tag, recv_data,
+                                    recv_count, err) != 0
+                   ? -1
+                   : 0;
+    return c->ops->sendrecv(c, send_peer, send_tag, send_data, send_count,
+                            recv_peer, recv_tag, recv_data, recv_count, err);
 }
 
 static int check_group(const comm *c, const int *group, int group_size,
@@ -163,6 +189,77 @@ int comm_barrier(const comm *c, pt_error *err)
     return c->ops->barrier(c, err);
 }
 
+bool comm_has_stream_ops(const comm *c)
+{
+    return c->ops->on_stream != NULL;
+}
+
+/* 0 when c has stream-ordered collectives and a stream was given. */
+static int check_stream(const comm *c, const void *stream, const char *what,
+                        pt_error *err)
+{
+    if (c->ops->on_stream == NULL)
+        return pt_fail(err, "rank %d: %s on a stream: the %s comm has no "
+                            "stream-ordered collectives",
+                       c->rank, what, c->ops->name);
+    if (stream == NULL)
+        return pt_fail(err, "rank %d: %s on a stream: no stream given",
+                       c->rank, what);
+    return 0;
+}
+
+int comm_all_reduce_on_stream(const comm *c, const int *group,
+                              int group_size, void *data, size_t count,
+                              comm_element type, comm_reduce_op op,
+                              void *stream, pt_error *err)
+{
+    if (check_stream(c, stream, "all-reduce", err) != 0)
+        return -1;
+    int checked = check_reduce(c, group, group_size, data != NULL, count, err);
+    if (checked != 0)
+        return checked < 0 ? -1 : 0;
+    return c->ops->on_stream->all_reduce(c, group, group_size, data, count,
+                                         type, op, stream, err);
+}
+
+int comm_reduce_scatter_on_stream(const comm *c, const int *group,
+                                  int group_size, float *data,
+                                  const size_t *chunk_offsets, void *stream,
+                                  pt_error *err)
+{
+    if (check_stream(c, stream, "reduce-scatter", err) != 0)
+        return -1;
+    int checked = check_chunked(c, "reduce-scatter", group, group_size, data,
+                                chunk_offsets, err);
+    if (checked != 0)
+        return checked < 0 ? -1 : 0;
+    return c->ops->on_stream->reduce_scatter(c, group, group_size, data,
+                                             chunk_offsets, stream, err);
+}
+
+int comm_all_gather_on_stream(const comm *c, const int *group,
+                              int group_size, float *data,
+                              const size_t *chunk_offsets, void *stream,
+                              pt_error *err)
+{
+    if (check_stream(c, stream, "all-gather", err) != 0)
+        return -1;
+    int checked = check_chunked(c, "all-gather", group, group_size, data,
+                                chunk_offsets, err);
+    if (checked != 0)
+        return checked < 0 ? -1 : 0;
+    return c->ops->on_stream->all_gather(c, group, group_size, data,
+                                         chunk_offsets, stream, err);
+}
+
+int comm_wait_stream(const comm *c, void *stream, const char *operation,
+                     pt_error *err)
+{
+    if (check_stream(c, stream, "wait", err) != 0)
+        return -1;
+    return c->ops->on_stream->wait(c, stream, operation, err);
+}
+
 void comm_abort(const comm *c, const char *reason)
 {
     c->ops->abort(c, reason);
@@ -178,6 +275,48 @@ void comm_groups_free(comm_groups *groups)
     free(groups->offsets);
     free(groups->members);
     memset(groups, 0, sizeof *groups);
+}
+
+/* ------------------------------------------------------------ mailboxes */
+
+struct timespec comm_deadline_after(double seconds)
+{
+    double at = pt_monotonic_seconds() + seconds;
+    double whole = (double)(long)at;
+    struct timespec when = {.tv_sec = (time_t)whole,
+                            .tv_nsec = (long)((at - whole) * 1e9)};
+    if (when.tv_nsec >= 1000000000L) {
+        when.tv_sec += 1;
+        when.tv_nsec -= 1000000000L;
+    }
+    return when;
+}
+
+void comm_mailbox_append(comm_mailbox *box, comm_envelope *message)
+{
+    message->next = NULL;
+    if (box->tail == NULL)
+        box->head = message;
+    else
+        box->tail->next = message;
+    box->tail = message;
+}
+
+comm_envelope *comm_mailbox_take(comm_mailbox *box, int source, int tag)
+{
+    comm_envelope *previous = NULL;
+    for (comm_envelope *m = box->head; m != NULL; previous = m, m = m->next) {
+        if (m->source != source || m->tag != tag)
+            continue;
+        if (previous == NULL)
+            box->head = m->next;
+        else
+            previous->next = m->next;
+        if (box->tail == m)
+            box->tail = previous;
+        return m;
+    }
+    return NULL;
 }
 
 /* ------------------------------------------------------ the first failure */

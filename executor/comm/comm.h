@@ -1,10 +1,12 @@
 /*
  * executor/comm: communication between the ranks of a parallel run,
- * behind one interface (comm_ops), with four implementations: threads
+ * behind one interface (comm_ops), with five implementations: threads
  * (comm/threads.c, the reference: ranks as threads of one process, host
  * memory), MPI (comm/mpi.c: one process per rank), NCCL (comm/nccl.c:
- * one GPU per rank) and host-staged (comm/staged.c: device buffers
- * through pinned host memory, ranks may share a GPU).
+ * one GPU per rank), the device exchange (comm/exchange.c: ranks that
+ * share one GPU, through its memory, paced to emulated links) and
+ * host-staged (comm/staged.c: device buffers through pinned host memory,
+ * ranks may share a GPU).
  */
 #ifndef PARTITA_EXECUTOR_COMM_H
 #define PARTITA_EXECUTOR_COMM_H
@@ -36,6 +38,36 @@ typedef struct comm comm;
 
 typedef enum comm_reduce_op { COMM_SUM, COMM_MAX } comm_reduce_op;
 
+/* Element types of the stream-ordered collectives: bf16 sums are added in
+ * fp32 and rounded once (the device exchange) or as NCCL does. */
+typedef enum comm_element { COMM_FLOAT32, COMM_BFLOAT16 } comm_element;
+
+/*
+ * Collectives enqueued on a CUDA stream of the caller (`stream`, a
+ * cudaStream_t), for comms of device memory (NCCL, the device exchange):
+ * the call returns once the operation is enqueued, after the stream's
+ * earlier work and before its later work, so a GPU's kernels and its sums
+ * run back to back with no host synchronisation. Every member enqueues the
+ * same collectives of a group in the same order, as for the blocking ones.
+ * `wait` blocks the host until the stream's work so far is done, under
+ * the comm's deadline and failure flag (a stream holding a collective a
+ * failed peer never joins must not hold the host forever). A comm without
+ * them has comm_ops.on_stream NULL.
+ */
+typedef struct comm_stream_ops {
+    int (*all_reduce)(const comm *c, const int *group, int group_size,
+                      void *data, size_t count, comm_element type,
+                      comm_reduce_op op, void *stream, pt_error *err);
+    int (*reduce_scatter)(const comm *c, const int *group, int group_size,
+                          float *data, const size_t *chunk_offsets,
+                          void *stream, pt_error *err);
+    int (*all_gather)(const comm *c, const int *group, int group_size,
+                      float *data, const size_t *chunk_offsets, void *stream,
+                      pt_error *err);
+    int (*wait)(const comm *c, void *stream, const char *operation,
+                pt_error *err);
+} comm_stream_ops;
+
 /* What an implementation provides; the comm_* wrappers check arguments
  * and dispatch here. */
 typedef struct comm_ops {
@@ -49,6 +81,14 @@ typedef struct comm_ops {
      * floats into data; a different count is an error. */
     int (*recv)(const comm *c, int peer, int tag, float *data, size_t count,
                 pt_error *err);
+    /* Optional (NULL: send, then receive): a send and a receive of one
+     * pipeline tick as one operation, so that two ranks sending to each
+     * other at once cannot wait on each other (NCCL: one group of
+     * ncclSend and ncclRecv, as Megatron's batched p2p). */
+    int (*sendrecv)(const comm *c, int send_peer, int send_tag,
+                    const float *send_data, size_t send_count,
+                    int recv_peer, int recv_tag, float *recv_data,
+                    size_t recv_count, pt_error *err);
     /* Reduces data element-wise (sum or max) over the ranks
      * group[0..group_size), which all call it with the same group, count
      * and op; every member gets the same result, summed in group order.
@@ -81,6 +121,8 @@ typedef struct comm_ops {
     /* The rank that failed first (called abort, timed out, or hit an
      * error of the transport) and its reason, or -1 when none has. */
     int (*failed_rank)(const comm *c, char *reason, size_t reason_size);
+    /* NULL for comms of host memory. */
+    const comm_stream_ops *on_stream;
 } comm_ops;
 
 /* One rank's handle: plain value, valid while its world lives. */
@@ -97,6 +139,12 @@ int comm_send(const comm *c, int peer, int tag, const float *data,
               size_t count, pt_error *err);
 int comm_recv(const comm *c, int peer, int tag, float *data, size_t count,
               pt_error *err);
+/* A send and a receive of one tick together (comm_ops.sendrecv); the
+ * peers may be the same rank or two different ones. */
+int comm_sendrecv(const comm *c, int send_peer, int send_tag,
+                  const float *send_data, size_t send_count, int recv_peer,
+                  int recv_tag, float *recv_data, size_t recv_count,
+                  pt_error *err);
 int comm_all_reduce_sum(const comm *c, const int *group, int group_size,
                         float *data, size_t count, pt_error *err);
 int comm_all_reduce_max(const comm *c, const int *group, int group_size,
@@ -111,6 +159,26 @@ int comm_reduce_scatter_sum(const comm *c, const int *group, int group_size,
 int comm_all_gather(const comm *c, const int *group, int group_size,
                     float *data, const size_t *chunk_offsets, pt_error *err);
 int comm_barrier(const comm *c, pt_error *err);
+
+/* Whether c enqueues collectives on CUDA streams (comm_stream_ops). */
+bool comm_has_stream_ops(const comm *c);
+/* The stream-ordered collectives (comm_stream_ops), checked as the
+ * blocking ones; they fail on a comm without them. */
+int comm_all_reduce_on_stream(const comm *c, const int *group,
+                              int group_size, void *data, size_t count,
+                              comm_element type, comm_reduce_op op,
+                              void *stream, pt_error *err);
+int comm_reduce_scatter_on_stream(const comm *c, const int *group,
+                                  int group_size, float *data,
+                                  const size_t *chunk_offsets, void *stream,
+                                  pt_error *err);
+int comm_all_gather_on_stream(const comm *c, const int *group,
+                              int group_size, float *data,
+                              const size_t *chunk_offsets, void *stream,
+                              pt_error *err);
+int comm_wait_stream(const comm *c, void *stream, const char *operation,
+                     pt_error *err);
+
 void comm_abort(const comm *c, const char *reason);
 /* The rank of c's world that failed first, or -1; reason may be NULL. */
 int comm_failed_rank(const comm *c, char *reason, size_t reason_size);
@@ -207,6 +275,10 @@ void comm_mpi_finish(comm_mpi *world, int exit_status);
  *     staging buffer (a small ring per direction that grows when every
  *     buffer is still in flight) and ncclSend is enqueued; recv, the
  *     collectives and the barrier return with their result in place;
+ *     sendrecv posts a send and a receive in one NCCL group, so that two
+ *     ranks sending to each other cannot wait on each other's lazily
+ *     made connection; the stream-ordered collectives (comm_stream_ops)
+ *     enqueue on the caller's stream and return;
  *   - messages of one peer and direction arrive in the order they were
  *     sent: the tag is not transmitted, so a receiver must take them in
  *     that order (the pipeline runtime does) and with the sent count;
@@ -281,6 +353,68 @@ double comm_nccl_rank_peak_bytes(comm_nccl *world, int rank);
 /* Sets of communicators the world made: the world, the two for messages
  * and one per distinct group (for tests). */
 int comm_nccl_clique_count(const comm_nccl *world);
+
+/* ---------------------------------------------------- the device exchange */
+
+/*
+ * The device exchange (comm/exchange.c), built with the cuda backend:
+ * ranks that are threads of this process on ONE GPU, each usually in its
+ * own slice of the SMs (green contexts), exchanging through the GPU's
+ * memory with no host round trip. Messages: the sender copies into a
+ * staging buffer of its own on the device and returns; the receiver's
+ * stream copies out of it. Collectives: every member records an event on
+ * its stream and posts its buffer; each then reduces one chunk of every
+ * member's buffer and writes the result into every member's buffer (one
+ * kernel), and waits for the others' events before going on. Hosts only
+ * meet (a mutex and a condition variable, as the threads comm): the data
+ * stays on the GPU, and the stream-ordered collectives (comm_stream_ops)
+ * never wait for the device.
+ *
+ * Emulated links: with `links`, every transfer lasts at least what the
+ * link between the ranks would take (the cost model's closed forms,
+ * docs/cost-model.md: a message latency + bytes / bandwidth, a ring
+ * all-reduce of n members 2 (n - 1) / n x bytes / bandwidth + 2 (n - 1)
+ * latencies, a reduce-scatter or all-gather half of it, over the slowest
+ * link between members), counted on the GPU from the moment every member
+ * is ready: a kernel stamps the GPU clock before the exchange and another
+ * spins after it until the stamp plus that time (docs/executor.md,
+ * "Emulated links"). Sums are made in group order in fp32 (bf16
+ * elements widened and rounded once), so every member gets the same bits.
+ */
+typedef struct comm_exchange comm_exchange;
+
+/* The most ranks of one exchange world: a Hopper GPU's 16 slices. */
+#define COMM_EXCHANGE_MAX_RANKS 16
+
+/* What an exchange of `bytes` takes on an emulated link (the closed forms
+ * above): a message (members 2), an all-reduce, or a reduce-scatter /
+ * all-gather (half) over `members`. 0 for a link of no bandwidth (not
+ * paced). */
+typedef enum comm_pattern {
+    COMM_PATTERN_MESSAGE,
+    COMM_PATTERN_ALL_REDUCE,
+    COMM_PATTERN_HALF_ALL_REDUCE,
+} comm_pattern;
+double comm_emulated_seconds(comm_pattern pattern, double bytes, int members,
+                             link_spec link);
+
+/* A world of `size` ranks (2 .. COMM_EXCHANGE_MAX_RANKS). links: size x
+ * size emulated links, links[a * size + b] between ranks a and b (a
+ * bandwidth of 0: not paced), or NULL for none; copied. timeout_s bounds
+ * every wait on another rank. Touches no GPU. */
+int comm_exchange_create(int size, const link_spec *links, double timeout_s,
+                         comm_exchange **out, pt_error *err);
+/* Every rank must have closed. */
+void comm_exchange_destroy(comm_exchange *world);
+comm comm_exchange_rank(comm_exchange *world, int rank);
+/* On the rank's own thread once its device is open (cuda_rank_device_open
+ * or _slice; every rank on the same GPU): its stream (in its green
+ * context), events and pacing clock, counted against its memory cap. */
+int comm_exchange_rank_open(comm_exchange *world, int rank, pt_error *err);
+/* On the rank's own thread: frees what it made (waits for the device). */
+void comm_exchange_rank_close(comm_exchange *world, int rank);
+/* The most device bytes the rank's staging buffers and clock held. */
+double comm_exchange_rank_peak_bytes(comm_exchange *world, int rank);
 
 /* ---------------------------------------------------- the host-staged comm */
 

@@ -5,7 +5,32 @@
 #ifndef PARTITA_EXECUTOR_COMM_INTERNAL_H
 #define PARTITA_EXECUTOR_COMM_INTERNAL_H
 
+#include <time.h>
+
 #include "executor/comm/comm.h"
+
+/* The head of a message in a rank's mailbox (the threads comm, the
+ * device exchange): each implementation's message starts with it. */
+typedef struct comm_envelope {
+    struct comm_envelope *next;
+    int source;
+    int tag;
+} comm_envelope;
+
+/* One rank's mailbox, oldest message first; the owner locks it. */
+typedef struct comm_mailbox {
+    comm_envelope *head;
+    comm_envelope *tail;
+} comm_mailbox;
+
+void comm_mailbox_append(comm_mailbox *box, comm_envelope *message);
+/* Unlinks the oldest message of (source, tag), or returns NULL: messages
+ * of one source and tag leave in the order they came, others wait. */
+comm_envelope *comm_mailbox_take(comm_mailbox *box, int source, int tag);
+
+/* The moment `seconds` from now on CLOCK_MONOTONIC (the clock the
+ * implementations' condition variables wait on), as a timespec. */
+struct timespec comm_deadline_after(double seconds);
 
 /* Longest reason a failure keeps (longer ones are cut). */
 #define COMM_FAILURE_REASON_MAX 600

@@ -5,8 +5,11 @@
  * 0): a call that returns ncclInProgress is polled with
  * ncclCommGetAsyncError before the next one, and every wait is a poll
  * loop that also watches the world's failure flag and a deadline, so no
- * thread can be held by a dead or silent peer. The world and the ranks'
- * state are comm/nccl_world.c's.
+ * thread can be held by a dead or silent peer. Besides the blocking
+ * operations: a send with its receive in one NCCL group (sendrecv), and
+ * the collectives enqueued on the caller's stream (comm_stream_ops) with
+ * a wait for that stream under the same deadline. The world and the
+ * ranks' state are comm/nccl_world.c's.
  */
 #include "executor/comm/nccl_internal.h"
 
@@ -224,6 +227,39 @@ static int take_staging(const comm *c, message_lane *lane, size_t count,
     return 0;
 }
 
+/* Copies the floats of a send into a staging buffer of its lane and
+ * waits for that copy (microseconds): the caller may overwrite `data` as
+ * soon as the send returns, while the lane's stream may still be held by
+ * an earlier send. */
+static int stage_send(const comm *c, message_lane *lane, const float *data,
+                      size_t count, const char *operation,
+                      staging_buffer **out, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    ncclComm_t comm = clique_comm(world, lane->clique, c->rank);
+    if (take_staging(c, lane, count, operation, out, err) != 0 ||
+        CUDA_STEP(cudaMemcpyAsync((*out)->data, data, count * sizeof(float),
+                                  cudaMemcpyDeviceToDevice,
+                                  r->copy_stream)) != 0 ||
+        CUDA_STEP(cudaEventRecord(r->copy_done, r->copy_stream)) != 0)
+        return -1;
+    return wait_for(c, comm, r->copy_done, operation, err);
+}
+
+/* The checks every message makes first: the world has not failed, the
+ * rank is open. */
+static int open_message(const comm *c, const char *operation, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    if (atomic_load(&world->failed))
+        return fail_interrupted(c, operation, err);
+    if (!world->ranks[c->rank].open)
+        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
+                       c->rank, operation);
+    return 0;
+}
+
 static int nccl_send(const comm *c, int peer, int tag, const float *data,
                      size_t count, pt_error *err)
 {
@@ -232,26 +268,14 @@ static int nccl_send(const comm *c, int peer, int tag, const float *data,
     char operation[64];
     snprintf(operation, sizeof operation, "send to rank %d (tag %d)", peer,
              tag);
-    if (atomic_load(&world->failed))
-        return fail_interrupted(c, operation, err);
-    if (!r->open)
-        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
-                       c->rank, operation);
+    if (open_message(c, operation, err) != 0)
+        return -1;
     if (count == 0)
         return 0;
     message_lane *lane = &r->lanes[peer > c->rank ? 0 : 1];
     ncclComm_t comm = clique_comm(world, lane->clique, c->rank);
     staging_buffer *staging = NULL;
-    if (take_staging(c, lane, count, operation, &staging, err) != 0)
-        return -1;
-    /* The copy runs on a stream of its own and is waited for here: the
-     * caller may overwrite `data` as soon as this returns, while the
-     * lane's stream may still be held by an earlier send. */
-    if (CUDA_STEP(cudaMemcpyAsync(staging->data, data, count * sizeof(float),
-                                  cudaMemcpyDeviceToDevice,
-                                  r->copy_stream)) != 0 ||
-        CUDA_STEP(cudaEventRecord(r->copy_done, r->copy_stream)) != 0 ||
-        wait_for(c, comm, r->copy_done, operation, err) != 0)
+    if (stage_send(c, lane, data, count, operation, &staging, err) != 0)
         return -1;
     if (settle(c, comm,
                ncclSend(staging->data, count, ncclFloat32, peer, comm,
@@ -271,11 +295,8 @@ static int nccl_recv(const comm *c, int peer, int tag, float *data,
     char operation[64];
     snprintf(operation, sizeof operation, "receive from rank %d (tag %d)",
              peer, tag);
-    if (atomic_load(&world->failed))
-        return fail_interrupted(c, operation, err);
-    if (!r->open)
-        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
-                       c->rank, operation);
+    if (open_message(c, operation, err) != 0)
+        return -1;
     if (count == 0)
         return 0;
     /* the peer sent it on its lane towards us */
@@ -287,6 +308,65 @@ static int nccl_recv(const comm *c, int peer, int tag, float *data,
         CUDA_STEP(cudaEventRecord(lane->received, lane->stream)) != 0)
         return -1;
     return wait_for(c, comm, lane->received, operation, err);
+}
+
+/*
+ * A send and a receive of one pipeline tick in one NCCL group, as
+ * Megatron's batched p2p: NCCL connects a pair of ranks at their first
+ * operation and needs both ends for it, so two ranks that each send to
+ * the other before receiving would wait on each other's connection; in
+ * one group the receive is posted with the send. Each goes on its lane
+ * (communicator and stream) as alone.
+ */
+static int nccl_sendrecv(const comm *c, int send_peer, int send_tag,
+                         const float *send_data, size_t send_count,
+                         int recv_peer, int recv_tag, float *recv_data,
+                         size_t recv_count, pt_error *err)
+{
+    if (send_count == 0 || recv_count == 0)
+        return nccl_send(c, send_peer, send_tag, send_data, send_count,
+                         err) != 0 ||
+                       nccl_recv(c, recv_peer, recv_tag, recv_data,
+                                 recv_count, err) != 0
+                   ? -1
+                   : 0;
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    char operation[128];
+    snprintf(operation, sizeof operation, "send to rank %d (tag %d) with "
+             "receive from rank %d (tag %d)", send_peer, send_tag, recv_peer,
+             recv_tag);
+    if (open_message(c, operation, err) != 0)
+        return -1;
+    message_lane *out = &r->lanes[send_peer > c->rank ? 0 : 1];
+    message_lane *in = &r->lanes[recv_peer < c->rank ? 0 : 1];
+    ncclComm_t out_comm = clique_comm(world, out->clique, c->rank);
+    ncclComm_t in_comm = clique_comm(world, in->clique, c->rank);
+    staging_buffer *staging = NULL;
+    if (stage_send(c, out, send_data, send_count, operation, &staging,
+                   err) != 0 ||
+        settle(c, out_comm, ncclGroupStart(), operation, err) != 0)
+        return -1;
+    ncclResult_t sent = ncclSend(staging->data, send_count, ncclFloat32,
+                                 send_peer, out_comm, out->stream);
+    ncclResult_t posted = ncclRecv(recv_data, recv_count, ncclFloat32,
+                                   recv_peer, in_comm, in->stream);
+    ncclResult_t ended = ncclGroupEnd();
+    ncclResult_t first = sent != ncclSuccess && sent != ncclInProgress
+                             ? sent
+                             : posted != ncclSuccess &&
+                                       posted != ncclInProgress
+                                   ? posted
+                                   : ended;
+    if (settle(c, out_comm, first, operation, err) != 0 ||
+        (in_comm != out_comm &&
+         settle(c, in_comm, ncclInProgress, operation, err) != 0) ||
+        CUDA_STEP(cudaEventRecord(staging->sent, out->stream)) != 0)
+        return -1;
+    staging->used = true;
+    if (CUDA_STEP(cudaEventRecord(in->received, in->stream)) != 0)
+        return -1;
+    return wait_for(c, in_comm, in->received, operation, err);
 }
 
 /* The rank's handle of the communicator of `group`, or an error saying
@@ -350,12 +430,12 @@ static int open_group_call(const comm *c, const int *group, int group_size,
     return group_comm(c, group, group_size, operation, comm, err);
 }
 
-/* An all-reduce of `group` on the rank's collective stream, waited
- * for. */
+/* An all-reduce of `group` on `stream` (NULL: the rank's collective
+ * stream, then waited for; else only enqueued). */
 static int collective(const comm *c, const int *group, int group_size,
                       const char *what, const void *send, void *receive,
                       size_t count, ncclDataType_t type, ncclRedOp_t op,
-                      pt_error *err)
+                      cudaStream_t stream, pt_error *err)
 {
     nccl_rank *r = &world_of(c)->ranks[c->rank];
     char operation[96];
@@ -363,12 +443,14 @@ static int collective(const comm *c, const int *group, int group_size,
     if (open_group_call(c, group, group_size, what, operation,
                         sizeof operation, &comm, err) != 0)
         return -1;
+    cudaStream_t on = stream != NULL ? stream : r->collective_stream;
     if (settle(c, comm,
-               ncclAllReduce(send, receive, count, type, op, comm,
-                             r->collective_stream),
-               operation, err) != 0 ||
-        CUDA_STEP(cudaEventRecord(r->collective_done,
-                                  r->collective_stream)) != 0)
+               ncclAllReduce(send, receive, count, type, op, comm, on),
+               operation, err) != 0)
+        return -1;
+    if (stream != NULL)
+        return 0;
+    if (CUDA_STEP(cudaEventRecord(r->collective_done, on)) != 0)
         return -1;
     return wait_for(c, comm, r->collective_done, operation, err);
 }
@@ -380,7 +462,7 @@ static int nccl_all_reduce(const comm *c, const int *group, int group_size,
     return collective(c, group, group_size,
                       op == COMM_MAX ? "all-reduce (max)" : "all-reduce",
                       data, data, count, ncclFloat32,
-                      op == COMM_MAX ? ncclMax : ncclSum, err);
+                      op == COMM_MAX ? ncclMax : ncclSum, NULL, err);
 }
 
 /* The rank of global rank `rank` in the clique of `group`: cliques are
@@ -399,11 +481,12 @@ static int clique_rank_of(const int *group, int group_size, int rank)
  * (each member sends and receives (n - 1) / n of the buffer). */
 static int chunked_collective(const comm *c, const int *group, int group_size,
                               float *data, const size_t *offsets,
-                              bool gather, pt_error *err)
+                              bool gather, cudaStream_t stream, pt_error *err)
 {
     nccl_rank *r = &world_of(c)->ranks[c->rank];
     char operation[96];
     ncclComm_t comm = NULL;
+    cudaStream_t on = stream != NULL ? stream : r->collective_stream;
     if (open_group_call(c, group, group_size,
                         gather ? "all-gather" : "reduce-scatter", operation,
                         sizeof operation, &comm, err) != 0 ||
@@ -416,18 +499,20 @@ static int chunked_collective(const comm *c, const int *group, int group_size,
         int root = clique_rank_of(group, group_size, group[j]);
         ncclResult_t status =
             gather ? ncclBroadcast(chunk, chunk, count, ncclFloat32, root,
-                                   comm, r->collective_stream)
+                                   comm, on)
                    : ncclReduce(chunk, chunk, count, ncclFloat32, ncclSum,
-                                root, comm, r->collective_stream);
+                                root, comm, on);
         if (status != ncclSuccess && status != ncclInProgress &&
             first_error == ncclSuccess)
             first_error = status;
     }
     ncclResult_t ended = ncclGroupEnd();
     if (settle(c, comm, first_error != ncclSuccess ? first_error : ended,
-               operation, err) != 0 ||
-        CUDA_STEP(cudaEventRecord(r->collective_done,
-                                  r->collective_stream)) != 0)
+               operation, err) != 0)
+        return -1;
+    if (stream != NULL)
+        return 0;
+    if (CUDA_STEP(cudaEventRecord(r->collective_done, on)) != 0)
         return -1;
     return wait_for(c, comm, r->collective_done, operation, err);
 }
@@ -437,7 +522,7 @@ static int nccl_reduce_scatter(const comm *c, const int *group,
                                const size_t *chunk_offsets, pt_error *err)
 {
     return chunked_collective(c, group, group_size, data, chunk_offsets,
-                              false, err);
+                              false, NULL, err);
 }
 
 static int nccl_all_gather(const comm *c, const int *group, int group_size,
@@ -445,7 +530,7 @@ static int nccl_all_gather(const comm *c, const int *group, int group_size,
                            pt_error *err)
 {
     return chunked_collective(c, group, group_size, data, chunk_offsets,
-                              true, err);
+                              true, NULL, err);
 }
 
 
@@ -471,7 +556,7 @@ static int nccl_all_reduce_host(const comm *c, const int *group,
                                   r->collective_stream)) != 0 ||
         collective(c, group, group_size, "all-reduce (host doubles)",
                    r->device_scratch, r->device_scratch, count, ncclFloat64,
-                   ncclSum, err) != 0 ||
+                   ncclSum, NULL, err) != 0 ||
         CUDA_STEP(cudaMemcpyAsync(r->host_scratch, r->device_scratch, bytes,
                                   cudaMemcpyDeviceToHost,
                                   r->collective_stream)) != 0 ||
@@ -514,10 +599,71 @@ static int nccl_failed_rank(const comm *c, char *reason, size_t reason_size)
     return comm_nccl_failed_rank(world_of(c), reason, reason_size);
 }
 
+/* ------------------------------------------------ on the caller's stream */
+
+static int nccl_all_reduce_on_stream(const comm *c, const int *group,
+                                     int group_size, void *data, size_t count,
+                                     comm_element type, comm_reduce_op op,
+                                     void *stream, pt_error *err)
+{
+    return collective(c, group, group_size,
+                      op == COMM_MAX ? "stream all-reduce (max)"
+                                     : "stream all-reduce",
+                      data, data, count,
+                      type == COMM_BFLOAT16 ? ncclBfloat16 : ncclFloat32,
+                      op == COMM_MAX ? ncclMax : ncclSum,
+                      (cudaStream_t)stream, err);
+}
+
+static int nccl_reduce_scatter_on_stream(const comm *c, const int *group,
+                                         int group_size, float *data,
+                                         const size_t *chunk_offsets,
+                                         void *stream, pt_error *err)
+{
+    return chunked_collective(c, group, group_size, data, chunk_offsets,
+                              false, (cudaStream_t)stream, err);
+}
+
+static int nccl_all_gather_on_stream(const comm *c, const int *group,
+                                     int group_size, float *data,
+                                     const size_t *chunk_offsets,
+                                     void *stream, pt_error *err)
+{
+    return chunked_collective(c, group, group_size, data, chunk_offsets,
+                              true, (cudaStream_t)stream, err);
+}
+
+/* The stream's work so far, waited for as every operation is: a NCCL
+ * kernel whose peer failed would otherwise hold the host forever. */
+static int nccl_wait_stream(const comm *c, void *stream,
+                            const char *operation, pt_error *err)
+{
+    comm_nccl *world = world_of(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    if (atomic_load(&world->failed))
+        return fail_interrupted(c, operation, err);
+    if (!r->open)
+        return pt_fail(err, "rank %d: %s: the rank's comm is not open",
+                       c->rank, operation);
+    if (CUDA_STEP(cudaEventRecord(r->collective_done,
+                                  (cudaStream_t)stream)) != 0)
+        return -1;
+    return wait_for(c, clique_comm(world, CLIQUE_WORLD, c->rank),
+                    r->collective_done, operation, err);
+}
+
+static const comm_stream_ops nccl_stream_ops = {
+    .all_reduce = nccl_all_reduce_on_stream,
+    .reduce_scatter = nccl_reduce_scatter_on_stream,
+    .all_gather = nccl_all_gather_on_stream,
+    .wait = nccl_wait_stream,
+};
+
 const comm_ops nccl_ops = {
     .name = "nccl",
     .send = nccl_send,
     .recv = nccl_recv,
+    .sendrecv = nccl_sendrecv,
     .all_reduce = nccl_all_reduce,
     .all_reduce_host = nccl_all_reduce_host,
     .reduce_scatter = nccl_reduce_scatter,
@@ -525,6 +671,7 @@ const comm_ops nccl_ops = {
     .barrier = nccl_barrier,
     .abort = nccl_abort,
     .failed_rank = nccl_failed_rank,
+    .on_stream = &nccl_stream_ops,
 };
 
 comm comm_nccl_rank(comm_nccl *world, int rank)

@@ -25,9 +25,7 @@ enum { TAG_REDUCE = -1, TAG_BROADCAST = -2, TAG_SCATTER = -3,
 
 /* One message waiting in a mailbox. */
 typedef struct comm_message {
-    struct comm_message *next;
-    int source;
-    int tag;
+    comm_envelope envelope;      /* first: the mailbox links it */
     size_t count;
     float data[];
 } comm_message;
@@ -38,8 +36,7 @@ struct comm_threads {
     pthread_cond_t changed;      /* a message, a barrier arrival, a failure */
     int size;
     double timeout_s;
-    comm_message **mailbox_head; /* per receiving rank, oldest first */
-    comm_message **mailbox_tail;
+    comm_mailbox *mailboxes;     /* per receiving rank */
     comm_failure failure;        /* the first rank that failed, and why */
     int barrier_arrived;
     long barrier_generation;
@@ -48,21 +45,6 @@ struct comm_threads {
 static comm_threads *world_of(const comm *c)
 {
     return (comm_threads *)c->shared;
-}
-
-/* The moment `seconds` from now, on the monotonic clock the condition
- * variable waits on (comm_threads_create sets it), as a timespec. */
-static struct timespec deadline_after(double seconds)
-{
-    double at = pt_monotonic_seconds() + seconds;
-    double whole = (double)(long)at;
-    struct timespec when = {.tv_sec = (time_t)whole,
-                            .tv_nsec = (long)((at - whole) * 1e9)};
-    if (when.tv_nsec >= 1000000000L) {
-        when.tv_sec += 1;
-        when.tv_nsec -= 1000000000L;
-    }
-    return when;
 }
 
 /* Marks the world failed by `rank` (first failure wins); lock held. */
@@ -112,9 +94,7 @@ static int threads_post(const comm *c, int peer, int tag, const float *data,
         return pt_fail(err, "rank %d: send to rank %d: out of memory for "
                             "%zu floats",
                        c->rank, peer, count);
-    message->next = NULL;
-    message->source = c->rank;
-    message->tag = tag;
+    message->envelope = (comm_envelope){.source = c->rank, .tag = tag};
     message->count = count;
     if (count > 0)
         memcpy(message->data, data, count * sizeof(float));
@@ -128,35 +108,20 @@ static int threads_post(const comm *c, int peer, int tag, const float *data,
         free(message);
         return status;
     }
-    if (world->mailbox_tail[peer] == NULL)
-        world->mailbox_head[peer] = message;
-    else
-        world->mailbox_tail[peer]->next = message;
-    world->mailbox_tail[peer] = message;
+    comm_mailbox_append(&world->mailboxes[peer], &message->envelope);
     pthread_cond_broadcast(&world->changed);
     pthread_mutex_unlock(&world->lock);
     return 0;
 }
 
-/* Unlinks the oldest message of (peer, tag) from this rank's mailbox, or
- * returns NULL; lock held. */
+/* The oldest message of (peer, tag) in this rank's mailbox, unlinked, or
+ * NULL; lock held. */
 static comm_message *take_message(comm_threads *world, int rank, int peer,
                                   int tag)
 {
-    comm_message *previous = NULL;
-    for (comm_message *m = world->mailbox_head[rank]; m != NULL;
-         previous = m, m = m->next) {
-        if (m->source != peer || m->tag != tag)
-            continue;
-        if (previous == NULL)
-            world->mailbox_head[rank] = m->next;
-        else
-            previous->next = m->next;
-        if (world->mailbox_tail[rank] == m)
-            world->mailbox_tail[rank] = previous;
-        return m;
-    }
-    return NULL;
+    /* the envelope is the message's first member */
+    return (comm_message *)comm_mailbox_take(&world->mailboxes[rank], peer,
+                                             tag);
 }
 
 /* Waits for the message of (peer, tag); the caller frees it. */
@@ -168,7 +133,7 @@ static int threads_wait_message(const comm *c, int peer, int tag,
     char operation[64];
     snprintf(operation, sizeof operation, "receive from rank %d (tag %d)",
              peer, tag);
-    struct timespec deadline = deadline_after(world->timeout_s);
+    struct timespec deadline = comm_deadline_after(world->timeout_s);
     pthread_mutex_lock(&world->lock);
     comm_message *message = NULL;
     while (message == NULL) {
@@ -350,7 +315,7 @@ static int threads_all_gather(const comm *c, const int *group,
 static int threads_barrier(const comm *c, pt_error *err)
 {
     comm_threads *world = world_of(c);
-    struct timespec deadline = deadline_after(world->timeout_s);
+    struct timespec deadline = comm_deadline_after(world->timeout_s);
     pthread_mutex_lock(&world->lock);
     long generation = world->barrier_generation;
     if (!has_failed(world) && ++world->barrier_arrived == world->size) {
@@ -413,11 +378,9 @@ int comm_threads_create(int size, double timeout_s, comm_threads **out,
         return pt_fail(err, "threads comm: out of memory");
     world->size = size;
     world->timeout_s = timeout_s;
-    world->mailbox_head = calloc((size_t)size, sizeof *world->mailbox_head);
-    world->mailbox_tail = calloc((size_t)size, sizeof *world->mailbox_tail);
+    world->mailboxes = calloc((size_t)size, sizeof *world->mailboxes);
     pthread_condattr_t attributes;
-    bool ready = world->mailbox_head != NULL &&
-                 world->mailbox_tail != NULL &&
+    bool ready = world->mailboxes != NULL &&
                  pthread_condattr_init(&attributes) == 0;
     if (ready) {
         /* timed waits count on the monotonic clock, as deadline_after */
@@ -427,8 +390,7 @@ int comm_threads_create(int size, double timeout_s, comm_threads **out,
         pthread_condattr_destroy(&attributes);
     }
     if (!ready) {
-        free(world->mailbox_head);
-        free(world->mailbox_tail);
+        free(world->mailboxes);
         free(world);
         return pt_fail(err, "threads comm: cannot set up %d ranks", size);
     }
@@ -443,15 +405,14 @@ void comm_threads_destroy(comm_threads *world)
     if (world == NULL)
         return;
     for (int rank = 0; rank < world->size; rank++) {
-        comm_message *m = world->mailbox_head[rank];
+        comm_envelope *m = world->mailboxes[rank].head;
         while (m != NULL) {
-            comm_message *next = m->next;
+            comm_envelope *next = m->next;
             free(m);
             m = next;
         }
     }
-    free(world->mailbox_head);
-    free(world->mailbox_tail);
+    free(world->mailboxes);
     pthread_cond_destroy(&world->changed);
     pthread_mutex_destroy(&world->lock);
     free(world);

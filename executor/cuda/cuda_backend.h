@@ -17,14 +17,16 @@
  *     rows of bf16 in every tensor-parallel shard); head sizes 64 and 128
  *     run on the fast attention kernels, others on a slow fallback;
  *   - tensor parallelism (spec.tp > 1): the stage holds its shard and
- *     reduces partial results over its group inside forward and backward
- *     by stage_tp_all_reduce_sum / _max on DEVICE pointers (fp32). The
- *     contract with the comm: the backend synchronises the stage's stream
- *     before each call (the buffer is complete), and the comm returns only
- *     when the result is in the buffer (blocking; it may use any stream of
- *     its own), after which the backend's next kernels read it. Every
- *     member of the group makes the same reductions in the same order.
- *     A compute-only stage (tp_compute_only) skips them;
+ *     reduces partial results over its group inside forward and backward,
+ *     on DEVICE pointers. With a comm that has stream-ordered collectives
+ *     (comm_has_stream_ops: NCCL, the device exchange) every sum is
+ *     enqueued on the stage's stream (the layers' four in bf16, the
+ *     embedding's and the loss's in fp32) and the stream's waits go
+ *     through comm_wait_stream; otherwise (the host-staged comm) by
+ *     stage_tp_all_reduce_sum / _max in fp32, the backend synchronising
+ *     its stream before each call and the comm returning with the result
+ *     in place. Every member of the group makes the same reductions in
+ *     the same order. A compute-only stage (tp_compute_only) skips them;
  *   - memory: every cudaMalloc of a stage is first counted against the
  *     calling thread's cap (cuda_rank_memory_reserve below) and given back
  *     when the stage is released, so a stage must be created and destroyed
@@ -76,6 +78,17 @@ void cuda_stage_memory_terms(const model_stage *stage, pt_memory_terms *out);
 
 /* The stream a cuda stage runs on (for NCCL work ordered with it). */
 cudaStream_t cuda_stage_stream(const model_stage *stage);
+
+/* Called by a cuda stage's backward, on the calling thread, each time the
+ * gradients from float `ready_from` of the buffers to their end have all
+ * been enqueued on the stage's stream: after the head, after each layer
+ * (going down), after the embedding. The data-parallel reduction's
+ * overlap (executor/parallel/grad_overlap.c) arms it for the last
+ * micro-batch's backward, when those gradients are final. */
+typedef void (*cuda_grad_hook)(void *data, size_t ready_from);
+/* hook NULL: none (the default). */
+void cuda_stage_set_grad_hook(model_stage *stage, cuda_grad_hook hook,
+                              void *data);
 
 /* Number of CUDA devices this process sees; 0 when there is no GPU or no
  * usable driver (never fails). executor/cuda/device.c, as the rest of

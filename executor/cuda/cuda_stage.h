@@ -73,6 +73,8 @@ typedef struct cuda_stage_state {
     size_t device_bytes;            /* asked of cudaMalloc (the cap's) */
     pt_memory_terms tally;          /* the same by term, with what the
                                        allocator rounds up */
+    cuda_grad_hook grad_hook;       /* NULL: none (cuda_backend.h) */
+    void *grad_hook_data;
 } cuda_stage_state;
 
 static inline stage_dims dims_of(const model_stage *stage, int mbs)

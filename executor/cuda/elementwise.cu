@@ -1,6 +1,7 @@
 /*
  * Element-wise kernels of the cuda backend: fp32 -> bf16 conversion,
- * in-place addition, and the GELU pair used when the matrix products
+ * in-place addition, the rows a row-parallel layer adds after its
+ * tensor-parallel sum, and the GELU pair used when the matrix products
  * cannot fuse it (or the backward recomputes it). All memory-bound: eight
  * elements per thread through 16-byte accesses where the pointers allow.
  */
@@ -192,5 +193,51 @@ extern "C" cudaError_t cuda_add_broadcast_rows(float *out, const float *rows,
     add_broadcast_rows_kernel<<<blocks_for(threads, ELEMENTWISE_THREADS),
                                 ELEMENTWISE_THREADS, 0, stream>>>(
         out, rows, period, residual, N, C, vector);
+    return cudaGetLastError();
+}
+
+/* Eight consecutive columns of a row per thread (C % 8 == 0, pointers
+ * 16-byte aligned) or one element. */
+__global__ void add_rows_from_bf16_kernel(float *out, const bf16 *in,
+                                          const float *bias,
+                                          const float *residual, int N,
+                                          int C, bool vector)
+{
+    int width = vector ? 8 : 1;
+    size_t index = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * width;
+    if (index >= (size_t)N * C)
+        return;
+    size_t column = index % (size_t)C;
+    if (vector) {
+        float value[8], add[8], skip[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        load8(value, in + index);
+        load8(add, bias + column);
+        if (residual != NULL)
+            load8(skip, residual + index);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            value[i] += add[i] + skip[i];
+        store8(out + index, value);
+        return;
+    }
+    out[index] = __bfloat162float(in[index]) + bias[column] +
+                 (residual != NULL ? residual[index] : 0.0f);
+}
+
+extern "C" cudaError_t cuda_add_rows_from_bf16(float *out,
+                                               const pt_bf16 *in_bf16,
+                                               const float *bias,
+                                               const float *residual, int N,
+                                               int C, cudaStream_t stream)
+{
+    size_t count = (size_t)N * C;
+    if (count == 0)
+        return cudaSuccess;
+    bool vector = C % 8 == 0 && aligned16(out) && aligned16(in_bf16) &&
+                  aligned16(bias) && (residual == NULL || aligned16(residual));
+    size_t threads = vector ? count / 8 : count;
+    add_rows_from_bf16_kernel<<<blocks_for(threads, ELEMENTWISE_THREADS),
+                                ELEMENTWISE_THREADS, 0, stream>>>(
+        out, as_bf16(in_bf16), bias, residual, N, C, vector);
     return cudaGetLastError();
 }

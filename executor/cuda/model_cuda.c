@@ -29,14 +29,15 @@
  * its shard of every split tensor (the table of stage_parameter_layout)
  * and its activations are the shard's: A = C / tp attention channels
  * (heads / tp heads of unchanged size), F / tp MLP features, the
- * vocabulary rows of stage_vocab_shard. The group's sums (through
- * stage_tp_all_reduce_sum / _max on device pointers, the stream drained
- * first: tp_reduce) follow the row-parallel products (attention and MLP
+ * vocabulary rows of stage_vocab_shard. The group's sums (enqueued on the
+ * stage's stream when the comm can, the layers' four in bf16; else
+ * through stage_tp_all_reduce_sum / _max in fp32, the stream drained
+ * first: passes.c) follow the row-parallel products (attention and MLP
  * projections: bias and residual added after the sum), the
- * column-parallel input gradients (QKV, fc, LM head: computed in fp32,
- * summed, then rounded to bf16), the vocab-parallel embedding lookup and
- * the vocab-parallel cross-entropy (row maxima by max, exponential sums
- * and target logits by sum). docs/cuda-backend.md, "Tensor parallelism".
+ * column-parallel input gradients (QKV, fc, LM head), the vocab-parallel
+ * embedding lookup and the vocab-parallel cross-entropy (row maxima by
+ * max, exponential sums and target logits by sum). docs/cuda-backend.md,
+ * "Tensor parallelism".
  *
  * Matrix products, row-major model view -> column-major cuBLASLt view: a
  * linear layer out (N x OC) = in (N x IC) W^T (W is OC x IC) is
@@ -657,4 +658,14 @@ cudaStream_t cuda_stage_stream(const model_stage *stage)
 {
     const cuda_stage_state *state = stage->backend_state;
     return state != NULL ? state->stream : NULL;
+}
+
+void cuda_stage_set_grad_hook(model_stage *stage, cuda_grad_hook hook,
+                              void *data)
+{
+    cuda_stage_state *state = stage->backend_state;
+    if (state == NULL)
+        return;
+    state->grad_hook = hook;
+    state->grad_hook_data = hook != NULL ? data : NULL;
 }

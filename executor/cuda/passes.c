@@ -121,20 +121,65 @@ static int weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
 
 /* ------------------------------------------------ tensor-parallel sums */
 
+/* Whether the stage's tensor-parallel sums are enqueued on its stream (a
+ * comm with stream-ordered collectives: NCCL, the device exchange): then
+ * nothing waits on the host between a sum and the kernels around it. */
+static bool tp_on_stream(const model_stage *stage)
+{
+    return stage_spec_tp(&stage->spec) > 1 && !stage->tp_compute_only &&
+           stage->tp_comm != NULL && comm_has_stream_ops(stage->tp_comm);
+}
+
+/* Waits for the stage's stream: through the comm when sums were enqueued
+ * on it (a sum a failed peer never joins ends the wait at the comm's
+ * deadline instead of never), else plainly. */
+static int sync_stage_stream(const model_stage *stage, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (tp_on_stream(stage))
+        return comm_wait_stream(stage->tp_comm, state->stream,
+                                "the stage's kernels and tensor-parallel "
+                                "sums",
+                                err);
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    return 0;
+}
+
 /* Reduces `count` floats of device memory over the stage's tensor-parallel
- * group (sum or max). The comm is blocking and reads the buffer when it is
- * called, so the stage's stream is drained first; the kernels after the
- * call find the result in place. Nothing on an unsplit or compute-only
- * stage (which then does a shard's arithmetic without the sums). */
+ * group (sum or max): on the stream when the comm can; else the comm is
+ * blocking and reads the buffer when it is called, so the stage's stream
+ * is drained first, and the kernels after the call find the result in
+ * place. Nothing on an unsplit or compute-only stage (which then does a
+ * shard's arithmetic without the sums). */
 static int tp_reduce(const model_stage *stage, float *data, size_t count,
                      comm_reduce_op op, pt_error *err)
 {
     if (stage_spec_tp(&stage->spec) == 1 || stage->tp_compute_only)
         return 0;
+    if (tp_on_stream(stage))
+        return comm_all_reduce_on_stream(stage->tp_comm, stage->tp_group,
+                                         stage_spec_tp(&stage->spec), data,
+                                         count, COMM_FLOAT32, op,
+                                         state_of(stage)->stream, err);
     CUDA_TRY(cudaStreamSynchronize(state_of(stage)->stream));
     if (op == COMM_MAX)
         return stage_tp_all_reduce_max(stage, data, count, err);
     return stage_tp_all_reduce_sum(stage, data, count, err);
+}
+
+/* Megatron's four sums of a layer, of bf16 values in place on the stream
+ * (tp_on_stream only): half the bytes of fp32, each shard's partial
+ * rounded once to bf16 and the sum once more, as Megatron's bf16
+ * all-reduce does. */
+static int tp_sum_bf16(const model_stage *stage, pt_bf16 *data, size_t count,
+                       pt_error *err)
+{
+    if (stage->tp_compute_only)
+        return 0;
+    return comm_all_reduce_on_stream(stage->tp_comm, stage->tp_group,
+                                     stage_spec_tp(&stage->spec), data, count,
+                                     COMM_BFLOAT16, COMM_SUM,
+                                     state_of(stage)->stream, err);
 }
 
 /* -------------------------------------------------------------- forward */
@@ -161,6 +206,23 @@ static int row_parallel_forward(model_stage *stage, linear_forward f,
     const float *residual = f.residual;
     f.bias = NULL;
     f.residual = NULL;
+    if (tp_on_stream(stage) || stage->tp_compute_only) {
+        /* the partial in bf16 (scratch.d_partial is free during a
+         * forward), summed, then widened with the bias and the residual
+         * into the fp32 stream in one pass */
+        float *out = f.out;
+        pt_bf16 *partial = (pt_bf16 *)state->scratch.d_partial;
+        f.out = partial;
+        f.out_fp32 = false;
+        gemm_call call = forward_call(&f);
+        size_t count = (size_t)f.N * (size_t)f.OC;
+        if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
+            tp_sum_bf16(stage, partial, count, err) != 0)
+            return -1;
+        CUDA_TRY(cuda_add_rows_from_bf16(out, partial, bias, residual, f.N,
+                                         f.OC, state->stream));
+        return 0;
+    }
     gemm_call call = forward_call(&f);
     if (gemm_run(state->gemm, &call, state->stream, err) != 0)
         return -1;
@@ -359,6 +421,10 @@ static int head_forward(model_stage *stage, activation_slot *slot,
     }
     CUDA_TRY(cuda_mean(state->scratch.reduced, slot->losses, N,
                        state->stream));
+    /* the stream first, under the comm's deadline when sums are on it: a
+     * copy into pageable memory would wait for it with no deadline */
+    if (sync_stage_stream(stage, err) != 0)
+        return -1;
     double loss = 0.0;
     CUDA_TRY(cudaMemcpyAsync(&loss, state->scratch.reduced, sizeof loss,
                              cudaMemcpyDeviceToHost, state->stream));
@@ -426,8 +492,8 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
     if (stage->spec.has_head) {
         if (head_forward(stage, slot, stream_in, &d, mean_loss, err) != 0)
             return -1;
-    } else if (!stage->defer_sync) {
-        CUDA_TRY(cudaStreamSynchronize(state->stream));
+    } else if (!stage->defer_sync && sync_stage_stream(stage, err) != 0) {
+        return -1;
     }
     slot->mbs = io->mbs;
     slot->awaiting_backward = true;
@@ -447,9 +513,16 @@ static int column_parallel_input_grad(model_stage *stage, gemm_call call,
     cuda_stage_state *state = state_of(stage);
     if (d->tp == 1)
         return gemm_run(state->gemm, &call, state->stream, err);
+    size_t count = (size_t)d->N * (size_t)d->C;
+    if (tp_on_stream(stage) || stage->tp_compute_only)
+        /* the shard's partial straight into the bf16 gradient, summed
+         * there by the group */
+        return gemm_run(state->gemm, &call, state->stream, err) != 0 ||
+                       tp_sum_bf16(stage, call.d, count, err) != 0
+                   ? -1
+                   : 0;
     pt_bf16 *d_in = call.d;
     float *partial = state->scratch.d_partial;
-    size_t count = (size_t)d->N * (size_t)d->C;
     call.d = partial;
     call.d_fp32 = true;
     if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
@@ -664,6 +737,15 @@ static int head_backward(model_stage *stage, activation_slot *slot,
     return 0;
 }
 
+/* Tells the armed hook (cuda_backend.h) that every gradient from float
+ * ready_from on is enqueued. */
+static void gradients_enqueued(const cuda_stage_state *state,
+                               size_t ready_from)
+{
+    if (state->grad_hook != NULL)
+        state->grad_hook(state->grad_hook_data, ready_from);
+}
+
 int cuda_stage_backward(model_stage *stage, int slot_index,
                         const stage_io *io, pt_error *err)
 {
@@ -683,6 +765,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         if (head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d,
                           err) != 0)
             return -1;
+        gradients_enqueued(state, state->offsets.final_norm_weight);
         d_out = s->d_stream[0];
         free_stream = 1;
     } else if (state->layer_count > 0) {
@@ -703,6 +786,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         if (layer_backward(stage, d_input, d_out, &state->offsets.layers[l],
                            act, layer_input, &d, err) != 0)
             return -1;
+        gradients_enqueued(state, state->offsets.layers[l].ln1_weight);
         d_out = d_input;
         free_stream = 1 - free_stream;
     }
@@ -714,6 +798,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
             stage->grads + o->position_embedding, d_out, t->plan_starts,
             t->plan_rows, t->plan_tokens, slot->unique_tokens, d.B, d.T, d.C,
             state->stream));
+        gradients_enqueued(state, 0);
         s->input_grad = NULL;
     } else {
         /* a stage with no layers and no head passes the gradient through;
@@ -727,8 +812,8 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         }
         s->input_grad = d_out;
     }
-    if (!stage->defer_sync)
-        CUDA_TRY(cudaStreamSynchronize(state->stream));
+    if (!stage->defer_sync && sync_stage_stream(stage, err) != 0)
+        return -1;
     slot->awaiting_backward = false;
     return 0;
 }

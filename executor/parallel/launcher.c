@@ -75,7 +75,9 @@ static int set_up_rank(rank_worker *w, pt_error *err)
         return -1;
     if (pipeline_events_reserve(&p->events[w->rank], &p->layout, err) != 0 ||
         pipeline_stage_attach(&p->layout, &p->stages[w->rank],
-                              &p->comms[w->rank], err) != 0) {
+                              &p->comms[w->rank], err) != 0 ||
+        pipeline_grad_buckets(&p->stages[w->rank], launch->grad_bucket_bytes,
+                              &p->buckets[w->rank], err) != 0) {
         model_stage_destroy(&p->stages[w->rank]);
         return -1;
     }
@@ -101,10 +103,12 @@ static void run_order(rank_worker *w, const worker_order *order)
                                   &p->stages[w->rank], order->task_err);
     } else {
         p->rank_errors[w->rank].message[0] = '\0';
+        pipeline_grad_sync sync = {.buckets = &p->buckets[w->rank],
+                                   .overlap = &all->launch.overlap};
         p->rank_status[w->rank] = pipeline_rank_step(
             &p->layout, &p->stages[w->rank], &p->comms[w->rank],
             order->config, order->tokens, order->step_start_s,
-            w->rank == order->inject_failure_rank, &w->result,
+            w->rank == order->inject_failure_rank, &sync, &w->result,
             &p->events[w->rank], &p->rank_errors[w->rank]);
     }
     pthread_mutex_lock(&all->lock);
@@ -164,12 +168,14 @@ static int allocate_launcher(pipeline_threads *out, int ranks, pt_error *err)
     out->rank_errors = calloc((size_t)ranks, sizeof *out->rank_errors);
     out->rank_status = calloc((size_t)ranks, sizeof *out->rank_status);
     out->comms = calloc((size_t)ranks, sizeof *out->comms);
+    out->buckets = calloc((size_t)ranks, sizeof *out->buckets);
     struct pipeline_workers *all = calloc(1, sizeof *all);
     if (all != NULL)
         all->ranks = calloc((size_t)ranks, sizeof *all->ranks);
     if (out->stages == NULL || out->events == NULL ||
         out->rank_errors == NULL || out->rank_status == NULL ||
-        out->comms == NULL || all == NULL || all->ranks == NULL) {
+        out->comms == NULL || out->buckets == NULL || all == NULL ||
+        all->ranks == NULL) {
         if (all != NULL)
             free(all->ranks);
         free(all);
@@ -352,11 +358,15 @@ void pipeline_threads_destroy(pipeline_threads *p)
     if (p->events != NULL)
         for (int rank = 0; rank < p->layout.rank_count; rank++)
             pipeline_events_free(&p->events[rank]);
+    if (p->buckets != NULL)
+        for (int rank = 0; rank < p->layout.rank_count; rank++)
+            pipeline_buckets_free(&p->buckets[rank]);
     comm_threads_destroy(p->world);
     free(p->stages);
     free(p->events);
     free(p->rank_errors);
     free(p->rank_status);
     free(p->comms);
+    free(p->buckets);
     memset(p, 0, sizeof *p);
 }

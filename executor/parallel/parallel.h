@@ -93,14 +93,83 @@ int pipeline_events_reserve(pipeline_events *events,
 void pipeline_events_free(pipeline_events *events);
 
 /*
+ * The data-parallel gradient reduction in buckets (parallel/grad_sync.c),
+ * as PyTorch DDP and Megatron make it: the gradient buffer cut at tensor
+ * boundaries into buckets of at most bucket_bytes (a tensor larger than
+ * that is a bucket of its own), listed in the order the backward
+ * completes them: the last tensors of the buffer first. Each bucket is
+ * summed over the dp group on its own (ZeRO-1: reduce-scattered, member i
+ * keeping the part of the bucket inside its optimizer run). The sums are
+ * element-wise in group order whatever the cut, so the buckets change no
+ * bit of the result.
+ */
+#define PIPELINE_GRAD_BUCKET_DEFAULT_BYTES ((size_t)25 << 20)
+
+typedef struct pipeline_bucket {
+    size_t offset;               /* first float of the gradient buffer */
+    size_t count;
+} pipeline_bucket;
+
+typedef struct pipeline_buckets {
+    int count;
+    pipeline_bucket *buckets;    /* owned; last tensors first */
+} pipeline_buckets;
+
+/* The buckets of a stage's gradient buffer (bucket_bytes 0: the
+ * default, 25 MiB). */
+int pipeline_grad_buckets(const model_stage *stage, size_t bucket_bytes,
+                          pipeline_buckets *out, pt_error *err);
+void pipeline_buckets_free(pipeline_buckets *buckets);
+/* Sums one bucket of `grads` over the dp group: an all-reduce, or with
+ * run_offsets (group_size + 1 optimizer runs of the whole buffer,
+ * stage_optimizer_offsets) a reduce-scatter of the bucket's parts of the
+ * runs. stream NULL: blocking; else enqueued on that CUDA stream
+ * (comm_stream_ops). */
+int pipeline_reduce_bucket(const comm *c, const int *group, int group_size,
+                           float *grads, pipeline_bucket bucket,
+                           const size_t *run_offsets, void *stream,
+                           pt_error *err);
+
+/*
+ * Overlap of the bucketed reduction with the backward (optional, given by
+ * a launcher whose backend and comm can: the GPU launcher over NCCL or
+ * the device exchange, parallel/grad_overlap.c). The step calls `begin`
+ * before the last micro-batch's backward (the gradients are final only
+ * then) and `end` after the schedule, instead of reducing after it.
+ */
+typedef struct pipeline_grad_overlap {
+    /* Arms the rank's backend so that each bucket's reduction is
+     * enqueued on a second stream as soon as the backward has produced
+     * it. 0: armed; 1: not here (the step then reduces after the
+     * backward); -1: error. run_offsets: NULL, or the ZeRO-1 runs. */
+    int (*begin)(void *data, int rank, model_stage *stage, const comm *c,
+                 const int *group, int group_size,
+                 const pipeline_buckets *buckets, const size_t *run_offsets,
+                 pt_error *err);
+    /* After the backward: enqueues the buckets left, waits for every
+     * reduction (under the comm's deadline), disarms. */
+    int (*end)(void *data, int rank, model_stage *stage, const comm *c,
+               pt_error *err);
+    void *data;
+} pipeline_grad_overlap;
+
+/* How a rank reduces its gradients over its dp group. */
+typedef struct pipeline_grad_sync {
+    const pipeline_buckets *buckets;  /* NULL: the whole buffer at once */
+    const pipeline_grad_overlap *overlap; /* NULL or begin NULL: none */
+} pipeline_grad_sync;
+
+/*
  * One training step of one rank, whatever launches the ranks (threads of
- * one process, or one process per rank under MPI): zero the gradients; the schedule's
- * forwards and backwards (1F1B: min(pp - s - 1, m) warm-up forwards, then
- * one forward one backward, then the remaining backwards; GPipe: every
- * forward, then every backward), activations received from rank
- * d + dp (s - 1) and sent to d + dp (s + 1), gradients the other way,
+ * one process, or one process per rank under MPI): zero the gradients;
+ * the schedule's forwards and backwards (1F1B: min(pp - s - 1, m) warm-up
+ * forwards, then one forward one backward, then the remaining backwards;
+ * GPipe: every forward, then every backward), activations received from
+ * rank d + dp (s - 1) and sent to d + dp (s + 1), gradients the other
+ * way, each send made with the receive that follows it (comm_sendrecv),
  * loss_scale 1 / (m dp) so gradients average over the global batch; the
- * gradient all-reduce over the stage's dp group; with tied embeddings and
+ * gradient all-reduce over the stage's dp group, bucket by bucket, with
+ * the last backward when the launcher overlaps it; with tied embeddings and
  * pp > 1, the all-reduce of the first stage's token-embedding gradient
  * with the last stage's tied copy; the global gradient norm (sum over the
  * stages of a replica, the tied copy once); clipping and AdamW. Every
@@ -108,14 +177,16 @@ void pipeline_events_free(pipeline_events *events);
  * micro-batches). tokens: the global batch, gbs x (seq + 1) ids, host
  * memory. step_start_s: CLOCK_MONOTONIC seconds the event times count
  * from. events may be NULL; it is emptied first. inject_failure: fail
- * after the first forward (tests of the failure path). On failure the
- * rank aborts the comm so that the others return too.
+ * after the first forward (tests of the failure path). sync: the buckets
+ * and overlap of the dp reduction (NULL: one bucket, no overlap). On
+ * failure the rank aborts the comm so that the others return too.
  */
 int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
                        const comm *c, const train_config *config,
                        const uint32_t *tokens, double step_start_s,
-                       bool inject_failure, step_result *out,
-                       pipeline_events *events, pt_error *err);
+                       bool inject_failure, const pipeline_grad_sync *sync,
+                       step_result *out, pipeline_events *events,
+                       pt_error *err);
 
 /* The groups the ranks of a layout run collectives over, besides the
  * world: each stage's dp groups (one per tp shard; dp > 1), each
@@ -152,6 +223,10 @@ typedef struct pipeline_launch {
      * processes. false: every rank of the layout runs here. */
     bool this_rank_only;
     pipeline_rank_hooks hooks;
+    /* The dp reduction's bucket size (0: 25 MiB) and its overlap with
+     * the backward (begin NULL: none). */
+    size_t grad_bucket_bytes;
+    pipeline_grad_overlap overlap;
 } pipeline_launch;
 
 struct pipeline_workers;
@@ -173,6 +248,7 @@ typedef struct pipeline_threads {
     pt_error *rank_errors;           /* rank_count: the last step's */
     int *rank_status;                /* rank_count: 0 or -1 */
     comm *comms;                     /* rank_count: each rank's handle */
+    pipeline_buckets *buckets;       /* rank_count: each stage's dp buckets */
     int inject_failure_rank;         /* -1: none (tests set it) */
     struct pipeline_workers *workers; /* owned: the rank threads */
     /* The ranks that run in this process, [first_local_rank,
@@ -218,27 +294,40 @@ void pipeline_threads_destroy(pipeline_threads *p);
  * Parallel plans on the GPUs of this machine (executor/parallel/pipeline_gpu.c),
  * built with the cuda backend: one process, one thread per rank, each
  * rank on the GPU (and green context, and memory cap) its plan entry
- * names, over one of two comms:
+ * names, over one of three comms:
  *   - NCCL (executor/comm/comm.h, built when NCCL is found): one GPU per
  *     rank, the fast path;
+ *   - the device exchange (executor/comm/exchange.c): every rank on ONE
+ *     GPU, each in its own slice of its SMs, exchanging through its
+ *     memory with no host round trip, paced to emulated links (the
+ *     cluster's), so that one GPU runs a plan for several and its step
+ *     can be held against the estimate of that cluster;
  *   - host-staged (executor/comm/staged.c, below): every operation copies
  *     the rank's device floats into pinned host memory and runs the
  *     threads comm on them. Slow (two PCIe copies per operation, nothing
  *     overlapped), but it needs neither NCCL nor a GPU per rank: ranks may
- *     share a GPU, each in its own slice of its SMs, so one GPU runs a
- *     real pipeline, tensor- or data-parallel plan, a heterogeneous one
- *     included (a full-speed slice and a throttled slice). Its sums are
- *     the threads comm's, made on the host in group order.
+ *     share GPUs in any way, a heterogeneous plan included (a full-speed
+ *     slice and a throttled slice). Its sums are the threads comm's, made
+ *     on the host in group order.
  * Include under PARTITA_HAVE_CUDA. docs/executor.md ("Parallel runtime on
- * GPUs", "Ranks sharing a GPU") describes both.
+ * GPUs", "Ranks sharing a GPU") describes them.
  */
 
 typedef enum gpu_comm_kind {
     GPU_COMM_NCCL,    /* one GPU per rank; needs a build with NCCL */
     GPU_COMM_HOST,    /* staged through host memory; ranks may share GPUs */
+    GPU_COMM_DEVICE,  /* the device exchange: every rank on one GPU */
 } gpu_comm_kind;
 
 struct comm_nccl;
+
+/* A rank's overlap of the dp reduction with its backward on a GPU
+ * (parallel/grad_overlap.c): a reduction stream in the rank's slice and
+ * the state of an armed backward. Opened and closed on the rank's thread
+ * once its device is open. */
+typedef struct gpu_grad_overlap gpu_grad_overlap;
+int gpu_grad_overlap_open(gpu_grad_overlap **out, pt_error *err);
+void gpu_grad_overlap_close(gpu_grad_overlap *overlap);
 
 /*
  * Every rank of a layout on this machine's GPUs, one thread per rank
@@ -255,6 +344,7 @@ typedef struct pipeline_gpu {
     gpu_comm_kind kind;
     struct comm_nccl *world;         /* owned, GPU_COMM_NCCL */
     comm_staged *staged;             /* owned, GPU_COMM_HOST */
+    comm_exchange *exchange;         /* owned, GPU_COMM_DEVICE */
     comm *comms;                     /* rank_count, owned */
     device_spec *devices;            /* rank_count, owned copy */
     bool *sliced;                    /* rank_count: shares its GPU with
@@ -263,19 +353,31 @@ typedef struct pipeline_gpu {
                                         each sliced rank on its GPU, in
                                         rank order (sm_before_offset) */
     int *sm_before_offset;           /* rank_count + 1 offsets into it */
+    gpu_grad_overlap **overlaps;     /* rank_count; NULL entries with the
+                                        host-staged comm (no streams) */
 } pipeline_gpu;
 
+/* The launch hooks that overlap each rank's dp reduction with its last
+ * backward (pipeline_launch.overlap), for a comm with stream-ordered
+ * collectives. */
+pipeline_grad_overlap pipeline_gpu_overlap(pipeline_gpu *g);
+
+/* links: GPU_COMM_DEVICE only, the emulated links between the ranks
+ * (rank_count x rank_count, as comm_exchange_create takes them), or NULL
+ * for unpaced exchanges; the other comms ignore it. */
 int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
                        const device_spec *devices, gpu_comm_kind kind,
-                       uint64_t seed, double timeout_s, pt_error *err);
+                       const link_spec *links, uint64_t seed,
+                       double timeout_s, pt_error *err);
 /* One process per rank (NCCL only): only this process's rank
  * (processes->rank), on `device`, over a NCCL world of
  * comm_nccl_create_rank; devices[] then holds that rank's entry only. */
 int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
                             const device_spec *device, const comm *processes,
                             uint64_t seed, double timeout_s, pt_error *err);
-/* Device bytes the rank's comm holds (NCCL's staging buffers and scratch;
- * 0 for the host-staged comm, whose buffers are host memory). */
+/* Device bytes the rank's comm holds (NCCL's or the device exchange's
+ * staging buffers and scratch; 0 for the host-staged comm, whose buffers
+ * are host memory). */
 double pipeline_gpu_comm_device_bytes(const pipeline_gpu *g, int rank);
 /* Stops the rank threads (after a failure, each aborts its NCCL
  * communicators before its stage is freed) and ends the world. Safe on a

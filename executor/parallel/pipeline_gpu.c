@@ -1,6 +1,7 @@
 /*
  * The GPU launcher of parallel plans (executor/parallel/parallel.h): a comm
- * world over the ranks' GPUs (NCCL, or the host-staged comm) and the
+ * world over the ranks' GPUs (NCCL, the device exchange or the
+ * host-staged comm) and the
  * generic launcher (pipeline_threads_start) with hooks that put each
  * rank's thread on its GPU (green context, memory cap) and open its comm
  * streams before the thread makes its cuda stage.
@@ -30,22 +31,33 @@ static int open_rank(void *data, int rank, pt_error *err)
                                     device->memory_limit_gib * PT_GIB, err);
     if (status != 0)
         return -1;
+    if (g->kind == GPU_COMM_HOST)
+        return comm_staged_rank_open(g->staged, rank, err);
 #ifdef PARTITA_HAVE_NCCL
-    if (g->kind == GPU_COMM_NCCL)
-        return comm_nccl_rank_open(g->world, rank, err);
+    if (g->kind == GPU_COMM_NCCL &&
+        comm_nccl_rank_open(g->world, rank, err) != 0)
+        return -1;
 #endif
-    return comm_staged_rank_open(g->staged, rank, err);
+    if (g->kind == GPU_COMM_DEVICE &&
+        comm_exchange_rank_open(g->exchange, rank, err) != 0)
+        return -1;
+    /* the comm has streams: the dp reduction overlaps the backward */
+    return gpu_grad_overlap_open(&g->overlaps[rank], err);
 }
 
 static void close_rank(void *data, int rank)
 {
     pipeline_gpu *g = data;
+    gpu_grad_overlap_close(g->overlaps[rank]);
+    g->overlaps[rank] = NULL;
 #ifdef PARTITA_HAVE_NCCL
     if (g->kind == GPU_COMM_NCCL)
         comm_nccl_rank_close(g->world, rank);
 #endif
     if (g->kind == GPU_COMM_HOST)
         comm_staged_rank_close(g->staged, rank);
+    if (g->kind == GPU_COMM_DEVICE)
+        comm_exchange_rank_close(g->exchange, rank);
     cuda_rank_device_close();
 }
 
@@ -100,10 +112,31 @@ static int plan_sm_slices(pipeline_gpu *g, int ranks, pt_error *err)
     return 0;
 }
 
+/* The device exchange's world: every rank on one GPU. */
+static int make_exchange(pipeline_gpu *g, int ranks, const link_spec *links,
+                         double timeout_s, pt_error *err)
+{
+    for (int rank = 1; rank < ranks; rank++)
+        if (g->devices[rank].index != g->devices[0].index)
+            return pt_fail(err, "gpu launcher: the device exchange joins "
+                                "ranks of one GPU, but rank 0 is on cuda "
+                                "device %d and rank %d on device %d",
+                           g->devices[0].index, rank,
+                           g->devices[rank].index);
+    if (comm_exchange_create(ranks, links, timeout_s, &g->exchange, err) != 0)
+        return -1;
+    for (int rank = 0; rank < ranks; rank++)
+        g->comms[rank] = comm_exchange_rank(g->exchange, rank);
+    return 0;
+}
+
 static int make_world(pipeline_gpu *g, const pipeline_layout *layout,
-                      double timeout_s, pt_error *err)
+                      const link_spec *links, double timeout_s,
+                      pt_error *err)
 {
     int ranks = layout->rank_count;
+    if (g->kind == GPU_COMM_DEVICE)
+        return make_exchange(g, ranks, links, timeout_s, err);
     if (g->kind == GPU_COMM_HOST) {
         if (comm_staged_create(ranks, timeout_s, &g->staged, err) != 0)
             return -1;
@@ -140,21 +173,24 @@ static int make_world(pipeline_gpu *g, const pipeline_layout *layout,
 
 int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
                        const device_spec *devices, gpu_comm_kind kind,
-                       uint64_t seed, double timeout_s, pt_error *err)
+                       const link_spec *links, uint64_t seed,
+                       double timeout_s, pt_error *err)
 {
     memset(out, 0, sizeof *out);
     out->kind = kind;
     int ranks = layout->rank_count;
     out->devices = malloc((size_t)ranks * sizeof *out->devices);
     out->comms = malloc((size_t)ranks * sizeof *out->comms);
-    if (out->devices == NULL || out->comms == NULL) {
+    out->overlaps = calloc((size_t)ranks, sizeof *out->overlaps);
+    if (out->devices == NULL || out->comms == NULL ||
+        out->overlaps == NULL) {
         pipeline_gpu_stop(out);
         return pt_fail(err, "gpu launcher: out of memory for %d ranks",
                        ranks);
     }
     memcpy(out->devices, devices, (size_t)ranks * sizeof *devices);
     if (plan_sm_slices(out, ranks, err) != 0 ||
-        make_world(out, layout, timeout_s, err) != 0) {
+        make_world(out, layout, links, timeout_s, err) != 0) {
         pipeline_gpu_stop(out);
         return -1;
     }
@@ -165,6 +201,8 @@ int pipeline_gpu_start(pipeline_gpu *out, const pipeline_layout *layout,
         .comms = out->comms,
         .hooks = {.open = open_rank, .close = close_rank, .data = out},
     };
+    if (kind != GPU_COMM_HOST)
+        launch.overlap = pipeline_gpu_overlap(out);
     if (pipeline_threads_start(&out->threads, layout, &launch, err) != 0) {
         pipeline_gpu_stop(out);
         return -1;
@@ -192,9 +230,10 @@ int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
                                    sizeof *out->sm_before_offset);
     out->sm_before = malloc(sizeof *out->sm_before);
     out->sliced = calloc((size_t)ranks, sizeof *out->sliced);
+    out->overlaps = calloc((size_t)ranks, sizeof *out->overlaps);
     if (out->devices == NULL || out->comms == NULL ||
         out->sm_before_offset == NULL || out->sm_before == NULL ||
-        out->sliced == NULL) {
+        out->sliced == NULL || out->overlaps == NULL) {
         pipeline_gpu_stop(out);
         return pt_fail(err, "gpu launcher: out of memory");
     }
@@ -219,6 +258,7 @@ int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
         .comms = out->comms,
         .this_rank_only = true,
         .hooks = {.open = open_rank, .close = close_rank, .data = out},
+        .overlap = pipeline_gpu_overlap(out),
     };
     if (pipeline_threads_start(&out->threads, layout, &launch, err) != 0) {
         pipeline_gpu_stop(out);
@@ -245,6 +285,8 @@ int pipeline_gpu_start_rank(pipeline_gpu *out, const pipeline_layout *layout,
 
 double pipeline_gpu_comm_device_bytes(const pipeline_gpu *g, int rank)
 {
+    if (g->kind == GPU_COMM_DEVICE && g->exchange != NULL)
+        return comm_exchange_rank_peak_bytes(g->exchange, rank);
 #ifdef PARTITA_HAVE_NCCL
     if (g->kind == GPU_COMM_NCCL && g->world != NULL)
         return comm_nccl_rank_peak_bytes(g->world, rank);
@@ -273,10 +315,12 @@ void pipeline_gpu_stop(pipeline_gpu *g)
     comm_nccl_destroy(g->world);
 #endif
     comm_staged_destroy(g->staged);
+    comm_exchange_destroy(g->exchange);
     free(g->devices);
     free(g->comms);
     free(g->sm_before);
     free(g->sm_before_offset);
     free(g->sliced);
+    free(g->overlaps);
     memset(g, 0, sizeof *g);
 }

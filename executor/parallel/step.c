@@ -38,6 +38,20 @@ void pipeline_events_free(pipeline_events *events)
 
 /* ------------------------------------------------------- one rank's step */
 
+/* A send the rank has yet to make. It goes out with the receive that
+ * follows it in the schedule, as one operation (comm_sendrecv: one NCCL
+ * group, Megatron's send_forward_recv_backward), so two stages sending
+ * to each other at once cannot wait on each other; or alone, right
+ * before the next forward or backward when no receive comes first. */
+typedef struct pending_send {
+    bool present;
+    int peer;
+    int tag;
+    const float *data;
+    const char *kind;            /* "send_fwd" or "send_bwd" */
+    int micro_batch;
+} pending_send;
+
 /* What one rank's step works with. */
 typedef struct rank_step {
     const pipeline_layout *layout;
@@ -57,10 +71,14 @@ typedef struct rank_step {
     int micro_batch;             /* being worked on, for messages */
     const char *operation;       /* event kind being worked on */
     int tp_rank;
+    pending_send pending;
+    const pipeline_grad_sync *sync;  /* may be NULL */
+    bool overlap_armed;          /* the dp reduction runs with the last
+                                    backward */
 } rank_step;
 
-static void record(rank_step *r, const char *kind, int micro_batch,
-                   double start_s)
+static void record_span(rank_step *r, const char *kind, int micro_batch,
+                        double start_s, double end_s)
 {
     if (r->events == NULL || r->events->count >= r->events->capacity)
         return;
@@ -70,7 +88,13 @@ static void record(rank_step *r, const char *kind, int micro_batch,
     event->microbatch = micro_batch;
     event->kind = kind;
     event->start_s = start_s - r->step_start_s;
-    event->end_s = pt_monotonic_seconds() - r->step_start_s;
+    event->end_s = end_s - r->step_start_s;
+}
+
+static void record(rank_step *r, const char *kind, int micro_batch,
+                   double start_s)
+{
+    record_span(r, kind, micro_batch, start_s, pt_monotonic_seconds());
 }
 
 /* Marks what the rank starts now (for the error message) and returns the
@@ -94,19 +118,57 @@ static stage_io micro_batch_io(const rank_step *r, int micro_batch)
     return io;
 }
 
+/* Makes the pending send alone (no receive follows it). */
+static int flush_send(rank_step *r, pt_error *err)
+{
+    pending_send p = r->pending;
+    if (!p.present)
+        return 0;
+    r->pending.present = false;
+    double start = begin(r, p.kind, p.micro_batch);
+    if (comm_send(r->c, p.peer, p.tag, p.data, r->activation_floats, err) !=
+        0)
+        return -1;
+    record(r, p.kind, p.micro_batch, start);
+    return 0;
+}
+
+/* Receives `data` from peer, with the pending send when there is one (a
+ * grouped send is recorded with no length at the group's start; the
+ * group's time is the receive's event). */
+static int receive(rank_step *r, const char *kind, int micro_batch,
+                   int peer, int tag, float *data, pt_error *err)
+{
+    pending_send p = r->pending;
+    r->pending.present = false;
+    double start = begin(r, kind, micro_batch);
+    int status =
+        p.present ? comm_sendrecv(r->c, p.peer, p.tag, p.data,
+                                  r->activation_floats, peer, tag, data,
+                                  r->activation_floats, err)
+                  : comm_recv(r->c, peer, tag, data, r->activation_floats,
+                              err);
+    if (status != 0)
+        return -1;
+    if (p.present)
+        record_span(r, p.kind, p.micro_batch, start, start);
+    record(r, kind, micro_batch, start);
+    return 0;
+}
+
 /* Tags: micro-batch j's activation 2j, its gradient 2j + 1. */
 static int forward(rank_step *r, int micro_batch, pt_error *err)
 {
     int slot = micro_batch % r->stage->slot_count;
     stage_io io = micro_batch_io(r, micro_batch);
     if (r->previous_rank >= 0) {
-        double start = begin(r, "recv_fwd", micro_batch);
         float *input = stage_input_buffer(r->stage, slot);
-        if (comm_recv(r->c, r->previous_rank, 2 * micro_batch, input,
-                      r->activation_floats, err) != 0)
+        if (receive(r, "recv_fwd", micro_batch, r->previous_rank,
+                    2 * micro_batch, input, err) != 0)
             return -1;
-        record(r, "recv_fwd", micro_batch, start);
         io.input = input;
+    } else if (flush_send(r, err) != 0) {
+        return -1;
     }
     double start = begin(r, "fwd", micro_batch);
     float loss = 0.0f;
@@ -114,14 +176,13 @@ static int forward(rank_step *r, int micro_batch, pt_error *err)
         return -1;
     record(r, "fwd", micro_batch, start);
     r->loss_sum += loss;
-    if (r->next_rank >= 0) {
-        start = begin(r, "send_fwd", micro_batch);
-        if (comm_send(r->c, r->next_rank, 2 * micro_batch,
-                      stage_output(r->stage, slot), r->activation_floats,
-                      err) != 0)
-            return -1;
-        record(r, "send_fwd", micro_batch, start);
-    }
+    if (r->next_rank >= 0)
+        r->pending = (pending_send){.present = true,
+                                    .peer = r->next_rank,
+                                    .tag = 2 * micro_batch,
+                                    .data = stage_output(r->stage, slot),
+                                    .kind = "send_fwd",
+                                    .micro_batch = micro_batch};
     return 0;
 }
 
@@ -130,27 +191,28 @@ static int backward(rank_step *r, int micro_batch, pt_error *err)
     int slot = micro_batch % r->stage->slot_count;
     stage_io io = micro_batch_io(r, micro_batch);
     if (r->next_rank >= 0) {
-        double start = begin(r, "recv_bwd", micro_batch);
-        if (comm_recv(r->c, r->next_rank, 2 * micro_batch + 1,
-                      r->output_grad, r->activation_floats, err) != 0)
+        if (receive(r, "recv_bwd", micro_batch, r->next_rank,
+                    2 * micro_batch + 1, r->output_grad, err) != 0)
             return -1;
-        record(r, "recv_bwd", micro_batch, start);
         io.output_grad = r->output_grad;
+    } else if (flush_send(r, err) != 0) {
+        return -1;
     }
     double start = begin(r, "bwd", micro_batch);
     if (stage_backward(r->stage, slot, &io, err) != 0)
         return -1;
     record(r, "bwd", micro_batch, start);
-    if (r->previous_rank >= 0) {
-        start = begin(r, "send_bwd", micro_batch);
-        if (comm_send(r->c, r->previous_rank, 2 * micro_batch + 1,
-                      stage_input_grad(r->stage), r->activation_floats,
-                      err) != 0)
-            return -1;
-        record(r, "send_bwd", micro_batch, start);
-    }
+    if (r->previous_rank >= 0)
+        r->pending = (pending_send){.present = true,
+                                    .peer = r->previous_rank,
+                                    .tag = 2 * micro_batch + 1,
+                                    .data = stage_input_grad(r->stage),
+                                    .kind = "send_bwd",
+                                    .micro_batch = micro_batch};
     return 0;
 }
+
+static int arm_overlap(rank_step *r, pt_error *err);
 
 /* 1F1B: warm-up forwards, then one forward one backward, then the
  * remaining backwards; GPipe: every forward, then every backward.
@@ -172,13 +234,19 @@ static int run_schedule(rank_step *r, bool inject_failure, pt_error *err)
             if (forward(r, forwards++, err) != 0)
                 return -1;
             if (inject_failure)
-                return pt_fail(err, "injected failure after the forward of "
-                                    "micro-batch 0 (a test asked for it)");
+                return flush_send(r, err) != 0
+                           ? -1
+                           : pt_fail(err, "injected failure after the "
+                                          "forward of micro-batch 0 (a "
+                                          "test asked for it)");
         }
+        if (!in_warm_up && backwards == m - 1 &&
+            arm_overlap(r, err) != 0)
+            return -1;
         if (!in_warm_up && backward(r, backwards++, err) != 0)
             return -1;
     }
-    return 0;
+    return flush_send(r, err);
 }
 
 /* The first stage's token-embedding gradient and the last stage's tied
@@ -241,29 +309,91 @@ static int dp_shards(const rank_step *r, int **group, size_t **offsets,
     return 0;
 }
 
-/* Replicated optimizer: every replica gets the summed gradients. ZeRO-1:
- * replica i gets the sum of its shard only (reduce-scatter), the half of
- * the all-reduce's traffic its step needs. */
-static int dp_reduce_gradients(rank_step *r, pt_error *err)
+/* Whether this rank's dp reduction may run with its last backward: a
+ * launcher offers it, and the gradients are final when the backward ends
+ * (with ZeRO-1 the tied embedding's two copies are summed first, after
+ * the backward, so its pair keeps the reduction after it too). */
+static bool overlap_allowed(const rank_step *r)
 {
-    int dp = r->layout->config.dp;
-    if (dp == 1)
+    const pipeline_layout *layout = r->layout;
+    bool embedding_pair = layout->stage_count > 1 &&
+                          layout->shape.tied_embeddings &&
+                          (r->stage_index == 0 ||
+                           r->stage_index == layout->stage_count - 1);
+    return layout->config.dp > 1 && r->sync != NULL &&
+           r->sync->overlap != NULL && r->sync->overlap->begin != NULL &&
+           r->sync->buckets != NULL &&
+           !(sharded_optimizer(r) && embedding_pair);
+}
+
+/* Before the last micro-batch's backward: the launcher's overlap armed,
+ * when it applies. */
+static int arm_overlap(rank_step *r, pt_error *err)
+{
+    r->overlap_armed = false;
+    if (!overlap_allowed(r))
         return 0;
     int *group = NULL;
     size_t *offsets = NULL;
     if (dp_shards(r, &group, &offsets, err) != 0)
         return -1;
+    const pipeline_grad_overlap *overlap = r->sync->overlap;
+    int status = overlap->begin(overlap->data, r->c->rank, r->stage, r->c,
+                                group, r->layout->config.dp,
+                                r->sync->buckets,
+                                sharded_optimizer(r) ? offsets : NULL, err);
+    free(group);
+    free(offsets);
+    r->overlap_armed = status == 0;
+    return status < 0 ? -1 : 0;
+}
+
+/* Every bucket in turn, blocking (the whole buffer when there are none). */
+static int reduce_buckets(rank_step *r, const int *group,
+                          const size_t *offsets, pt_error *err)
+{
+    const pipeline_buckets *buckets =
+        r->sync != NULL ? r->sync->buckets : NULL;
+    pipeline_bucket whole = {.offset = 0, .count = r->stage->param_count};
+    int count = buckets != NULL ? buckets->count : 1;
+    for (int b = 0; b < count; b++)
+        if (pipeline_reduce_bucket(r->c, group, r->layout->config.dp,
+                                   r->stage->grads,
+                                   buckets != NULL ? buckets->buckets[b]
+                                                   : whole,
+                                   sharded_optimizer(r) ? offsets : NULL,
+                                   NULL, err) != 0)
+            return -1;
+    return 0;
+}
+
+/* Replicated optimizer: every replica gets the summed gradients. ZeRO-1:
+ * replica i gets the sum of its shard only (reduce-scatter), the half of
+ * the all-reduce's traffic its step needs. Bucket by bucket after the
+ * backward, or what the overlap left of it. */
+static int dp_reduce_gradients(rank_step *r, pt_error *err)
+{
+    int dp = r->layout->config.dp;
+    if (dp == 1)
+        return 0;
     /* both halves of ZeRO-1 are "dp_allreduce" events, as the estimate
-     * writes them (the run's schema is the estimate's) */
+     * writes them (the run's schema is the estimate's); with the overlap
+     * the event is what the backward left to wait for */
     double start = begin(r, "dp_allreduce", -1);
-    int status;
-    if (sharded_optimizer(r)) {
-        status = comm_reduce_scatter_sum(r->c, group, dp, r->stage->grads,
-                                         offsets, err);
-    } else {
-        status = comm_all_reduce_sum(r->c, group, dp, r->stage->grads,
-                                     r->stage->param_count, err);
+    if (r->overlap_armed) {
+        const pipeline_grad_overlap *overlap = r->sync->overlap;
+        r->overlap_armed = false;
+        if (overlap->end(overlap->data, r->c->rank, r->stage, r->c, err) !=
+            0)
+            return -1;
+        record(r, "dp_allreduce", -1, start);
+        return 0;
     }
+    int *group = NULL;
+    size_t *offsets = NULL;
+    if (dp_shards(r, &group, &offsets, err) != 0)
+        return -1;
+    int status = reduce_buckets(r, group, offsets, err);
     free(group);
     free(offsets);
     if (status != 0)
@@ -392,8 +522,9 @@ static int check_rank(const pipeline_layout *layout, const model_stage *stage,
 int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
                        const comm *c, const train_config *config,
                        const uint32_t *tokens, double step_start_s,
-                       bool inject_failure, step_result *out,
-                       pipeline_events *events, pt_error *err)
+                       bool inject_failure, const pipeline_grad_sync *sync,
+                       step_result *out, pipeline_events *events,
+                       pt_error *err)
 {
     if (check_rank(layout, stage, c, err) != 0 ||
         lr_schedule_check(&config->schedule, err) != 0) {
@@ -426,6 +557,7 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
         .micro_batch = -1,
         .operation = "zero_grads",
         .tp_rank = pipeline_rank_tp(layout, c->rank),
+        .sync = sync,
     };
     if (events != NULL)
         events->count = 0;
@@ -445,6 +577,11 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
         goto done;
     status = 0;
 done:
+    if (status != 0 && r.overlap_armed) {
+        /* disarm the backend; the world has failed, so this ends fast */
+        pt_error ignored = {{0}};
+        sync->overlap->end(sync->overlap->data, c->rank, stage, c, &ignored);
+    }
     if (status != 0) {
         if (r.micro_batch >= 0)
             pt_error_prefix(err, "rank %d (stage %d, replica %d, tp %d), %s "

@@ -1,8 +1,8 @@
 /*
  * The GPUs of a run on the cuda backend: the check of a plan against this
  * machine's devices before anything is allocated, the comm the ranks use
- * (NCCL or host-staged), starting the ranks on their GPUs, and what the
- * record says of each rank's device. Without the cuda backend in the
+ * (NCCL, the device exchange or host-staged), starting the ranks on
+ * their GPUs, and what the record says of each rank's device. Without the cuda backend in the
  * build, the entry points refuse.
  */
 #ifdef PARTITA_HAVE_CUDA
@@ -242,9 +242,20 @@ static const bool nccl_built = true;
 static const bool nccl_built = false;
 #endif
 
+/* Whether every rank of the plan is on one GPU. */
+static bool ranks_on_one_gpu(const plan *p)
+{
+    int ranks = p->config.pp * p->config.dp * p->config.tp;
+    for (int rank = 1; rank < ranks; rank++)
+        if (rank_gpu_index(p, rank) != rank_gpu_index(p, 0))
+            return false;
+    return true;
+}
+
 /* The comm of a parallel cuda run (options->gpu_comm, AUTO resolved):
- * NCCL needs a GPU per rank and a build with it; host-staged needs the
- * ranks to be threads of this process. */
+ * NCCL needs a GPU per rank and a build with it; the device exchange
+ * every rank on one GPU; host-staged the ranks to be threads of this
+ * process. */
 int run_resolve_gpu_comm(run_context *ctx, pt_error *err)
 {
     run_gpu_comm asked = ctx->options->gpu_comm;
@@ -270,7 +281,9 @@ int run_resolve_gpu_comm(run_context *ctx, pt_error *err)
         ctx->gpu_comm = RUN_GPU_COMM_NCCL;
     } else if (asked == RUN_GPU_COMM_AUTO) {
         ctx->gpu_comm = nccl_built && !shared ? RUN_GPU_COMM_NCCL
-                                              : RUN_GPU_COMM_HOST;
+                        : shared && ranks_on_one_gpu(p)
+                            ? RUN_GPU_COMM_DEVICE
+                            : RUN_GPU_COMM_HOST;
     } else {
         ctx->gpu_comm = asked;
     }
@@ -281,6 +294,10 @@ int run_resolve_gpu_comm(run_context *ctx, pt_error *err)
                             "(nccl.h and libnccl were not found); "
                             "--gpu-comm host runs them through host memory",
                        p->config.tp, p->config.dp, p->config.pp);
+    if (ctx->gpu_comm == RUN_GPU_COMM_DEVICE && !ranks_on_one_gpu(p))
+        return pt_fail(err, "the device exchange joins ranks of one GPU, "
+                            "and this plan's ranks are on several; "
+                            "--gpu-comm host runs them");
     if (ctx->gpu_comm == RUN_GPU_COMM_NCCL && shared)
         return pt_fail(err, "ranks %d and %d share cuda device %d, and NCCL "
                             "needs a GPU per rank; --gpu-comm host runs "
@@ -345,10 +362,11 @@ int run_record_gpu_ranks(run_context *ctx, run_result *out,
         "device bytes each rank allocated, by memory_terms_gib: its cuda "
         "stage (fp32 parameters, gradients and AdamW moments, the bf16 "
         "weight mirror, activations, logits, backward scratch, the cuBLASLt "
-        "workspace, each allocation rounded up to 2 MiB) and its NCCL "
-        "comm's staging buffers and scratch (not the CUDA context or NCCL's "
-        "own buffers, which memory_terms_gib's context measures for a rank "
-        "alone on its GPU; the host-staged comm holds no device memory)";
+        "workspace, each allocation rounded up to 2 MiB) and its comm's "
+        "staging buffers and scratch (NCCL's or the device exchange's; not "
+        "the CUDA context or NCCL's own buffers, which memory_terms_gib's "
+        "context measures for a rank alone on its GPU; the host-staged comm "
+        "holds no device memory)";
     run_drop_note(out, "the backend interface does not report");
     return 0;
 }
@@ -431,15 +449,47 @@ int run_start_own_gpu(run_context *ctx, run_result *out, pt_error *err)
     return run_record_gpu_ranks(ctx, out, err);
 }
 
+/* The device exchange's emulated links: between two ranks, the link of
+ * the plan's cluster between their nodes (intra-node on one node). NULL
+ * when out of memory or a rank has no node. */
+static link_spec *plan_links(const plan *p, int ranks)
+{
+    link_spec *links = malloc((size_t)ranks * (size_t)ranks * sizeof *links);
+    for (int a = 0; links != NULL && a < ranks; a++)
+        for (int b = 0; b < ranks; b++) {
+            int node_a = plan_rank_node(p, a);
+            int node_b = plan_rank_node(p, b);
+            if (node_a < 0 || node_b < 0) {
+                free(links);
+                return NULL;
+            }
+            links[a * ranks + b] = cluster_link(&p->cluster, node_a, node_b);
+        }
+    return links;
+}
+
+static gpu_comm_kind launcher_comm(run_gpu_comm comm)
+{
+    return comm == RUN_GPU_COMM_HOST     ? GPU_COMM_HOST
+           : comm == RUN_GPU_COMM_DEVICE ? GPU_COMM_DEVICE
+                                         : GPU_COMM_NCCL;
+}
+
 /* The ranks on their GPUs: rank r on the device its node's `devices`
- * entry names (plan_rank_device), with its sm_limit and memory cap. */
+ * entry names (plan_rank_device), with its sm_limit and memory cap; over
+ * the device exchange, paced to the plan's cluster links. */
 int run_start_gpus(run_context *ctx, run_result *out, pt_error *err)
 {
     int ranks = ctx->layout.rank_count;
     device_spec *devices = calloc((size_t)ranks, sizeof *devices);
+    link_spec *links = ctx->gpu_comm == RUN_GPU_COMM_DEVICE
+                           ? plan_links(ctx->plan, ranks)
+                           : NULL;
     ctx->gpu = calloc(1, sizeof *ctx->gpu);
-    if (devices == NULL || ctx->gpu == NULL) {
+    if (devices == NULL || ctx->gpu == NULL ||
+        (ctx->gpu_comm == RUN_GPU_COMM_DEVICE && links == NULL)) {
         free(devices);
+        free(links);
         return pt_fail(err, "out of memory for the GPU launcher");
     }
     for (int rank = 0; rank < ranks; rank++)
@@ -448,11 +498,11 @@ int run_start_gpus(run_context *ctx, run_result *out, pt_error *err)
     double timeout = ctx->options->comm_timeout_s > 0
                          ? ctx->options->comm_timeout_s
                          : RUN_GPU_COMM_TIMEOUT_S;
-    int status = pipeline_gpu_start(
-        ctx->gpu, &ctx->layout, devices,
-        ctx->gpu_comm == RUN_GPU_COMM_HOST ? GPU_COMM_HOST : GPU_COMM_NCCL,
-        out->seed, timeout, err);
+    int status = pipeline_gpu_start(ctx->gpu, &ctx->layout, devices,
+                                    launcher_comm(ctx->gpu_comm), links,
+                                    out->seed, timeout, err);
     free(devices);
+    free(links);
     if (status != 0) {
         free(ctx->gpu);
         ctx->gpu = NULL;

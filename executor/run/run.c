@@ -171,6 +171,12 @@ static void fill_result_header(const run_context *ctx, run_result *out)
                        "in its own slice of SMs), communicating through "
                        "host memory (the host-staged comm: slow, for "
                        "checks, not for speed)"
+                 : ctx->gpu_comm == RUN_GPU_COMM_DEVICE
+                     ? "on one GPU, each in its own slice of SMs, "
+                       "communicating through its memory (the device "
+                       "exchange), every transfer paced to the cluster's "
+                       "link between the ranks (emulated links: "
+                       "docs/executor.md)"
                      : "one GPU each, communicating over NCCL");
         run_add_note(out, note);
     }

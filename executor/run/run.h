@@ -42,12 +42,15 @@ struct run_result;
 typedef void (*run_observer)(const struct run_result *so_far, void *data);
 
 /* The comm of a parallel plan's ranks on GPUs (executor/parallel/parallel.h):
- * NCCL, one GPU per rank; or host-staged, slow, but ranks may share a GPU
- * (each in its own slice of SMs) and no NCCL is needed. */
+ * NCCL, one GPU per rank; the device exchange, every rank on one GPU
+ * (each in its own slice of SMs), through its memory, paced to the
+ * plan's cluster links; or host-staged, slow, but ranks may share GPUs in
+ * any way and no NCCL is needed. */
 typedef enum run_gpu_comm {
     RUN_GPU_COMM_AUTO,
     RUN_GPU_COMM_NCCL,
     RUN_GPU_COMM_HOST,
+    RUN_GPU_COMM_DEVICE,
 } run_gpu_comm;
 
 /* What a run is asked to do. run_options_defaults fills every field. */
@@ -74,7 +77,9 @@ typedef struct run_options {
     run_gpu_comm gpu_comm;       /* cuda backend, ranks as threads: how
                                     they communicate (RUN_GPU_COMM_AUTO:
                                     NCCL when built and every rank has a
-                                    GPU of its own, else host-staged) */
+                                    GPU of its own, the device exchange
+                                    when every rank is on one GPU, else
+                                    host-staged) */
     struct comm_mpi *processes;  /* NULL: the ranks of a parallel plan
                                     are threads of this process. Else one
                                     process per rank (mpirun, srun): this

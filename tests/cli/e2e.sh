@@ -853,6 +853,187 @@ PY
   size=$(stat -c %s report/trace.json)
   [ "$size" -lt 8388608 ] || fail "trace.json of 1,024 GPUs is $size bytes"
   ;;
+export-megatron)
+  # every bundled plan becomes a script bash accepts
+  for plan in "$source_root"/docs/examples/*.json; do
+    name=$(basename "$plan" .json)
+    run 0 partita export "$plan" --to megatron -o "launch-$name.sh"
+    expect_in err.txt "wrote launch-$name.sh (Megatron-LM launch script"
+    bash -n "launch-$name.sh" || fail "launch-$name.sh is not valid bash"
+    [ ! -s out.txt ] || fail "export -o printed on standard output"
+  done
+  expect_in launch-plan-megatron-175b-a100.sh "    --tensor-model-parallel-size 8"
+  expect_in launch-plan-megatron-175b-a100.sh "    --use-distributed-optimizer"
+  expect_in launch-plan-megatron-175b-a100.sh "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+  expect_in launch-plan-pp2-one-h200.sh "    --decoder-first-pipeline-num-layers 10"
+  # standard output by default and with -o -
+  run 0 partita export "$source_root/docs/examples/plan-gpt2xl-hetero.json" --to megatron
+  cp out.txt stdout.sh
+  run 0 partita export "$source_root/docs/examples/plan-gpt2xl-hetero.json" --to megatron -o -
+  cmp -s out.txt stdout.sh || fail "-o - differs from standard output"
+  cmp -s stdout.sh launch-plan-gpt2xl-hetero.sh || fail "-o FILE differs from standard output"
+  # the launch itself, with stand-ins for torchrun and srun that print
+  # what they were given
+  mkdir bin
+  printf '#!/bin/sh\necho "torchrun $*"\n' >bin/torchrun
+  printf '#!/bin/sh\necho "srun $*"; cat "$SLURM_HOSTFILE"; echo "WORLD_SIZE=$WORLD_SIZE"\n' >bin/srun
+  chmod +x bin/torchrun bin/srun
+  PATH="$work/bin:$PATH" NODE_RANK=7 MEGATRON=/opt/megatron run 0 bash launch-plan-gpt2xl-hetero.sh --train-iters 20
+  expect_in out.txt "torchrun --nnodes 8 --node-rank 7 --nproc-per-node 4 --master-addr a10-0"
+  expect_in out.txt "/opt/megatron/pretrain_gpt.py --tensor-model-parallel-size 1 --pipeline-model-parallel-size 8 --pipeline-model-parallel-layout E|t\*11|t\*8|t\*8|t\*8|t\*8|t\*5|L"
+  expect_in out.txt "--global-batch-size 64 --bf16 --log-interval 10 --log-throughput --train-iters 20"
+  PATH="$work/bin:$PATH" LAUNCHER=srun run 0 bash launch-plan-gpt2xl-hetero.sh
+  expect_in out.txt "srun --ntasks 32 --distribution arbitrary"
+  [ "$(grep -c '^a10-' out.txt)" = 28 ] || fail "expected 28 tasks on the A10 hosts"
+  [ "$(grep -c '^a100-0$' out.txt)" = 4 ] || fail "expected 4 tasks on a100-0"
+  [ "$(grep -n '^a100-0$' out.txt | head -1 | cut -d: -f1)" -gt "$(grep -n '^a10-6$' out.txt | tail -1 | cut -d: -f1)" ] \
+    || fail "the A100 host is not last"
+  expect_in out.txt "WORLD_SIZE=32"
+  PATH="$work/bin:$PATH" run 1 bash launch-plan-gpt2xl-hetero.sh
+  expect_in err.txt "set NODE_RANK"
+  rm -rf bin launch-*.sh stdout.sh
+  no_leftovers
+  ;;
+export-deepspeed)
+  for plan in "$source_root"/docs/examples/*.json; do
+    name=$(basename "$plan" .json)
+    run 0 partita export "$plan" --to deepspeed -o "ds-$name.json"
+    expect_in err.txt "wrote ds-$name.json (DeepSpeed ds_config"
+  done
+  python3 - <<'PY' || fail "unexpected ds_config"
+import json
+big = json.load(open("ds-plan-megatron-175b-a100.json"))
+assert big["train_batch_size"] == 1536, big
+assert big["train_micro_batch_size_per_gpu"] == 1
+assert big["gradient_accumulation_steps"] == 256
+assert big["zero_optimization"]["stage"] == 1
+assert big["bf16"]["enabled"] is True
+assert big["pipeline"]["activation_checkpoint_interval"] == 1
+assert len(big["partita"]["hostfile"]) == 96
+assert big["partita"]["hostfile"][95] == "a100-95 slots=4"
+het = json.load(open("ds-plan-gpt2xl-hetero.json"))
+assert het["partita"]["pipeline"]["parts"] == [0, 1, 12, 20, 28, 36, 44, 49, 51]
+assert het["partita"]["hostfile"][-1] == "a100-0 slots=4"
+assert het["zero_optimization"]["stage"] == 0
+one = json.load(open("ds-plan-tiny-cpu.json"))
+assert "pipeline" not in one and one["gradient_accumulation_steps"] == 2
+PY
+  rm -f ds-*.json
+  no_leftovers
+  ;;
+export-bad)
+  hetero_plan="$source_root/docs/examples/plan-gpt2xl-hetero.json"
+  run 2 partita export "$hetero_plan"
+  expect_in err.txt "--to"
+  run 2 partita export "$hetero_plan" --to torchtitan
+  expect_in err.txt "expected megatron or deepspeed, got 'torchtitan'"
+  run 2 partita export --to megatron
+  run 2 partita export in-missing.json --to megatron -o out.sh
+  expect_in err.txt "in-missing.json"
+  echo '{ "gbs": 8, ' >in-truncated.json
+  run 2 partita export in-truncated.json --to deepspeed -o out.json
+  expect_in err.txt "in-truncated.json"
+  # 3 heads cannot be split over tp 2: Megatron-LM would stop at start
+  write_layout_plan in-odd.json 1 2 1 2
+  sed -i 's/"hidden": 16, "heads": 2/"hidden": 48, "heads": 3/' in-odd.json
+  run 2 partita export in-odd.json --to megatron -o out.sh
+  expect_in err.txt "in-odd.json: plan.tp: Megatron-LM needs the 3 attention heads divisible by tp 2"
+  [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line"
+  run 2 partita export "$hetero_plan" --to megatron -o /nonexistent-dir/launch.sh
+  expect_in err.txt "/nonexistent-dir/launch.sh"
+  # an existing file is replaced whole or left alone
+  echo "keep me" >out.sh
+  run 2 partita export in-odd.json --to megatron -o out.sh
+  [ "$(cat out.sh)" = "keep me" ] || fail "a refused export touched out.sh"
+  rm -f out.sh
+  run 0 partita export --help
+  expect_in out.txt "usage: partita export"
+  no_leftovers
+  ;;
+report-megatron-log)
+  # the README's example: plan on a bundled cluster, export to Megatron-LM,
+  # compare the bundled synthetic log with the estimate
+  synthetic_log="$source_root/docs/examples/megatron-gpt2xl-hetero.synthetic.log"
+  head -1 "$synthetic_log" | grep -q "SYNTHETIC" || fail "the bundled log does not say it is synthetic"
+  run 0 partita plan --model gpt2-xl --gbs 64 --cluster hetero --quiet -o plan.json
+  run 0 partita export plan.json --to megatron -o launch.sh
+  expect_in launch.sh "    --pipeline-model-parallel-size 8"
+  run 0 partita report plan.json --megatron-log "$synthetic_log" -o report
+  for file in report.md trace.json timeline.png stages.png memory.png step_time.png step_time.svg; do
+    [ -s "report/$file" ] || fail "report/$file missing or empty"
+  done
+  if grep -q warning err.txt; then fail "unexpected warning: $(cat err.txt)"; fi
+  expect_in report/report.md "backend megatron-lm, 9 timed log lines"
+  expect_in report/report.md "Megatron-LM log: 10 iteration lines (the last of iteration 100 of 100)"
+  expect_in report/report.md "9 printed arguments that match the plan"
+  expect_in report/report.md "the peak of the 8 of 32 ranks"
+  expect_in report/report.md "| step time | "
+  expect_in report/report.md "| 1.13 s |"
+  # the median of the nine kept lines, 1130.5 ms, as tokens per second
+  expect_in report/report.md "| 57971 tokens/s |"
+  expect_in report/report.md "| 0 | 0-3 | A100-FASOP |"
+  # --warmup-iterations 0 keeps the first line; 50 keeps five
+  run 0 partita report plan.json --megatron-log "$synthetic_log" --warmup-iterations 50 -o report50
+  expect_in report50/report.md "5 timed log lines"
+  expect_in report50/report.md "up to iteration 50, are left out"
+  rm -rf report report50 plan.json launch.sh
+  no_leftovers
+  ;;
+report-deepspeed-log)
+  cat >in-ds.log <<'LOG'
+[2026-08-24 10:00:00,001] [INFO] [engine.py:100:__init__] SYNTHETIC log for the tests
+steps: 10 loss: 10.2345 iter time (s): 1.910 samples/sec: 33.508
+epoch=0/micro_step=160/global_step=10, RunningAvgSamplesPerSec=33.1, CurrSamplesPerSec=33.5, MemAllocated=3.21GB, MaxMemAllocated=9.87GB
+steps: 20 loss: 9.0123 iter time (s): 1.130 samples/sec: 56.637
+epoch=0/micro_step=320/global_step=20, RunningAvgSamplesPerSec=50.1, CurrSamplesPerSec=56.6, MemAllocated=3.21GB, MaxMemAllocated=10.12GB
+steps: 30 loss: 8.1234 iter time (s): 1.128 samples/sec: 56.738
+LOG
+  hetero_plan="$source_root/docs/examples/plan-gpt2xl-hetero.json"
+  run 0 partita report "$hetero_plan" --deepspeed-log in-ds.log -o report
+  expect_in report/report.md "backend deepspeed, 2 timed log lines"
+  expect_in report/report.md "3 pipeline-engine step lines"
+  expect_in report/report.md "| 1.13 s |"
+  [ -s report/memory.png ] && [ -s report/step_time.png ] || fail "charts missing"
+  rm -rf report
+  no_leftovers
+  ;;
+report-log-bad)
+  synthetic_log="$source_root/docs/examples/megatron-gpt2xl-hetero.synthetic.log"
+  hetero_plan="$source_root/docs/examples/plan-gpt2xl-hetero.json"
+  # a log cut off inside an iteration line
+  head -c 3600 "$synthetic_log" >in-cut.log
+  run 2 partita report "$hetero_plan" --megatron-log in-cut.log -o out
+  expect_in err.txt "in-cut.log:40: the log ends inside this iteration line (truncated)"
+  [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line"
+  [ ! -e out ] || fail "a bad log left a report folder"
+  sed 's/elapsed time per iteration (ms): 1135.2/elapsed time per iteration (ms): 1,135.2/' \
+    "$synthetic_log" >in-malformed.log
+  run 2 partita report "$hetero_plan" --megatron-log in-malformed.log -o out
+  expect_in err.txt "in-malformed.log:42: elapsed time per iteration (ms): expected a number, got '1,135.2'"
+  sed 's/tensor_model_parallel_size ...................... 1/tensor_model_parallel_size ...................... 2/' \
+    "$synthetic_log" >in-other.log
+  run 2 partita report "$hetero_plan" --megatron-log in-other.log -o out
+  expect_in err.txt "in-other.log:23: tensor_model_parallel_size is 2, the plan's tp is 1"
+  echo "no iterations here" >in-empty.log
+  run 2 partita report "$hetero_plan" --megatron-log in-empty.log -o out
+  expect_in err.txt "in-empty.log: no Megatron-LM iteration line"
+  run 2 partita report "$hetero_plan" --deepspeed-log "$synthetic_log" -o out
+  expect_in err.txt "no DeepSpeed step line"
+  run 2 partita report "$hetero_plan" --megatron-log in-missing.log -o out
+  expect_in err.txt "in-missing.log"
+  run 2 partita report "$hetero_plan" --megatron-log "$synthetic_log" --warmup-iterations 100 -o out
+  expect_in err.txt "all 10 timed lines are warm-up"
+  run 2 partita report "$hetero_plan" --megatron-log "$synthetic_log" --warmup-iterations -3 -o out
+  expect_in err.txt "--warmup-iterations: expected an iteration number"
+  run 2 partita report "$hetero_plan" --warmup-iterations 3 -o out
+  expect_in err.txt "--warmup-iterations needs --megatron-log or --deepspeed-log"
+  run 2 partita report "$hetero_plan" "$source_root/tests/data/report/run.json" --megatron-log "$synthetic_log" -o out
+  expect_in err.txt "not both"
+  run 2 partita report "$hetero_plan" --megatron-log a.log --deepspeed-log b.log -o out
+  expect_in err.txt "give one training log"
+  [ ! -e out ] || fail "a refused report left a folder"
+  no_leftovers
+  ;;
 no-gpu-stack)
   # plan, estimate, report, prep and profile --derive/--compare run in
   # `partita`, which must never load the CUDA runtime, cuBLAS, NCCL or

@@ -17,6 +17,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * made. Removed at exit. */
 const char *fuzz_scratch_dir(void);
 
+/* Writes size bytes of data to path (created or truncated); 0, or -1
+ * when the file cannot be written whole. */
+int fuzz_write_file(const char *path, const void *data, size_t size);
+
 struct plan;
 /* Parses data as plan JSON (file named <scratch>/plan.json, so relative
  * references resolve into the empty scratch directory; absolute ones and

@@ -16,15 +16,6 @@
 
 enum { BLOB_BYTES = 16 };
 
-static int write_file(const char *path, const void *data, size_t size)
-{
-    FILE *file = fopen(path, "wb");
-    if (file == NULL)
-        return -1;
-    size_t written = size > 0 ? fwrite(data, 1, size, file) : 0;
-    return fclose(file) == 0 && written == size ? 0 : -1;
-}
-
 /* Makes <scratch>/ckpt/gen-000001/weights once; the directory's path. */
 static const char *checkpoint_dir(void)
 {
@@ -40,7 +31,7 @@ static const char *checkpoint_dir(void)
     snprintf(blob, sizeof blob, "%s/weights", generation);
     static const char content[BLOB_BYTES] = "0123456789abcdef";
     if ((mkdir(dir, 0700) != 0 || mkdir(generation, 0700) != 0 ||
-         write_file(blob, content, sizeof content) != 0)) {
+         fuzz_write_file(blob, content, sizeof content) != 0)) {
         dir[0] = '\0';
         return NULL;
     }
@@ -55,7 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char manifest_path[700];
     snprintf(manifest_path, sizeof manifest_path, "%s/" CHECKPOINT_MANIFEST,
              dir);
-    if (write_file(manifest_path, data, size) != 0)
+    if (fuzz_write_file(manifest_path, data, size) != 0)
         return 0;
     checkpoint_manifest manifest;
     pt_error err;

@@ -16,15 +16,6 @@
 /* Tokens read at most per input, so a large dataset stays fast. */
 enum { FUZZ_TOKEN_BUDGET = 1 << 14 };
 
-static int write_file(const char *path, const uint8_t *data, size_t size)
-{
-    FILE *file = fopen(path, "wb");
-    if (file == NULL)
-        return -1;
-    size_t written = size > 0 ? fwrite(data, 1, size, file) : 0;
-    return fclose(file) == 0 && written == size ? 0 : -1;
-}
-
 static int write_bin(const char *path, size_t size)
 {
     uint8_t *bytes = malloc(size > 0 ? size : 1);
@@ -32,7 +23,7 @@ static int write_bin(const char *path, size_t size)
         return -1;
     for (size_t i = 0; i < size; i++)
         bytes[i] = (uint8_t)(i * 37u + 11u);
-    int status = write_file(path, bytes, size);
+    int status = fuzz_write_file(path, bytes, size);
     free(bytes);
     return status;
 }
@@ -75,7 +66,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     snprintf(prefix, sizeof prefix, "%s/data", dir);
     snprintf(idx_path, sizeof idx_path, "%s.idx", prefix);
     snprintf(bin_path, sizeof bin_path, "%s.bin", prefix);
-    if (write_file(idx_path, data + 2, size - 2) != 0 ||
+    if (fuzz_write_file(idx_path, data + 2, size - 2) != 0 ||
         write_bin(bin_path, bin_size) != 0)
         return 0;
     indexed_dataset ds;

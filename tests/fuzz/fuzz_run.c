@@ -18,15 +18,6 @@
  * bounds an accepted record is valid but would stall the campaign. */
 enum { PHASES_MAX_STAGES = 64, PHASES_MAX_RANKS = 4096 };
 
-static int write_input(const char *path, const uint8_t *data, size_t size)
-{
-    FILE *file = fopen(path, "wb");
-    if (file == NULL)
-        return -1;
-    size_t written = size > 0 ? fwrite(data, 1, size, file) : 0;
-    return fclose(file) == 0 && written == size ? 0 : -1;
-}
-
 /* What the reader promises about a record it accepted. */
 static void check_record(const run_record *run)
 {
@@ -80,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     char path[600];
     snprintf(path, sizeof path, "%s/run.json", dir);
-    if (write_input(path, data, size) != 0)
+    if (fuzz_write_file(path, data, size) != 0)
         return 0;
     run_record run;
     pt_error err;

@@ -10,7 +10,7 @@
 #   -b  build only
 #   -m  merge only: minimise the saved corpus with what new/ holds
 #   HARNESS  model cluster profile plan partition estimate idx checkpoint
-#            run (default all)
+#            run train_log (default all)
 #
 # Work goes to $FUZZ_WORK (default /tmp/partita-fuzz): bin/ (binaries),
 # new/<harness>/ (inputs found), crashes/<harness>/, logs/<harness>.log.
@@ -40,7 +40,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 WORK=${FUZZ_WORK:-/tmp/partita-fuzz}
 CC=${CC_FUZZ:-clang}
-HARNESSES=${*:-model cluster profile plan partition estimate idx checkpoint run}
+HARNESSES=${*:-model cluster profile plan partition estimate idx checkpoint run train_log}
 # The harnesses' scratch directories go under $WORK/tmp: libFuzzer ends a
 # campaign without running atexit handlers, so they are not removed.
 mkdir -p "$WORK/bin" "$WORK/logs" "$WORK/tmp"
@@ -50,13 +50,14 @@ export TMPDIR="$WORK/tmp"
 COMMON_SOURCES="$ROOT/common/errors.c $ROOT/common/units.c
   $ROOT/common/json_check.c $ROOT/common/model.c $ROOT/common/cluster.c
   $ROOT/common/profile.c $ROOT/common/plan.c $ROOT/common/clock.c
-  $ROOT/common/atomic_file.c $ROOT/common/run_json.c"
+  $ROOT/common/atomic_file.c $ROOT/common/run_json.c $ROOT/common/json_write.c"
 sources_of() {
   case $1 in
     estimate) echo "$COMMON_SOURCES $ROOT/costmodel/*.c" ;;
     idx) echo "$COMMON_SOURCES $ROOT/executor/data/dataset.c" ;;
     checkpoint) echo "$COMMON_SOURCES $ROOT/executor/run/checkpoint_store.c" ;;
     run) echo "$COMMON_SOURCES $ROOT/costmodel/*.c $ROOT/report/run_record.c $ROOT/report/compare.c" ;;
+    train_log) echo "$COMMON_SOURCES $ROOT/costmodel/*.c $ROOT/report/run_record.c $ROOT/report/train_log.c $ROOT/report/megatron_log.c $ROOT/report/deepspeed_log.c" ;;
     *) echo "$COMMON_SOURCES" ;;
   esac
 }

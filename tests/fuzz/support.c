@@ -24,6 +24,15 @@ static int remove_entry(const char *path, const struct stat *info, int type,
     return 0;
 }
 
+int fuzz_write_file(const char *path, const void *data, size_t size)
+{
+    FILE *file = fopen(path, "wb");
+    if (file == NULL)
+        return -1;
+    size_t written = size > 0 ? fwrite(data, 1, size, file) : 0;
+    return fclose(file) == 0 && written == size ? 0 : -1;
+}
+
 /* Removes what the harnesses left, depth first. */
 static void remove_scratch(void)
 {

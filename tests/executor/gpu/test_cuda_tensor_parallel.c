@@ -3,8 +3,10 @@
  *   1. a tp = 2 pair of whole-model stages (embedding, layers, head; tied
  *      and untied head; a vocabulary of 1001 split 501 + 500, so both
  *      shards' logits carry masked padding) run as two threads, one per
- *      shard, joined by the host-staged comm (executor/parallel/parallel.h:
- *      device buffers summed through host memory). The shards' gradients, put together into whole tensors,
+ *      shard, joined by the host-staged comm (device buffers summed
+ *      through host memory, fp32) and again by the device exchange (the
+ *      sums enqueued on the stages' streams, the four of each layer in
+ *      bf16). The shards' gradients, put together into whole tensors,
  *      are held against the unsplit cuda stage and against the cpu
  *      backend's tp = 2 shards (same parameters, same tokens); the loss
  *      too. Replicated tensors (norms, row-parallel biases, position
@@ -280,13 +282,59 @@ static void check_replicas_agree(gpu_test_tally *tally, const char *label,
 
 /* --------------------------------------------------- 1. the tp = 2 pair */
 
-static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied)
+/* The cuda pair's comm: host-staged (blocking, fp32 sums after a stream
+ * synchronisation) or the device exchange (sums enqueued on the stages'
+ * streams, Megatron's four per layer in bf16). Neither has green
+ * contexts here, so the ranks' streams may be made on this thread. */
+typedef struct pair_comm {
+    bool exchange;
+    comm_staged *staged;
+    comm_exchange *device;
+    comm handles[TP];
+} pair_comm;
+
+static void open_pair_comm(pair_comm *p, bool exchange)
+{
+    pt_error err;
+    memset(p, 0, sizeof *p);
+    p->exchange = exchange;
+    if (exchange)
+        PT_CHECK(comm_exchange_create(TP, NULL, 60.0, &p->device, &err),
+                 &err);
+    else
+        PT_CHECK(comm_staged_create(TP, 60.0, &p->staged, &err), &err);
+    for (int t = 0; t < TP; t++) {
+        if (exchange) {
+            PT_CHECK(comm_exchange_rank_open(p->device, t, &err), &err);
+            p->handles[t] = comm_exchange_rank(p->device, t);
+        } else {
+            PT_CHECK(comm_staged_rank_open(p->staged, t, &err), &err);
+            p->handles[t] = comm_staged_rank(p->staged, t);
+        }
+    }
+}
+
+static void close_pair_comm(pair_comm *p)
+{
+    for (int t = 0; t < TP; t++)
+        if (p->exchange)
+            comm_exchange_rank_close(p->device, t);
+        else
+            comm_staged_rank_close(p->staged, t);
+    comm_exchange_destroy(p->device);
+    comm_staged_destroy(p->staged);
+}
+
+static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied,
+                                      bool exchange)
 {
     pt_error err;
     model_shape shape = tp_shape(tied);
     int mbs = 2, micro_batches = 2;
     uint64_t seed = tied ? 31 : 32;
-    const char *label = tied ? "tp=2 tied" : "tp=2 untied";
+    char label[64];
+    snprintf(label, sizeof label, "tp=2 %s%s", tied ? "tied" : "untied",
+             exchange ? " (device exchange, bf16 sums on the stream)" : "");
     printf("# %s: %d layers, hidden %d, %d heads, ffn %d, vocab %d, seq %d, "
            "mbs %d x %d micro-batches\n",
            label, shape.layers, shape.hidden, shape.heads, shape.ffn_hidden,
@@ -308,18 +356,15 @@ static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied)
              &err);
     float *whole_grads = gpu_test_read_buffer(&whole, STAGE_GRADS);
 
-    /* the cuda pair through the host-staged comm (no green contexts, so
-     * its streams may be made on this thread) */
-    comm_staged *cuda_world = NULL;
+    /* the cuda pair through its comm, the cpu pair through threads */
+    pair_comm cuda_world;
+    open_pair_comm(&cuda_world, exchange);
+    const comm *cuda_handles = cuda_world.handles;
     comm_threads *cpu_world = NULL;
-    PT_CHECK(comm_staged_create(TP, 60.0, &cuda_world, &err), &err);
     PT_CHECK(comm_threads_create(TP, 60.0, &cpu_world, &err), &err);
-    comm cuda_handles[TP], cpu_handles[TP];
-    for (int t = 0; t < TP; t++) {
-        PT_CHECK(comm_staged_rank_open(cuda_world, t, &err), &err);
-        cuda_handles[t] = comm_staged_rank(cuda_world, t);
+    comm cpu_handles[TP];
+    for (int t = 0; t < TP; t++)
         cpu_handles[t] = comm_threads_rank(cpu_world, t);
-    }
     model_stage cuda_shards[TP], cpu_shards[TP];
     create_shards(cuda_shards, &shape, BACKEND_CUDA, mbs, seed, cuda_handles);
     create_shards(cpu_shards, &shape, BACKEND_CPU, mbs, seed, cpu_handles);
@@ -370,9 +415,7 @@ static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied)
         model_stage_destroy(&cpu_shards[t]);
     }
     model_stage_destroy(&whole);
-    for (int t = 0; t < TP; t++)
-        comm_staged_rank_close(cuda_world, t);
-    comm_staged_destroy(cuda_world);
+    close_pair_comm(&cuda_world);
     comm_threads_destroy(cpu_world);
 }
 
@@ -560,8 +603,10 @@ int main(void)
 {
     gpu_test_require_device("test_cuda_tensor_parallel");
     gpu_test_tally tally = {0, 0};
-    test_tensor_parallel_pair(&tally, true);
-    test_tensor_parallel_pair(&tally, false);
+    test_tensor_parallel_pair(&tally, true, false);
+    test_tensor_parallel_pair(&tally, false, false);
+    test_tensor_parallel_pair(&tally, true, true);
+    test_tensor_parallel_pair(&tally, false, true);
     test_compute_only(&tally);
     test_square_sums(&tally);
     test_memory_cap(&tally);

@@ -2,10 +2,11 @@
  * The NCCL comm and the GPU launcher on two GPUs (plain C: the GPU
  * machines have no cmocka; PASS / FAIL lines, exit 77 with fewer than two
  * GPUs). Checked:
- *   - crossing sends: both ranks send eight messages to each other before
- *     receiving any, overwriting the source right after each send (the
- *     staging copy must have taken it), and every message arrives intact
- *     and in order;
+ *   - crossing sends: both ranks send 4 MB to each other at once, eight
+ *     times, each send grouped with its receive (comm_sendrecv: one NCCL
+ *     group, as the pipeline step makes them), overwriting the source
+ *     right after each (the staging copy must have taken it), and every
+ *     message arrives intact and in order;
  *   - all-reduce sum and max on device floats, the host doubles, barrier;
  *   - a silent peer: rank 0 waits for a message rank 1 never sends; with
  *     a 3 s timeout rank 0 fails naming the peer and the operation, rank 1
@@ -95,6 +96,11 @@ static float message_value(int sender, int index)
     return (float)(sender * 100 + index);
 }
 
+/* Crossing messages as the pipeline makes them: each tick, a send and a
+ * receive in one NCCL group (comm_sendrecv). Sent alone, a send to a peer
+ * that is itself sending waits for NCCL's lazy connection, which needs
+ * the peer's receive: the test that did so deadlocked until the timeout
+ * (docs/records/gpu-runs.md, 2026-11-22). */
 static int crossing_body(rank_run *r)
 {
     comm c = comm_nccl_rank(r->world, r->rank);
@@ -104,16 +110,16 @@ static int crossing_body(rank_run *r)
     GPU_CHECK(cudaMalloc((void **)&source, MESSAGE_FLOATS * sizeof(float)));
     GPU_CHECK(cudaMalloc((void **)&target, MESSAGE_FLOATS * sizeof(float)));
     int status = 0;
+    r->data_ok = true;
     for (int k = 0; k < MESSAGES && status == 0; k++) {
         for (size_t i = 0; i < MESSAGE_FLOATS; i++)
             host[i] = message_value(r->rank, k);
         GPU_CHECK(cudaMemcpy(source, host, MESSAGE_FLOATS * sizeof(float),
                              cudaMemcpyHostToDevice));
-        status = comm_send(&c, peer, k, source, MESSAGE_FLOATS, &r->err);
-    }
-    r->data_ok = true;
-    for (int k = 0; k < MESSAGES && status == 0; k++) {
-        status = comm_recv(&c, peer, k, target, MESSAGE_FLOATS, &r->err);
+        status = comm_sendrecv(&c, peer, k, source, MESSAGE_FLOATS, peer, k,
+                               target, MESSAGE_FLOATS, &r->err);
+        /* the send has taken the data: overwrite at once */
+        GPU_CHECK(cudaMemset(source, 0xff, MESSAGE_FLOATS * sizeof(float)));
         if (status != 0)
             break;
         GPU_CHECK(cudaMemcpy(host, target, MESSAGE_FLOATS * sizeof(float),
@@ -135,8 +141,8 @@ static void test_crossing_sends(gpu_test_tally *tally)
         return;
     for (int rank = 0; rank < 2; rank++) {
         char what[1200];
-        snprintf(what, sizeof what, "rank %d: %d crossing messages of %zu "
-                 "floats each way arrive intact and in order (%s)",
+        snprintf(what, sizeof what, "rank %d: %d grouped crossing messages "
+                 "of %zu floats each way arrive intact and in order (%s)",
                  rank, MESSAGES, MESSAGE_FLOATS,
                  runs[rank].status == 0 ? "ok" : runs[rank].err.message);
         gpu_test_expect(tally, runs[rank].status == 0 && runs[rank].data_ok,
@@ -334,8 +340,8 @@ static void test_failing_rank(gpu_test_tally *tally)
     }
     device_spec devices[2] = {{.index = 0}, {.index = 1}};
     pipeline_gpu gpu;
-    if (pipeline_gpu_start(&gpu, &layout, devices, GPU_COMM_NCCL, 7, PIPELINE_TIMEOUT_S,
-                           &err) != 0) {
+    if (pipeline_gpu_start(&gpu, &layout, devices, GPU_COMM_NCCL, NULL, 7,
+                           PIPELINE_TIMEOUT_S, &err) != 0) {
         gpu_test_expect(tally, false, err.message);
         return;
     }

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Partita's cuda backend against llm.c (the C/CUDA GPT-2 trainer) on the
+# same GPU, in one run: GPT-2 124M / 350M at micro-batch 16, 774M / 1.5B
+# at 8, sequence 1024, bf16, AdamW, no recompute, random tokens. Prints
+# tokens/s, the ratio Partita / llm.c and each program's peak device
+# memory (the GPU's used memory sampled by nvidia-smi every 100 ms, less
+# what was in use before: the CUDA context counts for both), with
+# torch.compile beside them when asked. llm.c comes from outside the
+# project (shared/tools/README.md says how it was built); this script
+# never builds it.
+#
+# Usage: bench/exec_vs_llmc/run.sh BUILD_DIR LLMC_BINARY [LOG_DIR]
+# Environment:
+#   CONFIGS   "model:mbs ..." (default: the four GPT-2 sizes)
+#   WARMUP, STEPS   steps per run (default 5 and 20)
+#   TORCH=1   add torch.compile (bench/exec_vs_torch/torch_gpt.py)
+#   TRACE="model:mbs ..."   also trace every kernel of both programs at
+#             these configs (bench/kernel_trace: CUPTI through
+#             CUDA_INJECTION64_PATH) and print kernel_table.py's table
+set -u
+build=${1:?usage: run.sh BUILD_DIR LLMC_BINARY [LOG_DIR]}
+llmc=${2:?usage: run.sh BUILD_DIR LLMC_BINARY [LOG_DIR]}
+logs=${3:-$build/bench-logs}
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+configs=${CONFIGS:-"gpt2-124m:16 gpt2-350m:16 gpt2-774m:8 gpt2-xl:8"}
+warmup=${WARMUP:-5}
+steps=${STEPS:-20}
+trace_configs=${TRACE:-}
+export NCCL_NVLS_ENABLE=0
+mkdir -p "$logs"
+bench="$build/bench/exec_vs_torch/exec_bench"
+tracer="$build/bench/kernel_trace/libkernel_trace.so"
+for program in "$bench" "$llmc"; do
+    [ -x "$program" ] || { echo "FAIL run.sh: $program is missing"; exit 1; }
+done
+
+# llm.c reads its own token files: 256 int32 of header (magic 20240520,
+# version 1, token count) and uint16 tokens.
+tokens="$logs/llmc-tokens"
+mkdir -p "$tokens"
+python3 - "$tokens" <<'PY' || { echo "FAIL run.sh: token files"; exit 1; }
+import struct, sys, random
+random.seed(1234)
+for name, count in (("train.bin", 16 * 1024 * 64 + 1), ("val.bin", 16 * 1024 * 2 + 1)):
+    header = struct.pack("<256i", 20240520, 1, count, *([0] * 253))
+    body = struct.pack(f"<{count}H", *(random.randrange(50257) for _ in range(count)))
+    open(f"{sys.argv[1]}/{name}", "wb").write(header + body)
+PY
+
+# used_mib: the GPU's memory in use now, MiB
+used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | head -1; }
+
+# measure LOG COMMAND...: runs COMMAND with its output in LOG while
+# sampling the GPU's memory; sets peak_gib (over the idle level)
+measure() {
+    local log=$1; shift
+    local idle samples=$logs/memory.samples
+    idle=$(used_mib)
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 \
+        -lms 100 >"$samples" 2>/dev/null &
+    local sampler=$!
+    "$@" >"$log" 2>&1
+    local status=$?
+    kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+    peak_gib=$(awk -v idle="$idle" 'BEGIN { m = 0 } $1 + 0 > m { m = $1 + 0 }
+        END { printf "%.2f", (m - idle) / 1024 }' "$samples")
+    return $status
+}
+
+# llm.c's median step time (ms) over its steps after the first WARMUP,
+# from its "step N/M | ... | T ms |" lines
+llmc_step_ms() {
+    sed -n 's/^step *\([0-9]*\)\/[0-9]* |.*| *\([0-9.]*\) ms |.*/\1 \2/p' "$1" |
+        awk -v w="$warmup" '$1 > w { print $2 }' | sort -n |
+        awk '{ v[NR] = $1 } END { if (NR == 0) exit 1;
+             print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+value() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+
+status=0
+table=()
+for config in $configs; do
+    model=${config%%:*}
+    mbs=${config##*:}
+    json="$root/models/$model.json"
+    layers=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['layers'])" "$json")
+    seq=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['seq'])" "$json")
+    echo "== partita $model mbs $mbs"
+    p_tps="" p_mem="" l_tps="" l_mem="" t_tps=""
+    if measure "$logs/partita-$model.log" env PARTITA_CUDA_RECOMPUTE=none \
+        "$bench" "$json" "$mbs" "$warmup" "$steps"; then
+        grep '^#' "$logs/partita-$model.log"
+        p_tps=$(value tokens_per_s "$(grep '^RESULT' "$logs/partita-$model.log")")
+        p_mem=$peak_gib
+    else
+        echo "FAIL partita $model"; tail -3 "$logs/partita-$model.log"; status=1
+    fi
+    echo "== llm.c $model mbs $mbs"
+    # -r 0: no recompute; -v, -m, -s: evaluate once on one batch, no
+    # sampling until the last step
+    llmc_args=(-e "d$layers" -b "$mbs" -t "$seq" -r 0 -v 100000 -m 1 -s 0
+               -i "$tokens/train.bin" -j "$tokens/val.bin")
+    if measure "$logs/llmc-$model.log" "$llmc" "${llmc_args[@]}" \
+        -x $((warmup + steps)) &&
+        step_ms=$(llmc_step_ms "$logs/llmc-$model.log"); then
+        l_tps=$(awk -v b="$mbs" -v t="$seq" -v ms="$step_ms" 'BEGIN { printf "%.0f", b * t / (ms / 1e3) }')
+        l_mem=$peak_gib
+        echo "# llm.c: median step $step_ms ms, $l_tps tokens/s, peak $l_mem GiB"
+    else
+        echo "FAIL llm.c $model"; tail -3 "$logs/llmc-$model.log"; status=1
+    fi
+    if [ "${TORCH:-0}" = 1 ]; then
+        echo "== torch.compile $model mbs $mbs"
+        if PYTHONUNBUFFERED=1 python3 "$root/bench/exec_vs_torch/torch_gpt.py" \
+            --model "$json" --mbs "$mbs" --mode compile --warmup "$warmup" \
+            --steps "$steps" >"$logs/torch-$model.log" 2>&1; then
+            t_tps=$(value tokens_per_s "$(grep '^RESULT' "$logs/torch-$model.log")")
+        else
+            echo "FAIL torch $model"; tail -3 "$logs/torch-$model.log"
+        fi
+    fi
+    ratio=- mem_ratio=-
+    [ -n "$p_tps" ] && [ -n "$l_tps" ] &&
+        ratio=$(awk -v a="$p_tps" -v b="$l_tps" 'BEGIN { printf "%.3f", a / b }')
+    [ -n "$p_mem" ] && [ -n "$l_mem" ] &&
+        mem_ratio=$(awk -v a="$p_mem" -v b="$l_mem" 'BEGIN { printf "%.3f", a / b }')
+    table+=("$(printf '| %-10s | %3s | %9s | %9s | **%s** | %6s GiB | %6s GiB | %s | %9s |' \
+        "$model" "$mbs" "${l_tps:--}" "${p_tps:--}" "$ratio" "${l_mem:--}" \
+        "${p_mem:--}" "$mem_ratio" "${t_tps:--}")")
+    if [[ " $trace_configs " == *" $config "* ]]; then
+        if [ ! -f "$tracer" ]; then
+            echo "SKIP trace $model: $tracer was not built (no CUPTI)"
+            continue
+        fi
+        echo "== kernel trace $model mbs $mbs"
+        KERNEL_TRACE_OUT="$logs/trace-partita-$model.tsv" CUDA_INJECTION64_PATH="$tracer" \
+            PARTITA_CUDA_RECOMPUTE=none "$bench" "$json" "$mbs" 3 5 >"$logs/trace-partita-$model.log" 2>&1
+        KERNEL_TRACE_OUT="$logs/trace-llmc-$model.tsv" CUDA_INJECTION64_PATH="$tracer" \
+            "$llmc" "${llmc_args[@]}" -x 8 >"$logs/trace-llmc-$model.log" 2>&1
+        python3 "$root/bench/kernel_trace/kernel_table.py" --model "$json" --mbs "$mbs" \
+            "llm.c=$logs/trace-llmc-$model.tsv" "Partita=$logs/trace-partita-$model.tsv" |
+            tee "$logs/kernel-table-$model.md" || status=1
+    fi
+done
+
+echo
+echo "Training throughput against llm.c on $(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | head -1),"
+echo "seq 1024, bf16, AdamW, no recompute; tokens/s (higher is better); peak device memory over idle"
+echo "| model | mbs | llm.c | Partita | Partita / llm.c | llm.c memory | Partita memory | memory ratio | torch.compile |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for row in "${table[@]}"; do echo "$row"; done
+echo "(targets: Partita / llm.c >= 1.00; memory ratio <= 1.05)"
+exit $status

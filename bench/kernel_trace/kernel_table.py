@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""One training step kernel kind by kernel kind, for one program or two
+side by side: reads the traces kernel_trace.c wrote (start, end, name per
+kernel), cuts each into steps at a marker kernel (the first kernel of a
+step: the embedding's forward), keeps the steps that ran an optimizer
+kernel, drops the first WARMUP of those, and prints per kind the GPU time
+per step, its share of the step's kernel time, and for the products and
+attention the achieved TFLOP/s (from the model's own FLOP count, the same
+for both programs). Kernel names are matched as CUPTI gives them
+(mangled), so a kind is a keyword of the name.
+
+Usage: kernel_table.py --model MODEL.json --mbs N LABEL=TRACE [LABEL=TRACE]
+"""
+import argparse
+import collections
+import json
+import re
+import statistics
+import sys
+
+# Kinds in the order they are tested: the first keyword that a name
+# holds decides. Attention first (cuDNN's fused kernels name sm90 and
+# wgmma), then every matrix product whatever its epilogue (bias, GELU,
+# accumulate), then the rest (layer norm before the global gradient norm).
+KINDS = [
+    ("attention", ("attention", "flash", "fmha", "sdpa", "cudnn",
+                   "softmax", "permute")),
+    ("matrix products", ("gemm", "nvjet", "xmma", "cutlass", "cublas")),
+    ("embedding", ("encoder", "embedding", "wte", "wpe")),
+    ("layer norm + residual", ("layernorm", "layer_norm", "residual",
+                               "add_inplace", "add_broadcast")),
+    ("bias gradients", ("bias", "reduce_add_sum")),
+    ("classifier + loss", ("classifier", "crossentropy", "cross_entropy",
+                           "vocab_parallel", "loss", "mean_kernel")),
+    ("GELU", ("gelu",)),
+    ("optimizer + grad norm", ("adam", "norm_squared", "global_norm",
+                               "global_sum", "square_sum", "sum_chunk",
+                               "sum_doubles", "refresh_mirror")),
+    ("casts, copies, fills", ("copy", "cast", "convert", "memset", "fill",
+                              "zero")),
+]
+MARKERS = ("encoder_forward", "embedding_forward", "embedding_shard_forward")
+OPTIMIZER = ("adam",)
+
+
+def short_name(name):
+    """The identifier of a mangled name (_Z18adamw_kernel... -> adamw_kernel)."""
+    match = re.match(r"_Z(?:N\d*)?(\d+)", name)
+    if match:
+        length = int(match.group(1))
+        start = match.end()
+        return name[start:start + length]
+    return re.sub(r"[(<].*", "", name)[:60]
+
+
+def kind_of(name):
+    lowered = name.lower()
+    for kind, keywords in KINDS:
+        if any(word in lowered for word in keywords):
+            return kind
+    return "other"
+
+
+def read_trace(path):
+    kernels = []
+    with open(path) as f:
+        next(f)
+        for line in f:
+            start, end, name = line.rstrip("\n").split("\t", 2)
+            kernels.append((int(start), int(end), name))
+    kernels.sort()
+    return kernels
+
+
+def steps_of(kernels, warmup):
+    """Lists of kernels, one per training step after the warm-up ones."""
+    steps, current = [], None
+    for kernel in kernels:
+        lowered = kernel[2].lower()
+        if any(marker in lowered for marker in MARKERS):
+            if current is not None:
+                steps.append(current)
+            current = []
+        if current is not None:
+            current.append(kernel)
+    if current:
+        steps.append(current)
+    training = [s for s in steps
+                if any(any(o in k[2].lower() for o in OPTIMIZER) for k in s)]
+    return training[warmup:]
+
+
+def per_kind(steps):
+    """Median milliseconds per step of each kind, the step's wall time
+    from its first kernel's start to its last kernel's end, and the names
+    seen in each kind."""
+    per_step = []
+    names = collections.defaultdict(collections.Counter)
+    walls = []
+    for step in steps:
+        totals = collections.defaultdict(float)
+        for start, end, name in step:
+            kind = kind_of(name)
+            totals[kind] += (end - start) / 1e6
+            names[kind][short_name(name)] += 1
+        per_step.append(totals)
+        walls.append((step[-1][1] - step[0][0]) / 1e6)
+    kinds = {k for totals in per_step for k in totals}
+    medians = {k: statistics.median(t.get(k, 0.0) for t in per_step)
+               for k in kinds}
+    return medians, statistics.median(walls), names
+
+
+def model_flops(model_path, mbs):
+    """FLOPs of one step: products (6 x matrix parameters per token, the
+    LM head over the vocabulary padded to 128) and causal attention
+    (6 x layers x seq x hidden per token: Q K^T and P V, forward and
+    backward, half of the square)."""
+    with open(model_path) as f:
+        m = json.load(f)
+    h, layers, seq, vocab = m["hidden"], m["layers"], m["seq"], m["vocab"]
+    ffn = m.get("ffn_hidden", 4 * h)
+    padded = (vocab + 127) // 128 * 128
+    tokens = mbs * seq
+    products = 6.0 * tokens * (layers * (4 * h * h + 2 * h * ffn) + padded * h)
+    attention = 6.0 * tokens * layers * seq * h
+    return {"matrix products": products, "attention": attention}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--mbs", type=int, required=True)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("traces", nargs="+", help="LABEL=TRACE.tsv")
+    args = parser.parse_args()
+    flops = model_flops(args.model, args.mbs)
+    columns = []
+    for item in args.traces:
+        label, path = item.split("=", 1)
+        steps = steps_of(read_trace(path), args.warmup)
+        if not steps:
+            sys.exit(f"kernel_table: {path}: no training step found")
+        medians, wall, names = per_kind(steps)
+        columns.append((label, medians, wall, names, len(steps)))
+    kinds = [k for k, _ in KINDS] + ["other"]
+    header = "| kind |" + "".join(
+        f" {c[0]} ms/step | share | TFLOP/s |" for c in columns)
+    if len(columns) == 2:
+        header += f" {columns[1][0]} / {columns[0][0]} |"
+    print(header)
+    print("|---|" + "---|---|---|" * len(columns) +
+          ("---|" if len(columns) == 2 else ""))
+    for kind in kinds:
+        if all(kind not in c[1] for c in columns):
+            continue
+        row = f"| {kind} |"
+        for _, medians, _, _, _ in columns:
+            ms = medians.get(kind, 0.0)
+            total = sum(medians.values())
+            rate = (f"{flops[kind] / (ms / 1e3) / 1e12:.0f}"
+                    if kind in flops and ms > 0 else "")
+            row += f" {ms:.2f} | {100 * ms / total:.1f} % | {rate} |"
+        if len(columns) == 2:
+            a = columns[0][1].get(kind, 0.0)
+            b = columns[1][1].get(kind, 0.0)
+            row += f" {b / a:.2f} |" if a > 0 else " - |"
+        print(row)
+    row = "| all kernels |"
+    for _, medians, _, _, _ in columns:
+        row += f" {sum(medians.values()):.2f} | 100 % | |"
+    print(row)
+    row = "| step (first kernel to last) |"
+    for _, _, wall, _, _ in columns:
+        row += f" {wall:.2f} | | |"
+    print(row)
+    for label, _, _, names, count in columns:
+        print(f"\n{label}: {count} steps; kernels of each kind (calls over "
+              "the steps kept)")
+        for kind in kinds:
+            if kind in names:
+                listed = ", ".join(f"{n} x{c}" for n, c in
+                                   names[kind].most_common(8))
+                print(f"- {kind}: {listed}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+/*
+ * A kernel tracer for any CUDA program, ours or a peer's (llm.c): loaded
+ * by the driver through CUDA_INJECTION64_PATH, it records every kernel's
+ * name, start and end through CUPTI's activity API and writes them, one
+ * line per kernel, to $KERNEL_TRACE_OUT when the program exits. Kernels
+ * run as they would without it (no replay, clocks left alone), so
+ * kernel_table.py can cut the trace into steps and compare two programs
+ * kernel kind by kernel kind (docs/benchmarks.md, "Against llm.c").
+ */
+#include <cupti.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRACE_BUFFER_BYTES (8u << 20)
+#define TRACE_ALIGN 8
+
+/* The records CUPTI hands back, kept until exit; grows by doubling. */
+typedef struct kernel_record {
+    uint64_t start_ns, end_ns;
+    char *name; /* owned */
+} kernel_record;
+
+static kernel_record *records;
+static size_t record_count, record_capacity;
+static int dropped;
+
+static void CUPTIAPI give_buffer(uint8_t **buffer, size_t *size,
+                                 size_t *max_records)
+{
+    /* CUPTI wants buffers aligned to 8 bytes */
+    *buffer = aligned_alloc(TRACE_ALIGN, TRACE_BUFFER_BYTES);
+    *size = *buffer != NULL ? TRACE_BUFFER_BYTES : 0;
+    *max_records = 0;
+}
+
+static void keep(const CUpti_ActivityKernel10 *kernel)
+{
+    if (record_count == record_capacity) {
+        size_t capacity = record_capacity ? 2 * record_capacity : 65536;
+        kernel_record *grown = realloc(records, capacity * sizeof *grown);
+        if (grown == NULL) {
+            dropped++;
+            return;
+        }
+        records = grown;
+        record_capacity = capacity;
+    }
+    char *name = strdup(kernel->name != NULL ? kernel->name : "?");
+    if (name == NULL) {
+        dropped++;
+        return;
+    }
+    records[record_count++] = (kernel_record){kernel->start, kernel->end,
+                                              name};
+}
+
+static void CUPTIAPI take_buffer(CUcontext context, uint32_t stream,
+                                 uint8_t *buffer, size_t size, size_t valid)
+{
+    (void)context;
+    (void)stream;
+    (void)size;
+    CUpti_Activity *record = NULL;
+    while (cuptiActivityGetNextRecord(buffer, valid, &record) ==
+           CUPTI_SUCCESS)
+        if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL ||
+            record->kind == CUPTI_ACTIVITY_KIND_KERNEL)
+            keep((const CUpti_ActivityKernel10 *)record);
+    size_t lost = 0;
+    if (cuptiActivityGetNumDroppedRecords(context, stream, &lost) ==
+            CUPTI_SUCCESS &&
+        lost > 0)
+        dropped += (int)lost;
+    free(buffer);
+}
+
+static void write_trace(void)
+{
+    cuptiActivityFlushAll(1);
+    const char *path = getenv("KERNEL_TRACE_OUT");
+    if (path == NULL || path[0] == '\0')
+        path = "kernel_trace.tsv";
+    FILE *out = fopen(path, "w");
+    if (out == NULL) {
+        fprintf(stderr, "kernel_trace: cannot write %s\n", path);
+        return;
+    }
+    fprintf(out, "start_ns\tend_ns\tname\n");
+    for (size_t i = 0; i < record_count; i++)
+        fprintf(out, "%llu\t%llu\t%s\n",
+                (unsigned long long)records[i].start_ns,
+                (unsigned long long)records[i].end_ns, records[i].name);
+    fclose(out);
+    fprintf(stderr, "kernel_trace: %zu kernels to %s%s\n", record_count,
+            path, dropped ? " (some records were dropped)" : "");
+}
+
+/* Called by the CUDA driver when it loads this library. */
+int InitializeInjection(void);
+int InitializeInjection(void)
+{
+    if (cuptiActivityRegisterCallbacks(give_buffer, take_buffer) !=
+            CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) !=
+            CUPTI_SUCCESS) {
+        fprintf(stderr, "kernel_trace: CUPTI refused the activity trace\n");
+        return 0;
+    }
+    atexit(write_trace);
+    return 1;
+}

@@ -1,0 +1,695 @@
+/*
+ * The device exchange (executor/comm/comm.h): ranks that are threads of
+ * this process on one GPU exchange through its memory. This file holds
+ * the world, each rank's stream, events, clock slots and staging buffers,
+ * the waits (every one watches the failure flag and a deadline), the
+ * messages and the operations' table; the rendezvous and the collectives
+ * are comm/exchange_collectives.c's.
+ *
+ * A message: the sender copies into a staging buffer of its own on the
+ * device (its stream; the host waits for that copy only, microseconds,
+ * so the caller may overwrite its buffer), posts it to the receiver's
+ * mailbox and returns; the receiver takes it, copies out on its stream
+ * (paced to the emulated link), records the buffer's release event behind
+ * its copy and waits for it. A sender never waits for its receiver, so
+ * crossing sends cannot deadlock; a staging buffer is reused behind its
+ * release event, on the device.
+ */
+#include "executor/comm/exchange_internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "executor/cuda/cuda_backend.h"
+
+/* ------------------------------------------------------ failures, waits */
+
+static void mark_failed(comm_exchange *world, int rank, const char *reason)
+{
+    pthread_mutex_lock(&world->lock);
+    if (comm_failure_record(&world->failure, rank, reason)) {
+        atomic_store(&world->failed, true);
+        pthread_cond_broadcast(&world->changed);
+    }
+    pthread_mutex_unlock(&world->lock);
+}
+
+int exchange_fail(const comm *c, const char *operation, const char *what,
+                  pt_error *err)
+{
+    char reason[COMM_FAILURE_REASON_MAX];
+    snprintf(reason, sizeof reason, "rank %d: %s: %s", c->rank, operation,
+             what);
+    mark_failed(exchange_world(c), c->rank, reason);
+    return pt_fail(err, "%s", reason);
+}
+
+int exchange_interrupted(const comm *c, const char *operation,
+                         pt_error *err)
+{
+    comm_exchange *world = exchange_world(c);
+    pthread_mutex_lock(&world->lock);
+    comm_failure failure = world->failure;
+    pthread_mutex_unlock(&world->lock);
+    return comm_failure_interrupted(&failure, c->rank, operation, err);
+}
+
+int exchange_cuda(const comm *c, cudaError_t status, const char *call,
+                  const char *operation, pt_error *err)
+{
+    if (status == cudaSuccess)
+        return 0;
+    char what[400];
+    snprintf(what, sizeof what, "%s failed: %s", call,
+             cudaGetErrorString(status));
+    cudaGetLastError();
+    return exchange_fail(c, operation, what, err);
+}
+
+struct timespec exchange_deadline(const comm_exchange *world)
+{
+    return comm_deadline_after(world->timeout_s);
+}
+
+int exchange_wait_change(const comm *c, const struct timespec *deadline,
+                         const char *operation, pt_error *err)
+{
+    comm_exchange *world = exchange_world(c);
+    if (pthread_cond_timedwait(&world->changed, &world->lock, deadline) !=
+        ETIMEDOUT)
+        return 0;
+    char reason[COMM_FAILURE_REASON_MAX];
+    snprintf(reason, sizeof reason, "rank %d: %s timed out after %g s (the "
+                                    "comm timeout)",
+             c->rank, operation, world->timeout_s);
+    if (comm_failure_record(&world->failure, c->rank, reason)) {
+        atomic_store(&world->failed, true);
+        pthread_cond_broadcast(&world->changed);
+    }
+    return pt_fail(err, "%s", reason);
+}
+
+/* Between polls of an event: spin at first (most exchanges end within
+ * microseconds), then nap. */
+static void back_off(long polls)
+{
+    if (polls < 2000)
+        return;
+    struct timespec pause = {.tv_sec = 0,
+                             .tv_nsec = polls < 100000 ? 20000 : 1000000};
+    nanosleep(&pause, NULL);
+}
+
+int exchange_wait_stream(const comm *c, cudaStream_t stream,
+                         const char *operation, pt_error *err)
+{
+    comm_exchange *world = exchange_world(c);
+    exchange_rank *r = &world->ranks[c->rank];
+    if (EXCHANGE_CUDA(cudaEventRecord(r->host_wait, stream)) != 0)
+        return -1;
+    double deadline = pt_monotonic_seconds() + world->timeout_s;
+    for (long polls = 0;; polls++) {
+        cudaError_t status = cudaEventQuery(r->host_wait);
+        if (status == cudaSuccess)
+            return 0;
+        if (status != cudaErrorNotReady)
+            return EXCHANGE_CUDA(status);
+        if (atomic_load(&world->failed))
+            return exchange_interrupted(c, operation, err);
+        if (pt_monotonic_seconds() > deadline) {
+            char what[120];
+            snprintf(what, sizeof what, "the GPU did not finish within %g s "
+                                        "(the comm timeout)",
+                     world->timeout_s);
+            return exchange_fail(c, operation, what, err);
+        }
+        back_off(polls);
+    }
+}
+
+uint64_t *exchange_next_stamp(exchange_rank *r)
+{
+    uint64_t *slot = r->stamps + r->next_stamp;
+    r->next_stamp = (r->next_stamp + 1) % EXCHANGE_STAMPS;
+    return slot;
+}
+
+uint64_t exchange_pace_nanoseconds(double seconds)
+{
+    if (!(seconds > 0.0))
+        return 0;
+    double ns = seconds * 1e9 + 0.5;
+    return ns >= 1.8e19 ? UINT64_MAX : (uint64_t)ns;
+}
+
+double comm_emulated_seconds(comm_pattern pattern, double bytes, int members,
+                             link_spec link)
+{
+    if (bytes <= 0.0 || members < 2 || !(link.bandwidth_bytes_per_s > 0.0))
+        return 0.0;
+    double n = members, transfer = bytes / link.bandwidth_bytes_per_s;
+    switch (pattern) {
+    case COMM_PATTERN_MESSAGE:
+        return link.latency_s + transfer;
+    case COMM_PATTERN_ALL_REDUCE:
+        return 2.0 * (n - 1.0) / n * transfer + 2.0 * (n - 1.0) *
+                                                    link.latency_s;
+    case COMM_PATTERN_HALF_ALL_REDUCE:
+        return (n - 1.0) / n * transfer + (n - 1.0) * link.latency_s;
+    }
+    return 0.0;
+}
+
+/* ------------------------------------------------------------ memory */
+
+static int reserve_bytes(const comm *c, size_t bytes, const char *what,
+                         pt_error *err)
+{
+    exchange_rank *r = &exchange_world(c)->ranks[c->rank];
+    if (cuda_rank_memory_reserve(bytes, what, err) != 0)
+        return -1;
+    r->device_bytes += (double)bytes;
+    if (r->device_bytes > r->peak_device_bytes)
+        r->peak_device_bytes = r->device_bytes;
+    return 0;
+}
+
+static void release_bytes(exchange_rank *r, size_t bytes)
+{
+    cuda_rank_memory_release(bytes);
+    r->device_bytes -= (double)bytes;
+}
+
+/* Gives a staging buffer room for `count` floats, stream-ordered behind
+ * its release (cudaMallocAsync never waits for the device; cudaMalloc is
+ * the fallback). */
+static int grow_staging(const comm *c, exchange_staging *b, size_t count,
+                        const char *operation, pt_error *err)
+{
+    exchange_rank *r = &exchange_world(c)->ranks[c->rank];
+    if (b->data != NULL) {
+        if (EXCHANGE_CUDA(b->stream_ordered
+                              ? cudaFreeAsync(b->data, r->stream)
+                              : cudaFree(b->data)) != 0)
+            return -1;
+        release_bytes(r, b->capacity * sizeof(float));
+        b->data = NULL;
+        b->capacity = 0;
+    }
+    size_t bytes = count * sizeof(float);
+    if (reserve_bytes(c, bytes, "a message's staging buffer", err) != 0)
+        return -1;
+    b->stream_ordered = cudaMallocAsync((void **)&b->data, bytes,
+                                        r->stream) == cudaSuccess;
+    if (!b->stream_ordered) {
+        cudaGetLastError();
+        if (EXCHANGE_CUDA(cudaMalloc((void **)&b->data, bytes)) != 0) {
+            release_bytes(r, bytes);
+            b->data = NULL;
+            return -1;
+        }
+    }
+    b->capacity = count;
+    return 0;
+}
+
+/* A staging buffer of the rank not in flight, preferring one that holds
+ * `count` floats; a new one while fewer than EXCHANGE_STAGING_MAX exist;
+ * else waits (host) until a receiver releases one. Lock not held. */
+static int free_staging(const comm *c, size_t count, const char *operation,
+                        exchange_staging **out, pt_error *err)
+{
+    comm_exchange *world = exchange_world(c);
+    exchange_rank *r = &world->ranks[c->rank];
+    struct timespec deadline = exchange_deadline(world);
+    pthread_mutex_lock(&world->lock);
+    exchange_staging *chosen = NULL;
+    while (chosen == NULL) {
+        for (int i = 0; i < r->staging_count; i++) {
+            exchange_staging *b = &r->staging[i];
+            if (!b->in_flight && (chosen == NULL ||
+                                  (chosen->capacity < count &&
+                                   b->capacity > chosen->capacity)))
+                chosen = b;
+        }
+        if ((chosen == NULL || chosen->capacity < count) &&
+            r->staging_count < EXCHANGE_STAGING_MAX)
+            chosen = &r->staging[r->staging_count++];
+        if (chosen != NULL)
+            break;
+        if (atomic_load(&world->failed) ||
+            exchange_wait_change(c, &deadline, operation, err) != 0) {
+            pthread_mutex_unlock(&world->lock);
+            return atomic_load(&world->failed)
+                       ? exchange_interrupted(c, operation, err)
+                       : -1;
+        }
+    }
+    pthread_mutex_unlock(&world->lock);
+    if (chosen->released == NULL &&
+        EXCHANGE_CUDA(cudaEventCreateWithFlags(&chosen->released,
+                                               cudaEventDisableTiming)) != 0)
+        return -1;
+    *out = chosen;
+    return 0;
+}
+
+/* ----------------------------------------------------------- messages */
+
+static int exchange_send(const comm *c, int peer, int tag, const float *data,
+                         size_t count, pt_error *err)
+{
+    comm_exchange *world = exchange_world(c);
+    exchange_rank *r = &world->ranks[c->rank];
+    char operation[64];
+    snprintf(operation, sizeof operation, "send to rank %d (tag %d)", peer,
+             tag);
+    if (atomic_load(&world->failed))
+        return exchange_interrupted(c, operation, err);
+    if (!r->open)
+        return pt_fail(err, "rank %d: %s: the rank's exchange is not open",
+                       c->rank, operation);
+    exchange_message *message = calloc(1, sizeof *message);
+    if (message == NULL)
+        return pt_fail(err, "rank %d: %s: out of memory", c->rank,
+                       operation);
+    *message = (exchange_message){
+        .envelope = {.source = c->rank, .tag = tag}, .count = count};
+    exchange_staging *b = NULL;
+    if (count > 0) {
+        if (free_staging(c, count, operation, &b, err) != 0 ||
+            (b->release_recorded &&
+             EXCHANGE_CUDA(cudaStreamWaitEvent(r->stream, b->released, 0)) !=
+                 0) ||
+            (b->capacity < count &&
+             grow_staging(c, b, count, operation, err) != 0) ||
+            EXCHANGE_CUDA(cudaMemcpyAsync(b->data, data,
+                                          count * sizeof(float),
+                                          cudaMemcpyDeviceToDevice,
+                                          r->stream)) != 0 ||
+            exchange_wait_stream(c, r->stream, operation, err) != 0) {
+            free(message);
+            return -1;
+        }
+        message->staging = b;
+    }
+    pthread_mutex_lock(&world->lock);
+    if (b != NULL)
+        b->in_flight = true;
+    comm_mailbox_append(&world->mailboxes[peer], &message->envelope);
+    pthread_cond_broadcast(&world->changed);
+    pthread_mutex_unlock(&world->lock);
+    return 0;
+}
+
+static int wait_message(const comm *c, int peer, int tag,
+                        const char *operation, exchange_message **out,
+                        pt_error *err)
+{
+    comm_exchange *world = exchange_world(c);
+    struct timespec deadline = exchange_deadline(world);
+    pthread_mutex_lock(&world->lock);
+    exchange_message *message = NULL;
+    while (message == NULL) {
+        if (atomic_load(&world->failed)) {
+            pthread_mutex_unlock(&world->lock);
+            return exchange_interrupted(c, operation, err);
+        }
+        /* the envelope is the message's first member */
+        message = (exchange_message *)comm_mailbox_take(
+            &world->mailboxes[c->rank], peer, tag);
+        if (message == NULL &&
+            exchange_wait_change(c, &deadline, operation, err) != 0) {
+            pthread_mutex_unlock(&world->lock);
+            return -1;
+        }
+    }
+    pthread_mutex_unlock(&world->lock);
+    *out = message;
+    return 0;
+}
+
+/* Gives the sender its buffer back, after `released` was recorded. */
+static void release_staging(comm_exchange *world, exchange_staging *b,
+                            bool recorded)
+{
+    pthread_mutex_lock(&world->lock);
+    b->in_flight = false;
+    b->release_recorded = b->release_recorded || recorded;
+    pthread_cond_broadcast(&world->changed);
+    pthread_mutex_unlock(&world->lock);
+}
+
+/* Copies the message out on the rank's stream, paced to the link from
+ * the sender, and records the staging buffer's release behind it. */
+static int copy_out(const comm *c, const exchange_message *m, float *data,
+                    const char *operation, pt_error *err)
+{
+    comm_exchange *world = exchange_world(c);
+    exchange_rank *r = &world->ranks[c->rank];
+    double seconds = 0.0;
+    if (world->links != NULL)
+        seconds = comm_emulated_seconds(
+            COMM_PATTERN_MESSAGE, (double)m->count * sizeof(float), 2,
+            world->links[m->envelope.source * world->size + c->rank]);
+    uint64_t *stamp = seconds > 0.0 ? exchange_next_stamp(r) : NULL;
+    int status =
+        (stamp != NULL &&
+         EXCHANGE_CUDA(cuda_exchange_stamp(stamp, r->stream)) != 0) ||
+                EXCHANGE_CUDA(cudaMemcpyAsync(data, m->staging->data,
+                                              m->count * sizeof(float),
+                                              cudaMemcpyDeviceToDevice,
+                                              r->stream)) != 0 ||
+                (stamp != NULL &&
+                 EXCHANGE_CUDA(cuda_exchange_pace(
+                     stamp, exchange_pace_nanoseconds(seconds),
+                     r->stream)) != 0)
+            ? -1
+            : 0;
+    bool recorded =
+        status == 0 &&
+        EXCHANGE_CUDA(cudaEventRecord(m->staging->released, r->stream)) == 0;
+    if (!recorded) {
+        /* the sender may not reuse a buffer a copy may still read */
+        cudaStreamSynchronize(r->stream);
+        cudaGetLastError();
+    }
+    release_staging(world, m->staging, recorded);
+    return recorded ? 0 : -1;
+}
+
+static int exchange_recv(const comm *c, int peer, int tag, float *data,
+                         size_t count, pt_error *err)
+{
+    comm_exchange *world = exchange_world(c);
+    exchange_rank *r = &world->ranks[c->rank];
+    char operation[64];
+    snprintf(operation, sizeof operation, "receive from rank %d (tag %d)",
+             peer, tag);
+    if (atomic_load(&world->failed))
+        return exchange_interrupted(c, operation, err);
+    if (!r->open)
+        return pt_fail(err, "rank %d: %s: the rank's exchange is not open",
+                       c->rank, operation);
+    exchange_message *m = NULL;
+    if (wait_message(c, peer, tag, operation, &m, err) != 0)
+        return -1;
+    int status = 0;
+    if (m->count != count) {
+        if (m->staging != NULL)
+            release_staging(world, m->staging, false);
+        status = pt_fail(err, "rank %d: %s: expected %zu floats, got %zu",
+                         c->rank, operation, count, m->count);
+    } else if (count > 0) {
+        status = copy_out(c, m, data, operation, err) != 0 ||
+                         exchange_wait_stream(c, r->stream, operation,
+                                              err) != 0
+                     ? -1
+                     : 0;
+    }
+    free(m);
+    return status;
+}
+
+/* ------------------------------------------- blocking collectives, table */
+
+/* A blocking collective: the stream-ordered one on the rank's own stream
+ * (the caller's data is complete), waited for. */
+static int exchange_all_reduce(const comm *c, const int *group,
+                               int group_size, float *data, size_t count,
+                               comm_reduce_op op, pt_error *err)
+{
+    exchange_rank *r = &exchange_world(c)->ranks[c->rank];
+    if (!r->open)
+        return pt_fail(err, "rank %d: all-reduce: the rank's exchange is "
+                            "not open",
+                       c->rank);
+    return exchange_all_reduce_on_stream(c, group, group_size, data, count,
+                                         COMM_FLOAT32, op, r->stream,
+                                         err) != 0 ||
+                   exchange_wait_stream(c, r->stream, "all-reduce", err) != 0
+               ? -1
+               : 0;
+}
+
+static int exchange_reduce_scatter(const comm *c, const int *group,
+                                   int group_size, float *data,
+                                   const size_t *chunk_offsets, pt_error *err)
+{
+    exchange_rank *r = &exchange_world(c)->ranks[c->rank];
+    if (!r->open)
+        return pt_fail(err, "rank %d: reduce-scatter: the rank's exchange "
+                            "is not open",
+                       c->rank);
+    return exchange_reduce_scatter_on_stream(c, group, group_size, data,
+                                             chunk_offsets, r->stream,
+                                             err) != 0 ||
+                   exchange_wait_stream(c, r->stream, "reduce-scatter",
+                                        err) != 0
+               ? -1
+               : 0;
+}
+
+static int exchange_all_gather(const comm *c, const int *group,
+                               int group_size, float *data,
+                               const size_t *chunk_offsets, pt_error *err)
+{
+    exchange_rank *r = &exchange_world(c)->ranks[c->rank];
+    if (!r->open)
+        return pt_fail(err, "rank %d: all-gather: the rank's exchange is "
+                            "not open",
+                       c->rank);
+    return exchange_all_gather_on_stream(c, group, group_size, data,
+                                         chunk_offsets, r->stream,
+                                         err) != 0 ||
+                   exchange_wait_stream(c, r->stream, "all-gather", err) != 0
+               ? -1
+               : 0;
+}
+
+static int exchange_wait(const comm *c, void *stream, const char *operation,
+                         pt_error *err)
+{
+    if (!exchange_world(c)->ranks[c->rank].open)
+        return pt_fail(err, "rank %d: %s: the rank's exchange is not open",
+                       c->rank, operation);
+    return exchange_wait_stream(c, (cudaStream_t)stream, operation, err);
+}
+
+static void exchange_abort(const comm *c, const char *reason)
+{
+    mark_failed(exchange_world(c), c->rank, reason);
+}
+
+static int exchange_failed_rank(const comm *c, char *reason,
+                                size_t reason_size)
+{
+    comm_exchange *world = exchange_world(c);
+    pthread_mutex_lock(&world->lock);
+    int rank = comm_failure_get(&world->failure, reason, reason_size);
+    pthread_mutex_unlock(&world->lock);
+    return rank;
+}
+
+static const comm_stream_ops exchange_stream_ops = {
+    .all_reduce = exchange_all_reduce_on_stream,
+    .reduce_scatter = exchange_reduce_scatter_on_stream,
+    .all_gather = exchange_all_gather_on_stream,
+    .wait = exchange_wait,
+};
+
+static const comm_ops exchange_ops = {
+    .name = "device exchange",
+    .send = exchange_send,
+    .recv = exchange_recv,
+    .all_reduce = exchange_all_reduce,
+    .all_reduce_host = exchange_all_reduce_host,
+    .reduce_scatter = exchange_reduce_scatter,
+    .all_gather = exchange_all_gather,
+    .barrier = exchange_barrier,
+    .abort = exchange_abort,
+    .failed_rank = exchange_failed_rank,
+    .on_stream = &exchange_stream_ops,
+};
+
+/* -------------------------------------------------------------- world */
+
+static int check_links(int size, const link_spec *links, pt_error *err)
+{
+    for (int a = 0; links != NULL && a < size; a++)
+        for (int b = 0; b < size; b++) {
+            link_spec l = links[a * size + b];
+            if (!(l.bandwidth_bytes_per_s >= 0.0) || !(l.latency_s >= 0.0) ||
+                !isfinite(l.bandwidth_bytes_per_s) || !isfinite(l.latency_s))
+                return pt_fail(err, "device exchange: the link between "
+                                    "ranks %d and %d has bandwidth %g B/s "
+                                    "and latency %g s; both must be finite "
+                                    "and not negative",
+                               a, b, l.bandwidth_bytes_per_s, l.latency_s);
+        }
+    return 0;
+}
+
+static void free_world(comm_exchange *world)
+{
+    for (int rank = 0; world->mailboxes != NULL && rank < world->size; rank++)
+        for (comm_envelope *m = world->mailboxes[rank].head; m != NULL;) {
+            comm_envelope *next = m->next;
+            free(m);
+            m = next;
+        }
+    exchange_free_channels(world);
+    free(world->mailboxes);
+    free(world->ranks);
+    free(world->links);
+    pthread_cond_destroy(&world->changed);
+    pthread_mutex_destroy(&world->lock);
+    free(world);
+}
+
+int comm_exchange_create(int size, const link_spec *links, double timeout_s,
+                         comm_exchange **out, pt_error *err)
+{
+    *out = NULL;
+    if (size < 2 || size > COMM_EXCHANGE_MAX_RANKS || !(timeout_s > 0.0))
+        return pt_fail(err, "device exchange: needs 2 to %d ranks and a "
+                            "positive timeout, got %d ranks and %g s",
+                       COMM_EXCHANGE_MAX_RANKS, size, timeout_s);
+    if (check_links(size, links, err) != 0)
+        return -1;
+    comm_exchange *world = calloc(1, sizeof *world);
+    if (world == NULL)
+        return pt_fail(err, "device exchange: out of memory");
+    pthread_mutex_init(&world->lock, NULL);
+    pthread_condattr_t attributes;
+    pthread_condattr_init(&attributes);
+    pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC);
+    pthread_cond_init(&world->changed, &attributes);
+    pthread_condattr_destroy(&attributes);
+    comm_failure_init(&world->failure);
+    atomic_init(&world->failed, false);
+    world->size = size;
+    world->timeout_s = timeout_s;
+    world->device = -1;
+    size_t pairs = (size_t)size * (size_t)size;
+    world->ranks = calloc((size_t)size, sizeof *world->ranks);
+    world->mailboxes = calloc((size_t)size, sizeof *world->mailboxes);
+    if (links != NULL) {
+        world->links = malloc(pairs * sizeof *world->links);
+        if (world->links != NULL)
+            memcpy(world->links, links, pairs * sizeof *links);
+    }
+    if (world->ranks == NULL || world->mailboxes == NULL ||
+        (links != NULL && world->links == NULL)) {
+        free_world(world);
+        return pt_fail(err, "device exchange: out of memory for %d ranks",
+                       size);
+    }
+    *out = world;
+    return 0;
+}
+
+void comm_exchange_destroy(comm_exchange *world)
+{
+    if (world != NULL)
+        free_world(world);
+}
+
+comm comm_exchange_rank(comm_exchange *world, int rank)
+{
+    return (comm){.ops = &exchange_ops, .shared = world, .rank = rank,
+                  .size = world->size};
+}
+
+#define OPEN_TRY(call)                                                       \
+    do {                                                                     \
+        cudaError_t open_status_ = (call);                                   \
+        if (open_status_ != cudaSuccess)                                     \
+            return pt_fail(err, "rank %d: device exchange: %s failed: %s",   \
+                           rank, #call, cudaGetErrorString(open_status_));   \
+    } while (0)
+
+/* Every rank of the world works on one GPU: the first to open sets it. */
+static int claim_device(comm_exchange *world, int rank, int device,
+                        pt_error *err)
+{
+    pthread_mutex_lock(&world->lock);
+    int first = world->device;
+    if (first < 0)
+        world->device = device;
+    pthread_mutex_unlock(&world->lock);
+    if (first >= 0 && first != device)
+        return pt_fail(err, "rank %d: device exchange: the rank is on cuda "
+                            "device %d, the others on device %d; the "
+                            "exchange joins ranks of one GPU",
+                       rank, device, first);
+    return 0;
+}
+
+int comm_exchange_rank_open(comm_exchange *world, int rank, pt_error *err)
+{
+    if (rank < 0 || rank >= world->size)
+        return pt_fail(err, "device exchange: no rank %d in a world of %d",
+                       rank, world->size);
+    exchange_rank *r = &world->ranks[rank];
+    if (r->open)
+        return 0;
+    int device = -1;
+    OPEN_TRY(cudaGetDevice(&device));
+    if (claim_device(world, rank, device, err) != 0)
+        return -1;
+    r->device = device;
+    r->open = true; /* from here on, close frees what was made */
+    if (cuda_rank_stream_create(&r->stream, err) != 0)
+        return -1;
+    OPEN_TRY(cudaEventCreateWithFlags(&r->host_wait, cudaEventDisableTiming));
+    size_t bytes = EXCHANGE_STAMPS * sizeof *r->stamps;
+    comm handle = comm_exchange_rank(world, rank);
+    if (reserve_bytes(&handle, bytes, "the exchange's clock slots", err) != 0)
+        return -1;
+    OPEN_TRY(cudaMalloc((void **)&r->stamps, bytes));
+    return 0;
+}
+
+void comm_exchange_rank_close(comm_exchange *world, int rank)
+{
+    if (rank < 0 || rank >= world->size || !world->ranks[rank].open)
+        return;
+    exchange_rank *r = &world->ranks[rank];
+    cudaSetDevice(r->device);
+    /* receivers' copies may still read the staging buffers: cudaFree
+     * waits for the device, whose work never waits on a host */
+    for (int i = 0; i < r->staging_count; i++) {
+        exchange_staging *b = &r->staging[i];
+        if (b->data != NULL) {
+            cudaFree(b->data);
+            release_bytes(r, b->capacity * sizeof(float));
+        }
+        if (b->released != NULL)
+            cudaEventDestroy(b->released);
+    }
+    exchange_close_channels(world, rank);
+    if (r->stamps != NULL) {
+        cudaFree(r->stamps);
+        release_bytes(r, EXCHANGE_STAMPS * sizeof *r->stamps);
+    }
+    if (r->host_wait != NULL)
+        cudaEventDestroy(r->host_wait);
+    if (r->stream != NULL)
+        cudaStreamDestroy(r->stream);
+    cudaGetLastError(); /* what failed here was already reported */
+    exchange_rank closed = {.device = r->device,
+                            .peak_device_bytes = r->peak_device_bytes};
+    *r = closed;
+}
+
+double comm_exchange_rank_peak_bytes(comm_exchange *world, int rank)
+{
+    return rank >= 0 && rank < world->size
+               ? world->ranks[rank].peak_device_bytes
+               : 0.0;
+}

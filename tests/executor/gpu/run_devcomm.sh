@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# Communication that stays on the device (issue 16), on ONE GPU (an H100
+# or H200), in one call of under 9 minutes: the checks, then plans for 2
+# and 4 "GPUs" run on slices of the GPU over the device exchange, paced to
+# emulated NVLink (450 GB/s, 5 us), each against `partita estimate` of
+# the emulated cluster. Logs, profiles, plans and run.json files go to
+# LOG_DIR; a summary table comes last.
+#
+#   1. test_device_exchange: the device exchange itself (crossing sends,
+#      collectives blocking and on the stream, pacing within a tolerance,
+#      aborts and timeouts);
+#   2. test_cuda_tensor_parallel: the tp 2 pair over the host-staged comm
+#      and over the device exchange (bf16 sums on the stream) against the
+#      unsplit stage;
+#   3. run_parallel.sh SHARED=1 SHARED_COMM=auto: `partita exec` of a
+#      small GPT on one GPU, then pp 2, dp 2 (its sums in buckets during
+#      the last backward), dp 2 with ZeRO-1 and tp 2 on two slices over
+#      the device exchange, losses against one GPU; pp 2 and dp 2 again
+#      over the host-staged comm: the same losses bit for bit;
+#   4. profiles of the slices (`partita profile --quick` at 64 and 32 SMs,
+#      and the whole GPU, for the shapes the plans use), so the estimates
+#      price what the slices compute;
+#   5. the benchmark: GPT-2 1.5B with 26 heads (models/gpt2-xl-26h.json)
+#      on the whole GPU (the baseline), then tp 2, dp 2 and pp 2 on two
+#      slices of 64 SMs, pp 4 on four of 32; the 24-head shape
+#      (models/gpt2-xl-24h.json) on the whole GPU and as tp 4. Every run
+#      gets `partita estimate` of its plan; a second table holds rank 0's
+#      forward and backward against the profile of its slice measured
+#      alone (what a busy neighbour costs: slices share the GPU's memory
+#      bandwidth and L2). Targets: tokens/s over the baseline's (one
+#      rank, whole GPU) tp 2 >= 0.80, dp 2 >= 0.95, pp 2 >= 0.90; every
+#      step within 10 % of its estimate. Last, the README's pipeline on
+#      one GPU (GPT-2 124M, pp 2 on 80 + 40 SMs, links of 25 GB/s and
+#      20 us) against its estimate with its slices' profiles.
+#
+# Usage: tests/executor/gpu/run_devcomm.sh BUILD_DIR LOG_DIR
+#   BUILD_DIR  a meson build made with -Dcuda=enabled (NCCL not needed)
+# Environment: ITERS (4) and WARMUP (2) iterations of the benchmark runs;
+# ROWS the benchmark rows (default all, in the order above); BUDGET_S
+# (420): no benchmark row starts after the batch has run this long (a row
+# is killed after 110 s), so that the whole stays under 9 minutes;
+# SKIP_TESTS=1 runs the benchmark only. Exit status 0 when every check passed and every row ran (a missed
+# target is reported, not a failure), else 1.
+set -u
+build=$(cd "${1:?usage: run_devcomm.sh BUILD_DIR LOG_DIR}" && pwd)
+mkdir -p "${2:?usage: run_devcomm.sh BUILD_DIR LOG_DIR}"
+logs=$(cd "$2" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+partita="$build/cli/partita"
+iters=${ITERS:-4}
+warmup=${WARMUP:-2}
+budget=${BUDGET_S:-420}
+rows=${ROWS:-"one-gpu-26h tp2 dp2 pp2 pp4 one-gpu-24h tp4 readme-pp2"}
+export PARTITA_SOURCE="$root"
+[ -d "$build/lib" ] && export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+SECONDS=0
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "SKIP run_devcomm.sh: no GPU visible"
+    exit 0
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv |
+    tee "$logs/nvidia-smi.txt"
+# the GPU type the cluster files name ("H200"), and its sliced types
+gpu_type=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 |
+    awk '{ for (i = 1; i <= NF; i++) if ($i ~ /[0-9]/) { print $i; exit } }')
+echo "# GPU type: $gpu_type; slices $gpu_type-64SM (2) and $gpu_type-32SM (4)"
+
+declare -a summary
+status=0
+note() { summary+=("$(printf '%-28s %-4s %s' "$1" "$2" "$3")"); }
+# step NAME SECONDS COMMAND...: runs it (killed after SECONDS) into
+# LOG_DIR/NAME.log and prints its PASS / FAIL / NOTE lines
+step() {
+    local name=$1 limit=$2; shift 2
+    local log="$logs/$name.log" start=$SECONDS
+    timeout -k 10 "$limit" "$@" >"$log" 2>&1
+    local rc=$?
+    grep -E '^(PASS|FAIL|SKIP|NOTE|#|ALL|SOME|exec:)' "$log" | tail -30
+    if [ $rc -eq 77 ]; then
+        note "$name" SKIP "($log)"
+    elif [ $rc -ne 0 ]; then
+        tail -4 "$log"; status=1
+        note "$name" FAIL "exit $rc, $((SECONDS - start)) s ($log)"
+    else
+        note "$name" PASS "$((SECONDS - start)) s"
+    fi
+    return $rc
+}
+
+# ----------------------------------------------------------------- checks
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+    echo "== test_device_exchange"
+    step test_device_exchange 120 "$build/tests/executor/gpu/test_device_exchange"
+    echo "== test_cuda_tensor_parallel"
+    step test_cuda_tensor_parallel 150 \
+        "$build/tests/executor/gpu/test_cuda_tensor_parallel"
+    echo "== partita exec over the device exchange against one GPU"
+    step exec-losses 240 env SHARED=1 SHARED_COMM=auto ITERS=20 \
+        LOSS_ROWS="pp2 dp2 dp2-zero1 tp2" SKIP_RESUME=1 SKIP_HETERO=1 \
+        SKIP_BENCH=1 "$here/run_parallel.sh" "$build" "$logs/losses"
+    # pp 2 and dp 2 move and sum fp32 in the same order over either comm
+    # (the dp sums bucket by bucket during the last backward over the
+    # exchange, after it over the host): the same losses, bit for bit
+    for name in pp2 dp2; do
+        step "exec-$name-host" 60 "$partita" exec \
+            "$logs/losses/plans/$name.json" --data "$logs/losses/corpus" \
+            --backend cuda --gpu-comm host --iters 20 --log-interval 10 \
+            -o "$logs/$name-host.run.json" &&
+            step "same-$name" 10 python3 "$here/parallel_checks.py" losses \
+                "$logs/$name-host.run.json" "$logs/losses/$name.run.json" \
+                "$name: device exchange against host-staged" 0 0
+    done
+fi
+
+# --------------------------------------------------------------- profiles
+data="$logs/corpus"
+"$partita" prep "$root/data/corpus.txt" -o "$data" >"$logs/prep.log" 2>&1 ||
+    { echo "FAIL partita prep"; cat "$logs/prep.log"; exit 1; }
+profiles="$logs/profiles"
+mkdir -p "$profiles"
+both="$root/models/gpt2-xl-26h.json,$root/models/gpt2-xl-24h.json"
+# profile NAME MODELS TP_LIST [--sm-limit N]: the points the plans use
+profile() {
+    local name=$1 models=$2 tp=$3; shift 3
+    echo "== partita profile $name (tp $tp, mbs 4)"
+    step "profile-$name" 120 "$partita" profile --model "$models" \
+        --gpu-name "$name" --tp "$tp" --mbs 4 --quick --no-comm "$@" \
+        -o "$profiles/$name.json"
+}
+profile "$gpu_type" "$both" 1
+profile "$gpu_type-64SM" "$root/models/gpt2-xl-26h.json" 1,2 --sm-limit 64
+profile "$gpu_type-32SM" "$both" 1,4 --sm-limit 32
+# the README's pipeline on one GPU: GPT-2 124M on 80 + 40 SMs
+profile "$gpu_type-80SM" "$root/models/gpt2-124m.json" 1 --sm-limit 80
+profile "$gpu_type-40SM" "$root/models/gpt2-124m.json" 1 --sm-limit 40
+
+# ------------------------------------------------------------------ plans
+mkdir -p "$logs/plans"
+# cluster SLICES SM_LIMIT: one node of SLICES "GPUs", each a slice of
+# GPU 0 (SM_LIMIT 0: the whole GPU), linked by emulated NVLink
+cluster() {
+    local slices=$1 sms=$2 type=$gpu_type devices="" i
+    [ "$sms" -gt 0 ] && type="$gpu_type-${sms}SM"
+    for ((i = 0; i < slices; i++)); do
+        [ $i -gt 0 ] && devices+=", "
+        if [ "$sms" -gt 0 ]; then
+            devices+="{ \"index\": 0, \"sm_limit\": $sms }"
+        else
+            devices+="{ \"index\": 0 }"
+        fi
+    done
+    printf '{ "name": "one-%s-%dx%s", "nodes": [ { "name": "gpu0", "gpu": "%s", "gpus": %d, "intra_node": { "bandwidth_GBps": 450, "latency_us": 5 }, "inter_node": { "bandwidth_GBps": 450, "latency_us": 5 }, "devices": [ %s ] } ] }' \
+        "$gpu_type" "$slices" "$sms" "$type" "$slices" "$devices"
+}
+# plan NAME MODEL SLICES SM_LIMIT "tp dp pp" GBS [PARTITION]
+plan() {
+    local name=$1 model=$2 slices=$3 sms=$4 degrees=$5 gbs=$6
+    local partition=${7:-} extra=""
+    read -r tp dp pp <<<"$degrees"
+    [ -n "$partition" ] && extra=", \"partition\": \"$partition\""
+    cat >"$logs/plans/$name.json" <<JSON
+{ "format": "partita-plan/1",
+  "model": "$root/models/$model.json",
+  "cluster": $(cluster "$slices" "$sms"),
+  "gbs": $gbs, "mbs": 4, "tp": $tp, "dp": $dp, "pp": $pp,
+  "schedule": "1f1b", "precision": "bf16"$extra }
+JSON
+}
+# per slice, the baseline's 8 micro-batches of 4; the head costs about 2.4
+# layers, so the last stage holds fewer
+plan one-gpu-26h gpt2-xl-26h 1 0 "1 1 1" 32
+plan tp2 gpt2-xl-26h 2 64 "2 1 1" 64
+plan dp2 gpt2-xl-26h 2 64 "1 2 1" 64
+plan pp2 gpt2-xl-26h 2 64 "1 1 2" 64 23-21
+plan pp4 gpt2-xl-26h 4 32 "1 1 4" 128 12-12-11-9
+plan one-gpu-24h gpt2-xl-24h 1 0 "1 1 1" 32
+plan tp4 gpt2-xl-24h 4 32 "4 1 1" 64
+# the README's example (docs/examples/plan-pp2-one-h200.json) with its
+# slices' own profiles (the file names the whole-GPU type for 80 SMs)
+sed -e "s|\"../../models/|\"$root/models/|" \
+    -e "s|\"gpu\": \"H200\"|\"gpu\": \"$gpu_type-80SM\"|" \
+    -e "s|\"gpu\": \"H200-40SM\"|\"gpu\": \"$gpu_type-40SM\"|" \
+    "$root/docs/examples/plan-pp2-one-h200.json" >"$logs/plans/readme-pp2.json"
+
+# -------------------------------------------------------------- benchmark
+bench="$logs/bench"
+mkdir -p "$bench"
+ran=()
+for name in $rows; do
+    if [ "$SECONDS" -ge "$budget" ]; then
+        echo "SKIP $name: the batch has run $SECONDS s (BUDGET_S $budget)"
+        note "bench-$name" SKIP "out of time ($SECONDS s)"
+        status=1
+        continue
+    fi
+    row_iters=$iters
+    [ "$name" = readme-pp2 ] && row_iters=$((iters * 3))
+    echo "== $name ($row_iters iterations)"
+    "$partita" estimate "$logs/plans/$name.json" --json \
+        --profiles "$profiles" >"$bench/$name.estimate.json" \
+        2>"$bench/$name.estimate.log" ||
+        { echo "NOTE $name: no estimate"; tail -2 "$bench/$name.estimate.log"; }
+    step "bench-$name" 110 "$partita" exec "$logs/plans/$name.json" \
+        --data "$data" --backend cuda --iters "$row_iters" \
+        --log-interval "$row_iters" --comm-timeout 120 \
+        -o "$bench/$name.run.json" && ran+=("$name")
+done
+
+table_rows=()
+for name in $rows; do
+    case $name in
+        one-gpu-26h|one-gpu-24h) table_rows+=("$name:-:-:1") ;;
+        tp2) table_rows+=("$name:one-gpu-26h:0.80:1") ;;
+        dp2) table_rows+=("$name:one-gpu-26h:0.95:1") ;;
+        pp2) table_rows+=("$name:one-gpu-26h:0.90:1") ;;
+        pp4) table_rows+=("$name:one-gpu-26h:-:1") ;;
+        readme-pp2) table_rows+=("$name:-:-:1") ;;
+        tp4) table_rows+=("$name:one-gpu-24h:-:1") ;;
+        *) table_rows+=("$name:-:-:1") ;;
+    esac
+done
+echo
+echo "Benchmark on one $gpu_type: ratio = tokens/s over the one rank on the"
+echo "whole GPU; then rank 0's phases against its slice's profile"
+python3 "$root/bench/parallel/table.py" "$warmup" "$bench" \
+    "${table_rows[@]}" | tee "$logs/table.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+echo
+echo "Summary (logs in $logs, $SECONDS s in all):"
+for line in "${summary[@]}"; do echo "  $line"; done
+[ $status -eq 0 ] && echo "ALL DEVCOMM CHECKS PASSED" ||
+    echo "SOME DEVCOMM CHECKS FAILED"
+exit $status
