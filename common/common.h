@@ -338,6 +338,11 @@ typedef struct roofline_params {
                                       reaches full memory bandwidth */
 } roofline_params;
 
+/* What a measured profile's workspace_gib adds to the CUDA context it
+ * measured: cuBLAS workspaces and NCCL's own buffers, which a profile
+ * cannot see before the plan (GiB). */
+#define PROFILE_WORKSPACE_ALLOWANCE_GIB 0.5
+
 /* One GPU type's costs: profiles/<gpu>.json in memory. Owned by
  * common/profile.c, which reads it (profile_from_json) and writes it
  * (profile_to_json) for every writer: `partita profile` fills one from
@@ -355,7 +360,9 @@ typedef struct profile {
     bool flash_attention;         /* the layers measured keep no attention
                                      scores (fused attention): memory
                                      drops Korthikanti's 5 a s / h term */
-    double workspace_gib;         /* CUDA context, cuBLAS, NCCL buffers */
+    double workspace_gib;         /* CUDA context, cuBLAS, NCCL buffers:
+                                     a measured profile's context plus
+                                     PROFILE_WORKSPACE_ALLOWANCE_GIB */
     double optimizer_s_per_param; /* AdamW step time per parameter */
     /* efficiency model: prices shapes the profile does not hold */
     double peak_tflops;           /* dense bf16/fp16 tensor peak */

@@ -254,11 +254,18 @@ typedef struct stage_terms {
  * pt_memory_terms), as a linear function of its transformer layers:
  * fixed + layers x per_layer. The formulas mirror what the executor's
  * cuda backend allocates (docs/cost-model.md, "Memory per GPU"); the
- * context term is the profile's workspace_gib. */
+ * context term is costmodel_context_bytes. */
 typedef struct stage_memory {
     pt_memory_terms fixed;
     pt_memory_terms per_layer;
 } stage_memory;
+
+/* The context term of a GPU of type `type`: the profile's workspace_gib;
+ * for a plan of one rank on a measured profile less its allowance for
+ * NCCL's buffers and cuBLAS workspaces (no communicator is made, and the
+ * cuBLASLt workspace is a term of its own). */
+double costmodel_context_bytes(const costmodel *cm,
+                               const parallel_config *config, int type);
 
 /* The memory of stage `stage` of config (its largest rank: tensor-
  * parallel rank 0, ZeRO-1 shard 0), context_bytes for the context. */

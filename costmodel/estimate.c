@@ -192,7 +192,7 @@ static int price_stages(costmodel *cm, const parallel_config *config,
         stage_memory memory;
         costmodel_stage_memory(
             &cm->model, config, s,
-            cm->profiles[place->small_type].workspace_gib * PT_GIB, &memory);
+            costmodel_context_bytes(cm, config, place->small_type), &memory);
         stage_memory_at(&memory, layers, &st->memory);
         st->memory_cap_bytes = terms.cap_bytes;
         scratch->schedule[s] = (schedule_stage){st->forward_s, st->backward_s,

@@ -226,6 +226,17 @@ void costmodel_stage_memory(const model_shape *model,
     fixed->bytes[PT_MEMORY_CONTEXT] = context_bytes;
 }
 
+double costmodel_context_bytes(const costmodel *cm,
+                               const parallel_config *config, int type)
+{
+    const profile *prof = &cm->profiles[type];
+    double gib = prof->workspace_gib;
+    bool one_rank = config->tp * config->dp * config->pp == 1;
+    if (one_rank && prof->source == PROFILE_MEASURED)
+        gib = fmax(0.0, gib - PROFILE_WORKSPACE_ALLOWANCE_GIB);
+    return gib * PT_GIB;
+}
+
 void stage_memory_at(const stage_memory *memory, int layers,
                      pt_memory_terms *out)
 {

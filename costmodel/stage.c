@@ -114,7 +114,10 @@ void costmodel_terms_from_costs(const costmodel *cm,
     /* memory: docs/cost-model.md, "Memory per GPU" (memory.c) */
     double workspace = cm->profiles[self->small_type].workspace_gib * PT_GIB;
     stage_memory memory;
-    costmodel_stage_memory(model, config, stage, workspace, &memory);
+    costmodel_stage_memory(model, config, stage,
+                           costmodel_context_bytes(cm, config,
+                                                   self->small_type),
+                           &memory);
     out->fixed_bytes = pt_memory_terms_total(&memory.fixed, true);
     out->per_layer_bytes = pt_memory_terms_total(&memory.per_layer, true);
     out->cap_bytes = small->memory_cap_bytes + workspace;

@@ -14,10 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Memory the measurement cannot see taken before the model: cuBLAS
- * workspaces and NCCL buffers, on top of the measured CUDA context. */
-#define WORKSPACE_ALLOWANCE_GIB 0.5
-
 /* The profile's name for a device: its first word with a digit, cut at
  * a '-' ("NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA A100-SXM4-40GB" ->
  * "A100"), and "-<N>SM" under an SM limit. */
@@ -213,7 +209,7 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
     snprintf(workspace, sizeof workspace,
              "the CUDA context as measured plus %.1f GiB for cuBLAS "
              "workspaces and NCCL buffers",
-             WORKSPACE_ALLOWANCE_GIB);
+             PROFILE_WORKSPACE_ALLOWANCE_GIB);
     if (ctx->options->backend == BACKEND_CUDA)
         json_put(obj, "workspace", json_string(workspace), failures);
     json_put(obj, "skipped", skipped_json(ctx, failures), failures);
@@ -295,7 +291,7 @@ static int measured_profile(const profiler_writeup *ctx, profile *out)
         .flash_attention = true,
         .workspace_gib = ctx->options->backend == BACKEND_CUDA
                              ? d->context_bytes / PT_GIB +
-                                   WORKSPACE_ALLOWANCE_GIB
+                                   PROFILE_WORKSPACE_ALLOWANCE_GIB
                              : 0.0,
         .optimizer_s_per_param = r->optimizer_s_per_param};
     pt_copy_string(out->gpu, sizeof out->gpu, ctx->gpu);

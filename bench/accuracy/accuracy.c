@@ -37,6 +37,9 @@ typedef struct suite_row {
     int stage_count;
     pt_memory_terms *estimated_terms;     /* owned */
     pt_memory_terms *measured_terms;      /* owned; NULL: the run has none */
+    bool memory_with_context; /* the memory compared counts the CUDA
+                                 context on both sides (measured for
+                                 every stage) */
     bool has_run;
     char problem[sizeof(pt_error)]; /* why a row has no comparison */
 } suite_row;
@@ -136,6 +139,37 @@ static bool run_has_terms(const run_record *run)
     return false;
 }
 
+/* The total of the terms measured (NAN bytes left out). */
+static double measured_total(const pt_memory_terms *terms, bool with_context)
+{
+    double sum = 0.0;
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+        if ((with_context || t != PT_MEMORY_CONTEXT) && !isnan(terms->bytes[t]))
+            sum += terms->bytes[t];
+    return sum;
+}
+
+/* Where the run measured the context of every stage (ranks alone on
+ * their GPUs), the memory compared is the whole device memory in use:
+ * every term and the context, on both sides, the largest stage's. */
+static void compare_with_context(suite_row *row)
+{
+    if (row->measured_terms == NULL)
+        return;
+    double estimated = 0.0, measured = 0.0;
+    for (int s = 0; s < row->stage_count; s++) {
+        if (isnan(row->measured_terms[s].bytes[PT_MEMORY_CONTEXT]))
+            return;
+        estimated = fmax(estimated,
+                         pt_memory_terms_total(&row->estimated_terms[s], true));
+        measured = fmax(measured,
+                        measured_total(&row->measured_terms[s], true));
+    }
+    row->memory_with_context = true;
+    row->estimated_memory_gib = estimated / PT_GIB;
+    row->measured_memory_gib = measured / PT_GIB;
+}
+
 /* Each stage's measured terms: those of its rank with the largest peak. */
 static int keep_measured_terms(const plan *p, const run_record *run,
                                suite_row *row)
@@ -203,6 +237,7 @@ static int compare_plan(const char *plans_dir, const char *runs_dir,
         status = keep_measured_terms(&p, &run, row) == 0
                      ? 0
                      : pt_fail(err, "out of memory");
+        compare_with_context(row);
     }
     run_record_free(&run);
 no_run:
@@ -242,16 +277,27 @@ static void write_table(FILE *out, const suite_row *rows, int count)
                      memory, sizeof memory);
         format_error(r->forward_error, forward, sizeof forward);
         format_error(r->backward_error, backward, sizeof backward);
-        fprintf(out, "| %s | %s | %.1f ms | %.1f ms | %s | %.2f GiB | "
-                     "%.2f GiB | %s | %s | %s |\n",
+        const char *mark = r->memory_with_context ? " (c)" : "";
+        fprintf(out, "| %s | %s | %.1f ms | %.1f ms | %s | %.2f GiB%s | "
+                     "%.2f GiB%s | %s | %s | %s |\n",
                 r->name, r->layout, 1e3 * r->estimated_step_s,
                 1e3 * r->measured_step_s, step, r->estimated_memory_gib,
-                r->measured_memory_gib, memory, forward, backward);
+                mark, r->measured_memory_gib, mark, memory, forward,
+                backward);
     }
 }
 
 static void write_summary(FILE *out, const suite_row *rows, int count)
 {
+    for (int i = 0; i < count; i++)
+        if (rows[i].has_run && rows[i].memory_with_context) {
+            fprintf(out, "\n(c): the whole device memory in use, the CUDA "
+                         "context included (measured: cudaMemGetInfo, for "
+                         "ranks alone on their GPU); elsewhere the memory "
+                         "the ranks allocated, the context left out on "
+                         "both sides.\n");
+            break;
+        }
     double step_sum = 0.0, step_max = 0.0, memory_sum = 0.0,
            memory_max = 0.0;
     int measured = 0;
@@ -331,10 +377,7 @@ static void write_term_table(FILE *out, const suite_row *rows, int count)
                 fprintf(out, " %s |", pair);
             }
             double estimated = pt_memory_terms_total(e, false);
-            double measured = 0.0;
-            for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
-                if (t != PT_MEMORY_CONTEXT && !isnan(m->bytes[t]))
-                    measured += m->bytes[t];
+            double measured = measured_total(m, false);
             char error[32];
             format_error(report_error_percent(estimated, measured), error,
                          sizeof error);

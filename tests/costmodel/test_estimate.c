@@ -579,6 +579,31 @@ static void dp_event(const estimate *e, int stage, double *start, double *end)
     fail_msg("no dp_allreduce event on stage %d", stage);
 }
 
+/* The context term: the profile's workspace_gib, less its allowance for
+ * NCCL and cuBLAS for a plan of one rank on a measured profile (no
+ * communicator), never below 0; a derived profile keeps it whole. */
+static void context_of_one_rank_leaves_the_allowance_out(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    parallel_config one = config_of(8, 1, 1, 1, 1);
+    parallel_config two = config_of(8, 1, 1, 2, 1);
+    f.cm.profiles[0].workspace_gib = 1.25;
+    assert_true(close_to(costmodel_context_bytes(&f.cm, &one, 0),
+                         (1.25 - PROFILE_WORKSPACE_ALLOWANCE_GIB) * PT_GIB,
+                         1e-12));
+    assert_true(close_to(costmodel_context_bytes(&f.cm, &two, 0),
+                         1.25 * PT_GIB, 1e-12));
+    f.cm.profiles[0].workspace_gib = 0.25;
+    assert_true(costmodel_context_bytes(&f.cm, &one, 0) == 0.0);
+    f.cm.profiles[0].source = PROFILE_DERIVED;
+    assert_true(close_to(costmodel_context_bytes(&f.cm, &one, 0),
+                         0.25 * PT_GIB, 1e-12));
+    fixture_close(&f);
+}
+
 /* The end of a stage's last backward in an estimate. */
 static double last_backward_end(const estimate *e, int stage)
 {
@@ -668,6 +693,7 @@ int main(void)
         cmocka_unit_test(step_figures_follow_from_the_timeline),
         cmocka_unit_test(notes_reach_the_estimate_context),
         cmocka_unit_test(dp_overlap_hides_the_reduction),
+        cmocka_unit_test(context_of_one_rank_leaves_the_allowance_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
