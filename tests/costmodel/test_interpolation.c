@@ -18,10 +18,10 @@
  * states: largest |priced / measured - 1| of a layer's forward plus
  * backward, and of any single part and direction, for shapes with
  * measured neighbours on both sides and on one side. */
-#define BOUND_LAYER_BETWEEN 0.04
-#define BOUND_ANY_BETWEEN 0.24
+#define BOUND_LAYER_BETWEEN 0.05
+#define BOUND_ANY_BETWEEN 0.36
 #define BOUND_LAYER_ONE_SIDE 0.13
-#define BOUND_ANY_ONE_SIDE 0.42
+#define BOUND_ANY_ONE_SIDE 0.48
 
 static const char *const measured_profiles[] = {"H100", "H200", "H200-40SM",
                                                 "H200-16SM"};
