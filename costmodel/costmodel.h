@@ -70,8 +70,11 @@ int costmodel_open_with_profiles(costmodel *cm, const model_shape *model,
 int costmodel_prepare(costmodel *cm, const parallel_config *config,
                       pt_error *err);
 
-/* The least share of a dp reduction the step waits for: 1 with overlap
- * off, else 1 - hidden_fraction (for the planner's floors). */
+/* The least share of a dp reduction the step waits for, for the
+ * planner's floors: 1 - hidden_fraction under the bucket-by-bucket model
+ * (dp_overlap on); 0 under the default closed form, whose exposed part,
+ * max(R x tail, R - B), can be as small as one bucket's share, which a
+ * floor over fewer layers cannot bound from below. */
 double costmodel_dp_overlap_floor_share(const costmodel *cm);
 
 /* ----------------------------------------------------- per-GPU-type costs */

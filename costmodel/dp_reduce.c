@@ -23,7 +23,7 @@ static double clamped_fraction(double fraction)
 double costmodel_dp_overlap_floor_share(const costmodel *cm)
 {
     if (!cm->dp_overlap.enabled)
-        return 1.0;
+        return 0.0;
     return 1.0 - clamped_fraction(cm->dp_overlap.hidden_fraction);
 }
 
