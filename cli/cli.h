@@ -58,6 +58,7 @@ typedef struct profile_arguments {
     const char *mbs_list;       /* --mbs, "1,2,4,8,16" */
     bool quick;
     bool no_comm;
+    bool missing_only;          /* --missing-only: complete -o's profile */
     bool compare;               /* --compare: compare_files, no measuring */
     double tolerance_percent;   /* --tolerance of --compare */
     const char *compare_files[2];
@@ -106,7 +107,12 @@ int cli_locate(const char *kind, const char *name_or_path, char *out,
 
 /* Tables shared by plan and estimate. */
 void print_notes(const costmodel *cm);
+/* "# not measured: ..." for every entry of est->pricing that was not
+ * measured, one line each, then how many were. */
+void print_pricing(const estimate *est);
 void print_stage_table(const plan *p, const estimate *est);
+/* Each stage's memory terms, GiB. */
+void print_memory_table(const estimate *est);
 void print_estimate_summary(const plan *p, const estimate *est);
 /* "a100 a10x7": runs of identical node types in pipeline order. */
 void format_node_order(const cluster *c, const int *order, int count,

@@ -11,6 +11,7 @@ static void print_estimate_help(void)
     printf(
         "usage: partita estimate PLAN [--json] [-o FILE]\n"
         "                             [--per-rank-timeline] [--profiles DIR]\n"
+        "                             [--dp-overlap F]\n"
         "\n"
         "Estimates a plan (written by 'partita plan' or by hand): per-stage\n"
         "forward, backward, send and all-reduce times, memory per GPU, and\n"
@@ -25,6 +26,11 @@ static void print_estimate_help(void)
         "  --per-rank-timeline  with --json or -o: the timeline once per\n"
         "                    rank (tp x dp times larger)\n"
         "  --profiles DIR    look for profiles/<gpu>.json here first\n"
+        "  --dp-overlap F    price the dp gradient reduction's overlap with\n"
+        "                    the backward bucket by bucket (25 MiB), F (0..1)\n"
+        "                    of what the buckets could hide hidden\n"
+        "                    (docs/cost-model.md 7.1; default: the closed\n"
+        "                    form of the executor's overlap)\n"
         "\n"
         "Exit status 2 when the plan is invalid or does not fit in memory.\n");
 }
@@ -34,17 +40,34 @@ typedef struct estimate_arguments {
     const char *profiles;
     const char *output;      /* the plan with its estimate; NULL: none */
     bool per_rank_timeline;
+    double dp_overlap;          /* -1: off */
 } estimate_arguments;
+
+/* --dp-overlap F: a fraction from 0 to 1; -1 (printed) otherwise. */
+static int parse_fraction(const char *text, double *out)
+{
+    char *end = NULL;
+    double value = strtod(text, &end);
+    if (end == text || *end != '\0' || !(value >= 0.0 && value <= 1.0)) {
+        fprintf(stderr, "partita estimate: --dp-overlap: expected a "
+                        "fraction from 0 to 1, got '%s'\n", text);
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
 
 static int parse_estimate_arguments(int argc, char **argv,
                                     estimate_arguments *args)
 {
-    enum { OPT_JSON = 256, OPT_PER_RANK_TIMELINE, OPT_PROFILES, OPT_HELP };
+    enum { OPT_JSON = 256, OPT_PER_RANK_TIMELINE, OPT_PROFILES, OPT_DP_OVERLAP,
+           OPT_HELP };
     static const struct option options[] = {
         {"json", no_argument, NULL, OPT_JSON},
         {"per-rank-timeline", no_argument, NULL, OPT_PER_RANK_TIMELINE},
         {"profiles", required_argument, NULL, OPT_PROFILES},
         {"output", required_argument, NULL, 'o'},
+        {"dp-overlap", required_argument, NULL, OPT_DP_OVERLAP},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
     optind = 1;
@@ -56,6 +79,10 @@ static int parse_estimate_arguments(int argc, char **argv,
         case 'o': args->output = optarg; break;
         case OPT_PER_RANK_TIMELINE: args->per_rank_timeline = true; break;
         case OPT_PROFILES: args->profiles = optarg; break;
+        case OPT_DP_OVERLAP:
+            if (parse_fraction(optarg, &args->dp_overlap) != 0)
+                return -1;
+            break;
         case OPT_HELP:
         case 'h': print_estimate_help(); return 1;
         default: return -1;
@@ -115,6 +142,13 @@ static int report_estimate(const estimate_arguments *args, const plan *p,
     } else {
         printf("# partita estimate: %s\n", args->plan_path);
         print_estimate_summary(p, est);
+        if (cm->dp_overlap.enabled)
+            printf("# dp overlap: gradients reduced in %.0f MiB buckets "
+                   "during the last backward, %.0f %% of what they could "
+                   "hide hidden\n",
+                   cm->dp_overlap.bucket_bytes / (1024.0 * 1024.0),
+                   cm->dp_overlap.hidden_fraction * 100.0);
+        print_pricing(est);
         print_notes(cm);
         if (write)
             printf("# wrote %s (the plan with its estimate)\n",
@@ -134,7 +168,7 @@ static int report_estimate(const estimate_arguments *args, const plan *p,
 
 int command_estimate(int argc, char **argv)
 {
-    estimate_arguments args = {0};
+    estimate_arguments args = {.dp_overlap = -1.0};
     int parsed = parse_estimate_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
@@ -153,11 +187,14 @@ int command_estimate(int argc, char **argv)
         plan_free(&p);
         return EXIT_BAD_INPUT;
     }
+    if (args.dp_overlap >= 0.0) {
+        cm.dp_overlap.enabled = true;
+        cm.dp_overlap.hidden_fraction = args.dp_overlap;
+    }
     estimate est;
     int status;
     if (costmodel_estimate(&cm, &p.config, p.node_order, p.node_order_count,
-                           p.partition, args.output != NULL, &est,
-                           &err) != 0) {
+                           p.partition, true, &est, &err) != 0) {
         cli_error_in("estimate", args.plan_path, err.message);
         status = EXIT_BAD_INPUT;
     } else {

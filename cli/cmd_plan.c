@@ -385,6 +385,7 @@ static int write_plan_file(const plan_arguments *args, const plan_inputs *in,
         plan_free(&best);
         return -1;
     }
+    print_pricing(&est);
     plan_json_sections sections = {
         .estimate = estimate_to_json(&est, &best.config,
                                      args->per_rank_timeline, err),

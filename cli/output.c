@@ -10,6 +10,26 @@ void print_notes(const costmodel *cm)
         printf("# note: %s\n", cm->notes[i]);
 }
 
+void print_pricing(const estimate *est)
+{
+    int measured = 0;
+    for (int i = 0; i < est->pricing_count; i++) {
+        const pricing_entry *entry = &est->pricing[i];
+        if (entry->method == PRICE_MEASURED) {
+            measured++;
+            continue;
+        }
+        printf("# not measured: %s %s, tp %d, micro-batch %d: %.3f ms "
+               "forward, %.3f ms backward: %s\n",
+               entry->gpu, entry->part, entry->tp, entry->mbs,
+               entry->forward_s * 1e3, entry->backward_s * 1e3, entry->how);
+    }
+    if (est->pricing_count > 0)
+        printf("# %d of %d profile entries measured (embedding, layer and "
+               "head of each GPU type pacing a stage)\n",
+               measured, est->pricing_count);
+}
+
 void format_node_order(const cluster *c, const int *order, int count,
                        char *out, size_t size)
 {
@@ -72,6 +92,30 @@ void print_stage_table(const plan *p, const estimate *est)
     }
 }
 
+/* Each stage's peak memory per GPU term by term (docs/cost-model.md,
+ * "Memory per GPU"), in GiB. */
+void print_memory_table(const estimate *est)
+{
+    static const char *const headers[PT_MEMORY_TERM_COUNT] = {
+        "weights", "mirror",  "grads",  "optim", "activ",  "logits",
+        "scratch", "cublas",  "comm",   "round", "context"};
+    printf("#\n# memory per GPU by term (GiB): fp32 weights, bf16 mirror, "
+           "fp32 gradients, AdamW state, activations kept, logits, backward "
+           "scratch, cuBLASLt workspace, comm buffers, allocator rounding, "
+           "CUDA context\n");
+    printf("# %5s", "stage");
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+        printf(" %8s", headers[t]);
+    printf(" %8s\n", "total");
+    for (int s = 0; s < est->stage_count; s++) {
+        const stage_estimate *stage = &est->stages[s];
+        printf("  %5d", s);
+        for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+            printf(" %8.3f", stage->memory.bytes[t] / PT_GIB);
+        printf(" %8.3f\n", stage->peak_memory_bytes / PT_GIB);
+    }
+}
+
 void print_estimate_summary(const plan *p, const estimate *est)
 {
     const parallel_config *config = &p->config;
@@ -94,6 +138,7 @@ void print_estimate_summary(const plan *p, const estimate *est)
            config->distributed_optimizer ? "on" : "off");
     printf("# partition %s, node order %s\n", partition, order);
     print_stage_table(p, est);
+    print_memory_table(est);
     printf("#\n");
     printf("# step time %s | %.0f tokens/s | %.1f TFLOP/s per GPU | "
            "bubble %.1f %% | $%.4f per step\n",

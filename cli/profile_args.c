@@ -40,6 +40,10 @@ static void print_profile_help(void)
         "  --backend NAME         cuda (default) or cpu (slow: tiny models)\n"
         "  --quick                fewer runs per point, no device warm-up\n"
         "  --no-comm              skip the NCCL curves\n"
+        "  --missing-only         complete the profile -o names: measure\n"
+        "                         only the models' shapes and tp it lacks\n"
+        "                         and add them (no curves); nothing to do\n"
+        "                         when it holds them all\n"
         "  -o, --output FILE      profile to write (default NAME.json)\n"
         "\n"
         "  --compare A B          print every entry of two profiles with its\n"
@@ -53,7 +57,7 @@ static void print_profile_help(void)
 enum {
     OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
     OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_COMPARE, OPT_TOLERANCE,
-    OPT_HELP
+    OPT_MISSING_ONLY, OPT_HELP
 };
 
 int profile_bad_argument(const char *option, const char *expected,
@@ -93,6 +97,7 @@ static int apply_option(int option, const char *value, profile_arguments *a)
     case OPT_MBS: a->mbs_list = value; return 0;
     case OPT_QUICK: a->quick = true; return 0;
     case OPT_NO_COMM: a->no_comm = true; return 0;
+    case OPT_MISSING_ONLY: a->missing_only = true; return 0;
     case OPT_COMPARE: a->compare = true; return 0;
     case OPT_SM_LIMIT:
         if (parse_positive("--sm-limit", value, 100000, &number) != 0)
@@ -124,6 +129,7 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"backend", required_argument, NULL, OPT_BACKEND},
         {"quick", no_argument, NULL, OPT_QUICK},
         {"no-comm", no_argument, NULL, OPT_NO_COMM},
+        {"missing-only", no_argument, NULL, OPT_MISSING_ONLY},
         {"compare", no_argument, NULL, OPT_COMPARE},
         {"tolerance", required_argument, NULL, OPT_TOLERANCE},
         {"output", required_argument, NULL, 'o'},
@@ -160,6 +166,11 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
     if (a->model == NULL) {
         fprintf(stderr, "partita profile: --model is required (see "
                         "'partita profile --help')\n");
+        return -1;
+    }
+    if (a->missing_only && a->output == NULL) {
+        fprintf(stderr, "partita profile: --missing-only completes a "
+                        "profile: name it with -o\n");
         return -1;
     }
     return 0;

@@ -333,11 +333,169 @@ static int measure_and_write(profile_arguments *a, int argc, char **argv)
     return status;
 }
 
+/* ------------------------------------------------------ --missing-only */
+
+/* The tps of the options that shape `model` lacks in `have` (none of its
+ * points at that tp) and the profiler can run; their count. */
+static int missing_tps(const profile *have, const model_shape *model,
+                       const profiler_options *options, int *tps)
+{
+    int shape = profile_find_shape(have, model), count = 0;
+    for (int i = 0; i < options->tp_count; i++) {
+        int tp = options->tp_values[i];
+        if (profiler_tp_refusal(model, tp) != NULL)
+            continue;
+        bool held = false;
+        for (int j = 0; shape >= 0 && j < have->shapes[shape].point_count;
+             j++)
+            held = held || have->shapes[shape].points[j].tp == tp;
+        if (!held)
+            tps[count++] = tp;
+    }
+    return count;
+}
+
+/* Adds the measured profile's points to `have` and records where they
+ * came from under provenance.additions; the number added, -1 (printed). */
+static int merge_measured(profile *have, const json_t *measured_json,
+                          const char *output)
+{
+    pt_error err = {{0}};
+    json_place place = {.file = output};
+    profile measured;
+    if (profile_from_json(measured_json, &place, &measured, &err) != 0) {
+        cli_error("profile", err.message);
+        return -1;
+    }
+    int added = -1;
+    if (strcmp(measured.gpu, have->gpu) != 0) {
+        fprintf(stderr, "partita profile: %s: a profile of %s; this device "
+                        "profiles as %s (--gpu-name %s adds to it anyway)\n",
+                output, have->gpu, measured.gpu, have->gpu);
+    } else if (profile_add_points(have, &measured, &added, &err) != 0) {
+        cli_error("profile", err.message);
+        added = -1;
+    } else {
+        if (!json_is_object(have->provenance)) {
+            json_decref(have->provenance);
+            have->provenance = json_object();
+        }
+        json_t *additions = json_object_get(have->provenance, "additions");
+        if (!json_is_array(additions)) {
+            additions = json_array();
+            json_object_set_new(have->provenance, "additions", additions);
+        }
+        json_array_append(additions, measured.provenance);
+    }
+    profile_free(&measured);
+    return added;
+}
+
+/* The measured models as a profile (the same builder as a whole
+ * measurement), merged into `have` and written over -o atomically. */
+static int write_additions(const profile_arguments *a, int argc, char **argv,
+                           profile *have, const model_shape *shapes,
+                           int count, const profiler_options *options,
+                           const profiler_result *results)
+{
+    char gpu[PT_NAME_MAX], command_line[2048], date_utc[32];
+    profiler_default_gpu_name(&results[0].device, options[0].backend,
+                              a->sm_limit, gpu, sizeof gpu);
+    if (a->gpu_name != NULL)
+        pt_copy_string(gpu, sizeof gpu, a->gpu_name);
+    join_command_line(argc, argv, command_line, sizeof command_line);
+    format_date_utc(date_utc, sizeof date_utc);
+    profiler_writeup writeup = {
+        .model_count = count, .shapes = shapes, .options = &options[0],
+        .results = results, .comm = NULL,
+        .comm_reason = "--missing-only (the profile keeps its curves)",
+        .gpu = gpu, .command_line = command_line, .date_utc = date_utc,
+        .sm_limit = a->sm_limit, .memory_limit_gib = a->memory_limit_gib};
+    pt_error err = {{0}};
+    json_t *measured = profiler_profile_json(&writeup, a->output, &err);
+    if (measured == NULL) {
+        cli_error("profile", err.message);
+        return EXIT_FAILURE_RUN;
+    }
+    int added = merge_measured(have, measured, a->output);
+    json_decref(measured);
+    if (added < 0)
+        return EXIT_BAD_INPUT;
+    json_t *root = profile_to_json(have, a->output, &err);
+    if (root == NULL || json_write_file_atomic(root, a->output, &err) != 0) {
+        json_decref(root);
+        cli_error("profile", err.message);
+        return EXIT_FAILURE_RUN;
+    }
+    json_decref(root);
+    for (int m = 0; m < count; m++)
+        print_points(&shapes[m], &results[m]);
+    char elapsed[32];
+    pt_format_seconds(profiler_measured_seconds(&writeup), elapsed,
+                      sizeof elapsed);
+    printf("# added %d points to %s (measured in %s)\n", added, a->output,
+           elapsed);
+    return EXIT_OK;
+}
+
+/* Measures what the profile -o names lacks of the models and adds it;
+ * nothing (exit 0) when it lacks nothing. */
+static int measure_missing(profile_arguments *a, int argc, char **argv)
+{
+    model_shape shapes[PROFILER_MAX_MODELS], wanted[PROFILER_MAX_MODELS];
+    int model_count = 0, wanted_count = 0;
+    profiler_options options, per_model[PROFILER_MAX_MODELS];
+    profile have;
+    pt_error err = {{0}};
+    if (load_models(a->model, shapes, &model_count) != 0 ||
+        build_options(a, &options) != 0 || check_gpu_name(a->gpu_name) != 0)
+        return EXIT_BAD_INPUT;
+    if (profile_load_file(a->output, &have, &err) != 0) {
+        cli_error("profile", err.message);
+        return EXIT_BAD_INPUT;
+    }
+    for (int m = 0; m < model_count; m++) {
+        per_model[wanted_count] = options;
+        per_model[wanted_count].tp_count = missing_tps(
+            &have, &shapes[m], &options, per_model[wanted_count].tp_values);
+        if (per_model[wanted_count].tp_count > 0)
+            wanted[wanted_count++] = shapes[m];
+    }
+    if (wanted_count == 0) {
+        printf("# %s holds every shape and tp asked for of %s: nothing to "
+               "measure\n", a->output, a->model);
+        profile_free(&have);
+        return EXIT_OK;
+    }
+    profiler_result *results = calloc((size_t)wanted_count, sizeof *results);
+    int status = results ? EXIT_OK : EXIT_FAILURE_RUN;
+    for (int m = 0; m < wanted_count && status == EXIT_OK; m++) {
+        fprintf(stderr, "# model %s: tp", wanted[m].name);
+        for (int i = 0; i < per_model[m].tp_count; i++)
+            fprintf(stderr, " %d", per_model[m].tp_values[i]);
+        fprintf(stderr, " missing from %s\n", a->output);
+        if (profiler_measure(&wanted[m], &per_model[m], &results[m],
+                             &err) != 0) {
+            fprintf(stderr, "partita profile: %s: %s\n", wanted[m].name,
+                    err.message);
+            status = EXIT_FAILURE_RUN;
+        }
+    }
+    if (status == EXIT_OK)
+        status = write_additions(a, argc, argv, &have, wanted, wanted_count,
+                                 per_model, results);
+    free(results);
+    profile_free(&have);
+    return status;
+}
+
 int command_profile_measure(int argc, char **argv)
 {
     profile_arguments args;
     int status = profile_run_unless_measuring(argc, argv, &args);
     if (status != PROFILE_MEASURE)
         return status;
+    if (args.missing_only)
+        return measure_missing(&args, argc, argv);
     return measure_and_write(&args, argc, argv);
 }

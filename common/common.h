@@ -47,6 +47,49 @@ void pt_format_bytes(double bytes, char *out, size_t out_size);
  * fitted figures are written no finer than they are known. */
 double pt_round_significant(double x, int digits);
 
+/* ---------------------------------------------------------- memory terms */
+
+/* The terms of one rank's device memory, named alike by the cuda backend's
+ * tally (executor/cuda/buffers.c, what it allocates), run.json (measured,
+ * per rank) and the cost model (estimated, per stage; docs/cost-model.md,
+ * "Memory per GPU"). */
+typedef enum pt_memory_term {
+    PT_MEMORY_WEIGHTS,        /* fp32 master parameters */
+    PT_MEMORY_WEIGHT_MIRROR,  /* the bf16 copy the matrix products read */
+    PT_MEMORY_GRADIENTS,      /* fp32 gradients */
+    PT_MEMORY_OPTIMIZER,      /* AdamW moments (ZeRO-1: the rank's shard)
+                                 and the optimizer's chunk tables */
+    PT_MEMORY_ACTIVATIONS,    /* what the micro-batches in flight keep for
+                                 their backward, but the head's */
+    PT_MEMORY_LOGITS,         /* the head's per micro-batch in flight: final
+                                 norm, logits, losses */
+    PT_MEMORY_SCRATCH,        /* one backward's working space (and the
+                                 layer being recomputed) */
+    PT_MEMORY_WORKSPACE,      /* the cuBLASLt workspace (and cuDNN's
+                                 attention workspace where a stage without
+                                 the head cannot lend it its logits) */
+    PT_MEMORY_COMM,           /* the comm's device buffers (NCCL staging) */
+    PT_MEMORY_ROUNDING,       /* alignment inside arenas, slack, and each
+                                 allocation rounded up to 2 MiB */
+    PT_MEMORY_CONTEXT,        /* the CUDA context and the libraries' own
+                                 buffers: what the executor does not
+                                 allocate itself */
+    PT_MEMORY_TERM_COUNT
+} pt_memory_term;
+
+/* Bytes per term. */
+typedef struct pt_memory_terms {
+    double bytes[PT_MEMORY_TERM_COUNT];
+} pt_memory_terms;
+
+/* The term's key in run.json and the estimate ("weights", "weight_mirror",
+ * ...); NULL past the last. */
+const char *pt_memory_term_name(pt_memory_term term);
+/* The term of that key, or -1. */
+int pt_memory_term_from_name(const char *name);
+/* Sum of the terms; without the context when with_context is false. */
+double pt_memory_terms_total(const pt_memory_terms *terms, bool with_context);
+
 /* --------------------------------------------------------------- strings */
 
 /* Copies at most out_size-1 bytes and always terminates. */
@@ -303,6 +346,11 @@ typedef struct roofline_params {
                                       reaches full memory bandwidth */
 } roofline_params;
 
+/* What a measured profile's workspace_gib adds to the CUDA context it
+ * measured: cuBLAS workspaces and NCCL's own buffers, which a profile
+ * cannot see before the plan (GiB). */
+#define PROFILE_WORKSPACE_ALLOWANCE_GIB 0.5
+
 /* One GPU type's costs: profiles/<gpu>.json in memory. Owned by
  * common/profile.c, which reads it (profile_from_json) and writes it
  * (profile_to_json) for every writer: `partita profile` fills one from
@@ -320,7 +368,9 @@ typedef struct profile {
     bool flash_attention;         /* the layers measured keep no attention
                                      scores (fused attention): memory
                                      drops Korthikanti's 5 a s / h term */
-    double workspace_gib;         /* CUDA context, cuBLAS, NCCL buffers */
+    double workspace_gib;         /* CUDA context, cuBLAS, NCCL buffers:
+                                     a measured profile's context plus
+                                     PROFILE_WORKSPACE_ALLOWANCE_GIB */
     double optimizer_s_per_param; /* AdamW step time per parameter */
     /* efficiency model: prices shapes the profile does not hold */
     double peak_tflops;           /* dense bf16/fp16 tensor peak */
@@ -346,6 +396,11 @@ int profile_load_file(const char *path, profile *out, pt_error *err);
 json_t *profile_to_json(const profile *p, const char *label, pt_error *err);
 /* A deep copy of src into dst, which then owns what it frees. */
 int profile_copy(profile *dst, const profile *src, pt_error *err);
+/* Adds to `into` every point of `from` it lacks (a shape it lacks, with
+ * all its points): points stay sorted by tp, then mbs; *added counts
+ * them. On failure (out of memory) into keeps what it held. */
+int profile_add_points(profile *into, const profile *from, int *added,
+                       pt_error *err);
 void profile_free(profile *p);
 const char *profile_source_name(profile_source source);
 
@@ -549,7 +604,7 @@ static inline void pt_store_le(unsigned char *bytes, uint64_t value,
  * builds the file's object with run_json_build; `partita report` reads it
  * back with run_json_read (report/run_record.c). A run_json is plain data:
  * the writer borrows what it points to; the reader allocates iterations,
- * events and peak_memory_gib, freed by run_json_free.
+ * events, peak_memory_gib and memory_terms, freed by run_json_free.
  */
 #define RUN_JSON_FORMAT "partita-run/1"
 /* The most ranks a run has: what exec runs, and so what a record holds. */
@@ -625,6 +680,11 @@ typedef struct run_json {
     int peak_memory_count;       /* read: rank_count */
     double *peak_memory_gib;     /* read */
     const char *peak_memory_basis;
+    /* Each rank's device memory by term, peak_memory_count entries: NAN
+     * bytes where not known (written null: a rank with none known, or
+     * one term such as an unmeasured context). Written when not NULL;
+     * read: NULL when the file has none (an older file). */
+    pt_memory_terms *memory_terms;
     double max_rss_gib;          /* the process's peak resident set */
     double step_time_s;          /* read */
     double tokens_per_s;         /* read */

@@ -864,6 +864,54 @@ void profile_free(profile *p)
     memset(p, 0, sizeof *p);
 }
 
+/* The shape of p with from's key (hidden, ffn_hidden, seq, vocab); -1. */
+static int find_same_shape(const profile *p, const profile_shape *from)
+{
+    model_shape key = {.hidden = from->hidden, .ffn_hidden = from->ffn_hidden,
+                       .seq = from->seq, .vocab = from->vocab};
+    return profile_find_shape(p, &key);
+}
+
+int profile_add_points(profile *into, const profile *from, int *added,
+                       pt_error *err)
+{
+    *added = 0;
+    for (int i = 0; i < from->shape_count; i++) {
+        const profile_shape *source = &from->shapes[i];
+        int at = find_same_shape(into, source);
+        if (at < 0) {
+            profile_shape *grown = realloc(into->shapes,
+                                           (size_t)(into->shape_count + 1) *
+                                               sizeof *grown);
+            if (!grown)
+                return pt_fail(err, "profile: out of memory");
+            into->shapes = grown;
+            at = into->shape_count++;
+            into->shapes[at] = *source;
+            into->shapes[at].point_count = 0;
+            into->shapes[at].points = NULL;
+        }
+        profile_shape *target = &into->shapes[at];
+        size_t room = (size_t)(target->point_count + source->point_count);
+        profile_point *points = realloc(target->points,
+                                        (room > 0 ? room : 1) *
+                                            sizeof *points);
+        if (!points)
+            return pt_fail(err, "profile: out of memory");
+        target->points = points;
+        for (int j = 0; j < source->point_count; j++) {
+            const profile_point *point = &source->points[j];
+            if (profile_find_point(target, point->tp, point->mbs) >= 0)
+                continue;
+            target->points[target->point_count++] = *point;
+            (*added)++;
+        }
+        qsort(target->points, (size_t)target->point_count,
+              sizeof *target->points, compare_points);
+    }
+    return 0;
+}
+
 int profile_find_shape(const profile *p, const model_shape *model)
 {
     for (int i = 0; i < p->shape_count; i++) {

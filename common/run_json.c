@@ -180,8 +180,29 @@ static json_t *devices_to_json(const run_json *r, int *failures)
     return array;
 }
 
-/* Peak memory per rank and the process's peak resident set, once per
- * rank (each rank's process: this one, for ranks that are threads). */
+/* One rank's terms, GiB ({"weights": ..., "context": null}), or null
+ * when none is known. */
+static json_t *terms_to_json(const pt_memory_terms *terms, int *failures)
+{
+    bool any = false;
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+        any = any || !isnan(terms->bytes[t]);
+    if (!any)
+        return json_null();
+    json_t *obj = json_object();
+    for (int t = 0; obj != NULL && t < PT_MEMORY_TERM_COUNT; t++)
+        json_put(obj, pt_memory_term_name(t),
+            isnan(terms->bytes[t]) ? json_null()
+                                   : json_real(terms->bytes[t] / PT_GIB),
+            failures);
+    if (obj == NULL)
+        (*failures)++;
+    return obj;
+}
+
+/* Peak memory per rank, its terms, and the process's peak resident set,
+ * once per rank (each rank's process: this one, for ranks that are
+ * threads). */
 static void put_memory(json_t *root, const run_json *r, int *failures)
 {
     json_t *memory = json_array();
@@ -190,6 +211,13 @@ static void put_memory(json_t *root, const run_json *r, int *failures)
     json_put(root, "peak_memory_gib", memory, failures);
     json_put(root, "peak_memory_basis", json_string(r->peak_memory_basis),
         failures);
+    if (r->memory_terms != NULL) {
+        json_t *terms = json_array();
+        for (int i = 0; terms != NULL && i < r->peak_memory_count; i++)
+            json_push(terms, terms_to_json(&r->memory_terms[i], failures),
+                failures);
+        json_put(root, "memory_terms_gib", terms, failures);
+    }
     json_t *rss = json_array();
     int ranks = r->rank_count > 0 ? r->rank_count : 1;
     for (int i = 0; rss != NULL && i < ranks; i++)
@@ -246,8 +274,8 @@ json_t *run_json_build(const run_json *r, pt_error *err)
 static const char *const run_keys[] = {
     "format", "plan", "devices", "software", "data", "training",
     "iterations", "events_iteration", "events", "peak_memory_gib",
-    "peak_memory_basis", "max_rss_gib", "step_time_s", "tokens_per_s",
-    "tflops_per_gpu", NULL};
+    "peak_memory_basis", "max_rss_gib", "memory_terms_gib", "step_time_s",
+    "tokens_per_s", "tflops_per_gpu", NULL};
 static const char *const training_keys[] = {
     "backend", "seed", "gbs", "mbs", "micro_batches", "tokens_per_iteration",
     "max_lr", "min_lr", "warmup_iterations", "decay_iterations",
@@ -467,6 +495,67 @@ static int read_peak_memory(const json_t *root, const json_place *root_place,
     return 0;
 }
 
+/* One rank's entry of memory_terms_gib: null, or an object of known
+ * terms, each a number (GiB; >= 0 but the context, a difference of two
+ * measurements) or null. */
+static int read_rank_terms(const json_t *value, const json_place *place,
+                           pt_memory_terms *out, pt_error *err)
+{
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+        out->bytes[t] = NAN;
+    if (json_is_null(value))
+        return 0;
+    if (json_expect_object(value, place, err) != 0)
+        return -1;
+    const char *key;
+    const json_t *term_value;
+    json_object_foreach((json_t *)value, key, term_value) {
+        json_place at = json_place_key(place, key);
+        int term = pt_memory_term_from_name(key);
+        if (term < 0)
+            return json_place_fail(&at, err, "is not a memory term");
+        if (json_is_null(term_value))
+            continue;
+        double gib = json_is_number(term_value)
+                         ? json_number_value(term_value)
+                         : NAN;
+        if (!isfinite(gib) || (gib < 0 && term != PT_MEMORY_CONTEXT))
+            return json_place_fail(&at, err, "must be a number%s (GiB) or "
+                                             "null",
+                                   term != PT_MEMORY_CONTEXT ? " >= 0" : "");
+        out->bytes[term] = gib * PT_GIB;
+    }
+    return 0;
+}
+
+/* memory_terms_gib (optional: older files have none), one entry per
+ * rank of peak_memory_gib. */
+static int read_memory_terms(const json_t *root, const json_place *root_place,
+                             run_json *out, pt_error *err)
+{
+    const json_t *array = json_object_get(root, "memory_terms_gib");
+    if (array == NULL)
+        return 0;
+    json_place place = json_place_key(root_place, "memory_terms_gib");
+    if (!json_is_array(array) ||
+        json_array_size(array) != (size_t)out->peak_memory_count)
+        return json_place_fail(&place, err, "must be an array of %d "
+                                            "entries, one per rank of "
+                                            "peak_memory_gib",
+                               out->peak_memory_count);
+    out->memory_terms = calloc((size_t)out->peak_memory_count,
+                               sizeof *out->memory_terms);
+    if (out->memory_terms == NULL)
+        return pt_fail(err, "%s: out of memory", out->file);
+    for (int i = 0; i < out->peak_memory_count; i++) {
+        json_place item = json_place_index(&place, (size_t)i);
+        if (read_rank_terms(json_array_get(array, (size_t)i), &item,
+                            &out->memory_terms[i], err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int read_format_and_backend(const json_t *root,
                                    const json_place *root_place,
                                    run_json *out, pt_error *err)
@@ -508,7 +597,8 @@ static int read_run_fields(const json_t *root, run_json_kind_index kind_index,
         json_get_int(root, &root_place, "events_iteration", false, 0,
                      INT_MAX, &events_iteration, err) != 0 ||
         read_iterations(root, &root_place, out, err) != 0 ||
-        read_peak_memory(root, &root_place, out, err) != 0)
+        read_peak_memory(root, &root_place, out, err) != 0 ||
+        read_memory_terms(root, &root_place, out, err) != 0)
         return -1;
     out->events_iteration = (long)events_iteration;
     /* Each degree is at most 2^24, so the full product could overflow;
@@ -544,6 +634,8 @@ void run_json_free(run_json *run)
     free(run->iterations);
     free(run->events);
     free(run->peak_memory_gib);
+    free(run->memory_terms);
+    run->memory_terms = NULL;
     run->iterations = NULL;
     run->events = NULL;
     run->peak_memory_gib = NULL;

@@ -59,6 +59,7 @@ static void init_context(costmodel *cm, const model_shape *model,
     if (cm->model.ffn_hidden <= 0)
         cm->model.ffn_hidden = 4 * cm->model.hidden;
     cm->cluster = cluster;
+    cm->dp_overlap = dp_overlap_defaults();
 }
 
 int costmodel_open(costmodel *cm, const model_shape *model,

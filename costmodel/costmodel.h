@@ -22,6 +22,21 @@
  * it; the planner does not try such configurations. */
 #define COSTMODEL_MAX_SCHEDULE_STEPS (1L << 18)
 
+/* Whether the dp gradient reduction is priced bucket by bucket behind
+ * the backward, with a stated hidden fraction (docs/cost-model.md, 7.1).
+ * Off by default: the estimate then takes the closed form of the
+ * executor's overlap (step_work's tail_fraction). */
+typedef struct dp_overlap_options {
+    bool enabled;
+    double bucket_bytes;      /* gradient bytes per bucket (25 MiB) */
+    double hidden_fraction;   /* share, 0..1, of what the buckets could
+                                 hide behind the remaining backward that
+                                 is hidden (1: all of it) */
+} dp_overlap_options;
+
+/* The defaults: off, 25 MiB buckets, fraction 1. */
+dp_overlap_options dp_overlap_defaults(void);
+
 /* Owns the profiles of a cluster's GPU types for one model. Built once;
  * afterwards an estimate writes it only to add a note it does not hold
  * yet. Threads may share one costmodel after costmodel_prepare (below),
@@ -38,6 +53,9 @@ typedef struct costmodel {
      * COSTMODEL_MAX_NOTES, the last of which then says more were left out. */
     int note_count;
     char notes[COSTMODEL_MAX_NOTES][256];
+    /* dp_overlap_defaults() after costmodel_open; callers may change it
+     * before estimating. */
+    dp_overlap_options dp_overlap;
 } costmodel;
 
 /* Loads the profile of every node type (see profile_find for the search
@@ -60,6 +78,13 @@ int costmodel_open_with_profiles(costmodel *cm, const model_shape *model,
  * prepared, threads may estimate with one shared cm. */
 int costmodel_prepare(costmodel *cm, const parallel_config *config,
                       pt_error *err);
+
+/* The least share of a dp reduction the step waits for, for the
+ * planner's floors: 1 - hidden_fraction under the bucket-by-bucket model
+ * (dp_overlap on); 0 under the default closed form, whose exposed part,
+ * max(R x tail, R - B), can be as small as one bucket's share, which a
+ * floor over fewer layers cannot bound from below. */
+double costmodel_dp_overlap_floor_share(const costmodel *cm);
 
 /* ----------------------------------------------------- per-GPU-type costs */
 
@@ -93,6 +118,36 @@ int costmodel_type_costs(costmodel *cm, int type_index,
                          const parallel_config *config, type_costs *out,
                          pt_error *err);
 
+/* How one part of the model was priced on a GPU type (the estimate lists
+ * every part that was not measured). */
+typedef enum price_method {
+    PRICE_MEASURED,        /* a measured point of the model's shape */
+    PRICE_MICROBATCH,      /* the shape's points at other micro-batches */
+    PRICE_TP_SCALED,       /* the shape's points at another tp, scaled */
+    PRICE_INTERPOLATED,    /* measured shapes on both sides */
+    PRICE_EXTRAPOLATED,    /* measured shapes on one side */
+    PRICE_ROOFLINE,        /* a derived profile's roofline */
+    PRICE_EFFICIENCY       /* FLOPs at a fitted efficiency */
+} price_method;
+
+const char *price_method_name(price_method method);
+
+typedef struct pricing_entry {
+    char gpu[PT_NAME_MAX];
+    const char *part;          /* "embedding", "layer", "head" */
+    int tp, mbs;
+    price_method method;
+    char how[320];             /* from what, for people */
+    double forward_s;          /* one micro-batch, computation only (no */
+    double backward_s;         /* tp all-reduces, no recompute) */
+} pricing_entry;
+
+/* How the three parts of type type_index are priced under config
+ * (embedding, layer, head); adds no note. */
+int costmodel_pricing(const costmodel *cm, int type_index,
+                      const parallel_config *config, pricing_entry out[3],
+                      pt_error *err);
+
 /* ------------------------------------------------------------- placement */
 
 /* The nodes along a pipeline as placement reads them: slot i is one node
@@ -123,6 +178,12 @@ typedef struct stage_placement {
                                    (intra-node link of the stage's first
                                    node for the last stage) */
     link_spec dp_link;          /* slowest link of the dp rings */
+    /* The dp group as NCCL sees it: dp_nodes nodes holding dp / dp_nodes
+     * members each (1: one node; 0: spread unevenly, priced flat over
+     * dp_link), dp_intra_link the slowest inside those nodes (dp_link is
+     * then the slowest between them). */
+    int dp_nodes;
+    link_spec dp_intra_link;
     /* Node type whose profile's measured curves may price the transfer
      * (every GPU's send to stage s+1 stays inside a node of this type) or
      * the dp all-reduce (the stage sits in one node); -1: the links above
@@ -172,6 +233,11 @@ double costmodel_embedding_allreduce_s(const costmodel *cm,
 #define COSTMODEL_GRAD_BUCKET_BYTES (25.0 * 1024.0 * 1024.0)
 typedef struct step_work {
     double reduce_s;       /* all-reduce, or reduce-scatter */
+    double exposed_s;      /* of reduce_s, what the step waits for after
+                              the last backward under cm->dp_overlap's
+                              bucket-by-bucket model (reduce_s when it is
+                              off; the estimate then takes tail_fraction's
+                              closed form, the executor's default) */
     double gather_s;       /* ZeRO-1's parameter all-gather, else 0 */
     double optimizer_s;
     double tail_fraction;  /* of reduce_s, in 0..1 */
@@ -196,8 +262,35 @@ typedef struct stage_terms {
     int max_layers;          /* largest layer count that fits; -1: none */
 } stage_terms;
 
-/* Micro-batches whose activations stage `stage` holds at its peak:
- * 1F1B min(pp - stage, m), GPipe m. */
+/* A stage's device memory per GPU, term by term (common.h's
+ * pt_memory_terms), as a linear function of its transformer layers:
+ * fixed + layers x per_layer. The formulas mirror what the executor's
+ * cuda backend allocates (docs/cost-model.md, "Memory per GPU"); the
+ * context term is costmodel_context_bytes. */
+typedef struct stage_memory {
+    pt_memory_terms fixed;
+    pt_memory_terms per_layer;
+} stage_memory;
+
+/* The context term of a GPU of type `type`: the profile's workspace_gib;
+ * for a plan of one rank on a measured profile less its allowance for
+ * NCCL's buffers and cuBLAS workspaces (no communicator is made, and the
+ * cuBLASLt workspace is a term of its own). */
+double costmodel_context_bytes(const costmodel *cm,
+                               const parallel_config *config, int type);
+
+/* The memory of stage `stage` of config (its largest rank: tensor-
+ * parallel rank 0, ZeRO-1 shard 0), context_bytes for the context. */
+void costmodel_stage_memory(const model_shape *model,
+                            const parallel_config *config, int stage,
+                            double context_bytes, stage_memory *out);
+/* The terms of a stage of `layers` layers. */
+void stage_memory_at(const stage_memory *memory, int layers,
+                     pt_memory_terms *out);
+
+/* Micro-batches whose activations stage `stage` holds at its peak (the
+ * executor's activation slots): 1F1B min(pp - stage, m), GPipe m; 1 for
+ * a plan of one rank, which trains one micro-batch at a time. */
 int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
                                      int microbatches);
 
@@ -253,7 +346,8 @@ typedef struct stage_estimate {
     double dp_allreduce_s;     /* gradient sync once per step */
     double embedding_allreduce_s;
     double optimizer_s;
-    double peak_memory_bytes;
+    double peak_memory_bytes;  /* the sum of memory's terms */
+    pt_memory_terms memory;    /* by term, at the stage's layers */
     double memory_cap_bytes;
 } stage_estimate;
 
@@ -273,10 +367,14 @@ typedef struct estimate {
      * its stage (parallel_stage_first_rank and the tp x dp after it). */
     int event_count;
     timeline_event *events;
+    /* With events: how each part of each GPU type pacing a stage was
+     * priced (costmodel_pricing; 3 entries a type, in type order; owned). */
+    int pricing_count;
+    pricing_entry *pricing;
 } estimate;
 
 /* Estimates a complete plan. With want_events the timeline (one copy per
- * stage) is filled. Fails on an inconsistent plan; a plan that does not
+ * stage) and the pricing entries are filled. Fails on an inconsistent plan; a plan that does not
  * fit is estimated all the same with fits = false. */
 int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        const int *node_order, int node_count,
@@ -480,11 +578,61 @@ double costmodel_reduce_scatter_seconds(const costmodel *cm, double bytes,
                                         link_spec link);
 
 
-/* Ring all-reduce of `bytes` over `members` ranks on a link. */
+/* Ring all-reduce of `bytes` over `members` ranks on one link: 2(n-1)
+ * steps, 2(n-1)/n of the buffer through the link. */
 double allreduce_time(double bytes, int members, link_spec link);
+/* NCCL's double binary tree all-reduce on one link: 2 ceil(log2 n)
+ * steps (tree_allreduce_steps), twice the buffer through the link. */
+double tree_allreduce_time(double bytes, int members, link_spec link);
+int tree_allreduce_steps(int members);
 /* Reduce-scatter or all-gather (half the traffic of an all-reduce). */
 double reduce_scatter_time(double bytes, int members, link_spec link);
 /* One point-to-point transfer. */
 double p2p_time(double bytes, link_spec link);
+
+/* The ranks of a collective as the placement sees them: `members` ranks
+ * on `nodes` nodes, members / nodes on each when that divides (else the
+ * group is priced flat over its slowest link); intra links the ranks of
+ * a node, inter the nodes (each rank's own rail: concurrent rings of a
+ * node do not share it). nodes <= 1: one node, intra alone. */
+typedef struct comm_group {
+    int members;
+    int nodes;
+    link_spec intra;
+    link_spec inter;
+} comm_group;
+
+typedef enum allreduce_algorithm {
+    ALLREDUCE_RING,
+    ALLREDUCE_TREE,
+    ALLREDUCE_HIERARCHICAL_RING,   /* ring between the nodes */
+    ALLREDUCE_HIERARCHICAL_TREE    /* tree between the nodes */
+} allreduce_algorithm;
+
+const char *allreduce_algorithm_name(allreduce_algorithm algorithm);
+
+/* A collective's time and the algorithm that gives it. */
+typedef struct comm_price {
+    double seconds;
+    allreduce_algorithm algorithm;
+} comm_price;
+
+/* All-reduce of `bytes` as NCCL would run it over the group: inside one
+ * node a ring; over nodes the fastest of a ring and a tree through every
+ * rank (over the slowest link) and, when the group is spread evenly, the
+ * hierarchy: reduce-scatter inside each node, all-reduce of the node's
+ * 1/g shard between the nodes (ring or tree), all-gather inside. */
+comm_price nccl_allreduce(double bytes, const comm_group *group);
+/* Reduce-scatter (or all-gather) likewise: flat ring, or inside each
+ * node then between the nodes, whichever is faster. */
+double nccl_reduce_scatter(double bytes, const comm_group *group);
+/* nccl-tests' bus bandwidth of an all-reduce: bytes / seconds x 2(n-1)/n
+ * (bytes per second; 0 when it cannot be said). */
+double allreduce_bus_bandwidth(double bytes, int members, double seconds);
+/* A lower bound of nccl_allreduce for any placement of `members` ranks
+ * with at most most_per_node on a node, links no faster than these
+ * bandwidths and no latency (the planner's floors). */
+double allreduce_floor_time(double bytes, int members, int most_per_node,
+                            double intra_bandwidth, double inter_bandwidth);
 
 #endif

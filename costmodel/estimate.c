@@ -63,6 +63,7 @@ void estimate_free(estimate *e)
         return;
     free(e->stages);
     free(e->events);
+    free(e->pricing);
     memset(e, 0, sizeof *e);
 }
 
@@ -188,6 +189,11 @@ static int price_stages(costmodel *cm, const parallel_config *config,
                               &st->send_bwd_s);
         st->peak_memory_bytes = terms.fixed_bytes +
                                 layers * terms.per_layer_bytes;
+        stage_memory memory;
+        costmodel_stage_memory(
+            &cm->model, config, s,
+            costmodel_context_bytes(cm, config, place->small_type), &memory);
+        stage_memory_at(&memory, layers, &st->memory);
         st->memory_cap_bytes = terms.cap_bytes;
         scratch->schedule[s] = (schedule_stage){st->forward_s, st->backward_s,
                                                 st->send_s, st->send_bwd_s};
@@ -222,7 +228,11 @@ static void price_step_work(const costmodel *cm, const parallel_config *config,
          * backward, but under ZeRO-1 on the tied embedding's pair, whose
          * copies are summed after it first (docs/cost-model.md, 7.1) */
         double exposed = work.reduce_s;
-        if (!(config->distributed_optimizer && tail->embedding_member)) {
+        if (config->distributed_optimizer && tail->embedding_member) {
+            /* after the backward, whole */
+        } else if (cm->dp_overlap.enabled) {
+            exposed = work.exposed_s; /* --dp-overlap: bucket by bucket */
+        } else {
             exposed = work.reduce_s * work.tail_fraction;
             if (work.reduce_s - st->backward_s > exposed)
                 exposed = work.reduce_s - st->backward_s;
@@ -398,6 +408,29 @@ static void summarise(const costmodel *cm, const parallel_config *config,
     }
 }
 
+/* The pricing entries of every type that paces a stage, in type order. */
+static int list_pricing(const costmodel *cm, const parallel_config *config,
+                        const estimate_scratch *scratch, estimate *out,
+                        pt_error *err)
+{
+    int types = cm->cluster->type_count;
+    out->pricing = calloc((size_t)types * 3, sizeof *out->pricing);
+    if (!out->pricing)
+        return pt_fail(err, "costmodel: out of memory");
+    for (int t = 0; t < types; t++) {
+        bool paces = false;
+        for (int s = 0; s < config->pp && !paces; s++)
+            paces = scratch->placement[s].slow_type == t;
+        if (!paces)
+            continue;
+        if (costmodel_pricing(cm, t, config, &out->pricing[out->pricing_count],
+                              err) != 0)
+            return -1;
+        out->pricing_count += 3;
+    }
+    return 0;
+}
+
 int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        const int *node_order, int node_count,
                        const int *partition, bool want_events,
@@ -431,7 +464,9 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
     price_step_work(cm, config, &scratch, out);
     out->step_time_s = schedule_step_work(config, &pipeline, &scratch, out);
     summarise(cm, config, node_order, node_count, &pipeline, out);
-    if (want_events && build_events(config, &pipeline, &scratch, out, err) != 0)
+    if (want_events && (build_events(config, &pipeline, &scratch, out,
+                                     err) != 0 ||
+                        list_pricing(cm, config, &scratch, out, err) != 0))
         goto done;
     rc = 0;
 done:

@@ -15,6 +15,19 @@ static json_t *rank_range(int first, int last)
     return json_pack("[i, i]", first, last);
 }
 
+/* {"weights": GiB, ...}: the terms of a stage's peak memory. */
+static json_t *memory_terms_to_json(const pt_memory_terms *terms,
+                                    int *failures)
+{
+    json_t *obj = json_object();
+    for (int t = 0; obj != NULL && t < PT_MEMORY_TERM_COUNT; t++)
+        json_put(obj, pt_memory_term_name(t),
+                 json_real(terms->bytes[t] / PT_GIB), failures);
+    if (obj == NULL)
+        (*failures)++;
+    return obj;
+}
+
 static json_t *stage_to_json(const stage_estimate *stage, int index,
                              const parallel_config *config, int *failures)
 {
@@ -41,6 +54,8 @@ static json_t *stage_to_json(const stage_estimate *stage, int index,
              json_real(stage->peak_memory_bytes / PT_GIB), failures);
     json_put(obj, "memory_cap_gib",
              json_real(stage->memory_cap_bytes / PT_GIB), failures);
+    json_put(obj, "memory_terms_gib",
+             memory_terms_to_json(&stage->memory, failures), failures);
     return obj;
 }
 
@@ -132,6 +147,36 @@ static json_t *timeline_to_json(const estimate *est,
     return lanes;
 }
 
+/* The entries that were not measured, one object each, and how many
+ * were. */
+static json_t *pricing_to_json(const estimate *est, int *measured,
+                               int *failures)
+{
+    json_t *list = json_array();
+    if (list == NULL)
+        (*failures)++;
+    *measured = 0;
+    for (int i = 0; list && i < est->pricing_count; i++) {
+        const pricing_entry *entry = &est->pricing[i];
+        if (entry->method == PRICE_MEASURED) {
+            (*measured)++;
+            continue;
+        }
+        json_t *obj = json_object();
+        json_put(obj, "gpu", json_string(entry->gpu), failures);
+        json_put(obj, "part", json_string(entry->part), failures);
+        json_put(obj, "tp", json_integer(entry->tp), failures);
+        json_put(obj, "mbs", json_integer(entry->mbs), failures);
+        json_put(obj, "method", json_string(price_method_name(entry->method)),
+                 failures);
+        json_put(obj, "how", json_string(entry->how), failures);
+        json_put(obj, "forward_s", json_real(entry->forward_s), failures);
+        json_put(obj, "backward_s", json_real(entry->backward_s), failures);
+        json_push(list, obj, failures);
+    }
+    return list;
+}
+
 json_t *estimate_to_json(const estimate *est, const parallel_config *config,
                          bool per_rank_timeline, pt_error *err)
 {
@@ -158,6 +203,12 @@ json_t *estimate_to_json(const estimate *est, const parallel_config *config,
         json_put(obj, "fits", json_boolean(est->fits), &failures);
         json_put(obj, "stages", stages, &failures);
         stages = NULL;
+    }
+    if (failures == 0 && est->pricing != NULL) {
+        int measured;
+        json_put(obj, "not_measured", pricing_to_json(est, &measured,
+                                                      &failures), &failures);
+        json_put(obj, "measured_entries", json_integer(measured), &failures);
     }
     if (failures == 0 && est->events != NULL)
         json_put(obj, "timeline",

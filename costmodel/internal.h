@@ -76,4 +76,90 @@ double activation_message_bytes(const model_shape *model,
 double layer_forward_flops(double hidden, double ffn_hidden, double seq,
                            double microbatch);
 
+/* ------------------------------------------------------------ lookup.c */
+
+/* The three parts of the model priced for one micro-batch. */
+typedef struct part_times {
+    part_cost embedding, layer, head;
+} part_times;
+
+/* A shape's ffn_hidden (4 x hidden when it says 0). */
+int profile_shape_ffn(const profile_shape *shape);
+
+/* The model's shape in the profile (same hidden, ffn_hidden, seq, vocab;
+ * heads are not part of the key), with a usable point; NULL: none. */
+const profile_shape *lookup_held_shape(const profile *prof,
+                                       const model_shape *model);
+
+/* The measured micro-batches around mbs at one tp: lower is the largest
+ * <= mbs, upper the smallest >= mbs (NULL when none). */
+typedef struct mbs_neighbours {
+    const profile_point *lower, *upper;
+    int grid_min, grid_max;
+} mbs_neighbours;
+
+/* How a shape's times were looked up: the tp whose points were used
+ * (scaled by tp_used / tp when it is not the plan's), the micro-batches
+ * around the plan's, and whether it lay between two of them. */
+typedef struct lookup_path {
+    int tp_used;
+    mbs_neighbours near;
+    bool between;
+} lookup_path;
+
+/* Times of one micro-batch at config's tp from a shape's points
+ * (docs/cost-model.md 1.1, 1.2); path (may be NULL) says how. */
+part_times lookup_shape_times(const profile *prof, const profile_shape *shape,
+                              const parallel_config *config,
+                              lookup_path *path);
+
+/* Two measured shapes around a shape the profile does not hold (same
+ * vocabulary and ffn_hidden / hidden): a below and b above its layer
+ * work, or, one_side, the nearest (a, within a factor 2) and the next
+ * beyond it (b, NULL when there is none). */
+typedef struct shape_neighbours {
+    const profile_shape *a, *b;
+    bool one_side;
+} shape_neighbours;
+
+/* False when the profile has no neighbours for the model's shape. tp:
+ * neighbours measured at it are preferred. */
+bool lookup_shape_neighbours(const profile *prof, const model_shape *model,
+                             int tp, shape_neighbours *out);
+
+/* The model's times interpolated from the neighbours' (each looked up at
+ * config's tp and micro-batch): every part and direction a power law of
+ * its work through the two points (linear with one). */
+part_times lookup_neighbour_times(const profile *prof,
+                                  const model_shape *model,
+                                  const shape_neighbours *near,
+                                  const parallel_config *config);
+
+/* The backward of a stage's last micro-batch as the dp overlap sees it:
+ * the head's backward first (last stage), then the layers', then the
+ * embedding's (first stage); the gradient bytes each part completes. The
+ * fixed parameters' gradients are complete after the head's backward,
+ * or, on the first stage, after the embedding's. */
+typedef struct dp_backward {
+    bool first;
+    int layers;
+    double head_s, layer_s, embedding_s;
+    double fixed_bytes, layer_bytes;
+} dp_backward;
+
+/* The dp reduction of `bytes` gradient bytes of a placed stage: an
+ * all-reduce, or with scatter a reduce-scatter (dp_reduce.c). */
+double costmodel_dp_reduce_seconds(const costmodel *cm,
+                                   const parallel_config *config,
+                                   const stage_placement *place,
+                                   double bytes, bool scatter);
+
+/* Seconds of the reduction (reduce_s when it does not overlap) that the
+ * step waits for after the last backward, under cm->dp_overlap. */
+double costmodel_dp_exposed_seconds(const costmodel *cm,
+                                    const parallel_config *config,
+                                    const stage_placement *place,
+                                    const dp_backward *backward,
+                                    double reduce_s);
+
 #endif

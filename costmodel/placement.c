@@ -217,6 +217,33 @@ static int check_lane_covers(const node_lane *lane, long long first,
     return 0;
 }
 
+/* The dp group's nodes as NCCL's hierarchy sees them: when the stage
+ * fills whole nodes of one GPU count that tp divides, each node holds
+ * gpus / tp members of every dp ring (dp_nodes = the nodes); one node:
+ * 1; anything else: 0 (priced flat over dp_link). dp_intra_link is the
+ * slowest intra-node link of those nodes. */
+static void dp_hierarchy(const cluster *c, const node_lane *lane,
+                         long long first, long long stage_gpus,
+                         const parallel_config *config, int first_slot,
+                         int last_slot, stage_placement *out)
+{
+    out->dp_intra_link = slot_link(c, lane, first_slot, first_slot);
+    out->dp_nodes = first_slot == last_slot ? 1 : 0;
+    if (first_slot == last_slot || config->dp <= 1)
+        return;
+    int gpus = lane->starts[first_slot + 1] - lane->starts[first_slot];
+    bool whole = lane->starts[first_slot] == first &&
+                 lane->starts[last_slot + 1] == first + stage_gpus &&
+                 gpus % config->tp == 0;
+    for (int slot = first_slot; whole && slot <= last_slot; slot++) {
+        whole = lane->starts[slot + 1] - lane->starts[slot] == gpus;
+        out->dp_intra_link = slower_link(out->dp_intra_link,
+                                         slot_link(c, lane, slot, slot));
+    }
+    if (whole)
+        out->dp_nodes = last_slot - first_slot + 1;
+}
+
 int costmodel_place_stage(const costmodel *cm, const parallel_config *config,
                           const node_lane *lane, int stage, bool next_known,
                           stage_placement *out, pt_error *err)
@@ -244,6 +271,8 @@ int costmodel_place_stage(const costmodel *cm, const parallel_config *config,
     int last_slot = slot_of(&cursor, first + stage_gpus - 1);
     out->dp_curve_type = first_slot == last_slot ? lane->types[first_slot]
                                                  : -1;
+    dp_hierarchy(c, lane, first, stage_gpus, config, first_slot, last_slot,
+                 out);
     if (last) {
         out->next_link = slot_link(c, lane, first_slot, first_slot);
         out->next_curve_type = -1;

@@ -1,168 +1,15 @@
 /*
  * Pricing one GPU type: the profile's measured points looked up by layer
- * shape, tensor-parallel degree and micro-batch, or the efficiency model
- * when the profile does not hold the shape (docs/cost-model.md, "Layer
- * time").
+ * shape, tensor-parallel degree and micro-batch (lookup.c), interpolated
+ * from measured neighbouring shapes, or the roofline / efficiency model
+ * when the profile has neither (docs/cost-model.md, "Layer time"); and
+ * the list of how each part was priced, for the estimate.
  */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "costmodel/internal.h"
-
-/* The three parts of the model priced for one micro-batch. */
-typedef struct part_times {
-    part_cost embedding, layer, head;
-} part_times;
-
-double layer_forward_flops(double hidden, double ffn_hidden, double seq,
-                           double microbatch)
-{
-    double matmuls = 2.0 * microbatch * seq *
-                     (4.0 * hidden * hidden + 2.0 * hidden * ffn_hidden);
-    double attention = 4.0 * microbatch * seq * seq * hidden;
-    return matmuls + attention;
-}
-
-static int shape_ffn(const profile_shape *shape)
-{
-    return shape->ffn_hidden > 0 ? shape->ffn_hidden : 4 * shape->hidden;
-}
-
-static bool has_usable_point(const profile_shape *shape)
-{
-    for (int i = 0; i < shape->point_count; i++)
-        if (shape->points[i].tp > 0 && shape->points[i].mbs > 0)
-            return true;
-    return false;
-}
-
-/* The model's shape in the profile; heads are not part of the key. */
-static const profile_shape *held_shape(const profile *prof,
-                                       const model_shape *model)
-{
-    for (int i = 0; i < prof->shape_count; i++) {
-        const profile_shape *shape = &prof->shapes[i];
-        if (shape->hidden == model->hidden && shape->seq == model->seq &&
-            shape->vocab == model->vocab &&
-            shape_ffn(shape) == model->ffn_hidden && has_usable_point(shape))
-            return shape;
-    }
-    return NULL;
-}
-
-/* A part whose backward was not measured gets backward_over_forward x
- * forward (2 when the profile does not say either). */
-static part_cost completed_part(part_cost cost, double backward_over_forward)
-{
-    if (cost.backward_s <= 0.0)
-        cost.backward_s = cost.forward_s *
-                          (backward_over_forward > 0.0 ? backward_over_forward
-                                                       : 2.0);
-    return cost;
-}
-
-static part_times point_times(const profile_point *point,
-                              double backward_over_forward)
-{
-    return (part_times){
-        completed_part(point->embedding, backward_over_forward),
-        completed_part(point->layer, backward_over_forward),
-        completed_part(point->head, backward_over_forward)};
-}
-
-static part_cost blend_part(part_cost a, part_cost b, double weight_a,
-                            double weight_b)
-{
-    return (part_cost){
-        .forward_s = a.forward_s * weight_a + b.forward_s * weight_b,
-        .backward_s = a.backward_s * weight_a + b.backward_s * weight_b};
-}
-
-static part_times blend(part_times a, part_times b, double weight_a,
-                        double weight_b)
-{
-    return (part_times){blend_part(a.embedding, b.embedding, weight_a, weight_b),
-                        blend_part(a.layer, b.layer, weight_a, weight_b),
-                        blend_part(a.head, b.head, weight_a, weight_b)};
-}
-
-static part_times scaled(part_times t, double factor)
-{
-    return blend(t, t, factor, 0.0);
-}
-
-/* The measured tp closest to the wanted one by ratio (ties: the larger,
- * whose communication pattern is closer); 0 when there is no point. */
-static int nearest_tp(const profile_shape *shape, int tp)
-{
-    int best = 0;
-    double best_distance = HUGE_VAL;
-    for (int i = 0; i < shape->point_count; i++) {
-        int candidate = shape->points[i].tp;
-        if (candidate <= 0 || shape->points[i].mbs <= 0)
-            continue;
-        double distance = fabs(log((double)candidate / tp));
-        if (distance < best_distance - 1e-12 ||
-            (fabs(distance - best_distance) <= 1e-12 && candidate > best)) {
-            best = candidate;
-            best_distance = distance;
-        }
-    }
-    return best;
-}
-
-/* The measured micro-batches around mbs at one tp: lower is the largest
- * <= mbs, upper the smallest >= mbs (NULL when none). */
-typedef struct mbs_neighbours {
-    const profile_point *lower, *upper;
-    int grid_min, grid_max;
-} mbs_neighbours;
-
-static mbs_neighbours find_neighbours(const profile_shape *shape, int tp,
-                                      int mbs)
-{
-    mbs_neighbours found = {NULL, NULL, 0, 0};
-    for (int i = 0; i < shape->point_count; i++) {
-        const profile_point *point = &shape->points[i];
-        if (point->tp != tp || point->mbs <= 0)
-            continue;
-        if (found.grid_min == 0 || point->mbs < found.grid_min)
-            found.grid_min = point->mbs;
-        if (point->mbs > found.grid_max)
-            found.grid_max = point->mbs;
-        if (point->mbs <= mbs && (!found.lower || point->mbs > found.lower->mbs))
-            found.lower = point;
-        if (point->mbs >= mbs && (!found.upper || point->mbs < found.upper->mbs))
-            found.upper = point;
-    }
-    return found;
-}
-
-/* Times at (tp, mbs) from the points measured at that tp. */
-static part_times times_at_mbs(const profile *prof, const mbs_neighbours *near,
-                               int mbs)
-{
-    double bof = prof->backward_over_forward;
-    const profile_point *lower = near->lower, *upper = near->upper;
-    if (prof->mbs_scaling == MBS_SCALING_MEASURED && lower && upper) {
-        if (lower->mbs == upper->mbs)
-            return point_times(lower, bof);
-        double weight_upper = (double)(mbs - lower->mbs) /
-                              (upper->mbs - lower->mbs);
-        return blend(point_times(lower, bof), point_times(upper, bof),
-                     1.0 - weight_upper, weight_upper);
-    }
-    /* linear scaling from the nearest measured micro-batch by ratio; ties
-     * go to the larger, which runs the GPU closer to its steady state */
-    const profile_point *base = lower ? lower : upper;
-    if (lower && upper) {
-        double below = log((double)mbs / lower->mbs);
-        double above = log((double)upper->mbs / mbs);
-        base = above <= below ? upper : lower;
-    }
-    return scaled(point_times(base, bof), (double)mbs / base->mbs);
-}
 
 /* Achieved / peak over the layer forwards the profile holds (its tp = 1
  * points when it has any, since the others may include communication). */
@@ -177,7 +24,7 @@ static double fitted_efficiency(const profile *prof)
             if (point->layer.forward_s <= 0.0 || point->tp <= 0 ||
                 point->mbs <= 0)
                 continue;
-            double flops = layer_forward_flops(shape->hidden, shape_ffn(shape),
+            double flops = layer_forward_flops(shape->hidden, profile_shape_ffn(shape),
                                                shape->seq, point->mbs) /
                            point->tp;
             double achieved = flops / point->layer.forward_s /
@@ -220,11 +67,53 @@ static int check_efficiency_model(const costmodel *cm, int type_index,
     return 0;
 }
 
+/* "hidden 1024 (16 heads, seq 1024)": a shape as the notes name it. */
+static void describe_shape(const profile_shape *shape, char *out,
+                           size_t size)
+{
+    snprintf(out, size, "hidden %d (%d heads, seq %d)", shape->hidden,
+             shape->heads, shape->seq);
+}
+
+/* "interpolated from hidden 1024 (...) and hidden 1280 (...)". */
+static void describe_neighbours(const shape_neighbours *near, char *out,
+                                size_t size)
+{
+    char a[96], b[96] = "";
+    describe_shape(near->a, a, sizeof a);
+    if (near->b)
+        describe_shape(near->b, b, sizeof b);
+    if (!near->one_side)
+        snprintf(out, size, "interpolated from the measured %s and %s", a,
+                 b);
+    else if (near->b)
+        snprintf(out, size, "extrapolated from the measured %s and %s", a,
+                 b);
+    else
+        snprintf(out, size, "scaled from the measured %s in proportion to "
+                 "each part's work", a);
+}
+
 void costmodel_note_shape_coverage(costmodel *cm, int type_index)
 {
     const profile *prof = &cm->profiles[type_index];
     const model_shape *m = &cm->model;
-    if (held_shape(prof, m) || check_efficiency_model(cm, type_index, NULL))
+    shape_neighbours near;
+    if (lookup_held_shape(prof, m))
+        return;
+    if (lookup_shape_neighbours(prof, m, 1, &near)) {
+        char how[256];
+        describe_neighbours(&near, how, sizeof how);
+        costmodel_add_note(cm,
+                           "%s: the profile holds no layer shape hidden %d, "
+                           "ffn_hidden %d, seq %d, vocab %d; %s (each part "
+                           "a power law of its work; docs/profiles.md "
+                           "states the error)",
+                           prof->gpu, m->hidden, m->ffn_hidden, m->seq,
+                           m->vocab, how);
+        return;
+    }
+    if (check_efficiency_model(cm, type_index, NULL))
         return;
     if (prof->roofline.present) {
         costmodel_add_note(cm,
@@ -404,34 +293,60 @@ double activation_message_bytes(const model_shape *model,
            precision_bytes(config->precision);
 }
 
-/* Looks the shape up in the profile and fills times (per micro-batch at
- * config's tp); notes what was stretched when note_target is given. */
-static void profile_times(const costmodel *cm, const profile *prof,
-                          const profile_shape *shape,
-                          const parallel_config *config,
-                          costmodel *note_target, part_times *out)
+/* Notes what a lookup stretched (another tp, a micro-batch far outside
+ * the measured ones). */
+static void note_lookup(costmodel *note_target, const costmodel *cm,
+                        const profile *prof, const parallel_config *config,
+                        const lookup_path *path)
 {
-    int tp = nearest_tp(shape, config->tp);
-    mbs_neighbours near = find_neighbours(shape, tp, config->mbs);
-    *out = times_at_mbs(prof, &near, config->mbs);
-    if (tp != config->tp) {
-        *out = scaled(*out, (double)tp / config->tp);
-        if (note_target)
-            costmodel_add_note(note_target,
-                               "%s: the profile has no tp %d points for "
-                               "hidden %d; priced from tp %d scaled by %d/%d",
-                               prof->gpu, config->tp, cm->model.hidden, tp,
-                               tp, config->tp);
-    }
-    bool far_outside = config->mbs > 2 * near.grid_max ||
-                       2 * config->mbs < near.grid_min;
-    if (far_outside && note_target)
+    if (path->tp_used != config->tp)
+        costmodel_add_note(note_target,
+                           "%s: the profile has no tp %d points for "
+                           "hidden %d; priced from tp %d scaled by %d/%d",
+                           prof->gpu, config->tp, cm->model.hidden,
+                           path->tp_used, path->tp_used, config->tp);
+    bool far_outside = config->mbs > 2 * path->near.grid_max ||
+                       2 * config->mbs < path->near.grid_min;
+    if (far_outside)
         costmodel_add_note(note_target,
                            "%s: micro-batch %d is more than 2x outside the "
                            "measured micro-batches %d..%d; its time is "
                            "scaled linearly from the nearest point",
-                           prof->gpu, config->mbs, near.grid_min,
-                           near.grid_max);
+                           prof->gpu, config->mbs, path->near.grid_min,
+                           path->near.grid_max);
+}
+
+/* The three parts' times of a type: from the held shape, from measured
+ * neighbours, or from the roofline / efficiency model; *add_tp_comm
+ * says whether the layer times still lack the tp all-reduces. */
+static int type_times(const costmodel *cm, int type_index,
+                      const parallel_config *config, costmodel *note_target,
+                      part_times *times, bool *add_tp_comm, pt_error *err)
+{
+    const profile *prof = &cm->profiles[type_index];
+    const profile_shape *shape = lookup_held_shape(prof, &cm->model);
+    shape_neighbours near;
+    *add_tp_comm = !prof->layer_times_include_tp_comm;
+    if (shape) {
+        lookup_path path;
+        *times = lookup_shape_times(prof, shape, config, &path);
+        if (note_target)
+            note_lookup(note_target, cm, prof, config, &path);
+        return 0;
+    }
+    if (lookup_shape_neighbours(prof, &cm->model, config->tp, &near)) {
+        *times = lookup_neighbour_times(prof, &cm->model, &near, config);
+    } else {
+        if (check_efficiency_model(cm, type_index, err) != 0)
+            return -1;
+        *times = prof->roofline.present
+                     ? roofline_times(prof, &cm->model, config)
+                     : efficiency_times(prof, &cm->model, config);
+        *add_tp_comm = true; /* FLOPs alone carry no communication */
+    }
+    if (note_target)
+        costmodel_note_shape_coverage(note_target, type_index);
+    return 0;
 }
 
 int costmodel_price_type(const costmodel *cm, int type_index,
@@ -446,21 +361,11 @@ int costmodel_price_type(const costmodel *cm, int type_index,
         return pt_fail(err, "costmodel: tp and mbs must be positive, got tp "
                        "%d, mbs %d", config->tp, config->mbs);
     const profile *prof = &cm->profiles[type_index];
-    const profile_shape *shape = held_shape(prof, &cm->model);
     part_times times;
-    bool add_tp_comm = !prof->layer_times_include_tp_comm;
-    if (shape) {
-        profile_times(cm, prof, shape, config, note_target, &times);
-    } else {
-        if (check_efficiency_model(cm, type_index, err) != 0)
-            return -1;
-        times = prof->roofline.present
-                    ? roofline_times(prof, &cm->model, config)
-                    : efficiency_times(prof, &cm->model, config);
-        add_tp_comm = true; /* FLOPs alone carry no communication */
-        if (note_target)
-            costmodel_note_shape_coverage(note_target, type_index);
-    }
+    bool add_tp_comm;
+    if (type_times(cm, type_index, config, note_target, &times, &add_tp_comm,
+                   err) != 0)
+        return -1;
     if (config->precision == PRECISION_FP32 && note_target)
         costmodel_add_note(note_target,
                            "fp32 plans are priced with the profiles' "
@@ -508,4 +413,103 @@ int costmodel_type_costs(costmodel *cm, int type_index,
                          pt_error *err)
 {
     return costmodel_price_type(cm, type_index, config, cm, out, err);
+}
+
+const char *price_method_name(price_method method)
+{
+    static const char *const names[] = {
+        [PRICE_MEASURED] = "measured",
+        [PRICE_MICROBATCH] = "micro-batch",
+        [PRICE_TP_SCALED] = "tp scaled",
+        [PRICE_INTERPOLATED] = "interpolated",
+        [PRICE_EXTRAPOLATED] = "extrapolated",
+        [PRICE_ROOFLINE] = "roofline",
+        [PRICE_EFFICIENCY] = "efficiency model"};
+    if ((int)method < 0 || method > PRICE_EFFICIENCY)
+        return "unknown";
+    return names[method];
+}
+
+/* The method and its one line for a held shape's lookup. */
+static price_method describe_lookup(const parallel_config *config,
+                                    const lookup_path *path, char *how,
+                                    size_t size)
+{
+    const profile_point *lower = path->near.lower, *upper = path->near.upper;
+    if (path->tp_used != config->tp) {
+        snprintf(how, size, "the measured tp %d points scaled by %d/%d",
+                 path->tp_used, path->tp_used, config->tp);
+        return PRICE_TP_SCALED;
+    }
+    if (lower && lower->mbs == config->mbs) {
+        snprintf(how, size, "measured");
+        return PRICE_MEASURED;
+    }
+    if (path->between)
+        snprintf(how, size, "interpolated between the measured micro-batches "
+                 "%d and %d", lower->mbs, upper->mbs);
+    else
+        snprintf(how, size, "scaled linearly from the measured micro-batch "
+                 "%d", (lower ? lower : upper)->mbs);
+    return PRICE_MICROBATCH;
+}
+
+/* The method and its one line for a shape the profile does not hold. */
+static price_method describe_unheld(const costmodel *cm, const profile *prof,
+                                    const parallel_config *config, char *how,
+                                    size_t size)
+{
+    shape_neighbours near;
+    if (lookup_shape_neighbours(prof, &cm->model, config->tp, &near)) {
+        char from[256];
+        describe_neighbours(&near, from, sizeof from);
+        snprintf(how, size, "%s at tp %d, micro-batch %d", from, config->tp,
+                 config->mbs);
+        return near.one_side ? PRICE_EXTRAPOLATED : PRICE_INTERPOLATED;
+    }
+    if (prof->roofline.present) {
+        snprintf(how, size, "the roofline of the %s profile (%.0f TFLOP/s, "
+                 "%.0f GB/s)", profile_source_name(prof->source),
+                 prof->peak_tflops, prof->memory_bandwidth_GBps);
+        return PRICE_ROOFLINE;
+    }
+    snprintf(how, size, "FLOPs at %.0f TFLOP/s x %.3f efficiency",
+             prof->peak_tflops, model_efficiency(prof));
+    return PRICE_EFFICIENCY;
+}
+
+int costmodel_pricing(const costmodel *cm, int type_index,
+                      const parallel_config *config, pricing_entry out[3],
+                      pt_error *err)
+{
+    part_times times;
+    bool add_tp_comm;
+    if (config->tp <= 0 || config->mbs <= 0 || type_index < 0 ||
+        type_index >= cm->cluster->type_count)
+        return pt_fail(err, "costmodel: no such type or config to price");
+    if (type_times(cm, type_index, config, NULL, &times, &add_tp_comm,
+                   err) != 0)
+        return -1;
+    const profile *prof = &cm->profiles[type_index];
+    const profile_shape *shape = lookup_held_shape(prof, &cm->model);
+    char how[320];
+    price_method method;
+    if (shape) {
+        lookup_path path;
+        lookup_shape_times(prof, shape, config, &path);
+        method = describe_lookup(config, &path, how, sizeof how);
+    } else {
+        method = describe_unheld(cm, prof, config, how, sizeof how);
+    }
+    static const char *const parts[3] = {"embedding", "layer", "head"};
+    const part_cost costs[3] = {times.embedding, times.layer, times.head};
+    for (int i = 0; i < 3; i++) {
+        out[i] = (pricing_entry){.part = parts[i], .tp = config->tp,
+                                 .mbs = config->mbs, .method = method,
+                                 .forward_s = costs[i].forward_s,
+                                 .backward_s = costs[i].backward_s};
+        pt_copy_string(out[i].gpu, sizeof out[i].gpu, prof->gpu);
+        pt_copy_string(out[i].how, sizeof out[i].how, how);
+    }
+    return 0;
 }

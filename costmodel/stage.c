@@ -8,18 +8,6 @@
 
 #include "costmodel/internal.h"
 
-/* Weights, gradients and optimizer state per parameter. Mixed precision
- * keeps a 2-byte weight, a 4-byte (fp32) main gradient and 12 bytes of
- * fp32 master weight and Adam m, v; the distributed optimizer shards the
- * 12 over dp. fp32 keeps 4 + 4 + 8 (m, v), sharding the 8. */
-static double bytes_per_parameter(const parallel_config *config)
-{
-    double dp = config->dp;
-    if (config->precision == PRECISION_FP32)
-        return config->distributed_optimizer ? 8.0 + 8.0 / dp : 16.0;
-    return config->distributed_optimizer ? 6.0 + 12.0 / dp : 18.0;
-}
-
 double stage_parameters_per_gpu(const model_shape *model,
                                 const parallel_config *config, int stage,
                                 int layers)
@@ -39,25 +27,12 @@ double stage_parameters_per_gpu(const model_shape *model,
     return params / config->tp;
 }
 
-/* Activations one layer keeps for its backward, one micro-batch, per GPU
- * (Korthikanti et al. 2022, no sequence parallelism, 2-byte elements;
- * scaled for fp32). A fused (flash) attention keeps no a x s x s scores
- * and softmax, so its 5 a s / h term goes (Partita's executor, Megatron
- * with --use-flash-attn). */
-static double layer_activation_bytes(const model_shape *model,
-                                     const parallel_config *config,
-                                     bool flash_attention)
-{
-    double s = model->seq, b = config->mbs, h = model->hidden,
-           a = model->heads, t = config->tp;
-    double element_scale = precision_bytes(config->precision) / 2.0;
-    double scores = flash_attention ? 0.0 : 5.0 * a * s / (h * t);
-    return s * b * h * (10.0 + 24.0 / t + scores) * element_scale;
-}
-
 int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
                                      int microbatches)
 {
+    /* one rank trains micro-batch after micro-batch in one slot */
+    if (config->tp * config->dp * config->pp == 1)
+        return 1;
     if (config->schedule == SCHEDULE_GPIPE)
         return microbatches;
     int warm = config->pp - stage;
@@ -133,11 +108,6 @@ void costmodel_terms_from_costs(const costmodel *cm,
 {
     const model_shape *model = &cm->model;
     bool first = stage == 0, last = stage == config->pp - 1;
-    int microbatches = config->gbs / (config->dp * config->mbs);
-    double in_flight = costmodel_microbatches_in_flight(config, stage,
-                                                        microbatches);
-    double element = precision_bytes(config->precision);
-    double tokens = (double)config->mbs * model->seq;
 
     double send_forward, send_backward;
     costmodel_stage_sends(cm, config, previous, self, stage, &send_forward,
@@ -151,27 +121,15 @@ void costmodel_terms_from_costs(const costmodel *cm,
                                               self->tp_spans_nodes,
                                               self->tp_link);
 
-    double per_parameter = bytes_per_parameter(config);
-    bool flash = cm->profiles[self->small_type].flash_attention;
+    /* memory: docs/cost-model.md, "Memory per GPU" (memory.c) */
     double workspace = cm->profiles[self->small_type].workspace_gib * PT_GIB;
-    out->fixed_bytes = stage_parameters_per_gpu(model, config, stage, 0) *
-                           per_parameter + workspace;
-    if (first) /* embedding output, the first layer's input */
-        out->fixed_bytes += in_flight * tokens * model->hidden * element;
-    if (last) /* half-precision logits and the fp32 softmax of the loss */
-        out->fixed_bytes += in_flight * tokens * model->vocab / config->tp *
-                            (element + 4.0);
-    double layer_parameters = model_layer_parameter_count(model) / config->tp;
-    out->per_layer_bytes = layer_parameters * per_parameter;
-    if (config->recompute) {
-        /* each layer keeps its input; the layer being recomputed holds its
-           full activations as a working set */
-        out->per_layer_bytes += in_flight * tokens * model->hidden * element;
-        out->fixed_bytes += layer_activation_bytes(model, config, flash);
-    } else {
-        out->per_layer_bytes +=
-            in_flight * layer_activation_bytes(model, config, flash);
-    }
+    stage_memory memory;
+    costmodel_stage_memory(model, config, stage,
+                           costmodel_context_bytes(cm, config,
+                                                   self->small_type),
+                           &memory);
+    out->fixed_bytes = pt_memory_terms_total(&memory.fixed, true);
+    out->per_layer_bytes = pt_memory_terms_total(&memory.per_layer, true);
     out->cap_bytes = small->memory_cap_bytes + workspace;
     out->max_layers = layers_that_fit(out, model->layers);
 }
@@ -224,6 +182,25 @@ double costmodel_embedding_allreduce_s(const costmodel *cm,
     return costmodel_allreduce_seconds(cm, bytes, 2, curve_type, link);
 }
 
+/* The backward of the stage's last micro-batch and its gradient bytes,
+ * for the dp overlap. */
+static dp_backward last_backward(const costmodel *cm,
+                                 const parallel_config *config, int stage,
+                                 int layers, const type_costs *slow)
+{
+    bool first = stage == 0, last = stage == config->pp - 1;
+    return (dp_backward){
+        .first = first,
+        .layers = layers,
+        .head_s = last ? slow->head_backward_s : 0.0,
+        .layer_s = slow->layer_backward_s,
+        .embedding_s = first ? slow->embedding_backward_s : 0.0,
+        .fixed_bytes = 4.0 * stage_parameters_per_gpu(&cm->model, config,
+                                                      stage, 0),
+        .layer_bytes = 4.0 * model_layer_parameter_count(&cm->model) /
+                       config->tp};
+}
+
 void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                          const stage_placement *placement, int stage,
                          int layers, const type_costs *slow, step_work *out)
@@ -232,20 +209,19 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
     double params = stage_parameters_per_gpu(&cm->model, config, stage,
                                              layers);
     double gradient_bytes = params * 4.0; /* fp32 main gradients */
-    if (config->distributed_optimizer) {
-        out->reduce_s = costmodel_reduce_scatter_seconds(
-            cm, gradient_bytes, dp, placement->dp_curve_type,
-            placement->dp_link);
-        out->gather_s = costmodel_reduce_scatter_seconds(
-            cm, params * precision_bytes(config->precision), dp,
-            placement->dp_curve_type, placement->dp_link);
-    } else {
-        out->reduce_s = costmodel_allreduce_seconds(
-            cm, gradient_bytes, dp, placement->dp_curve_type,
-            placement->dp_link);
-        out->gather_s = 0.0;
-    }
-    double held = config->distributed_optimizer ? params / dp : params;
+    bool zero1 = config->distributed_optimizer;
+    out->reduce_s = costmodel_dp_reduce_seconds(cm, config, placement,
+                                                gradient_bytes, zero1);
+    /* ZeRO-1's all-gather of the updated parameters: as a reduce-scatter */
+    out->gather_s = zero1 ? costmodel_dp_reduce_seconds(
+                                cm, config, placement,
+                                params * precision_bytes(config->precision),
+                                true)
+                          : 0.0;
+    dp_backward backward = last_backward(cm, config, stage, layers, slow);
+    out->exposed_s = costmodel_dp_exposed_seconds(cm, config, placement,
+                                                  &backward, out->reduce_s);
+    double held = zero1 ? params / dp : params;
     out->optimizer_s = held * slow->optimizer_s_per_param;
     /* the buckets the backward completes last: the embedding's gradients
      * (the first stage's), or one bucket */

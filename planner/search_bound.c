@@ -142,7 +142,11 @@ static int pure_terms(costmodel *cm, const parallel_config *config, int type,
                       int stage, stage_terms *out, pt_error *err)
 {
     link_spec none = {INFINITY, 0.0};
-    stage_placement place = {type, type, false, none, none, none, -1, -1};
+    stage_placement place = {.slow_type = type, .small_type = type,
+                             .tp_link = none, .next_link = none,
+                             .dp_link = none, .next_curve_type = -1,
+                             .dp_curve_type = -1, .dp_nodes = 1,
+                             .dp_intra_link = none};
     return costmodel_stage_terms_between(cm, config,
                                          stage > 0 ? &place : NULL, &place,
                                          stage, out, err);
@@ -167,21 +171,55 @@ static bool curve_grows(const comm_curve *curve, int members)
     return true;
 }
 
+/* The least an all-reduce of `bytes` over the dp group can take on any
+ * placement in this cluster: the fastest links anywhere, no latency, as
+ * many members on a node as its GPUs allow (collectives.c). */
+static double network_allreduce_floor(const costmodel *cm,
+                                      const parallel_config *config,
+                                      double bytes)
+{
+    const cluster *c = cm->cluster;
+    double intra = 0.0, inter = 0.0;
+    int most_per_node = 1;
+    for (int type = 0; type < c->type_count; type++) {
+        if (c->types[type].count == 0)
+            continue;
+        intra = fmax(intra, c->types[type].intra_node.bandwidth_bytes_per_s);
+        inter = fmax(inter, c->types[type].inter_node.bandwidth_bytes_per_s);
+        int per_node = c->types[type].gpus / config->tp;
+        if (per_node > most_per_node)
+            most_per_node = per_node;
+    }
+    return allreduce_floor_time(bytes, config->dp, most_per_node, intra,
+                                inter);
+}
+
 /* Seconds of a stage's gradient reduction (and ZeRO-1's gather) for
- * `params` parameters per GPU over a link or a type's curve. */
+ * `params` parameters per GPU over a type's curve, or (curve_type -1)
+ * over the network's floor; the share of the reduction the estimate may
+ * hide behind the backward (costmodel_dp_overlap_floor_share) is left
+ * out. */
 static double reduction_s(costmodel *cm, const parallel_config *config,
                           double params, int curve_type, link_spec link)
 {
     int dp = config->dp;
     double gradients = params * 4.0; /* fp32 main gradients */
+    double exposed = costmodel_dp_overlap_floor_share(cm);
+    double gathered = params * precision_bytes(config->precision);
+    if (curve_type < 0) {
+        double reduce = network_allreduce_floor(cm, config, gradients);
+        if (!config->distributed_optimizer)
+            return exposed * reduce;
+        return 0.5 * (exposed * reduce +
+                      network_allreduce_floor(cm, config, gathered));
+    }
     if (!config->distributed_optimizer)
-        return costmodel_allreduce_seconds(cm, gradients, dp, curve_type,
-                                           link);
-    return costmodel_reduce_scatter_seconds(cm, gradients, dp, curve_type,
-                                            link) +
-           costmodel_reduce_scatter_seconds(
-               cm, params * precision_bytes(config->precision), dp,
-               curve_type, link);
+        return exposed * costmodel_allreduce_seconds(cm, gradients, dp,
+                                                     curve_type, link);
+    return exposed * costmodel_reduce_scatter_seconds(cm, gradients, dp,
+                                                      curve_type, link) +
+           costmodel_reduce_scatter_seconds(cm, gathered, dp, curve_type,
+                                            link);
 }
 
 /* The first stage's per-step work: at least its embeddings' reduction and
@@ -588,7 +626,8 @@ double bound_tail_floor(const bound_tables *t, const stage_facts *facts,
         costmodel_step_work(t->cm, &t->config, place, s, 0, &slow, &work);
         double tail = work.optimizer_s;
         if (place->dp_curve_type < 0)
-            tail += work.reduce_s + work.gather_s;
+            tail += costmodel_dp_overlap_floor_share(t->cm) * work.reduce_s +
+                    work.gather_s;
         if (s == 0 || s == t->pp - 1)
             tail += t->embedding_floor_s[place->slow_type][place->small_type];
         worst = fmax(worst, tail);

@@ -12,9 +12,10 @@
 #include <string.h>
 
 /* Key bytes per stage: slow, small, next and dp curve types, whether the
- * pace-setting tp group spans nodes; the tp, next and dp links. */
-#define KEY_STAGE_INTS 5
-#define KEY_STAGE_LINKS 3
+ * pace-setting tp group spans nodes, the nodes of the dp group; the tp,
+ * next and dp links and the dp group's link inside its nodes. */
+#define KEY_STAGE_INTS 6
+#define KEY_STAGE_LINKS 4
 #define KEY_LINK_BYTES (2 * sizeof(double))
 #define KEY_STAGE_BYTES (KEY_STAGE_INTS * sizeof(int32_t) + \
                          KEY_STAGE_LINKS * KEY_LINK_BYTES)
@@ -60,6 +61,8 @@ int shortlist_key_write(const stage_facts *facts, int pp, bool dp_of_one,
         cursor = put_link(cursor, p->tp_spans_nodes ? p->tp_link : none);
         cursor = put_link(cursor, last ? none : p->next_link);
         cursor = put_link(cursor, alone ? none : p->dp_link);
+        cursor = put_int(cursor, alone ? -1 : p->dp_nodes);
+        cursor = put_link(cursor, alone ? none : p->dp_intra_link);
     }
     cursor = put_link(cursor, pp > 1 ? embedding_link : none);
     cursor = put_int(cursor, pp > 1 ? embedding_curve : -1);

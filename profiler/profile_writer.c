@@ -14,10 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Memory the measurement cannot see taken before the model: cuBLAS
- * workspaces and NCCL buffers, on top of the measured CUDA context. */
-#define WORKSPACE_ALLOWANCE_GIB 0.5
-
 /* The profile's name for a device: its first word with a digit, cut at
  * a '-' ("NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA A100-SXM4-40GB" ->
  * "A100"), and "-<N>SM" under an SM limit. */
@@ -94,7 +90,10 @@ static json_t *runs_provenance(const profiler_options *o,
     json_put(obj, "warmup", json_integer(r->runs_warmup), failures);
     json_put(obj, "timed_max", json_integer(r->runs_timed_max), failures);
     json_put(obj, "timed_min", json_integer(r->runs_timed_min), failures);
-    json_put(obj, "point_budget_s", json_real(o->point_budget_s), failures);
+    json_put(obj, "rounds", json_integer(o->timing_rounds), failures);
+    json_put(obj, "round_s", json_real(o->round_s), failures);
+    json_put(obj, "calls_per_round_max", json_integer(PROFILER_MAX_QUEUED),
+             failures);
     json_put(obj, "device_warmup_s", json_real(o->device_warmup_s), failures);
     return obj;
 }
@@ -174,14 +173,23 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
     join_model_names(ctx, models, sizeof models);
     json_put(obj, "model", json_string(models), failures);
     json_put(obj, "timing",
-        json_string("host clock around each synchronous call of the stage "
-                    "(the call returns with its work finished); tp > 1: "
-                    "shard 0 computed alone, without the tp all-reduces"),
+        json_string("back to back: each part's calls queued without "
+                    "synchronising (enough for runs.round_s, at most "
+                    "runs.calls_per_round_max), host clock from the first "
+                    "call to the end of the stage's stream, over the calls; "
+                    "a round of forwards, then of forward + backward pairs "
+                    "(backward = pair - forward); the stage's per-call "
+                    "synchronisation is not counted; tp > 1: shard 0 "
+                    "computed alone, without the tp all-reduces"),
         failures);
-    json_put(obj, "statistic", json_string("median of the timed runs"), failures);
+    json_put(obj, "statistic", json_string("median over runs.rounds rounds "
+                                           "(the AdamW step alike; a curve: "
+                                           "of its timed runs)"),
+             failures);
     json_put(obj, "spread",
         json_string("forward_spread, backward_spread, spread: interquartile "
-                    "range of the timed runs over their median"),
+                    "range of the rounds (of a curve: its timed runs) over "
+                    "their median"),
         failures);
     json_put(obj, "runs", runs_provenance(ctx->options, r, failures), failures);
     json_put(obj, "optimizer", optimizer_provenance(r, failures), failures);
@@ -201,7 +209,7 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
     snprintf(workspace, sizeof workspace,
              "the CUDA context as measured plus %.1f GiB for cuBLAS "
              "workspaces and NCCL buffers",
-             WORKSPACE_ALLOWANCE_GIB);
+             PROFILE_WORKSPACE_ALLOWANCE_GIB);
     if (ctx->options->backend == BACKEND_CUDA)
         json_put(obj, "workspace", json_string(workspace), failures);
     json_put(obj, "skipped", skipped_json(ctx, failures), failures);
@@ -283,7 +291,7 @@ static int measured_profile(const profiler_writeup *ctx, profile *out)
         .flash_attention = true,
         .workspace_gib = ctx->options->backend == BACKEND_CUDA
                              ? d->context_bytes / PT_GIB +
-                                   WORKSPACE_ALLOWANCE_GIB
+                                   PROFILE_WORKSPACE_ALLOWANCE_GIB
                              : 0.0,
         .optimizer_s_per_param = r->optimizer_s_per_param};
     pt_copy_string(out->gpu, sizeof out->gpu, ctx->gpu);

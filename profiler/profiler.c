@@ -61,13 +61,12 @@ profiler_options profiler_options_defaults(backend_kind backend)
         .mbs_count = 5,
         .mbs_values = {1, 2, 4, 8, 16},
         .warmup_runs = 5,
-        /* the point budget decides below this: short points (an
-         * embedding of tens of microseconds) get many runs, whose median
-         * host overheads do not move from one profile to the next */
+        /* the curves' timed runs */
         .timed_runs = PROFILER_MAX_RUNS,
         .min_timed_runs = 7,
-        .point_budget_s = 1.5,
         .device_warmup_s = 2.0,
+        .timing_rounds = 9,
+        .round_s = 0.01,
         .seed = 1234,
     };
     return options;
@@ -78,8 +77,9 @@ void profiler_options_quick(profiler_options *options)
     options->warmup_runs = 1;
     options->timed_runs = 5;
     options->min_timed_runs = 5;
-    options->point_budget_s = 0.5;
     options->device_warmup_s = 0.0;
+    options->timing_rounds = 3;
+    options->round_s = 0.0;
 }
 
 static int check_list(const char *what, const int *values, int count,
@@ -120,9 +120,12 @@ int profiler_options_check(const profiler_options *options, pt_error *err)
                             "timed",
                        options->warmup_runs, options->min_timed_runs,
                        options->timed_runs, PROFILER_MAX_RUNS);
-    if (!(options->point_budget_s >= 0.0) ||
-        !(options->device_warmup_s >= 0.0))
+    if (!(options->device_warmup_s >= 0.0) || !(options->round_s >= 0.0))
         return pt_fail(err, "profiler: time budgets must be >= 0 s");
+    if (options->timing_rounds < 1 ||
+        options->timing_rounds > PROFILER_MAX_RUNS)
+        return pt_fail(err, "profiler: %d timing rounds; expected 1 to %d",
+                       options->timing_rounds, PROFILER_MAX_RUNS);
     if (options->backend == BACKEND_CPU &&
         (options->sm_limit != 0 || options->memory_limit_bytes != 0.0))
         return pt_fail(err, "profiler: an SM limit or memory limit needs the "
@@ -468,60 +471,106 @@ static int run_chain(part_chain *chain, int mbs, double seconds[CHAIN_CALLS],
 
 /* ---------------------------------------------------------- measuring */
 
-static double sum_of(const double *values, int count)
+/* ------------------------------------------------- back-to-back timing */
+
+/* The calls of one part, queued `count` times back to back (each stage
+ * under defer_sync) and waited for once: seconds per call. With
+ * with_backward each forward is followed by its backward. The inputs are
+ * those the last synchronous run left: the layer's input and the
+ * gradients each part receives. */
+static int queued_seconds(part_chain *chain, int part, bool with_backward,
+                          int mbs, int count, double *out, pt_error *err)
 {
-    double sum = 0.0;
+    model_stage *stages[] = {&chain->embedding, &chain->layer, &chain->head};
+    model_stage *stage = stages[part];
+    stage_io io = {.mbs = mbs, .loss_scale = 1.0f};
+    if (part != 1)
+        io.tokens = chain->tokens;
+    if (part == 0)
+        io.output_grad = stage_input_grad(&chain->layer);
+    if (part == 1) {
+        io.input = stage_input_buffer(&chain->layer, 0);
+        io.output_grad = stage_input_grad(&chain->head);
+    }
+    if (part == 2)
+        io.input = stage_input_buffer(&chain->head, 0);
+    double start = pt_monotonic_seconds();
     for (int i = 0; i < count; i++)
-        sum += values[i];
-    return sum;
+        if (stage_forward(stage, 0, &io, NULL, err) != 0 ||
+            (with_backward && stage_backward(stage, 0, &io, err) != 0))
+            return -1;
+    if (stage_synchronize(stage, err) != 0)
+        return -1;
+    *out = (pt_monotonic_seconds() - start) / count;
+    return 0;
 }
 
-/* Timed runs for a point whose one run took run_s: as many as fit the
- * budget, within the options' bounds. */
-static int timed_runs_for(const profiler_options *o, double run_s)
+/* Calls a round of one part queues: enough for round_s at the part's
+ * synchronous pace (call_s, forward plus backward), 1..PROFILER_MAX_QUEUED. */
+static int calls_per_round(const profiler_options *o, double call_s)
 {
-    int runs = o->timed_runs;
-    if (run_s > 0.0 && o->point_budget_s / run_s < (double)runs)
-        runs = (int)(o->point_budget_s / run_s);
-    return runs < o->min_timed_runs ? o->min_timed_runs : runs;
+    double wanted = call_s > 0.0 ? ceil(o->round_s / call_s) : 1.0;
+    if (wanted < 1.0)
+        return 1;
+    return wanted > PROFILER_MAX_QUEUED ? PROFILER_MAX_QUEUED : (int)wanted;
 }
 
+/* One part's forward and backward: rounds of `count` forwards, then of
+ * `count` forward + backward pairs, back to back; the backward of a
+ * round is its pair less its forward; medians over the rounds. */
+static int time_part(part_chain *chain, int part, int mbs, int count,
+                     const profiler_options *o, profiled_part *out,
+                     pt_error *err)
+{
+    double forward[PROFILER_MAX_RUNS], backward[PROFILER_MAX_RUNS];
+    for (int r = 0; r < o->timing_rounds; r++) {
+        double pair;
+        if (queued_seconds(chain, part, false, mbs, count, &forward[r],
+                           err) != 0 ||
+            queued_seconds(chain, part, true, mbs, count, &pair, err) != 0)
+            return -1;
+        /* a pair is never faster than its forward but for noise */
+        backward[r] = fmax(pair - forward[r], 0.05 * pair);
+    }
+    out->forward = timing_summarize(forward, o->timing_rounds);
+    out->backward = timing_summarize(backward, o->timing_rounds);
+    return 0;
+}
+
+static void set_deferred(part_chain *chain, bool on)
+{
+    chain->embedding.defer_sync = on;
+    chain->layer.defer_sync = on;
+    chain->head.defer_sync = on;
+}
+
+/* Warm-up runs of the whole chain, synchronous (they leave every part's
+ * inputs in place and say how long each call takes), then each part
+ * timed back to back (docs/profiles.md, "Measuring"). */
 static int measure_point(part_chain *chain, int tp, int mbs,
                          const profiler_options *o, profiled_point *out,
                          pt_error *err)
 {
-    double seconds[CHAIN_CALLS];
-    double run_s = 0.0;
-    for (int i = 0; i < o->warmup_runs; i++) {
+    double seconds[CHAIN_CALLS] = {0};
+    int runs = o->warmup_runs > 0 ? o->warmup_runs : 1;
+    for (int i = 0; i < runs; i++)
         if (run_chain(chain, mbs, seconds, err) != 0)
             return -1;
-        run_s = sum_of(seconds, CHAIN_CALLS);
+    const double call_s[3] = {
+        seconds[EMBEDDING_FORWARD] + seconds[EMBEDDING_BACKWARD],
+        seconds[LAYER_FORWARD] + seconds[LAYER_BACKWARD],
+        seconds[HEAD_FORWARD] + seconds[HEAD_BACKWARD]};
+    profiled_part *parts[3] = {&out->embedding, &out->layer, &out->head};
+    *out = (profiled_point){.tp = tp, .mbs = mbs};
+    set_deferred(chain, true);
+    int status = 0;
+    for (int part = 0; part < 3 && status == 0; part++) {
+        int count = calls_per_round(o, call_s[part]);
+        status = time_part(chain, part, mbs, count, o, parts[part], err);
+        out->calls_per_round[part] = count;
     }
-    int runs = timed_runs_for(o, run_s);
-    double *samples = malloc((size_t)runs * CHAIN_CALLS * sizeof *samples);
-    if (samples == NULL)
-        return pt_fail(err, "profiler: out of host memory");
-    for (int r = 0; r < runs; r++) {
-        if (run_chain(chain, mbs, seconds, err) != 0) {
-            free(samples);
-            return -1;
-        }
-        for (int call = 0; call < CHAIN_CALLS; call++)
-            samples[call * runs + r] = seconds[call];
-    }
-    timing_summary summary[CHAIN_CALLS];
-    for (int call = 0; call < CHAIN_CALLS; call++)
-        summary[call] = timing_summarize(samples + call * runs, runs);
-    free(samples);
-    *out = (profiled_point){
-        .tp = tp,
-        .mbs = mbs,
-        .embedding = {summary[EMBEDDING_FORWARD],
-                      summary[EMBEDDING_BACKWARD]},
-        .layer = {summary[LAYER_FORWARD], summary[LAYER_BACKWARD]},
-        .head = {summary[HEAD_FORWARD], summary[HEAD_BACKWARD]},
-    };
-    return 0;
+    set_deferred(chain, false);
+    return status;
 }
 
 /* Repeats runs at the chain's capacity until warmup_s has passed, so that
@@ -537,21 +586,37 @@ static int warm_device(part_chain *chain, double warmup_s, pt_error *err)
     return 0;
 }
 
+/* The AdamW step, back to back like the parts: rounds of steps queued
+ * without synchronising (enough for round_s at the pace of the warm-up
+ * steps), median over the rounds. */
 static int time_adamw(model_stage *stage, const profiler_options *o,
                       timing_summary *out, pt_error *err)
 {
     adamw_config config = adamw_defaults();
-    double runs[PROFILER_MAX_RUNS];
-    for (int i = 0; i < o->warmup_runs + o->timed_runs; i++) {
+    double step_s = 0.0, rounds[PROFILER_MAX_RUNS];
+    int warmup = o->warmup_runs > 0 ? o->warmup_runs : 1;
+    for (int i = 0; i < warmup; i++) {
         double start = pt_monotonic_seconds();
         if (stage_adamw_step(stage, &config, PROFILER_LEARNING_RATE, 1.0f,
                              err) != 0)
             return -1;
-        if (i >= o->warmup_runs)
-            runs[i - o->warmup_runs] = pt_monotonic_seconds() - start;
+        step_s = pt_monotonic_seconds() - start;
     }
-    *out = timing_summarize(runs, o->timed_runs);
-    return 0;
+    int count = calls_per_round(o, step_s);
+    stage->defer_sync = true;
+    int status = 0;
+    for (int r = 0; r < o->timing_rounds && status == 0; r++) {
+        double start = pt_monotonic_seconds();
+        for (int i = 0; i < count && status == 0; i++)
+            status = stage_adamw_step(stage, &config, PROFILER_LEARNING_RATE,
+                                      1.0f, err);
+        if (status == 0)
+            status = stage_synchronize(stage, err);
+        rounds[r] = (pt_monotonic_seconds() - start) / count;
+    }
+    stage->defer_sync = false;
+    *out = timing_summarize(rounds, o->timing_rounds);
+    return status;
 }
 
 static int measure_optimizer(part_chain *chain, const profiler_options *o,
@@ -570,8 +635,7 @@ static int measure_optimizer(part_chain *chain, const profiler_options *o,
     return 0;
 }
 
-/* Why a tp cannot be profiled for this shape, or NULL. */
-static const char *tp_refusal(const model_shape *shape, int tp)
+const char *profiler_tp_refusal(const model_shape *shape, int tp)
 {
     if (shape->heads % tp != 0)
         return "it does not divide the heads";
@@ -625,7 +689,7 @@ static int measure_tp(const model_shape *shape, int tp,
                       pt_error *err)
 {
     char label[400];
-    const char *refusal = tp_refusal(shape, tp);
+    const char *refusal = profiler_tp_refusal(shape, tp);
     if (refusal != NULL) {
         add_note(out, "tp %d skipped: %s (%d heads, hidden %d, ffn_hidden "
                       "%d)",

@@ -16,10 +16,13 @@
  * a list, shard 0 of the embedding, of one transformer layer and of the
  * head, each a stage of its own, tensor-parallel shards compute-only (the
  * tp all-reduces are priced separately, from the all-reduce curve), at
- * every micro-batch of a list that fits in memory. Each part is run
- * forward then backward, warm-up runs first, then timed runs, host clock
- * around each synchronous call; a part's time is the median of its runs,
- * its spread the interquartile range over the median. Plus the AdamW step
+ * every micro-batch of a list that fits in memory. Warm-up runs of the
+ * three parts first (forward then backward, each call synchronous); then
+ * each part timed back to back: rounds of calls queued without
+ * synchronising (stage defer_sync), host clock from the first call to the
+ * end of the stage's stream over the calls, forwards alone and forward +
+ * backward pairs; a time is the median over the rounds, its spread their
+ * interquartile range over the median. Plus the AdamW step
  * per parameter and, built with NCCL and given two GPUs, all-reduce and
  * send/recv curves. Backend-agnostic except the device handling: on the
  * cpu backend it runs (slowly) on a tiny model, which is how CI tests it.
@@ -30,6 +33,8 @@
 #define PROFILER_MAX_VALUES 16
 #define PROFILER_MAX_NOTES 24
 #define PROFILER_MAX_COMM_SIZES 32
+/* The most calls of one part queued back to back in a round. */
+#define PROFILER_MAX_QUEUED 256
 
 /* A timed quantity: the median of its timed runs and their spread,
  * (third quartile - first quartile) / median (quartiles by linear
@@ -56,6 +61,8 @@ typedef struct profiled_point {
     profiled_part embedding;
     profiled_part layer;
     profiled_part head;      /* final norm, LM head and loss */
+    int calls_per_round[3];  /* back to back in a round: embedding, layer,
+                                head */
 } profiled_point;
 
 /* Reported after each step of a measurement: done of total steps; point
@@ -76,22 +83,27 @@ typedef struct profiler_options {
     int mbs_count;
     int mbs_values[PROFILER_MAX_VALUES];  /* ascending */
     int warmup_runs;             /* untimed runs before each point */
-    int timed_runs;              /* timed runs of a point, at most */
-    int min_timed_runs;          /* at least, however slow the point */
-    double point_budget_s;       /* timed seconds a point should take:
-                                    slow points get fewer runs */
+    int timed_runs;              /* timed runs of a communication size,
+                                    at most */
+    int min_timed_runs;          /* at least */
     double device_warmup_s;      /* work before the first timing, so that
                                     clocks have ramped up */
+    int timing_rounds;           /* rounds of back-to-back calls a part's
+                                    time is the median of */
+    double round_s;              /* a round lasts about this long: calls
+                                    queued in it, 1 to PROFILER_MAX_QUEUED */
     uint64_t seed;               /* parameters and tokens */
     profiler_progress_fn progress;   /* NULL: none */
     void *progress_data;
 } profiler_options;
 
 /* The full measurement: tp 1, 2, 4, 8, micro-batches 1, 2, 4, 8, 16,
- * 5 warm-up and up to 50 timed runs per point (at least 7; as many as
- * fit in about 1.5 s), 2 s of device warm-up. */
+ * 5 warm-up runs per point, then 9 rounds of about 10 ms a part and
+ * direction (the AdamW step alike), 2 s of device warm-up; 7 to 256
+ * timed runs of a communication size. */
 profiler_options profiler_options_defaults(backend_kind backend);
-/* Fewer runs, no device warm-up: for tests and a first look. */
+/* Fewer runs and rounds (3, of one call), no device warm-up: for tests
+ * and a first look. */
 void profiler_options_quick(profiler_options *options);
 /* Checks lists (ascending powers of two for tp, ascending for mbs, each
  * 1..1024), run counts and the cuda-only options. */
@@ -138,6 +150,10 @@ typedef struct profiler_result {
 int profiler_measure(const model_shape *shape,
                      const profiler_options *options, profiler_result *out,
                      pt_error *err);
+
+/* Why a tp cannot be profiled for this shape (it does not divide the
+ * heads...), or NULL. */
+const char *profiler_tp_refusal(const model_shape *shape, int tp);
 
 /* Communication curves between two GPUs of this machine (devices 0 and
  * 1) through NCCL. */

@@ -36,6 +36,8 @@ typedef struct run_record {
     timeline_event *events;         /* owned */
     double *peak_memory_gib;        /* owned, [rank_count]; NAN: not
                                        measured */
+    pt_memory_terms *memory_terms;  /* owned, [rank_count], NAN where not
+                                       known; NULL: the file has none */
     /* Read from a training log rather than a run.json: what it held and
      * lacked, a paragraph for the report's header ("" for a run.json). */
     char log_summary[1024];

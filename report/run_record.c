@@ -7,7 +7,7 @@
 #include <string.h>
 
 /* The record's fields a report uses; the arrays of `in` are copied, but
- * peak_memory_gib is taken over. */
+ * peak_memory_gib and memory_terms are taken over. */
 static int take_record(run_json *in, run_record *out, pt_error *err)
 {
     pt_copy_string(out->backend, sizeof out->backend, in->backend);
@@ -23,6 +23,8 @@ static int take_record(run_json *in, run_record *out, pt_error *err)
     out->events_iteration = (int)in->events_iteration;
     out->peak_memory_gib = in->peak_memory_gib;
     in->peak_memory_gib = NULL;
+    out->memory_terms = in->memory_terms;
+    in->memory_terms = NULL;
     out->iterations = calloc((size_t)in->iteration_count + 1,
                              sizeof *out->iterations);
     out->events = calloc((size_t)in->event_count + 1, sizeof *out->events);
@@ -77,9 +79,11 @@ void run_record_free(run_record *run)
     free(run->iterations);
     free(run->events);
     free(run->peak_memory_gib);
+    free(run->memory_terms);
     run->iterations = NULL;
     run->events = NULL;
     run->peak_memory_gib = NULL;
+    run->memory_terms = NULL;
     run->iteration_count = run->event_count = run->rank_count = 0;
 }
 

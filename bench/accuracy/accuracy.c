@@ -6,7 +6,10 @@
  * and compares step time and peak memory; writes the table, the mean and
  * largest errors, the terms of the model (forward, backward,
  * communication per stage) and a scatter chart (gnuplot) of estimated
- * against measured step time. docs/accuracy.md is its output.
+ * against measured step time; and, where the runs carry them
+ * (memory_terms_gib), each memory term estimated and measured per stage.
+ * Suites: bench/accuracy/plans (run.sh, run_gpus.sh) and plans-1gpu
+ * (run_one_gpu.sh). docs/accuracy.md is its output.
  *
  * usage: accuracy PLANS_DIR RUNS_DIR OUT.md CHART_DIR
  */
@@ -29,6 +32,14 @@ typedef struct suite_row {
     double estimated_memory_gib, measured_memory_gib;
     double forward_error, backward_error; /* % per micro-batch, mean over
                                              stages */
+    /* per stage (stage_count): the estimate's memory terms, and the
+     * measured ones of the stage's largest rank (NAN where not known) */
+    int stage_count;
+    pt_memory_terms *estimated_terms;     /* owned */
+    pt_memory_terms *measured_terms;      /* owned; NULL: the run has none */
+    bool memory_with_context; /* the memory compared counts the CUDA
+                                 context on both sides (measured for
+                                 every stage) */
     bool has_run;
     char problem[sizeof(pt_error)]; /* why a row has no comparison */
 } suite_row;
@@ -95,6 +106,92 @@ static void phase_errors(const report_comparison *cmp, suite_row *row)
     row->backward_error = counted > 0 ? backward / counted : NAN;
 }
 
+/* The estimate's terms of every stage; the memory compared with a run's
+ * peak is the largest stage's without the context, which a run's peak
+ * leaves out too (its terms measure it apart). */
+static int keep_estimated_terms(const estimate *est, suite_row *row)
+{
+    row->stage_count = est->stage_count;
+    row->estimated_terms =
+        calloc((size_t)est->stage_count, sizeof *row->estimated_terms);
+    if (row->estimated_terms == NULL)
+        return -1;
+    row->estimated_memory_gib = 0.0;
+    for (int s = 0; s < est->stage_count; s++) {
+        row->estimated_terms[s] = est->stages[s].memory;
+        double gib =
+            pt_memory_terms_total(&est->stages[s].memory, false) / PT_GIB;
+        if (gib > row->estimated_memory_gib)
+            row->estimated_memory_gib = gib;
+    }
+    return 0;
+}
+
+/* Whether any rank of the run has any term (the cpu backend's have
+ * none). */
+static bool run_has_terms(const run_record *run)
+{
+    for (int rank = 0; run->memory_terms != NULL && rank < run->rank_count;
+         rank++)
+        for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+            if (!isnan(run->memory_terms[rank].bytes[t]))
+                return true;
+    return false;
+}
+
+/* The total of the terms measured (NAN bytes left out). */
+static double measured_total(const pt_memory_terms *terms, bool with_context)
+{
+    double sum = 0.0;
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+        if ((with_context || t != PT_MEMORY_CONTEXT) && !isnan(terms->bytes[t]))
+            sum += terms->bytes[t];
+    return sum;
+}
+
+/* Where the run measured the context of every stage (ranks alone on
+ * their GPUs), the memory compared is the whole device memory in use:
+ * every term and the context, on both sides, the largest stage's. */
+static void compare_with_context(suite_row *row)
+{
+    if (row->measured_terms == NULL)
+        return;
+    double estimated = 0.0, measured = 0.0;
+    for (int s = 0; s < row->stage_count; s++) {
+        if (isnan(row->measured_terms[s].bytes[PT_MEMORY_CONTEXT]))
+            return;
+        estimated = fmax(estimated,
+                         pt_memory_terms_total(&row->estimated_terms[s], true));
+        measured = fmax(measured,
+                        measured_total(&row->measured_terms[s], true));
+    }
+    row->memory_with_context = true;
+    row->estimated_memory_gib = estimated / PT_GIB;
+    row->measured_memory_gib = measured / PT_GIB;
+}
+
+/* Each stage's measured terms: those of its rank with the largest peak. */
+static int keep_measured_terms(const plan *p, const run_record *run,
+                               suite_row *row)
+{
+    if (!run_has_terms(run))
+        return 0;
+    row->measured_terms =
+        calloc((size_t)row->stage_count, sizeof *row->measured_terms);
+    if (row->measured_terms == NULL)
+        return -1;
+    int per_stage = parallel_ranks_per_stage(&p->config);
+    for (int s = 0; s < row->stage_count; s++) {
+        int first = parallel_stage_first_rank(&p->config, s), largest = first;
+        for (int rank = first; rank < first + per_stage; rank++)
+            if (rank < run->rank_count &&
+                run->peak_memory_gib[rank] > run->peak_memory_gib[largest])
+                largest = rank;
+        row->measured_terms[s] = run->memory_terms[largest];
+    }
+    return 0;
+}
+
 static int compare_plan(const char *plans_dir, const char *runs_dir,
                         const char *file, suite_row *row, pt_error *err)
 {
@@ -117,12 +214,10 @@ static int compare_plan(const char *plans_dir, const char *runs_dir,
                            p.partition, true, &est, err) != 0)
         goto no_estimate;
     row->estimated_step_s = est.step_time_s;
-    row->estimated_memory_gib = 0.0;
-    for (int s = 0; s < est.stage_count; s++)
-        if (est.stages[s].peak_memory_bytes / PT_GIB >
-            row->estimated_memory_gib)
-            row->estimated_memory_gib =
-                est.stages[s].peak_memory_bytes / PT_GIB;
+    if (keep_estimated_terms(&est, row) != 0) {
+        pt_fail(err, "out of memory");
+        goto no_run;
+    }
     run_record run;
     pt_error run_err = {{0}};
     if (run_record_load_file(run_path, &run, &run_err) != 0 ||
@@ -139,7 +234,10 @@ static int compare_plan(const char *plans_dir, const char *runs_dir,
                                            run.rank_count);
         phase_errors(&cmp, row);
         report_comparison_free(&cmp);
-        status = 0;
+        status = keep_measured_terms(&p, &run, row) == 0
+                     ? 0
+                     : pt_fail(err, "out of memory");
+        compare_with_context(row);
     }
     run_record_free(&run);
 no_run:
@@ -179,16 +277,27 @@ static void write_table(FILE *out, const suite_row *rows, int count)
                      memory, sizeof memory);
         format_error(r->forward_error, forward, sizeof forward);
         format_error(r->backward_error, backward, sizeof backward);
-        fprintf(out, "| %s | %s | %.1f ms | %.1f ms | %s | %.2f GiB | "
-                     "%.2f GiB | %s | %s | %s |\n",
+        const char *mark = r->memory_with_context ? " (c)" : "";
+        fprintf(out, "| %s | %s | %.1f ms | %.1f ms | %s | %.2f GiB%s | "
+                     "%.2f GiB%s | %s | %s | %s |\n",
                 r->name, r->layout, 1e3 * r->estimated_step_s,
                 1e3 * r->measured_step_s, step, r->estimated_memory_gib,
-                r->measured_memory_gib, memory, forward, backward);
+                mark, r->measured_memory_gib, mark, memory, forward,
+                backward);
     }
 }
 
 static void write_summary(FILE *out, const suite_row *rows, int count)
 {
+    for (int i = 0; i < count; i++)
+        if (rows[i].has_run && rows[i].memory_with_context) {
+            fprintf(out, "\n(c): the whole device memory in use, the CUDA "
+                         "context included (measured: cudaMemGetInfo, for "
+                         "ranks alone on their GPU); elsewhere the memory "
+                         "the ranks allocated, the context left out on "
+                         "both sides.\n");
+            break;
+        }
     double step_sum = 0.0, step_max = 0.0, memory_sum = 0.0,
            memory_max = 0.0;
     int measured = 0;
@@ -215,6 +324,67 @@ static void write_summary(FILE *out, const suite_row *rows, int count)
                  "(target 5 %%).\n",
             measured, count, step_sum / measured, step_max,
             memory_sum / measured, memory_max);
+}
+
+/* "3.05 / 3.04" (GiB, estimated / measured), "3.05 / -" where the run
+ * did not measure the term. */
+static void format_pair(double estimated, double measured, char *out,
+                        size_t size)
+{
+    if (isnan(measured))
+        snprintf(out, size, "%.2f / -", estimated / PT_GIB);
+    else
+        snprintf(out, size, "%.2f / %.2f", estimated / PT_GIB,
+                 measured / PT_GIB);
+}
+
+/* One row per stage of every run that carries memory terms: each term
+ * estimated / measured (GiB), then the total without the context and
+ * its error. */
+static void write_term_table(FILE *out, const suite_row *rows, int count)
+{
+    static const char *const headers[PT_MEMORY_TERM_COUNT] = {
+        "weights", "mirror", "grads", "optimizer", "activations", "logits",
+        "scratch", "cuBLASLt", "comm", "rounding", "context"};
+    int shown = 0;
+    for (int i = 0; i < count; i++)
+        shown += rows[i].has_run && rows[i].measured_terms != NULL;
+    if (shown == 0) {
+        fprintf(out, "\nNo run carries memory terms (memory_terms_gib) "
+                     "yet.\n");
+        return;
+    }
+    fprintf(out, "\nMemory per stage, term by term (GiB, estimated / "
+                 "measured on the stage's largest rank; the total leaves "
+                 "the context out, as the peak above):\n\n| plan | stage |");
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+        fprintf(out, " %s |", headers[t]);
+    fprintf(out, " total | error |\n|---|---:|");
+    for (int t = 0; t <= PT_MEMORY_TERM_COUNT + 1; t++)
+        fprintf(out, "---:|");
+    fprintf(out, "\n");
+    for (int i = 0; i < count; i++) {
+        const suite_row *r = &rows[i];
+        if (!r->has_run || r->measured_terms == NULL)
+            continue;
+        for (int s = 0; s < r->stage_count; s++) {
+            const pt_memory_terms *e = &r->estimated_terms[s];
+            const pt_memory_terms *m = &r->measured_terms[s];
+            fprintf(out, "| %s | %d |", r->name, s);
+            char pair[48];
+            for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++) {
+                format_pair(e->bytes[t], m->bytes[t], pair, sizeof pair);
+                fprintf(out, " %s |", pair);
+            }
+            double estimated = pt_memory_terms_total(e, false);
+            double measured = measured_total(m, false);
+            char error[32];
+            format_error(report_error_percent(estimated, measured), error,
+                         sizeof error);
+            format_pair(estimated, measured, pair, sizeof pair);
+            fprintf(out, " %s | %s |\n", pair, error);
+        }
+    }
 }
 
 /* The scatter chart with gnuplot (PNG and SVG); returns 0 when drawn. */
@@ -287,14 +457,20 @@ int main(int argc, char **argv)
     } else {
         write_table(out, rows, count);
         write_summary(out, rows, count);
+        write_term_table(out, rows, count);
         bool drawn = draw_scatter(argv[4], rows, count) == 0;
         fprintf(out, "\n%s\n", drawn ? "![estimated against measured step "
                                        "time](accuracy/accuracy-scatter.svg)"
                                      : "(gnuplot failed: no scatter chart)");
         fclose(out);
     }
-    for (int i = 0; i < count; i++)
+    for (int i = 0; i < count; i++) {
         free(names[i]);
+        if (rows != NULL) {
+            free(rows[i].estimated_terms);
+            free(rows[i].measured_terms);
+        }
+    }
     free(rows);
     return status;
 }

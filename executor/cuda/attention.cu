@@ -872,11 +872,6 @@ extern "C" cudaError_t cuda_attention_forward(pt_bf16 *out_bf16, float *lse,
                                         stream);
 }
 
-extern "C" size_t cuda_attention_backward_scratch(int B, int T, int NH)
-{
-    return (size_t)B * NH * T;
-}
-
 template <int HD>
 static cudaError_t launch_backward(bf16 *d_qkv, const bf16 *d_out,
                                    const bf16 *qkv, const bf16 *out,

@@ -80,6 +80,11 @@ const char *cuda_stage_attention(const model_stage *stage);
  * cuBLASLt workspace and cuDNN's attention workspace. */
 size_t cuda_stage_device_bytes(const model_stage *stage);
 
+/* The same by memory term (common.h), with the allocator's rounding:
+ * what executor/cuda/buffers.c's plan says for the stage's shape. The
+ * comm and the context are not the stage's (0 here). */
+void cuda_stage_memory_terms(const model_stage *stage, pt_memory_terms *out);
+
 /* The stream a cuda stage runs on (for NCCL work ordered with it). */
 cudaStream_t cuda_stage_stream(const model_stage *stage);
 

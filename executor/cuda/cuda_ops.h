@@ -23,12 +23,17 @@
 
 #include <cuda_runtime_api.h>
 
+#include "executor/cuda/kernel_sizes.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+#ifndef PARTITA_PT_BF16
+#define PARTITA_PT_BF16
 /* A bfloat16 value as its 16 bits (the top half of an fp32). */
 typedef uint16_t pt_bf16;
+#endif
 
 /* Host-side conversions, round to nearest even (tests and set-up). */
 pt_bf16 pt_float_to_bf16(float value);
@@ -152,7 +157,6 @@ cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
  * completion counters, which every call leaves at zero again); one call
  * at a time may use it.
  */
-size_t cuda_layernorm_backward_scratch(int N, int C);
 cudaError_t cuda_layernorm_backward(float *d_inp, pt_bf16 *d_inp_bf16,
                                     float *d_weight, float *d_bias,
                                     const float *d_residual,
@@ -167,7 +171,6 @@ cudaError_t cuda_layernorm_backward(float *d_inp, pt_bf16 *d_inp_bf16,
 /* d_bias[j] += sum over the N rows of d_out_bf16[n, j] (OC columns), with
  * a fixed summation order. scratch: cuda_bias_grad_scratch(N, OC)
  * floats. */
-size_t cuda_bias_grad_scratch(int N, int OC);
 cudaError_t cuda_bias_grad(float *d_bias, const pt_bf16 *d_out_bf16,
                            float *scratch, int N, int OC,
                            cudaStream_t stream);
@@ -188,7 +191,6 @@ cudaError_t cuda_attention_forward(pt_bf16 *out_bf16, float *lse,
                                    int C, int NH, cudaStream_t stream);
 /* WRITES d_qkv_bf16 (B x T x 3C). scratch: cuda_attention_backward_scratch
  * floats (B x NH x T). */
-size_t cuda_attention_backward_scratch(int B, int T, int NH);
 cudaError_t cuda_attention_backward(pt_bf16 *d_qkv_bf16,
                                     const pt_bf16 *d_out_bf16,
                                     const pt_bf16 *qkv_bf16,
@@ -259,22 +261,10 @@ cudaError_t cuda_mean(double *out, const float *values, int count,
 
 /* -------------------------------------------------------------- optimizer */
 
-/*
- * A piece of one tensor for the optimizer kernels: `count` (<= the chunk
- * size) floats at fp32 offset `offset` of the parameter buffers and at
- * `mirror_offset` of the bf16 weight mirror; `decay` when AdamW decays it.
- */
-typedef struct param_chunk {
-    uint64_t offset;
-    uint64_t mirror_offset;
-    uint64_t moment_offset;      /* in adam_m / adam_v: offset less the
-                                    first parameter the optimizer steps */
-    uint32_t count;
-    uint32_t decay;
-} param_chunk;
-
-/* Elements per param_chunk. */
-#define PARAM_CHUNK_ELEMENTS 16384
+/* The optimizer kernels work on param_chunk tables (kernel_sizes.h): a
+ * chunk is `count` (<= PARAM_CHUNK_ELEMENTS) floats at fp32 offset
+ * `offset` of the parameter buffers and at `mirror_offset` of the bf16
+ * weight mirror; `decay` when AdamW decays it. */
 
 /* AdamW over every chunk (see cpu_adamw_update), then the bf16 mirror of
  * the updated parameters. first_correction / second_correction:
@@ -296,7 +286,6 @@ cudaError_t cuda_refresh_mirror(pt_bf16 *mirror_bf16, const float *params,
                                 cudaStream_t stream);
 /* out[0] = sum of values[i]^2 (double, device). scratch:
  * cuda_square_sum_scratch() doubles. */
-size_t cuda_square_sum_scratch(void);
 cudaError_t cuda_square_sum(double *out, const float *values, size_t count,
                             double *scratch, cudaStream_t stream);
 /* out[t] = sum of squares of tensor t (double, device), t < tensor_count,

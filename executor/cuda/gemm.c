@@ -14,8 +14,8 @@
 
 #include "executor/cuda/cuda_check.h"
 
-/* cuBLAS asks for 32 MiB on Hopper to reach its best kernels. */
-#define GEMM_WORKSPACE_BYTES (32u * 1024u * 1024u)
+/* kernel_sizes.h: 32 MiB, what cuBLAS asks for on Hopper. */
+#define GEMM_WORKSPACE_BYTES CUDA_GEMM_WORKSPACE_BYTES
 
 /* Everything an algorithm choice depends on. Compared with memcmp, so
  * built with memset first. */

@@ -24,10 +24,9 @@
 #define ROWS_PER_FORWARD_BLOCK 8   /* one warp each */
 #define FORWARD_MAX_GROUPS 8       /* 8-channel groups per lane: C <= 2048 */
 #define BACKWARD_THREADS 256
-#define BACKWARD_ROWS 32 /* rows per block: 512 blocks for 16384 rows */
+#define BACKWARD_ROWS CUDA_LAYERNORM_BACKWARD_ROWS /* kernel_sizes.h */
 #define FUSED_MAX_COLUMNS 8192     /* 256 threads x 4 groups of 8 */
-#define FUSED_GROUP_BLOCKS 16      /* blocks whose partials one of them sums */
-#define COUNTER_ALIGNMENT 64       /* floats: the partials start 256-aligned */
+#define FUSED_GROUP_BLOCKS CUDA_LAYERNORM_GROUP_BLOCKS /* kernel_sizes.h */
 
 /* The generic forward (any C; `vector`: C % 8 == 0 and every pointer
  * 16-byte aligned, so a lane moves 8 channels per access): the row is
@@ -596,24 +595,6 @@ __global__ void layernorm_partials_kernel(float *d_weight, float *d_bias,
     }
 }
 
-/* Counters first (a fixed place whatever N, so a call with fewer rows
- * finds them zeroed too), then the blocks' partial rows and the groups'
- * sums; the generic kernels use the same partial rows. */
-static size_t counter_floats(int N)
-{
-    size_t blocks = blocks_for((size_t)N, BACKWARD_ROWS);
-    size_t groups = (blocks + FUSED_GROUP_BLOCKS - 1) / FUSED_GROUP_BLOCKS;
-    return (groups + 1 + COUNTER_ALIGNMENT - 1) / COUNTER_ALIGNMENT *
-           COUNTER_ALIGNMENT;
-}
-
-extern "C" size_t cuda_layernorm_backward_scratch(int N, int C)
-{
-    size_t blocks = blocks_for((size_t)N, BACKWARD_ROWS);
-    size_t groups = (blocks + FUSED_GROUP_BLOCKS - 1) / FUSED_GROUP_BLOCKS;
-    return counter_floats(N) + (blocks + groups) * 2 * (size_t)C;
-}
-
 /* The fused kernel for rows of C % 8 == 0 channels, C <= 8192: G groups
  * of 8 channels per thread, at most 256 threads, ROWS rows at a time (G
  * x ROWS = 4: 64 values of the rows in registers). */
@@ -648,7 +629,7 @@ extern "C" cudaError_t cuda_layernorm_backward(
                   aligned16(inp) && aligned16(weight) && aligned16(scratch) &&
                   (d_inp_bf16 == NULL || aligned16(d_inp_bf16)) &&
                   (d_residual == NULL || aligned16(d_residual));
-    float *partials = scratch + counter_floats(N);
+    float *partials = scratch + cuda_layernorm_counter_floats(N);
     if (vector && C <= FUSED_MAX_COLUMNS) {
         layernorm_backward_args a = {
             d_inp, as_bf16(d_inp_bf16), d_weight, d_bias, partials,

@@ -54,35 +54,6 @@
 
 #include "executor/cuda/cuda_check.h"
 
-/* --------------------------------------------------------------- arenas */
-
-/* Hands out consecutive aligned pieces of one allocation. Run once with
- * base NULL to learn the size, then again over the allocated block. */
-typedef struct arena {
-    char *base;
-    size_t used;
-} arena;
-
-static void *arena_take(arena *a, size_t bytes)
-{
-    a->used = (a->used + ARENA_ALIGNMENT - 1) / ARENA_ALIGNMENT *
-              ARENA_ALIGNMENT;
-    void *piece = a->base != NULL ? a->base + a->used : NULL;
-    a->used += bytes;
-    return piece;
-}
-
-static float *take_floats(arena *a, size_t count)
-{
-    return arena_take(a, count * sizeof(float));
-}
-
-static pt_bf16 *take_bf16(arena *a, size_t count)
-{
-    return arena_take(a, count * sizeof(pt_bf16));
-}
-
-
 /* ----------------------------------------------------------- tensor map */
 
 /* The layout of stage_parameter_layout, walked in its order. */
@@ -119,105 +90,12 @@ static void map_offsets(const model_stage *stage, stage_offsets *out)
 
 /* ----------------------------------------------------------- allocation */
 
-static void carve_tokens(token_block *block, arena *a, size_t N)
-{
-    block->inputs = arena_take(a, N * sizeof(uint32_t));
-    block->targets = arena_take(a, N * sizeof(uint32_t));
-    block->plan_starts = arena_take(a, (N + 1) * sizeof(int));
-    block->plan_rows = arena_take(a, N * sizeof(int));
-    block->plan_tokens = arena_take(a, N * sizeof(uint32_t));
-}
-
-/* Everything a layer's backward reads but its output (the selective
- * recompute options leave out the norms' or the GELU's outputs). */
-static void carve_layer(layer_activations *act, arena *a, const stage_dims *d,
-                        const cuda_stage_state *state)
-{
-    size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
-           F = (size_t)d->F;
-    act->ln1_mean = take_floats(a, N);
-    act->ln1_rstd = take_floats(a, N);
-    act->ln1_out = state->recompute_norm ? NULL : take_bf16(a, N * C);
-    act->qkv = take_bf16(a, N * 3 * A);
-    act->att_out = take_bf16(a, N * A);
-    act->att_lse = take_floats(a, (size_t)d->B * d->NH * d->T);
-    act->residual_mid = take_floats(a, N * C);
-    act->ln2_mean = take_floats(a, N);
-    act->ln2_rstd = take_floats(a, N);
-    act->ln2_out = state->recompute_norm ? NULL : take_bf16(a, N * C);
-    act->fc_pre = take_bf16(a, N * F);
-    act->gelu_out = state->recompute_gelu ? NULL : take_bf16(a, N * F);
-}
-
-static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
-                       const cuda_stage_state *state,
-                       const stage_spec *spec)
-{
-    size_t N = (size_t)d->N, C = (size_t)d->C;
-    carve_tokens(&slot->tokens, a, N);
-    slot->input = take_floats(a, N * C);
-    for (int l = 0; l < state->layer_count; l++) {
-        layer_activations *act = &slot->layers[l];
-        if (!spec->recompute_layers)
-            carve_layer(act, a, d, state);
-        act->output = take_floats(a, N * C);
-    }
-    bool has_head = spec->has_head;
-    if (has_head) {
-        slot->final_out = take_bf16(a, N * C);
-        slot->final_mean = take_floats(a, N);
-        slot->final_rstd = take_floats(a, N);
-        slot->logits = take_bf16(a, N * (size_t)state->ld_logits);
-        slot->losses = take_floats(a, N);
-    }
-}
-
-static size_t max_size(size_t a, size_t b)
-{
-    return a > b ? a : b;
-}
-
-static void carve_scratch(backward_scratch *s, arena *a, const stage_dims *d,
-                          const model_stage *stage, cuda_stage_state *state)
-{
-    size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
-           F = (size_t)d->F;
-    if (stage->spec.recompute_layers && state->layer_count > 0)
-        carve_layer(&state->recomputed, a, d, state);
-    s->d_stream[0] = take_floats(a, N * C);
-    s->d_stream[1] = take_floats(a, N * C);
-    s->d_stream_bf16 = take_bf16(a, N * C);
-    s->d_norm = take_bf16(a, N * C);
-    s->d_att = take_bf16(a, N * A);
-    s->d_qkv = take_bf16(a, N * 3 * A);
-    s->d_fc = take_bf16(a, N * F);
-    s->norm_out = take_bf16(a, N * C);
-    s->norm_partials =
-        take_floats(a, cuda_layernorm_backward_scratch(d->N, d->C));
-    size_t widest = max_size(max_size(3 * A, F), C);
-    s->bias_partials =
-        take_floats(a, cuda_bias_grad_scratch(d->N, (int)widest));
-    s->bias_grads = take_floats(a, F);
-    s->attention = take_floats(
-        a, cuda_attention_backward_scratch(d->B, d->T, d->NH));
-    s->square_partials =
-        arena_take(a, cuda_square_sum_scratch() * sizeof(double));
-    s->reduced = arena_take(a, sizeof(double));
-    s->tensor_squares =
-        arena_take(a, (size_t)stage->tensor_count * sizeof(double));
-    s->chunk_squares =
-        arena_take(a, (size_t)state->all_chunks.count * sizeof(double));
-    s->d_partial = d->tp > 1 ? take_floats(a, N * C) : NULL;
-    s->row_stats =
-        d->tp > 1 && stage->spec.has_head ? take_floats(a, 4 * N) : NULL;
-    s->output_grad = stage->spec.has_head ? NULL : take_floats(a, N * C);
-}
-
 /* cudaMalloc counted against the rank's memory cap (memory_limit_gib,
  * executor/cuda/device.c) and in device_bytes, which cuda_release gives
- * back to the cap: both happen on the thread that owns the stage. */
-static int device_alloc(cuda_stage_state *state, void **out, size_t bytes,
-                        const char *what, pt_error *err)
+ * back to the cap: both happen on the thread that owns the stage. The
+ * callers below also tally it by term (buffers.h). */
+static int device_malloc(cuda_stage_state *state, void **out, size_t bytes,
+                         const char *what, pt_error *err)
 {
     *out = NULL;
     if (cuda_rank_memory_reserve(bytes, what, err) != 0)
@@ -236,6 +114,17 @@ static int device_alloc(cuda_stage_state *state, void **out, size_t bytes,
     return 0;
 }
 
+/* One buffer of one memory term. */
+static int device_alloc(cuda_stage_state *state, void **out, size_t bytes,
+                        pt_memory_term term, const char *what,
+                        pt_error *err)
+{
+    if (device_malloc(state, out, bytes, what, err) != 0)
+        return -1;
+    buffer_tally(&state->tally, term, bytes);
+    return 0;
+}
+
 /* Allocates an arena sized by a dry run of `carve` and carves it. */
 #define ALLOCATE_ARENA(state, block, what, carve_call)                       \
     do {                                                                     \
@@ -243,36 +132,14 @@ static int device_alloc(cuda_stage_state *state, void **out, size_t bytes,
         arena *a = &a_;                                                      \
         carve_call;                                                          \
         void *block_ = NULL;                                                 \
-        if (device_alloc((state), &block_, a_.used + 1, (what), err) != 0)   \
+        if (device_malloc((state), &block_, arena_request_bytes(a), (what),  \
+                          err) != 0)                                         \
             return -1;                                                       \
+        buffer_tally_arena(&(state)->tally, a);                              \
         (block) = block_;                                                    \
-        a_.base = (char *)block_;                                            \
-        a_.used = 0;                                                         \
+        a_ = (arena){.base = (char *)block_, .used = 0};                     \
         carve_call;                                                          \
     } while (0)
-
-/* The part [*lo, *hi) of tensor t inside [first, end); empty when
- * *lo >= *hi. */
-static void tensor_part(const param_tensor *t, size_t first, size_t end,
-                        size_t *lo, size_t *hi)
-{
-    *lo = t->offset > first ? t->offset : first;
-    *hi = t->offset + t->count < end ? t->offset + t->count : end;
-}
-
-static int chunks_in_range(const model_stage *stage, size_t first,
-                           size_t end)
-{
-    int chunks = 0;
-    for (int i = 0; i < stage->tensor_count; i++) {
-        size_t lo = 0, hi = 0;
-        tensor_part(&stage->tensors[i], first, end, &lo, &hi);
-        if (hi > lo)
-            chunks += (int)((hi - lo + PARAM_CHUNK_ELEMENTS - 1) /
-                            PARAM_CHUNK_ELEMENTS);
-    }
-    return chunks;
-}
 
 /* Chunks of at most PARAM_CHUNK_ELEMENTS covering the part of every
  * tensor inside [first, first + count), on the host: *out_count chunks,
@@ -283,10 +150,10 @@ static param_chunk *host_chunk_table(const model_stage *stage,
                                      int *out_count, size_t *out_bytes)
 {
     size_t end = first + count;
-    int chunks = chunks_in_range(stage, first, end);
+    int chunks = buffer_chunks_in_range(stage->tensors, stage->tensor_count,
+                                        first, end);
     size_t table_bytes = (size_t)chunks * sizeof(param_chunk);
-    size_t bytes =
-        table_bytes + ((size_t)stage->tensor_count + 1) * sizeof(int);
+    size_t bytes = buffer_chunk_table_bytes(chunks, stage->tensor_count);
     param_chunk *host = calloc(1, bytes);
     if (host == NULL)
         return NULL;
@@ -295,7 +162,7 @@ static param_chunk *host_chunk_table(const model_stage *stage,
     for (int i = 0; i < stage->tensor_count; i++) {
         const param_tensor *t = &stage->tensors[i];
         size_t lo = 0, hi = 0;
-        tensor_part(t, first, end, &lo, &hi);
+        buffer_tensor_part(t, first, end, &lo, &hi);
         starts[i] = next;
         for (size_t at = lo; at < hi; at += PARAM_CHUNK_ELEMENTS) {
             param_chunk *chunk = &host[next++];
@@ -329,8 +196,8 @@ static int build_chunk_table(const model_stage *stage,
         return pt_fail(err, "cuda backend: out of host memory for the "
                             "optimizer's chunk table");
     void *device = NULL;
-    if (device_alloc(state, &device, bytes, "the optimizer table", err) !=
-        0) {
+    if (device_alloc(state, &device, bytes, PT_MEMORY_OPTIMIZER,
+                     "the optimizer table", err) != 0) {
         free(host);
         return -1;
     }
@@ -367,35 +234,19 @@ static int build_chunks(model_stage *stage, cuda_stage_state *state,
                              &state->optimizer_chunks, err);
 }
 
-static bool list_has(const char *list, const char *word)
+/* The environment's options (cuda_backend.h) and the layout the buffers
+ * are sized from. */
+static int read_options(model_stage *stage, cuda_stage_state *state,
+                        attention_mode *attention, pt_error *err)
 {
-    size_t length = strlen(word);
-    for (const char *p = list; (p = strstr(p, word)) != NULL; p += length) {
-        bool starts = p == list || p[-1] == ',';
-        bool ends = p[length] == '\0' || p[length] == ',';
-        if (starts && ends)
-            return true;
-    }
-    return false;
-}
-
-/* The PARTITA_CUDA_* variables of cuda_backend.h. */
-static int read_options(cuda_stage_state *state, attention_mode *attention,
-                        pt_error *err)
-{
-    const char *recompute = getenv("PARTITA_CUDA_RECOMPUTE");
-    if (recompute == NULL)
-        recompute = "gelu";
-    bool all = list_has(recompute, "all");
-    state->recompute_gelu = all || list_has(recompute, "gelu");
-    state->recompute_norm = all || list_has(recompute, "norm");
-    if (!all && !state->recompute_gelu && !state->recompute_norm &&
-        !list_has(recompute, "none") && recompute[0] != '\0')
-        return pt_fail(err, "cuda backend: PARTITA_CUDA_RECOMPUTE=\"%s\": "
-                            "expected a comma list of gelu, norm, all, none",
-                       recompute);
     const char *fuse = getenv("PARTITA_CUDA_FUSE");
     state->fuse_epilogues = fuse == NULL || strcmp(fuse, "0") != 0;
+    if (buffer_layout_init(&stage->shape, &stage->spec, stage->tensors,
+                           stage->tensor_count, stage->optimizer_first,
+                           stage->optimizer_count, stage->mbs_capacity,
+                           getenv("PARTITA_CUDA_RECOMPUTE"), &state->layout,
+                           err) != 0)
+        return -1;
     return attention_mode_from_env(attention, err);
 }
 
@@ -503,25 +354,24 @@ static int allocate_parameters(model_stage *stage, cuda_stage_state *state,
     const char *names[] = {"the parameters", "the gradients",
                            "the AdamW first moments",
                            "the AdamW second moments"};
+    const stage_buffer kinds[] = {STAGE_PARAMS, STAGE_GRADS, STAGE_ADAM_M,
+                                  STAGE_ADAM_V};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) {
-        /* the gradients' slack: see the head products above */
-        size_t slack = buffers[i] == &stage->grads ? state->head_pad : 0;
-        bool moments = buffers[i] == &stage->adam_m ||
-                       buffers[i] == &stage->adam_v;
-        size_t floats =
-            moments ? stage->optimizer_count : stage->param_count;
-        size_t bytes = (floats + slack + 1) * sizeof(float);
+        /* the gradients carry the head's slack (see the head products
+           above), the moments the optimizer's range only */
+        size_t bytes = buffer_parameter_bytes(&state->layout, kinds[i]);
         void *buffer = NULL;
-        if (device_alloc(state, &buffer, bytes, names[i], err) != 0)
+        if (device_alloc(state, &buffer, bytes,
+                         buffer_parameter_term(kinds[i]), names[i],
+                         err) != 0)
             return -1;
         *buffers[i] = buffer;
         CUDA_TRY(cudaMemset(buffer, 0, bytes));
     }
-    size_t mirror_bytes =
-        (stage->param_count + state->head_pad + 1) * sizeof(pt_bf16);
+    size_t mirror_bytes = buffer_mirror_bytes(&state->layout);
     void *mirror = NULL;
-    if (device_alloc(state, &mirror, mirror_bytes, "the bf16 weight mirror",
-                     err) != 0)
+    if (device_alloc(state, &mirror, mirror_bytes, PT_MEMORY_WEIGHT_MIRROR,
+                     "the bf16 weight mirror", err) != 0)
         return -1;
     state->mirror = mirror;
     CUDA_TRY(cudaMemset(state->mirror, 0, mirror_bytes));
@@ -543,17 +393,16 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
         return -1;
     }
     state->device_bytes += workspace;
+    buffer_tally(&state->tally, PT_MEMORY_WORKSPACE, workspace);
     attention_mode attention = ATTENTION_AUTO;
-    if (read_options(state, &attention, err) != 0 ||
+    if (read_options(stage, state, &attention, err) != 0 ||
         attention_runner_create(&state->attention, attention, err) != 0)
         return -1;
-    stage_dims d = dims_of(stage, stage->mbs_capacity);
-    state->ld_logits =
-        (d.V + VOCAB_ROUNDING - 1) / VOCAB_ROUNDING * VOCAB_ROUNDING;
-    if (stage->spec.has_head) {
+    stage_dims d = state->layout.dims;
+    state->ld_logits = state->layout.ld_logits;
+    state->head_pad = state->layout.head_pad;
+    if (stage->spec.has_head)
         state->head_offset = state->offsets.head_weight;
-        state->head_pad = (size_t)(state->ld_logits - d.V) * (size_t)d.C;
-    }
     if (allocate_parameters(stage, state, err) != 0)
         return -1;
     for (int s = 0; s < stage->slot_count; s++) {
@@ -563,21 +412,22 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
         if (slot->layers == NULL)
             return pt_fail(err, "cuda backend: out of host memory");
         ALLOCATE_ARENA(state, slot->arena, "an activation slot",
-                       carve_slot(slot, a, &d, state, &stage->spec));
+                       buffer_carve_slot(slot, a, &state->layout));
     }
     ALLOCATE_ARENA(state, state->scratch.arena, "the backward scratch",
-                   carve_scratch(&state->scratch, a, &d, stage, state));
+                   buffer_carve_scratch(&state->scratch, &state->recomputed,
+                                        a, &state->layout));
     /* the layer-norm backward's completion counters start at zero */
     CUDA_TRY(cudaMemset(state->scratch.norm_partials, 0,
                         cuda_layernorm_backward_scratch(d.N, d.C) *
                             sizeof(float)));
     {
+        /* pinned host memory: not in the device tally */
         arena a = {.base = NULL, .used = 0};
-        carve_tokens(&state->host_tokens, &a, (size_t)d.N);
-        CUDA_TRY(cudaMallocHost(&state->host_block, a.used + 1));
-        a.base = state->host_block;
-        a.used = 0;
-        carve_tokens(&state->host_tokens, &a, (size_t)d.N);
+        buffer_carve_tokens(&state->host_tokens, &a, (size_t)d.N);
+        CUDA_TRY(cudaMallocHost(&state->host_block, arena_request_bytes(&a)));
+        a = (arena){.base = state->host_block, .used = 0};
+        buffer_carve_tokens(&state->host_tokens, &a, (size_t)d.N);
     }
     /* the attention's path for full micro-batches, cuDNN's plans and
      * workspace included, now rather than in the first step */
@@ -733,7 +583,8 @@ static int cuda_adamw_step(model_stage *stage, const adamw_config *config,
                         stage->adam_v, state->mirror,
                         state->optimizer_chunks.chunks,
                         state->optimizer_chunks.count, &args, state->stream));
-    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    if (!stage->defer_sync)
+        CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
 
@@ -771,6 +622,14 @@ static float *cuda_output_grad_buffer(model_stage *stage)
     return state_of(stage)->scratch.output_grad;
 }
 
+static int cuda_synchronize(model_stage *stage, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    CUDA_TRY(cudaSetDevice(state->device));
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    return 0;
+}
+
 static const stage_backend cuda_backend_table = {
     .kind = BACKEND_CUDA,
     .name = "cuda",
@@ -783,6 +642,7 @@ static const stage_backend cuda_backend_table = {
     .grad_square_sums = cuda_grad_square_sums,
     .adamw_step = cuda_adamw_step,
     .params_changed = cuda_params_changed,
+    .synchronize = cuda_synchronize,
     .copy_to_host = cuda_copy_to_host,
     .copy_from_host = cuda_copy_from_host,
     .input_buffer = cuda_input_buffer,
@@ -811,6 +671,21 @@ const char *cuda_stage_attention(const model_stage *stage)
     const cuda_stage_state *state = state_of(stage);
     return attention_runner_describe(state != NULL ? state->attention
                                                    : NULL);
+}
+
+void cuda_stage_memory_terms(const model_stage *stage, pt_memory_terms *out)
+{
+    const cuda_stage_state *state = state_of(stage);
+    if (state == NULL) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    *out = state->tally;
+    /* cuDNN's backward workspace when the logits could not lend it (a
+     * stage without the head): the runner's own, not in the plan */
+    size_t runner = attention_runner_device_bytes(state->attention);
+    if (runner > 0)
+        buffer_tally(out, PT_MEMORY_WORKSPACE, runner);
 }
 
 cudaStream_t cuda_stage_stream(const model_stage *stage)

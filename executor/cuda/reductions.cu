@@ -9,7 +9,7 @@
 /* Bias gradient: a block covers BIAS_COLUMNS columns (32 threads across,
  * VECTOR columns each) and BIAS_ROWS rows (8 threads down, each summing
  * every 8th row); the 8 partial sums are then added in order. */
-#define BIAS_ROWS 256
+#define BIAS_ROWS CUDA_BIAS_GRAD_ROWS /* kernel_sizes.h */
 #define BIAS_LANES_DOWN 8
 
 template <int VECTOR>
@@ -66,12 +66,6 @@ __global__ void bias_grad_finish_kernel(float *d_bias, const float *partials,
     d_bias[column] += total;
 }
 
-extern "C" size_t cuda_bias_grad_scratch(int N, int OC)
-{
-    size_t chunks = ((size_t)N + BIAS_ROWS - 1) / BIAS_ROWS;
-    return chunks * (size_t)OC;
-}
-
 extern "C" cudaError_t cuda_bias_grad(float *d_bias, const pt_bf16 *d_out_bf16,
                                       float *scratch, int N, int OC,
                                       cudaStream_t stream)
@@ -94,7 +88,7 @@ extern "C" cudaError_t cuda_bias_grad(float *d_bias, const pt_bf16 *d_out_bf16,
 
 /* ------------------------------------------------------- sum of squares */
 
-#define SQUARE_BLOCKS 1024
+#define SQUARE_BLOCKS CUDA_SQUARE_SUM_BLOCKS /* kernel_sizes.h */
 #define SQUARE_THREADS 256
 
 static __device__ double block_sum_double(double value)
@@ -147,11 +141,6 @@ __global__ void sum_doubles_kernel(double *out, const double *values,
     sum = block_sum_double(sum);
     if (threadIdx.x == 0)
         out[0] = sum;
-}
-
-extern "C" size_t cuda_square_sum_scratch(void)
-{
-    return SQUARE_BLOCKS;
 }
 
 extern "C" cudaError_t cuda_square_sum(double *out, const float *values,

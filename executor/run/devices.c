@@ -10,6 +10,7 @@
 #endif
 #include "executor/run/internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -136,6 +137,52 @@ int run_check_gpu_devices(const run_context *ctx, pt_error *err)
 }
 #endif
 
+/* The GPU a rank of a thread-launched run uses (start_gpus' rule). */
+static int rank_gpu_index(const plan *p, int rank)
+{
+    device_spec spec;
+    return plan_rank_device(p, rank, &spec) == 0 ? spec.index : rank;
+}
+
+#ifdef PARTITA_HAVE_CUDA
+/* A rank's device memory by term: its stage's tally, its comm's buffers
+ * and, for a rank alone on its device, the context: the memory in use
+ * there (cudaMemGetInfo) less the tally, which is the CUDA context, the
+ * libraries' own buffers and what the tally's rounding misses. Its peak
+ * figure is the tally. Runs on the rank's thread. */
+static void record_rank_terms(int rank, const model_stage *stage,
+                              double comm_bytes, bool alone, run_result *out)
+{
+    pt_memory_terms terms;
+    cuda_stage_memory_terms(stage, &terms);
+    terms.bytes[PT_MEMORY_COMM] = comm_bytes;
+    double tallied = pt_memory_terms_total(&terms, false);
+    terms.bytes[PT_MEMORY_CONTEXT] = NAN;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (alone && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+        terms.bytes[PT_MEMORY_CONTEXT] =
+            (double)(total_bytes - free_bytes) - tallied;
+    cudaGetLastError();
+    out->rank_memory_terms[rank] = terms;
+    out->rank_peak_memory_bytes[rank] = tallied;
+}
+
+/* No other rank of this run works on the rank's GPU (one process per
+ * rank: NCCL's rule, a GPU each). */
+static bool rank_alone_on_gpu(const run_context *ctx, int rank)
+{
+    if (ctx->processes)
+        return true;
+    int ranks = ctx->plan->config.pp * ctx->plan->config.dp *
+                ctx->plan->config.tp;
+    int gpu = rank_gpu_index(ctx->plan, rank);
+    for (int other = 0; other < ranks; other++)
+        if (other != rank && rank_gpu_index(ctx->plan, other) == gpu)
+            return false;
+    return true;
+}
+#endif
+
 /* A cuda stage knows its device and the bytes it allocated: report those
  * instead of the plan's figures and the cpu layout's estimate. */
 void run_describe_cuda_stage(run_context *ctx, run_result *out)
@@ -156,25 +203,20 @@ void run_describe_cuda_stage(run_context *ctx, run_result *out)
              "CUDA %s", info.driver_cuda_version);
     snprintf(device->cuda_version, sizeof device->cuda_version, "%s",
              info.runtime_cuda_version);
-    out->peak_memory_bytes = (double)cuda_stage_device_bytes(&ctx->stage);
-    out->rank_peak_memory_bytes[0] = out->peak_memory_bytes;
+    record_rank_terms(0, &ctx->stage, 0.0, true, out);
+    out->peak_memory_bytes = out->rank_peak_memory_bytes[0];
     out->devices[0] = *device;
     out->peak_memory_basis =
-        "device bytes the cuda stage allocated: fp32 parameters, gradients "
-        "and AdamW moments, the bf16 weight mirror, activations, backward "
-        "scratch and the cuBLASLt workspace (not the CUDA context)";
+        "device bytes the cuda stage allocated, by memory_terms_gib: fp32 "
+        "parameters, gradients and AdamW moments, the bf16 weight mirror, "
+        "activations, logits, backward scratch, the cuBLASLt workspace and "
+        "each allocation rounded up to 2 MiB (not the CUDA context, which "
+        "memory_terms_gib's context measures)";
     run_drop_note(out, "the backend interface does not report");
 #else
     (void)ctx;
     (void)out;
 #endif
-}
-
-/* The GPU a rank of a thread-launched run uses (start_gpus' rule). */
-static int rank_gpu_index(const plan *p, int rank)
-{
-    device_spec spec;
-    return plan_rank_device(p, rank, &spec) == 0 ? spec.index : rank;
 }
 
 /* The first two ranks of the plan on one GPU, in *first and *second, and
@@ -294,9 +336,9 @@ static int describe_rank_task(void *data, int rank, model_stage *stage,
              "CUDA %s", info.driver_cuda_version);
     snprintf(device->cuda_version, sizeof device->cuda_version, "%s",
              info.runtime_cuda_version);
-    d->out->rank_peak_memory_bytes[rank] =
-        (double)cuda_stage_device_bytes(stage) +
-        pipeline_gpu_comm_device_bytes(d->ctx->gpu, rank);
+    record_rank_terms(rank, stage,
+                      pipeline_gpu_comm_device_bytes(d->ctx->gpu, rank),
+                      rank_alone_on_gpu(d->ctx, rank), d->out);
     return 0;
 }
 
@@ -317,12 +359,14 @@ int run_record_gpu_ranks(run_context *ctx, run_result *out,
     }
     out->device = out->devices[run_local_first(ctx)];
     out->peak_memory_basis =
-        "device bytes each rank allocated: its cuda stage (fp32 "
-        "parameters, gradients and AdamW moments, the bf16 weight mirror, "
-        "activations, backward scratch, the cuBLASLt workspace) and its "
-        "comm's staging buffers and scratch (NCCL's or the device "
-        "exchange's; not the CUDA context or NCCL's own buffers; the "
-        "host-staged comm holds no device memory)";
+        "device bytes each rank allocated, by memory_terms_gib: its cuda "
+        "stage (fp32 parameters, gradients and AdamW moments, the bf16 "
+        "weight mirror, activations, logits, backward scratch, the cuBLASLt "
+        "workspace, each allocation rounded up to 2 MiB) and its comm's "
+        "staging buffers and scratch (NCCL's or the device exchange's; not "
+        "the CUDA context or NCCL's own buffers, which memory_terms_gib's "
+        "context measures for a rank alone on its GPU; the host-staged comm "
+        "holds no device memory)";
     run_drop_note(out, "the backend interface does not report");
     return 0;
 }

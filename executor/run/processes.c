@@ -174,6 +174,7 @@ int run_gather_chosen_events(const run_context *ctx, run_result *out,
 typedef struct rank_record {
     run_device device;
     double peak_memory_bytes;
+    pt_memory_terms memory_terms;
 } rank_record;
 
 int run_gather_rank_records(run_context *ctx, run_result *out,
@@ -183,7 +184,8 @@ int run_gather_rank_records(run_context *ctx, run_result *out,
     bool root = me == 0;
     rank_record mine = {.device = out->devices[me],
                         .peak_memory_bytes =
-                            out->rank_peak_memory_bytes[me]};
+                            out->rank_peak_memory_bytes[me],
+                        .memory_terms = out->rank_memory_terms[me]};
     rank_record *all = root ? calloc((size_t)ranks, sizeof *all) : NULL;
     if (root && all == NULL)
         return pt_fail(err, "out of memory gathering the ranks' records");
@@ -194,6 +196,7 @@ int run_gather_rank_records(run_context *ctx, run_result *out,
             out->devices[rank] = all[rank].device;
             out->devices[rank].rank = rank;
             out->rank_peak_memory_bytes[rank] = all[rank].peak_memory_bytes;
+            out->rank_memory_terms[rank] = all[rank].memory_terms;
             if (all[rank].peak_memory_bytes > out->peak_memory_bytes)
                 out->peak_memory_bytes = all[rank].peak_memory_bytes;
         }

@@ -57,6 +57,11 @@ static int fill_ranks(const run_result *r, run_json *out, record_arrays *a)
     out->devices = a->devices;
     out->peak_memory_count = memory;
     out->peak_memory_gib = a->peak_memory_gib;
+    /* the terms only with the per-rank arrays (not after an early
+       refusal) */
+    out->memory_terms = r->rank_peak_memory_bytes != NULL
+                            ? r->rank_memory_terms
+                            : NULL;
     return 0;
 }
 

@@ -14,6 +14,7 @@
 #endif
 #include "executor/run/internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,9 +223,15 @@ static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
     out->devices = calloc((size_t)ranks, sizeof *out->devices);
     out->rank_peak_memory_bytes =
         calloc((size_t)ranks, sizeof *out->rank_peak_memory_bytes);
-    if (out->devices == NULL || out->rank_peak_memory_bytes == NULL)
+    out->rank_memory_terms =
+        calloc((size_t)ranks, sizeof *out->rank_memory_terms);
+    if (out->devices == NULL || out->rank_peak_memory_bytes == NULL ||
+        out->rank_memory_terms == NULL)
         return pt_fail(err, "out of memory for the records of %d ranks",
                        ranks);
+    for (int rank = 0; rank < ranks; rank++)
+        for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+            out->rank_memory_terms[rank].bytes[t] = NAN; /* not known */
     if (!ctx->parallel)
         return 0;
     if (run_resolve_gpu_comm(ctx, err) != 0)
@@ -410,14 +417,17 @@ static void record_max_rss(run_result *out)
         out->max_rss_bytes = (double)usage.ru_maxrss * 1024.0; /* KiB */
 }
 
-/* A GPU run's comm buffers grow during the first steps: take each rank's
- * figure again at the end. */
+/* A GPU run's comm buffers grow during the first steps, and the device
+ * memory in use (the context term) with the libraries' lazy set-up: take
+ * each rank's figure again at the end. */
 static void record_final_gpu_memory(run_context *ctx, run_result *out)
 {
 #ifdef PARTITA_HAVE_CUDA
     pt_error ignored = {{0}};
     if (ctx->gpu != NULL && ctx->launcher != NULL)
         run_record_gpu_ranks(ctx, out, &ignored);
+    if (!ctx->parallel && ctx->stage_ready)
+        run_describe_cuda_stage(ctx, out);
 #else
     (void)ctx;
     (void)out;
@@ -485,6 +495,8 @@ void run_result_free(run_result *r)
     free(r->events);
     free(r->devices);
     free(r->rank_peak_memory_bytes);
+    free(r->rank_memory_terms);
+    r->rank_memory_terms = NULL;
     r->iterations = NULL;
     r->events = NULL;
     r->devices = NULL;

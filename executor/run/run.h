@@ -146,6 +146,11 @@ typedef struct run_result {
     run_device *devices;         /* owned, rank_count, by rank */
     double *rank_peak_memory_bytes; /* owned, rank_count: each rank's
                                        figure on peak_memory_basis */
+    pt_memory_terms *rank_memory_terms; /* owned, rank_count: each rank's
+                                       device memory by term (common.h),
+                                       NAN where not known: every term on
+                                       the cpu backend, the context of a
+                                       rank that shares its GPU */
     char data_prefix[PT_PATH_MAX];
     uint64_t dataset_tokens;
     uint64_t dataset_documents;

@@ -181,6 +181,13 @@ int stage_backward(model_stage *stage, int slot, const stage_io *io,
     return stage->backend->backward(stage, slot, io, err);
 }
 
+int stage_synchronize(model_stage *stage, pt_error *err)
+{
+    if (stage->backend->synchronize == NULL)
+        return 0;
+    return stage->backend->synchronize(stage, err);
+}
+
 float *stage_input_buffer(model_stage *stage, int slot)
 {
     if (slot < 0 || slot >= stage->slot_count)

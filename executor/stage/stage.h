@@ -200,6 +200,14 @@ typedef struct model_stage {
     const struct comm *tp_comm;
     int tp_group[PT_MAX_TP];
     bool tp_compute_only;
+    /* The profiler's back-to-back timing: forward, backward and the AdamW
+     * step return once their work is queued (a backend that runs on the host finishes it
+     * all the same), and a forward with the head reads no loss back (its
+     * mean_loss is 0); stage_synchronize waits for the work. Calls that
+     * may overlap must be given the same tokens (the host staging of the
+     * next is written while the last may still read it). Off for
+     * training. */
+    bool defer_sync;
 } model_stage;
 
 /* What one micro-batch brings to a stage's forward or backward call.
@@ -280,6 +288,9 @@ typedef struct stage_backend {
      * (the distributed optimizer's all-gather); NULL when nothing
      * derives from them. */
     int (*params_changed)(model_stage *stage, pt_error *err);
+    /* Waits for the work queued under defer_sync;
+     * NULL when they never leave any (the cpu backend). */
+    int (*synchronize)(model_stage *stage, pt_error *err);
     /* Activation buffers in backend memory, mbs_capacity x seq x hidden. */
     float *(*input_buffer)(model_stage *stage, int slot);
     const float *(*output)(const model_stage *stage, int slot);
@@ -373,6 +384,10 @@ const float *stage_input_grad(const model_stage *stage);
 /* A buffer in backend memory for the output gradient a stage without the
  * head receives (pass it as io.output_grad); NULL for a stage with it. */
 float *stage_output_grad_buffer(model_stage *stage);
+
+/* Returns when the work of every forward and backward called before it
+ * is done (see defer_sync). */
+int stage_synchronize(model_stage *stage, pt_error *err);
 
 int stage_zero_grads(model_stage *stage, pt_error *err);
 /* Sum of squares of all gradients (double). The global norm of a split

@@ -84,6 +84,7 @@ plan-hetero)
   expect_in plan.json '"alternatives"'
   run 0 partita estimate plan.json
   expect_in out.txt "step time"
+  expect_in out.txt "memory per GPU by term (GiB)"
   ;;
 plan-default-cluster)
   # the default cluster is the bundled hetero.json
@@ -121,6 +122,11 @@ estimate-hand-plan)
   run 0 partita estimate "$source_root/docs/examples/plan-gpt2xl-hetero.json"
   expect_in out.txt "0-11-8-8-8-8-5-0"
   expect_in out.txt "forward"
+  # dp overlap: switched on and said so; a fraction outside 0..1 refused
+  run 0 partita estimate --dp-overlap 1 "$source_root/docs/examples/plan-gpt2xl-hetero.json"
+  expect_in out.txt "dp overlap: gradients reduced in 25 MiB buckets"
+  run 2 partita estimate --dp-overlap 1.5 "$source_root/docs/examples/plan-gpt2xl-hetero.json"
+  expect_in err.txt "--dp-overlap: expected a fraction from 0 to 1, got '1.5'"
   ;;
 estimate-json)
   cp "$source_root/docs/examples/plan-gpt2xl-hetero.json" in-plan.json
@@ -947,6 +953,37 @@ JSON
   expect_in tiny-cpu.json 'tiny: tp 4 skipped: it does not divide the heads (2 heads'
   run 2 partita profile --model in-tiny.json,in-tiny.json --backend cpu --quick
   expect_in err.txt "the same hidden"
+  ;;
+profile-missing)
+  # --missing-only: measures only the shapes and tp a profile lacks (cpu
+  # backend), adds them with their provenance, and does nothing when
+  # nothing is missing; the estimate then finds them measured
+  write_profile_model in-tiny.json
+  sed 's/"hidden": 64, "heads": 4/"hidden": 96, "heads": 4/' in-tiny.json >in-wide.json
+  # (one micro-batch: a busy cpu's times need not grow with it)
+  run 0 partita profile --model in-tiny.json --backend cpu --quick --tp 1 --mbs 1 -o cpu.json
+  run 0 partita profile --model in-tiny.json,in-wide.json --backend cpu --quick --tp 1,2 --mbs 1 --missing-only -o cpu.json
+  expect_in err.txt "model tiny: tp 2 missing from cpu.json"
+  expect_in err.txt "tp 1 2 missing from cpu.json"
+  expect_in out.txt "added 3 points to cpu.json"
+  [ "$(grep -c '"hidden"' cpu.json)" = 2 ] || fail "expected 2 shapes in cpu.json"
+  [ "$(grep -c '"mbs"' cpu.json)" = 4 ] || fail "expected 4 points in cpu.json"
+  expect_in cpu.json '"additions"'
+  expect_in cpu.json 'missing-only'
+  cp cpu.json in-before.json
+  run 0 partita profile --model in-tiny.json,in-wide.json --backend cpu --quick --tp 1,2 --mbs 1 --missing-only -o cpu.json
+  expect_in out.txt "nothing to measure"
+  cmp -s cpu.json in-before.json || fail "cpu.json changed with nothing missing"
+  # a profile of another GPU is left as it was
+  sed 's/"gpu": "cpu"/"gpu": "other"/' in-before.json >other.json
+  cp other.json in-other.json
+  run 2 partita profile --model in-tiny.json --backend cpu --quick --tp 1,4 --mbs 1 --missing-only -o other.json
+  expect_in err.txt "a profile of other; this device profiles as cpu"
+  cmp -s other.json in-other.json || fail "other.json changed"
+  run 2 partita profile --model in-tiny.json --backend cpu --missing-only
+  expect_in err.txt "name it with -o"
+  run 2 partita profile --model in-tiny.json --backend cpu --missing-only -o in-absent.json
+  expect_in err.txt "in-absent.json"
   ;;
 profile-bad)
   write_profile_model in-tiny.json

@@ -83,6 +83,133 @@ static void flops_match_megatron_formula(void **state)
     assert_true(plain > 6.7e14 && plain < 6.75e14);
 }
 
+
+/* Ring: 2(n-1)/n X / B + 2(n-1) a; tree: 2 X / B + 2 ceil(log2 n) a. They
+ * cross at X* = n B a (n - 1 - ceil(log2 n)): the tree below, the ring
+ * above, as NCCL's tuner chooses. */
+static void ring_and_tree_cross_where_the_formulas_say(void **state)
+{
+    (void)state;
+    link_spec network = link_of(50.0, 8.0);
+    for (int n = 4; n <= 256; n *= 2) {
+        comm_group group = {n, n, network, network};
+        double depth = tree_allreduce_steps(n) / 2;
+        double crossover = n * 50e9 * 8e-6 * (n - 1 - depth);
+        assert_true(close_to(allreduce_time(crossover, n, network),
+                             tree_allreduce_time(crossover, n, network),
+                             1e-9));
+        comm_price below = nccl_allreduce(0.9 * crossover, &group);
+        comm_price above = nccl_allreduce(1.1 * crossover, &group);
+        assert_true(below.algorithm == ALLREDUCE_TREE ||
+                    below.algorithm == ALLREDUCE_HIERARCHICAL_TREE);
+        assert_true(above.algorithm == ALLREDUCE_RING ||
+                    above.algorithm == ALLREDUCE_HIERARCHICAL_RING);
+        assert_true(close_to(below.seconds,
+                             tree_allreduce_time(0.9 * crossover, n, network),
+                             1e-12));
+        assert_true(close_to(above.seconds,
+                             allreduce_time(1.1 * crossover, n, network),
+                             1e-12));
+    }
+    /* two ranks: the ring always (the same steps, half the bytes) */
+    comm_group pair = {2, 2, network, network};
+    assert_int_equal(nccl_allreduce(1.0, &pair).algorithm, ALLREDUCE_RING);
+    assert_int_equal(tree_allreduce_steps(2), 2);
+    assert_int_equal(tree_allreduce_steps(5), 6);
+}
+
+/* One node: the hierarchy is the flat ring on the intra-node link; one
+ * member a node: the ring (or tree) over the network; and the step
+ * counts add up for a hierarchy of g x k. */
+static void hierarchical_reduces_to_flat(void **state)
+{
+    (void)state;
+    link_spec nvlink = link_of(300.0, 3.0), nic = link_of(50.0, 10.0);
+    for (int n = 2; n <= 16; n++) {
+        comm_group node = {n, 1, nvlink, nic};
+        for (double bytes = 1024.0; bytes < 1e10; bytes *= 7.0) {
+            comm_price price = nccl_allreduce(bytes, &node);
+            assert_int_equal(price.algorithm, ALLREDUCE_RING);
+            assert_true(close_to(price.seconds,
+                                 allreduce_time(bytes, n, nvlink), 1e-12));
+            assert_true(close_to(nccl_reduce_scatter(bytes, &node),
+                                 reduce_scatter_time(bytes, n, nvlink),
+                                 1e-12));
+            comm_group spread = {n, n, nvlink, nic};
+            double flat = fmin(allreduce_time(bytes, n, nic),
+                               tree_allreduce_time(bytes, n, nic));
+            assert_true(close_to(nccl_allreduce(bytes, &spread).seconds,
+                                 flat, 1e-12));
+        }
+    }
+    /* 2 nodes of 8, 1 GiB: the ring through all 16 runs at the 8 rails'
+       400 GB/s, capped by NVLink's 300, with the NIC's latency; the
+       hierarchy (2 RS(8, NVLink) + AR(2, NIC) of 1/8) is slower */
+    comm_group dgx = {16, 2, nvlink, nic};
+    double bytes = 1073741824.0;
+    double ring = 2.0 * 15.0 / 16.0 * bytes / 300e9 + 30.0 * 10e-6;
+    double hierarchy = 2.0 * (7.0 / 8.0 * bytes / 300e9 + 7.0 * 3e-6) +
+                       bytes / 8.0 / 50e9 + 2.0 * 10e-6;
+    comm_price price = nccl_allreduce(bytes, &dgx);
+    assert_int_equal(price.algorithm, ALLREDUCE_RING);
+    assert_true(close_to(price.seconds, ring, 1e-12));
+    assert_true(hierarchy > ring);
+    /* with slow rails the hierarchy wins: 1 GB/s NICs */
+    comm_group thin = {16, 2, nvlink, link_of(1.0, 10.0)};
+    price = nccl_allreduce(bytes, &thin);
+    assert_int_equal(price.algorithm, ALLREDUCE_HIERARCHICAL_RING);
+    assert_true(close_to(price.seconds,
+                         2.0 * (7.0 / 8.0 * bytes / 300e9 + 7.0 * 3e-6) +
+                             bytes / 8.0 / 1e9 + 2.0 * 10e-6,
+                         1e-12));
+    /* uneven spread (16 over 3 nodes) is priced flat */
+    comm_group uneven = {16, 3, nvlink, nic};
+    assert_true(close_to(nccl_allreduce(bytes, &uneven).seconds,
+                         allreduce_time(bytes, 16, nic), 1e-12));
+}
+
+/* Times never fall with more bytes (a reduce-scatter has no tree, so it
+ * may take longer than a small all-reduce); the floor never exceeds the
+ * price;
+ * bus bandwidth approaches the link's for large messages and is latency
+ * bound for small ones. */
+static void monotone_in_size_and_floored(void **state)
+{
+    (void)state;
+    uint64_t seed = 7;
+    for (int trial = 0; trial < 300; trial++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int nodes = 1 + (int)((seed >> 33) % 16);
+        int per_node = 1 + (int)((seed >> 41) % 8);
+        link_spec intra = link_of(10.0 + (double)((seed >> 20) % 900),
+                                  (double)((seed >> 10) % 10));
+        link_spec inter = link_of(1.0 + (double)((seed >> 50) % 100),
+                                  (double)((seed >> 5) % 30));
+        comm_group group = {nodes * per_node, nodes, intra, inter};
+        double previous = 0.0, previous_rs = 0.0;
+        for (double bytes = 1.0; bytes < 4e10; bytes *= 1.9) {
+            double t = nccl_allreduce(bytes, &group).seconds;
+            double rs = nccl_reduce_scatter(bytes, &group);
+            assert_true(t >= previous);
+            assert_true(rs >= previous_rs);
+            previous = t;
+            previous_rs = rs;
+            double floor = allreduce_floor_time(
+                bytes, group.members, per_node + (int)(trial % 3),
+                intra.bandwidth_bytes_per_s, inter.bandwidth_bytes_per_s);
+            assert_true(floor <= t * (1.0 + 1e-12));
+            assert_true(0.5 * floor <= rs * (1.0 + 1e-12));
+        }
+    }
+    link_spec nvlink = link_of(100.0, 5.0);
+    double big = allreduce_bus_bandwidth(
+        1073741824.0, 8, allreduce_time(1073741824.0, 8, nvlink));
+    assert_true(big > 0.99 * 100e9 && big <= 100e9);
+    double small = allreduce_bus_bandwidth(
+        8192.0, 8, allreduce_time(8192.0, 8, nvlink));
+    assert_true(small < 0.02 * 100e9);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -91,6 +218,9 @@ int main(void)
         cmocka_unit_test(p2p_is_latency_plus_bytes_over_bandwidth),
         cmocka_unit_test(event_names_round_trip),
         cmocka_unit_test(flops_match_megatron_formula),
+        cmocka_unit_test(ring_and_tree_cross_where_the_formulas_say),
+        cmocka_unit_test(hierarchical_reduces_to_flat),
+        cmocka_unit_test(monotone_in_size_and_floored),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

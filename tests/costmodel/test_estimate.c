@@ -19,25 +19,46 @@ static void run_estimate(fixture *f, const parallel_config *config,
         fail_msg("%s", err.message);
 }
 
+/* Each term of stage_estimate.memory against the hand count below, and
+ * the peak as their sum. */
+static void assert_terms(const stage_estimate *st, const double *expected)
+{
+    double sum = 0.0;
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++) {
+        if (!close_to(st->memory.bytes[t], expected[t], 1e-15))
+            fail_msg("%s: %.0f bytes, expected %.0f",
+                     pt_memory_term_name(t), st->memory.bytes[t],
+                     expected[t]);
+        sum += st->memory.bytes[t];
+    }
+    assert_true(close_to(st->peak_memory_bytes, sum, 1e-12));
+}
+
 /* GPT-2 XL (h 1600, a 25, f 6400, s 1024, V 50257, 48 layers) on one node
- * of 4 A100s, tp 1, dp 1, pp 4, mbs 1, gbs 8 (m = 8), bf16, 12 layers a
- * stage, 0.5 GiB workspace = 536,870,912 bytes.
- *   layer parameters 4h^2 + 2hf + 9h + f = 30,740,800; x 18 B = 553,334,400
- *   layer activations s b h (10 + 24/t + 5 a s / (h t))
- *     = 1,638,400 x (34 + 80) = 186,777,600 bytes per micro-batch
- *   1F1B in flight: 4, 3, 2, 1 micro-batches on stages 0..3
- * stage 0: embedding (V h + s h) = 82,049,600 x 18 = 1,476,892,800
- *          + embedding output 4 x s b h x 2 = 13,107,200
- *          + 12 x (553,334,400 + 4 x 186,777,600) = 15,605,337,600
- *          + workspace = 17,632,208,512 bytes
- * stage 1: 12 x (553,334,400 + 3 x 186,777,600) + workspace
- *          = 13,364,006,400 + 536,870,912 = 13,900,877,312 bytes
- * stage 2: 12 x (553,334,400 + 2 x 186,777,600) + workspace
- *          = 11,122,675,200 + 536,870,912 = 11,659,546,112 bytes
- * stage 3: final norm 2h + tied copy V h = 80,414,400 x 18 = 1,447,459,200
- *          + logits 1 x b s V x (2 + 4) = 308,779,008
- *          + 12 x (553,334,400 + 186,777,600) = 8,881,344,000
- *          + workspace = 11,174,453,120 bytes */
+ * of 4 A100s, tp 1, dp 1, pp 4, mbs 1 (N = 1024 rows), gbs 8 (m = 8),
+ * bf16, 12 layers a stage, 0.5 GiB workspace_gib (the context term). As
+ * the cuda backend allocates (docs/cost-model.md, "Memory per GPU"):
+ *   layer parameters 4h^2 + 2hf + 9h + f = 30,740,800 in 12 tensors of
+ *     1,876 chunks of 16,384; stage 0 adds the embeddings V h + s h =
+ *     82,049,600 (2 tensors, 5,009 chunks), stage 3 the final norm and
+ *     the tied copy 2h + V h = 80,414,400 (3 tensors, 4,910 chunks) and
+ *     the head's padding to Vp = 50,304 rows, (Vp - V) h = 75,200
+ *   stage 0, P = 82,049,600 + 12 x 30,740,800 = 450,939,200, 146 tensors,
+ *     27,521 chunks, 4 slots (1F1B: pp - stage):
+ *     weights 4 (P + 1) = 1,803,756,804; gradients the same (no head);
+ *     mirror 2 (P + 1) = 901,878,402; optimizer 8 (P + 1) + 32 x 27,521
+ *     + 4 x 147 = 3,608,397,908
+ *     activations 4 x (20 N + 4 [token ids] + 4 N h [input] + 12 x
+ *       (16 N [norm statistics] + 4 N h [norm outputs, bf16] + 8 N h
+ *       [qkv and attention output, bf16] + 4 N a [log-sum-exp] + 8 N h
+ *       [residual and output, fp32] + 2 N f [fc output, bf16]))
+ *       = 2,234,007,568
+ *     scratch 8 N h + 6 N h + 8 N h + 2 N f + 4 x 32 x 2h (norm
+ *       partials) + 4 x 4 x f (bias partials) + 4 f + 4 N a + 8,192 + 8
+ *       + 8 x 146 + 8 x 27,521 + 4 N h (received gradient) = 56,575,896
+ *     workspace 32 MiB; comm 2,048 + 4 N h (one send) = 6,555,648;
+ *     rounding (6 + 4 slots + 1) x 1 MiB = 11,534,336
+ *   the other stages alike: */
 static void memory_matches_hand_computation(void **state)
 {
     (void)state;
@@ -48,11 +69,24 @@ static void memory_matches_hand_computation(void **state)
     int order[1] = {0}, partition[4] = {12, 12, 12, 12};
     estimate e;
     run_estimate(&f, &config, order, 1, partition, false, &e);
-    double expected[4] = {17632208512.0, 13900877312.0, 11659546112.0,
-                          11174453120.0};
+    const double context = 536870912.0, workspace = 33554432.0;
+    /* weights, mirror, gradients, optimizer, activations, logits,
+       scratch, workspace, comm, rounding, context (common.h's order) */
+    const double expected[4][PT_MEMORY_TERM_COUNT] = {
+        {1803756804.0, 901878402.0, 1803756804.0, 3608397908.0,
+         2234007568.0, 0.0, 56575896.0, workspace, 6555648.0, 11534336.0,
+         context},
+        {1475558404.0, 737779202.0, 1475558404.0, 2951840844.0,
+         1675505676.0, 0.0, 56535816.0, workspace, 13109248.0, 10485760.0,
+         context},
+        {1475558404.0, 737779202.0, 1475558404.0, 2951840844.0,
+         1117003784.0, 0.0, 56535816.0, workspace, 13109248.0, 9437184.0,
+         context},
+        {1797216004.0, 898758402.0, 1797516804.0, 3595313176.0,
+         558501892.0, 106311680.0, 50021520.0, workspace, 6555648.0,
+         8388608.0, context}};
     for (int s = 0; s < 4; s++) {
-        assert_true(close_to(e.stages[s].peak_memory_bytes, expected[s],
-                             1e-12));
+        assert_terms(&e.stages[s], expected[s]);
         assert_true(close_to(e.stages[s].memory_cap_bytes, 39.59 * PT_GIB,
                              1e-12));
     }
@@ -62,17 +96,20 @@ static void memory_matches_hand_computation(void **state)
     fixture_close(&f);
 }
 
-/* Same model, tp 2, dp 2, pp 1, mbs 2, gbs 8 (m = 2), distributed
- * optimizer, full recompute. One stage holds everything:
- *   parameters (V h + s h + 48 x 30,740,800 + 2h) / 2 = 778,805,600
- *   x (6 + 12/2) = 9,345,667,200
- *   + workspace 536,870,912
- *   + embedding output 1 x s b h x 2 = 6,553,600
- *   + logits 1 x b s V / 2 x 6 = 308,779,008
- *   + working set of one layer s b h (10 + 12 + 5 x 25 x 1024 / 3200)
- *     = 3,276,800 x 62 = 203,161,600
- *   + 48 layer inputs x s b h x 2 = 48 x 6,553,600 = 314,572,800
- *   = 10,715,605,120 bytes */
+/* Same model, tp 2, dp 2, pp 1, mbs 2 (N = 2048), gbs 8 (m = 2, 1 slot),
+ * distributed optimizer, full recompute. One stage holds the tp shard:
+ * A = 800 channels, F = 3,200 features, 13 heads, V_s = 25,129 rows
+ * (Vp 25,216), P = V_s h + s h + 48 x 15,379,200 + 2h = 779,857,600.
+ *   weights 4 (P + 1) = 3,119,430,404; gradients 4 (P + 87 h + 1) =
+ *     3,119,987,204; mirror 2 (P + 87 h + 1) = 1,559,993,602
+ *   optimizer: moments 8 (P / 2 + 64 + 1) (the shard, runs of 64 floats:
+ *     exactly 8 (389,928,832 + 1)), the table of every parameter
+ *     32 x 48,061 + 4 x 581, the shard's 32 x (48,061 / 2 + 2) + 4 x 581
+ *     (exactly 24,018 chunks): 3,121,742,560 (720 over the executor's)
+ *   activations 20 N + 4 + 4 N h + 48 x 4 N h = 642,293,764
+ *   logits 2 N h + 12 N + 2 N Vp = 109,862,912
+ *   scratch with the recomputed layer and the tp sums' 4 N h + 16 N:
+ *     139,219,472; comm 2,048 (no sends); rounding (6 + 1 + 1 + 1) MiB */
 static void memory_with_recompute_and_distributed_optimizer(void **state)
 {
     (void)state;
@@ -85,7 +122,11 @@ static void memory_with_recompute_and_distributed_optimizer(void **state)
     int order[1] = {0}, partition[1] = {48};
     estimate e;
     run_estimate(&f, &config, order, 1, partition, false, &e);
-    assert_true(close_to(e.stages[0].peak_memory_bytes, 10715605120.0, 1e-12));
+    const double expected[PT_MEMORY_TERM_COUNT] = {
+        3119430404.0, 1559993602.0, 3119987204.0, 3121742560.0,
+        642293764.0, 109862912.0, 139219472.0, 33554432.0, 2048.0,
+        9437184.0, 536870912.0};
+    assert_terms(&e.stages[0], expected);
     estimate_free(&e);
     fixture_close(&f);
 }
@@ -203,8 +244,17 @@ static void stages_run_at_their_slowest_gpu(void **state)
                          48 * 2.4e-3 + 0.2e-3 + 0.8e-3, 1e-12));
     assert_true(close_to(e.stages[0].memory_cap_bytes, 22.2 * PT_GIB, 1e-12));
     double params = model_parameter_count(&m);
-    assert_true(close_to(e.stages[0].dp_allreduce_s,
-                         allreduce_time(params * 4.0, 8, inter), 1e-12));
+    /* NCCL over 2 nodes of 4 members: a ring through all 8 whose
+       network hops use the 4 rails (4 x 5 GB/s, capped by the A10's
+       16 GB/s inside), faster than the hierarchy here */
+    comm_group group = {8, 2, link_of(16.0, 10.0), inter};
+    comm_price price = nccl_allreduce(params * 4.0, &group);
+    assert_int_equal(price.algorithm, ALLREDUCE_RING);
+    assert_true(close_to(e.stages[0].dp_allreduce_s, price.seconds, 1e-12));
+    assert_true(close_to(price.seconds,
+                         allreduce_time(params * 4.0, 8,
+                                        link_of(16.0, 20.0)),
+                         1e-12));
     stage_placement placement[1];
     pt_error err = {{0}};
     assert_int_equal(costmodel_place(&f.cm, &config, mixed_order, 2, placement,
@@ -524,6 +574,119 @@ static void notes_reach_the_estimate_context(void **state)
     fixture_close(&f);
 }
 
+
+/* The dp event of a stage: [start, end] of its dp_allreduce. */
+static void dp_event(const estimate *e, int stage, double *start, double *end)
+{
+    for (int i = 0; i < e->event_count; i++)
+        if (e->events[i].stage == stage &&
+            e->events[i].kind == EVENT_DP_ALLREDUCE) {
+            *start = e->events[i].start_s;
+            *end = e->events[i].end_s;
+            return;
+        }
+    fail_msg("no dp_allreduce event on stage %d", stage);
+}
+
+/* The context term: the profile's workspace_gib, less its allowance for
+ * NCCL and cuBLAS for a plan of one rank on a measured profile (no
+ * communicator), never below 0; a derived profile keeps it whole. */
+static void context_of_one_rank_leaves_the_allowance_out(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    parallel_config one = config_of(8, 1, 1, 1, 1);
+    parallel_config two = config_of(8, 1, 1, 2, 1);
+    f.cm.profiles[0].workspace_gib = 1.25;
+    assert_true(close_to(costmodel_context_bytes(&f.cm, &one, 0),
+                         (1.25 - PROFILE_WORKSPACE_ALLOWANCE_GIB) * PT_GIB,
+                         1e-12));
+    assert_true(close_to(costmodel_context_bytes(&f.cm, &two, 0),
+                         1.25 * PT_GIB, 1e-12));
+    f.cm.profiles[0].workspace_gib = 0.25;
+    assert_true(costmodel_context_bytes(&f.cm, &one, 0) == 0.0);
+    f.cm.profiles[0].source = PROFILE_DERIVED;
+    assert_true(close_to(costmodel_context_bytes(&f.cm, &one, 0),
+                         0.25 * PT_GIB, 1e-12));
+    fixture_close(&f);
+}
+
+/* The end of a stage's last backward in an estimate. */
+static double last_backward_end(const estimate *e, int stage)
+{
+    double end = 0.0;
+    for (int i = 0; i < e->event_count; i++)
+        if (e->events[i].stage == stage && e->events[i].kind == EVENT_BWD &&
+            e->events[i].end_s > end)
+            end = e->events[i].end_s;
+    return end;
+}
+
+/* With the bucket-by-bucket model (--dp-overlap F) on, buckets reduce
+ * during the last backward: all of what they can hide is hidden at
+ * fraction 1, none at 0 (then the buckets' own latencies make it slower
+ * than the default's closed form); off, the default closed form
+ * (dp_sync_overlaps_the_last_backward). The planner's floor share is
+ * 1 - fraction. */
+static void dp_overlap_hides_the_reduction(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
+    parallel_config config = config_of(8, 1, 1, 4, 1);
+    int order[1] = {1}, whole[1] = {48};
+    estimate off, hidden, none;
+    assert_false(f.cm.dp_overlap.enabled);
+    /* the default closed form may hide all but one bucket's share */
+    assert_true(costmodel_dp_overlap_floor_share(&f.cm) == 0.0);
+    run_estimate(&f, &config, order, 1, whole, true, &off);
+    f.cm.dp_overlap.enabled = true;
+    f.cm.dp_overlap.hidden_fraction = 1.0;
+    run_estimate(&f, &config, order, 1, whole, true, &hidden);
+    f.cm.dp_overlap.hidden_fraction = 0.0;
+    run_estimate(&f, &config, order, 1, whole, true, &none);
+    assert_true(costmodel_dp_overlap_floor_share(&f.cm) == 1.0);
+    f.cm.dp_overlap.hidden_fraction = 0.25;
+    assert_true(close_to(costmodel_dp_overlap_floor_share(&f.cm), 0.75,
+                         1e-12));
+
+    /* the reduction's own time is reported unchanged */
+    assert_true(close_to(hidden.stages[0].dp_allreduce_s,
+                         off.stages[0].dp_allreduce_s, 1e-12));
+    double start = 0.0, end = 0.0, reduce = off.stages[0].dp_allreduce_s;
+    dp_event(&off, 0, &start, &end);
+    assert_true(close_to(end - start, reduce, 1e-9));
+    double backward_end = last_backward_end(&off, 0);
+    double off_exposed = end - backward_end;
+    assert_true(close_to(last_backward_end(&hidden, 0), backward_end, 1e-12));
+    dp_event(&hidden, 0, &start, &end);
+    /* 48 layers of 30.7 M parameters, 123 MB of gradients a layer (a
+       bucket each, 11.6 ms over the A10s' 16 GB/s, more than a layer's
+       4.8 ms backward: the stream is busy from the first layer's end),
+       then the embeddings' 328 MB when the backward ends */
+    link_spec intra = link_of(16.0, 10.0);
+    double layer_bytes = 4.0 * model_layer_parameter_count(&m);
+    double fixed_bytes = 4.0 * model_parameter_count(&m) - 48 * layer_bytes;
+    double head_s = 1.6e-3, layer_s = 4.8e-3, embedding_s = 0.4e-3;
+    double stream = head_s + layer_s + 48 * allreduce_time(layer_bytes, 4,
+                                                           intra);
+    double ready = head_s + 48 * layer_s + embedding_s;
+    double tail = fmax(stream, ready) + allreduce_time(fixed_bytes, 4, intra) -
+                  ready;
+    assert_true(start < backward_end);
+    assert_true(close_to(end - backward_end, tail, 1e-9));
+    assert_true(close_to(off.step_time_s - hidden.step_time_s,
+                         off_exposed - tail, 1e-9));
+    assert_true(none.step_time_s >= off.step_time_s);
+    estimate_free(&off);
+    estimate_free(&hidden);
+    estimate_free(&none);
+    fixture_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -539,6 +702,8 @@ int main(void)
         cmocka_unit_test(plan_over_memory_is_estimated_with_its_worst_stage),
         cmocka_unit_test(step_figures_follow_from_the_timeline),
         cmocka_unit_test(notes_reach_the_estimate_context),
+        cmocka_unit_test(dp_overlap_hides_the_reduction),
+        cmocka_unit_test(context_of_one_rank_leaves_the_allowance_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <math.h>
+
 #include "fixtures.h"
 
 /* GPT-2 XL, tp 1, dp 4, pp 4 on one A100 node and three A10 nodes: 16
@@ -76,6 +78,19 @@ static void timeline_is_written_once_per_stage(void **state)
     assert_int_equal(json_array_size(stages), 4);
     assert_int_equal(range_value(json_array_get(stages, 2), 0), 8);
     assert_int_equal(range_value(json_array_get(stages, 2), 1), 11);
+    /* the memory terms, keyed by name, sum to the stage's peak */
+    for (size_t s = 0; s < 4; s++) {
+        const json_t *stage = json_array_get(stages, s);
+        const json_t *terms = json_object_get(stage, "memory_terms_gib");
+        assert_int_equal(json_object_size(terms), PT_MEMORY_TERM_COUNT);
+        double sum = 0.0;
+        for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+            sum += json_number_value(
+                json_object_get(terms, pt_memory_term_name(t)));
+        double peak =
+            json_number_value(json_object_get(stage, "peak_memory_gib"));
+        assert_true(fabs(sum - peak) <= 1e-9 * peak);
+    }
 
     const json_t *timeline = json_object_get(obj, "timeline");
     assert_int_equal(json_array_size(timeline), 4);

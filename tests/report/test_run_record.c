@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,34 @@ static void reads_a_valid_run(void **state)
     assert_int_equal(run.gbs, 8);
     assert_string_equal(run.backend, "cpu");
     assert_true(run.step_time_s == 0.015);
+    assert_null(run.memory_terms); /* an older file: none */
+    run_record_free(&run);
+}
+
+/* memory_terms_gib: one entry per rank, null where a term (or the whole
+ * rank) is not known. */
+static void reads_memory_terms(void **state)
+{
+    (void)state;
+    run_record run;
+    pt_error err = {{0}};
+    assert_int_equal(read_edited("{\"memory_terms_gib\": [ {\"weights\": "
+                                 "0.5, \"logits\": 0.25, \"context\": "
+                                 "null} ]}",
+                                 &run, &err),
+                     0);
+    assert_non_null(run.memory_terms);
+    assert_true(run.memory_terms[0].bytes[PT_MEMORY_WEIGHTS] ==
+                0.5 * PT_GIB);
+    assert_true(run.memory_terms[0].bytes[PT_MEMORY_LOGITS] ==
+                0.25 * PT_GIB);
+    assert_true(isnan(run.memory_terms[0].bytes[PT_MEMORY_CONTEXT]));
+    assert_true(isnan(run.memory_terms[0].bytes[PT_MEMORY_SCRATCH]));
+    run_record_free(&run);
+    assert_int_equal(read_edited("{\"memory_terms_gib\": [ null ]}", &run,
+                                 &err),
+                     0);
+    assert_true(isnan(run.memory_terms[0].bytes[PT_MEMORY_WEIGHTS]));
     run_record_free(&run);
 }
 
@@ -110,6 +139,14 @@ static void errors_name_file_field_and_reason(void **state)
     expect_failure("{\"iterations\": [ {\"iteration\": 1} ]}",
                    "iterations[0]", "step_time_s");
     expect_failure("{\"plan\": 3}", "plan", NULL);
+    expect_failure("{\"memory_terms_gib\": [ {}, {} ]}", "memory_terms_gib",
+                   "one per rank");
+    expect_failure("{\"memory_terms_gib\": [ {\"lunch\": 1} ]}",
+                   "memory_terms_gib[0].lunch", "not a memory term");
+    expect_failure("{\"memory_terms_gib\": [ {\"weights\": -1} ]}",
+                   "memory_terms_gib[0].weights", ">= 0");
+    expect_failure("{\"memory_terms_gib\": [ 3 ]}", "memory_terms_gib[0]",
+                   NULL);
 }
 
 /* issue 18, item 16: keys the writer never writes and arrays it never
@@ -176,6 +213,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(reads_a_valid_run),
+        cmocka_unit_test(reads_memory_terms),
         cmocka_unit_test(errors_name_file_field_and_reason),
         cmocka_unit_test(unknown_keys_and_empty_arrays_are_refused),
         cmocka_unit_test(missing_file_and_mismatched_plan),

@@ -12,7 +12,9 @@
  *      recomputed, untied head) on a small model;
  *   4. full activation recompute (a plan's "recompute": "full") against
  *      keeping every activation, three micro-batches in flight: the same
- *      loss and gradients, less device memory.
+ *      loss and gradients, less device memory;
+ *   and for the stages of 3 and 4 the tally of device memory by term
+ *   against the memory plan computed without the GPU.
  *
  * Usage: test_cuda_stage [model.json [seq [mbs]]]
  * Tolerances: the cuda backend runs its products in bf16, so gradients
@@ -21,6 +23,7 @@
  */
 #include "gpu_test.h"
 
+#include "executor/cuda/buffers.h"
 #include "executor/executor.h"
 
 #define TOL_LOSS 5e-3
@@ -325,6 +328,33 @@ static void test_pipeline_split(gpu_test_tally *tally)
 
 /* ------------------------------------------------------- 3. variants */
 
+/* The stage's tally of its allocations, term by term, against the
+ * memory plan computed without the GPU (executor/cuda/buffers.c) for the
+ * same shape, slots and PARTITA_CUDA_RECOMPUTE: what the cost model's
+ * formulas are tested against on the cpu (tests/costmodel/test_memory.c). */
+static void compare_tally(gpu_test_tally *tally, const char *label,
+                          const model_stage *stage, const char *recompute)
+{
+    pt_error err;
+    pt_memory_terms tallied, planned;
+    cuda_stage_memory_terms(stage, &tallied);
+    PT_CHECK(cuda_stage_memory_plan(&stage->shape, &stage->spec,
+                                    stage->mbs_capacity, stage->slot_count,
+                                    recompute, &planned, &err),
+             &err);
+    bool same = true;
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+        same = same && tallied.bytes[t] == planned.bytes[t];
+    char line[200];
+    snprintf(line, sizeof line,
+             "%s: tallied device memory %.0f bytes by term as planned "
+             "(%.0f), %zu asked of cudaMalloc",
+             label, pt_memory_terms_total(&tallied, true),
+             pt_memory_terms_total(&planned, true),
+             cuda_stage_device_bytes(stage));
+    gpu_test_expect(tally, same, line);
+}
+
 static void test_variant(gpu_test_tally *tally, const char *label,
                          const char *recompute, const char *fuse, bool tied)
 {
@@ -343,6 +373,7 @@ static void test_variant(gpu_test_tally *tally, const char *label,
              &err);
     PT_CHECK(cuda_model_stage_create(&gpu, &shape, &spec, mbs, 1, &err),
              &err);
+    compare_tally(tally, label, &gpu, recompute);
     unsetenv("PARTITA_CUDA_RECOMPUTE");
     unsetenv("PARTITA_CUDA_FUSE");
     PT_CHECK(model_stage_init_parameters(&cpu, 11, &err), &err);
@@ -387,6 +418,8 @@ static void test_full_recompute(gpu_test_tally *tally)
     PT_CHECK(cuda_model_stage_create(&recompute, &shape, &recompute_spec, mbs,
                                      micro_batches, &err),
              &err);
+    compare_tally(tally, "kept activations", &keep, NULL);
+    compare_tally(tally, "full recompute", &recompute, NULL);
     PT_CHECK(model_stage_init_parameters(&keep, 11, &err), &err);
     PT_CHECK(model_stage_init_parameters(&recompute, 11, &err), &err);
     uint64_t state = 9;
@@ -416,6 +449,53 @@ static void test_full_recompute(gpu_test_tally *tally)
     model_stage_destroy(&recompute);
 }
 
+/* ------------------------------------ 5. deferred synchronisation */
+
+/* The profiler's back-to-back timing queues calls without waiting
+ * (defer_sync) and waits once (stage_synchronize): the same gradients as
+ * synchronous calls, and no loss read back. */
+static void test_deferred_sync(gpu_test_tally *tally)
+{
+    pt_error err;
+    model_shape shape = small_shape();
+    int mbs = 2;
+    stage_spec spec = stage_spec_whole_model(&shape);
+    model_stage synced, deferred;
+    PT_CHECK(cuda_model_stage_create(&synced, &shape, &spec, mbs, 1, &err),
+             &err);
+    PT_CHECK(cuda_model_stage_create(&deferred, &shape, &spec, mbs, 1, &err),
+             &err);
+    PT_CHECK(model_stage_init_parameters(&synced, 11, &err), &err);
+    PT_CHECK(model_stage_init_parameters(&deferred, 11, &err), &err);
+    uint64_t state = 13;
+    uint32_t *tokens = gpu_test_random_tokens(mbs * (shape.seq + 1),
+                                              shape.vocab, &state);
+    stage_io io = {.mbs = mbs, .tokens = tokens, .loss_scale = 1.0f};
+    float loss = -1.0f, deferred_loss = -1.0f;
+    deferred.defer_sync = true;
+    PT_CHECK(stage_zero_grads(&synced, &err), &err);
+    PT_CHECK(stage_zero_grads(&deferred, &err), &err);
+    for (int i = 0; i < 3; i++) {
+        PT_CHECK(stage_forward(&synced, 0, &io, &loss, &err), &err);
+        PT_CHECK(stage_backward(&synced, 0, &io, &err), &err);
+        PT_CHECK(stage_forward(&deferred, 0, &io, &deferred_loss, &err),
+                 &err);
+        PT_CHECK(stage_backward(&deferred, 0, &io, &err), &err);
+    }
+    PT_CHECK(stage_synchronize(&deferred, &err), &err);
+    gpu_test_expect(tally, deferred_loss == 0.0f && loss > 0.0f,
+                    "deferred sync: no loss read back (the synchronous "
+                    "stage's is positive)");
+    float *synced_grads = gpu_test_read_buffer(&synced, STAGE_GRADS);
+    float *deferred_grads = gpu_test_read_buffer(&deferred, STAGE_GRADS);
+    compare_tensors(tally, "deferred sync: grads of 3 queued steps",
+                    &deferred, deferred_grads, &synced, synced_grads,
+                    TOL_RECOMPUTE, false);
+    free(tokens), free(synced_grads), free(deferred_grads);
+    model_stage_destroy(&synced);
+    model_stage_destroy(&deferred);
+}
+
 int main(int argc, char **argv)
 {
     gpu_test_require_device("test_cuda_stage");
@@ -437,6 +517,7 @@ int main(int argc, char **argv)
     test_variant(&tally, "untied head", NULL, NULL, false);
     test_pipeline_split(&tally);
     test_full_recompute(&tally);
+    test_deferred_sync(&tally);
     test_gpt2_step(&tally, path, seq, mbs);
     return gpu_test_finish(&tally, "test_cuda_stage");
 }

@@ -122,6 +122,10 @@ static void check_figures(json_t *root, const run_result *r, double flops,
                 1e-9 * expected);
     assert_non_null(strstr(json_string_value(get(root, "peak_memory_basis")),
                            "computed"));
+    /* the cpu backend tallies no device memory by term */
+    json_t *terms = get(root, "memory_terms_gib");
+    assert_int_equal(json_array_size(terms), 1);
+    assert_true(json_is_null(json_array_get(terms, 0)));
     json_t *rss = get(root, "max_rss_gib");
     assert_true(json_number_value(json_array_get(rss, 0)) > 0);
 }

@@ -1,0 +1,260 @@
+/*
+ * Memory per GPU, term by term (docs/cost-model.md, "Memory per GPU"):
+ * the formulas mirror what the executor's cuda backend allocates
+ * (executor/cuda/buffers.c: fp32 weights, gradients and AdamW moments,
+ * a bf16 weight mirror, one activation arena per micro-batch in flight,
+ * one backward scratch, the cuBLASLt workspace), plus the comm's
+ * buffers and the profile's context. Linear in the stage's layer count,
+ * for the partition solvers; where the executor's sizes are not (ZeRO-1
+ * shard boundaries, the optimizer's chunk table of a shard), the linear
+ * form is within a few KiB, which tests/costmodel/test_memory.c bounds.
+ */
+#include <math.h>
+
+#include "costmodel/internal.h"
+
+/* The executor's constants (executor/cuda/kernel_sizes.h, buffers.h,
+ * comm/nccl_internal.h), restated: the cost model does not link the
+ * executor; test_memory.c checks these formulas against its plan. */
+enum {
+    VOCAB_ROUNDING = 128,              /* logits' row stride */
+    CHUNK_ELEMENTS = 16384,            /* parameters per optimizer chunk */
+    CHUNK_BYTES = 32,                  /* sizeof(param_chunk) */
+    LAYERNORM_ROWS = 32,               /* rows per layer-norm partial */
+    LAYERNORM_GROUP = 16,              /* partials one fused block sums */
+    LAYERNORM_COUNTERS = 64,           /* counter floats' alignment */
+    BIAS_ROWS = 256,                   /* rows per bias-gradient partial */
+    SQUARE_BLOCKS = 1024,              /* doubles of a sum of squares */
+    NCCL_SCRATCH_BYTES = 256 * 8,      /* the NCCL comm's host reduce */
+};
+#define GEMM_WORKSPACE_BYTES (32.0 * 1024 * 1024)
+/* Expected rounding of one allocation to the driver's 2 MiB pages. */
+#define ROUNDING_PER_ALLOCATION (1024.0 * 1024)
+
+static double ceil_div(double a, double b)
+{
+    return ceil(a / b);
+}
+
+/* The sizes one tensor-parallel rank computes with (tp rank 0: the
+ * largest vocabulary shard). */
+typedef struct shard_dims {
+    double N, C, A, F, NH, B, T;
+    double V;          /* vocabulary rows of the shard */
+    double Vp;         /* rounded up to VOCAB_ROUNDING */
+    double e;          /* bytes of a half-precision buffer's element */
+    int tp;
+} shard_dims;
+
+static shard_dims dims_of(const model_shape *m, const parallel_config *c)
+{
+    int tp = c->tp > 1 ? c->tp : 1;
+    double V = ceil_div(m->vocab, tp);
+    shard_dims d = {
+        .B = c->mbs, .T = m->seq, .C = m->hidden, .A = m->hidden / tp,
+        .F = m->ffn_hidden / tp, .NH = m->heads / tp,
+        .V = V, .Vp = ceil_div(V, VOCAB_ROUNDING) * VOCAB_ROUNDING,
+        .e = precision_bytes(c->precision), .tp = tp};
+    d.N = d.B * d.T;
+    return d;
+}
+
+/* One tensor's parameters and chunks, added to a part of the stage. */
+typedef struct tensor_tally {
+    double params, chunks, tensors;
+} tensor_tally;
+
+static void add_tensor(tensor_tally *t, double count)
+{
+    t->params += count;
+    t->chunks += ceil_div(count, CHUNK_ELEMENTS);
+    t->tensors += 1.0;
+}
+
+/* A layer's tensors, as stage_parameter_layout lays out a shard. */
+static tensor_tally layer_tensors(const shard_dims *d)
+{
+    tensor_tally t = {0};
+    double C = d->C, A = d->A, F = d->F;
+    double sizes[] = {C, C,            /* ln1 */
+                      3 * A * C, 3 * A, /* qkv */
+                      C * A, C,         /* attention projection */
+                      C, C,             /* ln2 */
+                      F * C, F,         /* fc */
+                      C * F, C};        /* MLP projection */
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        add_tensor(&t, sizes[i]);
+    return t;
+}
+
+/* The embedding's and the head's tensors of a stage. */
+static tensor_tally end_tensors(const model_shape *m,
+                                const parallel_config *c,
+                                const shard_dims *d, int stage)
+{
+    tensor_tally t = {0};
+    bool first = stage == 0, last = stage == c->pp - 1;
+    if (first) {
+        add_tensor(&t, d->V * d->C);
+        add_tensor(&t, d->T * d->C);
+    }
+    if (last) {
+        add_tensor(&t, d->C);
+        add_tensor(&t, d->C);
+        if (!m->tied_embeddings || !first)
+            add_tensor(&t, d->V * d->C);
+    }
+    return t;
+}
+
+/* Weights, gradients, the mirror and the optimizer's moments and tables
+ * for `part` (fixed: its constant slack; per layer: none). */
+static void add_parameter_terms(const parallel_config *c, const shard_dims *d,
+                                const tensor_tally *part, bool fixed,
+                                double head_pad, pt_memory_terms *out)
+{
+    double one = fixed ? 1.0 : 0.0;
+    double P = part->params;
+    out->bytes[PT_MEMORY_WEIGHTS] += 4.0 * (P + one);
+    out->bytes[PT_MEMORY_GRADIENTS] += 4.0 * (P + head_pad + one);
+    out->bytes[PT_MEMORY_WEIGHT_MIRROR] += d->e * (P + head_pad + one);
+    bool sharded = c->distributed_optimizer && c->dp > 1;
+    double dp = sharded ? c->dp : 1.0;
+    /* a ZeRO-1 shard: runs of 64 floats, the first shards the fullest */
+    double moments = P / dp + (sharded && fixed ? 64.0 : 0.0);
+    out->bytes[PT_MEMORY_OPTIMIZER] += 2.0 * 4.0 * (moments + one);
+    /* the chunk table of every parameter; a shard's own besides */
+    out->bytes[PT_MEMORY_OPTIMIZER] +=
+        CHUNK_BYTES * part->chunks + 4.0 * (part->tensors + one);
+    if (sharded)
+        out->bytes[PT_MEMORY_OPTIMIZER] +=
+            CHUNK_BYTES * (part->chunks / dp + (fixed ? 2.0 : 0.0)) +
+            4.0 * (part->tensors + one);
+}
+
+/* One layer's activations kept per micro-batch in flight (the cuda
+ * backend recomputes the GELU output; full recompute keeps the layer's
+ * fp32 output only). */
+static double layer_activation_bytes(const shard_dims *d, bool recompute)
+{
+    double N = d->N, C = d->C, A = d->A, F = d->F, e = d->e;
+    if (recompute)
+        return 4.0 * N * C;
+    return 16.0 * N                       /* two norms' mean and rstd */
+           + e * 2.0 * N * C              /* the norms' outputs */
+           + e * 4.0 * N * A              /* qkv, attention output */
+           + 4.0 * d->B * d->NH * d->T    /* attention's log-sum-exp */
+           + 4.0 * N * C                  /* residual after attention */
+           + e * N * F                    /* fc output before the GELU */
+           + 4.0 * N * C;                 /* the layer's output */
+}
+
+/* The layer the backward works on under full recompute: everything but
+ * its output, once, in the scratch. */
+static double recomputed_layer_bytes(const shard_dims *d)
+{
+    return layer_activation_bytes(d, false) - 4.0 * d->N * d->C;
+}
+
+/* The layer-norm backward's scratch: completion counters (padded), the
+ * blocks' partial rows and the groups' sums (cuda_layernorm_backward_
+ * scratch). */
+static double layernorm_scratch_bytes(double N, double C)
+{
+    double blocks = ceil_div(N, LAYERNORM_ROWS);
+    double groups = ceil_div(blocks, LAYERNORM_GROUP);
+    double counters = ceil_div(groups + 1.0, LAYERNORM_COUNTERS) *
+                      LAYERNORM_COUNTERS;
+    return 4.0 * (counters + (blocks + groups) * 2.0 * C);
+}
+
+/* The backward scratch but its per-tensor and per-chunk partials. */
+static double scratch_bytes(const shard_dims *d, bool last)
+{
+    double N = d->N, C = d->C, A = d->A, F = d->F, e = d->e;
+    double widest = fmax(fmax(3.0 * A, F), C);
+    double bytes = 8.0 * N * C                 /* fp32 gradient streams */
+                   + e * 3.0 * N * C           /* bf16 stream, norm
+                                                  gradient, norm output */
+                   + e * 4.0 * N * A           /* attention, qkv grads */
+                   + e * N * F                 /* fc gradient */
+                   + layernorm_scratch_bytes(N, C)
+                   + 4.0 * ceil_div(N, BIAS_ROWS) * widest
+                   + 4.0 * F                   /* an epilogue's bias grad */
+                   + 4.0 * d->B * d->NH * d->T /* attention backward */
+                   + 8.0 * SQUARE_BLOCKS + 8.0;
+    if (d->tp > 1)
+        bytes += 4.0 * N * C + (last ? 16.0 * N : 0.0);
+    if (!last)
+        bytes += 4.0 * N * C; /* the received output gradient */
+    return bytes;
+}
+
+void costmodel_stage_memory(const model_shape *model,
+                            const parallel_config *config, int stage,
+                            double context_bytes, stage_memory *out)
+{
+    *out = (stage_memory){0};
+    shard_dims d = dims_of(model, config);
+    bool first = stage == 0, last = stage == config->pp - 1;
+    int microbatches = config->gbs / (config->dp * config->mbs);
+    double slots = costmodel_microbatches_in_flight(config, stage,
+                                                    microbatches);
+    pt_memory_terms *fixed = &out->fixed, *layer = &out->per_layer;
+
+    tensor_tally ends = end_tensors(model, config, &d, stage);
+    tensor_tally one_layer = layer_tensors(&d);
+    double head_pad = last ? (d.Vp - d.V) * d.C : 0.0;
+    add_parameter_terms(config, &d, &ends, true, head_pad, fixed);
+    add_parameter_terms(config, &d, &one_layer, false, 0.0, layer);
+
+    /* per slot: token ids and embedding plan, the input; per layer its
+     * activations; on the last stage the head's */
+    fixed->bytes[PT_MEMORY_ACTIVATIONS] +=
+        slots * (20.0 * d.N + 4.0 + 4.0 * d.N * d.C);
+    layer->bytes[PT_MEMORY_ACTIVATIONS] +=
+        slots * layer_activation_bytes(&d, config->recompute);
+    if (last)
+        fixed->bytes[PT_MEMORY_LOGITS] +=
+            slots * (d.e * d.N * d.C + 12.0 * d.N + d.e * d.N * d.Vp);
+
+    fixed->bytes[PT_MEMORY_SCRATCH] +=
+        scratch_bytes(&d, last) + 8.0 * (ends.tensors + ends.chunks) +
+        (config->recompute ? recomputed_layer_bytes(&d) : 0.0);
+    layer->bytes[PT_MEMORY_SCRATCH] +=
+        8.0 * (one_layer.tensors + one_layer.chunks);
+
+    fixed->bytes[PT_MEMORY_WORKSPACE] = GEMM_WORKSPACE_BYTES;
+    if (config->tp * config->dp * config->pp > 1) {
+        /* NCCL: the host reduce's scratch and one staging buffer per
+         * direction the stage sends in */
+        double sends = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
+        fixed->bytes[PT_MEMORY_COMM] =
+            NCCL_SCRATCH_BYTES + sends * 4.0 * d.N * d.C;
+    }
+    /* the allocations: four parameter-sized buffers and the mirror, the
+     * chunk table (two under ZeRO-1), the slots and the scratch */
+    bool sharded = config->distributed_optimizer && config->dp > 1;
+    double allocations = 6.0 + (sharded ? 1.0 : 0.0) + slots + 1.0;
+    fixed->bytes[PT_MEMORY_ROUNDING] = allocations * ROUNDING_PER_ALLOCATION;
+    fixed->bytes[PT_MEMORY_CONTEXT] = context_bytes;
+}
+
+double costmodel_context_bytes(const costmodel *cm,
+                               const parallel_config *config, int type)
+{
+    const profile *prof = &cm->profiles[type];
+    double gib = prof->workspace_gib;
+    bool one_rank = config->tp * config->dp * config->pp == 1;
+    if (one_rank && prof->source == PROFILE_MEASURED)
+        gib = fmax(0.0, gib - PROFILE_WORKSPACE_ALLOWANCE_GIB);
+    return gib * PT_GIB;
+}
+
+void stage_memory_at(const stage_memory *memory, int layers,
+                     pt_memory_terms *out)
+{
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+        out->bytes[t] = memory->fixed.bytes[t] +
+                        layers * memory->per_layer.bytes[t];
+}

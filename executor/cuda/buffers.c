@@ -1,0 +1,403 @@
+/*
+ * The cuda backend's memory plan (buffers.h): the carving of its arenas,
+ * the sizes of its parameter-sized buffers and chunk tables, the scratch
+ * its kernels ask for, and the tally of all of it by term. model_cuda.c
+ * allocates through these; cuda_stage_memory_plan runs them over no
+ * memory. No CUDA here, so builds without it have the plan too.
+ */
+#include "executor/cuda/buffers.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------ the kernels' scratch */
+
+static size_t layernorm_blocks(int N)
+{
+    return ((size_t)N + CUDA_LAYERNORM_BACKWARD_ROWS - 1) /
+           CUDA_LAYERNORM_BACKWARD_ROWS;
+}
+
+static size_t layernorm_groups(int N)
+{
+    return (layernorm_blocks(N) + CUDA_LAYERNORM_GROUP_BLOCKS - 1) /
+           CUDA_LAYERNORM_GROUP_BLOCKS;
+}
+
+/* The counters come first, so a call of fewer rows finds them zeroed too;
+ * one per group and one for the groups' sum. */
+size_t cuda_layernorm_counter_floats(int N)
+{
+    size_t alignment = CUDA_LAYERNORM_COUNTER_ALIGNMENT;
+    return (layernorm_groups(N) + 1 + alignment - 1) / alignment * alignment;
+}
+
+size_t cuda_layernorm_backward_scratch(int N, int C)
+{
+    return cuda_layernorm_counter_floats(N) +
+           (layernorm_blocks(N) + layernorm_groups(N)) * 2 * (size_t)C;
+}
+
+size_t cuda_bias_grad_scratch(int N, int OC)
+{
+    size_t chunks = ((size_t)N + CUDA_BIAS_GRAD_ROWS - 1) /
+                    CUDA_BIAS_GRAD_ROWS;
+    return chunks * (size_t)OC;
+}
+
+size_t cuda_attention_backward_scratch(int B, int T, int NH)
+{
+    return (size_t)B * NH * T;
+}
+
+size_t cuda_square_sum_scratch(void)
+{
+    return CUDA_SQUARE_SUM_BLOCKS;
+}
+
+/* ---------------------------------------------------------------- arena */
+
+void *arena_take(arena *a, size_t bytes, pt_memory_term term)
+{
+    a->used = (a->used + ARENA_ALIGNMENT - 1) / ARENA_ALIGNMENT *
+              ARENA_ALIGNMENT;
+    void *piece = a->base != NULL ? a->base + a->used : NULL;
+    a->used += bytes;
+    a->term_bytes[term] += (double)bytes;
+    return piece;
+}
+
+static float *take_floats(arena *a, size_t count, pt_memory_term term)
+{
+    return arena_take(a, count * sizeof(float), term);
+}
+
+static pt_bf16 *take_bf16(arena *a, size_t count, pt_memory_term term)
+{
+    return arena_take(a, count * sizeof(pt_bf16), term);
+}
+
+size_t arena_request_bytes(const arena *a)
+{
+    return a->used + 1;
+}
+
+/* ------------------------------------------------------------- carving */
+
+void buffer_carve_tokens(token_block *block, arena *a, size_t N)
+{
+    pt_memory_term term = PT_MEMORY_ACTIVATIONS;
+    block->inputs = arena_take(a, N * sizeof(uint32_t), term);
+    block->targets = arena_take(a, N * sizeof(uint32_t), term);
+    block->plan_starts = arena_take(a, (N + 1) * sizeof(int), term);
+    block->plan_rows = arena_take(a, N * sizeof(int), term);
+    block->plan_tokens = arena_take(a, N * sizeof(uint32_t), term);
+}
+
+/* Everything a layer's backward reads but its output (the selective
+ * recompute options leave out the norms' or the GELU's outputs). */
+static void carve_layer(layer_activations *act, arena *a,
+                        const buffer_layout *layout, pt_memory_term term)
+{
+    const stage_dims *d = &layout->dims;
+    size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
+           F = (size_t)d->F;
+    act->ln1_mean = take_floats(a, N, term);
+    act->ln1_rstd = take_floats(a, N, term);
+    act->ln1_out = layout->recompute_norm ? NULL : take_bf16(a, N * C, term);
+    act->qkv = take_bf16(a, N * 3 * A, term);
+    act->att_out = take_bf16(a, N * A, term);
+    act->att_lse = take_floats(a, (size_t)d->B * d->NH * d->T, term);
+    act->residual_mid = take_floats(a, N * C, term);
+    act->ln2_mean = take_floats(a, N, term);
+    act->ln2_rstd = take_floats(a, N, term);
+    act->ln2_out = layout->recompute_norm ? NULL : take_bf16(a, N * C, term);
+    act->fc_pre = take_bf16(a, N * F, term);
+    act->gelu_out = layout->recompute_gelu ? NULL
+                                           : take_bf16(a, N * F, term);
+}
+
+void buffer_carve_slot(activation_slot *slot, arena *a,
+                       const buffer_layout *layout)
+{
+    const stage_dims *d = &layout->dims;
+    size_t N = (size_t)d->N, C = (size_t)d->C;
+    buffer_carve_tokens(&slot->tokens, a, N);
+    slot->input = take_floats(a, N * C, PT_MEMORY_ACTIVATIONS);
+    for (int l = 0; l < layout->layer_count; l++) {
+        layer_activations *act = &slot->layers[l];
+        if (!layout->spec.recompute_layers)
+            carve_layer(act, a, layout, PT_MEMORY_ACTIVATIONS);
+        act->output = take_floats(a, N * C, PT_MEMORY_ACTIVATIONS);
+    }
+    if (layout->spec.has_head) {
+        pt_memory_term term = PT_MEMORY_LOGITS;
+        slot->final_out = take_bf16(a, N * C, term);
+        slot->final_mean = take_floats(a, N, term);
+        slot->final_rstd = take_floats(a, N, term);
+        slot->logits = take_bf16(a, N * (size_t)layout->ld_logits, term);
+        slot->losses = take_floats(a, N, term);
+    }
+}
+
+static size_t max_size(size_t a, size_t b)
+{
+    return a > b ? a : b;
+}
+
+void buffer_carve_scratch(backward_scratch *s,
+                          layer_activations *recomputed, arena *a,
+                          const buffer_layout *layout)
+{
+    const stage_dims *d = &layout->dims;
+    pt_memory_term term = PT_MEMORY_SCRATCH;
+    size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
+           F = (size_t)d->F;
+    if (layout->spec.recompute_layers && layout->layer_count > 0)
+        carve_layer(recomputed, a, layout, term);
+    s->d_stream[0] = take_floats(a, N * C, term);
+    s->d_stream[1] = take_floats(a, N * C, term);
+    s->d_stream_bf16 = take_bf16(a, N * C, term);
+    s->d_norm = take_bf16(a, N * C, term);
+    s->d_att = take_bf16(a, N * A, term);
+    s->d_qkv = take_bf16(a, N * 3 * A, term);
+    s->d_fc = take_bf16(a, N * F, term);
+    s->norm_out = take_bf16(a, N * C, term);
+    s->norm_partials =
+        take_floats(a, cuda_layernorm_backward_scratch(d->N, d->C), term);
+    size_t widest = max_size(max_size(3 * A, F), C);
+    s->bias_partials =
+        take_floats(a, cuda_bias_grad_scratch(d->N, (int)widest), term);
+    s->bias_grads = take_floats(a, F, term);
+    s->attention = take_floats(
+        a, cuda_attention_backward_scratch(d->B, d->T, d->NH), term);
+    s->square_partials =
+        arena_take(a, cuda_square_sum_scratch() * sizeof(double), term);
+    s->reduced = arena_take(a, sizeof(double), term);
+    s->tensor_squares =
+        arena_take(a, (size_t)layout->tensor_count * sizeof(double), term);
+    s->chunk_squares =
+        arena_take(a, (size_t)layout->chunk_count * sizeof(double), term);
+    s->d_partial = d->tp > 1 ? take_floats(a, N * C, term) : NULL;
+    s->row_stats = d->tp > 1 && layout->spec.has_head
+                       ? take_floats(a, 4 * N, term)
+                       : NULL;
+    s->output_grad =
+        layout->spec.has_head ? NULL : take_floats(a, N * C, term);
+}
+
+/* -------------------------------------------------- parameter buffers */
+
+void buffer_tensor_part(const param_tensor *t, size_t first, size_t end,
+                        size_t *lo, size_t *hi)
+{
+    *lo = t->offset > first ? t->offset : first;
+    *hi = t->offset + t->count < end ? t->offset + t->count : end;
+}
+
+int buffer_chunks_in_range(const param_tensor *tensors, int tensor_count,
+                           size_t first, size_t end)
+{
+    int chunks = 0;
+    for (int i = 0; i < tensor_count; i++) {
+        size_t lo = 0, hi = 0;
+        buffer_tensor_part(&tensors[i], first, end, &lo, &hi);
+        if (hi > lo)
+            chunks += (int)((hi - lo + PARAM_CHUNK_ELEMENTS - 1) /
+                            PARAM_CHUNK_ELEMENTS);
+    }
+    return chunks;
+}
+
+size_t buffer_chunk_table_bytes(int chunks, int tensor_count)
+{
+    return (size_t)chunks * sizeof(param_chunk) +
+           ((size_t)tensor_count + 1) * sizeof(int);
+}
+
+size_t buffer_parameter_bytes(const buffer_layout *layout,
+                              stage_buffer which)
+{
+    /* the gradients' slack: see the head products in model_cuda.c */
+    size_t slack = which == STAGE_GRADS ? layout->head_pad : 0;
+    bool moments = which == STAGE_ADAM_M || which == STAGE_ADAM_V;
+    size_t floats = moments ? layout->optimizer_count : layout->param_count;
+    return (floats + slack + 1) * sizeof(float);
+}
+
+size_t buffer_mirror_bytes(const buffer_layout *layout)
+{
+    return (layout->param_count + layout->head_pad + 1) * sizeof(pt_bf16);
+}
+
+pt_memory_term buffer_parameter_term(stage_buffer which)
+{
+    switch (which) {
+    case STAGE_PARAMS:
+        return PT_MEMORY_WEIGHTS;
+    case STAGE_GRADS:
+        return PT_MEMORY_GRADIENTS;
+    default:
+        return PT_MEMORY_OPTIMIZER;
+    }
+}
+
+/* ---------------------------------------------------------------- tally */
+
+static size_t granted_bytes(size_t requested)
+{
+    return (requested + CUDA_ALLOCATION_GRANULE - 1) /
+           CUDA_ALLOCATION_GRANULE * CUDA_ALLOCATION_GRANULE;
+}
+
+void buffer_tally(pt_memory_terms *tally, pt_memory_term term,
+                  size_t requested)
+{
+    tally->bytes[term] += (double)requested;
+    tally->bytes[PT_MEMORY_ROUNDING] +=
+        (double)(granted_bytes(requested) - requested);
+}
+
+void buffer_tally_arena(pt_memory_terms *tally, const arena *a)
+{
+    double pieces = 0.0;
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++) {
+        tally->bytes[t] += a->term_bytes[t];
+        pieces += a->term_bytes[t];
+    }
+    tally->bytes[PT_MEMORY_ROUNDING] +=
+        (double)granted_bytes(arena_request_bytes(a)) - pieces;
+}
+
+/* ---------------------------------------------------------------- plan */
+
+static bool list_has(const char *list, const char *word)
+{
+    size_t length = strlen(word);
+    for (const char *p = list; (p = strstr(p, word)) != NULL; p += length) {
+        bool starts = p == list || p[-1] == ',';
+        bool ends = p[length] == '\0' || p[length] == ',';
+        if (starts && ends)
+            return true;
+    }
+    return false;
+}
+
+static int read_recompute(const char *recompute, buffer_layout *out,
+                          pt_error *err)
+{
+    if (recompute == NULL)
+        recompute = "gelu";
+    bool all = list_has(recompute, "all");
+    out->recompute_gelu = all || list_has(recompute, "gelu");
+    out->recompute_norm = all || list_has(recompute, "norm");
+    if (!all && !out->recompute_gelu && !out->recompute_norm &&
+        !list_has(recompute, "none") && recompute[0] != '\0')
+        return pt_fail(err, "cuda backend: PARTITA_CUDA_RECOMPUTE=\"%s\": "
+                            "expected a comma list of gelu, norm, all, none",
+                       recompute);
+    return 0;
+}
+
+int buffer_layout_init(const model_shape *shape, const stage_spec *spec,
+                       const param_tensor *tensors, int tensor_count,
+                       size_t optimizer_first, size_t optimizer_count,
+                       int mbs, const char *recompute, buffer_layout *out,
+                       pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (read_recompute(recompute, out, err) != 0)
+        return -1;
+    out->dims = dims_of_shape(shape, spec, mbs);
+    out->spec = *spec;
+    out->layer_count = spec->last_layer - spec->first_layer;
+    out->ld_logits = (out->dims.V + VOCAB_ROUNDING - 1) / VOCAB_ROUNDING *
+                     VOCAB_ROUNDING;
+    if (spec->has_head)
+        out->head_pad = (size_t)(out->ld_logits - out->dims.V) *
+                        (size_t)out->dims.C;
+    size_t params = 0;
+    for (int i = 0; i < tensor_count; i++)
+        params += tensors[i].count;
+    out->param_count = params;
+    out->optimizer_count = optimizer_count;
+    out->tensor_count = tensor_count;
+    out->chunk_count = buffer_chunks_in_range(tensors, tensor_count, 0,
+                                              params);
+    out->optimizer_table = optimizer_count != params;
+    if (out->optimizer_table)
+        out->optimizer_chunk_count = buffer_chunks_in_range(
+            tensors, tensor_count, optimizer_first,
+            optimizer_first + optimizer_count);
+    return 0;
+}
+
+/* The allocations of model_cuda.c's allocate_parts, in its order, over
+ * no memory. */
+static void tally_stage(const buffer_layout *layout, int slot_count,
+                        layer_activations *layers, pt_memory_terms *out)
+{
+    buffer_tally(out, PT_MEMORY_WORKSPACE, CUDA_GEMM_WORKSPACE_BYTES);
+    const stage_buffer buffers[] = {STAGE_PARAMS, STAGE_GRADS, STAGE_ADAM_M,
+                                    STAGE_ADAM_V};
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++)
+        buffer_tally(out, buffer_parameter_term(buffers[i]),
+                     buffer_parameter_bytes(layout, buffers[i]));
+    buffer_tally(out, PT_MEMORY_WEIGHT_MIRROR, buffer_mirror_bytes(layout));
+    buffer_tally(out, PT_MEMORY_OPTIMIZER,
+                 buffer_chunk_table_bytes(layout->chunk_count,
+                                          layout->tensor_count));
+    if (layout->optimizer_table)
+        buffer_tally(out, PT_MEMORY_OPTIMIZER,
+                     buffer_chunk_table_bytes(layout->optimizer_chunk_count,
+                                              layout->tensor_count));
+    for (int s = 0; s < slot_count; s++) {
+        activation_slot slot = {.layers = layers};
+        arena a = {0};
+        buffer_carve_slot(&slot, &a, layout);
+        buffer_tally_arena(out, &a);
+    }
+    backward_scratch scratch = {0};
+    layer_activations recomputed = {0};
+    arena a = {0};
+    buffer_carve_scratch(&scratch, &recomputed, &a, layout);
+    buffer_tally_arena(out, &a);
+}
+
+int cuda_stage_memory_plan(const model_shape *shape, const stage_spec *spec,
+                           int mbs_capacity, int slot_count,
+                           const char *recompute, pt_memory_terms *out,
+                           pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (mbs_capacity < 1 || slot_count < 1)
+        return pt_fail(err, "memory plan: micro-batch capacity (%d) and "
+                            "activation slots (%d) must be >= 1",
+                       mbs_capacity, slot_count);
+    size_t params = 0;
+    int count = stage_parameter_layout(shape, spec, NULL, &params, err);
+    if (count < 0)
+        return -1;
+    param_tensor *tensors = calloc((size_t)count + 1, sizeof *tensors);
+    int layers = spec->last_layer - spec->first_layer;
+    layer_activations *acts = calloc((size_t)layers + 1, sizeof *acts);
+    int status = -1;
+    if (tensors == NULL || acts == NULL) {
+        pt_fail(err, "memory plan: out of memory");
+    } else if (stage_parameter_layout(shape, spec, tensors, NULL, err) >=
+               0) {
+        size_t first = 0, moments = 0;
+        stage_optimizer_range(params, spec->optimizer_shards,
+                              spec->optimizer_shard, &first, &moments);
+        buffer_layout layout;
+        if (buffer_layout_init(shape, spec, tensors, count, first, moments,
+                               mbs_capacity, recompute, &layout,
+                               err) == 0) {
+            tally_stage(&layout, slot_count, acts, out);
+            status = 0;
+        }
+    }
+    free(tensors);
+    free(acts);
+    return status;
+}

@@ -1,0 +1,244 @@
+/*
+ * The cuda backend's memory plan, without the GPU: how a stage's device
+ * buffers are carved (the activation slots, the backward scratch) and
+ * sized (parameters, gradients, AdamW moments, the bf16 mirror, the
+ * optimizer's chunk tables), with every byte counted in a named term
+ * (pt_memory_terms). model_cuda.c allocates through these functions and
+ * tallies what it allocated; cuda_stage_memory_plan runs the same code
+ * over no memory, so the tests (and anyone without a GPU) know the exact
+ * bytes a stage will take. Plain C: built with or without CUDA.
+ */
+#ifndef PARTITA_EXECUTOR_CUDA_BUFFERS_H
+#define PARTITA_EXECUTOR_CUDA_BUFFERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+#include "executor/cuda/kernel_sizes.h"
+#include "executor/stage/stage.h"
+
+#ifndef PARTITA_PT_BF16
+#define PARTITA_PT_BF16
+/* A bfloat16 value as its 16 bits (the top half of an fp32). */
+typedef uint16_t pt_bf16;
+#endif
+
+/* Every piece of an arena starts on this boundary (cuBLASLt's best
+ * kernels want 256-byte aligned matrices). */
+#define ARENA_ALIGNMENT 256
+/* The logits' row stride: the vocabulary rounded up, so rows stay
+ * aligned for 16-byte accesses and the products' tiles. */
+#define VOCAB_ROUNDING 128
+/* What the driver hands out per cudaMalloc is taken as the request
+ * rounded up to its 2 MiB pages (the tally's assumption; a run's
+ * `context` term, device memory in use less the tally, shows what it
+ * misses). */
+#define CUDA_ALLOCATION_GRANULE (2u * 1024u * 1024u)
+
+/* The shapes buffers and products are sized from. With tensor
+ * parallelism the shard's: A attention channels and NH heads (C / tp and
+ * heads / tp), F MLP features (ffn_hidden / tp), V vocabulary rows from
+ * vocab_first. C, the residual stream's width, is never split. */
+typedef struct stage_dims {
+    int B, T, C, A, F, V, NH, N;
+    int vocab_first;
+    int tp;
+} stage_dims;
+
+static inline stage_dims dims_of_shape(const model_shape *shape,
+                                       const stage_spec *spec, int mbs)
+{
+    stage_shard shard = stage_shard_of(shape, spec);
+    stage_dims d = {
+        .B = mbs,
+        .T = shape->seq,
+        .C = shape->hidden,
+        .A = shard.attention_channels,
+        .F = shard.ffn,
+        .V = shard.vocab_count,
+        .NH = shard.heads,
+        .vocab_first = shard.vocab_first,
+        .tp = shard.tp,
+    };
+    d.N = d.B * d.T;
+    return d;
+}
+
+/* What the forward of one layer keeps for its backward (N rows; A and
+ * F are the shard's attention channels and MLP features, C and F unsplit;
+ * NH its heads). */
+typedef struct layer_activations {
+    float *ln1_mean, *ln1_rstd;     /* N */
+    pt_bf16 *ln1_out;               /* N x C; NULL when recomputed */
+    pt_bf16 *qkv;                   /* N x 3A */
+    pt_bf16 *att_out;               /* N x A, before the projection */
+    float *att_lse;                 /* B x NH x T, in the convention of
+                                       the attention's path
+                                       (attention_runner.h) */
+    float *residual_mid;            /* N x C fp32: input + attention */
+    float *ln2_mean, *ln2_rstd;
+    pt_bf16 *ln2_out;               /* NULL when recomputed */
+    pt_bf16 *fc_pre;                /* N x F, before the GELU */
+    pt_bf16 *gelu_out;              /* N x F; NULL when recomputed */
+    float *output;                  /* N x C fp32: mid + MLP */
+} layer_activations;
+
+/* Token ids and the embedding-gradient plan of a micro-batch, laid out
+ * the same in pinned host memory and on the device, so one copy moves
+ * them. */
+typedef struct token_block {
+    uint32_t *inputs;               /* N */
+    uint32_t *targets;              /* N */
+    int *plan_starts;               /* N + 1 */
+    int *plan_rows;                 /* N */
+    uint32_t *plan_tokens;          /* N */
+} token_block;
+
+/* One micro-batch in flight. */
+typedef struct activation_slot {
+    void *arena;                    /* owned device memory */
+    token_block tokens;             /* device, inside the arena */
+    int unique_tokens;              /* groups of the embedding plan */
+    float *input;                   /* N x C fp32 */
+    layer_activations *layers;      /* owned host array */
+    pt_bf16 *final_out;             /* N x C */
+    float *final_mean, *final_rstd;
+    pt_bf16 *logits;                /* N x ld_logits: logits, then
+                                       softmax - onehot */
+    float *losses;                  /* N */
+    const float *output;            /* last layer's output, or input */
+    int mbs;
+    bool awaiting_backward;
+} activation_slot;
+
+/* Gradients of activations and working space, used by one backward at a
+ * time (and, for the recomputed tensors, by the forward). */
+typedef struct backward_scratch {
+    void *arena;                    /* owned device memory */
+    float *d_stream[2];             /* N x C fp32, alternating */
+    pt_bf16 *d_stream_bf16;         /* N x C: the same, for the products */
+    pt_bf16 *d_norm;                /* N x C: gradient of a norm's output */
+    pt_bf16 *d_att;                 /* N x A */
+    pt_bf16 *d_qkv;                 /* N x 3A */
+    pt_bf16 *d_fc;                  /* N x F; also the GELU recompute */
+    pt_bf16 *norm_out;              /* N x C: recomputed norm outputs */
+    float *norm_partials;           /* layer-norm weight/bias partials */
+    float *bias_partials;           /* bias-gradient partials */
+    float *bias_grads;              /* F: an epilogue's bias gradient */
+    float *attention;               /* B x NH x T */
+    double *square_partials;
+    double *reduced;                /* one double read back by the host */
+    double *tensor_squares;         /* tensor_count: grad_square_sums */
+    double *chunk_squares;          /* a chunk table's count: their
+                                       partials */
+    float *output_grad;             /* N x C fp32 without the head (else
+                                       NULL): where the next stage's
+                                       gradient is received */
+    /* tensor parallelism only (NULL when tp is 1): */
+    float *d_partial;               /* N x C fp32: a column-parallel input
+                                       gradient before the group's sum */
+    float *row_stats;               /* 4N with the head: the vocab-parallel
+                                       softmax's shard maxima, group
+                                       maxima, sums and target logits */
+    const float *input_grad;
+} backward_scratch;
+
+/* Everything the sizes of a stage's device buffers depend on. */
+typedef struct buffer_layout {
+    stage_dims dims;                /* at the stage's mbs_capacity */
+    stage_spec spec;
+    int layer_count;
+    int ld_logits;                  /* Vp: the vocabulary rounded up */
+    size_t head_pad;                /* (Vp - V) x C, 0 without a head */
+    bool recompute_gelu;            /* PARTITA_CUDA_RECOMPUTE, see */
+    bool recompute_norm;            /* cuda_backend.h */
+    size_t param_count;             /* floats of params, grads */
+    size_t optimizer_count;         /* floats of each AdamW moment */
+    int tensor_count;
+    int chunk_count;                /* chunks of every parameter */
+    bool optimizer_table;           /* the optimizer's range is not every
+                                       parameter (a ZeRO-1 shard), so it
+                                       has a chunk table of its own, */
+    int optimizer_chunk_count;      /* of this many chunks */
+} buffer_layout;
+
+/* Fills a layout for a stage of `shape` and `spec` whose tensors are
+ * tensors[0..tensor_count) (stage_parameter_layout's), optimizer range
+ * [optimizer_first, + optimizer_count), micro-batch capacity mbs;
+ * recompute is PARTITA_CUDA_RECOMPUTE's value (NULL: the default, gelu).
+ * Fails on a recompute list it does not know. */
+int buffer_layout_init(const model_shape *shape, const stage_spec *spec,
+                       const param_tensor *tensors, int tensor_count,
+                       size_t optimizer_first, size_t optimizer_count,
+                       int mbs, const char *recompute, buffer_layout *out,
+                       pt_error *err);
+
+/* The part [*lo, *hi) of tensor t inside [first, end); empty when
+ * *lo >= *hi. */
+void buffer_tensor_part(const param_tensor *t, size_t first, size_t end,
+                        size_t *lo, size_t *hi);
+/* Chunks of at most PARAM_CHUNK_ELEMENTS covering the part of every
+ * tensor inside [first, end). */
+int buffer_chunks_in_range(const param_tensor *tensors, int tensor_count,
+                           size_t first, size_t end);
+/* Bytes of a chunk table of `chunks` chunks: the chunks, then
+ * tensor_count + 1 ints (each tensor's first chunk). */
+size_t buffer_chunk_table_bytes(int chunks, int tensor_count);
+
+/* Bytes asked of cudaMalloc for each buffer sized by the parameters:
+ * STAGE_PARAMS, STAGE_GRADS (with the head's slack), STAGE_ADAM_M,
+ * STAGE_ADAM_V (the optimizer's range); mirror: the bf16 copy. */
+size_t buffer_parameter_bytes(const buffer_layout *layout,
+                              stage_buffer which);
+size_t buffer_mirror_bytes(const buffer_layout *layout);
+/* The term a parameter-sized buffer counts in. */
+pt_memory_term buffer_parameter_term(stage_buffer which);
+
+/* Hands out consecutive aligned pieces of one allocation, counting each
+ * piece's bytes in its term. Run once with base NULL to learn the size,
+ * then again over the allocated block. */
+typedef struct arena {
+    char *base;
+    size_t used;
+    double term_bytes[PT_MEMORY_TERM_COUNT];
+} arena;
+
+void *arena_take(arena *a, size_t bytes, pt_memory_term term);
+
+/* The token ids and embedding plan of one micro-batch (the same layout
+ * on the device and in pinned host memory). */
+void buffer_carve_tokens(token_block *block, arena *a, size_t N);
+/* The pieces of one activation slot: token ids, the input, each layer's
+ * activations (with full recompute, its output only) and, on the last
+ * stage, the head's. slot->layers must hold layer_count entries. */
+void buffer_carve_slot(activation_slot *slot, arena *a,
+                       const buffer_layout *layout);
+/* The pieces of the backward scratch; `recomputed` receives the one set
+ * of layer activations of full recompute (left alone without it). */
+void buffer_carve_scratch(backward_scratch *s,
+                          layer_activations *recomputed, arena *a,
+                          const buffer_layout *layout);
+/* The bytes an arena of `a.used` bytes asks of cudaMalloc (one byte of
+ * slack: never 0). */
+size_t arena_request_bytes(const arena *a);
+
+/* Adds one allocation to a tally: its pieces to their terms and what the
+ * driver hands out beyond them (CUDA_ALLOCATION_GRANULE pages) to
+ * PT_MEMORY_ROUNDING. A single-piece allocation passes term and bytes;
+ * an arena its term_bytes. */
+void buffer_tally(pt_memory_terms *tally, pt_memory_term term,
+                  size_t requested);
+void buffer_tally_arena(pt_memory_terms *tally, const arena *a);
+
+/* The device memory a cuda stage of this shape, spec, micro-batch
+ * capacity and slot count allocates, by term: what model_cuda.c tallies
+ * (cuda_stage_memory_terms), computed without a GPU. The comm and the
+ * context are not the stage's (0 here). */
+int cuda_stage_memory_plan(const model_shape *shape, const stage_spec *spec,
+                           int mbs_capacity, int slot_count,
+                           const char *recompute, pt_memory_terms *out,
+                           pt_error *err);
+
+#endif

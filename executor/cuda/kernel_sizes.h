@@ -1,0 +1,66 @@
+/*
+ * The sizes the cuda backend's kernels fix and its memory plan needs
+ * (executor/cuda/buffers.c): scratch per launch, the optimizer's chunks,
+ * the cuBLASLt workspace. Plain C and C++ without the CUDA headers, so
+ * the kernels (.cu), the backend and the builds without CUDA (the memory
+ * plan's tests, the cost model's) read the same figures.
+ */
+#ifndef PARTITA_EXECUTOR_CUDA_KERNEL_SIZES_H
+#define PARTITA_EXECUTOR_CUDA_KERNEL_SIZES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Rows per block of the layer-norm backward's weight partials (512
+ * blocks for 16384 rows: full waves). */
+#define CUDA_LAYERNORM_BACKWARD_ROWS 32
+/* Blocks of the fused layer-norm backward whose partial rows the last of
+ * them to finish sums. */
+#define CUDA_LAYERNORM_GROUP_BLOCKS 16
+/* Floats the fused backward's completion counters are padded to, so the
+ * partial rows after them start 256-byte aligned. */
+#define CUDA_LAYERNORM_COUNTER_ALIGNMENT 64
+/* Rows per chunk of a bias gradient's partial sums. */
+#define CUDA_BIAS_GRAD_ROWS 256
+/* Blocks of the first pass of a sum of squares. */
+#define CUDA_SQUARE_SUM_BLOCKS 1024
+/* cuBLAS asks for 32 MiB on Hopper to reach its best kernels. */
+#define CUDA_GEMM_WORKSPACE_BYTES (32u * 1024u * 1024u)
+/* Elements per param_chunk. */
+#define PARAM_CHUNK_ELEMENTS 16384
+
+/* A piece of one tensor for the optimizer's and the mirror's kernels (a
+ * table of them on the device): `count` (<= PARAM_CHUNK_ELEMENTS) floats
+ * at fp32 offset `offset` of the parameter buffers and at `mirror_offset`
+ * of the bf16 weight mirror; `decay` when AdamW decays it. */
+typedef struct param_chunk {
+    uint64_t offset;
+    uint64_t mirror_offset;
+    uint64_t moment_offset;      /* in adam_m / adam_v: offset less the
+                                    first parameter the optimizer steps */
+    uint32_t count;
+    uint32_t decay;
+} param_chunk;
+
+/* Floats of the layer-norm backward's completion counters (at the start
+ * of its scratch, a fixed place whatever N). */
+size_t cuda_layernorm_counter_floats(int N);
+/* Floats of scratch the layer-norm backward needs for N rows of C:
+ * counters, then the blocks' partial rows and the groups' sums. */
+size_t cuda_layernorm_backward_scratch(int N, int C);
+/* Floats of scratch a bias gradient of N rows and OC columns needs. */
+size_t cuda_bias_grad_scratch(int N, int OC);
+/* Floats of scratch the attention backward needs (one per row and head). */
+size_t cuda_attention_backward_scratch(int B, int T, int NH);
+/* Doubles of scratch a sum of squares needs. */
+size_t cuda_square_sum_scratch(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The one-GPU accuracy suite without a GPU (docs/accuracy.md, "The suite
+# on one H200"): bench/accuracy/plans-1gpu holds at least 16 plans and
+# every kind issue 17 asks for; every plan of it and of plans/ loads and
+# estimates; run_one_gpu.sh (DRY_RUN) reports each plan as skipped with
+# its estimate; and a tiny copy of a sliced plan, trained on the cpu
+# backend, goes through bench/accuracy, whose memory-term table shows
+# the terms of a run that carries them.
+# Usage: accuracy_suite.sh PARTITA ACCURACY
+set -u
+partita=${1:?usage: accuracy_suite.sh PARTITA ACCURACY}
+accuracy=${2:?usage: accuracy_suite.sh PARTITA ACCURACY}
+root=${PARTITA_SOURCE:?PARTITA_SOURCE names the source tree}
+suite="$root/bench/accuracy/plans-1gpu"
+build=$(cd "$(dirname "$partita")/.." && pwd)
+case_name=accuracy-suite
+source "$root/tests/cli/lib.sh"
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+cd "$scratch" || exit 1
+
+# 1. the suite's size and kinds
+python3 - "$suite" <<'PY' || fail "the suite lacks a kind of plan"
+import glob, json, os, sys
+plans = [json.load(open(f)) for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+def hetero(p):
+    here = sys.argv[1]
+    c = json.load(open(os.path.join(here, p["cluster"])))
+    return len({n["gpu"] for n in c["nodes"]}) > 1
+kinds = {"16 plans": len(plans) >= 16,
+         "tp 2": any(p["tp"] == 2 for p in plans),
+         "tp 4": any(p["tp"] == 4 for p in plans),
+         "pp 8": any(p["pp"] == 8 for p in plans),
+         "dp": any(p["dp"] > 1 for p in plans),
+         "ZeRO-1": any(p.get("distributed_optimizer") for p in plans),
+         "recompute": any(p.get("recompute") == "full" for p in plans),
+         "GPipe": any(p.get("schedule") == "gpipe" for p in plans),
+         "heterogeneous": any(hetero(p) for p in plans)}
+missing = [k for k, ok in kinds.items() if not ok]
+print("missing:", missing) if missing else None
+sys.exit(1 if missing else 0)
+PY
+
+# 2. every plan estimates (the older suite's too)
+for plan in "$root"/bench/accuracy/plans/*.json; do
+    run 0 "$partita" estimate "$plan"
+    expect_in out.txt "memory per GPU by term"
+done
+
+# 3. the script, estimating only
+DRY_RUN=1 run 0 "$root/bench/accuracy/run_one_gpu.sh" "$build" runs
+plans=$(ls "$suite"/*.json | wc -l)
+[ "$(grep -c '^SKIP .*: DRY_RUN=1 (estimated: step time' out.txt)" = "$plans" ] ||
+    fail "run_one_gpu.sh did not report every plan as skipped with its estimate"
+[ -s runs/suite.log ] || fail "no runs/suite.log"
+
+# 4. a tiny copy of the pp 2 sliced plan on the cpu backend, compared
+mkdir -p tiny-plans tiny-runs
+python3 - "$suite/06-2x40-xl-pp2-even.json" tiny-plans/tiny-pp2.json <<'PY'
+import json, os, sys
+plan = json.load(open(sys.argv[1]))
+plan["cluster"] = os.path.normpath(os.path.join(os.path.dirname(sys.argv[1]),
+                                                plan["cluster"]))
+plan["model"] = {"name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
+                 "seq": 16, "vocab": 257}
+plan.update(gbs=4, mbs=1, partition="2-2")
+json.dump(plan, open(sys.argv[2], "w"), indent=1)
+PY
+run 0 "$partita" prep "$root/data/corpus.txt" -o corpus
+run 0 "$partita" exec tiny-plans/tiny-pp2.json --data corpus --backend cpu \
+    --iters 2 -o tiny-runs/tiny-pp2.run.json
+expect_in tiny-runs/tiny-pp2.run.json '"memory_terms_gib"'
+run 0 "$accuracy" tiny-plans tiny-runs table.md charts-dir
+expect_in table.md "1 of 1 plans measured"
+expect_in table.md "No run carries memory terms"
+# the same run carrying terms (the estimate's, scaled by 1.02): the term
+# table shows them, and the total's error
+run 0 "$partita" estimate --json tiny-plans/tiny-pp2.json
+python3 - tiny-runs/tiny-pp2.run.json out.txt <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))
+est = json.load(open(sys.argv[2]))["estimate"]
+terms = []
+for stage in est["stages"]:
+    t = {k: v * 1.02 for k, v in stage["memory_terms_gib"].items()}
+    t["context"] = None
+    terms.append(t)
+run["memory_terms_gib"] = terms
+run["peak_memory_gib"] = [sum(v for v in t.values() if v is not None)
+                          for t in terms]
+json.dump(run, open(sys.argv[1], "w"))
+PY
+mkdir -p charts-dir
+run 0 "$accuracy" tiny-plans tiny-runs table.md charts-dir
+expect_in table.md "Memory per stage, term by term"
+expect_in table.md "| tiny-pp2 | 1 |"
+expect_in table.md " / - |"
+expect_in table.md "-2.0 %"
+echo "PASS [$case_name]"

@@ -1,0 +1,221 @@
+/* The cost model's memory terms against the cuda backend's memory plan
+ * (executor/cuda/buffers.c, the code model_cuda.c allocates with), run
+ * without a GPU: for random small models and plans, every stage's
+ * estimated terms equal the bytes the executor's largest rank of that
+ * stage allocates, but where the linear form approximates (the ZeRO-1
+ * shard's optimizer range, the allocator's rounding), within the bounds
+ * docs/cost-model.md states. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "costmodel/costmodel.h"
+#include "executor/cuda/buffers.h"
+#include "executor/parallel/parallel.h"
+
+/* Deterministic pseudo-random numbers (a 64-bit LCG). */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+static int random_int(int low, int high)
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return low + (int)((rng_state >> 33) % (uint64_t)(high - low + 1));
+}
+
+/* A small GPT whose shard sizes the cuda backend accepts at tp (hidden
+ * and ffn_hidden multiples of 8 tp). */
+static model_shape random_model(int tp)
+{
+    model_shape m = {0};
+    pt_copy_string(m.name, sizeof m.name, "random");
+    int head_size = 8 * random_int(1, 2);
+    m.heads = tp * random_int(1, 3);
+    m.hidden = m.heads * head_size;
+    m.ffn_hidden = 4 * m.hidden;
+    m.seq = random_int(2, 48);
+    m.vocab = random_int(40, 700);
+    m.layers = random_int(1, 8);
+    m.tied_embeddings = random_int(0, 1) == 1;
+    return m;
+}
+
+static void random_partition(int layers, int pp, int *partition)
+{
+    for (int s = 0; s < pp; s++)
+        partition[s] = 0;
+    for (int l = 0; l < layers; l++)
+        partition[random_int(0, pp - 1)]++;
+}
+
+/* The activation slots of a stage: a plan of one rank trains one
+ * micro-batch at a time (executor/run/run.c), a parallel one keeps its
+ * schedule's. */
+static int slots_of(const pipeline_layout *layout, int stage)
+{
+    return layout->rank_count == 1 ? 1 : pipeline_slot_count(layout, stage);
+}
+
+/* The executor's plan of one rank of a pipeline layout. */
+static pt_memory_terms rank_plan(const pipeline_layout *layout, int rank)
+{
+    pt_error err = {{0}};
+    stage_spec spec;
+    if (pipeline_rank_spec(layout, rank, &spec, &err) != 0)
+        fail_msg("%s", err.message);
+    int stage = pipeline_rank_stage(layout, rank);
+    pt_memory_terms plan;
+    if (cuda_stage_memory_plan(&layout->shape, &spec, layout->config.mbs,
+                               slots_of(layout, stage), NULL,
+                               &plan, &err) != 0)
+        fail_msg("%s", err.message);
+    return plan;
+}
+
+static void describe(const pipeline_layout *layout, int stage, char *out,
+                     size_t size)
+{
+    const parallel_config *c = &layout->config;
+    const model_shape *m = &layout->shape;
+    snprintf(out, size,
+             "h %d a %d s %d V %d l %d tied %d; tp %d dp %d pp %d mbs %d "
+             "gbs %d %s recompute %d zero %d; stage %d of %d layers",
+             m->hidden, m->heads, m->seq, m->vocab, m->layers,
+             m->tied_embeddings, c->tp, c->dp, c->pp, c->mbs, c->gbs,
+             schedule_name(c->schedule), c->recompute,
+             c->distributed_optimizer, stage, layout->partition[stage]);
+}
+
+/* Bytes of the chunk table of every parameter of rank 0 of a stage. */
+static double all_chunk_table_bytes(const pipeline_layout *layout, int stage)
+{
+    pt_error err = {{0}};
+    stage_spec spec;
+    if (pipeline_rank_spec(layout, pipeline_rank_of(layout, stage, 0, 0),
+                           &spec, &err) != 0)
+        fail_msg("%s", err.message);
+    size_t params = 0;
+    int count = stage_parameter_layout(&layout->shape, &spec, NULL, &params,
+                                       &err);
+    param_tensor *tensors = calloc((size_t)count + 1, sizeof *tensors);
+    assert_non_null(tensors);
+    stage_parameter_layout(&layout->shape, &spec, tensors, NULL, &err);
+    int chunks = buffer_chunks_in_range(tensors, count, 0, params);
+    free(tensors);
+    return (double)buffer_chunk_table_bytes(chunks, count);
+}
+
+/* One stage: the estimate against its largest rank's plan, term by
+ * term, and that rank (tp rank 0, replica 0, the rank the cost model
+ * describes) the largest indeed. */
+static void check_stage(const pipeline_layout *layout, int stage)
+{
+    const parallel_config *c = &layout->config;
+    int layers = layout->partition[stage];
+    stage_memory memory;
+    costmodel_stage_memory(&layout->shape, c, stage, 0.0, &memory);
+    pt_memory_terms est;
+    stage_memory_at(&memory, layers, &est);
+    pt_memory_terms plan =
+        rank_plan(layout, pipeline_rank_of(layout, stage, 0, 0));
+    char what[256];
+    describe(layout, stage, what, sizeof what);
+    double largest_other = 0.0;
+    for (int replica = 0; replica < c->dp; replica++)
+        for (int t = 0; t < c->tp; t++) {
+            pt_memory_terms other =
+                rank_plan(layout, pipeline_rank_of(layout, stage, replica, t));
+            double total = pt_memory_terms_total(&other, false);
+            largest_other = total > largest_other ? total : largest_other;
+        }
+    if (pt_memory_terms_total(&plan, false) < largest_other)
+        fail_msg("%s: rank (tp 0, replica 0) is not the largest", what);
+    const pt_memory_term exact[] = {
+        PT_MEMORY_WEIGHTS,     PT_MEMORY_WEIGHT_MIRROR, PT_MEMORY_GRADIENTS,
+        PT_MEMORY_ACTIVATIONS, PT_MEMORY_LOGITS,        PT_MEMORY_WORKSPACE};
+    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
+        if (est.bytes[exact[i]] != plan.bytes[exact[i]])
+            fail_msg("%s: %s estimated %.0f bytes, allocated %.0f", what,
+                     pt_memory_term_name(exact[i]), est.bytes[exact[i]],
+                     plan.bytes[exact[i]]);
+    /* a stage of no layers has no recompute working set; the linear form
+     * counts it (docs/cost-model.md) */
+    double scratch_slack =
+        c->recompute && layers == 0
+            ? memory.fixed.bytes[PT_MEMORY_SCRATCH] -
+                  plan.bytes[PT_MEMORY_SCRATCH]
+            : 0.0;
+    assert_true(scratch_slack >= 0.0);
+    if (est.bytes[PT_MEMORY_SCRATCH] - scratch_slack !=
+        plan.bytes[PT_MEMORY_SCRATCH])
+        fail_msg("%s: scratch estimated %.0f bytes, allocated %.0f", what,
+                 est.bytes[PT_MEMORY_SCRATCH], plan.bytes[PT_MEMORY_SCRATCH]);
+    /* the optimizer: exact without ZeRO-1; a shard's moments (runs of 64
+     * floats) within 1 KiB, its own chunk table within the size of the
+     * table of every parameter */
+    double optimizer_bound =
+        c->distributed_optimizer && c->dp > 1
+            ? 1024.0 + all_chunk_table_bytes(layout, stage)
+            : 0.0;
+    double optimizer_error =
+        fabs(est.bytes[PT_MEMORY_OPTIMIZER] - plan.bytes[PT_MEMORY_OPTIMIZER]);
+    if (optimizer_error > optimizer_bound)
+        fail_msg("%s: optimizer estimated %.0f bytes, allocated %.0f", what,
+                 est.bytes[PT_MEMORY_OPTIMIZER],
+                 plan.bytes[PT_MEMORY_OPTIMIZER]);
+    /* rounding: 1 MiB expected per allocation, against each one's pages
+     * and the arenas' 256-byte alignment (at most 256 bytes a piece) */
+    int slots = slots_of(layout, stage);
+    double allocations = 6.0 + (c->distributed_optimizer && c->dp > 1) +
+                         slots + 1.0;
+    double rounding_bound =
+        allocations * (1024.0 * 1024.0 + 256.0 * (40.0 + 13.0 * layers));
+    if (fabs(est.bytes[PT_MEMORY_ROUNDING] - plan.bytes[PT_MEMORY_ROUNDING]) >
+        rounding_bound)
+        fail_msg("%s: rounding estimated %.0f bytes, allocated %.0f", what,
+                 est.bytes[PT_MEMORY_ROUNDING],
+                 plan.bytes[PT_MEMORY_ROUNDING]);
+    /* the stage's own terms only: no comm, no context */
+    assert_true(plan.bytes[PT_MEMORY_COMM] == 0.0 &&
+                plan.bytes[PT_MEMORY_CONTEXT] == 0.0);
+}
+
+static void estimate_matches_the_executor_plan(void **state)
+{
+    (void)state;
+    const int tps[] = {1, 2, 4};
+    for (int trial = 0; trial < 300; trial++) {
+        int tp = tps[random_int(0, 2)];
+        model_shape m = random_model(tp);
+        int pp = random_int(1, m.layers < 4 ? m.layers : 4);
+        parallel_config c = {
+            .tp = tp, .dp = random_int(1, 3), .pp = pp,
+            .mbs = random_int(1, 3),
+            .schedule = random_int(0, 1) ? SCHEDULE_GPIPE : SCHEDULE_1F1B,
+            .precision = PRECISION_BF16,
+            .recompute = random_int(0, 1) == 1,
+            .distributed_optimizer = random_int(0, 1) == 1};
+        c.gbs = c.dp * c.mbs * random_int(1, 5);
+        int partition[PT_MAX_STAGES];
+        random_partition(m.layers, pp, partition);
+        pipeline_layout layout;
+        pt_error err = {{0}};
+        if (pipeline_layout_init(&layout, &m, &c, partition, pp, &err) != 0)
+            fail_msg("trial %d: %s", trial, err.message);
+        for (int s = 0; s < pp; s++)
+            check_stage(&layout, s);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(estimate_matches_the_executor_plan),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
