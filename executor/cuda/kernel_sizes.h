@@ -3,7 +3,9 @@
  * (executor/cuda/buffers.c): scratch per launch, the optimizer's chunks,
  * the cuBLASLt workspace. Plain C and C++ without the CUDA headers, so
  * the kernels (.cu), the backend and the builds without CUDA (the memory
- * plan's tests, the cost model's) read the same figures.
+ * plan's tests) read the same figures. The cost model, which does not
+ * link the executor, restates them (costmodel/memory.c), and
+ * tests/costmodel/test_memory.c holds its formulas to this plan.
  */
 #ifndef PARTITA_EXECUTOR_CUDA_KERNEL_SIZES_H
 #define PARTITA_EXECUTOR_CUDA_KERNEL_SIZES_H
