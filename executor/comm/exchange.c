@@ -9,11 +9,15 @@
  * A message: the sender copies into a staging buffer of its own on the
  * device (its stream; the host waits for that copy only, microseconds,
  * so the caller may overwrite its buffer), posts it to the receiver's
- * mailbox and returns; the receiver takes it, copies out on its stream
- * (paced to the emulated link), records the buffer's release event behind
- * its copy and waits for it. A sender never waits for its receiver, so
- * crossing sends cannot deadlock; a staging buffer is reused behind its
- * release event, on the device.
+ * mailbox and returns; the receiver takes it, copies out on its stream,
+ * records the buffer's release event behind its copy and waits for it. A
+ * sender never waits for its receiver, so crossing sends cannot
+ * deadlock; a staging buffer is reused behind its release event, on the
+ * device. Paced, both ends stamp the GPU clock when ready (the sender's
+ * stream before its copy, into the staging buffer's slot; the receiver's
+ * when the receive is called) and the receiver's pacing kernel ends at
+ * the later stamp plus the link's time: the two copies run inside the
+ * one emulated transfer.
  */
 #include "executor/comm/exchange_internal.h"
 
@@ -260,6 +264,106 @@ static int free_staging(const comm *c, size_t count, const char *operation,
 
 /* ----------------------------------------------------------- messages */
 
+/* What the emulated link from `source` to `destination` adds to a
+ * message of `count` floats (0: not paced). */
+static double message_seconds(const comm_exchange *world, int source,
+                              int destination, size_t count)
+{
+    if (world->links == NULL)
+        return 0.0;
+    return comm_emulated_seconds(
+        COMM_PATTERN_MESSAGE, (double)count * sizeof(float), 2,
+        world->links[source * world->size + destination]);
+}
+
+/* Copies a message into staging buffer b on the rank's stream, behind the
+ * buffer's last release, and waits for that copy; `ready_stamp` (paced,
+ * else NULL) takes the GPU clock first: the moment the sender is ready. */
+static int stage_message(const comm *c, exchange_staging *b,
+                         const float *data, size_t count,
+                         uint64_t *ready_stamp, const char *operation,
+                         pt_error *err)
+{
+    exchange_rank *r = &exchange_world(c)->ranks[c->rank];
+    return (b->release_recorded &&
+            EXCHANGE_CUDA(cudaStreamWaitEvent(r->stream, b->released, 0)) !=
+                0) ||
+                   (b->capacity < count &&
+                    grow_staging(c, b, count, operation, err) != 0) ||
+                   (ready_stamp != NULL &&
+                    EXCHANGE_CUDA(cuda_exchange_stamp(ready_stamp,
+                                                      r->stream)) != 0) ||
+                   EXCHANGE_CUDA(cudaMemcpyAsync(b->data, data,
+                                                 count * sizeof(float),
+                                                 cudaMemcpyDeviceToDevice,
+                                                 r->stream)) != 0 ||
+                   exchange_wait_stream(c, r->stream, operation, err) != 0
+               ? -1
+               : 0;
+}
+
+/* Whether a staged message of (source, tag) waits in the mailbox (lock
+ * held): a later one must not overtake it. */
+static bool staged_waiting(const comm_mailbox *box, int source, int tag)
+{
+    for (const comm_envelope *m = box->head; m != NULL; m = m->next)
+        if (m->source == source && m->tag == tag)
+            return true;
+    return false;
+}
+
+/* The receive of `peer` waiting for this message, claimed (NULL: none
+ * posted, of another count, or behind a staged message; the message is
+ * staged). */
+static exchange_posted *claim_posted(const comm *c, int peer, int tag,
+                                     size_t count)
+{
+    comm_exchange *world = exchange_world(c);
+    exchange_posted *p = &world->ranks[peer].posted;
+    pthread_mutex_lock(&world->lock);
+    bool match = p->state == EXCHANGE_POSTED_WAITING &&
+                 p->source == c->rank && p->tag == tag &&
+                 p->count == count &&
+                 !staged_waiting(&world->mailboxes[peer], c->rank, tag);
+    if (match)
+        p->state = EXCHANGE_POSTED_CLAIMED;
+    pthread_mutex_unlock(&world->lock);
+    return match ? p : NULL;
+}
+
+/* The rendezvous: copies straight into the waiting receiver's buffer on
+ * the rank's stream (stamping the receiver's slot first when paced: the
+ * sender is ready) and waits for the copy; then the receiver paces. A
+ * failed copy is waited out before the receiver learns of it, so it
+ * never frees a buffer still written. */
+static int deliver(const comm *c, exchange_posted *p, const float *data,
+                   const char *operation, pt_error *err)
+{
+    comm_exchange *world = exchange_world(c);
+    exchange_rank *r = &world->ranks[c->rank];
+    int status =
+        (p->sent_stamp != NULL &&
+         EXCHANGE_CUDA(cuda_exchange_stamp(p->sent_stamp, r->stream)) !=
+             0) ||
+                EXCHANGE_CUDA(cudaMemcpyAsync(p->data, data,
+                                              p->count * sizeof(float),
+                                              cudaMemcpyDeviceToDevice,
+                                              r->stream)) != 0 ||
+                exchange_wait_stream(c, r->stream, operation, err) != 0
+            ? -1
+            : 0;
+    if (status != 0) {
+        cudaStreamSynchronize(r->stream);
+        cudaGetLastError();
+    }
+    pthread_mutex_lock(&world->lock);
+    p->state = status == 0 ? EXCHANGE_POSTED_DELIVERED
+                           : EXCHANGE_POSTED_FAILED;
+    pthread_cond_broadcast(&world->changed);
+    pthread_mutex_unlock(&world->lock);
+    return status;
+}
+
 static int exchange_send(const comm *c, int peer, int tag, const float *data,
                          size_t count, pt_error *err)
 {
@@ -273,6 +377,10 @@ static int exchange_send(const comm *c, int peer, int tag, const float *data,
     if (!r->open)
         return pt_fail(err, "rank %d: %s: the rank's exchange is not open",
                        c->rank, operation);
+    exchange_posted *posted =
+        count > 0 ? claim_posted(c, peer, tag, count) : NULL;
+    if (posted != NULL)
+        return deliver(c, posted, data, operation, err);
     exchange_message *message = calloc(1, sizeof *message);
     if (message == NULL)
         return pt_fail(err, "rank %d: %s: out of memory", c->rank,
@@ -281,21 +389,22 @@ static int exchange_send(const comm *c, int peer, int tag, const float *data,
         .envelope = {.source = c->rank, .tag = tag}, .count = count};
     exchange_staging *b = NULL;
     if (count > 0) {
-        if (free_staging(c, count, operation, &b, err) != 0 ||
-            (b->release_recorded &&
-             EXCHANGE_CUDA(cudaStreamWaitEvent(r->stream, b->released, 0)) !=
-                 0) ||
-            (b->capacity < count &&
-             grow_staging(c, b, count, operation, err) != 0) ||
-            EXCHANGE_CUDA(cudaMemcpyAsync(b->data, data,
-                                          count * sizeof(float),
-                                          cudaMemcpyDeviceToDevice,
-                                          r->stream)) != 0 ||
-            exchange_wait_stream(c, r->stream, operation, err) != 0) {
+        bool paced = message_seconds(world, c->rank, peer, count) > 0.0;
+        if (free_staging(c, count, operation, &b, err) != 0) {
+            free(message);
+            return -1;
+        }
+        /* the buffer's own slot: read by the receiver's pacing kernel
+         * before the buffer's release, so never overwritten first */
+        uint64_t *stamp = paced ? r->stamps + EXCHANGE_STAMPS +
+                                      (b - r->staging)
+                                : NULL;
+        if (stage_message(c, b, data, count, stamp, operation, err) != 0) {
             free(message);
             return -1;
         }
         message->staging = b;
+        message->sent_stamp = stamp;
     }
     pthread_mutex_lock(&world->lock);
     if (b != NULL)
@@ -306,31 +415,45 @@ static int exchange_send(const comm *c, int peer, int tag, const float *data,
     return 0;
 }
 
-static int wait_message(const comm *c, int peer, int tag,
+/* Waits for the message `want` describes: a staged one from the mailbox
+ * (*out), or, once none was waiting and `want` is posted, the sender's
+ * copy straight into its buffer (*out NULL). A receive that fails while
+ * a sender's copy is under way waits for that copy to end first: the
+ * caller may free the buffer at once. */
+static int wait_message(const comm *c, const exchange_posted *want,
                         const char *operation, exchange_message **out,
                         pt_error *err)
 {
     comm_exchange *world = exchange_world(c);
+    exchange_posted *posted = &world->ranks[c->rank].posted;
     struct timespec deadline = exchange_deadline(world);
+    int status = 0;
     pthread_mutex_lock(&world->lock);
     exchange_message *message = NULL;
-    while (message == NULL) {
-        if (atomic_load(&world->failed)) {
-            pthread_mutex_unlock(&world->lock);
-            return exchange_interrupted(c, operation, err);
-        }
+    for (bool first = true;; first = false) {
         /* the envelope is the message's first member */
         message = (exchange_message *)comm_mailbox_take(
-            &world->mailboxes[c->rank], peer, tag);
-        if (message == NULL &&
-            exchange_wait_change(c, &deadline, operation, err) != 0) {
-            pthread_mutex_unlock(&world->lock);
-            return -1;
+            &world->mailboxes[c->rank], want->source, want->tag);
+        if (message != NULL ||
+            posted->state == EXCHANGE_POSTED_DELIVERED)
+            break;
+        if (first && want->count > 0)
+            *posted = *want;
+        if (atomic_load(&world->failed)) {
+            status = -2;
+            break;
+        }
+        if (exchange_wait_change(c, &deadline, operation, err) != 0) {
+            status = -1;
+            break;
         }
     }
+    while (posted->state == EXCHANGE_POSTED_CLAIMED)
+        pthread_cond_wait(&world->changed, &world->lock);
+    posted->state = EXCHANGE_POSTED_NONE;
     pthread_mutex_unlock(&world->lock);
     *out = message;
-    return 0;
+    return status == -2 ? exchange_interrupted(c, operation, err) : status;
 }
 
 /* Gives the sender its buffer back, after `released` was recorded. */
@@ -344,30 +467,27 @@ static void release_staging(comm_exchange *world, exchange_staging *b,
     pthread_mutex_unlock(&world->lock);
 }
 
-/* Copies the message out on the rank's stream, paced to the link from
- * the sender, and records the staging buffer's release behind it. */
+/* Copies the message out on the rank's stream and, paced (ready_stamp,
+ * the receiver's, not NULL), waits on the GPU until the later of the
+ * two ends' stamps plus the link's time; records the staging buffer's
+ * release behind it. */
 static int copy_out(const comm *c, const exchange_message *m, float *data,
-                    const char *operation, pt_error *err)
+                    const uint64_t *ready_stamp, const char *operation,
+                    pt_error *err)
 {
     comm_exchange *world = exchange_world(c);
     exchange_rank *r = &world->ranks[c->rank];
-    double seconds = 0.0;
-    if (world->links != NULL)
-        seconds = comm_emulated_seconds(
-            COMM_PATTERN_MESSAGE, (double)m->count * sizeof(float), 2,
-            world->links[m->envelope.source * world->size + c->rank]);
-    uint64_t *stamp = seconds > 0.0 ? exchange_next_stamp(r) : NULL;
+    double seconds =
+        message_seconds(world, m->envelope.source, c->rank, m->count);
     int status =
-        (stamp != NULL &&
-         EXCHANGE_CUDA(cuda_exchange_stamp(stamp, r->stream)) != 0) ||
-                EXCHANGE_CUDA(cudaMemcpyAsync(data, m->staging->data,
-                                              m->count * sizeof(float),
-                                              cudaMemcpyDeviceToDevice,
-                                              r->stream)) != 0 ||
-                (stamp != NULL &&
-                 EXCHANGE_CUDA(cuda_exchange_pace(
-                     stamp, exchange_pace_nanoseconds(seconds),
-                     r->stream)) != 0)
+        EXCHANGE_CUDA(cudaMemcpyAsync(data, m->staging->data,
+                                      m->count * sizeof(float),
+                                      cudaMemcpyDeviceToDevice,
+                                      r->stream)) != 0 ||
+                (ready_stamp != NULL &&
+                 EXCHANGE_CUDA(cuda_exchange_pace_after(
+                     ready_stamp, m->sent_stamp,
+                     exchange_pace_nanoseconds(seconds), r->stream)) != 0)
             ? -1
             : 0;
     bool recorded =
@@ -395,17 +515,41 @@ static int exchange_recv(const comm *c, int peer, int tag, float *data,
     if (!r->open)
         return pt_fail(err, "rank %d: %s: the rank's exchange is not open",
                        c->rank, operation);
+    /* ready from now on: the transfer may start once the sender is too */
+    double seconds = message_seconds(world, peer, c->rank, count);
+    uint64_t *ready_stamp = NULL;
+    exchange_posted want = {.state = EXCHANGE_POSTED_WAITING,
+                            .source = peer, .tag = tag, .data = data,
+                            .count = count};
+    if (seconds > 0.0) {
+        ready_stamp = exchange_next_stamp(r);
+        want.sent_stamp = exchange_next_stamp(r);
+        if (EXCHANGE_CUDA(cuda_exchange_stamp(ready_stamp, r->stream)) != 0)
+            return -1;
+    }
     exchange_message *m = NULL;
-    if (wait_message(c, peer, tag, operation, &m, err) != 0)
+    if (wait_message(c, &want, operation, &m, err) != 0)
         return -1;
     int status = 0;
+    if (m == NULL) {
+        /* delivered into data: the transfer ends at the later stamp
+         * plus the link's time */
+        return (ready_stamp != NULL &&
+                EXCHANGE_CUDA(cuda_exchange_pace_after(
+                    ready_stamp, want.sent_stamp,
+                    exchange_pace_nanoseconds(seconds), r->stream)) != 0) ||
+                       exchange_wait_stream(c, r->stream, operation, err) !=
+                           0
+                   ? -1
+                   : 0;
+    }
     if (m->count != count) {
         if (m->staging != NULL)
             release_staging(world, m->staging, false);
         status = pt_fail(err, "rank %d: %s: expected %zu floats, got %zu",
                          c->rank, operation, count, m->count);
     } else if (count > 0) {
-        status = copy_out(c, m, data, operation, err) != 0 ||
+        status = copy_out(c, m, data, ready_stamp, operation, err) != 0 ||
                          exchange_wait_stream(c, r->stream, operation,
                                               err) != 0
                      ? -1
@@ -647,7 +791,7 @@ int comm_exchange_rank_open(comm_exchange *world, int rank, pt_error *err)
     if (cuda_rank_stream_create(&r->stream, err) != 0)
         return -1;
     OPEN_TRY(cudaEventCreateWithFlags(&r->host_wait, cudaEventDisableTiming));
-    size_t bytes = EXCHANGE_STAMPS * sizeof *r->stamps;
+    size_t bytes = EXCHANGE_STAMP_SLOTS * sizeof *r->stamps;
     comm handle = comm_exchange_rank(world, rank);
     if (reserve_bytes(&handle, bytes, "the exchange's clock slots", err) != 0)
         return -1;
@@ -697,7 +841,7 @@ void comm_exchange_rank_close(comm_exchange *world, int rank)
     exchange_close_channels(world, rank);
     if (r->stamps != NULL) {
         cudaFree(r->stamps);
-        release_bytes(r, EXCHANGE_STAMPS * sizeof *r->stamps);
+        release_bytes(r, EXCHANGE_STAMP_SLOTS * sizeof *r->stamps);
     }
     if (r->host_wait != NULL)
         cudaEventDestroy(r->host_wait);

@@ -20,8 +20,11 @@
 #define EXCHANGE_STAGING_MAX 64
 /* Clock stamps of paced exchanges in flight on a rank's streams: the
  * ring wraps after this many exchanges, far more than a micro-batch
- * enqueues before the host waits for it. */
+ * enqueues before the host waits for it. Behind the ring, one slot per
+ * staging buffer: the moment its message's sender was ready, read by the
+ * receiver's pacing kernel before the buffer's release. */
 #define EXCHANGE_STAMPS 4096
+#define EXCHANGE_STAMP_SLOTS (EXCHANGE_STAMPS + EXCHANGE_STAGING_MAX)
 
 /* A rank's device buffer for one message in flight. `in_flight` and
  * `release_recorded` change under the world's lock: the receiver clears
@@ -42,7 +45,33 @@ typedef struct exchange_message {
     comm_envelope envelope;      /* first: the mailbox links it */
     size_t count;
     exchange_staging *staging;   /* NULL when count is 0 */
+    const uint64_t *sent_stamp;  /* the GPU clock when the sender's stream
+                                    began the message (its staging
+                                    buffer's slot), NULL unpaced */
 } exchange_message;
+
+/* Where a rank's receive stands when no message was waiting for it: it
+ * posts its destination, and a sender of the same source, tag and count
+ * then copies straight into it (no staging). Changed under the world's
+ * lock. */
+typedef enum exchange_posted_state {
+    EXCHANGE_POSTED_NONE,        /* no receive posted */
+    EXCHANGE_POSTED_WAITING,     /* posted, no sender yet */
+    EXCHANGE_POSTED_CLAIMED,     /* a sender's copy is under way */
+    EXCHANGE_POSTED_DELIVERED,   /* the copy has finished */
+    EXCHANGE_POSTED_FAILED,      /* the sender failed; its copy has ended */
+} exchange_posted_state;
+
+/* A receive a rank's host waits in, as its senders see it. */
+typedef struct exchange_posted {
+    exchange_posted_state state;
+    int source;
+    int tag;
+    float *data;                 /* the receiver's destination */
+    size_t count;
+    uint64_t *sent_stamp;        /* a clock slot of the receiver's that the
+                                    sender stamps when ready; NULL unpaced */
+} exchange_posted;
 
 /* What one member posts at a rendezvous. */
 typedef struct exchange_post {
@@ -72,16 +101,19 @@ typedef struct exchange_channel {
     cudaEvent_t done[COMM_EXCHANGE_MAX_RANKS];
 } exchange_channel;
 
-/* What one rank holds; its fields other than the staging flags are
- * touched only by the rank's own thread. */
+/* What one rank holds; its fields other than the staging flags and
+ * `posted` are touched only by the rank's own thread. */
 typedef struct exchange_rank {
     bool open;
     int device;
     cudaStream_t stream;         /* staging copies, receives, blocking
                                     collectives (in the rank's slice) */
     cudaEvent_t host_wait;       /* recorded where the host waits */
-    uint64_t *stamps;            /* EXCHANGE_STAMPS device clock slots */
+    uint64_t *stamps;            /* EXCHANGE_STAMP_SLOTS device clock
+                                    slots: the ring, then one per staging
+                                    buffer */
     unsigned next_stamp;
+    exchange_posted posted;      /* its receive in wait (world's lock) */
     exchange_staging staging[EXCHANGE_STAGING_MAX];
     int staging_count;
     double device_bytes;

@@ -335,6 +335,12 @@ cudaError_t cuda_exchange_reduce(const cuda_exchange_step *step,
 cudaError_t cuda_exchange_stamp(uint64_t *stamp, cudaStream_t stream);
 cudaError_t cuda_exchange_pace(const uint64_t *stamp, uint64_t nanoseconds,
                                cudaStream_t stream);
+/* The same from the later of two stamps (other_stamp may be another
+ * stream's, written before this is enqueued; NULL: stamp alone). */
+cudaError_t cuda_exchange_pace_after(const uint64_t *stamp,
+                                     const uint64_t *other_stamp,
+                                     uint64_t nanoseconds,
+                                     cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -213,12 +213,16 @@ __global__ void exchange_stamp_kernel(uint64_t *stamp)
     *stamp = global_nanoseconds();
 }
 
-/* One thread sleeps in short naps until the deadline: it holds one slot
- * of one SM of the rank's slice, as a communication kernel would. */
+/* One thread sleeps in short naps until the later stamp plus the link's
+ * time: it holds one slot of one SM of the rank's slice, as a
+ * communication kernel would. (A message's transfer starts when both
+ * its ends are ready: the sender's stamp, the receiver's.) */
 __global__ void exchange_pace_kernel(const uint64_t *stamp,
+                                     const uint64_t *other_stamp,
                                      uint64_t nanoseconds)
 {
-    uint64_t until = *stamp + nanoseconds;
+    uint64_t start = *stamp, other = *other_stamp;
+    uint64_t until = (other > start ? other : start) + nanoseconds;
     while (global_nanoseconds() < until)
         __nanosleep(200);
 }
@@ -230,10 +234,19 @@ extern "C" cudaError_t cuda_exchange_stamp(uint64_t *stamp,
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t cuda_exchange_pace_after(const uint64_t *stamp,
+                                                const uint64_t *other_stamp,
+                                                uint64_t nanoseconds,
+                                                cudaStream_t stream)
+{
+    exchange_pace_kernel<<<1, 1, 0, stream>>>(
+        stamp, other_stamp != NULL ? other_stamp : stamp, nanoseconds);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t cuda_exchange_pace(const uint64_t *stamp,
                                           uint64_t nanoseconds,
                                           cudaStream_t stream)
 {
-    exchange_pace_kernel<<<1, 1, 0, stream>>>(stamp, nanoseconds);
-    return cudaGetLastError();
+    return cuda_exchange_pace_after(stamp, NULL, nanoseconds, stream);
 }

@@ -6,7 +6,9 @@
  *      other before receiving any, overwriting the source right after
  *      each send, then once more with comm_sendrecv: every message
  *      arrives intact and in order (a sender never waits for its
- *      receiver, so crossing sends cannot deadlock);
+ *      receiver, so crossing sends cannot deadlock); then messages to a
+ *      receiver already waiting (copied straight into its buffer),
+ *      paced, the first staged: intact and in order;
  *   2. blocking collectives over three ranks: all-reduce sum and max of
  *      32 MB (exact integers; one buffer misaligned and of an odd count,
  *      so the kernels' element-wise path runs too), a reduce-scatter and
@@ -20,11 +22,14 @@
  *      bf16 sums and maxima of three ranks; reduce-scatter then
  *      all-gather on the stream;
  *   4. pacing to emulated links of 450 GB/s and 5 us: an all-reduce of
- *      64 MB over 2 and over 4 ranks, a 1 KB all-reduce, a 64 MB message,
+ *      64 MB over 2 and over 4 ranks, a 1 KB all-reduce, a 64 MB message
+ *      posted before its receive and one whose receiver waits first
+ *      (timed from the send: the staging copy runs inside the transfer),
  *      each against the closed form comm_emulated_seconds (within a
  *      tolerance: pacing makes them at least that long, the host's
  *      meetings and the launches add a little); unpaced, the same
- *      all-reduce is faster;
+ *      all-reduce is faster; printed only: a 64 MB copy on a slice, and
+ *      a cold message with and without its sender closing meanwhile;
  *   5. failures: a rank that aborts ends another's receive and a third's
  *      stream all-reduce, each naming it; a receive nobody answers times
  *      out after the world's 2 s and the peer's waiting all-reduce ends
@@ -67,6 +72,8 @@ struct rank_run {
     pt_error err;
     bool ok;                     /* the body's data check */
     double seconds;              /* what the body timed */
+    double started_s, ended_s;   /* a timed span's ends on the monotonic
+                                    clock (the paced message) */
     double elapsed_s;            /* the whole body */
 };
 
@@ -229,6 +236,39 @@ static int crossing_body(rank_run *r)
     return status;
 }
 
+/* Rank 1 sends rank 0 MESSAGES messages: the first before rank 0's
+ * receive (staged), the others after a nap, rank 0 waiting in its
+ * receive (the sender copies straight into the receiver's buffer). */
+static int waiting_body(rank_run *r)
+{
+    float *buffer = gpu_test_device(MESSAGE_FLOATS * sizeof(float));
+    float *host = gpu_test_host(MESSAGE_FLOATS * sizeof *host);
+    struct timespec nap = {.tv_sec = 0, .tv_nsec = 2000000};
+    int status = 0;
+    r->ok = true;
+    for (int k = 0; k < MESSAGES && status == 0; k++) {
+        if (r->rank == 1) {
+            fill(buffer, MESSAGE_FLOATS, message_value, 100 + k);
+            if (k > 0)
+                nanosleep(&nap, NULL);
+            status = comm_send(&r->c, 0, k, buffer, MESSAGE_FLOATS, &r->err);
+            GPU_CHECK(cudaMemset(buffer, 0xff,
+                                 MESSAGE_FLOATS * sizeof(float)));
+            continue;
+        }
+        if (k == 0)
+            nanosleep(&nap, NULL);
+        status = comm_recv(&r->c, 1, k, buffer, MESSAGE_FLOATS, &r->err);
+        GPU_CHECK(cudaMemcpy(host, buffer, MESSAGE_FLOATS * sizeof *host,
+                             cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < MESSAGE_FLOATS && status == 0; i++)
+            r->ok = r->ok && host[i] == message_value(i, 100 + k);
+    }
+    free(host);
+    cudaFree(buffer);
+    return status;
+}
+
 static void test_crossing(gpu_test_tally *tally)
 {
     rank_run runs[2];
@@ -237,6 +277,14 @@ static void test_crossing(gpu_test_tally *tally)
                     "crossing: 8 messages of 4 MB each way sent before any "
                     "receive, sources overwritten after each send, then a "
                     "sendrecv of 4 MB each way: all intact and in order");
+    link_spec *two = uniform_links(2, NVLINK_BANDWIDTH, NVLINK_LATENCY);
+    run_world(2, 64, two, 60.0, waiting_body, runs);
+    gpu_test_expect(tally, all_ok(runs, 2),
+                    "waiting receiver: 8 paced messages of 4 MB, the first "
+                    "staged, the others sent while the receiver waits "
+                    "(copied straight into its buffer), sources overwritten "
+                    "after each send: all intact and in order");
+    free(two);
 }
 
 /* -------------------------------------------- 2. blocking collectives */
@@ -550,21 +598,105 @@ static int paced_all_reduce_body(rank_run *r)
     return status;
 }
 
+/* How the paced message runs, set before the world runs. */
+typedef struct message_pacing {
+    bool warm;            /* an untimed message first (the staging buffer
+                             made, the streams and kernels used) */
+    bool receiver_first;  /* the receiver waits in its receive before the
+                             send starts (timed from the send); else the
+                             message is posted before the receive is
+                             called (timed from the receive) */
+    bool hold;            /* both meet again after the receive, before
+                             either frees memory or closes */
+} message_pacing;
+static message_pacing paced_message;
+
+/* Rank 1 sends paced_count floats to rank 0: started_s (the sender's or
+ * the receiver's, as above) and the receiver's ended_s are the span. */
 static int paced_message_body(rank_run *r)
 {
     float *x = gpu_test_device(paced_count * sizeof(float));
+    GPU_CHECK(cudaDeviceSynchronize()); /* x is set before any copy */
     int status = 0;
     r->ok = true;
-    if (r->rank == 1)
-        status = comm_send(&r->c, 0, 1, x, paced_count, &r->err);
-    if (status == 0)
+    struct timespec nap = {.tv_sec = 0, .tv_nsec = 2000000};
+    for (int round = paced_message.warm ? 0 : 1; round < 2 && status == 0;
+         round++) {
+        bool first = paced_message.receiver_first;
+        if (r->rank == 1 && !first)
+            status = comm_send(&r->c, 0, round, x, paced_count, &r->err);
+        if (status == 0)
+            status = comm_barrier(&r->c, &r->err);
+        if (status == 0 && r->rank == 1 && first) {
+            nanosleep(&nap, NULL); /* the receiver is waiting by then */
+            r->started_s = pt_monotonic_seconds();
+            status = comm_send(&r->c, 0, round, x, paced_count, &r->err);
+        }
+        if (status == 0 && r->rank == 0) {
+            r->started_s = pt_monotonic_seconds();
+            status = comm_recv(&r->c, 1, round, x, paced_count, &r->err);
+            r->ended_s = pt_monotonic_seconds();
+        }
+    }
+    if (status == 0 && paced_message.hold)
         status = comm_barrier(&r->c, &r->err);
-    double start = pt_monotonic_seconds();
-    if (status == 0 && r->rank == 0)
-        status = comm_recv(&r->c, 1, 1, x, paced_count, &r->err);
-    r->seconds = pt_monotonic_seconds() - start;
     cudaFree(x);
     return status;
+}
+
+/* One paced 64 MB message as `how` says: its span, or -1 when it failed. */
+static double paced_message_span(message_pacing how, const link_spec *links,
+                                 rank_run *runs)
+{
+    paced_count = PACED_FLOATS;
+    paced_message = how;
+    run_world(2, 64, links, 60.0, paced_message_body, runs);
+    if (!all_ran(runs, 2))
+        return -1.0;
+    double start = how.receiver_first ? runs[1].started_s
+                                      : runs[0].started_s;
+    return runs[0].ended_s - start;
+}
+
+/* What a 64 MB copy takes on a rank's 64-SM slice (printed, not checked):
+ * cudaMemcpyAsync, then the exchange's kernel as a copy, 5 of each. */
+static int slice_copy_body(rank_run *r)
+{
+    r->ok = true;
+    if (r->rank != 0)
+        return 0;
+    size_t bytes = PACED_FLOATS * sizeof(float);
+    float *a = gpu_test_device(bytes), *b = gpu_test_device(bytes);
+    GPU_CHECK(cudaDeviceSynchronize());
+    cuda_exchange_step copy = {.inputs = {a}, .outputs = {b},
+                               .input_count = 1, .output_count = 1,
+                               .count = PACED_FLOATS};
+    cudaEvent_t start, end;
+    GPU_CHECK(cudaEventCreate(&start));
+    GPU_CHECK(cudaEventCreate(&end));
+    for (int kernel = 0; kernel < 2; kernel++) {
+        float ms = 0.0f;
+        for (int k = 0; k < 6; k++) {
+            GPU_CHECK(cudaEventRecord(start, r->stream));
+            GPU_CHECK(kernel ? cuda_exchange_reduce(&copy, r->stream)
+                             : cudaMemcpyAsync(b, a, bytes,
+                                               cudaMemcpyDeviceToDevice,
+                                               r->stream));
+            GPU_CHECK(cudaEventRecord(end, r->stream));
+            GPU_CHECK(cudaEventSynchronize(end));
+            float one = 0.0f;
+            GPU_CHECK(cudaEventElapsedTime(&one, start, end));
+            ms += k > 0 ? one : 0.0f; /* the first warms up */
+        }
+        printf("NOTE a 64 MB copy on a 64-SM slice by %s: %.1f us\n",
+               kernel ? "the exchange's kernel" : "cudaMemcpyAsync",
+               ms * 1e3 / 5);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(end);
+    cudaFree(a);
+    cudaFree(b);
+    return 0;
 }
 
 /* Measured against emulated: at least `low` times it, at most `high`
@@ -598,6 +730,52 @@ static double paced_all_reduce(int ranks, size_t count, int repeats,
     return worst;
 }
 
+/* A 64 MB message: first, as printed notes, the first message of a fresh
+ * world with the sender freeing its memory and closing while the receive
+ * runs (a host thread's cudaFree and close hold the driver, which the
+ * receiver's host calls then wait for), and without that; then checked,
+ * warm and with both ranks holding on: the message posted before the
+ * receive (timed on the receiver's host), and the receiver waiting first
+ * (timed from the send's call to the receive's return: the sender's
+ * staging copy runs inside the emulated transfer). */
+static void test_paced_messages(gpu_test_tally *tally, const link_spec *two)
+{
+    rank_run runs[MAX_RANKS];
+    link_spec nvlink = two[0];
+    double bytes = (double)PACED_FLOATS * sizeof(float);
+    double emulated =
+        comm_emulated_seconds(COMM_PATTERN_MESSAGE, bytes, 2, nvlink);
+    run_world(2, 64, NULL, 60.0, slice_copy_body, runs);
+    const struct {
+        message_pacing how;
+        const char *what;
+        bool checked;
+    } cases[] = {
+        {{false, false, false},
+         "a 64 MB message, cold, the sender closing (receive, on the host)",
+         false},
+        {{false, false, true}, "a 64 MB message, cold (receive, on the host)",
+         false},
+        {{true, false, true}, "a 64 MB message (receive, on the host)", true},
+        {{true, true, true},
+         "a 64 MB message, the receiver waiting (send to receive, on the "
+         "host)",
+         true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double span = paced_message_span(cases[i].how, two, runs);
+        if (span < 0.0)
+            gpu_test_expect(tally, false, "pacing: the paced message ran");
+        else if (cases[i].checked)
+            check_paced(tally, cases[i].what, span, emulated, 0.98, 1.2,
+                        50e-6);
+        else
+            printf("NOTE pacing: %s took %.1f us, the emulated link %.1f "
+                   "us\n",
+                   cases[i].what, span * 1e6, emulated * 1e6);
+    }
+}
+
 static void test_pacing(gpu_test_tally *tally)
 {
     rank_run runs[MAX_RANKS];
@@ -626,14 +804,7 @@ static void test_pacing(gpu_test_tally *tally)
                                      nvlink);
     check_paced(tally, "all-reduce of 1 KB over 2 ranks", measured,
                 emulated, 0.98, 1.0, 40e-6);
-    paced_count = PACED_FLOATS;
-    run_world(2, 64, two, 60.0, paced_message_body, runs);
-    emulated = comm_emulated_seconds(COMM_PATTERN_MESSAGE, bytes, 2, nvlink);
-    if (all_ran(runs, 2))
-        check_paced(tally, "a 64 MB message (receive, on the host)",
-                    runs[0].seconds, emulated, 0.98, 1.2, 50e-6);
-    else
-        gpu_test_expect(tally, false, "pacing: the paced message ran");
+    test_paced_messages(tally, two);
     free(two);
     free(four);
 }
