@@ -360,9 +360,11 @@ int comm_nccl_clique_count(const comm_nccl *world);
  * The device exchange (comm/exchange.c), built with the cuda backend:
  * ranks that are threads of this process on ONE GPU, each usually in its
  * own slice of the SMs (green contexts), exchanging through the GPU's
- * memory with no host round trip. Messages: the sender copies into a
- * staging buffer of its own on the device and returns; the receiver's
- * stream copies out of it. Collectives: every member records an event on
+ * memory with no host round trip. Messages: to a receiver already
+ * waiting (it posted its buffer), the sender copies straight into its
+ * buffer; else the sender copies into a staging buffer of its own on the
+ * device and returns, and the receiver's stream copies out of it; a
+ * sender never waits for its receiver. Collectives: every member records an event on
  * its stream and posts its buffer; each then reduces one chunk of every
  * member's buffer and writes the result into every member's buffer (one
  * kernel), and waits for the others' events before going on. Hosts only
@@ -376,7 +378,8 @@ int comm_nccl_clique_count(const comm_nccl *world);
  * all-reduce of n members 2 (n - 1) / n x bytes / bandwidth + 2 (n - 1)
  * latencies, a reduce-scatter or all-gather half of it, over the slowest
  * link between members), counted on the GPU from the moment every member
- * is ready: a kernel stamps the GPU clock before the exchange and another
+ * is ready (a message: the later of its two ends' stamps): a kernel
+ * stamps the GPU clock before the exchange and another
  * spins after it until the stamp plus that time (docs/executor.md,
  * "Emulated links"). Sums are made in group order in fp32 (bf16
  * elements widened and rounded once), so every member gets the same bits.
