@@ -3,7 +3,8 @@
  * the formulas mirror what the executor's cuda backend allocates
  * (executor/cuda/buffers.c: fp32 weights, gradients and AdamW moments,
  * a bf16 weight mirror, one activation arena per micro-batch in flight,
- * one backward scratch, the cuBLASLt workspace), plus the comm's
+ * one backward scratch, the cuBLASLt workspace, cuDNN's attention
+ * workspace where the logits cannot lend it), plus the comm's
  * buffers and the profile's context. Linear in the stage's layer count,
  * for the partition solvers; where the executor's sizes are not (ZeRO-1
  * shard boundaries, the optimizer's chunk table of a shard), the linear
@@ -28,6 +29,8 @@ enum {
     NCCL_SCRATCH_BYTES = 256 * 8,      /* the NCCL comm's host reduce */
 };
 #define GEMM_WORKSPACE_BYTES (32.0 * 1024 * 1024)
+/* cuDNN's attention workspace pieces are 256-byte aligned. */
+#define CUDNN_ALIGNMENT 256.0
 /* Expected rounding of one allocation to the driver's 2 MiB pages. */
 #define ROUNDING_PER_ALLOCATION (1024.0 * 1024)
 
@@ -190,6 +193,27 @@ static double scratch_bytes(const shard_dims *d, bool last)
     return bytes;
 }
 
+/* cuDNN's fused attention backward's workspace where the stage's logits
+ * cannot lend it (executor/cuda/buffers.c, buffer_attention_workspace_
+ * bytes): for the shapes cuDNN takes (head size a multiple of 8 up to
+ * 128, T a multiple of 128), B x NH x T fp32 row sums and B x NH x T x T
+ * bf16, each 256-byte aligned; the head's stage lends its N x Vp bf16
+ * logits when they hold it. The linear form counts it for a stage of no
+ * layers too (which prepares no attention). */
+static double attention_workspace_bytes(const shard_dims *d, bool last)
+{
+    double head_size = d->A / d->NH;
+    if (head_size != floor(head_size) || fmod(head_size, 8.0) != 0.0 ||
+        head_size > 128.0 || fmod(d->T, 128.0) != 0.0)
+        return 0.0;
+    double rows = d->B * d->NH * d->T;
+    double need = ceil_div(4.0 * rows, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT +
+                  ceil_div(2.0 * rows * d->T, CUDNN_ALIGNMENT) *
+                      CUDNN_ALIGNMENT;
+    double lendable = last ? 2.0 * d->N * d->Vp : 0.0;
+    return need <= lendable ? 0.0 : need;
+}
+
 void costmodel_stage_memory(const model_shape *model,
                             const parallel_config *config, int stage,
                             double context_bytes, stage_memory *out)
@@ -224,7 +248,8 @@ void costmodel_stage_memory(const model_shape *model,
     layer->bytes[PT_MEMORY_SCRATCH] +=
         8.0 * (one_layer.tensors + one_layer.chunks);
 
-    fixed->bytes[PT_MEMORY_WORKSPACE] = GEMM_WORKSPACE_BYTES;
+    double attention = attention_workspace_bytes(&d, last);
+    fixed->bytes[PT_MEMORY_WORKSPACE] = GEMM_WORKSPACE_BYTES + attention;
     if (config->tp * config->dp * config->pp > 1) {
         /* NCCL: the host reduce's scratch and one staging buffer per
          * direction the stage sends in */
@@ -233,9 +258,11 @@ void costmodel_stage_memory(const model_shape *model,
             NCCL_SCRATCH_BYTES + sends * 4.0 * d.N * d.C;
     }
     /* the allocations: four parameter-sized buffers and the mirror, the
-     * chunk table (two under ZeRO-1), the slots and the scratch */
+     * chunk table (two under ZeRO-1), the slots, the scratch and cuDNN's
+     * workspace */
     bool sharded = config->distributed_optimizer && config->dp > 1;
-    double allocations = 6.0 + (sharded ? 1.0 : 0.0) + slots + 1.0;
+    double allocations = 6.0 + (sharded ? 1.0 : 0.0) + slots + 1.0 +
+                         (attention > 0.0 ? 1.0 : 0.0);
     fixed->bytes[PT_MEMORY_ROUNDING] = allocations * ROUNDING_PER_ALLOCATION;
     fixed->bytes[PT_MEMORY_CONTEXT] = context_bytes;
 }

@@ -50,6 +50,44 @@ size_t cuda_attention_backward_scratch(int B, int T, int NH)
     return (size_t)B * NH * T;
 }
 
+bool cuda_cudnn_attention_shape(int T, int C, int NH)
+{
+    if (NH < 1 || C % NH != 0)
+        return false;
+    int D = C / NH;
+    return D % 8 == 0 && D <= 128 && T % 128 == 0;
+}
+
+static size_t round_up_256(size_t bytes)
+{
+    return (bytes + 255) / 256 * 256;
+}
+
+size_t cuda_cudnn_backward_workspace_bytes(int B, int T, int NH)
+{
+    size_t rows = (size_t)B * (size_t)NH * (size_t)T;
+    return round_up_256(rows * sizeof(float)) +
+           round_up_256(rows * (size_t)T * sizeof(pt_bf16));
+}
+
+size_t buffer_logits_lendable_bytes(const buffer_layout *layout)
+{
+    return layout->spec.has_head ? (size_t)layout->dims.N *
+                                       (size_t)layout->ld_logits *
+                                       sizeof(pt_bf16)
+                                 : 0;
+}
+
+size_t buffer_attention_workspace_bytes(const buffer_layout *layout)
+{
+    const stage_dims *d = &layout->dims;
+    if (layout->layer_count == 0 ||
+        !cuda_cudnn_attention_shape(d->T, d->A, d->NH))
+        return 0;
+    size_t need = cuda_cudnn_backward_workspace_bytes(d->B, d->T, d->NH);
+    return need <= buffer_logits_lendable_bytes(layout) ? 0 : need;
+}
+
 size_t cuda_square_sum_scratch(void)
 {
     return CUDA_SQUARE_SUM_BLOCKS;
@@ -362,6 +400,10 @@ static void tally_stage(const buffer_layout *layout, int slot_count,
     arena a = {0};
     buffer_carve_scratch(&scratch, &recomputed, &a, layout);
     buffer_tally_arena(out, &a);
+    /* the attention runner's own allocation (model_cuda.c prepares it) */
+    size_t attention = buffer_attention_workspace_bytes(layout);
+    if (attention > 0)
+        buffer_tally(out, PT_MEMORY_WORKSPACE, attention);
 }
 
 int cuda_stage_memory_plan(const model_shape *shape, const stage_spec *spec,

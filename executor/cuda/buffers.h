@@ -232,6 +232,16 @@ void buffer_tally(pt_memory_terms *tally, pt_memory_term term,
                   size_t requested);
 void buffer_tally_arena(pt_memory_terms *tally, const arena *a);
 
+/* The bytes of bf16 logits the stage's head lends cuDNN's attention
+ * backward (N x Vp; 0 without a head). */
+size_t buffer_logits_lendable_bytes(const buffer_layout *layout);
+/* The workspace the stage's attention runner allocates for cuDNN's
+ * backward: 0 for a stage of no layers, a shape cuDNN does not take, or
+ * logits that can lend it (cuda_cudnn_backward_workspace_bytes). A
+ * build without cuDNN, or a cuDNN runtime the runner avoids, allocates
+ * none: the plan assumes cuDNN. */
+size_t buffer_attention_workspace_bytes(const buffer_layout *layout);
+
 /* The device memory a cuda stage of this shape, spec, micro-batch
  * capacity and slot count allocates, by term: what model_cuda.c tallies
  * (cuda_stage_memory_terms), computed without a GPU. The comm and the

@@ -1,7 +1,7 @@
 /*
  * The sizes the cuda backend's kernels fix and its memory plan needs
  * (executor/cuda/buffers.c): scratch per launch, the optimizer's chunks,
- * the cuBLASLt workspace. Plain C and C++ without the CUDA headers, so
+ * the cuBLASLt and cuDNN attention workspaces. Plain C and C++ without the CUDA headers, so
  * the kernels (.cu), the backend and the builds without CUDA (the memory
  * plan's tests) read the same figures. The cost model, which does not
  * link the executor, restates them (costmodel/memory.c), and
@@ -10,6 +10,7 @@
 #ifndef PARTITA_EXECUTOR_CUDA_KERNEL_SIZES_H
 #define PARTITA_EXECUTOR_CUDA_KERNEL_SIZES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,6 +59,17 @@ size_t cuda_layernorm_backward_scratch(int N, int C);
 size_t cuda_bias_grad_scratch(int N, int OC);
 /* Floats of scratch the attention backward needs (one per row and head). */
 size_t cuda_attention_backward_scratch(int B, int T, int NH);
+/* Whether attention_runner.c takes cuDNN's fused attention for a
+ * sequence of T and C channels in NH heads, in a build with cuDNN (whose
+ * runtime is not a version it avoids): head sizes that are multiples of
+ * 8 up to 128, T a multiple of 128. */
+bool cuda_cudnn_attention_shape(int T, int C, int NH);
+/* Bytes of the workspace cuDNN's fused attention backward runs in
+ * (attention_cudnn.c): B x NH x T fp32 row sums, then cuDNN's own,
+ * B x NH x T x T bf16 (what cuDNN 9.14's engine asks for), each rounded
+ * up to 256 bytes. A stage lends it its idle logits when they hold it,
+ * else allocates it. */
+size_t cuda_cudnn_backward_workspace_bytes(int B, int T, int NH);
 /* Doubles of scratch a sum of squares needs. */
 size_t cuda_square_sum_scratch(void);
 

@@ -431,10 +431,7 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
     }
     /* the attention's path for full micro-batches, cuDNN's plans and
      * workspace included, now rather than in the first step */
-    state->logits_bytes = stage->spec.has_head
-                              ? (size_t)d.N * (size_t)state->ld_logits *
-                                    sizeof(pt_bf16)
-                              : 0;
+    state->logits_bytes = buffer_logits_lendable_bytes(&state->layout);
     if (state->layer_count > 0 &&
         attention_runner_prepare(state->attention, d.B, d.T, d.A, d.NH,
                                  state->logits_bytes, err) != 0)

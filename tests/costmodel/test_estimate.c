@@ -58,9 +58,13 @@ static void assert_terms(const stage_estimate *st, const double *expected)
  *       2 groups' sums) + 4 x 4 x f (bias partials) + 4 f + 4 N a +
  *       8,192 + 8 + 8 x 146 + 8 x 27,521 + 4 N h (received gradient)
  *       = 56,601,752
- *     workspace 32 MiB; comm 2,048 + 4 N h (one send) = 6,555,648;
- *     rounding (6 + 4 slots + 1) x 1 MiB = 11,534,336
- *   the other stages alike: */
+ *     workspace 32 MiB and cuDNN's attention backward's (head size 64,
+ *       s a multiple of 128; no logits to lend it): 4 x 1 x 25 x 1024
+ *       row sums + 2 x 1 x 25 x 1024^2 = 52,531,200, in all 86,085,632;
+ *     comm 2,048 + 4 N h (one send) = 6,555,648;
+ *     rounding (6 + 4 slots + 1 + 1 [cuDNN's]) x 1 MiB = 12,582,912
+ *   the other stages alike; stage 3 lends its logits (2 N Vp =
+ *   103,022,592 bytes) to cuDNN and holds 32 MiB: */
 static void memory_matches_hand_computation(void **state)
 {
     (void)state;
@@ -72,18 +76,19 @@ static void memory_matches_hand_computation(void **state)
     estimate e;
     run_estimate(&f, &config, order, 1, partition, false, &e);
     const double context = 536870912.0, workspace = 33554432.0;
+    const double with_cudnn = workspace + 52531200.0, mib = 1048576.0;
     /* weights, mirror, gradients, optimizer, activations, logits,
        scratch, workspace, comm, rounding, context (common.h's order) */
     const double expected[4][PT_MEMORY_TERM_COUNT] = {
         {1803756804.0, 901878402.0, 1803756804.0, 3608397908.0,
-         2234007568.0, 0.0, 56601752.0, workspace, 6555648.0, 11534336.0,
-         context},
+         2234007568.0, 0.0, 56601752.0, with_cudnn, 6555648.0,
+         11534336.0 + mib, context},
         {1475558404.0, 737779202.0, 1475558404.0, 2951840844.0,
-         1675505676.0, 0.0, 56561672.0, workspace, 13109248.0, 10485760.0,
-         context},
+         1675505676.0, 0.0, 56561672.0, with_cudnn, 13109248.0,
+         10485760.0 + mib, context},
         {1475558404.0, 737779202.0, 1475558404.0, 2951840844.0,
-         1117003784.0, 0.0, 56561672.0, workspace, 13109248.0, 9437184.0,
-         context},
+         1117003784.0, 0.0, 56561672.0, with_cudnn, 13109248.0,
+         9437184.0 + mib, context},
         {1797216004.0, 898758402.0, 1797516804.0, 3595313176.0,
          558501892.0, 106311680.0, 50047376.0, workspace, 6555648.0,
          8388608.0, context}};

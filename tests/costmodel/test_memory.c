@@ -3,8 +3,9 @@
  * without a GPU: for random small models and plans, every stage's
  * estimated terms equal the bytes the executor's largest rank of that
  * stage allocates, but where the linear form approximates (the ZeRO-1
- * shard's optimizer range, the allocator's rounding), within the bounds
- * docs/cost-model.md states. */
+ * shard's optimizer range, the allocator's rounding, what a stage of no
+ * layers does not hold), within the bounds docs/cost-model.md states;
+ * and cuDNN's attention workspace by hand. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -19,6 +20,9 @@
 #include "costmodel/costmodel.h"
 #include "executor/cuda/buffers.h"
 #include "executor/parallel/parallel.h"
+
+/* The cuBLASLt workspace (executor/cuda/kernel_sizes.h). */
+#define GEMM_BYTES ((double)CUDA_GEMM_WORKSPACE_BYTES)
 
 /* Deterministic pseudo-random numbers (a 64-bit LCG). */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
@@ -38,7 +42,9 @@ static model_shape random_model(int tp)
     m.heads = tp * random_int(1, 3);
     m.hidden = m.heads * head_size;
     m.ffn_hidden = 4 * m.hidden;
-    m.seq = random_int(2, 48);
+    /* a third with sequences cuDNN's attention takes (its workspace) */
+    m.seq = random_int(0, 2) == 0 ? 128 * random_int(1, 2)
+                                  : random_int(2, 48);
     m.vocab = random_int(40, 700);
     m.layers = random_int(1, 8);
     m.tied_embeddings = random_int(0, 1) == 1;
@@ -137,7 +143,7 @@ static void check_stage(const pipeline_layout *layout, int stage)
         fail_msg("%s: rank (tp 0, replica 0) is not the largest", what);
     const pt_memory_term exact[] = {
         PT_MEMORY_WEIGHTS,     PT_MEMORY_WEIGHT_MIRROR, PT_MEMORY_GRADIENTS,
-        PT_MEMORY_ACTIVATIONS, PT_MEMORY_LOGITS,        PT_MEMORY_WORKSPACE};
+        PT_MEMORY_ACTIVATIONS, PT_MEMORY_LOGITS};
     for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
         if (est.bytes[exact[i]] != plan.bytes[exact[i]])
             fail_msg("%s: %s estimated %.0f bytes, allocated %.0f", what,
@@ -155,6 +161,15 @@ static void check_stage(const pipeline_layout *layout, int stage)
         plan.bytes[PT_MEMORY_SCRATCH])
         fail_msg("%s: scratch estimated %.0f bytes, allocated %.0f", what,
                  est.bytes[PT_MEMORY_SCRATCH], plan.bytes[PT_MEMORY_SCRATCH]);
+    /* a stage of no layers prepares no attention, so holds no cuDNN
+     * workspace; the linear form counts it (docs/cost-model.md) */
+    double cudnn_estimated = est.bytes[PT_MEMORY_WORKSPACE] - GEMM_BYTES;
+    double workspace_slack = layers == 0 ? cudnn_estimated : 0.0;
+    if (est.bytes[PT_MEMORY_WORKSPACE] - workspace_slack !=
+        plan.bytes[PT_MEMORY_WORKSPACE])
+        fail_msg("%s: workspace estimated %.0f bytes, allocated %.0f", what,
+                 est.bytes[PT_MEMORY_WORKSPACE],
+                 plan.bytes[PT_MEMORY_WORKSPACE]);
     /* the optimizer: exact without ZeRO-1; a shard's moments (runs of 64
      * floats) within 1 KiB, its own chunk table within the size of the
      * table of every parameter */
@@ -172,7 +187,7 @@ static void check_stage(const pipeline_layout *layout, int stage)
      * and the arenas' 256-byte alignment (at most 256 bytes a piece) */
     int slots = slots_of(layout, stage);
     double allocations = 6.0 + (c->distributed_optimizer && c->dp > 1) +
-                         slots + 1.0;
+                         slots + 1.0 + (cudnn_estimated > 0.0);
     double rounding_bound =
         allocations * (1024.0 * 1024.0 + 256.0 * (40.0 + 13.0 * layers));
     if (fabs(est.bytes[PT_MEMORY_ROUNDING] - plan.bytes[PT_MEMORY_ROUNDING]) >
@@ -212,10 +227,55 @@ static void estimate_matches_the_executor_plan(void **state)
     }
 }
 
+/* cuDNN's attention backward's workspace, by hand: h 64 in 8 heads of 8,
+ * s 128, mbs 1, pp 2 (one layer a stage): B x NH x T = 1,024 rows, so
+ * 4 x 1,024 row sums + 2 x 1,024 x 128 = 266,240 bytes. Stage 0 has no
+ * logits to lend; stage 1 lends its 2 N Vp (32,768 bytes at V 100, too
+ * few; 524,288 at V 2,000, enough); s 120 goes to the own kernels. */
+static void cudnn_workspace_where_no_logits_lend_it(void **state)
+{
+    (void)state;
+    const struct {
+        int seq, vocab;
+        double stage_workspace[2];
+    } cases[] = {
+        {128, 100, {GEMM_BYTES + 266240.0, GEMM_BYTES + 266240.0}},
+        {128, 2000, {GEMM_BYTES + 266240.0, GEMM_BYTES}},
+        {120, 100, {GEMM_BYTES, GEMM_BYTES}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        model_shape m = {.hidden = 64, .heads = 8, .ffn_hidden = 256,
+                         .seq = cases[i].seq, .vocab = cases[i].vocab,
+                         .layers = 2};
+        pt_copy_string(m.name, sizeof m.name, "cudnn");
+        parallel_config c = {.tp = 1, .dp = 1, .pp = 2, .mbs = 1, .gbs = 2,
+                             .schedule = SCHEDULE_1F1B,
+                             .precision = PRECISION_BF16};
+        int partition[2] = {1, 1};
+        pipeline_layout layout;
+        pt_error err = {{0}};
+        if (pipeline_layout_init(&layout, &m, &c, partition, 2, &err) != 0)
+            fail_msg("%s", err.message);
+        for (int s = 0; s < 2; s++) {
+            stage_memory memory;
+            costmodel_stage_memory(&m, &c, s, 0.0, &memory);
+            pt_memory_terms est;
+            stage_memory_at(&memory, 1, &est);
+            if (est.bytes[PT_MEMORY_WORKSPACE] !=
+                cases[i].stage_workspace[s])
+                fail_msg("s %d V %d stage %d: workspace %.0f, expected %.0f",
+                         m.seq, m.vocab, s, est.bytes[PT_MEMORY_WORKSPACE],
+                         cases[i].stage_workspace[s]);
+            check_stage(&layout, s); /* the executor's plan alike */
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(estimate_matches_the_executor_plan),
+        cmocka_unit_test(cudnn_workspace_where_no_logits_lend_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
