@@ -6,18 +6,21 @@
  * messages and the operations' table; the rendezvous and the collectives
  * are comm/exchange_collectives.c's.
  *
- * A message: the sender copies into a staging buffer of its own on the
- * device (its stream; the host waits for that copy only, microseconds,
- * so the caller may overwrite its buffer), posts it to the receiver's
- * mailbox and returns; the receiver takes it, copies out on its stream,
- * records the buffer's release event behind its copy and waits for it. A
- * sender never waits for its receiver, so crossing sends cannot
- * deadlock; a staging buffer is reused behind its release event, on the
- * device. Paced, both ends stamp the GPU clock when ready (the sender's
- * stream before its copy, into the staging buffer's slot; the receiver's
- * when the receive is called) and the receiver's pacing kernel ends at
- * the later stamp plus the link's time: the two copies run inside the
- * one emulated transfer.
+ * A message: a receive that finds none waiting posts its buffer; a send
+ * to such a receiver copies straight into that buffer on its stream,
+ * waits for the copy and wakes the receiver (a rendezvous). Otherwise the
+ * sender copies into a staging buffer of its own on the device (its
+ * stream; the host waits for that copy only, microseconds, so the caller
+ * may overwrite its buffer), posts it to the receiver's mailbox and
+ * returns; the receiver takes it, copies out on its stream, records the
+ * buffer's release event behind its copy and waits for it. A sender never
+ * waits for its receiver, so crossing sends cannot deadlock; a staging
+ * buffer is reused behind its release event, on the device. Paced, both
+ * ends stamp the GPU clock when ready (the sender's stream before its
+ * copy, into a slot of the receiver's or of the staging buffer; the
+ * receiver's when the receive is called) and the receiver's pacing
+ * kernel ends at the later stamp plus the link's time: the copies run
+ * inside the one emulated transfer.
  */
 #include "executor/comm/exchange_internal.h"
 
