@@ -212,11 +212,11 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
     bool zero1 = config->distributed_optimizer;
     out->reduce_s = costmodel_dp_reduce_seconds(cm, config, placement,
                                                 gradient_bytes, zero1);
-    /* ZeRO-1's all-gather of the updated parameters: as a reduce-scatter */
+    /* ZeRO-1's all-gather of the updated parameters, as a reduce-scatter
+     * of the fp32 master parameters the executor gathers (it rebuilds
+     * its half-precision copy from them afterwards) */
     out->gather_s = zero1 ? costmodel_dp_reduce_seconds(
-                                cm, config, placement,
-                                params * precision_bytes(config->precision),
-                                true)
+                                cm, config, placement, params * 4.0, true)
                           : 0.0;
     dp_backward backward = last_backward(cm, config, stage, layers, slow);
     out->exposed_s = costmodel_dp_exposed_seconds(cm, config, placement,
