@@ -53,6 +53,8 @@ typedef struct profile_arguments {
     const char *output;         /* -o, NULL: <gpu>.json */
     const char *backend;        /* --backend: "cuda" or "cpu" */
     int sm_limit;               /* --sm-limit, 0: every SM */
+    const char *beside_list;    /* --beside: SMs of the busy neighbour
+                                   slices, NULL: none */
     double memory_limit_gib;    /* --memory-limit-gib, 0: the device's */
     const char *tp_list;        /* --tp, "1,2,4,8" */
     const char *mbs_list;       /* --mbs, "1,2,4,8,16" */

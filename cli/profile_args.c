@@ -34,6 +34,12 @@ static void print_profile_help(void)
         "                         device, \"H200\", with \"-<N>SM\" under\n"
         "                         --sm-limit; \"cpu\" on the cpu backend)\n"
         "  --sm-limit N           use only N SMs (a CUDA green context)\n"
+        "  --beside LIST          with --sm-limit: the SM counts of the other\n"
+        "                         slices of the GPU, each kept busy with the\n"
+        "                         same model's layers while this slice is\n"
+        "                         measured, as the other ranks of a plan on\n"
+        "                         slices of one GPU are (name: \"-beside-\"\n"
+        "                         and the list added)\n"
         "  --memory-limit-gib G   cap the stages' memory at G GiB\n"
         "  --tp LIST              tensor-parallel degrees (1,2,4,8)\n"
         "  --mbs LIST             micro-batch sizes (1,2,4,8,16)\n"
@@ -57,7 +63,7 @@ static void print_profile_help(void)
 enum {
     OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
     OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_COMPARE, OPT_TOLERANCE,
-    OPT_MISSING_ONLY, OPT_HELP
+    OPT_MISSING_ONLY, OPT_BESIDE, OPT_HELP
 };
 
 int profile_bad_argument(const char *option, const char *expected,
@@ -98,6 +104,7 @@ static int apply_option(int option, const char *value, profile_arguments *a)
     case OPT_QUICK: a->quick = true; return 0;
     case OPT_NO_COMM: a->no_comm = true; return 0;
     case OPT_MISSING_ONLY: a->missing_only = true; return 0;
+    case OPT_BESIDE: a->beside_list = value; return 0;
     case OPT_COMPARE: a->compare = true; return 0;
     case OPT_SM_LIMIT:
         if (parse_positive("--sm-limit", value, 100000, &number) != 0)
@@ -130,6 +137,7 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"quick", no_argument, NULL, OPT_QUICK},
         {"no-comm", no_argument, NULL, OPT_NO_COMM},
         {"missing-only", no_argument, NULL, OPT_MISSING_ONLY},
+        {"beside", required_argument, NULL, OPT_BESIDE},
         {"compare", no_argument, NULL, OPT_COMPARE},
         {"tolerance", required_argument, NULL, OPT_TOLERANCE},
         {"output", required_argument, NULL, 'o'},
@@ -166,6 +174,11 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
     if (a->model == NULL) {
         fprintf(stderr, "partita profile: --model is required (see "
                         "'partita profile --help')\n");
+        return -1;
+    }
+    if (a->beside_list != NULL && a->sm_limit == 0) {
+        fprintf(stderr, "partita profile: --beside needs --sm-limit (the "
+                        "measured slice)\n");
         return -1;
     }
     if (a->missing_only && a->output == NULL) {

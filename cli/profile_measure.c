@@ -120,7 +120,10 @@ static int build_options(const profile_arguments *a,
     if (parse_list("--tp", a->tp_list, options->tp_values,
                    &options->tp_count) != 0 ||
         parse_list("--mbs", a->mbs_list, options->mbs_values,
-                   &options->mbs_count) != 0)
+                   &options->mbs_count) != 0 ||
+        (a->beside_list != NULL &&
+         parse_list("--beside", a->beside_list, options->beside_sms,
+                    &options->beside_count) != 0))
         return -1;
     if (profiler_options_check(options, &err) != 0) {
         cli_error("profile", err.message);
@@ -309,8 +312,8 @@ static int measure_and_write(profile_arguments *a, int argc, char **argv)
         cli_error("profile", "out of memory");
     } else if (measure_all(a, &options, shapes, model_count, results, comm,
                            &has_curves, reason, sizeof reason) == 0) {
-        profiler_default_gpu_name(&results[0].device, options.backend,
-                                  a->sm_limit, gpu, sizeof gpu);
+        profiler_default_gpu_name(&results[0].device, &options, gpu,
+                                  sizeof gpu);
         if (a->gpu_name != NULL)
             pt_copy_string(gpu, sizeof gpu, a->gpu_name);
         if (a->output == NULL) {
@@ -399,8 +402,8 @@ static int write_additions(const profile_arguments *a, int argc, char **argv,
                            const profiler_result *results)
 {
     char gpu[PT_NAME_MAX], command_line[2048], date_utc[32];
-    profiler_default_gpu_name(&results[0].device, options[0].backend,
-                              a->sm_limit, gpu, sizeof gpu);
+    profiler_default_gpu_name(&results[0].device, &options[0], gpu,
+                              sizeof gpu);
     if (a->gpu_name != NULL)
         pt_copy_string(gpu, sizeof gpu, a->gpu_name);
     join_command_line(argc, argv, command_line, sizeof command_line);

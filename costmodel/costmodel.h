@@ -190,6 +190,11 @@ typedef struct stage_placement {
      * price it. */
     int next_curve_type;
     int dp_curve_type;
+    /* Every GPU of the stage is a slice of one device (its node types'
+     * `devices` entries name one index), as on the one-GPU emulation:
+     * its dp sums are the device exchange's kernels on the ranks' own SMs
+     * (docs/cost-model.md 7.1). */
+    bool slices_of_one_gpu;
 } stage_placement;
 
 /* Fills placement[pp]; fails when the node order does not hold exactly
@@ -239,6 +244,9 @@ typedef struct step_work {
                               off; the estimate then takes tail_fraction's
                               closed form, the executor's default) */
     double gather_s;       /* ZeRO-1's parameter all-gather, else 0 */
+    double sum_kernels_s;  /* slices_of_one_gpu: the SM time of the dp
+                              sums' kernels, which the backward they
+                              overlap cannot hide; else 0 */
     double optimizer_s;
     double tail_fraction;  /* of reduce_s, in 0..1 */
 } step_work;

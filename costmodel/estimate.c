@@ -237,6 +237,11 @@ static void price_step_work(const costmodel *cm, const parallel_config *config,
             if (work.reduce_s - st->backward_s > exposed)
                 exposed = work.reduce_s - st->backward_s;
         }
+        /* on slices of one GPU the kernels of the sums that overlap the
+         * backward take its SMs; the exposed share's run within their
+         * paced transfers, which outlast them */
+        if (work.reduce_s > 0.0 && exposed < work.reduce_s)
+            exposed += work.sum_kernels_s * (1.0 - exposed / work.reduce_s);
         tail->exposed_s = exposed;
         st->embedding_allreduce_s = tail->embedding_member ? embedding_s
                                                            : 0.0;

@@ -244,6 +244,28 @@ static void dp_hierarchy(const cluster *c, const node_lane *lane,
         out->dp_nodes = last_slot - first_slot + 1;
 }
 
+/* Whether the GPUs first .. first + count - 1 of the lane are all slices
+ * of one device: each listed in its node type's `devices`, all with the
+ * same index (the executor then runs their ranks on that GPU). */
+static bool slices_of_one_gpu(const cluster *c, const node_lane *lane,
+                              long long first, long long count)
+{
+    if (count < 2)
+        return false;
+    lane_cursor cursor = {lane, 0};
+    int index = -1;
+    for (long long gpu = first; gpu < first + count; gpu++) {
+        int slot = slot_of(&cursor, gpu);
+        const node_type *type = &c->types[lane->types[slot]];
+        long long local = gpu - lane->starts[slot];
+        if (local >= type->device_count ||
+            (index >= 0 && type->devices[local].index != index))
+            return false;
+        index = type->devices[local].index;
+    }
+    return true;
+}
+
 int costmodel_place_stage(const costmodel *cm, const parallel_config *config,
                           const node_lane *lane, int stage, bool next_known,
                           stage_placement *out, pt_error *err)
@@ -273,6 +295,7 @@ int costmodel_place_stage(const costmodel *cm, const parallel_config *config,
                                                  : -1;
     dp_hierarchy(c, lane, first, stage_gpus, config, first_slot, last_slot,
                  out);
+    out->slices_of_one_gpu = slices_of_one_gpu(c, lane, first, stage_gpus);
     if (last) {
         out->next_link = slot_link(c, lane, first_slot, first_slot);
         out->next_curve_type = -1;

@@ -201,6 +201,31 @@ static dp_backward last_backward(const costmodel *cm,
                        config->tp};
 }
 
+/* Bytes the AdamW step moves per parameter (executor/cuda/optimizer.cu
+ * reads parameter, gradient and both moments in fp32 and writes
+ * parameter, moments and the bf16 mirror): the profile's optimizer time
+ * over them is the GPU's streaming rate as measured (a slice's beside its
+ * neighbours, when its profile was taken so). */
+#define ADAMW_BYTES_PER_PARAM 30.0
+
+/* The SM time of the device exchange's dp sums on a slice: each member's
+ * kernel reads its chunk of every member's gradients (the whole buffer)
+ * and writes the sum into every member's buffer (all-reduce) or its own
+ * (ZeRO-1's reduce-scatter), at the slice's streaming rate. */
+static double sum_kernels_seconds(const parallel_config *config,
+                                  const stage_placement *placement,
+                                  double gradient_bytes,
+                                  const type_costs *slow)
+{
+    if (config->dp < 2 || !placement->slices_of_one_gpu)
+        return 0.0;
+    double written = config->distributed_optimizer
+                         ? gradient_bytes / config->dp
+                         : gradient_bytes;
+    return (gradient_bytes + written) * slow->optimizer_s_per_param /
+           ADAMW_BYTES_PER_PARAM;
+}
+
 void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                          const stage_placement *placement, int stage,
                          int layers, const type_costs *slow, step_work *out)
@@ -212,15 +237,17 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
     bool zero1 = config->distributed_optimizer;
     out->reduce_s = costmodel_dp_reduce_seconds(cm, config, placement,
                                                 gradient_bytes, zero1);
-    /* ZeRO-1's all-gather of the updated parameters: as a reduce-scatter */
+    /* ZeRO-1's all-gather of the updated parameters, as a reduce-scatter
+     * of the fp32 master parameters the executor gathers (it rebuilds
+     * its half-precision copy from them afterwards) */
     out->gather_s = zero1 ? costmodel_dp_reduce_seconds(
-                                cm, config, placement,
-                                params * precision_bytes(config->precision),
-                                true)
+                                cm, config, placement, params * 4.0, true)
                           : 0.0;
     dp_backward backward = last_backward(cm, config, stage, layers, slow);
     out->exposed_s = costmodel_dp_exposed_seconds(cm, config, placement,
                                                   &backward, out->reduce_s);
+    out->sum_kernels_s =
+        sum_kernels_seconds(config, placement, gradient_bytes, slow);
     double held = zero1 ? params / dp : params;
     out->optimizer_s = held * slow->optimizer_s_per_param;
     /* the buckets the backward completes last: the embedding's gradients

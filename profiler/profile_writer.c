@@ -16,12 +16,13 @@
 
 /* The profile's name for a device: its first word with a digit, cut at
  * a '-' ("NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA A100-SXM4-40GB" ->
- * "A100"), and "-<N>SM" under an SM limit. */
+ * "A100"), "-<N>SM" under an SM limit and "-beside-" with the busy
+ * neighbours' SMs ("H200-16SM-beside-16-16-16"). */
 void profiler_default_gpu_name(const profiled_device *device,
-                               backend_kind backend, int sm_limit, char *out,
+                               const profiler_options *options, char *out,
                                size_t size)
 {
-    if (backend == BACKEND_CPU) {
+    if (options->backend == BACKEND_CPU) {
         pt_copy_string(out, size, "cpu");
         return;
     }
@@ -37,10 +38,17 @@ void profiler_default_gpu_name(const profiled_device *device,
     if (chosen == NULL)
         chosen = "GPU";
     chosen[strcspn(chosen, "-/")] = '\0';
-    if (sm_limit > 0)
-        snprintf(out, size, "%s-%dSM", chosen, sm_limit);
-    else
+    if (options->sm_limit <= 0) {
         pt_copy_string(out, size, chosen);
+        return;
+    }
+    size_t used = (size_t)snprintf(out, size, "%s-%dSM%s", chosen,
+                                   options->sm_limit,
+                                   options->beside_count > 0 ? "-beside"
+                                                             : "");
+    for (int i = 0; i < options->beside_count && used < size; i++)
+        used += (size_t)snprintf(out + used, size - used, "-%d",
+                                 options->beside_sms[i]);
 }
 
 /* Spec-sheet figures (shared/reference/gpu-specs.md) of the GPUs whose
@@ -121,6 +129,20 @@ static json_t *device_provenance(const profiler_writeup *ctx, int *failures)
     }
     if (ctx->sm_limit > 0)
         json_put(obj, "sm_limit", json_integer(ctx->sm_limit), failures);
+    if (ctx->options->beside_count > 0) {
+        json_t *beside = json_array();
+        for (int i = 0; i < ctx->options->beside_count; i++)
+            json_array_append_new(beside,
+                                  json_integer(ctx->options->beside_sms[i]));
+        json_put(obj, "beside_sms", beside, failures);
+        json_put(obj, "beside_load",
+                 json_string("every other slice of the GPU's split busy, "
+                             "each in a thread of its own: the same model's "
+                             "layer forward and backward at the measured tp "
+                             "and micro-batch, its AdamW step while the "
+                             "optimizer is timed"),
+                 failures);
+    }
     if (ctx->memory_limit_gib > 0)
         json_put(obj, "memory_limit_gib", json_real(ctx->memory_limit_gib),
             failures);

@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #ifdef PARTITA_HAVE_CUDA
@@ -132,6 +134,20 @@ int profiler_options_check(const profiler_options *options, pt_error *err)
                             "cuda backend");
     if (options->sm_limit < 0 || options->memory_limit_bytes < 0.0)
         return pt_fail(err, "profiler: SM and memory limits must be >= 0");
+    if (options->beside_count < 0 ||
+        options->beside_count > PROFILER_MAX_VALUES)
+        return pt_fail(err, "profiler: %d busy neighbour slices; expected "
+                            "0 to %d",
+                       options->beside_count, PROFILER_MAX_VALUES);
+    if (options->beside_count > 0 &&
+        (options->backend != BACKEND_CUDA || options->sm_limit == 0))
+        return pt_fail(err, "profiler: busy neighbour slices need the cuda "
+                            "backend and an SM limit (the measured slice)");
+    for (int i = 0; i < options->beside_count; i++)
+        if (options->beside_sms[i] < 1)
+            return pt_fail(err, "profiler: neighbour slice %d has %d SMs; "
+                                "expected at least 1",
+                           i + 1, options->beside_sms[i]);
     return 0;
 }
 
@@ -212,11 +228,35 @@ static void read_driver_version(char *out, size_t size)
     fclose(file);
 }
 
+/* The split of the GPU under --beside: the measured slice first, then
+ * its neighbours; the number of slices. */
+static int device_split(const profiler_options *o,
+                        int slices[PROFILER_MAX_VALUES + 1])
+{
+    slices[0] = o->sm_limit;
+    for (int i = 0; i < o->beside_count; i++)
+        slices[i + 1] = o->beside_sms[i];
+    return o->beside_count + 1;
+}
+
+/* The calling thread's device: slice `index` of the split under
+ * --beside, else the SM limit alone. */
+static int open_rank_device(const profiler_options *o, int index,
+                            pt_error *err)
+{
+    if (o->beside_count == 0)
+        return cuda_rank_device_open(o->device, o->sm_limit,
+                                     o->memory_limit_bytes, err);
+    int slices[PROFILER_MAX_VALUES + 1];
+    int count = device_split(o, slices);
+    return cuda_rank_device_open_slice(o->device, slices, count, index,
+                                       o->memory_limit_bytes, err);
+}
+
 static int open_cuda_device(const profiler_options *options,
                             profiled_device *device, pt_error *err)
 {
-    if (cuda_rank_device_open(options->device, options->sm_limit,
-                              options->memory_limit_bytes, err) != 0)
+    if (open_rank_device(options, 0, err) != 0)
         return -1;
     cuda_device_info info;
     if (cuda_device_describe(&info) != 0)
@@ -635,6 +675,146 @@ static int measure_optimizer(part_chain *chain, const profiler_options *o,
     return 0;
 }
 
+/* ------------------------------------------------ busy neighbours */
+
+/* What the neighbour slices run (--beside): the layer's forward and
+ * backward, the layer's AdamW step, or nothing more (they end). */
+typedef enum neighbour_phase {
+    NEIGHBOURS_LAYER,
+    NEIGHBOURS_ADAMW,
+    NEIGHBOURS_STOP
+} neighbour_phase;
+
+/* One neighbour slice's thread and its chain of the measured shape. */
+typedef struct neighbour {
+    pthread_t thread;
+    int slice;                   /* its index in the device's split */
+    const model_shape *shape;
+    int tp;
+    int capacity;
+    const profiler_options *options;
+    atomic_int *phase;           /* shared: neighbour_phase */
+    atomic_int *mbs;             /* shared: the micro-batch to run */
+    atomic_int state;            /* 0 starting, 1 busy, -1 failed */
+    pt_error err;
+} neighbour;
+
+/* The neighbours of one tp of one shape, all busy until stopped. */
+typedef struct neighbour_set {
+    int count;
+    neighbour members[PROFILER_MAX_VALUES];
+    atomic_int phase;
+    atomic_int mbs;
+} neighbour_set;
+
+#ifdef PARTITA_HAVE_CUDA
+/* Runs the neighbour's load until told to stop: chains of a few calls
+ * queued back to back and waited for, so that the slice is as busy as a
+ * rank's stage, and the phase is read between them. */
+static int neighbour_loop(neighbour *n, part_chain *chain)
+{
+    adamw_config config = adamw_defaults();
+    double seconds[CHAIN_CALLS], unused;
+    if (run_chain(chain, atomic_load(n->mbs), seconds, &n->err) != 0)
+        return -1;
+    set_deferred(chain, true);
+    atomic_store(&n->state, 1);
+    int status = 0;
+    for (int phase = atomic_load(n->phase);
+         phase != NEIGHBOURS_STOP && status == 0;
+         phase = atomic_load(n->phase)) {
+        if (phase == NEIGHBOURS_ADAMW) {
+            for (int i = 0; i < 4 && status == 0; i++)
+                status = stage_adamw_step(&chain->layer, &config,
+                                          PROFILER_LEARNING_RATE, 1.0f,
+                                          &n->err);
+            if (status == 0)
+                status = stage_synchronize(&chain->layer, &n->err);
+        } else {
+            status = queued_seconds(chain, 1, true, atomic_load(n->mbs), 4,
+                                    &unused, &n->err);
+        }
+    }
+    set_deferred(chain, false);
+    return status;
+}
+
+static void *neighbour_main(void *argument)
+{
+    neighbour *n = argument;
+    part_chain chain;
+    int status = open_rank_device(n->options, n->slice, &n->err);
+    if (status == 0) {
+        status = chain_create(&chain, n->shape, n->tp, n->capacity,
+                              n->options, &n->err);
+        if (status == 0) {
+            status = neighbour_loop(n, &chain);
+            chain_destroy(&chain);
+        }
+        cuda_rank_device_close();
+    }
+    if (status != 0)
+        atomic_store(&n->state, -1);
+    return NULL;
+}
+#endif
+
+/* Ends the neighbours (each finishes its chain of calls) and says whether
+ * every one stayed busy to the end; -1 with err when one failed. */
+static int neighbours_stop(neighbour_set *set, pt_error *err)
+{
+    atomic_store(&set->phase, NEIGHBOURS_STOP);
+    int status = 0;
+    for (int i = 0; i < set->count; i++) {
+        neighbour *n = &set->members[i];
+        pthread_join(n->thread, NULL);
+        if (atomic_load(&n->state) < 0 && status == 0)
+            status = pt_fail(err, "profiler: the busy neighbour on slice %d "
+                                  "failed: %s",
+                             n->slice, n->err.message);
+    }
+    set->count = 0;
+    return status;
+}
+
+/* Starts one thread per neighbour slice of the options (none without
+ * --beside), each with a chain of the shape at this tp and capacity, and
+ * waits until every one is busy. */
+static int neighbours_start(neighbour_set *set, const model_shape *shape,
+                            int tp, int capacity, const profiler_options *o,
+                            pt_error *err)
+{
+    set->count = 0;
+    atomic_init(&set->phase, NEIGHBOURS_LAYER);
+    atomic_init(&set->mbs, capacity);
+#ifdef PARTITA_HAVE_CUDA
+    for (int i = 0; i < o->beside_count; i++) {
+        neighbour *n = &set->members[set->count];
+        *n = (neighbour){.slice = i + 1, .shape = shape, .tp = tp,
+                         .capacity = capacity, .options = o,
+                         .phase = &set->phase, .mbs = &set->mbs};
+        atomic_init(&n->state, 0);
+        if (pthread_create(&n->thread, NULL, neighbour_main, n) != 0) {
+            pt_error ignored = {{0}};
+            neighbours_stop(set, &ignored);
+            return pt_fail(err, "profiler: cannot start the thread of "
+                                "neighbour slice %d",
+                           i + 1);
+        }
+        set->count++;
+    }
+    for (int i = 0; i < set->count; i++)
+        while (atomic_load(&set->members[i].state) == 0)
+            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+    for (int i = 0; i < set->count; i++)
+        if (atomic_load(&set->members[i].state) < 0)
+            return neighbours_stop(set, err);
+#else
+    (void)shape, (void)tp, (void)o, (void)err;
+#endif
+    return 0;
+}
+
 const char *profiler_tp_refusal(const model_shape *shape, int tp)
 {
     if (shape->heads % tp != 0)
@@ -708,14 +888,22 @@ static int measure_tp(const model_shape *shape, int tp,
         report(o, progress, o->mbs_count, label, NULL);
         return 0;
     }
+    neighbour_set neighbours;
+    if (neighbours_start(&neighbours, shape, tp, o->mbs_values[last], o,
+                         err) != 0) {
+        chain_destroy(&chain);
+        return -1;
+    }
     if (out->point_count == 0 && o->device_warmup_s > 0.0 &&
         warm_device(&chain, o->device_warmup_s, err) != 0) {
+        neighbours_stop(&neighbours, &failure);
         chain_destroy(&chain);
         return -1;
     }
     int measured = 0;
     for (int i = 0; i <= last; i++) {
         profiled_point *point = &out->points[out->point_count];
+        atomic_store(&neighbours.mbs, o->mbs_values[i]);
         if (measure_point(&chain, tp, o->mbs_values[i], o, point,
                           &failure) != 0) {
             add_note(out, "tp %d: micro-batch %d and up not measured: %s",
@@ -730,11 +918,15 @@ static int measure_tp(const model_shape *shape, int tp,
     }
     int status = 0;
     if (measured > 0 && !*optimizer_done) {
+        atomic_store(&neighbours.phase, NEIGHBOURS_ADAMW);
         status = measure_optimizer(&chain, o, out, err);
         *optimizer_done = status == 0;
         if (status == 0)
             report(o, progress, 1, "optimizer", NULL);
     }
+    /* a neighbour that failed leaves the times without their load */
+    if (neighbours_stop(&neighbours, status == 0 ? err : &failure) != 0)
+        status = -1;
     chain_destroy(&chain);
     /* the steps of the micro-batches not measured */
     progress->done += o->mbs_count - measured;

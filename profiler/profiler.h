@@ -77,6 +77,14 @@ typedef struct profiler_options {
     int device;                  /* cuda device ordinal (0) */
     int sm_limit;                /* cuda: only this many SMs, through a
                                     green context; 0: all */
+    /* cuda, with sm_limit: the other slices of the same GPU (their SM
+     * counts), each busy while this one is measured (a thread of its own
+     * running the same model's layer forward and backward at the
+     * measured tp and micro-batch, its AdamW step while the optimizer is
+     * timed), as the other ranks of a plan on slices of one GPU are; the
+     * measured slice is the first of the split. 0: none. */
+    int beside_count;
+    int beside_sms[PROFILER_MAX_VALUES];
     double memory_limit_bytes;   /* cuda: cap on the stages; 0: none */
     int tp_count;
     int tp_values[PROFILER_MAX_VALUES];   /* ascending */
@@ -212,9 +220,11 @@ typedef struct profiler_writeup {
 
 /* The profile's name for a device: its first word with a digit, cut at
  * a '-' ("NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA A100-SXM4-40GB" ->
- * "A100"), and "-<N>SM" under an SM limit; "cpu" on the cpu backend. */
+ * "A100"), "-<N>SM" under an SM limit, then "-beside-" and the busy
+ * neighbours' SMs joined by '-' ("H200-16SM-beside-16-16-16"); "cpu" on
+ * the cpu backend. */
 void profiler_default_gpu_name(const profiled_device *device,
-                               backend_kind backend, int sm_limit, char *out,
+                               const profiler_options *options, char *out,
                                size_t size);
 /* Seconds the whole measurement took (every model, and the curves). */
 double profiler_measured_seconds(const profiler_writeup *writeup);

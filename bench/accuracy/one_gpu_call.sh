@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# Issue 17's measurements in one call of the GPU machine (one H200, under
-# 10 minutes): the profiler's repeatability (tests/executor/gpu/
-# profile_repeat.sh: GPT-2 124M profiled in three processes), the
-# one-GPU accuracy suite (run_one_gpu.sh: whole GPU, and slices over the
-# device exchange), then profiles of the whole GPU and of its 40- and
-# 16-SM slices with the back-to-back profiler, for the suite's shapes
-# (no NCCL curves: the slices' links are the cluster's, emulated). Each
-# part has its own time limit; what it wrote is packed into OUT_DIR
-# (repeat.tgz, runs.tgz, profiles.tgz) beside the log.
+# Issue 17's measurements in calls of the GPU machine (one H200, each
+# under 10 minutes), by parts (PARTS, in this order; default all):
+#   suite   the one-GPU accuracy suite (run_one_gpu.sh: whole GPU, and
+#           slices over the device exchange);
+#   whole   the profile of the whole GPU (H200.json) for the suite's
+#           shapes, back-to-back profiler, no NCCL curves;
+#   beside  the profiles of the suite's slices with their neighbours busy
+#           (profile_beside.sh: H200-<N>SM-beside-..., the GPU types of
+#           clusters/h200-slices-*.json);
+#   alone   GPT-2 1.5B profiled on a 40- and a 16-SM slice alone (the
+#           neighbours' effect, against beside);
+#   slices  the profiles of the 40- and 16-SM slices alone for the
+#           suite's shapes (H200-40SM.json, H200-16SM.json);
+#   repeat  the profiler's repeatability (tests/executor/gpu/
+#           profile_repeat.sh: GPT-2 124M profiled in three processes).
+# Each part has its own time limit; what it wrote is packed into OUT_DIR
+# (PART.tgz) beside the log as soon as it ends.
 #
 # Usage: bench/accuracy/one_gpu_call.sh BUILD_DIR OUT_DIR
 set -u
@@ -19,32 +27,54 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 work=$(mktemp -d)
 partita="$build/cli/partita"
+parts=${PARTS:-suite whole beside alone slices repeat}
+M=$root/models
+suite_models=$M/gpt2-xl.json,$M/gpt2-xl-26h.json,$M/gpt2-350m.json,$M/gpt2-774m.json
 SECONDS=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-echo "== profile_repeat.sh ($SECONDS s)"
-timeout -k 5 "${REPEAT_S:-100}" "$root/tests/executor/gpu/profile_repeat.sh" \
-    "$build" "$work/repeat"
-echo "rc $?"
-echo "== run_one_gpu.sh ($SECONDS s)"
-ITERS=${ITERS:-4} BUDGET=${SUITE_BUDGET:-260} PLAN_TIMEOUT=${PLAN_TIMEOUT:-50} \
-    HOST_FALLBACK=1 timeout -k 5 $(( ${SUITE_BUDGET:-260} + 30 )) \
-    "$here/run_one_gpu.sh" "$build" "$work/runs"
-echo "rc $?"
-mkdir -p "$work/profiles"
-models=$root/models/gpt2-xl.json,$root/models/gpt2-xl-26h.json,$root/models/gpt2-350m.json,$root/models/gpt2-774m.json
-for sms in 40 16 all; do
-    echo "== profile, SMs: $sms ($SECONDS s)"
-    if [ "$sms" = all ]; then
-        limit=() name=H200
-    else
-        limit=(--sm-limit "$sms") name=H200-${sms}SM
-    fi
-    timeout -k 5 "${PROFILE_S:-55}" "$partita" profile --model "$models" \
-        ${limit[@]+"${limit[@]}"} --tp 1,2,4 --mbs 1,2,4,8 --no-comm \
-        -o "$work/profiles/$name.json" >"$work/profiles/$name.log" 2>&1
-    echo "rc $? $(tail -n 1 "$work/profiles/$name.log")"
+pack() { (cd "$work" && tar czf "$out/$1.tgz" "$1"); }
+# profile NAME DIR LIMIT ARGS...: one `partita profile` into DIR/NAME.json
+profile() {
+    local name=$1 dir=$2 limit=$3
+    shift 3
+    timeout -k 5 "$limit" "$partita" profile "$@" --no-comm \
+        -o "$dir/$name.json" >"$dir/$name.log" 2>&1
+    echo "$name: rc $? ($SECONDS s) $(tail -n 1 "$dir/$name.log")"
+}
+for part in $parts; do
+    echo "== $part ($SECONDS s)"
+    mkdir -p "$work/$part"
+    case $part in
+    suite)
+        ITERS=${ITERS:-4} BUDGET=${SUITE_BUDGET:-260} \
+            PLAN_TIMEOUT=${PLAN_TIMEOUT:-50} HOST_FALLBACK=1 \
+            timeout -k 5 $(( ${SUITE_BUDGET:-260} + 30 )) \
+            "$here/run_one_gpu.sh" "$build" "$work/suite"
+        echo "rc $?"
+        rm -f "$work/suite/corpus"* ;;
+    whole)
+        profile H200 "$work/whole" "${PROFILE_S:-60}" --model "$suite_models" \
+            --tp 1,2,4 --mbs 1,2,4,8 ;;
+    beside)
+        PROFILE_S=${BESIDE_S:-45} timeout -k 5 "${BESIDE_ALL_S:-200}" \
+            "$here/profile_beside.sh" "$build" "$work/beside"
+        echo "rc $?" ;;
+    alone)
+        for sms in 40 16; do
+            profile "H200-${sms}SM-xl" "$work/alone" 30 --model "$M/gpt2-xl.json" \
+                --sm-limit $sms --tp 1 --mbs 1,2,4 --gpu-name H200-${sms}SM
+        done ;;
+    slices)
+        for sms in 40 16; do
+            profile "H200-${sms}SM" "$work/slices" "${PROFILE_S:-60}" \
+                --model "$suite_models" --sm-limit $sms --tp 1,2,4 --mbs 1,2,4,8
+        done ;;
+    repeat)
+        timeout -k 5 "${REPEAT_S:-100}" "$root/tests/executor/gpu/profile_repeat.sh" \
+            "$build" "$work/repeat"
+        echo "rc $?" ;;
+    *) echo "unknown part $part" ;;
+    esac
+    pack "$part"
 done
-rm -f "$work/runs/corpus"*
-(cd "$work" && tar czf "$out/repeat.tgz" repeat; tar czf "$out/runs.tgz" runs;
- tar czf "$out/profiles.tgz" profiles)
 echo "== done ($SECONDS s)"

@@ -17,8 +17,10 @@ touches of memory are paid in those). When RUN_DIR/NAME.estimate.json
 measured step must lie within 10 % of it, and a second table holds rank
 0's forward, backward and optimizer times (the median over the events of
 the iteration run.json kept) against the estimate's for its stage: on
-slices of one GPU the profile was measured on a slice alone, so this
-shows what a busy neighbour costs. Exit status 1 when a run is missing.
+slices of one GPU, against the profile its cluster names (run_devcomm.sh:
+a slice beside its busy neighbours for plans of several slices, a slice
+alone for one rank), so this shows what the profile leaves out. Exit
+status 1 when a run is missing.
 """
 import json
 import os

@@ -1002,6 +1002,10 @@ profile-bad)
   [ ! -e in-missing-dir ] || fail "a directory was made"
   run 2 partita profile --backend cpu --model in-tiny.json --sm-limit 16
   expect_in err.txt "cuda backend"
+  run 2 partita profile --backend cpu --model in-tiny.json --beside 16
+  expect_in err.txt "\-\-beside needs \-\-sm-limit"
+  run 2 partita profile --backend cpu --model in-tiny.json --sm-limit 16 --beside 16,x
+  expect_in err.txt "\-\-beside"
   run 2 partita profile --backend tpu --model in-tiny.json
   expect_in err.txt "tpu"
   run 2 partita profile

@@ -118,7 +118,7 @@ static void dp_allreduce_inside_a_node_uses_the_allreduce_curve(void **state)
     double params = stage_parameters_per_gpu(&f.model, &config, 0, 48);
     assert_true(close_to(e.stages[0].dp_allreduce_s,
                          0.5 * allreduce_curve(4, params * 4.0) +
-                             0.5 * allreduce_curve(4, params * 2.0),
+                             0.5 * allreduce_curve(4, params * 4.0),
                          1e-12));
     estimate_free(&e);
 

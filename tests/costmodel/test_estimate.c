@@ -275,14 +275,23 @@ static void stages_run_at_their_slowest_gpu(void **state)
     fixture_close(&f);
 }
 
+/* GPT-2 XL as dp 4, mbs 8, one stage on the four A10s of node 1. */
+static const int a10_node[1] = {1}, all_layers[1] = {48};
+
+static parallel_config open_dp4_on_the_a10s(fixture *f)
+{
+    model_shape m = gpt2_xl();
+    assert_int_equal(fixture_open(f, &m, 1, 1), 0);
+    return config_of(8, 1, 1, 4, 1);
+}
+
 static void dp_inside_a_node_uses_the_intra_node_link(void **state)
 {
     (void)state;
-    model_shape m = gpt2_xl();
     fixture f;
-    assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
-    parallel_config config = config_of(8, 1, 1, 4, 1);
-    int order[1] = {1}, whole[1] = {48};
+    parallel_config config = open_dp4_on_the_a10s(&f);
+    model_shape m = f.model;
+    const int *order = a10_node, *whole = all_layers;
     estimate e;
     run_estimate(&f, &config, order, 1, whole, false, &e);
     double params = model_parameter_count(&m);
@@ -298,7 +307,7 @@ static void dp_inside_a_node_uses_the_intra_node_link(void **state)
     link_spec intra = link_of(16.0, 10.0);
     assert_true(close_to(e.stages[0].dp_allreduce_s,
                          reduce_scatter_time(params * 4.0, 4, intra) +
-                             reduce_scatter_time(params * 2.0, 4, intra),
+                             reduce_scatter_time(params * 4.0, 4, intra),
                          1e-12));
     assert_true(close_to(e.stages[0].optimizer_s, params / 4 * 5e-11, 1e-12));
     estimate_free(&e);
@@ -361,6 +370,58 @@ static void dp_sync_overlaps_the_last_backward(void **state)
     last_backward_and_sync(&e, &backward_end, &sync);
     assert_true(close_to(sync->start_s, backward_end, 1e-9));
     estimate_free(&e);
+    fixture_close(&f);
+}
+
+/* dp sums on slices of one GPU (every device entry names index 0): the
+ * device exchange's kernels, 2 G bytes (G / dp written under ZeRO-1) at
+ * the AdamW step's streaming rate, lengthen the step; on separate GPUs
+ * (indices differ, or no entries) they do not. */
+static void dp_sums_on_slices_of_one_gpu_take_the_backward_sms(void **state)
+{
+    (void)state;
+    fixture f;
+    parallel_config config = open_dp4_on_the_a10s(&f);
+    model_shape m = f.model;
+    const int *order = a10_node, *whole = all_layers;
+    estimate apart, sliced;
+    run_estimate(&f, &config, order, 1, whole, false, &apart);
+    stage_placement place;
+    pt_error err = {{0}};
+    assert_int_equal(costmodel_place(&f.cm, &config, order, 1, &place, &err),
+                     0);
+    assert_false(place.slices_of_one_gpu);
+    node_type *a10 = &f.cluster.types[1];
+    a10->device_count = 4;
+    for (int i = 0; i < 4; i++)
+        a10->devices[i] = (device_spec){.index = 0, .sm_limit = 16};
+    assert_int_equal(costmodel_place(&f.cm, &config, order, 1, &place, &err),
+                     0);
+    assert_true(place.slices_of_one_gpu);
+    step_work work;
+    type_costs costs;
+    assert_int_equal(costmodel_type_costs(&f.cm, 1, &config, &costs, &err),
+                     0);
+    costmodel_step_work(&f.cm, &config, &place, 0, 48, &costs, &work);
+    double gradient_bytes = model_parameter_count(&m) * 4.0;
+    /* a10 optimizer: 5e-11 s per parameter, 30 bytes a parameter */
+    assert_true(close_to(work.sum_kernels_s,
+                         2.0 * gradient_bytes * 5e-11 / 30.0, 1e-9));
+    run_estimate(&f, &config, order, 1, whole, false, &sliced);
+    assert_true(sliced.step_time_s > apart.step_time_s);
+    assert_true(sliced.step_time_s <=
+                apart.step_time_s + work.sum_kernels_s + 1e-12);
+    config.distributed_optimizer = true;
+    costmodel_step_work(&f.cm, &config, &place, 0, 48, &costs, &work);
+    assert_true(close_to(work.sum_kernels_s,
+                         1.25 * gradient_bytes * 5e-11 / 30.0, 1e-9));
+    config.distributed_optimizer = false;
+    a10->devices[3].index = 1; /* one slice on another GPU */
+    assert_int_equal(costmodel_place(&f.cm, &config, order, 1, &place, &err),
+                     0);
+    assert_false(place.slices_of_one_gpu);
+    estimate_free(&apart);
+    estimate_free(&sliced);
     fixture_close(&f);
 }
 
@@ -703,6 +764,7 @@ int main(void)
         cmocka_unit_test(stage_terms_agree_with_the_estimate),
         cmocka_unit_test(stages_run_at_their_slowest_gpu),
         cmocka_unit_test(dp_inside_a_node_uses_the_intra_node_link),
+        cmocka_unit_test(dp_sums_on_slices_of_one_gpu_take_the_backward_sms),
         cmocka_unit_test(placement_errors_are_clear),
         cmocka_unit_test(tp_groups_may_span_nodes),
         cmocka_unit_test(plan_errors_are_clear),

@@ -72,6 +72,40 @@ static void test_option_checks(void **state)
     bad = options;
     bad.sm_limit = 16;
     expect_refused(&bad, "cuda backend");
+    /* busy neighbours need a measured slice, on the cuda backend */
+    profiler_options cuda = profiler_options_defaults(BACKEND_CUDA);
+    cuda.beside_count = 1;
+    cuda.beside_sms[0] = 16;
+    expect_refused(&cuda, "an SM limit");
+    cuda.sm_limit = 16;
+    assert_int_equal(profiler_options_check(&cuda, &err), 0);
+    cuda.beside_sms[0] = 0;
+    expect_refused(&cuda, "neighbour slice 1 has 0 SMs");
+    bad = options;
+    bad.beside_count = 1;
+    bad.beside_sms[0] = 16;
+    expect_refused(&bad, "cuda backend");
+}
+
+/* The default name says the SM limit and the busy neighbours. */
+static void test_default_gpu_names(void **state)
+{
+    (void)state;
+    profiled_device device = {.name = "NVIDIA H200"};
+    profiler_options o = profiler_options_defaults(BACKEND_CUDA);
+    char name[PT_NAME_MAX];
+    profiler_default_gpu_name(&device, &o, name, sizeof name);
+    assert_string_equal(name, "H200");
+    o.sm_limit = 16;
+    profiler_default_gpu_name(&device, &o, name, sizeof name);
+    assert_string_equal(name, "H200-16SM");
+    o.beside_count = 3;
+    o.beside_sms[0] = 40, o.beside_sms[1] = 40, o.beside_sms[2] = 16;
+    profiler_default_gpu_name(&device, &o, name, sizeof name);
+    assert_string_equal(name, "H200-16SM-beside-40-40-16");
+    o.backend = BACKEND_CPU;
+    profiler_default_gpu_name(&device, &o, name, sizeof name);
+    assert_string_equal(name, "cpu");
 }
 
 typedef struct progress_log {
@@ -165,6 +199,7 @@ int main(void)
         cmocka_unit_test(test_summary_of_odd_and_even_counts),
         cmocka_unit_test(test_summary_of_one_run),
         cmocka_unit_test(test_option_checks),
+        cmocka_unit_test(test_default_gpu_names),
         cmocka_unit_test(test_tiny_model_on_cpu),
         cmocka_unit_test(test_comm_needs_nccl_and_two_gpus),
     };

@@ -18,17 +18,20 @@
 #      the device exchange, losses against one GPU; pp 2 and dp 2 again
 #      over the host-staged comm: the same losses bit for bit;
 #   4. profiles of the slices (`partita profile --quick` at 64 and 32 SMs,
-#      and the whole GPU, for the shapes the plans use), so the estimates
-#      price what the slices compute;
+#      and the whole GPU, for the shapes the plans use), alone and beside
+#      busy neighbours (`--beside`: the other slices of the plan's split
+#      computing meanwhile); the clusters of plans of several slices name
+#      the latter, so the estimates price what the slices compute in the
+#      run (docs/profiles.md, "Slices beside busy neighbours");
 #   5. the benchmark: GPT-2 1.5B with 26 heads (models/gpt2-xl-26h.json)
 #      on the whole GPU (the baseline), alone on one slice of 64 SMs
 #      (beside an idle slice), then tp 2, dp 2 and pp 2 on two
 #      slices of 64 SMs, pp 4 on four of 32; the 24-head shape
 #      (models/gpt2-xl-24h.json) on the whole GPU and as tp 4. Every run
 #      gets `partita estimate` of its plan; a second table holds rank 0's
-#      forward and backward against the profile of its slice measured
-#      alone (what a busy neighbour costs: slices share the GPU's memory
-#      bandwidth and L2). Targets: tokens/s over the baseline's (one
+#      forward and backward against its stage's estimate (from the
+#      profile of its slice beside busy neighbours; one-slice-64's alone:
+#      slices share the GPU's memory bandwidth and L2). Targets: tokens/s over the baseline's (one
 #      rank, whole GPU) tp 2 >= 0.80, dp 2 >= 0.95, pp 2 >= 0.90; every
 #      step within 10 % of its estimate. Last, the README's pipeline on
 #      one GPU (GPT-2 124M, pp 2 on 80 + 40 SMs, links of 25 GB/s and
@@ -136,15 +139,28 @@ profile "$gpu_type-32SM" "$both" 1,4 --sm-limit 32
 # the README's pipeline on one GPU: GPT-2 124M on 80 + 40 SMs
 profile "$gpu_type-80SM" "$root/models/gpt2-124m.json" 1 --sm-limit 80
 profile "$gpu_type-40SM" "$root/models/gpt2-124m.json" 1 --sm-limit 40
+# each slice of a plan of several beside its busy neighbours (the names
+# cluster() and the README's plan below give them)
+profile "$gpu_type-64SM-beside-64" "$root/models/gpt2-xl-26h.json" 1,2 \
+    --sm-limit 64 --beside 64
+profile "$gpu_type-32SM-beside-32-32-32" "$both" 1,4 --sm-limit 32 \
+    --beside 32,32,32
+profile "$gpu_type-80SM-beside-40" "$root/models/gpt2-124m.json" 1 \
+    --sm-limit 80 --beside 40
+profile "$gpu_type-40SM-beside-80" "$root/models/gpt2-124m.json" 1 \
+    --sm-limit 40 --beside 80
 
 # ------------------------------------------------------------------ plans
 mkdir -p "$logs/plans"
 # cluster SLICES SM_LIMIT: one node of SLICES "GPUs", each a slice of
-# GPU 0 (SM_LIMIT 0: the whole GPU), linked by emulated NVLink
+# GPU 0 (SM_LIMIT 0: the whole GPU), linked by emulated NVLink; their type
+# is the slice's profile beside its SLICES - 1 busy neighbours
 cluster() {
     local slices=$1 sms=$2 type=$gpu_type devices="" i
     [ "$sms" -gt 0 ] && type="$gpu_type-${sms}SM"
+    [ "$sms" -gt 0 ] && [ "$slices" -gt 1 ] && type+="-beside"
     for ((i = 0; i < slices; i++)); do
+        [ "$sms" -gt 0 ] && [ $i -gt 0 ] && type+="-$sms"
         [ $i -gt 0 ] && devices+=", "
         if [ "$sms" -gt 0 ]; then
             devices+="{ \"index\": 0, \"sm_limit\": $sms }"
@@ -183,10 +199,11 @@ plan pp4 gpt2-xl-26h 4 32 "1 1 4" 128 12-12-11-9
 plan one-gpu-24h gpt2-xl-24h 1 0 "1 1 1" 32
 plan tp4 gpt2-xl-24h 4 32 "4 1 1" 64
 # the README's example (docs/examples/plan-pp2-one-h200.json) with its
-# slices' own profiles (the file names the whole-GPU type for 80 SMs)
+# slices' own profiles, each beside the other busy (the file names the
+# whole-GPU type for 80 SMs)
 sed -e "s|\"../../models/|\"$root/models/|" \
-    -e "s|\"gpu\": \"H200\"|\"gpu\": \"$gpu_type-80SM\"|" \
-    -e "s|\"gpu\": \"H200-40SM\"|\"gpu\": \"$gpu_type-40SM\"|" \
+    -e "s|\"gpu\": \"H200\"|\"gpu\": \"$gpu_type-80SM-beside-40\"|" \
+    -e "s|\"gpu\": \"H200-40SM\"|\"gpu\": \"$gpu_type-40SM-beside-80\"|" \
     "$root/docs/examples/plan-pp2-one-h200.json" >"$logs/plans/readme-pp2.json"
 
 # -------------------------------------------------------------- benchmark

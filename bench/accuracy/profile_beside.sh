@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Profiles of the slices of one H200 with their neighbours busy, for the
+# one-GPU accuracy suite (issue 17): every GPU type of the bundled
+# clusters/h200-slices-*.json that is named "<GPU>-<N>SM-beside-<M>-..."
+# is measured with `partita profile --sm-limit N --beside M,...` (the
+# other slices each run the same model's layers while the slice is
+# timed, as the other ranks of a plan on slices of one GPU do;
+# docs/profiles.md, "Slices beside busy neighbours"), for the models,
+# tp and micro-batches of the plans of bench/accuracy/plans-1gpu that
+# use it. Writes OUT_DIR/<type>.json and .log; one line per profile.
+#
+# Usage: bench/accuracy/profile_beside.sh BUILD_DIR OUT_DIR [TYPE ...]
+# Environment: PROFILE_S (60: the time limit of one profile), PLANS
+# (bench/accuracy/plans-1gpu), DRY_RUN=1 (print the commands only).
+set -u
+build=$(cd "${1:?usage: profile_beside.sh BUILD_DIR OUT_DIR [TYPE ...]}" && pwd)
+out=${2:?usage: profile_beside.sh BUILD_DIR OUT_DIR [TYPE ...]}
+shift 2
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+plans=${PLANS:-$here/plans-1gpu}
+mkdir -p "$out"
+# One line per type: NAME SM_LIMIT BESIDE MODELS TP MBS, from the plans
+# whose cluster names it (models as files, lists comma-separated).
+jobs=$(python3 - "$plans" "$root" "$@" <<'EOF'
+import json, os, re, sys
+plans, root, wanted = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+types = {}
+for name in sorted(os.listdir(plans)):
+    if not name.endswith(".json"):
+        continue
+    path = os.path.join(plans, name)
+    plan = json.load(open(path))
+    cluster = json.load(open(os.path.normpath(os.path.join(plans, plan["cluster"]))))
+    model = os.path.normpath(os.path.join(plans, plan["model"]))
+    for node in cluster["nodes"]:
+        m = re.fullmatch(r"[A-Za-z0-9]+-(\d+)SM-beside((?:-\d+)+)", node["gpu"])
+        if not m or (wanted and node["gpu"] not in wanted):
+            continue
+        t = types.setdefault(node["gpu"], {"sms": m.group(1),
+            "beside": m.group(2)[1:].replace("-", ","),
+            "models": [], "tp": set(), "mbs": set()})
+        if model not in t["models"]:
+            t["models"].append(model)
+        t["tp"].add(plan["tp"])
+        t["mbs"].add(plan["mbs"])
+for gpu, t in types.items():
+    # the plan's micro-batch and its neighbours, for the interpolation
+    mbs = sorted({b for m in t["mbs"] for b in (m // 2 or 1, m, 2 * m) if b <= 8})
+    print(gpu, t["sms"], t["beside"], ",".join(t["models"]),
+          ",".join(map(str, sorted(t["tp"]))), ",".join(map(str, mbs)))
+EOF
+) || exit 1
+status=0
+while read -r gpu sms beside models tp mbs; do
+    [ -n "$gpu" ] || continue
+    cmd=("$build/cli/partita" profile --model "$models" --sm-limit "$sms"
+         --beside "$beside" --tp "$tp" --mbs "$mbs" --no-comm
+         --gpu-name "$gpu" -o "$out/$gpu.json")
+    if [ "${DRY_RUN:-0}" = 1 ]; then
+        echo "${cmd[*]}"
+        continue
+    fi
+    start=$SECONDS
+    timeout -k 5 "${PROFILE_S:-60}" "${cmd[@]}" >"$out/$gpu.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || status=1
+    echo "$gpu: rc $rc, $((SECONDS - start)) s: $(tail -n 1 "$out/$gpu.log")"
+done <<<"$jobs"
+exit $status
