@@ -136,6 +136,13 @@ void print_estimate_summary(const plan *p, const estimate *est)
            precision_name(config->precision),
            config->recompute ? "full" : "none",
            config->distributed_optimizer ? "on" : "off");
+    if (parallel_zero_stage(config) >= 2 || config->offload_optimizer)
+        printf("# ZeRO stage %d, optimizer offload %s (host link %.0f GB/s, "
+               "CPU AdamW %.1e parameters/s per GPU, assumed)\n",
+               parallel_zero_stage(config),
+               config->offload_optimizer ? "on" : "off",
+               COSTMODEL_HOST_LINK_BYTES_PER_S / 1e9,
+               COSTMODEL_CPU_ADAMW_PARAMS_PER_S);
     printf("# partition %s, node order %s\n", partition, order);
     print_stage_table(p, est);
     print_memory_table(est);

@@ -207,6 +207,7 @@ void costmodel_stage_memory(const model_shape *model,
     double head_pad = last ? (d.Vp - d.V) * d.C : 0.0;
     add_parameter_terms(config, &d, &ends, true, head_pad, fixed);
     add_parameter_terms(config, &d, &one_layer, false, 0.0, layer);
+    costmodel_zero_memory(model, config, stage, fixed, layer); /* zero.c */
 
     /* per slot: token ids and embedding plan, the input; per layer its
      * activations; on the last stage the head's */

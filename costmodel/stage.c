@@ -107,6 +107,9 @@ void costmodel_terms_from_costs(const costmodel *cm,
                                 const type_costs *small, stage_terms *out)
 {
     const model_shape *model = &cm->model;
+    type_costs zero_costs = *slow; /* with ZeRO-2/3's gathers, reduces */
+    costmodel_zero_unit_costs(cm, config, self, &zero_costs);
+    slow = &zero_costs;
     bool first = stage == 0, last = stage == config->pp - 1;
 
     double send_forward, send_backward;
@@ -234,4 +237,6 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
     out->tail_fraction = gradient_bytes > tail_bytes
                              ? tail_bytes / gradient_bytes
                              : 1.0;
+    /* ZeRO-2/3 reduce unit by unit during every backward (zero.c) */
+    costmodel_zero_step_work(cm, config, placement, stage, out);
 }
