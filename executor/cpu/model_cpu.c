@@ -765,6 +765,26 @@ static int cpu_copy_from_host(model_stage *stage, stage_buffer which,
     return 0;
 }
 
+/* A part of params or grads (the wrappers check the range). */
+static int cpu_copy_range(model_stage *stage, stage_buffer which,
+                          size_t first, size_t count, float *host,
+                          bool to_host, pt_error *err)
+{
+    (void)err;
+    float *part = model_stage_buffer(stage, which) + first;
+    memcpy(to_host ? host : part, to_host ? part : host,
+           count * sizeof(float));
+    return 0;
+}
+
+static int cpu_zero_range(model_stage *stage, stage_buffer which,
+                          size_t first, size_t count, pt_error *err)
+{
+    (void)err;
+    zero(model_stage_buffer(stage, which) + first, count);
+    return 0;
+}
+
 static int cpu_zero_grads(model_stage *stage, pt_error *err)
 {
     (void)err;
@@ -888,4 +908,6 @@ const stage_backend cpu_stage_backend = {
     .output = cpu_output,
     .input_grad = cpu_input_grad,
     .output_grad_buffer = cpu_output_grad_buffer,
+    .copy_range = cpu_copy_range,
+    .zero_range = cpu_zero_range,
 };

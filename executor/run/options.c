@@ -53,13 +53,6 @@ int run_check_plan(const plan *p, pt_error *err)
         return pt_fail(err, "gbs %d is not a positive multiple of dp x mbs "
                             "= %d x %d",
                        config->gbs, config->dp, config->mbs);
-    if (parallel_zero_stage(config) >= 2 || config->offload_optimizer)
-        return pt_fail(err, "zero %d%s: exec does not run ZeRO-2/3 or "
-                            "optimizer offload yet (the estimate prices "
-                            "them, docs/cost-model.md section 11)",
-                       parallel_zero_stage(config),
-                       config->offload_optimizer ? " with optimizer offload"
-                                                 : "");
     return 0;
 }
 

@@ -1,0 +1,143 @@
+/*
+ * ZeRO-Offload for one stage (stage_spec.offload_optimizer): the fp32
+ * master weights and AdamW's two moments of the optimizer's range (all
+ * parameters, or the ZeRO shard) in host memory the backend copies from
+ * fastest (pinned on the cuda backend), and the AdamW step on the CPU:
+ * the range's gradients come down, the CPU updates the master weights
+ * (the cpu reference's own AdamW, cpu_adamw_update), the weights go back
+ * up. docs/executor.md, "Optimizer offload".
+ */
+#include "executor/cpu/cpu.h"
+#include "executor/stage/stage.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The host side of one stage's offloaded optimizer. */
+typedef struct stage_offload {
+    size_t count;        /* floats: the optimizer's range */
+    float *master;       /* fp32 weights of the range */
+    float *m, *v;        /* AdamW's moments */
+    float *grads;        /* the range's gradients, as they came down */
+    bool master_stale;   /* the backend's params were written since */
+} stage_offload;
+
+static float *host_floats(const model_stage *stage, size_t count)
+{
+    size_t bytes = (count > 0 ? count : 1) * sizeof(float);
+    void *memory = stage->backend->host_alloc != NULL
+                       ? stage->backend->host_alloc(bytes)
+                       : malloc(bytes);
+    if (memory != NULL)
+        memset(memory, 0, bytes);
+    return memory;
+}
+
+static void host_release(const model_stage *stage, float *memory)
+{
+    if (memory == NULL)
+        return;
+    if (stage->backend->host_free != NULL)
+        stage->backend->host_free(memory);
+    else
+        free(memory);
+}
+
+void stage_offload_close(model_stage *stage)
+{
+    stage_offload *o = stage->offload;
+    if (o == NULL)
+        return;
+    host_release(stage, o->master);
+    host_release(stage, o->m);
+    host_release(stage, o->v);
+    host_release(stage, o->grads);
+    free(o);
+    stage->offload = NULL;
+}
+
+int stage_offload_open(model_stage *stage, pt_error *err)
+{
+    stage_offload *o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return pt_fail(err, "optimizer offload: out of memory");
+    stage->offload = o;
+    o->count = stage->optimizer_count;
+    o->master = host_floats(stage, o->count);
+    o->m = host_floats(stage, o->count);
+    o->v = host_floats(stage, o->count);
+    o->grads = host_floats(stage, o->count);
+    o->master_stale = true;
+    if (o->master == NULL || o->m == NULL || o->v == NULL ||
+        o->grads == NULL) {
+        stage_offload_close(stage);
+        return pt_fail(err, "optimizer offload: out of host memory for 4 x "
+                            "%zu floats",
+                       stage->optimizer_count);
+    }
+    return 0;
+}
+
+void stage_offload_params_written(model_stage *stage)
+{
+    if (stage->offload != NULL)
+        stage->offload->master_stale = true;
+}
+
+int stage_offload_copy(const model_stage *stage, stage_buffer which,
+                       float *host, bool to_host, pt_error *err)
+{
+    stage_offload *o = stage->offload;
+    float *moment = which == STAGE_ADAM_M   ? o->m
+                    : which == STAGE_ADAM_V ? o->v
+                                            : NULL;
+    if (moment == NULL)
+        return pt_fail(err, "optimizer offload: buffer %d is not a moment",
+                       (int)which);
+    size_t bytes = o->count * sizeof(float);
+    if (to_host)
+        memcpy(host, moment, bytes);
+    else
+        memcpy(moment, host, bytes);
+    return 0;
+}
+
+/* AdamW over the range, tensor by tensor (weight decay is per tensor), on
+ * the host copies; the arithmetic of the cpu backend's step. */
+static void host_adamw(model_stage *stage, const adamw_config *config,
+                       float learning_rate, float grad_scale)
+{
+    stage_offload *o = stage->offload;
+    size_t lo = stage->optimizer_first, hi = lo + o->count;
+    for (int i = 0; i < stage->tensor_count; i++) {
+        const param_tensor *t = &stage->tensors[i];
+        size_t start = t->offset > lo ? t->offset : lo;
+        size_t end = t->offset + t->count < hi ? t->offset + t->count : hi;
+        if (end <= start)
+            continue;
+        size_t at = start - lo;
+        cpu_adamw_update(o->master + at, o->grads + at, o->m + at, o->v + at,
+                         end - start, config, learning_rate, grad_scale,
+                         stage->optimizer_steps, t->weight_decay);
+    }
+}
+
+int stage_offload_step(model_stage *stage, const adamw_config *config,
+                       float learning_rate, float grad_scale, pt_error *err)
+{
+    stage_offload *o = stage->offload;
+    size_t first = stage->optimizer_first;
+    /* the master starts as the backend's weights (initialised or
+     * restored there), fp32 on both sides */
+    if (o->master_stale &&
+        model_stage_read_range(stage, STAGE_PARAMS, first, o->count,
+                               o->master, err) != 0)
+        return -1;
+    o->master_stale = false;
+    if (model_stage_read_range(stage, STAGE_GRADS, first, o->count, o->grads,
+                               err) != 0)
+        return -1;
+    host_adamw(stage, config, learning_rate, grad_scale);
+    return model_stage_write_range(stage, STAGE_PARAMS, first, o->count,
+                                   o->master, err);
+}
