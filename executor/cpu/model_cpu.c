@@ -316,7 +316,9 @@ static int allocate_slots(model_stage *stage, cpu_stage_state *state)
 static int cpu_allocate(model_stage *stage, pt_error *err)
 {
     size_t count = stage->param_count + 1; /* never calloc(0) */
-    size_t moments = stage->optimizer_count + 1;
+    /* offload keeps the moments in host memory of its own (offload.c) */
+    size_t moments =
+        (stage->spec.offload_optimizer ? 0 : stage->optimizer_count) + 1;
     stage->params = calloc(count, sizeof(float));
     stage->grads = calloc(count, sizeof(float));
     stage->adam_m = calloc(moments, sizeof(float));
