@@ -161,8 +161,8 @@ bool costmodel_zero_step_work(const costmodel *cm,
                               const parallel_config *config,
                               const stage_placement *place, int stage,
                               step_work *out);
-/* ZeRO-2/3's and offload's changes to a stage's memory terms, applied
- * to the ZeRO-1 terms memory.c computed. */
+/* ZeRO-2/3's changes to a stage's memory terms, applied to the ZeRO-1
+ * terms memory.c computed (which leaves offload's moments out). */
 void costmodel_zero_memory(const model_shape *model,
                            const parallel_config *config, int stage,
                            pt_memory_terms *fixed, pt_memory_terms *per_layer);

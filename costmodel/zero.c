@@ -146,13 +146,9 @@ void costmodel_zero_memory(const model_shape *model,
             precision_bytes(config->precision) * in_flight;
         per_layer->bytes[PT_MEMORY_WEIGHT_MIRROR] /= d;
     }
-    if (config->offload_optimizer) {
-        /* master weights and AdamW's state live in the host's memory */
-        fixed->bytes[PT_MEMORY_WEIGHTS] = 0.0;
-        per_layer->bytes[PT_MEMORY_WEIGHTS] = 0.0;
-        fixed->bytes[PT_MEMORY_OPTIMIZER] = 0.0;
-        per_layer->bytes[PT_MEMORY_OPTIMIZER] = 0.0;
-    }
+    /* offload: the moments left the device in memory.c already; the
+     * fp32 weights stay as the backend's working copy (DeepSpeed keeps
+     * half-precision ones only: docs/cost-model.md, section 11) */
 }
 
 double costmodel_offload_host_bytes(const model_shape *model,

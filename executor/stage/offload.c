@@ -10,8 +10,10 @@
 #include "executor/cpu/cpu.h"
 #include "executor/stage/stage.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The host side of one stage's offloaded optimizer. */
 typedef struct stage_offload {
@@ -102,23 +104,78 @@ int stage_offload_copy(const model_stage *stage, stage_buffer which,
     return 0;
 }
 
-/* AdamW over the range, tensor by tensor (weight decay is per tensor), on
- * the host copies; the arithmetic of the cpu backend's step. */
+/* One thread's part of the host step: floats [lo, hi) of the buffer. */
+typedef struct adamw_part {
+    const model_stage *stage;
+    const adamw_config *config;
+    float learning_rate, grad_scale;
+    size_t lo, hi;
+} adamw_part;
+
+/* AdamW over the part, tensor by tensor (weight decay is per tensor), on
+ * the host copies; the arithmetic of the cpu backend's step, element by
+ * element, so the cut into parts changes no value. */
+static void *adamw_part_main(void *argument)
+{
+    const adamw_part *p = argument;
+    const model_stage *stage = p->stage;
+    stage_offload *o = stage->offload;
+    for (int i = 0; i < stage->tensor_count; i++) {
+        const param_tensor *t = &stage->tensors[i];
+        size_t start = t->offset > p->lo ? t->offset : p->lo;
+        size_t end = t->offset + t->count < p->hi ? t->offset + t->count
+                                                  : p->hi;
+        if (end <= start)
+            continue;
+        size_t at = start - stage->optimizer_first;
+        cpu_adamw_update(o->master + at, o->grads + at, o->m + at, o->v + at,
+                         end - start, p->config, p->learning_rate,
+                         p->grad_scale, stage->optimizer_steps,
+                         t->weight_decay);
+    }
+    return NULL;
+}
+
+/* The host's AdamW runs at about 1.5e8 parameters a second on one core
+ * (GPT-2 350M on an H100 machine's host, docs/records/gpu-runs.md): a
+ * large range is cut over up to OFFLOAD_THREADS cores (a thread that
+ * cannot start leaves its part to this one). PARTITA_OFFLOAD_THREADS
+ * (1..8) sets the count, for tests of the cut. */
+#define OFFLOAD_THREADS 8
+#define OFFLOAD_FLOATS_PER_THREAD (4u << 20)
+
 static void host_adamw(model_stage *stage, const adamw_config *config,
                        float learning_rate, float grad_scale)
 {
-    stage_offload *o = stage->offload;
-    size_t lo = stage->optimizer_first, hi = lo + o->count;
-    for (int i = 0; i < stage->tensor_count; i++) {
-        const param_tensor *t = &stage->tensors[i];
-        size_t start = t->offset > lo ? t->offset : lo;
-        size_t end = t->offset + t->count < hi ? t->offset + t->count : hi;
-        if (end <= start)
-            continue;
-        size_t at = start - lo;
-        cpu_adamw_update(o->master + at, o->grads + at, o->m + at, o->v + at,
-                         end - start, config, learning_rate, grad_scale,
-                         stage->optimizer_steps, t->weight_decay);
+    size_t count = stage->offload->count;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t wanted = count / OFFLOAD_FLOATS_PER_THREAD + 1;
+    int threads = (int)(wanted < OFFLOAD_THREADS ? wanted : OFFLOAD_THREADS);
+    if (cores > 0 && threads > cores)
+        threads = (int)cores;
+    const char *forced = getenv("PARTITA_OFFLOAD_THREADS");
+    if (forced != NULL && atoi(forced) >= 1)
+        threads = atoi(forced) < OFFLOAD_THREADS ? atoi(forced)
+                                                 : OFFLOAD_THREADS;
+    adamw_part parts[OFFLOAD_THREADS];
+    pthread_t ids[OFFLOAD_THREADS];
+    bool started[OFFLOAD_THREADS] = {false};
+    size_t lo = stage->optimizer_first, share = count / (size_t)threads + 1;
+    for (int t = 0; t < threads; t++) {
+        size_t from = lo + (size_t)t * share, to = from + share;
+        parts[t] = (adamw_part){stage, config, learning_rate, grad_scale,
+                                from < lo + count ? from : lo + count,
+                                to < lo + count ? to : lo + count};
+        if (t > 0)
+            started[t] = pthread_create(&ids[t], NULL, adamw_part_main,
+                                        &parts[t]) == 0;
+    }
+    adamw_part_main(&parts[0]);
+    for (int t = 1; t < threads; t++) {
+        if (started[t])
+            pthread_join(ids[t], NULL);
+        else
+            adamw_part_main(&parts[t]);
     }
 }
 

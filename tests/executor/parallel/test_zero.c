@@ -103,8 +103,16 @@ static void offload_steps_as_the_backend_does(void **state)
     zero_run zero3 = train(2, 1, 3, false);
     zero_run zero3_host = train(2, 1, 3, true);
     expect_equal_bits(&zero3, &zero3_host);
+    /* the host step cut over three threads: the same, element-wise */
+    setenv("PARTITA_OFFLOAD_THREADS", "3", 1);
+    zero_run threaded = train(1, 2, 0, true);
+    unsetenv("PARTITA_OFFLOAD_THREADS");
+    zero_run device_again = train(1, 2, 0, false);
+    expect_equal_bits(&device_again, &threaded);
     run_free(&zero3);
     run_free(&zero3_host);
+    run_free(&threaded);
+    run_free(&device_again);
 }
 
 static void ranges_are_checked(void **state)
