@@ -857,6 +857,13 @@ assert json.load(open(sys.argv[1]))["zero_optimization"]["stage"] == 3
 PY
   run 0 partita export offload.json --to deepspeed -o ds-offload.json
   expect_in ds-offload.json '"device": "cpu"'
+  cat >in-pp-zero2.json <<JSON
+{ "model": "$source_root/models/gpt2-xl.json",
+  "cluster": "$source_root/clusters/hetero.json",
+  "gbs": 64, "mbs": 1, "tp": 1, "dp": 4, "pp": 8, "zero": 2 }
+JSON
+  run 0 partita export in-pp-zero2.json --to deepspeed -o ds-pp.json
+  expect_in ds-pp.json "pipeline engine runs ZeRO stage 1 at most"
   run 2 partita export zero3.json --to megatron -o megatron.sh
   expect_in err.txt "Megatron-LM has the distributed optimizer (ZeRO-1) only"
   run 2 partita plan --model gpt2-xl --cluster hetero --gbs 64 --zero-levers sometimes
