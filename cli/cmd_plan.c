@@ -156,6 +156,8 @@ static int apply_choice_option(int option, const char *value,
     static const char *const schedules[] = {"1f1b", "gpipe"};
     static const char *const precisions[] = {"bf16", "fp16", "fp32"};
     static const char *const searches[] = {"bb", "exhaustive"};
+    static const char *const lever_policies[] = {"when-needed", "always",
+                                                 "never"}; /* enum order */
     int choice = 0, status = 0;
     switch (option) {
     case OPT_OBJECTIVE:
@@ -173,6 +175,11 @@ static int apply_choice_option(int option, const char *value,
     case OPT_PRECISION:
         status = parse_choice(value, precisions, 3, "--precision", &choice);
         search->precision = (precision_kind)choice;
+        break;
+    case OPT_ZERO_LEVERS:
+        status = parse_choice(value, lever_policies, 3, "--zero-levers",
+                              &choice);
+        search->zero_levers = (zero_levers)choice;
         break;
     default: /* OPT_SEARCH */
         status = parse_choice(value, searches, 2, "--search", &choice);
@@ -195,6 +202,7 @@ static int apply_plan_option(int option, const char *value,
     case OPT_SOLVER:
     case OPT_SCHEDULE:
     case OPT_PRECISION:
+    case OPT_ZERO_LEVERS:
     case OPT_SEARCH: return apply_choice_option(option, value, search);
     case OPT_PARETO: args->pareto = true; return 0;
     case OPT_MAX_MBS:
@@ -202,20 +210,6 @@ static int apply_plan_option(int option, const char *value,
     case OPT_NO_RECOMPUTE: search->allow_recompute = false; return 0;
     case OPT_NO_ZERO: search->allow_distributed_optimizer = false; return 0;
     case OPT_NO_OFFLOAD: search->allow_offload = false; return 0;
-    case OPT_ZERO_LEVERS:
-        if (strcmp(value, "when-needed") == 0)
-            search->zero_levers = ZERO_LEVERS_WHEN_NEEDED;
-        else if (strcmp(value, "always") == 0)
-            search->zero_levers = ZERO_LEVERS_ALWAYS;
-        else if (strcmp(value, "never") == 0)
-            search->zero_levers = ZERO_LEVERS_NEVER;
-        else {
-            fprintf(stderr, "partita plan: --zero-levers must be "
-                            "when-needed, always or never, got '%s'\n",
-                    value);
-            return -1;
-        }
-        return 0;
     case OPT_MAX_ZERO:
         if (parse_positive(value, "--max-zero", &search->max_zero_stage) != 0)
             return -1;

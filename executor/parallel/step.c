@@ -540,6 +540,18 @@ static int optimizer_step(rank_step *r, const train_config *config,
     return 0;
 }
 
+/* ZeRO-2/3 at dp > 1: the stage and the dp group's shards the step
+ * keeps at hand (zero_step.c). */
+static int open_zero(rank_step *r, pt_error *err)
+{
+    int zero = parallel_zero_stage(&r->layout->config);
+    if (r->layout->config.dp < 2 || zero < 2 ||
+        r->stage->spec.optimizer_shards < 2)
+        return 0;
+    r->zero = zero;
+    return dp_shards(r, &r->dp_group, &r->dp_offsets, err);
+}
+
 static int check_rank(const pipeline_layout *layout, const model_stage *stage,
                       const comm *c, pt_error *err)
 {
@@ -606,12 +618,8 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
     if (events != NULL)
         events->count = 0;
     int status = -1;
-    int zero = parallel_zero_stage(&layout->config);
-    if (dp > 1 && zero >= 2 && stage->spec.optimizer_shards > 1) {
-        r.zero = zero;
-        if (dp_shards(&r, &r.dp_group, &r.dp_offsets, err) != 0)
-            goto done;
-    }
+    if (open_zero(&r, err) != 0)
+        goto done;
     if (r.next_rank >= 0) {
         r.output_grad = stage_output_grad_buffer(stage);
         if (r.output_grad == NULL) {
