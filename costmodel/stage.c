@@ -27,6 +27,18 @@ double stage_parameters_per_gpu(const model_shape *model,
     return params / config->tp;
 }
 
+double costmodel_offload_host_bytes(const model_shape *model,
+                                    const parallel_config *config, int stage,
+                                    int layers)
+{
+    if (!config->offload_optimizer)
+        return 0.0;
+    double params = stage_parameters_per_gpu(model, config, stage, layers);
+    if (parallel_zero_stage(config) >= 1 && config->dp > 1)
+        params /= config->dp;
+    return 12.0 * params; /* fp32 master weights, m and v */
+}
+
 int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
                                      int microbatches)
 {

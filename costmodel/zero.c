@@ -150,15 +150,3 @@ void costmodel_zero_memory(const model_shape *model,
      * fp32 weights stay as the backend's working copy (DeepSpeed keeps
      * half-precision ones only: docs/cost-model.md, section 11) */
 }
-
-double costmodel_offload_host_bytes(const model_shape *model,
-                                    const parallel_config *config, int stage,
-                                    int layers)
-{
-    if (!config->offload_optimizer)
-        return 0.0;
-    double params = stage_parameters_per_gpu(model, config, stage, layers);
-    if (parallel_zero_stage(config) >= 1 && config->dp > 1)
-        params /= config->dp;
-    return 12.0 * params; /* fp32 master weights, m and v */
-}

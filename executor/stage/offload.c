@@ -179,22 +179,35 @@ static void host_adamw(model_stage *stage, const adamw_config *config,
     }
 }
 
+/* The optimizer's range of params or grads to or from the host, through
+ * the backend's table (stage.c, which calls this file, checks nothing
+ * here: the range is the stage's own). */
+static int copy_range(model_stage *stage, stage_buffer which, float *host,
+                      bool to_host, pt_error *err)
+{
+    if (stage->backend->copy_range == NULL)
+        return pt_fail(err, "optimizer offload: the %s backend moves no "
+                            "part of a buffer",
+                       stage->backend->name);
+    size_t count = stage->offload->count;
+    return count == 0 ? 0
+                      : stage->backend->copy_range(stage, which,
+                                                   stage->optimizer_first,
+                                                   count, host, to_host, err);
+}
+
 int stage_offload_step(model_stage *stage, const adamw_config *config,
                        float learning_rate, float grad_scale, pt_error *err)
 {
     stage_offload *o = stage->offload;
-    size_t first = stage->optimizer_first;
     /* the master starts as the backend's weights (initialised or
      * restored there), fp32 on both sides */
     if (o->master_stale &&
-        model_stage_read_range(stage, STAGE_PARAMS, first, o->count,
-                               o->master, err) != 0)
+        copy_range(stage, STAGE_PARAMS, o->master, true, err) != 0)
         return -1;
     o->master_stale = false;
-    if (model_stage_read_range(stage, STAGE_GRADS, first, o->count, o->grads,
-                               err) != 0)
+    if (copy_range(stage, STAGE_GRADS, o->grads, true, err) != 0)
         return -1;
     host_adamw(stage, config, learning_rate, grad_scale);
-    return model_stage_write_range(stage, STAGE_PARAMS, first, o->count,
-                                   o->master, err);
+    return copy_range(stage, STAGE_PARAMS, o->master, false, err);
 }
