@@ -136,13 +136,22 @@ void print_estimate_summary(const plan *p, const estimate *est)
            precision_name(config->precision),
            config->recompute ? "full" : "none",
            config->distributed_optimizer ? "on" : "off");
-    if (parallel_zero_stage(config) >= 2 || config->offload_optimizer)
+    if (parallel_zero_stage(config) >= 2 || config->offload_optimizer) {
+        /* the host memory of the GPU that needs the most */
+        double host = 0.0;
+        for (int s = 0; s < est->stage_count; s++) {
+            double bytes = costmodel_offload_host_bytes(
+                &p->model, config, s, est->stages[s].layers);
+            host = bytes > host ? bytes : host;
+        }
         printf("# ZeRO stage %d, optimizer offload %s (host link %.0f GB/s, "
-               "CPU AdamW %.1e parameters/s per GPU, assumed)\n",
+               "CPU AdamW %.1e parameters/s per GPU, assumed; host memory "
+               "%.2f GiB per GPU)\n",
                parallel_zero_stage(config),
                config->offload_optimizer ? "on" : "off",
                COSTMODEL_HOST_LINK_BYTES_PER_S / 1e9,
-               COSTMODEL_CPU_ADAMW_PARAMS_PER_S);
+               COSTMODEL_CPU_ADAMW_PARAMS_PER_S, host / PT_GIB);
+    }
     printf("# partition %s, node order %s\n", partition, order);
     print_stage_table(p, est);
     print_memory_table(est);

@@ -32,6 +32,7 @@ JSON
   expect_in offload.json '"offload_optimizer": true'
   run 0 partita estimate offload.json
   expect_in out.txt "optimizer offload on (host link 25 GB/s"
+  expect_in out.txt "GiB per GPU)"
   run 0 partita plan --model gpt2-xl --cluster hetero --gbs 64 --zero-levers always -o zero3.json
   expect_in out.txt " zero3 "
   expect_in zero3.json '"zero": 3'
