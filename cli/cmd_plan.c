@@ -501,6 +501,12 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
         printf("# no plan fits with ZeRO-1 and recompute alone: ZeRO-2, "
                "ZeRO-3 and optimizer offload searched too (the counts are "
                "that search's)\n");
+    if (result.plan_count > 0 &&
+        parallel_zero_stage(&result.plans[0].config) >= 2 &&
+        result.plans[0].config.dp > 1)
+        printf("# the best plan's ZeRO-%d memory is DeepSpeed's: partita "
+               "exec keeps whole-sized buffers for now (docs/executor.md)\n",
+               parallel_zero_stage(&result.plans[0].config));
     if (!result.exact)
         printf("# NOT EXACT: the search stopped after %lld tree nodes "
                "(--max-tree-nodes); the best plan scores %.4f s, and no plan "
