@@ -39,7 +39,12 @@ static void print_plan_help(void)
         "  --precision P      bf16 (default), fp16 or fp32\n"
         "  --max-mbs N        largest micro-batch tried (default 16)\n"
         "  --no-recompute     never use full activation recompute\n"
-        "  --no-distributed-optimizer  never shard the optimizer (ZeRO-1)\n"
+        "  --no-distributed-optimizer  never shard over dp (no ZeRO at all)\n"
+        "  --zero-levers W    when to try ZeRO-2, ZeRO-3 and optimizer\n"
+        "                     offload: when-needed (default: only if no plan\n"
+        "                     fits without them), always, or never\n"
+        "  --max-zero N       highest ZeRO stage tried, 1..3 (default 3)\n"
+        "  --no-offload       never offload the optimizer to the host\n"
         "  --top K            plans shown and kept as alternatives (default 10)\n"
         "  --search S         bb (default): branch and bound, exact, cuts what\n"
         "                     cannot make the shortlist; exhaustive: visit\n"
@@ -115,7 +120,7 @@ enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
        OPT_SOLVER, OPT_SCHEDULE, OPT_PRECISION, OPT_MAX_MBS,
        OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_TOP, OPT_THREADS, OPT_PROFILES,
        OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_PER_RANK_TIMELINE,
-       OPT_HELP };
+       OPT_MAX_ZERO, OPT_NO_OFFLOAD, OPT_ZERO_LEVERS, OPT_HELP };
 static const struct option plan_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
     {"cluster", required_argument, NULL, OPT_CLUSTER},
@@ -128,6 +133,9 @@ static const struct option plan_options[] = {
     {"max-mbs", required_argument, NULL, OPT_MAX_MBS},
     {"no-recompute", no_argument, NULL, OPT_NO_RECOMPUTE},
     {"no-distributed-optimizer", no_argument, NULL, OPT_NO_ZERO},
+    {"max-zero", required_argument, NULL, OPT_MAX_ZERO},
+    {"no-offload", no_argument, NULL, OPT_NO_OFFLOAD},
+    {"zero-levers", required_argument, NULL, OPT_ZERO_LEVERS},
     {"top", required_argument, NULL, OPT_TOP},
     {"threads", required_argument, NULL, OPT_THREADS},
     {"profiles", required_argument, NULL, OPT_PROFILES},
@@ -148,6 +156,8 @@ static int apply_choice_option(int option, const char *value,
     static const char *const schedules[] = {"1f1b", "gpipe"};
     static const char *const precisions[] = {"bf16", "fp16", "fp32"};
     static const char *const searches[] = {"bb", "exhaustive"};
+    static const char *const lever_policies[] = {"when-needed", "always",
+                                                 "never"}; /* enum order */
     int choice = 0, status = 0;
     switch (option) {
     case OPT_OBJECTIVE:
@@ -165,6 +175,11 @@ static int apply_choice_option(int option, const char *value,
     case OPT_PRECISION:
         status = parse_choice(value, precisions, 3, "--precision", &choice);
         search->precision = (precision_kind)choice;
+        break;
+    case OPT_ZERO_LEVERS:
+        status = parse_choice(value, lever_policies, 3, "--zero-levers",
+                              &choice);
+        search->zero_levers = (zero_levers)choice;
         break;
     default: /* OPT_SEARCH */
         status = parse_choice(value, searches, 2, "--search", &choice);
@@ -187,12 +202,23 @@ static int apply_plan_option(int option, const char *value,
     case OPT_SOLVER:
     case OPT_SCHEDULE:
     case OPT_PRECISION:
+    case OPT_ZERO_LEVERS:
     case OPT_SEARCH: return apply_choice_option(option, value, search);
     case OPT_PARETO: args->pareto = true; return 0;
     case OPT_MAX_MBS:
         return parse_positive(value, "--max-mbs", &search->max_mbs);
     case OPT_NO_RECOMPUTE: search->allow_recompute = false; return 0;
     case OPT_NO_ZERO: search->allow_distributed_optimizer = false; return 0;
+    case OPT_NO_OFFLOAD: search->allow_offload = false; return 0;
+    case OPT_MAX_ZERO:
+        if (parse_positive(value, "--max-zero", &search->max_zero_stage) != 0)
+            return -1;
+        if (search->max_zero_stage > 3) {
+            fprintf(stderr, "partita plan: --max-zero must be 1, 2 or 3, "
+                            "got %s\n", value);
+            return -1;
+        }
+        return 0;
     case OPT_TOP: return parse_positive(value, "--top", &search->keep);
     case OPT_THREADS:
         return parse_positive(value, "--threads", &search->threads);
@@ -306,9 +332,16 @@ static void print_ranking_header(const cluster *c, ranking_widths w)
 static void format_levers(const parallel_config *config, char *out,
                           size_t size)
 {
-    snprintf(out, size, "%s%s%s", config->recompute ? "rc" : "",
-             config->recompute && config->distributed_optimizer ? "+" : "",
-             config->distributed_optimizer ? "zero1" : "");
+    int zero = parallel_zero_stage(config);
+    char zero_text[16] = "";
+    if (zero >= 1)
+        snprintf(zero_text, sizeof zero_text, "zero%d", zero);
+    snprintf(out, size, "%s%s%s%s%s", config->recompute ? "rc" : "",
+             config->recompute && zero >= 1 ? "+" : "", zero_text,
+             config->offload_optimizer && (zero >= 1 || config->recompute)
+                 ? "+"
+                 : "",
+             config->offload_optimizer ? "off" : "");
     if (out[0] == '\0')
         snprintf(out, size, "-");
 }
@@ -316,7 +349,7 @@ static void format_levers(const parallel_config *config, char *out,
 static void print_ranked_row(const cluster *c, ranking_widths w, int rank,
                              const ranked_plan *ranked)
 {
-    char order[256], partition[PT_MAX_STAGES * 6], levers[16];
+    char order[256], partition[PT_MAX_STAGES * 6], levers[24];
     format_node_order(c, ranked->node_order, ranked->node_count, order,
                       sizeof order);
     partition_format(ranked->partition, ranked->config.pp, partition,
@@ -346,8 +379,8 @@ static json_t *alternative_to_json(const cluster *c, const ranked_plan *r)
         cluster_node_name(c, r->node_order[i], name, sizeof name);
         json_array_append_new(order, json_string(name));
     }
-    return json_pack("{s:i, s:i, s:i, s:i, s:s, s:o, s:s, s:b, s:f, s:f, "
-                     "s:f, s:f}",
+    json_t *entry = json_pack("{s:i, s:i, s:i, s:i, s:s, s:o, s:s, s:b, s:f, "
+                     "s:f, s:f, s:f}",
                      "mbs", r->config.mbs, "tp", r->config.tp, "dp",
                      r->config.dp, "pp", r->config.pp, "partition", partition,
                      "node_order", order, "recompute",
@@ -357,6 +390,13 @@ static json_t *alternative_to_json(const cluster *c, const ranked_plan *r)
                      r->step_time_s, "tokens_per_s", r->tokens_per_s,
                      "tflops_per_gpu", r->tflops_per_gpu, "cost_per_step_usd",
                      r->cost_per_step_usd);
+    /* as plan.json writes them: only when they say more */
+    if (entry != NULL && parallel_zero_stage(&r->config) >= 2)
+        json_object_set_new(entry, "zero",
+                            json_integer(parallel_zero_stage(&r->config)));
+    if (entry != NULL && r->config.offload_optimizer)
+        json_object_set_new(entry, "offload_optimizer", json_true());
+    return entry;
 }
 
 typedef struct plan_inputs {
@@ -457,6 +497,16 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
            "skipped %lld that a lower bound ruled out, in %s\n",
            result.configurations_scored, result.configurations_feasible,
            result.tasks, result.configurations_pruned, took);
+    if (result.zero_levers_searched)
+        printf("# no plan fits with ZeRO-1 and recompute alone: ZeRO-2, "
+               "ZeRO-3 and optimizer offload searched too (the counts are "
+               "that search's)\n");
+    if (result.plan_count > 0 &&
+        parallel_zero_stage(&result.plans[0].config) >= 2 &&
+        result.plans[0].config.dp > 1)
+        printf("# the best plan's ZeRO-%d memory is DeepSpeed's: partita "
+               "exec keeps whole-sized buffers for now (docs/executor.md)\n",
+               parallel_zero_stage(&result.plans[0].config));
     if (!result.exact)
         printf("# NOT EXACT: the search stopped after %lld tree nodes "
                "(--max-tree-nodes); the best plan scores %.4f s, and no plan "

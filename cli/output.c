@@ -116,6 +116,38 @@ void print_memory_table(const estimate *est)
     }
 }
 
+/* DeepSpeed's levers of a plan, when it has any: the ZeRO stage, the
+ * offload's stated host figures and host memory, and what exec does not
+ * realise yet. */
+static void print_zero_levers(const plan *p, const estimate *est)
+{
+    const parallel_config *config = &p->config;
+    if (parallel_zero_stage(config) < 2 && !config->offload_optimizer)
+        return;
+    /* the host memory of the GPU that needs the most */
+    double host = 0.0;
+    for (int s = 0; s < est->stage_count; s++) {
+        double bytes = costmodel_offload_host_bytes(
+            &p->model, config, s, est->stages[s].layers);
+        host = bytes > host ? bytes : host;
+    }
+    if (config->offload_optimizer)
+        printf("# ZeRO stage %d, optimizer offload on (host link %.0f "
+               "GB/s, CPU AdamW %.1e parameters/s per GPU, assumed; "
+               "host memory %.2f GiB per GPU)\n",
+               parallel_zero_stage(config),
+               COSTMODEL_HOST_LINK_BYTES_PER_S / 1e9,
+               COSTMODEL_CPU_ADAMW_PARAMS_PER_S, host / PT_GIB);
+    else
+        printf("# ZeRO stage %d, optimizer offload off\n",
+               parallel_zero_stage(config));
+    if (parallel_zero_stage(config) >= 2 && config->dp > 1)
+        printf("# ZeRO-%d's memory below is DeepSpeed's: partita exec "
+               "runs its communication but keeps whole-sized buffers "
+               "for now (docs/executor.md)\n",
+               parallel_zero_stage(config));
+}
+
 void print_estimate_summary(const plan *p, const estimate *est)
 {
     const parallel_config *config = &p->config;
@@ -136,6 +168,7 @@ void print_estimate_summary(const plan *p, const estimate *est)
            precision_name(config->precision),
            config->recompute ? "full" : "none",
            config->distributed_optimizer ? "on" : "off");
+    print_zero_levers(p, est);
     printf("# partition %s, node order %s\n", partition, order);
     print_stage_table(p, est);
     print_memory_table(est);

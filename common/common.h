@@ -445,10 +445,25 @@ typedef struct parallel_config {
     precision_kind precision;
     bool recompute;             /* full activation recompute */
     bool distributed_optimizer; /* ZeRO-1 over the dp group */
+    /* DeepSpeed's ZeRO stage (docs/cost-model.md, section 11): 2 shards
+     * the gradients over dp as well, 3 the parameters too; 0 or 1 leave
+     * distributed_optimizer to say ZeRO-1. A stage of 1 or more always
+     * comes with distributed_optimizer set (parallel_set_zero_stage);
+     * read it through parallel_zero_stage. */
+    int zero_stage;
+    /* ZeRO-Offload: the fp32 master weights and AdamW's moments in host
+     * memory, the step on the CPU (docs/cost-model.md, section 11). */
+    bool offload_optimizer;
 } parallel_config;
 
 /* Micro-batches per iteration: gbs / (dp x mbs). */
 int parallel_microbatches(const parallel_config *config);
+/* The ZeRO stage a config asks for, 0..3: zero_stage, or 1 for a plain
+ * distributed_optimizer. */
+int parallel_zero_stage(const parallel_config *config);
+/* Sets ZeRO stage 0..3, keeping distributed_optimizer (stage >= 1) in
+ * step with it. */
+void parallel_set_zero_stage(parallel_config *config, int stage);
 
 #define PT_MAX_STAGES 512
 #define PT_MAX_NODES 4096

@@ -24,8 +24,8 @@
 static const char *const plan_keys[] = {
     "format", "model", "cluster", "gbs", "mbs", "tp", "dp", "pp",
     "partition", "node_order", "schedule", "precision", "recompute",
-    "distributed_optimizer", "origin", "estimate", "alternatives", "pareto",
-    NULL};
+    "distributed_optimizer", "zero", "offload_optimizer", "origin",
+    "estimate", "alternatives", "pareto", NULL};
 static const char *const origin_keys[] = {"model", "cluster", NULL};
 
 /* In enum order. */
@@ -61,6 +61,19 @@ int parallel_microbatches(const parallel_config *config)
     if (per_microbatch <= 0)
         return 0;
     return (int)(config->gbs / per_microbatch);
+}
+
+int parallel_zero_stage(const parallel_config *config)
+{
+    if (config->zero_stage >= 2)
+        return config->zero_stage;
+    return config->distributed_optimizer ? 1 : 0;
+}
+
+void parallel_set_zero_stage(parallel_config *config, int stage)
+{
+    config->zero_stage = stage;
+    config->distributed_optimizer = stage >= 1;
 }
 
 /* ------------------------------------------------------------ partition */
@@ -224,6 +237,31 @@ static int origin_part(const json_t *obj, const json_place *place,
     return 0;
 }
 
+/* "zero" (0..3, DeepSpeed's stages) generalises "distributed_optimizer"
+ * (ZeRO-1), which older plans write alone; given both, they must agree.
+ * "offload_optimizer": ZeRO-Offload. Called after distributed_optimizer
+ * is read. */
+static int zero_part(const json_t *obj, const json_place *place,
+                     parallel_config *config, pt_error *err)
+{
+    long long stage = config->distributed_optimizer ? 1 : 0;
+    if (json_get_int(obj, place, "zero", false, 0, 3, &stage, err) != 0 ||
+        json_get_bool(obj, place, "offload_optimizer", false,
+                      &config->offload_optimizer, err) != 0)
+        return -1;
+    const json_t *flag = json_object_get(obj, "distributed_optimizer");
+    if (flag != NULL && json_is_true(flag) != (stage >= 1)) {
+        json_place where = json_place_key(place, "zero");
+        return json_place_fail(&where, err,
+                               "%lld %s the optimizer state over dp, but "
+                               "distributed_optimizer is %s",
+                               stage, stage >= 1 ? "shards" : "does not shard",
+                               json_is_true(flag) ? "true" : "false");
+    }
+    parallel_set_zero_stage(config, (int)stage);
+    return 0;
+}
+
 static int degrees_part(const json_t *obj, const json_place *place,
                         plan *out, pt_error *err)
 {
@@ -243,7 +281,8 @@ static int degrees_part(const json_t *obj, const json_place *place,
         json_get_choice(obj, place, "recompute", false, recompute_names,
                         &recompute, err) != 0 ||
         json_get_bool(obj, place, "distributed_optimizer", false,
-                      &config->distributed_optimizer, err) != 0)
+                      &config->distributed_optimizer, err) != 0 ||
+        zero_part(obj, place, config, err) != 0)
         return -1;
     config->gbs = (int)gbs;
     config->mbs = (int)mbs;
@@ -572,6 +611,13 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
              json_string(config->recompute ? "full" : "none"), &failures);
     json_put(root, "distributed_optimizer",
              json_boolean(config->distributed_optimizer), &failures);
+    /* written when they say more than distributed_optimizer does, so a
+     * plan without them reads as it always did */
+    if (parallel_zero_stage(config) >= 2)
+        json_put(root, "zero", json_integer(parallel_zero_stage(config)),
+                 &failures);
+    if (config->offload_optimizer)
+        json_put(root, "offload_optimizer", json_true(), &failures);
     if (sections != NULL) {
         put_section(root, "estimate", sections->estimate, &failures);
         put_section(root, "alternatives", sections->alternatives, &failures);

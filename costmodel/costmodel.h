@@ -256,6 +256,23 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                          int layers, const type_costs *slow,
                          step_work *out);
 
+/* ZeRO-Offload (docs/cost-model.md, section 11). Cluster files carry no
+ * host link, so every GPU is taken to reach its host at PCIe 4.0 x16's
+ * usable 25 GB/s each way, and AdamW to run on the CPU at 1e9 parameters
+ * a second per GPU (its share of the node's cores): stated assumptions,
+ * not measurements. */
+#define COSTMODEL_HOST_LINK_BYTES_PER_S 25e9
+#define COSTMODEL_CPU_ADAMW_PARAMS_PER_S 1e9
+/* Seconds per parameter the rank updates: its fp32 gradient down and
+ * its half-precision weight up over the host link, and the CPU's AdamW. */
+double costmodel_offload_s_per_param(const parallel_config *config);
+/* Host bytes a rank of stage `stage` with `layers` layers holds under
+ * offload (fp32 master weights and AdamW's two moments of its optimizer
+ * shard); 0 without offload. */
+double costmodel_offload_host_bytes(const model_shape *model,
+                                    const parallel_config *config, int stage,
+                                    int layers);
+
 /* -------------------------------------------------- linear stage terms */
 
 /* Stage time and memory as linear functions of its transformer layer

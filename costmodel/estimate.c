@@ -169,6 +169,9 @@ static int price_stages(costmodel *cm, const parallel_config *config,
         const stage_placement *previous = s > 0 ? place - 1 : NULL;
         costmodel_terms_from_costs(cm, config, previous, place, s, slow,
                                    small, &terms);
+        type_costs zero_costs = *slow; /* ZeRO-2/3's per-unit comm */
+        costmodel_zero_unit_costs(cm, config, place, &zero_costs);
+        slow = &zero_costs;
         bool first = s == 0, last = s == config->pp - 1;
         int layers = partition[s];
         stage_estimate *st = &out->stages[s];

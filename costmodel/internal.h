@@ -147,6 +147,26 @@ typedef struct dp_backward {
     double fixed_bytes, layer_bytes;
 } dp_backward;
 
+/* ZeRO-2/3 (zero.c, docs/cost-model.md, section 11). The per-unit
+ * communication folded into a type's layer, embedding and head times
+ * for a stage placed at `place`; no change below ZeRO-2 or at dp 1. */
+void costmodel_zero_unit_costs(const costmodel *cm,
+                               const parallel_config *config,
+                               const stage_placement *place,
+                               type_costs *costs);
+/* The per-step reduction under ZeRO-2/3 (only the last unit's reduce-
+ * scatter is left after the backward; ZeRO-3 gathers nothing after the
+ * optimizer). Returns false, changing nothing, below ZeRO-2 or at dp 1. */
+bool costmodel_zero_step_work(const costmodel *cm,
+                              const parallel_config *config,
+                              const stage_placement *place, int stage,
+                              step_work *out);
+/* ZeRO-2/3's changes to a stage's memory terms, applied to the ZeRO-1
+ * terms memory.c computed (which leaves offload's moments out). */
+void costmodel_zero_memory(const model_shape *model,
+                           const parallel_config *config, int stage,
+                           pt_memory_terms *fixed, pt_memory_terms *per_layer);
+
 /* The dp reduction of `bytes` gradient bytes of a placed stage: an
  * all-reduce, or with scatter a reduce-scatter (dp_reduce.c). */
 double costmodel_dp_reduce_seconds(const costmodel *cm,

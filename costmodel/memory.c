@@ -123,8 +123,11 @@ static void add_parameter_terms(const parallel_config *c, const shard_dims *d,
     out->bytes[PT_MEMORY_WEIGHT_MIRROR] += d->e * (P + head_pad + one);
     bool sharded = c->distributed_optimizer && c->dp > 1;
     double dp = sharded ? c->dp : 1.0;
-    /* a ZeRO-1 shard: runs of 64 floats, the first shards the fullest */
-    double moments = P / dp + (sharded && fixed ? 64.0 : 0.0);
+    /* a ZeRO-1 shard: runs of 64 floats, the first shards the fullest;
+     * none under offload (host memory, zero.c) but the one float each */
+    double moments = c->offload_optimizer
+                         ? 0.0
+                         : P / dp + (sharded && fixed ? 64.0 : 0.0);
     out->bytes[PT_MEMORY_OPTIMIZER] += 2.0 * 4.0 * (moments + one);
     /* the chunk table of every parameter; a shard's own besides */
     out->bytes[PT_MEMORY_OPTIMIZER] +=
@@ -231,6 +234,7 @@ void costmodel_stage_memory(const model_shape *model,
     double head_pad = last ? (d.Vp - d.V) * d.C : 0.0;
     add_parameter_terms(config, &d, &ends, true, head_pad, fixed);
     add_parameter_terms(config, &d, &one_layer, false, 0.0, layer);
+    costmodel_zero_memory(model, config, stage, fixed, layer); /* zero.c */
 
     /* per slot: token ids and embedding plan, the input; per layer its
      * activations; on the last stage the head's */

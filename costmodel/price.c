@@ -386,7 +386,10 @@ int costmodel_price_type(const costmodel *cm, int type_index,
     }
     if (config->recompute)
         out->layer_backward_s += out->layer_forward_s;
-    out->optimizer_s_per_param = prof->optimizer_s_per_param;
+    /* ZeRO-Offload: the step moves to the host (zero.c) */
+    out->optimizer_s_per_param = config->offload_optimizer
+                                     ? costmodel_offload_s_per_param(config)
+                                     : prof->optimizer_s_per_param;
     out->memory_cap_bytes = (prof->memory_gib - prof->workspace_gib) * PT_GIB;
     return 0;
 }

@@ -27,6 +27,18 @@ double stage_parameters_per_gpu(const model_shape *model,
     return params / config->tp;
 }
 
+double costmodel_offload_host_bytes(const model_shape *model,
+                                    const parallel_config *config, int stage,
+                                    int layers)
+{
+    if (!config->offload_optimizer)
+        return 0.0;
+    double params = stage_parameters_per_gpu(model, config, stage, layers);
+    if (parallel_zero_stage(config) >= 1 && config->dp > 1)
+        params /= config->dp;
+    return 12.0 * params; /* fp32 master weights, m and v */
+}
+
 int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
                                      int microbatches)
 {
@@ -107,6 +119,9 @@ void costmodel_terms_from_costs(const costmodel *cm,
                                 const type_costs *small, stage_terms *out)
 {
     const model_shape *model = &cm->model;
+    type_costs zero_costs = *slow; /* with ZeRO-2/3's gathers, reduces */
+    costmodel_zero_unit_costs(cm, config, self, &zero_costs);
+    slow = &zero_costs;
     bool first = stage == 0, last = stage == config->pp - 1;
 
     double send_forward, send_backward;
@@ -261,4 +276,6 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
     out->tail_fraction = gradient_bytes > tail_bytes
                              ? tail_bytes / gradient_bytes
                              : 1.0;
+    /* ZeRO-2/3 reduce unit by unit during every backward (zero.c) */
+    costmodel_zero_step_work(cm, config, placement, stage, out);
 }

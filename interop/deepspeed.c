@@ -129,8 +129,13 @@ json_t *interop_deepspeed_config(const plan *p, const char *plan_file,
              json_integer(parallel_microbatches(c)), &failures);
     /* a step line every 10 steps, to compare with the estimate */
     json_put(root, "steps_per_print", json_integer(10), &failures);
-    json_put(zero, "stage", json_integer(c->distributed_optimizer ? 1 : 0),
-             &failures);
+    json_put(zero, "stage", json_integer(parallel_zero_stage(c)), &failures);
+    if (c->offload_optimizer) {
+        json_t *offload = json_object();
+        json_put(offload, "device", json_string("cpu"), &failures);
+        json_put(offload, "pin_memory", json_true(), &failures);
+        json_put(zero, "offload_optimizer", offload, &failures);
+    }
     json_put(root, "zero_optimization", zero, &failures);
     if (c->precision != PRECISION_FP32) {
         json_t *enabled = json_object();

@@ -358,6 +358,13 @@ static void deepspeed_notes(const plan *p, interop_notes *out)
                  "full recompute without a pipeline is the model's own "
                  "(torch.utils.checkpoint or deepspeed.checkpointing around "
                  "each layer): ds_config has no switch for it");
+    if (parallel_zero_stage(&p->config) >= 2 && p->config.pp > 1)
+        add_note(out,
+                 "DeepSpeed's pipeline engine runs ZeRO stage 1 at most: "
+                 "zero_optimization.stage %d with pp %d stops it at "
+                 "start-up (run the stages without PipelineModule, or a "
+                 "plan of pp 1)",
+                 parallel_zero_stage(&p->config), p->config.pp);
 }
 
 void interop_notes_of(const plan *p, interop_target target,

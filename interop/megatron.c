@@ -27,6 +27,12 @@ static int check_megatron_can_run(const plan *p, pt_error *err)
                        "plan.tp: Megatron-LM needs the feed-forward width %d "
                        "divisible by tp %d",
                        ffn, tp);
+    if (parallel_zero_stage(&p->config) >= 2 || p->config.offload_optimizer)
+        return pt_fail(err,
+                       "plan.zero: Megatron-LM has the distributed optimizer "
+                       "(ZeRO-1) only, not ZeRO-%d or optimizer offload: "
+                       "export this plan for DeepSpeed",
+                       parallel_zero_stage(&p->config));
     return 0;
 }
 

@@ -8,7 +8,7 @@
 #include "planner/planner.h"
 
 #define SEARCH_MAX_MBS_VALUES 16
-#define SEARCH_LEVER_SETS 4
+#define SEARCH_LEVER_SETS 14
 
 /* ------------------------------------------------------------ the tasks */
 
@@ -22,7 +22,7 @@ typedef struct search_task {
 } search_task;
 
 /* Everything a search visits, in enumeration order: for tp, pp and mbs
- * ascending, then the lever sets (none, ZeRO-1, recompute, both). */
+ * ascending, then the lever sets (search_space.c's levers). */
 typedef struct search_space {
     int node_count;
     int task_count;

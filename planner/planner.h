@@ -72,6 +72,20 @@ typedef enum partition_solver {
 
 typedef enum plan_objective { OBJECTIVE_TIME, OBJECTIVE_COST } plan_objective;
 
+/* The levers of config for a message: "" with none, else
+ * ", distributed optimizer", ", ZeRO-3, optimizer offload and full
+ * recompute"... */
+void planner_lever_text(const parallel_config *config, char *out,
+                        size_t size);
+
+/* When the search tries ZeRO-2, ZeRO-3 and optimizer offload (within
+ * max_zero_stage and allow_offload). */
+typedef enum zero_levers {
+    ZERO_LEVERS_WHEN_NEEDED, /* only when no plan fits without them */
+    ZERO_LEVERS_ALWAYS,      /* beside the others, for speed as for fit */
+    ZERO_LEVERS_NEVER
+} zero_levers;
+
 typedef struct search_options {
     int gbs;
     plan_objective objective;
@@ -81,6 +95,10 @@ typedef struct search_options {
     int max_mbs;              /* largest micro-batch tried (power of two) */
     bool allow_recompute;     /* also try full recompute */
     bool allow_distributed_optimizer;
+    int max_zero_stage;       /* highest ZeRO stage tried, 1..3 (with
+                                 allow_distributed_optimizer) */
+    bool allow_offload;       /* also try optimizer offload */
+    zero_levers zero_levers;  /* when ZeRO-2/3 and offload are tried */
     int keep;                 /* how many ranked plans to keep */
     int threads;              /* 0: one per core; never more */
     bool exhaustive;          /* visit and score every distinct node order
@@ -128,6 +146,9 @@ typedef struct search_result {
     ranked_plan *plans;         /* owned, best first */
     /* when nothing fits: the closest miss, for the error message */
     char no_fit_reason[512];
+    /* ZeRO-2/3 and offload were searched because nothing fit without
+       them (ZERO_LEVERS_WHEN_NEEDED); the counts are that search's */
+    bool zero_levers_searched;
 } search_result;
 
 /* Tree nodes a search visits at most by default: about 10 s on a 2-core

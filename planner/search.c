@@ -530,12 +530,8 @@ static int describe_closest_miss(search_run *run, search_result *out,
     bound_tables_close(tables);
     if (config == NULL)
         return 0;
-    const char *levers =
-        config->distributed_optimizer && config->recompute
-            ? ", distributed optimizer and full recompute"
-        : config->distributed_optimizer ? ", distributed optimizer"
-        : config->recompute             ? ", full recompute"
-                                        : "";
+    char levers[96];
+    planner_lever_text(config, levers, sizeof levers);
     const node_type *type = &run->cm->cluster->types[closest.type];
     snprintf(out->no_fit_reason, sizeof out->no_fit_reason,
              "the closest configuration (tp %d, dp %d, pp %d, mbs %d%s) "
@@ -602,8 +598,8 @@ static int run_search(search_run *run, int threads, search_result *out,
     return rc;
 }
 
-int planner_search(costmodel *cm, const search_options *options,
-                   search_result *out, pt_error *err)
+static int search_once(costmodel *cm, const search_options *options,
+                       search_result *out, pt_error *err)
 {
     if (out != NULL)
         memset(out, 0, sizeof *out);
@@ -659,6 +655,30 @@ int planner_search(costmodel *cm, const search_options *options,
     return status;
 }
 
+/* ZeRO-2/3 and offload are priced from closed forms no GPU run has
+ * checked yet (docs/cost-model.md, section 11): by default they are
+ * searched only when no plan fits without them. */
+int planner_search(costmodel *cm, const search_options *options,
+                   search_result *out, pt_error *err)
+{
+    if (options == NULL || options->zero_levers == ZERO_LEVERS_ALWAYS)
+        return search_once(cm, options, out, err);
+    search_options without = *options;
+    if (without.max_zero_stage > 1)
+        without.max_zero_stage = 1;
+    without.allow_offload = false;
+    if (search_once(cm, &without, out, err) != 0)
+        return -1;
+    if (options->zero_levers == ZERO_LEVERS_NEVER || out->plan_count > 0 ||
+        (options->max_zero_stage <= 1 && !options->allow_offload))
+        return 0;
+    search_result_free(out);
+    if (search_once(cm, options, out, err) != 0)
+        return -1;
+    out->zero_levers_searched = true;
+    return 0;
+}
+
 void search_result_free(search_result *r)
 {
     if (r == NULL)
@@ -679,6 +699,9 @@ void search_options_default(search_options *options)
     options->max_mbs = 16;
     options->allow_recompute = true;
     options->allow_distributed_optimizer = true;
+    options->max_zero_stage = 3;
+    options->allow_offload = true;
+    options->zero_levers = ZERO_LEVERS_WHEN_NEEDED;
     options->keep = 10;
     options->threads = 0;
     options->max_tree_nodes = SEARCH_DEFAULT_TREE_NODES;

@@ -206,6 +206,15 @@ static double reduction_s(costmodel *cm, const parallel_config *config,
     double gradients = params * 4.0; /* fp32 main gradients */
     double exposed = costmodel_dp_overlap_floor_share(cm);
     double gathered = params * precision_bytes(config->precision);
+    /* ZeRO-2/3 reduce unit by unit inside the backward, ZeRO-3 gathers
+     * before each unit (costmodel/zero.c): no part of that is bounded by
+     * the stage's parameters, so the floor counts none of it */
+    int zero = parallel_zero_stage(config);
+    if (zero >= 2 && dp > 1) {
+        exposed = 0.0;
+        if (zero >= 3)
+            gathered = 0.0;
+    }
     if (curve_type < 0) {
         double reduce = network_allreduce_floor(cm, config, gradients);
         if (!config->distributed_optimizer)
@@ -216,10 +225,15 @@ static double reduction_s(costmodel *cm, const parallel_config *config,
     if (!config->distributed_optimizer)
         return exposed * costmodel_allreduce_seconds(cm, gradients, dp,
                                                      curve_type, link);
-    return exposed * costmodel_reduce_scatter_seconds(cm, gradients, dp,
-                                                      curve_type, link) +
-           costmodel_reduce_scatter_seconds(cm, gathered, dp, curve_type,
-                                            link);
+    /* a curve prices even 0 bytes at its smallest sample: leave out what
+     * the price leaves out */
+    return (exposed > 0.0 ? exposed * costmodel_reduce_scatter_seconds(
+                                          cm, gradients, dp, curve_type,
+                                          link)
+                          : 0.0) +
+           (gathered > 0.0 ? costmodel_reduce_scatter_seconds(
+                                 cm, gathered, dp, curve_type, link)
+                           : 0.0);
 }
 
 /* The first stage's per-step work: at least its embeddings' reduction and

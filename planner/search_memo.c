@@ -15,7 +15,7 @@
 /* Ints of a stage key before the node types: the config, the stage,
  * whether the next stage is known, where the window starts in its first
  * node and how many nodes it spans. */
-#define STAGE_KEY_HEADER 13
+#define STAGE_KEY_HEADER 14
 /* Ints of a partition key before the stages, and per stage (two doubles
  * and the cap). */
 #define PARTITION_KEY_HEADER 4
@@ -95,7 +95,8 @@ static int stage_key(const search_memo *memo, const parallel_config *config,
     int header[STAGE_KEY_HEADER] = {
         config->gbs, config->mbs, config->tp, config->dp, config->pp,
         (int)config->schedule, (int)config->precision, config->recompute,
-        config->distributed_optimizer, stage, next_known,
+        parallel_zero_stage(config), config->offload_optimizer, stage,
+        next_known,
         (int)(window_low - lane->starts[first]), last - first + 1};
     memcpy(key, header, sizeof header);
     for (int i = first; i <= last; i++)

@@ -6,6 +6,7 @@
  */
 #include "planner/internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,10 +14,18 @@
  * up to this, or to the largest node when nodes are bigger. */
 #define SEARCH_MAX_TP 8
 
-/* The memory levers, in enumeration order. */
-static const bool lever_zero1[SEARCH_LEVER_SETS] = {false, true, false, true};
-static const bool lever_recompute[SEARCH_LEVER_SETS] = {false, false, true,
-                                                        true};
+/* The memory levers, in enumeration order: ZeRO stage (0..3), full
+ * recompute, optimizer offload. The first four are those of ZeRO-1's
+ * time; ZeRO-2/3 and offload follow (docs/planner.md). */
+typedef struct lever_set {
+    int zero;
+    bool recompute, offload;
+} lever_set;
+static const lever_set levers[SEARCH_LEVER_SETS] = {
+    {0, false, false}, {1, false, false}, {0, true, false}, {1, true, false},
+    {2, false, false}, {2, true, false},  {3, false, false}, {3, true, false},
+    {0, false, true},  {0, true, true},   {2, false, true},  {2, true, true},
+    {3, false, true},  {3, true, true}};
 
 bool search_tp_fits(const cluster *c, int tp)
 {
@@ -52,12 +61,42 @@ static int check_cluster(const cluster *c, pt_error *err)
     return 0;
 }
 
+/* ZeRO shards over dp, so it needs dp >= 2; offload at dp 1 goes without
+ * it (ZeRO-Offload's one GPU), at dp >= 2 with ZeRO-2 or 3 (DeepSpeed's
+ * pairing: the host then updates a shard). */
 static bool lever_allowed(const search_options *options, int lever, int dp)
 {
-    if (lever_zero1[lever] &&
-        (!options->allow_distributed_optimizer || dp < 2))
+    const lever_set *set = &levers[lever];
+    if (set->zero >= 1 &&
+        (dp < 2 || !options->allow_distributed_optimizer ||
+         set->zero > options->max_zero_stage))
         return false;
-    return !lever_recompute[lever] || options->allow_recompute;
+    if (set->offload &&
+        (!options->allow_offload || (dp >= 2) != (set->zero >= 2)))
+        return false;
+    return !set->recompute || options->allow_recompute;
+}
+
+void planner_lever_text(const parallel_config *config, char *out,
+                        size_t size)
+{
+    const char *parts[3];
+    int count = 0;
+    int zero = parallel_zero_stage(config);
+    static const char *const zero_names[] = {"", "distributed optimizer",
+                                             "ZeRO-2", "ZeRO-3"};
+    if (zero >= 1 && zero <= 3)
+        parts[count++] = zero_names[zero];
+    if (config->offload_optimizer)
+        parts[count++] = "optimizer offload";
+    if (config->recompute)
+        parts[count++] = "full recompute";
+    int used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < count && used >= 0 && (size_t)used < size; i++)
+        used += snprintf(out + used, size - (size_t)used, "%s%s",
+                         i == 0 ? ", " : i == count - 1 ? " and " : ", ",
+                         parts[i]);
 }
 
 static int add_task(search_space *space, int *capacity,
@@ -98,10 +137,14 @@ static int add_shape(search_space *space, int *capacity, int tp, int dp,
         for (int lever = 0; lever < SEARCH_LEVER_SETS; lever++) {
             if (!lever_allowed(options, lever, dp))
                 continue;
-            parallel_config config = {options->gbs, mbs, tp, dp, pp,
-                                      options->schedule, options->precision,
-                                      lever_recompute[lever],
-                                      lever_zero1[lever]};
+            parallel_config config = {.gbs = options->gbs, .mbs = mbs,
+                                      .tp = tp, .dp = dp, .pp = pp,
+                                      .schedule = options->schedule,
+                                      .precision = options->precision,
+                                      .recompute = levers[lever].recompute,
+                                      .offload_optimizer =
+                                          levers[lever].offload};
+            parallel_set_zero_stage(&config, levers[lever].zero);
             if (add_task(space, capacity, &config, err) != 0)
                 return -1;
         }

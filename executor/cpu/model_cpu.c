@@ -316,7 +316,9 @@ static int allocate_slots(model_stage *stage, cpu_stage_state *state)
 static int cpu_allocate(model_stage *stage, pt_error *err)
 {
     size_t count = stage->param_count + 1; /* never calloc(0) */
-    size_t moments = stage->optimizer_count + 1;
+    /* offload keeps the moments in host memory of its own (offload.c) */
+    size_t moments =
+        (stage->spec.offload_optimizer ? 0 : stage->optimizer_count) + 1;
     stage->params = calloc(count, sizeof(float));
     stage->grads = calloc(count, sizeof(float));
     stage->adam_m = calloc(moments, sizeof(float));
@@ -765,6 +767,26 @@ static int cpu_copy_from_host(model_stage *stage, stage_buffer which,
     return 0;
 }
 
+/* A part of params or grads (the wrappers check the range). */
+static int cpu_copy_range(model_stage *stage, stage_buffer which,
+                          size_t first, size_t count, float *host,
+                          bool to_host, pt_error *err)
+{
+    (void)err;
+    float *part = model_stage_buffer(stage, which) + first;
+    memcpy(to_host ? host : part, to_host ? part : host,
+           count * sizeof(float));
+    return 0;
+}
+
+static int cpu_zero_range(model_stage *stage, stage_buffer which,
+                          size_t first, size_t count, pt_error *err)
+{
+    (void)err;
+    zero(model_stage_buffer(stage, which) + first, count);
+    return 0;
+}
+
 static int cpu_zero_grads(model_stage *stage, pt_error *err)
 {
     (void)err;
@@ -888,4 +910,6 @@ const stage_backend cpu_stage_backend = {
     .output = cpu_output,
     .input_grad = cpu_input_grad,
     .output_grad_buffer = cpu_output_grad_buffer,
+    .copy_range = cpu_copy_range,
+    .zero_range = cpu_zero_range,
 };

@@ -259,7 +259,11 @@ size_t buffer_parameter_bytes(const buffer_layout *layout,
     /* the gradients' slack: see the head products in model_cuda.c */
     size_t slack = which == STAGE_GRADS ? layout->head_pad : 0;
     bool moments = which == STAGE_ADAM_M || which == STAGE_ADAM_V;
-    size_t floats = moments ? layout->optimizer_count : layout->param_count;
+    /* offload keeps the moments in host memory (stage/offload.c) */
+    size_t floats = moments ? (layout->spec.offload_optimizer
+                                   ? 0
+                                   : layout->optimizer_count)
+                            : layout->param_count;
     return (floats + slack + 1) * sizeof(float);
 }
 

@@ -494,6 +494,20 @@ static int cuda_copy_to_host(const model_stage *stage, stage_buffer which,
     return 0;
 }
 
+/* After a copy or memset queued on the stage's stream: the bf16 mirror
+ * the products read refreshed when params were written, then the wait. */
+static int finish_write(model_stage *stage, bool params_written,
+                        pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (params_written)
+        CUDA_TRY(cuda_refresh_mirror(state->mirror, stage->params,
+                                     state->all_chunks.chunks,
+                                     state->all_chunks.count, state->stream));
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    return 0;
+}
+
 static int cuda_copy_from_host(model_stage *stage, stage_buffer which,
                                const float *host, pt_error *err)
 {
@@ -505,12 +519,48 @@ static int cuda_copy_from_host(model_stage *stage, stage_buffer which,
     size_t bytes = model_stage_buffer_count(stage, which) * sizeof(float);
     CUDA_TRY(cudaMemcpyAsync(buffer, host, bytes, cudaMemcpyHostToDevice,
                              state->stream));
-    if (which == STAGE_PARAMS)
-        CUDA_TRY(cuda_refresh_mirror(state->mirror, stage->params,
-                                     state->all_chunks.chunks,
-                                     state->all_chunks.count, state->stream));
-    CUDA_TRY(cudaStreamSynchronize(state->stream));
-    return 0;
+    return finish_write(stage, which == STAGE_PARAMS, err);
+}
+
+/* A part of params or grads to or from the host, or zeroed, on the
+ * stage's stream (pinned host memory: DMA); params written refresh the
+ * bf16 mirror the products read. */
+static int cuda_copy_range(model_stage *stage, stage_buffer which,
+                           size_t first, size_t count, float *host,
+                           bool to_host, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    float *part = model_stage_buffer(stage, which) + first;
+    CUDA_TRY(cudaSetDevice(state->device));
+    CUDA_TRY(cudaMemcpyAsync(to_host ? (void *)host : (void *)part,
+                             to_host ? (const void *)part
+                                     : (const void *)host,
+                             count * sizeof(float),
+                             to_host ? cudaMemcpyDeviceToHost
+                                     : cudaMemcpyHostToDevice,
+                             state->stream));
+    return finish_write(stage, !to_host && which == STAGE_PARAMS, err);
+}
+
+static int cuda_zero_range(model_stage *stage, stage_buffer which,
+                           size_t first, size_t count, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    CUDA_TRY(cudaSetDevice(state->device));
+    CUDA_TRY(cudaMemsetAsync(model_stage_buffer(stage, which) + first, 0,
+                             count * sizeof(float), state->stream));
+    return finish_write(stage, which == STAGE_PARAMS, err);
+}
+
+static void *cuda_host_alloc(size_t bytes)
+{
+    void *memory = NULL;
+    return cudaMallocHost(&memory, bytes) == cudaSuccess ? memory : NULL;
+}
+
+static void cuda_host_free(void *memory)
+{
+    cudaFreeHost(memory);
 }
 
 static int cuda_zero_grads(model_stage *stage, pt_error *err)
@@ -646,6 +696,10 @@ static const stage_backend cuda_backend_table = {
     .output = cuda_output,
     .input_grad = cuda_input_grad,
     .output_grad_buffer = cuda_output_grad_buffer,
+    .copy_range = cuda_copy_range,
+    .zero_range = cuda_zero_range,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 const stage_backend *cuda_stage_backend(void)

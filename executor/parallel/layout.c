@@ -86,6 +86,7 @@ int pipeline_rank_spec(const pipeline_layout *layout, int rank,
     out->tp = layout->config.tp;
     out->tp_rank = pipeline_rank_tp(layout, rank);
     out->recompute_layers = layout->config.recompute;
+    out->offload_optimizer = layout->config.offload_optimizer;
     if (layout->config.distributed_optimizer && layout->config.dp > 1) {
         out->optimizer_shards = layout->config.dp;
         out->optimizer_shard = pipeline_rank_replica(layout, rank);

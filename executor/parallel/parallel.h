@@ -131,6 +131,31 @@ int pipeline_reduce_bucket(const comm *c, const int *group, int group_size,
                            pt_error *err);
 
 /*
+ * ZeRO-2 and ZeRO-3 (parallel/zero_step.c; docs/executor.md): group is
+ * the rank's dp group in replica order, offsets its dp + 1 optimizer
+ * runs (stage_optimizer_offsets), the stage's own run its shard.
+ */
+/* Reduce-scatters one micro-batch's gradients bucket by bucket (buckets
+ * NULL: the whole buffer), keeping the shard's running sum; zeroes the
+ * rest of the buffer. */
+int zero_reduce_micro_batch(const comm *c, const int *group, int dp,
+                            const size_t *offsets,
+                            const pipeline_buckets *buckets,
+                            model_stage *stage, pt_error *err);
+/* The tied embedding's gradient whole on the first-stage replica and its
+ * last-stage partner (pair), from the shards of both stages. */
+int zero_tied_embedding(const comm *c, const int *group, int dp,
+                        const size_t *offsets, const int pair[2],
+                        model_stage *stage, const param_tensor *tensor,
+                        pt_error *err);
+/* ZeRO-3: the parameters gathered whole from the shards, then released
+ * (zeroed outside the rank's shard). */
+int zero_gather_parameters(const comm *c, const int *group, int dp,
+                           const size_t *offsets, model_stage *stage,
+                           pt_error *err);
+int zero_release_parameters(model_stage *stage, pt_error *err);
+
+/*
  * Overlap of the bucketed reduction with the backward (optional, given by
  * a launcher whose backend and comm can: the GPU launcher over NCCL or
  * the device exchange, parallel/grad_overlap.c). The step calls `begin`

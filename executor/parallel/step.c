@@ -2,7 +2,8 @@
  * One rank's training step over model stages: the schedule's forwards
  * and backwards (1F1B or GPipe) with activations and gradients over the
  * comm, the gradient all-reduces (ZeRO-1: reduce-scatter and
- * all-gather), the global norm, clipping and AdamW, each phase recorded
+ * all-gather; ZeRO-2/3: zero_step.c's parts at each micro-batch), the
+ * global norm, clipping and AdamW, each phase recorded
  * as an event; the tensor-parallel sums happen inside the backend's
  * forward and backward. docs/executor.md ("One step of one rank").
  */
@@ -75,6 +76,11 @@ typedef struct rank_step {
     const pipeline_grad_sync *sync;  /* may be NULL */
     bool overlap_armed;          /* the dp reduction runs with the last
                                     backward */
+    /* ZeRO-2 or 3 at dp > 1 (else 0), with the dp group and its shards'
+     * offsets (owned) */
+    int zero;
+    int *dp_group;
+    size_t *dp_offsets;
 } rank_step;
 
 static void record_span(rank_step *r, const char *kind, int micro_batch,
@@ -156,6 +162,15 @@ static int receive(rank_step *r, const char *kind, int micro_batch,
     return 0;
 }
 
+/* ZeRO-3's gather before a forward or backward (not recorded: the run's
+ * events are the estimate's kinds, one dp_allreduce a step). */
+static int gather_parameters(rank_step *r, int micro_batch, pt_error *err)
+{
+    begin(r, "parameter all-gather", micro_batch);
+    return zero_gather_parameters(r->c, r->dp_group, r->layout->config.dp,
+                                  r->dp_offsets, r->stage, err);
+}
+
 /* Tags: micro-batch j's activation 2j, its gradient 2j + 1. */
 static int forward(rank_step *r, int micro_batch, pt_error *err)
 {
@@ -170,11 +185,18 @@ static int forward(rank_step *r, int micro_batch, pt_error *err)
     } else if (flush_send(r, err) != 0) {
         return -1;
     }
+    /* ZeRO-3: the step's closing all-gather left the weights whole for
+     * the first forward */
+    if (r->zero >= 3 && micro_batch > 0 &&
+        gather_parameters(r, micro_batch, err) != 0)
+        return -1;
     double start = begin(r, "fwd", micro_batch);
     float loss = 0.0f;
     if (stage_forward(r->stage, slot, &io, &loss, err) != 0)
         return -1;
     record(r, "fwd", micro_batch, start);
+    if (r->zero >= 3 && zero_release_parameters(r->stage, err) != 0)
+        return -1;
     r->loss_sum += loss;
     if (r->next_rank >= 0)
         r->pending = (pending_send){.present = true,
@@ -198,10 +220,23 @@ static int backward(rank_step *r, int micro_batch, pt_error *err)
     } else if (flush_send(r, err) != 0) {
         return -1;
     }
+    if (r->zero >= 3 && gather_parameters(r, micro_batch, err) != 0)
+        return -1;
     double start = begin(r, "bwd", micro_batch);
     if (stage_backward(r->stage, slot, &io, err) != 0)
         return -1;
     record(r, "bwd", micro_batch, start);
+    if (r->zero >= 2) {
+        begin(r, "dp reduce-scatter", micro_batch);
+        if (zero_reduce_micro_batch(r->c, r->dp_group, r->layout->config.dp,
+                                    r->dp_offsets,
+                                    r->sync != NULL ? r->sync->buckets
+                                                    : NULL,
+                                    r->stage, err) != 0)
+            return -1;
+    }
+    if (r->zero >= 3 && zero_release_parameters(r->stage, err) != 0)
+        return -1;
     if (r->previous_rank >= 0)
         r->pending = (pending_send){.present = true,
                                     .peer = r->previous_rank,
@@ -266,8 +301,15 @@ static int embedding_all_reduce(rank_step *r, pt_error *err)
     int group[2] = {pipeline_rank_of(layout, 0, r->replica, r->tp_rank),
                     pipeline_rank_of(layout, last, r->replica, r->tp_rank)};
     double start = begin(r, "embedding_allreduce", -1);
-    if (comm_all_reduce_sum(r->c, group, 2, r->stage->grads + tensor->offset,
-                            tensor->count, err) != 0)
+    /* ZeRO-2/3: each copy lies in shards over its stage's replicas */
+    int status = r->zero >= 2
+                     ? zero_tied_embedding(r->c, r->dp_group,
+                                           layout->config.dp, r->dp_offsets,
+                                           group, r->stage, tensor, err)
+                     : comm_all_reduce_sum(r->c, group, 2,
+                                           r->stage->grads + tensor->offset,
+                                           tensor->count, err);
+    if (status != 0)
         return -1;
     record(r, "embedding_allreduce", -1, start);
     return 0;
@@ -322,7 +364,7 @@ static bool overlap_allowed(const rank_step *r)
                            r->stage_index == layout->stage_count - 1);
     return layout->config.dp > 1 && r->sync != NULL &&
            r->sync->overlap != NULL && r->sync->overlap->begin != NULL &&
-           r->sync->buckets != NULL &&
+           r->sync->buckets != NULL && r->zero < 2 &&
            !(sharded_optimizer(r) && embedding_pair);
 }
 
@@ -461,6 +503,8 @@ static int reduce_norm_and_loss(rank_step *r, double *grad_norm,
  * shards cut different buffers). */
 static int reduce_gradients(rank_step *r, pt_error *err)
 {
+    if (r->zero >= 2) /* reduced at every micro-batch already */
+        return embedding_all_reduce(r, err);
     if (sharded_optimizer(r))
         return embedding_all_reduce(r, err) != 0 ||
                        dp_reduce_gradients(r, err) != 0
@@ -494,6 +538,18 @@ static int optimizer_step(rank_step *r, const train_config *config,
     out->grad_norm = (float)grad_norm;
     out->learning_rate = learning_rate;
     return 0;
+}
+
+/* ZeRO-2/3 at dp > 1: the stage and the dp group's shards the step
+ * keeps at hand (zero_step.c). */
+static int open_zero(rank_step *r, pt_error *err)
+{
+    int zero = parallel_zero_stage(&r->layout->config);
+    if (r->layout->config.dp < 2 || zero < 2 ||
+        r->stage->spec.optimizer_shards < 2)
+        return 0;
+    r->zero = zero;
+    return dp_shards(r, &r->dp_group, &r->dp_offsets, err);
 }
 
 static int check_rank(const pipeline_layout *layout, const model_stage *stage,
@@ -562,6 +618,8 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
     if (events != NULL)
         events->count = 0;
     int status = -1;
+    if (open_zero(&r, err) != 0)
+        goto done;
     if (r.next_rank >= 0) {
         r.output_grad = stage_output_grad_buffer(stage);
         if (r.output_grad == NULL) {
@@ -577,6 +635,8 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
         goto done;
     status = 0;
 done:
+    free(r.dp_group);
+    free(r.dp_offsets);
     if (status != 0 && r.overlap_armed) {
         /* disarm the backend; the world has failed, so this ends fast */
         pt_error ignored = {{0}};

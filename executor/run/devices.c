@@ -120,6 +120,9 @@ int run_check_gpu_devices(const run_context *ctx, pt_error *err)
                                                &moments, err) != 0
                      ? -1
                      : 0;
+        /* offload keeps the moments in host memory */
+        if (ctx->plan->config.offload_optimizer)
+            moments = 0;
         needed[rank] = 10.0 * (double)params + 8.0 * (double)moments;
     }
     if (status == 0)

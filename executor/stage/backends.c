@@ -97,7 +97,8 @@ int model_stage_create(model_stage *out, const model_shape *shape,
                        count);
     stage_parameter_layout(shape, spec, out->tensors, NULL, err);
     out->backend = backend;
-    if (backend->allocate(out, err) != 0) {
+    if (backend->allocate(out, err) != 0 ||
+        (spec->offload_optimizer && stage_offload_open(out, err) != 0)) {
         model_stage_destroy(out);
         return -1;
     }

@@ -38,6 +38,7 @@ size_t model_stage_buffer_count(const model_stage *stage, stage_buffer which)
 
 void model_stage_destroy(model_stage *stage)
 {
+    stage_offload_close(stage);
     if (stage->backend != NULL)
         stage->backend->release(stage);
     free(stage->tensors);
@@ -105,16 +106,77 @@ const param_tensor *model_stage_find_tensor(const model_stage *stage,
     return NULL;
 }
 
+static bool moments(stage_buffer which)
+{
+    return which == STAGE_ADAM_M || which == STAGE_ADAM_V;
+}
+
 int model_stage_read(const model_stage *stage, stage_buffer which,
                      float *host, pt_error *err)
 {
+    if (stage->offload != NULL && moments(which))
+        return stage_offload_copy(stage, which, host, true, err);
     return stage->backend->copy_to_host(stage, which, host, err);
 }
 
 int model_stage_write(model_stage *stage, stage_buffer which,
                       const float *host, pt_error *err)
 {
+    if (stage->offload != NULL && moments(which))
+        return stage_offload_copy(stage, which, (float *)host, false, err);
+    if (which == STAGE_PARAMS)
+        stage_offload_params_written(stage);
     return stage->backend->copy_from_host(stage, which, host, err);
+}
+
+static int check_range(const model_stage *stage, stage_buffer which,
+                       size_t first, size_t count, pt_error *err)
+{
+    if (which != STAGE_PARAMS && which != STAGE_GRADS)
+        return pt_fail(err, "model stage: ranges are of params or grads, "
+                            "not buffer %d",
+                       (int)which);
+    if (first > stage->param_count || count > stage->param_count - first)
+        return pt_fail(err, "model stage: floats [%zu, %zu) are outside "
+                            "the %zu of the buffer",
+                       first, first + count, stage->param_count);
+    if (stage->backend->copy_range == NULL ||
+        stage->backend->zero_range == NULL)
+        return pt_fail(err, "the %s backend moves no part of a buffer",
+                       stage->backend->name);
+    return 0;
+}
+
+int model_stage_read_range(model_stage *stage, stage_buffer which,
+                           size_t first, size_t count, float *host,
+                           pt_error *err)
+{
+    if (check_range(stage, which, first, count, err) != 0)
+        return -1;
+    return count == 0 ? 0
+                      : stage->backend->copy_range(stage, which, first, count,
+                                                   host, true, err);
+}
+
+int model_stage_write_range(model_stage *stage, stage_buffer which,
+                            size_t first, size_t count, const float *host,
+                            pt_error *err)
+{
+    if (check_range(stage, which, first, count, err) != 0)
+        return -1;
+    return count == 0 ? 0
+                      : stage->backend->copy_range(stage, which, first, count,
+                                                   (float *)host, false, err);
+}
+
+int model_stage_zero_range(model_stage *stage, stage_buffer which,
+                           size_t first, size_t count, pt_error *err)
+{
+    if (check_range(stage, which, first, count, err) != 0)
+        return -1;
+    return count == 0 ? 0
+                      : stage->backend->zero_range(stage, which, first, count,
+                                                   err);
 }
 
 /* ------------------------------------------------- forward and backward */
@@ -264,8 +326,13 @@ int stage_adamw_step(model_stage *stage, const adamw_config *config,
                        config->beta1, config->beta2, config->eps,
                        config->weight_decay);
     stage->optimizer_steps++;
-    if (stage->backend->adamw_step(stage, config, learning_rate, grad_scale,
-                                   err) != 0) {
+    int status = stage->offload != NULL
+                     ? stage_offload_step(stage, config, learning_rate,
+                                          grad_scale, err)
+                     : stage->backend->adamw_step(stage, config,
+                                                  learning_rate, grad_scale,
+                                                  err);
+    if (status != 0) {
         stage->optimizer_steps--;
         return -1;
     }

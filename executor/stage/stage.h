@@ -67,6 +67,12 @@ typedef struct stage_spec {
      * backward, into one set of activations the stage shares. The same
      * arithmetic, so the same results, for about one more forward. */
     bool recompute_layers;
+    /* ZeRO-Offload (a plan's "offload_optimizer"): the fp32 master
+     * weights and AdamW's moments of the optimizer's range live in host
+     * memory (pinned on the cuda backend) and the step runs on the CPU
+     * (stage/offload.c); the backend's params are refreshed from the
+     * master after each step. */
+    bool offload_optimizer;
 } stage_spec;
 
 /* spec->tp, or 1 when it is 0. */
@@ -208,6 +214,9 @@ typedef struct model_stage {
      * next is written while the last may still read it). Off for
      * training. */
     bool defer_sync;
+    /* The host side of spec.offload_optimizer (stage/offload.c); NULL
+     * without offload. Owned. */
+    struct stage_offload *offload;
 } model_stage;
 
 /* What one micro-batch brings to a stage's forward or backward call.
@@ -298,6 +307,19 @@ typedef struct stage_backend {
     /* Where a stage without the head receives d loss / d output,
      * mbs_capacity x seq x hidden floats in backend memory. */
     float *(*output_grad_buffer)(model_stage *stage);
+    /* Floats [first, first + count) of buffer `which` (params or grads)
+     * to (to_host) or from host memory, or set to 0; params written
+     * refresh what the backend derives from them. For ZeRO-2/3's shards
+     * and the optimizer offload; the wrappers check the range. */
+    int (*copy_range)(model_stage *stage, stage_buffer which, size_t first,
+                      size_t count, float *host, bool to_host,
+                      pt_error *err);
+    int (*zero_range)(model_stage *stage, stage_buffer which, size_t first,
+                      size_t count, pt_error *err);
+    /* Host memory the backend copies fastest from and to (pinned, on
+     * cuda); NULL: malloc and free. */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *memory);
 } stage_backend;
 
 /* The backend of a kind; fails for a kind this binary was built without
@@ -353,6 +375,30 @@ int model_stage_read(const model_stage *stage, stage_buffer which,
                      float *host, pt_error *err);
 int model_stage_write(model_stage *stage, stage_buffer which,
                       const float *host, pt_error *err);
+/* Floats [first, first + count) of params or grads to or from the host,
+ * or zeroed (the backend's copy_range and zero_range, range checked). */
+int model_stage_read_range(model_stage *stage, stage_buffer which,
+                           size_t first, size_t count, float *host,
+                           pt_error *err);
+int model_stage_write_range(model_stage *stage, stage_buffer which,
+                            size_t first, size_t count, const float *host,
+                            pt_error *err);
+int model_stage_zero_range(model_stage *stage, stage_buffer which,
+                           size_t first, size_t count, pt_error *err);
+
+/* ZeRO-Offload (stage/offload.c): the host buffers of a stage whose
+ * spec asks for them, made by model_stage_create and freed by
+ * model_stage_destroy; the step stage_adamw_step runs there. */
+int stage_offload_open(model_stage *stage, pt_error *err);
+void stage_offload_close(model_stage *stage);
+int stage_offload_step(model_stage *stage, const adamw_config *config,
+                       float learning_rate, float grad_scale, pt_error *err);
+/* The host moments (STAGE_ADAM_M / V) read or written in place of the
+ * backend's, and the master weights marked stale after params are
+ * written from outside the step (initialisation, a checkpoint). */
+int stage_offload_copy(const model_stage *stage, stage_buffer which,
+                       float *host, bool to_host, pt_error *err);
+void stage_offload_params_written(model_stage *stage);
 
 /*
  * Forward of one micro-batch into activation slot `slot` (kept until its

@@ -3,16 +3,9 @@
 # usage: e2e.sh PARTITA CASE   (run by meson, one test per case)
 # PARTITA_WRAPPER, when set, runs partita under it (valgrind, say).
 set -u
-partita_binary="$1"
-partita() { ${PARTITA_WRAPPER:-} "$partita_binary" "$@"; }
-case_name="$2"
-source_root="${PARTITA_SOURCE:?PARTITA_SOURCE must be set}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work" || exit 1
-
-# fail, run, expect_in, write_layout_plan
+# fail, run, expect_in, write_layout_plan; e2e_begin
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+e2e_begin "$@"
 no_leftovers() {
   local left
   left=$(ls -A | grep -v -e '^out.txt$' -e '^err.txt$' -e '^in' || true)

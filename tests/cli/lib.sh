@@ -1,7 +1,21 @@
-# Helpers shared by the command-line tests (e2e.sh, mpi.sh), sourced
-# after they set case_name and changed into their scratch folder.
+# Helpers shared by the command-line tests (e2e.sh, zero.sh, mpi.sh):
+# e2e.sh and zero.sh source it first and begin with e2e_begin, mpi.sh
+# after it set case_name and changed into its scratch folder.
 
 fail() { echo "FAIL [$case_name]: $*"; exit 1; }
+
+# e2e_begin PARTITA CASE: what e2e.sh and zero.sh start with: partita
+# (run under PARTITA_WRAPPER when set), case_name, source_root, and a
+# scratch folder to work in, removed at exit.
+e2e_begin() {
+  partita_binary="$1"
+  case_name="$2"
+  source_root="${PARTITA_SOURCE:?PARTITA_SOURCE must be set}"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  cd "$work" || exit 1
+}
+partita() { ${PARTITA_WRAPPER:-} "$partita_binary" "$@"; }
 # run EXPECTED_STATUS CMD...: runs, keeps output in out.txt / err.txt
 run() {
   local expected="$1"; shift

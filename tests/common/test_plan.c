@@ -95,6 +95,20 @@ static void test_defaults(void **state)
     assert_int_equal(p.config.precision, PRECISION_FP32);
     assert_true(p.config.recompute);
     assert_true(p.config.distributed_optimizer);
+    assert_int_equal(parallel_zero_stage(&p.config), 1);
+    assert_false(p.config.offload_optimizer);
+    plan_free(&p);
+
+    /* "zero" generalises distributed_optimizer; offload beside it */
+    if (load_hetero_plan(state,
+                         "\"gbs\": 64, \"mbs\": 1, \"tp\": 1, \"dp\": 4, "
+                         "\"pp\": 8, \"zero\": 3, \"offload_optimizer\": "
+                         "true",
+                         &p, &err) != 0)
+        fail_msg("%s", err.message);
+    assert_int_equal(parallel_zero_stage(&p.config), 3);
+    assert_true(p.config.distributed_optimizer);
+    assert_true(p.config.offload_optimizer);
     plan_free(&p);
 
     /* One node of four GPUs holds tp x dp x pp = 4: 48 layers in 12s. */
@@ -235,6 +249,13 @@ static void test_bad_plans(void **state)
          "true"},
         {DEGREES ", \"distributed_optimizer\": \"no\"",
          "plans/bad.json: distributed_optimizer: must be true or false"},
+        {DEGREES ", \"zero\": 4",
+         "plans/bad.json: zero: must be at most 3, got 4"},
+        {DEGREES ", \"zero\": 2, \"distributed_optimizer\": false",
+         "plans/bad.json: zero: 2 shards the optimizer state over dp, but "
+         "distributed_optimizer is false"},
+        {DEGREES ", \"offload_optimizer\": 1",
+         "plans/bad.json: offload_optimizer: must be true or false"},
         {DEGREES ", \"format\": \"partita-plan/2\"",
          "plans/bad.json: format: must be \"partita-plan/1\", got "
          "\"partita-plan/2\""},

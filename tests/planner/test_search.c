@@ -1,7 +1,8 @@
 /*
  * planner_search and planner_pareto on the bundled GPT-2 XL and BERT
  * problems: what the ranked plans must satisfy, and that neither the
- * thread count nor the pruning by score floors changes them.
+ * thread count nor the pruning by score floors changes them; when
+ * DeepSpeed's levers are searched.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -284,6 +285,50 @@ static void test_nothing_fits(void **state)
     close_fixture(&state_f);
 }
 
+/* DeepSpeed's levers: left out while plans fit without them, searched
+ * beside the others on request (a superset: never a slower best plan),
+ * and after a search that found nothing (gpt-175b still finds nothing,
+ * and says how close offload came). */
+static void test_zero_levers(void **state)
+{
+    search_fixture *f = *state;
+    search_options o = gpt2_options(2);
+    search_result plain = run_search(f, &o);
+    assert_true(plain.plan_count > 0);
+    assert_false(plain.zero_levers_searched);
+    for (int i = 0; i < plain.plan_count; i++) {
+        assert_true(parallel_zero_stage(&plain.plans[i].config) <= 1);
+        assert_false(plain.plans[i].config.offload_optimizer);
+    }
+    o.zero_levers = ZERO_LEVERS_ALWAYS;
+    search_result all = run_search(f, &o);
+    assert_true(all.tasks > plain.tasks);
+    assert_true(all.plans[0].step_time_s <= plain.plans[0].step_time_s);
+    bool deeper = false;
+    for (int i = 0; i < all.plan_count; i++)
+        deeper = deeper || parallel_zero_stage(&all.plans[i].config) >= 2;
+    assert_true(deeper);
+    search_result_free(&plain);
+    search_result_free(&all);
+
+    search_fixture *big = NULL;
+    open_fixture((void **)&big, "gpt-175b", "fasop-bert");
+    search_options_default(&o);
+    o.gbs = 64;
+    search_result r = run_search(big, &o);
+    assert_int_equal(r.plan_count, 0);
+    assert_true(r.zero_levers_searched);
+    assert_non_null(strstr(r.no_fit_reason, "optimizer offload"));
+    search_result_free(&r);
+    o.zero_levers = ZERO_LEVERS_NEVER;
+    r = run_search(big, &o);
+    assert_false(r.zero_levers_searched);
+    assert_null(strstr(r.no_fit_reason, "offload"));
+    search_result_free(&r);
+    void *state_big = big;
+    close_fixture(&state_big);
+}
+
 static void test_pareto_front(void **state)
 {
     (void)state;
@@ -345,6 +390,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rejects_bad_options,
                                         open_gpt2_hetero, close_fixture),
         cmocka_unit_test(test_nothing_fits),
+        cmocka_unit_test_setup_teardown(test_zero_levers, open_gpt2_hetero,
+                                        close_fixture),
         cmocka_unit_test(test_pareto_front),
     };
     return cmocka_run_group_tests_name("search", tests, NULL, NULL);

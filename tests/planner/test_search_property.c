@@ -145,6 +145,8 @@ static void test_default_search_is_exact(void **state)
         o.max_mbs = 4;
         o.keep = 4;
         o.threads = 2;
+        /* every lever set, ZeRO-2/3 and offload among them */
+        o.zero_levers = ZERO_LEVERS_ALWAYS;
         search_result fast = search(&cm, &o);
         o.exhaustive = true;
         search_result all = search(&cm, &o);

@@ -14,18 +14,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <stdlib.h>
-#include <string.h>
-
-#include "executor/executor.h"
-
-static model_shape tiny_shape(void)
-{
-    model_shape shape = {.name = "tiny", .layers = 4, .hidden = 16,
-                         .heads = 2, .ffn_hidden = 64, .seq = 8,
-                         .vocab = 31, .tied_embeddings = true};
-    return shape;
-}
+#include "tiny_training.h"
 
 static void make_stage(model_stage *stage)
 {
@@ -110,60 +99,23 @@ static void buckets_cover_the_buffer_at_tensor_boundaries(void **state)
 }
 
 /* Three steps of a layout through the launcher with buckets of
- * bucket_bytes: every step's result, and rank 0's parameters. */
-static void train(int dp, int pp, bool zero, size_t bucket_bytes,
-                  step_result *results, float **params, size_t *count)
+ * bucket_bytes. */
+static tiny_run train(int dp, int pp, bool zero, size_t bucket_bytes)
 {
-    model_shape shape = tiny_shape();
     parallel_config config = {.gbs = 4 * dp, .mbs = 1, .tp = 1, .dp = dp,
                               .pp = pp, .schedule = SCHEDULE_1F1B,
                               .distributed_optimizer = zero};
-    int partition[2] = {pp == 2 ? 1 : 4, 3};
-    pipeline_layout layout;
-    pt_error err = {{0}};
-    assert_int_equal(pipeline_layout_init(&layout, &shape, &config,
-                                          partition, pp, &err),
-                     0);
-    pipeline_launch launch = {.backend = BACKEND_CPU, .seed = 9,
-                              .timeout_s = 30.0,
-                              .grad_bucket_bytes = bucket_bytes};
-    pipeline_threads p;
-    if (pipeline_threads_start(&p, &layout, &launch, &err) != 0)
-        fail_msg("start: %s", err.message);
-    size_t window = (size_t)shape.seq + 1;
-    size_t total = (size_t)config.gbs * window;
-    uint32_t *tokens = malloc(total * sizeof *tokens);
-    for (size_t i = 0; i < total; i++)
-        tokens[i] = (uint32_t)((i * 13 + 5) % 31);
     train_config train = train_config_defaults();
-    for (int step = 0; step < 3; step++)
-        if (pipeline_threads_step(&p, &train, tokens, &results[step],
-                                  &err) != 0)
-            fail_msg("step %d: %s", step, err.message);
-    *count = p.stages[0].param_count;
-    *params = malloc(*count * sizeof **params);
-    memcpy(*params, p.stages[0].params, *count * sizeof **params);
-    free(tokens);
-    pipeline_threads_destroy(&p);
+    return tiny_train(&config, bucket_bytes, &train, 3);
 }
 
 static void check_same_training(int dp, int pp, bool zero)
 {
-    step_result one[3], many[3];
-    float *one_params = NULL, *many_params = NULL;
-    size_t one_count = 0, many_count = 0;
-    train(dp, pp, zero, 0, one, &one_params, &one_count);
-    train(dp, pp, zero, 256, many, &many_params, &many_count);
-    for (int step = 0; step < 3; step++) {
-        assert_memory_equal(&one[step].loss, &many[step].loss,
-                            sizeof one[step].loss);
-        assert_memory_equal(&one[step].grad_norm, &many[step].grad_norm,
-                            sizeof one[step].grad_norm);
-    }
-    assert_int_equal(one_count, many_count);
-    assert_memory_equal(one_params, many_params, one_count * sizeof(float));
-    free(one_params);
-    free(many_params);
+    tiny_run one = train(dp, pp, zero, 0);
+    tiny_run many = train(dp, pp, zero, 256);
+    tiny_expect_same_bits(&one, &many, 3);
+    tiny_run_free(&one);
+    tiny_run_free(&many);
 }
 
 static void dp2_buckets_change_no_bit(void **state)

@@ -1,0 +1,213 @@
+/*
+ * ZeRO-Offload for one stage (stage_spec.offload_optimizer): the fp32
+ * master weights and AdamW's two moments of the optimizer's range (all
+ * parameters, or the ZeRO shard) in host memory the backend copies from
+ * fastest (pinned on the cuda backend), and the AdamW step on the CPU:
+ * the range's gradients come down, the CPU updates the master weights
+ * (the cpu reference's own AdamW, cpu_adamw_update), the weights go back
+ * up. docs/executor.md, "Optimizer offload".
+ */
+#include "executor/cpu/cpu.h"
+#include "executor/stage/stage.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The host side of one stage's offloaded optimizer. */
+typedef struct stage_offload {
+    size_t count;        /* floats: the optimizer's range */
+    float *master;       /* fp32 weights of the range */
+    float *m, *v;        /* AdamW's moments */
+    float *grads;        /* the range's gradients, as they came down */
+    bool master_stale;   /* the backend's params were written since */
+} stage_offload;
+
+static float *host_floats(const model_stage *stage, size_t count)
+{
+    size_t bytes = (count > 0 ? count : 1) * sizeof(float);
+    void *memory = stage->backend->host_alloc != NULL
+                       ? stage->backend->host_alloc(bytes)
+                       : malloc(bytes);
+    if (memory != NULL)
+        memset(memory, 0, bytes);
+    return memory;
+}
+
+static void host_release(const model_stage *stage, float *memory)
+{
+    if (memory == NULL)
+        return;
+    if (stage->backend->host_free != NULL)
+        stage->backend->host_free(memory);
+    else
+        free(memory);
+}
+
+void stage_offload_close(model_stage *stage)
+{
+    stage_offload *o = stage->offload;
+    if (o == NULL)
+        return;
+    host_release(stage, o->master);
+    host_release(stage, o->m);
+    host_release(stage, o->v);
+    host_release(stage, o->grads);
+    free(o);
+    stage->offload = NULL;
+}
+
+int stage_offload_open(model_stage *stage, pt_error *err)
+{
+    stage_offload *o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return pt_fail(err, "optimizer offload: out of memory");
+    stage->offload = o;
+    o->count = stage->optimizer_count;
+    o->master = host_floats(stage, o->count);
+    o->m = host_floats(stage, o->count);
+    o->v = host_floats(stage, o->count);
+    o->grads = host_floats(stage, o->count);
+    o->master_stale = true;
+    if (o->master == NULL || o->m == NULL || o->v == NULL ||
+        o->grads == NULL) {
+        stage_offload_close(stage);
+        return pt_fail(err, "optimizer offload: out of host memory for 4 x "
+                            "%zu floats",
+                       stage->optimizer_count);
+    }
+    return 0;
+}
+
+void stage_offload_params_written(model_stage *stage)
+{
+    if (stage->offload != NULL)
+        stage->offload->master_stale = true;
+}
+
+int stage_offload_copy(const model_stage *stage, stage_buffer which,
+                       float *host, bool to_host, pt_error *err)
+{
+    stage_offload *o = stage->offload;
+    float *moment = which == STAGE_ADAM_M   ? o->m
+                    : which == STAGE_ADAM_V ? o->v
+                                            : NULL;
+    if (moment == NULL)
+        return pt_fail(err, "optimizer offload: buffer %d is not a moment",
+                       (int)which);
+    size_t bytes = o->count * sizeof(float);
+    if (to_host)
+        memcpy(host, moment, bytes);
+    else
+        memcpy(moment, host, bytes);
+    return 0;
+}
+
+/* One thread's part of the host step: floats [lo, hi) of the buffer. */
+typedef struct adamw_part {
+    const model_stage *stage;
+    const adamw_config *config;
+    float learning_rate, grad_scale;
+    size_t lo, hi;
+} adamw_part;
+
+/* AdamW over the part, tensor by tensor (weight decay is per tensor), on
+ * the host copies; the arithmetic of the cpu backend's step, element by
+ * element, so the cut into parts changes no value. */
+static void *adamw_part_main(void *argument)
+{
+    const adamw_part *p = argument;
+    const model_stage *stage = p->stage;
+    stage_offload *o = stage->offload;
+    for (int i = 0; i < stage->tensor_count; i++) {
+        const param_tensor *t = &stage->tensors[i];
+        size_t start = t->offset > p->lo ? t->offset : p->lo;
+        size_t end = t->offset + t->count < p->hi ? t->offset + t->count
+                                                  : p->hi;
+        if (end <= start)
+            continue;
+        size_t at = start - stage->optimizer_first;
+        cpu_adamw_update(o->master + at, o->grads + at, o->m + at, o->v + at,
+                         end - start, p->config, p->learning_rate,
+                         p->grad_scale, stage->optimizer_steps,
+                         t->weight_decay);
+    }
+    return NULL;
+}
+
+/* The host's AdamW runs at about 1.5e8 parameters a second on one core
+ * (GPT-2 350M on an H100 machine's host, docs/records/gpu-runs.md): a
+ * large range is cut over up to OFFLOAD_THREADS cores (a thread that
+ * cannot start leaves its part to this one). PARTITA_OFFLOAD_THREADS
+ * (1..8) sets the count, for tests of the cut. */
+#define OFFLOAD_THREADS 8
+#define OFFLOAD_FLOATS_PER_THREAD (4u << 20)
+
+static void host_adamw(model_stage *stage, const adamw_config *config,
+                       float learning_rate, float grad_scale)
+{
+    size_t count = stage->offload->count;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t wanted = count / OFFLOAD_FLOATS_PER_THREAD + 1;
+    int threads = (int)(wanted < OFFLOAD_THREADS ? wanted : OFFLOAD_THREADS);
+    if (cores > 0 && threads > cores)
+        threads = (int)cores;
+    const char *forced = getenv("PARTITA_OFFLOAD_THREADS");
+    if (forced != NULL && atoi(forced) >= 1)
+        threads = atoi(forced) < OFFLOAD_THREADS ? atoi(forced)
+                                                 : OFFLOAD_THREADS;
+    adamw_part parts[OFFLOAD_THREADS];
+    pthread_t ids[OFFLOAD_THREADS];
+    bool started[OFFLOAD_THREADS] = {false};
+    size_t lo = stage->optimizer_first, share = count / (size_t)threads + 1;
+    for (int t = 0; t < threads; t++) {
+        size_t from = lo + (size_t)t * share, to = from + share;
+        parts[t] = (adamw_part){stage, config, learning_rate, grad_scale,
+                                from < lo + count ? from : lo + count,
+                                to < lo + count ? to : lo + count};
+        if (t > 0)
+            started[t] = pthread_create(&ids[t], NULL, adamw_part_main,
+                                        &parts[t]) == 0;
+    }
+    adamw_part_main(&parts[0]);
+    for (int t = 1; t < threads; t++) {
+        if (started[t])
+            pthread_join(ids[t], NULL);
+        else
+            adamw_part_main(&parts[t]);
+    }
+}
+
+/* The optimizer's range of params or grads to or from the host, through
+ * the backend's table (stage.c, which calls this file, checks nothing
+ * here: the range is the stage's own). */
+static int copy_range(model_stage *stage, stage_buffer which, float *host,
+                      bool to_host, pt_error *err)
+{
+    if (stage->backend->copy_range == NULL)
+        return pt_fail(err, "optimizer offload: the %s backend moves no "
+                            "part of a buffer",
+                       stage->backend->name);
+    size_t count = stage->offload->count;
+    return count == 0 ? 0
+                      : stage->backend->copy_range(stage, which,
+                                                   stage->optimizer_first,
+                                                   count, host, to_host, err);
+}
+
+int stage_offload_step(model_stage *stage, const adamw_config *config,
+                       float learning_rate, float grad_scale, pt_error *err)
+{
+    stage_offload *o = stage->offload;
+    /* the master starts as the backend's weights (initialised or
+     * restored there), fp32 on both sides */
+    if (o->master_stale &&
+        copy_range(stage, STAGE_PARAMS, o->master, true, err) != 0)
+        return -1;
+    o->master_stale = false;
+    if (copy_range(stage, STAGE_GRADS, o->grads, true, err) != 0)
+        return -1;
+    host_adamw(stage, config, learning_rate, grad_scale);
+    return copy_range(stage, STAGE_PARAMS, o->master, false, err);
+}

@@ -1,0 +1,196 @@
+/* ZeRO-2, ZeRO-3 and optimizer offload in the cost model (costmodel/
+ * zero.c, docs/cost-model.md section 11), against their closed forms:
+ * at dp 1 they change nothing; ZeRO-2 divides the gradients by dp and
+ * adds two units in flight, ZeRO-3 the weights and their copy too;
+ * offload takes AdamW's moments off the device and prices the step at
+ * the host link and the CPU's rate; each unit's
+ * gather and reduce-scatter pace its forward and backward when the dp
+ * link is slow. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "fixtures.h"
+
+static estimate estimate_of(fixture *f, parallel_config config,
+                            const int *partition)
+{
+    estimate e;
+    pt_error err = {{0}};
+    int order[1] = {0};
+    if (costmodel_estimate(&f->cm, &config, order, 1, partition, false, &e,
+                           &err) != 0)
+        fail_msg("%s", err.message);
+    return e;
+}
+
+/* GPT-2 XL on one node of 4 A100s, pp 1. */
+static void open_one_node(fixture *f, double intra_GBps)
+{
+    model_shape model = gpt2_xl();
+    assert_int_equal(fixture_open(f, &model, 1, 0), 0);
+    f->cluster.types[0].intra_node = link_of(intra_GBps, 5.0);
+}
+
+static void zero_at_dp_1_is_plain(void **state)
+{
+    (void)state;
+    fixture f;
+    open_one_node(&f, 230.0);
+    f.cluster.types[0].gpus = 1;
+    int partition[1] = {48};
+    parallel_config plain = config_of(8, 1, 1, 1, 1);
+    estimate base = estimate_of(&f, plain, partition);
+    for (int zero = 1; zero <= 3; zero++) {
+        parallel_config config = plain;
+        parallel_set_zero_stage(&config, zero);
+        estimate e = estimate_of(&f, config, partition);
+        assert_true(e.step_time_s == base.step_time_s);
+        assert_true(e.stages[0].peak_memory_bytes ==
+                    base.stages[0].peak_memory_bytes);
+        estimate_free(&e);
+    }
+    estimate_free(&base);
+    fixture_close(&f);
+}
+
+static void sharded_memory_terms(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    parallel_config plain = config_of(8, 1, 1, 4, 1);
+    stage_memory base, z2, z3, off;
+    costmodel_stage_memory(&m, &plain, 0, 0.0, &base);
+    parallel_config config = plain;
+    parallel_set_zero_stage(&config, 1);
+    stage_memory z1;
+    costmodel_stage_memory(&m, &config, 0, 0.0, &z1);
+    parallel_set_zero_stage(&config, 2);
+    costmodel_stage_memory(&m, &config, 0, 0.0, &z2);
+    parallel_set_zero_stage(&config, 3);
+    costmodel_stage_memory(&m, &config, 0, 0.0, &z3);
+    config.offload_optimizer = true;
+    costmodel_stage_memory(&m, &config, 0, 0.0, &off);
+    /* the largest unit of the one stage: the embeddings (V + s) h */
+    double unit = (50257.0 + 1024.0) * 1600.0;
+    const pt_memory_term G = PT_MEMORY_GRADIENTS, W = PT_MEMORY_WEIGHTS,
+                         M = PT_MEMORY_WEIGHT_MIRROR, O = PT_MEMORY_OPTIMIZER;
+    /* ZeRO-2: gradients / 4 and two units of fp32 */
+    assert_true(close_to(z2.fixed.bytes[G],
+                         base.fixed.bytes[G] / 4.0 + 8.0 * unit, 1e-12));
+    assert_true(close_to(z2.per_layer.bytes[G], base.per_layer.bytes[G] / 4.0,
+                         1e-12));
+    assert_true(z2.fixed.bytes[W] == base.fixed.bytes[W]);
+    assert_true(z2.fixed.bytes[O] == z1.fixed.bytes[O]);
+    /* ZeRO-3: weights / 4; the bf16 copy / 4 and two units gathered */
+    assert_true(close_to(z3.per_layer.bytes[W], base.per_layer.bytes[W] / 4.0,
+                         1e-12));
+    assert_true(close_to(z3.fixed.bytes[M],
+                         base.fixed.bytes[M] / 4.0 + 2.0 * 2.0 * unit, 1e-12));
+    assert_true(close_to(z3.per_layer.bytes[M], base.per_layer.bytes[M] / 4.0,
+                         1e-12));
+    /* offload: no AdamW moments on the device (the chunk tables stay, as
+     * do the fp32 weights, the backend's working copy) */
+    double layer_params = model_layer_parameter_count(&m);
+    assert_true(close_to(z3.per_layer.bytes[O] - off.per_layer.bytes[O],
+                         8.0 * layer_params / 4.0, 1e-9));
+    assert_true(off.per_layer.bytes[O] > 0.0);
+    assert_true(off.per_layer.bytes[W] == z3.per_layer.bytes[W]);
+    assert_true(off.per_layer.bytes[G] == z3.per_layer.bytes[G]);
+    /* the host holds 12 bytes a parameter of the rank's shard */
+    double params = stage_parameters_per_gpu(&m, &config, 0, 48);
+    assert_true(close_to(costmodel_offload_host_bytes(&m, &config, 0, 48),
+                         12.0 * params / 4.0, 1e-12));
+}
+
+static void offload_prices_the_host_step(void **state)
+{
+    (void)state;
+    fixture f;
+    open_one_node(&f, 230.0);
+    int partition[1] = {48};
+    parallel_config config = config_of(8, 1, 1, 4, 1);
+    parallel_set_zero_stage(&config, 2);
+    config.offload_optimizer = true;
+    double per_param = 6.0 / 25e9 + 1.0 / 1e9; /* bf16 up, fp32 down */
+    assert_true(close_to(costmodel_offload_s_per_param(&config), per_param,
+                         1e-12));
+    estimate e = estimate_of(&f, config, partition);
+    double held = stage_parameters_per_gpu(&f.model, &config, 0, 48) / 4.0;
+    assert_true(close_to(e.stages[0].optimizer_s, held * per_param, 1e-12));
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+/* On a slow dp link, ZeRO-3's forward of a layer is its gather and its
+ * backward the gather and the reduce-scatter; ZeRO-2 only reduces. */
+static void slow_link_paces_every_unit(void **state)
+{
+    (void)state;
+    fixture f;
+    open_one_node(&f, 0.05);
+    link_spec link = f.cluster.types[0].intra_node;
+    int partition[1] = {48};
+    parallel_config config = config_of(4, 1, 1, 4, 1);
+    type_costs costs;
+    pt_error err = {{0}};
+    assert_int_equal(costmodel_type_costs(&f.cm, 0, &config, &costs, &err), 0);
+    double layer = model_layer_parameter_count(&f.model);
+    double embedding = (50257.0 + 1024.0) * 1600.0, head = 2.0 * 1600.0;
+    double gather_layer = reduce_scatter_time(2.0 * layer, 4, link);
+    double reduce_layer = reduce_scatter_time(4.0 * layer, 4, link);
+    double gather_embedding = reduce_scatter_time(2.0 * embedding, 4, link);
+    double reduce_embedding = reduce_scatter_time(4.0 * embedding, 4, link);
+    double gather_head = reduce_scatter_time(2.0 * head, 4, link);
+    double reduce_head = reduce_scatter_time(4.0 * head, 4, link);
+    assert_true(gather_layer > costs.layer_backward_s);
+
+    parallel_set_zero_stage(&config, 3);
+    estimate e = estimate_of(&f, config, partition);
+    double forward = 48.0 * gather_layer +
+                     fmax(costs.embedding_forward_s, gather_embedding) +
+                     fmax(costs.head_forward_s, gather_head);
+    double backward =
+        48.0 * (gather_layer + reduce_layer) +
+        fmax(costs.embedding_backward_s, gather_embedding + reduce_embedding) +
+        fmax(costs.head_backward_s, gather_head + reduce_head);
+    assert_true(close_to(e.stages[0].forward_s, forward, 1e-9));
+    assert_true(close_to(e.stages[0].backward_s, backward, 1e-9));
+    /* after the backward: the embedding's reduce-scatter, no gather */
+    assert_true(close_to(e.stages[0].dp_allreduce_s, reduce_embedding, 1e-9));
+    estimate_free(&e);
+
+    parallel_set_zero_stage(&config, 2);
+    e = estimate_of(&f, config, partition);
+    assert_true(close_to(e.stages[0].forward_s,
+                         48.0 * costs.layer_forward_s +
+                             costs.embedding_forward_s + costs.head_forward_s,
+                         1e-9));
+    assert_true(close_to(e.stages[0].backward_s,
+                         48.0 * fmax(costs.layer_backward_s, reduce_layer) +
+                             fmax(costs.embedding_backward_s,
+                                  reduce_embedding) +
+                             fmax(costs.head_backward_s, reduce_head),
+                         1e-9));
+    /* ZeRO-2 still gathers the updated weights once, as ZeRO-1 */
+    double params = stage_parameters_per_gpu(&f.model, &config, 0, 48);
+    assert_true(close_to(e.stages[0].dp_allreduce_s,
+                         reduce_embedding +
+                             reduce_scatter_time(2.0 * params, 4, link),
+                         1e-9));
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(zero_at_dp_1_is_plain),
+        cmocka_unit_test(sharded_memory_terms),
+        cmocka_unit_test(offload_prices_the_host_step),
+        cmocka_unit_test(slow_link_paces_every_unit),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,157 @@
+/*
+ * ZeRO-2, ZeRO-3 and optimizer offload on the CPU, three steps of a tiny
+ * model through the threads launcher: ZeRO-2 (gradients reduce-scattered
+ * at every micro-batch) trains as plain data parallelism does, within
+ * rounding (the sums are ordered differently), for dp 2 and for pp 2 x
+ * dp 2 with tied embeddings; ZeRO-3 (weights gathered before every
+ * forward and backward, zeroed outside the shard in between) gives
+ * ZeRO-2's results bit for bit, so the gathers bring back every weight;
+ * offload (AdamW on host copies) gives the device step's results bit for
+ * bit on the cpu backend, alone and with ZeRO-3, and its moments read
+ * back through model_stage_read. The range wrappers refuse bad ranges.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tiny_training.h"
+
+#define STEPS 3
+
+typedef tiny_run zero_run;
+#define run_free tiny_run_free
+
+static zero_run train(int dp, int pp, int zero, bool offload)
+{
+    parallel_config config = {.gbs = 4 * dp, .mbs = 1, .tp = 1, .dp = dp,
+                              .pp = pp, .schedule = SCHEDULE_1F1B,
+                              .offload_optimizer = offload};
+    parallel_set_zero_stage(&config, zero);
+    train_config train = train_config_defaults();
+    train.schedule.max_lr = 1e-2;
+    train.schedule.warmup_steps = 0;
+    return tiny_train(&config, 512, &train, STEPS);
+}
+
+static void expect_equal_bits(const zero_run *a, const zero_run *b)
+{
+    tiny_expect_same_bits(a, b, STEPS);
+}
+
+static bool near(double a, double b, double relative, double absolute)
+{
+    return fabs(a - b) <= relative * fmax(fabs(a), fabs(b)) + absolute;
+}
+
+/* The same training up to the order of the sums. */
+static void expect_close(const zero_run *a, const zero_run *b)
+{
+    for (int s = 0; s < STEPS; s++) {
+        if (!near(a->steps[s].loss, b->steps[s].loss, 1e-5, 2e-6) ||
+            !near(a->steps[s].grad_norm, b->steps[s].grad_norm, 1e-5, 2e-6))
+            fail_msg("step %d: loss %.9g against %.9g, norm %.9g against "
+                     "%.9g", s, a->steps[s].loss, b->steps[s].loss,
+                     a->steps[s].grad_norm, b->steps[s].grad_norm);
+    }
+    assert_int_equal(a->count, b->count);
+    for (size_t i = 0; i < a->count; i++)
+        if (!near(a->params[i], b->params[i], 1e-5, 1e-5))
+            fail_msg("parameter %zu: %.9g against %.9g", i, a->params[i],
+                     b->params[i]);
+}
+
+static void zero2_and_zero3_train_as_plain_dp(void **state)
+{
+    (void)state;
+    zero_run plain = train(2, 1, 0, false);
+    zero_run zero2 = train(2, 1, 2, false);
+    zero_run zero3 = train(2, 1, 3, false);
+    expect_close(&plain, &zero2);
+    expect_equal_bits(&zero2, &zero3);
+    run_free(&plain);
+    run_free(&zero2);
+    run_free(&zero3);
+}
+
+static void zero2_and_zero3_with_tied_embeddings_over_stages(void **state)
+{
+    (void)state;
+    zero_run plain = train(2, 2, 0, false);
+    zero_run zero2 = train(2, 2, 2, false);
+    zero_run zero3 = train(2, 2, 3, false);
+    expect_close(&plain, &zero2);
+    expect_equal_bits(&zero2, &zero3);
+    run_free(&plain);
+    run_free(&zero2);
+    run_free(&zero3);
+}
+
+static void offload_steps_as_the_backend_does(void **state)
+{
+    (void)state;
+    zero_run device = train(1, 2, 0, false);
+    zero_run host = train(1, 2, 0, true);
+    expect_equal_bits(&device, &host);
+    run_free(&device);
+    run_free(&host);
+    zero_run zero3 = train(2, 1, 3, false);
+    zero_run zero3_host = train(2, 1, 3, true);
+    expect_equal_bits(&zero3, &zero3_host);
+    /* the host step cut over three threads: the same, element-wise */
+    setenv("PARTITA_OFFLOAD_THREADS", "3", 1);
+    zero_run threaded = train(1, 2, 0, true);
+    unsetenv("PARTITA_OFFLOAD_THREADS");
+    zero_run device_again = train(1, 2, 0, false);
+    expect_equal_bits(&device_again, &threaded);
+    run_free(&zero3);
+    run_free(&zero3_host);
+    run_free(&threaded);
+    run_free(&device_again);
+}
+
+static void ranges_are_checked(void **state)
+{
+    (void)state;
+    model_shape shape = tiny_shape();
+    stage_spec spec = stage_spec_whole_model(&shape);
+    model_stage stage;
+    pt_error err = {{0}};
+    assert_int_equal(
+        model_stage_create(&stage, &shape, &spec, BACKEND_CPU, 1, 1, &err),
+        0);
+    float host[4] = {1, 2, 3, 4};
+    size_t n = stage.param_count;
+    assert_int_equal(model_stage_write_range(&stage, STAGE_PARAMS, n - 4, 4,
+                                             host, &err),
+                     0);
+    assert_true(stage.params[n - 1] == 4.0f);
+    assert_int_equal(model_stage_zero_range(&stage, STAGE_PARAMS, n - 2, 2,
+                                            &err),
+                     0);
+    assert_true(stage.params[n - 1] == 0.0f && stage.params[n - 3] == 2.0f);
+    assert_int_equal(model_stage_read_range(&stage, STAGE_PARAMS, n - 3, 4,
+                                            host, &err),
+                     -1);
+    assert_non_null(strstr(err.message, "outside"));
+    assert_int_equal(model_stage_zero_range(&stage, STAGE_ADAM_M, 0, 1, &err),
+                     -1);
+    assert_non_null(strstr(err.message, "params or grads"));
+    model_stage_destroy(&stage);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(zero2_and_zero3_train_as_plain_dp),
+        cmocka_unit_test(zero2_and_zero3_with_tied_embeddings_over_stages),
+        cmocka_unit_test(offload_steps_as_the_backend_does),
+        cmocka_unit_test(ranges_are_checked),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
