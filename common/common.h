@@ -445,7 +445,24 @@ typedef struct parallel_config {
     precision_kind precision;
     bool recompute;             /* full activation recompute */
     bool distributed_optimizer; /* ZeRO-1 over the dp group */
+    /* Megatron's interleaved 1F1B: model chunks per rank (0 and 1: the
+     * plain schedule; docs/cost-model.md, "Interleaved 1F1B"). */
+    int virtual_stages;
+    /* Megatron's sequence parallelism with tp: the layer norms and the
+     * residual stream sharded over the sequence, reduce-scatter and
+     * all-gather in place of each all-reduce. */
+    bool sequence_parallel;
 } parallel_config;
+
+/* Model chunks per rank: virtual_stages, 1 when 0 (a config built before
+ * the field existed). */
+int parallel_virtual_stages(const parallel_config *config);
+/* Why config's interleaving or sequence parallelism cannot run, as one
+ * reason naming the field ("virtual_stages: 2 needs micro-batches (6) a
+ * multiple of pp (4)"); 0 when both are valid. seq: the model's
+ * sequence length. */
+int parallel_check_schedule_levers(const parallel_config *config, int seq,
+                                   pt_error *err);
 
 /* Micro-batches per iteration: gbs / (dp x mbs). */
 int parallel_microbatches(const parallel_config *config);

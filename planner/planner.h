@@ -81,6 +81,9 @@ typedef struct search_options {
     int max_mbs;              /* largest micro-batch tried (power of two) */
     bool allow_recompute;     /* also try full recompute */
     bool allow_distributed_optimizer;
+    bool allow_sequence_parallel; /* also try it where tp > 1 */
+    bool allow_interleave;        /* try interleaved 1F1B on the plans
+                                     the simulator ranks */
     int keep;                 /* how many ranked plans to keep */
     int threads;              /* 0: one per core; never more */
     bool exhaustive;          /* visit and score every distinct node order

@@ -31,9 +31,29 @@ run_options run_options_defaults(long iterations)
     return options;
 }
 
+/* Interleaving and sequence parallelism are priced and planned, not yet
+ * run: refuse them rather than train another schedule than the plan's. */
+static int check_schedule_levers(const parallel_config *config,
+                                 pt_error *err)
+{
+    if (parallel_virtual_stages(config) > 1)
+        return pt_fail(err, "virtual_stages: exec does not run the "
+                            "interleaved 1F1B yet (the plan has %d chunks a "
+                            "rank); estimate and plan price it, exec needs "
+                            "virtual_stages 1",
+                       config->virtual_stages);
+    if (config->sequence_parallel)
+        return pt_fail(err, "sequence_parallel: exec does not run sequence "
+                            "parallelism yet; estimate and plan price it, "
+                            "exec needs sequence_parallel false");
+    return 0;
+}
+
 int run_check_plan(const plan *p, pt_error *err)
 {
     const parallel_config *config = &p->config;
+    if (check_schedule_levers(config, err) != 0)
+        return -1;
     if (config->dp < 1 || config->pp < 1 || config->tp < 1 ||
         config->pp > PT_MAX_STAGES || config->tp > PT_MAX_TP ||
         (long)config->dp * config->pp * config->tp > RUN_MAX_RANKS)

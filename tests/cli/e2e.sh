@@ -893,6 +893,50 @@ exec-tp2)
   run 0 partita exec in-tp2.json --data in-corpus --iters 4 --load ckpt -o resumed.json
   expect_in resumed.json '"first_iteration": 4'
   ;;
+plan-schedule-levers)
+  # Megatron's interleaved 1F1B and sequence parallelism: planned,
+  # written, estimated, and refused by exec (not run yet)
+  run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 4 --quiet
+  expect_in out.txt " v5 "
+  expect_in out.txt "zero1+sp"
+  expect_in plan.json '"virtual_stages": 5'
+  run 0 partita estimate plan.json
+  expect_in out.txt "virtual stages 5 a rank (interleaved 1F1B on)"
+  run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 4 --quiet \
+    --no-interleave --no-sequence-parallel -o plain.json
+  expect_in plain.json '"virtual_stages": 1'
+  expect_in plain.json '"sequence_parallel": false'
+  if grep -q -e " v[0-9] " -e "+sp" out.txt; then fail "levers used though disabled"; fi
+  write_layout_plan in-sp.json 1 2 1 2 ', "sequence_parallel": true'
+  run 0 partita estimate in-sp.json
+  expect_in out.txt "sequence parallel on"
+  write_layout_plan in-v2.json 2 1 1 2 ', "virtual_stages": 2'
+  run 0 partita estimate --json in-v2.json
+  expect_in out.txt '"virtual_stages": 2'
+  prep_corpus
+  run 2 partita exec in-v2.json --data in-corpus --iters 1
+  expect_in err.txt "virtual_stages: exec does not run the interleaved 1F1B yet"
+  run 2 partita exec in-sp.json --data in-corpus --iters 1
+  expect_in err.txt "sequence_parallel: exec does not run sequence parallelism yet"
+  [ ! -e run.json ] || fail "a refused run wrote run.json"
+  ;;
+bad-schedule-levers)
+  write_layout_plan in-a.json 1 1 1 2 ', "virtual_stages": 0'
+  run 2 partita estimate in-a.json
+  expect_in err.txt "in-a.json: virtual_stages: must be"
+  write_layout_plan in-b.json 4 1 1 2 ', "virtual_stages": 2'
+  run 2 partita estimate in-b.json
+  expect_in err.txt "in-b.json: virtual_stages: 2 needs the micro-batches per iteration (gbs / (dp x mbs) = 1) to be a multiple of pp (2)"
+  write_layout_plan in-c.json 2 1 1 2 ', "virtual_stages": 2, "partition": "1-3"'
+  run 2 partita estimate in-c.json
+  expect_in err.txt "in-c.json: partition: stage 0 holds 1 layers, not a multiple of virtual_stages 2"
+  write_layout_plan in-d.json 1 1 1 2 ', "sequence_parallel": true'
+  run 2 partita estimate in-d.json
+  expect_in err.txt "in-d.json: sequence_parallel: needs tp >= 2"
+  write_layout_plan in-e.json 1 1 1 1 ', "sequence_parallel": "on"'
+  run 2 partita estimate in-e.json
+  expect_in err.txt "in-e.json: sequence_parallel: must be true or false"
+  ;;
 exec-tp-spans-nodes)
   # nodes of 2 and 4 GPUs, tp 4: stage 0's tp group spans the two small
   # nodes, stage 1 fills the big one. plan, estimate and exec take it.
