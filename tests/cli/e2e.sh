@@ -913,6 +913,25 @@ plan-schedule-levers)
   write_layout_plan in-v2.json 2 1 1 2 ', "virtual_stages": 2'
   run 0 partita estimate --json in-v2.json
   expect_in out.txt '"virtual_stages": 2'
+  # exported: Megatron's flags, or a layout of pp x v virtual stages
+  run 0 partita export plan.json --to megatron -o launch.sh
+  expect_in launch.sh "    --num-virtual-stages-per-pipeline-rank 5"
+  run 0 partita export in-sp.json --to megatron -o launch-sp.sh
+  expect_in launch-sp.sh "    --sequence-parallel"
+  cat >in-layout.json <<JSON
+{ "model": { "name": "tiny", "layers": 8, "hidden": 16, "heads": 2,
+             "seq": 16, "vocab": 257 },
+  "cluster": { "name": "one-box", "nodes": [
+      { "name": "box", "gpu": "A100-FASOP", "gpus": 4,
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
+  "gbs": 8, "mbs": 1, "tp": 1, "dp": 1, "pp": 4, "partition": "2-4-0-2",
+  "virtual_stages": 2 }
+JSON
+  run 0 partita export in-layout.json --to megatron -o launch-layout.sh
+  expect_in launch-layout.sh "--pipeline-model-parallel-layout 'Et|t\*2||t|t|t\*2||tL'"
+  if grep -q -- "--num-virtual-stages" launch-layout.sh; then fail "v given twice"; fi
+  run 0 partita export in-layout.json --to deepspeed -o ds.json
+  expect_in ds.json "virtual_stages 2: DeepSpeed's pipeline engine runs the plain 1F1B only"
   prep_corpus
   run 2 partita exec in-v2.json --data in-corpus --iters 1
   expect_in err.txt "virtual_stages: exec does not run the interleaved 1F1B yet"
