@@ -49,16 +49,17 @@ void search_space_free(search_space *space);
  * smaller), so it replaces the plain task rather than doubling them. */
 bool search_sequence_parallel_tried(const search_options *options,
                                     const parallel_config *config, int seq);
-/* The interleaved 1F1B tried on a simulated plan: virtual_stages v from 2
- * up to SEARCH_MAX_VIRTUAL_STAGES that Megatron allows for it (pp >= 2,
- * micro-batches a multiple of pp, each stage's layers a multiple of v),
- * until one after a faster one is not faster; when one fits and is
- * faster, *est and *config become its. est holds the plain plan's
- * estimate on entry. */
+/* The interleaved 1F1B tried on a simulated plan, on its node order:
+ * virtual_stages v from 2 up to SEARCH_MAX_VIRTUAL_STAGES that Megatron
+ * allows (pp >= 2, micro-batches a multiple of pp, layers a multiple of
+ * v), each with the partition in multiples of v that the interleaved
+ * schedule's surrogate ranks best, until one that fits is no faster than
+ * the v before it (or fits not); when one fits and is faster, *est, *config and partition[pp]
+ * become its. est holds the plain plan's estimate on entry. */
 int search_try_interleave(costmodel *cm, const search_options *options,
                           parallel_config *config, const int *order,
-                          int node_count, const int *partition,
-                          estimate *est, pt_error *err);
+                          int node_count, int *partition, estimate *est,
+                          pt_error *err);
 
 /* Whether tp suits the cluster: a power of two with every node type's
  * GPU count a multiple of it, or a multiple of every node type's GPU

@@ -413,10 +413,13 @@ static void simulate_candidate(void *context, int worker, int position)
     estimate est;
     pt_error err;
     parallel_config config = task->config;
-    if (costmodel_estimate(cm, &config, order, chosen->node_count,
-                           chosen->partition, false, &est, &err) != 0 ||
+    int partition[PT_MAX_STAGES];
+    memcpy(partition, chosen->partition,
+           (size_t)config.pp * sizeof *partition);
+    if (costmodel_estimate(cm, &config, order, chosen->node_count, partition,
+                           false, &est, &err) != 0 ||
         search_try_interleave(cm, run->options, &config, order,
-                              chosen->node_count, chosen->partition, &est,
+                              chosen->node_count, partition, &est,
                               &err) != 0) {
         worker_failed(run, worker, &err);
         return;
@@ -427,8 +430,7 @@ static void simulate_candidate(void *context, int worker, int position)
     out->config = config;
     out->node_count = chosen->node_count;
     memcpy(out->node_order, order, (size_t)chosen->node_count * sizeof(int));
-    memcpy(out->partition, chosen->partition,
-           (size_t)task->config.pp * sizeof(int));
+    memcpy(out->partition, partition, (size_t)config.pp * sizeof(int));
     out->step_time_s = est.step_time_s;
     out->tokens_per_s = est.tokens_per_s;
     out->tflops_per_gpu = est.tflops_per_gpu;
