@@ -75,6 +75,23 @@ int parallel_virtual_stages(const parallel_config *config)
     return config->virtual_stages > 1 ? config->virtual_stages : 1;
 }
 
+int parallel_chunk_warmup(int pp, int v, int stage, int microbatches)
+{
+    long long total = (long long)microbatches * v;
+    long long warm = v == 1 ? pp - stage - 1
+                            : 2LL * (pp - stage - 1) + (long long)(v - 1) * pp;
+    return (int)(warm < total ? warm : total);
+}
+
+void parallel_chunk_unit(int pp, int v, int k, bool forward, int *chunk,
+                         int *microbatch)
+{
+    int round = pp * v;
+    int within = k % round;
+    *chunk = forward ? within / pp : v - 1 - within / pp;
+    *microbatch = (k / round) * pp + within % pp;
+}
+
 int parallel_check_schedule_levers(const parallel_config *config, int seq,
                                    pt_error *err)
 {

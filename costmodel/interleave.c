@@ -15,13 +15,9 @@
 
 int interleave_warmup(int pp, int v, int stage, int microbatches)
 {
-    long long total = (long long)microbatches * v;
     /* Megatron's get_forward_backward_func: the plain 1F1B for one chunk,
-     * else 2 (pp - i - 1) + (v - 1) pp chunk forwards before the first
-     * chunk backward */
-    long long warm = v == 1 ? pp - stage - 1
-                            : 2LL * (pp - stage - 1) + (long long)(v - 1) * pp;
-    return (int)(warm < total ? warm : total);
+     * else its interleaved warm-up (common/plan.c, which exec shares) */
+    return parallel_chunk_warmup(pp, v, stage, microbatches);
 }
 
 int costmodel_chunks_in_flight(const parallel_config *config, int stage,
@@ -32,18 +28,6 @@ int costmodel_chunks_in_flight(const parallel_config *config, int stage,
                      1LL;
     long long total = (long long)microbatches * v;
     return (int)(held < total ? held : total);
-}
-
-/* The k-th chunk forward (or backward) of a rank: micro-batches go in
- * groups of pp through chunk 0, then the same group through chunk 1, and
- * so on; backwards visit the chunks in reverse. */
-static void chunk_unit(int pp, int v, int k, bool forward, int *chunk,
-                       int *microbatch)
-{
-    int round = pp * v;
-    int within = k % round;
-    *chunk = forward ? within / pp : v - 1 - within / pp;
-    *microbatch = (k / round) * pp + within % pp;
 }
 
 /* Working state of one simulation; arrival times are -1 until known.
@@ -115,7 +99,7 @@ static int advance_rank(chunk_sim *st, const interleave_stage *stages, int s,
     while (st->forwards_done[s] + st->backwards_done[s] < 2 * st->m * v) {
         bool forward = next_is_forward(st, s);
         int chunk, mb;
-        chunk_unit(pp, v, forward ? st->forwards_done[s]
+        parallel_chunk_unit(pp, v, forward ? st->forwards_done[s]
                                   : st->backwards_done[s],
                    forward, &chunk, &mb);
         int q = chunk * pp + s;

@@ -31,17 +31,11 @@ run_options run_options_defaults(long iterations)
     return options;
 }
 
-/* Interleaving and sequence parallelism are priced and planned, not yet
- * run: refuse them rather than train another schedule than the plan's. */
+/* Sequence parallelism is priced and planned, not yet run: refuse it
+ * rather than train another layout than the plan's. */
 static int check_schedule_levers(const parallel_config *config,
                                  pt_error *err)
 {
-    if (parallel_virtual_stages(config) > 1)
-        return pt_fail(err, "virtual_stages: exec does not run the "
-                            "interleaved 1F1B yet (the plan has %d chunks a "
-                            "rank); estimate and plan price it, exec needs "
-                            "virtual_stages 1",
-                       config->virtual_stages);
     if (config->sequence_parallel)
         return pt_fail(err, "sequence_parallel: exec does not run sequence "
                             "parallelism yet; estimate and plan price it, "
@@ -73,6 +67,24 @@ int run_check_plan(const plan *p, pt_error *err)
         return pt_fail(err, "gbs %d is not a positive multiple of dp x mbs "
                             "= %d x %d",
                        config->gbs, config->dp, config->mbs);
+    return 0;
+}
+
+int run_check_interleave(const plan *p, const run_options *options,
+                         pt_error *err)
+{
+    int v = parallel_virtual_stages(&p->config);
+    if (v == 1)
+        return 0;
+    if (options->backend != BACKEND_CPU)
+        return pt_fail(err, "virtual_stages: exec runs the interleaved 1F1B "
+                            "(%d chunks a rank) on the cpu backend only yet",
+                       v);
+    if (options->save_dir != NULL || options->load_dir != NULL)
+        return pt_fail(err, "virtual_stages: checkpoints of the interleaved "
+                            "1F1B (%d chunks a rank) are not written or "
+                            "read yet; run without --save and --load",
+                       v);
     return 0;
 }
 

@@ -290,7 +290,8 @@ static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
 {
     const run_options *options = ctx->options;
     if (run_check_plan(ctx->plan, err) != 0 ||
-        run_check_options(options, err) != 0)
+        run_check_options(options, err) != 0 ||
+        run_check_interleave(ctx->plan, options, err) != 0)
         return -1;
     if (prepare_layout(ctx, out, err) != 0 ||
         backend_find(options->backend, err) == NULL)
