@@ -63,7 +63,8 @@ struct pipeline_workers {
 /* The interleaved 1F1B's chunks 1..v-1 of a rank (chunk 0 is its
  * stage): made, initialised and attached on the rank's thread, or
  * destroyed (count: how many were made). */
-static model_stage *rank_chunk(pipeline_threads *p, int rank, int chunk)
+model_stage *pipeline_threads_chunk(pipeline_threads *p, int rank,
+                                    int chunk)
 {
     int v = pipeline_chunk_count(&p->layout);
     return chunk == 0 ? &p->stages[rank]
@@ -73,7 +74,7 @@ static model_stage *rank_chunk(pipeline_threads *p, int rank, int chunk)
 static void destroy_chunks(pipeline_threads *p, int rank, int count)
 {
     for (int c = 1; c < count; c++)
-        model_stage_destroy(rank_chunk(p, rank, c));
+        model_stage_destroy(pipeline_threads_chunk(p, rank, c));
 }
 
 static int set_up_chunks(pipeline_threads *p, int rank,
@@ -81,7 +82,7 @@ static int set_up_chunks(pipeline_threads *p, int rank,
 {
     int v = pipeline_chunk_count(&p->layout);
     for (int c = 1; c < v; c++) {
-        model_stage *chunk = rank_chunk(p, rank, c);
+        model_stage *chunk = pipeline_threads_chunk(p, rank, c);
         if (pipeline_chunk_stage_create(chunk, &p->layout, rank, c,
                                         launch->backend, launch->seed,
                                         err) != 0) {
@@ -146,7 +147,7 @@ static void run_order(rank_worker *w, const worker_order *order)
         model_stage *chunks[PIPELINE_MAX_CHUNKS];
         int v = pipeline_chunk_count(&p->layout);
         for (int c = 0; c < v; c++)
-            chunks[c] = rank_chunk(p, w->rank, c);
+            chunks[c] = pipeline_threads_chunk(p, w->rank, c);
         p->rank_status[w->rank] = pipeline_rank_step_chunks(
             &p->layout, chunks, v, &p->comms[w->rank], order->config,
             order->tokens, order->step_start_s,

@@ -325,6 +325,9 @@ typedef int (*pipeline_rank_task)(void *data, int rank, model_stage *stage,
 int pipeline_threads_on_rank(pipeline_threads *p, int rank,
                              pipeline_rank_task task, void *data,
                              pt_error *err);
+/* Chunk `chunk` of a rank's interleaved 1F1B (chunk 0: its stage). */
+model_stage *pipeline_threads_chunk(pipeline_threads *p, int rank,
+                                    int chunk);
 /* Ends the rank threads (each destroys its stage) and frees the rest.
  * Safe on a launcher that failed to start or was zeroed. */
 void pipeline_threads_destroy(pipeline_threads *p);

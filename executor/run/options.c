@@ -76,10 +76,6 @@ int run_check_interleave(const plan *p, const run_options *options,
     int v = parallel_virtual_stages(&p->config);
     if (v == 1)
         return 0;
-    if (options->backend != BACKEND_CPU)
-        return pt_fail(err, "virtual_stages: exec runs the interleaved 1F1B "
-                            "(%d chunks a rank) on the cpu backend only yet",
-                       v);
     if (options->save_dir != NULL || options->load_dir != NULL)
         return pt_fail(err, "virtual_stages: checkpoints of the interleaved "
                             "1F1B (%d chunks a rank) are not written or "
