@@ -188,7 +188,8 @@ static int allocate_buffers(run_context *ctx, const run_result *out,
     size_t window = (size_t)ctx->shape.seq + 1;
     ctx->tokens = malloc((size_t)out->gbs * window * sizeof *ctx->tokens);
     ctx->events_per_iteration =
-        ctx->parallel ? out->rank_count * (6 * out->micro_batches + 4)
+        ctx->parallel ? out->rank_count * (6 * out->micro_batches + 4) *
+                            pipeline_chunk_count(&ctx->layout)
                       : 2 * out->micro_batches + 1;
     ctx->event_window = RUN_EVENT_BUDGET / ctx->events_per_iteration;
     if (ctx->event_window > RUN_EVENT_WINDOW)

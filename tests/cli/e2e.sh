@@ -943,6 +943,9 @@ JSON
 import json
 a = json.load(open("run-v2.json")); b = json.load(open("run-plain.json"))
 assert [i["loss"] for i in a["iterations"]] == [i["loss"] for i in b["iterations"]]
+# every rank's chunk forwards of the recorded iteration: m v = 2 x 2
+for rank in (0, 1):
+    assert sum(e["rank"] == rank and e["kind"] == "fwd" for e in a["events"]) == 4
 PY
   run 2 partita exec in-v2.json --data in-corpus --iters 1 --save ckpt
   expect_in err.txt "virtual_stages: checkpoints of the interleaved 1F1B"
