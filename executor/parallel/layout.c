@@ -126,6 +126,8 @@ int pipeline_rank_chunk_spec(const pipeline_layout *layout, int rank,
     out->tp = layout->config.tp;
     out->tp_rank = pipeline_rank_tp(layout, rank);
     out->recompute_layers = layout->config.recompute;
+    out->sequence_parallel =
+        layout->config.sequence_parallel && layout->config.tp > 1;
     if (layout->config.distributed_optimizer && layout->config.dp > 1) {
         out->optimizer_shards = layout->config.dp;
         out->optimizer_shard = pipeline_rank_replica(layout, rank);

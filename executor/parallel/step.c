@@ -66,7 +66,9 @@ typedef struct rank_step {
     int stage_index;
     int replica;
     const uint32_t *tokens;      /* this replica's windows */
-    size_t activation_floats;    /* mbs x seq x hidden */
+    size_t activation_floats;    /* mbs x seq x hidden, or the rows of
+                                    this shard under sequence parallelism */
+    size_t shard_offset;         /* where those rows start, in floats */
     float loss_scale;            /* 1 / (m dp) */
     double loss_sum;             /* of this rank's micro-batches (head) */
     double step_start_s;
@@ -205,7 +207,8 @@ static int forward(rank_step *r, int chunk, int micro_batch, pt_error *err)
     if (peers.previous >= 0) {
         float *input = stage_input_buffer(stage, slot);
         if (receive(r, "recv_fwd", micro_batch, peers.previous,
-                    chunk_tag(r, chunk, micro_batch), input, err) != 0)
+                    chunk_tag(r, chunk, micro_batch),
+                    input + r->shard_offset, err) != 0)
             return -1;
         io.input = input;
     } else if (flush_send(r, err) != 0) {
@@ -222,7 +225,7 @@ static int forward(rank_step *r, int chunk, int micro_batch, pt_error *err)
             .present = true,
             .peer = peers.next,
             .tag = chunk_tag(r, peers.next_chunk, micro_batch),
-            .data = stage_output(stage, slot),
+            .data = stage_output(stage, slot) + r->shard_offset,
             .kind = "send_fwd",
             .micro_batch = micro_batch};
     return 0;
@@ -240,8 +243,8 @@ static int backward(rank_step *r, int chunk, int micro_batch, pt_error *err)
             return pt_fail(err, "the stage has no buffer for its output "
                                 "gradient");
         if (receive(r, "recv_bwd", micro_batch, peers.next,
-                    chunk_tag(r, chunk, micro_batch) + 1, output_grad,
-                    err) != 0)
+                    chunk_tag(r, chunk, micro_batch) + 1,
+                    output_grad + r->shard_offset, err) != 0)
             return -1;
         io.output_grad = output_grad;
     } else if (flush_send(r, err) != 0) {
@@ -256,7 +259,7 @@ static int backward(rank_step *r, int chunk, int micro_batch, pt_error *err)
             .present = true,
             .peer = peers.previous,
             .tag = chunk_tag(r, peers.previous_chunk, micro_batch) + 1,
-            .data = stage_input_grad(stage),
+            .data = stage_input_grad(stage) + r->shard_offset,
             .kind = "send_bwd",
             .micro_batch = micro_batch};
     return 0;
@@ -684,9 +687,6 @@ int pipeline_rank_step_chunks(const pipeline_layout *layout,
         .stage_index = pipeline_rank_stage(layout, c->rank),
         .replica = replica,
         .tokens = tokens + (size_t)replica * replica_windows * window,
-        .activation_floats = (size_t)layout->config.mbs *
-                             (size_t)layout->shape.seq *
-                             (size_t)layout->shape.hidden,
         .loss_scale = 1.0f / (float)(layout->micro_batches * dp),
         .step_start_s = step_start_s,
         .events = events,
@@ -697,6 +697,13 @@ int pipeline_rank_step_chunks(const pipeline_layout *layout,
          * buffer is reduced whole after the backward */
         .sync = chunk_count == 1 ? sync : NULL,
     };
+    /* sequence parallelism: a pipeline message is this shard's rows */
+    size_t first_row = 0, rows = 0;
+    stage_sequence_rows(&chunks[0]->spec,
+                        (size_t)layout->config.mbs * layout->shape.seq,
+                        &first_row, &rows);
+    r.activation_floats = rows * (size_t)layout->shape.hidden;
+    r.shard_offset = first_row * (size_t)layout->shape.hidden;
     if (events != NULL)
         events->count = 0;
     int status = -1;

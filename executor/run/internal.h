@@ -108,8 +108,8 @@ int run_rank_buffer_count(const run_context *ctx, int rank,
 /* -------------------------------------------------------- options.c */
 
 int run_check_options(const run_options *options, pt_error *err);
-/* The interleaved 1F1B (virtual_stages > 1) runs without checkpoints so
- * far. */
+/* The interleaved 1F1B (virtual_stages > 1) runs without checkpoints,
+ * sequence parallelism on the cpu backend, so far. */
 int run_check_interleave(const plan *p, const run_options *options,
                          pt_error *err);
 /* A save_dir that holds a checkpoint is refused unless the run resumes

@@ -31,23 +31,9 @@ run_options run_options_defaults(long iterations)
     return options;
 }
 
-/* Sequence parallelism is priced and planned, not yet run: refuse it
- * rather than train another layout than the plan's. */
-static int check_schedule_levers(const parallel_config *config,
-                                 pt_error *err)
-{
-    if (config->sequence_parallel)
-        return pt_fail(err, "sequence_parallel: exec does not run sequence "
-                            "parallelism yet; estimate and plan price it, "
-                            "exec needs sequence_parallel false");
-    return 0;
-}
-
 int run_check_plan(const plan *p, pt_error *err)
 {
     const parallel_config *config = &p->config;
-    if (check_schedule_levers(config, err) != 0)
-        return -1;
     if (config->dp < 1 || config->pp < 1 || config->tp < 1 ||
         config->pp > PT_MAX_STAGES || config->tp > PT_MAX_TP ||
         (long)config->dp * config->pp * config->tp > RUN_MAX_RANKS)
@@ -74,6 +60,11 @@ int run_check_interleave(const plan *p, const run_options *options,
                          pt_error *err)
 {
     int v = parallel_virtual_stages(&p->config);
+    /* the cuda backend keeps every row of the residual stream */
+    if (p->config.sequence_parallel && options->backend != BACKEND_CPU)
+        return pt_fail(err, "sequence_parallel: exec runs sequence "
+                            "parallelism on the cpu backend only yet; the "
+                            "cuda backend needs sequence_parallel false");
     if (v == 1)
         return 0;
     if (options->save_dir != NULL || options->load_dir != NULL)

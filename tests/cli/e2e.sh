@@ -933,7 +933,7 @@ JSON
   run 0 partita export in-layout.json --to deepspeed -o ds.json
   expect_in ds.json "virtual_stages 2: DeepSpeed's pipeline engine runs the plain 1F1B only"
   # exec: the interleaved 1F1B, the plain 1F1B's losses; not with
-  # checkpoints yet; no sequence parallelism
+  # checkpoints yet
   prep_corpus
   run 0 partita exec in-v2.json --data in-corpus --iters 3 -o run-v2.json
   expect_in out.txt "iteration        3/       3 |"
@@ -950,8 +950,19 @@ PY
   run 2 partita exec in-v2.json --data in-corpus --iters 1 --save ckpt
   expect_in err.txt "virtual_stages: checkpoints of the interleaved 1F1B"
   rm -f run-v2.json run-plain.json
-  run 2 partita exec in-sp.json --data in-corpus --iters 1
-  expect_in err.txt "sequence_parallel: exec does not run sequence parallelism yet"
+  # sequence parallelism on the cpu backend: the plain tp's losses
+  run 0 partita exec in-sp.json --data in-corpus --iters 3 -o run-sp.json
+  write_layout_plan in-tp.json 1 2 1 2
+  run 0 partita exec in-tp.json --data in-corpus --iters 3 -o run-tp.json
+  python3 - <<'PY' || fail "the sequence-parallel losses differ from the plain tp's"
+import json
+a = json.load(open("run-sp.json")); b = json.load(open("run-tp.json"))
+for x, y in zip(a["iterations"], b["iterations"]):
+    assert abs(x["loss"] - y["loss"]) <= 1e-5 * abs(y["loss"]), (x, y)
+PY
+  rm -f run-sp.json run-tp.json
+  run 2 partita exec in-sp.json --data in-corpus --iters 1 --backend cuda
+  expect_in err.txt "sequence_parallel: exec runs sequence parallelism on the cpu backend only yet"
   [ ! -e run.json ] || fail "a refused run wrote run.json"
   ;;
 bad-schedule-levers)

@@ -1,10 +1,13 @@
 /*
- * Megatron's interleaved 1F1B on the threads comm: the same mathematics
- * as the plain 1F1B, so the same losses and gradient norms step after
- * step (tied and untied embeddings, data and tensor parallelism, ZeRO-1,
- * full recompute, a stage of no layers); each rank's chunks hold the
- * virtual stages Megatron gives them, its order of chunk forwards and
- * backwards is Megatron's, and its chunks' slots suffice.
+ * Megatron's schedule levers on the threads comm. The interleaved 1F1B:
+ * the same mathematics as the plain 1F1B, so the same losses and
+ * gradient norms step after step (tied and untied embeddings, data and
+ * tensor parallelism, ZeRO-1, full recompute, a stage of no layers);
+ * each rank's chunks hold the virtual stages Megatron gives them, its
+ * order of chunk forwards and backwards is Megatron's, and its chunks'
+ * slots suffice. Sequence parallelism: the plain tp's losses and norms
+ * within fp32 round-off (its norms' weight gradients are summed shard by
+ * shard), with pipelines, interleaving, ZeRO-1 and recompute.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -64,6 +67,50 @@ static void run_steps(const model_shape *shape, const parallel_config *config,
                                   &out[step], &err) != 0)
             fail_msg("%s", err.message);
     pipeline_threads_destroy(&p);
+}
+
+/* Sequence parallelism against the plain tp, both with v chunks: the
+ * same within fp32 round-off. */
+static void check_sequence_parallel(int pp, int dp, int v, bool tied,
+                                    bool zero1, bool recompute,
+                                    const int *partition)
+{
+    model_shape shape = tiny_shape(tied);
+    parallel_config config = {.gbs = 8, .mbs = 1, .tp = 2, .dp = dp,
+                              .pp = pp, .schedule = SCHEDULE_1F1B,
+                              .precision = PRECISION_FP32,
+                              .recompute = recompute,
+                              .distributed_optimizer = zero1,
+                              .virtual_stages = v};
+    uint32_t *tokens = make_tokens(&shape, config.gbs);
+    step_result plain[STEPS], sequence[STEPS];
+    run_steps(&shape, &config, partition, tokens, plain);
+    config.sequence_parallel = true;
+    run_steps(&shape, &config, partition, tokens, sequence);
+    for (int step = 0; step < STEPS; step++) {
+        float tolerance_loss = 1e-6f + 1e-5f * plain[step].loss;
+        float tolerance_norm = 1e-6f + 1e-5f * plain[step].grad_norm;
+        if (fabsf(sequence[step].loss - plain[step].loss) > tolerance_loss ||
+            fabsf(sequence[step].grad_norm - plain[step].grad_norm) >
+                tolerance_norm)
+            fail_msg("pp %d dp %d v %d, step %d: loss %.9g norm %.9g, "
+                     "plain tp %.9g %.9g",
+                     pp, dp, v, step, (double)sequence[step].loss,
+                     (double)sequence[step].grad_norm,
+                     (double)plain[step].loss, (double)plain[step].grad_norm);
+    }
+    free(tokens);
+}
+
+static void test_sequence_parallel_equals_plain_tp(void **state)
+{
+    (void)state;
+    static const int whole[] = {8}, even2[] = {4, 4}, uneven2[] = {6, 2};
+    check_sequence_parallel(1, 1, 1, true, false, false, whole);
+    check_sequence_parallel(2, 1, 1, true, false, false, uneven2);
+    check_sequence_parallel(2, 1, 2, false, false, false, even2);
+    check_sequence_parallel(2, 2, 1, true, true, false, even2);
+    check_sequence_parallel(1, 1, 1, true, false, true, whole);
 }
 
 /* The interleaved run of v chunks against the plain one: losses equal,
@@ -204,6 +251,7 @@ int main(void)
         cmocka_unit_test(test_losses_equal_plain_1f1b),
         cmocka_unit_test(test_chunks_and_order),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_sequence_parallel_equals_plain_tp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
