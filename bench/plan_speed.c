@@ -449,7 +449,7 @@ static int greedy_report(const bench_arguments *args, pt_error *err)
         int status = costmodel_open(&cm, &in.model, &in.cluster, in.profiles,
                                     err);
         if (status == 0) {
-            status = search_space_build(&in.cluster, in.model.layers,
+            status = search_space_build(&in.cluster, &in.model,
                                         &options, &space, err);
             if (status == 0) {
                 status = compare_problem(&cm, &space, &options, &tally, err);

@@ -45,6 +45,8 @@ static void print_plan_help(void)
         "                     fits without them), always, or never\n"
         "  --max-zero N       highest ZeRO stage tried, 1..3 (default 3)\n"
         "  --no-offload       never offload the optimizer to the host\n"
+        "  --no-sequence-parallel  never use sequence parallelism (tp > 1)\n"
+        "  --no-interleave    never use the interleaved 1F1B (virtual stages)\n"
         "  --top K            plans shown and kept as alternatives (default 10)\n"
         "  --search S         bb (default): branch and bound, exact, cuts what\n"
         "                     cannot make the shortlist; exhaustive: visit\n"
@@ -118,7 +120,7 @@ static void cap_threads(int *threads)
 
 enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
        OPT_SOLVER, OPT_SCHEDULE, OPT_PRECISION, OPT_MAX_MBS,
-       OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_TOP, OPT_THREADS, OPT_PROFILES,
+       OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_NO_SP, OPT_NO_INTERLEAVE, OPT_TOP, OPT_THREADS, OPT_PROFILES,
        OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_PER_RANK_TIMELINE,
        OPT_MAX_ZERO, OPT_NO_OFFLOAD, OPT_ZERO_LEVERS, OPT_HELP };
 static const struct option plan_options[] = {
@@ -136,6 +138,8 @@ static const struct option plan_options[] = {
     {"max-zero", required_argument, NULL, OPT_MAX_ZERO},
     {"no-offload", no_argument, NULL, OPT_NO_OFFLOAD},
     {"zero-levers", required_argument, NULL, OPT_ZERO_LEVERS},
+    {"no-sequence-parallel", no_argument, NULL, OPT_NO_SP},
+    {"no-interleave", no_argument, NULL, OPT_NO_INTERLEAVE},
     {"top", required_argument, NULL, OPT_TOP},
     {"threads", required_argument, NULL, OPT_THREADS},
     {"profiles", required_argument, NULL, OPT_PROFILES},
@@ -219,6 +223,8 @@ static int apply_plan_option(int option, const char *value,
             return -1;
         }
         return 0;
+    case OPT_NO_SP: search->allow_sequence_parallel = false; return 0;
+    case OPT_NO_INTERLEAVE: search->allow_interleave = false; return 0;
     case OPT_TOP: return parse_positive(value, "--top", &search->keep);
     case OPT_THREADS:
         return parse_positive(value, "--threads", &search->threads);
@@ -332,16 +338,18 @@ static void print_ranking_header(const cluster *c, ranking_widths w)
 static void format_levers(const parallel_config *config, char *out,
                           size_t size)
 {
+    /* rc, zeroN, off, sp, vN: the levers a plan uses, '+'-joined */
     int zero = parallel_zero_stage(config);
-    char zero_text[16] = "";
+    char zero_text[16] = "", chunks[16] = "";
     if (zero >= 1)
-        snprintf(zero_text, sizeof zero_text, "zero%d", zero);
-    snprintf(out, size, "%s%s%s%s%s", config->recompute ? "rc" : "",
-             config->recompute && zero >= 1 ? "+" : "", zero_text,
-             config->offload_optimizer && (zero >= 1 || config->recompute)
-                 ? "+"
-                 : "",
-             config->offload_optimizer ? "off" : "");
+        snprintf(zero_text, sizeof zero_text, "+zero%d", zero);
+    if (parallel_virtual_stages(config) > 1)
+        snprintf(chunks, sizeof chunks, "+v%d", config->virtual_stages);
+    snprintf(out, size, "%s%s%s%s%s", config->recompute ? "+rc" : "",
+             zero_text, config->offload_optimizer ? "+off" : "",
+             config->sequence_parallel ? "+sp" : "", chunks);
+    if (out[0] == '+')
+        memmove(out, out + 1, strlen(out));
     if (out[0] == '\0')
         snprintf(out, size, "-");
 }
@@ -349,7 +357,7 @@ static void format_levers(const parallel_config *config, char *out,
 static void print_ranked_row(const cluster *c, ranking_widths w, int rank,
                              const ranked_plan *ranked)
 {
-    char order[256], partition[PT_MAX_STAGES * 6], levers[24];
+    char order[256], partition[PT_MAX_STAGES * 6], levers[48];
     format_node_order(c, ranked->node_order, ranked->node_count, order,
                       sizeof order);
     partition_format(ranked->partition, ranked->config.pp, partition,
@@ -379,14 +387,17 @@ static json_t *alternative_to_json(const cluster *c, const ranked_plan *r)
         cluster_node_name(c, r->node_order[i], name, sizeof name);
         json_array_append_new(order, json_string(name));
     }
-    json_t *entry = json_pack("{s:i, s:i, s:i, s:i, s:s, s:o, s:s, s:b, s:f, "
-                     "s:f, s:f, s:f}",
+    json_t *entry = json_pack("{s:i, s:i, s:i, s:i, s:s, s:o, s:s, s:b, s:i, "
+                     "s:b, s:f, s:f, s:f, s:f}",
                      "mbs", r->config.mbs, "tp", r->config.tp, "dp",
                      r->config.dp, "pp", r->config.pp, "partition", partition,
                      "node_order", order, "recompute",
                      r->config.recompute ? "full" : "none",
                      "distributed_optimizer",
-                     (int)r->config.distributed_optimizer, "step_time_s",
+                     (int)r->config.distributed_optimizer, "virtual_stages",
+                     parallel_virtual_stages(&r->config),
+                     "sequence_parallel", (int)r->config.sequence_parallel,
+                     "step_time_s",
                      r->step_time_s, "tokens_per_s", r->tokens_per_s,
                      "tflops_per_gpu", r->tflops_per_gpu, "cost_per_step_usd",
                      r->cost_per_step_usd);

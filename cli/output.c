@@ -148,6 +148,18 @@ static void print_zero_levers(const plan *p, const estimate *est)
                parallel_zero_stage(config));
 }
 
+/* A line for the plan's interleaving and sequence parallelism, only when
+ * it uses one (older plans' output is unchanged). */
+static void print_schedule_levers(const parallel_config *config)
+{
+    int v = parallel_virtual_stages(config);
+    if (v == 1 && !config->sequence_parallel)
+        return;
+    printf("# virtual stages %d a rank (interleaved 1F1B %s), sequence "
+           "parallel %s\n",
+           v, v > 1 ? "on" : "off", config->sequence_parallel ? "on" : "off");
+}
+
 void print_estimate_summary(const plan *p, const estimate *est)
 {
     const parallel_config *config = &p->config;
@@ -169,6 +181,7 @@ void print_estimate_summary(const plan *p, const estimate *est)
            config->recompute ? "full" : "none",
            config->distributed_optimizer ? "on" : "off");
     print_zero_levers(p, est);
+    print_schedule_levers(config);
     printf("# partition %s, node order %s\n", partition, order);
     print_stage_table(p, est);
     print_memory_table(est);

@@ -454,7 +454,35 @@ typedef struct parallel_config {
     /* ZeRO-Offload: the fp32 master weights and AdamW's moments in host
      * memory, the step on the CPU (docs/cost-model.md, section 11). */
     bool offload_optimizer;
+    /* Megatron's interleaved 1F1B: model chunks per rank (0 and 1: the
+     * plain schedule; docs/cost-model.md, "Interleaved 1F1B"). */
+    int virtual_stages;
+    /* Megatron's sequence parallelism with tp: the layer norms and the
+     * residual stream sharded over the sequence, reduce-scatter and
+     * all-gather in place of each all-reduce. */
+    bool sequence_parallel;
 } parallel_config;
+
+/* Model chunks per rank: virtual_stages, 1 when 0 (a config built before
+ * the field existed). */
+int parallel_virtual_stages(const parallel_config *config);
+/* Megatron's interleaved 1F1B order, shared by the cost model and the
+ * executor (docs/cost-model.md 6.1): the chunk forwards rank `stage` runs
+ * before its first chunk backward, 2 (pp - stage - 1) + (v - 1) pp (the
+ * plain 1F1B's pp - stage - 1 when v is 1), at most v x micro-batches;
+ * and the chunk and micro-batch of a rank's k-th chunk forward (or
+ * backward): micro-batches in groups of pp through chunk 0, then the same
+ * group through chunk 1, ..., backwards through the chunks in reverse. */
+int parallel_chunk_warmup(int pp, int v, int stage, int microbatches);
+void parallel_chunk_unit(int pp, int v, int k, bool forward, int *chunk,
+                         int *microbatch);
+
+/* Why config's interleaving or sequence parallelism cannot run, as one
+ * reason naming the field ("virtual_stages: 2 needs micro-batches (6) a
+ * multiple of pp (4)"); 0 when both are valid. seq: the model's
+ * sequence length. */
+int parallel_check_schedule_levers(const parallel_config *config, int seq,
+                                   pt_error *err);
 
 /* Micro-batches per iteration: gbs / (dp x mbs). */
 int parallel_microbatches(const parallel_config *config);

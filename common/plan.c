@@ -24,8 +24,9 @@
 static const char *const plan_keys[] = {
     "format", "model", "cluster", "gbs", "mbs", "tp", "dp", "pp",
     "partition", "node_order", "schedule", "precision", "recompute",
-    "distributed_optimizer", "zero", "offload_optimizer", "origin",
-    "estimate", "alternatives", "pareto", NULL};
+    "distributed_optimizer", "zero", "offload_optimizer", "virtual_stages",
+    "sequence_parallel", "origin", "estimate", "alternatives", "pareto",
+    NULL};
 static const char *const origin_keys[] = {"model", "cluster", NULL};
 
 /* In enum order. */
@@ -74,6 +75,106 @@ void parallel_set_zero_stage(parallel_config *config, int stage)
 {
     config->zero_stage = stage;
     config->distributed_optimizer = stage >= 1;
+}
+
+/* ------------------------------------- interleaving, sequence parallel */
+
+/* Megatron's bounds: a chunk schedule over pp ranks needs pp >= 2, 1F1B
+ * and whole groups of pp micro-batches; sequence parallelism shards the
+ * sequence over tp ranks. */
+#define PLAN_MAX_VIRTUAL_STAGES 64
+
+int parallel_virtual_stages(const parallel_config *config)
+{
+    return config->virtual_stages > 1 ? config->virtual_stages : 1;
+}
+
+int parallel_chunk_warmup(int pp, int v, int stage, int microbatches)
+{
+    long long total = (long long)microbatches * v;
+    long long warm = v == 1 ? pp - stage - 1
+                            : 2LL * (pp - stage - 1) + (long long)(v - 1) * pp;
+    return (int)(warm < total ? warm : total);
+}
+
+void parallel_chunk_unit(int pp, int v, int k, bool forward, int *chunk,
+                         int *microbatch)
+{
+    int round = pp * v;
+    int within = k % round;
+    *chunk = forward ? within / pp : v - 1 - within / pp;
+    *microbatch = (k / round) * pp + within % pp;
+}
+
+int parallel_check_schedule_levers(const parallel_config *config, int seq,
+                                   pt_error *err)
+{
+    int v = parallel_virtual_stages(config);
+    int m = parallel_microbatches(config);
+    if (config->virtual_stages < 0 ||
+        config->virtual_stages > PLAN_MAX_VIRTUAL_STAGES)
+        return pt_fail(err, "virtual_stages: must be an integer in 1..%d, "
+                       "got %d", PLAN_MAX_VIRTUAL_STAGES,
+                       config->virtual_stages);
+    if (v > 1 && config->pp < 2)
+        return pt_fail(err, "virtual_stages: %d needs pp >= 2 (interleaving "
+                       "splits each pipeline rank's layers), got pp %d", v,
+                       config->pp);
+    if (v > 1 && config->schedule != SCHEDULE_1F1B)
+        return pt_fail(err, "virtual_stages: %d needs schedule \"1f1b\" "
+                       "(the interleaved 1F1B), got \"%s\"", v,
+                       schedule_name(config->schedule));
+    if (v > 1 && m % config->pp != 0)
+        return pt_fail(err, "virtual_stages: %d needs the micro-batches "
+                       "per iteration (gbs / (dp x mbs) = %d) to be a "
+                       "multiple of pp (%d), as Megatron does", v, m,
+                       config->pp);
+    if (config->sequence_parallel && config->tp < 2)
+        return pt_fail(err, "sequence_parallel: needs tp >= 2 (it shards "
+                       "over the tensor-parallel group), got tp %d",
+                       config->tp);
+    if (config->sequence_parallel && seq % config->tp != 0)
+        return pt_fail(err, "sequence_parallel: the sequence length %d is "
+                       "not divisible by tp %d", seq, config->tp);
+    return 0;
+}
+
+/* "virtual_stages" and "sequence_parallel", after the degrees and the
+ * model; absent in older plans: 1 and false. */
+static int schedule_levers_part(const json_t *obj, const json_place *place,
+                                plan *out, pt_error *err)
+{
+    long long virtual_stages = 1;
+    if (json_get_int(obj, place, "virtual_stages", false, 1,
+                     PLAN_MAX_VIRTUAL_STAGES, &virtual_stages, err) != 0 ||
+        json_get_bool(obj, place, "sequence_parallel", false,
+                      &out->config.sequence_parallel, err) != 0)
+        return -1;
+    out->config.virtual_stages = (int)virtual_stages;
+    if (parallel_check_schedule_levers(&out->config, out->model.seq, err) !=
+        0) {
+        pt_error_prefix(err, "%s", place->file);
+        return -1;
+    }
+    return 0;
+}
+
+/* Megatron splits each rank's layers evenly over its chunks: every stage
+ * of an interleaved plan holds a multiple of virtual_stages layers. */
+static int interleave_partition_part(const plan *p, const json_place *place,
+                                     pt_error *err)
+{
+    int v = parallel_virtual_stages(&p->config);
+    for (int s = 0; s < p->config.pp && v > 1; s++)
+        if (p->partition[s] % v != 0) {
+            json_place where = json_place_key(place, "partition");
+            return json_place_fail(&where, err,
+                                   "stage %d holds %d layers, not a multiple "
+                                   "of virtual_stages %d (each rank's "
+                                   "layers are split evenly over its chunks)",
+                                   s, p->partition[s], v);
+        }
+    return 0;
 }
 
 /* ------------------------------------------------------------ partition */
@@ -463,9 +564,11 @@ static int plan_parts(const json_t *obj, const json_place *place, plan *out,
     }
     if (degrees_part(obj, place, out, err) != 0 ||
         model_part(obj, place, out, err) != 0 ||
+        schedule_levers_part(obj, place, out, err) != 0 ||
         cluster_part(obj, place, out, err) != 0 ||
         origin_part(obj, place, out, err) != 0 ||
         partition_part(obj, place, out, err) != 0 ||
+        interleave_partition_part(out, place, err) != 0 ||
         node_order_part(obj, place, out, err) != 0 ||
         check_placement(place, out, err) != 0)
         return -1;
@@ -618,6 +721,10 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
                  &failures);
     if (config->offload_optimizer)
         json_put(root, "offload_optimizer", json_true(), &failures);
+    json_put(root, "virtual_stages",
+             json_integer(parallel_virtual_stages(config)), &failures);
+    json_put(root, "sequence_parallel",
+             json_boolean(config->sequence_parallel), &failures);
     if (sections != NULL) {
         put_section(root, "estimate", sections->estimate, &failures);
         put_section(root, "alternatives", sections->alternatives, &failures);

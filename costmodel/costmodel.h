@@ -315,7 +315,8 @@ void stage_memory_at(const stage_memory *memory, int layers,
 
 /* Micro-batches whose activations stage `stage` holds at its peak (the
  * executor's activation slots): 1F1B min(pp - stage, m), GPipe m; 1 for
- * a plan of one rank, which trains one micro-batch at a time. */
+ * a plan of one rank, which trains one micro-batch at a time; under the
+ * interleaved 1F1B the chunk micro-batches (costmodel_chunks_in_flight). */
 int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
                                      int microbatches);
 
@@ -451,6 +452,54 @@ int schedule_simulate(schedule_kind kind, const schedule_stage *stages,
                       int pp, int microbatches, bool want_events,
                       schedule_result *out, pt_error *err);
 void schedule_result_free(schedule_result *r);
+
+/* ---------------------------------- sequence parallelism (sequence.c) */
+
+/* Rows of the sequence each tp rank holds outside the tensor-parallel
+ * matmuls: tp under sequence parallelism, else 1. */
+double costmodel_sequence_shards(const parallel_config *config);
+/* Bytes of one pipeline message (activation or its gradient): b s h e,
+ * divided by costmodel_sequence_shards. */
+double costmodel_pipeline_message_bytes(const model_shape *model,
+                                        const parallel_config *config);
+/* One of a layer's tp collectives under sequence parallelism, from the
+ * price of one reduce-scatter of the whole buffer: the reduce-scatter and
+ * the all-gather (each priced as that reduce-scatter). */
+double costmodel_sequence_tp_comm_s(double reduce_scatter_s);
+
+/* ------------------------------------- interleaved 1F1B (interleave.c) */
+
+/* One rank of an interleaved pipeline, one micro-batch: its layers'
+ * times (the v chunks share them equally: each chunk holds L_i / v of
+ * the rank's layers), the embedding (rank 0, chunk 0) or head (last
+ * rank, last chunk) and its sends: to rank i + 1 (the last rank: to rank
+ * 0, its chunk's successor) and to rank i - 1 (rank 0: to the last). */
+typedef struct interleave_stage {
+    double layers_forward_s, layers_backward_s;
+    double ends_forward_s, ends_backward_s;
+    double send_fwd_s, send_bwd_s;
+} interleave_stage;
+
+/* Chunk forwards a rank runs before its first chunk backward: Megatron's
+ * 2 (pp - i - 1) + (v - 1) pp, the plain 1F1B's pp - i - 1 for v = 1;
+ * at most v x micro-batches. */
+int interleave_warmup(int pp, int v, int stage, int microbatches);
+/* Chunk micro-batches rank `stage` holds at its peak: warm-up + 1, at
+ * most v x micro-batches (the plain 1F1B's min(pp - i, m) for v = 1). */
+int costmodel_chunks_in_flight(const parallel_config *config, int stage,
+                               int microbatches);
+/* Fails, naming the field, when config's interleaving or sequence
+ * parallelism cannot run (parallel_check_schedule_levers) or a stage's
+ * layers are not a multiple of virtual_stages. */
+int costmodel_check_schedule_levers(const costmodel *cm,
+                                    const parallel_config *config,
+                                    const int *partition, pt_error *err);
+/* Simulates Megatron's interleaved 1F1B of pp ranks with v chunks each
+ * (docs/cost-model.md, "Interleaved 1F1B"): schedule_simulate's model
+ * over pp x v virtual stages; events carry the rank as their stage. */
+int interleave_simulate(const interleave_stage *stages, int pp, int v,
+                        int microbatches, bool want_events,
+                        schedule_result *out, pt_error *err);
 
 /* ------------------------------------------- roofline: prices any shape */
 

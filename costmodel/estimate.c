@@ -204,6 +204,24 @@ static int price_stages(costmodel *cm, const parallel_config *config,
     return 0;
 }
 
+/* The pipeline's simulation: the plain schedule, or the interleaved one
+ * over the plan's chunks (interleave.c). */
+static int simulate_pipeline(const costmodel *cm,
+                             const parallel_config *config, int microbatches,
+                             bool want_events, estimate_scratch *scratch,
+                             const estimate *out, schedule_result *pipeline,
+                             pt_error *err)
+{
+    if (parallel_virtual_stages(config) == 1)
+        return schedule_simulate(config->schedule, scratch->schedule,
+                                 config->pp, microbatches, want_events,
+                                 pipeline, err);
+    return costmodel_interleave_pipeline(cm, config, &scratch->lane,
+                                         scratch->placement, scratch->costs,
+                                         out->stages, microbatches,
+                                         want_events, pipeline, err);
+}
+
 /* Durations of each stage's per-step collectives and optimizer step. */
 static void price_step_work(const costmodel *cm, const parallel_config *config,
                             estimate_scratch *scratch, estimate *out)
@@ -448,7 +466,8 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
     if (costmodel_check_degrees(config, err) != 0)
         return -1;
     int microbatches = costmodel_microbatch_count(config, err);
-    if (microbatches < 0 || check_partition(cm, config, partition, err) != 0)
+    if (microbatches < 0 || check_partition(cm, config, partition, err) != 0 ||
+        costmodel_check_schedule_levers(cm, config, partition, err) != 0)
         return -1;
     estimate_scratch scratch = {0};
     if (scratch_allocate(&scratch, config->pp, cm->cluster->type_count,
@@ -466,8 +485,8 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
                               scratch.placement, &scratch.lane,
                               &scratch.lane_storage, err) != 0 ||
         price_stages(cm, config, partition, &scratch, out, err) != 0 ||
-        schedule_simulate(config->schedule, scratch.schedule, config->pp,
-                          microbatches, want_events, &pipeline, err) != 0)
+        simulate_pipeline(cm, config, microbatches, want_events, &scratch,
+                          out, &pipeline, err) != 0)
         goto done;
     price_step_work(cm, config, &scratch, out);
     out->step_time_s = schedule_step_work(config, &pipeline, &scratch, out);

@@ -71,6 +71,23 @@ void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
 double activation_message_bytes(const model_shape *model,
                                  const parallel_config *config);
 
+/* Whether every one of count times is finite and not negative (the
+ * simulators' inputs). */
+bool schedule_times_valid(const double *times, int count);
+
+/* The interleaved pipeline of an estimate (interleave.c): each stage's
+ * priced times split into its layers and its embedding or head, its sends
+ * (the wrap-around ones, last rank to first, over the link between them)
+ * and the simulation. */
+int costmodel_interleave_pipeline(const costmodel *cm,
+                                  const parallel_config *config,
+                                  const node_lane *lane,
+                                  const stage_placement *placement,
+                                  const type_costs *costs,
+                                  const stage_estimate *stages,
+                                  int microbatches, bool want_events,
+                                  schedule_result *out, pt_error *err);
+
 /* Forward FLOPs of one transformer layer for b sequences (whole layer,
  * not divided by tp). */
 double layer_forward_flops(double hidden, double ffn_hidden, double seq,

@@ -47,6 +47,9 @@ typedef struct shard_dims {
     double Vp;         /* rounded up to VOCAB_ROUNDING */
     double e;          /* bytes of a half-precision buffer's element */
     int tp;
+    double S;          /* sequence shards: tp under sequence parallelism,
+                          else 1 (the layer norms' and the residual
+                          stream's tensors are divided by it) */
 } shard_dims;
 
 static shard_dims dims_of(const model_shape *m, const parallel_config *c)
@@ -57,7 +60,8 @@ static shard_dims dims_of(const model_shape *m, const parallel_config *c)
         .B = c->mbs, .T = m->seq, .C = m->hidden, .A = m->hidden / tp,
         .F = m->ffn_hidden / tp, .NH = m->heads / tp,
         .V = V, .Vp = ceil_div(V, VOCAB_ROUNDING) * VOCAB_ROUNDING,
-        .e = precision_bytes(c->precision), .tp = tp};
+        .e = precision_bytes(c->precision), .tp = tp,
+        .S = costmodel_sequence_shards(c)};
     d.N = d.B * d.T;
     return d;
 }
@@ -143,16 +147,16 @@ static void add_parameter_terms(const parallel_config *c, const shard_dims *d,
  * fp32 output only). */
 static double layer_activation_bytes(const shard_dims *d, bool recompute)
 {
-    double N = d->N, C = d->C, A = d->A, F = d->F, e = d->e;
+    double N = d->N, C = d->C, A = d->A, F = d->F, e = d->e, S = d->S;
     if (recompute)
-        return 4.0 * N * C;
-    return 16.0 * N                       /* two norms' mean and rstd */
-           + e * 2.0 * N * C              /* the norms' outputs */
+        return 4.0 * N * C / S;
+    return 16.0 * N / S                   /* two norms' mean and rstd */
+           + e * 2.0 * N * C / S          /* the norms' outputs */
            + e * 4.0 * N * A              /* qkv, attention output */
            + 4.0 * d->B * d->NH * d->T    /* attention's log-sum-exp */
-           + 4.0 * N * C                  /* residual after attention */
+           + 4.0 * N * C / S              /* residual after attention */
            + e * N * F                    /* fc output before the GELU */
-           + 4.0 * N * C;                 /* the layer's output */
+           + 4.0 * N * C / S;             /* the layer's output */
 }
 
 /* The layer the backward works on under full recompute: everything but
@@ -227,6 +231,14 @@ void costmodel_stage_memory(const model_shape *model,
     int microbatches = config->gbs / (config->dp * config->mbs);
     double slots = costmodel_microbatches_in_flight(config, stage,
                                                     microbatches);
+    /* interleaved: slots counts chunk micro-batches, each of L_i / v layers;
+     * the head's chunk holds one at a time (docs/cost-model.md) */
+    int v = parallel_virtual_stages(config);
+    double layer_slots = slots, logit_slots = slots;
+    if (v > 1) {
+        layer_slots = slots / v;
+        logit_slots = 1.0;
+    }
     pt_memory_terms *fixed = &out->fixed, *layer = &out->per_layer;
 
     tensor_tally ends = end_tensors(model, config, &d, stage);
@@ -239,12 +251,12 @@ void costmodel_stage_memory(const model_shape *model,
     /* per slot: token ids and embedding plan, the input; per layer its
      * activations; on the last stage the head's */
     fixed->bytes[PT_MEMORY_ACTIVATIONS] +=
-        slots * (20.0 * d.N + 4.0 + 4.0 * d.N * d.C);
+        slots * (20.0 * d.N + 4.0 + 4.0 * d.N * d.C / d.S);
     layer->bytes[PT_MEMORY_ACTIVATIONS] +=
-        slots * layer_activation_bytes(&d, config->recompute);
+        layer_slots * layer_activation_bytes(&d, config->recompute);
     if (last)
         fixed->bytes[PT_MEMORY_LOGITS] +=
-            slots * (d.e * d.N * d.C + 12.0 * d.N + d.e * d.N * d.Vp);
+            logit_slots * (d.e * d.N * d.C + 12.0 * d.N + d.e * d.N * d.Vp);
 
     fixed->bytes[PT_MEMORY_SCRATCH] +=
         scratch_bytes(&d, last) + 8.0 * (ends.tensors + ends.chunks) +
@@ -257,9 +269,10 @@ void costmodel_stage_memory(const model_shape *model,
     if (config->tp * config->dp * config->pp > 1) {
         /* NCCL: the host reduce's scratch and one staging buffer per
          * direction the stage sends in */
-        double sends = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
+        double sends = v > 1 ? 2.0 /* the chunks wrap around */
+                             : (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
         fixed->bytes[PT_MEMORY_COMM] =
-            NCCL_SCRATCH_BYTES + sends * 4.0 * d.N * d.C;
+            NCCL_SCRATCH_BYTES + sends * 4.0 * d.N * d.C / d.S;
     }
     /* the allocations: four parameter-sized buffers and the mirror, the
      * chunk table (two under ZeRO-1), the slots, the scratch and cuDNN's

@@ -233,12 +233,15 @@ static double tp_allreduce_seconds(const costmodel *cm, int type_index,
                                    const parallel_config *config)
 {
     double bytes = activation_message_bytes(&cm->model, config);
+    link_spec intra = cm->cluster->types[type_index].intra_node;
+    if (config->sequence_parallel)
+        return costmodel_sequence_tp_comm_s(costmodel_reduce_scatter_seconds(
+            cm, bytes, config->tp, type_index, intra));
     double measured;
     if (curve_time(&cm->profiles[type_index].allreduce, config->tp, bytes,
                    &measured))
         return measured;
-    return allreduce_time(bytes, config->tp,
-                          cm->cluster->types[type_index].intra_node);
+    return allreduce_time(bytes, config->tp, intra);
 }
 
 /* The profile of node type curve_type when a collective stays inside
@@ -407,8 +410,11 @@ double costmodel_layer_pace_s(const costmodel *cm,
        time for the closed form over the group's slowest link */
     double count = config->recompute ? 6.0 : 4.0;
     double bytes = activation_message_bytes(&cm->model, config);
-    return pace + count * (allreduce_time(bytes, config->tp, span_link) -
-                           costs->tp_allreduce_s);
+    double across = config->sequence_parallel
+                        ? costmodel_sequence_tp_comm_s(reduce_scatter_time(
+                              bytes, config->tp, span_link))
+                        : allreduce_time(bytes, config->tp, span_link);
+    return pace + count * (across - costs->tp_allreduce_s);
 }
 
 int costmodel_type_costs(costmodel *cm, int type_index,

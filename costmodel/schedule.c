@@ -117,6 +117,14 @@ static int advance_stage(sim_state *st, schedule_kind kind,
     return done;
 }
 
+bool schedule_times_valid(const double *times, int count)
+{
+    for (int i = 0; i < count; i++)
+        if (!(times[i] >= 0.0) || !isfinite(times[i]))
+            return false;
+    return true;
+}
+
 static int check_inputs(const schedule_stage *stages, int pp,
                         int microbatches, pt_error *err)
 {
@@ -128,10 +136,9 @@ static int check_inputs(const schedule_stage *stages, int pp,
         const schedule_stage *st = &stages[s];
         double times[4] = {st->forward_s, st->backward_s, st->send_fwd_s,
                            st->send_bwd_s};
-        for (int i = 0; i < 4; i++)
-            if (!(times[i] >= 0.0) || !isfinite(times[i]))
-                return pt_fail(err, "schedule: stage %d has a negative or "
-                               "non-finite time", s);
+        if (!schedule_times_valid(times, 4))
+            return pt_fail(err, "schedule: stage %d has a negative or "
+                           "non-finite time", s);
     }
     return 0;
 }

@@ -47,6 +47,8 @@ int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
         return 1;
     if (config->schedule == SCHEDULE_GPIPE)
         return microbatches;
+    if (parallel_virtual_stages(config) > 1)
+        return costmodel_chunks_in_flight(config, stage, microbatches);
     int warm = config->pp - stage;
     return warm < microbatches ? warm : microbatches;
 }
@@ -76,7 +78,7 @@ void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
                            const stage_placement *self, int stage,
                            double *send_forward_s, double *send_backward_s)
 {
-    double bytes = activation_message_bytes(&cm->model, config);
+    double bytes = costmodel_pipeline_message_bytes(&cm->model, config);
     *send_forward_s = stage < config->pp - 1
                           ? costmodel_send_seconds(cm, bytes,
                                                    self->next_curve_type,

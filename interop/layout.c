@@ -149,20 +149,23 @@ static bool append(char *out, size_t size, size_t *used, const char *format,
 int interop_megatron_layout(const plan *p, char *out, size_t size,
                             pt_error *err)
 {
-    int pp = p->config.pp;
+    int pp = p->config.pp, v = parallel_virtual_stages(&p->config);
     size_t used = 0;
     bool fits = size > 0;
     if (fits)
         out[0] = '\0';
-    for (int s = 0; s < pp && fits; s++) {
-        int layers = p->partition[s];
-        fits = append(out, size, &used, "%s%s", s > 0 ? "|" : "",
-                      s == 0 ? "E" : "");
+    /* interleaved: the pp x v virtual stages in order, chunk c of rank i
+     * being stage c pp + i with L_i / v layers (Megatron reads v off the
+     * layout's length) */
+    for (int q = 0; q < pp * v && fits; q++) {
+        int layers = p->partition[q % pp] / v;
+        fits = append(out, size, &used, "%s%s", q > 0 ? "|" : "",
+                      q == 0 ? "E" : "");
         if (fits && layers == 1)
             fits = append(out, size, &used, "t");
         else if (fits && layers > 1)
             fits = append(out, size, &used, "t*%d", layers);
-        if (fits && s == pp - 1)
+        if (fits && q == pp * v - 1)
             fits = append(out, size, &used, "L");
     }
     return fits ? 0 : pt_fail(err, "the pipeline layout of %d stages is "
@@ -353,6 +356,18 @@ static void deepspeed_notes(const plan *p, interop_notes *out)
                  "num_dp=%d))",
                  p->config.tp, p->config.tp, p->config.pp, p->config.tp,
                  p->config.dp);
+    if (parallel_virtual_stages(&p->config) > 1)
+        add_note(out,
+                 "virtual_stages %d: DeepSpeed's pipeline engine runs the "
+                 "plain 1F1B only, so the step keeps the plain bubble "
+                 "(partita estimate of the plan with virtual_stages 1 "
+                 "prices it); export --to megatron runs the interleaved "
+                 "schedule", p->config.virtual_stages);
+    if (p->config.sequence_parallel)
+        add_note(out,
+                 "sequence_parallel: Megatron-DeepSpeed's --sequence-parallel "
+                 "with its tp (DeepSpeed's own Ulysses sequence parallelism "
+                 "shards attention heads instead and is another plan)");
     if (p->config.recompute && p->config.pp == 1)
         add_note(out,
                  "full recompute without a pipeline is the model's own "

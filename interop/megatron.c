@@ -119,12 +119,14 @@ static void print_header(FILE *out, const plan *p, const char *plan_file,
     fprintf(out,
             "# %d GPUs on %d nodes: tp %d x dp %d x pp %d; micro-batch %d, "
             "global batch %d\n#   (%d micro-batches); schedule %s; %s; "
-            "recompute %s;\n#   distributed optimizer %s\n",
+            "recompute %s;\n#   distributed optimizer %s; virtual stages "
+            "%d a rank; sequence parallel %s\n",
             plan_gpu_count(p), p->node_order_count, c->tp, c->dp, c->pp,
             c->mbs, c->gbs, parallel_microbatches(c),
             schedule_name(c->schedule), precision_name(c->precision),
             c->recompute ? "full" : "none",
-            c->distributed_optimizer ? "on" : "off");
+            c->distributed_optimizer ? "on" : "off",
+            parallel_virtual_stages(c), c->sequence_parallel ? "on" : "off");
     fprintf(out, "# partition (layers per stage, FASOP's --balance): %s\n#\n",
             balance);
     print_stage_table(out, p, hosts);
@@ -190,7 +192,8 @@ static int print_partition_args(FILE *out, const plan *p, pt_error *err)
             fprintf(out, "    --decoder-last-pipeline-num-layers %d\n",
                     split.last_layers);
     } else if (split.split == MEGATRON_SPLIT_LAYOUT) {
-        size_t size = (size_t)p->config.pp * 16 + 8;
+        size_t size = (size_t)p->config.pp *
+                          parallel_virtual_stages(&p->config) * 16 + 8;
         char *layout = malloc(size);
         if (layout == NULL)
             return pt_fail(err, "out of memory writing the layout");
@@ -234,6 +237,13 @@ static int print_plan_args(FILE *out, const plan *p, pt_error *err)
                      "uniform --recompute-num-layers 1\n");
     if (c->distributed_optimizer)
         fprintf(out, "    --use-distributed-optimizer\n");
+    /* a layout of pp x v stages gives v itself */
+    if (parallel_virtual_stages(c) > 1 &&
+        interop_megatron_partition(p).split != MEGATRON_SPLIT_LAYOUT)
+        fprintf(out, "    --num-virtual-stages-per-pipeline-rank %d\n",
+                c->virtual_stages);
+    if (c->sequence_parallel)
+        fprintf(out, "    --sequence-parallel\n");
     fprintf(out, "    # an iteration line, with TFLOP/s, every 10 iterations\n"
                  "    --log-interval 10 --log-throughput\n)\n\n");
     return 0;

@@ -32,11 +32,34 @@ typedef struct search_space {
 } search_space;
 
 /* The tasks of a cluster for a model and the options (gbs, max_mbs,
- * levers allowed). Fails when the cluster has too many types or nodes. */
-int search_space_build(const cluster *c, int layers,
+ * levers allowed; sequence parallelism on where
+ * search_sequence_parallel_tried says so). Fails when the cluster has too many types or nodes. */
+int search_space_build(const cluster *c, const model_shape *model,
                        const search_options *options, search_space *out,
                        pt_error *err);
 void search_space_free(search_space *space);
+
+/* The most chunks a rank the planner tries (Megatron's runs use 2 to 8). */
+#define SEARCH_MAX_VIRTUAL_STAGES 8
+
+/* search_levers.c: Megatron's schedule levers. Whether config's tasks
+ * use sequence parallelism: allowed, tp > 1 and seq a multiple of tp. The
+ * cost model never prices it slower or larger than the plain tp (its
+ * collectives cost the all-reduces', its sends and activations are
+ * smaller), so it replaces the plain task rather than doubling them. */
+bool search_sequence_parallel_tried(const search_options *options,
+                                    const parallel_config *config, int seq);
+/* The interleaved 1F1B tried on a simulated plan, on its node order:
+ * virtual_stages v from 2 up to SEARCH_MAX_VIRTUAL_STAGES that Megatron
+ * allows (pp >= 2, micro-batches a multiple of pp, layers a multiple of
+ * v), each with the partition in multiples of v that the interleaved
+ * schedule's surrogate ranks best, until one that fits is no faster than
+ * the v before it (or fits not); when one fits and is faster, *est, *config and partition[pp]
+ * become its. est holds the plain plan's estimate on entry. */
+int search_try_interleave(costmodel *cm, const search_options *options,
+                          parallel_config *config, const int *order,
+                          int node_count, int *partition, estimate *est,
+                          pt_error *err);
 
 /* Whether tp suits the cluster: a power of two with every node type's
  * GPU count a multiple of it, or a multiple of every node type's GPU

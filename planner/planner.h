@@ -99,6 +99,9 @@ typedef struct search_options {
                                  allow_distributed_optimizer) */
     bool allow_offload;       /* also try optimizer offload */
     zero_levers zero_levers;  /* when ZeRO-2/3 and offload are tried */
+    bool allow_sequence_parallel; /* also try it where tp > 1 */
+    bool allow_interleave;        /* try interleaved 1F1B on the plans
+                                     the simulator ranks */
     int keep;                 /* how many ranked plans to keep */
     int threads;              /* 0: one per core; never more */
     bool exhaustive;          /* visit and score every distinct node order

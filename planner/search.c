@@ -412,19 +412,25 @@ static void simulate_candidate(void *context, int worker, int position)
                    order);
     estimate est;
     pt_error err;
-    if (costmodel_estimate(cm, &task->config, order, chosen->node_count,
-                           chosen->partition, false, &est, &err) != 0) {
+    parallel_config config = task->config;
+    int partition[PT_MAX_STAGES];
+    memcpy(partition, chosen->partition,
+           (size_t)config.pp * sizeof *partition);
+    if (costmodel_estimate(cm, &config, order, chosen->node_count, partition,
+                           false, &est, &err) != 0 ||
+        search_try_interleave(cm, run->options, &config, order,
+                              chosen->node_count, partition, &est,
+                              &err) != 0) {
         worker_failed(run, worker, &err);
         return;
     }
     rank->usable[position] = est.fits;
     ranked_plan *out = &rank->plans[position];
     memset(out, 0, sizeof *out);
-    out->config = task->config;
+    out->config = config;
     out->node_count = chosen->node_count;
     memcpy(out->node_order, order, (size_t)chosen->node_count * sizeof(int));
-    memcpy(out->partition, chosen->partition,
-           (size_t)task->config.pp * sizeof(int));
+    memcpy(out->partition, partition, (size_t)config.pp * sizeof(int));
     out->step_time_s = est.step_time_s;
     out->tokens_per_s = est.tokens_per_s;
     out->tflops_per_gpu = est.tflops_per_gpu;
@@ -534,10 +540,12 @@ static int describe_closest_miss(search_run *run, search_result *out,
     planner_lever_text(config, levers, sizeof levers);
     const node_type *type = &run->cm->cluster->types[closest.type];
     snprintf(out->no_fit_reason, sizeof out->no_fit_reason,
-             "the closest configuration (tp %d, dp %d, pp %d, mbs %d%s) "
+             "the closest configuration (tp %d, dp %d, pp %d, mbs %d%s%s) "
              "needs %.2f GiB per GPU on stage %d (%s, node type %s) where "
              "%.2f GiB are usable", config->tp, config->dp, config->pp,
-             config->mbs, levers, closest.needed_bytes / PT_GIB,
+             config->mbs, levers,
+             config->sequence_parallel ? ", sequence parallel" : "",
+             closest.needed_bytes / PT_GIB,
              closest.stage, type->gpu, type->name,
              closest.usable_bytes / PT_GIB);
     return 0;
@@ -606,7 +614,7 @@ static int search_once(costmodel *cm, const search_options *options,
     if (check_options(cm, options, out, err) != 0)
         return -1;
     search_space space;
-    if (search_space_build(cm->cluster, cm->model.layers, options, &space,
+    if (search_space_build(cm->cluster, &cm->model, options, &space,
                            err) != 0)
         return -1;
     out->tasks = space.task_count;
@@ -702,6 +710,8 @@ void search_options_default(search_options *options)
     options->max_zero_stage = 3;
     options->allow_offload = true;
     options->zero_levers = ZERO_LEVERS_WHEN_NEEDED;
+    options->allow_sequence_parallel = true;
+    options->allow_interleave = true;
     options->keep = 10;
     options->threads = 0;
     options->max_tree_nodes = SEARCH_DEFAULT_TREE_NODES;

@@ -94,8 +94,7 @@ static double send_floor(costmodel *cm, const parallel_config *config,
                          int type, long long stage_gpus)
 {
     const node_type *node = &cm->cluster->types[type];
-    double bytes = (double)config->mbs * cm->model.seq * cm->model.hidden *
-                   precision_bytes(config->precision);
+    double bytes = costmodel_pipeline_message_bytes(&cm->model, config);
     double least = bandwidth_floor(bytes, node->inter_node);
     if (node->gpus > stage_gpus) {
         double inside = bandwidth_floor(bytes, node->intra_node);

@@ -122,7 +122,8 @@ static int add_task(search_space *space, int *capacity,
 /* The tasks of one (tp, dp, pp): every micro-batch size gbs allows, each
  * with every lever set allowed. */
 static int add_shape(search_space *space, int *capacity, int tp, int dp,
-                     int pp, const search_options *options, pt_error *err)
+                     int pp, const search_options *options, int seq,
+                     pt_error *err)
 {
     int sizes = 0;
     for (int mbs = 1; mbs <= options->max_mbs && sizes < SEARCH_MAX_MBS_VALUES;
@@ -145,6 +146,9 @@ static int add_shape(search_space *space, int *capacity, int tp, int dp,
                                       .offload_optimizer =
                                           levers[lever].offload};
             parallel_set_zero_stage(&config, levers[lever].zero);
+            config.virtual_stages = 1;
+            config.sequence_parallel =
+                search_sequence_parallel_tried(options, &config, seq);
             if (add_task(space, capacity, &config, err) != 0)
                 return -1;
         }
@@ -152,10 +156,11 @@ static int add_shape(search_space *space, int *capacity, int tp, int dp,
     return 0;
 }
 
-int search_space_build(const cluster *c, int layers,
+int search_space_build(const cluster *c, const model_shape *model,
                        const search_options *options, search_space *out,
                        pt_error *err)
 {
+    int layers = model->layers;
     memset(out, 0, sizeof *out);
     if (check_cluster(c, err) != 0)
         return -1;
@@ -170,7 +175,7 @@ int search_space_build(const cluster *c, int layers,
             if (groups % pp != 0)
                 continue;
             if (add_shape(out, &capacity, tp, groups / pp, pp, options,
-                          err) != 0) {
+                          model->seq, err) != 0) {
                 search_space_free(out);
                 return -1;
             }

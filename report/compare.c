@@ -120,11 +120,24 @@ int report_compare(const plan *p, const estimate *est, const run_record *run,
     }
     out->stage_count = pp;
     out->rank_count = ranks;
-    for (int s = 0; s < pp; s++)
+    for (int s = 0; s < pp; s++) {
         estimated_phases(&est->stages[s], &out->estimated[s]);
-    if (run != NULL)
+        /* interleaved 1F1B: each of the v chunks sends (the wrap-around
+         * sends priced as the stage's own) */
+        out->estimated[s].communication_s *=
+            parallel_virtual_stages(&p->config);
+    }
+    if (run != NULL) {
         report_stage_phases(run->events, run->event_count, pp, out->measured);
-    else
+        /* interleaved 1F1B: a micro-batch is v chunk events, as the
+         * estimate's per-micro-batch figures hold v chunks' work */
+        int v = parallel_virtual_stages(&p->config);
+        for (int s = 0; s < pp; s++) {
+            out->measured[s].forward_s *= v;
+            out->measured[s].backward_s *= v;
+            out->measured[s].communication_s *= v;
+        }
+    } else
         for (int s = 0; s < pp; s++)
             out->measured[s] = (stage_phases){NAN, NAN, NAN, NAN, NAN};
     for (int s = 0; s < pp; s++) {

@@ -20,8 +20,10 @@ export NCCL_NVLS_ENABLE=0
 mkdir -p "$out"
 data="$out/corpus"
 [ -f "$data.idx" ] || "$partita" prep "$root/data/corpus.txt" -o "$data" >/dev/null
+# exec runs neither interleaving nor sequence parallelism yet
 common=(--model gpt2-xl --cluster "$root/clusters/h200x2-hetero.json" --gbs 32
-        --no-recompute --no-distributed-optimizer --profiles "$profiles" --quiet)
+        --no-recompute --no-distributed-optimizer --no-interleave
+        --no-sequence-parallel --profiles "$profiles" --quiet)
 "$partita" plan "${common[@]}" -o "$out/q-partita.json" >"$out/q-partita.plan.log" 2>&1 ||
     { echo "FAIL plan: $(tail -n 3 "$out/q-partita.plan.log")"; exit 1; }
 "$partita" plan "${common[@]}" --solver greedy -o "$out/q-greedy.json" >"$out/q-greedy.plan.log" 2>&1 ||

@@ -86,6 +86,9 @@ typedef struct backward_scratch {
                                         row maxima, sums and target logits */
     float *output_grad;              /* N x C: received d loss / d output */
     const float *input_grad;         /* points into d_stream after backward */
+    float *norm_partial;             /* owned, 2C: sequence parallelism, a
+                                        norm's weight and bias gradients
+                                        from the shard's rows */
 } backward_scratch;
 
 /* backend_state of a cpu stage. */
@@ -161,6 +164,10 @@ typedef struct stage_dims {
     size_t B, T, C, A, F, V, NH, N;
     int vocab_first;
     int tp;
+    /* the rows the norms and residual adds run on: all N, or under
+     * sequence parallelism the shard's rows [row0, row0 + rows) */
+    size_t row0, rows;
+    bool sp;
 } stage_dims;
 
 static stage_dims dims_of(const model_stage *stage, int mbs)
@@ -178,6 +185,8 @@ static stage_dims dims_of(const model_stage *stage, int mbs)
         .tp = shard.tp,
     };
     dims.N = dims.B * dims.T;
+    stage_sequence_rows(&stage->spec, dims.N, &dims.row0, &dims.rows);
+    dims.sp = dims.rows != dims.N;
     return dims;
 }
 
@@ -273,6 +282,7 @@ static void cpu_release(model_stage *stage)
     }
     free(state->slots);
     free(state->scratch.arena);
+    free(state->scratch.norm_partial);
     free(state->params.layers);
     free(state->grads.layers);
     free(state);
@@ -338,7 +348,10 @@ static int cpu_allocate(model_stage *stage, pt_error *err)
         goto out_of_memory;
     map_tensors(stage, stage->params, &state->params);
     map_tensors(stage, stage->grads, &state->grads);
-    if (allocate_slots(stage, state) != 0)
+    state->scratch.norm_partial =
+        calloc(2 * (size_t)stage->shape.hidden + 1, sizeof(float));
+    if (state->scratch.norm_partial == NULL ||
+        allocate_slots(stage, state) != 0)
         goto out_of_memory;
     return 0;
 out_of_memory:
@@ -364,12 +377,28 @@ static int row_parallel_forward(const model_stage *stage, float *out,
                        in_features, C);
     if (d->tp == 1)
         return 0;
-    if (stage_tp_all_reduce_sum(stage, out, d->N * d->C, err) != 0)
+    /* sequence parallelism: each shard keeps the sum of its rows */
+    if (d->sp ? stage_tp_reduce_scatter_rows(stage, out, d->N, d->C, err)
+              : stage_tp_all_reduce_sum(stage, out, d->N * d->C, err))
         return -1;
-    for (size_t n = 0; n < d->N; n++)
+    for (size_t n = d->row0; n < d->row0 + d->rows; n++)
         for (size_t c = 0; c < d->C; c++)
             out[n * d->C + c] += bias[c];
     return 0;
+}
+
+/* A layer norm over the rows the shard holds (all of them without
+ * sequence parallelism), its output then gathered from every shard: the
+ * next matmul is column-parallel and reads every row. */
+static int norm_forward(const model_stage *stage, float *out, float *mean,
+                        float *rstd, const float *inp, const float *weight,
+                        const float *bias, const stage_dims *d,
+                        pt_error *err)
+{
+    size_t off = d->row0 * d->C;
+    cpu_layernorm_forward(out + off, mean + d->row0, rstd + d->row0,
+                          inp + off, weight, bias, (int)d->rows, (int)d->C);
+    return d->sp ? stage_tp_all_gather_rows(stage, out, d->N, d->C, err) : 0;
 }
 
 /* One pre-norm transformer block:
@@ -381,9 +410,10 @@ static int layer_forward(const model_stage *stage, layer_activations *act,
                          const stage_dims *d, pt_error *err)
 {
     int N = (int)d->N, C = (int)d->C, A = (int)d->A, F = (int)d->F;
-    size_t NC = d->N * d->C;
-    cpu_layernorm_forward(act->ln1_out, act->ln1_mean, act->ln1_rstd, input,
-                          p->ln1_weight, p->ln1_bias, N, C);
+    size_t off = d->row0 * d->C, rows_c = d->rows * d->C;
+    if (norm_forward(stage, act->ln1_out, act->ln1_mean, act->ln1_rstd,
+                     input, p->ln1_weight, p->ln1_bias, d, err) != 0)
+        return -1;
     cpu_matmul_forward(act->qkv, act->ln1_out, p->qkv_weight, p->qkv_bias, N,
                        C, 3 * A);
     cpu_attention_forward(act->att_out, act->att_probs, act->qkv, (int)d->B,
@@ -393,10 +423,12 @@ static int layer_forward(const model_stage *stage, layer_activations *act,
                              p->attn_proj_weight, p->attn_proj_bias, d, A,
                              err) != 0)
         return -1;
-    cpu_residual_forward(act->residual_mid, input, act->residual_mid, NC);
-    cpu_layernorm_forward(act->ln2_out, act->ln2_mean, act->ln2_rstd,
-                          act->residual_mid, p->ln2_weight, p->ln2_bias, N,
-                          C);
+    cpu_residual_forward(act->residual_mid + off, input + off,
+                         act->residual_mid + off, rows_c);
+    if (norm_forward(stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
+                     act->residual_mid, p->ln2_weight, p->ln2_bias, d,
+                     err) != 0)
+        return -1;
     cpu_matmul_forward(act->fc_out, act->ln2_out, p->fc_weight, p->fc_bias, N,
                        C, F);
     cpu_gelu_forward(act->gelu_out, act->fc_out, d->N * d->F);
@@ -404,7 +436,8 @@ static int layer_forward(const model_stage *stage, layer_activations *act,
                              p->mlp_proj_weight, p->mlp_proj_bias, d, F,
                              err) != 0)
         return -1;
-    cpu_residual_forward(act->output, act->residual_mid, act->output, NC);
+    cpu_residual_forward(act->output + off, act->residual_mid + off,
+                         act->output + off, rows_c);
     return 0;
 }
 
@@ -429,9 +462,12 @@ static int embedding_forward(const model_stage *stage, activation_slot *slot,
         else
             memset(row, 0, d->C * sizeof *row);
     }
-    if (stage_tp_all_reduce_sum(stage, slot->input, d->N * d->C, err) != 0)
+    if (d->sp ? stage_tp_reduce_scatter_rows(stage, slot->input, d->N, d->C,
+                                             err)
+              : stage_tp_all_reduce_sum(stage, slot->input, d->N * d->C,
+                                        err))
         return -1;
-    for (size_t n = 0; n < d->N; n++) {
+    for (size_t n = d->row0; n < d->row0 + d->rows; n++) {
         const float *position = p->position_embedding + (n % d->T) * d->C;
         for (size_t c = 0; c < d->C; c++)
             slot->input[n * d->C + c] += position[c];
@@ -535,9 +571,10 @@ static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
     *mean_loss = 0.0f;
     if (stage->spec.has_head) {
         int N = (int)d.N, C = (int)d.C, V = (int)d.V;
-        cpu_layernorm_forward(slot->final_out, slot->final_mean,
-                              slot->final_rstd, stream, p->final_norm_weight,
-                              p->final_norm_bias, N, C);
+        if (norm_forward(stage, slot->final_out, slot->final_mean,
+                         slot->final_rstd, stream, p->final_norm_weight,
+                         p->final_norm_bias, &d, err) != 0)
+            return -1;
         cpu_matmul_forward(slot->probs, slot->final_out, p->head_weight, NULL,
                            N, C, V);
         if (d.tp == 1)
@@ -564,7 +601,57 @@ static void zero(float *buffer, size_t count)
 static int sum_partial_input_grad(const model_stage *stage, float *d_input,
                                   const stage_dims *d, pt_error *err)
 {
+    /* sequence parallelism: each shard keeps the sum of its rows */
+    if (d->sp)
+        return stage_tp_reduce_scatter_rows(stage, d_input, d->N, d->C, err);
     return stage_tp_all_reduce_sum(stage, d_input, d->N * d->C, err);
+}
+
+/* A layer norm's backward over the rows the shard holds. Under sequence
+ * parallelism its weight and bias gradients come from those rows only:
+ * they are summed over the shards (for this micro-batch alone) before
+ * they join the accumulated ones, so every shard holds the whole. */
+static int norm_backward(const model_stage *stage, float *d_inp,
+                         float *d_weight, float *d_bias, const float *d_out,
+                         const float *inp, const float *weight,
+                         const float *mean, const float *rstd,
+                         backward_scratch *s, const stage_dims *d,
+                         pt_error *err)
+{
+    size_t off = d->row0 * d->C, C = d->C;
+    if (!d->sp) {
+        cpu_layernorm_backward(d_inp, d_weight, d_bias, d_out, inp, weight,
+                               mean, rstd, (int)d->N, (int)C);
+        return 0;
+    }
+    float *partial = s->norm_partial;
+    zero(partial, 2 * C);
+    cpu_layernorm_backward(d_inp + off, partial, partial + C, d_out + off,
+                           inp + off, weight, mean + d->row0, rstd + d->row0,
+                           (int)d->rows, (int)C);
+    if (stage_tp_all_reduce_sum(stage, partial, 2 * C, err) != 0)
+        return -1;
+    for (size_t c = 0; c < C; c++) {
+        d_weight[c] += partial[c];
+        d_bias[c] += partial[C + c];
+    }
+    return 0;
+}
+
+/* Under sequence parallelism, the whole of a gradient whose shard rows
+ * are in `rows` (at their offset), gathered into `whole` (N x C); else
+ * `rows` itself. */
+static const float *gathered_rows(const model_stage *stage, const float *rows,
+                                  float *whole, const stage_dims *d,
+                                  pt_error *err)
+{
+    if (!d->sp)
+        return rows;
+    size_t off = d->row0 * d->C;
+    memcpy(whole + off, rows + off, d->rows * d->C * sizeof *whole);
+    return stage_tp_all_gather_rows(stage, whole, d->N, d->C, err) == 0
+               ? whole
+               : NULL;
 }
 
 /* The block's backward in reverse order of its forward. d_out is the
@@ -580,26 +667,33 @@ static int layer_backward(const model_stage *stage, float *d_input,
                           pt_error *err)
 {
     int N = (int)d->N, C = (int)d->C, A = (int)d->A, F = (int)d->F;
-    size_t NC = d->N * d->C;
-    /* out = mid + mlp(ln2(mid)) */
+    size_t NC = d->N * d->C, off = d->row0 * d->C, rows_c = d->rows * d->C;
+    /* out = mid + mlp(ln2(mid)); under sequence parallelism d_out holds
+     * the shard's rows, and the row-parallel matmul's backward reads all */
     zero(s->d_mid, NC);
-    cpu_residual_backward(s->d_mid, NULL, d_out, NC);
+    cpu_residual_backward(s->d_mid + off, NULL, d_out + off, rows_c);
+    const float *d_whole_out = gathered_rows(stage, d_out, s->d_norm, d, err);
+    if (d_whole_out == NULL)
+        return -1;
     zero(s->d_gelu, d->N * d->F);
     cpu_matmul_backward(s->d_gelu, g->mlp_proj_weight, g->mlp_proj_bias,
-                        d_out, act->gelu_out, p->mlp_proj_weight, N, F, C);
+                        d_whole_out, act->gelu_out, p->mlp_proj_weight, N, F,
+                        C);
     zero(s->d_fc, d->N * d->F);
     cpu_gelu_backward(s->d_fc, s->d_gelu, act->fc_out, d->N * d->F);
     zero(s->d_norm, NC);
     cpu_matmul_backward(s->d_norm, g->fc_weight, g->fc_bias, s->d_fc,
                         act->ln2_out, p->fc_weight, N, C, F);
-    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0)
+    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0 ||
+        norm_backward(stage, s->d_mid, g->ln2_weight, g->ln2_bias, s->d_norm,
+                      act->residual_mid, p->ln2_weight, act->ln2_mean,
+                      act->ln2_rstd, s, d, err) != 0)
         return -1;
-    cpu_layernorm_backward(s->d_mid, g->ln2_weight, g->ln2_bias, s->d_norm,
-                           act->residual_mid, p->ln2_weight, act->ln2_mean,
-                           act->ln2_rstd, N, C);
     /* mid = input + proj(attention(qkv(ln1(input)))) */
     zero(d_input, NC);
-    cpu_residual_backward(d_input, NULL, s->d_mid, NC);
+    cpu_residual_backward(d_input + off, NULL, s->d_mid + off, rows_c);
+    if (d->sp && stage_tp_all_gather_rows(stage, s->d_mid, d->N, d->C, err))
+        return -1;
     zero(s->d_att, d->N * d->A);
     cpu_matmul_backward(s->d_att, g->attn_proj_weight, g->attn_proj_bias,
                         s->d_mid, act->att_out, p->attn_proj_weight, N, A, C);
@@ -610,11 +704,11 @@ static int layer_backward(const model_stage *stage, float *d_input,
     zero(s->d_norm, NC);
     cpu_matmul_backward(s->d_norm, g->qkv_weight, g->qkv_bias, s->d_qkv,
                         act->ln1_out, p->qkv_weight, N, C, 3 * A);
-    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0)
+    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0 ||
+        norm_backward(stage, d_input, g->ln1_weight, g->ln1_bias, s->d_norm,
+                      input, p->ln1_weight, act->ln1_mean, act->ln1_rstd, s,
+                      d, err) != 0)
         return -1;
-    cpu_layernorm_backward(d_input, g->ln1_weight, g->ln1_bias, s->d_norm,
-                           input, p->ln1_weight, act->ln1_mean,
-                           act->ln1_rstd, N, C);
     return 0;
 }
 
@@ -656,10 +750,10 @@ static int head_backward(model_stage *stage, activation_slot *slot,
     if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0)
         return -1;
     zero(d_stream, d->N * d->C);
-    cpu_layernorm_backward(d_stream, g->final_norm_weight, g->final_norm_bias,
-                           s->d_norm, slot->output, p->final_norm_weight,
-                           slot->final_mean, slot->final_rstd, N, C);
-    return 0;
+    return norm_backward(stage, d_stream, g->final_norm_weight,
+                         g->final_norm_bias, s->d_norm, slot->output,
+                         p->final_norm_weight, slot->final_mean,
+                         slot->final_rstd, s, d, err);
 }
 
 /* The vocab-parallel embedding's backward: the shard's rows only. */
@@ -728,6 +822,10 @@ static int cpu_backward(model_stage *stage, int slot_index,
         free_stream = 1 - free_stream;
     }
     if (stage->spec.has_embedding) {
+        /* the vocab-parallel lookup's rows are every row */
+        d_out = gathered_rows(stage, d_out, s->d_norm, &d, err);
+        if (d_out == NULL)
+            return -1;
         embedding_backward(state, d_out, slot, &d);
         s->input_grad = NULL;
     } else {

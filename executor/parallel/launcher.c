@@ -60,8 +60,46 @@ struct pipeline_workers {
     rank_worker *ranks;          /* rank_count */
 };
 
+/* The interleaved 1F1B's chunks 1..v-1 of a rank (chunk 0 is its
+ * stage): made, initialised and attached on the rank's thread, or
+ * destroyed (count: how many were made). */
+model_stage *pipeline_threads_chunk(pipeline_threads *p, int rank,
+                                    int chunk)
+{
+    int v = pipeline_chunk_count(&p->layout);
+    return chunk == 0 ? &p->stages[rank]
+                      : &p->chunk_stages[(size_t)rank * (v - 1) + chunk - 1];
+}
+
+static void destroy_chunks(pipeline_threads *p, int rank, int count)
+{
+    for (int c = 1; c < count; c++)
+        model_stage_destroy(pipeline_threads_chunk(p, rank, c));
+}
+
+static int set_up_chunks(pipeline_threads *p, int rank,
+                         const pipeline_launch *launch, pt_error *err)
+{
+    int v = pipeline_chunk_count(&p->layout);
+    for (int c = 1; c < v; c++) {
+        model_stage *chunk = pipeline_threads_chunk(p, rank, c);
+        if (pipeline_chunk_stage_create(chunk, &p->layout, rank, c,
+                                        launch->backend, launch->seed,
+                                        err) != 0) {
+            destroy_chunks(p, rank, c);
+            return -1;
+        }
+        if (pipeline_stage_attach(&p->layout, chunk, &p->comms[rank], err) !=
+            0) {
+            destroy_chunks(p, rank, c + 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* A rank's part of pipeline_threads_start, on its own thread: the open
- * hook, its stage, its events, its comm. */
+ * hook, its stage (and chunks), its events, its comm. */
 static int set_up_rank(rank_worker *w, pt_error *err)
 {
     struct pipeline_workers *all = w->all;
@@ -77,7 +115,8 @@ static int set_up_rank(rank_worker *w, pt_error *err)
         pipeline_stage_attach(&p->layout, &p->stages[w->rank],
                               &p->comms[w->rank], err) != 0 ||
         pipeline_grad_buckets(&p->stages[w->rank], launch->grad_bucket_bytes,
-                              &p->buckets[w->rank], err) != 0) {
+                              &p->buckets[w->rank], err) != 0 ||
+        set_up_chunks(p, w->rank, launch, err) != 0) {
         model_stage_destroy(&p->stages[w->rank]);
         return -1;
     }
@@ -105,9 +144,13 @@ static void run_order(rank_worker *w, const worker_order *order)
         p->rank_errors[w->rank].message[0] = '\0';
         pipeline_grad_sync sync = {.buckets = &p->buckets[w->rank],
                                    .overlap = &all->launch.overlap};
-        p->rank_status[w->rank] = pipeline_rank_step(
-            &p->layout, &p->stages[w->rank], &p->comms[w->rank],
-            order->config, order->tokens, order->step_start_s,
+        model_stage *chunks[PIPELINE_MAX_CHUNKS];
+        int v = pipeline_chunk_count(&p->layout);
+        for (int c = 0; c < v; c++)
+            chunks[c] = pipeline_threads_chunk(p, w->rank, c);
+        p->rank_status[w->rank] = pipeline_rank_step_chunks(
+            &p->layout, chunks, v, &p->comms[w->rank], order->config,
+            order->tokens, order->step_start_s,
             w->rank == order->inject_failure_rank, &sync, &w->result,
             &p->events[w->rank], &p->rank_errors[w->rank]);
     }
@@ -140,8 +183,10 @@ static void *worker_main(void *argument)
         pthread_mutex_lock(&all->lock);
     }
     pthread_mutex_unlock(&all->lock);
-    if (status == 0)
+    if (status == 0) {
+        destroy_chunks(p, w->rank, pipeline_chunk_count(&p->layout));
         model_stage_destroy(&p->stages[w->rank]);
+    }
     if (all->launch.hooks.close != NULL)
         all->launch.hooks.close(all->launch.hooks.data, w->rank);
     return NULL;
@@ -164,6 +209,9 @@ static void post_order(struct pipeline_workers *all,
 static int allocate_launcher(pipeline_threads *out, int ranks, pt_error *err)
 {
     out->stages = calloc((size_t)ranks, sizeof *out->stages);
+    out->chunk_stages =
+        calloc((size_t)ranks * (pipeline_chunk_count(&out->layout) - 1) + 1,
+               sizeof *out->chunk_stages);
     out->events = calloc((size_t)ranks, sizeof *out->events);
     out->rank_errors = calloc((size_t)ranks, sizeof *out->rank_errors);
     out->rank_status = calloc((size_t)ranks, sizeof *out->rank_status);
@@ -172,7 +220,8 @@ static int allocate_launcher(pipeline_threads *out, int ranks, pt_error *err)
     struct pipeline_workers *all = calloc(1, sizeof *all);
     if (all != NULL)
         all->ranks = calloc((size_t)ranks, sizeof *all->ranks);
-    if (out->stages == NULL || out->events == NULL ||
+    if (out->stages == NULL || out->chunk_stages == NULL ||
+        out->events == NULL ||
         out->rank_errors == NULL || out->rank_status == NULL ||
         out->comms == NULL || out->buckets == NULL || all == NULL ||
         all->ranks == NULL) {
@@ -363,6 +412,7 @@ void pipeline_threads_destroy(pipeline_threads *p)
             pipeline_buckets_free(&p->buckets[rank]);
     comm_threads_destroy(p->world);
     free(p->stages);
+    free(p->chunk_stages);
     free(p->events);
     free(p->rank_errors);
     free(p->rank_status);

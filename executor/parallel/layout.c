@@ -32,6 +32,14 @@ int pipeline_layout_init(pipeline_layout *out, const model_shape *shape,
         return pt_fail(err, "pipeline runtime: the partition has %d stages, "
                             "pp is %d",
                        partition_count, config->pp);
+    if (parallel_check_schedule_levers(config, shape->seq, err) != 0)
+        return -1;
+    int v = parallel_virtual_stages(config);
+    for (int s = 0; s < config->pp; s++)
+        if (partition[s] % v != 0)
+            return pt_fail(err, "pipeline runtime: stage %d holds %d layers, "
+                                "not a multiple of virtual_stages %d",
+                           s, partition[s], v);
     stage_spec spec;
     for (int s = 0; s < config->pp; s++) {
         if (stage_spec_from_partition(shape, partition, partition_count, s,
@@ -78,15 +86,49 @@ int pipeline_rank_of(const pipeline_layout *layout, int stage, int replica,
 int pipeline_rank_spec(const pipeline_layout *layout, int rank,
                        stage_spec *out, pt_error *err)
 {
-    if (stage_spec_from_partition(&layout->shape, layout->partition,
-                                  layout->stage_count,
-                                  pipeline_rank_stage(layout, rank), out,
-                                  err) != 0)
+    return pipeline_rank_chunk_spec(layout, rank, 0, out, err);
+}
+
+int pipeline_chunk_count(const pipeline_layout *layout)
+{
+    return parallel_virtual_stages(&layout->config);
+}
+
+/* Chunk `chunk` of stage s is virtual stage chunk x pp + s of the pp x v
+ * virtual stages, each holding 1 / v of its rank's layers. */
+static int chunk_layers(const pipeline_layout *layout, int chunk, int stage,
+                        stage_spec *out, pt_error *err)
+{
+    int pp = layout->stage_count, v = pipeline_chunk_count(layout);
+    if (v == 1)
+        return stage_spec_from_partition(&layout->shape, layout->partition,
+                                         pp, stage, out, err);
+    if (chunk < 0 || chunk >= v)
+        return pt_fail(err, "pipeline runtime: chunk %d of %d", chunk, v);
+    int *virtual_partition = malloc((size_t)pp * v * sizeof(int));
+    if (virtual_partition == NULL)
+        return pt_fail(err, "pipeline runtime: out of memory");
+    for (int q = 0; q < pp * v; q++)
+        virtual_partition[q] = layout->partition[q % pp] / v;
+    int status = stage_spec_from_partition(&layout->shape, virtual_partition,
+                                           pp * v, chunk * pp + stage, out,
+                                           err);
+    free(virtual_partition);
+    return status;
+}
+
+int pipeline_rank_chunk_spec(const pipeline_layout *layout, int rank,
+                             int chunk, stage_spec *out, pt_error *err)
+{
+    if (chunk_layers(layout, chunk, pipeline_rank_stage(layout, rank), out,
+                     err) != 0)
         return -1;
     out->tp = layout->config.tp;
     out->tp_rank = pipeline_rank_tp(layout, rank);
     out->recompute_layers = layout->config.recompute;
     out->offload_optimizer = layout->config.offload_optimizer;
+    out->sequence_parallel =
+        layout->config.sequence_parallel && layout->config.tp > 1;
     if (layout->config.distributed_optimizer && layout->config.dp > 1) {
         out->optimizer_shards = layout->config.dp;
         out->optimizer_shard = pipeline_rank_replica(layout, rank);
@@ -107,6 +149,33 @@ int pipeline_stage_attach(const pipeline_layout *layout, model_stage *stage,
     return model_stage_attach_tp(stage, c, group, err);
 }
 
+int pipeline_chunk_slot_count(const pipeline_layout *layout, int stage,
+                              int chunk)
+{
+    int pp = layout->stage_count, v = pipeline_chunk_count(layout);
+    int m = layout->micro_batches;
+    if (v == 1)
+        return pipeline_slot_count(layout, stage);
+    /* walk the rank's order: a chunk's micro-batches in flight are
+     * consecutive (forwards and backwards each go in micro-batch order),
+     * so this many slots, used modulo, never collide */
+    int warmup = parallel_chunk_warmup(pp, v, stage, m);
+    int forwards = 0, backwards = 0, held = 0, most = 1;
+    while (backwards < m * v) {
+        bool forward = forwards < m * v &&
+                       (forwards < warmup ||
+                        forwards - warmup == backwards);
+        int c, mb;
+        parallel_chunk_unit(pp, v, forward ? forwards++ : backwards++,
+                            forward, &c, &mb);
+        if (c != chunk)
+            continue;
+        held += forward ? 1 : -1;
+        most = held > most ? held : most;
+    }
+    return most;
+}
+
 int pipeline_slot_count(const pipeline_layout *layout, int stage)
 {
     int in_flight = layout->stage_count - stage;
@@ -124,13 +193,27 @@ int pipeline_stage_create(model_stage *out, const pipeline_layout *layout,
         return pt_fail(err, "pipeline runtime: rank %d is not one of the "
                             "%d",
                        rank, layout->rank_count);
+    return pipeline_chunk_stage_create(out, layout, rank, 0, backend, seed,
+                                       err);
+}
+
+int pipeline_chunk_stage_create(model_stage *out,
+                                const pipeline_layout *layout, int rank,
+                                int chunk, backend_kind backend,
+                                uint64_t seed, pt_error *err)
+{
+    if (rank < 0 || rank >= layout->rank_count)
+        return pt_fail(err, "pipeline runtime: rank %d is not one of the "
+                            "%d",
+                       rank, layout->rank_count);
     int stage = pipeline_rank_stage(layout, rank);
     stage_spec spec;
-    if (pipeline_rank_spec(layout, rank, &spec, err) != 0)
+    if (pipeline_rank_chunk_spec(layout, rank, chunk, &spec, err) != 0)
         return -1;
     if (model_stage_create(out, &layout->shape, &spec, backend,
                            layout->config.mbs,
-                           pipeline_slot_count(layout, stage), err) != 0)
+                           pipeline_chunk_slot_count(layout, stage, chunk),
+                           err) != 0)
         return -1;
     if (model_stage_init_parameters(out, seed, err) != 0) {
         model_stage_destroy(out);

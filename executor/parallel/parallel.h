@@ -64,6 +64,24 @@ int pipeline_rank_spec(const pipeline_layout *layout, int rank,
 /* Micro-batches whose activations stage s keeps at once: min(pp - s, m)
  * for 1F1B, m for GPipe. */
 int pipeline_slot_count(const pipeline_layout *layout, int stage);
+
+/* Megatron's interleaved 1F1B (the plan's virtual_stages v > 1): each
+ * rank holds v chunks, chunk c of stage s being virtual stage c pp + s
+ * of pp x v, with 1 / v of the stage's layers (docs/executor.md,
+ * "Interleaved 1F1B"). Chunks per rank (1 without interleaving); the
+ * spec of a rank's chunk (chunk 0 is pipeline_rank_spec's when v is 1);
+ * the micro-batches of chunk `chunk` of stage s in flight at once under
+ * Megatron's order; and its stage, made and initialised as
+ * pipeline_stage_create makes a rank's. */
+int pipeline_chunk_count(const pipeline_layout *layout);
+int pipeline_rank_chunk_spec(const pipeline_layout *layout, int rank,
+                             int chunk, stage_spec *out, pt_error *err);
+int pipeline_chunk_slot_count(const pipeline_layout *layout, int stage,
+                              int chunk);
+int pipeline_chunk_stage_create(model_stage *out,
+                                const pipeline_layout *layout, int rank,
+                                int chunk, backend_kind backend,
+                                uint64_t seed, pt_error *err);
 /* Creates and initialises (seed: the same values as the whole model) the
  * stage of a rank with its slots. */
 int pipeline_stage_create(model_stage *out, const pipeline_layout *layout,
@@ -212,6 +230,25 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
                        bool inject_failure, const pipeline_grad_sync *sync,
                        step_result *out, pipeline_events *events,
                        pt_error *err);
+/* The most chunks a rank holds (plan.json's virtual_stages at most). */
+#define PIPELINE_MAX_CHUNKS 64
+/* The same step of a rank holding chunk_count chunks (the layout's
+ * pipeline_chunk_count; chunks[0] is its stage): under the interleaved
+ * 1F1B, Megatron's order of chunk forwards and backwards (parallel_chunk_
+ * warmup, parallel_chunk_unit), activations to the chunk that follows
+ * (the last stage's chunk c to stage 0's chunk c + 1) and gradients
+ * back, then each chunk's dp reduction (whole buffers, after the
+ * backward), the tied embedding's pair (stage 0's chunk 0 and the last
+ * stage's last chunk), the norm over every chunk and AdamW on each.
+ * The same mathematics as the plain 1F1B: the same losses and updates. */
+int pipeline_rank_step_chunks(const pipeline_layout *layout,
+                              model_stage *const *chunks, int chunk_count,
+                              const comm *c, const train_config *config,
+                              const uint32_t *tokens, double step_start_s,
+                              bool inject_failure,
+                              const pipeline_grad_sync *sync,
+                              step_result *out, pipeline_events *events,
+                              pt_error *err);
 
 /* The groups the ranks of a layout run collectives over, besides the
  * world: each stage's dp groups (one per tp shard; dp > 1), each
@@ -267,6 +304,10 @@ typedef struct pipeline_threads {
     pipeline_layout layout;
     model_stage *stages;             /* rank_count, each owned by its
                                         rank's thread */
+    model_stage *chunk_stages;       /* interleaved 1F1B: chunks 1..v-1
+                                        of each rank, rank_count x (v - 1),
+                                        owned likewise (chunk 0 is its
+                                        entry of stages) */
     comm_threads *world;             /* owned; NULL with the caller's
                                         comms */
     pipeline_events *events;         /* rank_count: the last step's */
@@ -309,6 +350,9 @@ typedef int (*pipeline_rank_task)(void *data, int rank, model_stage *stage,
 int pipeline_threads_on_rank(pipeline_threads *p, int rank,
                              pipeline_rank_task task, void *data,
                              pt_error *err);
+/* Chunk `chunk` of a rank's interleaved 1F1B (chunk 0: its stage). */
+model_stage *pipeline_threads_chunk(pipeline_threads *p, int rank,
+                                    int chunk);
 /* Ends the rank threads (each destroys its stage) and frees the rest.
  * Safe on a launcher that failed to start or was zeroed. */
 void pipeline_threads_destroy(pipeline_threads *p);

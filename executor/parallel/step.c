@@ -18,7 +18,8 @@
 int pipeline_events_reserve(pipeline_events *events,
                             const pipeline_layout *layout, pt_error *err)
 {
-    int capacity = 6 * layout->micro_batches + 4;
+    int chunks = pipeline_chunk_count(layout);
+    int capacity = (6 * layout->micro_batches + 4) * chunks;
     if (events->capacity >= capacity)
         return 0;
     run_event *grown = realloc(events->events,
@@ -56,15 +57,19 @@ typedef struct pending_send {
 /* What one rank's step works with. */
 typedef struct rank_step {
     const pipeline_layout *layout;
-    model_stage *stage;
+    model_stage *stage;          /* the chunk being worked on (chunk 0
+                                    outside the per-chunk phases) */
+    model_stage *const *chunks;  /* chunk_count: the interleaved 1F1B's
+                                    chunks, chunks[0] its stage */
+    int chunk_count;
+    int chunk;                   /* of stage */
     const comm *c;
     int stage_index;
     int replica;
-    int previous_rank;           /* stage s - 1 of this replica, or -1 */
-    int next_rank;               /* stage s + 1 of this replica, or -1 */
     const uint32_t *tokens;      /* this replica's windows */
-    size_t activation_floats;    /* mbs x seq x hidden */
-    float *output_grad;          /* receives d loss / d output (no head) */
+    size_t activation_floats;    /* mbs x seq x hidden, or the rows of
+                                    this shard under sequence parallelism */
+    size_t shard_offset;         /* where those rows start, in floats */
     float loss_scale;            /* 1 / (m dp) */
     double loss_sum;             /* of this rank's micro-batches (head) */
     double step_start_s;
@@ -74,10 +79,13 @@ typedef struct rank_step {
     int tp_rank;
     pending_send pending;
     const pipeline_grad_sync *sync;  /* may be NULL */
+    adamw_config adamw;          /* the step's AdamW, for every chunk */
+    float learning_rate;
+    float clip_scale;
     bool overlap_armed;          /* the dp reduction runs with the last
                                     backward */
-    /* ZeRO-2 or 3 at dp > 1 (else 0), with the dp group and its shards'
-     * offsets (owned) */
+    /* ZeRO-2 or 3 at dp > 1 (else 0; never with interleaving), with the
+     * dp group and its shards' offsets (owned) */
     int zero;
     int *dp_group;
     size_t *dp_offsets;
@@ -162,24 +170,78 @@ static int receive(rank_step *r, const char *kind, int micro_batch,
     return 0;
 }
 
+/* The ranks holding the virtual stages before and after chunk `chunk`
+ * of this rank (chunk c of stage s is virtual stage c pp + s; -1: none)
+ * and their chunks. Without interleaving: stage s - 1 and s + 1. */
+typedef struct chunk_peers {
+    int previous, previous_chunk;
+    int next, next_chunk;
+} chunk_peers;
+
+static chunk_peers peers_of(const rank_step *r, int chunk)
+{
+    int pp = r->layout->stage_count;
+    int q = chunk * pp + r->stage_index, last = pp * r->chunk_count - 1;
+    chunk_peers p = {-1, 0, -1, 0};
+    if (q > 0) {
+        p.previous = pipeline_rank_of(r->layout, (q - 1) % pp, r->replica,
+                                      r->tp_rank);
+        p.previous_chunk = (q - 1) / pp;
+    }
+    if (q < last) {
+        p.next = pipeline_rank_of(r->layout, (q + 1) % pp, r->replica,
+                                  r->tp_rank);
+        p.next_chunk = (q + 1) / pp;
+    }
+    return p;
+}
+
+/* Tags: micro-batch j's activation into chunk c 2 (c m + j), the
+ * gradient into chunk c 2 (c m + j) + 1 (without interleaving: 2j and
+ * 2j + 1). */
+static int chunk_tag(const rank_step *r, int chunk, int micro_batch)
+{
+    return 2 * (chunk * r->layout->micro_batches + micro_batch);
+}
+
 /* ZeRO-3's gather before a forward or backward (not recorded: the run's
  * events are the estimate's kinds, one dp_allreduce a step). */
-static int gather_parameters(rank_step *r, int micro_batch, pt_error *err)
+static int gather_parameters(rank_step *r, model_stage *stage,
+                             int micro_batch, pt_error *err)
 {
     begin(r, "parameter all-gather", micro_batch);
     return zero_gather_parameters(r->c, r->dp_group, r->layout->config.dp,
-                                  r->dp_offsets, r->stage, err);
+                                  r->dp_offsets, stage, err);
 }
 
-/* Tags: micro-batch j's activation 2j, its gradient 2j + 1. */
-static int forward(rank_step *r, int micro_batch, pt_error *err)
+/* ZeRO-2/3 after a backward: this micro-batch's gradients reduce-scattered
+ * over dp; ZeRO-3 also lets go of the gathered weights. */
+static int after_zero_backward(rank_step *r, model_stage *stage,
+                               int micro_batch, pt_error *err)
 {
-    int slot = micro_batch % r->stage->slot_count;
+    if (r->zero >= 2) {
+        begin(r, "dp reduce-scatter", micro_batch);
+        if (zero_reduce_micro_batch(r->c, r->dp_group, r->layout->config.dp,
+                                    r->dp_offsets,
+                                    r->sync != NULL ? r->sync->buckets
+                                                    : NULL,
+                                    stage, err) != 0)
+            return -1;
+    }
+    return r->zero >= 3 ? zero_release_parameters(stage, err) : 0;
+}
+
+static int forward(rank_step *r, int chunk, int micro_batch, pt_error *err)
+{
+    model_stage *stage = r->chunks[chunk];
+    chunk_peers peers = peers_of(r, chunk);
+    int slot = micro_batch % stage->slot_count;
     stage_io io = micro_batch_io(r, micro_batch);
-    if (r->previous_rank >= 0) {
-        float *input = stage_input_buffer(r->stage, slot);
-        if (receive(r, "recv_fwd", micro_batch, r->previous_rank,
-                    2 * micro_batch, input, err) != 0)
+    if (peers.previous >= 0) {
+        float *input = stage_input_buffer(stage, slot);
+        if (receive(r, "recv_fwd", micro_batch, peers.previous,
+                    chunk_tag(r, chunk, micro_batch),
+                    input + r->shard_offset, err) != 0)
             return -1;
         io.input = input;
     } else if (flush_send(r, err) != 0) {
@@ -188,110 +250,116 @@ static int forward(rank_step *r, int micro_batch, pt_error *err)
     /* ZeRO-3: the step's closing all-gather left the weights whole for
      * the first forward */
     if (r->zero >= 3 && micro_batch > 0 &&
-        gather_parameters(r, micro_batch, err) != 0)
+        gather_parameters(r, stage, micro_batch, err) != 0)
         return -1;
     double start = begin(r, "fwd", micro_batch);
     float loss = 0.0f;
-    if (stage_forward(r->stage, slot, &io, &loss, err) != 0)
+    if (stage_forward(stage, slot, &io, &loss, err) != 0)
         return -1;
     record(r, "fwd", micro_batch, start);
-    if (r->zero >= 3 && zero_release_parameters(r->stage, err) != 0)
+    if (r->zero >= 3 && zero_release_parameters(stage, err) != 0)
         return -1;
     r->loss_sum += loss;
-    if (r->next_rank >= 0)
-        r->pending = (pending_send){.present = true,
-                                    .peer = r->next_rank,
-                                    .tag = 2 * micro_batch,
-                                    .data = stage_output(r->stage, slot),
-                                    .kind = "send_fwd",
-                                    .micro_batch = micro_batch};
+    if (peers.next >= 0)
+        r->pending = (pending_send){
+            .present = true,
+            .peer = peers.next,
+            .tag = chunk_tag(r, peers.next_chunk, micro_batch),
+            .data = stage_output(stage, slot) + r->shard_offset,
+            .kind = "send_fwd",
+            .micro_batch = micro_batch};
     return 0;
 }
 
-static int backward(rank_step *r, int micro_batch, pt_error *err)
+static int backward(rank_step *r, int chunk, int micro_batch, pt_error *err)
 {
-    int slot = micro_batch % r->stage->slot_count;
+    model_stage *stage = r->chunks[chunk];
+    chunk_peers peers = peers_of(r, chunk);
+    int slot = micro_batch % stage->slot_count;
     stage_io io = micro_batch_io(r, micro_batch);
-    if (r->next_rank >= 0) {
-        if (receive(r, "recv_bwd", micro_batch, r->next_rank,
-                    2 * micro_batch + 1, r->output_grad, err) != 0)
+    if (peers.next >= 0) {
+        float *output_grad = stage_output_grad_buffer(stage);
+        if (output_grad == NULL)
+            return pt_fail(err, "the stage has no buffer for its output "
+                                "gradient");
+        if (receive(r, "recv_bwd", micro_batch, peers.next,
+                    chunk_tag(r, chunk, micro_batch) + 1,
+                    output_grad + r->shard_offset, err) != 0)
             return -1;
-        io.output_grad = r->output_grad;
+        io.output_grad = output_grad;
     } else if (flush_send(r, err) != 0) {
         return -1;
     }
-    if (r->zero >= 3 && gather_parameters(r, micro_batch, err) != 0)
+    if (r->zero >= 3 && gather_parameters(r, stage, micro_batch, err) != 0)
         return -1;
     double start = begin(r, "bwd", micro_batch);
-    if (stage_backward(r->stage, slot, &io, err) != 0)
+    if (stage_backward(stage, slot, &io, err) != 0)
         return -1;
     record(r, "bwd", micro_batch, start);
-    if (r->zero >= 2) {
-        begin(r, "dp reduce-scatter", micro_batch);
-        if (zero_reduce_micro_batch(r->c, r->dp_group, r->layout->config.dp,
-                                    r->dp_offsets,
-                                    r->sync != NULL ? r->sync->buckets
-                                                    : NULL,
-                                    r->stage, err) != 0)
-            return -1;
-    }
-    if (r->zero >= 3 && zero_release_parameters(r->stage, err) != 0)
+    if (after_zero_backward(r, stage, micro_batch, err) != 0)
         return -1;
-    if (r->previous_rank >= 0)
-        r->pending = (pending_send){.present = true,
-                                    .peer = r->previous_rank,
-                                    .tag = 2 * micro_batch + 1,
-                                    .data = stage_input_grad(r->stage),
-                                    .kind = "send_bwd",
-                                    .micro_batch = micro_batch};
+    if (peers.previous >= 0)
+        r->pending = (pending_send){
+            .present = true,
+            .peer = peers.previous,
+            .tag = chunk_tag(r, peers.previous_chunk, micro_batch) + 1,
+            .data = stage_input_grad(stage) + r->shard_offset,
+            .kind = "send_bwd",
+            .micro_batch = micro_batch};
     return 0;
 }
 
 static int arm_overlap(rank_step *r, pt_error *err);
+static int for_each_chunk(rank_step *r, int (*phase)(rank_step *, pt_error *),
+                          pt_error *err);
 
 /* 1F1B: warm-up forwards, then one forward one backward, then the
- * remaining backwards; GPipe: every forward, then every backward.
- * Backwards run in micro-batch order either way, so gradients accumulate
- * in the order of the one-stage step. */
+ * remaining backwards; GPipe: every forward, then every backward; the
+ * interleaved 1F1B: Megatron's order over the rank's chunks (common's
+ * parallel_chunk_unit), its warm-up 2 (pp - s - 1) + (v - 1) pp.
+ * Backwards of a chunk run in micro-batch order either way, so gradients
+ * accumulate in the order of the one-stage step. */
 static int run_schedule(rank_step *r, bool inject_failure, pt_error *err)
 {
-    int m = r->layout->micro_batches;
-    int warm_up = m;
-    if (r->layout->config.schedule == SCHEDULE_1F1B) {
-        warm_up = r->layout->stage_count - r->stage_index - 1;
-        if (warm_up > m)
-            warm_up = m;
-    }
+    int m = r->layout->micro_batches, v = r->chunk_count, total = m * v;
+    int warm_up = r->layout->config.schedule == SCHEDULE_1F1B
+                      ? parallel_chunk_warmup(r->layout->stage_count, v,
+                                              r->stage_index, m)
+                      : m;
     int forwards = 0, backwards = 0;
-    while (forwards < m || backwards < m) {
-        bool in_warm_up = forwards < warm_up;
-        if (forwards < m) {
-            if (forward(r, forwards++, err) != 0)
-                return -1;
-            if (inject_failure)
-                return flush_send(r, err) != 0
-                           ? -1
-                           : pt_fail(err, "injected failure after the "
-                                          "forward of micro-batch 0 (a "
-                                          "test asked for it)");
-        }
-        if (!in_warm_up && backwards == m - 1 &&
-            arm_overlap(r, err) != 0)
+    while (backwards < total) {
+        bool is_forward = forwards < total &&
+                          (forwards < warm_up ||
+                           forwards - warm_up == backwards);
+        int chunk, micro_batch;
+        parallel_chunk_unit(r->layout->stage_count, v,
+                            is_forward ? forwards++ : backwards++,
+                            is_forward, &chunk, &micro_batch);
+        if (!is_forward && backwards == total && arm_overlap(r, err) != 0)
             return -1;
-        if (!in_warm_up && backward(r, backwards++, err) != 0)
+        if (is_forward ? forward(r, chunk, micro_batch, err)
+                       : backward(r, chunk, micro_batch, err))
             return -1;
+        if (inject_failure && is_forward)
+            return flush_send(r, err) != 0
+                       ? -1
+                       : pt_fail(err, "injected failure after the forward "
+                                      "of micro-batch 0 (a test asked for "
+                                      "it)");
     }
     return flush_send(r, err);
 }
 
 /* The first stage's token-embedding gradient and the last stage's tied
- * copy, summed: they are one tensor. */
+ * copy, summed: they are one tensor (interleaved: in stage 0's first
+ * chunk and the last stage's last). */
 static int embedding_all_reduce(rank_step *r, pt_error *err)
 {
     const pipeline_layout *layout = r->layout;
     int last = layout->stage_count - 1;
     if (layout->stage_count < 2 || !layout->shape.tied_embeddings ||
-        (r->stage_index != 0 && r->stage_index != last))
+        (r->stage_index != 0 && r->stage_index != last) ||
+        r->chunk != (r->stage_index == 0 ? 0 : r->chunk_count - 1))
         return 0;
     const param_tensor *tensor = model_stage_find_tensor(
         r->stage, r->stage_index == 0 ? "token_embedding" : "lm_head_weight");
@@ -362,7 +430,7 @@ static bool overlap_allowed(const rank_step *r)
                           layout->shape.tied_embeddings &&
                           (r->stage_index == 0 ||
                            r->stage_index == layout->stage_count - 1);
-    return layout->config.dp > 1 && r->sync != NULL &&
+    return layout->config.dp > 1 && r->chunk_count == 1 && r->sync != NULL &&
            r->sync->overlap != NULL && r->sync->overlap->begin != NULL &&
            r->sync->buckets != NULL && r->zero < 2 &&
            !(sharded_optimizer(r) && embedding_pair);
@@ -446,7 +514,7 @@ static int dp_reduce_gradients(rank_step *r, pt_error *err)
 
 /* ZeRO-1's second half: every replica's updated shard to every replica,
  * then the backend refreshes what it derives from the parameters. */
-static int dp_gather_parameters(rank_step *r, pt_error *err)
+static int dp_gather_chunk(rank_step *r, pt_error *err)
 {
     int dp = r->layout->config.dp;
     if (dp == 1 || !sharded_optimizer(r))
@@ -466,6 +534,11 @@ static int dp_gather_parameters(rank_step *r, pt_error *err)
     return 0;
 }
 
+static int dp_gather_parameters(rank_step *r, pt_error *err)
+{
+    return for_each_chunk(r, dp_gather_chunk, err);
+}
+
 /* Norm and loss over the world in one all-reduce: replica 0's ranks add
  * their share of the squared norm (every replica holds the same gradients
  * now; stage_grad_norm_share counts tied and replicated tensors once),
@@ -474,8 +547,12 @@ static int reduce_norm_and_loss(rank_step *r, double *grad_norm,
                                 double *loss, pt_error *err)
 {
     double square_sum = 0.0;
-    if (stage_grad_norm_share(r->stage, &square_sum, err) != 0)
-        return -1;
+    for (int c = 0; c < r->chunk_count; c++) {
+        double chunk_sum = 0.0;
+        if (stage_grad_norm_share(r->chunks[c], &chunk_sum, err) != 0)
+            return -1;
+        square_sum += chunk_sum;
+    }
     /* ZeRO-1: each replica holds the summed gradients of its shard only,
      * so every replica adds its share */
     bool counts = r->replica == 0 || sharded_optimizer(r);
@@ -501,7 +578,7 @@ static int reduce_norm_and_loss(rank_step *r, double *grad_norm,
  * copies are summed before ZeRO-1's reduce-scatter: after it, the first
  * and the last stage would hold different parts of the tensor (their
  * shards cut different buffers). */
-static int reduce_gradients(rank_step *r, pt_error *err)
+static int reduce_chunk_gradients(rank_step *r, pt_error *err)
 {
     if (r->zero >= 2) /* reduced at every micro-batch already */
         return embedding_all_reduce(r, err);
@@ -514,6 +591,32 @@ static int reduce_gradients(rank_step *r, pt_error *err)
                    embedding_all_reduce(r, err) != 0
                ? -1
                : 0;
+}
+
+/* Runs phase on every chunk of the rank in turn (one: its stage). */
+static int for_each_chunk(rank_step *r, int (*phase)(rank_step *, pt_error *),
+                          pt_error *err)
+{
+    int status = 0;
+    for (int c = 0; c < r->chunk_count && status == 0; c++) {
+        r->chunk = c;
+        r->stage = r->chunks[c];
+        status = phase(r, err);
+    }
+    r->chunk = 0;
+    r->stage = r->chunks[0];
+    return status;
+}
+
+static int reduce_gradients(rank_step *r, pt_error *err)
+{
+    return for_each_chunk(r, reduce_chunk_gradients, err);
+}
+
+static int adamw_chunk(rank_step *r, pt_error *err)
+{
+    return stage_adamw_step(r->stage, &r->adamw, r->learning_rate,
+                            r->clip_scale, err);
 }
 
 static int optimizer_step(rank_step *r, const train_config *config,
@@ -530,8 +633,10 @@ static int optimizer_step(rank_step *r, const train_config *config,
     float learning_rate = (float)lr_schedule_at(&config->schedule,
                                                 r->stage->optimizer_steps);
     float scale = clip_coefficient(grad_norm, config->max_grad_norm);
-    if (stage_adamw_step(r->stage, &config->adamw, learning_rate, scale,
-                         err) != 0)
+    r->adamw = config->adamw;
+    r->learning_rate = learning_rate;
+    r->clip_scale = scale;
+    if (for_each_chunk(r, adamw_chunk, err) != 0)
         return -1;
     record(r, "optimizer", -1, start);
     out->loss = (float)loss;
@@ -540,38 +645,36 @@ static int optimizer_step(rank_step *r, const train_config *config,
     return 0;
 }
 
-/* ZeRO-2/3 at dp > 1: the stage and the dp group's shards the step
- * keeps at hand (zero_step.c). */
-static int open_zero(rank_step *r, pt_error *err)
-{
-    int zero = parallel_zero_stage(&r->layout->config);
-    if (r->layout->config.dp < 2 || zero < 2 ||
-        r->stage->spec.optimizer_shards < 2)
-        return 0;
-    r->zero = zero;
-    return dp_shards(r, &r->dp_group, &r->dp_offsets, err);
-}
-
-static int check_rank(const pipeline_layout *layout, const model_stage *stage,
+/* Each chunk was made for this layout: its layers, shard, ends, slots. */
+static int check_rank(const pipeline_layout *layout,
+                      model_stage *const *chunks, int chunk_count,
                       const comm *c, pt_error *err)
 {
     if (c->size != layout->rank_count)
         return pt_fail(err, "the comm has %d ranks, the layout %d", c->size,
                        layout->rank_count);
-    stage_spec expected;
-    if (pipeline_rank_spec(layout, c->rank, &expected, err) != 0)
-        return -1;
-    if (expected.first_layer != stage->spec.first_layer ||
-        stage_spec_tp(&expected) != stage_spec_tp(&stage->spec) ||
-        expected.tp_rank != stage->spec.tp_rank ||
-        expected.last_layer != stage->spec.last_layer ||
-        expected.has_embedding != stage->spec.has_embedding ||
-        expected.has_head != stage->spec.has_head ||
-        stage->slot_count < pipeline_slot_count(
-                                layout, pipeline_rank_stage(layout, c->rank)) ||
-        stage->mbs_capacity < layout->config.mbs)
-        return pt_fail(err, "its stage was not made for this layout (make "
-                            "it with pipeline_stage_create)");
+    if (chunk_count != pipeline_chunk_count(layout))
+        return pt_fail(err, "the rank holds %d chunks, the layout %d",
+                       chunk_count, pipeline_chunk_count(layout));
+    int stage_index = pipeline_rank_stage(layout, c->rank);
+    for (int chunk = 0; chunk < chunk_count; chunk++) {
+        const model_stage *stage = chunks[chunk];
+        stage_spec expected;
+        if (pipeline_rank_chunk_spec(layout, c->rank, chunk, &expected,
+                                     err) != 0)
+            return -1;
+        if (expected.first_layer != stage->spec.first_layer ||
+            stage_spec_tp(&expected) != stage_spec_tp(&stage->spec) ||
+            expected.tp_rank != stage->spec.tp_rank ||
+            expected.last_layer != stage->spec.last_layer ||
+            expected.has_embedding != stage->spec.has_embedding ||
+            expected.has_head != stage->spec.has_head ||
+            stage->slot_count <
+                pipeline_chunk_slot_count(layout, stage_index, chunk) ||
+            stage->mbs_capacity < layout->config.mbs)
+            return pt_fail(err, "its stage was not made for this layout "
+                                "(make it with pipeline_stage_create)");
+    }
     return 0;
 }
 
@@ -582,52 +685,100 @@ int pipeline_rank_step(const pipeline_layout *layout, model_stage *stage,
                        step_result *out, pipeline_events *events,
                        pt_error *err)
 {
-    if (check_rank(layout, stage, c, err) != 0 ||
+    model_stage *const chunks[1] = {stage};
+    return pipeline_rank_step_chunks(layout, chunks, 1, c, config, tokens,
+                                     step_start_s, inject_failure, sync, out,
+                                     events, err);
+}
+
+/* The failed step's message names the rank and what it was doing; the
+ * world is aborted so that the other ranks return too. */
+static void report_failure(const rank_step *r, pt_error *err)
+{
+    if (r->micro_batch >= 0)
+        pt_error_prefix(err, "rank %d (stage %d, replica %d, tp %d), %s of "
+                             "micro-batch %d",
+                        r->c->rank, r->stage_index, r->replica, r->tp_rank,
+                        r->operation, r->micro_batch);
+    else
+        pt_error_prefix(err, "rank %d (stage %d, replica %d, tp %d), %s",
+                        r->c->rank, r->stage_index, r->replica, r->tp_rank,
+                        r->operation);
+    comm_abort(r->c, err->message);
+}
+
+/* ZeRO-2/3 at dp > 1: the stage and the dp group's shards the step
+ * keeps at hand (zero_step.c). Not with interleaving: each chunk would
+ * need its own shards. */
+static int open_zero(rank_step *r, pt_error *err)
+{
+    int zero = parallel_zero_stage(&r->layout->config);
+    if (r->layout->config.dp < 2 || zero < 2 ||
+        r->stage->spec.optimizer_shards < 2)
+        return 0;
+    if (r->chunk_count > 1)
+        return pt_fail(err, "ZeRO-%d with the interleaved 1F1B is not run "
+                            "yet",
+                       zero);
+    r->zero = zero;
+    return dp_shards(r, &r->dp_group, &r->dp_offsets, err);
+}
+
+static int zero_chunk_grads(rank_step *r, pt_error *err)
+{
+    return stage_zero_grads(r->stage, err);
+}
+
+int pipeline_rank_step_chunks(const pipeline_layout *layout,
+                              model_stage *const *chunks, int chunk_count,
+                              const comm *c, const train_config *config,
+                              const uint32_t *tokens, double step_start_s,
+                              bool inject_failure,
+                              const pipeline_grad_sync *sync,
+                              step_result *out, pipeline_events *events,
+                              pt_error *err)
+{
+    if (check_rank(layout, chunks, chunk_count, c, err) != 0 ||
         lr_schedule_check(&config->schedule, err) != 0) {
         pt_error_prefix(err, "rank %d", c->rank);
         comm_abort(c, err->message);
         return -1;
     }
     int dp = layout->config.dp;
-    int hop = dp * layout->config.tp; /* ranks between adjacent stages */
-    int stage_index = pipeline_rank_stage(layout, c->rank);
     int replica = pipeline_rank_replica(layout, c->rank);
     size_t window = (size_t)layout->shape.seq + 1;
     size_t replica_windows = (size_t)(layout->config.gbs / dp);
     rank_step r = {
         .layout = layout,
-        .stage = stage,
+        .stage = chunks[0],
+        .chunks = chunks,
+        .chunk_count = chunk_count,
         .c = c,
-        .stage_index = stage_index,
+        .stage_index = pipeline_rank_stage(layout, c->rank),
         .replica = replica,
-        .previous_rank = stage_index > 0 ? c->rank - hop : -1,
-        .next_rank = stage_index < layout->stage_count - 1 ? c->rank + hop
-                                                           : -1,
         .tokens = tokens + (size_t)replica * replica_windows * window,
-        .activation_floats = (size_t)layout->config.mbs *
-                             (size_t)layout->shape.seq *
-                             (size_t)layout->shape.hidden,
         .loss_scale = 1.0f / (float)(layout->micro_batches * dp),
         .step_start_s = step_start_s,
         .events = events,
         .micro_batch = -1,
         .operation = "zero_grads",
         .tp_rank = pipeline_rank_tp(layout, c->rank),
-        .sync = sync,
+        /* the buckets are the first chunk's: interleaved, each chunk's
+         * buffer is reduced whole after the backward */
+        .sync = chunk_count == 1 ? sync : NULL,
     };
+    /* sequence parallelism: a pipeline message is this shard's rows */
+    size_t first_row = 0, rows = 0;
+    stage_sequence_rows(&chunks[0]->spec,
+                        (size_t)layout->config.mbs * layout->shape.seq,
+                        &first_row, &rows);
+    r.activation_floats = rows * (size_t)layout->shape.hidden;
+    r.shard_offset = first_row * (size_t)layout->shape.hidden;
     if (events != NULL)
         events->count = 0;
     int status = -1;
-    if (open_zero(&r, err) != 0)
-        goto done;
-    if (r.next_rank >= 0) {
-        r.output_grad = stage_output_grad_buffer(stage);
-        if (r.output_grad == NULL) {
-            pt_fail(err, "the stage has no buffer for its output gradient");
-            goto done;
-        }
-    }
-    if (stage_zero_grads(stage, err) != 0 ||
+    if (open_zero(&r, err) != 0 ||
+        for_each_chunk(&r, zero_chunk_grads, err) != 0 ||
         run_schedule(&r, inject_failure, err) != 0 ||
         reduce_gradients(&r, err) != 0 ||
         optimizer_step(&r, config, out, err) != 0 ||
@@ -640,19 +791,10 @@ done:
     if (status != 0 && r.overlap_armed) {
         /* disarm the backend; the world has failed, so this ends fast */
         pt_error ignored = {{0}};
-        sync->overlap->end(sync->overlap->data, c->rank, stage, c, &ignored);
+        sync->overlap->end(sync->overlap->data, c->rank, chunks[0], c,
+                           &ignored);
     }
-    if (status != 0) {
-        if (r.micro_batch >= 0)
-            pt_error_prefix(err, "rank %d (stage %d, replica %d, tp %d), %s "
-                                 "of micro-batch %d",
-                            c->rank, stage_index, replica, r.tp_rank,
-                            r.operation, r.micro_batch);
-        else
-            pt_error_prefix(err, "rank %d (stage %d, replica %d, tp %d), %s",
-                            c->rank, stage_index, replica, r.tp_rank,
-                            r.operation);
-        comm_abort(c, err->message);
-    }
+    if (status != 0)
+        report_failure(&r, err);
     return status;
 }

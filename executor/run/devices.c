@@ -93,6 +93,31 @@ static int query_local_devices(const plan *p, int rank_count,
     return 0;
 }
 
+/* A rank's floor: 10 bytes per parameter of each of its chunks (one
+ * without interleaving) and 8 per parameter of each optimizer range
+ * (none under optimizer offload). */
+static int rank_floor_bytes(const run_context *ctx, int rank, double *out,
+                            pt_error *err)
+{
+    *out = 0.0;
+    for (int c = 0; c < pipeline_chunk_count(&ctx->layout); c++) {
+        stage_spec spec;
+        size_t params = 0, first = 0, moments = 0;
+        if (pipeline_rank_chunk_spec(&ctx->layout, rank, c, &spec, err) !=
+                0 ||
+            stage_parameter_layout(&ctx->shape, &spec, NULL, &params, err) <
+                0)
+            return -1;
+        stage_optimizer_range(params, spec.optimizer_shards,
+                              spec.optimizer_shard, &first, &moments);
+        /* offload keeps the moments in host memory */
+        if (ctx->plan->config.offload_optimizer)
+            moments = 0;
+        *out += 10.0 * (double)params + 8.0 * (double)moments;
+    }
+    return 0;
+}
+
 /* A parallel plan against this machine's GPUs before anything is
  * allocated on them: device count, GPU types, sm_limit and
  * memory_limit_gib, and each rank's floor of 10 bytes per parameter of
@@ -113,18 +138,8 @@ int run_check_gpu_devices(const run_context *ctx, pt_error *err)
                      ? query_local_devices(ctx->plan, ranks, devices, count,
                                            err)
                      : pt_fail(err, "out of memory checking the devices");
-    for (int rank = 0; status == 0 && rank < ranks; rank++) {
-        size_t params = 0, moments = 0;
-        status = run_rank_param_count(ctx, rank, &params, err) != 0 ||
-                         run_rank_buffer_count(ctx, rank, STAGE_ADAM_M,
-                                               &moments, err) != 0
-                     ? -1
-                     : 0;
-        /* offload keeps the moments in host memory */
-        if (ctx->plan->config.offload_optimizer)
-            moments = 0;
-        needed[rank] = 10.0 * (double)params + 8.0 * (double)moments;
-    }
+    for (int rank = 0; status == 0 && rank < ranks; rank++)
+        status = rank_floor_bytes(ctx, rank, &needed[rank], err);
     if (status == 0)
         status = device_check_plan(ctx->plan, devices, count, needed, err);
     free(devices);
@@ -153,11 +168,18 @@ static int rank_gpu_index(const plan *p, int rank)
  * there (cudaMemGetInfo) less the tally, which is the CUDA context, the
  * libraries' own buffers and what the tally's rounding misses. Its peak
  * figure is the tally. Runs on the rank's thread. */
-static void record_rank_terms(int rank, const model_stage *stage,
-                              double comm_bytes, bool alone, run_result *out)
+static void record_rank_terms(int rank, model_stage *const *stages,
+                              int stage_count, double comm_bytes, bool alone,
+                              run_result *out)
 {
-    pt_memory_terms terms;
-    cuda_stage_memory_terms(stage, &terms);
+    pt_memory_terms terms = {{0}};
+    /* the interleaved 1F1B's chunks are stages of their own */
+    for (int c = 0; c < stage_count; c++) {
+        pt_memory_terms chunk;
+        cuda_stage_memory_terms(stages[c], &chunk);
+        for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+            terms.bytes[t] += chunk.bytes[t];
+    }
     terms.bytes[PT_MEMORY_COMM] = comm_bytes;
     double tallied = pt_memory_terms_total(&terms, false);
     terms.bytes[PT_MEMORY_CONTEXT] = NAN;
@@ -206,7 +228,8 @@ void run_describe_cuda_stage(run_context *ctx, run_result *out)
              "CUDA %s", info.driver_cuda_version);
     snprintf(device->cuda_version, sizeof device->cuda_version, "%s",
              info.runtime_cuda_version);
-    record_rank_terms(0, &ctx->stage, 0.0, true, out);
+    model_stage *const whole[1] = {&ctx->stage};
+    record_rank_terms(0, whole, 1, 0.0, true, out);
     out->peak_memory_bytes = out->rank_peak_memory_bytes[0];
     out->devices[0] = *device;
     out->peak_memory_basis =
@@ -339,7 +362,11 @@ static int describe_rank_task(void *data, int rank, model_stage *stage,
              "CUDA %s", info.driver_cuda_version);
     snprintf(device->cuda_version, sizeof device->cuda_version, "%s",
              info.runtime_cuda_version);
-    record_rank_terms(rank, stage,
+    model_stage *chunks[PIPELINE_MAX_CHUNKS] = {stage};
+    int count = pipeline_chunk_count(&d->ctx->layout);
+    for (int c = 1; c < count; c++)
+        chunks[c] = pipeline_threads_chunk(d->ctx->launcher, rank, c);
+    record_rank_terms(rank, chunks, count,
                       pipeline_gpu_comm_device_bytes(d->ctx->gpu, rank),
                       rank_alone_on_gpu(d->ctx, rank), d->out);
     return 0;

@@ -108,6 +108,10 @@ int run_rank_buffer_count(const run_context *ctx, int rank,
 /* -------------------------------------------------------- options.c */
 
 int run_check_options(const run_options *options, pt_error *err);
+/* The interleaved 1F1B (virtual_stages > 1) runs without checkpoints,
+ * sequence parallelism on the cpu backend, so far. */
+int run_check_interleave(const plan *p, const run_options *options,
+                         pt_error *err);
 /* A save_dir that holds a checkpoint is refused unless the run resumes
  * from it or may overwrite it (called by run_check_options). */
 int run_check_save_dir(const run_options *options, pt_error *err);

@@ -77,14 +77,21 @@ static int check_parallel_memory(const run_context *ctx, run_result *out,
     double total = 0.0, largest_activations = 0.0;
     int largest_rank = run_local_first(ctx);
     for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++) {
-        stage_spec spec;
-        if (run_rank_spec(ctx, rank, &spec, err) != 0)
-            return -1;
         int stage = pipeline_rank_stage(&ctx->layout, rank);
-        double activations = 0.0;
-        double bytes = run_cpu_partial_stage_bytes(
-            &ctx->shape, &spec, out->mbs,
-            pipeline_slot_count(&ctx->layout, stage), &activations);
+        double activations = 0.0, bytes = 0.0;
+        /* the interleaved 1F1B's chunks are stages of their own */
+        for (int c = 0; c < pipeline_chunk_count(&ctx->layout); c++) {
+            stage_spec spec;
+            double chunk_activations = 0.0;
+            if (pipeline_rank_chunk_spec(&ctx->layout, rank, c, &spec, err) !=
+                0)
+                return -1;
+            bytes += run_cpu_partial_stage_bytes(
+                &ctx->shape, &spec, out->mbs,
+                pipeline_chunk_slot_count(&ctx->layout, stage, c),
+                &chunk_activations);
+            activations += chunk_activations;
+        }
         out->rank_peak_memory_bytes[rank] = bytes;
         total += bytes;
         if (bytes > out->rank_peak_memory_bytes[largest_rank] ||

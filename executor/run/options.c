@@ -56,6 +56,25 @@ int run_check_plan(const plan *p, pt_error *err)
     return 0;
 }
 
+int run_check_interleave(const plan *p, const run_options *options,
+                         pt_error *err)
+{
+    int v = parallel_virtual_stages(&p->config);
+    /* the cuda backend keeps every row of the residual stream */
+    if (p->config.sequence_parallel && options->backend != BACKEND_CPU)
+        return pt_fail(err, "sequence_parallel: exec runs sequence "
+                            "parallelism on the cpu backend only yet; the "
+                            "cuda backend needs sequence_parallel false");
+    if (v == 1)
+        return 0;
+    if (options->save_dir != NULL || options->load_dir != NULL)
+        return pt_fail(err, "virtual_stages: checkpoints of the interleaved "
+                            "1F1B (%d chunks a rank) are not written or "
+                            "read yet; run without --save and --load",
+                       v);
+    return 0;
+}
+
 int run_check_options(const run_options *options, pt_error *err)
 {
     if (options->data_prefix == NULL || options->data_prefix[0] == '\0')

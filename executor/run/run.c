@@ -188,7 +188,8 @@ static int allocate_buffers(run_context *ctx, const run_result *out,
     size_t window = (size_t)ctx->shape.seq + 1;
     ctx->tokens = malloc((size_t)out->gbs * window * sizeof *ctx->tokens);
     ctx->events_per_iteration =
-        ctx->parallel ? out->rank_count * (6 * out->micro_batches + 4)
+        ctx->parallel ? out->rank_count * (6 * out->micro_batches + 4) *
+                            pipeline_chunk_count(&ctx->layout)
                       : 2 * out->micro_batches + 1;
     ctx->event_window = RUN_EVENT_BUDGET / ctx->events_per_iteration;
     if (ctx->event_window > RUN_EVENT_WINDOW)
@@ -290,7 +291,8 @@ static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
 {
     const run_options *options = ctx->options;
     if (run_check_plan(ctx->plan, err) != 0 ||
-        run_check_options(options, err) != 0)
+        run_check_options(options, err) != 0 ||
+        run_check_interleave(ctx->plan, options, err) != 0)
         return -1;
     if (prepare_layout(ctx, out, err) != 0 ||
         backend_find(options->backend, err) == NULL)

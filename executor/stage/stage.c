@@ -97,6 +97,51 @@ int stage_tp_all_reduce_max(const model_stage *stage, float *data,
     return tp_all_reduce(stage, data, count, COMM_MAX, err);
 }
 
+void stage_sequence_rows(const stage_spec *spec, size_t rows, size_t *first,
+                         size_t *count)
+{
+    int tp = stage_spec_tp(spec);
+    *first = 0;
+    *count = rows;
+    if (!spec->sequence_parallel || tp == 1)
+        return;
+    *count = rows / (size_t)tp;
+    *first = (size_t)spec->tp_rank * *count;
+}
+
+/* One half of an all-reduce over the shards' rows: the reduce-scatter
+ * (gather false) or the all-gather. */
+static int tp_rows(const model_stage *stage, float *data, size_t rows,
+                   size_t cols, bool gather, pt_error *err)
+{
+    int tp = stage_spec_tp(&stage->spec);
+    if (tp == 1 || stage->tp_compute_only)
+        return 0;
+    if (stage->tp_comm == NULL)
+        return pt_fail(err, "tensor parallel: shard %d of %d has no comm "
+                            "(model_stage_attach_tp was not called)",
+                       stage->spec.tp_rank, tp);
+    size_t offsets[PT_MAX_TP + 1];
+    for (int t = 0; t <= tp; t++)
+        offsets[t] = (size_t)t * (rows / (size_t)tp) * cols;
+    return gather ? comm_all_gather(stage->tp_comm, stage->tp_group, tp,
+                                    data, offsets, err)
+                  : comm_reduce_scatter_sum(stage->tp_comm, stage->tp_group,
+                                            tp, data, offsets, err);
+}
+
+int stage_tp_reduce_scatter_rows(const model_stage *stage, float *data,
+                                 size_t rows, size_t cols, pt_error *err)
+{
+    return tp_rows(stage, data, rows, cols, false, err);
+}
+
+int stage_tp_all_gather_rows(const model_stage *stage, float *data,
+                             size_t rows, size_t cols, pt_error *err)
+{
+    return tp_rows(stage, data, rows, cols, true, err);
+}
+
 const param_tensor *model_stage_find_tensor(const model_stage *stage,
                                             const char *name)
 {

@@ -73,6 +73,12 @@ typedef struct stage_spec {
      * (stage/offload.c); the backend's params are refreshed from the
      * master after each step. */
     bool offload_optimizer;
+    /* Megatron's sequence parallelism (tp > 1; the cpu backend): outside
+     * the tensor-parallel matmuls each shard holds its part of the rows
+     * (stage_sequence_rows): the layer norms and residual adds run on
+     * them, reduce-scatters and all-gathers replace the all-reduces, and
+     * the stage's input, output and their gradients are those rows. */
+    bool sequence_parallel;
 } stage_spec;
 
 /* spec->tp, or 1 when it is 0. */
@@ -344,6 +350,17 @@ int stage_tp_all_reduce_sum(const model_stage *stage, float *data,
                             size_t count, pt_error *err);
 int stage_tp_all_reduce_max(const model_stage *stage, float *data,
                             size_t count, pt_error *err);
+/* Sequence parallelism: the rows [*first, *first + *count) of `rows`
+ * (mbs x seq) that shard tp_rank holds, an equal part each (all of them
+ * without it); and the two halves of an all-reduce over rows x cols
+ * floats (backend memory): the sum of each shard's rows to that shard,
+ * and every shard's rows to every shard. */
+void stage_sequence_rows(const stage_spec *spec, size_t rows, size_t *first,
+                         size_t *count);
+int stage_tp_reduce_scatter_rows(const model_stage *stage, float *data,
+                                 size_t rows, size_t cols, pt_error *err);
+int stage_tp_all_gather_rows(const model_stage *stage, float *data,
+                             size_t rows, size_t cols, pt_error *err);
 
 /* The tensor of that name, or NULL. */
 const param_tensor *model_stage_find_tensor(const model_stage *stage,

@@ -886,6 +886,95 @@ exec-tp2)
   run 0 partita exec in-tp2.json --data in-corpus --iters 4 --load ckpt -o resumed.json
   expect_in resumed.json '"first_iteration": 4'
   ;;
+plan-schedule-levers)
+  # Megatron's interleaved 1F1B and sequence parallelism: planned,
+  # written, estimated, and refused by exec (not run yet)
+  run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 4 --quiet
+  expect_in out.txt " v5 "
+  expect_in out.txt "zero1+sp"
+  expect_in plan.json '"virtual_stages": 5'
+  run 0 partita estimate plan.json
+  expect_in out.txt "virtual stages 5 a rank (interleaved 1F1B on)"
+  run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 4 --quiet \
+    --no-interleave --no-sequence-parallel -o plain.json
+  expect_in plain.json '"virtual_stages": 1'
+  expect_in plain.json '"sequence_parallel": false'
+  if grep -q -e " v[0-9] " -e "+sp" out.txt; then fail "levers used though disabled"; fi
+  write_layout_plan in-sp.json 1 2 1 2 ', "sequence_parallel": true'
+  run 0 partita estimate in-sp.json
+  expect_in out.txt "sequence parallel on"
+  write_layout_plan in-v2.json 2 1 1 2 ', "virtual_stages": 2'
+  run 0 partita estimate --json in-v2.json
+  expect_in out.txt '"virtual_stages": 2'
+  # exported: Megatron's flags, or a layout of pp x v virtual stages
+  run 0 partita export plan.json --to megatron -o launch.sh
+  expect_in launch.sh "    --num-virtual-stages-per-pipeline-rank 5"
+  run 0 partita export in-sp.json --to megatron -o launch-sp.sh
+  expect_in launch-sp.sh "    --sequence-parallel"
+  cat >in-layout.json <<JSON
+{ "model": { "name": "tiny", "layers": 8, "hidden": 16, "heads": 2,
+             "seq": 16, "vocab": 257 },
+  "cluster": { "name": "one-box", "nodes": [
+      { "name": "box", "gpu": "A100-FASOP", "gpus": 4,
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
+  "gbs": 8, "mbs": 1, "tp": 1, "dp": 1, "pp": 4, "partition": "2-4-0-2",
+  "virtual_stages": 2 }
+JSON
+  run 0 partita export in-layout.json --to megatron -o launch-layout.sh
+  expect_in launch-layout.sh "--pipeline-model-parallel-layout 'Et|t\*2||t|t|t\*2||tL'"
+  if grep -q -- "--num-virtual-stages" launch-layout.sh; then fail "v given twice"; fi
+  run 0 partita export in-layout.json --to deepspeed -o ds.json
+  expect_in ds.json "virtual_stages 2: DeepSpeed's pipeline engine runs the plain 1F1B only"
+  # exec: the interleaved 1F1B, the plain 1F1B's losses; not with
+  # checkpoints yet
+  prep_corpus
+  run 0 partita exec in-v2.json --data in-corpus --iters 3 -o run-v2.json
+  expect_in out.txt "iteration        3/       3 |"
+  write_layout_plan in-plain.json 2 1 1 2
+  run 0 partita exec in-plain.json --data in-corpus --iters 3 -o run-plain.json
+  python3 - <<'PY' || fail "the interleaved losses differ from the plain 1F1B's"
+import json
+a = json.load(open("run-v2.json")); b = json.load(open("run-plain.json"))
+assert [i["loss"] for i in a["iterations"]] == [i["loss"] for i in b["iterations"]]
+# every rank's chunk forwards of the recorded iteration: m v = 2 x 2
+for rank in (0, 1):
+    assert sum(e["rank"] == rank and e["kind"] == "fwd" for e in a["events"]) == 4
+PY
+  run 2 partita exec in-v2.json --data in-corpus --iters 1 --save ckpt
+  expect_in err.txt "virtual_stages: checkpoints of the interleaved 1F1B"
+  rm -f run-v2.json run-plain.json
+  # sequence parallelism on the cpu backend: the plain tp's losses
+  run 0 partita exec in-sp.json --data in-corpus --iters 3 -o run-sp.json
+  write_layout_plan in-tp.json 1 2 1 2
+  run 0 partita exec in-tp.json --data in-corpus --iters 3 -o run-tp.json
+  python3 - <<'PY' || fail "the sequence-parallel losses differ from the plain tp's"
+import json
+a = json.load(open("run-sp.json")); b = json.load(open("run-tp.json"))
+for x, y in zip(a["iterations"], b["iterations"]):
+    assert abs(x["loss"] - y["loss"]) <= 1e-5 * abs(y["loss"]), (x, y)
+PY
+  rm -f run-sp.json run-tp.json
+  run 2 partita exec in-sp.json --data in-corpus --iters 1 --backend cuda
+  expect_in err.txt "sequence_parallel: exec runs sequence parallelism on the cpu backend only yet"
+  [ ! -e run.json ] || fail "a refused run wrote run.json"
+  ;;
+bad-schedule-levers)
+  write_layout_plan in-a.json 1 1 1 2 ', "virtual_stages": 0'
+  run 2 partita estimate in-a.json
+  expect_in err.txt "in-a.json: virtual_stages: must be"
+  write_layout_plan in-b.json 4 1 1 2 ', "virtual_stages": 2'
+  run 2 partita estimate in-b.json
+  expect_in err.txt "in-b.json: virtual_stages: 2 needs the micro-batches per iteration (gbs / (dp x mbs) = 1) to be a multiple of pp (2)"
+  write_layout_plan in-c.json 2 1 1 2 ', "virtual_stages": 2, "partition": "1-3"'
+  run 2 partita estimate in-c.json
+  expect_in err.txt "in-c.json: partition: stage 0 holds 1 layers, not a multiple of virtual_stages 2"
+  write_layout_plan in-d.json 1 1 1 2 ', "sequence_parallel": true'
+  run 2 partita estimate in-d.json
+  expect_in err.txt "in-d.json: sequence_parallel: needs tp >= 2"
+  write_layout_plan in-e.json 1 1 1 1 ', "sequence_parallel": "on"'
+  run 2 partita estimate in-e.json
+  expect_in err.txt "in-e.json: sequence_parallel: must be true or false"
+  ;;
 exec-tp-spans-nodes)
   # nodes of 2 and 4 GPUs, tp 4: stage 0's tp group spans the two small
   # nodes, stage 1 fills the big one. plan, estimate and exec take it.

@@ -125,6 +125,20 @@ pp2)
       fail "checkpoint blob $(basename "$blob") differs"
   done
   ;;
+interleaved)
+  # Megatron's interleaved 1F1B as processes: the threads launch's losses
+  # (no checkpoints of it yet)
+  write_layout_plan in-v2.json 1 1 2 2 ', "virtual_stages": 2'
+  run 0 "$partita" exec in-v2.json --data in-corpus --iters 3 \
+    --log-interval 1 -o run-threads.json
+  cp out.txt threads.log
+  run 0 mpi 4 exec in-v2.json --data in-corpus --iters 3 --log-interval 1 \
+    -o run-mpi.json
+  cp out.txt mpi.log
+  expect_in mpi.log "ran as 4 processes (MPI)"
+  same_losses threads.log mpi.log
+  every_rank_recorded run-mpi.json 4
+  ;;
 tp2)
   write_layout_plan in-tp2.json 1 2 1 2 ', "partition": "1-3"'
   compare_launches in-tp2.json 4 3

@@ -28,6 +28,9 @@ static void test_example_plan(void **state)
     assert_int_equal(p.config.precision, PRECISION_BF16);
     assert_false(p.config.recompute);
     assert_false(p.config.distributed_optimizer);
+    /* a plan from before interleaving and sequence parallelism */
+    assert_int_equal(parallel_virtual_stages(&p.config), 1);
+    assert_false(p.config.sequence_parallel);
     int expected[] = {0, 11, 8, 8, 8, 8, 5, 0};
     assert_memory_equal(p.partition, expected, sizeof expected);
     assert_int_equal(p.node_order_count, 8);
@@ -109,6 +112,16 @@ static void test_defaults(void **state)
     assert_int_equal(parallel_zero_stage(&p.config), 3);
     assert_true(p.config.distributed_optimizer);
     assert_true(p.config.offload_optimizer);
+    plan_free(&p);
+
+    if (load_hetero_plan(state,
+                         "\"gbs\": 64, \"mbs\": 1, \"tp\": 4, \"dp\": 1, "
+                         "\"pp\": 8, \"virtual_stages\": 3, "
+                         "\"sequence_parallel\": true",
+                         &p, &err) != 0)
+        fail_msg("%s", err.message);
+    assert_int_equal(p.config.virtual_stages, 3);
+    assert_true(p.config.sequence_parallel);
     plan_free(&p);
 
     /* One node of four GPUs holds tp x dp x pp = 4: 48 layers in 12s. */
@@ -256,6 +269,23 @@ static void test_bad_plans(void **state)
          "distributed_optimizer is false"},
         {DEGREES ", \"offload_optimizer\": 1",
          "plans/bad.json: offload_optimizer: must be true or false"},
+        {DEGREES ", \"virtual_stages\": 0",
+         "plans/bad.json: virtual_stages: must be"},
+        {DEGREES ", \"virtual_stages\": 65",
+         "plans/bad.json: virtual_stages: must be"},
+        {DEGREES ", \"virtual_stages\": 2, \"schedule\": \"gpipe\"",
+         "plans/bad.json: virtual_stages: 2 needs schedule \"1f1b\""},
+        {"\"gbs\": 40, \"mbs\": 1, \"tp\": 1, \"dp\": 4, \"pp\": 8, "
+         "\"virtual_stages\": 2",
+         "plans/bad.json: virtual_stages: 2 needs the micro-batches per "
+         "iteration (gbs / (dp x mbs) = 10) to be a multiple of pp (8)"},
+        {DEGREES ", \"virtual_stages\": 4",
+         "plans/bad.json: partition: stage 0 holds 6 layers, not a "
+         "multiple of virtual_stages 4"},
+        {DEGREES ", \"sequence_parallel\": true",
+         "plans/bad.json: sequence_parallel: needs tp >= 2"},
+        {DEGREES ", \"sequence_parallel\": 1",
+         "plans/bad.json: sequence_parallel: must be true or false"},
         {DEGREES ", \"format\": \"partita-plan/2\"",
          "plans/bad.json: format: must be \"partita-plan/1\", got "
          "\"partita-plan/2\""},

@@ -50,6 +50,11 @@ static void test_written_plan_stands_alone(void **state)
     load_example(&original);
     assert_non_null(strstr(original.model_origin, "models/gpt2-xl.json"));
     assert_non_null(strstr(original.cluster_origin, "clusters/hetero.json"));
+    /* an interleaved schedule travels too (m 16, pp 8, 6 layers a
+     * stage: 3 in each chunk) */
+    original.config.virtual_stages = 2;
+    partition_even(original.model.layers, original.config.pp,
+                   original.partition);
     /* a throttled device list travels too */
     node_type *a100 = &original.cluster.types[0];
     a100->device_count = a100->gpus;

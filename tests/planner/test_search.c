@@ -372,6 +372,45 @@ static void test_pareto_front(void **state)
     cluster_free(&pool);
 }
 
+/* GPT-13B on one node of 8 H200s: the best plan is a pipeline of 2
+ * stages of 20 layers whose bubble the interleaved 1F1B shrinks; every
+ * plan with tp > 1 uses sequence parallelism unless told not to. */
+static void test_schedule_levers(void **state)
+{
+    search_fixture *f = *state;
+    search_options o = gpt2_options(1);
+    search_result with = run_search(f, &o);
+    assert_true(with.plan_count > 0);
+    const ranked_plan *best = &with.plans[0];
+    assert_true(parallel_virtual_stages(&best->config) > 1);
+    for (int s = 0; s < best->config.pp; s++)
+        assert_int_equal(best->partition[s] % best->config.virtual_stages, 0);
+    bool saw_tp = false;
+    for (int i = 0; i < with.plan_count; i++) {
+        const parallel_config *c = &with.plans[i].config;
+        assert_true(c->sequence_parallel == (c->tp > 1));
+        saw_tp = saw_tp || c->tp > 1;
+    }
+    assert_true(saw_tp);
+    o.allow_interleave = false;
+    o.allow_sequence_parallel = false;
+    search_result without = run_search(f, &o);
+    assert_true(without.plan_count > 0);
+    for (int i = 0; i < without.plan_count; i++) {
+        assert_int_equal(parallel_virtual_stages(&without.plans[i].config),
+                         1);
+        assert_false(without.plans[i].config.sequence_parallel);
+    }
+    assert_true(best->step_time_s < without.plans[0].step_time_s);
+    search_result_free(&with);
+    search_result_free(&without);
+}
+
+static int open_gpt13b_h200(void **state)
+{
+    return open_fixture(state, "gpt-13b", "h200x8");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -389,6 +428,8 @@ int main(void)
                                         close_fixture),
         cmocka_unit_test_setup_teardown(test_rejects_bad_options,
                                         open_gpt2_hetero, close_fixture),
+        cmocka_unit_test_setup_teardown(test_schedule_levers,
+                                        open_gpt13b_h200, close_fixture),
         cmocka_unit_test(test_nothing_fits),
         cmocka_unit_test_setup_teardown(test_zero_levers, open_gpt2_hetero,
                                         close_fixture),

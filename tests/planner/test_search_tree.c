@@ -154,7 +154,7 @@ static int check_walk_covers(costmodel *cm, int gbs)
     o.max_mbs = 1;
     search_space space;
     pt_error err = {{0}};
-    assert_int_equal(search_space_build(c, cm->model.layers, &o, &space,
+    assert_int_equal(search_space_build(c, &cm->model, &o, &space,
                                         &err), 0);
     static sequence_list all;
     static visit_log visited;
@@ -267,8 +267,8 @@ static void check_window_facts(costmodel *cm, search_memo *memo,
             stage_terms expected = whole[s].terms;
             if (!known && s < config->pp - 1) {
                 const stage_placement *p = &whole[s].place;
-                double bytes = (double)config->mbs * cm->model.seq *
-                               cm->model.hidden * 2.0;
+                double bytes =
+                    costmodel_pipeline_message_bytes(&cm->model, config);
                 expected.fixed_s -= costmodel_send_seconds(
                     cm, bytes, p->next_curve_type, p->next_link);
                 assert_true(fabs(facts.terms.fixed_s - expected.fixed_s) <=
@@ -296,7 +296,7 @@ static void test_window_facts_match_cost_model(void **state)
     o.max_mbs = 2;
     search_space space;
     pt_error err = {{0}};
-    assert_int_equal(search_space_build(&mixed, cm.model.layers, &o, &space,
+    assert_int_equal(search_space_build(&mixed, &cm.model, &o, &space,
                                         &err), 0);
     search_memo memo;
     assert_int_equal(search_memo_open(&memo, 16, mixed.node_count, &err), 0);
