@@ -247,6 +247,10 @@ typedef struct step_work {
     double sum_kernels_s;  /* slices_of_one_gpu: the SM time of the dp
                               sums' kernels, which the backward they
                               overlap cannot hide; else 0 */
+    double norm_s;         /* the gradient-norm pass before the optimizer
+                              step: the rank's square sum of the fp32
+                              gradients it steps, at the streaming rate
+                              of its AdamW step (docs/cost-model.md 7) */
     double optimizer_s;
     double tail_fraction;  /* of reduce_s, in 0..1 */
 } step_work;

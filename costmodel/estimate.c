@@ -73,11 +73,12 @@ typedef struct step_tail {
     double reduce_s;         /* gradient all-reduce, or reduce-scatter */
     double exposed_s;        /* of reduce_s, after the last backward */
     double gather_s;         /* parameter all-gather (distributed opt.) */
+    double norm_s;           /* the gradient-norm pass */
     bool embedding_member;   /* first or last stage of tied embeddings */
     double backward_end;
     double reduce_end;
     double embedding_start, embedding_end;
-    double optimizer_end;
+    double optimizer_start, optimizer_end;
     double gather_end;
 } step_tail;
 
@@ -242,6 +243,7 @@ static void price_step_work(const costmodel *cm, const parallel_config *config,
                             &scratch->costs[place->slow_type], &work);
         tail->reduce_s = work.reduce_s;
         tail->gather_s = work.gather_s;
+        tail->norm_s = work.norm_s;
         st->dp_allreduce_s = work.reduce_s + work.gather_s;
         tail->embedding_member = cm->model.tied_embeddings && pp > 1 &&
                                  (s == 0 || s == pp - 1);
@@ -287,14 +289,24 @@ static double schedule_step_work(const parallel_config *config,
     double embedding_ready = scratch->tails[0].reduce_end;
     if (scratch->tails[pp - 1].reduce_end > embedding_ready)
         embedding_ready = scratch->tails[pp - 1].reduce_end;
-    double step_end = pipeline->pipeline_end_s;
+    /* every rank sums its gradients' squares, then waits for the world's
+     * norm (one host all-reduce) before its optimizer step */
+    double norm_end = 0.0;
     for (int s = 0; s < pp; s++) {
         const stage_estimate *st = &out->stages[s];
         step_tail *tail = &scratch->tails[s];
         tail->embedding_start = tail->embedding_member ? embedding_ready
                                                        : tail->reduce_end;
         tail->embedding_end = tail->embedding_start + st->embedding_allreduce_s;
-        tail->optimizer_end = tail->embedding_end + st->optimizer_s;
+        if (tail->embedding_end + tail->norm_s > norm_end)
+            norm_end = tail->embedding_end + tail->norm_s;
+    }
+    double step_end = pipeline->pipeline_end_s;
+    for (int s = 0; s < pp; s++) {
+        const stage_estimate *st = &out->stages[s];
+        step_tail *tail = &scratch->tails[s];
+        tail->optimizer_start = norm_end;
+        tail->optimizer_end = norm_end + st->optimizer_s;
         tail->gather_end = tail->optimizer_end + tail->gather_s;
         if (tail->gather_end > step_end)
             step_end = tail->gather_end;
@@ -339,7 +351,7 @@ static int step_events(const parallel_config *config, const step_tail *tail,
     }
     events[count] = proto;
     events[count].kind = EVENT_OPTIMIZER;
-    events[count].start_s = tail->embedding_end;
+    events[count].start_s = tail->optimizer_start;
     events[count++].end_s = tail->optimizer_end;
     if (dp_comm && config->distributed_optimizer) {
         events[count] = proto;

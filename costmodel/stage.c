@@ -225,6 +225,10 @@ static dp_backward last_backward(const costmodel *cm,
  * neighbours, when its profile was taken so). */
 #define ADAMW_BYTES_PER_PARAM 30.0
 
+/* Bytes the gradient-norm pass reads per parameter: the fp32 gradient
+ * (executor/cuda/reductions.cu, cuda_square_sum), nothing written. */
+#define NORM_BYTES_PER_PARAM 4.0
+
 /* The SM time of the device exchange's dp sums on a slice: each member's
  * kernel reads its chunk of every member's gradients (the whole buffer)
  * and writes the sum into every member's buffer (all-reduce) or its own
@@ -267,6 +271,10 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
         sum_kernels_seconds(config, placement, gradient_bytes, slow);
     double held = zero1 ? params / dp : params;
     out->optimizer_s = held * slow->optimizer_s_per_param;
+    /* the square sum of the gradients the rank steps (ZeRO-1: its shard),
+     * before every rank meets the others' norms */
+    out->norm_s = held * NORM_BYTES_PER_PARAM * slow->optimizer_s_per_param /
+                  ADAMW_BYTES_PER_PARAM;
     /* the buckets the backward completes last: the embedding's gradients
      * (the first stage's), or one bucket */
     const model_shape *m = &cm->model;

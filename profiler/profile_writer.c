@@ -91,10 +91,30 @@ static json_t *optimizer_provenance(const profiler_result *r, int *failures)
     return obj;
 }
 
-static json_t *runs_provenance(const profiler_options *o,
-                               const profiler_result *r, int *failures)
+/* Parts of every point of every model timed as CUDA graphs, and queued. */
+static void count_graphed(const profiler_writeup *ctx, int *graphed,
+                          int *queued)
 {
+    *graphed = *queued = 0;
+    for (int m = 0; m < ctx->model_count; m++)
+        for (int p = 0; p < ctx->results[m].point_count; p++)
+            for (int part = 0; part < 3; part++) {
+                if (ctx->results[m].points[p].graphed[part])
+                    (*graphed)++;
+                else
+                    (*queued)++;
+            }
+}
+
+static json_t *runs_provenance(const profiler_writeup *ctx, int *failures)
+{
+    const profiler_options *o = ctx->options;
+    const profiler_result *r = &ctx->results[0];
+    int graphed, queued;
+    count_graphed(ctx, &graphed, &queued);
     json_t *obj = json_object();
+    json_put(obj, "graph_parts", json_integer(graphed), failures);
+    json_put(obj, "queued_parts", json_integer(queued), failures);
     json_put(obj, "warmup", json_integer(r->runs_warmup), failures);
     json_put(obj, "timed_max", json_integer(r->runs_timed_max), failures);
     json_put(obj, "timed_min", json_integer(r->runs_timed_min), failures);
@@ -195,12 +215,16 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
     join_model_names(ctx, models, sizeof models);
     json_put(obj, "model", json_string(models), failures);
     json_put(obj, "timing",
-        json_string("back to back: each part's calls queued without "
-                    "synchronising (enough for runs.round_s, at most "
-                    "runs.calls_per_round_max), host clock from the first "
-                    "call to the end of the stage's stream, over the calls; "
-                    "a round of forwards, then of forward + backward pairs "
-                    "(backward = pair - forward); the stage's per-call "
+        json_string("back to back: a round is each part's calls (enough "
+                    "for runs.round_s, at most runs.calls_per_round_max); "
+                    "cuda: captured once as a CUDA graph and replayed, "
+                    "timed by events on the stage's stream (the host's "
+                    "work and pace left out; runs.graph_parts), else "
+                    "queued without synchronising, host clock from the "
+                    "first call to the end of the stage's stream "
+                    "(runs.queued_parts); over the calls; a round of "
+                    "forwards, then of forward + backward pairs (backward "
+                    "= pair - forward); the stage's per-call "
                     "synchronisation is not counted; tp > 1: shard 0 "
                     "computed alone, without the tp all-reduces"),
         failures);
@@ -213,7 +237,7 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
                     "range of the rounds (of a curve: its timed runs) over "
                     "their median"),
         failures);
-    json_put(obj, "runs", runs_provenance(ctx->options, r, failures), failures);
+    json_put(obj, "runs", runs_provenance(ctx, failures), failures);
     json_put(obj, "optimizer", optimizer_provenance(r, failures), failures);
     char comm_text[512];
     if (ctx->comm != NULL)

@@ -69,6 +69,7 @@ profiler_options profiler_options_defaults(backend_kind backend)
         .device_warmup_s = 2.0,
         .timing_rounds = 9,
         .round_s = 0.01,
+        .graph_rounds = true,
         .seed = 1234,
     };
     return options;
@@ -186,6 +187,13 @@ timing_summary timing_summarize(const double *runs, int count)
                           quantile(sorted, count, 0.25)) /
                          summary.median_s;
     return summary;
+}
+
+void profiler_backward_rounds(const double *forward, const double *pair,
+                              int rounds, double *backward)
+{
+    for (int r = 0; r < rounds; r++)
+        backward[r] = fmax(pair[r] - forward[r], 0.05 * pair[r]);
 }
 
 /* -------------------------------------------------------------- device */
@@ -513,33 +521,37 @@ static int run_chain(part_chain *chain, int mbs, double seconds[CHAIN_CALLS],
 
 /* ------------------------------------------------- back-to-back timing */
 
-/* The calls of one part, queued `count` times back to back (each stage
- * under defer_sync) and waited for once: seconds per call. With
- * with_backward each forward is followed by its backward. The inputs are
- * those the last synchronous run left: the layer's input and the
- * gradients each part receives. */
+/* The stage of one part and the io of its calls: the inputs are those
+ * the last synchronous run left (the layer's input and the gradients
+ * each part receives). */
+static model_stage *part_stage(part_chain *chain, int part, int mbs,
+                               stage_io *io)
+{
+    model_stage *stages[] = {&chain->embedding, &chain->layer, &chain->head};
+    *io = (stage_io){.mbs = mbs, .loss_scale = 1.0f};
+    if (part != 1)
+        io->tokens = chain->tokens;
+    if (part == 0)
+        io->output_grad = stage_input_grad(&chain->layer);
+    if (part == 1) {
+        io->input = stage_input_buffer(&chain->layer, 0);
+        io->output_grad = stage_input_grad(&chain->head);
+    }
+    if (part == 2)
+        io->input = stage_input_buffer(&chain->head, 0);
+    return stages[part];
+}
+
+/* The calls of one part, queued `count` times back to back and waited
+ * for once: seconds per call on the host clock. */
 static int queued_seconds(part_chain *chain, int part, bool with_backward,
                           int mbs, int count, double *out, pt_error *err)
 {
-    model_stage *stages[] = {&chain->embedding, &chain->layer, &chain->head};
-    model_stage *stage = stages[part];
-    stage_io io = {.mbs = mbs, .loss_scale = 1.0f};
-    if (part != 1)
-        io.tokens = chain->tokens;
-    if (part == 0)
-        io.output_grad = stage_input_grad(&chain->layer);
-    if (part == 1) {
-        io.input = stage_input_buffer(&chain->layer, 0);
-        io.output_grad = stage_input_grad(&chain->head);
-    }
-    if (part == 2)
-        io.input = stage_input_buffer(&chain->head, 0);
+    stage_io io;
+    model_stage *stage = part_stage(chain, part, mbs, &io);
     double start = pt_monotonic_seconds();
-    for (int i = 0; i < count; i++)
-        if (stage_forward(stage, 0, &io, NULL, err) != 0 ||
-            (with_backward && stage_backward(stage, 0, &io, err) != 0))
-            return -1;
-    if (stage_synchronize(stage, err) != 0)
+    if (profiler_queue_calls(stage, &io, with_backward, count, err) != 0 ||
+        stage_synchronize(stage, err) != 0)
         return -1;
     *out = (pt_monotonic_seconds() - start) / count;
     return 0;
@@ -557,21 +569,31 @@ static int calls_per_round(const profiler_options *o, double call_s)
 
 /* One part's forward and backward: rounds of `count` forwards, then of
  * `count` forward + backward pairs, back to back; the backward of a
- * round is its pair less its forward; medians over the rounds. */
+ * round is its pair less its forward; medians over the rounds. On the
+ * cuda backend each kind of round is one CUDA graph, replayed (graphed);
+ * where its calls cannot be captured, and on the cpu, they are queued. */
 static int time_part(part_chain *chain, int part, int mbs, int count,
                      const profiler_options *o, profiled_part *out,
-                     pt_error *err)
+                     bool *graphed, pt_error *err)
 {
-    double forward[PROFILER_MAX_RUNS], backward[PROFILER_MAX_RUNS];
-    for (int r = 0; r < o->timing_rounds; r++) {
-        double pair;
+    double forward[PROFILER_MAX_RUNS], pair[PROFILER_MAX_RUNS],
+        backward[PROFILER_MAX_RUNS];
+    stage_io io;
+    model_stage *stage = part_stage(chain, part, mbs, &io);
+    int status = o->backend == BACKEND_CUDA && o->graph_rounds
+                     ? profiler_graph_rounds(stage, &io, count,
+                                             o->timing_rounds, forward, pair,
+                                             err)
+                     : 1;
+    *graphed = status == 0;
+    for (int r = 0; status == 1 && r < o->timing_rounds; r++)
         if (queued_seconds(chain, part, false, mbs, count, &forward[r],
                            err) != 0 ||
-            queued_seconds(chain, part, true, mbs, count, &pair, err) != 0)
+            queued_seconds(chain, part, true, mbs, count, &pair[r], err) != 0)
             return -1;
-        /* a pair is never faster than its forward but for noise */
-        backward[r] = fmax(pair - forward[r], 0.05 * pair);
-    }
+    if (status == -1)
+        return -1;
+    profiler_backward_rounds(forward, pair, o->timing_rounds, backward);
     out->forward = timing_summarize(forward, o->timing_rounds);
     out->backward = timing_summarize(backward, o->timing_rounds);
     return 0;
@@ -606,7 +628,8 @@ static int measure_point(part_chain *chain, int tp, int mbs,
     int status = 0;
     for (int part = 0; part < 3 && status == 0; part++) {
         int count = calls_per_round(o, call_s[part]);
-        status = time_part(chain, part, mbs, count, o, parts[part], err);
+        status = time_part(chain, part, mbs, count, o, parts[part],
+                           &out->graphed[part], err);
         out->calls_per_round[part] = count;
     }
     set_deferred(chain, false);

@@ -48,6 +48,28 @@ typedef struct timing_summary {
 /* Summarises runs[0..count) (count >= 1; the array is left as is). */
 timing_summary timing_summarize(const double *runs, int count);
 
+/* Rounds of calls (profiler_graph.c), for profiler.c: `count` forward
+ * calls of the stage at io (each followed by its backward with
+ * with_backward), queued under defer_sync without waiting for them. */
+int profiler_queue_calls(model_stage *stage, const stage_io *io,
+                         bool with_backward, int count, pt_error *err);
+
+/* The cuda backend's rounds: `count` forwards, and `count` forward +
+ * backward pairs, each captured once as a CUDA graph and replayed
+ * `rounds` times, timed by events on the stage's stream: seconds per
+ * call into forward[rounds] and pair[rounds]. 1 when the calls cannot be
+ * captured (or no cuda build): nothing timed, the caller queues them;
+ * -1 on a device failure. */
+int profiler_graph_rounds(model_stage *stage, const stage_io *io, int count,
+                          int rounds, double *forward, double *pair,
+                          pt_error *err);
+
+/* The backward of each round from its forward and its forward + backward
+ * pair, both per call: pair - forward, but never under 5 % of the pair
+ * (a pair is not faster than its forward but for noise). */
+void profiler_backward_rounds(const double *forward, const double *pair,
+                              int rounds, double *backward);
+
 typedef struct profiled_part {
     timing_summary forward;
     timing_summary backward;
@@ -63,6 +85,9 @@ typedef struct profiled_point {
     profiled_part head;      /* final norm, LM head and loss */
     int calls_per_round[3];  /* back to back in a round: embedding, layer,
                                 head */
+    bool graphed[3];         /* cuda: the part's rounds were one CUDA graph
+                                each, replayed and timed on the device
+                                (else queued, timed on the host clock) */
 } profiled_point;
 
 /* Reported after each step of a measurement: done of total steps; point
@@ -100,6 +125,9 @@ typedef struct profiler_options {
                                     time is the median of */
     double round_s;              /* a round lasts about this long: calls
                                     queued in it, 1 to PROFILER_MAX_QUEUED */
+    bool graph_rounds;           /* cuda: each round one CUDA graph,
+                                    replayed and timed on the device, where
+                                    the calls can be captured (default) */
     uint64_t seed;               /* parameters and tokens */
     profiler_progress_fn progress;   /* NULL: none */
     void *progress_data;

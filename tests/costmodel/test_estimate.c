@@ -425,6 +425,59 @@ static void dp_sums_on_slices_of_one_gpu_take_the_backward_sms(void **state)
     fixture_close(&f);
 }
 
+/* The gradient-norm pass: the square sum of the fp32 gradients a rank
+ * steps (its shard under ZeRO-1), 4 bytes a parameter at the AdamW
+ * step's streaming rate (30 bytes a parameter); every rank's optimizer
+ * step starts when the slowest rank's norm is done (the world's host
+ * all-reduce of the norm). */
+static void the_gradient_norm_precedes_every_optimizer_step(void **state)
+{
+    (void)state;
+    fixture f;
+    parallel_config config = open_dp4_on_the_a10s(&f);
+    model_shape m = f.model;
+    stage_placement place;
+    pt_error err = {{0}};
+    assert_int_equal(costmodel_place(&f.cm, &config, a10_node, 1, &place,
+                                     &err), 0);
+    type_costs costs;
+    assert_int_equal(costmodel_type_costs(&f.cm, 1, &config, &costs, &err),
+                     0);
+    step_work work;
+    costmodel_step_work(&f.cm, &config, &place, 0, 48, &costs, &work);
+    double params = model_parameter_count(&m);
+    /* a10 optimizer: 5e-11 s per parameter */
+    assert_true(close_to(work.norm_s, params * 4.0 * 5e-11 / 30.0, 1e-9));
+    assert_true(close_to(work.norm_s, work.optimizer_s * 4.0 / 30.0, 1e-9));
+    config.distributed_optimizer = true;
+    costmodel_step_work(&f.cm, &config, &place, 0, 48, &costs, &work);
+    assert_true(close_to(work.norm_s, params / 4 * 4.0 * 5e-11 / 30.0, 1e-9));
+    fixture_close(&f);
+
+    /* four stages: the optimizer steps start together, after the latest
+       stage's per-step communication and its norm */
+    m = gpt2_xl();
+    assert_int_equal(fixture_open(&f, &m, 1, 3), 0);
+    config = config_of(64, 1, 1, 4, 4);
+    int order[4] = {1, 2, 3, 0}, partition[4] = {10, 13, 13, 12};
+    estimate e;
+    run_estimate(&f, &config, order, 4, partition, true, &e);
+    double optimizer_start = -1.0, ready = 0.0;
+    for (int i = 0; i < e.event_count; i++) {
+        const timeline_event *ev = &e.events[i];
+        if (ev->kind == EVENT_OPTIMIZER) {
+            assert_true(optimizer_start < 0.0 ||
+                        ev->start_s == optimizer_start);
+            optimizer_start = ev->start_s;
+        } else if (ev->end_s > ready) {
+            ready = ev->end_s;
+        }
+    }
+    assert_true(optimizer_start > ready);
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
 static void placement_errors_are_clear(void **state)
 {
     (void)state;
@@ -765,6 +818,7 @@ int main(void)
         cmocka_unit_test(stages_run_at_their_slowest_gpu),
         cmocka_unit_test(dp_inside_a_node_uses_the_intra_node_link),
         cmocka_unit_test(dp_sums_on_slices_of_one_gpu_take_the_backward_sms),
+        cmocka_unit_test(the_gradient_norm_precedes_every_optimizer_step),
         cmocka_unit_test(placement_errors_are_clear),
         cmocka_unit_test(tp_groups_may_span_nodes),
         cmocka_unit_test(plan_errors_are_clear),

@@ -32,6 +32,28 @@ static void test_summary_of_odd_and_even_counts(void **state)
     assert_float_equal(odd[0], 5.0, 0.0); /* the input is left as is */
 }
 
+/* A round's backward is its pair less its forward, floored at 5 % of the
+ * pair where noise makes the forward look as long as the pair; the
+ * backward's median is then that of those rounds. */
+static void test_backward_from_pairs(void **state)
+{
+    (void)state;
+    const double forward[] = {1.0, 1.1, 0.9, 2.0, 1.0};
+    const double pair[] = {3.0, 3.2, 2.9, 2.0, 3.1};
+    double backward[5];
+    profiler_backward_rounds(forward, pair, 5, backward);
+    assert_float_equal(backward[0], 2.0, 1e-12);
+    assert_float_equal(backward[1], 2.1, 1e-12);
+    assert_float_equal(backward[2], 2.0, 1e-12);
+    assert_float_equal(backward[3], 0.1, 1e-12); /* floored: 5 % of 2.0 */
+    assert_float_equal(backward[4], 2.1, 1e-12);
+    timing_summary s = timing_summarize(backward, 5);
+    assert_float_equal(s.median_s, 2.0, 1e-12);
+    /* one wild round moves the median of the forwards not at all */
+    const double noisy[] = {1.0, 1.0, 1.0, 1.0, 9.0};
+    assert_float_equal(timing_summarize(noisy, 5).median_s, 1.0, 0.0);
+}
+
 static void test_summary_of_one_run(void **state)
 {
     (void)state;
@@ -164,6 +186,9 @@ static void test_tiny_model_on_cpu(void **state)
         assert_positive(&p->embedding);
         assert_positive(&p->layer);
         assert_positive(&p->head);
+        /* no CUDA graphs on the cpu: every round queued */
+        for (int part = 0; part < 3; part++)
+            assert_false(p->graphed[part]);
     }
     assert_int_equal(result->note_count, 1);
     assert_non_null(strstr(result->notes[0], "tp 8 skipped"));
@@ -198,6 +223,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_summary_of_odd_and_even_counts),
         cmocka_unit_test(test_summary_of_one_run),
+        cmocka_unit_test(test_backward_from_pairs),
         cmocka_unit_test(test_option_checks),
         cmocka_unit_test(test_default_gpu_names),
         cmocka_unit_test(test_tiny_model_on_cpu),
