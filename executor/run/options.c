@@ -67,6 +67,12 @@ int run_check_interleave(const plan *p, const run_options *options,
                             "cuda backend needs sequence_parallel false");
     if (v == 1)
         return 0;
+    /* each chunk would need its own dp shards (parallel/step.c) */
+    if (parallel_zero_stage(&p->config) >= 2 && p->config.dp > 1)
+        return pt_fail(err, "virtual_stages: exec runs ZeRO-%d without the "
+                            "interleaved 1F1B only yet; use zero 1 or "
+                            "virtual_stages 1",
+                       parallel_zero_stage(&p->config));
     if (options->save_dir != NULL || options->load_dir != NULL)
         return pt_fail(err, "virtual_stages: checkpoints of the interleaved "
                             "1F1B (%d chunks a rank) are not written or "

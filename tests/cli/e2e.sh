@@ -891,7 +891,7 @@ plan-schedule-levers)
   # written, estimated, and refused by exec (not run yet)
   run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 4 --quiet
   expect_in out.txt " v5 "
-  expect_in out.txt "zero1+sp"
+  expect_in out.txt " sp "
   expect_in plan.json '"virtual_stages": 5'
   run 0 partita estimate plan.json
   expect_in out.txt "virtual stages 5 a rank (interleaved 1F1B on)"
@@ -943,6 +943,12 @@ PY
   run 2 partita exec in-v2.json --data in-corpus --iters 1 --save ckpt
   expect_in err.txt "virtual_stages: checkpoints of the interleaved 1F1B"
   rm -f run-v2.json run-plain.json
+  # ZeRO-2/3 with interleaving: refused before any rank starts
+  write_layout_plan in-v2z.json 1 1 2 2 \
+    ', "virtual_stages": 2, "distributed_optimizer": true, "zero": 2'
+  run 2 partita exec in-v2z.json --data in-corpus --iters 1 -o run-v2z.json
+  expect_in err.txt "virtual_stages: exec runs ZeRO-2 without the interleaved 1F1B only yet"
+  [ ! -e run-v2z.json ] || fail "a refused run wrote run-v2z.json"
   # sequence parallelism on the cpu backend: the plain tp's losses
   run 0 partita exec in-sp.json --data in-corpus --iters 3 -o run-sp.json
   write_layout_plan in-tp.json 1 2 1 2
