@@ -60,7 +60,7 @@ typedef struct profile_arguments {
     const char *mbs_list;       /* --mbs, "1,2,4,8,16" */
     bool quick;
     bool no_comm;
-    bool queued;                /* --queued: no CUDA graphs of the rounds */
+    bool graph;                 /* --graph: the rounds as CUDA graphs */
     bool missing_only;          /* --missing-only: complete -o's profile */
     bool compare;               /* --compare: compare_files, no measuring */
     double tolerance_percent;   /* --tolerance of --compare */

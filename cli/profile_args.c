@@ -46,8 +46,9 @@ static void print_profile_help(void)
         "  --backend NAME         cuda (default) or cpu (slow: tiny models)\n"
         "  --quick                fewer runs per point, no device warm-up\n"
         "  --no-comm              skip the NCCL curves\n"
-        "  --queued               cuda: time each round of calls queued on\n"
-        "                         the host clock, not as a CUDA graph\n"
+        "  --graph                cuda: time each round of calls as a CUDA\n"
+        "                         graph (device time), not queued on the\n"
+        "                         host clock\n"
         "  --missing-only         complete the profile -o names: measure\n"
         "                         only the models' shapes and tp it lacks\n"
         "                         and add them (no curves); nothing to do\n"
@@ -64,7 +65,7 @@ static void print_profile_help(void)
 
 enum {
     OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
-    OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_QUEUED, OPT_COMPARE, OPT_TOLERANCE,
+    OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_GRAPH, OPT_COMPARE, OPT_TOLERANCE,
     OPT_MISSING_ONLY, OPT_BESIDE, OPT_HELP
 };
 
@@ -105,7 +106,7 @@ static int apply_option(int option, const char *value, profile_arguments *a)
     case OPT_MBS: a->mbs_list = value; return 0;
     case OPT_QUICK: a->quick = true; return 0;
     case OPT_NO_COMM: a->no_comm = true; return 0;
-    case OPT_QUEUED: a->queued = true; return 0;
+    case OPT_GRAPH: a->graph = true; return 0;
     case OPT_MISSING_ONLY: a->missing_only = true; return 0;
     case OPT_BESIDE: a->beside_list = value; return 0;
     case OPT_COMPARE: a->compare = true; return 0;
@@ -139,7 +140,7 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"backend", required_argument, NULL, OPT_BACKEND},
         {"quick", no_argument, NULL, OPT_QUICK},
         {"no-comm", no_argument, NULL, OPT_NO_COMM},
-        {"queued", no_argument, NULL, OPT_QUEUED},
+        {"graph", no_argument, NULL, OPT_GRAPH},
         {"missing-only", no_argument, NULL, OPT_MISSING_ONLY},
         {"beside", required_argument, NULL, OPT_BESIDE},
         {"compare", no_argument, NULL, OPT_COMPARE},

@@ -115,7 +115,7 @@ static int build_options(const profile_arguments *a,
     *options = profiler_options_defaults(backend);
     if (a->quick)
         profiler_options_quick(options);
-    options->graph_rounds = !a->queued;
+    options->graph_rounds = a->graph;
     options->sm_limit = a->sm_limit;
     options->memory_limit_bytes = a->memory_limit_gib * PT_GIB;
     if (parse_list("--tp", a->tp_list, options->tp_values,

@@ -43,7 +43,8 @@
 # ROWS the benchmark rows (default all, in the order above); BUDGET_S
 # (420): no benchmark row starts after the batch has run this long (a row
 # is killed after 110 s), so that the whole stays under 9 minutes;
-# SKIP_TESTS=1 runs the benchmark only. Exit status 0 when every check passed and every row ran (a missed
+# SKIP_TESTS=1 runs the benchmark only; PROFILE_ARGS, more options of
+# every `partita profile` (--graph, say). Exit status 0 when every check passed and every row ran (a missed
 # target is reported, not a failure), else 1.
 set -u
 build=$(cd "${1:?usage: run_devcomm.sh BUILD_DIR LOG_DIR}" && pwd)
@@ -131,7 +132,7 @@ profile() {
     echo "== partita profile $name (tp $tp, mbs 4)"
     step "profile-$name" 120 "$partita" profile --model "$models" \
         --gpu-name "$name" --tp "$tp" --mbs 4 --quick --no-comm "$@" \
-        -o "$profiles/$name.json"
+        ${PROFILE_ARGS:-} -o "$profiles/$name.json"
 }
 profile "$gpu_type" "$both" 1
 profile "$gpu_type-64SM" "$root/models/gpt2-xl-26h.json" 1,2 --sm-limit 64
