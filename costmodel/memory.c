@@ -236,10 +236,12 @@ static chunk_totals chunk_totals_of(const parallel_config *config,
 {
     int v = parallel_virtual_stages(config);
     int microbatches = config->gbs / (config->dp * config->mbs);
-    int slots[PLAN_MAX_VIRTUAL_STAGES] = {
-        costmodel_microbatches_in_flight(config, stage, microbatches)};
+    int slots[PLAN_MAX_VIRTUAL_STAGES];
     if (v > 1)
         parallel_chunk_slots(config->pp, v, stage, microbatches, slots);
+    else
+        slots[0] =
+            costmodel_microbatches_in_flight(config, stage, microbatches);
     chunk_totals t = {0};
     for (int c = 0; c < v; c++) {
         /* the last stage's last chunk holds the head */
