@@ -488,6 +488,23 @@ static void expect_refusal(const plan *p, const run_options *options,
     assert_message_has(&err, part);
 }
 
+/* Plan p (interleaved) 4 iterations straight against a run stopped
+ * after 2 with a checkpoint in dir and resumed: bit for bit. Returns the
+ * resuming options. */
+static run_options expect_stopped_run_resumes(const run_scratch *s,
+                                              const plan *p, const char *dir)
+{
+    run_options options = base_options(s, 4);
+    run_result straight, first;
+    train_ok(p, &options, &straight);
+    stop_order order = {.after = 2};
+    run_options first_half = stopping_options(options, &order, dir);
+    train_ok(p, &first_half, &first);
+    assert_true(first.stopped);
+    assert_int_equal(first.last_checkpoint_iteration, 2);
+    return expect_resume_matches(p, options, dir, &straight, &first);
+}
+
 /* The interleaved 1F1B (2 chunks a rank): a run stopped after 2 of 4
  * iterations saves every chunk of every rank, and resumed it equals the
  * straight run bit for bit; the checkpoint resumes only under its own
@@ -498,17 +515,9 @@ static void pp2_interleaved_stopped_run_resumes_exactly(void **state)
     plan p;
     parallel_plan(&p, 1, 1, 2, "2-2", "1f1b");
     p.config.virtual_stages = 2;
-    run_options options = base_options(s, 4);
-    run_result straight, first;
-    train_ok(&p, &options, &straight);
-
     char dir[512];
     run_path(s, "pp2-v2-checkpoint", dir, sizeof dir);
-    stop_order order = {.after = 2};
-    run_options first_half = stopping_options(options, &order, dir);
-    train_ok(&p, &first_half, &first);
-    assert_true(first.stopped);
-    assert_int_equal(first.last_checkpoint_iteration, 2);
+    run_options resumed = expect_stopped_run_resumes(s, &p, dir);
     /* chunk 1 of each rank under its own name, beside chunk 0's */
     const char *const names[] = {"params.rank0", "adam_m.rank0.chunk1",
                                  "params.rank1.chunk1", "adam_v.rank1"};
@@ -517,11 +526,30 @@ static void pp2_interleaved_stopped_run_resumes_exactly(void **state)
     /* rank 0's chunk 0 holds the embedding, its chunk 1 does not */
     assert_true(blob_bytes(dir, "params.rank0") >
                 blob_bytes(dir, "params.rank0.chunk1"));
-    run_options resumed =
-        expect_resume_matches(&p, options, dir, &straight, &first);
     p.config.virtual_stages = 1;
     expect_refusal(&p, &resumed,
                    "another layout: meta.json: virtual_stages is 2");
+    plan_free(&p);
+}
+
+/* ...with dp 2 and ZeRO-1: each chunk's moments are its replica's shard
+ * of that chunk. */
+static void pp2_dp2_zero1_interleaved_resumes_exactly(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    parallel_plan(&p, 1, 2, 2, "2-2", "1f1b");
+    p.config.virtual_stages = 2;
+    p.config.distributed_optimizer = true;
+    char dir[512];
+    run_path(s, "pp2-dp2-v2-checkpoint", dir, sizeof dir);
+    expect_stopped_run_resumes(s, &p, dir);
+    /* ranks 0 and 1: the two replicas of stage 0 */
+    assert_int_equal(blob_bytes(dir, "adam_m.rank0.chunk1") +
+                         blob_bytes(dir, "adam_m.rank1.chunk1"),
+                     blob_bytes(dir, "params.rank0.chunk1"));
+    assert_true(blob_bytes(dir, "adam_v.rank1.chunk1") <
+                blob_bytes(dir, "params.rank1.chunk1"));
     plan_free(&p);
 }
 
@@ -570,6 +598,7 @@ int main(void)
         cmocka_unit_test(pp2_record_holds_every_rank),
         cmocka_unit_test(pp2_stop_flag_ends_after_the_iteration),
         cmocka_unit_test(pp2_interleaved_stopped_run_resumes_exactly),
+        cmocka_unit_test(pp2_dp2_zero1_interleaved_resumes_exactly),
         cmocka_unit_test(tp2_matches_one_stage),
         cmocka_unit_test(pp2_tp2_matches_one_stage),
         cmocka_unit_test(pp2_recompute_changes_nothing),
