@@ -159,6 +159,10 @@ dp2-zero1)
     --log-interval 1 -o run-plain.json
   cp out.txt plain.log
   same_losses plain.log mpi.log
+  # the processes' checkpoint lists each shard at its size: it loads
+  run 0 "$partita" exec in-zero1.json --data in-corpus --iters 5 \
+    --log-interval 1 --load ckpt-mpi -o run-resumed.json
+  expect_in out.txt "iteration        5/"
   ;;
 size-mismatch)
   run 2 mpi 3 exec in-pp2.json --data in-corpus --iters 2 -o run.json
