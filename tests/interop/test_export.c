@@ -155,7 +155,7 @@ static void test_hosts_follow_node_order(void **state)
     interop_stage_hosts(&p, hosts, 1, &first, &last, nodes, sizeof nodes);
     assert_int_equal(first, 12);
     assert_int_equal(last, 23);
-    assert_string_equal(nodes, "a100[12]..a100[23], A100-40GB");
+    assert_string_equal(nodes, "a100[12]..a100[23], A100-80GB");
     free(hosts);
     plan_free(&p);
 }
@@ -200,7 +200,7 @@ static void test_megatron_175b(void **state)
     expect_in(script, "HOSTS=(a100-0 a100-1 ");
     expect_in(script, "a100-95)\n");
     expect_in(script, "#     7      12  336-383      84-95    "
-                      "a100[84]..a100[95], A100-40GB\n");
+                      "a100[84]..a100[95], A100-80GB\n");
     expect_in(script, "tensor-parallel groups of 8 span nodes");
     expect_in(script, "50257\n#       becomes 51200");
     expect_not_in(script, "mixes GPU types");
