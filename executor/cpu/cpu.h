@@ -103,9 +103,54 @@ void cpu_adamw_update(float *params, const float *grads, float *m, float *v,
  * out for BACKEND_CPU. */
 extern const stage_backend cpu_stage_backend;
 
+/* ZeRO-2/3's gradients on the cpu backend (spec.shard_gradients;
+ * cpu/grad_units.c): a backward writes each unit's gradients into a
+ * buffer of that unit's size, one per kind (the embeddings, a layer: all
+ * layers take turns in one, the head), and as each unit completes it is
+ * handed to the stage's grad_sink, its part in the grads range (the
+ * optimizer's) added there, and the buffer zeroed for the next. */
+typedef enum cpu_unit_kind {
+    CPU_UNIT_EMBEDDING,
+    CPU_UNIT_LAYER,
+    CPU_UNIT_HEAD,
+    CPU_UNIT_KINDS
+} cpu_unit_kind;
+
+/* The unit buffers of one stage. first and count per kind: where the unit
+ * starts in the parameter buffer and its floats (for the layer, layer 0's
+ * start and one layer's floats; count 0 for a kind the stage lacks). */
+typedef struct cpu_grad_units {
+    float *buffer[CPU_UNIT_KINDS];   /* owned, zeroed between units */
+    size_t first[CPU_UNIT_KINDS];
+    size_t count[CPU_UNIT_KINDS];
+} cpu_grad_units;
+
+/* Where the units of a stage of that spec and tensor table lie (no
+ * buffers); returns their bytes. exec's memory check sizes them so. */
+size_t cpu_grad_units_layout(const stage_spec *spec,
+                             const param_tensor *table, int tensor_count,
+                             size_t param_count, cpu_grad_units *out);
+/* Sizes and allocates the buffers from the stage's tensor table; -1 when
+ * out of memory (nothing left allocated). */
+int cpu_grad_units_open(const model_stage *stage, cpu_grad_units *out);
+void cpu_grad_units_close(cpu_grad_units *units);
+/* Where the gradient of parameter `offset` is written during a backward. */
+float *cpu_grad_units_place(const cpu_grad_units *units, size_t offset);
+/* Unit `kind` (layer `layer` for CPU_UNIT_LAYER) is complete: the sink,
+ * then its part in the grads range added there, then the buffer zeroed.
+ * Nothing for a kind the stage lacks. */
+int cpu_grad_units_done(model_stage *stage, cpu_grad_units *units,
+                        cpu_unit_kind kind, int layer, pt_error *err);
+void cpu_grad_units_zero(cpu_grad_units *units);
+/* The bytes of the unit buffers. */
+size_t cpu_grad_units_bytes(const cpu_grad_units *units);
+
 /* Host bytes a cpu-backend stage allocated for activations: its slots'
  * arenas and token ids and its backward scratch (what *activation_bytes
  * above predicts); 0 for a stage of another backend. */
 size_t cpu_stage_activation_bytes(const model_stage *stage);
+/* The bytes of a cpu-backend stage's ZeRO-2/3 unit buffers (beside its
+ * grads of grad_count floats); 0 without them or on another backend. */
+size_t cpu_stage_grad_unit_bytes(const model_stage *stage);
 
 #endif

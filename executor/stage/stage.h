@@ -79,6 +79,12 @@ typedef struct stage_spec {
      * them, reduce-scatters and all-gathers replace the all-reduces, and
      * the stage's input, output and their gradients are those rows. */
     bool sequence_parallel;
+    /* ZeRO-2/3 (optimizer_shards > 1; honoured by the cpu backend, which
+     * sets model_stage.grads_by_unit): grads holds the optimizer's range
+     * only, and a backward fills one unit buffer per unit (the
+     * embeddings, a layer, the head), handed to the stage's grad_sink as
+     * each unit completes, then added into that range. */
+    bool shard_gradients;
 } stage_spec;
 
 /* spec->tp, or 1 when it is 0. */
@@ -172,6 +178,16 @@ int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
 /* --------------------------------------------------------------- stages */
 
 struct stage_backend;
+struct model_stage;
+
+/* Called by a backend with spec.shard_gradients as each unit's gradients
+ * of one micro-batch are complete: floats [first, first + count) of the
+ * parameter buffer, in `unit` (backend memory); it may change them (the
+ * reduce-scatter over dp sums them in place), and the backend then adds
+ * the part in the stage's grads range. */
+typedef int (*stage_grad_sink)(struct model_stage *stage, size_t first,
+                               size_t count, float *unit, void *context,
+                               pt_error *err);
 
 /*
  * One stage of the model on one device, with its parameters, gradients,
@@ -202,6 +218,15 @@ typedef struct model_stage {
      * rest of grads is not this rank's after the reduce-scatter). */
     size_t optimizer_first;
     size_t optimizer_count;
+    /* grads holds floats [grad_first, grad_first + grad_count) of the
+     * parameter buffer: all of them, or, when the backend honours
+     * spec.shard_gradients (grads_by_unit), the optimizer's range; the
+     * sink (may be NULL: the unit is added as it is) and its context. */
+    size_t grad_first;
+    size_t grad_count;
+    bool grads_by_unit;
+    stage_grad_sink grad_sink;
+    void *grad_sink_context;
     long optimizer_steps;        /* AdamW steps taken (bias correction, LR) */
     void *backend_state;         /* owned by the backend: activations */
     /* Tensor parallelism (spec.tp > 1): the comm and the ranks of this

@@ -66,6 +66,12 @@ static void expect_close(const zero_run *a, const zero_run *b)
                      b->params[i]);
 }
 
+/* The tiny model's units: a layer (12 tensors), the embeddings (31 + 8
+ * rows of 16), the head (the final norm; the head is tied). */
+#define TINY_LAYER_FLOATS (2 * 16 + 3 * 16 * 16 + 3 * 16 + 16 * 16 + 16 + \
+                           2 * 16 + 64 * 16 + 64 + 16 * 64 + 16)
+#define TINY_EMBEDDING_FLOATS ((31 + 8) * 16)
+
 static void zero2_and_zero3_train_as_plain_dp(void **state)
 {
     (void)state;
@@ -74,6 +80,18 @@ static void zero2_and_zero3_train_as_plain_dp(void **state)
     zero_run zero3 = train(2, 1, 3, false);
     expect_close(&plain, &zero2);
     expect_equal_bits(&zero2, &zero3);
+    /* plain dp keeps every gradient; ZeRO-2/3 the shard's (the moments'
+     * range) and one buffer per unit kind */
+    assert_int_equal(plain.grad_count, plain.count);
+    assert_int_equal(plain.unit_bytes, 0);
+    for (const zero_run *z = &zero2; z != NULL; z = z == &zero2 ? &zero3
+                                                                : NULL) {
+        assert_int_equal(z->grad_count, z->moment_count);
+        assert_true(z->grad_count <= z->count / 2 + 64);
+        assert_int_equal(z->unit_bytes,
+                         4 * (TINY_LAYER_FLOATS + TINY_EMBEDDING_FLOATS +
+                              2 * 16));
+    }
     run_free(&plain);
     run_free(&zero2);
     run_free(&zero3);
@@ -90,6 +108,66 @@ static void zero2_and_zero3_with_tied_embeddings_over_stages(void **state)
     run_free(&plain);
     run_free(&zero2);
     run_free(&zero3);
+}
+
+/* One step of the whole tiny model as shard 1 of 2, its gradients whole
+ * or (shard_gradients) its shard's only, through the unit buffers with
+ * no sink: one micro-batch adds each gradient to zeros once either way,
+ * so loss, norm and parameters are the same bits; exec's memory check
+ * predicts what either allocates. */
+static step_result shard_step(bool by_unit, float **params, size_t *count,
+                              size_t *grads)
+{
+    model_shape shape = tiny_shape();
+    stage_spec spec = stage_spec_whole_model(&shape);
+    spec.optimizer_shards = 2;
+    spec.optimizer_shard = 1;
+    spec.shard_gradients = by_unit;
+    model_stage stage;
+    pt_error err = {{0}};
+    if (model_stage_create(&stage, &shape, &spec, BACKEND_CPU, 2, 1,
+                           &err) != 0 ||
+        model_stage_init_parameters(&stage, 5, &err) != 0)
+        fail_msg("stage: %s", err.message);
+    assert_true(stage.grads_by_unit == by_unit);
+    /* exec's memory check sizes what the stage holds */
+    double activations = 0.0;
+    double predicted = run_cpu_partial_stage_bytes(&shape, &spec, 2, 1,
+                                                   &activations);
+    double held = 4.0 * (double)stage.param_count +
+                  8.0 * (double)stage.optimizer_count +
+                  4.0 * (double)model_stage_buffer_count(&stage,
+                                                          STAGE_GRADS) +
+                  (double)cpu_stage_grad_unit_bytes(&stage) +
+                  (double)cpu_stage_activation_bytes(&stage);
+    assert_true(predicted == held);
+    uint32_t tokens[2 * 9];
+    for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++)
+        tokens[i] = (uint32_t)((i * 7 + 3) % 31);
+    train_config config = train_config_defaults();
+    step_result result = {0};
+    if (train_step(&stage, &config, tokens, 1, 2, &result, &err) != 0)
+        fail_msg("step: %s", err.message);
+    *count = stage.param_count;
+    *params = malloc(*count * sizeof **params);
+    memcpy(*params, stage.params, *count * sizeof **params);
+    *grads = model_stage_buffer_count(&stage, STAGE_GRADS);
+    model_stage_destroy(&stage);
+    return result;
+}
+
+static void sharded_gradients_are_the_whole_backwards(void **state)
+{
+    (void)state;
+    float *whole = NULL, *sharded = NULL;
+    size_t count = 0, whole_grads = 0, shard_grads = 0;
+    step_result a = shard_step(false, &whole, &count, &whole_grads);
+    step_result b = shard_step(true, &sharded, &count, &shard_grads);
+    assert_memory_equal(&a, &b, sizeof a);
+    assert_memory_equal(whole, sharded, count * sizeof *whole);
+    assert_true(shard_grads < whole_grads / 2 + 64);
+    free(whole);
+    free(sharded);
 }
 
 static void offload_steps_as_the_backend_does(void **state)
@@ -150,6 +228,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(zero2_and_zero3_train_as_plain_dp),
         cmocka_unit_test(zero2_and_zero3_with_tied_embeddings_over_stages),
+        cmocka_unit_test(sharded_gradients_are_the_whole_backwards),
         cmocka_unit_test(offload_steps_as_the_backend_does),
         cmocka_unit_test(ranges_are_checked),
     };

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "executor/cpu/cpu.h"
 #include "executor/executor.h"
 
 #define TINY_MAX_STEPS 4
@@ -27,6 +28,9 @@ typedef struct tiny_run {
     step_result steps[TINY_MAX_STEPS];
     float *params, *moment;
     size_t count, moment_count;
+    size_t grad_count;       /* rank 0's gradient floats (ZeRO-2/3: its
+                                shard's) and its unit buffers' bytes */
+    size_t unit_bytes;
 } tiny_run;
 
 static inline void tiny_run_free(tiny_run *r)
@@ -68,6 +72,8 @@ static inline tiny_run tiny_train(const parallel_config *config,
     out.params = malloc(out.count * sizeof *out.params);
     memcpy(out.params, stage->params, out.count * sizeof *out.params);
     out.moment_count = model_stage_buffer_count(stage, STAGE_ADAM_M);
+    out.grad_count = model_stage_buffer_count(stage, STAGE_GRADS);
+    out.unit_bytes = cpu_stage_grad_unit_bytes(stage);
     out.moment = malloc((out.moment_count + 1) * sizeof *out.moment);
     if (model_stage_read(stage, STAGE_ADAM_M, out.moment, &err) != 0)
         fail_msg("moments: %s", err.message);
