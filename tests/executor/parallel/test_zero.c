@@ -8,7 +8,10 @@
  * ZeRO-2's results bit for bit, so the gathers bring back every weight;
  * offload (AdamW on host copies) gives the device step's results bit for
  * bit on the cpu backend, alone and with ZeRO-3, and its moments read
- * back through model_stage_read. The range wrappers refuse bad ranges.
+ * back through model_stage_read. Under ZeRO-2/3 the cpu backend keeps
+ * the gradients of the rank's shard and one buffer per unit kind (also
+ * at tp 2 x dp 2), and a step through them is a step through whole
+ * gradients. The range wrappers refuse bad ranges.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,9 +30,9 @@
 typedef tiny_run zero_run;
 #define run_free tiny_run_free
 
-static zero_run train(int dp, int pp, int zero, bool offload)
+static zero_run train_tp(int tp, int dp, int pp, int zero, bool offload)
 {
-    parallel_config config = {.gbs = 4 * dp, .mbs = 1, .tp = 1, .dp = dp,
+    parallel_config config = {.gbs = 4 * dp, .mbs = 1, .tp = tp, .dp = dp,
                               .pp = pp, .schedule = SCHEDULE_1F1B,
                               .offload_optimizer = offload};
     parallel_set_zero_stage(&config, zero);
@@ -37,6 +40,11 @@ static zero_run train(int dp, int pp, int zero, bool offload)
     train.schedule.max_lr = 1e-2;
     train.schedule.warmup_steps = 0;
     return tiny_train(&config, 512, &train, STEPS);
+}
+
+static zero_run train(int dp, int pp, int zero, bool offload)
+{
+    return train_tp(1, dp, pp, zero, offload);
 }
 
 static void expect_equal_bits(const zero_run *a, const zero_run *b)
@@ -170,6 +178,20 @@ static void sharded_gradients_are_the_whole_backwards(void **state)
     free(sharded);
 }
 
+/* tp 2 x dp 2: each tp shard's gradients sharded over its dp group (the
+ * replicated tensors' norms counted once through the shard's run). */
+static void zero2_with_tensor_parallelism(void **state)
+{
+    (void)state;
+    zero_run plain = train_tp(2, 2, 1, 0, false);
+    zero_run zero2 = train_tp(2, 2, 1, 2, false);
+    expect_close(&plain, &zero2);
+    assert_int_equal(zero2.grad_count, zero2.moment_count);
+    assert_true(zero2.grad_count < plain.grad_count);
+    run_free(&plain);
+    run_free(&zero2);
+}
+
 static void offload_steps_as_the_backend_does(void **state)
 {
     (void)state;
@@ -228,6 +250,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(zero2_and_zero3_train_as_plain_dp),
         cmocka_unit_test(zero2_and_zero3_with_tied_embeddings_over_stages),
+        cmocka_unit_test(zero2_with_tensor_parallelism),
         cmocka_unit_test(sharded_gradients_are_the_whole_backwards),
         cmocka_unit_test(offload_steps_as_the_backend_does),
         cmocka_unit_test(ranges_are_checked),
