@@ -134,6 +134,7 @@ int pipeline_rank_chunk_spec(const pipeline_layout *layout, int rank,
         out->optimizer_shard = pipeline_rank_replica(layout, rank);
         /* ZeRO-2/3: the shard's gradients only, where the backend can */
         out->shard_gradients = parallel_zero_stage(&layout->config) >= 2;
+        out->shard_parameters = parallel_zero_stage(&layout->config) >= 3;
     }
     return 0;
 }

@@ -521,7 +521,9 @@ static int dp_reduce_gradients(rank_step *r, pt_error *err)
 static int dp_gather_chunk(rank_step *r, pt_error *err)
 {
     int dp = r->layout->config.dp;
-    if (dp == 1 || !sharded_optimizer(r))
+    /* ZeRO-3 on a backend holding the shard only: the next forward
+     * gathers unit by unit */
+    if (dp == 1 || !sharded_optimizer(r) || r->stage->params_by_unit)
         return 0;
     int *group = NULL;
     size_t *offsets = NULL;
@@ -735,6 +737,10 @@ static int open_zero(rank_step *r, pt_error *err)
         r->stage->grad_sink = zero_reduce_unit;
         r->stage->grad_sink_context = &r->zero_units;
     }
+    if (r->stage->params_by_unit) {
+        r->stage->param_source = zero_gather_unit;
+        r->stage->param_source_context = &r->zero_units;
+    }
     return 0;
 }
 
@@ -803,6 +809,8 @@ done:
     /* the sink's context lives in this call */
     r.stage->grad_sink = NULL;
     r.stage->grad_sink_context = NULL;
+    r.stage->param_source = NULL;
+    r.stage->param_source_context = NULL;
     free(r.dp_group);
     free(r.dp_offsets);
     if (status != 0 && r.overlap_armed) {

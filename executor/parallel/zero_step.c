@@ -8,8 +8,10 @@
  * over the comm interface. A backend that keeps only the shard's
  * gradients (grads_by_unit: the cpu one) hands each unit of a backward to
  * zero_reduce_unit; the others keep a whole-sized buffer, reduced after
- * the backward. Parameters stay whole-sized (what is released is zeroed,
- * not freed).
+ * the backward. Likewise under ZeRO-3 a backend keeping the parameters'
+ * shard only (params_by_unit) gathers each unit through
+ * zero_gather_unit; the others gather the whole stage and release it
+ * (zeroed outside the shard, not freed).
  */
 #include "executor/parallel/parallel.h"
 
@@ -45,19 +47,36 @@ static size_t *chunks_within(const size_t *offsets, int dp, size_t lo,
     return chunks;
 }
 
-int zero_reduce_unit(model_stage *stage, size_t first, size_t count,
-                     float *unit, void *context, pt_error *err)
+/* One unit over the dp group's runs: reduce-scattered (the gradients)
+ * or all-gathered (the weights), in place. */
+static int unit_collective(size_t first, size_t count, float *unit,
+                           const zero_unit_group *g, bool gather,
+                           pt_error *err)
 {
-    (void)stage;
-    const zero_unit_group *g = context;
     size_t *chunks = chunks_within(g->offsets, g->dp, first, first + count,
                                    err);
     if (chunks == NULL)
         return -1;
-    int status = comm_reduce_scatter_sum(g->c, g->group, g->dp, unit, chunks,
+    int status =
+        gather ? comm_all_gather(g->c, g->group, g->dp, unit, chunks, err)
+               : comm_reduce_scatter_sum(g->c, g->group, g->dp, unit, chunks,
                                          err);
     free(chunks);
     return status;
+}
+
+int zero_reduce_unit(model_stage *stage, size_t first, size_t count,
+                     float *unit, void *context, pt_error *err)
+{
+    (void)stage;
+    return unit_collective(first, count, unit, context, false, err);
+}
+
+int zero_gather_unit(model_stage *stage, size_t first, size_t count,
+                     float *unit, void *context, pt_error *err)
+{
+    (void)stage;
+    return unit_collective(first, count, unit, context, true, err);
 }
 
 /* The gradients of one micro-batch, added on top of the shard's earlier
@@ -143,6 +162,8 @@ int zero_gather_parameters(const comm *c, const int *group, int dp,
                            const size_t *offsets, model_stage *stage,
                            pt_error *err)
 {
+    if (stage->params_by_unit) /* gathered unit by unit */
+        return 0;
     if (comm_all_gather(c, group, dp, stage->params, offsets, err) != 0)
         return -1;
     return stage_params_changed(stage, err);
@@ -150,5 +171,7 @@ int zero_gather_parameters(const comm *c, const int *group, int dp,
 
 int zero_release_parameters(model_stage *stage, pt_error *err)
 {
+    if (stage->params_by_unit)
+        return 0;
     return zero_outside_shard(stage, STAGE_PARAMS, err);
 }

@@ -71,11 +71,16 @@ int run_rank_buffer_count(const run_context *ctx, int rank,
     if (run_rank_param_count(ctx, rank, &params, err) != 0)
         return -1;
     *out = params;
-    if (!ctx->parallel || (which != STAGE_ADAM_M && which != STAGE_ADAM_V))
+    if (!ctx->parallel || which == STAGE_GRADS)
         return 0;
     stage_spec spec;
     if (run_rank_spec(ctx, rank, &spec, err) != 0)
         return -1;
+    /* the parameters are the optimizer's shard only under ZeRO-3 on the
+     * cpu backend (model_cpu.c honours spec.shard_parameters) */
+    if (which == STAGE_PARAMS &&
+        !(spec.shard_parameters && ctx->options->backend == BACKEND_CPU))
+        return 0;
     stage_optimizer_range(params, spec.optimizer_shards,
                           spec.optimizer_shard, &first, out);
     return 0;

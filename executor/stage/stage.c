@@ -31,6 +31,8 @@ size_t model_stage_buffer_count(const model_stage *stage, stage_buffer which)
 {
     if (which == STAGE_GRADS)
         return stage->grad_count;
+    if (which == STAGE_PARAMS)
+        return stage->params_count;
     return which == STAGE_ADAM_M || which == STAGE_ADAM_V
                ? stage->optimizer_count
                : stage->param_count;
@@ -183,8 +185,9 @@ static int check_range(const model_stage *stage, stage_buffer which,
         return pt_fail(err, "model stage: ranges are of params or grads, "
                             "not buffer %d",
                        (int)which);
-    /* the gradients may be the optimizer's range only (shard_gradients) */
-    size_t lo = which == STAGE_GRADS ? stage->grad_first : 0;
+    /* either may be the optimizer's range only (ZeRO-2/3) */
+    size_t lo = which == STAGE_GRADS ? stage->grad_first
+                                     : stage->params_first;
     size_t floats = model_stage_buffer_count(stage, which);
     if (first < lo || first - lo > floats || count > floats - (first - lo))
         return pt_fail(err, "model stage: floats [%zu, %zu) are outside "

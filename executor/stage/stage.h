@@ -85,6 +85,11 @@ typedef struct stage_spec {
      * embeddings, a layer, the head), handed to the stage's grad_sink as
      * each unit completes, then added into that range. */
     bool shard_gradients;
+    /* ZeRO-3 (likewise; model_stage.params_by_unit): params holds the
+     * optimizer's range only, and each unit's weights are gathered into
+     * a buffer of that unit's size, one per unit kind, through the
+     * stage's param_source before the unit's forward and backward. */
+    bool shard_parameters;
 } stage_spec;
 
 /* spec->tp, or 1 when it is 0. */
@@ -180,12 +185,15 @@ int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
 struct stage_backend;
 struct model_stage;
 
-/* Called by a backend with spec.shard_gradients as each unit's gradients
- * of one micro-batch are complete: floats [first, first + count) of the
- * parameter buffer, in `unit` (backend memory); it may change them (the
- * reduce-scatter over dp sums them in place), and the backend then adds
- * the part in the stage's grads range. */
-typedef int (*stage_grad_sink)(struct model_stage *stage, size_t first,
+/* What a backend calls per unit (floats [first, first + count) of the
+ * parameter buffer, in `unit`, backend memory) under ZeRO-2/3: with
+ * spec.shard_gradients as each unit's gradients of one micro-batch are
+ * complete (the grad_sink may change them: the reduce-scatter over dp
+ * sums them in place; the backend then adds the part in the grads
+ * range); with spec.shard_parameters before a unit's forward or backward
+ * (the param_source fills the unit around the rank's part, which the
+ * backend has copied in: the all-gather over dp). */
+typedef int (*stage_unit_hook)(struct model_stage *stage, size_t first,
                                size_t count, float *unit, void *context,
                                pt_error *err);
 
@@ -225,8 +233,17 @@ typedef struct model_stage {
     size_t grad_first;
     size_t grad_count;
     bool grads_by_unit;
-    stage_grad_sink grad_sink;
+    stage_unit_hook grad_sink;
     void *grad_sink_context;
+    /* params likewise: floats [params_first, params_first +
+     * params_count), the optimizer's range when the backend honours
+     * spec.shard_parameters (params_by_unit); the source may be NULL
+     * (a unit then holds the rank's part only, zeros elsewhere). */
+    size_t params_first;
+    size_t params_count;
+    bool params_by_unit;
+    stage_unit_hook param_source;
+    void *param_source_context;
     long optimizer_steps;        /* AdamW steps taken (bias correction, LR) */
     void *backend_state;         /* owned by the backend: activations */
     /* Tensor parallelism (spec.tp > 1): the comm and the ranks of this

@@ -52,6 +52,16 @@ static void expect_equal_bits(const zero_run *a, const zero_run *b)
     tiny_expect_same_bits(a, b, STEPS);
 }
 
+/* ZeRO-3 (rank 0 holds its parameters' shard, the first of the buffer)
+ * against ZeRO-2 (all of them): the same bits where both hold them. */
+static void expect_zero3_bits(const zero_run *zero2, const zero_run *zero3)
+{
+    zero_run shard = *zero2;
+    assert_true(zero3->count < zero2->count);
+    shard.count = zero3->count;
+    tiny_expect_same_bits(&shard, zero3, STEPS);
+}
+
 static bool near(double a, double b, double relative, double absolute)
 {
     return fabs(a - b) <= relative * fmax(fabs(a), fabs(b)) + absolute;
@@ -87,15 +97,18 @@ static void zero2_and_zero3_train_as_plain_dp(void **state)
     zero_run zero2 = train(2, 1, 2, false);
     zero_run zero3 = train(2, 1, 3, false);
     expect_close(&plain, &zero2);
-    expect_equal_bits(&zero2, &zero3);
+    expect_zero3_bits(&zero2, &zero3);
     /* plain dp keeps every gradient; ZeRO-2/3 the shard's (the moments'
-     * range) and one buffer per unit kind */
+     * range) and one buffer per unit kind; ZeRO-3 its parameters so too */
+    assert_int_equal(zero2.param_unit_bytes, 0);
+    assert_int_equal(zero3.count, zero3.moment_count);
+    assert_int_equal(zero3.param_unit_bytes, zero3.unit_bytes);
     assert_int_equal(plain.grad_count, plain.count);
     assert_int_equal(plain.unit_bytes, 0);
     for (const zero_run *z = &zero2; z != NULL; z = z == &zero2 ? &zero3
                                                                 : NULL) {
         assert_int_equal(z->grad_count, z->moment_count);
-        assert_true(z->grad_count <= z->count / 2 + 64);
+        assert_true(z->grad_count <= zero2.count / 2 + 64);
         assert_int_equal(z->unit_bytes,
                          4 * (TINY_LAYER_FLOATS + TINY_EMBEDDING_FLOATS +
                               2 * 16));
@@ -112,7 +125,7 @@ static void zero2_and_zero3_with_tied_embeddings_over_stages(void **state)
     zero_run zero2 = train(2, 2, 2, false);
     zero_run zero3 = train(2, 2, 3, false);
     expect_close(&plain, &zero2);
-    expect_equal_bits(&zero2, &zero3);
+    expect_zero3_bits(&zero2, &zero3);
     run_free(&plain);
     run_free(&zero2);
     run_free(&zero3);
@@ -142,11 +155,12 @@ static step_result shard_step(bool by_unit, float **params, size_t *count,
     double activations = 0.0;
     double predicted = run_cpu_partial_stage_bytes(&shape, &spec, 2, 1,
                                                    &activations);
-    double held = 4.0 * (double)stage.param_count +
+    double held = 4.0 * (double)model_stage_buffer_count(&stage,
+                                                         STAGE_PARAMS) +
                   8.0 * (double)stage.optimizer_count +
                   4.0 * (double)model_stage_buffer_count(&stage,
                                                           STAGE_GRADS) +
-                  (double)cpu_stage_grad_unit_bytes(&stage) +
+                  (double)cpu_stage_unit_bytes(&stage, STAGE_GRADS) +
                   (double)cpu_stage_activation_bytes(&stage);
     assert_true(predicted == held);
     uint32_t tokens[2 * 9];
@@ -162,6 +176,37 @@ static step_result shard_step(bool by_unit, float **params, size_t *count,
     *grads = model_stage_buffer_count(&stage, STAGE_GRADS);
     model_stage_destroy(&stage);
     return result;
+}
+
+/* ZeRO-3's stage as shard 1 of 2 holds its parameters' run and one
+ * buffer per unit kind, as exec's memory check predicts. */
+static void sharded_parameters_are_sized_as_predicted(void **state)
+{
+    (void)state;
+    model_shape shape = tiny_shape();
+    stage_spec spec = stage_spec_whole_model(&shape);
+    spec.optimizer_shards = 2;
+    spec.optimizer_shard = 1;
+    spec.shard_gradients = spec.shard_parameters = true;
+    model_stage stage;
+    pt_error err = {{0}};
+    assert_int_equal(
+        model_stage_create(&stage, &shape, &spec, BACKEND_CPU, 2, 1, &err),
+        0);
+    assert_true(stage.params_by_unit && stage.grads_by_unit);
+    assert_int_equal(model_stage_buffer_count(&stage, STAGE_PARAMS),
+                     stage.optimizer_count);
+    assert_int_equal(cpu_stage_unit_bytes(&stage, STAGE_PARAMS),
+                     4 * (TINY_LAYER_FLOATS + TINY_EMBEDDING_FLOATS + 2 * 16));
+    double activations = 0.0;
+    double predicted = run_cpu_partial_stage_bytes(&shape, &spec, 2, 1,
+                                                   &activations);
+    double held = 4.0 * (double)stage.optimizer_count * 2.0 +
+                  2.0 * (double)cpu_stage_unit_bytes(&stage, STAGE_PARAMS) +
+                  8.0 * (double)stage.optimizer_count +
+                  (double)cpu_stage_activation_bytes(&stage);
+    assert_true(predicted == held);
+    model_stage_destroy(&stage);
 }
 
 static void sharded_gradients_are_the_whole_backwards(void **state)
@@ -252,6 +297,7 @@ int main(void)
         cmocka_unit_test(zero2_and_zero3_with_tied_embeddings_over_stages),
         cmocka_unit_test(zero2_with_tensor_parallelism),
         cmocka_unit_test(sharded_gradients_are_the_whole_backwards),
+        cmocka_unit_test(sharded_parameters_are_sized_as_predicted),
         cmocka_unit_test(offload_steps_as_the_backend_does),
         cmocka_unit_test(ranges_are_checked),
     };
