@@ -163,6 +163,19 @@ dp2-zero1)
   cp out.txt plain.log
   same_losses plain.log mpi.log
   ;;
+dp2-zero3)
+  # ZeRO-3 on the cpu backend (gradients and parameters held as each
+  # rank's shard, every unit gathered and reduce-scattered over MPI): the
+  # threads' losses and checkpoint blobs, and ZeRO-1's losses
+  write_layout_plan in-zero3.json 1 1 2 2 ', "partition": "2-2", "zero": 3'
+  write_layout_plan in-zero1.json 1 1 2 2 \
+    ', "partition": "2-2", "distributed_optimizer": true'
+  compare_launches in-zero3.json 4 3
+  run 0 "$partita" exec in-zero1.json --data in-corpus --iters 3 \
+    --log-interval 1 -o run-zero1.json
+  cp out.txt zero1.log
+  same_losses zero1.log mpi.log
+  ;;
 size-mismatch)
   run 2 mpi 3 exec in-pp2.json --data in-corpus --iters 2 -o run.json
   expect_in err.txt "3 processes were started"
