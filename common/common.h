@@ -463,6 +463,8 @@ typedef struct parallel_config {
     bool sequence_parallel;
 } parallel_config;
 
+/* The most virtual_stages a plan may ask for. */
+#define PLAN_MAX_VIRTUAL_STAGES 64
 /* Model chunks per rank: virtual_stages, 1 when 0 (a config built before
  * the field existed). */
 int parallel_virtual_stages(const parallel_config *config);
@@ -476,6 +478,14 @@ int parallel_virtual_stages(const parallel_config *config);
 int parallel_chunk_warmup(int pp, int v, int stage, int microbatches);
 void parallel_chunk_unit(int pp, int v, int k, bool forward, int *chunk,
                          int *microbatch);
+/* For each chunk c of rank `stage` (v > 1), the most of its
+ * micro-batches in flight at once under that order, into slots[c]: the
+ * activation slots the executor gives the chunk and the cost model
+ * counts (a chunk's micro-batches in flight are consecutive, so that
+ * many slots, used modulo, never collide). slots holds v entries, v at
+ * most PLAN_MAX_VIRTUAL_STAGES. */
+void parallel_chunk_slots(int pp, int v, int stage, int microbatches,
+                          int *slots);
 
 /* Why config's interleaving or sequence parallelism cannot run, as one
  * reason naming the field ("virtual_stages: 2 needs micro-batches (6) a

@@ -82,8 +82,6 @@ void parallel_set_zero_stage(parallel_config *config, int stage)
 /* Megatron's bounds: a chunk schedule over pp ranks needs pp >= 2, 1F1B
  * and whole groups of pp micro-batches; sequence parallelism shards the
  * sequence over tp ranks. */
-#define PLAN_MAX_VIRTUAL_STAGES 64
-
 int parallel_virtual_stages(const parallel_config *config)
 {
     return config->virtual_stages > 1 ? config->virtual_stages : 1;
@@ -104,6 +102,28 @@ void parallel_chunk_unit(int pp, int v, int k, bool forward, int *chunk,
     int within = k % round;
     *chunk = forward ? within / pp : v - 1 - within / pp;
     *microbatch = (k / round) * pp + within % pp;
+}
+
+void parallel_chunk_slots(int pp, int v, int stage, int microbatches,
+                          int *slots)
+{
+    /* walk the rank's order once, counting each chunk's forwards not yet
+       matched by their backwards */
+    int held[PLAN_MAX_VIRTUAL_STAGES] = {0};
+    int total = microbatches * v;
+    int warmup = parallel_chunk_warmup(pp, v, stage, microbatches);
+    int forwards = 0, backwards = 0;
+    for (int c = 0; c < v; c++)
+        slots[c] = 1;
+    while (backwards < total) {
+        bool forward = forwards < total &&
+                       (forwards < warmup || forwards - warmup == backwards);
+        int c, mb;
+        parallel_chunk_unit(pp, v, forward ? forwards++ : backwards++,
+                            forward, &c, &mb);
+        held[c] += forward ? 1 : -1;
+        slots[c] = held[c] > slots[c] ? held[c] : slots[c];
+    }
 }
 
 int parallel_check_schedule_levers(const parallel_config *config, int seq,

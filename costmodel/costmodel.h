@@ -320,7 +320,10 @@ void stage_memory_at(const stage_memory *memory, int layers,
 /* Micro-batches whose activations stage `stage` holds at its peak (the
  * executor's activation slots): 1F1B min(pp - stage, m), GPipe m; 1 for
  * a plan of one rank, which trains one micro-batch at a time; under the
- * interleaved 1F1B the chunk micro-batches (costmodel_chunks_in_flight). */
+ * interleaved 1F1B the chunk micro-batches held at once
+ * (costmodel_chunks_in_flight), fewer than the slots the executor gives
+ * the chunks, each its own peak (parallel_chunk_slots, which the memory
+ * terms count). */
 int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
                                      int microbatches);
 

@@ -4,8 +4,9 @@
  * (executor/cuda/buffers.c: fp32 weights, gradients and AdamW moments,
  * a bf16 weight mirror, one activation arena per micro-batch in flight,
  * one backward scratch, the cuBLASLt workspace, cuDNN's attention
- * workspace where the logits cannot lend it), plus the comm's
- * buffers and the profile's context. Linear in the stage's layer count,
+ * workspace where the logits cannot lend it), each chunk of the
+ * interleaved 1F1B counted as the stage of its own the executor makes
+ * of it, plus the comm's buffers and the profile's context. Linear in the stage's layer count,
  * for the partition solvers; where the executor's sizes are not (ZeRO-1
  * shard boundaries, the optimizer's chunk table of a shard), the linear
  * form is within a few KiB, which tests/costmodel/test_memory.c bounds.
@@ -221,6 +222,40 @@ static double attention_workspace_bytes(const shard_dims *d, bool last)
     return need <= lendable ? 0.0 : need;
 }
 
+/* What a rank allocates once per chunk (the interleaved 1F1B's chunks
+ * are stages of their own in the executor; v = 1: the rank's one stage):
+ * each chunk's activation slots, summed, and the head chunk's; each
+ * chunk's backward scratch, cuDNN workspace and allocations. */
+typedef struct chunk_totals {
+    double slots, head_slots;
+    double scratch, attention, attention_allocations;
+} chunk_totals;
+
+static chunk_totals chunk_totals_of(const parallel_config *config,
+                                    const shard_dims *d, int stage)
+{
+    int v = parallel_virtual_stages(config);
+    int microbatches = config->gbs / (config->dp * config->mbs);
+    int slots[PLAN_MAX_VIRTUAL_STAGES];
+    if (v > 1)
+        parallel_chunk_slots(config->pp, v, stage, microbatches, slots);
+    else
+        slots[0] =
+            costmodel_microbatches_in_flight(config, stage, microbatches);
+    chunk_totals t = {0};
+    for (int c = 0; c < v; c++) {
+        /* the last stage's last chunk holds the head */
+        bool head = stage == config->pp - 1 && c == v - 1;
+        double attention = attention_workspace_bytes(d, head);
+        t.slots += slots[c];
+        t.head_slots += head ? slots[c] : 0.0;
+        t.scratch += scratch_bytes(d, head);
+        t.attention += attention;
+        t.attention_allocations += attention > 0.0 ? 1.0 : 0.0;
+    }
+    return t;
+}
+
 void costmodel_stage_memory(const model_shape *model,
                             const parallel_config *config, int stage,
                             double context_bytes, stage_memory *out)
@@ -228,44 +263,41 @@ void costmodel_stage_memory(const model_shape *model,
     *out = (stage_memory){0};
     shard_dims d = dims_of(model, config);
     bool first = stage == 0, last = stage == config->pp - 1;
-    int microbatches = config->gbs / (config->dp * config->mbs);
-    double slots = costmodel_microbatches_in_flight(config, stage,
-                                                    microbatches);
-    /* interleaved: slots counts chunk micro-batches, each of L_i / v layers;
-     * the head's chunk holds one at a time (docs/cost-model.md) */
     int v = parallel_virtual_stages(config);
-    double layer_slots = slots, logit_slots = slots;
-    if (v > 1) {
-        layer_slots = slots / v;
-        logit_slots = 1.0;
-    }
+    chunk_totals chunks = chunk_totals_of(config, &d, stage);
     pt_memory_terms *fixed = &out->fixed, *layer = &out->per_layer;
 
     tensor_tally ends = end_tensors(model, config, &d, stage);
     tensor_tally one_layer = layer_tensors(&d);
+    tensor_tally no_tensors = {0};
     double head_pad = last ? (d.Vp - d.V) * d.C : 0.0;
     add_parameter_terms(config, &d, &ends, true, head_pad, fixed);
+    /* every other chunk's buffers: their constant slack */
+    for (int c = 1; c < v; c++)
+        add_parameter_terms(config, &d, &no_tensors, true, 0.0, fixed);
     add_parameter_terms(config, &d, &one_layer, false, 0.0, layer);
     costmodel_zero_memory(model, config, stage, fixed, layer); /* zero.c */
 
-    /* per slot: token ids and embedding plan, the input; per layer its
-     * activations; on the last stage the head's */
+    /* per slot of each chunk: token ids and embedding plan, the input;
+     * per layer its activations (each chunk holds L / v of them); the
+     * head's chunk's slots the head's */
     fixed->bytes[PT_MEMORY_ACTIVATIONS] +=
-        slots * (20.0 * d.N + 4.0 + 4.0 * d.N * d.C / d.S);
+        chunks.slots * (20.0 * d.N + 4.0 + 4.0 * d.N * d.C / d.S);
     layer->bytes[PT_MEMORY_ACTIVATIONS] +=
-        layer_slots * layer_activation_bytes(&d, config->recompute);
+        chunks.slots / v * layer_activation_bytes(&d, config->recompute);
     if (last)
         fixed->bytes[PT_MEMORY_LOGITS] +=
-            logit_slots * (d.e * d.N * d.C + 12.0 * d.N + d.e * d.N * d.Vp);
+            chunks.head_slots *
+            (d.e * d.N * d.C + 12.0 * d.N + d.e * d.N * d.Vp);
 
     fixed->bytes[PT_MEMORY_SCRATCH] +=
-        scratch_bytes(&d, last) + 8.0 * (ends.tensors + ends.chunks) +
-        (config->recompute ? recomputed_layer_bytes(&d) : 0.0);
+        chunks.scratch + 8.0 * (ends.tensors + ends.chunks) +
+        (config->recompute ? v * recomputed_layer_bytes(&d) : 0.0);
     layer->bytes[PT_MEMORY_SCRATCH] +=
         8.0 * (one_layer.tensors + one_layer.chunks);
 
-    double attention = attention_workspace_bytes(&d, last);
-    fixed->bytes[PT_MEMORY_WORKSPACE] = GEMM_WORKSPACE_BYTES + attention;
+    fixed->bytes[PT_MEMORY_WORKSPACE] =
+        v * GEMM_WORKSPACE_BYTES + chunks.attention;
     if (config->tp * config->dp * config->pp > 1) {
         /* NCCL: the host reduce's scratch and one staging buffer per
          * direction the stage sends in */
@@ -274,12 +306,12 @@ void costmodel_stage_memory(const model_shape *model,
         fixed->bytes[PT_MEMORY_COMM] =
             NCCL_SCRATCH_BYTES + sends * 4.0 * d.N * d.C / d.S;
     }
-    /* the allocations: four parameter-sized buffers and the mirror, the
-     * chunk table (two under ZeRO-1), the slots, the scratch and cuDNN's
-     * workspace */
+    /* the allocations of each chunk: four parameter-sized buffers and the
+     * mirror, the chunk table (two under ZeRO-1), the slots, the scratch
+     * and cuDNN's workspace (the GEMM workspace is whole pages) */
     bool sharded = config->distributed_optimizer && config->dp > 1;
-    double allocations = 6.0 + (sharded ? 1.0 : 0.0) + slots + 1.0 +
-                         (attention > 0.0 ? 1.0 : 0.0);
+    double allocations = v * (6.0 + (sharded ? 1.0 : 0.0) + 1.0) +
+                         chunks.slots + chunks.attention_allocations;
     fixed->bytes[PT_MEMORY_ROUNDING] = allocations * ROUNDING_PER_ALLOCATION;
     fixed->bytes[PT_MEMORY_CONTEXT] = context_bytes;
 }

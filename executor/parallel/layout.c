@@ -155,28 +155,13 @@ int pipeline_stage_attach(const pipeline_layout *layout, model_stage *stage,
 int pipeline_chunk_slot_count(const pipeline_layout *layout, int stage,
                               int chunk)
 {
-    int pp = layout->stage_count, v = pipeline_chunk_count(layout);
-    int m = layout->micro_batches;
+    int v = pipeline_chunk_count(layout);
     if (v == 1)
         return pipeline_slot_count(layout, stage);
-    /* walk the rank's order: a chunk's micro-batches in flight are
-     * consecutive (forwards and backwards each go in micro-batch order),
-     * so this many slots, used modulo, never collide */
-    int warmup = parallel_chunk_warmup(pp, v, stage, m);
-    int forwards = 0, backwards = 0, held = 0, most = 1;
-    while (backwards < m * v) {
-        bool forward = forwards < m * v &&
-                       (forwards < warmup ||
-                        forwards - warmup == backwards);
-        int c, mb;
-        parallel_chunk_unit(pp, v, forward ? forwards++ : backwards++,
-                            forward, &c, &mb);
-        if (c != chunk)
-            continue;
-        held += forward ? 1 : -1;
-        most = held > most ? held : most;
-    }
-    return most;
+    int slots[PLAN_MAX_VIRTUAL_STAGES];
+    parallel_chunk_slots(layout->stage_count, v, stage,
+                         layout->micro_batches, slots);
+    return slots[chunk];
 }
 
 int pipeline_slot_count(const pipeline_layout *layout, int stage)

@@ -1,8 +1,8 @@
 /*
  * A run's checkpoints, the one owner of their contents: meta.json (format
  * RUN_CHECKPOINT_FORMAT: the model, the layout, the seed), each rank's
- * parameters and AdamW moments, the optimizer step, the data position and
- * the seed, written into the atomic store of run/checkpoint_store.c, and
+ * parameters and AdamW moments (of each of its chunks under the
+ * interleaved 1F1B), the optimizer step, the data position and the seed, written into the atomic store of run/checkpoint_store.c, and
  * read back and checked against the plan before a resumed run allocates
  * anything. With one process per rank every process writes its own
  * blobs into the generation rank 0 begins and commits.
@@ -26,9 +26,11 @@ static int shape_field(const model_shape *shape, size_t index)
     return values[index];
 }
 
-static model_stage *rank_stage(run_context *ctx, int rank)
+/* Chunk `chunk` of a rank (chunk 0: its stage). */
+static model_stage *rank_chunk(run_context *ctx, int rank, int chunk)
 {
-    return ctx->parallel ? &ctx->launcher->stages[rank] : &ctx->stage;
+    return ctx->parallel ? pipeline_threads_chunk(ctx->launcher, rank, chunk)
+                         : &ctx->stage;
 }
 
 static int rank_total(const run_context *ctx)
@@ -37,11 +39,15 @@ static int rank_total(const run_context *ctx)
 }
 
 /* A state blob's name: "params" for a one-stage run, "params.rank3" for
- * rank 3 of a parallel one. */
+ * rank 3 of a parallel one (its stage, or chunk 0 of the interleaved
+ * 1F1B), "params.rank3.chunk1" for its chunk 1: checkpoints written
+ * before chunks were saved keep their names. */
 static void blob_name(const run_context *ctx, const char *base, int rank,
-                      char *out, size_t size)
+                      int chunk, char *out, size_t size)
 {
-    if (ctx->parallel)
+    if (ctx->parallel && chunk > 0)
+        snprintf(out, size, "%s.rank%d.chunk%d", base, rank, chunk);
+    else if (ctx->parallel)
         snprintf(out, size, "%s.rank%d", base, rank);
     else
         snprintf(out, size, "%s", base);
@@ -56,8 +62,8 @@ static bool sharded_optimizer(const run_context *ctx)
 }
 
 /* meta.json: what a person (or a resume) needs to know about the
- * checkpoint (pp, dp and the partition say which stage each rank's blobs
- * hold). The blobs hold the state itself. */
+ * checkpoint (pp, dp, virtual_stages and the partition say which stage
+ * or chunk each rank's blobs hold). The blobs hold the state itself. */
 static char *checkpoint_meta_text(run_context *ctx, long iteration,
                                   uint64_t seed)
 {
@@ -78,7 +84,7 @@ static char *checkpoint_meta_text(run_context *ctx, long iteration,
     json_object_set_new(meta, "iteration", json_integer(iteration));
     json_object_set_new(
         meta, "optimizer_steps",
-        json_integer(rank_stage(ctx, run_local_first(ctx))->optimizer_steps));
+        json_integer(rank_chunk(ctx, run_local_first(ctx), 0)->optimizer_steps));
     json_t *partition = json_array();
     for (int s = 0; partition != NULL && s < ctx->plan->config.pp; s++)
         json_array_append_new(partition,
@@ -88,6 +94,8 @@ static char *checkpoint_meta_text(run_context *ctx, long iteration,
     json_object_set_new(meta, "pp", json_integer(ctx->plan->config.pp));
     json_object_set_new(meta, "dp", json_integer(ctx->plan->config.dp));
     json_object_set_new(meta, "tp", json_integer(ctx->plan->config.tp));
+    json_object_set_new(meta, "virtual_stages",
+                        json_integer(run_chunk_count(ctx)));
     json_object_set_new(meta, "distributed_optimizer",
                         json_boolean(sharded_optimizer(ctx)));
     json_object_set_new(meta, "partition", partition);
@@ -104,30 +112,37 @@ static char *checkpoint_meta_text(run_context *ctx, long iteration,
     return text;
 }
 
-/* One buffer of a rank's stage to or from ctx->host_buffer. */
+/* One buffer of a rank's chunk to or from ctx->host_buffer. */
 typedef struct buffer_copy {
     float *host;
+    model_stage *chunk;
     stage_buffer which;
     bool to_host;
 } buffer_copy;
 
+/* The launcher hands the rank's stage (chunk 0); the copy names its
+ * chunk itself. */
 static int copy_buffer_task(void *data, int rank, model_stage *stage,
                             pt_error *err)
 {
     (void)rank;
+    (void)stage;
     const buffer_copy *copy = data;
-    return copy->to_host ? model_stage_read(stage, copy->which, copy->host,
-                                            err)
-                         : model_stage_write(stage, copy->which, copy->host,
-                                             err);
+    return copy->to_host ? model_stage_read(copy->chunk, copy->which,
+                                            copy->host, err)
+                         : model_stage_write(copy->chunk, copy->which,
+                                             copy->host, err);
 }
 
 /* The copy runs on the rank's own thread in a parallel run, where the
  * rank's device (and green context) is current. */
-static int copy_stage_buffer(run_context *ctx, int rank, stage_buffer which,
-                             bool to_host, pt_error *err)
+static int copy_stage_buffer(run_context *ctx, int rank, int chunk,
+                             stage_buffer which, bool to_host,
+                             pt_error *err)
 {
-    buffer_copy copy = {.host = ctx->host_buffer, .which = which,
+    buffer_copy copy = {.host = ctx->host_buffer,
+                        .chunk = rank_chunk(ctx, rank, chunk),
+                        .which = which,
                         .to_host = to_host};
     if (!ctx->parallel)
         return copy_buffer_task(&copy, 0, &ctx->stage, err);
@@ -136,13 +151,13 @@ static int copy_stage_buffer(run_context *ctx, int rank, stage_buffer which,
 }
 
 static int write_state_blob(checkpoint_writer *w, run_context *ctx,
-                            int rank, stage_buffer which, const char *base,
-                            pt_error *err)
+                            int rank, int chunk, stage_buffer which,
+                            const char *base, pt_error *err)
 {
-    model_stage *stage = rank_stage(ctx, rank);
+    model_stage *stage = rank_chunk(ctx, rank, chunk);
     char name[64];
-    blob_name(ctx, base, rank, name, sizeof name);
-    if (copy_stage_buffer(ctx, rank, which, true, err) != 0)
+    blob_name(ctx, base, rank, chunk, name, sizeof name);
+    if (copy_stage_buffer(ctx, rank, chunk, which, true, err) != 0)
         return -1;
     size_t count = model_stage_buffer_count(stage, which);
     /* a state that went to NaN or inf would replace the last good
@@ -158,17 +173,20 @@ static int write_state_blob(checkpoint_writer *w, run_context *ctx,
                                  count * sizeof(float), err);
 }
 
+/* Each local rank's chunks in order, each's parameters and moments: the
+ * order commit_for_all lists the other processes' blobs in. */
 static int write_rank_blobs(checkpoint_writer *w, run_context *ctx,
                             pt_error *err)
 {
     for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++)
-        if (write_state_blob(w, ctx, rank, STAGE_PARAMS, BLOB_PARAMS,
-                             err) != 0 ||
-            write_state_blob(w, ctx, rank, STAGE_ADAM_M, BLOB_ADAM_M,
-                             err) != 0 ||
-            write_state_blob(w, ctx, rank, STAGE_ADAM_V, BLOB_ADAM_V,
-                             err) != 0)
-            return -1;
+        for (int chunk = 0; chunk < run_chunk_count(ctx); chunk++)
+            if (write_state_blob(w, ctx, rank, chunk, STAGE_PARAMS,
+                                 BLOB_PARAMS, err) != 0 ||
+                write_state_blob(w, ctx, rank, chunk, STAGE_ADAM_M,
+                                 BLOB_ADAM_M, err) != 0 ||
+                write_state_blob(w, ctx, rank, chunk, STAGE_ADAM_V,
+                                 BLOB_ADAM_V, err) != 0)
+                return -1;
     return 0;
 }
 
@@ -177,7 +195,7 @@ static int write_checkpoint_blobs(checkpoint_writer *w, run_context *ctx,
                                   pt_error *err)
 {
     unsigned char steps[8], rng[8], position[DATA_POSITION_BYTES];
-    long steps_taken = rank_stage(ctx, run_local_first(ctx))->optimizer_steps;
+    long steps_taken = rank_chunk(ctx, run_local_first(ctx), 0)->optimizer_steps;
     pt_store_le(steps, (uint64_t)steps_taken, 8);
     pt_store_le(rng, seed, 8);
     gpt_sampler_encode_position(&ctx->sampler, &ctx->position, position);
@@ -237,9 +255,12 @@ static int meta_integer(const json_t *meta, const char *key, int missing,
 static int check_checkpoint_layout(const char *dir, const json_t *meta,
                                    const plan *p, pt_error *err)
 {
-    const char *const keys[] = {"pp", "dp", "tp"};
-    const int expected[] = {p->config.pp, p->config.dp, p->config.tp};
-    for (int i = 0; i < 3; i++) {
+    /* virtual_stages is missing from checkpoints written before the
+       interleaved 1F1B saved its chunks: theirs is 1 */
+    const char *const keys[] = {"pp", "dp", "tp", "virtual_stages"};
+    const int expected[] = {p->config.pp, p->config.dp, p->config.tp,
+                            parallel_virtual_stages(&p->config)};
+    for (int i = 0; i < 4; i++) {
         long long value = 0;
         if (meta_integer(meta, keys[i], 1, &value) != 0)
             return pt_fail(err, "%s: %s: %s is not an integer", dir,
@@ -353,13 +374,13 @@ static int check_checkpoint_model(const char *dir, const model_shape *shape,
 }
 
 static int check_state_blob_size(const char *dir, const char *base,
-                                 stage_buffer which, int rank,
+                                 stage_buffer which, int rank, int chunk,
                                  const run_context *ctx, pt_error *err)
 {
     char name[64];
-    blob_name(ctx, base, rank, name, sizeof name);
+    blob_name(ctx, base, rank, chunk, name, sizeof name);
     size_t floats = 0;
-    if (run_rank_buffer_count(ctx, rank, which, &floats, err) != 0)
+    if (run_chunk_buffer_count(ctx, rank, chunk, which, &floats, err) != 0)
         return -1;
     uint64_t bytes = 0;
     if (checkpoint_blob_size(dir, name, &bytes, err) != 0)
@@ -377,13 +398,14 @@ static int check_rank_blob_sizes(const char *dir, const run_context *ctx,
                                  pt_error *err)
 {
     for (int rank = 0; rank < rank_total(ctx); rank++)
-        if (check_state_blob_size(dir, BLOB_PARAMS, STAGE_PARAMS, rank, ctx,
-                                  err) != 0 ||
-            check_state_blob_size(dir, BLOB_ADAM_M, STAGE_ADAM_M, rank, ctx,
-                                  err) != 0 ||
-            check_state_blob_size(dir, BLOB_ADAM_V, STAGE_ADAM_V, rank, ctx,
-                                  err) != 0)
-            return -1;
+        for (int chunk = 0; chunk < run_chunk_count(ctx); chunk++)
+            if (check_state_blob_size(dir, BLOB_PARAMS, STAGE_PARAMS, rank,
+                                      chunk, ctx, err) != 0 ||
+                check_state_blob_size(dir, BLOB_ADAM_M, STAGE_ADAM_M, rank,
+                                      chunk, ctx, err) != 0 ||
+                check_state_blob_size(dir, BLOB_ADAM_V, STAGE_ADAM_V, rank,
+                                      chunk, ctx, err) != 0)
+                return -1;
     return 0;
 }
 
@@ -426,40 +448,54 @@ int run_read_resume_state(run_context *ctx, pt_error *err)
     return 0;
 }
 
-static int restore_state_blob(run_context *ctx, int rank, stage_buffer which,
-                              const char *base, pt_error *err)
+static int restore_state_blob(run_context *ctx, int rank, int chunk,
+                              stage_buffer which, const char *base,
+                              pt_error *err)
 {
-    model_stage *stage = rank_stage(ctx, rank);
+    model_stage *stage = rank_chunk(ctx, rank, chunk);
     char name[64];
-    blob_name(ctx, base, rank, name, sizeof name);
+    blob_name(ctx, base, rank, chunk, name, sizeof name);
     if (checkpoint_read_blob(
             ctx->options->load_dir, name, ctx->host_buffer,
             model_stage_buffer_count(stage, which) * sizeof(float),
             err) != 0)
         return -1;
-    return copy_stage_buffer(ctx, rank, which, false, err);
+    return copy_stage_buffer(ctx, rank, chunk, which, false, err);
 }
 
+/* Every chunk keeps its own step count: AdamW's bias correction reads
+ * it. */
 int run_restore_checkpoint(run_context *ctx, pt_error *err)
 {
-    for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++) {
-        if (restore_state_blob(ctx, rank, STAGE_PARAMS, BLOB_PARAMS,
-                               err) != 0 ||
-            restore_state_blob(ctx, rank, STAGE_ADAM_M, BLOB_ADAM_M,
-                               err) != 0 ||
-            restore_state_blob(ctx, rank, STAGE_ADAM_V, BLOB_ADAM_V,
-                               err) != 0)
-            return -1;
-        rank_stage(ctx, rank)->optimizer_steps = ctx->resume.optimizer_steps;
-    }
+    for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++)
+        for (int chunk = 0; chunk < run_chunk_count(ctx); chunk++) {
+            if (restore_state_blob(ctx, rank, chunk, STAGE_PARAMS,
+                                   BLOB_PARAMS, err) != 0 ||
+                restore_state_blob(ctx, rank, chunk, STAGE_ADAM_M,
+                                   BLOB_ADAM_M, err) != 0 ||
+                restore_state_blob(ctx, rank, chunk, STAGE_ADAM_V,
+                                   BLOB_ADAM_V, err) != 0)
+                return -1;
+            rank_chunk(ctx, rank, chunk)->optimizer_steps =
+                ctx->resume.optimizer_steps;
+        }
     return 0;
 }
 
-/* The three state blobs of each rank, in the order a threads run writes
- * them. */
+/* The three state blobs of each chunk of a rank, in the order
+ * write_rank_blobs writes them, and their buffers. */
 static const char *const rank_blob_bases[] = {BLOB_PARAMS, BLOB_ADAM_M,
                                               BLOB_ADAM_V};
-enum { RANK_BLOBS = 3, REPORT_SLOTS = RANK_BLOBS + 1 };
+static const stage_buffer rank_blob_buffers[] = {STAGE_PARAMS, STAGE_ADAM_M,
+                                                 STAGE_ADAM_V};
+enum { RANK_BLOBS = 3 };
+
+/* A rank's slots in the report of a save of one process per rank: a
+ * failure flag, then the CRC of each blob of each of its chunks. */
+static int report_slots(const run_context *ctx)
+{
+    return 1 + RANK_BLOBS * run_chunk_count(ctx);
+}
 
 /* Rank 0: the others' blobs (their CRCs in report), then the shared
  * blobs, then the commit. */
@@ -467,22 +503,26 @@ static int commit_for_all(checkpoint_writer *w, run_context *ctx,
                           const double *report, long iteration,
                           uint64_t seed, pt_error *err)
 {
-    for (int rank = 1; rank < ctx->world.size; rank++) {
-        size_t params = 0;
-        if (run_rank_param_count(ctx, rank, &params, err) != 0) {
-            checkpoint_writer_abort(w);
-            return -1;
-        }
-        for (int b = 0; b < RANK_BLOBS; b++) {
-            checkpoint_blob blob = {
-                .bytes = params * sizeof(float),
-                .crc32 = (uint32_t)report[rank * REPORT_SLOTS + 1 + b]};
-            blob_name(ctx, rank_blob_bases[b], rank, blob.name,
-                      sizeof blob.name);
-            if (checkpoint_writer_add(w, &blob, err) != 0)
-                return -1;
-        }
-    }
+    int slots = report_slots(ctx), chunks = run_chunk_count(ctx);
+    for (int rank = 1; rank < ctx->world.size; rank++)
+        for (int chunk = 0; chunk < chunks; chunk++)
+            for (int b = 0; b < RANK_BLOBS; b++) {
+                size_t floats = 0;
+                if (run_chunk_buffer_count(ctx, rank, chunk,
+                                           rank_blob_buffers[b], &floats,
+                                           err) != 0) {
+                    checkpoint_writer_abort(w);
+                    return -1;
+                }
+                checkpoint_blob blob = {
+                    .bytes = floats * sizeof(float),
+                    .crc32 = (uint32_t)report[rank * slots + 1 +
+                                              chunk * RANK_BLOBS + b]};
+                blob_name(ctx, rank_blob_bases[b], rank, chunk, blob.name,
+                          sizeof blob.name);
+                if (checkpoint_writer_add(w, &blob, err) != 0)
+                    return -1;
+            }
     if (write_checkpoint_blobs(w, ctx, iteration, seed, err) != 0)
         return -1;
     if (checkpoint_writer_commit(w, err) != 0) {
@@ -498,7 +538,8 @@ static int write_own_blobs(checkpoint_writer *w, run_context *ctx,
                            uint64_t generation, double *report,
                            pt_error *err)
 {
-    double *slot = report + ctx->world.rank * REPORT_SLOTS;
+    int blobs = report_slots(ctx) - 1;
+    double *slot = report + ctx->world.rank * report_slots(ctx);
     slot[0] = 1.0;
     if (ctx->world.rank != 0 &&
         checkpoint_writer_join(w, ctx->options->save_dir, generation,
@@ -507,8 +548,8 @@ static int write_own_blobs(checkpoint_writer *w, run_context *ctx,
     if (write_rank_blobs(w, ctx, err) != 0)
         return -1;
     slot[0] = 0.0;
-    for (int b = 0; b < RANK_BLOBS; b++)
-        slot[1 + b] = w->blobs[w->blob_count - RANK_BLOBS + b].crc32;
+    for (int b = 0; b < blobs; b++)
+        slot[1 + b] = w->blobs[w->blob_count - blobs + b].crc32;
     return 0;
 }
 
@@ -526,8 +567,8 @@ static int save_checkpoint_processes(run_context *ctx, long iteration,
         writer.keep = ctx->options->checkpoint_keep;
         generation = (double)writer.generation;
     }
-    double *report = calloc((size_t)world->size * REPORT_SLOTS,
-                            sizeof *report);
+    size_t report_size = (size_t)world->size * report_slots(ctx);
+    double *report = calloc(report_size, sizeof *report);
     if (report == NULL ||
         comm_all_reduce_host(world, ctx->world_members, world->size,
                              &generation, 1, err) != 0) {
@@ -541,13 +582,13 @@ static int save_checkpoint_processes(run_context *ctx, long iteration,
                       : -1;
     int failed_rank = -1;
     if (comm_all_reduce_host(world, ctx->world_members, world->size, report,
-                             (size_t)world->size * REPORT_SLOTS, err) != 0) {
+                             report_size, err) != 0) {
         free(report);
         checkpoint_writer_abort(&writer);
         return -1;
     }
     for (int rank = world->size - 1; rank >= 0; rank--)
-        if (report[rank * REPORT_SLOTS] != 0.0)
+        if (report[rank * report_slots(ctx)] != 0.0)
             failed_rank = rank;
     if (root && generation > 0.0 && failed_rank < 0)
         committed = commit_for_all(&writer, ctx, report, iteration, seed,

@@ -1,6 +1,6 @@
 /*
  * What every file of run/ asks of a run_context: the ranks this process
- * runs and their stages' sizes, and the notes of the record. Calls
+ * runs and their stages' (chunks') sizes, and the notes of the record. Calls
  * nothing else of run/, so that the files above it call in one direction.
  */
 #include "executor/run/internal.h"
@@ -41,40 +41,48 @@ int run_local_end(const run_context *ctx)
     return ctx->parallel ? ctx->layout.rank_count : 1;
 }
 
-/* The stage spec of a rank of a parallel run. */
-int run_rank_spec(const run_context *ctx, int rank, stage_spec *out,
-                  pt_error *err)
+/* The chunks each rank holds: the interleaved 1F1B's virtual_stages, 1
+ * otherwise (and for a one-stage run). */
+int run_chunk_count(const run_context *ctx)
 {
-    return pipeline_rank_spec(&ctx->layout, rank, out, err);
+    return ctx->parallel ? pipeline_chunk_count(&ctx->layout) : 1;
 }
 
-int run_rank_param_count(const run_context *ctx, int rank, size_t *out,
-                         pt_error *err)
+/* The stage spec of a chunk of a rank of a parallel run (chunk 0: the
+ * rank's stage). */
+int run_chunk_spec(const run_context *ctx, int rank, int chunk,
+                   stage_spec *out, pt_error *err)
+{
+    return pipeline_rank_chunk_spec(&ctx->layout, rank, chunk, out, err);
+}
+
+int run_chunk_param_count(const run_context *ctx, int rank, int chunk,
+                          size_t *out, pt_error *err)
 {
     if (!ctx->parallel) {
         *out = ctx->param_count;
         return 0;
     }
     stage_spec spec;
-    if (run_rank_spec(ctx, rank, &spec, err) != 0 ||
+    if (run_chunk_spec(ctx, rank, chunk, &spec, err) != 0 ||
         stage_parameter_layout(&ctx->shape, &spec, NULL, out, err) < 0)
         return -1;
     return 0;
 }
 
-/* Floats of a rank's buffer `which`: its parameters, or for the AdamW
+/* Floats of a chunk's buffer `which`: its parameters, or for the AdamW
  * moments its optimizer's range (a ZeRO-1 shard of them). */
-int run_rank_buffer_count(const run_context *ctx, int rank,
-                          stage_buffer which, size_t *out, pt_error *err)
+int run_chunk_buffer_count(const run_context *ctx, int rank, int chunk,
+                           stage_buffer which, size_t *out, pt_error *err)
 {
     size_t params = 0, first = 0;
-    if (run_rank_param_count(ctx, rank, &params, err) != 0)
+    if (run_chunk_param_count(ctx, rank, chunk, &params, err) != 0)
         return -1;
     *out = params;
     if (!ctx->parallel || which == STAGE_GRADS)
         return 0;
     stage_spec spec;
-    if (run_rank_spec(ctx, rank, &spec, err) != 0)
+    if (run_chunk_spec(ctx, rank, chunk, &spec, err) != 0)
         return -1;
     /* the parameters are the optimizer's shard only under ZeRO-3 on the
      * cpu backend (model_cpu.c honours spec.shard_parameters) */

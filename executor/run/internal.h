@@ -73,7 +73,8 @@ typedef struct run_context {
     comm world;                 /* of options->processes */
     int *world_members;         /* 0 .. world.size - 1: the world as a
                                    group */
-    size_t largest_rank_params; /* floats of the largest rank's stage */
+    size_t largest_rank_params; /* floats of the largest rank's stage
+                                   (or chunk of one) */
     uint32_t *tokens;           /* gbs windows of seq + 1 ids */
     float *host_buffer;         /* largest_rank_params floats, for
                                    checkpoints */
@@ -96,19 +97,22 @@ void run_drop_note(run_result *out, const char *prefix);
 /* The ranks this process runs, [run_local_first, run_local_end). */
 int run_local_first(const run_context *ctx);
 int run_local_end(const run_context *ctx);
-/* A rank's stage spec, its parameters, and the floats of one of its
- * buffers (the AdamW moments: its optimizer's range). */
-int run_rank_spec(const run_context *ctx, int rank, stage_spec *out,
-                  pt_error *err);
-int run_rank_param_count(const run_context *ctx, int rank, size_t *out,
-                         pt_error *err);
-int run_rank_buffer_count(const run_context *ctx, int rank,
-                          stage_buffer which, size_t *out, pt_error *err);
+/* The chunks a rank holds (virtual_stages under the interleaved 1F1B,
+ * else 1); a chunk's stage spec (chunk 0: the rank's stage), its
+ * parameters, and the floats of one of its buffers (the AdamW moments:
+ * its optimizer's range). */
+int run_chunk_count(const run_context *ctx);
+int run_chunk_spec(const run_context *ctx, int rank, int chunk,
+                   stage_spec *out, pt_error *err);
+int run_chunk_param_count(const run_context *ctx, int rank, int chunk,
+                          size_t *out, pt_error *err);
+int run_chunk_buffer_count(const run_context *ctx, int rank, int chunk,
+                           stage_buffer which, size_t *out, pt_error *err);
 
 /* -------------------------------------------------------- options.c */
 
 int run_check_options(const run_options *options, pt_error *err);
-/* The interleaved 1F1B (virtual_stages > 1) runs without checkpoints,
+/* The interleaved 1F1B (virtual_stages > 1) runs without ZeRO-2/3,
  * sequence parallelism on the cpu backend, so far. */
 int run_check_interleave(const plan *p, const run_options *options,
                          pt_error *err);

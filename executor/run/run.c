@@ -212,7 +212,7 @@ static int allocate_buffers(run_context *ctx, const run_result *out,
 }
 
 /* The layout of a parallel plan, the per-rank records and the largest
- * stage (for the checkpoint buffer). */
+ * stage or chunk (for the checkpoint buffer). */
 static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
 {
     const plan *p = ctx->plan;
@@ -242,21 +242,25 @@ static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
     if (pipeline_layout_init(&ctx->layout, &ctx->shape, &p->config,
                              p->partition, p->config.pp, err) != 0)
         return -1;
-    int blobs = 3 * ranks + 4; /* three buffers per rank, four shared */
+    /* three buffers per chunk of each rank, four shared */
+    int chunks = run_chunk_count(ctx);
+    int blobs = 3 * ranks * chunks + 4;
     if ((ctx->options->save_dir != NULL || ctx->options->load_dir != NULL) &&
         blobs > CHECKPOINT_MAX_BLOBS)
-        return pt_fail(err, "checkpoints of %d ranks are not supported yet: "
-                            "they need %d blobs (3 per rank and 4 more), a "
-                            "checkpoint holds at most %d",
-                       ranks, blobs, CHECKPOINT_MAX_BLOBS);
+        return pt_fail(err, "checkpoints of %d ranks of %d chunks are not "
+                            "supported yet: they need %d blobs (3 per chunk "
+                            "of each rank and 4 more), a checkpoint holds at "
+                            "most %d",
+                       ranks, chunks, blobs, CHECKPOINT_MAX_BLOBS);
     ctx->largest_rank_params = 0;
-    for (int rank = 0; rank < ranks; rank++) {
-        size_t params = 0;
-        if (run_rank_param_count(ctx, rank, &params, err) != 0)
-            return -1;
-        if (params > ctx->largest_rank_params)
-            ctx->largest_rank_params = params;
-    }
+    for (int rank = 0; rank < ranks; rank++)
+        for (int chunk = 0; chunk < chunks; chunk++) {
+            size_t params = 0;
+            if (run_chunk_param_count(ctx, rank, chunk, &params, err) != 0)
+                return -1;
+            if (params > ctx->largest_rank_params)
+                ctx->largest_rank_params = params;
+        }
     return 0;
 }
 

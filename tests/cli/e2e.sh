@@ -888,7 +888,7 @@ exec-tp2)
   ;;
 plan-schedule-levers)
   # Megatron's interleaved 1F1B and sequence parallelism: planned,
-  # written, estimated, and refused by exec (not run yet)
+  # written, estimated, run and resumed by exec
   run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 4 --quiet
   expect_in out.txt " v5 "
   expect_in out.txt " sp "
@@ -925,8 +925,7 @@ JSON
   if grep -q -- "--num-virtual-stages" launch-layout.sh; then fail "v given twice"; fi
   run 0 partita export in-layout.json --to deepspeed -o ds.json
   expect_in ds.json "virtual_stages 2: DeepSpeed's pipeline engine runs the plain 1F1B only"
-  # exec: the interleaved 1F1B, the plain 1F1B's losses; not with
-  # checkpoints yet
+  # exec: the interleaved 1F1B, the plain 1F1B's losses
   prep_corpus
   run 0 partita exec in-v2.json --data in-corpus --iters 3 -o run-v2.json
   expect_in out.txt "iteration        3/       3 |"
@@ -940,9 +939,27 @@ assert [i["loss"] for i in a["iterations"]] == [i["loss"] for i in b["iterations
 for rank in (0, 1):
     assert sum(e["rank"] == rank and e["kind"] == "fwd" for e in a["events"]) == 4
 PY
-  run 2 partita exec in-v2.json --data in-corpus --iters 1 --save ckpt
-  expect_in err.txt "virtual_stages: checkpoints of the interleaved 1F1B"
-  rm -f run-v2.json run-plain.json
+  # checkpoints of it: every chunk of every rank saved; the generation of
+  # iteration 2 resumed gives the straight run's iteration 3 bit for bit
+  run 0 partita exec in-v2.json --data in-corpus --iters 3 --save ckpt \
+    --save-interval 2 -o saved-v2.json
+  expect_in ckpt/manifest.json 'params.rank1.chunk1'
+  old=$(ls -d ckpt/gen-* | head -1)
+  expect_in "$old/meta.json" '"virtual_stages": 2'
+  run 0 partita exec in-v2.json --data in-corpus --iters 3 --load "$old" \
+    -o resumed-v2.json
+  python3 - <<'PY' || fail "the resumed interleaved run differs from the straight one"
+import json
+a = json.load(open("run-v2.json")); b = json.load(open("resumed-v2.json"))
+assert b["training"]["first_iteration"] == 3, b["training"]
+assert a["iterations"][2]["loss"] == b["iterations"][0]["loss"]
+assert a["iterations"][2]["grad_norm"] == b["iterations"][0]["grad_norm"]
+PY
+  # ...and not under the plain 1F1B: one line, exit 2
+  run 2 partita exec in-plain.json --data in-corpus --iters 4 --load ckpt
+  expect_in err.txt "virtual_stages is 2, the plan has virtual_stages 1"
+  [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line: $(cat err.txt)"
+  rm -rf run-v2.json run-plain.json saved-v2.json resumed-v2.json ckpt
   # ZeRO-2/3 with interleaving: refused before any rank starts
   write_layout_plan in-v2z.json 1 1 2 2 \
     ', "virtual_stages": 2, "distributed_optimizer": true, "zero": 2'

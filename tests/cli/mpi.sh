@@ -127,17 +127,14 @@ pp2)
   ;;
 interleaved)
   # Megatron's interleaved 1F1B as processes: the threads launch's losses
-  # (no checkpoints of it yet)
+  # and checkpoint, every chunk's blobs the same bytes
   write_layout_plan in-v2.json 1 1 2 2 ', "virtual_stages": 2'
-  run 0 "$partita" exec in-v2.json --data in-corpus --iters 3 \
-    --log-interval 1 -o run-threads.json
-  cp out.txt threads.log
-  run 0 mpi 4 exec in-v2.json --data in-corpus --iters 3 --log-interval 1 \
-    -o run-mpi.json
-  cp out.txt mpi.log
-  expect_in mpi.log "ran as 4 processes (MPI)"
-  same_losses threads.log mpi.log
-  every_rank_recorded run-mpi.json 4
+  compare_launches in-v2.json 4 3
+  expect_in ckpt-mpi/manifest.json 'params.rank3.chunk1'
+  for blob in ckpt-threads/gen-*/*.rank*; do
+    cmp -s "$blob" ckpt-mpi/gen-*/"$(basename "$blob")" ||
+      fail "checkpoint blob $(basename "$blob") differs"
+  done
   ;;
 tp2)
   write_layout_plan in-tp2.json 1 2 1 2 ', "partition": "1-3"'
@@ -165,6 +162,10 @@ dp2-zero1|dp2-zero3)
     --log-interval 1 -o run-plain.json
   cp out.txt plain.log
   same_losses plain.log mpi.log
+  # the processes' checkpoint lists each shard at its size: it loads
+  run 0 "$partita" exec in-zero.json --data in-corpus --iters 5 \
+    --log-interval 1 --load ckpt-mpi -o run-resumed.json
+  expect_in out.txt "iteration        5/"
   ;;
 size-mismatch)
   run 2 mpi 3 exec in-pp2.json --data in-corpus --iters 2 -o run.json

@@ -158,7 +158,8 @@ static void one_microbatch_pays_every_chunk_send(void **state)
     }
 }
 
-/* Megatron's warm-up and the chunks held at the peak. */
+/* Megatron's warm-up, the chunks held at the peak and each chunk's
+ * slots. */
 static void warmup_and_in_flight_follow_megatron(void **state)
 {
     (void)state;
@@ -172,6 +173,15 @@ static void warmup_and_in_flight_follow_megatron(void **state)
     config.virtual_stages = 2;
     assert_int_equal(costmodel_chunks_in_flight(&config, 0, 8), 11);
     assert_int_equal(costmodel_microbatches_in_flight(&config, 3, 8), 5);
+    /* each chunk's own peak: the executor's slots, more than the rank
+     * holds at once (docs/cost-model.md 6.1) */
+    const int slots[4][2] = {{8, 4}, {8, 4}, {7, 3}, {5, 1}};
+    for (int i = 0; i < 4; i++) {
+        int got[2];
+        parallel_chunk_slots(4, 2, i, 8, got);
+        assert_int_equal(got[0], slots[i][0]);
+        assert_int_equal(got[1], slots[i][1]);
+    }
     config.virtual_stages = 1;
     for (int i = 0; i < 4; i++)
         assert_int_equal(costmodel_chunks_in_flight(&config, i, 8),

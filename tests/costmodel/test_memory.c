@@ -2,7 +2,7 @@
  * (executor/cuda/buffers.c, the code model_cuda.c allocates with), run
  * without a GPU: for random small models and plans, every stage's
  * estimated terms equal the bytes the executor's largest rank of that
- * stage allocates, but where the linear form approximates (the ZeRO-1
+ * stage allocates (the sum of its chunks' under the interleaved 1F1B), but where the linear form approximates (the ZeRO-1
  * shard's optimizer range, the allocator's rounding, what a stage of no
  * layers does not hold), within the bounds docs/cost-model.md states;
  * and cuDNN's attention workspace by hand. */
@@ -59,28 +59,45 @@ static void random_partition(int layers, int pp, int *partition)
         partition[random_int(0, pp - 1)]++;
 }
 
-/* The activation slots of a stage: a plan of one rank trains one
- * micro-batch at a time (executor/run/run.c), a parallel one keeps its
- * schedule's. */
-static int slots_of(const pipeline_layout *layout, int stage)
+/* The activation slots of a chunk of a stage: a plan of one rank trains
+ * one micro-batch at a time (executor/run/run.c), a parallel one keeps
+ * its schedule's. */
+static int slots_of(const pipeline_layout *layout, int stage, int chunk)
 {
-    return layout->rank_count == 1 ? 1 : pipeline_slot_count(layout, stage);
+    return layout->rank_count == 1
+               ? 1
+               : pipeline_chunk_slot_count(layout, stage, chunk);
 }
 
-/* The executor's plan of one rank of a pipeline layout. */
+/* The executor's plan of one rank of a pipeline layout: the sum of its
+ * chunks' (each a stage of its own under the interleaved 1F1B). */
 static pt_memory_terms rank_plan(const pipeline_layout *layout, int rank)
 {
     pt_error err = {{0}};
-    stage_spec spec;
-    if (pipeline_rank_spec(layout, rank, &spec, &err) != 0)
-        fail_msg("%s", err.message);
     int stage = pipeline_rank_stage(layout, rank);
-    pt_memory_terms plan;
-    if (cuda_stage_memory_plan(&layout->shape, &spec, layout->config.mbs,
-                               slots_of(layout, stage), NULL,
-                               &plan, &err) != 0)
-        fail_msg("%s", err.message);
-    return plan;
+    pt_memory_terms sum = {{0}};
+    for (int c = 0; c < pipeline_chunk_count(layout); c++) {
+        stage_spec spec;
+        if (pipeline_rank_chunk_spec(layout, rank, c, &spec, &err) != 0)
+            fail_msg("%s", err.message);
+        pt_memory_terms plan;
+        if (cuda_stage_memory_plan(&layout->shape, &spec, layout->config.mbs,
+                                   slots_of(layout, stage, c), NULL, &plan,
+                                   &err) != 0)
+            fail_msg("%s", err.message);
+        for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+            sum.bytes[t] += plan.bytes[t];
+    }
+    return sum;
+}
+
+/* Activation slots of all the chunks of a stage. */
+static int stage_slots(const pipeline_layout *layout, int stage)
+{
+    int slots = 0;
+    for (int c = 0; c < pipeline_chunk_count(layout); c++)
+        slots += slots_of(layout, stage, c);
+    return slots;
 }
 
 static void describe(const pipeline_layout *layout, int stage, char *out,
@@ -90,30 +107,37 @@ static void describe(const pipeline_layout *layout, int stage, char *out,
     const model_shape *m = &layout->shape;
     snprintf(out, size,
              "h %d a %d s %d V %d l %d tied %d; tp %d dp %d pp %d mbs %d "
-             "gbs %d %s recompute %d zero %d; stage %d of %d layers",
+             "gbs %d %s v %d recompute %d zero %d; stage %d of %d layers",
              m->hidden, m->heads, m->seq, m->vocab, m->layers,
              m->tied_embeddings, c->tp, c->dp, c->pp, c->mbs, c->gbs,
-             schedule_name(c->schedule), c->recompute,
-             c->distributed_optimizer, stage, layout->partition[stage]);
+             schedule_name(c->schedule), pipeline_chunk_count(layout),
+             c->recompute, c->distributed_optimizer, stage,
+             layout->partition[stage]);
 }
 
-/* Bytes of the chunk table of every parameter of rank 0 of a stage. */
+/* Bytes of the chunk tables of every parameter of rank 0 of a stage
+ * (of each of its chunks under the interleaved 1F1B). */
 static double all_chunk_table_bytes(const pipeline_layout *layout, int stage)
 {
     pt_error err = {{0}};
-    stage_spec spec;
-    if (pipeline_rank_spec(layout, pipeline_rank_of(layout, stage, 0, 0),
-                           &spec, &err) != 0)
-        fail_msg("%s", err.message);
-    size_t params = 0;
-    int count = stage_parameter_layout(&layout->shape, &spec, NULL, &params,
-                                       &err);
-    param_tensor *tensors = calloc((size_t)count + 1, sizeof *tensors);
-    assert_non_null(tensors);
-    stage_parameter_layout(&layout->shape, &spec, tensors, NULL, &err);
-    int chunks = buffer_chunks_in_range(tensors, count, 0, params);
-    free(tensors);
-    return (double)buffer_chunk_table_bytes(chunks, count);
+    double bytes = 0.0;
+    for (int c = 0; c < pipeline_chunk_count(layout); c++) {
+        stage_spec spec;
+        if (pipeline_rank_chunk_spec(layout,
+                                     pipeline_rank_of(layout, stage, 0, 0),
+                                     c, &spec, &err) != 0)
+            fail_msg("%s", err.message);
+        size_t params = 0;
+        int count = stage_parameter_layout(&layout->shape, &spec, NULL,
+                                           &params, &err);
+        param_tensor *tensors = calloc((size_t)count + 1, sizeof *tensors);
+        assert_non_null(tensors);
+        stage_parameter_layout(&layout->shape, &spec, tensors, NULL, &err);
+        int chunks = buffer_chunks_in_range(tensors, count, 0, params);
+        free(tensors);
+        bytes += (double)buffer_chunk_table_bytes(chunks, count);
+    }
+    return bytes;
 }
 
 /* One stage: the estimate against its largest rank's plan, term by
@@ -144,8 +168,12 @@ static void check_stage(const pipeline_layout *layout, int stage)
     const pt_memory_term exact[] = {
         PT_MEMORY_WEIGHTS,     PT_MEMORY_WEIGHT_MIRROR, PT_MEMORY_GRADIENTS,
         PT_MEMORY_ACTIVATIONS, PT_MEMORY_LOGITS};
+    /* interleaved, a layer's activations are priced at the chunks' slots
+     * over v, which a double may not hold exactly: to 1e-12 */
+    int v = pipeline_chunk_count(layout);
     for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
-        if (est.bytes[exact[i]] != plan.bytes[exact[i]])
+        if (fabs(est.bytes[exact[i]] - plan.bytes[exact[i]]) >
+            (v > 1 ? 1e-12 * plan.bytes[exact[i]] : 0.0))
             fail_msg("%s: %s estimated %.0f bytes, allocated %.0f", what,
                      pt_memory_term_name(exact[i]), est.bytes[exact[i]],
                      plan.bytes[exact[i]]);
@@ -163,19 +191,19 @@ static void check_stage(const pipeline_layout *layout, int stage)
                  est.bytes[PT_MEMORY_SCRATCH], plan.bytes[PT_MEMORY_SCRATCH]);
     /* a stage of no layers prepares no attention, so holds no cuDNN
      * workspace; the linear form counts it (docs/cost-model.md) */
-    double cudnn_estimated = est.bytes[PT_MEMORY_WORKSPACE] - GEMM_BYTES;
+    double cudnn_estimated = est.bytes[PT_MEMORY_WORKSPACE] - v * GEMM_BYTES;
     double workspace_slack = layers == 0 ? cudnn_estimated : 0.0;
     if (est.bytes[PT_MEMORY_WORKSPACE] - workspace_slack !=
         plan.bytes[PT_MEMORY_WORKSPACE])
         fail_msg("%s: workspace estimated %.0f bytes, allocated %.0f", what,
                  est.bytes[PT_MEMORY_WORKSPACE],
                  plan.bytes[PT_MEMORY_WORKSPACE]);
-    /* the optimizer: exact without ZeRO-1; a shard's moments (runs of 64
-     * floats) within 1 KiB, its own chunk table within the size of the
-     * table of every parameter */
+    /* the optimizer: exact without ZeRO-1; each chunk's shard's moments
+     * (runs of 64 floats) within 1 KiB, its own chunk table within the
+     * size of the table of every parameter */
     double optimizer_bound =
         c->distributed_optimizer && c->dp > 1
-            ? 1024.0 + all_chunk_table_bytes(layout, stage)
+            ? v * 1024.0 + all_chunk_table_bytes(layout, stage)
             : 0.0;
     double optimizer_error =
         fabs(est.bytes[PT_MEMORY_OPTIMIZER] - plan.bytes[PT_MEMORY_OPTIMIZER]);
@@ -185,9 +213,10 @@ static void check_stage(const pipeline_layout *layout, int stage)
                  plan.bytes[PT_MEMORY_OPTIMIZER]);
     /* rounding: 1 MiB expected per allocation, against each one's pages
      * and the arenas' 256-byte alignment (at most 256 bytes a piece) */
-    int slots = slots_of(layout, stage);
-    double allocations = 6.0 + (c->distributed_optimizer && c->dp > 1) +
-                         slots + 1.0 + (cudnn_estimated > 0.0);
+    double allocations =
+        v * (6.0 + (c->distributed_optimizer && c->dp > 1) + 1.0 +
+             (cudnn_estimated > 0.0)) +
+        stage_slots(layout, stage);
     double rounding_bound =
         allocations * (1024.0 * 1024.0 + 256.0 * (40.0 + 13.0 * layers));
     if (fabs(est.bytes[PT_MEMORY_ROUNDING] - plan.bytes[PT_MEMORY_ROUNDING]) >
@@ -198,6 +227,18 @@ static void check_stage(const pipeline_layout *layout, int stage)
     /* the stage's own terms only: no comm, no context */
     assert_true(plan.bytes[PT_MEMORY_COMM] == 0.0 &&
                 plan.bytes[PT_MEMORY_CONTEXT] == 0.0);
+}
+
+/* Every stage of the layout of `partition` checked (check_stage). */
+static void check_layout(const model_shape *m, const parallel_config *c,
+                         const int *partition, int trial)
+{
+    pipeline_layout layout;
+    pt_error err = {{0}};
+    if (pipeline_layout_init(&layout, m, c, partition, c->pp, &err) != 0)
+        fail_msg("trial %d: %s", trial, err.message);
+    for (int s = 0; s < c->pp; s++)
+        check_stage(&layout, s);
 }
 
 static void estimate_matches_the_executor_plan(void **state)
@@ -218,12 +259,40 @@ static void estimate_matches_the_executor_plan(void **state)
         c.gbs = c.dp * c.mbs * random_int(1, 5);
         int partition[PT_MAX_STAGES];
         random_partition(m.layers, pp, partition);
-        pipeline_layout layout;
-        pt_error err = {{0}};
-        if (pipeline_layout_init(&layout, &m, &c, partition, pp, &err) != 0)
-            fail_msg("trial %d: %s", trial, err.message);
-        for (int s = 0; s < pp; s++)
-            check_stage(&layout, s);
+        check_layout(&m, &c, partition, trial);
+    }
+}
+
+/* The interleaved 1F1B: every chunk a stage of its own in the executor,
+ * its slots, scratch, workspaces and buffers; the estimate is their sum.
+ * Stages of whole multiples of v layers, micro-batches a multiple of
+ * pp. */
+static void interleaved_estimate_matches_the_chunks(void **state)
+{
+    (void)state;
+    const int tps[] = {1, 2};
+    for (int trial = 0; trial < 150; trial++) {
+        int tp = tps[random_int(0, 1)];
+        model_shape m = random_model(tp);
+        int pp = random_int(2, 4), v = random_int(2, 4);
+        int partition[PT_MAX_STAGES];
+        m.layers = 0;
+        for (int s = 0; s < pp; s++) {
+            partition[s] = v * random_int(0, 2);
+            m.layers += partition[s];
+        }
+        if (m.layers == 0) {
+            partition[pp - 1] = v;
+            m.layers = v;
+        }
+        parallel_config c = {
+            .tp = tp, .dp = random_int(1, 2), .pp = pp,
+            .mbs = random_int(1, 2), .schedule = SCHEDULE_1F1B,
+            .precision = PRECISION_BF16, .virtual_stages = v,
+            .recompute = random_int(0, 1) == 1,
+            .distributed_optimizer = random_int(0, 1) == 1};
+        c.gbs = c.dp * c.mbs * pp * random_int(1, 3);
+        check_layout(&m, &c, partition, trial);
     }
 }
 
@@ -275,6 +344,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(estimate_matches_the_executor_plan),
+        cmocka_unit_test(interleaved_estimate_matches_the_chunks),
         cmocka_unit_test(cudnn_workspace_where_no_logits_lend_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

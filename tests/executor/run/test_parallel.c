@@ -4,7 +4,8 @@
  * the same initial weights as the one-stage run, so its losses and
  * gradient norms match within fp32 round-off (with the distributed
  * optimizer, ZeRO-1, too); a pp = 2 run resumed from
- * its checkpoint equals the straight run bit for bit; the record holds
+ * its checkpoint equals the straight run bit for bit, under the
+ * interleaved 1F1B too; the record holds
  * one device, one memory figure and events for every rank; the stop flag
  * ends the run after the current iteration with a checkpoint; too little
  * memory for the ranks together, a parallel plan on cuda without the
@@ -253,6 +254,23 @@ static uint64_t blob_bytes(const char *dir, const char *name)
     return bytes;
 }
 
+/* Resumes `options`' run from dir, expects the straight run's last 2
+ * iterations and frees the three records; returns the resuming options. */
+static run_options expect_resume_matches(const plan *p, run_options options,
+                                         const char *dir,
+                                         run_result *straight,
+                                         run_result *first)
+{
+    run_result second;
+    options.load_dir = dir;
+    train_ok(p, &options, &second);
+    expect_resumed_equals_straight(&second, straight);
+    run_result_free(straight);
+    run_result_free(first);
+    run_result_free(&second);
+    return options;
+}
+
 /* A ZeRO-1 checkpoint holds each replica's shard of the AdamW moments,
  * resumes bit for bit, and only under a plan with the same optimizer. */
 static void dp2_zero1_checkpoint_holds_shards_and_resumes(void **state)
@@ -262,7 +280,7 @@ static void dp2_zero1_checkpoint_holds_shards_and_resumes(void **state)
     parallel_plan(&p, 1, 2, 1, NULL, "1f1b");
     p.config.distributed_optimizer = true;
     run_options options = base_options(s, 4);
-    run_result straight, first, second;
+    run_result straight, first;
     train_ok(&p, &options, &straight);
     char dir[512];
     run_path(s, "zero1-checkpoint", dir, sizeof dir);
@@ -275,13 +293,8 @@ static void dp2_zero1_checkpoint_holds_shards_and_resumes(void **state)
     uint64_t shard1 = blob_bytes(dir, "adam_v.rank1");
     assert_true(shard0 < params && shard1 < params);
     assert_int_equal(shard0 + shard1, params);
-    run_options resumed = options;
-    resumed.load_dir = dir;
-    train_ok(&p, &resumed, &second);
-    expect_resumed_equals_straight(&second, &straight);
-    run_result_free(&straight);
-    run_result_free(&first);
-    run_result_free(&second);
+    run_options resumed =
+        expect_resume_matches(&p, options, dir, &straight, &first);
     p.config.distributed_optimizer = false;
     pt_error err = {{0}};
     run_result refused;
@@ -418,12 +431,29 @@ static void pp2_record_holds_every_rank(void **state)
     plan_free(&p);
 }
 
-/* Raises the stop flag once the first iteration is done, as the signal
- * handler of partita exec would. */
-static void stop_after_first(const run_result *so_far, void *data)
+/* The stop flag of a run, raised once `after` iterations are done, as
+ * the signal handler of partita exec would. */
+typedef struct stop_order {
+    volatile sig_atomic_t flag;
+    int after;
+} stop_order;
+
+static void stop_when_done(const run_result *so_far, void *data)
 {
-    if (so_far->iteration_count >= 1)
-        *(volatile sig_atomic_t *)data = 1;
+    stop_order *order = data;
+    if (so_far->iteration_count >= order->after)
+        order->flag = 1;
+}
+
+/* Options that save into dir and stop after `order->after` iterations. */
+static run_options stopping_options(run_options options, stop_order *order,
+                                    const char *dir)
+{
+    options.stop = &order->flag;
+    options.observer = stop_when_done;
+    options.observer_data = order;
+    options.save_dir = dir;
+    return options;
 }
 
 static void pp2_stop_flag_ends_after_the_iteration(void **state)
@@ -431,14 +461,10 @@ static void pp2_stop_flag_ends_after_the_iteration(void **state)
     run_scratch *s = *state;
     plan p;
     parallel_plan(&p, 1, 1, 2, "3-1", "1f1b");
-    run_options options = base_options(s, 50);
-    volatile sig_atomic_t stop = 0;
     char dir[512];
     run_path(s, "pp2-stopped", dir, sizeof dir);
-    options.stop = &stop;
-    options.observer = stop_after_first;
-    options.observer_data = (void *)&stop;
-    options.save_dir = dir;
+    stop_order order = {.after = 1};
+    run_options options = stopping_options(base_options(s, 50), &order, dir);
     run_result result;
     train_ok(&p, &options, &result);
     assert_true(result.stopped);
@@ -460,6 +486,71 @@ static void expect_refusal(const plan *p, const run_options *options,
         fail_msg("expected a refusal mentioning \"%s\", got %d (%s)", part,
                  status, err.message);
     assert_message_has(&err, part);
+}
+
+/* Plan p (interleaved) 4 iterations straight against a run stopped
+ * after 2 with a checkpoint in dir and resumed: bit for bit. Returns the
+ * resuming options. */
+static run_options expect_stopped_run_resumes(const run_scratch *s,
+                                              const plan *p, const char *dir)
+{
+    run_options options = base_options(s, 4);
+    run_result straight, first;
+    train_ok(p, &options, &straight);
+    stop_order order = {.after = 2};
+    run_options first_half = stopping_options(options, &order, dir);
+    train_ok(p, &first_half, &first);
+    assert_true(first.stopped);
+    assert_int_equal(first.last_checkpoint_iteration, 2);
+    return expect_resume_matches(p, options, dir, &straight, &first);
+}
+
+/* The interleaved 1F1B (2 chunks a rank): a run stopped after 2 of 4
+ * iterations saves every chunk of every rank, and resumed it equals the
+ * straight run bit for bit; the checkpoint resumes only under its own
+ * virtual_stages. */
+static void pp2_interleaved_stopped_run_resumes_exactly(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    parallel_plan(&p, 1, 1, 2, "2-2", "1f1b");
+    p.config.virtual_stages = 2;
+    char dir[512];
+    run_path(s, "pp2-v2-checkpoint", dir, sizeof dir);
+    run_options resumed = expect_stopped_run_resumes(s, &p, dir);
+    /* chunk 1 of each rank under its own name, beside chunk 0's */
+    const char *const names[] = {"params.rank0", "adam_m.rank0.chunk1",
+                                 "params.rank1.chunk1", "adam_v.rank1"};
+    for (int i = 0; i < 4; i++)
+        assert_true(blob_bytes(dir, names[i]) > 0);
+    /* rank 0's chunk 0 holds the embedding, its chunk 1 does not */
+    assert_true(blob_bytes(dir, "params.rank0") >
+                blob_bytes(dir, "params.rank0.chunk1"));
+    p.config.virtual_stages = 1;
+    expect_refusal(&p, &resumed,
+                   "another layout: meta.json: virtual_stages is 2");
+    plan_free(&p);
+}
+
+/* ...with dp 2 and ZeRO-1: each chunk's moments are its replica's shard
+ * of that chunk. */
+static void pp2_dp2_zero1_interleaved_resumes_exactly(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    parallel_plan(&p, 1, 2, 2, "2-2", "1f1b");
+    p.config.virtual_stages = 2;
+    p.config.distributed_optimizer = true;
+    char dir[512];
+    run_path(s, "pp2-dp2-v2-checkpoint", dir, sizeof dir);
+    expect_stopped_run_resumes(s, &p, dir);
+    /* ranks 0 and 1: the two replicas of stage 0 */
+    assert_int_equal(blob_bytes(dir, "adam_m.rank0.chunk1") +
+                         blob_bytes(dir, "adam_m.rank1.chunk1"),
+                     blob_bytes(dir, "params.rank0.chunk1"));
+    assert_true(blob_bytes(dir, "adam_v.rank1.chunk1") <
+                blob_bytes(dir, "params.rank1.chunk1"));
+    plan_free(&p);
 }
 
 static void cuda_parallel_and_memory_are_refused(void **state)
@@ -506,6 +597,8 @@ int main(void)
         cmocka_unit_test(pp2_resume_equals_straight_run),
         cmocka_unit_test(pp2_record_holds_every_rank),
         cmocka_unit_test(pp2_stop_flag_ends_after_the_iteration),
+        cmocka_unit_test(pp2_interleaved_stopped_run_resumes_exactly),
+        cmocka_unit_test(pp2_dp2_zero1_interleaved_resumes_exactly),
         cmocka_unit_test(tp2_matches_one_stage),
         cmocka_unit_test(pp2_tp2_matches_one_stage),
         cmocka_unit_test(pp2_recompute_changes_nothing),
