@@ -70,8 +70,9 @@ int run_chunk_param_count(const run_context *ctx, int rank, int chunk,
     return 0;
 }
 
-/* Floats of a chunk's buffer `which`: its parameters, or for the AdamW
- * moments its optimizer's range (a ZeRO-1 shard of them). */
+/* Floats of a chunk's buffer `which`: its parameters (under ZeRO-3 on
+ * the cpu backend, its optimizer's range), or for the AdamW moments its
+ * optimizer's range (a ZeRO shard of them). */
 int run_chunk_buffer_count(const run_context *ctx, int rank, int chunk,
                            stage_buffer which, size_t *out, pt_error *err)
 {
