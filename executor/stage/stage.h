@@ -426,7 +426,9 @@ int model_stage_init_parameters(model_stage *stage, uint64_t seed,
 float *model_stage_buffer(const model_stage *stage, stage_buffer which);
 
 /* Floats in buffer `which`: param_count, or optimizer_count for the
- * AdamW moments. */
+ * AdamW moments; grad_count and params_count for the gradients and
+ * parameters (the optimizer's range when the backend holds ZeRO-2/3's
+ * shards). model_stage_read and model_stage_write move that many. */
 size_t model_stage_buffer_count(const model_stage *stage,
                                 stage_buffer which);
 
