@@ -516,7 +516,8 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
         parallel_zero_stage(&result.plans[0].config) >= 2 &&
         result.plans[0].config.dp > 1)
         printf("# the best plan's ZeRO-%d memory is DeepSpeed's: partita "
-               "exec keeps whole-sized buffers for now (docs/executor.md)\n",
+               "exec realises its shards on the cpu backend only "
+               "(docs/executor.md)\n",
                parallel_zero_stage(&result.plans[0].config));
     if (!result.exact)
         printf("# NOT EXACT: the search stopped after %lld tree nodes "

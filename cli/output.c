@@ -143,8 +143,9 @@ static void print_zero_levers(const plan *p, const estimate *est)
                parallel_zero_stage(config));
     if (parallel_zero_stage(config) >= 2 && config->dp > 1)
         printf("# ZeRO-%d's memory below is DeepSpeed's: partita exec "
-               "runs its communication but keeps whole-sized buffers "
-               "for now (docs/executor.md)\n",
+               "runs its communication, and holds its shards on the cpu "
+               "backend only (the cuda backend keeps whole-sized buffers; "
+               "docs/executor.md)\n",
                parallel_zero_stage(config));
 }
 

@@ -99,13 +99,77 @@ void cpu_adamw_update(float *params, const float *grads, float *m, float *v,
                       bool decay);
 
 
+/* The cpu backend's optimizer ops (cpu/optimizer_cpu.c; its table's
+ * grad_square_sum, grad_square_sums and adamw_step). */
+int cpu_backend_grad_square_sum(const model_stage *stage, double *out,
+                                pt_error *err);
+int cpu_backend_grad_square_sums(const model_stage *stage,
+                                 double *per_tensor, pt_error *err);
+int cpu_backend_adamw_step(model_stage *stage, const adamw_config *config,
+                           float learning_rate, float grad_scale,
+                           pt_error *err);
+
 /* The cpu backend's table (cpu/model_cpu.c), which backend_find hands
  * out for BACKEND_CPU. */
 extern const stage_backend cpu_stage_backend;
+
+/* ZeRO-2/3's shards on the cpu backend (cpu/units.c): buffers of one
+ * unit's size, one per kind (the embeddings, a layer: all layers take
+ * turns in one, the head). Gradients (spec.shard_gradients): a backward
+ * writes each unit's into its buffer, and as each unit completes it is
+ * handed to the stage's grad_sink, its part in the grads range (the
+ * optimizer's) added there, and the buffer zeroed for the next.
+ * Parameters (spec.shard_parameters): before a unit's forward or
+ * backward its buffer gets the rank's part from params and the rest
+ * from the stage's param_source. */
+typedef enum cpu_unit_kind {
+    CPU_UNIT_EMBEDDING,
+    CPU_UNIT_LAYER,
+    CPU_UNIT_HEAD,
+    CPU_UNIT_KINDS
+} cpu_unit_kind;
+
+/* The unit buffers of one stage. first and count per kind: where the unit
+ * starts in the parameter buffer and its floats (for the layer, layer 0's
+ * start and one layer's floats; count 0 for a kind the stage lacks). */
+typedef struct cpu_units {
+    float *buffer[CPU_UNIT_KINDS];   /* owned, zeroed between units */
+    size_t first[CPU_UNIT_KINDS];
+    size_t count[CPU_UNIT_KINDS];
+} cpu_units;
+
+/* Where the units of a stage of that spec and tensor table lie (no
+ * buffers); returns their bytes. exec's memory check sizes them so. */
+size_t cpu_units_layout(const stage_spec *spec,
+                             const param_tensor *table, int tensor_count,
+                             size_t param_count, cpu_units *out);
+/* Sizes and allocates the buffers from the stage's tensor table; -1 when
+ * out of memory (nothing left allocated). */
+int cpu_units_open(const model_stage *stage, cpu_units *out);
+void cpu_units_close(cpu_units *units);
+/* Where parameter `offset` (or its gradient) lies during a pass. */
+float *cpu_units_place(const cpu_units *units, size_t offset);
+/* Unit `kind` (layer `layer` for CPU_UNIT_LAYER) is complete: the sink,
+ * then its part in the grads range added there, then the buffer zeroed.
+ * Nothing for a kind the stage lacks. */
+int cpu_grad_units_done(model_stage *stage, cpu_units *units,
+                        cpu_unit_kind kind, int layer, pt_error *err);
+/* Unit `kind` (layer `layer`) gathered before its forward or backward:
+ * the rank's part copied from params, zeros elsewhere, then the source. */
+int cpu_param_units_fetch(model_stage *stage, cpu_units *units,
+                          cpu_unit_kind kind, int layer, pt_error *err);
+void cpu_units_zero(cpu_units *units);
+/* The bytes of the unit buffers. */
+size_t cpu_units_bytes(const cpu_units *units);
 
 /* Host bytes a cpu-backend stage allocated for activations: its slots'
  * arenas and token ids and its backward scratch (what *activation_bytes
  * above predicts); 0 for a stage of another backend. */
 size_t cpu_stage_activation_bytes(const model_stage *stage);
+/* The bytes of a cpu-backend stage's ZeRO-2/3 unit buffers of `which`
+ * (STAGE_GRADS beside its grads of grad_count floats, STAGE_PARAMS
+ * beside its params of params_count); 0 without them or on another
+ * backend. */
+size_t cpu_stage_unit_bytes(const model_stage *stage, stage_buffer which);
 
 #endif

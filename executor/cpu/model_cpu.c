@@ -4,8 +4,10 @@
  * backend is held to (tests/executor/gpu), so it favours plain data flow
  * over speed.
  *
- * Memory: params and grads (the stage's parameters), adam_m and adam_v
- * (the optimizer's range: all of them, or a ZeRO-1 shard); per activation
+ * Memory: params and grads (the stage's parameters; under ZeRO-2/3 the
+ * grads, and under ZeRO-3 the params, of the optimizer's range only,
+ * beside the unit buffers of units.c), adam_m and adam_v (the optimizer's range: all of them,
+ * or a ZeRO-1 shard); per activation
  * slot, one arena holding everything the backward of a micro-batch needs
  * (with full recompute, only each layer's input); per stage, one arena of
  * backward scratch shared by all slots (one backward runs at a time), with
@@ -103,6 +105,9 @@ typedef struct cpu_stage_state {
      * arena; its `output` is pointed at the slot's kept layer output */
     layer_activations recomputed;
     size_t activation_bytes;         /* slots, their token ids, scratch */
+    cpu_units units;                 /* with stage->grads_by_unit: where
+                                        grads' tensor maps point */
+    cpu_units param_units;           /* with params_by_unit: params' */
 } cpu_stage_state;
 
 /* Hands out consecutive pieces of one allocation. Run once with base NULL
@@ -121,15 +126,24 @@ static float *arena_take(arena *a, size_t count)
 
 /* ---------------------------------------------------------- tensor maps */
 
+/* Where tensor `index` lies: in base at its offset, or, with units, in
+ * its unit's buffer. */
+static float *place(const model_stage *stage, float *base,
+                    const cpu_units *units, int index)
+{
+    size_t offset = stage->tensors[index].offset;
+    return units != NULL ? cpu_units_place(units, offset)
+                         : base + offset;
+}
+
 /* The layout of stage_parameter_layout, walked in its order. */
 static void map_tensors(const model_stage *stage, float *base,
-                        stage_tensors *out)
+                        const cpu_units *units, stage_tensors *out)
 {
     int index = 0;
-    const param_tensor *table = stage->tensors;
     if (stage->spec.has_embedding) {
-        out->token_embedding = base + table[index++].offset;
-        out->position_embedding = base + table[index++].offset;
+        out->token_embedding = place(stage, base, units, index++);
+        out->position_embedding = place(stage, base, units, index++);
     }
     int layer_count = stage->spec.last_layer - stage->spec.first_layer;
     for (int l = 0; l < layer_count; l++) {
@@ -143,13 +157,13 @@ static void map_tensors(const model_stage *stage, float *base,
             &layer->mlp_proj_weight,  &layer->mlp_proj_bias,
         };
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
-            *fields[f] = base + table[index++].offset;
+            *fields[f] = place(stage, base, units, index++);
     }
     if (stage->spec.has_head) {
-        out->final_norm_weight = base + table[index++].offset;
-        out->final_norm_bias = base + table[index++].offset;
+        out->final_norm_weight = place(stage, base, units, index++);
+        out->final_norm_bias = place(stage, base, units, index++);
         out->head_weight = index < stage->tensor_count
-                               ? base + table[index++].offset
+                               ? place(stage, base, units, index++)
                                : out->token_embedding;
     }
 }
@@ -272,6 +286,8 @@ static void cpu_release(model_stage *stage)
     cpu_stage_state *state = stage->backend_state;
     if (state == NULL)
         return;
+    cpu_units_close(&state->units);
+    cpu_units_close(&state->param_units);
     if (state->slots != NULL) {
         for (int s = 0; s < stage->slot_count; s++) {
             free(state->slots[s].arena);
@@ -325,12 +341,25 @@ static int allocate_slots(model_stage *stage, cpu_stage_state *state)
 
 static int cpu_allocate(model_stage *stage, pt_error *err)
 {
-    size_t count = stage->param_count + 1; /* never calloc(0) */
     /* offload keeps the moments in host memory of its own (offload.c) */
     size_t moments =
         (stage->spec.offload_optimizer ? 0 : stage->optimizer_count) + 1;
-    stage->params = calloc(count, sizeof(float));
-    stage->grads = calloc(count, sizeof(float));
+    /* ZeRO-2/3: the gradients, ZeRO-3 the parameters too, of the
+     * optimizer's shard only (one float more: never calloc(0)) */
+    stage->grads_by_unit = stage->spec.shard_gradients &&
+                           stage->spec.optimizer_shards > 1;
+    if (stage->grads_by_unit) {
+        stage->grad_first = stage->optimizer_first;
+        stage->grad_count = stage->optimizer_count;
+    }
+    stage->params_by_unit = stage->spec.shard_parameters &&
+                            stage->spec.optimizer_shards > 1;
+    if (stage->params_by_unit) {
+        stage->params_first = stage->optimizer_first;
+        stage->params_count = stage->optimizer_count;
+    }
+    stage->params = calloc(stage->params_count + 1, sizeof(float));
+    stage->grads = calloc(stage->grad_count + 1, sizeof(float));
     stage->adam_m = calloc(moments, sizeof(float));
     stage->adam_v = calloc(moments, sizeof(float));
     cpu_stage_state *state = calloc(1, sizeof *state);
@@ -344,10 +373,17 @@ static int cpu_allocate(model_stage *stage, pt_error *err)
     state->grads.layers = calloc(layers, sizeof(layer_tensors));
     state->slots = calloc((size_t)stage->slot_count, sizeof *state->slots);
     if (state->params.layers == NULL || state->grads.layers == NULL ||
-        state->slots == NULL)
+        state->slots == NULL ||
+        (stage->grads_by_unit &&
+         cpu_units_open(stage, &state->units) != 0) ||
+        (stage->params_by_unit &&
+         cpu_units_open(stage, &state->param_units) != 0))
         goto out_of_memory;
-    map_tensors(stage, stage->params, &state->params);
-    map_tensors(stage, stage->grads, &state->grads);
+    map_tensors(stage, stage->params,
+                stage->params_by_unit ? &state->param_units : NULL,
+                &state->params);
+    map_tensors(stage, stage->grads,
+                stage->grads_by_unit ? &state->units : NULL, &state->grads);
     state->scratch.norm_partial =
         calloc(2 * (size_t)stage->shape.hidden + 1, sizeof(float));
     if (state->scratch.norm_partial == NULL ||
@@ -545,6 +581,17 @@ static layer_activations *layer_kept(model_stage *stage,
     return &state->recomputed;
 }
 
+/* ZeRO-3: a unit's weights gathered before its forward or backward. */
+static int unit_fetch(model_stage *stage, cpu_unit_kind kind, int layer,
+                      pt_error *err)
+{
+    cpu_stage_state *state = stage->backend_state;
+    return stage->params_by_unit
+               ? cpu_param_units_fetch(stage, &state->param_units, kind,
+                                       layer, err)
+               : 0;
+}
+
 static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
                        float *mean_loss, pt_error *err)
 {
@@ -555,14 +602,16 @@ static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
     if (io->tokens != NULL)
         split_tokens(slot, io->tokens, &d);
     if (stage->spec.has_embedding) {
-        if (embedding_forward(stage, slot, p, &d, err) != 0)
+        if (unit_fetch(stage, CPU_UNIT_EMBEDDING, 0, err) != 0 ||
+            embedding_forward(stage, slot, p, &d, err) != 0)
             return -1;
     } else if (io->input != slot->input) {
         memcpy(slot->input, io->input, d.N * d.C * sizeof(float));
     }
     const float *stream = slot->input;
     for (int l = 0; l < state->layer_count; l++) {
-        if (layer_forward(stage, layer_kept(stage, slot, l), &p->layers[l],
+        if (unit_fetch(stage, CPU_UNIT_LAYER, l, err) != 0 ||
+            layer_forward(stage, layer_kept(stage, slot, l), &p->layers[l],
                           stream, &d, err) != 0)
             return -1;
         stream = slot->layers[l].output;
@@ -571,7 +620,8 @@ static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
     *mean_loss = 0.0f;
     if (stage->spec.has_head) {
         int N = (int)d.N, C = (int)d.C, V = (int)d.V;
-        if (norm_forward(stage, slot->final_out, slot->final_mean,
+        if (unit_fetch(stage, CPU_UNIT_HEAD, 0, err) != 0 ||
+            norm_forward(stage, slot->final_out, slot->final_mean,
                          slot->final_rstd, stream, p->final_norm_weight,
                          p->final_norm_bias, &d, err) != 0)
             return -1;
@@ -783,6 +833,16 @@ static void embedding_backward(cpu_stage_state *state, const float *d_out,
     }
 }
 
+/* ZeRO-2/3: a unit's gradients of this micro-batch are complete. */
+static int unit_done(model_stage *stage, cpu_unit_kind kind, int layer,
+                     pt_error *err)
+{
+    cpu_stage_state *state = stage->backend_state;
+    return stage->grads_by_unit
+               ? cpu_grad_units_done(stage, &state->units, kind, layer, err)
+               : 0;
+}
+
 static int cpu_backward(model_stage *stage, int slot_index,
                         const stage_io *io, pt_error *err)
 {
@@ -797,8 +857,10 @@ static int cpu_backward(model_stage *stage, int slot_index,
     const float *d_out = io->output_grad;
     int free_stream = 0;
     if (stage->spec.has_head) {
-        if (head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d,
-                          err) != 0)
+        if (unit_fetch(stage, CPU_UNIT_HEAD, 0, err) != 0 ||
+            head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d,
+                          err) != 0 ||
+            unit_done(stage, CPU_UNIT_HEAD, 0, err) != 0)
             return -1;
         d_out = s->d_stream[0];
         free_stream = 1;
@@ -808,6 +870,8 @@ static int cpu_backward(model_stage *stage, int slot_index,
             l > 0 ? slot->layers[l - 1].output : slot->input;
         float *d_input = s->d_stream[free_stream];
         layer_activations *act = layer_kept(stage, slot, l);
+        if (unit_fetch(stage, CPU_UNIT_LAYER, l, err) != 0)
+            return -1;
         /* full recompute: the layer's forward again, from its kept input
          * (its output is rewritten with the same values) */
         if (stage->spec.recompute_layers &&
@@ -816,7 +880,8 @@ static int cpu_backward(model_stage *stage, int slot_index,
             return -1;
         if (layer_backward(stage, d_input, d_out, &state->grads.layers[l],
                            &state->params.layers[l], act, layer_input, s, &d,
-                           err) != 0)
+                           err) != 0 ||
+            unit_done(stage, CPU_UNIT_LAYER, l, err) != 0)
             return -1;
         d_out = d_input;
         free_stream = 1 - free_stream;
@@ -827,6 +892,8 @@ static int cpu_backward(model_stage *stage, int slot_index,
         if (d_out == NULL)
             return -1;
         embedding_backward(state, d_out, slot, &d);
+        if (unit_done(stage, CPU_UNIT_EMBEDDING, 0, err) != 0)
+            return -1;
         s->input_grad = NULL;
     } else {
         /* a stage with no layers and no head passes the gradient through;
@@ -871,7 +938,10 @@ static int cpu_copy_range(model_stage *stage, stage_buffer which,
                           bool to_host, pt_error *err)
 {
     (void)err;
-    float *part = model_stage_buffer(stage, which) + first;
+    /* the gradients and parameters may be a shard (ZeRO-2/3) */
+    size_t at = first - (which == STAGE_GRADS ? stage->grad_first
+                                              : stage->params_first);
+    float *part = model_stage_buffer(stage, which) + at;
     memcpy(to_host ? host : part, to_host ? part : host,
            count * sizeof(float));
     return 0;
@@ -881,79 +951,19 @@ static int cpu_zero_range(model_stage *stage, stage_buffer which,
                           size_t first, size_t count, pt_error *err)
 {
     (void)err;
-    zero(model_stage_buffer(stage, which) + first, count);
+    size_t at = first - (which == STAGE_GRADS ? stage->grad_first
+                                              : stage->params_first);
+    zero(model_stage_buffer(stage, which) + at, count);
     return 0;
 }
 
 static int cpu_zero_grads(model_stage *stage, pt_error *err)
 {
     (void)err;
-    zero(stage->grads, stage->param_count);
-    return 0;
-}
-
-/* The part [*first, *first + *count) of tensor t the optimizer steps;
- * false when none of it. */
-static bool optimizer_part(const model_stage *stage, const param_tensor *t,
-                           size_t *first, size_t *count)
-{
-    size_t lo = stage->optimizer_first;
-    size_t hi = lo + stage->optimizer_count;
-    size_t start = t->offset > lo ? t->offset : lo;
-    size_t end = t->offset + t->count < hi ? t->offset + t->count : hi;
-    *first = start;
-    *count = end > start ? end - start : 0;
-    return end > start;
-}
-
-static double square_sum(const float *values, size_t count)
-{
-    double sum = 0.0;
-    for (size_t k = 0; k < count; k++)
-        sum += (double)values[k] * values[k];
-    return sum;
-}
-
-static int cpu_grad_square_sum(const model_stage *stage, double *out,
-                               pt_error *err)
-{
-    (void)err;
-    *out = square_sum(stage->grads + stage->optimizer_first,
-                      stage->optimizer_count);
-    return 0;
-}
-
-static int cpu_grad_square_sums(const model_stage *stage, double *per_tensor,
-                                pt_error *err)
-{
-    (void)err;
-    for (int i = 0; i < stage->tensor_count; i++) {
-        size_t first = 0, count = 0;
-        per_tensor[i] = optimizer_part(stage, &stage->tensors[i], &first,
-                                       &count)
-                            ? square_sum(stage->grads + first, count)
-                            : 0.0;
-    }
-    return 0;
-}
-
-/* Only the optimizer's range: the whole stage, or its ZeRO-1 shard, whose
- * moments start at adam_m[0]. */
-static int cpu_adamw_step(model_stage *stage, const adamw_config *config,
-                          float learning_rate, float grad_scale,
-                          pt_error *err)
-{
-    (void)err;
-    for (int i = 0; i < stage->tensor_count; i++) {
-        const param_tensor *t = &stage->tensors[i];
-        size_t first = 0, count = 0;
-        if (!optimizer_part(stage, t, &first, &count))
-            continue;
-        size_t moment = first - stage->optimizer_first;
-        cpu_adamw_update(stage->params + first, stage->grads + first,
-                         stage->adam_m + moment, stage->adam_v + moment,
-                         count, config, learning_rate, grad_scale,
-                         stage->optimizer_steps, t->weight_decay);
+    zero(stage->grads, stage->grad_count);
+    if (stage->grads_by_unit) {
+        cpu_stage_state *state = stage->backend_state;
+        cpu_units_zero(&state->units);
     }
     return 0;
 }
@@ -991,6 +1001,19 @@ size_t cpu_stage_activation_bytes(const model_stage *stage)
     return state->activation_bytes;
 }
 
+size_t cpu_stage_unit_bytes(const model_stage *stage, stage_buffer which)
+{
+    if (stage->backend == NULL || stage->backend->kind != BACKEND_CPU ||
+        stage->backend_state == NULL)
+        return 0;
+    const cpu_stage_state *state = stage->backend_state;
+    if (which == STAGE_GRADS && stage->grads_by_unit)
+        return cpu_units_bytes(&state->units);
+    if (which == STAGE_PARAMS && stage->params_by_unit)
+        return cpu_units_bytes(&state->param_units);
+    return 0;
+}
+
 const stage_backend cpu_stage_backend = {
     .kind = BACKEND_CPU,
     .name = "cpu",
@@ -999,9 +1022,9 @@ const stage_backend cpu_stage_backend = {
     .forward = cpu_forward,
     .backward = cpu_backward,
     .zero_grads = cpu_zero_grads,
-    .grad_square_sum = cpu_grad_square_sum,
-    .grad_square_sums = cpu_grad_square_sums,
-    .adamw_step = cpu_adamw_step,
+    .grad_square_sum = cpu_backend_grad_square_sum,
+    .grad_square_sums = cpu_backend_grad_square_sums,
+    .adamw_step = cpu_backend_adamw_step,
     .copy_to_host = cpu_copy_to_host,
     .copy_from_host = cpu_copy_from_host,
     .input_buffer = cpu_input_buffer,

@@ -132,6 +132,9 @@ int pipeline_rank_chunk_spec(const pipeline_layout *layout, int rank,
     if (layout->config.distributed_optimizer && layout->config.dp > 1) {
         out->optimizer_shards = layout->config.dp;
         out->optimizer_shard = pipeline_rank_replica(layout, rank);
+        /* ZeRO-2/3: the shard's gradients only, where the backend can */
+        out->shard_gradients = parallel_zero_stage(&layout->config) >= 2;
+        out->shard_parameters = parallel_zero_stage(&layout->config) >= 3;
     }
     return 0;
 }

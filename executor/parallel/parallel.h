@@ -160,14 +160,36 @@ int zero_reduce_micro_batch(const comm *c, const int *group, int dp,
                             const size_t *offsets,
                             const pipeline_buckets *buckets,
                             model_stage *stage, pt_error *err);
+/* What zero_reduce_unit needs: the dp group and its runs. */
+typedef struct zero_unit_group {
+    const comm *c;
+    const int *group;
+    int dp;
+    const size_t *offsets;
+} zero_unit_group;
+/* A stage_unit_hook (context: a zero_unit_group) for a stage whose
+ * backend keeps its shard's gradients only (grads_by_unit): one unit's
+ * gradients of a micro-batch reduce-scattered over the dp group in
+ * place, each replica's part of the unit summed into that replica's
+ * slice of it. */
+int zero_reduce_unit(model_stage *stage, size_t first, size_t count,
+                     float *unit, void *context, pt_error *err);
+/* The stage_unit_hook for a stage whose backend keeps its shard's
+ * parameters only (params_by_unit): one unit's weights all-gathered
+ * over the dp group in place around each replica's part. */
+int zero_gather_unit(model_stage *stage, size_t first, size_t count,
+                     float *unit, void *context, pt_error *err);
 /* The tied embedding's gradient whole on the first-stage replica and its
- * last-stage partner (pair), from the shards of both stages. */
+ * last-stage partner (pair), from the shards of both stages (with
+ * grads_by_unit, in a buffer of the tensor's size for the while, each
+ * keeping its shard's part). */
 int zero_tied_embedding(const comm *c, const int *group, int dp,
                         const size_t *offsets, const int pair[2],
                         model_stage *stage, const param_tensor *tensor,
                         pt_error *err);
 /* ZeRO-3: the parameters gathered whole from the shards, then released
- * (zeroed outside the rank's shard). */
+ * (zeroed outside the rank's shard); nothing for a stage gathering unit
+ * by unit (params_by_unit). */
 int zero_gather_parameters(const comm *c, const int *group, int dp,
                            const size_t *offsets, model_stage *stage,
                            pt_error *err);

@@ -89,6 +89,9 @@ typedef struct rank_step {
     int zero;
     int *dp_group;
     size_t *dp_offsets;
+    /* the stage's grad_sink context when its backend reduces unit by
+     * unit (grads_by_unit) */
+    zero_unit_group zero_units;
 } rank_step;
 
 static void record_span(rank_step *r, const char *kind, int micro_batch,
@@ -219,7 +222,8 @@ static int gather_parameters(rank_step *r, model_stage *stage,
 static int after_zero_backward(rank_step *r, model_stage *stage,
                                int micro_batch, pt_error *err)
 {
-    if (r->zero >= 2) {
+    /* a backend keeping the shard only reduced each unit as it ended */
+    if (r->zero >= 2 && !stage->grads_by_unit) {
         begin(r, "dp reduce-scatter", micro_batch);
         if (zero_reduce_micro_batch(r->c, r->dp_group, r->layout->config.dp,
                                     r->dp_offsets,
@@ -517,7 +521,9 @@ static int dp_reduce_gradients(rank_step *r, pt_error *err)
 static int dp_gather_chunk(rank_step *r, pt_error *err)
 {
     int dp = r->layout->config.dp;
-    if (dp == 1 || !sharded_optimizer(r))
+    /* ZeRO-3 on a backend holding the shard only: the next forward
+     * gathers unit by unit */
+    if (dp == 1 || !sharded_optimizer(r) || r->stage->params_by_unit)
         return 0;
     int *group = NULL;
     size_t *offsets = NULL;
@@ -721,7 +727,21 @@ static int open_zero(rank_step *r, pt_error *err)
                             "yet",
                        zero);
     r->zero = zero;
-    return dp_shards(r, &r->dp_group, &r->dp_offsets, err);
+    if (dp_shards(r, &r->dp_group, &r->dp_offsets, err) != 0)
+        return -1;
+    r->zero_units = (zero_unit_group){.c = r->c,
+                                      .group = r->dp_group,
+                                      .dp = r->layout->config.dp,
+                                      .offsets = r->dp_offsets};
+    if (r->stage->grads_by_unit) {
+        r->stage->grad_sink = zero_reduce_unit;
+        r->stage->grad_sink_context = &r->zero_units;
+    }
+    if (r->stage->params_by_unit) {
+        r->stage->param_source = zero_gather_unit;
+        r->stage->param_source_context = &r->zero_units;
+    }
+    return 0;
 }
 
 static int zero_chunk_grads(rank_step *r, pt_error *err)
@@ -786,6 +806,11 @@ int pipeline_rank_step_chunks(const pipeline_layout *layout,
         goto done;
     status = 0;
 done:
+    /* the sink's context lives in this call */
+    r.stage->grad_sink = NULL;
+    r.stage->grad_sink_context = NULL;
+    r.stage->param_source = NULL;
+    r.stage->param_source_context = NULL;
     free(r.dp_group);
     free(r.dp_offsets);
     if (status != 0 && r.overlap_armed) {

@@ -5,8 +5,13 @@
  * its shard; the tied embedding's two copies summed from the shards; and
  * under ZeRO-3 the parameters gathered before each forward and backward
  * and released (zeroed outside the rank's shard) after. Any backend,
- * over the comm interface; the buffers stay whole-sized (what is
- * released is zeroed, not freed).
+ * over the comm interface. A backend that keeps only the shard's
+ * gradients (grads_by_unit: the cpu one) hands each unit of a backward to
+ * zero_reduce_unit; the others keep a whole-sized buffer, reduced after
+ * the backward. Likewise under ZeRO-3 a backend keeping the parameters'
+ * shard only (params_by_unit) gathers each unit through
+ * zero_gather_unit; the others gather the whole stage and release it
+ * (zeroed outside the shard, not freed).
  */
 #include "executor/parallel/parallel.h"
 
@@ -23,6 +28,55 @@ static int zero_outside_shard(model_stage *stage, stage_buffer which,
                                           stage->param_count - end, err) != 0
                ? -1
                : 0;
+}
+
+/* Where each of the dp runs `offsets` starts within [lo, hi), counted
+ * from lo: the chunks of that range's collective. */
+static size_t *chunks_within(const size_t *offsets, int dp, size_t lo,
+                             size_t hi, pt_error *err)
+{
+    size_t *chunks = malloc(((size_t)dp + 1) * sizeof *chunks);
+    if (chunks == NULL) {
+        pt_fail(err, "out of memory for a group of %d", dp);
+        return NULL;
+    }
+    for (int i = 0; i <= dp; i++) {
+        size_t at = offsets[i] < lo ? lo : offsets[i] > hi ? hi : offsets[i];
+        chunks[i] = at - lo;
+    }
+    return chunks;
+}
+
+/* One unit over the dp group's runs: reduce-scattered (the gradients)
+ * or all-gathered (the weights), in place. */
+static int unit_collective(size_t first, size_t count, float *unit,
+                           const zero_unit_group *g, bool gather,
+                           pt_error *err)
+{
+    size_t *chunks = chunks_within(g->offsets, g->dp, first, first + count,
+                                   err);
+    if (chunks == NULL)
+        return -1;
+    int status =
+        gather ? comm_all_gather(g->c, g->group, g->dp, unit, chunks, err)
+               : comm_reduce_scatter_sum(g->c, g->group, g->dp, unit, chunks,
+                                         err);
+    free(chunks);
+    return status;
+}
+
+int zero_reduce_unit(model_stage *stage, size_t first, size_t count,
+                     float *unit, void *context, pt_error *err)
+{
+    (void)stage;
+    return unit_collective(first, count, unit, context, false, err);
+}
+
+int zero_gather_unit(model_stage *stage, size_t first, size_t count,
+                     float *unit, void *context, pt_error *err)
+{
+    (void)stage;
+    return unit_collective(first, count, unit, context, true, err);
 }
 
 /* The gradients of one micro-batch, added on top of the shard's earlier
@@ -50,32 +104,66 @@ int zero_reduce_micro_batch(const comm *c, const int *group, int dp,
  * last, each held in shards cut from different buffers: each stage's dp
  * group gathers its tensor whole, then each first-stage replica and its
  * last-stage partner sum the two. */
+/* The tied tensor whole in `whole` (backend memory; the shard's part of it
+ * read from grads when they hold the shard only), gathered over the dp
+ * group and summed with the partner's. */
+static int tied_gather_and_sum(const comm *c, const int *group, int dp,
+                               const size_t *offsets, const int pair[2],
+                               const param_tensor *tensor, float *whole,
+                               pt_error *err)
+{
+    size_t lo = tensor->offset, hi = lo + tensor->count;
+    size_t *chunks = chunks_within(offsets, dp, lo, hi, err);
+    if (chunks == NULL)
+        return -1;
+    int status = comm_all_gather(c, group, dp, whole, chunks, err);
+    free(chunks);
+    if (status != 0)
+        return -1;
+    return comm_all_reduce_sum(c, pair, 2, whole, tensor->count, err);
+}
+
 int zero_tied_embedding(const comm *c, const int *group, int dp,
                         const size_t *offsets, const int pair[2],
                         model_stage *stage, const param_tensor *tensor,
                         pt_error *err)
 {
-    size_t *chunks = malloc(((size_t)dp + 1) * sizeof *chunks);
-    if (chunks == NULL)
-        return pt_fail(err, "out of memory for a group of %d", dp);
+    if (!stage->grads_by_unit)
+        return tied_gather_and_sum(c, group, dp, offsets, pair, tensor,
+                                   stage->grads + tensor->offset, err);
+    /* the cpu backend's host memory: the tensor whole for the while */
     size_t lo = tensor->offset, hi = lo + tensor->count;
-    for (int i = 0; i <= dp; i++) {
-        size_t at = offsets[i] < lo ? lo : offsets[i] > hi ? hi : offsets[i];
-        chunks[i] = at - lo;
-    }
-    int status = comm_all_gather(c, group, dp, stage->grads + lo, chunks,
-                                 err);
-    free(chunks);
-    if (status != 0)
-        return -1;
-    return comm_all_reduce_sum(c, pair, 2, stage->grads + lo, tensor->count,
-                               err);
+    size_t end = stage->grad_first + stage->grad_count;
+    size_t from = lo > stage->grad_first ? lo : stage->grad_first;
+    size_t to = hi < end ? hi : end;
+    size_t mine = to > from ? to - from : 0;
+    if (mine == 0) /* no part of it is this rank's */
+        from = lo;
+    float *whole = calloc(tensor->count + 1, sizeof *whole);
+    if (whole == NULL)
+        return pt_fail(err, "out of memory for the tied embedding's %zu "
+                            "gradients",
+                       tensor->count);
+    int status =
+        (mine > 0 && model_stage_read_range(stage, STAGE_GRADS, from, mine,
+                                            whole + (from - lo), err) != 0) ||
+                tied_gather_and_sum(c, group, dp, offsets, pair, tensor,
+                                    whole, err) != 0 ||
+                (mine > 0 &&
+                 model_stage_write_range(stage, STAGE_GRADS, from, mine,
+                                         whole + (from - lo), err) != 0)
+            ? -1
+            : 0;
+    free(whole);
+    return status;
 }
 
 int zero_gather_parameters(const comm *c, const int *group, int dp,
                            const size_t *offsets, model_stage *stage,
                            pt_error *err)
 {
+    if (stage->params_by_unit) /* gathered unit by unit */
+        return 0;
     if (comm_all_gather(c, group, dp, stage->params, offsets, err) != 0)
         return -1;
     return stage_params_changed(stage, err);
@@ -83,5 +171,7 @@ int zero_gather_parameters(const comm *c, const int *group, int dp,
 
 int zero_release_parameters(model_stage *stage, pt_error *err)
 {
+    if (stage->params_by_unit)
+        return 0;
     return zero_outside_shard(stage, STAGE_PARAMS, err);
 }

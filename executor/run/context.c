@@ -70,8 +70,9 @@ int run_chunk_param_count(const run_context *ctx, int rank, int chunk,
     return 0;
 }
 
-/* Floats of a chunk's buffer `which`: its parameters, or for the AdamW
- * moments its optimizer's range (a ZeRO-1 shard of them). */
+/* Floats of a chunk's buffer `which`: its parameters (under ZeRO-3 on
+ * the cpu backend, its optimizer's range), or for the AdamW moments its
+ * optimizer's range (a ZeRO shard of them). */
 int run_chunk_buffer_count(const run_context *ctx, int rank, int chunk,
                            stage_buffer which, size_t *out, pt_error *err)
 {
@@ -79,11 +80,16 @@ int run_chunk_buffer_count(const run_context *ctx, int rank, int chunk,
     if (run_chunk_param_count(ctx, rank, chunk, &params, err) != 0)
         return -1;
     *out = params;
-    if (!ctx->parallel || (which != STAGE_ADAM_M && which != STAGE_ADAM_V))
+    if (!ctx->parallel || which == STAGE_GRADS)
         return 0;
     stage_spec spec;
     if (run_chunk_spec(ctx, rank, chunk, &spec, err) != 0)
         return -1;
+    /* the parameters are the optimizer's shard only under ZeRO-3 on the
+     * cpu backend (model_cpu.c honours spec.shard_parameters) */
+    if (which == STAGE_PARAMS &&
+        !(spec.shard_parameters && ctx->options->backend == BACKEND_CPU))
+        return 0;
     stage_optimizer_range(params, spec.optimizer_shards,
                           spec.optimizer_shard, &first, out);
     return 0;

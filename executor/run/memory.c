@@ -4,9 +4,34 @@
  * machine's memory), on GPUs the check of the plan against this
  * machine's devices (devices.c).
  */
+#include "executor/cpu/cpu.h"
 #include "executor/run/internal.h"
 
 #include <stdlib.h>
+
+/* The cpu stage's gradient or parameter bytes: every parameter's, or
+ * when `sharded` (spec.shard_gradients / shard_parameters, as
+ * model_cpu.c honours them) the optimizer shard's and one buffer per
+ * unit kind (cpu/units.c). */
+static double run_cpu_shard_bytes(const model_shape *shape,
+                                  const stage_spec *spec, bool sharded,
+                                  int tensors, size_t params, size_t shard)
+{
+    if (!sharded || spec->optimizer_shards < 2 || tensors <= 0)
+        return 4.0 * (double)params;
+    param_tensor *table = calloc((size_t)tensors, sizeof *table);
+    if (table == NULL)
+        return 4.0 * (double)params; /* the whole buffer: an upper bound */
+    cpu_units units;
+    double bytes = 4.0 * (double)params;
+    pt_error ignored = {{0}};
+    if (stage_parameter_layout(shape, spec, table, NULL, &ignored) >= 0)
+        bytes = 4.0 * (double)shard +
+                (double)cpu_units_layout(spec, table, tensors, params,
+                                              &units);
+    free(table);
+    return bytes;
+}
 
 /* Floats of one activation slot and of the backward scratch, as
  * model_cpu.c carves them, for a whole-model stage at micro-batch mbs. */
@@ -60,12 +85,19 @@ double run_cpu_partial_stage_bytes(const model_shape *shape,
         *activation_bytes = activations;
     size_t params = 0, first = 0, moments = 0;
     pt_error ignored = {{0}};
-    if (stage_parameter_layout(shape, spec, NULL, &params, &ignored) < 0)
+    int tensors = stage_parameter_layout(shape, spec, NULL, &params,
+                                         &ignored);
+    if (tensors < 0)
         params = 0;
     stage_optimizer_range(params, spec->optimizer_shards,
                           spec->optimizer_shard, &first, &moments);
-    /* params and grads; AdamW's two moments of the optimizer's range */
-    return 8.0 * (double)params + 8.0 * (double)moments + activations;
+    /* AdamW's two moments of the optimizer's range; params and grads */
+    double bytes = 8.0 * (double)moments + activations;
+    return bytes +
+           run_cpu_shard_bytes(shape, spec, spec->shard_parameters, tensors,
+                               params, moments) +
+           run_cpu_shard_bytes(shape, spec, spec->shard_gradients, tensors,
+                               params, moments);
 }
 
 /* A parallel run's ranks all live in this process: each rank's figure is

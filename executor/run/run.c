@@ -126,10 +126,12 @@ static void fill_result_header(const run_context *ctx, run_result *out)
                        options->load_dir);
     out->peak_memory_basis =
         ctx->parallel
-            ? "computed per rank: its stage's parameters and gradients (8 "
-              "bytes per parameter of the stage) and AdamW moments (8 bytes "
-              "per parameter of its optimizer's range: all, or its ZeRO-1 "
-              "shard), and the "
+            ? "computed per rank: its stage's parameters and gradients (4 "
+              "bytes per parameter of the stage each, or of its optimizer "
+              "shard plus one buffer per unit kind: the embeddings, a "
+              "layer, the head; the gradients so under ZeRO-2/3, the "
+              "parameters under ZeRO-3) and AdamW moments (8 bytes per parameter of its optimizer's "
+              "range: all, or its ZeRO shard), and the "
               "activations of the micro-batches it keeps in flight (its 1F1B "
               "or GPipe slot count) and one backward scratch, as the cpu "
               "backend allocates them; the ranks are threads of one process, "

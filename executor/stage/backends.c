@@ -90,6 +90,13 @@ int model_stage_create(model_stage *out, const model_shape *shape,
     out->param_count = floats;
     if (set_optimizer_range(out, err) != 0)
         return -1;
+    /* whole gradients and parameters; a backend honouring
+     * spec.shard_gradients / shard_parameters narrows them to the
+     * optimizer's range in its allocate */
+    out->grad_first = 0;
+    out->grad_count = floats;
+    out->params_first = 0;
+    out->params_count = floats;
     /* calloc(0) may return NULL: keep one entry so NULL means failure. */
     out->tensors = calloc((size_t)count + 1, sizeof *out->tensors);
     if (out->tensors == NULL)

@@ -221,7 +221,16 @@ int model_stage_init_parameters(model_stage *stage, uint64_t seed,
         status = -1;
     } else {
         init_tensors_in_parallel(stage, seed, host);
-        status = model_stage_write(stage, STAGE_PARAMS, host, err);
+        /* ZeRO-3 on the cpu backend: the rank's shard only (the
+         * offload's master, if any, then reads it again) */
+        if (stage->params_by_unit)
+            stage_offload_params_written(stage);
+        status = stage->params_by_unit
+                     ? model_stage_write_range(
+                           stage, STAGE_PARAMS, stage->params_first,
+                           stage->params_count, host + stage->params_first,
+                           err)
+                     : model_stage_write(stage, STAGE_PARAMS, host, err);
     }
     stage->optimizer_steps = 0;
     free(host);

@@ -29,6 +29,10 @@ float *model_stage_buffer(const model_stage *stage, stage_buffer which)
 
 size_t model_stage_buffer_count(const model_stage *stage, stage_buffer which)
 {
+    if (which == STAGE_GRADS)
+        return stage->grad_count;
+    if (which == STAGE_PARAMS)
+        return stage->params_count;
     return which == STAGE_ADAM_M || which == STAGE_ADAM_V
                ? stage->optimizer_count
                : stage->param_count;
@@ -181,10 +185,14 @@ static int check_range(const model_stage *stage, stage_buffer which,
         return pt_fail(err, "model stage: ranges are of params or grads, "
                             "not buffer %d",
                        (int)which);
-    if (first > stage->param_count || count > stage->param_count - first)
+    /* either may be the optimizer's range only (ZeRO-2/3) */
+    size_t lo = which == STAGE_GRADS ? stage->grad_first
+                                     : stage->params_first;
+    size_t floats = model_stage_buffer_count(stage, which);
+    if (first < lo || first - lo > floats || count > floats - (first - lo))
         return pt_fail(err, "model stage: floats [%zu, %zu) are outside "
-                            "the %zu of the buffer",
-                       first, first + count, stage->param_count);
+                            "the [%zu, %zu) of the buffer",
+                       first, first + count, lo, lo + floats);
     if (stage->backend->copy_range == NULL ||
         stage->backend->zero_range == NULL)
         return pt_fail(err, "the %s backend moves no part of a buffer",

@@ -79,6 +79,17 @@ typedef struct stage_spec {
      * them, reduce-scatters and all-gathers replace the all-reduces, and
      * the stage's input, output and their gradients are those rows. */
     bool sequence_parallel;
+    /* ZeRO-2/3 (optimizer_shards > 1; honoured by the cpu backend, which
+     * sets model_stage.grads_by_unit): grads holds the optimizer's range
+     * only, and a backward fills one unit buffer per unit (the
+     * embeddings, a layer, the head), handed to the stage's grad_sink as
+     * each unit completes, then added into that range. */
+    bool shard_gradients;
+    /* ZeRO-3 (likewise; model_stage.params_by_unit): params holds the
+     * optimizer's range only, and each unit's weights are gathered into
+     * a buffer of that unit's size, one per unit kind, through the
+     * stage's param_source before the unit's forward and backward. */
+    bool shard_parameters;
 } stage_spec;
 
 /* spec->tp, or 1 when it is 0. */
@@ -172,6 +183,19 @@ int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
 /* --------------------------------------------------------------- stages */
 
 struct stage_backend;
+struct model_stage;
+
+/* What a backend calls per unit (floats [first, first + count) of the
+ * parameter buffer, in `unit`, backend memory) under ZeRO-2/3: with
+ * spec.shard_gradients as each unit's gradients of one micro-batch are
+ * complete (the grad_sink may change them: the reduce-scatter over dp
+ * sums them in place; the backend then adds the part in the grads
+ * range); with spec.shard_parameters before a unit's forward or backward
+ * (the param_source fills the unit around the rank's part, which the
+ * backend has copied in: the all-gather over dp). */
+typedef int (*stage_unit_hook)(struct model_stage *stage, size_t first,
+                               size_t count, float *unit, void *context,
+                               pt_error *err);
 
 /*
  * One stage of the model on one device, with its parameters, gradients,
@@ -202,6 +226,24 @@ typedef struct model_stage {
      * rest of grads is not this rank's after the reduce-scatter). */
     size_t optimizer_first;
     size_t optimizer_count;
+    /* grads holds floats [grad_first, grad_first + grad_count) of the
+     * parameter buffer: all of them, or, when the backend honours
+     * spec.shard_gradients (grads_by_unit), the optimizer's range; the
+     * sink (may be NULL: the unit is added as it is) and its context. */
+    size_t grad_first;
+    size_t grad_count;
+    bool grads_by_unit;
+    stage_unit_hook grad_sink;
+    void *grad_sink_context;
+    /* params likewise: floats [params_first, params_first +
+     * params_count), the optimizer's range when the backend honours
+     * spec.shard_parameters (params_by_unit); the source may be NULL
+     * (a unit then holds the rank's part only, zeros elsewhere). */
+    size_t params_first;
+    size_t params_count;
+    bool params_by_unit;
+    stage_unit_hook param_source;
+    void *param_source_context;
     long optimizer_steps;        /* AdamW steps taken (bias correction, LR) */
     void *backend_state;         /* owned by the backend: activations */
     /* Tensor parallelism (spec.tp > 1): the comm and the ranks of this
@@ -384,7 +426,9 @@ int model_stage_init_parameters(model_stage *stage, uint64_t seed,
 float *model_stage_buffer(const model_stage *stage, stage_buffer which);
 
 /* Floats in buffer `which`: param_count, or optimizer_count for the
- * AdamW moments. */
+ * AdamW moments; grad_count and params_count for the gradients and
+ * parameters (the optimizer's range when the backend holds ZeRO-2/3's
+ * shards). model_stage_read and model_stage_write move that many. */
 size_t model_stage_buffer_count(const model_stage *stage,
                                 stage_buffer which);
 

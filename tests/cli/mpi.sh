@@ -148,19 +148,22 @@ dp2)
     --log-interval 1 --load ckpt-mpi -o run-resumed.json
   expect_in out.txt "iteration        5/"
   ;;
-dp2-zero1)
-  # the distributed optimizer: MPI's reduce-scatter and all-gather
+dp2-zero1|dp2-zero3)
+  # the distributed optimizer: MPI's reduce-scatter and all-gather; under
+  # ZeRO-3 on the cpu backend the gradients and parameters held as each
+  # rank's shard, every unit gathered and reduce-scattered over MPI. The
+  # threads' losses and blobs; the replicated optimizer's losses too
   write_layout_plan in-dp2.json 1 1 2 2 ', "partition": "2-2"'
-  write_layout_plan in-zero1.json 1 1 2 2 \
-    ', "partition": "2-2", "distributed_optimizer": true'
-  compare_launches in-zero1.json 4 3
-  # its losses are the replicated optimizer's too
+  zero=', "distributed_optimizer": true'
+  [ "$case_name" = dp2-zero3 ] && zero=', "zero": 3'
+  write_layout_plan in-zero.json 1 1 2 2 ", \"partition\": \"2-2\"$zero"
+  compare_launches in-zero.json 4 3
   run 0 "$partita" exec in-dp2.json --data in-corpus --iters 3 \
     --log-interval 1 -o run-plain.json
   cp out.txt plain.log
   same_losses plain.log mpi.log
   # the processes' checkpoint lists each shard at its size: it loads
-  run 0 "$partita" exec in-zero1.json --data in-corpus --iters 5 \
+  run 0 "$partita" exec in-zero.json --data in-corpus --iters 5 \
     --log-interval 1 --load ckpt-mpi -o run-resumed.json
   expect_in out.txt "iteration        5/"
   ;;

@@ -84,6 +84,22 @@ exec-zero23-offload)
     { paste dp2-loss.txt zero2-loss.txt; fail "ZeRO-2 changed the losses"; }
   cmp -s zero2-loss.txt zero3-loss.txt ||
     { paste zero2-loss.txt zero3-loss.txt; fail "ZeRO-3 changed ZeRO-2's losses"; }
+  # ZeRO-2's and ZeRO-3's checkpoints (the cpu backend's sharded
+  # gradients are never saved; under ZeRO-3 each rank saves its
+  # parameters' shard) resume as ZeRO-1's does (equal to the printed
+  # digits)
+  for name in zero1:1 zero2:2 zero3:3; do
+    file=in-${name%%:*}.json
+    write_layout_plan "$file" 1 1 2 1 ", \"zero\": ${name##*:}"
+    run 0 partita exec "$file" --data in-corpus --iters 3 --log-interval 1 --save "ckpt-${name%%:*}" -o "${name%%:*}-3.json"
+    run 0 partita exec "$file" --data in-corpus --iters 5 --log-interval 1 --load "ckpt-${name%%:*}" -o "${name%%:*}-resumed.json"
+    expect_in "${name%%:*}-resumed.json" '"first_iteration": 4'
+    grep -o 'lm loss: [0-9.E+-]*' out.txt | tail -2 >"${name%%:*}-tail.txt"
+  done
+  cmp -s zero1-tail.txt zero2-tail.txt ||
+    { paste zero1-tail.txt zero2-tail.txt; fail "the ZeRO-2 run resumed to other losses than ZeRO-1's"; }
+  cmp -s zero1-tail.txt zero3-tail.txt ||
+    { paste zero1-tail.txt zero3-tail.txt; fail "the ZeRO-3 run resumed to other losses than ZeRO-1's"; }
   run 0 partita estimate in-zero3.json
   expect_in out.txt "ZeRO stage 3, optimizer offload off"
   write_layout_plan in-pp2.json 1 1 1 2 ', "partition": "3-1"'

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "executor/cpu/cpu.h"
 #include "executor/executor.h"
 
 #define TINY_MAX_STEPS 4
@@ -27,6 +28,11 @@ typedef struct tiny_run {
     step_result steps[TINY_MAX_STEPS];
     float *params, *moment;
     size_t count, moment_count;
+    size_t grad_count;       /* rank 0's gradient floats (ZeRO-2/3: its
+                                shard's) and its unit buffers' bytes; its
+                                parameters' likewise (ZeRO-3) */
+    size_t unit_bytes;
+    size_t param_unit_bytes;
 } tiny_run;
 
 static inline void tiny_run_free(tiny_run *r)
@@ -64,10 +70,15 @@ static inline tiny_run tiny_train(const parallel_config *config,
                                   &err) != 0)
             fail_msg("step %d: %s", step, err.message);
     model_stage *stage = &p.stages[0];
-    out.count = stage->param_count;
-    out.params = malloc(out.count * sizeof *out.params);
-    memcpy(out.params, stage->params, out.count * sizeof *out.params);
+    /* rank 0's parameters: all, or under ZeRO-3 its shard */
+    out.count = model_stage_buffer_count(stage, STAGE_PARAMS);
+    out.params = malloc((out.count + 1) * sizeof *out.params);
+    if (model_stage_read(stage, STAGE_PARAMS, out.params, &err) != 0)
+        fail_msg("parameters: %s", err.message);
     out.moment_count = model_stage_buffer_count(stage, STAGE_ADAM_M);
+    out.grad_count = model_stage_buffer_count(stage, STAGE_GRADS);
+    out.unit_bytes = cpu_stage_unit_bytes(stage, STAGE_GRADS);
+    out.param_unit_bytes = cpu_stage_unit_bytes(stage, STAGE_PARAMS);
     out.moment = malloc((out.moment_count + 1) * sizeof *out.moment);
     if (model_stage_read(stage, STAGE_ADAM_M, out.moment, &err) != 0)
         fail_msg("moments: %s", err.message);
