@@ -72,8 +72,10 @@ int model_stage_attach_tp(model_stage *stage, const struct comm *c,
     return 0;
 }
 
-static int tp_all_reduce(const model_stage *stage, float *data, size_t count,
-                         comm_reduce_op op, pt_error *err)
+/* Whether a tensor-parallel collective has work: 0 when the stage is
+ * unsplit or compute-only (nothing to sum), 1 when it has a comm, -1
+ * (with the reason) when it lacks one. */
+static int tp_collective_needed(const model_stage *stage, pt_error *err)
 {
     int tp = stage_spec_tp(&stage->spec);
     if (tp == 1 || stage->tp_compute_only)
@@ -82,6 +84,16 @@ static int tp_all_reduce(const model_stage *stage, float *data, size_t count,
         return pt_fail(err, "tensor parallel: shard %d of %d has no comm "
                             "(model_stage_attach_tp was not called)",
                        stage->spec.tp_rank, tp);
+    return 1;
+}
+
+static int tp_all_reduce(const model_stage *stage, float *data, size_t count,
+                         comm_reduce_op op, pt_error *err)
+{
+    int needed = tp_collective_needed(stage, err);
+    if (needed <= 0)
+        return needed;
+    int tp = stage_spec_tp(&stage->spec);
     if (op == COMM_MAX)
         return comm_all_reduce_max(stage->tp_comm, stage->tp_group, tp, data,
                                    count, err);
@@ -118,13 +130,10 @@ void stage_sequence_rows(const stage_spec *spec, size_t rows, size_t *first,
 static int tp_rows(const model_stage *stage, float *data, size_t rows,
                    size_t cols, bool gather, pt_error *err)
 {
+    int needed = tp_collective_needed(stage, err);
+    if (needed <= 0)
+        return needed;
     int tp = stage_spec_tp(&stage->spec);
-    if (tp == 1 || stage->tp_compute_only)
-        return 0;
-    if (stage->tp_comm == NULL)
-        return pt_fail(err, "tensor parallel: shard %d of %d has no comm "
-                            "(model_stage_attach_tp was not called)",
-                       stage->spec.tp_rank, tp);
     size_t offsets[PT_MAX_TP + 1];
     for (int t = 0; t <= tp; t++)
         offsets[t] = (size_t)t * (rows / (size_t)tp) * cols;
