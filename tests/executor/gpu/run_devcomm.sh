@@ -17,8 +17,10 @@
 #      the last backward), dp 2 with ZeRO-1 and tp 2 on two slices over
 #      the device exchange, losses against one GPU; pp 2 and dp 2 again
 #      over the host-staged comm: the same losses bit for bit;
-#   4. profiles of the slices (`partita profile --quick` at 64 and 32 SMs,
-#      and the whole GPU, for the shapes the plans use), alone and beside
+#   4. profiles of the slices (`partita profile` at 64 and 32 SMs, and
+#      the whole GPU, for the shapes the plans use, with the profiler's
+#      device warm-up and its 9 timing rounds, as the accuracy suite's
+#      profiles are taken; QUICK=1 adds `--quick`), alone and beside
 #      busy neighbours (`--beside`: the other slices of the plan's split
 #      computing meanwhile); the clusters of plans of several slices name
 #      the latter, so the estimates price what the slices compute in the
@@ -43,7 +45,9 @@
 # ROWS the benchmark rows (default all, in the order above); BUDGET_S
 # (420): no benchmark row starts after the batch has run this long (a row
 # is killed after 110 s), so that the whole stays under 9 minutes;
-# SKIP_TESTS=1 runs the benchmark only; PROFILE_ARGS, more options of
+# SKIP_TESTS=1 runs the benchmark only; QUICK=1 profiles with `--quick`
+# (no device warm-up, 3 rounds: faster, but its backward came out 8 %
+# under the runs' on 2026-11-25); PROFILE_ARGS, more options of
 # every `partita profile` (--graph, say). Exit status 0 when every check passed and every row ran (a missed
 # target is reported, not a failure), else 1.
 set -u
@@ -54,6 +58,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 partita="$build/cli/partita"
 iters=${ITERS:-4}
+quick=""
+[ "${QUICK:-0}" = 1 ] && quick=--quick
 warmup=${WARMUP:-2}
 budget=${BUDGET_S:-420}
 rows=${ROWS:-"one-gpu-26h one-slice-64 tp2 dp2 pp2 pp4 one-gpu-24h tp4 readme-pp2"}
@@ -129,9 +135,13 @@ both="$root/models/gpt2-xl-26h.json,$root/models/gpt2-xl-24h.json"
 # profile NAME MODELS TP_LIST [--sm-limit N]: the points the plans use
 profile() {
     local name=$1 models=$2 tp=$3; shift 3
+    if [ "${REUSE_PROFILES:-0}" = 1 ] && [ -s "$profiles/$name.json" ]; then
+        echo "== partita profile $name: kept from an earlier call"
+        return 0
+    fi
     echo "== partita profile $name (tp $tp, mbs 4)"
     step "profile-$name" 120 "$partita" profile --model "$models" \
-        --gpu-name "$name" --tp "$tp" --mbs 4 --quick --no-comm "$@" \
+        --gpu-name "$name" --tp "$tp" --mbs 4 $quick --no-comm "$@" \
         ${PROFILE_ARGS:-} -o "$profiles/$name.json"
 }
 profile "$gpu_type" "$both" 1
