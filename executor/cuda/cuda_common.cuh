@@ -149,7 +149,7 @@ static inline unsigned int blocks_for(size_t count, unsigned int per_block)
     return (unsigned int)((count + per_block - 1) / per_block);
 }
 
-static inline bool aligned16(const void *p)
+static inline __host__ __device__ bool aligned16(const void *p)
 {
     return ((uintptr_t)p & 15u) == 0;
 }
