@@ -55,6 +55,9 @@ typedef struct profile_arguments {
     int sm_limit;               /* --sm-limit, 0: every SM */
     const char *beside_list;    /* --beside: SMs of the busy neighbour
                                    slices, NULL: none */
+    int beside_place;           /* --place: the measured slice's place in
+                                   the split, 0: first */
+    bool neighbours_idle;       /* --idle-neighbours: split, not busy */
     double memory_limit_gib;    /* --memory-limit-gib, 0: the device's */
     const char *tp_list;        /* --tp, "1,2,4,8" */
     const char *mbs_list;       /* --mbs, "1,2,4,8,16" */

@@ -40,6 +40,13 @@ static void print_profile_help(void)
         "                         measured, as the other ranks of a plan on\n"
         "                         slices of one GPU are (name: \"-beside-\"\n"
         "                         and the list added)\n"
+        "  --place P              with --beside: the measured slice is slice\n"
+        "                         P of the split (0, first, by default;\n"
+        "                         --beside lists the others in order), as\n"
+        "                         rank P of a plan on slices of one GPU is\n"
+        "                         (name: \"-place-P\" added)\n"
+        "  --idle-neighbours      with --beside: split the GPU so, but leave\n"
+        "                         the other slices idle (name: \"-idle\")\n"
         "  --memory-limit-gib G   cap the stages' memory at G GiB\n"
         "  --tp LIST              tensor-parallel degrees (1,2,4,8)\n"
         "  --mbs LIST             micro-batch sizes (1,2,4,8,16)\n"
@@ -66,7 +73,7 @@ static void print_profile_help(void)
 enum {
     OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
     OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_GRAPH, OPT_COMPARE, OPT_TOLERANCE,
-    OPT_MISSING_ONLY, OPT_BESIDE, OPT_HELP
+    OPT_MISSING_ONLY, OPT_BESIDE, OPT_PLACE, OPT_IDLE_NEIGHBOURS, OPT_HELP
 };
 
 int profile_bad_argument(const char *option, const char *expected,
@@ -109,6 +116,18 @@ static int apply_option(int option, const char *value, profile_arguments *a)
     case OPT_GRAPH: a->graph = true; return 0;
     case OPT_MISSING_ONLY: a->missing_only = true; return 0;
     case OPT_BESIDE: a->beside_list = value; return 0;
+    case OPT_IDLE_NEIGHBOURS: a->neighbours_idle = true; return 0;
+    case OPT_PLACE: {
+        char *end = NULL;
+        errno = 0;
+        long place = strtol(value, &end, 10);
+        if (errno != 0 || end == value || *end != '\0' || place < 0 ||
+            place > 1024)
+            return profile_bad_argument("--place", "a slice index, 0 to 1024",
+                                        value);
+        a->beside_place = (int)place;
+        return 0;
+    }
     case OPT_COMPARE: a->compare = true; return 0;
     case OPT_SM_LIMIT:
         if (parse_positive("--sm-limit", value, 100000, &number) != 0)
@@ -143,6 +162,8 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"graph", no_argument, NULL, OPT_GRAPH},
         {"missing-only", no_argument, NULL, OPT_MISSING_ONLY},
         {"beside", required_argument, NULL, OPT_BESIDE},
+        {"place", required_argument, NULL, OPT_PLACE},
+        {"idle-neighbours", no_argument, NULL, OPT_IDLE_NEIGHBOURS},
         {"compare", no_argument, NULL, OPT_COMPARE},
         {"tolerance", required_argument, NULL, OPT_TOLERANCE},
         {"output", required_argument, NULL, 'o'},
@@ -184,6 +205,12 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
     if (a->beside_list != NULL && a->sm_limit == 0) {
         fprintf(stderr, "partita profile: --beside needs --sm-limit (the "
                         "measured slice)\n");
+        return -1;
+    }
+    if ((a->beside_place > 0 || a->neighbours_idle) &&
+        a->beside_list == NULL) {
+        fprintf(stderr, "partita profile: --place and --idle-neighbours need "
+                        "--beside (the other slices of the split)\n");
         return -1;
     }
     if (a->missing_only && a->output == NULL) {

@@ -117,6 +117,8 @@ static int build_options(const profile_arguments *a,
         profiler_options_quick(options);
     options->graph_rounds = a->graph;
     options->sm_limit = a->sm_limit;
+    options->beside_place = a->beside_place;
+    options->neighbours_idle = a->neighbours_idle;
     options->memory_limit_bytes = a->memory_limit_gib * PT_GIB;
     if (parse_list("--tp", a->tp_list, options->tp_values,
                    &options->tp_count) != 0 ||

@@ -16,8 +16,9 @@
 
 /* The profile's name for a device: its first word with a digit, cut at
  * a '-' ("NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA A100-SXM4-40GB" ->
- * "A100"), "-<N>SM" under an SM limit and "-beside-" with the busy
- * neighbours' SMs ("H200-16SM-beside-16-16-16"). */
+ * "A100"), "-<N>SM" under an SM limit, "-place-<P>" when the measured
+ * slice is not the first of the split, "-beside-" with the neighbours'
+ * SMs ("H200-16SM-beside-16-16-16") and "-idle" when they rest. */
 void profiler_default_gpu_name(const profiled_device *device,
                                const profiler_options *options, char *out,
                                size_t size)
@@ -42,13 +43,18 @@ void profiler_default_gpu_name(const profiled_device *device,
         pt_copy_string(out, size, chosen);
         return;
     }
-    size_t used = (size_t)snprintf(out, size, "%s-%dSM%s", chosen,
-                                   options->sm_limit,
-                                   options->beside_count > 0 ? "-beside"
-                                                             : "");
+    size_t used = (size_t)snprintf(out, size, "%s-%dSM", chosen,
+                                   options->sm_limit);
+    if (options->beside_place > 0 && used < size)
+        used += (size_t)snprintf(out + used, size - used, "-place-%d",
+                                 options->beside_place);
+    if (options->beside_count > 0 && used < size)
+        used += (size_t)snprintf(out + used, size - used, "-beside");
     for (int i = 0; i < options->beside_count && used < size; i++)
         used += (size_t)snprintf(out + used, size - used, "-%d",
                                  options->beside_sms[i]);
+    if (options->neighbours_idle && used < size)
+        snprintf(out + used, size - used, "-idle");
 }
 
 /* Spec-sheet figures (shared/reference/gpu-specs.md) of the GPUs whose
@@ -155,12 +161,17 @@ static json_t *device_provenance(const profiler_writeup *ctx, int *failures)
             json_array_append_new(beside,
                                   json_integer(ctx->options->beside_sms[i]));
         json_put(obj, "beside_sms", beside, failures);
+        json_put(obj, "beside_place", json_integer(ctx->options->beside_place),
+                 failures);
         json_put(obj, "beside_load",
-                 json_string("every other slice of the GPU's split busy, "
-                             "each in a thread of its own: the same model's "
-                             "layer forward and backward at the measured tp "
-                             "and micro-batch, its AdamW step while the "
-                             "optimizer is timed"),
+                 json_string(ctx->options->neighbours_idle
+                                 ? "every other slice of the GPU's split "
+                                   "made and left idle"
+                                 : "every other slice of the GPU's split "
+                                   "busy, each in a thread of its own: the "
+                                   "same model's layer forward and backward "
+                                   "at the measured tp and micro-batch, its "
+                                   "AdamW step while the optimizer is timed"),
                  failures);
     }
     if (ctx->memory_limit_gib > 0)

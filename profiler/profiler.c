@@ -144,6 +144,15 @@ int profiler_options_check(const profiler_options *options, pt_error *err)
         (options->backend != BACKEND_CUDA || options->sm_limit == 0))
         return pt_fail(err, "profiler: busy neighbour slices need the cuda "
                             "backend and an SM limit (the measured slice)");
+    if (options->beside_place < 0 ||
+        options->beside_place > options->beside_count)
+        return pt_fail(err, "profiler: the measured slice's place %d is "
+                            "outside the split of %d slices (0 to %d)",
+                       options->beside_place, options->beside_count + 1,
+                       options->beside_count);
+    if (options->neighbours_idle && options->beside_count == 0)
+        return pt_fail(err, "profiler: idle neighbours need neighbour "
+                            "slices (--beside)");
     for (int i = 0; i < options->beside_count; i++)
         if (options->beside_sms[i] < 1)
             return pt_fail(err, "profiler: neighbour slice %d has %d SMs; "
@@ -236,15 +245,25 @@ static void read_driver_version(char *out, size_t size)
     fclose(file);
 }
 
-/* The split of the GPU under --beside: the measured slice first, then
- * its neighbours; the number of slices. */
+/* The split of the GPU under --beside: the neighbours in order, the
+ * measured slice at its place among them; the number of slices. */
 static int device_split(const profiler_options *o,
                         int slices[PROFILER_MAX_VALUES + 1])
 {
-    slices[0] = o->sm_limit;
-    for (int i = 0; i < o->beside_count; i++)
-        slices[i + 1] = o->beside_sms[i];
-    return o->beside_count + 1;
+    int count = 0;
+    for (int i = 0; i <= o->beside_count; i++) {
+        if (i == o->beside_place)
+            slices[count++] = o->sm_limit;
+        if (i < o->beside_count)
+            slices[count++] = o->beside_sms[i];
+    }
+    return count;
+}
+
+/* The index in the split of neighbour i (0-based, in beside_sms order). */
+static int neighbour_slice(const profiler_options *o, int i)
+{
+    return i < o->beside_place ? i : i + 1;
 }
 
 /* The calling thread's device: slice `index` of the split under
@@ -264,7 +283,7 @@ static int open_rank_device(const profiler_options *o, int index,
 static int open_cuda_device(const profiler_options *options,
                             profiled_device *device, pt_error *err)
 {
-    if (open_rank_device(options, 0, err) != 0)
+    if (open_rank_device(options, options->beside_place, err) != 0)
         return -1;
     cuda_device_info info;
     if (cuda_device_describe(&info) != 0)
@@ -801,8 +820,8 @@ static int neighbours_stop(neighbour_set *set, pt_error *err)
 }
 
 /* Starts one thread per neighbour slice of the options (none without
- * --beside), each with a chain of the shape at this tp and capacity, and
- * waits until every one is busy. */
+ * --beside, or with its neighbours idle), each with a chain of the shape
+ * at this tp and capacity, and waits until every one is busy. */
 static int neighbours_start(neighbour_set *set, const model_shape *shape,
                             int tp, int capacity, const profiler_options *o,
                             pt_error *err)
@@ -811,9 +830,10 @@ static int neighbours_start(neighbour_set *set, const model_shape *shape,
     atomic_init(&set->phase, NEIGHBOURS_LAYER);
     atomic_init(&set->mbs, capacity);
 #ifdef PARTITA_HAVE_CUDA
-    for (int i = 0; i < o->beside_count; i++) {
+    for (int i = 0; i < o->beside_count && !o->neighbours_idle; i++) {
         neighbour *n = &set->members[set->count];
-        *n = (neighbour){.slice = i + 1, .shape = shape, .tp = tp,
+        *n = (neighbour){.slice = neighbour_slice(o, i), .shape = shape,
+                         .tp = tp,
                          .capacity = capacity, .options = o,
                          .phase = &set->phase, .mbs = &set->mbs};
         atomic_init(&n->state, 0);

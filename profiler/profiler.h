@@ -106,10 +106,18 @@ typedef struct profiler_options {
      * counts), each busy while this one is measured (a thread of its own
      * running the same model's layer forward and backward at the
      * measured tp and micro-batch, its AdamW step while the optimizer is
-     * timed), as the other ranks of a plan on slices of one GPU are; the
-     * measured slice is the first of the split. 0: none. */
+     * timed), as the other ranks of a plan on slices of one GPU are. 0:
+     * none. */
     int beside_count;
     int beside_sms[PROFILER_MAX_VALUES];
+    /* Where the measured slice sits in the split, 0..beside_count (0:
+     * first, before beside_sms[0]): a slice's SMs, and so its speed, depend
+     * on its place in a green-context split (docs/profiles.md, "The split,
+     * measured"), so a rank is profiled at its own place. */
+    int beside_place;
+    /* The split made, the neighbour slices left idle: the slice's floor
+     * in that split, for a model of neighbours that rest. */
+    bool neighbours_idle;
     double memory_limit_bytes;   /* cuda: cap on the stages; 0: none */
     int tp_count;
     int tp_values[PROFILER_MAX_VALUES];   /* ascending */

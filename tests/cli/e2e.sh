@@ -1111,6 +1111,12 @@ profile-bad)
   expect_in err.txt "\-\-beside needs \-\-sm-limit"
   run 2 partita profile --backend cpu --model in-tiny.json --sm-limit 16 --beside 16,x
   expect_in err.txt "\-\-beside"
+  run 2 partita profile --backend cpu --model in-tiny.json --sm-limit 16 --place 1
+  expect_in err.txt "\-\-place and \-\-idle-neighbours need \-\-beside"
+  run 2 partita profile --backend cpu --model in-tiny.json --sm-limit 16 --idle-neighbours
+  expect_in err.txt "need \-\-beside"
+  run 2 partita profile --backend cpu --model in-tiny.json --sm-limit 16 --beside 16 --place x
+  expect_in err.txt "\-\-place: expected a slice index"
   run 2 partita profile --backend tpu --model in-tiny.json
   expect_in err.txt "tpu"
   run 2 partita profile

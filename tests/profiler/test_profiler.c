@@ -101,8 +101,21 @@ static void test_option_checks(void **state)
     expect_refused(&cuda, "an SM limit");
     cuda.sm_limit = 16;
     assert_int_equal(profiler_options_check(&cuda, &err), 0);
+    /* the measured slice's place: 0 .. the neighbours' count */
+    cuda.beside_place = 1;
+    assert_int_equal(profiler_options_check(&cuda, &err), 0);
+    cuda.beside_place = 2;
+    expect_refused(&cuda, "place 2 is outside the split of 2 slices");
+    cuda.beside_place = -1;
+    expect_refused(&cuda, "place -1");
+    cuda.beside_place = 0;
+    cuda.neighbours_idle = true;
+    assert_int_equal(profiler_options_check(&cuda, &err), 0);
     cuda.beside_sms[0] = 0;
     expect_refused(&cuda, "neighbour slice 1 has 0 SMs");
+    cuda.beside_sms[0] = 16;
+    cuda.beside_count = 0;
+    expect_refused(&cuda, "idle neighbours need neighbour slices");
     bad = options;
     bad.beside_count = 1;
     bad.beside_sms[0] = 16;
@@ -125,6 +138,11 @@ static void test_default_gpu_names(void **state)
     o.beside_sms[0] = 40, o.beside_sms[1] = 40, o.beside_sms[2] = 16;
     profiler_default_gpu_name(&device, &o, name, sizeof name);
     assert_string_equal(name, "H200-16SM-beside-40-40-16");
+    /* a slice at its rank's place, its neighbours idle */
+    o.beside_place = 2;
+    o.neighbours_idle = true;
+    profiler_default_gpu_name(&device, &o, name, sizeof name);
+    assert_string_equal(name, "H200-16SM-place-2-beside-40-40-16-idle");
     o.backend = BACKEND_CPU;
     profiler_default_gpu_name(&device, &o, name, sizeof name);
     assert_string_equal(name, "cpu");
