@@ -24,7 +24,7 @@
 static const char *const cluster_keys[] = {"name", "nodes", NULL};
 static const char *const node_keys[] = {
     "name", "count", "gpu", "gpus", "intra_node", "inter_node",
-    "price_per_hour", "devices", NULL};
+    "price_per_hour", "devices", "gpu_at_rest", NULL};
 static const char *const link_keys[] = {"bandwidth_GBps", "bandwidth_Gbps",
                                         "latency_us", NULL};
 static const char *const device_keys[] = {"index", "sm_limit",
@@ -117,6 +117,27 @@ static int devices_from_json(const json_t *array, const json_place *place,
     return 0;
 }
 
+/* The optional profile of the node's slices with their neighbours at
+ * rest: only for slices of a GPU (a device with an sm_limit). */
+static int at_rest_from_json(const json_t *obj, const json_place *place,
+                             node_type *out, pt_error *err)
+{
+    if (json_object_get(obj, "gpu_at_rest") == NULL)
+        return 0;
+    json_place where = json_place_key(place, "gpu_at_rest");
+    if (json_get_string(obj, place, "gpu_at_rest", true, out->gpu_at_rest,
+                        sizeof out->gpu_at_rest, err) != 0 ||
+        check_identifier(out->gpu_at_rest, &where, "GPU name", err) != 0)
+        return -1;
+    bool sliced = false;
+    for (int i = 0; i < out->device_count; i++)
+        sliced = sliced || out->devices[i].sm_limit > 0;
+    if (!sliced)
+        return json_place_fail(&where, err, "only for slices of a GPU: the "
+                               "node lists no device with an sm_limit");
+    return 0;
+}
+
 static int node_from_json(const json_t *obj, const json_place *place,
                           node_type *out, pt_error *err)
 {
@@ -163,7 +184,7 @@ static int node_from_json(const json_t *obj, const json_place *place,
         if (devices_from_json(devices, &devices_place, out, err) != 0)
             return -1;
     }
-    return 0;
+    return at_rest_from_json(obj, place, out, err);
 }
 
 static int check_cluster_whole(const json_t *nodes, const json_place *place,
@@ -313,6 +334,9 @@ static json_t *node_type_to_json(const node_type *type)
     json_put(obj, "name", json_string(type->name), &failures);
     json_put(obj, "count", json_integer(type->count), &failures);
     json_put(obj, "gpu", json_string(type->gpu), &failures);
+    if (type->gpu_at_rest[0] != '\0')
+        json_put(obj, "gpu_at_rest", json_string(type->gpu_at_rest),
+                 &failures);
     json_put(obj, "gpus", json_integer(type->gpus), &failures);
     json_put(obj, "intra_node", link_to_json(&type->intra_node, false),
              &failures);

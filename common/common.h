@@ -234,6 +234,12 @@ typedef struct node_type {
     char name[PT_NAME_MAX];
     int count;
     char gpu[PT_NAME_MAX];  /* names a profile */
+    /* "" or, for nodes that are slices of one GPU (devices with an
+     * sm_limit), the profile of the same slices with the GPU's other
+     * slices at rest; `gpu` then holds them with the others busy, and the
+     * estimate prices each stage between the two by how busy its
+     * neighbours are (docs/cost-model.md, section 12) */
+    char gpu_at_rest[PT_NAME_MAX];
     int gpus;               /* GPUs per node */
     link_spec intra_node;
     link_spec inter_node;

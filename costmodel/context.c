@@ -62,6 +62,59 @@ static void init_context(costmodel *cm, const model_shape *model,
     cm->dp_overlap = dp_overlap_defaults();
 }
 
+static int allocate_rest(costmodel *cm, pt_error *err)
+{
+    if (cm->rest_profiles)
+        return 0;
+    int types = cm->cluster->type_count;
+    cm->rest_profiles = calloc((size_t)types, sizeof *cm->rest_profiles);
+    cm->rest_loaded = calloc((size_t)types, sizeof *cm->rest_loaded);
+    if (!cm->rest_profiles || !cm->rest_loaded)
+        return pt_fail(err, "costmodel: out of memory");
+    return 0;
+}
+
+/* The profiles the node types name as gpu_at_rest. */
+static int load_rest_profiles(costmodel *cm, const char *profile_dir,
+                              pt_error *err)
+{
+    const cluster *cluster = cm->cluster;
+    for (int t = 0; t < cluster->type_count; t++) {
+        const char *gpu = cluster->types[t].gpu_at_rest;
+        if (gpu[0] == '\0')
+            continue;
+        char path[PT_PATH_MAX];
+        if (allocate_rest(cm, err) != 0)
+            return -1;
+        if (profile_find(gpu, profile_dir, cluster->source_dir, path,
+                         sizeof path, err) != 0 ||
+            profile_load_for_gpu(path, gpu, &cm->rest_profiles[t], err) != 0) {
+            pt_error_prefix(err, "cluster %s: nodes[%d] (gpu_at_rest %s)",
+                            cluster->name, t, gpu);
+            return -1;
+        }
+        cm->rest_loaded[t] = true;
+    }
+    return 0;
+}
+
+int costmodel_set_rest_profile(costmodel *cm, int type_index,
+                               const profile *rest, pt_error *err)
+{
+    if (type_index < 0 || type_index >= cm->cluster->type_count)
+        return pt_fail(err, "costmodel: node type %d does not exist",
+                       type_index);
+    if (allocate_rest(cm, err) != 0)
+        return -1;
+    if (cm->rest_loaded[type_index])
+        profile_free(&cm->rest_profiles[type_index]);
+    cm->rest_loaded[type_index] = false;
+    if (profile_copy(&cm->rest_profiles[type_index], rest, err) != 0)
+        return -1;
+    cm->rest_loaded[type_index] = true;
+    return 0;
+}
+
 int costmodel_open(costmodel *cm, const model_shape *model,
                    const cluster *cluster, const char *profile_dir,
                    pt_error *err)
@@ -84,6 +137,10 @@ int costmodel_open(costmodel *cm, const model_shape *model,
             costmodel_close(cm);
             return -1;
         }
+    }
+    if (load_rest_profiles(cm, profile_dir, err) != 0) {
+        costmodel_close(cm);
+        return -1;
     }
     return finish_open(cm, err);
 }
@@ -118,8 +175,17 @@ void costmodel_close(costmodel *cm)
         for (int t = 0; t < cm->cluster->type_count; t++)
             profile_free(&cm->profiles[t]);
     }
+    if (cm->rest_loaded && cm->cluster) {
+        for (int t = 0; t < cm->cluster->type_count; t++)
+            if (cm->rest_loaded[t])
+                profile_free(&cm->rest_profiles[t]);
+    }
     free(cm->profiles);
+    free(cm->rest_profiles);
+    free(cm->rest_loaded);
     cm->profiles = NULL;
+    cm->rest_profiles = NULL;
+    cm->rest_loaded = NULL;
     cm->note_count = 0;
 }
 

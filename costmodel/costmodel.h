@@ -46,6 +46,11 @@ typedef struct costmodel {
     model_shape model;
     const cluster *cluster;      /* borrowed */
     profile *profiles;           /* owned, one per cluster node type */
+    /* owned, one per type; rest_loaded[t] when type t names a gpu_at_rest
+     * (its slices with their neighbours at rest; section 12 of
+     * docs/cost-model.md) and this is its profile */
+    profile *rest_profiles;
+    bool *rest_loaded;
     /* Things the user should know about the prices (a shape priced by the
      * efficiency model, a micro-batch far outside the measured grid...).
      * Filled by costmodel_open, costmodel_prepare and every pricing call
@@ -71,6 +76,12 @@ void costmodel_close(costmodel *cm);
 int costmodel_open_with_profiles(costmodel *cm, const model_shape *model,
                                  const cluster *cluster,
                                  const profile *profiles, pt_error *err);
+
+/* Gives type t the profile of its slices with their neighbours at rest
+ * (deep-copied), as costmodel_open does for a node's gpu_at_rest; for
+ * tests and callers that loaded it. */
+int costmodel_set_rest_profile(costmodel *cm, int type_index,
+                               const profile *rest, pt_error *err);
 
 /* Adds the notes every node type gets under config's tp, mbs and
  * precision. The only writes an estimate makes to cm are new notes, so
@@ -117,6 +128,12 @@ double costmodel_layer_pace_s(const costmodel *cm,
 int costmodel_type_costs(costmodel *cm, int type_index,
                          const parallel_config *config, type_costs *out,
                          pt_error *err);
+
+/* Like costmodel_type_costs, from type t's profile at rest (its
+ * rest_loaded must be true). */
+int costmodel_type_costs_at_rest(const costmodel *cm, int type_index,
+                                 const parallel_config *config,
+                                 type_costs *out, pt_error *err);
 
 /* How one part of the model was priced on a GPU type (the estimate lists
  * every part that was not measured). */
@@ -202,6 +219,11 @@ typedef struct stage_placement {
 int costmodel_place(const costmodel *cm, const parallel_config *config,
                     const int *node_order, int node_count,
                     stage_placement *placement, pt_error *err);
+
+/* The `devices` entry of GPU `gpu` of the lane (counted as the lane's
+ * starts are), NULL when its node type lists none for it. */
+const device_spec *costmodel_lane_device(const costmodel *cm,
+                                         const node_lane *lane, long long gpu);
 
 /* Places one stage from a lane holding at least the nodes over its GPUs
  * and, when next_known and the stage is not the last, over the next

@@ -91,20 +91,22 @@ typedef struct estimate_scratch {
     step_tail *tails;            /* [pp] */
     type_costs *costs;           /* [types] */
     bool *priced;                /* [types] */
+    double *compute_scale;       /* [pp]: price_stages' tp-span scale */
     void *block;
 } estimate_scratch;
 
 static int scratch_allocate(estimate_scratch *s, int pp, int types,
                             pt_error *err)
 {
-    size_t sizes[5] = {
+    size_t sizes[6] = {
         (size_t)pp * sizeof(stage_placement),
         (size_t)pp * sizeof(schedule_stage), (size_t)pp * sizeof(step_tail),
-        (size_t)types * sizeof(type_costs), (size_t)types * sizeof(bool)};
+        (size_t)types * sizeof(type_costs), (size_t)types * sizeof(bool),
+        (size_t)pp * sizeof(double)};
     size_t align = sizeof(double) > sizeof(void *) ? sizeof(double)
                                                    : sizeof(void *);
-    size_t offsets[5], total = 0;
-    for (int i = 0; i < 5; i++) {
+    size_t offsets[6], total = 0;
+    for (int i = 0; i < 6; i++) {
         offsets[i] = total;
         total += (sizes[i] + align - 1) / align * align;
     }
@@ -117,6 +119,7 @@ static int scratch_allocate(estimate_scratch *s, int pp, int types,
     s->tails = (step_tail *)(block + offsets[2]);
     s->costs = (type_costs *)(block + offsets[3]);
     s->priced = (bool *)(block + offsets[4]);
+    s->compute_scale = (double *)(block + offsets[5]);
     return 0;
 }
 
@@ -153,6 +156,25 @@ static const type_costs *priced_type(costmodel *cm,
     return &scratch->costs[type];
 }
 
+/* One micro-batch's forward and backward of a stage of `layers` layers
+ * at `costs`' pace; `scale` spreads a tp group's slower all-reduces
+ * across nodes over the layer's two halves. */
+static void stage_compute_s(const costmodel *cm, const parallel_config *config,
+                            const stage_placement *place, int s, int layers,
+                            const type_costs *costs, double scale,
+                            double *forward_s, double *backward_s)
+{
+    type_costs zero_costs = *costs; /* ZeRO-2/3's per-unit comm */
+    costmodel_zero_unit_costs(cm, config, place, &zero_costs);
+    bool first = s == 0, last = s == config->pp - 1;
+    *forward_s = layers * zero_costs.layer_forward_s * scale +
+                 (first ? zero_costs.embedding_forward_s : 0.0) +
+                 (last ? zero_costs.head_forward_s : 0.0);
+    *backward_s = layers * zero_costs.layer_backward_s * scale +
+                  (first ? zero_costs.embedding_backward_s : 0.0) +
+                  (last ? zero_costs.head_backward_s : 0.0);
+}
+
 /* Time and memory of every stage, and the simulator's inputs. */
 static int price_stages(costmodel *cm, const parallel_config *config,
                         const int *partition, estimate_scratch *scratch,
@@ -170,10 +192,6 @@ static int price_stages(costmodel *cm, const parallel_config *config,
         const stage_placement *previous = s > 0 ? place - 1 : NULL;
         costmodel_terms_from_costs(cm, config, previous, place, s, slow,
                                    small, &terms);
-        type_costs zero_costs = *slow; /* ZeRO-2/3's per-unit comm */
-        costmodel_zero_unit_costs(cm, config, place, &zero_costs);
-        slow = &zero_costs;
-        bool first = s == 0, last = s == config->pp - 1;
         int layers = partition[s];
         stage_estimate *st = &out->stages[s];
         st->layers = layers;
@@ -181,14 +199,14 @@ static int price_stages(costmodel *cm, const parallel_config *config,
                        cm->cluster->types[place->slow_type].gpu);
         /* a tp group across nodes slows its layers' all-reduces; spread
            the difference over forward and backward as the layer is */
-        double pace = slow->layer_forward_s + slow->layer_backward_s;
-        double scale = pace > 0.0 ? terms.per_layer_s / pace : 1.0;
-        st->forward_s = layers * slow->layer_forward_s * scale +
-                        (first ? slow->embedding_forward_s : 0.0) +
-                        (last ? slow->head_forward_s : 0.0);
-        st->backward_s = layers * slow->layer_backward_s * scale +
-                         (first ? slow->embedding_backward_s : 0.0) +
-                         (last ? slow->head_backward_s : 0.0);
+        type_costs zero_costs = *slow;
+        costmodel_zero_unit_costs(cm, config, place, &zero_costs);
+        double pace = zero_costs.layer_forward_s + zero_costs.layer_backward_s;
+        scratch->compute_scale[s] = pace > 0.0 ? terms.per_layer_s / pace
+                                               : 1.0;
+        stage_compute_s(cm, config, place, s, layers, slow,
+                        scratch->compute_scale[s], &st->forward_s,
+                        &st->backward_s);
         costmodel_stage_sends(cm, config, previous, place, s, &st->send_s,
                               &st->send_bwd_s);
         st->peak_memory_bytes = terms.fixed_bytes +
@@ -446,6 +464,112 @@ static void summarise(const costmodel *cm, const parallel_config *config,
     }
 }
 
+/* Stages on slices of one GPU whose type names a profile at rest are
+ * priced between that profile and their own (beside busy neighbours) by
+ * the neighbours' busy share of the step (docs/cost-model.md, section
+ * 12), which depends on the step: priced, simulated and priced again
+ * until the step moves less than 0.01 % (at most REST_ROUNDS times; in
+ * the suite two or three). Not for the interleaved schedule. */
+#define REST_ROUNDS 8
+
+typedef struct rest_work {
+    double *busy_forward, *busy_backward, *rest_forward, *rest_backward;
+    double *duty, *share;
+    bool *at_rest;
+} rest_work;
+
+static int rest_prepare(costmodel *cm, const parallel_config *config,
+                        const estimate_scratch *scratch, const estimate *out,
+                        rest_work *w, double *block, pt_error *err)
+{
+    int pp = config->pp;
+    double *column[6];
+    for (int i = 0; i < 6; i++)
+        column[i] = block + (size_t)i * (size_t)pp;
+    *w = (rest_work){column[0], column[1], column[2], column[3], column[4],
+                     column[5], (bool *)(block + 6 * (size_t)pp)};
+    for (int s = 0; s < pp; s++) {
+        const stage_placement *place = &scratch->placement[s];
+        w->busy_forward[s] = w->rest_forward[s] = out->stages[s].forward_s;
+        w->busy_backward[s] = w->rest_backward[s] = out->stages[s].backward_s;
+        w->at_rest[s] = cm->rest_loaded[place->slow_type];
+        if (!w->at_rest[s])
+            continue;
+        type_costs rest;
+        if (costmodel_type_costs_at_rest(cm, place->slow_type, config, &rest,
+                                         err) != 0)
+            return -1;
+        stage_compute_s(cm, config, place, s, out->stages[s].layers, &rest,
+                        scratch->compute_scale[s], &w->rest_forward[s],
+                        &w->rest_backward[s]);
+    }
+    return 0;
+}
+
+/* Prices every stage at rest by its share; -1 share: as it was. */
+static void rest_price(const rest_work *w, int pp, estimate_scratch *scratch,
+                       estimate *out)
+{
+    for (int s = 0; s < pp; s++) {
+        if (!w->at_rest[s] || w->share[s] < 0.0)
+            continue;
+        stage_estimate *st = &out->stages[s];
+        double share = w->share[s];
+        st->forward_s = w->rest_forward[s] +
+                        share * (w->busy_forward[s] - w->rest_forward[s]);
+        st->backward_s = w->rest_backward[s] +
+                         share * (w->busy_backward[s] - w->rest_backward[s]);
+        scratch->schedule[s].forward_s = st->forward_s;
+        scratch->schedule[s].backward_s = st->backward_s;
+    }
+}
+
+static int price_at_rest(costmodel *cm, const parallel_config *config,
+                         int microbatches, bool want_events,
+                         estimate_scratch *scratch, estimate *out,
+                         schedule_result *pipeline, pt_error *err)
+{
+    int pp = config->pp;
+    bool any = false;
+    for (int s = 0; s < pp && cm->rest_loaded; s++)
+        any = any || cm->rest_loaded[scratch->placement[s].slow_type];
+    if (!any || parallel_virtual_stages(config) > 1)
+        return 0;
+    /* six columns of doubles, then the flags */
+    double *block = calloc((size_t)pp * 7, sizeof *block);
+    if (!block)
+        return pt_fail(err, "costmodel: out of memory");
+    rest_work w;
+    int rc = rest_prepare(cm, config, scratch, out, &w, block, err);
+    for (int round = 0; rc == 0 && round < REST_ROUNDS; round++) {
+        double step = out->step_time_s;
+        for (int s = 0; s < pp; s++) {
+            double busy = microbatches * (out->stages[s].forward_s +
+                                          out->stages[s].backward_s);
+            w.duty[s] = step > 0.0 && busy < step ? busy / step : 1.0;
+        }
+        costmodel_neighbour_shares(cm, config, &scratch->lane, w.duty,
+                                   w.share);
+        rest_price(&w, pp, scratch, out);
+        schedule_result_free(pipeline);
+        rc = simulate_pipeline(cm, config, microbatches, want_events,
+                               scratch, out, pipeline, err);
+        if (rc != 0)
+            break;
+        price_step_work(cm, config, scratch, out);
+        out->step_time_s = schedule_step_work(config, pipeline, scratch, out);
+        if (fabs(out->step_time_s - step) <= 1e-4 * step)
+            break;
+    }
+    if (rc == 0)
+        costmodel_add_note(cm, "stages on slices of one GPU priced between "
+                               "their profile at rest and beside busy "
+                               "neighbours by the neighbours' busy share "
+                               "(docs/cost-model.md, section 12)");
+    free(block);
+    return rc;
+}
+
 /* The pricing entries of every type that paces a stage, in type order. */
 static int list_pricing(const costmodel *cm, const parallel_config *config,
                         const estimate_scratch *scratch, estimate *out,
@@ -502,6 +626,9 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
         goto done;
     price_step_work(cm, config, &scratch, out);
     out->step_time_s = schedule_step_work(config, &pipeline, &scratch, out);
+    if (price_at_rest(cm, config, microbatches, want_events, &scratch, out,
+                      &pipeline, err) != 0)
+        goto done;
     summarise(cm, config, node_order, node_count, &pipeline, out);
     if (want_events && (build_events(config, &pipeline, &scratch, out,
                                      err) != 0 ||

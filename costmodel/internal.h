@@ -58,6 +58,17 @@ void costmodel_terms_from_costs(const costmodel *cm,
  * gbs is not a positive multiple of dp x mbs. */
 int costmodel_microbatch_count(const parallel_config *config, pt_error *err);
 
+/* shares[s] (s < pp): for a stage whose every GPU is a slice of a GPU
+ * (a devices entry with an sm_limit), the neighbours' busy share of its
+ * busiest GPU: the other slices of that GPU in the plan, weighted by
+ * their SMs, each busy duty[its stage] of the time (1 for the stage's
+ * own other ranks, which compute with it); -1 for other stages
+ * (neighbours.c, docs/cost-model.md section 12). */
+void costmodel_neighbour_shares(const costmodel *cm,
+                                const parallel_config *config,
+                                const node_lane *lane, const double *duty,
+                                double *shares);
+
 /* Send times of a stage per micro-batch: its activation to stage + 1 and
  * its gradient to stage - 1 (0 where there is no such stage). */
 void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,

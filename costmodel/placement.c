@@ -266,6 +266,19 @@ static bool slices_of_one_gpu(const cluster *c, const node_lane *lane,
     return true;
 }
 
+const device_spec *costmodel_lane_device(const costmodel *cm,
+                                         const node_lane *lane, long long gpu)
+{
+    lane_cursor cursor = {lane, 0};
+    if (lane->count < 1 || gpu < lane->starts[0] ||
+        gpu >= lane->starts[lane->count])
+        return NULL;
+    int slot = slot_of(&cursor, gpu);
+    const node_type *type = &cm->cluster->types[lane->types[slot]];
+    long long local = gpu - lane->starts[slot];
+    return local < type->device_count ? &type->devices[local] : NULL;
+}
+
 int costmodel_place_stage(const costmodel *cm, const parallel_config *config,
                           const node_lane *lane, int stage, bool next_known,
                           stage_placement *out, pt_error *err)

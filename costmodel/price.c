@@ -48,10 +48,9 @@ static double model_efficiency(const profile *prof)
                                         : fitted_efficiency(prof);
 }
 
-static int check_efficiency_model(const costmodel *cm, int type_index,
+static int check_efficiency_model(const costmodel *cm, const profile *prof,
                                   pt_error *err)
 {
-    const profile *prof = &cm->profiles[type_index];
     const model_shape *m = &cm->model;
     if (prof->roofline.present) {
         roofline_device device;
@@ -113,7 +112,7 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
                            m->vocab, how);
         return;
     }
-    if (check_efficiency_model(cm, type_index, NULL))
+    if (check_efficiency_model(cm, &cm->profiles[type_index], NULL))
         return;
     if (prof->roofline.present) {
         costmodel_add_note(cm,
@@ -323,10 +322,10 @@ static void note_lookup(costmodel *note_target, const costmodel *cm,
  * neighbours, or from the roofline / efficiency model; *add_tp_comm
  * says whether the layer times still lack the tp all-reduces. */
 static int type_times(const costmodel *cm, int type_index,
-                      const parallel_config *config, costmodel *note_target,
-                      part_times *times, bool *add_tp_comm, pt_error *err)
+                      const profile *prof, const parallel_config *config,
+                      costmodel *note_target, part_times *times,
+                      bool *add_tp_comm, pt_error *err)
 {
-    const profile *prof = &cm->profiles[type_index];
     const profile_shape *shape = lookup_held_shape(prof, &cm->model);
     shape_neighbours near;
     *add_tp_comm = !prof->layer_times_include_tp_comm;
@@ -340,7 +339,7 @@ static int type_times(const costmodel *cm, int type_index,
     if (lookup_shape_neighbours(prof, &cm->model, config->tp, &near)) {
         *times = lookup_neighbour_times(prof, &cm->model, &near, config);
     } else {
-        if (check_efficiency_model(cm, type_index, err) != 0)
+        if (check_efficiency_model(cm, prof, err) != 0)
             return -1;
         *times = prof->roofline.present
                      ? roofline_times(prof, &cm->model, config)
@@ -352,10 +351,12 @@ static int type_times(const costmodel *cm, int type_index,
     return 0;
 }
 
-int costmodel_price_type(const costmodel *cm, int type_index,
-                         const parallel_config *config,
-                         costmodel *note_target, type_costs *out,
-                         pt_error *err)
+/* Type type_index's costs from profile prof (its own, or its profile at
+ * rest); the tp all-reduce from its own profile's curves either way. */
+static int price_type_from(const costmodel *cm, int type_index,
+                           const profile *prof, const parallel_config *config,
+                           costmodel *note_target, type_costs *out,
+                           pt_error *err)
 {
     if (type_index < 0 || type_index >= cm->cluster->type_count)
         return pt_fail(err, "costmodel: node type %d does not exist (the "
@@ -363,11 +364,10 @@ int costmodel_price_type(const costmodel *cm, int type_index,
     if (config->tp <= 0 || config->mbs <= 0)
         return pt_fail(err, "costmodel: tp and mbs must be positive, got tp "
                        "%d, mbs %d", config->tp, config->mbs);
-    const profile *prof = &cm->profiles[type_index];
     part_times times;
     bool add_tp_comm;
-    if (type_times(cm, type_index, config, note_target, &times, &add_tp_comm,
-                   err) != 0)
+    if (type_times(cm, type_index, prof, config, note_target, &times,
+                   &add_tp_comm, err) != 0)
         return -1;
     if (config->precision == PRECISION_FP32 && note_target)
         costmodel_add_note(note_target,
@@ -395,6 +395,30 @@ int costmodel_price_type(const costmodel *cm, int type_index,
                                      : prof->optimizer_s_per_param;
     out->memory_cap_bytes = (prof->memory_gib - prof->workspace_gib) * PT_GIB;
     return 0;
+}
+
+int costmodel_price_type(const costmodel *cm, int type_index,
+                         const parallel_config *config,
+                         costmodel *note_target, type_costs *out,
+                         pt_error *err)
+{
+    if (type_index < 0 || type_index >= cm->cluster->type_count)
+        return pt_fail(err, "costmodel: node type %d does not exist (the "
+                       "cluster has %d)", type_index, cm->cluster->type_count);
+    return price_type_from(cm, type_index, &cm->profiles[type_index], config,
+                           note_target, out, err);
+}
+
+int costmodel_type_costs_at_rest(const costmodel *cm, int type_index,
+                                 const parallel_config *config,
+                                 type_costs *out, pt_error *err)
+{
+    if (type_index < 0 || type_index >= cm->cluster->type_count ||
+        !cm->rest_loaded || !cm->rest_loaded[type_index])
+        return pt_fail(err, "costmodel: node type %d has no profile at rest",
+                       type_index);
+    return price_type_from(cm, type_index, &cm->rest_profiles[type_index],
+                           config, NULL, out, err);
 }
 
 double costmodel_layer_pace_s(const costmodel *cm,
@@ -496,10 +520,10 @@ int costmodel_pricing(const costmodel *cm, int type_index,
     if (config->tp <= 0 || config->mbs <= 0 || type_index < 0 ||
         type_index >= cm->cluster->type_count)
         return pt_fail(err, "costmodel: no such type or config to price");
-    if (type_times(cm, type_index, config, NULL, &times, &add_tp_comm,
+    const profile *prof = &cm->profiles[type_index];
+    if (type_times(cm, type_index, prof, config, NULL, &times, &add_tp_comm,
                    err) != 0)
         return -1;
-    const profile *prof = &cm->profiles[type_index];
     const profile_shape *shape = lookup_held_shape(prof, &cm->model);
     char how[320];
     price_method method;

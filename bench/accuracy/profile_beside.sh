@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Profiles of the slices of one H200 with their neighbours busy, for the
 # one-GPU accuracy suite (issue 17): every GPU type of the bundled
-# clusters/h200-slices-*.json that is named "<GPU>-<N>SM-beside-<M>-..."
-# is measured with `partita profile --sm-limit N --beside M,...` (the
-# other slices each run the same model's layers while the slice is
-# timed, as the other ranks of a plan on slices of one GPU do;
-# docs/profiles.md, "Slices beside busy neighbours"), for the models,
-# tp and micro-batches of the plans of bench/accuracy/plans-1gpu that
-# use it. Writes OUT_DIR/<type>.json and .log; one line per profile.
+# clusters/h200-slices-*.json (a node's `gpu` or `gpu_at_rest`) that is
+# named "<GPU>-<N>SM[-place-<P>]-beside-<M>-...[-idle]" is measured with
+# `partita profile --sm-limit N --beside M,... [--place P]
+# [--idle-neighbours]` (the slice at place P of the split; the other
+# slices each run the same model's layers while the slice is timed, as
+# the other ranks of a plan on slices of one GPU do, or rest under
+# -idle; docs/profiles.md, "Slices beside busy neighbours" and "The
+# split, measured"), for the models, tp and micro-batches of the plans
+# of bench/accuracy/plans-1gpu that use it. Writes OUT_DIR/<type>.json
+# and .log; one line per profile.
 #
 # Usage: bench/accuracy/profile_beside.sh BUILD_DIR OUT_DIR [TYPE ...]
 # Environment: PROFILE_S (60: the time limit of one profile), PLANS
@@ -33,12 +36,14 @@ for name in sorted(os.listdir(plans)):
     plan = json.load(open(path))
     cluster = json.load(open(os.path.normpath(os.path.join(plans, plan["cluster"]))))
     model = os.path.normpath(os.path.join(plans, plan["model"]))
-    for node in cluster["nodes"]:
-        m = re.fullmatch(r"[A-Za-z0-9]+-(\d+)SM-beside((?:-\d+)+)", node["gpu"])
-        if not m or (wanted and node["gpu"] not in wanted):
+    for gpu in [n[k] for n in cluster["nodes"] for k in ("gpu", "gpu_at_rest") if k in n]:
+        m = re.fullmatch(r"[A-Za-z0-9]+-(\d+)SM(?:-place-(\d+))?-beside((?:-\d+)+)(-idle)?", gpu)
+        if not m or (wanted and gpu not in wanted):
             continue
-        t = types.setdefault(node["gpu"], {"sms": m.group(1),
-            "beside": m.group(2)[1:].replace("-", ","),
+        t = types.setdefault(gpu, {"sms": m.group(1),
+            "beside": m.group(3)[1:].replace("-", ","),
+            "flags": (["--place", m.group(2)] if m.group(2) else []) +
+                     (["--idle-neighbours"] if m.group(4) else []),
             "models": [], "tp": set(), "mbs": set()})
         if model not in t["models"]:
             t["models"].append(model)
@@ -48,14 +53,16 @@ for gpu, t in types.items():
     # the plan's micro-batch and its neighbours, for the interpolation
     mbs = sorted({b for m in t["mbs"] for b in (m // 2 or 1, m, 2 * m) if b <= 8})
     print(gpu, t["sms"], t["beside"], ",".join(t["models"]),
-          ",".join(map(str, sorted(t["tp"]))), ",".join(map(str, mbs)))
+          ",".join(map(str, sorted(t["tp"]))), ",".join(map(str, mbs)),
+          " ".join(t["flags"]))
 EOF
 ) || exit 1
 status=0
-while read -r gpu sms beside models tp mbs; do
+while read -r gpu sms beside models tp mbs flags; do
     [ -n "$gpu" ] || continue
+    read -r -a extra <<<"$flags"
     cmd=("$build/cli/partita" profile --model "$models" --sm-limit "$sms"
-         --beside "$beside" --tp "$tp" --mbs "$mbs" --no-comm
+         --beside "$beside" --tp "$tp" --mbs "$mbs" --no-comm "${extra[@]}"
          --gpu-name "$gpu" -o "$out/$gpu.json")
     if [ "${DRY_RUN:-0}" = 1 ]; then
         echo "${cmd[*]}"

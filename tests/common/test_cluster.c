@@ -109,7 +109,8 @@ static void test_copy_and_devices(void **state)
                   "\"intra_node\": {\"bandwidth_GBps\": 450, "
                   "\"latency_us\": 3}, \"devices\": [{\"index\": 0}, "
                   "{\"index\": 1, \"sm_limit\": 40, "
-                  "\"memory_limit_gib\": 40}]}]}",
+                  "\"memory_limit_gib\": 40}], "
+                  "\"gpu_at_rest\": \"H200-40SM-idle\"}]}",
                   path, sizeof path);
     cluster c, copy;
     pt_error err = {""};
@@ -127,6 +128,16 @@ static void test_copy_and_devices(void **state)
     cluster_free(&c);
     assert_string_equal(copy.types[0].name, "h200");
     assert_int_equal(copy.types[0].devices[1].index, 1);
+    assert_string_equal(copy.types[0].gpu_at_rest, "H200-40SM-idle");
+    /* written back as it was read */
+    json_t *written = cluster_to_json(&copy);
+    assert_non_null(written);
+    assert_string_equal(json_string_value(json_object_get(
+                            json_array_get(json_object_get(written, "nodes"),
+                                           0),
+                            "gpu_at_rest")),
+                        "H200-40SM-idle");
+    json_decref(written);
     cluster_free(&copy);
     cluster_free(&copy);
 }
@@ -212,6 +223,14 @@ static void test_bad_clusters(void **state)
          "\"gpus\": 1, " LINK ", \"devices\": [{\"index\": 0, "
          "\"sm\": 3}]}]}",
          "nodes[0].devices[0].sm: unknown key"},
+        {"{\"name\": \"c\", \"nodes\": [{\"name\": \"a\", \"gpu\": \"A\", "
+         "\"gpus\": 1, " LINK ", \"gpu_at_rest\": \"A-idle\"}]}",
+         "nodes[0].gpu_at_rest: only for slices of a GPU: the node lists no "
+         "device with an sm_limit"},
+        {"{\"name\": \"c\", \"nodes\": [{\"name\": \"a\", \"gpu\": \"A\", "
+         "\"gpus\": 1, " LINK ", \"devices\": [{\"index\": 0, "
+         "\"sm_limit\": 16}], \"gpu_at_rest\": 3}]}",
+         "nodes[0].gpu_at_rest"},
         {"{\"name\": \"c\", \"nodes\": [{\"name\": \"a\", \"gpu\": \"A\", "
          "\"gpus\": 1, " LINK ", \"price_per_hour\": -1}]}",
          "nodes[0].price_per_hour: must be a non-negative number, got -1"},
