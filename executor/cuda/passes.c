@@ -853,6 +853,34 @@ static int head_backward(model_stage *stage, activation_slot *slot,
     return d->sp ? add_norm_grads(stage, norms, 2, d, err) : 0;
 }
 
+/* The embedding's gradients from d_out, the gradient of its output (the
+ * shard's rows under sequence parallelism: the vocab-parallel lookup's
+ * rows are every row, so they are gathered into scratch.d_partial, free
+ * after the layers). */
+static int embedding_backward(model_stage *stage, const activation_slot *slot,
+                              const float *d_out, const stage_dims *d,
+                              pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    const stage_offsets *o = &state->offsets;
+    const token_block *t = &slot->tokens;
+    if (d->sp) {
+        float *whole = state->scratch.d_partial;
+        CUDA_TRY(cudaMemcpyAsync(whole + shard_offset(d), d_out,
+                                 (size_t)d->R * d->C * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, state->stream));
+        if (cuda_tp_gather_rows(stage, whole, COMM_FLOAT32, d, err) != 0)
+            return -1;
+        d_out = whole;
+    }
+    CUDA_TRY(cuda_embedding_backward(
+        stage->grads + o->token_embedding,
+        stage->grads + o->position_embedding, d_out, t->plan_starts,
+        t->plan_rows, t->plan_tokens, slot->unique_tokens, d->B, d->T, d->C,
+        state->stream));
+    return 0;
+}
+
 /* Tells the armed hook (cuda_backend.h) that every gradient from float
  * ready_from on is enqueued. */
 static void gradients_enqueued(const cuda_stage_state *state,
@@ -910,25 +938,8 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         free_stream = 1 - free_stream;
     }
     if (stage->spec.has_embedding) {
-        const stage_offsets *o = &state->offsets;
-        const token_block *t = &slot->tokens;
-        /* the vocab-parallel lookup's rows are every row: gathered into
-         * scratch.d_partial, free after the layers */
-        if (d.sp) {
-            float *whole = s->d_partial;
-            CUDA_TRY(cudaMemcpyAsync(whole + shard_offset(&d), d_out,
-                                     RC * sizeof(float),
-                                     cudaMemcpyDeviceToDevice,
-                                     state->stream));
-            if (cuda_tp_gather_rows(stage, whole, COMM_FLOAT32, &d, err) != 0)
-                return -1;
-            d_out = whole;
-        }
-        CUDA_TRY(cuda_embedding_backward(
-            stage->grads + o->token_embedding,
-            stage->grads + o->position_embedding, d_out, t->plan_starts,
-            t->plan_rows, t->plan_tokens, slot->unique_tokens, d.B, d.T, d.C,
-            state->stream));
+        if (embedding_backward(stage, slot, d_out, &d, err) != 0)
+            return -1;
         gradients_enqueued(state, 0);
         s->input_grad = NULL;
     } else {

@@ -60,49 +60,48 @@ int cuda_tp_sum_bf16(const model_stage *stage, pt_bf16 *data, size_t count,
                                      state_of(stage)->stream, err);
 }
 
-/* The sequence shards' chunks of an N x C buffer, in elements. */
-static void row_chunks(const stage_dims *d, size_t *offsets)
+/* One half of an all-reduce over the sequence shards' rows of an N x C
+ * buffer: the reduce-scatter (gather false) or the all-gather. */
+static int tp_rows(const model_stage *stage, void *data, comm_element type,
+                   const stage_dims *d, bool gather, pt_error *err)
 {
-    for (int t = 0; t <= d->tp; t++)
-        offsets[t] = (size_t)t * (size_t)d->R * (size_t)d->C;
+    if (stage->tp_compute_only)
+        return 0;
+    if (cuda_tp_on_stream(stage)) {
+        size_t offsets[PT_MAX_TP + 1];
+        for (int t = 0; t <= d->tp; t++)
+            offsets[t] = (size_t)t * (size_t)d->R * (size_t)d->C;
+        cudaStream_t stream = state_of(stage)->stream;
+        return gather ? comm_all_gather_on_stream(stage->tp_comm,
+                                                  stage->tp_group, d->tp,
+                                                  data, offsets, type,
+                                                  stream, err)
+                      : comm_reduce_scatter_on_stream(
+                            stage->tp_comm, stage->tp_group, d->tp, data,
+                            offsets, type, stream, err);
+    }
+    if (!gather && type != COMM_FLOAT32)
+        return pt_fail(err, "cuda backend: a blocking comm reduce-scatters "
+                            "fp32 rows only");
+    CUDA_TRY(cudaStreamSynchronize(state_of(stage)->stream));
+    if (!gather)
+        return stage_tp_reduce_scatter_rows(stage, data, (size_t)d->N,
+                                            (size_t)d->C, err);
+    /* a gather moves bits: bf16 rows go as pairs in floats (C is even) */
+    size_t columns = type == COMM_BFLOAT16 ? (size_t)d->C / 2 : (size_t)d->C;
+    return stage_tp_all_gather_rows(stage, data, (size_t)d->N, columns, err);
 }
 
 int cuda_tp_scatter_rows(const model_stage *stage, void *data,
                          comm_element type, const stage_dims *d,
                          pt_error *err)
 {
-    if (stage->tp_compute_only)
-        return 0;
-    if (cuda_tp_on_stream(stage)) {
-        size_t offsets[PT_MAX_TP + 1];
-        row_chunks(d, offsets);
-        return comm_reduce_scatter_on_stream(
-            stage->tp_comm, stage->tp_group, d->tp, data, offsets, type,
-            state_of(stage)->stream, err);
-    }
-    if (type != COMM_FLOAT32)
-        return pt_fail(err, "cuda backend: a blocking comm reduce-scatters "
-                            "fp32 rows only");
-    CUDA_TRY(cudaStreamSynchronize(state_of(stage)->stream));
-    return stage_tp_reduce_scatter_rows(stage, data, (size_t)d->N,
-                                        (size_t)d->C, err);
+    return tp_rows(stage, data, type, d, false, err);
 }
 
 int cuda_tp_gather_rows(const model_stage *stage, void *data,
                         comm_element type, const stage_dims *d,
                         pt_error *err)
 {
-    if (stage->tp_compute_only)
-        return 0;
-    if (cuda_tp_on_stream(stage)) {
-        size_t offsets[PT_MAX_TP + 1];
-        row_chunks(d, offsets);
-        return comm_all_gather_on_stream(stage->tp_comm, stage->tp_group,
-                                         d->tp, data, offsets, type,
-                                         state_of(stage)->stream, err);
-    }
-    CUDA_TRY(cudaStreamSynchronize(state_of(stage)->stream));
-    /* a gather moves bits: bf16 rows go as pairs in floats (C is even) */
-    size_t columns = type == COMM_BFLOAT16 ? (size_t)d->C / 2 : (size_t)d->C;
-    return stage_tp_all_gather_rows(stage, data, (size_t)d->N, columns, err);
+    return tp_rows(stage, data, type, d, true, err);
 }
