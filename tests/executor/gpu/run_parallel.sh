@@ -11,7 +11,8 @@
 #      iterations on one GPU, then as pp = 2 (1F1B, uneven 4-2 split),
 #      pp = 2 GPipe, pp = 2 with full recompute, dp = 2, dp = 2 with the
 #      distributed optimizer (ZeRO-1), tp = 2 and tp = 2 with sequence
-#      parallelism (tp2-sp), each against the one-GPU losses, and tp2-sp
+#      parallelism (tp2-sp; tp2-sp-recompute with full recompute), each
+#      against the one-GPU losses, and tp2-sp
 #      against tp2 (the same sums, split in halves: within bf16 rounding,
 #      1e-4 at iteration 1 and 2e-3 after); with SHARED=1 also tp 2 x pp 2
 #      with sequence parallelism on four slices (tp2-pp2-sp: the pipeline
@@ -44,7 +45,8 @@
 # Environment: SKIP_BENCH=1 skips the benchmark; ITERS (50) the iterations
 # of the loss comparisons; SHARED=1 and SHARED_COMM as above; LOSS_ROWS
 # the parallel plans compared with one GPU (default: pp2 pp2-gpipe
-# pp2-recompute dp2 dp2-zero1 tp2 tp2-sp, and tp2-pp2-sp with SHARED=1);
+# pp2-recompute dp2 dp2-zero1 tp2 tp2-sp tp2-sp-recompute, and
+# tp2-pp2-sp with SHARED=1);
 # SKIP_RESUME=1, SKIP_HETERO=1 skip
 # those parts. Exit status 0 when every check passed (a skip is a pass),
 # else 1.
@@ -158,6 +160,10 @@ plan tp2 "$small" "$two_gpus" "2 1 1" 16 2
 # Megatron's sequence parallelism with tp 2
 sed 's/"precision": "bf16"/"precision": "bf16", "sequence_parallel": true/' \
     "$logs/plans/tp2.json" >"$logs/plans/tp2-sp.json"
+# ...with full recompute (each layer's forward, its collectives too, run
+# again before its backward)
+sed 's/"precision": "bf16"/"precision": "bf16", "recompute": "full"/' \
+    "$logs/plans/tp2-sp.json" >"$logs/plans/tp2-sp-recompute.json"
 if [ "$shared" = 1 ]; then
     plan tp2-pp2-sp "$small" "$four_slices" "2 1 2" 16 2 3-3 1f1b
     sed -i 's/"precision": "bf16"/"precision": "bf16", "sequence_parallel": true/' \
@@ -182,7 +188,7 @@ exec_run() {
 }
 
 # ------------------------------------------------- losses against 1 GPU
-default_rows="pp2 pp2-gpipe pp2-recompute dp2 dp2-zero1 tp2 tp2-sp"
+default_rows="pp2 pp2-gpipe pp2-recompute dp2 dp2-zero1 tp2 tp2-sp tp2-sp-recompute"
 [ "$shared" = 1 ] && default_rows+=" tp2-pp2-sp"
 loss_rows=${LOSS_ROWS:-$default_rows}
 echo "== partita exec: one GPU, then $loss_rows ($iters iterations)"
