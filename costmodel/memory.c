@@ -161,10 +161,11 @@ static double layer_activation_bytes(const shard_dims *d, bool recompute)
 }
 
 /* The layer the backward works on under full recompute: everything but
- * its output, once, in the scratch. */
+ * its output (the sequence shard's rows under sequence parallelism),
+ * once, in the scratch. */
 static double recomputed_layer_bytes(const shard_dims *d)
 {
-    return layer_activation_bytes(d, false) - 4.0 * d->N * d->C;
+    return layer_activation_bytes(d, false) - 4.0 * d->N * d->C / d->S;
 }
 
 /* The layer-norm backward's scratch: completion counters (padded), the
@@ -196,6 +197,8 @@ static double scratch_bytes(const shard_dims *d, bool last)
                    + 8.0 * SQUARE_BLOCKS + 8.0;
     if (d->tp > 1)
         bytes += 4.0 * N * C + (last ? 16.0 * N : 0.0);
+    if (d->S > 1)
+        bytes += 16.0 * C; /* a layer's norm gradients before their sum */
     if (!last)
         bytes += 4.0 * N * C; /* the received output gradient */
     return bytes;

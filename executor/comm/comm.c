@@ -141,7 +141,7 @@ int comm_all_reduce_host(const comm *c, const int *group, int group_size,
 /* The wrappers' checks for the chunked collectives: offsets run from 0,
  * never decrease. 1: nothing to move; 0: go on; -1: bad input. */
 static int check_chunked(const comm *c, const char *what, const int *group,
-                         int group_size, const float *data,
+                         int group_size, const void *data,
                          const size_t *chunk_offsets, pt_error *err)
 {
     if (check_group(c, group, group_size, err) != 0)
@@ -223,8 +223,9 @@ int comm_all_reduce_on_stream(const comm *c, const int *group,
 }
 
 int comm_reduce_scatter_on_stream(const comm *c, const int *group,
-                                  int group_size, float *data,
-                                  const size_t *chunk_offsets, void *stream,
+                                  int group_size, void *data,
+                                  const size_t *chunk_offsets,
+                                  comm_element type, void *stream,
                                   pt_error *err)
 {
     if (check_stream(c, stream, "reduce-scatter", err) != 0)
@@ -234,13 +235,14 @@ int comm_reduce_scatter_on_stream(const comm *c, const int *group,
     if (checked != 0)
         return checked < 0 ? -1 : 0;
     return c->ops->on_stream->reduce_scatter(c, group, group_size, data,
-                                             chunk_offsets, stream, err);
+                                             chunk_offsets, type, stream,
+                                             err);
 }
 
 int comm_all_gather_on_stream(const comm *c, const int *group,
-                              int group_size, float *data,
-                              const size_t *chunk_offsets, void *stream,
-                              pt_error *err)
+                              int group_size, void *data,
+                              const size_t *chunk_offsets, comm_element type,
+                              void *stream, pt_error *err)
 {
     if (check_stream(c, stream, "all-gather", err) != 0)
         return -1;
@@ -249,7 +251,7 @@ int comm_all_gather_on_stream(const comm *c, const int *group,
     if (checked != 0)
         return checked < 0 ? -1 : 0;
     return c->ops->on_stream->all_gather(c, group, group_size, data,
-                                         chunk_offsets, stream, err);
+                                         chunk_offsets, type, stream, err);
 }
 
 int comm_wait_stream(const comm *c, void *stream, const char *operation,

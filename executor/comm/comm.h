@@ -58,12 +58,14 @@ typedef struct comm_stream_ops {
     int (*all_reduce)(const comm *c, const int *group, int group_size,
                       void *data, size_t count, comm_element type,
                       comm_reduce_op op, void *stream, pt_error *err);
+    /* chunk_offsets count elements of `type` (bf16 sums as all_reduce's;
+     * a bf16 all-gather moves the bits) */
     int (*reduce_scatter)(const comm *c, const int *group, int group_size,
-                          float *data, const size_t *chunk_offsets,
-                          void *stream, pt_error *err);
+                          void *data, const size_t *chunk_offsets,
+                          comm_element type, void *stream, pt_error *err);
     int (*all_gather)(const comm *c, const int *group, int group_size,
-                      float *data, const size_t *chunk_offsets, void *stream,
-                      pt_error *err);
+                      void *data, const size_t *chunk_offsets,
+                      comm_element type, void *stream, pt_error *err);
     int (*wait)(const comm *c, void *stream, const char *operation,
                 pt_error *err);
 } comm_stream_ops;
@@ -168,14 +170,18 @@ int comm_all_reduce_on_stream(const comm *c, const int *group,
                               int group_size, void *data, size_t count,
                               comm_element type, comm_reduce_op op,
                               void *stream, pt_error *err);
+/* The two halves of an all-reduce on the stream: ZeRO's (fp32) and
+ * sequence parallelism's (bf16 activations, fp32 rows); chunk_offsets
+ * in elements of `type`. */
 int comm_reduce_scatter_on_stream(const comm *c, const int *group,
-                                  int group_size, float *data,
-                                  const size_t *chunk_offsets, void *stream,
+                                  int group_size, void *data,
+                                  const size_t *chunk_offsets,
+                                  comm_element type, void *stream,
                                   pt_error *err);
 int comm_all_gather_on_stream(const comm *c, const int *group,
-                              int group_size, float *data,
-                              const size_t *chunk_offsets, void *stream,
-                              pt_error *err);
+                              int group_size, void *data,
+                              const size_t *chunk_offsets, comm_element type,
+                              void *stream, pt_error *err);
 int comm_wait_stream(const comm *c, void *stream, const char *operation,
                      pt_error *err);
 

@@ -593,8 +593,8 @@ static int exchange_reduce_scatter(const comm *c, const int *group,
                             "is not open",
                        c->rank);
     return exchange_reduce_scatter_on_stream(c, group, group_size, data,
-                                             chunk_offsets, r->stream,
-                                             err) != 0 ||
+                                             chunk_offsets, COMM_FLOAT32,
+                                             r->stream, err) != 0 ||
                    exchange_wait_stream(c, r->stream, "reduce-scatter",
                                         err) != 0
                ? -1
@@ -611,8 +611,8 @@ static int exchange_all_gather(const comm *c, const int *group,
                             "not open",
                        c->rank);
     return exchange_all_gather_on_stream(c, group, group_size, data,
-                                         chunk_offsets, r->stream,
-                                         err) != 0 ||
+                                         chunk_offsets, COMM_FLOAT32,
+                                         r->stream, err) != 0 ||
                    exchange_wait_stream(c, r->stream, "all-gather", err) != 0
                ? -1
                : 0;

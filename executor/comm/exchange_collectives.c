@@ -347,28 +347,32 @@ int exchange_all_reduce_on_stream(const comm *c, const int *group,
 }
 
 int exchange_reduce_scatter_on_stream(const comm *c, const int *group,
-                                      int group_size, float *data,
+                                      int group_size, void *data,
                                       const size_t *chunk_offsets,
-                                      void *stream, pt_error *err)
+                                      comm_element type, void *stream,
+                                      pt_error *err)
 {
     collective_call call = {
         .kind = REDUCE_SCATTER, .group = group, .group_size = group_size,
         .data = data, .count = chunk_offsets[group_size],
-        .offsets = chunk_offsets, .stream = (cudaStream_t)stream,
+        .offsets = chunk_offsets, .bf16 = type == COMM_BFLOAT16,
+        .stream = (cudaStream_t)stream,
         .what = "reduce-scatter",
     };
     return run_collective(c, &call, err);
 }
 
 int exchange_all_gather_on_stream(const comm *c, const int *group,
-                                  int group_size, float *data,
-                                  const size_t *chunk_offsets, void *stream,
+                                  int group_size, void *data,
+                                  const size_t *chunk_offsets,
+                                  comm_element type, void *stream,
                                   pt_error *err)
 {
     collective_call call = {
         .kind = ALL_GATHER, .group = group, .group_size = group_size,
         .data = data, .count = chunk_offsets[group_size],
-        .offsets = chunk_offsets, .stream = (cudaStream_t)stream,
+        .offsets = chunk_offsets, .bf16 = type == COMM_BFLOAT16,
+        .stream = (cudaStream_t)stream,
         .what = "all-gather",
     };
     return run_collective(c, &call, err);

@@ -174,12 +174,14 @@ int exchange_all_reduce_on_stream(const comm *c, const int *group,
                                   comm_element type, comm_reduce_op op,
                                   void *stream, pt_error *err);
 int exchange_reduce_scatter_on_stream(const comm *c, const int *group,
-                                      int group_size, float *data,
+                                      int group_size, void *data,
                                       const size_t *chunk_offsets,
-                                      void *stream, pt_error *err);
+                                      comm_element type, void *stream,
+                                      pt_error *err);
 int exchange_all_gather_on_stream(const comm *c, const int *group,
-                                  int group_size, float *data,
-                                  const size_t *chunk_offsets, void *stream,
+                                  int group_size, void *data,
+                                  const size_t *chunk_offsets,
+                                  comm_element type, void *stream,
                                   pt_error *err);
 int exchange_all_reduce_host(const comm *c, const int *group, int group_size,
                              double *data, size_t count, pt_error *err);

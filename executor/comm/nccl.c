@@ -475,14 +475,19 @@ static int clique_rank_of(const int *group, int group_size, int rank)
     return below;
 }
 
-/* ZeRO-1's collectives as one NCCL group of per-chunk calls, so chunks of
- * unequal size need no padding: chunk j reduced to (or broadcast from)
- * member j. NCCL runs the group like its reduce-scatter and all-gather
- * (each member sends and receives (n - 1) / n of the buffer). */
+/* ZeRO-1's collectives (fp32) and sequence parallelism's (bf16 or fp32)
+ * as one NCCL group of per-chunk calls, so chunks of unequal size need no
+ * padding: chunk j reduced to (or broadcast from) member j. NCCL runs the
+ * group like its reduce-scatter and all-gather (each member sends and
+ * receives (n - 1) / n of the buffer). */
 static int chunked_collective(const comm *c, const int *group, int group_size,
-                              float *data, const size_t *offsets,
-                              bool gather, cudaStream_t stream, pt_error *err)
+                              void *data, const size_t *offsets,
+                              comm_element element, bool gather,
+                              cudaStream_t stream, pt_error *err)
 {
+    ncclDataType_t type =
+        element == COMM_BFLOAT16 ? ncclBfloat16 : ncclFloat32;
+    size_t element_bytes = element == COMM_BFLOAT16 ? 2 : 4;
     nccl_rank *r = &world_of(c)->ranks[c->rank];
     char operation[96];
     ncclComm_t comm = NULL;
@@ -494,14 +499,13 @@ static int chunked_collective(const comm *c, const int *group, int group_size,
         return -1;
     ncclResult_t first_error = ncclSuccess;
     for (int j = 0; j < group_size; j++) {
-        float *chunk = data + offsets[j];
+        char *chunk = (char *)data + offsets[j] * element_bytes;
         size_t count = offsets[j + 1] - offsets[j];
         int root = clique_rank_of(group, group_size, group[j]);
         ncclResult_t status =
-            gather ? ncclBroadcast(chunk, chunk, count, ncclFloat32, root,
-                                   comm, on)
-                   : ncclReduce(chunk, chunk, count, ncclFloat32, ncclSum,
-                                root, comm, on);
+            gather ? ncclBroadcast(chunk, chunk, count, type, root, comm, on)
+                   : ncclReduce(chunk, chunk, count, type, ncclSum, root,
+                                comm, on);
         if (status != ncclSuccess && status != ncclInProgress &&
             first_error == ncclSuccess)
             first_error = status;
@@ -522,7 +526,7 @@ static int nccl_reduce_scatter(const comm *c, const int *group,
                                const size_t *chunk_offsets, pt_error *err)
 {
     return chunked_collective(c, group, group_size, data, chunk_offsets,
-                              false, NULL, err);
+                              COMM_FLOAT32, false, NULL, err);
 }
 
 static int nccl_all_gather(const comm *c, const int *group, int group_size,
@@ -530,7 +534,7 @@ static int nccl_all_gather(const comm *c, const int *group, int group_size,
                            pt_error *err)
 {
     return chunked_collective(c, group, group_size, data, chunk_offsets,
-                              true, NULL, err);
+                              COMM_FLOAT32, true, NULL, err);
 }
 
 
@@ -616,21 +620,23 @@ static int nccl_all_reduce_on_stream(const comm *c, const int *group,
 }
 
 static int nccl_reduce_scatter_on_stream(const comm *c, const int *group,
-                                         int group_size, float *data,
+                                         int group_size, void *data,
                                          const size_t *chunk_offsets,
-                                         void *stream, pt_error *err)
+                                         comm_element type, void *stream,
+                                         pt_error *err)
 {
     return chunked_collective(c, group, group_size, data, chunk_offsets,
-                              false, (cudaStream_t)stream, err);
+                              type, false, (cudaStream_t)stream, err);
 }
 
 static int nccl_all_gather_on_stream(const comm *c, const int *group,
-                                     int group_size, float *data,
+                                     int group_size, void *data,
                                      const size_t *chunk_offsets,
-                                     void *stream, pt_error *err)
+                                     comm_element type, void *stream,
+                                     pt_error *err)
 {
     return chunked_collective(c, group, group_size, data, chunk_offsets,
-                              true, (cudaStream_t)stream, err);
+                              type, true, (cudaStream_t)stream, err);
 }
 
 /* The stream's work so far, waited for as every operation is: a NCCL

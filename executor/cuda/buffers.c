@@ -139,17 +139,18 @@ static void carve_layer(layer_activations *act, arena *a,
 {
     const stage_dims *d = &layout->dims;
     size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
-           F = (size_t)d->F;
-    act->ln1_mean = take_floats(a, N, term);
-    act->ln1_rstd = take_floats(a, N, term);
-    act->ln1_out = layout->recompute_norm ? NULL : take_bf16(a, N * C, term);
+           F = (size_t)d->F, R = (size_t)d->R;
+    /* the norms and the residual stream: the shard's rows */
+    act->ln1_mean = take_floats(a, R, term);
+    act->ln1_rstd = take_floats(a, R, term);
+    act->ln1_out = layout->recompute_norm ? NULL : take_bf16(a, R * C, term);
     act->qkv = take_bf16(a, N * 3 * A, term);
     act->att_out = take_bf16(a, N * A, term);
     act->att_lse = take_floats(a, (size_t)d->B * d->NH * d->T, term);
-    act->residual_mid = take_floats(a, N * C, term);
-    act->ln2_mean = take_floats(a, N, term);
-    act->ln2_rstd = take_floats(a, N, term);
-    act->ln2_out = layout->recompute_norm ? NULL : take_bf16(a, N * C, term);
+    act->residual_mid = take_floats(a, R * C, term);
+    act->ln2_mean = take_floats(a, R, term);
+    act->ln2_rstd = take_floats(a, R, term);
+    act->ln2_out = layout->recompute_norm ? NULL : take_bf16(a, R * C, term);
     act->fc_pre = take_bf16(a, N * F, term);
     act->gelu_out = layout->recompute_gelu ? NULL
                                            : take_bf16(a, N * F, term);
@@ -159,14 +160,14 @@ void buffer_carve_slot(activation_slot *slot, arena *a,
                        const buffer_layout *layout)
 {
     const stage_dims *d = &layout->dims;
-    size_t N = (size_t)d->N, C = (size_t)d->C;
+    size_t N = (size_t)d->N, C = (size_t)d->C, R = (size_t)d->R;
     buffer_carve_tokens(&slot->tokens, a, N);
-    slot->input = take_floats(a, N * C, PT_MEMORY_ACTIVATIONS);
+    slot->input = take_floats(a, R * C, PT_MEMORY_ACTIVATIONS);
     for (int l = 0; l < layout->layer_count; l++) {
         layer_activations *act = &slot->layers[l];
         if (!layout->spec.recompute_layers)
             carve_layer(act, a, layout, PT_MEMORY_ACTIVATIONS);
-        act->output = take_floats(a, N * C, PT_MEMORY_ACTIVATIONS);
+        act->output = take_floats(a, R * C, PT_MEMORY_ACTIVATIONS);
     }
     if (layout->spec.has_head) {
         pt_memory_term term = PT_MEMORY_LOGITS;
@@ -220,6 +221,7 @@ void buffer_carve_scratch(backward_scratch *s,
     s->row_stats = d->tp > 1 && layout->spec.has_head
                        ? take_floats(a, 4 * N, term)
                        : NULL;
+    s->norm_grads = d->sp ? take_floats(a, 4 * C, term) : NULL;
     s->output_grad =
         layout->spec.has_head ? NULL : take_floats(a, N * C, term);
 }

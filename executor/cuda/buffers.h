@@ -40,11 +40,17 @@ typedef uint16_t pt_bf16;
 /* The shapes buffers and products are sized from. With tensor
  * parallelism the shard's: A attention channels and NH heads (C / tp and
  * heads / tp), F MLP features (ffn_hidden / tp), V vocabulary rows from
- * vocab_first. C, the residual stream's width, is never split. */
+ * vocab_first. C, the residual stream's width, is never split. Under
+ * sequence parallelism (spec.sequence_parallel) the shard holds R of the
+ * N rows outside the tensor-parallel products, rows [row0, row0 + R) of
+ * the whole (stage_sequence_rows), packed from 0 in its buffers; R = N
+ * and row0 = 0 without it. */
 typedef struct stage_dims {
     int B, T, C, A, F, V, NH, N;
     int vocab_first;
     int tp;
+    int R, row0;
+    bool sp;
 } stage_dims;
 
 static inline stage_dims dims_of_shape(const model_shape *shape,
@@ -63,26 +69,32 @@ static inline stage_dims dims_of_shape(const model_shape *shape,
         .tp = shard.tp,
     };
     d.N = d.B * d.T;
+    size_t first = 0, rows = 0;
+    stage_sequence_rows(spec, (size_t)d.N, &first, &rows);
+    d.row0 = (int)first;
+    d.R = (int)rows;
+    d.sp = d.R != d.N;
     return d;
 }
 
 /* What the forward of one layer keeps for its backward (N rows; A and
  * F are the shard's attention channels and MLP features, C and F unsplit;
- * NH its heads). */
+ * NH its heads; R the rows the shard holds outside the products: N, or
+ * its sequence shard). */
 typedef struct layer_activations {
-    float *ln1_mean, *ln1_rstd;     /* N */
-    pt_bf16 *ln1_out;               /* N x C; NULL when recomputed */
+    float *ln1_mean, *ln1_rstd;     /* R */
+    pt_bf16 *ln1_out;               /* R x C; NULL when recomputed */
     pt_bf16 *qkv;                   /* N x 3A */
     pt_bf16 *att_out;               /* N x A, before the projection */
     float *att_lse;                 /* B x NH x T, in the convention of
                                        the attention's path
                                        (attention_runner.h) */
-    float *residual_mid;            /* N x C fp32: input + attention */
+    float *residual_mid;            /* R x C fp32: input + attention */
     float *ln2_mean, *ln2_rstd;
     pt_bf16 *ln2_out;               /* NULL when recomputed */
     pt_bf16 *fc_pre;                /* N x F, before the GELU */
     pt_bf16 *gelu_out;              /* N x F; NULL when recomputed */
-    float *output;                  /* N x C fp32: mid + MLP */
+    float *output;                  /* R x C fp32: mid + MLP */
 } layer_activations;
 
 /* Token ids and the embedding-gradient plan of a micro-batch, laid out
@@ -101,10 +113,10 @@ typedef struct activation_slot {
     void *arena;                    /* owned device memory */
     token_block tokens;             /* device, inside the arena */
     int unique_tokens;              /* groups of the embedding plan */
-    float *input;                   /* N x C fp32 */
+    float *input;                   /* R x C fp32 */
     layer_activations *layers;      /* owned host array */
-    pt_bf16 *final_out;             /* N x C */
-    float *final_mean, *final_rstd;
+    pt_bf16 *final_out;             /* N x C (every shard's rows) */
+    float *final_mean, *final_rstd; /* N (R used) */
     pt_bf16 *logits;                /* N x ld_logits: logits, then
                                        softmax - onehot */
     float *losses;                  /* N */
@@ -117,8 +129,11 @@ typedef struct activation_slot {
  * time (and, for the recomputed tensors, by the forward). */
 typedef struct backward_scratch {
     void *arena;                    /* owned device memory */
-    float *d_stream[2];             /* N x C fp32, alternating */
-    pt_bf16 *d_stream_bf16;         /* N x C: the same, for the products */
+    float *d_stream[2];             /* N x C fp32, alternating (R rows
+                                       used) */
+    pt_bf16 *d_stream_bf16;         /* N x C: the same, for the products
+                                       (a shard's rows at row0, then
+                                       gathered) */
     pt_bf16 *d_norm;                /* N x C: gradient of a norm's output */
     pt_bf16 *d_att;                 /* N x A */
     pt_bf16 *d_qkv;                 /* N x 3A */
@@ -142,6 +157,11 @@ typedef struct backward_scratch {
     float *row_stats;               /* 4N with the head: the vocab-parallel
                                        softmax's shard maxima, group
                                        maxima, sums and target logits */
+    float *norm_grads;              /* 4C, sequence parallelism only: a
+                                       layer's two norms' weight and bias
+                                       gradients from the shard's rows,
+                                       summed over the group before they
+                                       join the gradients */
     const float *input_grad;
 } backward_scratch;
 

@@ -7,6 +7,7 @@
 #ifndef PARTITA_EXECUTOR_CUDA_STAGE_H
 #define PARTITA_EXECUTOR_CUDA_STAGE_H
 
+#include "executor/comm/comm.h"
 #include "executor/cuda/attention_runner.h"
 #include "executor/cuda/buffers.h"
 #include "executor/cuda/cuda_backend.h"
@@ -102,6 +103,35 @@ static inline size_t mirror_offset(const cuda_stage_state *state, size_t offset)
 {
     return offset > state->head_offset ? offset + state->head_pad : offset;
 }
+
+/* The stage's tensor-parallel collectives (tp_sums.c). Whether they are
+ * enqueued on the stage's stream (a comm with stream-ordered collectives:
+ * NCCL, the device exchange). */
+bool cuda_tp_on_stream(const model_stage *stage);
+/* Waits for the stage's stream: through the comm when collectives were
+ * enqueued on it (one a failed peer never joins ends the wait at the
+ * comm's deadline instead of never), else plainly. */
+int cuda_sync_stage_stream(const model_stage *stage, pt_error *err);
+/* Reduces `count` floats (sum or max) over the tp group: on the stream
+ * when the comm can, else after draining it through the blocking comm.
+ * Nothing on an unsplit or compute-only stage. */
+int cuda_tp_reduce(const model_stage *stage, float *data, size_t count,
+                   comm_reduce_op op, pt_error *err);
+/* Megatron's bf16 sums of a layer, in place on the stream
+ * (cuda_tp_on_stream only): each shard's partial rounded once to bf16
+ * and the sum once more. */
+int cuda_tp_sum_bf16(const model_stage *stage, pt_bf16 *data, size_t count,
+                     pt_error *err);
+/* Sequence parallelism over an N x C buffer of `type` in place, shard t's
+ * rows at t x R x C: their sum over the group to each shard
+ * (reduce-scatter; fp32 only off the stream), and each shard's rows to
+ * every shard (all-gather). */
+int cuda_tp_scatter_rows(const model_stage *stage, void *data,
+                         comm_element type, const stage_dims *d,
+                         pt_error *err);
+int cuda_tp_gather_rows(const model_stage *stage, void *data,
+                        comm_element type, const stage_dims *d,
+                        pt_error *err);
 
 /* The forward and backward of a cuda stage (passes.c), the entries of
  * the backend's table for stage_backend.forward and .backward. */

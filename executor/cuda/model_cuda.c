@@ -700,6 +700,7 @@ static const stage_backend cuda_backend_table = {
     .zero_range = cuda_zero_range,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .packs_sequence_rows = true,
 };
 
 const stage_backend *cuda_stage_backend(void)

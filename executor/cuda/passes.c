@@ -5,7 +5,6 @@
  * passes read and write, and the products' layout are described at the
  * top of model_cuda.c.
  */
-#include "executor/comm/comm.h"
 #include "executor/cuda/cuda_stage.h"
 
 #include <math.h>
@@ -119,69 +118,6 @@ static int weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
     return 0;
 }
 
-/* ------------------------------------------------ tensor-parallel sums */
-
-/* Whether the stage's tensor-parallel sums are enqueued on its stream (a
- * comm with stream-ordered collectives: NCCL, the device exchange): then
- * nothing waits on the host between a sum and the kernels around it. */
-static bool tp_on_stream(const model_stage *stage)
-{
-    return stage_spec_tp(&stage->spec) > 1 && !stage->tp_compute_only &&
-           stage->tp_comm != NULL && comm_has_stream_ops(stage->tp_comm);
-}
-
-/* Waits for the stage's stream: through the comm when sums were enqueued
- * on it (a sum a failed peer never joins ends the wait at the comm's
- * deadline instead of never), else plainly. */
-static int sync_stage_stream(const model_stage *stage, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    if (tp_on_stream(stage))
-        return comm_wait_stream(stage->tp_comm, state->stream,
-                                "the stage's kernels and tensor-parallel "
-                                "sums",
-                                err);
-    CUDA_TRY(cudaStreamSynchronize(state->stream));
-    return 0;
-}
-
-/* Reduces `count` floats of device memory over the stage's tensor-parallel
- * group (sum or max): on the stream when the comm can; else the comm is
- * blocking and reads the buffer when it is called, so the stage's stream
- * is drained first, and the kernels after the call find the result in
- * place. Nothing on an unsplit or compute-only stage (which then does a
- * shard's arithmetic without the sums). */
-static int tp_reduce(const model_stage *stage, float *data, size_t count,
-                     comm_reduce_op op, pt_error *err)
-{
-    if (stage_spec_tp(&stage->spec) == 1 || stage->tp_compute_only)
-        return 0;
-    if (tp_on_stream(stage))
-        return comm_all_reduce_on_stream(stage->tp_comm, stage->tp_group,
-                                         stage_spec_tp(&stage->spec), data,
-                                         count, COMM_FLOAT32, op,
-                                         state_of(stage)->stream, err);
-    CUDA_TRY(cudaStreamSynchronize(state_of(stage)->stream));
-    if (op == COMM_MAX)
-        return stage_tp_all_reduce_max(stage, data, count, err);
-    return stage_tp_all_reduce_sum(stage, data, count, err);
-}
-
-/* Megatron's four sums of a layer, of bf16 values in place on the stream
- * (tp_on_stream only): half the bytes of fp32, each shard's partial
- * rounded once to bf16 and the sum once more, as Megatron's bf16
- * all-reduce does. */
-static int tp_sum_bf16(const model_stage *stage, pt_bf16 *data, size_t count,
-                       pt_error *err)
-{
-    if (stage->tp_compute_only)
-        return 0;
-    return comm_all_reduce_on_stream(stage->tp_comm, stage->tp_group,
-                                     stage_spec_tp(&stage->spec), data, count,
-                                     COMM_BFLOAT16, COMM_SUM,
-                                     state_of(stage)->stream, err);
-}
-
 /* -------------------------------------------------------------- forward */
 
 static pt_bf16 *mirror_at(const cuda_stage_state *state, size_t offset)
@@ -189,11 +125,19 @@ static pt_bf16 *mirror_at(const cuda_stage_state *state, size_t offset)
     return state->mirror + mirror_offset(state, offset);
 }
 
+/* Where the shard's rows start in an N x C buffer of every row (0
+ * without sequence parallelism). */
+static size_t shard_offset(const stage_dims *d)
+{
+    return (size_t)d->row0 * (size_t)d->C;
+}
+
 /* A row-parallel product into the fp32 stream: out = in W^T + bias +
  * residual. Unsplit, bias and residual ride in the epilogue. Split, each
  * shard holds some input features of W, so its product is partial: it
  * runs plain, the group sums it, and bias and residual are added once
- * after the sum. */
+ * after the sum. Under sequence parallelism the sum is a reduce-scatter:
+ * out and residual are the shard's R rows, packed. */
 static int row_parallel_forward(model_stage *stage, linear_forward f,
                                 const stage_dims *d, pt_error *err)
 {
@@ -204,41 +148,99 @@ static int row_parallel_forward(model_stage *stage, linear_forward f,
     }
     const float *bias = f.bias;
     const float *residual = f.residual;
+    float *out = f.out;
     f.bias = NULL;
     f.residual = NULL;
-    if (tp_on_stream(stage) || stage->tp_compute_only) {
+    size_t count = (size_t)f.N * (size_t)f.OC;
+    if (cuda_tp_on_stream(stage) || stage->tp_compute_only) {
         /* the partial in bf16 (scratch.d_partial is free during a
          * forward), summed, then widened with the bias and the residual
          * into the fp32 stream in one pass */
-        float *out = f.out;
         pt_bf16 *partial = (pt_bf16 *)state->scratch.d_partial;
         f.out = partial;
         f.out_fp32 = false;
         gemm_call call = forward_call(&f);
-        size_t count = (size_t)f.N * (size_t)f.OC;
         if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
-            tp_sum_bf16(stage, partial, count, err) != 0)
+            (d->sp ? cuda_tp_scatter_rows(stage, partial, COMM_BFLOAT16, d,
+                                          err)
+                   : cuda_tp_sum_bf16(stage, partial, count, err)) != 0)
             return -1;
-        CUDA_TRY(cuda_add_rows_from_bf16(out, partial, bias, residual, f.N,
-                                         f.OC, state->stream));
+        CUDA_TRY(cuda_add_rows_from_bf16(out, partial + shard_offset(d),
+                                         bias, residual, d->R, f.OC,
+                                         state->stream));
         return 0;
     }
+    /* fp32 sums through the blocking comm: the whole product first */
+    float *whole = d->sp ? state->scratch.d_partial : out;
+    f.out = whole;
     gemm_call call = forward_call(&f);
     if (gemm_run(state->gemm, &call, state->stream, err) != 0)
         return -1;
-    float *out = f.out;
-    if (tp_reduce(stage, out, (size_t)f.N * (size_t)f.OC, COMM_SUM, err) !=
-        0)
+    if (d->sp) {
+        if (cuda_tp_scatter_rows(stage, whole, COMM_FLOAT32, d, err) != 0)
+            return -1;
+        CUDA_TRY(cudaMemcpyAsync(out, whole + shard_offset(d),
+                                 (size_t)d->R * f.OC * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, state->stream));
+    } else if (cuda_tp_reduce(stage, out, count, COMM_SUM, err) != 0) {
         return -1;
-    CUDA_TRY(cuda_add_broadcast_rows(out, bias, 1, residual, f.N, f.OC,
+    }
+    CUDA_TRY(cuda_add_broadcast_rows(out, bias, 1, residual, d->R, f.OC,
                                      state->stream));
     return 0;
 }
 
-/* One pre-norm transformer block:
- *   mid = x + proj(attention(qkv(ln1(x))));  out = mid + mlp(ln2(mid)).
- * The residual additions ride in the projections' epilogues (beta = 1
- * with the skip as C). */
+/* A layer norm of the shard's R rows (all N without sequence
+ * parallelism) into `kept` (NULL: not kept, recomputed for the
+ * backward), and in *whole the input of the column-parallel product
+ * after it, every row: `kept` itself, or scratch.norm_out, where the
+ * shards' rows are gathered under sequence parallelism. mean and rstd
+ * may be NULL (a recomputation). */
+static int norm_forward(model_stage *stage, pt_bf16 *kept, float *mean,
+                        float *rstd, const float *inp, const float *weight,
+                        const float *bias, const stage_dims *d,
+                        const pt_bf16 **whole, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    pt_bf16 *norm_out = state->scratch.norm_out;
+    pt_bf16 *mine = norm_out + shard_offset(d);
+    pt_bf16 *out = kept != NULL ? kept : mine;
+    CUDA_TRY(cuda_layernorm_forward(out, mean, rstd, inp, weight, bias, d->R,
+                                    d->C, state->stream));
+    *whole = out;
+    if (!d->sp)
+        return 0;
+    if (kept != NULL)
+        CUDA_TRY(cudaMemcpyAsync(mine, kept,
+                                 (size_t)d->R * d->C * sizeof(pt_bf16),
+                                 cudaMemcpyDeviceToDevice, state->stream));
+    *whole = norm_out;
+    return cuda_tp_gather_rows(stage, norm_out, COMM_BFLOAT16, d, err);
+}
+
+/* The same norm output for a backward's weight gradient: the kept one
+ * (its rows gathered again under sequence parallelism, as Megatron
+ * does) or recomputed from the norm's input. */
+static int norm_output_again(model_stage *stage, const pt_bf16 *kept,
+                             const float *inp, const float *weight,
+                             const float *bias, const stage_dims *d,
+                             const pt_bf16 **whole, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (kept == NULL)
+        return norm_forward(stage, NULL, NULL, NULL, inp, weight, bias, d,
+                            whole, err);
+    *whole = kept;
+    if (!d->sp)
+        return 0;
+    pt_bf16 *norm_out = state->scratch.norm_out;
+    CUDA_TRY(cudaMemcpyAsync(norm_out + shard_offset(d), kept,
+                             (size_t)d->R * d->C * sizeof(pt_bf16),
+                             cudaMemcpyDeviceToDevice, state->stream));
+    *whole = norm_out;
+    return cuda_tp_gather_rows(stage, norm_out, COMM_BFLOAT16, d, err);
+}
+
 /* Where layer l of the slot's micro-batch has its activations: its own,
  * or with full recompute the stage's one set, writing its output into the
  * slot's kept one. */
@@ -252,6 +254,12 @@ static layer_activations *layer_kept(model_stage *stage,
     return &state->recomputed;
 }
 
+/* One pre-norm transformer block:
+ *   mid = x + proj(attention(qkv(ln1(x))));  out = mid + mlp(ln2(mid)).
+ * The residual additions ride in the projections' epilogues (beta = 1
+ * with the skip as C), or after the tensor-parallel sums. Under sequence
+ * parallelism input, mid and out are the shard's rows; the norms' outputs
+ * are gathered before the column-parallel products. */
 static int layer_forward(model_stage *stage, layer_activations *act,
                          const layer_offsets *o, const float *input,
                          const stage_dims *d, pt_error *err)
@@ -262,10 +270,11 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     const float *P = stage->params;
     int N = d->N, C = d->C, A = d->A, F = d->F;
 
-    pt_bf16 *ln1_out = act->ln1_out != NULL ? act->ln1_out : s->norm_out;
-    CUDA_TRY(cuda_layernorm_forward(ln1_out, act->ln1_mean, act->ln1_rstd,
-                                    input, P + o->ln1_weight, P + o->ln1_bias,
-                                    N, C, stream));
+    const pt_bf16 *ln1_out = NULL;
+    if (norm_forward(stage, act->ln1_out, act->ln1_mean, act->ln1_rstd,
+                     input, P + o->ln1_weight, P + o->ln1_bias, d, &ln1_out,
+                     err) != 0)
+        return -1;
     linear_forward qkv = {
         .weight = mirror_at(state, o->qkv_weight), .input = ln1_out,
         .out = act->qkv, .out_fp32 = false,
@@ -288,10 +297,11 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     if (row_parallel_forward(stage, proj, d, err) != 0)
         return -1;
 
-    pt_bf16 *ln2_out = act->ln2_out != NULL ? act->ln2_out : s->norm_out;
-    CUDA_TRY(cuda_layernorm_forward(ln2_out, act->ln2_mean, act->ln2_rstd,
-                                    act->residual_mid, P + o->ln2_weight,
-                                    P + o->ln2_bias, N, C, stream));
+    const pt_bf16 *ln2_out = NULL;
+    if (norm_forward(stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
+                     act->residual_mid, P + o->ln2_weight, P + o->ln2_bias,
+                     d, &ln2_out, err) != 0)
+        return -1;
     pt_bf16 *gelu_out = act->gelu_out != NULL ? act->gelu_out : s->d_fc;
     linear_forward fc = {
         .weight = mirror_at(state, o->fc_weight), .input = ln2_out,
@@ -378,11 +388,11 @@ static int vocab_parallel_loss(model_stage *stage, activation_slot *slot,
         d->vocab_first, d->N, d->V, state->ld_logits, stream));
     CUDA_TRY(cudaMemcpyAsync(group_max, shard_max, N * sizeof(float),
                              cudaMemcpyDeviceToDevice, stream));
-    if (tp_reduce(stage, group_max, N, COMM_MAX, err) != 0)
+    if (cuda_tp_reduce(stage, group_max, N, COMM_MAX, err) != 0)
         return -1;
     CUDA_TRY(cuda_vocab_parallel_rescale(sums, shard_max, group_max, d->N,
                                          stream));
-    if (tp_reduce(stage, sums, 2 * N, COMM_SUM, err) != 0)
+    if (cuda_tp_reduce(stage, sums, 2 * N, COMM_SUM, err) != 0)
         return -1;
     CUDA_TRY(cuda_vocab_parallel_finish(
         slot->logits, slot->losses, slot->tokens.targets, group_max, sums,
@@ -398,11 +408,15 @@ static int head_forward(model_stage *stage, activation_slot *slot,
     const stage_offsets *o = &state->offsets;
     const float *P = stage->params;
     int N = d->N, C = d->C, V = d->V;
-    CUDA_TRY(cuda_layernorm_forward(slot->final_out, slot->final_mean,
-                                    slot->final_rstd, stream_in,
-                                    P + o->final_norm_weight,
-                                    P + o->final_norm_bias, N, C,
+    /* the final norm of the shard's rows; the head reads every row */
+    CUDA_TRY(cuda_layernorm_forward(slot->final_out + shard_offset(d),
+                                    slot->final_mean, slot->final_rstd,
+                                    stream_in, P + o->final_norm_weight,
+                                    P + o->final_norm_bias, d->R, C,
                                     state->stream));
+    if (d->sp && cuda_tp_gather_rows(stage, slot->final_out, COMM_BFLOAT16,
+                                     d, err) != 0)
+        return -1;
     linear_forward head = {
         .weight = mirror_at(state, o->head_weight), .input = slot->final_out,
         .out = slot->logits, .out_fp32 = false,
@@ -425,7 +439,7 @@ static int head_forward(model_stage *stage, activation_slot *slot,
                        state->stream));
     /* the stream first, under the comm's deadline when sums are on it: a
      * copy into pageable memory would wait for it with no deadline */
-    if (sync_stage_stream(stage, err) != 0)
+    if (cuda_sync_stage_stream(stage, err) != 0)
         return -1;
     double loss = 0.0;
     CUDA_TRY(cudaMemcpyAsync(&loss, state->scratch.reduced, sizeof loss,
@@ -437,7 +451,10 @@ static int head_forward(model_stage *stage, activation_slot *slot,
 
 /* Token + position embedding into the slot's input. Vocab-parallel: each
  * shard looks up the tokens of its rows (zero for the others), the group
- * sums, then the positions are added. */
+ * sums, then the positions are added. Under sequence parallelism the sum
+ * is a reduce-scatter of the lookup (in scratch.d_partial, free during a
+ * forward) with the positions added before it by shard 0 alone, and the
+ * shard's rows are its input. */
 static int embedding_forward(model_stage *stage, activation_slot *slot,
                              const stage_dims *d, pt_error *err)
 {
@@ -451,11 +468,23 @@ static int embedding_forward(model_stage *stage, activation_slot *slot,
                                         state->stream));
         return 0;
     }
-    CUDA_TRY(cuda_embedding_shard_forward(slot->input, slot->tokens.inputs,
-                                          token, d->vocab_first, d->V, d->N,
-                                          d->C, state->stream));
-    if (tp_reduce(stage, slot->input, (size_t)d->N * d->C, COMM_SUM, err) !=
-        0)
+    float *whole = d->sp ? state->scratch.d_partial : slot->input;
+    CUDA_TRY(cuda_embedding_shard_forward(whole, slot->tokens.inputs, token,
+                                          d->vocab_first, d->V, d->N, d->C,
+                                          state->stream));
+    if (d->sp) {
+        if (stage->spec.tp_rank == 0)
+            CUDA_TRY(cuda_add_broadcast_rows(whole, position, d->T, NULL,
+                                             d->N, d->C, state->stream));
+        if (cuda_tp_scatter_rows(stage, whole, COMM_FLOAT32, d, err) != 0)
+            return -1;
+        CUDA_TRY(cudaMemcpyAsync(slot->input, whole + shard_offset(d),
+                                 (size_t)d->R * d->C * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, state->stream));
+        return 0;
+    }
+    if (cuda_tp_reduce(stage, slot->input, (size_t)d->N * d->C, COMM_SUM,
+                       err) != 0)
         return -1;
     CUDA_TRY(cuda_add_broadcast_rows(slot->input, position, d->T, NULL,
                                      d->N, d->C, state->stream));
@@ -473,12 +502,13 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
     if (io->tokens != NULL &&
         upload_tokens(stage, slot, io->tokens, &d, err) != 0)
         return -1;
-    size_t NC = (size_t)d.N * d.C;
+    /* the shard's rows under sequence parallelism, every row else */
+    size_t RC = (size_t)d.R * d.C;
     if (stage->spec.has_embedding) {
         if (embedding_forward(stage, slot, &d, err) != 0)
             return -1;
     } else if (io->input != slot->input) {
-        CUDA_TRY(cudaMemcpyAsync(slot->input, io->input, NC * sizeof(float),
+        CUDA_TRY(cudaMemcpyAsync(slot->input, io->input, RC * sizeof(float),
                                  cudaMemcpyDeviceToDevice, state->stream));
     }
     const float *stream_in = slot->input;
@@ -494,7 +524,7 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
     if (stage->spec.has_head) {
         if (head_forward(stage, slot, stream_in, &d, mean_loss, err) != 0)
             return -1;
-    } else if (!stage->defer_sync && sync_stage_stream(stage, err) != 0) {
+    } else if (!stage->defer_sync && cuda_sync_stage_stream(stage, err) != 0) {
         return -1;
     }
     slot->mbs = io->mbs;
@@ -506,9 +536,12 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
 
 /* The input gradient of a column-parallel layer (QKV, fc, LM head):
  * call writes d_in (bf16, N x C). Split, each shard saw some output
- * features, so its result is partial: the product writes fp32 into
+ * features, so its result is partial and the group sums it: on the
+ * stream in bf16 in place, else the product writes fp32 into
  * scratch.d_partial, the group sums it there and one pass rounds it to
- * bf16 for the layer-norm backward, so the sum itself loses nothing. */
+ * bf16 for the layer-norm backward, so the sum itself loses nothing.
+ * Under sequence parallelism the sum is a reduce-scatter: the shard's
+ * rows of d_in (at their place) hold it. */
 static int column_parallel_input_grad(model_stage *stage, gemm_call call,
                                       const stage_dims *d, pt_error *err)
 {
@@ -516,11 +549,12 @@ static int column_parallel_input_grad(model_stage *stage, gemm_call call,
     if (d->tp == 1)
         return gemm_run(state->gemm, &call, state->stream, err);
     size_t count = (size_t)d->N * (size_t)d->C;
-    if (tp_on_stream(stage) || stage->tp_compute_only)
-        /* the shard's partial straight into the bf16 gradient, summed
-         * there by the group */
+    if (cuda_tp_on_stream(stage) || stage->tp_compute_only)
         return gemm_run(state->gemm, &call, state->stream, err) != 0 ||
-                       tp_sum_bf16(stage, call.d, count, err) != 0
+                       (d->sp ? cuda_tp_scatter_rows(stage, call.d,
+                                                     COMM_BFLOAT16, d, err)
+                              : cuda_tp_sum_bf16(stage, call.d, count,
+                                                 err)) != 0
                    ? -1
                    : 0;
     pt_bf16 *d_in = call.d;
@@ -528,9 +562,33 @@ static int column_parallel_input_grad(model_stage *stage, gemm_call call,
     call.d = partial;
     call.d_fp32 = true;
     if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
-        tp_reduce(stage, partial, count, COMM_SUM, err) != 0)
+        (d->sp ? cuda_tp_scatter_rows(stage, partial, COMM_FLOAT32, d, err)
+               : cuda_tp_reduce(stage, partial, count, COMM_SUM, err)) != 0)
         return -1;
-    CUDA_TRY(cuda_convert_to_bf16(d_in, partial, count, state->stream));
+    size_t off = shard_offset(d);
+    CUDA_TRY(cuda_convert_to_bf16(d_in + off, partial + off,
+                                  (size_t)d->R * d->C, state->stream));
+    return 0;
+}
+
+/* Sequence parallelism: a layer's (or the head's) norm weight and bias
+ * gradients of this micro-batch come from the shard's rows into
+ * scratch.norm_grads (zeroed first); the group sums them, for this
+ * micro-batch alone as the cpu reference does, and they join the
+ * gradients, so every shard holds the whole. `targets` lists where each
+ * run of C floats goes. */
+static int add_norm_grads(model_stage *stage, float *const *targets,
+                          int count, const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    float *partials = state->scratch.norm_grads;
+    size_t C = (size_t)d->C;
+    if (cuda_tp_reduce(stage, partials, (size_t)count * C, COMM_SUM, err) !=
+        0)
+        return -1;
+    for (int i = 0; i < count; i++)
+        CUDA_TRY(cuda_add_inplace(targets[i], partials + (size_t)i * C, C,
+                                  state->stream));
     return 0;
 }
 
@@ -594,6 +652,38 @@ static int mlp_projection_backward(model_stage *stage,
     return 0;
 }
 
+/* Where a norm's weight (or bias) gradient goes: the stage's gradients
+ * at `offset`, or under sequence parallelism run `run` of
+ * scratch.norm_grads, summed over the group later (add_norm_grads). */
+static float *norm_grad(model_stage *stage, const stage_dims *d, int run,
+                        size_t offset)
+{
+    return d->sp ? state_of(stage)->scratch.norm_grads + (size_t)run * d->C
+                 : stage->grads + offset;
+}
+
+/* A layer norm's backward over the shard's rows: d_inp (fp32, the
+ * shard's rows packed) = d_residual + the norm's term from
+ * scratch.d_norm's rows, and its bf16 copy at the rows' place in
+ * scratch.d_stream_bf16; the weight and bias gradients added to d_weight
+ * and d_bias. */
+static int norm_backward(model_stage *stage, float *d_inp,
+                         const float *d_residual, float *d_weight,
+                         float *d_bias, const float *inp,
+                         const float *weight, const float *mean,
+                         const float *rstd, const stage_dims *d,
+                         pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    size_t off = shard_offset(d);
+    CUDA_TRY(cuda_layernorm_backward(
+        d_inp, s->d_stream_bf16 + off, d_weight, d_bias, d_residual,
+        s->d_norm + off, inp, weight, mean, rstd, s->norm_partials, d->R,
+        d->C, state->stream));
+    return 0;
+}
+
 /* The MLP's first product and the second layer norm: fc's weight
  * gradient, d (ln2 output), and d_mid = d_out + ln2's term into d_input
  * (and its bf16 copy in scratch.d_stream_bf16). */
@@ -608,13 +698,11 @@ static int mlp_input_backward(model_stage *stage, float *d_input,
     const float *P = stage->params;
     float *G = stage->grads;
     int N = d->N, C = d->C, F = d->F;
-    const pt_bf16 *ln2_out = act->ln2_out;
-    if (ln2_out == NULL) {
-        CUDA_TRY(cuda_layernorm_forward(s->norm_out, NULL, NULL,
-                                        act->residual_mid, P + o->ln2_weight,
-                                        P + o->ln2_bias, N, C, stream));
-        ln2_out = s->norm_out;
-    }
+    const pt_bf16 *ln2_out = NULL;
+    if (norm_output_again(stage, act->ln2_out, act->residual_mid,
+                          P + o->ln2_weight, P + o->ln2_bias, d, &ln2_out,
+                          err) != 0)
+        return -1;
     gemm_call call = weight_grad_call(G + o->fc_weight, ln2_out, s->d_fc, F,
                                       N, C, F, 1.0f);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
@@ -623,16 +711,17 @@ static int mlp_input_backward(model_stage *stage, float *d_input,
                            mirror_at(state, o->fc_weight), N, C, F, 1.0f);
     if (column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
-    CUDA_TRY(cuda_layernorm_backward(
-        d_input, s->d_stream_bf16, G + o->ln2_weight, G + o->ln2_bias, d_out,
-        s->d_norm, act->residual_mid, P + o->ln2_weight, act->ln2_mean,
-        act->ln2_rstd, s->norm_partials, N, C, stream));
-    return 0;
+    return norm_backward(stage, d_input, d_out,
+                         norm_grad(stage, d, 2, o->ln2_weight),
+                         norm_grad(stage, d, 3, o->ln2_bias),
+                         act->residual_mid, P + o->ln2_weight, act->ln2_mean,
+                         act->ln2_rstd, d, err);
 }
 
 /* mid = input + attn_proj(attention(qkv(ln1(input)))), backwards: from
  * d_mid in d_input (and scratch.d_stream_bf16) to the gradient of the
- * layer's input, in the same places. */
+ * layer's input, in the same places. Under sequence parallelism the
+ * shards' rows of d_mid are gathered first. */
 static int attention_block_backward(model_stage *stage, float *d_input,
                                     const layer_offsets *o,
                                     const layer_activations *act,
@@ -645,6 +734,9 @@ static int attention_block_backward(model_stage *stage, float *d_input,
     const float *P = stage->params;
     float *G = stage->grads;
     int N = d->N, C = d->C, A = d->A;
+    if (d->sp && cuda_tp_gather_rows(stage, s->d_stream_bf16, COMM_BFLOAT16,
+                                     d, err) != 0)
+        return -1;
     gemm_call call = weight_grad_call(G + o->attn_proj_weight, act->att_out,
                                       s->d_stream_bf16, C, N, A, C, 1.0f);
     if (weight_and_bias_grad(state, &call, G + o->attn_proj_bias, d, err) !=
@@ -661,13 +753,10 @@ static int attention_block_backward(model_stage *stage, float *d_input,
                                   state->attention_lent, state->logits_bytes,
                                   stream, err) != 0)
         return -1;
-    const pt_bf16 *ln1_out = act->ln1_out;
-    if (ln1_out == NULL) {
-        CUDA_TRY(cuda_layernorm_forward(s->norm_out, NULL, NULL, input,
-                                        P + o->ln1_weight, P + o->ln1_bias,
-                                        N, C, stream));
-        ln1_out = s->norm_out;
-    }
+    const pt_bf16 *ln1_out = NULL;
+    if (norm_output_again(stage, act->ln1_out, input, P + o->ln1_weight,
+                          P + o->ln1_bias, d, &ln1_out, err) != 0)
+        return -1;
     call = weight_grad_call(G + o->qkv_weight, ln1_out, s->d_qkv, 3 * A, N,
                             C, 3 * A, 1.0f);
     if (weight_and_bias_grad(state, &call, G + o->qkv_bias, d, err) != 0)
@@ -677,11 +766,11 @@ static int attention_block_backward(model_stage *stage, float *d_input,
                            1.0f);
     if (column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
-    CUDA_TRY(cuda_layernorm_backward(
-        d_input, s->d_stream_bf16, G + o->ln1_weight, G + o->ln1_bias,
-        d_input, s->d_norm, input, P + o->ln1_weight, act->ln1_mean,
-        act->ln1_rstd, s->norm_partials, N, C, stream));
-    return 0;
+    return norm_backward(stage, d_input, d_input,
+                         norm_grad(stage, d, 0, o->ln1_weight),
+                         norm_grad(stage, d, 1, o->ln1_bias), input,
+                         P + o->ln1_weight, act->ln1_mean, act->ln1_rstd, d,
+                         err);
 }
 
 /* The block's backward in reverse order of its forward
@@ -690,14 +779,26 @@ static int attention_block_backward(model_stage *stage, float *d_input,
  * in scratch.d_stream_bf16 are the gradient of the block's output;
  * d_input (fp32) and scratch.d_stream_bf16 receive the gradient of its
  * input. d_out may be caller memory: it is only read. An fc bias
- * gradient made by the product's epilogue is added last. */
+ * gradient made by the product's epilogue is added last. Under sequence
+ * parallelism d_out, d_input and input are the shard's rows (packed; the
+ * bf16 copies at their place, gathered before the row-parallel
+ * products' backward) and the norms' gradients are summed at the end. */
 static int layer_backward(model_stage *stage, float *d_input,
                           const float *d_out, const layer_offsets *o,
                           const layer_activations *act, const float *input,
                           const stage_dims *d, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
     bool fc_bias_pending = false;
+    if (d->sp) {
+        CUDA_TRY(cudaMemsetAsync(s->norm_grads, 0,
+                                 4 * (size_t)d->C * sizeof(float),
+                                 state->stream));
+        if (cuda_tp_gather_rows(stage, s->d_stream_bf16, COMM_BFLOAT16, d,
+                                err) != 0)
+            return -1;
+    }
     if (mlp_projection_backward(stage, o, act, d, &fc_bias_pending, err) !=
             0 ||
         mlp_input_backward(stage, d_input, d_out, o, act, d, err) != 0 ||
@@ -705,9 +806,12 @@ static int layer_backward(model_stage *stage, float *d_input,
         return -1;
     if (fc_bias_pending)
         CUDA_TRY(cuda_add_inplace(stage->grads + o->fc_bias,
-                                  state->scratch.bias_grads, (size_t)d->F,
+                                  s->bias_grads, (size_t)d->F,
                                   state->stream));
-    return 0;
+    float *G = stage->grads;
+    float *const norms[4] = {G + o->ln1_weight, G + o->ln1_bias,
+                             G + o->ln2_weight, G + o->ln2_bias};
+    return d->sp ? add_norm_grads(stage, norms, 4, d, err) : 0;
 }
 
 /* Loss -> logits -> final norm: leaves d loss / d (last stream) in
@@ -723,6 +827,10 @@ static int head_backward(model_stage *stage, activation_slot *slot,
     const stage_offsets *o = &state->offsets;
     int N = d->N, C = d->C, Vp = state->ld_logits;
     float alpha = loss_scale / (float)N;
+    if (d->sp)
+        CUDA_TRY(cudaMemsetAsync(s->norm_grads, 0,
+                                 2 * (size_t)C * sizeof(float),
+                                 state->stream));
     gemm_call call = input_grad_call(s->d_norm, slot->logits,
                                      state->ld_logits,
                                      mirror_at(state, o->head_weight), N, C,
@@ -733,11 +841,43 @@ static int head_backward(model_stage *stage, activation_slot *slot,
                             slot->logits, state->ld_logits, N, C, Vp, alpha);
     if (gemm_run(state->gemm, &call, state->stream, err) != 0)
         return -1;
-    CUDA_TRY(cuda_layernorm_backward(
-        d_stream, s->d_stream_bf16, stage->grads + o->final_norm_weight,
-        stage->grads + o->final_norm_bias, NULL, s->d_norm, slot->output,
-        stage->params + o->final_norm_weight, slot->final_mean,
-        slot->final_rstd, s->norm_partials, N, C, state->stream));
+    /* the final norm over the shard's rows (its statistics packed) */
+    if (norm_backward(stage, d_stream, NULL,
+                      norm_grad(stage, d, 0, o->final_norm_weight),
+                      norm_grad(stage, d, 1, o->final_norm_bias),
+                      slot->output, stage->params + o->final_norm_weight,
+                      slot->final_mean, slot->final_rstd, d, err) != 0)
+        return -1;
+    float *const norms[2] = {stage->grads + o->final_norm_weight,
+                             stage->grads + o->final_norm_bias};
+    return d->sp ? add_norm_grads(stage, norms, 2, d, err) : 0;
+}
+
+/* The embedding's gradients from d_out, the gradient of its output (the
+ * shard's rows under sequence parallelism: the vocab-parallel lookup's
+ * rows are every row, so they are gathered into scratch.d_partial, free
+ * after the layers). */
+static int embedding_backward(model_stage *stage, const activation_slot *slot,
+                              const float *d_out, const stage_dims *d,
+                              pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    const stage_offsets *o = &state->offsets;
+    const token_block *t = &slot->tokens;
+    if (d->sp) {
+        float *whole = state->scratch.d_partial;
+        CUDA_TRY(cudaMemcpyAsync(whole + shard_offset(d), d_out,
+                                 (size_t)d->R * d->C * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, state->stream));
+        if (cuda_tp_gather_rows(stage, whole, COMM_FLOAT32, d, err) != 0)
+            return -1;
+        d_out = whole;
+    }
+    CUDA_TRY(cuda_embedding_backward(
+        stage->grads + o->token_embedding,
+        stage->grads + o->position_embedding, d_out, t->plan_starts,
+        t->plan_rows, t->plan_tokens, slot->unique_tokens, d->B, d->T, d->C,
+        state->stream));
     return 0;
 }
 
@@ -762,7 +902,9 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
                        slot_index, io->mbs);
     backward_scratch *s = &state->scratch;
     stage_dims d = dims_of(stage, io->mbs);
-    size_t NC = (size_t)d.N * d.C;
+    /* the gradient of the stage's output: the shard's rows under
+     * sequence parallelism (packed; their bf16 copy at their place) */
+    size_t RC = (size_t)d.R * d.C;
     const float *d_out = io->output_grad;
     int free_stream = 0;
     if (stage->spec.has_head) {
@@ -774,8 +916,8 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         free_stream = 1;
         state->attention_lent = slot->logits; /* dead until its forward */
     } else if (state->layer_count > 0) {
-        CUDA_TRY(cuda_convert_to_bf16(s->d_stream_bf16, d_out, NC,
-                                      state->stream));
+        CUDA_TRY(cuda_convert_to_bf16(s->d_stream_bf16 + shard_offset(&d),
+                                      d_out, RC, state->stream));
     }
     for (int l = state->layer_count - 1; l >= 0; l--) {
         const float *layer_input =
@@ -796,13 +938,8 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         free_stream = 1 - free_stream;
     }
     if (stage->spec.has_embedding) {
-        const stage_offsets *o = &state->offsets;
-        const token_block *t = &slot->tokens;
-        CUDA_TRY(cuda_embedding_backward(
-            stage->grads + o->token_embedding,
-            stage->grads + o->position_embedding, d_out, t->plan_starts,
-            t->plan_rows, t->plan_tokens, slot->unique_tokens, d.B, d.T, d.C,
-            state->stream));
+        if (embedding_backward(stage, slot, d_out, &d, err) != 0)
+            return -1;
         gradients_enqueued(state, 0);
         s->input_grad = NULL;
     } else {
@@ -810,7 +947,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
          * copy it so the result does not point into the caller's memory */
         if (d_out != s->d_stream[0] && d_out != s->d_stream[1]) {
             CUDA_TRY(cudaMemcpyAsync(s->d_stream[0], d_out,
-                                     NC * sizeof(float),
+                                     RC * sizeof(float),
                                      cudaMemcpyDeviceToDevice,
                                      state->stream));
             d_out = s->d_stream[0];
@@ -818,7 +955,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         s->input_grad = d_out;
     }
     state->attention_lent = NULL;
-    if (!stage->defer_sync && sync_stage_stream(stage, err) != 0)
+    if (!stage->defer_sync && cuda_sync_stage_stream(stage, err) != 0)
         return -1;
     slot->awaiting_backward = false;
     return 0;

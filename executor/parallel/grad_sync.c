@@ -100,7 +100,8 @@ int pipeline_reduce_bucket(const comm *c, const int *group, int group_size,
         stream == NULL
             ? comm_reduce_scatter_sum(c, group, group_size, data, chunks, err)
             : comm_reduce_scatter_on_stream(c, group, group_size, data,
-                                            chunks, stream, err);
+                                            chunks, COMM_FLOAT32, stream,
+                                            err);
     free(chunks);
     return status;
 }

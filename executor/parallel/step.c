@@ -787,13 +787,16 @@ int pipeline_rank_step_chunks(const pipeline_layout *layout,
          * buffer is reduced whole after the backward */
         .sync = chunk_count == 1 ? sync : NULL,
     };
-    /* sequence parallelism: a pipeline message is this shard's rows */
+    /* sequence parallelism: a pipeline message is this shard's rows,
+     * packed in the cuda backend's buffers, at their place in the cpu's */
     size_t first_row = 0, rows = 0;
     stage_sequence_rows(&chunks[0]->spec,
                         (size_t)layout->config.mbs * layout->shape.seq,
                         &first_row, &rows);
     r.activation_floats = rows * (size_t)layout->shape.hidden;
-    r.shard_offset = first_row * (size_t)layout->shape.hidden;
+    r.shard_offset = chunks[0]->backend->packs_sequence_rows
+                         ? 0
+                         : first_row * (size_t)layout->shape.hidden;
     if (events != NULL)
         events->count = 0;
     int status = -1;

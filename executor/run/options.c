@@ -59,12 +59,8 @@ int run_check_plan(const plan *p, pt_error *err)
 int run_check_interleave(const plan *p, const run_options *options,
                          pt_error *err)
 {
+    (void)options;
     int v = parallel_virtual_stages(&p->config);
-    /* the cuda backend keeps every row of the residual stream */
-    if (p->config.sequence_parallel && options->backend != BACKEND_CPU)
-        return pt_fail(err, "sequence_parallel: exec runs sequence "
-                            "parallelism on the cpu backend only yet; the "
-                            "cuda backend needs sequence_parallel false");
     if (v == 1)
         return 0;
     /* each chunk would need its own dp shards (parallel/step.c) */

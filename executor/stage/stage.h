@@ -73,7 +73,7 @@ typedef struct stage_spec {
      * (stage/offload.c); the backend's params are refreshed from the
      * master after each step. */
     bool offload_optimizer;
-    /* Megatron's sequence parallelism (tp > 1; the cpu backend): outside
+    /* Megatron's sequence parallelism (tp > 1): outside
      * the tensor-parallel matmuls each shard holds its part of the rows
      * (stage_sequence_rows): the layer norms and residual adds run on
      * them, reduce-scatters and all-gathers replace the all-reduces, and
@@ -278,9 +278,12 @@ typedef struct stage_io {
                                     for a stage with neither embedding nor
                                     head */
     const float *input;          /* forward without embedding: the previous
-                                    stage's output, mbs x seq x hidden */
+                                    stage's output, mbs x seq x hidden
+                                    (sequence parallelism: the shard's
+                                    rows, stage_backend.packs_sequence_
+                                    rows says where) */
     const float *output_grad;    /* backward without head: d loss / d output,
-                                    mbs x seq x hidden */
+                                    mbs x seq x hidden (likewise) */
     float loss_scale;            /* backward with head: gradients are of
                                     loss_scale x (mean loss of this
                                     micro-batch); 1/micro-batches averages
@@ -368,6 +371,12 @@ typedef struct stage_backend {
      * cuda); NULL: malloc and free. */
     void *(*host_alloc)(size_t bytes);
     void (*host_free)(void *memory);
+    /* Under sequence parallelism, where the shard's rows of the stage's
+     * input, output and their gradients (the pipeline's messages) lie:
+     * packed from the buffers' start (true: cuda, whose buffers hold
+     * those rows only), or at their place in buffers of every row
+     * (false: the cpu reference). */
+    bool packs_sequence_rows;
 } stage_backend;
 
 /* The backend of a kind; fails for a kind this binary was built without

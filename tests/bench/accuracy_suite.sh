@@ -39,6 +39,7 @@ kinds = {"16 plans": len(plans) >= 16,
          "recompute": any(p.get("recompute") == "full" for p in plans),
          "GPipe": any(p.get("schedule") == "gpipe" for p in plans),
          "interleaved 1F1B": any(p.get("virtual_stages", 1) > 1 for p in plans),
+         "sequence parallel": any(p.get("sequence_parallel") for p in plans),
          "heterogeneous": any(hetero(p) for p in plans)}
 missing = [k for k, ok in kinds.items() if not ok]
 print("missing:", missing) if missing else None

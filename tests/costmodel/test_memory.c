@@ -1,6 +1,7 @@
 /* The cost model's memory terms against the cuda backend's memory plan
  * (executor/cuda/buffers.c, the code model_cuda.c allocates with), run
- * without a GPU: for random small models and plans, every stage's
+ * without a GPU: for random small models and plans (sequence parallelism
+ * among them), every stage's
  * estimated terms equal the bytes the executor's largest rank of that
  * stage allocates (the sum of its chunks' under the interleaved 1F1B), but where the linear form approximates (the ZeRO-1
  * shard's optimizer range, the allocator's rounding, what a stage of no
@@ -107,12 +108,13 @@ static void describe(const pipeline_layout *layout, int stage, char *out,
     const model_shape *m = &layout->shape;
     snprintf(out, size,
              "h %d a %d s %d V %d l %d tied %d; tp %d dp %d pp %d mbs %d "
-             "gbs %d %s v %d recompute %d zero %d; stage %d of %d layers",
+             "gbs %d %s v %d recompute %d zero %d sp %d; stage %d of %d "
+             "layers",
              m->hidden, m->heads, m->seq, m->vocab, m->layers,
              m->tied_embeddings, c->tp, c->dp, c->pp, c->mbs, c->gbs,
              schedule_name(c->schedule), pipeline_chunk_count(layout),
-             c->recompute, c->distributed_optimizer, stage,
-             layout->partition[stage]);
+             c->recompute, c->distributed_optimizer, c->sequence_parallel,
+             stage, layout->partition[stage]);
 }
 
 /* Bytes of the chunk tables of every parameter of rank 0 of a stage
@@ -257,6 +259,10 @@ static void estimate_matches_the_executor_plan(void **state)
             .recompute = random_int(0, 1) == 1,
             .distributed_optimizer = random_int(0, 1) == 1};
         c.gbs = c.dp * c.mbs * random_int(1, 5);
+        /* sequence parallelism where it applies: the norms, the residual
+         * stream and the stage's input are the shard's rows */
+        c.sequence_parallel =
+            tp > 1 && m.seq % tp == 0 && random_int(0, 1) == 1;
         int partition[PT_MAX_STAGES];
         random_partition(m.layers, pp, partition);
         check_layout(&m, &c, partition, trial);
@@ -292,6 +298,8 @@ static void interleaved_estimate_matches_the_chunks(void **state)
             .recompute = random_int(0, 1) == 1,
             .distributed_optimizer = random_int(0, 1) == 1};
         c.gbs = c.dp * c.mbs * pp * random_int(1, 3);
+        c.sequence_parallel =
+            tp > 1 && m.seq % tp == 0 && random_int(0, 1) == 1;
         check_layout(&m, &c, partition, trial);
     }
 }

@@ -14,8 +14,10 @@
 #      unsplit stage;
 #   3. run_parallel.sh SHARED=1 SHARED_COMM=auto: `partita exec` of a
 #      small GPT on one GPU, then pp 2, dp 2 (its sums in buckets during
-#      the last backward), dp 2 with ZeRO-1 and tp 2 on two slices over
-#      the device exchange, losses against one GPU; pp 2 and dp 2 again
+#      the last backward), dp 2 with ZeRO-1, tp 2 and tp 2 with sequence
+#      parallelism on two slices, and tp 2 x pp 2 with sequence
+#      parallelism on four, over the device exchange, losses against one
+#      GPU (and tp2-sp's against tp2's); pp 2 and dp 2 again
 #      over the host-staged comm: the same losses bit for bit;
 #   4. profiles of the slices (`partita profile` at 64 and 32 SMs, and
 #      the whole GPU, for the shapes the plans use, with the profiler's
@@ -109,7 +111,8 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
         "$build/tests/executor/gpu/test_cuda_tensor_parallel"
     echo "== partita exec over the device exchange against one GPU"
     step exec-losses 240 env SHARED=1 SHARED_COMM=auto ITERS=20 \
-        LOSS_ROWS="pp2 dp2 dp2-zero1 tp2" SKIP_RESUME=1 SKIP_HETERO=1 \
+        LOSS_ROWS="pp2 dp2 dp2-zero1 tp2 tp2-sp tp2-pp2-sp" SKIP_RESUME=1 \
+        SKIP_HETERO=1 \
         SKIP_BENCH=1 "$here/run_parallel.sh" "$build" "$logs/losses"
     # pp 2 and dp 2 move and sum fp32 in the same order over either comm
     # (the dp sums bucket by bucket during the last backward over the

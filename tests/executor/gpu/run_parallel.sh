@@ -10,8 +10,13 @@
 #   2. `partita exec` of a small GPT (6 layers, hidden 256, seq 256) for 50
 #      iterations on one GPU, then as pp = 2 (1F1B, uneven 4-2 split),
 #      pp = 2 GPipe, pp = 2 with full recompute, dp = 2, dp = 2 with the
-#      distributed optimizer (ZeRO-1) and tp = 2, each against the one-GPU
-#      losses;
+#      distributed optimizer (ZeRO-1), tp = 2 and tp = 2 with sequence
+#      parallelism (tp2-sp; tp2-sp-recompute with full recompute), each
+#      against the one-GPU losses, and tp2-sp
+#      against tp2 (the same sums, split in halves: within bf16 rounding,
+#      1e-4 at iteration 1 and 2e-3 after); with SHARED=1 also tp 2 x pp 2
+#      with sequence parallelism on four slices (tp2-pp2-sp: the pipeline
+#      carries each shard's rows);
 #   3. a pp = 2 run resumed from its checkpoint against the straight run;
 #   4. a heterogeneous pp = 2 run (GPU 1 in a green context of 40 SMs, 48
 #      GiB cap) against the same plan on two whole GPUs: stage 1's events
@@ -40,7 +45,9 @@
 # Environment: SKIP_BENCH=1 skips the benchmark; ITERS (50) the iterations
 # of the loss comparisons; SHARED=1 and SHARED_COMM as above; LOSS_ROWS
 # the parallel plans compared with one GPU (default: pp2 pp2-gpipe
-# pp2-recompute dp2 dp2-zero1 tp2); SKIP_RESUME=1, SKIP_HETERO=1 skip
+# pp2-recompute dp2 dp2-zero1 tp2 tp2-sp tp2-sp-recompute, and
+# tp2-pp2-sp with SHARED=1);
+# SKIP_RESUME=1, SKIP_HETERO=1 skip
 # those parts. Exit status 0 when every check passed (a skip is a pass),
 # else 1.
 set -u
@@ -135,6 +142,8 @@ if [ "$shared" = 1 ]; then
     two_gpus="{ \"name\": \"two\", \"nodes\": [ { \"name\": \"box\", \"gpu\": \"$gpu_type\", \"gpus\": 2, $link, \"devices\": [ { \"index\": 0, \"sm_limit\": 56 }, { \"index\": 0, \"sm_limit\": 56 } ] } ] }"
     full_device='{ "index": 0, "sm_limit": 80 }'
     slow_device='{ "index": 0, "sm_limit": 40, "memory_limit_gib": 48 }'
+    slice='{ "index": 0, "sm_limit": 24 }'
+    four_slices="{ \"name\": \"four\", \"nodes\": [ { \"name\": \"box\", \"gpu\": \"$gpu_type\", \"gpus\": 4, $link, \"devices\": [ $slice, $slice, $slice, $slice ] } ] }"
 fi
 hetero="{ \"name\": \"hetero\", \"nodes\": [
     { \"name\": \"full\", \"gpu\": \"$gpu_type\", \"gpus\": 1, $link, \"devices\": [ $full_device ] },
@@ -148,6 +157,18 @@ plan pp2 "$small" "$two_gpus" "1 1 2" 16 2 4-2 1f1b
 plan pp2-gpipe "$small" "$two_gpus" "1 1 2" 16 2 4-2 gpipe
 plan dp2 "$small" "$two_gpus" "1 2 1" 16 2
 plan tp2 "$small" "$two_gpus" "2 1 1" 16 2
+# Megatron's sequence parallelism with tp 2
+sed 's/"precision": "bf16"/"precision": "bf16", "sequence_parallel": true/' \
+    "$logs/plans/tp2.json" >"$logs/plans/tp2-sp.json"
+# ...with full recompute (each layer's forward, its collectives too, run
+# again before its backward)
+sed 's/"precision": "bf16"/"precision": "bf16", "recompute": "full"/' \
+    "$logs/plans/tp2-sp.json" >"$logs/plans/tp2-sp-recompute.json"
+if [ "$shared" = 1 ]; then
+    plan tp2-pp2-sp "$small" "$four_slices" "2 1 2" 16 2 3-3 1f1b
+    sed -i 's/"precision": "bf16"/"precision": "bf16", "sequence_parallel": true/' \
+        "$logs/plans/tp2-pp2-sp.json"
+fi
 # dp 2 with the distributed optimizer (ZeRO-1)
 sed 's/"precision": "bf16"/"precision": "bf16", "distributed_optimizer": true/' \
     "$logs/plans/dp2.json" >"$logs/plans/dp2-zero1.json"
@@ -167,7 +188,9 @@ exec_run() {
 }
 
 # ------------------------------------------------- losses against 1 GPU
-loss_rows=${LOSS_ROWS:-"pp2 pp2-gpipe pp2-recompute dp2 dp2-zero1 tp2"}
+default_rows="pp2 pp2-gpipe pp2-recompute dp2 dp2-zero1 tp2 tp2-sp tp2-sp-recompute"
+[ "$shared" = 1 ] && default_rows+=" tp2-pp2-sp"
+loss_rows=${LOSS_ROWS:-$default_rows}
 echo "== partita exec: one GPU, then $loss_rows ($iters iterations)"
 exec_run one one --iters "$iters"
 for name in $loss_rows; do
@@ -184,6 +207,12 @@ for name in $loss_rows; do
         note "exec-$name" SKIP "the cuda backend refused tp 2 ($logs/exec-$name.log)"
     fi
 done
+# sequence parallelism splits each of tp's sums in two halves: the plain
+# tp's losses within bf16 rounding
+if [ -f "$logs/tp2.run.json" ] && [ -f "$logs/tp2-sp.run.json" ]; then
+    step losses-tp2-sp-vs-tp2 python3 "$checks" losses "$logs/tp2.run.json" \
+        "$logs/tp2-sp.run.json" "tp2-sp against tp2" 1e-4 2e-3
+fi
 
 # ------------------------------------------------------------ resume
 if [ "${SKIP_RESUME:-0}" != 1 ]; then

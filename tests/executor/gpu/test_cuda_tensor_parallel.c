@@ -12,6 +12,14 @@
  *      too. Replicated tensors (norms, row-parallel biases, position
  *      embedding) must come out bit for bit equal on both shards, and
  *      the shards' gradient-norm shares must add up to the unsplit norm;
+ *      The same pair with Megatron's sequence parallelism (each shard
+ *      holding half the rows outside the products, one sequence of 96
+ *      positions a micro-batch so the second shard's rows start mid
+ *      sequence, in a stage made for two), over both comms: against the
+ *      unsplit stage and the cpu backend's sequence-parallel shards as
+ *      above, and against the plain tp pair of the same comm: the same
+ *      loss to 1e-5 and gradients to 1e-3 (only the norms' gradients
+ *      are summed in another order);
  *   2. a compute-only shard (the profiler's: no comm) runs and stays
  *      finite;
  *   3. grad_square_sums (one sum per tensor) against sums made on the
@@ -34,6 +42,8 @@
 #define TOL_GRAD 3e-2
 #define TOL_NORM 2e-2
 #define TOL_DOUBLE_SUM 1e-9
+#define TOL_SP_LOSS 1e-5
+#define TOL_SP_GRAD 1e-3
 #define TP 2
 
 /* --------------------------------------------------------- the shards */
@@ -130,11 +140,12 @@ static void run_shards(model_stage *shards, const comm *handles,
     }
 }
 
-/* Shard t of the whole model on a backend, initialised like the unsplit
- * model and attached to its group through handles[t]. */
+/* Shard t of the whole model on a backend (with sequence parallelism or
+ * not), initialised like the unsplit model and attached to its group
+ * through handles[t]. */
 static void create_shards(model_stage *shards, const model_shape *shape,
                           backend_kind backend, int mbs, uint64_t seed,
-                          const comm *handles)
+                          const comm *handles, bool sp)
 {
     pt_error err;
     static const int group[TP] = {0, 1};
@@ -142,6 +153,7 @@ static void create_shards(model_stage *shards, const model_shape *shape,
         stage_spec spec = stage_spec_whole_model(shape);
         spec.tp = TP;
         spec.tp_rank = t;
+        spec.sequence_parallel = sp;
         PT_CHECK(model_stage_create(&shards[t], shape, &spec, backend, mbs, 1,
                                     &err),
                  &err);
@@ -325,15 +337,46 @@ static void close_pair_comm(pair_comm *p)
     comm_staged_destroy(p->staged);
 }
 
+/* Sequence parallelism against the plain tp pair over the same comm:
+ * the same loss and, but for the norms' gradients' summation order, the
+ * same gradients. */
+static void compare_with_plain_tp(gpu_test_tally *tally, const char *label,
+                                  const model_shape *shape, int capacity,
+                                  int mbs, int micro_batches, uint64_t seed,
+                                  const uint32_t *tokens, const comm *handles,
+                                  const model_stage *whole,
+                                  const float *sp_assembled, float sp_loss)
+{
+    model_stage plain[TP];
+    float losses[TP];
+    create_shards(plain, shape, BACKEND_CUDA, capacity, seed, handles,
+                  false);
+    run_shards(plain, handles, tokens, micro_batches, mbs, losses);
+    char name[200];
+    printf("# %s loss %.6f, plain tp=2 %.6f nats/token\n", label, sp_loss,
+           losses[0]);
+    snprintf(name, sizeof name, "%s loss vs plain tp=2", label);
+    compare_value(tally, name, sp_loss, losses[0], TOL_SP_LOSS);
+    float *assembled = assemble(plain, whole);
+    snprintf(name, sizeof name, "%s grad vs plain tp=2", label);
+    compare_tensors(tally, name, whole, sp_assembled, assembled, TOL_SP_GRAD);
+    free(assembled);
+    for (int t = 0; t < TP; t++)
+        model_stage_destroy(&plain[t]);
+}
+
 static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied,
-                                      bool exchange)
+                                      bool exchange, bool sp)
 {
     pt_error err;
     model_shape shape = tp_shape(tied);
-    int mbs = 2, micro_batches = 2;
+    /* sequence parallelism: one sequence a micro-batch, so shard 1's
+     * rows start mid sequence, in stages made for two */
+    int capacity = 2, mbs = sp ? 1 : 2, micro_batches = 2;
     uint64_t seed = tied ? 31 : 32;
-    char label[64];
-    snprintf(label, sizeof label, "tp=2 %s%s", tied ? "tied" : "untied",
+    char label[96];
+    snprintf(label, sizeof label, "tp=2%s %s%s", sp ? " sp" : "",
+             tied ? "tied" : "untied",
              exchange ? " (device exchange, bf16 sums on the stream)" : "");
     printf("# %s: %d layers, hidden %d, %d heads, ffn %d, vocab %d, seq %d, "
            "mbs %d x %d micro-batches\n",
@@ -346,8 +389,8 @@ static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied,
     /* the unsplit cuda stage */
     stage_spec whole_spec = stage_spec_whole_model(&shape);
     model_stage whole;
-    PT_CHECK(cuda_model_stage_create(&whole, &shape, &whole_spec, mbs, 1,
-                                     &err),
+    PT_CHECK(cuda_model_stage_create(&whole, &shape, &whole_spec, capacity,
+                                     1, &err),
              &err);
     PT_CHECK(model_stage_init_parameters(&whole, seed, &err), &err);
     float whole_loss = 0.0f;
@@ -366,8 +409,10 @@ static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied,
     for (int t = 0; t < TP; t++)
         cpu_handles[t] = comm_threads_rank(cpu_world, t);
     model_stage cuda_shards[TP], cpu_shards[TP];
-    create_shards(cuda_shards, &shape, BACKEND_CUDA, mbs, seed, cuda_handles);
-    create_shards(cpu_shards, &shape, BACKEND_CPU, mbs, seed, cpu_handles);
+    create_shards(cuda_shards, &shape, BACKEND_CUDA, capacity, seed,
+                  cuda_handles, sp);
+    create_shards(cpu_shards, &shape, BACKEND_CPU, capacity, seed,
+                  cpu_handles, sp);
     float cuda_losses[TP], cpu_losses[TP];
     run_shards(cuda_shards, cuda_handles, tokens, micro_batches, mbs,
                cuda_losses);
@@ -395,6 +440,10 @@ static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied,
     compare_tensors(tally, name, &whole, cuda_assembled, cpu_assembled,
                     TOL_GRAD);
     check_replicas_agree(tally, label, cuda_shards);
+    if (sp)
+        compare_with_plain_tp(tally, label, &shape, capacity, mbs,
+                              micro_batches, seed, tokens, cuda_handles,
+                              &whole, cuda_assembled, cuda_losses[0]);
 
     /* the global norm: shard 1 leaves out what shard 0 counts */
     double shares[TP], whole_square = 0.0;
@@ -603,10 +652,12 @@ int main(void)
 {
     gpu_test_require_device("test_cuda_tensor_parallel");
     gpu_test_tally tally = {0, 0};
-    test_tensor_parallel_pair(&tally, true, false);
-    test_tensor_parallel_pair(&tally, false, false);
-    test_tensor_parallel_pair(&tally, true, true);
-    test_tensor_parallel_pair(&tally, false, true);
+    test_tensor_parallel_pair(&tally, true, false, false);
+    test_tensor_parallel_pair(&tally, false, false, false);
+    test_tensor_parallel_pair(&tally, true, true, false);
+    test_tensor_parallel_pair(&tally, false, true, false);
+    test_tensor_parallel_pair(&tally, true, true, true);
+    test_tensor_parallel_pair(&tally, false, false, true);
     test_compute_only(&tally);
     test_square_sums(&tally);
     test_memory_cap(&tally);

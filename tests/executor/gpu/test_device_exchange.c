@@ -481,7 +481,8 @@ static float small_max(size_t i, int unused)
 }
 
 /* bf16 sums and maxima of three ranks (small integers: exact in bf16),
- * then a reduce-scatter and an all-gather on the stream. */
+ * then a reduce-scatter and an all-gather on the stream, of fp32 and of
+ * bf16 (sequence parallelism's; chunks at odd offsets). */
 static int stream_kinds_body(rank_run *r)
 {
     static const int group[3] = {0, 1, 2};
@@ -491,6 +492,8 @@ static int stream_kinds_body(rank_run *r)
         values[i] = small_integer(i, r->rank);
     pt_bf16 *sum = gpu_test_upload_bf16(values, count);
     pt_bf16 *max = gpu_test_upload_bf16(values, count);
+    pt_bf16 *rows = gpu_test_upload_bf16(values, count);
+    size_t row_offsets[4] = {0, 7, count / 2, count};
     float *data = gpu_test_device(BIG * sizeof(float));
     fill(data, BIG, reduce_value, r->rank);
     size_t offsets[4] = {0, 12345, BIG / 2, BIG};
@@ -503,14 +506,23 @@ static int stream_kinds_body(rank_run *r)
                                            r->stream, &r->err);
     if (status == 0)
         status = comm_reduce_scatter_on_stream(&r->c, group, 3, data,
-                                               offsets, r->stream, &r->err);
+                                               offsets, COMM_FLOAT32,
+                                               r->stream, &r->err);
     if (status == 0)
         status = comm_all_gather_on_stream(&r->c, group, 3, data, offsets,
+                                           COMM_FLOAT32, r->stream, &r->err);
+    if (status == 0)
+        status = comm_reduce_scatter_on_stream(&r->c, group, 3, rows,
+                                               row_offsets, COMM_BFLOAT16,
+                                               r->stream, &r->err);
+    if (status == 0)
+        status = comm_all_gather_on_stream(&r->c, group, 3, rows,
+                                           row_offsets, COMM_BFLOAT16,
                                            r->stream, &r->err);
     if (status == 0)
         status = comm_wait_stream(&r->c, r->stream, "bf16", &r->err);
     float *got = gpu_test_host(count * sizeof *got);
-    bool sum_ok = status == 0, max_ok = status == 0;
+    bool sum_ok = status == 0, max_ok = status == 0, rows_ok = status == 0;
     if (status == 0) {
         gpu_test_download_bf16(got, sum, count);
         for (size_t i = 0; i < count && sum_ok; i++)
@@ -518,17 +530,21 @@ static int stream_kinds_body(rank_run *r)
         gpu_test_download_bf16(got, max, count);
         for (size_t i = 0; i < count && max_ok; i++)
             max_ok = got[i] == small_max(i, 0);
+        gpu_test_download_bf16(got, rows, count);
+        for (size_t i = 0; i < count && rows_ok; i++)
+            rows_ok = got[i] == small_sum(i, 0);
     }
     bool chunks_ok = status == 0 && equals(data, 0, BIG, sum_of_three);
-    r->ok = sum_ok && max_ok && chunks_ok;
+    r->ok = sum_ok && max_ok && chunks_ok && rows_ok;
     if (!r->ok)
         printf("NOTE rank %d: bf16 sum %d, bf16 max %d, reduce-scatter + "
-               "all-gather %d\n",
-               r->rank, sum_ok, max_ok, chunks_ok);
+               "all-gather %d, of bf16 %d\n",
+               r->rank, sum_ok, max_ok, chunks_ok, rows_ok);
     free(got);
     free(values);
     cudaFree(sum);
     cudaFree(max);
+    cudaFree(rows);
     cudaFree(data);
     return status;
 }
@@ -549,7 +565,8 @@ static void test_stream_ordered(gpu_test_tally *tally)
     run_world(3, 32, NULL, 60.0, stream_kinds_body, runs);
     gpu_test_expect(tally, all_ok(runs, 3),
                     "stream-ordered over 3 ranks: bf16 sum and max exact, "
-                    "reduce-scatter then all-gather give the sum");
+                    "reduce-scatter then all-gather give the sum (fp32, "
+                    "and bf16 in uneven chunks)");
 }
 
 /* ------------------------------------------------------------ 4. pacing */

@@ -1,0 +1,107 @@
+/*
+ * The tensor-parallel collectives of a cuda stage (declared in
+ * cuda_stage.h), which passes.c calls between its kernels: the sums of
+ * plain tensor parallelism and, under sequence parallelism, the two
+ * halves of each (the reduce-scatter of a shard's rows and their
+ * all-gather). On a comm with stream-ordered collectives (NCCL, the
+ * device exchange) they are enqueued on the stage's stream, so nothing
+ * waits on the host between a collective and the kernels around it;
+ * else the comm is blocking and reads the buffer when it is called, so
+ * the stream is drained first. A compute-only stage (the profiler's)
+ * skips them all.
+ */
+#include "executor/comm/comm.h"
+#include "executor/cuda/cuda_stage.h"
+
+#include "executor/cuda/cuda_check.h"
+
+bool cuda_tp_on_stream(const model_stage *stage)
+{
+    return stage_spec_tp(&stage->spec) > 1 && !stage->tp_compute_only &&
+           stage->tp_comm != NULL && comm_has_stream_ops(stage->tp_comm);
+}
+
+int cuda_sync_stage_stream(const model_stage *stage, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (cuda_tp_on_stream(stage))
+        return comm_wait_stream(stage->tp_comm, state->stream,
+                                "the stage's kernels and tensor-parallel "
+                                "sums",
+                                err);
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    return 0;
+}
+
+int cuda_tp_reduce(const model_stage *stage, float *data, size_t count,
+                   comm_reduce_op op, pt_error *err)
+{
+    if (stage_spec_tp(&stage->spec) == 1 || stage->tp_compute_only)
+        return 0;
+    if (cuda_tp_on_stream(stage))
+        return comm_all_reduce_on_stream(stage->tp_comm, stage->tp_group,
+                                         stage_spec_tp(&stage->spec), data,
+                                         count, COMM_FLOAT32, op,
+                                         state_of(stage)->stream, err);
+    CUDA_TRY(cudaStreamSynchronize(state_of(stage)->stream));
+    if (op == COMM_MAX)
+        return stage_tp_all_reduce_max(stage, data, count, err);
+    return stage_tp_all_reduce_sum(stage, data, count, err);
+}
+
+int cuda_tp_sum_bf16(const model_stage *stage, pt_bf16 *data, size_t count,
+                     pt_error *err)
+{
+    if (stage->tp_compute_only)
+        return 0;
+    return comm_all_reduce_on_stream(stage->tp_comm, stage->tp_group,
+                                     stage_spec_tp(&stage->spec), data, count,
+                                     COMM_BFLOAT16, COMM_SUM,
+                                     state_of(stage)->stream, err);
+}
+
+/* One half of an all-reduce over the sequence shards' rows of an N x C
+ * buffer: the reduce-scatter (gather false) or the all-gather. */
+static int tp_rows(const model_stage *stage, void *data, comm_element type,
+                   const stage_dims *d, bool gather, pt_error *err)
+{
+    if (stage->tp_compute_only)
+        return 0;
+    if (cuda_tp_on_stream(stage)) {
+        size_t offsets[PT_MAX_TP + 1];
+        for (int t = 0; t <= d->tp; t++)
+            offsets[t] = (size_t)t * (size_t)d->R * (size_t)d->C;
+        cudaStream_t stream = state_of(stage)->stream;
+        return gather ? comm_all_gather_on_stream(stage->tp_comm,
+                                                  stage->tp_group, d->tp,
+                                                  data, offsets, type,
+                                                  stream, err)
+                      : comm_reduce_scatter_on_stream(
+                            stage->tp_comm, stage->tp_group, d->tp, data,
+                            offsets, type, stream, err);
+    }
+    if (!gather && type != COMM_FLOAT32)
+        return pt_fail(err, "cuda backend: a blocking comm reduce-scatters "
+                            "fp32 rows only");
+    CUDA_TRY(cudaStreamSynchronize(state_of(stage)->stream));
+    if (!gather)
+        return stage_tp_reduce_scatter_rows(stage, data, (size_t)d->N,
+                                            (size_t)d->C, err);
+    /* a gather moves bits: bf16 rows go as pairs in floats (C is even) */
+    size_t columns = type == COMM_BFLOAT16 ? (size_t)d->C / 2 : (size_t)d->C;
+    return stage_tp_all_gather_rows(stage, data, (size_t)d->N, columns, err);
+}
+
+int cuda_tp_scatter_rows(const model_stage *stage, void *data,
+                         comm_element type, const stage_dims *d,
+                         pt_error *err)
+{
+    return tp_rows(stage, data, type, d, false, err);
+}
+
+int cuda_tp_gather_rows(const model_stage *stage, void *data,
+                        comm_element type, const stage_dims *d,
+                        pt_error *err)
+{
+    return tp_rows(stage, data, type, d, true, err);
+}
