@@ -109,44 +109,45 @@ double costmodel_offload_s_per_param(const parallel_config *config)
            1.0 / COSTMODEL_CPU_ADAMW_PARAMS_PER_S;
 }
 
-/* The largest unit a rank of stage `stage` gathers or reduces. */
-static double largest_unit(const model_shape *model,
-                           const parallel_config *config, int stage)
+bool costmodel_zero_sharded_stage(const model_shape *model,
+                                  const parallel_config *config, int stage)
 {
-    zero_units u = units_of(model, config);
-    double largest = model->layers > 0 ? u.layer : 0.0;
-    if (stage == 0)
-        largest = fmax(largest, u.embedding);
-    if (stage == config->pp - 1)
-        largest = fmax(largest, u.head);
-    return largest;
+    bool tied_pair = model->tied_embeddings && config->pp > 1 &&
+                     (stage == 0 || stage == config->pp - 1);
+    return sharding(config) && !tied_pair;
 }
 
 void costmodel_zero_memory(const model_shape *model,
                            const parallel_config *config, int stage,
-                           pt_memory_terms *fixed, pt_memory_terms *per_layer)
+                           const zero_unit_sizes *u, pt_memory_terms *fixed,
+                           pt_memory_terms *per_layer)
 {
-    int zero = parallel_zero_stage(config);
-    double d = config->dp;
-    double in_flight = 2.0 * largest_unit(model, config, stage);
-    if (zero >= 2 && d > 1) {
-        /* the shard of the summed gradients, and two units' worth: the
-         * one the backward fills, the one being reduce-scattered */
-        fixed->bytes[PT_MEMORY_GRADIENTS] =
-            fixed->bytes[PT_MEMORY_GRADIENTS] / d + 4.0 * in_flight;
-        per_layer->bytes[PT_MEMORY_GRADIENTS] /= d;
-    }
-    if (zero >= 3 && d > 1) {
-        /* the master weights' shard; the half-precision copy's shard and
-         * two units gathered: the one computing, the one prefetched */
-        fixed->bytes[PT_MEMORY_WEIGHTS] /= d;
-        per_layer->bytes[PT_MEMORY_WEIGHTS] /= d;
-        fixed->bytes[PT_MEMORY_WEIGHT_MIRROR] =
-            fixed->bytes[PT_MEMORY_WEIGHT_MIRROR] / d +
-            precision_bytes(config->precision) * in_flight;
-        per_layer->bytes[PT_MEMORY_WEIGHT_MIRROR] /= d;
-    }
     /* offload: the moments left the device in memory.c already; the
      * fp32 weights stay as the backend's working copy (DeepSpeed keeps
      * half-precision ones only: docs/cost-model.md, section 11) */
+    if (!costmodel_zero_sharded_stage(model, config, stage))
+        return;
+    double d = config->dp;
+    double ends = u->embedding + u->head;
+    /* the unit buffers: two layers (the one the pass computes, the one
+     * reduced or gathered), the head, the embeddings */
+    double units = u->embedding + 2.0 * u->layer + u->head;
+    /* the shard: runs of 64 floats, the first shards the fullest */
+    double shard_fixed = ends / d + 64.0 + 1.0;
+    /* gradients: the shard, and the units with the head's padding */
+    fixed->bytes[PT_MEMORY_GRADIENTS] =
+        4.0 * shard_fixed + 4.0 * (units + u->head_pad + 1.0);
+    per_layer->bytes[PT_MEMORY_GRADIENTS] = 4.0 * u->layer / d;
+    if (parallel_zero_stage(config) < 3)
+        return;
+    /* ZeRO-3: the fp32 weights likewise (their units gathered whole), no
+     * mirror of every parameter but the units' bf16 copies, and the
+     * units' conversion tables for the table of every parameter */
+    fixed->bytes[PT_MEMORY_WEIGHTS] = 4.0 * shard_fixed + 4.0 * (units + 1.0);
+    per_layer->bytes[PT_MEMORY_WEIGHTS] = 4.0 * u->layer / d;
+    fixed->bytes[PT_MEMORY_WEIGHT_MIRROR] =
+        precision_bytes(config->precision) * (units + u->head_pad + 1.0);
+    per_layer->bytes[PT_MEMORY_WEIGHT_MIRROR] = 0.0;
+    fixed->bytes[PT_MEMORY_OPTIMIZER] += u->unit_tables - u->every_table_fixed;
+    per_layer->bytes[PT_MEMORY_OPTIMIZER] -= u->every_table_layer;
 }

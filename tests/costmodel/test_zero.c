@@ -73,24 +73,34 @@ static void sharded_memory_terms(void **state)
     costmodel_stage_memory(&m, &config, 0, 0.0, &z3);
     config.offload_optimizer = true;
     costmodel_stage_memory(&m, &config, 0, 0.0, &off);
-    /* the largest unit of the one stage: the embeddings (V + s) h */
-    double unit = (50257.0 + 1024.0) * 1600.0;
+    /* the units of the one stage as the cuda executor holds them: the
+     * embeddings (V + s) h, a layer, the head's final norm (its matrix is
+     * the tied embedding); the head's 47 padding rows (V rounded up to
+     * 50,304); the shard's fixed part the embeddings and the norm over 4,
+     * with a run's 64 floats and one */
+    double h = 1600.0, layer = model_layer_parameter_count(&m);
+    double embedding = (50257.0 + 1024.0) * h, head = 2.0 * h;
+    double pad = 47.0 * h, units = embedding + 2.0 * layer + head;
+    double shard = (embedding + head) / 4.0 + 65.0;
     const pt_memory_term G = PT_MEMORY_GRADIENTS, W = PT_MEMORY_WEIGHTS,
                          M = PT_MEMORY_WEIGHT_MIRROR, O = PT_MEMORY_OPTIMIZER;
-    /* ZeRO-2: gradients / 4 and two units of fp32 */
+    /* ZeRO-2: the gradients' shard and the units with the padding */
     assert_true(close_to(z2.fixed.bytes[G],
-                         base.fixed.bytes[G] / 4.0 + 8.0 * unit, 1e-12));
+                         4.0 * shard + 4.0 * (units + pad + 1.0), 1e-12));
     assert_true(close_to(z2.per_layer.bytes[G], base.per_layer.bytes[G] / 4.0,
                          1e-12));
     assert_true(z2.fixed.bytes[W] == base.fixed.bytes[W]);
     assert_true(z2.fixed.bytes[O] == z1.fixed.bytes[O]);
-    /* ZeRO-3: weights / 4; the bf16 copy / 4 and two units gathered */
+    /* ZeRO-3: the weights likewise, the bf16 copies of the units only,
+     * the units' tables for the table of every parameter */
+    assert_true(close_to(z3.fixed.bytes[W], 4.0 * shard + 4.0 * (units + 1.0),
+                         1e-12));
     assert_true(close_to(z3.per_layer.bytes[W], base.per_layer.bytes[W] / 4.0,
                          1e-12));
-    assert_true(close_to(z3.fixed.bytes[M],
-                         base.fixed.bytes[M] / 4.0 + 2.0 * 2.0 * unit, 1e-12));
-    assert_true(close_to(z3.per_layer.bytes[M], base.per_layer.bytes[M] / 4.0,
+    assert_true(close_to(z3.fixed.bytes[M], 2.0 * (units + pad + 1.0),
                          1e-12));
+    assert_true(z3.per_layer.bytes[M] == 0.0);
+    assert_true(z3.per_layer.bytes[O] < z1.per_layer.bytes[O]);
     /* offload: no AdamW moments on the device (the chunk tables stay, as
      * do the fp32 weights, the backend's working copy) */
     double layer_params = model_layer_parameter_count(&m);
