@@ -142,10 +142,10 @@ static void print_zero_levers(const plan *p, const estimate *est)
         printf("# ZeRO stage %d, optimizer offload off\n",
                parallel_zero_stage(config));
     if (parallel_zero_stage(config) >= 2 && config->dp > 1)
-        printf("# ZeRO-%d's memory below is DeepSpeed's: partita exec "
-               "runs its communication, and holds its shards on the cpu "
-               "backend only (the cuda backend keeps whole-sized buffers; "
-               "docs/executor.md)\n",
+        printf("# ZeRO-%d's memory below is the shards and unit buffers "
+               "partita exec's cuda backend holds (whole buffers on a "
+               "pipeline's tied embedding pair; docs/cost-model.md, "
+               "section 11)\n",
                parallel_zero_stage(config));
 }
 

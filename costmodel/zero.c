@@ -32,14 +32,14 @@ static bool sharding(const parallel_config *config)
     return parallel_zero_stage(config) >= 2 && config->dp > 1;
 }
 
-/* One unit's weights gathered (all-gather of its half-precision copy,
- * priced as a reduce-scatter of the buffer, as ZeRO-1's) and its
- * gradients reduce-scattered (fp32). */
+/* One unit's weights gathered (an all-gather of its fp32 weights, which
+ * the cuda executor then converts to its bf16 copy: priced as a
+ * reduce-scatter of the buffer, as ZeRO-1's) and its gradients
+ * reduce-scattered (fp32). */
 static double gather_s(const costmodel *cm, const parallel_config *config,
                        const stage_placement *place, double params)
 {
-    return costmodel_dp_reduce_seconds(
-        cm, config, place, params * precision_bytes(config->precision), true);
+    return costmodel_dp_reduce_seconds(cm, config, place, params * 4.0, true);
 }
 
 static double scatter_s(const costmodel *cm, const parallel_config *config,

@@ -149,11 +149,11 @@ static void slow_link_paces_every_unit(void **state)
     assert_int_equal(costmodel_type_costs(&f.cm, 0, &config, &costs, &err), 0);
     double layer = model_layer_parameter_count(&f.model);
     double embedding = (50257.0 + 1024.0) * 1600.0, head = 2.0 * 1600.0;
-    double gather_layer = reduce_scatter_time(2.0 * layer, 4, link);
+    double gather_layer = reduce_scatter_time(4.0 * layer, 4, link);
     double reduce_layer = reduce_scatter_time(4.0 * layer, 4, link);
-    double gather_embedding = reduce_scatter_time(2.0 * embedding, 4, link);
+    double gather_embedding = reduce_scatter_time(4.0 * embedding, 4, link);
     double reduce_embedding = reduce_scatter_time(4.0 * embedding, 4, link);
-    double gather_head = reduce_scatter_time(2.0 * head, 4, link);
+    double gather_head = reduce_scatter_time(4.0 * head, 4, link);
     double reduce_head = reduce_scatter_time(4.0 * head, 4, link);
     assert_true(gather_layer > costs.layer_backward_s);
 
