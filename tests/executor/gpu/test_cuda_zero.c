@@ -8,6 +8,8 @@
  *     four steps, within bf16 / fp32 rounding (the reduce-scatters sum
  *     what the all-reduce sums, unit by unit);
  *   - pp 2 x dp 2 untied (four slices): ZeRO-3 likewise against plain;
+ *   - dp 2 over the host-staged comm (no streams: the units' collectives
+ *     blocking): ZeRO-2 and ZeRO-3 likewise;
  *   - memory: every rank's allocations, term by term, are those of the
  *     memory plan (buffers.c, what the cost model is held to), ZeRO-2's
  *     gradients and ZeRO-3's weights and mirror below ZeRO-1's.
@@ -25,6 +27,7 @@
 
 typedef struct zero_case {
     const char *name;
+    gpu_comm_kind comm;
     bool tied;
     int dp, pp;
     int partition[2];
@@ -97,7 +100,7 @@ static case_result run_case(gpu_test_tally *tally, const zero_case *c,
     for (int r = 0; r < layout.rank_count; r++)
         devices[r] = (device_spec){.index = 0, .sm_limit = SM_SLICE};
     pipeline_gpu gpu;
-    if (pipeline_gpu_start(&gpu, &layout, devices, GPU_COMM_DEVICE, NULL, 7,
+    if (pipeline_gpu_start(&gpu, &layout, devices, c->comm, NULL, 7,
                            TIMEOUT_S, &err) != 0) {
         printf("# %s\n", err.message);
         gpu_test_expect(tally, false, what);
@@ -219,13 +222,21 @@ int main(void)
         return GPU_TEST_SKIP;
     }
     gpu_test_tally tally = {0};
-    const zero_case dp2 = {.name = "dp 2 tied", .tied = true, .dp = 2,
-                           .pp = 1, .partition = {8}};
+    const zero_case dp2 = {.name = "dp 2 tied", .comm = GPU_COMM_DEVICE,
+                           .tied = true, .dp = 2, .pp = 1,
+                           .partition = {8}};
     const int all[] = {1, 2, 3};
     test_zero_case(&tally, &dp2, all, 3);
-    const zero_case pp2 = {.name = "pp 2 x dp 2 untied", .tied = false,
-                           .dp = 2, .pp = 2, .partition = {5, 3}};
+    const zero_case pp2 = {.name = "pp 2 x dp 2 untied",
+                           .comm = GPU_COMM_DEVICE, .tied = false, .dp = 2,
+                           .pp = 2, .partition = {5, 3}};
     const int three[] = {3};
     test_zero_case(&tally, &pp2, three, 1);
+    /* a comm without stream-ordered collectives: the units blocking */
+    const zero_case staged = {.name = "dp 2 tied, host-staged",
+                              .comm = GPU_COMM_HOST, .tied = true, .dp = 2,
+                              .pp = 1, .partition = {8}};
+    const int two_three[] = {2, 3};
+    test_zero_case(&tally, &staged, two_three, 2);
     return gpu_test_finish(&tally, PROGRAM);
 }
