@@ -178,6 +178,14 @@ bool costmodel_zero_step_work(const costmodel *cm,
                               const parallel_config *config,
                               const stage_placement *place, int stage,
                               step_work *out);
+/* Bytes the AdamW step moves per parameter (executor/cuda/optimizer.cu
+ * reads parameter, gradient and both moments in fp32 and writes
+ * parameter, moments and the bf16 mirror): the profile's optimizer time
+ * over them is the GPU's streaming rate as measured (a slice's beside its
+ * neighbours, when its profile was taken so), which stage.c and zero.c
+ * price memory-bound kernels at. */
+#define COSTMODEL_ADAMW_BYTES_PER_PARAM 30.0
+
 /* What memory.c knows of a rank's ZeRO units, exactly as the cuda
  * executor lays them out (its shard's tensors): floats of one layer, of
  * the embeddings (first stage; else 0) and of the head (last stage), the

@@ -32,34 +32,55 @@ static bool sharding(const parallel_config *config)
     return parallel_zero_stage(config) >= 2 && config->dp > 1;
 }
 
-/* One unit's weights gathered (an all-gather of its fp32 weights, which
- * the cuda executor then converts to its bf16 copy: priced as a
- * reduce-scatter of the buffer, as ZeRO-1's) and its gradients
- * reduce-scattered (fp32). */
-static double gather_s(const costmodel *cm, const parallel_config *config,
-                       const stage_placement *place, double params)
+/* One unit's collective over the stage's dp group: its weights
+ * all-gathered (fp32, which the cuda executor then converts to its bf16
+ * copy) or its gradients reduce-scattered (fp32), both priced as a
+ * reduce-scatter of the unit's fp32 buffer (ZeRO-1's rule). */
+static double unit_collective_s(const costmodel *cm,
+                                const parallel_config *config,
+                                const stage_placement *place, double params)
 {
     return costmodel_dp_reduce_seconds(cm, config, place, params * 4.0, true);
 }
 
-static double scatter_s(const costmodel *cm, const parallel_config *config,
-                        const stage_placement *place, double params)
+/* Bytes the SMs move per parameter of a unit, on slices of one GPU where
+ * the device exchange's kernels run in the rank's own slice (the cuda
+ * executor, measured 2026-11-27 on an H100's 40-SM slices): a gather
+ * copies the rank's part (read and write 4 / d each), receives the
+ * others' (read and write 4 (d - 1) / d each) and converts the unit to
+ * bf16 (read 4, write 2): 14 bytes; a reduce-scatter reads every
+ * member's part of the unit (4) and writes the rank's sum (4 / d), then
+ * adds it to the shard (read 8 / d, write 4 / d): 4 (1 + 4 / d). */
+#define GATHER_KERNEL_BYTES 14.0
+static double reduce_kernel_bytes(const parallel_config *config)
 {
-    return costmodel_dp_reduce_seconds(cm, config, place, params * 4.0, true);
+    return 4.0 * (1.0 + 4.0 / config->dp);
 }
 
 /* A unit's forward and backward with its ZeRO-2/3 communication on a
  * stream of its own: the next unit's gather and the last one's reduce
- * overlap this one's compute, so the unit takes the longer of the two. */
+ * overlap this one's compute, so the unit takes the longer of the two;
+ * on slices of one GPU the collectives' kernels take the unit's SMs
+ * (at the slice's streaming rate: the AdamW step's per byte), so they
+ * add to its compute. */
 static void unit_times(const costmodel *cm, const parallel_config *config,
                        const stage_placement *place, double params,
-                       double *forward_s, double *backward_s)
+                       double s_per_byte, double *forward_s,
+                       double *backward_s)
 {
-    int zero = parallel_zero_stage(config);
-    double gather = zero >= 3 ? gather_s(cm, config, place, params) : 0.0;
-    double reduce = scatter_s(cm, config, place, params);
-    *forward_s = fmax(*forward_s, gather);
-    *backward_s = fmax(*backward_s, gather + reduce);
+    bool gathers = parallel_zero_stage(config) >= 3;
+    double gather = gathers ? unit_collective_s(cm, config, place, params)
+                            : 0.0;
+    double reduce = unit_collective_s(cm, config, place, params);
+    double gather_kernels = 0.0, reduce_kernels = 0.0;
+    if (place->slices_of_one_gpu) {
+        gather_kernels =
+            gathers ? params * GATHER_KERNEL_BYTES * s_per_byte : 0.0;
+        reduce_kernels = params * reduce_kernel_bytes(config) * s_per_byte;
+    }
+    *forward_s = fmax(*forward_s + gather_kernels, gather);
+    *backward_s = fmax(*backward_s + gather_kernels + reduce_kernels,
+                       gather + reduce);
 }
 
 void costmodel_zero_unit_costs(const costmodel *cm,
@@ -70,11 +91,12 @@ void costmodel_zero_unit_costs(const costmodel *cm,
     if (!sharding(config))
         return;
     zero_units u = units_of(&cm->model, config);
-    unit_times(cm, config, place, u.layer, &costs->layer_forward_s,
-               &costs->layer_backward_s);
-    unit_times(cm, config, place, u.embedding, &costs->embedding_forward_s,
-               &costs->embedding_backward_s);
-    unit_times(cm, config, place, u.head, &costs->head_forward_s,
+    double s_per_byte = costs->stream_s_per_byte;
+    unit_times(cm, config, place, u.layer, s_per_byte,
+               &costs->layer_forward_s, &costs->layer_backward_s);
+    unit_times(cm, config, place, u.embedding, s_per_byte,
+               &costs->embedding_forward_s, &costs->embedding_backward_s);
+    unit_times(cm, config, place, u.head, s_per_byte, &costs->head_forward_s,
                &costs->head_backward_s);
 }
 
@@ -92,7 +114,7 @@ bool costmodel_zero_step_work(const costmodel *cm,
     double last_unit = stage == 0 ? u.embedding
                        : stage == config->pp - 1 ? fmin(u.layer, u.head)
                                                  : u.layer;
-    out->reduce_s = scatter_s(cm, config, place, last_unit);
+    out->reduce_s = unit_collective_s(cm, config, place, last_unit);
     out->exposed_s = out->reduce_s;
     out->tail_fraction = 1.0;
     /* ZeRO-2 gathers the updated parameters once, as ZeRO-1; ZeRO-3
@@ -104,7 +126,10 @@ bool costmodel_zero_step_work(const costmodel *cm,
 
 double costmodel_offload_s_per_param(const parallel_config *config)
 {
-    double bytes = 4.0 + precision_bytes(config->precision);
+    /* the fp32 gradients down and the fp32 weights back up (the cuda
+     * executor keeps fp32 weights on the device: stage/offload.c) */
+    (void)config;
+    double bytes = 8.0;
     return bytes / COSTMODEL_HOST_LINK_BYTES_PER_S +
            1.0 / COSTMODEL_CPU_ADAMW_PARAMS_PER_S;
 }

@@ -124,9 +124,24 @@ static void offload_prices_the_host_step(void **state)
     parallel_config config = config_of(8, 1, 1, 4, 1);
     parallel_set_zero_stage(&config, 2);
     config.offload_optimizer = true;
-    double per_param = 6.0 / 25e9 + 1.0 / 1e9; /* bf16 up, fp32 down */
+    /* fp32 gradients down, fp32 weights up, the host's AdamW */
+    double per_param = 8.0 / 25e9 + 1.0 / 1.08e9;
     assert_true(close_to(costmodel_offload_s_per_param(&config), per_param,
                          1e-12));
+    /* the GPU's own memory-bound work (the gradient norm, the slices'
+     * sums and ZeRO's unit kernels) stays at its streaming rate */
+    type_costs offloaded, on_gpu;
+    pt_error err = {{0}};
+    parallel_config plain = config;
+    plain.offload_optimizer = false;
+    assert_int_equal(costmodel_type_costs(&f.cm, 0, &config, &offloaded,
+                                          &err), 0);
+    assert_int_equal(costmodel_type_costs(&f.cm, 0, &plain, &on_gpu, &err),
+                     0);
+    assert_true(close_to(offloaded.optimizer_s_per_param, per_param, 1e-12));
+    assert_true(offloaded.stream_s_per_byte == on_gpu.stream_s_per_byte);
+    assert_true(close_to(on_gpu.stream_s_per_byte,
+                         on_gpu.optimizer_s_per_param / 30.0, 1e-12));
     estimate e = estimate_of(&f, config, partition);
     double held = stage_parameters_per_gpu(&f.model, &config, 0, 48) / 4.0;
     assert_true(close_to(e.stages[0].optimizer_s, held * per_param, 1e-12));
