@@ -172,12 +172,13 @@ void costmodel_zero_unit_costs(const costmodel *cm,
                                const stage_placement *place,
                                type_costs *costs);
 /* The per-step reduction under ZeRO-2/3 (only the last unit's reduce-
- * scatter is left after the backward; ZeRO-3 gathers nothing after the
- * optimizer). Returns false, changing nothing, below ZeRO-2 or at dp 1. */
+ * scatter is left after the backward, with its kernels on slices at
+ * slow's streaming rate; ZeRO-3 gathers nothing after the optimizer).
+ * Returns false, changing nothing, below ZeRO-2 or at dp 1. */
 bool costmodel_zero_step_work(const costmodel *cm,
                               const parallel_config *config,
                               const stage_placement *place, int stage,
-                              step_work *out);
+                              const type_costs *slow, step_work *out);
 /* Bytes the AdamW step moves per parameter (executor/cuda/optimizer.cu
  * reads parameter, gradient and both moments in fp32 and writes
  * parameter, moments and the bf16 mirror): the profile's optimizer time

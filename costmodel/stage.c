@@ -279,5 +279,5 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                              ? tail_bytes / gradient_bytes
                              : 1.0;
     /* ZeRO-2/3 reduce unit by unit during every backward (zero.c) */
-    costmodel_zero_step_work(cm, config, placement, stage, out);
+    costmodel_zero_step_work(cm, config, placement, stage, slow, out);
 }

@@ -62,10 +62,13 @@ static double reduce_kernel_bytes(const parallel_config *config)
  * overlap this one's compute, so the unit takes the longer of the two;
  * on slices of one GPU the collectives' kernels take the unit's SMs
  * (at the slice's streaming rate: the AdamW step's per byte), so they
- * add to its compute. */
+ * add to its compute. The embeddings end the first stage's backward:
+ * their reduce runs under what follows (the next micro-batch's forward;
+ * after the last one, the step's exposed reduce_s), not under their
+ * own backward (`trailing`). */
 static void unit_times(const costmodel *cm, const parallel_config *config,
                        const stage_placement *place, double params,
-                       double s_per_byte, double *forward_s,
+                       double s_per_byte, bool trailing, double *forward_s,
                        double *backward_s)
 {
     bool gathers = parallel_zero_stage(config) >= 3;
@@ -80,7 +83,18 @@ static void unit_times(const costmodel *cm, const parallel_config *config,
     }
     *forward_s = fmax(*forward_s + gather_kernels, gather);
     *backward_s = fmax(*backward_s + gather_kernels + reduce_kernels,
-                       gather + reduce);
+                       gather + (trailing ? 0.0 : reduce));
+}
+
+/* The SM time of one unit's reduce-scatter and add on slices of one GPU
+ * (0 elsewhere). */
+static double reduce_kernels_s(const parallel_config *config,
+                               const stage_placement *place,
+                               const type_costs *costs, double params)
+{
+    return place->slices_of_one_gpu ? params * reduce_kernel_bytes(config) *
+                                          costs->stream_s_per_byte
+                                    : 0.0;
 }
 
 void costmodel_zero_unit_costs(const costmodel *cm,
@@ -92,18 +106,18 @@ void costmodel_zero_unit_costs(const costmodel *cm,
         return;
     zero_units u = units_of(&cm->model, config);
     double s_per_byte = costs->stream_s_per_byte;
-    unit_times(cm, config, place, u.layer, s_per_byte,
+    unit_times(cm, config, place, u.layer, s_per_byte, false,
                &costs->layer_forward_s, &costs->layer_backward_s);
-    unit_times(cm, config, place, u.embedding, s_per_byte,
+    unit_times(cm, config, place, u.embedding, s_per_byte, true,
                &costs->embedding_forward_s, &costs->embedding_backward_s);
-    unit_times(cm, config, place, u.head, s_per_byte, &costs->head_forward_s,
-               &costs->head_backward_s);
+    unit_times(cm, config, place, u.head, s_per_byte, false,
+               &costs->head_forward_s, &costs->head_backward_s);
 }
 
 bool costmodel_zero_step_work(const costmodel *cm,
                               const parallel_config *config,
                               const stage_placement *place, int stage,
-                              step_work *out)
+                              const type_costs *slow, step_work *out)
 {
     if (!sharding(config))
         return false;
@@ -114,7 +128,10 @@ bool costmodel_zero_step_work(const costmodel *cm,
     double last_unit = stage == 0 ? u.embedding
                        : stage == config->pp - 1 ? fmin(u.layer, u.head)
                                                  : u.layer;
-    out->reduce_s = unit_collective_s(cm, config, place, last_unit);
+    /* its transfer and, on slices, its kernels (behind the backward's
+     * last kernels on the units' stream) */
+    out->reduce_s = unit_collective_s(cm, config, place, last_unit) +
+                    reduce_kernels_s(config, place, slow, last_unit);
     out->exposed_s = out->reduce_s;
     out->tail_fraction = 1.0;
     /* ZeRO-2 gathers the updated parameters once, as ZeRO-1; ZeRO-3

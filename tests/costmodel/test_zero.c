@@ -177,9 +177,11 @@ static void slow_link_paces_every_unit(void **state)
     double forward = 48.0 * gather_layer +
                      fmax(costs.embedding_forward_s, gather_embedding) +
                      fmax(costs.head_forward_s, gather_head);
+    /* the embeddings end the backward: their reduce runs under what
+     * follows, the last one after the step's backward */
     double backward =
         48.0 * (gather_layer + reduce_layer) +
-        fmax(costs.embedding_backward_s, gather_embedding + reduce_embedding) +
+        fmax(costs.embedding_backward_s, gather_embedding) +
         fmax(costs.head_backward_s, gather_head + reduce_head);
     assert_true(close_to(e.stages[0].forward_s, forward, 1e-9));
     assert_true(close_to(e.stages[0].backward_s, backward, 1e-9));
@@ -195,8 +197,7 @@ static void slow_link_paces_every_unit(void **state)
                          1e-9));
     assert_true(close_to(e.stages[0].backward_s,
                          48.0 * fmax(costs.layer_backward_s, reduce_layer) +
-                             fmax(costs.embedding_backward_s,
-                                  reduce_embedding) +
+                             costs.embedding_backward_s +
                              fmax(costs.head_backward_s, reduce_head),
                          1e-9));
     /* ZeRO-2 still gathers the updated weights once, as ZeRO-1: the fp32
@@ -210,6 +211,51 @@ static void slow_link_paces_every_unit(void **state)
     fixture_close(&f);
 }
 
+/* On slices of one GPU (every device entry index 0) the units'
+ * collectives run their kernels in the rank's own SMs: a gather 14 bytes
+ * a parameter, a reduce-scatter and its add 4 (1 + 4 / d), at the
+ * profile's streaming rate (its AdamW step over 30 bytes a parameter),
+ * lengthen each unit's forward (ZeRO-3) and backward, by at most that;
+ * on separate GPUs they do not. */
+static void unit_kernels_take_the_slices_sms(void **state)
+{
+    (void)state;
+    fixture f;
+    open_one_node(&f, 230.0);
+    int partition[1] = {48};
+    parallel_config config = config_of(8, 1, 1, 4, 1);
+    double params = stage_parameters_per_gpu(&f.model, &config, 0, 48);
+    type_costs costs;
+    pt_error err = {{0}};
+    assert_int_equal(costmodel_type_costs(&f.cm, 0, &config, &costs, &err), 0);
+    for (int zero = 2; zero <= 3; zero++) {
+        parallel_set_zero_stage(&config, zero);
+        estimate apart = estimate_of(&f, config, partition);
+        node_type *type = &f.cluster.types[0];
+        type->device_count = 4;
+        for (int i = 0; i < 4; i++)
+            type->devices[i] = (device_spec){.index = 0, .sm_limit = 32};
+        estimate sliced = estimate_of(&f, config, partition);
+        type->device_count = 0;
+        double gather = zero >= 3 ? 14.0 * params * costs.stream_s_per_byte
+                                  : 0.0;
+        double reduce = 4.0 * (1.0 + 4.0 / 4.0) * params *
+                        costs.stream_s_per_byte;
+        const stage_estimate *a = &apart.stages[0], *b = &sliced.stages[0];
+        if (zero >= 3)
+            assert_true(b->forward_s > a->forward_s);
+        else
+            assert_true(b->forward_s == a->forward_s);
+        assert_true(b->forward_s <= a->forward_s + gather + 1e-12);
+        assert_true(b->backward_s > a->backward_s);
+        assert_true(b->backward_s <=
+                    a->backward_s + gather + reduce + 1e-12);
+        estimate_free(&apart);
+        estimate_free(&sliced);
+    }
+    fixture_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -217,6 +263,7 @@ int main(void)
         cmocka_unit_test(sharded_memory_terms),
         cmocka_unit_test(offload_prices_the_host_step),
         cmocka_unit_test(slow_link_paces_every_unit),
+        cmocka_unit_test(unit_kernels_take_the_slices_sms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
