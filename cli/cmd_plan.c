@@ -515,9 +515,8 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
     if (result.plan_count > 0 &&
         parallel_zero_stage(&result.plans[0].config) >= 2 &&
         result.plans[0].config.dp > 1)
-        printf("# the best plan's ZeRO-%d memory is DeepSpeed's: partita "
-               "exec realises its shards on the cpu backend only "
-               "(docs/executor.md)\n",
+        printf("# the best plan's ZeRO-%d memory is the shards and unit "
+               "buffers partita exec holds (docs/executor.md)\n",
                parallel_zero_stage(&result.plans[0].config));
     if (!result.exact)
         printf("# NOT EXACT: the search stopped after %lld tree nodes "

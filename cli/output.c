@@ -133,8 +133,9 @@ static void print_zero_levers(const plan *p, const estimate *est)
     }
     if (config->offload_optimizer)
         printf("# ZeRO stage %d, optimizer offload on (host link %.0f "
-               "GB/s, CPU AdamW %.1e parameters/s per GPU, assumed; "
-               "host memory %.2f GiB per GPU)\n",
+               "GB/s assumed, CPU AdamW %.2e parameters/s per GPU "
+               "calibrated on a GPU machine's host; host memory %.2f GiB "
+               "per GPU)\n",
                parallel_zero_stage(config),
                COSTMODEL_HOST_LINK_BYTES_PER_S / 1e9,
                COSTMODEL_CPU_ADAMW_PARAMS_PER_S, host / PT_GIB);
@@ -142,10 +143,10 @@ static void print_zero_levers(const plan *p, const estimate *est)
         printf("# ZeRO stage %d, optimizer offload off\n",
                parallel_zero_stage(config));
     if (parallel_zero_stage(config) >= 2 && config->dp > 1)
-        printf("# ZeRO-%d's memory below is DeepSpeed's: partita exec "
-               "runs its communication, and holds its shards on the cpu "
-               "backend only (the cuda backend keeps whole-sized buffers; "
-               "docs/executor.md)\n",
+        printf("# ZeRO-%d's memory below is the shards and unit buffers "
+               "partita exec's cuda backend holds (whole buffers on a "
+               "pipeline's tied embedding pair; docs/cost-model.md, "
+               "section 11)\n",
                parallel_zero_stage(config));
 }
 

@@ -107,7 +107,13 @@ typedef struct type_costs {
     double layer_forward_s, layer_backward_s; /* backward includes the
                                                  recompute forward */
     double head_forward_s, head_backward_s;
-    double optimizer_s_per_param;
+    double optimizer_s_per_param; /* the AdamW step's: the GPU's, or
+                                     under offload the host's (zero.c) */
+    double stream_s_per_byte;  /* the GPU's streaming rate, what its
+                                  memory-bound kernels take a byte: the
+                                  profile's AdamW step over the bytes it
+                                  moves (COSTMODEL_ADAMW_BYTES_PER_PARAM),
+                                  offload or not */
     double memory_cap_bytes;   /* usable memory minus workspace */
     double tp_allreduce_s;     /* one of a layer's tensor-parallel
                                   all-reduces inside one node of this type
@@ -284,11 +290,14 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
 
 /* ZeRO-Offload (docs/cost-model.md, section 11). Cluster files carry no
  * host link, so every GPU is taken to reach its host at PCIe 4.0 x16's
- * usable 25 GB/s each way, and AdamW to run on the CPU at 1e9 parameters
- * a second per GPU (its share of the node's cores): stated assumptions,
- * not measurements. */
+ * usable 25 GB/s each way (an assumption), and the executor's host AdamW
+ * (stage/offload.c, up to 8 threads) to step 1.08e9 parameters a second
+ * per GPU: calibrated from the step it measured on the one-GPU suite's
+ * H200 machine (plan 22, 2026-11-25: 441 ms of host step with the copies
+ * for 354.8M parameters, less the copies at that link), 0.99e9 on an H100
+ * machine's host (2026-11-27). */
 #define COSTMODEL_HOST_LINK_BYTES_PER_S 25e9
-#define COSTMODEL_CPU_ADAMW_PARAMS_PER_S 1e9
+#define COSTMODEL_CPU_ADAMW_PARAMS_PER_S 1.08e9
 /* Seconds per parameter the rank updates: its fp32 gradient down and
  * its half-precision weight up over the host link, and the CPU's AdamW. */
 double costmodel_offload_s_per_param(const parallel_config *config);

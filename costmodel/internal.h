@@ -183,16 +183,42 @@ void costmodel_zero_unit_costs(const costmodel *cm,
                                const stage_placement *place,
                                type_costs *costs);
 /* The per-step reduction under ZeRO-2/3 (only the last unit's reduce-
- * scatter is left after the backward; ZeRO-3 gathers nothing after the
- * optimizer). Returns false, changing nothing, below ZeRO-2 or at dp 1. */
+ * scatter is left after the backward, with its kernels on slices at
+ * slow's streaming rate; ZeRO-3 gathers nothing after the optimizer).
+ * Returns false, changing nothing, below ZeRO-2 or at dp 1. */
 bool costmodel_zero_step_work(const costmodel *cm,
                               const parallel_config *config,
                               const stage_placement *place, int stage,
-                              step_work *out);
+                              const type_costs *slow, step_work *out);
+/* Bytes the AdamW step moves per parameter (executor/cuda/optimizer.cu
+ * reads parameter, gradient and both moments in fp32 and writes
+ * parameter, moments and the bf16 mirror): the profile's optimizer time
+ * over them is the GPU's streaming rate as measured (a slice's beside its
+ * neighbours, when its profile was taken so), which stage.c and zero.c
+ * price memory-bound kernels at. */
+#define COSTMODEL_ADAMW_BYTES_PER_PARAM 30.0
+
+/* What memory.c knows of a rank's ZeRO units, exactly as the cuda
+ * executor lays them out (its shard's tensors): floats of one layer, of
+ * the embeddings (first stage; else 0) and of the head (last stage), the
+ * head's padding rows (head_pad floats), and the bytes of the chunk
+ * tables: of every parameter (fixed part and per layer) and of the
+ * units' (ZeRO-3 converts each gathered unit through them). */
+typedef struct zero_unit_sizes {
+    double layer, embedding, head, head_pad;
+    double every_table_fixed, every_table_layer, unit_tables;
+} zero_unit_sizes;
+
+/* Whether the cuda executor holds the stage's gradients (and under
+ * ZeRO-3 its parameters) as its shard and units: ZeRO >= 2 at dp > 1,
+ * but on the tied embedding's pair of a pipeline (whole buffers). */
+bool costmodel_zero_sharded_stage(const model_shape *model,
+                                  const parallel_config *config, int stage);
 /* ZeRO-2/3's changes to a stage's memory terms, applied to the ZeRO-1
  * terms memory.c computed (which leaves offload's moments out). */
 void costmodel_zero_memory(const model_shape *model,
                            const parallel_config *config, int stage,
+                           const zero_unit_sizes *units,
                            pt_memory_terms *fixed, pt_memory_terms *per_layer);
 
 /* The dp reduction of `bytes` gradient bytes of a placed stage: an

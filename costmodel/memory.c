@@ -279,7 +279,22 @@ void costmodel_stage_memory(const model_shape *model,
     for (int c = 1; c < v; c++)
         add_parameter_terms(config, &d, &no_tensors, true, 0.0, fixed);
     add_parameter_terms(config, &d, &one_layer, false, 0.0, layer);
-    costmodel_zero_memory(model, config, stage, fixed, layer); /* zero.c */
+    /* ZeRO-2/3's shards and units (zero.c), as buffers.c lays them out */
+    zero_unit_sizes units = {
+        .layer = one_layer.params,
+        .embedding = first ? (d.V + d.T) * d.C : 0.0,
+        .head = last ? 2.0 * d.C + (!model->tied_embeddings || !first
+                                        ? d.V * d.C
+                                        : 0.0)
+                     : 0.0,
+        .head_pad = head_pad,
+        .every_table_fixed = CHUNK_BYTES * ends.chunks +
+                             4.0 * (ends.tensors + 1.0),
+        .every_table_layer = CHUNK_BYTES * one_layer.chunks +
+                             4.0 * one_layer.tensors,
+        .unit_tables = CHUNK_BYTES * (ends.chunks + one_layer.chunks + 1.0),
+    };
+    costmodel_zero_memory(model, config, stage, &units, fixed, layer);
 
     /* per slot of each chunk: token ids and embedding plan, the input;
      * per layer its activations (each chunk holds L / v of them); the
@@ -313,8 +328,14 @@ void costmodel_stage_memory(const model_shape *model,
      * mirror, the chunk table (two under ZeRO-1), the slots, the scratch
      * and cuDNN's workspace (the GEMM workspace is whole pages) */
     bool sharded = config->distributed_optimizer && config->dp > 1;
-    double allocations = v * (6.0 + (sharded ? 1.0 : 0.0) + 1.0) +
-                         chunks.slots + chunks.attention_allocations;
+    /* ZeRO-2/3: the gradient units' block; ZeRO-3 the parameter units'
+     * and their tables instead of the table of every parameter */
+    double zero_blocks = 0.0;
+    if (costmodel_zero_sharded_stage(model, config, stage))
+        zero_blocks = parallel_zero_stage(config) >= 3 ? 2.0 : 1.0;
+    double allocations =
+        v * (6.0 + (sharded ? 1.0 : 0.0) + 1.0) + zero_blocks +
+        chunks.slots + chunks.attention_allocations;
     fixed->bytes[PT_MEMORY_ROUNDING] = allocations * ROUNDING_PER_ALLOCATION;
     fixed->bytes[PT_MEMORY_CONTEXT] = context_bytes;
 }

@@ -393,6 +393,8 @@ static int price_type_from(const costmodel *cm, int type_index,
     out->optimizer_s_per_param = config->offload_optimizer
                                      ? costmodel_offload_s_per_param(config)
                                      : prof->optimizer_s_per_param;
+    out->stream_s_per_byte =
+        prof->optimizer_s_per_param / COSTMODEL_ADAMW_BYTES_PER_PARAM;
     out->memory_cap_bytes = (prof->memory_gib - prof->workspace_gib) * PT_GIB;
     return 0;
 }

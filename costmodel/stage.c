@@ -218,12 +218,6 @@ static dp_backward last_backward(const costmodel *cm,
                        config->tp};
 }
 
-/* Bytes the AdamW step moves per parameter (executor/cuda/optimizer.cu
- * reads parameter, gradient and both moments in fp32 and writes
- * parameter, moments and the bf16 mirror): the profile's optimizer time
- * over them is the GPU's streaming rate as measured (a slice's beside its
- * neighbours, when its profile was taken so). */
-#define ADAMW_BYTES_PER_PARAM 30.0
 
 /* Bytes the gradient-norm pass reads per parameter: the fp32 gradient
  * (executor/cuda/reductions.cu, cuda_square_sum), nothing written. */
@@ -243,8 +237,7 @@ static double sum_kernels_seconds(const parallel_config *config,
     double written = config->distributed_optimizer
                          ? gradient_bytes / config->dp
                          : gradient_bytes;
-    return (gradient_bytes + written) * slow->optimizer_s_per_param /
-           ADAMW_BYTES_PER_PARAM;
+    return (gradient_bytes + written) * slow->stream_s_per_byte;
 }
 
 void costmodel_step_work(const costmodel *cm, const parallel_config *config,
@@ -273,8 +266,7 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
     out->optimizer_s = held * slow->optimizer_s_per_param;
     /* the square sum of the gradients the rank steps (ZeRO-1: its shard),
      * before every rank meets the others' norms */
-    out->norm_s = held * NORM_BYTES_PER_PARAM * slow->optimizer_s_per_param /
-                  ADAMW_BYTES_PER_PARAM;
+    out->norm_s = held * NORM_BYTES_PER_PARAM * slow->stream_s_per_byte;
     /* the buckets the backward completes last: the embedding's gradients
      * (the first stage's), or one bucket */
     const model_shape *m = &cm->model;
@@ -287,5 +279,5 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                              ? tail_bytes / gradient_bytes
                              : 1.0;
     /* ZeRO-2/3 reduce unit by unit during every backward (zero.c) */
-    costmodel_zero_step_work(cm, config, placement, stage, out);
+    costmodel_zero_step_work(cm, config, placement, stage, slow, out);
 }

@@ -32,34 +32,69 @@ static bool sharding(const parallel_config *config)
     return parallel_zero_stage(config) >= 2 && config->dp > 1;
 }
 
-/* One unit's weights gathered (all-gather of its half-precision copy,
- * priced as a reduce-scatter of the buffer, as ZeRO-1's) and its
- * gradients reduce-scattered (fp32). */
-static double gather_s(const costmodel *cm, const parallel_config *config,
-                       const stage_placement *place, double params)
-{
-    return costmodel_dp_reduce_seconds(
-        cm, config, place, params * precision_bytes(config->precision), true);
-}
-
-static double scatter_s(const costmodel *cm, const parallel_config *config,
-                        const stage_placement *place, double params)
+/* One unit's collective over the stage's dp group: its weights
+ * all-gathered (fp32, which the cuda executor then converts to its bf16
+ * copy) or its gradients reduce-scattered (fp32), both priced as a
+ * reduce-scatter of the unit's fp32 buffer (ZeRO-1's rule). */
+static double unit_collective_s(const costmodel *cm,
+                                const parallel_config *config,
+                                const stage_placement *place, double params)
 {
     return costmodel_dp_reduce_seconds(cm, config, place, params * 4.0, true);
 }
 
+/* Bytes the SMs move per parameter of a unit, on slices of one GPU where
+ * the device exchange's kernels run in the rank's own slice (the cuda
+ * executor, measured 2026-11-27 on an H100's 40-SM slices): a gather
+ * copies the rank's part (read and write 4 / d each), receives the
+ * others' (read and write 4 (d - 1) / d each) and converts the unit to
+ * bf16 (read 4, write 2): 14 bytes; a reduce-scatter reads every
+ * member's part of the unit (4) and writes the rank's sum (4 / d), then
+ * adds it to the shard (read 8 / d, write 4 / d): 4 (1 + 4 / d). */
+#define GATHER_KERNEL_BYTES 14.0
+static double reduce_kernel_bytes(const parallel_config *config)
+{
+    return 4.0 * (1.0 + 4.0 / config->dp);
+}
+
 /* A unit's forward and backward with its ZeRO-2/3 communication on a
  * stream of its own: the next unit's gather and the last one's reduce
- * overlap this one's compute, so the unit takes the longer of the two. */
+ * overlap this one's compute, so the unit takes the longer of the two;
+ * on slices of one GPU the collectives' kernels take the unit's SMs
+ * (at the slice's streaming rate: the AdamW step's per byte), so they
+ * add to its compute. The embeddings end the first stage's backward:
+ * their reduce runs under what follows (the next micro-batch's forward;
+ * after the last one, the step's exposed reduce_s), not under their
+ * own backward (`trailing`). */
 static void unit_times(const costmodel *cm, const parallel_config *config,
                        const stage_placement *place, double params,
-                       double *forward_s, double *backward_s)
+                       double s_per_byte, bool trailing, double *forward_s,
+                       double *backward_s)
 {
-    int zero = parallel_zero_stage(config);
-    double gather = zero >= 3 ? gather_s(cm, config, place, params) : 0.0;
-    double reduce = scatter_s(cm, config, place, params);
-    *forward_s = fmax(*forward_s, gather);
-    *backward_s = fmax(*backward_s, gather + reduce);
+    bool gathers = parallel_zero_stage(config) >= 3;
+    double gather = gathers ? unit_collective_s(cm, config, place, params)
+                            : 0.0;
+    double reduce = unit_collective_s(cm, config, place, params);
+    double gather_kernels = 0.0, reduce_kernels = 0.0;
+    if (place->slices_of_one_gpu) {
+        gather_kernels =
+            gathers ? params * GATHER_KERNEL_BYTES * s_per_byte : 0.0;
+        reduce_kernels = params * reduce_kernel_bytes(config) * s_per_byte;
+    }
+    *forward_s = fmax(*forward_s + gather_kernels, gather);
+    *backward_s = fmax(*backward_s + gather_kernels + reduce_kernels,
+                       gather + (trailing ? 0.0 : reduce));
+}
+
+/* The SM time of one unit's reduce-scatter and add on slices of one GPU
+ * (0 elsewhere). */
+static double reduce_kernels_s(const parallel_config *config,
+                               const stage_placement *place,
+                               const type_costs *costs, double params)
+{
+    return place->slices_of_one_gpu ? params * reduce_kernel_bytes(config) *
+                                          costs->stream_s_per_byte
+                                    : 0.0;
 }
 
 void costmodel_zero_unit_costs(const costmodel *cm,
@@ -70,18 +105,19 @@ void costmodel_zero_unit_costs(const costmodel *cm,
     if (!sharding(config))
         return;
     zero_units u = units_of(&cm->model, config);
-    unit_times(cm, config, place, u.layer, &costs->layer_forward_s,
-               &costs->layer_backward_s);
-    unit_times(cm, config, place, u.embedding, &costs->embedding_forward_s,
-               &costs->embedding_backward_s);
-    unit_times(cm, config, place, u.head, &costs->head_forward_s,
-               &costs->head_backward_s);
+    double s_per_byte = costs->stream_s_per_byte;
+    unit_times(cm, config, place, u.layer, s_per_byte, false,
+               &costs->layer_forward_s, &costs->layer_backward_s);
+    unit_times(cm, config, place, u.embedding, s_per_byte, true,
+               &costs->embedding_forward_s, &costs->embedding_backward_s);
+    unit_times(cm, config, place, u.head, s_per_byte, false,
+               &costs->head_forward_s, &costs->head_backward_s);
 }
 
 bool costmodel_zero_step_work(const costmodel *cm,
                               const parallel_config *config,
                               const stage_placement *place, int stage,
-                              step_work *out)
+                              const type_costs *slow, step_work *out)
 {
     if (!sharding(config))
         return false;
@@ -92,7 +128,10 @@ bool costmodel_zero_step_work(const costmodel *cm,
     double last_unit = stage == 0 ? u.embedding
                        : stage == config->pp - 1 ? fmin(u.layer, u.head)
                                                  : u.layer;
-    out->reduce_s = scatter_s(cm, config, place, last_unit);
+    /* its transfer and, on slices, its kernels (behind the backward's
+     * last kernels on the units' stream) */
+    out->reduce_s = unit_collective_s(cm, config, place, last_unit) +
+                    reduce_kernels_s(config, place, slow, last_unit);
     out->exposed_s = out->reduce_s;
     out->tail_fraction = 1.0;
     /* ZeRO-2 gathers the updated parameters once, as ZeRO-1; ZeRO-3
@@ -104,49 +143,53 @@ bool costmodel_zero_step_work(const costmodel *cm,
 
 double costmodel_offload_s_per_param(const parallel_config *config)
 {
-    double bytes = 4.0 + precision_bytes(config->precision);
+    /* the fp32 gradients down and the fp32 weights back up (the cuda
+     * executor keeps fp32 weights on the device: stage/offload.c) */
+    (void)config;
+    double bytes = 8.0;
     return bytes / COSTMODEL_HOST_LINK_BYTES_PER_S +
            1.0 / COSTMODEL_CPU_ADAMW_PARAMS_PER_S;
 }
 
-/* The largest unit a rank of stage `stage` gathers or reduces. */
-static double largest_unit(const model_shape *model,
-                           const parallel_config *config, int stage)
+bool costmodel_zero_sharded_stage(const model_shape *model,
+                                  const parallel_config *config, int stage)
 {
-    zero_units u = units_of(model, config);
-    double largest = model->layers > 0 ? u.layer : 0.0;
-    if (stage == 0)
-        largest = fmax(largest, u.embedding);
-    if (stage == config->pp - 1)
-        largest = fmax(largest, u.head);
-    return largest;
+    bool tied_pair = model->tied_embeddings && config->pp > 1 &&
+                     (stage == 0 || stage == config->pp - 1);
+    return sharding(config) && !tied_pair;
 }
 
 void costmodel_zero_memory(const model_shape *model,
                            const parallel_config *config, int stage,
-                           pt_memory_terms *fixed, pt_memory_terms *per_layer)
+                           const zero_unit_sizes *u, pt_memory_terms *fixed,
+                           pt_memory_terms *per_layer)
 {
-    int zero = parallel_zero_stage(config);
-    double d = config->dp;
-    double in_flight = 2.0 * largest_unit(model, config, stage);
-    if (zero >= 2 && d > 1) {
-        /* the shard of the summed gradients, and two units' worth: the
-         * one the backward fills, the one being reduce-scattered */
-        fixed->bytes[PT_MEMORY_GRADIENTS] =
-            fixed->bytes[PT_MEMORY_GRADIENTS] / d + 4.0 * in_flight;
-        per_layer->bytes[PT_MEMORY_GRADIENTS] /= d;
-    }
-    if (zero >= 3 && d > 1) {
-        /* the master weights' shard; the half-precision copy's shard and
-         * two units gathered: the one computing, the one prefetched */
-        fixed->bytes[PT_MEMORY_WEIGHTS] /= d;
-        per_layer->bytes[PT_MEMORY_WEIGHTS] /= d;
-        fixed->bytes[PT_MEMORY_WEIGHT_MIRROR] =
-            fixed->bytes[PT_MEMORY_WEIGHT_MIRROR] / d +
-            precision_bytes(config->precision) * in_flight;
-        per_layer->bytes[PT_MEMORY_WEIGHT_MIRROR] /= d;
-    }
     /* offload: the moments left the device in memory.c already; the
      * fp32 weights stay as the backend's working copy (DeepSpeed keeps
      * half-precision ones only: docs/cost-model.md, section 11) */
+    if (!costmodel_zero_sharded_stage(model, config, stage))
+        return;
+    double d = config->dp;
+    double ends = u->embedding + u->head;
+    /* the unit buffers: two layers (the one the pass computes, the one
+     * reduced or gathered), the head, the embeddings */
+    double units = u->embedding + 2.0 * u->layer + u->head;
+    /* the shard: runs of 64 floats, the first shards the fullest */
+    double shard_fixed = ends / d + 64.0 + 1.0;
+    /* gradients: the shard, and the units with the head's padding */
+    fixed->bytes[PT_MEMORY_GRADIENTS] =
+        4.0 * shard_fixed + 4.0 * (units + u->head_pad + 1.0);
+    per_layer->bytes[PT_MEMORY_GRADIENTS] = 4.0 * u->layer / d;
+    if (parallel_zero_stage(config) < 3)
+        return;
+    /* ZeRO-3: the fp32 weights likewise (their units gathered whole), no
+     * mirror of every parameter but the units' bf16 copies, and the
+     * units' conversion tables for the table of every parameter */
+    fixed->bytes[PT_MEMORY_WEIGHTS] = 4.0 * shard_fixed + 4.0 * (units + 1.0);
+    per_layer->bytes[PT_MEMORY_WEIGHTS] = 4.0 * u->layer / d;
+    fixed->bytes[PT_MEMORY_WEIGHT_MIRROR] =
+        precision_bytes(config->precision) * (units + u->head_pad + 1.0);
+    per_layer->bytes[PT_MEMORY_WEIGHT_MIRROR] = 0.0;
+    fixed->bytes[PT_MEMORY_OPTIMIZER] += u->unit_tables - u->every_table_fixed;
+    per_layer->bytes[PT_MEMORY_OPTIMIZER] -= u->every_table_layer;
 }

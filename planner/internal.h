@@ -309,6 +309,7 @@ typedef struct bound_tables {
                                 holding this type */
     double *head, *embedding; /* [types] forward + backward */
     double *optimizer_per_param; /* [types] */
+    double *stream_per_byte;     /* [types]: type_costs' */
     stage_terms *pure;       /* [types x pp] a stage of one type at a
                                 position: its memory terms */
     double sum_floor_s;      /* no placement's stage times sum lower */

@@ -39,6 +39,7 @@ int bound_tables_open(bound_tables **out, int max_pp, int type_count,
     t->head = malloc(types * sizeof(double));
     t->embedding = malloc(types * sizeof(double));
     t->optimizer_per_param = malloc(types * sizeof(double));
+    t->stream_per_byte = malloc(types * sizeof(double));
     t->pure = malloc(types * pp * sizeof *t->pure);
     t->ranks = malloc(pp * sizeof *t->ranks);
 
@@ -47,7 +48,7 @@ int bound_tables_open(bound_tables **out, int max_pp, int type_count,
     t->layers_out = malloc(pp * sizeof(int));
     *out = t;
     if (!t->pace_order || !t->pace || !t->send || !t->head || !t->embedding ||
-        !t->optimizer_per_param || !t->pure || !t->ranks ||
+        !t->optimizer_per_param || !t->stream_per_byte || !t->pure || !t->ranks ||
         !t->cap_by_position || !t->stages || !t->layers_out) {
         bound_tables_close(t);
         *out = NULL;
@@ -66,6 +67,7 @@ void bound_tables_close(bound_tables *t)
     free(t->head);
     free(t->embedding);
     free(t->optimizer_per_param);
+    free(t->stream_per_byte);
     free(t->pure);
     free(t->ranks);
     free(t->capacity.held);
@@ -380,6 +382,7 @@ int bound_tables_fill(bound_tables *t, costmodel *cm,
         t->embedding[type] = costs.embedding_forward_s +
                              costs.embedding_backward_s;
         t->optimizer_per_param[type] = costs.optimizer_s_per_param;
+        t->stream_per_byte[type] = costs.stream_s_per_byte;
         if (cm->profiles[type].flash_attention !=
             cm->profiles[first_used].flash_attention)
             t->caps_by_pace = false;
@@ -635,6 +638,7 @@ double bound_tail_floor(const bound_tables *t, const stage_facts *facts,
         const stage_placement *place = &facts[s].place;
         type_costs slow = {0};
         slow.optimizer_s_per_param = t->optimizer_per_param[place->slow_type];
+        slow.stream_s_per_byte = t->stream_per_byte[place->slow_type];
         step_work work;
         costmodel_step_work(t->cm, &t->config, place, s, 0, &slow, &work);
         double tail = work.optimizer_s;

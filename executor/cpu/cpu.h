@@ -123,10 +123,10 @@ extern const stage_backend cpu_stage_backend;
  * backward its buffer gets the rank's part from params and the rest
  * from the stage's param_source. */
 typedef enum cpu_unit_kind {
-    CPU_UNIT_EMBEDDING,
-    CPU_UNIT_LAYER,
-    CPU_UNIT_HEAD,
-    CPU_UNIT_KINDS
+    CPU_UNIT_EMBEDDING = STAGE_UNIT_EMBEDDING,
+    CPU_UNIT_LAYER = STAGE_UNIT_LAYER,
+    CPU_UNIT_HEAD = STAGE_UNIT_HEAD,
+    CPU_UNIT_KINDS = STAGE_UNIT_KINDS
 } cpu_unit_kind;
 
 /* The unit buffers of one stage. first and count per kind: where the unit

@@ -14,28 +14,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Tensors a layer has in the table of stage_parameter_layout. */
-enum { LAYER_TENSORS = 12 };
-
 size_t cpu_units_layout(const stage_spec *spec,
                              const param_tensor *table, int tensor_count,
                              size_t param_count, cpu_units *out)
 {
     memset(out, 0, sizeof *out);
-    int layers = spec->last_layer - spec->first_layer;
-    int embedding = spec->has_embedding ? 2 : 0;
-    int head = embedding + LAYER_TENSORS * layers;
-    size_t head_first =
-        head < tensor_count ? table[head].offset : param_count;
-    size_t layers_first =
-        embedding < tensor_count ? table[embedding].offset : param_count;
-    out->first[CPU_UNIT_EMBEDDING] = 0;
-    out->count[CPU_UNIT_EMBEDDING] = embedding > 0 ? layers_first : 0;
-    out->first[CPU_UNIT_LAYER] = layers_first;
-    out->count[CPU_UNIT_LAYER] =
-        layers > 0 ? (head_first - layers_first) / (size_t)layers : 0;
-    out->first[CPU_UNIT_HEAD] = head_first;
-    out->count[CPU_UNIT_HEAD] = spec->has_head ? param_count - head_first : 0;
+    stage_units units;
+    stage_units_of(spec, table, tensor_count, param_count, &units);
+    /* the kinds in stage.h's order */
+    for (int k = 0; k < CPU_UNIT_KINDS; k++) {
+        out->first[k] = units.first[k];
+        out->count[k] = units.count[k];
+    }
     return cpu_units_bytes(out);
 }
 
@@ -105,7 +95,7 @@ int cpu_grad_units_done(model_stage *stage, cpu_units *units,
     if (u.count == 0)
         return 0;
     if (stage->grad_sink != NULL &&
-        stage->grad_sink(stage, u.first, u.count, u.buffer,
+        stage->grad_sink(stage, u.first, u.count, u.buffer, NULL,
                          stage->grad_sink_context, err) != 0)
         return -1;
     for (size_t i = u.lo; i < u.hi; i++)
@@ -128,7 +118,8 @@ int cpu_param_units_fetch(model_stage *stage, cpu_units *units,
                (u.hi - u.lo) * sizeof(float));
     return stage->param_source != NULL
                ? stage->param_source(stage, u.first, u.count, u.buffer,
-                                     stage->param_source_context, err)
+                                     NULL, stage->param_source_context,
+                                     err)
                : 0;
 }
 

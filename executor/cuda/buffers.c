@@ -258,19 +258,26 @@ size_t buffer_chunk_table_bytes(int chunks, int tensor_count)
 size_t buffer_parameter_bytes(const buffer_layout *layout,
                               stage_buffer which)
 {
-    /* the gradients' slack: see the head products in model_cuda.c */
-    size_t slack = which == STAGE_GRADS ? layout->head_pad : 0;
+    /* the gradients' slack: see the head products in model_cuda.c (the
+     * unit block's under ZeRO-2/3) */
+    size_t slack =
+        which == STAGE_GRADS && !layout->grads_by_unit ? layout->head_pad
+                                                        : 0;
     bool moments = which == STAGE_ADAM_M || which == STAGE_ADAM_V;
     /* offload keeps the moments in host memory (stage/offload.c) */
     size_t floats = moments ? (layout->spec.offload_optimizer
                                    ? 0
                                    : layout->optimizer_count)
-                            : layout->param_count;
+                    : which == STAGE_GRADS ? layout->grad_count
+                                           : layout->params_count;
     return (floats + slack + 1) * sizeof(float);
 }
 
 size_t buffer_mirror_bytes(const buffer_layout *layout)
 {
+    /* ZeRO-3: the units' bf16 block instead */
+    if (layout->params_by_unit)
+        return buffer_param_mirror_bytes(layout);
     return (layout->param_count + layout->head_pad + 1) * sizeof(pt_bf16);
 }
 
@@ -373,7 +380,109 @@ int buffer_layout_init(const model_shape *shape, const stage_spec *spec,
         out->optimizer_chunk_count = buffer_chunks_in_range(
             tensors, tensor_count, optimizer_first,
             optimizer_first + optimizer_count);
+    out->grads_by_unit = buffer_grads_by_unit(shape, spec);
+    out->grad_count = out->grads_by_unit ? optimizer_count : params;
+    stage_units_of(spec, tensors, tensor_count, params, &out->units);
+    out->params_by_unit = out->grads_by_unit && spec->shard_parameters;
+    out->params_count = out->params_by_unit ? optimizer_count : params;
+    if (out->params_by_unit && !out->optimizer_table) {
+        /* no table of every parameter: the optimizer's is its own */
+        out->optimizer_table = true;
+        out->optimizer_chunk_count = out->chunk_count;
+    }
+    if (out->params_by_unit) {
+        /* the units' tables: every tensor of the embeddings, of layer 0
+         * and of the head */
+        const stage_units *u = &out->units;
+        for (int k = 0; k < STAGE_UNIT_KINDS; k++)
+            out->unit_chunk_count += buffer_chunks_in_range(
+                tensors, tensor_count, u->first[k],
+                u->first[k] + u->count[k]);
+    }
     return 0;
+}
+
+/* Whether the head's unit holds the LM head matrix (else a head's weight
+ * is the tied token embedding, in the embeddings' unit): more than the
+ * final norm's two vectors. */
+static bool head_unit_has_matrix(const buffer_layout *layout)
+{
+    return layout->units.count[STAGE_UNIT_HEAD] >
+           2 * (size_t)layout->dims.C;
+}
+
+void buffer_param_units_of(const buffer_layout *layout,
+                           buffer_param_units *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!layout->params_by_unit)
+        return;
+    const stage_units *u = &layout->units;
+    size_t layer = u->count[STAGE_UNIT_LAYER];
+    size_t head = u->count[STAGE_UNIT_HEAD];
+    size_t embedding = u->count[STAGE_UNIT_EMBEDDING];
+    out->layer[1] = layer;
+    out->head = 2 * layer;
+    out->embedding = out->head + head;
+    out->floats = out->embedding + embedding + 1;
+    bool matrix = head_unit_has_matrix(layout);
+    out->mirror_layer[1] = layer;
+    out->mirror_head = 2 * layer;
+    out->mirror_embedding =
+        out->mirror_head + head + (matrix ? layout->head_pad : 0);
+    out->halves = out->mirror_embedding + embedding +
+                  (matrix ? 0 : layout->head_pad) + 1;
+}
+
+size_t buffer_param_units_bytes(const buffer_layout *layout)
+{
+    buffer_param_units p;
+    buffer_param_units_of(layout, &p);
+    return p.floats * sizeof(float);
+}
+
+size_t buffer_param_mirror_bytes(const buffer_layout *layout)
+{
+    buffer_param_units p;
+    buffer_param_units_of(layout, &p);
+    return p.halves * sizeof(pt_bf16);
+}
+
+size_t buffer_unit_tables_bytes(const buffer_layout *layout)
+{
+    return layout->params_by_unit
+               ? ((size_t)layout->unit_chunk_count + 1) * sizeof(param_chunk)
+               : 0;
+}
+
+bool buffer_grads_by_unit(const model_shape *shape, const stage_spec *spec)
+{
+    bool tied_pair = shape->tied_embeddings &&
+                     spec->has_embedding != spec->has_head;
+    return spec->shard_gradients && spec->optimizer_shards > 1 && !tied_pair;
+}
+
+void buffer_grad_units_of(const buffer_layout *layout,
+                          buffer_grad_units *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!layout->grads_by_unit)
+        return;
+    const stage_units *u = &layout->units;
+    size_t layer = u->count[STAGE_UNIT_LAYER];
+    out->layer[0] = 0;
+    out->layer[1] = layer;
+    out->head = 2 * layer;
+    out->embedding = out->head + u->count[STAGE_UNIT_HEAD];
+    out->floats = out->embedding + u->count[STAGE_UNIT_EMBEDDING] +
+                  layout->head_pad + 1;
+}
+
+size_t buffer_grad_units_bytes(const buffer_layout *layout)
+{
+    buffer_grad_units g;
+    buffer_grad_units_of(layout, &g);
+    return g.floats * sizeof(float);
 }
 
 /* The allocations of model_cuda.c's allocate_parts, in its order, over
@@ -387,10 +496,19 @@ static void tally_stage(const buffer_layout *layout, int slot_count,
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++)
         buffer_tally(out, buffer_parameter_term(buffers[i]),
                      buffer_parameter_bytes(layout, buffers[i]));
+    if (layout->grads_by_unit)
+        buffer_tally(out, PT_MEMORY_GRADIENTS,
+                     buffer_grad_units_bytes(layout));
+    if (layout->params_by_unit)
+        buffer_tally(out, PT_MEMORY_WEIGHTS,
+                     buffer_param_units_bytes(layout));
     buffer_tally(out, PT_MEMORY_WEIGHT_MIRROR, buffer_mirror_bytes(layout));
+    /* the table of every parameter, or ZeRO-3's units' tables */
     buffer_tally(out, PT_MEMORY_OPTIMIZER,
-                 buffer_chunk_table_bytes(layout->chunk_count,
-                                          layout->tensor_count));
+                 layout->params_by_unit
+                     ? buffer_unit_tables_bytes(layout)
+                     : buffer_chunk_table_bytes(layout->chunk_count,
+                                                layout->tensor_count));
     if (layout->optimizer_table)
         buffer_tally(out, PT_MEMORY_OPTIMIZER,
                      buffer_chunk_table_bytes(layout->optimizer_chunk_count,

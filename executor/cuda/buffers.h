@@ -182,7 +182,63 @@ typedef struct buffer_layout {
                                        parameter (a ZeRO-1 shard), so it
                                        has a chunk table of its own, */
     int optimizer_chunk_count;      /* of this many chunks */
+    /* ZeRO-2/3 (buffer_grads_by_unit): the gradients' buffer holds the
+     * optimizer's range only (grad_count floats, else param_count) and
+     * a backward fills unit buffers of these sizes */
+    bool grads_by_unit;
+    size_t grad_count;
+    stage_units units;
+    /* ZeRO-3 (grads_by_unit and spec.shard_parameters): the fp32
+     * parameters likewise the optimizer's range (params_count floats,
+     * else param_count), no mirror of them; units gathered into blocks
+     * of fp32 and bf16 buffers, converted through a chunk table of each
+     * unit kind's tensors (unit_chunk_count chunks in all) */
+    bool params_by_unit;
+    size_t params_count;
+    int unit_chunk_count;
 } buffer_layout;
+
+/* Whether a cuda stage of this shape and spec keeps its gradients as its
+ * ZeRO-2/3 shard (spec.shard_gradients with optimizer shards): all but
+ * the first and last stage of a pipeline of tied embeddings, whose tied
+ * pair is summed from whole buffers (zero_tied_embedding). */
+bool buffer_grads_by_unit(const model_shape *shape, const stage_spec *spec);
+
+/* The gradient units' one block (grads_by_unit; 0 bytes without): two
+ * layer buffers (the one the backward fills, the one being reduced),
+ * the head's, the embeddings' (last: a tied head's padding rows run on
+ * past the token embedding), then the head's slack (head_pad floats)
+ * and one float. Floats from the block's start to each. */
+typedef struct buffer_grad_units {
+    size_t layer[2];
+    size_t head;
+    size_t embedding;
+    size_t floats;                  /* the block's */
+} buffer_grad_units;
+
+void buffer_grad_units_of(const buffer_layout *layout,
+                          buffer_grad_units *out);
+size_t buffer_grad_units_bytes(const buffer_layout *layout);
+
+/* ZeRO-3's parameter units (params_by_unit; 0 bytes without): an fp32
+ * block carved as the gradients' (two layers, the head, the embeddings,
+ * one float), and a bf16 block of the same units, each as the mirror
+ * lays its tensors out (the head weight followed by its zero padding:
+ * in the head's unit, or a tied one in the embeddings'). Elements from
+ * each block's start to each unit. */
+typedef struct buffer_param_units {
+    size_t layer[2], head, embedding, floats;          /* fp32 */
+    size_t mirror_layer[2], mirror_head, mirror_embedding, halves;
+} buffer_param_units;
+
+void buffer_param_units_of(const buffer_layout *layout,
+                           buffer_param_units *out);
+/* The fp32 block's bytes (weights), the bf16 block's (the mirror), the
+ * units' conversion tables' (the optimizer's term, as the chunk tables
+ * are). */
+size_t buffer_param_units_bytes(const buffer_layout *layout);
+size_t buffer_param_mirror_bytes(const buffer_layout *layout);
+size_t buffer_unit_tables_bytes(const buffer_layout *layout);
 
 /* Fills a layout for a stage of `shape` and `spec` whose tensors are
  * tensors[0..tensor_count) (stage_parameter_layout's), optimizer range

@@ -43,6 +43,54 @@ typedef struct chunk_table {
     int *tensor_starts;             /* device, tensor_count + 1, inside it */
 } chunk_table;
 
+/* ZeRO-2/3's gradient units on a cuda stage (grad_units.c; the stage's
+ * grads_by_unit): a backward writes each unit's gradients into a buffer
+ * of the block buffer_grad_units_of carves (layers alternate between
+ * two), and as each unit is enqueued its reduce-scatter over dp and the
+ * addition of the rank's part into the shard go on a stream of their
+ * own, so they run while the backward goes on with the units below. */
+enum {
+    GRAD_UNIT_LAYER_A,
+    GRAD_UNIT_LAYER_B,
+    GRAD_UNIT_HEAD,
+    GRAD_UNIT_EMBEDDING,
+    GRAD_UNIT_BUFFERS
+};
+
+typedef struct cuda_grad_units {
+    float *block;                   /* owned device memory */
+    float *buffer[GRAD_UNIT_BUFFERS];
+    cudaStream_t stream;            /* the units' collectives */
+    cudaEvent_t produced[GRAD_UNIT_BUFFERS]; /* the stage's stream, after
+                                                the unit's backward */
+    cudaEvent_t reduced[GRAD_UNIT_BUFFERS];  /* the units' stream, after
+                                                its reduction and add */
+    bool in_flight[GRAD_UNIT_BUFFERS];       /* reduced not yet waited */
+} cuda_grad_units;
+
+/* ZeRO-3's parameter units on a cuda stage (param_units.c; the stage's
+ * params_by_unit): params hold the optimizer's range only, and before a
+ * unit's forward or backward its fp32 weights are gathered into a
+ * buffer of the fp32 block and converted into the bf16 block's (the
+ * products read them), on the gradient units' stream, one unit ahead of
+ * the one computing (layers alternate between two buffers of each). */
+typedef struct cuda_param_units {
+    bool active;                    /* stage->params_by_unit */
+    float *block;                   /* owned device memory, fp32 */
+    float *buffer[GRAD_UNIT_BUFFERS];
+    pt_bf16 *mirror[GRAD_UNIT_BUFFERS]; /* in state->mirror */
+    param_chunk *tables;            /* owned device memory: each kind's
+                                       conversion chunks, offsets from the
+                                       unit's start */
+    param_chunk *table[STAGE_UNIT_KINDS];
+    int table_count[STAGE_UNIT_KINDS];
+    cudaEvent_t issued[GRAD_UNIT_BUFFERS];  /* the stage's stream when a
+                                               fetch was asked */
+    cudaEvent_t ready[GRAD_UNIT_BUFFERS];   /* the units' stream after it */
+    long holds[GRAD_UNIT_BUFFERS];  /* the unit fetched in this pass
+                                       (unit_id), 0: none */
+} cuda_param_units;
+
 /* backend_state of a cuda stage. */
 typedef struct cuda_stage_state {
     int device;
@@ -85,6 +133,8 @@ typedef struct cuda_stage_state {
                                        allocator rounds up */
     cuda_grad_hook grad_hook;       /* NULL: none (cuda_backend.h) */
     void *grad_hook_data;
+    cuda_grad_units grad_units;     /* with stage->grads_by_unit */
+    cuda_param_units param_units;   /* with stage->params_by_unit */
 } cuda_stage_state;
 
 static inline stage_dims dims_of(const model_stage *stage, int mbs)
@@ -132,6 +182,64 @@ int cuda_tp_scatter_rows(const model_stage *stage, void *data,
 int cuda_tp_gather_rows(const model_stage *stage, void *data,
                         comm_element type, const stage_dims *d,
                         pt_error *err);
+
+/* The gradient units (grad_units.c). open: the stream and events, the
+ * block being allocated by the caller; close: safe on a zeroed one.
+ * begin: the unit's buffer, once its last reduction is done, zeroed on
+ * the stage's stream for the unit's backward; done: the unit's backward
+ * is enqueued, its reduction follows (on the units' stream when the
+ * stage's units_on_stream, else blocking). settle: the stage's stream
+ * waits for every reduction (before anything reads the gradients). */
+int cuda_grad_units_open(cuda_grad_units *units, pt_error *err);
+void cuda_grad_units_close(cuda_grad_units *units);
+int cuda_grad_unit_begin(model_stage *stage, stage_unit_kind kind, int layer,
+                         pt_error *err);
+int cuda_grad_unit_done(model_stage *stage, stage_unit_kind kind, int layer,
+                        pt_error *err);
+int cuda_grad_units_settle(const model_stage *stage, pt_error *err);
+/* Where the gradient of parameter `offset` is written during a backward:
+ * in the gradients' buffer, or its unit's buffer. */
+float *cuda_grad_at(const model_stage *stage, size_t offset);
+
+/* ZeRO-3's units (param_units.c). open: the events and the conversion
+ * tables (host chunks filled here, copied into `tables`, allocated by
+ * the caller: buffer_unit_tables_bytes); close: safe on a zeroed one.
+ * pass_begin: a forward's or backward's first fetches; unit_use: unit
+ * (kind, layer) gathered for the stage's stream, the pass's next unit's
+ * gather enqueued behind it. Nothing without params_by_unit. */
+int cuda_param_units_open(model_stage *stage, cuda_stage_state *state,
+                          pt_error *err);
+void cuda_param_units_close(cuda_param_units *units);
+int cuda_param_pass_begin(model_stage *stage, bool backward, pt_error *err);
+int cuda_param_unit_use(model_stage *stage, stage_unit_kind kind, int layer,
+                        bool backward, pt_error *err);
+/* Where parameter `offset` is read during a pass: fp32, and its bf16
+ * copy (the mirror, or its unit's buffers under ZeRO-3). */
+const float *cuda_param_at(const model_stage *stage, size_t offset);
+pt_bf16 *cuda_mirror_at(const cuda_stage_state *state, size_t offset);
+
+/* The buffer of a unit in the gradients' and the parameters' blocks:
+ * layers alternate, so that one is reduced (or gathered) while the
+ * pass computes the next. */
+static inline int unit_buffer_of(stage_unit_kind kind, int layer)
+{
+    switch (kind) {
+    case STAGE_UNIT_EMBEDDING:
+        return GRAD_UNIT_EMBEDDING;
+    case STAGE_UNIT_HEAD:
+        return GRAD_UNIT_HEAD;
+    default:
+        return layer % 2 == 0 ? GRAD_UNIT_LAYER_A : GRAD_UNIT_LAYER_B;
+    }
+}
+
+/* Where unit (kind, layer) starts in the parameter buffer. */
+static inline size_t unit_first_of(const stage_units *u, stage_unit_kind kind,
+                                   int layer)
+{
+    return u->first[kind] +
+           (kind == STAGE_UNIT_LAYER ? (size_t)layer * u->count[kind] : 0);
+}
 
 /* The forward and backward of a cuda stage (passes.c), the entries of
  * the backend's table for stage_backend.forward and .backward. */

@@ -222,6 +222,10 @@ static int build_chunk_table(const model_stage *stage,
 static int build_chunks(model_stage *stage, cuda_stage_state *state,
                         pt_error *err)
 {
+    if (stage->params_by_unit) /* no mirror of every parameter */
+        return build_chunk_table(stage, state, stage->optimizer_first,
+                                 stage->optimizer_count,
+                                 &state->optimizer_chunks, err);
     if (build_chunk_table(stage, state, 0, stage->param_count,
                           &state->all_chunks, err) != 0)
         return -1;
@@ -270,6 +274,10 @@ static void cuda_release(model_stage *stage)
     }
     free(state->slots);
     cudaFree(state->scratch.arena);
+    /* the units' stream drained and gone first */
+    cuda_grad_units_close(&state->grad_units);
+    cuda_param_units_close(&state->param_units);
+    stage->unit_stream = NULL;
     cudaFree(state->mirror);
     if (state->optimizer_chunks.chunks != state->all_chunks.chunks)
         cudaFree(state->optimizer_chunks.chunks);
@@ -344,11 +352,50 @@ static int check_shape(const model_stage *stage, pt_error *err)
     return check_state_fits(stage, err);
 }
 
+/* ZeRO-3's units (param_units.c): the fp32 block, the bf16 one carved
+ * from the mirror's allocation, and the conversion tables. */
+static int allocate_param_units(model_stage *stage, cuda_stage_state *state,
+                                pt_error *err)
+{
+    cuda_param_units *p = &state->param_units;
+    buffer_param_units at;
+    buffer_param_units_of(&state->layout, &at);
+    void *block = NULL, *tables = NULL;
+    size_t bytes = buffer_param_units_bytes(&state->layout);
+    if (device_alloc(state, &block, bytes, PT_MEMORY_WEIGHTS,
+                     "the parameter units", err) != 0)
+        return -1;
+    p->block = block;
+    CUDA_TRY(cudaMemset(block, 0, bytes));
+    if (device_alloc(state, &tables,
+                     buffer_unit_tables_bytes(&state->layout),
+                     PT_MEMORY_OPTIMIZER, "the units' tables", err) != 0)
+        return -1;
+    p->tables = tables;
+    const size_t floats[] = {at.layer[0], at.layer[1], at.head,
+                             at.embedding};
+    const size_t halves[] = {at.mirror_layer[0], at.mirror_layer[1],
+                             at.mirror_head, at.mirror_embedding};
+    for (int b = 0; b < GRAD_UNIT_BUFFERS; b++) {
+        p->buffer[b] = p->block + floats[b];
+        p->mirror[b] = state->mirror + halves[b];
+    }
+    return cuda_param_units_open(stage, state, err);
+}
+
 /* The four parameter-sized buffers of model_stage (the gradients with
  * the head's slack), zeroed, and the bf16 mirror with its chunk tables. */
 static int allocate_parameters(model_stage *stage, cuda_stage_state *state,
                                pt_error *err)
 {
+    /* ZeRO-2/3: the gradients of the optimizer's range only */
+    stage->grads_by_unit = state->layout.grads_by_unit;
+    stage->grad_first = stage->grads_by_unit ? stage->optimizer_first : 0;
+    stage->grad_count = state->layout.grad_count;
+    /* ZeRO-3: the parameters too */
+    stage->params_by_unit = state->layout.params_by_unit;
+    stage->params_first = stage->params_by_unit ? stage->optimizer_first : 0;
+    stage->params_count = state->layout.params_count;
     float **buffers[] = {&stage->params, &stage->grads, &stage->adam_m,
                          &stage->adam_v};
     const char *names[] = {"the parameters", "the gradients",
@@ -368,6 +415,26 @@ static int allocate_parameters(model_stage *stage, cuda_stage_state *state,
         *buffers[i] = buffer;
         CUDA_TRY(cudaMemset(buffer, 0, bytes));
     }
+    if (stage->grads_by_unit) {
+        /* ZeRO-2/3: the units' block beside the shard (grad_units.c) */
+        size_t bytes = buffer_grad_units_bytes(&state->layout);
+        buffer_grad_units at;
+        buffer_grad_units_of(&state->layout, &at);
+        cuda_grad_units *g = &state->grad_units;
+        void *block = NULL;
+        if (device_alloc(state, &block, bytes, PT_MEMORY_GRADIENTS,
+                         "the gradient units", err) != 0)
+            return -1;
+        g->block = block;
+        CUDA_TRY(cudaMemset(block, 0, bytes));
+        g->buffer[GRAD_UNIT_LAYER_A] = g->block + at.layer[0];
+        g->buffer[GRAD_UNIT_LAYER_B] = g->block + at.layer[1];
+        g->buffer[GRAD_UNIT_HEAD] = g->block + at.head;
+        g->buffer[GRAD_UNIT_EMBEDDING] = g->block + at.embedding;
+        if (cuda_grad_units_open(g, err) != 0)
+            return -1;
+        stage->unit_stream = g->stream;
+    }
     size_t mirror_bytes = buffer_mirror_bytes(&state->layout);
     void *mirror = NULL;
     if (device_alloc(state, &mirror, mirror_bytes, PT_MEMORY_WEIGHT_MIRROR,
@@ -375,6 +442,8 @@ static int allocate_parameters(model_stage *stage, cuda_stage_state *state,
         return -1;
     state->mirror = mirror;
     CUDA_TRY(cudaMemset(state->mirror, 0, mirror_bytes));
+    if (stage->params_by_unit && allocate_param_units(stage, state, err) != 0)
+        return -1;
     return build_chunks(stage, state, err);
 }
 
@@ -487,6 +556,8 @@ static int cuda_copy_to_host(const model_stage *stage, stage_buffer which,
     if (buffer == NULL)
         return pt_fail(err, "cuda backend: unknown buffer %d", (int)which);
     CUDA_TRY(cudaSetDevice(state->device));
+    if (cuda_grad_units_settle(stage, err) != 0)
+        return -1;
     size_t bytes = model_stage_buffer_count(stage, which) * sizeof(float);
     CUDA_TRY(cudaMemcpyAsync(host, buffer, bytes, cudaMemcpyDeviceToHost,
                              state->stream));
@@ -500,7 +571,8 @@ static int finish_write(model_stage *stage, bool params_written,
                         pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
-    if (params_written)
+    /* ZeRO-3's units make their bf16 copies as they are gathered */
+    if (params_written && !stage->params_by_unit)
         CUDA_TRY(cuda_refresh_mirror(state->mirror, stage->params,
                                      state->all_chunks.chunks,
                                      state->all_chunks.count, state->stream));
@@ -530,8 +602,13 @@ static int cuda_copy_range(model_stage *stage, stage_buffer which,
                            bool to_host, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
-    float *part = model_stage_buffer(stage, which) + first;
+    /* the gradients and parameters may be a shard (ZeRO-2/3) */
+    size_t at = first - (which == STAGE_GRADS ? stage->grad_first
+                                              : stage->params_first);
+    float *part = model_stage_buffer(stage, which) + at;
     CUDA_TRY(cudaSetDevice(state->device));
+    if (cuda_grad_units_settle(stage, err) != 0)
+        return -1;
     CUDA_TRY(cudaMemcpyAsync(to_host ? (void *)host : (void *)part,
                              to_host ? (const void *)part
                                      : (const void *)host,
@@ -546,8 +623,12 @@ static int cuda_zero_range(model_stage *stage, stage_buffer which,
                            size_t first, size_t count, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
+    size_t at = first - (which == STAGE_GRADS ? stage->grad_first
+                                              : stage->params_first);
     CUDA_TRY(cudaSetDevice(state->device));
-    CUDA_TRY(cudaMemsetAsync(model_stage_buffer(stage, which) + first, 0,
+    if (cuda_grad_units_settle(stage, err) != 0)
+        return -1;
+    CUDA_TRY(cudaMemsetAsync(model_stage_buffer(stage, which) + at, 0,
                              count * sizeof(float), state->stream));
     return finish_write(stage, which == STAGE_PARAMS, err);
 }
@@ -567,8 +648,10 @@ static int cuda_zero_grads(model_stage *stage, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     CUDA_TRY(cudaSetDevice(state->device));
+    if (cuda_grad_units_settle(stage, err) != 0)
+        return -1;
     CUDA_TRY(cudaMemsetAsync(stage->grads, 0,
-                             stage->param_count * sizeof(float),
+                             stage->grad_count * sizeof(float),
                              state->stream));
     CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
@@ -580,8 +663,11 @@ static int cuda_grad_square_sum(const model_stage *stage, double *out,
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
     CUDA_TRY(cudaSetDevice(state->device));
+    if (cuda_grad_units_settle(stage, err) != 0)
+        return -1;
     CUDA_TRY(cuda_square_sum(s->reduced,
-                             stage->grads + stage->optimizer_first,
+                             stage->grads +
+                                 (stage->optimizer_first - stage->grad_first),
                              stage->optimizer_count, s->square_partials,
                              state->stream));
     CUDA_TRY(cudaMemcpyAsync(out, s->reduced, sizeof *out,
@@ -598,8 +684,13 @@ static int cuda_grad_square_sums(const model_stage *stage,
     if (stage->tensor_count == 0)
         return 0;
     CUDA_TRY(cudaSetDevice(state->device));
+    if (cuda_grad_units_settle(stage, err) != 0)
+        return -1;
+    /* the chunks' offsets are the whole buffer's; a ZeRO-2/3 shard of the
+     * gradients starts at grad_first of them */
     CUDA_TRY(cuda_square_sums_per_tensor(
-        s->tensor_squares, stage->grads, state->optimizer_chunks.chunks,
+        s->tensor_squares, stage->grads - stage->grad_first,
+        state->optimizer_chunks.chunks,
         state->optimizer_chunks.count, state->optimizer_chunks.tensor_starts,
         stage->tensor_count, s->chunk_squares, state->stream));
     CUDA_TRY(cudaMemcpyAsync(per_tensor, s->tensor_squares,
@@ -626,8 +717,14 @@ static int cuda_adamw_step(model_stage *stage, const adamw_config *config,
         .first_correction = (float)(1.0 - pow(config->beta1, step)),
         .second_correction = (float)(1.0 - pow(config->beta2, step)),
     };
-    CUDA_TRY(cuda_adamw(stage->params, stage->grads, stage->adam_m,
-                        stage->adam_v, state->mirror,
+    if (cuda_grad_units_settle(stage, err) != 0)
+        return -1;
+    /* the chunks' offsets are the whole buffer's: the shards' bases
+     * moved back by their first float; ZeRO-3 keeps no mirror */
+    CUDA_TRY(cuda_adamw(stage->params - stage->params_first,
+                        stage->grads - stage->grad_first, stage->adam_m,
+                        stage->adam_v,
+                        stage->params_by_unit ? NULL : state->mirror,
                         state->optimizer_chunks.chunks,
                         state->optimizer_chunks.count, &args, state->stream));
     if (!stage->defer_sync)
@@ -641,6 +738,8 @@ static int cuda_adamw_step(model_stage *stage, const adamw_config *config,
 static int cuda_params_changed(model_stage *stage, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
+    if (stage->params_by_unit) /* gathered unit by unit */
+        return 0;
     CUDA_TRY(cudaSetDevice(state->device));
     CUDA_TRY(cuda_refresh_mirror(state->mirror, stage->params,
                                  state->all_chunks.chunks,

@@ -33,7 +33,8 @@ adamw_kernel(float *params, const float *grads, float *adam_m, float *adam_v,
     const float *g = grads + chunk.offset;
     float *m = adam_m + chunk.moment_offset;
     float *v = adam_v + chunk.moment_offset;
-    bf16 *w = mirror + chunk.mirror_offset;
+    /* no mirror: ZeRO-3's units make their bf16 copies when gathered */
+    bf16 *w = mirror != NULL ? mirror + chunk.mirror_offset : NULL;
     bool vector = chunk.offset % 4 == 0 && chunk.mirror_offset % 4 == 0 &&
                   chunk.moment_offset % 4 == 0;
     int quads = vector ? (int)chunk.count / 4 : 0;
@@ -51,6 +52,8 @@ adamw_kernel(float *params, const float *grads, float *adam_m, float *adam_v,
         reinterpret_cast<float4 *>(p)[q] = p4;
         reinterpret_cast<float4 *>(m)[q] = m4;
         reinterpret_cast<float4 *>(v)[q] = v4;
+        if (w == NULL)
+            continue;
         bf16x2 low = __floats2bfloat162_rn(p4.x, p4.y);
         bf16x2 high = __floats2bfloat162_rn(p4.z, p4.w);
         reinterpret_cast<bf16x2 *>(w)[2 * q] = low;
@@ -59,7 +62,8 @@ adamw_kernel(float *params, const float *grads, float *adam_m, float *adam_v,
     for (int i = quads * 4 + threadIdx.x; i < (int)chunk.count;
          i += blockDim.x) {
         p[i] = adamw_update(p[i], g[i], &m[i], &v[i], args, decay);
-        w[i] = __float2bfloat16_rn(p[i]);
+        if (w != NULL)
+            w[i] = __float2bfloat16_rn(p[i]);
     }
 }
 

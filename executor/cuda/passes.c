@@ -118,11 +118,25 @@ static int weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
     return 0;
 }
 
+/* Where parameter `offset`'s gradient goes (its unit's buffer under
+ * ZeRO-2/3: grad_units.c). */
+static float *grad_at(const model_stage *stage, size_t offset)
+{
+    return cuda_grad_at(stage, offset);
+}
+
 /* -------------------------------------------------------------- forward */
+
+/* Where parameter `offset` is read, fp32 and bf16 (its unit's buffers
+ * under ZeRO-3: param_units.c). */
+static const float *param_at(const model_stage *stage, size_t offset)
+{
+    return cuda_param_at(stage, offset);
+}
 
 static pt_bf16 *mirror_at(const cuda_stage_state *state, size_t offset)
 {
-    return state->mirror + mirror_offset(state, offset);
+    return cuda_mirror_at(state, offset);
 }
 
 /* Where the shard's rows start in an N x C buffer of every row (0
@@ -267,12 +281,11 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
     cudaStream_t stream = state->stream;
-    const float *P = stage->params;
     int N = d->N, C = d->C, A = d->A, F = d->F;
 
     const pt_bf16 *ln1_out = NULL;
     if (norm_forward(stage, act->ln1_out, act->ln1_mean, act->ln1_rstd,
-                     input, P + o->ln1_weight, P + o->ln1_bias, d, &ln1_out,
+                     input, param_at(stage, o->ln1_weight), param_at(stage, o->ln1_bias), d, &ln1_out,
                      err) != 0)
         return -1;
     linear_forward qkv = {
@@ -291,7 +304,7 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     linear_forward proj = {
         .weight = mirror_at(state, o->attn_proj_weight),
         .input = act->att_out, .out = act->residual_mid, .out_fp32 = true,
-        .bias = P + o->attn_proj_bias, .residual = input,
+        .bias = param_at(stage, o->attn_proj_bias), .residual = input,
         .N = N, .IC = A, .OC = C, .ld_out = C,
     };
     if (row_parallel_forward(stage, proj, d, err) != 0)
@@ -299,7 +312,7 @@ static int layer_forward(model_stage *stage, layer_activations *act,
 
     const pt_bf16 *ln2_out = NULL;
     if (norm_forward(stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
-                     act->residual_mid, P + o->ln2_weight, P + o->ln2_bias,
+                     act->residual_mid, param_at(stage, o->ln2_weight), param_at(stage, o->ln2_bias),
                      d, &ln2_out, err) != 0)
         return -1;
     pt_bf16 *gelu_out = act->gelu_out != NULL ? act->gelu_out : s->d_fc;
@@ -328,7 +341,8 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     linear_forward mlp_proj = {
         .weight = mirror_at(state, o->mlp_proj_weight), .input = gelu_out,
         .out = act->output, .out_fp32 = true,
-        .bias = P + o->mlp_proj_bias, .residual = act->residual_mid,
+        .bias = param_at(stage, o->mlp_proj_bias),
+        .residual = act->residual_mid,
         .N = N, .IC = F, .OC = C, .ld_out = C,
     };
     return row_parallel_forward(stage, mlp_proj, d, err);
@@ -406,13 +420,12 @@ static int head_forward(model_stage *stage, activation_slot *slot,
 {
     cuda_stage_state *state = state_of(stage);
     const stage_offsets *o = &state->offsets;
-    const float *P = stage->params;
     int N = d->N, C = d->C, V = d->V;
     /* the final norm of the shard's rows; the head reads every row */
     CUDA_TRY(cuda_layernorm_forward(slot->final_out + shard_offset(d),
                                     slot->final_mean, slot->final_rstd,
-                                    stream_in, P + o->final_norm_weight,
-                                    P + o->final_norm_bias, d->R, C,
+                                    stream_in, param_at(stage, o->final_norm_weight),
+                                    param_at(stage, o->final_norm_bias), d->R, C,
                                     state->stream));
     if (d->sp && cuda_tp_gather_rows(stage, slot->final_out, COMM_BFLOAT16,
                                      d, err) != 0)
@@ -460,8 +473,8 @@ static int embedding_forward(model_stage *stage, activation_slot *slot,
 {
     cuda_stage_state *state = state_of(stage);
     const stage_offsets *o = &state->offsets;
-    const float *token = stage->params + o->token_embedding;
-    const float *position = stage->params + o->position_embedding;
+    const float *token = param_at(stage, o->token_embedding);
+    const float *position = param_at(stage, o->position_embedding);
     if (d->tp == 1) {
         CUDA_TRY(cuda_embedding_forward(slot->input, slot->tokens.inputs,
                                         token, position, d->B, d->T, d->C,
@@ -504,8 +517,14 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
         return -1;
     /* the shard's rows under sequence parallelism, every row else */
     size_t RC = (size_t)d.R * d.C;
+    /* ZeRO-3: each unit gathered before it, the next one's gather behind
+     * it (param_units.c) */
+    if (cuda_param_pass_begin(stage, false, err) != 0)
+        return -1;
     if (stage->spec.has_embedding) {
-        if (embedding_forward(stage, slot, &d, err) != 0)
+        if (cuda_param_unit_use(stage, STAGE_UNIT_EMBEDDING, 0, false,
+                                err) != 0 ||
+            embedding_forward(stage, slot, &d, err) != 0)
             return -1;
     } else if (io->input != slot->input) {
         CUDA_TRY(cudaMemcpyAsync(slot->input, io->input, RC * sizeof(float),
@@ -513,7 +532,9 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
     }
     const float *stream_in = slot->input;
     for (int l = 0; l < state->layer_count; l++) {
-        if (layer_forward(stage, layer_kept(stage, slot, l),
+        if (cuda_param_unit_use(stage, STAGE_UNIT_LAYER, l, false, err) !=
+                0 ||
+            layer_forward(stage, layer_kept(stage, slot, l),
                           &state->offsets.layers[l], stream_in, &d,
                           err) != 0)
             return -1;
@@ -522,7 +543,9 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
     slot->output = stream_in;
     *mean_loss = 0.0f;
     if (stage->spec.has_head) {
-        if (head_forward(stage, slot, stream_in, &d, mean_loss, err) != 0)
+        if (cuda_param_unit_use(stage, STAGE_UNIT_HEAD, 0, false, err) !=
+                0 ||
+            head_forward(stage, slot, stream_in, &d, mean_loss, err) != 0)
             return -1;
     } else if (!stage->defer_sync && cuda_sync_stage_stream(stage, err) != 0) {
         return -1;
@@ -605,7 +628,6 @@ static int mlp_projection_backward(model_stage *stage,
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
     cudaStream_t stream = state->stream;
-    float *G = stage->grads;
     int N = d->N, C = d->C, F = d->F;
     const pt_bf16 *gelu_out = act->gelu_out;
     if (gelu_out == NULL) {
@@ -613,9 +635,11 @@ static int mlp_projection_backward(model_stage *stage,
                                    stream));
         gelu_out = s->d_fc;
     }
-    gemm_call call = weight_grad_call(G + o->mlp_proj_weight, gelu_out,
-                                      s->d_stream_bf16, C, N, F, C, 1.0f);
-    if (weight_and_bias_grad(state, &call, G + o->mlp_proj_bias, d, err) != 0)
+    gemm_call call =
+        weight_grad_call(grad_at(stage, o->mlp_proj_weight), gelu_out,
+                         s->d_stream_bf16, C, N, F, C, 1.0f);
+    if (weight_and_bias_grad(state, &call,
+                             grad_at(stage, o->mlp_proj_bias), d, err) != 0)
         return -1;
     call = input_grad_call(s->d_fc, s->d_stream_bf16, C,
                            mirror_at(state, o->mlp_proj_weight), N, F, C,
@@ -635,7 +659,7 @@ static int mlp_projection_backward(model_stage *stage,
         if (gemm_supported(state->gemm, &call)) {
             if (gemm_run(state->gemm, &call, stream, err) != 0)
                 return -1;
-            CUDA_TRY(cuda_bias_grad(G + o->fc_bias, s->d_fc,
+            CUDA_TRY(cuda_bias_grad(grad_at(stage, o->fc_bias), s->d_fc,
                                     s->bias_partials, N, F, stream));
             return 0;
         }
@@ -647,8 +671,8 @@ static int mlp_projection_backward(model_stage *stage,
         return -1;
     CUDA_TRY(cuda_gelu_backward(s->d_fc, s->d_fc, act->fc_pre, (size_t)N * F,
                                 stream));
-    CUDA_TRY(cuda_bias_grad(G + o->fc_bias, s->d_fc, s->bias_partials, N, F,
-                            stream));
+    CUDA_TRY(cuda_bias_grad(grad_at(stage, o->fc_bias), s->d_fc,
+                            s->bias_partials, N, F, stream));
     return 0;
 }
 
@@ -659,7 +683,7 @@ static float *norm_grad(model_stage *stage, const stage_dims *d, int run,
                         size_t offset)
 {
     return d->sp ? state_of(stage)->scratch.norm_grads + (size_t)run * d->C
-                 : stage->grads + offset;
+                 : grad_at(stage, offset);
 }
 
 /* A layer norm's backward over the shard's rows: d_inp (fp32, the
@@ -695,15 +719,13 @@ static int mlp_input_backward(model_stage *stage, float *d_input,
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
     cudaStream_t stream = state->stream;
-    const float *P = stage->params;
-    float *G = stage->grads;
     int N = d->N, C = d->C, F = d->F;
     const pt_bf16 *ln2_out = NULL;
     if (norm_output_again(stage, act->ln2_out, act->residual_mid,
-                          P + o->ln2_weight, P + o->ln2_bias, d, &ln2_out,
+                          param_at(stage, o->ln2_weight), param_at(stage, o->ln2_bias), d, &ln2_out,
                           err) != 0)
         return -1;
-    gemm_call call = weight_grad_call(G + o->fc_weight, ln2_out, s->d_fc, F,
+    gemm_call call = weight_grad_call(grad_at(stage, o->fc_weight), ln2_out, s->d_fc, F,
                                       N, C, F, 1.0f);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
@@ -714,7 +736,7 @@ static int mlp_input_backward(model_stage *stage, float *d_input,
     return norm_backward(stage, d_input, d_out,
                          norm_grad(stage, d, 2, o->ln2_weight),
                          norm_grad(stage, d, 3, o->ln2_bias),
-                         act->residual_mid, P + o->ln2_weight, act->ln2_mean,
+                         act->residual_mid, param_at(stage, o->ln2_weight), act->ln2_mean,
                          act->ln2_rstd, d, err);
 }
 
@@ -731,15 +753,13 @@ static int attention_block_backward(model_stage *stage, float *d_input,
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
     cudaStream_t stream = state->stream;
-    const float *P = stage->params;
-    float *G = stage->grads;
     int N = d->N, C = d->C, A = d->A;
     if (d->sp && cuda_tp_gather_rows(stage, s->d_stream_bf16, COMM_BFLOAT16,
                                      d, err) != 0)
         return -1;
-    gemm_call call = weight_grad_call(G + o->attn_proj_weight, act->att_out,
+    gemm_call call = weight_grad_call(grad_at(stage, o->attn_proj_weight), act->att_out,
                                       s->d_stream_bf16, C, N, A, C, 1.0f);
-    if (weight_and_bias_grad(state, &call, G + o->attn_proj_bias, d, err) !=
+    if (weight_and_bias_grad(state, &call, grad_at(stage, o->attn_proj_bias), d, err) !=
         0)
         return -1;
     call = input_grad_call(s->d_att, s->d_stream_bf16, C,
@@ -754,12 +774,12 @@ static int attention_block_backward(model_stage *stage, float *d_input,
                                   stream, err) != 0)
         return -1;
     const pt_bf16 *ln1_out = NULL;
-    if (norm_output_again(stage, act->ln1_out, input, P + o->ln1_weight,
-                          P + o->ln1_bias, d, &ln1_out, err) != 0)
+    if (norm_output_again(stage, act->ln1_out, input, param_at(stage, o->ln1_weight),
+                          param_at(stage, o->ln1_bias), d, &ln1_out, err) != 0)
         return -1;
-    call = weight_grad_call(G + o->qkv_weight, ln1_out, s->d_qkv, 3 * A, N,
+    call = weight_grad_call(grad_at(stage, o->qkv_weight), ln1_out, s->d_qkv, 3 * A, N,
                             C, 3 * A, 1.0f);
-    if (weight_and_bias_grad(state, &call, G + o->qkv_bias, d, err) != 0)
+    if (weight_and_bias_grad(state, &call, grad_at(stage, o->qkv_bias), d, err) != 0)
         return -1;
     call = input_grad_call(s->d_norm, s->d_qkv, 3 * A,
                            mirror_at(state, o->qkv_weight), N, C, 3 * A,
@@ -769,7 +789,7 @@ static int attention_block_backward(model_stage *stage, float *d_input,
     return norm_backward(stage, d_input, d_input,
                          norm_grad(stage, d, 0, o->ln1_weight),
                          norm_grad(stage, d, 1, o->ln1_bias), input,
-                         P + o->ln1_weight, act->ln1_mean, act->ln1_rstd, d,
+                         param_at(stage, o->ln1_weight), act->ln1_mean, act->ln1_rstd, d,
                          err);
 }
 
@@ -805,12 +825,12 @@ static int layer_backward(model_stage *stage, float *d_input,
         attention_block_backward(stage, d_input, o, act, input, d, err) != 0)
         return -1;
     if (fc_bias_pending)
-        CUDA_TRY(cuda_add_inplace(stage->grads + o->fc_bias,
+        CUDA_TRY(cuda_add_inplace(grad_at(stage, o->fc_bias),
                                   s->bias_grads, (size_t)d->F,
                                   state->stream));
-    float *G = stage->grads;
-    float *const norms[4] = {G + o->ln1_weight, G + o->ln1_bias,
-                             G + o->ln2_weight, G + o->ln2_bias};
+    float *const norms[4] = {
+        grad_at(stage, o->ln1_weight), grad_at(stage, o->ln1_bias),
+        grad_at(stage, o->ln2_weight), grad_at(stage, o->ln2_bias)};
     return d->sp ? add_norm_grads(stage, norms, 4, d, err) : 0;
 }
 
@@ -837,7 +857,7 @@ static int head_backward(model_stage *stage, activation_slot *slot,
                                      Vp, alpha);
     if (column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
-    call = weight_grad_call(stage->grads + o->head_weight, slot->final_out,
+    call = weight_grad_call(grad_at(stage, o->head_weight), slot->final_out,
                             slot->logits, state->ld_logits, N, C, Vp, alpha);
     if (gemm_run(state->gemm, &call, state->stream, err) != 0)
         return -1;
@@ -845,11 +865,11 @@ static int head_backward(model_stage *stage, activation_slot *slot,
     if (norm_backward(stage, d_stream, NULL,
                       norm_grad(stage, d, 0, o->final_norm_weight),
                       norm_grad(stage, d, 1, o->final_norm_bias),
-                      slot->output, stage->params + o->final_norm_weight,
+                      slot->output, param_at(stage, o->final_norm_weight),
                       slot->final_mean, slot->final_rstd, d, err) != 0)
         return -1;
-    float *const norms[2] = {stage->grads + o->final_norm_weight,
-                             stage->grads + o->final_norm_bias};
+    float *const norms[2] = {grad_at(stage, o->final_norm_weight),
+                             grad_at(stage, o->final_norm_bias)};
     return d->sp ? add_norm_grads(stage, norms, 2, d, err) : 0;
 }
 
@@ -874,8 +894,8 @@ static int embedding_backward(model_stage *stage, const activation_slot *slot,
         d_out = whole;
     }
     CUDA_TRY(cuda_embedding_backward(
-        stage->grads + o->token_embedding,
-        stage->grads + o->position_embedding, d_out, t->plan_starts,
+        grad_at(stage, o->token_embedding),
+        grad_at(stage, o->position_embedding), d_out, t->plan_starts,
         t->plan_rows, t->plan_tokens, slot->unique_tokens, d->B, d->T, d->C,
         state->stream));
     return 0;
@@ -907,9 +927,17 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
     size_t RC = (size_t)d.R * d.C;
     const float *d_out = io->output_grad;
     int free_stream = 0;
+    /* ZeRO-2/3's units (grad_units.c): the embeddings' buffer is open for
+     * the whole backward (a tied head writes into it first) */
+    if (cuda_grad_unit_begin(stage, STAGE_UNIT_EMBEDDING, 0, err) != 0 ||
+        cuda_param_pass_begin(stage, true, err) != 0)
+        return -1;
     if (stage->spec.has_head) {
-        if (head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d,
-                          err) != 0)
+        if (cuda_param_unit_use(stage, STAGE_UNIT_HEAD, 0, true, err) != 0 ||
+            cuda_grad_unit_begin(stage, STAGE_UNIT_HEAD, 0, err) != 0 ||
+            head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d,
+                          err) != 0 ||
+            cuda_grad_unit_done(stage, STAGE_UNIT_HEAD, 0, err) != 0)
             return -1;
         gradients_enqueued(state, state->offsets.final_norm_weight);
         d_out = s->d_stream[0];
@@ -924,21 +952,28 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
             l > 0 ? slot->layers[l - 1].output : slot->input;
         float *d_input = s->d_stream[free_stream];
         layer_activations *act = layer_kept(stage, slot, l);
+        if (cuda_param_unit_use(stage, STAGE_UNIT_LAYER, l, true, err) != 0)
+            return -1;
         /* full recompute: the layer's forward again from its kept input
          * (rewriting its output with the same values) */
         if (stage->spec.recompute_layers &&
             layer_forward(stage, act, &state->offsets.layers[l], layer_input,
                           &d, err) != 0)
             return -1;
-        if (layer_backward(stage, d_input, d_out, &state->offsets.layers[l],
-                           act, layer_input, &d, err) != 0)
+        if (cuda_grad_unit_begin(stage, STAGE_UNIT_LAYER, l, err) != 0 ||
+            layer_backward(stage, d_input, d_out, &state->offsets.layers[l],
+                           act, layer_input, &d, err) != 0 ||
+            cuda_grad_unit_done(stage, STAGE_UNIT_LAYER, l, err) != 0)
             return -1;
         gradients_enqueued(state, state->offsets.layers[l].ln1_weight);
         d_out = d_input;
         free_stream = 1 - free_stream;
     }
     if (stage->spec.has_embedding) {
-        if (embedding_backward(stage, slot, d_out, &d, err) != 0)
+        if (cuda_param_unit_use(stage, STAGE_UNIT_EMBEDDING, 0, true, err) !=
+                0 ||
+            embedding_backward(stage, slot, d_out, &d, err) != 0 ||
+            cuda_grad_unit_done(stage, STAGE_UNIT_EMBEDDING, 0, err) != 0)
             return -1;
         gradients_enqueued(state, 0);
         s->input_grad = NULL;

@@ -173,12 +173,12 @@ typedef struct zero_unit_group {
  * place, each replica's part of the unit summed into that replica's
  * slice of it. */
 int zero_reduce_unit(model_stage *stage, size_t first, size_t count,
-                     float *unit, void *context, pt_error *err);
+                     float *unit, void *stream, void *context, pt_error *err);
 /* The stage_unit_hook for a stage whose backend keeps its shard's
  * parameters only (params_by_unit): one unit's weights all-gathered
  * over the dp group in place around each replica's part. */
 int zero_gather_unit(model_stage *stage, size_t first, size_t count,
-                     float *unit, void *context, pt_error *err);
+                     float *unit, void *stream, void *context, pt_error *err);
 /* The tied embedding's gradient whole on the first-stage replica and its
  * last-stage partner (pair), from the shards of both stages (with
  * grads_by_unit, in a buffer of the tensor's size for the while, each

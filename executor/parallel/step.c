@@ -580,6 +580,22 @@ static int reduce_norm_and_loss(rank_step *r, double *grad_norm,
     return 0;
 }
 
+/* ZeRO-2/3 on a backend reducing each unit on a stream of its own (the
+ * cuda one): what the last backward left of its units' reduce-scatters,
+ * waited for under the comm's deadline (the run's dp_allreduce event,
+ * as the estimate's exposed reduction). */
+static int wait_unit_reductions(rank_step *r, pt_error *err)
+{
+    if (!r->stage->units_on_stream)
+        return 0;
+    double start = begin(r, "dp_allreduce", -1);
+    if (comm_wait_stream(r->c, r->stage->unit_stream,
+                         "the units' reduce-scatters", err) != 0)
+        return -1;
+    record(r, "dp_allreduce", -1, start);
+    return 0;
+}
+
 /* The gradients every optimizer step needs. The tied embedding's two
  * copies are summed before ZeRO-1's reduce-scatter: after it, the first
  * and the last stage would hold different parts of the tensor (their
@@ -587,7 +603,10 @@ static int reduce_norm_and_loss(rank_step *r, double *grad_norm,
 static int reduce_chunk_gradients(rank_step *r, pt_error *err)
 {
     if (r->zero >= 2) /* reduced at every micro-batch already */
-        return embedding_all_reduce(r, err);
+        return wait_unit_reductions(r, err) != 0 ||
+                       embedding_all_reduce(r, err) != 0
+                   ? -1
+                   : 0;
     if (sharded_optimizer(r))
         return embedding_all_reduce(r, err) != 0 ||
                        dp_reduce_gradients(r, err) != 0
@@ -737,6 +756,8 @@ static int open_zero(rank_step *r, pt_error *err)
         r->stage->grad_sink = zero_reduce_unit;
         r->stage->grad_sink_context = &r->zero_units;
     }
+    r->stage->units_on_stream =
+        r->stage->unit_stream != NULL && comm_has_stream_ops(r->c);
     if (r->stage->params_by_unit) {
         r->stage->param_source = zero_gather_unit;
         r->stage->param_source_context = &r->zero_units;
@@ -814,6 +835,7 @@ done:
     r.stage->grad_sink_context = NULL;
     r.stage->param_source = NULL;
     r.stage->param_source_context = NULL;
+    r.stage->units_on_stream = false;
     free(r.dp_group);
     free(r.dp_offsets);
     if (status != 0 && r.overlap_armed) {

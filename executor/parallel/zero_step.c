@@ -6,9 +6,11 @@
  * under ZeRO-3 the parameters gathered before each forward and backward
  * and released (zeroed outside the rank's shard) after. Any backend,
  * over the comm interface. A backend that keeps only the shard's
- * gradients (grads_by_unit: the cpu one) hands each unit of a backward to
- * zero_reduce_unit; the others keep a whole-sized buffer, reduced after
- * the backward. Likewise under ZeRO-3 a backend keeping the parameters'
+ * gradients (grads_by_unit: the cpu one, and the cuda one on its own
+ * stream when the comm has stream-ordered collectives) hands each unit of
+ * a backward to zero_reduce_unit; a stage keeping a whole-sized buffer
+ * (the cuda backend's tied embedding pair) is reduced after the
+ * backward. Likewise under ZeRO-3 a backend keeping the parameters'
  * shard only (params_by_unit) gathers each unit through
  * zero_gather_unit; the others gather the whole stage and release it
  * (zeroed outside the shard, not freed).
@@ -48,35 +50,48 @@ static size_t *chunks_within(const size_t *offsets, int dp, size_t lo,
 }
 
 /* One unit over the dp group's runs: reduce-scattered (the gradients)
- * or all-gathered (the weights), in place. */
+ * or all-gathered (the weights), in place; enqueued on `stream` when it
+ * is given (the comm then has stream-ordered collectives), else done on
+ * return. */
 static int unit_collective(size_t first, size_t count, float *unit,
-                           const zero_unit_group *g, bool gather,
-                           pt_error *err)
+                           void *stream, const zero_unit_group *g,
+                           bool gather, pt_error *err)
 {
     size_t *chunks = chunks_within(g->offsets, g->dp, first, first + count,
                                    err);
     if (chunks == NULL)
         return -1;
-    int status =
-        gather ? comm_all_gather(g->c, g->group, g->dp, unit, chunks, err)
-               : comm_reduce_scatter_sum(g->c, g->group, g->dp, unit, chunks,
-                                         err);
+    int status;
+    if (stream != NULL)
+        status = gather ? comm_all_gather_on_stream(g->c, g->group, g->dp,
+                                                    unit, chunks,
+                                                    COMM_FLOAT32, stream,
+                                                    err)
+                        : comm_reduce_scatter_on_stream(g->c, g->group,
+                                                        g->dp, unit, chunks,
+                                                        COMM_FLOAT32, stream,
+                                                        err);
+    else
+        status = gather ? comm_all_gather(g->c, g->group, g->dp, unit,
+                                          chunks, err)
+                        : comm_reduce_scatter_sum(g->c, g->group, g->dp,
+                                                  unit, chunks, err);
     free(chunks);
     return status;
 }
 
 int zero_reduce_unit(model_stage *stage, size_t first, size_t count,
-                     float *unit, void *context, pt_error *err)
+                     float *unit, void *stream, void *context, pt_error *err)
 {
     (void)stage;
-    return unit_collective(first, count, unit, context, false, err);
+    return unit_collective(first, count, unit, stream, context, false, err);
 }
 
 int zero_gather_unit(model_stage *stage, size_t first, size_t count,
-                     float *unit, void *context, pt_error *err)
+                     float *unit, void *stream, void *context, pt_error *err)
 {
     (void)stage;
-    return unit_collective(first, count, unit, context, true, err);
+    return unit_collective(first, count, unit, stream, context, true, err);
 }
 
 /* The gradients of one micro-batch, added on top of the shard's earlier

@@ -5,6 +5,8 @@
  */
 #include "executor/run/internal.h"
 
+#include "executor/cuda/buffers.h"
+
 #include <string.h>
 
 void run_add_note(run_result *out, const char *text)
@@ -85,10 +87,13 @@ int run_chunk_buffer_count(const run_context *ctx, int rank, int chunk,
     stage_spec spec;
     if (run_chunk_spec(ctx, rank, chunk, &spec, err) != 0)
         return -1;
-    /* the parameters are the optimizer's shard only under ZeRO-3 on the
-     * cpu backend (model_cpu.c honours spec.shard_parameters) */
-    if (which == STAGE_PARAMS &&
-        !(spec.shard_parameters && ctx->options->backend == BACKEND_CPU))
+    /* the parameters are the optimizer's shard only under ZeRO-3: on
+     * the cpu backend (model_cpu.c), and on the cuda one but on a
+     * pipeline's tied embedding pair (buffers.c) */
+    bool sharded = spec.shard_parameters &&
+                   (ctx->options->backend == BACKEND_CPU ||
+                    buffer_grads_by_unit(&ctx->shape, &spec));
+    if (which == STAGE_PARAMS && !sharded)
         return 0;
     stage_optimizer_range(params, spec.optimizer_shards,
                           spec.optimizer_shard, &first, out);

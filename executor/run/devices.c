@@ -6,6 +6,7 @@
  * build, the entry points refuse.
  */
 #ifdef PARTITA_HAVE_CUDA
+#include "executor/cuda/buffers.h"
 #include "executor/cuda/cuda_backend.h"
 #endif
 #include "executor/run/internal.h"
@@ -110,10 +111,17 @@ static int rank_floor_bytes(const run_context *ctx, int rank, double *out,
             return -1;
         stage_optimizer_range(params, spec.optimizer_shards,
                               spec.optimizer_shard, &first, &moments);
+        double run = (double)moments;
+        /* ZeRO-2/3: the gradients, ZeRO-3 the weights too, of the run
+         * only, no bf16 copy of every parameter (buffers.c; their unit
+         * buffers come on top, as the activations do) */
+        bool grads = buffer_grads_by_unit(&ctx->shape, &spec);
+        bool weights = grads && spec.shard_parameters;
+        *out += (grads ? 4.0 * run : 4.0 * (double)params) +
+                (weights ? 4.0 * run : 6.0 * (double)params);
         /* offload keeps the moments in host memory */
-        if (ctx->plan->config.offload_optimizer)
-            moments = 0;
-        *out += 10.0 * (double)params + 8.0 * (double)moments;
+        if (!ctx->plan->config.offload_optimizer)
+            *out += 8.0 * run;
     }
     return 0;
 }
@@ -121,7 +129,8 @@ static int rank_floor_bytes(const run_context *ctx, int rank, double *out,
 /* A parallel plan against this machine's GPUs before anything is
  * allocated on them: device count, GPU types, sm_limit and
  * memory_limit_gib, and each rank's floor of 10 bytes per parameter of
- * its stage (fp32 weights and gradients, the bf16 copy) and 8 per
+ * its stage (fp32 weights and gradients, the bf16 copy; ZeRO-2/3's
+ * shards: 4 bytes a parameter of the run for what it shards) and 8 per
  * parameter of its optimizer's range (AdamW's moments: all, or a ZeRO-1
  * shard); activations come on top and are counted against the rank's cap
  * as the stage allocates them. */

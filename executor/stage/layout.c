@@ -325,3 +325,40 @@ int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
         *total_floats = builder.floats;
     return builder.count;
 }
+
+/* Tensors a layer has in the table of stage_parameter_layout. */
+enum { LAYER_TENSORS = 12 };
+
+void stage_units_of(const stage_spec *spec, const param_tensor *table,
+                    int tensor_count, size_t param_count, stage_units *out)
+{
+    memset(out, 0, sizeof *out);
+    int layers = spec->last_layer - spec->first_layer;
+    int embedding = spec->has_embedding ? 2 : 0;
+    int head = embedding + LAYER_TENSORS * layers;
+    size_t head_first =
+        head < tensor_count ? table[head].offset : param_count;
+    size_t layers_first =
+        embedding < tensor_count ? table[embedding].offset : param_count;
+    out->first[STAGE_UNIT_EMBEDDING] = 0;
+    out->count[STAGE_UNIT_EMBEDDING] = embedding > 0 ? layers_first : 0;
+    out->first[STAGE_UNIT_LAYER] = layers_first;
+    out->count[STAGE_UNIT_LAYER] =
+        layers > 0 ? (head_first - layers_first) / (size_t)layers : 0;
+    out->first[STAGE_UNIT_HEAD] = head_first;
+    out->count[STAGE_UNIT_HEAD] =
+        spec->has_head ? param_count - head_first : 0;
+}
+
+stage_unit_kind stage_unit_at(const stage_units *units, size_t offset,
+                              int *layer)
+{
+    *layer = 0;
+    if (offset < units->first[STAGE_UNIT_LAYER])
+        return STAGE_UNIT_EMBEDDING;
+    if (offset >= units->first[STAGE_UNIT_HEAD])
+        return STAGE_UNIT_HEAD;
+    *layer = (int)((offset - units->first[STAGE_UNIT_LAYER]) /
+                   units->count[STAGE_UNIT_LAYER]);
+    return STAGE_UNIT_LAYER;
+}

@@ -79,16 +79,18 @@ typedef struct stage_spec {
      * them, reduce-scatters and all-gathers replace the all-reduces, and
      * the stage's input, output and their gradients are those rows. */
     bool sequence_parallel;
-    /* ZeRO-2/3 (optimizer_shards > 1; honoured by the cpu backend, which
-     * sets model_stage.grads_by_unit): grads holds the optimizer's range
-     * only, and a backward fills one unit buffer per unit (the
+    /* ZeRO-2/3 (optimizer_shards > 1; honoured by the backend that sets
+     * model_stage.grads_by_unit: the cpu one, the cuda one but on the
+     * tied embedding's pair of a pipeline): grads holds the optimizer's
+     * range only, and a backward fills a unit buffer per unit (the
      * embeddings, a layer, the head), handed to the stage's grad_sink as
      * each unit completes, then added into that range. */
     bool shard_gradients;
     /* ZeRO-3 (likewise; model_stage.params_by_unit): params holds the
      * optimizer's range only, and each unit's weights are gathered into
-     * a buffer of that unit's size, one per unit kind, through the
-     * stage's param_source before the unit's forward and backward. */
+     * a buffer of that unit's size, one per unit kind (the cuda backend:
+     * two for the layers, gathered one unit ahead), through the stage's
+     * param_source before the unit's forward and backward. */
     bool shard_parameters;
 } stage_spec;
 
@@ -180,6 +182,35 @@ int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
                            param_tensor *out, size_t *total_floats,
                            pt_error *err);
 
+/* ZeRO-2/3's units (docs/executor.md, "ZeRO-2 and ZeRO-3"): the parts
+ * of a stage's parameter buffer gathered and reduced whole, the
+ * embeddings, each layer, the head (final norm and, when the stage holds
+ * one, its LM head matrix; a tied head on the embedding's stage uses the
+ * embedding's unit). */
+typedef enum stage_unit_kind {
+    STAGE_UNIT_EMBEDDING,
+    STAGE_UNIT_LAYER,
+    STAGE_UNIT_HEAD,
+    STAGE_UNIT_KINDS
+} stage_unit_kind;
+
+/* Where each kind's unit starts in the parameter buffer and its floats
+ * (the layer's: layer 0's start and one layer's floats, every layer the
+ * same size); count 0 for a kind the stage lacks. */
+typedef struct stage_units {
+    size_t first[STAGE_UNIT_KINDS];
+    size_t count[STAGE_UNIT_KINDS];
+} stage_units;
+
+/* The units of a stage of that spec whose tensor table (buffer order,
+ * stage_parameter_layout's) holds param_count floats. */
+void stage_units_of(const stage_spec *spec, const param_tensor *table,
+                    int tensor_count, size_t param_count, stage_units *out);
+/* The unit of parameter `offset`: its kind and, for a layer, its local
+ * index (0 otherwise). */
+stage_unit_kind stage_unit_at(const stage_units *units, size_t offset,
+                              int *layer);
+
 /* --------------------------------------------------------------- stages */
 
 struct stage_backend;
@@ -192,10 +223,13 @@ struct model_stage;
  * sums them in place; the backend then adds the part in the grads
  * range); with spec.shard_parameters before a unit's forward or backward
  * (the param_source fills the unit around the rank's part, which the
- * backend has copied in: the all-gather over dp). */
+ * backend has copied in: the all-gather over dp). stream NULL: the
+ * collective is done when the hook returns; else (the stage's
+ * units_on_stream) it is enqueued on that CUDA stream, behind the
+ * unit's producers, and the backend orders its readers after it. */
 typedef int (*stage_unit_hook)(struct model_stage *stage, size_t first,
-                               size_t count, float *unit, void *context,
-                               pt_error *err);
+                               size_t count, float *unit, void *stream,
+                               void *context, pt_error *err);
 
 /*
  * One stage of the model on one device, with its parameters, gradients,
@@ -244,6 +278,13 @@ typedef struct model_stage {
     bool params_by_unit;
     stage_unit_hook param_source;
     void *param_source_context;
+    /* The backend's stream for the units' collectives (the cuda
+     * backend's, with grads_by_unit; NULL: none), and whether the hooks
+     * enqueue on it (set by the step while its comm has stream-ordered
+     * collectives; false: the backend drains its work and the hooks
+     * block). */
+    void *unit_stream;
+    bool units_on_stream;
     long optimizer_steps;        /* AdamW steps taken (bias correction, LR) */
     void *backend_state;         /* owned by the backend: activations */
     /* Tensor parallelism (spec.tp > 1): the comm and the ranks of this

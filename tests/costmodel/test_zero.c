@@ -73,24 +73,34 @@ static void sharded_memory_terms(void **state)
     costmodel_stage_memory(&m, &config, 0, 0.0, &z3);
     config.offload_optimizer = true;
     costmodel_stage_memory(&m, &config, 0, 0.0, &off);
-    /* the largest unit of the one stage: the embeddings (V + s) h */
-    double unit = (50257.0 + 1024.0) * 1600.0;
+    /* the units of the one stage as the cuda executor holds them: the
+     * embeddings (V + s) h, a layer, the head's final norm (its matrix is
+     * the tied embedding); the head's 47 padding rows (V rounded up to
+     * 50,304); the shard's fixed part the embeddings and the norm over 4,
+     * with a run's 64 floats and one */
+    double h = 1600.0, layer = model_layer_parameter_count(&m);
+    double embedding = (50257.0 + 1024.0) * h, head = 2.0 * h;
+    double pad = 47.0 * h, units = embedding + 2.0 * layer + head;
+    double shard = (embedding + head) / 4.0 + 65.0;
     const pt_memory_term G = PT_MEMORY_GRADIENTS, W = PT_MEMORY_WEIGHTS,
                          M = PT_MEMORY_WEIGHT_MIRROR, O = PT_MEMORY_OPTIMIZER;
-    /* ZeRO-2: gradients / 4 and two units of fp32 */
+    /* ZeRO-2: the gradients' shard and the units with the padding */
     assert_true(close_to(z2.fixed.bytes[G],
-                         base.fixed.bytes[G] / 4.0 + 8.0 * unit, 1e-12));
+                         4.0 * shard + 4.0 * (units + pad + 1.0), 1e-12));
     assert_true(close_to(z2.per_layer.bytes[G], base.per_layer.bytes[G] / 4.0,
                          1e-12));
     assert_true(z2.fixed.bytes[W] == base.fixed.bytes[W]);
     assert_true(z2.fixed.bytes[O] == z1.fixed.bytes[O]);
-    /* ZeRO-3: weights / 4; the bf16 copy / 4 and two units gathered */
+    /* ZeRO-3: the weights likewise, the bf16 copies of the units only,
+     * the units' tables for the table of every parameter */
+    assert_true(close_to(z3.fixed.bytes[W], 4.0 * shard + 4.0 * (units + 1.0),
+                         1e-12));
     assert_true(close_to(z3.per_layer.bytes[W], base.per_layer.bytes[W] / 4.0,
                          1e-12));
-    assert_true(close_to(z3.fixed.bytes[M],
-                         base.fixed.bytes[M] / 4.0 + 2.0 * 2.0 * unit, 1e-12));
-    assert_true(close_to(z3.per_layer.bytes[M], base.per_layer.bytes[M] / 4.0,
+    assert_true(close_to(z3.fixed.bytes[M], 2.0 * (units + pad + 1.0),
                          1e-12));
+    assert_true(z3.per_layer.bytes[M] == 0.0);
+    assert_true(z3.per_layer.bytes[O] < z1.per_layer.bytes[O]);
     /* offload: no AdamW moments on the device (the chunk tables stay, as
      * do the fp32 weights, the backend's working copy) */
     double layer_params = model_layer_parameter_count(&m);
@@ -114,9 +124,24 @@ static void offload_prices_the_host_step(void **state)
     parallel_config config = config_of(8, 1, 1, 4, 1);
     parallel_set_zero_stage(&config, 2);
     config.offload_optimizer = true;
-    double per_param = 6.0 / 25e9 + 1.0 / 1e9; /* bf16 up, fp32 down */
+    /* fp32 gradients down, fp32 weights up, the host's AdamW */
+    double per_param = 8.0 / 25e9 + 1.0 / 1.08e9;
     assert_true(close_to(costmodel_offload_s_per_param(&config), per_param,
                          1e-12));
+    /* the GPU's own memory-bound work (the gradient norm, the slices'
+     * sums and ZeRO's unit kernels) stays at its streaming rate */
+    type_costs offloaded, on_gpu;
+    pt_error err = {{0}};
+    parallel_config plain = config;
+    plain.offload_optimizer = false;
+    assert_int_equal(costmodel_type_costs(&f.cm, 0, &config, &offloaded,
+                                          &err), 0);
+    assert_int_equal(costmodel_type_costs(&f.cm, 0, &plain, &on_gpu, &err),
+                     0);
+    assert_true(close_to(offloaded.optimizer_s_per_param, per_param, 1e-12));
+    assert_true(offloaded.stream_s_per_byte == on_gpu.stream_s_per_byte);
+    assert_true(close_to(on_gpu.stream_s_per_byte,
+                         on_gpu.optimizer_s_per_param / 30.0, 1e-12));
     estimate e = estimate_of(&f, config, partition);
     double held = stage_parameters_per_gpu(&f.model, &config, 0, 48) / 4.0;
     assert_true(close_to(e.stages[0].optimizer_s, held * per_param, 1e-12));
@@ -139,11 +164,11 @@ static void slow_link_paces_every_unit(void **state)
     assert_int_equal(costmodel_type_costs(&f.cm, 0, &config, &costs, &err), 0);
     double layer = model_layer_parameter_count(&f.model);
     double embedding = (50257.0 + 1024.0) * 1600.0, head = 2.0 * 1600.0;
-    double gather_layer = reduce_scatter_time(2.0 * layer, 4, link);
+    double gather_layer = reduce_scatter_time(4.0 * layer, 4, link);
     double reduce_layer = reduce_scatter_time(4.0 * layer, 4, link);
-    double gather_embedding = reduce_scatter_time(2.0 * embedding, 4, link);
+    double gather_embedding = reduce_scatter_time(4.0 * embedding, 4, link);
     double reduce_embedding = reduce_scatter_time(4.0 * embedding, 4, link);
-    double gather_head = reduce_scatter_time(2.0 * head, 4, link);
+    double gather_head = reduce_scatter_time(4.0 * head, 4, link);
     double reduce_head = reduce_scatter_time(4.0 * head, 4, link);
     assert_true(gather_layer > costs.layer_backward_s);
 
@@ -152,9 +177,11 @@ static void slow_link_paces_every_unit(void **state)
     double forward = 48.0 * gather_layer +
                      fmax(costs.embedding_forward_s, gather_embedding) +
                      fmax(costs.head_forward_s, gather_head);
+    /* the embeddings end the backward: their reduce runs under what
+     * follows, the last one after the step's backward */
     double backward =
         48.0 * (gather_layer + reduce_layer) +
-        fmax(costs.embedding_backward_s, gather_embedding + reduce_embedding) +
+        fmax(costs.embedding_backward_s, gather_embedding) +
         fmax(costs.head_backward_s, gather_head + reduce_head);
     assert_true(close_to(e.stages[0].forward_s, forward, 1e-9));
     assert_true(close_to(e.stages[0].backward_s, backward, 1e-9));
@@ -170,8 +197,7 @@ static void slow_link_paces_every_unit(void **state)
                          1e-9));
     assert_true(close_to(e.stages[0].backward_s,
                          48.0 * fmax(costs.layer_backward_s, reduce_layer) +
-                             fmax(costs.embedding_backward_s,
-                                  reduce_embedding) +
+                             costs.embedding_backward_s +
                              fmax(costs.head_backward_s, reduce_head),
                          1e-9));
     /* ZeRO-2 still gathers the updated weights once, as ZeRO-1: the fp32
@@ -185,6 +211,51 @@ static void slow_link_paces_every_unit(void **state)
     fixture_close(&f);
 }
 
+/* On slices of one GPU (every device entry index 0) the units'
+ * collectives run their kernels in the rank's own SMs: a gather 14 bytes
+ * a parameter, a reduce-scatter and its add 4 (1 + 4 / d), at the
+ * profile's streaming rate (its AdamW step over 30 bytes a parameter),
+ * lengthen each unit's forward (ZeRO-3) and backward, by at most that;
+ * on separate GPUs they do not. */
+static void unit_kernels_take_the_slices_sms(void **state)
+{
+    (void)state;
+    fixture f;
+    open_one_node(&f, 230.0);
+    int partition[1] = {48};
+    parallel_config config = config_of(8, 1, 1, 4, 1);
+    double params = stage_parameters_per_gpu(&f.model, &config, 0, 48);
+    type_costs costs;
+    pt_error err = {{0}};
+    assert_int_equal(costmodel_type_costs(&f.cm, 0, &config, &costs, &err), 0);
+    for (int zero = 2; zero <= 3; zero++) {
+        parallel_set_zero_stage(&config, zero);
+        estimate apart = estimate_of(&f, config, partition);
+        node_type *type = &f.cluster.types[0];
+        type->device_count = 4;
+        for (int i = 0; i < 4; i++)
+            type->devices[i] = (device_spec){.index = 0, .sm_limit = 32};
+        estimate sliced = estimate_of(&f, config, partition);
+        type->device_count = 0;
+        double gather = zero >= 3 ? 14.0 * params * costs.stream_s_per_byte
+                                  : 0.0;
+        double reduce = 4.0 * (1.0 + 4.0 / 4.0) * params *
+                        costs.stream_s_per_byte;
+        const stage_estimate *a = &apart.stages[0], *b = &sliced.stages[0];
+        if (zero >= 3)
+            assert_true(b->forward_s > a->forward_s);
+        else
+            assert_true(b->forward_s == a->forward_s);
+        assert_true(b->forward_s <= a->forward_s + gather + 1e-12);
+        assert_true(b->backward_s > a->backward_s);
+        assert_true(b->backward_s <=
+                    a->backward_s + gather + reduce + 1e-12);
+        estimate_free(&apart);
+        estimate_free(&sliced);
+    }
+    fixture_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -192,6 +263,7 @@ int main(void)
         cmocka_unit_test(sharded_memory_terms),
         cmocka_unit_test(offload_prices_the_host_step),
         cmocka_unit_test(slow_link_paces_every_unit),
+        cmocka_unit_test(unit_kernels_take_the_slices_sms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,6 +49,7 @@ run test_cuda_training "$gpu/test_cuda_training"
 # shellcheck disable=SC2086
 run test_cuda_stage "$gpu/test_cuda_stage" ${STAGE_ARGS:-}
 run test_cuda_tensor_parallel "$gpu/test_cuda_tensor_parallel"
+run test_cuda_zero "$gpu/test_cuda_zero"
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     echo "== benchmark (bench/exec_vs_torch/run.sh)"
