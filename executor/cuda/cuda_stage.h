@@ -241,6 +241,17 @@ static inline size_t unit_first_of(const stage_units *u, stage_unit_kind kind,
            (kind == STAGE_UNIT_LAYER ? (size_t)layer * u->count[kind] : 0);
 }
 
+/* Where parameter `offset` lies in the units' blocks: the buffer of its
+ * unit (in *buffer) and its place in it. */
+static inline size_t unit_place_of(const stage_units *u, size_t offset,
+                                   int *buffer)
+{
+    int layer = 0;
+    stage_unit_kind kind = stage_unit_at(u, offset, &layer);
+    *buffer = unit_buffer_of(kind, layer);
+    return offset - unit_first_of(u, kind, layer);
+}
+
 /* The forward and backward of a cuda stage (passes.c), the entries of
  * the backend's table for stage_backend.forward and .backward. */
 int cuda_stage_forward(model_stage *stage, int slot_index,

@@ -52,11 +52,9 @@ float *cuda_grad_at(const model_stage *stage, size_t offset)
     if (!stage->grads_by_unit)
         return stage->grads + offset;
     const cuda_stage_state *state = state_of(stage);
-    const stage_units *u = &state->layout.units;
-    int layer = 0;
-    stage_unit_kind kind = stage_unit_at(u, offset, &layer);
-    return state->grad_units.buffer[unit_buffer_of(kind, layer)] +
-           (offset - unit_first_of(u, kind, layer));
+    int buffer = 0;
+    size_t place = unit_place_of(&state->layout.units, offset, &buffer);
+    return state->grad_units.buffer[buffer] + place;
 }
 
 int cuda_grad_unit_begin(model_stage *stage, stage_unit_kind kind, int layer,

@@ -241,11 +241,9 @@ const float *cuda_param_at(const model_stage *stage, size_t offset)
     if (!stage->params_by_unit)
         return stage->params + offset;
     const cuda_stage_state *state = state_of(stage);
-    const stage_units *u = &state->layout.units;
-    int layer = 0;
-    stage_unit_kind kind = stage_unit_at(u, offset, &layer);
-    return state->param_units.buffer[unit_buffer_of(kind, layer)] +
-           (offset - unit_first_of(u, kind, layer));
+    int buffer = 0;
+    size_t place = unit_place_of(&state->layout.units, offset, &buffer);
+    return state->param_units.buffer[buffer] + place;
 }
 
 pt_bf16 *cuda_mirror_at(const cuda_stage_state *state, size_t offset)

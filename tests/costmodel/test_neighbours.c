@@ -83,24 +83,32 @@ static bool near(double a, double b, double rel)
     return fabs(a - b) <= rel * fabs(b);
 }
 
+/* The estimate with a profile at rest equals the busy one's, stage by
+ * stage: on slices (`sliced`) or whole GPUs, with the rest profile the
+ * busy one itself (`rest_is_busy`) or the slower-at-rest fixture's. */
+static void expect_busy_estimate(bool sliced, bool rest_is_busy,
+                                 parallel_config config)
+{
+    slices plain, rest;
+    slices_open(&plain, sliced, false, NULL);
+    slices_open(&rest, sliced, true, rest_is_busy ? &plain.busy : NULL);
+    estimate a, b;
+    estimate_of(&plain.cm, &config, &a);
+    estimate_of(&rest.cm, &config, &b);
+    assert_true(near(b.step_time_s, a.step_time_s, 1e-12));
+    for (int s = 0; s < config.pp; s++)
+        assert_true(near(b.stages[s].forward_s, a.stages[s].forward_s,
+                         1e-12));
+    estimate_free(&a), estimate_free(&b);
+    slices_close(&plain), slices_close(&rest);
+}
+
 /* A profile at rest equal to the busy one: the estimate of a pipeline is
  * the busy estimate, stage by stage. */
 static void rest_equal_to_busy_changes_nothing(void **state)
 {
     (void)state;
-    slices plain, same;
-    slices_open(&plain, true, false, NULL);
-    slices_open(&same, true, true, &plain.busy);
-    parallel_config config = slice_config(1, 1, 4, 8);
-    estimate a, b;
-    estimate_of(&plain.cm, &config, &a);
-    estimate_of(&same.cm, &config, &b);
-    assert_true(near(b.step_time_s, a.step_time_s, 1e-12));
-    for (int s = 0; s < 4; s++)
-        assert_true(near(b.stages[s].forward_s, a.stages[s].forward_s,
-                         1e-12));
-    estimate_free(&a), estimate_free(&b);
-    slices_close(&plain), slices_close(&same);
+    expect_busy_estimate(true, true, slice_config(1, 1, 4, 8));
 }
 
 /* tp 4 on one stage: every neighbour is a rank of the stage, busy with
@@ -108,17 +116,7 @@ static void rest_equal_to_busy_changes_nothing(void **state)
 static void neighbours_of_one_stage_are_busy(void **state)
 {
     (void)state;
-    slices plain, rest;
-    slices_open(&plain, true, false, NULL);
-    slices_open(&rest, true, true, NULL);
-    parallel_config config = slice_config(4, 1, 1, 4);
-    estimate a, b;
-    estimate_of(&plain.cm, &config, &a);
-    estimate_of(&rest.cm, &config, &b);
-    assert_true(near(b.stages[0].forward_s, a.stages[0].forward_s, 1e-12));
-    assert_true(near(b.step_time_s, a.step_time_s, 1e-12));
-    estimate_free(&a), estimate_free(&b);
-    slices_close(&plain), slices_close(&rest);
+    expect_busy_estimate(true, false, slice_config(4, 1, 1, 4));
 }
 
 /* pp 4 on four slices: each stage's forward and backward are the rest
@@ -176,16 +174,7 @@ static void pipeline_sits_at_the_fixed_point(void **state)
 static void whole_gpus_keep_their_price(void **state)
 {
     (void)state;
-    slices plain, rest;
-    slices_open(&plain, false, false, NULL);
-    slices_open(&rest, false, true, NULL);
-    parallel_config config = slice_config(1, 1, 4, 8);
-    estimate a, b;
-    estimate_of(&plain.cm, &config, &a);
-    estimate_of(&rest.cm, &config, &b);
-    assert_true(near(b.step_time_s, a.step_time_s, 1e-12));
-    estimate_free(&a), estimate_free(&b);
-    slices_close(&plain), slices_close(&rest);
+    expect_busy_estimate(false, false, slice_config(1, 1, 4, 8));
 }
 
 int main(void)
