@@ -204,7 +204,7 @@ static double reduction_s(costmodel *cm, const parallel_config *config,
     int dp = config->dp;
     double gradients = params * 4.0; /* fp32 main gradients */
     double exposed = costmodel_dp_overlap_floor_share(cm);
-    double gathered = params * precision_bytes(config->precision);
+    double gathered = params * COSTMODEL_GATHER_BYTES_PER_PARAM;
     /* ZeRO-2/3 reduce unit by unit inside the backward, ZeRO-3 gathers
      * before each unit (costmodel/zero.c): no part of that is bounded by
      * the stage's parameters, so the floor counts none of it */
