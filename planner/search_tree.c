@@ -385,9 +385,13 @@ static int child_floor(tree_worker *w, int depth, bool pending,
     if (refresh_capacity(w, threshold) != 0)
         return -1;
     /* a floor solves partition problems of pp stages: it counts as that
-       many nodes towards the budget, which so stays a measure of time */
-    w->outcome->nodes += w->task->config.pp;
-    return node_floor(w, &partial, threshold, floor_s);
+       many nodes towards the budget, which so stays a measure of time;
+       so does each relaxed partition of the per-step work's walk */
+    long long walks = w->bounds->walk_solves;
+    int rc = node_floor(w, &partial, threshold, floor_s);
+    w->outcome->nodes +=
+        w->task->config.pp * (1 + w->bounds->walk_solves - walks);
+    return rc;
 }
 
 static void find_children(tree_worker *w, int start, int depth);
