@@ -321,9 +321,10 @@ typedef struct bound_tables {
     /* the per-step work of a placed stage by its layers (search_tail.c):
        a cache by placement, and the walk's scratch */
     memo_table *tail_memo;
-    double *tail_rows;       /* [pp x (layers + 1)] */
-    double *tail_values;     /* [pp x (layers + 1)] */
-    size_t tail_allocated;   /* entries of each */
+    const double **tail_rows; /* [pp] each placed stage's, in tail_memo
+                                 (valid until its next insertion) */
+    double *tail_values;     /* [2 x (pp + types) x (layers + 1)] */
+    size_t tail_allocated;   /* its entries */
     int *tail_top, *tail_caps; /* [pp] */
     int *relaxed_layers;     /* [pp] the layers of bound_relaxed's
                                 partition by type */
@@ -335,9 +336,8 @@ typedef struct bound_tables {
     size_t pure_tail_allocated;
     int *rank_caps;          /* [2 x pp] the walk's caps on the stages to
                                 come: in the middle, then with the head */
-    long long walk_solves;   /* the walks' relaxed partitions, each as
-                                dear as a floor: the tree counts them
-                                towards its node budget */
+    long long walk_solves;   /* the walks' relaxed partitions: the tree
+                                counts them towards its node budget */
     capacity_table capacity;
     int *cap_by_position;    /* scratch [pp] */
     partition_stage *stages; /* scratch [pp] */

@@ -43,6 +43,7 @@ int bound_tables_open(bound_tables **out, int max_pp, int type_count,
     t->ranks = malloc(pp * sizeof *t->ranks);
     t->costs = malloc(types * sizeof *t->costs);
     t->tail_memo = calloc(1, sizeof *t->tail_memo);
+    t->tail_rows = malloc(pp * sizeof *t->tail_rows);
     t->tail_top = malloc(pp * sizeof(int));
     t->tail_caps = malloc(pp * sizeof(int));
     t->relaxed_layers = malloc(pp * sizeof(int));
@@ -54,7 +55,7 @@ int bound_tables_open(bound_tables **out, int max_pp, int type_count,
     *out = t;
     if (!t->pace_order || !t->pace || !t->send || !t->head || !t->embedding ||
         !t->optimizer_per_param || !t->pure || !t->ranks || !t->costs ||
-        !t->tail_memo || !t->tail_top || !t->tail_caps ||
+        !t->tail_memo || !t->tail_rows || !t->tail_top || !t->tail_caps ||
         !t->relaxed_layers || !t->rank_caps ||
         !t->cap_by_position || !t->stages || !t->layers_out) {
         bound_tables_close(t);

@@ -141,17 +141,15 @@ static int pure_tail_fill(bound_tables *t, pt_error *err)
 
 int tail_tables_fill(bound_tables *t, pt_error *err)
 {
-    size_t wanted = (size_t)t->pp * (size_t)(t->layers + 1);
+    /* the walk's values: every placed row's and every type's two */
+    size_t wanted = 2 * (size_t)(t->pp + t->type_count) *
+                    (size_t)(t->layers + 1);
     if (wanted > t->tail_allocated) {
-        double *rows = realloc(t->tail_rows, wanted * sizeof(double));
-        if (rows != NULL)
-            t->tail_rows = rows;
         double *values = realloc(t->tail_values, wanted * sizeof(double));
-        if (values != NULL)
-            t->tail_values = values;
-        if (rows == NULL || values == NULL)
+        if (values == NULL)
             return pt_fail(err, "search: out of memory for the per-step "
                                 "work floors");
+        t->tail_values = values;
         t->tail_allocated = wanted;
     }
     /* the rows are the task's: its config is not in their keys */
@@ -183,16 +181,19 @@ static size_t tail_key(const stage_placement *p, int stage,
     return TAIL_KEY_BYTES;
 }
 
-/* Copies the non-decreasing floor of W_s(l), l = 0..top, of a placed
- * stage into out. */
+/* The non-decreasing floor of W_s(l), l = 0..layers, of a placed stage,
+ * from the cache or computed into it (then *inserted is set: rows found
+ * before may have moved). */
 static int stage_tail_row(const bound_tables *t, const stage_facts *facts,
-                          int stage, int top, double *out, pt_error *err)
+                          int stage, const double **out, bool *inserted,
+                          pt_error *err)
 {
     unsigned char key[TAIL_KEY_BYTES];
     size_t length = tail_key(&facts->place, stage, key);
     uint64_t hash = memo_hash(key, length);
     double *row = memo_find(t->tail_memo, key, length, hash);
     if (row == NULL) {
+        *inserted = true;
         if (memo_bytes(t->tail_memo) > TAIL_MEMO_BYTES)
             memo_clear(t->tail_memo);
         row = memo_insert(t->tail_memo, key, length, hash,
@@ -208,7 +209,7 @@ static int stage_tail_row(const bound_tables *t, const stage_facts *facts,
                      : 0.0,
                  row);
     }
-    memcpy(out, row, (size_t)(top + 1) * sizeof(double));
+    *out = row;
     return 0;
 }
 
@@ -245,8 +246,8 @@ static int walk_values(const bound_tables *t, int placed,
     int width = t->layers + 1, count = 0;
     *above = INFINITY;
     for (int s = 0; s < placed; s++)
-        count = add_values(t, t->tail_rows + (size_t)s * width,
-                           t->tail_top[s], low, window, count, above);
+        count = add_values(t, t->tail_rows[s], t->tail_top[s], low, window,
+                           count, above);
     for (int k = 0; t->pure_tail_known && k < 2 * t->type_count; k++)
         if (gpus_left[k % t->type_count] > 0)
             count = add_values(t, t->pure_tail + (size_t)k * width,
@@ -283,9 +284,8 @@ static double rank_work(const bound_tables *t, const int *gpus_left,
 static void caps_below(const bound_tables *t, const int *gpus_left,
                        int placed, double below)
 {
-    int width = t->layers + 1;
     for (int s = 0; s < placed; s++) {
-        const double *row = t->tail_rows + (size_t)s * width;
+        const double *row = t->tail_rows[s];
         int cap = t->tail_top[s];
         while (cap > 0 && !(row[cap] < below))
             cap--;
@@ -327,14 +327,19 @@ int tail_walk_floor(bound_tables *t, search_memo *memo,
             *floor_s = INFINITY;
             return 0;
         }
-        if (top > t->layers)
-            top = t->layers;
-        t->tail_top[s] = top;
-        double *row = t->tail_rows + (size_t)s * width;
-        if (stage_tail_row(t, &partial->facts[s], s, top, row, err) != 0)
-            return -1;
-        low = fmax(low, row[0]);
+        t->tail_top[s] = top < t->layers ? top : t->layers;
     }
+    /* the rows, again until none had to be computed (which may move
+       the others) */
+    for (bool inserted = true; inserted;) {
+        inserted = false;
+        for (int s = 0; s < placed; s++)
+            if (stage_tail_row(t, &partial->facts[s], s, &t->tail_rows[s],
+                               &inserted, err) != 0)
+                return -1;
+    }
+    for (int s = 0; s < placed; s++)
+        low = fmax(low, t->tail_rows[s][0]);
     /* the last stage, when still to come, is of a type left */
     if (t->pure_tail_known && placed < t->pp) {
         double last = INFINITY;
@@ -354,8 +359,7 @@ int tail_walk_floor(bound_tables *t, search_memo *memo,
        limit, the walk would hardly cut */
     double work = low;
     for (int s = 0; s < placed; s++)
-        work = fmax(work, t->tail_rows[(size_t)s * width +
-                                       t->relaxed_layers[s]]);
+        work = fmax(work, t->tail_rows[s][t->relaxed_layers[s]]);
     for (int i = 0; t->pure_tail_known && i < t->pp - placed; i++)
         work = fmax(work, rank_work(t, partial->gpus_left, &t->ranks[i],
                                     false, t->relaxed_layers[placed + i]));
@@ -374,8 +378,10 @@ int tail_walk_floor(bound_tables *t, search_memo *memo,
     for (int i = 1; i <= picks; i++)
         ends[end_count++] = t->tail_values[(long long)i * count / picks - 1];
     ends[end_count++] = above;
+    /* the loosest caps first: a walk that cannot cut mostly finds so
+       there, at one solve; one that cuts solves every interval anyway */
     double best = INFINITY;
-    for (int j = 0; j + 1 < end_count; j++) {
+    for (int j = end_count - 2; j >= 0; j--) {
         double from = ends[j], to = ends[j + 1];
         caps_below(t, partial->gpus_left, placed, to);
         double value;
@@ -386,7 +392,7 @@ int tail_walk_floor(bound_tables *t, search_memo *memo,
             return -1;
         best = fmin(best, fmax(value, relaxed_s) + from);
         if (best <= limit) { /* it cannot cut: stop here */
-            *floor_s = fmin(best, relaxed_s + to);
+            *floor_s = fmin(best, relaxed_s + low);
             return 0;
         }
     }
