@@ -332,6 +332,7 @@ typedef struct bound_tables {
        of a later stage of a type by its layers, in the middle and at the
        end: [2 x types x (layers + 1)] */
     bool pure_tail_known;
+    bool pure_tail_tried;    /* rows made on a task's first walk only */
     double *pure_tail;
     size_t pure_tail_allocated;
     int *rank_caps;          /* [2 x pp] the walk's caps on the stages to

@@ -152,9 +152,13 @@ int tail_tables_fill(bound_tables *t, pt_error *err)
         t->tail_values = values;
         t->tail_allocated = wanted;
     }
-    /* the rows are the task's: its config is not in their keys */
+    /* the rows are the task's: its config is not in their keys; the
+       types' are made when a walk first needs them (most tasks are only
+       floored at their root, where no walk runs) */
     memo_clear(t->tail_memo);
-    return pure_tail_fill(t, err);
+    t->pure_tail_known = false;
+    t->pure_tail_tried = false;
+    return 0;
 }
 
 /* The key of a stage's row: its position and every field of its
@@ -320,6 +324,11 @@ int tail_walk_floor(bound_tables *t, search_memo *memo,
     int placed = partial->final_count + (partial->pending ? 1 : 0);
     int width = t->layers + 1;
     *floor_s = relaxed_s + tail_s;
+    if (!t->pure_tail_tried) {
+        t->pure_tail_tried = true;
+        if (pure_tail_fill(t, err) != 0)
+            return -1;
+    }
     double low = tail_s; /* no completion's work is below it */
     for (int s = 0; s < placed; s++) {
         int top = partial->facts[s].terms.max_layers;
