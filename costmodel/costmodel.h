@@ -271,7 +271,9 @@ typedef struct step_work {
                               bucket-by-bucket model (reduce_s when it is
                               off; the estimate then takes tail_fraction's
                               closed form, the executor's default) */
-    double gather_s;       /* ZeRO-1's parameter all-gather, else 0 */
+    double gather_s;       /* ZeRO-1's parameter all-gather, else 0:
+                              COSTMODEL_GATHER_BYTES_PER_PARAM a
+                              parameter */
     double sum_kernels_s;  /* slices_of_one_gpu: the SM time of the dp
                               sums' kernels, which the backward they
                               overlap cannot hide; else 0 */
@@ -282,6 +284,12 @@ typedef struct step_work {
     double optimizer_s;
     double tail_fraction;  /* of reduce_s, in 0..1 */
 } step_work;
+
+/* Bytes a parameter ZeRO-1's (and ZeRO-2's) all-gather of the updated
+ * parameters moves: the executor gathers its fp32 master copy and
+ * rebuilds the half-precision one from it. The planner's floors read it
+ * too. */
+#define COSTMODEL_GATHER_BYTES_PER_PARAM 4.0
 
 void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                          const stage_placement *placement, int stage,

@@ -255,7 +255,9 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
      * of the fp32 master parameters the executor gathers (it rebuilds
      * its half-precision copy from them afterwards) */
     out->gather_s = zero1 ? costmodel_dp_reduce_seconds(
-                                cm, config, placement, params * 4.0, true)
+                                cm, config, placement,
+                                params * COSTMODEL_GATHER_BYTES_PER_PARAM,
+                                true)
                           : 0.0;
     dp_backward backward = last_backward(cm, config, stage, layers, slow);
     out->exposed_s = costmodel_dp_exposed_seconds(cm, config, placement,

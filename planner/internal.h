@@ -318,6 +318,28 @@ typedef struct bound_tables {
        this for the tied embedding's all-reduce */
     double embedding_floor_s[PLANNER_MAX_TYPES][PLANNER_MAX_TYPES];
     relaxed *ranks;          /* scratch [pp] */
+    type_costs *costs;       /* [types] as the score prices them */
+    /* the per-step work of a placed stage by its layers (search_tail.c):
+       a cache by placement, and the walk's scratch */
+    memo_table *tail_memo;
+    const double **tail_rows; /* [pp] each placed stage's, in tail_memo
+                                 (valid until its next insertion) */
+    double *tail_values;     /* [2 x (pp + types) x (layers + 1)] */
+    size_t tail_allocated;   /* its entries */
+    int *tail_top, *tail_caps; /* [pp] */
+    int *relaxed_layers;     /* [pp] the layers of bound_relaxed's
+                                partition by type */
+    /* when every stage sits inside one node of one type: the least work
+       of a later stage of a type by its layers, in the middle and at the
+       end: [2 x types x (layers + 1)] */
+    bool pure_tail_known;
+    bool pure_tail_tried;    /* rows made on a task's first walk only */
+    double *pure_tail;
+    size_t pure_tail_allocated;
+    int *rank_caps;          /* [2 x pp] the walk's caps on the stages to
+                                come: in the middle, then with the head */
+    long long walk_solves;   /* the walks' relaxed partitions: the tree
+                                counts them towards its node budget */
     capacity_table capacity;
     int *cap_by_position;    /* scratch [pp] */
     partition_stage *stages; /* scratch [pp] */
@@ -389,8 +411,35 @@ double bound_tail_floor(const bound_tables *tables, const stage_facts *facts,
  * (shaded down a little so rounding never lifts it above a real score);
  * INFINITY when no completion can fit memory. The floor may be left
  * weaker once it is known to be above threshold_s. */
-int bound_floor(const bound_tables *tables, search_memo *memo,
+int bound_floor(bound_tables *tables, search_memo *memo,
                 const partial_placement *partial, double threshold_s,
                 double *floor_s, pt_error *err);
+
+/* The relaxed partition's value alone (search_bound.c): the placed stages
+ * (final and pending) as they are, their layers further capped by
+ * caps[s] when caps is not NULL, the stages to come relaxed, the one of
+ * pace rank i capped by rank_caps[i] when rank_caps is not NULL, and
+ * by rank_caps[pp + i] when it is the one given the head. The
+ * second relaxation (memory by position) is solved only while the first
+ * value plus `extras` stays at or below threshold_s, and never with
+ * rank_caps. INFINITY when nothing fits. Leaves the ranks in
+ * tables->ranks and the first relaxation's layers in relaxed_layers. */
+int bound_relaxed(const bound_tables *tables, search_memo *memo,
+                  const partial_placement *partial, const int *caps,
+                  const int *rank_caps, double extras, double threshold_s,
+                  double *value, pt_error *err);
+
+/* search_tail.c: a floor that sees the placed stages' per-step work grow
+ * with their layers. With relaxed_s the uncapped relaxed value, tail_s a
+ * floor under the score's per-step work and sends the sends the relaxed
+ * stages leave out, *floor_s gets a floor under every completion's
+ * score less the sends (not shaded); the search for it stops once the
+ * floor is known to be at or below threshold_s. */
+int tail_walk_floor(bound_tables *tables, search_memo *memo,
+                    const partial_placement *partial, double relaxed_s,
+                    double tail_s, double sends, double threshold_s,
+                    double *floor_s, pt_error *err);
+/* Room for the walk's scratch of a task (bound_tables_fill). */
+int tail_tables_fill(bound_tables *tables, pt_error *err);
 
 #endif

@@ -42,13 +42,23 @@ int bound_tables_open(bound_tables **out, int max_pp, int type_count,
     t->stream_per_byte = malloc(types * sizeof(double));
     t->pure = malloc(types * pp * sizeof *t->pure);
     t->ranks = malloc(pp * sizeof *t->ranks);
+    t->costs = malloc(types * sizeof *t->costs);
+    t->tail_memo = calloc(1, sizeof *t->tail_memo);
+    t->tail_rows = malloc(pp * sizeof *t->tail_rows);
+    t->tail_top = malloc(pp * sizeof(int));
+    t->tail_caps = malloc(pp * sizeof(int));
+    t->relaxed_layers = malloc(pp * sizeof(int));
+    t->rank_caps = malloc(2 * pp * sizeof(int));
 
     t->cap_by_position = malloc(pp * sizeof(int));
     t->stages = malloc(pp * sizeof *t->stages);
     t->layers_out = malloc(pp * sizeof(int));
     *out = t;
     if (!t->pace_order || !t->pace || !t->send || !t->head || !t->embedding ||
-        !t->optimizer_per_param || !t->stream_per_byte || !t->pure || !t->ranks ||
+        !t->optimizer_per_param || !t->stream_per_byte || !t->pure ||
+        !t->ranks || !t->costs ||
+        !t->tail_memo || !t->tail_rows || !t->tail_top || !t->tail_caps ||
+        !t->relaxed_layers || !t->rank_caps ||
         !t->cap_by_position || !t->stages || !t->layers_out) {
         bound_tables_close(t);
         *out = NULL;
@@ -70,6 +80,17 @@ void bound_tables_close(bound_tables *t)
     free(t->stream_per_byte);
     free(t->pure);
     free(t->ranks);
+    free(t->costs);
+    if (t->tail_memo != NULL)
+        memo_free(t->tail_memo);
+    free(t->tail_memo);
+    free(t->tail_rows);
+    free(t->tail_values);
+    free(t->tail_top);
+    free(t->tail_caps);
+    free(t->relaxed_layers);
+    free(t->rank_caps);
+    free(t->pure_tail);
     free(t->capacity.held);
     free(t->capacity.sums);
     free(t->cap_by_position);
@@ -206,7 +227,7 @@ static double reduction_s(costmodel *cm, const parallel_config *config,
     int dp = config->dp;
     double gradients = params * 4.0; /* fp32 main gradients */
     double exposed = costmodel_dp_overlap_floor_share(cm);
-    double gathered = params * precision_bytes(config->precision);
+    double gathered = params * COSTMODEL_GATHER_BYTES_PER_PARAM;
     /* ZeRO-2/3 reduce unit by unit inside the backward, ZeRO-3 gathers
      * before each unit (costmodel/zero.c): no part of that is bounded by
      * the stage's parameters, so the floor counts none of it */
@@ -383,6 +404,7 @@ int bound_tables_fill(bound_tables *t, costmodel *cm,
                              costs.embedding_backward_s;
         t->optimizer_per_param[type] = costs.optimizer_s_per_param;
         t->stream_per_byte[type] = costs.stream_s_per_byte;
+        t->costs[type] = costs;
         if (cm->profiles[type].flash_attention !=
             cm->profiles[first_used].flash_attention)
             t->caps_by_pace = false;
@@ -417,7 +439,7 @@ int bound_tables_fill(bound_tables *t, costmodel *cm,
                      (t->pp > 1 ? 2.0 * (t->pp - 1) * send : 0.0);
     t->tail_floor_s = busiest_stage_tail_floor(t, cm);
     fill_embedding_floors(t, cm);
-    return 0;
+    return tail_tables_fill(t, err);
 }
 
 
@@ -491,11 +513,14 @@ static int solve(const bound_tables *t, search_memo *memo, double *value,
  * gives the lowest floor. */
 static int floor_by_type(const bound_tables *t, search_memo *memo,
                          const int *gpus_left, int complete,
-                         const relaxed *ranks, double *out, pt_error *err)
+                         const relaxed *ranks, const int *rank_caps,
+                         double *out, pt_error *err)
 {
     int n = t->pp - complete;
     for (int i = 0; i < n; i++) {
         int cap = rank_cap(t, gpus_left, &ranks[i], complete, t->pp);
+        if (rank_caps != NULL && rank_caps[i] < cap)
+            cap = rank_caps[i];
         if (cap < 0) {
             *out = INFINITY;
             return 0;
@@ -507,12 +532,18 @@ static int floor_by_type(const bound_tables *t, search_memo *memo,
     for (int i = 0; i < n; i++) {
         if (!new_kind(ranks, i))
             continue;
-        double saved = t->stages[complete + i].fixed_s;
+        partition_stage saved = t->stages[complete + i];
         t->stages[complete + i].fixed_s += ranks[i].head;
-        double value;
-        if (solve(t, memo, &value, err) != 0)
+        if (rank_caps != NULL && rank_caps[t->pp + i] < saved.max_layers)
+            t->stages[complete + i].max_layers = rank_caps[t->pp + i];
+        double value = INFINITY;
+        if (t->stages[complete + i].max_layers >= 0 &&
+            solve(t, memo, &value, err) != 0)
             return -1;
-        t->stages[complete + i].fixed_s = saved;
+        t->stages[complete + i] = saved;
+        if (value < *out)
+            memcpy(t->relaxed_layers, t->layers_out,
+                   (size_t)t->pp * sizeof(int));
         *out = fmin(*out, value);
     }
     return 0;
@@ -664,18 +695,20 @@ static int solve(const bound_tables *t, search_memo *memo, double *value,
     return status < 0 ? -1 : 0;
 }
 
-int bound_floor(const bound_tables *t, search_memo *memo,
-                const partial_placement *partial, double threshold_s,
-                double *floor_s, pt_error *err)
+int bound_relaxed(const bound_tables *t, search_memo *memo,
+                  const partial_placement *partial, const int *caps,
+                  const int *rank_caps, double extras, double threshold_s,
+                  double *value, pt_error *err)
 {
     int complete = partial->final_count + (partial->pending ? 1 : 0);
     int n = t->pp - complete;
-    if (n == 0)
-        return pt_fail(err, "search: no floor for a complete placement");
     for (int s = 0; s < complete; s++) {
         const stage_terms *terms = &partial->facts[s].terms;
+        int cap = terms->max_layers;
+        if (caps != NULL && caps[s] < cap)
+            cap = caps[s];
         t->stages[s] = (partition_stage){terms->fixed_s, terms->per_layer_s,
-                                         terms->max_layers};
+                                         cap};
     }
     if (partial->pending) {
         /* its send to the next stage is still unknown: at least what a
@@ -685,18 +718,47 @@ int bound_floor(const bound_tables *t, search_memo *memo,
             fmax(t->send[place->slow_type], t->send[place->small_type]);
     }
     rank_relaxed(t, partial->gpus_left, n, t->ranks);
-    double extras = sum_extras(t, partial->gpus_left, complete) +
-                    bound_tail_floor(t, partial->facts, partial->final_count);
     double by_type, by_position = -INFINITY;
     if (floor_by_type(t, memo, partial->gpus_left, complete, t->ranks,
-                      &by_type, err) != 0)
+                      rank_caps, &by_type, err) != 0)
         return -1;
-    /* the second floor only matters when the first leaves the subtree in */
-    if ((by_type + extras) * (1.0 - 1e-9) <= threshold_s &&
+    /* the second floor only matters when the first leaves the subtree in
+       (its pairing of positions with stages knows no caps by stage) */
+    if (rank_caps == NULL &&
+        (by_type + extras) * (1.0 - 1e-9) <= threshold_s &&
         floor_by_position(t, memo, partial->gpus_left, complete, t->ranks,
                           &by_position, err) != 0)
         return -1;
-    *floor_s = (fmax(by_type, by_position) + extras) * (1.0 - 1e-9);
+    *value = fmax(by_type, by_position);
+    return 0;
+}
+
+int bound_floor(bound_tables *t, search_memo *memo,
+                const partial_placement *partial, double threshold_s,
+                double *floor_s, pt_error *err)
+{
+    int complete = partial->final_count + (partial->pending ? 1 : 0);
+    if (t->pp - complete == 0)
+        return pt_fail(err, "search: no floor for a complete placement");
+    double sends = sum_extras(t, partial->gpus_left, complete);
+    double tail = bound_tail_floor(t, partial->facts, partial->final_count);
+    double extras = sends + tail, relaxed;
+    if (bound_relaxed(t, memo, partial, NULL, NULL, extras, threshold_s,
+                      &relaxed, err) != 0)
+        return -1;
+    double floor = relaxed + extras;
+    /* the per-step work of the placed stages grows with their layers,
+       which the relaxed partition then pays for (search_tail.c): only
+       worth its solves where the floor so far does not cut */
+    if (complete > 0 && threshold_s < INFINITY &&
+        floor * (1.0 - 1e-9) <= threshold_s) {
+        double joint;
+        if (tail_walk_floor(t, memo, partial, relaxed, tail, sends,
+                            threshold_s, &joint, err) != 0)
+            return -1;
+        floor = fmax(floor, joint + sends);
+    }
+    *floor_s = floor * (1.0 - 1e-9);
     return 0;
 }
 

@@ -41,6 +41,20 @@ static inline void load_inputs(const char *model_name,
         fail_msg("%s", err.message);
 }
 
+/* Parses a cluster written inline; fails the test on error. */
+static inline void cluster_from_text(const char *text, const char *name,
+                                     cluster *c)
+{
+    json_error_t parse_error;
+    json_t *root = json_loads(text, 0, &parse_error);
+    assert_non_null(root);
+    json_place place = {name, ""};
+    pt_error err = {{0}};
+    if (cluster_from_json(root, &place, c, &err) != 0)
+        fail_msg("%s", err.message);
+    json_decref(root);
+}
+
 /* One A100 node of 4 GPUs, two A10 nodes of 4 and two half-size A10
  * nodes of 2 behind a slower network: GPU counts and links differ between
  * types, which is what node-order deduplication has to get right. */
@@ -60,14 +74,7 @@ static inline void load_mixed_cluster(cluster *c)
         "\"gpus\": 2, \"intra_node\": {\"bandwidth_GBps\": 16, "
         "\"latency_us\": 10}, \"inter_node\": {\"bandwidth_Gbps\": 25, "
         "\"latency_us\": 30}, \"price_per_hour\": 4}]}";
-    json_error_t parse_error;
-    json_t *root = json_loads(text, 0, &parse_error);
-    assert_non_null(root);
-    json_place place = {"<mixed>", ""};
-    pt_error err = {{0}};
-    if (cluster_from_json(root, &place, c, &err) != 0)
-        fail_msg("%s", err.message);
-    json_decref(root);
+    cluster_from_text(text, "<mixed>", c);
 }
 
 #endif

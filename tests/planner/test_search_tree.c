@@ -5,7 +5,8 @@
  * every arrangement of the nodes costs exactly what some visited order
  * costs; the facts of a stage priced from the nodes around it alone equal
  * the cost model's on the whole order, and the memoised partitions equal
- * the DP's.
+ * the DP's. Every floor of a placement in the making lies at or under
+ * the best score of the orders that complete it.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -353,12 +354,213 @@ static void test_partition_memo_matches_dp(void **state)
     search_memo_close(&memo);
 }
 
+
+/* ------------------------------------------- floors against completions */
+
+/* The score of a complete order as the tree scores it: the partition's
+ * surrogate (through the memo, as the tree solves it) plus the largest
+ * per-step work of any stage at the layers the partition gives it.
+ * INFINITY when nothing fits. */
+static double order_score(costmodel *cm, search_memo *memo,
+                          const parallel_config *config, const int *types)
+{
+    stage_facts facts[PT_MAX_STAGES];
+    unsigned char key[MAX_KEY];
+    order_key(cm, config, types, facts, key);
+    partition_stage stages[PT_MAX_STAGES];
+    for (int s = 0; s < config->pp; s++)
+        stages[s] = (partition_stage){facts[s].terms.fixed_s,
+                                      facts[s].terms.per_layer_s,
+                                      facts[s].terms.max_layers};
+    partition_problem problem = {config->pp, cm->model.layers,
+                                 parallel_microbatches(config), stages};
+    int layers[PT_MAX_STAGES];
+    double surrogate;
+    pt_error err = {{0}};
+    int status = search_solve_partition(memo, SOLVER_DP, &problem, layers,
+                                        &surrogate, &err);
+    assert_true(status >= 0);
+    if (status == 0)
+        return INFINITY;
+    int n = cm->cluster->node_count;
+    int starts[MAX_TEST_NODES + 1] = {0};
+    for (int i = 0; i < n; i++)
+        starts[i + 1] = starts[i] + cm->cluster->types[types[i]].gpus;
+    node_lane lane = {n, types, starts};
+    link_spec link;
+    int curve;
+    costmodel_embedding_link(cm, config, &lane, &link, &curve);
+    double embedding = costmodel_embedding_allreduce_s(cm, config, link,
+                                                       curve);
+    double worst = 0.0;
+    for (int s = 0; s < config->pp; s++) {
+        type_costs costs;
+        assert_int_equal(costmodel_type_costs(cm, facts[s].place.slow_type,
+                                              config, &costs, &err), 0);
+        step_work work;
+        costmodel_step_work(cm, config, &facts[s].place, s, layers[s],
+                            &costs, &work);
+        double tail = work.reduce_s + work.gather_s + work.optimizer_s;
+        if (s == 0 || s == config->pp - 1)
+            tail += embedding;
+        worst = fmax(worst, tail);
+    }
+    return surrogate + worst;
+}
+
+/* The floor of the first `depth` nodes of an order, as the tree builds
+ * the placement when they complete a stage. */
+static double prefix_floor(costmodel *cm, search_memo *memo,
+                           bound_tables *tables,
+                           const parallel_config *config, const int *types,
+                           int depth, double threshold)
+{
+    const cluster *c = cm->cluster;
+    long long stage = (long long)config->dp * config->tp;
+    int starts[MAX_TEST_NODES + 1] = {0};
+    for (int i = 0; i < c->node_count; i++)
+        starts[i + 1] = starts[i] + c->types[types[i]].gpus;
+    int complete = (int)(starts[depth] / stage);
+    node_lane lane = {depth, types, starts};
+    stage_facts facts[PT_MAX_STAGES];
+    pt_error err = {{0}};
+    for (int s = 0; s < complete; s++)
+        assert_int_equal(search_stage_facts(cm, memo, config, &lane, s,
+                                            s < complete - 1, &facts[s],
+                                            &err), 0);
+    int gpus_left[PLANNER_MAX_TYPES] = {0};
+    for (int i = 0; i < c->node_count; i++) {
+        long long from = starts[i] > complete * stage ? starts[i]
+                                                      : complete * stage;
+        if (starts[i + 1] > from)
+            gpus_left[types[i]] += (int)(starts[i + 1] - from);
+    }
+    partial_placement partial = {facts, complete - 1, true, gpus_left};
+    double floor_s;
+    if (bound_floor(tables, memo, &partial, threshold, &floor_s, &err) != 0)
+        fail_msg("%s", err.message);
+    return floor_s;
+}
+
+/* For every task and every order of the cluster's nodes: at each node
+ * that completes a stage, the floor, whatever the threshold, is at most
+ * the best score of the orders that begin with those nodes. Returns how
+ * many such floors the per-step work's walk could have cut (the
+ * threshold below the best score). */
+static int check_floors(costmodel *cm, int gbs)
+{
+    const cluster *c = cm->cluster;
+    search_options o;
+    search_options_default(&o);
+    o.gbs = gbs;
+    o.max_mbs = 2;
+    search_space space;
+    pt_error err = {{0}};
+    assert_int_equal(search_space_build(c, &cm->model, &o, &space, &err), 0);
+    static sequence_list all;
+    static double scores[MAX_SEQUENCES];
+    all_sequences(c, &all);
+    search_memo memo;
+    bound_tables *tables;
+    assert_int_equal(search_memo_open(&memo, PT_MAX_STAGES, c->node_count,
+                                      &err), 0);
+    assert_int_equal(bound_tables_open(&tables, PT_MAX_STAGES, c->type_count,
+                                       &err), 0);
+    int checked = 0;
+    for (int i = 0; i < space.task_count; i++) {
+        const parallel_config *config = &space.tasks[i].config;
+        long long stage = (long long)config->dp * config->tp;
+        if (config->pp < 2)
+            continue;
+        assert_int_equal(bound_tables_fill(tables, cm, config, &err), 0);
+        for (int q = 0; q < all.count; q++)
+            scores[q] = order_score(cm, &memo, config, all.types[q]);
+        for (int q = 0; q < all.count; q++) {
+            long long placed = 0;
+            for (int d = 1; d < c->node_count; d++) {
+                long long before = placed;
+                placed += c->types[all.types[q][d - 1]].gpus;
+                if (placed / stage == before / stage ||
+                    placed >= stage * config->pp)
+                    continue;
+                double best = INFINITY;
+                for (int k = 0; k < all.count; k++)
+                    if (same_order(all.types[k], all.types[q], d))
+                        best = fmin(best, scores[k]);
+                if (best == INFINITY)
+                    continue;
+                for (int t = 0; t < 3; t++) {
+                    double threshold = best * (t == 0   ? 1.0
+                                               : t == 1 ? 0.999
+                                                        : 0.97);
+                    double floor_s = prefix_floor(cm, &memo, tables, config,
+                                                  all.types[q], d, threshold);
+                    if (floor_s > best)
+                        fail_msg("tp %d dp %d pp %d mbs %d, order %d, %d "
+                                 "nodes: floor %.9g s above the best "
+                                 "completion's %.9g s", config->tp,
+                                 config->dp, config->pp, config->mbs, q, d,
+                                 floor_s, best);
+                    checked += t > 0 && floor_s > threshold;
+                }
+            }
+        }
+    }
+    bound_tables_close(tables);
+    search_memo_close(&memo);
+    search_space_free(&space);
+    return checked;
+}
+
+/* Three types of 2-GPU nodes (every stage of 1 or 2 GPUs then sits in
+ * one node: the floors know each type's per-step work), slow PCIe
+ * links on two of them, as on mixed-96. */
+static void load_pcie_cluster(cluster *c)
+{
+    static const char *text =
+        "{\"name\": \"pcie\", \"nodes\": ["
+        "{\"name\": \"a100\", \"count\": 2, \"gpu\": \"A100-40GB\", "
+        "\"gpus\": 2, \"intra_node\": {\"bandwidth_GBps\": 230, "
+        "\"latency_us\": 5}, \"inter_node\": {\"bandwidth_Gbps\": 400, "
+        "\"latency_us\": 20}},"
+        "{\"name\": \"a10\", \"count\": 2, \"gpu\": \"A10\", "
+        "\"gpus\": 2, \"intra_node\": {\"bandwidth_GBps\": 16, "
+        "\"latency_us\": 10}, \"inter_node\": {\"bandwidth_Gbps\": 50, "
+        "\"latency_us\": 20}},"
+        "{\"name\": \"rtx3090\", \"count\": 2, \"gpu\": \"RTX3090\", "
+        "\"gpus\": 2, \"intra_node\": {\"bandwidth_GBps\": 16, "
+        "\"latency_us\": 10}, \"inter_node\": {\"bandwidth_Gbps\": 25, "
+        "\"latency_us\": 20}}]}";
+    cluster_from_text(text, "<pcie>", c);
+}
+
+static void test_floors_below_every_completion(void **state)
+{
+    (void)state;
+    cluster mixed, pcie;
+    load_mixed_cluster(&mixed);
+    load_pcie_cluster(&pcie);
+    costmodel cm;
+    open_model(&cm, "gpt2-xl", &pcie);
+    int cut = check_floors(&cm, 32);
+    costmodel_close(&cm);
+    open_model(&cm, "gpt2-124m", &mixed);
+    cut += check_floors(&cm, 16);
+    costmodel_close(&cm);
+    print_message("%d floors above a threshold under the best completion\n",
+                  cut);
+    assert_true(cut > 0);
+    cluster_free(&mixed);
+    cluster_free(&pcie);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_walk_covers_every_arrangement),
         cmocka_unit_test(test_window_facts_match_cost_model),
         cmocka_unit_test(test_partition_memo_matches_dp),
+        cmocka_unit_test(test_floors_below_every_completion),
     };
     return cmocka_run_group_tests_name("search_tree", tests, NULL, NULL);
 }
