@@ -94,6 +94,7 @@ static int load_rest_profiles(costmodel *cm, const char *profile_dir,
             return -1;
         }
         cm->rest_loaded[t] = true;
+        costmodel_add_note(cm, COSTMODEL_REST_NOTE);
     }
     return 0;
 }
@@ -112,6 +113,7 @@ int costmodel_set_rest_profile(costmodel *cm, int type_index,
     if (profile_copy(&cm->rest_profiles[type_index], rest, err) != 0)
         return -1;
     cm->rest_loaded[type_index] = true;
+    costmodel_add_note(cm, COSTMODEL_REST_NOTE);
     return 0;
 }
 

@@ -562,10 +562,7 @@ static int price_at_rest(costmodel *cm, const parallel_config *config,
             break;
     }
     if (rc == 0)
-        costmodel_add_note(cm, "stages on slices of one GPU priced between "
-                               "their profile at rest and beside busy "
-                               "neighbours by the neighbours' busy share "
-                               "(docs/cost-model.md, section 12)");
+        costmodel_add_note(cm, COSTMODEL_REST_NOTE); /* there since open */
     free(block);
     return rc;
 }

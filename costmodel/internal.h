@@ -64,6 +64,14 @@ int costmodel_microbatch_count(const parallel_config *config, pt_error *err);
  * their SMs, each busy duty[its stage] of the time (1 for the stage's
  * own other ranks, which compute with it); -1 for other stages
  * (neighbours.c, docs/cost-model.md section 12). */
+/* The note of an estimate that priced slices between rest and busy: added
+ * when a profile at rest is loaded, so that estimates (which planner
+ * threads run on one shared cm) find it there and write nothing. */
+#define COSTMODEL_REST_NOTE                                                  \
+    "stages on slices of one GPU priced between their profile at rest and " \
+    "beside busy neighbours by the neighbours' busy share "                 \
+    "(docs/cost-model.md, section 12)"
+
 void costmodel_neighbour_shares(const costmodel *cm,
                                 const parallel_config *config,
                                 const node_lane *lane, const double *duty,

@@ -145,6 +145,11 @@ static void pipeline_sits_at_the_fixed_point(void **state)
     estimate_of(&at_rest.cm, &config, &lo);
     assert_true(e.step_time_s < hi.step_time_s);
     assert_true(e.step_time_s > lo.step_time_s);
+    /* the note is there from the profile's loading on (threads share cm) */
+    bool noted = false;
+    for (int i = 0; i < mixed.cm.note_count; i++)
+        noted = noted || strstr(mixed.cm.notes[i], "section 12") != NULL;
+    assert_true(noted);
     int m = 8;
     for (int s = 0; s < 4; s++) {
         double others = 0.0;
