@@ -6,8 +6,9 @@
 #   whole   the profile of the whole GPU (H200.json) for the suite's
 #           shapes, back-to-back profiler, no NCCL curves;
 #   beside  the profiles of the suite's slices with their neighbours busy
-#           (profile_beside.sh: H200-<N>SM-beside-..., the GPU types of
-#           clusters/h200-slices-*.json);
+#           and at rest (profile_beside.sh: H200-<N>SM-beside-... and its
+#           -idle twin, the `gpu` and `gpu_at_rest` types of
+#           clusters/h200-slices-*.json; 16 profiles, about 3 minutes);
 #   alone   GPT-2 1.5B profiled on a 40- and a 16-SM slice alone (the
 #           neighbours' effect, against beside);
 #   slices  the profiles of the 40- and 16-SM slices alone for the
@@ -56,7 +57,7 @@ for part in $parts; do
         profile H200 "$work/whole" "${PROFILE_S:-60}" --model "$suite_models" \
             --tp 1,2,4 --mbs 1,2,4,8 ;;
     beside)
-        PROFILE_S=${BESIDE_S:-45} timeout -k 5 "${BESIDE_ALL_S:-200}" \
+        PROFILE_S=${BESIDE_S:-45} timeout -k 5 "${BESIDE_ALL_S:-300}" \
             "$here/profile_beside.sh" "$build" "$work/beside"
         echo "rc $?" ;;
     alone)
