@@ -62,6 +62,21 @@ static void work_row(const bound_tables *t, const stage_placement *place,
         row[l] = fmin(row[l], row[l + 1]);
 }
 
+/* Grows *values (owned, *allocated doubles) to hold `wanted`. */
+static int grow_doubles(double **values, size_t *allocated, size_t wanted,
+                        pt_error *err)
+{
+    if (wanted <= *allocated)
+        return 0;
+    double *grown = realloc(*values, wanted * sizeof(double));
+    if (grown == NULL)
+        return pt_fail(err, "search: out of memory for the per-step work "
+                            "floors");
+    *values = grown;
+    *allocated = wanted;
+    return 0;
+}
+
 /* When every node of every type holds whole stages, a stage to come sits
  * inside one node, of a type whose GPUs are left: its work is that of a
  * stage of that type alone, placed on a lane of that type's nodes. Two
@@ -81,14 +96,9 @@ static int pure_tail_fill(bound_tables *t, pt_error *err)
             return 0;
     size_t width = (size_t)t->layers + 1;
     size_t wanted = 2 * (size_t)c->type_count * width;
-    if (wanted > t->pure_tail_allocated) {
-        double *rows = realloc(t->pure_tail, wanted * sizeof(double));
-        if (rows == NULL)
-            return pt_fail(err, "search: out of memory for the per-step "
-                                "work floors");
-        t->pure_tail = rows;
-        t->pure_tail_allocated = wanted;
-    }
+    if (grow_doubles(&t->pure_tail, &t->pure_tail_allocated, wanted, err) !=
+        0)
+        return -1;
     for (int type = 0; type < c->type_count; type++) {
         if (c->types[type].count == 0)
             continue;
@@ -144,14 +154,8 @@ int tail_tables_fill(bound_tables *t, pt_error *err)
     /* the walk's values: every placed row's and every type's two */
     size_t wanted = 2 * (size_t)(t->pp + t->type_count) *
                     (size_t)(t->layers + 1);
-    if (wanted > t->tail_allocated) {
-        double *values = realloc(t->tail_values, wanted * sizeof(double));
-        if (values == NULL)
-            return pt_fail(err, "search: out of memory for the per-step "
-                                "work floors");
-        t->tail_values = values;
-        t->tail_allocated = wanted;
-    }
+    if (grow_doubles(&t->tail_values, &t->tail_allocated, wanted, err) != 0)
+        return -1;
     /* the rows are the task's: its config is not in their keys; the
        types' are made when a walk first needs them (most tasks are only
        floored at their root, where no walk runs) */
