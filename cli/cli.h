@@ -53,6 +53,7 @@ typedef struct profile_arguments {
     const char *output;         /* -o, NULL: <gpu>.json */
     const char *backend;        /* --backend: "cuda" or "cpu" */
     int sm_limit;               /* --sm-limit, 0: every SM */
+    int stage_sets;             /* --stage-sets, 0: the default (5) */
     const char *beside_list;    /* --beside: SMs of the busy neighbour
                                    slices, NULL: none */
     int beside_place;           /* --place: the measured slice's place in

@@ -51,11 +51,15 @@ static void print_profile_help(void)
         "  --tp LIST              tensor-parallel degrees (1,2,4,8)\n"
         "  --mbs LIST             micro-batch sizes (1,2,4,8,16)\n"
         "  --backend NAME         cuda (default) or cpu (slow: tiny models)\n"
-        "  --quick                fewer runs per point, no device warm-up\n"
+        "  --quick                fewer runs per point, one set of stages,\n"
+        "                         no device warm-up\n"
+        "  --stage-sets N         make and measure the stages N times, each\n"
+        "                         time in fresh memory; an entry is the\n"
+        "                         median of every set's rounds (default 5)\n"
         "  --no-comm              skip the NCCL curves\n"
         "  --graph                cuda: time each round of calls as a CUDA\n"
         "                         graph (device time), not queued on the\n"
-        "                         host clock\n"
+        "                         host clock (the embedding's always are)\n"
         "  --missing-only         complete the profile -o names: measure\n"
         "                         only the models' shapes and tp it lacks\n"
         "                         and add them (no curves); nothing to do\n"
@@ -73,7 +77,8 @@ static void print_profile_help(void)
 enum {
     OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
     OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_GRAPH, OPT_COMPARE, OPT_TOLERANCE,
-    OPT_MISSING_ONLY, OPT_BESIDE, OPT_PLACE, OPT_IDLE_NEIGHBOURS, OPT_HELP
+    OPT_MISSING_ONLY, OPT_BESIDE, OPT_PLACE, OPT_IDLE_NEIGHBOURS,
+    OPT_STAGE_SETS, OPT_HELP
 };
 
 int profile_bad_argument(const char *option, const char *expected,
@@ -129,6 +134,14 @@ static int apply_option(int option, const char *value, profile_arguments *a)
         return 0;
     }
     case OPT_COMPARE: a->compare = true; return 0;
+    case OPT_STAGE_SETS:
+        if (parse_positive("--stage-sets", value, 16, &number) != 0)
+            return -1;
+        if (number != floor(number))
+            return profile_bad_argument("--stage-sets", "a whole number, 1 to 16",
+                                        value);
+        a->stage_sets = (int)number;
+        return 0;
     case OPT_SM_LIMIT:
         if (parse_positive("--sm-limit", value, 100000, &number) != 0)
             return -1;
@@ -163,6 +176,7 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"missing-only", no_argument, NULL, OPT_MISSING_ONLY},
         {"beside", required_argument, NULL, OPT_BESIDE},
         {"place", required_argument, NULL, OPT_PLACE},
+        {"stage-sets", required_argument, NULL, OPT_STAGE_SETS},
         {"idle-neighbours", no_argument, NULL, OPT_IDLE_NEIGHBOURS},
         {"compare", no_argument, NULL, OPT_COMPARE},
         {"tolerance", required_argument, NULL, OPT_TOLERANCE},

@@ -116,6 +116,8 @@ static int build_options(const profile_arguments *a,
     if (a->quick)
         profiler_options_quick(options);
     options->graph_rounds = a->graph;
+    if (a->stage_sets > 0)
+        options->stage_sets = a->stage_sets;
     options->sm_limit = a->sm_limit;
     options->beside_place = a->beside_place;
     options->neighbours_idle = a->neighbours_idle;

@@ -125,6 +125,7 @@ static json_t *runs_provenance(const profiler_writeup *ctx, int *failures)
     json_put(obj, "timed_max", json_integer(r->runs_timed_max), failures);
     json_put(obj, "timed_min", json_integer(r->runs_timed_min), failures);
     json_put(obj, "rounds", json_integer(o->timing_rounds), failures);
+    json_put(obj, "stage_sets", json_integer(o->stage_sets), failures);
     json_put(obj, "round_s", json_real(o->round_s), failures);
     json_put(obj, "calls_per_round_max", json_integer(PROFILER_MAX_QUEUED),
              failures);
@@ -228,20 +229,26 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
     json_put(obj, "timing",
         json_string("back to back: a round is each part's calls (enough "
                     "for runs.round_s, at most runs.calls_per_round_max); "
-                    "cuda: captured once as a CUDA graph and replayed, "
-                    "timed by events on the stage's stream (the host's "
-                    "work and pace left out; runs.graph_parts), else "
+                    "cuda: the embedding's, and every part's under "
+                    "--graph, captured once as a CUDA graph of forward + "
+                    "backward pairs and replayed, timed by events on the "
+                    "stage's stream (the host's work and pace left out; "
+                    "runs.graph_parts), the forward's share read off "
+                    "events around each forward in a second graph; else "
                     "queued without synchronising, host clock from the "
                     "first call to the end of the stage's stream "
-                    "(runs.queued_parts); over the calls; a round of "
-                    "forwards, then of forward + backward pairs (backward "
-                    "= pair - forward); the stage's per-call "
+                    "(runs.queued_parts), a round of forwards, then of "
+                    "forward + backward pairs (backward = pair - "
+                    "forward); over the calls; the stage's per-call "
                     "synchronisation is not counted; tp > 1: shard 0 "
                     "computed alone, without the tp all-reduces"),
         failures);
-    json_put(obj, "statistic", json_string("median over runs.rounds rounds "
-                                           "(the AdamW step alike; a curve: "
-                                           "of its timed runs)"),
+    json_put(obj, "statistic",
+             json_string("median over the runs.rounds rounds of each of "
+                         "runs.stage_sets sets of stages, made one after "
+                         "the other in fresh memory (the AdamW step: its "
+                         "runs.rounds rounds on the first set; a curve: "
+                         "its timed runs)"),
              failures);
     json_put(obj, "spread",
         json_string("forward_spread, backward_spread, spread: interquartile "

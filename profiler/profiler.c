@@ -31,9 +31,6 @@
 #include "executor/cuda/cuda_backend.h"
 #endif
 
-/* Enough runs for any sensible measurement; timing_summarize sorts a
- * copy of this size on the stack. */
-#define PROFILER_MAX_RUNS 256
 /* The AdamW learning rate while timing: small, so that the repeated
  * steps leave the parameters (and so the timings) as they were. */
 #define PROFILER_LEARNING_RATE 1e-6f
@@ -67,7 +64,8 @@ profiler_options profiler_options_defaults(backend_kind backend)
         .timed_runs = PROFILER_MAX_RUNS,
         .min_timed_runs = 7,
         .device_warmup_s = 2.0,
-        .timing_rounds = 9,
+        .timing_rounds = 5,
+        .stage_sets = 5,
         .round_s = 0.01,
         .graph_rounds = true,
         .seed = 1234,
@@ -82,6 +80,7 @@ void profiler_options_quick(profiler_options *options)
     options->min_timed_runs = 5;
     options->device_warmup_s = 0.0;
     options->timing_rounds = 3;
+    options->stage_sets = 1;
     options->round_s = 0.0;
 }
 
@@ -125,10 +124,12 @@ int profiler_options_check(const profiler_options *options, pt_error *err)
                        options->timed_runs, PROFILER_MAX_RUNS);
     if (!(options->device_warmup_s >= 0.0) || !(options->round_s >= 0.0))
         return pt_fail(err, "profiler: time budgets must be >= 0 s");
-    if (options->timing_rounds < 1 ||
-        options->timing_rounds > PROFILER_MAX_RUNS)
-        return pt_fail(err, "profiler: %d timing rounds; expected 1 to %d",
-                       options->timing_rounds, PROFILER_MAX_RUNS);
+    if (options->timing_rounds < 1 || options->stage_sets < 1 ||
+        options->timing_rounds * options->stage_sets > PROFILER_MAX_RUNS)
+        return pt_fail(err, "profiler: %d timing rounds of %d sets of "
+                            "stages; expected 1 to %d rounds in all",
+                       options->timing_rounds, options->stage_sets,
+                       PROFILER_MAX_RUNS);
     if (options->backend == BACKEND_CPU &&
         (options->sm_limit != 0 || options->memory_limit_bytes != 0.0))
         return pt_fail(err, "profiler: an SM limit or memory limit needs the "
@@ -159,50 +160,6 @@ int profiler_options_check(const profiler_options *options, pt_error *err)
                                 "expected at least 1",
                            i + 1, options->beside_sms[i]);
     return 0;
-}
-
-/* ---------------------------------------------------------- statistics */
-
-static int compare_doubles(const void *a, const void *b)
-{
-    double left = *(const double *)a, right = *(const double *)b;
-    return (left > right) - (left < right);
-}
-
-/* The q-quantile of sorted[0..count), interpolating between neighbours. */
-static double quantile(const double *sorted, int count, double q)
-{
-    double position = q * (double)(count - 1);
-    int below = (int)floor(position);
-    int above = below + 1 < count ? below + 1 : below;
-    double weight = position - (double)below;
-    return sorted[below] * (1.0 - weight) + sorted[above] * weight;
-}
-
-timing_summary timing_summarize(const double *runs, int count)
-{
-    timing_summary summary = {0};
-    if (count < 1)
-        return summary;
-    if (count > PROFILER_MAX_RUNS)
-        count = PROFILER_MAX_RUNS;
-    double sorted[PROFILER_MAX_RUNS];
-    memcpy(sorted, runs, (size_t)count * sizeof *sorted);
-    qsort(sorted, (size_t)count, sizeof *sorted, compare_doubles);
-    summary.runs = count;
-    summary.median_s = quantile(sorted, count, 0.5);
-    if (summary.median_s > 0.0)
-        summary.spread = (quantile(sorted, count, 0.75) -
-                          quantile(sorted, count, 0.25)) /
-                         summary.median_s;
-    return summary;
-}
-
-void profiler_backward_rounds(const double *forward, const double *pair,
-                              int rounds, double *backward)
-{
-    for (int r = 0; r < rounds; r++)
-        backward[r] = fmax(pair[r] - forward[r], 0.05 * pair[r]);
 }
 
 /* -------------------------------------------------------------- device */
@@ -586,24 +543,34 @@ static int calls_per_round(const profiler_options *o, double call_s)
     return wanted > PROFILER_MAX_QUEUED ? PROFILER_MAX_QUEUED : (int)wanted;
 }
 
-/* One part's forward and backward: rounds of `count` forwards, then of
- * `count` forward + backward pairs, back to back; the backward of a
- * round is its pair less its forward; medians over the rounds. On the
- * cuda backend each kind of round is one CUDA graph, replayed (graphed);
- * where its calls cannot be captured, and on the cpu, they are queued. */
+/* The rounds of every part of one point, pooled over the sets of stages
+ * (measure_tp): each set adds options->timing_rounds of each. */
+typedef struct point_rounds {
+    double forward[3][PROFILER_MAX_RUNS];
+    double backward[3][PROFILER_MAX_RUNS];
+    int count;
+} point_rounds;
+
+/* One part's rounds, added to the pool: of `count` forwards, then of
+ * `count` forward + backward pairs, back to back; the backward of a round
+ * is its pair less its forward. On the cuda backend the rounds are CUDA
+ * graphs (profiler_graph_rounds) under --graph, and always for the
+ * embedding: its host work (the token check, the plan of its gradient and
+ * the upload) set its queued time, where a training step does that work
+ * while the GPU runs the step's earlier kernels. Where its calls cannot
+ * be captured, and on the cpu, they are queued. */
 static int time_part(part_chain *chain, int part, int mbs, int count,
-                     const profiler_options *o, profiled_part *out,
+                     const profiler_options *o, point_rounds *pool,
                      bool *graphed, pt_error *err)
 {
-    double forward[PROFILER_MAX_RUNS], pair[PROFILER_MAX_RUNS],
-        backward[PROFILER_MAX_RUNS];
+    double forward[PROFILER_MAX_RUNS], pair[PROFILER_MAX_RUNS];
     stage_io io;
     model_stage *stage = part_stage(chain, part, mbs, &io);
-    int status = o->backend == BACKEND_CUDA && o->graph_rounds
-                     ? profiler_graph_rounds(stage, &io, count,
-                                             o->timing_rounds, forward, pair,
-                                             err)
-                     : 1;
+    bool graph = o->backend == BACKEND_CUDA && (o->graph_rounds || part == 0);
+    int status = graph ? profiler_graph_rounds(stage, &io, count,
+                                               o->timing_rounds, forward,
+                                               pair, err)
+                       : 1;
     *graphed = status == 0;
     for (int r = 0; status == 1 && r < o->timing_rounds; r++)
         if (queued_seconds(chain, part, false, mbs, count, &forward[r],
@@ -612,9 +579,10 @@ static int time_part(part_chain *chain, int part, int mbs, int count,
             return -1;
     if (status == -1)
         return -1;
-    profiler_backward_rounds(forward, pair, o->timing_rounds, backward);
-    out->forward = timing_summarize(forward, o->timing_rounds);
-    out->backward = timing_summarize(backward, o->timing_rounds);
+    memcpy(pool->forward[part] + pool->count, forward,
+           (size_t)o->timing_rounds * sizeof *forward);
+    profiler_backward_rounds(forward, pair, o->timing_rounds,
+                             pool->backward[part] + pool->count);
     return 0;
 }
 
@@ -626,11 +594,13 @@ static void set_deferred(part_chain *chain, bool on)
 }
 
 /* Warm-up runs of the whole chain, synchronous (they leave every part's
- * inputs in place and say how long each call takes), then each part
- * timed back to back (docs/profiles.md, "Measuring"). */
-static int measure_point(part_chain *chain, int tp, int mbs,
+ * inputs in place and say how long each call takes), then each part's
+ * rounds, back to back, added to the point's pool (docs/profiles.md,
+ * "Measuring"). The first set of stages says how many calls a round
+ * holds and whether a part was graphed. */
+static int measure_point(part_chain *chain, int mbs,
                          const profiler_options *o, profiled_point *out,
-                         pt_error *err)
+                         point_rounds *pool, pt_error *err)
 {
     double seconds[CHAIN_CALLS] = {0};
     int runs = o->warmup_runs > 0 ? o->warmup_runs : 1;
@@ -641,18 +611,33 @@ static int measure_point(part_chain *chain, int tp, int mbs,
         seconds[EMBEDDING_FORWARD] + seconds[EMBEDDING_BACKWARD],
         seconds[LAYER_FORWARD] + seconds[LAYER_BACKWARD],
         seconds[HEAD_FORWARD] + seconds[HEAD_BACKWARD]};
-    profiled_part *parts[3] = {&out->embedding, &out->layer, &out->head};
-    *out = (profiled_point){.tp = tp, .mbs = mbs};
+    bool first_set = pool->count == 0;
     set_deferred(chain, true);
     int status = 0;
     for (int part = 0; part < 3 && status == 0; part++) {
-        int count = calls_per_round(o, call_s[part]);
-        status = time_part(chain, part, mbs, count, o, parts[part],
-                           &out->graphed[part], err);
+        int count = first_set ? calls_per_round(o, call_s[part])
+                              : out->calls_per_round[part];
+        bool graphed = false;
+        status = time_part(chain, part, mbs, count, o, pool, &graphed, err);
         out->calls_per_round[part] = count;
+        out->graphed[part] = graphed && (first_set || out->graphed[part]);
     }
     set_deferred(chain, false);
+    if (status == 0)
+        pool->count += o->timing_rounds;
     return status;
+}
+
+/* The point's entries: medians over its pooled rounds. */
+static void summarize_point(const point_rounds *pool, profiled_point *out)
+{
+    profiled_part *parts[3] = {&out->embedding, &out->layer, &out->head};
+    for (int part = 0; part < 3; part++) {
+        parts[part]->forward =
+            timing_summarize(pool->forward[part], pool->count);
+        parts[part]->backward =
+            timing_summarize(pool->backward[part], pool->count);
+    }
 }
 
 /* Repeats runs at the chain's capacity until warmup_s has passed, so that
@@ -904,75 +889,144 @@ static void report(const profiler_options *o, measure_progress *progress,
                     o->progress_data);
 }
 
-/* Every micro-batch of the list up to the chain's capacity; a run that
- * fails ends the tp (larger micro-batches would fail too). */
+/* One tp's measurement across its sets of stages: the points it fills
+ * (out->points from out->point_count on), their pooled rounds, how many
+ * of them fit, and the neighbours that run beside them. */
+typedef struct tp_measurement {
+    int tp;
+    part_chain chain;
+    neighbour_set neighbours;
+    profiled_point *points;
+    point_rounds *pools;
+    int measured;                /* points measurable: cut by a failure */
+} tp_measurement;
+
+/* One set of stages: the device warmed up (2 s before the profile's first
+ * point; a quarter of that after the host made a set, while the device
+ * idled), then every point measurable. A point that fails in the first
+ * set ends the tp there (larger micro-batches would fail too); in a later
+ * set it is an error. The last set's points are summed up and reported. */
+static int measure_set(tp_measurement *m, int set, const profiler_options *o,
+                       profiler_result *out, measure_progress *progress,
+                       pt_error *err)
+{
+    pt_error failure = {{0}};
+    char label[400];
+    bool last_set = set == o->stage_sets - 1;
+    double warmup_s = out->point_count == 0 && set == 0
+                          ? o->device_warmup_s
+                          : o->device_warmup_s / 4.0;
+    if (warmup_s > 0.0 && warm_device(&m->chain, warmup_s, &failure) != 0)
+        return pt_fail(err, "%s", failure.message);
+    for (int i = 0; i < m->measured; i++) {
+        int mbs = o->mbs_values[i];
+        atomic_store(&m->neighbours.mbs, mbs);
+        if (measure_point(&m->chain, mbs, o, &m->points[i], &m->pools[i],
+                          &failure) != 0) {
+            if (set > 0)
+                return pt_fail(err, "set %d of stages, micro-batch %d: %s",
+                               set + 1, mbs, failure.message);
+            add_note(out, "tp %d: micro-batch %d and up not measured: %s",
+                     m->tp, mbs, failure.message);
+            m->measured = i;
+            break;
+        }
+        if (!last_set) {
+            snprintf(label, sizeof label, "tp %d, micro-batch %d, set %d of "
+                                          "%d",
+                     m->tp, mbs, set + 1, o->stage_sets);
+            report(o, progress, 1, label, NULL);
+            continue;
+        }
+        summarize_point(&m->pools[i], &m->points[i]);
+        out->point_count++;
+        snprintf(label, sizeof label, "tp %d, micro-batch %d", m->tp, mbs);
+        report(o, progress, 1, label, &m->points[i]);
+    }
+    return 0;
+}
+
+/* The sets of stages of one tp, one after the other, each made in fresh
+ * memory; the AdamW step is timed on the first. */
+static int measure_sets(tp_measurement *m, const model_shape *shape,
+                        const profiler_options *o, bool *optimizer_done,
+                        profiler_result *out, measure_progress *progress,
+                        pt_error *err)
+{
+    int last = m->measured - 1, status = 0;
+    for (int set = 0; set < o->stage_sets && status == 0 && m->measured > 0;
+         set++) {
+        if (set > 0 && chain_create(&m->chain, shape, m->tp,
+                                    o->mbs_values[last], o, err) != 0)
+            return -1;
+        status = measure_set(m, set, o, out, progress, err);
+        if (status == 0 && set == 0 && m->measured > 0 && !*optimizer_done) {
+            atomic_store(&m->neighbours.phase, NEIGHBOURS_ADAMW);
+            status = measure_optimizer(&m->chain, o, out, err);
+            *optimizer_done = status == 0;
+            if (status == 0)
+                report(o, progress, 1, "optimizer", NULL);
+            atomic_store(&m->neighbours.phase, NEIGHBOURS_LAYER);
+        }
+        chain_destroy(&m->chain);
+    }
+    return status;
+}
+
+/* Every micro-batch of the list up to the chain's capacity, in each of
+ * the sets of stages; a run that fails in the first set ends the tp
+ * (larger micro-batches would fail too). */
 static int measure_tp(const model_shape *shape, int tp,
                       const profiler_options *o, bool *optimizer_done,
                       profiler_result *out, measure_progress *progress,
                       pt_error *err)
 {
     char label[400];
+    int steps = o->mbs_count * o->stage_sets, done_before = progress->done;
+    bool optimizer_before = *optimizer_done;
     const char *refusal = profiler_tp_refusal(shape, tp);
     if (refusal != NULL) {
         add_note(out, "tp %d skipped: %s (%d heads, hidden %d, ffn_hidden "
                       "%d)",
                  tp, refusal, shape->heads, shape->hidden, shape->ffn_hidden);
         snprintf(label, sizeof label, "tp %d skipped: %s", tp, refusal);
-        report(o, progress, o->mbs_count, label, NULL);
+        report(o, progress, steps, label, NULL);
         return 0;
     }
-    part_chain chain;
+    tp_measurement m = {.tp = tp, .points = &out->points[out->point_count]};
     pt_error failure = {{0}};
-    int last = largest_chain(&chain, shape, tp, o, out, &failure);
+    int last = largest_chain(&m.chain, shape, tp, o, out, &failure);
     if (last < 0) {
         add_note(out, "tp %d skipped: %s", tp, failure.message);
         snprintf(label, sizeof label, "tp %d skipped: %.300s", tp,
                  failure.message);
-        report(o, progress, o->mbs_count, label, NULL);
+        report(o, progress, steps, label, NULL);
         return 0;
     }
-    neighbour_set neighbours;
-    if (neighbours_start(&neighbours, shape, tp, o->mbs_values[last], o,
+    m.measured = last + 1;
+    m.pools = calloc((size_t)m.measured, sizeof *m.pools);
+    if (m.pools == NULL ||
+        neighbours_start(&m.neighbours, shape, tp, o->mbs_values[last], o,
                          err) != 0) {
-        chain_destroy(&chain);
-        return -1;
+        free(m.pools);
+        chain_destroy(&m.chain);
+        return m.pools == NULL ? pt_fail(err, "profiler: out of host memory "
+                                              "for the rounds")
+                               : -1;
     }
-    if (out->point_count == 0 && o->device_warmup_s > 0.0 &&
-        warm_device(&chain, o->device_warmup_s, err) != 0) {
-        neighbours_stop(&neighbours, &failure);
-        chain_destroy(&chain);
-        return -1;
-    }
-    int measured = 0;
-    for (int i = 0; i <= last; i++) {
-        profiled_point *point = &out->points[out->point_count];
-        atomic_store(&neighbours.mbs, o->mbs_values[i]);
-        if (measure_point(&chain, tp, o->mbs_values[i], o, point,
-                          &failure) != 0) {
-            add_note(out, "tp %d: micro-batch %d and up not measured: %s",
-                     tp, o->mbs_values[i], failure.message);
-            break;
-        }
-        out->point_count++;
-        measured++;
-        snprintf(label, sizeof label, "tp %d, micro-batch %d", tp,
-                 o->mbs_values[i]);
-        report(o, progress, 1, label, point);
-    }
-    int status = 0;
-    if (measured > 0 && !*optimizer_done) {
-        atomic_store(&neighbours.phase, NEIGHBOURS_ADAMW);
-        status = measure_optimizer(&chain, o, out, err);
-        *optimizer_done = status == 0;
-        if (status == 0)
-            report(o, progress, 1, "optimizer", NULL);
-    }
+    for (int i = 0; i < m.measured; i++)
+        m.points[i] = (profiled_point){.tp = tp, .mbs = o->mbs_values[i]};
+    int status =
+        measure_sets(&m, shape, o, optimizer_done, out, progress, err);
+    free(m.pools);
     /* a neighbour that failed leaves the times without their load */
-    if (neighbours_stop(&neighbours, status == 0 ? err : &failure) != 0)
+    if (neighbours_stop(&m.neighbours, status == 0 ? err : &failure) != 0)
         status = -1;
-    chain_destroy(&chain);
-    /* the steps of the micro-batches not measured */
-    progress->done += o->mbs_count - measured;
+    /* the steps of the micro-batches and sets not measured (the
+     * optimizer's step is its own) */
+    int optimizer_step = *optimizer_done && !optimizer_before ? 1 : 0;
+    if (progress->done < done_before + steps + optimizer_step)
+        progress->done = done_before + steps + optimizer_step;
     return status;
 }
 
@@ -990,7 +1044,9 @@ int profiler_measure(const model_shape *shape,
     if (open_device(options, &out->device, err) != 0)
         return -1;
     measure_progress progress = {
-        .total = options->tp_count * options->mbs_count + 1};
+        .total = options->tp_count * options->mbs_count *
+                     options->stage_sets +
+                 1};
     bool optimizer_done = false;
     int status = 0;
     for (int i = 0; i < options->tp_count && status == 0; i++)

@@ -35,6 +35,10 @@
 #define PROFILER_MAX_COMM_SIZES 32
 /* The most calls of one part queued back to back in a round. */
 #define PROFILER_MAX_QUEUED 256
+/* Enough rounds (or timed runs) for any sensible measurement, every set
+ * of stages together; timing_summarize sorts a copy of this size on the
+ * stack. */
+#define PROFILER_MAX_RUNS 256
 
 /* A timed quantity: the median of its timed runs and their spread,
  * (third quartile - first quartile) / median (quartiles by linear
@@ -54,12 +58,13 @@ timing_summary timing_summarize(const double *runs, int count);
 int profiler_queue_calls(model_stage *stage, const stage_io *io,
                          bool with_backward, int count, pt_error *err);
 
-/* The cuda backend's rounds: `count` forwards, and `count` forward +
- * backward pairs, each captured once as a CUDA graph and replayed
- * `rounds` times, timed by events on the stage's stream: seconds per
- * call into forward[rounds] and pair[rounds]. 1 when the calls cannot be
- * captured (or no cuda build): nothing timed, the caller queues them;
- * -1 on a device failure. */
+/* The cuda backend's rounds: `count` forward + backward pairs captured
+ * once as a CUDA graph and replayed `rounds` times, timed by events on
+ * the stage's stream (seconds per pair into pair[rounds]); after each, the
+ * same pairs captured with an event around every forward, whose replay
+ * gives the forwards' share of a pair: forward[r] is that share of
+ * pair[r]. 1 when the calls cannot be captured (or no cuda build):
+ * nothing timed, the caller queues them; -1 on a device failure. */
 int profiler_graph_rounds(model_stage *stage, const stage_io *io, int count,
                           int rounds, double *forward, double *pair,
                           pt_error *err);
@@ -129,8 +134,14 @@ typedef struct profiler_options {
     int min_timed_runs;          /* at least */
     double device_warmup_s;      /* work before the first timing, so that
                                     clocks have ramped up */
-    int timing_rounds;           /* rounds of back-to-back calls a part's
-                                    time is the median of */
+    int timing_rounds;           /* rounds of back-to-back calls of a part,
+                                    per set of stages */
+    int stage_sets;              /* the part stages are made this many
+                                    times, each set measured: an entry is
+                                    the median of the rounds of every set
+                                    (a set's buffers land elsewhere in
+                                    memory, and small entries move with
+                                    them; docs/profiles.md) */
     double round_s;              /* a round lasts about this long: calls
                                     queued in it, 1 to PROFILER_MAX_QUEUED */
     bool graph_rounds;           /* cuda: each round one CUDA graph,
@@ -142,12 +153,13 @@ typedef struct profiler_options {
 } profiler_options;
 
 /* The full measurement: tp 1, 2, 4, 8, micro-batches 1, 2, 4, 8, 16,
- * 5 warm-up runs per point, then 9 rounds of about 10 ms a part and
- * direction (the AdamW step alike), 2 s of device warm-up; 7 to 256
+ * 5 sets of stages, each with 5 warm-up runs per point, then 5 rounds of
+ * about 10 ms a part and direction (the AdamW step alike, on the first
+ * set), 2 s of device warm-up (0.5 s before each later set); 7 to 256
  * timed runs of a communication size. */
 profiler_options profiler_options_defaults(backend_kind backend);
-/* Fewer runs and rounds (3, of one call), no device warm-up: for tests
- * and a first look. */
+/* Fewer runs and rounds (3, of one call), one set of stages, no device
+ * warm-up: for tests and a first look. */
 void profiler_options_quick(profiler_options *options);
 /* Checks lists (ascending powers of two for tp, ascending for mbs, each
  * 1..1024), run counts and the cuda-only options. */

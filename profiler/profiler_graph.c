@@ -3,9 +3,12 @@
  * calls queued back to back, and on the cuda backend the same calls
  * captured once as a CUDA graph and replayed, timed on the device, so that
  * a call's host work (the embedding's token plan and upload, the
- * launches) does not set its time when the host is slower than the GPU.
+ * launches) does not set its time when the host is slower than the GPU;
+ * the forward's share of a pair is read off events inside the pairs.
  */
 #include "profiler/profiler.h"
+
+#include <stdlib.h>
 
 #ifdef PARTITA_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -102,24 +105,133 @@ static int graph_round_seconds(const graph_round *g, int count, double *out,
     return 0;
 }
 
+/* The pairs again, each forward between two marks: events recorded as
+ * nodes of the graph (cudaEventRecordExternal; an event recorded in a
+ * capture is otherwise only a dependency), 2 count + 1 of them. A replay
+ * says what share of a pair its forward takes inside the pairs. A graph of
+ * forwards alone did not say it: its time per call moved by up to 40 %
+ * from one set of buffers to the next while the pairs' held within 2 %
+ * (docs/profiles.md, "Repeatable entries"). */
+typedef struct marked_round {
+    graph_round graph;  /* its start and end events unused */
+    cudaEvent_t *marks;
+    int count;
+} marked_round;
+
+static void marked_round_destroy(marked_round *m)
+{
+    for (int i = 0; m->marks != NULL && i <= 2 * m->count; i++)
+        if (m->marks[i] != NULL)
+            cudaEventDestroy(m->marks[i]);
+    free(m->marks);
+    graph_round_destroy(&m->graph);
+    *m = (marked_round){0};
+}
+
+static bool marked_calls(model_stage *stage, const stage_io *io,
+                         const marked_round *m)
+{
+    pt_error ignored = {{0}};
+    cudaStream_t stream = m->graph.stream;
+    for (int i = 0; i < m->count; i++)
+        if (cudaEventRecordWithFlags(m->marks[2 * i], stream,
+                                     cudaEventRecordExternal) !=
+                cudaSuccess ||
+            stage_forward(stage, 0, io, NULL, &ignored) != 0 ||
+            cudaEventRecordWithFlags(m->marks[2 * i + 1], stream,
+                                     cudaEventRecordExternal) !=
+                cudaSuccess ||
+            stage_backward(stage, 0, io, &ignored) != 0)
+            return false;
+    return cudaEventRecordWithFlags(m->marks[2 * m->count], stream,
+                                    cudaEventRecordExternal) == cudaSuccess;
+}
+
+/* Captures the marked pairs and replays them once; false when they
+ * cannot be captured (the error cleared). */
+static bool marked_round_capture(model_stage *stage, const stage_io *io,
+                                 int count, marked_round *out)
+{
+    *out = (marked_round){.graph = {.stream = cuda_stage_stream(stage)},
+                          .count = count};
+    out->marks = calloc((size_t)(2 * count + 1), sizeof *out->marks);
+    bool ok = out->marks != NULL;
+    for (int i = 0; ok && i <= 2 * count; i++)
+        ok = cudaEventCreate(&out->marks[i]) == cudaSuccess;
+    cudaGraph_t graph = NULL;
+    if (ok && cudaStreamBeginCapture(out->graph.stream,
+                                     cudaStreamCaptureModeThreadLocal) ==
+                  cudaSuccess) {
+        bool queued = marked_calls(stage, io, out);
+        ok = cudaStreamEndCapture(out->graph.stream, &graph) ==
+                 cudaSuccess &&
+             queued && graph != NULL &&
+             cudaGraphInstantiate(&out->graph.exec, graph, 0) ==
+                 cudaSuccess &&
+             cudaGraphLaunch(out->graph.exec, out->graph.stream) ==
+                 cudaSuccess &&
+             cudaStreamSynchronize(out->graph.stream) == cudaSuccess;
+    } else {
+        ok = false;
+    }
+    if (graph != NULL)
+        cudaGraphDestroy(graph);
+    if (!ok) {
+        (void)cudaGetLastError();
+        marked_round_destroy(out);
+    }
+    return ok;
+}
+
+/* One replay of the marked pairs: the forwards' share of their time. */
+static int marked_round_share(const marked_round *m, double *share,
+                              pt_error *err)
+{
+    cudaError_t status = cudaGraphLaunch(m->graph.exec, m->graph.stream);
+    if (status == cudaSuccess)
+        status = cudaStreamSynchronize(m->graph.stream);
+    double forwards_ms = 0.0, whole_ms = 0.0;
+    for (int i = 0; i < m->count && status == cudaSuccess; i++) {
+        float ms = 0.0f;
+        status = cudaEventElapsedTime(&ms, m->marks[2 * i],
+                                      m->marks[2 * i + 1]);
+        forwards_ms += ms;
+    }
+    float whole = 0.0f;
+    if (status == cudaSuccess)
+        status = cudaEventElapsedTime(&whole, m->marks[0],
+                                      m->marks[2 * m->count]);
+    whole_ms = whole;
+    if (status != cudaSuccess)
+        return pt_fail(err, "profiler: timing a marked CUDA graph: %s",
+                       cudaGetErrorString(status));
+    *share = whole_ms > 0.0 ? forwards_ms / whole_ms : 0.5;
+    return 0;
+}
+
 int profiler_graph_rounds(model_stage *stage, const stage_io *io, int count,
                           int rounds, double *forward, double *pair,
                           pt_error *err)
 {
-    graph_round forwards, pairs;
-    if (!graph_round_capture(stage, io, false, count, &forwards))
+    graph_round pairs;
+    marked_round marked;
+    if (!graph_round_capture(stage, io, true, count, &pairs))
         return 1;
-    if (!graph_round_capture(stage, io, true, count, &pairs)) {
-        graph_round_destroy(&forwards);
+    if (!marked_round_capture(stage, io, count, &marked)) {
+        graph_round_destroy(&pairs);
         return 1;
     }
     int status = 0;
-    for (int r = 0; r < rounds && status == 0; r++)
-        if (graph_round_seconds(&forwards, count, &forward[r], err) != 0 ||
-            graph_round_seconds(&pairs, count, &pair[r], err) != 0)
+    for (int r = 0; r < rounds && status == 0; r++) {
+        double share = 0.0;
+        if (graph_round_seconds(&pairs, count, &pair[r], err) != 0 ||
+            marked_round_share(&marked, &share, err) != 0)
             status = -1;
-    graph_round_destroy(&forwards);
+        else
+            forward[r] = share * pair[r];
+    }
     graph_round_destroy(&pairs);
+    marked_round_destroy(&marked);
     return status;
 }
 #else

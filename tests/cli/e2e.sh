@@ -1043,6 +1043,11 @@ profile-cpu)
   [ "$(grep -c '"mbs"' cpu.json)" = 9 ] || fail "expected 9 points in cpu.json"
   expect_in err.txt "tp 4, micro-batch 4: embedding"
   expect_in out.txt "written to cpu.json"
+  # --quick measures one set of stages; --stage-sets asks for more, and the
+  # profile says how many its medians pool
+  expect_in cpu.json '"stage_sets": 1'
+  run 0 partita profile --model in-tiny.json --backend cpu --quick --stage-sets 2 --tp 1 --mbs 1 -o cpu-sets.json
+  expect_in cpu-sets.json '"stage_sets": 2'
   [ -z "$(ls -A | grep tmp)" ] || fail "temporary files left: $(ls -A)"
   cat >in-box.json <<JSON
 { "name": "cpu-box", "nodes": [
@@ -1120,6 +1125,10 @@ profile-bad)
   expect_in err.txt "need \-\-beside"
   run 2 partita profile --backend cpu --model in-tiny.json --sm-limit 16 --beside 16 --place x
   expect_in err.txt "\-\-place: expected a slice index"
+  run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 0
+  expect_in err.txt "\-\-stage-sets: expected a number above 0"
+  run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 2.5
+  expect_in err.txt "\-\-stage-sets: expected a whole number"
   run 2 partita profile --backend tpu --model in-tiny.json
   expect_in err.txt "tpu"
   run 2 partita profile

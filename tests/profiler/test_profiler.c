@@ -94,6 +94,16 @@ static void test_option_checks(void **state)
     bad = options;
     bad.sm_limit = 16;
     expect_refused(&bad, "cuda backend");
+    /* the rounds of every set of stages are pooled: at most 256 in all */
+    bad = options;
+    bad.stage_sets = 0;
+    expect_refused(&bad, "sets of stages");
+    bad = options;
+    bad.stage_sets = 16;
+    bad.timing_rounds = 17;
+    expect_refused(&bad, "17 timing rounds of 16 sets of stages");
+    bad.timing_rounds = 16;
+    assert_int_equal(profiler_options_check(&bad, &err), 0);
     /* busy neighbours need a measured slice, on the cuda backend */
     profiler_options cuda = profiler_options_defaults(BACKEND_CUDA);
     cuda.beside_count = 1;
@@ -175,26 +185,42 @@ static void assert_positive(const profiled_part *part)
     assert_int_equal(part->forward.runs, 3);
 }
 
-static void test_tiny_model_on_cpu(void **state)
+/* The quick options on the cpu with the tp list given and micro-batches
+ * 1 and 2, progress recorded into log. */
+static profiler_options tiny_options(const int *tp, int tp_count,
+                                     progress_log *log)
 {
-    (void)state;
+    profiler_options options = profiler_options_defaults(BACKEND_CPU);
+    profiler_options_quick(&options);
+    options.tp_count = tp_count;
+    memcpy(options.tp_values, tp, (size_t)tp_count * sizeof(int));
+    options.mbs_count = 2;
+    memcpy(options.mbs_values, (int[]){1, 2}, 2 * sizeof(int));
+    options.progress = record_progress;
+    options.progress_data = log;
+    return options;
+}
+
+/* A tiny GPT measured with the options (test_free the result). */
+static profiler_result *measure_tiny(const profiler_options *options)
+{
     model_shape shape = {.name = "tiny", .layers = 2, .hidden = 32,
                          .heads = 4, .ffn_hidden = 128, .seq = 16,
                          .vocab = 100, .tied_embeddings = true};
-    profiler_options options = profiler_options_defaults(BACKEND_CPU);
-    profiler_options_quick(&options);
-    options.timed_runs = options.min_timed_runs = 3;
-    options.tp_count = 3;
-    memcpy(options.tp_values, (int[]){1, 2, 8}, 3 * sizeof(int));
-    options.mbs_count = 2;
-    memcpy(options.mbs_values, (int[]){1, 2}, 2 * sizeof(int));
-    progress_log log = {0};
-    options.progress = record_progress;
-    options.progress_data = &log;
     profiler_result *result = test_calloc(1, sizeof *result);
     pt_error err = {{0}};
-    if (profiler_measure(&shape, &options, result, &err) != 0)
+    if (profiler_measure(&shape, options, result, &err) != 0)
         fail_msg("%s", err.message);
+    return result;
+}
+
+static void test_tiny_model_on_cpu(void **state)
+{
+    (void)state;
+    progress_log log = {0};
+    profiler_options options = tiny_options((int[]){1, 2, 8}, 3, &log);
+    options.timed_runs = options.min_timed_runs = 3;
+    profiler_result *result = measure_tiny(&options);
     assert_int_equal(result->point_count, 4);
     const int expected[][2] = {{1, 1}, {1, 2}, {2, 1}, {2, 2}};
     for (int i = 0; i < 4; i++) {
@@ -217,6 +243,40 @@ static void test_tiny_model_on_cpu(void **state)
     assert_int_equal(log.points, 4);
     assert_int_equal(log.total, 7); /* 3 tp x 2 mbs + the optimizer */
     assert_int_equal(log.last_done, log.total);
+    test_free(result);
+}
+
+/* Three sets of stages: every entry is the median of the rounds of all
+ * three (3 x 3), the AdamW step of the first set's 3, and the progress
+ * counts each set of each point. */
+static void test_sets_of_stages_pool_their_rounds(void **state)
+{
+    (void)state;
+    progress_log log = {0};
+    profiler_options options = tiny_options((int[]){1, 2}, 2, &log);
+    assert_int_equal(options.stage_sets, 1);
+    options.stage_sets = 3;
+    profiler_result *result = measure_tiny(&options);
+    assert_int_equal(result->point_count, 4);
+    for (int i = 0; i < 4; i++) {
+        const profiled_part *parts[] = {&result->points[i].embedding,
+                                        &result->points[i].layer,
+                                        &result->points[i].head};
+        for (int part = 0; part < 3; part++) {
+            assert_int_equal(parts[part]->forward.runs, 9);
+            assert_int_equal(parts[part]->backward.runs, 9);
+            assert_true(parts[part]->forward.median_s > 0.0);
+            assert_true(parts[part]->backward.median_s > 0.0);
+        }
+        assert_int_equal(result->points[i].tp, i < 2 ? 1 : 2);
+        assert_int_equal(result->points[i].mbs, 1 + i % 2);
+        assert_true(result->points[i].calls_per_round[1] >= 1);
+    }
+    assert_int_equal(result->optimizer_layer.runs, 3);
+    assert_int_equal(log.points, 4);
+    assert_int_equal(log.last_done, log.total);
+    /* each set of each point a step, and the optimizer's */
+    assert_int_equal(log.total, 2 * 2 * 3 + 1);
     test_free(result);
 }
 
@@ -245,6 +305,7 @@ int main(void)
         cmocka_unit_test(test_option_checks),
         cmocka_unit_test(test_default_gpu_names),
         cmocka_unit_test(test_tiny_model_on_cpu),
+        cmocka_unit_test(test_sets_of_stages_pool_their_rounds),
         cmocka_unit_test(test_comm_needs_nccl_and_two_gpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

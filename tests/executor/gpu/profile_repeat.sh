@@ -10,8 +10,10 @@
 # Environment: MODEL (default models/gpt2-124m.json, whose entries are
 # mostly under 0.5 ms), TP (1,2,4), MBS (1,2,4), TOLERANCE (3), GRAPH
 # (1: time the rounds as CUDA graphs, `partita profile --graph`, rather
-# than queued on the host clock). Each run says how many parts were
-# timed as CUDA graphs and how many queued (provenance.runs).
+# than queued on the host clock; the embedding's always are), SETS (the
+# sets of stages, `partita profile --stage-sets`; default the profiler's).
+# Each run says how many parts were timed as CUDA graphs and how many
+# queued (provenance.runs).
 set -u
 build=$(cd "${1:?usage: profile_repeat.sh BUILD_DIR [OUT_DIR]}" && pwd)
 out=${2:-$build/profile-repeat}
@@ -31,7 +33,7 @@ for run in 1 2 3; do
     start=$SECONDS
     if ! "$partita" profile --model "$model" --tp "${TP:-1,2,4}" \
             --mbs "${MBS:-1,2,4}" --no-comm --gpu-name repeat \
-            ${GRAPH:+--graph} \
+            ${GRAPH:+--graph} ${SETS:+--stage-sets "$SETS"} \
             -o "$out/run$run.json" >"$out/run$run.log" 2>"$out/run$run.err"; then
         echo "FAIL profile_repeat: run $run did not write a profile:"
         tail -5 "$out/run$run.err"

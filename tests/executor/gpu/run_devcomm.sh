@@ -49,7 +49,9 @@
 # is killed after 110 s), so that the whole stays under 9 minutes;
 # SKIP_TESTS=1 runs the benchmark only; QUICK=1 profiles with `--quick`
 # (no device warm-up, 3 rounds: faster, but its backward came out 8 %
-# under the runs' on 2026-11-25); PROFILE_ARGS, more options of
+# under the runs' on 2026-11-25); STAGE_SETS (1: the profiles' sets of
+# stages, `--stage-sets`; the budgets were sized for one, the profiler's
+# default is 5); PROFILE_ARGS, more options of
 # every `partita profile` (--graph, say). Exit status 0 when every check passed and every row ran (a missed
 # target is reported, not a failure), else 1.
 set -u
@@ -145,6 +147,7 @@ profile() {
     echo "== partita profile $name (tp $tp, mbs 4)"
     step "profile-$name" 120 "$partita" profile --model "$models" \
         --gpu-name "$name" --tp "$tp" --mbs 4 $quick --no-comm "$@" \
+        --stage-sets "${STAGE_SETS:-1}" \
         ${PROFILE_ARGS:-} -o "$profiles/$name.json"
 }
 profile "$gpu_type" "$both" 1
