@@ -64,7 +64,8 @@ typedef struct profile_arguments {
     const char *mbs_list;       /* --mbs, "1,2,4,8,16" */
     bool quick;
     bool no_comm;
-    bool graph;                 /* --graph: the rounds as CUDA graphs */
+    const char *timing;         /* --timing gated|graph|host, NULL:
+                                   gated; --graph is --timing graph */
     bool missing_only;          /* --missing-only: complete -o's profile */
     bool compare;               /* --compare: compare_files, no measuring */
     double tolerance_percent;   /* --tolerance of --compare */

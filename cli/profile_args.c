@@ -57,9 +57,12 @@ static void print_profile_help(void)
         "                         time in fresh memory; an entry is the\n"
         "                         median of every set's rounds (default 5)\n"
         "  --no-comm              skip the NCCL curves\n"
-        "  --graph                cuda: time each round of calls as a CUDA\n"
-        "                         graph (device time), not queued on the\n"
-        "                         host clock (the embedding's always are)\n"
+        "  --timing HOW           cuda: how the layer's and the head's rounds\n"
+        "                         are timed: gated (default: queued behind a\n"
+        "                         gate, device clock), graph (CUDA graphs),\n"
+        "                         host (queued, host clock, every part: the\n"
+        "                         profiler before 2026-11-28)\n"
+        "  --graph                --timing graph\n"
         "  --missing-only         complete the profile -o names: measure\n"
         "                         only the models' shapes and tp it lacks\n"
         "                         and add them (no curves); nothing to do\n"
@@ -78,7 +81,7 @@ enum {
     OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
     OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_GRAPH, OPT_COMPARE, OPT_TOLERANCE,
     OPT_MISSING_ONLY, OPT_BESIDE, OPT_PLACE, OPT_IDLE_NEIGHBOURS,
-    OPT_STAGE_SETS, OPT_HELP
+    OPT_STAGE_SETS, OPT_TIMING, OPT_HELP
 };
 
 int profile_bad_argument(const char *option, const char *expected,
@@ -118,7 +121,8 @@ static int apply_option(int option, const char *value, profile_arguments *a)
     case OPT_MBS: a->mbs_list = value; return 0;
     case OPT_QUICK: a->quick = true; return 0;
     case OPT_NO_COMM: a->no_comm = true; return 0;
-    case OPT_GRAPH: a->graph = true; return 0;
+    case OPT_GRAPH: a->timing = "graph"; return 0;
+    case OPT_TIMING: a->timing = value; return 0;
     case OPT_MISSING_ONLY: a->missing_only = true; return 0;
     case OPT_BESIDE: a->beside_list = value; return 0;
     case OPT_IDLE_NEIGHBOURS: a->neighbours_idle = true; return 0;
@@ -177,6 +181,7 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"beside", required_argument, NULL, OPT_BESIDE},
         {"place", required_argument, NULL, OPT_PLACE},
         {"stage-sets", required_argument, NULL, OPT_STAGE_SETS},
+        {"timing", required_argument, NULL, OPT_TIMING},
         {"idle-neighbours", no_argument, NULL, OPT_IDLE_NEIGHBOURS},
         {"compare", no_argument, NULL, OPT_COMPARE},
         {"tolerance", required_argument, NULL, OPT_TOLERANCE},

@@ -115,7 +115,20 @@ static int build_options(const profile_arguments *a,
     *options = profiler_options_defaults(backend);
     if (a->quick)
         profiler_options_quick(options);
-    options->graph_rounds = a->graph;
+    const char *timings[] = {"gated", "graph", "host"};
+    const profiler_timing values[] = {PROFILER_TIMING_GATED,
+                                      PROFILER_TIMING_GRAPH,
+                                      PROFILER_TIMING_HOST};
+    bool known = a->timing == NULL;
+    for (int i = 0; i < 3 && !known; i++)
+        if (strcmp(a->timing, timings[i]) == 0) {
+            options->timing = values[i];
+            known = true;
+        }
+    if (!known) {
+        profile_bad_argument("--timing", "gated, graph or host", a->timing);
+        return -1;
+    }
     if (a->stage_sets > 0)
         options->stage_sets = a->stage_sets;
     options->sm_limit = a->sm_limit;

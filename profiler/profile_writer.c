@@ -97,30 +97,29 @@ static json_t *optimizer_provenance(const profiler_result *r, int *failures)
     return obj;
 }
 
-/* Parts of every point of every model timed as CUDA graphs, and queued. */
-static void count_graphed(const profiler_writeup *ctx, int *graphed,
-                          int *queued)
+/* Parts of every point of every model timed each way. */
+static void count_timed(const profiler_writeup *ctx, int counts[3])
 {
-    *graphed = *queued = 0;
+    counts[0] = counts[1] = counts[2] = 0;
     for (int m = 0; m < ctx->model_count; m++)
         for (int p = 0; p < ctx->results[m].point_count; p++)
-            for (int part = 0; part < 3; part++) {
-                if (ctx->results[m].points[p].graphed[part])
-                    (*graphed)++;
-                else
-                    (*queued)++;
-            }
+            for (int part = 0; part < 3; part++)
+                counts[ctx->results[m].points[p].timed[part]]++;
 }
 
 static json_t *runs_provenance(const profiler_writeup *ctx, int *failures)
 {
     const profiler_options *o = ctx->options;
     const profiler_result *r = &ctx->results[0];
-    int graphed, queued;
-    count_graphed(ctx, &graphed, &queued);
+    int counts[3];
+    count_timed(ctx, counts);
     json_t *obj = json_object();
-    json_put(obj, "graph_parts", json_integer(graphed), failures);
-    json_put(obj, "queued_parts", json_integer(queued), failures);
+    json_put(obj, "gated_parts", json_integer(counts[PROFILER_TIMING_GATED]),
+             failures);
+    json_put(obj, "graph_parts", json_integer(counts[PROFILER_TIMING_GRAPH]),
+             failures);
+    json_put(obj, "queued_parts", json_integer(counts[PROFILER_TIMING_HOST]),
+             failures);
     json_put(obj, "warmup", json_integer(r->runs_warmup), failures);
     json_put(obj, "timed_max", json_integer(r->runs_timed_max), failures);
     json_put(obj, "timed_min", json_integer(r->runs_timed_min), failures);
@@ -229,17 +228,21 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
     json_put(obj, "timing",
         json_string("back to back: a round is each part's calls (enough "
                     "for runs.round_s, at most runs.calls_per_round_max); "
-                    "cuda: the embedding's, and every part's under "
-                    "--graph, captured once as a CUDA graph of forward + "
-                    "backward pairs and replayed, timed by events on the "
-                    "stage's stream (the host's work and pace left out; "
-                    "runs.graph_parts), the forward's share read off "
-                    "events around each forward in a second graph; else "
-                    "queued without synchronising, host clock from the "
-                    "first call to the end of the stage's stream "
-                    "(runs.queued_parts), a round of forwards, then of "
-                    "forward + backward pairs (backward = pair - "
-                    "forward); over the calls; the stage's per-call "
+                    "a round of forwards, then of forward + backward "
+                    "pairs (backward = pair - forward); over the calls. "
+                    "cuda, the layer and the head by default: queued on "
+                    "the stage's stream behind a gate the host opens once "
+                    "every call of the round is queued (at most 256 "
+                    "kernels and copies), timed by events from the gate "
+                    "to the end: the stream's time, launch gaps included, "
+                    "not the host's pace (runs.gated_parts); the embedding, "
+                    "and every part under --timing graph: a CUDA graph of "
+                    "the pairs replayed and timed by events, the forward's "
+                    "share read off events around each forward in a second "
+                    "graph (runs.graph_parts); the cpu, and --timing host: "
+                    "queued as they come, host clock from the first call "
+                    "to the end of the stage's stream "
+                    "(runs.queued_parts). The stage's per-call "
                     "synchronisation is not counted; tp > 1: shard 0 "
                     "computed alone, without the tp all-reduces"),
         failures);

@@ -67,7 +67,7 @@ profiler_options profiler_options_defaults(backend_kind backend)
         .timing_rounds = 5,
         .stage_sets = 5,
         .round_s = 0.01,
-        .graph_rounds = true,
+        .timing = PROFILER_TIMING_GATED,
         .seed = 1234,
     };
     return options;
@@ -551,27 +551,43 @@ typedef struct point_rounds {
     int count;
 } point_rounds;
 
-/* One part's rounds, added to the pool: of `count` forwards, then of
- * `count` forward + backward pairs, back to back; the backward of a round
- * is its pair less its forward. On the cuda backend the rounds are CUDA
- * graphs (profiler_graph_rounds) under --graph, and always for the
- * embedding: its host work (the token check, the plan of its gradient and
- * the upload) set its queued time, where a training step does that work
- * while the GPU runs the step's earlier kernels. Where its calls cannot
- * be captured, and on the cpu, they are queued. */
+/* How a part's rounds are timed: the cpu queues them on the host clock;
+ * cuda times the embedding's as CUDA graphs (its queued time was the
+ * host's work, the token check, the plan of its gradient and the upload,
+ * which a training step does while the GPU runs earlier kernels; gated,
+ * its entries moved more between processes) and the others as
+ * options->timing says. */
+static profiler_timing part_timing(const profiler_options *o, int part)
+{
+    if (o->backend != BACKEND_CUDA)
+        return PROFILER_TIMING_HOST;
+    if (part == 0 && o->timing != PROFILER_TIMING_HOST)
+        return PROFILER_TIMING_GRAPH;
+    return o->timing;
+}
+
+/* One part's rounds, added to the pool: forwards, then forward +
+ * backward pairs (graphed: the pairs, and the forward's share of them);
+ * the backward of a round is its pair less its forward. Where the calls
+ * cannot be gated or graphed, they are queued on the host clock; *timed
+ * says how they were. */
 static int time_part(part_chain *chain, int part, int mbs, int count,
                      const profiler_options *o, point_rounds *pool,
-                     bool *graphed, pt_error *err)
+                     profiler_timing *timed, pt_error *err)
 {
     double forward[PROFILER_MAX_RUNS], pair[PROFILER_MAX_RUNS];
     stage_io io;
     model_stage *stage = part_stage(chain, part, mbs, &io);
-    bool graph = o->backend == BACKEND_CUDA && (o->graph_rounds || part == 0);
-    int status = graph ? profiler_graph_rounds(stage, &io, count,
-                                               o->timing_rounds, forward,
-                                               pair, err)
-                       : 1;
-    *graphed = status == 0;
+    *timed = part_timing(o, part);
+    int status = 1;
+    if (*timed == PROFILER_TIMING_GRAPH)
+        status = profiler_graph_rounds(stage, &io, count, o->timing_rounds,
+                                       forward, pair, err);
+    else if (*timed == PROFILER_TIMING_GATED)
+        status = profiler_gated_rounds(stage, &io, count, o->timing_rounds,
+                                       forward, pair, err);
+    if (status == 1)
+        *timed = PROFILER_TIMING_HOST;
     for (int r = 0; status == 1 && r < o->timing_rounds; r++)
         if (queued_seconds(chain, part, false, mbs, count, &forward[r],
                            err) != 0 ||
@@ -597,7 +613,7 @@ static void set_deferred(part_chain *chain, bool on)
  * inputs in place and say how long each call takes), then each part's
  * rounds, back to back, added to the point's pool (docs/profiles.md,
  * "Measuring"). The first set of stages says how many calls a round
- * holds and whether a part was graphed. */
+ * holds and how each part was timed. */
 static int measure_point(part_chain *chain, int mbs,
                          const profiler_options *o, profiled_point *out,
                          point_rounds *pool, pt_error *err)
@@ -617,10 +633,12 @@ static int measure_point(part_chain *chain, int mbs,
     for (int part = 0; part < 3 && status == 0; part++) {
         int count = first_set ? calls_per_round(o, call_s[part])
                               : out->calls_per_round[part];
-        bool graphed = false;
-        status = time_part(chain, part, mbs, count, o, pool, &graphed, err);
+        profiler_timing timed = PROFILER_TIMING_HOST;
+        status = time_part(chain, part, mbs, count, o, pool, &timed, err);
         out->calls_per_round[part] = count;
-        out->graphed[part] = graphed && (first_set || out->graphed[part]);
+        /* a set that fell back to the host clock marks the point so */
+        if (first_set || timed == PROFILER_TIMING_HOST)
+            out->timed[part] = timed;
     }
     set_deferred(chain, false);
     if (status == 0)

@@ -69,11 +69,35 @@ int profiler_graph_rounds(model_stage *stage, const stage_io *io, int count,
                           int rounds, double *forward, double *pair,
                           pt_error *err);
 
+/* The cuda backend's gated rounds: each round's `count` forwards (then,
+ * in a second round, forward + backward pairs) queued on the stage's
+ * stream behind a gate that holds the device until every call is queued,
+ * then timed by events on the stream from the gate's opening: the
+ * device's time for the calls as a stream runs them, launch gaps
+ * included, without the host's pace. `count` is cut so that a round's
+ * kernels and copies fit the stream's queue. Seconds per call into
+ * forward[rounds] and pair[rounds]; 1 when the calls cannot be gated (or
+ * no cuda build): nothing timed, the caller queues them; -1 on a device
+ * failure. */
+int profiler_gated_rounds(model_stage *stage, const stage_io *io, int count,
+                          int rounds, double *forward, double *pair,
+                          pt_error *err);
+
 /* The backward of each round from its forward and its forward + backward
  * pair, both per call: pair - forward, but never under 5 % of the pair
  * (a pair is not faster than its forward but for noise). */
 void profiler_backward_rounds(const double *forward, const double *pair,
                               int rounds, double *backward);
+
+/* How a part's rounds are timed (docs/profiles.md, "Measuring"). */
+typedef enum profiler_timing {
+    /* cuda: queued behind a gate, device clock (profiler_gated_rounds) */
+    PROFILER_TIMING_GATED,
+    /* cuda: one CUDA graph, replayed (profiler_graph_rounds) */
+    PROFILER_TIMING_GRAPH,
+    /* queued as they come, host clock (the cpu; a cuda fallback) */
+    PROFILER_TIMING_HOST
+} profiler_timing;
 
 typedef struct profiled_part {
     timing_summary forward;
@@ -90,9 +114,8 @@ typedef struct profiled_point {
     profiled_part head;      /* final norm, LM head and loss */
     int calls_per_round[3];  /* back to back in a round: embedding, layer,
                                 head */
-    bool graphed[3];         /* cuda: the part's rounds were one CUDA graph
-                                each, replayed and timed on the device
-                                (else queued, timed on the host clock) */
+    profiler_timing timed[3];    /* how the part's rounds were timed (the
+                                first set's; a fallback is to host) */
 } profiled_point;
 
 /* Reported after each step of a measurement: done of total steps; point
@@ -144,9 +167,11 @@ typedef struct profiler_options {
                                     them; docs/profiles.md) */
     double round_s;              /* a round lasts about this long: calls
                                     queued in it, 1 to PROFILER_MAX_QUEUED */
-    bool graph_rounds;           /* cuda: each round one CUDA graph,
-                                    replayed and timed on the device, where
-                                    the calls can be captured (default) */
+    profiler_timing timing;      /* cuda: how the layer's and the head's
+                                    rounds are timed, gated by default; the
+                                    embedding's are graphed, except under
+                                    PROFILER_TIMING_HOST (every part as
+                                    before 2026-11-28) */
     uint64_t seed;               /* parameters and tokens */
     profiler_progress_fn progress;   /* NULL: none */
     void *progress_data;

@@ -1,16 +1,22 @@
 /*
  * The profiler's rounds of calls (docs/profiles.md, "Measuring"): a part's
- * calls queued back to back, and on the cuda backend the same calls
- * captured once as a CUDA graph and replayed, timed on the device, so that
- * a call's host work (the embedding's token plan and upload, the
- * launches) does not set its time when the host is slower than the GPU;
- * the forward's share of a pair is read off events inside the pairs.
+ * calls queued back to back; on the cuda backend the same calls queued
+ * behind a gate the host opens once the round is queued (gated rounds,
+ * the stream's time without the host's pace), or captured once as a CUDA
+ * graph and replayed, the forward's share of a pair read off events
+ * inside the pairs. Both are timed on the device, so that a call's host
+ * work (the embedding's token plan and upload, the launches) does not set
+ * its time when the host is slower than the GPU.
  */
 #include "profiler/profiler.h"
 
 #include <stdlib.h>
 
 #ifdef PARTITA_HAVE_CUDA
+#include <errno.h>
+#include <pthread.h>
+#include <time.h>
+
 #include <cuda_runtime_api.h>
 
 #include "executor/cuda/cuda_backend.h"
@@ -128,29 +134,27 @@ static void marked_round_destroy(marked_round *m)
     *m = (marked_round){0};
 }
 
+/* Queues the marked pairs; flags cudaEventRecordExternal in a capture
+ * (an event record node), cudaEventRecordDefault on a live stream. */
 static bool marked_calls(model_stage *stage, const stage_io *io,
-                         const marked_round *m)
+                         const marked_round *m, unsigned flags)
 {
     pt_error ignored = {{0}};
     cudaStream_t stream = m->graph.stream;
     for (int i = 0; i < m->count; i++)
-        if (cudaEventRecordWithFlags(m->marks[2 * i], stream,
-                                     cudaEventRecordExternal) !=
+        if (cudaEventRecordWithFlags(m->marks[2 * i], stream, flags) !=
                 cudaSuccess ||
             stage_forward(stage, 0, io, NULL, &ignored) != 0 ||
-            cudaEventRecordWithFlags(m->marks[2 * i + 1], stream,
-                                     cudaEventRecordExternal) !=
+            cudaEventRecordWithFlags(m->marks[2 * i + 1], stream, flags) !=
                 cudaSuccess ||
             stage_backward(stage, 0, io, &ignored) != 0)
             return false;
-    return cudaEventRecordWithFlags(m->marks[2 * m->count], stream,
-                                    cudaEventRecordExternal) == cudaSuccess;
+    return cudaEventRecordWithFlags(m->marks[2 * m->count], stream, flags) ==
+           cudaSuccess;
 }
 
-/* Captures the marked pairs and replays them once; false when they
- * cannot be captured (the error cleared). */
-static bool marked_round_capture(model_stage *stage, const stage_io *io,
-                                 int count, marked_round *out)
+/* The marks of `count` pairs on the stage's stream, nothing captured. */
+static bool marks_create(model_stage *stage, int count, marked_round *out)
 {
     *out = (marked_round){.graph = {.stream = cuda_stage_stream(stage)},
                           .count = count};
@@ -158,11 +162,44 @@ static bool marked_round_capture(model_stage *stage, const stage_io *io,
     bool ok = out->marks != NULL;
     for (int i = 0; ok && i <= 2 * count; i++)
         ok = cudaEventCreate(&out->marks[i]) == cudaSuccess;
+    if (!ok)
+        marked_round_destroy(out);
+    return ok;
+}
+
+/* The forwards' share of the marked pairs' time, once they have run. */
+static int marks_share(const marked_round *m, double *share, pt_error *err)
+{
+    cudaError_t status = cudaSuccess;
+    double forwards_ms = 0.0;
+    for (int i = 0; i < m->count && status == cudaSuccess; i++) {
+        float ms = 0.0f;
+        status = cudaEventElapsedTime(&ms, m->marks[2 * i],
+                                      m->marks[2 * i + 1]);
+        forwards_ms += ms;
+    }
+    float whole_ms = 0.0f;
+    if (status == cudaSuccess)
+        status = cudaEventElapsedTime(&whole_ms, m->marks[0],
+                                      m->marks[2 * m->count]);
+    if (status != cudaSuccess)
+        return pt_fail(err, "profiler: reading the marks of a round: %s",
+                       cudaGetErrorString(status));
+    *share = whole_ms > 0.0f ? forwards_ms / whole_ms : 0.5;
+    return 0;
+}
+
+/* Captures the marked pairs and replays them once; false when they
+ * cannot be captured (the error cleared). */
+static bool marked_round_capture(model_stage *stage, const stage_io *io,
+                                 int count, marked_round *out)
+{
+    bool ok = marks_create(stage, count, out);
     cudaGraph_t graph = NULL;
     if (ok && cudaStreamBeginCapture(out->graph.stream,
                                      cudaStreamCaptureModeThreadLocal) ==
                   cudaSuccess) {
-        bool queued = marked_calls(stage, io, out);
+        bool queued = marked_calls(stage, io, out, cudaEventRecordExternal);
         ok = cudaStreamEndCapture(out->graph.stream, &graph) ==
                  cudaSuccess &&
              queued && graph != NULL &&
@@ -190,23 +227,10 @@ static int marked_round_share(const marked_round *m, double *share,
     cudaError_t status = cudaGraphLaunch(m->graph.exec, m->graph.stream);
     if (status == cudaSuccess)
         status = cudaStreamSynchronize(m->graph.stream);
-    double forwards_ms = 0.0, whole_ms = 0.0;
-    for (int i = 0; i < m->count && status == cudaSuccess; i++) {
-        float ms = 0.0f;
-        status = cudaEventElapsedTime(&ms, m->marks[2 * i],
-                                      m->marks[2 * i + 1]);
-        forwards_ms += ms;
-    }
-    float whole = 0.0f;
-    if (status == cudaSuccess)
-        status = cudaEventElapsedTime(&whole, m->marks[0],
-                                      m->marks[2 * m->count]);
-    whole_ms = whole;
     if (status != cudaSuccess)
-        return pt_fail(err, "profiler: timing a marked CUDA graph: %s",
+        return pt_fail(err, "profiler: replaying a marked CUDA graph: %s",
                        cudaGetErrorString(status));
-    *share = whole_ms > 0.0 ? forwards_ms / whole_ms : 0.5;
-    return 0;
+    return marks_share(m, share, err);
 }
 
 int profiler_graph_rounds(model_stage *stage, const stage_io *io, int count,
@@ -234,7 +258,145 @@ int profiler_graph_rounds(model_stage *stage, const stage_io *io, int count,
     marked_round_destroy(&marked);
     return status;
 }
+
+/* ------------------------------------------------------------ gated */
+
+/* The most kernels and copies a gated round queues: the stream holds its
+ * launches while the gate is shut, and a launch blocks once the stream's
+ * queue is full (about a thousand entries), which would wait for the gate
+ * the host opens only after its last launch. */
+#define GATED_NODES_MAX 256
+/* A gate the host failed to open in this time opens itself (the round is
+ * then refused and the part queued on the host clock). */
+#define GATE_TIMEOUT_S 10
+
+/* A host function on the stream that holds it until the host opens it. */
+typedef struct stream_gate {
+    pthread_mutex_t lock;
+    pthread_cond_t opened;
+    bool open;
+    bool timed_out;
+} stream_gate;
+
+static void CUDART_CB gate_hold(void *data)
+{
+    stream_gate *gate = data;
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += GATE_TIMEOUT_S;
+    pthread_mutex_lock(&gate->lock);
+    while (!gate->open && !gate->timed_out)
+        if (pthread_cond_timedwait(&gate->opened, &gate->lock, &deadline) ==
+            ETIMEDOUT)
+            gate->timed_out = true;
+    pthread_mutex_unlock(&gate->lock);
+}
+
+static void gate_open(stream_gate *gate)
+{
+    pthread_mutex_lock(&gate->lock);
+    gate->open = true;
+    pthread_cond_signal(&gate->opened);
+    pthread_mutex_unlock(&gate->lock);
+}
+
+/* The kernels and copies of one forward + backward pair, from a capture
+ * of it (not run); 0 when it cannot be captured. */
+static int pair_nodes(model_stage *stage, const stage_io *io)
+{
+    cudaStream_t stream = cuda_stage_stream(stage);
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    pt_error ignored = {{0}};
+    int queued = profiler_queue_calls(stage, io, true, 1, &ignored);
+    cudaGraph_t graph = NULL;
+    size_t nodes = 0;
+    bool ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess &&
+              queued == 0 && graph != NULL &&
+              cudaGraphGetNodes(graph, NULL, &nodes) == cudaSuccess;
+    if (graph != NULL)
+        cudaGraphDestroy(graph);
+    if (!ok)
+        (void)cudaGetLastError();
+    return ok ? (int)nodes : 0;
+}
+
+/* One gated round: `count` forwards (with_backward: forward + backward
+ * pairs) queued behind a shut gate, timed by events from its opening to
+ * the end; seconds per call. 1 when the gate opened itself (the host was
+ * held up). Forwards alone, not a share of the pairs as in a graph: gated
+ * forwards held within 3 % between processes where the share moved 4 %
+ * (docs/profiles.md, "Repeatable entries"). */
+static int gated_round(model_stage *stage, const stage_io *io,
+                       bool with_backward, int count, const graph_round *g,
+                       double *seconds, pt_error *err)
+{
+    stream_gate gate = {.open = false};
+    pthread_mutex_init(&gate.lock, NULL);
+    pthread_cond_init(&gate.opened, NULL);
+    cudaError_t status = cudaLaunchHostFunc(g->stream, gate_hold, &gate);
+    bool queued =
+        status == cudaSuccess &&
+        cudaEventRecord(g->start, g->stream) == cudaSuccess &&
+        profiler_queue_calls(stage, io, with_backward, count, err) == 0 &&
+        cudaEventRecord(g->end, g->stream) == cudaSuccess;
+    gate_open(&gate);
+    /* whatever failed, the stream drains before the gate goes away */
+    cudaError_t drained = cudaStreamSynchronize(g->stream);
+    pthread_cond_destroy(&gate.opened);
+    pthread_mutex_destroy(&gate.lock);
+    if (status != cudaSuccess || drained != cudaSuccess)
+        return pt_fail(err, "profiler: a gated round: %s",
+                       cudaGetErrorString(status != cudaSuccess ? status
+                                                                : drained));
+    float elapsed_ms = 0.0f;
+    if (!queued ||
+        cudaEventElapsedTime(&elapsed_ms, g->start, g->end) != cudaSuccess)
+        return pt_fail(err, "profiler: queueing or timing a gated round "
+                            "failed");
+    *seconds = elapsed_ms * 1e-3 / count;
+    return gate.timed_out ? 1 : 0;
+}
+
+int profiler_gated_rounds(model_stage *stage, const stage_io *io, int count,
+                          int rounds, double *forward, double *pair,
+                          pt_error *err)
+{
+    int nodes = pair_nodes(stage, io);
+    if (nodes < 1)
+        return 1;
+    int fit = GATED_NODES_MAX / nodes;
+    if (count > fit)
+        count = fit > 1 ? fit : 1;
+    graph_round g = {.stream = cuda_stage_stream(stage)};
+    if (cudaEventCreate(&g.start) != cudaSuccess ||
+        cudaEventCreate(&g.end) != cudaSuccess) {
+        graph_round_destroy(&g);
+        return pt_fail(err, "profiler: creating CUDA events");
+    }
+    int status = 0;
+    for (int r = 0; r < rounds && status == 0; r++) {
+        status = gated_round(stage, io, false, count, &g, &forward[r], err);
+        if (status == 0)
+            status = gated_round(stage, io, true, count, &g, &pair[r], err);
+    }
+    graph_round_destroy(&g);
+    return status;
+}
+
 #else
+int profiler_gated_rounds(model_stage *stage, const stage_io *io, int count,
+                          int rounds, double *forward, double *pair,
+                          pt_error *err)
+{
+    (void)stage, (void)io, (void)count, (void)rounds;
+    (void)forward, (void)pair, (void)err;
+    return 1;
+}
+
 int profiler_graph_rounds(model_stage *stage, const stage_io *io, int count,
                           int rounds, double *forward, double *pair,
                           pt_error *err)

@@ -1046,6 +1046,7 @@ profile-cpu)
   # --quick measures one set of stages; --stage-sets asks for more, and the
   # profile says how many its medians pool
   expect_in cpu.json '"stage_sets": 1'
+  expect_in cpu.json '"queued_parts": 27'
   run 0 partita profile --model in-tiny.json --backend cpu --quick --stage-sets 2 --tp 1 --mbs 1 -o cpu-sets.json
   expect_in cpu-sets.json '"stage_sets": 2'
   [ -z "$(ls -A | grep tmp)" ] || fail "temporary files left: $(ls -A)"
@@ -1125,6 +1126,8 @@ profile-bad)
   expect_in err.txt "need \-\-beside"
   run 2 partita profile --backend cpu --model in-tiny.json --sm-limit 16 --beside 16 --place x
   expect_in err.txt "\-\-place: expected a slice index"
+  run 2 partita profile --backend cpu --model in-tiny.json --timing fast
+  expect_in err.txt "\-\-timing: expected gated, graph or host, got 'fast'"
   run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 0
   expect_in err.txt "\-\-stage-sets: expected a number above 0"
   run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 2.5

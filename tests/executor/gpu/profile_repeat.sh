@@ -8,12 +8,11 @@
 # Usage: tests/executor/gpu/profile_repeat.sh BUILD_DIR [OUT_DIR]
 #   BUILD_DIR  a meson build made with -Dcuda=enabled
 # Environment: MODEL (default models/gpt2-124m.json, whose entries are
-# mostly under 0.5 ms), TP (1,2,4), MBS (1,2,4), TOLERANCE (3), GRAPH
-# (1: time the rounds as CUDA graphs, `partita profile --graph`, rather
-# than queued on the host clock; the embedding's always are), SETS (the
-# sets of stages, `partita profile --stage-sets`; default the profiler's).
-# Each run says how many parts were timed as CUDA graphs and how many
-# queued (provenance.runs).
+# mostly under 0.5 ms), TP (1,2,4), MBS (1,2,4), TOLERANCE (3), TIMING
+# (`partita profile --timing`: gated, the default, graph or host; GRAPH=1
+# is TIMING=graph), SETS (the sets of stages, `--stage-sets`; default the
+# profiler's). Each run says how many parts were timed each way
+# (provenance.runs).
 set -u
 build=$(cd "${1:?usage: profile_repeat.sh BUILD_DIR [OUT_DIR]}" && pwd)
 out=${2:-$build/profile-repeat}
@@ -33,18 +32,15 @@ for run in 1 2 3; do
     start=$SECONDS
     if ! "$partita" profile --model "$model" --tp "${TP:-1,2,4}" \
             --mbs "${MBS:-1,2,4}" --no-comm --gpu-name repeat \
-            ${GRAPH:+--graph} ${SETS:+--stage-sets "$SETS"} \
+            ${GRAPH:+--timing graph} ${TIMING:+--timing "$TIMING"} \
+            ${SETS:+--stage-sets "$SETS"} \
             -o "$out/run$run.json" >"$out/run$run.log" 2>"$out/run$run.err"; then
         echo "FAIL profile_repeat: run $run did not write a profile:"
         tail -5 "$out/run$run.err"
         exit 1
     fi
-    parts=$(sed -n 's/.*"graph_parts": *\([0-9]*\).*"queued_parts": *\([0-9]*\).*/\1 graphed, \2 queued/p' \
-        "$out/run$run.json" | head -1)
-    if [ -z "$parts" ]; then
-        parts=$(tr -d '\n ' <"$out/run$run.json" |
-            sed -n 's/.*"graph_parts":\([0-9]*\),"queued_parts":\([0-9]*\).*/\1 graphed, \2 queued/p')
-    fi
+    parts=$(tr -d '\n ' <"$out/run$run.json" |
+        sed -n 's/.*"gated_parts":\([0-9]*\),"graph_parts":\([0-9]*\),"queued_parts":\([0-9]*\).*/\1 gated, \2 graphed, \3 queued/p')
     echo "# run $run: $((SECONDS - start)) s, parts ${parts:-not counted} ($out/run$run.json)"
 done
 worst_line=""
