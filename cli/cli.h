@@ -54,6 +54,7 @@ typedef struct profile_arguments {
     const char *backend;        /* --backend: "cuda" or "cpu" */
     int sm_limit;               /* --sm-limit, 0: every SM */
     int stage_sets;             /* --stage-sets, 0: the default (5) */
+    int embedding_sets;         /* --embedding-sets, 0: --stage-sets' */
     const char *beside_list;    /* --beside: SMs of the busy neighbour
                                    slices, NULL: none */
     int beside_place;           /* --place: the measured slice's place in

@@ -5,6 +5,7 @@
  * `partita-exec` parses them again to measure (cli/profile_measure.c).
  */
 #include "cli/cli.h"
+#include "profiler/profiler.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -56,6 +57,9 @@ static void print_profile_help(void)
         "  --stage-sets N         make and measure the stages N times, each\n"
         "                         time in fresh memory; an entry is the\n"
         "                         median of every set's rounds (default 5)\n"
+        "  --embedding-sets N     the embedding's sets, N >= --stage-sets: its\n"
+        "                         stage alone made again for the rest (its\n"
+        "                         entries, microseconds, move the most)\n"
         "  --no-comm              skip the NCCL curves\n"
         "  --timing HOW           cuda: how the layer's and the head's rounds\n"
         "                         are timed: gated (default: queued behind a\n"
@@ -81,7 +85,7 @@ enum {
     OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
     OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_GRAPH, OPT_COMPARE, OPT_TOLERANCE,
     OPT_MISSING_ONLY, OPT_BESIDE, OPT_PLACE, OPT_IDLE_NEIGHBOURS,
-    OPT_STAGE_SETS, OPT_TIMING, OPT_HELP
+    OPT_STAGE_SETS, OPT_EMBEDDING_SETS, OPT_TIMING, OPT_HELP
 };
 
 int profile_bad_argument(const char *option, const char *expected,
@@ -139,13 +143,17 @@ static int apply_option(int option, const char *value, profile_arguments *a)
     }
     case OPT_COMPARE: a->compare = true; return 0;
     case OPT_STAGE_SETS:
-        if (parse_positive("--stage-sets", value, 16, &number) != 0)
+    case OPT_EMBEDDING_SETS: {
+        const char *name = option == OPT_STAGE_SETS ? "--stage-sets"
+                                                    : "--embedding-sets";
+        if (parse_positive(name, value, PROFILER_MAX_SETS, &number) != 0)
             return -1;
         if (number != floor(number))
-            return profile_bad_argument("--stage-sets", "a whole number, 1 to 16",
-                                        value);
-        a->stage_sets = (int)number;
+            return profile_bad_argument(name, "a whole number", value);
+        *(option == OPT_STAGE_SETS ? &a->stage_sets : &a->embedding_sets) =
+            (int)number;
         return 0;
+    }
     case OPT_SM_LIMIT:
         if (parse_positive("--sm-limit", value, 100000, &number) != 0)
             return -1;
@@ -181,6 +189,7 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"beside", required_argument, NULL, OPT_BESIDE},
         {"place", required_argument, NULL, OPT_PLACE},
         {"stage-sets", required_argument, NULL, OPT_STAGE_SETS},
+        {"embedding-sets", required_argument, NULL, OPT_EMBEDDING_SETS},
         {"timing", required_argument, NULL, OPT_TIMING},
         {"idle-neighbours", no_argument, NULL, OPT_IDLE_NEIGHBOURS},
         {"compare", no_argument, NULL, OPT_COMPARE},

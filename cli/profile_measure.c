@@ -131,6 +131,7 @@ static int build_options(const profile_arguments *a,
     }
     if (a->stage_sets > 0)
         options->stage_sets = a->stage_sets;
+    options->embedding_sets = a->embedding_sets;
     options->sm_limit = a->sm_limit;
     options->beside_place = a->beside_place;
     options->neighbours_idle = a->neighbours_idle;

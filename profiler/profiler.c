@@ -5,15 +5,18 @@
  * profiler/profiler.h states what is measured; docs/profiles.md
  * ("Measuring") how and why.
  *
- * The three parts are three stages run as a pipeline would run them, so
- * every part sees realistic data: the embedding's output feeds the layer,
- * the layer's the head; the head's input gradient feeds the layer's
- * backward, the layer's the embedding's. Each stage's input buffer is
+ * The three parts are three stages run as a pipeline would run them
+ * (profiler/part_chain.c), so every part sees realistic data: the
+ * embedding's output feeds the layer, the layer's the head; the head's
+ * input gradient feeds the layer's backward, the layer's the embedding's.
+ * Each stage's input buffer is
  * filled once (a copy) and then read in place, as a pipeline stage reads
  * the activation it received: the timed calls copy nothing a real stage
- * would not.
+ * would not. Here: the options, the device, the sets of stages and their
+ * rounds (profiler_graph.c times them on cuda), the busy neighbours.
  */
 #include "profiler/profiler.h"
+#include "profiler/part_chain.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -124,12 +127,19 @@ int profiler_options_check(const profiler_options *options, pt_error *err)
                        options->timed_runs, PROFILER_MAX_RUNS);
     if (!(options->device_warmup_s >= 0.0) || !(options->round_s >= 0.0))
         return pt_fail(err, "profiler: time budgets must be >= 0 s");
+    int most_sets = options->embedding_sets > options->stage_sets
+                        ? options->embedding_sets
+                        : options->stage_sets;
     if (options->timing_rounds < 1 || options->stage_sets < 1 ||
-        options->timing_rounds * options->stage_sets > PROFILER_MAX_RUNS)
+        options->timing_rounds * most_sets > PROFILER_MAX_RUNS)
         return pt_fail(err, "profiler: %d timing rounds of %d sets of "
                             "stages; expected 1 to %d rounds in all",
-                       options->timing_rounds, options->stage_sets,
-                       PROFILER_MAX_RUNS);
+                       options->timing_rounds, most_sets, PROFILER_MAX_RUNS);
+    if (options->embedding_sets != 0 &&
+        options->embedding_sets < options->stage_sets)
+        return pt_fail(err, "profiler: %d sets of the embedding, fewer "
+                            "than the %d sets of stages",
+                       options->embedding_sets, options->stage_sets);
     if (options->backend == BACKEND_CPU &&
         (options->sm_limit != 0 || options->memory_limit_bytes != 0.0))
         return pt_fail(err, "profiler: an SM limit or memory limit needs the "
@@ -294,244 +304,7 @@ static void close_device(const profiler_options *options)
 #endif
 }
 
-/* --------------------------------------------------------------- chain */
-
-/* The parts, each a stage, and the calls of one run in the order they
- * are made. */
-typedef enum chain_call {
-    EMBEDDING_FORWARD,
-    LAYER_FORWARD,
-    HEAD_FORWARD,
-    HEAD_BACKWARD,
-    LAYER_BACKWARD,
-    EMBEDDING_BACKWARD,
-    CHAIN_CALLS
-} chain_call;
-
-typedef struct part_chain {
-    model_stage embedding;
-    model_stage layer;
-    model_stage head;
-    int made;                    /* stages made, in the order above */
-    int capacity;                /* largest micro-batch */
-    uint32_t *tokens;            /* capacity x (seq + 1), host memory */
-} part_chain;
-
-static void chain_destroy(part_chain *chain)
-{
-    model_stage *stages[] = {&chain->embedding, &chain->layer, &chain->head};
-    for (int i = 0; i < chain->made; i++)
-        model_stage_destroy(stages[i]);
-    free(chain->tokens);
-    memset(chain, 0, sizeof *chain);
-}
-
-/* xorshift64: fast enough for the hundreds of millions of values a large
- * vocabulary needs (a normal draw per value takes minutes there). */
-static uint64_t next_random(uint64_t *state)
-{
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    return *state;
-}
-
-/* GPT-2-like values: norm weights 1, biases 0, everything else uniform
- * with standard deviation 0.02. Times depend on the values only through
- * power draw (zeros would run cooler, hence faster), not on their
- * distribution. */
-static int fill_parameters(model_stage *stage, uint64_t seed, pt_error *err)
-{
-    float *host = malloc((stage->param_count + 1) * sizeof *host);
-    if (host == NULL)
-        return pt_fail(err, "profiler: out of host memory for %zu "
-                            "parameters",
-                       stage->param_count);
-    uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int i = 0; i < stage->tensor_count; i++) {
-        const param_tensor *t = &stage->tensors[i];
-        bool is_bias = strstr(t->name, "_bias") != NULL;
-        bool is_norm_weight = !is_bias && t->rows == 1;
-        for (size_t k = 0; k < t->count; k++) {
-            float value = is_bias ? 0.0f : 1.0f;
-            if (!is_bias && !is_norm_weight) {
-                double unit = (double)(next_random(&state) >> 11) * 0x1p-53;
-                value = (float)((2.0 * unit - 1.0) * 1.7320508 * 0.02);
-            }
-            host[t->offset + k] = value;
-        }
-    }
-    int status = model_stage_write(stage, STAGE_PARAMS, host, err);
-    free(host);
-    return status;
-}
-
-static int make_stage(model_stage *out, const model_shape *shape,
-                      stage_spec spec, int tp, const profiler_options *o,
-                      int capacity, pt_error *err)
-{
-    spec.tp = tp;
-    spec.tp_rank = 0;
-    if (model_stage_create(out, shape, &spec, o->backend, capacity, 1,
-                           err) != 0)
-        return -1;
-    if ((tp > 1 && model_stage_attach_tp(out, NULL, NULL, err) != 0) ||
-        fill_parameters(out, o->seed + (uint64_t)spec.first_layer, err) !=
-            0) {
-        model_stage_destroy(out);
-        return -1;
-    }
-    return 0;
-}
-
-/* Fills each stage's input once, with the previous part's output at the
- * full capacity; the timed runs then read their inputs in place. */
-static int prime_chain(part_chain *chain, pt_error *err)
-{
-    stage_io io = {.mbs = chain->capacity, .tokens = chain->tokens,
-                   .loss_scale = 1.0f};
-    if (stage_forward(&chain->embedding, 0, &io, NULL, err) != 0)
-        return -1;
-    io.input = stage_output(&chain->embedding, 0);
-    if (stage_forward(&chain->layer, 0, &io, NULL, err) != 0)
-        return -1;
-    io.input = stage_output(&chain->layer, 0);
-    return stage_forward(&chain->head, 0, &io, NULL, err);
-}
-
-static int chain_create(part_chain *chain, const model_shape *shape, int tp,
-                        int capacity, const profiler_options *o,
-                        pt_error *err)
-{
-    memset(chain, 0, sizeof *chain);
-    chain->capacity = capacity;
-    size_t window = (size_t)shape->seq + 1;
-    chain->tokens = malloc((size_t)capacity * window * sizeof(uint32_t));
-    if (chain->tokens == NULL)
-        return pt_fail(err, "profiler: out of host memory for tokens");
-    uint64_t state = o->seed * 0xD1B54A32D192ED03ull + 7;
-    for (size_t i = 0; i < (size_t)capacity * window; i++)
-        chain->tokens[i] =
-            (uint32_t)(next_random(&state) % (uint64_t)shape->vocab);
-    stage_spec embedding = {.first_layer = 0, .last_layer = 0,
-                            .has_embedding = true};
-    stage_spec layer = {.first_layer = 0, .last_layer = 1};
-    stage_spec head = {.first_layer = shape->layers,
-                       .last_layer = shape->layers, .has_head = true};
-    const struct {
-        model_stage *stage;
-        stage_spec spec;
-        const char *name;
-    } parts[] = {{&chain->embedding, embedding, "embedding"},
-                 {&chain->layer, layer, "layer"},
-                 {&chain->head, head, "head"}};
-    for (int i = 0; i < 3; i++) {
-        if (make_stage(parts[i].stage, shape, parts[i].spec, tp, o, capacity,
-                       err) != 0) {
-            pt_error_prefix(err, "the %s stage", parts[i].name);
-            chain_destroy(chain);
-            return -1;
-        }
-        chain->made++;
-    }
-    if (prime_chain(chain, err) != 0) {
-        chain_destroy(chain);
-        return -1;
-    }
-    return 0;
-}
-
-/* One run of every call at micro-batch mbs, each timed; gradients are
- * zeroed first (untimed), as a training step would. */
-static int run_chain(part_chain *chain, int mbs, double seconds[CHAIN_CALLS],
-                     pt_error *err)
-{
-    model_stage *stages[] = {&chain->embedding, &chain->layer, &chain->head};
-    for (int i = 0; i < 3; i++)
-        if (stage_zero_grads(stages[i], err) != 0)
-            return -1;
-    stage_io embedding_io = {.mbs = mbs, .tokens = chain->tokens};
-    stage_io layer_io = {.mbs = mbs,
-                         .input = stage_input_buffer(&chain->layer, 0)};
-    stage_io head_io = {.mbs = mbs, .tokens = chain->tokens,
-                        .input = stage_input_buffer(&chain->head, 0),
-                        .loss_scale = 1.0f};
-    double start = pt_monotonic_seconds();
-    for (int call = 0; call < CHAIN_CALLS; call++) {
-        int status = 0;
-        switch ((chain_call)call) {
-        case EMBEDDING_FORWARD:
-            status = stage_forward(&chain->embedding, 0, &embedding_io, NULL,
-                                   err);
-            break;
-        case LAYER_FORWARD:
-            status = stage_forward(&chain->layer, 0, &layer_io, NULL, err);
-            break;
-        case HEAD_FORWARD:
-            status = stage_forward(&chain->head, 0, &head_io, NULL, err);
-            break;
-        case HEAD_BACKWARD:
-            status = stage_backward(&chain->head, 0, &head_io, err);
-            layer_io.output_grad = stage_input_grad(&chain->head);
-            break;
-        case LAYER_BACKWARD:
-            status = stage_backward(&chain->layer, 0, &layer_io, err);
-            embedding_io.output_grad = stage_input_grad(&chain->layer);
-            break;
-        case EMBEDDING_BACKWARD:
-            status = stage_backward(&chain->embedding, 0, &embedding_io, err);
-            break;
-        case CHAIN_CALLS:
-            break;
-        }
-        double end = pt_monotonic_seconds();
-        if (status != 0)
-            return -1;
-        seconds[call] = end - start;
-        start = end;
-    }
-    return 0;
-}
-
 /* ---------------------------------------------------------- measuring */
-
-/* ------------------------------------------------- back-to-back timing */
-
-/* The stage of one part and the io of its calls: the inputs are those
- * the last synchronous run left (the layer's input and the gradients
- * each part receives). */
-static model_stage *part_stage(part_chain *chain, int part, int mbs,
-                               stage_io *io)
-{
-    model_stage *stages[] = {&chain->embedding, &chain->layer, &chain->head};
-    *io = (stage_io){.mbs = mbs, .loss_scale = 1.0f};
-    if (part != 1)
-        io->tokens = chain->tokens;
-    if (part == 0)
-        io->output_grad = stage_input_grad(&chain->layer);
-    if (part == 1) {
-        io->input = stage_input_buffer(&chain->layer, 0);
-        io->output_grad = stage_input_grad(&chain->head);
-    }
-    if (part == 2)
-        io->input = stage_input_buffer(&chain->head, 0);
-    return stages[part];
-}
-
-/* The calls of one part, queued `count` times back to back and waited
- * for once: seconds per call on the host clock. */
-static int queued_seconds(part_chain *chain, int part, bool with_backward,
-                          int mbs, int count, double *out, pt_error *err)
-{
-    stage_io io;
-    model_stage *stage = part_stage(chain, part, mbs, &io);
-    double start = pt_monotonic_seconds();
-    if (profiler_queue_calls(stage, &io, with_backward, count, err) != 0 ||
-        stage_synchronize(stage, err) != 0)
-        return -1;
-    *out = (pt_monotonic_seconds() - start) / count;
-    return 0;
-}
 
 /* Calls a round of one part queues: enough for round_s at the part's
  * synchronous pace (call_s, forward plus backward), 1..PROFILER_MAX_QUEUED. */
@@ -548,7 +321,8 @@ static int calls_per_round(const profiler_options *o, double call_s)
 typedef struct point_rounds {
     double forward[3][PROFILER_MAX_RUNS];
     double backward[3][PROFILER_MAX_RUNS];
-    int count;
+    int count[3];                /* of each part: the embedding's sets may
+                                    be more */
 } point_rounds;
 
 /* How a part's rounds are timed: the cpu queues them on the host clock;
@@ -577,7 +351,7 @@ static int time_part(part_chain *chain, int part, int mbs, int count,
 {
     double forward[PROFILER_MAX_RUNS], pair[PROFILER_MAX_RUNS];
     stage_io io;
-    model_stage *stage = part_stage(chain, part, mbs, &io);
+    model_stage *stage = chain_part_stage(chain, part, mbs, &io);
     *timed = part_timing(o, part);
     int status = 1;
     if (*timed == PROFILER_TIMING_GRAPH)
@@ -589,24 +363,18 @@ static int time_part(part_chain *chain, int part, int mbs, int count,
     if (status == 1)
         *timed = PROFILER_TIMING_HOST;
     for (int r = 0; status == 1 && r < o->timing_rounds; r++)
-        if (queued_seconds(chain, part, false, mbs, count, &forward[r],
+        if (chain_queued_seconds(chain, part, false, mbs, count, &forward[r],
                            err) != 0 ||
-            queued_seconds(chain, part, true, mbs, count, &pair[r], err) != 0)
+            chain_queued_seconds(chain, part, true, mbs, count, &pair[r], err) != 0)
             return -1;
     if (status == -1)
         return -1;
-    memcpy(pool->forward[part] + pool->count, forward,
+    memcpy(pool->forward[part] + pool->count[part], forward,
            (size_t)o->timing_rounds * sizeof *forward);
     profiler_backward_rounds(forward, pair, o->timing_rounds,
-                             pool->backward[part] + pool->count);
+                             pool->backward[part] + pool->count[part]);
+    pool->count[part] += o->timing_rounds;
     return 0;
-}
-
-static void set_deferred(part_chain *chain, bool on)
-{
-    chain->embedding.defer_sync = on;
-    chain->layer.defer_sync = on;
-    chain->head.defer_sync = on;
 }
 
 /* Warm-up runs of the whole chain, synchronous (they leave every part's
@@ -621,14 +389,14 @@ static int measure_point(part_chain *chain, int mbs,
     double seconds[CHAIN_CALLS] = {0};
     int runs = o->warmup_runs > 0 ? o->warmup_runs : 1;
     for (int i = 0; i < runs; i++)
-        if (run_chain(chain, mbs, seconds, err) != 0)
+        if (chain_run(chain, mbs, seconds, err) != 0)
             return -1;
     const double call_s[3] = {
         seconds[EMBEDDING_FORWARD] + seconds[EMBEDDING_BACKWARD],
         seconds[LAYER_FORWARD] + seconds[LAYER_BACKWARD],
         seconds[HEAD_FORWARD] + seconds[HEAD_BACKWARD]};
-    bool first_set = pool->count == 0;
-    set_deferred(chain, true);
+    bool first_set = pool->count[1] == 0;
+    chain_set_deferred(chain, true);
     int status = 0;
     for (int part = 0; part < 3 && status == 0; part++) {
         int count = first_set ? calls_per_round(o, call_s[part])
@@ -640,9 +408,7 @@ static int measure_point(part_chain *chain, int mbs,
         if (first_set || timed == PROFILER_TIMING_HOST)
             out->timed[part] = timed;
     }
-    set_deferred(chain, false);
-    if (status == 0)
-        pool->count += o->timing_rounds;
+    chain_set_deferred(chain, false);
     return status;
 }
 
@@ -652,9 +418,9 @@ static void summarize_point(const point_rounds *pool, profiled_point *out)
     profiled_part *parts[3] = {&out->embedding, &out->layer, &out->head};
     for (int part = 0; part < 3; part++) {
         parts[part]->forward =
-            timing_summarize(pool->forward[part], pool->count);
+            timing_summarize(pool->forward[part], pool->count[part]);
         parts[part]->backward =
-            timing_summarize(pool->backward[part], pool->count);
+            timing_summarize(pool->backward[part], pool->count[part]);
     }
 }
 
@@ -665,7 +431,7 @@ static int warm_device(part_chain *chain, double warmup_s, pt_error *err)
     double seconds[CHAIN_CALLS];
     double until = pt_monotonic_seconds() + warmup_s;
     do {
-        if (run_chain(chain, chain->capacity, seconds, err) != 0)
+        if (chain_run(chain, chain->capacity, seconds, err) != 0)
             return -1;
     } while (pt_monotonic_seconds() < until);
     return 0;
@@ -760,9 +526,9 @@ static int neighbour_loop(neighbour *n, part_chain *chain)
 {
     adamw_config config = adamw_defaults();
     double seconds[CHAIN_CALLS], unused;
-    if (run_chain(chain, atomic_load(n->mbs), seconds, &n->err) != 0)
+    if (chain_run(chain, atomic_load(n->mbs), seconds, &n->err) != 0)
         return -1;
-    set_deferred(chain, true);
+    chain_set_deferred(chain, true);
     atomic_store(&n->state, 1);
     int status = 0;
     for (int phase = atomic_load(n->phase);
@@ -776,11 +542,11 @@ static int neighbour_loop(neighbour *n, part_chain *chain)
             if (status == 0)
                 status = stage_synchronize(&chain->layer, &n->err);
         } else {
-            status = queued_seconds(chain, 1, true, atomic_load(n->mbs), 4,
+            status = chain_queued_seconds(chain, 1, true, atomic_load(n->mbs), 4,
                                     &unused, &n->err);
         }
     }
-    set_deferred(chain, false);
+    chain_set_deferred(chain, false);
     return status;
 }
 
@@ -919,11 +685,56 @@ typedef struct tp_measurement {
     int measured;                /* points measurable: cut by a failure */
 } tp_measurement;
 
+/* The embedding's sets beyond the sets of stages (options->embedding_sets,
+ * spread over them): after set `set`, its stage made again in fresh
+ * memory, warmed up, and its rounds at every point added to the pools. */
+static int measure_embedding_sets(tp_measurement *m, int set,
+                                  const profiler_options *o,
+                                  measure_progress *progress, pt_error *err)
+{
+    int extra_total = o->embedding_sets - o->stage_sets;
+    if (extra_total <= 0 || m->measured == 0)
+        return 0;
+    int extra = (set + 1) * extra_total / o->stage_sets -
+                set * extra_total / o->stage_sets;
+    int warmups = o->warmup_runs > 0 ? o->warmup_runs : 1;
+    char label[400];
+    for (int k = 0; k < extra; k++) {
+        if (chain_remake_embedding(&m->chain, err) != 0)
+            return -1;
+        for (int i = 0; i < m->measured; i++) {
+            int mbs = o->mbs_values[i];
+            double unused = 0.0;
+            profiler_timing timed = PROFILER_TIMING_HOST;
+            atomic_store(&m->neighbours.mbs, mbs);
+            if (chain_queued_seconds(&m->chain, 0, true, mbs, warmups,
+                                     &unused, err) != 0)
+                return -1;
+            chain_set_deferred(&m->chain, true);
+            int status = time_part(&m->chain, 0, mbs,
+                                   m->points[i].calls_per_round[0], o,
+                                   &m->pools[i], &timed, err);
+            chain_set_deferred(&m->chain, false);
+            if (status != 0)
+                return -1;
+            if (timed == PROFILER_TIMING_HOST)
+                m->points[i].timed[0] = timed;
+        }
+        snprintf(label, sizeof label, "tp %d: the embedding made again (%d "
+                                      "of %d sets)",
+                 m->tp, m->pools[0].count[0] / o->timing_rounds,
+                 o->embedding_sets);
+        report(o, progress, 0, label, NULL);
+    }
+    return 0;
+}
+
 /* One set of stages: the device warmed up (2 s before the profile's first
  * point; a quarter of that after the host made a set, while the device
- * idled), then every point measurable. A point that fails in the first
- * set ends the tp there (larger micro-batches would fail too); in a later
- * set it is an error. The last set's points are summed up and reported. */
+ * idled), then every point measurable, then the embedding's extra sets.
+ * A point that fails in the first set ends the tp there (larger
+ * micro-batches would fail too); in a later set it is an error. After the
+ * last set the points are summed up and reported. */
 static int measure_set(tp_measurement *m, int set, const profiler_options *o,
                        profiler_result *out, measure_progress *progress,
                        pt_error *err)
@@ -949,16 +760,19 @@ static int measure_set(tp_measurement *m, int set, const profiler_options *o,
             m->measured = i;
             break;
         }
-        if (!last_set) {
-            snprintf(label, sizeof label, "tp %d, micro-batch %d, set %d of "
-                                          "%d",
-                     m->tp, mbs, set + 1, o->stage_sets);
-            report(o, progress, 1, label, NULL);
+        if (last_set)
             continue;
-        }
+        snprintf(label, sizeof label, "tp %d, micro-batch %d, set %d of %d",
+                 m->tp, mbs, set + 1, o->stage_sets);
+        report(o, progress, 1, label, NULL);
+    }
+    if (measure_embedding_sets(m, set, o, progress, err) != 0)
+        return -1;
+    for (int i = 0; last_set && i < m->measured; i++) {
         summarize_point(&m->pools[i], &m->points[i]);
         out->point_count++;
-        snprintf(label, sizeof label, "tp %d, micro-batch %d", m->tp, mbs);
+        snprintf(label, sizeof label, "tp %d, micro-batch %d", m->tp,
+                 o->mbs_values[i]);
         report(o, progress, 1, label, &m->points[i]);
     }
     return 0;

@@ -39,6 +39,8 @@
  * of stages together; timing_summarize sorts a copy of this size on the
  * stack. */
 #define PROFILER_MAX_RUNS 256
+/* The most sets of stages (or of the embedding) a measurement makes. */
+#define PROFILER_MAX_SETS 64
 
 /* A timed quantity: the median of its timed runs and their spread,
  * (third quartile - first quartile) / median (quartiles by linear
@@ -165,6 +167,11 @@ typedef struct profiler_options {
                                     (a set's buffers land elsewhere in
                                     memory, and small entries move with
                                     them; docs/profiles.md) */
+    int embedding_sets;          /* the embedding's sets: stage_sets, plus
+                                    its stage made again in fresh memory
+                                    for the rest (its entries move most
+                                    with their buffers' place); 0:
+                                    stage_sets */
     double round_s;              /* a round lasts about this long: calls
                                     queued in it, 1 to PROFILER_MAX_QUEUED */
     profiler_timing timing;      /* cuda: how the layer's and the head's

@@ -1049,6 +1049,10 @@ profile-cpu)
   expect_in cpu.json '"queued_parts": 27'
   run 0 partita profile --model in-tiny.json --backend cpu --quick --stage-sets 2 --tp 1 --mbs 1 -o cpu-sets.json
   expect_in cpu-sets.json '"stage_sets": 2'
+  expect_in cpu-sets.json '"embedding_sets": 2'
+  run 0 partita profile --model in-tiny.json --backend cpu --quick --stage-sets 2 --embedding-sets 4 --tp 1 --mbs 1 -o cpu-esets.json
+  expect_in cpu-esets.json '"embedding_sets": 4'
+  expect_in err.txt "the embedding made again (4 of 4 sets)"
   [ -z "$(ls -A | grep tmp)" ] || fail "temporary files left: $(ls -A)"
   cat >in-box.json <<JSON
 { "name": "cpu-box", "nodes": [
@@ -1128,6 +1132,10 @@ profile-bad)
   expect_in err.txt "\-\-place: expected a slice index"
   run 2 partita profile --backend cpu --model in-tiny.json --timing fast
   expect_in err.txt "\-\-timing: expected gated, graph or host, got 'fast'"
+  run 2 partita profile --backend cpu --model in-tiny.json --embedding-sets 0
+  expect_in err.txt "\-\-embedding-sets: expected a number above 0"
+  run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 3 --embedding-sets 2
+  expect_in err.txt "2 sets of the embedding, fewer than the 3 sets of stages"
   run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 0
   expect_in err.txt "\-\-stage-sets: expected a number above 0"
   run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 2.5

@@ -104,6 +104,15 @@ static void test_option_checks(void **state)
     expect_refused(&bad, "17 timing rounds of 16 sets of stages");
     bad.timing_rounds = 16;
     assert_int_equal(profiler_options_check(&bad, &err), 0);
+    /* the embedding's sets: none (as many as the stages') or at least
+     * the stages' */
+    bad = options;
+    bad.embedding_sets = bad.stage_sets - 1;
+    expect_refused(&bad, "fewer than the 5 sets of stages");
+    bad.embedding_sets = 52;
+    expect_refused(&bad, "5 timing rounds of 52 sets");
+    bad.embedding_sets = 51;
+    assert_int_equal(profiler_options_check(&bad, &err), 0);
     /* busy neighbours need a measured slice, on the cuda backend */
     profiler_options cuda = profiler_options_defaults(BACKEND_CUDA);
     cuda.beside_count = 1;
@@ -282,6 +291,32 @@ static void test_sets_of_stages_pool_their_rounds(void **state)
     test_free(result);
 }
 
+/* Two sets of stages and five of the embedding: the embedding's entries
+ * pool 5 x 3 rounds (its stage made again three times), the layer's and
+ * the head's 2 x 3; the progress counts the sets of stages only. */
+static void test_embedding_made_again_for_its_sets(void **state)
+{
+    (void)state;
+    progress_log log = {0};
+    profiler_options options = tiny_options((int[]){1, 2}, 2, &log);
+    options.stage_sets = 2;
+    options.embedding_sets = 5;
+    profiler_result *result = measure_tiny(&options);
+    assert_int_equal(result->point_count, 4);
+    for (int i = 0; i < 4; i++) {
+        const profiled_point *p = &result->points[i];
+        assert_int_equal(p->embedding.forward.runs, 15);
+        assert_int_equal(p->embedding.backward.runs, 15);
+        assert_true(p->embedding.forward.median_s > 0.0);
+        assert_int_equal(p->layer.forward.runs, 6);
+        assert_int_equal(p->head.backward.runs, 6);
+    }
+    assert_int_equal(log.total, 2 * 2 * 2 + 1);
+    assert_int_equal(log.last_done, log.total);
+    assert_int_equal(log.points, 4);
+    test_free(result);
+}
+
 static void test_comm_needs_nccl_and_two_gpus(void **state)
 {
     (void)state;
@@ -308,6 +343,7 @@ int main(void)
         cmocka_unit_test(test_default_gpu_names),
         cmocka_unit_test(test_tiny_model_on_cpu),
         cmocka_unit_test(test_sets_of_stages_pool_their_rounds),
+        cmocka_unit_test(test_embedding_made_again_for_its_sets),
         cmocka_unit_test(test_comm_needs_nccl_and_two_gpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

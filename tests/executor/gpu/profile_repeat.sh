@@ -11,8 +11,8 @@
 # mostly under 0.5 ms), TP (1,2,4), MBS (1,2,4), TOLERANCE (3), TIMING
 # (`partita profile --timing`: gated, the default, graph or host; GRAPH=1
 # is TIMING=graph), SETS (the sets of stages, `--stage-sets`; default the
-# profiler's). Each run says how many parts were timed each way
-# (provenance.runs).
+# profiler's), ESETS (the embedding's, `--embedding-sets`). Each run says
+# how many parts were timed each way (provenance.runs).
 set -u
 build=$(cd "${1:?usage: profile_repeat.sh BUILD_DIR [OUT_DIR]}" && pwd)
 out=${2:-$build/profile-repeat}
@@ -33,7 +33,7 @@ for run in 1 2 3; do
     if ! "$partita" profile --model "$model" --tp "${TP:-1,2,4}" \
             --mbs "${MBS:-1,2,4}" --no-comm --gpu-name repeat \
             ${GRAPH:+--timing graph} ${TIMING:+--timing "$TIMING"} \
-            ${SETS:+--stage-sets "$SETS"} \
+            ${SETS:+--stage-sets "$SETS"} ${ESETS:+--embedding-sets "$ESETS"} \
             -o "$out/run$run.json" >"$out/run$run.log" 2>"$out/run$run.err"; then
         echo "FAIL profile_repeat: run $run did not write a profile:"
         tail -5 "$out/run$run.err"

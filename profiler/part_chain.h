@@ -1,0 +1,68 @@
+/*
+ * The profiler's part chain: the embedding, one transformer layer and the
+ * head of a model, made as three stages of a pipeline (the embedding's
+ * output feeds the layer, the layer's the head; the head's input gradient
+ * feeds the layer's backward, the layer's the embedding's), so that every
+ * part the profiler times sees realistic data. Owned by profiler.c, which
+ * makes a chain per set of stages and per busy neighbour.
+ */
+#ifndef PARTITA_PROFILER_PART_CHAIN_H
+#define PARTITA_PROFILER_PART_CHAIN_H
+
+#include "profiler/profiler.h"
+
+/* The parts, each a stage, and the calls of one run in the order they
+ * are made. */
+typedef enum chain_call {
+    EMBEDDING_FORWARD,
+    LAYER_FORWARD,
+    HEAD_FORWARD,
+    HEAD_BACKWARD,
+    LAYER_BACKWARD,
+    EMBEDDING_BACKWARD,
+    CHAIN_CALLS
+} chain_call;
+
+typedef struct part_chain {
+    model_stage embedding;
+    model_stage layer;
+    model_stage head;
+    int made;                    /* stages made, in the order above */
+    int capacity;                /* largest micro-batch */
+    const model_shape *shape;    /* what it was made of, for a remake */
+    int tp;
+    const profiler_options *options;
+    uint32_t *tokens;            /* capacity x (seq + 1), host memory */
+} part_chain;
+
+/* Makes the three stages for micro-batches up to capacity, with
+ * parameters from o->seed, and fills each stage's input once (the
+ * previous part's output at the capacity). On failure nothing is left. */
+int chain_create(part_chain *chain, const model_shape *shape, int tp,
+                 int capacity, const profiler_options *o, pt_error *err);
+void chain_destroy(part_chain *chain);
+
+/* The embedding stage made again, in fresh memory (the new one is made
+ * before the old one goes), with the same parameters; its input gradient
+ * is the layer's, as before. On failure the old one stays. */
+int chain_remake_embedding(part_chain *chain, pt_error *err);
+
+/* One synchronous run of every call at micro-batch mbs, each timed on the
+ * host clock into seconds[] (gradients zeroed first, untimed). */
+int chain_run(part_chain *chain, int mbs, double seconds[CHAIN_CALLS],
+              pt_error *err);
+
+/* The stage of part 0 (embedding), 1 (layer) or 2 (head) and the io of
+ * its calls at micro-batch mbs: the inputs the last run left in place. */
+model_stage *chain_part_stage(part_chain *chain, int part, int mbs,
+                              stage_io *io);
+
+/* A part's calls queued `count` times back to back and waited for once:
+ * seconds per call on the host clock. */
+int chain_queued_seconds(part_chain *chain, int part, bool with_backward,
+                         int mbs, int count, double *out, pt_error *err);
+
+/* Every stage's defer_sync: calls return once queued. */
+void chain_set_deferred(part_chain *chain, bool on);
+
+#endif
