@@ -55,13 +55,12 @@ static void graph_round_destroy(graph_round *g)
     *g = (graph_round){0};
 }
 
-/* Captures `count` calls and replays them once (the first launch uploads
- * the graph). false when the calls cannot be captured (a call that
- * synchronises, a library that refuses the capture); the error is
- * cleared and the caller queues them instead. */
+/* Captures `count` forward + backward pairs and replays them once (the
+ * first launch uploads the graph). false when the calls cannot be
+ * captured (a call that synchronises, a library that refuses the
+ * capture); the error is cleared and the caller queues them instead. */
 static bool graph_round_capture(model_stage *stage, const stage_io *io,
-                                bool with_backward, int count,
-                                graph_round *out)
+                                int count, graph_round *out)
 {
     pt_error ignored = {{0}};
     *out = (graph_round){.stream = cuda_stage_stream(stage)};
@@ -71,8 +70,7 @@ static bool graph_round_capture(model_stage *stage, const stage_io *io,
         (void)cudaGetLastError();
         return false;
     }
-    int queued =
-        profiler_queue_calls(stage, io, with_backward, count, &ignored);
+    int queued = profiler_queue_calls(stage, io, true, count, &ignored);
     cudaGraph_t graph = NULL;
     bool ok = cudaStreamEndCapture(out->stream, &graph) == cudaSuccess &&
               queued == 0 && graph != NULL &&
@@ -239,7 +237,7 @@ int profiler_graph_rounds(model_stage *stage, const stage_io *io, int count,
 {
     graph_round pairs;
     marked_round marked;
-    if (!graph_round_capture(stage, io, true, count, &pairs))
+    if (!graph_round_capture(stage, io, count, &pairs))
         return 1;
     if (!marked_round_capture(stage, io, count, &marked)) {
         graph_round_destroy(&pairs);
