@@ -55,32 +55,49 @@ static void graph_round_destroy(graph_round *g)
     *g = (graph_round){0};
 }
 
-/* Captures `count` forward + backward pairs and replays them once (the
- * first launch uploads the graph). false when the calls cannot be
- * captured (a call that synchronises, a library that refuses the
- * capture); the error is cleared and the caller queues them instead. */
+/* Begins a thread-local capture on the stream; false (the error cleared)
+ * when it cannot. */
+static bool capture_begin(cudaStream_t stream)
+{
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) ==
+        cudaSuccess)
+        return true;
+    (void)cudaGetLastError();
+    return false;
+}
+
+/* Ends the capture on g->stream and, when the calls went in (`queued`),
+ * instantiates the graph into g->exec and replays it once (the first
+ * launch uploads it). false, the error cleared, when any of it fails. */
+static bool capture_end_and_run(graph_round *g, bool queued)
+{
+    cudaGraph_t graph = NULL;
+    bool ok = cudaStreamEndCapture(g->stream, &graph) == cudaSuccess &&
+              queued && graph != NULL &&
+              cudaGraphInstantiate(&g->exec, graph, 0) == cudaSuccess &&
+              cudaGraphLaunch(g->exec, g->stream) == cudaSuccess &&
+              cudaStreamSynchronize(g->stream) == cudaSuccess;
+    if (graph != NULL)
+        cudaGraphDestroy(graph);
+    if (!ok)
+        (void)cudaGetLastError();
+    return ok;
+}
+
+/* Captures `count` forward + backward pairs and replays them once. false
+ * when the calls cannot be captured (a call that synchronises, a library
+ * that refuses the capture); the caller queues them instead. */
 static bool graph_round_capture(model_stage *stage, const stage_io *io,
                                 int count, graph_round *out)
 {
     pt_error ignored = {{0}};
     *out = (graph_round){.stream = cuda_stage_stream(stage)};
-    if (cudaStreamBeginCapture(out->stream,
-                               cudaStreamCaptureModeThreadLocal) !=
-        cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    int queued = profiler_queue_calls(stage, io, true, count, &ignored);
-    cudaGraph_t graph = NULL;
-    bool ok = cudaStreamEndCapture(out->stream, &graph) == cudaSuccess &&
-              queued == 0 && graph != NULL &&
-              cudaGraphInstantiate(&out->exec, graph, 0) == cudaSuccess &&
-              cudaEventCreate(&out->start) == cudaSuccess &&
+    bool ok = cudaEventCreate(&out->start) == cudaSuccess &&
               cudaEventCreate(&out->end) == cudaSuccess &&
-              cudaGraphLaunch(out->exec, out->stream) == cudaSuccess &&
-              cudaStreamSynchronize(out->stream) == cudaSuccess;
-    if (graph != NULL)
-        cudaGraphDestroy(graph);
+              capture_begin(out->stream);
+    if (ok)
+        ok = capture_end_and_run(
+            out, profiler_queue_calls(stage, io, true, count, &ignored) == 0);
     if (!ok) {
         (void)cudaGetLastError();
         graph_round_destroy(out);
@@ -193,28 +210,14 @@ static bool marked_round_capture(model_stage *stage, const stage_io *io,
                                  int count, marked_round *out)
 {
     bool ok = marks_create(stage, count, out);
-    cudaGraph_t graph = NULL;
-    if (ok && cudaStreamBeginCapture(out->graph.stream,
-                                     cudaStreamCaptureModeThreadLocal) ==
-                  cudaSuccess) {
-        bool queued = marked_calls(stage, io, out, cudaEventRecordExternal);
-        ok = cudaStreamEndCapture(out->graph.stream, &graph) ==
-                 cudaSuccess &&
-             queued && graph != NULL &&
-             cudaGraphInstantiate(&out->graph.exec, graph, 0) ==
-                 cudaSuccess &&
-             cudaGraphLaunch(out->graph.exec, out->graph.stream) ==
-                 cudaSuccess &&
-             cudaStreamSynchronize(out->graph.stream) == cudaSuccess;
-    } else {
+    if (ok && capture_begin(out->graph.stream))
+        ok = capture_end_and_run(
+            &out->graph,
+            marked_calls(stage, io, out, cudaEventRecordExternal));
+    else
         ok = false;
-    }
-    if (graph != NULL)
-        cudaGraphDestroy(graph);
-    if (!ok) {
-        (void)cudaGetLastError();
+    if (!ok)
         marked_round_destroy(out);
-    }
     return ok;
 }
 
@@ -303,11 +306,8 @@ static void gate_open(stream_gate *gate)
 static int pair_nodes(model_stage *stage, const stage_io *io)
 {
     cudaStream_t stream = cuda_stage_stream(stage);
-    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) !=
-        cudaSuccess) {
-        (void)cudaGetLastError();
+    if (!capture_begin(stream))
         return 0;
-    }
     pt_error ignored = {{0}};
     int queued = profiler_queue_calls(stage, io, true, 1, &ignored);
     cudaGraph_t graph = NULL;
