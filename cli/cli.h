@@ -53,8 +53,11 @@ typedef struct profile_arguments {
     const char *output;         /* -o, NULL: <gpu>.json */
     const char *backend;        /* --backend: "cuda" or "cpu" */
     int sm_limit;               /* --sm-limit, 0: every SM */
-    int stage_sets;             /* --stage-sets, 0: the default (5) */
-    int embedding_sets;         /* --embedding-sets, 0: --stage-sets' */
+    int stage_sets;             /* --stage-sets, 0: the default (1) */
+    int embedding_sets;         /* --embedding-sets, 0: the default (4,
+                                   or --stage-sets' when more) */
+    int processes;              /* --processes, 0: the default (8 on
+                                   cuda, 1 on the cpu and --quick) */
     const char *beside_list;    /* --beside: SMs of the busy neighbour
                                    slices, NULL: none */
     int beside_place;           /* --place: the measured slice's place in

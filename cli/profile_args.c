@@ -53,13 +53,18 @@ static void print_profile_help(void)
         "  --mbs LIST             micro-batch sizes (1,2,4,8,16)\n"
         "  --backend NAME         cuda (default) or cpu (slow: tiny models)\n"
         "  --quick                fewer runs per point, one set of stages,\n"
-        "                         no device warm-up\n"
-        "  --stage-sets N         make and measure the stages N times, each\n"
-        "                         time in fresh memory; an entry is the\n"
-        "                         median of every set's rounds (default 5)\n"
+        "                         one process, no device warm-up\n"
+        "  --processes N          measure in N fresh processes, one after\n"
+        "                         the other; an entry is the mean of theirs\n"
+        "                         (default 8 on cuda, 1 on the cpu)\n"
+        "  --stage-sets N         in each process, make and measure the\n"
+        "                         stages N times, each time in fresh memory;\n"
+        "                         its entry is the median of every set's\n"
+        "                         rounds (default 1)\n"
         "  --embedding-sets N     the embedding's sets, N >= --stage-sets: its\n"
         "                         stage alone made again for the rest (its\n"
-        "                         entries, microseconds, move the most)\n"
+        "                         entries, microseconds, move the most;\n"
+        "                         default 4)\n"
         "  --no-comm              skip the NCCL curves\n"
         "  --timing HOW           cuda: how the layer's and the head's rounds\n"
         "                         are timed: gated (default: queued behind a\n"
@@ -85,7 +90,7 @@ enum {
     OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
     OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_GRAPH, OPT_COMPARE, OPT_TOLERANCE,
     OPT_MISSING_ONLY, OPT_BESIDE, OPT_PLACE, OPT_IDLE_NEIGHBOURS,
-    OPT_STAGE_SETS, OPT_EMBEDDING_SETS, OPT_TIMING, OPT_HELP
+    OPT_STAGE_SETS, OPT_EMBEDDING_SETS, OPT_PROCESSES, OPT_TIMING, OPT_HELP
 };
 
 int profile_bad_argument(const char *option, const char *expected,
@@ -143,15 +148,20 @@ static int apply_option(int option, const char *value, profile_arguments *a)
     }
     case OPT_COMPARE: a->compare = true; return 0;
     case OPT_STAGE_SETS:
-    case OPT_EMBEDDING_SETS: {
-        const char *name = option == OPT_STAGE_SETS ? "--stage-sets"
-                                                    : "--embedding-sets";
-        if (parse_positive(name, value, PROFILER_MAX_SETS, &number) != 0)
+    case OPT_EMBEDDING_SETS:
+    case OPT_PROCESSES: {
+        const char *name = option == OPT_STAGE_SETS       ? "--stage-sets"
+                           : option == OPT_EMBEDDING_SETS ? "--embedding-sets"
+                                                          : "--processes";
+        double most = option == OPT_PROCESSES ? PROFILER_MAX_PROCESSES
+                                              : PROFILER_MAX_SETS;
+        if (parse_positive(name, value, most, &number) != 0)
             return -1;
         if (number != floor(number))
             return profile_bad_argument(name, "a whole number", value);
-        *(option == OPT_STAGE_SETS ? &a->stage_sets : &a->embedding_sets) =
-            (int)number;
+        *(option == OPT_STAGE_SETS       ? &a->stage_sets
+          : option == OPT_EMBEDDING_SETS ? &a->embedding_sets
+                                         : &a->processes) = (int)number;
         return 0;
     }
     case OPT_SM_LIMIT:
@@ -190,6 +200,7 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"place", required_argument, NULL, OPT_PLACE},
         {"stage-sets", required_argument, NULL, OPT_STAGE_SETS},
         {"embedding-sets", required_argument, NULL, OPT_EMBEDDING_SETS},
+        {"processes", required_argument, NULL, OPT_PROCESSES},
         {"timing", required_argument, NULL, OPT_TIMING},
         {"idle-neighbours", no_argument, NULL, OPT_IDLE_NEIGHBOURS},
         {"compare", no_argument, NULL, OPT_COMPARE},

@@ -131,7 +131,12 @@ static int build_options(const profile_arguments *a,
     }
     if (a->stage_sets > 0)
         options->stage_sets = a->stage_sets;
-    options->embedding_sets = a->embedding_sets;
+    if (a->embedding_sets > 0)
+        options->embedding_sets = a->embedding_sets;
+    else if (options->embedding_sets < options->stage_sets)
+        options->embedding_sets = 0; /* as many as the stages' */
+    if (a->processes > 0)
+        options->processes = a->processes;
     options->sm_limit = a->sm_limit;
     options->beside_place = a->beside_place;
     options->neighbours_idle = a->neighbours_idle;
@@ -281,7 +286,8 @@ static int measure_all(const profile_arguments *a,
         pt_error err = {{0}};
         if (model_count > 1)
             fprintf(stderr, "# model %s\n", shapes[m].name);
-        if (profiler_measure(&shapes[m], options, &results[m], &err) != 0) {
+        if (profiler_measure_processes(&shapes[m], options, &results[m],
+                                       &err) != 0) {
             fprintf(stderr, "partita profile: %s: %s\n", shapes[m].name,
                     err.message);
             return -1;
@@ -496,8 +502,8 @@ static int measure_missing(profile_arguments *a, int argc, char **argv)
         for (int i = 0; i < per_model[m].tp_count; i++)
             fprintf(stderr, " %d", per_model[m].tp_values[i]);
         fprintf(stderr, " missing from %s\n", a->output);
-        if (profiler_measure(&wanted[m], &per_model[m], &results[m],
-                             &err) != 0) {
+        if (profiler_measure_processes(&wanted[m], &per_model[m],
+                                       &results[m], &err) != 0) {
             fprintf(stderr, "partita profile: %s: %s\n", wanted[m].name,
                     err.message);
             status = EXIT_FAILURE_RUN;

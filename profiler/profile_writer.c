@@ -124,6 +124,7 @@ static json_t *runs_provenance(const profiler_writeup *ctx, int *failures)
     json_put(obj, "timed_max", json_integer(r->runs_timed_max), failures);
     json_put(obj, "timed_min", json_integer(r->runs_timed_min), failures);
     json_put(obj, "rounds", json_integer(o->timing_rounds), failures);
+    json_put(obj, "processes", json_integer(o->processes), failures);
     json_put(obj, "stage_sets", json_integer(o->stage_sets), failures);
     json_put(obj, "embedding_sets",
              json_integer(o->embedding_sets > o->stage_sets
@@ -252,18 +253,20 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
                     "computed alone, without the tp all-reduces"),
         failures);
     json_put(obj, "statistic",
-             json_string("median over the runs.rounds rounds of each of "
-                         "runs.stage_sets sets of stages, made one after "
-                         "the other in fresh memory (the embedding: of "
+             json_string("mean over runs.processes processes, made one "
+                         "after the other, of each one's median over the "
+                         "runs.rounds rounds of each of runs.stage_sets "
+                         "sets of stages, made one after the other in "
+                         "fresh memory (the embedding: of "
                          "runs.embedding_sets, its stage made again for "
                          "the sets beyond; the AdamW step: its runs.rounds "
                          "rounds on the first set; a curve: its timed "
-                         "runs)"),
+                         "runs, in this process)"),
              failures);
     json_put(obj, "spread",
         json_string("forward_spread, backward_spread, spread: interquartile "
                     "range of the rounds (of a curve: its timed runs) over "
-                    "their median"),
+                    "their median, the largest of the processes'"),
         failures);
     json_put(obj, "runs", runs_provenance(ctx, failures), failures);
     json_put(obj, "optimizer", optimizer_provenance(r, failures), failures);

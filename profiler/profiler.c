@@ -68,7 +68,11 @@ profiler_options profiler_options_defaults(backend_kind backend)
         .min_timed_runs = 7,
         .device_warmup_s = 2.0,
         .timing_rounds = 5,
-        .stage_sets = 5,
+        /* 8 processes of one set each (the embedding 4): docs/profiles.md,
+         * "Processes" */
+        .stage_sets = 1,
+        .embedding_sets = 4,
+        .processes = backend == BACKEND_CUDA ? 8 : 1,
         .round_s = 0.01,
         .timing = PROFILER_TIMING_GATED,
         .seed = 1234,
@@ -84,6 +88,8 @@ void profiler_options_quick(profiler_options *options)
     options->device_warmup_s = 0.0;
     options->timing_rounds = 3;
     options->stage_sets = 1;
+    options->embedding_sets = 0;
+    options->processes = 1;
     options->round_s = 0.0;
 }
 
@@ -140,6 +146,9 @@ int profiler_options_check(const profiler_options *options, pt_error *err)
         return pt_fail(err, "profiler: %d sets of the embedding, fewer "
                             "than the %d sets of stages",
                        options->embedding_sets, options->stage_sets);
+    if (options->processes < 1 || options->processes > PROFILER_MAX_PROCESSES)
+        return pt_fail(err, "profiler: %d processes; expected 1 to %d",
+                       options->processes, PROFILER_MAX_PROCESSES);
     if (options->backend == BACKEND_CPU &&
         (options->sm_limit != 0 || options->memory_limit_bytes != 0.0))
         return pt_fail(err, "profiler: an SM limit or memory limit needs the "

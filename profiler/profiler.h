@@ -19,10 +19,13 @@
  * every micro-batch of a list that fits in memory. Warm-up runs of the
  * three parts first (forward then backward, each call synchronous); then
  * each part timed back to back: rounds of calls queued without
- * synchronising (stage defer_sync), host clock from the first call to the
- * end of the stage's stream over the calls, forwards alone and forward +
- * backward pairs; a time is the median over the rounds, its spread their
- * interquartile range over the median. Plus the AdamW step
+ * synchronising (stage defer_sync), forwards alone and forward +
+ * backward pairs, timed on the device on cuda (gated or graphed rounds,
+ * profiler_graph.c), else on the host clock from the first call to the
+ * end of the stage's stream; a time is the median over the rounds, its spread their
+ * interquartile range over the median; on cuda the whole measurement is
+ * made in several fresh processes and each time is the mean of theirs
+ * (profiler/processes.c). Plus the AdamW step
  * per parameter and, built with NCCL and given two GPUs, all-reduce and
  * send/recv curves. Backend-agnostic except the device handling: on the
  * cpu backend it runs (slowly) on a tiny model, which is how CI tests it.
@@ -41,6 +44,8 @@
 #define PROFILER_MAX_RUNS 256
 /* The most sets of stages (or of the embedding) a measurement makes. */
 #define PROFILER_MAX_SETS 64
+/* The most processes a measurement is repeated in. */
+#define PROFILER_MAX_PROCESSES 16
 
 /* A timed quantity: the median of its timed runs and their spread,
  * (third quartile - first quartile) / median (quartiles by linear
@@ -172,6 +177,12 @@ typedef struct profiler_options {
                                     for the rest (its entries move most
                                     with their buffers' place); 0:
                                     stage_sets */
+    int processes;               /* the measurement made in this many
+                                    fresh processes, one after the other,
+                                    each entry the mean of theirs
+                                    (profiler_measure_processes: a small
+                                    entry's level moves from process to
+                                    process); 1: in this process */
     double round_s;              /* a round lasts about this long: calls
                                     queued in it, 1 to PROFILER_MAX_QUEUED */
     profiler_timing timing;      /* cuda: how the layer's and the head's
@@ -185,13 +196,14 @@ typedef struct profiler_options {
 } profiler_options;
 
 /* The full measurement: tp 1, 2, 4, 8, micro-batches 1, 2, 4, 8, 16,
- * 5 sets of stages, each with 5 warm-up runs per point, then 5 rounds of
- * about 10 ms a part and direction (the AdamW step alike, on the first
- * set), 2 s of device warm-up (0.5 s before each later set); 7 to 256
- * timed runs of a communication size. */
+ * in 8 processes on cuda (1 on the cpu), each with 1 set of stages (the
+ * embedding 4), 5 warm-up runs per point, then 5 rounds of about 10 ms a
+ * part and direction (the AdamW step alike, on the first set), 2 s of
+ * device warm-up (0.5 s before each later set); 7 to 256 timed runs of a
+ * communication size. */
 profiler_options profiler_options_defaults(backend_kind backend);
-/* Fewer runs and rounds (3, of one call), one set of stages, no device
- * warm-up: for tests and a first look. */
+/* Fewer runs and rounds (3, of one call), one set of stages, one
+ * process, no device warm-up: for tests and a first look. */
 void profiler_options_quick(profiler_options *options);
 /* Checks lists (ascending powers of two for tp, ascending for mbs, each
  * 1..1024), run counts and the cuda-only options. */
@@ -238,6 +250,22 @@ typedef struct profiler_result {
 int profiler_measure(const model_shape *shape,
                      const profiler_options *options, profiler_result *out,
                      pt_error *err);
+
+/* profiler_measure in options->processes child processes (fork, before
+ * this process touches the device), one after the other, combined by
+ * profiler_results_combine; profiler_measure itself for 1. The children
+ * report progress as one measurement each, the parent "process i of n"
+ * before each. */
+int profiler_measure_processes(const model_shape *shape,
+                               const profiler_options *options,
+                               profiler_result *out, pt_error *err);
+/* The results of count measurements of one model as one (out may be
+ * results): the points all of them hold, each part's forward and
+ * backward the mean of their medians (spread: the largest; runs: all),
+ * the optimizer's alike; elapsed_s their sum; the rest from results[0],
+ * plus a note for each point left out. -1 when no point is in all. */
+int profiler_results_combine(const profiler_result *results, int count,
+                             profiler_result *out, pt_error *err);
 
 /* Why a tp cannot be profiled for this shape (it does not divide the
  * heads...), or NULL. */

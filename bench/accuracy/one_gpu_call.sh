@@ -17,8 +17,9 @@
 #           profile_repeat.sh: GPT-2 124M profiled in three processes).
 # Each part has its own time limit; what it wrote is packed into OUT_DIR
 # (PART.tgz) beside the log as soon as it ends.
-# The profiles are measured with one set of stages (STAGE_SETS, 1: the
-# part budgets were sized for one; the profiler's default is 5).
+# The profiles are measured with one set of stages in one process
+# (STAGE_SETS and PROCESSES, 1: the part budgets were sized for one; the
+# profiler's defaults are 3 sets in each of 4 processes).
 #
 # Usage: bench/accuracy/one_gpu_call.sh BUILD_DIR OUT_DIR
 set -u
@@ -41,7 +42,7 @@ profile() {
     local name=$1 dir=$2 limit=$3
     shift 3
     timeout -k 5 "$limit" "$partita" profile "$@" --no-comm \
-        --stage-sets "${STAGE_SETS:-1}" \
+        --stage-sets "${STAGE_SETS:-1}" --processes "${PROCESSES:-1}" \
         -o "$dir/$name.json" >"$dir/$name.log" 2>&1
     echo "$name: rc $? ($SECONDS s) $(tail -n 1 "$dir/$name.log")"
 }

@@ -14,7 +14,8 @@
 #
 # Usage: bench/accuracy/profile_beside.sh BUILD_DIR OUT_DIR [TYPE ...]
 # Environment: PROFILE_S (60: the time limit of one profile, sized for
-# one set of stages), STAGE_SETS (1: `partita profile --stage-sets`), PLANS
+# one set of stages in one process), STAGE_SETS (1: `partita profile
+# --stage-sets`), PROCESSES (1: `--processes`), PLANS
 # (bench/accuracy/plans-1gpu), DRY_RUN=1 (print the commands only).
 set -u
 build=$(cd "${1:?usage: profile_beside.sh BUILD_DIR OUT_DIR [TYPE ...]}" && pwd)
@@ -64,7 +65,7 @@ while read -r gpu sms beside models tp mbs flags; do
     read -r -a extra <<<"$flags"
     cmd=("$build/cli/partita" profile --model "$models" --sm-limit "$sms"
          --beside "$beside" --tp "$tp" --mbs "$mbs" --no-comm "${extra[@]}"
-         --stage-sets "${STAGE_SETS:-1}"
+         --stage-sets "${STAGE_SETS:-1}" --processes "${PROCESSES:-1}"
          --gpu-name "$gpu" -o "$out/$gpu.json")
     if [ "${DRY_RUN:-0}" = 1 ]; then
         echo "${cmd[*]}"

@@ -1053,6 +1053,15 @@ profile-cpu)
   run 0 partita profile --model in-tiny.json --backend cpu --quick --stage-sets 2 --embedding-sets 4 --tp 1 --mbs 1 -o cpu-esets.json
   expect_in cpu-esets.json '"embedding_sets": 4'
   expect_in err.txt "the embedding made again (4 of 4 sets)"
+  # --processes measures in fresh processes, one after the other, and the
+  # profile's entries are the means of theirs
+  run 0 partita profile --model in-tiny.json --backend cpu --quick --processes 3 --tp 1,2 --mbs 1,2 -o cpu-procs.json
+  expect_in cpu-procs.json '"processes": 3'
+  expect_in err.txt "process 3 of 3"
+  [ "$(grep -c '"mbs"' cpu-procs.json)" = 4 ] || fail "expected 4 points in cpu-procs.json"
+  run 2 partita profile --model in-tiny.json --backend cpu --quick --processes 17 -o never.json
+  expect_in err.txt "--processes: expected a number above 0, at most 16"
+  [ ! -e never.json ] || fail "never.json written"
   [ -z "$(ls -A | grep tmp)" ] || fail "temporary files left: $(ls -A)"
   cat >in-box.json <<JSON
 { "name": "cpu-box", "nodes": [

@@ -100,19 +100,31 @@ static void test_option_checks(void **state)
     expect_refused(&bad, "sets of stages");
     bad = options;
     bad.stage_sets = 16;
+    bad.embedding_sets = 0;
     bad.timing_rounds = 17;
     expect_refused(&bad, "17 timing rounds of 16 sets of stages");
     bad.timing_rounds = 16;
     assert_int_equal(profiler_options_check(&bad, &err), 0);
     /* the embedding's sets: none (as many as the stages') or at least
-     * the stages' */
+     * the stages' (defaults: 1 set of stages, 4 of the embedding) */
     bad = options;
-    bad.embedding_sets = bad.stage_sets - 1;
-    expect_refused(&bad, "fewer than the 5 sets of stages");
+    assert_int_equal(bad.stage_sets, 1);
+    assert_int_equal(bad.embedding_sets, 4);
+    bad.stage_sets = 3;
+    bad.embedding_sets = 2;
+    expect_refused(&bad, "2 sets of the embedding, fewer than the 3 sets");
     bad.embedding_sets = 52;
     expect_refused(&bad, "5 timing rounds of 52 sets");
     bad.embedding_sets = 51;
     assert_int_equal(profiler_options_check(&bad, &err), 0);
+    /* 1 to 16 processes; 8 by default on the cuda backend, 1 on the cpu */
+    assert_int_equal(options.processes, 1);
+    assert_int_equal(profiler_options_defaults(BACKEND_CUDA).processes, 8);
+    bad = options;
+    bad.processes = 0;
+    expect_refused(&bad, "0 processes; expected 1 to 16");
+    bad.processes = 17;
+    expect_refused(&bad, "17 processes");
     /* busy neighbours need a measured slice, on the cuda backend */
     profiler_options cuda = profiler_options_defaults(BACKEND_CUDA);
     cuda.beside_count = 1;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Repeatable profile entries (issue 17, item 4), for the GPU machine: the
-# same small model profiled in three separate processes (no NCCL curves),
+# same small model profiled three times, by three commands (each its own
+# processes: 8 by default; no NCCL curves),
 # then every entry of each pair compared (`partita profile --compare`,
 # 3 % per entry). Prints each comparison's summary and the worst entry
 # over all three; exit 0 when every entry agrees within 3 %.
@@ -11,8 +12,10 @@
 # mostly under 0.5 ms), TP (1,2,4), MBS (1,2,4), TOLERANCE (3), TIMING
 # (`partita profile --timing`: gated, the default, graph or host; GRAPH=1
 # is TIMING=graph), SETS (the sets of stages, `--stage-sets`; default the
-# profiler's), ESETS (the embedding's, `--embedding-sets`). Each run says
-# how many parts were timed each way (provenance.runs).
+# profiler's), ESETS (the embedding's, `--embedding-sets`), PROCESSES
+# (`--processes`: a profile the mean of that many; default the
+# profiler's). Each run says how many parts were timed each way
+# (provenance.runs).
 set -u
 build=$(cd "${1:?usage: profile_repeat.sh BUILD_DIR [OUT_DIR]}" && pwd)
 out=${2:-$build/profile-repeat}
@@ -34,6 +37,7 @@ for run in 1 2 3; do
             --mbs "${MBS:-1,2,4}" --no-comm --gpu-name repeat \
             ${GRAPH:+--timing graph} ${TIMING:+--timing "$TIMING"} \
             ${SETS:+--stage-sets "$SETS"} ${ESETS:+--embedding-sets "$ESETS"} \
+            ${PROCESSES:+--processes "$PROCESSES"} \
             -o "$out/run$run.json" >"$out/run$run.log" 2>"$out/run$run.err"; then
         echo "FAIL profile_repeat: run $run did not write a profile:"
         tail -5 "$out/run$run.err"

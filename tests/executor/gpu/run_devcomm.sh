@@ -50,8 +50,9 @@
 # SKIP_TESTS=1 runs the benchmark only; QUICK=1 profiles with `--quick`
 # (no device warm-up, 3 rounds: faster, but its backward came out 8 %
 # under the runs' on 2026-11-25); STAGE_SETS (1: the profiles' sets of
-# stages, `--stage-sets`; the budgets were sized for one, the profiler's
-# default is 5); PROFILE_ARGS, more options of
+# stages, `--stage-sets`) and PROCESSES (1, `--processes`): the budgets
+# were sized for one set in one process, the profiler's defaults are 3
+# sets in each of 4 processes; PROFILE_ARGS, more options of
 # every `partita profile` (--graph, say). Exit status 0 when every check passed and every row ran (a missed
 # target is reported, not a failure), else 1.
 set -u
@@ -147,7 +148,7 @@ profile() {
     echo "== partita profile $name (tp $tp, mbs 4)"
     step "profile-$name" 120 "$partita" profile --model "$models" \
         --gpu-name "$name" --tp "$tp" --mbs 4 $quick --no-comm "$@" \
-        --stage-sets "${STAGE_SETS:-1}" \
+        --stage-sets "${STAGE_SETS:-1}" --processes "${PROCESSES:-1}" \
         ${PROFILE_ARGS:-} -o "$profiles/$name.json"
 }
 profile "$gpu_type" "$both" 1
