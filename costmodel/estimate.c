@@ -156,23 +156,31 @@ static const type_costs *priced_type(costmodel *cm,
     return &scratch->costs[type];
 }
 
-/* One micro-batch's forward and backward of a stage of `layers` layers
- * at `costs`' pace; `scale` spreads a tp group's slower all-reduces
- * across nodes over the layer's two halves. */
-static void stage_compute_s(const costmodel *cm, const parallel_config *config,
-                            const stage_placement *place, int s, int layers,
-                            const type_costs *costs, double scale,
+/* `costs` with ZeRO-2/3's per-unit comm added (as they are without). */
+static type_costs zero_unit_costs(const costmodel *cm,
+                                  const parallel_config *config,
+                                  const stage_placement *place,
+                                  const type_costs *costs)
+{
+    type_costs zero_costs = *costs;
+    costmodel_zero_unit_costs(cm, config, place, &zero_costs);
+    return zero_costs;
+}
+
+/* One micro-batch's forward and backward of stage s of `layers` layers
+ * at the pace of `zero_costs` (zero_unit_costs'); `scale` spreads a tp
+ * group's slower all-reduces across nodes over the layer's two halves. */
+static void stage_compute_s(const parallel_config *config, int s, int layers,
+                            const type_costs *zero_costs, double scale,
                             double *forward_s, double *backward_s)
 {
-    type_costs zero_costs = *costs; /* ZeRO-2/3's per-unit comm */
-    costmodel_zero_unit_costs(cm, config, place, &zero_costs);
     bool first = s == 0, last = s == config->pp - 1;
-    *forward_s = layers * zero_costs.layer_forward_s * scale +
-                 (first ? zero_costs.embedding_forward_s : 0.0) +
-                 (last ? zero_costs.head_forward_s : 0.0);
-    *backward_s = layers * zero_costs.layer_backward_s * scale +
-                  (first ? zero_costs.embedding_backward_s : 0.0) +
-                  (last ? zero_costs.head_backward_s : 0.0);
+    *forward_s = layers * zero_costs->layer_forward_s * scale +
+                 (first ? zero_costs->embedding_forward_s : 0.0) +
+                 (last ? zero_costs->head_forward_s : 0.0);
+    *backward_s = layers * zero_costs->layer_backward_s * scale +
+                  (first ? zero_costs->embedding_backward_s : 0.0) +
+                  (last ? zero_costs->head_backward_s : 0.0);
 }
 
 /* Time and memory of every stage, and the simulator's inputs. */
@@ -199,12 +207,11 @@ static int price_stages(costmodel *cm, const parallel_config *config,
                        cm->cluster->types[place->slow_type].gpu);
         /* a tp group across nodes slows its layers' all-reduces; spread
            the difference over forward and backward as the layer is */
-        type_costs zero_costs = *slow;
-        costmodel_zero_unit_costs(cm, config, place, &zero_costs);
+        type_costs zero_costs = zero_unit_costs(cm, config, place, slow);
         double pace = zero_costs.layer_forward_s + zero_costs.layer_backward_s;
         scratch->compute_scale[s] = pace > 0.0 ? terms.per_layer_s / pace
                                                : 1.0;
-        stage_compute_s(cm, config, place, s, layers, slow,
+        stage_compute_s(config, s, layers, &zero_costs,
                         scratch->compute_scale[s], &st->forward_s,
                         &st->backward_s);
         costmodel_stage_sends(cm, config, previous, place, s, &st->send_s,
@@ -499,7 +506,8 @@ static int rest_prepare(costmodel *cm, const parallel_config *config,
         if (costmodel_type_costs_at_rest(cm, place->slow_type, config, &rest,
                                          err) != 0)
             return -1;
-        stage_compute_s(cm, config, place, s, out->stages[s].layers, &rest,
+        type_costs zero_rest = zero_unit_costs(cm, config, place, &rest);
+        stage_compute_s(config, s, out->stages[s].layers, &zero_rest,
                         scratch->compute_scale[s], &w->rest_forward[s],
                         &w->rest_backward[s]);
     }
@@ -561,8 +569,6 @@ static int price_at_rest(costmodel *cm, const parallel_config *config,
         if (fabs(out->step_time_s - step) <= 1e-4 * step)
             break;
     }
-    if (rc == 0)
-        costmodel_add_note(cm, COSTMODEL_REST_NOTE); /* there since open */
     free(block);
     return rc;
 }

@@ -351,16 +351,14 @@ static int type_times(const costmodel *cm, int type_index,
     return 0;
 }
 
-/* Type type_index's costs from profile prof (its own, or its profile at
- * rest); the tp all-reduce from its own profile's curves either way. */
+/* Type type_index (checked by the callers) costs from profile prof (its
+ * own, or its profile at rest); the tp all-reduce from its own profile's
+ * curves either way. */
 static int price_type_from(const costmodel *cm, int type_index,
                            const profile *prof, const parallel_config *config,
                            costmodel *note_target, type_costs *out,
                            pt_error *err)
 {
-    if (type_index < 0 || type_index >= cm->cluster->type_count)
-        return pt_fail(err, "costmodel: node type %d does not exist (the "
-                       "cluster has %d)", type_index, cm->cluster->type_count);
     if (config->tp <= 0 || config->mbs <= 0)
         return pt_fail(err, "costmodel: tp and mbs must be positive, got tp "
                        "%d, mbs %d", config->tp, config->mbs);

@@ -32,14 +32,23 @@ static uint64_t next_random(uint64_t *state)
 /* GPT-2-like values: norm weights 1, biases 0, everything else uniform
  * with standard deviation 0.02. Times depend on the values only through
  * power draw (zeros would run cooler, hence faster), not on their
- * distribution. */
-static int fill_parameters(model_stage *stage, uint64_t seed, pt_error *err)
+ * distribution. same_as, a stage of the same spec: its values copied
+ * instead of drawn again (an embedding made again for its sets). */
+static int fill_parameters(model_stage *stage, uint64_t seed,
+                           const model_stage *same_as, pt_error *err)
 {
     float *host = malloc((stage->param_count + 1) * sizeof *host);
     if (host == NULL)
         return pt_fail(err, "profiler: out of host memory for %zu "
                             "parameters",
                        stage->param_count);
+    if (same_as != NULL) { /* the values same_as was filled with, copied */
+        int status = model_stage_read(same_as, STAGE_PARAMS, host, err) == 0
+                         ? model_stage_write(stage, STAGE_PARAMS, host, err)
+                         : -1;
+        free(host);
+        return status;
+    }
     uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
     for (int i = 0; i < stage->tensor_count; i++) {
         const param_tensor *t = &stage->tensors[i];
@@ -65,16 +74,17 @@ static int fill_parameters(model_stage *stage, uint64_t seed, pt_error *err)
 
 static int make_stage(model_stage *out, const model_shape *shape,
                       stage_spec spec, int tp, const profiler_options *o,
-                      int capacity, pt_error *err)
+                      int capacity, const model_stage *same_as,
+                      pt_error *err)
 {
     spec.tp = tp;
     spec.tp_rank = 0;
     if (model_stage_create(out, shape, &spec, o->backend, capacity, 1,
                            err) != 0)
         return -1;
+    uint64_t seed = o->seed + (uint64_t)spec.first_layer;
     if ((tp > 1 && model_stage_attach_tp(out, NULL, NULL, err) != 0) ||
-        fill_parameters(out, o->seed + (uint64_t)spec.first_layer, err) !=
-            0) {
+        fill_parameters(out, seed, same_as, err) != 0) {
         model_stage_destroy(out);
         return -1;
     }
@@ -125,7 +135,7 @@ int chain_create(part_chain *chain, const model_shape *shape, int tp,
                  {&chain->head, head, "head"}};
     for (int i = 0; i < 3; i++) {
         if (make_stage(parts[i].stage, shape, parts[i].spec, tp, o, capacity,
-                       err) != 0) {
+                       NULL, err) != 0) {
             pt_error_prefix(err, "the %s stage", parts[i].name);
             chain_destroy(chain);
             return -1;
@@ -143,7 +153,8 @@ int chain_remake_embedding(part_chain *chain, pt_error *err)
 {
     model_stage fresh;
     if (make_stage(&fresh, chain->shape, EMBEDDING_SPEC, chain->tp,
-                   chain->options, chain->capacity, err) != 0) {
+                   chain->options, chain->capacity, &chain->embedding,
+                   err) != 0) {
         pt_error_prefix(err, "the embedding stage, made again");
         return -1;
     }

@@ -11,7 +11,6 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,20 +42,29 @@ static timing_summary mean_summary(const timing_summary *const *each,
     return out;
 }
 
-/* One part's forward and backward over the processes' points. */
-static void combine_part(const profiled_point *const *points, int count,
-                         size_t part_offset, profiled_part *out)
+/* One point's parts over the processes' points: each part's forward and
+ * backward the mean of theirs; a process that fell back to the host
+ * clock for a part marks it so. */
+static void combine_point(const profiled_point *const *points, int count,
+                          profiled_point *to)
 {
-    const timing_summary *forward[PROFILER_MAX_PROCESSES];
-    const timing_summary *backward[PROFILER_MAX_PROCESSES];
-    for (int i = 0; i < count; i++) {
-        const profiled_part *part =
-            (const profiled_part *)((const char *)points[i] + part_offset);
-        forward[i] = &part->forward;
-        backward[i] = &part->backward;
+    *to = *points[0];
+    profiled_part *into[3] = {&to->embedding, &to->layer, &to->head};
+    for (int part = 0; part < 3; part++) {
+        const timing_summary *forward[PROFILER_MAX_PROCESSES];
+        const timing_summary *backward[PROFILER_MAX_PROCESSES];
+        for (int i = 0; i < count; i++) {
+            const profiled_part *from[3] = {&points[i]->embedding,
+                                            &points[i]->layer,
+                                            &points[i]->head};
+            forward[i] = &from[part]->forward;
+            backward[i] = &from[part]->backward;
+            if (points[i]->timed[part] == PROFILER_TIMING_HOST)
+                to->timed[part] = PROFILER_TIMING_HOST;
+        }
+        into[part]->forward = mean_summary(forward, count);
+        into[part]->backward = mean_summary(backward, count);
     }
-    out->forward = mean_summary(forward, count);
-    out->backward = mean_summary(backward, count);
 }
 
 static void add_note(profiler_result *out, const char *text)
@@ -71,9 +79,6 @@ static void add_note(profiler_result *out, const char *text)
 static void combine_points(const profiler_result *results, int count,
                            profiler_result *out)
 {
-    static const size_t parts[3] = {offsetof(profiled_point, embedding),
-                                    offsetof(profiled_point, layer),
-                                    offsetof(profiled_point, head)};
     out->point_count = 0;
     for (int p = 0; p < results[0].point_count; p++) {
         const profiled_point *first = &results[0].points[p];
@@ -91,16 +96,7 @@ static void combine_points(const profiler_result *results, int count,
             add_note(out, note);
             continue;
         }
-        profiled_point *to = &out->points[out->point_count++];
-        *to = *first;
-        combine_part(points, count, parts[0], &to->embedding);
-        combine_part(points, count, parts[1], &to->layer);
-        combine_part(points, count, parts[2], &to->head);
-        /* a process that fell back to the host clock marks the point */
-        for (int i = 1; i < count; i++)
-            for (int part = 0; part < 3; part++)
-                if (points[i]->timed[part] == PROFILER_TIMING_HOST)
-                    to->timed[part] = PROFILER_TIMING_HOST;
+        combine_point(points, count, &out->points[out->point_count++]);
     }
 }
 
@@ -187,12 +183,18 @@ static void child_measure(const model_shape *shape,
     _exit(sent ? 0 : 1);
 }
 
-/* Why the child `pid` did not report, from its exit status. */
-static int child_failed(pid_t pid, int index, int count, pt_error *err)
+/* Waits for the child to end; its wait status. */
+static int reap(pid_t pid)
 {
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
+    return status;
+}
+
+/* Why a child that ended with wait status `status` did not report. */
+static int child_failed(int status, int index, int count, pt_error *err)
+{
     if (WIFSIGNALED(status))
         return pt_fail(err, "profiler: process %d of %d ended by signal "
                             "%d (%s) before it reported",
@@ -230,11 +232,9 @@ static int measure_in_child(const model_shape *shape,
     bool whole = read_all(fds[0], &report, sizeof report) == sizeof report &&
                  read_all(fds[0], out, sizeof *out) == sizeof *out;
     close(fds[0]);
+    int ended = reap(pid);
     if (!whole)
-        return child_failed(pid, index, count, err);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
+        return child_failed(ended, index, count, err);
     if (report.status != 0) {
         *err = report.err;
         return -1;

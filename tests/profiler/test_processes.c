@@ -2,8 +2,8 @@
  * The profiler's measurement in several processes (profiler/processes.c):
  * results combined as the mean of each entry over the processes (a
  * closed form on made-up results), points some process lacks left out,
- * and a whole measurement of a tiny model in three child processes on
- * the cpu backend.
+ * a whole measurement of a tiny model in three child processes on the
+ * cpu backend, and a child's error reported by the parent.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -168,6 +168,16 @@ static void test_tiny_model_in_three_processes(void **state)
         profiler_measure_processes(&shape, &options, result, &err), -1);
     assert_non_null(strstr(err.message, "processes; expected 1 to 16"));
     assert_int_equal(log.processes_announced, 3);
+    /* a child's own error comes back through the pipe: no tp of the list
+     * divides 3 heads, so the first child measures nothing */
+    options.processes = 2;
+    shape.heads = 3;
+    shape.hidden = 48;
+    memcpy(options.tp_values, (int[]){2, 4}, 2 * sizeof(int));
+    assert_int_equal(
+        profiler_measure_processes(&shape, &options, result, &err), -1);
+    assert_non_null(strstr(err.message, "nothing could be measured"));
+    assert_int_equal(log.processes_announced, 4);
     test_free(result);
 }
 
