@@ -58,6 +58,8 @@ typedef struct profile_arguments {
                                    or --stage-sets' when more) */
     int processes;              /* --processes, 0: the default (8 on
                                    cuda, 1 on the cpu and --quick) */
+    int rounds;                 /* --rounds, 0: the default (3) */
+    double round_ms;            /* --round-ms, 0: the default (5) */
     const char *beside_list;    /* --beside: SMs of the busy neighbour
                                    slices, NULL: none */
     int beside_place;           /* --place: the measured slice's place in

@@ -65,6 +65,11 @@ static void print_profile_help(void)
         "                         stage alone made again for the rest (its\n"
         "                         entries, microseconds, move the most;\n"
         "                         default 4)\n"
+        "  --rounds N             timed rounds of each part per set of\n"
+        "                         stages (default 3; the entry is their\n"
+        "                         median)\n"
+        "  --round-ms MS          calls queued in a round: enough for MS ms\n"
+        "                         (default 5)\n"
         "  --no-comm              skip the NCCL curves\n"
         "  --timing HOW           cuda: how the layer's and the head's rounds\n"
         "                         are timed: gated (default: queued behind a\n"
@@ -90,7 +95,8 @@ enum {
     OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
     OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_GRAPH, OPT_COMPARE, OPT_TOLERANCE,
     OPT_MISSING_ONLY, OPT_BESIDE, OPT_PLACE, OPT_IDLE_NEIGHBOURS,
-    OPT_STAGE_SETS, OPT_EMBEDDING_SETS, OPT_PROCESSES, OPT_TIMING, OPT_HELP
+    OPT_STAGE_SETS, OPT_EMBEDDING_SETS, OPT_PROCESSES, OPT_ROUNDS, OPT_ROUND_MS,
+    OPT_TIMING, OPT_HELP
 };
 
 int profile_bad_argument(const char *option, const char *expected,
@@ -149,11 +155,14 @@ static int apply_option(int option, const char *value, profile_arguments *a)
     case OPT_COMPARE: a->compare = true; return 0;
     case OPT_STAGE_SETS:
     case OPT_EMBEDDING_SETS:
-    case OPT_PROCESSES: {
+    case OPT_PROCESSES:
+    case OPT_ROUNDS: {
         const char *name = option == OPT_STAGE_SETS       ? "--stage-sets"
                            : option == OPT_EMBEDDING_SETS ? "--embedding-sets"
-                                                          : "--processes";
+                           : option == OPT_PROCESSES      ? "--processes"
+                                                          : "--rounds";
         double most = option == OPT_PROCESSES ? PROFILER_MAX_PROCESSES
+                      : option == OPT_ROUNDS  ? PROFILER_MAX_RUNS
                                               : PROFILER_MAX_SETS;
         if (parse_positive(name, value, most, &number) != 0)
             return -1;
@@ -161,9 +170,12 @@ static int apply_option(int option, const char *value, profile_arguments *a)
             return profile_bad_argument(name, "a whole number", value);
         *(option == OPT_STAGE_SETS       ? &a->stage_sets
           : option == OPT_EMBEDDING_SETS ? &a->embedding_sets
-                                         : &a->processes) = (int)number;
+          : option == OPT_PROCESSES      ? &a->processes
+                                         : &a->rounds) = (int)number;
         return 0;
     }
+    case OPT_ROUND_MS:
+        return parse_positive("--round-ms", value, 1000.0, &a->round_ms);
     case OPT_SM_LIMIT:
         if (parse_positive("--sm-limit", value, 100000, &number) != 0)
             return -1;
@@ -201,6 +213,8 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"stage-sets", required_argument, NULL, OPT_STAGE_SETS},
         {"embedding-sets", required_argument, NULL, OPT_EMBEDDING_SETS},
         {"processes", required_argument, NULL, OPT_PROCESSES},
+        {"rounds", required_argument, NULL, OPT_ROUNDS},
+        {"round-ms", required_argument, NULL, OPT_ROUND_MS},
         {"timing", required_argument, NULL, OPT_TIMING},
         {"idle-neighbours", no_argument, NULL, OPT_IDLE_NEIGHBOURS},
         {"compare", no_argument, NULL, OPT_COMPARE},

@@ -48,17 +48,24 @@ static int parse_list(const char *option, const char *text, int *values,
 
 /* ------------------------------------------------------------ progress */
 
+/* Each line says the seconds since the first one, so that a batch job's
+ * log shows where a long profile spends its time; the measuring children
+ * inherit the start (they are forked after the first line). */
 static void print_progress(int done, int total, const char *label,
                            const profiled_point *point, void *data)
 {
     (void)data;
+    static double started = -1.0;
+    if (started < 0.0)
+        started = pt_monotonic_seconds();
     enum { WIDTH = 20 };
     char bar[WIDTH + 1];
     int filled = total > 0 ? WIDTH * done / total : WIDTH;
     for (int i = 0; i < WIDTH; i++)
         bar[i] = i < filled ? '#' : '.';
     bar[WIDTH] = '\0';
-    fprintf(stderr, "[%s] %3d/%-3d %s", bar, done, total, label);
+    fprintf(stderr, "[%s] %3d/%-3d %6.1f s  %s", bar, done, total,
+            pt_monotonic_seconds() - started, label);
     if (point != NULL) {
         const profiled_part *parts[] = {&point->embedding, &point->layer,
                                         &point->head};
@@ -137,6 +144,10 @@ static int build_options(const profile_arguments *a,
         options->embedding_sets = 0; /* as many as the stages' */
     if (a->processes > 0)
         options->processes = a->processes;
+    if (a->rounds > 0)
+        options->timing_rounds = a->rounds;
+    if (a->round_ms > 0.0)
+        options->round_s = a->round_ms / 1e3;
     options->sm_limit = a->sm_limit;
     options->beside_place = a->beside_place;
     options->neighbours_idle = a->neighbours_idle;

@@ -33,6 +33,8 @@ typedef struct part_chain {
     int tp;
     const profiler_options *options;
     uint32_t *tokens;            /* capacity x (seq + 1), host memory */
+    float *embedding_values;     /* the embedding's parameters as drawn,
+                                    host memory, for its remakes */
 } part_chain;
 
 /* Makes the three stages for micro-batches up to capacity, with
@@ -43,7 +45,8 @@ int chain_create(part_chain *chain, const model_shape *shape, int tp,
 void chain_destroy(part_chain *chain);
 
 /* The embedding stage made again, in fresh memory (the new one is made
- * before the old one goes), with the same parameters; its input gradient
+ * before the old one goes), with the same parameters (written from
+ * chain->embedding_values); its input gradient
  * is the layer's, as before. On failure the old one stays. */
 int chain_remake_embedding(part_chain *chain, pt_error *err);
 

@@ -205,11 +205,16 @@ static int child_failed(int status, int index, int count, pt_error *err)
                    index + 1, count, WEXITSTATUS(status));
 }
 
-/* One measurement in a child process, its result into out. */
+/* One measurement in a child process, its result into out. A process
+ * after the first warms the device up as a later set of stages does: the
+ * one before kept it busy until a moment ago (the CUDA context and the
+ * stages are made in between). */
 static int measure_in_child(const model_shape *shape,
                             const profiler_options *options, int index,
                             int count, profiler_result *out, pt_error *err)
 {
+    profiler_options mine = *options;
+    mine.device_was_busy = index > 0;
     int fds[2];
     if (pipe(fds) != 0)
         return pt_fail(err, "profiler: cannot make a pipe for process %d: "
@@ -225,7 +230,7 @@ static int measure_in_child(const model_shape *shape,
     }
     if (pid == 0) {
         close(fds[0]);
-        child_measure(shape, options, fds[1]);
+        child_measure(shape, &mine, fds[1]);
     }
     close(fds[1]);
     child_report report = {0};

@@ -67,13 +67,15 @@ profiler_options profiler_options_defaults(backend_kind backend)
         .timed_runs = PROFILER_MAX_RUNS,
         .min_timed_runs = 7,
         .device_warmup_s = 2.0,
-        .timing_rounds = 5,
+        /* 3 rounds of 5 ms: as repeatable as 5 of 5 ms (docs/profiles.md,
+         * "Time budget"), and a whole shape measured in under a minute */
+        .timing_rounds = 3,
         /* 8 processes of one set each (the embedding 4): docs/profiles.md,
          * "Processes" */
         .stage_sets = 1,
         .embedding_sets = 4,
         .processes = backend == BACKEND_CUDA ? 8 : 1,
-        .round_s = 0.01,
+        .round_s = 0.005,
         .timing = PROFILER_TIMING_GATED,
         .seed = 1234,
     };
@@ -739,8 +741,8 @@ static int measure_embedding_sets(tp_measurement *m, int set,
 }
 
 /* One set of stages: the device warmed up (2 s before the profile's first
- * point; a quarter of that after the host made a set, while the device
- * idled), then every point measurable, then the embedding's extra sets.
+ * point; an eighth of that after the device idled a moment while the
+ * host made a set or a tp's stages, or before a later process), then every point measurable, then the embedding's extra sets.
  * A point that fails in the first set ends the tp there (larger
  * micro-batches would fail too); in a later set it is an error. After the
  * last set the points are summed up and reported. */
@@ -751,9 +753,10 @@ static int measure_set(tp_measurement *m, int set, const profiler_options *o,
     pt_error failure = {{0}};
     char label[400];
     bool last_set = set == o->stage_sets - 1;
-    double warmup_s = out->point_count == 0 && set == 0
+    double warmup_s = out->point_count == 0 && set == 0 &&
+                              !o->device_was_busy
                           ? o->device_warmup_s
-                          : o->device_warmup_s / 4.0;
+                          : o->device_warmup_s / 8.0;
     if (warmup_s > 0.0 && warm_device(&m->chain, warmup_s, &failure) != 0)
         return pt_fail(err, "%s", failure.message);
     for (int i = 0; i < m->measured; i++) {

@@ -67,9 +67,9 @@ int profiler_queue_calls(model_stage *stage, const stage_io *io,
 
 /* The cuda backend's rounds: `count` forward + backward pairs captured
  * once as a CUDA graph and replayed `rounds` times, timed by events on
- * the stage's stream (seconds per pair into pair[rounds]); after each, the
- * same pairs captured with an event around every forward, whose replay
- * gives the forwards' share of a pair: forward[r] is that share of
+ * the stage's stream (seconds per pair into pair[rounds]); before them,
+ * the same pairs captured with an event around every forward, whose one
+ * replay gives the forwards' share of a pair: forward[r] is that share of
  * pair[r]. 1 when the calls cannot be captured (or no cuda build):
  * nothing timed, the caller queues them; -1 on a device failure. */
 int profiler_graph_rounds(model_stage *stage, const stage_io *io, int count,
@@ -163,7 +163,13 @@ typedef struct profiler_options {
                                     at most */
     int min_timed_runs;          /* at least */
     double device_warmup_s;      /* work before the first timing, so that
-                                    clocks have ramped up */
+                                    clocks have ramped up; an eighth of it
+                                    after the device idled a moment (the
+                                    host made a set of stages, or a
+                                    process before this one ran) */
+    bool device_was_busy;        /* a process before this one kept the
+                                    device busy until a moment ago
+                                    (profiler_measure_processes sets it) */
     int timing_rounds;           /* rounds of back-to-back calls of a part,
                                     per set of stages */
     int stage_sets;              /* the part stages are made this many
@@ -197,10 +203,10 @@ typedef struct profiler_options {
 
 /* The full measurement: tp 1, 2, 4, 8, micro-batches 1, 2, 4, 8, 16,
  * in 8 processes on cuda (1 on the cpu), each with 1 set of stages (the
- * embedding 4), 5 warm-up runs per point, then 5 rounds of about 10 ms a
+ * embedding 4), 5 warm-up runs per point, then 3 rounds of about 5 ms a
  * part and direction (the AdamW step alike, on the first set), 2 s of
- * device warm-up (0.5 s before each later set); 7 to 256 timed runs of a
- * communication size. */
+ * device warm-up in the first process (0.25 s before each later tp, set
+ * and process); 7 to 256 timed runs of a communication size. */
 profiler_options profiler_options_defaults(backend_kind backend);
 /* Fewer runs and rounds (3, of one call), one set of stages, one
  * process, no device warm-up: for tests and a first look. */

@@ -1063,6 +1063,12 @@ profile-cpu)
   expect_in err.txt "--processes: expected a number above 0, at most 16"
   [ ! -e never.json ] || fail "never.json written"
   [ -z "$(ls -A | grep tmp)" ] || fail "temporary files left: $(ls -A)"
+  # --rounds and --round-ms: the rounds of each part and their length,
+  # recorded in the provenance; each progress line says the seconds so far
+  run 0 partita profile --model in-tiny.json --backend cpu --quick --rounds 4 --round-ms 2 --tp 1 --mbs 1 -o cpu-rounds.json
+  expect_in cpu-rounds.json '"rounds": 4'
+  expect_in cpu-rounds.json '"round_s": 0.002'
+  grep -Eq '^\[[#.]+\] +[0-9]+/[0-9]+ +[0-9]+\.[0-9] s  tp 1, micro-batch 1' err.txt || fail "no seconds on the progress line: $(cat err.txt)"
   cat >in-box.json <<JSON
 { "name": "cpu-box", "nodes": [
     { "name": "box", "gpu": "cpu", "gpus": 4,
@@ -1149,6 +1155,14 @@ profile-bad)
   expect_in err.txt "\-\-stage-sets: expected a number above 0"
   run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 2.5
   expect_in err.txt "\-\-stage-sets: expected a whole number"
+  run 2 partita profile --backend cpu --model in-tiny.json --rounds 0
+  expect_in err.txt "\-\-rounds: expected a number above 0, at most 256, got '0'"
+  run 2 partita profile --backend cpu --model in-tiny.json --rounds 1.5
+  expect_in err.txt "\-\-rounds: expected a whole number"
+  run 2 partita profile --backend cpu --model in-tiny.json --round-ms 5ms
+  expect_in err.txt "\-\-round-ms: expected a number above 0, at most 1000, got '5ms'"
+  run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 40 --rounds 7
+  expect_in err.txt "7 timing rounds of 40 sets of stages"
   run 2 partita profile --backend tpu --model in-tiny.json
   expect_in err.txt "tpu"
   run 2 partita profile

@@ -113,9 +113,12 @@ static void test_option_checks(void **state)
     bad.stage_sets = 3;
     bad.embedding_sets = 2;
     expect_refused(&bad, "2 sets of the embedding, fewer than the 3 sets");
-    bad.embedding_sets = 52;
-    expect_refused(&bad, "5 timing rounds of 52 sets");
-    bad.embedding_sets = 51;
+    /* defaults: 3 rounds of about 5 ms */
+    assert_int_equal(bad.timing_rounds, 3);
+    assert_true(bad.round_s == 0.005);
+    bad.embedding_sets = 86;
+    expect_refused(&bad, "3 timing rounds of 86 sets");
+    bad.embedding_sets = 85;
     assert_int_equal(profiler_options_check(&bad, &err), 0);
     /* 1 to 16 processes; 8 by default on the cuda backend, 1 on the cpu */
     assert_int_equal(options.processes, 1);

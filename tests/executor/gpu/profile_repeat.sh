@@ -14,7 +14,8 @@
 # is TIMING=graph), SETS (the sets of stages, `--stage-sets`; default the
 # profiler's), ESETS (the embedding's, `--embedding-sets`), PROCESSES
 # (`--processes`: a profile the mean of that many; default the
-# profiler's). Each run says how many parts were timed each way
+# profiler's), ROUNDS (`--rounds`), ROUND_MS (`--round-ms`). Each run
+# says how many parts were timed each way
 # (provenance.runs).
 set -u
 build=$(cd "${1:?usage: profile_repeat.sh BUILD_DIR [OUT_DIR]}" && pwd)
@@ -38,6 +39,7 @@ for run in 1 2 3; do
             ${GRAPH:+--timing graph} ${TIMING:+--timing "$TIMING"} \
             ${SETS:+--stage-sets "$SETS"} ${ESETS:+--embedding-sets "$ESETS"} \
             ${PROCESSES:+--processes "$PROCESSES"} \
+            ${ROUNDS:+--rounds "$ROUNDS"} ${ROUND_MS:+--round-ms "$ROUND_MS"} \
             -o "$out/run$run.json" >"$out/run$run.log" 2>"$out/run$run.err"; then
         echo "FAIL profile_repeat: run $run did not write a profile:"
         tail -5 "$out/run$run.err"
