@@ -67,8 +67,9 @@ profiler_options profiler_options_defaults(backend_kind backend)
         .timed_runs = PROFILER_MAX_RUNS,
         .min_timed_runs = 7,
         .device_warmup_s = 2.0,
-        /* 3 rounds of 5 ms: as repeatable as 5 of 5 ms (docs/profiles.md,
-         * "Time budget"), and a whole shape measured in under a minute */
+        /* 3 rounds of 5 ms: as repeatable as 5 of 5 ms, and a whole
+         * shape measured in under a minute (docs/profiles.md,
+         * "Repeatable entries" and "Time budget") */
         .timing_rounds = 3,
         /* 8 processes of one set each (the embedding 4): docs/profiles.md,
          * "Processes" */
