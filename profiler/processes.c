@@ -3,7 +3,7 @@
  * other, and their results combined: each entry the mean of the
  * processes' medians (docs/profiles.md, "Processes"). Small entries (tens
  * of microseconds) sit at a level that holds for a whole process, every
- * set of stages in it alike, and moves by 2-5 % from one process to the
+ * set of stages in it alike, and moves by 2-7 % from one process to the
  * next; a mean over processes is what repeats.
  */
 #include "profiler/profiler.h"

@@ -149,11 +149,12 @@ static void marked_round_destroy(marked_round *m)
     *m = (marked_round){0};
 }
 
-/* Queues the marked pairs; flags cudaEventRecordExternal in a capture
- * (an event record node), cudaEventRecordDefault on a live stream. */
+/* Queues the marked pairs into a capture: cudaEventRecordExternal makes
+ * each mark an event record node of the graph. */
 static bool marked_calls(model_stage *stage, const stage_io *io,
-                         const marked_round *m, unsigned flags)
+                         const marked_round *m)
 {
+    const unsigned flags = cudaEventRecordExternal;
     pt_error ignored = {{0}};
     cudaStream_t stream = m->graph.stream;
     for (int i = 0; i < m->count; i++)
@@ -213,7 +214,7 @@ static bool marked_round_capture(model_stage *stage, const stage_io *io,
     if (ok && capture_begin(out->graph.stream))
         ok = capture_end_and_run(
             &out->graph,
-            marked_calls(stage, io, out, cudaEventRecordExternal));
+            marked_calls(stage, io, out));
     else
         ok = false;
     if (!ok)
