@@ -44,6 +44,11 @@ int profile_compare(const char *path_a, const char *path_b,
  * measuring `partita profile` hands its whole argv here when --derive is
  * given; argv[0] names the command in messages. */
 int cmd_profile_derive(int argc, char **argv);
+/* `partita estimate --runs TABLE` and `partita profile --from-logs
+ * TABLE` (cli/cmd_runs.c): a table of measured training runs estimated,
+ * or a derived profile calibrated on it. */
+int cmd_estimate_runs(int argc, char **argv);
+int cmd_profile_from_logs(int argc, char **argv);
 
 /* The arguments of `partita profile` (profile_args.c), parsed by both
  * executables. Strings point into argv. */

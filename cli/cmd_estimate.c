@@ -32,6 +32,10 @@ static void print_estimate_help(void)
         "                    (docs/cost-model.md 7.1; default: the closed\n"
         "                    form of the executor's overlap)\n"
         "\n"
+        "partita estimate --runs TABLE --cluster FILE ... estimates a table\n"
+        "of measured training runs instead (see 'partita estimate --runs\n"
+        "--help').\n"
+        "\n"
         "Exit status 2 when the plan is invalid or does not fit in memory.\n");
 }
 
@@ -168,6 +172,9 @@ static int report_estimate(const estimate_arguments *args, const plan *p,
 
 int command_estimate(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--runs") == 0)
+            return cmd_estimate_runs(argc, argv);
     estimate_arguments args = {.dp_overlap = -1.0};
     int parsed = parse_estimate_arguments(argc, argv, &args);
     if (parsed != 0)

@@ -1,5 +1,6 @@
 /*
- * partita profile, as `partita` runs it: --derive and --compare here,
+ * partita profile, as `partita` runs it: --derive, --from-logs
+ * (cli/cmd_runs.c) and --compare here,
  * with the help and bad arguments; a measurement is handed to
  * partita-exec (cli/hand_over.c), the executable that loads the GPU
  * stack, which parses the same arguments again (cli/profile_measure.c).
@@ -8,19 +9,22 @@
 
 #include <string.h>
 
-static bool asks_for_derive(int argc, char **argv)
+static bool asks_for(int argc, char **argv, const char *flag)
 {
+    size_t length = strlen(flag);
     for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--derive") == 0 ||
-            strncmp(argv[i], "--derive=", 9) == 0)
+        if (strcmp(argv[i], flag) == 0 ||
+            (strncmp(argv[i], flag, length) == 0 && argv[i][length] == '='))
             return true;
     return false;
 }
 
 int command_profile(int argc, char **argv)
 {
-    if (asks_for_derive(argc, argv))
+    if (asks_for(argc, argv, "--derive"))
         return cmd_profile_derive(argc, argv);
+    if (asks_for(argc, argv, "--from-logs"))
+        return cmd_profile_from_logs(argc, argv);
     profile_arguments args;
     int status = profile_run_unless_measuring(argc, argv, &args);
     if (status != PROFILE_MEASURE)

@@ -184,6 +184,16 @@ void print_estimate_summary(const plan *p, const estimate *est)
            config->distributed_optimizer ? "on" : "off");
     print_zero_levers(p, est);
     print_schedule_levers(config);
+    printf("# priced for the %s runtime: %s attention, residual stream in "
+           "%d-byte elements, main gradients in %d-byte elements, the dp "
+           "reduction %s the last backward (docs/cost-model.md, \"The "
+           "runtime\")\n",
+           config->runtime == RUNTIME_PARTITA    ? "Partita"
+           : config->runtime == RUNTIME_MEGATRON ? "Megatron-LM"
+                                                 : "DeepSpeed",
+           attention_name(parallel_attention(config)),
+           parallel_residual_bytes(config), parallel_gradient_bytes(config),
+           parallel_overlaps_grad_reduce(config) ? "overlapping" : "after");
     printf("# partition %s, node order %s\n", partition, order);
     print_stage_table(p, est);
     print_memory_table(est);

@@ -21,6 +21,8 @@ static void print_profile_help(void)
         "       partita profile --compare A.json B.json [--tolerance P]\n"
         "       partita profile --derive GPU --from P1.json,... (see\n"
         "                       'partita profile --derive --help')\n"
+        "       partita profile --from-logs TABLE --cluster FILE ... (see\n"
+        "                       'partita profile --from-logs --help')\n"
         "\n"
         "Measures, on the GPU at hand, the embedding, one transformer layer\n"
         "and the head of the model, forward and backward, for every tp (the\n"

@@ -439,8 +439,33 @@ typedef enum precision_kind {
     PRECISION_FP32
 } precision_kind;
 
+/* The program that will run the plan (docs/cost-model.md, "The
+ * runtime"): memory and time follow its allocations and options.
+ * Partita's executor keeps the residual stream and the gradients in
+ * fp32 and overlaps the dp reduction with the backward; Megatron-LM and
+ * DeepSpeed keep the residual stream in the plan's precision and reduce
+ * after the backward unless told to overlap. */
+typedef enum runtime_kind {
+    RUNTIME_PARTITA,
+    RUNTIME_MEGATRON,
+    RUNTIME_DEEPSPEED
+} runtime_kind;
+/* How a layer's attention is computed: fused flash kernels (no s x s
+ * scores kept), or the unfused path of Megatron-LM before flash
+ * attention and of Megatron-DeepSpeed (Q K^T and P V as batched GEMMs,
+ * the scores written, masked softmax and dropout over them).
+ * ATTENTION_DEFAULT: the runtime's (flash for Partita and Megatron-LM,
+ * unfused for DeepSpeed). */
+typedef enum attention_kind {
+    ATTENTION_DEFAULT,
+    ATTENTION_FLASH,
+    ATTENTION_UNFUSED
+} attention_kind;
+
 const char *schedule_name(schedule_kind kind);
 const char *precision_name(precision_kind kind);
+const char *runtime_name(runtime_kind kind);
+const char *attention_name(attention_kind kind);
 /* Bytes of one activation / weight element in this precision. */
 int precision_bytes(precision_kind kind);
 
@@ -467,7 +492,29 @@ typedef struct parallel_config {
      * residual stream sharded over the sequence, reduce-scatter and
      * all-gather in place of each all-reduce. */
     bool sequence_parallel;
+    /* The program that runs the plan and its attention (above); read
+     * through parallel_attention. */
+    runtime_kind runtime;
+    attention_kind attention;
+    /* Megatron-LM's --overlap-grad-reduce (DeepSpeed's overlap_comm):
+     * the dp reduction runs bucket by bucket during the last backward.
+     * Partita's executor always overlaps; the others only when set. */
+    bool overlap_grad_reduce;
 } parallel_config;
+
+/* The attention a config computes: its own, or its runtime's default. */
+attention_kind parallel_attention(const parallel_config *config);
+/* Bytes of one element of the residual stream and of a stage's input
+ * and output: fp32 in Partita's executor, the plan's precision in
+ * Megatron-LM and DeepSpeed. */
+int parallel_residual_bytes(const parallel_config *config);
+/* Bytes of one main-gradient element, as the runtime keeps and reduces
+ * them: fp32 in Partita's executor and in Megatron-LM's bf16 recipe
+ * (--accumulate-allreduce-grads-in-fp32), the plan's precision for fp16
+ * under Megatron-LM and DeepSpeed. */
+int parallel_gradient_bytes(const parallel_config *config);
+/* Whether the dp reduction overlaps the last backward. */
+bool parallel_overlaps_grad_reduce(const parallel_config *config);
 
 /* The most virtual_stages a plan may ask for. */
 #define PLAN_MAX_VIRTUAL_STAGES 64
@@ -576,6 +623,35 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
 /* plan_to_json written with json_write_file_atomic. */
 int plan_write_file(const plan *p, const plan_json_sections *sections,
                     const char *path, pt_error *err);
+
+/* ------------------------------------------------------------ runs table */
+
+/* How the rows of a runs table (common/runs_table.c, docs/formats.md,
+ * "Runs table") become plans: what a column the table lacks means, and
+ * the cluster every run ran on (one node type; each run gets as many of
+ * its nodes as tp x dp x pp GPUs fill). NULL levers: the plan's
+ * defaults. where_column (may be NULL) keeps the rows whose cell in that
+ * column is where_value. */
+typedef struct runs_table_options {
+    const char *precision, *recompute, *runtime, *attention;
+    long vocab;
+    const json_t *cluster;
+    const char *cluster_file;      /* for messages */
+    const char *where_column, *where_value;
+} runs_table_options;
+
+/* One measured run: its id, the plan it ran and its step time. */
+typedef struct measured_run {
+    char id[64];
+    plan plan;                     /* owned */
+    double measured_s;
+} measured_run;
+
+/* Reads a runs table; every message names the file and the line. *out
+ * is owned by the caller (runs_table_free). */
+int runs_table_load(const char *path, const runs_table_options *options,
+                    measured_run **out, int *count, pt_error *err);
+void runs_table_free(measured_run *runs, int count);
 
 /* ----------------------------------------------------------------- clock */
 

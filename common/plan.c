@@ -25,14 +25,60 @@ static const char *const plan_keys[] = {
     "format", "model", "cluster", "gbs", "mbs", "tp", "dp", "pp",
     "partition", "node_order", "schedule", "precision", "recompute",
     "distributed_optimizer", "zero", "offload_optimizer", "virtual_stages",
-    "sequence_parallel", "origin", "estimate", "alternatives", "pareto",
-    NULL};
+    "sequence_parallel", "runtime", "attention", "overlap_grad_reduce",
+    "origin", "estimate", "alternatives", "pareto", NULL};
 static const char *const origin_keys[] = {"model", "cluster", NULL};
 
 /* In enum order. */
 static const char *const schedule_names[] = {"1f1b", "gpipe", NULL};
 static const char *const precision_names[] = {"bf16", "fp16", "fp32", NULL};
 static const char *const recompute_names[] = {"none", "full", NULL};
+static const char *const runtime_names[] = {"partita", "megatron",
+                                            "deepspeed", NULL};
+static const char *const attention_names[] = {"default", "flash",
+                                              "unfused", NULL};
+
+const char *runtime_name(runtime_kind kind)
+{
+    return kind >= RUNTIME_PARTITA && kind <= RUNTIME_DEEPSPEED
+               ? runtime_names[kind]
+               : "partita";
+}
+
+const char *attention_name(attention_kind kind)
+{
+    return kind >= ATTENTION_DEFAULT && kind <= ATTENTION_UNFUSED
+               ? attention_names[kind]
+               : "default";
+}
+
+attention_kind parallel_attention(const parallel_config *config)
+{
+    if (config->attention != ATTENTION_DEFAULT)
+        return config->attention;
+    return config->runtime == RUNTIME_DEEPSPEED ? ATTENTION_UNFUSED
+                                                : ATTENTION_FLASH;
+}
+
+int parallel_residual_bytes(const parallel_config *config)
+{
+    return config->runtime == RUNTIME_PARTITA
+               ? 4
+               : precision_bytes(config->precision);
+}
+
+int parallel_gradient_bytes(const parallel_config *config)
+{
+    if (config->runtime != RUNTIME_PARTITA &&
+        config->precision == PRECISION_FP16)
+        return 2;
+    return 4;
+}
+
+bool parallel_overlaps_grad_reduce(const parallel_config *config)
+{
+    return config->runtime == RUNTIME_PARTITA || config->overlap_grad_reduce;
+}
 
 const char *schedule_name(schedule_kind kind)
 {
@@ -389,6 +435,7 @@ static int degrees_part(const json_t *obj, const json_place *place,
     parallel_config *config = &out->config;
     long long gbs = 0, mbs = 0, tp = 0, dp = 0, pp = 0;
     int schedule = SCHEDULE_1F1B, precision = PRECISION_BF16, recompute = 0;
+    int runtime = RUNTIME_PARTITA, attention = ATTENTION_DEFAULT;
     if (json_get_int(obj, place, "gbs", true, 1, INT_MAX, &gbs, err) != 0 ||
         json_get_int(obj, place, "mbs", true, 1, INT_MAX, &mbs, err) != 0 ||
         json_get_int(obj, place, "tp", true, 1, 65536, &tp, err) != 0 ||
@@ -401,6 +448,12 @@ static int degrees_part(const json_t *obj, const json_place *place,
                         &precision, err) != 0 ||
         json_get_choice(obj, place, "recompute", false, recompute_names,
                         &recompute, err) != 0 ||
+        json_get_choice(obj, place, "runtime", false, runtime_names,
+                        &runtime, err) != 0 ||
+        json_get_choice(obj, place, "attention", false, attention_names,
+                        &attention, err) != 0 ||
+        json_get_bool(obj, place, "overlap_grad_reduce", false,
+                      &config->overlap_grad_reduce, err) != 0 ||
         json_get_bool(obj, place, "distributed_optimizer", false,
                       &config->distributed_optimizer, err) != 0 ||
         zero_part(obj, place, config, err) != 0)
@@ -413,6 +466,8 @@ static int degrees_part(const json_t *obj, const json_place *place,
     config->schedule = (schedule_kind)schedule;
     config->precision = (precision_kind)precision;
     config->recompute = recompute == 1;
+    config->runtime = (runtime_kind)runtime;
+    config->attention = (attention_kind)attention;
     if (gbs % (dp * mbs) != 0) {
         json_place where = json_place_key(place, "gbs");
         return json_place_fail(&where, err,
@@ -745,6 +800,16 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
              json_integer(parallel_virtual_stages(config)), &failures);
     json_put(root, "sequence_parallel",
              json_boolean(config->sequence_parallel), &failures);
+    /* written when they say more than the defaults, so a plan without
+     * them reads as it always did */
+    if (config->runtime != RUNTIME_PARTITA)
+        json_put(root, "runtime", json_string(runtime_name(config->runtime)),
+                 &failures);
+    if (config->attention != ATTENTION_DEFAULT)
+        json_put(root, "attention",
+                 json_string(attention_name(config->attention)), &failures);
+    if (config->overlap_grad_reduce)
+        json_put(root, "overlap_grad_reduce", json_true(), &failures);
     if (sections != NULL) {
         put_section(root, "estimate", sections->estimate, &failures);
         put_section(root, "alternatives", sections->alternatives, &failures);

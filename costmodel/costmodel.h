@@ -99,6 +99,10 @@ double costmodel_dp_overlap_floor_share(const costmodel *cm);
 
 /* ----------------------------------------------------- per-GPU-type costs */
 
+/* The ranks of a collective over nodes (defined with the collectives,
+ * below). */
+typedef struct comm_group comm_group;
+
 /* Costs of one micro-batch on one GPU type at a given tp, with TP
  * communication of the layer included (from the profile, or added from the
  * node's intra-node link). Linear in the number of layers by design. */
@@ -123,11 +127,28 @@ typedef struct type_costs {
 
 /* Forward plus backward seconds of one layer (recompute included) for a
  * tp group whose slowest GPU is priced by costs; a group that spans nodes
- * does its all-reduces over span_link instead of inside one node. */
+ * (span not NULL, span->nodes >= 2) does its all-reduces as NCCL does
+ * over those nodes (nccl_allreduce: ring, tree or the hierarchy)
+ * instead of inside one node. */
 double costmodel_layer_pace_s(const costmodel *cm,
                               const parallel_config *config,
-                              const type_costs *costs, bool spans_nodes,
-                              link_spec span_link);
+                              const type_costs *costs,
+                              const comm_group *span);
+/* Bytes of one stage boundary's activation (or its gradient), and of
+ * one tensor-parallel all-reduce: b x s x h elements in the plan's
+ * precision. */
+double activation_message_bytes(const model_shape *model,
+                                 const parallel_config *config);
+/* The same pace when each of the layer's tp collectives takes across_s
+ * in place of the in-node costs->tp_allreduce_s (the planner's floors). */
+double costmodel_layer_pace_across_s(const parallel_config *config,
+                                     const type_costs *costs,
+                                     double across_s);
+/* One of a layer's tp collectives (an all-reduce, or with sequence
+ * parallelism its reduce-scatter and all-gather) of a group over nodes. */
+double costmodel_tp_collective_across_s(const costmodel *cm,
+                                        const parallel_config *config,
+                                        const comm_group *span);
 
 /* Prices a GPU type (index into cluster->types) for a config. May add a
  * note to cm (why it has to be non-const). */
@@ -195,7 +216,10 @@ typedef struct stage_placement {
                                    pace */
     int small_type;             /* type with the least usable memory */
     bool tp_spans_nodes;        /* that slowest tp group crosses nodes */
-    link_spec tp_link;          /* and this is its slowest link */
+    link_spec tp_link;          /* and this is its slowest link between
+                                   nodes */
+    int tp_nodes;               /* the nodes it spans (1: inside one) */
+    link_spec tp_intra_link;    /* the slowest link inside those nodes */
     link_spec next_link;        /* towards stage s+1: the slowest between a
                                    GPU and the one S = dp x tp further
                                    (intra-node link of the stage's first
@@ -570,15 +594,24 @@ typedef struct model_part_costs {
 int roofline_device_of(const profile *p, roofline_device *out,
                        pt_error *err);
 
+/* What one tp rank computes of a micro-batch: mbs sequences at
+ * tensor-parallel degree tp, activations of element_bytes bytes, and
+ * attention fused (flash) or unfused (the s x s scores written, softmax
+ * and dropout over them: Megatron-LM before flash attention). */
+typedef struct roofline_shard {
+    int tp, mbs;
+    double element_bytes;
+    bool unfused_attention;
+} roofline_shard;
+
 /* Computation only (no tensor-parallel communication) of one micro-batch
- * of `mbs` sequences of `shape` at tensor-parallel degree tp, with
- * activations of element_bytes bytes: every kernel of the embedding, one
+ * of `shape` as `shard` says: every kernel of the embedding, one
  * transformer layer and the head, forward and backward, as
  * max(FLOPs / rate, bytes / bandwidth) + overhead (docs/profiles.md). */
 void roofline_part_costs(const roofline_params *params,
                          const roofline_device *device,
-                         const model_shape *shape, int tp, int mbs,
-                         double element_bytes, model_part_costs *out);
+                         const model_shape *shape, roofline_shard shard,
+                         model_part_costs *out);
 
 /* One time of a source profile, as the fit sees it. part: 0 embedding,
  * 1 layer, 2 head. */
@@ -623,6 +656,47 @@ typedef struct roofline_fit_result {
  * parameter no source pins down stays sensible. */
 int roofline_fit(const profile *sources, int source_count,
                  roofline_fit_result *out, pt_error *err);
+
+/* ------------------------------- calibrated on training runs (calibrate.c) */
+
+/* A training run measured on a cluster of one GPU type: the plan it ran
+ * (model, cluster, degrees, levers, runtime; borrowed) and its measured
+ * step time. */
+typedef struct calibration_run {
+    char id[64];
+    const plan *plan;
+    double measured_s;
+} calibration_run;
+
+/* Estimates and measurements of a set of runs, side by side. Errors are
+ * fractions (0.05 = 5 %), signed as estimated / measured - 1. */
+typedef struct calibration_summary {
+    int run_count;
+    int within_10_percent;
+    double mean_abs_error, median_abs_error, rms_log_error;
+    double worst_error;
+} calibration_summary;
+
+/* Fails, naming the run, when a node type of its cluster is not prof's
+ * GPU or its measured time is not a positive number. */
+int calibration_check_run(const calibration_run *run, const profile *prof,
+                          pt_error *err);
+/* Estimates every run with prof pricing each of its node types:
+ * estimated_s[i] the step time, fits[i] (may be NULL) whether it fits in
+ * memory. Fails on the first run that cannot be estimated, naming it. */
+int calibration_estimate(const calibration_run *runs, int count,
+                         const profile *prof, double *estimated_s,
+                         bool *fits, pt_error *err);
+void calibration_summarise(const calibration_run *runs, int count,
+                           const double *estimated_s,
+                           calibration_summary *out);
+/* Fits the roofline of base (a derived profile) to the runs: GEMM
+ * efficiency and half-work size, attention and bandwidth efficiency and
+ * kernel overhead, by least squares in log step time with a pull towards
+ * base's own values; *out is base's roofline with them, rounded to 4
+ * significant digits. */
+int calibration_fit(const calibration_run *runs, int count,
+                    const profile *base, roofline_params *out, pt_error *err);
 
 /* -------------------------------------------- derived profiles (specs) */
 
@@ -715,12 +789,12 @@ double p2p_time(double bytes, link_spec link);
  * group is priced flat over its slowest link); intra links the ranks of
  * a node, inter the nodes (each rank's own rail: concurrent rings of a
  * node do not share it). nodes <= 1: one node, intra alone. */
-typedef struct comm_group {
+struct comm_group {
     int members;
     int nodes;
     link_spec intra;
     link_spec inter;
-} comm_group;
+};
 
 typedef enum allreduce_algorithm {
     ALLREDUCE_RING,

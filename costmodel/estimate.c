@@ -276,8 +276,11 @@ static void price_step_work(const costmodel *cm, const parallel_config *config,
          * backward, but under ZeRO-1 on the tied embedding's pair, whose
          * copies are summed after it first (docs/cost-model.md, 7.1) */
         double exposed = work.reduce_s;
-        if (config->distributed_optimizer && tail->embedding_member) {
-            /* after the backward, whole */
+        if (!parallel_overlaps_grad_reduce(config) ||
+            (config->distributed_optimizer && tail->embedding_member)) {
+            /* after the backward, whole: the runtime does not overlap
+             * (Megatron-LM without --overlap-grad-reduce), or ZeRO-1's
+             * tied pair */
         } else if (cm->dp_overlap.enabled) {
             exposed = work.exposed_s; /* --dp-overlap: bucket by bucket */
         } else {

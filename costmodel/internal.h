@@ -84,11 +84,6 @@ void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
                            const stage_placement *self, int stage,
                            double *send_forward_s, double *send_backward_s);
 
-/* Bytes of one stage boundary's activation (or its gradient), and of
- * one tensor-parallel all-reduce: b x s x h elements in the plan's
- * precision. */
-double activation_message_bytes(const model_shape *model,
-                                 const parallel_config *config);
 
 /* Whether every one of count times is finite and not negative (the
  * simulators' inputs). */
@@ -243,5 +238,32 @@ double costmodel_dp_exposed_seconds(const costmodel *cm,
                                     const stage_placement *place,
                                     const dp_backward *backward,
                                     double reduce_s);
+
+/* ----------------------------------------------------- least_squares.c */
+
+#define LSQ_MAX_PARAMS 8
+
+/* A least-squares problem: residuals(context, u, r) fills r[0..
+ * residual_count) for the coordinates u[0..param_count). */
+typedef struct lsq_problem {
+    int param_count, residual_count;
+    void (*residuals)(const void *context, const double *u, double *r);
+    const void *context;
+    int max_iterations;
+} lsq_problem;
+
+/* Levenberg-Marquardt from u (updated in place) with a central-difference
+ * Jacobian; returns the final sum of squares, NAN with err filled when
+ * the problem is malformed or memory runs out. */
+double lsq_minimise(const lsq_problem *problem, double *u, pt_error *err);
+
+/* The roofline's parameters on the fit's unbounded coordinates (logit of
+ * the efficiencies, log of the sizes and times; ROOFLINE_PARAM_COUNT of
+ * them, in roofline_params' order) and back. */
+#define ROOFLINE_PARAM_COUNT 6
+roofline_params roofline_params_from_vector(const double *u);
+void roofline_vector_from_params(const roofline_params *p, double *u);
+/* 4 significant digits of each parameter: what a profile file says. */
+roofline_params roofline_rounded(const roofline_params *p);
 
 #endif

@@ -47,6 +47,10 @@ typedef struct shard_dims {
     double V;          /* vocabulary rows of the shard */
     double Vp;         /* rounded up to VOCAB_ROUNDING */
     double e;          /* bytes of a half-precision buffer's element */
+    double r;          /* of the residual stream's (4: fp32 in Partita's
+                          executor; e in Megatron-LM and DeepSpeed) */
+    double g;          /* of a main gradient's */
+    bool unfused;      /* attention keeps its a s x s scores */
     int tp;
     double S;          /* sequence shards: tp under sequence parallelism,
                           else 1 (the layer norms' and the residual
@@ -62,6 +66,8 @@ static shard_dims dims_of(const model_shape *m, const parallel_config *c)
         .F = m->ffn_hidden / tp, .NH = m->heads / tp,
         .V = V, .Vp = ceil_div(V, VOCAB_ROUNDING) * VOCAB_ROUNDING,
         .e = precision_bytes(c->precision), .tp = tp,
+        .r = parallel_residual_bytes(c), .g = parallel_gradient_bytes(c),
+        .unfused = parallel_attention(c) == ATTENTION_UNFUSED,
         .S = costmodel_sequence_shards(c)};
     d.N = d.B * d.T;
     return d;
@@ -124,7 +130,7 @@ static void add_parameter_terms(const parallel_config *c, const shard_dims *d,
     double one = fixed ? 1.0 : 0.0;
     double P = part->params;
     out->bytes[PT_MEMORY_WEIGHTS] += 4.0 * (P + one);
-    out->bytes[PT_MEMORY_GRADIENTS] += 4.0 * (P + head_pad + one);
+    out->bytes[PT_MEMORY_GRADIENTS] += d->g * (P + head_pad + one);
     out->bytes[PT_MEMORY_WEIGHT_MIRROR] += d->e * (P + head_pad + one);
     bool sharded = c->distributed_optimizer && c->dp > 1;
     double dp = sharded ? c->dp : 1.0;
@@ -145,19 +151,24 @@ static void add_parameter_terms(const parallel_config *c, const shard_dims *d,
 
 /* One layer's activations kept per micro-batch in flight (the cuda
  * backend recomputes the GELU output; full recompute keeps the layer's
- * fp32 output only). */
+ * output only). The residual stream in r bytes; unfused attention keeps
+ * its softmax output (e bytes a score), dropout mask (1) and dropout
+ * output (e), as Megatron's activation memory counts them. */
 static double layer_activation_bytes(const shard_dims *d, bool recompute)
 {
     double N = d->N, C = d->C, A = d->A, F = d->F, e = d->e, S = d->S;
+    double r = d->r;
     if (recompute)
-        return 4.0 * N * C / S;
+        return r * N * C / S;
+    double scores = d->unfused ? (2.0 * e + 1.0) * N * d->NH * d->T : 0.0;
     return 16.0 * N / S                   /* two norms' mean and rstd */
            + e * 2.0 * N * C / S          /* the norms' outputs */
            + e * 4.0 * N * A              /* qkv, attention output */
            + 4.0 * d->B * d->NH * d->T    /* attention's log-sum-exp */
-           + 4.0 * N * C / S              /* residual after attention */
+           + scores                       /* unfused: the s x s scores */
+           + r * N * C / S                /* residual after attention */
            + e * N * F                    /* fc output before the GELU */
-           + 4.0 * N * C / S;             /* the layer's output */
+           + r * N * C / S;               /* the layer's output */
 }
 
 /* The layer the backward works on under full recompute: everything but
@@ -165,7 +176,7 @@ static double layer_activation_bytes(const shard_dims *d, bool recompute)
  * once, in the scratch. */
 static double recomputed_layer_bytes(const shard_dims *d)
 {
-    return layer_activation_bytes(d, false) - 4.0 * d->N * d->C / d->S;
+    return layer_activation_bytes(d, false) - d->r * d->N * d->C / d->S;
 }
 
 /* The layer-norm backward's scratch: completion counters (padded), the
@@ -300,7 +311,7 @@ void costmodel_stage_memory(const model_shape *model,
      * per layer its activations (each chunk holds L / v of them); the
      * head's chunk's slots the head's */
     fixed->bytes[PT_MEMORY_ACTIVATIONS] +=
-        chunks.slots * (20.0 * d.N + 4.0 + 4.0 * d.N * d.C / d.S);
+        chunks.slots * (20.0 * d.N + 4.0 + d.r * d.N * d.C / d.S);
     layer->bytes[PT_MEMORY_ACTIVATIONS] +=
         chunks.slots / v * layer_activation_bytes(&d, config->recompute);
     if (last)

@@ -108,12 +108,15 @@ typedef struct group_pace {
     double seconds;        /* forward + backward of one layer */
     int slow_type;
     bool spans_nodes;
-    link_spec link;
+    link_spec link;        /* the slowest link between its nodes */
+    int nodes;             /* the nodes it spans */
+    link_spec intra_link;  /* the slowest inside a node holding two */
 } group_pace;
 
 /* The tp group of GPUs [first, first + tp): its slowest type, and when it
- * crosses nodes, its slowest link (the inter-node links between its
- * nodes, the intra-node link of a node holding two of its GPUs). */
+ * crosses nodes, the group as NCCL sees it: its nodes, the slowest
+ * inter-node link between them and the slowest intra-node link of a node
+ * holding two of its GPUs. */
 static int price_group(const costmodel *cm, const parallel_config *config,
                        const node_lane *lane, lane_cursor *cursor,
                        long long first, group_pace *out, pt_error *err)
@@ -125,9 +128,11 @@ static int price_group(const costmodel *cm, const parallel_config *config,
            lane->starts[last_slot + 1] < first + config->tp)
         last_slot++;
     out->spans_nodes = last_slot != first_slot;
+    out->nodes = last_slot - first_slot + 1;
     out->slow_type = lane->types[first_slot];
     out->link = c->types[lane->types[first_slot]].intra_node;
-    bool any_link = false;
+    out->intra_link = out->link;
+    bool any_inter = false, any_intra = false;
     double slowest = -1.0;
     for (int slot = first_slot; slot <= last_slot; slot++) {
         type_costs costs;
@@ -145,22 +150,25 @@ static int price_group(const costmodel *cm, const parallel_config *config,
         long long hi = lane->starts[slot + 1] < first + config->tp
                            ? lane->starts[slot + 1]
                            : first + config->tp;
-        link_spec link = slot_link(c, lane, slot, slot);
         if (hi - lo >= 2) {
-            out->link = any_link ? slower_link(out->link, link) : link;
-            any_link = true;
+            link_spec link = slot_link(c, lane, slot, slot);
+            out->intra_link = any_intra ? slower_link(out->intra_link, link)
+                                        : link;
+            any_intra = true;
         }
         if (slot < last_slot) {
-            link = slot_link(c, lane, slot, slot + 1);
-            out->link = any_link ? slower_link(out->link, link) : link;
-            any_link = true;
+            link_spec link = slot_link(c, lane, slot, slot + 1);
+            out->link = any_inter ? slower_link(out->link, link) : link;
+            any_inter = true;
         }
     }
     type_costs slow;
     if (costmodel_price_type(cm, out->slow_type, config, NULL, &slow, err) != 0)
         return -1;
-    out->seconds = costmodel_layer_pace_s(cm, config, &slow, out->spans_nodes,
-                                          out->link);
+    comm_group span = {.members = config->tp, .nodes = out->nodes,
+                       .intra = out->intra_link, .inter = out->link};
+    out->seconds = costmodel_layer_pace_s(cm, config, &slow,
+                                          out->spans_nodes ? &span : NULL);
     return 0;
 }
 
@@ -185,6 +193,8 @@ static int stage_types(const costmodel *cm, const parallel_config *config,
             out->slow_type = group.slow_type;
             out->tp_spans_nodes = group.spans_nodes;
             out->tp_link = group.link;
+            out->tp_nodes = group.nodes;
+            out->tp_intra_link = group.intra_link;
         }
     }
     long long stage_gpus = (long long)config->dp * config->tp;

@@ -176,8 +176,11 @@ static part_times roofline_times(const profile *prof, const model_shape *m,
     model_part_costs costs;
     /* check_efficiency_model has made sure the device is complete */
     roofline_device_of(prof, &device, NULL);
-    roofline_part_costs(&prof->roofline, &device, m, config->tp, config->mbs,
-                        precision_bytes(config->precision), &costs);
+    roofline_shard shard = {
+        .tp = config->tp, .mbs = config->mbs,
+        .element_bytes = precision_bytes(config->precision),
+        .unfused_attention = parallel_attention(config) == ATTENTION_UNFUSED};
+    roofline_part_costs(&prof->roofline, &device, m, shard, &costs);
     return (part_times){costs.embedding, costs.layer, costs.head};
 }
 
@@ -421,24 +424,39 @@ int costmodel_type_costs_at_rest(const costmodel *cm, int type_index,
                            config, NULL, out, err);
 }
 
-double costmodel_layer_pace_s(const costmodel *cm,
-                              const parallel_config *config,
-                              const type_costs *costs, bool spans_nodes,
-                              link_spec span_link)
+double costmodel_layer_pace_across_s(const parallel_config *config,
+                                     const type_costs *costs,
+                                     double across_s)
 {
     double pace = costs->layer_forward_s + costs->layer_backward_s;
-    if (!spans_nodes || config->tp < 2)
+    if (config->tp < 2)
         return pace;
     /* the layer's all-reduces (2 forward, 2 backward, 2 more when the
        backward recomputes the forward) leave the node: swap the in-node
-       time for the closed form over the group's slowest link */
+       time for the time across */
     double count = config->recompute ? 6.0 : 4.0;
+    return pace + count * (across_s - costs->tp_allreduce_s);
+}
+
+double costmodel_tp_collective_across_s(const costmodel *cm,
+                                        const parallel_config *config,
+                                        const comm_group *span)
+{
     double bytes = activation_message_bytes(&cm->model, config);
-    double across = config->sequence_parallel
-                        ? costmodel_sequence_tp_comm_s(reduce_scatter_time(
-                              bytes, config->tp, span_link))
-                        : allreduce_time(bytes, config->tp, span_link);
-    return pace + count * (across - costs->tp_allreduce_s);
+    if (config->sequence_parallel)
+        return costmodel_sequence_tp_comm_s(nccl_reduce_scatter(bytes, span));
+    return nccl_allreduce(bytes, span).seconds;
+}
+
+double costmodel_layer_pace_s(const costmodel *cm,
+                              const parallel_config *config,
+                              const type_costs *costs,
+                              const comm_group *span)
+{
+    if (span == NULL || span->nodes < 2 || config->tp < 2)
+        return costs->layer_forward_s + costs->layer_backward_s;
+    return costmodel_layer_pace_across_s(
+        config, costs, costmodel_tp_collective_across_s(cm, config, span));
 }
 
 int costmodel_type_costs(costmodel *cm, int type_index,

@@ -51,21 +51,45 @@ static void add_memory(kernel_list *list, double bytes)
     add_kernel(list, KERNEL_MEMORY, 0.0, bytes);
 }
 
+/* Unfused attention of one tp shard (a / t heads of h / a channels):
+ * Q K^T and P V as batched GEMMs whose s x s scores go through memory,
+ * the scaled, masked softmax over them, and dropout (its output and a
+ * one-byte mask written). */
+static void unfused_attention_kernels(const model_shape *m, int tp, int mbs,
+                                      double e, kernel_list *out)
+{
+    double tokens = (double)mbs * m->seq, t = tp;
+    double scores = (double)mbs * m->heads / t * m->seq * m->seq;
+    double qkv_shard = tokens * m->hidden / t;
+    add_kernel(out, KERNEL_GEMM, 2.0 * mbs * (double)m->seq * m->seq *
+                                     m->hidden / t,
+               e * (2.0 * qkv_shard + scores));            /* Q K^T */
+    add_memory(out, 2.0 * e * scores);                      /* softmax */
+    add_memory(out, (2.0 * e + 1.0) * scores);              /* dropout */
+    add_kernel(out, KERNEL_GEMM, 2.0 * mbs * (double)m->seq * m->seq *
+                                     m->hidden / t,
+               e * (scores + 2.0 * qkv_shard));             /* P V */
+}
+
 /* The shard of one transformer layer a tp rank computes, forward. Biases
  * ride in the kernels that apply them (QKV's in the GEMM epilogue, the
  * others fused with GELU or with the residual add). Attention is
- * flash-style: the FLOPs of Q K^T and P V (counted over the full s x s
- * square, as Megatron counts them) and the bytes of Q, K, V and O. */
+ * flash-style (the FLOPs of Q K^T and P V, counted over the full s x s
+ * square as Megatron counts them, and the bytes of Q, K, V and O) or
+ * unfused (above). */
 static void layer_forward_kernels(const model_shape *m, int tp, int mbs,
-                                  double e, kernel_list *out)
+                                  double e, bool unfused, kernel_list *out)
 {
     double tokens = (double)mbs * m->seq, h = m->hidden, t = tp;
     double f = m->ffn_hidden;
     add_memory(out, 2.0 * tokens * h * e);               /* layer norm 1 */
     add_gemm(out, tokens, 3.0 * h / t, h, e);            /* QKV + bias */
-    add_kernel(out, KERNEL_ATTENTION,
-               4.0 * mbs * (double)m->seq * m->seq * h / t,
-               4.0 * tokens * h / t * e);                /* flash attention */
+    if (unfused)
+        unfused_attention_kernels(m, tp, mbs, e, out);
+    else
+        add_kernel(out, KERNEL_ATTENTION,
+                   4.0 * mbs * (double)m->seq * m->seq * h / t,
+                   4.0 * tokens * h / t * e);            /* flash attention */
     add_gemm(out, tokens, h, h / t, e);                  /* projection */
     add_memory(out, 3.0 * tokens * h * e);               /* bias + residual */
     add_memory(out, 2.0 * tokens * h * e);               /* layer norm 2 */
@@ -125,16 +149,18 @@ static void backward_kernels(const kernel_list *forward, kernel_list *out)
 
 /* The kernels of one part (0 embedding, 1 layer, 2 head) in one
  * direction. */
-static void part_kernels(const model_shape *m, int tp, int mbs, double e,
+static void part_kernels(const model_shape *m, roofline_shard shard,
                          int part, bool backward, kernel_list *out)
 {
     kernel_list forward = {0};
+    double e = shard.element_bytes;
     if (part == 0)
-        embedding_forward_kernels(m, mbs, e, &forward);
+        embedding_forward_kernels(m, shard.mbs, e, &forward);
     else if (part == 1)
-        layer_forward_kernels(m, tp, mbs, e, &forward);
+        layer_forward_kernels(m, shard.tp, shard.mbs, e,
+                              shard.unfused_attention, &forward);
     else
-        head_forward_kernels(m, tp, mbs, e, &forward);
+        head_forward_kernels(m, shard.tp, shard.mbs, e, &forward);
     if (backward)
         backward_kernels(&forward, out);
     else
@@ -188,14 +214,14 @@ static double list_seconds(const roofline_params *p, const roofline_device *d,
 
 void roofline_part_costs(const roofline_params *params,
                          const roofline_device *device,
-                         const model_shape *shape, int tp, int mbs,
-                         double element_bytes, model_part_costs *out)
+                         const model_shape *shape, roofline_shard shard,
+                         model_part_costs *out)
 {
     part_cost *parts[3] = {&out->embedding, &out->layer, &out->head};
     for (int part = 0; part < 3; part++) {
         kernel_list forward, backward;
-        part_kernels(shape, tp, mbs, element_bytes, part, false, &forward);
-        part_kernels(shape, tp, mbs, element_bytes, part, true, &backward);
+        part_kernels(shape, shard, part, false, &forward);
+        part_kernels(shape, shard, part, true, &backward);
         parts[part]->forward_s = list_seconds(params, device, &forward);
         parts[part]->backward_s = list_seconds(params, device, &backward);
     }
@@ -279,8 +305,8 @@ static int source_points(const profile *source, const roofline_device *device,
                                                : parts[part]->forward_s};
                     fp->device = device;
                     /* the sources are half-precision measurements */
-                    part_kernels(&m, pt->tp, pt->mbs, 2.0, part, backward,
-                                 &fp->kernels);
+                    roofline_shard shard = {pt->tp, pt->mbs, 2.0, false};
+                    part_kernels(&m, shard, part, backward, &fp->kernels);
                 }
             }
         }
@@ -332,7 +358,7 @@ int roofline_observations(const roofline_params *params,
 
 /* The fit works on unbounded coordinates: logit of the efficiencies (the
  * attention's over (0, 2)), log of the sizes and times. */
-#define PARAM_COUNT 6
+#define PARAM_COUNT ROOFLINE_PARAM_COUNT
 /* Weight of the pull towards the priors, per parameter, against the sum
  * of squared log errors (one point off by 10% adds 0.009). */
 #define PRIOR_WEIGHT 0.01
@@ -340,7 +366,7 @@ int roofline_observations(const roofline_params *params,
 static double logit(double x) { return log(x / (1.0 - x)); }
 static double logistic(double u) { return 1.0 / (1.0 + exp(-u)); }
 
-static roofline_params params_from_vector(const double *u)
+roofline_params roofline_params_from_vector(const double *u)
 {
     return (roofline_params){
         .present = true,
@@ -352,7 +378,7 @@ static roofline_params params_from_vector(const double *u)
         .bandwidth_saturation_sm_fraction = logistic(u[5])};
 }
 
-static void vector_from_params(const roofline_params *p, double *u)
+void roofline_vector_from_params(const roofline_params *p, double *u)
 {
     u[0] = logit(p->gemm_efficiency);
     u[1] = log(p->gemm_half_work_flop / 1e9);
@@ -384,15 +410,11 @@ typedef struct fit_problem {
     double prior[PARAM_COUNT];
 } fit_problem;
 
-static int residual_count(const fit_problem *problem)
-{
-    return problem->point_count + PARAM_COUNT;
-}
-
 /* ln(predicted / measured) for every point, then the prior terms. */
-static void residuals(const fit_problem *problem, const double *u, double *r)
+static void residuals(const void *context, const double *u, double *r)
 {
-    roofline_params p = params_from_vector(u);
+    const fit_problem *problem = context;
+    roofline_params p = roofline_params_from_vector(u);
     for (int i = 0; i < problem->point_count; i++) {
         const fit_point *fp = &problem->points[i];
         double predicted = list_seconds(&p, fp->device, &fp->kernels);
@@ -403,137 +425,18 @@ static void residuals(const fit_problem *problem, const double *u, double *r)
         r[problem->point_count + j] = weight * (u[j] - problem->prior[j]);
 }
 
-static double sum_of_squares(const double *r, int n)
-{
-    double sum = 0.0;
-    for (int i = 0; i < n; i++)
-        sum += r[i] * r[i];
-    return sum;
-}
-
-/* Solves a x = b for a small symmetric positive definite a (Cholesky);
- * false when a is not positive definite. a is overwritten. */
-static bool solve_small(double a[PARAM_COUNT][PARAM_COUNT],
-                        const double *b, double *x)
-{
-    int n = PARAM_COUNT;
-    for (int j = 0; j < n; j++) {
-        double diagonal = a[j][j];
-        for (int k = 0; k < j; k++)
-            diagonal -= a[j][k] * a[j][k];
-        if (!(diagonal > 0.0))
-            return false;
-        a[j][j] = sqrt(diagonal);
-        for (int i = j + 1; i < n; i++) {
-            double value = a[i][j];
-            for (int k = 0; k < j; k++)
-                value -= a[i][k] * a[j][k];
-            a[i][j] = value / a[j][j];
-        }
-    }
-    double y[PARAM_COUNT];
-    for (int i = 0; i < n; i++) {
-        double value = b[i];
-        for (int k = 0; k < i; k++)
-            value -= a[i][k] * y[k];
-        y[i] = value / a[i][i];
-    }
-    for (int i = n - 1; i >= 0; i--) {
-        double value = y[i];
-        for (int k = i + 1; k < n; k++)
-            value -= a[k][i] * x[k];
-        x[i] = value / a[i][i];
-    }
-    return true;
-}
-
-/* Central-difference Jacobian of the residuals, column by column. */
-static void jacobian(const fit_problem *problem, const double *u,
-                     double *jac, double *scratch_plus, double *scratch_minus)
-{
-    int n = residual_count(problem);
-    const double step = 1e-5;
-    double probe[PARAM_COUNT];
-    for (int j = 0; j < PARAM_COUNT; j++) {
-        memcpy(probe, u, sizeof probe);
-        probe[j] = u[j] + step;
-        residuals(problem, probe, scratch_plus);
-        probe[j] = u[j] - step;
-        residuals(problem, probe, scratch_minus);
-        for (int i = 0; i < n; i++)
-            jac[(size_t)i * PARAM_COUNT + j] =
-                (scratch_plus[i] - scratch_minus[i]) / (2.0 * step);
-    }
-}
-
-typedef struct fit_workspace {
-    double *r, *trial_r, *jac, *plus, *minus;
-} fit_workspace;
-
-/* One Levenberg-Marquardt step from u: tries damping until the cost
- * drops. Returns false when no damping helps (a minimum). */
-static bool lm_step(const fit_problem *problem, fit_workspace *w, double *u,
-                    double *cost, double *damping)
-{
-    int n = residual_count(problem);
-    jacobian(problem, u, w->jac, w->plus, w->minus);
-    double normal[PARAM_COUNT][PARAM_COUNT] = {{0}};
-    double gradient[PARAM_COUNT] = {0};
-    for (int i = 0; i < n; i++) {
-        const double *row = &w->jac[(size_t)i * PARAM_COUNT];
-        for (int a = 0; a < PARAM_COUNT; a++) {
-            gradient[a] -= row[a] * w->r[i];
-            for (int b = 0; b < PARAM_COUNT; b++)
-                normal[a][b] += row[a] * row[b];
-        }
-    }
-    for (int attempt = 0; attempt < 30; attempt++) {
-        double damped[PARAM_COUNT][PARAM_COUNT], delta[PARAM_COUNT];
-        memcpy(damped, normal, sizeof damped);
-        for (int a = 0; a < PARAM_COUNT; a++)
-            damped[a][a] += *damping * (normal[a][a] + 1e-9);
-        double trial[PARAM_COUNT];
-        if (solve_small(damped, gradient, delta)) {
-            for (int a = 0; a < PARAM_COUNT; a++)
-                trial[a] = u[a] + delta[a];
-            residuals(problem, trial, w->trial_r);
-            double trial_cost = sum_of_squares(w->trial_r, n);
-            if (trial_cost < *cost) {
-                bool tiny = *cost - trial_cost < 1e-12 * (1.0 + *cost);
-                memcpy(u, trial, sizeof trial);
-                memcpy(w->r, w->trial_r, (size_t)n * sizeof *w->r);
-                *cost = trial_cost;
-                *damping = *damping * 0.3 > 1e-12 ? *damping * 0.3 : 1e-12;
-                return !tiny;
-            }
-        }
-        *damping *= 10.0;
-    }
-    return false;
-}
-
-/* Minimises from u (updated in place); returns the final cost. */
-static double minimise_from(const fit_problem *problem, fit_workspace *w,
-                            double *u)
-{
-    int n = residual_count(problem);
-    residuals(problem, u, w->r);
-    double cost = sum_of_squares(w->r, n);
-    double damping = 1e-3;
-    for (int iteration = 0; iteration < 200; iteration++)
-        if (!lm_step(problem, w, u, &cost, &damping))
-            break;
-    return cost;
-}
-
 /* The least-squares cost has kinks (the max of compute and memory time)
  * and flat directions, so the fit starts from the prior and from a few
  * spread-out points and keeps the best end. */
-static void fit_from_starts(const fit_problem *problem, fit_workspace *w,
-                            double *best)
+static int fit_from_starts(const fit_problem *fit, double *best,
+                           pt_error *err)
 {
     static const double gemm_starts[] = {0.2, 0.5, 0.85};
     static const double overhead_starts_us[] = {1.0, 5.0, 30.0};
+    lsq_problem problem = {.param_count = PARAM_COUNT,
+                           .residual_count = fit->point_count + PARAM_COUNT,
+                           .residuals = residuals, .context = fit,
+                           .max_iterations = 200};
     double best_cost = HUGE_VAL;
     for (int start = -1; start < 9; start++) {
         roofline_params p = prior_params();
@@ -542,17 +445,20 @@ static void fit_from_starts(const fit_problem *problem, fit_workspace *w,
             p.kernel_overhead_s = overhead_starts_us[start % 3] * 1e-6;
         }
         double u[PARAM_COUNT];
-        vector_from_params(&p, u);
-        double cost = minimise_from(problem, w, u);
+        roofline_vector_from_params(&p, u);
+        double cost = lsq_minimise(&problem, u, err);
+        if (isnan(cost))
+            return -1;
         if (cost < best_cost) {
             best_cost = cost;
             memcpy(best, u, sizeof u);
         }
     }
+    return 0;
 }
 
 /* What the file will say: 4 significant digits of each parameter. */
-static roofline_params rounded(const roofline_params *p)
+roofline_params roofline_rounded(const roofline_params *p)
 {
     roofline_params out = *p;
     out.gemm_efficiency = pt_round_significant(p->gemm_efficiency, 4);
@@ -637,20 +543,14 @@ int roofline_fit(const profile *sources, int source_count,
     }
     fit_problem problem = {.points = points, .point_count = count};
     roofline_params prior = prior_params();
-    vector_from_params(&prior, problem.prior);
-    int n = residual_count(&problem);
-    fit_workspace w = {
-        calloc((size_t)n, sizeof(double)), calloc((size_t)n, sizeof(double)),
-        calloc((size_t)n * PARAM_COUNT, sizeof(double)),
-        calloc((size_t)n, sizeof(double)), calloc((size_t)n, sizeof(double))};
+    roofline_vector_from_params(&prior, problem.prior);
     int status = 0;
-    if (!w.r || !w.trial_r || !w.jac || !w.plus || !w.minus) {
-        status = pt_fail(err, "roofline: out of memory");
+    double best[PARAM_COUNT];
+    if (fit_from_starts(&problem, best, err) != 0) {
+        status = -1;
     } else {
-        double best[PARAM_COUNT];
-        fit_from_starts(&problem, &w, best);
-        roofline_params fitted = params_from_vector(best);
-        out->params = rounded(&fitted);
+        roofline_params fitted = roofline_params_from_vector(best);
+        out->params = roofline_rounded(&fitted);
         out->source_count = source_count;
         pt_copy_string(out->all.gpu, sizeof out->all.gpu, "all");
         error_of(&out->params, points, count, &out->all);
@@ -658,11 +558,6 @@ int roofline_fit(const profile *sources, int source_count,
             error_of(&out->params, points + first[i], first[i + 1] - first[i],
                      &out->sources[i]);
     }
-    free(w.r);
-    free(w.trial_r);
-    free(w.jac);
-    free(w.plus);
-    free(w.minus);
     free(points);
     return status;
 }

@@ -73,21 +73,40 @@ int costmodel_microbatch_count(const parallel_config *config, pt_error *err)
     return microbatches;
 }
 
+/* One pipeline message over `link`: whole from every tp rank (Partita's
+ * executor, or the sequence shard under sequence parallelism), or, as
+ * Megatron-LM and DeepSpeed send it, 1/tp from each tp rank and
+ * all-gathered inside the receiving node (`gather`; the stage's own
+ * node type's link stands for it). */
+static double pipeline_send_s(const costmodel *cm,
+                              const parallel_config *config, double bytes,
+                              int curve_type, link_spec link,
+                              link_spec gather)
+{
+    bool split = config->runtime != RUNTIME_PARTITA && config->tp > 1 &&
+                 !config->sequence_parallel;
+    if (!split)
+        return costmodel_send_seconds(cm, bytes, curve_type, link);
+    return costmodel_send_seconds(cm, bytes / config->tp, curve_type, link) +
+           reduce_scatter_time(bytes, config->tp, gather);
+}
+
 void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
                            const stage_placement *previous,
                            const stage_placement *self, int stage,
                            double *send_forward_s, double *send_backward_s)
 {
     double bytes = costmodel_pipeline_message_bytes(&cm->model, config);
+    link_spec gather = cm->cluster->types[self->slow_type].intra_node;
     *send_forward_s = stage < config->pp - 1
-                          ? costmodel_send_seconds(cm, bytes,
-                                                   self->next_curve_type,
-                                                   self->next_link)
+                          ? pipeline_send_s(cm, config, bytes,
+                                            self->next_curve_type,
+                                            self->next_link, gather)
                           : 0.0;
     *send_backward_s = stage > 0
-                           ? costmodel_send_seconds(cm, bytes,
-                                                    previous->next_curve_type,
-                                                    previous->next_link)
+                           ? pipeline_send_s(cm, config, bytes,
+                                             previous->next_curve_type,
+                                             previous->next_link, gather)
                            : 0.0;
 }
 
@@ -134,9 +153,11 @@ void costmodel_terms_from_costs(const costmodel *cm,
         out->fixed_s += slow->embedding_forward_s + slow->embedding_backward_s;
     if (last)
         out->fixed_s += slow->head_forward_s + slow->head_backward_s;
-    out->per_layer_s = costmodel_layer_pace_s(cm, config, slow,
-                                              self->tp_spans_nodes,
-                                              self->tp_link);
+    comm_group tp_span = {.members = config->tp, .nodes = self->tp_nodes,
+                          .intra = self->tp_intra_link,
+                          .inter = self->tp_link};
+    out->per_layer_s = costmodel_layer_pace_s(
+        cm, config, slow, self->tp_spans_nodes ? &tp_span : NULL);
 
     /* memory: docs/cost-model.md, "Memory per GPU" (memory.c) */
     double workspace = cm->profiles[self->small_type].workspace_gib * PT_GIB;
@@ -247,7 +268,8 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
     int dp = config->dp;
     double params = stage_parameters_per_gpu(&cm->model, config, stage,
                                              layers);
-    double gradient_bytes = params * 4.0; /* fp32 main gradients */
+    /* the main gradients as the runtime keeps and reduces them */
+    double gradient_bytes = params * parallel_gradient_bytes(config);
     bool zero1 = config->distributed_optimizer;
     out->reduce_s = costmodel_dp_reduce_seconds(cm, config, placement,
                                                 gradient_bytes, zero1);

@@ -139,18 +139,28 @@ static bool groups_may_span(const cluster *c, const parallel_config *config)
 }
 
 /* The fastest a tp group holding type t can run a layer: in one node, or
- * when groups may span nodes, across a link no faster than t's
- * inter-node link (counted by bandwidth alone). */
+ * when groups may span nodes, with its collectives no faster than
+ * allreduce_floor_time over the cluster's fastest links (a sequence-
+ * parallel reduce-scatter and all-gather move the same bytes). */
 static double pace_floor(costmodel *cm, const parallel_config *config,
-                         const type_costs *costs, int type, bool may_span)
+                         const type_costs *costs, bool may_span)
 {
     double pace = costs->layer_forward_s + costs->layer_backward_s;
     if (!may_span)
         return pace;
-    link_spec fastest = cm->cluster->types[type].inter_node;
-    fastest.latency_s = 0.0;
-    return fmin(pace, costmodel_layer_pace_s(cm, config, costs, true,
-                                             fastest));
+    const cluster *c = cm->cluster;
+    double intra = 0.0, inter = 0.0;
+    int most_per_node = 1;
+    for (int t = 0; t < c->type_count; t++) {
+        intra = fmax(intra, c->types[t].intra_node.bandwidth_bytes_per_s);
+        inter = fmax(inter, c->types[t].inter_node.bandwidth_bytes_per_s);
+        if (c->types[t].gpus > most_per_node)
+            most_per_node = c->types[t].gpus;
+    }
+    double bytes = activation_message_bytes(&cm->model, config);
+    double across = allreduce_floor_time(bytes, config->tp, most_per_node,
+                                         intra, inter);
+    return fmin(pace, costmodel_layer_pace_across_s(config, costs, across));
 }
 
 static int pure_cap(const bound_tables *t, int type, int stage)
@@ -395,7 +405,7 @@ int bound_tables_fill(bound_tables *t, costmodel *cm,
         type_costs costs;
         if (costmodel_type_costs(cm, type, config, &costs, err) != 0)
             return -1;
-        t->pace[type] = pace_floor(cm, config, &costs, type, may_span);
+        t->pace[type] = pace_floor(cm, config, &costs, may_span);
         t->send[type] = config->pp > 1
                             ? send_floor(cm, config, type, t->stage_gpus)
                             : 0.0;

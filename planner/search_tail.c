@@ -167,8 +167,8 @@ int tail_tables_fill(bound_tables *t, pt_error *err)
 
 /* The key of a stage's row: its position and every field of its
  * placement (the work reads no other fact of the stage). */
-#define TAIL_KEY_INTS 8
-#define TAIL_KEY_DOUBLES 8
+#define TAIL_KEY_INTS 9
+#define TAIL_KEY_DOUBLES 10
 #define TAIL_KEY_BYTES \
     (TAIL_KEY_INTS * sizeof(int) + TAIL_KEY_DOUBLES * sizeof(double))
 
@@ -178,12 +178,14 @@ static size_t tail_key(const stage_placement *p, int stage,
     int ints[TAIL_KEY_INTS] = {stage, p->slow_type, p->small_type,
                                p->tp_spans_nodes, p->dp_nodes,
                                p->next_curve_type, p->dp_curve_type,
-                               p->slices_of_one_gpu};
+                               p->slices_of_one_gpu,
+                               p->tp_spans_nodes ? p->tp_nodes : 1};
     double doubles[TAIL_KEY_DOUBLES] = {
         p->tp_link.bandwidth_bytes_per_s, p->tp_link.latency_s,
         p->next_link.bandwidth_bytes_per_s, p->next_link.latency_s,
         p->dp_link.bandwidth_bytes_per_s, p->dp_link.latency_s,
-        p->dp_intra_link.bandwidth_bytes_per_s, p->dp_intra_link.latency_s};
+        p->dp_intra_link.bandwidth_bytes_per_s, p->dp_intra_link.latency_s,
+        p->tp_intra_link.bandwidth_bytes_per_s, p->tp_intra_link.latency_s};
     memcpy(key, ints, sizeof ints);
     memcpy(key + sizeof ints, doubles, sizeof doubles);
     return TAIL_KEY_BYTES;

@@ -14,8 +14,8 @@
 /* Key bytes per stage: slow, small, next and dp curve types, whether the
  * pace-setting tp group spans nodes, the nodes of the dp group; the tp,
  * next and dp links and the dp group's link inside its nodes. */
-#define KEY_STAGE_INTS 6
-#define KEY_STAGE_LINKS 4
+#define KEY_STAGE_INTS 7
+#define KEY_STAGE_LINKS 5
 #define KEY_LINK_BYTES (2 * sizeof(double))
 #define KEY_STAGE_BYTES (KEY_STAGE_INTS * sizeof(int32_t) + \
                          KEY_STAGE_LINKS * KEY_LINK_BYTES)
@@ -59,6 +59,9 @@ int shortlist_key_write(const stage_facts *facts, int pp, bool dp_of_one,
         cursor = put_int(cursor, alone ? -1 : p->dp_curve_type);
         cursor = put_int(cursor, p->tp_spans_nodes);
         cursor = put_link(cursor, p->tp_spans_nodes ? p->tp_link : none);
+        cursor = put_int(cursor, p->tp_spans_nodes ? p->tp_nodes : 1);
+        cursor = put_link(cursor,
+                          p->tp_spans_nodes ? p->tp_intra_link : none);
         cursor = put_link(cursor, last ? none : p->next_link);
         cursor = put_link(cursor, alone ? none : p->dp_link);
         cursor = put_int(cursor, alone ? -1 : p->dp_nodes);

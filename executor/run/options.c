@@ -41,6 +41,17 @@ int run_check_plan(const plan *p, pt_error *err)
                             "of 1 to %d stages, tp at most %d",
                        config->tp, config->dp, config->pp, RUN_MAX_RANKS,
                        PT_MAX_STAGES, PT_MAX_TP);
+    if (config->runtime != RUNTIME_PARTITA)
+        return pt_fail(err, "runtime: %s: the plan is priced for %s, which "
+                       "exec does not run (hand it over with partita export "
+                       "--to %s, or set runtime to partita)",
+                       runtime_name(config->runtime),
+                       runtime_name(config->runtime),
+                       runtime_name(config->runtime));
+    if (parallel_attention(config) == ATTENTION_UNFUSED)
+        return pt_fail(err, "attention: unfused: exec computes attention "
+                       "fused (flash); set attention to flash or leave it "
+                       "out");
     int ranks = config->tp * config->dp * config->pp;
     int gpus = plan_gpu_count(p);
     if (ranks != gpus)

@@ -504,9 +504,16 @@ static void placement_errors_are_clear(void **state)
     fixture_close(&f);
 }
 
-/* A tp group over two nodes: its all-reduces go over the slower of the
- * two nodes' inter-node links instead of inside a node, and groups that
+/* A tp group over two nodes: its all-reduces run as NCCL runs them over
+ * those nodes (ring, tree or the hierarchy: nccl_allreduce, with the
+ * slower of the two nodes' inter-node links between them and the slower
+ * intra-node link inside) instead of inside a node, and groups that
  * start inside a node and end in the next are placed the same way. */
+static link_spec slower_of(link_spec a, link_spec b)
+{
+    return a.bandwidth_bytes_per_s < b.bandwidth_bytes_per_s ? a : b;
+}
+
 static void tp_groups_may_span_nodes(void **state)
 {
     (void)state;
@@ -530,9 +537,17 @@ static void tp_groups_may_span_nodes(void **state)
     assert_int_equal(costmodel_stage_terms(&f.cm, &config, placement, 0,
                                            &terms, &err), 0);
     double bytes = 1.0 * m.seq * m.hidden * 2.0;
+    assert_int_equal(placement[0].tp_nodes, 2);
+    link_spec intra = slower_of(f.cm.cluster->types[0].intra_node,
+                                f.cm.cluster->types[1].intra_node);
+    assert_true(close_to(placement[0].tp_intra_link.bandwidth_bytes_per_s,
+                         intra.bandwidth_bytes_per_s, 1e-12));
+    comm_group group = {.members = 8, .nodes = 2, .intra = intra,
+                        .inter = inter};
+    double across = nccl_allreduce(bytes, &group).seconds;
+    assert_true(across < allreduce_time(bytes, 8, inter));
     double expected = a10.layer_forward_s + a10.layer_backward_s +
-                      4.0 * (allreduce_time(bytes, 8, inter) -
-                             a10.tp_allreduce_s);
+                      4.0 * (across - a10.tp_allreduce_s);
     assert_true(close_to(terms.per_layer_s, expected, 1e-12));
     assert_true(terms.per_layer_s >
                 a10.layer_forward_s + a10.layer_backward_s);

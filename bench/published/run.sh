@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The cost model held to published training runs (issue 39): every run of
+# shared/reference/published-runs/megatron-deepspeed-a100.csv estimated
+# with the bundled A100-80GB profile (calibrated on those runs), the same
+# runs with the profile as transferred from our measured H100/H200 curves
+# alone, the calibration made again from the transfer (it must give the
+# bundled profile), and the generalisation check: calibrated on the 3.6B
+# runs alone and estimated on the 18.4B runs, and the reverse.
+#
+# usage: bench/published/run.sh [BUILD] [OUT]   (BUILD: build, OUT: a
+# temporary folder). Prints each table and a PASS/FAIL line per target;
+# exits 1 when a met target regresses (the calibrated profile's table:
+# mean |error| <= 10 %, >= 80 % of the runs within 10 %, none refused;
+# the bundled profile reproduced). The 12 % generalisation target is
+# printed, not enforced: it is not met yet (docs/accuracy.md).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+out=${2:-$(mktemp -d)}
+mkdir -p "$out"
+partita=$build/cli/partita
+runs=${PARTITA_PUBLISHED_RUNS:-$root/../shared/reference/published-runs/megatron-deepspeed-a100.csv}
+if [ ! -f "$runs" ]; then
+    echo "# published runs not found at $runs: nothing to check" >&2
+    exit 77
+fi
+cluster=$root/clusters/a100-published.json
+how=(--cluster "$cluster" --precision fp16 --recompute full
+     --runtime megatron --attention unfused)
+status=0
+summary() { grep '^# mean' "$1"; }
+field() { # field FILE N: the N-th number of the summary line
+    summary "$1" | grep -o '[-+]\?[0-9.]\+' | sed -n "${2}p"
+}
+check() { # check NAME CONDITION
+    if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; status=1; fi
+}
+
+echo "# 1. the bundled profile (profiles/A100-80GB.json, calibrated)"
+"$partita" estimate --runs "$runs" "${how[@]}" \
+    --profile "$root/profiles/A100-80GB.json" | tee "$out/bundled.txt"
+mean=$(field "$out/bundled.txt" 1)
+within=$(field "$out/bundled.txt" 3)
+total=$(field "$out/bundled.txt" 4)
+refused=$(summary "$out/bundled.txt" | sed 's/.*; \([0-9]*\) refused.*/\1/')
+check "mean |error| $mean % <= 10 %" "awk 'BEGIN{exit !($mean <= 10)}'"
+check "$within of $total within 10 % (>= 80 %)" \
+    "awk 'BEGIN{exit !($within >= 0.8 * $total)}'"
+check "$refused refused (none)" "[ $refused -eq 0 ]"
+
+echo "# 2. transferred from the measured H100/H200 curves alone"
+"$partita" profile --derive A100-80GB --from \
+    "$root/profiles/H100.json,$root/profiles/H200.json,$root/profiles/H200-40SM.json,$root/profiles/H200-16SM.json" \
+    -o "$out/A100-80GB-transferred.json" > "$out/derive.txt"
+"$partita" estimate --runs "$runs" "${how[@]}" \
+    --profile "$out/A100-80GB-transferred.json" | tail -1
+
+echo "# 3. the calibration made again from the transfer"
+(cd "$out" && "$partita" profile --from-logs "$runs" "${how[@]}" \
+    --base A100-80GB-transferred.json -o A100-80GB.json) | grep '^# [bcw]'
+roofline() { sed -n '/"roofline": {/,/}/p' "$1"; }
+if diff <(roofline "$out/A100-80GB.json") \
+        <(roofline "$root/profiles/A100-80GB.json") > "$out/roofline.diff"; then
+    same=yes
+else
+    same="no, see $out/roofline.diff"
+fi
+check "the bundled roofline reproduced ($same)" "[ '$same' = yes ]"
+
+echo "# 4. generalisation: calibrated on one model size, checked on the other"
+for pair in "3.6 18.4" "18.4 3.6"; do
+    set -- $pair
+    (cd "$out" && "$partita" profile --from-logs "$runs" "${how[@]}" \
+        --base A100-80GB-transferred.json --where "params_b=$1" \
+        -o "fit-$1.json") > /dev/null
+    "$partita" estimate --runs "$runs" "${how[@]}" \
+        --profile "$out/fit-$1.json" --where "params_b=$2" > "$out/cross-$1.txt"
+    cross=$(field "$out/cross-$1.txt" 1)
+    verdict=$(awk "BEGIN{print ($cross <= 12) ? \"met\" : \"NOT MET\"}")
+    echo "calibrated on ${1}B, estimated on ${2}B: mean |error| $cross % (target <= 12 %: $verdict)"
+done
+exit $status
