@@ -234,6 +234,21 @@ done:
     return rc;
 }
 
+/* The plain schedules' count, or the interleaved one's (above). */
+int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
+                                     int microbatches)
+{
+    /* one rank trains micro-batch after micro-batch in one slot */
+    if (config->tp * config->dp * config->pp == 1)
+        return 1;
+    if (config->schedule == SCHEDULE_GPIPE)
+        return microbatches;
+    if (parallel_virtual_stages(config) > 1)
+        return costmodel_chunks_in_flight(config, stage, microbatches);
+    int warm = config->pp - stage;
+    return warm < microbatches ? warm : microbatches;
+}
+
 int costmodel_check_schedule_levers(const costmodel *cm,
                                     const parallel_config *config,
                                     const int *partition, pt_error *err)

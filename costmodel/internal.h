@@ -239,6 +239,15 @@ double costmodel_dp_exposed_seconds(const costmodel *cm,
                                     const dp_backward *backward,
                                     double reduce_s);
 
+/* ------------------------------------------------------- comm_price.c */
+
+/* Time of one measured communication curve at (gpus, bytes): piecewise
+ * linear between samples, the last slope beyond them, the smallest
+ * sample's below them. False when the curve has no sample for that
+ * group size. */
+bool costmodel_curve_time(const comm_curve *curve, int gpus, double bytes,
+                          double *out);
+
 /* ----------------------------------------------------- least_squares.c */
 
 #define LSQ_MAX_PARAMS 8

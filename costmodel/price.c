@@ -184,51 +184,6 @@ static part_times roofline_times(const profile *prof, const model_shape *m,
     return (part_times){costs.embedding, costs.layer, costs.head};
 }
 
-/* Time of one measured communication curve at (gpus, bytes): piecewise
- * linear between samples, the last slope beyond them, the smallest sample
- * below them. False when the curve has no sample for that group size. */
-static bool curve_time(const comm_curve *curve, int gpus, double bytes,
-                       double *out)
-{
-    const comm_sample *below = NULL, *above = NULL, *largest = NULL,
-                      *second = NULL, *smallest = NULL;
-    for (int i = 0; i < curve->sample_count; i++) {
-        const comm_sample *s = &curve->samples[i];
-        if (s->gpus != gpus || s->bytes <= 0.0)
-            continue;
-        if (s->bytes <= bytes && (!below || s->bytes > below->bytes))
-            below = s;
-        if (s->bytes >= bytes && (!above || s->bytes < above->bytes))
-            above = s;
-        if (!smallest || s->bytes < smallest->bytes)
-            smallest = s;
-        if (!largest || s->bytes > largest->bytes) {
-            second = largest;
-            largest = s;
-        } else if (s->bytes < largest->bytes &&
-                   (!second || s->bytes > second->bytes)) {
-            second = s;
-        }
-    }
-    if (!smallest)
-        return false;
-    if (below && above) {
-        double span = above->bytes - below->bytes;
-        double w = span > 0.0 ? (bytes - below->bytes) / span : 0.0;
-        *out = below->time_s + w * (above->time_s - below->time_s);
-    } else if (above) {
-        *out = smallest->time_s;
-    } else {
-        double slope = second ? (largest->time_s - second->time_s) /
-                                    (largest->bytes - second->bytes)
-                              : 0.0;
-        if (slope <= 0.0)
-            slope = largest->time_s / largest->bytes;
-        *out = largest->time_s + (bytes - largest->bytes) * slope;
-    }
-    return true;
-}
-
 /* One of the layer's tensor-parallel all-reduces (b x s x h elements) on
  * the node's intra-node link, or from the profile's measured curve. */
 static double tp_allreduce_seconds(const costmodel *cm, int type_index,
@@ -240,62 +195,10 @@ static double tp_allreduce_seconds(const costmodel *cm, int type_index,
         return costmodel_sequence_tp_comm_s(costmodel_reduce_scatter_seconds(
             cm, bytes, config->tp, type_index, intra));
     double measured;
-    if (curve_time(&cm->profiles[type_index].allreduce, config->tp, bytes,
+    if (costmodel_curve_time(&cm->profiles[type_index].allreduce, config->tp, bytes,
                    &measured))
         return measured;
     return allreduce_time(bytes, config->tp, intra);
-}
-
-/* The profile of node type curve_type when a collective stays inside
- * one node of that type; NULL when the cluster's links price it. */
-static const profile *curve_profile(const costmodel *cm, int curve_type)
-{
-    if (curve_type < 0 || curve_type >= cm->cluster->type_count)
-        return NULL;
-    return &cm->profiles[curve_type];
-}
-
-double costmodel_send_seconds(const costmodel *cm, double bytes,
-                              int curve_type, link_spec link)
-{
-    const profile *prof = curve_profile(cm, curve_type);
-    double measured;
-    if (bytes > 0.0 && prof && curve_time(&prof->sendrecv, 2, bytes,
-                                          &measured))
-        return measured;
-    return p2p_time(bytes, link);
-}
-
-double costmodel_allreduce_seconds(const costmodel *cm, double bytes,
-                                   int members, int curve_type,
-                                   link_spec link)
-{
-    const profile *prof = curve_profile(cm, curve_type);
-    double measured;
-    if (members > 1 && bytes > 0.0 && prof &&
-        curve_time(&prof->allreduce, members, bytes, &measured))
-        return measured;
-    return allreduce_time(bytes, members, link);
-}
-
-double costmodel_reduce_scatter_seconds(const costmodel *cm, double bytes,
-                                        int members, int curve_type,
-                                        link_spec link)
-{
-    const profile *prof = curve_profile(cm, curve_type);
-    double measured;
-    /* a ring reduce-scatter (or all-gather) is half of a ring all-reduce */
-    if (members > 1 && bytes > 0.0 && prof &&
-        curve_time(&prof->allreduce, members, bytes, &measured))
-        return 0.5 * measured;
-    return reduce_scatter_time(bytes, members, link);
-}
-
-double activation_message_bytes(const model_shape *model,
-                                const parallel_config *config)
-{
-    return (double)config->mbs * model->seq * model->hidden *
-           precision_bytes(config->precision);
 }
 
 /* Notes what a lookup stretched (another tp, a micro-batch far outside

@@ -39,20 +39,6 @@ double costmodel_offload_host_bytes(const model_shape *model,
     return 12.0 * params; /* fp32 master weights, m and v */
 }
 
-int costmodel_microbatches_in_flight(const parallel_config *config, int stage,
-                                     int microbatches)
-{
-    /* one rank trains micro-batch after micro-batch in one slot */
-    if (config->tp * config->dp * config->pp == 1)
-        return 1;
-    if (config->schedule == SCHEDULE_GPIPE)
-        return microbatches;
-    if (parallel_virtual_stages(config) > 1)
-        return costmodel_chunks_in_flight(config, stage, microbatches);
-    int warm = config->pp - stage;
-    return warm < microbatches ? warm : microbatches;
-}
-
 int costmodel_microbatch_count(const parallel_config *config, pt_error *err)
 {
     if (config->gbs <= 0 || config->dp <= 0 || config->mbs <= 0 ||
