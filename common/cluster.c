@@ -7,6 +7,7 @@
 #include <float.h>
 #include <limits.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,12 +22,16 @@
 #define CLUSTER_MAX_LATENCY_US 1e6
 #define CLUSTER_MAX_PRICE_PER_HOUR 1e6
 
-static const char *const cluster_keys[] = {"name", "nodes", NULL};
+static const char *const cluster_keys[] = {"name", "nodes", "links", NULL};
 static const char *const node_keys[] = {
     "name", "count", "gpu", "gpus", "intra_node", "inter_node",
     "price_per_hour", "devices", "gpu_at_rest", NULL};
 static const char *const link_keys[] = {"bandwidth_GBps", "bandwidth_Gbps",
                                         "latency_us", NULL};
+static const char *const inter_keys[] = {"bandwidth_GBps", "bandwidth_Gbps",
+                                         "latency_us", "nics", NULL};
+static const char *const type_link_keys[] = {
+    "between", "bandwidth_GBps", "bandwidth_Gbps", "latency_us", NULL};
 static const char *const device_keys[] = {"index", "sm_limit",
                                           "memory_limit_gib", NULL};
 
@@ -54,9 +59,10 @@ static int check_identifier(const char *text, const json_place *place,
 
 /* A link: bandwidth in exactly one unit, and a latency. */
 static int link_from_json(const json_t *obj, const json_place *place,
-                          link_spec *out, pt_error *err)
+                          const char *const *keys, link_spec *out,
+                          pt_error *err)
 {
-    if (json_check_keys(obj, place, link_keys, err) != 0)
+    if (json_check_keys(obj, place, keys, err) != 0)
         return -1;
     double gigabytes_per_s = 0.0, gigabits_per_s = 0.0, latency_us = 0.0;
     bool has_bytes = json_object_get(obj, "bandwidth_GBps") != NULL;
@@ -168,15 +174,25 @@ static int node_from_json(const json_t *obj, const json_place *place,
     const json_t *intra = json_object_get(obj, "intra_node");
     if (intra == NULL)
         return json_place_fail(&intra_place, err, "missing (required)");
-    if (link_from_json(intra, &intra_place, &out->intra_node, err) != 0)
+    if (link_from_json(intra, &intra_place, link_keys, &out->intra_node,
+                       err) != 0)
         return -1;
     /* Absent inter_node is checked by the caller: it only matters when
      * the cluster has more than one node. */
     const json_t *inter = json_object_get(obj, "inter_node");
     if (inter != NULL) {
         json_place inter_place = json_place_key(place, "inter_node");
-        if (link_from_json(inter, &inter_place, &out->inter_node, err) != 0)
+        long long nics = 0;
+        if (link_from_json(inter, &inter_place, inter_keys, &out->nic,
+                           err) != 0 ||
+            json_get_int(inter, &inter_place, "nics", false, 1,
+                         CLUSTER_MAX_GPUS_PER_NODE, &nics, err) != 0)
             return -1;
+        out->nics = (int)nics;
+        out->inter_node = out->nic;
+        /* the node's NICs shared by its GPUs, at most one a GPU */
+        if (nics > 0 && nics < out->gpus)
+            out->inter_node.bandwidth_bytes_per_s *= (double)nics / out->gpus;
     }
     const json_t *devices = json_object_get(obj, "devices");
     if (devices != NULL) {
@@ -210,6 +226,99 @@ static int check_cluster_whole(const json_t *nodes, const json_place *place,
                                    "more than one node; it has %d)",
                                    c->node_count);
         }
+    }
+    return 0;
+}
+
+static int type_index_named(const cluster *c, const char *name)
+{
+    for (int t = 0; t < c->type_count; t++)
+        if (strcmp(c->types[t].name, name) == 0)
+            return t;
+    return -1;
+}
+
+/* One entry of "links": the two node types it joins, by name. */
+static int type_link_from_json(const json_t *entry, const json_place *where,
+                               const cluster *c, type_link *out,
+                               pt_error *err)
+{
+    if (json_check_keys(entry, where, type_link_keys, err) != 0)
+        return -1;
+    json_place between_place = json_place_key(where, "between");
+    const json_t *between = json_object_get(entry, "between");
+    if (!json_is_array(between) || json_array_size(between) != 2 ||
+        !json_is_string(json_array_get(between, 0)) ||
+        !json_is_string(json_array_get(between, 1)))
+        return json_place_fail(&between_place, err, "must name two node "
+                               "types, [\"a\", \"b\"]");
+    int ends[2];
+    for (int k = 0; k < 2; k++) {
+        const char *name = json_string_value(json_array_get(between, k));
+        ends[k] = type_index_named(c, name);
+        if (ends[k] < 0)
+            return json_place_fail(&between_place, err, "\"%s\" is not "
+                                   "the name of a node type", name);
+    }
+    json_t *figures = json_deep_copy(entry);
+    json_object_del(figures, "between");
+    int status = link_from_json(figures, where, link_keys, &out->link, err);
+    json_decref(figures);
+    if (status != 0)
+        return -1;
+    for (int k = 0; k < 2; k++) {
+        const node_type *node = &c->types[ends[k]];
+        if (out->link.bandwidth_bytes_per_s >
+            node->inter_node.bandwidth_bytes_per_s)
+            return json_place_fail(where, err,
+                                   "%.4g Gbit/s is faster than %s's "
+                                   "inter_node (%.4g Gbit/s a GPU): a link "
+                                   "between node types carries at most what "
+                                   "their NICs do",
+                                   out->link.bandwidth_bytes_per_s * 8e-9,
+                                   node->name,
+                                   node->inter_node.bandwidth_bytes_per_s *
+                                       8e-9);
+    }
+    out->type_a = ends[0];
+    out->type_b = ends[1];
+    return 0;
+}
+
+/* The optional "links": slower links between particular node types. */
+static int type_links_from_json(const json_t *obj, const json_place *place,
+                                cluster *c, pt_error *err)
+{
+    const json_t *links = json_object_get(obj, "links");
+    if (links == NULL)
+        return 0;
+    json_place links_place = json_place_key(place, "links");
+    if (!json_is_array(links))
+        return json_place_fail(&links_place, err, "must be an array of "
+                               "links between node types");
+    if (json_array_size(links) > CLUSTER_MAX_TYPE_LINKS)
+        return json_place_fail(&links_place, err, "at most %d links, got "
+                               "%zu", CLUSTER_MAX_TYPE_LINKS,
+                               json_array_size(links));
+    for (size_t i = 0; i < json_array_size(links); i++) {
+        json_place where = json_place_index(&links_place, i);
+        const json_t *entry = json_array_get(links, i);
+        if (!json_is_object(entry))
+            return json_place_fail(&where, err, "must be an object");
+        type_link *link = &c->links[c->link_count];
+        if (type_link_from_json(entry, &where, c, link, err) != 0)
+            return -1;
+        for (int j = 0; j < c->link_count; j++) {
+            const type_link *other = &c->links[j];
+            bool same = (other->type_a == link->type_a &&
+                         other->type_b == link->type_b) ||
+                        (other->type_a == link->type_b &&
+                         other->type_b == link->type_a);
+            if (same)
+                return json_place_fail(&where, err, "joins the same node "
+                                       "types as links[%d]", j);
+        }
+        c->link_count++;
     }
     return 0;
 }
@@ -257,7 +366,8 @@ int cluster_from_json(const json_t *obj, const json_place *place,
                                    "more than %d nodes in all", PT_MAX_NODES);
         }
     }
-    if (check_cluster_whole(nodes, &nodes_place, out, err) != 0) {
+    if (check_cluster_whole(nodes, &nodes_place, out, err) != 0 ||
+        type_links_from_json(obj, place, out, err) != 0) {
         cluster_free(out);
         return -1;
     }
@@ -342,9 +452,12 @@ static json_t *node_type_to_json(const node_type *type)
              &failures);
     /* A single node may have no inter-node link; write none then, as the
      * reader rejects a zero bandwidth. */
-    if (type->inter_node.bandwidth_bytes_per_s > 0)
-        json_put(obj, "inter_node", link_to_json(&type->inter_node, true),
-                 &failures);
+    if (type->inter_node.bandwidth_bytes_per_s > 0) {
+        json_t *inter = link_to_json(&type->nic, true);
+        if (inter != NULL && type->nics > 0)
+            json_put(inter, "nics", json_integer(type->nics), &failures);
+        json_put(obj, "inter_node", inter, &failures);
+    }
     json_put(obj, "price_per_hour", json_real(type->price_per_hour),
              &failures);
     if (type->device_count > 0)
@@ -354,6 +467,31 @@ static json_t *node_type_to_json(const node_type *type)
         return NULL;
     }
     return obj;
+}
+
+static json_t *type_links_to_json(const cluster *c)
+{
+    json_t *links = json_array();
+    for (int i = 0; links != NULL && i < c->link_count; i++) {
+        const type_link *link = &c->links[i];
+        json_t *entry = link_to_json(&link->link, true);
+        json_t *between = json_array();
+        int failures = entry == NULL || between == NULL;
+        if (failures == 0) {
+            json_array_append_new(between,
+                                  json_string(c->types[link->type_a].name));
+            json_array_append_new(between,
+                                  json_string(c->types[link->type_b].name));
+            json_put(entry, "between", between, &failures);
+            between = NULL;
+        }
+        json_decref(between);
+        if (failures > 0 || json_array_append_new(links, entry) != 0) {
+            json_decref(links);
+            return NULL;
+        }
+    }
+    return links;
 }
 
 json_t *cluster_to_json(const cluster *c)
@@ -370,6 +508,8 @@ json_t *cluster_to_json(const cluster *c)
         json_put(obj, "nodes", nodes, &failures);
         nodes = NULL;
     }
+    if (failures == 0 && c->link_count > 0)
+        json_put(obj, "links", type_links_to_json(c), &failures);
     json_decref(nodes);
     if (failures > 0) {
         json_decref(obj);
@@ -480,6 +620,22 @@ int cluster_node_gpus(const cluster *c, int node)
     return type < 0 ? 0 : c->types[type].gpus;
 }
 
+link_spec cluster_type_link(const cluster *c, int type_a, int type_b)
+{
+    for (int i = 0; i < c->link_count; i++) {
+        const type_link *link = &c->links[i];
+        if ((link->type_a == type_a && link->type_b == type_b) ||
+            (link->type_a == type_b && link->type_b == type_a))
+            return link->link;
+    }
+    const link_spec *a = &c->types[type_a].inter_node;
+    const link_spec *b = &c->types[type_b].inter_node;
+    link_spec slower = {
+        fmin(a->bandwidth_bytes_per_s, b->bandwidth_bytes_per_s),
+        fmax(a->latency_s, b->latency_s)};
+    return slower;
+}
+
 link_spec cluster_link(const cluster *c, int node_a, int node_b)
 {
     link_spec none = {0.0, 0.0};
@@ -489,14 +645,5 @@ link_spec cluster_link(const cluster *c, int node_a, int node_b)
         return none;
     if (node_a == node_b)
         return c->types[type_a].intra_node;
-    const link_spec *a = &c->types[type_a].inter_node;
-    const link_spec *b = &c->types[type_b].inter_node;
-    link_spec slower;
-    slower.bandwidth_bytes_per_s =
-        a->bandwidth_bytes_per_s < b->bandwidth_bytes_per_s
-            ? a->bandwidth_bytes_per_s
-            : b->bandwidth_bytes_per_s;
-    slower.latency_s = a->latency_s > b->latency_s ? a->latency_s
-                                                   : b->latency_s;
-    return slower;
+    return cluster_type_link(c, type_a, type_b);
 }

@@ -242,11 +242,27 @@ typedef struct node_type {
     char gpu_at_rest[PT_NAME_MAX];
     int gpus;               /* GPUs per node */
     link_spec intra_node;
+    /* Each GPU's share of the network: the node's NICs (`nics` of them,
+     * each `nic` fast) shared by its GPUs, nics x nic / gpus, at most one
+     * NIC a GPU; nics 0: one NIC a GPU, `inter_node` as the file gives
+     * it (docs/formats.md, "Cluster") */
     link_spec inter_node;
+    int nics;
+    link_spec nic;
     double price_per_hour;  /* USD per node-hour, 0 when not given */
     int device_count;
     device_spec devices[PT_MAX_DEVICES];
 } node_type;
+
+/* The link between the nodes of two particular types (type_a may equal
+ * type_b: two nodes of one type), where it is slower than their
+ * inter_node figures give: the cluster file's "links". */
+typedef struct type_link {
+    int type_a, type_b;
+    link_spec link;
+} type_link;
+
+#define CLUSTER_MAX_TYPE_LINKS 64
 
 typedef struct cluster {
     char name[PT_NAME_MAX * 2];
@@ -254,7 +270,15 @@ typedef struct cluster {
     int type_count;
     node_type *types;             /* owned */
     int node_count;               /* sum of counts */
+    int link_count;
+    type_link links[CLUSTER_MAX_TYPE_LINKS];
 } cluster;
+
+/* The link between a GPU of a node of type_a and one of another node of
+ * type_b: the cluster's link for that pair of types when it names one,
+ * else the slower of the two types' inter_node figures (the lower
+ * bandwidth and the higher latency). */
+link_spec cluster_type_link(const cluster *c, int type_a, int type_b);
 
 int cluster_from_json(const json_t *obj, const json_place *place,
                       cluster *out, pt_error *err);

@@ -52,23 +52,16 @@ static int slot_of(lane_cursor *cursor, long long gpu)
     return cursor->slot;
 }
 
-/* The link between the nodes of two slots (cluster_link on types: the
- * intra-node link for one slot, else the slower of the two inter-node
- * figures). */
+/* The link between the nodes of two slots: the intra-node link for one
+ * slot, else the cluster's link between their types (cluster_type_link:
+ * a link the cluster names for the pair, or the slower of their
+ * inter-node figures). */
 static link_spec slot_link(const cluster *c, const node_lane *lane, int a,
                            int b)
 {
-    const node_type *type_a = &c->types[lane->types[a]];
     if (a == b)
-        return type_a->intra_node;
-    const link_spec *x = &type_a->inter_node;
-    const link_spec *y = &c->types[lane->types[b]].inter_node;
-    link_spec slower = {
-        x->bandwidth_bytes_per_s < y->bandwidth_bytes_per_s
-            ? x->bandwidth_bytes_per_s
-            : y->bandwidth_bytes_per_s,
-        x->latency_s > y->latency_s ? x->latency_s : y->latency_s};
-    return slower;
+        return c->types[lane->types[a]].intra_node;
+    return cluster_type_link(c, lane->types[a], lane->types[b]);
 }
 
 /* The slowest link between GPU x and GPU x + distance for every x in

@@ -100,6 +100,52 @@ static void test_node_names(void **state)
     cluster_free(&c);
 }
 
+/* A node whose GPUs share its NICs gives each GPU its share; a link named
+ * for a pair of node types replaces the slower of their figures; both
+ * are written back as they were read. */
+static void test_nics_and_type_links(void **state)
+{
+    const char *json =
+        "{\"name\": \"c\", \"nodes\": ["
+        "{\"name\": \"big\", \"count\": 2, \"gpu\": \"A100\", \"gpus\": 8, "
+        "\"intra_node\": {\"bandwidth_GBps\": 230, \"latency_us\": 5}, "
+        "\"inter_node\": {\"bandwidth_Gbps\": 400, \"latency_us\": 10, "
+        "\"nics\": 2}}, "
+        "{\"name\": \"small\", \"count\": 2, \"gpu\": \"A10\", \"gpus\": 4, "
+        "\"intra_node\": {\"bandwidth_GBps\": 16, \"latency_us\": 10}, "
+        "\"inter_node\": {\"bandwidth_Gbps\": 100, \"latency_us\": 20}}], "
+        "\"links\": [{\"between\": [\"small\", \"big\"], "
+        "\"bandwidth_Gbps\": 25, \"latency_us\": 50}]}";
+    char path[512];
+    scratch_write(state, "clusters/nics.json", json, path, sizeof path);
+    cluster c;
+    pt_error err = {""};
+    if (cluster_load_file(path, &c, &err) != 0)
+        fail_msg("%s", err.message);
+    /* 2 NICs of 400 Gbit/s shared by 8 GPUs: 100 Gbit/s a GPU */
+    assert_true(fabs(c.types[0].inter_node.bandwidth_bytes_per_s - 12.5e9) <
+                1);
+    assert_int_equal(c.types[0].nics, 2);
+    link_spec big_big = cluster_link(&c, 0, 1);
+    assert_true(fabs(big_big.bandwidth_bytes_per_s - 12.5e9) < 1);
+    link_spec across = cluster_link(&c, 1, 2);
+    assert_true(fabs(across.bandwidth_bytes_per_s - 25e9 / 8) < 1);
+    assert_true(fabs(across.latency_s - 50e-6) < 1e-12);
+    link_spec small_small = cluster_link(&c, 2, 3);
+    assert_true(fabs(small_small.bandwidth_bytes_per_s - 12.5e9) < 1);
+    json_t *written = cluster_to_json(&c);
+    cluster again;
+    json_place place = json_place_root("written");
+    assert_int_equal(cluster_from_json(written, &place, &again, &err), 0);
+    assert_int_equal(again.link_count, 1);
+    assert_int_equal(again.types[0].nics, 2);
+    assert_true(fabs(again.types[0].inter_node.bandwidth_bytes_per_s -
+                     12.5e9) < 1);
+    json_decref(written);
+    cluster_free(&again);
+    cluster_free(&c);
+}
+
 static void test_copy_and_devices(void **state)
 {
     char path[512];
@@ -236,6 +282,21 @@ static void test_bad_clusters(void **state)
          "nodes[0].price_per_hour: must be a non-negative number, got -1"},
         {"{\"name\": \"c\", \"nodes\": [" NODE("a", "1", "4") "]",
          "clusters/bad.json:1:"},
+        {"{\"name\": \"c\", \"nodes\": [" NODE("a", "2", "4") "], "
+         "\"links\": [{\"between\": [\"a\", \"z\"], "
+         "\"bandwidth_Gbps\": 10, \"latency_us\": 5}]}",
+         "clusters/bad.json: links[0].between: \"z\" is not the name of a "
+         "node type"},
+        {"{\"name\": \"c\", \"nodes\": [" NODE("a", "2", "4") "], "
+         "\"links\": [{\"between\": [\"a\", \"a\"], "
+         "\"bandwidth_Gbps\": 100, \"latency_us\": 5}]}",
+         "clusters/bad.json: links[0]: 100 Gbit/s is faster than a's "
+         "inter_node (40 Gbit/s a GPU)"},
+        {"{\"name\": \"c\", \"nodes\": [{\"name\": \"a\", \"count\": 2, "
+         "\"gpu\": \"A\", \"gpus\": 4, \"intra_node\": {\"bandwidth_GBps\": "
+         "16, \"latency_us\": 10}, \"inter_node\": {\"bandwidth_Gbps\": 40, "
+         "\"latency_us\": 20, \"nics\": 0}}]}",
+         "clusters/bad.json: nodes[0].inter_node.nics: must be"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char path[512];
@@ -258,6 +319,7 @@ int main(void)
         cmocka_unit_test(test_other_bundled),
         cmocka_unit_test(test_node_names),
         cmocka_unit_test(test_copy_and_devices),
+        cmocka_unit_test(test_nics_and_type_links),
         cmocka_unit_test(test_bad_clusters),
     };
     return cmocka_run_group_tests(tests, scratch_open, scratch_close);
