@@ -404,6 +404,8 @@ typedef struct profile {
     double optimizer_s_per_param; /* AdamW step time per parameter */
     /* efficiency model: prices shapes the profile does not hold */
     double peak_tflops;           /* dense bf16/fp16 tensor peak */
+    double fp32_tflops;           /* plain FP32 peak; 0: not given */
+    double tf32_tflops;           /* dense TF32 tensor peak; 0: none */
     double flops_efficiency;      /* achieved fraction of peak, 0: fit */
     double memory_bandwidth_GBps;
     int sms;                      /* SMs of the whole GPU; 0: not given */
@@ -524,6 +526,9 @@ typedef struct parallel_config {
      * the dp reduction runs bucket by bucket during the last backward.
      * Partita's executor always overlaps; the others only when set. */
     bool overlap_grad_reduce;
+    /* With precision fp32: the matmuls on TF32 tensor cores (PyTorch's
+     * allow_tf32), priced at the GPU's TF32 rate, not its FP32 one. */
+    bool tf32;
 } parallel_config;
 
 /* The attention a config computes: its own, or its runtime's default. */

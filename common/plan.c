@@ -25,7 +25,7 @@ static const char *const plan_keys[] = {
     "format", "model", "cluster", "gbs", "mbs", "tp", "dp", "pp",
     "partition", "node_order", "schedule", "precision", "recompute",
     "distributed_optimizer", "zero", "offload_optimizer", "virtual_stages",
-    "sequence_parallel", "runtime", "attention", "overlap_grad_reduce",
+    "sequence_parallel", "runtime", "attention", "overlap_grad_reduce", "tf32",
     "origin", "estimate", "alternatives", "pareto", NULL};
 static const char *const origin_keys[] = {"model", "cluster", NULL};
 
@@ -454,6 +454,7 @@ static int degrees_part(const json_t *obj, const json_place *place,
                         &attention, err) != 0 ||
         json_get_bool(obj, place, "overlap_grad_reduce", false,
                       &config->overlap_grad_reduce, err) != 0 ||
+        json_get_bool(obj, place, "tf32", false, &config->tf32, err) != 0 ||
         json_get_bool(obj, place, "distributed_optimizer", false,
                       &config->distributed_optimizer, err) != 0 ||
         zero_part(obj, place, config, err) != 0)
@@ -468,6 +469,13 @@ static int degrees_part(const json_t *obj, const json_place *place,
     config->recompute = recompute == 1;
     config->runtime = (runtime_kind)runtime;
     config->attention = (attention_kind)attention;
+    if (config->tf32 && config->precision != PRECISION_FP32) {
+        json_place where = json_place_key(place, "tf32");
+        return json_place_fail(&where, err, "only with precision fp32 (TF32 "
+                               "is how fp32 matmuls may run; the plan's "
+                               "precision is %s)",
+                               precision_name(config->precision));
+    }
     if (gbs % (dp * mbs) != 0) {
         json_place where = json_place_key(place, "gbs");
         return json_place_fail(&where, err,
@@ -810,6 +818,8 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
                  json_string(attention_name(config->attention)), &failures);
     if (config->overlap_grad_reduce)
         json_put(root, "overlap_grad_reduce", json_true(), &failures);
+    if (config->tf32)
+        json_put(root, "tf32", json_true(), &failures);
     if (sections != NULL) {
         put_section(root, "estimate", sections->estimate, &failures);
         put_section(root, "alternatives", sections->alternatives, &failures);

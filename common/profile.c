@@ -46,8 +46,8 @@ static const char *const assumption_keys[] = {
     "backward_over_forward", "microbatch_scaling",
     "layer_times_include_tp_comm", "flash_attention", NULL};
 static const char *const efficiency_keys[] = {
-    "peak_tflops", "flops_efficiency", "memory_bandwidth_GBps", "sms",
-    "sm_limit", "roofline", NULL};
+    "peak_tflops", "fp32_tflops", "tf32_tflops", "flops_efficiency",
+    "memory_bandwidth_GBps", "sms", "sm_limit", "roofline", NULL};
 static const char *const roofline_keys[] = {
     "gemm_efficiency", "gemm_half_work_gflop_per_sm", "attention_efficiency",
     "bandwidth_efficiency", "kernel_overhead_us",
@@ -169,6 +169,10 @@ static int efficiency_from_json(const json_t *root, const json_place *place,
     if (json_check_keys(obj, &where, efficiency_keys, err) != 0 ||
         json_get_number(obj, &where, "peak_tflops", true, PROFILE_MIN_RATE,
                         PROFILE_MAX_TFLOPS, &out->peak_tflops, err) != 0 ||
+        json_get_number(obj, &where, "fp32_tflops", false, PROFILE_MIN_RATE,
+                        PROFILE_MAX_TFLOPS, &out->fp32_tflops, err) != 0 ||
+        json_get_number(obj, &where, "tf32_tflops", false, PROFILE_MIN_RATE,
+                        PROFILE_MAX_TFLOPS, &out->tf32_tflops, err) != 0 ||
         json_get_number(obj, &where, "flops_efficiency", false, 0.0, 1.0,
                         &out->flops_efficiency, err) != 0 ||
         json_get_number(obj, &where, "memory_bandwidth_GBps", true,
@@ -664,6 +668,10 @@ static json_t *efficiency_to_json(const profile *p, int *failures)
 {
     json_t *obj = json_object();
     json_put(obj, "peak_tflops", json_real(p->peak_tflops), failures);
+    if (p->fp32_tflops > 0.0)
+        json_put(obj, "fp32_tflops", json_real(p->fp32_tflops), failures);
+    if (p->tf32_tflops > 0.0)
+        json_put(obj, "tf32_tflops", json_real(p->tf32_tflops), failures);
     if (!p->roofline.present)
         json_put(obj, "flops_efficiency", json_real(p->flops_efficiency),
                  failures);

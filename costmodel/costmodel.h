@@ -705,6 +705,8 @@ typedef struct gpu_spec {
     char gpu[PT_NAME_MAX];         /* the profile name it derives */
     char row[PT_NAME_MAX];         /* the row of gpu-specs.md */
     double tensor_tflops;          /* dense half-precision tensor peak */
+    double fp32_tflops;            /* plain FP32; 0: not given */
+    double tf32_tflops;            /* dense TF32 tensor; 0: none */
     char tensor_precision[8];      /* "bf16" or "fp16" (V100: no bf16) */
     double memory_GB;              /* nameplate */
     double usable_memory_gib;

@@ -16,6 +16,7 @@
 static const char *const table_keys[] = {"format", "source", "gpus", NULL};
 static const char *const spec_keys[] = {
     "gpu", "row", "tensor_tflops", "tensor_precision", "fp32_tflops",
+    "tf32_tflops",
     "memory_GB", "memory_kind", "usable_memory_gib", "usable_memory_from",
     "memory_bandwidth_GBps", "sms", "l2_MB", "link", NULL};
 static const char *const precision_names[] = {"bf16", "fp16", NULL};
@@ -25,7 +26,7 @@ static int spec_from_json(const json_t *obj, const json_place *place,
 {
     long long sms = 0;
     int precision = 0;
-    double fp32_tflops = 0.0, l2_MB = 0.0;
+    double l2_MB = 0.0;
     char memory_kind[32] = "";
     if (json_check_keys(obj, place, spec_keys, err) != 0 ||
         json_get_string(obj, place, "gpu", true, out->gpu, sizeof out->gpu,
@@ -37,7 +38,9 @@ static int spec_from_json(const json_t *obj, const json_place *place,
         json_get_choice(obj, place, "tensor_precision", true,
                         precision_names, &precision, err) != 0 ||
         json_get_positive_number(obj, place, "fp32_tflops", false,
-                                 &fp32_tflops, err) != 0 ||
+                                 &out->fp32_tflops, err) != 0 ||
+        json_get_positive_number(obj, place, "tf32_tflops", false,
+                                 &out->tf32_tflops, err) != 0 ||
         json_get_positive_number(obj, place, "memory_GB", true,
                                  &out->memory_GB, err) != 0 ||
         json_get_string(obj, place, "memory_kind", false, memory_kind,
@@ -375,6 +378,8 @@ json_t *derive_profile_json(const derive_request *request,
             32.0 / (s->memory_bandwidth_GBps * 1e9 * p->bandwidth_efficiency),
             4),
         .peak_tflops = s->tensor_tflops,
+        .fp32_tflops = s->fp32_tflops,
+        .tf32_tflops = s->tf32_tflops,
         .memory_bandwidth_GBps = s->memory_bandwidth_GBps,
         .sms = s->sms,
         .roofline = *p,

@@ -51,6 +51,7 @@ typedef struct shard_dims {
                           executor; e in Megatron-LM and DeepSpeed) */
     double g;          /* of a main gradient's */
     bool unfused;      /* attention keeps its a s x s scores */
+    bool no_mirror;    /* fp32 under Megatron-LM or DeepSpeed */
     int tp;
     double S;          /* sequence shards: tp under sequence parallelism,
                           else 1 (the layer norms' and the residual
@@ -68,6 +69,8 @@ static shard_dims dims_of(const model_shape *m, const parallel_config *c)
         .e = precision_bytes(c->precision), .tp = tp,
         .r = parallel_residual_bytes(c), .g = parallel_gradient_bytes(c),
         .unfused = parallel_attention(c) == ATTENTION_UNFUSED,
+        .no_mirror = c->precision == PRECISION_FP32 &&
+                     c->runtime != RUNTIME_PARTITA,
         .S = costmodel_sequence_shards(c)};
     d.N = d.B * d.T;
     return d;
@@ -131,7 +134,10 @@ static void add_parameter_terms(const parallel_config *c, const shard_dims *d,
     double P = part->params;
     out->bytes[PT_MEMORY_WEIGHTS] += 4.0 * (P + one);
     out->bytes[PT_MEMORY_GRADIENTS] += d->g * (P + head_pad + one);
-    out->bytes[PT_MEMORY_WEIGHT_MIRROR] += d->e * (P + head_pad + one);
+    /* the half-precision copy the products read; an fp32 plan under
+     * Megatron-LM or DeepSpeed computes on the weights themselves */
+    if (!d->no_mirror)
+        out->bytes[PT_MEMORY_WEIGHT_MIRROR] += d->e * (P + head_pad + one);
     bool sharded = c->distributed_optimizer && c->dp > 1;
     double dp = sharded ? c->dp : 1.0;
     /* a ZeRO-1 shard: runs of 64 floats, the first shards the fullest;

@@ -140,10 +140,31 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
  * write the sum). Head: the logits matmul in FLOPs plus the bf16 logits
  * and fp32 softmax written and read once. Backward: twice the FLOPs, the
  * same bytes. */
+/* The compute peak a plan's matmuls run at on prof's GPU: the dense
+ * tensor peak for half precision; for fp32 the TF32 tensor rate (with
+ * tf32) or the plain FP32 one, when the profile gives it (0: it does
+ * not, and the tensor peak stands in with a note). */
+static double plan_peak_tflops(const profile *prof,
+                               const parallel_config *config)
+{
+    if (config->precision != PRECISION_FP32)
+        return prof->peak_tflops;
+    double rate = config->tf32 ? prof->tf32_tflops : prof->fp32_tflops;
+    return rate > 0.0 ? rate : 0.0;
+}
+
+static double rate_or_tensor(const profile *prof,
+                             const parallel_config *config)
+{
+    double rate = plan_peak_tflops(prof, config);
+    return rate > 0.0 ? rate : prof->peak_tflops;
+}
+
 static part_times efficiency_times(const profile *prof, const model_shape *m,
                                    const parallel_config *config)
 {
-    double flops_per_s = prof->peak_tflops * 1e12 * model_efficiency(prof);
+    double flops_per_s =
+        rate_or_tensor(prof, config) * 1e12 * model_efficiency(prof);
     double bytes_per_s = prof->memory_bandwidth_GBps * 1e9;
     double tokens = (double)config->mbs * m->seq;
     double element = precision_bytes(config->precision);
@@ -176,6 +197,7 @@ static part_times roofline_times(const profile *prof, const model_shape *m,
     model_part_costs costs;
     /* check_efficiency_model has made sure the device is complete */
     roofline_device_of(prof, &device, NULL);
+    device.peak_flops = rate_or_tensor(prof, config) * 1e12;
     roofline_shard shard = {
         .tp = config->tp, .mbs = config->mbs,
         .element_bytes = precision_bytes(config->precision),
@@ -230,8 +252,9 @@ static void note_lookup(costmodel *note_target, const costmodel *cm,
 static int type_times(const costmodel *cm, int type_index,
                       const profile *prof, const parallel_config *config,
                       costmodel *note_target, part_times *times,
-                      bool *add_tp_comm, pt_error *err)
+                      bool *add_tp_comm, bool *measured, pt_error *err)
 {
+    *measured = true;
     const profile_shape *shape = lookup_held_shape(prof, &cm->model);
     shape_neighbours near;
     *add_tp_comm = !prof->layer_times_include_tp_comm;
@@ -251,10 +274,28 @@ static int type_times(const costmodel *cm, int type_index,
                      ? roofline_times(prof, &cm->model, config)
                      : efficiency_times(prof, &cm->model, config);
         *add_tp_comm = true; /* FLOPs alone carry no communication */
+        *measured = false;
     }
     if (note_target)
         costmodel_note_shape_coverage(note_target, type_index);
     return 0;
+}
+
+/* Why an fp32 plan's compute is priced as it is: measured (half-
+ * precision) times, or a profile without the FP32 / TF32 figure. */
+static void note_fp32(costmodel *note_target, const profile *prof,
+                      const parallel_config *config, bool times_measured)
+{
+    if (times_measured)
+        costmodel_add_note(note_target,
+                           "%s: fp32 plans are priced with the profile's "
+                           "measured half-precision layer times (compute "
+                           "not slowed)", prof->gpu);
+    else if (plan_peak_tflops(prof, config) <= 0.0)
+        costmodel_add_note(note_target,
+                           "%s: the profile gives no %s rate; fp32 compute "
+                           "is priced at its half-precision tensor peak",
+                           prof->gpu, config->tf32 ? "TF32" : "FP32");
 }
 
 /* Type type_index (checked by the callers) costs from profile prof (its
@@ -269,14 +310,12 @@ static int price_type_from(const costmodel *cm, int type_index,
         return pt_fail(err, "costmodel: tp and mbs must be positive, got tp "
                        "%d, mbs %d", config->tp, config->mbs);
     part_times times;
-    bool add_tp_comm;
+    bool add_tp_comm, times_measured;
     if (type_times(cm, type_index, prof, config, note_target, &times,
-                   &add_tp_comm, err) != 0)
+                   &add_tp_comm, &times_measured, err) != 0)
         return -1;
     if (config->precision == PRECISION_FP32 && note_target)
-        costmodel_add_note(note_target,
-                           "fp32 plans are priced with the profiles' "
-                           "half-precision layer times (compute not slowed)");
+        note_fp32(note_target, prof, config, times_measured);
 
     out->embedding_forward_s = times.embedding.forward_s;
     out->embedding_backward_s = times.embedding.backward_s;
@@ -437,13 +476,13 @@ int costmodel_pricing(const costmodel *cm, int type_index,
                       pt_error *err)
 {
     part_times times;
-    bool add_tp_comm;
+    bool add_tp_comm, measured;
     if (config->tp <= 0 || config->mbs <= 0 || type_index < 0 ||
         type_index >= cm->cluster->type_count)
         return pt_fail(err, "costmodel: no such type or config to price");
     const profile *prof = &cm->profiles[type_index];
     if (type_times(cm, type_index, prof, config, NULL, &times, &add_tp_comm,
-                   err) != 0)
+                   &measured, err) != 0)
         return -1;
     const profile_shape *shape = lookup_held_shape(prof, &cm->model);
     char how[320];
