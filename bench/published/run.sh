@@ -79,4 +79,20 @@ for pair in "3.6 18.4" "18.4 3.6"; do
     verdict=$(awk "BEGIN{print ($cross <= 12) ? \"met\" : \"NOT MET\"}")
     echo "calibrated on ${1}B, estimated on ${2}B: mean |error| $cross % (target <= 12 %: $verdict)"
 done
+
+echo "# 5. Megatron-LM's own table (Narayanan et al. 2021, Table 1), TFLOP/s a GPU"
+# bench/published/megatron-lm-table1.csv: the published TFLOP/s a GPU
+# made a step time by Megatron's count with full recompute, 96 B s l h^2
+# (1 + s / 6h + V / 16 l h), V 51,200. The table gives no micro-batch:
+# printed at 1 everywhere and with the four smaller models at 4 and 8.
+table=$root/bench/published/megatron-lm-table1.csv
+selene=(--cluster "$root/clusters/a100-selene.json" --precision fp16
+        --recompute full --runtime megatron --attention unfused --vocab 51200)
+for mbs in 1 4 8; do
+    sed "s/^\(1.7B\|7.5B\|18.4B\|39.1B\),\([^,]*\),\([^,]*\),\([^,]*\),1,/\1,\2,\3,\4,$mbs,/" \
+        "$table" > "$out/table-mbs$mbs.csv"
+    "$partita" estimate --runs "$out/table-mbs$mbs.csv" "${selene[@]}" \
+        --profile "$root/profiles/A100-80GB.json" > "$out/table-$mbs.txt"
+    echo "micro-batch $mbs for 1.7B-39.1B (1 for 145.6B and 1T): $(grep '^  ' "$out/table-$mbs.txt" | awk '{printf "%s %s %%; ", $1, $NF}')$(summary "$out/table-$mbs.txt" | cut -d, -f1 | sed 's/^# //')"
+done
 exit $status
