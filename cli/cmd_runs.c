@@ -5,9 +5,13 @@
  *                                                  each error and the sum
  *   partita profile --from-logs TABLE --cluster C  a derived profile's
  *                                                  roofline fitted to them
- * A runs table is common/runs_table.c's; the fit is costmodel/calibrate.c.
+ * A runs table is common/runs_table.c's; a run may also be a plan and
+ * the Megatron-LM or DeepSpeed log of its launch (PLAN=LOG), read as
+ * `partita report --megatron-log` reads it; the fit is
+ * costmodel/calibrate.c.
  */
 #include "cli/cli.h"
+#include "report/report.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -31,7 +35,7 @@ typedef struct runs_arguments {
 static void print_runs_help(const char *command)
 {
     bool fit = strcmp(command, "profile") == 0;
-    printf("usage: partita %s %s TABLE --cluster FILE [%s FILE]\n"
+    printf("usage: partita %s %s TABLE [--cluster FILE] [%s FILE]\n"
            "        [--precision P] [--recompute R] [--runtime R]\n"
            "        [--attention A] [--vocab N] [--where COLUMN=VALUE]\n"
            "        [--profiles DIR]%s\n\n",
@@ -44,14 +48,20 @@ static void print_runs_help(const char *command)
     else
         printf("Estimates every run of a table of measured training runs\n"
                "and prints each one's error and the summary.\n\n");
-    printf("  TABLE             runs, one a line, comma-separated under a\n"
+    printf("  TABLE             comma-separated sources of runs, each a runs\n"
+           "                    table (.csv) or PLAN.json=LOG, a Megatron-LM\n"
+           "                    log of that plan's launch (PLAN.json=\n"
+           "                    deepspeed:LOG for a DeepSpeed log); its\n"
+           "                    step time the median of its timed iterations\n"
+           "  a runs table:     runs, one a line, comma-separated under a\n"
            "                    header: hidden, heads, layers, seq, gbs,\n"
            "                    mbs, tp, dp, pp, measured_ms (or\n"
            "                    measured_s); optional id, vocab,\n"
            "                    ffn_hidden, precision, recompute, runtime,\n"
            "                    attention (docs/formats.md, \"Runs table\")\n"
-           "  --cluster FILE    the cluster the runs ran on: one node type;\n"
-           "                    each run gets the nodes its GPUs fill\n"
+           "  --cluster FILE    the cluster a table's runs ran on: one node\n"
+           "                    type; each run gets the nodes its GPUs fill\n"
+           "                    (a plan's run: the plan's own cluster)\n"
            "  --precision, --recompute, --runtime, --attention\n"
            "                    what a column the table lacks means (the\n"
            "                    plan's fields; default: the plan's defaults)\n"
@@ -139,10 +149,10 @@ static int parse_runs_arguments(int argc, char **argv, runs_arguments *a)
             return -1;
         }
     }
-    if (a->runs == NULL || a->cluster == NULL) {
+    if (a->runs == NULL) {
         char message[256];
-        snprintf(message, sizeof message, "%s TABLE and --cluster FILE are "
-                 "needed (see --help)", flag);
+        snprintf(message, sizeof message, "%s TABLE is needed (see --help)",
+                 flag);
         cli_error(a->command, message);
         return -1;
     }
@@ -167,15 +177,105 @@ static void runs_input_free(runs_input *in)
     profile_free(&in->prof);
 }
 
+/* Appends the runs of more to in's (taking them over). */
+static int append_runs(runs_input *in, measured_run *more, int count,
+                       pt_error *err)
+{
+    measured_run *all = realloc(in->runs, (size_t)(in->count + count) *
+                                              sizeof *all);
+    if (all == NULL) {
+        runs_table_free(more, count);
+        return pt_fail(err, "out of memory");
+    }
+    memcpy(all + in->count, more, (size_t)count * sizeof *all);
+    free(more);
+    in->runs = all;
+    in->count += count;
+    return 0;
+}
+
+/* One run from a plan and the log of its launch ("PLAN=LOG", or
+ * "PLAN=deepspeed:LOG"): the median step time of its timed iterations. */
+static int load_log_run(const char *item, measured_run *out, pt_error *err)
+{
+    char plan_path[PT_PATH_MAX];
+    const char *equals = strchr(item, '=');
+    size_t length = (size_t)(equals - item);
+    if (length == 0 || length >= sizeof plan_path)
+        return pt_fail(err, "%s: a run from a log is PLAN.json=LOG", item);
+    memcpy(plan_path, item, length);
+    plan_path[length] = '\0';
+    const char *log = equals + 1;
+    bool deepspeed = strncmp(log, "deepspeed:", 10) == 0;
+    if (deepspeed)
+        log += 10;
+    memset(out, 0, sizeof *out);
+    if (plan_load_file(plan_path, &out->plan, err) != 0)
+        return -1;
+    train_log_options options = {.warmup_iterations = -1};
+    run_record record;
+    int status = deepspeed ? deepspeed_log_load_file(log, &out->plan,
+                                                     &options, &record, err)
+                           : megatron_log_load_file(log, &out->plan,
+                                                    &options, &record, err);
+    if (status == 0 && !(record.step_time_s > 0.0))
+        status = pt_fail(err, "%s: no step time in it", log);
+    if (status == 0) {
+        out->measured_s = record.step_time_s;
+        const char *name = strrchr(log, '/');
+        snprintf(out->id, sizeof out->id, "%s", name ? name + 1 : log);
+    }
+    if (status == 0)
+        run_record_free(&record);
+    else
+        plan_free(&out->plan);
+    return status;
+}
+
+/* Every source of --runs / --from-logs: runs tables and plan=log pairs,
+ * comma-separated. */
+static int load_sources(runs_arguments *a, runs_input *in, pt_error *err)
+{
+    char *list = strdup(a->runs);
+    if (list == NULL)
+        return pt_fail(err, "out of memory");
+    int status = 0;
+    char *save = NULL;
+    for (char *item = strtok_r(list, ",", &save); status == 0 && item;
+         item = strtok_r(NULL, ",", &save)) {
+        measured_run *more = NULL;
+        int count = 0;
+        if (strchr(item, '=') != NULL) {
+            more = calloc(1, sizeof *more);
+            if (more == NULL)
+                status = pt_fail(err, "out of memory");
+            else if ((status = load_log_run(item, more, err)) == 0)
+                count = 1;
+            else
+                free(more);
+        } else {
+            status = runs_table_load(item, &a->table, &more, &count, err);
+        }
+        if (status == 0)
+            status = append_runs(in, more, count, err);
+    }
+    free(list);
+    if (status == 0 && in->count == 0)
+        status = pt_fail(err, "%s: no runs", a->runs);
+    return status;
+}
+
 static int load_runs_input(runs_arguments *a, runs_input *in, pt_error *err)
 {
     memset(in, 0, sizeof *in);
-    in->cluster = pt_json_load_file(a->cluster, err);
-    if (in->cluster == NULL)
-        return -1;
+    if (a->cluster != NULL) {
+        in->cluster = pt_json_load_file(a->cluster, err);
+        if (in->cluster == NULL)
+            return -1;
+    }
     a->table.cluster = in->cluster;
     a->table.cluster_file = a->cluster;
-    if (runs_table_load(a->runs, &a->table, &in->runs, &in->count, err) != 0)
+    if (load_sources(a, in, err) != 0)
         return -1;
     in->calibration = calloc((size_t)in->count, sizeof *in->calibration);
     if (in->calibration == NULL)
@@ -205,16 +305,20 @@ static void print_runs(const runs_input *in, const double *estimated,
 {
     printf("# %s: %d runs, profile %s (%s)\n", title, in->count,
            in->prof.gpu, in->profile_path);
-    printf("# %-8s %5s %4s %4s %4s %4s %12s %12s %8s\n", "id", "gpus", "tp",
-           "dp", "pp", "mbs", "measured", "estimated", "error");
-    printf("# %-8s %5s %4s %4s %4s %4s %12s %12s %8s\n", "", "", "", "", "",
-           "", "(s)", "(s)", "(%)");
+    int width = 8;
+    for (int i = 0; i < in->count; i++)
+        if ((int)strlen(in->runs[i].id) > width)
+            width = (int)strlen(in->runs[i].id);
+    printf("# %-*s %5s %4s %4s %4s %4s %12s %12s %8s\n", width, "id", "gpus",
+           "tp", "dp", "pp", "mbs", "measured", "estimated", "error");
+    printf("# %-*s %5s %4s %4s %4s %4s %12s %12s %8s\n", width, "", "", "",
+           "", "", "", "(s)", "(s)", "(%)");
     int refused = 0;
     for (int i = 0; i < in->count; i++) {
         const parallel_config *c = &in->runs[i].plan.config;
         double error = 100.0 * (estimated[i] / in->runs[i].measured_s - 1.0);
-        printf("  %-8s %5d %4d %4d %4d %4d %12.4f %12.4f %+7.1f%s\n",
-               in->runs[i].id, c->tp * c->dp * c->pp, c->tp, c->dp, c->pp,
+        printf("  %-*s %5d %4d %4d %4d %4d %12.4f %12.4f %+7.1f%s\n",
+               width, in->runs[i].id, c->tp * c->dp * c->pp, c->tp, c->dp, c->pp,
                c->mbs, in->runs[i].measured_s, estimated[i], error,
                fits[i] ? "" : "  does not fit");
         refused += !fits[i];

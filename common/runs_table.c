@@ -259,6 +259,9 @@ int runs_table_load(const char *path, const runs_table_options *options,
 {
     *out = NULL;
     *count = 0;
+    if (options->cluster == NULL)
+        return pt_fail(err, "%s: a runs table needs the cluster its runs ran "
+                       "on (--cluster FILE)", path);
     FILE *file = fopen(path, "r");
     if (file == NULL)
         return pt_fail(err, "%s: %s", path, strerror(errno));
