@@ -161,10 +161,25 @@ void nccl_watch_other_processes(comm_nccl *world)
         nccl_mark_failed(world, failed, reason);
 }
 
-/* Aborts every communicator of the rank (on its own thread): its kernels
- * stop waiting on peers, and the handles are gone. */
+/* NCCL aborts the communicators of one group call together (2.22 on). A
+ * rank whose operations are in flight on two communicators (a send to a
+ * higher rank waiting on one, a receive from it on the other) must abort
+ * both so: aborted one after the other, the first abort can wait forever
+ * on the second communicator's kernel (the failing-rank check of
+ * test_nccl_parallel never returned on 2026-11-28). */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 22, 0)
+#define ABORT_GROUP_START() ncclGroupStart()
+#define ABORT_GROUP_END() ncclGroupEnd()
+#else
+#define ABORT_GROUP_START() ((void)0)
+#define ABORT_GROUP_END() ((void)0)
+#endif
+
+/* Aborts every communicator of the rank (on its own thread) in one group
+ * call: its kernels stop waiting on peers, and the handles are gone. */
 void nccl_abort_rank_comms(comm_nccl *world, int rank)
 {
+    ABORT_GROUP_START();
     for (int k = 0; k < world->clique_count; k++) {
         nccl_clique *q = &world->cliques[k];
         for (int i = 0; i < q->size; i++)
@@ -174,6 +189,7 @@ void nccl_abort_rank_comms(comm_nccl *world, int rank)
                 world->ranks[rank].aborted++;
             }
     }
+    ABORT_GROUP_END();
 }
 
 /* ---------------------------------------------------------------- world */
@@ -244,14 +260,18 @@ static int init_clique(comm_nccl *world, nccl_clique *q, pt_error *err)
     return 0;
 }
 
+/* Every communicator left, in one group call (see
+ * nccl_abort_rank_comms). */
 static void abort_all(comm_nccl *world)
 {
+    ABORT_GROUP_START();
     for (int k = 0; k < world->clique_count; k++)
         for (int i = 0; i < world->cliques[k].size; i++)
             if (world->cliques[k].comms[i] != NULL) {
                 ncclCommAbort(world->cliques[k].comms[i]);
                 world->cliques[k].comms[i] = NULL;
             }
+    ABORT_GROUP_END();
 }
 
 static void free_world(comm_nccl *world)
