@@ -262,7 +262,6 @@ int exchange_barrier(const comm *c, pt_error *err);
 void exchange_close_channels(comm_exchange *world, int rank);
 void exchange_free_channels(comm_exchange *world);
 
-
 /* ============================================================= NCCL */
 
 #ifdef PARTITA_HAVE_NCCL
