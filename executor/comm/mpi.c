@@ -251,8 +251,8 @@ static int poll_until(const comm *c, ready_check ready, void *state,
     for (long polls = 0;; polls++) {
         poll_aborts(w);
         if (has_failed(w))
-            return comm_failure_interrupted(&mpi_world(c)->failure,
-                                            c->rank, operation, err);
+            return comm_failure_interrupted(&w->failure, c->rank,
+                                            operation, err);
         int done = 0;
         int code = ready(state, &done);
         if (code != MPI_SUCCESS)
@@ -314,8 +314,8 @@ static int mpi_send(const comm *c, int peer, int tag, const float *data,
              tag);
     poll_aborts(w);
     if (has_failed(w))
-        return comm_failure_interrupted(&mpi_world(c)->failure,
-                                            c->rank, operation, err);
+        return comm_failure_interrupted(&w->failure, c->rank, operation,
+                                        err);
     if (check_message_count(c, operation, count, err) != 0)
         return -1;
     progress_sends(w);

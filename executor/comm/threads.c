@@ -124,8 +124,8 @@ static int threads_wait_message(const comm *c, int peer, int tag,
     comm_message *message = NULL;
     while (message == NULL) {
         if (has_failed(world)) {
-            int status = comm_failure_interrupted(&world->failure, c->rank,
-                                              operation, err);
+            int status = comm_failure_interrupted(&world->failure,
+                                                  c->rank, operation, err);
             pthread_mutex_unlock(&world->lock);
             return status;
         }
@@ -312,8 +312,8 @@ static int threads_barrier(const comm *c, pt_error *err)
     }
     while (world->barrier_generation == generation) {
         if (has_failed(world)) {
-            int status = comm_failure_interrupted(&world->failure, c->rank,
-                                              "barrier", err);
+            int status = comm_failure_interrupted(&world->failure,
+                                                  c->rank, "barrier", err);
             pthread_mutex_unlock(&world->lock);
             return status;
         }
