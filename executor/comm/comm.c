@@ -338,6 +338,18 @@ bool comm_failure_record(comm_failure *failure, int rank, const char *reason)
     return true;
 }
 
+bool comm_failure_mark(comm_failure *failure, atomic_bool *failed,
+                       pthread_cond_t *changed, int rank, const char *reason)
+{
+    if (!comm_failure_record(failure, rank, reason))
+        return false;
+    if (failed != NULL)
+        atomic_store(failed, true);
+    if (changed != NULL)
+        pthread_cond_broadcast(changed);
+    return true;
+}
+
 int comm_failure_get(const comm_failure *failure, char *reason,
                      size_t reason_size)
 {

@@ -23,9 +23,12 @@
  * state) so that the pipeline and data-parallel runtime
  * (executor/parallel) is written once. Buffers are in the backend's
  * memory of the rank (host memory for threads and MPI, device memory for
- * NCCL and host-staged); whatever wrote them must have finished when the
- * call is made (the cuda backend synchronises its stream), and a call
- * returns with its result in place.
+ * NCCL, the device exchange and host-staged); whatever wrote them must
+ * have finished when the call is made (the cuda backend synchronises its
+ * stream; the comms of device memory also order their own streams after
+ * the caller's default streams, so a cudaMemcpy or cudaMemset just
+ * before the call is safe), and a call returns with its result in
+ * place.
  *
  * Every blocking wait ends: when a rank calls comm_abort (the runtime
  * does on any error), every other rank's pending and later operations
@@ -84,9 +87,9 @@ typedef struct comm_ops {
     int (*recv)(const comm *c, int peer, int tag, float *data, size_t count,
                 pt_error *err);
     /* Optional (NULL: send, then receive): a send and a receive of one
-     * pipeline tick as one operation, so that two ranks sending to each
-     * other at once cannot wait on each other (NCCL: one group of
-     * ncclSend and ncclRecv, as Megatron's batched p2p). */
+     * pipeline tick as one operation, for a comm whose send could wait
+     * for its receiver. None needs it today: every send returns before
+     * its receiver took the message. */
     int (*sendrecv)(const comm *c, int send_peer, int send_tag,
                     const float *send_data, size_t send_count,
                     int recv_peer, int recv_tag, float *recv_data,
@@ -277,14 +280,17 @@ void comm_mpi_finish(comm_mpi *world, int exit_status);
  *     messages to a higher rank (activations) and one those to a lower
  *     rank (gradients), each on its own stream, so that the crossing
  *     sends of 1F1B cannot wait on each other;
+ *   - a rank's first message connects it to every other rank on both
+ *     message communicators (one NCCL group per communicator, which
+ *     every rank joins at its first message), so that no later send or
+ *     receive waits for NCCL's lazily made connection, which needs both
+ *     ends, and the two directions never wait on each other;
  *   - send returns before the peer received: the floats are copied into a
  *     staging buffer (a small ring per direction that grows when every
  *     buffer is still in flight) and ncclSend is enqueued; recv, the
  *     collectives and the barrier return with their result in place;
- *     sendrecv posts a send and a receive in one NCCL group, so that two
- *     ranks sending to each other cannot wait on each other's lazily
- *     made connection; the stream-ordered collectives (comm_stream_ops)
- *     enqueue on the caller's stream and return;
+ *     sendrecv is a send, then a receive; the stream-ordered collectives
+ *     (comm_stream_ops) enqueue on the caller's stream and return;
  *   - messages of one peer and direction arrive in the order they were
  *     sent: the tag is not transmitted, so a receiver must take them in
  *     that order (the pipeline runtime does) and with the sent count;

@@ -2,9 +2,10 @@
  * The device exchange (executor/comm/comm.h): ranks that are threads of
  * this process on one GPU exchange through its memory. This file holds
  * the world, each rank's stream, events, clock slots and staging buffers,
- * the waits (every one watches the failure flag and a deadline), the
- * messages and the operations' table; the rendezvous and the collectives
- * are comm/exchange_collectives.c's.
+ * the messages and the operations' table, on top of the two files below
+ * it: the rendezvous and the collectives (comm/exchange_collectives.c),
+ * and the failures and waits both use (comm/exchange_waits.c; every wait
+ * watches the failure flag and a deadline).
  *
  * A message: a receive that finds none waiting posts its buffer; a send
  * to such a receiver copies straight into that buffer on its stream,
@@ -22,7 +23,7 @@
  * kernel ends at the later stamp plus the link's time: the copies run
  * inside the one emulated transfer.
  */
-#include "executor/comm/exchange_internal.h"
+#include "executor/comm/device_internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -31,198 +32,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "executor/cuda/cuda_backend.h"
-
-/* ------------------------------------------------------ failures, waits */
-
-static void mark_failed(comm_exchange *world, int rank, const char *reason)
-{
-    pthread_mutex_lock(&world->lock);
-    if (comm_failure_record(&world->failure, rank, reason)) {
-        atomic_store(&world->failed, true);
-        pthread_cond_broadcast(&world->changed);
-    }
-    pthread_mutex_unlock(&world->lock);
-}
-
-int exchange_fail(const comm *c, const char *operation, const char *what,
-                  pt_error *err)
-{
-    char reason[COMM_FAILURE_REASON_MAX];
-    snprintf(reason, sizeof reason, "rank %d: %s: %s", c->rank, operation,
-             what);
-    mark_failed(exchange_world(c), c->rank, reason);
-    return pt_fail(err, "%s", reason);
-}
-
-int exchange_interrupted(const comm *c, const char *operation,
-                         pt_error *err)
-{
-    comm_exchange *world = exchange_world(c);
-    pthread_mutex_lock(&world->lock);
-    comm_failure failure = world->failure;
-    pthread_mutex_unlock(&world->lock);
-    return comm_failure_interrupted(&failure, c->rank, operation, err);
-}
-
-int exchange_cuda(const comm *c, cudaError_t status, const char *call,
-                  const char *operation, pt_error *err)
-{
-    if (status == cudaSuccess)
-        return 0;
-    char what[400];
-    snprintf(what, sizeof what, "%s failed: %s", call,
-             cudaGetErrorString(status));
-    cudaGetLastError();
-    return exchange_fail(c, operation, what, err);
-}
-
-struct timespec exchange_deadline(const comm_exchange *world)
-{
-    return comm_deadline_after(world->timeout_s);
-}
-
-int exchange_wait_change(const comm *c, const struct timespec *deadline,
-                         const char *operation, pt_error *err)
-{
-    comm_exchange *world = exchange_world(c);
-    if (pthread_cond_timedwait(&world->changed, &world->lock, deadline) !=
-        ETIMEDOUT)
-        return 0;
-    char reason[COMM_FAILURE_REASON_MAX];
-    snprintf(reason, sizeof reason, "rank %d: %s timed out after %g s (the "
-                                    "comm timeout)",
-             c->rank, operation, world->timeout_s);
-    if (comm_failure_record(&world->failure, c->rank, reason)) {
-        atomic_store(&world->failed, true);
-        pthread_cond_broadcast(&world->changed);
-    }
-    return pt_fail(err, "%s", reason);
-}
-
-/* Between polls of an event: spin at first (most exchanges end within
- * microseconds), then nap. */
-static void back_off(long polls)
-{
-    if (polls < 2000)
-        return;
-    struct timespec pause = {.tv_sec = 0,
-                             .tv_nsec = polls < 100000 ? 20000 : 1000000};
-    nanosleep(&pause, NULL);
-}
-
-int exchange_wait_stream(const comm *c, cudaStream_t stream,
-                         const char *operation, pt_error *err)
-{
-    comm_exchange *world = exchange_world(c);
-    exchange_rank *r = &world->ranks[c->rank];
-    if (EXCHANGE_CUDA(cudaEventRecord(r->host_wait, stream)) != 0)
-        return -1;
-    double deadline = pt_monotonic_seconds() + world->timeout_s;
-    for (long polls = 0;; polls++) {
-        cudaError_t status = cudaEventQuery(r->host_wait);
-        if (status == cudaSuccess)
-            return 0;
-        if (status != cudaErrorNotReady)
-            return EXCHANGE_CUDA(status);
-        if (atomic_load(&world->failed))
-            return exchange_interrupted(c, operation, err);
-        if (pt_monotonic_seconds() > deadline) {
-            char what[120];
-            snprintf(what, sizeof what, "the GPU did not finish within %g s "
-                                        "(the comm timeout)",
-                     world->timeout_s);
-            return exchange_fail(c, operation, what, err);
-        }
-        back_off(polls);
-    }
-}
-
-uint64_t *exchange_next_stamp(exchange_rank *r)
-{
-    uint64_t *slot = r->stamps + r->next_stamp;
-    r->next_stamp = (r->next_stamp + 1) % EXCHANGE_STAMPS;
-    return slot;
-}
-
-uint64_t exchange_pace_nanoseconds(double seconds)
-{
-    if (!(seconds > 0.0))
-        return 0;
-    double ns = seconds * 1e9 + 0.5;
-    return ns >= 1.8e19 ? UINT64_MAX : (uint64_t)ns;
-}
-
-double comm_emulated_seconds(comm_pattern pattern, double bytes, int members,
-                             link_spec link)
-{
-    if (bytes <= 0.0 || members < 2 || !(link.bandwidth_bytes_per_s > 0.0))
-        return 0.0;
-    double n = members, transfer = bytes / link.bandwidth_bytes_per_s;
-    switch (pattern) {
-    case COMM_PATTERN_MESSAGE:
-        return link.latency_s + transfer;
-    case COMM_PATTERN_ALL_REDUCE:
-        return 2.0 * (n - 1.0) / n * transfer + 2.0 * (n - 1.0) *
-                                                    link.latency_s;
-    case COMM_PATTERN_HALF_ALL_REDUCE:
-        return (n - 1.0) / n * transfer + (n - 1.0) * link.latency_s;
-    }
-    return 0.0;
-}
-
-/* ------------------------------------------------------------ memory */
-
-static int reserve_bytes(const comm *c, size_t bytes, const char *what,
-                         pt_error *err)
-{
-    exchange_rank *r = &exchange_world(c)->ranks[c->rank];
-    if (cuda_rank_memory_reserve(bytes, what, err) != 0)
-        return -1;
-    r->device_bytes += (double)bytes;
-    if (r->device_bytes > r->peak_device_bytes)
-        r->peak_device_bytes = r->device_bytes;
-    return 0;
-}
-
-static void release_bytes(exchange_rank *r, size_t bytes)
-{
-    cuda_rank_memory_release(bytes);
-    r->device_bytes -= (double)bytes;
-}
-
-/* Gives a staging buffer room for `count` floats, stream-ordered behind
- * its release (cudaMallocAsync never waits for the device; cudaMalloc is
- * the fallback). */
-static int grow_staging(const comm *c, exchange_staging *b, size_t count,
-                        const char *operation, pt_error *err)
-{
-    exchange_rank *r = &exchange_world(c)->ranks[c->rank];
-    if (b->data != NULL) {
-        if (EXCHANGE_CUDA(b->stream_ordered
-                              ? cudaFreeAsync(b->data, r->stream)
-                              : cudaFree(b->data)) != 0)
-            return -1;
-        release_bytes(r, b->capacity * sizeof(float));
-        b->data = NULL;
-        b->capacity = 0;
-    }
-    size_t bytes = count * sizeof(float);
-    if (reserve_bytes(c, bytes, "a message's staging buffer", err) != 0)
-        return -1;
-    b->stream_ordered = cudaMallocAsync((void **)&b->data, bytes,
-                                        r->stream) == cudaSuccess;
-    if (!b->stream_ordered) {
-        cudaGetLastError();
-        if (EXCHANGE_CUDA(cudaMalloc((void **)&b->data, bytes)) != 0) {
-            release_bytes(r, bytes);
-            b->data = NULL;
-            return -1;
-        }
-    }
-    b->capacity = count;
-    return 0;
-}
+/* --------------------------------------------------------- staging */
 
 /* A staging buffer of the rank not in flight, preferring one that holds
  * `count` floats; a new one while fewer than EXCHANGE_STAGING_MAX exist;
@@ -239,11 +49,12 @@ static int free_staging(const comm *c, size_t count, const char *operation,
         for (int i = 0; i < r->staging_count; i++) {
             exchange_staging *b = &r->staging[i];
             if (!b->in_flight && (chosen == NULL ||
-                                  (chosen->capacity < count &&
-                                   b->capacity > chosen->capacity)))
+                                  (chosen->buffer.capacity < count &&
+                                   b->buffer.capacity >
+                                       chosen->buffer.capacity)))
                 chosen = b;
         }
-        if ((chosen == NULL || chosen->capacity < count) &&
+        if ((chosen == NULL || chosen->buffer.capacity < count) &&
             r->staging_count < EXCHANGE_STAGING_MAX)
             chosen = &r->staging[r->staging_count++];
         if (chosen != NULL)
@@ -279,30 +90,30 @@ static double message_seconds(const comm_exchange *world, int source,
         world->links[source * world->size + destination]);
 }
 
-/* Copies a message into staging buffer b on the rank's stream, behind the
- * buffer's last release, and waits for that copy; `ready_stamp` (paced,
- * else NULL) takes the GPU clock first: the moment the sender is ready. */
+/* Copies a message into staging buffer b on the rank's stream (the send
+ * path, comm/device.c), behind the buffer's last release, and waits for
+ * that copy; `ready_stamp` (paced, else NULL) takes the GPU clock first:
+ * the moment the sender is ready. */
 static int stage_message(const comm *c, exchange_staging *b,
                          const float *data, size_t count,
                          uint64_t *ready_stamp, const char *operation,
                          pt_error *err)
 {
     exchange_rank *r = &exchange_world(c)->ranks[c->rank];
-    return (b->release_recorded &&
-            EXCHANGE_CUDA(cudaStreamWaitEvent(r->stream, b->released, 0)) !=
-                0) ||
-                   (b->capacity < count &&
-                    grow_staging(c, b, count, operation, err) != 0) ||
-                   (ready_stamp != NULL &&
-                    EXCHANGE_CUDA(cuda_exchange_stamp(ready_stamp,
-                                                      r->stream)) != 0) ||
-                   EXCHANGE_CUDA(cudaMemcpyAsync(b->data, data,
-                                                 count * sizeof(float),
-                                                 cudaMemcpyDeviceToDevice,
-                                                 r->stream)) != 0 ||
-                   exchange_wait_stream(c, r->stream, operation, err) != 0
-               ? -1
-               : 0;
+    if ((b->release_recorded &&
+         EXCHANGE_CUDA(cudaStreamWaitEvent(r->stream, b->released, 0)) !=
+             0) ||
+        (ready_stamp != NULL &&
+         EXCHANGE_CUDA(cuda_exchange_stamp(ready_stamp, r->stream)) != 0))
+        return -1;
+    comm_cuda_failure failed;
+    if (comm_staging_copy_in(&b->buffer, data, count, r->stream, r->caller,
+                             &r->memory, &failed, err) != 0)
+        return failed.call != NULL ? exchange_cuda(c, failed.status,
+                                                   failed.call, operation,
+                                                   err)
+                                   : -1;
+    return exchange_wait_stream(c, r->stream, operation, err);
 }
 
 /* Whether a staged message of (source, tag) waits in the mailbox (lock
@@ -348,6 +159,8 @@ static int deliver(const comm *c, exchange_posted *p, const float *data,
         (p->sent_stamp != NULL &&
          EXCHANGE_CUDA(cuda_exchange_stamp(p->sent_stamp, r->stream)) !=
              0) ||
+                EXCHANGE_CUDA(comm_follow_caller(r->stream, r->caller)) !=
+                    0 ||
                 EXCHANGE_CUDA(cudaMemcpyAsync(p->data, data,
                                               p->count * sizeof(float),
                                               cudaMemcpyDeviceToDevice,
@@ -483,10 +296,11 @@ static int copy_out(const comm *c, const exchange_message *m, float *data,
     double seconds =
         message_seconds(world, m->envelope.source, c->rank, m->count);
     int status =
-        EXCHANGE_CUDA(cudaMemcpyAsync(data, m->staging->data,
-                                      m->count * sizeof(float),
-                                      cudaMemcpyDeviceToDevice,
-                                      r->stream)) != 0 ||
+        EXCHANGE_CUDA(comm_follow_caller(r->stream, r->caller)) != 0 ||
+                EXCHANGE_CUDA(cudaMemcpyAsync(data, m->staging->buffer.data,
+                                              m->count * sizeof(float),
+                                              cudaMemcpyDeviceToDevice,
+                                              r->stream)) != 0 ||
                 (ready_stamp != NULL &&
                  EXCHANGE_CUDA(cuda_exchange_pace_after(
                      ready_stamp, m->sent_stamp,
@@ -564,8 +378,17 @@ static int exchange_recv(const comm *c, int peer, int tag, float *data,
 
 /* ------------------------------------------- blocking collectives, table */
 
-/* A blocking collective: the stream-ordered one on the rank's own stream
- * (the caller's data is complete), waited for. */
+/* A blocking collective runs on the rank's own stream, behind what the
+ * caller left on the default streams (comm_follow_caller). */
+static int follow_caller(const comm *c, const char *operation,
+                         pt_error *err)
+{
+    exchange_rank *r = &exchange_world(c)->ranks[c->rank];
+    return EXCHANGE_CUDA(comm_follow_caller(r->stream, r->caller));
+}
+
+/* A blocking collective: the stream-ordered one on the rank's own stream,
+ * waited for. */
 static int exchange_all_reduce(const comm *c, const int *group,
                                int group_size, float *data, size_t count,
                                comm_reduce_op op, pt_error *err)
@@ -575,12 +398,12 @@ static int exchange_all_reduce(const comm *c, const int *group,
         return pt_fail(err, "rank %d: all-reduce: the rank's exchange is "
                             "not open",
                        c->rank);
-    return exchange_all_reduce_on_stream(c, group, group_size, data, count,
-                                         COMM_FLOAT32, op, r->stream,
-                                         err) != 0 ||
-                   exchange_wait_stream(c, r->stream, "all-reduce", err) != 0
-               ? -1
-               : 0;
+    if (follow_caller(c, "all-reduce", err) != 0 ||
+        exchange_all_reduce_on_stream(c, group, group_size, data, count,
+                                      COMM_FLOAT32, op, r->stream,
+                                      err) != 0)
+        return -1;
+    return exchange_wait_stream(c, r->stream, "all-reduce", err);
 }
 
 static int exchange_reduce_scatter(const comm *c, const int *group,
@@ -592,13 +415,12 @@ static int exchange_reduce_scatter(const comm *c, const int *group,
         return pt_fail(err, "rank %d: reduce-scatter: the rank's exchange "
                             "is not open",
                        c->rank);
-    return exchange_reduce_scatter_on_stream(c, group, group_size, data,
-                                             chunk_offsets, COMM_FLOAT32,
-                                             r->stream, err) != 0 ||
-                   exchange_wait_stream(c, r->stream, "reduce-scatter",
-                                        err) != 0
-               ? -1
-               : 0;
+    if (follow_caller(c, "reduce-scatter", err) != 0 ||
+        exchange_reduce_scatter_on_stream(c, group, group_size, data,
+                                          chunk_offsets, COMM_FLOAT32,
+                                          r->stream, err) != 0)
+        return -1;
+    return exchange_wait_stream(c, r->stream, "reduce-scatter", err);
 }
 
 static int exchange_all_gather(const comm *c, const int *group,
@@ -610,12 +432,12 @@ static int exchange_all_gather(const comm *c, const int *group,
         return pt_fail(err, "rank %d: all-gather: the rank's exchange is "
                             "not open",
                        c->rank);
-    return exchange_all_gather_on_stream(c, group, group_size, data,
-                                         chunk_offsets, COMM_FLOAT32,
-                                         r->stream, err) != 0 ||
-                   exchange_wait_stream(c, r->stream, "all-gather", err) != 0
-               ? -1
-               : 0;
+    if (follow_caller(c, "all-gather", err) != 0 ||
+        exchange_all_gather_on_stream(c, group, group_size, data,
+                                      chunk_offsets, COMM_FLOAT32, r->stream,
+                                      err) != 0)
+        return -1;
+    return exchange_wait_stream(c, r->stream, "all-gather", err);
 }
 
 static int exchange_wait(const comm *c, void *stream, const char *operation,
@@ -629,7 +451,7 @@ static int exchange_wait(const comm *c, void *stream, const char *operation,
 
 static void exchange_abort(const comm *c, const char *reason)
 {
-    mark_failed(exchange_world(c), c->rank, reason);
+    exchange_mark_failed(exchange_world(c), c->rank, reason);
 }
 
 static int exchange_failed_rank(const comm *c, char *reason,
@@ -794,9 +616,10 @@ int comm_exchange_rank_open(comm_exchange *world, int rank, pt_error *err)
     if (cuda_rank_stream_create(&r->stream, err) != 0)
         return -1;
     OPEN_TRY(cudaEventCreateWithFlags(&r->host_wait, cudaEventDisableTiming));
+    OPEN_TRY(cudaEventCreateWithFlags(&r->caller, cudaEventDisableTiming));
     size_t bytes = EXCHANGE_STAMP_SLOTS * sizeof *r->stamps;
-    comm handle = comm_exchange_rank(world, rank);
-    if (reserve_bytes(&handle, bytes, "the exchange's clock slots", err) != 0)
+    if (comm_device_reserve(&r->memory, bytes, "the exchange's clock slots",
+                            err) != 0)
         return -1;
     OPEN_TRY(cudaMalloc((void **)&r->stamps, bytes));
     return 0;
@@ -834,31 +657,31 @@ void comm_exchange_rank_close(comm_exchange *world, int rank)
     drain_staging(world, r);
     for (int i = 0; i < r->staging_count; i++) {
         exchange_staging *b = &r->staging[i];
-        if (b->data != NULL) {
-            cudaFree(b->data);
-            release_bytes(r, b->capacity * sizeof(float));
-        }
+        comm_staging_free(&b->buffer, &r->memory);
         if (b->released != NULL)
             cudaEventDestroy(b->released);
     }
     exchange_close_channels(world, rank);
     if (r->stamps != NULL) {
         cudaFree(r->stamps);
-        release_bytes(r, EXCHANGE_STAMP_SLOTS * sizeof *r->stamps);
+        comm_device_release(&r->memory,
+                            EXCHANGE_STAMP_SLOTS * sizeof *r->stamps);
     }
     if (r->host_wait != NULL)
         cudaEventDestroy(r->host_wait);
+    if (r->caller != NULL)
+        cudaEventDestroy(r->caller);
     if (r->stream != NULL)
         cudaStreamDestroy(r->stream);
     cudaGetLastError(); /* what failed here was already reported */
     exchange_rank closed = {.device = r->device,
-                            .peak_device_bytes = r->peak_device_bytes};
+                            .memory.peak = r->memory.peak};
     *r = closed;
 }
 
 double comm_exchange_rank_peak_bytes(comm_exchange *world, int rank)
 {
     return rank >= 0 && rank < world->size
-               ? world->ranks[rank].peak_device_bytes
+               ? world->ranks[rank].memory.peak
                : 0.0;
 }

@@ -2,8 +2,9 @@
  * The collectives of the device exchange (executor/comm/comm.h): each
  * group's rendezvous of the hosts, and the stream-ordered all-reduce,
  * reduce-scatter and all-gather on the members' device buffers, the host
- * all-reduce of doubles and the barrier. The world, the waits and the
- * messages are comm/exchange.c's.
+ * all-reduce of doubles and the barrier. The failures and waits they use
+ * are comm/exchange_waits.c's; the world and the messages, which call
+ * these, comm/exchange.c's.
  *
  * A collective of member i of n, all enqueued on the caller's stream S:
  *   1. record ready[i] on S (its buffer is complete there); meet the
@@ -25,7 +26,7 @@
  * the previous one were enqueued. No work on the GPU ever waits for a
  * host, so the GPU cannot hang on a failed rank.
  */
-#include "executor/comm/exchange_internal.h"
+#include "executor/comm/device_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

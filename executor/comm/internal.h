@@ -5,6 +5,8 @@
 #ifndef PARTITA_EXECUTOR_COMM_INTERNAL_H
 #define PARTITA_EXECUTOR_COMM_INTERNAL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #include "executor/comm/comm.h"
@@ -51,6 +53,14 @@ void comm_failure_init(comm_failure *failure);
 /* Records (rank, reason) unless a failure was recorded before; true when
  * this one was the first. */
 bool comm_failure_record(comm_failure *failure, int rank, const char *reason);
+/* comm_failure_record for the worlds whose ranks are threads (the
+ * threads comm, the device exchange, NCCL), under the world's lock held
+ * by the caller: the first failure also sets `failed` (polls read it
+ * without the lock; may be NULL) and wakes `changed` (the world's waits;
+ * may be NULL). True when this one was the first. */
+bool comm_failure_mark(comm_failure *failure, atomic_bool *failed,
+                       pthread_cond_t *changed, int rank,
+                       const char *reason);
 /* The rank that failed first, or -1; its reason into reason (may be
  * NULL; "" when none failed). */
 int comm_failure_get(const comm_failure *failure, char *reason,

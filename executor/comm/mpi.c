@@ -139,7 +139,7 @@ struct comm_mpi {
     MPI_Request *abort_requests; /* size: our notice to each peer */
 };
 
-static comm_mpi *world_of(const comm *c)
+static comm_mpi *mpi_world(const comm *c)
 {
     return (comm_mpi *)c->shared;
 }
@@ -155,11 +155,6 @@ static void pause_poll(long polls)
     long micros = polls < 1000 ? 50 : 1000;
     struct timespec pause = {.tv_sec = 0, .tv_nsec = micros * 1000L};
     nanosleep(&pause, NULL);
-}
-
-static void mark_failed(comm_mpi *w, int rank, const char *reason)
-{
-    comm_failure_record(&w->failure, rank, reason);
 }
 
 static bool has_failed(const comm_mpi *w)
@@ -194,7 +189,7 @@ static void poll_aborts(comm_mpi *w)
         MPI_Recv(reason, ABORT_REASON_MAX, MPI_CHAR, status.MPI_SOURCE, 0,
                  w->aborts, MPI_STATUS_IGNORE);
         reason[ABORT_REASON_MAX - 1] = '\0';
-        mark_failed(w, status.MPI_SOURCE, reason);
+        comm_failure_record(&w->failure, status.MPI_SOURCE, reason);
     }
 }
 
@@ -217,10 +212,10 @@ static void progress_sends(comm_mpi *w)
 static int fail_here(const comm *c, pt_error *err, const char *format,
                      const char *operation, const char *detail)
 {
-    comm_mpi *w = world_of(c);
+    comm_mpi *w = mpi_world(c);
     char reason[ABORT_REASON_MAX];
     snprintf(reason, sizeof reason, format, c->rank, operation, detail);
-    mark_failed(w, c->rank, reason);
+    comm_failure_record(&w->failure, c->rank, reason);
     notify_others(w);
     return pt_fail(err, "%s", reason);
 }
@@ -235,19 +230,11 @@ static int fail_transport(const comm *c, const char *operation, int code,
     return fail_here(c, err, "rank %d: %s: %s", operation, text);
 }
 
-/* The error of an operation cut short by a failure. */
-static int fail_interrupted(const comm *c, const char *operation,
-                            pt_error *err)
-{
-    return comm_failure_interrupted(&world_of(c)->failure, c->rank,
-                                    operation, err);
-}
-
 static int fail_timeout(const comm *c, const char *operation,
                         pt_error *err)
 {
     char detail[64];
-    snprintf(detail, sizeof detail, "%g s", world_of(c)->timeout_s);
+    snprintf(detail, sizeof detail, "%g s", mpi_world(c)->timeout_s);
     return fail_here(c, err, "rank %d: %s timed out after %s", operation,
                      detail);
 }
@@ -259,12 +246,13 @@ typedef int (*ready_check)(void *state, int *ready);
 static int poll_until(const comm *c, ready_check ready, void *state,
                       const char *operation, pt_error *err)
 {
-    comm_mpi *w = world_of(c);
+    comm_mpi *w = mpi_world(c);
     double deadline = pt_monotonic_seconds() + w->timeout_s;
     for (long polls = 0;; polls++) {
         poll_aborts(w);
         if (has_failed(w))
-            return fail_interrupted(c, operation, err);
+            return comm_failure_interrupted(&w->failure, c->rank,
+                                            operation, err);
         int done = 0;
         int code = ready(state, &done);
         if (code != MPI_SUCCESS)
@@ -320,13 +308,14 @@ static int grow_sends(comm_mpi *w)
 static int mpi_send(const comm *c, int peer, int tag, const float *data,
                     size_t count, pt_error *err)
 {
-    comm_mpi *w = world_of(c);
+    comm_mpi *w = mpi_world(c);
     char operation[64];
     snprintf(operation, sizeof operation, "send to rank %d (tag %d)", peer,
              tag);
     poll_aborts(w);
     if (has_failed(w))
-        return fail_interrupted(c, operation, err);
+        return comm_failure_interrupted(&w->failure, c->rank, operation,
+                                        err);
     if (check_message_count(c, operation, count, err) != 0)
         return -1;
     progress_sends(w);
@@ -368,7 +357,7 @@ static int message_arrived(void *state, int *done)
 static int mpi_recv(const comm *c, int peer, int tag, float *data,
                     size_t count, pt_error *err)
 {
-    comm_mpi *w = world_of(c);
+    comm_mpi *w = mpi_world(c);
     char operation[64];
     snprintf(operation, sizeof operation, "receive from rank %d (tag %d)",
              peer, tag);
@@ -411,7 +400,7 @@ static void name_collective(char *out, size_t size, const char *what,
 static int group_comm(const comm *c, const int *group, int group_size,
                       const char *operation, MPI_Comm *out, pt_error *err)
 {
-    comm_mpi *w = world_of(c);
+    comm_mpi *w = mpi_world(c);
     bool whole_world = group_size == w->size;
     for (int i = 0; whole_world && i < group_size; i++)
         whole_world = group[i] == i;
@@ -572,7 +561,7 @@ static int mpi_all_gather(const comm *c, const int *group, int group_size,
 static int mpi_barrier(const comm *c, pt_error *err)
 {
     MPI_Request request;
-    int code = MPI_Ibarrier(world_of(c)->collectives, &request);
+    int code = MPI_Ibarrier(mpi_world(c)->collectives, &request);
     if (code != MPI_SUCCESS)
         return fail_transport(c, "barrier", code, err);
     return wait_request(c, &request, "barrier", err);
@@ -580,16 +569,16 @@ static int mpi_barrier(const comm *c, pt_error *err)
 
 static void mpi_abort(const comm *c, const char *reason)
 {
-    comm_mpi *w = world_of(c);
+    comm_mpi *w = mpi_world(c);
     if (has_failed(w))
         return;
-    mark_failed(w, c->rank, reason);
+    comm_failure_record(&w->failure, c->rank, reason);
     notify_others(w);
 }
 
 static int mpi_failed_rank(const comm *c, char *reason, size_t reason_size)
 {
-    comm_mpi *w = world_of(c);
+    comm_mpi *w = mpi_world(c);
     poll_aborts(w);
     return comm_failure_get(&w->failure, reason, reason_size);
 }
@@ -758,7 +747,7 @@ int comm_mpi_gather(const comm *c, const void *data, size_t bytes,
                        c->rank, operation, bytes);
     MPI_Request request;
     int code = MPI_Igather(data, (int)bytes, MPI_BYTE, gathered, (int)bytes,
-                           MPI_BYTE, 0, world_of(c)->collectives, &request);
+                           MPI_BYTE, 0, mpi_world(c)->collectives, &request);
     if (code != MPI_SUCCESS)
         return fail_transport(c, operation, code, err);
     return wait_request(c, &request, operation, err);
@@ -774,7 +763,7 @@ int comm_mpi_broadcast(const comm *c, void *data, size_t bytes,
                        c->rank, operation, bytes);
     MPI_Request request;
     int code = MPI_Ibcast(data, (int)bytes, MPI_BYTE, 0,
-                          world_of(c)->collectives, &request);
+                          mpi_world(c)->collectives, &request);
     if (code != MPI_SUCCESS)
         return fail_transport(c, operation, code, err);
     return wait_request(c, &request, operation, err);

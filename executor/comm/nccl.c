@@ -5,27 +5,26 @@
  * 0): a call that returns ncclInProgress is polled with
  * ncclCommGetAsyncError before the next one, and every wait is a poll
  * loop that also watches the world's failure flag and a deadline, so no
- * thread can be held by a dead or silent peer. Besides the blocking
- * operations: a send with its receive in one NCCL group (sendrecv), and
- * the collectives enqueued on the caller's stream (comm_stream_ops) with
- * a wait for that stream under the same deadline. The world and the
- * ranks' state are comm/nccl_world.c's.
+ * thread can be held by a dead or silent peer. A rank's first message
+ * connects it to every other rank (connect_messages), so that no later
+ * send waits for a peer. Besides the blocking operations: the
+ * collectives enqueued on the caller's stream (comm_stream_ops) with a
+ * wait for that stream under the same deadline. The world and the ranks'
+ * state are comm/nccl_world.c's; the send path is comm/device.c's.
  */
-#include "executor/comm/nccl_internal.h"
+#include "executor/comm/device_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "executor/cuda/cuda_backend.h"
-
 /* This rank failed in `operation` for `what`: records it, aborts the
  * rank's communicators, fills err. */
 static int fail_here(const comm *c, const char *operation, const char *what,
                      pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     char reason[COMM_FAILURE_REASON_MAX];
     snprintf(reason, sizeof reason, "rank %d: %s: %s", c->rank, operation,
              what);
@@ -36,10 +35,10 @@ static int fail_here(const comm *c, const char *operation, const char *what,
 
 /* Another rank failed (or this one, earlier): aborts this rank's
  * communicators and says so. */
-static int fail_interrupted(const comm *c, const char *operation,
-                            pt_error *err)
+static int abort_interrupted(const comm *c, const char *operation,
+                             pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     nccl_abort_rank_comms(world, c->rank);
     pthread_mutex_lock(&world->lock);
     comm_failure failure = world->failure;
@@ -67,14 +66,14 @@ static void back_off(long polls)
 static int wait_for(const comm *c, ncclComm_t comm, cudaEvent_t event,
                     const char *operation, pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     double deadline = pt_monotonic_seconds() + world->timeout_s;
     char what[400];
     for (long polls = 0;; polls++) {
         if (polls % 1024 == 1023)
             nccl_watch_other_processes(world);
         if (atomic_load(&world->failed) || comm == NULL)
-            return fail_interrupted(c, operation, err);
+            return abort_interrupted(c, operation, err);
         if (event != NULL) {
             cudaError_t status = cudaEventQuery(event);
             if (status == cudaSuccess)
@@ -129,8 +128,7 @@ static int cuda_step(const comm *c, cudaError_t status, const char *call,
     if (status == cudaSuccess)
         return 0;
     char what[400];
-    snprintf(what, sizeof what, "%s failed: %s", call,
-             cudaGetErrorString(status));
+    comm_cuda_describe(what, sizeof what, call, status);
     return fail_here(c, operation, what, err);
 }
 
@@ -148,53 +146,14 @@ static ncclComm_t clique_comm(const comm_nccl *world, int k, int rank)
 
 /* ---------------------------------------------------------- operations */
 
-/* Gives a staging buffer room for `count` floats. The stream-ordered
- * allocator (on the copy stream, which the staging copy then follows)
- * never waits for the device, whereas cudaMalloc and cudaFree may, and
- * the device may be running a send that waits on a peer. */
-static int grow_staging(const comm *c, staging_buffer *b, size_t count,
-                        const char *operation, pt_error *err)
-{
-    comm_nccl *world = world_of(c);
-    nccl_rank *r = &world->ranks[c->rank];
-    size_t bytes = count * sizeof(float);
-    if (b->data != NULL) {
-        if (CUDA_STEP(b->stream_ordered
-                          ? cudaFreeAsync(b->data, r->copy_stream)
-                          : cudaFree(b->data)) != 0)
-            return -1;
-        nccl_release_bytes(world, c->rank, b->capacity * sizeof(float));
-        b->data = NULL;
-        b->capacity = 0;
-    }
-    if (nccl_reserve_bytes(world, c->rank, bytes, "a send's staging buffer",
-                           err) != 0)
-        return -1;
-    /* a device or stream without stream-ordered allocation: plain
-     * cudaMalloc, which does not wait for the device either (only
-     * freeing does, and buffers are freed when the rank closes) */
-    b->stream_ordered = cudaMallocAsync((void **)&b->data, bytes,
-                                        r->copy_stream) == cudaSuccess;
-    if (!b->stream_ordered) {
-        cudaGetLastError();
-        if (CUDA_STEP(cudaMalloc((void **)&b->data, bytes)) != 0) {
-            nccl_release_bytes(world, c->rank, bytes);
-            b->data = NULL;
-            return -1;
-        }
-    }
-    b->capacity = count;
-    return 0;
-}
-
-/* A staging buffer of the lane for `count` floats whose last send has
- * finished: a free one that fits, a free one regrown, a new one, or (the
- * ring at its size) the next one once its send is done. */
-static int take_staging(const comm *c, message_lane *lane, size_t count,
+/* A staging buffer of the lane whose last send has finished: a free one,
+ * a new one, or (the ring at its size) the next one once its send is
+ * done. The send path (comm/device.c) grows it to the message. */
+static int take_staging(const comm *c, message_lane *lane,
                         const char *operation, staging_buffer **out,
                         pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     staging_buffer *chosen = NULL;
     for (int i = 0; i < lane->staging_count && chosen == NULL; i++) {
         staging_buffer *b =
@@ -220,50 +179,108 @@ static int take_staging(const comm *c, message_lane *lane, size_t count,
     lane->next = (int)(chosen - lane->staging + 1) % STAGING_MAX;
     if (lane->next >= lane->staging_count)
         lane->next = 0;
-    if (chosen->capacity < count &&
-        grow_staging(c, chosen, count, operation, err) != 0)
-        return -1;
     *out = chosen;
     return 0;
 }
 
-/* Copies the floats of a send into a staging buffer of its lane and
- * waits for that copy (microseconds): the caller may overwrite `data` as
- * soon as the send returns, while the lane's stream may still be held by
- * an earlier send. */
+/* Copies the floats of a send into a staging buffer of its lane on the
+ * copy stream (the send path, comm/device.c) and waits for that copy
+ * (microseconds): the caller may overwrite `data` as soon as the send
+ * returns, while the lane's stream may still be held by an earlier
+ * send. */
 static int stage_send(const comm *c, message_lane *lane, const float *data,
                       size_t count, const char *operation,
                       staging_buffer **out, pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     nccl_rank *r = &world->ranks[c->rank];
     ncclComm_t comm = clique_comm(world, lane->clique, c->rank);
-    if (take_staging(c, lane, count, operation, out, err) != 0 ||
-        CUDA_STEP(cudaMemcpyAsync((*out)->data, data, count * sizeof(float),
-                                  cudaMemcpyDeviceToDevice,
-                                  r->copy_stream)) != 0 ||
-        CUDA_STEP(cudaEventRecord(r->copy_done, r->copy_stream)) != 0)
+    if (take_staging(c, lane, operation, out, err) != 0)
+        return -1;
+    comm_cuda_failure failed;
+    if (comm_staging_copy_in(&(*out)->buffer, data, count, r->copy_stream,
+                             r->caller, &r->memory, &failed, err) != 0)
+        return failed.call != NULL ? cuda_step(c, failed.status, failed.call,
+                                               operation, err)
+                                   : -1;
+    if (CUDA_STEP(cudaEventRecord(r->copy_done, r->copy_stream)) != 0)
         return -1;
     return wait_for(c, comm, r->copy_done, operation, err);
 }
 
+/*
+ * Connects the rank to every other rank on both message communicators,
+ * one group per communicator (each rank sends one float towards every
+ * rank of the lane's direction and receives one from every other), which
+ * every rank joins at its first message. NCCL connects a pair at its
+ * first operation on a communicator and needs both ends there; left to
+ * that, an operation is not enqueued until its peer reaches the same
+ * communicator, and a group holding a send on one communicator and a
+ * receive on the other waits for both connections before either runs:
+ * GPipe's first backward (stage 0 sends its last activation with the
+ * receive of the first gradient, which stage 1 sends only after taking
+ * that activation) waited on itself until the timeout. Connected up
+ * front, a send only enqueues and returns, and the two directions never
+ * wait on each other. The cost: every pair's buffers, on a world of one
+ * machine's GPUs.
+ */
+static int connect_messages(const comm *c, const char *operation,
+                            pt_error *err)
+{
+    comm_nccl *world = nccl_world(c);
+    nccl_rank *r = &world->ranks[c->rank];
+    /* the values are never read; the scratch holds 2 x HOST_REDUCE_MAX */
+    float *scratch = (float *)r->device_scratch;
+    for (int l = 0; l < 2; l++) {
+        message_lane *lane = &r->lanes[l];
+        ncclComm_t comm = clique_comm(world, lane->clique, c->rank);
+        if (settle(c, comm, ncclGroupStart(), operation, err) != 0)
+            return -1;
+        ncclResult_t first = ncclSuccess;
+        for (int peer = 0; peer < world->size; peer++) {
+            if (peer == c->rank)
+                continue;
+            bool towards = lane->clique == CLIQUE_TO_HIGHER ? peer > c->rank
+                                                            : peer < c->rank;
+            float *slot = scratch + 1 + peer % (2 * HOST_REDUCE_MAX - 1);
+            ncclResult_t status =
+                towards ? ncclSend(scratch, 1, ncclFloat32, peer, comm,
+                                   lane->stream)
+                        : ncclRecv(slot, 1, ncclFloat32, peer, comm,
+                                   lane->stream);
+            if (status != ncclSuccess && status != ncclInProgress &&
+                first == ncclSuccess)
+                first = status;
+        }
+        ncclResult_t ended = ncclGroupEnd();
+        if (settle(c, comm, first != ncclSuccess ? first : ended, operation,
+                   err) != 0 ||
+            CUDA_STEP(cudaEventRecord(lane->received, lane->stream)) != 0 ||
+            wait_for(c, comm, lane->received, operation, err) != 0)
+            return -1;
+    }
+    r->messages_connected = true;
+    return 0;
+}
+
 /* The checks every message makes first: the world has not failed, the
- * rank is open. */
+ * rank is open; then, the first time, the connections. */
 static int open_message(const comm *c, const char *operation, pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
+    nccl_rank *r = &world->ranks[c->rank];
     if (atomic_load(&world->failed))
-        return fail_interrupted(c, operation, err);
-    if (!world->ranks[c->rank].open)
+        return abort_interrupted(c, operation, err);
+    if (!r->open)
         return pt_fail(err, "rank %d: %s: the rank's comm is not open",
                        c->rank, operation);
-    return 0;
+    return r->messages_connected ? 0 : connect_messages(c, operation, err);
 }
 
 static int nccl_send(const comm *c, int peer, int tag, const float *data,
                      size_t count, pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     nccl_rank *r = &world->ranks[c->rank];
     char operation[64];
     snprintf(operation, sizeof operation, "send to rank %d (tag %d)", peer,
@@ -278,7 +295,7 @@ static int nccl_send(const comm *c, int peer, int tag, const float *data,
     if (stage_send(c, lane, data, count, operation, &staging, err) != 0)
         return -1;
     if (settle(c, comm,
-               ncclSend(staging->data, count, ncclFloat32, peer, comm,
+               ncclSend(staging->buffer.data, count, ncclFloat32, peer, comm,
                         lane->stream),
                operation, err) != 0 ||
         CUDA_STEP(cudaEventRecord(staging->sent, lane->stream)) != 0)
@@ -290,7 +307,7 @@ static int nccl_send(const comm *c, int peer, int tag, const float *data,
 static int nccl_recv(const comm *c, int peer, int tag, float *data,
                      size_t count, pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     nccl_rank *r = &world->ranks[c->rank];
     char operation[64];
     snprintf(operation, sizeof operation, "receive from rank %d (tag %d)",
@@ -302,7 +319,10 @@ static int nccl_recv(const comm *c, int peer, int tag, float *data,
     /* the peer sent it on its lane towards us */
     message_lane *lane = &r->lanes[peer < c->rank ? 0 : 1];
     ncclComm_t comm = clique_comm(world, lane->clique, c->rank);
-    if (settle(c, comm,
+    /* the destination may still be written by the caller's default
+     * stream (comm_follow_caller) */
+    if (CUDA_STEP(comm_follow_caller(lane->stream, r->caller)) != 0 ||
+        settle(c, comm,
                ncclRecv(data, count, ncclFloat32, peer, comm, lane->stream),
                operation, err) != 0 ||
         CUDA_STEP(cudaEventRecord(lane->received, lane->stream)) != 0)
@@ -310,71 +330,12 @@ static int nccl_recv(const comm *c, int peer, int tag, float *data,
     return wait_for(c, comm, lane->received, operation, err);
 }
 
-/*
- * A send and a receive of one pipeline tick in one NCCL group, as
- * Megatron's batched p2p: NCCL connects a pair of ranks at their first
- * operation and needs both ends for it, so two ranks that each send to
- * the other before receiving would wait on each other's connection; in
- * one group the receive is posted with the send. Each goes on its lane
- * (communicator and stream) as alone.
- */
-static int nccl_sendrecv(const comm *c, int send_peer, int send_tag,
-                         const float *send_data, size_t send_count,
-                         int recv_peer, int recv_tag, float *recv_data,
-                         size_t recv_count, pt_error *err)
-{
-    if (send_count == 0 || recv_count == 0)
-        return nccl_send(c, send_peer, send_tag, send_data, send_count,
-                         err) != 0 ||
-                       nccl_recv(c, recv_peer, recv_tag, recv_data,
-                                 recv_count, err) != 0
-                   ? -1
-                   : 0;
-    comm_nccl *world = world_of(c);
-    nccl_rank *r = &world->ranks[c->rank];
-    char operation[128];
-    snprintf(operation, sizeof operation, "send to rank %d (tag %d) with "
-             "receive from rank %d (tag %d)", send_peer, send_tag, recv_peer,
-             recv_tag);
-    if (open_message(c, operation, err) != 0)
-        return -1;
-    message_lane *out = &r->lanes[send_peer > c->rank ? 0 : 1];
-    message_lane *in = &r->lanes[recv_peer < c->rank ? 0 : 1];
-    ncclComm_t out_comm = clique_comm(world, out->clique, c->rank);
-    ncclComm_t in_comm = clique_comm(world, in->clique, c->rank);
-    staging_buffer *staging = NULL;
-    if (stage_send(c, out, send_data, send_count, operation, &staging,
-                   err) != 0 ||
-        settle(c, out_comm, ncclGroupStart(), operation, err) != 0)
-        return -1;
-    ncclResult_t sent = ncclSend(staging->data, send_count, ncclFloat32,
-                                 send_peer, out_comm, out->stream);
-    ncclResult_t posted = ncclRecv(recv_data, recv_count, ncclFloat32,
-                                   recv_peer, in_comm, in->stream);
-    ncclResult_t ended = ncclGroupEnd();
-    ncclResult_t first = sent != ncclSuccess && sent != ncclInProgress
-                             ? sent
-                             : posted != ncclSuccess &&
-                                       posted != ncclInProgress
-                                   ? posted
-                                   : ended;
-    if (settle(c, out_comm, first, operation, err) != 0 ||
-        (in_comm != out_comm &&
-         settle(c, in_comm, ncclInProgress, operation, err) != 0) ||
-        CUDA_STEP(cudaEventRecord(staging->sent, out->stream)) != 0)
-        return -1;
-    staging->used = true;
-    if (CUDA_STEP(cudaEventRecord(in->received, in->stream)) != 0)
-        return -1;
-    return wait_for(c, in_comm, in->received, operation, err);
-}
-
 /* The rank's handle of the communicator of `group`, or an error saying
  * that no communicator was made for it. */
 static int group_comm(const comm *c, const int *group, int group_size,
                       const char *operation, ncclComm_t *out, pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     int local[64];
     int *sorted = group_size <= 64
                       ? local
@@ -420,10 +381,10 @@ static int open_group_call(const comm *c, const int *group, int group_size,
                            size_t operation_size, ncclComm_t *comm,
                            pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     describe_group(what, group, group_size, operation, operation_size);
     if (atomic_load(&world->failed))
-        return fail_interrupted(c, operation, err);
+        return abort_interrupted(c, operation, err);
     if (!world->ranks[c->rank].open)
         return pt_fail(err, "rank %d: %s: the rank's comm is not open",
                        c->rank, operation);
@@ -437,14 +398,16 @@ static int collective(const comm *c, const int *group, int group_size,
                       size_t count, ncclDataType_t type, ncclRedOp_t op,
                       cudaStream_t stream, pt_error *err)
 {
-    nccl_rank *r = &world_of(c)->ranks[c->rank];
+    nccl_rank *r = &nccl_world(c)->ranks[c->rank];
     char operation[96];
     ncclComm_t comm = NULL;
     if (open_group_call(c, group, group_size, what, operation,
                         sizeof operation, &comm, err) != 0)
         return -1;
     cudaStream_t on = stream != NULL ? stream : r->collective_stream;
-    if (settle(c, comm,
+    if ((stream == NULL &&
+         CUDA_STEP(comm_follow_caller(on, r->caller)) != 0) ||
+        settle(c, comm,
                ncclAllReduce(send, receive, count, type, op, comm, on),
                operation, err) != 0)
         return -1;
@@ -488,13 +451,15 @@ static int chunked_collective(const comm *c, const int *group, int group_size,
     ncclDataType_t type =
         element == COMM_BFLOAT16 ? ncclBfloat16 : ncclFloat32;
     size_t element_bytes = element == COMM_BFLOAT16 ? 2 : 4;
-    nccl_rank *r = &world_of(c)->ranks[c->rank];
+    nccl_rank *r = &nccl_world(c)->ranks[c->rank];
     char operation[96];
     ncclComm_t comm = NULL;
     cudaStream_t on = stream != NULL ? stream : r->collective_stream;
     if (open_group_call(c, group, group_size,
                         gather ? "all-gather" : "reduce-scatter", operation,
                         sizeof operation, &comm, err) != 0 ||
+        (stream == NULL &&
+         CUDA_STEP(comm_follow_caller(on, r->caller)) != 0) ||
         settle(c, comm, ncclGroupStart(), operation, err) != 0)
         return -1;
     ncclResult_t first_error = ncclSuccess;
@@ -542,11 +507,11 @@ static int nccl_all_reduce_host(const comm *c, const int *group,
                                 int group_size, double *data, size_t count,
                                 pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     nccl_rank *r = &world->ranks[c->rank];
     const char *operation = "all-reduce of host values";
     if (atomic_load(&world->failed))
-        return fail_interrupted(c, operation, err);
+        return abort_interrupted(c, operation, err);
     if (!r->open)
         return pt_fail(err, "rank %d: %s: the rank's comm is not open",
                        c->rank, operation);
@@ -577,7 +542,7 @@ static int nccl_all_reduce_host(const comm *c, const int *group,
 /* One double summed over the world: returns once every rank is here. */
 static int nccl_barrier(const comm *c, pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     int *everyone = malloc((size_t)world->size * sizeof *everyone);
     if (everyone == NULL)
         return pt_fail(err, "rank %d: barrier: out of memory", c->rank);
@@ -592,15 +557,15 @@ static int nccl_barrier(const comm *c, pt_error *err)
 
 static void nccl_abort(const comm *c, const char *reason)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     nccl_mark_failed(world, c->rank, reason);
     nccl_abort_rank_comms(world, c->rank);
 }
 
 static int nccl_failed_rank(const comm *c, char *reason, size_t reason_size)
 {
-    nccl_watch_other_processes(world_of(c));
-    return comm_nccl_failed_rank(world_of(c), reason, reason_size);
+    nccl_watch_other_processes(nccl_world(c));
+    return comm_nccl_failed_rank(nccl_world(c), reason, reason_size);
 }
 
 /* ------------------------------------------------ on the caller's stream */
@@ -644,10 +609,10 @@ static int nccl_all_gather_on_stream(const comm *c, const int *group,
 static int nccl_wait_stream(const comm *c, void *stream,
                             const char *operation, pt_error *err)
 {
-    comm_nccl *world = world_of(c);
+    comm_nccl *world = nccl_world(c);
     nccl_rank *r = &world->ranks[c->rank];
     if (atomic_load(&world->failed))
-        return fail_interrupted(c, operation, err);
+        return abort_interrupted(c, operation, err);
     if (!r->open)
         return pt_fail(err, "rank %d: %s: the rank's comm is not open",
                        c->rank, operation);
@@ -669,7 +634,6 @@ const comm_ops nccl_ops = {
     .name = "nccl",
     .send = nccl_send,
     .recv = nccl_recv,
-    .sendrecv = nccl_sendrecv,
     .all_reduce = nccl_all_reduce,
     .all_reduce_host = nccl_all_reduce_host,
     .reduce_scatter = nccl_reduce_scatter,

@@ -5,13 +5,11 @@
  * failure, each rank's streams, events and staging buffers on its own
  * thread, and the world's end. The operations are comm/nccl.c's.
  */
-#include "executor/comm/nccl_internal.h"
+#include "executor/comm/device_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "executor/cuda/cuda_backend.h"
 
 /* ------------------------------------------------------------ arguments */
 
@@ -143,9 +141,8 @@ static int plan_cliques(comm_nccl *world, const comm_groups *groups,
 void nccl_mark_failed(comm_nccl *world, int rank, const char *reason)
 {
     pthread_mutex_lock(&world->lock);
-    bool first = comm_failure_record(&world->failure, rank, reason);
-    if (first)
-        atomic_store(&world->failed, true);
+    bool first = comm_failure_mark(&world->failure, &world->failed, NULL,
+                                   rank, reason);
     pthread_mutex_unlock(&world->lock);
     /* the other processes' waits end too */
     if (first && world->has_processes && rank == world->process_rank)
@@ -164,10 +161,25 @@ void nccl_watch_other_processes(comm_nccl *world)
         nccl_mark_failed(world, failed, reason);
 }
 
-/* Aborts every communicator of the rank (on its own thread): its kernels
- * stop waiting on peers, and the handles are gone. */
+/* NCCL aborts the communicators of one group call together (2.22 on). A
+ * rank whose operations are in flight on two communicators (a send to a
+ * higher rank waiting on one, a receive from it on the other) must abort
+ * both so: aborted one after the other, the first abort can wait forever
+ * on the second communicator's kernel (the failing-rank check of
+ * test_nccl_parallel never returned on 2026-11-28). */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 22, 0)
+#define ABORT_GROUP_START() ncclGroupStart()
+#define ABORT_GROUP_END() ncclGroupEnd()
+#else
+#define ABORT_GROUP_START() ((void)0)
+#define ABORT_GROUP_END() ((void)0)
+#endif
+
+/* Aborts every communicator of the rank (on its own thread) in one group
+ * call: its kernels stop waiting on peers, and the handles are gone. */
 void nccl_abort_rank_comms(comm_nccl *world, int rank)
 {
+    ABORT_GROUP_START();
     for (int k = 0; k < world->clique_count; k++) {
         nccl_clique *q = &world->cliques[k];
         for (int i = 0; i < q->size; i++)
@@ -177,26 +189,7 @@ void nccl_abort_rank_comms(comm_nccl *world, int rank)
                 world->ranks[rank].aborted++;
             }
     }
-}
-
-/* --------------------------------------------------------- rank memory */
-
-int nccl_reserve_bytes(comm_nccl *world, int rank, size_t bytes,
-                       const char *what, pt_error *err)
-{
-    if (cuda_rank_memory_reserve(bytes, what, err) != 0)
-        return -1;
-    nccl_rank *r = &world->ranks[rank];
-    r->device_bytes += (double)bytes;
-    if (r->device_bytes > r->peak_device_bytes)
-        r->peak_device_bytes = r->device_bytes;
-    return 0;
-}
-
-void nccl_release_bytes(comm_nccl *world, int rank, size_t bytes)
-{
-    cuda_rank_memory_release(bytes);
-    world->ranks[rank].device_bytes -= (double)bytes;
+    ABORT_GROUP_END();
 }
 
 /* ---------------------------------------------------------------- world */
@@ -267,14 +260,18 @@ static int init_clique(comm_nccl *world, nccl_clique *q, pt_error *err)
     return 0;
 }
 
+/* Every communicator left, in one group call (see
+ * nccl_abort_rank_comms). */
 static void abort_all(comm_nccl *world)
 {
+    ABORT_GROUP_START();
     for (int k = 0; k < world->clique_count; k++)
         for (int i = 0; i < world->cliques[k].size; i++)
             if (world->cliques[k].comms[i] != NULL) {
                 ncclCommAbort(world->cliques[k].comms[i]);
                 world->cliques[k].comms[i] = NULL;
             }
+    ABORT_GROUP_END();
 }
 
 static void free_world(comm_nccl *world)
@@ -631,8 +628,10 @@ int comm_nccl_rank_open(comm_nccl *world, int rank, pt_error *err)
                                       cudaEventDisableTiming));
     OPEN_TRY(cudaEventCreateWithFlags(&r->copy_done,
                                       cudaEventDisableTiming));
+    OPEN_TRY(cudaEventCreateWithFlags(&r->caller, cudaEventDisableTiming));
     size_t bytes = HOST_REDUCE_MAX * sizeof(double);
-    if (nccl_reserve_bytes(world, rank, bytes, "the comm's scratch", err) != 0)
+    if (comm_device_reserve(&r->memory, bytes, "the comm's scratch", err) !=
+        0)
         return -1;
     r->scratch_count = HOST_REDUCE_MAX;
     OPEN_TRY(cudaMalloc((void **)&r->device_scratch, bytes));
@@ -645,19 +644,14 @@ static void close_lane(comm_nccl *world, int rank, message_lane *lane)
 {
     for (int i = 0; i < lane->staging_count; i++) {
         staging_buffer *b = &lane->staging[i];
-        if (b->data != NULL) {
-            cudaFree(b->data);
-            nccl_release_bytes(world, rank, b->capacity * sizeof(float));
-        }
+        comm_staging_free(&b->buffer, &world->ranks[rank].memory);
         cudaEventDestroy(b->sent);
     }
     if (lane->received != NULL)
         cudaEventDestroy(lane->received);
     if (lane->stream != NULL)
         cudaStreamDestroy(lane->stream);
-    double peak = world->ranks[rank].peak_device_bytes;
     memset(lane, 0, sizeof *lane);
-    world->ranks[rank].peak_device_bytes = peak;
 }
 
 /* Whether a send of the rank was never taken by its receiver (or not
@@ -709,7 +703,7 @@ void comm_nccl_rank_close(comm_nccl *world, int rank)
     close_lane(world, rank, &r->lanes[1]);
     cudaFree(r->device_scratch);
     cudaFreeHost(r->host_scratch);
-    nccl_release_bytes(world, rank, r->scratch_count * sizeof(double));
+    comm_device_release(&r->memory, r->scratch_count * sizeof(double));
     cudaStream_t streams[] = {r->collective_stream, r->copy_stream};
     for (size_t i = 0; i < sizeof streams / sizeof streams[0]; i++)
         if (streams[i] != NULL)
@@ -718,9 +712,11 @@ void comm_nccl_rank_close(comm_nccl *world, int rank)
         cudaEventDestroy(r->collective_done);
     if (r->copy_done != NULL)
         cudaEventDestroy(r->copy_done);
+    if (r->caller != NULL)
+        cudaEventDestroy(r->caller);
     cudaGetLastError(); /* what failed here was already reported */
     nccl_rank closed = {.device = r->device,
-                        .peak_device_bytes = r->peak_device_bytes,
+                        .memory.peak = r->memory.peak,
                         .aborted = r->aborted};
     *r = closed;
 }
@@ -743,7 +739,7 @@ int comm_nccl_aborted_count(comm_nccl *world, int rank)
 double comm_nccl_rank_peak_bytes(comm_nccl *world, int rank)
 {
     return rank >= 0 && rank < world->size
-               ? world->ranks[rank].peak_device_bytes
+               ? world->ranks[rank].memory.peak
                : 0.0;
 }
 

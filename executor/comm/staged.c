@@ -13,14 +13,10 @@
  * already owns matching, timeouts and aborts, and the point of this comm
  * is to check the cuda backend's parallel runtime on one GPU, not speed.
  */
-#include "executor/comm/comm.h"
+#include "executor/comm/device_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#include <cuda_runtime_api.h>
-
-#include "executor/cuda/cuda_backend.h"
 
 /* Floats staged at once: 64 MiB of pinned memory per rank at most. */
 enum { STAGED_PIECE_FLOATS = 16 * 1024 * 1024 };
@@ -28,6 +24,7 @@ enum { STAGED_PIECE_FLOATS = 16 * 1024 * 1024 };
 typedef struct staged_rank {
     comm inner;              /* this rank's handle of the threads world */
     cudaStream_t stream;     /* copies, in the rank's green context */
+    cudaEvent_t caller;      /* comm_follow_caller's */
     float *host;             /* pinned staging buffer */
     size_t capacity;         /* floats in host */
     bool open;
@@ -86,8 +83,12 @@ static int copy_and_wait(const comm *c, void *to, const void *from,
                          size_t count, pt_error *err)
 {
     staged_rank *r = rank_of(c);
-    cudaError_t status = cudaMemcpyAsync(to, from, count * sizeof(float),
-                                         cudaMemcpyDefault, r->stream);
+    /* behind what the caller left on the default streams, whichever way
+     * the copy goes (a result must not land under a pending write) */
+    cudaError_t status = comm_follow_caller(r->stream, r->caller);
+    if (status == cudaSuccess)
+        status = cudaMemcpyAsync(to, from, count * sizeof(float),
+                                 cudaMemcpyDefault, r->stream);
     if (status == cudaSuccess)
         status = cudaStreamSynchronize(r->stream);
     if (status != cudaSuccess)
@@ -325,6 +326,13 @@ int comm_staged_rank_open(comm_staged *world, int rank, pt_error *err)
     staged_rank *r = &world->ranks[rank];
     if (cuda_rank_stream_create(&r->stream, err) != 0)
         return -1;
+    cudaError_t status =
+        cudaEventCreateWithFlags(&r->caller, cudaEventDisableTiming);
+    if (status != cudaSuccess) {
+        cudaStreamDestroy(r->stream);
+        return pt_fail(err, "rank %d: host-staged comm: an event: %s", rank,
+                       cudaGetErrorString(status));
+    }
     r->open = true;
     return 0;
 }
@@ -334,8 +342,10 @@ void comm_staged_rank_close(comm_staged *world, int rank)
     staged_rank *r = &world->ranks[rank];
     if (r->host != NULL)
         cudaFreeHost(r->host);
-    if (r->open)
+    if (r->open) {
+        cudaEventDestroy(r->caller);
         cudaStreamDestroy(r->stream);
+    }
     comm inner = r->inner;
     *r = (staged_rank){.inner = inner};
 }

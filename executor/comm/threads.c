@@ -42,16 +42,9 @@ struct comm_threads {
     long barrier_generation;
 };
 
-static comm_threads *world_of(const comm *c)
+static comm_threads *threads_world(const comm *c)
 {
     return (comm_threads *)c->shared;
-}
-
-/* Marks the world failed by `rank` (first failure wins); lock held. */
-static void mark_failed(comm_threads *world, int rank, const char *reason)
-{
-    if (comm_failure_record(&world->failure, rank, reason))
-        pthread_cond_broadcast(&world->changed);
 }
 
 static bool has_failed(const comm_threads *world)
@@ -59,21 +52,12 @@ static bool has_failed(const comm_threads *world)
     return world->failure.rank >= 0;
 }
 
-/* The error of an operation cut short by another rank's failure; lock
- * held. */
-static int fail_interrupted(const comm *c, const char *operation,
-                            pt_error *err)
-{
-    return comm_failure_interrupted(&world_of(c)->failure, c->rank,
-                                    operation, err);
-}
-
 /* Waits for a change until the deadline; on timeout marks the world
  * failed by this rank and fills err. Lock held. */
 static int wait_for_change(const comm *c, const struct timespec *deadline,
                            const char *operation, pt_error *err)
 {
-    comm_threads *world = world_of(c);
+    comm_threads *world = threads_world(c);
     int status = pthread_cond_timedwait(&world->changed, &world->lock,
                                         deadline);
     if (status != ETIMEDOUT)
@@ -81,14 +65,15 @@ static int wait_for_change(const comm *c, const struct timespec *deadline,
     char reason[300];
     snprintf(reason, sizeof reason, "rank %d: %s timed out after %g s",
              c->rank, operation, world->timeout_s);
-    mark_failed(world, c->rank, reason);
+    comm_failure_mark(&world->failure, NULL, &world->changed, c->rank,
+                      reason);
     return pt_fail(err, "%s", reason);
 }
 
 static int threads_post(const comm *c, int peer, int tag, const float *data,
                         size_t count, pt_error *err)
 {
-    comm_threads *world = world_of(c);
+    comm_threads *world = threads_world(c);
     comm_message *message = malloc(sizeof *message + count * sizeof(float));
     if (message == NULL)
         return pt_fail(err, "rank %d: send to rank %d: out of memory for "
@@ -103,7 +88,8 @@ static int threads_post(const comm *c, int peer, int tag, const float *data,
         char operation[64];
         snprintf(operation, sizeof operation, "send to rank %d (tag %d)",
                  peer, tag);
-        int status = fail_interrupted(c, operation, err);
+        int status = comm_failure_interrupted(&world->failure, c->rank,
+                                              operation, err);
         pthread_mutex_unlock(&world->lock);
         free(message);
         return status;
@@ -129,7 +115,7 @@ static int threads_wait_message(const comm *c, int peer, int tag,
                                 size_t count, comm_message **out,
                                 pt_error *err)
 {
-    comm_threads *world = world_of(c);
+    comm_threads *world = threads_world(c);
     char operation[64];
     snprintf(operation, sizeof operation, "receive from rank %d (tag %d)",
              peer, tag);
@@ -138,7 +124,8 @@ static int threads_wait_message(const comm *c, int peer, int tag,
     comm_message *message = NULL;
     while (message == NULL) {
         if (has_failed(world)) {
-            int status = fail_interrupted(c, operation, err);
+            int status = comm_failure_interrupted(&world->failure,
+                                                  c->rank, operation, err);
             pthread_mutex_unlock(&world->lock);
             return status;
         }
@@ -314,7 +301,7 @@ static int threads_all_gather(const comm *c, const int *group,
 
 static int threads_barrier(const comm *c, pt_error *err)
 {
-    comm_threads *world = world_of(c);
+    comm_threads *world = threads_world(c);
     struct timespec deadline = comm_deadline_after(world->timeout_s);
     pthread_mutex_lock(&world->lock);
     long generation = world->barrier_generation;
@@ -325,7 +312,8 @@ static int threads_barrier(const comm *c, pt_error *err)
     }
     while (world->barrier_generation == generation) {
         if (has_failed(world)) {
-            int status = fail_interrupted(c, "barrier", err);
+            int status = comm_failure_interrupted(&world->failure,
+                                                  c->rank, "barrier", err);
             pthread_mutex_unlock(&world->lock);
             return status;
         }
@@ -340,16 +328,17 @@ static int threads_barrier(const comm *c, pt_error *err)
 
 static void threads_abort(const comm *c, const char *reason)
 {
-    comm_threads *world = world_of(c);
+    comm_threads *world = threads_world(c);
     pthread_mutex_lock(&world->lock);
-    mark_failed(world, c->rank, reason);
+    comm_failure_mark(&world->failure, NULL, &world->changed, c->rank,
+                      reason);
     pthread_mutex_unlock(&world->lock);
 }
 
 static int threads_failed_rank(const comm *c, char *reason,
                                size_t reason_size)
 {
-    return comm_threads_failed_rank(world_of(c), reason, reason_size);
+    return comm_threads_failed_rank(threads_world(c), reason, reason_size);
 }
 
 static const comm_ops threads_ops = {

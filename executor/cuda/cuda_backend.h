@@ -49,7 +49,9 @@
 #ifndef PARTITA_EXECUTOR_CUDA_BACKEND_H
 #define PARTITA_EXECUTOR_CUDA_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cuda_runtime_api.h>
 
@@ -148,5 +150,57 @@ int cuda_rank_memory_reserve(size_t bytes, const char *what, pt_error *err);
 void cuda_rank_memory_release(size_t bytes);
 /* SMs the thread's kernels may use: the green context's, or the device's. */
 int cuda_rank_sm_count(void);
+
+/* ------------------------------------------- the device exchange's kernels */
+
+/* What executor/comm's device exchange runs on the GPU (exchange.cu): C
+ * linkage, as the .cu file defines them. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The most members a collective of the device exchange joins (ranks that
+ * share one GPU: its 16 partitions of 8 SMs on Hopper at most). */
+#define CUDA_EXCHANGE_MAX_MEMBERS 16
+
+/*
+ * One step of a collective of the device exchange (executor/comm/
+ * exchange.c), on the members' buffers of one GPU: for every element k of
+ * [first, first + count), the reduction (sum or max) of inputs[0..
+ * input_count)[k] in input order, accumulated in fp32 (bf16 inputs are
+ * widened, the result rounded once), written to outputs[0..
+ * output_count)[k]. One input and many outputs copy; many inputs and
+ * every member's buffer as output is a chunk of an all-reduce.
+ */
+typedef struct cuda_exchange_step {
+    const void *inputs[CUDA_EXCHANGE_MAX_MEMBERS];
+    void *outputs[CUDA_EXCHANGE_MAX_MEMBERS];
+    int input_count;
+    int output_count;
+    size_t first;
+    size_t count;
+    bool bf16;                   /* elements are bf16, else fp32 */
+    bool max;                    /* maximum, else sum */
+} cuda_exchange_step;
+
+cudaError_t cuda_exchange_reduce(const cuda_exchange_step *step,
+                                 cudaStream_t stream);
+/* Pacing of an emulated link: cuda_exchange_stamp writes the GPU's
+ * nanosecond clock (%globaltimer) into *stamp; cuda_exchange_pace, later
+ * on the same stream, spins (one thread) until stamp + nanoseconds, so
+ * the work between them takes at least that long. */
+cudaError_t cuda_exchange_stamp(uint64_t *stamp, cudaStream_t stream);
+cudaError_t cuda_exchange_pace(const uint64_t *stamp, uint64_t nanoseconds,
+                               cudaStream_t stream);
+/* The same from the later of two stamps (other_stamp may be another
+ * stream's, written before this is enqueued; NULL: stamp alone). */
+cudaError_t cuda_exchange_pace_after(const uint64_t *stamp,
+                                     const uint64_t *other_stamp,
+                                     uint64_t nanoseconds,
+                                     cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -6,6 +6,7 @@
  * emulated link would take. Memory-bound; eight elements per thread
  * through 16-byte accesses where every pointer allows.
  */
+#include "executor/cuda/cuda_backend.h"
 #include "executor/cuda/cuda_common.cuh"
 
 #define EXCHANGE_THREADS 256

@@ -41,10 +41,11 @@ void pipeline_events_free(pipeline_events *events)
 /* ------------------------------------------------------- one rank's step */
 
 /* A send the rank has yet to make. It goes out with the receive that
- * follows it in the schedule, as one operation (comm_sendrecv: one NCCL
- * group, Megatron's send_forward_recv_backward), so two stages sending
- * to each other at once cannot wait on each other; or alone, right
- * before the next forward or backward when no receive comes first. */
+ * follows it in the schedule, as one operation (comm_sendrecv,
+ * Megatron's send_forward_recv_backward), for a comm whose send could
+ * wait for its receiver (none today: two stages sending to each other at
+ * once cannot wait on each other); or alone, right before the next
+ * forward or backward when no receive comes first. */
 typedef struct pending_send {
     bool present;
     int peer;

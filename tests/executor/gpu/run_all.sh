@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check of the cuda backend in one call, for the GPU machine:
-# the five test programs, then the benchmark against PyTorch
+# the seven test programs of one GPU, then the benchmark against PyTorch
 # (bench/exec_vs_torch/run.sh). Logs go to LOG_DIR; a summary comes last.
 #
 # Usage: tests/executor/gpu/run_all.sh BUILD_DIR [LOG_DIR]
@@ -9,6 +9,10 @@
 # Environment: SKIP_BENCH=1 runs the tests only; STAGE_ARGS overrides the
 # arguments of test_cuda_stage ("MODEL.json SEQ MBS"); the benchmark's own
 # variables (CONFIGS, WARMUP, STEPS, MODES) pass through.
+# TEST_LIMIT_S (300) and BENCH_LIMIT_S (900): a row still running after
+# that long is killed and fails (tests/executor/gpu/gpu_rows.sh); each
+# row says what it waits on before it starts, the last line is
+# "run_all.sh: PASS" or "run_all.sh: FAIL".
 # Exit status: 0 when every test passed (skips count as passes), else 1.
 set -u
 build=$(cd "${1:?usage: run_all.sh BUILD_DIR [LOG_DIR]}" && pwd)
@@ -21,24 +25,13 @@ export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
     >"$logs/nvidia-smi.txt" 2>&1 && cat "$logs/nvidia-smi.txt"
 
-declare -a summary
-status=0
-run() {
+# shellcheck source=tests/executor/gpu/gpu_rows.sh
+source "$here/gpu_rows.sh"
+# each test program's row is killed after TEST_LIMIT_S (300) seconds
+limit=${TEST_LIMIT_S:-300}
+run() { # NAME COMMAND...
     local name=$1; shift
-    local log="$logs/$name.log"
-    local start=$SECONDS
-    echo "== $name: $*"
-    "$@" >"$log" 2>&1
-    local rc=$?
-    grep -E '^(PASS|FAIL|SKIP|NOTE|ALL|SOME|#)' "$log" | grep -v '^PASS' | tail -60
-    local passes fails
-    passes=$(grep -c '^PASS' "$log")
-    fails=$(grep -c '^FAIL' "$log")
-    local verdict=PASS
-    if [ $rc -eq 77 ]; then verdict=SKIP
-    elif [ $rc -ne 0 ]; then verdict=FAIL; status=1; tail -5 "$log"; fi
-    summary+=("$(printf '%-22s %-4s  %4d PASS lines, %3d FAIL lines, exit %3d, %4d s  (%s)' \
-        "$name" "$verdict" "$passes" "$fails" "$rc" $((SECONDS - start)) "$log")")
+    gpu_row "$name" "$limit" "$@"
 }
 
 gpu="$build/tests/executor/gpu"
@@ -50,16 +43,11 @@ run test_cuda_training "$gpu/test_cuda_training"
 run test_cuda_stage "$gpu/test_cuda_stage" ${STAGE_ARGS:-}
 run test_cuda_tensor_parallel "$gpu/test_cuda_tensor_parallel"
 run test_cuda_zero "$gpu/test_cuda_zero"
+run test_staged_comm "$gpu/test_staged_comm"
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-    echo "== benchmark (bench/exec_vs_torch/run.sh)"
-    "$root/bench/exec_vs_torch/run.sh" "$build" "$logs/bench" 2>&1 \
-        | tee "$logs/bench.log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    gpu_row benchmark "${BENCH_LIMIT_S:-900}" \
+        "$root/bench/exec_vs_torch/run.sh" "$build" "$logs/bench"
 fi
 
-echo
-echo "Summary (logs in $logs):"
-for line in "${summary[@]}"; do echo "  $line"; done
-[ $status -eq 0 ] && echo "ALL GPU TESTS PASSED" || echo "SOME GPU CHECKS FAILED"
-exit $status
+gpu_summary run_all.sh

@@ -47,13 +47,16 @@
 # ROWS the benchmark rows (default all, in the order above); BUDGET_S
 # (420): no benchmark row starts after the batch has run this long (a row
 # is killed after 110 s), so that the whole stays under 9 minutes;
-# SKIP_TESTS=1 runs the benchmark only; QUICK=1 profiles with `--quick`
+# SKIP_TESTS=1 runs the benchmark only, SKIP_BENCH=1 the checks only; QUICK=1 profiles with `--quick`
 # (no device warm-up, 3 rounds: faster, but its backward came out 8 %
 # under the runs' on 2026-11-25); STAGE_SETS (1: the profiles' sets of
 # stages, `--stage-sets`) and PROCESSES (1, `--processes`): the budgets
 # were sized for one set in one process, the profiler's defaults are 3
 # sets in each of 4 processes; PROFILE_ARGS, more options of
-# every `partita profile` (--graph, say). Exit status 0 when every check passed and every row ran (a missed
+# every `partita profile` (--graph, say). Each row says what it waits on
+# and is killed at its own limit (tests/executor/gpu/gpu_rows.sh); the
+# last line is "run_devcomm.sh: PASS" or "...: FAIL". Exit status 0 when
+# every check passed and every row ran (a missed
 # target is reported, not a failure), else 1.
 set -u
 build=$(cd "${1:?usage: run_devcomm.sh BUILD_DIR LOG_DIR}" && pwd)
@@ -83,26 +86,12 @@ gpu_type=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 |
     awk '{ for (i = 1; i <= NF; i++) if ($i ~ /[0-9]/) { print $i; exit } }')
 echo "# GPU type: $gpu_type; slices $gpu_type-64SM (2) and $gpu_type-32SM (4)"
 
-declare -a summary
-status=0
-note() { summary+=("$(printf '%-28s %-4s %s' "$1" "$2" "$3")"); }
-# step NAME SECONDS COMMAND...: runs it (killed after SECONDS) into
-# LOG_DIR/NAME.log and prints its PASS / FAIL / NOTE lines
+# shellcheck source=tests/executor/gpu/gpu_rows.sh
+source "$here/gpu_rows.sh"
+# step NAME SECONDS COMMAND...: one row (gpu_rows.sh), killed after
+# SECONDS
 step() {
-    local name=$1 limit=$2; shift 2
-    local log="$logs/$name.log" start=$SECONDS
-    timeout -k 10 "$limit" "$@" >"$log" 2>&1
-    local rc=$?
-    grep -E '^(PASS|FAIL|SKIP|NOTE|#|ALL|SOME|exec:)' "$log" | tail -30
-    if [ $rc -eq 77 ]; then
-        note "$name" SKIP "($log)"
-    elif [ $rc -ne 0 ]; then
-        tail -4 "$log"; status=1
-        note "$name" FAIL "exit $rc, $((SECONDS - start)) s ($log)"
-    else
-        note "$name" PASS "$((SECONDS - start)) s"
-    fi
-    return $rc
+    gpu_row "$@"
 }
 
 # ----------------------------------------------------------------- checks
@@ -130,6 +119,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
                 "$name: device exchange against host-staged" 0 0
     done
 fi
+
+# SKIP_BENCH=1: the checks only (run_multi_gpu.sh's row)
+[ "${SKIP_BENCH:-0}" = 1 ] && gpu_summary run_devcomm.sh
 
 # --------------------------------------------------------------- profiles
 data="$logs/corpus"
@@ -231,8 +223,7 @@ ran=()
 for name in $rows; do
     if [ "$SECONDS" -ge "$budget" ]; then
         echo "SKIP $name: the batch has run $SECONDS s (BUDGET_S $budget)"
-        note "bench-$name" SKIP "out of time ($SECONDS s)"
-        status=1
+        gpu_note "bench-$name" FAIL "not run: out of time ($SECONDS s)"
         continue
     fi
     row_iters=$iters
@@ -266,11 +257,6 @@ echo "Benchmark on one $gpu_type: ratio = tokens/s over the one rank on the"
 echo "whole GPU; then rank 0's phases against its slice's profile"
 python3 "$root/bench/parallel/table.py" "$warmup" "$bench" \
     "${table_rows[@]}" | tee "$logs/table.md"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+[ "${PIPESTATUS[0]}" -eq 0 ] || gpu_note table FAIL "table.py failed"
 
-echo
-echo "Summary (logs in $logs, $SECONDS s in all):"
-for line in "${summary[@]}"; do echo "  $line"; done
-[ $status -eq 0 ] && echo "ALL DEVCOMM CHECKS PASSED" ||
-    echo "SOME DEVCOMM CHECKS FAILED"
-exit $status
+gpu_summary run_devcomm.sh

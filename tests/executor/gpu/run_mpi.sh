@@ -24,7 +24,10 @@
 #               (build-mpi-cuda)
 #   BUNDLE_DIR  Open MPI copied by bundle_mpi.sh (its env.sh is sourced),
 #               or "system" for the mpirun on PATH
-# Environment: ITERS (30). Exit status 0 when every check passed, else 1.
+# Environment: ITERS (30); ROW_LIMIT_S (240): a row still running then is
+# killed and fails (tests/executor/gpu/gpu_rows.sh); each row says what
+# it waits on, and the last line is "run_mpi.sh: PASS" or "...: FAIL".
+# Exit status 0 when every check passed, else 1.
 set -u
 build=$(cd "${1:?usage: run_mpi.sh BUILD_DIR BUNDLE_DIR [LOG_DIR]}" && pwd)
 bundle=${2:?usage: run_mpi.sh BUILD_DIR BUNDLE_DIR [LOG_DIR]}
@@ -46,9 +49,9 @@ fi
 command -v mpirun >/dev/null || { echo "FAIL no mpirun (BUNDLE_DIR?)"; exit 1; }
 mpirun --version | head -1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mpi() { # N ARGS...: partita as N processes
+mpi() { # N ARGS...: partita as N processes (the row's limit ends it)
     local count=$1; shift
-    timeout 600 mpirun --oversubscribe -np "$count" "$partita" "$@"
+    mpirun --oversubscribe -np "$count" "$partita" "$@"
 }
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -57,35 +60,29 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
 gpu_type=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 |
     awk '{ for (i = 1; i <= NF; i++) if ($i ~ /[0-9]/) { print $i; exit } }')
 
-declare -a summary
-status=0
-note() { summary+=("$(printf '%-30s %-4s %s' "$1" "$2" "$3")"); }
-step() { # NAME COMMAND...: output in LOG_DIR/NAME.log
+# shellcheck source=tests/executor/gpu/gpu_rows.sh
+source "$here/gpu_rows.sh"
+# step NAME COMMAND...: one row (gpu_rows.sh), killed after ROW_LIMIT_S
+# seconds (240)
+row_limit=${ROW_LIMIT_S:-240}
+step() {
     local name=$1; shift
-    local log="$logs/$name.log" start=$SECONDS
-    "$@" >"$log" 2>&1
-    local rc=$?
-    grep -E '^(PASS|FAIL|SKIP|NOTE|#|exec:|partita exec:)' "$log" | tail -20
-    if [ $rc -ne 0 ]; then
-        tail -6 "$log"; status=1
-        note "$name" FAIL "exit $rc, $((SECONDS - start)) s ($log)"
-    else
-        note "$name" PASS "$((SECONDS - start)) s ($log)"
-    fi
-    return $rc
+    gpu_row "$name" "$row_limit" "$@"
 }
 # expect_failure NAME LIMIT_S PATTERN COMMAND...: must fail within
-# LIMIT_S, its output matching PATTERN
+# LIMIT_S, its output matching PATTERN (killed 30 s after the limit)
 expect_failure() {
     local name=$1 limit=$2 pattern=$3; shift 3
     local log="$logs/$name.log" start=$SECONDS
-    "$@" >"$log" 2>&1
+    echo "== $name: waiting on: $* (to fail within $limit s, log $log)"
+    gpu_limited $((limit + 30)) "$@" >"$log" 2>&1
     local rc=$? took=$((SECONDS - start))
-    if [ $rc -ne 0 ] && [ $took -le "$limit" ] && grep -q -- "$pattern" "$log"; then
-        note "$name" PASS "failed as it should in $took s ($log)"
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le "$limit" ] &&
+        grep -q -- "$pattern" "$log"; then
+        gpu_note "$name" PASS "failed as it should in $took s ($log)"
     else
-        status=1; tail -8 "$log"
-        note "$name" FAIL "exit $rc after $took s, '$pattern' expected ($log)"
+        tail -8 "$log"
+        gpu_note "$name" FAIL "exit $rc after $took s, '$pattern' expected ($log)"
     fi
 }
 every_rank() { # RUN_JSON RANKS: both ranks' events and devices recorded
@@ -106,7 +103,7 @@ data="$logs/corpus"
     { echo "FAIL partita prep"; cat "$logs/prep.log"; exit 1; }
 
 # ------------------------------------------------ 0. the bundle, on cpu
-echo "== cpu: pp 2 tiny plan, threads against 2 processes"
+echo "# cpu: pp 2 tiny plan, threads against 2 processes"
 cat >"$logs/plans/tiny-pp2.json" <<JSON
 { "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
              "seq": 16, "vocab": 257 },
@@ -123,9 +120,8 @@ step cpu-mpi mpi 2 exec "$logs/plans/tiny-pp2.json" --data "$data" \
         "$logs/cpu-mpi.run.json" cpu-pp2 1e-6 1e-5
 
 if [ "$gpus" -lt 2 ]; then
-    echo "SKIP the GPU part: needs 2 GPUs, $gpus visible"
-    for line in "${summary[@]}"; do echo "  $line"; done
-    exit $status
+    gpu_note gpu-part SKIP "needs 2 GPUs, $gpus visible"
+    gpu_summary run_mpi.sh
 fi
 
 # -------------------------------------------- 1. cuda: threads vs mpirun
@@ -147,7 +143,7 @@ plan dp2 "1 2 1"
 plan tp2 "2 1 1"
 cuda=(--backend cuda --log-interval 10 --comm-timeout 120)
 
-echo "== cuda: pp 2, dp 2, tp 2 as threads and as 2 processes ($iters iterations)"
+echo "# cuda: pp 2, dp 2, tp 2 as threads and as 2 processes ($iters iterations)"
 for name in pp2 dp2 tp2; do
     step "threads-$name" "$partita" exec "$logs/plans/$name.json" \
         --data "$data" "${cuda[@]}" --iters "$iters" \
@@ -162,7 +158,7 @@ for name in pp2 dp2 tp2; do
 done
 
 # -------------------------------------------------- 2. checkpoint, cuda
-echo "== pp 2: 3 iterations as 2 processes, resumed to 6 as threads"
+echo "# pp 2: 3 iterations as 2 processes, resumed to 6 as threads"
 constant_lr=(--lr 3e-4 --min-lr 3e-4 --warmup 0)
 rm -rf "$logs/ckpt"
 step straight "$partita" exec "$logs/plans/pp2.json" --data "$data" \
@@ -177,7 +173,7 @@ step resume python3 "$checks" resume "$logs/straight.run.json" \
     "$logs/resumed.run.json" 1e-4
 
 # ------------------------------------------------------ 3. a killed rank
-echo "== rank 1 killed mid-run"
+echo "# rank 1 killed mid-run"
 kill_rank_1() {
     mpi 2 exec "$logs/plans/pp2.json" --data "$data" --backend cuda \
         --log-interval 1 --comm-timeout 20 --iters 1000000 \
@@ -198,16 +194,11 @@ kill_rank_1() {
     wait "$job"
 }
 expect_failure rank-killed 60 "rank 1" kill_rank_1
-[ -e "$logs/killed.run.json" ] && { status=1; note killed-record FAIL "a failed run wrote run.json"; }
+[ -e "$logs/killed.run.json" ] && gpu_note killed-record FAIL "a failed run wrote run.json"
 
 # --------------------------------------------------- 4. process count
 expect_failure size-mismatch 60 "3 processes were started" \
     mpi 3 exec "$logs/plans/pp2.json" --data "$data" "${cuda[@]}" --iters 2 \
     -o "$logs/mismatch.run.json"
 
-echo
-echo "Summary (logs in $logs):"
-for line in "${summary[@]}"; do echo "  $line"; done
-[ $status -eq 0 ] && echo "ALL MPI GPU CHECKS PASSED" ||
-    echo "SOME MPI GPU CHECKS FAILED"
-exit $status
+gpu_summary run_mpi.sh

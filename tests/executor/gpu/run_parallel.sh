@@ -9,14 +9,17 @@
 #      ending the pipeline with its name;
 #   2. `partita exec` of a small GPT (6 layers, hidden 256, seq 256) for 50
 #      iterations on one GPU, then as pp = 2 (1F1B, uneven 4-2 split),
-#      pp = 2 GPipe, pp = 2 with full recompute, dp = 2, dp = 2 with the
+#      pp = 2 GPipe, pp = 2 interleaved (3 chunks a rank), pp = 2 with
+#      full recompute, dp = 2, dp = 2 with the
 #      distributed optimizer (ZeRO-1), tp = 2 and tp = 2 with sequence
 #      parallelism (tp2-sp; tp2-sp-recompute with full recompute), each
 #      against the one-GPU losses, and tp2-sp
 #      against tp2 (the same sums, split in halves: within bf16 rounding,
 #      1e-4 at iteration 1 and 2e-3 after); with SHARED=1 also tp 2 x pp 2
 #      with sequence parallelism on four slices (tp2-pp2-sp: the pipeline
-#      carries each shard's rows);
+#      carries each shard's rows); with GPUS=4 also pp = 4 (1F1B and
+#      GPipe, 2-2-1-1), tp 2 x pp 2, dp 2 x pp 2, tp 4 and dp 4 on four
+#      GPUs;
 #   3. a pp = 2 run resumed from its checkpoint against the straight run;
 #   4. a heterogeneous pp = 2 run (GPU 1 in a green context of 40 SMs, 48
 #      GiB cap) against the same plan on two whole GPUs: stage 1's events
@@ -42,11 +45,18 @@
 #
 # Usage: tests/executor/gpu/run_parallel.sh BUILD_DIR [LOG_DIR]
 #   BUILD_DIR  a meson build with -Dcuda=enabled and NCCL found
-# Environment: SKIP_BENCH=1 skips the benchmark; ITERS (50) the iterations
+# Every row runs under a hard limit (ROW_LIMIT_S, 240 s; the benchmark
+# BENCH_LIMIT_S, 420 s): a row still running then is killed and fails
+# (tests/executor/gpu/gpu_rows.sh); each row says what it waits on before
+# it starts, and the last line is "run_parallel.sh: PASS" or "...: FAIL".
+# Environment: GPUS (2, or 4 for the rows of four GPUs too);
+# SKIP_NCCL_TEST=1 leaves out test_nccl_parallel (run_multi_gpu.sh runs
+# it as a row of its own); SKIP_BENCH=1 skips the benchmark; ITERS (50) the iterations
 # of the loss comparisons; SHARED=1 and SHARED_COMM as above; LOSS_ROWS
 # the parallel plans compared with one GPU (default: pp2 pp2-gpipe
-# pp2-recompute dp2 dp2-zero1 tp2 tp2-sp tp2-sp-recompute, and
-# tp2-pp2-sp with SHARED=1);
+# pp2-interleaved pp2-recompute dp2 dp2-zero1 tp2 tp2-sp
+# tp2-sp-recompute, tp2-pp2-sp with SHARED=1, the rows of four GPUs with
+# GPUS=4);
 # SKIP_RESUME=1, SKIP_HETERO=1 skip
 # those parts. Exit status 0 when every check passed (a skip is a pass),
 # else 1.
@@ -68,9 +78,15 @@ export NCCL_NVLS_ENABLE=0
 
 shared=${SHARED:-0}
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-needed=$([ "$shared" = 1 ] && echo 1 || echo 2)
-if [ "$gpus" -lt "$needed" ]; then
-    echo "SKIP run_parallel.sh: needs $needed GPUs, $gpus visible"
+# the GPUs the rows use: 2, or 4 for the rows of four GPUs as well
+want=${GPUS:-2}
+[ "$shared" = 1 ] && want=1
+if [ "$want" != 1 ] && [ "$want" != 2 ] && [ "$want" != 4 ]; then
+    echo "FAIL run_parallel.sh: GPUS must be 2 or 4, got $want"
+    exit 1
+fi
+if [ "$gpus" -lt "$want" ]; then
+    echo "SKIP run_parallel.sh: needs $want GPUs, $gpus visible"
     exit 0
 fi
 comm_options=()
@@ -89,27 +105,18 @@ gpu_type=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 |
     awk '{ for (i = 1; i <= NF; i++) if ($i ~ /[0-9]/) { print $i; exit } }')
 echo "# GPU type for the cluster files: $gpu_type"
 
-declare -a summary
-status=0
-note() { summary+=("$(printf '%-34s %-4s %s' "$1" "$2" "$3")"); }
-# step NAME COMMAND...: runs it with its output in LOG_DIR/NAME.log
+# shellcheck source=tests/executor/gpu/gpu_rows.sh
+source "$here/gpu_rows.sh"
+# step NAME COMMAND...: one row (gpu_rows.sh), killed after ROW_LIMIT_S
+# seconds (240: a run of ITERS = 50 takes under a minute; a hang is a
+# FAIL that names the row, not a call that runs out)
+row_limit=${ROW_LIMIT_S:-240}
 step() {
     local name=$1; shift
-    local log="$logs/$name.log" start=$SECONDS
-    "$@" >"$log" 2>&1
-    local rc=$?
-    grep -E '^(PASS|FAIL|SKIP|NOTE|#|exec:)' "$log" | tail -40
-    if [ $rc -ne 0 ]; then
-        tail -4 "$log"; status=1
-        note "$name" FAIL "exit $rc, $((SECONDS - start)) s ($log)"
-    else
-        note "$name" PASS "$((SECONDS - start)) s ($log)"
-    fi
-    return $rc
+    gpu_row "$name" "$row_limit" "$@"
 }
 
-if [ "$shared" != 1 ]; then
-    echo "== test_nccl_parallel"
+if [ "$shared" != 1 ] && [ "${SKIP_NCCL_TEST:-0}" != 1 ]; then
     step test_nccl_parallel "$build/tests/executor/gpu/test_nccl_parallel"
 fi
 
@@ -135,6 +142,7 @@ link='"intra_node": { "bandwidth_GBps": 300, "latency_us": 5 },
       "inter_node": { "bandwidth_GBps": 300, "latency_us": 5 }'
 one_gpu="{ \"name\": \"one\", \"nodes\": [ { \"name\": \"gpu\", \"gpu\": \"$gpu_type\", \"gpus\": 1, $link, \"devices\": [ { \"index\": 0 } ] } ] }"
 two_gpus="{ \"name\": \"two\", \"nodes\": [ { \"name\": \"box\", \"gpu\": \"$gpu_type\", \"gpus\": 2, $link, \"devices\": [ { \"index\": 0 }, { \"index\": 1 } ] } ] }"
+four_gpus="{ \"name\": \"four\", \"nodes\": [ { \"name\": \"box\", \"gpu\": \"$gpu_type\", \"gpus\": 4, $link, \"devices\": [ { \"index\": 0 }, { \"index\": 1 }, { \"index\": 2 }, { \"index\": 3 } ] } ] }"
 # GPU 1 posing as a slower type: 40 SMs, 48 GiB
 full_device='{ "index": 0 }' slow_device='{ "index": 1, "sm_limit": 40, "memory_limit_gib": 48 }'
 if [ "$shared" = 1 ]; then
@@ -155,6 +163,17 @@ medium='{ "name": "medium", "layers": 8, "hidden": 1024, "heads": 16, "ffn_hidde
 plan one "$small" "$one_gpu" "1 1 1" 16 2
 plan pp2 "$small" "$two_gpus" "1 1 2" 16 2 4-2 1f1b
 plan pp2-gpipe "$small" "$two_gpus" "1 1 2" 16 2 4-2 gpipe
+# the interleaved 1F1B: 3 chunks of one layer on each rank
+plan pp2-interleaved "$small" "$two_gpus" "1 1 2" 16 2 "" 1f1b
+sed -i 's/"precision": "bf16"/"precision": "bf16", "virtual_stages": 3/' \
+    "$logs/plans/pp2-interleaved.json"
+# GPUS=4: every schedule and the mixed layouts over four GPUs
+plan pp4 "$small" "$four_gpus" "1 1 4" 16 2 2-2-1-1 1f1b
+plan pp4-gpipe "$small" "$four_gpus" "1 1 4" 16 2 2-2-1-1 gpipe
+plan tp2-pp2 "$small" "$four_gpus" "2 1 2" 16 2 3-3 1f1b
+plan dp2-pp2 "$small" "$four_gpus" "1 2 2" 16 2 3-3 1f1b
+plan tp4 "$small" "$four_gpus" "4 1 1" 16 2
+plan dp4 "$small" "$four_gpus" "1 4 1" 16 2
 plan dp2 "$small" "$two_gpus" "1 2 1" 16 2
 plan tp2 "$small" "$two_gpus" "2 1 1" 16 2
 # Megatron's sequence parallelism with tp 2
@@ -188,23 +207,16 @@ exec_run() {
 }
 
 # ------------------------------------------------- losses against 1 GPU
-default_rows="pp2 pp2-gpipe pp2-recompute dp2 dp2-zero1 tp2 tp2-sp tp2-sp-recompute"
+default_rows="pp2 pp2-gpipe pp2-interleaved pp2-recompute dp2 dp2-zero1 tp2 tp2-sp tp2-sp-recompute"
 [ "$shared" = 1 ] && default_rows+=" tp2-pp2-sp"
+[ "$want" = 4 ] && default_rows+=" pp4 pp4-gpipe tp2-pp2 dp2-pp2 tp4 dp4"
 loss_rows=${LOSS_ROWS:-$default_rows}
-echo "== partita exec: one GPU, then $loss_rows ($iters iterations)"
+echo "# partita exec: one GPU, then $loss_rows ($iters iterations)"
 exec_run one one --iters "$iters"
 for name in $loss_rows; do
-    before=$status
     if exec_run "$name" "$name" --iters "$iters"; then
         step "losses-$name" python3 "$checks" losses "$logs/one.run.json" \
             "$logs/$name.run.json" "$name" 2e-3 2e-2
-    elif [ "$name" = tp2 ] &&
-        grep -qiE "tensor.parallel.*not|not.*tensor.parallel" \
-            "$logs/exec-$name.log"; then
-        # the cuda backend of this build has no tensor parallelism yet
-        status=$before
-        unset 'summary[${#summary[@]}-1]'
-        note "exec-$name" SKIP "the cuda backend refused tp 2 ($logs/exec-$name.log)"
     fi
 done
 # sequence parallelism splits each of tp's sums in two halves: the plain
@@ -216,7 +228,7 @@ fi
 
 # ------------------------------------------------------------ resume
 if [ "${SKIP_RESUME:-0}" != 1 ]; then
-echo "== pp 2: 3 iterations, checkpoint, resume to 6, against 6 straight"
+echo "# pp 2: 3 iterations, checkpoint, resume to 6, against 6 straight"
 constant_lr=(--lr 3e-4 --min-lr 3e-4 --warmup 0)
 exec_run straight pp2 --iters 6 "${constant_lr[@]}"
 rm -rf "$logs/ckpt"
@@ -228,7 +240,7 @@ fi
 
 # ------------------------------------------------------- heterogeneous
 if [ "${SKIP_HETERO:-0}" != 1 ]; then
-echo "== heterogeneous pp 2: GPU 1 whole, then in a green context of 40 SMs"
+echo "# heterogeneous pp 2: GPU 1 whole, then in a green context of 40 SMs"
 exec_run medium-full medium-full --iters 6
 exec_run medium-hetero medium-hetero --iters 6 &&
     step hetero python3 "$checks" hetero "$logs/medium-full.run.json" \
@@ -237,19 +249,8 @@ fi
 
 # ---------------------------------------------------------- benchmark
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ "$shared" != 1 ]; then
-    echo "== benchmark (bench/parallel/run.sh)"
-    "$root/bench/parallel/run.sh" "$build" "$logs/bench" 2>&1 |
-        tee "$logs/bench.log"
-    if [ "${PIPESTATUS[0]}" -ne 0 ]; then
-        status=1; note bench FAIL "($logs/bench.log)"
-    else
-        note bench PASS "($logs/bench.log)"
-    fi
+    gpu_row bench "${BENCH_LIMIT_S:-420}" \
+        "$root/bench/parallel/run.sh" "$build" "$logs/bench"
 fi
 
-echo
-echo "Summary (logs in $logs):"
-for line in "${summary[@]}"; do echo "  $line"; done
-[ $status -eq 0 ] && echo "ALL PARALLEL GPU CHECKS PASSED" ||
-    echo "SOME PARALLEL GPU CHECKS FAILED"
-exit $status
+gpu_summary run_parallel.sh

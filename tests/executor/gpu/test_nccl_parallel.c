@@ -1,12 +1,13 @@
 /*
- * The NCCL comm and the GPU launcher on two GPUs (plain C: the GPU
- * machines have no cmocka; PASS / FAIL lines, exit 77 with fewer than two
- * GPUs). Checked:
+ * The NCCL comm and the GPU launcher on two GPUs, some checks on four
+ * when there are (plain C: the GPU machines have no cmocka; PASS / FAIL
+ * lines, exit 77 with fewer than two GPUs). Checked:
  *   - crossing sends: both ranks send 4 MB to each other at once, eight
- *     times, each send grouped with its receive (comm_sendrecv: one NCCL
- *     group, as the pipeline step makes them), overwriting the source
- *     right after each (the staging copy must have taken it), and every
- *     message arrives intact and in order;
+ *     times, each send made with its receive (comm_sendrecv, as the
+ *     pipeline step makes them), the source written with a plain
+ *     cudaMemcpy right before (the comm's streams must wait for it) and
+ *     overwritten with cudaMemset right after (the staging copy must have
+ *     taken it), and every message arrives intact and in order;
  *   - all-reduce sum and max on device floats, the host doubles, barrier;
  *   - a silent peer: rank 0 waits for a message rank 1 never sends; with
  *     a 3 s timeout rank 0 fails naming the peer and the operation, rank 1
@@ -17,12 +18,17 @@
  *     an sm_limit above the device's SMs is refused with the numbers;
  *   - the GPU launcher: a pp = 2 pipeline whose rank 1 fails after its
  *     first forward ends every rank with a message naming rank 1, each
- *     rank's communicators aborted, long before the comm timeout.
+ *     rank's communicators aborted, long before the comm timeout;
+ *   - every schedule over NCCL: GPipe, 1F1B and the interleaved 1F1B on
+ *     pp = 2 (pp = 4 with four GPUs) run two steps each, with the same
+ *     losses (the schedules differ in order only; GPipe hung until the
+ *     comm timeout on 2026-11-28, issue 38).
  * Times are printed (NOTE lines), never compared with a measurement of
  * speed; the timeout checks only say the failure did not wait for it.
  */
 #include "gpu_test.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <time.h>
 
@@ -391,6 +397,76 @@ static void test_failing_rank(gpu_test_tally *tally)
     gpu_test_expect(tally, true, "the launcher stops after the failure");
 }
 
+/* ------------------------------------------------------ every schedule */
+
+/* Two steps of a pp = `pp` pipeline under `schedule` (virtual stages v);
+ * the second step's loss into *loss. */
+static int run_schedule(int pp, schedule_kind schedule, int v,
+                        float *loss, pt_error *err)
+{
+    model_shape shape = {.name = "small", .layers = 8, .hidden = 128,
+                         .heads = 2, .ffn_hidden = 512, .seq = 64,
+                         .vocab = 257, .tied_embeddings = true};
+    parallel_config config = {.gbs = 8, .mbs = 1, .tp = 1, .dp = 1,
+                              .pp = pp, .schedule = schedule,
+                              .virtual_stages = v};
+    int partition[4];
+    for (int s = 0; s < pp; s++)
+        partition[s] = shape.layers / pp; /* 4 or 2: v = 2 divides them */
+    pipeline_layout layout;
+    if (pipeline_layout_init(&layout, &shape, &config, partition, pp,
+                             err) != 0)
+        return -1;
+    device_spec devices[4] = {{.index = 0}, {.index = 1}, {.index = 2},
+                              {.index = 3}};
+    pipeline_gpu gpu;
+    if (pipeline_gpu_start(&gpu, &layout, devices, GPU_COMM_NCCL, NULL, 7,
+                           PIPELINE_TIMEOUT_S, err) != 0)
+        return -1;
+    uint32_t tokens[8 * 65];
+    for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++)
+        tokens[i] = (uint32_t)(i * 29 % 257);
+    train_config train = train_config_defaults();
+    step_result result = {0};
+    int status = 0;
+    for (int step = 0; step < 2 && status == 0; step++)
+        status = pipeline_threads_step(&gpu.threads, &train, tokens, &result,
+                                       err);
+    *loss = result.loss;
+    pipeline_gpu_stop(&gpu);
+    return status;
+}
+
+static void test_schedules(gpu_test_tally *tally, int pp)
+{
+    static const struct {
+        const char *name;
+        schedule_kind schedule;
+        int v;
+    } runs[] = {{"1F1B", SCHEDULE_1F1B, 1},
+                {"GPipe", SCHEDULE_GPIPE, 1},
+                {"interleaved 1F1B (2 chunks a rank)", SCHEDULE_1F1B, 2}};
+    float first = 0.0f;
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        pt_error err = {{0}};
+        float loss = 0.0f;
+        double start = pt_monotonic_seconds();
+        int status = run_schedule(pp, runs[i].schedule, runs[i].v, &loss,
+                                  &err);
+        if (i == 0)
+            first = loss;
+        char what[1200];
+        snprintf(what, sizeof what, "pp %d %s over NCCL: two steps in %.1f "
+                 "s, loss %.6f against 1F1B's %.6f (%s)",
+                 pp, runs[i].name, pt_monotonic_seconds() - start, loss,
+                 first, status == 0 ? "ok" : err.message);
+        gpu_test_expect(tally, status == 0 && isfinite(loss) &&
+                                   fabsf(loss - first) <=
+                                       1e-4f * fabsf(first),
+                        what);
+    }
+}
+
 int main(void)
 {
     gpu_test_require_device(PROGRAM);
@@ -405,5 +481,6 @@ int main(void)
     test_silent_peer(&tally);
     test_green_contexts(&tally);
     test_failing_rank(&tally);
+    test_schedules(&tally, cuda_device_count() >= 4 ? 4 : 2);
     return gpu_test_finish(&tally, PROGRAM);
 }

@@ -5,8 +5,13 @@
  * peers and tags; the pipeline step makes each send with the receive that
  * follows it in the schedule, as Megatron's batched p2p does (the exact
  * sequence of operations of each stage of pp 2 under 1F1B and GPipe,
- * through a comm that logs them); the threads comm has no stream-ordered
- * collectives and the wrappers say so.
+ * through a comm that logs them); under every schedule (1F1B, GPipe, the
+ * interleaved 1F1B, on pp 2 and pp 4) each rank receives a peer's
+ * messages in the order that peer sent them, as the NCCL comm needs (it
+ * does not send tags: messages of one pair and direction are matched in
+ * order, and all of a pipeline's have one size, so another order would
+ * hand one micro-batch's tensor to another silently); the threads comm
+ * has no stream-ordered collectives and the wrappers say so.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,7 +28,7 @@
 
 #define MESSAGE_FLOATS ((size_t)1 << 20) /* 4 MB */
 #define MAX_RANKS 4
-#define MAX_OPS 64
+#define MAX_OPS 160
 
 /* ---------------------------------------------------- crossing messages */
 
@@ -146,6 +151,8 @@ typedef struct logged_op {
     char kind;
     int send_tag;
     int recv_tag;
+    int send_peer;
+    int recv_peer;
 } logged_op;
 
 /* A comm that forwards to the threads comm and logs every message
@@ -161,18 +168,19 @@ static logging_world *logging(const comm *c)
     return c->shared;
 }
 
-static void log_op(const comm *c, char kind, int send_tag, int recv_tag)
+static void log_op(const comm *c, char kind, int send_peer, int send_tag,
+                   int recv_peer, int recv_tag)
 {
     logging_world *w = logging(c);
     if (w->count[c->rank] < MAX_OPS)
         w->ops[c->rank][w->count[c->rank]++] =
-            (logged_op){kind, send_tag, recv_tag};
+            (logged_op){kind, send_tag, recv_tag, send_peer, recv_peer};
 }
 
 static int logging_send(const comm *c, int peer, int tag, const float *data,
                         size_t count, pt_error *err)
 {
-    log_op(c, 's', tag, -1);
+    log_op(c, 's', peer, tag, -1, -1);
     return comm_send(&logging(c)->inner[c->rank], peer, tag, data, count,
                      err);
 }
@@ -180,7 +188,7 @@ static int logging_send(const comm *c, int peer, int tag, const float *data,
 static int logging_recv(const comm *c, int peer, int tag, float *data,
                         size_t count, pt_error *err)
 {
-    log_op(c, 'r', -1, tag);
+    log_op(c, 'r', -1, -1, peer, tag);
     return comm_recv(&logging(c)->inner[c->rank], peer, tag, data, count,
                      err);
 }
@@ -190,7 +198,7 @@ static int logging_sendrecv(const comm *c, int send_peer, int send_tag,
                             int recv_peer, int recv_tag, float *recv_data,
                             size_t recv_count, pt_error *err)
 {
-    log_op(c, 'g', send_tag, recv_tag);
+    log_op(c, 'g', send_peer, send_tag, recv_peer, recv_tag);
     return comm_sendrecv(&logging(c)->inner[c->rank], send_peer, send_tag,
                          send_data, send_count, recv_peer, recv_tag,
                          recv_data, recv_count, err);
@@ -241,29 +249,34 @@ static const comm_ops logging_ops = {
     .failed_rank = logging_failed_rank,
 };
 
-/* One step of a pp 2 plan of a 4-layer model with 4 micro-batches over
- * the logging comm; returns the world with each rank's log. */
-static void log_one_step(schedule_kind schedule, logging_world *w)
+/* One step of a pp `pp` plan (virtual stages v) of a model of 2 pp v
+ * layers with 4 micro-batches over the logging comm; returns the world
+ * with each rank's log. */
+static void log_pipeline_step(int pp, int v, schedule_kind schedule,
+                              logging_world *w)
 {
-    model_shape shape = {.name = "tiny", .layers = 4, .hidden = 16,
+    model_shape shape = {.name = "tiny", .layers = 2 * pp * v, .hidden = 16,
                          .heads = 2, .ffn_hidden = 64, .seq = 8,
                          .vocab = 31, .tied_embeddings = true};
-    parallel_config config = {.gbs = 4, .mbs = 1, .tp = 1, .dp = 1, .pp = 2,
-                              .schedule = schedule};
-    int partition[2] = {2, 2};
+    parallel_config config = {.gbs = 4, .mbs = 1, .tp = 1, .dp = 1,
+                              .pp = pp, .schedule = schedule,
+                              .virtual_stages = v};
+    int partition[MAX_RANKS];
+    for (int s = 0; s < pp; s++)
+        partition[s] = 2 * v;
     pipeline_layout layout;
     pt_error err = {{0}};
     assert_int_equal(pipeline_layout_init(&layout, &shape, &config,
-                                          partition, 2, &err),
+                                          partition, pp, &err),
                      0);
     comm_threads *threads = NULL;
-    assert_int_equal(comm_threads_create(2, 30.0, &threads, &err), 0);
+    assert_int_equal(comm_threads_create(pp, 30.0, &threads, &err), 0);
     memset(w, 0, sizeof *w);
-    comm handles[2];
-    for (int rank = 0; rank < 2; rank++) {
+    comm handles[MAX_RANKS];
+    for (int rank = 0; rank < pp; rank++) {
         w->inner[rank] = comm_threads_rank(threads, rank);
         handles[rank] = (comm){.ops = &logging_ops, .shared = w,
-                               .rank = rank, .size = 2};
+                               .rank = rank, .size = pp};
     }
     pipeline_launch launch = {.backend = BACKEND_CPU, .seed = 3,
                               .comms = handles};
@@ -279,6 +292,11 @@ static void log_one_step(schedule_kind schedule, logging_world *w)
         fail_msg("step: %s", err.message);
     pipeline_threads_destroy(&p);
     comm_threads_destroy(threads);
+}
+
+static void log_one_step(schedule_kind schedule, logging_world *w)
+{
+    log_pipeline_step(2, 1, schedule, w);
 }
 
 static void expect_log(const logging_world *w, int rank, const char *want)
@@ -328,6 +346,60 @@ static void gpipe_pairs_only_what_follows(void **state)
     expect_log(&w, 1, "r0 r2 r4 r6 s1 s3 s5 s7");
 }
 
+/* The tags `from` sent to `to`, in order, or those `to` received from
+ * `from` (received); returns how many. */
+static int pair_tags(const logging_world *w, int from, int to,
+                     bool received, int *tags)
+{
+    int n = 0;
+    int rank = received ? to : from;
+    for (int i = 0; i < w->count[rank]; i++) {
+        const logged_op *op = &w->ops[rank][i];
+        if (!received && op->kind != 'r' && op->send_peer == to)
+            tags[n++] = op->send_tag;
+        if (received && op->kind != 's' && op->recv_peer == from)
+            tags[n++] = op->recv_tag;
+    }
+    return n;
+}
+
+static void expect_pairs_in_order(int pp, int v, schedule_kind schedule)
+{
+    logging_world w;
+    log_pipeline_step(pp, v, schedule, &w);
+    for (int rank = 0; rank < pp; rank++)
+        assert_true(w.count[rank] < MAX_OPS);
+    int messages = 0;
+    for (int from = 0; from < pp; from++)
+        for (int to = 0; to < pp; to++) {
+            int sent[MAX_OPS], received[MAX_OPS];
+            int n = pair_tags(&w, from, to, false, sent);
+            int m = pair_tags(&w, from, to, true, received);
+            assert_int_equal(n, m);
+            messages += n;
+            for (int i = 0; i < n; i++)
+                if (sent[i] != received[i])
+                    fail_msg("pp %d v %d %s: rank %d sent tag %d as its "
+                             "message %d to rank %d, which received tag "
+                             "%d there",
+                             pp, v, schedule_name(schedule), from, sent[i],
+                             i, to, received[i]);
+        }
+    /* each of 4 micro-batches crosses pp v - 1 boundaries both ways */
+    assert_int_equal(messages, 2 * 4 * (pp * v - 1));
+}
+
+static void every_schedule_receives_in_send_order(void **state)
+{
+    (void)state;
+    expect_pairs_in_order(2, 1, SCHEDULE_1F1B);
+    expect_pairs_in_order(2, 1, SCHEDULE_GPIPE);
+    expect_pairs_in_order(2, 2, SCHEDULE_1F1B);
+    expect_pairs_in_order(4, 1, SCHEDULE_1F1B);
+    expect_pairs_in_order(4, 1, SCHEDULE_GPIPE);
+    expect_pairs_in_order(4, 2, SCHEDULE_1F1B);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -337,6 +409,7 @@ int main(void)
         cmocka_unit_test(threads_comm_has_no_stream_ops),
         cmocka_unit_test(one_f_one_b_groups_each_send_with_a_receive),
         cmocka_unit_test(gpipe_pairs_only_what_follows),
+        cmocka_unit_test(every_schedule_receives_in_send_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
