@@ -127,8 +127,17 @@ static void print_header(FILE *out, const plan *p, const char *plan_file,
             c->recompute ? "full" : "none",
             c->distributed_optimizer ? "on" : "off",
             parallel_virtual_stages(c), c->sequence_parallel ? "on" : "off");
-    fprintf(out, "# partition (layers per stage, FASOP's --balance): %s\n#\n",
+    fprintf(out, "# partition (layers per stage, FASOP's --balance): %s\n",
             balance);
+    fprintf(out, "# priced for the %s runtime%s%s\n#\n",
+            runtime_name(c->runtime),
+            c->runtime == RUNTIME_MEGATRON
+                ? ""
+                : " (set \"runtime\": \"megatron\" in the plan and "
+                  "estimate it again for Megatron-LM's memory and time)",
+            c->tf32 ? "; fp32 matmuls on TF32: run with "
+                      "torch.backends.cuda.matmul.allow_tf32 = True"
+                    : "");
     print_stage_table(out, p, hosts);
     fprintf(out, "#\n");
     for (int i = 0; i < notes->count; i++)
@@ -244,6 +253,12 @@ static int print_plan_args(FILE *out, const plan *p, pt_error *err)
                 c->virtual_stages);
     if (c->sequence_parallel)
         fprintf(out, "    --sequence-parallel\n");
+    /* the runtime's options the plan was priced with (docs/cost-model.md,
+     * section 13) */
+    if (parallel_attention(c) == ATTENTION_UNFUSED)
+        fprintf(out, "    --attention-backend unfused\n");
+    if (c->overlap_grad_reduce)
+        fprintf(out, "    --overlap-grad-reduce\n");
     fprintf(out, "    # an iteration line, with TFLOP/s, every 10 iterations\n"
                  "    --log-interval 10 --log-throughput\n)\n\n");
     return 0;
