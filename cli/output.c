@@ -99,10 +99,11 @@ void print_memory_table(const estimate *est)
     static const char *const headers[PT_MEMORY_TERM_COUNT] = {
         "weights", "mirror",  "grads",  "optim", "activ",  "logits",
         "scratch", "cublas",  "comm",   "round", "context"};
-    printf("#\n# memory per GPU by term (GiB): fp32 weights, bf16 mirror, "
-           "fp32 gradients, AdamW state, activations kept, logits, backward "
-           "scratch, cuBLASLt workspace, comm buffers, allocator rounding, "
-           "CUDA context\n");
+    printf("#\n# memory per GPU by term (GiB): fp32 weights, half-precision "
+           "mirror, main gradients (their bytes as the runtime line says), "
+           "AdamW state, activations kept, logits, backward scratch, "
+           "cuBLASLt workspace, comm buffers, allocator rounding, CUDA "
+           "context\n");
     printf("# %5s", "stage");
     for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
         printf(" %8s", headers[t]);
