@@ -588,12 +588,33 @@ static int record_what_finished(const exec_arguments *args, const plan *p,
     return 0;
 }
 
+/* run.json must not replace an input: the plan (and the files it
+ * names) or the dataset's two files. */
+static int check_output_not_input(const exec_arguments *args, const plan *p)
+{
+    if (cli_check_not_plan_input("exec", args->output, args->plan_path,
+                                 p) != 0)
+        return -1;
+    const char *const suffixes[] = {".bin", ".idx"};
+    for (int i = 0; i < 2; i++) {
+        char path[PT_PATH_MAX + 8];
+        snprintf(path, sizeof path, "%s%s", args->data_prefix, suffixes[i]);
+        if (cli_check_not_input("exec", args->output, path, "dataset") != 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int load_exec_plan(const exec_arguments *args, plan *p)
 {
     pt_error err = {{0}};
     if (plan_load_file(args->plan_path, p, &err) != 0 ||
         run_check_plan(p, &err) != 0) {
         cli_error_in("exec", args->plan_path, err.message);
+        plan_free(p);
+        return -1;
+    }
+    if (check_output_not_input(args, p) != 0) {
         plan_free(p);
         return -1;
     }

@@ -135,6 +135,12 @@ int command_export(int argc, char **argv)
         cli_error("export", err.message);
         return EXIT_BAD_INPUT;
     }
+    if (args.output != NULL &&
+        cli_check_not_plan_input("export", args.output, args.plan_path,
+                                 &p) != 0) {
+        plan_free(&p);
+        return EXIT_BAD_INPUT;
+    }
     char *text = export_text(&p, &args, &err);
     int status;
     if (text == NULL) {

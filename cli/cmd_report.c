@@ -227,13 +227,34 @@ static int estimate_and_report(const report_arguments *args, const plan *p,
     return status;
 }
 
+/* The report's files must not replace its inputs (a plan named
+ * trace.json in the report folder, say). */
+static int check_outputs_not_inputs(const report_arguments *args)
+{
+    const char *const written[] = {"report.md", "trace.json"};
+    const char *const inputs[] = {args->plan_path, args->run_path,
+                                  args->log_path};
+    const char *const roles[] = {"plan", "run record", "training log"};
+    for (int w = 0; w < 2; w++) {
+        char output[PT_PATH_MAX + 16];
+        snprintf(output, sizeof output, "%s/%s", args->output_dir,
+                 written[w]);
+        for (int i = 0; i < 3; i++)
+            if (cli_check_not_input("report", output, inputs[i],
+                                    roles[i]) != 0)
+                return -1;
+    }
+    return 0;
+}
+
 int command_report(int argc, char **argv)
 {
     report_arguments args = {0};
     int parsed = parse_report_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
-    if (cli_check_output("report", args.output_dir, true) != 0)
+    if (cli_check_output("report", args.output_dir, true) != 0 ||
+        check_outputs_not_inputs(&args) != 0)
         return EXIT_BAD_INPUT;
     pt_error err = {{0}};
     plan p;
@@ -251,7 +272,8 @@ int command_report(int argc, char **argv)
                      : megatron_log_load_file(args.log_path, &p,
                                               &args.log_options, &run, &err);
     else if (have_run && (run_record_load_file(args.run_path, &run, &err) != 0 ||
-                          run_record_check_plan(&run, &p, &err) != 0))
+                          run_record_check_plan(&run, &p, &err) != 0 ||
+                          run_record_check_same_plan(&run, &p, &err) != 0))
         loaded = -1;
     if (loaded != 0) {
         cli_error("report", err.message);

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# End-to-end cases of issue 33 ("Bad input and faults, second round"):
+# each refusal is one line naming the file and the reason, exit status 2,
+# and loses nothing. usage: bad_input.sh PARTITA CASE (one meson test per
+# case, e2e.sh's conventions; docs/reliability.md lists them).
+set -u
+# fail, run, expect_in, write_layout_plan; e2e_begin
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+e2e_begin "$@"
+tiny="$source_root/docs/examples/plan-tiny-cpu.json"
+
+one_line() {
+  [ "$(wc -l <err.txt)" = 1 ] || fail "expected one line: $(cat err.txt)"
+}
+# same_bytes FILE COPY: FILE still holds what COPY saved
+same_bytes() { cmp -s "$1" "$2" || fail "$1 changed"; }
+prep_corpus() {
+  partita prep "$source_root/data/corpus.txt" -o corpus >/dev/null \
+    || fail "prep of the corpus failed"
+}
+
+case "$case_name" in
+readers-bounded)
+  # item 1: no reader reads without end or takes a failed read for the
+  # end of its file; a line past the bound is refused at once
+  run 2 partita prep /dev/zero -o zero
+  expect_in err.txt "/dev/zero:1: the line is longer than"
+  one_line
+  run 2 partita prep --jsonl /dev/zero -o zero
+  expect_in err.txt "/dev/zero:1: the line is longer than"
+  [ ! -e zero.bin ] && [ ! -e zero.idx ] || fail "prep left a dataset"
+  run 2 partita report "$tiny" --megatron-log /dev/zero -o rep
+  expect_in err.txt "/dev/zero:1: the line is longer than"
+  one_line
+  run 2 partita report "$tiny" --deepspeed-log /dev/zero -o rep
+  expect_in err.txt "/dev/zero:1: the line is longer than"
+  run 2 partita estimate /dev/zero
+  expect_in err.txt "/dev/zero: larger than"
+  # a read that fails in the middle (the kernel's EIO on /proc/self/mem)
+  run 2 partita prep /proc/self/mem -o mem
+  expect_in err.txt "/proc/self/mem: read error after line 0: Input/output error"
+  run 2 partita report "$tiny" --megatron-log /proc/self/mem -o rep
+  expect_in err.txt "/proc/self/mem: read error after line 0"
+  run 2 partita estimate /proc/self/mem
+  expect_in err.txt "/proc/self/mem: read error after 0 bytes"
+  [ ! -e mem.bin ] && [ ! -e rep ] || fail "an output was left"
+  ;;
+output-is-input)
+  # item 3: an output with an input's name replaced it silently
+  prep_corpus
+  cp "$tiny" p.json; cp p.json in-p.json
+  run 2 partita exec p.json --data corpus --iters 2 -o p.json
+  expect_in err.txt "p.json: the output is the plan it reads"
+  one_line; same_bytes p.json in-p.json
+  ln -s p.json link.json
+  run 2 partita exec p.json --data corpus --iters 2 -o link.json
+  expect_in err.txt "link.json: the output is the same file as the plan p.json"
+  cp corpus.idx in-corpus.idx
+  run 2 partita exec p.json --data corpus --iters 2 -o corpus.idx
+  expect_in err.txt "corpus.idx: the output is the dataset it reads"
+  same_bytes corpus.idx in-corpus.idx
+  run 2 partita export p.json --to megatron -o p.json
+  expect_in err.txt "the output is the plan it reads"
+  run 2 partita estimate p.json -o p.json
+  expect_in err.txt "the output is the plan it reads"
+  same_bytes p.json in-p.json
+  cp "$source_root/models/gpt2-124m.json" m.json; cp m.json in-m.json
+  run 2 partita plan --model m.json --cluster h200x1 --gbs 8 --quiet -o m.json
+  expect_in err.txt "m.json: the output is the model it reads"
+  one_line; same_bytes m.json in-m.json
+  cp "$source_root/data/corpus.txt" x.bin; cp x.bin in-x.bin
+  run 2 partita prep x.bin -o x
+  expect_in err.txt "x.bin: the output is the input it reads"
+  same_bytes x.bin in-x.bin
+  mkdir rep; cp p.json rep/trace.json
+  run 2 partita report rep/trace.json -o rep
+  expect_in err.txt "rep/trace.json: the output is the plan it reads"
+  ;;
+report-other-plan)
+  # item 2: a run of a model twice as wide was compared with the plan,
+  # since only tp, dp, pp, gbs and mbs were checked
+  prep_corpus
+  sed 's/"hidden": 64/"hidden": 128/' "$tiny" >o.json
+  run 0 partita exec "$tiny" --data corpus --iters 3 -o run.json
+  run 2 partita report o.json run.json --any-device -o rep
+  expect_in err.txt "run.json: plan.model.hidden: the run's plan has 64, the plan being reported has 128"
+  one_line
+  [ ! -e rep ] || fail "a refused report wrote its folder"
+  sed 's/"pp": 1/"pp": 1, "recompute": "full"/' "$tiny" >r.json
+  run 2 partita report r.json run.json --any-device -o rep
+  expect_in err.txt "plan.recompute"
+  run 0 partita report "$tiny" run.json --any-device -o rep
+  ;;
+*)
+  fail "unknown case $case_name"
+  ;;
+esac
+exit 0
