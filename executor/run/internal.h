@@ -85,6 +85,9 @@ typedef struct run_context {
     long event_window;          /* 1..RUN_EVENT_WINDOW */
     int ring_counts[RUN_EVENT_WINDOW]; /* events each ring entry holds */
     long iteration_capacity;    /* records out->iterations has room for */
+    checkpoint_lock save_lock;  /* of options->save_dir, held from before
+                                   the checks to the end (rank 0's
+                                   process, with one process per rank) */
 } run_context;
 
 /* -------------------------------------------------------- context.c */

@@ -292,11 +292,24 @@ static int start_threads(run_context *ctx, run_result *out, pt_error *err)
     return 0;
 }
 
+/* One run at a time saves into a folder: the lock is taken before the
+ * folder is looked at, so that a second run is refused naming the first
+ * rather than finding its checkpoint (or none yet). */
+static int lock_save_folder(run_context *ctx, pt_error *err)
+{
+    const char *save = ctx->options->save_dir;
+    if (save == NULL || save[0] == '\0' ||
+        (ctx->processes && ctx->world.rank != 0))
+        return 0;
+    return checkpoint_lock_take(&ctx->save_lock, save, err);
+}
+
 /* Everything before the first iteration; any failure is a refusal. */
 static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
 {
     const run_options *options = ctx->options;
     if (run_check_plan(ctx->plan, err) != 0 ||
+        lock_save_folder(ctx, err) != 0 ||
         run_check_options(options, err) != 0 ||
         run_check_interleave(ctx->plan, options, err) != 0)
         return -1;
@@ -472,13 +485,15 @@ static void release_context(run_context *ctx)
     free(ctx->host_buffer);
     free(ctx->event_ring);
     free(ctx->world_members);
+    checkpoint_lock_release(&ctx->save_lock);
 }
 
 int run_training(const plan *p, const run_options *options, run_result *out,
                  pt_error *err)
 {
     memset(out, 0, sizeof *out);
-    run_context ctx = {.options = options, .plan = p, .shape = p->model};
+    run_context ctx = {.options = options, .plan = p, .shape = p->model,
+                       .save_lock = {.fd = -1}};
     if (options->processes != NULL && run_check_process_world(&ctx, err) != 0)
         return -1;
     int status = prepare_run(&ctx, out, err);

@@ -91,6 +91,47 @@ report-other-plan)
   expect_in err.txt "plan.recompute"
   run 0 partita report "$tiny" run.json --any-device -o rep
   ;;
+foreign-manifest)
+  # item 4: a folder with another program's manifest.json was taken for
+  # a checkpoint, and --overwrite replaced their file
+  prep_corpus
+  mkdir s; echo '{"name":"app"}' >s/manifest.json; cp s/manifest.json in-m.json
+  run 2 partita exec "$tiny" --data corpus --iters 2 --save s
+  expect_in err.txt "s/manifest.json: not a Partita checkpoint"
+  one_line
+  run 2 partita exec "$tiny" --data corpus --iters 2 --save s --overwrite
+  expect_in err.txt "never saved into, even with --overwrite"
+  run 2 partita exec "$tiny" --data corpus --iters 2 --load s
+  expect_in err.txt "s/manifest.json: not a Partita checkpoint"
+  same_bytes s/manifest.json in-m.json
+  [ "$(ls s)" = manifest.json ] || fail "files were added to s: $(ls s)"
+  ;;
+two-runs-one-folder)
+  # item 7: two runs saving into one folder removed each other's
+  # unfinished generations; the second is now refused, naming the first
+  prep_corpus
+  # the binary itself (not the wrapper function), so $! is its process
+  "$partita_binary" exec "$tiny" --data corpus --iters 1000000 \
+    --log-interval 1 --save ckpt -o first.json >first.txt 2>&1 &
+  first=$!
+  # the first holds the lock before its first iteration is logged
+  while ! grep -q '^iteration' first.txt; do
+    kill -0 "$first" 2>/dev/null || { cat first.txt; fail "the first run ended"; }
+    sleep 0.1
+  done
+  run 2 partita exec "$tiny" --data corpus --iters 3 --save ckpt -o second.json
+  expect_in err.txt "ckpt: process $first (partita-exec) is saving checkpoints into this folder"
+  one_line
+  run 2 partita exec "$tiny" --data corpus --iters 3 --save ckpt --overwrite
+  expect_in err.txt "is saving checkpoints into this folder"
+  [ ! -e second.json ] || fail "the refused run wrote run.json"
+  kill -TERM "$first"
+  wait "$first"
+  [ $? = 143 ] || fail "the first run did not stop on SIGTERM as usual"
+  # the lock went with its process: the folder resumes and saves again
+  last=$(python3 -c 'import json; print(json.load(open("first.json"))["training"]["last_checkpoint_iteration"])')
+  run 0 partita exec "$tiny" --data corpus --iters $((last + 1)) --load ckpt --save ckpt -o third.json
+  ;;
 *)
   fail "unknown case $case_name"
   ;;
