@@ -43,6 +43,8 @@ typedef struct resume_state {
     long optimizer_steps;
     uint64_t seed;
     unsigned char position[DATA_POSITION_BYTES];
+    long samples_per_step;      /* gbs of the run that saved it: where
+                                   optimizer_steps leave the data */
 } resume_state;
 
 /* Everything a run holds while it trains; owned by run_training. */

@@ -21,6 +21,31 @@
 #include <sys/resource.h>
 #include <time.h>
 
+/* Every step takes samples_per_step samples in order, so the optimizer
+ * steps say where the data stands; a position elsewhere (its epoch
+ * above all) belongs to another save. */
+static int check_resumed_position(const run_context *ctx, pt_error *err)
+{
+    uint64_t per_epoch = ctx->sampler.samples_per_epoch;
+    uint64_t taken = (uint64_t)ctx->resume.optimizer_steps *
+                     (uint64_t)ctx->resume.samples_per_step;
+    data_position expected = {.epoch = taken / per_epoch,
+                              .index = taken % per_epoch};
+    if (ctx->position.epoch == expected.epoch &&
+        ctx->position.index == expected.index)
+        return 0;
+    return pt_fail(err, "%s: the checkpoint disagrees with itself: %s: "
+                        "epoch %llu, sample %llu, but %ld optimizer steps "
+                        "of %ld samples end at epoch %llu, sample %llu "
+                        "(parts of different saves?)",
+                   ctx->options->load_dir, BLOB_POSITION,
+                   (unsigned long long)ctx->position.epoch,
+                   (unsigned long long)ctx->position.index,
+                   ctx->resume.optimizer_steps, ctx->resume.samples_per_step,
+                   (unsigned long long)expected.epoch,
+                   (unsigned long long)expected.index);
+}
+
 /* ------------------------------------------------------------- dataset */
 
 static int find_largest_token(const indexed_dataset *ds, uint32_t *out,
@@ -84,7 +109,7 @@ static int open_data(run_context *ctx, uint64_t seed, run_result *out,
                         BLOB_POSITION);
         return -1;
     }
-    return 0;
+    return check_resumed_position(ctx, err);
 }
 
 /* --------------------------------------------------------- preparation */

@@ -132,6 +132,48 @@ two-runs-one-folder)
   last=$(python3 -c 'import json; print(json.load(open("first.json"))["training"]["last_checkpoint_iteration"])')
   run 0 partita exec "$tiny" --data corpus --iters $((last + 1)) --load ckpt --save ckpt -o third.json
   ;;
+inconsistent-checkpoint)
+  # item 8: every CRC right, the parts in disagreement: optimizer_steps
+  # set to 0 resumed iteration 4's weights as iteration 1
+  prep_corpus
+  run 0 partita exec "$tiny" --data corpus --iters 4 --save ckpt -o first.json
+  cp -r ckpt in-good
+  # edit BLOB at OFFSET to the little-endian VALUE, then fix its CRC in
+  # both manifests, as a careful hand (or a blob of another save) would
+  edit_blob() { # BLOB OFFSET VALUE
+    rm -rf ckpt; cp -r in-good ckpt
+    python3 - "$@" <<'PY'
+import glob, json, struct, sys, zlib
+blob, offset, value = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+gen = glob.glob("ckpt/gen-*")[0]
+data = bytearray(open(f"{gen}/{blob}", "rb").read())
+data[offset:offset + 8] = struct.pack("<Q", value)
+open(f"{gen}/{blob}", "wb").write(data)
+for manifest in ("ckpt/manifest.json", f"{gen}/generation.json"):
+    m = json.load(open(manifest))
+    for b in m["blobs"]:
+        if b["name"] == blob:
+            b["crc32"] = "%08x" % zlib.crc32(bytes(data))
+    json.dump(m, open(manifest, "w"), indent=2)
+PY
+  }
+  edit_blob optimizer_steps 0 0
+  run 2 partita exec "$tiny" --data corpus --iters 6 --load ckpt -o second.json
+  expect_in err.txt "ckpt: the checkpoint disagrees with itself: meta.json: iteration is 4, but optimizer_steps holds 0"
+  one_line
+  [ ! -e second.json ] || fail "a refused resume wrote run.json"
+  edit_blob rng 0 7
+  run 2 partita exec "$tiny" --data corpus --iters 6 --load ckpt
+  expect_in err.txt "meta.json: seed is [0-9]*, but rng holds 7"
+  # the data position's epoch (bytes 8-15 after the 8-byte tag)
+  edit_blob data_position 8 1
+  run 2 partita exec "$tiny" --data corpus --iters 6 --load ckpt
+  expect_in err.txt "data_position: epoch 1, sample 32, but 4 optimizer steps of 8 samples end at epoch 0, sample 32"
+  one_line
+  rm -rf ckpt; cp -r in-good ckpt
+  run 0 partita exec "$tiny" --data corpus --iters 6 --load ckpt -o third.json
+  expect_in third.json '"first_iteration": 5'
+  ;;
 *)
   fail "unknown case $case_name"
   ;;
