@@ -189,7 +189,7 @@ int command_estimate(int argc, char **argv)
     }
     costmodel cm;
     if (costmodel_open(&cm, &p.model, &p.cluster, args.profiles, &err) != 0) {
-        cli_error("estimate", err.message);
+        cli_error_in("estimate", args.plan_path, err.message);
         plan_free(&p);
         return EXIT_BAD_INPUT;
     }

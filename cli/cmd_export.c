@@ -98,18 +98,16 @@ static int write_export(const char *text, const export_arguments *args,
                         const plan *p)
 {
     bool to_stdout = args->output == NULL || strcmp(args->output, "-") == 0;
-    if (to_stdout) {
-        if (fputs(text, stdout) == EOF || fflush(stdout) != 0) {
-            cli_error("export", "cannot write to standard output");
-            return EXIT_FAILURE_RUN;
-        }
-        return EXIT_OK;
-    }
     pt_error err = {{0}};
-    if (pt_write_file_atomic(args->output, text, strlen(text), &err) != 0) {
+    /* standard output too goes through the one writer, whose message
+       says why a write failed ("No space left on device") */
+    if (pt_write_file_atomic(to_stdout ? "-" : args->output, text,
+                             strlen(text), &err) != 0) {
         cli_error("export", err.message);
         return EXIT_BAD_INPUT;
     }
+    if (to_stdout)
+        return EXIT_OK;
     interop_notes notes;
     interop_notes_of(p, (interop_target)args->target, &notes);
     fprintf(stderr, "partita export: wrote %s (%s, %d note%s inside)\n",

@@ -203,7 +203,7 @@ static int estimate_and_report(const report_arguments *args, const plan *p,
     costmodel cm;
     if (costmodel_open(&cm, &p->model, &p->cluster, args->profiles, &err) !=
         0) {
-        cli_error("report", err.message);
+        cli_error_in("report", args->plan_path, err.message);
         return EXIT_BAD_INPUT;
     }
     estimate est;

@@ -159,12 +159,19 @@ int pt_read_file(const char *path, size_t max_bytes, char **data,
     int fd = open_input(path, err);
     if (fd < 0)
         return -1;
+    /* a regular file's size is the first guess (its end is still found
+       by reading: it may grow); a pipe's is not known */
+    struct stat info;
+    size_t guess = fstat(fd, &info) == 0 && S_ISREG(info.st_mode) &&
+                           (uint64_t)info.st_size < max_bytes
+                       ? (size_t)info.st_size + 2
+                       : READ_CHUNK + 1;
     char *buffer = NULL;
     size_t used = 0, capacity = 0;
     int status = 0;
     for (;;) {
-        if (used + READ_CHUNK + 1 > capacity) {
-            size_t grown = capacity > 0 ? 2 * capacity : READ_CHUNK + 1;
+        if (capacity - used < 2) {
+            size_t grown = capacity > 0 ? 2 * capacity : guess;
             char *bigger = realloc(buffer, grown);
             if (bigger == NULL) {
                 status = pt_fail(err, "%s: out of memory after %zu bytes",

@@ -97,7 +97,9 @@ static int map_file(const char *path, const unsigned char **map,
     }
     if (!S_ISREG(info.st_mode)) {
         close(fd);
-        return pt_fail(err, "%s: not a regular file", path);
+        return pt_fail(err, "%s: %s", path,
+                       S_ISDIR(info.st_mode) ? "is a directory, not a file"
+                                             : "not a regular file");
     }
     *size = (size_t)info.st_size;
     *map = NULL;

@@ -662,6 +662,22 @@ static int parse_manifest(const json_t *root, const json_place *place,
     return 0;
 }
 
+/* Why dir has no manifest: a generation folder (gen-NNNNNN) lacks its
+ * own copy, generation.json; a checkpoint folder lacks manifest.json. */
+static int describe_missing_manifest(const char *dir, pt_error *err)
+{
+    const char *base = strrchr(dir, '/');
+    base = base != NULL ? base + 1 : dir;
+    if (parse_generation(base) != 0)
+        return pt_fail(err, "%s: no %s: this generation was not committed "
+                            "(or its copy of the manifest was removed); "
+                            "load the checkpoint folder above it instead",
+                       dir, CHECKPOINT_GENERATION_MANIFEST);
+    return pt_fail(err, "%s: no %s: no checkpoint was committed here (a "
+                        "save that died before its commit leaves none)",
+                   dir, CHECKPOINT_MANIFEST);
+}
+
 int checkpoint_read_manifest(const char *dir, checkpoint_manifest *out,
                              pt_error *err)
 {
@@ -669,9 +685,7 @@ int checkpoint_read_manifest(const char *dir, checkpoint_manifest *out,
     memset(out, 0, sizeof *out);
     bool in_folder = false;
     if (!find_manifest(dir, path, sizeof path, &in_folder))
-        return pt_fail(err, "%s: no %s: no checkpoint was committed here (a "
-                       "save that died before its commit leaves none)", dir,
-                       CHECKPOINT_MANIFEST);
+        return describe_missing_manifest(dir, err);
     json_t *root = pt_json_load_file(path, err);
     if (root == NULL)
         return -1;
@@ -699,6 +713,12 @@ static int map_verified_blob(const char *dir, const checkpoint_manifest *m,
         int saved = errno;
         close(fd);
         return pt_fail(err, "%s: cannot stat: %s", path, strerror(saved));
+    }
+    if (!S_ISREG(info.st_mode)) {
+        close(fd);
+        return pt_fail(err, "%s: %s, not the blob the manifest records", path,
+                       S_ISDIR(info.st_mode) ? "is a directory"
+                                             : "is not a regular file");
     }
     if ((uint64_t)info.st_size != blob->bytes) {
         close(fd);

@@ -174,6 +174,49 @@ PY
   run 0 partita exec "$tiny" --data corpus --iters 6 --load ckpt -o third.json
   expect_in third.json '"first_iteration": 5'
   ;;
+messages)
+  # item 9: what the messages said wrong
+  sed 's/"name": "box"/"name": "béx"/' "$tiny" >bx.json
+  run 2 partita estimate bx.json
+  expect_in err.txt "node name \"béx\" may hold only .* found 'é'"
+  # a GPU without a profile in an inline cluster: the plan is named, and
+  # the folder looked in is said for what it is
+  sed 's/"A100-FASOP"/"NOPROF"/' "$tiny" >np.json
+  run 2 partita estimate np.json
+  expect_in err.txt "partita estimate: np.json: .*no profile for GPU \"NOPROF\".*(beside the folder of the file holding the cluster)"
+  # a directory where a file is expected
+  mkdir lg
+  run 2 partita report "$tiny" --megatron-log lg -o rep
+  expect_in err.txt "lg: is a directory, not a file"
+  prep_corpus
+  run 0 partita exec "$tiny" --data corpus --iters 2 --save ckpt -o run.json
+  gen=$(ls -d ckpt/gen-*)
+  cp -r ckpt in-ckpt
+  rm "$gen/adam_v"; mkdir "$gen/adam_v"
+  run 2 partita exec "$tiny" --data corpus --iters 3 --load ckpt
+  expect_in err.txt "$gen/adam_v: is a directory, not the blob the manifest records"
+  one_line
+  rm -rf ckpt; cp -r in-ckpt ckpt
+  rm "$gen/generation.json"
+  run 2 partita exec "$tiny" --data corpus --iters 3 --load "$gen"
+  expect_in err.txt "$gen: no generation.json: this generation was not committed"
+  # a full standard output: the reason, and the exit status the help
+  # promises for an output that cannot be written
+  partita export "$tiny" --to megatron >/dev/full 2>err.txt
+  status=$?
+  [ "$status" = 2 ] || fail "export onto a full standard output: exit $status"
+  expect_in err.txt "standard output: write failed: No space left on device"
+  # a run.json with an iteration twice, as a Megatron log with one is
+  python3 - <<'PY'
+import json
+run = json.load(open("run.json"))
+run["iterations"][1]["iteration"] = run["iterations"][0]["iteration"]
+json.dump(run, open("twice.json", "w"))
+PY
+  run 2 partita report "$tiny" twice.json --any-device -o rep
+  expect_in err.txt "twice.json: iterations\[1\].iteration: 1 after iteration 1: iterations must increase"
+  one_line
+  ;;
 *)
   fail "unknown case $case_name"
   ;;
