@@ -15,11 +15,13 @@ int __wrap_rename(const char *from, const char *to);
 /* Calls still to pass before the fault; -1: no fault armed. */
 static long reads_left = -1, renames_left = -1;
 static int read_error, rename_error;
+static bool read_fired;
 
 void fault_fail_read_after(long calls_before, int error)
 {
     reads_left = calls_before;
     read_error = error;
+    read_fired = false;
 }
 
 void fault_fail_rename_after(long calls_before, int error)
@@ -32,12 +34,19 @@ void fault_clear(void)
 {
     reads_left = -1;
     renames_left = -1;
+    read_fired = false;
+}
+
+bool fault_read_fired(void)
+{
+    return read_fired;
 }
 
 ssize_t __wrap_read(int fd, void *buffer, size_t size)
 {
     if (reads_left == 0) {
         reads_left = -1;
+        read_fired = true;
         errno = read_error;
         return -1;
     }

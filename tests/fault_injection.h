@@ -7,6 +7,8 @@
 #ifndef PARTITA_TESTS_FAULT_INJECTION_H
 #define PARTITA_TESTS_FAULT_INJECTION_H
 
+#include <stdbool.h>
+
 /* The next `calls_before` reads succeed, then one fails with `error`;
  * the calls after it succeed again. -1 (the default) fails none. */
 void fault_fail_read_after(long calls_before, int error);
@@ -14,5 +16,7 @@ void fault_fail_read_after(long calls_before, int error);
 void fault_fail_rename_after(long calls_before, int error);
 /* No faults. */
 void fault_clear(void);
+/* Whether an armed read fault failed a read since it was armed. */
+bool fault_read_fired(void);
 
 #endif
