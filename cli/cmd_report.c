@@ -51,7 +51,8 @@ static void print_report_help(void)
         "60; then it is stopped and the report has no charts).\n"
         "Without a working gnuplot the tables and the trace are still written.\n"
         "Exit status 2 when the plan, the run or the log is invalid (a\n"
-        "log's message names the line).\n");
+        "log's message names the line), or the folder cannot take the\n"
+        "report (a full disk).\n");
 }
 
 typedef struct report_arguments {
@@ -178,8 +179,9 @@ static int write_report(const report_arguments *args, const plan *p,
     report_outcome outcome;
     pt_error err = {{0}};
     if (report_write(&input, args->output_dir, &outcome, &err) != 0) {
+        /* a folder that cannot take the report is an unwritable output */
         cli_error("report", err.message);
-        return EXIT_FAILURE_RUN;
+        return EXIT_BAD_INPUT;
     }
     if (!outcome.charts_written) {
         /* the reason may quote gnuplot's own error line */

@@ -216,6 +216,14 @@ PY
   run 2 partita report "$tiny" twice.json --any-device -o rep
   expect_in err.txt "twice.json: iterations\[1\].iteration: 1 after iteration 1: iterations must increase"
   one_line
+  # a disk too full for the charts: said so, exit 2, rather than a
+  # warning that blames gnuplot (a stand-in gnuplot meets the full disk)
+  printf '#!/bin/sh\necho "charts.gp, line 9: cannot write step_time.png: No space left on device" >&2\nexit 1\n' >in-full.sh
+  chmod +x in-full.sh
+  PARTITA_GNUPLOT="$work/in-full.sh" run 2 partita report "$tiny" -o full
+  expect_in err.txt "full: no space left on the disk: the charts could not be written"
+  one_line
+  [ ! -e full/report.md ] || fail "report.md written beside charts that failed"
   ;;
 *)
   fail "unknown case $case_name"
