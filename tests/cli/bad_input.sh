@@ -114,11 +114,16 @@ two-runs-one-folder)
   "$partita_binary" exec "$tiny" --data corpus --iters 1000000 \
     --log-interval 1 --save ckpt -o first.json >first.txt 2>&1 &
   first=$!
+  # a failing check must not leave it training for a million iterations
+  trap 'kill "$first" 2>/dev/null; rm -rf "$work"' EXIT
+  trap 'exit 1' TERM INT
   # the first holds the lock before its first iteration is logged
-  while ! grep -q '^iteration' first.txt; do
+  for _ in $(seq 1 1200); do
+    grep -q '^iteration' first.txt && break
     kill -0 "$first" 2>/dev/null || { cat first.txt; fail "the first run ended"; }
     sleep 0.1
   done
+  grep -q '^iteration' first.txt || fail "the first run logged no iteration"
   run 2 partita exec "$tiny" --data corpus --iters 3 --save ckpt -o second.json
   expect_in err.txt "ckpt: process $first (partita-exec) is saving checkpoints into this folder"
   one_line
