@@ -73,7 +73,16 @@ int checkpoint_lock_take(checkpoint_lock *lock, const char *dir,
     struct stat info;
     if (stat(dir, &info) != 0) {
         /* made now, so that a second run finds it locked; removed again
-           by the release when no save filled it */
+           by the release, with the parents made for it, when no save
+           filled it */
+        pt_copy_string(lock->first_made, sizeof lock->first_made, dir);
+        char parent[PT_PATH_MAX];
+        for (pt_directory_of(lock->first_made, parent, sizeof parent);
+             stat(parent, &info) != 0 &&
+             strcmp(parent, lock->first_made) != 0;
+             pt_directory_of(lock->first_made, parent, sizeof parent))
+            pt_copy_string(lock->first_made, sizeof lock->first_made,
+                           parent);
         if (checkpoint_make_directories(dir, err) != 0)
             return -1;
         lock->made_folder = true;
@@ -107,7 +116,14 @@ void checkpoint_lock_release(checkpoint_lock *lock)
     if (lock->fd >= 0)
         close(lock->fd);  /* drops the flock */
     lock->fd = -1;
-    if (lock->made_folder)
-        rmdir(lock->dir);  /* only succeeds while it is empty */
+    /* rmdir only removes an empty folder: one a save filled stays */
+    char folder[PT_PATH_MAX];
+    pt_copy_string(folder, sizeof folder, lock->dir);
+    while (lock->made_folder && rmdir(folder) == 0 &&
+           strcmp(folder, lock->first_made) != 0) {
+        char parent[PT_PATH_MAX];
+        pt_directory_of(folder, parent, sizeof parent);
+        pt_copy_string(folder, sizeof folder, parent);
+    }
     lock->made_folder = false;
 }

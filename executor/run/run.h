@@ -389,6 +389,7 @@ bool checkpoint_exists(const char *dir);
 typedef struct checkpoint_lock {
     int fd;                   /* the locked folder; -1: not held */
     bool made_folder;         /* taking it made the folder */
+    char first_made[PT_PATH_MAX]; /* the outermost folder it made */
     char dir[PT_PATH_MAX];
 } checkpoint_lock;
 

@@ -136,6 +136,9 @@ two-runs-one-folder)
   # the lock went with its process: the folder resumes and saves again
   last=$(python3 -c 'import json; print(json.load(open("first.json"))["training"]["last_checkpoint_iteration"])')
   run 0 partita exec "$tiny" --data corpus --iters $((last + 1)) --load ckpt --save ckpt -o third.json
+  # the folders a lock made go with a run refused before saving
+  run 2 partita exec "$tiny" --data missing --iters 2 --save new/deeper/ckpt
+  [ ! -e new ] || fail "a refused run left the folders of its lock"
   ;;
 inconsistent-checkpoint)
   # item 8: every CRC right, the parts in disagreement: optimizer_steps

@@ -410,6 +410,9 @@ static void second_lock_is_refused(void **state)
     checkpoint_lock_release(&second);  /* not held: nothing happens */
     checkpoint_lock_release(&first);
     assert_false(file_exists(dir));
+    char parent[512];
+    scratch_path(state, "deep", parent, sizeof parent);
+    assert_false(file_exists(parent));  /* made for it, removed with it */
     assert_int_equal(checkpoint_lock_take(&second, dir, &err), 0);
     run_state s;
     fill_state(&s, 2);
