@@ -113,6 +113,15 @@ const char *cli_output_name(const char *path);
  * before any work (pt_check_output_file / _folder): prints the reason
  * and returns -1 when it cannot be written. */
 int cli_check_output(const char *command, const char *path, bool folder);
+/* Before any work: refuses (one line, as cli_error) an output that is
+ * the same file as an input, which writing it would replace; role says
+ * what the input is ("plan", "model"). 0 when it is not. */
+int cli_check_not_input(const char *command, const char *output,
+                        const char *input, const char *role);
+/* The same against a loaded plan's file and the model and cluster files
+ * it names (older plans refer to them by path). */
+int cli_check_not_plan_input(const char *command, const char *output,
+                             const char *plan_path, const plan *p);
 /* Writes root (taken: its reference is dropped) to path with the one
  * writer; root NULL means building it failed, with err saying why. Prints
  * the reason and returns -1 on failure. */

@@ -445,6 +445,22 @@ static int locate_specs(const derive_arguments *a, char *out, size_t size,
     return 0;
 }
 
+/* The derived profile must not replace the spec table or a profile it
+ * is fitted on. */
+static int check_output_not_input(const derive_arguments *a,
+                                  const char *specs,
+                                  const derive_sources *sources,
+                                  pt_error *err)
+{
+    if (pt_check_output_not_input(a->output, specs, "spec table", err) != 0)
+        return -1;
+    for (int i = 0; i < sources->count; i++)
+        if (pt_check_output_not_input(a->output, sources->files[i],
+                                      "profile", err) != 0)
+            return -1;
+    return 0;
+}
+
 /* Everything after the arguments: returns the exit status. */
 static int derive(const derive_arguments *a, int argc, char **argv)
 {
@@ -464,6 +480,7 @@ static int derive(const derive_arguments *a, int argc, char **argv)
         gpu_spec_table_load(specs, &table, &err) != 0 ||
         find_spec(&table, specs, a->gpu, &err) == NULL ||
         load_sources(a, &table, sources, &err) != 0 ||
+        check_output_not_input(a, specs, sources, &err) != 0 ||
         roofline_fit(sources->profiles, sources->count, &fit, &err) != 0)
         goto done;
     print_fit(a, &fit);

@@ -188,9 +188,15 @@ int command_estimate(int argc, char **argv)
         cli_error("estimate", err.message);
         return EXIT_BAD_INPUT;
     }
+    if (args.output != NULL &&
+        cli_check_not_plan_input("estimate", args.output, args.plan_path,
+                                 &p) != 0) {
+        plan_free(&p);
+        return EXIT_BAD_INPUT;
+    }
     costmodel cm;
     if (costmodel_open(&cm, &p.model, &p.cluster, args.profiles, &err) != 0) {
-        cli_error("estimate", err.message);
+        cli_error_in("estimate", args.plan_path, err.message);
         plan_free(&p);
         return EXIT_BAD_INPUT;
     }

@@ -89,14 +89,16 @@ static void print_exec_help(void)
         "  --min-lr X           learning rate at the end of the cosine decay\n"
         "                       (--lr / 10)\n"
         "  --save DIR           write checkpoints here: every\n"
-        "                       --save-interval iterations and at the end\n"
+        "                       --save-interval iterations and at the end;\n"
+        "                       one run at a time saves into a DIR\n"
         "  --save-interval N    iterations between checkpoints (0: at the\n"
         "                       end only)\n"
         "  --keep-checkpoints N generations of checkpoints kept in DIR, the\n"
         "                       newest included (2); an older one loads\n"
         "                       from its folder, --load DIR/gen-NNNNNN\n"
         "  --overwrite          --save into a DIR that holds a checkpoint\n"
-        "                       this run does not --load (else refused)\n"
+        "                       this run does not --load (else refused;\n"
+        "                       never into another program's folder)\n"
         "  --load DIR           resume from the checkpoint in DIR\n"
         "  --comm-timeout S     parallel runs: seconds a rank waits for a\n"
         "                       peer before the run fails (3600 on cpu,\n"
@@ -588,12 +590,33 @@ static int record_what_finished(const exec_arguments *args, const plan *p,
     return 0;
 }
 
+/* run.json must not replace an input: the plan (and the files it
+ * names) or the dataset's two files. */
+static int check_output_not_input(const exec_arguments *args, const plan *p)
+{
+    if (cli_check_not_plan_input("exec", args->output, args->plan_path,
+                                 p) != 0)
+        return -1;
+    const char *const suffixes[] = {".bin", ".idx"};
+    for (int i = 0; i < 2; i++) {
+        char path[PT_PATH_MAX + 8];
+        snprintf(path, sizeof path, "%s%s", args->data_prefix, suffixes[i]);
+        if (cli_check_not_input("exec", args->output, path, "dataset") != 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int load_exec_plan(const exec_arguments *args, plan *p)
 {
     pt_error err = {{0}};
     if (plan_load_file(args->plan_path, p, &err) != 0 ||
         run_check_plan(p, &err) != 0) {
         cli_error_in("exec", args->plan_path, err.message);
+        plan_free(p);
+        return -1;
+    }
+    if (check_output_not_input(args, p) != 0) {
         plan_free(p);
         return -1;
     }

@@ -98,18 +98,16 @@ static int write_export(const char *text, const export_arguments *args,
                         const plan *p)
 {
     bool to_stdout = args->output == NULL || strcmp(args->output, "-") == 0;
-    if (to_stdout) {
-        if (fputs(text, stdout) == EOF || fflush(stdout) != 0) {
-            cli_error("export", "cannot write to standard output");
-            return EXIT_FAILURE_RUN;
-        }
-        return EXIT_OK;
-    }
     pt_error err = {{0}};
-    if (pt_write_file_atomic(args->output, text, strlen(text), &err) != 0) {
+    /* standard output too goes through the one writer, whose message
+       says why a write failed ("No space left on device") */
+    if (pt_write_file_atomic(to_stdout ? "-" : args->output, text,
+                             strlen(text), &err) != 0) {
         cli_error("export", err.message);
         return EXIT_BAD_INPUT;
     }
+    if (to_stdout)
+        return EXIT_OK;
     interop_notes notes;
     interop_notes_of(p, (interop_target)args->target, &notes);
     fprintf(stderr, "partita export: wrote %s (%s, %d note%s inside)\n",
@@ -133,6 +131,12 @@ int command_export(int argc, char **argv)
     plan p;
     if (plan_load_file(args.plan_path, &p, &err) != 0) {
         cli_error("export", err.message);
+        return EXIT_BAD_INPUT;
+    }
+    if (args.output != NULL &&
+        cli_check_not_plan_input("export", args.output, args.plan_path,
+                                 &p) != 0) {
+        plan_free(&p);
         return EXIT_BAD_INPUT;
     }
     char *text = export_text(&p, &args, &err);

@@ -464,6 +464,11 @@ static int load_inputs(const plan_arguments *args, plan_inputs *in,
         cli_locate("clusters", args->cluster, in->cluster_path,
                    sizeof in->cluster_path, err) != 0)
         return -1;
+    if (pt_check_output_not_input(args->output, in->model_path, "model",
+                                  err) != 0 ||
+        pt_check_output_not_input(args->output, in->cluster_path, "cluster",
+                                  err) != 0)
+        return -1;
     if (model_load_file(in->model_path, &in->model, err) != 0)
         return -1;
     return cluster_load_file(in->cluster_path, &in->cluster, err);

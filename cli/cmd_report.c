@@ -51,7 +51,8 @@ static void print_report_help(void)
         "60; then it is stopped and the report has no charts).\n"
         "Without a working gnuplot the tables and the trace are still written.\n"
         "Exit status 2 when the plan, the run or the log is invalid (a\n"
-        "log's message names the line).\n");
+        "log's message names the line), or the folder cannot take the\n"
+        "report (a full disk).\n");
 }
 
 typedef struct report_arguments {
@@ -178,8 +179,9 @@ static int write_report(const report_arguments *args, const plan *p,
     report_outcome outcome;
     pt_error err = {{0}};
     if (report_write(&input, args->output_dir, &outcome, &err) != 0) {
+        /* a folder that cannot take the report is an unwritable output */
         cli_error("report", err.message);
-        return EXIT_FAILURE_RUN;
+        return EXIT_BAD_INPUT;
     }
     if (!outcome.charts_written) {
         /* the reason may quote gnuplot's own error line */
@@ -203,7 +205,7 @@ static int estimate_and_report(const report_arguments *args, const plan *p,
     costmodel cm;
     if (costmodel_open(&cm, &p->model, &p->cluster, args->profiles, &err) !=
         0) {
-        cli_error("report", err.message);
+        cli_error_in("report", args->plan_path, err.message);
         return EXIT_BAD_INPUT;
     }
     estimate est;
@@ -227,13 +229,34 @@ static int estimate_and_report(const report_arguments *args, const plan *p,
     return status;
 }
 
+/* The report's files must not replace its inputs (a plan named
+ * trace.json in the report folder, say). */
+static int check_outputs_not_inputs(const report_arguments *args)
+{
+    const char *const written[] = {"report.md", "trace.json"};
+    const char *const inputs[] = {args->plan_path, args->run_path,
+                                  args->log_path};
+    const char *const roles[] = {"plan", "run record", "training log"};
+    for (int w = 0; w < 2; w++) {
+        char output[PT_PATH_MAX + 16];
+        snprintf(output, sizeof output, "%s/%s", args->output_dir,
+                 written[w]);
+        for (int i = 0; i < 3; i++)
+            if (cli_check_not_input("report", output, inputs[i],
+                                    roles[i]) != 0)
+                return -1;
+    }
+    return 0;
+}
+
 int command_report(int argc, char **argv)
 {
     report_arguments args = {0};
     int parsed = parse_report_arguments(argc, argv, &args);
     if (parsed != 0)
         return parsed > 0 ? EXIT_OK : EXIT_BAD_INPUT;
-    if (cli_check_output("report", args.output_dir, true) != 0)
+    if (cli_check_output("report", args.output_dir, true) != 0 ||
+        check_outputs_not_inputs(&args) != 0)
         return EXIT_BAD_INPUT;
     pt_error err = {{0}};
     plan p;
@@ -251,7 +274,8 @@ int command_report(int argc, char **argv)
                      : megatron_log_load_file(args.log_path, &p,
                                               &args.log_options, &run, &err);
     else if (have_run && (run_record_load_file(args.run_path, &run, &err) != 0 ||
-                          run_record_check_plan(&run, &p, &err) != 0))
+                          run_record_check_plan(&run, &p, &err) != 0 ||
+                          run_record_check_same_plan(&run, &p, &err) != 0))
         loaded = -1;
     if (loaded != 0) {
         cli_error("report", err.message);

@@ -51,6 +51,34 @@ int cli_check_output(const char *command, const char *path, bool folder)
     return status;
 }
 
+int cli_check_not_input(const char *command, const char *output,
+                        const char *input, const char *role)
+{
+    pt_error err = {{0}};
+    if (pt_check_output_not_input(output, input, role, &err) == 0)
+        return 0;
+    cli_error(command, err.message);
+    return -1;
+}
+
+int cli_check_not_plan_input(const char *command, const char *output,
+                             const char *plan_path, const plan *p)
+{
+    if (cli_check_not_input(command, output, plan_path, "plan") != 0)
+        return -1;
+    const char *const refs[] = {p->model_ref, p->cluster_ref};
+    const char *const roles[] = {"model", "cluster"};
+    for (int i = 0; i < 2; i++) {
+        if (refs[i][0] == '\0')
+            continue;
+        char path[PT_PATH_MAX];
+        pt_resolve_path(p->source_dir, refs[i], path, sizeof path);
+        if (cli_check_not_input(command, output, path, roles[i]) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 int cli_write_json(const char *command, json_t *root, const char *path,
                    pt_error *err)
 {

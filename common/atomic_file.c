@@ -195,6 +195,20 @@ static int locate_output(const char *path, output_place *out, pt_error *err)
     return 0;
 }
 
+int pt_output_target(const char *path, char *resolved, size_t size,
+                     pt_error *err)
+{
+    output_place place;
+    if (locate_output(path, &place, err) != 0)
+        return -1;
+    if (place.kind != OUTPUT_REPLACE)
+        return pt_fail(err, "%s: not a regular file (a file written in "
+                            "steps is renamed into place)",
+                       path);
+    pt_copy_string(resolved, size, place.resolved);
+    return 0;
+}
+
 /* Writes to standard output or through a device or FIFO: no temporary,
  * no rename (there is nothing to replace atomically). */
 static int write_through(const output_place *place, const char *path,
@@ -323,4 +337,28 @@ int pt_check_output_folder(const char *dir, pt_error *err)
         pt_copy_string(existing, sizeof existing, parent);
     }
     return probe_folder(existing, dir, err);
+}
+
+/* ------------------------------------------- an output that is an input */
+
+int pt_check_output_not_input(const char *output, const char *input,
+                              const char *input_role, pt_error *err)
+{
+    if (output == NULL || input == NULL || strcmp(output, "-") == 0)
+        return 0;
+    struct stat written, read;
+    /* stat follows links: a link to the input is the input */
+    if (stat(output, &written) != 0 || stat(input, &read) != 0)
+        return 0;
+    if (written.st_dev != read.st_dev || written.st_ino != read.st_ino ||
+        !S_ISREG(written.st_mode))
+        return 0;
+    if (strcmp(output, input) == 0)
+        return pt_fail(err, "%s: the output is the %s it reads: writing it "
+                            "would replace the input; give another name",
+                       output, input_role);
+    return pt_fail(err, "%s: the output is the same file as the %s %s: "
+                        "writing it would replace the input; give another "
+                        "name",
+                   output, input_role, input);
 }

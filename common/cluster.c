@@ -35,6 +35,25 @@ static const char *const type_link_keys[] = {
 static const char *const device_keys[] = {"index", "sm_limit",
                                           "memory_limit_gib", NULL};
 
+/* The bytes of the character that starts at c, as a message quotes it:
+ * a whole UTF-8 character ("é", not its first byte "\xc3"), or the byte
+ * as \xNN where the text is not UTF-8 there. */
+static void quote_character(const char *c, char *out, size_t size)
+{
+    unsigned char lead = (unsigned char)*c;
+    int length = lead >= 0xf0 && lead <= 0xf4   ? 4
+                 : lead >= 0xe0 && lead <= 0xef ? 3
+                 : lead >= 0xc2 && lead <= 0xdf ? 2
+                                                : 1;
+    for (int i = 1; i < length; i++)
+        if (((unsigned char)c[i] & 0xc0) != 0x80)
+            length = 0;  /* a lead byte without its continuation */
+    if (lead < 0x80 || length > 1)
+        snprintf(out, size, "%.*s", lead < 0x80 ? 1 : length, c);
+    else
+        snprintf(out, size, "\\x%02x, not UTF-8", lead);
+}
+
 /* Names end up in node names ("a10[3]") and profile file names, so they
  * keep to characters that are safe in both. */
 static int check_identifier(const char *text, const json_place *place,
@@ -44,12 +63,15 @@ static int check_identifier(const char *text, const json_place *place,
         return json_place_fail(place, err, "must not be empty");
     for (const char *c = text; *c != '\0'; c++) {
         if (!isalnum((unsigned char)*c) && *c != '-' && *c != '_' &&
-            *c != '.' && *c != '+')
+            *c != '.' && *c != '+') {
+            char found[16];
+            quote_character(c, found, sizeof found);
             return json_place_fail(
                 place, err,
                 "%s \"%s\" may hold only letters, digits, '-', '_', '.' and "
-                "'+', found '%c'",
-                what, text, *c);
+                "'+' (ASCII), found '%s'",
+                what, text, found);
+        }
     }
     if (strcmp(text, ".") == 0 || strcmp(text, "..") == 0)
         return json_place_fail(place, err, "%s \"%s\" is not a name", what,

@@ -721,6 +721,20 @@ int pt_check_output_file(const char *path, pt_error *err);
  * file. */
 int pt_check_output_folder(const char *dir, pt_error *err);
 
+/* Where a file written in steps under path must be renamed to: the
+ * file at the end of its symbolic links (the links stay), in resolved;
+ * -1 for a directory, a device, a FIFO or "-", which cannot be replaced
+ * by a rename. */
+int pt_output_target(const char *path, char *resolved, size_t size,
+                     pt_error *err);
+/* Before any work: -1 when output names (through links or another path)
+ * the same regular file as input, which writing it would replace, e.g.
+ * "p.json: the output is the plan it reads: ..."; input_role ("plan",
+ * "model", "dataset") says what the input is. 0 when either is missing
+ * or NULL, or output is "-". */
+int pt_check_output_not_input(const char *output, const char *input,
+                              const char *input_role, pt_error *err);
+
 /* Writes all of data, retrying short writes and EINTR; 0 or -1 (errno). */
 int pt_write_fully(int fd, const void *data, size_t size);
 /* Creates an empty temporary file beside target ("target.tmp.<pid>.<n>",
@@ -740,6 +754,48 @@ int pt_publish_temp_file(int fd, const char *temp_path, const char *target,
                          pt_error *err);
 /* fsyncs a directory so that renames and creations inside it last. */
 int pt_sync_directory(const char *dir, pt_error *err);
+
+/* ---------------------------------------------------------- input files */
+
+/*
+ * Input files read through read(2) (common/file_reader.c): a failed read
+ * is an error naming the file and the reason, never taken for the end of
+ * the file, and nothing is read past a bound, so an endless input
+ * (/dev/zero, a FIFO, one line of 400 MB) is refused in one line rather
+ * than exhausting memory. A directory is refused as one.
+ */
+
+/* A file read line by line. */
+typedef struct pt_line_reader {
+    const char *path;          /* as the user gave it, for messages */
+    int fd;                    /* -1 when closed */
+    size_t max_line;           /* bytes a line may hold, newline excluded */
+    char *buffer;              /* owned: bytes read, not yet returned */
+    size_t capacity, start, end;
+    bool at_end;               /* read(2) said end of file */
+    bool ended_by_newline;     /* of the last line returned */
+    uint64_t line_number;      /* of the last line returned, from 1 */
+    uint64_t bytes_read;
+} pt_line_reader;
+
+int pt_line_reader_open(pt_line_reader *r, const char *path,
+                        size_t max_line, pt_error *err);
+/* 1 with the next line in *line (without its newline, NUL-terminated,
+ * valid until the next call; it may hold NUL bytes, *length counts
+ * them), 0 at the end of the file, -1 with err on a read error or a line
+ * longer than max_line ("in.txt:3: the line is longer than ..."). */
+int pt_line_reader_next(pt_line_reader *r, char **line, size_t *length,
+                        pt_error *err);
+void pt_line_reader_close(pt_line_reader *r);
+
+/* The whole file, NUL-terminated, in *data (the caller frees), its size
+ * in *size; -1 with err on a read error or past max_bytes. */
+int pt_read_file(const char *path, size_t max_bytes, char **data,
+                 size_t *size, pt_error *err);
+
+/* The most a JSON input file (model, cluster, profile, plan, run.json,
+ * manifest) may hold: far above any real one. */
+#define PT_JSON_MAX_BYTES ((size_t)256 << 20)
 
 /* Little-endian loads and stores of 1 to 8 bytes at any alignment (the
  * byte order of datasets and checkpoints). */

@@ -14,21 +14,20 @@
 
 json_t *pt_json_load_file(const char *path, pt_error *err)
 {
-    FILE *file = fopen(path, "rb");
-    if (file == NULL) {
-        pt_fail(err, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
     struct stat info;
-    if (fstat(fileno(file), &info) == 0 && S_ISDIR(info.st_mode)) {
-        fclose(file);
+    if (stat(path, &info) == 0 && S_ISDIR(info.st_mode)) {
         pt_fail(err, "%s: is a directory, not a JSON file", path);
         return NULL;
     }
+    char *text = NULL;
+    size_t size = 0;
+    if (pt_read_file(path, PT_JSON_MAX_BYTES, &text, &size, err) != 0)
+        return NULL;
     json_error_t parse_error;
     /* Duplicate keys are as suspicious as unknown ones. */
-    json_t *root = json_loadf(file, JSON_REJECT_DUPLICATES, &parse_error);
-    fclose(file);
+    json_t *root = json_loadb(text, size, JSON_REJECT_DUPLICATES,
+                              &parse_error);
+    free(text);
     if (root == NULL)
         pt_fail(err, "%s:%d:%d: malformed JSON: %s", path, parse_error.line,
                 parse_error.column, parse_error.text);

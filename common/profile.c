@@ -1019,7 +1019,9 @@ int profile_find(const char *gpu, const char *extra_dir,
     } places[] = {
         {extra_dir, "--profiles"},
         {getenv("PARTITA_PROFILES"), "$PARTITA_PROFILES"},
-        {beside_cluster, "beside the cluster file"},
+        /* an inline cluster's file is the plan's */
+        {beside_cluster,
+         "beside the folder of the file holding the cluster"},
         {source_tree, "source tree"},
         {installed, "installed"},
     };

@@ -398,6 +398,14 @@ static int read_iterations(const json_t *root, const json_place *root_place,
             json_get_number(obj, &item, "loss", false, -INFINITY, INFINITY,
                             &it->loss, err) != 0)
             return -1;
+        /* as in a trainer's log: two runs in one file, or a hand edit */
+        if (i > 0 && iteration <= out->iterations[i - 1].iteration) {
+            json_place number = json_place_key(&item, "iteration");
+            return json_place_fail(&number, err,
+                                   "%lld after iteration %ld: iterations "
+                                   "must increase",
+                                   iteration, out->iterations[i - 1].iteration);
+        }
         it->iteration = (long)iteration;
         out->iteration_count++;
     }

@@ -7,6 +7,7 @@
  * plan, on a cluster of as many nodes of one type as its GPUs need.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,14 +193,20 @@ static bool row_selected(const row_cells *header, const row_cells *row,
     return value != NULL && strcmp(value, options->where_value) == 0;
 }
 
-static int read_header(FILE *file, const char *path, char *header_line,
-                       row_cells *header, pt_error *err)
+/* The header line, copied into header_line (the reader's line is valid
+ * only until its next call). */
+static int read_header(pt_line_reader *reader, const char *path,
+                       char *header_line, row_cells *header, pt_error *err)
 {
-    if (fgets(header_line, RUNS_LINE_MAX, file) == NULL)
-        return pt_fail(err, "%s: %s", path,
-                       ferror(file) ? "read error before the header"
-                                    : "empty (a runs table opens with a "
-                                      "header line naming its columns)");
+    char *line = NULL;
+    size_t length = 0;
+    int got = pt_line_reader_next(reader, &line, &length, err);
+    if (got < 0)
+        return -1;
+    if (got == 0)
+        return pt_fail(err, "%s: empty (a runs table opens with a header "
+                       "line naming its columns)", path);
+    memcpy(header_line, line, length + 1);
     split_row(header_line, header);
     for (int k = 0; required_columns[k]; k++)
         if (column_index(header, required_columns[k]) < 0)
@@ -262,22 +269,23 @@ int runs_table_load(const char *path, const runs_table_options *options,
     if (options->cluster == NULL)
         return pt_fail(err, "%s: a runs table needs the cluster its runs ran "
                        "on (--cluster FILE)", path);
-    FILE *file = fopen(path, "r");
-    if (file == NULL)
-        return pt_fail(err, "%s: %s", path, strerror(errno));
-    char header_line[RUNS_LINE_MAX], line_text[RUNS_LINE_MAX];
+    pt_line_reader reader;
+    if (pt_line_reader_open(&reader, path, RUNS_LINE_MAX - 1, err) != 0)
+        return -1;
+    char header_line[RUNS_LINE_MAX];
     row_cells header, row;
-    int status = read_header(file, path, header_line, &header, err);
+    int status = read_header(&reader, path, header_line, &header, err);
     int capacity = 0;
-    long line = 1;
-    while (status == 0 && fgets(line_text, sizeof line_text, file) != NULL) {
-        line++;
-        if (strchr(line_text, '\n') == NULL && !feof(file)) {
-            status = pt_fail(err, "%s:%ld: line longer than %d bytes", path,
-                             line, RUNS_LINE_MAX - 1);
+    char *line_text = NULL;
+    size_t length = 0;
+    while (status == 0) {
+        int got = pt_line_reader_next(&reader, &line_text, &length, err);
+        if (got <= 0) {
+            status = got;
             break;
         }
-        if (line_text[strspn(line_text, " \r\n")] == '\0')
+        long line = (long)reader.line_number;
+        if (line_text[strspn(line_text, " \r")] == '\0')
             continue;
         split_row(line_text, &row);
         if (*count == capacity) {
@@ -297,9 +305,7 @@ int runs_table_load(const char *path, const runs_table_options *options,
         if (status == 0 && taken)
             (*count)++;
     }
-    if (status == 0 && ferror(file))
-        status = pt_fail(err, "%s: read error after line %ld", path, line);
-    fclose(file);
+    pt_line_reader_close(&reader);
     if (status == 0 && *count == 0)
         status = pt_fail(err, "%s: no run%s", path,
                          options->where_column ? " matches the filter" : "");

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -506,8 +507,14 @@ static int move_charts(const char *work_dir, const char *dir,
         snprintf(drawn, sizeof drawn, "%s/%s", work_dir, charts->files[i]);
         struct stat info;
         if (stat(drawn, &info) != 0 || info.st_size == 0) {
-            snprintf(reason, reason_size, "gnuplot drew no %s",
-                     charts->files[i]);
+            /* gnuplot says nothing when the disk is full: its files
+               still fill it now, before the work folder goes */
+            struct statvfs space;
+            bool full = statvfs(work_dir, &space) == 0 &&
+                        space.f_bavail == 0;
+            snprintf(reason, reason_size, "gnuplot drew no %s%s%s",
+                     charts->files[i], full ? ": " : "",
+                     full ? strerror(ENOSPC) : "");
             return -1;
         }
     }

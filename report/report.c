@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 /* mkdir -p: creates dir and its missing parents. */
 static int make_directory(const char *dir, pt_error *err)
@@ -65,23 +66,41 @@ static int write_trace(const report_input *in, const char *dir,
     return status;
 }
 
-static void draw_charts(const report_input *in, const char *dir,
-                        report_outcome *outcome, pt_error *err)
+/* Whether charts failed for want of disk space: gnuplot said so, or the
+ * folder's file system has no block left. That is an output that cannot
+ * be written, not a missing chart program. */
+static bool disk_is_full(const char *dir, const char *chart_warning)
+{
+    struct statvfs space;
+    return strstr(chart_warning, strerror(ENOSPC)) != NULL ||
+           (statvfs(dir, &space) == 0 && space.f_bavail == 0);
+}
+
+/* Charts are optional (no gnuplot: a warning), a full disk is not. */
+static int draw_charts(const report_input *in, const char *dir,
+                       report_outcome *outcome, pt_error *err)
 {
     report_comparison cmp;
     if (report_compare(in->plan, in->estimate, in->run, &cmp, err) != 0) {
         pt_copy_string(outcome->chart_warning, sizeof outcome->chart_warning,
                        err->message);
-        return;
+        return 0;
     }
     report_outcome charts = {0};
+    int status = 0;
     if (report_draw_charts(in, &cmp, dir, &charts, outcome->chart_warning,
                            sizeof outcome->chart_warning) == 0) {
         outcome->charts_written = true;
         for (int i = 0; i < charts.file_count; i++)
             add_file(outcome, charts.files[i]);
+    } else if (disk_is_full(dir, outcome->chart_warning)) {
+        status = pt_fail(err, "%s: no space left on the disk: the charts "
+                              "could not be written (%s); report.md was "
+                              "not written",
+                         dir, outcome->chart_warning);
     }
     report_comparison_free(&cmp);
+    return status;
 }
 
 int report_write(const report_input *in, const char *dir,
@@ -94,7 +113,8 @@ int report_write(const report_input *in, const char *dir,
         return -1;
     if (write_trace(in, dir, outcome, err) != 0)
         return -1;
-    draw_charts(in, dir, outcome, err);
+    if (draw_charts(in, dir, outcome, err) != 0)
+        return -1;
     char *text = report_markdown(in, outcome->charts_written,
                                  outcome->chart_warning, err);
     if (text == NULL)

@@ -41,6 +41,8 @@ typedef struct run_record {
     /* Read from a training log rather than a run.json: what it held and
      * lacked, a paragraph for the report's header ("" for a run.json). */
     char log_summary[1024];
+    json_t *plan_json;              /* owned reference: run.json's "plan"
+                                       (NULL for a log) */
 } run_record;
 
 /* Readers zero *out first and free what they built on failure. Messages
@@ -61,6 +63,13 @@ int run_record_check_plan(const run_record *run, const plan *p,
  * (+287,904 %), not the cost model with the GPUs. A cuda run was checked
  * against the cluster's GPU types before it started (device_check_plan)
  * and a trainer's log is of the plan's launch: both are. */
+/* Fails, naming the first field that differs ("plan.model.hidden"),
+ * when the whole plan recorded in a run.json (model, cluster, partition,
+ * node order, levers) is not the plan being reported: a run of another
+ * plan compares nothing. A record read from a log holds no plan: 0. */
+int run_record_check_same_plan(const run_record *run, const plan *p,
+                               pt_error *err);
+
 bool run_record_on_plan_devices(const run_record *run, const plan *p,
                                 char *why, size_t why_size);
 

@@ -39,21 +39,21 @@ void train_log_close(train_log *log)
 int train_log_each_line(train_log *log, train_log_line_fn line_fn,
                         void *state, pt_error *err)
 {
-    FILE *file = fopen(log->path, "r");
-    if (file == NULL)
-        return pt_fail(err, "%s: cannot open: %s", log->path,
-                       strerror(errno));
-    char *line = NULL;
-    size_t capacity = 0;
-    ssize_t length;
-    int number = 0, status = 0;
-    while (status == 0 && (length = getline(&line, &capacity, file)) >= 0) {
-        number++;
-        bool cut = length == 0 || line[length - 1] != '\n';
-        while (length > 0 &&
-               (line[length - 1] == '\n' || line[length - 1] == '\r'))
+    pt_line_reader reader;
+    if (pt_line_reader_open(&reader, log->path, TRAIN_LOG_MAX_LINE_BYTES,
+                            err) != 0)
+        return -1;
+    char *line;
+    size_t length;
+    int status = 0, more = 0;
+    while (status == 0 &&
+           (more = pt_line_reader_next(&reader, &line, &length, err)) > 0) {
+        int number = reader.line_number > INT_MAX ? INT_MAX
+                                                  : (int)reader.line_number;
+        bool cut = !reader.ended_by_newline;
+        while (length > 0 && line[length - 1] == '\r')
             line[--length] = '\0';
-        if ((size_t)length != strlen(line)) {
+        if (length != strlen(line)) {
             status = pt_fail(err, "%s:%d: a NUL byte inside the line: not a "
                                   "text log", log->path, number);
             break;
@@ -63,11 +63,9 @@ int train_log_each_line(train_log *log, train_log_line_fn line_fn,
             status = -1;
         }
     }
-    if (status == 0 && ferror(file))
-        status = pt_fail(err, "%s: read error after line %d", log->path,
-                         number);
-    free(line);
-    fclose(file);
+    if (status == 0 && more < 0)
+        status = -1;
+    pt_line_reader_close(&reader);
     return status;
 }
 

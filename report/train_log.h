@@ -35,10 +35,15 @@ int train_log_open(train_log *log, const char *path, const plan *p,
                    const char *trainer, pt_error *err);
 void train_log_close(train_log *log);
 
+/* The longest line a trainer's log may hold: theirs are a few hundred
+ * bytes; past it (/dev/zero, a binary file) the log is refused. */
+#define TRAIN_LOG_MAX_LINE_BYTES ((size_t)1 << 20)
+
 /* Calls line_fn for every line of the file with its 1-based number; cut
  * is true for a last line without its newline (the log may have been
  * cut off inside it). line_fn fills err with the reason alone; the
- * message becomes "PATH:LINE: reason". */
+ * message becomes "PATH:LINE: reason". A read error, or a line longer
+ * than TRAIN_LOG_MAX_LINE_BYTES, ends the reading with an error. */
 typedef int (*train_log_line_fn)(train_log *log, void *state,
                                  const char *line, int number, bool cut,
                                  pt_error *err);

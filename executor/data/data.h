@@ -112,6 +112,9 @@ int indexed_dataset_read_tokens(const indexed_dataset *ds, uint64_t sequence,
  */
 typedef struct indexed_writer {
     char prefix[PT_PATH_MAX];
+    char bin_target[PT_PATH_MAX];   /* PREFIX.bin, or the file its
+                                       symbolic links lead to */
+    char idx_target[PT_PATH_MAX];   /* the same for PREFIX.idx */
     char bin_temp[PT_PATH_MAX];     /* temporary .bin, "" when none */
     int bin_fd;                     /* -1 when closed */
     int dtype;
@@ -145,6 +148,10 @@ int indexed_dataset_write(const char *prefix, int dtype,
 /* The byte-level tokenizer: token = byte value, then end-of-document. */
 #define PREP_EOD_TOKEN 256u
 #define PREP_VOCAB_SIZE 257
+/* The longest input line prep reads (a JSON line holds a whole
+ * document): past it the input is refused, not read to the end of
+ * memory. */
+#define PREP_MAX_LINE_BYTES ((size_t)64 << 20)
 
 typedef enum prep_format {
     PREP_FORMAT_TEXT,   /* documents separated by blank lines */

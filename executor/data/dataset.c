@@ -97,7 +97,9 @@ static int map_file(const char *path, const unsigned char **map,
     }
     if (!S_ISREG(info.st_mode)) {
         close(fd);
-        return pt_fail(err, "%s: not a regular file", path);
+        return pt_fail(err, "%s: %s", path,
+                       S_ISDIR(info.st_mode) ? "is a directory, not a file"
+                                             : "not a regular file");
     }
     *size = (size_t)info.st_size;
     *map = NULL;
@@ -382,18 +384,25 @@ int indexed_writer_begin(indexed_writer *w, const char *prefix, int dtype,
     if (!indexed_dtype_is_integer(dtype))
         return pt_fail(err, "%s: dtype code %d (%s) cannot hold token ids",
                        prefix, dtype, indexed_dtype_name(dtype));
-    char bin_path[PT_PATH_MAX];
+    char bin_path[PT_PATH_MAX], idx_path[PT_PATH_MAX];
     int needed = snprintf(bin_path, sizeof bin_path, "%s.bin", prefix);
     if (needed < 0 || (size_t)needed >= sizeof bin_path)
         return pt_fail(err, "%s: dataset prefix too long", prefix);
+    snprintf(idx_path, sizeof idx_path, "%s.idx", prefix);
+    /* symbolic links stay: their targets get the new files */
+    if (pt_output_target(bin_path, w->bin_target, sizeof w->bin_target,
+                         err) != 0 ||
+        pt_output_target(idx_path, w->idx_target, sizeof w->idx_target,
+                         err) != 0)
+        return -1;
     pt_copy_string(w->prefix, sizeof w->prefix, prefix);
     w->dtype = dtype;
     w->item_bytes = indexed_dtype_size(dtype);
     w->staging = malloc(STAGING_TOKENS * w->item_bytes);
     if (w->staging == NULL)
         return pt_fail(err, "%s: out of memory", prefix);
-    w->bin_fd = pt_temp_file_beside(bin_path, w->bin_temp, sizeof w->bin_temp,
-                                    err);
+    w->bin_fd = pt_temp_file_beside(w->bin_target, w->bin_temp,
+                                    sizeof w->bin_temp, err);
     if (w->bin_fd < 0) {
         indexed_writer_abort(w);
         return -1;
@@ -501,18 +510,15 @@ static unsigned char *encode_index(const indexed_writer *w, size_t *size)
     return idx;
 }
 
-/* Both temporaries are complete and on disk before either is renamed. */
-static int publish_dataset(indexed_writer *w, pt_error *err)
+/* The new .idx in a finished temporary file beside its target. */
+static int write_index_temp(const indexed_writer *w, char *idx_temp,
+                            size_t temp_size, pt_error *err)
 {
-    char bin_path[PT_PATH_MAX + 8], idx_path[PT_PATH_MAX + 8];
-    char idx_temp[PT_PATH_MAX + 24];
-    snprintf(bin_path, sizeof bin_path, "%s.bin", w->prefix);
-    snprintf(idx_path, sizeof idx_path, "%s.idx", w->prefix);
     size_t idx_size;
     unsigned char *idx = encode_index(w, &idx_size);
     if (idx == NULL)
-        return pt_fail(err, "%s: out of memory for the index", idx_path);
-    int fd = pt_temp_file_beside(idx_path, idx_temp, sizeof idx_temp, err);
+        return pt_fail(err, "%s.idx: out of memory for the index", w->prefix);
+    int fd = pt_temp_file_beside(w->idx_target, idx_temp, temp_size, err);
     if (fd < 0) {
         free(idx);
         return -1;
@@ -525,17 +531,66 @@ static int publish_dataset(indexed_writer *w, pt_error *err)
         unlink(idx_temp);
         return pt_fail(err, "%s: write failed: %s", idx_temp, strerror(saved));
     }
-    if (pt_finish_temp_file(fd, idx_temp, err) != 0)
+    return pt_finish_temp_file(fd, idx_temp, err);
+}
+
+/* A second name for the .bin being replaced, so that it comes back if
+ * the .idx cannot follow ("" in *backup when there is no old .bin). */
+static int keep_old_bin(const indexed_writer *w, char *backup, size_t size,
+                        pt_error *err)
+{
+    backup[0] = '\0';
+    if (access(w->bin_target, F_OK) != 0)
+        return 0;
+    int fd = pt_temp_file_beside(w->bin_target, backup, size, err);
+    if (fd < 0)
         return -1;
-    if (pt_rename_into_place(w->bin_temp, bin_path, err) != 0) {
+    close(fd);
+    unlink(backup);
+    if (link(w->bin_target, backup) != 0) {
+        int saved = errno;
+        backup[0] = '\0';
+        return pt_fail(err, "%s: cannot keep the old file while the pair is "
+                            "replaced: %s (nothing was changed)",
+                       w->bin_target, strerror(saved));
+    }
+    return 0;
+}
+
+/* Both temporaries are complete and on disk before either is renamed;
+ * the old .bin is kept under a second name until the .idx is in place,
+ * and put back if the .idx cannot be: the pair changes together or not
+ * at all (only a crash between the two renames leaves a new .bin with
+ * the old .idx, which the reader refuses as a mismatch). */
+static int publish_dataset(indexed_writer *w, pt_error *err)
+{
+    char idx_temp[PT_PATH_MAX + 24], backup[PT_PATH_MAX + 24];
+    if (write_index_temp(w, idx_temp, sizeof idx_temp, err) != 0)
+        return -1;
+    if (keep_old_bin(w, backup, sizeof backup, err) != 0 ||
+        pt_rename_into_place(w->bin_temp, w->bin_target, err) != 0) {
         unlink(idx_temp);
+        if (backup[0] != '\0')
+            unlink(backup);
         return -1;
     }
     w->bin_temp[0] = '\0';
-    if (pt_rename_into_place(idx_temp, idx_path, err) != 0)
+    if (pt_rename_into_place(idx_temp, w->idx_target, err) != 0) {
+        if (backup[0] != '\0')
+            rename(backup, w->bin_target);
+        else
+            unlink(w->bin_target);
+        pt_error_prefix(err, "%s: not replaced, the old pair is kept",
+                        w->prefix);
         return -1;
+    }
+    if (backup[0] != '\0')
+        unlink(backup);
     char dir[PT_PATH_MAX];
-    pt_directory_of(w->prefix, dir, sizeof dir);
+    pt_directory_of(w->bin_target, dir, sizeof dir);
+    if (pt_sync_directory(dir, err) != 0)
+        return -1;
+    pt_directory_of(w->idx_target, dir, sizeof dir);
     return pt_sync_directory(dir, err);
 }
 

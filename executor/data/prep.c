@@ -89,26 +89,28 @@ static int flush_document(prep_state *state, const char *document,
                              err);
 }
 
-static int read_text(prep_state *state, FILE *input, pt_error *err)
+static int read_text(prep_state *state, pt_line_reader *input,
+                     pt_error *err)
 {
-    char *line = NULL, *document = NULL;
-    size_t line_capacity = 0, document_size = 0, document_capacity = 0;
-    ssize_t length;
-    int result = 0;
+    char *document = NULL, *line;
+    size_t document_size = 0, document_capacity = 0, length;
+    int result = 0, more = 0;
     while (result == 0 &&
-           (length = getline(&line, &line_capacity, input)) >= 0) {
-        if (is_blank(line, (size_t)length))
+           (more = pt_line_reader_next(input, &line, &length, err)) > 0) {
+        if (is_blank(line, length))
             result = flush_document(state, document, &document_size, err);
         else
             result = gather_line(state, &document, &document_size,
-                                 &document_capacity, line, (size_t)length, err);
+                                 &document_capacity, line, length, err);
+        /* inner newlines belong to the document */
+        if (result == 0 && input->ended_by_newline && !is_blank(line, length))
+            result = gather_line(state, &document, &document_size,
+                                 &document_capacity, "\n", 1, err);
     }
-    if (result == 0 && ferror(input))
-        result = pt_fail(err, "%s: read failed: %s", state->input_path,
-                         strerror(errno));
+    if (result == 0 && more < 0)
+        result = -1;
     if (result == 0)
         result = flush_document(state, document, &document_size, err);
-    free(line);
     free(document);
     return result;
 }
@@ -144,41 +146,31 @@ static int tokenize_json_line(prep_state *state, const char *line,
     return result;
 }
 
-static int read_json_lines(prep_state *state, FILE *input, pt_error *err)
+static int read_json_lines(prep_state *state, pt_line_reader *input,
+                           pt_error *err)
 {
-    char *line = NULL;
-    size_t line_capacity = 0;
-    uint64_t line_number = 0;
-    ssize_t length;
-    int result = 0;
+    char *line;
+    size_t length;
+    int result = 0, more = 0;
     while (result == 0 &&
-           (length = getline(&line, &line_capacity, input)) >= 0) {
-        line_number++;
-        if (!is_blank(line, (size_t)length))
-            result = tokenize_json_line(state, line, (size_t)length,
-                                        line_number, err);
-    }
-    if (result == 0 && ferror(input))
-        result = pt_fail(err, "%s: read failed: %s", state->input_path,
-                         strerror(errno));
-    free(line);
-    return result;
+           (more = pt_line_reader_next(input, &line, &length, err)) > 0)
+        if (!is_blank(line, length))
+            result = tokenize_json_line(state, line, length,
+                                        input->line_number, err);
+    return result == 0 && more < 0 ? -1 : result;
 }
 
 static int read_input(prep_state *state, prep_format format, pt_error *err)
 {
-    FILE *input = fopen(state->input_path, "rb");
-    if (input == NULL)
-        return pt_fail(err, "%s: cannot open: %s", state->input_path,
-                       strerror(errno));
+    pt_line_reader input;
+    if (pt_line_reader_open(&input, state->input_path, PREP_MAX_LINE_BYTES,
+                            err) != 0)
+        return -1;
     int result = format == PREP_FORMAT_JSONL
-                     ? read_json_lines(state, input, err)
-                     : read_text(state, input, err);
-    if (result == 0) {
-        long end = ftell(input);
-        state->stats.input_bytes = end > 0 ? (uint64_t)end : 0;
-    }
-    fclose(input);
+                     ? read_json_lines(state, &input, err)
+                     : read_text(state, &input, err);
+    state->stats.input_bytes = input.bytes_read;
+    pt_line_reader_close(&input);
     if (result == 0 && state->stats.documents == 0)
         result = pt_fail(err, "%s: no documents (the file is empty or blank)",
                          state->input_path);
@@ -207,10 +199,25 @@ static int check_prefix(const char *prefix, pt_error *err)
     return 0;
 }
 
+/* PREFIX.bin and PREFIX.idx must not be the input they are made from. */
+static int check_outputs_not_input(const char *prefix, const char *input,
+                                   pt_error *err)
+{
+    const char *const suffixes[] = {".bin", ".idx"};
+    for (int i = 0; i < 2; i++) {
+        char output[PT_PATH_MAX + 8];
+        snprintf(output, sizeof output, "%s%s", prefix, suffixes[i]);
+        if (pt_check_output_not_input(output, input, "input", err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 int prep_run(const char *input_path, prep_format format,
              const char *output_prefix, prep_stats *stats, pt_error *err)
 {
-    if (check_prefix(output_prefix, err) != 0)
+    if (check_prefix(output_prefix, err) != 0 ||
+        check_outputs_not_input(output_prefix, input_path, err) != 0)
         return -1;
     prep_state state = {.input_path = input_path};
     if (indexed_writer_begin(&state.writer, output_prefix, INDEXED_DTYPE_UINT16,

@@ -311,11 +311,55 @@ static int check_checkpoint_layout(const char *dir, const json_t *meta,
     return 0;
 }
 
-/* Reads meta.json and refuses a checkpoint of another model or layout,
- * naming the first field that differs. */
-static int check_checkpoint_model(const char *dir, const model_shape *shape,
-                                  const plan *p, pt_error *err)
+/* meta.json's counts against the blobs they describe. Each blob's CRC
+ * can be right while the parts disagree (a blob of another save copied
+ * in, a hand edit): resuming would then start from a state that never
+ * existed, such as iteration 4's weights with the warm-up of step 1. */
+static int check_checkpoint_counts(const char *dir, const json_t *meta,
+                                   run_context *ctx, pt_error *err)
 {
+    const char *const keys[] = {"iteration", "optimizer_steps", "seed",
+                                "param_count"};
+    const char *const holders[] = {BLOB_STEPS, BLOB_STEPS, BLOB_RNG,
+                                   "the plan's model"};
+    const unsigned long long expected[] = {
+        (unsigned long long)ctx->resume.optimizer_steps,
+        (unsigned long long)ctx->resume.optimizer_steps,
+        (unsigned long long)ctx->resume.seed,
+        (unsigned long long)ctx->param_count};
+    for (int i = 0; i < 4; i++) {
+        const json_t *value = json_object_get(meta, keys[i]);
+        if (value == NULL)
+            continue;  /* written before the field was */
+        if (!json_is_integer(value) || json_integer_value(value) < 0)
+            return pt_fail(err, "%s: %s: %s is not a count", dir, BLOB_META,
+                           keys[i]);
+        unsigned long long held =
+            (unsigned long long)json_integer_value(value);
+        if (held != expected[i])
+            return pt_fail(err, "%s: the checkpoint disagrees with itself: "
+                                "%s: %s is %llu, but %s holds %llu (parts "
+                                "of different saves?)",
+                           dir, BLOB_META, keys[i], held, holders[i],
+                           expected[i]);
+    }
+    long long gbs = ctx->plan->config.gbs;
+    if (meta_integer(meta, "gbs", ctx->plan->config.gbs, &gbs) != 0 ||
+        gbs < 1)
+        return pt_fail(err, "%s: %s: gbs is not a positive integer", dir,
+                       BLOB_META);
+    ctx->resume.samples_per_step = (long)gbs;
+    return 0;
+}
+
+/* Reads meta.json and refuses a checkpoint of another model or layout,
+ * naming the first field that differs, or one whose counts disagree
+ * with its blobs. */
+static int check_checkpoint_model(const char *dir, run_context *ctx,
+                                  pt_error *err)
+{
+    const model_shape *shape = &ctx->shape;
+    const plan *p = ctx->plan;
     uint64_t bytes = 0;
     if (checkpoint_blob_size(dir, BLOB_META, &bytes, err) != 0)
         return -1;
@@ -369,6 +413,8 @@ static int check_checkpoint_model(const char *dir, const model_shape *shape,
                          shape->tied_embeddings ? "true" : "false");
     if (status == 0)
         status = check_checkpoint_layout(dir, meta, p, err);
+    if (status == 0)
+        status = check_checkpoint_counts(dir, meta, ctx, err);
     json_decref(meta);
     return status;
 }
@@ -414,9 +460,7 @@ static int check_rank_blob_sizes(const char *dir, const run_context *ctx,
 int run_read_resume_state(run_context *ctx, pt_error *err)
 {
     const char *dir = ctx->options->load_dir;
-    if (checkpoint_verify(dir, err) != 0 ||
-        check_checkpoint_model(dir, &ctx->shape, ctx->plan, err) != 0 ||
-        check_rank_blob_sizes(dir, ctx, err) != 0)
+    if (checkpoint_verify(dir, err) != 0)
         return -1;
     unsigned char steps[8], rng[8];
     if (checkpoint_read_blob(dir, BLOB_STEPS, steps, sizeof steps, err) != 0 ||
@@ -431,6 +475,9 @@ int run_read_resume_state(run_context *ctx, pt_error *err)
     ctx->resume.optimizer_steps = (long)step_count;
     ctx->resume.seed = pt_load_le(rng, 8);
     ctx->resume.active = true;
+    if (check_checkpoint_model(dir, ctx, err) != 0 ||
+        check_rank_blob_sizes(dir, ctx, err) != 0)
+        return -1;
     const run_options *options = ctx->options;
     if (options->seed_given && options->seed != ctx->resume.seed)
         return pt_fail(err, "%s: the checkpoint was saved by a run with seed "

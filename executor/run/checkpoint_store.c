@@ -213,8 +213,7 @@ static uint64_t parse_generation(const char *entry)
     return generation;
 }
 
-/* mkdir -p: creates dir and any missing parents. */
-static int make_directories(const char *dir, pt_error *err)
+int checkpoint_make_directories(const char *dir, pt_error *err)
 {
     char path[PT_PATH_MAX];
     pt_copy_string(path, sizeof path, dir);
@@ -337,7 +336,8 @@ int checkpoint_writer_begin(checkpoint_writer *w, const char *dir,
     if (strlen(dir) + 64 >= sizeof w->dir)
         return pt_fail(err, "%s: checkpoint directory path too long", dir);
     pt_copy_string(w->dir, sizeof w->dir, dir);
-    if (make_directories(dir, err) != 0)
+    if (checkpoint_check_ours(dir, err) != 0 ||
+        checkpoint_make_directories(dir, err) != 0)
         return -1;
     /* Folders above the committed generation are leftovers of a save
      * that died before its commit. Without a readable manifest we cannot
@@ -547,6 +547,37 @@ static void stored_blob_path(const char *dir, const checkpoint_manifest *m,
         blob_path(dir, m->generation, name, out, size);
 }
 
+/* A manifest is ours when its "format" says so, whatever else is wrong
+ * with it: another program's manifest.json is never read as a damaged
+ * checkpoint, nor replaced. */
+static int check_manifest_format(const json_t *root, const char *path,
+                                 pt_error *err)
+{
+    const char *format =
+        json_string_value(json_object_get(root, "format"));
+    if (format != NULL && strcmp(format, MANIFEST_FORMAT) == 0)
+        return 0;
+    return pt_fail(err, "%s: not a Partita checkpoint (its \"format\" is "
+                        "not \"%s\"): the file belongs to another program",
+                   path, MANIFEST_FORMAT);
+}
+
+int checkpoint_check_ours(const char *dir, pt_error *err)
+{
+    char path[PT_PATH_MAX + 32];
+    bool in_folder;
+    if (!find_manifest(dir, path, sizeof path, &in_folder))
+        return 0;
+    json_t *root = pt_json_load_file(path, err);
+    if (root == NULL) {
+        pt_error_prefix(err, "not a Partita checkpoint");
+        return -1;
+    }
+    int status = check_manifest_format(root, path, err);
+    json_decref(root);
+    return status;
+}
+
 bool checkpoint_exists(const char *dir)
 {
     char path[PT_PATH_MAX + 32];
@@ -599,14 +630,11 @@ static int parse_manifest(const json_t *root, const json_place *place,
                                        "blobs", NULL};
     char format[64];
     long long version = 0, generation = 0;
-    if (json_expect_object(root, place, err) != 0 ||
+    if (check_manifest_format(root, place->file, err) != 0 ||
         json_check_keys(root, place, keys, err) != 0 ||
         json_get_string(root, place, "format", true, format, sizeof format,
                         err) != 0)
         return -1;
-    if (strcmp(format, MANIFEST_FORMAT) != 0)
-        return pt_fail(err, "%s: format: \"%s\", expected \"%s\"", place->file,
-                       format, MANIFEST_FORMAT);
     if (json_get_int(root, place, "version", true, MANIFEST_VERSION,
                      MANIFEST_VERSION, &version, err) != 0 ||
         json_get_int(root, place, "generation", true, 1, INT64_MAX,
@@ -634,6 +662,22 @@ static int parse_manifest(const json_t *root, const json_place *place,
     return 0;
 }
 
+/* Why dir has no manifest: a generation folder (gen-NNNNNN) lacks its
+ * own copy, generation.json; a checkpoint folder lacks manifest.json. */
+static int describe_missing_manifest(const char *dir, pt_error *err)
+{
+    const char *base = strrchr(dir, '/');
+    base = base != NULL ? base + 1 : dir;
+    if (parse_generation(base) != 0)
+        return pt_fail(err, "%s: no %s: this generation was not committed "
+                            "(or its copy of the manifest was removed); "
+                            "load the checkpoint folder above it instead",
+                       dir, CHECKPOINT_GENERATION_MANIFEST);
+    return pt_fail(err, "%s: no %s: no checkpoint was committed here (a "
+                        "save that died before its commit leaves none)",
+                   dir, CHECKPOINT_MANIFEST);
+}
+
 int checkpoint_read_manifest(const char *dir, checkpoint_manifest *out,
                              pt_error *err)
 {
@@ -641,9 +685,7 @@ int checkpoint_read_manifest(const char *dir, checkpoint_manifest *out,
     memset(out, 0, sizeof *out);
     bool in_folder = false;
     if (!find_manifest(dir, path, sizeof path, &in_folder))
-        return pt_fail(err, "%s: no %s: no checkpoint was committed here (a "
-                       "save that died before its commit leaves none)", dir,
-                       CHECKPOINT_MANIFEST);
+        return describe_missing_manifest(dir, err);
     json_t *root = pt_json_load_file(path, err);
     if (root == NULL)
         return -1;
@@ -671,6 +713,12 @@ static int map_verified_blob(const char *dir, const checkpoint_manifest *m,
         int saved = errno;
         close(fd);
         return pt_fail(err, "%s: cannot stat: %s", path, strerror(saved));
+    }
+    if (!S_ISREG(info.st_mode)) {
+        close(fd);
+        return pt_fail(err, "%s: %s, not the blob the manifest records", path,
+                       S_ISDIR(info.st_mode) ? "is a directory"
+                                             : "is not a regular file");
     }
     if ((uint64_t)info.st_size != blob->bytes) {
         close(fd);

@@ -43,6 +43,8 @@ typedef struct resume_state {
     long optimizer_steps;
     uint64_t seed;
     unsigned char position[DATA_POSITION_BYTES];
+    long samples_per_step;      /* gbs of the run that saved it: where
+                                   optimizer_steps leave the data */
 } resume_state;
 
 /* Everything a run holds while it trains; owned by run_training. */
@@ -85,6 +87,9 @@ typedef struct run_context {
     long event_window;          /* 1..RUN_EVENT_WINDOW */
     int ring_counts[RUN_EVENT_WINDOW]; /* events each ring entry holds */
     long iteration_capacity;    /* records out->iterations has room for */
+    checkpoint_lock save_lock;  /* of options->save_dir, held from before
+                                   the checks to the end (rank 0's
+                                   process, with one process per rank) */
 } run_context;
 
 /* -------------------------------------------------------- context.c */

@@ -121,6 +121,13 @@ static bool same_folder(const char *a, const char *b)
 int run_check_save_dir(const run_options *options, pt_error *err)
 {
     const char *save = options->save_dir;
+    if (save != NULL && checkpoint_check_ours(save, err) != 0) {
+        pt_error reason = *err;
+        return pt_fail(err, "--save %s: %s; choose another folder (one "
+                            "that is not ours is never saved into, even "
+                            "with --overwrite)",
+                       save, reason.message);
+    }
     if (save == NULL || options->overwrite_checkpoint ||
         !checkpoint_exists(save))
         return 0;

@@ -21,6 +21,31 @@
 #include <sys/resource.h>
 #include <time.h>
 
+/* Every step takes samples_per_step samples in order, so the optimizer
+ * steps say where the data stands; a position elsewhere (its epoch
+ * above all) belongs to another save. */
+static int check_resumed_position(const run_context *ctx, pt_error *err)
+{
+    uint64_t per_epoch = ctx->sampler.samples_per_epoch;
+    uint64_t taken = (uint64_t)ctx->resume.optimizer_steps *
+                     (uint64_t)ctx->resume.samples_per_step;
+    data_position expected = {.epoch = taken / per_epoch,
+                              .index = taken % per_epoch};
+    if (ctx->position.epoch == expected.epoch &&
+        ctx->position.index == expected.index)
+        return 0;
+    return pt_fail(err, "%s: the checkpoint disagrees with itself: %s: "
+                        "epoch %llu, sample %llu, but %ld optimizer steps "
+                        "of %ld samples end at epoch %llu, sample %llu "
+                        "(parts of different saves?)",
+                   ctx->options->load_dir, BLOB_POSITION,
+                   (unsigned long long)ctx->position.epoch,
+                   (unsigned long long)ctx->position.index,
+                   ctx->resume.optimizer_steps, ctx->resume.samples_per_step,
+                   (unsigned long long)expected.epoch,
+                   (unsigned long long)expected.index);
+}
+
 /* ------------------------------------------------------------- dataset */
 
 static int find_largest_token(const indexed_dataset *ds, uint32_t *out,
@@ -84,7 +109,7 @@ static int open_data(run_context *ctx, uint64_t seed, run_result *out,
                         BLOB_POSITION);
         return -1;
     }
-    return 0;
+    return check_resumed_position(ctx, err);
 }
 
 /* --------------------------------------------------------- preparation */
@@ -292,11 +317,24 @@ static int start_threads(run_context *ctx, run_result *out, pt_error *err)
     return 0;
 }
 
+/* One run at a time saves into a folder: the lock is taken before the
+ * folder is looked at, so that a second run is refused naming the first
+ * rather than finding its checkpoint (or none yet). */
+static int lock_save_folder(run_context *ctx, pt_error *err)
+{
+    const char *save = ctx->options->save_dir;
+    if (save == NULL || save[0] == '\0' ||
+        (ctx->processes && ctx->world.rank != 0))
+        return 0;
+    return checkpoint_lock_take(&ctx->save_lock, save, err);
+}
+
 /* Everything before the first iteration; any failure is a refusal. */
 static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
 {
     const run_options *options = ctx->options;
     if (run_check_plan(ctx->plan, err) != 0 ||
+        lock_save_folder(ctx, err) != 0 ||
         run_check_options(options, err) != 0 ||
         run_check_interleave(ctx->plan, options, err) != 0)
         return -1;
@@ -472,13 +510,15 @@ static void release_context(run_context *ctx)
     free(ctx->host_buffer);
     free(ctx->event_ring);
     free(ctx->world_members);
+    checkpoint_lock_release(&ctx->save_lock);
 }
 
 int run_training(const plan *p, const run_options *options, run_result *out,
                  pt_error *err)
 {
     memset(out, 0, sizeof *out);
-    run_context ctx = {.options = options, .plan = p, .shape = p->model};
+    run_context ctx = {.options = options, .plan = p, .shape = p->model,
+                       .save_lock = {.fd = -1}};
     if (options->processes != NULL && run_check_process_world(&ctx, err) != 0)
         return -1;
     int status = prepare_run(&ctx, out, err);

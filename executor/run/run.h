@@ -382,6 +382,32 @@ typedef struct checkpoint_manifest {
  * checkpoint directory, or one of its generation folders. The readers
  * below take either. */
 bool checkpoint_exists(const char *dir);
+
+/* The right to save into a checkpoint folder, held by one run at a time
+ * (run/checkpoint_lock.c): a flock on the folder, released when its
+ * process ends however it ends. */
+typedef struct checkpoint_lock {
+    int fd;                   /* the locked folder; -1: not held */
+    bool made_folder;         /* taking it made the folder */
+    char first_made[PT_PATH_MAX]; /* the outermost folder it made */
+    char dir[PT_PATH_MAX];
+} checkpoint_lock;
+
+/* Makes dir when missing and locks it; -1 naming the holder when another
+ * process holds it ("ckpt: process 4242 (partita) is saving checkpoints
+ * into this folder; ..."). */
+int checkpoint_lock_take(checkpoint_lock *lock, const char *dir,
+                         pt_error *err);
+/* Unlocks; removes the folder again when taking made it and it is still
+ * empty. Safe on a lock not held. */
+void checkpoint_lock_release(checkpoint_lock *lock);
+/* mkdir -p, for the lock and the writer. */
+int checkpoint_make_directories(const char *dir, pt_error *err);
+/* 0 when dir holds no manifest or one of ours; -1 when its manifest.json
+ * (or generation.json) is another program's (no "format":
+ * "partita-checkpoint"): such a folder is neither loaded nor saved
+ * into, even with --overwrite. */
+int checkpoint_check_ours(const char *dir, pt_error *err);
 /* Reads and validates the manifest only. */
 int checkpoint_read_manifest(const char *dir, checkpoint_manifest *out,
                              pt_error *err);

@@ -493,7 +493,8 @@ static void test_profile_find(void **state)
                                   sizeof found, &err), -1);
     EXPECT_MESSAGE(&err, "no profile for GPU \"Missing\"", "Missing.json",
                    "/extra (--profiles)", "/env ($PARTITA_PROFILES)",
-                   "/clusters/../profiles (beside the cluster file)",
+                   "/clusters/../profiles (beside the folder of the file "
+                   "holding the cluster)",
                    "(installed)");
     assert_int_equal(profile_find("../etc/passwd", NULL, NULL, found,
                                   sizeof found, &err), -1);

@@ -1,8 +1,11 @@
 /*
  * Fuzzes the readers of Megatron-LM and DeepSpeed training logs the way
  * `partita report --megatron-log / --deepspeed-log` meets them. The first
- * byte picks the reader (bit 0) and the warm-up option (bits 1-2: the
- * default, 0, 10 or 50); the rest is written as <scratch>/train.log and
+ * byte picks the reader (bit 0), the warm-up option (bits 1-2: the
+ * default, 0, 10 or 50) and a read that fails (bits 3-4: none, or the
+ * 1st, 2nd or 3rd read(2), failed with EIO by tests/fault_injection.c,
+ * which must fail the reading, never end it quietly); the rest is
+ * written as <scratch>/train.log and
  * read against a fixed plan (tp 1 x dp 2 x pp 2, gbs 8, mbs 2). An
  * accepted record is held to the promises of report/report.h; a refused
  * log leaves nothing allocated and a message naming the file.
@@ -15,6 +18,9 @@
 #include <string.h>
 
 #include "report/report.h"
+#include "tests/fault_injection.h"
+
+#include <errno.h>
 
 static const char *plan_text =
     "{ \"model\": { \"name\": \"small\", \"layers\": 4, \"hidden\": 64,"
@@ -85,11 +91,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     snprintf(path, sizeof path, "%s/train.log", dir);
     if (fuzz_write_file(path, data + 1, size - 1) != 0)
         return 0;
+    int failing_read = (data[0] >> 3) & 3;
+    if (failing_read > 0)
+        fault_fail_read_after(failing_read - 1, EIO);
     run_record run;
     pt_error err;
     int status = deepspeed
                      ? deepspeed_log_load_file(path, p, &options, &run, &err)
                      : megatron_log_load_file(path, p, &options, &run, &err);
+    bool read_failed = fault_read_fired();
+    fault_clear();
+    if (read_failed && (status == 0 || strstr(err.message, "read error") ==
+                                           NULL))
+        abort();  /* a failed read taken for the end of the log */
     if (status != 0) {
         /* A refused log leaves nothing owned behind, and says which. */
         if (run.iterations != NULL || run.events != NULL ||

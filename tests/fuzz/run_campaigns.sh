@@ -10,7 +10,7 @@
 #   -b  build only
 #   -m  merge only: minimise the saved corpus with what new/ holds
 #   HARNESS  model cluster profile plan partition estimate idx checkpoint
-#            run train_log (default all)
+#            run train_log line_reader prep (default all)
 #
 # Work goes to $FUZZ_WORK (default /tmp/partita-fuzz): bin/ (binaries),
 # new/<harness>/ (inputs found), crashes/<harness>/, logs/<harness>.log.
@@ -40,7 +40,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 WORK=${FUZZ_WORK:-/tmp/partita-fuzz}
 CC=${CC_FUZZ:-clang}
-HARNESSES=${*:-model cluster profile plan partition estimate idx checkpoint run train_log}
+HARNESSES=${*:-model cluster profile plan partition estimate idx checkpoint run train_log line_reader prep}
 # The harnesses' scratch directories go under $WORK/tmp: libFuzzer ends a
 # campaign without running atexit handlers, so they are not removed.
 mkdir -p "$WORK/bin" "$WORK/logs" "$WORK/tmp"
@@ -50,11 +50,13 @@ export TMPDIR="$WORK/tmp"
 COMMON_SOURCES="$ROOT/common/errors.c $ROOT/common/units.c
   $ROOT/common/json_check.c $ROOT/common/model.c $ROOT/common/cluster.c
   $ROOT/common/profile.c $ROOT/common/plan.c $ROOT/common/clock.c
-  $ROOT/common/atomic_file.c $ROOT/common/run_json.c $ROOT/common/json_write.c"
+  $ROOT/common/atomic_file.c $ROOT/common/run_json.c $ROOT/common/json_write.c
+  $ROOT/common/file_reader.c $ROOT/common/memory_terms.c"
 sources_of() {
   case $1 in
     estimate) echo "$COMMON_SOURCES $ROOT/costmodel/*.c" ;;
     idx) echo "$COMMON_SOURCES $ROOT/executor/data/dataset.c" ;;
+    prep) echo "$COMMON_SOURCES $ROOT/executor/data/dataset.c $ROOT/executor/data/prep.c" ;;
     checkpoint) echo "$COMMON_SOURCES $ROOT/executor/run/checkpoint_store.c" ;;
     run) echo "$COMMON_SOURCES $ROOT/costmodel/*.c $ROOT/report/run_record.c $ROOT/report/compare.c" ;;
     train_log) echo "$COMMON_SOURCES $ROOT/costmodel/*.c $ROOT/report/run_record.c $ROOT/report/train_log.c $ROOT/report/megatron_log.c $ROOT/report/deepspeed_log.c" ;;
@@ -72,6 +74,7 @@ for harness in $HARNESSES; do
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -DFUZZ_PROFILE_DIR="\"${FUZZ_PROFILE_DIR:-$ROOT/profiles}\"" \
     "$HERE/fuzz_$harness.c" "$HERE/support.c" $(sources_of "$harness") \
+    "$ROOT/tests/fault_injection.c" -Wl,--wrap=read,--wrap=rename \
     -Wl,-Bstatic -ljansson -Wl,-Bdynamic -lm -lpthread \
     -o "$WORK/bin/fuzz_$harness"
 done

@@ -209,10 +209,52 @@ static void missing_file_and_mismatched_plan(void **state)
     run_record_free(&run);
 }
 
+/* Issue 33, item 2: only tp, dp, pp, gbs and mbs were compared, so a run
+ * of a model twice as wide was reported against the plan. The whole plan
+ * a run.json records must be the one reported. */
+static void run_of_another_plan_is_refused(void **state)
+{
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/docs/examples/plan-tiny-cpu.json",
+             getenv("PARTITA_SOURCE"));
+    plan p;
+    pt_error err = {{0}};
+    assert_int_equal(plan_load_file(path, &p, &err), 0);
+    json_error_t json_err;
+    json_t *root = json_loads(valid_run, 0, &json_err);
+    json_object_set_new(root, "plan", plan_to_json(&p, NULL, &err));
+    run_record run;
+    assert_int_equal(run_record_from_json(root, "runs/run.json", &run, &err),
+                     0);
+    json_decref(root);
+    assert_int_equal(run_record_check_plan(&run, &p, &err), 0);
+    assert_int_equal(run_record_check_same_plan(&run, &p, &err), 0);
+
+    p.model.hidden = 128;  /* same degrees and batches, another model */
+    assert_int_equal(run_record_check_plan(&run, &p, &err), 0);
+    assert_int_equal(run_record_check_same_plan(&run, &p, &err), -1);
+    assert_string_equal(err.message, "runs/run.json: plan.model.hidden: the "
+                                     "run's plan has 64, the plan being "
+                                     "reported has 128: they are not the "
+                                     "same plan");
+    p.model.hidden = 64;
+    p.cluster.types[0].intra_node.latency_s *= 2;
+    assert_int_equal(run_record_check_same_plan(&run, &p, &err), -1);
+    assert_non_null(strstr(err.message, "plan.cluster.nodes[0].intra_node"));
+    p.cluster.types[0].intra_node.latency_s /= 2;
+    p.config.recompute = true;
+    assert_int_equal(run_record_check_same_plan(&run, &p, &err), -1);
+    assert_non_null(strstr(err.message, "recompute"));
+    run_record_free(&run);
+    plan_free(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(reads_a_valid_run),
+        cmocka_unit_test(run_of_another_plan_is_refused),
         cmocka_unit_test(reads_memory_terms),
         cmocka_unit_test(errors_name_file_field_and_reason),
         cmocka_unit_test(unknown_keys_and_empty_arrays_are_refused),

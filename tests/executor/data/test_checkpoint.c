@@ -335,7 +335,7 @@ static void damaged_manifest_is_refused(void **state)
     } cases[] = {
         {"{\"format\": \"partita-checkpoint\", ", "manifest.json"},
         {"{\"format\": \"other\", \"version\": 1, \"generation\": 1, "
-         "\"blobs\": []}", "\"other\", expected \"partita-checkpoint\""},
+         "\"blobs\": []}", "not a Partita checkpoint"},
         {"{\"format\": \"partita-checkpoint\", \"version\": 1, \"generation\": "
          "1, \"blobs\": [{\"name\": \"params\", \"bytes\": 4, \"crc32\": "
          "\"xyz\"}]}", "blobs[0].crc32"},
@@ -353,6 +353,72 @@ static void damaged_manifest_is_refused(void **state)
                          -1);
         assert_untouched(buffer, sizeof buffer);
     }
+}
+
+/* Issue 33, item 4: a folder with another program's manifest.json was
+ * taken for a damaged checkpoint, and --overwrite replaced the file. */
+static void foreign_manifest_is_never_touched(void **state)
+{
+    char dir[512], path[600];
+    scratch_path(state, "app", dir, sizeof dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    const char *const foreign[] = {"{\"name\":\"app\"}\n", "not json\n"};
+    for (int f = 0; f < 2; f++) {
+        write_text(path, foreign[f]);
+        pt_error err = {{0}};
+        assert_int_equal(checkpoint_check_ours(dir, &err), -1);
+        assert_message_has(err.message, "manifest.json",
+                           "not a Partita checkpoint");
+        checkpoint_writer writer;
+        assert_int_equal(checkpoint_writer_begin(&writer, dir, &err), -1);
+        assert_int_equal(checkpoint_verify(dir, &err), -1);
+        assert_message_has(err.message, "manifest.json");
+        size_t size;
+        unsigned char *kept = read_bytes(path, &size);
+        assert_string_equal((char *)kept, foreign[f]);
+        free(kept);
+        assert_int_equal(count_entries(dir), 1);
+    }
+    /* an empty folder, or one of ours, is fine */
+    scratch_path(state, "ours", dir, sizeof dir);
+    pt_error err = {{0}};
+    assert_int_equal(checkpoint_check_ours(dir, &err), 0);
+    run_state s;
+    fill_state(&s, 1);
+    save_state(dir, &s, true);
+    assert_int_equal(checkpoint_check_ours(dir, &err), 0);
+}
+
+/* Issue 33, item 7: two runs saving into one folder removed each other's
+ * unfinished saves. The second lock is refused naming the holder (flock
+ * locks conflict between two opens even in one process); a folder the
+ * lock made goes again with it while empty. */
+static void second_lock_is_refused(void **state)
+{
+    char dir[512];
+    scratch_path(state, "deep/ckpt", dir, sizeof dir);
+    checkpoint_lock first, second;
+    pt_error err = {{0}};
+    assert_int_equal(checkpoint_lock_take(&first, dir, &err), 0);
+    assert_true(file_exists(dir));
+    assert_int_equal(checkpoint_lock_take(&second, dir, &err), -1);
+    char holder[64];
+    snprintf(holder, sizeof holder, "process %ld", (long)getpid());
+    assert_message_has(err.message, "ckpt: ", holder,
+                       "is saving checkpoints into this folder");
+    checkpoint_lock_release(&second);  /* not held: nothing happens */
+    checkpoint_lock_release(&first);
+    assert_false(file_exists(dir));
+    char parent[512];
+    scratch_path(state, "deep", parent, sizeof parent);
+    assert_false(file_exists(parent));  /* made for it, removed with it */
+    assert_int_equal(checkpoint_lock_take(&second, dir, &err), 0);
+    run_state s;
+    fill_state(&s, 2);
+    save_state(dir, &s, true);  /* the holder saves; the folder stays */
+    checkpoint_lock_release(&second);
+    assert_true(file_exists(dir));
 }
 
 /* One process per rank: a second writer joins the generation the first
@@ -429,6 +495,8 @@ int main(void)
         SCRATCH_TEST(bad_blob_names_and_sizes_are_refused),
         SCRATCH_TEST(damaged_manifest_is_refused),
         SCRATCH_TEST(joined_writer_adds_its_blobs),
+        SCRATCH_TEST(foreign_manifest_is_never_touched),
+        SCRATCH_TEST(second_lock_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
