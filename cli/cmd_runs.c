@@ -29,6 +29,7 @@ typedef struct runs_arguments {
     const char *output;      /* -o (profile) */
     const char *where;       /* --where COLUMN=VALUE */
     runs_table_options table;
+    char where_column[128];  /* --where's column, table.where_column */
     bool help;
 } runs_arguments;
 
@@ -75,18 +76,17 @@ static void print_runs_help(const char *command)
 
 static int parse_where(runs_arguments *a)
 {
-    static char column[128];
     const char *equals = a->where ? strchr(a->where, '=') : NULL;
     if (a->where == NULL)
         return 0;
     if (equals == NULL || equals == a->where ||
-        (size_t)(equals - a->where) >= sizeof column) {
+        (size_t)(equals - a->where) >= sizeof a->where_column) {
         cli_error(a->command, "--where takes COLUMN=VALUE");
         return -1;
     }
-    memcpy(column, a->where, (size_t)(equals - a->where));
-    column[equals - a->where] = '\0';
-    a->table.where_column = column;
+    memcpy(a->where_column, a->where, (size_t)(equals - a->where));
+    a->where_column[equals - a->where] = '\0';
+    a->table.where_column = a->where_column;
     a->table.where_value = equals + 1;
     return 0;
 }

@@ -128,7 +128,6 @@ typedef struct calibration_problem {
     int count;
     profile candidate;          /* shallow copy of the base profile */
     double prior[ROOFLINE_PARAM_COUNT];
-    double *estimated_s;
     bool failed;
     pt_error *err;
 } calibration_problem;
