@@ -49,6 +49,9 @@ int cmd_profile_derive(int argc, char **argv);
  * or a derived profile calibrated on it. */
 int cmd_estimate_runs(int argc, char **argv);
 int cmd_profile_from_logs(int argc, char **argv);
+/* partita profile --fit-roofline (cli/cmd_fit_roofline.c): a measured
+ * profile's roofline fitted on its own times. */
+int cmd_profile_fit_roofline(int argc, char **argv);
 
 /* The arguments of `partita profile` (profile_args.c), parsed by both
  * executables. Strings point into argv. */
@@ -98,6 +101,11 @@ int cli_hand_over(int argc, char **argv);
 
 /* Prints "partita <command>: <message>" on stderr. */
 void cli_error(const char *command, const char *message);
+/* What a provenance records of the command that wrote a file: "partita"
+ * and the arguments, in `out` (cut to its size) with the UTC date
+ * (YYYY-MM-DD) in `date` (at least 11 bytes). */
+void cli_command_and_date(int argc, char **argv, char *out, size_t size,
+                          char *date, size_t date_size);
 /* "partita COMMAND: FILE: MESSAGE", naming FILE once: not again when the
  * message begins with it already (a reader's message does). */
 void cli_error_in(const char *command, const char *file,

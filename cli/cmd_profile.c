@@ -1,6 +1,7 @@
 /*
- * partita profile, as `partita` runs it: --derive, --from-logs
- * (cli/cmd_runs.c) and --compare here,
+ * partita profile, as `partita` runs it: --derive (cli/cmd_derive.c),
+ * --from-logs (cli/cmd_runs.c), --fit-roofline (cli/cmd_fit_roofline.c)
+ * and --compare here,
  * with the help and bad arguments; a measurement is handed to
  * partita-exec (cli/hand_over.c), the executable that loads the GPU
  * stack, which parses the same arguments again (cli/profile_measure.c).
@@ -25,6 +26,8 @@ int command_profile(int argc, char **argv)
         return cmd_profile_derive(argc, argv);
     if (asks_for(argc, argv, "--from-logs"))
         return cmd_profile_from_logs(argc, argv);
+    if (asks_for(argc, argv, "--fit-roofline"))
+        return cmd_profile_fit_roofline(argc, argv);
     profile_arguments args;
     int status = profile_run_unless_measuring(argc, argv, &args);
     if (status != PROFILE_MEASURE)

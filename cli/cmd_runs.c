@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* The arguments both commands take; strings point into argv. */
 typedef struct runs_arguments {
@@ -416,14 +415,9 @@ static json_t *calibrated_profile_json(const runs_arguments *a,
     json_t *on = json_object();
     json_object_set(on, "transferred_roofline", transferred);
     json_object_set_new(efficiency, "roofline", roofline_json(fitted));
-    char command[1024] = "partita";
-    for (int i = 0; i < argc; i++) {
-        size_t used = strlen(command);
-        snprintf(command + used, sizeof command - used, " %s", argv[i]);
-    }
-    char date[16];
-    time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
+    char command[1024], date[16];
+    cli_command_and_date(argc, argv, command, sizeof command, date,
+                         sizeof date);
     json_object_set_new(on, "runs", json_string(a->runs));
     json_object_set_new(on, "cluster", json_string(a->cluster));
     json_object_set_new(on, "run_count", json_integer(in->count));

@@ -23,6 +23,8 @@ static void print_profile_help(void)
         "                       'partita profile --derive --help')\n"
         "       partita profile --from-logs TABLE --cluster FILE ... (see\n"
         "                       'partita profile --from-logs --help')\n"
+        "       partita profile --fit-roofline [P.json] -o OUT.json (see\n"
+        "                       'partita profile --fit-roofline --help')\n"
         "\n"
         "Measures, on the GPU at hand, the embedding, one transformer layer\n"
         "and the head of the model, forward and backward, for every tp (the\n"

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 void cli_error(const char *command, const char *message)
@@ -124,4 +125,16 @@ int cli_locate(const char *kind, const char *name_or_path, char *out,
                    "(looked in ./%s, %s/%s, %s/%s)",
                    name_or_path, kind, kind, PARTITA_SOURCE_ROOT, kind,
                    PARTITA_INSTALLED_DATA, kind);
+}
+
+void cli_command_and_date(int argc, char **argv, char *out, size_t size,
+                          char *date, size_t date_size)
+{
+    snprintf(out, size, "partita");
+    for (int i = 0; i < argc; i++) {
+        size_t used = strlen(out);
+        snprintf(out + used, size - used, " %s", argv[i]);
+    }
+    time_t now = time(NULL);
+    strftime(date, date_size, "%Y-%m-%d", gmtime(&now));
 }

@@ -597,11 +597,21 @@ int roofline_device_of(const profile *p, roofline_device *out,
 /* What one tp rank computes of a micro-batch: mbs sequences at
  * tensor-parallel degree tp, activations of element_bytes bytes, and
  * attention fused (flash) or unfused (the s x s scores written, softmax
- * and dropout over them: Megatron-LM before flash attention). */
+ * and dropout over them: Megatron-LM before flash attention).
+ * main_grad_bytes: the element of the weight gradients the backward's
+ * weight-gradient GEMMs accumulate into (read and written every
+ * micro-batch; 0 counts them as written once in element_bytes).
+ * fused_classifier: the head's softmax and cross-entropy run fused with
+ * the start of the backward, as Partita's executor does (two passes
+ * over the logits in the forward, none in the backward); otherwise
+ * Megatron-LM's vocab-parallel cross-entropy (an fp32 softmax written
+ * in the forward and read in the backward). */
 typedef struct roofline_shard {
     int tp, mbs;
     double element_bytes;
     bool unfused_attention;
+    double main_grad_bytes;
+    bool fused_classifier;
 } roofline_shard;
 
 /* Computation only (no tensor-parallel communication) of one micro-batch

@@ -119,11 +119,14 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
                            "%s: %s profile without measured times for hidden "
                            "%d, ffn_hidden %d, seq %d, vocab %d; priced by "
                            "its roofline (%.0f TFLOP/s, %.0f GB/s, %d SMs, "
-                           "fitted efficiencies)",
+                           "efficiencies fitted on %s)",
                            prof->gpu, profile_source_name(prof->source),
                            m->hidden, m->ffn_hidden, m->seq, m->vocab,
                            prof->peak_tflops, prof->memory_bandwidth_GBps,
-                           prof->sm_limit > 0 ? prof->sm_limit : prof->sms);
+                           prof->sm_limit > 0 ? prof->sm_limit : prof->sms,
+                           prof->source == PROFILE_DERIVED
+                               ? "what its provenance names"
+                               : "its own measured times");
         return;
     }
     costmodel_add_note(cm,
@@ -201,7 +204,9 @@ static part_times roofline_times(const profile *prof, const model_shape *m,
     roofline_shard shard = {
         .tp = config->tp, .mbs = config->mbs,
         .element_bytes = precision_bytes(config->precision),
-        .unfused_attention = parallel_attention(config) == ATTENTION_UNFUSED};
+        .unfused_attention = parallel_attention(config) == ATTENTION_UNFUSED,
+        .main_grad_bytes = parallel_gradient_bytes(config),
+        .fused_classifier = config->runtime == RUNTIME_PARTITA};
     roofline_part_costs(&prof->roofline, &device, m, shard, &costs);
     return (part_times){costs.embedding, costs.layer, costs.head};
 }

@@ -16,10 +16,16 @@
 typedef enum kernel_kind { KERNEL_GEMM, KERNEL_ATTENTION, KERNEL_MEMORY }
     kernel_kind;
 
+/* weight: elements of the weight matrix a GEMM multiplies by (0 for a
+ * product of two activations), whose gradient the backward accumulates;
+ * skip_backward: a memory pass whose backward is done in its forward
+ * (the fused classifier). */
 typedef struct kernel {
     kernel_kind kind;
     double flops;
     double bytes;
+    double weight;
+    bool skip_backward;
 } kernel;
 
 /* The most kernels any part runs in one direction (a layer's backward
@@ -35,15 +41,19 @@ static void add_kernel(kernel_list *list, kernel_kind kind, double flops,
                        double bytes)
 {
     if (list->count < MAX_PART_KERNELS)
-        list->kernels[list->count++] = (kernel){kind, flops, bytes};
+        list->kernels[list->count++] = (kernel){kind, flops, bytes, 0.0,
+                                                false};
 }
 
-/* C[m x n] = A[m x k] B[k x n]: 2mnk FLOPs; A, B read and C written once. */
+/* C[m x n] = A[m x k] W[k x n], W a weight: 2mnk FLOPs; A, W read and C
+ * written once. */
 static void add_gemm(kernel_list *list, double m, double n, double k,
                      double element)
 {
     add_kernel(list, KERNEL_GEMM, 2.0 * m * n * k,
                element * (m * k + k * n + m * n));
+    if (list->count > 0)
+        list->kernels[list->count - 1].weight = k * n;
 }
 
 static void add_memory(kernel_list *list, double bytes)
@@ -112,36 +122,54 @@ static void embedding_forward_kernels(const model_shape *m, int mbs,
  * rows, and the cross-entropy: the logits read, the fp32 softmax
  * written. */
 static void head_forward_kernels(const model_shape *m, int tp, int mbs,
-                                 double e, kernel_list *out)
+                                 double e, bool fused_classifier,
+                                 kernel_list *out)
 {
     double tokens = (double)mbs * m->seq, h = m->hidden;
-    double vocab_shard = (double)m->vocab / tp;
+    double logits = tokens * (double)m->vocab / tp;
     add_memory(out, 2.0 * tokens * h * e);
-    add_gemm(out, tokens, vocab_shard, h, e);
-    add_memory(out, tokens * vocab_shard * (e + 4.0));
+    add_gemm(out, tokens, (double)m->vocab / tp, h, e);
+    if (fused_classifier) {
+        /* one pass for the row's maximum and sum, one that overwrites
+           the logits with their gradient: the backward's part is done */
+        add_memory(out, 3.0 * e * logits);
+        out->kernels[out->count - 1].skip_backward = true;
+    } else {
+        add_memory(out, logits * (e + 4.0)); /* fp32 softmax written */
+    }
 }
 
-/* Backward of a forward kernel list: a GEMM becomes two of its size
- * (input gradient and weight gradient); flash attention's backward
- * recomputes the scores, 2.5x the forward FLOPs, reading Q, K, V, O, dO
- * and writing dQ, dK, dV (2x the bytes); a memory-bound kernel reads its
- * saved input and the incoming gradient and writes a gradient (2x the
- * bytes). */
-static void backward_kernels(const kernel_list *forward, kernel_list *out)
+/* Backward of a forward kernel list. A GEMM by a weight becomes the
+ * input gradient (the forward's size) and the weight gradient, which
+ * reads the input and the output gradient and accumulates into the
+ * weight's gradient (main_grad_bytes read and written; 0: written once
+ * in e); a product of two activations becomes two of its size. Flash
+ * attention's backward recomputes the scores, 2.5x the forward FLOPs,
+ * reading Q, K, V, O, dO and writing dQ, dK, dV (2x the bytes); a
+ * memory-bound kernel reads its saved input and the incoming gradient
+ * and writes a gradient (2x the bytes), unless its forward did it. */
+static void backward_kernels(const kernel_list *forward, double e,
+                             double main_grad_bytes, kernel_list *out)
 {
     out->count = 0;
     for (int i = 0; i < forward->count; i++) {
         const kernel *k = &forward->kernels[i];
         switch (k->kind) {
-        case KERNEL_GEMM:
+        case KERNEL_GEMM: {
             add_kernel(out, KERNEL_GEMM, k->flops, k->bytes);
-            add_kernel(out, KERNEL_GEMM, k->flops, k->bytes);
+            double accumulate = main_grad_bytes > 0.0
+                                    ? 2.0 * main_grad_bytes * k->weight
+                                    : e * k->weight;
+            add_kernel(out, KERNEL_GEMM, k->flops,
+                       k->bytes - e * k->weight + accumulate);
             break;
+        }
         case KERNEL_ATTENTION:
             add_kernel(out, KERNEL_ATTENTION, 2.5 * k->flops, 2.0 * k->bytes);
             break;
         case KERNEL_MEMORY:
-            add_memory(out, 2.0 * k->bytes);
+            if (!k->skip_backward)
+                add_memory(out, 2.0 * k->bytes);
             break;
         }
     }
@@ -160,9 +188,10 @@ static void part_kernels(const model_shape *m, roofline_shard shard,
         layer_forward_kernels(m, shard.tp, shard.mbs, e,
                               shard.unfused_attention, &forward);
     else
-        head_forward_kernels(m, shard.tp, shard.mbs, e, &forward);
+        head_forward_kernels(m, shard.tp, shard.mbs, e,
+                             shard.fused_classifier, &forward);
     if (backward)
-        backward_kernels(&forward, out);
+        backward_kernels(&forward, e, shard.main_grad_bytes, out);
     else
         *out = forward;
 }
@@ -259,12 +288,23 @@ typedef struct fit_point {
     kernel_list kernels;
 } fit_point;
 
+/* The sources are Partita's own measurements: fp32 main gradients, the
+ * fused classifier (docs/profiles.md, "The fit"). */
+#define SOURCE_MAIN_GRAD_BYTES 4.0
+#define SOURCE_FUSED_CLASSIFIER true
+
 /* Times that carry tensor-parallel communication, or that the reader
- * filled in from backward_over_forward, are not the roofline's to fit. */
+ * filled in from backward_over_forward, are not the roofline's to fit;
+ * nor the embedding's: a few microseconds of launches and index
+ * arithmetic that no FLOPs or bytes describe, which pulled the fitted
+ * kernel overhead (and with it every small layer) up tenfold, and never
+ * more than 0.2 % of a measured step. */
 static bool time_is_usable(const profile *source, const profile_point *pt,
                            const part_cost *cost, bool backward)
 {
     if (source->layer_times_include_tp_comm && pt->tp > 1)
+        return false;
+    if (cost == &pt->embedding)
         return false;
     if (!backward)
         return cost->forward_s > 0.0;
@@ -305,7 +345,9 @@ static int source_points(const profile *source, const roofline_device *device,
                                                : parts[part]->forward_s};
                     fp->device = device;
                     /* the sources are half-precision measurements */
-                    roofline_shard shard = {pt->tp, pt->mbs, 2.0, false};
+                    roofline_shard shard = {pt->tp, pt->mbs, 2.0, false,
+                                            SOURCE_MAIN_GRAD_BYTES,
+                                            SOURCE_FUSED_CLASSIFIER};
                     part_kernels(&m, shard, part, backward, &fp->kernels);
                 }
             }

@@ -889,13 +889,13 @@ exec-tp2)
 plan-schedule-levers)
   # Megatron's interleaved 1F1B and sequence parallelism: planned,
   # written, estimated, run and resumed by exec
-  run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 4 --quiet
+  run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 8 --quiet
   expect_in out.txt " v5 "
   expect_in out.txt " sp "
   expect_in plan.json '"virtual_stages": 5'
   run 0 partita estimate plan.json
   expect_in out.txt "virtual stages 5 a rank (interleaved 1F1B on)"
-  run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 4 --quiet \
+  run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 8 --quiet \
     --no-interleave --no-sequence-parallel -o plain.json
   expect_in plain.json '"virtual_stages": 1'
   expect_in plain.json '"sequence_parallel": false'

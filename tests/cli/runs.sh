@@ -2,7 +2,8 @@
 # End-to-end tests of issue 39 through the partita command: a plan's
 # runtime fields (runtime, attention, overlap_grad_reduce, tf32), runs
 # tables and plan=log pairs estimated (`estimate --runs`) and fitted
-# (`profile --from-logs`), and the clusters' NICs and type links; e2e.sh's
+# (`profile --from-logs`), a measured profile's own roofline
+# (`profile --fit-roofline`), and the clusters' NICs and type links; e2e.sh's
 # conventions, a file of its own.
 # usage: runs.sh PARTITA CASE   (run by meson, one test per case)
 set -u
@@ -117,6 +118,29 @@ JSON
   run 2 partita exec in-plan.json --data nothing --iters 1 -o run.json
   expect_in err.txt "runtime: megatron"
   [ ! -e run.json ] || fail "exec wrote a run of a plan it refused"
+  ;;
+fit-roofline)
+  # a measured profile gains a roofline fitted on its own times, its
+  # measured times untouched; a shape it lacks is then priced by it
+  cp "$source_root/profiles/H200.json" in-h200.json
+  cp in-h200.json before.json
+  run 0 partita profile --fit-roofline in-h200.json -o out-h200.json
+  expect_in out.txt "roofline fitted on"
+  cmp -s in-h200.json before.json || fail "the source profile changed"
+  expect_in out-h200.json '"roofline_fit"'
+  expect_in out-h200.json '"gemm_efficiency"'
+  run 0 partita profile --fit-roofline -o in-h200.json
+  expect_in in-h200.json '"roofline_fit"'
+  # a derived profile already has one; -o is required
+  run 2 partita profile --fit-roofline "$source_root/profiles/A10.json" -o a10.json
+  expect_in err.txt 'source is "derived"'
+  [ ! -e a10.json ] || fail "wrote a profile it refused"
+  run 2 partita profile --fit-roofline in-h200.json
+  expect_in err.txt "needs -o"
+  mkdir -p prof && cp out-h200.json prof/H200.json
+  run 0 partita estimate "$source_root/bench/accuracy/plans-shapes/05-13b-8l.json" --profiles prof
+  expect_in out.txt "priced by its roofline"
+  expect_in out.txt "fitted on its own measured times"
   ;;
 *)
   fail "unknown case $case_name"

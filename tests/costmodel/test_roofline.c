@@ -50,7 +50,7 @@ static void large_gemms_approach_the_peak(void **state)
     model_part_costs costs;
     /* a wide layer: its time is close to FLOPs / (peak x efficiency) */
     model_shape wide = shape_of(12288, 96, 2048, 50257);
-    roofline_part_costs(&p, &device, &wide, (roofline_shard){1, 4, 2.0, false}, &costs);
+    roofline_part_costs(&p, &device, &wide, (roofline_shard){1, 4, 2.0, false, 4.0, true}, &costs);
     double h = 12288, tokens = 4.0 * 2048;
     double flops = 2.0 * tokens * (4.0 * h * h + 2.0 * h * 4.0 * h) +
                    4.0 * 4 * 2048.0 * 2048 * h;
@@ -74,9 +74,9 @@ static void small_work_pays_overheads_and_ramps(void **state)
     roofline_device device = h200(132);
     model_shape small = shape_of(768, 12, 1024, 50257);
     model_part_costs one, sixteen, tp_two;
-    roofline_part_costs(&p, &device, &small, (roofline_shard){1, 1, 2.0, false}, &one);
-    roofline_part_costs(&p, &device, &small, (roofline_shard){1, 16, 2.0, false}, &sixteen);
-    roofline_part_costs(&p, &device, &small, (roofline_shard){2, 1, 2.0, false}, &tp_two);
+    roofline_part_costs(&p, &device, &small, (roofline_shard){1, 1, 2.0, false, 4.0, true}, &one);
+    roofline_part_costs(&p, &device, &small, (roofline_shard){1, 16, 2.0, false, 4.0, true}, &sixteen);
+    roofline_part_costs(&p, &device, &small, (roofline_shard){2, 1, 2.0, false, 4.0, true}, &tp_two);
     /* 16x the work costs less than 16x the time: small GEMMs reach less
        of the peak and every kernel pays its overhead */
     assert_true(sixteen.layer.forward_s > 4.0 * one.layer.forward_s);
@@ -95,7 +95,7 @@ static void every_part_runs_its_kernels(void **state)
     roofline_device device = h200(132);
     model_shape small = shape_of(768, 12, 1024, 50257);
     model_part_costs costs;
-    roofline_part_costs(&p, &device, &small, (roofline_shard){2, 1, 2.0, false}, &costs);
+    roofline_part_costs(&p, &device, &small, (roofline_shard){2, 1, 2.0, false, 4.0, true}, &costs);
     /* embedding: one kernel each way */
     assert_int_equal((int)floor(costs.embedding.forward_s), 1);
     assert_int_equal((int)floor(costs.embedding.backward_s), 1);
@@ -103,9 +103,11 @@ static void every_part_runs_its_kernels(void **state)
        backward: each GEMM twice */
     assert_int_equal((int)floor(costs.layer.forward_s), 10);
     assert_int_equal((int)floor(costs.layer.backward_s), 14);
-    /* head: norm, LM head GEMM, cross-entropy; backward: the GEMM twice */
+    /* head: norm, LM head GEMM, the fused classifier; backward: the norm
+       and the GEMM twice (the classifier's gradient is written in the
+       forward) */
     assert_int_equal((int)floor(costs.head.forward_s), 3);
-    assert_int_equal((int)floor(costs.head.backward_s), 4);
+    assert_int_equal((int)floor(costs.head.backward_s), 3);
 }
 
 static void fewer_sms_are_slower(void **state)
@@ -115,11 +117,11 @@ static void fewer_sms_are_slower(void **state)
     model_shape m = shape_of(1600, 16, 1024, 50257);
     model_part_costs full, forty, sixteen;
     roofline_device d = h200(132);
-    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false}, &full);
+    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true}, &full);
     d = h200(40);
-    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false}, &forty);
+    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true}, &forty);
     d = h200(16);
-    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false}, &sixteen);
+    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true}, &sixteen);
     assert_true(forty.layer.forward_s > 2.0 * full.layer.forward_s);
     assert_true(sixteen.layer.forward_s > 2.0 * forty.layer.forward_s);
     /* 40 of 132 SMs (30%) is below the 45% that saturates bandwidth:
@@ -162,7 +164,8 @@ static void synthetic_profile(profile *p, const char *gpu,
             pt->mbs = mbss[i % 5];
             model_part_costs costs;
             roofline_part_costs(params, &device, &shapes[s],
-                                (roofline_shard){pt->tp, pt->mbs, 2.0, false},
+                                (roofline_shard){pt->tp, pt->mbs, 2.0, false, 4.0,
+                                                 true},
                                 &costs);
             pt->embedding = costs.embedding;
             pt->layer = costs.layer;
@@ -185,8 +188,9 @@ static void fit_recovers_known_parameters(void **state)
     pt_error err = {{0}};
     if (roofline_fit(sources, 4, &fit, &err) != 0)
         fail_msg("%s", err.message);
-    assert_int_equal(fit.all.points, 4 * 2 * 20 * 6);
-    assert_int_equal(fit.all.left_out, 0);
+    /* the layer's and the head's times; the embedding's are left out */
+    assert_int_equal(fit.all.points, 4 * 2 * 20 * 4);
+    assert_int_equal(fit.all.left_out, 4 * 2 * 20 * 2);
     /* every time within 1% (the parameters are rounded to 4 digits) */
     assert_true(fit.all.max_error < 0.01);
     assert_true(close_to(fit.params.gemm_efficiency, 0.75, 0.02));
@@ -218,8 +222,9 @@ static void fit_leaves_out_times_it_cannot_model(void **state)
     pt_error err = {{0}};
     assert_int_equal(roofline_observations(&truth, &source, &obs, &count,
                                            &left_out, &err), 0);
-    /* tp 1: 5 mbs x 2 shapes x (6 times - the layer's filled backward) */
-    assert_int_equal(count, 2 * 5 * 5);
+    /* tp 1: 5 mbs x 2 shapes x (the layer's and the head's 4 times - the
+       layer's filled backward); the embedding's are never fitted */
+    assert_int_equal(count, 2 * 5 * 3);
     assert_int_equal(left_out, 2 * 20 * 6 - count);
     for (int i = 0; i < count; i++) {
         assert_int_equal(obs[i].tp, 1);

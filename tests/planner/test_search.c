@@ -432,7 +432,7 @@ static void test_mixed96_exact_within_budget(void **state)
     search_options_default(&o);
     o.gbs = 512;
     o.threads = 2;
-    o.max_tree_nodes = 16000000; /* an eighth of it a task */
+    o.max_tree_nodes = SEARCH_DEFAULT_TREE_NODES; /* the command's */
     search_result r = run_search(f, &o);
     print_message("mixed-96: %lld placements scored, %lld pruned, exact "
                   "%d, best %.4f s\n", r.configurations_scored,
