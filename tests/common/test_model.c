@@ -86,6 +86,20 @@ typedef struct bad_model {
     const char *message;
 } bad_model;
 
+/* Each case's file is refused with its message. */
+static void expect_refused(void **state, const bad_model *cases,
+                           size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        char path[512];
+        scratch_write(state, "bad.json", cases[i].json, path, sizeof path);
+        model_shape model;
+        pt_error err = {""};
+        assert_int_equal(model_load_file(path, &model, &err), -1);
+        EXPECT_MESSAGE(&err, cases[i].message);
+    }
+}
+
 static void test_bad_models(void **state)
 {
     static const bad_model cases[] = {
@@ -113,14 +127,7 @@ static void test_bad_models(void **state)
         {"[1, 2]", "bad.json: must be an object, got an array"},
         {"{\"name\": \"m\", \"layers\": 2,,}", "bad.json:1:"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char path[512];
-        scratch_write(state, "bad.json", cases[i].json, path, sizeof path);
-        model_shape model;
-        pt_error err = {""};
-        assert_int_equal(model_load_file(path, &model, &err), -1);
-        EXPECT_MESSAGE(&err, cases[i].message);
-    }
+    expect_refused(state, cases, sizeof cases / sizeof *cases);
 }
 
 /* The bundled Llama-family models against the parameter counts their
@@ -252,14 +259,7 @@ static void test_bad_architectures(void **state)
          "\"seq\": 32, \"vocab\": 100, \"qkv_bias\": false}",
          "bad.json: qkv_bias: false needs \"bias\": false"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char path[512];
-        scratch_write(state, "bad.json", cases[i].json, path, sizeof path);
-        model_shape model;
-        pt_error err = {""};
-        assert_int_equal(model_load_file(path, &model, &err), -1);
-        EXPECT_MESSAGE(&err, cases[i].message);
-    }
+    expect_refused(state, cases, sizeof cases / sizeof *cases);
 }
 
 int main(void)
