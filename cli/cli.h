@@ -150,6 +150,9 @@ void print_stage_table(const plan *p, const estimate *est);
 /* Each stage's memory terms, GiB. */
 void print_memory_table(const estimate *est);
 void print_estimate_summary(const plan *p, const estimate *est);
+/* "# model llama3-8b: 8030261248 parameters (8.03 billion), rmsnorm,
+ * ...": the model's size and layer, for plan and estimate. */
+void print_model_line(const model_shape *m);
 /* "a100 a10x7": runs of identical node types in pipeline order. */
 void format_node_order(const cluster *c, const int *order, int count,
                        char *out, size_t size);

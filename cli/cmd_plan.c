@@ -509,6 +509,7 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
            cluster_gpu_count(&in->cluster), args->search.gbs,
            args->search.objective == OBJECTIVE_COST ? "$ per step"
                                                      : "step time");
+    print_model_line(&in->model);
     printf("# scored %lld configurations (%lld fit) of %lld tasks and "
            "skipped %lld that a lower bound ruled out, in %s\n",
            result.configurations_scored, result.configurations_feasible,

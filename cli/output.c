@@ -163,6 +163,28 @@ static void print_schedule_levers(const parallel_config *config)
            v, v > 1 ? "on" : "off", config->sequence_parallel ? "on" : "off");
 }
 
+void print_model_line(const model_shape *m)
+{
+    char layer[160] = "GPT-2 layer";
+    if (!model_is_gpt(m)) {
+        char rope[48] = "";
+        if (m->positions == MODEL_POSITIONS_ROPE)
+            snprintf(rope, sizeof rope, " (base %.0f)", m->rope_base);
+        snprintf(layer, sizeof layer, "%s, %s, %s positions%s, %d of %d "
+                 "heads for keys and values, %s",
+                 model_norm_name(m->norm), model_mlp_name(m->mlp),
+                 model_positions_name(m->positions), rope,
+                 model_kv_heads(m), m->heads,
+                 m->bias == MODEL_BIAS_ALL    ? "biases"
+                 : m->bias == MODEL_BIAS_QKV ? "biases on q, k, v only"
+                                             : "no biases");
+    }
+    printf("# model %s: %.0f parameters (%.2f billion), %s, %s head\n",
+           m->name, model_parameter_count(m),
+           model_parameter_count(m) / 1e9, layer,
+           m->tied_embeddings ? "tied" : "untied");
+}
+
 void print_estimate_summary(const plan *p, const estimate *est)
 {
     const parallel_config *config = &p->config;
@@ -175,6 +197,7 @@ void print_estimate_summary(const plan *p, const estimate *est)
     pt_format_seconds(est->step_time_s, step, sizeof step);
     printf("# model %s, cluster %s, %d GPUs\n", p->model.name,
            p->cluster.name, plan_gpu_count(p));
+    print_model_line(&p->model);
     printf("# gbs %d, mbs %d, tp %d, dp %d, pp %d, %d micro-batches, "
            "schedule %s, precision %s, recompute %s, distributed optimizer "
            "%s\n",

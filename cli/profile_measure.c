@@ -268,6 +268,16 @@ static int load_models(const char *list, model_shape *shapes, int *count)
             cli_error("profile", err.message);
             return -1;
         }
+        /* the stages measured run GPT-2's layer: a Llama-shaped model's
+           times would be a GPT layer's of its width */
+        if (!model_is_gpt(shape)) {
+            fprintf(stderr, "partita profile: %s: %s: profile measures "
+                            "GPT-2's layer only; this model's layers are "
+                            "priced by the roofline or efficiency model "
+                            "(docs/cost-model.md, \"Llama-family layers\")\n",
+                    path, model_non_gpt_field(shape));
+            return -1;
+        }
         for (int i = 0; i < *count; i++)
             if (shapes[i].hidden == shape->hidden &&
                 shapes[i].ffn_hidden == shape->ffn_hidden &&

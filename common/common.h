@@ -188,7 +188,24 @@ void json_push(json_t *array, json_t *value, int *failures);
 
 /* ----------------------------------------------------------------- model */
 
-/* The shape of a GPT-style transformer (models/<name>.json). */
+/* The architecture's choices (docs/formats.md, "Model"). Each enum's 0
+ * is GPT-2's, so a shape built field by field (tests, profiles' shapes)
+ * is a GPT-2 layer unless it says otherwise. */
+typedef enum model_norm { MODEL_NORM_LAYERNORM, MODEL_NORM_RMSNORM }
+    model_norm;
+typedef enum model_mlp { MODEL_MLP_GELU, MODEL_MLP_SWIGLU } model_mlp;
+typedef enum model_positions {
+    MODEL_POSITIONS_LEARNED,
+    MODEL_POSITIONS_ROPE
+} model_positions;
+/* Which linear layers carry biases: all (GPT-2), none (Llama), or only
+ * the query, key and value projections (Qwen 2). Norms keep theirs. */
+typedef enum model_bias { MODEL_BIAS_ALL, MODEL_BIAS_NONE, MODEL_BIAS_QKV }
+    model_bias;
+
+/* The shape of a decoder-only transformer (models/<name>.json): GPT-2's
+ * layer by default, Llama's with RMSNorm, SwiGLU, rotary positions,
+ * grouped-query attention and no biases. */
 typedef struct model_shape {
     char name[PT_NAME_MAX];
     int layers;
@@ -198,6 +215,12 @@ typedef struct model_shape {
     int seq;
     int vocab;
     bool tied_embeddings; /* default true */
+    int kv_heads;        /* key/value heads; 0 (or heads): one per head */
+    model_norm norm;
+    model_mlp mlp;
+    model_positions positions;
+    double rope_base;    /* rotary positions' base (rope only) */
+    model_bias bias;
 } model_shape;
 
 int model_from_json(const json_t *obj, const json_place *place,
@@ -211,6 +234,35 @@ json_t *model_to_json(const model_shape *model);
 double model_parameter_count(const model_shape *model);
 /* Parameters of one transformer layer. */
 double model_layer_parameter_count(const model_shape *model);
+/* The token embedding and, with learned positions, the position
+ * embedding. */
+double model_embedding_parameter_count(const model_shape *model);
+/* The final norm: weight and bias (LayerNorm) or weight (RMSNorm). */
+double model_final_norm_parameter_count(const model_shape *model);
+/* Key/value heads (heads when the file gives none). */
+int model_kv_heads(const model_shape *model);
+/* Whether the model is GPT-2's layer throughout (the shapes a profile's
+ * measured tables hold, and the layer the executor runs). */
+bool model_is_gpt(const model_shape *model);
+/* The first field (in file order) that is not GPT-2's, "" when none:
+ * what a message names when the layer is not one the caller runs. */
+const char *model_non_gpt_field(const model_shape *model);
+/* Key/value heads one of tp ranks holds, as Megatron splits them: kv / tp
+ * when tp divides them, else (tp a multiple of them) one, replicated. */
+double model_kv_heads_per_rank(const model_shape *model, int tp);
+/* One layer's parameters on one of tp ranks: the layer's / tp, plus the
+ * key/value projections a rank holds beyond its share when they are
+ * replicated (kv_heads < tp). */
+double model_layer_parameters_per_rank(const model_shape *model, int tp);
+/* 0 when tp can split the model's attention; else -1 with err naming the
+ * model and why. GPT-2 models are not checked (their tp splits columns);
+ * the others need heads divisible by tp and kv_heads divisible by tp or
+ * dividing it. */
+int model_check_tp(const model_shape *model, int tp, pt_error *err);
+/* The architecture's names, as the files spell them. */
+const char *model_norm_name(model_norm norm);
+const char *model_mlp_name(model_mlp mlp);
+const char *model_positions_name(model_positions positions);
 
 /* --------------------------------------------------------------- cluster */
 

@@ -1,5 +1,7 @@
-/* models/<name>.json: the shape of a GPT-style transformer, read and
- * written here (plans and run records embed it). */
+/* models/<name>.json: the shape of a decoder-only transformer (GPT-2's
+ * layer, or Llama's and its kin: RMSNorm, SwiGLU, rotary positions,
+ * grouped-query attention, no biases), read and written here (plans and
+ * run records embed it), and its parameter counts. */
 #include "common/common.h"
 
 #include <string.h>
@@ -13,7 +15,17 @@
 
 static const char *const model_keys[] = {
     "name", "layers", "hidden", "heads", "ffn_hidden", "seq", "vocab",
-    "tied_embeddings", NULL};
+    "tied_embeddings", "kv_heads", "norm", "mlp", "positions", "rope_base",
+    "bias", "qkv_bias", NULL};
+
+/* Indexed by the enums of common.h. */
+static const char *const norm_names[] = {"layernorm", "rmsnorm", NULL};
+static const char *const mlp_names[] = {"gelu", "swiglu", NULL};
+static const char *const position_names[] = {"learned", "rope", NULL};
+
+/* Rotary positions' base when the file gives none (Llama 2's). */
+#define MODEL_DEFAULT_ROPE_BASE 10000.0
+#define MODEL_MAX_ROPE_BASE 1e12
 
 static int get_bounded_int(const json_t *obj, const json_place *place,
                            const char *key, bool required, long long max,
@@ -24,6 +36,87 @@ static int get_bounded_int(const json_t *obj, const json_place *place,
         return -1;
     *out = (int)value;
     return 0;
+}
+
+/* An optional string key that must be one of names; *out keeps its
+ * value when the key is absent. */
+static int get_choice(const json_t *obj, const json_place *place,
+                      const char *key, const char *const *names, int *out,
+                      pt_error *err)
+{
+    char text[32] = "";
+    if (json_object_get(obj, key) == NULL)
+        return 0;
+    if (json_get_string(obj, place, key, false, text, sizeof text, err) != 0)
+        return -1;
+    for (int i = 0; names[i] != NULL; i++)
+        if (strcmp(text, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    json_place where = json_place_key(place, key);
+    return json_place_fail(&where, err, "must be \"%s\" or \"%s\", got "
+                           "\"%s\"", names[0], names[1], text);
+}
+
+/* bias and qkv_bias: all linear layers, none, or (bias false, qkv_bias
+ * true) the query, key and value projections alone. */
+static int read_bias(const json_t *obj, const json_place *place,
+                     model_shape *out, pt_error *err)
+{
+    bool bias = true, qkv_bias;
+    if (json_get_bool(obj, place, "bias", false, &bias, err) != 0)
+        return -1;
+    qkv_bias = bias;
+    if (json_get_bool(obj, place, "qkv_bias", false, &qkv_bias, err) != 0)
+        return -1;
+    if (bias && !qkv_bias) {
+        json_place where = json_place_key(place, "qkv_bias");
+        return json_place_fail(&where, err, "false needs \"bias\": false "
+                               "(with biases, q, k and v have theirs)");
+    }
+    out->bias = bias ? MODEL_BIAS_ALL
+                     : qkv_bias ? MODEL_BIAS_QKV : MODEL_BIAS_NONE;
+    return 0;
+}
+
+/* kv_heads (divides heads), norm, mlp, positions and rope_base (rope
+ * only), bias: GPT-2's when absent. */
+static int read_architecture(const json_t *obj, const json_place *place,
+                             model_shape *out, pt_error *err)
+{
+    long long kv = out->heads;
+    int norm = 0, mlp = 0, positions = 0;
+    if (json_get_int(obj, place, "kv_heads", false, 1, out->heads, &kv,
+                     err) != 0 ||
+        get_choice(obj, place, "norm", norm_names, &norm, err) != 0 ||
+        get_choice(obj, place, "mlp", mlp_names, &mlp, err) != 0 ||
+        get_choice(obj, place, "positions", position_names, &positions,
+                   err) != 0)
+        return -1;
+    out->kv_heads = (int)kv;
+    out->norm = (model_norm)norm;
+    out->mlp = (model_mlp)mlp;
+    out->positions = (model_positions)positions;
+    if (out->heads % out->kv_heads != 0) {
+        json_place where = json_place_key(place, "kv_heads");
+        return json_place_fail(&where, err, "%d heads are not divisible by "
+                               "%d key/value heads", out->heads,
+                               out->kv_heads);
+    }
+    if (json_object_get(obj, "rope_base") != NULL &&
+        out->positions != MODEL_POSITIONS_ROPE) {
+        json_place where = json_place_key(place, "rope_base");
+        return json_place_fail(&where, err, "needs \"positions\": "
+                               "\"rope\"");
+    }
+    if (out->positions == MODEL_POSITIONS_ROPE) {
+        out->rope_base = MODEL_DEFAULT_ROPE_BASE;
+        if (json_get_number(obj, place, "rope_base", false, 1.0,
+                            MODEL_MAX_ROPE_BASE, &out->rope_base, err) != 0)
+            return -1;
+    }
+    return read_bias(obj, place, out, err);
 }
 
 int model_from_json(const json_t *obj, const json_place *place,
@@ -63,7 +156,7 @@ int model_from_json(const json_t *obj, const json_place *place,
                                "hidden %d is not divisible by %d heads",
                                out->hidden, out->heads);
     }
-    return 0;
+    return read_architecture(obj, place, out, err);
 }
 
 int model_load_file(const char *path, model_shape *out, pt_error *err)
@@ -93,6 +186,26 @@ json_t *model_to_json(const model_shape *model)
     json_put(obj, "vocab", json_integer(model->vocab), &failures);
     json_put(obj, "tied_embeddings", json_boolean(model->tied_embeddings),
              &failures);
+    /* the architecture's keys only where they are not GPT-2's, so that a
+     * GPT model's JSON reads as it always has */
+    if (model_kv_heads(model) != model->heads)
+        json_put(obj, "kv_heads", json_integer(model->kv_heads), &failures);
+    if (model->norm != MODEL_NORM_LAYERNORM)
+        json_put(obj, "norm", json_string(model_norm_name(model->norm)),
+                 &failures);
+    if (model->mlp != MODEL_MLP_GELU)
+        json_put(obj, "mlp", json_string(model_mlp_name(model->mlp)),
+                 &failures);
+    if (model->positions != MODEL_POSITIONS_LEARNED) {
+        json_put(obj, "positions",
+                 json_string(model_positions_name(model->positions)),
+                 &failures);
+        json_put(obj, "rope_base", json_real(model->rope_base), &failures);
+    }
+    if (model->bias != MODEL_BIAS_ALL)
+        json_put(obj, "bias", json_false(), &failures);
+    if (model->bias == MODEL_BIAS_QKV)
+        json_put(obj, "qkv_bias", json_true(), &failures);
     if (failures > 0) {
         json_decref(obj);
         return NULL;
@@ -100,28 +213,140 @@ json_t *model_to_json(const model_shape *model)
     return obj;
 }
 
+const char *model_norm_name(model_norm norm)
+{
+    return norm == MODEL_NORM_RMSNORM ? norm_names[1] : norm_names[0];
+}
+
+const char *model_mlp_name(model_mlp mlp)
+{
+    return mlp == MODEL_MLP_SWIGLU ? mlp_names[1] : mlp_names[0];
+}
+
+const char *model_positions_name(model_positions positions)
+{
+    return positions == MODEL_POSITIONS_ROPE ? position_names[1]
+                                             : position_names[0];
+}
+
+int model_kv_heads(const model_shape *model)
+{
+    return model->kv_heads > 0 ? model->kv_heads : model->heads;
+}
+
+const char *model_non_gpt_field(const model_shape *model)
+{
+    if (model_kv_heads(model) != model->heads)
+        return "kv_heads";
+    if (model->norm != MODEL_NORM_LAYERNORM)
+        return "norm";
+    if (model->mlp != MODEL_MLP_GELU)
+        return "mlp";
+    if (model->positions != MODEL_POSITIONS_LEARNED)
+        return "positions";
+    return model->bias != MODEL_BIAS_ALL ? "bias" : "";
+}
+
+bool model_is_gpt(const model_shape *model)
+{
+    return model_non_gpt_field(model)[0] == '\0';
+}
+
+/* One norm's parameters: LayerNorm's weight and bias, RMSNorm's weight. */
+static double norm_parameters(const model_shape *model)
+{
+    return (model->norm == MODEL_NORM_RMSNORM ? 1.0 : 2.0) * model->hidden;
+}
+
+/* Width of the key (or value) projection: kv_heads x head size. */
+static double kv_width(const model_shape *model)
+{
+    int kv = model_kv_heads(model);
+    if (kv == model->heads)
+        return model->hidden;
+    return (double)kv * (model->hidden / model->heads);
+}
+
+/* Megatron's layout: q, k and v one column-parallel product of h + 2 kv
+ * d columns, the attention projection h x h, the MLP's first product f
+ * columns (GELU) or 2f (SwiGLU's gate and up, fused), its second f x h;
+ * biases on the linear layers as the model says; two norms. GPT-2:
+ * 4h^2 + 2hf + 9h + f. */
 double model_layer_parameter_count(const model_shape *model)
 {
     double hidden = model->hidden;
     double ffn = model->ffn_hidden;
-    double attention_qkv = 3.0 * hidden * hidden + 3.0 * hidden;
-    double attention_projection = hidden * hidden + hidden;
-    double mlp_up = hidden * ffn + ffn;
-    double mlp_down = ffn * hidden + hidden;
-    double layer_norms = 2.0 * 2.0 * hidden; /* weight and bias, twice */
+    double qkv_width = hidden + 2.0 * kv_width(model);
+    bool bias = model->bias == MODEL_BIAS_ALL;
+    bool qkv_bias = model->bias != MODEL_BIAS_NONE;
+    double up_width = model->mlp == MODEL_MLP_SWIGLU ? 2.0 * ffn : ffn;
+    double attention_qkv = hidden * qkv_width + (qkv_bias ? qkv_width : 0.0);
+    double attention_projection = hidden * hidden + (bias ? hidden : 0.0);
+    double mlp_up = hidden * up_width + (bias ? up_width : 0.0);
+    double mlp_down = ffn * hidden + (bias ? hidden : 0.0);
+    double layer_norms = 2.0 * norm_parameters(model);
     return attention_qkv + attention_projection + mlp_up + mlp_down +
            layer_norms;
 }
 
-double model_parameter_count(const model_shape *model)
+double model_embedding_parameter_count(const model_shape *model)
 {
     double hidden = model->hidden;
     double token_embedding = (double)model->vocab * hidden;
-    double position_embedding = (double)model->seq * hidden;
-    double final_norm = 2.0 * hidden;
+    double position_embedding =
+        model->positions == MODEL_POSITIONS_LEARNED
+            ? (double)model->seq * hidden
+            : 0.0; /* rotary positions have no parameters */
+    return token_embedding + position_embedding;
+}
+
+double model_final_norm_parameter_count(const model_shape *model)
+{
+    return norm_parameters(model);
+}
+
+double model_parameter_count(const model_shape *model)
+{
+    double token_embedding = (double)model->vocab * model->hidden;
     /* A tied head reuses the token embedding's matrix. */
     double head = model->tied_embeddings ? 0.0 : token_embedding;
-    return token_embedding + position_embedding +
-           model->layers * model_layer_parameter_count(model) + final_norm +
-           head;
+    return model_embedding_parameter_count(model) +
+           model->layers * model_layer_parameter_count(model) +
+           model_final_norm_parameter_count(model) + head;
+}
+
+double model_kv_heads_per_rank(const model_shape *model, int tp)
+{
+    int kv = model_kv_heads(model);
+    if (kv == model->heads || kv >= tp)
+        return (double)kv / tp;
+    return 1.0; /* fewer groups than ranks: each rank holds one, copied */
+}
+
+double model_layer_parameters_per_rank(const model_shape *model, int tp)
+{
+    double share = model_layer_parameter_count(model) / tp;
+    int kv = model_kv_heads(model);
+    if (kv == model->heads || kv >= tp)
+        return share;
+    /* the key and value heads a rank holds beyond its 1/tp of them */
+    double head_size = model->hidden / model->heads;
+    double per_head = 2.0 * head_size *
+                      (model->hidden + (model->bias != MODEL_BIAS_NONE));
+    return share + per_head * (1.0 - (double)kv / tp);
+}
+
+int model_check_tp(const model_shape *model, int tp, pt_error *err)
+{
+    int kv = model_kv_heads(model);
+    if (model_is_gpt(model) || tp <= 1)
+        return 0;
+    if (model->heads % tp != 0)
+        return pt_fail(err, "model %s: tp %d does not divide its %d "
+                       "attention heads", model->name, tp, model->heads);
+    if (kv % tp != 0 && tp % kv != 0)
+        return pt_fail(err, "model %s: tp %d neither divides its %d "
+                       "key/value heads nor is a multiple of them",
+                       model->name, tp, kv);
+    return 0;
 }

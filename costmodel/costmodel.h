@@ -451,6 +451,7 @@ typedef struct estimate {
     double step_time_s;
     double tokens_per_s;
     double tflops_per_gpu;     /* model FLOPs (Megatron's formula) / time */
+    double parameters;         /* the model's (model_parameter_count) */
     double bubble_fraction;    /* idle share of the slowest stage */
     double cost_per_step_usd;
     bool fits;                 /* every stage within its memory cap */
@@ -494,7 +495,9 @@ double stage_parameters_per_gpu(const model_shape *model,
                                 int layers);
 
 /* Megatron's FLOPs of one iteration (anchors.md): 72 B s l h^2 (1 + s/6h +
- * V/12lh), or the 96 form with full recompute. */
+ * V/12lh), or the 96 form with full recompute, for a GPT-2 layer; other
+ * layers count their own matrices (model_layer_forward_flops,
+ * docs/cost-model.md, "Llama-family layers"). */
 double model_flops_per_iteration(const model_shape *model, int gbs,
                                  bool recompute);
 

@@ -44,11 +44,11 @@ int event_kind_from_name(const char *name)
 double model_flops_per_iteration(const model_shape *model, int gbs,
                                  bool recompute)
 {
-    double ffn = model->ffn_hidden > 0 ? model->ffn_hidden
-                                       : 4.0 * model->hidden;
+    model_shape shape = *model;
+    if (shape.ffn_hidden <= 0)
+        shape.ffn_hidden = 4 * shape.hidden;
     double layers_forward = model->layers *
-                            layer_forward_flops(model->hidden, ffn, model->seq,
-                                                gbs);
+                            model_layer_forward_flops(&shape, gbs);
     double head_forward = 2.0 * gbs * model->seq * (double)model->hidden *
                           model->vocab;
     /* forward + backward (2x forward) = 3 passes; recompute adds one more
@@ -605,8 +605,10 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        estimate *out, pt_error *err)
 {
     memset(out, 0, sizeof *out);
-    if (costmodel_check_degrees(config, err) != 0)
+    if (costmodel_check_degrees(config, err) != 0 ||
+        model_check_tp(&cm->model, config->tp, err) != 0)
         return -1;
+    out->parameters = model_parameter_count(&cm->model);
     int microbatches = costmodel_microbatch_count(config, err);
     if (microbatches < 0 || check_partition(cm, config, partition, err) != 0 ||
         costmodel_check_schedule_levers(cm, config, partition, err) != 0)

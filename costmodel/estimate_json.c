@@ -196,6 +196,8 @@ json_t *estimate_to_json(const estimate *est, const parallel_config *config,
                  &failures);
         json_put(obj, "tflops_per_gpu", json_real(est->tflops_per_gpu),
                  &failures);
+        json_put(obj, "parameters",
+                 json_integer((json_int_t)est->parameters), &failures);
         json_put(obj, "bubble_fraction", json_real(est->bubble_fraction),
                  &failures);
         json_put(obj, "cost_per_step_usd", json_real(est->cost_per_step_usd),

@@ -106,6 +106,10 @@ int costmodel_interleave_pipeline(const costmodel *cm,
  * not divided by tp). */
 double layer_forward_flops(double hidden, double ffn_hidden, double seq,
                            double microbatch);
+/* The same of a model's layer, its architecture counted (GQA's narrower
+ * key/value products, SwiGLU's third matrix); layer_forward_flops for a
+ * GPT-2 layer, bit for bit. */
+double model_layer_forward_flops(const model_shape *model, double microbatch);
 
 /* ------------------------------------------------------------ lookup.c */
 

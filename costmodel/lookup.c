@@ -20,6 +20,22 @@ double layer_forward_flops(double hidden, double ffn_hidden, double seq,
     return matmuls + attention;
 }
 
+double model_layer_forward_flops(const model_shape *model, double microbatch)
+{
+    if (model_is_gpt(model))
+        return layer_forward_flops(model->hidden, model->ffn_hidden,
+                                   model->seq, microbatch);
+    /* Megatron's count: q h x h, k and v h x kv d each, the projection
+     * h x h, the MLP 2 (GELU) or 3 (SwiGLU) h x f matrices; attention's
+     * Q K^T and P V over all heads whatever the key/value heads */
+    double h = model->hidden, f = model->ffn_hidden, s = model->seq;
+    double kv = (double)model_kv_heads(model) * (model->hidden / model->heads);
+    double mlp_matrices = model->mlp == MODEL_MLP_SWIGLU ? 3.0 : 2.0;
+    double matmuls = 2.0 * microbatch * s *
+                     (2.0 * h * h + 2.0 * h * kv + mlp_matrices * h * f);
+    return matmuls + 4.0 * microbatch * s * s * h;
+}
+
 int profile_shape_ffn(const profile_shape *shape)
 {
     return shape->ffn_hidden > 0 ? shape->ffn_hidden : 4 * shape->hidden;
@@ -37,6 +53,10 @@ static bool has_usable_point(const profile_shape *shape)
 const profile_shape *lookup_held_shape(const profile *prof,
                                        const model_shape *model)
 {
+    /* a profile's shapes are GPT-2 layers: another layer of the same
+       widths is not one of them */
+    if (!model_is_gpt(model))
+        return NULL;
     for (int i = 0; i < prof->shape_count; i++) {
         const profile_shape *shape = &prof->shapes[i];
         if (shape->hidden == model->hidden && shape->seq == model->seq &&
@@ -204,7 +224,7 @@ static bool candidate(const profile_shape *shape, const model_shape *m,
                       int need_tp)
 {
     long long ffn = profile_shape_ffn(shape);
-    return shape->vocab == m->vocab &&
+    return model_is_gpt(m) && shape->vocab == m->vocab &&
            ffn * m->hidden == (long long)m->ffn_hidden * shape->hidden &&
            has_usable_point(shape) && (need_tp == 0 || has_tp(shape, need_tp));
 }

@@ -56,6 +56,14 @@ typedef struct shard_dims {
     double S;          /* sequence shards: tp under sequence parallelism,
                           else 1 (the layer norms' and the residual
                           stream's tensors are divided by it) */
+    /* the architecture (docs/cost-model.md, "Llama-family layers"):
+     * GPT-2's is A, 1, false, false, true, true */
+    double KV;         /* key (or value) channels of the rank */
+    double U;          /* the MLP's first product's columns over F: 2
+                          for SwiGLU's gate and up */
+    bool rms;          /* RMSNorm: one statistic a row, no bias */
+    bool rope;         /* no position embedding */
+    bool bias, qkv_bias;
 } shard_dims;
 
 static shard_dims dims_of(const model_shape *m, const parallel_config *c)
@@ -71,8 +79,16 @@ static shard_dims dims_of(const model_shape *m, const parallel_config *c)
         .unfused = parallel_attention(c) == ATTENTION_UNFUSED,
         .no_mirror = c->precision == PRECISION_FP32 &&
                      c->runtime != RUNTIME_PARTITA,
-        .S = costmodel_sequence_shards(c)};
+        .S = costmodel_sequence_shards(c),
+        .U = m->mlp == MODEL_MLP_SWIGLU ? 2.0 : 1.0,
+        .rms = m->norm == MODEL_NORM_RMSNORM,
+        .rope = m->positions == MODEL_POSITIONS_ROPE,
+        .bias = m->bias == MODEL_BIAS_ALL,
+        .qkv_bias = m->bias != MODEL_BIAS_NONE};
     d.N = d.B * d.T;
+    d.KV = model_kv_heads(m) == m->heads
+               ? d.A
+               : model_kv_heads_per_rank(m, tp) * (m->hidden / m->heads);
     return d;
 }
 
@@ -88,19 +104,37 @@ static void add_tensor(tensor_tally *t, double count)
     t->tensors += 1.0;
 }
 
-/* A layer's tensors, as stage_parameter_layout lays out a shard. */
+/* A norm's tensors: LayerNorm's weight and bias, RMSNorm's weight. */
+static void add_norm(tensor_tally *t, const shard_dims *d)
+{
+    add_tensor(t, d->C);
+    if (!d->rms)
+        add_tensor(t, d->C);
+}
+
+/* A layer's tensors, as stage_parameter_layout lays out a shard (GPT-2);
+ * other layers as Megatron holds them: q, k and v one product of A + 2
+ * KV columns, SwiGLU's gate and up one of 2F, biases where the model
+ * has them. */
 static tensor_tally layer_tensors(const shard_dims *d)
 {
     tensor_tally t = {0};
     double C = d->C, A = d->A, F = d->F;
-    double sizes[] = {C, C,            /* ln1 */
-                      3 * A * C, 3 * A, /* qkv */
-                      C * A, C,         /* attention projection */
-                      C, C,             /* ln2 */
-                      F * C, F,         /* fc */
-                      C * F, C};        /* MLP projection */
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        add_tensor(&t, sizes[i]);
+    double qkv = d->KV == A ? 3 * A : A + 2 * d->KV;
+    add_norm(&t, d);                                  /* ln1 */
+    add_tensor(&t, qkv * C);                          /* qkv */
+    if (d->qkv_bias)
+        add_tensor(&t, qkv);
+    add_tensor(&t, C * A);                            /* projection */
+    if (d->bias)
+        add_tensor(&t, C);
+    add_norm(&t, d);                                  /* ln2 */
+    add_tensor(&t, d->U * F * C);                     /* fc */
+    if (d->bias)
+        add_tensor(&t, d->U * F);
+    add_tensor(&t, C * F);                            /* MLP projection */
+    if (d->bias)
+        add_tensor(&t, C);
     return t;
 }
 
@@ -113,11 +147,11 @@ static tensor_tally end_tensors(const model_shape *m,
     bool first = stage == 0, last = stage == c->pp - 1;
     if (first) {
         add_tensor(&t, d->V * d->C);
-        add_tensor(&t, d->T * d->C);
+        if (!d->rope)
+            add_tensor(&t, d->T * d->C);
     }
     if (last) {
-        add_tensor(&t, d->C);
-        add_tensor(&t, d->C);
+        add_norm(&t, d);
         if (!m->tied_embeddings || !first)
             add_tensor(&t, d->V * d->C);
     }
@@ -167,13 +201,21 @@ static double layer_activation_bytes(const shard_dims *d, bool recompute)
     if (recompute)
         return r * N * C / S;
     double scores = d->unfused ? (2.0 * e + 1.0) * N * d->NH * d->T : 0.0;
-    return 16.0 * N / S                   /* two norms' mean and rstd */
+    /* RMSNorm keeps one statistic a row; grouped-query attention's K and
+     * V are KV wide (RoPE's rotated Q and K replace the unrotated ones:
+     * the rotation is linear and keeps nothing); SwiGLU keeps its gate
+     * and up (2F) and the product the down projection reads (F), as
+     * Megatron does */
+    double norm_stats = d->rms ? 8.0 : 16.0;
+    double qkvo = d->KV == A ? 4.0 * N * A : N * (2.0 * A + 2.0 * d->KV);
+    double mlp = d->U > 1.0 ? 3.0 * N * F : N * F;
+    return norm_stats * N / S             /* two norms' statistics */
            + e * 2.0 * N * C / S          /* the norms' outputs */
-           + e * 4.0 * N * A              /* qkv, attention output */
+           + e * qkvo                     /* qkv, attention output */
            + 4.0 * d->B * d->NH * d->T    /* attention's log-sum-exp */
            + scores                       /* unfused: the s x s scores */
            + r * N * C / S                /* residual after attention */
-           + e * N * F                    /* fc output before the GELU */
+           + e * mlp                      /* fc output before the GELU */
            + r * N * C / S;               /* the layer's output */
 }
 
@@ -201,12 +243,13 @@ static double layernorm_scratch_bytes(double N, double C)
 static double scratch_bytes(const shard_dims *d, bool last)
 {
     double N = d->N, C = d->C, A = d->A, F = d->F, e = d->e;
-    double widest = fmax(fmax(3.0 * A, F), C);
+    double qkv = d->KV == A ? 3.0 * A : A + 2.0 * d->KV;
+    double widest = fmax(fmax(qkv, d->U * F), C);
     double bytes = 8.0 * N * C                 /* fp32 gradient streams */
                    + e * 3.0 * N * C           /* bf16 stream, norm
                                                   gradient, norm output */
-                   + e * 4.0 * N * A           /* attention, qkv grads */
-                   + e * N * F                 /* fc gradient */
+                   + e * N * (A + qkv)         /* attention, qkv grads */
+                   + e * d->U * N * F          /* fc gradient */
                    + layernorm_scratch_bytes(N, C)
                    + 4.0 * ceil_div(N, BIAS_ROWS) * widest
                    + 4.0 * F                   /* an epilogue's bias grad */
@@ -299,10 +342,10 @@ void costmodel_stage_memory(const model_shape *model,
     /* ZeRO-2/3's shards and units (zero.c), as buffers.c lays them out */
     zero_unit_sizes units = {
         .layer = one_layer.params,
-        .embedding = first ? (d.V + d.T) * d.C : 0.0,
-        .head = last ? 2.0 * d.C + (!model->tied_embeddings || !first
-                                        ? d.V * d.C
-                                        : 0.0)
+        .embedding = first ? (d.V + (d.rope ? 0.0 : d.T)) * d.C : 0.0,
+        .head = last ? (d.rms ? 1.0 : 2.0) * d.C +
+                           (!model->tied_embeddings || !first ? d.V * d.C
+                                                              : 0.0)
                      : 0.0,
         .head_pad = head_pad,
         .every_table_fixed = CHUNK_BYTES * ends.chunks +

@@ -100,6 +100,16 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
     shape_neighbours near;
     if (lookup_held_shape(prof, m))
         return;
+    if (!model_is_gpt(m) && prof->shape_count > 0)
+        costmodel_add_note(cm,
+                           "%s: the profile's measured layers are GPT-2's; "
+                           "%s's layer (%s, %s, %s positions, %d key/value "
+                           "heads) is priced from its own FLOPs and bytes "
+                           "(docs/cost-model.md, \"Llama-family layers\")",
+                           prof->gpu, m->name, model_norm_name(m->norm),
+                           model_mlp_name(m->mlp),
+                           model_positions_name(m->positions),
+                           model_kv_heads(m));
     if (lookup_shape_neighbours(prof, m, 1, &near)) {
         char how[256];
         describe_neighbours(&near, how, sizeof how);
@@ -173,12 +183,16 @@ static part_times efficiency_times(const profile *prof, const model_shape *m,
     double element = precision_bytes(config->precision);
     part_times t;
 
-    double layer_flops = layer_forward_flops(m->hidden, m->ffn_hidden, m->seq,
-                                             config->mbs) / config->tp;
+    double layer_flops = model_layer_forward_flops(m, config->mbs) /
+                         config->tp;
     t.layer.forward_s = layer_flops / flops_per_s;
     t.layer.backward_s = 2.0 * t.layer.forward_s;
 
-    double embedding_bytes = 3.0 * tokens * m->hidden * element;
+    /* token and position rows read, their sum written; rotary
+     * positions: the token rows read and written */
+    double embedding_rows = m->positions == MODEL_POSITIONS_LEARNED ? 3.0
+                                                                    : 2.0;
+    double embedding_bytes = embedding_rows * tokens * m->hidden * element;
     t.embedding.forward_s = bytes_per_s > 0.0 ? embedding_bytes / bytes_per_s
                                               : 0.0;
     t.embedding.backward_s = 2.0 * t.embedding.forward_s;

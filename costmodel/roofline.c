@@ -29,7 +29,7 @@ typedef struct kernel {
 } kernel;
 
 /* The most kernels any part runs in one direction (a layer's backward
- * runs 14). */
+ * runs 14, 15 with rotary positions, 20 with unfused attention). */
 #define MAX_PART_KERNELS 24
 
 typedef struct kernel_list {
@@ -61,6 +61,16 @@ static void add_memory(kernel_list *list, double bytes)
     add_kernel(list, KERNEL_MEMORY, 0.0, bytes);
 }
 
+/* Key/value channels of one tp rank: kv d / t with multi-head attention
+ * (h / t, the GPT expression), the key/value heads Megatron gives a rank
+ * (replicated when fewer than t) with grouped-query attention. */
+static double kv_channels(const model_shape *m, int tp)
+{
+    if (model_kv_heads(m) == m->heads)
+        return (double)m->hidden / tp;
+    return model_kv_heads_per_rank(m, tp) * (m->hidden / m->heads);
+}
+
 /* Unfused attention of one tp shard (a / t heads of h / a channels):
  * Q K^T and P V as batched GEMMs whose s x s scores go through memory,
  * the scaled, masked softmax over them, and dropout (its output and a
@@ -71,14 +81,19 @@ static void unfused_attention_kernels(const model_shape *m, int tp, int mbs,
     double tokens = (double)mbs * m->seq, t = tp;
     double scores = (double)mbs * m->heads / t * m->seq * m->seq;
     double qkv_shard = tokens * m->hidden / t;
+    /* Q's and K's (or V's) shard: with grouped-query attention K and V
+       are narrower than Q */
+    double qk_shard = model_kv_heads(m) == m->heads
+                          ? 2.0 * qkv_shard
+                          : qkv_shard + tokens * kv_channels(m, tp);
     add_kernel(out, KERNEL_GEMM, 2.0 * mbs * (double)m->seq * m->seq *
                                      m->hidden / t,
-               e * (2.0 * qkv_shard + scores));            /* Q K^T */
+               e * (qk_shard + scores));                   /* Q K^T */
     add_memory(out, 2.0 * e * scores);                      /* softmax */
     add_memory(out, (2.0 * e + 1.0) * scores);              /* dropout */
     add_kernel(out, KERNEL_GEMM, 2.0 * mbs * (double)m->seq * m->seq *
                                      m->hidden / t,
-               e * (scores + 2.0 * qkv_shard));             /* P V */
+               e * (scores + qk_shard));                    /* P V */
 }
 
 /* The shard of one transformer layer a tp rank computes, forward. Biases
@@ -92,30 +107,42 @@ static void layer_forward_kernels(const model_shape *m, int tp, int mbs,
 {
     double tokens = (double)mbs * m->seq, h = m->hidden, t = tp;
     double f = m->ffn_hidden;
-    add_memory(out, 2.0 * tokens * h * e);               /* layer norm 1 */
-    add_gemm(out, tokens, 3.0 * h / t, h, e);            /* QKV + bias */
+    bool mha = model_kv_heads(m) == m->heads;
+    bool swiglu = m->mlp == MODEL_MLP_SWIGLU;
+    double kv = kv_channels(m, tp);
+    /* RMSNorm reads and writes what LayerNorm does: both memory bound */
+    add_memory(out, 2.0 * tokens * h * e);               /* norm 1 */
+    add_gemm(out, tokens, mha ? 3.0 * h / t : h / t + 2.0 * kv, h,
+             e);                                         /* QKV + bias */
+    if (m->positions == MODEL_POSITIONS_ROPE)
+        add_memory(out, 2.0 * tokens * (h / t + kv) * e); /* RoPE on Q, K */
     if (unfused)
         unfused_attention_kernels(m, tp, mbs, e, out);
     else
         add_kernel(out, KERNEL_ATTENTION,
                    4.0 * mbs * (double)m->seq * m->seq * h / t,
-                   4.0 * tokens * h / t * e);            /* flash attention */
+                   mha ? 4.0 * tokens * h / t * e
+                       : 2.0 * tokens * (h / t + kv) * e); /* flash */
     add_gemm(out, tokens, h, h / t, e);                  /* projection */
     add_memory(out, 3.0 * tokens * h * e);               /* bias + residual */
-    add_memory(out, 2.0 * tokens * h * e);               /* layer norm 2 */
-    add_gemm(out, tokens, f / t, h, e);                  /* MLP up */
-    add_memory(out, 2.0 * tokens * f / t * e);           /* bias + GELU */
+    add_memory(out, 2.0 * tokens * h * e);               /* norm 2 */
+    /* SwiGLU: gate and up as one product of 2f / t columns, then the
+       gate's SiLU times up (reads 2f / t, writes f / t) */
+    add_gemm(out, tokens, (swiglu ? 2.0 : 1.0) * f / t, h, e); /* MLP up */
+    add_memory(out, (swiglu ? 3.0 : 2.0) * tokens * f / t * e); /* act. */
     add_gemm(out, tokens, h, f / t, e);                  /* MLP down */
     add_memory(out, 3.0 * tokens * h * e);               /* bias + residual */
 }
 
-/* Token and position rows read, their sum written. Vocabulary-parallel
- * embeddings read the same rows on every tp rank (masked), so the bytes
- * do not shrink with tp. */
+/* Token and position rows read, their sum written (rotary positions:
+ * the token rows read and written). Vocabulary-parallel embeddings read
+ * the same rows on every tp rank (masked), so the bytes do not shrink
+ * with tp. */
 static void embedding_forward_kernels(const model_shape *m, int mbs,
                                       double e, kernel_list *out)
 {
-    add_memory(out, 3.0 * mbs * (double)m->seq * m->hidden * e);
+    double rows = m->positions == MODEL_POSITIONS_LEARNED ? 3.0 : 2.0;
+    add_memory(out, rows * mbs * (double)m->seq * m->hidden * e);
 }
 
 /* Final layer norm, the LM head GEMM over the rank's V / tp vocabulary

@@ -16,15 +16,19 @@ double stage_parameters_per_gpu(const model_shape *model,
     double word_embedding = (double)model->vocab * hidden;
     double params = layers * model_layer_parameter_count(model);
     if (stage == 0)
-        params += word_embedding + (double)model->seq * hidden;
+        params += model_embedding_parameter_count(model);
     if (stage == config->pp - 1) {
-        params += 2.0 * hidden; /* final layer norm */
+        params += model_final_norm_parameter_count(model);
         /* an untied head is its own matrix; a tied one is a copy of the
            word embedding on the last stage when that is not the first */
         if (!model->tied_embeddings || config->pp > 1)
             params += word_embedding;
     }
-    return params / config->tp;
+    /* key/value heads copied on ranks beyond their count (exactly 0
+       without grouped-query attention) */
+    double copies = model_layer_parameters_per_rank(model, config->tp) -
+                    model_layer_parameter_count(model) / config->tp;
+    return params / config->tp + layers * copies;
 }
 
 double costmodel_offload_host_bytes(const model_shape *model,
@@ -221,8 +225,8 @@ static dp_backward last_backward(const costmodel *cm,
         .embedding_s = first ? slow->embedding_backward_s : 0.0,
         .fixed_bytes = 4.0 * stage_parameters_per_gpu(&cm->model, config,
                                                       stage, 0),
-        .layer_bytes = 4.0 * model_layer_parameter_count(&cm->model) /
-                       config->tp};
+        .layer_bytes = 4.0 * model_layer_parameters_per_rank(&cm->model,
+                                                             config->tp)};
 }
 
 

@@ -21,10 +21,12 @@ static zero_units units_of(const model_shape *m, const parallel_config *c)
 {
     double t = c->tp, h = m->hidden;
     bool head_matrix = !m->tied_embeddings || c->pp > 1;
+    double positions = m->positions == MODEL_POSITIONS_LEARNED ? m->seq : 0;
     return (zero_units){
-        .layer = model_layer_parameter_count(m) / t,
-        .embedding = ((double)m->vocab + m->seq) * h / t,
-        .head = (2.0 * h + (head_matrix ? (double)m->vocab * h : 0.0)) / t};
+        .layer = model_layer_parameters_per_rank(m, c->tp),
+        .embedding = ((double)m->vocab + positions) * h / t,
+        .head = (model_final_norm_parameter_count(m) +
+                 (head_matrix ? (double)m->vocab * h : 0.0)) / t};
 }
 
 static bool sharding(const parallel_config *config)

@@ -61,6 +61,44 @@ static json_t *hostfile_lines(const plan *p, const interop_host *hosts)
     return lines;
 }
 
+/* The model's flags for Megatron-DeepSpeed (its megatron/arguments.py
+ * and Llama examples), the trainer that pairs a ds_config with a
+ * Megatron-style model: its shape and, where the layer is not GPT-2's,
+ * RMSNorm, SwiGLU, rotary positions, grouped-query attention, no
+ * biases, the untied head. */
+static json_t *megatron_deepspeed_args(const model_shape *m)
+{
+    char text[160];
+    json_t *args = json_array();
+    snprintf(text, sizeof text, "--num-layers %d --hidden-size %d "
+             "--num-attention-heads %d --ffn-hidden-size %d",
+             m->layers, m->hidden, m->heads, m->ffn_hidden);
+    json_array_append_new(args, json_string(text));
+    snprintf(text, sizeof text, "--seq-length %d --max-position-embeddings "
+             "%d", m->seq, m->seq);
+    json_array_append_new(args, json_string(text));
+    if (m->norm == MODEL_NORM_RMSNORM)
+        json_array_append_new(args, json_string("--normalization rmsnorm"));
+    if (m->mlp == MODEL_MLP_SWIGLU)
+        json_array_append_new(args, json_string("--swiglu"));
+    if (m->positions == MODEL_POSITIONS_ROPE) {
+        snprintf(text, sizeof text, "--use-rotary-position-embeddings "
+                 "--rope-theta %.0f --no-position-embedding", m->rope_base);
+        json_array_append_new(args, json_string(text));
+    }
+    if (model_kv_heads(m) != m->heads) {
+        snprintf(text, sizeof text, "--num-key-value-heads %d",
+                 model_kv_heads(m));
+        json_array_append_new(args, json_string(text));
+    }
+    if (m->bias != MODEL_BIAS_ALL)
+        json_array_append_new(args, json_string("--disable-bias-linear"));
+    if (!m->tied_embeddings)
+        json_array_append_new(
+            args, json_string("--untie-embeddings-and-output-weights"));
+    return args;
+}
+
 static json_t *note_list(const plan *p)
 {
     interop_notes notes;
@@ -90,6 +128,14 @@ static json_t *partita_block(const plan *p, const char *plan_file,
              PARTITA_VERSION, plan_file);
     json_put(block, "about", json_string(about), &failures);
     json_put(block, "model", json_string(p->model.name), &failures);
+    if (!model_is_gpt(&p->model)) {
+        json_put(block, "architecture", model_to_json(&p->model), &failures);
+        json_put(block, "parameters",
+                 json_integer((json_int_t)model_parameter_count(&p->model)),
+                 &failures);
+        json_put(block, "megatron_deepspeed_args",
+                 megatron_deepspeed_args(&p->model), &failures);
+    }
     json_put(block, "tp", json_integer(c->tp), &failures);
     json_put(block, "dp", json_integer(c->dp), &failures);
     json_put(block, "pp", json_integer(c->pp), &failures);

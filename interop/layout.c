@@ -320,6 +320,13 @@ static void placement_notes(const plan *p, const char *title,
 
 static void megatron_notes(const plan *p, interop_notes *out)
 {
+    if (!model_is_gpt(&p->model))
+        add_note(out,
+                 "vocabulary %d is the tokenizer's: give Megatron-LM the "
+                 "model's own (--tokenizer-type HuggingFaceTokenizer "
+                 "--tokenizer-model PATH in ARGS); a GPT-2 BPE would "
+                 "size the embedding and head otherwise",
+                 p->model.vocab);
     int multiple = 128 * p->config.tp;
     int padded = (p->model.vocab + multiple - 1) / multiple * multiple;
     if (padded != p->model.vocab)
@@ -341,6 +348,15 @@ static void megatron_notes(const plan *p, interop_notes *out)
 
 static void deepspeed_notes(const plan *p, interop_notes *out)
 {
+    if (!model_is_gpt(&p->model))
+        add_note(out,
+                 "the model's layer (partita.architecture) is the "
+                 "training script's: Megatron-DeepSpeed builds it from "
+                 "partita.megatron_deepspeed_args%s",
+                 p->model.bias == MODEL_BIAS_QKV
+                     ? "; it has no flag for biases on q, k and v alone, "
+                       "so the model's few q, k, v biases are left out"
+                     : "");
     if (p->config.pp > 1)
         add_note(out,
                  "DeepSpeed takes no layer list: build the PipelineModule "

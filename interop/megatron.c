@@ -27,6 +27,13 @@ static int check_megatron_can_run(const plan *p, pt_error *err)
                        "plan.tp: Megatron-LM needs the feed-forward width %d "
                        "divisible by tp %d",
                        ffn, tp);
+    int kv = model_kv_heads(&p->model);
+    if (kv != p->model.heads && kv % tp != 0)
+        return pt_fail(err,
+                       "plan.tp: Megatron-LM needs the %d key/value heads "
+                       "(--num-query-groups) divisible by tp %d; it does "
+                       "not copy them over ranks as the estimate did",
+                       kv, tp);
     if (parallel_zero_stage(&p->config) >= 2 || p->config.offload_optimizer)
         return pt_fail(err,
                        "plan.zero: Megatron-LM has the distributed optimizer "
@@ -116,6 +123,15 @@ static void print_header(FILE *out, const plan *p, const char *plan_file,
             m->name, m->layers, m->hidden, m->heads,
             m->ffn_hidden > 0 ? m->ffn_hidden : 4 * m->hidden, m->seq,
             m->vocab, m->tied_embeddings ? "tied" : "untied");
+    if (!model_is_gpt(m))
+        fprintf(out, "#   %s, %s, %s positions, %d key/value heads, "
+                "%s; %.0f parameters\n",
+                model_norm_name(m->norm), model_mlp_name(m->mlp),
+                model_positions_name(m->positions), model_kv_heads(m),
+                m->bias == MODEL_BIAS_ALL   ? "biases"
+                : m->bias == MODEL_BIAS_QKV ? "biases on q, k, v only"
+                                            : "no biases",
+                model_parameter_count(m));
     fprintf(out,
             "# %d GPUs on %d nodes: tp %d x dp %d x pp %d; micro-batch %d, "
             "global batch %d\n#   (%d micro-batches); schedule %s; %s; "
@@ -216,6 +232,26 @@ static int print_partition_args(FILE *out, const plan *p, pt_error *err)
     return 0;
 }
 
+/* The layer's flags where it is not GPT-2's (Megatron-LM's defaults):
+ * RMSNorm, SwiGLU, rotary positions and their base, grouped-query
+ * attention, biases. */
+static void print_architecture_args(FILE *out, const model_shape *m)
+{
+    if (m->norm == MODEL_NORM_RMSNORM)
+        fprintf(out, "    --normalization RMSNorm\n");
+    if (m->mlp == MODEL_MLP_SWIGLU)
+        fprintf(out, "    --swiglu\n");
+    if (m->positions == MODEL_POSITIONS_ROPE)
+        fprintf(out, "    --position-embedding-type rope --rotary-base "
+                     "%.0f\n", m->rope_base);
+    if (model_kv_heads(m) != m->heads)
+        fprintf(out, "    --group-query-attention --num-query-groups %d\n",
+                model_kv_heads(m));
+    if (m->bias != MODEL_BIAS_ALL)
+        fprintf(out, "    --disable-bias-linear%s\n",
+                m->bias == MODEL_BIAS_QKV ? " --add-qkv-bias" : "");
+}
+
 static int print_plan_args(FILE *out, const plan *p, pt_error *err)
 {
     const parallel_config *c = &p->config;
@@ -237,6 +273,7 @@ static int print_plan_args(FILE *out, const plan *p, pt_error *err)
             c->mbs, c->gbs);
     if (!m->tied_embeddings)
         fprintf(out, "    --untie-embeddings-and-output-weights\n");
+    print_architecture_args(out, m);
     if (c->precision == PRECISION_BF16)
         fprintf(out, "    --bf16\n");
     else if (c->precision == PRECISION_FP16)

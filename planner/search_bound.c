@@ -352,8 +352,13 @@ static double busiest_stage_tail_floor(const bound_tables *t, costmodel *cm)
     const cluster *c = cm->cluster;
     const parallel_config *config = &t->config;
     int layers = (t->layers + t->pp - 1) / t->pp;
+    /* (the second term, copied key/value heads, is 0 without GQA) */
     double params = layers * model_layer_parameter_count(&cm->model) /
-                    config->tp;
+                        config->tp +
+                    layers * (model_layer_parameters_per_rank(&cm->model,
+                                                              config->tp) -
+                              model_layer_parameter_count(&cm->model) /
+                                  config->tp);
     double optimizer = INFINITY;
     link_spec fastest = {0.0, 0.0};
     for (int type = 0; type < c->type_count; type++) {

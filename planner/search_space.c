@@ -167,7 +167,10 @@ int search_space_build(const cluster *c, const model_shape *model,
     out->node_count = c->node_count;
     int gpus = cluster_gpu_count(c), capacity = 0;
     for (int tp = 1; tp <= gpus; tp *= 2) {
-        if (!search_tp_fits(c, tp) || gpus % tp != 0)
+        /* a tp that cannot split the heads (GQA's key/value heads
+           among them) is no plan */
+        if (!search_tp_fits(c, tp) || gpus % tp != 0 ||
+            model_check_tp(model, tp, NULL) != 0)
             continue;
         int groups = gpus / tp;
         for (int pp = 1; pp <= groups && pp <= layers && pp <= PT_MAX_STAGES;

@@ -5,6 +5,7 @@
 #include "executor/run/internal.h"
 
 #include <math.h>
+#include <string.h>
 #include <sys/stat.h>
 
 double run_comm_timeout(const run_options *options)
@@ -31,6 +32,36 @@ run_options run_options_defaults(long iterations)
     return options;
 }
 
+/* The executor's stages run GPT-2's layer (LayerNorm, GELU, learned
+ * positions, one key/value head per head, biases); a model that is
+ * another is refused, naming the first field it differs in, rather than
+ * trained as a GPT layer of its width (issue 35 items 3, 4). */
+static int check_gpt_layer(const plan *p, pt_error *err)
+{
+    const model_shape *m = &p->model;
+    const char *field = model_non_gpt_field(m);
+    if (field[0] == '\0')
+        return 0;
+    char value[48];
+    if (strcmp(field, "kv_heads") == 0)
+        snprintf(value, sizeof value, "%d", m->kv_heads);
+    else if (strcmp(field, "norm") == 0)
+        snprintf(value, sizeof value, "\"%s\"", model_norm_name(m->norm));
+    else if (strcmp(field, "mlp") == 0)
+        snprintf(value, sizeof value, "\"%s\"", model_mlp_name(m->mlp));
+    else if (strcmp(field, "positions") == 0)
+        snprintf(value, sizeof value, "\"%s\"",
+                 model_positions_name(m->positions));
+    else
+        snprintf(value, sizeof value, "false");
+    return pt_fail(err, "model %s%s%s%s: %s %s: exec trains GPT-2's layer "
+                   "only (layernorm, gelu, learned positions, kv_heads = "
+                   "heads, biases); plan, estimate or export this model "
+                   "(partita export --to megatron)",
+                   m->name, p->model_origin[0] ? " (" : "", p->model_origin,
+                   p->model_origin[0] ? ")" : "", field, value);
+}
+
 int run_check_plan(const plan *p, pt_error *err)
 {
     const parallel_config *config = &p->config;
@@ -48,6 +79,8 @@ int run_check_plan(const plan *p, pt_error *err)
                        runtime_name(config->runtime),
                        runtime_name(config->runtime),
                        runtime_name(config->runtime));
+    if (check_gpt_layer(p, err) != 0)
+        return -1;
     if (parallel_attention(config) == ATTENTION_UNFUSED)
         return pt_fail(err, "attention: unfused: exec computes attention "
                        "fused (flash); set attention to flash or leave it "

@@ -1,4 +1,6 @@
 /* Models (models/): the bundled ones and the reader's errors. */
+#include <math.h>
+
 #include "test_support.h"
 
 typedef struct bundled_model {
@@ -84,6 +86,20 @@ typedef struct bad_model {
     const char *message;
 } bad_model;
 
+/* Each case's file is refused with its message. */
+static void expect_refused(void **state, const bad_model *cases,
+                           size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        char path[512];
+        scratch_write(state, "bad.json", cases[i].json, path, sizeof path);
+        model_shape model;
+        pt_error err = {""};
+        assert_int_equal(model_load_file(path, &model, &err), -1);
+        EXPECT_MESSAGE(&err, cases[i].message);
+    }
+}
+
 static void test_bad_models(void **state)
 {
     static const bad_model cases[] = {
@@ -111,14 +127,139 @@ static void test_bad_models(void **state)
         {"[1, 2]", "bad.json: must be an object, got an array"},
         {"{\"name\": \"m\", \"layers\": 2,,}", "bad.json:1:"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char path[512];
-        scratch_write(state, "bad.json", cases[i].json, path, sizeof path);
+    expect_refused(state, cases, sizeof cases / sizeof *cases);
+}
+
+/* The bundled Llama-family models against the parameter counts their
+ * makers publish: the exact totals of their released weights (Hugging
+ * Face's safetensors metadata) to 0.1 %, and the rounded figures of
+ * their model cards to the digits those give. */
+typedef struct published_model {
+    const char *file;
+    double exact;        /* released weights' total */
+    double rounded;      /* the model card's figure */
+    double rounding;     /* half its last digit */
+} published_model;
+
+static const published_model published[] = {
+    {"models/llama3-8b.json", 8030261248.0, 8.03e9, 0.005e9},
+    {"models/llama3-70b.json", 70553706496.0, 70.6e9, 0.05e9},
+    {"models/llama2-7b.json", 6738415616.0, 6.74e9, 0.005e9},
+    {"models/llama3.2-1b.json", 1235814400.0, 1.24e9, 0.005e9},
+    {"models/llama2-13b.json", 13015864320.0, 13.0e9, 0.05e9},
+    {"models/llama2-70b.json", 68976648192.0, 69.0e9, 0.5e9},
+    {"models/llama3.1-405b.json", 405853388800.0, 406e9, 0.5e9},
+    {"models/mistral-7b.json", 7241732096.0, 7.24e9, 0.005e9},
+    {"models/qwen2.5-7b.json", 7615616512.0, 7.62e9, 0.005e9},
+};
+
+static void test_llama_family(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof published / sizeof *published; i++) {
+        char path[PT_PATH_MAX];
+        source_path(published[i].file, path, sizeof path);
         model_shape model;
         pt_error err = {""};
-        assert_int_equal(model_load_file(path, &model, &err), -1);
-        EXPECT_MESSAGE(&err, cases[i].message);
+        if (model_load_file(path, &model, &err) != 0)
+            fail_msg("%s", err.message);
+        double count = model_parameter_count(&model);
+        double off = fabs(count - published[i].exact) / published[i].exact;
+        if (off > 0.001 ||
+            fabs(count - published[i].rounded) > published[i].rounding)
+            fail_msg("%s: %.0f parameters, published %.0f (%.3g)",
+                     published[i].file, count, published[i].exact,
+                     published[i].rounded);
+        assert_false(model_is_gpt(&model));
+        assert_int_equal(model.norm, MODEL_NORM_RMSNORM);
+        assert_int_equal(model.mlp, MODEL_MLP_SWIGLU);
+        assert_int_equal(model.positions, MODEL_POSITIONS_ROPE);
     }
+}
+
+/* A Llama layer's parameters by hand: h 8, 4 heads of 2, 2 key/value
+ * heads, f 12; q 8x8, k and v 8x4 each, o 8x8, SwiGLU 3 x 8x12, two
+ * RMSNorm weights of 8. */
+static void test_llama_layer_by_hand(void **state)
+{
+    (void)state;
+    model_shape model = {.name = "toy", .layers = 3, .hidden = 8,
+                         .heads = 4, .kv_heads = 2, .ffn_hidden = 12,
+                         .seq = 16, .vocab = 10, .tied_embeddings = false,
+                         .norm = MODEL_NORM_RMSNORM, .mlp = MODEL_MLP_SWIGLU,
+                         .positions = MODEL_POSITIONS_ROPE,
+                         .rope_base = 10000.0, .bias = MODEL_BIAS_NONE};
+    double layer = 64 + 2 * 32 + 64 + 3 * 96 + 16;
+    assert_true(model_layer_parameter_count(&model) == layer);
+    /* no position embedding; untied head; final RMSNorm 8 */
+    assert_true(model_parameter_count(&model) == 80 + 3 * layer + 8 + 80);
+    model.bias = MODEL_BIAS_QKV; /* q 8, k 4, v 4 */
+    assert_true(model_layer_parameter_count(&model) == layer + 16);
+    /* tp 4 > 2 key/value heads: each rank holds one whole k and v head
+       (2 x (8 x 2 + 2) = 36 parameters) where its share is half of one */
+    assert_true(model_layer_parameters_per_rank(&model, 4) ==
+                (layer + 16) / 4 + 36 * 0.5);
+    assert_true(model_layer_parameters_per_rank(&model, 2) ==
+                (layer + 16) / 2);
+    assert_int_equal(model_check_tp(&model, 4, NULL), 0);
+    assert_int_equal(model_check_tp(&model, 8, NULL), -1);
+    assert_string_equal(model_non_gpt_field(&model), "kv_heads");
+}
+
+/* What a Llama model writes reads back the same; a GPT model's JSON has
+ * none of the new keys. */
+static void test_architecture_round_trip(void **state)
+{
+    (void)state;
+    char path[PT_PATH_MAX];
+    source_path("models/qwen2.5-7b.json", path, sizeof path);
+    model_shape model, again;
+    assert_int_equal(model_load_file(path, &model, NULL), 0);
+    json_t *json = model_to_json(&model);
+    json_place place = json_place_root("again");
+    assert_int_equal(model_from_json(json, &place, &again, NULL), 0);
+    json_decref(json);
+    assert_memory_equal(&model, &again, sizeof model);
+    assert_int_equal(again.bias, MODEL_BIAS_QKV);
+    assert_true(again.rope_base == 1e6);
+
+    source_path("models/gpt2-124m.json", path, sizeof path);
+    assert_int_equal(model_load_file(path, &model, NULL), 0);
+    assert_true(model_is_gpt(&model));
+    json = model_to_json(&model);
+    assert_int_equal(json_object_size(json), 8);
+    json_decref(json);
+}
+
+static void test_bad_architectures(void **state)
+{
+    static const bad_model cases[] = {
+        {"{\"name\": \"m\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
+         "\"seq\": 32, \"vocab\": 100, \"kv_heads\": 3}",
+         "bad.json: kv_heads: 4 heads are not divisible by 3 key/value "
+         "heads"},
+        {"{\"name\": \"m\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
+         "\"seq\": 32, \"vocab\": 100, \"kv_heads\": 8}",
+         "bad.json: kv_heads: must be"},
+        {"{\"name\": \"m\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
+         "\"seq\": 32, \"vocab\": 100, \"norm\": \"batchnorm\"}",
+         "bad.json: norm: must be \"layernorm\" or \"rmsnorm\", got "
+         "\"batchnorm\""},
+        {"{\"name\": \"m\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
+         "\"seq\": 32, \"vocab\": 100, \"mlp\": \"relu\"}",
+         "bad.json: mlp: must be \"gelu\" or \"swiglu\""},
+        {"{\"name\": \"m\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
+         "\"seq\": 32, \"vocab\": 100, \"rope_base\": 10000}",
+         "bad.json: rope_base: needs \"positions\": \"rope\""},
+        {"{\"name\": \"m\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
+         "\"seq\": 32, \"vocab\": 100, \"positions\": \"rope\", "
+         "\"rope_base\": 0.5}",
+         "bad.json: rope_base: must be"},
+        {"{\"name\": \"m\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
+         "\"seq\": 32, \"vocab\": 100, \"qkv_bias\": false}",
+         "bad.json: qkv_bias: false needs \"bias\": false"},
+    };
+    expect_refused(state, cases, sizeof cases / sizeof *cases);
 }
 
 int main(void)
@@ -128,6 +269,10 @@ int main(void)
         cmocka_unit_test(test_parameter_counts),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_llama_family),
+        cmocka_unit_test(test_llama_layer_by_hand),
+        cmocka_unit_test(test_architecture_round_trip),
+        cmocka_unit_test(test_bad_architectures),
     };
     return cmocka_run_group_tests(tests, scratch_open, scratch_close);
 }

@@ -299,6 +299,73 @@ static void test_megatron_refuses_indivisible_heads(void **state)
     plan_free(&p);
 }
 
+/* A Llama-shaped model: Megatron-LM's architecture flags, the
+ * tokenizer's note, Megatron-DeepSpeed's flags in the ds_config's
+ * partita block; a GPT model's script has none of them. */
+#define LLAMA_TOY                                                          \
+    "{ \"name\": \"llama-toy\", \"layers\": 4, \"hidden\": 256, "            \
+    "\"heads\": 8, \"kv_heads\": 2, \"ffn_hidden\": 688, \"seq\": 128, "     \
+    "\"vocab\": 32000, \"tied_embeddings\": false, \"norm\": \"rmsnorm\", "  \
+    "\"mlp\": \"swiglu\", \"positions\": \"rope\", \"rope_base\": 500000, "  \
+    "\"bias\": false }"
+
+static void test_megatron_llama(void **state)
+{
+    (void)state;
+    char text[2048];
+    plan p;
+    load_inline(plan_with(LLAMA_TOY, ", \"tp\": 2, \"dp\": 1, \"pp\": 2",
+                          text, sizeof text),
+                &p);
+    pt_error err = {{0}};
+    char *script = interop_megatron_script(&p, "llama.json", &err);
+    if (script == NULL)
+        fail_msg("%s", err.message);
+    expect_in(script, "    --normalization RMSNorm\n");
+    expect_in(script, "    --swiglu\n");
+    expect_in(script, "    --position-embedding-type rope --rotary-base "
+                      "500000\n");
+    expect_in(script, "    --group-query-attention --num-query-groups 2\n");
+    expect_in(script, "    --untie-embeddings-and-output-weights\n");
+    expect_in(script, "    --disable-bias-linear\n");
+    expect_in(script, "    --ffn-hidden-size 688\n");
+    expect_in(script, "--tokenizer-type HuggingFaceTokenizer");
+    expect_not_in(script, "--add-qkv-bias");
+    free(script);
+
+    json_t *config = interop_deepspeed_config(&p, "llama.json", &err);
+    assert_non_null(config);
+    json_t *block = json_object_get(config, "partita");
+    json_t *args = json_object_get(block, "megatron_deepspeed_args");
+    char *dumped = json_dumps(args, 0);
+    expect_in(dumped, "--normalization rmsnorm");
+    expect_in(dumped, "--num-key-value-heads 2");
+    expect_in(dumped, "--rope-theta 500000");
+    free(dumped);
+    assert_int_equal(
+        json_integer_value(json_object_get(block, "parameters")),
+        (json_int_t)model_parameter_count(&p.model));
+    json_decref(config);
+    plan_free(&p);
+
+    /* 2 key/value heads do not split over tp 4: Megatron-LM refuses */
+    load_inline(plan_with(LLAMA_TOY, ", \"tp\": 4, \"dp\": 1, \"pp\": 1",
+                          text, sizeof text),
+                &p);
+    assert_null(interop_megatron_script(&p, "llama.json", &err));
+    expect_in(err.message, "2 key/value heads (--num-query-groups)");
+    plan_free(&p);
+
+    /* a GPT plan's script names none of the architecture flags */
+    script = megatron_of("plan-gpt2-124m-1gpu.json", &p);
+    expect_not_in(script, "--normalization");
+    expect_not_in(script, "--swiglu");
+    expect_not_in(script, "--position-embedding-type");
+    expect_not_in(script, "--disable-bias-linear");
+    free(script);
+    plan_free(&p);
+}
+
 static void test_notes_of_mixed_stages_and_gpipe(void **state)
 {
     (void)state;
@@ -441,6 +508,7 @@ int main(void)
         cmocka_unit_test(test_megatron_hetero),
         cmocka_unit_test(test_megatron_small_plans),
         cmocka_unit_test(test_megatron_refuses_indivisible_heads),
+        cmocka_unit_test(test_megatron_llama),
         cmocka_unit_test(test_notes_of_mixed_stages_and_gpipe),
         cmocka_unit_test(test_deepspeed_every_example),
         cmocka_unit_test(test_deepspeed_hetero_and_175b),
