@@ -90,7 +90,8 @@ static double roofline_layer_flops(const model_shape *m, int tp)
     roofline_device d = {.peak_flops = 1e15, .bandwidth_bytes_per_s = 1e30,
                          .sms = 100, .sms_used = 100};
     model_part_costs costs;
-    roofline_part_costs(&p, &d, m, (roofline_shard){tp, 1, 2.0, false},
+    roofline_part_costs(&p, &d, m,
+                        (roofline_shard){tp, 1, 2.0, false, 4.0, true},
                         &costs);
     return costs.layer.forward_s * d.peak_flops;
 }
