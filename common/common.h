@@ -553,6 +553,10 @@ typedef struct parallel_config {
     schedule_kind schedule;
     precision_kind precision;
     bool recompute;             /* full activation recompute */
+    /* Megatron-LM's selective recompute (recompute "selective"; never
+     * with recompute): the attention core (Q K^T, softmax, dropout,
+     * P V) recomputed in the backward, its s x s activations not kept */
+    bool selective_recompute;
     bool distributed_optimizer; /* ZeRO-1 over the dp group */
     /* DeepSpeed's ZeRO stage (docs/cost-model.md, section 11): 2 shards
      * the gradients over dp as well, 3 the parameters too; 0 or 1 leave

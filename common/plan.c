@@ -32,7 +32,8 @@ static const char *const origin_keys[] = {"model", "cluster", NULL};
 /* In enum order. */
 static const char *const schedule_names[] = {"1f1b", "gpipe", NULL};
 static const char *const precision_names[] = {"bf16", "fp16", "fp32", NULL};
-static const char *const recompute_names[] = {"none", "full", NULL};
+static const char *const recompute_names[] = {"none", "full", "selective",
+                                              NULL};
 static const char *const runtime_names[] = {"partita", "megatron",
                                             "deepspeed", NULL};
 static const char *const attention_names[] = {"default", "flash",
@@ -467,6 +468,7 @@ static int degrees_part(const json_t *obj, const json_place *place,
     config->schedule = (schedule_kind)schedule;
     config->precision = (precision_kind)precision;
     config->recompute = recompute == 1;
+    config->selective_recompute = recompute == 2;
     config->runtime = (runtime_kind)runtime;
     config->attention = (attention_kind)attention;
     if (config->tf32 && config->precision != PRECISION_FP32) {
@@ -794,7 +796,10 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
     json_put(root, "precision",
              json_string(precision_name(config->precision)), &failures);
     json_put(root, "recompute",
-             json_string(config->recompute ? "full" : "none"), &failures);
+             json_string(config->recompute             ? "full"
+                         : config->selective_recompute ? "selective"
+                                                       : "none"),
+             &failures);
     json_put(root, "distributed_optimizer",
              json_boolean(config->distributed_optimizer), &failures);
     /* written when they say more than distributed_optimizer does, so a

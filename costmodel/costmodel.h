@@ -626,6 +626,14 @@ void roofline_part_costs(const roofline_params *params,
                          const model_shape *shape, roofline_shard shard,
                          model_part_costs *out);
 
+/* The attention core's share (Q K^T, softmax, dropout, P V; or the
+ * flash kernel) of one layer's forward time on the roofline: what
+ * Megatron's selective recompute adds to the backward. */
+double roofline_attention_share(const roofline_params *params,
+                                const roofline_device *device,
+                                const model_shape *shape,
+                                roofline_shard shard);
+
 /* One time of a source profile, as the fit sees it. part: 0 embedding,
  * 1 layer, 2 head. */
 typedef struct roofline_observation {

@@ -120,6 +120,12 @@ typedef struct part_times {
 
 /* A shape's ffn_hidden (4 x hidden when it says 0). */
 int profile_shape_ffn(const profile_shape *shape);
+/* The vocabulary rows one tp rank's head computes: its V / tp share
+ * rounded up to 128. Partita's executor pads each shard's logits so;
+ * Megatron-LM pads the whole vocabulary to a multiple of 128 x tp
+ * (--make-vocab-size-divisible-by 128), which gives every rank the same
+ * count (ceil(ceil(V / t) / 128) = ceil(V / 128 t)). */
+double padded_vocab_shard(int vocab, int tp);
 
 /* The model's shape in the profile (same hidden, ffn_hidden, seq, vocab;
  * heads are not part of the key), with a usable point; NULL: none. */

@@ -36,6 +36,12 @@ double model_layer_forward_flops(const model_shape *model, double microbatch)
     return matmuls + 4.0 * microbatch * s * s * h;
 }
 
+double padded_vocab_shard(int vocab, int tp)
+{
+    int shard = (vocab + tp - 1) / tp;
+    return (double)((shard + 127) / 128 * 128);
+}
+
 int profile_shape_ffn(const profile_shape *shape)
 {
     return shape->ffn_hidden > 0 ? shape->ffn_hidden : 4 * shape->hidden;

@@ -50,7 +50,9 @@ typedef struct shard_dims {
     double r;          /* of the residual stream's (4: fp32 in Partita's
                           executor; e in Megatron-LM and DeepSpeed) */
     double g;          /* of a main gradient's */
-    bool unfused;      /* attention keeps its a s x s scores */
+    bool unfused;      /* attention keeps its a s x s scores (not under
+                          selective recompute, which recomputes them) */
+    bool selective;    /* Megatron's selective recompute */
     bool no_mirror;    /* fp32 under Megatron-LM or DeepSpeed */
     int tp;
     double S;          /* sequence shards: tp under sequence parallelism,
@@ -77,6 +79,7 @@ static shard_dims dims_of(const model_shape *m, const parallel_config *c)
         .e = precision_bytes(c->precision), .tp = tp,
         .r = parallel_residual_bytes(c), .g = parallel_gradient_bytes(c),
         .unfused = parallel_attention(c) == ATTENTION_UNFUSED,
+        .selective = c->selective_recompute,
         .no_mirror = c->precision == PRECISION_FP32 &&
                      c->runtime != RUNTIME_PARTITA,
         .S = costmodel_sequence_shards(c),
@@ -189,6 +192,13 @@ static void add_parameter_terms(const parallel_config *c, const shard_dims *d,
             4.0 * (part->tensors + one);
 }
 
+/* Unfused attention's s x s activations of one layer: its softmax
+ * output (e bytes a score), dropout mask (1) and dropout output (e). */
+static double unfused_scores_bytes(const shard_dims *d)
+{
+    return (2.0 * d->e + 1.0) * d->N * d->NH * d->T;
+}
+
 /* One layer's activations kept per micro-batch in flight (the cuda
  * backend recomputes the GELU output; full recompute keeps the layer's
  * output only). The residual stream in r bytes; unfused attention keeps
@@ -200,7 +210,8 @@ static double layer_activation_bytes(const shard_dims *d, bool recompute)
     double r = d->r;
     if (recompute)
         return r * N * C / S;
-    double scores = d->unfused ? (2.0 * e + 1.0) * N * d->NH * d->T : 0.0;
+    double scores = d->unfused && !d->selective ? unfused_scores_bytes(d)
+                                                : 0.0;
     /* RMSNorm keeps one statistic a row; grouped-query attention's K and
      * V are KV wide (RoPE's rotated Q and K replace the unrotated ones:
      * the rotation is linear and keeps nothing); SwiGLU keeps its gate
@@ -368,9 +379,11 @@ void costmodel_stage_memory(const model_shape *model,
             chunks.head_slots *
             (d.e * d.N * d.C + 12.0 * d.N + d.e * d.N * d.Vp);
 
+    /* selective recompute: one layer's scores made again in the backward */
     fixed->bytes[PT_MEMORY_SCRATCH] +=
         chunks.scratch + 8.0 * (ends.tensors + ends.chunks) +
-        (config->recompute ? v * recomputed_layer_bytes(&d) : 0.0);
+        (config->recompute ? v * recomputed_layer_bytes(&d) : 0.0) +
+        (d.selective && d.unfused ? v * unfused_scores_bytes(&d) : 0.0);
     layer->bytes[PT_MEMORY_SCRATCH] +=
         8.0 * (one_layer.tensors + one_layer.chunks);
 

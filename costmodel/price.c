@@ -197,8 +197,9 @@ static part_times efficiency_times(const profile *prof, const model_shape *m,
                                               : 0.0;
     t.embedding.backward_s = 2.0 * t.embedding.forward_s;
 
-    double head_flops = 2.0 * tokens * m->hidden * m->vocab / config->tp;
-    double logits_bytes = 2.0 * tokens * m->vocab / config->tp * (element + 4.0);
+    double vocab_shard = padded_vocab_shard(m->vocab, config->tp);
+    double head_flops = 2.0 * tokens * m->hidden * vocab_shard;
+    double logits_bytes = 2.0 * tokens * vocab_shard * (element + 4.0);
     double head_bytes_s = bytes_per_s > 0.0 ? logits_bytes / bytes_per_s : 0.0;
     t.head.forward_s = head_flops / flops_per_s + head_bytes_s;
     t.head.backward_s = 2.0 * head_flops / flops_per_s + head_bytes_s;
@@ -207,6 +208,16 @@ static part_times efficiency_times(const profile *prof, const model_shape *m,
 
 /* Computation of the three parts from the profile's roofline (any
  * shape, tp and micro-batch; costmodel/roofline.c). */
+static roofline_shard shard_of(const parallel_config *config)
+{
+    return (roofline_shard){
+        .tp = config->tp, .mbs = config->mbs,
+        .element_bytes = precision_bytes(config->precision),
+        .unfused_attention = parallel_attention(config) == ATTENTION_UNFUSED,
+        .main_grad_bytes = parallel_gradient_bytes(config),
+        .fused_classifier = config->runtime == RUNTIME_PARTITA};
+}
+
 static part_times roofline_times(const profile *prof, const model_shape *m,
                                  const parallel_config *config)
 {
@@ -215,14 +226,28 @@ static part_times roofline_times(const profile *prof, const model_shape *m,
     /* check_efficiency_model has made sure the device is complete */
     roofline_device_of(prof, &device, NULL);
     device.peak_flops = rate_or_tensor(prof, config) * 1e12;
-    roofline_shard shard = {
-        .tp = config->tp, .mbs = config->mbs,
-        .element_bytes = precision_bytes(config->precision),
-        .unfused_attention = parallel_attention(config) == ATTENTION_UNFUSED,
-        .main_grad_bytes = parallel_gradient_bytes(config),
-        .fused_classifier = config->runtime == RUNTIME_PARTITA};
-    roofline_part_costs(&prof->roofline, &device, m, shard, &costs);
+    roofline_part_costs(&prof->roofline, &device, m, shard_of(config),
+                        &costs);
     return (part_times){costs.embedding, costs.layer, costs.head};
+}
+
+/* Megatron's selective recompute runs the attention core's forward again
+ * in the backward: its share of the layer's forward time, from the
+ * profile's roofline when it has one, else by FLOPs (4 s^2 h of the
+ * layer's). */
+static double attention_core_share(const profile *prof, const model_shape *m,
+                                   const parallel_config *config)
+{
+    roofline_device device;
+    if (prof->roofline.present &&
+        roofline_device_of(prof, &device, NULL) == 0) {
+        device.peak_flops = rate_or_tensor(prof, config) * 1e12;
+        return roofline_attention_share(&prof->roofline, &device, m,
+                                        shard_of(config));
+    }
+    double layer = model_layer_forward_flops(m, 1.0);
+    return layer > 0.0 ? 4.0 * (double)m->seq * m->seq * m->hidden / layer
+                       : 0.0;
 }
 
 /* One of the layer's tensor-parallel all-reduces (b x s x h elements) on
@@ -351,6 +376,10 @@ static int price_type_from(const costmodel *cm, int type_index,
     }
     if (config->recompute)
         out->layer_backward_s += out->layer_forward_s;
+    else if (config->selective_recompute)
+        out->layer_backward_s += attention_core_share(prof, &cm->model,
+                                                      config) *
+                                 times.layer.forward_s;
     /* ZeRO-Offload: the step moves to the host (zero.c) */
     out->optimizer_s_per_param = config->offload_optimizer
                                      ? costmodel_offload_s_per_param(config)

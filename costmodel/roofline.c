@@ -96,12 +96,29 @@ static void unfused_attention_kernels(const model_shape *m, int tp, int mbs,
                e * (scores + qk_shard));                    /* P V */
 }
 
+/* The attention core of one tp shard, forward: flash (one kernel: the
+ * FLOPs of Q K^T and P V over the full s x s square, as Megatron counts
+ * them, and the bytes of Q, K, V and O) or unfused (above). What
+ * Megatron's selective recompute runs again in the backward. */
+static void attention_core_kernels(const model_shape *m, int tp, int mbs,
+                                   double e, bool unfused, kernel_list *out)
+{
+    double tokens = (double)mbs * m->seq, h = m->hidden, t = tp;
+    double kv = kv_channels(m, tp);
+    if (unfused)
+        unfused_attention_kernels(m, tp, mbs, e, out);
+    else
+        add_kernel(out, KERNEL_ATTENTION,
+                   4.0 * mbs * (double)m->seq * m->seq * h / t,
+                   model_kv_heads(m) == m->heads
+                       ? 4.0 * tokens * h / t * e
+                       : 2.0 * tokens * (h / t + kv) * e);
+}
+
 /* The shard of one transformer layer a tp rank computes, forward. Biases
  * ride in the kernels that apply them (QKV's in the GEMM epilogue, the
- * others fused with GELU or with the residual add). Attention is
- * flash-style (the FLOPs of Q K^T and P V, counted over the full s x s
- * square as Megatron counts them, and the bytes of Q, K, V and O) or
- * unfused (above). */
+ * others fused with GELU or with the residual add); the attention core
+ * as above. */
 static void layer_forward_kernels(const model_shape *m, int tp, int mbs,
                                   double e, bool unfused, kernel_list *out)
 {
@@ -116,13 +133,7 @@ static void layer_forward_kernels(const model_shape *m, int tp, int mbs,
              e);                                         /* QKV + bias */
     if (m->positions == MODEL_POSITIONS_ROPE)
         add_memory(out, 2.0 * tokens * (h / t + kv) * e); /* RoPE on Q, K */
-    if (unfused)
-        unfused_attention_kernels(m, tp, mbs, e, out);
-    else
-        add_kernel(out, KERNEL_ATTENTION,
-                   4.0 * mbs * (double)m->seq * m->seq * h / t,
-                   mha ? 4.0 * tokens * h / t * e
-                       : 2.0 * tokens * (h / t + kv) * e); /* flash */
+    attention_core_kernels(m, tp, mbs, e, unfused, out);
     add_gemm(out, tokens, h, h / t, e);                  /* projection */
     add_memory(out, 3.0 * tokens * h * e);               /* bias + residual */
     add_memory(out, 2.0 * tokens * h * e);               /* norm 2 */
@@ -146,16 +157,17 @@ static void embedding_forward_kernels(const model_shape *m, int mbs,
 }
 
 /* Final layer norm, the LM head GEMM over the rank's V / tp vocabulary
- * rows, and the cross-entropy: the logits read, the fp32 softmax
- * written. */
+ * rows padded to 128 (padded_vocab_shard: both runtimes compute the
+ * padding), and the cross-entropy as the runtime runs it. */
 static void head_forward_kernels(const model_shape *m, int tp, int mbs,
                                  double e, bool fused_classifier,
                                  kernel_list *out)
 {
     double tokens = (double)mbs * m->seq, h = m->hidden;
-    double logits = tokens * (double)m->vocab / tp;
+    double vocab_shard = padded_vocab_shard(m->vocab, tp);
+    double logits = tokens * vocab_shard;
     add_memory(out, 2.0 * tokens * h * e);
-    add_gemm(out, tokens, (double)m->vocab / tp, h, e);
+    add_gemm(out, tokens, vocab_shard, h, e);
     if (fused_classifier) {
         /* one pass for the row's maximum and sum, one that overwrites
            the logits with their gradient: the backward's part is done */
@@ -281,6 +293,18 @@ void roofline_part_costs(const roofline_params *params,
         parts[part]->forward_s = list_seconds(params, device, &forward);
         parts[part]->backward_s = list_seconds(params, device, &backward);
     }
+}
+
+double roofline_attention_share(const roofline_params *params,
+                                const roofline_device *device,
+                                const model_shape *shape, roofline_shard shard)
+{
+    kernel_list layer, core = {0};
+    part_kernels(shape, shard, 1, false, &layer);
+    attention_core_kernels(shape, shard.tp, shard.mbs, shard.element_bytes,
+                           shard.unfused_attention, &core);
+    double whole = list_seconds(params, device, &layer);
+    return whole > 0.0 ? list_seconds(params, device, &core) / whole : 0.0;
 }
 
 int roofline_device_of(const profile *p, roofline_device *out, pt_error *err)

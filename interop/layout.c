@@ -389,6 +389,12 @@ static void deepspeed_notes(const plan *p, interop_notes *out)
                  "full recompute without a pipeline is the model's own "
                  "(torch.utils.checkpoint or deepspeed.checkpointing around "
                  "each layer): ds_config has no switch for it");
+    if (p->config.selective_recompute)
+        add_note(out,
+                 "recompute selective: Megatron-DeepSpeed's "
+                 "--recompute-granularity selective (DeepSpeed's own "
+                 "activation checkpointing is per layer only): ds_config "
+                 "has no switch for it");
     if (parallel_zero_stage(&p->config) >= 2 && p->config.pp > 1)
         add_note(out,
                  "DeepSpeed's pipeline engine runs ZeRO stage 1 at most: "

@@ -140,7 +140,9 @@ static void print_header(FILE *out, const plan *p, const char *plan_file,
             plan_gpu_count(p), p->node_order_count, c->tp, c->dp, c->pp,
             c->mbs, c->gbs, parallel_microbatches(c),
             schedule_name(c->schedule), precision_name(c->precision),
-            c->recompute ? "full" : "none",
+            c->recompute             ? "full"
+            : c->selective_recompute ? "selective"
+                                     : "none",
             c->distributed_optimizer ? "on" : "off",
             parallel_virtual_stages(c), c->sequence_parallel ? "on" : "off");
     fprintf(out, "# partition (layers per stage, FASOP's --balance): %s\n",
@@ -281,6 +283,8 @@ static int print_plan_args(FILE *out, const plan *p, pt_error *err)
     if (c->recompute)
         fprintf(out, "    --recompute-granularity full --recompute-method "
                      "uniform --recompute-num-layers 1\n");
+    else if (c->selective_recompute)
+        fprintf(out, "    --recompute-granularity selective\n");
     if (c->distributed_optimizer)
         fprintf(out, "    --use-distributed-optimizer\n");
     /* a layout of pp x v stages gives v itself */

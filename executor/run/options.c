@@ -85,6 +85,10 @@ int run_check_plan(const plan *p, pt_error *err)
         return pt_fail(err, "attention: unfused: exec computes attention "
                        "fused (flash); set attention to flash or leave it "
                        "out");
+    if (config->selective_recompute)
+        return pt_fail(err, "recompute: selective: Megatron-LM's selective "
+                       "recompute is priced and exported, but exec runs "
+                       "recompute none or full");
     int ranks = config->tp * config->dp * config->pp;
     int gpus = plan_gpu_count(p);
     if (ranks != gpus)

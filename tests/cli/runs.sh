@@ -3,7 +3,8 @@
 # runtime fields (runtime, attention, overlap_grad_reduce, tf32), runs
 # tables and plan=log pairs estimated (`estimate --runs`) and fitted
 # (`profile --from-logs`), a measured profile's own roofline
-# (`profile --fit-roofline`), and the clusters' NICs and type links; e2e.sh's
+# (`profile --fit-roofline`), Megatron's selective recompute, and the
+# clusters' NICs and type links; e2e.sh's
 # conventions, a file of its own.
 # usage: runs.sh PARTITA CASE   (run by meson, one test per case)
 set -u
@@ -117,6 +118,38 @@ JSON
   expect_in err.txt "tf32: only with precision fp32"
   run 2 partita exec in-plan.json --data nothing --iters 1 -o run.json
   expect_in err.txt "runtime: megatron"
+  [ ! -e run.json ] || fail "exec wrote a run of a plan it refused"
+  ;;
+selective-recompute)
+  # Megatron's selective recompute: kept activations fall, the backward
+  # grows, export writes the flag, exec refuses it, the field round-trips
+  for how in none selective full; do
+    cat >in-$how.json <<JSON
+{ "format": "partita-plan/1",
+  "model": { "name": "m", "layers": 12, "hidden": 1024, "heads": 16, "seq": 1024, "vocab": 50257 },
+  "cluster": { "name": "one", "nodes": [ { "name": "a100", "count": 1, "gpu": "A100-80GB", "gpus": 8,
+        "intra_node": { "bandwidth_GBps": 229, "latency_us": 5 } } ] },
+  "gbs": 64, "mbs": 4, "tp": 1, "dp": 8, "pp": 1, "precision": "fp16",
+  "runtime": "megatron", "attention": "unfused", "recompute": "$how" }
+JSON
+    run 0 partita estimate in-$how.json --json
+    cp out.txt est-$how.json
+  done
+  python3 - <<'PY' || fail "selective recompute is not priced between none and full"
+import json
+e = {h: json.load(open('est-%s.json' % h))['estimate']['stages'][0]
+     for h in ('none', 'selective', 'full')}
+mem = {h: e[h]['peak_memory_gib'] for h in e}
+bwd = {h: e[h]['backward_s'] for h in e}
+assert mem['full'] < mem['selective'] < mem['none'], mem
+assert bwd['none'] < bwd['selective'] < bwd['full'], bwd
+PY
+  expect_in est-selective.json '"recompute": "selective"'
+  run 0 partita export in-selective.json --to megatron -o launch.sh
+  expect_in launch.sh "--recompute-granularity selective"
+  sed 's/"runtime": "megatron", "attention": "unfused", //' in-selective.json >in-partita.json
+  run 2 partita exec in-partita.json --data nothing --iters 1 -o run.json
+  expect_in err.txt "recompute: selective"
   [ ! -e run.json ] || fail "exec wrote a run of a plan it refused"
   ;;
 fit-roofline)

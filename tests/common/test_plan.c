@@ -97,6 +97,7 @@ static void test_defaults(void **state)
     assert_int_equal(p.config.schedule, SCHEDULE_GPIPE);
     assert_int_equal(p.config.precision, PRECISION_FP32);
     assert_true(p.config.recompute);
+    assert_false(p.config.selective_recompute);
     assert_true(p.config.distributed_optimizer);
     assert_int_equal(parallel_zero_stage(&p.config), 1);
     assert_false(p.config.offload_optimizer);
@@ -258,8 +259,8 @@ static void test_bad_plans(void **state)
         {DEGREES ", \"precision\": \"fp8\"",
          "plans/bad.json: precision: must be one of"},
         {DEGREES ", \"recompute\": true",
-         "plans/bad.json: recompute: must be one of \"none\", \"full\", got "
-         "true"},
+         "plans/bad.json: recompute: must be one of \"none\", \"full\", "
+         "\"selective\", got true"},
         {DEGREES ", \"distributed_optimizer\": \"no\"",
          "plans/bad.json: distributed_optimizer: must be true or false"},
         {DEGREES ", \"zero\": 4",
