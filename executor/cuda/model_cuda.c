@@ -243,6 +243,11 @@ static int build_chunks(model_stage *stage, cuda_stage_state *state,
 static int read_options(model_stage *stage, cuda_stage_state *state,
                         attention_mode *attention, pt_error *err)
 {
+    if (stage->spec.bf16_grads)
+        return pt_fail(err, "cuda backend: grad_precision bf16 (llm.c's "
+                            "recipe) is not implemented yet: the gradients "
+                            "are fp32 (issue 34); run it on the cpu "
+                            "backend or with grad_precision fp32");
     const char *fuse = getenv("PARTITA_CUDA_FUSE");
     state->fuse_epilogues = fuse == NULL || strcmp(fuse, "0") != 0;
     if (buffer_layout_init(&stage->shape, &stage->spec, stage->tensors,

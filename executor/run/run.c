@@ -344,6 +344,8 @@ static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
     fill_result_header(ctx, out);
     stage_spec spec = stage_spec_whole_model(&ctx->shape);
     spec.recompute_layers = ctx->plan->config.recompute;
+    spec.bf16_grads =
+        ctx->plan->config.grad_precision == GRAD_PRECISION_BF16;
     spec.offload_optimizer = ctx->plan->config.offload_optimizer;
     if (options->load_dir != NULL && run_read_resume_state(ctx, err) != 0)
         return -1;

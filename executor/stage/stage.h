@@ -92,6 +92,12 @@ typedef struct stage_spec {
      * two for the layers, gathered one unit ahead), through the stage's
      * param_source before the unit's forward and backward. */
     bool shard_parameters;
+    /* llm.c's recipe (a plan's "grad_precision": "bf16"): the gradients
+     * are kept in bf16. The cpu backend emulates it, rounding its fp32
+     * gradients to bf16 after each micro-batch's backward; the cuda
+     * backend refuses it until it keeps bf16 gradient buffers (issue
+     * 34). */
+    bool bf16_grads;
 } stage_spec;
 
 /* spec->tp, or 1 when it is 0. */
