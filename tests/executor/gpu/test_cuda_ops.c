@@ -85,7 +85,8 @@ static void test_embedding(gpu_test_tally *tally)
                          (size_t)N * sizeof(uint32_t),
                          cudaMemcpyHostToDevice));
     float *dev_grad_out = gpu_test_upload(grad_out, (size_t)N * C);
-    GPU_CHECK(cuda_embedding_backward(dev_grad_wte, dev_grad_wpe,
+    GPU_CHECK(cuda_embedding_backward(cuda_grad_fp32(dev_grad_wte),
+                                      cuda_grad_fp32(dev_grad_wpe),
                                       dev_grad_out, d_starts, d_rows,
                                       d_group_tokens, plan.unique_tokens, B,
                                       T, C, 0));
@@ -166,7 +167,8 @@ static void test_embedding_shards(gpu_test_tally *tally)
         GPU_CHECK(cudaMemcpy(d_group_tokens, plan.tokens,
                              (size_t)N * sizeof(uint32_t),
                              cudaMemcpyHostToDevice));
-        GPU_CHECK(cuda_embedding_backward(d_shard, NULL, dev_grad_out,
+        GPU_CHECK(cuda_embedding_backward(cuda_grad_fp32(d_shard),
+                                          cuda_grad_fp32(NULL), dev_grad_out,
                                           d_starts, d_rows, d_group_tokens,
                                           plan.unique_tokens, B, T, C, 0));
         gpu_test_download(got_wte + (size_t)first * C, d_shard,
@@ -267,8 +269,9 @@ static void test_layernorm(gpu_test_tally *tally, int N, int C)
     float *scratch = gpu_test_device(scratch_bytes);
     GPU_CHECK(cudaMemset(scratch, 0, scratch_bytes));
     for (int call = 0; call < 2; call++)
-        GPU_CHECK(cuda_layernorm_backward(dev_dinp, dev_dinp_bf16, dev_dw,
-                                          dev_db, dev_residual, dev_grad_out,
+        GPU_CHECK(cuda_layernorm_backward(dev_dinp, dev_dinp_bf16,
+                                          cuda_grad_fp32(dev_dw),
+                                          cuda_grad_fp32(dev_db), dev_residual, dev_grad_out,
                                           d_inp, d_weight, d_mean, d_rstd,
                                           scratch, N, C, 0));
     float *got_dinp = gpu_test_host(NC * sizeof(float));
@@ -313,7 +316,8 @@ static void test_bias_grad(gpu_test_tally *tally, int N, int OC)
     pt_bf16 *dev_grad = gpu_test_upload_bf16(grad_out, count);
     float *scratch =
         gpu_test_device(cuda_bias_grad_scratch(N, OC) * sizeof(float));
-    GPU_CHECK(cuda_bias_grad(dev_bias, dev_grad, scratch, N, OC, 0));
+    GPU_CHECK(cuda_bias_grad(cuda_grad_fp32(dev_bias), dev_grad, scratch,
+                             N, OC, 0));
     float *got = gpu_test_host((size_t)OC * sizeof(float));
     gpu_test_download(got, dev_bias, (size_t)OC);
     snprintf(name, sizeof name, "bias grad N=%d OC=%d", N, OC);
@@ -834,8 +838,8 @@ static void test_optimizer(gpu_test_tally *tally)
         .first_correction = (float)(1.0 - pow(config.beta1, (double)step)),
         .second_correction = (float)(1.0 - pow(config.beta2, (double)step)),
     };
-    GPU_CHECK(cuda_adamw(dev_params, dev_grads, dev_m, dev_v, dev_mirror,
-                         dev_chunks, chunk_count, &args, 0));
+    GPU_CHECK(cuda_adamw(dev_params, cuda_grad_fp32(dev_grads), dev_m, dev_v,
+                         dev_mirror, dev_chunks, chunk_count, &args, 0));
     float *got = gpu_test_host(total * sizeof(float));
     gpu_test_download(got, dev_params, total);
     gpu_test_compare(tally, "adamw parameters", got, params, total, 1e-6);
@@ -853,7 +857,8 @@ static void test_optimizer(gpu_test_tally *tally)
     double *dev_sum = gpu_test_device(sizeof(double));
     double *scratch = gpu_test_device(cuda_square_sum_scratch() *
                                       sizeof(double));
-    GPU_CHECK(cuda_square_sum(dev_sum, dev_grads, total, scratch, 0));
+    GPU_CHECK(cuda_square_sum(dev_sum, cuda_grad_fp32(dev_grads), total,
+                              scratch, 0));
     double got_sum = 0.0;
     GPU_CHECK(cudaMemcpy(&got_sum, dev_sum, sizeof got_sum,
                          cudaMemcpyDeviceToHost));
@@ -871,7 +876,9 @@ static void test_optimizer(gpu_test_tally *tally)
                          sizeof tensor_chunk_starts, cudaMemcpyHostToDevice));
     double *dev_sums = gpu_test_device(2 * sizeof(double));
     double *dev_chunk_sums = gpu_test_device(8 * sizeof(double));
-    GPU_CHECK(cuda_square_sums_per_tensor(dev_sums, dev_grads, dev_chunks,
+    GPU_CHECK(cuda_square_sums_per_tensor(dev_sums,
+                                          cuda_grad_fp32(dev_grads),
+                                          dev_chunks,
                                           chunk_count, dev_starts, 2,
                                           dev_chunk_sums, 0));
     double got_sums[2];
