@@ -339,6 +339,7 @@ static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
         run_check_interleave(ctx->plan, options, err) != 0)
         return -1;
     if (prepare_layout(ctx, out, err) != 0 ||
+        run_check_grad_precision(ctx, err) != 0 ||
         backend_find(options->backend, err) == NULL)
         return -1;
     fill_result_header(ctx, out);
