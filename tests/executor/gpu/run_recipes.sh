@@ -24,7 +24,10 @@
 # cpu under each recipe, iteration 1 within 2e-2 relative and every
 # iteration within 5e-2 (bf16 products against the fp32 reference, the
 # tolerances of run_parallel.sh's cuda-vs-cuda checks widened for the
-# cpu's fp32 products).
+# cpu's fp32 products). Then the llmc recipe's dp sums in bf16: the small
+# GPT as dp 2 on cuda (two GPUs over NCCL when there are two, else both
+# ranks on GPU 0, 56 SMs each, over the device exchange) against its one
+# GPU run, the same tolerances.
 #
 # Usage: tests/executor/gpu/run_recipes.sh BUILD_DIR [LOG_DIR]
 #   BUILD_DIR  a meson build with -Dcuda=enabled
@@ -69,18 +72,19 @@ recipe_fields() {
     esac
 }
 
-# write_plan NAME MODEL GBS MBS RECIPE: plans/NAME.json, one GPU
+# write_plan NAME MODEL GBS MBS RECIPE [DP [DEVICES]]: plans/NAME.json,
+# dp GPUs (1), DEVICES a node's "devices" field with its comma
 write_plan() {
-    local fields
+    local fields dp=${6:-1}
     fields=$(recipe_fields "$5") || { echo "FAIL unknown recipe '$5'"; exit 1; }
     cat >"$logs/plans/$1.json" <<JSON
 {
   "format": "partita-plan/1",
   "model": $2,
-  "cluster": { "name": "one-gpu", "nodes": [
-      { "name": "box", "gpu": "H200", "gpus": 1,
+  "cluster": { "name": "gpus", "nodes": [
+      { "name": "box", "gpu": "H200", "gpus": $dp${7:-},
         "intra_node": { "bandwidth_GBps": 450, "latency_us": 5 } } ] },
-  "gbs": $3, "mbs": $4, "tp": 1, "dp": 1, "pp": 1, $fields
+  "gbs": $3, "mbs": $4, "tp": 1, "dp": $dp, "pp": 1, $fields
 }
 JSON
 }
@@ -110,6 +114,25 @@ for recipe in $recipes; do
             "$logs/small-$recipe-cuda.run.json" "cuda-vs-cpu-$recipe" 2e-2 5e-2
     fi
 done
+
+# ------------------------------ dp 2 under llm.c's recipe: bf16 dp sums
+if [[ " $recipes " == *" llmc "* ]]; then
+    devices=''
+    if [ "$(nvidia-smi -L | grep -c '^GPU')" -lt 2 ]; then
+        devices=', "devices": [ { "index": 0, "sm_limit": 56 },
+                                { "index": 0, "sm_limit": 56 } ]'
+        echo "# dp 2 of the llmc recipe: both ranks on GPU 0 (device exchange)"
+    fi
+    write_plan small-llmc-dp2 "$small" 8 4 llmc 2 "$devices"
+    exec_row small-llmc-dp2-cuda small-llmc-dp2 cuda 20
+    if [ -f "$logs/small-llmc-cuda.run.json" ] &&
+        [ -f "$logs/small-llmc-dp2-cuda.run.json" ]; then
+        gpu_row dp2-vs-one-gpu-llmc 60 python3 "$here/parallel_checks.py" \
+            losses "$logs/small-llmc-cuda.run.json" \
+            "$logs/small-llmc-dp2-cuda.run.json" dp2-vs-one-gpu-llmc \
+            2e-2 5e-2
+    fi
+fi
 
 # --------------------------------------- GPT-2 124M, ITERS iterations each
 for recipe in $recipes; do
