@@ -610,8 +610,9 @@ static int copy_bf16_grads(cuda_stage_state *state, pt_bf16 *device,
 /* Elements [at, at + count) of buffer `which` to or from the host, on
  * the stage's stream; bf16 gradients converted. Not waited for unless
  * converted. */
-static int copy_part(model_stage *stage, stage_buffer which, size_t at,
-                     size_t count, float *host, bool to_host, pt_error *err)
+static int copy_part(const model_stage *stage, stage_buffer which,
+                     size_t at, size_t count, float *host, bool to_host,
+                     pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     char *part = (char *)model_stage_buffer(stage, which) +
@@ -637,9 +638,8 @@ static int cuda_copy_to_host(const model_stage *stage, stage_buffer which,
         return pt_fail(err, "cuda backend: unknown buffer %d", (int)which);
     CUDA_TRY(cudaSetDevice(state->device));
     if (cuda_grad_units_settle(stage, err) != 0 ||
-        copy_part((model_stage *)stage, which, 0,
-                  model_stage_buffer_count(stage, which), host, true,
-                  err) != 0)
+        copy_part(stage, which, 0, model_stage_buffer_count(stage, which),
+                  host, true, err) != 0)
         return -1;
     CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
