@@ -50,6 +50,20 @@ static model_shape test_shape(void)
     return shape;
 }
 
+/* The cpu and the cuda stage of the whole model, the same
+ * initialisation. */
+static void create_pair(model_stage *cpu, model_stage *gpu,
+                        const model_shape *shape, const stage_spec *spec,
+                        int mbs)
+{
+    pt_error err;
+    PT_CHECK(model_stage_create(cpu, shape, spec, BACKEND_CPU, mbs, 1, &err),
+             &err);
+    PT_CHECK(cuda_model_stage_create(gpu, shape, spec, mbs, 1, &err), &err);
+    PT_CHECK(model_stage_init_parameters(cpu, 2024, &err), &err);
+    PT_CHECK(model_stage_init_parameters(gpu, 2024, &err), &err);
+}
+
 /* One recipe's run on both backends; `recipe` names it in the lines. */
 static void train_recipe(gpu_test_tally *tally, int steps, bool bf16_grads,
                          const char *recipe)
@@ -60,13 +74,7 @@ static void train_recipe(gpu_test_tally *tally, int steps, bool bf16_grads,
     stage_spec spec = stage_spec_whole_model(&shape);
     spec.bf16_grads = bf16_grads;
     model_stage cpu, gpu;
-    PT_CHECK(model_stage_create(&cpu, &shape, &spec, BACKEND_CPU, mbs, 1,
-                                &err),
-             &err);
-    PT_CHECK(cuda_model_stage_create(&gpu, &shape, &spec, mbs, 1, &err),
-             &err);
-    PT_CHECK(model_stage_init_parameters(&cpu, 2024, &err), &err);
-    PT_CHECK(model_stage_init_parameters(&gpu, 2024, &err), &err);
+    create_pair(&cpu, &gpu, &shape, &spec, mbs);
     train_config config = train_config_defaults();
     config.schedule.max_lr = 2e-3;
     config.schedule.min_lr = 2e-4;
