@@ -88,6 +88,9 @@ static void print_exec_help(void)
         "  --warmup N           warm-up iterations (10%% of --iters)\n"
         "  --min-lr X           learning rate at the end of the cosine decay\n"
         "                       (--lr / 10)\n"
+        "  --grad-precision G   the main gradients: fp32 (Megatron-LM's bf16\n"
+        "                       recipe) or bf16 (llm.c's; precision bf16\n"
+        "                       only); default: the plan's grad_precision\n"
         "  --save DIR           write checkpoints here: every\n"
         "                       --save-interval iterations and at the end;\n"
         "                       one run at a time saves into a DIR\n"
@@ -133,6 +136,7 @@ typedef struct exec_arguments {
     const char *load_dir;
     const char *launch;       /* auto, threads or mpi */
     const char *gpu_comm;     /* auto, nccl or host */
+    const char *grad_precision; /* NULL: the plan's */
     long iterations;
     long log_interval;
     long save_interval;
@@ -203,7 +207,7 @@ enum {
     OPT_DATA = 256, OPT_BACKEND, OPT_ITERS, OPT_LOG_INTERVAL, OPT_SEED,
     OPT_LR, OPT_WARMUP, OPT_MIN_LR, OPT_SAVE, OPT_LOAD, OPT_SAVE_INTERVAL,
     OPT_COMM_TIMEOUT, OPT_LAUNCH, OPT_GPU_COMM, OPT_KEEP_CHECKPOINTS,
-    OPT_OVERWRITE, OPT_HELP
+    OPT_OVERWRITE, OPT_GRAD_PRECISION, OPT_HELP
 };
 
 /* Seconds, positive and finite; prints its own message. */
@@ -234,6 +238,7 @@ static int apply_option(int option, const char *value, exec_arguments *args)
     case OPT_LOAD: args->load_dir = value; return 0;
     case OPT_LAUNCH: args->launch = value; return 0;
     case OPT_GPU_COMM: args->gpu_comm = value; return 0;
+    case OPT_GRAD_PRECISION: args->grad_precision = value; return 0;
     case OPT_ITERS:
         return parse_count("iters", value, 1, 1000000000L, &args->iterations);
     case OPT_LOG_INTERVAL:
@@ -278,6 +283,12 @@ static int check_arguments(const exec_arguments *args)
         snprintf(text, sizeof text, "--launch: expected auto, threads or "
                                     "mpi, got '%.60s'",
                  args->launch);
+        problem = text;
+    } else if (args->grad_precision != NULL &&
+               !one_of(args->grad_precision, "fp32", "bf16", "fp32")) {
+        snprintf(text, sizeof text, "--grad-precision: expected fp32 or "
+                                    "bf16, got '%.60s'",
+                 args->grad_precision);
         problem = text;
     } else if (!one_of(args->gpu_comm, "auto", "nccl", "host")) {
         snprintf(text, sizeof text, "--gpu-comm: expected auto, nccl or "
@@ -329,6 +340,7 @@ static int parse_exec_arguments(int argc, char **argv, exec_arguments *args)
         {"comm-timeout", required_argument, NULL, OPT_COMM_TIMEOUT},
         {"launch", required_argument, NULL, OPT_LAUNCH},
         {"gpu-comm", required_argument, NULL, OPT_GPU_COMM},
+        {"grad-precision", required_argument, NULL, OPT_GRAD_PRECISION},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
@@ -607,11 +619,38 @@ static int check_output_not_input(const exec_arguments *args, const plan *p)
     return 0;
 }
 
+/* --grad-precision in place of the plan's grad_precision, checked
+ * against its precision as the plan's own field is. */
+static int override_grad_precision(const exec_arguments *args, plan *p)
+{
+    if (args->grad_precision == NULL)
+        return 0;
+    pt_error err = {{0}};
+    if (grad_precision_parse(args->grad_precision,
+                             &p->config.grad_precision, &err) != 0 ||
+        parallel_check_grad_precision(&p->config, &err) != 0) {
+        char message[sizeof err.message + 64];
+        snprintf(message, sizeof message, "--grad-precision %s: %s",
+                 args->grad_precision, err.message);
+        cli_error_in("exec", args->plan_path, message);
+        return -1;
+    }
+    return 0;
+}
+
 static int load_exec_plan(const exec_arguments *args, plan *p)
 {
     pt_error err = {{0}};
-    if (plan_load_file(args->plan_path, p, &err) != 0 ||
-        run_check_plan(p, &err) != 0) {
+    if (plan_load_file(args->plan_path, p, &err) != 0) {
+        cli_error_in("exec", args->plan_path, err.message);
+        plan_free(p);
+        return -1;
+    }
+    if (override_grad_precision(args, p) != 0) {
+        plan_free(p);
+        return -1;
+    }
+    if (run_check_plan(p, &err) != 0) {
         cli_error_in("exec", args->plan_path, err.message);
         plan_free(p);
         return -1;

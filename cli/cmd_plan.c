@@ -37,6 +37,8 @@ static void print_plan_help(void)
         "                     greedy (FASOP's min-max heuristic)\n"
         "  --schedule S       1f1b (default) or gpipe\n"
         "  --precision P      bf16 (default), fp16 or fp32\n"
+        "  --grad-precision G fp32 (default: Megatron-LM's recipe, fp32 main\n"
+        "                     gradients) or bf16 (llm.c's; precision bf16)\n"
         "  --max-mbs N        largest micro-batch tried (default 16)\n"
         "  --no-recompute     never use full activation recompute\n"
         "  --no-distributed-optimizer  never shard over dp (no ZeRO at all)\n"
@@ -119,7 +121,8 @@ static void cap_threads(int *threads)
 }
 
 enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
-       OPT_SOLVER, OPT_SCHEDULE, OPT_PRECISION, OPT_MAX_MBS,
+       OPT_SOLVER, OPT_SCHEDULE, OPT_PRECISION, OPT_GRAD_PRECISION,
+       OPT_MAX_MBS,
        OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_NO_SP, OPT_NO_INTERLEAVE, OPT_TOP, OPT_THREADS, OPT_PROFILES,
        OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_PER_RANK_TIMELINE,
        OPT_MAX_ZERO, OPT_NO_OFFLOAD, OPT_ZERO_LEVERS, OPT_HELP };
@@ -132,6 +135,7 @@ static const struct option plan_options[] = {
     {"solver", required_argument, NULL, OPT_SOLVER},
     {"schedule", required_argument, NULL, OPT_SCHEDULE},
     {"precision", required_argument, NULL, OPT_PRECISION},
+    {"grad-precision", required_argument, NULL, OPT_GRAD_PRECISION},
     {"max-mbs", required_argument, NULL, OPT_MAX_MBS},
     {"no-recompute", no_argument, NULL, OPT_NO_RECOMPUTE},
     {"no-distributed-optimizer", no_argument, NULL, OPT_NO_ZERO},
@@ -159,6 +163,7 @@ static int apply_choice_option(int option, const char *value,
     static const char *const solvers[] = {"dp", "ilp", "greedy"};
     static const char *const schedules[] = {"1f1b", "gpipe"};
     static const char *const precisions[] = {"bf16", "fp16", "fp32"};
+    static const char *const grad_precisions[] = {"fp32", "bf16"};
     static const char *const searches[] = {"bb", "exhaustive"};
     static const char *const lever_policies[] = {"when-needed", "always",
                                                  "never"}; /* enum order */
@@ -179,6 +184,11 @@ static int apply_choice_option(int option, const char *value,
     case OPT_PRECISION:
         status = parse_choice(value, precisions, 3, "--precision", &choice);
         search->precision = (precision_kind)choice;
+        break;
+    case OPT_GRAD_PRECISION:
+        status = parse_choice(value, grad_precisions, 2, "--grad-precision",
+                              &choice);
+        search->grad_precision = (grad_precision_kind)choice;
         break;
     case OPT_ZERO_LEVERS:
         status = parse_choice(value, lever_policies, 3, "--zero-levers",
@@ -206,6 +216,7 @@ static int apply_plan_option(int option, const char *value,
     case OPT_SOLVER:
     case OPT_SCHEDULE:
     case OPT_PRECISION:
+    case OPT_GRAD_PRECISION:
     case OPT_ZERO_LEVERS:
     case OPT_SEARCH: return apply_choice_option(option, value, search);
     case OPT_PARETO: args->pareto = true; return 0;
@@ -262,6 +273,13 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
     if (args->model == NULL || args->search.gbs == 0) {
         fprintf(stderr, "partita plan: --model and --gbs are required "
                         "(see 'partita plan --help')\n");
+        return -1;
+    }
+    if (args->search.grad_precision == GRAD_PRECISION_BF16 &&
+        args->search.precision != PRECISION_BF16) {
+        fprintf(stderr, "partita plan: --grad-precision bf16 only with "
+                        "--precision bf16 (got %s)\n",
+                precision_name(args->search.precision));
         return -1;
     }
     cap_threads(&args->search.threads);

@@ -517,12 +517,23 @@ typedef enum precision_kind {
     PRECISION_FP32
 } precision_kind;
 
+/* How the main gradients are kept, accumulated over micro-batches and
+ * reduced over dp (issue 34): fp32, Megatron-LM's bf16 recipe
+ * (--accumulate-allreduce-grads-in-fp32) and the default; or bf16, as
+ * llm.c keeps them (only with precision bf16). FP32 is 0 so that a
+ * config built field by field keeps the default. */
+typedef enum grad_precision_kind {
+    GRAD_PRECISION_FP32,
+    GRAD_PRECISION_BF16
+} grad_precision_kind;
+
 /* The program that will run the plan (docs/cost-model.md, "The
  * runtime"): memory and time follow its allocations and options.
- * Partita's executor keeps the residual stream and the gradients in
- * fp32 and overlaps the dp reduction with the backward; Megatron-LM and
- * DeepSpeed keep the residual stream in the plan's precision and reduce
- * after the backward unless told to overlap. */
+ * Partita's executor keeps the residual stream in fp32 and the gradients
+ * in the plan's grad_precision and overlaps the dp reduction with the
+ * backward; Megatron-LM and DeepSpeed keep the residual stream in the
+ * plan's precision and reduce after the backward unless told to
+ * overlap. */
 typedef enum runtime_kind {
     RUNTIME_PARTITA,
     RUNTIME_MEGATRON,
@@ -544,6 +555,10 @@ const char *schedule_name(schedule_kind kind);
 const char *precision_name(precision_kind kind);
 const char *runtime_name(runtime_kind kind);
 const char *attention_name(attention_kind kind);
+const char *grad_precision_name(grad_precision_kind kind);
+/* "fp32" or "bf16" into *out; fails naming the value otherwise. */
+int grad_precision_parse(const char *name, grad_precision_kind *out,
+                         pt_error *err);
 /* Bytes of one activation / weight element in this precision. */
 int precision_bytes(precision_kind kind);
 
@@ -585,7 +600,16 @@ typedef struct parallel_config {
     /* With precision fp32: the matmuls on TF32 tensor cores (PyTorch's
      * allow_tf32), priced at the GPU's TF32 rate, not its FP32 one. */
     bool tf32;
+    /* The main gradients' type (above); bf16 only with precision bf16
+     * (parallel_check_grad_precision). */
+    grad_precision_kind grad_precision;
 } parallel_config;
+
+/* Fails when the config's grad_precision cannot go with its precision:
+ * bf16 gradients need precision bf16 (an fp32 run keeps fp32 ones, and
+ * fp16 needs the loss scaling bf16 gradients do not have). */
+int parallel_check_grad_precision(const parallel_config *config,
+                                  pt_error *err);
 
 /* The attention a config computes: its own, or its runtime's default. */
 attention_kind parallel_attention(const parallel_config *config);
@@ -594,9 +618,10 @@ attention_kind parallel_attention(const parallel_config *config);
  * Megatron-LM and DeepSpeed. */
 int parallel_residual_bytes(const parallel_config *config);
 /* Bytes of one main-gradient element, as the runtime keeps and reduces
- * them: fp32 in Partita's executor and in Megatron-LM's bf16 recipe
- * (--accumulate-allreduce-grads-in-fp32), the plan's precision for fp16
- * under Megatron-LM and DeepSpeed. */
+ * them: 2 under grad_precision bf16 (llm.c's recipe, whatever the
+ * runtime), else fp32 in Partita's executor and in Megatron-LM's bf16
+ * recipe (--accumulate-allreduce-grads-in-fp32), the plan's precision
+ * for fp16 under Megatron-LM and DeepSpeed. */
 int parallel_gradient_bytes(const parallel_config *config);
 /* Whether the dp reduction overlaps the last backward. */
 bool parallel_overlaps_grad_reduce(const parallel_config *config);

@@ -26,7 +26,7 @@ static const char *const plan_keys[] = {
     "partition", "node_order", "schedule", "precision", "recompute",
     "distributed_optimizer", "zero", "offload_optimizer", "virtual_stages",
     "sequence_parallel", "runtime", "attention", "overlap_grad_reduce", "tf32",
-    "origin", "estimate", "alternatives", "pareto", NULL};
+    "grad_precision", "origin", "estimate", "alternatives", "pareto", NULL};
 static const char *const origin_keys[] = {"model", "cluster", NULL};
 
 /* In enum order. */
@@ -38,6 +38,34 @@ static const char *const runtime_names[] = {"partita", "megatron",
                                             "deepspeed", NULL};
 static const char *const attention_names[] = {"default", "flash",
                                               "unfused", NULL};
+static const char *const grad_precision_names[] = {"fp32", "bf16", NULL};
+
+const char *grad_precision_name(grad_precision_kind kind)
+{
+    return kind == GRAD_PRECISION_BF16 ? "bf16" : "fp32";
+}
+
+int grad_precision_parse(const char *name, grad_precision_kind *out,
+                         pt_error *err)
+{
+    for (int i = 0; grad_precision_names[i] != NULL; i++)
+        if (strcmp(name, grad_precision_names[i]) == 0) {
+            *out = (grad_precision_kind)i;
+            return 0;
+        }
+    return pt_fail(err, "grad precision '%s': expected fp32 or bf16", name);
+}
+
+int parallel_check_grad_precision(const parallel_config *config,
+                                  pt_error *err)
+{
+    if (config->grad_precision == GRAD_PRECISION_BF16 &&
+        config->precision != PRECISION_BF16)
+        return pt_fail(err, "bf16 gradients only with precision bf16 (the "
+                            "plan's precision is %s)",
+                       precision_name(config->precision));
+    return 0;
+}
 
 const char *runtime_name(runtime_kind kind)
 {
@@ -70,6 +98,8 @@ int parallel_residual_bytes(const parallel_config *config)
 
 int parallel_gradient_bytes(const parallel_config *config)
 {
+    if (config->grad_precision == GRAD_PRECISION_BF16)
+        return 2;
     if (config->runtime != RUNTIME_PARTITA &&
         config->precision == PRECISION_FP16)
         return 2;
@@ -437,6 +467,7 @@ static int degrees_part(const json_t *obj, const json_place *place,
     long long gbs = 0, mbs = 0, tp = 0, dp = 0, pp = 0;
     int schedule = SCHEDULE_1F1B, precision = PRECISION_BF16, recompute = 0;
     int runtime = RUNTIME_PARTITA, attention = ATTENTION_DEFAULT;
+    int grad_precision = GRAD_PRECISION_FP32;
     if (json_get_int(obj, place, "gbs", true, 1, INT_MAX, &gbs, err) != 0 ||
         json_get_int(obj, place, "mbs", true, 1, INT_MAX, &mbs, err) != 0 ||
         json_get_int(obj, place, "tp", true, 1, 65536, &tp, err) != 0 ||
@@ -456,6 +487,8 @@ static int degrees_part(const json_t *obj, const json_place *place,
         json_get_bool(obj, place, "overlap_grad_reduce", false,
                       &config->overlap_grad_reduce, err) != 0 ||
         json_get_bool(obj, place, "tf32", false, &config->tf32, err) != 0 ||
+        json_get_choice(obj, place, "grad_precision", false,
+                        grad_precision_names, &grad_precision, err) != 0 ||
         json_get_bool(obj, place, "distributed_optimizer", false,
                       &config->distributed_optimizer, err) != 0 ||
         zero_part(obj, place, config, err) != 0)
@@ -471,6 +504,13 @@ static int degrees_part(const json_t *obj, const json_place *place,
     config->selective_recompute = recompute == 2;
     config->runtime = (runtime_kind)runtime;
     config->attention = (attention_kind)attention;
+    config->grad_precision = (grad_precision_kind)grad_precision;
+    if (parallel_check_grad_precision(config, err) != 0) {
+        char reason[sizeof err->message];
+        pt_copy_string(reason, sizeof reason, err->message);
+        json_place where = json_place_key(place, "grad_precision");
+        return json_place_fail(&where, err, "%s", reason);
+    }
     if (config->tf32 && config->precision != PRECISION_FP32) {
         json_place where = json_place_key(place, "tf32");
         return json_place_fail(&where, err, "only with precision fp32 (TF32 "
@@ -795,6 +835,9 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
              &failures);
     json_put(root, "precision",
              json_string(precision_name(config->precision)), &failures);
+    json_put(root, "grad_precision",
+             json_string(grad_precision_name(config->grad_precision)),
+             &failures);
     json_put(root, "recompute",
              json_string(config->recompute             ? "full"
                          : config->selective_recompute ? "selective"

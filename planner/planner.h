@@ -92,6 +92,7 @@ typedef struct search_options {
     partition_solver solver;
     schedule_kind schedule;
     precision_kind precision;
+    grad_precision_kind grad_precision; /* every plan's (issue 34) */
     int max_mbs;              /* largest micro-batch tried (power of two) */
     bool allow_recompute;     /* also try full recompute */
     bool allow_distributed_optimizer;

@@ -94,7 +94,9 @@ static int stage_key(const search_memo *memo, const parallel_config *config,
     int *key = memo->key;
     int header[STAGE_KEY_HEADER] = {
         config->gbs, config->mbs, config->tp, config->dp, config->pp,
-        (int)config->schedule, (int)config->precision, config->recompute,
+        (int)config->schedule,
+        (int)config->precision * 2 + (int)config->grad_precision,
+        config->recompute,
         parallel_zero_stage(config), config->offload_optimizer, stage,
         next_known,
         (int)(window_low - lane->starts[first]), last - first + 1};

@@ -142,6 +142,8 @@ static int add_shape(search_space *space, int *capacity, int tp, int dp,
                                       .tp = tp, .dp = dp, .pp = pp,
                                       .schedule = options->schedule,
                                       .precision = options->precision,
+                                      .grad_precision =
+                                          options->grad_precision,
                                       .recompute = levers[lever].recompute,
                                       .offload_optimizer =
                                           levers[lever].offload};

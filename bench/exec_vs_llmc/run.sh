@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Partita's cuda backend against llm.c (the C/CUDA GPT-2 trainer) on the
-# same GPU, in one run: GPT-2 124M / 350M at micro-batch 16, 774M / 1.5B
+# same GPU, in one run, under each precision recipe of issue 34 (Megatron-
+# LM's: fp32 main gradients; llm.c's: bf16 gradients), each held to its
+# own targets: GPT-2 124M / 350M at micro-batch 16, 774M / 1.5B
 # at 8, sequence 1024, bf16, AdamW, no recompute, random tokens. Prints
 # tokens/s, the ratio Partita / llm.c and each program's peak device
 # memory (the GPU's used memory sampled by nvidia-smi every 100 ms, less
@@ -13,6 +15,10 @@
 # Environment:
 #   CONFIGS   "model:mbs ..." (default: the four GPT-2 sizes)
 #   WARMUP, STEPS   steps per run (default 5 and 20)
+#   RECIPES   "megatron llmc" (default: both): Partita's recipes, each a
+#             row of its own; megatron = fp32 main gradients (targets
+#             >= 0.99x llm.c's tokens/s, memory <= 1.05x), llmc = bf16
+#             gradients (>= 1.02x, memory <= 1.00x)
 #   TORCH=1   add torch.compile (bench/exec_vs_torch/torch_gpt.py)
 #   TRACE="model:mbs ..."   also trace every kernel of both programs at
 #             these configs (bench/kernel_trace: CUPTI through
@@ -27,6 +33,17 @@ configs=${CONFIGS:-"gpt2-124m:16 gpt2-350m:16 gpt2-774m:8 gpt2-xl:8"}
 warmup=${WARMUP:-5}
 steps=${STEPS:-20}
 trace_configs=${TRACE:-}
+recipes=${RECIPES:-"megatron llmc"}
+for recipe in $recipes; do
+    case $recipe in
+    megatron|llmc) ;;
+    *) echo "FAIL run.sh: RECIPES: unknown recipe '$recipe' (megatron, llmc)"; exit 1 ;;
+    esac
+done
+# grad_of RECIPE: the grad precision exec_bench takes for it
+grad_of() { [ "$1" = llmc ] && echo bf16 || echo fp32; }
+# targets RECIPE: "min_speed max_memory"
+targets_of() { [ "$1" = llmc ] && echo "1.02 1.00" || echo "0.99 1.05"; }
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$logs"
 bench="$build/bench/exec_vs_torch/exec_bench"
@@ -87,16 +104,20 @@ for config in $configs; do
     json="$root/models/$model.json"
     layers=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['layers'])" "$json")
     seq=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['seq'])" "$json")
-    echo "== partita $model mbs $mbs"
-    p_tps="" p_mem="" l_tps="" l_mem="" t_tps=""
-    if measure "$logs/partita-$model.log" env PARTITA_CUDA_RECOMPUTE=none \
-        "$bench" "$json" "$mbs" "$warmup" "$steps"; then
-        grep '^#' "$logs/partita-$model.log"
-        p_tps=$(value tokens_per_s "$(grep '^RESULT' "$logs/partita-$model.log")")
-        p_mem=$peak_gib
-    else
-        echo "FAIL partita $model"; tail -3 "$logs/partita-$model.log"; status=1
-    fi
+    declare -A p_tps=() p_mem=()
+    l_tps="" l_mem="" t_tps=""
+    for recipe in $recipes; do
+        echo "== partita $model mbs $mbs, recipe $recipe"
+        plog="$logs/partita-$model-$recipe.log"
+        if measure "$plog" env PARTITA_CUDA_RECOMPUTE=none \
+            "$bench" "$json" "$mbs" "$warmup" "$steps" "$(grad_of "$recipe")"; then
+            grep '^#' "$plog"
+            p_tps[$recipe]=$(value tokens_per_s "$(grep '^RESULT' "$plog")")
+            p_mem[$recipe]=$peak_gib
+        else
+            echo "FAIL partita $model $recipe"; tail -3 "$plog"; status=1
+        fi
+    done
     echo "== llm.c $model mbs $mbs"
     # -r 0: no recompute; -v, -m, -s: evaluate once on one batch, no
     # sampling until the last step
@@ -121,14 +142,23 @@ for config in $configs; do
             echo "FAIL torch $model"; tail -3 "$logs/torch-$model.log"
         fi
     fi
-    ratio=- mem_ratio=-
-    [ -n "$p_tps" ] && [ -n "$l_tps" ] &&
-        ratio=$(awk -v a="$p_tps" -v b="$l_tps" 'BEGIN { printf "%.3f", a / b }')
-    [ -n "$p_mem" ] && [ -n "$l_mem" ] &&
-        mem_ratio=$(awk -v a="$p_mem" -v b="$l_mem" 'BEGIN { printf "%.3f", a / b }')
-    table+=("$(printf '| %-10s | %3s | %9s | %9s | **%s** | %6s GiB | %6s GiB | %s | %9s |' \
-        "$model" "$mbs" "${l_tps:--}" "${p_tps:--}" "$ratio" "${l_mem:--}" \
-        "${p_mem:--}" "$mem_ratio" "${t_tps:--}")")
+    for recipe in $recipes; do
+        tps=${p_tps[$recipe]:-} mem=${p_mem[$recipe]:-}
+        ratio=- mem_ratio=- verdict=-
+        [ -n "$tps" ] && [ -n "$l_tps" ] &&
+            ratio=$(awk -v a="$tps" -v b="$l_tps" 'BEGIN { printf "%.3f", a / b }')
+        [ -n "$mem" ] && [ -n "$l_mem" ] &&
+            mem_ratio=$(awk -v a="$mem" -v b="$l_mem" 'BEGIN { printf "%.3f", a / b }')
+        read -r min_speed max_memory <<<"$(targets_of "$recipe")"
+        if [ "$ratio" != - ] && [ "$mem_ratio" != - ]; then
+            verdict=$(awk -v r="$ratio" -v m="$mem_ratio" -v s="$min_speed" -v x="$max_memory" \
+                'BEGIN { print (r >= s && m <= x) ? "PASS" : "FAIL" }')
+        fi
+        table+=("$(printf '| %-10s | %3s | %-8s | %9s | %9s | **%s** | %6s GiB | %6s GiB | %s | %s (>= %s, <= %s) | %9s |' \
+            "$model" "$mbs" "$recipe" "${l_tps:--}" "${tps:--}" "$ratio" "${l_mem:--}" \
+            "${mem:--}" "$mem_ratio" "$verdict" "$min_speed" "$max_memory" "${t_tps:--}")")
+    done
+    unset p_tps p_mem
     if [[ " $trace_configs " == *" $config "* ]]; then
         if [ ! -f "$tracer" ]; then
             echo "SKIP trace $model: $tracer was not built (no CUPTI)"
@@ -148,8 +178,8 @@ done
 echo
 echo "Training throughput against llm.c on $(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | head -1),"
 echo "seq 1024, bf16, AdamW, no recompute; tokens/s (higher is better); peak device memory over idle"
-echo "| model | mbs | llm.c | Partita | Partita / llm.c | llm.c memory | Partita memory | memory ratio | torch.compile |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| model | mbs | recipe | llm.c | Partita | Partita / llm.c | llm.c memory | Partita memory | memory ratio | targets | torch.compile |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for row in "${table[@]}"; do echo "$row"; done
-echo "(targets: Partita / llm.c >= 1.00; memory ratio <= 1.05)"
+echo "(recipes: megatron = bf16 activations, fp32 main gradients; llmc = bf16 gradients; targets of issue 34 per row)"
 exit $status

@@ -6,7 +6,10 @@
  * each phase can be printed. torch_gpt.py runs the same model and step in
  * PyTorch; run.sh puts the two side by side.
  *
- * Usage: exec_bench MODEL.json MBS [WARMUP_STEPS [TIMED_STEPS]]
+ * Usage: exec_bench MODEL.json MBS [WARMUP_STEPS [TIMED_STEPS
+ *        [GRAD_PRECISION]]]
+ * GRAD_PRECISION: fp32 (default, Megatron-LM's recipe) or bf16 (llm.c's,
+ * issue 34: the stage's spec.bf16_grads).
  * Prints a table and one machine-readable line:
  *   RESULT impl=partita model=... mbs=... tokens_per_s=... step_ms=...
  *          peak_gib=...
@@ -109,7 +112,8 @@ static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MODEL.json MBS [WARMUP [STEPS]]\n",
+        fprintf(stderr, "usage: %s MODEL.json MBS [WARMUP [STEPS "
+                        "[fp32|bf16]]]\n",
                 argv[0]);
         return 1;
     }
@@ -134,6 +138,14 @@ int main(int argc, char **argv)
     size_t free_before = 0, total = 0;
     cudaMemGetInfo(&free_before, &total);
     stage_spec spec = stage_spec_whole_model(&shape);
+    const char *grad_precision = argc > 5 ? argv[5] : "fp32";
+    if (strcmp(grad_precision, "fp32") != 0 &&
+        strcmp(grad_precision, "bf16") != 0) {
+        fprintf(stderr, "exec_bench: grad precision '%s': expected fp32 or "
+                        "bf16\n", grad_precision);
+        return 1;
+    }
+    spec.bf16_grads = strcmp(grad_precision, "bf16") == 0;
     model_stage stage;
     if (cuda_model_stage_create(&stage, &shape, &spec, mbs, 1, &err) != 0 ||
         fast_init(&stage, &err) != 0) {
@@ -189,9 +201,10 @@ int main(int argc, char **argv)
            tokens_per_step / step_s,
            flops_per_token * tokens_per_step / step_s / 1e12, held, used);
     printf("RESULT impl=partita mode=cuda model=%s mbs=%d tokens_per_s=%.0f "
-           "step_ms=%.3f peak_gib=%.3f process_gib=%.3f\n",
+           "step_ms=%.3f peak_gib=%.3f process_gib=%.3f "
+           "grad_precision=%s\n",
            shape.name, mbs, tokens_per_step / step_s, 1e3 * step_s, held,
-           used);
+           used, grad_precision);
     free(tokens);
     model_stage_destroy(&stage);
     return 0;

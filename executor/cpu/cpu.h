@@ -77,6 +77,11 @@ void cpu_residual_forward(float *out, const float *a, const float *b,
 void cpu_residual_backward(float *d_a, float *d_b, const float *d_out,
                            size_t count);
 
+/* Each value rounded to the nearest bfloat16 (ties to even), kept as
+ * fp32: how the reference emulates a tensor the cuda backend stores in
+ * bf16. NaN and infinities pass unchanged. */
+void cpu_round_to_bf16(float *values, size_t count);
+
 /* Softmax over each row of logits (N x V) into probs (may be the same
  * buffer) and the cross-entropy of each row against its target into
  * losses (N). Returns the mean loss (accumulated in double). */

@@ -904,6 +904,11 @@ static int cpu_backward(model_stage *stage, int slot_index,
         }
         s->input_grad = d_out;
     }
+    /* llm.c's recipe: what the micro-batches have accumulated is held in
+     * bf16, so the next one adds to the rounded sum */
+    if (stage->spec.bf16_grads)
+        cpu_round_to_bf16(model_stage_buffer(stage, STAGE_GRADS),
+                          model_stage_buffer_count(stage, STAGE_GRADS));
     slot->awaiting_backward = false;
     return 0;
 }

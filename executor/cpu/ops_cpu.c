@@ -324,6 +324,21 @@ void cpu_residual_backward(float *d_a, float *d_b, const float *d_out,
     }
 }
 
+/* ------------------------------------------------------------- bfloat16 */
+
+void cpu_round_to_bf16(float *values, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        uint32_t bits;
+        memcpy(&bits, &values[i], sizeof bits);
+        if ((bits & 0x7f800000u) == 0x7f800000u)
+            continue; /* NaN, infinity: rounding could carry into them */
+        bits += 0x7fffu + ((bits >> 16) & 1u);
+        bits &= 0xffff0000u;
+        memcpy(&values[i], &bits, sizeof bits);
+    }
+}
+
 /* ------------------------------------------- softmax + cross-entropy */
 
 /* The loss is taken as log(sum exp(z - max)) - (z_target - max) rather

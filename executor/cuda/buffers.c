@@ -270,7 +270,11 @@ size_t buffer_parameter_bytes(const buffer_layout *layout,
                                    : layout->optimizer_count)
                     : which == STAGE_GRADS ? layout->grad_count
                                            : layout->params_count;
-    return (floats + slack + 1) * sizeof(float);
+    /* llm.c's recipe keeps the gradients in bf16 */
+    size_t element = which == STAGE_GRADS && layout->spec.bf16_grads
+                         ? sizeof(pt_bf16)
+                         : sizeof(float);
+    return (floats + slack + 1) * element;
 }
 
 size_t buffer_mirror_bytes(const buffer_layout *layout)
@@ -350,6 +354,30 @@ static int read_recompute(const char *recompute, buffer_layout *out,
     return 0;
 }
 
+/* llm.c's recipe where the backend keeps fp32 gradients outside the one
+ * buffer or the step moves them as fp32: ZeRO-2/3 (units reduced and
+ * added unit by unit in fp32; a tied embedding's pair, whose whole
+ * buffers the step reduce-scatters and zeroes by fp32 ranges); and the
+ * offload, not checked with them. */
+static int check_bf16_grads(const stage_spec *spec, pt_error *err)
+{
+    if (!spec->bf16_grads)
+        return 0;
+    if (spec->shard_gradients && spec->optimizer_shards > 1)
+        return pt_fail(err, "cuda backend: grad_precision bf16 with zero %s "
+                            "is not supported: ZeRO-2/3's gradient units "
+                            "are fp32 (use zero 0 or 1, or grad_precision "
+                            "fp32)",
+                       spec->shard_parameters ? "3" : "2");
+    if (spec->offload_optimizer)
+        return pt_fail(err, "cuda backend: grad_precision bf16 with "
+                            "offload_optimizer is not supported: the "
+                            "offload's host step is not checked against "
+                            "bf16 gradients (llm.c's recipe keeps AdamW on "
+                            "the GPU; use grad_precision fp32)");
+    return 0;
+}
+
 int buffer_layout_init(const model_shape *shape, const stage_spec *spec,
                        const param_tensor *tensors, int tensor_count,
                        size_t optimizer_first, size_t optimizer_count,
@@ -381,6 +409,8 @@ int buffer_layout_init(const model_shape *shape, const stage_spec *spec,
             tensors, tensor_count, optimizer_first,
             optimizer_first + optimizer_count);
     out->grads_by_unit = buffer_grads_by_unit(shape, spec);
+    if (check_bf16_grads(spec, err) != 0)
+        return -1;
     out->grad_count = out->grads_by_unit ? optimizer_count : params;
     stage_units_of(spec, tensors, tensor_count, params, &out->units);
     out->params_by_unit = out->grads_by_unit && spec->shard_parameters;

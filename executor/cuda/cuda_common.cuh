@@ -78,6 +78,50 @@ static __device__ inline void store8(bf16 *p, const float *in)
     *reinterpret_cast<bf16x8 *>(p) = float_to_bf16x8(in);
 }
 
+/* A gradient (cuda_grad) read or added to, element i: a bf16 one's sum
+ * is taken in fp32 and rounded once, as llm.c's recipe keeps it. */
+static __device__ inline float grad_load(const cuda_grad &g, size_t i)
+{
+    return g.bf16 ? __bfloat162float(static_cast<const bf16 *>(g.data)[i])
+                  : static_cast<const float *>(g.data)[i];
+}
+
+static __device__ inline void grad_add(const cuda_grad &g, size_t i,
+                                       float value)
+{
+    if (g.bf16) {
+        bf16 *p = static_cast<bf16 *>(g.data) + i;
+        *p = __float2bfloat16_rn(__bfloat162float(*p) + value);
+    } else {
+        static_cast<float *>(g.data)[i] += value;
+    }
+}
+
+/* Four consecutive gradient values from a 16-byte (fp32) or 8-byte
+ * (bf16) aligned quad q of `values`. */
+static __device__ inline float4 load_quad(const float *values, size_t q)
+{
+    return reinterpret_cast<const float4 *>(values)[q];
+}
+
+static __device__ inline float4 load_quad(const bf16 *values, size_t q)
+{
+    const bf16x2 *pairs = reinterpret_cast<const bf16x2 *>(values) + 2 * q;
+    float2 low = __bfloat1622float2(pairs[0]);
+    float2 high = __bfloat1622float2(pairs[1]);
+    return make_float4(low.x, low.y, high.x, high.y);
+}
+
+static __device__ inline float load_one(const float *values, size_t i)
+{
+    return values[i];
+}
+
+static __device__ inline float load_one(const bf16 *values, size_t i)
+{
+    return __bfloat162float(values[i]);
+}
+
 static __device__ inline float warp_sum(float value)
 {
 #pragma unroll

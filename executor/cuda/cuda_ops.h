@@ -10,9 +10,10 @@
  * launcher enqueues on `stream` and returns cudaSuccess or the launch
  * error (cudaGetLastError); none synchronises.
  *
- * The cuda backend keeps the residual stream and every gradient that is
- * accumulated in fp32; the inputs of the matrix products (activations and
- * a bf16 mirror of the weights) are bf16.
+ * The cuda backend keeps the residual stream in fp32 and the parameter
+ * gradients in fp32 or, under llm.c's recipe, bf16 (cuda_grad); the
+ * inputs of the matrix products (activations and a bf16 mirror of the
+ * weights) are bf16.
  */
 #ifndef PARTITA_EXECUTOR_CUDA_OPS_H
 #define PARTITA_EXECUTOR_CUDA_OPS_H
@@ -39,6 +40,31 @@ typedef uint16_t pt_bf16;
 pt_bf16 pt_float_to_bf16(float value);
 float pt_bf16_to_float(pt_bf16 value);
 
+/* A parameter gradient as the kernels that add into it see it: fp32 (the
+ * default recipe's main gradients) or bf16 (llm.c's recipe, a plan's
+ * grad_precision bf16), where each kernel takes its addition in fp32 and
+ * rounds the sum once to bf16, as the products' beta = 1 epilogue does.
+ * data NULL: no gradient. */
+typedef struct cuda_grad {
+    void *data;
+    bool bf16;
+} cuda_grad;
+
+static inline cuda_grad cuda_grad_fp32(float *data)
+{
+    cuda_grad grad = {data, false};
+    return grad;
+}
+
+/* The gradient `elements` further on (elements of its own type). */
+static inline cuda_grad cuda_grad_offset(cuda_grad grad, size_t elements)
+{
+    size_t size = grad.bf16 ? sizeof(pt_bf16) : sizeof(float);
+    if (grad.data != NULL)
+        grad.data = (char *)grad.data + elements * size;
+    return grad;
+}
+
 /* ------------------------------------------------------------ elementwise */
 
 /* out_bf16[i] = bf16(in[i]). */
@@ -47,6 +73,9 @@ cudaError_t cuda_convert_to_bf16(pt_bf16 *out_bf16, const float *in,
 /* dst[i] += src[i] (fp32). */
 cudaError_t cuda_add_inplace(float *dst, const float *src, size_t count,
                              cudaStream_t stream);
+/* The same into a gradient of either precision (cuda_grad). */
+cudaError_t cuda_add_into_grad(cuda_grad dst, const float *src, size_t count,
+                               cudaStream_t stream);
 /* out[n, c] += rows[n % period, c] + residual[n, c] (fp32, N x C; rows
  * holds period rows of C; residual may be NULL). period 1 adds a bias
  * (the row-parallel layers' bias after the tensor-parallel sum), period T
@@ -125,8 +154,8 @@ cudaError_t cuda_embedding_shard_forward(float *out, const uint32_t *tokens,
  * sum over b of d_out[b,t,:]. plan arrays (device copies): starts (N+1),
  * rows (N), tokens (N); unique_tokens groups. Either gradient may be
  * NULL. */
-cudaError_t cuda_embedding_backward(float *d_token_embedding,
-                                    float *d_position_embedding,
+cudaError_t cuda_embedding_backward(cuda_grad d_token_embedding,
+                                    cuda_grad d_position_embedding,
                                     const float *d_out, const int *starts,
                                     const int *rows,
                                     const uint32_t *group_tokens,
@@ -149,8 +178,8 @@ cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
  *   g = d_out x weight,
  * written to d_inp (fp32) and, when d_inp_bf16 is not NULL, to a bf16
  * copy for the matrix products that follow. d_residual may be NULL (then
- * taken as 0) and may equal d_inp. d_weight and d_bias (fp32, C) are
- * ADDED to (either may be NULL). One kernel when C % 8 == 0, C <= 8192
+ * taken as 0) and may equal d_inp. d_weight and d_bias (C, of one
+ * precision) are ADDED to (either's data may be NULL). One kernel when C % 8 == 0, C <= 8192
  * and the tensors are 16-byte aligned, else two. scratch:
  * cuda_layernorm_backward_scratch(N_max, C) floats for calls of up to
  * N_max rows, ZEROED once before the first call (it holds the kernel's
@@ -158,7 +187,7 @@ cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
  * at a time may use it.
  */
 cudaError_t cuda_layernorm_backward(float *d_inp, pt_bf16 *d_inp_bf16,
-                                    float *d_weight, float *d_bias,
+                                    cuda_grad d_weight, cuda_grad d_bias,
                                     const float *d_residual,
                                     const pt_bf16 *d_out_bf16,
                                     const float *inp, const float *weight,
@@ -171,7 +200,7 @@ cudaError_t cuda_layernorm_backward(float *d_inp, pt_bf16 *d_inp_bf16,
 /* d_bias[j] += sum over the N rows of d_out_bf16[n, j] (OC columns), with
  * a fixed summation order. scratch: cuda_bias_grad_scratch(N, OC)
  * floats. */
-cudaError_t cuda_bias_grad(float *d_bias, const pt_bf16 *d_out_bf16,
+cudaError_t cuda_bias_grad(cuda_grad d_bias, const pt_bf16 *d_out_bf16,
                            float *scratch, int N, int OC,
                            cudaStream_t stream);
 
@@ -267,8 +296,9 @@ cudaError_t cuda_mean(double *out, const float *values, int count,
  * weight mirror; `decay` when AdamW decays it. */
 
 /* AdamW over every chunk (see cpu_adamw_update), then the bf16 mirror of
- * the updated parameters. first_correction / second_correction:
- * 1 - beta^step. */
+ * the updated parameters; the gradients fp32 or bf16 (read at the chunks'
+ * offsets in elements of their type). first_correction /
+ * second_correction: 1 - beta^step. */
 typedef struct adamw_args {
     float learning_rate;
     float beta1, beta2, eps, weight_decay;
@@ -276,7 +306,7 @@ typedef struct adamw_args {
     float first_correction, second_correction;
 } adamw_args;
 
-cudaError_t cuda_adamw(float *params, const float *grads, float *adam_m,
+cudaError_t cuda_adamw(float *params, cuda_grad grads, float *adam_m,
                        float *adam_v, pt_bf16 *mirror_bf16,
                        const param_chunk *chunks, int chunk_count,
                        const adamw_args *args, cudaStream_t stream);
@@ -284,15 +314,15 @@ cudaError_t cuda_adamw(float *params, const float *grads, float *adam_m,
 cudaError_t cuda_refresh_mirror(pt_bf16 *mirror_bf16, const float *params,
                                 const param_chunk *chunks, int chunk_count,
                                 cudaStream_t stream);
-/* out[0] = sum of values[i]^2 (double, device). scratch:
- * cuda_square_sum_scratch() doubles. */
-cudaError_t cuda_square_sum(double *out, const float *values, size_t count,
+/* out[0] = sum of values[i]^2 (double, device; values fp32 or bf16).
+ * scratch: cuda_square_sum_scratch() doubles. */
+cudaError_t cuda_square_sum(double *out, cuda_grad values, size_t count,
                             double *scratch, cudaStream_t stream);
 /* out[t] = sum of squares of tensor t (double, device), t < tensor_count,
  * where tensor t is chunks [tensor_chunk_starts[t], tensor_chunk_starts[t
  * + 1]) of the optimizer table (device). chunk_sums: chunk_count doubles
  * of scratch. Two launches, fixed summation order. */
-cudaError_t cuda_square_sums_per_tensor(double *out, const float *values,
+cudaError_t cuda_square_sums_per_tensor(double *out, cuda_grad values,
                                         const param_chunk *chunks,
                                         int chunk_count,
                                         const int *tensor_chunk_starts,

@@ -198,8 +198,9 @@ int cuda_grad_unit_done(model_stage *stage, stage_unit_kind kind, int layer,
                         pt_error *err);
 int cuda_grad_units_settle(const model_stage *stage, pt_error *err);
 /* Where the gradient of parameter `offset` is written during a backward:
- * in the gradients' buffer, or its unit's buffer. */
-float *cuda_grad_at(const model_stage *stage, size_t offset);
+ * in the gradients' buffer (fp32, or bf16 under llm.c's recipe), or its
+ * unit's buffer (fp32: the recipe is refused with units). */
+cuda_grad cuda_grad_at(const model_stage *stage, size_t offset);
 
 /* ZeRO-3's units (param_units.c). open: the events and the conversion
  * tables (host chunks filled here, copied into `tables`, allocated by

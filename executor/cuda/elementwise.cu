@@ -79,6 +79,24 @@ extern "C" cudaError_t cuda_add_inplace(float *dst, const float *src,
     return cudaGetLastError();
 }
 
+__global__ void add_into_grad_kernel(cuda_grad dst, const float *src,
+                                     size_t count)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count)
+        grad_add(dst, i, src[i]);
+}
+
+extern "C" cudaError_t cuda_add_into_grad(cuda_grad dst, const float *src,
+                                          size_t count, cudaStream_t stream)
+{
+    if (count == 0)
+        return cudaSuccess;
+    add_into_grad_kernel<<<blocks_for(count, ELEMENTWISE_THREADS),
+                           ELEMENTWISE_THREADS, 0, stream>>>(dst, src, count);
+    return cudaGetLastError();
+}
+
 __global__ void gelu_forward_kernel(bf16 *out, const bf16 *in, size_t count,
                                     bool vector)
 {

@@ -187,7 +187,7 @@ extern "C" cudaError_t cuda_embedding_shard_forward(
 
 /* One block per token group (blockIdx.x) and column range (blockIdx.y). */
 __global__ void embedding_backward_token_kernel(
-    float *d_token_embedding, const float *d_out, const int *starts,
+    cuda_grad d_token_embedding, const float *d_out, const int *starts,
     const int *rows, const uint32_t *group_tokens, int C)
 {
     int group = blockIdx.x;
@@ -197,11 +197,11 @@ __global__ void embedding_backward_token_kernel(
     float sum = 0.0f;
     for (int i = starts[group]; i < starts[group + 1]; i++)
         sum += d_out[(size_t)rows[i] * C + c];
-    d_token_embedding[(size_t)group_tokens[group] * C + c] += sum;
+    grad_add(d_token_embedding, (size_t)group_tokens[group] * C + c, sum);
 }
 
 __global__ void embedding_backward_position_kernel(
-    float *d_position_embedding, const float *d_out, int B, int T, int C)
+    cuda_grad d_position_embedding, const float *d_out, int B, int T, int C)
 {
     size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (index >= (size_t)T * C)
@@ -209,21 +209,22 @@ __global__ void embedding_backward_position_kernel(
     float sum = 0.0f;
     for (int b = 0; b < B; b++)
         sum += d_out[(size_t)b * T * C + index];
-    d_position_embedding[index] += sum;
+    grad_add(d_position_embedding, index, sum);
 }
 
 extern "C" cudaError_t cuda_embedding_backward(
-    float *d_token_embedding, float *d_position_embedding, const float *d_out,
-    const int *starts, const int *rows, const uint32_t *group_tokens,
-    int unique_tokens, int B, int T, int C, cudaStream_t stream)
+    cuda_grad d_token_embedding, cuda_grad d_position_embedding,
+    const float *d_out, const int *starts, const int *rows,
+    const uint32_t *group_tokens, int unique_tokens, int B, int T, int C,
+    cudaStream_t stream)
 {
     const int threads = 256;
-    if (d_token_embedding != NULL && unique_tokens > 0) {
+    if (d_token_embedding.data != NULL && unique_tokens > 0) {
         dim3 grid((unsigned)unique_tokens, blocks_for((size_t)C, threads));
         embedding_backward_token_kernel<<<grid, threads, 0, stream>>>(
             d_token_embedding, d_out, starts, rows, group_tokens, C);
     }
-    if (d_position_embedding != NULL) {
+    if (d_position_embedding.data != NULL) {
         size_t work = (size_t)T * C;
         embedding_backward_position_kernel<<<blocks_for(work, threads),
                                              threads, 0, stream>>>(

@@ -47,14 +47,17 @@ void cuda_grad_units_close(cuda_grad_units *units)
     memset(units, 0, sizeof *units);
 }
 
-float *cuda_grad_at(const model_stage *stage, size_t offset)
+cuda_grad cuda_grad_at(const model_stage *stage, size_t offset)
 {
-    if (!stage->grads_by_unit)
-        return stage->grads + offset;
+    if (!stage->grads_by_unit) {
+        /* llm.c's recipe: the whole buffer in bf16 (never by unit) */
+        cuda_grad whole = {stage->grads, stage->grads_bf16};
+        return cuda_grad_offset(whole, offset);
+    }
     const cuda_stage_state *state = state_of(stage);
     int buffer = 0;
     size_t place = unit_place_of(&state->layout.units, offset, &buffer);
-    return state->grad_units.buffer[buffer] + place;
+    return cuda_grad_fp32(state->grad_units.buffer[buffer] + place);
 }
 
 int cuda_grad_unit_begin(model_stage *stage, stage_unit_kind kind, int layer,

@@ -210,7 +210,7 @@ extern "C" cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
 struct layernorm_backward_args {
     float *d_inp;
     bf16 *d_inp_bf16;            /* may be NULL */
-    float *d_weight, *d_bias;    /* added to; either may be NULL */
+    cuda_grad d_weight, d_bias;  /* added to; either's data may be NULL */
     float *partials;             /* blocks x 2C, then groups x 2C */
     unsigned int *counters;      /* groups + 1, zero between calls */
     const float *d_residual;     /* may be NULL, may equal d_inp */
@@ -348,8 +348,9 @@ static __device__ bool arrive_last(unsigned int *counter,
  * thread at a time (read through L2: other blocks wrote them); written
  * to out, or added to d_weight (columns < C) and d_bias when out is
  * NULL. */
-static __device__ void sum_rows(float *out, float *d_weight, float *d_bias,
-                                const float *rows, int count, int C)
+static __device__ void sum_rows(float *out, const cuda_grad *d_weight,
+                                const cuda_grad *d_bias, const float *rows,
+                                int count, int C)
 {
     int C2 = 2 * C;
     for (int j = threadIdx.x * 4; j < C2; j += blockDim.x * 4) {
@@ -366,13 +367,13 @@ static __device__ void sum_rows(float *out, float *d_weight, float *d_bias,
             *reinterpret_cast<float4 *>(out + j) = total;
             continue;
         }
-        float *grad = j < C ? d_weight : d_bias;
-        int at = j < C ? j : j - C;
-        if (grad != NULL) {
-            grad[at] += total.x;
-            grad[at + 1] += total.y;
-            grad[at + 2] += total.z;
-            grad[at + 3] += total.w;
+        const cuda_grad *grad = j < C ? d_weight : d_bias;
+        size_t at = (size_t)(j < C ? j : j - C);
+        if (grad->data != NULL) {
+            grad_add(*grad, at, total.x);
+            grad_add(*grad, at + 1, total.y);
+            grad_add(*grad, at + 2, total.z);
+            grad_add(*grad, at + 3, total.w);
         }
     }
 }
@@ -411,11 +412,11 @@ layernorm_backward_fused(layernorm_backward_args a)
     float *group_sums = a.partials + (size_t)blocks * C2;
     if (!arrive_last(&a.counters[group], (unsigned int)group_size))
         return;
-    sum_rows(group_sums + group * C2, NULL, NULL,
+    sum_rows(group_sums + group * C2, &a.d_weight, &a.d_bias,
              a.partials + group_first * C2, group_size, a.C);
     if (!arrive_last(&a.counters[groups], (unsigned int)groups))
         return;
-    sum_rows(NULL, a.d_weight, a.d_bias, group_sums, groups, a.C);
+    sum_rows(NULL, &a.d_weight, &a.d_bias, group_sums, groups, a.C);
 }
 
 /* ---------------------------------------------------- generic backward */
@@ -571,7 +572,8 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
 /* Sums the blocks' partials of each of the 2C columns in block order
  * (8 threads down the blocks, then in shared memory) and adds them to the
  * gradients. */
-__global__ void layernorm_partials_kernel(float *d_weight, float *d_bias,
+__global__ void layernorm_partials_kernel(cuda_grad d_weight,
+                                          cuda_grad d_bias,
                                           const float *partials, int blocks,
                                           int C)
 {
@@ -588,10 +590,10 @@ __global__ void layernorm_partials_kernel(float *d_weight, float *d_bias,
     for (int y = 1; y < 8; y++)
         total += sums[y][threadIdx.x];
     if (j < C) {
-        if (d_weight != NULL)
-            d_weight[j] += total;
-    } else if (d_bias != NULL) {
-        d_bias[j - C] += total;
+        if (d_weight.data != NULL)
+            grad_add(d_weight, (size_t)j, total);
+    } else if (d_bias.data != NULL) {
+        grad_add(d_bias, (size_t)(j - C), total);
     }
 }
 
@@ -617,7 +619,7 @@ static void launch_fused(const layernorm_backward_args &a, unsigned int blocks,
 }
 
 extern "C" cudaError_t cuda_layernorm_backward(
-    float *d_inp, pt_bf16 *d_inp_bf16, float *d_weight, float *d_bias,
+    float *d_inp, pt_bf16 *d_inp_bf16, cuda_grad d_weight, cuda_grad d_bias,
     const float *d_residual, const pt_bf16 *d_out_bf16, const float *inp,
     const float *weight, const float *mean, const float *rstd,
     float *scratch, int N, int C, cudaStream_t stream)

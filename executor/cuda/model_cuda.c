@@ -8,7 +8,11 @@
  * Precision: fp32 master parameters, gradients and AdamW moments (the
  * four buffers of model_stage), a bf16 mirror of the parameters that the
  * matrix products read (refreshed by the AdamW kernel), the residual
- * stream and its gradient in fp32, every other activation in bf16.
+ * stream and its gradient in fp32, every other activation in bf16. Under
+ * llm.c's recipe (spec.bf16_grads, model_stage.grads_bf16) the gradient
+ * buffer is bf16: every product and kernel that adds into it takes its
+ * sum in fp32 and rounds once (cuda_grad), the dp reduction sums bf16,
+ * and AdamW and the norms read bf16; host reads and writes convert.
  *
  * Memory: per activation slot one device arena holding what the backward
  * of its micro-batch needs (see slot_layout); per stage one arena of
@@ -21,9 +25,9 @@
  * after it (later tensors sit that much further on in the mirror), the
  * logits have Vp columns whose padding the classifier zeroes, and the
  * head's weight gradient is a Vp x C product accumulated (beta = 1) into
- * the fp32 gradients: its padding rows add exactly zero (zero rows of
+ * the gradients: its padding rows add exactly zero (zero rows of
  * d logits) to whatever follows the head tensor, and the gradient buffer
- * has (Vp - V) x C floats of slack at its end for a head stored last.
+ * has (Vp - V) x C elements of slack at its end for a head stored last.
  *
  * Tensor parallelism (spec.tp > 1, Megatron's split): the stage holds
  * its shard of every split tensor (the table of stage_parameter_layout)
@@ -289,6 +293,7 @@ static void cuda_release(model_stage *stage)
     gemm_context_destroy(state->gemm);
     if (state->stream != NULL)
         cudaStreamDestroy(state->stream);
+    stage->stream = NULL;
     cuda_rank_memory_release(state->device_bytes);
     free(state);
     stage->backend_state = NULL;
@@ -312,9 +317,10 @@ static void append_memory_report(pt_error *err, double allocated_gib)
 }
 
 /* Refuses, before any allocation, a stage whose fp32 parameters,
- * gradients and AdamW moments and bf16 weight mirror (18 bytes per
- * parameter) alone exceed the device's free memory; activations come on
- * top, and a shortage there is reported by the allocation itself. */
+ * gradients (bf16 under llm.c's recipe) and AdamW moments and bf16
+ * weight mirror (18 bytes per parameter, 16) alone exceed the device's
+ * free memory; activations come on top, and a shortage there is reported
+ * by the allocation itself. */
 static int check_state_fits(const model_stage *stage, pt_error *err)
 {
     size_t free_bytes = 0, total_bytes = 0;
@@ -322,16 +328,19 @@ static int check_state_fits(const model_stage *stage, pt_error *err)
         cudaGetLastError();
         return 0; /* the allocations will tell */
     }
-    double state_bytes = 18.0 * (double)stage->param_count;
+    int per_parameter = stage->spec.bf16_grads ? 16 : 18;
+    double state_bytes = per_parameter * (double)stage->param_count;
     if (state_bytes <= (double)free_bytes)
         return 0;
     return pt_fail(err, "cuda backend: model %s needs at least %.2f GiB on "
-                        "the device for its %zu parameters (fp32 weights, "
-                        "gradients and AdamW moments and a bf16 copy: 18 "
-                        "bytes each) before activations; the device has "
+                        "the device for its %zu parameters (fp32 weights "
+                        "and AdamW moments, %s gradients and a bf16 copy: "
+                        "%d bytes each) before activations; the device has "
                         "%.2f GiB free of %.2f GiB",
                    stage->shape.name, state_bytes / PT_GIB,
-                   stage->param_count, (double)free_bytes / PT_GIB,
+                   stage->param_count,
+                   stage->spec.bf16_grads ? "bf16" : "fp32", per_parameter,
+                   (double)free_bytes / PT_GIB,
                    (double)total_bytes / PT_GIB);
 }
 
@@ -390,6 +399,8 @@ static int allocate_parameters(model_stage *stage, cuda_stage_state *state,
 {
     /* ZeRO-2/3: the gradients of the optimizer's range only */
     stage->grads_by_unit = state->layout.grads_by_unit;
+    /* llm.c's recipe: bf16 gradients (buffer_parameter_bytes) */
+    stage->grads_bf16 = stage->spec.bf16_grads;
     stage->grad_first = stage->grads_by_unit ? stage->optimizer_first : 0;
     stage->grad_count = state->layout.grad_count;
     /* ZeRO-3: the parameters too */
@@ -453,6 +464,7 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
     CUDA_TRY(cudaGetDevice(&state->device));
     if (cuda_rank_stream_create(&state->stream, err) != 0)
         return -1;
+    stage->stream = state->stream;
     size_t workspace = gemm_workspace_bytes();
     if (cuda_rank_memory_reserve(workspace, "the cuBLASLt workspace",
                                  err) != 0)
@@ -548,19 +560,87 @@ static int cuda_allocate(model_stage *stage, pt_error *err)
 
 /* ----------------------------------------------- buffers and optimizer */
 
+/* Whether buffer `which` holds bf16 values (the gradients under llm.c's
+ * recipe), and the bytes of one of its elements. */
+static bool holds_bf16(const model_stage *stage, stage_buffer which)
+{
+    return which == STAGE_GRADS && stage->grads_bf16;
+}
+
+static size_t element_bytes(const model_stage *stage, stage_buffer which)
+{
+    return holds_bf16(stage, which) ? sizeof(pt_bf16) : sizeof(float);
+}
+
+/* `count` bf16 gradients at `device` to (to_host) or from fp32 host
+ * values, through a host copy converted here: the device has no room
+ * for an fp32 copy (the memory plan counts none). Waits for the copy. */
+static int copy_bf16_grads(cuda_stage_state *state, pt_bf16 *device,
+                           float *host, size_t count, bool to_host,
+                           pt_error *err)
+{
+    pt_bf16 *staging = malloc(count * sizeof *staging + 1);
+    if (staging == NULL)
+        return pt_fail(err, "cuda backend: out of host memory for %zu bf16 "
+                            "gradients",
+                       count);
+    if (!to_host)
+        for (size_t i = 0; i < count; i++)
+            staging[i] = pt_float_to_bf16(host[i]);
+    cudaError_t status = cudaMemcpyAsync(
+        to_host ? (void *)staging : (void *)device,
+        to_host ? (const void *)device : (const void *)staging,
+        count * sizeof *staging,
+        to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
+        state->stream);
+    if (status == cudaSuccess)
+        status = cudaStreamSynchronize(state->stream);
+    if (status == cudaSuccess && to_host)
+        for (size_t i = 0; i < count; i++)
+            host[i] = pt_bf16_to_float(staging[i]);
+    free(staging);
+    if (status != cudaSuccess)
+        return pt_fail(err, "cuda backend: copying %zu bf16 gradients %s "
+                            "the host: %s",
+                       count, to_host ? "to" : "from",
+                       cudaGetErrorString(status));
+    return 0;
+}
+
+/* Elements [at, at + count) of buffer `which` to or from the host, on
+ * the stage's stream; bf16 gradients converted. Not waited for unless
+ * converted. */
+static int copy_part(const model_stage *stage, stage_buffer which,
+                     size_t at, size_t count, float *host, bool to_host,
+                     pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    char *part = (char *)model_stage_buffer(stage, which) +
+                 at * element_bytes(stage, which);
+    if (holds_bf16(stage, which))
+        return copy_bf16_grads(state, (pt_bf16 *)part, host, count, to_host,
+                               err);
+    CUDA_TRY(cudaMemcpyAsync(to_host ? (void *)host : (void *)part,
+                             to_host ? (const void *)part
+                                     : (const void *)host,
+                             count * sizeof(float),
+                             to_host ? cudaMemcpyDeviceToHost
+                                     : cudaMemcpyHostToDevice,
+                             state->stream));
+    return 0;
+}
+
 static int cuda_copy_to_host(const model_stage *stage, stage_buffer which,
                              float *host, pt_error *err)
 {
     const cuda_stage_state *state = state_of(stage);
-    const float *buffer = model_stage_buffer(stage, which);
-    if (buffer == NULL)
+    if (model_stage_buffer(stage, which) == NULL)
         return pt_fail(err, "cuda backend: unknown buffer %d", (int)which);
     CUDA_TRY(cudaSetDevice(state->device));
-    if (cuda_grad_units_settle(stage, err) != 0)
+    if (cuda_grad_units_settle(stage, err) != 0 ||
+        copy_part(stage, which, 0, model_stage_buffer_count(stage, which),
+                  host, true, err) != 0)
         return -1;
-    size_t bytes = model_stage_buffer_count(stage, which) * sizeof(float);
-    CUDA_TRY(cudaMemcpyAsync(host, buffer, bytes, cudaMemcpyDeviceToHost,
-                             state->stream));
     CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
@@ -584,13 +664,13 @@ static int cuda_copy_from_host(model_stage *stage, stage_buffer which,
                                const float *host, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
-    float *buffer = model_stage_buffer(stage, which);
-    if (buffer == NULL)
+    if (model_stage_buffer(stage, which) == NULL)
         return pt_fail(err, "cuda backend: unknown buffer %d", (int)which);
     CUDA_TRY(cudaSetDevice(state->device));
-    size_t bytes = model_stage_buffer_count(stage, which) * sizeof(float);
-    CUDA_TRY(cudaMemcpyAsync(buffer, host, bytes, cudaMemcpyHostToDevice,
-                             state->stream));
+    /* copy_part only reads host when writing to the device */
+    if (copy_part(stage, which, 0, model_stage_buffer_count(stage, which),
+                  (float *)host, false, err) != 0)
+        return -1;
     return finish_write(stage, which == STAGE_PARAMS, err);
 }
 
@@ -605,17 +685,10 @@ static int cuda_copy_range(model_stage *stage, stage_buffer which,
     /* the gradients and parameters may be a shard (ZeRO-2/3) */
     size_t at = first - (which == STAGE_GRADS ? stage->grad_first
                                               : stage->params_first);
-    float *part = model_stage_buffer(stage, which) + at;
     CUDA_TRY(cudaSetDevice(state->device));
-    if (cuda_grad_units_settle(stage, err) != 0)
+    if (cuda_grad_units_settle(stage, err) != 0 ||
+        copy_part(stage, which, at, count, host, to_host, err) != 0)
         return -1;
-    CUDA_TRY(cudaMemcpyAsync(to_host ? (void *)host : (void *)part,
-                             to_host ? (const void *)part
-                                     : (const void *)host,
-                             count * sizeof(float),
-                             to_host ? cudaMemcpyDeviceToHost
-                                     : cudaMemcpyHostToDevice,
-                             state->stream));
     return finish_write(stage, !to_host && which == STAGE_PARAMS, err);
 }
 
@@ -625,11 +698,13 @@ static int cuda_zero_range(model_stage *stage, stage_buffer which,
     cuda_stage_state *state = state_of(stage);
     size_t at = first - (which == STAGE_GRADS ? stage->grad_first
                                               : stage->params_first);
+    size_t size = element_bytes(stage, which);
     CUDA_TRY(cudaSetDevice(state->device));
     if (cuda_grad_units_settle(stage, err) != 0)
         return -1;
-    CUDA_TRY(cudaMemsetAsync(model_stage_buffer(stage, which) + at, 0,
-                             count * sizeof(float), state->stream));
+    CUDA_TRY(cudaMemsetAsync((char *)model_stage_buffer(stage, which) +
+                                 at * size,
+                             0, count * size, state->stream));
     return finish_write(stage, which == STAGE_PARAMS, err);
 }
 
@@ -644,6 +719,24 @@ static void cuda_host_free(void *memory)
     cudaFreeHost(memory);
 }
 
+/* The gradients' buffer as the kernels read it (fp32 or bf16). */
+static cuda_grad stage_grads(const model_stage *stage)
+{
+    cuda_grad grads = {stage->grads, stage->grads_bf16};
+    return grads;
+}
+
+/* The same moved back by grad_first elements: the chunk tables' offsets
+ * are the whole buffer's, a ZeRO-2/3 shard starts at grad_first of them
+ * (never reached below it). */
+static cuda_grad grads_from_start(const model_stage *stage)
+{
+    cuda_grad grads = stage_grads(stage);
+    size_t size = element_bytes(stage, STAGE_GRADS);
+    grads.data = (char *)grads.data - stage->grad_first * size;
+    return grads;
+}
+
 static int cuda_zero_grads(model_stage *stage, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
@@ -651,7 +744,8 @@ static int cuda_zero_grads(model_stage *stage, pt_error *err)
     if (cuda_grad_units_settle(stage, err) != 0)
         return -1;
     CUDA_TRY(cudaMemsetAsync(stage->grads, 0,
-                             stage->grad_count * sizeof(float),
+                             stage->grad_count *
+                                 element_bytes(stage, STAGE_GRADS),
                              state->stream));
     CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
@@ -665,11 +759,11 @@ static int cuda_grad_square_sum(const model_stage *stage, double *out,
     CUDA_TRY(cudaSetDevice(state->device));
     if (cuda_grad_units_settle(stage, err) != 0)
         return -1;
-    CUDA_TRY(cuda_square_sum(s->reduced,
-                             stage->grads +
-                                 (stage->optimizer_first - stage->grad_first),
-                             stage->optimizer_count, s->square_partials,
-                             state->stream));
+    CUDA_TRY(cuda_square_sum(
+        s->reduced,
+        cuda_grad_offset(stage_grads(stage),
+                         stage->optimizer_first - stage->grad_first),
+        stage->optimizer_count, s->square_partials, state->stream));
     CUDA_TRY(cudaMemcpyAsync(out, s->reduced, sizeof *out,
                              cudaMemcpyDeviceToHost, state->stream));
     CUDA_TRY(cudaStreamSynchronize(state->stream));
@@ -689,7 +783,7 @@ static int cuda_grad_square_sums(const model_stage *stage,
     /* the chunks' offsets are the whole buffer's; a ZeRO-2/3 shard of the
      * gradients starts at grad_first of them */
     CUDA_TRY(cuda_square_sums_per_tensor(
-        s->tensor_squares, stage->grads - stage->grad_first,
+        s->tensor_squares, grads_from_start(stage),
         state->optimizer_chunks.chunks,
         state->optimizer_chunks.count, state->optimizer_chunks.tensor_starts,
         stage->tensor_count, s->chunk_squares, state->stream));
@@ -722,7 +816,7 @@ static int cuda_adamw_step(model_stage *stage, const adamw_config *config,
     /* the chunks' offsets are the whole buffer's: the shards' bases
      * moved back by their first float; ZeRO-3 keeps no mirror */
     CUDA_TRY(cuda_adamw(stage->params - stage->params_first,
-                        stage->grads - stage->grad_first, stage->adam_m,
+                        grads_from_start(stage), stage->adam_m,
                         stage->adam_v,
                         stage->params_by_unit ? NULL : state->mirror,
                         state->optimizer_chunks.chunks,

@@ -2,8 +2,9 @@
  * AdamW over the stage's fp32 buffers, fused with the refresh of the bf16
  * weight mirror the matrix products read: one pass reads parameter,
  * gradient and both moments and writes parameter, moments and the bf16
- * copy (30 bytes per parameter: 16 read, 14 written; the cost model
- * takes the measured step over these as the GPU's streaming rate). Work
+ * copy (30 bytes per parameter: 16 read, 14 written; 28 with llm.c's
+ * bf16 gradients; the cost model takes the measured step over these as
+ * the GPU's streaming rate). Work
  * comes as chunks of one tensor each (param_chunk), so the decay flag and
  * the mirror's offset are per block.
  */
@@ -23,14 +24,17 @@ static __device__ inline float adamw_update(float p, float g, float *m,
     return p - a.learning_rate * (m_hat / (sqrtf(v_hat) + a.eps) + decay * p);
 }
 
+/* G: the gradients' element type, float or bf16 (cuda_grad); the
+ * moments and the master weights are fp32 either way. */
+template <typename G>
 __global__ void __launch_bounds__(OPTIMIZER_THREADS)
-adamw_kernel(float *params, const float *grads, float *adam_m, float *adam_v,
+adamw_kernel(float *params, const G *grads, float *adam_m, float *adam_v,
              bf16 *mirror, const param_chunk *chunks, adamw_args args)
 {
     param_chunk chunk = chunks[blockIdx.x];
     float decay = chunk.decay ? args.weight_decay : 0.0f;
     float *p = params + chunk.offset;
-    const float *g = grads + chunk.offset;
+    const G *g = grads + chunk.offset;
     float *m = adam_m + chunk.moment_offset;
     float *v = adam_v + chunk.moment_offset;
     /* no mirror: ZeRO-3's units make their bf16 copies when gathered */
@@ -42,7 +46,7 @@ adamw_kernel(float *params, const float *grads, float *adam_m, float *adam_v,
 #pragma unroll 4
     for (int q = threadIdx.x; q < quads; q += blockDim.x) {
         float4 p4 = reinterpret_cast<float4 *>(p)[q];
-        float4 g4 = reinterpret_cast<const float4 *>(g)[q];
+        float4 g4 = load_quad(g, (size_t)q);
         float4 m4 = reinterpret_cast<float4 *>(m)[q];
         float4 v4 = reinterpret_cast<float4 *>(v)[q];
         p4.x = adamw_update(p4.x, g4.x, &m4.x, &v4.x, args, decay);
@@ -61,13 +65,14 @@ adamw_kernel(float *params, const float *grads, float *adam_m, float *adam_v,
     }
     for (int i = quads * 4 + threadIdx.x; i < (int)chunk.count;
          i += blockDim.x) {
-        p[i] = adamw_update(p[i], g[i], &m[i], &v[i], args, decay);
+        p[i] = adamw_update(p[i], load_one(g, (size_t)i), &m[i], &v[i], args,
+                            decay);
         if (w != NULL)
             w[i] = __float2bfloat16_rn(p[i]);
     }
 }
 
-extern "C" cudaError_t cuda_adamw(float *params, const float *grads,
+extern "C" cudaError_t cuda_adamw(float *params, cuda_grad grads,
                                   float *adam_m, float *adam_v,
                                   pt_bf16 *mirror_bf16,
                                   const param_chunk *chunks, int chunk_count,
@@ -75,8 +80,14 @@ extern "C" cudaError_t cuda_adamw(float *params, const float *grads,
 {
     if (chunk_count == 0)
         return cudaSuccess;
-    adamw_kernel<<<chunk_count, OPTIMIZER_THREADS, 0, stream>>>(
-        params, grads, adam_m, adam_v, as_bf16(mirror_bf16), chunks, *args);
+    if (grads.bf16)
+        adamw_kernel<bf16><<<chunk_count, OPTIMIZER_THREADS, 0, stream>>>(
+            params, static_cast<const bf16 *>(grads.data), adam_m, adam_v,
+            as_bf16(mirror_bf16), chunks, *args);
+    else
+        adamw_kernel<float><<<chunk_count, OPTIMIZER_THREADS, 0, stream>>>(
+            params, static_cast<const float *>(grads.data), adam_m, adam_v,
+            as_bf16(mirror_bf16), chunks, *args);
     return cudaGetLastError();
 }
 

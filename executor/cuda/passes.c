@@ -77,8 +77,10 @@ static gemm_call input_grad_call(pt_bf16 *d_in, const pt_bf16 *d_out,
     return call;
 }
 
-/* d_W (OC x IC, fp32) += alpha d_out^T (OC x N) in (N x IC). */
-static gemm_call weight_grad_call(float *d_weight, const pt_bf16 *input,
+/* d_W (OC x IC, fp32 or bf16: cuda_grad) += alpha d_out^T (OC x N) in
+ * (N x IC); a bf16 gradient is read, added in fp32 and rounded once
+ * (beta = 1 over a bf16 C and D, as llm.c accumulates). */
+static gemm_call weight_grad_call(cuda_grad d_weight, const pt_bf16 *input,
                                   const pt_bf16 *d_out, int ld_d_out, int N,
                                   int IC, int OC, float alpha)
 {
@@ -92,9 +94,9 @@ static gemm_call weight_grad_call(float *d_weight, const pt_bf16 *input,
         .lda = IC,
         .b = d_out,
         .ldb = ld_d_out,
-        .d = d_weight,
+        .d = d_weight.data,
         .ldd = IC,
-        .d_fp32 = true,
+        .d_fp32 = !d_weight.bf16,
         .alpha = alpha,
         .beta = 1.0f,
         .epilogue = GEMM_PLAIN,
@@ -108,7 +110,7 @@ static gemm_call weight_grad_call(float *d_weight, const pt_bf16 *input,
  * measured slower than ours (24 us against 9 us for 16384 x 768 on an
  * H100), so it is not used. */
 static int weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
-                                float *d_bias, const stage_dims *d,
+                                cuda_grad d_bias, const stage_dims *d,
                                 pt_error *err)
 {
     if (gemm_run(state->gemm, call, state->stream, err) != 0)
@@ -119,8 +121,8 @@ static int weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
 }
 
 /* Where parameter `offset`'s gradient goes (its unit's buffer under
- * ZeRO-2/3: grad_units.c). */
-static float *grad_at(const model_stage *stage, size_t offset)
+ * ZeRO-2/3: grad_units.c), of the stage's gradient precision. */
+static cuda_grad grad_at(const model_stage *stage, size_t offset)
 {
     return cuda_grad_at(stage, offset);
 }
@@ -600,7 +602,7 @@ static int column_parallel_input_grad(model_stage *stage, gemm_call call,
  * micro-batch alone as the cpu reference does, and they join the
  * gradients, so every shard holds the whole. `targets` lists where each
  * run of C floats goes. */
-static int add_norm_grads(model_stage *stage, float *const *targets,
+static int add_norm_grads(model_stage *stage, const cuda_grad *targets,
                           int count, const stage_dims *d, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
@@ -610,8 +612,8 @@ static int add_norm_grads(model_stage *stage, float *const *targets,
         0)
         return -1;
     for (int i = 0; i < count; i++)
-        CUDA_TRY(cuda_add_inplace(targets[i], partials + (size_t)i * C, C,
-                                  state->stream));
+        CUDA_TRY(cuda_add_into_grad(targets[i], partials + (size_t)i * C, C,
+                                    state->stream));
     return 0;
 }
 
@@ -679,10 +681,11 @@ static int mlp_projection_backward(model_stage *stage,
 /* Where a norm's weight (or bias) gradient goes: the stage's gradients
  * at `offset`, or under sequence parallelism run `run` of
  * scratch.norm_grads, summed over the group later (add_norm_grads). */
-static float *norm_grad(model_stage *stage, const stage_dims *d, int run,
-                        size_t offset)
+static cuda_grad norm_grad(model_stage *stage, const stage_dims *d, int run,
+                           size_t offset)
 {
-    return d->sp ? state_of(stage)->scratch.norm_grads + (size_t)run * d->C
+    return d->sp ? cuda_grad_fp32(state_of(stage)->scratch.norm_grads +
+                                  (size_t)run * d->C)
                  : grad_at(stage, offset);
 }
 
@@ -692,8 +695,8 @@ static float *norm_grad(model_stage *stage, const stage_dims *d, int run,
  * scratch.d_stream_bf16; the weight and bias gradients added to d_weight
  * and d_bias. */
 static int norm_backward(model_stage *stage, float *d_inp,
-                         const float *d_residual, float *d_weight,
-                         float *d_bias, const float *inp,
+                         const float *d_residual, cuda_grad d_weight,
+                         cuda_grad d_bias, const float *inp,
                          const float *weight, const float *mean,
                          const float *rstd, const stage_dims *d,
                          pt_error *err)
@@ -825,10 +828,10 @@ static int layer_backward(model_stage *stage, float *d_input,
         attention_block_backward(stage, d_input, o, act, input, d, err) != 0)
         return -1;
     if (fc_bias_pending)
-        CUDA_TRY(cuda_add_inplace(grad_at(stage, o->fc_bias),
-                                  s->bias_grads, (size_t)d->F,
-                                  state->stream));
-    float *const norms[4] = {
+        CUDA_TRY(cuda_add_into_grad(grad_at(stage, o->fc_bias),
+                                    s->bias_grads, (size_t)d->F,
+                                    state->stream));
+    const cuda_grad norms[4] = {
         grad_at(stage, o->ln1_weight), grad_at(stage, o->ln1_bias),
         grad_at(stage, o->ln2_weight), grad_at(stage, o->ln2_bias)};
     return d->sp ? add_norm_grads(stage, norms, 4, d, err) : 0;
@@ -868,8 +871,8 @@ static int head_backward(model_stage *stage, activation_slot *slot,
                       slot->output, param_at(stage, o->final_norm_weight),
                       slot->final_mean, slot->final_rstd, d, err) != 0)
         return -1;
-    float *const norms[2] = {grad_at(stage, o->final_norm_weight),
-                             grad_at(stage, o->final_norm_bias)};
+    const cuda_grad norms[2] = {grad_at(stage, o->final_norm_weight),
+                                grad_at(stage, o->final_norm_bias)};
     return d->sp ? add_norm_grads(stage, norms, 2, d, err) : 0;
 }
 

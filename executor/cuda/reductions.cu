@@ -54,8 +54,9 @@ __global__ void bias_grad_partial_kernel(float *partials, const bf16 *d_out,
     }
 }
 
-__global__ void bias_grad_finish_kernel(float *d_bias, const float *partials,
-                                        int chunks, int OC)
+__global__ void bias_grad_finish_kernel(cuda_grad d_bias,
+                                        const float *partials, int chunks,
+                                        int OC)
 {
     int column = blockIdx.x * blockDim.x + threadIdx.x;
     if (column >= OC)
@@ -63,10 +64,11 @@ __global__ void bias_grad_finish_kernel(float *d_bias, const float *partials,
     float total = 0.0f;
     for (int chunk = 0; chunk < chunks; chunk++)
         total += partials[(size_t)chunk * OC + column];
-    d_bias[column] += total;
+    grad_add(d_bias, (size_t)column, total);
 }
 
-extern "C" cudaError_t cuda_bias_grad(float *d_bias, const pt_bf16 *d_out_bf16,
+extern "C" cudaError_t cuda_bias_grad(cuda_grad d_bias,
+                                      const pt_bf16 *d_out_bf16,
                                       float *scratch, int N, int OC,
                                       cudaStream_t stream)
 {
@@ -105,27 +107,31 @@ static __device__ double block_sum_double(double value)
     return warp_sum_double(value);
 }
 
-__global__ void square_sum_partial_kernel(double *partials,
-                                          const float *values, size_t count,
-                                          bool vector)
+/* G: the gradients' element type, float or bf16 (cuda_grad). */
+template <typename G>
+__global__ void square_sum_partial_kernel(double *partials, const G *values,
+                                          size_t count, bool vector)
 {
     double sum = 0.0;
     size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (vector) {
         size_t quads = count / 4;
-        const float4 *v4 = reinterpret_cast<const float4 *>(values);
 #pragma unroll 4
         for (size_t i = first; i < quads; i += stride) {
-            float4 v = v4[i];
+            float4 v = load_quad(values, i);
             sum += (double)(v.x * v.x + v.y * v.y) +
                    (double)(v.z * v.z + v.w * v.w);
         }
-        for (size_t i = quads * 4 + first; i < count; i += stride)
-            sum += (double)values[i] * values[i];
+        for (size_t i = quads * 4 + first; i < count; i += stride) {
+            float value = load_one(values, i);
+            sum += (double)value * value;
+        }
     } else {
-        for (size_t i = first; i < count; i += stride)
-            sum += (double)values[i] * values[i];
+        for (size_t i = first; i < count; i += stride) {
+            float value = load_one(values, i);
+            sum += (double)value * value;
+        }
     }
     sum = block_sum_double(sum);
     if (threadIdx.x == 0)
@@ -143,12 +149,22 @@ __global__ void sum_doubles_kernel(double *out, const double *values,
         out[0] = sum;
 }
 
-extern "C" cudaError_t cuda_square_sum(double *out, const float *values,
+extern "C" cudaError_t cuda_square_sum(double *out, cuda_grad values,
                                        size_t count, double *scratch,
                                        cudaStream_t stream)
 {
-    square_sum_partial_kernel<<<SQUARE_BLOCKS, SQUARE_THREADS, 0, stream>>>(
-        scratch, values, count, aligned16(values));
+    /* quads of bf16 are 8 bytes: 16-byte alignment covers both */
+    bool vector = aligned16(values.data);
+    if (values.bf16)
+        square_sum_partial_kernel<bf16>
+            <<<SQUARE_BLOCKS, SQUARE_THREADS, 0, stream>>>(
+                scratch, static_cast<const bf16 *>(values.data), count,
+                vector);
+    else
+        square_sum_partial_kernel<float>
+            <<<SQUARE_BLOCKS, SQUARE_THREADS, 0, stream>>>(
+                scratch, static_cast<const float *>(values.data), count,
+                vector);
     sum_doubles_kernel<<<1, 1024, 0, stream>>>(out, scratch, SQUARE_BLOCKS);
     return cudaGetLastError();
 }
@@ -160,20 +176,20 @@ extern "C" cudaError_t cuda_square_sum(double *out, const float *values,
  * reads: with one scalar load per thread and step the kernel ran 2.4-3 x
  * slower than the bytes it reads at the GPU's streaming rate
  * (docs/cost-model.md, section 7, step 3). */
-__global__ void square_sum_chunks_kernel(double *chunk_sums,
-                                         const float *values,
+template <typename G>
+__global__ void square_sum_chunks_kernel(double *chunk_sums, const G *values,
                                          const param_chunk *chunks)
 {
     param_chunk chunk = chunks[blockIdx.x];
-    const float *v = values + chunk.offset;
+    const G *v = values + chunk.offset;
     double sum = 0.0;
     uint32_t scalar_first = 0;
-    if (aligned16(v)) {
+    /* a quad: 16 bytes of fp32, 8 of bf16 */
+    if (((uintptr_t)v & (4 * sizeof(G) - 1)) == 0) {
         uint32_t quads = chunk.count / 4;
-        const float4 *v4 = reinterpret_cast<const float4 *>(v);
 #pragma unroll 4
         for (uint32_t i = threadIdx.x; i < quads; i += blockDim.x) {
-            float4 q = v4[i];
+            float4 q = load_quad(v, i);
             /* squared in double, as the scalar loop does: the per-tensor
              * sums are held to the host's within 1e-9 */
             sum += (double)q.x * q.x + (double)q.y * q.y +
@@ -182,8 +198,10 @@ __global__ void square_sum_chunks_kernel(double *chunk_sums,
         scalar_first = quads * 4;
     }
     for (uint32_t i = scalar_first + threadIdx.x; i < chunk.count;
-         i += blockDim.x)
-        sum += (double)v[i] * v[i];
+         i += blockDim.x) {
+        float value = load_one(v, i);
+        sum += (double)value * value;
+    }
     sum = block_sum_double(sum);
     if (threadIdx.x == 0)
         chunk_sums[blockIdx.x] = sum;
@@ -203,14 +221,20 @@ __global__ void sum_chunk_ranges_kernel(double *out, const double *chunk_sums,
 }
 
 extern "C" cudaError_t cuda_square_sums_per_tensor(
-    double *out, const float *values, const param_chunk *chunks,
+    double *out, cuda_grad values, const param_chunk *chunks,
     int chunk_count, const int *tensor_chunk_starts, int tensor_count,
     double *chunk_sums, cudaStream_t stream)
 {
     if (chunk_count == 0 || tensor_count == 0)
         return cudaSuccess;
-    square_sum_chunks_kernel<<<chunk_count, SQUARE_THREADS, 0, stream>>>(
-        chunk_sums, values, chunks);
+    if (values.bf16)
+        square_sum_chunks_kernel<bf16>
+            <<<chunk_count, SQUARE_THREADS, 0, stream>>>(
+                chunk_sums, static_cast<const bf16 *>(values.data), chunks);
+    else
+        square_sum_chunks_kernel<float>
+            <<<chunk_count, SQUARE_THREADS, 0, stream>>>(
+                chunk_sums, static_cast<const float *>(values.data), chunks);
     sum_chunk_ranges_kernel<<<tensor_count, SQUARE_THREADS, 0, stream>>>(
         out, chunk_sums, tensor_chunk_starts);
     return cudaGetLastError();

@@ -85,7 +85,7 @@ static int launch_bucket(gpu_grad_overlap *o, pipeline_bucket bucket)
                        o->c->rank, bucket.offset,
                        cudaGetErrorString(status));
     return pipeline_reduce_bucket(o->c, o->group, o->group_size,
-                                  o->stage->grads, bucket, o->runs,
+                                  o->stage, bucket, o->runs,
                                   o->stream, &o->err);
 }
 

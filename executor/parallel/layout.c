@@ -126,6 +126,7 @@ int pipeline_rank_chunk_spec(const pipeline_layout *layout, int rank,
     out->tp = layout->config.tp;
     out->tp_rank = pipeline_rank_tp(layout, rank);
     out->recompute_layers = layout->config.recompute;
+    out->bf16_grads = layout->config.grad_precision == GRAD_PRECISION_BF16;
     out->offload_optimizer = layout->config.offload_optimizer;
     out->sequence_parallel =
         layout->config.sequence_parallel && layout->config.tp > 1;

@@ -138,13 +138,15 @@ typedef struct pipeline_buckets {
 int pipeline_grad_buckets(const model_stage *stage, size_t bucket_bytes,
                           pipeline_buckets *out, pt_error *err);
 void pipeline_buckets_free(pipeline_buckets *buckets);
-/* Sums one bucket of `grads` over the dp group: an all-reduce, or with
- * run_offsets (group_size + 1 optimizer runs of the whole buffer,
+/* Sums one bucket of the stage's gradients over the dp group (or any
+ * group: the tied embedding's pair): an all-reduce, or with run_offsets
+ * (group_size + 1 optimizer runs of the whole buffer,
  * stage_optimizer_offsets) a reduce-scatter of the bucket's parts of the
- * runs. stream NULL: blocking; else enqueued on that CUDA stream
- * (comm_stream_ops). */
+ * runs; fp32, or bf16 when the stage keeps them so (grads_bf16, which
+ * needs a comm with stream-ordered collectives). stream NULL: blocking;
+ * else enqueued on that CUDA stream (comm_stream_ops). */
 int pipeline_reduce_bucket(const comm *c, const int *group, int group_size,
-                           float *grads, pipeline_bucket bucket,
+                           model_stage *stage, pipeline_bucket bucket,
                            const size_t *run_offsets, void *stream,
                            pt_error *err);
 

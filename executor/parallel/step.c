@@ -379,9 +379,11 @@ static int embedding_all_reduce(rank_step *r, pt_error *err)
                      ? zero_tied_embedding(r->c, r->dp_group,
                                            layout->config.dp, r->dp_offsets,
                                            group, r->stage, tensor, err)
-                     : comm_all_reduce_sum(r->c, group, 2,
-                                           r->stage->grads + tensor->offset,
-                                           tensor->count, err);
+                     : pipeline_reduce_bucket(
+                           r->c, group, 2, r->stage,
+                           (pipeline_bucket){.offset = tensor->offset,
+                                             .count = tensor->count},
+                           NULL, NULL, err);
     if (status != 0)
         return -1;
     record(r, "embedding_allreduce", -1, start);
@@ -473,7 +475,7 @@ static int reduce_buckets(rank_step *r, const int *group,
     int count = buckets != NULL ? buckets->count : 1;
     for (int b = 0; b < count; b++)
         if (pipeline_reduce_bucket(r->c, group, r->layout->config.dp,
-                                   r->stage->grads,
+                                   r->stage,
                                    buckets != NULL ? buckets->buckets[b]
                                                    : whole,
                                    sharded_optimizer(r) ? offsets : NULL,

@@ -107,7 +107,7 @@ int zero_reduce_micro_batch(const comm *c, const int *group, int dp,
     pipeline_bucket whole = {.offset = 0, .count = stage->param_count};
     int count = buckets != NULL ? buckets->count : 1;
     for (int b = 0; b < count; b++)
-        if (pipeline_reduce_bucket(c, group, dp, stage->grads,
+        if (pipeline_reduce_bucket(c, group, dp, stage,
                                    buckets != NULL ? buckets->buckets[b]
                                                    : whole,
                                    offsets, NULL, err) != 0)

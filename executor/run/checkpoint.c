@@ -102,6 +102,13 @@ static char *checkpoint_meta_text(run_context *ctx, long iteration,
     json_object_set_new(meta, "seed", json_integer((json_int_t)seed));
     json_object_set_new(meta, "backend",
                         json_string(backend_name(ctx->options->backend)));
+    /* the recipe that wrote it (issue 34): resumed only under the same */
+    json_object_set_new(
+        meta, "precision",
+        json_string(precision_name(ctx->plan->config.precision)));
+    json_object_set_new(
+        meta, "grad_precision",
+        json_string(grad_precision_name(ctx->plan->config.grad_precision)));
     json_object_set_new(meta, "gbs", json_integer(ctx->plan->config.gbs));
     json_object_set_new(meta, "mbs", json_integer(ctx->plan->config.mbs));
     json_object_set_new(meta, "param_count",
@@ -311,6 +318,35 @@ static int check_checkpoint_layout(const char *dir, const json_t *meta,
     return 0;
 }
 
+/* The precision recipe that wrote the checkpoint against the plan's:
+ * resuming under another would change the run's arithmetic part-way.
+ * A checkpoint written before the fields were has fp32 gradients (the
+ * only ones then) and any precision. */
+static int check_checkpoint_recipe(const char *dir, const json_t *meta,
+                                   const plan *p, pt_error *err)
+{
+    const char *const keys[] = {"precision", "grad_precision"};
+    const char *const expected[] = {
+        precision_name(p->config.precision),
+        grad_precision_name(p->config.grad_precision)};
+    const char *const missing[] = {NULL, "fp32"};
+    for (int i = 0; i < 2; i++) {
+        const json_t *value = json_object_get(meta, keys[i]);
+        if (value != NULL && !json_is_string(value))
+            return pt_fail(err, "%s: %s: %s is not a string", dir,
+                           BLOB_META, keys[i]);
+        const char *held = value != NULL ? json_string_value(value)
+                                         : missing[i];
+        if (held != NULL && strcmp(held, expected[i]) != 0)
+            return pt_fail(err, "%s: the checkpoint is of another precision "
+                                "recipe: %s: %s is %s, the run's is %s (a "
+                                "checkpoint resumes under the recipe that "
+                                "wrote it)",
+                           dir, BLOB_META, keys[i], held, expected[i]);
+    }
+    return 0;
+}
+
 /* meta.json's counts against the blobs they describe. Each blob's CRC
  * can be right while the parts disagree (a blob of another save copied
  * in, a hand edit): resuming would then start from a state that never
@@ -413,6 +449,8 @@ static int check_checkpoint_model(const char *dir, run_context *ctx,
                          shape->tied_embeddings ? "true" : "false");
     if (status == 0)
         status = check_checkpoint_layout(dir, meta, p, err);
+    if (status == 0)
+        status = check_checkpoint_recipe(dir, meta, p, err);
     if (status == 0)
         status = check_checkpoint_counts(dir, meta, ctx, err);
     json_decref(meta);

@@ -94,8 +94,9 @@ static int query_local_devices(const plan *p, int rank_count,
     return 0;
 }
 
-/* A rank's floor: 10 bytes per parameter of each of its chunks (one
- * without interleaving) and 8 per parameter of each optimizer range
+/* A rank's floor: 10 bytes per parameter of each of its chunks (8 with
+ * llm.c's bf16 gradients; one chunk without interleaving) and 8 per
+ * parameter of each optimizer range
  * (none under optimizer offload). */
 static int rank_floor_bytes(const run_context *ctx, int rank, double *out,
                             pt_error *err)
@@ -117,7 +118,9 @@ static int rank_floor_bytes(const run_context *ctx, int rank, double *out,
          * buffers come on top, as the activations do) */
         bool grads = buffer_grads_by_unit(&ctx->shape, &spec);
         bool weights = grads && spec.shard_parameters;
-        *out += (grads ? 4.0 * run : 4.0 * (double)params) +
+        /* llm.c's recipe: 2-byte gradients (never with the units) */
+        double grad_bytes = spec.bf16_grads ? 2.0 : 4.0;
+        *out += (grads ? 4.0 * run : grad_bytes * (double)params) +
                 (weights ? 4.0 * run : 6.0 * (double)params);
         /* offload keeps the moments in host memory */
         if (!ctx->plan->config.offload_optimizer)
@@ -338,6 +341,34 @@ int run_resolve_gpu_comm(run_context *ctx, pt_error *err)
                             "needs a GPU per rank; --gpu-comm host runs "
                             "ranks that share a GPU",
                        first, second, gpu);
+    return 0;
+}
+
+int run_check_grad_precision(const run_context *ctx, pt_error *err)
+{
+    const parallel_config *c = &ctx->plan->config;
+    if (ctx->options->backend != BACKEND_CUDA ||
+        c->grad_precision != GRAD_PRECISION_BF16)
+        return 0;
+    const char *what = "grad_precision bf16 on the cuda backend";
+    if (c->dp > 1 && parallel_zero_stage(c) >= 2)
+        return pt_fail(err, "%s: zero %d is not supported: ZeRO-2/3's "
+                            "gradient units are fp32 (zero 0 or 1, or "
+                            "grad_precision fp32)",
+                       what, parallel_zero_stage(c));
+    if (c->offload_optimizer)
+        return pt_fail(err, "%s: offload_optimizer is not supported: the "
+                            "offload's host step is not checked against "
+                            "bf16 gradients (grad_precision fp32)",
+                       what);
+    /* the dp sums and a pipeline's tied-embedding sum */
+    bool sums = c->dp > 1 || (c->pp > 1 && ctx->shape.tied_embeddings);
+    if (ctx->parallel && sums && ctx->gpu_comm == RUN_GPU_COMM_HOST)
+        return pt_fail(err, "%s: --gpu-comm host sums fp32 only; bf16 "
+                            "gradients are summed over NCCL or the device "
+                            "exchange (--gpu-comm nccl or device, or "
+                            "grad_precision fp32)",
+                       what);
     return 0;
 }
 

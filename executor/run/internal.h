@@ -150,6 +150,11 @@ void run_describe_cuda_stage(run_context *ctx, run_result *out);
 int run_check_gpu_devices(const run_context *ctx, pt_error *err);
 /* The comm of a parallel cuda run (options->gpu_comm, AUTO resolved). */
 int run_resolve_gpu_comm(run_context *ctx, pt_error *err);
+/* llm.c's recipe (grad_precision bf16) on the cuda backend: what it does
+ * not run (ZeRO-2/3, the optimizer offload, bf16 gradient sums over the
+ * host-staged comm) refused in one line before anything is allocated;
+ * after run_resolve_gpu_comm. */
+int run_check_grad_precision(const run_context *ctx, pt_error *err);
 /* Every rank on its GPU (threads), or this process's rank (processes). */
 int run_start_gpus(run_context *ctx, run_result *out, pt_error *err);
 int run_start_own_gpu(run_context *ctx, run_result *out, pt_error *err);

@@ -339,11 +339,14 @@ static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
         run_check_interleave(ctx->plan, options, err) != 0)
         return -1;
     if (prepare_layout(ctx, out, err) != 0 ||
+        run_check_grad_precision(ctx, err) != 0 ||
         backend_find(options->backend, err) == NULL)
         return -1;
     fill_result_header(ctx, out);
     stage_spec spec = stage_spec_whole_model(&ctx->shape);
     spec.recompute_layers = ctx->plan->config.recompute;
+    spec.bf16_grads =
+        ctx->plan->config.grad_precision == GRAD_PRECISION_BF16;
     spec.offload_optimizer = ctx->plan->config.offload_optimizer;
     if (options->load_dir != NULL && run_read_resume_state(ctx, err) != 0)
         return -1;

@@ -92,6 +92,13 @@ typedef struct stage_spec {
      * two for the layers, gathered one unit ahead), through the stage's
      * param_source before the unit's forward and backward. */
     bool shard_parameters;
+    /* llm.c's recipe (a plan's "grad_precision": "bf16"): the gradients
+     * are kept in bf16. The cpu backend emulates it, rounding its fp32
+     * gradients to bf16 after each micro-batch's backward; the cuda
+     * backend keeps its gradient buffer in bf16 (model_stage.grads_bf16;
+     * it refuses the recipe with ZeRO-2/3's gradient units and with the
+     * optimizer offload, issue 34). */
+    bool bf16_grads;
 } stage_spec;
 
 /* spec->tp, or 1 when it is 0. */
@@ -267,6 +274,12 @@ typedef struct model_stage {
     size_t grad_first;
     size_t grad_count;
     bool grads_by_unit;
+    /* grads holds bf16 values (grad_count of them, 2 bytes each; set by a
+     * backend that keeps spec.bf16_grads so: cuda), which the parallel
+     * step reduces as bf16; else fp32 (the cpu backend's rounded
+     * values included). Reads and writes through model_stage_read and
+     * the ranges convert to and from fp32. */
+    bool grads_bf16;
     stage_unit_hook grad_sink;
     void *grad_sink_context;
     /* params likewise: floats [params_first, params_first +
@@ -285,6 +298,11 @@ typedef struct model_stage {
      * block). */
     void *unit_stream;
     bool units_on_stream;
+    /* The backend's own stream (the cuda backend's cudaStream_t; NULL on
+     * the cpu one), idle between calls: where a blocking reduction of
+     * bf16 gradients is enqueued and waited for (parallel/grad_sync.c),
+     * the blocking collectives carrying fp32 only. */
+    void *stream;
     long optimizer_steps;        /* AdamW steps taken (bias correction, LR) */
     void *backend_state;         /* owned by the backend: activations */
     /* Tensor parallelism (spec.tp > 1): the comm and the ranks of this

@@ -233,6 +233,28 @@ PY
   one_line
   [ ! -e full/report.md ] || fail "report.md written beside charts that failed"
   ;;
+grad-precision-cuda)
+  # issue 34: what llm.c's recipe (bf16 gradients) does not run on the
+  # cuda backend is refused in one line before anything is allocated,
+  # in any build (the check precedes the backend's)
+  prep_corpus
+  bf16=', "precision": "bf16", "grad_precision": "bf16"'
+  write_layout_plan zero2.json 2 1 2 1 "$bf16, \"zero\": 2"
+  run 2 partita exec zero2.json --data corpus --backend cuda --iters 1
+  expect_in err.txt "grad_precision bf16 on the cuda backend: zero 2 is not supported"
+  one_line
+  write_layout_plan offload.json 2 1 1 1 "$bf16, \"offload_optimizer\": true"
+  run 2 partita exec offload.json --data corpus --backend cuda --iters 1
+  expect_in err.txt "grad_precision bf16 on the cuda backend: offload_optimizer is not supported"
+  one_line
+  write_layout_plan dp2.json 2 1 2 1 "$bf16"
+  run 2 partita exec dp2.json --data corpus --backend cuda --iters 1 \
+    --gpu-comm host
+  expect_in err.txt "grad_precision bf16 on the cuda backend: --gpu-comm host sums fp32 only"
+  one_line
+  # the cpu reference runs the recipe under ZeRO-2 (its rounding of fp32)
+  run 0 partita exec zero2.json --data corpus --iters 1 -o zero2.run.json
+  ;;
 *)
   fail "unknown case $case_name"
   ;;

@@ -82,6 +82,29 @@ static void test_defaults(void **state)
         assert_int_equal(p.node_order[i], i);
     assert_int_equal(p.config.schedule, SCHEDULE_1F1B);
     assert_int_equal(p.config.precision, PRECISION_BF16);
+    /* Megatron-LM's recipe by default: fp32 main gradients, and the
+     * residual stream fp32 while the cuda backend keeps it so */
+    assert_int_equal(p.config.grad_precision, GRAD_PRECISION_FP32);
+    assert_int_equal(parallel_gradient_bytes(&p.config), 4);
+    assert_int_equal(parallel_residual_bytes(&p.config), 4);
+    plan_free(&p);
+
+    /* llm.c's recipe: bf16 gradients, whatever the runtime */
+    if (load_hetero_plan(state,
+                         "\"gbs\": 64, \"mbs\": 2, \"tp\": 2, \"dp\": 2, "
+                         "\"pp\": 8, \"grad_precision\": \"bf16\"",
+                         &p, &err) != 0)
+        fail_msg("%s", err.message);
+    assert_int_equal(p.config.grad_precision, GRAD_PRECISION_BF16);
+    assert_int_equal(parallel_gradient_bytes(&p.config), 2);
+    p.config.runtime = RUNTIME_MEGATRON;
+    assert_int_equal(parallel_gradient_bytes(&p.config), 2);
+    json_t *written = plan_to_json(&p, NULL, &err);
+    assert_non_null(written);
+    assert_string_equal(
+        json_string_value(json_object_get(written, "grad_precision")),
+        "bf16");
+    json_decref(written);
     plan_free(&p);
 
     if (load_hetero_plan(state,
@@ -222,6 +245,11 @@ static void test_bad_plans(void **state)
                                         "be empty"},
         {DEGREES ", \"partition\": 48", "plans/bad.json: partition: must be "
                                         "a string"},
+        {DEGREES ", \"precision\": \"fp32\", \"grad_precision\": \"bf16\"",
+         "plans/bad.json: grad_precision: bf16 gradients only with "
+         "precision bf16 (the plan's precision is fp32)"},
+        {DEGREES ", \"grad_precision\": \"fp16\"",
+         "plans/bad.json: grad_precision"},
         {"\"gbs\": 64, \"mbs\": 3, \"tp\": 1, \"dp\": 4, \"pp\": 8",
          "plans/bad.json: gbs: 64 is not divisible by dp x mbs = 4 x 3 = 12"},
         {DEGREES ", \"node_order\": [\"a10[0]\", \"a10[1]\", \"a10[2]\", "

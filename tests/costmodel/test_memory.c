@@ -108,13 +108,14 @@ static void describe(const pipeline_layout *layout, int stage, char *out,
     const model_shape *m = &layout->shape;
     snprintf(out, size,
              "h %d a %d s %d V %d l %d tied %d; tp %d dp %d pp %d mbs %d "
-             "gbs %d %s v %d recompute %d zero %d sp %d; stage %d of %d "
-             "layers",
+             "gbs %d %s v %d recompute %d zero %d sp %d grads %s; stage "
+             "%d of %d layers",
              m->hidden, m->heads, m->seq, m->vocab, m->layers,
              m->tied_embeddings, c->tp, c->dp, c->pp, c->mbs, c->gbs,
              schedule_name(c->schedule), pipeline_chunk_count(layout),
              c->recompute, parallel_zero_stage(c), c->sequence_parallel,
-             stage, layout->partition[stage]);
+             grad_precision_name(c->grad_precision), stage,
+             layout->partition[stage]);
 }
 
 /* Bytes of the chunk tables of every parameter of rank 0 of a stage
@@ -299,6 +300,10 @@ static void estimate_matches_the_executor_plan(void **state)
         if (zero > 0)
             parallel_set_zero_stage(&c, zero);
         c.gbs = c.dp * c.mbs * random_int(1, 5);
+        /* llm.c's recipe (bf16 gradients) where the cuda backend runs
+         * it: without ZeRO-2/3's gradient shards */
+        if (zero < 2 && random_int(0, 1) == 1)
+            c.grad_precision = GRAD_PRECISION_BF16;
         /* sequence parallelism where it applies: the norms, the residual
          * stream and the stage's input are the shard's rows */
         c.sequence_parallel =
@@ -338,6 +343,8 @@ static void interleaved_estimate_matches_the_chunks(void **state)
             .recompute = random_int(0, 1) == 1,
             .distributed_optimizer = random_int(0, 1) == 1};
         c.gbs = c.dp * c.mbs * pp * random_int(1, 3);
+        c.grad_precision = random_int(0, 1) == 1 ? GRAD_PRECISION_BF16
+                                                 : GRAD_PRECISION_FP32;
         c.sequence_parallel =
             tp > 1 && m.seq % tp == 0 && random_int(0, 1) == 1;
         check_layout(&m, &c, partition, trial);

@@ -85,7 +85,8 @@ static void test_embedding(gpu_test_tally *tally)
                          (size_t)N * sizeof(uint32_t),
                          cudaMemcpyHostToDevice));
     float *dev_grad_out = gpu_test_upload(grad_out, (size_t)N * C);
-    GPU_CHECK(cuda_embedding_backward(dev_grad_wte, dev_grad_wpe,
+    GPU_CHECK(cuda_embedding_backward(cuda_grad_fp32(dev_grad_wte),
+                                      cuda_grad_fp32(dev_grad_wpe),
                                       dev_grad_out, d_starts, d_rows,
                                       d_group_tokens, plan.unique_tokens, B,
                                       T, C, 0));
@@ -166,7 +167,8 @@ static void test_embedding_shards(gpu_test_tally *tally)
         GPU_CHECK(cudaMemcpy(d_group_tokens, plan.tokens,
                              (size_t)N * sizeof(uint32_t),
                              cudaMemcpyHostToDevice));
-        GPU_CHECK(cuda_embedding_backward(d_shard, NULL, dev_grad_out,
+        GPU_CHECK(cuda_embedding_backward(cuda_grad_fp32(d_shard),
+                                          cuda_grad_fp32(NULL), dev_grad_out,
                                           d_starts, d_rows, d_group_tokens,
                                           plan.unique_tokens, B, T, C, 0));
         gpu_test_download(got_wte + (size_t)first * C, d_shard,
@@ -267,8 +269,9 @@ static void test_layernorm(gpu_test_tally *tally, int N, int C)
     float *scratch = gpu_test_device(scratch_bytes);
     GPU_CHECK(cudaMemset(scratch, 0, scratch_bytes));
     for (int call = 0; call < 2; call++)
-        GPU_CHECK(cuda_layernorm_backward(dev_dinp, dev_dinp_bf16, dev_dw,
-                                          dev_db, dev_residual, dev_grad_out,
+        GPU_CHECK(cuda_layernorm_backward(dev_dinp, dev_dinp_bf16,
+                                          cuda_grad_fp32(dev_dw),
+                                          cuda_grad_fp32(dev_db), dev_residual, dev_grad_out,
                                           d_inp, d_weight, d_mean, d_rstd,
                                           scratch, N, C, 0));
     float *got_dinp = gpu_test_host(NC * sizeof(float));
@@ -313,7 +316,8 @@ static void test_bias_grad(gpu_test_tally *tally, int N, int OC)
     pt_bf16 *dev_grad = gpu_test_upload_bf16(grad_out, count);
     float *scratch =
         gpu_test_device(cuda_bias_grad_scratch(N, OC) * sizeof(float));
-    GPU_CHECK(cuda_bias_grad(dev_bias, dev_grad, scratch, N, OC, 0));
+    GPU_CHECK(cuda_bias_grad(cuda_grad_fp32(dev_bias), dev_grad, scratch,
+                             N, OC, 0));
     float *got = gpu_test_host((size_t)OC * sizeof(float));
     gpu_test_download(got, dev_bias, (size_t)OC);
     snprintf(name, sizeof name, "bias grad N=%d OC=%d", N, OC);
@@ -834,8 +838,8 @@ static void test_optimizer(gpu_test_tally *tally)
         .first_correction = (float)(1.0 - pow(config.beta1, (double)step)),
         .second_correction = (float)(1.0 - pow(config.beta2, (double)step)),
     };
-    GPU_CHECK(cuda_adamw(dev_params, dev_grads, dev_m, dev_v, dev_mirror,
-                         dev_chunks, chunk_count, &args, 0));
+    GPU_CHECK(cuda_adamw(dev_params, cuda_grad_fp32(dev_grads), dev_m, dev_v,
+                         dev_mirror, dev_chunks, chunk_count, &args, 0));
     float *got = gpu_test_host(total * sizeof(float));
     gpu_test_download(got, dev_params, total);
     gpu_test_compare(tally, "adamw parameters", got, params, total, 1e-6);
@@ -853,7 +857,8 @@ static void test_optimizer(gpu_test_tally *tally)
     double *dev_sum = gpu_test_device(sizeof(double));
     double *scratch = gpu_test_device(cuda_square_sum_scratch() *
                                       sizeof(double));
-    GPU_CHECK(cuda_square_sum(dev_sum, dev_grads, total, scratch, 0));
+    GPU_CHECK(cuda_square_sum(dev_sum, cuda_grad_fp32(dev_grads), total,
+                              scratch, 0));
     double got_sum = 0.0;
     GPU_CHECK(cudaMemcpy(&got_sum, dev_sum, sizeof got_sum,
                          cudaMemcpyDeviceToHost));
@@ -871,7 +876,9 @@ static void test_optimizer(gpu_test_tally *tally)
                          sizeof tensor_chunk_starts, cudaMemcpyHostToDevice));
     double *dev_sums = gpu_test_device(2 * sizeof(double));
     double *dev_chunk_sums = gpu_test_device(8 * sizeof(double));
-    GPU_CHECK(cuda_square_sums_per_tensor(dev_sums, dev_grads, dev_chunks,
+    GPU_CHECK(cuda_square_sums_per_tensor(dev_sums,
+                                          cuda_grad_fp32(dev_grads),
+                                          dev_chunks,
                                           chunk_count, dev_starts, 2,
                                           dev_chunk_sums, 0));
     double got_sums[2];
@@ -892,6 +899,86 @@ static void test_optimizer(gpu_test_tally *tally)
     cudaFree(dev_params), cudaFree(dev_grads), cudaFree(dev_m);
     cudaFree(dev_v), cudaFree(dev_mirror), cudaFree(dev_chunks);
     cudaFree(dev_sum), cudaFree(scratch);
+}
+
+/* --------------------------------------------- llm.c's bf16 gradients */
+
+/* A bias gradient added into bf16 (the sum in fp32, rounded once: the
+ * cpu reference's rounding of its fp32 sum; the two sums' orders differ,
+ * so one bf16 step apart at most), and AdamW and the sum of squares
+ * reading bf16 gradients against the cpu's over the same values. */
+static void test_bf16_grads(gpu_test_tally *tally, int N, int OC)
+{
+    size_t count = (size_t)N * OC;
+    float *grad_out = random_bf16_host(count, 1.0f);
+    float *want = random_bf16_host((size_t)OC, 1.0f);
+    pt_bf16 *dev_bias = gpu_test_upload_bf16(want, (size_t)OC);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < OC; j++)
+            want[j] += grad_out[(size_t)n * OC + j];
+    cpu_round_to_bf16(want, (size_t)OC);
+    pt_bf16 *dev_grad = gpu_test_upload_bf16(grad_out, count);
+    float *scratch =
+        gpu_test_device(cuda_bias_grad_scratch(N, OC) * sizeof(float));
+    cuda_grad bias = {dev_bias, true};
+    GPU_CHECK(cuda_bias_grad(bias, dev_grad, scratch, N, OC, 0));
+    float *got = gpu_test_host((size_t)OC * sizeof(float));
+    gpu_test_download_bf16(got, dev_bias, (size_t)OC);
+    gpu_test_compare(tally, "bias grad into bf16", got, want, (size_t)OC,
+                     TOL_BF16_OUT);
+
+    /* AdamW of one decayed tensor, not a multiple of 4 */
+    size_t total = 5003;
+    float *params = random_host(total, 1.0f, 0.0f);
+    float *grads = random_bf16_host(total, 0.1f);
+    float *m = random_host(total, 0.01f, 0.0f);
+    float *v = random_host(total, 0.001f, 0.001f);
+    float *dev_params = gpu_test_upload(params, total);
+    pt_bf16 *dev_grads = gpu_test_upload_bf16(grads, total);
+    float *dev_m = gpu_test_upload(m, total);
+    float *dev_v = gpu_test_upload(v, total);
+    adamw_config config = adamw_defaults();
+    cpu_adamw_update(params, grads, m, v, total, &config, 1e-3f, 1.0f, 2,
+                     true);
+    param_chunk chunk = {.offset = 0, .mirror_offset = 0,
+                         .moment_offset = 0, .count = (uint32_t)total,
+                         .decay = true};
+    param_chunk *dev_chunk = gpu_test_device(sizeof chunk);
+    GPU_CHECK(cudaMemcpy(dev_chunk, &chunk, sizeof chunk,
+                         cudaMemcpyHostToDevice));
+    adamw_args args = {
+        .learning_rate = 1e-3f, .beta1 = config.beta1,
+        .beta2 = config.beta2, .eps = config.eps,
+        .weight_decay = config.weight_decay, .grad_scale = 1.0f,
+        .first_correction = (float)(1.0 - pow(config.beta1, 2.0)),
+        .second_correction = (float)(1.0 - pow(config.beta2, 2.0)),
+    };
+    cuda_grad bf16_grads = {dev_grads, true};
+    GPU_CHECK(cuda_adamw(dev_params, bf16_grads, dev_m, dev_v, NULL,
+                         dev_chunk, 1, &args, 0));
+    float *got_params = gpu_test_host(total * sizeof(float));
+    gpu_test_download(got_params, dev_params, total);
+    gpu_test_compare(tally, "adamw of bf16 gradients", got_params, params,
+                     total, 1e-6);
+    double want_sum = 0.0;
+    for (size_t i = 0; i < total; i++)
+        want_sum += (double)grads[i] * grads[i];
+    double *dev_sum = gpu_test_device(sizeof(double));
+    double *sum_scratch =
+        gpu_test_device(cuda_square_sum_scratch() * sizeof(double));
+    GPU_CHECK(cuda_square_sum(dev_sum, bf16_grads, total, sum_scratch, 0));
+    double got_sum = 0.0;
+    GPU_CHECK(cudaMemcpy(&got_sum, dev_sum, sizeof got_sum,
+                         cudaMemcpyDeviceToHost));
+    float got_f = (float)got_sum, want_f = (float)want_sum;
+    gpu_test_compare(tally, "sum of squares of bf16 gradients", &got_f,
+                     &want_f, 1, 1e-6);
+    free(grad_out), free(want), free(got), free(params), free(grads);
+    free(m), free(v), free(got_params);
+    cudaFree(dev_bias), cudaFree(dev_grad), cudaFree(scratch);
+    cudaFree(dev_params), cudaFree(dev_grads), cudaFree(dev_m);
+    cudaFree(dev_v), cudaFree(dev_chunk), cudaFree(dev_sum);
+    cudaFree(sum_scratch);
 }
 
 int main(void)
@@ -921,6 +1008,7 @@ int main(void)
     test_vocab_parallel_classifier(&tally, 64, 1001, 2);
     test_vocab_parallel_classifier(&tally, 16, 50257, 4);
     test_optimizer(&tally);
+    test_bf16_grads(&tally, 1000, 768);
     GPU_CHECK(cudaGetLastError());
     return gpu_test_finish(&tally, "test_cuda_ops");
 }

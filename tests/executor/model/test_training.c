@@ -1,7 +1,8 @@
 /*
  * Training end to end on the cpu backend: a tiny GPT trained repeatedly on
  * one fixed batch must memorise it, and a step must report the gradient
- * norm and learning rate it used.
+ * norm and learning rate it used; under llm.c's recipe (bf16 gradients)
+ * the gradients are bf16 values and the batch is memorised as well.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -41,6 +42,21 @@ static uint32_t *random_batch(uint64_t seed)
     return tokens;
 }
 
+/* The whole tiny model on the cpu backend, initialised from seed;
+ * bf16_grads: llm.c's recipe. */
+static void open_tiny_stage(model_stage *stage, bool bf16_grads,
+                            uint64_t seed)
+{
+    model_shape shape = tiny_shape();
+    stage_spec whole = stage_spec_whole_model(&shape);
+    whole.bf16_grads = bf16_grads;
+    pt_error err;
+    assert_int_equal(model_stage_create(stage, &shape, &whole, BACKEND_CPU,
+                                        MBS, 1, &err),
+                     0);
+    assert_int_equal(model_stage_init_parameters(stage, seed, &err), 0);
+}
+
 static train_config memorise_config(void)
 {
     train_config config = train_config_defaults();
@@ -61,14 +77,9 @@ static train_config memorise_config(void)
 static void test_loss_falls(void **state)
 {
     (void)state;
-    model_shape shape = tiny_shape();
-    stage_spec whole = stage_spec_whole_model(&shape);
     model_stage stage;
     pt_error err;
-    assert_int_equal(model_stage_create(&stage, &shape, &whole, BACKEND_CPU,
-                                        MBS, 1, &err),
-                     0);
-    assert_int_equal(model_stage_init_parameters(&stage, 1234, &err), 0);
+    open_tiny_stage(&stage, false, 1234);
     uint32_t *tokens = random_batch(99);
     train_config config = memorise_config();
     float first_loss = 0.0f, loss_at_50 = 0.0f;
@@ -129,11 +140,45 @@ static void test_step_reports(void **state)
     model_stage_destroy(&stage);
 }
 
+/* spec.bf16_grads: after a step every gradient is a bfloat16 (its low
+ * 16 bits zero), and the loss falls as under fp32 gradients. */
+static void test_bf16_grads(void **state)
+{
+    (void)state;
+    model_stage stage;
+    pt_error err;
+    open_tiny_stage(&stage, true, 1234);
+    uint32_t *tokens = random_batch(99);
+    train_config config = memorise_config();
+    step_result result = {0};
+    for (int step = 0; step < 100; step++) {
+        assert_int_equal(train_step(&stage, &config, tokens, MICRO_BATCHES,
+                                    MBS, &result, &err),
+                         0);
+        if (step == 0) {
+            const float *grads = model_stage_buffer(&stage, STAGE_GRADS);
+            size_t count = model_stage_buffer_count(&stage, STAGE_GRADS);
+            size_t nonzero = 0;
+            for (size_t i = 0; i < count; i++) {
+                uint32_t bits;
+                memcpy(&bits, &grads[i], sizeof bits);
+                assert_int_equal(bits & 0xffffu, 0);
+                nonzero += bits != 0;
+            }
+            assert_true(nonzero > count / 2);
+        }
+    }
+    assert_true(result.loss < 0.5f);
+    free(tokens);
+    model_stage_destroy(&stage);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loss_falls),
         cmocka_unit_test(test_step_reports),
+        cmocka_unit_test(test_bf16_grads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -362,6 +362,14 @@ static void pp2_resume_equals_straight_run(void **state)
     run_result_free(&refused);
     assert_message_has(&err, "pp is 2");
     plan_free(&other);
+    /* and only under the precision recipe that wrote it (issue 34) */
+    parallel_plan(&other, 1, 1, 2, "3-1", "1f1b");
+    other.config.grad_precision = GRAD_PRECISION_BF16;
+    assert_int_equal(run_training(&other, &resumed, &refused, &err), -1);
+    run_result_free(&refused);
+    assert_message_has(&err, "another precision recipe: meta.json: "
+                             "grad_precision is fp32, the run's is bf16");
+    plan_free(&other);
     plan_free(&p);
 }
 
