@@ -597,6 +597,11 @@ typedef struct parallel_config {
      * the dp reduction runs bucket by bucket during the last backward.
      * Partita's executor always overlaps; the others only when set. */
     bool overlap_grad_reduce;
+    /* Megatron-LM's --overlap-param-gather: with the distributed
+     * optimizer, the updated parameters' all-gather runs during the next
+     * step's first forward instead of after the optimizer. Megatron-LM and
+     * DeepSpeed plans only (Partita's executor gathers after the step). */
+    bool overlap_param_gather;
     /* With precision fp32: the matmuls on TF32 tensor cores (PyTorch's
      * allow_tf32), priced at the GPU's TF32 rate, not its FP32 one. */
     bool tf32;

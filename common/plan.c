@@ -25,7 +25,8 @@ static const char *const plan_keys[] = {
     "format", "model", "cluster", "gbs", "mbs", "tp", "dp", "pp",
     "partition", "node_order", "schedule", "precision", "recompute",
     "distributed_optimizer", "zero", "offload_optimizer", "virtual_stages",
-    "sequence_parallel", "runtime", "attention", "overlap_grad_reduce", "tf32",
+    "sequence_parallel", "runtime", "attention", "overlap_grad_reduce",
+    "overlap_param_gather", "tf32",
     "grad_precision", "origin", "estimate", "alternatives", "pareto", NULL};
 static const char *const origin_keys[] = {"model", "cluster", NULL};
 
@@ -486,6 +487,8 @@ static int degrees_part(const json_t *obj, const json_place *place,
                         &attention, err) != 0 ||
         json_get_bool(obj, place, "overlap_grad_reduce", false,
                       &config->overlap_grad_reduce, err) != 0 ||
+        json_get_bool(obj, place, "overlap_param_gather", false,
+                      &config->overlap_param_gather, err) != 0 ||
         json_get_bool(obj, place, "tf32", false, &config->tf32, err) != 0 ||
         json_get_choice(obj, place, "grad_precision", false,
                         grad_precision_names, &grad_precision, err) != 0 ||
@@ -510,6 +513,16 @@ static int degrees_part(const json_t *obj, const json_place *place,
         pt_copy_string(reason, sizeof reason, err->message);
         json_place where = json_place_key(place, "grad_precision");
         return json_place_fail(&where, err, "%s", reason);
+    }
+    if (config->overlap_param_gather &&
+        (!config->distributed_optimizer ||
+         config->runtime == RUNTIME_PARTITA)) {
+        json_place where = json_place_key(place, "overlap_param_gather");
+        return json_place_fail(&where, err, "only with distributed_optimizer "
+                               "under runtime megatron or deepspeed (the "
+                               "parameters are gathered only when the "
+                               "optimizer is sharded, and Partita's "
+                               "executor gathers them after the step)");
     }
     if (config->tf32 && config->precision != PRECISION_FP32) {
         json_place where = json_place_key(place, "tf32");
@@ -866,6 +879,8 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
                  json_string(attention_name(config->attention)), &failures);
     if (config->overlap_grad_reduce)
         json_put(root, "overlap_grad_reduce", json_true(), &failures);
+    if (config->overlap_param_gather)
+        json_put(root, "overlap_param_gather", json_true(), &failures);
     if (config->tf32)
         json_put(root, "tf32", json_true(), &failures);
     if (sections != NULL) {

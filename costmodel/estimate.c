@@ -335,7 +335,13 @@ static double schedule_step_work(const parallel_config *config,
         step_tail *tail = &scratch->tails[s];
         tail->optimizer_start = norm_end;
         tail->optimizer_end = norm_end + st->optimizer_s;
-        tail->gather_end = tail->optimizer_end + tail->gather_s;
+        /* --overlap-param-gather: the gather runs under the next step's
+           first forward; only what outlasts that forward is the step's */
+        double gather_s = tail->gather_s;
+        if (config->overlap_param_gather)
+            gather_s = gather_s > st->forward_s ? gather_s - st->forward_s
+                                                : 0.0;
+        tail->gather_end = tail->optimizer_end + gather_s;
         if (tail->gather_end > step_end)
             step_end = tail->gather_end;
     }

@@ -300,6 +300,8 @@ static int print_plan_args(FILE *out, const plan *p, pt_error *err)
         fprintf(out, "    --attention-backend unfused\n");
     if (c->overlap_grad_reduce)
         fprintf(out, "    --overlap-grad-reduce\n");
+    if (c->overlap_param_gather)
+        fprintf(out, "    --overlap-param-gather\n");
     fprintf(out, "    # an iteration line, with TFLOP/s, every 10 iterations\n"
                  "    --log-interval 10 --log-throughput\n)\n\n");
     return 0;

@@ -3,7 +3,8 @@
 # runtime fields (runtime, attention, overlap_grad_reduce, tf32), runs
 # tables and plan=log pairs estimated (`estimate --runs`) and fitted
 # (`profile --from-logs`), a measured profile's own roofline
-# (`profile --fit-roofline`), Megatron's selective recompute, and the
+# (`profile --fit-roofline`), Megatron's selective recompute and
+# --overlap-param-gather, and the
 # clusters' NICs and type links; e2e.sh's
 # conventions, a file of its own.
 # usage: runs.sh PARTITA CASE   (run by meson, one test per case)
@@ -151,6 +152,35 @@ PY
   run 2 partita exec in-partita.json --data nothing --iters 1 -o run.json
   expect_in err.txt "recompute: selective"
   [ ! -e run.json ] || fail "exec wrote a run of a plan it refused"
+  ;;
+overlap-param-gather)
+  # Megatron's --overlap-param-gather hides the distributed optimizer's
+  # all-gather under the next forward; refused without it or under Partita
+  for o in false true; do
+    cat >in-$o.json <<JSON
+{ "format": "partita-plan/1",
+  "model": { "name": "m", "layers": 12, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50257 },
+  "cluster": { "name": "four", "nodes": [ { "name": "a100", "count": 4, "gpu": "A100-80GB", "gpus": 8,
+        "intra_node": { "bandwidth_GBps": 229, "latency_us": 5 },
+        "inter_node": { "bandwidth_Gbps": 100, "latency_us": 20 } } ] },
+  "gbs": 128, "mbs": 4, "tp": 1, "dp": 32, "pp": 1, "precision": "fp16",
+  "runtime": "megatron", "distributed_optimizer": true, "overlap_param_gather": $o }
+JSON
+    run 0 partita estimate in-$o.json --json
+    cp out.txt est-$o.json
+  done
+  python3 - <<'PY' || fail "the overlapped gather does not shorten the step"
+import json
+t = {o: json.load(open('est-%s.json' % o))['estimate']['step_time_s']
+     for o in ('false', 'true')}
+assert t['true'] < t['false'], t
+PY
+  expect_in est-true.json '"overlap_param_gather": true'
+  run 0 partita export in-true.json --to megatron -o launch.sh
+  expect_in launch.sh "--overlap-param-gather"
+  sed 's/"distributed_optimizer": true, //' in-true.json >in-bad.json
+  run 2 partita estimate in-bad.json
+  expect_in err.txt "overlap_param_gather: only with distributed_optimizer"
   ;;
 fit-roofline)
   # a measured profile gains a roofline fitted on its own times, its
