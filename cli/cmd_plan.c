@@ -15,7 +15,7 @@ typedef struct plan_arguments {
     const char *output;
     bool pareto;
     bool quiet;
-    bool per_rank_timeline;
+    unsigned timeline;         /* ESTIMATE_JSON_* flags */
     search_options search;
 } plan_arguments;
 
@@ -63,6 +63,9 @@ static void print_plan_help(void)
         "  --per-rank-timeline  write the estimated timeline once per rank\n"
         "                     (default: once per stage, which every rank of\n"
         "                     the stage runs; per rank is tp x dp times larger)\n"
+        "  --full-timeline    write every event of the timeline (default: each\n"
+        "                     kind's first and last 8 with a count of those\n"
+        "                     between, so the file does not grow with gbs)\n"
         "  --quiet            no progress lines (a search longer than a few\n"
         "                     seconds prints one on stderr every few seconds)\n");
 }
@@ -122,6 +125,7 @@ enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
        OPT_SOLVER, OPT_SCHEDULE, OPT_PRECISION, OPT_MAX_MBS,
        OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_NO_SP, OPT_NO_INTERLEAVE, OPT_TOP, OPT_THREADS, OPT_PROFILES,
        OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_PER_RANK_TIMELINE,
+       OPT_FULL_TIMELINE,
        OPT_MAX_ZERO, OPT_NO_OFFLOAD, OPT_ZERO_LEVERS, OPT_HELP };
 static const struct option plan_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
@@ -148,6 +152,7 @@ static const struct option plan_options[] = {
     {"search", required_argument, NULL, OPT_SEARCH},
     {"max-tree-nodes", required_argument, NULL, OPT_MAX_TREE_NODES},
     {"per-rank-timeline", no_argument, NULL, OPT_PER_RANK_TIMELINE},
+    {"full-timeline", no_argument, NULL, OPT_FULL_TIMELINE},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0}};
 
@@ -234,7 +239,12 @@ static int apply_plan_option(int option, const char *value,
     case OPT_MAX_TREE_NODES:
         return parse_count(value, "--max-tree-nodes",
                            &search->max_tree_nodes);
-    case OPT_PER_RANK_TIMELINE: args->per_rank_timeline = true; return 0;
+    case OPT_PER_RANK_TIMELINE:
+        args->timeline |= ESTIMATE_JSON_PER_RANK;
+        return 0;
+    case OPT_FULL_TIMELINE:
+        args->timeline |= ESTIMATE_JSON_FULL_TIMELINE;
+        return 0;
     default: return -1;
     }
 }
@@ -438,8 +448,8 @@ static int write_plan_file(const plan_arguments *args, const plan_inputs *in,
     }
     print_pricing(&est);
     plan_json_sections sections = {
-        .estimate = estimate_to_json(&est, &best.config,
-                                     args->per_rank_timeline, err),
+        .estimate = estimate_to_json(&est, &best.config, args->timeline,
+                                     err),
         .alternatives = json_array(),
         .pareto = pareto};
     for (int i = 1; sections.alternatives != NULL && i < plan_count; i++)

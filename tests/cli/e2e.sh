@@ -1246,8 +1246,8 @@ JSON
   ;;
 plan-1024-gpus)
   # 128 nodes of 8 GPUs of four types (the node kinds of mixed-derived),
-  # GPT-3 175B, tp 8 x pp 16 x dp 8: plan.json stays under 1 MB, the
-  # report draws a lane per stage
+  # GPT-3 175B, tp 8 x pp 16 x dp 8: plan.json stays under 1 MB (the
+  # timeline compact), the report draws a lane per stage
   python3 - "$clusters/mixed-derived.json" "$models/gpt-175b.json" <<'PY' || fail "could not write the plan"
 import json, sys
 cluster = json.load(open(sys.argv[1]))
@@ -1288,13 +1288,27 @@ for e in complete:
 assert all(e["ph"] in ("X", "M") for e in events)
 processes = {e["pid"] for e in events if e["name"] == "process_name"}
 assert processes == set(range(16)), processes
-stage_events = sum(len(c["microbatch"]) for lane in lanes for c in lane["events"].values())
+# each kind keeps its first and last 8 events and counts those between
+stage_events = sum(len(c["microbatch"]) + c.get("elided", {}).get("count", 0)
+                   for lane in lanes for c in lane["events"].values())
+fwd = lanes[0]["events"]["fwd"]
+assert fwd["microbatch"] == list(range(8)) + list(range(184, 192)), fwd
+assert fwd["elided"] == {"after": 8, "count": 176}, fwd["elided"]
 assert len(complete) == stage_events, (len(complete), stage_events)
 labels = set(re.findall(r"stage \d+ estimated", open(sys.argv[3]).read()))
 assert len(labels) == 16, labels
 PY
   size=$(stat -c %s report/trace.json)
   [ "$size" -lt 8388608 ] || fail "trace.json of 1,024 GPUs is $size bytes"
+  # every event on request
+  run 0 partita estimate --json --full-timeline in-plan.json
+  python3 - out.txt <<'PY' || fail "the full timeline is not full"
+import json, sys
+fwd = json.load(open(sys.argv[1]))["estimate"]["timeline"][0]["events"]["fwd"]
+assert fwd["microbatch"] == list(range(192)) and "elided" not in fwd, fwd
+PY
+  run 2 partita estimate --full-timeline in-plan.json
+  expect_in err.txt "--full-timeline shapes the --json output"
   ;;
 export-megatron)
   # every bundled plan becomes a script bash accepts
