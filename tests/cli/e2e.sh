@@ -3,7 +3,7 @@
 # usage: e2e.sh PARTITA CASE   (run by meson, one test per case)
 # PARTITA_WRAPPER, when set, runs partita under it (valgrind, say).
 set -u
-# fail, run, expect_in, write_layout_plan; e2e_begin
+# fail, run, expect_in, write_layout_plan, write_small_pool; e2e_begin
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 e2e_begin "$@"
 no_leftovers() {
@@ -16,21 +16,6 @@ clusters="$source_root/clusters"
 
 # The first data row of the ranking table: its step time column.
 best_step_time() { grep -m1 '^ *1 ' out.txt | awk '{print $(NF-5)}'; }
-
-write_small_pool() {
-  cat >in-pool.json <<JSON
-{ "name": "small-pool",
-  "nodes": [
-    { "name": "a100", "count": 2, "gpu": "A100-FASOP", "gpus": 4,
-      "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 },
-      "inter_node": { "bandwidth_Gbps": 40, "latency_us": 20 },
-      "price_per_hour": 32.7726 },
-    { "name": "a10", "count": 2, "gpu": "A10-FASOP", "gpus": 4,
-      "intra_node": { "bandwidth_GBps": 16, "latency_us": 10 },
-      "inter_node": { "bandwidth_Gbps": 40, "latency_us": 20 },
-      "price_per_hour": 8.144 } ] }
-JSON
-}
 
 # exec: the bundled corpus prepped as in-corpus, and a tiny plan of one
 # stage on one device (model and cluster inline) with the given pp/vocab.
