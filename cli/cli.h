@@ -99,6 +99,21 @@ int profile_bad_argument(const char *option, const char *expected,
  * found or started (printed, EXIT_FAILURE_RUN). argv[0] is the command. */
 int cli_hand_over(int argc, char **argv);
 
+/* partita plan's constraints (cli/plan_constraints.c). --tp, --pp, --dp
+ * or --mbs's value ("8", "2,4") into out: -1 after printing why not. */
+int plan_parse_degree(const char *option, const char *value,
+                      degree_choice *out);
+/* --nodes TYPE:COUNT,... on pool: out is the pool with those counts (its
+ * types in order, those not named with none), freed by cluster_free; -1
+ * with a message beginning "--nodes: " when a type is not the pool's, a
+ * count is more than it has, or no node is left. */
+int plan_restrict_nodes(const cluster *pool, const char *spec,
+                        cluster *out, pt_error *err);
+/* A plan found on part of the pool (type_counts[t] nodes of each type,
+ * numbered as that part numbers them) renumbered to the pool's nodes:
+ * the part's node of a type and ordinal is the pool's. */
+void plan_map_to_pool(const cluster *pool, const int *type_counts,
+                      ranked_plan *plan);
 /* Prints "partita <command>: <message>" on stderr. */
 void cli_error(const char *command, const char *message);
 /* What a provenance records of the command that wrote a file: "partita"
@@ -121,6 +136,12 @@ const char *cli_output_name(const char *path);
  * before any work (pt_check_output_file / _folder): prints the reason
  * and returns -1 when it cannot be written. */
 int cli_check_output(const char *command, const char *path, bool folder);
+/* "1,2,4" into values (at most capacity of them, each 1..max_value);
+ * -1 after printing "partita COMMAND: OPTION: expected ..." on anything
+ * else. */
+int cli_parse_int_list(const char *command, const char *option,
+                       const char *text, int max_value, int *values,
+                       int capacity, int *count);
 /* Before any work: refuses (one line, as cli_error) an output that is
  * the same file as an input, which writing it would replace; role says
  * what the input is ("plan", "model"). 0 when it is not. */

@@ -10,7 +10,8 @@ static void print_estimate_help(void)
 {
     printf(
         "usage: partita estimate PLAN [--json] [-o FILE]\n"
-        "                             [--per-rank-timeline] [--profiles DIR]\n"
+        "                             [--per-rank-timeline] [--full-timeline]\n"
+        "                             [--profiles DIR]\n"
         "                             [--dp-overlap F]\n"
         "\n"
         "Estimates a plan (written by 'partita plan' or by hand): per-stage\n"
@@ -19,12 +20,16 @@ static void print_estimate_help(void)
         "\n"
         "  --json            print the plan with its \"estimate\" filled\n"
         "                    (the timeline of one iteration included, once\n"
-        "                    per stage) on standard output\n"
+        "                    per stage, each kind of event its first and\n"
+        "                    last 8 with a count of those between) on\n"
+        "                    standard output\n"
         "  -o, --output FILE  write that plan to FILE instead (atomically;\n"
         "                    - is standard output, as --json); the tables\n"
         "                    are then printed as without --json\n"
         "  --per-rank-timeline  with --json or -o: the timeline once per\n"
         "                    rank (tp x dp times larger)\n"
+        "  --full-timeline   with --json or -o: every event of the timeline\n"
+        "                    (its size grows with the micro-batches)\n"
         "  --profiles DIR    look for profiles/<gpu>.json here first\n"
         "  --dp-overlap F    price the dp gradient reduction's overlap with\n"
         "                    the backward bucket by bucket (25 MiB), F (0..1)\n"
@@ -43,7 +48,7 @@ typedef struct estimate_arguments {
     const char *plan_path;
     const char *profiles;
     const char *output;      /* the plan with its estimate; NULL: none */
-    bool per_rank_timeline;
+    unsigned timeline;          /* ESTIMATE_JSON_* flags */
     double dp_overlap;          /* -1: off */
 } estimate_arguments;
 
@@ -64,11 +69,12 @@ static int parse_fraction(const char *text, double *out)
 static int parse_estimate_arguments(int argc, char **argv,
                                     estimate_arguments *args)
 {
-    enum { OPT_JSON = 256, OPT_PER_RANK_TIMELINE, OPT_PROFILES, OPT_DP_OVERLAP,
-           OPT_HELP };
+    enum { OPT_JSON = 256, OPT_PER_RANK_TIMELINE, OPT_FULL_TIMELINE,
+           OPT_PROFILES, OPT_DP_OVERLAP, OPT_HELP };
     static const struct option options[] = {
         {"json", no_argument, NULL, OPT_JSON},
         {"per-rank-timeline", no_argument, NULL, OPT_PER_RANK_TIMELINE},
+        {"full-timeline", no_argument, NULL, OPT_FULL_TIMELINE},
         {"profiles", required_argument, NULL, OPT_PROFILES},
         {"output", required_argument, NULL, 'o'},
         {"dp-overlap", required_argument, NULL, OPT_DP_OVERLAP},
@@ -81,7 +87,12 @@ static int parse_estimate_arguments(int argc, char **argv,
         switch (option) {
         case OPT_JSON: json = true; break;
         case 'o': args->output = optarg; break;
-        case OPT_PER_RANK_TIMELINE: args->per_rank_timeline = true; break;
+        case OPT_PER_RANK_TIMELINE:
+            args->timeline |= ESTIMATE_JSON_PER_RANK;
+            break;
+        case OPT_FULL_TIMELINE:
+            args->timeline |= ESTIMATE_JSON_FULL_TIMELINE;
+            break;
         case OPT_PROFILES: args->profiles = optarg; break;
         case OPT_DP_OVERLAP:
             if (parse_fraction(optarg, &args->dp_overlap) != 0)
@@ -105,9 +116,11 @@ static int parse_estimate_arguments(int argc, char **argv,
     }
     if (json)
         args->output = "-";
-    if (args->per_rank_timeline && args->output == NULL) {
-        fprintf(stderr, "partita estimate: --per-rank-timeline shapes the "
-                        "--json output; give --json too (or -o FILE)\n");
+    if (args->timeline != 0 && args->output == NULL) {
+        fprintf(stderr, "partita estimate: --%s shapes the --json output; "
+                        "give --json too (or -o FILE)\n",
+                args->timeline & ESTIMATE_JSON_PER_RANK ? "per-rank-timeline"
+                                                        : "full-timeline");
         return -1;
     }
     args->plan_path = argv[optind];
@@ -120,8 +133,8 @@ static int write_estimated_plan(const estimate_arguments *args,
 {
     pt_error err = {{0}};
     plan_json_sections sections = {
-        .estimate = estimate_to_json(est, &p->config,
-                                     args->per_rank_timeline, &err)};
+        .estimate = estimate_to_json(est, &p->config, args->timeline,
+                                     &err)};
     json_t *root = sections.estimate != NULL
                        ? plan_to_json(p, &sections, &err)
                        : NULL;

@@ -13,9 +13,11 @@ typedef struct plan_arguments {
     const char *model;
     const char *profiles;
     const char *output;
+    const char *nodes;         /* --nodes TYPE:COUNT,...: part of the cluster */
+    char constrained[256];     /* the degree options as given, for messages */
     bool pareto;
     bool quiet;
-    bool per_rank_timeline;
+    unsigned timeline;         /* ESTIMATE_JSON_* flags */
     search_options search;
 } plan_arguments;
 
@@ -33,6 +35,14 @@ static void print_plan_help(void)
         "  --gbs N            global batch size in sequences\n"
         "  --objective O      time (default) or cost ($ per step)\n"
         "  --pareto           front of step time vs $ over every sub-cluster\n"
+        "  --tp LIST          fix or limit tp: a value or a list (--tp 8,\n"
+        "                     --tp 2,4), each a power of two; likewise\n"
+        "  --pp LIST, --dp LIST  pp and dp, and\n"
+        "  --mbs LIST         the micro-batch sizes (instead of the powers of\n"
+        "                     two up to --max-mbs)\n"
+        "  --nodes T:N,...    plan on part of the cluster: N nodes of node\n"
+        "                     type T (--nodes a100:4,a10:8; types not named\n"
+        "                     are left out); with --pareto, the pool\n"
         "  --solver S         dp (default, exact), ilp (GLPK, exact) or\n"
         "                     greedy (FASOP's min-max heuristic)\n"
         "  --schedule S       1f1b (default) or gpipe\n"
@@ -65,6 +75,9 @@ static void print_plan_help(void)
         "  --per-rank-timeline  write the estimated timeline once per rank\n"
         "                     (default: once per stage, which every rank of\n"
         "                     the stage runs; per rank is tp x dp times larger)\n"
+        "  --full-timeline    write every event of the timeline (default: each\n"
+        "                     kind's first and last 8 with a count of those\n"
+        "                     between, so the file does not grow with gbs)\n"
         "  --quiet            no progress lines (a search longer than a few\n"
         "                     seconds prints one on stderr every few seconds)\n");
 }
@@ -125,6 +138,7 @@ enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
        OPT_MAX_MBS,
        OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_NO_SP, OPT_NO_INTERLEAVE, OPT_TOP, OPT_THREADS, OPT_PROFILES,
        OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_PER_RANK_TIMELINE,
+       OPT_FULL_TIMELINE, OPT_TP, OPT_PP, OPT_DP, OPT_MBS, OPT_NODES,
        OPT_MAX_ZERO, OPT_NO_OFFLOAD, OPT_ZERO_LEVERS, OPT_HELP };
 static const struct option plan_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
@@ -152,6 +166,12 @@ static const struct option plan_options[] = {
     {"search", required_argument, NULL, OPT_SEARCH},
     {"max-tree-nodes", required_argument, NULL, OPT_MAX_TREE_NODES},
     {"per-rank-timeline", no_argument, NULL, OPT_PER_RANK_TIMELINE},
+    {"full-timeline", no_argument, NULL, OPT_FULL_TIMELINE},
+    {"tp", required_argument, NULL, OPT_TP},
+    {"pp", required_argument, NULL, OPT_PP},
+    {"dp", required_argument, NULL, OPT_DP},
+    {"mbs", required_argument, NULL, OPT_MBS},
+    {"nodes", required_argument, NULL, OPT_NODES},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0}};
 
@@ -203,6 +223,28 @@ static int apply_choice_option(int option, const char *value,
     return status;
 }
 
+/* --tp, --pp, --dp or --mbs: the degree's choice, and the option as
+ * given kept for messages. */
+static int apply_degree_option(int option, const char *value,
+                               plan_arguments *args)
+{
+    search_constraints *constraints = &args->search.constraints;
+    const char *name = option == OPT_TP   ? "--tp"
+                       : option == OPT_PP ? "--pp"
+                       : option == OPT_DP ? "--dp"
+                                          : "--mbs";
+    degree_choice *choice = option == OPT_TP   ? &constraints->tp
+                            : option == OPT_PP ? &constraints->pp
+                            : option == OPT_DP ? &constraints->dp
+                                               : &constraints->mbs;
+    if (plan_parse_degree(name, value, choice) != 0)
+        return -1;
+    size_t used = strlen(args->constrained);
+    snprintf(args->constrained + used, sizeof args->constrained - used,
+             "%s%s %s", used > 0 ? " " : "", name, value);
+    return 0;
+}
+
 /* One option of the command line: 0, or -1 on a bad value. */
 static int apply_plan_option(int option, const char *value,
                              plan_arguments *args)
@@ -220,6 +262,11 @@ static int apply_plan_option(int option, const char *value,
     case OPT_ZERO_LEVERS:
     case OPT_SEARCH: return apply_choice_option(option, value, search);
     case OPT_PARETO: args->pareto = true; return 0;
+    case OPT_TP:
+    case OPT_PP:
+    case OPT_DP:
+    case OPT_MBS: return apply_degree_option(option, value, args);
+    case OPT_NODES: args->nodes = value; return 0;
     case OPT_MAX_MBS:
         return parse_positive(value, "--max-mbs", &search->max_mbs);
     case OPT_NO_RECOMPUTE: search->allow_recompute = false; return 0;
@@ -245,7 +292,12 @@ static int apply_plan_option(int option, const char *value,
     case OPT_MAX_TREE_NODES:
         return parse_count(value, "--max-tree-nodes",
                            &search->max_tree_nodes);
-    case OPT_PER_RANK_TIMELINE: args->per_rank_timeline = true; return 0;
+    case OPT_PER_RANK_TIMELINE:
+        args->timeline |= ESTIMATE_JSON_PER_RANK;
+        return 0;
+    case OPT_FULL_TIMELINE:
+        args->timeline |= ESTIMATE_JSON_FULL_TIMELINE;
+        return 0;
     default: return -1;
     }
 }
@@ -433,6 +485,8 @@ typedef struct plan_inputs {
     char cluster_path[PT_PATH_MAX];
     model_shape model;
     cluster cluster;
+    cluster part;          /* --nodes: the part searched (else unused) */
+    const cluster *searched; /* the part, or the cluster */
 } plan_inputs;
 
 /* Writes the best plan, its estimated timeline and the alternatives
@@ -456,8 +510,8 @@ static int write_plan_file(const plan_arguments *args, const plan_inputs *in,
     }
     print_pricing(&est);
     plan_json_sections sections = {
-        .estimate = estimate_to_json(&est, &best.config,
-                                     args->per_rank_timeline, err),
+        .estimate = estimate_to_json(&est, &best.config, args->timeline,
+                                     err),
         .alternatives = json_array(),
         .pareto = pareto};
     for (int i = 1; sections.alternatives != NULL && i < plan_count; i++)
@@ -487,9 +541,53 @@ static int load_inputs(const plan_arguments *args, plan_inputs *in,
         pt_check_output_not_input(args->output, in->cluster_path, "cluster",
                                   err) != 0)
         return -1;
-    if (model_load_file(in->model_path, &in->model, err) != 0)
+    if (model_load_file(in->model_path, &in->model, err) != 0 ||
+        cluster_load_file(in->cluster_path, &in->cluster, err) != 0)
         return -1;
-    return cluster_load_file(in->cluster_path, &in->cluster, err);
+    in->searched = &in->cluster;
+    if (args->nodes == NULL)
+        return 0;
+    if (plan_restrict_nodes(&in->cluster, args->nodes, &in->part, err) != 0)
+        return -1;
+    in->searched = &in->part;
+    return 0;
+}
+
+/* "cluster C (N nodes, G GPUs)", or with --nodes "cluster C (N of its M
+ * nodes: --nodes ..., G GPUs)". */
+static void print_cluster_words(const plan_arguments *args,
+                                const plan_inputs *in)
+{
+    if (in->searched == &in->cluster)
+        printf("cluster %s (%d nodes, %d GPUs)", in->cluster.name,
+               in->cluster.node_count, cluster_gpu_count(&in->cluster));
+    else
+        printf("cluster %s (%d of its %d nodes: --nodes %s, %d GPUs)",
+               in->cluster.name, in->part.node_count, in->cluster.node_count,
+               args->nodes, cluster_gpu_count(&in->part));
+}
+
+/* Checks the constraints and searches the cluster or, with --nodes, its
+ * part, through the cluster's cost model (the part keeps its types in
+ * order); the plans then name the cluster's nodes. 0 or -1. */
+static int search_cluster(const plan_arguments *args, const plan_inputs *in,
+                          costmodel *cm, search_result *result,
+                          pt_error *err)
+{
+    cm->cluster = in->searched;
+    int status = planner_check_constraints(in->searched, &in->model,
+                                           &args->search, err);
+    if (status == 0)
+        status = planner_search(cm, &args->search, result, err);
+    cm->cluster = &in->cluster;
+    if (status != 0 || in->searched == &in->cluster)
+        return status;
+    int counts[PLANNER_MAX_TYPES] = {0};
+    for (int t = 0; t < in->part.type_count && t < PLANNER_MAX_TYPES; t++)
+        counts[t] = in->part.types[t].count;
+    for (int i = 0; i < result->plan_count; i++)
+        plan_map_to_pool(&in->cluster, counts, &result->plans[i]);
+    return 0;
 }
 
 static int run_search(const plan_arguments *args, plan_inputs *in,
@@ -504,15 +602,17 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
     int notes_of_open = cm.note_count;
     search_result result;
     double started = pt_monotonic_seconds();
-    int status = planner_search(&cm, &args->search, &result, err);
+    int status = search_cluster(args, in, &cm, &result, err);
     double elapsed = pt_monotonic_seconds() - started;
     if (status != 0) {
         costmodel_close(&cm);
         return EXIT_BAD_INPUT;
     }
     if (result.plan_count == 0) {
-        pt_fail(err, "no plan fits %s on cluster %s with gbs %d: %s",
-                in->model.name, in->cluster.name, args->search.gbs,
+        pt_fail(err, "no plan fits %s on cluster %s%s%s with gbs %d: %s",
+                in->model.name, in->cluster.name,
+                args->nodes != NULL ? " --nodes " : "",
+                args->nodes != NULL ? args->nodes : "", args->search.gbs,
                 result.no_fit_reason[0] ? result.no_fit_reason
                                         : "no configuration is possible");
         search_result_free(&result);
@@ -521,12 +621,12 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
     }
     char took[32];
     pt_format_seconds(elapsed, took, sizeof took);
-    printf("# partita plan: model %s, cluster %s (%d nodes, %d GPUs), "
-           "gbs %d, objective %s\n",
-           in->model.name, in->cluster.name, in->cluster.node_count,
-           cluster_gpu_count(&in->cluster), args->search.gbs,
+    printf("# partita plan: model %s, ", in->model.name);
+    print_cluster_words(args, in);
+    printf(", gbs %d, objective %s%s%s\n", args->search.gbs,
            args->search.objective == OBJECTIVE_COST ? "$ per step"
-                                                     : "step time");
+                                                     : "step time",
+           args->constrained[0] ? ", " : "", args->constrained);
     print_model_line(&in->model);
     printf("# scored %lld configurations (%lld fit) of %lld tasks and "
            "skipped %lld that a lower bound ruled out, in %s\n",
@@ -564,15 +664,6 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
     search_result_free(&result);
     costmodel_close(&cm);
     return status == 0 ? EXIT_OK : EXIT_FAILURE_RUN;
-}
-
-/* The pool node of a sub-cluster node: same type, same ordinal. */
-static int pool_node_of(const cluster *pool, int type, int ordinal)
-{
-    int node = 0;
-    for (int t = 0; t < type; t++)
-        node += pool->types[t].count;
-    return node + ordinal;
 }
 
 static void print_pareto_front(const cluster *pool,
@@ -625,53 +716,39 @@ static json_t *pareto_to_json(const cluster *pool, const pareto_result *front)
     return points;
 }
 
-/* A Pareto point's plan names sub-cluster nodes; renumber them to the
- * pool's nodes so the written plan runs on the pool file. */
-static void map_to_pool(const cluster *pool, pareto_point *point)
-{
-    int seen[PLANNER_MAX_TYPES] = {0};
-    int sub_first[PLANNER_MAX_TYPES] = {0};
-    int first = 0;
-    for (int t = 0; t < pool->type_count && t < PLANNER_MAX_TYPES; t++) {
-        sub_first[t] = first;
-        first += point->type_counts[t];
-    }
-    for (int i = 0; i < point->plan.node_count; i++) {
-        int sub_node = point->plan.node_order[i];
-        int type = 0;
-        while (type + 1 < pool->type_count && type + 1 < PLANNER_MAX_TYPES &&
-               sub_first[type + 1] <= sub_node)
-            type++;
-        point->plan.node_order[i] = pool_node_of(pool, type, seen[type]++);
-    }
-}
-
 static int run_pareto(const plan_arguments *args, plan_inputs *in,
                       pt_error *err)
 {
     pareto_result front;
     double started = pt_monotonic_seconds();
-    if (planner_pareto(&in->model, &in->cluster, args->profiles,
+    if (planner_pareto(&in->model, in->searched, args->profiles,
                        &args->search, &front, err) != 0)
         return EXIT_BAD_INPUT;
     double elapsed = pt_monotonic_seconds() - started;
     if (front.point_count == 0) {
-        pt_fail(err, "no sub-cluster of %s can train %s with gbs %d",
-                in->cluster.name, in->model.name, args->search.gbs);
+        pt_fail(err, "no sub-cluster of %s%s%s can train %s with gbs %d%s%s",
+                in->cluster.name, args->nodes != NULL ? " --nodes " : "",
+                args->nodes != NULL ? args->nodes : "", in->model.name,
+                args->search.gbs, args->constrained[0] ? " and " : "",
+                args->constrained);
         pareto_result_free(&front);
         return EXIT_BAD_INPUT;
     }
     char took[32];
     pt_format_seconds(elapsed, took, sizeof took);
-    printf("# partita plan --pareto: model %s, pool %s, gbs %d\n",
-           in->model.name, in->cluster.name, args->search.gbs);
+    printf("# partita plan --pareto: model %s, pool %s%s%s, gbs %d%s%s\n",
+           in->model.name, in->cluster.name,
+           args->nodes != NULL ? " --nodes " : "",
+           args->nodes != NULL ? args->nodes : "", args->search.gbs,
+           args->constrained[0] ? ", " : "", args->constrained);
     printf("# searched %d sub-clusters: %lld configurations scored, %lld "
            "ruled out by a lower bound, in %s; %d plans on the front of "
            "step time vs $ per step\n",
            front.subclusters_searched, front.configurations_scored,
            front.configurations_pruned, took, front.point_count);
     for (int i = 0; i < front.point_count; i++)
-        map_to_pool(&in->cluster, &front.points[i]);
+        plan_map_to_pool(&in->cluster, front.points[i].type_counts,
+                         &front.points[i].plan);
     print_pareto_front(&in->cluster, &front);
 
     costmodel cm;
@@ -727,6 +804,8 @@ int command_plan(int argc, char **argv)
                              : run_search(&args, &inputs, &err);
     if (status != EXIT_OK)
         cli_error("plan", err.message);
+    if (inputs.searched == &inputs.part)
+        cluster_free(&inputs.part);
     cluster_free(&inputs.cluster);
     return status;
 }

@@ -10,7 +10,6 @@
 #include "executor/executor.h"
 #include "profiler/profiler.h"
 
-#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -27,23 +26,8 @@
 static int parse_list(const char *option, const char *text, int *values,
                       int *count)
 {
-    *count = 0;
-    const char *at = text;
-    for (;;) {
-        char *end = NULL;
-        errno = 0;
-        long value = strtol(at, &end, 10);
-        if (errno != 0 || end == at || value < 1 || value > 1024 ||
-            *count == PROFILER_MAX_VALUES || (*end != ',' && *end != '\0') ||
-            at[0] == '+' || at[0] == ' ')
-            return profile_bad_argument(option, "a comma-separated list of integers "
-                                        "from 1 to 1024 (at most 16)",
-                                text);
-        values[(*count)++] = (int)value;
-        if (*end == '\0')
-            return 0;
-        at = end + 1;
-    }
+    return cli_parse_int_list("profile", option, text, 1024, values,
+                              PROFILER_MAX_VALUES, count);
 }
 
 /* ------------------------------------------------------------ progress */

@@ -1,6 +1,7 @@
 /* Helpers of the command-line layer: locating bundled files, paths, errors. */
 #include "cli/cli.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,32 @@ void cli_text_to_stderr(void)
 const char *cli_output_name(const char *path)
 {
     return strcmp(path, "-") == 0 ? "standard output" : path;
+}
+
+int cli_parse_int_list(const char *command, const char *option,
+                       const char *text, int max_value, int *values,
+                       int capacity, int *count)
+{
+    *count = 0;
+    const char *at = text;
+    for (;;) {
+        char *end = NULL;
+        errno = 0;
+        long value = strtol(at, &end, 10);
+        if (errno != 0 || end == at || value < 1 || value > max_value ||
+            *count == capacity || (*end != ',' && *end != '\0') ||
+            at[0] == '+' || at[0] == ' ') {
+            fprintf(stderr, "partita %s: %s: expected a comma-separated "
+                            "list of integers from 1 to %d (at most %d), "
+                            "got '%s'\n",
+                    command, option, max_value, capacity, text);
+            return -1;
+        }
+        values[(*count)++] = (int)value;
+        if (*end == '\0')
+            return 0;
+        at = end + 1;
+    }
 }
 
 int cli_check_output(const char *command, const char *path, bool folder)

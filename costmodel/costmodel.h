@@ -479,13 +479,21 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        estimate *out, pt_error *err);
 void estimate_free(estimate *e);
 
+/* How estimate_to_json writes the timeline (0: once per stage, compact). */
+enum {
+    ESTIMATE_JSON_PER_RANK = 1,      /* one lane per rank */
+    ESTIMATE_JSON_FULL_TIMELINE = 2  /* every event, none elided */
+};
+
 /* The "estimate" section of plan.json (docs/formats.md): the figures, one
  * object per stage with its rank range and, when est has events, the
  * timeline: one lane per stage holding its events once, or with
- * per_rank_timeline one lane per rank (copies of its stage's). NULL with
- * err set when out of memory. */
+ * ESTIMATE_JSON_PER_RANK one lane per rank (copies of its stage's); each
+ * kind of event its first and last few with a count of those between,
+ * or with ESTIMATE_JSON_FULL_TIMELINE all of them. NULL with err set
+ * when out of memory. */
 json_t *estimate_to_json(const estimate *est, const parallel_config *config,
-                         bool per_rank_timeline, pt_error *err);
+                         unsigned flags, pt_error *err);
 
 /* Parameters held by one GPU of a stage with `layers` transformer layers
  * (the stage's parameters / tp): stage 0 holds the embeddings, the last

@@ -2,8 +2,11 @@
  * The "estimate" section of plan.json: the one writer of an estimate as
  * JSON (common/plan.c writes the rest of the file and attaches this
  * section; docs/formats.md describes both). The timeline is written per
- * stage, not per rank, and column-wise, so that a 1,024-GPU plan stays a
- * small file: every rank of a stage runs the same estimated events.
+ * stage, not per rank, and column-wise, and by default each kind keeps
+ * only its first and last events with a count of those between: a
+ * plan's size then does not grow with the batch, and one of 4,096 GPUs
+ * stays under 1 MB. Every rank of a stage runs the same estimated
+ * events, and the full timeline is written only when asked.
  */
 #include "costmodel/costmodel.h"
 
@@ -59,43 +62,82 @@ static json_t *stage_to_json(const stage_estimate *stage, int index,
     return obj;
 }
 
+/* Events of a kind kept at each end of the compact timeline: the
+ * warm-up and cool-down a reader looks at, a size bounded whatever the
+ * batch. */
+#define TIMELINE_ENDS 8
+
+/* The events of one kind (indices into events), for the compact form. */
+typedef struct kind_events {
+    int count;
+    int *index;
+} kind_events;
+
+/* "elided": {"after": k, "count": n}: n events left out after the
+ * first k kept ones. */
+static json_t *elided_to_json(const kind_events *kind, int *failures)
+{
+    json_t *obj = json_object();
+    if (obj == NULL)
+        (*failures)++;
+    json_put(obj, "after", json_integer(TIMELINE_ENDS), failures);
+    json_put(obj, "count", json_integer(kind->count - 2 * TIMELINE_ENDS),
+             failures);
+    return obj;
+}
+
+/* One kind's three parallel columns (microbatch, start_s, end_s), of
+ * every event or, with `compact`, of its first and last TIMELINE_ENDS. */
+static json_t *kind_to_json(const timeline_event *events,
+                            const kind_events *kind, bool compact,
+                            int *failures)
+{
+    json_t *microbatch = json_array(), *start = json_array(),
+           *end = json_array(), *columns = json_object();
+    if (microbatch == NULL || start == NULL || end == NULL ||
+        columns == NULL)
+        (*failures)++;
+    bool elide = compact && kind->count > 2 * TIMELINE_ENDS;
+    for (int i = 0; i < kind->count && *failures == 0; i++) {
+        if (elide && i == TIMELINE_ENDS)
+            i = kind->count - TIMELINE_ENDS;
+        const timeline_event *e = &events[kind->index[i]];
+        json_push(microbatch, json_integer(e->microbatch), failures);
+        json_push(start, json_real(e->start_s), failures);
+        json_push(end, json_real(e->end_s), failures);
+    }
+    json_put(columns, "microbatch", microbatch, failures);
+    json_put(columns, "start_s", start, failures);
+    json_put(columns, "end_s", end, failures);
+    if (elide && *failures == 0)
+        json_put(columns, "elided", elided_to_json(kind, failures),
+                 failures);
+    return columns;
+}
+
 /* The events of one stage, grouped by kind (in event_kind order), each
  * kind as three parallel arrays: microbatch, start_s, end_s. */
 static json_t *stage_events_to_json(const timeline_event *events, int count,
-                                    int *failures)
+                                    bool compact, int *failures)
 {
     json_t *by_kind = json_object();
-    if (by_kind == NULL) {
+    int *index = malloc((size_t)(count > 0 ? count : 1) * sizeof *index);
+    if (by_kind == NULL || index == NULL) {
         (*failures)++;
-        return NULL;
+        free(index);
+        return by_kind;
     }
-    for (int kind = 0; kind < EVENT_KIND_COUNT; kind++) {
-        json_t *microbatch = NULL, *start = NULL, *end = NULL;
-        for (int i = 0; i < count; i++) {
-            if ((int)events[i].kind != kind)
-                continue;
-            if (microbatch == NULL) {
-                microbatch = json_array();
-                start = json_array();
-                end = json_array();
-            }
-            if (json_array_append_new(microbatch,
-                                      json_integer(events[i].microbatch)) ||
-                json_array_append_new(start, json_real(events[i].start_s)) ||
-                json_array_append_new(end, json_real(events[i].end_s)))
-                (*failures)++;
-        }
-        if (microbatch == NULL)
-            continue;
-        json_t *columns = json_object();
-        if (columns == NULL)
-            (*failures)++;
-        json_put(columns, "microbatch", microbatch, failures);
-        json_put(columns, "start_s", start, failures);
-        json_put(columns, "end_s", end, failures);
-        json_put(by_kind, event_kind_name((event_kind)kind), columns,
-                 failures);
+    for (int k = 0; k < EVENT_KIND_COUNT && *failures == 0; k++) {
+        kind_events kind = {0, index};
+        for (int i = 0; i < count; i++)
+            if ((int)events[i].kind == k)
+                index[kind.count++] = i;
+        if (kind.count > 0)
+            json_put(by_kind, event_kind_name((event_kind)k),
+                     kind_to_json(events, &kind, compact, failures),
+                     failures);
     }
+    free(index);
     return by_kind;
 }
 
@@ -117,8 +159,10 @@ static json_t *lane_to_json(int stage, int first_rank, int last_rank,
 /* One lane per stage, or per rank; est->events come grouped by stage. */
 static json_t *timeline_to_json(const estimate *est,
                                 const parallel_config *config,
-                                bool per_rank, int *failures)
+                                unsigned flags, int *failures)
 {
+    bool per_rank = (flags & ESTIMATE_JSON_PER_RANK) != 0;
+    bool compact = (flags & ESTIMATE_JSON_FULL_TIMELINE) == 0;
     json_t *lanes = json_array();
     if (lanes == NULL) {
         (*failures)++;
@@ -131,7 +175,8 @@ static json_t *timeline_to_json(const estimate *est,
         while (next < est->event_count && est->events[next].stage == s)
             next++;
         json_t *events = stage_events_to_json(&est->events[first],
-                                              next - first, failures);
+                                              next - first, compact,
+                                              failures);
         int first_rank = parallel_stage_first_rank(config, s);
         int lane_count = per_rank ? ranks_per_stage : 1;
         for (int r = 0; r < lane_count && *failures == 0; r++) {
@@ -178,7 +223,7 @@ static json_t *pricing_to_json(const estimate *est, int *measured,
 }
 
 json_t *estimate_to_json(const estimate *est, const parallel_config *config,
-                         bool per_rank_timeline, pt_error *err)
+                         unsigned flags, pt_error *err)
 {
     int failures = 0;
     json_t *obj = json_object();
@@ -214,7 +259,7 @@ json_t *estimate_to_json(const estimate *est, const parallel_config *config,
     }
     if (failures == 0 && est->events != NULL)
         json_put(obj, "timeline",
-                 timeline_to_json(est, config, per_rank_timeline, &failures),
+                 timeline_to_json(est, config, flags, &failures),
                  &failures);
     json_decref(stages);
     if (failures > 0) {

@@ -346,6 +346,15 @@ typedef struct bound_tables {
     int *layers_out;         /* scratch [pp] */
 } bound_tables;
 
+/* The most layers a stage of one type alone holds at a position (its
+ * memory cap; -1 when none): what the relaxed partition and the capacity
+ * tables bound a stage's memory by. */
+static inline int bound_pure_cap(const bound_tables *tables, int type,
+                                 int stage)
+{
+    return tables->pure[(size_t)type * tables->pp + stage].max_layers;
+}
+
 int bound_tables_open(bound_tables **out, int max_pp, int type_count,
                       pt_error *err);
 void bound_tables_close(bound_tables *tables);
@@ -415,7 +424,7 @@ int bound_floor(bound_tables *tables, search_memo *memo,
                 const partial_placement *partial, double threshold_s,
                 double *floor_s, pt_error *err);
 
-/* The relaxed partition's value alone (search_bound.c): the placed stages
+/* The relaxed partition's value alone (search_relaxed.c): the placed stages
  * (final and pending) as they are, their layers further capped by
  * caps[s] when caps is not NULL, the stages to come relaxed, the one of
  * pace rank i capped by rank_caps[i] when rank_caps is not NULL, and

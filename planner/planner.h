@@ -86,6 +86,24 @@ typedef enum zero_levers {
     ZERO_LEVERS_NEVER
 } zero_levers;
 
+/* The values a degree may take when a user fixes or limits it (`partita
+ * plan --tp 2,4`); count 0: every value the search tries. */
+#define SEARCH_MAX_CHOICES 16
+typedef struct degree_choice {
+    int count;
+    int values[SEARCH_MAX_CHOICES];
+} degree_choice;
+
+/* Degrees a plan must have (docs/planner.md, "Constraints"): tp, pp and dp
+ * among theirs; mbs among its values, which replace the powers of two up
+ * to max_mbs. */
+typedef struct search_constraints {
+    degree_choice tp, pp, dp, mbs;
+} search_constraints;
+
+/* Whether a degree may take value (always when unconstrained). */
+bool degree_choice_allows(const degree_choice *choice, int value);
+
 typedef struct search_options {
     int gbs;
     plan_objective objective;
@@ -111,6 +129,7 @@ typedef struct search_options {
     long long max_tree_nodes; /* stop the search after about this many
                                  tree nodes and say how far from exact the
                                  best plan may be; 0: never */
+    search_constraints constraints; /* degrees fixed or limited */
     /* progress: called now and then from the searching thread, may be
        NULL; done and total count tasks (tp, dp, pp, mbs, levers) in
        planner_search, sub-clusters in planner_pareto; scored counts the
@@ -170,6 +189,14 @@ void search_options_default(search_options *options);
 int planner_search(costmodel *cm, const search_options *options,
                    search_result *out, pt_error *err);
 void search_result_free(search_result *r);
+
+/* Whether the constraints leave cluster c any (tp, dp, pp, mbs) to plan:
+ * 0 when they do, or when they are empty, or when c has none even without
+ * them (planner_search says why then); -1 when they rule out every one,
+ * with a message that begins with the options at fault ("--tp 16: ..."
+ * or "--tp 8 --pp 3: ...") and says why. */
+int planner_check_constraints(const cluster *c, const model_shape *model,
+                              const search_options *options, pt_error *err);
 
 /* ----------------------------------------------------------------- pareto */
 

@@ -4,7 +4,7 @@
  *
  * The score is at least (m - 1) x the slowest stage time M_c plus the sum
  * of all stage times. With every stage time at most M, a stage at
- * position s whose pace rank (search_bound.c) is k holds at most
+ * position s whose pace rank (search_relaxed.c) is k holds at most
  *     u = min(room of its type there, (M - its fixed time) / its pace)
  * layers, over the types such a stage may be paced by. The stages to come
  * are so many of each pace kind, and their best assignment to the
@@ -27,11 +27,6 @@
 
 /* Table entries x kinds x prices one grid of tables may take to build. */
 #define CAPACITY_BUILD_WORK ((size_t)8 << 20)
-
-static int pure_cap(const bound_tables *t, int type, int stage)
-{
-    return t->pure[(size_t)type * t->pp + stage].max_layers;
-}
 
 /* Layers a stage of fixed time f, pace p and room `room` holds under M. */
 static int layers_under(double bottleneck_s, double fixed_s, double pace_s,
@@ -81,8 +76,9 @@ static void bound_kind(const bound_tables *t, int kind, int stage,
     int roomiest = -1;
     for (int k = 0; k < t->type_count; k++) {
         int type = t->pace_order[k];
-        if (c->types[type].count > 0 && pure_cap(t, type, stage) > roomiest)
-            roomiest = pure_cap(t, type, stage);
+        if (c->types[type].count > 0 &&
+            bound_pure_cap(t, type, stage) > roomiest)
+            roomiest = bound_pure_cap(t, type, stage);
     }
     out->held = -1;
     for (int q = 0; q < prices; q++)
@@ -97,7 +93,8 @@ static void bound_kind(const bound_tables *t, int kind, int stage,
                        (stage == 0 ? t->embedding[type] : 0.0) +
                        (stage == t->pp - 1 ? t->head[type] : 0.0);
         double pace = fmax(rank_pace, t->pace[type]);
-        int room = t->caps_by_pace ? pure_cap(t, type, stage) : roomiest;
+        int room = t->caps_by_pace ? bound_pure_cap(t, type, stage)
+                                   : roomiest;
         int held = layers_under(bottleneck_s, fixed, pace, room, t->layers);
         if (held < 0)
             continue;

@@ -1,6 +1,7 @@
 /*
  * The search space: every (tp, dp, pp) that fills the cluster, the
  * micro-batch sizes gbs allows and the memory levers the options allow,
+ * within the degrees a user fixed or limited (search_constraints),
  * each combination one task whose node orders the tree search visits
  * (search_tree.c).
  */
@@ -26,6 +27,16 @@ static const lever_set levers[SEARCH_LEVER_SETS] = {
     {2, false, false}, {2, true, false},  {3, false, false}, {3, true, false},
     {0, false, true},  {0, true, true},   {2, false, true},  {2, true, true},
     {3, false, true},  {3, true, true}};
+
+bool degree_choice_allows(const degree_choice *choice, int value)
+{
+    if (choice->count == 0)
+        return true;
+    for (int i = 0; i < choice->count; i++)
+        if (choice->values[i] == value)
+            return true;
+    return false;
+}
 
 bool search_tp_fits(const cluster *c, int tp)
 {
@@ -119,15 +130,35 @@ static int add_task(search_space *space, int *capacity,
     return 0;
 }
 
+/* The micro-batch sizes tried: those the constraints name, else the
+ * powers of two up to max_mbs. Returns how many. */
+static int mbs_values(const search_options *options,
+                      int values[SEARCH_MAX_MBS_VALUES])
+{
+    const degree_choice *chosen = &options->constraints.mbs;
+    int count = 0;
+    if (chosen->count > 0) {
+        for (int i = 0; i < chosen->count && count < SEARCH_MAX_MBS_VALUES;
+             i++)
+            values[count++] = chosen->values[i];
+        return count;
+    }
+    for (int mbs = 1; mbs <= options->max_mbs && count < SEARCH_MAX_MBS_VALUES;
+         mbs *= 2)
+        values[count++] = mbs;
+    return count;
+}
+
 /* The tasks of one (tp, dp, pp): every micro-batch size gbs allows, each
  * with every lever set allowed. */
 static int add_shape(search_space *space, int *capacity, int tp, int dp,
                      int pp, const search_options *options, int seq,
                      pt_error *err)
 {
-    int sizes = 0;
-    for (int mbs = 1; mbs <= options->max_mbs && sizes < SEARCH_MAX_MBS_VALUES;
-         mbs *= 2, sizes++) {
+    int sizes[SEARCH_MAX_MBS_VALUES];
+    int size_count = mbs_values(options, sizes);
+    for (int size = 0; size < size_count; size++) {
+        int mbs = sizes[size];
         /* beyond what the cost model simulates (costmodel.h) */
         if (options->gbs % (dp * mbs) != 0 ||
             (long)(options->gbs / (dp * mbs)) * pp >
@@ -172,12 +203,15 @@ int search_space_build(const cluster *c, const model_shape *model,
         /* a tp that cannot split the heads (GQA's key/value heads
            among them) is no plan */
         if (!search_tp_fits(c, tp) || gpus % tp != 0 ||
-            model_check_tp(model, tp, NULL) != 0)
+            model_check_tp(model, tp, NULL) != 0 ||
+            !degree_choice_allows(&options->constraints.tp, tp))
             continue;
         int groups = gpus / tp;
         for (int pp = 1; pp <= groups && pp <= layers && pp <= PT_MAX_STAGES;
              pp++) {
-            if (groups % pp != 0)
+            if (groups % pp != 0 ||
+                !degree_choice_allows(&options->constraints.pp, pp) ||
+                !degree_choice_allows(&options->constraints.dp, groups / pp))
                 continue;
             if (add_shape(out, &capacity, tp, groups / pp, pp, options,
                           model->seq, err) != 0) {

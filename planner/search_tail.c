@@ -271,7 +271,7 @@ static int walk_values(const bound_tables *t, int placed,
 }
 
 /* The least work a stage to come of pace rank r can have with l layers:
- * a stage of one type, as slow as r's or slower (search_bound.c's
+ * a stage of one type, as slow as r's or slower (search_relaxed.c's
  * relaxation pairs the stages with the ranks in the order of their
  * types' paces). */
 static double rank_work(const bound_tables *t, const int *gpus_left,

@@ -303,7 +303,7 @@ static int refresh_capacity(tree_worker *w, double threshold)
 }
 
 /* The floor of a partial placement: the capacity tables' and, when they
- * do not already cut it, the partition's (search_bound.c). */
+ * do not already cut it, the relaxed partition's (search_bound.c). */
 static int node_floor(tree_worker *w, const partial_placement *partial,
                       double threshold, double *floor_s)
 {

@@ -3,7 +3,7 @@
 # usage: e2e.sh PARTITA CASE   (run by meson, one test per case)
 # PARTITA_WRAPPER, when set, runs partita under it (valgrind, say).
 set -u
-# fail, run, expect_in, write_layout_plan; e2e_begin
+# fail, run, expect_in, write_layout_plan, write_small_pool; e2e_begin
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 e2e_begin "$@"
 no_leftovers() {
@@ -16,21 +16,6 @@ clusters="$source_root/clusters"
 
 # The first data row of the ranking table: its step time column.
 best_step_time() { grep -m1 '^ *1 ' out.txt | awk '{print $(NF-5)}'; }
-
-write_small_pool() {
-  cat >in-pool.json <<JSON
-{ "name": "small-pool",
-  "nodes": [
-    { "name": "a100", "count": 2, "gpu": "A100-FASOP", "gpus": 4,
-      "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 },
-      "inter_node": { "bandwidth_Gbps": 40, "latency_us": 20 },
-      "price_per_hour": 32.7726 },
-    { "name": "a10", "count": 2, "gpu": "A10-FASOP", "gpus": 4,
-      "intra_node": { "bandwidth_GBps": 16, "latency_us": 10 },
-      "inter_node": { "bandwidth_Gbps": 40, "latency_us": 20 },
-      "price_per_hour": 8.144 } ] }
-JSON
-}
 
 # exec: the bundled corpus prepped as in-corpus, and a tiny plan of one
 # stage on one device (model and cluster inline) with the given pp/vocab.
@@ -1246,8 +1231,8 @@ JSON
   ;;
 plan-1024-gpus)
   # 128 nodes of 8 GPUs of four types (the node kinds of mixed-derived),
-  # GPT-3 175B, tp 8 x pp 16 x dp 8: plan.json stays under 1 MB, the
-  # report draws a lane per stage
+  # GPT-3 175B, tp 8 x pp 16 x dp 8: plan.json stays under 1 MB (the
+  # timeline compact), the report draws a lane per stage
   python3 - "$clusters/mixed-derived.json" "$models/gpt-175b.json" <<'PY' || fail "could not write the plan"
 import json, sys
 cluster = json.load(open(sys.argv[1]))
@@ -1288,13 +1273,27 @@ for e in complete:
 assert all(e["ph"] in ("X", "M") for e in events)
 processes = {e["pid"] for e in events if e["name"] == "process_name"}
 assert processes == set(range(16)), processes
-stage_events = sum(len(c["microbatch"]) for lane in lanes for c in lane["events"].values())
+# each kind keeps its first and last 8 events and counts those between
+stage_events = sum(len(c["microbatch"]) + c.get("elided", {}).get("count", 0)
+                   for lane in lanes for c in lane["events"].values())
+fwd = lanes[0]["events"]["fwd"]
+assert fwd["microbatch"] == list(range(8)) + list(range(184, 192)), fwd
+assert fwd["elided"] == {"after": 8, "count": 176}, fwd["elided"]
 assert len(complete) == stage_events, (len(complete), stage_events)
 labels = set(re.findall(r"stage \d+ estimated", open(sys.argv[3]).read()))
 assert len(labels) == 16, labels
 PY
   size=$(stat -c %s report/trace.json)
   [ "$size" -lt 8388608 ] || fail "trace.json of 1,024 GPUs is $size bytes"
+  # every event on request
+  run 0 partita estimate --json --full-timeline in-plan.json
+  python3 - out.txt <<'PY' || fail "the full timeline is not full"
+import json, sys
+fwd = json.load(open(sys.argv[1]))["estimate"]["timeline"][0]["events"]["fwd"]
+assert fwd["microbatch"] == list(range(192)) and "elided" not in fwd, fwd
+PY
+  run 2 partita estimate --full-timeline in-plan.json
+  expect_in err.txt "--full-timeline shapes the --json output"
   ;;
 export-megatron)
   # every bundled plan becomes a script bash accepts

@@ -1,4 +1,5 @@
-# Helpers shared by the command-line tests (e2e.sh, zero.sh, mpi.sh):
+# Helpers shared by the command-line tests (e2e.sh, zero.sh, mpi.sh,
+# plan_options.sh):
 # e2e.sh and zero.sh source it first and begin with e2e_begin, mpi.sh
 # after it set case_name and changed into its scratch folder.
 
@@ -27,6 +28,22 @@ run() {
   fi
 }
 expect_in() { grep -q -- "$2" "$1" || { cat "$1"; fail "'$2' not in $1"; }; }
+
+# A pool of 2 A100 and 2 A10 nodes of 4 GPUs, priced: in-pool.json.
+write_small_pool() {
+  cat >in-pool.json <<JSON
+{ "name": "small-pool",
+  "nodes": [
+    { "name": "a100", "count": 2, "gpu": "A100-FASOP", "gpus": 4,
+      "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 },
+      "inter_node": { "bandwidth_Gbps": 40, "latency_us": 20 },
+      "price_per_hour": 32.7726 },
+    { "name": "a10", "count": 2, "gpu": "A10-FASOP", "gpus": 4,
+      "intra_node": { "bandwidth_GBps": 16, "latency_us": 10 },
+      "inter_node": { "bandwidth_Gbps": 40, "latency_us": 20 },
+      "price_per_hour": 8.144 } ] }
+JSON
+}
 
 # A 4-layer tiny model on one node of tp x dp x pp "gpus"; EXTRA adds
 # plan fields (', "partition": "3-1"').

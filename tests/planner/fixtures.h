@@ -1,7 +1,7 @@
 /*
  * Inputs of the planner tests: the bundled model and cluster files (found
- * through $PARTITA_SOURCE, which the test environment sets) and a small
- * three-type cluster written inline.
+ * through $PARTITA_SOURCE, which the test environment sets), the cost
+ * model opened on them, and a small three-type cluster written inline.
  */
 #ifndef PARTITA_TEST_PLANNER_FIXTURES_H
 #define PARTITA_TEST_PLANNER_FIXTURES_H
@@ -39,6 +39,39 @@ static inline void load_inputs(const char *model_name,
     pt_resolve_path(source_root(), relative, path, sizeof path);
     if (cluster_load_file(path, c, &err) != 0)
         fail_msg("%s", err.message);
+}
+
+/* A model, a cluster and the cost model opened on them: the state of a
+ * test of the search (search_fixture_open as its setup, _close as its
+ * teardown). */
+typedef struct search_fixture {
+    model_shape model;
+    cluster cluster;
+    costmodel cm;
+    char profiles[PT_PATH_MAX];
+} search_fixture;
+
+static inline int search_fixture_open(void **state, const char *model_name,
+                                      const char *cluster_name)
+{
+    search_fixture *f = calloc(1, sizeof *f);
+    load_inputs(model_name, cluster_name, &f->model, &f->cluster);
+    profile_root(f->profiles, sizeof f->profiles);
+    pt_error err = {{0}};
+    if (costmodel_open(&f->cm, &f->model, &f->cluster, f->profiles, &err) !=
+        0)
+        fail_msg("%s", err.message);
+    *state = f;
+    return 0;
+}
+
+static inline int search_fixture_close(void **state)
+{
+    search_fixture *f = *state;
+    costmodel_close(&f->cm);
+    cluster_free(&f->cluster);
+    free(f);
+    return 0;
 }
 
 /* Parses a cluster written inline; fails the test on error. */

@@ -17,39 +17,9 @@
 #include "fixtures.h"
 
 /* GPT-2 XL on the FASOP hetero cluster, opened once per test. */
-typedef struct search_fixture {
-    model_shape model;
-    cluster cluster;
-    costmodel cm;
-    char profiles[PT_PATH_MAX];
-} search_fixture;
-
-static int open_fixture(void **state, const char *model_name,
-                        const char *cluster_name)
-{
-    search_fixture *f = calloc(1, sizeof *f);
-    load_inputs(model_name, cluster_name, &f->model, &f->cluster);
-    profile_root(f->profiles, sizeof f->profiles);
-    pt_error err = {{0}};
-    if (costmodel_open(&f->cm, &f->model, &f->cluster, f->profiles, &err) !=
-        0)
-        fail_msg("%s", err.message);
-    *state = f;
-    return 0;
-}
-
 static int open_gpt2_hetero(void **state)
 {
-    return open_fixture(state, "gpt2-xl", "hetero");
-}
-
-static int close_fixture(void **state)
-{
-    search_fixture *f = *state;
-    costmodel_close(&f->cm);
-    cluster_free(&f->cluster);
-    free(f);
-    return 0;
+    return search_fixture_open(state, "gpt2-xl", "hetero");
 }
 
 static search_result run_search(search_fixture *f, const search_options *o)
@@ -269,7 +239,7 @@ static void test_nothing_fits(void **state)
 {
     (void)state;
     search_fixture *f = NULL;
-    open_fixture((void **)&f, "gpt-175b", "fasop-bert");
+    search_fixture_open((void **)&f, "gpt-175b", "fasop-bert");
     search_options o;
     search_options_default(&o);
     o.gbs = 64;
@@ -283,7 +253,7 @@ static void test_nothing_fits(void **state)
     print_message("gpt-175b on fasop-bert: %s\n", r.no_fit_reason);
     search_result_free(&r);
     void *state_f = f;
-    close_fixture(&state_f);
+    search_fixture_close(&state_f);
 }
 
 /* DeepSpeed's levers: left out while plans fit without them, searched
@@ -316,7 +286,7 @@ static void test_zero_levers(void **state)
     search_result_free(&all);
 
     search_fixture *big = NULL;
-    open_fixture((void **)&big, "gpt-175b", "fasop-bert");
+    search_fixture_open((void **)&big, "gpt-175b", "fasop-bert");
     search_options_default(&o);
     o.gbs = 64;
     search_result r = run_search(big, &o);
@@ -330,7 +300,7 @@ static void test_zero_levers(void **state)
     assert_null(strstr(r.no_fit_reason, "offload"));
     search_result_free(&r);
     void *state_big = big;
-    close_fixture(&state_big);
+    search_fixture_close(&state_big);
 }
 
 static void test_pareto_front(void **state)
@@ -412,7 +382,7 @@ static void test_schedule_levers(void **state)
 
 static int open_gpt13b_h200(void **state)
 {
-    return open_fixture(state, "gpt-13b", "h200x8");
+    return search_fixture_open(state, "gpt-13b", "h200x8");
 }
 
 
@@ -427,7 +397,7 @@ static void test_mixed96_exact_within_budget(void **state)
 {
     (void)state;
     search_fixture *f = NULL;
-    open_fixture((void **)&f, "gpt-13b", "mixed-96");
+    search_fixture_open((void **)&f, "gpt-13b", "mixed-96");
     search_options o;
     search_options_default(&o);
     o.gbs = 512;
@@ -443,31 +413,31 @@ static void test_mixed96_exact_within_budget(void **state)
     assert_int_equal(r.plans[0].config.pp, 12);
     search_result_free(&r);
     void *state_f = f;
-    close_fixture(&state_f);
+    search_fixture_close(&state_f);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_plans_are_consistent,
-                                        open_gpt2_hetero, close_fixture),
+                                        open_gpt2_hetero, search_fixture_close),
         cmocka_unit_test_setup_teardown(test_threads_do_not_change_plans,
-                                        open_gpt2_hetero, close_fixture),
+                                        open_gpt2_hetero, search_fixture_close),
         cmocka_unit_test_setup_teardown(test_pruning_does_not_change_plans,
-                                        open_gpt2_hetero, close_fixture),
+                                        open_gpt2_hetero, search_fixture_close),
         cmocka_unit_test_setup_teardown(test_cost_objective_on_one_cluster,
-                                        open_gpt2_hetero, close_fixture),
+                                        open_gpt2_hetero, search_fixture_close),
         cmocka_unit_test_setup_teardown(test_ilp_and_greedy_solvers,
-                                        open_gpt2_hetero, close_fixture),
+                                        open_gpt2_hetero, search_fixture_close),
         cmocka_unit_test_setup_teardown(test_progress, open_gpt2_hetero,
-                                        close_fixture),
+                                        search_fixture_close),
         cmocka_unit_test_setup_teardown(test_rejects_bad_options,
-                                        open_gpt2_hetero, close_fixture),
+                                        open_gpt2_hetero, search_fixture_close),
         cmocka_unit_test_setup_teardown(test_schedule_levers,
-                                        open_gpt13b_h200, close_fixture),
+                                        open_gpt13b_h200, search_fixture_close),
         cmocka_unit_test(test_nothing_fits),
         cmocka_unit_test_setup_teardown(test_zero_levers, open_gpt2_hetero,
-                                        close_fixture),
+                                        search_fixture_close),
         cmocka_unit_test(test_pareto_front),
         cmocka_unit_test(test_mixed96_exact_within_budget),
     };
