@@ -618,9 +618,9 @@ int parallel_check_grad_precision(const parallel_config *config,
 
 /* The attention a config computes: its own, or its runtime's default. */
 attention_kind parallel_attention(const parallel_config *config);
-/* Bytes of one element of the residual stream and of a stage's input
- * and output: fp32 in Partita's executor, the plan's precision in
- * Megatron-LM and DeepSpeed. */
+/* Bytes of one element of the residual stream: the plan's precision in
+ * every runtime (Partita's cuda backend keeps a bf16 stream, issue 34;
+ * its pipeline messages stay fp32, costmodel/memory.c counts them). */
 int parallel_residual_bytes(const parallel_config *config);
 /* Bytes of one main-gradient element, as the runtime keeps and reduces
  * them: 2 under grad_precision bf16 (llm.c's recipe, whatever the

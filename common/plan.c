@@ -92,9 +92,10 @@ attention_kind parallel_attention(const parallel_config *config)
 
 int parallel_residual_bytes(const parallel_config *config)
 {
-    return config->runtime == RUNTIME_PARTITA
-               ? 4
-               : precision_bytes(config->precision);
+    /* every runtime keeps it in the activations' precision (the partita
+     * cuda backend's bf16 stream, Megatron-LM without
+     * --fp32-residual-connection) */
+    return precision_bytes(config->precision);
 }
 
 int parallel_gradient_bytes(const parallel_config *config)

@@ -47,8 +47,8 @@ typedef struct shard_dims {
     double V;          /* vocabulary rows of the shard */
     double Vp;         /* rounded up to VOCAB_ROUNDING */
     double e;          /* bytes of a half-precision buffer's element */
-    double r;          /* of the residual stream's (4: fp32 in Partita's
-                          executor; e in Megatron-LM and DeepSpeed) */
+    double r;          /* of the residual stream's (e in every runtime:
+                          parallel_residual_bytes) */
     double g;          /* of a main gradient's */
     bool unfused;      /* attention keeps its a s x s scores (not under
                           selective recompute, which recomputes them) */
@@ -302,6 +302,10 @@ static double attention_workspace_bytes(const shard_dims *d, bool last)
  * chunk's backward scratch, cuDNN workspace and allocations. */
 typedef struct chunk_totals {
     double slots, head_slots;
+    /* the partita runtime's fp32 pipeline boundary (buffers.c): per slot
+     * a receive buffer on every chunk but the embedding's, a send buffer
+     * on every chunk but the head's */
+    double boundaries;
     double scratch, attention, attention_allocations;
 } chunk_totals;
 
@@ -323,6 +327,9 @@ static chunk_totals chunk_totals_of(const parallel_config *config,
         double attention = attention_workspace_bytes(d, head);
         t.slots += slots[c];
         t.head_slots += head ? slots[c] : 0.0;
+        bool embedding = stage == 0 && c == 0;
+        t.boundaries += slots[c] * ((embedding ? 0.0 : 1.0) +
+                                    (head ? 0.0 : 1.0));
         t.scratch += scratch_bytes(d, head);
         t.attention += attention;
         t.attention_allocations += attention > 0.0 ? 1.0 : 0.0;
@@ -367,11 +374,15 @@ void costmodel_stage_memory(const model_shape *model,
     };
     costmodel_zero_memory(model, config, stage, &units, fixed, layer);
 
-    /* per slot of each chunk: token ids and embedding plan, the input;
+    /* per slot of each chunk: token ids and embedding plan, the input
+     * (and the partita runtime's fp32 messages beside its bf16 stream);
      * per layer its activations (each chunk holds L / v of them); the
      * head's chunk's slots the head's */
     fixed->bytes[PT_MEMORY_ACTIVATIONS] +=
         chunks.slots * (20.0 * d.N + 4.0 + d.r * d.N * d.C / d.S);
+    if (config->runtime == RUNTIME_PARTITA)
+        fixed->bytes[PT_MEMORY_ACTIVATIONS] +=
+            chunks.boundaries * 4.0 * d.N * d.C / d.S;
     layer->bytes[PT_MEMORY_ACTIVATIONS] +=
         chunks.slots / v * layer_activation_bytes(&d, config->recompute);
     if (last)

@@ -437,6 +437,16 @@ static int norm_forward(const model_stage *stage, float *out, float *mean,
     return d->sp ? stage_tp_all_gather_rows(stage, out, d->N, d->C, err) : 0;
 }
 
+/* Under spec.bf16_residual, the shard's rows of a residual-stream buffer
+ * rounded to bf16, as the cuda backend stores them (it adds in fp32 and
+ * rounds once). */
+static void round_stream(const model_stage *stage, float *stream,
+                         const stage_dims *d)
+{
+    if (stage->spec.bf16_residual)
+        cpu_round_to_bf16(stream + d->row0 * d->C, d->rows * d->C);
+}
+
 /* One pre-norm transformer block:
  *   mid = x + proj(attention(qkv(ln1(x))));  out = mid + mlp(ln2(mid)).
  * With tensor parallelism the shard computes its heads and MLP features;
@@ -461,6 +471,7 @@ static int layer_forward(const model_stage *stage, layer_activations *act,
         return -1;
     cpu_residual_forward(act->residual_mid + off, input + off,
                          act->residual_mid + off, rows_c);
+    round_stream(stage, act->residual_mid, d);
     if (norm_forward(stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
                      act->residual_mid, p->ln2_weight, p->ln2_bias, d,
                      err) != 0)
@@ -474,6 +485,7 @@ static int layer_forward(const model_stage *stage, layer_activations *act,
         return -1;
     cpu_residual_forward(act->output + off, act->residual_mid + off,
                          act->output + off, rows_c);
+    round_stream(stage, act->output, d);
     return 0;
 }
 
@@ -608,6 +620,7 @@ static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
     } else if (io->input != slot->input) {
         memcpy(slot->input, io->input, d.N * d.C * sizeof(float));
     }
+    round_stream(stage, slot->input, &d);
     const float *stream = slot->input;
     for (int l = 0; l < state->layer_count; l++) {
         if (unit_fetch(stage, CPU_UNIT_LAYER, l, err) != 0 ||

@@ -147,7 +147,7 @@ static void carve_layer(layer_activations *act, arena *a,
     act->qkv = take_bf16(a, N * 3 * A, term);
     act->att_out = take_bf16(a, N * A, term);
     act->att_lse = take_floats(a, (size_t)d->B * d->NH * d->T, term);
-    act->residual_mid = take_floats(a, R * C, term);
+    act->residual_mid = take_bf16(a, R * C, term);
     act->ln2_mean = take_floats(a, R, term);
     act->ln2_rstd = take_floats(a, R, term);
     act->ln2_out = layout->recompute_norm ? NULL : take_bf16(a, R * C, term);
@@ -162,12 +162,19 @@ void buffer_carve_slot(activation_slot *slot, arena *a,
     const stage_dims *d = &layout->dims;
     size_t N = (size_t)d->N, C = (size_t)d->C, R = (size_t)d->R;
     buffer_carve_tokens(&slot->tokens, a, N);
-    slot->input = take_floats(a, R * C, PT_MEMORY_ACTIVATIONS);
+    slot->input = take_bf16(a, R * C, PT_MEMORY_ACTIVATIONS);
+    /* the stream is bf16, the pipeline's messages fp32 */
+    slot->received = layout->spec.has_embedding
+                         ? NULL
+                         : take_floats(a, R * C, PT_MEMORY_ACTIVATIONS);
+    slot->output = layout->spec.has_head
+                       ? NULL
+                       : take_floats(a, R * C, PT_MEMORY_ACTIVATIONS);
     for (int l = 0; l < layout->layer_count; l++) {
         layer_activations *act = &slot->layers[l];
         if (!layout->spec.recompute_layers)
             carve_layer(act, a, layout, PT_MEMORY_ACTIVATIONS);
-        act->output = take_floats(a, R * C, PT_MEMORY_ACTIVATIONS);
+        act->output = take_bf16(a, R * C, PT_MEMORY_ACTIVATIONS);
     }
     if (layout->spec.has_head) {
         pt_memory_term term = PT_MEMORY_LOGITS;

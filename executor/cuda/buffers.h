@@ -89,12 +89,12 @@ typedef struct layer_activations {
     float *att_lse;                 /* B x NH x T, in the convention of
                                        the attention's path
                                        (attention_runner.h) */
-    float *residual_mid;            /* R x C fp32: input + attention */
+    pt_bf16 *residual_mid;          /* R x C: input + attention */
     float *ln2_mean, *ln2_rstd;
     pt_bf16 *ln2_out;               /* NULL when recomputed */
     pt_bf16 *fc_pre;                /* N x F, before the GELU */
     pt_bf16 *gelu_out;              /* N x F; NULL when recomputed */
-    float *output;                  /* R x C fp32: mid + MLP */
+    pt_bf16 *output;                /* R x C: mid + MLP */
 } layer_activations;
 
 /* Token ids and the embedding-gradient plan of a micro-batch, laid out
@@ -113,14 +113,21 @@ typedef struct activation_slot {
     void *arena;                    /* owned device memory */
     token_block tokens;             /* device, inside the arena */
     int unique_tokens;              /* groups of the embedding plan */
-    float *input;                   /* R x C fp32 */
+    pt_bf16 *input;                 /* R x C: the residual stream's
+                                       start (embedding or received) */
+    /* the pipeline's fp32 boundary (stage.h's interface): what the
+     * previous stage sends is received here (without the embedding, else
+     * NULL) and rounded into `input`; the last stream, widened, is what
+     * this stage sends (without the head, else NULL) */
+    float *received;                /* R x C fp32 */
+    float *output;                  /* R x C fp32 */
     layer_activations *layers;      /* owned host array */
     pt_bf16 *final_out;             /* N x C (every shard's rows) */
     float *final_mean, *final_rstd; /* N (R used) */
     pt_bf16 *logits;                /* N x ld_logits: logits, then
                                        softmax - onehot */
     float *losses;                  /* N */
-    const float *output;            /* last layer's output, or input */
+    const pt_bf16 *stream_out;      /* last layer's output, or input */
     int mbs;
     bool awaiting_backward;
 } activation_slot;

@@ -10,7 +10,8 @@
  * launcher enqueues on `stream` and returns cudaSuccess or the launch
  * error (cudaGetLastError); none synchronises.
  *
- * The cuda backend keeps the residual stream in fp32 and the parameter
+ * The cuda backend keeps the residual stream in bf16 (its adds in fp32
+ * registers, rounded once), its gradient in fp32, and the parameter
  * gradients in fp32 or, under llm.c's recipe, bf16 (cuda_grad); the
  * inputs of the matrix products (activations and a bf16 mirror of the
  * weights) are bf16.
@@ -83,14 +84,28 @@ cudaError_t cuda_add_into_grad(cuda_grad dst, const float *src, size_t count,
 cudaError_t cuda_add_broadcast_rows(float *out, const float *rows,
                                     int period, const float *residual, int N,
                                     int C, cudaStream_t stream);
-/* out[n, c] = in_bf16[n, c] + bias[c] + residual[n, c] (out, bias and
- * residual fp32, N x C; residual may be NULL): a row-parallel layer's
- * output after a bf16 tensor-parallel sum, widened into the fp32 stream
- * with its bias and skip connection in one pass. */
-cudaError_t cuda_add_rows_from_bf16(float *out, const pt_bf16 *in_bf16,
-                                    const float *bias,
-                                    const float *residual, int N, int C,
-                                    cudaStream_t stream);
+/* out_bf16[i] widened: out[i] = float(in_bf16[i]) (exact). */
+cudaError_t cuda_convert_to_float(float *out, const pt_bf16 *in_bf16,
+                                  size_t count, cudaStream_t stream);
+/* The bf16 residual stream from an fp32 sum (N x C):
+ *   out_bf16[n, c] = bf16(in[n, c] + rows[n % period, c]
+ *                         + residual_bf16[n, c]),
+ * added in fp32 and rounded once; rows (period rows of C, fp32) and
+ * residual_bf16 may be NULL. A row-parallel layer's output after an fp32
+ * tensor-parallel sum (rows: its bias, period 1), the embedding after a
+ * vocab-parallel sum (rows: the positions, period T), a pipeline's
+ * received fp32 rows (neither). out must not overlap in. */
+cudaError_t cuda_stream_from_float(pt_bf16 *out_bf16, const float *in,
+                                   const float *rows, int period,
+                                   const pt_bf16 *residual_bf16, int N,
+                                   int C, cudaStream_t stream);
+/* The same from a bf16 sum: out_bf16 = bf16(in_bf16 + bias + residual_
+ * bf16) (bias fp32 C, may be NULL; residual may be NULL): a row-parallel
+ * layer's output after a bf16 tensor-parallel sum. */
+cudaError_t cuda_stream_from_bf16(pt_bf16 *out_bf16, const pt_bf16 *in_bf16,
+                                  const float *bias,
+                                  const pt_bf16 *residual_bf16, int N, int C,
+                                  cudaStream_t stream);
 /* GELU (tanh approximation) of a bf16 tensor: out = gelu(in). */
 cudaError_t cuda_gelu_forward(pt_bf16 *out_bf16, const pt_bf16 *in_bf16,
                               size_t count, cudaStream_t stream);
@@ -103,8 +118,9 @@ cudaError_t cuda_gelu_backward(pt_bf16 *d_in_bf16, const pt_bf16 *d_out_bf16,
 /* -------------------------------------------------------------- embedding */
 
 /* out[b,t,:] = token_embedding[tokens[b,t],:] + position_embedding[t,:]
- * (fp32 out, fp32 tables; tokens device memory). */
-cudaError_t cuda_embedding_forward(float *out, const uint32_t *tokens,
+ * (bf16 out: the residual stream's start, added in fp32 and rounded
+ * once; fp32 tables; tokens device memory). */
+cudaError_t cuda_embedding_forward(pt_bf16 *out_bf16, const uint32_t *tokens,
                                    const float *token_embedding,
                                    const float *position_embedding, int B,
                                    int T, int C, cudaStream_t stream);
@@ -144,7 +160,7 @@ void embedding_plan_build_range(embedding_plan *plan, const uint32_t *tokens,
 /* The vocab-parallel lookup (tensor parallelism): out[n,:] =
  * token_embedding[tokens[n] - vocab_first,:] when the shard holds that
  * token, else 0; no position. The group's sum then assembles the whole
- * lookup, and cuda_add_broadcast_rows adds the positions. */
+ * lookup, and cuda_stream_from_float adds the positions. */
 cudaError_t cuda_embedding_shard_forward(float *out, const uint32_t *tokens,
                                          const float *token_embedding,
                                          int vocab_first, int vocab_count,
@@ -164,11 +180,12 @@ cudaError_t cuda_embedding_backward(cuda_grad d_token_embedding,
 
 /* ------------------------------------------------------------- layer norm */
 
-/* out_bf16 = layernorm(inp) (eps 1e-5) with fp32 weight and bias; mean and
- * rstd (N each, fp32) are kept for the backward. Either may be NULL when
- * the caller recomputes nothing later. */
+/* out_bf16 = layernorm(inp_bf16) (eps 1e-5; the bf16 residual stream,
+ * statistics in fp32) with fp32 weight and bias; mean and rstd (N each,
+ * fp32) are kept for the backward. Either may be NULL when the caller
+ * recomputes nothing later. */
 cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
-                                   float *rstd, const float *inp,
+                                   float *rstd, const pt_bf16 *inp_bf16,
                                    const float *weight, const float *bias,
                                    int N, int C, cudaStream_t stream);
 
@@ -178,7 +195,8 @@ cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
  *   g = d_out x weight,
  * written to d_inp (fp32) and, when d_inp_bf16 is not NULL, to a bf16
  * copy for the matrix products that follow. d_residual may be NULL (then
- * taken as 0) and may equal d_inp. d_weight and d_bias (C, of one
+ * taken as 0) and may equal d_inp. inp_bf16 is the forward's input (the
+ * bf16 residual stream). d_weight and d_bias (C, of one
  * precision) are ADDED to (either's data may be NULL). One kernel when C % 8 == 0, C <= 8192
  * and the tensors are 16-byte aligned, else two. scratch:
  * cuda_layernorm_backward_scratch(N_max, C) floats for calls of up to
@@ -190,7 +208,8 @@ cudaError_t cuda_layernorm_backward(float *d_inp, pt_bf16 *d_inp_bf16,
                                     cuda_grad d_weight, cuda_grad d_bias,
                                     const float *d_residual,
                                     const pt_bf16 *d_out_bf16,
-                                    const float *inp, const float *weight,
+                                    const pt_bf16 *inp_bf16,
+                                    const float *weight,
                                     const float *mean, const float *rstd,
                                     float *scratch, int N, int C,
                                     cudaStream_t stream);

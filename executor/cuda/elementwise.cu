@@ -1,8 +1,10 @@
 /*
- * Element-wise kernels of the cuda backend: fp32 -> bf16 conversion,
- * in-place addition, the rows a row-parallel layer adds after its
- * tensor-parallel sum, and the GELU pair used when the matrix products
- * cannot fuse it (or the backward recomputes it). All memory-bound: eight
+ * Element-wise kernels of the cuda backend: fp32 <-> bf16 conversion,
+ * in-place addition, the bf16 residual stream made from an fp32 or bf16
+ * sum (a row-parallel layer's after its tensor-parallel sum, with its
+ * bias and skip; the embedding's; a pipeline's received rows), and the
+ * GELU pair used when the matrix products cannot fuse it (or the
+ * backward recomputes it). All memory-bound: eight
  * elements per thread through 16-byte accesses where the pointers allow.
  */
 #include <string.h>
@@ -29,23 +31,33 @@ extern "C" float pt_bf16_to_float(pt_bf16 value)
 
 #define ELEMENTWISE_THREADS 256
 
-/* Each thread handles 8 consecutive elements; `vector` says every
- * pointer is 16-byte aligned so the 8 move in one access. */
-__global__ void convert_to_bf16_kernel(bf16 *out, const float *in,
-                                       size_t count, bool vector)
+static __device__ inline void store_one(float *values, size_t i, float v)
+{
+    values[i] = v;
+}
+
+static __device__ inline void store_one(bf16 *values, size_t i, float v)
+{
+    values[i] = __float2bfloat16_rn(v);
+}
+
+/* fp32 <-> bf16: each thread handles 8 consecutive elements; `vector`
+ * says every pointer is 16-byte aligned so the 8 move in one access. */
+template <typename Out, typename In>
+__global__ void convert_kernel(Out *out, const In *in, size_t count,
+                               bool vector)
 {
     size_t start = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (start >= count)
         return;
     if (vector && start + 8 <= count) {
-        float4 a = reinterpret_cast<const float4 *>(in + start)[0];
-        float4 b = reinterpret_cast<const float4 *>(in + start)[1];
-        float values[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        *reinterpret_cast<bf16x8 *>(out + start) = float_to_bf16x8(values);
+        float values[8];
+        load8(values, in + start);
+        store8(out + start, values);
         return;
     }
     for (size_t i = start; i < count && i < start + 8; i++)
-        out[i] = __float2bfloat16_rn(in[i]);
+        store_one(out, i, load_one(in, i));
 }
 
 extern "C" cudaError_t cuda_convert_to_bf16(pt_bf16 *out_bf16,
@@ -55,8 +67,8 @@ extern "C" cudaError_t cuda_convert_to_bf16(pt_bf16 *out_bf16,
     if (count == 0)
         return cudaSuccess;
     bool vector = aligned16(out_bf16) && aligned16(in);
-    convert_to_bf16_kernel<<<blocks_for(count, ELEMENTWISE_THREADS * 8),
-                             ELEMENTWISE_THREADS, 0, stream>>>(
+    convert_kernel<<<blocks_for(count, ELEMENTWISE_THREADS * 8),
+                     ELEMENTWISE_THREADS, 0, stream>>>(
         as_bf16(out_bf16), in, count, vector);
     return cudaGetLastError();
 }
@@ -214,22 +226,27 @@ extern "C" cudaError_t cuda_add_broadcast_rows(float *out, const float *rows,
     return cudaGetLastError();
 }
 
-/* Eight consecutive columns of a row per thread (C % 8 == 0, pointers
- * 16-byte aligned) or one element. */
-__global__ void add_rows_from_bf16_kernel(float *out, const bf16 *in,
-                                          const float *bias,
-                                          const float *residual, int N,
-                                          int C, bool vector)
+/* The bf16 residual stream from a sum of type In (fp32 or bf16): eight
+ * consecutive columns of a row per thread (C % 8 == 0, pointers 16-byte
+ * aligned) or one element; added in fp32 registers, rounded once. */
+template <typename In>
+__global__ void stream_from_kernel(bf16 *out, const In *in, const float *rows,
+                                   int period, const bf16 *residual, int N,
+                                   int C, bool vector)
 {
     int width = vector ? 8 : 1;
     size_t index = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * width;
     if (index >= (size_t)N * C)
         return;
-    size_t column = index % (size_t)C;
+    size_t n = index / (size_t)C, column = index % (size_t)C;
+    const float *row =
+        rows != NULL ? rows + (n % (size_t)period) * (size_t)C + column : NULL;
     if (vector) {
-        float value[8], add[8], skip[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        float value[8], add[8] = {0, 0, 0, 0, 0, 0, 0, 0},
+                        skip[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         load8(value, in + index);
-        load8(add, bias + column);
+        if (row != NULL)
+            load8(add, row);
         if (residual != NULL)
             load8(skip, residual + index);
 #pragma unroll
@@ -238,24 +255,63 @@ __global__ void add_rows_from_bf16_kernel(float *out, const bf16 *in,
         store8(out + index, value);
         return;
     }
-    out[index] = __bfloat162float(in[index]) + bias[column] +
-                 (residual != NULL ? residual[index] : 0.0f);
+    float value = load_one(in, index) + (row != NULL ? row[0] : 0.0f) +
+                  (residual != NULL ? __bfloat162float(residual[index])
+                                    : 0.0f);
+    out[index] = __float2bfloat16_rn(value);
 }
 
-extern "C" cudaError_t cuda_add_rows_from_bf16(float *out,
-                                               const pt_bf16 *in_bf16,
-                                               const float *bias,
-                                               const float *residual, int N,
-                                               int C, cudaStream_t stream)
+template <typename In>
+static cudaError_t launch_stream_from(bf16 *out, const In *in,
+                                      const float *rows, int period,
+                                      const bf16 *residual, int N, int C,
+                                      cudaStream_t stream)
 {
     size_t count = (size_t)N * C;
     if (count == 0)
         return cudaSuccess;
-    bool vector = C % 8 == 0 && aligned16(out) && aligned16(in_bf16) &&
-                  aligned16(bias) && (residual == NULL || aligned16(residual));
+    bool vector = C % 8 == 0 && aligned16(out) && aligned16(in) &&
+                  (rows == NULL || aligned16(rows)) &&
+                  (residual == NULL || aligned16(residual));
     size_t threads = vector ? count / 8 : count;
-    add_rows_from_bf16_kernel<<<blocks_for(threads, ELEMENTWISE_THREADS),
-                                ELEMENTWISE_THREADS, 0, stream>>>(
-        out, as_bf16(in_bf16), bias, residual, N, C, vector);
+    stream_from_kernel<In><<<blocks_for(threads, ELEMENTWISE_THREADS),
+                             ELEMENTWISE_THREADS, 0, stream>>>(
+        out, in, rows, period > 0 ? period : 1, residual, N, C, vector);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_stream_from_float(pt_bf16 *out_bf16,
+                                              const float *in,
+                                              const float *rows, int period,
+                                              const pt_bf16 *residual_bf16,
+                                              int N, int C,
+                                              cudaStream_t stream)
+{
+    return launch_stream_from(as_bf16(out_bf16), in, rows, period,
+                              as_bf16(residual_bf16), N, C, stream);
+}
+
+extern "C" cudaError_t cuda_stream_from_bf16(pt_bf16 *out_bf16,
+                                             const pt_bf16 *in_bf16,
+                                             const float *bias,
+                                             const pt_bf16 *residual_bf16,
+                                             int N, int C,
+                                             cudaStream_t stream)
+{
+    return launch_stream_from(as_bf16(out_bf16), as_bf16(in_bf16), bias, 1,
+                              as_bf16(residual_bf16), N, C, stream);
+}
+
+extern "C" cudaError_t cuda_convert_to_float(float *out,
+                                             const pt_bf16 *in_bf16,
+                                             size_t count,
+                                             cudaStream_t stream)
+{
+    if (count == 0)
+        return cudaSuccess;
+    bool vector = aligned16(out) && aligned16(in_bf16);
+    convert_kernel<<<blocks_for(count, ELEMENTWISE_THREADS * 8),
+                     ELEMENTWISE_THREADS, 0, stream>>>(
+        out, as_bf16(in_bf16), count, vector);
     return cudaGetLastError();
 }

@@ -1,39 +1,41 @@
 /*
  * Token + position embedding, forward and backward, and the lookup of a
  * vocab-parallel shard (tensor parallelism). The forward reads the
- * fp32 master tables (it is a gather, a few MB at most). The backward of
- * the token table sums the rows that share a token in a fixed order
- * (grouped on the host by embedding_plan_build), so gradients come out the
- * same on every run, which atomics would not give.
+ * fp32 master tables (it is a gather, a few MB at most) and writes the
+ * bf16 residual stream (the shard's lookup stays fp32 for its sum).
+ * The backward of the token table sums the rows that share a token in a
+ * fixed order (grouped on the host by embedding_plan_build), so
+ * gradients come out the same on every run, which atomics would not
+ * give.
  */
 #include <string.h>
 
 #include "executor/cuda/cuda_common.cuh"
 
-__global__ void embedding_forward_kernel(float *out, const uint32_t *tokens,
+/* Eight consecutive channels of a row per thread (C % 8 == 0, pointers
+ * 16-byte aligned): the sum in fp32, rounded once into the bf16 stream. */
+__global__ void embedding_forward_kernel(bf16 *out, const uint32_t *tokens,
                                          const float *token_embedding,
                                          const float *position_embedding,
                                          int N, int T, int C)
 {
-    int quads = C / 4;
+    int groups = C / 8;
     size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (index >= (size_t)N * quads)
+    if (index >= (size_t)N * groups)
         return;
-    int row = (int)(index / quads);
-    int quad = (int)(index % quads);
-    int t = row % T;
-    const float4 *token_row = reinterpret_cast<const float4 *>(
-        token_embedding + (size_t)tokens[row] * C);
-    const float4 *position_row =
-        reinterpret_cast<const float4 *>(position_embedding + (size_t)t * C);
-    float4 a = token_row[quad];
-    float4 b = position_row[quad];
-    reinterpret_cast<float4 *>(out + (size_t)row * C)[quad] =
-        make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    int row = (int)(index / groups);
+    int c = (int)(index % groups) * 8;
+    float a[8], b[8];
+    load8(a, token_embedding + (size_t)tokens[row] * C + c);
+    load8(b, position_embedding + (size_t)(row % T) * C + c);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        a[i] += b[i];
+    store8(out + (size_t)row * C + c, a);
 }
 
 __global__ void embedding_forward_scalar_kernel(
-    float *out, const uint32_t *tokens, const float *token_embedding,
+    bf16 *out, const uint32_t *tokens, const float *token_embedding,
     const float *position_embedding, int N, int T, int C)
 {
     size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -41,19 +43,21 @@ __global__ void embedding_forward_scalar_kernel(
         return;
     int row = (int)(index / C);
     int c = (int)(index % C);
-    out[index] = token_embedding[(size_t)tokens[row] * C + c] +
-                 position_embedding[(size_t)(row % T) * C + c];
+    out[index] = __float2bfloat16_rn(
+        token_embedding[(size_t)tokens[row] * C + c] +
+        position_embedding[(size_t)(row % T) * C + c]);
 }
 
 extern "C" cudaError_t cuda_embedding_forward(
-    float *out, const uint32_t *tokens, const float *token_embedding,
+    pt_bf16 *out_bf16, const uint32_t *tokens, const float *token_embedding,
     const float *position_embedding, int B, int T, int C,
     cudaStream_t stream)
 {
     int N = B * T;
-    if (C % 4 == 0 && aligned16(out) && aligned16(token_embedding) &&
+    bf16 *out = as_bf16(out_bf16);
+    if (C % 8 == 0 && aligned16(out) && aligned16(token_embedding) &&
         aligned16(position_embedding)) {
-        size_t work = (size_t)N * (C / 4);
+        size_t work = (size_t)N * (C / 8);
         embedding_forward_kernel<<<blocks_for(work, 256), 256, 0, stream>>>(
             out, tokens, token_embedding, position_embedding, N, T, C);
     } else {

@@ -1,5 +1,6 @@
 /*
- * Layer norm, forward and backward, on the fp32 residual stream.
+ * Layer norm, forward and backward, on the bf16 residual stream (read
+ * into fp32 registers; statistics and gradients in fp32).
  *
  * Forward: one warp per row; the row (C <= 2048 channels, C % 8 == 0)
  * is read once into registers and written as bf16, the input of the next
@@ -32,7 +33,7 @@
  * 16-byte aligned, so a lane moves 8 channels per access): the row is
  * read three times, the later reads from L1. */
 __global__ void layernorm_forward_generic(bf16 *out, float *mean,
-                                          float *rstd, const float *inp,
+                                          float *rstd, const bf16 *inp,
                                           const float *weight,
                                           const float *bias, int N, int C,
                                           bool vector)
@@ -41,36 +42,35 @@ __global__ void layernorm_forward_generic(bf16 *out, float *mean,
     int row = blockIdx.x * ROWS_PER_FORWARD_BLOCK + threadIdx.x / WARP_SIZE;
     if (row >= N)
         return;
-    const float *x = inp + (size_t)row * C;
+    const bf16 *x = inp + (size_t)row * C;
     bf16 *y = out + (size_t)row * C;
     float sum = 0.0f;
     if (vector) {
         for (int c = lane * 8; c < C; c += WARP_SIZE * 8) {
-            float4 a = *reinterpret_cast<const float4 *>(x + c);
-            float4 b = *reinterpret_cast<const float4 *>(x + c + 4);
-            sum += (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+            float xs[8];
+            load8(xs, x + c);
+            sum += (xs[0] + xs[1]) + (xs[2] + xs[3]) + (xs[4] + xs[5]) +
+                   (xs[6] + xs[7]);
         }
     } else {
         for (int c = lane; c < C; c += WARP_SIZE)
-            sum += x[c];
+            sum += __bfloat162float(x[c]);
     }
     float row_mean = warp_sum(sum) / (float)C;
     float square_sum = 0.0f;
     for (int c = lane; c < C; c += WARP_SIZE) {
-        float centred = x[c] - row_mean;
+        float centred = __bfloat162float(x[c]) - row_mean;
         square_sum += centred * centred;
     }
     float row_rstd = rsqrtf(warp_sum(square_sum) / (float)C + LAYERNORM_EPS);
     if (vector) {
         for (int c = lane * 8; c < C; c += WARP_SIZE * 8) {
-            float values[8];
-            float4 a = *reinterpret_cast<const float4 *>(x + c);
-            float4 b = *reinterpret_cast<const float4 *>(x + c + 4);
+            float values[8], xs[8];
+            load8(xs, x + c);
             float4 wa = *reinterpret_cast<const float4 *>(weight + c);
             float4 wb = *reinterpret_cast<const float4 *>(weight + c + 4);
             float4 ba = *reinterpret_cast<const float4 *>(bias + c);
             float4 bb = *reinterpret_cast<const float4 *>(bias + c + 4);
-            float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
             float ws[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
             float bs[8] = {ba.x, ba.y, ba.z, ba.w, bb.x, bb.y, bb.z, bb.w};
 #pragma unroll
@@ -80,7 +80,8 @@ __global__ void layernorm_forward_generic(bf16 *out, float *mean,
         }
     } else {
         for (int c = lane; c < C; c += WARP_SIZE)
-            y[c] = __float2bfloat16_rn((x[c] - row_mean) * row_rstd *
+            y[c] = __float2bfloat16_rn((__bfloat162float(x[c]) - row_mean) *
+                                           row_rstd *
                                            weight[c] +
                                        bias[c]);
     }
@@ -103,14 +104,14 @@ __global__ void layernorm_forward_generic(bf16 *out, float *mean,
 template <int G>
 __global__ void __launch_bounds__(ROWS_PER_FORWARD_BLOCK *WARP_SIZE)
 layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
-                         const float *inp, const float *weight,
+                         const bf16 *inp, const float *weight,
                          const float *bias, int N, int C)
 {
     int lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * ROWS_PER_FORWARD_BLOCK + threadIdx.x / WARP_SIZE;
     if (row >= N)
         return;
-    const float *x = inp + (size_t)row * C;
+    const bf16 *x = inp + (size_t)row * C;
     float values[G][8];
     float sum = 0.0f;
 #pragma unroll
@@ -164,13 +165,15 @@ layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
 }
 
 extern "C" cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
-                                              float *rstd, const float *inp,
+                                              float *rstd,
+                                              const pt_bf16 *inp_bf16,
                                               const float *weight,
                                               const float *bias, int N, int C,
                                               cudaStream_t stream)
 {
     if (N <= 0)
         return cudaSuccess;
+    const bf16 *inp = as_bf16(inp_bf16);
     bool vector = C % 8 == 0 && aligned16(out_bf16) && aligned16(inp) &&
                   aligned16(weight) && aligned16(bias);
     unsigned int blocks = blocks_for((size_t)N, ROWS_PER_FORWARD_BLOCK);
@@ -215,7 +218,8 @@ struct layernorm_backward_args {
     unsigned int *counters;      /* groups + 1, zero between calls */
     const float *d_residual;     /* may be NULL, may equal d_inp */
     const bf16 *d_out;
-    const float *inp, *weight, *mean, *rstd;
+    const bf16 *inp;
+    const float *weight, *mean, *rstd;
     int N, C;
 };
 
@@ -439,7 +443,7 @@ template <int VECTOR>
 __global__ void __launch_bounds__(BACKWARD_THREADS)
 layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
                           const float *d_residual, const bf16 *d_out,
-                          const float *inp, const float *weight,
+                          const bf16 *inp, const float *weight,
                           const float *mean, const float *rstd, int N, int C)
 {
     __shared__ float shares[PARTIAL_SPACE];
@@ -462,7 +466,7 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
                 load8(w, weight + c);
             } else {
                 dy[0] = __bfloat162float(d_out[base + c]);
-                x[0] = inp[base + c];
+                x[0] = __bfloat162float(inp[base + c]);
                 w[0] = weight[c];
             }
 #pragma unroll
@@ -482,7 +486,7 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
                 load8(w, weight + c);
             } else {
                 dy[0] = __bfloat162float(d_out[base + c]);
-                x[0] = inp[base + c];
+                x[0] = __bfloat162float(inp[base + c]);
                 w[0] = weight[c];
             }
             float residual[VECTOR];
@@ -534,7 +538,7 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
                 load8(x, inp + base);
             } else {
                 dy[0] = __bfloat162float(d_out[base]);
-                x[0] = inp[base];
+                x[0] = __bfloat162float(inp[base]);
             }
             float row_mean = mean[row];
             float row_rstd = rstd[row];
@@ -620,13 +624,14 @@ static void launch_fused(const layernorm_backward_args &a, unsigned int blocks,
 
 extern "C" cudaError_t cuda_layernorm_backward(
     float *d_inp, pt_bf16 *d_inp_bf16, cuda_grad d_weight, cuda_grad d_bias,
-    const float *d_residual, const pt_bf16 *d_out_bf16, const float *inp,
-    const float *weight, const float *mean, const float *rstd,
+    const float *d_residual, const pt_bf16 *d_out_bf16,
+    const pt_bf16 *inp_bf16, const float *weight, const float *mean, const float *rstd,
     float *scratch, int N, int C, cudaStream_t stream)
 {
     if (N <= 0)
         return cudaSuccess;
     unsigned int blocks = blocks_for((size_t)N, BACKWARD_ROWS);
+    const bf16 *inp = as_bf16(inp_bf16);
     bool vector = C % 8 == 0 && aligned16(d_inp) && aligned16(d_out_bf16) &&
                   aligned16(inp) && aligned16(weight) && aligned16(scratch) &&
                   (d_inp_bf16 == NULL || aligned16(d_inp_bf16)) &&

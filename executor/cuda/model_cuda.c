@@ -8,7 +8,10 @@
  * Precision: fp32 master parameters, gradients and AdamW moments (the
  * four buffers of model_stage), a bf16 mirror of the parameters that the
  * matrix products read (refreshed by the AdamW kernel), the residual
- * stream and its gradient in fp32, every other activation in bf16. Under
+ * stream in bf16 as Megatron-LM keeps it without
+ * --fp32-residual-connection (its adds in fp32, rounded once; the
+ * pipeline's messages stay fp32, converted at the stage's edges), its
+ * gradient in fp32, every other activation in bf16. Under
  * llm.c's recipe (spec.bf16_grads, model_stage.grads_bf16) the gradient
  * buffer is bf16: every product and kernel that adds into it takes its
  * sum in fp32 and rounds once (cuda_grad), the dp reduction sums bf16,
@@ -844,7 +847,7 @@ static int cuda_params_changed(model_stage *stage, pt_error *err)
 
 static float *cuda_input_buffer(model_stage *stage, int slot)
 {
-    return state_of(stage)->slots[slot].input;
+    return state_of(stage)->slots[slot].received;
 }
 
 static const float *cuda_output(const model_stage *stage, int slot)

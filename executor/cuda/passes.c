@@ -23,7 +23,7 @@ typedef struct linear_forward {
     void *out;                      /* N x OC */
     bool out_fp32;
     const void *bias;               /* of out's type */
-    const float *residual;          /* fp32 out only; NULL: none */
+    const void *residual;           /* of out's type; NULL: none */
     int N, IC, OC;
     int ld_out;
 } linear_forward;
@@ -148,61 +148,57 @@ static size_t shard_offset(const stage_dims *d)
     return (size_t)d->row0 * (size_t)d->C;
 }
 
-/* A row-parallel product into the fp32 stream: out = in W^T + bias +
- * residual. Unsplit, bias and residual ride in the epilogue. Split, each
- * shard holds some input features of W, so its product is partial: it
- * runs plain, the group sums it, and bias and residual are added once
- * after the sum. Under sequence parallelism the sum is a reduce-scatter:
- * out and residual are the shard's R rows, packed. */
+/* A row-parallel product into the bf16 stream: out = in W^T + bias +
+ * residual (out and residual bf16; f.bias the bias's bf16 mirror, `bias`
+ * its fp32 master). Unsplit, bias and residual ride in the epilogue (the
+ * bf16 bias, as the epilogue takes out's type; beta = 1 over a bf16 C:
+ * added in fp32, rounded once). Split, each shard holds some input
+ * features of W, so its product is partial: it runs plain, the group
+ * sums it, and bias and residual are added once after the sum, in fp32,
+ * rounded once into the stream. Under sequence parallelism the sum is a
+ * reduce-scatter: out and residual are the shard's R rows, packed. */
 static int row_parallel_forward(model_stage *stage, linear_forward f,
-                                const stage_dims *d, pt_error *err)
+                                const float *bias, const stage_dims *d,
+                                pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     if (d->tp == 1) {
         gemm_call call = forward_call(&f);
         return gemm_run(state->gemm, &call, state->stream, err);
     }
-    const float *bias = f.bias;
-    const float *residual = f.residual;
-    float *out = f.out;
+    const pt_bf16 *residual = f.residual;
+    pt_bf16 *out = f.out;
     f.bias = NULL;
     f.residual = NULL;
     size_t count = (size_t)f.N * (size_t)f.OC;
     if (cuda_tp_on_stream(stage) || stage->tp_compute_only) {
         /* the partial in bf16 (scratch.d_partial is free during a
-         * forward), summed, then widened with the bias and the residual
-         * into the fp32 stream in one pass */
+         * forward), summed, then the bias and the residual added in one
+         * pass */
         pt_bf16 *partial = (pt_bf16 *)state->scratch.d_partial;
         f.out = partial;
-        f.out_fp32 = false;
         gemm_call call = forward_call(&f);
         if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
             (d->sp ? cuda_tp_scatter_rows(stage, partial, COMM_BFLOAT16, d,
                                           err)
                    : cuda_tp_sum_bf16(stage, partial, count, err)) != 0)
             return -1;
-        CUDA_TRY(cuda_add_rows_from_bf16(out, partial + shard_offset(d),
-                                         bias, residual, d->R, f.OC,
-                                         state->stream));
+        CUDA_TRY(cuda_stream_from_bf16(out, partial + shard_offset(d), bias,
+                                       residual, d->R, f.OC, state->stream));
         return 0;
     }
-    /* fp32 sums through the blocking comm: the whole product first */
-    float *whole = d->sp ? state->scratch.d_partial : out;
+    /* fp32 sums through the blocking comm: the whole product in fp32
+     * (scratch.d_partial), summed there, then into the bf16 stream */
+    float *whole = state->scratch.d_partial;
     f.out = whole;
+    f.out_fp32 = true;
     gemm_call call = forward_call(&f);
-    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
+        (d->sp ? cuda_tp_scatter_rows(stage, whole, COMM_FLOAT32, d, err)
+               : cuda_tp_reduce(stage, whole, count, COMM_SUM, err)) != 0)
         return -1;
-    if (d->sp) {
-        if (cuda_tp_scatter_rows(stage, whole, COMM_FLOAT32, d, err) != 0)
-            return -1;
-        CUDA_TRY(cudaMemcpyAsync(out, whole + shard_offset(d),
-                                 (size_t)d->R * f.OC * sizeof(float),
-                                 cudaMemcpyDeviceToDevice, state->stream));
-    } else if (cuda_tp_reduce(stage, out, count, COMM_SUM, err) != 0) {
-        return -1;
-    }
-    CUDA_TRY(cuda_add_broadcast_rows(out, bias, 1, residual, d->R, f.OC,
-                                     state->stream));
+    CUDA_TRY(cuda_stream_from_float(out, whole + shard_offset(d), bias, 1,
+                                    residual, d->R, f.OC, state->stream));
     return 0;
 }
 
@@ -213,7 +209,7 @@ static int row_parallel_forward(model_stage *stage, linear_forward f,
  * shards' rows are gathered under sequence parallelism. mean and rstd
  * may be NULL (a recomputation). */
 static int norm_forward(model_stage *stage, pt_bf16 *kept, float *mean,
-                        float *rstd, const float *inp, const float *weight,
+                        float *rstd, const pt_bf16 *inp, const float *weight,
                         const float *bias, const stage_dims *d,
                         const pt_bf16 **whole, pt_error *err)
 {
@@ -238,7 +234,7 @@ static int norm_forward(model_stage *stage, pt_bf16 *kept, float *mean,
  * (its rows gathered again under sequence parallelism, as Megatron
  * does) or recomputed from the norm's input. */
 static int norm_output_again(model_stage *stage, const pt_bf16 *kept,
-                             const float *inp, const float *weight,
+                             const pt_bf16 *inp, const float *weight,
                              const float *bias, const stage_dims *d,
                              const pt_bf16 **whole, pt_error *err)
 {
@@ -277,7 +273,7 @@ static layer_activations *layer_kept(model_stage *stage,
  * parallelism input, mid and out are the shard's rows; the norms' outputs
  * are gathered before the column-parallel products. */
 static int layer_forward(model_stage *stage, layer_activations *act,
-                         const layer_offsets *o, const float *input,
+                         const layer_offsets *o, const pt_bf16 *input,
                          const stage_dims *d, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
@@ -305,11 +301,13 @@ static int layer_forward(model_stage *stage, layer_activations *act,
         return -1;
     linear_forward proj = {
         .weight = mirror_at(state, o->attn_proj_weight),
-        .input = act->att_out, .out = act->residual_mid, .out_fp32 = true,
-        .bias = param_at(stage, o->attn_proj_bias), .residual = input,
+        .input = act->att_out, .out = act->residual_mid,
+        .bias = mirror_at(state, o->attn_proj_bias), .residual = input,
         .N = N, .IC = A, .OC = C, .ld_out = C,
     };
-    if (row_parallel_forward(stage, proj, d, err) != 0)
+    if (row_parallel_forward(stage, proj,
+                             param_at(stage, o->attn_proj_bias), d,
+                             err) != 0)
         return -1;
 
     const pt_bf16 *ln2_out = NULL;
@@ -342,12 +340,13 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     }
     linear_forward mlp_proj = {
         .weight = mirror_at(state, o->mlp_proj_weight), .input = gelu_out,
-        .out = act->output, .out_fp32 = true,
-        .bias = param_at(stage, o->mlp_proj_bias),
+        .out = act->output,
+        .bias = mirror_at(state, o->mlp_proj_bias),
         .residual = act->residual_mid,
         .N = N, .IC = F, .OC = C, .ld_out = C,
     };
-    return row_parallel_forward(stage, mlp_proj, d, err);
+    return row_parallel_forward(stage, mlp_proj,
+                                param_at(stage, o->mlp_proj_bias), d, err);
 }
 
 /* Copies the micro-batch's tokens (and, for the embedding, the plan of
@@ -417,7 +416,7 @@ static int vocab_parallel_loss(model_stage *stage, activation_slot *slot,
 }
 
 static int head_forward(model_stage *stage, activation_slot *slot,
-                        const float *stream_in, const stage_dims *d,
+                        const pt_bf16 *stream_in, const stage_dims *d,
                         float *mean_loss, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
@@ -464,12 +463,13 @@ static int head_forward(model_stage *stage, activation_slot *slot,
     return 0;
 }
 
-/* Token + position embedding into the slot's input. Vocab-parallel: each
- * shard looks up the tokens of its rows (zero for the others), the group
- * sums, then the positions are added. Under sequence parallelism the sum
- * is a reduce-scatter of the lookup (in scratch.d_partial, free during a
- * forward) with the positions added before it by shard 0 alone, and the
- * shard's rows are its input. */
+/* Token + position embedding into the slot's input (the bf16 stream).
+ * Vocab-parallel: each shard looks up the tokens of its rows (zero for
+ * the others) in fp32 (scratch.d_partial, free during a forward), the
+ * group sums, then the positions are added as the sum is rounded into
+ * the stream. Under sequence parallelism the sum is a reduce-scatter of
+ * the lookup with the positions added before it by shard 0 alone, and
+ * the shard's rows are its input. */
 static int embedding_forward(model_stage *stage, activation_slot *slot,
                              const stage_dims *d, pt_error *err)
 {
@@ -483,7 +483,7 @@ static int embedding_forward(model_stage *stage, activation_slot *slot,
                                         state->stream));
         return 0;
     }
-    float *whole = d->sp ? state->scratch.d_partial : slot->input;
+    float *whole = state->scratch.d_partial;
     CUDA_TRY(cuda_embedding_shard_forward(whole, slot->tokens.inputs, token,
                                           d->vocab_first, d->V, d->N, d->C,
                                           state->stream));
@@ -493,16 +493,33 @@ static int embedding_forward(model_stage *stage, activation_slot *slot,
                                              d->N, d->C, state->stream));
         if (cuda_tp_scatter_rows(stage, whole, COMM_FLOAT32, d, err) != 0)
             return -1;
-        CUDA_TRY(cudaMemcpyAsync(slot->input, whole + shard_offset(d),
-                                 (size_t)d->R * d->C * sizeof(float),
+        position = NULL;
+    } else if (cuda_tp_reduce(stage, whole, (size_t)d->N * d->C, COMM_SUM,
+                              err) != 0) {
+        return -1;
+    }
+    CUDA_TRY(cuda_stream_from_float(slot->input, whole + shard_offset(d),
+                                    position, d->T, NULL, d->R, d->C,
+                                    state->stream));
+    return 0;
+}
+
+/* What the stage sends the next one (stage.h's fp32 interface): its last
+ * stream widened (exact), or, through a stage of no layers, the received
+ * message itself. */
+static int widen_output(model_stage *stage, activation_slot *slot,
+                        const stage_io *io, const stage_dims *d,
+                        pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    size_t RC = (size_t)d->R * d->C;
+    if (state->layer_count == 0 && !stage->spec.has_embedding) {
+        CUDA_TRY(cudaMemcpyAsync(slot->output, io->input, RC * sizeof(float),
                                  cudaMemcpyDeviceToDevice, state->stream));
         return 0;
     }
-    if (cuda_tp_reduce(stage, slot->input, (size_t)d->N * d->C, COMM_SUM,
-                       err) != 0)
-        return -1;
-    CUDA_TRY(cuda_add_broadcast_rows(slot->input, position, d->T, NULL,
-                                     d->N, d->C, state->stream));
+    CUDA_TRY(cuda_convert_to_float(slot->output, slot->stream_out, RC,
+                                   state->stream));
     return 0;
 }
 
@@ -517,8 +534,6 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
     if (io->tokens != NULL &&
         upload_tokens(stage, slot, io->tokens, &d, err) != 0)
         return -1;
-    /* the shard's rows under sequence parallelism, every row else */
-    size_t RC = (size_t)d.R * d.C;
     /* ZeRO-3: each unit gathered before it, the next one's gather behind
      * it (param_units.c) */
     if (cuda_param_pass_begin(stage, false, err) != 0)
@@ -528,11 +543,12 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
                                 err) != 0 ||
             embedding_forward(stage, slot, &d, err) != 0)
             return -1;
-    } else if (io->input != slot->input) {
-        CUDA_TRY(cudaMemcpyAsync(slot->input, io->input, RC * sizeof(float),
-                                 cudaMemcpyDeviceToDevice, state->stream));
+    } else {
+        /* the pipeline's fp32 message rounded into the bf16 stream */
+        CUDA_TRY(cuda_stream_from_float(slot->input, io->input, NULL, 1,
+                                        NULL, d.R, d.C, state->stream));
     }
-    const float *stream_in = slot->input;
+    const pt_bf16 *stream_in = slot->input;
     for (int l = 0; l < state->layer_count; l++) {
         if (cuda_param_unit_use(stage, STAGE_UNIT_LAYER, l, false, err) !=
                 0 ||
@@ -542,7 +558,9 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
             return -1;
         stream_in = slot->layers[l].output;
     }
-    slot->output = stream_in;
+    slot->stream_out = stream_in;
+    if (slot->output != NULL && widen_output(stage, slot, io, &d, err) != 0)
+        return -1;
     *mean_loss = 0.0f;
     if (stage->spec.has_head) {
         if (cuda_param_unit_use(stage, STAGE_UNIT_HEAD, 0, false, err) !=
@@ -696,7 +714,7 @@ static cuda_grad norm_grad(model_stage *stage, const stage_dims *d, int run,
  * and d_bias. */
 static int norm_backward(model_stage *stage, float *d_inp,
                          const float *d_residual, cuda_grad d_weight,
-                         cuda_grad d_bias, const float *inp,
+                         cuda_grad d_bias, const pt_bf16 *inp,
                          const float *weight, const float *mean,
                          const float *rstd, const stage_dims *d,
                          pt_error *err)
@@ -750,7 +768,8 @@ static int mlp_input_backward(model_stage *stage, float *d_input,
 static int attention_block_backward(model_stage *stage, float *d_input,
                                     const layer_offsets *o,
                                     const layer_activations *act,
-                                    const float *input, const stage_dims *d,
+                                    const pt_bf16 *input,
+                                    const stage_dims *d,
                                     pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
@@ -808,7 +827,8 @@ static int attention_block_backward(model_stage *stage, float *d_input,
  * products' backward) and the norms' gradients are summed at the end. */
 static int layer_backward(model_stage *stage, float *d_input,
                           const float *d_out, const layer_offsets *o,
-                          const layer_activations *act, const float *input,
+                          const layer_activations *act,
+                          const pt_bf16 *input,
                           const stage_dims *d, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
@@ -868,7 +888,7 @@ static int head_backward(model_stage *stage, activation_slot *slot,
     if (norm_backward(stage, d_stream, NULL,
                       norm_grad(stage, d, 0, o->final_norm_weight),
                       norm_grad(stage, d, 1, o->final_norm_bias),
-                      slot->output, param_at(stage, o->final_norm_weight),
+                      slot->stream_out, param_at(stage, o->final_norm_weight),
                       slot->final_mean, slot->final_rstd, d, err) != 0)
         return -1;
     const cuda_grad norms[2] = {grad_at(stage, o->final_norm_weight),
@@ -951,7 +971,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
                                       d_out, RC, state->stream));
     }
     for (int l = state->layer_count - 1; l >= 0; l--) {
-        const float *layer_input =
+        const pt_bf16 *layer_input =
             l > 0 ? slot->layers[l - 1].output : slot->input;
         float *d_input = s->d_stream[free_stream];
         layer_activations *act = layer_kept(stage, slot, l);

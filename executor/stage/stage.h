@@ -99,6 +99,12 @@ typedef struct stage_spec {
      * it refuses the recipe with ZeRO-2/3's gradient units and with the
      * optimizer offload, issue 34). */
     bool bf16_grads;
+    /* The residual stream in bf16 (Megatron-LM's bf16 recipe without
+     * --fp32-residual-connection). The cuda backend always keeps it so;
+     * the cpu backend, when this is set, rounds its fp32 stream to bf16
+     * where the cuda one stores it (the embedding's output, a received
+     * input, each residual add), so tests can hold the two together. */
+    bool bf16_residual;
 } stage_spec;
 
 /* spec->tp, or 1 when it is 0. */

@@ -262,12 +262,13 @@ static void sequence_parallel_prices_and_saves(void **state)
     estimate a, b;
     estimate_of(&f, &config, partition, false, &a);
     estimate_of(&f, &sp, partition, false, &b);
-    /* per layer and slot: 16 N + 2 e N h + 8 N h of the layer's
-     * activations, and the stage input 4 N h, halved; stage 0 holds 4
-     * slots of 12 layers; N = mbs x seq */
+    /* per layer and slot: 16 N + 2 e N h [norm outputs] + 2 e N h [the
+     * bf16 residual and output] of the layer's activations, and the
+     * stage's bf16 input 2 N h with its fp32 send buffer 4 N h, halved;
+     * stage 0 holds 4 slots of 12 layers; N = mbs x seq */
     double N = 2.0 * 1024, h = 1600, e = 2.0;
-    double per_layer = 16.0 * N + 2.0 * e * N * h + 8.0 * N * h;
-    double saved = 4.0 * (12.0 * per_layer + 4.0 * N * h) / 2.0;
+    double per_layer = 16.0 * N + 2.0 * e * N * h + 2.0 * e * N * h;
+    double saved = 4.0 * (12.0 * per_layer + 6.0 * N * h) / 2.0;
     double got = a.stages[0].memory.bytes[PT_MEMORY_ACTIVATIONS] -
                  b.stages[0].memory.bytes[PT_MEMORY_ACTIVATIONS];
     if (!close_to(got, saved, 1e-12))

@@ -52,12 +52,14 @@ static void test_embedding(gpu_test_tally *tally)
     uint32_t *d_tokens = gpu_test_device((size_t)N * sizeof *d_tokens);
     GPU_CHECK(cudaMemcpy(d_tokens, tokens, (size_t)N * sizeof *tokens,
                          cudaMemcpyHostToDevice));
-    float *d_out = gpu_test_device((size_t)N * C * sizeof(float));
+    /* the bf16 stream: the fp32 sum rounded once, as the host rounds */
+    gpu_test_round_bf16(want, (size_t)N * C);
+    pt_bf16 *d_out = gpu_test_device((size_t)N * C * sizeof(pt_bf16));
     GPU_CHECK(cuda_embedding_forward(d_out, d_tokens, d_wte, d_wpe, B, T, C,
                                      0));
-    gpu_test_download(got, d_out, (size_t)N * C);
-    gpu_test_compare(tally, "embedding forward", got, want, (size_t)N * C,
-                     1e-7);
+    gpu_test_download_bf16(got, d_out, (size_t)N * C);
+    gpu_test_compare(tally, "embedding forward (bf16 stream)", got, want,
+                     (size_t)N * C, 1e-7);
 
     /* backward: gradients start non-zero to check that they are added */
     float *grad_out = random_host((size_t)N * C, 1.0f, 0.0f);
@@ -209,13 +211,66 @@ static void test_embedding_shards(gpu_test_tally *tally)
     cudaFree(d_residual);
 }
 
+/* The bf16 stream from an fp32 sum (+ positions, or + bias + residual)
+ * and from a bf16 one (+ bias + residual), against the host's fp32 sums
+ * rounded once; then widened back to fp32 exactly. */
+static void test_stream_from(gpu_test_tally *tally, int N, int C, int T)
+{
+    size_t NC = (size_t)N * C;
+    float *in = random_host(NC, 1.0f, 0.0f);
+    float *half = random_bf16_host(NC, 1.0f);
+    float *rows = random_host((size_t)T * C, 1.0f, 0.0f);
+    float *residual = random_bf16_host(NC, 1.0f);
+    float *want = gpu_test_host(NC * sizeof *want);
+    float *got = gpu_test_host(NC * sizeof *got);
+    float *d_in = gpu_test_upload(in, NC);
+    pt_bf16 *d_half = gpu_test_upload_bf16(half, NC);
+    float *d_rows = gpu_test_upload(rows, (size_t)T * C);
+    pt_bf16 *d_residual = gpu_test_upload_bf16(residual, NC);
+    pt_bf16 *d_out = gpu_test_device(NC * sizeof(pt_bf16));
+    float *d_wide = gpu_test_device(NC * sizeof(float));
+    char name[96];
+    for (int kind = 0; kind < 3; kind++) {
+        for (size_t i = 0; i < NC; i++) {
+            size_t n = i / (size_t)C, c = i % (size_t)C;
+            want[i] = kind == 0 ? in[i] + rows[(n % (size_t)T) * C + c]
+                      : kind == 1 ? in[i] + rows[c] + residual[i]
+                                  : half[i] + rows[c] + residual[i];
+        }
+        gpu_test_round_bf16(want, NC);
+        if (kind == 0)
+            GPU_CHECK(cuda_stream_from_float(d_out, d_in, d_rows, T, NULL,
+                                             N, C, 0));
+        else if (kind == 1)
+            GPU_CHECK(cuda_stream_from_float(d_out, d_in, d_rows, 1,
+                                             d_residual, N, C, 0));
+        else
+            GPU_CHECK(cuda_stream_from_bf16(d_out, d_half, d_rows,
+                                            d_residual, N, C, 0));
+        GPU_CHECK(cuda_convert_to_float(d_wide, d_out, NC, 0));
+        gpu_test_download(got, d_wide, NC);
+        snprintf(name, sizeof name, "bf16 stream from %s C=%d",
+                 kind == 0 ? "fp32 + positions"
+                 : kind == 1 ? "fp32 + bias + residual"
+                             : "bf16 + bias + residual", C);
+        /* one rounding of the same fp32 sum; the sum's order may differ
+         * by an ulp of fp32, which can move a tie: one bf16 ulp */
+        gpu_test_compare(tally, name, got, want, NC, TOL_BF16_OUT);
+    }
+    free(in), free(half), free(rows), free(residual), free(want), free(got);
+    cudaFree(d_in), cudaFree(d_half), cudaFree(d_rows), cudaFree(d_residual);
+    cudaFree(d_out), cudaFree(d_wide);
+}
+
 /* ----------------------------------------------------------- layernorm */
 
 static void test_layernorm(gpu_test_tally *tally, int N, int C)
 {
     char name[96];
     size_t NC = (size_t)N * C;
+    /* the input is the bf16 residual stream */
     float *inp = random_host(NC, 2.0f, 0.5f);
+    gpu_test_round_bf16(inp, NC);
     float *weight = random_host((size_t)C, 0.5f, 1.0f);
     float *bias = random_host((size_t)C, 0.5f, 0.0f);
     float *want = gpu_test_host(NC * sizeof(float));
@@ -224,7 +279,7 @@ static void test_layernorm(gpu_test_tally *tally, int N, int C)
     cpu_layernorm_forward(want, want_mean, want_rstd, inp, weight, bias, N,
                           C);
 
-    float *d_inp = gpu_test_upload(inp, NC);
+    pt_bf16 *d_inp = gpu_test_upload_bf16(inp, NC);
     float *d_weight = gpu_test_upload(weight, (size_t)C);
     float *d_bias = gpu_test_upload(bias, (size_t)C);
     pt_bf16 *d_out = gpu_test_device(NC * sizeof(pt_bf16));
@@ -987,6 +1042,8 @@ int main(void)
     gpu_test_tally tally = {0, 0};
     test_embedding(&tally);
     test_embedding_shards(&tally);
+    test_stream_from(&tally, 120, 96, 40);  /* 8 channels a thread */
+    test_stream_from(&tally, 77, 100, 7);   /* C % 8 != 0: one each */
     /* the fused backward: 1, 2 and 4 channel groups per thread, several
      * groups of blocks (2500 rows: 79 blocks); then the generic kernels */
     test_layernorm(&tally, 300, 768);

@@ -17,6 +17,8 @@
  *   against the memory plan computed without the GPU.
  *
  * Usage: test_cuda_stage [model.json [seq [mbs]]]
+ * The cpu reference rounds its residual stream to bf16 where the cuda
+ * backend stores it (spec.bf16_residual).
  * Tolerances: the cuda backend runs its products in bf16, so gradients
  * are held to 3e-2 relative L2 per tensor (1e-2 was measured on
  * an H100) and the loss to 5e-3.
@@ -140,6 +142,7 @@ static void test_gpt2_step(gpu_test_tally *tally, const char *path, int seq,
            shape.name, shape.layers, shape.hidden, shape.heads, shape.vocab,
            seq, mbs);
     stage_spec spec = stage_spec_whole_model(&shape);
+    spec.bf16_residual = true; /* the cpu's stream rounded as cuda's */
     model_stage cpu, gpu;
     PT_CHECK(model_stage_create(&cpu, &shape, &spec, BACKEND_CPU, mbs, 1,
                                 &err),
@@ -219,6 +222,7 @@ static void test_pipeline_split(gpu_test_tally *tally)
     int mbs = 2, micro_batches = 2;
     int partition[3] = {1, 2, 1};
     stage_spec whole = stage_spec_whole_model(&shape);
+    whole.bf16_residual = true; /* the cpu's stream rounded as cuda's */
     model_stage cpu;
     PT_CHECK(model_stage_create(&cpu, &shape, &whole, BACKEND_CPU, mbs, 1,
                                 &err),
@@ -367,6 +371,7 @@ static void test_variant(gpu_test_tally *tally, const char *label,
     if (fuse != NULL)
         setenv("PARTITA_CUDA_FUSE", fuse, 1);
     stage_spec spec = stage_spec_whole_model(&shape);
+    spec.bf16_residual = true; /* the cpu's stream rounded as cuda's */
     model_stage cpu, gpu;
     PT_CHECK(model_stage_create(&cpu, &shape, &spec, BACKEND_CPU, mbs, 1,
                                 &err),

@@ -154,6 +154,8 @@ static void create_shards(model_stage *shards, const model_shape *shape,
         spec.tp = TP;
         spec.tp_rank = t;
         spec.sequence_parallel = sp;
+        /* the cpu's stream rounded to bf16 as cuda's (cuda ignores it) */
+        spec.bf16_residual = true;
         PT_CHECK(model_stage_create(&shards[t], shape, &spec, backend, mbs, 1,
                                     &err),
                  &err);

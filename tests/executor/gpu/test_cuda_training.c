@@ -3,7 +3,8 @@
  * on the cpu and the cuda backend from the same initialisation and the
  * same batches, under each precision recipe of issue 34 (fp32 main
  * gradients, and llm.c's bf16 ones: the cuda backend's bf16 buffer
- * against the cpu reference's rounding): the cuda loss must track the
+ * against the cpu reference's rounding; both with the residual stream in
+ * bf16, the cpu rounding its own): the cuda loss must track the
  * cpu loss at every step (within 2 % relative, bf16 products against
  * fp32) and both must learn (the data follow a fixed successor rule
  * 90 % of the time, so the loss must fall well below its starting value
@@ -73,6 +74,7 @@ static void train_recipe(gpu_test_tally *tally, int steps, bool bf16_grads,
     int mbs = 4, micro_batches = 2;
     stage_spec spec = stage_spec_whole_model(&shape);
     spec.bf16_grads = bf16_grads;
+    spec.bf16_residual = true; /* the cpu's stream rounded as cuda's */
     model_stage cpu, gpu;
     create_pair(&cpu, &gpu, &shape, &spec, mbs);
     train_config config = train_config_defaults();

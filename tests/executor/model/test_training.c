@@ -173,12 +173,59 @@ static void test_bf16_grads(void **state)
     model_stage_destroy(&stage);
 }
 
+/* The stage's output under spec.bf16_residual (the embedding and every
+ * layer, no head): the residual stream rounded to bf16 as the cuda
+ * backend stores it, so every value is a bfloat16, and within bf16's
+ * rounding of the fp32 stream's. */
+static void open_headless(model_stage *stage, bool bf16_residual)
+{
+    model_shape shape = tiny_shape();
+    stage_spec spec = stage_spec_whole_model(&shape);
+    spec.has_head = false;
+    spec.bf16_residual = bf16_residual;
+    pt_error err;
+    assert_int_equal(model_stage_create(stage, &shape, &spec, BACKEND_CPU,
+                                        MBS, 1, &err),
+                     0);
+    assert_int_equal(model_stage_init_parameters(stage, 77, &err), 0);
+}
+
+static void test_bf16_residual(void **state)
+{
+    (void)state;
+    model_stage rounded, exact;
+    pt_error err;
+    open_headless(&rounded, true);
+    open_headless(&exact, false);
+    uint32_t *tokens = random_batch(5);
+    stage_io io = {.mbs = MBS, .tokens = tokens, .loss_scale = 1.0f};
+    float loss = 0.0f;
+    assert_int_equal(stage_forward(&rounded, 0, &io, &loss, &err), 0);
+    assert_int_equal(stage_forward(&exact, 0, &io, &loss, &err), 0);
+    const float *got = stage_output(&rounded, 0);
+    const float *want = stage_output(&exact, 0);
+    size_t count = (size_t)MBS * SEQ * tiny_shape().hidden;
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t bits;
+        memcpy(&bits, &got[i], sizeof bits);
+        assert_int_equal(bits & 0xffffu, 0);
+        diff += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        norm += (double)want[i] * want[i];
+    }
+    assert_true(diff > 0.0 && sqrt(diff / norm) < 1e-2);
+    free(tokens);
+    model_stage_destroy(&rounded);
+    model_stage_destroy(&exact);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loss_falls),
         cmocka_unit_test(test_step_reports),
         cmocka_unit_test(test_bf16_grads),
+        cmocka_unit_test(test_bf16_residual),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
