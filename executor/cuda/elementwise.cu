@@ -60,17 +60,24 @@ __global__ void convert_kernel(Out *out, const In *in, size_t count,
         store_one(out, i, load_one(in, i));
 }
 
+template <typename Out, typename In>
+static cudaError_t launch_convert(Out *out, const In *in, size_t count,
+                                  cudaStream_t stream)
+{
+    if (count == 0)
+        return cudaSuccess;
+    bool vector = aligned16(out) && aligned16(in);
+    convert_kernel<<<blocks_for(count, ELEMENTWISE_THREADS * 8),
+                     ELEMENTWISE_THREADS, 0, stream>>>(out, in, count,
+                                                       vector);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t cuda_convert_to_bf16(pt_bf16 *out_bf16,
                                             const float *in, size_t count,
                                             cudaStream_t stream)
 {
-    if (count == 0)
-        return cudaSuccess;
-    bool vector = aligned16(out_bf16) && aligned16(in);
-    convert_kernel<<<blocks_for(count, ELEMENTWISE_THREADS * 8),
-                     ELEMENTWISE_THREADS, 0, stream>>>(
-        as_bf16(out_bf16), in, count, vector);
-    return cudaGetLastError();
+    return launch_convert(as_bf16(out_bf16), in, count, stream);
 }
 
 __global__ void add_inplace_kernel(float *dst, const float *src,
@@ -307,11 +314,5 @@ extern "C" cudaError_t cuda_convert_to_float(float *out,
                                              size_t count,
                                              cudaStream_t stream)
 {
-    if (count == 0)
-        return cudaSuccess;
-    bool vector = aligned16(out) && aligned16(in_bf16);
-    convert_kernel<<<blocks_for(count, ELEMENTWISE_THREADS * 8),
-                     ELEMENTWISE_THREADS, 0, stream>>>(
-        out, as_bf16(in_bf16), count, vector);
-    return cudaGetLastError();
+    return launch_convert(out, as_bf16(in_bf16), count, stream);
 }
