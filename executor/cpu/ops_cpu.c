@@ -7,43 +7,12 @@
  * outputs (see executor/cpu/cpu.h).
  */
 #include "executor/cpu/cpu.h"
+#include "executor/cpu/vec_cpu.h"
 
 #include <math.h>
 #include <string.h>
 
 #define LAYERNORM_EPS 1e-5f
-
-/* Dot product with eight partial sums in a fixed order: the compiler can
- * keep them in vector registers, and the result does not depend on the
- * machine. */
-static float dot_product(const float *a, const float *b, int n)
-{
-    float partial[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int lane = 0; lane < 8; lane++)
-            partial[lane] += a[i + lane] * b[i + lane];
-    float sum = 0.0f;
-    for (int lane = 0; lane < 8; lane++)
-        sum += partial[lane];
-    for (; i < n; i++)
-        sum += a[i] * b[i];
-    return sum;
-}
-
-/* y += alpha x, in runs of eight like dot_product: a loop of fixed length
- * is one the compiler vectorises at -O2, a loop of unknown length with a
- * scalar tail is not. */
-static void add_scaled(float *restrict y, const float *restrict x, float alpha,
-                       int n)
-{
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int lane = 0; lane < 8; lane++)
-            y[i + lane] += alpha * x[i + lane];
-    for (; i < n; i++)
-        y[i] += alpha * x[i];
-}
 
 /* ------------------------------------------------------------ embedding */
 
@@ -74,11 +43,11 @@ void cpu_embedding_backward(float *d_token_embedding,
             size_t row = (size_t)b * T + t;
             const float *d_out_row = d_out + row * C;
             if (d_token_embedding != NULL)
-                add_scaled(d_token_embedding + (size_t)tokens[row] * C,
-                           d_out_row, 1.0f, C);
+                cpu_add_scaled(d_token_embedding + (size_t)tokens[row] * C,
+                               d_out_row, 1.0f, C);
             if (d_position_embedding != NULL)
-                add_scaled(d_position_embedding + (size_t)t * C, d_out_row,
-                           1.0f, C);
+                cpu_add_scaled(d_position_embedding + (size_t)t * C,
+                               d_out_row, 1.0f, C);
         }
     }
 }
@@ -160,7 +129,7 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight,
             float *y = out + (size_t)n * OC;
             for (int o = block; o < block_end; o++) {
                 float start = bias != NULL ? bias[o] : 0.0f;
-                y[o] = start + dot_product(x, weight + (size_t)o * C, C);
+                y[o] = start + cpu_dot_product(x, weight + (size_t)o * C, C);
             }
         }
     }
@@ -180,16 +149,16 @@ void cpu_matmul_backward(float *d_inp, float *d_weight, float *d_bias,
             const float *x = inp + (size_t)n * C;
             for (int o = block; o < block_end; o++) {
                 if (d_inp != NULL)
-                    add_scaled(d_inp + (size_t)n * C,
-                               weight + (size_t)o * C, dy[o], C);
+                    cpu_add_scaled(d_inp + (size_t)n * C,
+                                   weight + (size_t)o * C, dy[o], C);
                 if (d_weight != NULL)
-                    add_scaled(d_weight + (size_t)o * C, x, dy[o], C);
+                    cpu_add_scaled(d_weight + (size_t)o * C, x, dy[o], C);
             }
         }
     }
     if (d_bias != NULL)
         for (int n = 0; n < N; n++)
-            add_scaled(d_bias, d_out + (size_t)n * OC, 1.0f, OC);
+            cpu_add_scaled(d_bias, d_out + (size_t)n * OC, 1.0f, OC);
 }
 
 /* ------------------------------------------------------------ attention */
@@ -215,7 +184,7 @@ void cpu_attention_forward(float *out, float *probs, const float *qkv,
                 float max_score = -INFINITY;
                 for (int t2 = 0; t2 <= t; t2++) {
                     const float *k = qkv + qkv_index(b, t2, 1, h, T, C, NH);
-                    row[t2] = dot_product(q, k, head_size) * scale;
+                    row[t2] = cpu_dot_product(q, k, head_size) * scale;
                     if (row[t2] > max_score)
                         max_score = row[t2];
                 }
@@ -232,8 +201,9 @@ void cpu_attention_forward(float *out, float *probs, const float *qkv,
                            (size_t)h * head_size;
                 memset(o, 0, (size_t)head_size * sizeof *o);
                 for (int t2 = 0; t2 <= t; t2++)
-                    add_scaled(o, qkv + qkv_index(b, t2, 2, h, T, C, NH),
-                               row[t2], head_size);
+                    cpu_add_scaled(o,
+                                   qkv + qkv_index(b, t2, 2, h, T, C, NH),
+                                   row[t2], head_size);
             }
         }
     }
@@ -258,17 +228,17 @@ void cpu_attention_backward(float *d_qkv, const float *d_out,
                 float weighted_sum = 0.0f;
                 for (int t2 = 0; t2 <= t; t2++) {
                     size_t v = qkv_index(b, t2, 2, h, T, C, NH);
-                    d_probs[t2] = dot_product(dy, qkv + v, head_size);
+                    d_probs[t2] = cpu_dot_product(dy, qkv + v, head_size);
                     weighted_sum += row[t2] * d_probs[t2];
-                    add_scaled(d_qkv + v, dy, row[t2], head_size);
+                    cpu_add_scaled(d_qkv + v, dy, row[t2], head_size);
                 }
                 size_t q = qkv_index(b, t, 0, h, T, C, NH);
                 for (int t2 = 0; t2 <= t; t2++) {
                     float d_score =
                         row[t2] * (d_probs[t2] - weighted_sum) * scale;
                     size_t k = qkv_index(b, t2, 1, h, T, C, NH);
-                    add_scaled(d_qkv + q, qkv + k, d_score, head_size);
-                    add_scaled(d_qkv + k, qkv + q, d_score, head_size);
+                    cpu_add_scaled(d_qkv + q, qkv + k, d_score, head_size);
+                    cpu_add_scaled(d_qkv + k, qkv + q, d_score, head_size);
                 }
             }
         }
