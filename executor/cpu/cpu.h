@@ -151,6 +151,59 @@ void cpu_gqa_attention_backward(float *d_qkv, const float *d_out,
                                 float *scratch, int B, int T, int NH, int KVH,
                                 int head_size);
 
+/* ------------------------------------------ cpu reference Llama layer */
+
+/*
+ * One whole Llama layer from the ops above (cpu/layer_llama_cpu.c):
+ * h = x + Wo GQA(RoPE(Wqkv RMSNorm(x))), out = h + W2 SwiGLU(W1
+ * RMSNorm(h)), no biases. x and out: N = B x T rows of C.
+ */
+typedef struct cpu_llama_dims {
+    int B, T, C;
+    int heads, kv_heads, head_size; /* heads a multiple of kv_heads */
+    int F;                          /* the MLP's hidden width */
+    double rope_base;
+    float eps;                      /* RMSNorm's */
+} cpu_llama_dims;
+
+/* The layer's parameters, each matrix OC x C as cpu_matmul takes it:
+ * qkv (heads + 2 kv_heads) head_size x C in cpu_gqa_attention's order,
+ * attn_out C x heads head_size, fc1 2F x C (gate rows, then up rows:
+ * cpu_swiglu's order), fc2 C x F, the norms' weights C each. */
+typedef struct cpu_llama_weights {
+    const float *attn_norm, *qkv, *attn_out, *mlp_norm, *fc1, *fc2;
+} cpu_llama_weights;
+/* Their gradients, the same shapes; the backward adds into them. */
+typedef struct cpu_llama_grads {
+    float *attn_norm, *qkv, *attn_out, *mlp_norm, *fc1, *fc2;
+} cpu_llama_grads;
+
+/* What the forward keeps for the backward, and the output (out). qkv
+ * holds the queries and keys after the rotation, as attention read
+ * them. */
+typedef struct cpu_llama_activations {
+    float *attn_norm, *attn_rstd, *qkv, *attention, *probs;
+    float *residual, *mlp_norm, *mlp_rstd, *fc1, *swiglu, *out;
+} cpu_llama_activations;
+
+/* The floats of one layer's activations, and their places in a buffer
+ * of that many. */
+size_t cpu_llama_activation_floats(const cpu_llama_dims *d);
+void cpu_llama_activations_carve(cpu_llama_activations *act, float *floats,
+                                 const cpu_llama_dims *d);
+void cpu_llama_layer_forward(cpu_llama_activations *act, const float *inp,
+                             const cpu_llama_weights *weights,
+                             const cpu_llama_dims *d);
+/* The backward's working space, in floats. */
+size_t cpu_llama_scratch_floats(const cpu_llama_dims *d);
+/* Adds into d_inp (may be NULL) and grads; scratch of
+ * cpu_llama_scratch_floats. */
+void cpu_llama_layer_backward(float *d_inp, cpu_llama_grads *grads,
+                              const float *d_out, const float *inp,
+                              const cpu_llama_activations *act,
+                              const cpu_llama_weights *weights,
+                              float *scratch, const cpu_llama_dims *d);
+
 /* One AdamW update of `count` parameters, step >= 1 (bias correction):
  * g = grads x grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  * p -= lr (m_hat / (sqrt(v_hat) + eps) + decay p), decay = weight_decay
