@@ -94,6 +94,116 @@ void cpu_softmax_crossentropy_backward(float *d_logits, const float *probs,
                                        const uint32_t *targets, float d_loss,
                                        int N, int V);
 
+/* ------------------------------------------- cpu reference Llama ops */
+
+/*
+ * The Llama family's layers (cpu/ops_llama_cpu.c), by the conventions
+ * above, each backward checked against finite differences
+ * (tests/executor/model/test_llama_ops.c). F: the MLP's hidden width,
+ * KVH key/value heads (NH a multiple of it), hs the head size (even).
+ */
+
+/* RMSNorm over the last axis: out = x rstd weight, rstd = 1 /
+ * sqrt(mean(x^2) + eps); no mean is subtracted and there is no bias.
+ * Keeps rstd (N) for the backward. */
+void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp,
+                         const float *weight, float eps, int N, int C);
+void cpu_rmsnorm_backward(float *d_inp, float *d_weight, const float *d_out,
+                          const float *inp, const float *weight,
+                          const float *rstd, int N, int C);
+
+/* SwiGLU: out (N x F) = silu(gate) * up, silu(x) = x sigmoid(x). inp is
+ * one product of 2F columns per row, the gate in columns [0, F) and up
+ * in [F, 2F): the order of Megatron's fused fc1 with --swiglu (its glu
+ * splits the output in two halves along the last axis, the first through
+ * silu), so its fc1 weight's first F rows are the gate projection. */
+void cpu_swiglu_forward(float *out, const float *inp, int N, int F);
+void cpu_swiglu_backward(float *d_inp, const float *d_out, const float *inp,
+                         int N, int F);
+
+/* Rotary positions, rotate-half (Llama's and Megatron's default, not the
+ * interleaved pairs of GPT-J): in each head, channel i and i + hs/2
+ * (i < hs/2) turn by the angle t base^(-2i/hs) at position t (0 .. T-1
+ * in each sequence): (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
+ * Rows are `width` floats; the first `heads` heads of each are rotated,
+ * the rest copied (so one call turns the queries and keys of a fused
+ * projection and passes its values). out may be inp. */
+void cpu_rope_forward(float *out, const float *inp, double base, int B,
+                      int T, int width, int heads, int head_size);
+/* Adds the inverse rotation of d_out (the rest passed through). */
+void cpu_rope_backward(float *d_inp, const float *d_out, double base, int B,
+                       int T, int width, int heads, int head_size);
+
+/* Causal grouped-query self-attention. qkv: B x T x (NH + 2 KVH) hs, each
+ * row the NH query heads, then the KVH key heads, then the KVH value
+ * heads (the layout of separate q, k and v projections side by side;
+ * Megatron's fused projection orders rows per group instead, q.. k v, a
+ * permutation of the weight's rows only). Query head h reads key and
+ * value head h / (NH / KVH). out: B x T x NH hs. probs: B x NH x T x T
+ * as cpu_attention_forward's; with KVH == NH the two ops are the same,
+ * to the bit. */
+void cpu_gqa_attention_forward(float *out, float *probs, const float *qkv,
+                               int B, int T, int NH, int KVH, int head_size);
+/* scratch: T floats. The key and value gradients of a group sum on the
+ * head it shares. */
+void cpu_gqa_attention_backward(float *d_qkv, const float *d_out,
+                                const float *qkv, const float *probs,
+                                float *scratch, int B, int T, int NH, int KVH,
+                                int head_size);
+
+/* ------------------------------------------ cpu reference Llama layer */
+
+/*
+ * One whole Llama layer from the ops above (cpu/layer_llama_cpu.c):
+ * h = x + Wo GQA(RoPE(Wqkv RMSNorm(x))), out = h + W2 SwiGLU(W1
+ * RMSNorm(h)), no biases. x and out: N = B x T rows of C.
+ */
+typedef struct cpu_llama_dims {
+    int B, T, C;
+    int heads, kv_heads, head_size; /* heads a multiple of kv_heads */
+    int F;                          /* the MLP's hidden width */
+    double rope_base;
+    float eps;                      /* RMSNorm's */
+} cpu_llama_dims;
+
+/* The layer's parameters, each matrix OC x C as cpu_matmul takes it:
+ * qkv (heads + 2 kv_heads) head_size x C in cpu_gqa_attention's order,
+ * attn_out C x heads head_size, fc1 2F x C (gate rows, then up rows:
+ * cpu_swiglu's order), fc2 C x F, the norms' weights C each. */
+typedef struct cpu_llama_weights {
+    const float *attn_norm, *qkv, *attn_out, *mlp_norm, *fc1, *fc2;
+} cpu_llama_weights;
+/* Their gradients, the same shapes; the backward adds into them. */
+typedef struct cpu_llama_grads {
+    float *attn_norm, *qkv, *attn_out, *mlp_norm, *fc1, *fc2;
+} cpu_llama_grads;
+
+/* What the forward keeps for the backward, and the output (out). qkv
+ * holds the queries and keys after the rotation, as attention read
+ * them. */
+typedef struct cpu_llama_activations {
+    float *attn_norm, *attn_rstd, *qkv, *attention, *probs;
+    float *residual, *mlp_norm, *mlp_rstd, *fc1, *swiglu, *out;
+} cpu_llama_activations;
+
+/* The floats of one layer's activations, and their places in a buffer
+ * of that many. */
+size_t cpu_llama_activation_floats(const cpu_llama_dims *d);
+void cpu_llama_activations_carve(cpu_llama_activations *act, float *floats,
+                                 const cpu_llama_dims *d);
+void cpu_llama_layer_forward(cpu_llama_activations *act, const float *inp,
+                             const cpu_llama_weights *weights,
+                             const cpu_llama_dims *d);
+/* The backward's working space, in floats. */
+size_t cpu_llama_scratch_floats(const cpu_llama_dims *d);
+/* Adds into d_inp (may be NULL) and grads; scratch of
+ * cpu_llama_scratch_floats. */
+void cpu_llama_layer_backward(float *d_inp, cpu_llama_grads *grads,
+                              const float *d_out, const float *inp,
+                              const cpu_llama_activations *act,
+                              const cpu_llama_weights *weights,
+                              float *scratch, const cpu_llama_dims *d);
+
 /* One AdamW update of `count` parameters, step >= 1 (bias correction):
  * g = grads x grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  * p -= lr (m_hat / (sqrt(v_hat) + eps) + decay p), decay = weight_decay

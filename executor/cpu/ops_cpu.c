@@ -7,43 +7,12 @@
  * outputs (see executor/cpu/cpu.h).
  */
 #include "executor/cpu/cpu.h"
+#include "executor/cpu/vec_cpu.h"
 
 #include <math.h>
 #include <string.h>
 
 #define LAYERNORM_EPS 1e-5f
-
-/* Dot product with eight partial sums in a fixed order: the compiler can
- * keep them in vector registers, and the result does not depend on the
- * machine. */
-static float dot_product(const float *a, const float *b, int n)
-{
-    float partial[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int lane = 0; lane < 8; lane++)
-            partial[lane] += a[i + lane] * b[i + lane];
-    float sum = 0.0f;
-    for (int lane = 0; lane < 8; lane++)
-        sum += partial[lane];
-    for (; i < n; i++)
-        sum += a[i] * b[i];
-    return sum;
-}
-
-/* y += alpha x, in runs of eight like dot_product: a loop of fixed length
- * is one the compiler vectorises at -O2, a loop of unknown length with a
- * scalar tail is not. */
-static void add_scaled(float *restrict y, const float *restrict x, float alpha,
-                       int n)
-{
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int lane = 0; lane < 8; lane++)
-            y[i + lane] += alpha * x[i + lane];
-    for (; i < n; i++)
-        y[i] += alpha * x[i];
-}
 
 /* ------------------------------------------------------------ embedding */
 
@@ -74,11 +43,11 @@ void cpu_embedding_backward(float *d_token_embedding,
             size_t row = (size_t)b * T + t;
             const float *d_out_row = d_out + row * C;
             if (d_token_embedding != NULL)
-                add_scaled(d_token_embedding + (size_t)tokens[row] * C,
-                           d_out_row, 1.0f, C);
+                cpu_add_scaled(d_token_embedding + (size_t)tokens[row] * C,
+                               d_out_row, 1.0f, C);
             if (d_position_embedding != NULL)
-                add_scaled(d_position_embedding + (size_t)t * C, d_out_row,
-                           1.0f, C);
+                cpu_add_scaled(d_position_embedding + (size_t)t * C,
+                               d_out_row, 1.0f, C);
         }
     }
 }
@@ -160,7 +129,7 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight,
             float *y = out + (size_t)n * OC;
             for (int o = block; o < block_end; o++) {
                 float start = bias != NULL ? bias[o] : 0.0f;
-                y[o] = start + dot_product(x, weight + (size_t)o * C, C);
+                y[o] = start + cpu_dot_product(x, weight + (size_t)o * C, C);
             }
         }
     }
@@ -180,99 +149,36 @@ void cpu_matmul_backward(float *d_inp, float *d_weight, float *d_bias,
             const float *x = inp + (size_t)n * C;
             for (int o = block; o < block_end; o++) {
                 if (d_inp != NULL)
-                    add_scaled(d_inp + (size_t)n * C,
-                               weight + (size_t)o * C, dy[o], C);
+                    cpu_add_scaled(d_inp + (size_t)n * C,
+                                   weight + (size_t)o * C, dy[o], C);
                 if (d_weight != NULL)
-                    add_scaled(d_weight + (size_t)o * C, x, dy[o], C);
+                    cpu_add_scaled(d_weight + (size_t)o * C, x, dy[o], C);
             }
         }
     }
     if (d_bias != NULL)
         for (int n = 0; n < N; n++)
-            add_scaled(d_bias, d_out + (size_t)n * OC, 1.0f, OC);
+            cpu_add_scaled(d_bias, d_out + (size_t)n * OC, 1.0f, OC);
 }
 
 /* ------------------------------------------------------------ attention */
 
-/* Where the query (part 0), key (1) or value (2) of head h at row (b, t)
- * starts inside qkv. */
-static size_t qkv_index(int b, int t, int part, int h, int T, int C, int NH)
-{
-    return ((size_t)b * T + t) * 3 * C + (size_t)part * C +
-           (size_t)h * (C / NH);
-}
-
+/* Multi-head attention is grouped-query attention with a key/value head
+ * per query head (ops_llama_cpu.c): the same layout (queries, keys,
+ * values side by side, C = NH head_size) and the same sums, so one
+ * reference serves both layers. */
 void cpu_attention_forward(float *out, float *probs, const float *qkv,
                            int B, int T, int C, int NH)
 {
-    int head_size = C / NH;
-    float scale = 1.0f / sqrtf((float)head_size);
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const float *q = qkv + qkv_index(b, t, 0, h, T, C, NH);
-                float *row = probs + (((size_t)b * NH + h) * T + t) * T;
-                float max_score = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *k = qkv + qkv_index(b, t2, 1, h, T, C, NH);
-                    row[t2] = dot_product(q, k, head_size) * scale;
-                    if (row[t2] > max_score)
-                        max_score = row[t2];
-                }
-                float sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    row[t2] = expf(row[t2] - max_score);
-                    sum += row[t2];
-                }
-                for (int t2 = 0; t2 <= t; t2++)
-                    row[t2] /= sum;
-                for (int t2 = t + 1; t2 < T; t2++)
-                    row[t2] = 0.0f; /* the causal mask */
-                float *o = out + ((size_t)b * T + t) * C +
-                           (size_t)h * head_size;
-                memset(o, 0, (size_t)head_size * sizeof *o);
-                for (int t2 = 0; t2 <= t; t2++)
-                    add_scaled(o, qkv + qkv_index(b, t2, 2, h, T, C, NH),
-                               row[t2], head_size);
-            }
-        }
-    }
+    cpu_gqa_attention_forward(out, probs, qkv, B, T, NH, NH, C / NH);
 }
 
-/* Per query row: d_probs = d_out . v; the softmax turns them into score
- * gradients p (d_probs - sum p d_probs); the scores q.k scale give d_q and
- * d_k; d_v gathers p d_out. */
 void cpu_attention_backward(float *d_qkv, const float *d_out,
                             const float *qkv, const float *probs,
                             float *scratch, int B, int T, int C, int NH)
 {
-    int head_size = C / NH;
-    float scale = 1.0f / sqrtf((float)head_size);
-    float *d_probs = scratch;
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const float *row = probs + (((size_t)b * NH + h) * T + t) * T;
-                const float *dy = d_out + ((size_t)b * T + t) * C +
-                                  (size_t)h * head_size;
-                float weighted_sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    size_t v = qkv_index(b, t2, 2, h, T, C, NH);
-                    d_probs[t2] = dot_product(dy, qkv + v, head_size);
-                    weighted_sum += row[t2] * d_probs[t2];
-                    add_scaled(d_qkv + v, dy, row[t2], head_size);
-                }
-                size_t q = qkv_index(b, t, 0, h, T, C, NH);
-                for (int t2 = 0; t2 <= t; t2++) {
-                    float d_score =
-                        row[t2] * (d_probs[t2] - weighted_sum) * scale;
-                    size_t k = qkv_index(b, t2, 1, h, T, C, NH);
-                    add_scaled(d_qkv + q, qkv + k, d_score, head_size);
-                    add_scaled(d_qkv + k, qkv + q, d_score, head_size);
-                }
-            }
-        }
-    }
+    cpu_gqa_attention_backward(d_qkv, d_out, qkv, probs, scratch, B, T, NH,
+                               NH, C / NH);
 }
 
 /* ----------------------------------------------------------------- gelu */

@@ -18,25 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grad_check.h"
+#include "op_check.h"
 
 #define OP_ATOL 1e-3
 #define OP_RTOL 1e-2
-
-static double weighted_sum(const float *out, const float *probe, size_t n)
-{
-    double sum = 0.0;
-    for (size_t i = 0; i < n; i++)
-        sum += (double)out[i] * probe[i];
-    return sum;
-}
-
-static float *new_floats(size_t count)
-{
-    float *values = calloc(count, sizeof *values);
-    assert_non_null(values);
-    return values;
-}
 
 /* ------------------------------------------------------------- matmul */
 
