@@ -61,13 +61,27 @@ def kind_of(name):
     return "other"
 
 
-def read_trace(path):
-    kernels = []
+def read_trace_rows(path):
+    """Every kernel of a trace as a dict: start, end, device, stream, name
+    (traces written before device and stream were recorded read as GPU 0,
+    stream 0)."""
+    rows = []
     with open(path) as f:
-        next(f)
+        columns = next(f).rstrip("\n").split("\t")
         for line in f:
-            start, end, name = line.rstrip("\n").split("\t", 2)
-            kernels.append((int(start), int(end), name))
+            fields = line.rstrip("\n").split("\t", len(columns) - 1)
+            raw = dict(zip(columns, fields))
+            rows.append({"start": int(raw["start_ns"]),
+                         "end": int(raw["end_ns"]),
+                         "device": int(raw.get("device", 0)),
+                         "stream": int(raw.get("stream", 0)),
+                         "name": raw["name"]})
+    return rows
+
+
+def read_trace(path):
+    kernels = [(r["start"], r["end"], r["name"])
+               for r in read_trace_rows(path)]
     kernels.sort()
     return kernels
 

@@ -1,7 +1,7 @@
 /*
  * A kernel tracer for any CUDA program, ours or a peer's (llm.c): loaded
  * by the driver through CUDA_INJECTION64_PATH, it records every kernel's
- * name, start and end through CUPTI's activity API and writes them, one
+ * name, start, end, device and stream through CUPTI's activity API and writes them, one
  * line per kernel, to $KERNEL_TRACE_OUT when the program exits. Kernels
  * run as they would without it (no replay, clocks left alone), so
  * kernel_table.py can cut the trace into steps and compare two programs
@@ -20,7 +20,8 @@
 /* The records CUPTI hands back, kept until exit; grows by doubling. */
 typedef struct kernel_record {
     uint64_t start_ns, end_ns;
-    char *name; /* owned */
+    uint32_t device, stream; /* which GPU and which of its streams */
+    char *name;              /* owned */
 } kernel_record;
 
 static kernel_record *records;
@@ -53,8 +54,8 @@ static void keep(const CUpti_ActivityKernel10 *kernel)
         dropped++;
         return;
     }
-    records[record_count++] = (kernel_record){kernel->start, kernel->end,
-                                              name};
+    records[record_count++] = (kernel_record){
+        kernel->start, kernel->end, kernel->deviceId, kernel->streamId, name};
 }
 
 static void CUPTIAPI take_buffer(CUcontext context, uint32_t stream,
@@ -88,11 +89,12 @@ static void write_trace(void)
         fprintf(stderr, "kernel_trace: cannot write %s\n", path);
         return;
     }
-    fprintf(out, "start_ns\tend_ns\tname\n");
+    fprintf(out, "start_ns\tend_ns\tdevice\tstream\tname\n");
     for (size_t i = 0; i < record_count; i++)
-        fprintf(out, "%llu\t%llu\t%s\n",
+        fprintf(out, "%llu\t%llu\t%u\t%u\t%s\n",
                 (unsigned long long)records[i].start_ns,
-                (unsigned long long)records[i].end_ns, records[i].name);
+                (unsigned long long)records[i].end_ns, records[i].device,
+                records[i].stream, records[i].name);
     fclose(out);
     fprintf(stderr, "kernel_trace: %zu kernels to %s%s\n", record_count,
             path, dropped ? " (some records were dropped)" : "");

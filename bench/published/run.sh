@@ -9,10 +9,11 @@
 #
 # usage: bench/published/run.sh [BUILD] [OUT]   (BUILD: build, OUT: a
 # temporary folder). Prints each table and a PASS/FAIL line per target;
-# exits 1 when a met target regresses (the calibrated profile's table:
-# mean |error| <= 10 %, >= 80 % of the runs within 10 %, none refused;
-# the bundled profile reproduced). The 12 % generalisation target is
-# printed, not enforced: it is not met yet (docs/accuracy.md).
+# exits 1 when a target regresses (the calibrated profile's table: mean
+# |error| <= 10 %, >= 80 % of the runs within 10 %, none refused; the
+# bundled profile reproduced; Megatron-LM's table within 10 % in TFLOP/s
+# a GPU at the micro-batch the cost model plans for each row). The 12 %
+# generalisation target is printed with its verdict.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
@@ -84,15 +85,38 @@ echo "# 5. Megatron-LM's own table (Narayanan et al. 2021, Table 1), TFLOP/s a G
 # bench/published/megatron-lm-table1.csv: the published TFLOP/s a GPU
 # made a step time by Megatron's count with full recompute, 96 B s l h^2
 # (1 + s / 6h + V / 16 l h), V 51,200. The table gives no micro-batch:
-# printed at 1 everywhere and with the four smaller models at 4 and 8.
+# each row is estimated at micro-batches 1 to 16 (those that divide its
+# replicas' batch), and judged at the one a planner would pick for it,
+# the fastest that fits in memory by the cost model (the paper tunes the
+# micro-batch per configuration, as Partita's planner does; no figure of
+# the table is used to choose it). Micro-batch 1 everywhere is printed
+# beside it.
 table=$root/bench/published/megatron-lm-table1.csv
 selene=(--cluster "$root/clusters/a100-selene.json" --precision fp16
         --recompute full --runtime megatron --attention unfused --vocab 51200)
-for mbs in 1 4 8; do
-    sed "s/^\(1.7B\|7.5B\|18.4B\|39.1B\),\([^,]*\),\([^,]*\),\([^,]*\),1,/\1,\2,\3,\4,$mbs,/" \
+for mbs in 1 2 4 8 16; do
+    awk -F, -v OFS=, -v m="$mbs" 'NR == 1 || ($4 / $11) % m == 0 { if (NR > 1) $5 = m; print }' \
         "$table" > "$out/table-mbs$mbs.csv"
     "$partita" estimate --runs "$out/table-mbs$mbs.csv" "${selene[@]}" \
         --profile "$root/profiles/A100-80GB.json" > "$out/table-$mbs.txt"
-    echo "micro-batch $mbs for 1.7B-39.1B (1 for 145.6B and 1T): $(grep '^  ' "$out/table-$mbs.txt" | awk '{printf "%s %s %%; ", $1, $NF}')$(summary "$out/table-$mbs.txt" | cut -d, -f1 | sed 's/^# //')"
 done
+echo "micro-batch 1 everywhere: $(grep '^  ' "$out/table-1.txt" | awk '{printf "%s %s %%; ", $1, $9}')$(summary "$out/table-1.txt" | cut -d, -f1 | sed 's/^# //')"
+# every estimate that fits, then per row the fastest (ties: the smaller
+# micro-batch); the TFLOP/s error of a step-time error e is 1/(1+e) - 1
+cat "$out"/table-{1,2,4,8,16}.txt | awk '/^  / && NF == 9' |
+    sort -k1,1 -k8,8g -k6,6n | awk '!seen[$1]++' |
+    sort -k2,2n > "$out/table-planned.txt"
+echo "# id      gpus  tp  dp  pp  mbs  measured (s)  estimated (s)  step error  TFLOP/s a GPU: published  estimated  error"
+awk -v table="$table" '
+    BEGIN { FS = ","; while ((getline line < table) > 0) { split(line, f, ","); tflops[f[1]] = f[13] } FS = " " }
+    { e = $8 / $7 - 1; t = 1 / (1 + e) - 1
+      printf "  %-7s %5d %3d %3d %3d %4d %13.4f %14.4f %+10.1f %% %26.0f %10.1f %+6.1f %%\n",
+             $1, $2, $3, $4, $5, $6, $7, $8, 100 * e, tflops[$1], tflops[$1] * (1 + t), 100 * t
+      sum += (t < 0 ? -t : t); if ((t < 0 ? -t : t) > worst) worst = (t < 0 ? -t : t); n++ }
+    END { printf "# at the planned micro-batch: mean |TFLOP/s error| %.1f %%, worst %.1f %%, %d rows\n", 100 * sum / n, 100 * worst, n }' \
+    "$out/table-planned.txt" | tee "$out/table-planned-summary.txt"
+rows=$(wc -l < "$out/table-planned.txt")
+worst=$(tail -1 "$out/table-planned-summary.txt" | sed 's/.*worst \([0-9.]*\) %.*/\1/')
+check "Megatron-LM's table: every one of $rows rows within 10 % in TFLOP/s a GPU at its planned micro-batch (worst $worst %)" \
+    "[ $rows -eq 6 ] && awk 'BEGIN{exit !($worst <= 10)}'"
 exit $status
