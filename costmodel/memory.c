@@ -256,7 +256,7 @@ static double scratch_bytes(const shard_dims *d, bool last)
     double N = d->N, C = d->C, A = d->A, F = d->F, e = d->e;
     double qkv = d->KV == A ? 3.0 * A : A + 2.0 * d->KV;
     double widest = fmax(fmax(qkv, d->U * F), C);
-    double bytes = 8.0 * N * C                 /* fp32 gradient streams */
+    double bytes = 4.0 * N * C                 /* the fp32 input gradient */
                    + e * 3.0 * N * C           /* bf16 stream, norm
                                                   gradient, norm output */
                    + e * N * (A + qkv)         /* attention, qkv grads */

@@ -22,7 +22,8 @@
 #   TORCH=1   add torch.compile (bench/exec_vs_torch/torch_gpt.py)
 #   TRACE="model:mbs ..."   also trace every kernel of both programs at
 #             these configs (bench/kernel_trace: CUPTI through
-#             CUDA_INJECTION64_PATH) and print kernel_table.py's table
+#             CUDA_INJECTION64_PATH) and print kernel_table.py's table;
+#             Partita runs the last recipe of RECIPES there
 set -u
 build=${1:?usage: run.sh BUILD_DIR LLMC_BINARY [LOG_DIR]}
 llmc=${2:?usage: run.sh BUILD_DIR LLMC_BINARY [LOG_DIR]}
@@ -166,7 +167,8 @@ for config in $configs; do
         fi
         echo "== kernel trace $model mbs $mbs"
         KERNEL_TRACE_OUT="$logs/trace-partita-$model.tsv" CUDA_INJECTION64_PATH="$tracer" \
-            PARTITA_CUDA_RECOMPUTE=none "$bench" "$json" "$mbs" 3 5 >"$logs/trace-partita-$model.log" 2>&1
+            PARTITA_CUDA_RECOMPUTE=none "$bench" "$json" "$mbs" 3 5 "$(grad_of "${recipes##* }")" \
+            >"$logs/trace-partita-$model.log" 2>&1
         KERNEL_TRACE_OUT="$logs/trace-llmc-$model.tsv" CUDA_INJECTION64_PATH="$tracer" \
             "$llmc" "${llmc_args[@]}" -x 8 >"$logs/trace-llmc-$model.log" 2>&1
         python3 "$root/bench/kernel_trace/kernel_table.py" --model "$json" --mbs "$mbs" \

@@ -13,6 +13,10 @@
  * Prints a table and one machine-readable line:
  *   RESULT impl=partita model=... mbs=... tokens_per_s=... step_ms=...
  *          peak_gib=...
+ * step_ms and tokens_per_s come from the median timed step, the figure
+ * bench/exec_vs_llmc/run.sh takes from llm.c's log too, so one slow
+ * step (a clock dip, the memory sampler) moves neither program; the
+ * mean is printed beside it.
  * Exit status: 0, 1 on failure, 77 when no GPU is visible.
  */
 #include <math.h>
@@ -81,6 +85,20 @@ typedef struct phase_times {
     double step;
 } phase_times;
 
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of count values (count >= 1); sorts them. */
+static double median_of(double *values, int count)
+{
+    qsort(values, (size_t)count, sizeof *values, compare_doubles);
+    return count % 2 ? values[count / 2]
+                     : 0.5 * (values[count / 2 - 1] + values[count / 2]);
+}
+
 static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
                     float learning_rate, phase_times *times, float *loss,
                     pt_error *err)
@@ -124,6 +142,11 @@ int main(int argc, char **argv)
     int mbs = atoi(argv[2]);
     int warmup = argc > 3 ? atoi(argv[3]) : 5;
     int steps = argc > 4 ? atoi(argv[4]) : 20;
+    if (mbs < 1 || warmup < 0 || steps < 1) {
+        fprintf(stderr, "exec_bench: MBS and TIMED_STEPS must be at least 1, "
+                        "WARMUP_STEPS at least 0\n");
+        return 1;
+    }
     pt_error err;
     model_shape shape;
     if (model_load_file(argv[1], &shape, &err) != 0) {
@@ -165,12 +188,20 @@ int main(int argc, char **argv)
     }
     phase_times warm = {0}, timed = {0};
     float loss = 0.0f, first_loss = 0.0f;
+    double *step_seconds = calloc((size_t)steps, sizeof *step_seconds);
+    if (step_seconds == NULL) {
+        fprintf(stderr, "exec_bench: out of host memory\n");
+        return 1;
+    }
     for (int i = 0; i < warmup + steps; i++) {
         phase_times *times = i < warmup ? &warm : &timed;
+        double before = times->step;
         if (run_step(&stage, tokens, mbs, 1e-4f, times, &loss, &err) != 0) {
             fprintf(stderr, "exec_bench: step %d: %s\n", i, err.message);
             return 1;
         }
+        if (i >= warmup)
+            step_seconds[i - warmup] = times->step - before;
         if (i == 0)
             first_loss = loss;
     }
@@ -179,7 +210,9 @@ int main(int argc, char **argv)
     double held = (double)cuda_stage_device_bytes(&stage) / (1 << 30);
     double used = (double)(free_before - free_after) / (1 << 30);
     double tokens_per_step = (double)mbs * shape.seq;
-    double step_s = timed.step / steps;
+    double mean_step_s = timed.step / steps;
+    double step_s = median_of(step_seconds, steps);
+    free(step_seconds);
     double params = model_parameter_count(&shape);
     /* 6 N per token for the dense part, plus the causal attention
      * products (Q K^T and P V, forward and backward: 6 x 2 x s x h / 2
@@ -192,11 +225,12 @@ int main(int argc, char **argv)
     printf("# loss %.4f -> %.4f nats/token (synthetic tokens)\n", first_loss,
            loss);
     printf("# attention: %s\n", cuda_stage_attention(&stage));
-    printf("# per step: forward %.2f ms, backward %.2f ms, norm + AdamW "
-           "%.2f ms, total %.2f ms\n",
+    printf("# per step (means): forward %.2f ms, backward %.2f ms, norm + "
+           "AdamW %.2f ms, total %.2f ms; median step %.2f ms\n",
            1e3 * timed.forward / steps, 1e3 * timed.backward / steps,
-           1e3 * timed.optimizer / steps, 1e3 * step_s);
-    printf("# %.0f tokens/s, %.1f TFLOP/s (6N + attention), device memory: "
+           1e3 * timed.optimizer / steps, 1e3 * mean_step_s, 1e3 * step_s);
+    printf("# %.0f tokens/s at the median step, %.1f TFLOP/s (6N + "
+           "attention), device memory: "
            "%.2f GiB held by the stage, %.2f GiB in use by the process\n",
            tokens_per_step / step_s,
            flops_per_token * tokens_per_step / step_s / 1e12, held, used);

@@ -19,6 +19,7 @@ Prints a summary and one machine-readable line:
 import argparse
 import json
 import math
+import statistics
 import time
 
 import torch
@@ -123,19 +124,23 @@ def main():
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
+    # each step timed to its end on the GPU, and the median taken, as
+    # exec_bench and bench/exec_vs_llmc/run.sh take it (one slow step
+    # moves none of the three programs)
+    step_times = []
     for _ in range(args.steps):
+        start = time.perf_counter()
         loss = step()
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    step_s = elapsed / args.steps
+        torch.cuda.synchronize()
+        step_times.append(time.perf_counter() - start)
+    step_s = statistics.median(step_times)
     tokens_per_s = args.mbs * seq / step_s
     peak = torch.cuda.max_memory_allocated() / 2**30
     reserved = torch.cuda.max_memory_reserved() / 2**30
     print(f"# torch {torch.__version__} {args.mode} on "
           f"{torch.cuda.get_device_name()}: {shape['name']}, mbs {args.mbs}, "
           f"seq {seq}, loss {loss.item():.4f}")
-    print(f"# {tokens_per_s:.0f} tokens/s, {1e3 * step_s:.2f} ms/step, "
+    print(f"# {tokens_per_s:.0f} tokens/s, {1e3 * step_s:.2f} ms/step (median), "
           f"peak {peak:.2f} GiB allocated, {reserved:.2f} GiB reserved")
     print(f"RESULT impl=torch mode={args.mode} model={shape['name']} "
           f"mbs={args.mbs} tokens_per_s={tokens_per_s:.0f} "

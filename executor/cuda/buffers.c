@@ -201,8 +201,7 @@ void buffer_carve_scratch(backward_scratch *s,
            F = (size_t)d->F;
     if (layout->spec.recompute_layers && layout->layer_count > 0)
         carve_layer(recomputed, a, layout, term);
-    s->d_stream[0] = take_floats(a, N * C, term);
-    s->d_stream[1] = take_floats(a, N * C, term);
+    s->d_stream_fp32 = take_floats(a, N * C, term);
     s->d_stream_bf16 = take_bf16(a, N * C, term);
     s->d_norm = take_bf16(a, N * C, term);
     s->d_att = take_bf16(a, N * A, term);

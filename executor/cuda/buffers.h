@@ -136,11 +136,12 @@ typedef struct activation_slot {
  * time (and, for the recomputed tensors, by the forward). */
 typedef struct backward_scratch {
     void *arena;                    /* owned device memory */
-    float *d_stream[2];             /* N x C fp32, alternating (R rows
-                                       used) */
-    pt_bf16 *d_stream_bf16;         /* N x C: the same, for the products
-                                       (a shard's rows at row0, then
-                                       gathered) */
+    float *d_stream_fp32;           /* N x C (R rows used): the stage's
+                                       input gradient in fp32, for the
+                                       embedding or the previous stage */
+    pt_bf16 *d_stream_bf16;         /* N x C: the stream gradient through
+                                       the head and the layers (a shard's
+                                       rows at row0, then gathered) */
     pt_bf16 *d_norm;                /* N x C: gradient of a norm's output */
     pt_bf16 *d_att;                 /* N x A */
     pt_bf16 *d_qkv;                 /* N x 3A */

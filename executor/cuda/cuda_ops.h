@@ -194,10 +194,14 @@ cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
  *   d_inp = d_residual + rstd (g - mean(g) - xhat mean(g xhat)),
  *   g = d_out x weight,
  * written to d_inp (fp32) and, when d_inp_bf16 is not NULL, to a bf16
- * copy for the matrix products that follow. d_residual may be NULL (then
- * taken as 0) and may equal d_inp. inp_bf16 is the forward's input (the
- * bf16 residual stream). d_weight and d_bias (C, of one
- * precision) are ADDED to (either's data may be NULL). One kernel when C % 8 == 0, C <= 8192
+ * copy for the matrix products that follow; d_inp may be NULL when
+ * d_inp_bf16 is not (the stream gradient kept in bf16 alone, as
+ * Megatron-LM's bf16 recipe and llm.c keep it). The residual gradient is
+ * d_residual (fp32) or, when that is NULL, d_residual_bf16; both NULL:
+ * taken as 0. d_residual may equal d_inp and d_residual_bf16 may equal
+ * d_inp_bf16 (in place). inp_bf16 is the forward's input (the bf16
+ * residual stream). d_weight and d_bias (C, of one precision) are ADDED
+ * to (either's data may be NULL). One kernel when C % 8 == 0, C <= 8192
  * and the tensors are 16-byte aligned, else two. scratch:
  * cuda_layernorm_backward_scratch(N_max, C) floats for calls of up to
  * N_max rows, ZEROED once before the first call (it holds the kernel's
@@ -207,6 +211,7 @@ cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
 cudaError_t cuda_layernorm_backward(float *d_inp, pt_bf16 *d_inp_bf16,
                                     cuda_grad d_weight, cuda_grad d_bias,
                                     const float *d_residual,
+                                    const pt_bf16 *d_residual_bf16,
                                     const pt_bf16 *d_out_bf16,
                                     const pt_bf16 *inp_bf16,
                                     const float *weight,

@@ -211,12 +211,14 @@ extern "C" cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
  * arguments; partials and counters: its scratch, see
  * cuda_layernorm_backward_scratch). */
 struct layernorm_backward_args {
-    float *d_inp;
-    bf16 *d_inp_bf16;            /* may be NULL */
+    float *d_inp;                /* may be NULL: d_inp_bf16 alone */
+    bf16 *d_inp_bf16;            /* may be NULL (not with d_inp NULL) */
     cuda_grad d_weight, d_bias;  /* added to; either's data may be NULL */
     float *partials;             /* blocks x 2C, then groups x 2C */
     unsigned int *counters;      /* groups + 1, zero between calls */
     const float *d_residual;     /* may be NULL, may equal d_inp */
+    const bf16 *d_residual_bf16; /* used when d_residual is NULL; may be
+                                  * NULL, may equal d_inp_bf16 */
     const bf16 *d_out;
     const bf16 *inp;
     const float *weight, *mean, *rstd;
@@ -310,6 +312,8 @@ static __device__ void fused_backward_rows(const layernorm_backward_args &a,
                     residual[i] = 0.0f;
                 if (a.d_residual != NULL)
                     load8(residual, a.d_residual + base + c);
+                else if (a.d_residual_bf16 != NULL)
+                    load8(residual, a.d_residual_bf16 + base + c);
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     float g = dy[r][k][i] * w[k][i];
@@ -319,7 +323,8 @@ static __device__ void fused_backward_rows(const layernorm_backward_args &a,
                     dw[k][i] += dy[r][k][i] * xhat[r][k][i];
                     db[k][i] += dy[r][k][i];
                 }
-                store8(a.d_inp + base + c, value);
+                if (a.d_inp != NULL)
+                    store8(a.d_inp + base + c, value);
                 if (a.d_inp_bf16 != NULL)
                     store8(a.d_inp_bf16 + base + c, value);
             }
@@ -442,7 +447,8 @@ layernorm_backward_fused(layernorm_backward_args a)
 template <int VECTOR>
 __global__ void __launch_bounds__(BACKWARD_THREADS)
 layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
-                          const float *d_residual, const bf16 *d_out,
+                          const float *d_residual,
+                          const bf16 *d_residual_bf16, const bf16 *d_out,
                           const bf16 *inp, const float *weight,
                           const float *mean, const float *rstd, int N, int C)
 {
@@ -498,6 +504,11 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
                     load8(residual, d_residual + base + c);
                 else
                     residual[0] = d_residual[base + c];
+            } else if (d_residual_bf16 != NULL) {
+                if (VECTOR == 8)
+                    load8(residual, d_residual_bf16 + base + c);
+                else
+                    residual[0] = __bfloat162float(d_residual_bf16[base + c]);
             }
 #pragma unroll
             for (int i = 0; i < VECTOR; i++) {
@@ -506,11 +517,13 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
                                                      xhat * g_xhat_mean);
             }
             if (VECTOR == 8) {
-                store8(d_inp + base + c, value);
+                if (d_inp != NULL)
+                    store8(d_inp + base + c, value);
                 if (d_inp_bf16 != NULL)
                     store8(d_inp_bf16 + base + c, value);
             } else {
-                d_inp[base + c] = value[0];
+                if (d_inp != NULL)
+                    d_inp[base + c] = value[0];
                 if (d_inp_bf16 != NULL)
                     d_inp_bf16[base + c] = __float2bfloat16_rn(value[0]);
             }
@@ -624,7 +637,8 @@ static void launch_fused(const layernorm_backward_args &a, unsigned int blocks,
 
 extern "C" cudaError_t cuda_layernorm_backward(
     float *d_inp, pt_bf16 *d_inp_bf16, cuda_grad d_weight, cuda_grad d_bias,
-    const float *d_residual, const pt_bf16 *d_out_bf16,
+    const float *d_residual, const pt_bf16 *d_residual_bf16,
+    const pt_bf16 *d_out_bf16,
     const pt_bf16 *inp_bf16, const float *weight, const float *mean, const float *rstd,
     float *scratch, int N, int C, cudaStream_t stream)
 {
@@ -632,16 +646,23 @@ extern "C" cudaError_t cuda_layernorm_backward(
         return cudaSuccess;
     unsigned int blocks = blocks_for((size_t)N, BACKWARD_ROWS);
     const bf16 *inp = as_bf16(inp_bf16);
-    bool vector = C % 8 == 0 && aligned16(d_inp) && aligned16(d_out_bf16) &&
-                  aligned16(inp) && aligned16(weight) && aligned16(scratch) &&
+    if (d_inp == NULL && d_inp_bf16 == NULL)
+        return cudaErrorInvalidValue;
+    bool vector = C % 8 == 0 && aligned16(d_out_bf16) && aligned16(inp) &&
+                  aligned16(weight) && aligned16(scratch) &&
+                  (d_inp == NULL || aligned16(d_inp)) &&
                   (d_inp_bf16 == NULL || aligned16(d_inp_bf16)) &&
-                  (d_residual == NULL || aligned16(d_residual));
+                  (d_residual == NULL || aligned16(d_residual)) &&
+                  (d_residual_bf16 == NULL || aligned16(d_residual_bf16));
+    const bf16 *residual_bf16 = d_residual == NULL ? as_bf16(d_residual_bf16)
+                                                   : NULL;
     float *partials = scratch + cuda_layernorm_counter_floats(N);
     if (vector && C <= FUSED_MAX_COLUMNS) {
         layernorm_backward_args a = {
             d_inp, as_bf16(d_inp_bf16), d_weight, d_bias, partials,
             reinterpret_cast<unsigned int *>(scratch), d_residual,
-            as_bf16(d_out_bf16), inp, weight, mean, rstd, N, C};
+            residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd, N,
+            C};
         launch_fused(a, blocks, stream);
         return cudaGetLastError();
     }
@@ -651,12 +672,14 @@ extern "C" cudaError_t cuda_layernorm_backward(
         layernorm_backward_generic<8>
             <<<blocks, BACKWARD_THREADS, 0, stream>>>(
                 d_inp, as_bf16(d_inp_bf16), partials, d_residual,
-                as_bf16(d_out_bf16), inp, weight, mean, rstd, N, C);
+                residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd,
+                N, C);
     else
         layernorm_backward_generic<1>
             <<<blocks, BACKWARD_THREADS, 0, stream>>>(
                 d_inp, as_bf16(d_inp_bf16), partials, d_residual,
-                as_bf16(d_out_bf16), inp, weight, mean, rstd, N, C);
+                residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd,
+                N, C);
     dim3 threads(WARP_SIZE, 8);
     layernorm_partials_kernel<<<blocks_for((size_t)2 * C, WARP_SIZE), threads,
                                 0, stream>>>(d_weight, d_bias, partials,

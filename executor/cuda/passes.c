@@ -707,33 +707,33 @@ static cuda_grad norm_grad(model_stage *stage, const stage_dims *d, int run,
                  : grad_at(stage, offset);
 }
 
-/* A layer norm's backward over the shard's rows: d_inp (fp32, the
- * shard's rows packed) = d_residual + the norm's term from
- * scratch.d_norm's rows, and its bf16 copy at the rows' place in
- * scratch.d_stream_bf16; the weight and bias gradients added to d_weight
- * and d_bias. */
-static int norm_backward(model_stage *stage, float *d_inp,
-                         const float *d_residual, cuda_grad d_weight,
-                         cuda_grad d_bias, const pt_bf16 *inp,
-                         const float *weight, const float *mean,
-                         const float *rstd, const stage_dims *d,
-                         pt_error *err)
+/* A layer norm's backward over the shard's rows: the norm's term from
+ * scratch.d_norm's rows, plus (add_residual) the stream gradient already
+ * there, into the rows' place in scratch.d_stream_bf16, in place; the
+ * weight and bias gradients added to d_weight and d_bias. The stream
+ * gradient is bf16 from the head down to the embedding, as Megatron-LM's
+ * bf16 recipe and llm.c keep it: the layer norm's backward moves 8 bytes
+ * a value, not the 16 of an fp32 stream with a bf16 copy. */
+static int norm_backward(model_stage *stage, bool add_residual,
+                         cuda_grad d_weight, cuda_grad d_bias,
+                         const pt_bf16 *inp, const float *weight,
+                         const float *mean, const float *rstd,
+                         const stage_dims *d, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
-    size_t off = shard_offset(d);
+    pt_bf16 *rows = s->d_stream_bf16 + shard_offset(d);
     CUDA_TRY(cuda_layernorm_backward(
-        d_inp, s->d_stream_bf16 + off, d_weight, d_bias, d_residual,
-        s->d_norm + off, inp, weight, mean, rstd, s->norm_partials, d->R,
-        d->C, state->stream));
+        NULL, rows, d_weight, d_bias, NULL, add_residual ? rows : NULL,
+        s->d_norm + shard_offset(d), inp, weight, mean, rstd,
+        s->norm_partials, d->R, d->C, state->stream));
     return 0;
 }
 
 /* The MLP's first product and the second layer norm: fc's weight
- * gradient, d (ln2 output), and d_mid = d_out + ln2's term into d_input
- * (and its bf16 copy in scratch.d_stream_bf16). */
-static int mlp_input_backward(model_stage *stage, float *d_input,
-                              const float *d_out, const layer_offsets *o,
+ * gradient, d (ln2 output), and d_mid = d_out + ln2's term in
+ * scratch.d_stream_bf16 (which held d_out). */
+static int mlp_input_backward(model_stage *stage, const layer_offsets *o,
                               const layer_activations *act,
                               const stage_dims *d, pt_error *err)
 {
@@ -754,18 +754,17 @@ static int mlp_input_backward(model_stage *stage, float *d_input,
                            mirror_at(state, o->fc_weight), N, C, F, 1.0f);
     if (column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
-    return norm_backward(stage, d_input, d_out,
-                         norm_grad(stage, d, 2, o->ln2_weight),
+    return norm_backward(stage, true, norm_grad(stage, d, 2, o->ln2_weight),
                          norm_grad(stage, d, 3, o->ln2_bias),
                          act->residual_mid, param_at(stage, o->ln2_weight), act->ln2_mean,
                          act->ln2_rstd, d, err);
 }
 
 /* mid = input + attn_proj(attention(qkv(ln1(input)))), backwards: from
- * d_mid in d_input (and scratch.d_stream_bf16) to the gradient of the
- * layer's input, in the same places. Under sequence parallelism the
- * shards' rows of d_mid are gathered first. */
-static int attention_block_backward(model_stage *stage, float *d_input,
+ * d_mid in scratch.d_stream_bf16 to the gradient of the layer's input,
+ * in the same place. Under sequence parallelism the shards' rows of
+ * d_mid are gathered first. */
+static int attention_block_backward(model_stage *stage,
                                     const layer_offsets *o,
                                     const layer_activations *act,
                                     const pt_bf16 *input,
@@ -808,8 +807,7 @@ static int attention_block_backward(model_stage *stage, float *d_input,
                            1.0f);
     if (column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
-    return norm_backward(stage, d_input, d_input,
-                         norm_grad(stage, d, 0, o->ln1_weight),
+    return norm_backward(stage, true, norm_grad(stage, d, 0, o->ln1_weight),
                          norm_grad(stage, d, 1, o->ln1_bias), input,
                          param_at(stage, o->ln1_weight), act->ln1_mean, act->ln1_rstd, d,
                          err);
@@ -817,16 +815,14 @@ static int attention_block_backward(model_stage *stage, float *d_input,
 
 /* The block's backward in reverse order of its forward
  * (out = mid + mlp_proj(gelu(fc(ln2(mid)))), mid = input +
- * attn_proj(attention(qkv(ln1(input))))). d_out (fp32) and its bf16 copy
- * in scratch.d_stream_bf16 are the gradient of the block's output;
- * d_input (fp32) and scratch.d_stream_bf16 receive the gradient of its
- * input. d_out may be caller memory: it is only read. An fc bias
- * gradient made by the product's epilogue is added last. Under sequence
- * parallelism d_out, d_input and input are the shard's rows (packed; the
- * bf16 copies at their place, gathered before the row-parallel
- * products' backward) and the norms' gradients are summed at the end. */
-static int layer_backward(model_stage *stage, float *d_input,
-                          const float *d_out, const layer_offsets *o,
+ * attn_proj(attention(qkv(ln1(input))))). scratch.d_stream_bf16 holds
+ * the gradient of the block's output and receives the gradient of its
+ * input. An fc bias gradient made by the product's epilogue is added
+ * last. Under sequence parallelism the stream gradient's rows are the
+ * shard's (at their place, gathered before the row-parallel products'
+ * backward), input is the shard's rows, and the norms' gradients are
+ * summed at the end. */
+static int layer_backward(model_stage *stage, const layer_offsets *o,
                           const layer_activations *act,
                           const pt_bf16 *input,
                           const stage_dims *d, pt_error *err)
@@ -844,8 +840,8 @@ static int layer_backward(model_stage *stage, float *d_input,
     }
     if (mlp_projection_backward(stage, o, act, d, &fc_bias_pending, err) !=
             0 ||
-        mlp_input_backward(stage, d_input, d_out, o, act, d, err) != 0 ||
-        attention_block_backward(stage, d_input, o, act, input, d, err) != 0)
+        mlp_input_backward(stage, o, act, d, err) != 0 ||
+        attention_block_backward(stage, o, act, input, d, err) != 0)
         return -1;
     if (fc_bias_pending)
         CUDA_TRY(cuda_add_into_grad(grad_at(stage, o->fc_bias),
@@ -858,12 +854,12 @@ static int layer_backward(model_stage *stage, float *d_input,
 }
 
 /* Loss -> logits -> final norm: leaves d loss / d (last stream) in
- * d_stream (fp32) and scratch.d_stream_bf16. The loss is loss_scale x
- * the mean over N positions; the logits' buffer holds softmax - onehot,
- * so the products take alpha = loss_scale / N. */
+ * scratch.d_stream_bf16 (the shard's rows at their place). The loss is
+ * loss_scale x the mean over N positions; the logits' buffer holds
+ * softmax - onehot, so the products take alpha = loss_scale / N. */
 static int head_backward(model_stage *stage, activation_slot *slot,
-                         float loss_scale, float *d_stream,
-                         const stage_dims *d, pt_error *err)
+                         float loss_scale, const stage_dims *d,
+                         pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
@@ -885,7 +881,7 @@ static int head_backward(model_stage *stage, activation_slot *slot,
     if (gemm_run(state->gemm, &call, state->stream, err) != 0)
         return -1;
     /* the final norm over the shard's rows (its statistics packed) */
-    if (norm_backward(stage, d_stream, NULL,
+    if (norm_backward(stage, false,
                       norm_grad(stage, d, 0, o->final_norm_weight),
                       norm_grad(stage, d, 1, o->final_norm_bias),
                       slot->stream_out, param_at(stage, o->final_norm_weight),
@@ -946,10 +942,11 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
     backward_scratch *s = &state->scratch;
     stage_dims d = dims_of(stage, io->mbs);
     /* the gradient of the stage's output: the shard's rows under
-     * sequence parallelism (packed; their bf16 copy at their place) */
+     * sequence parallelism (packed in io->output_grad; in bf16 at their
+     * place in scratch.d_stream_bf16, where the head and the layers keep
+     * the stream gradient) */
     size_t RC = (size_t)d.R * d.C;
-    const float *d_out = io->output_grad;
-    int free_stream = 0;
+    pt_bf16 *stream_grad = s->d_stream_bf16 + shard_offset(&d);
     /* ZeRO-2/3's units (grad_units.c): the embeddings' buffer is open for
      * the whole backward (a tied head writes into it first) */
     if (cuda_grad_unit_begin(stage, STAGE_UNIT_EMBEDDING, 0, err) != 0 ||
@@ -958,22 +955,18 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
     if (stage->spec.has_head) {
         if (cuda_param_unit_use(stage, STAGE_UNIT_HEAD, 0, true, err) != 0 ||
             cuda_grad_unit_begin(stage, STAGE_UNIT_HEAD, 0, err) != 0 ||
-            head_backward(stage, slot, io->loss_scale, s->d_stream[0], &d,
-                          err) != 0 ||
+            head_backward(stage, slot, io->loss_scale, &d, err) != 0 ||
             cuda_grad_unit_done(stage, STAGE_UNIT_HEAD, 0, err) != 0)
             return -1;
         gradients_enqueued(state, state->offsets.final_norm_weight);
-        d_out = s->d_stream[0];
-        free_stream = 1;
         state->attention_lent = slot->logits; /* dead until its forward */
     } else if (state->layer_count > 0) {
-        CUDA_TRY(cuda_convert_to_bf16(s->d_stream_bf16 + shard_offset(&d),
-                                      d_out, RC, state->stream));
+        CUDA_TRY(cuda_convert_to_bf16(stream_grad, io->output_grad, RC,
+                                      state->stream));
     }
     for (int l = state->layer_count - 1; l >= 0; l--) {
         const pt_bf16 *layer_input =
             l > 0 ? slot->layers[l - 1].output : slot->input;
-        float *d_input = s->d_stream[free_stream];
         layer_activations *act = layer_kept(stage, slot, l);
         if (cuda_param_unit_use(stage, STAGE_UNIT_LAYER, l, true, err) != 0)
             return -1;
@@ -984,33 +977,37 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
                           &d, err) != 0)
             return -1;
         if (cuda_grad_unit_begin(stage, STAGE_UNIT_LAYER, l, err) != 0 ||
-            layer_backward(stage, d_input, d_out, &state->offsets.layers[l],
-                           act, layer_input, &d, err) != 0 ||
+            layer_backward(stage, &state->offsets.layers[l], act,
+                           layer_input, &d, err) != 0 ||
             cuda_grad_unit_done(stage, STAGE_UNIT_LAYER, l, err) != 0)
             return -1;
         gradients_enqueued(state, state->offsets.layers[l].ln1_weight);
-        d_out = d_input;
-        free_stream = 1 - free_stream;
+    }
+    /* the gradient of the stage's input in fp32 (the shard's rows,
+     * packed) for the embedding or the previous stage: from the bf16
+     * stream, or the output gradient itself when nothing came between */
+    const float *d_in = io->output_grad;
+    if (stage->spec.has_head || state->layer_count > 0) {
+        CUDA_TRY(cuda_convert_to_float(s->d_stream_fp32, stream_grad, RC,
+                                       state->stream));
+        d_in = s->d_stream_fp32;
     }
     if (stage->spec.has_embedding) {
         if (cuda_param_unit_use(stage, STAGE_UNIT_EMBEDDING, 0, true, err) !=
                 0 ||
-            embedding_backward(stage, slot, d_out, &d, err) != 0 ||
+            embedding_backward(stage, slot, d_in, &d, err) != 0 ||
             cuda_grad_unit_done(stage, STAGE_UNIT_EMBEDDING, 0, err) != 0)
             return -1;
         gradients_enqueued(state, 0);
         s->input_grad = NULL;
     } else {
-        /* a stage with no layers and no head passes the gradient through;
-         * copy it so the result does not point into the caller's memory */
-        if (d_out != s->d_stream[0] && d_out != s->d_stream[1]) {
-            CUDA_TRY(cudaMemcpyAsync(s->d_stream[0], d_out,
+        /* the result must not point into the caller's memory */
+        if (d_in != s->d_stream_fp32)
+            CUDA_TRY(cudaMemcpyAsync(s->d_stream_fp32, d_in,
                                      RC * sizeof(float),
                                      cudaMemcpyDeviceToDevice,
                                      state->stream));
-            d_out = s->d_stream[0];
-        }
-        s->input_grad = d_out;
+        s->input_grad = s->d_stream_fp32;
     }
     state->attention_lent = NULL;
     if (!stage->defer_sync && cuda_sync_stage_stream(stage, err) != 0)

@@ -326,7 +326,7 @@ static void test_layernorm(gpu_test_tally *tally, int N, int C)
     for (int call = 0; call < 2; call++)
         GPU_CHECK(cuda_layernorm_backward(dev_dinp, dev_dinp_bf16,
                                           cuda_grad_fp32(dev_dw),
-                                          cuda_grad_fp32(dev_db), dev_residual, dev_grad_out,
+                                          cuda_grad_fp32(dev_db), dev_residual, NULL, dev_grad_out,
                                           d_inp, d_weight, d_mean, d_rstd,
                                           scratch, N, C, 0));
     float *got_dinp = gpu_test_host(NC * sizeof(float));
@@ -345,6 +345,25 @@ static void test_layernorm(gpu_test_tally *tally, int N, int C)
     gpu_test_download_bf16(got_dinp, dev_dinp_bf16, NC);
     snprintf(name, sizeof name, "layernorm backward d_inp bf16 copy C=%d", C);
     gpu_test_compare(tally, name, got_dinp, want_dinp, NC, TOL_BF16_OUT);
+
+    /* the stream gradient in bf16 alone, in place (the cuda stage's
+     * layers): d_inp NULL, the residual read from the bf16 buffer it
+     * is written back to; against the same sum over the rounded
+     * residual */
+    memcpy(want_dinp, residual, NC * sizeof(float));
+    gpu_test_round_bf16(want_dinp, NC);
+    pt_bf16 *dev_stream = gpu_test_upload_bf16(want_dinp, NC);
+    cpu_layernorm_backward(want_dinp, NULL, NULL, grad_out, inp, weight,
+                           want_mean, want_rstd, N, C);
+    GPU_CHECK(cuda_layernorm_backward(NULL, dev_stream, cuda_grad_fp32(NULL),
+                                      cuda_grad_fp32(NULL), NULL, dev_stream,
+                                      dev_grad_out, d_inp, d_weight, d_mean,
+                                      d_rstd, scratch, N, C, 0));
+    gpu_test_download_bf16(got_dinp, dev_stream, NC);
+    snprintf(name, sizeof name,
+             "layernorm backward bf16 stream gradient in place C=%d", C);
+    gpu_test_compare(tally, name, got_dinp, want_dinp, NC, TOL_BF16_OUT);
+    cudaFree(dev_stream);
 
     free(inp), free(weight), free(bias), free(want), free(want_mean);
     free(want_rstd), free(got), free(got_mean), free(got_rstd);
