@@ -19,7 +19,9 @@
 # (PART.tgz) beside the log as soon as it ends.
 # The profiles are measured with one set of stages in one process
 # (STAGE_SETS and PROCESSES, 1: the part budgets were sized for one; the
-# profiler's defaults are 3 sets in each of 4 processes).
+# profiler's defaults are 3 sets in each of 4 processes); PROFILE_OPTIONS
+# adds options to every `partita profile` (e.g. `--timing host`, the
+# clock the suite's profiles were taken on until 2026-11-28).
 #
 # Usage: bench/accuracy/one_gpu_call.sh BUILD_DIR OUT_DIR
 set -u
@@ -41,7 +43,8 @@ pack() { (cd "$work" && tar czf "$out/$1.tgz" "$1"); }
 profile() {
     local name=$1 dir=$2 limit=$3
     shift 3
-    timeout -k 5 "$limit" "$partita" profile "$@" --no-comm \
+    # shellcheck disable=SC2086 # PROFILE_OPTIONS: words on purpose
+    timeout -k 5 "$limit" "$partita" profile "$@" --no-comm ${PROFILE_OPTIONS:-} \
         --stage-sets "${STAGE_SETS:-1}" --processes "${PROCESSES:-1}" \
         -o "$dir/$name.json" >"$dir/$name.log" 2>&1
     echo "$name: rc $? ($SECONDS s) $(tail -n 1 "$dir/$name.log")"

@@ -15,7 +15,8 @@
 # Usage: bench/accuracy/profile_beside.sh BUILD_DIR OUT_DIR [TYPE ...]
 # Environment: PROFILE_S (60: the time limit of one profile, sized for
 # one set of stages in one process), STAGE_SETS (1: `partita profile
-# --stage-sets`), PROCESSES (1: `--processes`), PLANS
+# --stage-sets`), PROCESSES (1: `--processes`), PROFILE_OPTIONS (more
+# options for every `partita profile`, e.g. `--timing host`), PLANS
 # (bench/accuracy/plans-1gpu), DRY_RUN=1 (print the commands only).
 set -u
 build=$(cd "${1:?usage: profile_beside.sh BUILD_DIR OUT_DIR [TYPE ...]}" && pwd)
@@ -62,7 +63,7 @@ EOF
 status=0
 while read -r gpu sms beside models tp mbs flags; do
     [ -n "$gpu" ] || continue
-    read -r -a extra <<<"$flags"
+    read -r -a extra <<<"$flags ${PROFILE_OPTIONS:-}"
     cmd=("$build/cli/partita" profile --model "$models" --sm-limit "$sms"
          --beside "$beside" --tp "$tp" --mbs "$mbs" --no-comm "${extra[@]}"
          --stage-sets "${STAGE_SETS:-1}" --processes "${PROCESSES:-1}"
