@@ -123,7 +123,24 @@ typedef struct type_costs {
                                   all-reduces inside one node of this type
                                   (the layer times hold 2 forward and 2
                                   backward, 2 more with recompute) */
+    double boundary_s;         /* one conversion at a stage's boundary in
+                                  Partita's executor, a micro-batch's
+                                  activation (or gradient) between the
+                                  fp32 pipeline message and the bf16
+                                  stream: 6 bytes an element at
+                                  stream_s_per_byte; 0 for the other
+                                  runtimes (costmodel_boundary_count) */
 } type_costs;
+
+/* How many boundary conversions (type_costs.boundary_s) stage s of a
+ * pipeline of pp stages pays per micro-batch: forward, the received
+ * message rounded into the stream (every stage but the first) and the
+ * last stream widened for the next (every stage but the last); backward,
+ * the received gradient rounded (every stage but the last) and the
+ * stream gradient widened for the previous stage or the embedding (every
+ * stage). The profiler times its parts without them (executor stage.h,
+ * boundary_free). */
+void costmodel_boundary_count(int s, int pp, int *forward, int *backward);
 
 /* Forward plus backward seconds of one layer (recompute included) for a
  * tp group whose slowest GPU is priced by costs; a group that spans nodes

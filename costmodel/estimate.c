@@ -175,12 +175,17 @@ static void stage_compute_s(const parallel_config *config, int s, int layers,
                             double *forward_s, double *backward_s)
 {
     bool first = s == 0, last = s == config->pp - 1;
+    int boundary_forward, boundary_backward;
+    costmodel_boundary_count(s, config->pp, &boundary_forward,
+                             &boundary_backward);
     *forward_s = layers * zero_costs->layer_forward_s * scale +
                  (first ? zero_costs->embedding_forward_s : 0.0) +
-                 (last ? zero_costs->head_forward_s : 0.0);
+                 (last ? zero_costs->head_forward_s : 0.0) +
+                 boundary_forward * zero_costs->boundary_s;
     *backward_s = layers * zero_costs->layer_backward_s * scale +
                   (first ? zero_costs->embedding_backward_s : 0.0) +
-                  (last ? zero_costs->head_backward_s : 0.0);
+                  (last ? zero_costs->head_backward_s : 0.0) +
+                  boundary_backward * zero_costs->boundary_s;
 }
 
 /* Time and memory of every stage, and the simulator's inputs. */

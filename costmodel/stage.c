@@ -100,6 +100,13 @@ void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
                            : 0.0;
 }
 
+void costmodel_boundary_count(int s, int pp, int *forward, int *backward)
+{
+    bool first = s == 0, last = s == pp - 1;
+    *forward = (first ? 0 : 1) + (last ? 0 : 1);
+    *backward = (last ? 0 : 1) + 1;
+}
+
 /* Largest layer count whose memory fits, in the same arithmetic the
  * estimate uses to decide `fits`. */
 static int layers_that_fit(const stage_terms *terms, int model_layers)
@@ -143,6 +150,10 @@ void costmodel_terms_from_costs(const costmodel *cm,
         out->fixed_s += slow->embedding_forward_s + slow->embedding_backward_s;
     if (last)
         out->fixed_s += slow->head_forward_s + slow->head_backward_s;
+    int boundary_forward, boundary_backward;
+    costmodel_boundary_count(stage, config->pp, &boundary_forward,
+                             &boundary_backward);
+    out->fixed_s += (boundary_forward + boundary_backward) * slow->boundary_s;
     comm_group tp_span = {.members = config->tp, .nodes = self->tp_nodes,
                           .intra = self->tp_intra_link,
                           .inter = self->tp_link};

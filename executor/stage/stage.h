@@ -319,6 +319,14 @@ typedef struct model_stage {
     const struct comm *tp_comm;
     int tp_group[PT_MAX_TP];
     bool tp_compute_only;
+    /* The profiler's stages time their parts alone: the cuda backend
+     * skips the stage's boundary, the rounding of a received fp32 message
+     * into the bf16 stream, the widening of its last stream for the next
+     * stage, and the same two for the gradients, which a pipeline stage
+     * pays once per micro-batch however many layers it holds (the cost
+     * model prices them per stage, docs/cost-model.md). The skipped
+     * buffers keep what they held, so results are not the model's. */
+    bool boundary_free;
     /* The profiler's back-to-back timing: forward, backward and the AdamW
      * step return once their work is queued (a backend that runs on the host finishes it
      * all the same), and a forward with the head reads no loss back (its
