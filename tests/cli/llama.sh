@@ -27,7 +27,7 @@ plan-llama3-70b)
   expect_in out.txt "# model llama3-70b: 70553706496 parameters"
   run 0 partita export plan.json --to megatron -o launch.sh
   bash -n launch.sh || fail "launch.sh is not valid bash"
-  for flag in "--normalization RMSNorm" "--swiglu" \
+  for flag in "--normalization RMSNorm --norm-epsilon 1e-05" "--swiglu" \
               "--position-embedding-type rope --rotary-base 500000" \
               "--group-query-attention --num-query-groups 8" \
               "--untie-embeddings-and-output-weights" "--disable-bias-linear" \
