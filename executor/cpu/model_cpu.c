@@ -18,6 +18,8 @@
 #include "executor/cpu/stage_cpu.h"
 
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,59 +79,109 @@ static float *place(const model_stage *stage, float *base,
                          : base + offset;
 }
 
-/* The layout of stage_parameter_layout, walked in its order. */
+/* A layer's tensors by the name stage_parameter_layout gives them after
+ * "layers.L.". */
+static float **layer_field(layer_tensors *layer, const char *name)
+{
+    static const struct {
+        const char *name;
+        size_t offset;
+    } fields[] = {
+        {"ln1_weight", offsetof(layer_tensors, ln1_weight)},
+        {"ln1_bias", offsetof(layer_tensors, ln1_bias)},
+        {"attn_qkv_weight", offsetof(layer_tensors, qkv_weight)},
+        {"attn_qkv_bias", offsetof(layer_tensors, qkv_bias)},
+        {"attn_proj_weight", offsetof(layer_tensors, attn_proj_weight)},
+        {"attn_proj_bias", offsetof(layer_tensors, attn_proj_bias)},
+        {"ln2_weight", offsetof(layer_tensors, ln2_weight)},
+        {"ln2_bias", offsetof(layer_tensors, ln2_bias)},
+        {"mlp_fc_weight", offsetof(layer_tensors, fc_weight)},
+        {"mlp_fc_bias", offsetof(layer_tensors, fc_bias)},
+        {"mlp_proj_weight", offsetof(layer_tensors, mlp_proj_weight)},
+        {"mlp_proj_bias", offsetof(layer_tensors, mlp_proj_bias)},
+    };
+    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+        if (strcmp(name, fields[f].name) == 0)
+            return (float **)((char *)layer + fields[f].offset);
+    return NULL;
+}
+
+/* The stage's (not a layer's) tensor of that name. */
+static float **stage_field(stage_tensors *tensors, const char *name)
+{
+    if (strcmp(name, "token_embedding") == 0)
+        return &tensors->token_embedding;
+    if (strcmp(name, "position_embedding") == 0)
+        return &tensors->position_embedding;
+    if (strcmp(name, "final_norm_weight") == 0)
+        return &tensors->final_norm_weight;
+    if (strcmp(name, "final_norm_bias") == 0)
+        return &tensors->final_norm_bias;
+    if (strcmp(name, "lm_head_weight") == 0)
+        return &tensors->head_weight;
+    return NULL;
+}
+
+/* Points every field at its tensor of the stage's table (which holds
+ * only the tensors the model has: the others stay NULL); a tied head on
+ * the embedding's stage reads the token embedding. */
 static void map_tensors(const model_stage *stage, float *base,
                         const cpu_units *units, stage_tensors *out)
 {
-    int index = 0;
-    if (stage->spec.has_embedding) {
-        out->token_embedding = place(stage, base, units, index++);
-        out->position_embedding = place(stage, base, units, index++);
+    for (int index = 0; index < stage->tensor_count; index++) {
+        const char *name = stage->tensors[index].name;
+        int layer = 0, skipped = 0;
+        float **field = NULL;
+        if (sscanf(name, "layers.%d.%n", &layer, &skipped) == 1 &&
+            skipped > 0)
+            field = layer_field(&out->layers[layer - stage->spec.first_layer],
+                                name + skipped);
+        else
+            field = stage_field(out, name);
+        if (field != NULL)
+            *field = place(stage, base, units, index);
     }
-    int layer_count = stage->spec.last_layer - stage->spec.first_layer;
-    for (int l = 0; l < layer_count; l++) {
-        layer_tensors *layer = &out->layers[l];
-        float **fields[] = {
-            &layer->ln1_weight,       &layer->ln1_bias,
-            &layer->qkv_weight,       &layer->qkv_bias,
-            &layer->attn_proj_weight, &layer->attn_proj_bias,
-            &layer->ln2_weight,       &layer->ln2_bias,
-            &layer->fc_weight,        &layer->fc_bias,
-            &layer->mlp_proj_weight,  &layer->mlp_proj_bias,
-        };
-        for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
-            *fields[f] = place(stage, base, units, index++);
-    }
-    if (stage->spec.has_head) {
-        out->final_norm_weight = place(stage, base, units, index++);
-        out->final_norm_bias = place(stage, base, units, index++);
-        out->head_weight = index < stage->tensor_count
-                               ? place(stage, base, units, index++)
-                               : out->token_embedding;
-    }
+    if (stage->spec.has_head && out->head_weight == NULL)
+        out->head_weight = out->token_embedding;
 }
 
 /* ---------------------------------------------------------- allocation */
 
 
-static stage_dims dims_of(const model_stage *stage, int mbs)
+stage_dims cpu_stage_dims(const model_shape *shape, const stage_spec *spec,
+                          int mbs)
 {
-    stage_shard shard = stage_shard_of(&stage->shape, &stage->spec);
+    stage_shard shard = stage_shard_of(shape, spec);
     stage_dims dims = {
         .B = (size_t)mbs,
-        .T = (size_t)stage->shape.seq,
-        .C = (size_t)stage->shape.hidden,
+        .T = (size_t)shape->seq,
+        .C = (size_t)shape->hidden,
         .A = (size_t)shard.attention_channels,
         .F = (size_t)shard.ffn,
         .V = (size_t)shard.vocab_count,
         .NH = (size_t)shard.heads,
+        .KVH = (size_t)(model_kv_heads(shape) / shard.tp),
+        .hs = (size_t)(shape->hidden / shape->heads),
         .vocab_first = shard.vocab_first,
         .tp = shard.tp,
+        .rmsnorm = shape->norm == MODEL_NORM_RMSNORM,
+        .norm_eps = (float)model_norm_eps(shape),
+        .swiglu = shape->mlp == MODEL_MLP_SWIGLU,
+        .rope = shape->positions == MODEL_POSITIONS_ROPE,
+        .rope_base = shape->rope_base,
+        .grouped_qkv = !model_is_gpt(shape),
     };
+    dims.QW = (dims.NH + 2 * dims.KVH) * dims.hs;
+    dims.FW = dims.swiglu ? 2 * dims.F : dims.F;
     dims.N = dims.B * dims.T;
-    stage_sequence_rows(&stage->spec, dims.N, &dims.row0, &dims.rows);
+    stage_sequence_rows(spec, dims.N, &dims.row0, &dims.rows);
     dims.sp = dims.rows != dims.N;
     return dims;
+}
+
+static stage_dims dims_of(const model_stage *stage, int mbs)
+{
+    return cpu_stage_dims(&stage->shape, &stage->spec, mbs);
 }
 
 /* A micro-batch's activations: every layer's, or with full recompute
@@ -146,7 +198,7 @@ static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
     }
     if (has_head) {
         slot->final_out = arena_take(a, d->N * d->C);
-        slot->final_mean = arena_take(a, d->N);
+        slot->final_mean = arena_take(a, d->rmsnorm ? 0 : d->N);
         slot->final_rstd = arena_take(a, d->N);
         slot->probs = arena_take(a, d->N * d->V);
         slot->losses = arena_take(a, d->N);
@@ -163,9 +215,10 @@ static void carve_scratch(backward_scratch *s, layer_activations *recomputed,
     s->d_mid = arena_take(a, d->N * d->C);
     s->d_norm = arena_take(a, d->N * d->C);
     s->d_att = arena_take(a, d->N * d->A);
-    s->d_qkv = arena_take(a, d->N * 3 * d->A);
-    s->d_fc = arena_take(a, d->N * d->F);
-    s->d_gelu = arena_take(a, d->N * d->F);
+    s->d_qkv = arena_take(a, d->N * d->QW);
+    s->d_qkv_raw = arena_take(a, d->grouped_qkv ? d->N * d->QW : 0);
+    s->d_fc = arena_take(a, d->N * d->FW);
+    s->d_fc_act = arena_take(a, d->N * d->F);
     s->attention_row = arena_take(a, d->T);
     s->row_stats = arena_take(a, 3 * d->N);
     s->output_grad = arena_take(a, d->N * d->C);
@@ -312,7 +365,8 @@ out_of_memory:
 /* -------------------------------------------------------------- forward */
 
 /* Vocab-parallel embedding: each shard looks up the tokens of its rows
- * (zero for the others), the group sums, then the positions are added. */
+ * (zero for the others), the group sums, then the positions are added
+ * (learned positions; rotary ones turn the queries and keys instead). */
 static int embedding_forward(const model_stage *stage, activation_slot *slot,
                              const stage_tensors *p, const stage_dims *d,
                              pt_error *err)
@@ -337,7 +391,8 @@ static int embedding_forward(const model_stage *stage, activation_slot *slot,
               : stage_tp_all_reduce_sum(stage, slot->input, d->N * d->C,
                                         err))
         return -1;
-    for (size_t n = d->row0; n < d->row0 + d->rows; n++) {
+    for (size_t n = d->row0;
+         p->position_embedding != NULL && n < d->row0 + d->rows; n++) {
         const float *position = p->position_embedding + (n % d->T) * d->C;
         for (size_t c = 0; c < d->C; c++)
             slot->input[n * d->C + c] += position[c];
@@ -446,8 +501,9 @@ static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
     const float *stream = slot->input;
     for (int l = 0; l < state->layer_count; l++) {
         if (unit_fetch(stage, CPU_UNIT_LAYER, l, err) != 0 ||
-            cpu_layer_forward(stage, layer_kept(stage, slot, l), &p->layers[l],
-                          stream, &d, err) != 0)
+            cpu_layer_forward(stage, layer_kept(stage, slot, l),
+                              &p->layers[l], stream, &state->scratch, &d,
+                              err) != 0)
             return -1;
         stream = slot->layers[l].output;
     }
@@ -531,16 +587,19 @@ static void embedding_backward(cpu_stage_state *state, const float *d_out,
                                slot->inputs, (int)d->B, (int)d->T, (int)d->C);
         return;
     }
+    float *positions = state->grads.position_embedding; /* NULL: rope */
     for (size_t n = 0; n < d->N; n++) {
         const float *row = d_out + n * d->C;
-        float *position = state->grads.position_embedding + (n % d->T) * d->C;
+        float *position =
+            positions != NULL ? positions + (n % d->T) * d->C : NULL;
         long local = (long)slot->inputs[n] - d->vocab_first;
         float *token = local >= 0 && local < (long)d->V
                            ? state->grads.token_embedding +
                                  (size_t)local * d->C
                            : NULL;
         for (size_t c = 0; c < d->C; c++) {
-            position[c] += row[c];
+            if (position != NULL)
+                position[c] += row[c];
             if (token != NULL)
                 token[c] += row[c];
         }
@@ -589,12 +648,13 @@ static int cpu_backward(model_stage *stage, int slot_index,
         /* full recompute: the layer's forward again, from its kept input
          * (its output is rewritten with the same values) */
         if (stage->spec.recompute_layers &&
-            cpu_layer_forward(stage, act, &state->params.layers[l], layer_input,
-                          &d, err) != 0)
+            cpu_layer_forward(stage, act, &state->params.layers[l],
+                              layer_input, s, &d, err) != 0)
             return -1;
-        if (cpu_layer_backward(stage, d_input, d_out, &state->grads.layers[l],
-                           &state->params.layers[l], act, layer_input, s, &d,
-                           err) != 0 ||
+        if (cpu_layer_backward(stage, d_input, d_out,
+                               &state->grads.layers[l],
+                               &state->params.layers[l], act, layer_input, s,
+                               &d, err) != 0 ||
             unit_done(stage, CPU_UNIT_LAYER, l, err) != 0)
             return -1;
         d_out = d_input;
@@ -709,6 +769,31 @@ static float *cpu_output_grad_buffer(model_stage *stage)
 {
     cpu_stage_state *state = stage->backend_state;
     return state->scratch.output_grad;
+}
+
+size_t cpu_stage_activation_bytes_of(const model_shape *shape,
+                                     const stage_spec *spec, int mbs,
+                                     int slot_count)
+{
+    stage_dims d = cpu_stage_dims(shape, spec, mbs);
+    int layers = spec->last_layer - spec->first_layer;
+    bool recompute = spec->recompute_layers && layers > 0;
+    /* the dry runs of allocate_slots' carving */
+    activation_slot slot = {
+        .layers = calloc((size_t)layers + 1, sizeof *slot.layers)};
+    if (slot.layers == NULL)
+        return 0;
+    arena slot_floats = {.base = NULL, .used = 0};
+    carve_slot(&slot, &slot_floats, &d, layers, spec->has_head, recompute);
+    free(slot.layers);
+    backward_scratch scratch;
+    layer_activations recomputed;
+    arena scratch_floats = {.base = NULL, .used = 0};
+    carve_scratch(&scratch, &recomputed, &scratch_floats, &d, recompute);
+    size_t per_slot =
+        slot_floats.used * sizeof(float) + 2 * d.N * sizeof(uint32_t);
+    return (size_t)slot_count * per_slot +
+           scratch_floats.used * sizeof(float);
 }
 
 size_t cpu_stage_activation_bytes(const model_stage *stage)
