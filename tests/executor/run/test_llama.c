@@ -63,23 +63,6 @@ static run_options base_options(const run_scratch *s, long iterations)
     return options;
 }
 
-static void train_ok(const plan *p, const run_options *options,
-                     run_result *out)
-{
-    pt_error err = {{0}};
-    if (run_training(p, options, out, &err) != 0)
-        fail_msg("run failed: %s", err.message);
-}
-
-static void assert_close(double got, double want, const char *what,
-                         const char *layout, long iteration)
-{
-    double scale = fabs(want) > 1e-30 ? fabs(want) : 1.0;
-    if (!(fabs(got - want) <= 1e-5 * scale))
-        fail_msg("%s, iteration %ld: %s %.9g, one-stage run %.9g", layout,
-                 iteration, what, got, want);
-}
-
 /* A layout's levers beside its degrees. */
 typedef struct levers {
     const char *partition;
@@ -108,19 +91,11 @@ static void expect_same_as_one_stage(const run_scratch *s, int tp, int dp,
     apply_levers(&parallel, l);
     run_options options = base_options(s, ITERATIONS);
     run_result reference, result;
-    train_ok(&one, &options, &reference);
-    train_ok(&parallel, &options, &result);
+    run_train_ok(&one, &options, &reference);
+    run_train_ok(&parallel, &options, &result);
     assert_int_equal(result.iteration_count, ITERATIONS);
     assert_int_equal(result.rank_count, tp * dp * pp);
-    for (long i = 0; i < ITERATIONS; i++) {
-        const run_iteration *got = &result.iterations[i];
-        const run_iteration *want = &reference.iterations[i];
-        assert_true(isfinite(got->loss) && got->loss > 0.0f);
-        assert_close(got->loss, want->loss, "loss", layout, got->iteration);
-        assert_close(got->grad_norm, want->grad_norm, "grad norm", layout,
-                     got->iteration);
-    }
-    assert_true(result.iterations[0].loss != result.iterations[2].loss);
+    run_expect_same_iterations(&result, &reference, ITERATIONS, layout);
     run_result_free(&reference);
     run_result_free(&result);
     plan_free(&one);
@@ -175,8 +150,8 @@ static void recompute_changes_nothing(void **state)
     recompute.config.recompute = true;
     run_options options = base_options(s, ITERATIONS);
     run_result kept, recomputed;
-    train_ok(&keep, &options, &kept);
-    train_ok(&recompute, &options, &recomputed);
+    run_train_ok(&keep, &options, &kept);
+    run_train_ok(&recompute, &options, &recomputed);
     for (long i = 0; i < ITERATIONS; i++)
         if (kept.iterations[i].loss != recomputed.iterations[i].loss ||
             kept.iterations[i].grad_norm != recomputed.iterations[i].grad_norm)
@@ -196,7 +171,7 @@ static void loss_falls(void **state)
     options.train.schedule.max_lr = 1e-2;
     options.train.schedule.min_lr = 1e-3;
     run_result result;
-    train_ok(&p, &options, &result);
+    run_train_ok(&p, &options, &result);
     /* log(257) at the start; the byte statistics are learnt fast */
     assert_true(fabs(result.iterations[0].loss - log(257.0)) < 0.5);
     if (!(result.iterations[7].loss < result.iterations[0].loss - 0.5f))
@@ -204,15 +179,6 @@ static void loss_falls(void **state)
                  result.iterations[7].loss, result.iterations[0].loss);
     run_result_free(&result);
     plan_free(&p);
-}
-
-static uint64_t blob_bytes(const char *dir, const char *name)
-{
-    uint64_t bytes = 0;
-    pt_error err = {{0}};
-    if (checkpoint_blob_size(dir, name, &bytes, &err) != 0)
-        fail_msg("%s", err.message);
-    return bytes;
 }
 
 /* 4 iterations straight against 2, a checkpoint, and 2 resumed: the same
@@ -225,13 +191,13 @@ static void checkpoint_resumes_exactly(void **state)
     llama_plan(&p, 2, 1, 2, "3-1");
     run_options options = base_options(s, 4);
     run_result straight, first, second;
-    train_ok(&p, &options, &straight);
+    run_train_ok(&p, &options, &straight);
     char dir[512];
     run_path(s, "llama-checkpoint", dir, sizeof dir);
     run_options first_half = options;
     first_half.iterations = 2;
     first_half.save_dir = dir;
-    train_ok(&p, &first_half, &first);
+    run_train_ok(&p, &first_half, &first);
     assert_int_equal(first.last_checkpoint_iteration, 2);
     /* rank 2 (stage 1, tp shard 0): one layer of its shard, the final
      * norm, half of the head's vocabulary rows */
@@ -244,13 +210,13 @@ static void checkpoint_resumes_exactly(void **state)
     size_t floats = 0;
     assert_true(stage_parameter_layout(&p.model, &spec, NULL, &floats,
                                        &err) > 0);
-    assert_true(blob_bytes(dir, "params.rank2") == 4 * floats);
-    assert_true(blob_bytes(dir, "adam_v.rank2") == 4 * floats);
+    assert_true(run_blob_bytes(dir, "params.rank2") == 4 * floats);
+    assert_true(run_blob_bytes(dir, "adam_v.rank2") == 4 * floats);
     int vocab_rows = (p.model.vocab + 1) / 2;
     assert_true(floats > (size_t)vocab_rows * (size_t)p.model.hidden);
     run_options resumed = options;
     resumed.load_dir = dir;
-    train_ok(&p, &resumed, &second);
+    run_train_ok(&p, &resumed, &second);
     assert_int_equal(second.first_iteration, 3);
     for (int i = 0; i < 2; i++)
         if (second.iterations[i].loss != straight.iterations[2 + i].loss ||
@@ -265,20 +231,6 @@ static void checkpoint_resumes_exactly(void **state)
     plan_free(&p);
 }
 
-static void expect_refusal(const plan *p, const run_options *options,
-                           const char *part)
-{
-    pt_error err = {{0}};
-    run_result result;
-    int status = run_training(p, options, &result, &err);
-    run_result_free(&result);
-    if (status != -1)
-        fail_msg("expected a refusal mentioning \"%s\", got %d (%s)", part,
-                 status, err.message);
-    assert_message_has(&err, part);
-    assert_null(strchr(err.message, '\n'));
-}
-
 /* tp 4 over 2 key/value heads would copy them (Megatron's layout): not
  * run; the cuda backend trains GPT-2's layer only, so far. */
 static void refusals(void **state)
@@ -286,11 +238,11 @@ static void refusals(void **state)
     plan p;
     llama_plan(&p, 4, 1, 1, NULL);
     run_options options = base_options(*state, 1);
-    expect_refusal(&p, &options, "kv_heads 2: tp 4 does not divide them");
+    run_expect_refusal(&p, &options, "kv_heads 2: tp 4 does not divide them");
     plan_free(&p);
     llama_plan(&p, 1, 1, 1, NULL);
     options.backend = BACKEND_CUDA;
-    expect_refusal(&p, &options, "model llama-tiny: kv_heads 2: the cuda "
+    run_expect_refusal(&p, &options, "model llama-tiny: kv_heads 2: the cuda "
                                  "backend trains GPT-2's layer only");
     plan_free(&p);
 }
