@@ -214,4 +214,23 @@ static inline void run_expect_same_iterations(const run_result *got,
     assert_true(got->iterations[0].loss != got->iterations[count - 1].loss);
 }
 
+/* The last 2 iterations of a 4-iteration straight run, bit for bit. */
+static inline void run_expect_resumed_equals_straight(
+    const run_result *resumed, const run_result *straight)
+{
+    assert_int_equal(resumed->first_iteration, 3);
+    assert_int_equal(resumed->iteration_count, 2);
+    for (int i = 0; i < 2; i++) {
+        const run_iteration *got = &resumed->iterations[i];
+        const run_iteration *want = &straight->iterations[2 + i];
+        assert_int_equal(got->iteration, want->iteration);
+        if (got->loss != want->loss || got->grad_norm != want->grad_norm)
+            fail_msg("iteration %ld: resumed loss %.9g norm %.9g, straight "
+                     "%.9g %.9g",
+                     got->iteration, got->loss, got->grad_norm, want->loss,
+                     want->grad_norm);
+        assert_true(got->learning_rate == want->learning_rate);
+    }
+}
+
 #endif

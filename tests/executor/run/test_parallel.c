@@ -196,25 +196,6 @@ static void tp2_dp2_zero1_matches_one_stage(void **state)
     expect_run_same_as_one_stage(*state, 2, 2, 1, NULL, "1f1b", true);
 }
 
-/* The last 2 iterations of a 4-iteration straight run, bit for bit. */
-static void expect_resumed_equals_straight(const run_result *resumed,
-                                           const run_result *straight)
-{
-    assert_int_equal(resumed->first_iteration, 3);
-    assert_int_equal(resumed->iteration_count, 2);
-    for (int i = 0; i < 2; i++) {
-        const run_iteration *got = &resumed->iterations[i];
-        const run_iteration *want = &straight->iterations[2 + i];
-        assert_int_equal(got->iteration, want->iteration);
-        if (got->loss != want->loss || got->grad_norm != want->grad_norm)
-            fail_msg("iteration %ld: resumed loss %.9g norm %.9g, straight "
-                     "%.9g %.9g",
-                     got->iteration, got->loss, got->grad_norm, want->loss,
-                     want->grad_norm);
-        assert_true(got->learning_rate == want->learning_rate);
-    }
-}
-
 /* Resumes `options`' run from dir, expects the straight run's last 2
  * iterations and frees the three records; returns the resuming options. */
 static run_options expect_resume_matches(const plan *p, run_options options,
@@ -225,7 +206,7 @@ static run_options expect_resume_matches(const plan *p, run_options options,
     run_result second;
     options.load_dir = dir;
     run_train_ok(p, &options, &second);
-    expect_resumed_equals_straight(&second, straight);
+    run_expect_resumed_equals_straight(&second, straight);
     run_result_free(straight);
     run_result_free(first);
     run_result_free(&second);
@@ -303,7 +284,7 @@ static void pp2_resume_equals_straight_run(void **state)
         assert_int_equal(first.iterations[i].iteration, i + 1);
         assert_true(first.iterations[i].loss == straight.iterations[i].loss);
     }
-    expect_resumed_equals_straight(&second, &straight);
+    run_expect_resumed_equals_straight(&second, &straight);
     run_result_free(&straight);
     run_result_free(&first);
     run_result_free(&second);
