@@ -220,6 +220,8 @@ typedef struct model_shape {
     model_mlp mlp;
     model_positions positions;
     double rope_base;    /* rotary positions' base (rope only) */
+    double norm_eps;     /* RMSNorm's epsilon (rmsnorm only; LayerNorm's
+                            is 1e-5) */
     model_bias bias;
 } model_shape;
 
@@ -241,6 +243,9 @@ double model_embedding_parameter_count(const model_shape *model);
 double model_final_norm_parameter_count(const model_shape *model);
 /* Key/value heads (heads when the file gives none). */
 int model_kv_heads(const model_shape *model);
+/* The norms' epsilon: norm_eps for RMSNorm (its default when a shape
+ * built field by field leaves it 0), LayerNorm's fixed 1e-5. */
+double model_norm_eps(const model_shape *model);
 /* Whether the model is GPT-2's layer throughout (the shapes a profile's
  * measured tables hold, and the layer the executor runs). */
 bool model_is_gpt(const model_shape *model);

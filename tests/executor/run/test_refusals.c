@@ -12,23 +12,6 @@
 #define HIDDEN 16
 #define SEQ 16
 
-/* Runs and expects a refusal (-1) whose message holds `part`, with the
- * save directory, when given, never created. */
-static void expect_refusal(const plan *p, const run_options *options,
-                           const char *part)
-{
-    pt_error err = {{0}};
-    run_result result;
-    int status = run_training(p, options, &result, &err);
-    run_result_free(&result);
-    if (status != -1)
-        fail_msg("expected a refusal mentioning \"%s\", got status %d (%s)",
-                 part, status, err.message);
-    assert_message_has(&err, part);
-    if (options->save_dir != NULL)
-        assert_false(run_path_exists(options->save_dir));
-}
-
 /* A committed checkpoint of a 2-layer model after two iterations. */
 static void make_checkpoint(const run_scratch *s, const plan *p,
                             const char *dir)
@@ -66,7 +49,7 @@ static void tensor_parallel_plan_is_refused(void **state)
     char dir[512];
     run_path(s, "never", dir, sizeof dir);
     options.save_dir = dir;
-    expect_refusal(&p, &options, "tp 4 must divide the 2 heads");
+    run_expect_refusal(&p, &options, "tp 4 must divide the 2 heads");
     plan_free(&p);
 }
 
@@ -79,7 +62,7 @@ static void missing_dataset_is_refused(void **state)
     char prefix[512];
     run_path(s, "no-such-data", prefix, sizeof prefix);
     options.data_prefix = prefix;
-    expect_refusal(&p, &options, "no-such-data.idx");
+    run_expect_refusal(&p, &options, "no-such-data.idx");
     plan_free(&p);
 }
 
@@ -89,8 +72,8 @@ static void small_vocabulary_is_refused(void **state)
     plan p;
     tiny_plan(&p, 2, HIDDEN, 2, SEQ, 200, 4, 2);
     run_options options = run_test_options(s, 2);
-    expect_refusal(&p, &options, "vocab 200");
-    expect_refusal(&p, &options, "token 256");
+    run_expect_refusal(&p, &options, "vocab 200");
+    run_expect_refusal(&p, &options, "token 256");
     plan_free(&p);
 }
 
@@ -107,8 +90,8 @@ static void too_little_memory_is_refused(void **state)
     assert_true(fabs(needed - activations -
                      16.0 * model_parameter_count(&p.model)) < 0.5);
     options.memory_available_bytes = needed / 2;
-    expect_refusal(&p, &options, "not enough memory");
-    expect_refusal(&p, &options, "16 bytes per parameter");
+    run_expect_refusal(&p, &options, "not enough memory");
+    run_expect_refusal(&p, &options, "16 bytes per parameter");
     options.memory_available_bytes = needed * 2;
     pt_error err = {{0}};
     run_result result;
@@ -123,16 +106,16 @@ static void bad_options_are_refused(void **state)
     plan p;
     tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
     run_options options = run_test_options(s, 0);
-    expect_refusal(&p, &options, "iterations must be >= 1");
+    run_expect_refusal(&p, &options, "iterations must be >= 1");
     options = run_test_options(s, 2);
     options.save_interval = -1;
-    expect_refusal(&p, &options, "save interval");
+    run_expect_refusal(&p, &options, "save interval");
     options = run_test_options(s, 2);
     options.train.schedule.min_lr = 1.0;
-    expect_refusal(&p, &options, "min_lr");
+    run_expect_refusal(&p, &options, "min_lr");
     options = run_test_options(s, 2);
     options.data_prefix = NULL;
-    expect_refusal(&p, &options, "no dataset");
+    run_expect_refusal(&p, &options, "no dataset");
     plan_free(&p);
 }
 
@@ -170,8 +153,8 @@ static void corrupt_checkpoint_is_refused(void **state)
     run_options options = run_test_options(s, 4);
     options.load_dir = dir;
     options.save_dir = fresh;
-    expect_refusal(&p, &options, "checksum mismatch");
-    expect_refusal(&p, &options, "adam_v");
+    run_expect_refusal(&p, &options, "checksum mismatch");
+    run_expect_refusal(&p, &options, "adam_v");
     /* saving into the corrupt directory itself must not replace it */
     options.save_dir = dir;
     pt_error err = {{0}};
@@ -196,9 +179,9 @@ static void checkpoint_of_another_shape_is_refused(void **state)
     make_checkpoint(s, &p, dir);
     run_options options = run_test_options(s, 4);
     options.load_dir = dir;
-    expect_refusal(&wider, &options, "model.hidden is 16");
-    expect_refusal(&wider, &options, "another model");
-    expect_refusal(&deeper, &options, "model.layers is 2");
+    run_expect_refusal(&wider, &options, "model.hidden is 16");
+    run_expect_refusal(&wider, &options, "another model");
+    run_expect_refusal(&deeper, &options, "model.layers is 2");
     /* the same shape loads */
     pt_error err = {{0}};
     run_result result;
@@ -224,16 +207,16 @@ static void other_seed_or_finished_checkpoint_is_refused(void **state)
     options.load_dir = dir;
     options.seed = 99;
     options.seed_given = true;
-    expect_refusal(&p, &options, "seed 1234");
+    run_expect_refusal(&p, &options, "seed 1234");
     options = run_test_options(s, 2);
     options.load_dir = dir;
-    expect_refusal(&p, &options, "nothing left to run");
-    expect_refusal(&p, &options, "at iteration 2");
+    run_expect_refusal(&p, &options, "nothing left to run");
+    run_expect_refusal(&p, &options, "at iteration 2");
     char missing[512];
     run_path(s, "no-checkpoint-here", missing, sizeof missing);
     options = run_test_options(s, 4);
     options.load_dir = missing;
-    expect_refusal(&p, &options, "no manifest.json");
+    run_expect_refusal(&p, &options, "no manifest.json");
     plan_free(&p);
 }
 
