@@ -23,7 +23,7 @@
  * that carries them is still a plan. */
 static const char *const plan_keys[] = {
     "format", "model", "cluster", "gbs", "mbs", "tp", "dp", "pp",
-    "partition", "node_order", "schedule", "precision", "recompute",
+    "partition", "stages", "node_order", "schedule", "precision", "recompute",
     "distributed_optimizer", "zero", "offload_optimizer", "virtual_stages",
     "sequence_parallel", "runtime", "attention", "overlap_grad_reduce",
     "overlap_param_gather", "tf32",
@@ -709,7 +709,9 @@ static int plan_parts(const json_t *obj, const json_place *place, plan *out,
         partition_part(obj, place, out, err) != 0 ||
         interleave_partition_part(out, place, err) != 0 ||
         node_order_part(obj, place, out, err) != 0 ||
-        check_placement(place, out, err) != 0)
+        (json_object_get(obj, "stages") == NULL
+             ? check_placement(place, out, err)
+             : plan_stages_part(obj, place, out, err)) != 0)
         return -1;
     return 0;
 }
@@ -844,6 +846,11 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
     json_put(root, "dp", json_integer(config->dp), &failures);
     json_put(root, "pp", json_integer(config->pp), &failures);
     json_put(root, "partition", json_string(partition), &failures);
+    bool stages_failed = false;
+    json_t *stages = plan_stages_to_json(p, &stages_failed);
+    failures += stages_failed;
+    if (stages != NULL)
+        json_put(root, "stages", stages, &failures);
     json_put(root, "node_order", node_order_to_json(p), &failures);
     json_put(root, "schedule", json_string(schedule_name(config->schedule)),
              &failures);
