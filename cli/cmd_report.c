@@ -210,9 +210,9 @@ static int estimate_and_report(const report_arguments *args, const plan *p,
     }
     estimate est;
     int status;
-    if (costmodel_estimate(&cm, &p->config, p->node_order,
-                           p->node_order_count, p->partition, true, &est,
-                           &err) != 0) {
+    if (costmodel_estimate_stages(&cm, &p->config, p->stages, p->node_order,
+                                  p->node_order_count, p->partition, true,
+                                  &est, &err) != 0) {
         cli_error_in("report", args->plan_path, err.message);
         status = EXIT_BAD_INPUT;
     } else {

@@ -751,11 +751,11 @@ int plan_rank_node(const plan *p, int rank);
 /* The first stage of p whose tp or dp is its own (not the plan-wide
  * one), or -1: a plan the symmetric tools (exec, export) can take. */
 int plan_first_asymmetric_stage(const plan *p);
-/* The "stages" entry of p (parsed and checked against the degrees, the
- * model, the batch and the GPUs of node_order): the plan reader's last
- * step (common/plan_stages.c). */
-int plan_stages_part(const json_t *obj, const json_place *place, plan *out,
-                     pt_error *err);
+/* The "stages" entry of a plan (parsed and checked against the degrees,
+ * the model, the batch and held_gpus, those of node_order): the plan
+ * reader's last step (common/plan_stages.c). */
+int plan_stages_part(const json_t *obj, const json_place *place,
+                     long long held_gpus, plan *out, pt_error *err);
 /* "stages" as the writer puts it, one {"tp", "dp"} a stage; NULL when
  * no stage has its own degrees (the key is then left out, so a
  * symmetric plan is written as it always was). *failed set when out of

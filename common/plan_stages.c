@@ -128,10 +128,11 @@ static int check_stage(const plan *p, int stage, const json_place *where,
 
 /* The stages take consecutive ranks: each must find its tp x dp GPUs
  * among those node_order holds, and together they must take them all. */
-static int check_gpus(const plan *p, const json_place *where, pt_error *err)
+static int check_gpus(const plan *p, long long held,
+                      const json_place *where, pt_error *err)
 {
     const parallel_config *config = &p->config;
-    long long held = plan_gpu_count(p), taken = 0;
+    long long taken = 0;
     for (int s = 0; s < config->pp; s++) {
         stage_degrees degrees = resolved(config, p->stages, s);
         long long own = (long long)degrees.tp * degrees.dp;
@@ -155,8 +156,8 @@ static int check_gpus(const plan *p, const json_place *where, pt_error *err)
     return 0;
 }
 
-int plan_stages_part(const json_t *obj, const json_place *place, plan *out,
-                     pt_error *err)
+int plan_stages_part(const json_t *obj, const json_place *place,
+                     long long held_gpus, plan *out, pt_error *err)
 {
     json_place where = json_place_key(place, "stages");
     const json_t *value = json_object_get(obj, "stages");
@@ -186,7 +187,7 @@ int plan_stages_part(const json_t *obj, const json_place *place, plan *out,
                                "every rank's chunks span the pipeline",
                                parallel_virtual_stages(config));
     }
-    return check_gpus(out, &where, err);
+    return check_gpus(out, held_gpus, &where, err);
 }
 
 /* ------------------------------------------------------------- writer */
