@@ -401,6 +401,16 @@ int costmodel_stage_terms_between(costmodel *cm,
                                   const stage_placement *self, int stage,
                                   stage_terms *out, pt_error *err);
 
+/* The terms of every stage of a plan whose stages may run their own tp
+ * and dp (stages[pp], NULL: none; docs/cost-model.md, section 15), on
+ * the node order given: each at its own config, its sends across the
+ * boundaries on either side (re-sharded where the degrees differ);
+ * terms[pp]. What the asymmetric search's partitions are solved on. */
+int costmodel_stage_terms_stages(costmodel *cm, const parallel_config *config,
+                                 const stage_degrees *stages,
+                                 const int *node_order, int node_count,
+                                 stage_terms *terms, pt_error *err);
+
 /* -------------------------------------------------------------- estimate */
 
 typedef enum event_kind {

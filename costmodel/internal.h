@@ -54,6 +54,15 @@ void costmodel_terms_from_costs(const costmodel *cm,
                                 const type_costs *slow,
                                 const type_costs *small, stage_terms *out);
 
+/* costmodel_terms_from_costs with the stage's sends given: sends_s, its
+ * forward and backward sends per micro-batch together. */
+void costmodel_terms_with_sends(const costmodel *cm,
+                                const parallel_config *config,
+                                const stage_placement *self, int stage,
+                                const type_costs *slow,
+                                const type_costs *small, double sends_s,
+                                stage_terms *out);
+
 /* Micro-batches per iteration, gbs / (dp x mbs); -1 (err filled) when
  * gbs is not a positive multiple of dp x mbs. */
 int costmodel_microbatch_count(const parallel_config *config, pt_error *err);

@@ -156,16 +156,26 @@ void costmodel_terms_from_costs(const costmodel *cm,
                                 const type_costs *slow,
                                 const type_costs *small, stage_terms *out)
 {
+    double send_forward, send_backward;
+    costmodel_stage_sends(cm, config, previous, self, stage, &send_forward,
+                          &send_backward);
+    costmodel_terms_with_sends(cm, config, self, stage, slow, small,
+                               send_forward + send_backward, out);
+}
+
+void costmodel_terms_with_sends(const costmodel *cm,
+                                const parallel_config *config,
+                                const stage_placement *self, int stage,
+                                const type_costs *slow,
+                                const type_costs *small, double sends_s,
+                                stage_terms *out)
+{
     const model_shape *model = &cm->model;
     type_costs zero_costs = *slow; /* with ZeRO-2/3's gathers, reduces */
     costmodel_zero_unit_costs(cm, config, self, &zero_costs);
     slow = &zero_costs;
     bool first = stage == 0, last = stage == config->pp - 1;
-
-    double send_forward, send_backward;
-    costmodel_stage_sends(cm, config, previous, self, stage, &send_forward,
-                          &send_backward);
-    out->fixed_s = send_forward + send_backward;
+    out->fixed_s = sends_s;
     if (first)
         out->fixed_s += slow->embedding_forward_s + slow->embedding_backward_s;
     if (last)

@@ -51,6 +51,11 @@ PY
   run 2 partita estimate in-bad.json
   expect_in err.txt "in-bad.json: stages\[1\].dp: 3 replicas cannot share a micro-batch of dp x mbs = 8 x 1 = 8 samples"
   one_line
+  # report lays ranks out as a symmetric plan does: refused, one line
+  run 2 partita report in-plan.json -o report
+  expect_in err.txt "in-plan.json: stages\[0\]: a stage of its own tp and dp: report does not take such plans yet"
+  one_line
+  [ ! -e report ] || fail "a refused report wrote its folder"
   ;;
 exec-refuses-asymmetric)
   partita prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null \
@@ -106,6 +111,27 @@ export-asymmetric)
   run 0 partita export "$source_root/docs/examples/plan-gpt2xl-hetero.json" \
     --to deepspeed --symmetric -o again.json
   cmp -s plain.json again.json || fail "--symmetric changed a symmetric plan"
+  ;;
+plan-asymmetric)
+  # the exhaustive asymmetric search on a small cluster: ranked with the
+  # symmetric plans, its best written and estimated again
+  run 0 partita plan --model gpt2-xl --cluster h200x4-hetero --gbs 64 \
+    --asymmetric --no-interleave --quiet -o plan.json
+  expect_in out.txt "plans whose stages run their own tp and dp"
+  grep -q '^ *[0-9].* asym ' out.txt || fail "no asymmetric plan ranked"
+  run 0 partita estimate plan.json
+  # above its bounds, and beside --pareto or a degree option: refused
+  run 2 partita plan --model gpt2-xl --cluster hetero --gbs 64 \
+    --asymmetric --quiet -o big.json
+  expect_in err.txt "--asymmetric: cluster hetero has 32 GPUs on 8 nodes; the asymmetric search enumerates at most 16 GPUs on 8 nodes yet"
+  one_line
+  [ ! -e big.json ] || fail "a refused search wrote big.json"
+  run 2 partita plan --model gpt2-xl --cluster h200x4-hetero --gbs 64 \
+    --asymmetric --pareto -o big.json
+  expect_in err.txt "--asymmetric: not with --pareto yet"
+  run 2 partita plan --model gpt2-xl --cluster h200x4-hetero --gbs 64 \
+    --asymmetric --tp 2 -o big.json
+  expect_in err.txt "--asymmetric: not with --tp 2 yet"
   ;;
 *)
   fail "unknown case"
