@@ -418,6 +418,16 @@ int costmodel_stage_terms_between(costmodel *cm,
                                   const stage_placement *self, int stage,
                                   stage_terms *out, pt_error *err);
 
+/* The terms of every stage of a plan whose stages may run their own tp
+ * and dp (stages[pp], NULL: none; docs/cost-model.md, section 15), on
+ * the node order given: each at its own config, its sends across the
+ * boundaries on either side (re-sharded where the degrees differ);
+ * terms[pp]. What the asymmetric search's partitions are solved on. */
+int costmodel_stage_terms_stages(costmodel *cm, const parallel_config *config,
+                                 const stage_degrees *stages,
+                                 const int *node_order, int node_count,
+                                 stage_terms *terms, pt_error *err);
+
 /* -------------------------------------------------------------- estimate */
 
 typedef enum event_kind {
@@ -451,6 +461,8 @@ typedef struct timeline_event {
 
 typedef struct stage_estimate {
     int layers;
+    int tp, dp;                /* the stage's own degrees */
+    int first_rank, ranks;     /* its ranks: first_rank .. + ranks - 1 */
     char gpu[PT_NAME_MAX];     /* the slowest GPU type of the stage */
     double forward_s;          /* one micro-batch */
     double backward_s;
@@ -494,6 +506,17 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        const int *node_order, int node_count,
                        const int *partition, bool want_events,
                        estimate *out, pt_error *err);
+/* costmodel_estimate of a plan whose stages may run their own tp and dp
+ * (stages[pp], plan.json's "stages"; NULL or every stage at config's
+ * degrees: costmodel_estimate): each stage priced at its own config
+ * (parallel_stage_config), its dp reduction over its own group, and the
+ * boundaries between stages of different degrees re-sharded
+ * (docs/cost-model.md, "Stages of their own degrees"). */
+int costmodel_estimate_stages(costmodel *cm, const parallel_config *config,
+                              const stage_degrees *stages,
+                              const int *node_order, int node_count,
+                              const int *partition, bool want_events,
+                              estimate *out, pt_error *err);
 void estimate_free(estimate *e);
 
 /* How estimate_to_json writes the timeline (0: once per stage, compact). */

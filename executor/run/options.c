@@ -96,6 +96,15 @@ int run_check_plan(const plan *p, pt_error *err)
                        runtime_name(config->runtime),
                        runtime_name(config->runtime),
                        runtime_name(config->runtime));
+    int own = plan_first_asymmetric_stage(p);
+    if (own >= 0) {
+        parallel_config stage = parallel_stage_config(config, p->stages, own);
+        return pt_fail(err, "stages[%d]: tp %d x dp %d is its own (the "
+                       "plan's: tp %d x dp %d): exec does not run plans "
+                       "whose stages have their own degrees yet; estimate "
+                       "it, or give every stage the plan's tp and dp",
+                       own, stage.tp, stage.dp, config->tp, config->dp);
+    }
     if (check_kv_heads_split(p, err) != 0)
         return -1;
     if (parallel_attention(config) == ATTENTION_UNFUSED)

@@ -26,30 +26,60 @@ static void make_checkpoint(const run_scratch *s, const plan *p,
     run_result_free(&result);
 }
 
+/* A tiny GPT-2 plan on one node of 4 GPUs, its degrees (and anything
+ * after them) given as JSON fields. */
+static void tiny_plan_on_four(const char *degrees, plan *p)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{ \"model\": { \"name\": \"tiny\", \"layers\": 2, "
+             "\"hidden\": 16, \"heads\": 2, \"seq\": 16, "
+             "\"vocab\": 257 },"
+             "  \"cluster\": { \"name\": \"one\", \"nodes\": ["
+             "    { \"name\": \"box\", \"gpu\": \"A100-FASOP\", "
+             "\"gpus\": 4, \"intra_node\": { \"bandwidth_GBps\": 230,"
+             "      \"latency_us\": 5 } } ] }, %s }",
+             degrees);
+    json_error_t json_err;
+    json_t *root = json_loads(text, 0, &json_err);
+    pt_error err = {{0}};
+    if (plan_from_json(root, NULL, p, &err) != 0)
+        fail_msg("%s", err.message);
+    json_decref(root);
+}
+
 /* A tensor-parallel degree that does not divide the heads is refused
  * before anything is written (tp = 2 runs: test_parallel.c). */
 static void tensor_parallel_plan_is_refused(void **state)
 {
     run_scratch *s = *state;
-    const char *text =
-        "{ \"model\": { \"name\": \"tiny\", \"layers\": 2, "
-        "\"hidden\": 16, \"heads\": 2, \"seq\": 16, \"vocab\": 257 },"
-        "  \"cluster\": { \"name\": \"one\", \"nodes\": ["
-        "    { \"name\": \"box\", \"gpu\": \"A100-FASOP\", \"gpus\": 4,"
-        "      \"intra_node\": { \"bandwidth_GBps\": 230,"
-        "                        \"latency_us\": 5 } } ] },"
-        "  \"gbs\": 4, \"mbs\": 2, \"tp\": 4, \"dp\": 1, \"pp\": 1 }";
-    json_error_t json_err;
-    json_t *root = json_loads(text, 0, &json_err);
     plan p;
-    pt_error err = {{0}};
-    assert_int_equal(plan_from_json(root, NULL, &p, &err), 0);
-    json_decref(root);
+    tiny_plan_on_four("\"gbs\": 4, \"mbs\": 2, \"tp\": 4, \"dp\": 1, "
+                      "\"pp\": 1",
+                      &p);
     run_options options = run_test_options(s, 2);
     char dir[512];
     run_path(s, "never", dir, sizeof dir);
     options.save_dir = dir;
     run_expect_refusal(&p, &options, "tp 4 must divide the 2 heads");
+    plan_free(&p);
+}
+
+/* A plan whose stages have their own tp or dp is refused in one line
+ * naming the stage, never run as if it were symmetric (issue 36). */
+static void asymmetric_plan_is_refused(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    tiny_plan_on_four("\"gbs\": 4, \"mbs\": 1, \"tp\": 1, \"dp\": 2, "
+                      "\"pp\": 2, \"stages\": [{ \"tp\": 2, \"dp\": 1 }, "
+                      "{}]",
+                      &p);
+    run_options options = run_test_options(s, 2);
+    expect_refusal(&p, &options,
+                   "stages[0]: tp 2 x dp 1 is its own (the plan's: tp 1 x "
+                   "dp 2): exec does not run plans whose stages have their "
+                   "own degrees yet");
     plan_free(&p);
 }
 
@@ -224,6 +254,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(tensor_parallel_plan_is_refused),
+        cmocka_unit_test(asymmetric_plan_is_refused),
         cmocka_unit_test(missing_dataset_is_refused),
         cmocka_unit_test(small_vocabulary_is_refused),
         cmocka_unit_test(too_little_memory_is_refused),
