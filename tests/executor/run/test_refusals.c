@@ -76,7 +76,7 @@ static void asymmetric_plan_is_refused(void **state)
                       "{}]",
                       &p);
     run_options options = run_test_options(s, 2);
-    expect_refusal(&p, &options,
+    run_expect_refusal(&p, &options,
                    "stages[0]: tp 2 x dp 1 is its own (the plan's: tp 1 x "
                    "dp 2): exec does not run plans whose stages have their "
                    "own degrees yet");
