@@ -516,7 +516,7 @@ profile-cpu)
   # partita profile on the cpu backend: the profile of a tiny model loads
   # in the reader and prices the model for the planner
   write_profile_model in-tiny.json
-  run 0 partita profile --model in-tiny.json --backend cpu --quick --tp 1,2,4 --mbs 1,2,4 -o cpu.json
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --tp 1,2,4 --mbs 1,2,4 -o cpu.json
   [ -s cpu.json ] || fail "cpu.json not written"
   expect_in cpu.json '"source": "measured"'
   expect_in cpu.json '"forward_spread"'
@@ -530,15 +530,15 @@ profile-cpu)
   # profile says how many its medians pool
   expect_in cpu.json '"stage_sets": 1'
   expect_in cpu.json '"queued_parts": 27'
-  run 0 partita profile --model in-tiny.json --backend cpu --quick --stage-sets 2 --tp 1 --mbs 1 -o cpu-sets.json
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --stage-sets 2 --tp 1 --mbs 1 -o cpu-sets.json
   expect_in cpu-sets.json '"stage_sets": 2'
   expect_in cpu-sets.json '"embedding_sets": 2'
-  run 0 partita profile --model in-tiny.json --backend cpu --quick --stage-sets 2 --embedding-sets 4 --tp 1 --mbs 1 -o cpu-esets.json
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --stage-sets 2 --embedding-sets 4 --tp 1 --mbs 1 -o cpu-esets.json
   expect_in cpu-esets.json '"embedding_sets": 4'
   expect_in err.txt "the embedding made again (4 of 4 sets)"
   # --processes measures in fresh processes, one after the other, and the
   # profile's entries are the means of theirs
-  run 0 partita profile --model in-tiny.json --backend cpu --quick --processes 3 --tp 1,2 --mbs 1,2 -o cpu-procs.json
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --processes 3 --tp 1,2 --mbs 1,2 -o cpu-procs.json
   expect_in cpu-procs.json '"processes": 3'
   expect_in err.txt "process 3 of 3"
   [ "$(grep -c '"mbs"' cpu-procs.json)" = 4 ] || fail "expected 4 points in cpu-procs.json"
@@ -548,7 +548,7 @@ profile-cpu)
   [ -z "$(ls -A | grep tmp)" ] || fail "temporary files left: $(ls -A)"
   # --rounds and --round-ms: the rounds of each part and their length,
   # recorded in the provenance; each progress line says the seconds so far
-  run 0 partita profile --model in-tiny.json --backend cpu --quick --rounds 4 --round-ms 2 --tp 1 --mbs 1 -o cpu-rounds.json
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --rounds 4 --round-ms 2 --tp 1 --mbs 1 -o cpu-rounds.json
   expect_in cpu-rounds.json '"rounds": 4'
   expect_in cpu-rounds.json '"round_s": 0.002'
   grep -Eq '^\[[#.]+\] +[0-9]+/[0-9]+ +[0-9]+\.[0-9] s  tp 1, micro-batch 1' err.txt || fail "no seconds on the progress line: $(cat err.txt)"
@@ -563,7 +563,7 @@ JSON
   # two models, two shapes; a tp the heads do not allow is skipped with a
   # note, the rest measured
   sed 's/"hidden": 64, "heads": 4/"hidden": 48, "heads": 2/' in-tiny.json >in-tiny2.json
-  run 0 partita profile --model in-tiny.json,in-tiny2.json --backend cpu --quick --tp 1,4 --mbs 1 --gpu-name tiny-cpu
+  run_profile partita profile --model in-tiny.json,in-tiny2.json --backend cpu --quick --tp 1,4 --mbs 1 --gpu-name tiny-cpu
   expect_in tiny-cpu.json '"gpu": "tiny-cpu"'
   [ "$(grep -c '"hidden"' tiny-cpu.json)" = 2 ] || fail "expected 2 shapes in tiny-cpu.json"
   expect_in tiny-cpu.json 'tiny: tp 4 skipped: it does not divide the heads (2 heads'
@@ -577,8 +577,8 @@ profile-missing)
   write_profile_model in-tiny.json
   sed 's/"hidden": 64, "heads": 4/"hidden": 96, "heads": 4/' in-tiny.json >in-wide.json
   # (one micro-batch: a busy cpu's times need not grow with it)
-  run 0 partita profile --model in-tiny.json --backend cpu --quick --tp 1 --mbs 1 -o cpu.json
-  run 0 partita profile --model in-tiny.json,in-wide.json --backend cpu --quick --tp 1,2 --mbs 1 --missing-only -o cpu.json
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --tp 1 --mbs 1 -o cpu.json
+  run_profile partita profile --model in-tiny.json,in-wide.json --backend cpu --quick --tp 1,2 --mbs 1 --missing-only -o cpu.json
   expect_in err.txt "model tiny: tp 2 missing from cpu.json"
   expect_in err.txt "tp 1 2 missing from cpu.json"
   expect_in out.txt "added 3 points to cpu.json"
@@ -587,7 +587,7 @@ profile-missing)
   expect_in cpu.json '"additions"'
   expect_in cpu.json 'missing-only'
   cp cpu.json in-before.json
-  run 0 partita profile --model in-tiny.json,in-wide.json --backend cpu --quick --tp 1,2 --mbs 1 --missing-only -o cpu.json
+  run_profile partita profile --model in-tiny.json,in-wide.json --backend cpu --quick --tp 1,2 --mbs 1 --missing-only -o cpu.json
   expect_in out.txt "nothing to measure"
   cmp -s cpu.json in-before.json || fail "cpu.json changed with nothing missing"
   # a profile of another GPU is left as it was
@@ -656,7 +656,7 @@ profile-bad)
   ;;
 profile-compare)
   write_profile_model in-tiny.json
-  run 0 partita profile --model in-tiny.json --backend cpu --quick --tp 1,2 --mbs 1,2 -o p.json
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --tp 1,2 --mbs 1,2 -o p.json
   run 0 partita profile --compare p.json p.json
   expect_in out.txt "0 differ by more than 3 %"
   expect_in out.txt "times of 0.5 ms or more: 0 differ by more than 3 %, largest difference 0.00 %"
@@ -684,7 +684,7 @@ PY
   expect_in out.txt "1 differ by more than 3 %"
   expect_in out.txt "optimizer per parameter"
   run 0 partita profile --compare p.json in-perturbed.json --tolerance 100000
-  run 0 partita profile --model in-tiny.json --backend cpu --quick --tp 1 --mbs 1 -o q.json
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --tp 1 --mbs 1 -o q.json
   run 1 partita profile --compare p.json q.json --tolerance 1000
   expect_in out.txt "only in A"
   run 2 partita profile --compare p.json in-missing.json
