@@ -179,6 +179,7 @@ typedef struct search_result {
        degrees whose partitions it solved, and the lowest surrogate
        (partition_surrogate) among those that fit; INFINITY: none */
     long long asymmetric_scored;
+    long long asymmetric_pruned; /* partial plans and tasks cut by a floor */
     double asymmetric_best_score_s;
 } search_result;
 
@@ -198,9 +199,10 @@ int planner_search(costmodel *cm, const search_options *options,
                    search_result *out, pt_error *err);
 void search_result_free(search_result *r);
 
-/* The most GPUs and nodes planner_search_asymmetric enumerates. */
-#define ASYMMETRIC_MAX_GPUS 16
-#define ASYMMETRIC_MAX_NODES 8
+/* The most GPUs and distinct node orders planner_search_asymmetric
+ * takes. */
+#define ASYMMETRIC_MAX_GPUS 256
+#define ASYMMETRIC_MAX_ORDERS 4096
 
 /* planner_search, then every plan whose stages run their own tp and dp
  * (issue 36; docs/planner.md, "Stages of their own degrees"), ranked
