@@ -220,9 +220,25 @@ static void fill_throughput(asym_tree *t, asym_table *tab)
     }
 }
 
+/* Bytes the tables may take at most (they are all built before the walk,
+ * to order its tasks). */
+#define TABLES_MOST_BYTES (1024.0 * 1024.0 * 1024.0)
+
 static int build_tables(asym_tree *t, pt_error *err)
 {
     int gpus = t->w->gpus, stride = t->most_stages + 1;
+    double bytes = 0.0;
+    for (int b = 0; b < t->batch_count; b++)
+        bytes += sizeof(double) * (double)t->order_count *
+                 ((double)gpus * (t->batches[b].count + 1) +
+                  (double)(gpus + 1) * (stride + 1));
+    if (bytes > TABLES_MOST_BYTES)
+        return pt_fail(err, "--asymmetric: cluster %s would need %.1f GiB of "
+                       "tables (%d node orders x %d micro-batches); the "
+                       "asymmetric search holds at most %.0f GiB yet",
+                       t->w->cm->cluster->name, bytes / PT_GIB,
+                       t->order_count, t->batch_count,
+                       TABLES_MOST_BYTES / PT_GIB);
     t->tables = calloc((size_t)t->order_count * (size_t)t->batch_count + 1,
                        sizeof *t->tables);
     if (t->tables == NULL)
@@ -355,10 +371,9 @@ static int unsent_terms(asym_tree *t, int stage, int first, int k,
     return 0;
 }
 
-/* Prices stage `stage` of shape k over GPUs first..: its terms without
- * sends (with them when it is the last), and the stage before it exact;
- * both into t->placed. */
-static int price_child(asym_tree *t, int stage, int first, int k)
+/* Stage `stage` of shape k over GPUs first.., without its sends, into
+ * t->placed (and its config and first GPU into t->configs, t->firsts). */
+static int price_unsent(asym_tree *t, int stage, int first, int k)
 {
     asym_walk *w = t->w;
     const asym_shape *shape = &t->shapes->shape[k];
@@ -366,16 +381,8 @@ static int price_child(asym_tree *t, int stage, int first, int k)
                                           t->shapes->samples, shape->tp,
                                           shape->dp);
     t->firsts[stage] = first;
-    stage_terms own, before;
-    int rc = stage == w->pp - 1
-                 ? costmodel_stage_terms_inner(w->cm, t->configs, t->firsts,
-                                               &t->lane, stage, &own, w->err)
-                 : unsent_terms(t, stage, first, k, &own);
-    if (rc == 0 && stage > 0)
-        rc = costmodel_stage_terms_inner(w->cm, t->configs, t->firsts,
-                                         &t->lane, stage - 1, &before,
-                                         w->err);
-    if (rc != 0)
+    stage_terms own;
+    if (unsent_terms(t, stage, first, k, &own) != 0)
         return -1;
     double pace = t->table->pace[first * t->shapes->count + k];
     if (own.per_layer_s != pace)
@@ -384,24 +391,58 @@ static int price_child(asym_tree *t, int stage, int first, int k)
                        "assume it does not depend on the stage's position)",
                        stage, own.per_layer_s, pace);
     t->placed[stage] = placed_of(&own);
-    if (stage > 0)
-        t->placed[stage - 1] = placed_of(&before);
+    return 0;
+}
+
+/* Once stage `stage` is priced: the stage before it exact (its
+ * neighbours known), and the stage itself when it is the last. */
+static int price_exact(asym_tree *t, int stage)
+{
+    asym_walk *w = t->w;
+    stage_terms terms;
+    if (stage == w->pp - 1) {
+        if (costmodel_stage_terms_inner(w->cm, t->configs, t->firsts,
+                                        &t->lane, stage, &terms,
+                                        w->err) != 0)
+            return -1;
+        t->placed[stage] = placed_of(&terms);
+    }
+    if (stage > 0) {
+        if (costmodel_stage_terms_inner(w->cm, t->configs, t->firsts,
+                                        &t->lane, stage - 1, &terms,
+                                        w->err) != 0)
+            return -1;
+        t->placed[stage - 1] = placed_of(&terms);
+    }
     return 0;
 }
 
 /* Stage `stage`'s children over GPUs first..: every shape that leaves a
- * split of the rest, with its floor; their count, -1 on error. */
+ * split of the rest, with its floor; their count, -1 on error. A child
+ * is first floored with the terms memoised (the stage before it without
+ * its sends, as its parent was), and priced exactly only if that floor
+ * does not cut it already. */
 static int children_of(asym_tree *t, int stage, int first, asym_child *out)
 {
     asym_walk *w = t->w;
     int pp = w->pp, count = 0, stride = t->most_stages + 1;
+    placed_stage before = stage > 0 ? t->placed[stage - 1]
+                                    : (placed_stage){0};
     for (int k = 0; k < t->shapes->count; k++) {
         int next = first + t->shapes->shape[k].gpus;
         double pace = t->table->pace[first * t->shapes->count + k];
         if (pace == INFINITY ||
             t->table->throughput[next * stride + pp - stage - 1] < 0.0)
             continue;
-        if (price_child(t, stage, first, k) != 0)
+        if (stage > 0)
+            t->placed[stage - 1] = before;
+        if (price_unsent(t, stage, first, k) != 0)
+            return -1;
+        if (floor_of(t, pp, stage + 1, next) >= asym_threshold(w)) {
+            w->pruned++;
+            continue;
+        }
+        if (price_exact(t, stage) != 0)
             return -1;
         double floor = floor_of(t, pp, stage + 1, next);
         if (floor >= asym_threshold(w)) {
