@@ -38,7 +38,7 @@ static void print_plan_help(void)
         "  --pareto           front of step time vs $ over every sub-cluster\n"
         "  --asymmetric       also plans whose stages run their own tp and\n"
         "                     dp, ranked with the symmetric ones (exact,\n"
-        "                     branch and bound; clusters of up to 256 GPUs\n"
+        "                     branch and bound; clusters of up to 16 GPUs\n"
         "                     in 4096 distinct node orders; no memory\n"
         "                     levers, no degree options; docs/planner.md)\n"
         "  --tp LIST          fix or limit tp: a value or a list (--tp 8,\n"

@@ -201,7 +201,7 @@ void search_result_free(search_result *r);
 
 /* The most GPUs and distinct node orders planner_search_asymmetric
  * takes. */
-#define ASYMMETRIC_MAX_GPUS 256
+#define ASYMMETRIC_MAX_GPUS 16
 #define ASYMMETRIC_MAX_ORDERS 4096
 
 /* planner_search, then every plan whose stages run their own tp and dp

@@ -123,7 +123,7 @@ plan-asymmetric)
   # above its bounds, and beside --pareto or a degree option: refused
   run 2 partita plan --model gpt-13b --cluster mixed-96 --gbs 512 \
     --asymmetric --quiet -o big.json
-  expect_in err.txt "--asymmetric: cluster mixed-96 has 96 GPUs on 12 nodes in 369600 distinct orders; the asymmetric search takes at most 256 GPUs and 4096 node orders yet"
+  expect_in err.txt "--asymmetric: cluster mixed-96 has 96 GPUs on 12 nodes in 369600 distinct orders; the asymmetric search takes at most 16 GPUs and 4096 node orders yet"
   one_line
   [ ! -e big.json ] || fail "a refused search wrote big.json"
   run 2 partita plan --model gpt2-xl --cluster h200x4-hetero --gbs 64 \
