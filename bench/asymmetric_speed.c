@@ -64,8 +64,13 @@ static int time_search(costmodel *cm, const search_options *o,
         *best_step = result.plan_count > 0 ? result.plans[0].step_time_s
                                            : 0.0;
         if (asymmetric && r == runs)
-            fprintf(stderr, "  (%lld asymmetric plans solved, %lld cut)\n",
-                    result.asymmetric_scored, result.asymmetric_pruned);
+            fprintf(stderr, "  (%lld asymmetric plans solved, %lld partial "
+                    "plans floored, %lld cut; best score: symmetric %.6f s, "
+                    "asymmetric %.6f s%s)\n",
+                    result.asymmetric_scored, result.asymmetric_nodes,
+                    result.asymmetric_pruned, result.best_score_s,
+                    result.asymmetric_best_score_s,
+                    result.asymmetric_exact ? "" : ", NOT EXACT");
         search_result_free(&result);
     }
     qsort(took + 1, (size_t)runs, sizeof *took, compare_doubles);

@@ -2,6 +2,7 @@
 #include "cli/cli.h"
 
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,10 +38,11 @@ static void print_plan_help(void)
         "  --objective O      time (default) or cost ($ per step)\n"
         "  --pareto           front of step time vs $ over every sub-cluster\n"
         "  --asymmetric       also plans whose stages run their own tp and\n"
-        "                     dp, ranked with the symmetric ones (exact,\n"
-        "                     branch and bound; clusters of up to 16 GPUs\n"
-        "                     in 4096 distinct node orders; no memory\n"
-        "                     levers, no degree options; docs/planner.md)\n"
+        "                     dp that score below the symmetric best,\n"
+        "                     ranked with the symmetric ones (exact,\n"
+        "                     branch and bound, --max-tree-nodes as below;\n"
+        "                     no memory levers, no degree options;\n"
+        "                     docs/planner.md)\n"
         "  --tp LIST          fix or limit tp: a value or a list (--tp 8,\n"
         "                     --tp 2,4), each a power of two; likewise\n"
         "  --pp LIST, --dp LIST  pp and dp, and\n"
@@ -613,6 +615,26 @@ static int search_cluster(const plan_arguments *args, const plan_inputs *in,
     return 0;
 }
 
+/* The asymmetric search's counts, and how far from exact it is when its
+ * budget stopped it. */
+static void print_asymmetric_counts(const search_result *r)
+{
+    printf("# and %lld plans whose stages run their own tp and dp "
+           "(without memory levers; %lld partial plans cut by a lower "
+           "bound; \"asym\" below: tp and dp are stage 0's, plan.json's "
+           "\"stages\" gives each)\n",
+           r->asymmetric_scored, r->asymmetric_pruned);
+    if (r->asymmetric_exact)
+        return;
+    double best = fmin(r->asymmetric_cutoff_s, r->asymmetric_best_score_s);
+    printf("# NOT EXACT: the asymmetric search stopped after %lld partial "
+           "plans (--max-tree-nodes); the best plan scores %.4f s, and no "
+           "plan whose stages run their own tp and dp scores below %.4f s "
+           "(gap %.2f %%)\n",
+           r->asymmetric_nodes, best, r->asymmetric_floor_s,
+           100.0 * (best - r->asymmetric_floor_s) / best);
+}
+
 static int run_search(const plan_arguments *args, plan_inputs *in,
                       pt_error *err)
 {
@@ -656,11 +678,7 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
            result.configurations_scored, result.configurations_feasible,
            result.tasks, result.configurations_pruned, took);
     if (args->asymmetric)
-        printf("# and %lld plans whose stages run their own tp and dp "
-               "(without memory levers; %lld partial plans cut by a lower "
-               "bound; \"asym\" below: tp and dp are stage 0's, plan.json's "
-               "\"stages\" gives each)\n",
-               result.asymmetric_scored, result.asymmetric_pruned);
+        print_asymmetric_counts(&result);
     if (result.zero_levers_searched)
         printf("# no plan fits with ZeRO-1 and recompute alone: ZeRO-2, "
                "ZeRO-3 and optimizer offload searched too (the counts are "

@@ -127,3 +127,93 @@ int costmodel_stage_terms_inner(costmodel *cm, const parallel_config *configs,
                                forward + backward, out);
     return 0;
 }
+
+/* ------------------------------------------------------ per-step work */
+
+/* reduce + gather + optimizer of a placed stage, as the score counts. */
+static int placed_work(costmodel *cm, const parallel_config *own,
+                       const stage_placement *place, int stage, int layers,
+                       double *work_s, pt_error *err)
+{
+    type_costs slow;
+    if (costmodel_type_costs(cm, place->slow_type, own, &slow, err) != 0)
+        return -1;
+    step_work work;
+    costmodel_step_work(cm, own, place, stage, layers, &slow, &work);
+    *work_s = work.reduce_s + work.gather_s + work.optimizer_s;
+    return 0;
+}
+
+int costmodel_stage_work_at(costmodel *cm, const parallel_config *own,
+                            const node_lane *lane, int stage,
+                            long long first, int most_layers, double *work_s,
+                            pt_error *err)
+{
+    stage_placement place;
+    type_costs slow;
+    if (costmodel_place_stage_at(cm, own, NULL, lane, stage, first, &place,
+                                 err) != 0 ||
+        costmodel_type_costs(cm, place.slow_type, own, &slow, err) != 0)
+        return -1;
+    for (int layers = 0; layers <= most_layers; layers++) {
+        step_work work;
+        costmodel_step_work(cm, own, &place, stage, layers, &slow, &work);
+        work_s[layers] = work.reduce_s + work.gather_s + work.optimizer_s;
+    }
+    return 0;
+}
+
+double costmodel_embedding_pair_s(const costmodel *cm,
+                                  const parallel_config *first_stage,
+                                  const parallel_config *last_stage,
+                                  long long last_first, const node_lane *lane)
+{
+    if (!cm->model.tied_embeddings || first_stage->pp < 2)
+        return 0.0;
+    link_spec link;
+    int curve;
+    costmodel_embedding_link_at(cm, first_stage, last_stage, last_first,
+                                lane, &link, &curve);
+    parallel_config pair = *first_stage;
+    if (last_stage->tp < pair.tp)
+        pair.tp = last_stage->tp;
+    return costmodel_embedding_allreduce_s(cm, &pair, link, curve);
+}
+
+int costmodel_step_tail_stages(costmodel *cm, const parallel_config *config,
+                               const stage_degrees *stages,
+                               const int *node_order, int node_count,
+                               const int *layers, double *tail_s,
+                               pt_error *err)
+{
+    terms_scratch t = {0};
+    if (costmodel_check_degrees(config, err) != 0 ||
+        terms_scratch_open(&t, config->pp, err) != 0)
+        return -1;
+    int pp = config->pp, *storage = NULL;
+    node_lane lane;
+    stage_layout layout = {pp, t.configs, t.firsts};
+    int rc = costmodel_stage_configs(cm, config, stages, t.configs, t.firsts,
+                                     err) != 0 ||
+                     costmodel_place_order_stages(cm, &layout, node_order,
+                                                  node_count, t.placement,
+                                                  &lane, &storage, err) != 0
+                 ? -1
+                 : 0;
+    double embedding = rc == 0 ? costmodel_embedding_pair_s(
+                                     cm, &t.configs[0], &t.configs[pp - 1],
+                                     t.firsts[pp - 1], &lane)
+                               : 0.0;
+    *tail_s = 0.0;
+    for (int s = 0; rc == 0 && s < pp; s++) {
+        double work;
+        rc = placed_work(cm, &t.configs[s], &t.placement[s], s, layers[s],
+                         &work, err);
+        if (s == 0 || s == pp - 1)
+            work += embedding;
+        *tail_s = rc == 0 && work > *tail_s ? work : *tail_s;
+    }
+    free(storage);
+    free(t.block);
+    return rc;
+}

@@ -445,6 +445,35 @@ int costmodel_stage_terms_inner(costmodel *cm, const parallel_config *configs,
                                 const long long *firsts, const node_lane *lane,
                                 int stage, stage_terms *out, pt_error *err);
 
+/* The per-step work the planner's score adds to a partition's surrogate
+ * (docs/planner.md, "The score and the shortlist"), for stages of their
+ * own degrees: stage `stage` of config `own` on GPUs first.. of the lane
+ * with l = 0..most_layers layers into work_s[l]: its gradient reduction
+ * (and ZeRO-1's gather) over its own dp group and its optimizer step,
+ * whole (the score does not take the backward's overlap), the tied
+ * embedding's all-reduce left out. */
+int costmodel_stage_work_at(costmodel *cm, const parallel_config *own,
+                            const node_lane *lane, int stage,
+                            long long first, int most_layers, double *work_s,
+                            pt_error *err);
+/* The tied embedding's all-reduce between a first stage and a last one
+ * that starts at GPU last_first (0 s without tied embeddings or with one
+ * stage): the larger shard, of the smaller tp, over the link between
+ * them. */
+double costmodel_embedding_pair_s(const costmodel *cm,
+                                  const parallel_config *first_stage,
+                                  const parallel_config *last_stage,
+                                  long long last_first, const node_lane *lane);
+/* The largest per-step work of any stage of a plan whose stages may run
+ * their own degrees (stages NULL: none), layers[pp] each: the work above,
+ * the first and the last stage with the embedding's all-reduce. What the
+ * symmetric search adds to a placement's surrogate. */
+int costmodel_step_tail_stages(costmodel *cm, const parallel_config *config,
+                               const stage_degrees *stages,
+                               const int *node_order, int node_count,
+                               const int *layers, double *tail_s,
+                               pt_error *err);
+
 /* -------------------------------------------------------------- estimate */
 
 typedef enum event_kind {

@@ -453,12 +453,15 @@ int tail_tables_fill(bound_tables *tables, pt_error *err);
 
 /* ------------------------------------------- stages of their own degrees */
 
-/* planner_search_asymmetric (search_asym.c: scoring, ranking) and its
- * tree (search_asym_tree.c: node orders, tables, floors). */
+/* planner_search_asymmetric (search_asym.c: ranking), its plans' scores
+ * (search_asym_score.c), its tree (search_asym_tree.c: tasks, node
+ * types and stages placed one by one) and the tree's floors
+ * (search_asym_bound.c). docs/planner.md, "Stages of their own
+ * degrees". */
 
-#define ASYM_MAX_STAGES ASYMMETRIC_MAX_GPUS
+#define ASYM_MAX_STAGES PT_MAX_STAGES
 
-/* An asymmetric plan whose partition was solved, kept by its surrogate. */
+/* An asymmetric plan whose partition was solved, kept by its score. */
 typedef struct asym_candidate {
     double score;
     parallel_config config;
@@ -469,7 +472,8 @@ typedef struct asym_candidate {
 } asym_candidate;
 
 /* The search's state: the plan at hand (node order, pp, samples a
- * micro-batch, each stage's degrees) and the shortlist. */
+ * micro-batch, each stage's degrees), the shortlist and what the walk
+ * left open when its budget ran out. */
 typedef struct asym_walk {
     costmodel *cm;
     const search_options *options;
@@ -479,8 +483,11 @@ typedef struct asym_walk {
     stage_degrees degrees[ASYM_MAX_STAGES];
     asym_candidate *kept;
     int kept_count, capacity;
-    long long scored, pruned;
+    long long scored, pruned, nodes;
+    double cutoff;       /* plans scoring at or above it are not kept */
     double best_score;
+    bool stopped;        /* the tree-node budget ran out */
+    double open_floor;   /* then: no plan not visited scores below it */
     pt_error *err;
     bool failed;
 } asym_walk;
@@ -490,17 +497,139 @@ typedef struct asym_walk {
  * the plan's own). */
 parallel_config asym_stage_config(const search_options *o, int pp,
                                   int samples, int tp, int dp);
-/* Solves the walk's plan exactly and offers it to the shortlist (plans
- * whose stages are all alike are the symmetric search's: skipped). */
+/* Solves the walk's plan exactly, scores it (surrogate and per-step
+ * work, as the symmetric search scores a placement) and offers it to the
+ * shortlist (plans whose stages are all alike are the symmetric
+ * search's: skipped). */
 void asym_score_plan(asym_walk *w);
-/* The score a plan must beat to enter the shortlist: INFINITY until it
- * is full, then its worst. */
+/* The score a plan must beat to enter the shortlist: the cutoff until
+ * the shortlist is full, then the lower of it and the shortlist's worst. */
 double asym_threshold(const asym_walk *w);
-/* Walks every node order, pp and micro-batch, stage by stage, cutting by
- * floors; -1 on error (w->err). */
+/* Walks every micro-batch, pp, node order and split, stage by stage,
+ * cutting by floors; -1 on error (w->err). */
 int asym_walk_tree(asym_walk *w);
-/* The distinct node orders of a cluster (nodes of a type alike), at most
- * 10^18. */
-long long asym_distinct_orders(const cluster *c);
+
+/* A stage shape: its GPUs as tp x dp. */
+typedef struct asym_shape {
+    int gpus, tp, dp;
+} asym_shape;
+
+/* A micro-batch of `samples` samples and the stage shapes it allows. */
+typedef struct asym_batch {
+    int samples, microbatches, count;
+    asym_shape *shape; /* [count] */
+} asym_batch;
+
+/* A stage the tree placed: its time and memory terms (final once the
+ * stages beside it are placed; before, without its sends, which only
+ * add) and its per-step work by layers, work[l] for l = 0..layers (the
+ * score's: reduction, gather and optimizer step), with `extra` more (a
+ * floor of the embedding's all-reduce on the first and last stage). */
+typedef struct asym_placed {
+    double fixed, pace;
+    int cap;
+    double *work; /* [layers + 1], the tree's */
+    double extra;
+} asym_placed;
+
+/* Where a stage sits as the cost model reads it: stage `stage` of pp.
+ * The tree places stages from the last and does not know pp until the
+ * first: a stage's terms read only whether it is first or last and how
+ * many micro-batches it holds in flight (min(pp - stage, m) under
+ * 1F1B), so the tree names a place with those. */
+typedef struct asym_role {
+    int pp, stage;
+} asym_role;
+
+/* search_asym_stages.c: what a stage costs. */
+typedef struct asym_stages asym_stages;
+
+enum { ASYM_MIDDLE, ASYM_FIRST, ASYM_LAST, ASYM_ROLES };
+
+/* Floors of what any stage of a shape that holds a GPU of a type costs,
+ * by role: its pace, its fixed time without sends, its per-step work by
+ * layers (the first and last with the embedding's all-reduce). */
+typedef struct asym_pure {
+    double pace;
+    double fixed[ASYM_ROLES];
+    double *work[ASYM_ROLES]; /* [layers + 1] */
+} asym_pure;
+
+int asym_stages_open(asym_stages **out, costmodel *cm,
+                     const search_options *options, const asym_batch *batches,
+                     int batch_count, pt_error *err);
+void asym_stages_close(asym_stages *s);
+/* Stage of shape k of micro-batch `batch` at `role` on GPUs first.. of
+ * the lane (which must cover them): its terms without sends and its work
+ * by layers, into *out (work into out->work, extra 0); memoised by what
+ * they depend on. */
+int asym_stages_price(asym_stages *s, int batch, int k, const asym_role *role,
+                      const node_lane *lane, long long first,
+                      asym_placed *out, pt_error *err);
+/* The floors of shape k holding a GPU of type `type` (NULL on error). */
+const asym_pure *asym_stages_pure(asym_stages *s, int batch, int k,
+                                  int type, pt_error *err);
+/* The memory caps of shape k on type `type` alone, by role, its middle
+ * stages and first holding the largest power of two micro-batches in
+ * flight up to `level` (the most a stage holding that type holds). */
+int asym_stages_caps(asym_stages *s, int batch, int k, int type, int level,
+                     int *caps, pt_error *err);
+/* A floor of the tied embedding's all-reduce between the first and the
+ * last stage, one of them of tp `tp` (0 s within one node). */
+double asym_stages_embedding_floor(const asym_stages *s, int tp);
+
+/* What a floor is asked about: the stages placed (from the last) and
+ * the GPUs left in front of them. */
+typedef struct asym_floor_query {
+    int batch, microbatches;
+    const asym_placed *placed;
+    int count;
+    const int *gpus_left;   /* [type] */
+    int inflight;           /* the stages to come hold at least this many
+                               micro-batches in flight at their peak */
+    bool root;              /* nothing placed: the last stage is to come */
+} asym_floor_query;
+
+/* search_asym_relax.c: the stages to come, relaxed. */
+typedef struct asym_relax asym_relax;
+
+/* The relaxation's side of a floor: for each count of layers the stages
+ * to come hold, their least max C; the intervals of max C whose sums
+ * asym_relax_sum gives. */
+typedef struct asym_relax_view {
+    bool infeasible;
+    const double *bottleneck;            /* [layers + 1] */
+    int interval_count;
+    const double *bounds;                /* [interval_count + 1] */
+    void *table;
+    size_t row;
+    int batch;
+} asym_relax_view;
+
+int asym_relax_open(asym_relax **out, costmodel *cm,
+                    const search_options *options, const asym_batch *batches,
+                    int batch_count, double cutoff, asym_stages *stages,
+                    pt_error *err);
+void asym_relax_close(asym_relax *r);
+int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
+                       asym_relax_view *out, pt_error *err);
+/* For each count of layers the stages to come hold, their least sum of
+ * T with every C at most interval j's upper bound. */
+int asym_relax_sum(asym_relax *r, const asym_relax_view *view, int j,
+                   const double **out, pt_error *err);
+
+/* search_asym_bound.c: the floors of the asymmetric tree. */
+typedef struct asym_bound asym_bound;
+
+/* Floors over the relaxation (the bound's from then on) of a model of
+ * `layers` layers. */
+int asym_bound_open(asym_bound **out, asym_relax *relax, int layers,
+                    pt_error *err);
+void asym_bound_close(asym_bound *b);
+/* A floor under the score of every plan that completes the query's
+ * (INFINITY when none can hold the layers, NAN on error); it may stop
+ * refining once it is below threshold. */
+double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
+                        double threshold, pt_error *err);
 
 #endif

@@ -176,11 +176,18 @@ typedef struct search_result {
        them (ZERO_LEVERS_WHEN_NEEDED); the counts are that search's */
     bool zero_levers_searched;
     /* planner_search_asymmetric: the plans of stages of their own
-       degrees whose partitions it solved, and the lowest surrogate
-       (partition_surrogate) among those that fit; INFINITY: none */
+       degrees whose partitions it solved, and the lowest score (the
+       symmetric search's: surrogate and per-step work) among those that
+       fit and score below the cutoff, the symmetric search's best score;
+       INFINITY: none. exact false when max_tree_nodes stopped it: then
+       no plan of its own degrees scores below asymmetric_floor_s. */
     long long asymmetric_scored;
     long long asymmetric_pruned; /* partial plans and tasks cut by a floor */
+    long long asymmetric_nodes;  /* partial plans floored */
     double asymmetric_best_score_s;
+    double asymmetric_cutoff_s;
+    bool asymmetric_exact;
+    double asymmetric_floor_s;
 } search_result;
 
 /* Tree nodes a search visits at most by default: about 10 s on a 2-core
@@ -199,24 +206,20 @@ int planner_search(costmodel *cm, const search_options *options,
                    search_result *out, pt_error *err);
 void search_result_free(search_result *r);
 
-/* The most GPUs and distinct node orders planner_search_asymmetric
- * takes. */
-#define ASYMMETRIC_MAX_GPUS 16
-#define ASYMMETRIC_MAX_ORDERS 4096
-
 /* planner_search, then every plan whose stages run their own tp and dp
  * (issue 36; docs/planner.md, "Stages of their own degrees"), ranked
- * together: so the symmetric optimum is always among the candidates and
- * the result never loses to planner_search. The asymmetric plans are
- * searched exactly by branch and bound (the same best surrogate as the
- * enumeration of every distinct node order, pp >= 2, split of the
- * ordered GPUs into pp consecutive stages, (tp, dp) of each stage (tp a
- * power of two up to 8 dividing the stage's GPUs) and micro-batch of
- * samples B (each stage's dp dividing B, B dividing gbs, B / dp at most
- * max_mbs)), no memory levers; each partition solved exactly for the
- * surrogate (partition_solve_dp), the best max(32, 2 keep) by surrogate
- * simulated. Only for clusters of at most ASYMMETRIC_MAX_GPUS GPUs in
- * ASYMMETRIC_MAX_ORDERS distinct node orders (else -1, saying so). */
+ * together: the symmetric search's best score is the asymmetric search's
+ * cutoff, so the result never loses to planner_search. The asymmetric
+ * plans are searched exactly by branch and bound: every plan of pp >= 2
+ * stages over any node order, each stage consecutive GPUs of it with its
+ * own (tp, dp) (tp a power of two up to 8 splitting the model's heads),
+ * one micro-batch of B samples (each stage's dp dividing B, B dividing
+ * gbs, B / dp at most max_mbs), no memory levers, stages not all alike;
+ * each partition solved exactly for the surrogate (partition_solve_dp)
+ * and scored as the symmetric search scores a placement (surrogate plus
+ * the largest per-step work); of those that score below the cutoff, the
+ * best max(32, 2 keep) are simulated. max_tree_nodes stops it as it
+ * stops planner_search, with a proved floor. */
 int planner_search_asymmetric(costmodel *cm, const search_options *options,
                               search_result *out, pt_error *err);
 

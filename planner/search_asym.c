@@ -3,9 +3,9 @@
  * (issue 36), beside the symmetric search's: the tree of such plans
  * (search_asym_tree.c) keeps the best by surrogate, exactly, and they
  * are simulated here and ranked with the symmetric search's plans
- * (docs/planner.md, "Stages of their own degrees"). Clusters above
- * ASYMMETRIC_MAX_GPUS GPUs or ASYMMETRIC_MAX_ORDERS node orders are
- * refused (the tree walks the node orders one by one).
+ * (docs/planner.md, "Stages of their own degrees"). Only plans that
+ * score below the symmetric search's best are kept: its result is where
+ * the asymmetric search starts from.
  */
 #include "planner/internal.h"
 
@@ -130,30 +130,16 @@ static int rank_kept(asym_walk *w, search_result *out, pt_error *err)
 
 /* ------------------------------------------------------------- search */
 
-static int check_size(const cluster *c, pt_error *err)
-{
-    int gpus = cluster_gpu_count(c);
-    long long orders = asym_distinct_orders(c);
-    if (gpus > ASYMMETRIC_MAX_GPUS || c->node_count > PLANNER_MAX_NODES ||
-        orders > ASYMMETRIC_MAX_ORDERS)
-        return pt_fail(err, "--asymmetric: cluster %s has %d GPUs on %d "
-                       "nodes in %lld distinct orders; the asymmetric "
-                       "search takes at most %d GPUs and %d node orders yet "
-                       "(it walks the orders one by one: issue 36, item 2)",
-                       c->name, gpus, c->node_count, orders,
-                       ASYMMETRIC_MAX_GPUS, ASYMMETRIC_MAX_ORDERS);
-    return 0;
-}
-
 int planner_search_asymmetric(costmodel *cm, const search_options *options,
                               search_result *out, pt_error *err)
 {
     const cluster *c = cm->cluster;
     memset(out, 0, sizeof *out);
-    if (check_size(c, err) != 0 || planner_search(cm, options, out, err) != 0)
+    if (planner_search(cm, options, out, err) != 0)
         return -1;
     asym_walk w = {.cm = cm, .options = options, .gpus = cluster_gpu_count(c),
                    .node_count = c->node_count, .best_score = INFINITY,
+                   .cutoff = out->best_score_s, .open_floor = INFINITY,
                    .err = err};
     w.capacity = 2 * options->keep > ASYM_SHORTLIST_MINIMUM
                      ? 2 * options->keep
@@ -164,7 +150,12 @@ int planner_search_asymmetric(costmodel *cm, const search_options *options,
         rc = asym_walk_tree(&w) != 0 ? -1 : rank_kept(&w, out, err);
     out->asymmetric_scored = w.scored;
     out->asymmetric_pruned = w.pruned;
+    out->asymmetric_nodes = w.nodes;
     out->asymmetric_best_score_s = w.best_score;
+    out->asymmetric_cutoff_s = w.cutoff;
+    out->asymmetric_exact = !w.stopped;
+    out->asymmetric_floor_s = fmin(fmin(w.open_floor, w.cutoff),
+                                   w.best_score);
     free(w.kept);
     if (rc != 0)
         search_result_free(out);

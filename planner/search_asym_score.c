@@ -32,8 +32,10 @@ static void offer(asym_walk *w, const asym_candidate *c)
 
 double asym_threshold(const asym_walk *w)
 {
-    return w->kept_count == w->capacity ? w->kept[w->kept_count - 1].score
-                                        : INFINITY;
+    double kept = w->kept_count == w->capacity
+                      ? w->kept[w->kept_count - 1].score
+                      : INFINITY;
+    return kept < w->cutoff ? kept : w->cutoff;
 }
 
 parallel_config asym_stage_config(const search_options *o, int pp,
@@ -85,6 +87,16 @@ void asym_score_plan(asym_walk *w)
     }
     w->scored++;
     if (solved == 0)
+        return;
+    double tail;
+    if (costmodel_step_tail_stages(w->cm, &c.config, c.stages, c.node_order,
+                                   c.node_count, c.partition, &tail,
+                                   w->err) != 0) {
+        w->failed = true;
+        return;
+    }
+    c.score += tail;
+    if (c.score >= w->cutoff)
         return;
     if (c.score < w->best_score)
         w->best_score = c.score;

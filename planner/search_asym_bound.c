@@ -1,0 +1,212 @@
+/*
+ * The asymmetric tree's floors (issue 36; docs/planner.md, "Stages of
+ * their own degrees"): a floor under the score of every plan that
+ * completes a partial one, from the placed stages' own terms and the
+ * relaxation of the stages still to come (search_asym_relax.c).
+ *
+ * A plan's score is sum T + (m - 1) max T + max W (surrogate and
+ * per-step work, the embedding's all-reduce in the first and last
+ * stage's W), at least sum T + max C with C = (m - 1) T + W. For the
+ * plans whose max C lies in [Z_j, Z_j+1) it is at least Z_j plus the
+ * least sum of T with every C below Z_j+1. Both are floored over every
+ * completion by combining the placed stages (their least max C and
+ * least sum for each count of layers they hold) with the relaxed tables
+ * for the layers left; the least over the intervals from the least max
+ * C up is the floor.
+ */
+#include "planner/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A floor must not pass a score by a rounding. */
+#define FLOOR_SHADE (1.0 - 1e-9)
+
+struct asym_bound {
+    asym_relax *relax;
+    int layers;
+    double *bottleneck; /* [layers + 1] the placed stages' least max C */
+    double *sum;        /* [layers + 1] their least sum T under a bound */
+    double *values;     /* scratch: every C_i(l) of the placed stages */
+    int *order, *heads; /* scratch */
+};
+
+/* ------------------------------------------------------ placed stages */
+
+static int most_layers(const asym_placed *p, int layers)
+{
+    return p->cap < layers ? p->cap : layers;
+}
+
+static double cost_at(const asym_placed *p, double weight, int l)
+{
+    return weight * (p->fixed + p->pace * l) + p->work[l] + p->extra;
+}
+
+/* The least max over the placed stages of C_i(l_i) for holding x layers,
+ * for every x: the x-th least of every stage's C of one more layer (each
+ * made non-decreasing from the right: a lower C at more layers counts
+ * for fewer), no lower than any stage's C of none; INFINITY past what
+ * they hold. The stages' rows are merged, the least head first. */
+static void least_bottleneck(const asym_placed *placed, int count,
+                             int layers, double weight, double *values,
+                             int *heads, double *out)
+{
+    int width = layers + 1;
+    double none = 0.0;
+    for (int i = 0; i < count; i++) {
+        const asym_placed *p = &placed[i];
+        double *row = values + (size_t)i * (size_t)width;
+        int most = most_layers(p, layers);
+        double right = INFINITY;
+        for (int l = layers; l >= 0; l--) {
+            if (l <= most)
+                right = fmin(right, cost_at(p, weight, l));
+            row[l] = right;
+        }
+        none = fmax(none, row[0]);
+        heads[i] = 1;
+    }
+    out[0] = none;
+    for (int x = 1; x <= layers; x++) {
+        int least = -1;
+        for (int i = 0; i < count; i++)
+            if (heads[i] <= layers &&
+                (least < 0 || values[(size_t)i * width + heads[i]] <
+                                  values[(size_t)least * width +
+                                         heads[least]]))
+                least = i;
+        double v = least < 0 ? INFINITY
+                             : values[(size_t)least * width + heads[least]];
+        if (least >= 0)
+            heads[least]++;
+        out[x] = fmax(none, v);
+    }
+}
+
+static const asym_placed *by_pace_base;
+static int compare_pace(const void *a, const void *b)
+{
+    double x = by_pace_base[*(const int *)a].pace,
+           y = by_pace_base[*(const int *)b].pace;
+    return (x > y) - (x < y);
+}
+
+/* The least sum of T over the placed stages holding x layers, each at
+ * most the most layers whose C is below `bound`: their fixed times and
+ * the cheapest layers first. */
+static void least_sum(const asym_placed *placed, int count, int layers,
+                      double weight, double bound, int *order, double *out)
+{
+    double fixed = 0.0;
+    for (int x = 0; x <= layers; x++)
+        out[x] = INFINITY;
+    for (int i = 0; i < count; i++) {
+        order[i] = i;
+        fixed += placed[i].fixed;
+    }
+    by_pace_base = placed;
+    qsort(order, (size_t)count, sizeof *order, compare_pace);
+    int held = 0;
+    out[0] = fixed;
+    for (int i = 0; i < count; i++) {
+        const asym_placed *p = &placed[order[i]];
+        int room = most_layers(p, layers);
+        while (room >= 0 && !(cost_at(p, weight, room) <= bound))
+            room--;
+        if (room < 0) {
+            out[0] = INFINITY;
+            return;
+        }
+        for (int l = 0; l < room && held < layers; l++, held++)
+            out[held + 1] = out[held] + p->pace;
+    }
+}
+
+/* min over x of max(a[x], b[layers - x]) (or their sum). */
+static double meet(const double *a, const double *b, int layers, bool add)
+{
+    double best = INFINITY;
+    for (int x = 0; x <= layers; x++) {
+        double v = add ? a[x] + b[layers - x] : fmax(a[x], b[layers - x]);
+        best = fmin(best, v);
+    }
+    return best;
+}
+
+/* ---------------------------------------------------------- the floor */
+
+double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
+                        double threshold, pt_error *err)
+{
+    (void)threshold;
+    int layers = b->layers;
+    double weight = q->microbatches - 1;
+    asym_relax_view view;
+    if (asym_relax_view_of(b->relax, q, &view, err) != 0)
+        return NAN;
+    if (view.infeasible)
+        return INFINITY;
+    least_bottleneck(q->placed, q->count, layers, weight, b->values,
+                     b->heads, b->bottleneck);
+    double low = meet(b->bottleneck, view.bottleneck, layers, false);
+    if (low == INFINITY)
+        return INFINITY;
+    /* the intervals of max C from the least up: an interval's floor is at
+       least its lower end, so once that passes the least found no later
+       one matters */
+    double best = INFINITY;
+    for (int j = 0; j < view.interval_count; j++) {
+        double from = fmax(view.bounds[j], low), to = view.bounds[j + 1];
+        if (to <= low)
+            continue;
+        if (from >= best)
+            break;
+        const double *rest = NULL;
+        if (asym_relax_sum(b->relax, &view, j, &rest, err) != 0)
+            return NAN;
+        least_sum(q->placed, q->count, layers, weight, to, b->order, b->sum);
+        best = fmin(best, from + meet(b->sum, rest, layers, true));
+    }
+    return best * FLOOR_SHADE;
+}
+
+/* ------------------------------------------------------------ set-up */
+
+int asym_bound_open(asym_bound **out, asym_relax *relax, int layers,
+                    pt_error *err)
+{
+    asym_bound *b = calloc(1, sizeof *b);
+    *out = b;
+    if (b == NULL) {
+        asym_relax_close(relax);
+        return pt_fail(err, "search: out of memory for the floors");
+    }
+    b->relax = relax;
+    b->layers = layers;
+    size_t cells = (size_t)layers + 1;
+    b->bottleneck = malloc(sizeof(double) * cells);
+    b->sum = malloc(sizeof(double) * cells);
+    b->values = malloc(sizeof(double) * cells *
+                       (size_t)(ASYM_MAX_STAGES + 1));
+    b->order = malloc(sizeof(int) * (size_t)(ASYM_MAX_STAGES + 1));
+    b->heads = malloc(sizeof(int) * (size_t)(ASYM_MAX_STAGES + 1));
+    if (b->bottleneck == NULL || b->sum == NULL || b->values == NULL ||
+        b->order == NULL || b->heads == NULL)
+        return pt_fail(err, "search: out of memory for the floors");
+    return 0;
+}
+
+void asym_bound_close(asym_bound *b)
+{
+    if (b == NULL)
+        return;
+    asym_relax_close(b->relax);
+    free(b->bottleneck);
+    free(b->sum);
+    free(b->values);
+    free(b->order);
+    free(b->heads);
+    free(b);
+}

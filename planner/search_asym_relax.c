@@ -1,0 +1,548 @@
+/*
+ * The asymmetric tree's relaxation of the stages still to come (issue
+ * 36; docs/planner.md, "Stages of their own degrees").
+ *
+ * The GPUs left are relaxed to the first n GPUs of every GPU of the
+ * types left, fastest type first: sort any completion's stages by their
+ * latest GPU in that order; the j-th holds a GPU no earlier than the
+ * list's (g_1 + .. + g_j)-th, so it costs no less than a block of the
+ * list of its size ending there, whose costs are the least of a stage
+ * holding a GPU of any type at or after that one (search_asym_stages.c).
+ * The blocks' order in the pipeline is free, so one of them is the first
+ * stage (and at the root one the last), the others in the middle, at the
+ * fewest micro-batches in flight the stages to come may hold.
+ *
+ * With C = (m - 1) T + W of each stage, tables over (GPUs of the list,
+ * layers): the least max C, and the least sum of T with every C below a
+ * bound, for the bounds of intervals of max C per micro-batch, each
+ * built when first asked.
+ */
+#include "planner/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Intervals of max C from a micro-batch's least up, each twice as wide
+ * as the one before, the first 1/512 of it wide, up to the cutoff; the
+ * last open. */
+#define INTERVALS 14
+#define FIRST_WIDTH (1.0 / 512.0)
+/* The tables are a cache: dropped past this size. */
+#define TABLE_BYTES ((size_t)512 << 20)
+
+enum { FLAG_FIRST = 1, FLAG_LAST = 2 };
+
+/* A relaxed block: shape k ending at rank position i of a mask. */
+typedef struct block {
+    double fixed[ASYM_ROLES], pace;
+    int cap[ASYM_ROLES];
+    double *work[ASYM_ROLES];    /* [layers + 1], non-decreasing */
+} block;
+
+/* The tables of one (micro-batch, mask, level, root). */
+typedef struct relax_table {
+    int gpus, flags;
+    double *bottleneck;                /* [(gpus + 1) x flags x (L + 1)] */
+    double *sums[INTERVALS + 1];       /* per interval */
+    block *blocks;                     /* [shapes x ranks] */
+    double *block_work;
+    int ranks;
+    int rank_type[PLANNER_MAX_TYPES];  /* the mask's types, fastest first */
+    int rank_end[PLANNER_MAX_TYPES];   /* GPUs up to and with rank i */
+} relax_table;
+
+/* Per micro-batch: its intervals of max C. */
+typedef struct batch_state {
+    bool intervals_known;
+    int interval_count;
+    double bounds[INTERVALS + 2];
+} batch_state;
+
+struct asym_relax {
+    costmodel *cm;
+    asym_stages *stages;
+    const asym_batch *batches;
+    int batch_count, type_count, layers;
+    double cutoff;
+    int rank[PLANNER_MAX_TYPES];       /* types fastest first */
+    batch_state *states;
+    memo_table tables;                 /* relax_table * by key */
+    size_t table_bytes;
+    int *deque;                        /* [layers + 1] */
+    double *none;      /* [layers + 1]: no stage to come (0, then INF) */
+};
+
+/* ---------------------------------------------------------- the blocks */
+
+/* The blocks of a table: for shape k and rank position i, the least of
+ * the mask's types from position i on. */
+static int fill_blocks(asym_relax *r, int batch, int level, relax_table *t,
+                       pt_error *err)
+{
+    const asym_batch *mb = &r->batches[batch];
+    int layers = r->layers, ranks = t->ranks;
+    for (int k = 0; k < mb->count; k++) {
+        int caps[PLANNER_MAX_TYPES][ASYM_ROLES];
+        const asym_pure *pure[PLANNER_MAX_TYPES];
+        for (int i = 0; i < ranks; i++) {
+            pure[i] = asym_stages_pure(r->stages, batch, k, t->rank_type[i],
+                                       err);
+            if (pure[i] == NULL ||
+                asym_stages_caps(r->stages, batch, k, t->rank_type[i], level,
+                                 caps[i], err) != 0)
+                return -1;
+        }
+        for (int i = ranks - 1; i >= 0; i--) {
+            block *b = &t->blocks[k * ranks + i];
+            const asym_pure *p = pure[i];
+            const block *after = i + 1 < ranks ? b + 1 : NULL;
+            b->pace = after ? fmin(after->pace, p->pace) : p->pace;
+            for (int role = 0; role < ASYM_ROLES; role++) {
+                b->fixed[role] = after ? fmin(after->fixed[role],
+                                              p->fixed[role])
+                                       : p->fixed[role];
+                b->cap[role] = after && after->cap[role] > caps[i][role]
+                                   ? after->cap[role]
+                                   : caps[i][role];
+                b->work[role] = t->block_work +
+                                ((size_t)(k * ranks + i) * ASYM_ROLES + role) *
+                                    (size_t)(layers + 1);
+                for (int l = 0; l <= layers; l++)
+                    b->work[role][l] = after ? fmin(after->work[role][l],
+                                                    p->work[role][l])
+                                             : p->work[role][l];
+            }
+        }
+    }
+    /* each block's work made non-decreasing (a floor may take the least
+       at more layers) */
+    for (int i = 0; i < mb->count * ranks * ASYM_ROLES; i++) {
+        double *work = t->block_work + (size_t)i * (size_t)(layers + 1);
+        for (int l = layers - 1; l >= 0; l--)
+            work[l] = fmin(work[l], work[l + 1]);
+    }
+    return 0;
+}
+
+/* -------------------------------------------------------------- tables */
+
+/* The rank position of the list's n-th GPU (from 0). */
+static int position_of(const relax_table *t, int n)
+{
+    int i = 0;
+    while (t->rank_end[i] <= n)
+        i++;
+    return i;
+}
+
+/* A block's C at x layers: (m - 1) T + W. */
+static double block_cost(const block *b, int role, int x, double weight)
+{
+    return weight * (b->fixed[role] + b->pace * x) + b->work[role][x];
+}
+
+/* out[y] = min(out[y], min over x of max(prev[y - x], C(x))), both
+ * non-decreasing: the crossing moves right with y. */
+static void join_max(const double *prev, const block *b, int role, int cap,
+                     double weight, int layers, double *out)
+{
+    int x = 0;
+    for (int y = 0; y <= layers; y++) {
+        int most = cap < y ? cap : y;
+        if (x > most)
+            x = most;
+        while (x < most && block_cost(b, role, x, weight) < prev[y - x])
+            x++;
+        double best = fmax(prev[y - x], block_cost(b, role, x, weight));
+        if (x > 0)
+            best = fmin(best, fmax(prev[y - x + 1],
+                                   block_cost(b, role, x - 1, weight)));
+        if (best < out[y])
+            out[y] = best;
+    }
+}
+
+/* out[y] = min(out[y], min over x <= room of prev[y - x] + fixed +
+ * pace x): a window minimum of prev[z] - pace z. */
+static void join_sum(const double *prev, double fixed, double pace, int room,
+                     int layers, int *deque, double *out)
+{
+    int head = 0, tail = 0;
+    for (int y = 0; y <= layers; y++) {
+        double value = prev[y] - pace * y;
+        while (tail > head && prev[deque[tail - 1]] - pace * deque[tail - 1] >=
+                                  value)
+            tail--;
+        deque[tail++] = y;
+        while (deque[head] < y - room)
+            head++;
+        int z = deque[head];
+        double best = prev[z] + fixed + pace * (y - z);
+        if (best < out[y])
+            out[y] = best;
+    }
+}
+
+/* The flags a role moves a state to (-1: not from this one). */
+static int next_flags(int flags, int role, int flag_count)
+{
+    if (role == ASYM_MIDDLE)
+        return flags;
+    int bit = role == ASYM_FIRST ? FLAG_FIRST : FLAG_LAST;
+    if ((flags & bit) || bit >= flag_count)
+        return -1;
+    return flags | bit;
+}
+
+/* The most layers a block holds with its C at most `bound` (C does not
+ * fall with layers). */
+static int room_under(const block *b, int role, int cap, double weight,
+                      double bound)
+{
+    if (!(block_cost(b, role, 0, weight) <= bound))
+        return -1;
+    int lo = 0, hi = cap;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (block_cost(b, role, mid, weight) <= bound)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* sums false: the least max C; true: the least sum of T with every C at
+ * most `bound`. */
+static void run_table(asym_relax *r, const relax_table *t, int batch,
+                      bool sums, double bound, double *table)
+{
+    const asym_batch *mb = &r->batches[batch];
+    int layers = r->layers, width = layers + 1, flags = t->flags;
+    double weight = mb->microbatches - 1;
+    for (size_t i = 0; i < (size_t)(t->gpus + 1) * flags * width; i++)
+        table[i] = INFINITY;
+    table[0] = 0.0;
+    for (int n = 1; n <= t->gpus; n++) {
+        int i = position_of(t, n - 1);
+        for (int k = 0; k < mb->count; k++) {
+            int g = mb->shape[k].gpus;
+            if (g > n)
+                continue;
+            const block *b = &t->blocks[k * t->ranks + i];
+            for (int f = 0; f < flags; f++) {
+                const double *prev = &table[((n - g) * flags + f) * width];
+                for (int role = 0; role < ASYM_ROLES; role++) {
+                    int to = next_flags(f, role, flags);
+                    int cap = b->cap[role] < layers ? b->cap[role] : layers;
+                    if (to < 0 || cap < 0)
+                        continue;
+                    double *out = &table[(n * flags + to) * width];
+                    if (!sums) {
+                        join_max(prev, b, role, cap, weight, layers, out);
+                        continue;
+                    }
+                    int room = room_under(b, role, cap, weight, bound);
+                    if (room >= 0)
+                        join_sum(prev, b->fixed[role], b->pace, room, layers,
+                                 r->deque, out);
+                }
+            }
+        }
+    }
+}
+
+static void free_table(relax_table *t)
+{
+    if (t == NULL)
+        return;
+    free(t->bottleneck);
+    for (int j = 0; j <= INTERVALS; j++)
+        free(t->sums[j]);
+    free(t->blocks);
+    free(t->block_work);
+    free(t);
+}
+
+static size_t table_cells(const relax_table *t, int layers)
+{
+    return (size_t)(t->gpus + 1) * (size_t)t->flags * (size_t)(layers + 1);
+}
+
+/* A table for the mask's types at `level`, with the last stage among
+ * its blocks when `root`. */
+static relax_table *build_table(asym_relax *r, int batch, int mask,
+                                int level, bool root, pt_error *err)
+{
+    relax_table *t = calloc(1, sizeof *t);
+    if (t == NULL) {
+        pt_fail(err, "search: out of memory for the floors");
+        return NULL;
+    }
+    const cluster *c = r->cm->cluster;
+    for (int i = 0; i < r->type_count; i++) {
+        int type = r->rank[i];
+        if (!(mask >> type & 1))
+            continue;
+        t->gpus += c->types[type].gpus * c->types[type].count;
+        t->rank_type[t->ranks] = type;
+        t->rank_end[t->ranks++] = t->gpus;
+    }
+    t->flags = root ? 4 : 2;
+    int shapes = r->batches[batch].count;
+    size_t cells = table_cells(t, r->layers);
+    t->blocks = calloc((size_t)shapes * (size_t)t->ranks + 1,
+                       sizeof *t->blocks);
+    t->block_work = malloc(sizeof(double) * ((size_t)shapes * t->ranks *
+                                                 ASYM_ROLES * (r->layers + 1) +
+                                             1));
+    t->bottleneck = malloc(sizeof(double) * cells);
+    if (t->blocks == NULL || t->block_work == NULL || t->bottleneck == NULL) {
+        free_table(t);
+        pt_fail(err, "search: out of memory for the floors");
+        return NULL;
+    }
+    if (fill_blocks(r, batch, level, t, err) != 0) {
+        free_table(t);
+        return NULL;
+    }
+    run_table(r, t, batch, false, INFINITY, t->bottleneck);
+    r->table_bytes += cells * sizeof(double);
+    return t;
+}
+
+/* -------------------------------------------------------------- views */
+
+static void drop_tables(asym_relax *r)
+{
+    for (size_t i = 0; i < r->tables.slot_count; i++) {
+        const memo_entry *e = &r->tables.slots[i];
+        if (e->key_length == 0)
+            continue;
+        relax_table *t;
+        memcpy(&t, r->tables.arena + e->value_offset, sizeof t);
+        free_table(t);
+    }
+    memo_clear(&r->tables);
+    r->table_bytes = 0;
+}
+
+/* The table of (batch, mask, level, root), built when first asked. */
+static relax_table *table_of(asym_relax *r, int batch, int mask, int level,
+                             bool root, pt_error *err)
+{
+    int key[4] = {batch, mask, level, root};
+    uint64_t hash = memo_hash(key, sizeof key);
+    void *found = memo_find(&r->tables, key, sizeof key, hash);
+    relax_table *t;
+    if (found != NULL) {
+        memcpy(&t, found, sizeof t);
+        return t;
+    }
+    if (r->table_bytes > TABLE_BYTES)
+        drop_tables(r);
+    t = build_table(r, batch, mask, level, root, err);
+    if (t == NULL)
+        return NULL;
+    void *room = memo_insert(&r->tables, key, sizeof key, hash, sizeof t);
+    if (room == NULL) {
+        free_table(t);
+        pt_fail(err, "search: out of memory for the floors");
+        return NULL;
+    }
+    memcpy(room, &t, sizeof t);
+    return t;
+}
+
+/* The level whose tables are the same as level's: halved while no cap
+ * of the mask's types changes (tables are built once per level). */
+static int table_level(asym_relax *r, int batch, int mask, int level,
+                       pt_error *err)
+{
+    const asym_batch *mb = &r->batches[batch];
+    while (level > 2) {
+        for (int k = 0; k < mb->count; k++)
+            for (int t = 0; t < r->type_count; t++) {
+                int above[ASYM_ROLES], below[ASYM_ROLES];
+                if (!(mask >> t & 1))
+                    continue;
+                if (asym_stages_caps(r->stages, batch, k, t, level, above,
+                                     err) != 0 ||
+                    asym_stages_caps(r->stages, batch, k, t, level / 2,
+                                     below, err) != 0)
+                    return -1;
+                if (memcmp(above, below, sizeof above) != 0)
+                    return level;
+            }
+        level /= 2;
+    }
+    return level;
+}
+
+/* A micro-batch's intervals of max C: from the least of any plan up,
+ * each twice as wide as the one before, up to the cutoff (no plan whose
+ * max C reaches it scores below it), and one open above. */
+static void fill_intervals(asym_relax *r, int batch, const relax_table *root)
+{
+    batch_state *s = &r->states[batch];
+    int width = r->layers + 1;
+    double least = root->bottleneck[((size_t)root->gpus * root->flags +
+                                     (FLAG_FIRST | FLAG_LAST)) *
+                                        width +
+                                    r->layers];
+    double top = r->cutoff;
+    s->bounds[0] = least < INFINITY ? least : 0.0;
+    int count = 0;
+    double step = FIRST_WIDTH;
+    while (count + 1 < INTERVALS && least > 0.0 && least < INFINITY) {
+        double next = least * (1.0 + step);
+        if (!(next < top)) {
+            if (top > s->bounds[count])
+                s->bounds[++count] = top;
+            break;
+        }
+        s->bounds[++count] = next;
+        step *= 2.0;
+    }
+    s->bounds[++count] = INFINITY;
+    s->interval_count = count;
+    s->intervals_known = true;
+}
+
+int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
+                       asym_relax_view *out, pt_error *err)
+{
+    int mask = 0, n = 0;
+    for (int t = 0; t < r->type_count; t++)
+        if (q->gpus_left[t] > 0) {
+            mask |= 1 << t;
+            n += q->gpus_left[t];
+        }
+    int m = r->batches[q->batch].microbatches;
+    int most = q->inflight < m ? q->inflight : m, level = 1;
+    while (level * 2 <= most)
+        level *= 2;
+    level = q->root ? 2 : table_level(r, q->batch, mask, level, err);
+    if (level < 0)
+        return -1;
+    memset(out, 0, sizeof *out);
+    out->interval_count = r->states[q->batch].interval_count;
+    out->batch = q->batch;
+    if (n == 0) {
+        /* no GPU left: the stages placed are the plan */
+        out->bottleneck = r->none;
+        out->bounds = r->states[q->batch].bounds;
+        return r->states[q->batch].intervals_known
+                   ? 0
+                   : pt_fail(err, "search: a floor asked before its "
+                                  "micro-batch's root");
+    }
+    relax_table *t = table_of(r, q->batch, mask, level, q->root, err);
+    if (t == NULL)
+        return -1;
+    batch_state *s = &r->states[q->batch];
+    if (!s->intervals_known) {
+        int all = 0;
+        for (int type = 0; type < r->type_count; type++)
+            all |= r->cm->cluster->types[type].count > 0 ? 1 << type : 0;
+        relax_table *root = q->root && mask == all
+                                ? t
+                                : table_of(r, q->batch, all, 2, true, err);
+        if (root == NULL)
+            return -1;
+        fill_intervals(r, q->batch, root);
+    }
+    int flags = q->root ? (FLAG_FIRST | FLAG_LAST) : FLAG_FIRST;
+    size_t row = ((size_t)n * t->flags + flags) * (size_t)(r->layers + 1);
+    out->table = t;
+    out->row = row;
+    out->batch = q->batch;
+    out->bottleneck = t->bottleneck + row;
+    out->infeasible = !(out->bottleneck[0] < INFINITY);
+    out->interval_count = s->interval_count;
+    out->bounds = s->bounds;
+    return 0;
+}
+
+int asym_relax_sum(asym_relax *r, const asym_relax_view *view, int j,
+                   const double **out, pt_error *err)
+{
+    relax_table *t = view->table;
+    if (t == NULL) {
+        *out = r->none;
+        return 0;
+    }
+    if (t->sums[j] == NULL) {
+        size_t cells = table_cells(t, r->layers);
+        t->sums[j] = malloc(sizeof(double) * cells);
+        if (t->sums[j] == NULL)
+            return pt_fail(err, "search: out of memory for the floors");
+        run_table(r, t, view->batch, true, view->bounds[j + 1], t->sums[j]);
+        r->table_bytes += cells * sizeof(double);
+    }
+    *out = t->sums[j] + view->row;
+    return 0;
+}
+
+/* ------------------------------------------------------------ set-up */
+
+/* A type's layer pace at tp 1 and one sample: the list's order. */
+static double pace_of_type(costmodel *cm, const search_options *options,
+                           int type)
+{
+    parallel_config one = asym_stage_config(options, 2, 1, 1, 1);
+    type_costs costs;
+    if (costmodel_type_costs(cm, type, &one, &costs, NULL) != 0)
+        return INFINITY;
+    return costs.layer_forward_s + costs.layer_backward_s;
+}
+
+int asym_relax_open(asym_relax **out, costmodel *cm,
+                    const search_options *options, const asym_batch *batches,
+                    int batch_count, double cutoff, asym_stages *stages,
+                    pt_error *err)
+{
+    const cluster *c = cm->cluster;
+    asym_relax *r = calloc(1, sizeof *r);
+    *out = r;
+    if (r == NULL)
+        return pt_fail(err, "search: out of memory for the floors");
+    *r = (asym_relax){.cm = cm, .stages = stages, .batches = batches,
+                      .batch_count = batch_count,
+                      .type_count = c->type_count,
+                      .layers = cm->model.layers, .cutoff = cutoff};
+    double pace[PLANNER_MAX_TYPES];
+    for (int t = 0; t < c->type_count; t++) {
+        pace[t] = pace_of_type(cm, options, t);
+        r->rank[t] = t;
+    }
+    for (int i = 1; i < c->type_count; i++)
+        for (int j = i; j > 0 && pace[r->rank[j]] < pace[r->rank[j - 1]];
+             j--) {
+            int swap = r->rank[j];
+            r->rank[j] = r->rank[j - 1];
+            r->rank[j - 1] = swap;
+        }
+    r->states = calloc((size_t)batch_count + 1, sizeof *r->states);
+    r->deque = malloc(sizeof(int) * (size_t)(r->layers + 1));
+    r->none = malloc(sizeof(double) * (size_t)(r->layers + 1));
+    if (r->states == NULL || r->deque == NULL || r->none == NULL)
+        return pt_fail(err, "search: out of memory for the floors");
+    r->none[0] = 0.0;
+    for (int l = 1; l <= r->layers; l++)
+        r->none[l] = INFINITY;
+    return 0;
+}
+
+void asym_relax_close(asym_relax *r)
+{
+    if (r == NULL)
+        return;
+    drop_tables(r);
+    memo_free(&r->tables);
+    free(r->states);
+    free(r->deque);
+    free(r->none);
+    free(r);
+}
