@@ -456,6 +456,16 @@ int costmodel_stage_work_at(costmodel *cm, const parallel_config *own,
                             const node_lane *lane, int stage,
                             long long first, int most_layers, double *work_s,
                             pt_error *err);
+/* One side of a pipeline boundary: the send (activations forward, or
+ * their gradients back) from a stage of config `from` to the stage of
+ * config `to` beside it, over `link` (or a type's curve when curve_type
+ * >= 0), re-sharded where their degrees differ, the receiving tp group
+ * gathering over `gather` (costmodel_stage_terms_stages prices each side
+ * so; the planner floors sends with it). */
+double costmodel_boundary_send_s(const costmodel *cm,
+                                  const parallel_config *from,
+                                  const parallel_config *to, int curve_type,
+                                  link_spec link, link_spec gather);
 /* The tied embedding's all-reduce between a first stage and a last one
  * that starts at GPU last_first (0 s without tied embeddings or with one
  * stage): the larger shard, of the smaller tp, over the link between

@@ -87,6 +87,18 @@ static bool same_degrees(const parallel_config *a, const parallel_config *b)
     return a->tp == b->tp && a->dp == b->dp;
 }
 
+double costmodel_boundary_send_s(const costmodel *cm,
+                                  const parallel_config *from,
+                                  const parallel_config *to, int curve_type,
+                                  link_spec link, link_spec gather)
+{
+    if (same_degrees(from, to))
+        return pipeline_send_s(
+            cm, from, costmodel_pipeline_message_bytes(&cm->model, from),
+            curve_type, link, gather);
+    return costmodel_reshard_seconds(cm, from, to, curve_type, link, gather);
+}
+
 void costmodel_boundary_sends(const costmodel *cm, const stage_neighbours *n,
                               int stage, double *send_forward_s,
                               double *send_backward_s)

@@ -509,6 +509,18 @@ double asym_threshold(const asym_walk *w);
  * cutting by floors; -1 on error (w->err). */
 int asym_walk_tree(asym_walk *w);
 
+/* The lesser and the greater of two doubles, never NAN: inlined where
+ * libm's fmin and fmax are calls (the asymmetric floors' inner loops). */
+static inline double asym_min(double a, double b)
+{
+    return b < a ? b : a;
+}
+
+static inline double asym_max(double a, double b)
+{
+    return b > a ? b : a;
+}
+
 /* A stage shape: its GPUs as tp x dp. */
 typedef struct asym_shape {
     int gpus, tp, dp;
@@ -569,9 +581,15 @@ int asym_stages_price(asym_stages *s, int batch, int k, const asym_role *role,
 /* The floors of shape k holding a GPU of type `type` (NULL on error). */
 const asym_pure *asym_stages_pure(asym_stages *s, int batch, int k,
                                   int type, pt_error *err);
+/* The micro-batches in flight the floors price memory at: every count
+ * up to ASYM_LEVELS_EXACT, then powers of two; asym_level gives the
+ * largest at most `inflight`, asym_level_below the one before. */
+#define ASYM_LEVELS_EXACT 64
+int asym_level(int inflight);
+int asym_level_below(int level);
 /* The memory caps of shape k on type `type` alone, by role, its middle
- * stages and first holding the largest power of two micro-batches in
- * flight up to `level` (the most a stage holding that type holds). */
+ * stages and first holding asym_level(level) micro-batches in flight
+ * (the most a stage holding that type holds). */
 int asym_stages_caps(asym_stages *s, int batch, int k, int type, int level,
                      int *caps, pt_error *err);
 /* A floor of the tied embedding's all-reduce between the first and the

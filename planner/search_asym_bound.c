@@ -62,10 +62,10 @@ static void least_bottleneck(const asym_placed *placed, int count,
         double right = INFINITY;
         for (int l = layers; l >= 0; l--) {
             if (l <= most)
-                right = fmin(right, cost_at(p, weight, l));
+                right = asym_min(right, cost_at(p, weight, l));
             row[l] = right;
         }
-        none = fmax(none, row[0]);
+        none = asym_max(none, row[0]);
         heads[i] = 1;
     }
     out[0] = none;
@@ -81,7 +81,7 @@ static void least_bottleneck(const asym_placed *placed, int count,
                              : values[(size_t)least * width + heads[least]];
         if (least >= 0)
             heads[least]++;
-        out[x] = fmax(none, v);
+        out[x] = asym_max(none, v);
     }
 }
 
@@ -93,23 +93,27 @@ static int compare_pace(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The least sum of T over the placed stages holding x layers, each at
- * most the most layers whose C is below `bound`: their fixed times and
- * the cheapest layers first. */
-static void least_sum(const asym_placed *placed, int count, int layers,
-                      double weight, double bound, int *order, double *out)
+/* The placed stages' indices by pace, cheapest first, into order. */
+static void sort_by_pace(const asym_placed *placed, int count, int *order)
 {
-    double fixed = 0.0;
-    for (int x = 0; x <= layers; x++)
-        out[x] = INFINITY;
-    for (int i = 0; i < count; i++) {
+    for (int i = 0; i < count; i++)
         order[i] = i;
-        fixed += placed[i].fixed;
-    }
     by_pace_base = placed;
     qsort(order, (size_t)count, sizeof *order, compare_pace);
+}
+
+/* The least sum of T over the placed stages (order: by pace) holding x
+ * layers, each at most the most layers whose C is within `bound`:
+ * their fixed times and the cheapest layers first. */
+static void least_sum(const asym_placed *placed, const int *order, int count,
+                      int layers, double weight, double bound, double *out)
+{
+    for (int x = 0; x <= layers; x++)
+        out[x] = INFINITY;
+    out[0] = 0.0;
+    for (int i = 0; i < count; i++)
+        out[0] += placed[i].fixed;
     int held = 0;
-    out[0] = fixed;
     for (int i = 0; i < count; i++) {
         const asym_placed *p = &placed[order[i]];
         int room = most_layers(p, layers);
@@ -129,18 +133,31 @@ static double meet(const double *a, const double *b, int layers, bool add)
 {
     double best = INFINITY;
     for (int x = 0; x <= layers; x++) {
-        double v = add ? a[x] + b[layers - x] : fmax(a[x], b[layers - x]);
-        best = fmin(best, v);
+        double v = add ? a[x] + b[layers - x] : asym_max(a[x], b[layers - x]);
+        best = asym_min(best, v);
     }
     return best;
 }
 
 /* ---------------------------------------------------------- the floor */
 
+/* The least sum of T of a completion under interval j's bound. */
+static int interval_sum(asym_bound *b, const asym_floor_query *q,
+                        const asym_relax_view *view, int j, double weight,
+                        double *out, pt_error *err)
+{
+    const double *rest = NULL;
+    if (asym_relax_sum(b->relax, view, j, &rest, err) != 0)
+        return -1;
+    least_sum(q->placed, b->order, q->count, b->layers, weight,
+              view->bounds[j + 1], b->sum);
+    *out = meet(b->sum, rest, b->layers, true);
+    return 0;
+}
+
 double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
                         double threshold, pt_error *err)
 {
-    (void)threshold;
     int layers = b->layers;
     double weight = q->microbatches - 1;
     asym_relax_view view;
@@ -153,21 +170,31 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
     double low = meet(b->bottleneck, view.bottleneck, layers, false);
     if (low == INFINITY)
         return INFINITY;
+    sort_by_pace(q->placed, q->count, b->order);
+    /* the last interval is open: its sum floors every interval's */
+    int last = view.interval_count - 1;
+    double unbounded;
+    if (interval_sum(b, q, &view, last, weight, &unbounded, err) != 0)
+        return NAN;
     /* the intervals of max C from the least up: an interval's floor is at
-       least its lower end, so once that passes the least found no later
-       one matters */
+       least its lower end plus that sum, so once that passes the least
+       found no later one matters; once the least is below the threshold
+       (no cut), or that alone reaches it (a cut), it floors the rest */
     double best = INFINITY;
-    for (int j = 0; j < view.interval_count; j++) {
+    for (int j = 0; j <= last; j++) {
         double from = fmax(view.bounds[j], low), to = view.bounds[j + 1];
         if (to <= low)
             continue;
-        if (from >= best)
+        if (from + unbounded >= best)
             break;
-        const double *rest = NULL;
-        if (asym_relax_sum(b->relax, &view, j, &rest, err) != 0)
+        if (best < threshold || from + unbounded >= threshold) {
+            best = fmin(best, from + unbounded);
+            break;
+        }
+        double sum = unbounded;
+        if (j < last && interval_sum(b, q, &view, j, weight, &sum, err) != 0)
             return NAN;
-        least_sum(q->placed, q->count, layers, weight, to, b->order, b->sum);
-        best = fmin(best, from + meet(b->sum, rest, layers, true));
+        best = fmin(best, from + sum);
     }
     return best * FLOOR_SHADE;
 }

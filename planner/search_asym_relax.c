@@ -23,11 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Intervals of max C from a micro-batch's least up, each twice as wide
- * as the one before, the first 1/512 of it wide, up to the cutoff; the
- * last open. */
-#define INTERVALS 14
-#define FIRST_WIDTH (1.0 / 512.0)
+/* Intervals of max C from a micro-batch's least up, each a quarter
+ * wider than the one before, the first 1/1024 of it wide, up to the
+ * cutoff; the last open. */
+#define INTERVALS 48
+#define FIRST_WIDTH (1.0 / 1024.0)
+#define WIDTH_GROWTH 1.25
 /* The tables are a cache: dropped past this size. */
 #define TABLE_BYTES ((size_t)512 << 20)
 
@@ -154,9 +155,9 @@ static void join_max(const double *prev, const block *b, int role, int cap,
             x = most;
         while (x < most && block_cost(b, role, x, weight) < prev[y - x])
             x++;
-        double best = fmax(prev[y - x], block_cost(b, role, x, weight));
+        double best = asym_max(prev[y - x], block_cost(b, role, x, weight));
         if (x > 0)
-            best = fmin(best, fmax(prev[y - x + 1],
+            best = asym_min(best, asym_max(prev[y - x + 1],
                                    block_cost(b, role, x - 1, weight)));
         if (best < out[y])
             out[y] = best;
@@ -355,33 +356,34 @@ static relax_table *table_of(asym_relax *r, int batch, int mask, int level,
     return t;
 }
 
-/* The level whose tables are the same as level's: halved while no cap
+/* The level whose tables are the same as level's: lowered while no cap
  * of the mask's types changes (tables are built once per level). */
 static int table_level(asym_relax *r, int batch, int mask, int level,
                        pt_error *err)
 {
     const asym_batch *mb = &r->batches[batch];
     while (level > 2) {
+        int below = asym_level_below(level);
         for (int k = 0; k < mb->count; k++)
             for (int t = 0; t < r->type_count; t++) {
-                int above[ASYM_ROLES], below[ASYM_ROLES];
+                int at[ASYM_ROLES], under[ASYM_ROLES];
                 if (!(mask >> t & 1))
                     continue;
-                if (asym_stages_caps(r->stages, batch, k, t, level, above,
+                if (asym_stages_caps(r->stages, batch, k, t, level, at,
                                      err) != 0 ||
-                    asym_stages_caps(r->stages, batch, k, t, level / 2,
-                                     below, err) != 0)
+                    asym_stages_caps(r->stages, batch, k, t, below, under,
+                                     err) != 0)
                     return -1;
-                if (memcmp(above, below, sizeof above) != 0)
+                if (memcmp(at, under, sizeof at) != 0)
                     return level;
             }
-        level /= 2;
+        level = below;
     }
     return level;
 }
 
 /* A micro-batch's intervals of max C: from the least of any plan up,
- * each twice as wide as the one before, up to the cutoff (no plan whose
+ * each wider than the one before, up to the cutoff (no plan whose
  * max C reaches it scores below it), and one open above. */
 static void fill_intervals(asym_relax *r, int batch, const relax_table *root)
 {
@@ -394,16 +396,17 @@ static void fill_intervals(asym_relax *r, int batch, const relax_table *root)
     double top = r->cutoff;
     s->bounds[0] = least < INFINITY ? least : 0.0;
     int count = 0;
-    double step = FIRST_WIDTH;
+    double step = FIRST_WIDTH, offset = 0.0;
     while (count + 1 < INTERVALS && least > 0.0 && least < INFINITY) {
-        double next = least * (1.0 + step);
+        offset += step;
+        double next = least * (1.0 + offset);
         if (!(next < top)) {
             if (top > s->bounds[count])
                 s->bounds[++count] = top;
             break;
         }
         s->bounds[++count] = next;
-        step *= 2.0;
+        step *= WIDTH_GROWTH;
     }
     s->bounds[++count] = INFINITY;
     s->interval_count = count;
@@ -420,9 +423,7 @@ int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
             n += q->gpus_left[t];
         }
     int m = r->batches[q->batch].microbatches;
-    int most = q->inflight < m ? q->inflight : m, level = 1;
-    while (level * 2 <= most)
-        level *= 2;
+    int level = asym_level(q->inflight < m ? q->inflight : m);
     level = q->root ? 2 : table_level(r, q->batch, mask, level, err);
     if (level < 0)
         return -1;
@@ -453,9 +454,22 @@ int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
             return -1;
         fill_intervals(r, q->batch, root);
     }
+    /* the sums at the largest power of two at most the level: looser
+       caps, fewer tables (each is as many tables as intervals) */
+    int sum_level = 1;
+    while (sum_level * 2 <= level)
+        sum_level *= 2;
+    relax_table *sums = sum_level == level
+                            ? t
+                            : table_of(r, q->batch, mask,
+                                       table_level(r, q->batch, mask,
+                                                   sum_level, err),
+                                       q->root, err);
+    if (sums == NULL)
+        return -1;
     int flags = q->root ? (FLAG_FIRST | FLAG_LAST) : FLAG_FIRST;
     size_t row = ((size_t)n * t->flags + flags) * (size_t)(r->layers + 1);
-    out->table = t;
+    out->table = sums;
     out->row = row;
     out->batch = q->batch;
     out->bottleneck = t->bottleneck + row;

@@ -14,7 +14,8 @@
  * cheapest optimizer step and allreduce_floor_time over the links its dp
  * group may have; the first and last stage add the tied embedding's
  * all-reduce, over the fastest link between nodes (with two nodes or
- * more, some GPU pair it joins lies on two). Its memory cap is its
+ * more, some GPU pair it joins lies on two). A stage as large as a node
+ * or larger sends across nodes on both sides. Its memory cap is its
  * smallest type's, at most the type's own.
  */
 #include "planner/internal.h"
@@ -25,8 +26,8 @@
 
 /* The segment memo is a cache: dropped past this size. */
 #define SEGMENT_MEMO_BYTES ((size_t)64 << 20)
-/* Micro-batches in flight the caps are priced at: powers of two. */
-#define CAP_LEVELS 24
+/* Micro-batches in flight the caps are priced at (asym_level). */
+#define CAP_LEVELS (ASYM_LEVELS_EXACT + 24)
 
 struct asym_stages {
     costmodel *cm;
@@ -41,6 +42,8 @@ struct asym_stages {
     int lane_types[PLANNER_MAX_NODES];
     int lane_starts[PLANNER_MAX_NODES + 1];
 };
+
+static double send_floor(const asym_stages *r, int batch, int k);
 
 /* ------------------------------------------------- the stages placed */
 
@@ -369,6 +372,13 @@ static int fill_shape(asym_stages *r, int batch, int k, pt_error *err)
                                           row[v].fixed[role]);
         }
     }
+    /* and its sends: two in the middle, one at either end */
+    double send = send_floor(r, batch, k);
+    for (int t = 0; t < r->type_count; t++) {
+        row[t].fixed[ASYM_MIDDLE] += 2.0 * send;
+        row[t].fixed[ASYM_FIRST] += send;
+        row[t].fixed[ASYM_LAST] += send;
+    }
     return 0;
 }
 
@@ -391,38 +401,27 @@ static int price_caps(asym_stages *r, int batch, int k, int type, int level,
     return 0;
 }
 
-int asym_stages_caps(asym_stages *r, int batch, int k, int type, int level,
-                     int *caps, pt_error *err)
+int asym_level(int inflight)
 {
-    int step = 0;
-    while (step + 1 < CAP_LEVELS && 2 << step <= level)
-        step++;
-    if (r->caps[batch] == NULL) {
-        size_t cells = (size_t)r->batches[batch].count * r->type_count *
-                       CAP_LEVELS * (ASYM_ROLES + 1);
-        r->caps[batch] = calloc(cells + 1, sizeof(int));
-        if (r->caps[batch] == NULL)
-            return pt_fail(err, "search: out of memory for the floors");
-    }
-    int *cell = r->caps[batch] +
-                (((size_t)k * r->type_count + type) * CAP_LEVELS + step) *
-                    (ASYM_ROLES + 1);
-    if (!cell[ASYM_ROLES]) {
-        if (price_caps(r, batch, k, type, 1 << step, cell, err) != 0)
-            return -1;
-        cell[ASYM_ROLES] = 1;
-    }
-    memcpy(caps, cell, sizeof(int) * ASYM_ROLES);
-    return 0;
+    if (inflight <= ASYM_LEVELS_EXACT)
+        return inflight < 1 ? 1 : inflight;
+    int level = ASYM_LEVELS_EXACT;
+    while (level * 2 <= inflight && level < (1 << 29))
+        level *= 2;
+    return level;
+}
+
+int asym_level_below(int level)
+{
+    return level <= ASYM_LEVELS_EXACT ? level - 1 : level / 2;
 }
 
 /* ------------------------------------------------- the embedding floor */
 
-double asym_stages_embedding_floor(const asym_stages *r, int tp)
+/* The fastest link between two nodes of the cluster (none: INFINITY
+ * bandwidth), and the fastest inside one. */
+static link_spec fastest_between(const cluster *c)
 {
-    const cluster *c = r->cm->cluster;
-    if (c->node_count < 2)
-        return 0.0;
     link_spec fastest = {0.0, INFINITY};
     for (int a = 0; a < c->type_count; a++)
         for (int b = 0; b < c->type_count; b++) {
@@ -434,8 +433,88 @@ double asym_stages_embedding_floor(const asym_stages *r, int tp)
                 fastest.bandwidth_bytes_per_s, link.bandwidth_bytes_per_s);
             fastest.latency_s = fmin(fastest.latency_s, link.latency_s);
         }
+    return fastest;
+}
+
+static link_spec fastest_inside(const cluster *c)
+{
+    link_spec fastest = {0.0, INFINITY};
+    for (int t = 0; t < c->type_count; t++) {
+        fastest.bandwidth_bytes_per_s =
+            fmax(fastest.bandwidth_bytes_per_s,
+                 c->types[t].intra_node.bandwidth_bytes_per_s);
+        fastest.latency_s = fmin(fastest.latency_s,
+                                 c->types[t].intra_node.latency_s);
+    }
+    return fastest;
+}
+
+double asym_stages_embedding_floor(const asym_stages *r, int tp)
+{
+    const cluster *c = r->cm->cluster;
+    if (c->node_count < 2)
+        return 0.0;
     parallel_config pair = asym_stage_config(r->options, 2, 1, tp, 1);
-    return costmodel_embedding_allreduce_s(r->cm, &pair, fastest, -1);
+    return costmodel_embedding_allreduce_s(r->cm, &pair, fastest_between(c),
+                                           -1);
+}
+
+/* The index of a level asym_level gives. */
+static int level_index(int level)
+{
+    int index = level <= ASYM_LEVELS_EXACT ? level - 1 : ASYM_LEVELS_EXACT - 1;
+    for (int above = ASYM_LEVELS_EXACT; above < level; above *= 2)
+        index++;
+    return index < CAP_LEVELS ? index : CAP_LEVELS - 1;
+}
+
+int asym_stages_caps(asym_stages *r, int batch, int k, int type, int level,
+                     int *caps, pt_error *err)
+{
+    level = asym_level(level);
+    if (r->caps[batch] == NULL) {
+        size_t cells = (size_t)r->batches[batch].count * r->type_count *
+                       CAP_LEVELS * (ASYM_ROLES + 1);
+        r->caps[batch] = calloc(cells + 1, sizeof(int));
+        if (r->caps[batch] == NULL)
+            return pt_fail(err, "search: out of memory for the floors");
+    }
+    int *cell = r->caps[batch] +
+                (((size_t)k * r->type_count + type) * CAP_LEVELS +
+                 level_index(level)) *
+                    (ASYM_ROLES + 1);
+    if (!cell[ASYM_ROLES]) {
+        if (price_caps(r, batch, k, type, level, cell, err) != 0)
+            return -1;
+        cell[ASYM_ROLES] = 1;
+    }
+    memcpy(caps, cell, sizeof(int) * ASYM_ROLES);
+    return 0;
+}
+
+static double send_floor(const asym_stages *r, int batch, int k)
+{
+    const cluster *c = r->cm->cluster;
+    const asym_batch *mb = &r->batches[batch];
+    int most_per_node = 0;
+    for (int t = 0; t < c->type_count; t++)
+        if (c->types[t].count > 0 && c->types[t].gpus > most_per_node)
+            most_per_node = c->types[t].gpus;
+    if (mb->shape[k].gpus < most_per_node || c->node_count < 2)
+        return 0.0;
+    link_spec link = fastest_between(c), gather = fastest_inside(c);
+    parallel_config own = asym_stage_config(r->options, 3, mb->samples,
+                                            mb->shape[k].tp,
+                                            mb->shape[k].dp);
+    double least = INFINITY;
+    for (int other = 0; other < mb->count; other++) {
+        parallel_config to = asym_stage_config(
+            r->options, 3, mb->samples, mb->shape[other].tp,
+            mb->shape[other].dp);
+        least = fmin(least, costmodel_boundary_send_s(r->cm, &own, &to, -1,
+                                                      link, gather));
+    }
+    return least;
 }
 
 const asym_pure *asym_stages_pure(asym_stages *r, int batch, int k, int type,

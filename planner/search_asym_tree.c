@@ -27,12 +27,16 @@ typedef struct asym_child {
 } asym_child;
 
 /* The children of one depth, and room for their node types. */
-typedef struct asym_level {
+typedef struct asym_tier {
     asym_child *children;
     int count, capacity;
     int *types;
     int type_count, type_capacity;
-} asym_level;
+} asym_tier;
+
+/* Symmetric tree nodes (max_tree_nodes) a partial plan counts as: about
+ * the time of one floored and priced. */
+#define ASYM_NODE_WEIGHT 200
 
 /* A task: a micro-batch, with its root floor. */
 typedef struct asym_task {
@@ -61,8 +65,9 @@ typedef struct asym_tree {
     parallel_config configs[ASYM_MAX_STAGES];
     long long firsts[ASYM_MAX_STAGES + 1];
     asym_placed placed[ASYM_MAX_STAGES];
+    asym_placed unsent[ASYM_MAX_STAGES]; /* placed's, before their sends */
     double *work;          /* [stages x (layers + 1)] their work */
-    asym_level *levels;    /* [most stages] */
+    asym_tier *levels;    /* [most stages] */
     long long budget;      /* tree nodes at most; 0: none */
 } asym_tree;
 
@@ -160,9 +165,8 @@ static int place_exact(asym_tree *t, int depth)
 }
 
 /* The stage at `depth` of shape k ending at GPU `end`, on the nodes
- * placed: priced, the stage behind it made exact, and the stage itself
- * when it is the first. */
-static int place_stage(asym_tree *t, int depth, int k, long long end)
+ * placed: priced without its sends (a copy kept in unsent[depth]). */
+static int place_unsent(asym_tree *t, int depth, int k, long long end)
 {
     const asym_shape *shape = shape_of(t, k);
     long long first = end - shape->gpus;
@@ -172,16 +176,23 @@ static int place_stage(asym_tree *t, int depth, int k, long long end)
         t->w->options, role.pp, t->batches[t->batch].samples, shape->tp,
         shape->dp);
     node_lane lane = lane_of(t);
+    asym_placed *placed = &t->placed[depth];
     if (asym_stages_price(t->stages, t->batch, k, &role, &lane, first,
-                          &t->placed[depth], t->w->err) != 0)
+                          placed, t->w->err) != 0)
         return -1;
     /* the last stage and the first pay the embedding's all-reduce */
     if (depth == 0 || first == 0)
-        t->placed[depth].extra =
-            asym_stages_embedding_floor(t->stages, shape->tp);
-    if (
-        (depth > 0 && place_exact(t, depth - 1) != 0) ||
-        (first == 0 && place_exact(t, depth) != 0))
+        placed->extra = asym_stages_embedding_floor(t->stages, shape->tp);
+    t->unsent[depth] = *placed;
+    return 0;
+}
+
+/* With the stage at `depth` priced: the stage behind it made exact, and
+ * the stage itself when it is the first. */
+static int settle(asym_tree *t, int depth)
+{
+    if ((depth > 0 && place_exact(t, depth - 1) != 0) ||
+        (t->firsts[depth] == 0 && place_exact(t, depth) != 0))
         return -1;
     return 0;
 }
@@ -202,7 +213,7 @@ static int grow(void **items, int *capacity, int needed, size_t size,
     return 0;
 }
 
-static int add_child(asym_tree *t, asym_level *level, int k, int front,
+static int add_child(asym_tree *t, asym_tier *level, int k, int front,
                      double floor)
 {
     int added = front - t->front;
@@ -240,9 +251,18 @@ static int consider(asym_tree *t, int depth, int k, long long end, int front)
 {
     asym_walk *w = t->w;
     w->nodes++;
-    if (place_stage(t, depth, k, end) != 0)
+    /* floored first with the stage behind it without its sends (a send
+       only adds), then, unless that cuts it, exact */
+    if (depth > 0)
+        t->placed[depth - 1] = t->unsent[depth - 1];
+    if (place_unsent(t, depth, k, end) != 0)
         return -1;
     double floor = floor_here(t, depth);
+    if (!isnan(floor) && floor < asym_threshold(w)) {
+        if (settle(t, depth) != 0)
+            return -1;
+        floor = floor_here(t, depth);
+    }
     if (isnan(floor))
         return -1;
     if (floor >= asym_threshold(w)) {
@@ -282,7 +302,7 @@ static int compare_children(const void *a, const void *b)
  * GPU `end`: floored and sorted, into levels[depth]. */
 static int collect_children(asym_tree *t, int depth, long long end)
 {
-    asym_level *level = &t->levels[depth];
+    asym_tier *level = &t->levels[depth];
     level->count = 0;
     level->type_count = 0;
     const asym_batch *mb = &t->batches[t->batch];
@@ -330,12 +350,17 @@ static int descend(asym_tree *t, int depth, long long end);
 /* Visits child i of levels[depth]. */
 static int visit(asym_tree *t, int depth, long long end, int i)
 {
-    asym_level *level = &t->levels[depth];
+    asym_tier *level = &t->levels[depth];
     asym_child child = level->children[i];
     int front = t->front;
     for (int j = 0; j < child.added; j++)
         lane_push(t, level->types[child.types_at + j]);
-    int rc = place_stage(t, depth, child.shape, end);
+    if (depth > 0)
+        t->placed[depth - 1] = t->unsent[depth - 1];
+    int rc = place_unsent(t, depth, child.shape, end) != 0 ||
+                     settle(t, depth) != 0
+                 ? -1
+                 : 0;
     if (rc == 0)
         rc = t->firsts[depth] == 0 ? score_here(t, depth)
                                    : descend(t, depth + 1, t->firsts[depth]);
@@ -349,7 +374,7 @@ static int descend(asym_tree *t, int depth, long long end)
     asym_walk *w = t->w;
     if (collect_children(t, depth, end) != 0)
         return -1;
-    asym_level *level = &t->levels[depth];
+    asym_tier *level = &t->levels[depth];
     for (int i = 0; i < level->count; i++) {
         double floor = level->children[i].floor;
         if (floor >= asym_threshold(w)) {
@@ -482,8 +507,12 @@ static int open_tree(asym_tree *t, asym_walk *w)
     const cluster *c = w->cm->cluster;
     *t = (asym_tree){.w = w, .c = c, .type_count = c->type_count,
                      .layers = w->cm->model.layers,
-                     .node_count = c->node_count, .gpus = w->gpus,
-                     .budget = w->options->max_tree_nodes};
+                     .node_count = c->node_count, .gpus = w->gpus};
+    /* a partial plan floored costs the worth of many symmetric tree
+       nodes: the budget is max_tree_nodes' share */
+    long long most = w->options->max_tree_nodes;
+    t->budget = most > 0 ? (most + ASYM_NODE_WEIGHT - 1) / ASYM_NODE_WEIGHT
+                         : 0;
     t->most_stages = w->gpus < t->layers ? w->gpus : t->layers;
     if (t->most_stages > ASYM_MAX_STAGES)
         t->most_stages = ASYM_MAX_STAGES;
