@@ -1,13 +1,15 @@
 /*
  * asymmetric_speed: how long `partita plan --asymmetric`'s search takes
- * beside the symmetric one (issue 36, item 2), and what it gains: the
- * median of several runs of each on the bundled clusters it takes, one
- * table row per problem. A benchmark, run by hand (docs/benchmarks.md);
- * no test asserts a time.
+ * beside the symmetric one (issue 36, item 2), the ratio of the two, and
+ * what it gains: the median of several runs of each on the bundled
+ * clusters, one table row per problem, with whether the asymmetric
+ * search was exact or the gap it proved. A benchmark, run by hand
+ * (docs/benchmarks.md); no test asserts a time.
  *
  *   asymmetric_speed [--runs N] [CLUSTER...]   (after one untimed
  *   warm-up run; CLUSTER...: only the problems on those clusters)
  */
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,9 +37,17 @@ static const speed_problem problems[] = {
     {"bert-large", "fasop-bert", 256},
     {"gpt2-xl", "hetero", 64},
     {"gpt2-xl", "fasop-gpt2xl", 64},
-    /* 96 GPUs of 4 types (plan_scale's) */
+    /* 96 and 1,024 GPUs of 4 types (plan_scale's) */
     {"gpt-13b", "mixed-96", 512},
+    {"gpt-175b", "mixed-1024", 1536},
 };
+
+/* What the last asymmetric run says of its exactness. */
+typedef struct asym_outcome {
+    bool exact;
+    double gap; /* percent */
+    long long scored, nodes;
+} asym_outcome;
 
 static int compare_doubles(const void *a, const void *b)
 {
@@ -45,11 +55,12 @@ static int compare_doubles(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The median seconds of `runs` searches (asymmetric or not) and the best
- * step of the last. */
+/* The median seconds of `runs` searches (asymmetric or not), the best
+ * step of the last and, asymmetric, its exactness. */
 static int time_search(costmodel *cm, const search_options *o,
                        bool asymmetric, int runs, double *median,
-                       double *best_step, pt_error *err)
+                       double *best_step, asym_outcome *outcome,
+                       pt_error *err)
 {
     double took[MAX_RUNS + 1];
     /* run 0 warms up (profiles priced, notes written), untimed */
@@ -63,14 +74,13 @@ static int time_search(costmodel *cm, const search_options *o,
             return -1;
         *best_step = result.plan_count > 0 ? result.plans[0].step_time_s
                                            : 0.0;
-        if (asymmetric && r == runs)
-            fprintf(stderr, "  (%lld asymmetric plans solved, %lld partial "
-                    "plans floored, %lld cut; best score: symmetric %.6f s, "
-                    "asymmetric %.6f s%s)\n",
-                    result.asymmetric_scored, result.asymmetric_nodes,
-                    result.asymmetric_pruned, result.best_score_s,
-                    result.asymmetric_best_score_s,
-                    result.asymmetric_exact ? "" : ", NOT EXACT");
+        double best = fmin(result.asymmetric_cutoff_s,
+                           result.asymmetric_best_score_s);
+        *outcome = (asym_outcome){
+            result.asymmetric_exact,
+            best > 0.0 ? 100.0 * (best - result.asymmetric_floor_s) / best
+                       : 0.0,
+            result.asymmetric_scored, result.asymmetric_nodes};
         search_result_free(&result);
     }
     qsort(took + 1, (size_t)runs, sizeof *took, compare_doubles);
@@ -102,19 +112,25 @@ static int run_problem(const speed_problem *p, int runs)
     o.allow_interleave = false;
     double symmetric_s = 0, asymmetric_s = 0, symmetric_step = 0,
            asymmetric_step = 0;
+    asym_outcome plain = {0}, outcome = {0};
     if (rc == 0)
         rc = time_search(&cm, &o, false, runs, &symmetric_s, &symmetric_step,
-                         &err) != 0 ||
+                         &plain, &err) != 0 ||
                      time_search(&cm, &o, true, runs, &asymmetric_s,
-                                 &asymmetric_step, &err) != 0
+                                 &asymmetric_step, &outcome, &err) != 0
                  ? -1
                  : 0;
+    char exact[32];
+    snprintf(exact, sizeof exact, outcome.exact ? "yes" : "gap %.2f %%",
+             outcome.gap);
     if (rc == 0)
-        printf("  %-8s %-14s %5d %4d %12.1f %12.1f %10.4f %10.4f %7.2f\n",
+        printf("  %-10s %-14s %5d %5d %10.1f %10.1f %7.1f %9.4f %9.4f %6.3f"
+               "  %-12s %lld, %lld\n",
                p->model, p->cluster, p->gbs, cluster_gpu_count(&c),
-               symmetric_s * 1e3, asymmetric_s * 1e3, symmetric_step,
-               asymmetric_step,
-               asymmetric_step > 0 ? symmetric_step / asymmetric_step : 0.0);
+               symmetric_s * 1e3, asymmetric_s * 1e3,
+               asymmetric_s / symmetric_s, symmetric_step, asymmetric_step,
+               asymmetric_step > 0 ? symmetric_step / asymmetric_step : 0.0,
+               rc == 0 ? exact : "", outcome.scored, outcome.nodes);
     else
         fprintf(stderr, "asymmetric_speed: %s\n", err.message);
     costmodel_close(&cm);
@@ -143,11 +159,14 @@ int main(int argc, char **argv)
                         "N 1..%d\n", MAX_RUNS);
         return 2;
     }
-    printf("# one thread, no interleaving, median of %d runs; step: the "
-           "best plan's estimated step\n", runs);
-    printf("# %-8s %-14s %5s %4s %12s %12s %10s %10s %7s\n", "model",
-           "cluster", "gbs", "GPUs", "sym (ms)", "asym (ms)", "sym (s)",
-           "asym (s)", "gain");
+    printf("# one thread, no interleaving, median of %d runs after one "
+           "untimed; step: the best plan's estimated step; ratio: asym / "
+           "sym time; gain: sym step / asym step; exact: the asymmetric "
+           "search's, or the gap it proved; plans: asymmetric plans scored, "
+           "partial plans floored\n", runs);
+    printf("# %-10s %-14s %5s %5s %10s %10s %7s %9s %9s %6s  %-12s %s\n",
+           "model", "cluster", "gbs", "GPUs", "sym (ms)", "asym (ms)",
+           "ratio", "sym (s)", "asym (s)", "gain", "exact", "plans");
     int status = 0;
     for (size_t i = 0; i < sizeof problems / sizeof problems[0]; i++)
         if (wanted(&problems[i], argc - first_name, argv + first_name))

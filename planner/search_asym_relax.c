@@ -341,8 +341,6 @@ static relax_table *table_of(asym_relax *r, int batch, int mask, int level,
         memcpy(&t, found, sizeof t);
         return t;
     }
-    if (r->table_bytes > TABLE_BYTES)
-        drop_tables(r);
     t = build_table(r, batch, mask, level, root, err);
     if (t == NULL)
         return NULL;
@@ -413,6 +411,49 @@ static void fill_intervals(asym_relax *r, int batch, const relax_table *root)
     s->intervals_known = true;
 }
 
+/* The batch's intervals, from its root table (every type, the last
+ * stage among the blocks) when first asked. */
+static int ensure_intervals(asym_relax *r, int batch, pt_error *err)
+{
+    if (r->states[batch].intervals_known)
+        return 0;
+    int all = 0;
+    for (int type = 0; type < r->type_count; type++)
+        all |= r->cm->cluster->types[type].count > 0 ? 1 << type : 0;
+    relax_table *root = table_of(r, batch, all, 2, true, err);
+    if (root == NULL)
+        return -1;
+    fill_intervals(r, batch, root);
+    return 0;
+}
+
+/* The tables of a query: its bottleneck's at its level, its sums' at
+ * the largest power of two at most that level (looser caps, fewer
+ * tables: each has as many as intervals). */
+static int tables_of(asym_relax *r, const asym_floor_query *q, int mask,
+                     relax_table **bottleneck, relax_table **sums,
+                     pt_error *err)
+{
+    int m = r->batches[q->batch].microbatches;
+    int level = q->root ? 2
+                        : table_level(r, q->batch, mask,
+                                      asym_level(q->inflight < m ? q->inflight
+                                                                 : m),
+                                      err);
+    int sum_level = 1;
+    while (sum_level * 2 <= level)
+        sum_level *= 2;
+    if (level < 0 ||
+        (sum_level != level &&
+         (sum_level = table_level(r, q->batch, mask, sum_level, err)) < 0))
+        return -1;
+    *bottleneck = table_of(r, q->batch, mask, level, q->root, err);
+    *sums = *bottleneck == NULL || sum_level == level
+                ? *bottleneck
+                : table_of(r, q->batch, mask, sum_level, q->root, err);
+    return *sums == NULL ? -1 : 0;
+}
+
 int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
                        asym_relax_view *out, pt_error *err)
 {
@@ -422,60 +463,25 @@ int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
             mask |= 1 << t;
             n += q->gpus_left[t];
         }
-    int m = r->batches[q->batch].microbatches;
-    int level = asym_level(q->inflight < m ? q->inflight : m);
-    level = q->root ? 2 : table_level(r, q->batch, mask, level, err);
-    if (level < 0)
+    /* the tables are a cache, dropped here only: no view in use then */
+    if (r->table_bytes > TABLE_BYTES)
+        drop_tables(r);
+    if (ensure_intervals(r, q->batch, err) != 0)
         return -1;
-    memset(out, 0, sizeof *out);
-    out->interval_count = r->states[q->batch].interval_count;
-    out->batch = q->batch;
-    if (n == 0) {
-        /* no GPU left: the stages placed are the plan */
-        out->bottleneck = r->none;
-        out->bounds = r->states[q->batch].bounds;
-        return r->states[q->batch].intervals_known
-                   ? 0
-                   : pt_fail(err, "search: a floor asked before its "
-                                  "micro-batch's root");
-    }
-    relax_table *t = table_of(r, q->batch, mask, level, q->root, err);
-    if (t == NULL)
-        return -1;
-    batch_state *s = &r->states[q->batch];
-    if (!s->intervals_known) {
-        int all = 0;
-        for (int type = 0; type < r->type_count; type++)
-            all |= r->cm->cluster->types[type].count > 0 ? 1 << type : 0;
-        relax_table *root = q->root && mask == all
-                                ? t
-                                : table_of(r, q->batch, all, 2, true, err);
-        if (root == NULL)
-            return -1;
-        fill_intervals(r, q->batch, root);
-    }
-    /* the sums at the largest power of two at most the level: looser
-       caps, fewer tables (each is as many tables as intervals) */
-    int sum_level = 1;
-    while (sum_level * 2 <= level)
-        sum_level *= 2;
-    relax_table *sums = sum_level == level
-                            ? t
-                            : table_of(r, q->batch, mask,
-                                       table_level(r, q->batch, mask,
-                                                   sum_level, err),
-                                       q->root, err);
-    if (sums == NULL)
+    const batch_state *s = &r->states[q->batch];
+    *out = (asym_relax_view){.batch = q->batch, .bounds = s->bounds,
+                             .interval_count = s->interval_count,
+                             .bottleneck = r->none};
+    if (n == 0)
+        return 0; /* no GPU left: the stages placed are the plan */
+    relax_table *t, *sums;
+    if (tables_of(r, q, mask, &t, &sums, err) != 0)
         return -1;
     int flags = q->root ? (FLAG_FIRST | FLAG_LAST) : FLAG_FIRST;
-    size_t row = ((size_t)n * t->flags + flags) * (size_t)(r->layers + 1);
+    out->row = ((size_t)n * t->flags + flags) * (size_t)(r->layers + 1);
     out->table = sums;
-    out->row = row;
-    out->batch = q->batch;
-    out->bottleneck = t->bottleneck + row;
+    out->bottleneck = t->bottleneck + out->row;
     out->infeasible = !(out->bottleneck[0] < INFINITY);
-    out->interval_count = s->interval_count;
-    out->bounds = s->bounds;
     return 0;
 }
 
