@@ -1,6 +1,10 @@
 /*
- * Layer norm, forward and backward, on the bf16 residual stream (read
- * into fp32 registers; statistics and gradients in fp32).
+ * Layer norm and RMSNorm, forward and backward, on the bf16 residual
+ * stream (read into fp32 registers; statistics and gradients in fp32).
+ * RMSNorm (Llama's) is layer norm without the mean and the bias: every
+ * kernel below takes RMS as a template flag that drops those terms at
+ * compile time, so the two norms share one set of kernels (and layer
+ * norm's instantiations are the code they were before RMSNorm came).
  *
  * Forward: one warp per row; the row (C <= 2048 channels, C % 8 == 0)
  * is read once into registers and written as bf16, the input of the next
@@ -32,11 +36,12 @@
 /* The generic forward (any C; `vector`: C % 8 == 0 and every pointer
  * 16-byte aligned, so a lane moves 8 channels per access): the row is
  * read three times, the later reads from L1. */
+template <bool RMS>
 __global__ void layernorm_forward_generic(bf16 *out, float *mean,
                                           float *rstd, const bf16 *inp,
                                           const float *weight,
                                           const float *bias, int N, int C,
-                                          bool vector)
+                                          float eps, bool vector)
 {
     int lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * ROWS_PER_FORWARD_BLOCK + threadIdx.x / WARP_SIZE;
@@ -45,7 +50,9 @@ __global__ void layernorm_forward_generic(bf16 *out, float *mean,
     const bf16 *x = inp + (size_t)row * C;
     bf16 *y = out + (size_t)row * C;
     float sum = 0.0f;
-    if (vector) {
+    if (RMS) {
+        /* no mean: the squares below are taken about zero */
+    } else if (vector) {
         for (int c = lane * 8; c < C; c += WARP_SIZE * 8) {
             float xs[8];
             load8(xs, x + c);
@@ -56,37 +63,44 @@ __global__ void layernorm_forward_generic(bf16 *out, float *mean,
         for (int c = lane; c < C; c += WARP_SIZE)
             sum += __bfloat162float(x[c]);
     }
-    float row_mean = warp_sum(sum) / (float)C;
+    float row_mean = RMS ? 0.0f : warp_sum(sum) / (float)C;
     float square_sum = 0.0f;
     for (int c = lane; c < C; c += WARP_SIZE) {
         float centred = __bfloat162float(x[c]) - row_mean;
         square_sum += centred * centred;
     }
-    float row_rstd = rsqrtf(warp_sum(square_sum) / (float)C + LAYERNORM_EPS);
+    float row_rstd = rsqrtf(warp_sum(square_sum) / (float)C + eps);
     if (vector) {
         for (int c = lane * 8; c < C; c += WARP_SIZE * 8) {
             float values[8], xs[8];
             load8(xs, x + c);
             float4 wa = *reinterpret_cast<const float4 *>(weight + c);
             float4 wb = *reinterpret_cast<const float4 *>(weight + c + 4);
-            float4 ba = *reinterpret_cast<const float4 *>(bias + c);
-            float4 bb = *reinterpret_cast<const float4 *>(bias + c + 4);
             float ws[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-            float bs[8] = {ba.x, ba.y, ba.z, ba.w, bb.x, bb.y, bb.z, bb.w};
+            float bs[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (!RMS) {
+                float4 ba = *reinterpret_cast<const float4 *>(bias + c);
+                float4 bb = *reinterpret_cast<const float4 *>(bias + c + 4);
+                bs[0] = ba.x, bs[1] = ba.y, bs[2] = ba.z, bs[3] = ba.w;
+                bs[4] = bb.x, bs[5] = bb.y, bs[6] = bb.z, bs[7] = bb.w;
+            }
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                values[i] = (xs[i] - row_mean) * row_rstd * ws[i] + bs[i];
+                values[i] = RMS ? xs[i] * row_rstd * ws[i]
+                                : (xs[i] - row_mean) * row_rstd * ws[i] +
+                                      bs[i];
             *reinterpret_cast<bf16x8 *>(y + c) = float_to_bf16x8(values);
         }
     } else {
-        for (int c = lane; c < C; c += WARP_SIZE)
-            y[c] = __float2bfloat16_rn((__bfloat162float(x[c]) - row_mean) *
-                                           row_rstd *
-                                           weight[c] +
-                                       bias[c]);
+        for (int c = lane; c < C; c += WARP_SIZE) {
+            float xc = __bfloat162float(x[c]);
+            y[c] = __float2bfloat16_rn(
+                RMS ? xc * row_rstd * weight[c]
+                    : (xc - row_mean) * row_rstd * weight[c] + bias[c]);
+        }
     }
     if (lane == 0) {
-        if (mean != NULL)
+        if (!RMS && mean != NULL)
             mean[row] = row_mean;
         if (rstd != NULL)
             rstd[row] = row_rstd;
@@ -101,11 +115,11 @@ __global__ void layernorm_forward_generic(bf16 *out, float *mean,
  * about the mean, two passes over the registers, as the cpu reference
  * does.
  */
-template <int G>
+template <int G, bool RMS>
 __global__ void __launch_bounds__(ROWS_PER_FORWARD_BLOCK *WARP_SIZE)
 layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
                          const bf16 *inp, const float *weight,
-                         const float *bias, int N, int C)
+                         const float *bias, int N, int C, float eps)
 {
     int lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * ROWS_PER_FORWARD_BLOCK + threadIdx.x / WARP_SIZE;
@@ -128,7 +142,7 @@ layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
         for (int i = 0; i < 8; i++)
             sum += values[k][i];
     }
-    float row_mean = warp_sum(sum) / (float)C;
+    float row_mean = RMS ? 0.0f : warp_sum(sum) / (float)C;
     float square_sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < G; k++) {
@@ -140,8 +154,7 @@ layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
             square_sum += centred * centred;
         }
     }
-    float row_rstd =
-        rsqrtf(warp_sum(square_sum) / (float)C + LAYERNORM_EPS);
+    float row_rstd = rsqrtf(warp_sum(square_sum) / (float)C + eps);
     bf16 *y = out + (size_t)row * C;
 #pragma unroll
     for (int k = 0; k < G; k++) {
@@ -150,26 +163,31 @@ layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
             continue;
         float w[8], b[8], normed[8];
         load8(w, weight + c);
-        load8(b, bias + c);
+        if (!RMS)
+            load8(b, bias + c);
 #pragma unroll
         for (int i = 0; i < 8; i++)
-            normed[i] = (values[k][i] - row_mean) * row_rstd * w[i] + b[i];
+            normed[i] = RMS ? values[k][i] * row_rstd * w[i]
+                            : (values[k][i] - row_mean) * row_rstd * w[i] +
+                                  b[i];
         store8(y + c, normed);
     }
     if (lane == 0) {
-        if (mean != NULL)
+        if (!RMS && mean != NULL)
             mean[row] = row_mean;
         if (rstd != NULL)
             rstd[row] = row_rstd;
     }
 }
 
-extern "C" cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
-                                              float *rstd,
-                                              const pt_bf16 *inp_bf16,
-                                              const float *weight,
-                                              const float *bias, int N, int C,
-                                              cudaStream_t stream)
+/* The forward of either norm: the register-cached kernel where the row
+ * fits (C <= 2048, vectorisable), else the generic one. */
+template <bool RMS>
+static cudaError_t launch_forward(pt_bf16 *out_bf16, float *mean,
+                                  float *rstd, const pt_bf16 *inp_bf16,
+                                  const float *weight, const float *bias,
+                                  int N, int C, float eps,
+                                  cudaStream_t stream)
 {
     if (N <= 0)
         return cudaSuccess;
@@ -181,14 +199,14 @@ extern "C" cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
     int groups = (C / 8 + WARP_SIZE - 1) / WARP_SIZE;
     bf16 *out = as_bf16(out_bf16);
     if (!vector || groups > FORWARD_MAX_GROUPS) {
-        layernorm_forward_generic<<<blocks, threads, 0, stream>>>(
-            out, mean, rstd, inp, weight, bias, N, C, vector);
+        layernorm_forward_generic<RMS><<<blocks, threads, 0, stream>>>(
+            out, mean, rstd, inp, weight, bias, N, C, eps, vector);
         return cudaGetLastError();
     }
 #define FORWARD_CASE(G)                                                      \
     case G:                                                                  \
-        layernorm_forward_cached<G><<<blocks, threads, 0, stream>>>(         \
-            out, mean, rstd, inp, weight, bias, N, C);                       \
+        layernorm_forward_cached<G, RMS><<<blocks, threads, 0, stream>>>(    \
+            out, mean, rstd, inp, weight, bias, N, C, eps);                  \
         break
     switch (groups) {
         FORWARD_CASE(1);
@@ -203,6 +221,26 @@ extern "C" cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
     }
 #undef FORWARD_CASE
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
+                                              float *rstd,
+                                              const pt_bf16 *inp_bf16,
+                                              const float *weight,
+                                              const float *bias, int N, int C,
+                                              cudaStream_t stream)
+{
+    return launch_forward<false>(out_bf16, mean, rstd, inp_bf16, weight,
+                                 bias, N, C, LAYERNORM_EPS, stream);
+}
+
+extern "C" cudaError_t cuda_rmsnorm_forward(pt_bf16 *out_bf16, float *rstd,
+                                            const pt_bf16 *inp_bf16,
+                                            const float *weight, float eps,
+                                            int N, int C, cudaStream_t stream)
+{
+    return launch_forward<true>(out_bf16, NULL, rstd, inp_bf16, weight, NULL,
+                                N, C, eps, stream);
 }
 
 /* ------------------------------------------------------ fused backward */
@@ -221,7 +259,7 @@ struct layernorm_backward_args {
                                   * NULL, may equal d_inp_bf16 */
     const bf16 *d_out;
     const bf16 *inp;
-    const float *weight, *mean, *rstd;
+    const float *weight, *mean, *rstd; /* mean: NULL under RMSNorm */
     int N, C;
 };
 
@@ -233,9 +271,10 @@ struct layernorm_backward_args {
  * double-buffered, so a buffer is rewritten only after the next
  * barrier), then the thread writes its channels of d_inp and adds
  * dy xhat and dy to its weight and bias sums dw, db. One function for
- * the pass: the rows' values stay in registers between its steps.
+ * the pass: the rows' values stay in registers between its steps. RMS:
+ * no mean, so neither the mean(g) term nor a bias sum.
  */
-template <int G, int ROWS>
+template <int G, int ROWS, bool RMS>
 static __device__ void fused_backward_rows(const layernorm_backward_args &a,
                                            int first, int last,
                                            float dw[G][8], float db[G][8])
@@ -259,7 +298,7 @@ static __device__ void fused_backward_rows(const layernorm_backward_args &a,
         for (int r = 0; r < ROWS; r++) {
             int row = row0 + r;
             bool live = row < last;
-            float m = live ? a.mean[row] : 0.0f;
+            float m = live && !RMS ? a.mean[row] : 0.0f;
             rs[r] = live ? a.rstd[row] : 0.0f;
             float g_sum = 0.0f, g_xhat_sum = 0.0f;
 #pragma unroll
@@ -281,7 +320,7 @@ static __device__ void fused_backward_rows(const layernorm_backward_args &a,
                     g_xhat_sum += g * xhat[r][k][i];
                 }
             }
-            sums[2 * r] = warp_sum(g_sum);
+            sums[2 * r] = RMS ? 0.0f : warp_sum(g_sum);
             sums[2 * r + 1] = warp_sum(g_xhat_sum);
         }
         if (lane == 0) {
@@ -321,7 +360,8 @@ static __device__ void fused_backward_rows(const layernorm_backward_args &a,
                                rs[r] * (g - sums[2 * r] -
                                         xhat[r][k][i] * sums[2 * r + 1]);
                     dw[k][i] += dy[r][k][i] * xhat[r][k][i];
-                    db[k][i] += dy[r][k][i];
+                    if (!RMS)
+                        db[k][i] += dy[r][k][i];
                 }
                 if (a.d_inp != NULL)
                     store8(a.d_inp + base + c, value);
@@ -390,7 +430,7 @@ static __device__ void sum_rows(float *out, const cuda_grad *d_weight,
 /* One kernel for the whole backward: the block's rows, its partial row,
  * then, in the last block of its group to finish, the group's sum, and
  * in the last group to finish, the gradients. */
-template <int G, int ROWS>
+template <int G, int ROWS, bool RMS>
 __global__ void __launch_bounds__(BACKWARD_THREADS)
 layernorm_backward_fused(layernorm_backward_args a)
 {
@@ -402,7 +442,7 @@ layernorm_backward_fused(layernorm_backward_args a)
 #pragma unroll
         for (int i = 0; i < 8; i++)
             dw[k][i] = db[k][i] = 0.0f;
-    fused_backward_rows<G, ROWS>(a, first, last, dw, db);
+    fused_backward_rows<G, ROWS, RMS>(a, first, last, dw, db);
     size_t C2 = 2 * (size_t)a.C;
     float *own = a.partials + blockIdx.x * C2;
 #pragma unroll
@@ -444,7 +484,7 @@ layernorm_backward_fused(layernorm_backward_args a)
  */
 #define PARTIAL_SPACE (BACKWARD_THREADS * 16)
 
-template <int VECTOR>
+template <int VECTOR, bool RMS>
 __global__ void __launch_bounds__(BACKWARD_THREADS)
 layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
                           const float *d_residual,
@@ -460,7 +500,7 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
     int last_row = min(first_row + BACKWARD_ROWS, N);
     for (int row = first_row + warp; row < last_row; row += warps) {
         size_t base = (size_t)row * C;
-        float row_mean = mean[row];
+        float row_mean = RMS ? 0.0f : mean[row];
         float row_rstd = rstd[row];
         float g_sum = 0.0f;
         float g_xhat_sum = 0.0f;
@@ -482,7 +522,7 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
                 g_xhat_sum += g * (x[i] - row_mean) * row_rstd;
             }
         }
-        float g_mean = warp_sum(g_sum) / (float)C;
+        float g_mean = RMS ? 0.0f : warp_sum(g_sum) / (float)C;
         float g_xhat_mean = warp_sum(g_xhat_sum) / (float)C;
         for (int c = lane * VECTOR; c < C; c += WARP_SIZE * VECTOR) {
             float dy[VECTOR], x[VECTOR], w[VECTOR], value[VECTOR];
@@ -553,12 +593,13 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
                 dy[0] = __bfloat162float(d_out[base]);
                 x[0] = __bfloat162float(inp[base]);
             }
-            float row_mean = mean[row];
+            float row_mean = RMS ? 0.0f : mean[row];
             float row_rstd = rstd[row];
 #pragma unroll
             for (int i = 0; i < VECTOR; i++) {
                 dw[i] += dy[i] * (x[i] - row_mean) * row_rstd;
-                db[i] += dy[i];
+                if (!RMS)
+                    db[i] += dy[i];
             }
         }
         if (lanes == 1) {
@@ -617,6 +658,7 @@ __global__ void layernorm_partials_kernel(cuda_grad d_weight,
 /* The fused kernel for rows of C % 8 == 0 channels, C <= 8192: G groups
  * of 8 channels per thread, at most 256 threads, ROWS rows at a time (G
  * x ROWS = 4: 64 values of the rows in registers). */
+template <bool RMS>
 static void launch_fused(const layernorm_backward_args &a, unsigned int blocks,
                          cudaStream_t stream)
 {
@@ -628,19 +670,21 @@ static void launch_fused(const layernorm_backward_args &a, unsigned int blocks,
         (unsigned int)((groups + G - 1) / G + WARP_SIZE - 1) / WARP_SIZE *
         WARP_SIZE;
     if (G == 1)
-        layernorm_backward_fused<1, 4><<<blocks, threads, 0, stream>>>(a);
+        layernorm_backward_fused<1, 4, RMS><<<blocks, threads, 0, stream>>>(a);
     else if (G == 2)
-        layernorm_backward_fused<2, 2><<<blocks, threads, 0, stream>>>(a);
+        layernorm_backward_fused<2, 2, RMS><<<blocks, threads, 0, stream>>>(a);
     else
-        layernorm_backward_fused<4, 1><<<blocks, threads, 0, stream>>>(a);
+        layernorm_backward_fused<4, 1, RMS><<<blocks, threads, 0, stream>>>(a);
 }
 
-extern "C" cudaError_t cuda_layernorm_backward(
+/* The backward of either norm (mean NULL and d_bias empty under RMS). */
+template <bool RMS>
+static cudaError_t launch_backward(
     float *d_inp, pt_bf16 *d_inp_bf16, cuda_grad d_weight, cuda_grad d_bias,
     const float *d_residual, const pt_bf16 *d_residual_bf16,
-    const pt_bf16 *d_out_bf16,
-    const pt_bf16 *inp_bf16, const float *weight, const float *mean, const float *rstd,
-    float *scratch, int N, int C, cudaStream_t stream)
+    const pt_bf16 *d_out_bf16, const pt_bf16 *inp_bf16, const float *weight,
+    const float *mean, const float *rstd, float *scratch, int N, int C,
+    cudaStream_t stream)
 {
     if (N <= 0)
         return cudaSuccess;
@@ -663,19 +707,19 @@ extern "C" cudaError_t cuda_layernorm_backward(
             reinterpret_cast<unsigned int *>(scratch), d_residual,
             residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd, N,
             C};
-        launch_fused(a, blocks, stream);
+        launch_fused<RMS>(a, blocks, stream);
         return cudaGetLastError();
     }
     /* the shared shares hold lanes x 2C floats: lanes x C <= 8 x threads
      * for the vector path, 1 x threads for the scalar one */
     if (vector)
-        layernorm_backward_generic<8>
+        layernorm_backward_generic<8, RMS>
             <<<blocks, BACKWARD_THREADS, 0, stream>>>(
                 d_inp, as_bf16(d_inp_bf16), partials, d_residual,
                 residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd,
                 N, C);
     else
-        layernorm_backward_generic<1>
+        layernorm_backward_generic<1, RMS>
             <<<blocks, BACKWARD_THREADS, 0, stream>>>(
                 d_inp, as_bf16(d_inp_bf16), partials, d_residual,
                 residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd,
@@ -685,4 +729,30 @@ extern "C" cudaError_t cuda_layernorm_backward(
                                 0, stream>>>(d_weight, d_bias, partials,
                                              (int)blocks, C);
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_layernorm_backward(
+    float *d_inp, pt_bf16 *d_inp_bf16, cuda_grad d_weight, cuda_grad d_bias,
+    const float *d_residual, const pt_bf16 *d_residual_bf16,
+    const pt_bf16 *d_out_bf16,
+    const pt_bf16 *inp_bf16, const float *weight, const float *mean, const float *rstd,
+    float *scratch, int N, int C, cudaStream_t stream)
+{
+    return launch_backward<false>(d_inp, d_inp_bf16, d_weight, d_bias,
+                                  d_residual, d_residual_bf16, d_out_bf16,
+                                  inp_bf16, weight, mean, rstd, scratch, N, C,
+                                  stream);
+}
+
+extern "C" cudaError_t cuda_rmsnorm_backward(
+    float *d_inp, pt_bf16 *d_inp_bf16, cuda_grad d_weight,
+    const float *d_residual, const pt_bf16 *d_residual_bf16,
+    const pt_bf16 *d_out_bf16, const pt_bf16 *inp_bf16, const float *weight,
+    const float *rstd, float *scratch, int N, int C, cudaStream_t stream)
+{
+    cuda_grad no_bias = {NULL, false};
+    return launch_backward<true>(d_inp, d_inp_bf16, d_weight, no_bias,
+                                 d_residual, d_residual_bf16, d_out_bf16,
+                                 inp_bf16, weight, NULL, rstd, scratch, N, C,
+                                 stream);
 }
