@@ -335,6 +335,40 @@ cudaError_t cuda_attention_backward_plain(
     const pt_bf16 *out_bf16, const float *lse, float *scratch, int B, int T,
     int C, int NH, cudaStream_t stream);
 
+/*
+ * Causal grouped-query attention on the plain kernels (attention_plain.cu),
+ * the path of GQA shapes when cuDNN is absent or declines: qkv_bf16 B x T
+ * x (NH + 2 KVH) D, each row the NH query heads, the KVH key heads, then
+ * the KVH value heads (cpu_gqa_attention_forward's layout); query head h
+ * reads key and value head h / (NH / KVH). out_bf16: B x T x NH D; lse:
+ * B x NH x T, base 2 (as the own kernels'). With KVH == NH these are
+ * cuda_attention_forward_plain / _backward_plain, to the bit. The
+ * backward WRITES d_qkv_bf16 (a key or value head's gradient summed over
+ * its group's query heads in fp32, rounded once); scratch:
+ * cuda_attention_backward_scratch(B, T, NH) floats. Shared memory as the
+ * plain kernels' (T x 4 bytes forward, T x 8 + D x 8 backward, at most
+ * 48 KiB, else cudaErrorInvalidValue).
+ */
+cudaError_t cuda_gqa_attention_forward_plain(pt_bf16 *out_bf16, float *lse,
+                                             const pt_bf16 *qkv_bf16, int B,
+                                             int T, int NH, int KVH, int D,
+                                             cudaStream_t stream);
+cudaError_t cuda_gqa_attention_backward_plain(
+    pt_bf16 *d_qkv_bf16, const pt_bf16 *d_out_bf16, const pt_bf16 *qkv_bf16,
+    const pt_bf16 *out_bf16, const float *lse, float *scratch, int B, int T,
+    int NH, int KVH, int D, cudaStream_t stream);
+/* The own path of any GQA shape: the tensor-core kernels of attention.cu
+ * when KVH == NH (cuda_attention_forward / _backward), else the plain
+ * ones above. */
+cudaError_t cuda_gqa_attention_forward(pt_bf16 *out_bf16, float *lse,
+                                       const pt_bf16 *qkv_bf16, int B, int T,
+                                       int NH, int KVH, int D,
+                                       cudaStream_t stream);
+cudaError_t cuda_gqa_attention_backward(
+    pt_bf16 *d_qkv_bf16, const pt_bf16 *d_out_bf16, const pt_bf16 *qkv_bf16,
+    const pt_bf16 *out_bf16, const float *lse, float *scratch, int B, int T,
+    int NH, int KVH, int D, cudaStream_t stream);
+
 /* ------------------------------------------------------------- classifier */
 
 /*

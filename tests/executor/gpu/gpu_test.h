@@ -155,6 +155,27 @@ static inline void gpu_test_round_bf16(float *values, size_t count)
         values[i] = pt_bf16_to_float(pt_float_to_bf16(values[i]));
 }
 
+static inline void *gpu_test_host(size_t bytes);
+
+/* count fresh host values (the caller frees them), uniform in [-scale,
+ * scale) + offset; the _bf16 ones rounded to bf16, as a tensor the GPU
+ * reads in bf16. */
+static inline float *gpu_test_random(size_t count, float scale,
+                                     float offset, uint64_t *state)
+{
+    float *values = (float *)gpu_test_host(count * sizeof *values);
+    gpu_test_fill(values, count, scale, offset, state);
+    return values;
+}
+
+static inline float *gpu_test_random_bf16(size_t count, float scale,
+                                          uint64_t *state)
+{
+    float *values = gpu_test_random(count, scale, 0.0f, state);
+    gpu_test_round_bf16(values, count);
+    return values;
+}
+
 static inline void *gpu_test_host(size_t bytes)
 {
     void *p = calloc(bytes > 0 ? bytes : 1, 1);
@@ -172,6 +193,14 @@ static inline void *gpu_test_device(size_t bytes)
     void *p = NULL;
     GPU_CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 1));
     GPU_CHECK(cudaMemset(p, 0xff, bytes > 0 ? bytes : 1));
+    return p;
+}
+
+/* Device memory of zero bytes (scratch a kernel wants zeroed once). */
+static inline void *gpu_test_device_zeroed(size_t bytes)
+{
+    void *p = gpu_test_device(bytes);
+    GPU_CHECK(cudaMemset(p, 0, bytes > 0 ? bytes : 1));
     return p;
 }
 

@@ -20,16 +20,12 @@ static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
 static float *random_host(size_t count, float scale, float offset)
 {
-    float *values = gpu_test_host(count * sizeof *values);
-    gpu_test_fill(values, count, scale, offset, &rng_state);
-    return values;
+    return gpu_test_random(count, scale, offset, &rng_state);
 }
 
 static float *random_bf16_host(size_t count, float scale)
 {
-    float *values = random_host(count, scale, 0.0f);
-    gpu_test_round_bf16(values, count);
-    return values;
+    return gpu_test_random_bf16(count, scale, &rng_state);
 }
 
 /* ----------------------------------------------------------- embedding */
