@@ -87,8 +87,9 @@ static void test_rmsnorm(gpu_test_tally *tally, int N, int C)
     for (int call = 0; call < 2; call++)
         GPU_CHECK(cuda_rmsnorm_backward(dev_dinp, dev_dinp_bf16,
                                         cuda_grad_fp32(dev_dw), dev_residual,
-                                        dev_grad_out, dev_inp, dev_weight,
-                                        dev_rstd, scratch, N, C, 0));
+                                        NULL, dev_grad_out, dev_inp,
+                                        dev_weight, dev_rstd, scratch, N, C,
+                                        0));
     float *got_dinp = gpu_test_host(NC * sizeof(float));
     float *got_dw = gpu_test_host((size_t)C * sizeof(float));
     gpu_test_download(got_dinp, dev_dinp, NC);
@@ -101,6 +102,23 @@ static void test_rmsnorm(gpu_test_tally *tally, int N, int C)
     float *got_copy = download_bf16(dev_dinp_bf16, NC);
     snprintf(name, sizeof name, "rmsnorm backward d_inp bf16 copy C=%d", C);
     gpu_test_compare(tally, name, got_copy, want_dinp, NC, TOL_BF16_OUT);
+
+    /* the stream gradient in bf16 alone, in place, as the cuda stage
+     * keeps it: d_inp NULL, the residual read from the bf16 buffer the
+     * result goes back to; against the sum over the rounded residual */
+    memcpy(want_dinp, residual, NC * sizeof(float));
+    gpu_test_round_bf16(want_dinp, NC);
+    pt_bf16 *dev_stream = gpu_test_upload_bf16(want_dinp, NC);
+    cpu_rmsnorm_backward(want_dinp, NULL, grad_out, inp, weight, want_rstd,
+                         N, C);
+    GPU_CHECK(cuda_rmsnorm_backward(NULL, dev_stream, cuda_grad_fp32(NULL),
+                                    NULL, dev_stream, dev_grad_out, dev_inp,
+                                    dev_weight, dev_rstd, scratch, N, C, 0));
+    gpu_test_download_bf16(got_copy, dev_stream, NC);
+    snprintf(name, sizeof name,
+             "rmsnorm backward bf16 stream gradient in place C=%d", C);
+    gpu_test_compare(tally, name, got_copy, want_dinp, NC, TOL_BF16_OUT);
+    cudaFree(dev_stream);
 
     free(inp), free(weight), free(want), free(want_rstd), free(got);
     free(got_rstd), free(grad_out), free(residual), free(want_dinp);
