@@ -219,8 +219,9 @@ int command_estimate(int argc, char **argv)
     }
     estimate est;
     int status;
-    if (costmodel_estimate(&cm, &p.config, p.node_order, p.node_order_count,
-                           p.partition, true, &est, &err) != 0) {
+    if (costmodel_estimate_stages(&cm, &p.config, p.stages, p.node_order,
+                                  p.node_order_count, p.partition, true,
+                                  &est, &err) != 0) {
         cli_error_in("estimate", args.plan_path, err.message);
         status = EXIT_BAD_INPUT;
     } else {

@@ -11,7 +11,8 @@
 static void print_export_help(void)
 {
     printf(
-        "usage: partita export PLAN --to megatron|deepspeed [-o FILE]\n"
+        "usage: partita export PLAN --to megatron|deepspeed [--symmetric]\n"
+        "                      [-o FILE]\n"
         "\n"
         "Writes PLAN as another trainer's launch (docs/interop.md):\n"
         "  megatron   a bash script running Megatron-LM's pretrain_gpt.py\n"
@@ -26,25 +27,34 @@ static void print_export_help(void)
         "What the trainer cannot be told is said in notes inside the file.\n"
         "\n"
         "  --to TRAINER       megatron or deepspeed\n"
+        "  --symmetric        a plan whose stages run their own tp or dp\n"
+        "                     (which neither trainer runs): export the\n"
+        "                     nearest symmetric plan (one tp x dp that the\n"
+        "                     fewest stages change; layers per stage and\n"
+        "                     node order kept; docs/interop.md) instead of\n"
+        "                     refusing it\n"
         "  -o, --output FILE  write FILE (atomically); default or '-':\n"
         "                     standard output\n"
         "\n"
-        "Exit status 2 when the plan is invalid, the trainer cannot run it,\n"
-        "or FILE cannot be written.\n");
+        "Exit status 2 when the plan is invalid, the trainer cannot run it\n"
+        "(a stage of its own tp or dp without --symmetric), or FILE cannot\n"
+        "be written.\n");
 }
 
 typedef struct export_arguments {
     const char *plan_path;
     const char *output;    /* NULL or "-": standard output */
     int target;            /* interop_target, -1 until --to */
+    bool symmetric;        /* --symmetric */
 } export_arguments;
 
 static int parse_export_arguments(int argc, char **argv,
                                   export_arguments *args)
 {
-    enum { OPT_TO = 256, OPT_HELP };
+    enum { OPT_TO = 256, OPT_SYMMETRIC, OPT_HELP };
     static const struct option options[] = {
         {"to", required_argument, NULL, OPT_TO},
+        {"symmetric", no_argument, NULL, OPT_SYMMETRIC},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
@@ -62,6 +72,7 @@ static int parse_export_arguments(int argc, char **argv,
             }
             break;
         case 'o': args->output = optarg; break;
+        case OPT_SYMMETRIC: args->symmetric = true; break;
         case OPT_HELP:
         case 'h': print_export_help(); return 1;
         default: return -1;
@@ -118,6 +129,31 @@ static int write_export(const char *text, const export_arguments *args,
     return EXIT_OK;
 }
 
+/* A plan whose stages run their own tp or dp: refused in one line naming
+ * the stage, or with --symmetric replaced by the nearest symmetric plan
+ * (said on standard error). */
+static int symmetric_plan(const export_arguments *args, plan *p)
+{
+    pt_error err = {{0}};
+    if (interop_check_symmetric(p, (interop_target)args->target, &err) == 0)
+        return 0;
+    if (!args->symmetric) {
+        cli_error_in("export", args->plan_path, err.message);
+        return -1;
+    }
+    plan nearest;
+    char said[512];
+    if (interop_nearest_symmetric(p, args->plan_path, &nearest, said,
+                                  sizeof said, &err) != 0) {
+        cli_error_in("export", args->plan_path, err.message);
+        return -1;
+    }
+    plan_free(p);
+    *p = nearest;
+    fprintf(stderr, "partita export: %s: %s\n", args->plan_path, said);
+    return 0;
+}
+
 int command_export(int argc, char **argv)
 {
     export_arguments args = {0};
@@ -136,6 +172,10 @@ int command_export(int argc, char **argv)
     if (args.output != NULL &&
         cli_check_not_plan_input("export", args.output, args.plan_path,
                                  &p) != 0) {
+        plan_free(&p);
+        return EXIT_BAD_INPUT;
+    }
+    if (symmetric_plan(&args, &p) != 0) {
         plan_free(&p);
         return EXIT_BAD_INPUT;
     }

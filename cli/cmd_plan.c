@@ -16,6 +16,7 @@ typedef struct plan_arguments {
     const char *nodes;         /* --nodes TYPE:COUNT,...: part of the cluster */
     char constrained[256];     /* the degree options as given, for messages */
     bool pareto;
+    bool asymmetric;           /* --asymmetric: stages of their own tp, dp */
     bool quiet;
     unsigned timeline;         /* ESTIMATE_JSON_* flags */
     search_options search;
@@ -35,6 +36,11 @@ static void print_plan_help(void)
         "  --gbs N            global batch size in sequences\n"
         "  --objective O      time (default) or cost ($ per step)\n"
         "  --pareto           front of step time vs $ over every sub-cluster\n"
+        "  --asymmetric       also plans whose stages run their own tp and\n"
+        "                     dp, ranked with the symmetric ones (an\n"
+        "                     exhaustive search: clusters of up to 16 GPUs\n"
+        "                     on 8 nodes; no memory levers, no degree\n"
+        "                     options; docs/planner.md)\n"
         "  --tp LIST          fix or limit tp: a value or a list (--tp 8,\n"
         "                     --tp 2,4), each a power of two; likewise\n"
         "  --pp LIST, --dp LIST  pp and dp, and\n"
@@ -139,13 +145,15 @@ enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
        OPT_NO_RECOMPUTE, OPT_NO_ZERO, OPT_NO_SP, OPT_NO_INTERLEAVE, OPT_TOP, OPT_THREADS, OPT_PROFILES,
        OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_PER_RANK_TIMELINE,
        OPT_FULL_TIMELINE, OPT_TP, OPT_PP, OPT_DP, OPT_MBS, OPT_NODES,
-       OPT_MAX_ZERO, OPT_NO_OFFLOAD, OPT_ZERO_LEVERS, OPT_HELP };
+       OPT_MAX_ZERO, OPT_NO_OFFLOAD, OPT_ZERO_LEVERS, OPT_ASYMMETRIC,
+       OPT_HELP };
 static const struct option plan_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
     {"cluster", required_argument, NULL, OPT_CLUSTER},
     {"gbs", required_argument, NULL, OPT_GBS},
     {"objective", required_argument, NULL, OPT_OBJECTIVE},
     {"pareto", no_argument, NULL, OPT_PARETO},
+    {"asymmetric", no_argument, NULL, OPT_ASYMMETRIC},
     {"solver", required_argument, NULL, OPT_SOLVER},
     {"schedule", required_argument, NULL, OPT_SCHEDULE},
     {"precision", required_argument, NULL, OPT_PRECISION},
@@ -262,6 +270,7 @@ static int apply_plan_option(int option, const char *value,
     case OPT_ZERO_LEVERS:
     case OPT_SEARCH: return apply_choice_option(option, value, search);
     case OPT_PARETO: args->pareto = true; return 0;
+    case OPT_ASYMMETRIC: args->asymmetric = true; return 0;
     case OPT_TP:
     case OPT_PP:
     case OPT_DP:
@@ -332,6 +341,12 @@ static int parse_plan_arguments(int argc, char **argv, plan_arguments *args)
         fprintf(stderr, "partita plan: --grad-precision bf16 only with "
                         "--precision bf16 (got %s)\n",
                 precision_name(args->search.precision));
+        return -1;
+    }
+    if (args->asymmetric && (args->pareto || args->constrained[0])) {
+        fprintf(stderr, "partita plan: --asymmetric: not with %s yet (the "
+                        "asymmetric search takes neither)\n",
+                args->pareto ? "--pareto" : args->constrained);
         return -1;
     }
     cap_threads(&args->search.threads);
@@ -433,6 +448,10 @@ static void print_ranked_row(const cluster *c, ranking_widths w, int rank,
     partition_format(ranked->partition, ranked->config.pp, partition,
                      sizeof partition);
     format_levers(&ranked->config, levers, sizeof levers);
+    /* a plan whose stages run their own tp and dp: the columns give
+       stage 0's */
+    if (stage_degrees_first_own(&ranked->config, ranked->stages) >= 0)
+        snprintf(levers, sizeof levers, "asym");
     printf("  %4d %3d %3d %3d %4d %-8s %-*s %-*s %10.4f %10.0f %8.1f", rank,
            ranked->config.tp, ranked->config.dp, ranked->config.pp,
            ranked->config.mbs, levers, w.order, order, w.partition, partition,
@@ -501,9 +520,10 @@ static int write_plan_file(const plan_arguments *args, const plan_inputs *in,
                          in->cluster_path, &best, err) != 0)
         return -1;
     estimate est;
-    int status = costmodel_estimate(cm, &best.config, best.node_order,
-                                    best.node_order_count, best.partition,
-                                    true, &est, err);
+    int status = costmodel_estimate_stages(cm, &best.config, best.stages,
+                                           best.node_order,
+                                           best.node_order_count,
+                                           best.partition, true, &est, err);
     if (status != 0) {
         plan_free(&best);
         return -1;
@@ -578,7 +598,10 @@ static int search_cluster(const plan_arguments *args, const plan_inputs *in,
     int status = planner_check_constraints(in->searched, &in->model,
                                            &args->search, err);
     if (status == 0)
-        status = planner_search(cm, &args->search, result, err);
+        status = args->asymmetric
+                     ? planner_search_asymmetric(cm, &args->search, result,
+                                                 err)
+                     : planner_search(cm, &args->search, result, err);
     cm->cluster = &in->cluster;
     if (status != 0 || in->searched == &in->cluster)
         return status;
@@ -632,6 +655,11 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
            "skipped %lld that a lower bound ruled out, in %s\n",
            result.configurations_scored, result.configurations_feasible,
            result.tasks, result.configurations_pruned, took);
+    if (args->asymmetric)
+        printf("# and %lld plans whose stages run their own tp and dp, all "
+               "there are without memory levers (\"asym\" below: tp and dp "
+               "are stage 0's, plan.json's \"stages\" gives each)\n",
+               result.asymmetric_scored);
     if (result.zero_levers_searched)
         printf("# no plan fits with ZeRO-1 and recompute alone: ZeRO-2, "
                "ZeRO-3 and optimizer offload searched too (the counts are "

@@ -117,6 +117,22 @@ void print_memory_table(const estimate *est)
     }
 }
 
+/* The stages' own degrees, when a stage has its own (issue 36): each
+ * stage's tp x dp and its replicas' micro-batch, in samples. */
+static void print_own_degrees(const plan *p)
+{
+    if (plan_first_asymmetric_stage(p) < 0)
+        return;
+    printf("# stages of their own degrees (tp x dp, samples a replica's "
+           "micro-batch):");
+    for (int s = 0; s < p->config.pp; s++) {
+        parallel_config own = parallel_stage_config(&p->config, p->stages, s);
+        printf("%s %d x %d (%d)", s > 0 ? "," : "", own.tp, own.dp,
+               own.mbs);
+    }
+    printf("\n");
+}
+
 /* DeepSpeed's levers of a plan, when it has any: the ZeRO stage, the
  * offload's stated host figures and host memory, and what exec does not
  * realise yet. */
@@ -206,6 +222,7 @@ void print_estimate_summary(const plan *p, const estimate *est)
            precision_name(config->precision),
            config->recompute ? "full" : "none",
            config->distributed_optimizer ? "on" : "off");
+    print_own_degrees(p);
     print_zero_levers(p, est);
     print_schedule_levers(config);
     printf("# priced for the %s runtime: %s attention, residual stream in "

@@ -220,6 +220,8 @@ typedef struct model_shape {
     model_mlp mlp;
     model_positions positions;
     double rope_base;    /* rotary positions' base (rope only) */
+    double norm_eps;     /* RMSNorm's epsilon (rmsnorm only; LayerNorm's
+                            is 1e-5) */
     model_bias bias;
 } model_shape;
 
@@ -241,6 +243,9 @@ double model_embedding_parameter_count(const model_shape *model);
 double model_final_norm_parameter_count(const model_shape *model);
 /* Key/value heads (heads when the file gives none). */
 int model_kv_heads(const model_shape *model);
+/* The norms' epsilon: norm_eps for RMSNorm (its default when a shape
+ * built field by field leaves it 0), LayerNorm's fixed 1e-5. */
+double model_norm_eps(const model_shape *model);
 /* Whether the model is GPT-2's layer throughout (the shapes a profile's
  * measured tables hold, and the layer the executor runs). */
 bool model_is_gpt(const model_shape *model);
@@ -674,6 +679,35 @@ void parallel_set_zero_stage(parallel_config *config, int stage);
 #define PT_MAX_STAGES 512
 #define PT_MAX_NODES 4096
 
+/* A stage's own tensor- and data-parallel degrees (issue 36: "stages" in
+ * plan.json); 0 in a field: the plan-wide degree (config.tp, config.dp).
+ * Every stage runs the same micro-batches, gbs / (dp x mbs) of them with
+ * the plan-wide dp and mbs: a pipeline micro-batch is dp x mbs samples,
+ * which a stage of its own dp splits over its replicas, mbs x dp / dp_s
+ * each (docs/formats.md, "Stages of their own degrees"). */
+typedef struct stage_degrees {
+    int tp, dp;
+} stage_degrees;
+
+/* The config stage `stage` runs: config with its tp, dp and its
+ * replicas' micro-batch, dp x mbs / its dp (integer division: the plan
+ * reader refuses a dp that does not divide it). stages may be NULL (a
+ * symmetric plan): config itself. */
+parallel_config parallel_stage_config(const parallel_config *config,
+                                      const stage_degrees *stages,
+                                      int stage);
+/* Whether a stage's resolved degrees differ from the plan-wide ones
+ * anywhere; stages may be NULL. The first such stage, or -1. */
+int stage_degrees_first_own(const parallel_config *config,
+                            const stage_degrees *stages);
+/* The ranks of stage `stage` (its tp x dp) and its first rank: stages
+ * take consecutive ranks in pipeline order, each laid out as
+ * first + t + tp_s x d. */
+int stage_degrees_ranks(const parallel_config *config,
+                        const stage_degrees *stages, int stage);
+int stage_degrees_first_rank(const parallel_config *config,
+                             const stage_degrees *stages, int stage);
+
 /* A plan: what plan.json holds (docs/formats.md, "Plan"). Owned by
  * common/plan.c, which reads and writes the file. */
 typedef struct plan {
@@ -691,6 +725,10 @@ typedef struct plan {
     char source_dir[PT_PATH_MAX];    /* directory of the plan file */
     parallel_config config;
     int partition[PT_MAX_STAGES];    /* layers per stage */
+    /* Each stage's own degrees ("stages"); zeros: the plan-wide ones, as
+     * every plan without the key (and every plan built field by field)
+     * has. Read through parallel_stage_config. */
+    stage_degrees stages[PT_MAX_STAGES];
     int node_order_count;
     int *node_order;                 /* owned: node instances, pipeline order */
 } plan;
@@ -715,6 +753,19 @@ void plan_free(plan *p);
 /* The GPUs a plan's node order provides, and the node of a rank. */
 int plan_gpu_count(const plan *p);
 int plan_rank_node(const plan *p, int rank);
+/* The first stage of p whose tp or dp is its own (not the plan-wide
+ * one), or -1: a plan the symmetric tools (exec, export) can take. */
+int plan_first_asymmetric_stage(const plan *p);
+/* The "stages" entry of a plan (parsed and checked against the degrees,
+ * the model, the batch and held_gpus, those of node_order): the plan
+ * reader's last step (common/plan_stages.c). */
+int plan_stages_part(const json_t *obj, const json_place *place,
+                     long long held_gpus, plan *out, pt_error *err);
+/* "stages" as the writer puts it, one {"tp", "dp"} a stage; NULL when
+ * no stage has its own degrees (the key is then left out, so a
+ * symmetric plan is written as it always was). *failed set when out of
+ * memory. */
+json_t *plan_stages_to_json(const plan *p, bool *failed);
 /* Ranks of a stage: rank = t + tp x (d + dp x s), so stage s holds the
  * tp x dp consecutive ranks from s x tp x dp. */
 int parallel_ranks_per_stage(const parallel_config *config);

@@ -15,8 +15,8 @@
 
 static const char *const model_keys[] = {
     "name", "layers", "hidden", "heads", "ffn_hidden", "seq", "vocab",
-    "tied_embeddings", "kv_heads", "norm", "mlp", "positions", "rope_base",
-    "bias", "qkv_bias", NULL};
+    "tied_embeddings", "kv_heads", "norm", "norm_eps", "mlp", "positions",
+    "rope_base", "bias", "qkv_bias", NULL};
 
 /* Indexed by the enums of common.h. */
 static const char *const norm_names[] = {"layernorm", "rmsnorm", NULL};
@@ -26,6 +26,10 @@ static const char *const position_names[] = {"learned", "rope", NULL};
 /* Rotary positions' base when the file gives none (Llama 2's). */
 #define MODEL_DEFAULT_ROPE_BASE 10000.0
 #define MODEL_MAX_ROPE_BASE 1e12
+/* The norms' epsilon: LayerNorm's (fixed) and RMSNorm's when the file
+ * gives none (Llama 2's and 3's, Mistral's; Qwen 2.5 states 1e-6). */
+#define MODEL_DEFAULT_NORM_EPS 1e-5
+#define MODEL_MAX_NORM_EPS 1.0
 
 static int get_bounded_int(const json_t *obj, const json_place *place,
                            const char *key, bool required, long long max,
@@ -80,8 +84,31 @@ static int read_bias(const json_t *obj, const json_place *place,
     return 0;
 }
 
-/* kv_heads (divides heads), norm, mlp, positions and rope_base (rope
- * only), bias: GPT-2's when absent. */
+/* norm_eps: RMSNorm's epsilon, for rmsnorm only (LayerNorm's is fixed
+ * at 1e-5 in every backend). */
+static int read_norm_eps(const json_t *obj, const json_place *place,
+                         model_shape *out, pt_error *err)
+{
+    bool given = json_object_get(obj, "norm_eps") != NULL;
+    if (given && out->norm != MODEL_NORM_RMSNORM) {
+        json_place where = json_place_key(place, "norm_eps");
+        return json_place_fail(&where, err, "needs \"norm\": \"rmsnorm\" "
+                               "(LayerNorm's epsilon is 1e-5)");
+    }
+    out->norm_eps = MODEL_DEFAULT_NORM_EPS;
+    if (json_get_positive_number(obj, place, "norm_eps", false,
+                                 &out->norm_eps, err) != 0)
+        return -1;
+    if (out->norm_eps > MODEL_MAX_NORM_EPS) {
+        json_place where = json_place_key(place, "norm_eps");
+        return json_place_fail(&where, err, "must be at most 1, got %g",
+                               out->norm_eps);
+    }
+    return 0;
+}
+
+/* kv_heads (divides heads), norm and norm_eps (rmsnorm only), mlp,
+ * positions and rope_base (rope only), bias: GPT-2's when absent. */
 static int read_architecture(const json_t *obj, const json_place *place,
                              model_shape *out, pt_error *err)
 {
@@ -116,6 +143,8 @@ static int read_architecture(const json_t *obj, const json_place *place,
                             MODEL_MAX_ROPE_BASE, &out->rope_base, err) != 0)
             return -1;
     }
+    if (read_norm_eps(obj, place, out, err) != 0)
+        return -1;
     return read_bias(obj, place, out, err);
 }
 
@@ -190,9 +219,12 @@ json_t *model_to_json(const model_shape *model)
      * GPT model's JSON reads as it always has */
     if (model_kv_heads(model) != model->heads)
         json_put(obj, "kv_heads", json_integer(model->kv_heads), &failures);
-    if (model->norm != MODEL_NORM_LAYERNORM)
+    if (model->norm != MODEL_NORM_LAYERNORM) {
         json_put(obj, "norm", json_string(model_norm_name(model->norm)),
                  &failures);
+        json_put(obj, "norm_eps", json_real(model_norm_eps(model)),
+                 &failures);
+    }
     if (model->mlp != MODEL_MLP_GELU)
         json_put(obj, "mlp", json_string(model_mlp_name(model->mlp)),
                  &failures);
@@ -232,6 +264,13 @@ const char *model_positions_name(model_positions positions)
 int model_kv_heads(const model_shape *model)
 {
     return model->kv_heads > 0 ? model->kv_heads : model->heads;
+}
+
+double model_norm_eps(const model_shape *model)
+{
+    if (model->norm != MODEL_NORM_RMSNORM || model->norm_eps <= 0.0)
+        return MODEL_DEFAULT_NORM_EPS;
+    return model->norm_eps;
 }
 
 const char *model_non_gpt_field(const model_shape *model)

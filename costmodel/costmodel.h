@@ -123,7 +123,24 @@ typedef struct type_costs {
                                   all-reduces inside one node of this type
                                   (the layer times hold 2 forward and 2
                                   backward, 2 more with recompute) */
+    double boundary_s;         /* one conversion at a stage's boundary in
+                                  Partita's executor, a micro-batch's
+                                  activation (or gradient) between the
+                                  fp32 pipeline message and the bf16
+                                  stream: 6 bytes an element at
+                                  stream_s_per_byte; 0 for the other
+                                  runtimes (costmodel_boundary_count) */
 } type_costs;
+
+/* How many boundary conversions (type_costs.boundary_s) stage s of a
+ * pipeline of pp stages pays per micro-batch: forward, the received
+ * message rounded into the stream (every stage but the first) and the
+ * last stream widened for the next (every stage but the last); backward,
+ * the received gradient rounded (every stage but the last) and the
+ * stream gradient widened for the previous stage or the embedding (every
+ * stage). The profiler times its parts without them (executor stage.h,
+ * boundary_free). */
+void costmodel_boundary_count(int s, int pp, int *forward, int *backward);
 
 /* Forward plus backward seconds of one layer (recompute included) for a
  * tp group whose slowest GPU is priced by costs; a group that spans nodes
@@ -401,6 +418,16 @@ int costmodel_stage_terms_between(costmodel *cm,
                                   const stage_placement *self, int stage,
                                   stage_terms *out, pt_error *err);
 
+/* The terms of every stage of a plan whose stages may run their own tp
+ * and dp (stages[pp], NULL: none; docs/cost-model.md, section 15), on
+ * the node order given: each at its own config, its sends across the
+ * boundaries on either side (re-sharded where the degrees differ);
+ * terms[pp]. What the asymmetric search's partitions are solved on. */
+int costmodel_stage_terms_stages(costmodel *cm, const parallel_config *config,
+                                 const stage_degrees *stages,
+                                 const int *node_order, int node_count,
+                                 stage_terms *terms, pt_error *err);
+
 /* -------------------------------------------------------------- estimate */
 
 typedef enum event_kind {
@@ -434,6 +461,8 @@ typedef struct timeline_event {
 
 typedef struct stage_estimate {
     int layers;
+    int tp, dp;                /* the stage's own degrees */
+    int first_rank, ranks;     /* its ranks: first_rank .. + ranks - 1 */
     char gpu[PT_NAME_MAX];     /* the slowest GPU type of the stage */
     double forward_s;          /* one micro-batch */
     double backward_s;
@@ -477,6 +506,17 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        const int *node_order, int node_count,
                        const int *partition, bool want_events,
                        estimate *out, pt_error *err);
+/* costmodel_estimate of a plan whose stages may run their own tp and dp
+ * (stages[pp], plan.json's "stages"; NULL or every stage at config's
+ * degrees: costmodel_estimate): each stage priced at its own config
+ * (parallel_stage_config), its dp reduction over its own group, and the
+ * boundaries between stages of different degrees re-sharded
+ * (docs/cost-model.md, "Stages of their own degrees"). */
+int costmodel_estimate_stages(costmodel *cm, const parallel_config *config,
+                              const stage_degrees *stages,
+                              const int *node_order, int node_count,
+                              const int *partition, bool want_events,
+                              estimate *out, pt_error *err);
 void estimate_free(estimate *e);
 
 /* How estimate_to_json writes the timeline (0: once per stage, compact). */

@@ -82,15 +82,24 @@ typedef struct step_tail {
     double gather_end;
 } step_tail;
 
-/* Scratch memory of one estimate, one allocation (but the lane's). */
+/* Scratch memory of one estimate, one allocation (but the lane's and
+ * the stages'). Type costs are priced once per estimate for each class
+ * of stages that share a config (one in a symmetric plan): costs[class
+ * x types + type]. */
 typedef struct estimate_scratch {
     node_lane lane;              /* the node order's nodes */
     int *lane_storage;
+    int types;                   /* the cluster's node types */
+    parallel_config *configs;    /* [pp]: each stage's own */
+    long long *firsts;           /* [pp + 1]: each stage's first GPU */
+    int *classes;                /* [pp]: the class of each stage */
+    int class_count;
+    void *stage_block;
     stage_placement *placement;  /* [pp] */
     schedule_stage *schedule;    /* [pp] */
     step_tail *tails;            /* [pp] */
-    type_costs *costs;           /* [types] */
-    bool *priced;                /* [types] */
+    type_costs *costs;           /* [classes x types] */
+    bool *priced;                /* [classes x types] */
     double *compute_scale;       /* [pp]: price_stages' tp-span scale */
     void *block;
 } estimate_scratch;
@@ -123,6 +132,44 @@ static int scratch_allocate(estimate_scratch *s, int pp, int types,
     return 0;
 }
 
+/* Each stage's config, first GPU and class (stages_block); the class of
+ * a stage is that of the first stage with the same tp and dp. */
+static int stages_allocate(const costmodel *cm, const parallel_config *config,
+                           const stage_degrees *stages,
+                           estimate_scratch *s, pt_error *err)
+{
+    int pp = config->pp;
+    size_t configs = (size_t)pp * sizeof(parallel_config);
+    size_t firsts = (size_t)(pp + 1) * sizeof(long long);
+    char *block = calloc(1, configs + firsts + (size_t)pp * sizeof(int));
+    if (!block)
+        return pt_fail(err, "costmodel: out of memory");
+    s->stage_block = block;
+    s->configs = (parallel_config *)block;
+    s->firsts = (long long *)(block + configs);
+    s->classes = (int *)(block + configs + firsts);
+    if (costmodel_stage_configs(cm, config, stages, s->configs, s->firsts,
+                                err) != 0)
+        return -1;
+    s->class_count = 0;
+    for (int i = 0; i < pp; i++) {
+        int match = 0;
+        while (match < i && (s->configs[match].tp != s->configs[i].tp ||
+                             s->configs[match].dp != s->configs[i].dp))
+            match++;
+        s->classes[i] = match < i ? s->classes[match] : s->class_count++;
+    }
+    return 0;
+}
+
+/* The costs of type `type` under stage s's config (priced by
+ * priced_type). */
+static const type_costs *stage_costs(const estimate_scratch *scratch, int s,
+                                     int type)
+{
+    return &scratch->costs[scratch->classes[s] * scratch->types + type];
+}
+
 static int check_partition(const costmodel *cm, const parallel_config *config,
                            const int *partition, pt_error *err)
 {
@@ -141,19 +188,20 @@ static int check_partition(const costmodel *cm, const parallel_config *config,
     return 0;
 }
 
-/* Prices a type once per estimate (with notes). */
+/* Prices a type once per estimate and class of stages (with notes),
+ * under stage s's config. */
 static const type_costs *priced_type(costmodel *cm,
-                                     const parallel_config *config,
-                                     estimate_scratch *scratch, int type,
-                                     pt_error *err)
+                                     estimate_scratch *scratch, int s,
+                                     int type, pt_error *err)
 {
-    if (!scratch->priced[type]) {
-        if (costmodel_type_costs(cm, type, config, &scratch->costs[type],
-                                 err) != 0)
+    int slot = scratch->classes[s] * scratch->types + type;
+    if (!scratch->priced[slot]) {
+        if (costmodel_type_costs(cm, type, &scratch->configs[s],
+                                 &scratch->costs[slot], err) != 0)
             return NULL;
-        scratch->priced[type] = true;
+        scratch->priced[slot] = true;
     }
-    return &scratch->costs[type];
+    return &scratch->costs[slot];
 }
 
 /* `costs` with ZeRO-2/3's per-unit comm added (as they are without). */
@@ -175,24 +223,31 @@ static void stage_compute_s(const parallel_config *config, int s, int layers,
                             double *forward_s, double *backward_s)
 {
     bool first = s == 0, last = s == config->pp - 1;
+    int boundary_forward, boundary_backward;
+    costmodel_boundary_count(s, config->pp, &boundary_forward,
+                             &boundary_backward);
     *forward_s = layers * zero_costs->layer_forward_s * scale +
                  (first ? zero_costs->embedding_forward_s : 0.0) +
-                 (last ? zero_costs->head_forward_s : 0.0);
+                 (last ? zero_costs->head_forward_s : 0.0) +
+                 boundary_forward * zero_costs->boundary_s;
     *backward_s = layers * zero_costs->layer_backward_s * scale +
                   (first ? zero_costs->embedding_backward_s : 0.0) +
-                  (last ? zero_costs->head_backward_s : 0.0);
+                  (last ? zero_costs->head_backward_s : 0.0) +
+                  boundary_backward * zero_costs->boundary_s;
 }
 
 /* Time and memory of every stage, and the simulator's inputs. */
-static int price_stages(costmodel *cm, const parallel_config *config,
-                        const int *partition, estimate_scratch *scratch,
-                        estimate *out, pt_error *err)
+static int price_stages(costmodel *cm, const int *partition,
+                        estimate_scratch *scratch, estimate *out,
+                        pt_error *err)
 {
-    for (int s = 0; s < config->pp; s++) {
+    int pp = scratch->configs[0].pp;
+    for (int s = 0; s < pp; s++) {
+        const parallel_config *config = &scratch->configs[s];
         const stage_placement *place = &scratch->placement[s];
-        const type_costs *slow = priced_type(cm, config, scratch,
+        const type_costs *slow = priced_type(cm, scratch, s,
                                              place->slow_type, err);
-        const type_costs *small = priced_type(cm, config, scratch,
+        const type_costs *small = priced_type(cm, scratch, s,
                                               place->small_type, err);
         if (!slow || !small)
             return -1;
@@ -203,6 +258,10 @@ static int price_stages(costmodel *cm, const parallel_config *config,
         int layers = partition[s];
         stage_estimate *st = &out->stages[s];
         st->layers = layers;
+        st->tp = config->tp;
+        st->dp = config->dp;
+        st->first_rank = (int)scratch->firsts[s];
+        st->ranks = config->tp * config->dp;
         pt_copy_string(st->gpu, sizeof st->gpu,
                        cm->cluster->types[place->slow_type].gpu);
         /* a tp group across nodes slows its layers' all-reduces; spread
@@ -214,8 +273,12 @@ static int price_stages(costmodel *cm, const parallel_config *config,
         stage_compute_s(config, s, layers, &zero_costs,
                         scratch->compute_scale[s], &st->forward_s,
                         &st->backward_s);
-        costmodel_stage_sends(cm, config, previous, place, s, &st->send_s,
-                              &st->send_bwd_s);
+        stage_neighbours around = {
+            s > 0 ? config - 1 : config, config,
+            s < pp - 1 ? config + 1 : config, previous, place,
+            s < pp - 1 ? place + 1 : NULL};
+        costmodel_boundary_sends(cm, &around, s, &st->send_s,
+                                 &st->send_bwd_s);
         st->peak_memory_bytes = terms.fixed_bytes +
                                 layers * terms.per_layer_bytes;
         stage_memory memory;
@@ -249,23 +312,32 @@ static int simulate_pipeline(const costmodel *cm,
 }
 
 /* Durations of each stage's per-step collectives and optimizer step. */
-static void price_step_work(const costmodel *cm, const parallel_config *config,
-                            estimate_scratch *scratch, estimate *out)
+static void price_step_work(const costmodel *cm, estimate_scratch *scratch,
+                            estimate *out)
 {
-    int pp = config->pp;
+    const parallel_config *configs = scratch->configs;
+    int pp = configs[0].pp;
     link_spec embedding_link;
     int embedding_curve;
-    costmodel_embedding_link(cm, config, &scratch->lane, &embedding_link,
-                             &embedding_curve);
+    costmodel_embedding_link_at(cm, &configs[0], &configs[pp - 1],
+                                scratch->firsts[pp - 1], &scratch->lane,
+                                &embedding_link, &embedding_curve);
+    /* each of the pair's ranks sums its rows of the word embedding: the
+       larger shard, of the smaller tp, paces it */
+    parallel_config pair = configs[0];
+    if (configs[pp - 1].tp < pair.tp)
+        pair.tp = configs[pp - 1].tp;
     double embedding_s = costmodel_embedding_allreduce_s(
-        cm, config, embedding_link, embedding_curve);
+        cm, &pair, embedding_link, embedding_curve);
     for (int s = 0; s < pp; s++) {
+        const parallel_config *config = &configs[s];
         stage_estimate *st = &out->stages[s];
         step_tail *tail = &scratch->tails[s];
         const stage_placement *place = &scratch->placement[s];
         step_work work;
         costmodel_step_work(cm, config, place, s, st->layers,
-                            &scratch->costs[place->slow_type], &work);
+                            stage_costs(scratch, s, place->slow_type),
+                            &work);
         tail->reduce_s = work.reduce_s;
         tail->gather_s = work.gather_s;
         tail->norm_s = work.norm_s;
@@ -400,18 +472,18 @@ static int step_events(const parallel_config *config, const step_tail *tail,
  * by start) and then its per-step events, stages in order. Every rank of
  * a stage runs the same events, so they carry rank -1 rather than being
  * copied tp x dp times (a 1,024-GPU plan would hold a million). */
-static int build_events(const parallel_config *config,
-                        schedule_result *pipeline,
+static int build_events(schedule_result *pipeline,
                         const estimate_scratch *scratch, estimate *out,
                         pt_error *err)
 {
-    int pp = config->pp;
+    const parallel_config *configs = scratch->configs;
+    int pp = configs[0].pp;
     qsort(pipeline->events, (size_t)pipeline->event_count,
           sizeof *pipeline->events, compare_events);
     timeline_event tail_events[4];
     size_t total = (size_t)pipeline->event_count;
     for (int s = 0; s < pp; s++)
-        total += (size_t)step_events(config, &scratch->tails[s], s,
+        total += (size_t)step_events(&configs[s], &scratch->tails[s], s,
                                      tail_events);
     if (total > (size_t)INT_MAX)
         return pt_fail(err, "costmodel: %zu events are too many to list",
@@ -426,7 +498,7 @@ static int build_events(const parallel_config *config,
             out->events[n] = pipeline->events[next++];
             out->events[n++].rank = -1;
         }
-        int tail_count = step_events(config, &scratch->tails[s], s,
+        int tail_count = step_events(&configs[s], &scratch->tails[s], s,
                                      tail_events);
         for (int i = 0; i < tail_count; i++)
             out->events[n++] = tail_events[i];
@@ -437,11 +509,12 @@ static int build_events(const parallel_config *config,
 
 /* Throughput, efficiency, price and memory verdict of a priced plan. */
 static void summarise(const costmodel *cm, const parallel_config *config,
-                      const int *node_order, int node_count,
-                      const schedule_result *pipeline, estimate *out)
+                      const long long *firsts, const int *node_order,
+                      int node_count, const schedule_result *pipeline,
+                      estimate *out)
 {
     double step = out->step_time_s;
-    double gpus = (double)config->tp * config->dp * config->pp;
+    double gpus = (double)firsts[config->pp];
     out->tokens_per_s = step > 0.0 ? (double)config->gbs * cm->model.seq / step
                                    : 0.0;
     out->tflops_per_gpu =
@@ -494,11 +567,11 @@ typedef struct rest_work {
     bool *at_rest;
 } rest_work;
 
-static int rest_prepare(costmodel *cm, const parallel_config *config,
-                        const estimate_scratch *scratch, const estimate *out,
-                        rest_work *w, double *block, pt_error *err)
+static int rest_prepare(costmodel *cm, const estimate_scratch *scratch,
+                        const estimate *out, rest_work *w, double *block,
+                        pt_error *err)
 {
-    int pp = config->pp;
+    int pp = scratch->configs[0].pp;
     double *column[6];
     for (int i = 0; i < 6; i++)
         column[i] = block + (size_t)i * (size_t)pp;
@@ -511,6 +584,7 @@ static int rest_prepare(costmodel *cm, const parallel_config *config,
         w->at_rest[s] = cm->rest_loaded[place->slow_type];
         if (!w->at_rest[s])
             continue;
+        const parallel_config *config = &scratch->configs[s];
         type_costs rest;
         if (costmodel_type_costs_at_rest(cm, place->slow_type, config, &rest,
                                          err) != 0)
@@ -557,7 +631,7 @@ static int price_at_rest(costmodel *cm, const parallel_config *config,
     if (!block)
         return pt_fail(err, "costmodel: out of memory");
     rest_work w;
-    int rc = rest_prepare(cm, config, scratch, out, &w, block, err);
+    int rc = rest_prepare(cm, scratch, out, &w, block, err);
     for (int round = 0; rc == 0 && round < REST_ROUNDS; round++) {
         double step = out->step_time_s;
         for (int s = 0; s < pp; s++) {
@@ -565,15 +639,15 @@ static int price_at_rest(costmodel *cm, const parallel_config *config,
                                           out->stages[s].backward_s);
             w.duty[s] = step > 0.0 && busy < step ? busy / step : 1.0;
         }
-        costmodel_neighbour_shares(cm, config, &scratch->lane, w.duty,
-                                   w.share);
+        costmodel_neighbour_shares(cm, config, scratch->firsts,
+                                   &scratch->lane, w.duty, w.share);
         rest_price(&w, pp, scratch, out);
         schedule_result_free(pipeline);
         rc = simulate_pipeline(cm, config, microbatches, want_events,
                                scratch, out, pipeline, err);
         if (rc != 0)
             break;
-        price_step_work(cm, config, scratch, out);
+        price_step_work(cm, scratch, out);
         out->step_time_s = schedule_step_work(config, pipeline, scratch, out);
         if (fabs(out->step_time_s - step) <= 1e-4 * step)
             break;
@@ -583,24 +657,35 @@ static int price_at_rest(costmodel *cm, const parallel_config *config,
 }
 
 /* The pricing entries of every type that paces a stage, in type order. */
-static int list_pricing(const costmodel *cm, const parallel_config *config,
-                        const estimate_scratch *scratch, estimate *out,
-                        pt_error *err)
+static int list_pricing(const costmodel *cm, const estimate_scratch *scratch,
+                        estimate *out, pt_error *err)
 {
     int types = cm->cluster->type_count;
-    out->pricing = calloc((size_t)types * 3, sizeof *out->pricing);
+    int pp = scratch->configs[0].pp;
+    out->pricing = calloc((size_t)types * 3 * (size_t)scratch->class_count,
+                          sizeof *out->pricing);
     if (!out->pricing)
         return pt_fail(err, "costmodel: out of memory");
-    for (int t = 0; t < types; t++) {
-        bool paces = false;
-        for (int s = 0; s < config->pp && !paces; s++)
-            paces = scratch->placement[s].slow_type == t;
-        if (!paces)
+    /* each class of stages (one config) in order of its first stage */
+    for (int first = 0; first < pp; first++) {
+        bool new_class = true;
+        for (int s = 0; s < first && new_class; s++)
+            new_class = scratch->classes[s] != scratch->classes[first];
+        if (!new_class)
             continue;
-        if (costmodel_pricing(cm, t, config, &out->pricing[out->pricing_count],
-                              err) != 0)
-            return -1;
-        out->pricing_count += 3;
+        for (int t = 0; t < types; t++) {
+            bool paces = false;
+            for (int s = first; s < pp && !paces; s++)
+                paces = scratch->classes[s] == scratch->classes[first] &&
+                        scratch->placement[s].slow_type == t;
+            if (!paces)
+                continue;
+            if (costmodel_pricing(cm, t, &scratch->configs[first],
+                                  &out->pricing[out->pricing_count],
+                                  err) != 0)
+                return -1;
+            out->pricing_count += 3;
+        }
     }
     return 0;
 }
@@ -610,49 +695,94 @@ int costmodel_estimate(costmodel *cm, const parallel_config *config,
                        const int *partition, bool want_events,
                        estimate *out, pt_error *err)
 {
-    memset(out, 0, sizeof *out);
+    return costmodel_estimate_stages(cm, config, NULL, node_order,
+                                     node_count, partition, want_events, out,
+                                     err);
+}
+
+/* The checks before an estimate: the plan's degrees and each stage's
+ * (scratch's stage configs), the micro-batches, the partition and the
+ * schedule's levers. Returns the micro-batches, or -1. */
+static int check_plan(const costmodel *cm, const parallel_config *config,
+                      const stage_degrees *stages, const int *partition,
+                      estimate_scratch *scratch, pt_error *err)
+{
     if (costmodel_check_degrees(config, err) != 0 ||
-        model_check_tp(&cm->model, config->tp, err) != 0)
+        stages_allocate(cm, config, stages, scratch, err) != 0)
         return -1;
-    out->parameters = model_parameter_count(&cm->model);
     int microbatches = costmodel_microbatch_count(config, err);
+    bool symmetric = stage_degrees_first_own(config, stages) < 0;
     if (microbatches < 0 || check_partition(cm, config, partition, err) != 0 ||
-        costmodel_check_schedule_levers(cm, config, partition, err) != 0)
+        (symmetric &&
+         costmodel_check_schedule_levers(cm, config, partition, err) != 0))
         return -1;
+    return microbatches;
+}
+
+/* Places the stages: a symmetric plan as it always was, stages of their
+ * own degrees each on its own GPUs. */
+static int place_stages(const costmodel *cm, const parallel_config *config,
+                        const stage_degrees *stages, const int *node_order,
+                        int node_count, estimate_scratch *scratch,
+                        pt_error *err)
+{
+    if (stage_degrees_first_own(config, stages) < 0)
+        return costmodel_place_order(cm, config, node_order, node_count,
+                                     scratch->placement, &scratch->lane,
+                                     &scratch->lane_storage, err);
+    stage_layout layout = {config->pp, scratch->configs, scratch->firsts};
+    return costmodel_place_order_stages(cm, &layout, node_order, node_count,
+                                        scratch->placement, &scratch->lane,
+                                        &scratch->lane_storage, err);
+}
+
+int costmodel_estimate_stages(costmodel *cm, const parallel_config *config,
+                              const stage_degrees *stages,
+                              const int *node_order, int node_count,
+                              const int *partition, bool want_events,
+                              estimate *out, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
     estimate_scratch scratch = {0};
-    if (scratch_allocate(&scratch, config->pp, cm->cluster->type_count,
-                         err) != 0)
-        return -1;
     schedule_result pipeline = {0};
+    int rc = -1;
+    int microbatches = check_plan(cm, config, stages, partition, &scratch,
+                                  err);
+    if (microbatches < 0)
+        goto done;
+    out->parameters = model_parameter_count(&cm->model);
+    scratch.types = cm->cluster->type_count;
+    if (scratch_allocate(&scratch, config->pp,
+                         scratch.types * scratch.class_count, err) != 0)
+        goto done;
     out->stage_count = config->pp;
     out->stages = calloc((size_t)config->pp, sizeof *out->stages);
-    int rc = -1;
     if (!out->stages) {
         pt_fail(err, "costmodel: out of memory");
         goto done;
     }
-    if (costmodel_place_order(cm, config, node_order, node_count,
-                              scratch.placement, &scratch.lane,
-                              &scratch.lane_storage, err) != 0 ||
-        price_stages(cm, config, partition, &scratch, out, err) != 0 ||
+    if (place_stages(cm, config, stages, node_order, node_count, &scratch,
+                     err) != 0 ||
+        price_stages(cm, partition, &scratch, out, err) != 0 ||
         simulate_pipeline(cm, config, microbatches, want_events, &scratch,
                           out, &pipeline, err) != 0)
         goto done;
-    price_step_work(cm, config, &scratch, out);
+    price_step_work(cm, &scratch, out);
     out->step_time_s = schedule_step_work(config, &pipeline, &scratch, out);
     if (price_at_rest(cm, config, microbatches, want_events, &scratch, out,
                       &pipeline, err) != 0)
         goto done;
-    summarise(cm, config, node_order, node_count, &pipeline, out);
-    if (want_events && (build_events(config, &pipeline, &scratch, out,
-                                     err) != 0 ||
-                        list_pricing(cm, config, &scratch, out, err) != 0))
+    summarise(cm, config, scratch.firsts, node_order, node_count, &pipeline,
+              out);
+    if (want_events && (build_events(&pipeline, &scratch, out, err) != 0 ||
+                        list_pricing(cm, &scratch, out, err) != 0))
         goto done;
     rc = 0;
 done:
     schedule_result_free(&pipeline);
     free(scratch.lane_storage);
     free(scratch.block);
+    free(scratch.stage_block);
     if (rc != 0)
         estimate_free(out);
     return rc;

@@ -31,6 +31,22 @@ static json_t *memory_terms_to_json(const pt_memory_terms *terms,
     return obj;
 }
 
+/* A stage's ranks: as the estimate placed them, or, in an estimate
+ * built without them (ranks 0), as config lays them out. */
+static int stage_first_rank(const stage_estimate *stage, int index,
+                            const parallel_config *config)
+{
+    return stage->ranks > 0 ? stage->first_rank
+                            : parallel_stage_first_rank(config, index);
+}
+
+static int stage_rank_count(const stage_estimate *stage,
+                            const parallel_config *config)
+{
+    return stage->ranks > 0 ? stage->ranks
+                            : parallel_ranks_per_stage(config);
+}
+
 static json_t *stage_to_json(const stage_estimate *stage, int index,
                              const parallel_config *config, int *failures)
 {
@@ -39,10 +55,16 @@ static json_t *stage_to_json(const stage_estimate *stage, int index,
         (*failures)++;
         return NULL;
     }
-    int first = parallel_stage_first_rank(config, index);
-    int last = first + parallel_ranks_per_stage(config) - 1;
+    int first = stage_first_rank(stage, index, config);
+    int last = first + stage_rank_count(stage, config) - 1;
     json_put(obj, "stage", json_integer(index), failures);
     json_put(obj, "ranks", rank_range(first, last), failures);
+    /* a stage of its own degrees says them (issue 36) */
+    if (stage->ranks > 0 &&
+        (stage->tp != config->tp || stage->dp != config->dp)) {
+        json_put(obj, "tp", json_integer(stage->tp), failures);
+        json_put(obj, "dp", json_integer(stage->dp), failures);
+    }
     json_put(obj, "layers", json_integer(stage->layers), failures);
     json_put(obj, "gpu", json_string(stage->gpu), failures);
     json_put(obj, "forward_s", json_real(stage->forward_s), failures);
@@ -168,7 +190,6 @@ static json_t *timeline_to_json(const estimate *est,
         (*failures)++;
         return NULL;
     }
-    int ranks_per_stage = parallel_ranks_per_stage(config);
     int next = 0;
     for (int s = 0; s < est->stage_count && *failures == 0; s++) {
         int first = next;
@@ -177,7 +198,8 @@ static json_t *timeline_to_json(const estimate *est,
         json_t *events = stage_events_to_json(&est->events[first],
                                               next - first, compact,
                                               failures);
-        int first_rank = parallel_stage_first_rank(config, s);
+        int first_rank = stage_first_rank(&est->stages[s], s, config);
+        int ranks_per_stage = stage_rank_count(&est->stages[s], config);
         int lane_count = per_rank ? ranks_per_stage : 1;
         for (int r = 0; r < lane_count && *failures == 0; r++) {
             int low = per_rank ? first_rank + r : first_rank;

@@ -54,11 +54,21 @@ void costmodel_terms_from_costs(const costmodel *cm,
                                 const type_costs *slow,
                                 const type_costs *small, stage_terms *out);
 
+/* costmodel_terms_from_costs with the stage's sends given: sends_s, its
+ * forward and backward sends per micro-batch together. */
+void costmodel_terms_with_sends(const costmodel *cm,
+                                const parallel_config *config,
+                                const stage_placement *self, int stage,
+                                const type_costs *slow,
+                                const type_costs *small, double sends_s,
+                                stage_terms *out);
+
 /* Micro-batches per iteration, gbs / (dp x mbs); -1 (err filled) when
  * gbs is not a positive multiple of dp x mbs. */
 int costmodel_microbatch_count(const parallel_config *config, pt_error *err);
 
-/* shares[s] (s < pp): for a stage whose every GPU is a slice of a GPU
+/* shares[s] (s < pp; stage s holds GPUs firsts[s] .. firsts[s + 1] - 1):
+ * for a stage whose every GPU is a slice of a GPU
  * (a devices entry with an sm_limit), the neighbours' busy share of its
  * busiest GPU: the other slices of that GPU in the plan, weighted by
  * their SMs, each busy duty[its stage] of the time (1 for the stage's
@@ -74,6 +84,7 @@ int costmodel_microbatch_count(const parallel_config *config, pt_error *err);
 
 void costmodel_neighbour_shares(const costmodel *cm,
                                 const parallel_config *config,
+                                const long long *firsts,
                                 const node_lane *lane, const double *duty,
                                 double *shares);
 
@@ -84,6 +95,89 @@ void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
                            const stage_placement *self, int stage,
                            double *send_forward_s, double *send_backward_s);
 
+
+/* ------------------------------------- stages of their own degrees */
+
+/* A stage and its neighbours, for its sends: the configs of stage - 1,
+ * the stage and stage + 1 (before / after may be anything where there
+ * is no such stage) and the placements of stage - 1, the stage and
+ * stage + 1 (previous NULL for the first stage, next NULL where no
+ * boundary needs it: a symmetric plan's). */
+typedef struct stage_neighbours {
+    const parallel_config *before, *own, *after;
+    const stage_placement *previous, *self, *next;
+} stage_neighbours;
+
+/* costmodel_stage_sends for a stage whose neighbours may run other
+ * degrees: a boundary between stages of the same tp and dp as in a
+ * symmetric plan, any other one re-sharded (costmodel_reshard_seconds,
+ * its gather over the receiving stage's intra-node link). */
+void costmodel_boundary_sends(const costmodel *cm, const stage_neighbours *n,
+                              int stage, double *send_forward_s,
+                              double *send_backward_s);
+
+/* Seconds of one micro-batch's re-sharding between a stage of config
+ * `from` and the next (or, for the gradient, the previous) of config
+ * `to`, whose tp or dp differ, over `link` (curve_type: as
+ * costmodel_send_seconds): with A the micro-batch's activation (dp x
+ * mbs samples, costmodel_pipeline_message_bytes of one replica times
+ * its dp), every receiving GPU takes A / (dp_to tp_to), every sending
+ * GPU gives A / (dp_from tp_from); the larger in k = ceil(the larger
+ * GPU count over the smaller) messages; then the receiving tp group
+ * all-gathers its replica's A / dp_to over `gather` (not under
+ * sequence parallelism, where each rank keeps its shard):
+ *   k x send(max(A / (d_to t_to), A / (d_from t_from)) / k)
+ *   + [t_to > 1, no sequence parallelism] RS(A / d_to, t_to, gather). */
+double costmodel_reshard_seconds(const costmodel *cm,
+                                 const parallel_config *from,
+                                 const parallel_config *to, int curve_type,
+                                 link_spec link, link_spec gather);
+
+/* Each stage's config (parallel_stage_config) and first GPU: firsts[s],
+ * firsts[pp] all of them; fails naming the stage whose degrees cannot
+ * run (tp against the model's heads, dp against the micro-batch,
+ * sequence parallelism, interleaving). A symmetric plan's messages are
+ * those they always were. */
+int costmodel_stage_configs(const costmodel *cm,
+                            const parallel_config *config,
+                            const stage_degrees *stages,
+                            parallel_config *configs, long long *firsts,
+                            pt_error *err);
+
+/* Places stage `stage` of config `own` on GPUs [first, first + its tp x
+ * dp), with its link towards the next stage of config `next` (NULL: the
+ * last stage), which starts right after it: GPU x to x + tp x dp when
+ * both split alike, else the slowest between any GPU of one and any of
+ * the other. */
+int costmodel_place_stage_at(const costmodel *cm,
+                             const parallel_config *own,
+                             const parallel_config *next,
+                             const node_lane *lane, int stage,
+                             long long first, stage_placement *out,
+                             pt_error *err);
+/* The stages of a plan of their own degrees: configs[pp] and firsts[pp
+ * + 1] from costmodel_stage_configs. */
+typedef struct stage_layout {
+    int pp;
+    const parallel_config *configs;
+    const long long *firsts;
+} stage_layout;
+
+/* costmodel_place_order for stages of their own configs. */
+int costmodel_place_order_stages(const costmodel *cm,
+                                 const stage_layout *stages,
+                                 const int *node_order, int node_count,
+                                 stage_placement *placement, node_lane *lane,
+                                 int **storage, pt_error *err);
+/* costmodel_embedding_link between a first stage and a last one that
+ * starts at GPU last_first: GPU x and x + last_first when both split
+ * alike, else the slowest between any GPU of one and any of the other. */
+void costmodel_embedding_link_at(const costmodel *cm,
+                                 const parallel_config *first_stage,
+                                 const parallel_config *last_stage,
+                                 long long last_first,
+                                 const node_lane *lane, link_spec *link,
+                                 int *curve_type);
 
 /* Whether every one of count times is finite and not negative (the
  * simulators' inputs). */

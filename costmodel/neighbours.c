@@ -14,15 +14,29 @@ static double slice_sms(const device_spec *device)
     return device->sm_limit > 0 ? (double)device->sm_limit : 0.0;
 }
 
+/* The stage holding GPU gpu (firsts[pp] GPUs in all). */
+static int stage_of(const long long *firsts, int pp, long long gpu)
+{
+    int low = 0, high = pp - 1;
+    while (low < high) {
+        int middle = (low + high + 1) / 2;
+        if (firsts[middle] <= gpu)
+            low = middle;
+        else
+            high = middle - 1;
+    }
+    return low;
+}
+
 /* The share of one GPU of stage s: its neighbours' SMs, each weighted by
  * how busy its stage is (the stage's own other ranks compute with it:
  * busy), over all their SMs; 0 without neighbours. */
 static double gpu_share(const costmodel *cm, const parallel_config *config,
-                        const node_lane *lane, const double *duty, int stage,
-                        long long gpu, const device_spec *own)
+                        const long long *firsts, const node_lane *lane,
+                        const double *duty, int stage, long long gpu,
+                        const device_spec *own)
 {
-    long long per_stage = (long long)config->tp * config->dp;
-    long long total = per_stage * config->pp;
+    long long total = firsts[config->pp];
     double weight = 0.0, busy = 0.0;
     for (long long other = 0; other < total; other++) {
         if (other == gpu)
@@ -30,7 +44,7 @@ static double gpu_share(const costmodel *cm, const parallel_config *config,
         const device_spec *device = costmodel_lane_device(cm, lane, other);
         if (device == NULL || device->index != own->index)
             continue;
-        int other_stage = (int)(other / per_stage);
+        int other_stage = stage_of(firsts, config->pp, other);
         double sms = slice_sms(device);
         weight += sms;
         busy += sms * (other_stage == stage ? 1.0 : duty[other_stage]);
@@ -40,20 +54,20 @@ static double gpu_share(const costmodel *cm, const parallel_config *config,
 
 void costmodel_neighbour_shares(const costmodel *cm,
                                 const parallel_config *config,
+                                const long long *firsts,
                                 const node_lane *lane, const double *duty,
                                 double *shares)
 {
-    long long per_stage = (long long)config->tp * config->dp;
     for (int s = 0; s < config->pp; s++) {
         shares[s] = -1.0;
         double largest = 0.0;
         bool sliced = true;
-        for (long long g = s * per_stage; g < (s + 1) * per_stage && sliced;
-             g++) {
+        for (long long g = firsts[s]; g < firsts[s + 1] && sliced; g++) {
             const device_spec *own = costmodel_lane_device(cm, lane, g);
             sliced = own != NULL && own->sm_limit > 0;
             if (sliced) {
-                double share = gpu_share(cm, config, lane, duty, s, g, own);
+                double share = gpu_share(cm, config, firsts, lane, duty, s,
+                                         g, own);
                 largest = share > largest ? share : largest;
             }
         }

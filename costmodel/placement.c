@@ -282,19 +282,15 @@ const device_spec *costmodel_lane_device(const costmodel *cm,
     return local < type->device_count ? &type->devices[local] : NULL;
 }
 
-int costmodel_place_stage(const costmodel *cm, const parallel_config *config,
-                          const node_lane *lane, int stage, bool next_known,
-                          stage_placement *out, pt_error *err)
+/* What a stage's placement holds but its link towards the next stage:
+ * the stage's GPUs are [first, first + its tp x dp). */
+static int place_own(const costmodel *cm, const parallel_config *config,
+                     const node_lane *lane, long long first,
+                     stage_placement *out, pt_error *err)
 {
-    if (costmodel_check_degrees(config, err) != 0)
-        return -1;
     const cluster *c = cm->cluster;
     long long stage_gpus = (long long)config->dp * config->tp;
-    long long first = stage * stage_gpus;
-    bool last = stage == config->pp - 1;
-    long long end = first + (last || !next_known ? 1 : 2) * stage_gpus;
-    if (check_lane_covers(lane, first, end, stage, err) != 0 ||
-        stage_types(cm, config, lane, first, out, err) != 0)
+    if (stage_types(cm, config, lane, first, out, err) != 0)
         return -1;
     int curve_type;
     lane_cursor cursor = {lane, 0};
@@ -312,17 +308,110 @@ int costmodel_place_stage(const costmodel *cm, const parallel_config *config,
     dp_hierarchy(c, lane, first, stage_gpus, config, first_slot, last_slot,
                  out);
     out->slices_of_one_gpu = slices_of_one_gpu(c, lane, first, stage_gpus);
-    if (last) {
-        out->next_link = slot_link(c, lane, first_slot, first_slot);
-        out->next_curve_type = -1;
-    } else if (!next_known) {
+    /* the last stage's: its first node's own link */
+    out->next_link = slot_link(c, lane, first_slot, first_slot);
+    out->next_curve_type = -1;
+    return 0;
+}
+
+int costmodel_place_stage(const costmodel *cm, const parallel_config *config,
+                          const node_lane *lane, int stage, bool next_known,
+                          stage_placement *out, pt_error *err)
+{
+    if (costmodel_check_degrees(config, err) != 0)
+        return -1;
+    long long stage_gpus = (long long)config->dp * config->tp;
+    long long first = stage * stage_gpus;
+    bool last = stage == config->pp - 1;
+    long long end = first + (last || !next_known ? 1 : 2) * stage_gpus;
+    if (check_lane_covers(lane, first, end, stage, err) != 0 ||
+        place_own(cm, config, lane, first, out, err) != 0)
+        return -1;
+    if (last)
+        return 0;
+    if (!next_known) {
         out->next_link = (link_spec){INFINITY, 0.0};
         out->next_curve_type = -1;
     } else {
-        out->next_link = pair_links(c, lane, first, stage_gpus, stage_gpus,
-                                    &out->next_curve_type);
+        out->next_link = pair_links(cm->cluster, lane, first, stage_gpus,
+                                    stage_gpus, &out->next_curve_type);
     }
     return 0;
+}
+
+/* The slowest link between any GPU of [a, a + a_count) and any of
+ * [b, b + b_count): what a re-sharding boundary's transfers cross (every
+ * receiving GPU may take a piece from any sending one). The type whose
+ * curves apply when both ranges sit in one node, else -1. */
+static link_spec range_links(const cluster *c, const node_lane *lane,
+                             long long a, long long a_count, long long b,
+                             long long b_count, int *curve_type)
+{
+    lane_cursor cursor = {lane, 0};
+    int a_first = slot_of(&cursor, a);
+    int a_last = slot_of(&cursor, a + a_count - 1);
+    cursor.slot = 0;
+    int b_first = slot_of(&cursor, b);
+    int b_last = slot_of(&cursor, b + b_count - 1);
+    link_spec slowest = slot_link(c, lane, a_first, b_first);
+    for (int x = a_first; x <= a_last; x++)
+        for (int y = b_first; y <= b_last; y++)
+            slowest = slower_link(slowest, slot_link(c, lane, x, y));
+    bool one_node = a_first == a_last && b_first == b_last &&
+                    a_first == b_first;
+    *curve_type = one_node ? lane->types[a_first] : -1;
+    return slowest;
+}
+
+/* Whether two stage configs split their stages alike. */
+static bool same_degrees(const parallel_config *a, const parallel_config *b)
+{
+    return a->tp == b->tp && a->dp == b->dp;
+}
+
+int costmodel_place_stage_at(const costmodel *cm,
+                             const parallel_config *own,
+                             const parallel_config *next,
+                             const node_lane *lane, int stage,
+                             long long first, stage_placement *out,
+                             pt_error *err)
+{
+    if (costmodel_check_degrees(own, err) != 0 ||
+        (next != NULL && costmodel_check_degrees(next, err) != 0))
+        return -1;
+    long long own_gpus = (long long)own->dp * own->tp;
+    long long next_gpus = next != NULL ? (long long)next->dp * next->tp : 0;
+    if (check_lane_covers(lane, first, first + own_gpus + next_gpus, stage,
+                          err) != 0 ||
+        place_own(cm, own, lane, first, out, err) != 0)
+        return -1;
+    if (next == NULL)
+        return 0;
+    if (same_degrees(own, next))
+        out->next_link = pair_links(cm->cluster, lane, first, own_gpus,
+                                    own_gpus, &out->next_curve_type);
+    else
+        out->next_link = range_links(cm->cluster, lane, first, own_gpus,
+                                     first + own_gpus, next_gpus,
+                                     &out->next_curve_type);
+    return 0;
+}
+
+void costmodel_embedding_link_at(const costmodel *cm,
+                                 const parallel_config *first_stage,
+                                 const parallel_config *last_stage,
+                                 long long last_first,
+                                 const node_lane *lane, link_spec *link,
+                                 int *curve_type)
+{
+    long long first_gpus = (long long)first_stage->dp * first_stage->tp;
+    if (same_degrees(first_stage, last_stage))
+        *link = pair_links(cm->cluster, lane, 0, first_gpus, last_first,
+                           curve_type);
+    else
+        *link = range_links(cm->cluster, lane, 0, first_gpus, last_first,
+                            (long long)last_stage->dp * last_stage->tp,
+                            curve_type);
 }
 
 void costmodel_embedding_link(const costmodel *cm,
@@ -339,8 +428,8 @@ void costmodel_embedding_link(const costmodel *cm,
 
 /* Node indices in range, each node at most once, exactly the GPUs the
  * plan needs. A mark per node makes it linear in the order's length. */
-static int check_node_order(const cluster *c, const parallel_config *config,
-                            const int *node_order, int node_count,
+static int check_node_order(const cluster *c, const int *node_order,
+                            int node_count, long long *gpus_out,
                             pt_error *err)
 {
     if (!node_order || node_count <= 0)
@@ -369,7 +458,19 @@ static int check_node_order(const cluster *c, const parallel_config *config,
         }
     }
     free(seen_at);
-    if (rc != 0)
+    *gpus_out = gpus;
+    return rc;
+}
+
+/* A symmetric plan's node order: as check_node_order, holding exactly
+ * tp x dp x pp GPUs. */
+static int check_symmetric_order(const cluster *c,
+                                 const parallel_config *config,
+                                 const int *node_order, int node_count,
+                                 pt_error *err)
+{
+    long long gpus = 0;
+    if (check_node_order(c, node_order, node_count, &gpus, err) != 0)
         return -1;
     long long needed = (long long)config->tp * config->dp * config->pp;
     if (gpus != needed)
@@ -404,13 +505,47 @@ int costmodel_place_order(const costmodel *cm, const parallel_config *config,
 {
     *storage = NULL;
     if (costmodel_check_degrees(config, err) != 0 ||
-        check_node_order(cm->cluster, config, node_order, node_count, err) != 0 ||
+        check_symmetric_order(cm->cluster, config, node_order, node_count,
+                              err) != 0 ||
         costmodel_lane_open(cm->cluster, node_order, node_count, lane, storage,
                             err) != 0)
         return -1;
     for (int s = 0; s < config->pp; s++) {
         if (costmodel_place_stage(cm, config, lane, s, true, &placement[s],
                                   err) != 0) {
+            free(*storage);
+            *storage = NULL;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int costmodel_place_order_stages(const costmodel *cm,
+                                 const stage_layout *stages,
+                                 const int *node_order, int node_count,
+                                 stage_placement *placement, node_lane *lane,
+                                 int **storage, pt_error *err)
+{
+    int pp = stages->pp;
+    const parallel_config *configs = stages->configs;
+    const long long *firsts = stages->firsts;
+    *storage = NULL;
+    long long gpus = 0;
+    if (check_node_order(cm->cluster, node_order, node_count, &gpus, err) !=
+        0)
+        return -1;
+    if (gpus != firsts[pp])
+        return pt_fail(err, "plan: node_order gives %lld GPUs but the "
+                       "stages' tp x dp sum to %lld", gpus, firsts[pp]);
+    if (costmodel_lane_open(cm->cluster, node_order, node_count, lane,
+                            storage, err) != 0)
+        return -1;
+    for (int s = 0; s < pp; s++) {
+        if (costmodel_place_stage_at(cm, &configs[s],
+                                     s + 1 < pp ? &configs[s + 1] : NULL,
+                                     lane, s, firsts[s], &placement[s],
+                                     err) != 0) {
             free(*storage);
             *storage = NULL;
             return -1;

@@ -386,6 +386,15 @@ static int price_type_from(const costmodel *cm, int type_index,
                                      : prof->optimizer_s_per_param;
     out->stream_s_per_byte =
         prof->optimizer_s_per_param / COSTMODEL_ADAMW_BYTES_PER_PARAM;
+    /* the stage boundary of Partita's executor: fp32 message <-> bf16
+     * stream, 4 bytes read and 2 written an element (or 2 and 4), of the
+     * shard's rows under sequence parallelism */
+    double rows = (double)config->mbs * cm->model.seq /
+                  (config->sequence_parallel ? config->tp : 1);
+    out->boundary_s = config->runtime == RUNTIME_PARTITA
+                          ? 6.0 * rows * cm->model.hidden *
+                                out->stream_s_per_byte
+                          : 0.0;
     out->memory_cap_bytes = (prof->memory_gib - prof->workspace_gib) * PT_GIB;
     return 0;
 }

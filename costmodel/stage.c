@@ -81,23 +81,57 @@ static double pipeline_send_s(const costmodel *cm,
            reduce_scatter_time(bytes, config->tp, gather);
 }
 
+/* Whether two stage configs split their stages alike. */
+static bool same_degrees(const parallel_config *a, const parallel_config *b)
+{
+    return a->tp == b->tp && a->dp == b->dp;
+}
+
+void costmodel_boundary_sends(const costmodel *cm, const stage_neighbours *n,
+                              int stage, double *send_forward_s,
+                              double *send_backward_s)
+{
+    const parallel_config *own = n->own;
+    double bytes = costmodel_pipeline_message_bytes(&cm->model, own);
+    const node_type *types = cm->cluster->types;
+    link_spec gather = types[n->self->slow_type].intra_node;
+    *send_forward_s = 0.0;
+    *send_backward_s = 0.0;
+    if (stage < own->pp - 1)
+        *send_forward_s =
+            same_degrees(own, n->after)
+                ? pipeline_send_s(cm, own, bytes, n->self->next_curve_type,
+                                  n->self->next_link, gather)
+                : costmodel_reshard_seconds(
+                      cm, own, n->after, n->self->next_curve_type,
+                      n->self->next_link,
+                      types[n->next->slow_type].intra_node);
+    if (stage > 0)
+        *send_backward_s =
+            same_degrees(n->before, own)
+                ? pipeline_send_s(cm, own, bytes,
+                                  n->previous->next_curve_type,
+                                  n->previous->next_link, gather)
+                : costmodel_reshard_seconds(
+                      cm, own, n->before, n->previous->next_curve_type,
+                      n->previous->next_link,
+                      types[n->previous->slow_type].intra_node);
+}
+
 void costmodel_stage_sends(const costmodel *cm, const parallel_config *config,
                            const stage_placement *previous,
                            const stage_placement *self, int stage,
                            double *send_forward_s, double *send_backward_s)
 {
-    double bytes = costmodel_pipeline_message_bytes(&cm->model, config);
-    link_spec gather = cm->cluster->types[self->slow_type].intra_node;
-    *send_forward_s = stage < config->pp - 1
-                          ? pipeline_send_s(cm, config, bytes,
-                                            self->next_curve_type,
-                                            self->next_link, gather)
-                          : 0.0;
-    *send_backward_s = stage > 0
-                           ? pipeline_send_s(cm, config, bytes,
-                                             previous->next_curve_type,
-                                             previous->next_link, gather)
-                           : 0.0;
+    stage_neighbours n = {config, config, config, previous, self, NULL};
+    costmodel_boundary_sends(cm, &n, stage, send_forward_s, send_backward_s);
+}
+
+void costmodel_boundary_count(int s, int pp, int *forward, int *backward)
+{
+    bool first = s == 0, last = s == pp - 1;
+    *forward = (first ? 0 : 1) + (last ? 0 : 1);
+    *backward = (last ? 0 : 1) + 1;
 }
 
 /* Largest layer count whose memory fits, in the same arithmetic the
@@ -129,20 +163,34 @@ void costmodel_terms_from_costs(const costmodel *cm,
                                 const type_costs *slow,
                                 const type_costs *small, stage_terms *out)
 {
+    double send_forward, send_backward;
+    costmodel_stage_sends(cm, config, previous, self, stage, &send_forward,
+                          &send_backward);
+    costmodel_terms_with_sends(cm, config, self, stage, slow, small,
+                               send_forward + send_backward, out);
+}
+
+void costmodel_terms_with_sends(const costmodel *cm,
+                                const parallel_config *config,
+                                const stage_placement *self, int stage,
+                                const type_costs *slow,
+                                const type_costs *small, double sends_s,
+                                stage_terms *out)
+{
     const model_shape *model = &cm->model;
     type_costs zero_costs = *slow; /* with ZeRO-2/3's gathers, reduces */
     costmodel_zero_unit_costs(cm, config, self, &zero_costs);
     slow = &zero_costs;
     bool first = stage == 0, last = stage == config->pp - 1;
-
-    double send_forward, send_backward;
-    costmodel_stage_sends(cm, config, previous, self, stage, &send_forward,
-                          &send_backward);
-    out->fixed_s = send_forward + send_backward;
+    out->fixed_s = sends_s;
     if (first)
         out->fixed_s += slow->embedding_forward_s + slow->embedding_backward_s;
     if (last)
         out->fixed_s += slow->head_forward_s + slow->head_backward_s;
+    int boundary_forward, boundary_backward;
+    costmodel_boundary_count(stage, config->pp, &boundary_forward,
+                             &boundary_backward);
+    out->fixed_s += (boundary_forward + boundary_backward) * slow->boundary_s;
     comm_group tp_span = {.members = config->tp, .nodes = self->tp_nodes,
                           .intra = self->tp_intra_link,
                           .inter = self->tp_link};

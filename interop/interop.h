@@ -92,6 +92,27 @@ typedef struct interop_notes {
 void interop_notes_of(const plan *p, interop_target target,
                       interop_notes *out);
 
+/* ------------------------------------- stages of their own degrees */
+
+/* 0 when every stage of p runs the plan's tp and dp; else -1 with err
+ * naming the first stage that does not and saying that `target` runs one
+ * tp and one dp for every stage (issue 36; symmetric.c). */
+int interop_check_symmetric(const plan *p, interop_target target,
+                            pt_error *err);
+
+/* The nearest symmetric plan to p (docs/interop.md): the same stages,
+ * layers per stage, node order and levers, at the one tp x dp (tp x dp x
+ * pp = the plan's GPUs, tp splitting the model's heads, dp the global
+ * batch) that the fewest stages change their tp for, then the fewest
+ * their dp, then the smaller tp; mbs keeps each micro-batch's dp x mbs
+ * samples when the new dp divides them, else 1. Read back through the
+ * plan reader (plan_file names it in messages), so *out is checked as
+ * any plan is; `said` tells what was chosen. -1 with err when no such
+ * plan exists. */
+int interop_nearest_symmetric(const plan *p, const char *plan_file,
+                              plan *out, char *said, size_t said_size,
+                              pt_error *err);
+
 /* --------------------------------------------------------------- export */
 
 /* The bash script that launches the plan under Megatron-LM (torchrun per

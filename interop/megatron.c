@@ -235,12 +235,13 @@ static int print_partition_args(FILE *out, const plan *p, pt_error *err)
 }
 
 /* The layer's flags where it is not GPT-2's (Megatron-LM's defaults):
- * RMSNorm, SwiGLU, rotary positions and their base, grouped-query
- * attention, biases. */
+ * RMSNorm and its epsilon, SwiGLU, rotary positions and their base,
+ * grouped-query attention, biases. */
 static void print_architecture_args(FILE *out, const model_shape *m)
 {
     if (m->norm == MODEL_NORM_RMSNORM)
-        fprintf(out, "    --normalization RMSNorm\n");
+        fprintf(out, "    --normalization RMSNorm --norm-epsilon %g\n",
+                model_norm_eps(m));
     if (m->mlp == MODEL_MLP_SWIGLU)
         fprintf(out, "    --swiglu\n");
     if (m->positions == MODEL_POSITIONS_ROPE)

@@ -25,6 +25,8 @@ int plan_from_ranked(const ranked_plan *ranked, const model_shape *model,
     out->config = ranked->config;
     memcpy(out->partition, ranked->partition,
            sizeof(int) * (size_t)ranked->config.pp);
+    memcpy(out->stages, ranked->stages,
+           sizeof(stage_degrees) * (size_t)ranked->config.pp);
     out->node_order = malloc(sizeof(int) * (size_t)ranked->node_count);
     if (out->node_order == NULL) {
         cluster_free(&out->cluster);

@@ -150,6 +150,9 @@ typedef struct ranked_plan {
     double tflops_per_gpu;
     double cost_per_step_usd;
     double peak_memory_gib_by_type[PLANNER_MAX_TYPES]; /* per cluster node type, 0 unused */
+    /* each stage's own degrees (zeros: config's; only the asymmetric
+       search gives a stage its own) */
+    stage_degrees stages[PT_MAX_STAGES];
 } ranked_plan;
 
 typedef struct search_result {
@@ -172,6 +175,11 @@ typedef struct search_result {
     /* ZeRO-2/3 and offload were searched because nothing fit without
        them (ZERO_LEVERS_WHEN_NEEDED); the counts are that search's */
     bool zero_levers_searched;
+    /* planner_search_asymmetric: the plans of stages of their own
+       degrees whose partitions it solved, and the lowest surrogate
+       (partition_surrogate) among those that fit; INFINITY: none */
+    long long asymmetric_scored;
+    double asymmetric_best_score_s;
 } search_result;
 
 /* Tree nodes a search visits at most by default: about 10 s on a 2-core
@@ -189,6 +197,26 @@ void search_options_default(search_options *options);
 int planner_search(costmodel *cm, const search_options *options,
                    search_result *out, pt_error *err);
 void search_result_free(search_result *r);
+
+/* The most GPUs and nodes planner_search_asymmetric enumerates. */
+#define ASYMMETRIC_MAX_GPUS 16
+#define ASYMMETRIC_MAX_NODES 8
+
+/* planner_search, then every plan whose stages run their own tp and dp
+ * (issue 36; docs/planner.md, "Stages of their own degrees"), ranked
+ * together: so the symmetric optimum is always among the candidates and
+ * the result never loses to planner_search. The asymmetric plans are
+ * enumerated exhaustively: every distinct node order, pp >= 2, every
+ * split of the ordered GPUs into pp consecutive stages, every (tp, dp)
+ * of each (tp a power of two up to 8 dividing the stage's GPUs), every
+ * micro-batch of samples B (each stage's dp dividing B, B dividing gbs,
+ * B / dp at most max_mbs), no memory levers; each partition solved
+ * exactly for the surrogate (partition_solve_dp), the best
+ * max(32, 2 keep) by surrogate simulated. Only for clusters of at most
+ * ASYMMETRIC_MAX_GPUS GPUs and ASYMMETRIC_MAX_NODES nodes (else -1,
+ * saying so): the exact search that scales is not written yet. */
+int planner_search_asymmetric(costmodel *cm, const search_options *options,
+                              search_result *out, pt_error *err);
 
 /* Whether the constraints leave cluster c any (tp, dp, pp, mbs) to plan:
  * 0 when they do, or when they are empty, or when c has none even without

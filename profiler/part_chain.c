@@ -229,6 +229,12 @@ int chain_create(part_chain *chain, const model_shape *shape, int tp,
         chain_destroy(chain);
         return -1;
     }
+    /* primed: from now on each part is timed without its stage's
+     * boundary (stage.h), which a pipeline stage pays once however many
+     * layers it holds; the inputs keep the values the priming left */
+    chain->embedding.boundary_free = true;
+    chain->layer.boundary_free = true;
+    chain->head.boundary_free = true;
     return 0;
 }
 
@@ -243,6 +249,7 @@ int chain_remake_embedding(part_chain *chain, pt_error *err)
     }
     model_stage_destroy(&chain->embedding);
     chain->embedding = fresh;
+    chain->embedding.boundary_free = true;
     return 0;
 }
 

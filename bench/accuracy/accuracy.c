@@ -210,8 +210,9 @@ static int compare_plan(const char *plans_dir, const char *runs_dir,
     int status = -1;
     if (costmodel_open(&cm, &p.model, &p.cluster, NULL, err) != 0)
         goto no_model;
-    if (costmodel_estimate(&cm, &p.config, p.node_order, p.node_order_count,
-                           p.partition, true, &est, err) != 0)
+    if (costmodel_estimate_stages(&cm, &p.config, p.stages, p.node_order,
+                                  p.node_order_count, p.partition, true,
+                                  &est, err) != 0)
         goto no_estimate;
     row->estimated_step_s = est.step_time_s;
     if (keep_estimated_terms(&est, row) != 0) {

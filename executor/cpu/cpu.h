@@ -26,7 +26,8 @@
  * A NULL gradient output is skipped.
  */
 
-/* out[b,t,:] = token_embedding[tokens[b,t],:] + position_embedding[t,:].
+/* out[b,t,:] = token_embedding[tokens[b,t],:] + position_embedding[t,:]
+ * (no position term when position_embedding is NULL: rotary positions).
  * tokens: B x T ids below the embedding's rows (the caller checks). */
 void cpu_embedding_forward(float *out, const uint32_t *tokens,
                            const float *token_embedding,
@@ -281,6 +282,12 @@ size_t cpu_units_bytes(const cpu_units *units);
  * arenas and token ids and its backward scratch (what *activation_bytes
  * above predicts); 0 for a stage of another backend. */
 size_t cpu_stage_activation_bytes(const model_stage *stage);
+/* What cpu_stage_activation_bytes will report for a stage of that
+ * shape and spec at micro-batch capacity mbs with slot_count slots,
+ * before any is allocated (exec's memory check); 0 when out of memory. */
+size_t cpu_stage_activation_bytes_of(const model_shape *shape,
+                                     const stage_spec *spec, int mbs,
+                                     int slot_count);
 /* The bytes of a cpu-backend stage's ZeRO-2/3 unit buffers of `which`
  * (STAGE_GRADS beside its grads of grad_count floats, STAGE_PARAMS
  * beside its params of params_count); 0 without them or on another

@@ -2,34 +2,26 @@
  * The cpu backend: a model stage in plain fp32 C on host memory, built
  * from the reference ops of ops_cpu.c. It is the reference the cuda
  * backend is held to (tests/executor/gpu), so it favours plain data flow
- * over speed.
+ * over speed. Here: the stage's buffers, the embedding, the head and its
+ * loss, the passes over the layers and the backend's table; the layer
+ * itself is layer_cpu.c.
  *
  * Memory: params and grads (the stage's parameters; under ZeRO-2/3 the
  * grads, and under ZeRO-3 the params, of the optimizer's range only,
- * beside the unit buffers of units.c), adam_m and adam_v (the optimizer's range: all of them,
- * or a ZeRO-1 shard); per activation
+ * beside the unit buffers of units.c), adam_m and adam_v (the
+ * optimizer's range: all of them, or a ZeRO-1 shard); per activation
  * slot, one arena holding everything the backward of a micro-batch needs
  * (with full recompute, only each layer's input); per stage, one arena of
  * backward scratch shared by all slots (one backward runs at a time), with
  * full recompute also the one layer's activations it recomputes into.
  */
-#include "executor/cpu/cpu.h"
+#include "executor/cpu/stage_cpu.h"
 
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-
-/* Pointers to one transformer layer's tensors inside a parameter-sized
- * buffer (the parameters, or the gradients at the same offsets). */
-typedef struct layer_tensors {
-    float *ln1_weight, *ln1_bias;
-    float *qkv_weight, *qkv_bias;
-    float *attn_proj_weight, *attn_proj_bias;
-    float *ln2_weight, *ln2_bias;
-    float *fc_weight, *fc_bias;
-    float *mlp_proj_weight, *mlp_proj_bias;
-} layer_tensors;
 
 /* Every tensor of a stage inside one parameter-sized buffer; NULL for
  * the parts the stage does not hold. */
@@ -39,21 +31,6 @@ typedef struct stage_tensors {
     float *final_norm_weight, *final_norm_bias;
     float *head_weight;             /* lm_head_weight or token_embedding */
 } stage_tensors;
-
-/* What the forward of one layer keeps for its backward (N = B x T rows;
- * with tensor parallelism, A = C / tp attention channels and F the shard's
- * MLP features). */
-typedef struct layer_activations {
-    float *ln1_out, *ln1_mean, *ln1_rstd;  /* N x C, N, N */
-    float *qkv;                            /* N x 3A */
-    float *att_probs;                      /* B x NH/tp x T x T */
-    float *att_out;                        /* N x A, before the projection */
-    float *residual_mid;                   /* N x C, input + attention */
-    float *ln2_out, *ln2_mean, *ln2_rstd;
-    float *fc_out;                         /* N x F, before the GELU */
-    float *gelu_out;                       /* N x F */
-    float *output;                         /* N x C, mid + MLP */
-} layer_activations;
 
 /* One micro-batch in flight. */
 typedef struct activation_slot {
@@ -72,27 +49,6 @@ typedef struct activation_slot {
     bool awaiting_backward;          /* forward ran, backward not yet */
 } activation_slot;
 
-/* Gradients of activations, needed only while one backward runs. */
-typedef struct backward_scratch {
-    float *arena;                    /* owned */
-    float *d_stream[2];              /* N x C: residual stream, alternating
-                                        between a layer's output and input */
-    float *d_mid;                    /* N x C */
-    float *d_norm;                   /* N x C: gradient of a norm's output */
-    float *d_att;                    /* N x A */
-    float *d_qkv;                    /* N x 3A */
-    float *d_fc;                     /* N x F */
-    float *d_gelu;                   /* N x F */
-    float *attention_row;            /* T */
-    float *row_stats;                /* 3N: the vocab-parallel softmax's
-                                        row maxima, sums and target logits */
-    float *output_grad;              /* N x C: received d loss / d output */
-    const float *input_grad;         /* points into d_stream after backward */
-    float *norm_partial;             /* owned, 2C: sequence parallelism, a
-                                        norm's weight and bias gradients
-                                        from the shard's rows */
-} backward_scratch;
-
 /* backend_state of a cpu stage. */
 typedef struct cpu_stage_state {
     stage_tensors params;
@@ -110,19 +66,6 @@ typedef struct cpu_stage_state {
     cpu_units param_units;           /* with params_by_unit: params' */
 } cpu_stage_state;
 
-/* Hands out consecutive pieces of one allocation. Run once with base NULL
- * to learn the size, then again over the allocated block. */
-typedef struct arena {
-    float *base;
-    size_t used;
-} arena;
-
-static float *arena_take(arena *a, size_t count)
-{
-    float *piece = a->base != NULL ? a->base + a->used : NULL;
-    a->used += count;
-    return piece;
-}
 
 /* ---------------------------------------------------------- tensor maps */
 
@@ -136,89 +79,109 @@ static float *place(const model_stage *stage, float *base,
                          : base + offset;
 }
 
-/* The layout of stage_parameter_layout, walked in its order. */
+/* A layer's tensors by the name stage_parameter_layout gives them after
+ * "layers.L.". */
+static float **layer_field(layer_tensors *layer, const char *name)
+{
+    static const struct {
+        const char *name;
+        size_t offset;
+    } fields[] = {
+        {"ln1_weight", offsetof(layer_tensors, ln1_weight)},
+        {"ln1_bias", offsetof(layer_tensors, ln1_bias)},
+        {"attn_qkv_weight", offsetof(layer_tensors, qkv_weight)},
+        {"attn_qkv_bias", offsetof(layer_tensors, qkv_bias)},
+        {"attn_proj_weight", offsetof(layer_tensors, attn_proj_weight)},
+        {"attn_proj_bias", offsetof(layer_tensors, attn_proj_bias)},
+        {"ln2_weight", offsetof(layer_tensors, ln2_weight)},
+        {"ln2_bias", offsetof(layer_tensors, ln2_bias)},
+        {"mlp_fc_weight", offsetof(layer_tensors, fc_weight)},
+        {"mlp_fc_bias", offsetof(layer_tensors, fc_bias)},
+        {"mlp_proj_weight", offsetof(layer_tensors, mlp_proj_weight)},
+        {"mlp_proj_bias", offsetof(layer_tensors, mlp_proj_bias)},
+    };
+    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+        if (strcmp(name, fields[f].name) == 0)
+            return (float **)((char *)layer + fields[f].offset);
+    return NULL;
+}
+
+/* The stage's (not a layer's) tensor of that name. */
+static float **stage_field(stage_tensors *tensors, const char *name)
+{
+    if (strcmp(name, "token_embedding") == 0)
+        return &tensors->token_embedding;
+    if (strcmp(name, "position_embedding") == 0)
+        return &tensors->position_embedding;
+    if (strcmp(name, "final_norm_weight") == 0)
+        return &tensors->final_norm_weight;
+    if (strcmp(name, "final_norm_bias") == 0)
+        return &tensors->final_norm_bias;
+    if (strcmp(name, "lm_head_weight") == 0)
+        return &tensors->head_weight;
+    return NULL;
+}
+
+/* Points every field at its tensor of the stage's table (which holds
+ * only the tensors the model has: the others stay NULL); a tied head on
+ * the embedding's stage reads the token embedding. */
 static void map_tensors(const model_stage *stage, float *base,
                         const cpu_units *units, stage_tensors *out)
 {
-    int index = 0;
-    if (stage->spec.has_embedding) {
-        out->token_embedding = place(stage, base, units, index++);
-        out->position_embedding = place(stage, base, units, index++);
+    for (int index = 0; index < stage->tensor_count; index++) {
+        const char *name = stage->tensors[index].name;
+        int layer = 0, skipped = 0;
+        float **field = NULL;
+        if (sscanf(name, "layers.%d.%n", &layer, &skipped) == 1 &&
+            skipped > 0)
+            field = layer_field(&out->layers[layer - stage->spec.first_layer],
+                                name + skipped);
+        else
+            field = stage_field(out, name);
+        if (field != NULL)
+            *field = place(stage, base, units, index);
     }
-    int layer_count = stage->spec.last_layer - stage->spec.first_layer;
-    for (int l = 0; l < layer_count; l++) {
-        layer_tensors *layer = &out->layers[l];
-        float **fields[] = {
-            &layer->ln1_weight,       &layer->ln1_bias,
-            &layer->qkv_weight,       &layer->qkv_bias,
-            &layer->attn_proj_weight, &layer->attn_proj_bias,
-            &layer->ln2_weight,       &layer->ln2_bias,
-            &layer->fc_weight,        &layer->fc_bias,
-            &layer->mlp_proj_weight,  &layer->mlp_proj_bias,
-        };
-        for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
-            *fields[f] = place(stage, base, units, index++);
-    }
-    if (stage->spec.has_head) {
-        out->final_norm_weight = place(stage, base, units, index++);
-        out->final_norm_bias = place(stage, base, units, index++);
-        out->head_weight = index < stage->tensor_count
-                               ? place(stage, base, units, index++)
-                               : out->token_embedding;
-    }
+    if (stage->spec.has_head && out->head_weight == NULL)
+        out->head_weight = out->token_embedding;
 }
 
 /* ---------------------------------------------------------- allocation */
 
-/* Shapes every buffer is sized from; B is the micro-batch capacity. With
- * tensor parallelism the shard's: A attention channels and NH heads
- * (C / tp and heads / tp), F MLP features, V vocabulary rows from
- * vocab_first. */
-typedef struct stage_dims {
-    size_t B, T, C, A, F, V, NH, N;
-    int vocab_first;
-    int tp;
-    /* the rows the norms and residual adds run on: all N, or under
-     * sequence parallelism the shard's rows [row0, row0 + rows) */
-    size_t row0, rows;
-    bool sp;
-} stage_dims;
 
-static stage_dims dims_of(const model_stage *stage, int mbs)
+stage_dims cpu_stage_dims(const model_shape *shape, const stage_spec *spec,
+                          int mbs)
 {
-    stage_shard shard = stage_shard_of(&stage->shape, &stage->spec);
+    stage_shard shard = stage_shard_of(shape, spec);
     stage_dims dims = {
         .B = (size_t)mbs,
-        .T = (size_t)stage->shape.seq,
-        .C = (size_t)stage->shape.hidden,
+        .T = (size_t)shape->seq,
+        .C = (size_t)shape->hidden,
         .A = (size_t)shard.attention_channels,
         .F = (size_t)shard.ffn,
         .V = (size_t)shard.vocab_count,
         .NH = (size_t)shard.heads,
+        .KVH = (size_t)(model_kv_heads(shape) / shard.tp),
+        .hs = (size_t)(shape->hidden / shape->heads),
         .vocab_first = shard.vocab_first,
         .tp = shard.tp,
+        .rmsnorm = shape->norm == MODEL_NORM_RMSNORM,
+        .norm_eps = (float)model_norm_eps(shape),
+        .swiglu = shape->mlp == MODEL_MLP_SWIGLU,
+        .rope = shape->positions == MODEL_POSITIONS_ROPE,
+        .rope_base = shape->rope_base,
+        .grouped_qkv = !model_is_gpt(shape),
     };
+    dims.QW = (dims.NH + 2 * dims.KVH) * dims.hs;
+    dims.FW = dims.swiglu ? 2 * dims.F : dims.F;
     dims.N = dims.B * dims.T;
-    stage_sequence_rows(&stage->spec, dims.N, &dims.row0, &dims.rows);
+    stage_sequence_rows(spec, dims.N, &dims.row0, &dims.rows);
     dims.sp = dims.rows != dims.N;
     return dims;
 }
 
-/* Everything one layer's backward reads but its output. */
-static void carve_layer(layer_activations *act, arena *a, const stage_dims *d)
+static stage_dims dims_of(const model_stage *stage, int mbs)
 {
-    act->ln1_out = arena_take(a, d->N * d->C);
-    act->ln1_mean = arena_take(a, d->N);
-    act->ln1_rstd = arena_take(a, d->N);
-    act->qkv = arena_take(a, d->N * 3 * d->A);
-    act->att_probs = arena_take(a, d->B * d->NH * d->T * d->T);
-    act->att_out = arena_take(a, d->N * d->A);
-    act->residual_mid = arena_take(a, d->N * d->C);
-    act->ln2_out = arena_take(a, d->N * d->C);
-    act->ln2_mean = arena_take(a, d->N);
-    act->ln2_rstd = arena_take(a, d->N);
-    act->fc_out = arena_take(a, d->N * d->F);
-    act->gelu_out = arena_take(a, d->N * d->F);
+    return cpu_stage_dims(&stage->shape, &stage->spec, mbs);
 }
 
 /* A micro-batch's activations: every layer's, or with full recompute
@@ -230,12 +193,12 @@ static void carve_slot(activation_slot *slot, arena *a, const stage_dims *d,
     for (int l = 0; l < layer_count; l++) {
         layer_activations *act = &slot->layers[l];
         if (!recompute)
-            carve_layer(act, a, d);
+            cpu_carve_layer(act, a, d);
         act->output = arena_take(a, d->N * d->C);
     }
     if (has_head) {
         slot->final_out = arena_take(a, d->N * d->C);
-        slot->final_mean = arena_take(a, d->N);
+        slot->final_mean = arena_take(a, d->rmsnorm ? 0 : d->N);
         slot->final_rstd = arena_take(a, d->N);
         slot->probs = arena_take(a, d->N * d->V);
         slot->losses = arena_take(a, d->N);
@@ -246,15 +209,16 @@ static void carve_scratch(backward_scratch *s, layer_activations *recomputed,
                           arena *a, const stage_dims *d, bool recompute)
 {
     if (recompute)
-        carve_layer(recomputed, a, d);
+        cpu_carve_layer(recomputed, a, d);
     s->d_stream[0] = arena_take(a, d->N * d->C);
     s->d_stream[1] = arena_take(a, d->N * d->C);
     s->d_mid = arena_take(a, d->N * d->C);
     s->d_norm = arena_take(a, d->N * d->C);
     s->d_att = arena_take(a, d->N * d->A);
-    s->d_qkv = arena_take(a, d->N * 3 * d->A);
-    s->d_fc = arena_take(a, d->N * d->F);
-    s->d_gelu = arena_take(a, d->N * d->F);
+    s->d_qkv = arena_take(a, d->N * d->QW);
+    s->d_qkv_raw = arena_take(a, d->grouped_qkv ? d->N * d->QW : 0);
+    s->d_fc = arena_take(a, d->N * d->FW);
+    s->d_fc_act = arena_take(a, d->N * d->F);
     s->attention_row = arena_take(a, d->T);
     s->row_stats = arena_take(a, 3 * d->N);
     s->output_grad = arena_take(a, d->N * d->C);
@@ -400,97 +364,9 @@ out_of_memory:
 
 /* -------------------------------------------------------------- forward */
 
-/* out = inp W^T, then (row-parallel) summed over the tp group, then
- * + bias: each shard holds some input features of W, and the whole bias
- * is added once after the sum. */
-static int row_parallel_forward(const model_stage *stage, float *out,
-                                const float *inp, const float *weight,
-                                const float *bias, const stage_dims *d,
-                                int in_features, pt_error *err)
-{
-    int N = (int)d->N, C = (int)d->C;
-    cpu_matmul_forward(out, inp, weight, d->tp > 1 ? NULL : bias, N,
-                       in_features, C);
-    if (d->tp == 1)
-        return 0;
-    /* sequence parallelism: each shard keeps the sum of its rows */
-    if (d->sp ? stage_tp_reduce_scatter_rows(stage, out, d->N, d->C, err)
-              : stage_tp_all_reduce_sum(stage, out, d->N * d->C, err))
-        return -1;
-    for (size_t n = d->row0; n < d->row0 + d->rows; n++)
-        for (size_t c = 0; c < d->C; c++)
-            out[n * d->C + c] += bias[c];
-    return 0;
-}
-
-/* A layer norm over the rows the shard holds (all of them without
- * sequence parallelism), its output then gathered from every shard: the
- * next matmul is column-parallel and reads every row. */
-static int norm_forward(const model_stage *stage, float *out, float *mean,
-                        float *rstd, const float *inp, const float *weight,
-                        const float *bias, const stage_dims *d,
-                        pt_error *err)
-{
-    size_t off = d->row0 * d->C;
-    cpu_layernorm_forward(out + off, mean + d->row0, rstd + d->row0,
-                          inp + off, weight, bias, (int)d->rows, (int)d->C);
-    return d->sp ? stage_tp_all_gather_rows(stage, out, d->N, d->C, err) : 0;
-}
-
-/* Under spec.bf16_residual, the shard's rows of a residual-stream buffer
- * rounded to bf16, as the cuda backend stores them (it adds in fp32 and
- * rounds once). */
-static void round_stream(const model_stage *stage, float *stream,
-                         const stage_dims *d)
-{
-    if (stage->spec.bf16_residual)
-        cpu_round_to_bf16(stream + d->row0 * d->C, d->rows * d->C);
-}
-
-/* One pre-norm transformer block:
- *   mid = x + proj(attention(qkv(ln1(x))));  out = mid + mlp(ln2(mid)).
- * With tensor parallelism the shard computes its heads and MLP features;
- * the two projections sum over the group. */
-static int layer_forward(const model_stage *stage, layer_activations *act,
-                         const layer_tensors *p, const float *input,
-                         const stage_dims *d, pt_error *err)
-{
-    int N = (int)d->N, C = (int)d->C, A = (int)d->A, F = (int)d->F;
-    size_t off = d->row0 * d->C, rows_c = d->rows * d->C;
-    if (norm_forward(stage, act->ln1_out, act->ln1_mean, act->ln1_rstd,
-                     input, p->ln1_weight, p->ln1_bias, d, err) != 0)
-        return -1;
-    cpu_matmul_forward(act->qkv, act->ln1_out, p->qkv_weight, p->qkv_bias, N,
-                       C, 3 * A);
-    cpu_attention_forward(act->att_out, act->att_probs, act->qkv, (int)d->B,
-                          (int)d->T, A, (int)d->NH);
-    /* the branch goes to residual_mid first, then the skip is added */
-    if (row_parallel_forward(stage, act->residual_mid, act->att_out,
-                             p->attn_proj_weight, p->attn_proj_bias, d, A,
-                             err) != 0)
-        return -1;
-    cpu_residual_forward(act->residual_mid + off, input + off,
-                         act->residual_mid + off, rows_c);
-    round_stream(stage, act->residual_mid, d);
-    if (norm_forward(stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
-                     act->residual_mid, p->ln2_weight, p->ln2_bias, d,
-                     err) != 0)
-        return -1;
-    cpu_matmul_forward(act->fc_out, act->ln2_out, p->fc_weight, p->fc_bias, N,
-                       C, F);
-    cpu_gelu_forward(act->gelu_out, act->fc_out, d->N * d->F);
-    if (row_parallel_forward(stage, act->output, act->gelu_out,
-                             p->mlp_proj_weight, p->mlp_proj_bias, d, F,
-                             err) != 0)
-        return -1;
-    cpu_residual_forward(act->output + off, act->residual_mid + off,
-                         act->output + off, rows_c);
-    round_stream(stage, act->output, d);
-    return 0;
-}
-
 /* Vocab-parallel embedding: each shard looks up the tokens of its rows
- * (zero for the others), the group sums, then the positions are added. */
+ * (zero for the others), the group sums, then the positions are added
+ * (learned positions; rotary ones turn the queries and keys instead). */
 static int embedding_forward(const model_stage *stage, activation_slot *slot,
                              const stage_tensors *p, const stage_dims *d,
                              pt_error *err)
@@ -515,7 +391,8 @@ static int embedding_forward(const model_stage *stage, activation_slot *slot,
               : stage_tp_all_reduce_sum(stage, slot->input, d->N * d->C,
                                         err))
         return -1;
-    for (size_t n = d->row0; n < d->row0 + d->rows; n++) {
+    for (size_t n = d->row0;
+         p->position_embedding != NULL && n < d->row0 + d->rows; n++) {
         const float *position = p->position_embedding + (n % d->T) * d->C;
         for (size_t c = 0; c < d->C; c++)
             slot->input[n * d->C + c] += position[c];
@@ -620,12 +497,13 @@ static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
     } else if (io->input != slot->input) {
         memcpy(slot->input, io->input, d.N * d.C * sizeof(float));
     }
-    round_stream(stage, slot->input, &d);
+    cpu_round_stream(stage, slot->input, &d);
     const float *stream = slot->input;
     for (int l = 0; l < state->layer_count; l++) {
         if (unit_fetch(stage, CPU_UNIT_LAYER, l, err) != 0 ||
-            layer_forward(stage, layer_kept(stage, slot, l), &p->layers[l],
-                          stream, &d, err) != 0)
+            cpu_layer_forward(stage, layer_kept(stage, slot, l),
+                              &p->layers[l], stream, &state->scratch, &d,
+                              err) != 0)
             return -1;
         stream = slot->layers[l].output;
     }
@@ -634,7 +512,7 @@ static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
     if (stage->spec.has_head) {
         int N = (int)d.N, C = (int)d.C, V = (int)d.V;
         if (unit_fetch(stage, CPU_UNIT_HEAD, 0, err) != 0 ||
-            norm_forward(stage, slot->final_out, slot->final_mean,
+            cpu_norm_forward(stage, slot->final_out, slot->final_mean,
                          slot->final_rstd, stream, p->final_norm_weight,
                          p->final_norm_bias, &d, err) != 0)
             return -1;
@@ -653,127 +531,6 @@ static int cpu_forward(model_stage *stage, int slot_index, const stage_io *io,
 }
 
 /* ------------------------------------------------------------- backward */
-
-static void zero(float *buffer, size_t count)
-{
-    memset(buffer, 0, count * sizeof *buffer);
-}
-
-/* The gradient of a column-parallel layer's input is partial on each
- * shard (it saw some output features): sum it over the group. */
-static int sum_partial_input_grad(const model_stage *stage, float *d_input,
-                                  const stage_dims *d, pt_error *err)
-{
-    /* sequence parallelism: each shard keeps the sum of its rows */
-    if (d->sp)
-        return stage_tp_reduce_scatter_rows(stage, d_input, d->N, d->C, err);
-    return stage_tp_all_reduce_sum(stage, d_input, d->N * d->C, err);
-}
-
-/* A layer norm's backward over the rows the shard holds. Under sequence
- * parallelism its weight and bias gradients come from those rows only:
- * they are summed over the shards (for this micro-batch alone) before
- * they join the accumulated ones, so every shard holds the whole. */
-static int norm_backward(const model_stage *stage, float *d_inp,
-                         float *d_weight, float *d_bias, const float *d_out,
-                         const float *inp, const float *weight,
-                         const float *mean, const float *rstd,
-                         backward_scratch *s, const stage_dims *d,
-                         pt_error *err)
-{
-    size_t off = d->row0 * d->C, C = d->C;
-    if (!d->sp) {
-        cpu_layernorm_backward(d_inp, d_weight, d_bias, d_out, inp, weight,
-                               mean, rstd, (int)d->N, (int)C);
-        return 0;
-    }
-    float *partial = s->norm_partial;
-    zero(partial, 2 * C);
-    cpu_layernorm_backward(d_inp + off, partial, partial + C, d_out + off,
-                           inp + off, weight, mean + d->row0, rstd + d->row0,
-                           (int)d->rows, (int)C);
-    if (stage_tp_all_reduce_sum(stage, partial, 2 * C, err) != 0)
-        return -1;
-    for (size_t c = 0; c < C; c++) {
-        d_weight[c] += partial[c];
-        d_bias[c] += partial[C + c];
-    }
-    return 0;
-}
-
-/* Under sequence parallelism, the whole of a gradient whose shard rows
- * are in `rows` (at their offset), gathered into `whole` (N x C); else
- * `rows` itself. */
-static const float *gathered_rows(const model_stage *stage, const float *rows,
-                                  float *whole, const stage_dims *d,
-                                  pt_error *err)
-{
-    if (!d->sp)
-        return rows;
-    size_t off = d->row0 * d->C;
-    memcpy(whole + off, rows + off, d->rows * d->C * sizeof *whole);
-    return stage_tp_all_gather_rows(stage, whole, d->N, d->C, err) == 0
-               ? whole
-               : NULL;
-}
-
-/* The block's backward in reverse order of its forward. d_out is the
- * gradient of the block's output; d_input receives (is overwritten with)
- * the gradient of its input. A residual's backward hands its output
- * gradient to both inputs, so the branch's matmul reads the same buffer
- * the skip path starts from. */
-static int layer_backward(const model_stage *stage, float *d_input,
-                          const float *d_out, layer_tensors *g,
-                          const layer_tensors *p,
-                          const layer_activations *act, const float *input,
-                          backward_scratch *s, const stage_dims *d,
-                          pt_error *err)
-{
-    int N = (int)d->N, C = (int)d->C, A = (int)d->A, F = (int)d->F;
-    size_t NC = d->N * d->C, off = d->row0 * d->C, rows_c = d->rows * d->C;
-    /* out = mid + mlp(ln2(mid)); under sequence parallelism d_out holds
-     * the shard's rows, and the row-parallel matmul's backward reads all */
-    zero(s->d_mid, NC);
-    cpu_residual_backward(s->d_mid + off, NULL, d_out + off, rows_c);
-    const float *d_whole_out = gathered_rows(stage, d_out, s->d_norm, d, err);
-    if (d_whole_out == NULL)
-        return -1;
-    zero(s->d_gelu, d->N * d->F);
-    cpu_matmul_backward(s->d_gelu, g->mlp_proj_weight, g->mlp_proj_bias,
-                        d_whole_out, act->gelu_out, p->mlp_proj_weight, N, F,
-                        C);
-    zero(s->d_fc, d->N * d->F);
-    cpu_gelu_backward(s->d_fc, s->d_gelu, act->fc_out, d->N * d->F);
-    zero(s->d_norm, NC);
-    cpu_matmul_backward(s->d_norm, g->fc_weight, g->fc_bias, s->d_fc,
-                        act->ln2_out, p->fc_weight, N, C, F);
-    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0 ||
-        norm_backward(stage, s->d_mid, g->ln2_weight, g->ln2_bias, s->d_norm,
-                      act->residual_mid, p->ln2_weight, act->ln2_mean,
-                      act->ln2_rstd, s, d, err) != 0)
-        return -1;
-    /* mid = input + proj(attention(qkv(ln1(input)))) */
-    zero(d_input, NC);
-    cpu_residual_backward(d_input + off, NULL, s->d_mid + off, rows_c);
-    if (d->sp && stage_tp_all_gather_rows(stage, s->d_mid, d->N, d->C, err))
-        return -1;
-    zero(s->d_att, d->N * d->A);
-    cpu_matmul_backward(s->d_att, g->attn_proj_weight, g->attn_proj_bias,
-                        s->d_mid, act->att_out, p->attn_proj_weight, N, A, C);
-    zero(s->d_qkv, d->N * d->A * 3);
-    cpu_attention_backward(s->d_qkv, s->d_att, act->qkv, act->att_probs,
-                           s->attention_row, (int)d->B, (int)d->T, A,
-                           (int)d->NH);
-    zero(s->d_norm, NC);
-    cpu_matmul_backward(s->d_norm, g->qkv_weight, g->qkv_bias, s->d_qkv,
-                        act->ln1_out, p->qkv_weight, N, C, 3 * A);
-    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0 ||
-        norm_backward(stage, d_input, g->ln1_weight, g->ln1_bias, s->d_norm,
-                      input, p->ln1_weight, act->ln1_mean, act->ln1_rstd, s,
-                      d, err) != 0)
-        return -1;
-    return 0;
-}
 
 /* d logits = (probs - onehot(target)) x d_loss over the shard's
  * vocabulary; a target outside the shard has no one-hot entry here. */
@@ -807,13 +564,13 @@ static int head_backward(model_stage *stage, activation_slot *slot,
                                           loss_scale / (float)N, N, V);
     else
         vocab_parallel_loss_backward(slot, loss_scale / (float)N, d);
-    zero(s->d_norm, d->N * d->C);
+    cpu_zero(s->d_norm, d->N * d->C);
     cpu_matmul_backward(s->d_norm, g->head_weight, NULL, d_logits,
                         slot->final_out, p->head_weight, N, C, V);
-    if (sum_partial_input_grad(stage, s->d_norm, d, err) != 0)
+    if (cpu_sum_partial_input_grad(stage, s->d_norm, d, err) != 0)
         return -1;
-    zero(d_stream, d->N * d->C);
-    return norm_backward(stage, d_stream, g->final_norm_weight,
+    cpu_zero(d_stream, d->N * d->C);
+    return cpu_norm_backward(stage, d_stream, g->final_norm_weight,
                          g->final_norm_bias, s->d_norm, slot->output,
                          p->final_norm_weight, slot->final_mean,
                          slot->final_rstd, s, d, err);
@@ -830,16 +587,19 @@ static void embedding_backward(cpu_stage_state *state, const float *d_out,
                                slot->inputs, (int)d->B, (int)d->T, (int)d->C);
         return;
     }
+    float *positions = state->grads.position_embedding; /* NULL: rope */
     for (size_t n = 0; n < d->N; n++) {
         const float *row = d_out + n * d->C;
-        float *position = state->grads.position_embedding + (n % d->T) * d->C;
+        float *position =
+            positions != NULL ? positions + (n % d->T) * d->C : NULL;
         long local = (long)slot->inputs[n] - d->vocab_first;
         float *token = local >= 0 && local < (long)d->V
                            ? state->grads.token_embedding +
                                  (size_t)local * d->C
                            : NULL;
         for (size_t c = 0; c < d->C; c++) {
-            position[c] += row[c];
+            if (position != NULL)
+                position[c] += row[c];
             if (token != NULL)
                 token[c] += row[c];
         }
@@ -888,12 +648,13 @@ static int cpu_backward(model_stage *stage, int slot_index,
         /* full recompute: the layer's forward again, from its kept input
          * (its output is rewritten with the same values) */
         if (stage->spec.recompute_layers &&
-            layer_forward(stage, act, &state->params.layers[l], layer_input,
-                          &d, err) != 0)
+            cpu_layer_forward(stage, act, &state->params.layers[l],
+                              layer_input, s, &d, err) != 0)
             return -1;
-        if (layer_backward(stage, d_input, d_out, &state->grads.layers[l],
-                           &state->params.layers[l], act, layer_input, s, &d,
-                           err) != 0 ||
+        if (cpu_layer_backward(stage, d_input, d_out,
+                               &state->grads.layers[l],
+                               &state->params.layers[l], act, layer_input, s,
+                               &d, err) != 0 ||
             unit_done(stage, CPU_UNIT_LAYER, l, err) != 0)
             return -1;
         d_out = d_input;
@@ -901,7 +662,7 @@ static int cpu_backward(model_stage *stage, int slot_index,
     }
     if (stage->spec.has_embedding) {
         /* the vocab-parallel lookup's rows are every row */
-        d_out = gathered_rows(stage, d_out, s->d_norm, &d, err);
+        d_out = cpu_gathered_rows(stage, d_out, s->d_norm, &d, err);
         if (d_out == NULL)
             return -1;
         embedding_backward(state, d_out, slot, &d);
@@ -971,14 +732,14 @@ static int cpu_zero_range(model_stage *stage, stage_buffer which,
     (void)err;
     size_t at = first - (which == STAGE_GRADS ? stage->grad_first
                                               : stage->params_first);
-    zero(model_stage_buffer(stage, which) + at, count);
+    cpu_zero(model_stage_buffer(stage, which) + at, count);
     return 0;
 }
 
 static int cpu_zero_grads(model_stage *stage, pt_error *err)
 {
     (void)err;
-    zero(stage->grads, stage->grad_count);
+    cpu_zero(stage->grads, stage->grad_count);
     if (stage->grads_by_unit) {
         cpu_stage_state *state = stage->backend_state;
         cpu_units_zero(&state->units);
@@ -1008,6 +769,31 @@ static float *cpu_output_grad_buffer(model_stage *stage)
 {
     cpu_stage_state *state = stage->backend_state;
     return state->scratch.output_grad;
+}
+
+size_t cpu_stage_activation_bytes_of(const model_shape *shape,
+                                     const stage_spec *spec, int mbs,
+                                     int slot_count)
+{
+    stage_dims d = cpu_stage_dims(shape, spec, mbs);
+    int layers = spec->last_layer - spec->first_layer;
+    bool recompute = spec->recompute_layers && layers > 0;
+    /* the dry runs of allocate_slots' carving */
+    activation_slot slot = {
+        .layers = calloc((size_t)layers + 1, sizeof *slot.layers)};
+    if (slot.layers == NULL)
+        return 0;
+    arena slot_floats = {.base = NULL, .used = 0};
+    carve_slot(&slot, &slot_floats, &d, layers, spec->has_head, recompute);
+    free(slot.layers);
+    backward_scratch scratch;
+    layer_activations recomputed;
+    arena scratch_floats = {.base = NULL, .used = 0};
+    carve_scratch(&scratch, &recomputed, &scratch_floats, &d, recompute);
+    size_t per_slot =
+        slot_floats.used * sizeof(float) + 2 * d.N * sizeof(uint32_t);
+    return (size_t)slot_count * per_slot +
+           scratch_floats.used * sizeof(float);
 }
 
 size_t cpu_stage_activation_bytes(const model_stage *stage)

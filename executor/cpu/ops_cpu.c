@@ -26,8 +26,12 @@ void cpu_embedding_forward(float *out, const uint32_t *tokens,
             size_t row = (size_t)b * T + t;
             const float *token_row =
                 token_embedding + (size_t)tokens[row] * C;
-            const float *position_row = position_embedding + (size_t)t * C;
             float *out_row = out + row * C;
+            if (position_embedding == NULL) {
+                memcpy(out_row, token_row, (size_t)C * sizeof *out_row);
+                continue;
+            }
+            const float *position_row = position_embedding + (size_t)t * C;
             for (int c = 0; c < C; c++)
                 out_row[c] = token_row[c] + position_row[c];
         }

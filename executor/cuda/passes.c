@@ -543,7 +543,7 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
                                 err) != 0 ||
             embedding_forward(stage, slot, &d, err) != 0)
             return -1;
-    } else {
+    } else if (!stage->boundary_free) {
         /* the pipeline's fp32 message rounded into the bf16 stream */
         CUDA_TRY(cuda_stream_from_float(slot->input, io->input, NULL, 1,
                                         NULL, d.R, d.C, state->stream));
@@ -559,7 +559,8 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
         stream_in = slot->layers[l].output;
     }
     slot->stream_out = stream_in;
-    if (slot->output != NULL && widen_output(stage, slot, io, &d, err) != 0)
+    if (slot->output != NULL && !stage->boundary_free &&
+        widen_output(stage, slot, io, &d, err) != 0)
         return -1;
     *mean_loss = 0.0f;
     if (stage->spec.has_head) {
@@ -960,7 +961,7 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
             return -1;
         gradients_enqueued(state, state->offsets.final_norm_weight);
         state->attention_lent = slot->logits; /* dead until its forward */
-    } else if (state->layer_count > 0) {
+    } else if (state->layer_count > 0 && !stage->boundary_free) {
         CUDA_TRY(cuda_convert_to_bf16(stream_grad, io->output_grad, RC,
                                       state->stream));
     }
@@ -987,7 +988,8 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
      * packed) for the embedding or the previous stage: from the bf16
      * stream, or the output gradient itself when nothing came between */
     const float *d_in = io->output_grad;
-    if (stage->spec.has_head || state->layer_count > 0) {
+    if ((stage->spec.has_head || state->layer_count > 0) &&
+        (!stage->boundary_free || stage->spec.has_embedding)) {
         CUDA_TRY(cuda_convert_to_float(s->d_stream_fp32, stream_grad, RC,
                                        state->stream));
         d_in = s->d_stream_fp32;
@@ -1000,6 +1002,8 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
             return -1;
         gradients_enqueued(state, 0);
         s->input_grad = NULL;
+    } else if (stage->boundary_free) {
+        s->input_grad = s->d_stream_fp32; /* not written: the profiler's */
     } else {
         /* the result must not point into the caller's memory */
         if (d_in != s->d_stream_fp32)

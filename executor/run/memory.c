@@ -33,23 +33,15 @@ static double run_cpu_shard_bytes(const model_shape *shape,
     return bytes;
 }
 
-/* Floats of one activation slot and of the backward scratch, as
- * model_cpu.c carves them, for a whole-model stage at micro-batch mbs. */
+/* The activations of one slot and the backward scratch, as model_cpu.c
+ * carves them, for a whole-model stage at micro-batch mbs. */
 double run_cpu_stage_bytes(const model_shape *shape, int mbs, bool recompute,
                            double *activation_bytes)
 {
-    double B = mbs, T = shape->seq, C = shape->hidden;
-    double F = shape->ffn_hidden, V = shape->vocab, NH = shape->heads;
-    double N = B * T;
-    double per_layer = 8.0 * N * C + 4.0 * N + 2.0 * N * F + B * NH * T * T;
-    /* full recompute keeps each layer's output (N x C) per slot and one
-     * layer's other activations in the scratch */
-    double kept = recompute ? N * C : per_layer;
-    double slot = N * C + shape->layers * kept + (N * C + 3.0 * N + N * V);
-    double scratch = 8.0 * N * C + 2.0 * N * F + T +
-                     (recompute ? per_layer - N * C : 0.0);
-    double token_ids = 2.0 * N; /* inputs and targets, uint32 */
-    double activations = 4.0 * (slot + scratch + token_ids);
+    stage_spec spec = stage_spec_whole_model(shape);
+    spec.recompute_layers = recompute;
+    double activations =
+        (double)cpu_stage_activation_bytes_of(shape, &spec, mbs, 1);
     if (activation_bytes != NULL)
         *activation_bytes = activations;
     return 16.0 * model_parameter_count(shape) + activations;
@@ -59,28 +51,9 @@ double run_cpu_partial_stage_bytes(const model_shape *shape,
                                    const stage_spec *spec, int mbs,
                                    int slot_count, double *activation_bytes)
 {
-    stage_shard shard = stage_shard_of(shape, spec);
-    double B = mbs, T = shape->seq, C = shape->hidden;
-    double A = shard.attention_channels, F = shard.ffn, V = shard.vocab_count;
-    double NH = shard.heads;
-    double N = B * T;
-    double layers = spec->last_layer - spec->first_layer;
-    /* ln1, mid, ln2, output: N x C; qkv and attention output: 4 N x A */
-    double per_layer =
-        4.0 * N * C + 4.0 * N * A + 4.0 * N + 2.0 * N * F + B * NH * T * T;
-    /* full recompute: each layer's output per slot, one layer's other
-     * activations in the scratch */
-    double kept = spec->recompute_layers ? N * C : per_layer;
-    double slot = N * C + layers * kept +
-                  (spec->has_head ? N * C + 3.0 * N + N * V : 0.0);
-    double token_ids = 2.0 * N; /* per slot: inputs and targets, uint32 */
-    /* streams, mid, norm, received gradient: 5 N x C; attention 4 N x A;
-     * row statistics 3 N */
-    double scratch = 5.0 * N * C + 4.0 * N * A + 2.0 * N * F + T + 3.0 * N +
-                     (spec->recompute_layers && layers > 0
-                          ? per_layer - N * C
-                          : 0.0);
-    double activations = 4.0 * (slot_count * (slot + token_ids) + scratch);
+    /* slot_count activation slots and one backward scratch */
+    double activations =
+        (double)cpu_stage_activation_bytes_of(shape, spec, mbs, slot_count);
     if (activation_bytes != NULL)
         *activation_bytes = activations;
     size_t params = 0, first = 0, moments = 0;

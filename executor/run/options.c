@@ -32,15 +32,16 @@ run_options run_options_defaults(long iterations)
     return options;
 }
 
-/* The executor's stages run GPT-2's layer (LayerNorm, GELU, learned
- * positions, one key/value head per head, biases); a model that is
- * another is refused, naming the first field it differs in, rather than
- * trained as a GPT layer of its width (issue 35 items 3, 4). */
-static int check_gpt_layer(const plan *p, pt_error *err)
+/* The cpu backend trains any model file's layer; the cuda backend
+ * GPT-2's only (LayerNorm, GELU, learned positions, one key/value head
+ * per head, biases) so far: another model is refused there, naming the
+ * first field it differs in, rather than trained as a GPT layer of its
+ * width (issue 35 item 3). */
+int run_check_backend(const plan *p, backend_kind backend, pt_error *err)
 {
     const model_shape *m = &p->model;
     const char *field = model_non_gpt_field(m);
-    if (field[0] == '\0')
+    if (backend != BACKEND_CUDA || field[0] == '\0')
         return 0;
     char value[48];
     if (strcmp(field, "kv_heads") == 0)
@@ -54,12 +55,28 @@ static int check_gpt_layer(const plan *p, pt_error *err)
                  model_positions_name(m->positions));
     else
         snprintf(value, sizeof value, "false");
-    return pt_fail(err, "model %s%s%s%s: %s %s: exec trains GPT-2's layer "
-                   "only (layernorm, gelu, learned positions, kv_heads = "
-                   "heads, biases); plan, estimate or export this model "
-                   "(partita export --to megatron)",
+    return pt_fail(err, "model %s%s%s%s: %s %s: the cuda backend trains "
+                   "GPT-2's layer only (layernorm, gelu, learned positions, "
+                   "kv_heads = heads, biases); train this model with "
+                   "--backend cpu, or plan, estimate or export it",
                    m->name, p->model_origin[0] ? " (" : "", p->model_origin,
                    p->model_origin[0] ? ")" : "", field, value);
+}
+
+/* Grouped-query attention's key/value heads are cut over tp, whole
+ * groups to a shard; Megatron-LM copies them when there are fewer than
+ * tp, which exec does not (issue 35). */
+static int check_kv_heads_split(const plan *p, pt_error *err)
+{
+    const model_shape *m = &p->model;
+    int kv = model_kv_heads(m), tp = p->config.tp;
+    if (kv == m->heads || kv % tp == 0)
+        return 0;
+    return pt_fail(err, "model %s%s%s%s: kv_heads %d: tp %d does not divide "
+                   "them, and exec does not replicate key/value heads "
+                   "across tensor-parallel ranks; use a tp that divides %d",
+                   m->name, p->model_origin[0] ? " (" : "", p->model_origin,
+                   p->model_origin[0] ? ")" : "", kv, tp, kv);
 }
 
 int run_check_plan(const plan *p, pt_error *err)
@@ -79,7 +96,16 @@ int run_check_plan(const plan *p, pt_error *err)
                        runtime_name(config->runtime),
                        runtime_name(config->runtime),
                        runtime_name(config->runtime));
-    if (check_gpt_layer(p, err) != 0)
+    int own = plan_first_asymmetric_stage(p);
+    if (own >= 0) {
+        parallel_config stage = parallel_stage_config(config, p->stages, own);
+        return pt_fail(err, "stages[%d]: tp %d x dp %d is its own (the "
+                       "plan's: tp %d x dp %d): exec does not run plans "
+                       "whose stages have their own degrees yet; estimate "
+                       "it, or give every stage the plan's tp and dp",
+                       own, stage.tp, stage.dp, config->tp, config->dp);
+    }
+    if (check_kv_heads_split(p, err) != 0)
         return -1;
     if (parallel_attention(config) == ATTENTION_UNFUSED)
         return pt_fail(err, "attention: unfused: exec computes attention "

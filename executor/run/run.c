@@ -334,6 +334,7 @@ static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
 {
     const run_options *options = ctx->options;
     if (run_check_plan(ctx->plan, err) != 0 ||
+        run_check_backend(ctx->plan, options->backend, err) != 0 ||
         lock_save_folder(ctx, err) != 0 ||
         run_check_options(options, err) != 0 ||
         run_check_interleave(ctx->plan, options, err) != 0)

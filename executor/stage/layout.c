@@ -155,6 +155,12 @@ static int check_shape_and_spec(const model_shape *shape,
                             "the vocabulary of %d",
                        shape->name, tp, shape->heads, shape->ffn_hidden,
                        shape->vocab);
+    if (model_kv_heads(shape) % tp != 0)
+        return pt_fail(err, "model %s: tp %d does not divide its %d "
+                            "key/value heads (the executor does not "
+                            "replicate them, as Megatron-LM does for "
+                            "kv_heads < tp)",
+                       shape->name, tp, model_kv_heads(shape));
     return 0;
 }
 
@@ -172,12 +178,13 @@ typedef enum shard_kind {
     SHARD_NONE,      /* replicated: norms, position embedding, row biases */
     SHARD_ROWS,      /* output features: column-parallel weight, the
                         vocabulary rows of the embedding and head */
-    SHARD_QKV_ROWS,  /* the query, key and value thirds, each by rows */
-    SHARD_COLS,      /* input features of a row-parallel weight, or the
+    SHARD_COLS       /* input features of a row-parallel weight, or the
                         features of a column-parallel bias */
-    SHARD_QKV_COLS   /* the QKV bias: each third by columns */
 } shard_kind;
 
+/* parts (0 read as 1): the rows (SHARD_ROWS) or columns (SHARD_COLS)
+ * fall in that many equal parts, each cut over the shards: GPT-2's
+ * query, key and value thirds, SwiGLU's gate and up halves. */
 typedef struct tensor_desc {
     const char *name;
     int full_rows;
@@ -185,6 +192,7 @@ typedef struct tensor_desc {
     shard_kind shard;
     bool weight_decay;
     bool tied_copy;
+    int parts;
 } tensor_desc;
 
 /* Shard tp_rank of `full` elements cut in `parts` equal parts, each part
@@ -208,17 +216,16 @@ static void shard_shape(const layout_builder *b, const tensor_desc *desc,
     t->full_cols = t->cols = desc->full_cols;
     t->row_parts = t->col_parts = 1;
     t->replicated = b->tp > 1 && desc->shard == SHARD_NONE;
+    int parts = desc->parts > 1 ? desc->parts : 1;
     switch (desc->shard) {
     case SHARD_NONE:
         break;
     case SHARD_ROWS:
-    case SHARD_QKV_ROWS:
-        t->row_parts = desc->shard == SHARD_QKV_ROWS ? 3 : 1;
+        t->row_parts = parts;
         cut(desc->full_rows, t->row_parts, b, &t->part_row_offset, &t->rows);
         break;
     case SHARD_COLS:
-    case SHARD_QKV_COLS:
-        t->col_parts = desc->shard == SHARD_QKV_COLS ? 3 : 1;
+        t->col_parts = parts;
         cut(desc->full_cols, t->col_parts, b, &t->part_col_offset, &t->cols);
         break;
     }
@@ -240,32 +247,37 @@ static void add_tensor(layout_builder *builder, const tensor_desc *desc)
     builder->floats += tensor.count;
 }
 
-/* A matrix (decayed) and its bias (not decayed). A column-parallel layer
- * splits both by output features; a row-parallel one splits the matrix by
+/* A matrix (decayed) and, with `with_bias`, its bias (not decayed). A
+ * column-parallel layer (SHARD_ROWS) splits both by output features, in
+ * `parts` parts; a row-parallel one (SHARD_COLS) splits the matrix by
  * input features and keeps the whole bias, added once after the sum. */
 static void add_linear(layout_builder *builder, int layer, const char *part,
-                       int out_features, int in_features, shard_kind shard)
+                       int out_features, int in_features, shard_kind shard,
+                       int parts, bool with_bias)
 {
     char weight[PT_NAME_MAX], bias[PT_NAME_MAX];
     snprintf(weight, sizeof weight, "layers.%d.%s_weight", layer, part);
     snprintf(bias, sizeof bias, "layers.%d.%s_bias", layer, part);
-    tensor_desc w = {weight, out_features, in_features, shard, true, false};
-    tensor_desc b = {bias, 1, out_features, SHARD_NONE, false, false};
+    tensor_desc w = {weight, out_features, in_features, shard, true, false,
+                     parts};
+    tensor_desc b = {bias, 1, out_features, SHARD_NONE, false, false, 1};
     /* a bias is one row: a column-parallel layer splits its columns */
-    if (shard == SHARD_ROWS)
+    if (shard == SHARD_ROWS) {
         b.shard = SHARD_COLS;
-    else if (shard == SHARD_QKV_ROWS)
-        b.shard = SHARD_QKV_COLS;
+        b.parts = parts;
+    }
     add_tensor(builder, &w);
-    add_tensor(builder, &b);
+    if (with_bias)
+        add_tensor(builder, &b);
 }
 
-/* A layer norm's weight and bias (neither decayed, replicated):
- * "layers.L.PART_..." inside a layer, "PART_..." for the final norm
- * (layer < 0). */
-static void add_layernorm(layout_builder *builder, int layer,
-                          const char *part, int hidden)
+/* A norm's weight and, for LayerNorm, bias (neither decayed,
+ * replicated): "layers.L.PART_..." inside a layer, "PART_..." for the
+ * final norm (layer < 0). RMSNorm has no bias. */
+static void add_norm(layout_builder *builder, const model_shape *shape,
+                     int layer, const char *part)
 {
+    int hidden = shape->hidden;
     char weight[PT_NAME_MAX], bias[PT_NAME_MAX];
     if (layer >= 0) {
         snprintf(weight, sizeof weight, "layers.%d.%s_weight", layer, part);
@@ -274,10 +286,39 @@ static void add_layernorm(layout_builder *builder, int layer,
         snprintf(weight, sizeof weight, "%s_weight", part);
         snprintf(bias, sizeof bias, "%s_bias", part);
     }
-    tensor_desc w = {weight, 1, hidden, SHARD_NONE, false, false};
-    tensor_desc b = {bias, 1, hidden, SHARD_NONE, false, false};
+    tensor_desc w = {weight, 1, hidden, SHARD_NONE, false, false, 1};
+    tensor_desc b = {bias, 1, hidden, SHARD_NONE, false, false, 1};
     add_tensor(builder, &w);
-    add_tensor(builder, &b);
+    if (shape->norm == MODEL_NORM_LAYERNORM)
+        add_tensor(builder, &b);
+}
+
+/* One transformer layer's tensors. GPT-2's fused qkv holds the queries,
+ * keys and values of all heads as three parts (each cut over tp); any
+ * other model's is Megatron-LM's grouped order, each key/value group's
+ * query heads, then its key head, then its value head, so that tp cuts
+ * whole groups (kv_heads divisible by tp). SwiGLU's first matrix is its
+ * gate rows, then its up rows: two parts. */
+static void add_layer(layout_builder *builder, const model_shape *shape,
+                      int layer)
+{
+    int hidden = shape->hidden, ffn = shape->ffn_hidden;
+    int head_size = hidden / shape->heads;
+    bool gpt = model_is_gpt(shape);
+    bool bias = shape->bias == MODEL_BIAS_ALL;
+    bool qkv_bias = shape->bias != MODEL_BIAS_NONE;
+    int qkv_rows = (shape->heads + 2 * model_kv_heads(shape)) * head_size;
+    bool swiglu = shape->mlp == MODEL_MLP_SWIGLU;
+    add_norm(builder, shape, layer, "ln1");
+    add_linear(builder, layer, "attn_qkv", qkv_rows, hidden, SHARD_ROWS,
+               gpt ? 3 : 1, qkv_bias);
+    add_linear(builder, layer, "attn_proj", hidden, hidden, SHARD_COLS, 1,
+               bias);
+    add_norm(builder, shape, layer, "ln2");
+    add_linear(builder, layer, "mlp_fc", swiglu ? 2 * ffn : ffn, hidden,
+               SHARD_ROWS, swiglu ? 2 : 1, bias);
+    add_linear(builder, layer, "mlp_proj", hidden, ffn, SHARD_COLS, 1,
+               bias);
 }
 
 int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
@@ -286,38 +327,30 @@ int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
 {
     if (check_shape_and_spec(shape, spec, err) != 0)
         return -1;
-    int hidden = shape->hidden;
     layout_builder builder = {.out = out,
                               .tp = stage_spec_tp(spec),
                               .tp_rank = spec->tp_rank};
     if (spec->has_embedding) {
-        tensor_desc token = {"token_embedding", shape->vocab, hidden,
-                             SHARD_ROWS, true, false};
-        tensor_desc position = {"position_embedding", shape->seq, hidden,
-                                SHARD_NONE, true, false};
+        tensor_desc token = {"token_embedding", shape->vocab, shape->hidden,
+                             SHARD_ROWS, true, false, 1};
+        tensor_desc position = {"position_embedding", shape->seq,
+                                shape->hidden, SHARD_NONE, true, false, 1};
         add_tensor(&builder, &token);
-        add_tensor(&builder, &position);
+        /* rotary positions have no parameters */
+        if (shape->positions == MODEL_POSITIONS_LEARNED)
+            add_tensor(&builder, &position);
     }
-    for (int layer = spec->first_layer; layer < spec->last_layer; layer++) {
-        add_layernorm(&builder, layer, "ln1", hidden);
-        add_linear(&builder, layer, "attn_qkv", 3 * hidden, hidden,
-                   SHARD_QKV_ROWS);
-        add_linear(&builder, layer, "attn_proj", hidden, hidden, SHARD_COLS);
-        add_layernorm(&builder, layer, "ln2", hidden);
-        add_linear(&builder, layer, "mlp_fc", shape->ffn_hidden, hidden,
-                   SHARD_ROWS);
-        add_linear(&builder, layer, "mlp_proj", hidden, shape->ffn_hidden,
-                   SHARD_COLS);
-    }
+    for (int layer = spec->first_layer; layer < spec->last_layer; layer++)
+        add_layer(&builder, shape, layer);
     if (spec->has_head) {
-        add_layernorm(&builder, -1, "final_norm", hidden);
+        add_norm(&builder, shape, -1, "final_norm");
         /* A tied head reads the token embedding; when that sits on another
          * stage this stage keeps its own copy, kept equal by summing the
          * two gradients (Megatron's embedding all-reduce). */
         bool tied = shape->tied_embeddings;
         if (!tied || !spec->has_embedding) {
-            tensor_desc head = {"lm_head_weight", shape->vocab, hidden,
-                                SHARD_ROWS, true, tied};
+            tensor_desc head = {"lm_head_weight", shape->vocab,
+                                shape->hidden, SHARD_ROWS, true, tied, 1};
             add_tensor(&builder, &head);
         }
     }
@@ -326,16 +359,29 @@ int stage_parameter_layout(const model_shape *shape, const stage_spec *spec,
     return builder.count;
 }
 
-/* Tensors a layer has in the table of stage_parameter_layout. */
-enum { LAYER_TENSORS = 12 };
+/* The first tensor from `from` on whose name is (inside) or is not
+ * (outside) a layer's, or tensor_count. */
+static int first_tensor(const param_tensor *table, int tensor_count,
+                        int from, bool inside)
+{
+    int i = from;
+    while (i < tensor_count &&
+           (strncmp(table[i].name, "layers.", 7) == 0) != inside)
+        i++;
+    return i;
+}
 
 void stage_units_of(const stage_spec *spec, const param_tensor *table,
                     int tensor_count, size_t param_count, stage_units *out)
 {
     memset(out, 0, sizeof *out);
     int layers = spec->last_layer - spec->first_layer;
-    int embedding = spec->has_embedding ? 2 : 0;
-    int head = embedding + LAYER_TENSORS * layers;
+    /* the embedding's tensors come first, the layers' next, the head's
+     * last; how many of each depends on the model */
+    int embedding = spec->has_embedding
+                        ? first_tensor(table, tensor_count, 0, true)
+                        : 0;
+    int head = first_tensor(table, tensor_count, embedding, false);
     size_t head_first =
         head < tensor_count ? table[head].offset : param_count;
     size_t layers_first =

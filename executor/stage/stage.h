@@ -168,8 +168,9 @@ typedef struct param_tensor {
                                gradient before the optimizer step (the
                                "embedding all-reduce") */
     /* Where this shard sits in the whole tensor (full_rows x full_cols):
-     * the full rows fall in row_parts equal parts (3 for the QKV matrix:
-     * queries, keys, values; else 1) and the shard holds rows / row_parts
+     * the full rows fall in row_parts equal parts (3 for GPT-2's QKV
+     * matrix: queries, keys, values; 2 for SwiGLU's first MLP matrix:
+     * gate, up; else 1) and the shard holds rows / row_parts
      * rows of each, from part_row_offset within the part; likewise for
      * columns (col_parts 3 for the QKV bias). The unsplit tensor has
      * parts 1, offsets 0 and full = its own shape. */
@@ -187,7 +188,11 @@ typedef struct param_tensor {
  * then each layer (ln1 weight/bias, attn_qkv weight/bias, attn_proj
  * weight/bias, ln2 weight/bias, mlp_fc weight/bias, mlp_proj
  * weight/bias), then the head (final_norm weight/bias, and lm_head_weight
- * when it is untied or its embedding sits on another stage). Returns the
+ * when it is untied or its embedding sits on another stage); of those,
+ * the ones the model has (no position embedding with rotary positions,
+ * no norm bias with RMSNorm, the linear biases the model says), a
+ * model other than GPT-2's with its qkv rows in Megatron-LM's grouped
+ * order (docs/executor.md, "The parameter buffer"). Returns the
  * number of tensors; fills `out` when it is not NULL (it then needs room
  * for that many) and *total_floats when not NULL. Fails on an invalid
  * shape or spec. */
@@ -319,6 +324,14 @@ typedef struct model_stage {
     const struct comm *tp_comm;
     int tp_group[PT_MAX_TP];
     bool tp_compute_only;
+    /* The profiler's stages time their parts alone: the cuda backend
+     * skips the stage's boundary, the rounding of a received fp32 message
+     * into the bf16 stream, the widening of its last stream for the next
+     * stage, and the same two for the gradients, which a pipeline stage
+     * pays once per micro-batch however many layers it holds (the cost
+     * model prices them per stage, docs/cost-model.md). The skipped
+     * buffers keep what they held, so results are not the model's. */
+    bool boundary_free;
     /* The profiler's back-to-back timing: forward, backward and the AdamW
      * step return once their work is queued (a backend that runs on the host finishes it
      * all the same), and a forward with the head reads no loss back (its

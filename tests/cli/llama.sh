@@ -2,13 +2,27 @@
 # End-to-end tests of Llama-family models (issue 35: RMSNorm, SwiGLU,
 # rotary positions, grouped-query attention, untied head) through the
 # partita command: plan on a bundled mixed cluster, estimate, export to
-# Megatron-LM and DeepSpeed, and exec's refusal; e2e.sh's conventions.
+# Megatron-LM and DeepSpeed, exec on the cpu backend and the cuda
+# backend's refusal; e2e.sh's conventions.
 # usage: llama.sh PARTITA CASE   (run by meson, one test per case)
 # PARTITA_WRAPPER, when set, runs partita under it (valgrind, say).
 set -u
 # fail, run, expect_in; e2e_begin
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 e2e_begin "$@"
+
+# A plan of tests/data/models/llama-tiny.json on one node of
+# tp x dp x pp "gpus"; EXTRA adds plan fields.
+write_llama_plan() { # FILE TP DP PP [EXTRA]
+  local gpus=$(( $2 * $3 * $4 ))
+  cat >"$1" <<JSON
+{ "model": "$source_root/tests/data/models/llama-tiny.json",
+  "cluster": { "name": "one-box", "nodes": [
+      { "name": "box", "gpu": "A100-FASOP", "gpus": $gpus,
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
+  "gbs": 4, "mbs": 1, "tp": $2, "dp": $3, "pp": $4${5:-} }
+JSON
+}
 
 case "$case_name" in
 plan-llama3-70b)
@@ -27,7 +41,7 @@ plan-llama3-70b)
   expect_in out.txt "# model llama3-70b: 70553706496 parameters"
   run 0 partita export plan.json --to megatron -o launch.sh
   bash -n launch.sh || fail "launch.sh is not valid bash"
-  for flag in "--normalization RMSNorm" "--swiglu" \
+  for flag in "--normalization RMSNorm --norm-epsilon 1e-05" "--swiglu" \
               "--position-embedding-type rope --rotary-base 500000" \
               "--group-query-attention --num-query-groups 8" \
               "--untie-embeddings-and-output-weights" "--disable-bias-linear" \
@@ -52,12 +66,42 @@ plan-qwen-tp)
   expect_in launch.sh "    --disable-bias-linear --add-qkv-bias"
   expect_in launch.sh "--num-query-groups 4"
   ;;
+exec-cpu)
+  # exec trains a tiny Llama (tests/data/models/llama-tiny.json) on the
+  # cpu backend, one stage and tp 2 x pp 2 with sequence parallelism, its
+  # loss falling; tp 2 x pp 2 saves checkpoints and resumes from them
+  # (the same losses bit for bit: executor_run_llama)
+  partita prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null \
+    || fail "prep of the corpus failed"
+  write_llama_plan in-plan.json 1 1 1
+  run 0 partita exec in-plan.json --data in-corpus --backend cpu --iters 6 --log-interval 1
+  expect_in out.txt "iteration        6/       6 |"
+  expect_in out.txt "| lm loss: 5\.[0-9]*E+00 |"
+  expect_in run.json '"norm": "rmsnorm"'
+  expect_in run.json '"kv_heads": 2'
+  first=$(grep -m1 '^iteration' out.txt | sed 's/.*lm loss: \([^ ]*\).*/\1/')
+  last=$(grep '^iteration' out.txt | tail -1 | sed 's/.*lm loss: \([^ ]*\).*/\1/')
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' \
+    || fail "loss did not fall: $first -> $last"
+  write_llama_plan in-split.json 2 1 2 ', "partition": "3-1", "sequence_parallel": true'
+  run 0 partita exec in-split.json --data in-corpus --iters 4 --save ckpt --save-interval 2 -o first.json
+  expect_in out.txt "checkpoint: iteration 4 saved to ckpt"
+  expect_in first.json '"rank": 3'
+  run 0 partita exec in-split.json --data in-corpus --iters 6 --load ckpt -o second.json
+  expect_in out.txt "iteration        6/       6"
+  grep -q "iteration        4/" out.txt && fail "a resumed run repeated iteration 4"
+  expect_in second.json '"first_iteration": 5'
+  ;;
 exec-refuses)
-  # exec trains GPT-2's layer only: one line, exit 2, naming the model
-  # file and the field
+  # the cuda backend trains GPT-2's layer only: one line, exit 2, naming
+  # the model file and the field; tp 4 over 2 key/value heads is not run
   run 0 partita plan --model llama3.2-1b --cluster h200x8 --gbs 64 -o plan.json
-  run 2 partita exec plan.json --data in-none
-  expect_in err.txt "models/llama3.2-1b.json): kv_heads 8: exec trains GPT-2's layer only"
+  run 2 partita exec plan.json --data in-none --backend cuda
+  expect_in err.txt "models/llama3.2-1b.json): kv_heads 8: the cuda backend trains GPT-2's layer only"
+  [ "$(wc -l <err.txt)" -eq 1 ] || fail "more than one line: $(cat err.txt)"
+  write_llama_plan in-tp4.json 4 1 1
+  run 2 partita exec in-tp4.json --data in-none
+  expect_in err.txt "kv_heads 2: tp 4 does not divide them"
   [ "$(wc -l <err.txt)" -eq 1 ] || fail "more than one line: $(cat err.txt)"
   run 2 partita profile --model llama3.2-1b
   expect_in err.txt "llama3.2-1b.json: kv_heads: profile measures GPT-2's layer only"

@@ -1,5 +1,6 @@
 /* Models (models/): the bundled ones and the reader's errors. */
 #include <math.h>
+#include <string.h>
 
 #include "test_support.h"
 
@@ -174,6 +175,9 @@ static void test_llama_family(void **state)
         assert_int_equal(model.norm, MODEL_NORM_RMSNORM);
         assert_int_equal(model.mlp, MODEL_MLP_SWIGLU);
         assert_int_equal(model.positions, MODEL_POSITIONS_ROPE);
+        /* the official configurations' rms_norm_eps */
+        double eps = strstr(published[i].file, "qwen") != NULL ? 1e-6 : 1e-5;
+        assert_true(model_norm_eps(&model) == eps);
     }
 }
 
@@ -222,6 +226,7 @@ static void test_architecture_round_trip(void **state)
     assert_memory_equal(&model, &again, sizeof model);
     assert_int_equal(again.bias, MODEL_BIAS_QKV);
     assert_true(again.rope_base == 1e6);
+    assert_true(again.norm_eps == 1e-6);
 
     source_path("models/gpt2-124m.json", path, sizeof path);
     assert_int_equal(model_load_file(path, &model, NULL), 0);
@@ -229,6 +234,11 @@ static void test_architecture_round_trip(void **state)
     json = model_to_json(&model);
     assert_int_equal(json_object_size(json), 8);
     json_decref(json);
+    /* LayerNorm's epsilon is fixed; RMSNorm's defaults to 1e-5 */
+    assert_true(model_norm_eps(&model) == 1e-5);
+    model.norm = MODEL_NORM_RMSNORM;
+    model.norm_eps = 0.0;
+    assert_true(model_norm_eps(&model) == 1e-5);
 }
 
 static void test_bad_architectures(void **state)
@@ -258,6 +268,17 @@ static void test_bad_architectures(void **state)
         {"{\"name\": \"m\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
          "\"seq\": 32, \"vocab\": 100, \"qkv_bias\": false}",
          "bad.json: qkv_bias: false needs \"bias\": false"},
+        {"{\"name\": \"m\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
+         "\"seq\": 32, \"vocab\": 100, \"norm_eps\": 1e-6}",
+         "bad.json: norm_eps: needs \"norm\": \"rmsnorm\""},
+        {"{\"name\": \"m\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
+         "\"seq\": 32, \"vocab\": 100, \"norm\": \"rmsnorm\", "
+         "\"norm_eps\": 0}",
+         "bad.json: norm_eps: must be"},
+        {"{\"name\": \"m\", \"layers\": 2, \"hidden\": 64, \"heads\": 4, "
+         "\"seq\": 32, \"vocab\": 100, \"norm\": \"rmsnorm\", "
+         "\"norm_eps\": 2}",
+         "bad.json: norm_eps: must be at most 1, got 2"},
     };
     expect_refused(state, cases, sizeof cases / sizeof *cases);
 }

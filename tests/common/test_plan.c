@@ -273,7 +273,7 @@ static void test_bad_plans(void **state)
          "nodes of node_order hold 8 GPUs"},
         {"\"gbs\": 64, \"mbs\": 1, \"tp\": 1, \"dp\": 4, \"pp\": 513",
          "plans/bad.json: pp: must be at most 512, got 513"},
-        {DEGREES ", \"stages\": 8", "plans/bad.json: stages: unknown key"},
+        {DEGREES ", \"stage\": 8", "plans/bad.json: stage: unknown key"},
         {"\"gbs\": \"64\", \"mbs\": 1, \"tp\": 1, \"dp\": 4, \"pp\": 8",
          "plans/bad.json: gbs: must be a positive integer, got the string "
          "\"64\""},

@@ -145,6 +145,18 @@ static inline parallel_config config_of(int gbs, int mbs, int tp, int dp, int pp
                              .precision = PRECISION_BF16};
 }
 
+/* One stage-boundary conversion of type `type` under `config`
+ * (type_costs.boundary_s; 0 unless the runtime is Partita's). */
+static inline double boundary_of(costmodel *cm, int type,
+                                 const parallel_config *config)
+{
+    type_costs costs;
+    pt_error err = {{0}};
+    if (costmodel_type_costs(cm, type, config, &costs, &err) != 0)
+        return -1.0;
+    return costs.boundary_s;
+}
+
 static inline bool has_note_containing(const costmodel *cm, const char *text)
 {
     for (int i = 0; i < cm->note_count; i++)

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <string.h>
 #include <stdio.h>
 
 #include "fixtures.h"
@@ -40,9 +41,19 @@ static void example_plan_is_estimated(void **state)
     for (int s = 0; s < 7; s++)
         assert_string_equal(e.stages[s].gpu, "A10-FASOP");
     assert_string_equal(e.stages[7].gpu, "A100-FASOP");
-    /* stage 1: 11 A10 layers at 2.342229 ms forward, backward 2x */
-    assert_true(close_to(e.stages[1].forward_s, 11 * 2.342229e-3, 1e-9));
-    assert_true(close_to(e.stages[1].backward_s, 2 * 11 * 2.342229e-3, 1e-9));
+    /* stage 1: 11 A10 layers at 2.342229 ms forward, backward 2x, and
+       the two boundary conversions of a middle stage each way */
+    type_costs a10_costs = {0};
+    for (int t = 0; t < p.cluster.type_count; t++)
+        if (strcmp(cm.profiles[t].gpu, "A10-FASOP") == 0)
+            assert_int_equal(costmodel_type_costs(&cm, t, &p.config,
+                                                  &a10_costs, &err), 0);
+    double boundary = a10_costs.boundary_s;
+    assert_true(boundary > 0.0 && boundary < 1e-3);
+    assert_true(close_to(e.stages[1].forward_s,
+                         11 * 2.342229e-3 + 2.0 * boundary, 1e-9));
+    assert_true(close_to(e.stages[1].backward_s,
+                         2 * 11 * 2.342229e-3 + 2.0 * boundary, 1e-9));
     /* 16 micro-batches through a pipeline led by a 77 ms stage, plus the
        gradient all-reduce: between 1 and 3 seconds a step */
     assert_true(e.step_time_s > 1.0 && e.step_time_s < 3.0);

@@ -213,8 +213,13 @@ static void stage_terms_use_the_curves_too(void **state)
     stage_terms middle;
     assert_int_equal(costmodel_stage_terms(&f.cm, &config, placement, 1,
                                            &middle, &err), 0);
-    /* a middle stage: its activation out and its gradient back */
-    assert_true(close_to(middle.fixed_s, 2.0 * sendrecv_curve(ACTIVATION_BYTES),
+    /* a middle stage: its activation out and its gradient back, and
+       its four boundary conversions */
+    double boundary = boundary_of(&f.cm, 0, &config);
+    assert_true(boundary > 0.0);
+    assert_true(close_to(middle.fixed_s,
+                         2.0 * sendrecv_curve(ACTIVATION_BYTES) +
+                             4.0 * boundary,
                          1e-12));
     fixture_close(&f);
 }

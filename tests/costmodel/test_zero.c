@@ -179,10 +179,12 @@ static void slow_link_paces_every_unit(void **state)
                      fmax(costs.head_forward_s, gather_head);
     /* the embeddings end the backward: their reduce runs under what
      * follows, the last one after the step's backward */
+    /* one stage: the stream gradient widened for the embedding */
     double backward =
         48.0 * (gather_layer + reduce_layer) +
         fmax(costs.embedding_backward_s, gather_embedding) +
-        fmax(costs.head_backward_s, gather_head + reduce_head);
+        fmax(costs.head_backward_s, gather_head + reduce_head) +
+        costs.boundary_s;
     assert_true(close_to(e.stages[0].forward_s, forward, 1e-9));
     assert_true(close_to(e.stages[0].backward_s, backward, 1e-9));
     /* after the backward: the embedding's reduce-scatter, no gather */
@@ -198,7 +200,8 @@ static void slow_link_paces_every_unit(void **state)
     assert_true(close_to(e.stages[0].backward_s,
                          48.0 * fmax(costs.layer_backward_s, reduce_layer) +
                              costs.embedding_backward_s +
-                             fmax(costs.head_backward_s, reduce_head),
+                             fmax(costs.head_backward_s, reduce_head) +
+                             costs.boundary_s,
                          1e-9));
     /* ZeRO-2 still gathers the updated weights once, as ZeRO-1: the fp32
      * master copy the executor gathers, 4 bytes a parameter */

@@ -321,7 +321,7 @@ static void test_megatron_llama(void **state)
     char *script = interop_megatron_script(&p, "llama.json", &err);
     if (script == NULL)
         fail_msg("%s", err.message);
-    expect_in(script, "    --normalization RMSNorm\n");
+    expect_in(script, "    --normalization RMSNorm --norm-epsilon 1e-05\n");
     expect_in(script, "    --swiglu\n");
     expect_in(script, "    --position-embedding-type rope --rotary-base "
                       "500000\n");

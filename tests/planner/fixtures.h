@@ -6,6 +6,7 @@
 #ifndef PARTITA_TEST_PLANNER_FIXTURES_H
 #define PARTITA_TEST_PLANNER_FIXTURES_H
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,6 +109,78 @@ static inline void load_mixed_cluster(cluster *c)
         "\"latency_us\": 10}, \"inter_node\": {\"bandwidth_Gbps\": 25, "
         "\"latency_us\": 30}, \"price_per_hour\": 4}]}";
     cluster_from_text(text, "<mixed>", c);
+}
+
+/* ------------------------------------------- random clusters (xorshift) */
+
+typedef struct random_source {
+    uint64_t state;
+} random_source;
+
+static inline uint64_t next_random(random_source *r)
+{
+    r->state ^= r->state << 13;
+    r->state ^= r->state >> 7;
+    r->state ^= r->state << 17;
+    return r->state;
+}
+
+static inline int pick(random_source *r, int count)
+{
+    return (int)(next_random(r) % (uint64_t)count);
+}
+
+static inline double between(random_source *r, double low, double high)
+{
+    return low + (high - low) * (double)(next_random(r) % 10000) / 10000.0;
+}
+
+/* A random cluster as JSON text, named "<prefix>-<index>": `types` node
+ * types sharing `nodes` nodes (each type at least one), the GPUs of a
+ * node drawn from sizes[size_count], each type a random GPU among the
+ * derived A10, RTX 3090, A100 and V100 profiles, random links and
+ * prices. */
+static inline void random_cluster_json(random_source *r, const char *prefix,
+                                       int index, int types, int nodes,
+                                       const int *sizes, int size_count,
+                                       char *out, size_t size)
+{
+    static const char *const gpus[] = {"A10", "RTX3090", "A100-40GB",
+                                       "V100-32GB"};
+    int nodes_left = nodes;
+    size_t used = (size_t)snprintf(out, size,
+                                   "{\"name\": \"%s-%d\", \"nodes\": [",
+                                   prefix, index);
+    for (int t = 0; t < types; t++) {
+        /* every type keeps at least one node for those after it */
+        int count = t == types - 1
+                        ? nodes_left
+                        : 1 + pick(r, nodes_left - (types - 1 - t));
+        nodes_left -= count;
+        used += (size_t)snprintf(
+            out + used, size - used,
+            "%s{\"name\": \"t%d\", \"count\": %d, \"gpu\": \"%s\", "
+            "\"gpus\": %d, \"intra_node\": {\"bandwidth_GBps\": %.1f, "
+            "\"latency_us\": %.1f}, \"inter_node\": {\"bandwidth_Gbps\": "
+            "%.1f, \"latency_us\": %.1f}, \"price_per_hour\": %.2f}",
+            t > 0 ? ", " : "", t, count, gpus[pick(r, 4)],
+            sizes[pick(r, size_count)], between(r, 10.0, 300.0),
+            between(r, 2.0, 20.0), between(r, 10.0, 400.0),
+            between(r, 5.0, 40.0), between(r, 1.0, 30.0));
+    }
+    snprintf(out + used, size - used, "]}");
+}
+
+/* The cluster of `text` in *c and a cost model of m over it in *cm,
+ * profiles from profile_dir; fails the test on error. */
+static inline void open_random_case(const char *text, const model_shape *m,
+                                    const char *profile_dir, cluster *c,
+                                    costmodel *cm)
+{
+    cluster_from_text(text, "<random>", c);
+    pt_error err = {{0}};
+    if (costmodel_open(cm, m, c, profile_dir, &err) != 0)
+        fail_msg("%s", err.message);
 }
 
 #endif

@@ -20,70 +20,15 @@
 
 #define CLUSTERS 200
 
-typedef struct random_source {
-    uint64_t state;
-} random_source;
-
-static uint64_t next_random(random_source *r)
-{
-    r->state ^= r->state << 13;
-    r->state ^= r->state >> 7;
-    r->state ^= r->state << 17;
-    return r->state;
-}
-
-static int pick(random_source *r, int count)
-{
-    return (int)(next_random(r) % (uint64_t)count);
-}
-
-static double between(random_source *r, double low, double high)
-{
-    return low + (high - low) * (double)(next_random(r) % 10000) / 10000.0;
-}
-
-/* A random cluster of 1 to 4 types, 2 to 8 nodes, as JSON text. */
+/* A random cluster of 1 to 4 types, 2 to 8 nodes of 2, 4 or 8 GPUs, as
+ * JSON text. */
 static void random_cluster_text(random_source *r, int index, char *out,
                                 size_t size)
 {
-    static const char *const gpus[] = {"A10", "RTX3090", "A100-40GB",
-                                       "V100-32GB"};
     static const int sizes[] = {2, 4, 8};
-    int types = 1 + pick(r, 4), nodes_left = types + 1 + pick(r, 4);
-    size_t used = (size_t)snprintf(out, size,
-                                   "{\"name\": \"random-%d\", \"nodes\": [",
-                                   index);
-    for (int t = 0; t < types; t++) {
-        /* every type keeps at least one node for those after it */
-        int count = t == types - 1
-                        ? nodes_left
-                        : 1 + pick(r, nodes_left - (types - 1 - t));
-        nodes_left -= count;
-        used += (size_t)snprintf(
-            out + used, size - used,
-            "%s{\"name\": \"t%d\", \"count\": %d, \"gpu\": \"%s\", "
-            "\"gpus\": %d, \"intra_node\": {\"bandwidth_GBps\": %.1f, "
-            "\"latency_us\": %.1f}, \"inter_node\": {\"bandwidth_Gbps\": "
-            "%.1f, \"latency_us\": %.1f}, \"price_per_hour\": %.2f}",
-            t > 0 ? ", " : "", t, count, gpus[pick(r, 4)],
-            sizes[pick(r, 3)], between(r, 10.0, 300.0),
-            between(r, 2.0, 20.0), between(r, 10.0, 400.0),
-            between(r, 5.0, 40.0), between(r, 1.0, 30.0));
-    }
-    snprintf(out + used, size - used, "]}");
-}
-
-static void parse_cluster(const char *text, cluster *out)
-{
-    json_error_t parse_error;
-    json_t *root = json_loads(text, 0, &parse_error);
-    if (root == NULL)
-        fail_msg("%s: %s", parse_error.text, text);
-    json_place place = {"<random>", ""};
-    pt_error err = {{0}};
-    if (cluster_from_json(root, &place, out, &err) != 0)
-        fail_msg("%s", err.message);
-    json_decref(root);
+    int types = 1 + pick(r, 4);
+    random_cluster_json(r, "random", index, types, types + 1 + pick(r, 4),
+                        sizes, 3, out, size);
 }
 
 /* A GPT of 4..16 layers, wide enough that memory binds now and then. */
@@ -132,12 +77,9 @@ static void test_default_search_is_exact(void **state)
         char text[4096];
         random_cluster_text(&r, i, text, sizeof text);
         cluster c;
-        parse_cluster(text, &c);
-        model_shape m = random_model(&r);
         costmodel cm;
-        pt_error err = {{0}};
-        if (costmodel_open(&cm, &m, &c, profiles, &err) != 0)
-            fail_msg("%s", err.message);
+        model_shape m = random_model(&r);
+        open_random_case(text, &m, profiles, &c, &cm);
         search_options o;
         search_options_default(&o);
         static const int batches[] = {16, 32, 64, 128};

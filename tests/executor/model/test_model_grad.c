@@ -1,7 +1,10 @@
 /*
  * The whole model's gradient against finite differences of its loss, on
  * a tiny GPT (2 layers, hidden 8, 2 heads, seq 4, vocab 11), tied and
- * untied; and gradient accumulation over micro-batches.
+ * untied, and on a tiny Llama of the same size (RMSNorm, SwiGLU, rotary
+ * positions, 4 heads sharing 2 key/value heads, no biases or biases on
+ * q, k and v only, its own head matrix); and gradient accumulation over
+ * micro-batches.
  *
  * Parameters are drawn with spread 0.3 rather than GPT-2's 0.02 so that
  * every path (attention scores, GELU curvature, layer-norm scaling)
@@ -33,6 +36,20 @@ static model_shape tiny_shape(bool tied)
     model_shape shape = {.name = "tiny", .layers = 2, .hidden = 8,
                          .heads = 2, .ffn_hidden = 32, .seq = 4,
                          .vocab = 11, .tied_embeddings = tied};
+    return shape;
+}
+
+/* The same size, Llama's layer: the untied head has its own matrix and
+ * gradient (lm_head_weight). */
+static model_shape tiny_llama_shape(model_bias bias)
+{
+    model_shape shape = {.name = "tiny-llama", .layers = 2, .hidden = 8,
+                         .heads = 4, .kv_heads = 2, .ffn_hidden = 12,
+                         .seq = 4, .vocab = 11, .tied_embeddings = false,
+                         .norm = MODEL_NORM_RMSNORM, .norm_eps = 1e-5,
+                         .mlp = MODEL_MLP_SWIGLU,
+                         .positions = MODEL_POSITIONS_ROPE,
+                         .rope_base = 10000.0, .bias = bias};
     return shape;
 }
 
@@ -83,13 +100,14 @@ static double loss_objective(void *context)
     return loss;
 }
 
-/* Checks every stride-th parameter of every tensor (all ~1,900 of them
- * with stride 1), always including each tensor's first and last. */
-static void check_gradients(bool tied, size_t stride)
+/* Checks every stride-th parameter of every tensor of the shape's model
+ * (all ~1,900 of the tied GPT's with stride 1), always including each
+ * tensor's first and last. */
+static void check_shape_gradients(const model_shape *shape, uint64_t seed,
+                                  size_t stride)
 {
-    model_shape shape = tiny_shape(tied);
-    model_stage *stage = new_stage(&shape, MBS);
-    randomise(stage, tied ? 21 : 22);
+    model_stage *stage = new_stage(shape, MBS);
+    randomise(stage, seed);
     pt_error err;
     stage_io io = {.mbs = MBS, .tokens = batch_tokens, .loss_scale = 1.0f};
     float loss = 0.0f;
@@ -125,6 +143,12 @@ static void check_gradients(bool tied, size_t stride)
     free_stage(stage);
 }
 
+static void check_gradients(bool tied, size_t stride)
+{
+    model_shape shape = tiny_shape(tied);
+    check_shape_gradients(&shape, tied ? 21 : 22, stride);
+}
+
 static void test_tied_gradients(void **state)
 {
     (void)state;
@@ -135,6 +159,24 @@ static void test_untied_gradients(void **state)
 {
     (void)state;
     check_gradients(false, 5); /* a sample: the paths are the tied ones' */
+}
+
+/* Every parameter of the Llama model, its untied head's included. */
+static void test_llama_gradients(void **state)
+{
+    (void)state;
+    model_shape shape = tiny_llama_shape(MODEL_BIAS_NONE);
+    model_stage *stage = new_stage(&shape, MBS);
+    const param_tensor *head = model_stage_find_tensor(stage,
+                                                       "lm_head_weight");
+    assert_non_null(head);
+    assert_false(head->tied_copy);
+    assert_null(model_stage_find_tensor(stage, "position_embedding"));
+    assert_null(model_stage_find_tensor(stage, "layers.0.ln1_bias"));
+    free_stage(stage);
+    check_shape_gradients(&shape, 24, 1);
+    shape = tiny_llama_shape(MODEL_BIAS_QKV); /* Qwen's q, k, v biases */
+    check_shape_gradients(&shape, 25, 1);
 }
 
 static float *read_grads(const model_stage *stage)
@@ -198,6 +240,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tied_gradients),
         cmocka_unit_test(test_untied_gradients),
+        cmocka_unit_test(test_llama_gradients),
         cmocka_unit_test(test_accumulation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +143,94 @@ static inline void assert_message_has(const pt_error *err, const char *part)
 {
     if (strstr(err->message, part) == NULL)
         fail_msg("\"%s\" not in \"%s\"", part, err->message);
+}
+
+/* Runs p and fails the test, with the message, if the run fails. */
+static inline void run_train_ok(const plan *p, const run_options *options,
+                                run_result *out)
+{
+    pt_error err = {{0}};
+    int status = run_training(p, options, out, &err);
+    if (status != 0)
+        fail_msg("run failed (%d): %s", status, err.message);
+}
+
+/* Runs and expects a refusal (-1) whose message holds `part`, with the
+ * save directory, when given, never created. */
+static inline void run_expect_refusal(const plan *p,
+                                      const run_options *options,
+                                      const char *part)
+{
+    pt_error err = {{0}};
+    run_result result;
+    int status = run_training(p, options, &result, &err);
+    run_result_free(&result);
+    if (status != -1)
+        fail_msg("expected a refusal mentioning \"%s\", got status %d (%s)",
+                 part, status, err.message);
+    assert_message_has(&err, part);
+    if (options->save_dir != NULL)
+        assert_false(run_path_exists(options->save_dir));
+}
+
+/* The bytes of a checkpoint's blob. */
+static inline uint64_t run_blob_bytes(const char *dir, const char *name)
+{
+    uint64_t bytes = 0;
+    pt_error err = {{0}};
+    if (checkpoint_blob_size(dir, name, &bytes, &err) != 0)
+        fail_msg("%s", err.message);
+    return bytes;
+}
+
+/* got's first `count` iterations against want's (the one-stage run on
+ * the same data and seed): losses, gradient norms and learning rates
+ * within 1e-5 relative (fp32 round-off of sums taken in another order),
+ * and the loss moving. `layout` names the run in a failure. */
+static inline void run_expect_same_iterations(const run_result *got,
+                                              const run_result *want,
+                                              long count, const char *layout)
+{
+    for (long i = 0; i < count; i++) {
+        const run_iteration *g = &got->iterations[i];
+        const run_iteration *w = &want->iterations[i];
+        assert_int_equal(g->iteration, w->iteration);
+        assert_true(isfinite(g->loss) && g->loss > 0.0f);
+        const double pairs[3][2] = {{g->loss, w->loss},
+                                    {g->grad_norm, w->grad_norm},
+                                    {g->learning_rate, w->learning_rate}};
+        static const char *const names[3] = {"loss", "grad norm",
+                                             "learning rate"};
+        for (int k = 0; k < 3; k++) {
+            double scale = fabs(pairs[k][1]) > 1e-30 ? fabs(pairs[k][1])
+                                                     : 1.0;
+            if (!(fabs(pairs[k][0] - pairs[k][1]) <= 1e-5 * scale))
+                fail_msg("%s, iteration %ld: %s %.9g, one-stage run %.9g",
+                         layout, g->iteration, names[k], pairs[k][0],
+                         pairs[k][1]);
+        }
+    }
+    /* training moved: the last loss differs from the first */
+    assert_true(got->iterations[0].loss != got->iterations[count - 1].loss);
+}
+
+/* The last 2 iterations of a 4-iteration straight run, bit for bit. */
+static inline void run_expect_resumed_equals_straight(
+    const run_result *resumed, const run_result *straight)
+{
+    assert_int_equal(resumed->first_iteration, 3);
+    assert_int_equal(resumed->iteration_count, 2);
+    for (int i = 0; i < 2; i++) {
+        const run_iteration *got = &resumed->iterations[i];
+        const run_iteration *want = &straight->iterations[2 + i];
+        assert_int_equal(got->iteration, want->iteration);
+        if (got->loss != want->loss || got->grad_norm != want->grad_norm)
+            fail_msg("iteration %ld: resumed loss %.9g norm %.9g, straight "
+                     "%.9g %.9g",
+                     got->iteration, got->loss, got->grad_norm, want->loss,
+                     want->grad_norm);
+        assert_true(got->learning_rate == want->learning_rate);
+    }
 }
 
 #endif

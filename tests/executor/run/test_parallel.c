@@ -58,24 +58,6 @@ static run_options base_options(const run_scratch *s, long iterations)
     return options;
 }
 
-static void train_ok(const plan *p, const run_options *options,
-                     run_result *out)
-{
-    pt_error err = {{0}};
-    int status = run_training(p, options, out, &err);
-    if (status != 0)
-        fail_msg("run failed (%d): %s", status, err.message);
-}
-
-static void assert_close(double got, double want, const char *what,
-                         long iteration)
-{
-    double scale = fabs(want) > 1e-30 ? fabs(want) : 1.0;
-    if (!(fabs(got - want) <= 1e-5 * scale))
-        fail_msg("iteration %ld: %s %.9g, one-stage run %.9g", iteration,
-                 what, got, want);
-}
-
 /* The layout's run against the one-stage run on the same data and seed;
  * zero1: with the distributed optimizer. */
 static void expect_run_same_as_one_stage(const run_scratch *s, int tp,
@@ -89,23 +71,11 @@ static void expect_run_same_as_one_stage(const run_scratch *s, int tp,
     parallel.config.distributed_optimizer = zero1;
     run_options options = base_options(s, ITERATIONS);
     run_result reference, result;
-    train_ok(&one, &options, &reference);
-    train_ok(&parallel, &options, &result);
+    run_train_ok(&one, &options, &reference);
+    run_train_ok(&parallel, &options, &result);
     assert_int_equal(result.iteration_count, ITERATIONS);
     assert_int_equal(result.rank_count, tp * dp * pp);
-    for (long i = 0; i < ITERATIONS; i++) {
-        const run_iteration *got = &result.iterations[i];
-        const run_iteration *want = &reference.iterations[i];
-        assert_int_equal(got->iteration, want->iteration);
-        assert_true(isfinite(got->loss) && got->loss > 0.0f);
-        assert_close(got->loss, want->loss, "loss", got->iteration);
-        assert_close(got->grad_norm, want->grad_norm, "grad norm",
-                     got->iteration);
-        assert_close(got->learning_rate, want->learning_rate,
-                     "learning rate", got->iteration);
-    }
-    /* training moved: the last loss differs from the first */
-    assert_true(result.iterations[0].loss != result.iterations[2].loss);
+    run_expect_same_iterations(&result, &reference, ITERATIONS, "this layout");
     run_result_free(&reference);
     run_result_free(&result);
     plan_free(&one);
@@ -168,8 +138,8 @@ static void expect_recompute_changes_nothing(const run_scratch *s, int tp,
     recompute.config.recompute = true;
     run_options options = base_options(s, ITERATIONS);
     run_result kept, recomputed;
-    train_ok(&keep, &options, &kept);
-    train_ok(&recompute, &options, &recomputed);
+    run_train_ok(&keep, &options, &kept);
+    run_train_ok(&recompute, &options, &recomputed);
     for (long i = 0; i < ITERATIONS; i++) {
         const run_iteration *got = &recomputed.iterations[i];
         const run_iteration *want = &kept.iterations[i];
@@ -226,34 +196,6 @@ static void tp2_dp2_zero1_matches_one_stage(void **state)
     expect_run_same_as_one_stage(*state, 2, 2, 1, NULL, "1f1b", true);
 }
 
-/* The last 2 iterations of a 4-iteration straight run, bit for bit. */
-static void expect_resumed_equals_straight(const run_result *resumed,
-                                           const run_result *straight)
-{
-    assert_int_equal(resumed->first_iteration, 3);
-    assert_int_equal(resumed->iteration_count, 2);
-    for (int i = 0; i < 2; i++) {
-        const run_iteration *got = &resumed->iterations[i];
-        const run_iteration *want = &straight->iterations[2 + i];
-        assert_int_equal(got->iteration, want->iteration);
-        if (got->loss != want->loss || got->grad_norm != want->grad_norm)
-            fail_msg("iteration %ld: resumed loss %.9g norm %.9g, straight "
-                     "%.9g %.9g",
-                     got->iteration, got->loss, got->grad_norm, want->loss,
-                     want->grad_norm);
-        assert_true(got->learning_rate == want->learning_rate);
-    }
-}
-
-static uint64_t blob_bytes(const char *dir, const char *name)
-{
-    uint64_t bytes = 0;
-    pt_error err = {{0}};
-    if (checkpoint_blob_size(dir, name, &bytes, &err) != 0)
-        fail_msg("%s", err.message);
-    return bytes;
-}
-
 /* Resumes `options`' run from dir, expects the straight run's last 2
  * iterations and frees the three records; returns the resuming options. */
 static run_options expect_resume_matches(const plan *p, run_options options,
@@ -263,8 +205,8 @@ static run_options expect_resume_matches(const plan *p, run_options options,
 {
     run_result second;
     options.load_dir = dir;
-    train_ok(p, &options, &second);
-    expect_resumed_equals_straight(&second, straight);
+    run_train_ok(p, &options, &second);
+    run_expect_resumed_equals_straight(&second, straight);
     run_result_free(straight);
     run_result_free(first);
     run_result_free(&second);
@@ -281,16 +223,16 @@ static void dp2_zero1_checkpoint_holds_shards_and_resumes(void **state)
     p.config.distributed_optimizer = true;
     run_options options = base_options(s, 4);
     run_result straight, first;
-    train_ok(&p, &options, &straight);
+    run_train_ok(&p, &options, &straight);
     char dir[512];
     run_path(s, "zero1-checkpoint", dir, sizeof dir);
     run_options first_half = options;
     first_half.iterations = 2;
     first_half.save_dir = dir;
-    train_ok(&p, &first_half, &first);
-    uint64_t params = blob_bytes(dir, "params.rank0");
-    uint64_t shard0 = blob_bytes(dir, "adam_m.rank0");
-    uint64_t shard1 = blob_bytes(dir, "adam_v.rank1");
+    run_train_ok(&p, &first_half, &first);
+    uint64_t params = run_blob_bytes(dir, "params.rank0");
+    uint64_t shard0 = run_blob_bytes(dir, "adam_m.rank0");
+    uint64_t shard1 = run_blob_bytes(dir, "adam_v.rank1");
     assert_true(shard0 < params && shard1 < params);
     assert_int_equal(shard0 + shard1, params);
     run_options resumed =
@@ -312,7 +254,7 @@ static void pp2_resume_equals_straight_run(void **state)
     parallel_plan(&p, 1, 1, 2, "3-1", "1f1b");
     run_options options = base_options(s, 4);
     run_result straight, first, second;
-    train_ok(&p, &options, &straight);
+    run_train_ok(&p, &options, &straight);
 
     char dir[512];
     run_path(s, "pp2-checkpoint", dir, sizeof dir);
@@ -320,7 +262,7 @@ static void pp2_resume_equals_straight_run(void **state)
     first_half.iterations = 2;
     first_half.train.schedule = options.train.schedule; /* of the 4-run */
     first_half.save_dir = dir;
-    train_ok(&p, &first_half, &first);
+    run_train_ok(&p, &first_half, &first);
     assert_int_equal(first.last_checkpoint_iteration, 2);
     /* every rank's stage is saved under its own name */
     uint64_t bytes = 0;
@@ -337,12 +279,12 @@ static void pp2_resume_equals_straight_run(void **state)
 
     run_options resumed = options;
     resumed.load_dir = dir;
-    train_ok(&p, &resumed, &second);
+    run_train_ok(&p, &resumed, &second);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(first.iterations[i].iteration, i + 1);
         assert_true(first.iterations[i].loss == straight.iterations[i].loss);
     }
-    expect_resumed_equals_straight(&second, &straight);
+    run_expect_resumed_equals_straight(&second, &straight);
     run_result_free(&straight);
     run_result_free(&first);
     run_result_free(&second);
@@ -394,7 +336,7 @@ static void pp2_record_holds_every_rank(void **state)
     parallel_plan(&p, 1, 1, 2, "3-1", "1f1b");
     run_options options = base_options(s, ITERATIONS);
     run_result result;
-    train_ok(&p, &options, &result);
+    run_train_ok(&p, &options, &result);
     json_t *plan_json = json_object();
     pt_error err = {{0}};
     json_t *root = run_to_json(&result, plan_json, 1e9, &err);
@@ -474,26 +416,13 @@ static void pp2_stop_flag_ends_after_the_iteration(void **state)
     stop_order order = {.after = 1};
     run_options options = stopping_options(base_options(s, 50), &order, dir);
     run_result result;
-    train_ok(&p, &options, &result);
+    run_train_ok(&p, &options, &result);
     assert_true(result.stopped);
     assert_int_equal(result.iteration_count, 1);
     assert_int_equal(result.last_checkpoint_iteration, 1);
     assert_true(checkpoint_exists(dir));
     run_result_free(&result);
     plan_free(&p);
-}
-
-static void expect_refusal(const plan *p, const run_options *options,
-                           const char *part)
-{
-    pt_error err = {{0}};
-    run_result result;
-    int status = run_training(p, options, &result, &err);
-    run_result_free(&result);
-    if (status != -1)
-        fail_msg("expected a refusal mentioning \"%s\", got %d (%s)", part,
-                 status, err.message);
-    assert_message_has(&err, part);
 }
 
 /* Plan p (interleaved) 4 iterations straight against a run stopped
@@ -504,10 +433,10 @@ static run_options expect_stopped_run_resumes(const run_scratch *s,
 {
     run_options options = base_options(s, 4);
     run_result straight, first;
-    train_ok(p, &options, &straight);
+    run_train_ok(p, &options, &straight);
     stop_order order = {.after = 2};
     run_options first_half = stopping_options(options, &order, dir);
-    train_ok(p, &first_half, &first);
+    run_train_ok(p, &first_half, &first);
     assert_true(first.stopped);
     assert_int_equal(first.last_checkpoint_iteration, 2);
     return expect_resume_matches(p, options, dir, &straight, &first);
@@ -530,12 +459,12 @@ static void pp2_interleaved_stopped_run_resumes_exactly(void **state)
     const char *const names[] = {"params.rank0", "adam_m.rank0.chunk1",
                                  "params.rank1.chunk1", "adam_v.rank1"};
     for (int i = 0; i < 4; i++)
-        assert_true(blob_bytes(dir, names[i]) > 0);
+        assert_true(run_blob_bytes(dir, names[i]) > 0);
     /* rank 0's chunk 0 holds the embedding, its chunk 1 does not */
-    assert_true(blob_bytes(dir, "params.rank0") >
-                blob_bytes(dir, "params.rank0.chunk1"));
+    assert_true(run_blob_bytes(dir, "params.rank0") >
+                run_blob_bytes(dir, "params.rank0.chunk1"));
     p.config.virtual_stages = 1;
-    expect_refusal(&p, &resumed,
+    run_expect_refusal(&p, &resumed,
                    "another layout: meta.json: virtual_stages is 2");
     plan_free(&p);
 }
@@ -553,11 +482,11 @@ static void pp2_dp2_zero1_interleaved_resumes_exactly(void **state)
     run_path(s, "pp2-dp2-v2-checkpoint", dir, sizeof dir);
     expect_stopped_run_resumes(s, &p, dir);
     /* ranks 0 and 1: the two replicas of stage 0 */
-    assert_int_equal(blob_bytes(dir, "adam_m.rank0.chunk1") +
-                         blob_bytes(dir, "adam_m.rank1.chunk1"),
-                     blob_bytes(dir, "params.rank0.chunk1"));
-    assert_true(blob_bytes(dir, "adam_v.rank1.chunk1") <
-                blob_bytes(dir, "params.rank1.chunk1"));
+    assert_int_equal(run_blob_bytes(dir, "adam_m.rank0.chunk1") +
+                         run_blob_bytes(dir, "adam_m.rank1.chunk1"),
+                     run_blob_bytes(dir, "params.rank0.chunk1"));
+    assert_true(run_blob_bytes(dir, "adam_v.rank1.chunk1") <
+                run_blob_bytes(dir, "params.rank1.chunk1"));
     plan_free(&p);
 }
 
@@ -571,7 +500,7 @@ static void cuda_parallel_and_memory_are_refused(void **state)
     assert_int_equal(run_check_plan(&p, &err), 0);
     /* memory: the sum of the ranks' figures must fit */
     options.memory_available_bytes = 1024.0;
-    expect_refusal(&p, &options, "the 2 ranks of this plan");
+    run_expect_refusal(&p, &options, "the 2 ranks of this plan");
     options.memory_available_bytes = 0.0;
     /* on cuda, a parallel plan is checked against this machine's GPUs
      * before anything is allocated: refused here with no GPU (or no cuda

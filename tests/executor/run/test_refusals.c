@@ -12,23 +12,6 @@
 #define HIDDEN 16
 #define SEQ 16
 
-/* Runs and expects a refusal (-1) whose message holds `part`, with the
- * save directory, when given, never created. */
-static void expect_refusal(const plan *p, const run_options *options,
-                           const char *part)
-{
-    pt_error err = {{0}};
-    run_result result;
-    int status = run_training(p, options, &result, &err);
-    run_result_free(&result);
-    if (status != -1)
-        fail_msg("expected a refusal mentioning \"%s\", got status %d (%s)",
-                 part, status, err.message);
-    assert_message_has(&err, part);
-    if (options->save_dir != NULL)
-        assert_false(run_path_exists(options->save_dir));
-}
-
 /* A committed checkpoint of a 2-layer model after two iterations. */
 static void make_checkpoint(const run_scratch *s, const plan *p,
                             const char *dir)
@@ -43,30 +26,60 @@ static void make_checkpoint(const run_scratch *s, const plan *p,
     run_result_free(&result);
 }
 
+/* A tiny GPT-2 plan on one node of 4 GPUs, its degrees (and anything
+ * after them) given as JSON fields. */
+static void tiny_plan_on_four(const char *degrees, plan *p)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{ \"model\": { \"name\": \"tiny\", \"layers\": 2, "
+             "\"hidden\": 16, \"heads\": 2, \"seq\": 16, "
+             "\"vocab\": 257 },"
+             "  \"cluster\": { \"name\": \"one\", \"nodes\": ["
+             "    { \"name\": \"box\", \"gpu\": \"A100-FASOP\", "
+             "\"gpus\": 4, \"intra_node\": { \"bandwidth_GBps\": 230,"
+             "      \"latency_us\": 5 } } ] }, %s }",
+             degrees);
+    json_error_t json_err;
+    json_t *root = json_loads(text, 0, &json_err);
+    pt_error err = {{0}};
+    if (plan_from_json(root, NULL, p, &err) != 0)
+        fail_msg("%s", err.message);
+    json_decref(root);
+}
+
 /* A tensor-parallel degree that does not divide the heads is refused
  * before anything is written (tp = 2 runs: test_parallel.c). */
 static void tensor_parallel_plan_is_refused(void **state)
 {
     run_scratch *s = *state;
-    const char *text =
-        "{ \"model\": { \"name\": \"tiny\", \"layers\": 2, "
-        "\"hidden\": 16, \"heads\": 2, \"seq\": 16, \"vocab\": 257 },"
-        "  \"cluster\": { \"name\": \"one\", \"nodes\": ["
-        "    { \"name\": \"box\", \"gpu\": \"A100-FASOP\", \"gpus\": 4,"
-        "      \"intra_node\": { \"bandwidth_GBps\": 230,"
-        "                        \"latency_us\": 5 } } ] },"
-        "  \"gbs\": 4, \"mbs\": 2, \"tp\": 4, \"dp\": 1, \"pp\": 1 }";
-    json_error_t json_err;
-    json_t *root = json_loads(text, 0, &json_err);
     plan p;
-    pt_error err = {{0}};
-    assert_int_equal(plan_from_json(root, NULL, &p, &err), 0);
-    json_decref(root);
+    tiny_plan_on_four("\"gbs\": 4, \"mbs\": 2, \"tp\": 4, \"dp\": 1, "
+                      "\"pp\": 1",
+                      &p);
     run_options options = run_test_options(s, 2);
     char dir[512];
     run_path(s, "never", dir, sizeof dir);
     options.save_dir = dir;
-    expect_refusal(&p, &options, "tp 4 must divide the 2 heads");
+    run_expect_refusal(&p, &options, "tp 4 must divide the 2 heads");
+    plan_free(&p);
+}
+
+/* A plan whose stages have their own tp or dp is refused in one line
+ * naming the stage, never run as if it were symmetric (issue 36). */
+static void asymmetric_plan_is_refused(void **state)
+{
+    run_scratch *s = *state;
+    plan p;
+    tiny_plan_on_four("\"gbs\": 4, \"mbs\": 1, \"tp\": 1, \"dp\": 2, "
+                      "\"pp\": 2, \"stages\": [{ \"tp\": 2, \"dp\": 1 }, "
+                      "{}]",
+                      &p);
+    run_options options = run_test_options(s, 2);
+    run_expect_refusal(&p, &options,
+                   "stages[0]: tp 2 x dp 1 is its own (the plan's: tp 1 x "
+                   "dp 2): exec does not run plans whose stages have their "
+                   "own degrees yet");
     plan_free(&p);
 }
 
@@ -79,7 +92,7 @@ static void missing_dataset_is_refused(void **state)
     char prefix[512];
     run_path(s, "no-such-data", prefix, sizeof prefix);
     options.data_prefix = prefix;
-    expect_refusal(&p, &options, "no-such-data.idx");
+    run_expect_refusal(&p, &options, "no-such-data.idx");
     plan_free(&p);
 }
 
@@ -89,8 +102,8 @@ static void small_vocabulary_is_refused(void **state)
     plan p;
     tiny_plan(&p, 2, HIDDEN, 2, SEQ, 200, 4, 2);
     run_options options = run_test_options(s, 2);
-    expect_refusal(&p, &options, "vocab 200");
-    expect_refusal(&p, &options, "token 256");
+    run_expect_refusal(&p, &options, "vocab 200");
+    run_expect_refusal(&p, &options, "token 256");
     plan_free(&p);
 }
 
@@ -107,8 +120,8 @@ static void too_little_memory_is_refused(void **state)
     assert_true(fabs(needed - activations -
                      16.0 * model_parameter_count(&p.model)) < 0.5);
     options.memory_available_bytes = needed / 2;
-    expect_refusal(&p, &options, "not enough memory");
-    expect_refusal(&p, &options, "16 bytes per parameter");
+    run_expect_refusal(&p, &options, "not enough memory");
+    run_expect_refusal(&p, &options, "16 bytes per parameter");
     options.memory_available_bytes = needed * 2;
     pt_error err = {{0}};
     run_result result;
@@ -123,16 +136,16 @@ static void bad_options_are_refused(void **state)
     plan p;
     tiny_plan(&p, 2, HIDDEN, 2, SEQ, 257, 4, 2);
     run_options options = run_test_options(s, 0);
-    expect_refusal(&p, &options, "iterations must be >= 1");
+    run_expect_refusal(&p, &options, "iterations must be >= 1");
     options = run_test_options(s, 2);
     options.save_interval = -1;
-    expect_refusal(&p, &options, "save interval");
+    run_expect_refusal(&p, &options, "save interval");
     options = run_test_options(s, 2);
     options.train.schedule.min_lr = 1.0;
-    expect_refusal(&p, &options, "min_lr");
+    run_expect_refusal(&p, &options, "min_lr");
     options = run_test_options(s, 2);
     options.data_prefix = NULL;
-    expect_refusal(&p, &options, "no dataset");
+    run_expect_refusal(&p, &options, "no dataset");
     plan_free(&p);
 }
 
@@ -170,8 +183,8 @@ static void corrupt_checkpoint_is_refused(void **state)
     run_options options = run_test_options(s, 4);
     options.load_dir = dir;
     options.save_dir = fresh;
-    expect_refusal(&p, &options, "checksum mismatch");
-    expect_refusal(&p, &options, "adam_v");
+    run_expect_refusal(&p, &options, "checksum mismatch");
+    run_expect_refusal(&p, &options, "adam_v");
     /* saving into the corrupt directory itself must not replace it */
     options.save_dir = dir;
     pt_error err = {{0}};
@@ -196,9 +209,9 @@ static void checkpoint_of_another_shape_is_refused(void **state)
     make_checkpoint(s, &p, dir);
     run_options options = run_test_options(s, 4);
     options.load_dir = dir;
-    expect_refusal(&wider, &options, "model.hidden is 16");
-    expect_refusal(&wider, &options, "another model");
-    expect_refusal(&deeper, &options, "model.layers is 2");
+    run_expect_refusal(&wider, &options, "model.hidden is 16");
+    run_expect_refusal(&wider, &options, "another model");
+    run_expect_refusal(&deeper, &options, "model.layers is 2");
     /* the same shape loads */
     pt_error err = {{0}};
     run_result result;
@@ -224,16 +237,16 @@ static void other_seed_or_finished_checkpoint_is_refused(void **state)
     options.load_dir = dir;
     options.seed = 99;
     options.seed_given = true;
-    expect_refusal(&p, &options, "seed 1234");
+    run_expect_refusal(&p, &options, "seed 1234");
     options = run_test_options(s, 2);
     options.load_dir = dir;
-    expect_refusal(&p, &options, "nothing left to run");
-    expect_refusal(&p, &options, "at iteration 2");
+    run_expect_refusal(&p, &options, "nothing left to run");
+    run_expect_refusal(&p, &options, "at iteration 2");
     char missing[512];
     run_path(s, "no-checkpoint-here", missing, sizeof missing);
     options = run_test_options(s, 4);
     options.load_dir = missing;
-    expect_refusal(&p, &options, "no manifest.json");
+    run_expect_refusal(&p, &options, "no manifest.json");
     plan_free(&p);
 }
 
@@ -241,6 +254,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(tensor_parallel_plan_is_refused),
+        cmocka_unit_test(asymmetric_plan_is_refused),
         cmocka_unit_test(missing_dataset_is_refused),
         cmocka_unit_test(small_vocabulary_is_refused),
         cmocka_unit_test(too_little_memory_is_refused),

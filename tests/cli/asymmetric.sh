@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# End-to-end tests of plans whose stages run their own tp and dp (issue
+# 36): estimated, refused by exec in one line, and refused by export
+# naming the stage unless --symmetric asks for the nearest symmetric
+# plan; e2e.sh's conventions.
+# usage: asymmetric.sh PARTITA CASE   (run by meson, one test per case)
+# PARTITA_WRAPPER, when set, runs partita under it (valgrind, say).
+set -u
+# fail, run, expect_in, write_layout_plan; e2e_begin
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+e2e_begin "$@"
+
+# gpt2-xl on hetero (an A100 node, then seven A10 nodes, 4 GPUs each):
+# pp 4, plan-wide tp 1 x dp 8; stage 0 tp 4 x dp 2 over the A100 node and
+# an A10 node, stage 3 tp 2 x dp 4. STAGES replaces "stages".
+default_stages='[{"tp": 4, "dp": 2}, {}, {}, {"tp": 2, "dp": 4}]'
+write_hetero_plan() { # FILE PP PARTITION [STAGES]
+  local stages="${4:-$default_stages}"
+  cat >"$1" <<JSON
+{ "model": "$source_root/models/gpt2-xl.json",
+  "cluster": "$source_root/clusters/hetero.json",
+  "gbs": 64, "mbs": 1, "tp": 1, "dp": 8, "pp": $2, "partition": "$3",
+  "stages": $stages }
+JSON
+}
+
+one_line() {
+  [ "$(wc -l <err.txt)" -eq 1 ] || fail "more than one line: $(cat err.txt)"
+}
+
+case "$case_name" in
+estimate-asymmetric)
+  write_hetero_plan in-plan.json 4 15-11-11-11
+  run 0 partita estimate in-plan.json
+  expect_in out.txt "stages of their own degrees (tp x dp, samples a replica's micro-batch): 4 x 2 (4), 1 x 8 (1), 1 x 8 (1), 2 x 4 (2)"
+  expect_in out.txt "32 GPUs"
+  run 0 partita estimate --json in-plan.json
+  python3 - out.txt <<'PY' || fail "the estimate's JSON"
+import json, sys
+plan = json.load(open(sys.argv[1]))
+assert plan["stages"][0] == {"tp": 4, "dp": 2}, plan["stages"]
+assert plan["stages"][1] == {"tp": 1, "dp": 8}, plan["stages"]
+stages = plan["estimate"]["stages"]
+assert [s["ranks"] for s in stages] == [[0, 7], [8, 15], [16, 23], [24, 31]]
+assert stages[0]["tp"] == 4 and "tp" not in stages[1]
+assert plan["estimate"]["step_time_s"] > 0
+PY
+  # a stage's dp that cannot split the micro-batch of 8 samples
+  write_hetero_plan in-bad.json 4 15-11-11-11 \
+    '[{"tp": 4, "dp": 2}, {"dp": 3}, {}, {"tp": 2, "dp": 4}]'
+  run 2 partita estimate in-bad.json
+  expect_in err.txt "in-bad.json: stages\[1\].dp: 3 replicas cannot share a micro-batch of dp x mbs = 8 x 1 = 8 samples"
+  one_line
+  # report lays ranks out as a symmetric plan does: refused, one line
+  run 2 partita report in-plan.json -o report
+  expect_in err.txt "in-plan.json: stages\[0\]: a stage of its own tp and dp: report does not take such plans yet"
+  one_line
+  [ ! -e report ] || fail "a refused report wrote its folder"
+  ;;
+exec-refuses-asymmetric)
+  partita prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null \
+    || fail "prep of the corpus failed"
+  write_layout_plan in-plan.json 1 1 2 2 \
+    ', "stages": [{"tp": 2, "dp": 1}, {}]'
+  run 2 partita exec in-plan.json --data in-corpus --backend cpu --iters 1 \
+    -o run.json
+  expect_in err.txt "in-plan.json: stages\[0\]: tp 2 x dp 1 is its own (the plan's: tp 1 x dp 2): exec does not run plans whose stages have their own degrees yet"
+  one_line
+  [ ! -e run.json ] || fail "a refused run wrote run.json"
+  ;;
+export-asymmetric)
+  write_hetero_plan in-plan.json 4 15-11-11-11
+  run 2 partita export in-plan.json --to megatron -o launch.sh
+  expect_in err.txt "in-plan.json: stages\[0\]: tp 4 x dp 2 is its own (the plan's: tp 1 x dp 8): Megatron-LM runs one tp and one dp for every stage"
+  one_line
+  [ ! -e launch.sh ] || fail "a refused export wrote launch.sh"
+  run 2 partita export in-plan.json --to deepspeed
+  expect_in err.txt "stages\[0\]: tp 4 x dp 2 is its own (the plan's: tp 1 x dp 8): DeepSpeed runs one tp and one dp"
+  one_line
+  # --symmetric: tp 1 x dp 8 changes the fewest stages (2 of 4)
+  run 0 partita export in-plan.json --to megatron --symmetric -o launch.sh
+  expect_in err.txt "the nearest symmetric plan: tp 1 x dp 8 at every stage (2 of 4 stages change their tp, 2 their dp), mbs 1, 8 micro-batches"
+  expect_in launch.sh "    --tensor-model-parallel-size 1"
+  expect_in launch.sh "    --micro-batch-size 1"
+  # most stages at tp 2 x dp 4: that one, each micro-batch's 8 samples
+  # kept (mbs 2, 8 micro-batches); gpt2-xl's 25 heads would not split
+  # over tp 2, so its 24-head variant
+  write_hetero_plan in-two.json 4 13-13-13-13 \
+    '[{"tp": 2, "dp": 4}, {"tp": 2, "dp": 4}, {"tp": 1, "dp": 8}, {"tp": 2, "dp": 4}]'
+  sed -i 's/gpt2-xl.json/gpt2-xl-24h.json/' in-two.json
+  run 0 partita export in-two.json --to megatron --symmetric -o launch.sh
+  expect_in err.txt "tp 2 x dp 4 at every stage (1 of 4 stages change their tp, 1 their dp), mbs 2, 8 micro-batches"
+  expect_in launch.sh "    --tensor-model-parallel-size 2"
+  expect_in launch.sh "    --micro-batch-size 2"
+  # with 25 heads only tp 1 splits them: tp 1 x dp 8 though 3 stages
+  # change their tp
+  write_hetero_plan in-25.json 4 12-12-12-12 \
+    '[{"tp": 2, "dp": 4}, {"tp": 2, "dp": 4}, {"tp": 1, "dp": 8}, {"tp": 2, "dp": 4}]'
+  run 0 partita export in-25.json --to megatron --symmetric -o launch.sh
+  expect_in err.txt "tp 1 x dp 8 at every stage (3 of 4 stages change their tp, 3 their dp), mbs 1, 8 micro-batches"
+  # pp 3 cannot fill 32 GPUs symmetrically
+  write_hetero_plan in-three.json 3 16-16-16 \
+    '[{"tp": 4, "dp": 2}, {}, {"tp": 2}]'
+  run 2 partita export in-three.json --to megatron --symmetric -o out.sh
+  expect_in err.txt "in-three.json: stages: no symmetric plan keeps the 3 stages on the 32 GPUs of node_order"
+  one_line
+  [ ! -e out.sh ] || fail "a refused export wrote out.sh"
+  # a symmetric plan exports alike with or without --symmetric
+  run 0 partita export "$source_root/docs/examples/plan-gpt2xl-hetero.json" \
+    --to deepspeed -o plain.json
+  run 0 partita export "$source_root/docs/examples/plan-gpt2xl-hetero.json" \
+    --to deepspeed --symmetric -o again.json
+  cmp -s plain.json again.json || fail "--symmetric changed a symmetric plan"
+  ;;
+plan-asymmetric)
+  # the exhaustive asymmetric search on a small cluster: ranked with the
+  # symmetric plans, its best written and estimated again
+  run 0 partita plan --model gpt2-xl --cluster h200x4-hetero --gbs 64 \
+    --asymmetric --no-interleave --quiet -o plan.json
+  expect_in out.txt "plans whose stages run their own tp and dp"
+  grep -q '^ *[0-9].* asym ' out.txt || fail "no asymmetric plan ranked"
+  run 0 partita estimate plan.json
+  # above its bounds, and beside --pareto or a degree option: refused
+  run 2 partita plan --model gpt2-xl --cluster hetero --gbs 64 \
+    --asymmetric --quiet -o big.json
+  expect_in err.txt "--asymmetric: cluster hetero has 32 GPUs on 8 nodes; the asymmetric search enumerates at most 16 GPUs on 8 nodes yet"
+  one_line
+  [ ! -e big.json ] || fail "a refused search wrote big.json"
+  run 2 partita plan --model gpt2-xl --cluster h200x4-hetero --gbs 64 \
+    --asymmetric --pareto -o big.json
+  expect_in err.txt "--asymmetric: not with --pareto yet"
+  run 2 partita plan --model gpt2-xl --cluster h200x4-hetero --gbs 64 \
+    --asymmetric --tp 2 -o big.json
+  expect_in err.txt "--asymmetric: not with --tp 2 yet"
+  ;;
+*)
+  fail "unknown case"
+  ;;
+esac
+echo "ok [$case_name]"
