@@ -119,7 +119,8 @@ cudaError_t cuda_gelu_backward(pt_bf16 *d_in_bf16, const pt_bf16 *d_out_bf16,
 
 /* out[b,t,:] = token_embedding[tokens[b,t],:] + position_embedding[t,:]
  * (bf16 out: the residual stream's start, added in fp32 and rounded
- * once; fp32 tables; tokens device memory). */
+ * once; fp32 tables; tokens device memory); position_embedding NULL:
+ * none (rotary positions). */
 cudaError_t cuda_embedding_forward(pt_bf16 *out_bf16, const uint32_t *tokens,
                                    const float *token_embedding,
                                    const float *position_embedding, int B,
@@ -289,6 +290,24 @@ cudaError_t cuda_rope_forward(pt_bf16 *x_bf16, double base, int B, int T,
 cudaError_t cuda_rope_backward(pt_bf16 *d_x_bf16, double base, int B, int T,
                                int width, int heads, int head_size,
                                cudaStream_t stream);
+
+/*
+ * The qkv product between the weight's grouped order (Megatron-LM's: per
+ * key/value group its NH / KVH query heads, its key head, its value head;
+ * every model but GPT-2) and the heads' order the attention reads (NH
+ * query heads, KVH key heads, KVH value heads), rows of (NH + 2 KVH) hs,
+ * B x T of them, out of place. With turn, the query and key heads are
+ * turned on the way as cuda_rope_forward turns them (to_heads) or turned
+ * back as cuda_rope_backward (to_grouped, the gradient's way): one pass
+ * for regrouping and RoPE (rope.cu).
+ */
+cudaError_t cuda_qkv_to_heads(pt_bf16 *heads_bf16, const pt_bf16 *grouped_bf16,
+                              double base, bool turn, int B, int T, int NH,
+                              int KVH, int hs, cudaStream_t stream);
+cudaError_t cuda_qkv_to_grouped(pt_bf16 *d_grouped_bf16,
+                                const pt_bf16 *d_heads_bf16, double base,
+                                bool turn, int B, int T, int NH, int KVH,
+                                int hs, cudaStream_t stream);
 
 /* ------------------------------------------------------------ bias grads */
 

@@ -32,35 +32,25 @@ run_options run_options_defaults(long iterations)
     return options;
 }
 
-/* The cpu backend trains any model file's layer; the cuda backend
- * GPT-2's only (LayerNorm, GELU, learned positions, one key/value head
- * per head, biases) so far: another model is refused there, naming the
- * first field it differs in, rather than trained as a GPT layer of its
- * width (issue 35 item 3). */
+/* Both backends train every model file's layer (the cuda backend the
+ * Llama family's through executor/cuda/passes_llama.c); the cuda
+ * backend's Llama layer moves whole heads of bf16 through 16-byte rows
+ * (its qkv regrouping and rotation, the products of a (NH + 2 KVH) hs
+ * wide qkv), so a head size that is not a multiple of 8 is refused
+ * there (GPT-2's layer keeps its own checks). */
 int run_check_backend(const plan *p, backend_kind backend, pt_error *err)
 {
     const model_shape *m = &p->model;
-    const char *field = model_non_gpt_field(m);
-    if (backend != BACKEND_CUDA || field[0] == '\0')
+    if (backend != BACKEND_CUDA || model_is_gpt(m) ||
+        (m->hidden / m->heads) % 8 == 0)
         return 0;
-    char value[48];
-    if (strcmp(field, "kv_heads") == 0)
-        snprintf(value, sizeof value, "%d", m->kv_heads);
-    else if (strcmp(field, "norm") == 0)
-        snprintf(value, sizeof value, "\"%s\"", model_norm_name(m->norm));
-    else if (strcmp(field, "mlp") == 0)
-        snprintf(value, sizeof value, "\"%s\"", model_mlp_name(m->mlp));
-    else if (strcmp(field, "positions") == 0)
-        snprintf(value, sizeof value, "\"%s\"",
-                 model_positions_name(m->positions));
-    else
-        snprintf(value, sizeof value, "false");
-    return pt_fail(err, "model %s%s%s%s: %s %s: the cuda backend trains "
-                   "GPT-2's layer only (layernorm, gelu, learned positions, "
-                   "kv_heads = heads, biases); train this model with "
-                   "--backend cpu, or plan, estimate or export it",
+    return pt_fail(err, "model %s%s%s%s: hidden %d over %d heads: the cuda "
+                   "backend's Llama layer needs a head size that is a "
+                   "multiple of 8, not %d; train this model with --backend "
+                   "cpu, or plan, estimate or export it",
                    m->name, p->model_origin[0] ? " (" : "", p->model_origin,
-                   p->model_origin[0] ? ")" : "", field, value);
+                   p->model_origin[0] ? ")" : "", m->hidden, m->heads,
+                   m->hidden / m->heads);
 }
 
 /* Grouped-query attention's key/value heads are cut over tp, whole

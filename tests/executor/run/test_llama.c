@@ -225,7 +225,8 @@ static void checkpoint_resumes_exactly(void **state)
 }
 
 /* tp 4 over 2 key/value heads would copy them (Megatron's layout): not
- * run; the cuda backend trains GPT-2's layer only, so far. */
+ * run; the cuda backend's Llama layer takes head sizes of multiples of 8
+ * only (16 heads of 4 channels here). */
 static void refusals(void **state)
 {
     plan p;
@@ -234,9 +235,12 @@ static void refusals(void **state)
     run_expect_refusal(&p, &options, "kv_heads 2: tp 4 does not divide them");
     plan_free(&p);
     llama_plan(&p, 1, 1, 1, NULL);
+    p.model.heads = 16;
     options.backend = BACKEND_CUDA;
-    run_expect_refusal(&p, &options, "model llama-tiny: kv_heads 2: the cuda "
-                                 "backend trains GPT-2's layer only");
+    run_expect_refusal(&p, &options, "model llama-tiny: hidden 64 over 16 "
+                                     "heads: the cuda backend's Llama layer "
+                                     "needs a head size that is a multiple "
+                                     "of 8, not 4");
     plan_free(&p);
 }
 
