@@ -5,8 +5,10 @@
  * table row per problem. A benchmark, run by hand (docs/benchmarks.md);
  * no test asserts a time.
  *
- *   asymmetric_speed [--runs N]   (after one untimed warm-up run)
+ *   asymmetric_speed [--runs N] [CLUSTER...]   (after one untimed
+ *   warm-up run; CLUSTER...: only the problems on those clusters)
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,13 @@ static const speed_problem problems[] = {
     {"gpt2-xl", "h200x2-hetero", 64},
     {"gpt2-xl", "h200x4-hetero", 64},
     {"gpt2-xl", "h200x8", 64},
+    /* the FASOP cases (plan_speed's (a) and (b)) and FASOP's GPT-2 XL
+       cluster */
+    {"bert-large", "fasop-bert", 256},
+    {"gpt2-xl", "hetero", 64},
+    {"gpt2-xl", "fasop-gpt2xl", 64},
+    /* 96 GPUs of 4 types (plan_scale's) */
+    {"gpt-13b", "mixed-96", 512},
 };
 
 static int compare_doubles(const void *a, const void *b)
@@ -54,6 +63,9 @@ static int time_search(costmodel *cm, const search_options *o,
             return -1;
         *best_step = result.plan_count > 0 ? result.plans[0].step_time_s
                                            : 0.0;
+        if (asymmetric && r == runs)
+            fprintf(stderr, "  (%lld asymmetric plans solved, %lld cut)\n",
+                    result.asymmetric_scored, result.asymmetric_pruned);
         search_result_free(&result);
     }
     qsort(took + 1, (size_t)runs, sizeof *took, compare_doubles);
@@ -105,14 +117,25 @@ static int run_problem(const speed_problem *p, int runs)
     return rc;
 }
 
+/* Whether problem p is among the clusters named (all when none is). */
+static bool wanted(const speed_problem *p, int count, char **names)
+{
+    for (int i = 0; i < count; i++)
+        if (strcmp(names[i], p->cluster) == 0)
+            return true;
+    return count == 0;
+}
+
 int main(int argc, char **argv)
 {
-    int runs = 5;
-    if (argc == 3 && strcmp(argv[1], "--runs") == 0)
+    int runs = 5, first_name = 1;
+    if (argc >= 3 && strcmp(argv[1], "--runs") == 0) {
         runs = atoi(argv[2]);
-    if (runs < 1 || runs > MAX_RUNS || (argc != 1 && argc != 3)) {
-        fprintf(stderr, "usage: asymmetric_speed [--runs N], N 1..%d\n",
-                MAX_RUNS);
+        first_name = 3;
+    }
+    if (runs < 1 || runs > MAX_RUNS) {
+        fprintf(stderr, "usage: asymmetric_speed [--runs N] [CLUSTER...], "
+                        "N 1..%d\n", MAX_RUNS);
         return 2;
     }
     printf("# one thread, no interleaving, median of %d runs; step: the "
@@ -122,6 +145,7 @@ int main(int argc, char **argv)
            "asym (s)", "gain");
     int status = 0;
     for (size_t i = 0; i < sizeof problems / sizeof problems[0]; i++)
-        status |= run_problem(&problems[i], runs) != 0;
+        if (wanted(&problems[i], argc - first_name, argv + first_name))
+            status |= run_problem(&problems[i], runs) != 0;
     return status;
 }

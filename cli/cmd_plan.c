@@ -37,10 +37,10 @@ static void print_plan_help(void)
         "  --objective O      time (default) or cost ($ per step)\n"
         "  --pareto           front of step time vs $ over every sub-cluster\n"
         "  --asymmetric       also plans whose stages run their own tp and\n"
-        "                     dp, ranked with the symmetric ones (an\n"
-        "                     exhaustive search: clusters of up to 16 GPUs\n"
-        "                     on 8 nodes; no memory levers, no degree\n"
-        "                     options; docs/planner.md)\n"
+        "                     dp, ranked with the symmetric ones (exact,\n"
+        "                     branch and bound; clusters of up to 16 GPUs\n"
+        "                     in 4096 distinct node orders; no memory\n"
+        "                     levers, no degree options; docs/planner.md)\n"
         "  --tp LIST          fix or limit tp: a value or a list (--tp 8,\n"
         "                     --tp 2,4), each a power of two; likewise\n"
         "  --pp LIST, --dp LIST  pp and dp, and\n"
@@ -656,10 +656,11 @@ static int run_search(const plan_arguments *args, plan_inputs *in,
            result.configurations_scored, result.configurations_feasible,
            result.tasks, result.configurations_pruned, took);
     if (args->asymmetric)
-        printf("# and %lld plans whose stages run their own tp and dp, all "
-               "there are without memory levers (\"asym\" below: tp and dp "
-               "are stage 0's, plan.json's \"stages\" gives each)\n",
-               result.asymmetric_scored);
+        printf("# and %lld plans whose stages run their own tp and dp "
+               "(without memory levers; %lld partial plans cut by a lower "
+               "bound; \"asym\" below: tp and dp are stage 0's, plan.json's "
+               "\"stages\" gives each)\n",
+               result.asymmetric_scored, result.asymmetric_pruned);
     if (result.zero_levers_searched)
         printf("# no plan fits with ZeRO-1 and recompute alone: ZeRO-2, "
                "ZeRO-3 and optimizer offload searched too (the counts are "

@@ -2,7 +2,9 @@
  * The stage terms (time and memory linear in the layers) of a plan whose
  * stages run their own tp and dp (issue 36): what the asymmetric search
  * solves each partition on. Each stage at its own config
- * (asymmetric.c), its sends across boundaries of either kind (stage.c).
+ * (asymmetric.c), its sends across boundaries of either kind (stage.c);
+ * and one stage's terms without its sends, the floor the search's tree
+ * prices a stage by before it knows the stages around it.
  */
 #include <stdlib.h>
 
@@ -77,4 +79,51 @@ int costmodel_stage_terms_stages(costmodel *cm, const parallel_config *config,
     free(storage);
     free(t.block);
     return rc;
+}
+
+int costmodel_stage_terms_unsent(costmodel *cm, const parallel_config *own,
+                                 const node_lane *lane, int stage,
+                                 long long first, stage_terms *out,
+                                 pt_error *err)
+{
+    stage_placement place;
+    type_costs slow, small;
+    if (costmodel_place_stage_at(cm, own, NULL, lane, stage, first, &place,
+                                 err) != 0 ||
+        costmodel_type_costs(cm, place.slow_type, own, &slow, err) != 0 ||
+        costmodel_type_costs(cm, place.small_type, own, &small, err) != 0)
+        return -1;
+    costmodel_terms_with_sends(cm, own, &place, stage, &slow, &small, 0.0,
+                               out);
+    return 0;
+}
+
+int costmodel_stage_terms_inner(costmodel *cm, const parallel_config *configs,
+                                const long long *firsts, const node_lane *lane,
+                                int stage, stage_terms *out, pt_error *err)
+{
+    const parallel_config *own = &configs[stage];
+    bool has_before = stage > 0, has_after = stage < own->pp - 1;
+    stage_placement place[3];
+    for (int j = has_before ? -1 : 0; j <= (has_after ? 1 : 0); j++) {
+        int at = stage + j;
+        const parallel_config *next =
+            j < 1 && at < own->pp - 1 ? &configs[at + 1] : NULL;
+        if (costmodel_place_stage_at(cm, &configs[at], next, lane, at,
+                                     firsts[at], &place[j + 1], err) != 0)
+            return -1;
+    }
+    type_costs slow, small;
+    if (costmodel_type_costs(cm, place[1].slow_type, own, &slow, err) != 0 ||
+        costmodel_type_costs(cm, place[1].small_type, own, &small, err) != 0)
+        return -1;
+    stage_neighbours around = {has_before ? own - 1 : own, own,
+                               has_after ? own + 1 : own,
+                               has_before ? &place[0] : NULL, &place[1],
+                               has_after ? &place[2] : NULL};
+    double forward, backward;
+    costmodel_boundary_sends(cm, &around, stage, &forward, &backward);
+    costmodel_terms_with_sends(cm, own, &place[1], stage, &slow, &small,
+                               forward + backward, out);
+    return 0;
 }

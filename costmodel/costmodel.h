@@ -427,6 +427,23 @@ int costmodel_stage_terms_stages(costmodel *cm, const parallel_config *config,
                                  const stage_degrees *stages,
                                  const int *node_order, int node_count,
                                  stage_terms *terms, pt_error *err);
+/* Stage `stage`'s terms in such a plan (own: its config, as
+ * parallel_stage_config gives it; its GPUs first.. first + tp x dp - 1 of
+ * the lane) with its sends left out: what costmodel_stage_terms_stages
+ * gives the stage less its sends (the same per-layer time and memory,
+ * fixed time lower by the sends), whatever the stages around it. */
+int costmodel_stage_terms_unsent(costmodel *cm, const parallel_config *own,
+                                 const node_lane *lane, int stage,
+                                 long long first, stage_terms *out,
+                                 pt_error *err);
+/* Stage `stage`'s terms, sends and all, once the stages beside it are
+ * known: configs[stage - 1 .. stage + 1] and their first GPUs firsts[..]
+ * (those that exist; configs[].pp the plan's), on a lane over them. The
+ * same as costmodel_stage_terms_stages gives the stage in any plan that
+ * has those three stages there. */
+int costmodel_stage_terms_inner(costmodel *cm, const parallel_config *configs,
+                                const long long *firsts, const node_lane *lane,
+                                int stage, stage_terms *out, pt_error *err);
 
 /* -------------------------------------------------------------- estimate */
 

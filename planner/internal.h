@@ -451,4 +451,56 @@ int tail_walk_floor(bound_tables *tables, search_memo *memo,
 /* Room for the walk's scratch of a task (bound_tables_fill). */
 int tail_tables_fill(bound_tables *tables, pt_error *err);
 
+/* ------------------------------------------- stages of their own degrees */
+
+/* planner_search_asymmetric (search_asym.c: scoring, ranking) and its
+ * tree (search_asym_tree.c: node orders, tables, floors). */
+
+#define ASYM_MAX_STAGES ASYMMETRIC_MAX_GPUS
+
+/* An asymmetric plan whose partition was solved, kept by its surrogate. */
+typedef struct asym_candidate {
+    double score;
+    parallel_config config;
+    stage_degrees stages[ASYM_MAX_STAGES];
+    int partition[ASYM_MAX_STAGES];
+    int node_order[PLANNER_MAX_NODES];
+    int node_count;
+} asym_candidate;
+
+/* The search's state: the plan at hand (node order, pp, samples a
+ * micro-batch, each stage's degrees) and the shortlist. */
+typedef struct asym_walk {
+    costmodel *cm;
+    const search_options *options;
+    int gpus, node_count;
+    int order[PLANNER_MAX_NODES];
+    int pp, samples;
+    stage_degrees degrees[ASYM_MAX_STAGES];
+    asym_candidate *kept;
+    int kept_count, capacity;
+    long long scored, pruned;
+    double best_score;
+    pt_error *err;
+    bool failed;
+} asym_walk;
+
+/* The config of a stage of tp x dp in a plan of pp stages whose
+ * micro-batch is `samples` samples (parallel_stage_config's, for stage 0
+ * the plan's own). */
+parallel_config asym_stage_config(const search_options *o, int pp,
+                                  int samples, int tp, int dp);
+/* Solves the walk's plan exactly and offers it to the shortlist (plans
+ * whose stages are all alike are the symmetric search's: skipped). */
+void asym_score_plan(asym_walk *w);
+/* The score a plan must beat to enter the shortlist: INFINITY until it
+ * is full, then its worst. */
+double asym_threshold(const asym_walk *w);
+/* Walks every node order, pp and micro-batch, stage by stage, cutting by
+ * floors; -1 on error (w->err). */
+int asym_walk_tree(asym_walk *w);
+/* The distinct node orders of a cluster (nodes of a type alike), at most
+ * 10^18. */
+long long asym_distinct_orders(const cluster *c);
+
 #endif

@@ -179,6 +179,7 @@ typedef struct search_result {
        degrees whose partitions it solved, and the lowest surrogate
        (partition_surrogate) among those that fit; INFINITY: none */
     long long asymmetric_scored;
+    long long asymmetric_pruned; /* partial plans and tasks cut by a floor */
     double asymmetric_best_score_s;
 } search_result;
 
@@ -198,23 +199,24 @@ int planner_search(costmodel *cm, const search_options *options,
                    search_result *out, pt_error *err);
 void search_result_free(search_result *r);
 
-/* The most GPUs and nodes planner_search_asymmetric enumerates. */
+/* The most GPUs and distinct node orders planner_search_asymmetric
+ * takes. */
 #define ASYMMETRIC_MAX_GPUS 16
-#define ASYMMETRIC_MAX_NODES 8
+#define ASYMMETRIC_MAX_ORDERS 4096
 
 /* planner_search, then every plan whose stages run their own tp and dp
  * (issue 36; docs/planner.md, "Stages of their own degrees"), ranked
  * together: so the symmetric optimum is always among the candidates and
  * the result never loses to planner_search. The asymmetric plans are
- * enumerated exhaustively: every distinct node order, pp >= 2, every
- * split of the ordered GPUs into pp consecutive stages, every (tp, dp)
- * of each (tp a power of two up to 8 dividing the stage's GPUs), every
- * micro-batch of samples B (each stage's dp dividing B, B dividing gbs,
- * B / dp at most max_mbs), no memory levers; each partition solved
- * exactly for the surrogate (partition_solve_dp), the best
- * max(32, 2 keep) by surrogate simulated. Only for clusters of at most
- * ASYMMETRIC_MAX_GPUS GPUs and ASYMMETRIC_MAX_NODES nodes (else -1,
- * saying so): the exact search that scales is not written yet. */
+ * searched exactly by branch and bound (the same best surrogate as the
+ * enumeration of every distinct node order, pp >= 2, split of the
+ * ordered GPUs into pp consecutive stages, (tp, dp) of each stage (tp a
+ * power of two up to 8 dividing the stage's GPUs) and micro-batch of
+ * samples B (each stage's dp dividing B, B dividing gbs, B / dp at most
+ * max_mbs)), no memory levers; each partition solved exactly for the
+ * surrogate (partition_solve_dp), the best max(32, 2 keep) by surrogate
+ * simulated. Only for clusters of at most ASYMMETRIC_MAX_GPUS GPUs in
+ * ASYMMETRIC_MAX_ORDERS distinct node orders (else -1, saying so). */
 int planner_search_asymmetric(costmodel *cm, const search_options *options,
                               search_result *out, pt_error *err);
 

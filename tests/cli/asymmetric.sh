@@ -113,7 +113,7 @@ export-asymmetric)
   cmp -s plain.json again.json || fail "--symmetric changed a symmetric plan"
   ;;
 plan-asymmetric)
-  # the exhaustive asymmetric search on a small cluster: ranked with the
+  # the asymmetric search on a small cluster: ranked with the
   # symmetric plans, its best written and estimated again
   run 0 partita plan --model gpt2-xl --cluster h200x4-hetero --gbs 64 \
     --asymmetric --no-interleave --quiet -o plan.json
@@ -121,9 +121,9 @@ plan-asymmetric)
   grep -q '^ *[0-9].* asym ' out.txt || fail "no asymmetric plan ranked"
   run 0 partita estimate plan.json
   # above its bounds, and beside --pareto or a degree option: refused
-  run 2 partita plan --model gpt2-xl --cluster hetero --gbs 64 \
+  run 2 partita plan --model gpt-13b --cluster mixed-96 --gbs 512 \
     --asymmetric --quiet -o big.json
-  expect_in err.txt "--asymmetric: cluster hetero has 32 GPUs on 8 nodes; the asymmetric search enumerates at most 16 GPUs on 8 nodes yet"
+  expect_in err.txt "--asymmetric: cluster mixed-96 has 96 GPUs on 12 nodes in 369600 distinct orders; the asymmetric search takes at most 16 GPUs and 4096 node orders yet"
   one_line
   [ ! -e big.json ] || fail "a refused search wrote big.json"
   run 2 partita plan --model gpt2-xl --cluster h200x4-hetero --gbs 64 \

@@ -1,5 +1,5 @@
-# Helpers shared by the command-line tests (e2e.sh, zero.sh, mpi.sh,
-# plan_options.sh):
+# Helpers shared by the command-line tests (e2e.sh, exec_report.sh,
+# zero.sh, mpi.sh, plan_options.sh):
 # e2e.sh and zero.sh source it first and begin with e2e_begin, mpi.sh
 # after it set case_name and changed into its scratch folder.
 
@@ -26,6 +26,20 @@ run() {
     echo "--- stdout"; cat out.txt; echo "--- stderr"; cat err.txt
     fail "'$*' exited $status, expected $expected"
   fi
+}
+# run_profile CMD...: `run 0 CMD` for a cpu-backend `partita profile`,
+# run again (at most three times) when the profile's own reader refused
+# the measurement as inconsistent: timing on a loaded machine, not the
+# code under test, can make a larger micro-batch look faster.
+run_profile() {
+  local attempt
+  for attempt in 1 2 3; do
+    "$@" >out.txt 2>err.txt && return 0
+    grep -q "inconsistent" err.txt || break
+    echo "note [$case_name]: attempt $attempt refused as inconsistent, again" >&2
+  done
+  echo "--- stdout"; cat out.txt; echo "--- stderr"; cat err.txt
+  fail "'$*' failed"
 }
 expect_in() { grep -q -- "$2" "$1" || { cat "$1"; fail "'$2' not in $1"; }; }
 
@@ -56,5 +70,30 @@ write_layout_plan() { # FILE MBS TP DP PP [EXTRA]
       { "name": "box", "gpu": "A100-FASOP", "gpus": $gpus,
         "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
   "gbs": 4, "mbs": $2, "tp": $3, "dp": $4, "pp": $5${6:-} }
+JSON
+}
+
+no_leftovers() {
+  local left
+  left=$(ls -A | grep -v -e '^out.txt$' -e '^err.txt$' -e '^in' || true)
+  [ -z "$left" ] || fail "files left behind: $left"
+}
+
+# exec: the bundled corpus prepped as in-corpus, and a tiny plan of one
+# stage on one device (model and cluster inline) with the given pp/vocab.
+prep_corpus() {
+  partita prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null \
+    || fail "prep of the corpus failed"
+}
+
+write_tiny_plan() { # FILE [PP] [VOCAB]
+  local pp="${2:-1}" vocab="${3:-257}"
+  cat >"$1" <<JSON
+{ "model": { "name": "tiny", "layers": 2, "hidden": 16, "heads": 2,
+             "seq": 16, "vocab": $vocab },
+  "cluster": { "name": "one-box", "nodes": [
+      { "name": "box", "gpu": "A100-FASOP", "gpus": $pp,
+        "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
+  "gbs": 4, "mbs": 2, "tp": 1, "dp": 1, "pp": $pp }
 JSON
 }

@@ -5,13 +5,9 @@
 # usage: zero.sh PARTITA CASE   (run by meson, one test per case)
 # PARTITA_WRAPPER, when set, runs partita under it (valgrind, say).
 set -u
-# fail, run, expect_in, write_layout_plan; e2e_begin
+# fail, run, expect_in, write_layout_plan, prep_corpus; e2e_begin
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 e2e_begin "$@"
-prep_corpus() {
-  partita prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null \
-    || fail "prep of the corpus failed"
-}
 
 case "$case_name" in
 plan-zero-levers)

@@ -226,7 +226,7 @@ static void test_refuses_large_clusters(void **state)
     (void)state;
     model_shape m;
     cluster c;
-    load_inputs("gpt2-xl", "hetero", &m, &c);
+    load_inputs("gpt-13b", "mixed-96", &m, &c);
     char profiles[PT_PATH_MAX];
     costmodel cm;
     pt_error err = {{0}};
@@ -237,8 +237,9 @@ static void test_refuses_large_clusters(void **state)
     search_options_default(&o);
     search_result result;
     assert_int_equal(planner_search_asymmetric(&cm, &o, &result, &err), -1);
-    assert_non_null(strstr(err.message, "--asymmetric: cluster hetero has "
-                                        "32 GPUs on 8 nodes"));
+    assert_non_null(strstr(err.message, "--asymmetric: cluster mixed-96 "
+                                        "has 96 GPUs on 12 nodes in 369600 "
+                                        "distinct orders"));
     costmodel_close(&cm);
     cluster_free(&c);
 }
