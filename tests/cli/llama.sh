@@ -2,8 +2,8 @@
 # End-to-end tests of Llama-family models (issue 35: RMSNorm, SwiGLU,
 # rotary positions, grouped-query attention, untied head) through the
 # partita command: plan on a bundled mixed cluster, estimate, export to
-# Megatron-LM and DeepSpeed, exec on the cpu backend and the cuda
-# backend's refusal; e2e.sh's conventions.
+# Megatron-LM and DeepSpeed, exec on the cpu backend and what exec and
+# profile refuse; e2e.sh's conventions.
 # usage: llama.sh PARTITA CASE   (run by meson, one test per case)
 # PARTITA_WRAPPER, when set, runs partita under it (valgrind, say).
 set -u
