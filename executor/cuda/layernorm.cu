@@ -17,7 +17,8 @@
  * the norm's own term), it writes d_inp in fp32 and the bf16 copy the
  * next matrix products read, and adds the weight and bias gradients, in
  * one kernel: each block sums dy x xhat and dy over its rows in
- * registers, writes them as its partial row, and the last block of each
+ * registers (rows up to 2048 wide one warp a row, wider ones the whole
+ * block a row), writes them as its partial row, and the last block of each
  * group of blocks to finish sums the group's partials, the last group
  * the groups' sums (a fixed order everywhere, so results do not change
  * between runs). Rows wider than FUSED_MAX_COLUMNS or not 16-byte
