@@ -1063,6 +1063,11 @@ int main(void)
      * groups of blocks (2500 rows: 79 blocks); then the generic kernels */
     test_layernorm(&tally, 300, 768);
     test_layernorm(&tally, 2500, 1600);
+    /* the warp-row backward's widths (C <= 2048): several groups of
+     * blocks, a lane's partial last group, two blocks of 32 rows */
+    test_layernorm(&tally, 5000, 1024);
+    test_layernorm(&tally, 1500, 1280);
+    test_layernorm(&tally, 37, 2048);
     test_layernorm(&tally, 200, 2560);
     test_layernorm(&tally, 100, 5120);
     test_layernorm(&tally, 64, 12288); /* above 8192: generic, vector */
