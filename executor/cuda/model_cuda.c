@@ -775,11 +775,15 @@ static int cuda_zero_grads(model_stage *stage, pt_error *err)
     CUDA_TRY(cudaSetDevice(state->device));
     if (cuda_grad_units_settle(stage, err) != 0)
         return -1;
+    /* stream-ordered, not waited for: the host builds the next
+     * micro-batch's tokens and embedding plan while the device zeroes
+     * (a wait here left the GPU idle for both, 0.4-0.6 ms a step at GPT-2
+     * 350M on an H200); whatever reads the gradients is behind it on the
+     * stream or waits for the stream first */
     CUDA_TRY(cudaMemsetAsync(stage->grads, 0,
                              stage->grad_count *
                                  element_bytes(stage, STAGE_GRADS),
                              state->stream));
-    CUDA_TRY(cudaStreamSynchronize(state->stream));
     return 0;
 }
 
