@@ -402,6 +402,22 @@ static void test_asymmetric_layout(void **state)
     assert_true(first == 16 && count == 16);
     pipeline_boundary_rows(&layout, 3, &first, &count);
     assert_true(first == 24 && count == 8);
+    /* groups: stage 0's dp group, stage 2's two; stage 1's tp group,
+     * stage 2's two; the tied embedding's pairs of replica 0's shards
+     * (stage 0 whole, stage 2 in two) */
+    comm_groups groups;
+    assert_int_equal(pipeline_layout_groups(&layout, &groups, &err), 0);
+    static const int expected[][4] = {{0, 1, 2, 3}, {6, 8}, {7, 9}, {4, 5},
+                                      {6, 7},       {8, 9}, {0, 6}, {0, 7}};
+    static const int sizes[] = {4, 2, 2, 2, 2, 2, 2, 2};
+    assert_int_equal(groups.count, 8);
+    for (int g = 0; g < groups.count; g++) {
+        assert_int_equal(groups.offsets[g + 1] - groups.offsets[g],
+                         sizes[g]);
+        assert_memory_equal(groups.members + groups.offsets[g], expected[g],
+                            (size_t)sizes[g] * sizeof(int));
+    }
+    comm_groups_free(&groups);
     /* a dp that cannot share the micro-batch's 4 samples */
     stages[1] = (stage_degrees){2, 3};
     assert_int_equal(pipeline_layout_init_stages(&layout, &shape, &config,
