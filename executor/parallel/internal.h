@@ -74,11 +74,12 @@ const uint32_t *pipeline_replica_tokens(const pipeline_layout *layout,
  * degrees (parallel/tied.c): data holds this rank's shard of the tied
  * tensor (rows x hidden, its vocabulary rows), each stage's full-batch
  * gradient on every replica of it; afterwards every replica of both
- * stages holds the sum of the two. Replica 0 of each stage sums the
- * vocabulary rows it shares with each shard of the other
- * (pipeline_tied_segment, in row order), then gives its rows to its
- * stage's other replicas. bf16: the stage keeps its gradients in bf16
- * (through its stream, as grad_sync.c's).
+ * stages holds the sum of the two. Replica d of each stage, for each d
+ * both stages have, sums the vocabulary rows it shares with each shard
+ * of replica d of the other (pipeline_tied_segment, in row order); the
+ * stage of more replicas then gives replica 0's rows to its others.
+ * bf16: the stage keeps its gradients in bf16 (through its stream, as
+ * grad_sync.c's).
  */
 int pipeline_tied_sum(const comm *c, const pipeline_layout *layout,
                       model_stage *stage, void *data, bool bf16,

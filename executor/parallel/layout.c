@@ -344,9 +344,10 @@ static void add_new_group(comm_groups *out, const int *members, int size,
 }
 
 /* The tied embedding's pairs: shard t of replica d of the first stage
- * with its twin on the last (stages of the same degrees), or else
- * replica 0's shards whose vocabulary rows meet (pipeline_tied_segment);
- * the other replicas get the sums over their stage's dp groups. */
+ * with its twin on the last (stages of the same degrees), or else, for
+ * each replica d that both stages have, their shards whose vocabulary
+ * rows meet (pipeline_tied_segment); the other replicas get the sums
+ * over their stage's dp group. */
 static void add_embedding_pairs(const pipeline_layout *layout,
                                 comm_groups *out, int *members)
 {
@@ -362,16 +363,20 @@ static void add_embedding_pairs(const pipeline_layout *layout,
             }
         return;
     }
-    for (int t = 0; t < layout->stage_tp[0]; t++)
-        for (int u = 0; u < layout->stage_tp[last]; u++) {
-            int first = 0, count = 0;
-            pipeline_tied_segment(layout, t, u, &first, &count);
-            if (count == 0)
-                continue;
-            members[0] = pipeline_rank_of(layout, 0, 0, t);
-            members[1] = pipeline_rank_of(layout, last, 0, u);
-            add_new_group(out, members, 2, layout->rank_count);
-        }
+    int twins = layout->stage_dp[0] < layout->stage_dp[last]
+                    ? layout->stage_dp[0]
+                    : layout->stage_dp[last];
+    for (int d = 0; d < twins; d++)
+        for (int t = 0; t < layout->stage_tp[0]; t++)
+            for (int u = 0; u < layout->stage_tp[last]; u++) {
+                int first = 0, count = 0;
+                pipeline_tied_segment(layout, t, u, &first, &count);
+                if (count == 0)
+                    continue;
+                members[0] = pipeline_rank_of(layout, 0, d, t);
+                members[1] = pipeline_rank_of(layout, last, d, u);
+                add_new_group(out, members, 2, layout->rank_count);
+            }
 }
 
 int pipeline_layout_groups(const pipeline_layout *layout, comm_groups *out,

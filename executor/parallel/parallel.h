@@ -105,8 +105,9 @@ void pipeline_boundary_rows(const pipeline_layout *layout, int rank,
 /* The tied embedding between a first and a last stage of different
  * degrees: the vocabulary rows [*first, *first + *count) that shard t of
  * the first stage and shard u of the last both hold (*count 0: none);
- * replica 0 of each stage sums them pairwise, then each stage's replica
- * 0 gives the sums to its other replicas. */
+ * replica d of each stage sums them pairwise with replica d of the
+ * other, for each d both stages have, then the stage of more replicas
+ * gives replica 0's sums to its others. */
 void pipeline_tied_segment(const pipeline_layout *layout, int t, int u,
                            int *first, int *count);
 

@@ -2,10 +2,11 @@
  * The tied embedding between a first and a last stage of different
  * degrees (issue 36): the token embedding's gradient on the first stage
  * and its tied copy's on the last are one tensor, but their shards cut
- * the vocabulary differently (each stage's tp) and their replicas differ
- * in number (each stage's dp). Replica 0 of each stage sums, pairwise,
- * the rows it shares with each shard of the other; then it hands its
- * rows to the other replicas of its stage. docs/executor.md ("Stages of
+ * the vocabulary differently (each stage's tp) and their replicas may
+ * differ in number (each stage's dp). Replica d of each stage, for d
+ * below the smaller dp, sums pairwise with replica d of the other the
+ * rows it shares with each shard of it; the stage of more replicas then
+ * hands replica 0's rows to the others. docs/executor.md ("Stages of
  * their own degrees").
  */
 #include "executor/parallel/internal.h"
@@ -68,25 +69,28 @@ int pipeline_tied_sum(const comm *c, const pipeline_layout *layout,
     int mine = 0, mine_count = 0;
     stage_vocab_shard(layout->shape.vocab, layout->stage_tp[s], t, &mine,
                       &mine_count);
-    /* replica 0: every segment, in row order (both ends of a segment
-     * reach it after the same earlier ones: no two wait on each other) */
-    for (int u = 0; pipeline_rank_replica(layout, rank) == 0 &&
-                    u < layout->stage_tp[other];
-         u++) {
+    /* the replicas with a twin: every segment, in row order (both ends
+     * of a segment reach it after the same earlier ones: no two wait on
+     * each other) */
+    int replica = pipeline_rank_replica(layout, rank);
+    int twins = layout->stage_dp[0] < layout->stage_dp[last]
+                    ? layout->stage_dp[0]
+                    : layout->stage_dp[last];
+    for (int u = 0; replica < twins && u < layout->stage_tp[other]; u++) {
         int first = 0, count = 0;
         int first_tp = s == 0 ? t : u, last_tp = s == 0 ? u : t;
         pipeline_tied_segment(layout, first_tp, last_tp, &first, &count);
         if (count == 0)
             continue;
-        int pair[2] = {pipeline_rank_of(layout, 0, 0, first_tp),
-                       pipeline_rank_of(layout, last, 0, last_tp)};
+        int pair[2] = {pipeline_rank_of(layout, 0, replica, first_tp),
+                       pipeline_rank_of(layout, last, replica, last_tp)};
         char *rows = (char *)data + (size_t)(first - mine) * hidden * element;
         if (sum_pair(c, pair, rows, (size_t)count * hidden, stage, bf16,
                      err) != 0)
             return -1;
     }
     int dp = layout->stage_dp[s];
-    if (dp == 1)
+    if (dp == twins)
         return 0;
     int *group = malloc((size_t)dp * sizeof *group);
     if (group == NULL)

@@ -285,7 +285,7 @@ static void test_tensor_parallel(void **state)
 /* Stages of their own degrees (issue 36). Two stages: a micro-batch of
  * dp x mbs = 2 samples split over stage 0's two replicas and merged on
  * stage 1's one (tp 2), and the other way; 1F1B and GPipe, tied and
- * untied. */
+ * untied; stages of the same dp and different tp. */
 static void test_asymmetric_two_stages(void **state)
 {
     (void)state;
@@ -303,6 +303,14 @@ static void test_asymmetric_two_stages(void **state)
     check_layout(&split);
     split.tied = false;
     check_layout(&split);
+    /* only tp differs: each replica's tied embedding summed with its
+     * twin's, shard by shard of rows; with ZeRO-1 too */
+    layout_case widen = {.pp = 2, .dp = 2, .tp = 1, .mbs = 1, .gbs = 8,
+                         .schedule = SCHEDULE_1F1B, .partition = even,
+                         .tied = true, .stages = {{0, 0}, {2, 2}}};
+    check_layout(&widen);
+    widen.zero = 1;
+    check_layout(&widen);
 }
 
 /* Three stages, each its own: tp 1 x dp 4, tp 2 x dp 1, tp 2 x dp 2
@@ -403,14 +411,16 @@ static void test_asymmetric_layout(void **state)
     pipeline_boundary_rows(&layout, 3, &first, &count);
     assert_true(first == 24 && count == 8);
     /* groups: stage 0's dp group, stage 2's two; stage 1's tp group,
-     * stage 2's two; the tied embedding's pairs of replica 0's shards
-     * (stage 0 whole, stage 2 in two) */
+     * stage 2's two; the tied embedding's pairs of replicas 0 and 1's
+     * shards (stage 0 whole, stage 2 in two) */
     comm_groups groups;
     assert_int_equal(pipeline_layout_groups(&layout, &groups, &err), 0);
-    static const int expected[][4] = {{0, 1, 2, 3}, {6, 8}, {7, 9}, {4, 5},
-                                      {6, 7},       {8, 9}, {0, 6}, {0, 7}};
-    static const int sizes[] = {4, 2, 2, 2, 2, 2, 2, 2};
-    assert_int_equal(groups.count, 8);
+    static const int expected[][4] = {{0, 1, 2, 3}, {6, 8}, {7, 9},
+                                      {4, 5},       {6, 7}, {8, 9},
+                                      {0, 6},       {0, 7}, {1, 8},
+                                      {1, 9}};
+    static const int sizes[] = {4, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    assert_int_equal(groups.count, 10);
     for (int g = 0; g < groups.count; g++) {
         assert_int_equal(groups.offsets[g + 1] - groups.offsets[g],
                          sizes[g]);
