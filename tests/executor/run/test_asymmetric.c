@@ -7,7 +7,7 @@
  * within fp32 round-off (1e-5 relative), whether a boundary splits a
  * micro-batch over more replicas or merges it onto fewer, scatters an
  * activation over more tensor-parallel shards or gathers it from them,
- * with sequence parallelism, ZeRO-1/2 and full recompute; a run stopped
+ * with sequence parallelism, ZeRO-1/2/3 and full recompute; a run stopped
  * with a checkpoint and resumed equals the straight run bit for bit, and
  * its checkpoint resumes only under its own stages; the record names
  * every rank.
@@ -121,7 +121,7 @@ static void gpt_sequence_parallel(void **state)
 static void gpt_zero(void **state)
 {
     asym_case zero = merge;
-    for (zero.zero = 1; zero.zero <= 2; zero.zero++) {
+    for (zero.zero = 1; zero.zero <= 3; zero.zero++) {
         char name[96];
         snprintf(name, sizeof name, "%s, ZeRO-%d", merge.name, zero.zero);
         zero.name = name;
