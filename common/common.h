@@ -756,6 +756,14 @@ int plan_rank_node(const plan *p, int rank);
 /* The first stage of p whose tp or dp is its own (not the plan-wide
  * one), or -1: a plan the symmetric tools (exec, export) can take. */
 int plan_first_asymmetric_stage(const plan *p);
+/* The ranks of a plan (tp x dp x pp, or its stages' tp x dp summed), the
+ * ranks of stage `stage` and the first of them (stage_degrees_*), and
+ * the stage holding a rank: what every layer that lays ranks out uses,
+ * symmetric plan or not. */
+int plan_rank_count(const plan *p);
+int plan_stage_ranks(const plan *p, int stage);
+int plan_stage_first_rank(const plan *p, int stage);
+int plan_stage_of_rank(const plan *p, int rank);
 /* The "stages" entry of a plan (parsed and checked against the degrees,
  * the model, the batch and held_gpus, those of node_order): the plan
  * reader's last step (common/plan_stages.c). */
@@ -1005,6 +1013,8 @@ typedef struct run_json {
     json_t *plan;                /* written: the plan, model and cluster
                                     inline (a reference is taken) */
     int tp, dp, pp, gbs, mbs;    /* read (from plan); gbs, mbs written */
+    int plan_ranks;              /* read: tp x dp x pp, or the plan's
+                                    stages' tp x dp summed */
     char backend[PT_NAME_MAX];   /* training.backend; read: "" if absent */
     int rank_count;              /* read: entries of peak_memory_gib;
                                     written: ranks of max_rss_gib */

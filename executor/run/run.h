@@ -141,7 +141,8 @@ typedef struct run_result {
     backend_kind backend;
     run_device device;           /* of rank 0 (the only rank of a one-stage
                                     run) */
-    int rank_count;              /* pp x dp x tp: 1 for a one-stage run */
+    int rank_count;              /* pp x dp x tp (or the stages' tp x dp
+                                    summed): 1 for a one-stage run */
     int pp, dp, tp;
     run_device *devices;         /* owned, rank_count, by rank */
     double *rank_peak_memory_bytes; /* owned, rank_count: each rank's
