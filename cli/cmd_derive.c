@@ -320,18 +320,6 @@ static json_t *build_profile(const derive_arguments *a, int argc, char **argv,
     return root;
 }
 
-/* The model shape of a profile shape (one layer; layers do not matter to
- * per-layer prices). */
-static model_shape shape_model(const profile_shape *shape)
-{
-    model_shape m = {.layers = 1, .hidden = shape->hidden,
-                     .heads = shape->heads, .ffn_hidden = shape->ffn_hidden,
-                     .seq = shape->seq, .vocab = shape->vocab,
-                     .tied_embeddings = true};
-    snprintf(m.name, sizeof m.name, "h%d-s%d", shape->hidden, shape->seq);
-    return m;
-}
-
 /* A one-node cluster of the derived GPU on the reference's link. */
 static int comparison_cluster(const derive_arguments *a, const profile *derived,
                               const profile_shape *shape, cluster *out,
@@ -400,7 +388,7 @@ static int print_comparison(const derive_arguments *a, const profile *derived,
     int rows = 0, status = 0;
     for (int s = 0; status == 0 && s < ref.shape_count; s++) {
         const profile_shape *shape = &ref.shapes[s];
-        model_shape m = shape_model(shape);
+        model_shape m = profile_shape_model(shape);
         cluster c;
         costmodel cm;
         if (comparison_cluster(a, derived, shape, &c, err) != 0) {
