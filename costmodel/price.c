@@ -12,13 +12,20 @@
 #include "costmodel/internal.h"
 
 /* Achieved / peak over the layer forwards the profile holds (its tp = 1
- * points when it has any, since the others may include communication). */
-static double fitted_efficiency(const profile *prof)
+ * points when it has any, since the others may include communication),
+ * of the model's layer architecture when the profile holds any, else of
+ * every shape (a Llama layer's rate is not a GPT-2 layer's). */
+static double fitted_efficiency(const profile *prof, const model_shape *m)
 {
     double sum_tp1 = 0.0, sum_all = 0.0;
     int count_tp1 = 0, count_all = 0;
+    bool own = false;
+    for (int i = 0; i < prof->shape_count; i++)
+        own = own || profile_shape_same_architecture(&prof->shapes[i], m);
     for (int i = 0; i < prof->shape_count; i++) {
         const profile_shape *shape = &prof->shapes[i];
+        if (own && !profile_shape_same_architecture(shape, m))
+            continue;
         model_shape layer = profile_shape_model(shape);
         for (int j = 0; j < shape->point_count; j++) {
             const profile_point *point = &shape->points[j];
@@ -42,10 +49,10 @@ static double fitted_efficiency(const profile *prof)
     return count_all > 0 ? sum_all / count_all : 0.0;
 }
 
-static double model_efficiency(const profile *prof)
+static double model_efficiency(const profile *prof, const model_shape *m)
 {
     return prof->flops_efficiency > 0.0 ? prof->flops_efficiency
-                                        : fitted_efficiency(prof);
+                                        : fitted_efficiency(prof, m);
 }
 
 /* "hidden 64, ffn_hidden 96, seq 16, vocab 257", and the layer's
@@ -70,7 +77,7 @@ static int check_efficiency_model(const costmodel *cm, const profile *prof,
     }
     char key[160];
     shape_key_text(m, key, sizeof key);
-    if (prof->peak_tflops <= 0.0 || model_efficiency(prof) <= 0.0)
+    if (prof->peak_tflops <= 0.0 || model_efficiency(prof, m) <= 0.0)
         return pt_fail(err,
                        "profile %s: holds no layer shape %s and has no "
                        "efficiency model to price it (needs "
@@ -171,7 +178,7 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
                        "%s: the profile holds no layer shape %s; priced by "
                        "the efficiency model (%.0f TFLOP/s peak x %.3f %s)",
                        prof->gpu, key,
-                       prof->peak_tflops, model_efficiency(prof),
+                       prof->peak_tflops, model_efficiency(prof, m),
                        prof->flops_efficiency > 0.0 ? "given" : "fitted");
 }
 
@@ -204,7 +211,7 @@ static part_times efficiency_times(const profile *prof, const model_shape *m,
                                    const parallel_config *config)
 {
     double flops_per_s =
-        rate_or_tensor(prof, config) * 1e12 * model_efficiency(prof);
+        rate_or_tensor(prof, config) * 1e12 * model_efficiency(prof, m);
     double bytes_per_s = prof->memory_bandwidth_GBps * 1e9;
     double tokens = (double)config->mbs * m->seq;
     double element = precision_bytes(config->precision);
@@ -552,7 +559,7 @@ static price_method describe_unheld(const costmodel *cm, const profile *prof,
         return PRICE_ROOFLINE;
     }
     snprintf(how, size, "FLOPs at %.0f TFLOP/s x %.3f efficiency",
-             prof->peak_tflops, model_efficiency(prof));
+             prof->peak_tflops, model_efficiency(prof, &cm->model));
     return PRICE_EFFICIENCY;
 }
 

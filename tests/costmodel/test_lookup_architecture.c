@@ -239,6 +239,53 @@ static void lookups_never_mix_architectures(void **state)
     assert_true(t.llama_measured > 10);
 }
 
+/* A profile without a roofline prices a shape it lacks by the efficiency
+ * its own architecture's measured layers reach (every shape's when it
+ * holds none of it): a GPT-2 layer at half the peak and a Llama layer at
+ * a quarter price a GPT-2 and a Llama model of other vocabularies (no
+ * neighbours) at those rates. */
+static void efficiency_of_the_models_own_architecture(void **state)
+{
+    (void)state;
+    uint64_t seed = 35;
+    profile p;
+    random_profile(&p, &seed);
+    for (int i = 0; i < p.shape_count; i++)
+        free(p.shapes[i].points);
+    p.shape_count = 0;
+    p.roofline.present = false;
+    p.flops_efficiency = 0.0;
+    const double rates[2] = {0.5, 0.25};
+    for (int arch = 0; arch < 2; arch++) {
+        model_shape m = layer_of(arch, 128, 64, 100);
+        add_shape(&p, &m, arch, &seed);
+        profile_shape *shape = &p.shapes[p.shape_count - 1];
+        for (int i = 0; i < shape->point_count; i++) {
+            profile_point *pt = &shape->points[i];
+            pt->layer.forward_s = model_layer_forward_flops(&m, pt->mbs) /
+                                  pt->tp / (rates[arch] * 989e12);
+        }
+    }
+    parallel_config config = config_of(8, 1, 1, 1, 1);
+    for (int arch = 0; arch < 2; arch++) {
+        model_shape other = layer_of(arch, 256, 64, 200);
+        pricing_entry entries[3];
+        price(&p, &other, &config, entries);
+        assert_int_equal(entries[1].method, PRICE_EFFICIENCY);
+        char want[64];
+        snprintf(want, sizeof want, "x %.3f efficiency", rates[arch]);
+        if (strstr(entries[1].how, want) == NULL)
+            fail_msg("architecture %d: \"%s\" lacks \"%s\"", arch,
+                     entries[1].how, want);
+    }
+    /* a third architecture the profile lacks: every shape's mean */
+    model_shape qwen = layer_of(3, 256, 64, 200);
+    pricing_entry entries[3];
+    price(&p, &qwen, &config, entries);
+    assert_non_null(strstr(entries[1].how, "x 0.375 efficiency"));
+    profile_free(&p);
+}
+
 /* The architectures drawn are told apart by the key. */
 static void architectures_are_distinct(void **state)
 {
@@ -255,6 +302,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(architectures_are_distinct),
         cmocka_unit_test(lookups_never_mix_architectures),
+        cmocka_unit_test(efficiency_of_the_models_own_architecture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
