@@ -23,7 +23,7 @@
 # Environment: MODELS (default "llama3.2-1b llama3-8b mistral-7b
 # llama2-7b qwen2.5-7b"), TP (1,2,4,8), MBS_SMALL (1,2,4,8: Llama-3.2-1B),
 # MBS_LARGE (1,2,4: the 7-8B layers, whose micro-batch of 4 at sequence
-# 8192 is already 32,768 tokens), MODEL_S (120: the time limit of one
+# 8192 is already 32,768 tokens), MODEL_S (180: the time limit of one
 # model), BUDGET_S (300: no model is started past it), PROFILE_OPTIONS
 # ("--timing host --rounds 7 --round-ms 10 --stage-sets 1 --processes
 # 1"). Exit status: 0 when every model was added (or held already) and
@@ -60,15 +60,16 @@ for model in $models; do
     fi
     mbs=${MBS_LARGE:-1,2,4}
     [ "$model" = llama3.2-1b ] && mbs=${MBS_SMALL:-1,2,4,8}
+    name=$(basename "$model" .json)
     start=$SECONDS
-    timeout -k 5 "${MODEL_S:-120}" "$partita" profile --model "$model" \
+    timeout -k 5 "${MODEL_S:-180}" "$partita" profile --model "$model" \
         --missing-only --tp "${TP:-1,2,4,8}" --mbs "$mbs" --no-comm \
-        "${options[@]}" -o "$profile" >"$out/$model.log" 2>"$out/$model.err"
+        "${options[@]}" -o "$profile" >"$out/$name.log" 2>"$out/$name.err"
     rc=$?
     [ $rc -eq 0 ] || status=1
     # the points added (or "nothing to measure"), and any tp skipped
-    echo "$model: rc $rc, $((SECONDS - start)) s: $(grep -E '^# (added|.*nothing to measure)' "$out/$model.log" | tail -n 1)$( [ $rc -eq 0 ] || echo " $(tail -n 1 "$out/$model.err")")"
-    grep -h 'not measured\|skipped' "$out/$model.err" "$out/$model.log" |
+    echo "$name: rc $rc, $((SECONDS - start)) s: $(grep -E '^# (added|.*nothing to measure)' "$out/$name.log" | tail -n 1)$( [ $rc -eq 0 ] || echo " $(tail -n 1 "$out/$name.err")")"
+    grep -h 'not measured\|skipped' "$out/$name.err" "$out/$name.log" |
         sed 's/^/    /' | sort -u
 done
 # every whole-GPU Llama plan of the accuracy suite priced from measured
@@ -82,7 +83,7 @@ python3 - "$profile" <<'EOF'
 import json, sys
 p = json.load(open(sys.argv[1]))
 for s in p["shapes"]:
-    arch = " ".join(f"{k} {s[k]}" for k in ("kv_heads", "norm", "mlp", "positions", "bias", "qkv_bias") if k in s)
+    arch = " ".join(f"{k} {json.dumps(s[k])}" for k in ("kv_heads", "norm", "mlp", "positions", "bias", "qkv_bias") if k in s)
     tps = sorted({c["tp"] for c in s["costs"]})
     print(f"# shape hidden {s['hidden']} seq {s['seq']} vocab {s['vocab']}: "
           f"{len(s['costs'])} points, tp {tps}{'; ' + arch if arch else ''}")
