@@ -169,7 +169,7 @@ JSON
   mkdir in-profiles
   run 0 partita profile --derive A10 --from in-H200.json --points -o in-profiles/A10.json
   expect_in out.txt "rms log error"
-  expect_in out.txt "| H200 | 64 | 16 | 2 | 1 | layer fwd |"
+  expect_in out.txt "| H200 | 64 (rmsnorm swiglu rope kv 2/4 nobias) | 16 | 2 | 1 | layer fwd |"
   expect_in out.txt "| H200 | 96 | 32 | 1 | 1 | layer bwd |"
   expect_in in-profiles/A10.json '"source": "derived"'
   cat >in-plan.json <<JSON
