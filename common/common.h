@@ -226,7 +226,13 @@ typedef struct model_shape {
 } model_shape;
 
 int model_from_json(const json_t *obj, const json_place *place,
-                    model_shape *out, pt_error *err);
+                    model_shape *out, pt_error *err);/* A model file's architecture keys (kv_heads to qkv_bias) onto out, its
+ * heads set; GPT-2's where absent. Profiles' shapes read theirs so. */
+int model_architecture_from_json(const json_t *obj, const json_place *place,
+                                 model_shape *out, pt_error *err);
+/* Those not GPT-2's into obj; norm_eps and rope_base with constants. */
+void model_architecture_to_json(const model_shape *model, bool constants,
+                                json_t *obj, int *failures);
 int model_load_file(const char *path, model_shape *out, pt_error *err);
 /* The model as models/<name>.json holds it; NULL when out of memory. */
 json_t *model_to_json(const model_shape *model);
@@ -252,6 +258,10 @@ bool model_is_gpt(const model_shape *model);
 /* The first field (in file order) that is not GPT-2's, "" when none:
  * what a message names when the layer is not one the caller runs. */
 const char *model_non_gpt_field(const model_shape *model);
+/* What is not GPT-2's in the layer, "rmsnorm swiglu rope kv 8/32 nobias"
+ * ("" for GPT-2's): how profile output names a shape's architecture. */
+void model_architecture_tag(const model_shape *model, char *out,
+                            size_t size);
 /* Key/value heads one of tp ranks holds, as Megatron splits them: kv / tp
  * when tp divides them, else (tp a multiple of them) one, replicated. */
 double model_kv_heads_per_rank(const model_shape *model, int tp);
@@ -384,10 +394,18 @@ typedef struct profile_point {
     part_cost head;      /* final norm, LM head, loss */
 } profile_point;
 
-/* The costs of one layer shape. heads is recorded but not part of the
- * key: a layer's FLOPs and bytes do not depend on the head count. */
+/* The costs of one layer shape, keyed by hidden, ffn_hidden, seq, vocab
+ * and the layer's architecture (profile_shape_prices): a Llama layer
+ * never prices a GPT-2 layer of its widths, nor the reverse. heads counts
+ * only through kv_heads / heads. The architecture's 0s are GPT-2's, what
+ * a file's shape without those keys (every profile before them) is. */
 typedef struct profile_shape {
     int hidden, heads, ffn_hidden, seq, vocab;
+    int kv_heads;           /* 0 (or heads): one per head */
+    model_norm norm;
+    model_mlp mlp;
+    model_positions positions;
+    model_bias bias;
     int point_count;
     profile_point *points;  /* owned */
 } profile_shape;
@@ -493,9 +511,17 @@ int profile_add_points(profile *into, const profile *from, int *added,
 void profile_free(profile *p);
 const char *profile_source_name(profile_source source);
 
-/* The shape of p that prices this model's layers: same hidden,
- * ffn_hidden, seq and vocab (heads is not part of the key). -1: none. */
+/* The shape of p that prices this model's layers (below); -1: none. */
 int profile_find_shape(const profile *p, const model_shape *model);
+/* The same norm, MLP, positions and biases, and kv_heads / heads. */
+bool profile_shape_same_architecture(const profile_shape *shape,
+                                     const model_shape *model);
+/* That, and the same hidden, ffn_hidden (0: 4 x hidden), seq, vocab. */
+bool profile_shape_prices(const profile_shape *shape,
+                          const model_shape *model);
+/* The one-layer model the shape measured, and a model's shape key. */
+model_shape profile_shape_model(const profile_shape *shape);
+profile_shape profile_shape_of_model(const model_shape *model);
 /* The point (tp, mbs) of a shape; -1 when it was not measured. Points are
  * sorted by tp, then mbs. */
 int profile_find_point(const profile_shape *shape, int tp, int mbs);

@@ -91,7 +91,7 @@ static double roofline_layer_flops(const model_shape *m, int tp)
                          .sms = 100, .sms_used = 100};
     model_part_costs costs;
     roofline_part_costs(&p, &d, m,
-                        (roofline_shard){tp, 1, 2.0, false, 4.0, true},
+                        (roofline_shard){tp, 1, 2.0, false, 4.0, true, true},
                         &costs);
     return costs.layer.forward_s * d.peak_flops;
 }
