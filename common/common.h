@@ -226,7 +226,8 @@ typedef struct model_shape {
 } model_shape;
 
 int model_from_json(const json_t *obj, const json_place *place,
-                    model_shape *out, pt_error *err);/* A model file's architecture keys (kv_heads to qkv_bias) onto out, its
+                    model_shape *out, pt_error *err);
+/* A model file's architecture keys (kv_heads to qkv_bias) onto out, its
  * heads set; GPT-2's where absent. Profiles' shapes read theirs so. */
 int model_architecture_from_json(const json_t *obj, const json_place *place,
                                  model_shape *out, pt_error *err);
@@ -242,8 +243,7 @@ json_t *model_to_json(const model_shape *model);
 double model_parameter_count(const model_shape *model);
 /* Parameters of one transformer layer. */
 double model_layer_parameter_count(const model_shape *model);
-/* The token embedding and, with learned positions, the position
- * embedding. */
+/* The token embedding and, with learned positions, the positions'. */
 double model_embedding_parameter_count(const model_shape *model);
 /* The final norm: weight and bias (LayerNorm) or weight (RMSNorm). */
 double model_final_norm_parameter_count(const model_shape *model);
@@ -695,11 +695,9 @@ int parallel_check_schedule_levers(const parallel_config *config, int seq,
 
 /* Micro-batches per iteration: gbs / (dp x mbs). */
 int parallel_microbatches(const parallel_config *config);
-/* The ZeRO stage a config asks for, 0..3: zero_stage, or 1 for a plain
- * distributed_optimizer. */
+/* The ZeRO stage asked, 0..3: zero_stage, or 1 for distributed_optimizer. */
 int parallel_zero_stage(const parallel_config *config);
-/* Sets ZeRO stage 0..3, keeping distributed_optimizer (stage >= 1) in
- * step with it. */
+/* Sets ZeRO stage 0..3, distributed_optimizer (stage >= 1) with it. */
 void parallel_set_zero_stage(parallel_config *config, int stage);
 
 #define PT_MAX_STAGES 512
@@ -862,8 +860,7 @@ double pt_monotonic_seconds(void);
 
 /* --------------------------------------------------------- atomic files */
 
-/*
- * Files that appear whole or not at all (common/atomic_file.c): written
+/* Files that appear whole or not at all (common/atomic_file.c): written
  * under a temporary name beside the target, fsynced, then renamed over
  * it, so a crash or an error leaves the old file (or none) and never a
  * partial one. pt_write_file_atomic does it in one call; the steps are
@@ -928,8 +925,7 @@ int pt_sync_directory(const char *dir, pt_error *err);
 
 /* ---------------------------------------------------------- input files */
 
-/*
- * Input files read through read(2) (common/file_reader.c): a failed read
+/* Input files read through read(2) (common/file_reader.c): a failed read
  * is an error naming the file and the reason, never taken for the end of
  * the file, and nothing is read past a bound, so an endless input
  * (/dev/zero, a FIFO, one line of 400 MB) is refused in one line rather
@@ -989,8 +985,7 @@ static inline void pt_store_le(unsigned char *bytes, uint64_t value,
 
 /* ------------------------------------------------------------- run.json */
 
-/*
- * run.json (formats.md, "Run"), the record of a training run. One owner,
+/* run.json (formats.md, "Run"), the record of a training run. One owner,
  * common/run_json.c: `partita exec` fills a run_json (executor/run) and
  * builds the file's object with run_json_build; `partita report` reads it
  * back with run_json_read (report/run_record.c). A run_json is plain data:
