@@ -225,6 +225,19 @@ static void print_fit(const derive_arguments *a, const roofline_fit_result *f)
 
 static const char *const part_names[] = {"embedding", "layer", "head"};
 
+/* " (rmsnorm swiglu rope kv 8/32 nobias)" after a shape's width when its
+ * layer is not GPT-2's (two Llama shapes may share hidden and seq with a
+ * GPT-2 one), "" otherwise. */
+static void architecture_suffix(const profile_shape *shape, char *out,
+                                size_t size)
+{
+    model_shape layer = profile_shape_model(shape);
+    char tag[64];
+    model_architecture_tag(&layer, tag, sizeof tag);
+    snprintf(out, size, "%s%s%s", tag[0] != '\0' ? " (" : "", tag,
+             tag[0] != '\0' ? ")" : "");
+}
+
 static int print_points(const roofline_params *params,
                         const derive_sources *sources, pt_error *err)
 {
@@ -239,9 +252,11 @@ static int print_points(const roofline_params *params,
             return -1;
         for (int j = 0; j < count; j++) {
             const profile_shape *shape = &source->shapes[obs[j].shape_index];
-            printf("| %s | %d | %d | %d | %d | %s %s | %.3f ms | %.3f ms | "
+            char suffix[80];
+            architecture_suffix(shape, suffix, sizeof suffix);
+            printf("| %s | %d%s | %d | %d | %d | %s %s | %.3f ms | %.3f ms | "
                    "%+.1f %% |\n",
-                   source->gpu, shape->hidden, shape->seq, obs[j].tp,
+                   source->gpu, shape->hidden, suffix, shape->seq, obs[j].tp,
                    obs[j].mbs, part_names[obs[j].part],
                    obs[j].backward ? "bwd" : "fwd", obs[j].measured_s * 1e3,
                    obs[j].predicted_s * 1e3,
@@ -320,18 +335,6 @@ static json_t *build_profile(const derive_arguments *a, int argc, char **argv,
     return root;
 }
 
-/* The model shape of a profile shape (one layer; layers do not matter to
- * per-layer prices). */
-static model_shape shape_model(const profile_shape *shape)
-{
-    model_shape m = {.layers = 1, .hidden = shape->hidden,
-                     .heads = shape->heads, .ffn_hidden = shape->ffn_hidden,
-                     .seq = shape->seq, .vocab = shape->vocab,
-                     .tied_embeddings = true};
-    snprintf(m.name, sizeof m.name, "h%d-s%d", shape->hidden, shape->seq);
-    return m;
-}
-
 /* A one-node cluster of the derived GPU on the reference's link. */
 static int comparison_cluster(const derive_arguments *a, const profile *derived,
                               const profile_shape *shape, cluster *out,
@@ -373,9 +376,12 @@ static void print_comparison_row(const profile *ref, const profile_shape *shape,
                                  costs->layer_forward_s,
                                  costs->head_forward_s};
     double ref_s = measured[part]->forward_s, ours = derived_forward[part];
-    printf("| %s | h %d, s %d, V %d | %d | %d | %s | %.3f ms | %.3f ms | "
+    char suffix[80];
+    architecture_suffix(shape, suffix, sizeof suffix);
+    printf("| %s | h %d, s %d, V %d%s | %d | %d | %s | %.3f ms | %.3f ms | "
            "%+.0f %% |\n",
-           ref->gpu, shape->hidden, shape->seq, shape->vocab, pt->tp, pt->mbs,
+           ref->gpu, shape->hidden, shape->seq, shape->vocab, suffix, pt->tp,
+           pt->mbs,
            part_names[part], ref_s * 1e3, ours * 1e3,
            100.0 * (ours / ref_s - 1.0));
     *log_sum += fabs(log(ours / ref_s));
@@ -400,7 +406,7 @@ static int print_comparison(const derive_arguments *a, const profile *derived,
     int rows = 0, status = 0;
     for (int s = 0; status == 0 && s < ref.shape_count; s++) {
         const profile_shape *shape = &ref.shapes[s];
-        model_shape m = shape_model(shape);
+        model_shape m = profile_shape_model(shape);
         cluster c;
         costmodel cm;
         if (comparison_cluster(a, derived, shape, &c, err) != 0) {

@@ -510,8 +510,8 @@ static int write_run_record(const exec_arguments *args, const plan *p,
     return cli_write_json("exec", root, args->output, &err);
 }
 
-static void print_summary(const exec_arguments *args, const run_result *r,
-                          double flops_per_iteration)
+static void print_summary(const exec_arguments *args, const plan *p,
+                          const run_result *r, double flops_per_iteration)
 {
     char step[32], memory[32];
     pt_format_seconds(r->step_time_s, step, sizeof step);
@@ -520,7 +520,11 @@ static void print_summary(const exec_arguments *args, const run_result *r,
         printf("exec: stopped early: %s\n", r->stop_reason);
     int ranks = r->rank_count > 0 ? r->rank_count : 1;
     char where[PT_NAME_MAX * 2 + 64];
-    if (ranks > 1)
+    if (ranks > 1 && plan_first_asymmetric_stage(p) >= 0)
+        snprintf(where, sizeof where,
+                 "%d ranks (pp %d, each stage its tp x dp) of %s", ranks,
+                 r->pp, r->device.name);
+    else if (ranks > 1)
         snprintf(where, sizeof where,
                  "%d ranks (pp %d x dp %d x tp %d) of %s", ranks, r->pp,
                  r->dp, r->tp, r->device.name);
@@ -598,7 +602,7 @@ static int record_what_finished(const exec_arguments *args, const plan *p,
     }
     if (write_run_record(args, p, r, flops) != 0)
         return -1;
-    print_summary(args, r, flops);
+    print_summary(args, p, r, flops);
     return 0;
 }
 

@@ -264,17 +264,6 @@ int command_report(int argc, char **argv)
         cli_error("report", err.message);
         return EXIT_BAD_INPUT;
     }
-    /* its charts and traces lay ranks out as a symmetric plan does */
-    int own = plan_first_asymmetric_stage(&p);
-    if (own >= 0) {
-        char message[256];
-        snprintf(message, sizeof message,
-                 "stages[%d]: a stage of its own tp and dp: report does not "
-                 "take such plans yet (partita estimate prices them)", own);
-        cli_error_in("report", args.plan_path, message);
-        plan_free(&p);
-        return EXIT_BAD_INPUT;
-    }
     run_record run;
     bool have_run = args.run_path != NULL || args.log_path != NULL;
     int loaded = 0;

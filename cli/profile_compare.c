@@ -17,7 +17,7 @@ typedef struct compare_tally {
     int over;                    /* differ by more than the tolerance */
     int missing;                 /* in one profile only */
     double worst_percent;        /* largest |difference| */
-    char worst[96];
+    char worst[224];
     /* the same over the times of LONG_ENTRY_S or more, which repeat far
      * better than launch-bound ones (docs/profiles.md, "Repeatability") */
     int long_entries;
@@ -75,7 +75,7 @@ static void compare_point(compare_tally *t, const char *prefix,
     const part_cost *a_parts[] = {&a->embedding, &a->layer, &a->head};
     const part_cost *b_parts[] = {&b->embedding, &b->layer, &b->head};
     for (int i = 0; i < 3; i++) {
-        char name[96];
+        char name[224];
         snprintf(name, sizeof name, "%stp %d mbs %d %s forward", prefix,
                  a->tp, a->mbs, parts[i]);
         compare_entry(t, name, a_parts[i]->forward_s, b_parts[i]->forward_s,
@@ -100,7 +100,7 @@ static void compare_shape(compare_tally *t, const char *prefix,
                     : pa->tp != pb->tp ? (pa->tp < pb->tp ? -1 : 1)
                                        : (pa->mbs > pb->mbs) -
                                              (pa->mbs < pb->mbs);
-        char name[96];
+        char name[224];
         if (order == 0) {
             compare_point(t, prefix, pa, pb);
             i++, j++;
@@ -119,11 +119,19 @@ static void compare_shape(compare_tally *t, const char *prefix,
 
 static int find_same_shape(const profile *p, const profile_shape *shape)
 {
-    model_shape key = {.hidden = shape->hidden,
-                       .ffn_hidden = shape->ffn_hidden,
-                       .seq = shape->seq,
-                       .vocab = shape->vocab};
+    model_shape key = profile_shape_model(shape);
     return profile_find_shape(p, &key);
+}
+
+/* "h1600 s1024 ", or with a layer that is not GPT-2's its tag too
+ * ("h2048 s2048 rmsnorm swiglu rope kv 8/32 nobias "). */
+static void shape_prefix(const profile_shape *shape, char *out, size_t size)
+{
+    model_shape layer = profile_shape_model(shape);
+    char tag[96];
+    model_architecture_tag(&layer, tag, sizeof tag);
+    snprintf(out, size, "h%d s%d %s%s", shape->hidden, shape->seq, tag,
+             tag[0] != '\0' ? " " : "");
 }
 
 static void compare_shapes(compare_tally *t, const profile *a,
@@ -131,9 +139,8 @@ static void compare_shapes(compare_tally *t, const profile *a,
 {
     for (int i = 0; i < a->shape_count; i++) {
         const profile_shape *shape = &a->shapes[i];
-        char prefix[64];
-        snprintf(prefix, sizeof prefix, "h%d s%d ", shape->hidden,
-                 shape->seq);
+        char prefix[160];
+        shape_prefix(shape, prefix, sizeof prefix);
         int k = find_same_shape(b, shape);
         if (k >= 0)
             compare_shape(t, prefix, shape, &b->shapes[k]);
@@ -142,9 +149,8 @@ static void compare_shapes(compare_tally *t, const profile *a,
     }
     for (int k = 0; k < b->shape_count; k++)
         if (find_same_shape(a, &b->shapes[k]) < 0) {
-            char prefix[64];
-            snprintf(prefix, sizeof prefix, "h%d s%d ", b->shapes[k].hidden,
-                     b->shapes[k].seq);
+            char prefix[160];
+            shape_prefix(&b->shapes[k], prefix, sizeof prefix);
             missing_entry(t, prefix, false);
         }
 }

@@ -182,7 +182,10 @@ static int measure_curves(const profile_arguments *a,
 
 static void print_points(const model_shape *shape, const profiler_result *r)
 {
-    printf("# %s: %d points\n", shape->name, r->point_count);
+    char tag[96];
+    model_architecture_tag(shape, tag, sizeof tag);
+    printf("# %s: %d points%s%s%s\n", shape->name, r->point_count,
+           tag[0] != '\0' ? " (" : "", tag, tag[0] != '\0' ? ")" : "");
     printf("# %3s %4s  %21s  %21s  %21s\n", "tp", "mbs",
            "embedding fwd/bwd ms", "layer fwd/bwd ms", "head fwd/bwd ms");
     for (int i = 0; i < r->point_count; i++) {
@@ -252,26 +255,19 @@ static int load_models(const char *list, model_shape *shapes, int *count)
             cli_error("profile", err.message);
             return -1;
         }
-        /* the stages measured run GPT-2's layer: a Llama-shaped model's
-           times would be a GPT layer's of its width */
-        if (!model_is_gpt(shape)) {
-            fprintf(stderr, "partita profile: %s: %s: profile measures "
-                            "GPT-2's layer only; this model's layers are "
-                            "priced by the roofline or efficiency model "
-                            "(docs/cost-model.md, \"Llama-family layers\")\n",
-                    path, model_non_gpt_field(shape));
-            return -1;
-        }
-        for (int i = 0; i < *count; i++)
-            if (shapes[i].hidden == shape->hidden &&
-                shapes[i].ffn_hidden == shape->ffn_hidden &&
-                shapes[i].seq == shape->seq && shapes[i].vocab == shape->vocab) {
+        /* a profile's shape is keyed by its widths and its layer's
+           architecture: two models alike in both are one shape */
+        for (int i = 0; i < *count; i++) {
+            profile_shape key = profile_shape_of_model(&shapes[i]);
+            if (profile_shape_prices(&key, shape)) {
                 fprintf(stderr, "partita profile: --model: %s and %s have "
-                                "the same hidden, ffn_hidden, seq and vocab "
-                                "(one shape of the profile)\n",
+                                "the same hidden, ffn_hidden, seq, vocab and "
+                                "layer architecture (one shape of the "
+                                "profile)\n",
                         shapes[i].name, shape->name);
                 return -1;
             }
+        }
         (*count)++;
     }
     if (*count == 0)
@@ -369,15 +365,22 @@ static int measure_and_write(profile_arguments *a, int argc, char **argv)
 /* ------------------------------------------------------ --missing-only */
 
 /* The tps of the options that shape `model` lacks in `have` (none of its
- * points at that tp) and the profiler can run; their count. */
+ * points at that tp) and the profiler can run; their count. A tp the
+ * model cannot be split by is said (stderr) and left out. */
 static int missing_tps(const profile *have, const model_shape *model,
                        const profiler_options *options, int *tps)
 {
     int shape = profile_find_shape(have, model), count = 0;
     for (int i = 0; i < options->tp_count; i++) {
         int tp = options->tp_values[i];
-        if (profiler_tp_refusal(model, tp) != NULL)
+        const char *refusal = profiler_tp_refusal(model, tp);
+        if (refusal != NULL) {
+            fprintf(stderr, "# model %s: tp %d not measured: %s (%d heads, "
+                            "%d for keys and values)\n",
+                    model->name, tp, refusal, model->heads,
+                    model_kv_heads(model));
             continue;
+        }
         bool held = false;
         for (int j = 0; shape >= 0 && j < have->shapes[shape].point_count;
              j++)

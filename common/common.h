@@ -227,6 +227,13 @@ typedef struct model_shape {
 
 int model_from_json(const json_t *obj, const json_place *place,
                     model_shape *out, pt_error *err);
+/* A model file's architecture keys (kv_heads to qkv_bias) onto out, its
+ * heads set; GPT-2's where absent. Profiles' shapes read theirs so. */
+int model_architecture_from_json(const json_t *obj, const json_place *place,
+                                 model_shape *out, pt_error *err);
+/* Those not GPT-2's into obj; norm_eps and rope_base with constants. */
+void model_architecture_to_json(const model_shape *model, bool constants,
+                                json_t *obj, int *failures);
 int model_load_file(const char *path, model_shape *out, pt_error *err);
 /* The model as models/<name>.json holds it; NULL when out of memory. */
 json_t *model_to_json(const model_shape *model);
@@ -236,8 +243,7 @@ json_t *model_to_json(const model_shape *model);
 double model_parameter_count(const model_shape *model);
 /* Parameters of one transformer layer. */
 double model_layer_parameter_count(const model_shape *model);
-/* The token embedding and, with learned positions, the position
- * embedding. */
+/* The token embedding and, with learned positions, the positions'. */
 double model_embedding_parameter_count(const model_shape *model);
 /* The final norm: weight and bias (LayerNorm) or weight (RMSNorm). */
 double model_final_norm_parameter_count(const model_shape *model);
@@ -252,6 +258,10 @@ bool model_is_gpt(const model_shape *model);
 /* The first field (in file order) that is not GPT-2's, "" when none:
  * what a message names when the layer is not one the caller runs. */
 const char *model_non_gpt_field(const model_shape *model);
+/* What is not GPT-2's in the layer, "rmsnorm swiglu rope kv 8/32 nobias"
+ * ("" for GPT-2's): how profile output names a shape's architecture. */
+void model_architecture_tag(const model_shape *model, char *out,
+                            size_t size);
 /* Key/value heads one of tp ranks holds, as Megatron splits them: kv / tp
  * when tp divides them, else (tp a multiple of them) one, replicated. */
 double model_kv_heads_per_rank(const model_shape *model, int tp);
@@ -384,10 +394,18 @@ typedef struct profile_point {
     part_cost head;      /* final norm, LM head, loss */
 } profile_point;
 
-/* The costs of one layer shape. heads is recorded but not part of the
- * key: a layer's FLOPs and bytes do not depend on the head count. */
+/* The costs of one layer shape, keyed by hidden, ffn_hidden, seq, vocab
+ * and the layer's architecture (profile_shape_prices): a Llama layer
+ * never prices a GPT-2 layer of its widths, nor the reverse. heads counts
+ * only through kv_heads / heads. The architecture's 0s are GPT-2's, what
+ * a file's shape without those keys (every profile before them) is. */
 typedef struct profile_shape {
     int hidden, heads, ffn_hidden, seq, vocab;
+    int kv_heads;           /* 0 (or heads): one per head */
+    model_norm norm;
+    model_mlp mlp;
+    model_positions positions;
+    model_bias bias;
     int point_count;
     profile_point *points;  /* owned */
 } profile_shape;
@@ -493,9 +511,17 @@ int profile_add_points(profile *into, const profile *from, int *added,
 void profile_free(profile *p);
 const char *profile_source_name(profile_source source);
 
-/* The shape of p that prices this model's layers: same hidden,
- * ffn_hidden, seq and vocab (heads is not part of the key). -1: none. */
+/* The shape of p that prices this model's layers (below); -1: none. */
 int profile_find_shape(const profile *p, const model_shape *model);
+/* The same norm, MLP, positions and biases, and kv_heads / heads. */
+bool profile_shape_same_architecture(const profile_shape *shape,
+                                     const model_shape *model);
+/* That, and the same hidden, ffn_hidden (0: 4 x hidden), seq, vocab. */
+bool profile_shape_prices(const profile_shape *shape,
+                          const model_shape *model);
+/* The one-layer model the shape measured, and a model's shape key. */
+model_shape profile_shape_model(const profile_shape *shape);
+profile_shape profile_shape_of_model(const model_shape *model);
 /* The point (tp, mbs) of a shape; -1 when it was not measured. Points are
  * sorted by tp, then mbs. */
 int profile_find_point(const profile_shape *shape, int tp, int mbs);
@@ -669,11 +695,9 @@ int parallel_check_schedule_levers(const parallel_config *config, int seq,
 
 /* Micro-batches per iteration: gbs / (dp x mbs). */
 int parallel_microbatches(const parallel_config *config);
-/* The ZeRO stage a config asks for, 0..3: zero_stage, or 1 for a plain
- * distributed_optimizer. */
+/* The ZeRO stage asked, 0..3: zero_stage, or 1 for distributed_optimizer. */
 int parallel_zero_stage(const parallel_config *config);
-/* Sets ZeRO stage 0..3, keeping distributed_optimizer (stage >= 1) in
- * step with it. */
+/* Sets ZeRO stage 0..3, distributed_optimizer (stage >= 1) with it. */
 void parallel_set_zero_stage(parallel_config *config, int stage);
 
 #define PT_MAX_STAGES 512
@@ -756,6 +780,14 @@ int plan_rank_node(const plan *p, int rank);
 /* The first stage of p whose tp or dp is its own (not the plan-wide
  * one), or -1: a plan the symmetric tools (exec, export) can take. */
 int plan_first_asymmetric_stage(const plan *p);
+/* The ranks of a plan (tp x dp x pp, or its stages' tp x dp summed), the
+ * ranks of stage `stage` and the first of them (stage_degrees_*), and
+ * the stage holding a rank: what every layer that lays ranks out uses,
+ * symmetric plan or not. */
+int plan_rank_count(const plan *p);
+int plan_stage_ranks(const plan *p, int stage);
+int plan_stage_first_rank(const plan *p, int stage);
+int plan_stage_of_rank(const plan *p, int rank);
 /* The "stages" entry of a plan (parsed and checked against the degrees,
  * the model, the batch and held_gpus, those of node_order): the plan
  * reader's last step (common/plan_stages.c). */
@@ -828,8 +860,7 @@ double pt_monotonic_seconds(void);
 
 /* --------------------------------------------------------- atomic files */
 
-/*
- * Files that appear whole or not at all (common/atomic_file.c): written
+/* Files that appear whole or not at all (common/atomic_file.c): written
  * under a temporary name beside the target, fsynced, then renamed over
  * it, so a crash or an error leaves the old file (or none) and never a
  * partial one. pt_write_file_atomic does it in one call; the steps are
@@ -894,8 +925,7 @@ int pt_sync_directory(const char *dir, pt_error *err);
 
 /* ---------------------------------------------------------- input files */
 
-/*
- * Input files read through read(2) (common/file_reader.c): a failed read
+/* Input files read through read(2) (common/file_reader.c): a failed read
  * is an error naming the file and the reason, never taken for the end of
  * the file, and nothing is read past a bound, so an endless input
  * (/dev/zero, a FIFO, one line of 400 MB) is refused in one line rather
@@ -955,8 +985,7 @@ static inline void pt_store_le(unsigned char *bytes, uint64_t value,
 
 /* ------------------------------------------------------------- run.json */
 
-/*
- * run.json (formats.md, "Run"), the record of a training run. One owner,
+/* run.json (formats.md, "Run"), the record of a training run. One owner,
  * common/run_json.c: `partita exec` fills a run_json (executor/run) and
  * builds the file's object with run_json_build; `partita report` reads it
  * back with run_json_read (report/run_record.c). A run_json is plain data:
@@ -1005,6 +1034,8 @@ typedef struct run_json {
     json_t *plan;                /* written: the plan, model and cluster
                                     inline (a reference is taken) */
     int tp, dp, pp, gbs, mbs;    /* read (from plan); gbs, mbs written */
+    int plan_ranks;              /* read: tp x dp x pp, or the plan's
+                                    stages' tp x dp summed */
     char backend[PT_NAME_MAX];   /* training.backend; read: "" if absent */
     int rank_count;              /* read: entries of peak_memory_gib;
                                     written: ranks of max_rss_gib */

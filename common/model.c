@@ -4,6 +4,7 @@
  * run records embed it), and its parameter counts. */
 #include "common/common.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* Bounds that keep every product the cost model forms far from overflow
@@ -107,10 +108,8 @@ static int read_norm_eps(const json_t *obj, const json_place *place,
     return 0;
 }
 
-/* kv_heads (divides heads), norm and norm_eps (rmsnorm only), mlp,
- * positions and rope_base (rope only), bias: GPT-2's when absent. */
-static int read_architecture(const json_t *obj, const json_place *place,
-                             model_shape *out, pt_error *err)
+int model_architecture_from_json(const json_t *obj, const json_place *place,
+                                 model_shape *out, pt_error *err)
 {
     long long kv = out->heads;
     int norm = 0, mlp = 0, positions = 0;
@@ -185,7 +184,7 @@ int model_from_json(const json_t *obj, const json_place *place,
                                "hidden %d is not divisible by %d heads",
                                out->hidden, out->heads);
     }
-    return read_architecture(obj, place, out, err);
+    return model_architecture_from_json(obj, place, out, err);
 }
 
 int model_load_file(const char *path, model_shape *out, pt_error *err)
@@ -198,6 +197,37 @@ int model_load_file(const char *path, model_shape *out, pt_error *err)
     int status = model_from_json(root, &place, out, err);
     json_decref(root);
     return status;
+}
+
+/* The architecture's keys only where they are not GPT-2's, so that a
+ * GPT model's JSON (and a profile's GPT-2 shape) reads as it always has. */
+void model_architecture_to_json(const model_shape *model, bool constants,
+                                json_t *obj, int *failures)
+{
+    if (model_kv_heads(model) != model->heads)
+        json_put(obj, "kv_heads", json_integer(model->kv_heads), failures);
+    if (model->norm != MODEL_NORM_LAYERNORM) {
+        json_put(obj, "norm", json_string(model_norm_name(model->norm)),
+                 failures);
+        if (constants)
+            json_put(obj, "norm_eps", json_real(model_norm_eps(model)),
+                     failures);
+    }
+    if (model->mlp != MODEL_MLP_GELU)
+        json_put(obj, "mlp", json_string(model_mlp_name(model->mlp)),
+                 failures);
+    if (model->positions != MODEL_POSITIONS_LEARNED) {
+        json_put(obj, "positions",
+                 json_string(model_positions_name(model->positions)),
+                 failures);
+        if (constants)
+            json_put(obj, "rope_base", json_real(model->rope_base),
+                     failures);
+    }
+    if (model->bias != MODEL_BIAS_ALL)
+        json_put(obj, "bias", json_false(), failures);
+    if (model->bias == MODEL_BIAS_QKV)
+        json_put(obj, "qkv_bias", json_true(), failures);
 }
 
 json_t *model_to_json(const model_shape *model)
@@ -215,29 +245,7 @@ json_t *model_to_json(const model_shape *model)
     json_put(obj, "vocab", json_integer(model->vocab), &failures);
     json_put(obj, "tied_embeddings", json_boolean(model->tied_embeddings),
              &failures);
-    /* the architecture's keys only where they are not GPT-2's, so that a
-     * GPT model's JSON reads as it always has */
-    if (model_kv_heads(model) != model->heads)
-        json_put(obj, "kv_heads", json_integer(model->kv_heads), &failures);
-    if (model->norm != MODEL_NORM_LAYERNORM) {
-        json_put(obj, "norm", json_string(model_norm_name(model->norm)),
-                 &failures);
-        json_put(obj, "norm_eps", json_real(model_norm_eps(model)),
-                 &failures);
-    }
-    if (model->mlp != MODEL_MLP_GELU)
-        json_put(obj, "mlp", json_string(model_mlp_name(model->mlp)),
-                 &failures);
-    if (model->positions != MODEL_POSITIONS_LEARNED) {
-        json_put(obj, "positions",
-                 json_string(model_positions_name(model->positions)),
-                 &failures);
-        json_put(obj, "rope_base", json_real(model->rope_base), &failures);
-    }
-    if (model->bias != MODEL_BIAS_ALL)
-        json_put(obj, "bias", json_false(), &failures);
-    if (model->bias == MODEL_BIAS_QKV)
-        json_put(obj, "qkv_bias", json_true(), &failures);
+    model_architecture_to_json(model, true, obj, &failures);
     if (failures > 0) {
         json_decref(obj);
         return NULL;
@@ -289,6 +297,31 @@ const char *model_non_gpt_field(const model_shape *model)
 bool model_is_gpt(const model_shape *model)
 {
     return model_non_gpt_field(model)[0] == '\0';
+}
+
+void model_architecture_tag(const model_shape *model, char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    const char *words[5] = {NULL, NULL, NULL, NULL, NULL};
+    char kv[32] = "";
+    if (model->norm != MODEL_NORM_LAYERNORM)
+        words[0] = model_norm_name(model->norm);
+    if (model->mlp != MODEL_MLP_GELU)
+        words[1] = model_mlp_name(model->mlp);
+    if (model->positions != MODEL_POSITIONS_LEARNED)
+        words[2] = model_positions_name(model->positions);
+    if (model_kv_heads(model) != model->heads) {
+        snprintf(kv, sizeof kv, "kv %d/%d", model_kv_heads(model),
+                 model->heads);
+        words[3] = kv;
+    }
+    if (model->bias != MODEL_BIAS_ALL)
+        words[4] = model->bias == MODEL_BIAS_QKV ? "qkv-bias" : "nobias";
+    for (int i = 0; i < 5 && used < size; i++)
+        if (words[i] != NULL)
+            used += (size_t)snprintf(out + used, size - used, "%s%s",
+                                     used > 0 ? " " : "", words[i]);
 }
 
 /* One norm's parameters: LayerNorm's weight and bias, RMSNorm's weight. */

@@ -74,6 +74,30 @@ int plan_first_asymmetric_stage(const plan *p)
     return stage_degrees_first_own(&p->config, p->stages);
 }
 
+int plan_rank_count(const plan *p)
+{
+    return stage_degrees_first_rank(&p->config, p->stages, p->config.pp);
+}
+
+int plan_stage_ranks(const plan *p, int stage)
+{
+    return stage_degrees_ranks(&p->config, p->stages, stage);
+}
+
+int plan_stage_first_rank(const plan *p, int stage)
+{
+    return stage_degrees_first_rank(&p->config, p->stages, stage);
+}
+
+int plan_stage_of_rank(const plan *p, int rank)
+{
+    int stage = 0;
+    while (stage + 1 < p->config.pp &&
+           plan_stage_first_rank(p, stage + 1) <= rank)
+        stage++;
+    return stage;
+}
+
 /* ------------------------------------------------------------- reader */
 
 /* One entry: {"tp": t, "dp": d}, either optional. */

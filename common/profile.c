@@ -52,8 +52,11 @@ static const char *const roofline_keys[] = {
     "gemm_efficiency", "gemm_half_work_gflop_per_sm", "attention_efficiency",
     "bandwidth_efficiency", "kernel_overhead_us",
     "bandwidth_saturation_sm_fraction", NULL};
-static const char *const shape_keys[] = {"hidden", "heads", "ffn_hidden",
-                                         "seq", "vocab", "costs", NULL};
+/* kv_heads to qkv_bias: the layer's architecture, as a model file spells
+ * it (absent: GPT-2's) */
+static const char *const shape_keys[] = {
+    "hidden", "heads", "ffn_hidden", "seq", "vocab", "kv_heads", "norm",
+    "mlp", "positions", "bias", "qkv_bias", "costs", NULL};
 static const char *const point_keys[] = {"tp", "mbs", "embedding", "layer",
                                          "head", NULL};
 /* The spreads are written by `partita profile` (interquartile range over
@@ -261,6 +264,14 @@ static int point_from_json(const json_t *obj, const json_place *place,
                                "and heads %d",
                                out->tp, shape->hidden, shape->ffn_hidden,
                                shape->heads);
+    /* grouped-query attention: whole key/value heads a rank, or one
+       copied (as model_check_tp allows) */
+    int kv = shape->kv_heads > 0 ? shape->kv_heads : shape->heads;
+    if (kv % out->tp != 0 && out->tp % kv != 0)
+        return json_place_fail(&tp_place, err,
+                               "%d neither divides the %d key/value heads "
+                               "nor is a multiple of them",
+                               out->tp, kv);
     if (part_from_json(obj, place, "embedding", backward_over_forward,
                        &out->embedding, err) != 0 ||
         part_from_json(obj, place, "layer", backward_over_forward,
@@ -373,13 +384,21 @@ static int shape_from_json(const json_t *obj, const json_place *place,
                                "has hidden / heads dimensions)",
                                out->heads, out->hidden);
     }
+    model_shape layer = {.hidden = out->hidden, .heads = out->heads};
+    if (model_architecture_from_json(obj, place, &layer, err) != 0)
+        return -1;
+    out->kv_heads = layer.kv_heads != layer.heads ? layer.kv_heads : 0;
+    out->norm = layer.norm;
+    out->mlp = layer.mlp;
+    out->positions = layer.positions;
+    out->bias = layer.bias;
     return costs_from_json(obj, place, backward_over_forward, out, err);
 }
 
 static bool same_shape_key(const profile_shape *a, const profile_shape *b)
 {
-    return a->hidden == b->hidden && a->ffn_hidden == b->ffn_hidden &&
-           a->seq == b->seq && a->vocab == b->vocab;
+    model_shape key = profile_shape_model(a);
+    return profile_shape_prices(b, &key);
 }
 
 static int shapes_from_json(const json_t *root, const json_place *place,
@@ -407,8 +426,9 @@ static int shapes_from_json(const json_t *root, const json_place *place,
         for (size_t j = 0; j < i; j++)
             if (same_shape_key(&out->shapes[j], &out->shapes[i]))
                 return json_place_fail(&shape_place, err,
-                                       "same hidden, ffn_hidden, seq and "
-                                       "vocab as shapes[%zu]",
+                                       "same hidden, ffn_hidden, seq, vocab "
+                                       "and layer architecture as "
+                                       "shapes[%zu]",
                                        j);
     }
     return 0;
@@ -712,6 +732,8 @@ static json_t *shape_to_json(const profile_shape *shape, bool spreads,
     json_put(obj, "ffn_hidden", json_integer(shape->ffn_hidden), failures);
     json_put(obj, "seq", json_integer(shape->seq), failures);
     json_put(obj, "vocab", json_integer(shape->vocab), failures);
+    model_shape layer = profile_shape_model(shape);
+    model_architecture_to_json(&layer, false, obj, failures);
     json_t *costs = json_array();
     for (int i = 0; i < shape->point_count; i++) {
         const profile_point *point = &shape->points[i];
@@ -872,11 +894,10 @@ void profile_free(profile *p)
     memset(p, 0, sizeof *p);
 }
 
-/* The shape of p with from's key (hidden, ffn_hidden, seq, vocab); -1. */
+/* The shape of p with from's key (widths and architecture); -1. */
 static int find_same_shape(const profile *p, const profile_shape *from)
 {
-    model_shape key = {.hidden = from->hidden, .ffn_hidden = from->ffn_hidden,
-                       .seq = from->seq, .vocab = from->vocab};
+    model_shape key = profile_shape_model(from);
     return profile_find_shape(p, &key);
 }
 
@@ -918,18 +939,6 @@ int profile_add_points(profile *into, const profile *from, int *added,
               sizeof *target->points, compare_points);
     }
     return 0;
-}
-
-int profile_find_shape(const profile *p, const model_shape *model)
-{
-    for (int i = 0; i < p->shape_count; i++) {
-        const profile_shape *shape = &p->shapes[i];
-        if (shape->hidden == model->hidden &&
-            shape->ffn_hidden == model->ffn_hidden &&
-            shape->seq == model->seq && shape->vocab == model->vocab)
-            return i;
-    }
-    return -1;
 }
 
 int profile_find_point(const profile_shape *shape, int tp, int mbs)

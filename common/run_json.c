@@ -346,6 +346,44 @@ static int check_written_shape(const json_t *root,
     return 0;
 }
 
+/* The ranks of the plan that ran: tp x dp x pp, or with "stages" (each
+ * stage's own tp and dp; common/plan_stages.c) their tp x dp summed. */
+static int read_plan_stages(const json_t *plan_obj, const json_place *place,
+                            run_json *out, pt_error *err)
+{
+    long long ranks = (long long)out->tp * out->dp;
+    if (ranks <= RUN_JSON_MAX_RANKS)
+        ranks *= out->pp;
+    const json_t *stages = json_object_get(plan_obj, "stages");
+    if (stages == NULL) {
+        out->plan_ranks = ranks > RUN_JSON_MAX_RANKS ? RUN_JSON_MAX_RANKS + 1
+                                                     : (int)ranks;
+        return 0;
+    }
+    json_place at = json_place_key(place, "stages");
+    if (!json_is_array(stages) || json_array_size(stages) != (size_t)out->pp)
+        return json_place_fail(&at, err, "must be an array of pp (%d) "
+                                         "objects",
+                               out->pp);
+    ranks = 0;
+    for (int s = 0; s < out->pp; s++) {
+        json_place entry = json_place_index(&at, (size_t)s);
+        const json_t *stage = json_array_get(stages, (size_t)s);
+        long long tp = out->tp, dp = out->dp;
+        if (json_expect_object(stage, &entry, err) != 0 ||
+            json_get_int(stage, &entry, "tp", false, 1, 1 << 24, &tp,
+                         err) != 0 ||
+            json_get_int(stage, &entry, "dp", false, 1, 1 << 24, &dp,
+                         err) != 0)
+            return -1;
+        if (ranks <= RUN_JSON_MAX_RANKS)
+            ranks += tp * dp;
+    }
+    out->plan_ranks = ranks > RUN_JSON_MAX_RANKS ? RUN_JSON_MAX_RANKS + 1
+                                                 : (int)ranks;
+    return 0;
+}
+
 static int read_plan_degrees(const json_t *root, const json_place *root_place,
                              run_json *out, pt_error *err)
 {
@@ -366,7 +404,7 @@ static int read_plan_degrees(const json_t *root, const json_place *root_place,
             return -1;
         *targets[i] = (int)value;
     }
-    return 0;
+    return read_plan_stages(plan_obj, &place, out, err);
 }
 
 static int read_iterations(const json_t *root, const json_place *root_place,
@@ -610,12 +648,15 @@ static int read_run_fields(const json_t *root, run_json_kind_index kind_index,
         return -1;
     out->events_iteration = (long)events_iteration;
     /* Each degree is at most 2^24, so the full product could overflow;
-     * past RUN_JSON_MAX_RANKS it cannot match anyway. */
-    long long ranks = (long long)out->tp * out->dp;
-    if (ranks <= RUN_JSON_MAX_RANKS)
-        ranks *= out->pp;
-    if (ranks != out->rank_count) {
+     * past RUN_JSON_MAX_RANKS it cannot match anyway (read_plan_stages) */
+    if (out->plan_ranks != out->rank_count) {
         json_place at = json_place_key(&root_place, "peak_memory_gib");
+        if (json_object_get(json_object_get(root, "plan"), "stages") != NULL)
+            return json_place_fail(&at, err,
+                                   "has %d entries, but the %d stages of "
+                                   "the plan that ran hold %d ranks (each "
+                                   "its tp x dp)",
+                                   out->rank_count, out->pp, out->plan_ranks);
         return json_place_fail(&at, err,
                                "has %d entries, but the plan that ran has "
                                "tp x dp x pp = %d x %d x %d ranks",

@@ -712,13 +712,18 @@ int roofline_device_of(const profile *p, roofline_device *out,
  * the start of the backward, as Partita's executor does (two passes
  * over the logits in the forward, none in the backward); otherwise
  * Megatron-LM's vocab-parallel cross-entropy (an fp32 softmax written
- * in the forward and read in the backward). */
+ * in the forward and read in the backward). regrouped_qkv: a layer that
+ * is not GPT-2's moves its whole q, k, v product into the heads' order
+ * in one pass (turning q and k on the way with rotary positions), as
+ * Partita's executor does; otherwise only rotary positions cost a pass,
+ * over q and k (Megatron-LM's fused kernel; views elsewhere). */
 typedef struct roofline_shard {
     int tp, mbs;
     double element_bytes;
     bool unfused_attention;
     double main_grad_bytes;
     bool fused_classifier;
+    bool regrouped_qkv;
 } roofline_shard;
 
 /* Computation only (no tensor-parallel communication) of one micro-batch

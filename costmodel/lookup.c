@@ -55,19 +55,15 @@ static bool has_usable_point(const profile_shape *shape)
     return false;
 }
 
-/* The model's shape in the profile; heads are not part of the key. */
+/* The model's shape in the profile: its widths and its layer's
+ * architecture (a Llama layer is never priced by a GPT-2 layer of the
+ * same widths, nor the reverse); heads are not part of the key. */
 const profile_shape *lookup_held_shape(const profile *prof,
                                        const model_shape *model)
 {
-    /* a profile's shapes are GPT-2 layers: another layer of the same
-       widths is not one of them */
-    if (!model_is_gpt(model))
-        return NULL;
     for (int i = 0; i < prof->shape_count; i++) {
         const profile_shape *shape = &prof->shapes[i];
-        if (shape->hidden == model->hidden && shape->seq == model->seq &&
-            shape->vocab == model->vocab &&
-            profile_shape_ffn(shape) == model->ffn_hidden && has_usable_point(shape))
+        if (profile_shape_prices(shape, model) && has_usable_point(shape))
             return shape;
     }
     return NULL;
@@ -199,20 +195,20 @@ part_times lookup_shape_times(const profile *prof, const profile_shape *shape,
 /* ------------------------------------------------ neighbouring shapes */
 
 /* What a part's time follows from shape to shape: one layer's forward
- * FLOPs for one sequence (layer), s h V (the head's LM-head product) and
- * s h (the embedding's rows). */
-static double part_work(int part, double hidden, double ffn, double seq,
-                        double vocab)
+ * FLOPs for one sequence (layer, by its architecture), s h V (the head's
+ * LM-head product) and s h (the embedding's rows). */
+static double part_work(int part, const model_shape *m)
 {
     if (part == 1)
-        return layer_forward_flops(hidden, ffn, seq, 1.0);
-    return part == 2 ? seq * hidden * vocab : seq * hidden;
+        return model_layer_forward_flops(m, 1.0);
+    return part == 2 ? (double)m->seq * m->hidden * m->vocab
+                     : (double)m->seq * m->hidden;
 }
 
 static double shape_work(const profile_shape *shape)
 {
-    return layer_forward_flops(shape->hidden, profile_shape_ffn(shape),
-                               shape->seq, 1.0);
+    model_shape m = profile_shape_model(shape);
+    return model_layer_forward_flops(&m, 1.0);
 }
 
 static bool has_tp(const profile_shape *shape, int tp)
@@ -223,14 +219,15 @@ static bool has_tp(const profile_shape *shape, int tp)
     return false;
 }
 
-/* A shape that may stand in for the model: the same vocabulary and the
- * same ffn_hidden / hidden, measured points, and (when need_tp) points at
- * that tp. */
+/* A shape that may stand in for the model: the same layer architecture,
+ * the same vocabulary and the same ffn_hidden / hidden, measured points,
+ * and (when need_tp) points at that tp. */
 static bool candidate(const profile_shape *shape, const model_shape *m,
                       int need_tp)
 {
     long long ffn = profile_shape_ffn(shape);
-    return model_is_gpt(m) && shape->vocab == m->vocab &&
+    return profile_shape_same_architecture(shape, m) &&
+           shape->vocab == m->vocab &&
            ffn * m->hidden == (long long)m->ffn_hidden * shape->hidden &&
            has_usable_point(shape) && (need_tp == 0 || has_tp(shape, need_tp));
 }
@@ -247,8 +244,7 @@ static bool pick_neighbours(const profile *prof, const model_shape *m,
                             int need_tp, bool allow_one_side,
                             shape_neighbours *out)
 {
-    double target = layer_forward_flops(m->hidden, m->ffn_hidden, m->seq,
-                                        1.0);
+    double target = model_layer_forward_flops(m, 1.0);
     const profile_shape *below = NULL, *above = NULL;
     for (int i = 0; i < prof->shape_count; i++) {
         const profile_shape *s = &prof->shapes[i];
@@ -293,12 +289,14 @@ bool lookup_shape_neighbours(const profile *prof, const model_shape *m,
                              int tp, shape_neighbours *out)
 {
     /* neighbours measured at the tp, on both sides if possible; other
-       tps' points (scaled by tp) only when no shape has that tp */
+       tps' points (scaled by tp) only when no shape of the model's
+       architecture has that tp */
     if (pick_neighbours(prof, m, tp, false, out) ||
         pick_neighbours(prof, m, tp, true, out))
         return true;
     for (int i = 0; i < prof->shape_count; i++)
-        if (has_tp(&prof->shapes[i], tp))
+        if (has_tp(&prof->shapes[i], tp) &&
+            profile_shape_same_architecture(&prof->shapes[i], m))
             return false;
     return pick_neighbours(prof, m, 0, false, out) ||
            pick_neighbours(prof, m, 0, true, out);
@@ -343,14 +341,12 @@ part_times lookup_neighbour_times(const profile *prof, const model_shape *m,
     out_parts[2] = &out.head;
     const part_cost a_parts[3] = {ta.embedding, ta.layer, ta.head};
     const part_cost b_parts[3] = {tb.embedding, tb.layer, tb.head};
+    model_shape model_a = profile_shape_model(near->a);
+    model_shape model_b = profile_shape_model(b);
     for (int part = 0; part < 3; part++) {
-        double x = part_work(part, m->hidden, m->ffn_hidden, m->seq,
-                             m->vocab);
-        double x_a = part_work(part, near->a->hidden,
-                               profile_shape_ffn(near->a), near->a->seq,
-                               near->a->vocab);
-        double x_b = part_work(part, b->hidden, profile_shape_ffn(b), b->seq,
-                               b->vocab);
+        double x = part_work(part, m);
+        double x_a = part_work(part, &model_a);
+        double x_b = part_work(part, &model_b);
         *out_parts[part] = interpolated_part(a_parts[part], b_parts[part],
                                              x_a, x_b, x, two);
     }

@@ -200,8 +200,8 @@ static double unfused_scores_bytes(const shard_dims *d)
 }
 
 /* One layer's activations kept per micro-batch in flight (the cuda
- * backend recomputes the GELU output; full recompute keeps the layer's
- * output only). The residual stream in r bytes; unfused attention keeps
+ * backend recomputes the GELU's or SwiGLU's output; full recompute keeps
+ * the layer's output only). The residual stream in r bytes; unfused attention keeps
  * its softmax output (e bytes a score), dropout mask (1) and dropout
  * output (e), as Megatron's activation memory counts them. */
 static double layer_activation_bytes(const shard_dims *d, bool recompute)
@@ -215,18 +215,19 @@ static double layer_activation_bytes(const shard_dims *d, bool recompute)
     /* RMSNorm keeps one statistic a row; grouped-query attention's K and
      * V are KV wide (RoPE's rotated Q and K replace the unrotated ones:
      * the rotation is linear and keeps nothing); SwiGLU keeps its gate
-     * and up (2F) and the product the down projection reads (F), as
-     * Megatron does */
+     * and up (2F), its product made again in the backward as the GELU's
+     * is (executor/cuda/passes_llama.c) */
     double norm_stats = d->rms ? 8.0 : 16.0;
     double qkvo = d->KV == A ? 4.0 * N * A : N * (2.0 * A + 2.0 * d->KV);
-    double mlp = d->U > 1.0 ? 3.0 * N * F : N * F;
+    double mlp = d->U * N * F;
     return norm_stats * N / S             /* two norms' statistics */
            + e * 2.0 * N * C / S          /* the norms' outputs */
            + e * qkvo                     /* qkv, attention output */
            + 4.0 * d->B * d->NH * d->T    /* attention's log-sum-exp */
            + scores                       /* unfused: the s x s scores */
            + r * N * C / S                /* residual after attention */
-           + e * mlp                      /* fc output before the GELU */
+           + e * mlp                      /* fc output before the GELU
+                                             (SwiGLU: gate and up) */
            + r * N * C / S;               /* the layer's output */
 }
 
@@ -260,7 +261,10 @@ static double scratch_bytes(const shard_dims *d, bool last)
                    + e * 3.0 * N * C           /* bf16 stream, norm
                                                   gradient, norm output */
                    + e * N * (A + qkv)         /* attention, qkv grads */
-                   + e * d->U * N * F          /* fc gradient */
+                   + e * N * F                 /* fc gradient (SwiGLU's
+                                                  input gradient is
+                                                  written over its
+                                                  input) */
                    + layernorm_scratch_bytes(N, C)
                    + 4.0 * ceil_div(N, BIAS_ROWS) * widest
                    + 4.0 * F                   /* an epilogue's bias grad */

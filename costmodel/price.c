@@ -12,20 +12,27 @@
 #include "costmodel/internal.h"
 
 /* Achieved / peak over the layer forwards the profile holds (its tp = 1
- * points when it has any, since the others may include communication). */
-static double fitted_efficiency(const profile *prof)
+ * points when it has any, since the others may include communication),
+ * of the model's layer architecture when the profile holds any, else of
+ * every shape (a Llama layer's rate is not a GPT-2 layer's). */
+static double fitted_efficiency(const profile *prof, const model_shape *m)
 {
     double sum_tp1 = 0.0, sum_all = 0.0;
     int count_tp1 = 0, count_all = 0;
+    bool own = false;
+    for (int i = 0; i < prof->shape_count; i++)
+        own = own || profile_shape_same_architecture(&prof->shapes[i], m);
     for (int i = 0; i < prof->shape_count; i++) {
         const profile_shape *shape = &prof->shapes[i];
+        if (own && !profile_shape_same_architecture(shape, m))
+            continue;
+        model_shape layer = profile_shape_model(shape);
         for (int j = 0; j < shape->point_count; j++) {
             const profile_point *point = &shape->points[j];
             if (point->layer.forward_s <= 0.0 || point->tp <= 0 ||
                 point->mbs <= 0)
                 continue;
-            double flops = layer_forward_flops(shape->hidden, profile_shape_ffn(shape),
-                                               shape->seq, point->mbs) /
+            double flops = model_layer_forward_flops(&layer, point->mbs) /
                            point->tp;
             double achieved = flops / point->layer.forward_s /
                               (prof->peak_tflops * 1e12);
@@ -42,10 +49,22 @@ static double fitted_efficiency(const profile *prof)
     return count_all > 0 ? sum_all / count_all : 0.0;
 }
 
-static double model_efficiency(const profile *prof)
+static double model_efficiency(const profile *prof, const model_shape *m)
 {
     return prof->flops_efficiency > 0.0 ? prof->flops_efficiency
-                                        : fitted_efficiency(prof);
+                                        : fitted_efficiency(prof, m);
+}
+
+/* "hidden 64, ffn_hidden 96, seq 16, vocab 257", and the layer's
+ * architecture after it when it is not GPT-2's ("(rmsnorm swiglu rope kv
+ * 2/4 nobias)"): the key of the profile shape the model looks for. */
+static void shape_key_text(const model_shape *m, char *out, size_t size)
+{
+    char tag[64];
+    model_architecture_tag(m, tag, sizeof tag);
+    snprintf(out, size, "hidden %d, ffn_hidden %d, seq %d, vocab %d%s%s%s",
+             m->hidden, m->ffn_hidden, m->seq, m->vocab,
+             tag[0] != '\0' ? " (" : "", tag, tag[0] != '\0' ? ")" : "");
 }
 
 static int check_efficiency_model(const costmodel *cm, const profile *prof,
@@ -56,29 +75,44 @@ static int check_efficiency_model(const costmodel *cm, const profile *prof,
         roofline_device device;
         return roofline_device_of(prof, &device, err);
     }
-    if (prof->peak_tflops <= 0.0 || model_efficiency(prof) <= 0.0)
+    char key[160];
+    shape_key_text(m, key, sizeof key);
+    if (prof->peak_tflops <= 0.0 || model_efficiency(prof, m) <= 0.0)
         return pt_fail(err,
-                       "profile %s: holds no layer shape hidden %d, ffn_hidden "
-                       "%d, seq %d, vocab %d and has no efficiency model to "
-                       "price it (needs efficiency.peak_tflops and measured "
-                       "points or flops_efficiency)",
-                       prof->gpu, m->hidden, m->ffn_hidden, m->seq, m->vocab);
+                       "profile %s: holds no layer shape %s and has no "
+                       "efficiency model to price it (needs "
+                       "efficiency.peak_tflops and measured points or "
+                       "flops_efficiency)",
+                       prof->gpu, key);
     return 0;
 }
 
-/* "hidden 1024 (16 heads, seq 1024)": a shape as the notes name it. */
+/* "hidden 1024 (16 heads, seq 1024)": a shape as the notes name it,
+ * its architecture's tag after the heads when it is not GPT-2's. */
 static void describe_shape(const profile_shape *shape, char *out,
                            size_t size)
 {
-    snprintf(out, size, "hidden %d (%d heads, seq %d)", shape->hidden,
-             shape->heads, shape->seq);
+    model_shape layer = profile_shape_model(shape);
+    char tag[64];
+    model_architecture_tag(&layer, tag, sizeof tag);
+    snprintf(out, size, "hidden %d (%d heads%s%s, seq %d)", shape->hidden,
+             shape->heads, tag[0] != '\0' ? ", " : "", tag, shape->seq);
+}
+
+/* Whether the profile measured any layer of the model's architecture. */
+static bool holds_architecture(const profile *prof, const model_shape *m)
+{
+    for (int i = 0; i < prof->shape_count; i++)
+        if (profile_shape_same_architecture(&prof->shapes[i], m))
+            return true;
+    return false;
 }
 
 /* "interpolated from hidden 1024 (...) and hidden 1280 (...)". */
 static void describe_neighbours(const shape_neighbours *near, char *out,
                                 size_t size)
 {
-    char a[96], b[96] = "";
+    char a[160], b[160] = "";
     describe_shape(near->a, a, sizeof a);
     if (near->b)
         describe_shape(near->b, b, sizeof b);
@@ -100,38 +134,39 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
     shape_neighbours near;
     if (lookup_held_shape(prof, m))
         return;
-    if (!model_is_gpt(m) && prof->shape_count > 0)
+    if (!model_is_gpt(m) && prof->shape_count > 0 &&
+        !holds_architecture(prof, m))
         costmodel_add_note(cm,
-                           "%s: the profile's measured layers are GPT-2's; "
-                           "%s's layer (%s, %s, %s positions, %d key/value "
-                           "heads) is priced from its own FLOPs and bytes "
-                           "(docs/cost-model.md, \"Llama-family layers\")",
+                           "%s: the profile measured no layer of %s's "
+                           "architecture (%s, %s, %s positions, %d key/value "
+                           "heads of %d); it is priced from its own FLOPs "
+                           "and bytes, not a GPT-2 layer's times "
+                           "(docs/cost-model.md, \"Llama-family layers\"; "
+                           "`partita profile --missing-only` measures it)",
                            prof->gpu, m->name, model_norm_name(m->norm),
                            model_mlp_name(m->mlp),
                            model_positions_name(m->positions),
-                           model_kv_heads(m));
+                           model_kv_heads(m), m->heads);
+    char key[160];
+    shape_key_text(m, key, sizeof key);
     if (lookup_shape_neighbours(prof, m, 1, &near)) {
-        char how[256];
+        char how[400];
         describe_neighbours(&near, how, sizeof how);
         costmodel_add_note(cm,
-                           "%s: the profile holds no layer shape hidden %d, "
-                           "ffn_hidden %d, seq %d, vocab %d; %s (each part "
-                           "a power law of its work; docs/profiles.md "
-                           "states the error)",
-                           prof->gpu, m->hidden, m->ffn_hidden, m->seq,
-                           m->vocab, how);
+                           "%s: the profile holds no layer shape %s; %s "
+                           "(each part a power law of its work; "
+                           "docs/profiles.md states the error)",
+                           prof->gpu, key, how);
         return;
     }
     if (check_efficiency_model(cm, &cm->profiles[type_index], NULL))
         return;
     if (prof->roofline.present) {
         costmodel_add_note(cm,
-                           "%s: %s profile without measured times for hidden "
-                           "%d, ffn_hidden %d, seq %d, vocab %d; priced by "
-                           "its roofline (%.0f TFLOP/s, %.0f GB/s, %d SMs, "
-                           "efficiencies fitted on %s)",
-                           prof->gpu, profile_source_name(prof->source),
-                           m->hidden, m->ffn_hidden, m->seq, m->vocab,
+                           "%s: %s profile without measured times for %s; "
+                           "priced by its roofline (%.0f TFLOP/s, %.0f GB/s, "
+                           "%d SMs, efficiencies fitted on %s)",
+                           prof->gpu, profile_source_name(prof->source), key,
                            prof->peak_tflops, prof->memory_bandwidth_GBps,
                            prof->sm_limit > 0 ? prof->sm_limit : prof->sms,
                            prof->source == PROFILE_DERIVED
@@ -140,11 +175,10 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
         return;
     }
     costmodel_add_note(cm,
-                       "%s: the profile holds no layer shape hidden %d, "
-                       "ffn_hidden %d, seq %d, vocab %d; priced by the "
-                       "efficiency model (%.0f TFLOP/s peak x %.3f %s)",
-                       prof->gpu, m->hidden, m->ffn_hidden, m->seq, m->vocab,
-                       prof->peak_tflops, model_efficiency(prof),
+                       "%s: the profile holds no layer shape %s; priced by "
+                       "the efficiency model (%.0f TFLOP/s peak x %.3f %s)",
+                       prof->gpu, key,
+                       prof->peak_tflops, model_efficiency(prof, m),
                        prof->flops_efficiency > 0.0 ? "given" : "fitted");
 }
 
@@ -177,7 +211,7 @@ static part_times efficiency_times(const profile *prof, const model_shape *m,
                                    const parallel_config *config)
 {
     double flops_per_s =
-        rate_or_tensor(prof, config) * 1e12 * model_efficiency(prof);
+        rate_or_tensor(prof, config) * 1e12 * model_efficiency(prof, m);
     double bytes_per_s = prof->memory_bandwidth_GBps * 1e9;
     double tokens = (double)config->mbs * m->seq;
     double element = precision_bytes(config->precision);
@@ -215,7 +249,8 @@ static roofline_shard shard_of(const parallel_config *config)
         .element_bytes = precision_bytes(config->precision),
         .unfused_attention = parallel_attention(config) == ATTENTION_UNFUSED,
         .main_grad_bytes = parallel_gradient_bytes(config),
-        .fused_classifier = config->runtime == RUNTIME_PARTITA};
+        .fused_classifier = config->runtime == RUNTIME_PARTITA,
+        .regrouped_qkv = config->runtime == RUNTIME_PARTITA};
 }
 
 static part_times roofline_times(const profile *prof, const model_shape *m,
@@ -524,7 +559,7 @@ static price_method describe_unheld(const costmodel *cm, const profile *prof,
         return PRICE_ROOFLINE;
     }
     snprintf(how, size, "FLOPs at %.0f TFLOP/s x %.3f efficiency",
-             prof->peak_tflops, model_efficiency(prof));
+             prof->peak_tflops, model_efficiency(prof, &cm->model));
     return PRICE_EFFICIENCY;
 }
 

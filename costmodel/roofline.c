@@ -29,7 +29,8 @@ typedef struct kernel {
 } kernel;
 
 /* The most kernels any part runs in one direction (a layer's backward
- * runs 14, 15 with rotary positions, 20 with unfused attention). */
+ * runs 14, 15 with a pass for rotary positions or the regrouped q, k
+ * and v, 20 with unfused attention). */
 #define MAX_PART_KERNELS 24
 
 typedef struct kernel_list {
@@ -119,9 +120,11 @@ static void attention_core_kernels(const model_shape *m, int tp, int mbs,
  * ride in the kernels that apply them (QKV's in the GEMM epilogue, the
  * others fused with GELU or with the residual add); the attention core
  * as above. */
-static void layer_forward_kernels(const model_shape *m, int tp, int mbs,
-                                  double e, bool unfused, kernel_list *out)
+static void layer_forward_kernels(const model_shape *m, roofline_shard shard,
+                                  kernel_list *out)
 {
+    int tp = shard.tp, mbs = shard.mbs;
+    double e = shard.element_bytes;
     double tokens = (double)mbs * m->seq, h = m->hidden, t = tp;
     double f = m->ffn_hidden;
     bool mha = model_kv_heads(m) == m->heads;
@@ -131,9 +134,12 @@ static void layer_forward_kernels(const model_shape *m, int tp, int mbs,
     add_memory(out, 2.0 * tokens * h * e);               /* norm 1 */
     add_gemm(out, tokens, mha ? 3.0 * h / t : h / t + 2.0 * kv, h,
              e);                                         /* QKV + bias */
-    if (m->positions == MODEL_POSITIONS_ROPE)
+    if (shard.regrouped_qkv && !model_is_gpt(m))
+        add_memory(out, 2.0 * tokens * (h / t + 2.0 * kv) * e); /* q, k, v
+                                                     regrouped (and turned) */
+    else if (m->positions == MODEL_POSITIONS_ROPE)
         add_memory(out, 2.0 * tokens * (h / t + kv) * e); /* RoPE on Q, K */
-    attention_core_kernels(m, tp, mbs, e, unfused, out);
+    attention_core_kernels(m, tp, mbs, e, shard.unfused_attention, out);
     add_gemm(out, tokens, h, h / t, e);                  /* projection */
     add_memory(out, 3.0 * tokens * h * e);               /* bias + residual */
     add_memory(out, 2.0 * tokens * h * e);               /* norm 2 */
@@ -224,8 +230,7 @@ static void part_kernels(const model_shape *m, roofline_shard shard,
     if (part == 0)
         embedding_forward_kernels(m, shard.mbs, e, &forward);
     else if (part == 1)
-        layer_forward_kernels(m, shard.tp, shard.mbs, e,
-                              shard.unfused_attention, &forward);
+        layer_forward_kernels(m, shard, &forward);
     else
         head_forward_kernels(m, shard.tp, shard.mbs, e,
                              shard.fused_classifier, &forward);
@@ -340,9 +345,11 @@ typedef struct fit_point {
 } fit_point;
 
 /* The sources are Partita's own measurements: fp32 main gradients, the
- * fused classifier (docs/profiles.md, "The fit"). */
+ * fused classifier, a Llama layer's q, k, v regrouped in one pass
+ * (docs/profiles.md, "The fit"). */
 #define SOURCE_MAIN_GRAD_BYTES 4.0
 #define SOURCE_FUSED_CLASSIFIER true
+#define SOURCE_REGROUPED_QKV true
 
 /* Times that carry tensor-parallel communication, or that the reader
  * filled in from backward_over_forward, are not the roofline's to fit;
@@ -374,9 +381,9 @@ static int source_points(const profile *source, const roofline_device *device,
     int count = 0;
     for (int s = 0; s < source->shape_count; s++) {
         const profile_shape *shape = &source->shapes[s];
-        model_shape m = {.hidden = shape->hidden, .heads = shape->heads,
-                         .ffn_hidden = shape->ffn_hidden, .seq = shape->seq,
-                         .vocab = shape->vocab, .layers = 1};
+        /* each shape's own layer: a measured Llama layer is fitted by
+           its own kernels */
+        model_shape m = profile_shape_model(&source->shapes[s]);
         for (int i = 0; i < shape->point_count; i++) {
             const profile_point *pt = &shape->points[i];
             const part_cost *parts[3] = {&pt->embedding, &pt->layer,
@@ -398,7 +405,8 @@ static int source_points(const profile *source, const roofline_device *device,
                     /* the sources are half-precision measurements */
                     roofline_shard shard = {pt->tp, pt->mbs, 2.0, false,
                                             SOURCE_MAIN_GRAD_BYTES,
-                                            SOURCE_FUSED_CLASSIFIER};
+                                            SOURCE_FUSED_CLASSIFIER,
+                                            SOURCE_REGROUPED_QKV};
                     part_kernels(&m, shard, part, backward, &fp->kernels);
                 }
             }

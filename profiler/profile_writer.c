@@ -307,9 +307,8 @@ static part_cost part_of(const profiled_part *part)
 static int shape_of(const model_shape *model, const profiler_result *r,
                     profile_shape *out)
 {
-    *out = (profile_shape){.hidden = model->hidden, .heads = model->heads,
-                           .ffn_hidden = model->ffn_hidden, .seq = model->seq,
-                           .vocab = model->vocab};
+    /* keyed by the model's widths and its layer's architecture */
+    *out = profile_shape_of_model(model);
     out->points = calloc((size_t)r->point_count + 1, sizeof *out->points);
     if (out->points == NULL)
         return -1;

@@ -643,6 +643,10 @@ const char *profiler_tp_refusal(const model_shape *shape, int tp)
 {
     if (shape->heads % tp != 0)
         return "it does not divide the heads";
+    /* grouped-query attention: the executors split whole key/value
+       heads (Megatron-LM asks the same), none copied on several ranks */
+    if (model_kv_heads(shape) % tp != 0)
+        return "it does not divide the key/value heads";
     if (shape->ffn_hidden % tp != 0 || shape->hidden % tp != 0)
         return "it does not divide hidden and ffn_hidden";
     if (shape->vocab < tp)
@@ -831,9 +835,14 @@ static int measure_tp(const model_shape *shape, int tp,
     bool optimizer_before = *optimizer_done;
     const char *refusal = profiler_tp_refusal(shape, tp);
     if (refusal != NULL) {
-        add_note(out, "tp %d skipped: %s (%d heads, hidden %d, ffn_hidden "
+        char kv[48] = "";
+        if (model_kv_heads(shape) != shape->heads)
+            snprintf(kv, sizeof kv, " of which %d for keys and values",
+                     model_kv_heads(shape));
+        add_note(out, "tp %d skipped: %s (%d heads%s, hidden %d, ffn_hidden "
                       "%d)",
-                 tp, refusal, shape->heads, shape->hidden, shape->ffn_hidden);
+                 tp, refusal, shape->heads, kv, shape->hidden,
+                 shape->ffn_hidden);
         snprintf(label, sizeof label, "tp %d skipped: %s", tp, refusal);
         report(o, progress, steps, label, NULL);
         return 0;

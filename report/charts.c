@@ -71,7 +71,7 @@ typedef struct timeline_lanes {
     bool per_rank;
     int units;              /* stages or ranks */
     int per_unit;           /* 1, or 2 with a run */
-    int ranks_per_stage;
+    const plan *plan;       /* its stages' ranks (their own tp x dp) */
     const int *shown_rank;  /* per stage: the rank its measured lane shows */
 } timeline_lanes;
 
@@ -97,8 +97,9 @@ static void emit_estimated_boxes(FILE *script, const estimate *est,
             emit_box(script, e, e->stage * lanes->per_unit, kinds_used);
             continue;
         }
-        int first = e->stage * lanes->ranks_per_stage;
-        for (int r = first; r < first + lanes->ranks_per_stage; r++)
+        int first = plan_stage_first_rank(lanes->plan, e->stage);
+        int ranks = plan_stage_ranks(lanes->plan, e->stage);
+        for (int r = first; r < first + ranks; r++)
             emit_box(script, e, r * lanes->per_unit, kinds_used);
     }
 }
@@ -138,7 +139,8 @@ static void lane_label(const timeline_lanes *lanes, int lane, char *out,
     int written = snprintf(out, size, "%s %d %s",
                            lanes->per_rank ? "rank" : "stage", unit,
                            measured ? "measured" : "estimated");
-    if (measured && !lanes->per_rank && lanes->ranks_per_stage > 1 &&
+    if (measured && !lanes->per_rank &&
+        plan_stage_ranks(lanes->plan, unit) > 1 &&
         lanes->shown_rank[unit] >= 0 && written > 0 && (size_t)written < size)
         snprintf(out + written, size - (size_t)written, " (rank %d)",
                  lanes->shown_rank[unit]);
@@ -309,7 +311,7 @@ static void emit_script(FILE *script, const report_input *in,
         .per_rank = in->per_rank,
         .units = in->per_rank ? cmp->rank_count : cmp->stage_count,
         .per_unit = in->run ? 2 : 1,
-        .ranks_per_stage = parallel_ranks_per_stage(&in->plan->config),
+        .plan = in->plan,
         .shown_rank = shown_rank};
     bool kinds_used[EVENT_KIND_COUNT] = {false};
     emit_timeline_data(script, in, &lanes, kinds_used);

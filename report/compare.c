@@ -103,8 +103,7 @@ int report_compare(const plan *p, const estimate *est, const run_record *run,
 {
     memset(out, 0, sizeof *out);
     int pp = est->stage_count;
-    int ranks_per_stage = p->config.tp * p->config.dp;
-    int ranks = ranks_per_stage * pp;
+    int ranks = plan_rank_count(p);
     out->estimated = calloc((size_t)pp, sizeof *out->estimated);
     out->measured = calloc((size_t)pp, sizeof *out->measured);
     out->estimated_memory_gib = calloc((size_t)ranks, sizeof(double));
@@ -147,7 +146,7 @@ int report_compare(const plan *p, const estimate *est, const run_record *run,
         out->stage_measured_memory_rank[s] = -1;
     }
     for (int r = 0; r < ranks; r++) {
-        int s = r / ranks_per_stage;
+        int s = plan_stage_of_rank(p, r);
         out->estimated_memory_gib[r] = out->stage_estimated_memory_gib[s];
         double measured = run != NULL && r < run->rank_count
                               ? run->peak_memory_gib[r]

@@ -56,6 +56,17 @@ static void write_header(FILE *out, const report_input *in)
             parallel_microbatches(&p->config), partition,
             schedule_name(p->config.schedule),
             precision_name(p->config.precision));
+    if (plan_first_asymmetric_stage(p) >= 0) {
+        fprintf(out, "Stages of their own degrees (tp x dp, samples a "
+                     "replica's micro-batch):");
+        for (int s = 0; s < p->config.pp; s++) {
+            parallel_config own =
+                parallel_stage_config(&p->config, p->stages, s);
+            fprintf(out, "%s stage %d %d x %d (%d)", s > 0 ? ";" : "", s,
+                    own.tp, own.dp, own.mbs);
+        }
+        fprintf(out, ".\n\n");
+    }
     if (in->run) {
         fprintf(out, "Run `%s`: backend %s, %d %s", in->run->file,
                 in->run->backend[0] ? in->run->backend : "?",
@@ -168,12 +179,11 @@ static void write_stage_table(FILE *out, const report_input *in,
 static void write_rank_memory_table(FILE *out, const report_input *in,
                                     const report_comparison *cmp)
 {
-    int ranks_per_stage = parallel_ranks_per_stage(&in->plan->config);
     fprintf(out, "## Peak memory per GPU\n\n"
                  "| rank | stage | GPU | estimated | measured | error |\n"
                  "|---:|---:|---|---:|---:|---:|\n");
     for (int r = 0; r < cmp->rank_count; r++) {
-        int stage = r / ranks_per_stage;
+        int stage = plan_stage_of_rank(in->plan, r);
         fprintf(out, "| %d | %d | %s |", r, stage,
                 in->estimate->stages[stage].gpu);
         write_comparison_cells(out, cmp->estimated_memory_gib[r],
@@ -187,7 +197,6 @@ static void write_rank_memory_table(FILE *out, const report_input *in,
 static void write_stage_memory_table(FILE *out, const report_input *in,
                                      const report_comparison *cmp)
 {
-    int ranks_per_stage = parallel_ranks_per_stage(&in->plan->config);
     fprintf(out, "## Peak memory per stage\n\n"
                  "The estimate holds for every GPU of the stage; measured "
                  "is the stage's fullest GPU (`--per-rank` lists every "
@@ -195,7 +204,8 @@ static void write_stage_memory_table(FILE *out, const report_input *in,
                  "| stage | ranks | GPU | estimated | measured | error |\n"
                  "|---:|---:|---|---:|---:|---:|\n");
     for (int s = 0; s < cmp->stage_count; s++) {
-        int first = parallel_stage_first_rank(&in->plan->config, s);
+        int first = plan_stage_first_rank(in->plan, s);
+        int ranks_per_stage = plan_stage_ranks(in->plan, s);
         if (ranks_per_stage == 1)
             fprintf(out, "| %d | %d | %s |", s, first,
                     in->estimate->stages[s].gpu);

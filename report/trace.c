@@ -79,8 +79,8 @@ int report_stage_measured_rank(const plan *p, const run_record *run,
 {
     if (run == NULL)
         return -1;
-    int first = parallel_stage_first_rank(&p->config, stage);
-    int last = first + parallel_ranks_per_stage(&p->config) - 1;
+    int first = plan_stage_first_rank(p, stage);
+    int last = first + plan_stage_ranks(p, stage) - 1;
     int shown = -1;
     for (int i = 0; i < run->event_count; i++) {
         int rank = run->events[i].rank;
@@ -96,8 +96,8 @@ int report_stage_measured_rank(const plan *p, const run_record *run,
 static int append_stage(json_t *events, const plan *p, const estimate *est,
                         const run_record *run, int stage)
 {
-    int first = parallel_stage_first_rank(&p->config, stage);
-    int ranks = parallel_ranks_per_stage(&p->config);
+    int first = plan_stage_first_rank(p, stage);
+    int ranks = plan_stage_ranks(p, stage);
     char process[160], measured[64];
     if (ranks == 1)
         snprintf(process, sizeof process, "stage %d (rank %d, %s)", stage,
@@ -131,7 +131,7 @@ static int append_stage(json_t *events, const plan *p, const estimate *est,
 static int append_rank(json_t *events, const plan *p, const estimate *est,
                        const run_record *run, int rank)
 {
-    int stage = rank / parallel_ranks_per_stage(&p->config);
+    int stage = plan_stage_of_rank(p, rank);
     char process[160];
     snprintf(process, sizeof process, "rank %d (stage %d, %s)", rank, stage,
              est->stages[stage].gpu);
@@ -162,8 +162,7 @@ json_t *report_trace_json(const plan *p, const estimate *est,
     }
     int status = 0;
     if (per_rank) {
-        int rank_count = parallel_ranks_per_stage(&p->config) *
-                         est->stage_count;
+        int rank_count = plan_rank_count(p);
         for (int rank = 0; rank < rank_count && status == 0; rank++)
             status = append_rank(events, p, est, run, rank);
     } else {

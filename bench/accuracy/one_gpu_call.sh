@@ -14,7 +14,16 @@
 #   slices  the profiles of the 40- and 16-SM slices alone for the
 #           suite's shapes (H200-40SM.json, H200-16SM.json);
 #   repeat  the profiler's repeatability (tests/executor/gpu/
-#           profile_repeat.sh: GPT-2 124M profiled in three processes).
+#           profile_repeat.sh: GPT-2 124M profiled in three processes);
+#   llama-beside  the Llama plans' shapes (bench/accuracy/plans-llama)
+#           added to the profiles of the slices they run on, beside busy
+#           and idle neighbours (profile_beside.sh with MISSING_ONLY=1:
+#           copies of the committed profiles, the shapes they lack
+#           measured; issue 35, item 7; not in the default PARTS);
+#   llama-suite  the Llama plans run as the suite's (run_one_gpu.sh with
+#           PLANS=bench/accuracy/plans-llama; not in the default PARTS).
+# The Llama plans' whole-GPU shapes are H200.json's, added by
+# bench/profile/llama_shapes.sh (issue 35, item 4).
 # Each part has its own time limit; what it wrote is packed into OUT_DIR
 # (PART.tgz) beside the log as soon as it ends.
 # The profiles are measured with one set of stages in one process
@@ -81,6 +90,18 @@ for part in $parts; do
         timeout -k 5 "${REPEAT_S:-100}" "$root/tests/executor/gpu/profile_repeat.sh" \
             "$build" "$work/repeat"
         echo "rc $?" ;;
+    llama-beside)
+        MISSING_ONLY=1 PLANS="$here/plans-llama" PROFILE_S=${BESIDE_S:-90} \
+            timeout -k 5 "${BESIDE_ALL_S:-300}" \
+            "$here/profile_beside.sh" "$build" "$work/llama-beside"
+        echo "rc $?" ;;
+    llama-suite)
+        PLANS="$here/plans-llama" ITERS=${ITERS:-4} \
+            BUDGET=${SUITE_BUDGET:-260} PLAN_TIMEOUT=${PLAN_TIMEOUT:-60} \
+            HOST_FALLBACK=1 timeout -k 5 $(( ${SUITE_BUDGET:-260} + 30 )) \
+            "$here/run_one_gpu.sh" "$build" "$work/llama-suite"
+        echo "rc $?"
+        rm -f "$work/llama-suite/corpus"* ;;
     *) echo "unknown part $part" ;;
     esac
     pack "$part"

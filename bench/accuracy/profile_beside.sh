@@ -10,14 +10,19 @@
 # -idle; docs/profiles.md, "Slices beside busy neighbours" and "The
 # split, measured"), for the models, tp and micro-batches of the plans
 # of bench/accuracy/plans-1gpu that use it. Writes OUT_DIR/<type>.json
-# and .log; one line per profile.
+# and .log; one line per profile. With MISSING_ONLY=1 each profile starts
+# as a copy of the committed profiles/<type>.json (unless OUT_DIR holds
+# it already) and only the shapes and tp it lacks are measured and added
+# (`--missing-only`): how the Llama plans' shapes join the suite's
+# profiles (PLANS=bench/accuracy/plans-llama, docs/accuracy.md).
 #
 # Usage: bench/accuracy/profile_beside.sh BUILD_DIR OUT_DIR [TYPE ...]
 # Environment: PROFILE_S (60: the time limit of one profile, sized for
 # one set of stages in one process), STAGE_SETS (1: `partita profile
 # --stage-sets`), PROCESSES (1: `--processes`), PROFILE_OPTIONS (more
 # options for every `partita profile`, e.g. `--timing host`), PLANS
-# (bench/accuracy/plans-1gpu), DRY_RUN=1 (print the commands only).
+# (bench/accuracy/plans-1gpu), MISSING_ONLY=1 (above), DRY_RUN=1 (print
+# the commands only).
 set -u
 build=$(cd "${1:?usage: profile_beside.sh BUILD_DIR OUT_DIR [TYPE ...]}" && pwd)
 out=${2:?usage: profile_beside.sh BUILD_DIR OUT_DIR [TYPE ...]}
@@ -64,6 +69,12 @@ status=0
 while read -r gpu sms beside models tp mbs flags; do
     [ -n "$gpu" ] || continue
     read -r -a extra <<<"$flags ${PROFILE_OPTIONS:-}"
+    if [ "${MISSING_ONLY:-0}" = 1 ]; then
+        extra+=(--missing-only)
+        if [ ! -f "$out/$gpu.json" ] && [ "${DRY_RUN:-0}" != 1 ]; then
+            cp "$root/profiles/$gpu.json" "$out/$gpu.json" || { status=1; continue; }
+        fi
+    fi
     cmd=("$build/cli/partita" profile --model "$models" --sm-limit "$sms"
          --beside "$beside" --tp "$tp" --mbs "$mbs" --no-comm "${extra[@]}"
          --stage-sets "${STAGE_SETS:-1}" --processes "${PROCESSES:-1}"

@@ -8,7 +8,8 @@ projection, causal scaled_dot_product_attention, output projection, layer
 norm, MLP with tanh GELU), final layer norm, LM head tied to the token
 embedding. Step: bf16 autocast forward, cross-entropy, backward, global
 norm clipping at 1.0, fused AdamW (betas 0.9 / 0.95, eps 1e-8, weight decay
-0.1 on matrices and embeddings), like Partita's train_step.
+0.1 on matrices and embeddings), like Partita's train_step (torch_step.py,
+shared with torch_llama.py).
 
 Usage: torch_gpt.py --model models/gpt2-124m.json --mbs 16
                     [--mode eager|compile] [--warmup 5] [--steps 20]
@@ -19,12 +20,12 @@ Prints a summary and one machine-readable line:
 import argparse
 import json
 import math
-import statistics
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import torch_step
 
 
 class Block(nn.Module):
@@ -98,48 +99,20 @@ def main():
     device = "cuda"
     torch.manual_seed(0)
     model = GPT(shape).to(device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=1e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    optimizer = torch_step.adamw(model)
     step_model = torch.compile(model) if args.mode == "compile" else model
     seq = shape["seq"]
-    generator = torch.Generator(device="cpu").manual_seed(1)
-    window = torch.randint(0, shape["vocab"], (args.mbs, seq + 1),
-                           generator=generator).to(device)
-    tokens, targets = window[:, :-1].contiguous(), window[:, 1:].contiguous()
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-            loss = step_model(tokens, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        return loss
-
-    for _ in range(args.warmup):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    # each step timed to its end on the GPU, and the median taken, as
-    # exec_bench and bench/exec_vs_llmc/run.sh take it (one slow step
-    # moves none of the three programs)
-    step_times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        loss = step()
-        torch.cuda.synchronize()
-        step_times.append(time.perf_counter() - start)
-    step_s = statistics.median(step_times)
+    tokens, targets = torch_step.synthetic_batch(args.mbs, seq, shape["vocab"],
+                                                 device)
+    step = torch_step.training_step(model, step_model, optimizer, tokens,
+                                    targets)
+    timing = torch_step.time_steps(step, args.warmup, args.steps)
+    step_s = timing.step_s
     tokens_per_s = args.mbs * seq / step_s
-    peak = torch.cuda.max_memory_allocated() / 2**30
-    reserved = torch.cuda.max_memory_reserved() / 2**30
+    peak, reserved = timing.peak_gib, timing.reserved_gib
     print(f"# torch {torch.__version__} {args.mode} on "
           f"{torch.cuda.get_device_name()}: {shape['name']}, mbs {args.mbs}, "
-          f"seq {seq}, loss {loss.item():.4f}")
+          f"seq {seq}, loss {timing.loss:.4f}")
     print(f"# {tokens_per_s:.0f} tokens/s, {1e3 * step_s:.2f} ms/step (median), "
           f"peak {peak:.2f} GiB allocated, {reserved:.2f} GiB reserved")
     print(f"RESULT impl=torch mode={args.mode} model={shape['name']} "

@@ -12,6 +12,12 @@
  *             P = exp(mask(Q K^T scale - stats)), dV = P^T dO,
  *             dS = P (dO V^T - delta) scale, dK = dS^T Q, dQ = dS K
  *
+ * Grouped-query attention (KVH key/value heads, each shared by NH / KVH
+ * query heads) is the same graphs with K and V declared with their own
+ * head count, which the products broadcast over the query heads; in the
+ * backward dK and dV come out per query head (virtual tensors) and a
+ * reduction over each group sums them onto the shared heads.
+ *
  * dQ is written by its product directly: cuDNN's deterministic backward
  * (no fp32 accumulator, no atomics; llm.c asks for the same), so a step
  * gives the same bits on every run, as the own kernels do.
@@ -85,7 +91,7 @@ typedef struct sdpa_plan {
 } sdpa_plan;
 
 typedef struct sdpa_shape {
-    int B, T, H, D;
+    int B, T, H, KVH, D;
     sdpa_plan forward, backward;
     bool backward_borrows;      /* the backward's workspace is lent by the
                                    caller (cudnn_attention_prepare) */
@@ -368,11 +374,14 @@ static void reshape(graph *g, const char *label, cudnnBackendDescriptor_t x,
 
 /* --------------------------------------------------------------- graphs */
 
-/* The tensor shapes of one problem: B sequences, H heads, T positions,
- * D channels a head, C = H D; qkv rows of 3C, output rows of C. */
+/* The tensor shapes of one problem: B sequences, H query heads, KVH
+ * key/value heads, T positions, D channels a head, C = H D; qkv rows of
+ * W = (H + 2 KVH) D (3C without grouping), output rows of C. */
 typedef struct sdpa_layout {
-    tensor_shape q;             /* Q, K, V, dQ, dK, dV: [B, H, T, D] */
-    tensor_shape kt;            /* K^T, V^T: [B, H, D, T] */
+    tensor_shape q;             /* Q, dQ: [B, H, T, D] */
+    tensor_shape kv;            /* K, V, dK, dV: [B, KVH, T, D] */
+    tensor_shape kt;            /* K^T, V^T: [B, KVH, D, T] */
+    tensor_shape kv_full;       /* dK, dV per query head (virtual) */
     tensor_shape o;             /* O, dO: [B, H, T, D] */
     tensor_shape o_product;     /* dO * O (virtual) */
     tensor_shape scores;        /* [B, H, T, T] */
@@ -380,12 +389,15 @@ typedef struct sdpa_layout {
     tensor_shape rows;          /* stats, delta: [B, H, T, 1] */
 } sdpa_layout;
 
-static sdpa_layout layout_of(int B, int T, int H, int D)
+static sdpa_layout layout_of(int B, int T, int H, int KVH, int D)
 {
-    int64_t b = B, t = T, h = H, d = D, c = h * d;
+    int64_t b = B, t = T, h = H, kvh = KVH, d = D, c = h * d;
+    int64_t w = (h + 2 * kvh) * d;
     sdpa_layout l = {
-        .q = {{b, h, t, d}, {t * 3 * c, d, 3 * c, 1}},
-        .kt = {{b, h, d, t}, {t * 3 * c, d, 1, 3 * c}},
+        .q = {{b, h, t, d}, {t * w, d, w, 1}},
+        .kv = {{b, kvh, t, d}, {t * w, d, w, 1}},
+        .kt = {{b, kvh, d, t}, {t * w, d, 1, w}},
+        .kv_full = {{b, h, t, d}, {h * t * d, t * d, d, 1}},
         .o = {{b, h, t, d}, {t * c, d, c, 1}},
         /* as cudnn-frontend declares it (virtual: never laid out) */
         .o_product = {{b, h, t, d}, {h * t * d, t * d, h * d, 1}},
@@ -429,7 +441,7 @@ static void build_forward(graph *g, const sdpa_layout *l)
     cudnnBackendDescriptor_t kt =
         tensor(g, "K^T", UID_K, CUDNN_DATA_BFLOAT16, &l->kt, false, false);
     cudnnBackendDescriptor_t v =
-        tensor(g, "V", UID_V, CUDNN_DATA_BFLOAT16, &l->q, false, false);
+        tensor(g, "V", UID_V, CUDNN_DATA_BFLOAT16, &l->kv, false, false);
     cudnnBackendDescriptor_t o =
         tensor(g, "O", UID_O, CUDNN_DATA_BFLOAT16, &l->o, false, false);
     cudnnBackendDescriptor_t stats = tensor(
@@ -528,10 +540,27 @@ static backward_io backward_tensors(graph *g, const sdpa_layout *l)
         .d_out = tensor(g, "dO", UID_D_OUT, bf16, &l->o, false, false),
         .stats = tensor(g, "stats", UID_STATS, fp32, &l->rows, false, false),
         .d_q = tensor(g, "dQ", UID_D_Q, bf16, &l->q, false, false),
-        .d_k = tensor(g, "dK", UID_D_K, bf16, &l->q, false, false),
-        .d_v = tensor(g, "dV", UID_D_V, bf16, &l->q, false, false),
+        .d_k = tensor(g, "dK", UID_D_K, bf16, &l->kv, false, false),
+        .d_v = tensor(g, "dV", UID_D_V, bf16, &l->kv, false, false),
     };
     return io;
+}
+
+/* c = a b into a key/value gradient: directly without grouping, else
+ * per query head into a virtual tensor summed over each group. */
+static void matmul_into_kv(graph *g, const char *label,
+                           const sdpa_layout *l, cudnnBackendDescriptor_t a,
+                           cudnnBackendDescriptor_t b,
+                           cudnnBackendDescriptor_t c)
+{
+    if (l->kv.dims[1] == l->q.dims[1]) {
+        matmul(g, label, a, b, c);
+        return;
+    }
+    cudnnBackendDescriptor_t full =
+        virtual_tensor(g, label, CUDNN_DATA_BFLOAT16, &l->kv_full);
+    matmul(g, label, a, b, full);
+    reduction(g, "sum over the group", CUDNN_REDUCE_TENSOR_ADD, full, c);
 }
 
 static void build_backward(graph *g, const sdpa_layout *l)
@@ -547,7 +576,7 @@ static void build_backward(graph *g, const sdpa_layout *l)
     cudnnBackendDescriptor_t p_t =
         virtual_tensor(g, "P^T", bf16, &l->scores_t);
     reshape(g, "P^T", p, p_t);
-    matmul(g, "dV = P^T dO", p_t, io.d_out, io.d_v);
+    matmul_into_kv(g, "dV = P^T dO", l, p_t, io.d_out, io.d_v);
     /* dS = P (dO V^T - delta) scale */
     cudnnBackendDescriptor_t d_p = virtual_tensor(g, "dP", fp32, &l->scores);
     matmul(g, "dP = dO V^T", io.d_out, io.vt, d_p);
@@ -563,9 +592,9 @@ static void build_backward(graph *g, const sdpa_layout *l)
     cudnnBackendDescriptor_t d_s_t =
         virtual_tensor(g, "dS^T", bf16, &l->scores_t);
     reshape(g, "dS^T", d_s, d_s_t);
-    matmul(g, "dK = dS^T Q", d_s_t, io.q, io.d_k);
+    matmul_into_kv(g, "dK = dS^T Q", l, d_s_t, io.q, io.d_k);
     /* dQ = dS K, K being K^T seen transposed again */
-    cudnnBackendDescriptor_t k = virtual_tensor(g, "K", bf16, &l->q);
+    cudnnBackendDescriptor_t k = virtual_tensor(g, "K", bf16, &l->kv);
     reshape(g, "K", io.kt, k);
     matmul(g, "dQ = dS K", d_s, k, io.d_q);
 }
@@ -787,11 +816,13 @@ void cudnn_attention_destroy(cudnn_attention *a)
     free(a);
 }
 
-static sdpa_shape *find_shape(cudnn_attention *a, int B, int T, int H, int D)
+static sdpa_shape *find_shape(cudnn_attention *a, int B, int T, int H,
+                              int KVH, int D)
 {
     for (int i = 0; i < a->shape_count; i++) {
         sdpa_shape *s = &a->shapes[i];
-        if (s->B == B && s->T == T && s->H == H && s->D == D)
+        if (s->B == B && s->T == T && s->H == H && s->KVH == KVH &&
+            s->D == D)
             return s;
     }
     return NULL;
@@ -841,12 +872,16 @@ static int grow_workspace(cudnn_attention *a, size_t bytes, pt_error *err)
 static void describe_shape(sdpa_shape *s)
 {
     size_t runtime = cudnnGetVersion();
+    char grouped[48] = "";
+    if (s->KVH != s->H)
+        snprintf(grouped, sizeof grouped, " (grouped: %d key/value heads)",
+                 s->KVH);
     snprintf(s->description, sizeof s->description,
-             "cuDNN %zu.%zu.%zu (built with %d.%d.%d) fused attention: "
+             "cuDNN %zu.%zu.%zu (built with %d.%d.%d) fused attention%s: "
              "forward engine %lld (workspace %.1f MiB), backward engine "
              "%lld (workspace %.1f MiB + %.1f MiB of row sums%s)",
              runtime / 10000, runtime % 10000 / 100, runtime % 100,
-             CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL,
+             CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, grouped,
              (long long)s->forward.engine,
              (double)s->forward.workspace / (1 << 20),
              (long long)s->backward.engine,
@@ -861,17 +896,21 @@ static size_t backward_workspace_bytes(const sdpa_shape *s)
     return delta_bytes(s) + round_up((size_t)s->backward.workspace);
 }
 
-int cudnn_attention_prepare(cudnn_attention *a, int B, int T, int H, int D,
-                            size_t lendable, pt_error *err)
+int cudnn_attention_prepare(cudnn_attention *a, int B, int T, int H,
+                            int KVH, int D, size_t lendable, pt_error *err)
 {
-    if (find_shape(a, B, T, H, D) != NULL)
+    if (find_shape(a, B, T, H, KVH, D) != NULL)
         return 0;
+    if (KVH <= 0 || H % KVH != 0)
+        return pt_fail(err, "cuDNN attention: %d query heads cannot share "
+                            "%d key/value heads",
+                       H, KVH);
     if (a->shape_count == ATTENTION_MAX_SHAPES)
         return pt_fail(err, "cuDNN attention: more than %d shapes",
                        ATTENTION_MAX_SHAPES);
     sdpa_shape *s = &a->shapes[a->shape_count];
-    *s = (sdpa_shape){.B = B, .T = T, .H = H, .D = D};
-    sdpa_layout l = layout_of(B, T, H, D);
+    *s = (sdpa_shape){.B = B, .T = T, .H = H, .KVH = KVH, .D = D};
+    sdpa_layout l = layout_of(B, T, H, KVH, D);
     if (build_plan(a, &l, true, &s->forward, err) != 0)
         return -1;
     if (build_plan(a, &l, false, &s->backward, err) == 0) {
@@ -941,30 +980,31 @@ static int execute(cudnn_attention *a, const sdpa_plan *plan,
     return 0;
 }
 
-static int prepared(cudnn_attention *a, int B, int T, int H, int D,
-                    sdpa_shape **out, pt_error *err)
+static int prepared(cudnn_attention *a, int B, int T, int H, int KVH,
+                    int D, sdpa_shape **out, pt_error *err)
 {
-    *out = find_shape(a, B, T, H, D);
+    *out = find_shape(a, B, T, H, KVH, D);
     if (*out != NULL)
         return 0;
-    return pt_fail(err, "cuDNN attention: B %d, T %d, %d heads of %d was "
-                        "not prepared",
-                   B, T, H, D);
+    return pt_fail(err, "cuDNN attention: B %d, T %d, %d heads of %d (%d "
+                        "key/value heads) was not prepared",
+                   B, T, H, D, KVH);
 }
 
 int cudnn_attention_forward(cudnn_attention *a, pt_bf16 *out, float *stats,
-                            const pt_bf16 *qkv, int B, int T, int H, int D,
-                            cudaStream_t stream, pt_error *err)
+                            const pt_bf16 *qkv, int B, int T, int H, int KVH,
+                            int D, cudaStream_t stream, pt_error *err)
 {
     sdpa_shape *s = NULL;
-    if (prepared(a, B, T, H, D, &s, err) != 0)
+    if (prepared(a, B, T, H, KVH, D, &s, err) != 0)
         return -1;
-    size_t C = (size_t)H * D;
+    /* the keys follow the H query heads, the values the KVH key heads */
+    size_t keys = (size_t)H * D, values = keys + (size_t)KVH * D;
     float scale = 1.0f / sqrtf((float)D), neg_inf = a->neg_inf;
     int64_t uids[] = {UID_Q,     UID_K,     UID_V,      UID_O,
                       UID_STATS, UID_SCALE, UID_NEG_INF};
-    void *pointers[] = {(void *)qkv,       (void *)(qkv + C),
-                        (void *)(qkv + 2 * C), out,
+    void *pointers[] = {(void *)qkv,       (void *)(qkv + keys),
+                        (void *)(qkv + values), out,
                         stats,             &scale,
                         &neg_inf};
     return execute(a, &s->forward, "forward", uids, pointers,
@@ -975,12 +1015,12 @@ int cudnn_attention_forward(cudnn_attention *a, pt_bf16 *out, float *stats,
 int cudnn_attention_backward(cudnn_attention *a, pt_bf16 *d_qkv,
                              const pt_bf16 *d_out, const pt_bf16 *qkv,
                              const pt_bf16 *out, const float *stats, int B,
-                             int T, int H, int D, void *lent,
+                             int T, int H, int KVH, int D, void *lent,
                              size_t lent_bytes, cudaStream_t stream,
                              pt_error *err)
 {
     sdpa_shape *s = NULL;
-    if (prepared(a, B, T, H, D, &s, err) != 0)
+    if (prepared(a, B, T, H, KVH, D, &s, err) != 0)
         return -1;
     char *delta = a->workspace;
     if (s->backward_borrows) {
@@ -993,17 +1033,17 @@ int cudnn_attention_backward(cudnn_attention *a, pt_bf16 *d_qkv,
                            (double)lent_bytes / (1 << 20));
         delta = lent;
     }
-    size_t C = (size_t)H * D;
+    size_t keys = (size_t)H * D, values = keys + (size_t)KVH * D;
     float scale = 1.0f / sqrtf((float)D), neg_inf = a->neg_inf, one = 1.0f;
     int64_t uids[] = {UID_Q,     UID_K,     UID_V,     UID_O,
                       UID_D_OUT, UID_STATS, UID_D_Q,   UID_D_K,
                       UID_D_V,   UID_SCALE, UID_NEG_INF, UID_ONE,
                       UID_DELTA};
-    void *pointers[] = {(void *)qkv,         (void *)(qkv + C),
-                        (void *)(qkv + 2 * C), (void *)out,
+    void *pointers[] = {(void *)qkv,         (void *)(qkv + keys),
+                        (void *)(qkv + values), (void *)out,
                         (void *)d_out,       (void *)stats,
-                        d_qkv,               d_qkv + C,
-                        d_qkv + 2 * C,       &scale,
+                        d_qkv,               d_qkv + keys,
+                        d_qkv + values,      &scale,
                         &neg_inf,            &one,
                         delta};
     return execute(a, &s->backward, "backward", uids, pointers,
@@ -1017,8 +1057,8 @@ size_t cudnn_attention_device_bytes(const cudnn_attention *a)
 }
 
 const char *cudnn_attention_describe(cudnn_attention *a, int B, int T, int H,
-                                     int D)
+                                     int KVH, int D)
 {
-    sdpa_shape *s = find_shape(a, B, T, H, D);
+    sdpa_shape *s = find_shape(a, B, T, H, KVH, D);
     return s != NULL ? s->description : "";
 }

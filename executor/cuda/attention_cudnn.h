@@ -8,7 +8,10 @@
  *
  * Layouts are those of cuda_ops.h's attention: qkv B x T x 3C (query,
  * key, value of a position side by side, head h at channels [h D,
- * (h + 1) D) of each), out B x T x C, C = H x D. The statistics are
+ * (h + 1) D) of each), out B x T x C, C = H x D; with grouped-query
+ * attention (KVH < H key/value heads) qkv rows are (H + 2 KVH) D, the H
+ * query heads, the KVH key heads, the KVH value heads, and query head h
+ * reads key/value head h / (H / KVH). The statistics are
  * cuDNN's, B x H x T floats: the NATURAL log-sum-exp of each query's
  * scaled scores (the own kernels keep base 2: theirs = these x log2 e);
  * only this file's backward reads them.
@@ -40,7 +43,8 @@ int cudnn_attention_create(cudnn_attention **out, pt_error *err);
 void cudnn_attention_destroy(cudnn_attention *attention);
 
 /* Builds the forward and backward plans of B sequences of T positions,
- * H heads of D channels (once: later calls find them) and grows the
+ * H query heads and KVH key/value heads (H a multiple of KVH; KVH = H:
+ * multi-head) of D channels (once: later calls find them) and grows the
  * workspace to what they need. When the backward needs at most
  * `lendable` bytes (its fused kernels may want B x H x T x T bf16: 384
  * MiB at GPT-2 124M, mbs 16), it runs in memory its caller lends at each
@@ -48,7 +52,7 @@ void cudnn_attention_destroy(cudnn_attention *attention);
  * with the cuDNN call and cuDNN's own message, when cuDNN cannot run the
  * shape; then nothing of it is kept. */
 int cudnn_attention_prepare(cudnn_attention *attention, int B, int T, int H,
-                            int D, size_t lendable, pt_error *err);
+                            int KVH, int D, size_t lendable, pt_error *err);
 
 /* Forward: out and stats (B x H x T floats) from qkv. Backward: WRITES
  * d_qkv from d_out, qkv, out and the forward's stats, in `lent` (device
@@ -58,11 +62,12 @@ int cudnn_attention_prepare(cudnn_attention *attention, int B, int T, int H,
  * both enqueue on stream. */
 int cudnn_attention_forward(cudnn_attention *attention, pt_bf16 *out,
                             float *stats, const pt_bf16 *qkv, int B, int T,
-                            int H, int D, cudaStream_t stream, pt_error *err);
+                            int H, int KVH, int D, cudaStream_t stream,
+                            pt_error *err);
 int cudnn_attention_backward(cudnn_attention *attention, pt_bf16 *d_qkv,
                              const pt_bf16 *d_out, const pt_bf16 *qkv,
                              const pt_bf16 *out, const float *stats, int B,
-                             int T, int H, int D, void *lent,
+                             int T, int H, int KVH, int D, void *lent,
                              size_t lent_bytes, cudaStream_t stream,
                              pt_error *err);
 
@@ -72,6 +77,6 @@ size_t cudnn_attention_device_bytes(const cudnn_attention *attention);
 /* One line on the plans of a prepared shape: cuDNN's versions, the
  * engines chosen and their workspaces; "" for a shape not prepared. */
 const char *cudnn_attention_describe(cudnn_attention *attention, int B,
-                                     int T, int H, int D);
+                                     int T, int H, int KVH, int D);
 
 #endif

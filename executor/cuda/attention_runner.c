@@ -6,6 +6,8 @@
  * attention_cudnn.c do not build), and never on cuDNN 9.10.0 or 9.10.1,
  * whose fused attention has known bugs (cudnn-frontend refuses them
  * too). In auto mode whatever cuDNN declines runs on the own kernels.
+ * Grouped-query shapes (KVH < NH key/value heads) take the same choice;
+ * their own path is attention_plain.cu's grouped kernels.
  */
 #include "executor/cuda/attention_runner.h"
 
@@ -22,7 +24,7 @@
 
 /* A shape's path, and on the own kernels why not cuDNN. */
 typedef struct shape_choice {
-    int B, T, C, NH;
+    int B, T, C, NH, KVH;
     bool cudnn;
     char why[sizeof(((pt_error *)0)->message)];
 } shape_choice;
@@ -94,7 +96,11 @@ static bool cudnn_unsuitable(const shape_choice *s, char *why, size_t size)
 #ifdef PARTITA_HAVE_CUDNN
     int D = s->C / s->NH;
     size_t version = cudnn_attention_runtime_version();
-    if (s->C % s->NH != 0 || D % 8 != 0 || D > 128)
+    if (s->KVH <= 0 || s->NH % s->KVH != 0)
+        snprintf(why, size, "%d query heads in groups over %d key/value "
+                            "heads",
+                 s->NH, s->KVH);
+    else if (s->C % s->NH != 0 || D % 8 != 0 || D > 128)
         snprintf(why, size, "head size %d (cuDNN's attention is taken for "
                             "multiples of 8 up to 128)",
                  D);
@@ -123,7 +129,7 @@ static int cudnn_plan(attention_runner *runner, const shape_choice *s,
     if (runner->cudnn == NULL &&
         cudnn_attention_create(&runner->cudnn, err) != 0)
         return -1;
-    return cudnn_attention_prepare(runner->cudnn, s->B, s->T, s->NH,
+    return cudnn_attention_prepare(runner->cudnn, s->B, s->T, s->NH, s->KVH,
                                    s->C / s->NH, runner->lendable, err);
 #else
     (void)runner, (void)s;
@@ -135,14 +141,16 @@ static void describe(attention_runner *runner, const shape_choice *s)
 {
     size_t size = sizeof runner->description;
     if (!s->cudnn) {
-        snprintf(runner->description, size,
-                 "own kernels (attention.cu); not cuDNN: %s", s->why);
+        snprintf(runner->description, size, "own kernels (%s); not cuDNN: %s",
+                 s->KVH == s->NH ? "attention.cu"
+                                 : "attention_plain.cu, grouped",
+                 s->why);
         return;
     }
 #ifdef PARTITA_HAVE_CUDNN
     snprintf(runner->description, size, "%s",
              cudnn_attention_describe(runner->cudnn, s->B, s->T, s->NH,
-                                      s->C / s->NH));
+                                      s->KVH, s->C / s->NH));
 #endif
 }
 
@@ -171,11 +179,12 @@ static int choose(attention_runner *runner, shape_choice *s, pt_error *err)
 }
 
 static int decide(attention_runner *runner, int B, int T, int C, int NH,
-                  const shape_choice **out, pt_error *err)
+                  int KVH, const shape_choice **out, pt_error *err)
 {
     for (int i = 0; i < runner->shape_count; i++) {
         const shape_choice *s = &runner->shapes[i];
-        if (s->B == B && s->T == T && s->C == C && s->NH == NH) {
+        if (s->B == B && s->T == T && s->C == C && s->NH == NH &&
+            s->KVH == KVH) {
             *out = s;
             return 0;
         }
@@ -185,7 +194,7 @@ static int decide(attention_runner *runner, int B, int T, int C, int NH,
                        RUNNER_MAX_SHAPES);
     shape_choice *s = &runner->shapes[runner->shape_count];
     memset(s, 0, sizeof *s);
-    s->B = B, s->T = T, s->C = C, s->NH = NH;
+    s->B = B, s->T = T, s->C = C, s->NH = NH, s->KVH = KVH;
     if (choose(runner, s, err) != 0)
         return -1;
     runner->shape_count++;
@@ -199,14 +208,14 @@ int attention_runner_prepare(attention_runner *runner, int B, int T, int C,
 {
     const shape_choice *s = NULL;
     runner->lendable = lendable;
-    return decide(runner, B, T, C, NH, &s, err);
+    return decide(runner, B, T, C, NH, NH, &s, err);
 }
 
 int attention_runner_uses_cudnn(attention_runner *runner, int B, int T,
                                 int C, int NH, bool *out, pt_error *err)
 {
     const shape_choice *s = NULL;
-    if (decide(runner, B, T, C, NH, &s, err) != 0)
+    if (decide(runner, B, T, C, NH, NH, &s, err) != 0)
         return -1;
     *out = s->cudnn;
     return 0;
@@ -218,12 +227,12 @@ int attention_runner_forward(attention_runner *runner, pt_bf16 *out,
                              pt_error *err)
 {
     const shape_choice *s = NULL;
-    if (decide(runner, B, T, C, NH, &s, err) != 0)
+    if (decide(runner, B, T, C, NH, NH, &s, err) != 0)
         return -1;
 #ifdef PARTITA_HAVE_CUDNN
     if (s->cudnn)
         return cudnn_attention_forward(runner->cudnn, out, lse, qkv, B, T,
-                                       NH, C / NH, stream, err);
+                                       NH, NH, C / NH, stream, err);
 #endif
     CUDA_TRY(cuda_attention_forward(out, lse, qkv, B, T, C, NH, stream));
     return 0;
@@ -237,18 +246,69 @@ int attention_runner_backward(attention_runner *runner, pt_bf16 *d_qkv,
                               cudaStream_t stream, pt_error *err)
 {
     const shape_choice *s = NULL;
-    if (decide(runner, B, T, C, NH, &s, err) != 0)
+    if (decide(runner, B, T, C, NH, NH, &s, err) != 0)
         return -1;
 #ifdef PARTITA_HAVE_CUDNN
     if (s->cudnn)
         return cudnn_attention_backward(runner->cudnn, d_qkv, d_out, qkv,
-                                        out, lse, B, T, NH, C / NH, lent,
+                                        out, lse, B, T, NH, NH, C / NH, lent,
                                         lent_bytes, stream, err);
 #else
     (void)lent, (void)lent_bytes;
 #endif
     CUDA_TRY(cuda_attention_backward(d_qkv, d_out, qkv, out, lse, scratch, B,
                                      T, C, NH, stream));
+    return 0;
+}
+
+int attention_runner_prepare_gqa(attention_runner *runner, int B, int T,
+                                 int NH, int KVH, int D, size_t lendable,
+                                 pt_error *err)
+{
+    const shape_choice *s = NULL;
+    runner->lendable = lendable;
+    return decide(runner, B, T, NH * D, NH, KVH, &s, err);
+}
+
+int attention_runner_forward_gqa(attention_runner *runner, pt_bf16 *out,
+                                 float *lse, const pt_bf16 *qkv, int B, int T,
+                                 int NH, int KVH, int D, cudaStream_t stream,
+                                 pt_error *err)
+{
+    const shape_choice *s = NULL;
+    if (decide(runner, B, T, NH * D, NH, KVH, &s, err) != 0)
+        return -1;
+#ifdef PARTITA_HAVE_CUDNN
+    if (s->cudnn)
+        return cudnn_attention_forward(runner->cudnn, out, lse, qkv, B, T,
+                                       NH, KVH, D, stream, err);
+#endif
+    CUDA_TRY(cuda_gqa_attention_forward(out, lse, qkv, B, T, NH, KVH, D,
+                                        stream));
+    return 0;
+}
+
+int attention_runner_backward_gqa(attention_runner *runner, pt_bf16 *d_qkv,
+                                  const pt_bf16 *d_out, const pt_bf16 *qkv,
+                                  const pt_bf16 *out, const float *lse,
+                                  float *scratch, int B, int T, int NH,
+                                  int KVH, int D, void *lent,
+                                  size_t lent_bytes, cudaStream_t stream,
+                                  pt_error *err)
+{
+    const shape_choice *s = NULL;
+    if (decide(runner, B, T, NH * D, NH, KVH, &s, err) != 0)
+        return -1;
+#ifdef PARTITA_HAVE_CUDNN
+    if (s->cudnn)
+        return cudnn_attention_backward(runner->cudnn, d_qkv, d_out, qkv,
+                                        out, lse, B, T, NH, KVH, D, lent,
+                                        lent_bytes, stream, err);
+#else
+    (void)lent, (void)lent_bytes;
+#endif
+    CUDA_TRY(cuda_gqa_attention_backward(d_qkv, d_out, qkv, out, lse,
+                                         scratch, B, T, NH, KVH, D, stream));
     return 0;
 }
 

@@ -75,6 +75,31 @@ int attention_runner_backward(attention_runner *runner, pt_bf16 *d_qkv,
                               void *lent, size_t lent_bytes,
                               cudaStream_t stream, pt_error *err);
 
+/*
+ * The same for grouped-query attention (the Llama family's): NH query
+ * heads and KVH key/value heads (NH a multiple of KVH) of D channels, qkv
+ * rows of (NH + 2 KVH) D (query heads, key heads, value heads; cuda_ops.h
+ * cuda_gqa_attention_forward), out rows of NH D. cuDNN where it plans the
+ * shape (K and V with their own head count), else the own path:
+ * attention.cu's kernels when KVH == NH, attention_plain.cu's grouped
+ * ones otherwise. With KVH == NH each is the multi-head call of C = NH D,
+ * the same shape to the runner.
+ */
+int attention_runner_prepare_gqa(attention_runner *runner, int B, int T,
+                                 int NH, int KVH, int D, size_t lendable,
+                                 pt_error *err);
+int attention_runner_forward_gqa(attention_runner *runner, pt_bf16 *out,
+                                 float *lse, const pt_bf16 *qkv, int B, int T,
+                                 int NH, int KVH, int D, cudaStream_t stream,
+                                 pt_error *err);
+int attention_runner_backward_gqa(attention_runner *runner, pt_bf16 *d_qkv,
+                                  const pt_bf16 *d_out, const pt_bf16 *qkv,
+                                  const pt_bf16 *out, const float *lse,
+                                  float *scratch, int B, int T, int NH,
+                                  int KVH, int D, void *lent,
+                                  size_t lent_bytes, cudaStream_t stream,
+                                  pt_error *err);
+
 /* One line on the path of the last shape prepared: cuDNN's version and
  * engines, or the own kernels and why. */
 const char *attention_runner_describe(const attention_runner *runner);

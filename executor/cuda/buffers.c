@@ -140,18 +140,19 @@ static void carve_layer(layer_activations *act, arena *a,
     const stage_dims *d = &layout->dims;
     size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
            F = (size_t)d->F, R = (size_t)d->R;
-    /* the norms and the residual stream: the shard's rows */
-    act->ln1_mean = take_floats(a, R, term);
+    /* the norms and the residual stream: the shard's rows (RMSNorm keeps
+     * no mean) */
+    act->ln1_mean = d->rmsnorm ? NULL : take_floats(a, R, term);
     act->ln1_rstd = take_floats(a, R, term);
     act->ln1_out = layout->recompute_norm ? NULL : take_bf16(a, R * C, term);
-    act->qkv = take_bf16(a, N * 3 * A, term);
+    act->qkv = take_bf16(a, N * (size_t)d->QW, term);
     act->att_out = take_bf16(a, N * A, term);
     act->att_lse = take_floats(a, (size_t)d->B * d->NH * d->T, term);
     act->residual_mid = take_bf16(a, R * C, term);
-    act->ln2_mean = take_floats(a, R, term);
+    act->ln2_mean = d->rmsnorm ? NULL : take_floats(a, R, term);
     act->ln2_rstd = take_floats(a, R, term);
     act->ln2_out = layout->recompute_norm ? NULL : take_bf16(a, R * C, term);
-    act->fc_pre = take_bf16(a, N * F, term);
+    act->fc_pre = take_bf16(a, N * (size_t)d->FW, term);
     act->gelu_out = layout->recompute_gelu ? NULL
                                            : take_bf16(a, N * F, term);
 }
@@ -198,19 +199,19 @@ void buffer_carve_scratch(backward_scratch *s,
     const stage_dims *d = &layout->dims;
     pt_memory_term term = PT_MEMORY_SCRATCH;
     size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
-           F = (size_t)d->F;
+           F = (size_t)d->F, QW = (size_t)d->QW, FW = (size_t)d->FW;
     if (layout->spec.recompute_layers && layout->layer_count > 0)
         carve_layer(recomputed, a, layout, term);
     s->d_stream_fp32 = take_floats(a, N * C, term);
     s->d_stream_bf16 = take_bf16(a, N * C, term);
     s->d_norm = take_bf16(a, N * C, term);
     s->d_att = take_bf16(a, N * A, term);
-    s->d_qkv = take_bf16(a, N * 3 * A, term);
+    s->d_qkv = take_bf16(a, N * QW, term);
     s->d_fc = take_bf16(a, N * F, term);
     s->norm_out = take_bf16(a, N * C, term);
     s->norm_partials =
         take_floats(a, cuda_layernorm_backward_scratch(d->N, d->C), term);
-    size_t widest = max_size(max_size(3 * A, F), C);
+    size_t widest = max_size(max_size(QW, FW), C);
     s->bias_partials =
         take_floats(a, cuda_bias_grad_scratch(d->N, (int)widest), term);
     s->bias_grads = take_floats(a, F, term);

@@ -47,6 +47,11 @@ typedef uint16_t pt_bf16;
  * and row0 = 0 without it. */
 typedef struct stage_dims {
     int B, T, C, A, F, V, NH, N;
+    /* the shard's key/value heads, the head size, the qkv product's
+     * width ((NH + 2 KVH) hs: 3A for GPT-2) and the first MLP product's
+     * (SwiGLU's gate and up 2F, else F) */
+    int KVH, hs, QW, FW;
+    bool rmsnorm;                   /* RMSNorm: the norms keep no mean */
     int vocab_first;
     int tp;
     int R, row0;
@@ -67,7 +72,12 @@ static inline stage_dims dims_of_shape(const model_shape *shape,
         .NH = shard.heads,
         .vocab_first = shard.vocab_first,
         .tp = shard.tp,
+        .KVH = model_kv_heads(shape) / shard.tp,
+        .hs = shape->hidden / shape->heads,
+        .rmsnorm = shape->norm == MODEL_NORM_RMSNORM,
     };
+    d.QW = (d.NH + 2 * d.KVH) * d.hs;
+    d.FW = shape->mlp == MODEL_MLP_SWIGLU ? 2 * d.F : d.F;
     d.N = d.B * d.T;
     size_t first = 0, rows = 0;
     stage_sequence_rows(spec, (size_t)d.N, &first, &rows);
@@ -82,9 +92,10 @@ static inline stage_dims dims_of_shape(const model_shape *shape,
  * NH its heads; R the rows the shard holds outside the products: N, or
  * its sequence shard). */
 typedef struct layer_activations {
-    float *ln1_mean, *ln1_rstd;     /* R */
+    float *ln1_mean, *ln1_rstd;     /* R (no mean: NULL under RMSNorm) */
     pt_bf16 *ln1_out;               /* R x C; NULL when recomputed */
-    pt_bf16 *qkv;                   /* N x 3A */
+    pt_bf16 *qkv;                   /* N x QW (3A for GPT-2), the heads'
+                                       order: queries, keys, values */
     pt_bf16 *att_out;               /* N x A, before the projection */
     float *att_lse;                 /* B x NH x T, in the convention of
                                        the attention's path
@@ -92,8 +103,10 @@ typedef struct layer_activations {
     pt_bf16 *residual_mid;          /* R x C: input + attention */
     float *ln2_mean, *ln2_rstd;
     pt_bf16 *ln2_out;               /* NULL when recomputed */
-    pt_bf16 *fc_pre;                /* N x F, before the GELU */
-    pt_bf16 *gelu_out;              /* N x F; NULL when recomputed */
+    pt_bf16 *fc_pre;                /* N x FW, before the GELU (or
+                                       SwiGLU: [gate | up]) */
+    pt_bf16 *gelu_out;              /* N x F, the GELU's (or SwiGLU's)
+                                       output; NULL when recomputed */
     pt_bf16 *output;                /* R x C: mid + MLP */
 } layer_activations;
 
@@ -144,7 +157,7 @@ typedef struct backward_scratch {
                                        rows at row0, then gathered) */
     pt_bf16 *d_norm;                /* N x C: gradient of a norm's output */
     pt_bf16 *d_att;                 /* N x A */
-    pt_bf16 *d_qkv;                 /* N x 3A */
+    pt_bf16 *d_qkv;                 /* N x QW */
     pt_bf16 *d_fc;                  /* N x F; also the GELU recompute */
     pt_bf16 *norm_out;              /* N x C: recomputed norm outputs */
     float *norm_partials;           /* layer-norm weight/bias partials */

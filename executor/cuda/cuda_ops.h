@@ -119,7 +119,8 @@ cudaError_t cuda_gelu_backward(pt_bf16 *d_in_bf16, const pt_bf16 *d_out_bf16,
 
 /* out[b,t,:] = token_embedding[tokens[b,t],:] + position_embedding[t,:]
  * (bf16 out: the residual stream's start, added in fp32 and rounded
- * once; fp32 tables; tokens device memory). */
+ * once; fp32 tables; tokens device memory); position_embedding NULL:
+ * none (rotary positions). */
 cudaError_t cuda_embedding_forward(pt_bf16 *out_bf16, const uint32_t *tokens,
                                    const float *token_embedding,
                                    const float *position_embedding, int B,
@@ -219,6 +220,95 @@ cudaError_t cuda_layernorm_backward(float *d_inp, pt_bf16 *d_inp_bf16,
                                     float *scratch, int N, int C,
                                     cudaStream_t stream);
 
+/* ---------------------------------------------------------------- rmsnorm */
+
+/* out_bf16 = inp x rstd x weight, rstd = 1 / sqrt(mean(inp^2) + eps)
+ * (RMSNorm, the Llama family's: no mean subtracted, no bias; the bf16
+ * residual stream in, statistics in fp32; layernorm.cu's kernels with
+ * the mean and bias terms compiled out). rstd (N floats) is kept for the
+ * backward; it may be NULL. */
+cudaError_t cuda_rmsnorm_forward(pt_bf16 *out_bf16, float *rstd,
+                                 const pt_bf16 *inp_bf16, const float *weight,
+                                 float eps, int N, int C,
+                                 cudaStream_t stream);
+/*
+ * RMSNorm backward fused with the residual branch point, as
+ * cuda_layernorm_backward (the same rules for its outputs and residual):
+ *   d_inp = d_residual + rstd (g - xhat mean(g xhat)),
+ *   g = d_out x weight, xhat = inp x rstd,
+ * written to d_inp (fp32, may be NULL) and/or d_inp_bf16; the residual
+ * gradient d_residual (fp32) or, when NULL, d_residual_bf16 (either may
+ * be the output it is read into: in place). d_weight (C) is ADDED to in
+ * a fixed order. scratch: cuda_layernorm_backward_scratch(N_max, C)
+ * floats, zeroed once, under the layer norm's rules (the two norms may
+ * share one scratch, one call at a time).
+ */
+cudaError_t cuda_rmsnorm_backward(float *d_inp, pt_bf16 *d_inp_bf16,
+                                  cuda_grad d_weight,
+                                  const float *d_residual,
+                                  const pt_bf16 *d_residual_bf16,
+                                  const pt_bf16 *d_out_bf16,
+                                  const pt_bf16 *inp_bf16,
+                                  const float *weight, const float *rstd,
+                                  float *scratch, int N, int C,
+                                  cudaStream_t stream);
+
+/* ----------------------------------------------------------------- swiglu */
+
+/* SwiGLU (swiglu.cu), one kernel each way. inp_bf16: N rows of 2F, the
+ * gate in columns [0, F) and up in [F, 2F) (Megatron's fused fc1 with
+ * --swiglu, cpu_swiglu_forward's order); out_bf16: N x F,
+ * out = silu(gate) x up, computed in fp32 and rounded once. */
+cudaError_t cuda_swiglu_forward(pt_bf16 *out_bf16, const pt_bf16 *inp_bf16,
+                                int N, int F, cudaStream_t stream);
+/* d_gate = d_out x up x silu'(gate), d_up = d_out x silu(gate), into
+ * d_inp_bf16 (N x 2F, the layout of inp), WRITTEN (the backend never adds
+ * here, unlike the cpu op); d_inp may be inp (each element is read and
+ * written by one thread), so the fc1 output can take its own gradient. */
+cudaError_t cuda_swiglu_backward(pt_bf16 *d_inp_bf16,
+                                 const pt_bf16 *d_out_bf16,
+                                 const pt_bf16 *inp_bf16, int N, int F,
+                                 cudaStream_t stream);
+
+/* ------------------------------------------------------------------- rope */
+
+/*
+ * Rotary positions, rotate-half (cpu_rope_forward's convention), IN
+ * PLACE on the bf16 product that holds them (rope.cu): rows of `width`
+ * elements, B x T of them (position t = row % T), whose first `heads`
+ * heads of head_size (even) are turned, the rest left alone: with the
+ * attention's qkv layout (query heads, then key heads, then value
+ * heads), heads = NH + KVH turns queries and keys and passes the values.
+ * The angles are taken in double (as the cpu's), one sine and cosine
+ * per position and pair, shared by every head of the row.
+ */
+cudaError_t cuda_rope_forward(pt_bf16 *x_bf16, double base, int B, int T,
+                              int width, int heads, int head_size,
+                              cudaStream_t stream);
+/* The inverse rotation, in place on the gradient (d_qkv as the
+ * attention's backward WROTE it): d_x = R^T d_x. */
+cudaError_t cuda_rope_backward(pt_bf16 *d_x_bf16, double base, int B, int T,
+                               int width, int heads, int head_size,
+                               cudaStream_t stream);
+
+/*
+ * The qkv product between the weight's grouped order (Megatron-LM's: per
+ * key/value group its NH / KVH query heads, its key head, its value head;
+ * every model but GPT-2) and the heads' order the attention reads (NH
+ * query heads, KVH key heads, KVH value heads), rows of (NH + 2 KVH) hs,
+ * B x T of them, out of place. With turn, the query and key heads are
+ * turned on the way as cuda_rope_forward turns them (to_heads) or turned
+ * back as cuda_rope_backward (to_grouped, the gradient's way): one pass
+ * for regrouping and RoPE (rope.cu).
+ */
+cudaError_t cuda_qkv_to_heads(pt_bf16 *heads_bf16, const pt_bf16 *grouped_bf16,
+                              double base, bool turn, int B, int T, int NH,
+                              int KVH, int hs, cudaStream_t stream);
+cudaError_t cuda_qkv_to_grouped(pt_bf16 *d_grouped_bf16,
+                                const pt_bf16 *d_heads_bf16, double base,
+                                bool turn, int B, int T, int NH, int KVH,
+                                int hs, cudaStream_t stream);
+
 /* ------------------------------------------------------------ bias grads */
 
 /* d_bias[j] += sum over the N rows of d_out_bf16[n, j] (OC columns), with
@@ -263,6 +353,40 @@ cudaError_t cuda_attention_backward_plain(
     pt_bf16 *d_qkv_bf16, const pt_bf16 *d_out_bf16, const pt_bf16 *qkv_bf16,
     const pt_bf16 *out_bf16, const float *lse, float *scratch, int B, int T,
     int C, int NH, cudaStream_t stream);
+
+/*
+ * Causal grouped-query attention on the plain kernels (attention_plain.cu),
+ * the path of GQA shapes when cuDNN is absent or declines: qkv_bf16 B x T
+ * x (NH + 2 KVH) D, each row the NH query heads, the KVH key heads, then
+ * the KVH value heads (cpu_gqa_attention_forward's layout); query head h
+ * reads key and value head h / (NH / KVH). out_bf16: B x T x NH D; lse:
+ * B x NH x T, base 2 (as the own kernels'). With KVH == NH these are
+ * cuda_attention_forward_plain / _backward_plain, to the bit. The
+ * backward WRITES d_qkv_bf16 (a key or value head's gradient summed over
+ * its group's query heads in fp32, rounded once); scratch:
+ * cuda_attention_backward_scratch(B, T, NH) floats. Shared memory as the
+ * plain kernels' (T x 4 bytes forward, T x 8 + D x 8 backward, at most
+ * 48 KiB, else cudaErrorInvalidValue).
+ */
+cudaError_t cuda_gqa_attention_forward_plain(pt_bf16 *out_bf16, float *lse,
+                                             const pt_bf16 *qkv_bf16, int B,
+                                             int T, int NH, int KVH, int D,
+                                             cudaStream_t stream);
+cudaError_t cuda_gqa_attention_backward_plain(
+    pt_bf16 *d_qkv_bf16, const pt_bf16 *d_out_bf16, const pt_bf16 *qkv_bf16,
+    const pt_bf16 *out_bf16, const float *lse, float *scratch, int B, int T,
+    int NH, int KVH, int D, cudaStream_t stream);
+/* The own path of any GQA shape: the tensor-core kernels of attention.cu
+ * when KVH == NH (cuda_attention_forward / _backward), else the plain
+ * ones above. */
+cudaError_t cuda_gqa_attention_forward(pt_bf16 *out_bf16, float *lse,
+                                       const pt_bf16 *qkv_bf16, int B, int T,
+                                       int NH, int KVH, int D,
+                                       cudaStream_t stream);
+cudaError_t cuda_gqa_attention_backward(
+    pt_bf16 *d_qkv_bf16, const pt_bf16 *d_out_bf16, const pt_bf16 *qkv_bf16,
+    const pt_bf16 *out_bf16, const float *lse, float *scratch, int B, int T,
+    int NH, int KVH, int D, cudaStream_t stream);
 
 /* ------------------------------------------------------------- classifier */
 

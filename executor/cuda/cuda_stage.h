@@ -14,8 +14,13 @@
 #include "executor/cuda/cuda_ops.h"
 #include "executor/cuda/gemm.h"
 
+/* The offset of a tensor the model lacks (a norm's bias under RMSNorm,
+ * a linear layer's without biases, learned positions under RoPE). */
+#define CUDA_NO_TENSOR SIZE_MAX
+
 /* Offsets (in floats) of one transformer layer's tensors in the
- * parameter-sized buffers (the bf16 mirror: see mirror_offset). */
+ * parameter-sized buffers (the bf16 mirror: see mirror_offset), or
+ * CUDA_NO_TENSOR. */
 typedef struct layer_offsets {
     size_t ln1_weight, ln1_bias;
     size_t qkv_weight, qkv_bias;
@@ -106,6 +111,9 @@ typedef struct cuda_stage_state {
     void *attention_lent;
     stage_offsets offsets;
     int layer_count;
+    bool llama_layer;               /* the Llama family's layer
+                                       (passes_llama.c): any model but
+                                       GPT-2 */
     int ld_logits;                  /* Vp: the vocabulary rounded up */
     size_t head_offset;             /* fp32 offset of the head weight */
     size_t head_pad;                /* (Vp - V) x C, 0 without a head */

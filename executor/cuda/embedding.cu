@@ -27,10 +27,12 @@ __global__ void embedding_forward_kernel(bf16 *out, const uint32_t *tokens,
     int c = (int)(index % groups) * 8;
     float a[8], b[8];
     load8(a, token_embedding + (size_t)tokens[row] * C + c);
-    load8(b, position_embedding + (size_t)(row % T) * C + c);
+    if (position_embedding != NULL) { /* NULL: rotary positions */
+        load8(b, position_embedding + (size_t)(row % T) * C + c);
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-        a[i] += b[i];
+        for (int i = 0; i < 8; i++)
+            a[i] += b[i];
+    }
     store8(out + (size_t)row * C + c, a);
 }
 
@@ -43,9 +45,11 @@ __global__ void embedding_forward_scalar_kernel(
         return;
     int row = (int)(index / C);
     int c = (int)(index % C);
+    float position = position_embedding != NULL
+                         ? position_embedding[(size_t)(row % T) * C + c]
+                         : 0.0f;
     out[index] = __float2bfloat16_rn(
-        token_embedding[(size_t)tokens[row] * C + c] +
-        position_embedding[(size_t)(row % T) * C + c]);
+        token_embedding[(size_t)tokens[row] * C + c] + position);
 }
 
 extern "C" cudaError_t cuda_embedding_forward(

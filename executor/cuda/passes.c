@@ -1,11 +1,13 @@
 /*
  * The forward and backward passes of a cuda stage: the order of the
  * kernels and matrix products of each layer, the embedding and the head,
- * with the tensor-parallel sums between them. Precision, the memory the
- * passes read and write, and the products' layout are described at the
- * top of model_cuda.c.
+ * with the tensor-parallel sums between them (their pieces in
+ * pass_parts.c; the Llama family's layer in passes_llama.c). Precision,
+ * the memory the passes read and write, and the products' layout are
+ * described at the top of model_cuda.c.
  */
-#include "executor/cuda/cuda_stage.h"
+#include "executor/cuda/pass_parts.h"
+#include "executor/cuda/passes_llama.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -14,244 +16,7 @@
 
 #include "executor/cuda/cuda_check.h"
 
-/* ---------------------------------------------------- product helpers */
-
-/* out (N x OC, row-major) = in (N x IC) W^T [+ bias] [+ residual]. */
-typedef struct linear_forward {
-    const pt_bf16 *weight;          /* OC x IC, bf16 mirror */
-    const pt_bf16 *input;           /* N x IC */
-    void *out;                      /* N x OC */
-    bool out_fp32;
-    const void *bias;               /* of out's type */
-    const void *residual;           /* of out's type; NULL: none */
-    int N, IC, OC;
-    int ld_out;
-} linear_forward;
-
-static gemm_call forward_call(const linear_forward *f)
-{
-    gemm_call call = {
-        .transpose_a = true,
-        .transpose_b = false,
-        .m = f->OC,
-        .n = f->N,
-        .k = f->IC,
-        .a = f->weight,
-        .lda = f->IC,
-        .b = f->input,
-        .ldb = f->IC,
-        .d = f->out,
-        .ldd = f->ld_out,
-        .d_fp32 = f->out_fp32,
-        .c = f->residual,
-        .alpha = 1.0f,
-        .beta = f->residual != NULL ? 1.0f : 0.0f,
-        .epilogue = f->bias != NULL ? GEMM_BIAS : GEMM_PLAIN,
-        .bias = (void *)f->bias,
-    };
-    return call;
-}
-
-/* d_in (N x IC, bf16) = alpha d_out (N x OC) W. */
-static gemm_call input_grad_call(pt_bf16 *d_in, const pt_bf16 *d_out,
-                                 int ld_d_out, const pt_bf16 *weight, int N,
-                                 int IC, int OC, float alpha)
-{
-    gemm_call call = {
-        .transpose_a = false,
-        .transpose_b = false,
-        .m = IC,
-        .n = N,
-        .k = OC,
-        .a = weight,
-        .lda = IC,
-        .b = d_out,
-        .ldb = ld_d_out,
-        .d = d_in,
-        .ldd = IC,
-        .d_fp32 = false,
-        .alpha = alpha,
-        .beta = 0.0f,
-        .epilogue = GEMM_PLAIN,
-    };
-    return call;
-}
-
-/* d_W (OC x IC, fp32 or bf16: cuda_grad) += alpha d_out^T (OC x N) in
- * (N x IC); a bf16 gradient is read, added in fp32 and rounded once
- * (beta = 1 over a bf16 C and D, as llm.c accumulates). */
-static gemm_call weight_grad_call(cuda_grad d_weight, const pt_bf16 *input,
-                                  const pt_bf16 *d_out, int ld_d_out, int N,
-                                  int IC, int OC, float alpha)
-{
-    gemm_call call = {
-        .transpose_a = false,
-        .transpose_b = true,
-        .m = IC,
-        .n = OC,
-        .k = N,
-        .a = input,
-        .lda = IC,
-        .b = d_out,
-        .ldb = ld_d_out,
-        .d = d_weight.data,
-        .ldd = IC,
-        .d_fp32 = !d_weight.bf16,
-        .alpha = alpha,
-        .beta = 1.0f,
-        .epilogue = GEMM_PLAIN,
-    };
-    return call;
-}
-
-/* The weight gradient of a linear layer, then its bias gradient (column
- * sums of d_out) by cuda_bias_grad. cuBLASLt's BGRADB epilogue is no
- * fusion on Hopper: it runs as a kernel of its own after the product, and
- * measured slower than ours (24 us against 9 us for 16384 x 768 on an
- * H100), so it is not used. */
-static int weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
-                                cuda_grad d_bias, const stage_dims *d,
-                                pt_error *err)
-{
-    if (gemm_run(state->gemm, call, state->stream, err) != 0)
-        return -1;
-    CUDA_TRY(cuda_bias_grad(d_bias, call->b, state->scratch.bias_partials,
-                            d->N, call->n, state->stream));
-    return 0;
-}
-
-/* Where parameter `offset`'s gradient goes (its unit's buffer under
- * ZeRO-2/3: grad_units.c), of the stage's gradient precision. */
-static cuda_grad grad_at(const model_stage *stage, size_t offset)
-{
-    return cuda_grad_at(stage, offset);
-}
-
 /* -------------------------------------------------------------- forward */
-
-/* Where parameter `offset` is read, fp32 and bf16 (its unit's buffers
- * under ZeRO-3: param_units.c). */
-static const float *param_at(const model_stage *stage, size_t offset)
-{
-    return cuda_param_at(stage, offset);
-}
-
-static pt_bf16 *mirror_at(const cuda_stage_state *state, size_t offset)
-{
-    return cuda_mirror_at(state, offset);
-}
-
-/* Where the shard's rows start in an N x C buffer of every row (0
- * without sequence parallelism). */
-static size_t shard_offset(const stage_dims *d)
-{
-    return (size_t)d->row0 * (size_t)d->C;
-}
-
-/* A row-parallel product into the bf16 stream: out = in W^T + bias +
- * residual (out and residual bf16; f.bias the bias's bf16 mirror, `bias`
- * its fp32 master). Unsplit, bias and residual ride in the epilogue (the
- * bf16 bias, as the epilogue takes out's type; beta = 1 over a bf16 C:
- * added in fp32, rounded once). Split, each shard holds some input
- * features of W, so its product is partial: it runs plain, the group
- * sums it, and bias and residual are added once after the sum, in fp32,
- * rounded once into the stream. Under sequence parallelism the sum is a
- * reduce-scatter: out and residual are the shard's R rows, packed. */
-static int row_parallel_forward(model_stage *stage, linear_forward f,
-                                const float *bias, const stage_dims *d,
-                                pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    if (d->tp == 1) {
-        gemm_call call = forward_call(&f);
-        return gemm_run(state->gemm, &call, state->stream, err);
-    }
-    const pt_bf16 *residual = f.residual;
-    pt_bf16 *out = f.out;
-    f.bias = NULL;
-    f.residual = NULL;
-    size_t count = (size_t)f.N * (size_t)f.OC;
-    if (cuda_tp_on_stream(stage) || stage->tp_compute_only) {
-        /* the partial in bf16 (scratch.d_partial is free during a
-         * forward), summed, then the bias and the residual added in one
-         * pass */
-        pt_bf16 *partial = (pt_bf16 *)state->scratch.d_partial;
-        f.out = partial;
-        gemm_call call = forward_call(&f);
-        if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
-            (d->sp ? cuda_tp_scatter_rows(stage, partial, COMM_BFLOAT16, d,
-                                          err)
-                   : cuda_tp_sum_bf16(stage, partial, count, err)) != 0)
-            return -1;
-        CUDA_TRY(cuda_stream_from_bf16(out, partial + shard_offset(d), bias,
-                                       residual, d->R, f.OC, state->stream));
-        return 0;
-    }
-    /* fp32 sums through the blocking comm: the whole product in fp32
-     * (scratch.d_partial), summed there, then into the bf16 stream */
-    float *whole = state->scratch.d_partial;
-    f.out = whole;
-    f.out_fp32 = true;
-    gemm_call call = forward_call(&f);
-    if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
-        (d->sp ? cuda_tp_scatter_rows(stage, whole, COMM_FLOAT32, d, err)
-               : cuda_tp_reduce(stage, whole, count, COMM_SUM, err)) != 0)
-        return -1;
-    CUDA_TRY(cuda_stream_from_float(out, whole + shard_offset(d), bias, 1,
-                                    residual, d->R, f.OC, state->stream));
-    return 0;
-}
-
-/* A layer norm of the shard's R rows (all N without sequence
- * parallelism) into `kept` (NULL: not kept, recomputed for the
- * backward), and in *whole the input of the column-parallel product
- * after it, every row: `kept` itself, or scratch.norm_out, where the
- * shards' rows are gathered under sequence parallelism. mean and rstd
- * may be NULL (a recomputation). */
-static int norm_forward(model_stage *stage, pt_bf16 *kept, float *mean,
-                        float *rstd, const pt_bf16 *inp, const float *weight,
-                        const float *bias, const stage_dims *d,
-                        const pt_bf16 **whole, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    pt_bf16 *norm_out = state->scratch.norm_out;
-    pt_bf16 *mine = norm_out + shard_offset(d);
-    pt_bf16 *out = kept != NULL ? kept : mine;
-    CUDA_TRY(cuda_layernorm_forward(out, mean, rstd, inp, weight, bias, d->R,
-                                    d->C, state->stream));
-    *whole = out;
-    if (!d->sp)
-        return 0;
-    if (kept != NULL)
-        CUDA_TRY(cudaMemcpyAsync(mine, kept,
-                                 (size_t)d->R * d->C * sizeof(pt_bf16),
-                                 cudaMemcpyDeviceToDevice, state->stream));
-    *whole = norm_out;
-    return cuda_tp_gather_rows(stage, norm_out, COMM_BFLOAT16, d, err);
-}
-
-/* The same norm output for a backward's weight gradient: the kept one
- * (its rows gathered again under sequence parallelism, as Megatron
- * does) or recomputed from the norm's input. */
-static int norm_output_again(model_stage *stage, const pt_bf16 *kept,
-                             const pt_bf16 *inp, const float *weight,
-                             const float *bias, const stage_dims *d,
-                             const pt_bf16 **whole, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    if (kept == NULL)
-        return norm_forward(stage, NULL, NULL, NULL, inp, weight, bias, d,
-                            whole, err);
-    *whole = kept;
-    if (!d->sp)
-        return 0;
-    pt_bf16 *norm_out = state->scratch.norm_out;
-    CUDA_TRY(cudaMemcpyAsync(norm_out + shard_offset(d), kept,
-                             (size_t)d->R * d->C * sizeof(pt_bf16),
-                             cudaMemcpyDeviceToDevice, state->stream));
-    *whole = norm_out;
-    return cuda_tp_gather_rows(stage, norm_out, COMM_BFLOAT16, d, err);
-}
 
 /* Where layer l of the slot's micro-batch has its activations: its own,
  * or with full recompute the stage's one set, writing its output into the
@@ -282,17 +47,17 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     int N = d->N, C = d->C, A = d->A, F = d->F;
 
     const pt_bf16 *ln1_out = NULL;
-    if (norm_forward(stage, act->ln1_out, act->ln1_mean, act->ln1_rstd,
-                     input, param_at(stage, o->ln1_weight), param_at(stage, o->ln1_bias), d, &ln1_out,
+    if (pass_norm_forward(stage, act->ln1_out, act->ln1_mean, act->ln1_rstd,
+                     input, pass_param_at(stage, o->ln1_weight), pass_param_at(stage, o->ln1_bias), d, &ln1_out,
                      err) != 0)
         return -1;
     linear_forward qkv = {
-        .weight = mirror_at(state, o->qkv_weight), .input = ln1_out,
+        .weight = pass_mirror_at(state, o->qkv_weight), .input = ln1_out,
         .out = act->qkv, .out_fp32 = false,
-        .bias = mirror_at(state, o->qkv_bias),
+        .bias = pass_mirror_at(state, o->qkv_bias),
         .N = N, .IC = C, .OC = 3 * A, .ld_out = 3 * A,
     };
-    gemm_call call = forward_call(&qkv);
+    gemm_call call = pass_forward_call(&qkv);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
     if (attention_runner_forward(state->attention, act->att_out,
@@ -300,29 +65,29 @@ static int layer_forward(model_stage *stage, layer_activations *act,
                                  d->NH, stream, err) != 0)
         return -1;
     linear_forward proj = {
-        .weight = mirror_at(state, o->attn_proj_weight),
+        .weight = pass_mirror_at(state, o->attn_proj_weight),
         .input = act->att_out, .out = act->residual_mid,
-        .bias = mirror_at(state, o->attn_proj_bias), .residual = input,
+        .bias = pass_mirror_at(state, o->attn_proj_bias), .residual = input,
         .N = N, .IC = A, .OC = C, .ld_out = C,
     };
-    if (row_parallel_forward(stage, proj,
-                             param_at(stage, o->attn_proj_bias), d,
+    if (pass_row_parallel_forward(stage, proj,
+                             pass_param_at(stage, o->attn_proj_bias), d,
                              err) != 0)
         return -1;
 
     const pt_bf16 *ln2_out = NULL;
-    if (norm_forward(stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
-                     act->residual_mid, param_at(stage, o->ln2_weight), param_at(stage, o->ln2_bias),
+    if (pass_norm_forward(stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
+                     act->residual_mid, pass_param_at(stage, o->ln2_weight), pass_param_at(stage, o->ln2_bias),
                      d, &ln2_out, err) != 0)
         return -1;
     pt_bf16 *gelu_out = act->gelu_out != NULL ? act->gelu_out : s->d_fc;
     linear_forward fc = {
-        .weight = mirror_at(state, o->fc_weight), .input = ln2_out,
+        .weight = pass_mirror_at(state, o->fc_weight), .input = ln2_out,
         .out = gelu_out, .out_fp32 = false,
-        .bias = mirror_at(state, o->fc_bias),
+        .bias = pass_mirror_at(state, o->fc_bias),
         .N = N, .IC = C, .OC = F, .ld_out = F,
     };
-    call = forward_call(&fc);
+    call = pass_forward_call(&fc);
     call.epilogue = GEMM_GELU_AUX_BIAS;
     call.aux = act->fc_pre;
     call.ld_aux = F;
@@ -332,21 +97,32 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     } else {
         /* bias in the product, GELU as its own pass */
         fc.out = act->fc_pre;
-        call = forward_call(&fc);
+        call = pass_forward_call(&fc);
         if (gemm_run(state->gemm, &call, stream, err) != 0)
             return -1;
         CUDA_TRY(cuda_gelu_forward(gelu_out, act->fc_pre, (size_t)N * F,
                                    stream));
     }
     linear_forward mlp_proj = {
-        .weight = mirror_at(state, o->mlp_proj_weight), .input = gelu_out,
+        .weight = pass_mirror_at(state, o->mlp_proj_weight), .input = gelu_out,
         .out = act->output,
-        .bias = mirror_at(state, o->mlp_proj_bias),
+        .bias = pass_mirror_at(state, o->mlp_proj_bias),
         .residual = act->residual_mid,
         .N = N, .IC = F, .OC = C, .ld_out = C,
     };
-    return row_parallel_forward(stage, mlp_proj,
-                                param_at(stage, o->mlp_proj_bias), d, err);
+    return pass_row_parallel_forward(stage, mlp_proj,
+                                pass_param_at(stage, o->mlp_proj_bias), d, err);
+}
+
+/* The model's layer: GPT-2's above, or the Llama family's
+ * (passes_llama.c: every model that is not GPT-2's). */
+static int model_layer_forward(model_stage *stage, layer_activations *act,
+                               const layer_offsets *o, const pt_bf16 *input,
+                               const stage_dims *d, pt_error *err)
+{
+    if (state_of(stage)->llama_layer)
+        return cuda_llama_layer_forward(stage, act, o, input, d, err);
+    return layer_forward(stage, act, o, input, d, err);
 }
 
 /* Copies the micro-batch's tokens (and, for the embedding, the plan of
@@ -423,20 +199,20 @@ static int head_forward(model_stage *stage, activation_slot *slot,
     const stage_offsets *o = &state->offsets;
     int N = d->N, C = d->C, V = d->V;
     /* the final norm of the shard's rows; the head reads every row */
-    CUDA_TRY(cuda_layernorm_forward(slot->final_out + shard_offset(d),
-                                    slot->final_mean, slot->final_rstd,
-                                    stream_in, param_at(stage, o->final_norm_weight),
-                                    param_at(stage, o->final_norm_bias), d->R, C,
-                                    state->stream));
+    CUDA_TRY(pass_norm_rows_forward(
+        stage, slot->final_out + shard_offset(d), slot->final_mean,
+        slot->final_rstd, stream_in,
+        pass_param_at(stage, o->final_norm_weight),
+        pass_param_at(stage, o->final_norm_bias), d->R, C, state->stream));
     if (d->sp && cuda_tp_gather_rows(stage, slot->final_out, COMM_BFLOAT16,
                                      d, err) != 0)
         return -1;
     linear_forward head = {
-        .weight = mirror_at(state, o->head_weight), .input = slot->final_out,
+        .weight = pass_mirror_at(state, o->head_weight), .input = slot->final_out,
         .out = slot->logits, .out_fp32 = false,
         .N = N, .IC = C, .OC = state->ld_logits, .ld_out = state->ld_logits,
     };
-    gemm_call call = forward_call(&head);
+    gemm_call call = pass_forward_call(&head);
     if (gemm_run(state->gemm, &call, state->stream, err) != 0)
         return -1;
     if (d->tp == 1)
@@ -475,8 +251,8 @@ static int embedding_forward(model_stage *stage, activation_slot *slot,
 {
     cuda_stage_state *state = state_of(stage);
     const stage_offsets *o = &state->offsets;
-    const float *token = param_at(stage, o->token_embedding);
-    const float *position = param_at(stage, o->position_embedding);
+    const float *token = pass_param_at(stage, o->token_embedding);
+    const float *position = pass_param_at(stage, o->position_embedding);
     if (d->tp == 1) {
         CUDA_TRY(cuda_embedding_forward(slot->input, slot->tokens.inputs,
                                         token, position, d->B, d->T, d->C,
@@ -488,7 +264,7 @@ static int embedding_forward(model_stage *stage, activation_slot *slot,
                                           d->vocab_first, d->V, d->N, d->C,
                                           state->stream));
     if (d->sp) {
-        if (stage->spec.tp_rank == 0)
+        if (stage->spec.tp_rank == 0 && position != NULL) /* learned */
             CUDA_TRY(cuda_add_broadcast_rows(whole, position, d->T, NULL,
                                              d->N, d->C, state->stream));
         if (cuda_tp_scatter_rows(stage, whole, COMM_FLOAT32, d, err) != 0)
@@ -552,9 +328,9 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
     for (int l = 0; l < state->layer_count; l++) {
         if (cuda_param_unit_use(stage, STAGE_UNIT_LAYER, l, false, err) !=
                 0 ||
-            layer_forward(stage, layer_kept(stage, slot, l),
-                          &state->offsets.layers[l], stream_in, &d,
-                          err) != 0)
+            model_layer_forward(stage, layer_kept(stage, slot, l),
+                                &state->offsets.layers[l], stream_in, &d,
+                                err) != 0)
             return -1;
         stream_in = slot->layers[l].output;
     }
@@ -578,64 +354,6 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
 
 /* ------------------------------------------------------------- backward */
 
-/* The input gradient of a column-parallel layer (QKV, fc, LM head):
- * call writes d_in (bf16, N x C). Split, each shard saw some output
- * features, so its result is partial and the group sums it: on the
- * stream in bf16 in place, else the product writes fp32 into
- * scratch.d_partial, the group sums it there and one pass rounds it to
- * bf16 for the layer-norm backward, so the sum itself loses nothing.
- * Under sequence parallelism the sum is a reduce-scatter: the shard's
- * rows of d_in (at their place) hold it. */
-static int column_parallel_input_grad(model_stage *stage, gemm_call call,
-                                      const stage_dims *d, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    if (d->tp == 1)
-        return gemm_run(state->gemm, &call, state->stream, err);
-    size_t count = (size_t)d->N * (size_t)d->C;
-    if (cuda_tp_on_stream(stage) || stage->tp_compute_only)
-        return gemm_run(state->gemm, &call, state->stream, err) != 0 ||
-                       (d->sp ? cuda_tp_scatter_rows(stage, call.d,
-                                                     COMM_BFLOAT16, d, err)
-                              : cuda_tp_sum_bf16(stage, call.d, count,
-                                                 err)) != 0
-                   ? -1
-                   : 0;
-    pt_bf16 *d_in = call.d;
-    float *partial = state->scratch.d_partial;
-    call.d = partial;
-    call.d_fp32 = true;
-    if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
-        (d->sp ? cuda_tp_scatter_rows(stage, partial, COMM_FLOAT32, d, err)
-               : cuda_tp_reduce(stage, partial, count, COMM_SUM, err)) != 0)
-        return -1;
-    size_t off = shard_offset(d);
-    CUDA_TRY(cuda_convert_to_bf16(d_in + off, partial + off,
-                                  (size_t)d->R * d->C, state->stream));
-    return 0;
-}
-
-/* Sequence parallelism: a layer's (or the head's) norm weight and bias
- * gradients of this micro-batch come from the shard's rows into
- * scratch.norm_grads (zeroed first); the group sums them, for this
- * micro-batch alone as the cpu reference does, and they join the
- * gradients, so every shard holds the whole. `targets` lists where each
- * run of C floats goes. */
-static int add_norm_grads(model_stage *stage, const cuda_grad *targets,
-                          int count, const stage_dims *d, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    float *partials = state->scratch.norm_grads;
-    size_t C = (size_t)d->C;
-    if (cuda_tp_reduce(stage, partials, (size_t)count * C, COMM_SUM, err) !=
-        0)
-        return -1;
-    for (int i = 0; i < count; i++)
-        CUDA_TRY(cuda_add_into_grad(targets[i], partials + (size_t)i * C, C,
-                                    state->stream));
-    return 0;
-}
-
 /* The MLP's projection back to its GELU's input: the projection's weight
  * and bias gradients, then d (fc output) through the GELU into s->d_fc,
  * fused into the product's epilogue when cuBLASLt offers it (with the fc
@@ -657,13 +375,13 @@ static int mlp_projection_backward(model_stage *stage,
         gelu_out = s->d_fc;
     }
     gemm_call call =
-        weight_grad_call(grad_at(stage, o->mlp_proj_weight), gelu_out,
+        pass_weight_grad_call(pass_grad_at(stage, o->mlp_proj_weight), gelu_out,
                          s->d_stream_bf16, C, N, F, C, 1.0f);
-    if (weight_and_bias_grad(state, &call,
-                             grad_at(stage, o->mlp_proj_bias), d, err) != 0)
+    if (pass_weight_and_bias_grad(state, &call,
+                             pass_grad_at(stage, o->mlp_proj_bias), d, err) != 0)
         return -1;
-    call = input_grad_call(s->d_fc, s->d_stream_bf16, C,
-                           mirror_at(state, o->mlp_proj_weight), N, F, C,
+    call = pass_input_grad_call(s->d_fc, s->d_stream_bf16, C,
+                           pass_mirror_at(state, o->mlp_proj_weight), N, F, C,
                            1.0f);
     call.epilogue = GEMM_DGELU_BGRAD;
     call.aux = act->fc_pre;
@@ -680,7 +398,7 @@ static int mlp_projection_backward(model_stage *stage,
         if (gemm_supported(state->gemm, &call)) {
             if (gemm_run(state->gemm, &call, stream, err) != 0)
                 return -1;
-            CUDA_TRY(cuda_bias_grad(grad_at(stage, o->fc_bias), s->d_fc,
+            CUDA_TRY(cuda_bias_grad(pass_grad_at(stage, o->fc_bias), s->d_fc,
                                     s->bias_partials, N, F, stream));
             return 0;
         }
@@ -692,42 +410,8 @@ static int mlp_projection_backward(model_stage *stage,
         return -1;
     CUDA_TRY(cuda_gelu_backward(s->d_fc, s->d_fc, act->fc_pre, (size_t)N * F,
                                 stream));
-    CUDA_TRY(cuda_bias_grad(grad_at(stage, o->fc_bias), s->d_fc,
+    CUDA_TRY(cuda_bias_grad(pass_grad_at(stage, o->fc_bias), s->d_fc,
                             s->bias_partials, N, F, stream));
-    return 0;
-}
-
-/* Where a norm's weight (or bias) gradient goes: the stage's gradients
- * at `offset`, or under sequence parallelism run `run` of
- * scratch.norm_grads, summed over the group later (add_norm_grads). */
-static cuda_grad norm_grad(model_stage *stage, const stage_dims *d, int run,
-                           size_t offset)
-{
-    return d->sp ? cuda_grad_fp32(state_of(stage)->scratch.norm_grads +
-                                  (size_t)run * d->C)
-                 : grad_at(stage, offset);
-}
-
-/* A layer norm's backward over the shard's rows: the norm's term from
- * scratch.d_norm's rows, plus (add_residual) the stream gradient already
- * there, into the rows' place in scratch.d_stream_bf16, in place; the
- * weight and bias gradients added to d_weight and d_bias. The stream
- * gradient is bf16 from the head down to the embedding, as Megatron-LM's
- * bf16 recipe and llm.c keep it: the layer norm's backward moves 8 bytes
- * a value, not the 16 of an fp32 stream with a bf16 copy. */
-static int norm_backward(model_stage *stage, bool add_residual,
-                         cuda_grad d_weight, cuda_grad d_bias,
-                         const pt_bf16 *inp, const float *weight,
-                         const float *mean, const float *rstd,
-                         const stage_dims *d, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    backward_scratch *s = &state->scratch;
-    pt_bf16 *rows = s->d_stream_bf16 + shard_offset(d);
-    CUDA_TRY(cuda_layernorm_backward(
-        NULL, rows, d_weight, d_bias, NULL, add_residual ? rows : NULL,
-        s->d_norm + shard_offset(d), inp, weight, mean, rstd,
-        s->norm_partials, d->R, d->C, state->stream));
     return 0;
 }
 
@@ -743,21 +427,21 @@ static int mlp_input_backward(model_stage *stage, const layer_offsets *o,
     cudaStream_t stream = state->stream;
     int N = d->N, C = d->C, F = d->F;
     const pt_bf16 *ln2_out = NULL;
-    if (norm_output_again(stage, act->ln2_out, act->residual_mid,
-                          param_at(stage, o->ln2_weight), param_at(stage, o->ln2_bias), d, &ln2_out,
+    if (pass_norm_output_again(stage, act->ln2_out, act->residual_mid,
+                          pass_param_at(stage, o->ln2_weight), pass_param_at(stage, o->ln2_bias), d, &ln2_out,
                           err) != 0)
         return -1;
-    gemm_call call = weight_grad_call(grad_at(stage, o->fc_weight), ln2_out, s->d_fc, F,
+    gemm_call call = pass_weight_grad_call(pass_grad_at(stage, o->fc_weight), ln2_out, s->d_fc, F,
                                       N, C, F, 1.0f);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
-    call = input_grad_call(s->d_norm, s->d_fc, F,
-                           mirror_at(state, o->fc_weight), N, C, F, 1.0f);
-    if (column_parallel_input_grad(stage, call, d, err) != 0)
+    call = pass_input_grad_call(s->d_norm, s->d_fc, F,
+                           pass_mirror_at(state, o->fc_weight), N, C, F, 1.0f);
+    if (pass_column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
-    return norm_backward(stage, true, norm_grad(stage, d, 2, o->ln2_weight),
-                         norm_grad(stage, d, 3, o->ln2_bias),
-                         act->residual_mid, param_at(stage, o->ln2_weight), act->ln2_mean,
+    return pass_norm_backward(stage, true, pass_norm_grad(stage, d, 2, o->ln2_weight),
+                         pass_norm_grad(stage, d, 3, o->ln2_bias),
+                         act->residual_mid, pass_param_at(stage, o->ln2_weight), act->ln2_mean,
                          act->ln2_rstd, d, err);
 }
 
@@ -779,13 +463,13 @@ static int attention_block_backward(model_stage *stage,
     if (d->sp && cuda_tp_gather_rows(stage, s->d_stream_bf16, COMM_BFLOAT16,
                                      d, err) != 0)
         return -1;
-    gemm_call call = weight_grad_call(grad_at(stage, o->attn_proj_weight), act->att_out,
+    gemm_call call = pass_weight_grad_call(pass_grad_at(stage, o->attn_proj_weight), act->att_out,
                                       s->d_stream_bf16, C, N, A, C, 1.0f);
-    if (weight_and_bias_grad(state, &call, grad_at(stage, o->attn_proj_bias), d, err) !=
+    if (pass_weight_and_bias_grad(state, &call, pass_grad_at(stage, o->attn_proj_bias), d, err) !=
         0)
         return -1;
-    call = input_grad_call(s->d_att, s->d_stream_bf16, C,
-                           mirror_at(state, o->attn_proj_weight), N, A, C,
+    call = pass_input_grad_call(s->d_att, s->d_stream_bf16, C,
+                           pass_mirror_at(state, o->attn_proj_weight), N, A, C,
                            1.0f);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
@@ -796,21 +480,21 @@ static int attention_block_backward(model_stage *stage,
                                   stream, err) != 0)
         return -1;
     const pt_bf16 *ln1_out = NULL;
-    if (norm_output_again(stage, act->ln1_out, input, param_at(stage, o->ln1_weight),
-                          param_at(stage, o->ln1_bias), d, &ln1_out, err) != 0)
+    if (pass_norm_output_again(stage, act->ln1_out, input, pass_param_at(stage, o->ln1_weight),
+                          pass_param_at(stage, o->ln1_bias), d, &ln1_out, err) != 0)
         return -1;
-    call = weight_grad_call(grad_at(stage, o->qkv_weight), ln1_out, s->d_qkv, 3 * A, N,
+    call = pass_weight_grad_call(pass_grad_at(stage, o->qkv_weight), ln1_out, s->d_qkv, 3 * A, N,
                             C, 3 * A, 1.0f);
-    if (weight_and_bias_grad(state, &call, grad_at(stage, o->qkv_bias), d, err) != 0)
+    if (pass_weight_and_bias_grad(state, &call, pass_grad_at(stage, o->qkv_bias), d, err) != 0)
         return -1;
-    call = input_grad_call(s->d_norm, s->d_qkv, 3 * A,
-                           mirror_at(state, o->qkv_weight), N, C, 3 * A,
+    call = pass_input_grad_call(s->d_norm, s->d_qkv, 3 * A,
+                           pass_mirror_at(state, o->qkv_weight), N, C, 3 * A,
                            1.0f);
-    if (column_parallel_input_grad(stage, call, d, err) != 0)
+    if (pass_column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
-    return norm_backward(stage, true, norm_grad(stage, d, 0, o->ln1_weight),
-                         norm_grad(stage, d, 1, o->ln1_bias), input,
-                         param_at(stage, o->ln1_weight), act->ln1_mean, act->ln1_rstd, d,
+    return pass_norm_backward(stage, true, pass_norm_grad(stage, d, 0, o->ln1_weight),
+                         pass_norm_grad(stage, d, 1, o->ln1_bias), input,
+                         pass_param_at(stage, o->ln1_weight), act->ln1_mean, act->ln1_rstd, d,
                          err);
 }
 
@@ -845,13 +529,24 @@ static int layer_backward(model_stage *stage, const layer_offsets *o,
         attention_block_backward(stage, o, act, input, d, err) != 0)
         return -1;
     if (fc_bias_pending)
-        CUDA_TRY(cuda_add_into_grad(grad_at(stage, o->fc_bias),
+        CUDA_TRY(cuda_add_into_grad(pass_grad_at(stage, o->fc_bias),
                                     s->bias_grads, (size_t)d->F,
                                     state->stream));
     const cuda_grad norms[4] = {
-        grad_at(stage, o->ln1_weight), grad_at(stage, o->ln1_bias),
-        grad_at(stage, o->ln2_weight), grad_at(stage, o->ln2_bias)};
-    return d->sp ? add_norm_grads(stage, norms, 4, d, err) : 0;
+        pass_grad_at(stage, o->ln1_weight), pass_grad_at(stage, o->ln1_bias),
+        pass_grad_at(stage, o->ln2_weight), pass_grad_at(stage, o->ln2_bias)};
+    return d->sp ? pass_add_norm_grads(stage, norms, 4, d, err) : 0;
+}
+
+/* The backward of the model's layer (as model_layer_forward). */
+static int model_layer_backward(model_stage *stage, const layer_offsets *o,
+                                const layer_activations *act,
+                                const pt_bf16 *input, const stage_dims *d,
+                                pt_error *err)
+{
+    if (state_of(stage)->llama_layer)
+        return cuda_llama_layer_backward(stage, o, act, input, d, err);
+    return layer_backward(stage, o, act, input, d, err);
 }
 
 /* Loss -> logits -> final norm: leaves d loss / d (last stream) in
@@ -871,26 +566,26 @@ static int head_backward(model_stage *stage, activation_slot *slot,
         CUDA_TRY(cudaMemsetAsync(s->norm_grads, 0,
                                  2 * (size_t)C * sizeof(float),
                                  state->stream));
-    gemm_call call = input_grad_call(s->d_norm, slot->logits,
+    gemm_call call = pass_input_grad_call(s->d_norm, slot->logits,
                                      state->ld_logits,
-                                     mirror_at(state, o->head_weight), N, C,
+                                     pass_mirror_at(state, o->head_weight), N, C,
                                      Vp, alpha);
-    if (column_parallel_input_grad(stage, call, d, err) != 0)
+    if (pass_column_parallel_input_grad(stage, call, d, err) != 0)
         return -1;
-    call = weight_grad_call(grad_at(stage, o->head_weight), slot->final_out,
+    call = pass_weight_grad_call(pass_grad_at(stage, o->head_weight), slot->final_out,
                             slot->logits, state->ld_logits, N, C, Vp, alpha);
     if (gemm_run(state->gemm, &call, state->stream, err) != 0)
         return -1;
     /* the final norm over the shard's rows (its statistics packed) */
-    if (norm_backward(stage, false,
-                      norm_grad(stage, d, 0, o->final_norm_weight),
-                      norm_grad(stage, d, 1, o->final_norm_bias),
-                      slot->stream_out, param_at(stage, o->final_norm_weight),
+    if (pass_norm_backward(stage, false,
+                      pass_norm_grad(stage, d, 0, o->final_norm_weight),
+                      pass_norm_grad(stage, d, 1, o->final_norm_bias),
+                      slot->stream_out, pass_param_at(stage, o->final_norm_weight),
                       slot->final_mean, slot->final_rstd, d, err) != 0)
         return -1;
-    const cuda_grad norms[2] = {grad_at(stage, o->final_norm_weight),
-                                grad_at(stage, o->final_norm_bias)};
-    return d->sp ? add_norm_grads(stage, norms, 2, d, err) : 0;
+    const cuda_grad norms[2] = {pass_grad_at(stage, o->final_norm_weight),
+                                pass_grad_at(stage, o->final_norm_bias)};
+    return d->sp ? pass_add_norm_grads(stage, norms, 2, d, err) : 0;
 }
 
 /* The embedding's gradients from d_out, the gradient of its output (the
@@ -914,8 +609,8 @@ static int embedding_backward(model_stage *stage, const activation_slot *slot,
         d_out = whole;
     }
     CUDA_TRY(cuda_embedding_backward(
-        grad_at(stage, o->token_embedding),
-        grad_at(stage, o->position_embedding), d_out, t->plan_starts,
+        pass_grad_at(stage, o->token_embedding),
+        pass_grad_at(stage, o->position_embedding), d_out, t->plan_starts,
         t->plan_rows, t->plan_tokens, slot->unique_tokens, d->B, d->T, d->C,
         state->stream));
     return 0;
@@ -974,12 +669,12 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         /* full recompute: the layer's forward again from its kept input
          * (rewriting its output with the same values) */
         if (stage->spec.recompute_layers &&
-            layer_forward(stage, act, &state->offsets.layers[l], layer_input,
-                          &d, err) != 0)
+            model_layer_forward(stage, act, &state->offsets.layers[l],
+                                layer_input, &d, err) != 0)
             return -1;
         if (cuda_grad_unit_begin(stage, STAGE_UNIT_LAYER, l, err) != 0 ||
-            layer_backward(stage, &state->offsets.layers[l], act,
-                           layer_input, &d, err) != 0 ||
+            model_layer_backward(stage, &state->offsets.layers[l], act,
+                                 layer_input, &d, err) != 0 ||
             cuda_grad_unit_done(stage, STAGE_UNIT_LAYER, l, err) != 0)
             return -1;
         gradients_enqueued(state, state->offsets.layers[l].ln1_weight);

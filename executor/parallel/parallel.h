@@ -35,6 +35,18 @@ typedef struct run_event {
  * replica d trains on windows [d gbs/dp, (d + 1) gbs/dp) as
  * micro_batches micro-batches of mbs windows (every shard of a replica
  * reads the same windows).
+ *
+ * Stages of their own degrees (plan.json's "stages", issue 36): stage s
+ * runs stage_tp[s] x stage_dp[s] ranks, from first_rank[s] (the earlier
+ * stages' ranks), laid out inside as above: rank = first_rank[s] + t +
+ * tp_s x d. Every stage runs the plan's micro_batches micro-batches; a
+ * pipeline micro-batch is dp x mbs samples (the plan-wide dp and mbs),
+ * position p of micro-batch j being window (p / mbs) gbs / dp + j mbs +
+ * p % mbs of the global batch, and replica e of stage s takes positions
+ * [e b_s, (e + 1) b_s), b_s = stage_mbs[s] = dp mbs / dp_s. With every
+ * stage at the plan's degrees this is the layout above, rank for rank
+ * and window for window. docs/executor.md ("Stages of their own
+ * degrees") gives the boundary between stages of different degrees.
  */
 typedef struct pipeline_layout {
     model_shape shape;
@@ -42,7 +54,14 @@ typedef struct pipeline_layout {
     int stage_count;                 /* config.pp */
     int partition[PT_MAX_STAGES];    /* layers per stage */
     int micro_batches;               /* gbs / (dp x mbs) */
-    int rank_count;                  /* pp x dp x tp */
+    int rank_count;                  /* pp x dp x tp; with stages of their
+                                        own degrees, the sum of their
+                                        tp x dp */
+    bool asymmetric;                 /* some stage has its own tp or dp */
+    int stage_tp[PT_MAX_STAGES];     /* each stage's tp, dp and its */
+    int stage_dp[PT_MAX_STAGES];     /* replicas' micro-batch (config's */
+    int stage_mbs[PT_MAX_STAGES];    /* when symmetric) */
+    int first_rank[PT_MAX_STAGES + 1]; /* [pp]: rank_count */
 } pipeline_layout;
 
 /* Checks the config (gbs a multiple of dp x mbs, the partition summing to
@@ -50,12 +69,48 @@ typedef struct pipeline_layout {
 int pipeline_layout_init(pipeline_layout *out, const model_shape *shape,
                          const parallel_config *config, const int *partition,
                          int partition_count, pt_error *err);
+/* The same with each stage's own degrees (plan.stages: pp entries, zeros
+ * the plan's; NULL: none). Also checks each stage's: its dp divides the
+ * micro-batch's dp x mbs samples, its tp splits the model (and the
+ * sequence, under sequence parallelism); refuses them under the
+ * interleaved 1F1B. */
+int pipeline_layout_init_stages(pipeline_layout *out,
+                                const model_shape *shape,
+                                const parallel_config *config,
+                                const int *partition, int partition_count,
+                                const stage_degrees *stages, pt_error *err);
 int pipeline_rank_stage(const pipeline_layout *layout, int rank);
 int pipeline_rank_replica(const pipeline_layout *layout, int rank);
 int pipeline_rank_tp(const pipeline_layout *layout, int rank);
 /* The rank of shard tp_rank of replica `replica` of stage `stage`. */
 int pipeline_rank_of(const pipeline_layout *layout, int stage, int replica,
                      int tp_rank);
+/* Whether stages a and b run the same tp and dp (then their boundary is
+ * the symmetric one: shard t of replica d to shard t of replica d). */
+bool pipeline_same_degrees(const pipeline_layout *layout, int a, int b);
+/*
+ * The boundary between stages of different degrees (docs/executor.md,
+ * "Stages of their own degrees"; the cost model's re-sharding,
+ * docs/cost-model.md section 15). The rows of a pipeline micro-batch are
+ * its dp x mbs samples' seq positions, sample-major; at such a boundary
+ * every rank sends and receives its replica's b_s x seq rows cut evenly
+ * over the replica's tp shards: rows [*first, *first + *count) (under
+ * sequence parallelism exactly the shard's own rows). A message goes
+ * from each rank of one side to each rank of the other whose rows meet
+ * its own; a receiving stage without sequence parallelism then gathers
+ * the whole activation (or gradient) over its tp group.
+ */
+void pipeline_boundary_rows(const pipeline_layout *layout, int rank,
+                            size_t *first, size_t *count);
+/* The tied embedding between a first and a last stage of different
+ * degrees: the vocabulary rows [*first, *first + *count) that shard t of
+ * the first stage and shard u of the last both hold (*count 0: none);
+ * replica d of each stage sums them pairwise with replica d of the
+ * other, for each d both stages have, then the stage of more replicas
+ * gives replica 0's sums to its others. */
+void pipeline_tied_segment(const pipeline_layout *layout, int t, int u,
+                           int *first, int *count);
+
 /* The stage spec of a rank: its stage's layers, its tp shard and, with
  * the distributed optimizer and dp > 1, its optimizer shard (its
  * replica). */
@@ -184,11 +239,14 @@ int zero_gather_unit(model_stage *stage, size_t first, size_t count,
 /* The tied embedding's gradient whole on the first-stage replica and its
  * last-stage partner (pair), from the shards of both stages (with
  * grads_by_unit, in a buffer of the tensor's size for the while, each
- * keeping its shard's part). */
+ * keeping its shard's part). pair NULL: the first and the last stage run
+ * different degrees, and every replica of both gets the sum as layout
+ * gives it (pipeline_tied_segment). Also ZeRO-1's, there, after its
+ * reduce-scatter. fp32 gradients only. */
 int zero_tied_embedding(const comm *c, const int *group, int dp,
-                        const size_t *offsets, const int pair[2],
-                        model_stage *stage, const param_tensor *tensor,
-                        pt_error *err);
+                        const size_t *offsets, const int *pair,
+                        const pipeline_layout *layout, model_stage *stage,
+                        const param_tensor *tensor, pt_error *err);
 /* ZeRO-3: the parameters gathered whole from the shards, then released
  * (zeroed outside the rank's shard); nothing for a stage gathering unit
  * by unit (params_by_unit). */

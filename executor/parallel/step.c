@@ -7,7 +7,7 @@
  * as an event; the tensor-parallel sums happen inside the backend's
  * forward and backward. docs/executor.md ("One step of one rank").
  */
-#include "executor/parallel/parallel.h"
+#include "executor/parallel/internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -48,9 +48,9 @@ void pipeline_events_free(pipeline_events *events)
  * forward or backward when no receive comes first. */
 typedef struct pending_send {
     bool present;
-    int peer;
+    const pipeline_boundary *boundary;  /* its parts */
     int tag;
-    const float *data;
+    const float *data;           /* the buffer the parts lie in */
     const char *kind;            /* "send_fwd" or "send_bwd" */
     int micro_batch;
 } pending_send;
@@ -67,11 +67,16 @@ typedef struct rank_step {
     const comm *c;
     int stage_index;
     int replica;
+    int tp, dp, mbs;             /* the stage's own degrees (issue 36) */
     const uint32_t *tokens;      /* this replica's windows */
+    uint32_t *owned_tokens;      /* their copy, when they are not in the
+                                    global batch's order */
+    pipeline_boundary *boundaries; /* 2 x chunk_count: each chunk's with
+                                    the stage before it and after it */
     size_t activation_floats;    /* mbs x seq x hidden, or the rows of
                                     this shard under sequence parallelism */
     size_t shard_offset;         /* where those rows start, in floats */
-    float loss_scale;            /* 1 / (m dp) */
+    float loss_scale;            /* 1 / (m dp), the stage's dp */
     double loss_sum;             /* of this rank's micro-batches (head) */
     double step_start_s;
     pipeline_events *events;     /* may be NULL */
@@ -128,9 +133,8 @@ static stage_io micro_batch_io(const rank_step *r, int micro_batch)
 {
     size_t window = (size_t)r->layout->shape.seq + 1;
     stage_io io = {
-        .mbs = r->layout->config.mbs,
-        .tokens = r->tokens +
-                  (size_t)micro_batch * (size_t)r->layout->config.mbs * window,
+        .mbs = r->mbs,
+        .tokens = r->tokens + (size_t)micro_batch * (size_t)r->mbs * window,
         .loss_scale = r->loss_scale,
     };
     return io;
@@ -144,28 +148,46 @@ static int flush_send(rank_step *r, pt_error *err)
         return 0;
     r->pending.present = false;
     double start = begin(r, p.kind, p.micro_batch);
-    if (comm_send(r->c, p.peer, p.tag, p.data, r->activation_floats, err) !=
-        0)
+    if (pipeline_boundary_send(r->c, p.boundary, p.tag, p.data, err) != 0)
         return -1;
     record(r, p.kind, p.micro_batch, start);
     return 0;
 }
 
-/* Receives `data` from peer, with the pending send when there is one (a
- * grouped send is recorded with no length at the group's start; the
- * group's time is the receive's event). */
+/* Whether a boundary is one message, received whole. */
+static bool one_part(const pipeline_boundary *b)
+{
+    return b->count == 1 && !b->gather;
+}
+
+/* Receives `data` (the buffer the parts lie in) over a boundary, with
+ * the pending send when there is one: one operation when both are one
+ * message (comm_sendrecv), else the sends, then the receives (a grouped
+ * send is recorded with no length at the group's start; the group's
+ * time is the receive's event). */
 static int receive(rank_step *r, const char *kind, int micro_batch,
-                   int peer, int tag, float *data, pt_error *err)
+                   const pipeline_boundary *boundary, int tag, float *data,
+                   pt_error *err)
 {
     pending_send p = r->pending;
     r->pending.present = false;
     double start = begin(r, kind, micro_batch);
-    int status =
-        p.present ? comm_sendrecv(r->c, p.peer, p.tag, p.data,
-                                  r->activation_floats, peer, tag, data,
-                                  r->activation_floats, err)
-                  : comm_recv(r->c, peer, tag, data, r->activation_floats,
-                              err);
+    int status;
+    if (p.present && one_part(p.boundary) && one_part(boundary)) {
+        const boundary_part *out = &p.boundary->parts[0];
+        const boundary_part *in = &boundary->parts[0];
+        status = comm_sendrecv(r->c, out->peer, p.tag, p.data + out->offset,
+                               out->count, in->peer, tag, data + in->offset,
+                               in->count, err);
+    } else {
+        status = (p.present && pipeline_boundary_send(r->c, p.boundary,
+                                                      p.tag, p.data,
+                                                      err) != 0) ||
+                         pipeline_boundary_recv(r->c, boundary, tag, data,
+                                                err) != 0
+                     ? -1
+                     : 0;
+    }
     if (status != 0)
         return -1;
     if (p.present)
@@ -174,9 +196,10 @@ static int receive(rank_step *r, const char *kind, int micro_batch,
     return 0;
 }
 
-/* The ranks holding the virtual stages before and after chunk `chunk`
+/* The stages holding the virtual stages before and after chunk `chunk`
  * of this rank (chunk c of stage s is virtual stage c pp + s; -1: none)
- * and their chunks. Without interleaving: stage s - 1 and s + 1. */
+ * and their chunks; their ranks are the boundary's (open_boundaries).
+ * Without interleaving: stage s - 1 and s + 1. */
 typedef struct chunk_peers {
     int previous, previous_chunk;
     int next, next_chunk;
@@ -188,13 +211,11 @@ static chunk_peers peers_of(const rank_step *r, int chunk)
     int q = chunk * pp + r->stage_index, last = pp * r->chunk_count - 1;
     chunk_peers p = {-1, 0, -1, 0};
     if (q > 0) {
-        p.previous = pipeline_rank_of(r->layout, (q - 1) % pp, r->replica,
-                                      r->tp_rank);
+        p.previous = (q - 1) % pp;
         p.previous_chunk = (q - 1) / pp;
     }
     if (q < last) {
-        p.next = pipeline_rank_of(r->layout, (q + 1) % pp, r->replica,
-                                  r->tp_rank);
+        p.next = (q + 1) % pp;
         p.next_chunk = (q + 1) / pp;
     }
     return p;
@@ -214,7 +235,7 @@ static int gather_parameters(rank_step *r, model_stage *stage,
                              int micro_batch, pt_error *err)
 {
     begin(r, "parameter all-gather", micro_batch);
-    return zero_gather_parameters(r->c, r->dp_group, r->layout->config.dp,
+    return zero_gather_parameters(r->c, r->dp_group, r->dp,
                                   r->dp_offsets, stage, err);
 }
 
@@ -226,7 +247,7 @@ static int after_zero_backward(rank_step *r, model_stage *stage,
     /* a backend keeping the shard only reduced each unit as it ended */
     if (r->zero >= 2 && !stage->grads_by_unit) {
         begin(r, "dp reduce-scatter", micro_batch);
-        if (zero_reduce_micro_batch(r->c, r->dp_group, r->layout->config.dp,
+        if (zero_reduce_micro_batch(r->c, r->dp_group, r->dp,
                                     r->dp_offsets,
                                     r->sync != NULL ? r->sync->buckets
                                                     : NULL,
@@ -244,9 +265,8 @@ static int forward(rank_step *r, int chunk, int micro_batch, pt_error *err)
     stage_io io = micro_batch_io(r, micro_batch);
     if (peers.previous >= 0) {
         float *input = stage_input_buffer(stage, slot);
-        if (receive(r, "recv_fwd", micro_batch, peers.previous,
-                    chunk_tag(r, chunk, micro_batch),
-                    input + r->shard_offset, err) != 0)
+        if (receive(r, "recv_fwd", micro_batch, &r->boundaries[2 * chunk],
+                    chunk_tag(r, chunk, micro_batch), input, err) != 0)
             return -1;
         io.input = input;
     } else if (flush_send(r, err) != 0) {
@@ -268,9 +288,9 @@ static int forward(rank_step *r, int chunk, int micro_batch, pt_error *err)
     if (peers.next >= 0)
         r->pending = (pending_send){
             .present = true,
-            .peer = peers.next,
+            .boundary = &r->boundaries[2 * chunk + 1],
             .tag = chunk_tag(r, peers.next_chunk, micro_batch),
-            .data = stage_output(stage, slot) + r->shard_offset,
+            .data = stage_output(stage, slot),
             .kind = "send_fwd",
             .micro_batch = micro_batch};
     return 0;
@@ -287,9 +307,10 @@ static int backward(rank_step *r, int chunk, int micro_batch, pt_error *err)
         if (output_grad == NULL)
             return pt_fail(err, "the stage has no buffer for its output "
                                 "gradient");
-        if (receive(r, "recv_bwd", micro_batch, peers.next,
-                    chunk_tag(r, chunk, micro_batch) + 1,
-                    output_grad + r->shard_offset, err) != 0)
+        if (receive(r, "recv_bwd", micro_batch,
+                    &r->boundaries[2 * chunk + 1],
+                    chunk_tag(r, chunk, micro_batch) + 1, output_grad,
+                    err) != 0)
             return -1;
         io.output_grad = output_grad;
     } else if (flush_send(r, err) != 0) {
@@ -306,9 +327,9 @@ static int backward(rank_step *r, int chunk, int micro_batch, pt_error *err)
     if (peers.previous >= 0)
         r->pending = (pending_send){
             .present = true,
-            .peer = peers.previous,
+            .boundary = &r->boundaries[2 * chunk],
             .tag = chunk_tag(r, peers.previous_chunk, micro_batch) + 1,
-            .data = stage_input_grad(stage) + r->shard_offset,
+            .data = stage_input_grad(stage),
             .kind = "send_bwd",
             .micro_batch = micro_batch};
     return 0;
@@ -355,9 +376,39 @@ static int run_schedule(rank_step *r, bool inject_failure, pt_error *err)
     return flush_send(r, err);
 }
 
+static bool sharded_optimizer(const rank_step *r);
+static int dp_shards(const rank_step *r, int **group, size_t **offsets,
+                     pt_error *err);
+
+/* Whether the tied embedding's two stages run the same degrees: then
+ * shard t of replica d of the first sums with its twin on the last. */
+static bool tied_twins(const rank_step *r)
+{
+    return pipeline_same_degrees(r->layout, 0, r->layout->stage_count - 1);
+}
+
+/* Stages of different degrees, ZeRO-1: the tied tensor gathered whole
+ * over each stage's dp group after the reduce-scatter, then summed
+ * (zero_tied_embedding), as ZeRO-2/3 do. */
+static int tied_after_reduce_scatter(rank_step *r,
+                                     const param_tensor *tensor,
+                                     pt_error *err)
+{
+    int *group = NULL;
+    size_t *offsets = NULL;
+    if (dp_shards(r, &group, &offsets, err) != 0)
+        return -1;
+    int status = zero_tied_embedding(r->c, group, r->dp, offsets, NULL,
+                                     r->layout, r->stage, tensor, err);
+    free(group);
+    free(offsets);
+    return status;
+}
+
 /* The first stage's token-embedding gradient and the last stage's tied
  * copy, summed: they are one tensor (interleaved: in stage 0's first
- * chunk and the last stage's last). */
+ * chunk and the last stage's last). Between stages of different degrees
+ * after each stage's dp reduction (parallel/tied.c). */
 static int embedding_all_reduce(rank_step *r, pt_error *err)
 {
     const pipeline_layout *layout = r->layout;
@@ -371,19 +422,29 @@ static int embedding_all_reduce(rank_step *r, pt_error *err)
     if (tensor == NULL || (r->stage_index == last && !tensor->tied_copy))
         return pt_fail(err, "stage %d holds no tied embedding tensor",
                        r->stage_index);
+    bool twins = tied_twins(r);
     int group[2] = {pipeline_rank_of(layout, 0, r->replica, r->tp_rank),
                     pipeline_rank_of(layout, last, r->replica, r->tp_rank)};
     double start = begin(r, "embedding_allreduce", -1);
-    /* ZeRO-2/3: each copy lies in shards over its stage's replicas */
-    int status = r->zero >= 2
-                     ? zero_tied_embedding(r->c, r->dp_group,
-                                           layout->config.dp, r->dp_offsets,
-                                           group, r->stage, tensor, err)
-                     : pipeline_reduce_bucket(
-                           r->c, group, 2, r->stage,
-                           (pipeline_bucket){.offset = tensor->offset,
-                                             .count = tensor->count},
-                           NULL, NULL, err);
+    size_t element = r->stage->grads_bf16 ? 2 : sizeof(float);
+    int status;
+    if (r->zero >= 2) /* each copy lies in shards over its stage's replicas */
+        status = zero_tied_embedding(r->c, r->dp_group, r->dp, r->dp_offsets,
+                                     twins ? group : NULL, layout, r->stage,
+                                     tensor, err);
+    else if (!twins && sharded_optimizer(r))
+        status = tied_after_reduce_scatter(r, tensor, err);
+    else if (!twins)
+        status = pipeline_tied_sum(
+            r->c, layout, r->stage,
+            (char *)r->stage->grads + tensor->offset * element,
+            r->stage->grads_bf16, err);
+    else
+        status = pipeline_reduce_bucket(
+            r->c, group, 2, r->stage,
+            (pipeline_bucket){.offset = tensor->offset,
+                              .count = tensor->count},
+            NULL, NULL, err);
     if (status != 0)
         return -1;
     record(r, "embedding_allreduce", -1, start);
@@ -412,10 +473,10 @@ static bool sharded_optimizer(const rank_step *r)
 static int dp_shards(const rank_step *r, int **group, size_t **offsets,
                      pt_error *err)
 {
-    int dp = r->layout->config.dp;
+    int dp = r->dp;
     *group = strided_group(
         pipeline_rank_of(r->layout, r->stage_index, 0, r->tp_rank), dp,
-        r->layout->config.tp);
+        r->tp);
     *offsets = malloc(((size_t)dp + 1) * sizeof **offsets);
     if (*group == NULL || *offsets == NULL) {
         free(*group);
@@ -437,7 +498,7 @@ static bool overlap_allowed(const rank_step *r)
                           layout->shape.tied_embeddings &&
                           (r->stage_index == 0 ||
                            r->stage_index == layout->stage_count - 1);
-    return layout->config.dp > 1 && r->chunk_count == 1 && r->sync != NULL &&
+    return r->dp > 1 && r->chunk_count == 1 && r->sync != NULL &&
            r->sync->overlap != NULL && r->sync->overlap->begin != NULL &&
            r->sync->buckets != NULL && r->zero < 2 &&
            !(sharded_optimizer(r) && embedding_pair);
@@ -456,7 +517,7 @@ static int arm_overlap(rank_step *r, pt_error *err)
         return -1;
     const pipeline_grad_overlap *overlap = r->sync->overlap;
     int status = overlap->begin(overlap->data, r->c->rank, r->stage, r->c,
-                                group, r->layout->config.dp,
+                                group, r->dp,
                                 r->sync->buckets,
                                 sharded_optimizer(r) ? offsets : NULL, err);
     free(group);
@@ -474,7 +535,7 @@ static int reduce_buckets(rank_step *r, const int *group,
     pipeline_bucket whole = {.offset = 0, .count = r->stage->param_count};
     int count = buckets != NULL ? buckets->count : 1;
     for (int b = 0; b < count; b++)
-        if (pipeline_reduce_bucket(r->c, group, r->layout->config.dp,
+        if (pipeline_reduce_bucket(r->c, group, r->dp,
                                    r->stage,
                                    buckets != NULL ? buckets->buckets[b]
                                                    : whole,
@@ -490,7 +551,7 @@ static int reduce_buckets(rank_step *r, const int *group,
  * backward, or what the overlap left of it. */
 static int dp_reduce_gradients(rank_step *r, pt_error *err)
 {
-    int dp = r->layout->config.dp;
+    int dp = r->dp;
     if (dp == 1)
         return 0;
     /* both halves of ZeRO-1 are "dp_allreduce" events, as the estimate
@@ -523,7 +584,7 @@ static int dp_reduce_gradients(rank_step *r, pt_error *err)
  * then the backend refreshes what it derives from the parameters. */
 static int dp_gather_chunk(rank_step *r, pt_error *err)
 {
-    int dp = r->layout->config.dp;
+    int dp = r->dp;
     /* ZeRO-3 on a backend holding the shard only: the next forward
      * gathers unit by unit */
     if (dp == 1 || !sharded_optimizer(r) || r->stage->params_by_unit)
@@ -578,8 +639,10 @@ static int reduce_norm_and_loss(rank_step *r, double *grad_norm,
     if (status != 0)
         return -1;
     *grad_norm = sqrt(totals[0] > 0.0 ? totals[0] : 0.0);
+    /* the last stage's replicas each averaged their own micro-batches */
     *loss = totals[1] /
-            ((double)r->layout->micro_batches * r->layout->config.dp);
+            ((double)r->layout->micro_batches *
+             r->layout->stage_dp[r->layout->stage_count - 1]);
     return 0;
 }
 
@@ -602,7 +665,8 @@ static int wait_unit_reductions(rank_step *r, pt_error *err)
 /* The gradients every optimizer step needs. The tied embedding's two
  * copies are summed before ZeRO-1's reduce-scatter: after it, the first
  * and the last stage would hold different parts of the tensor (their
- * shards cut different buffers). */
+ * shards cut different buffers); between stages of different degrees
+ * after it, gathering the tensor first (tied_after_reduce_scatter). */
 static int reduce_chunk_gradients(rank_step *r, pt_error *err)
 {
     if (r->zero >= 2) /* reduced at every micro-batch already */
@@ -610,7 +674,7 @@ static int reduce_chunk_gradients(rank_step *r, pt_error *err)
                        embedding_all_reduce(r, err) != 0
                    ? -1
                    : 0;
-    if (sharded_optimizer(r))
+    if (sharded_optimizer(r) && tied_twins(r))
         return embedding_all_reduce(r, err) != 0 ||
                        dp_reduce_gradients(r, err) != 0
                    ? -1
@@ -699,7 +763,7 @@ static int check_rank(const pipeline_layout *layout,
             expected.has_head != stage->spec.has_head ||
             stage->slot_count <
                 pipeline_chunk_slot_count(layout, stage_index, chunk) ||
-            stage->mbs_capacity < layout->config.mbs)
+            stage->mbs_capacity < layout->stage_mbs[stage_index])
             return pt_fail(err, "its stage was not made for this layout "
                                 "(make it with pipeline_stage_create)");
     }
@@ -741,7 +805,7 @@ static void report_failure(const rank_step *r, pt_error *err)
 static int open_zero(rank_step *r, pt_error *err)
 {
     int zero = parallel_zero_stage(&r->layout->config);
-    if (r->layout->config.dp < 2 || zero < 2 ||
+    if (r->dp < 2 || zero < 2 ||
         r->stage->spec.optimizer_shards < 2)
         return 0;
     if (r->chunk_count > 1)
@@ -753,7 +817,7 @@ static int open_zero(rank_step *r, pt_error *err)
         return -1;
     r->zero_units = (zero_unit_group){.c = r->c,
                                       .group = r->dp_group,
-                                      .dp = r->layout->config.dp,
+                                      .dp = r->dp,
                                       .offsets = r->dp_offsets};
     if (r->stage->grads_by_unit) {
         r->stage->grad_sink = zero_reduce_unit;
@@ -766,6 +830,38 @@ static int open_zero(rank_step *r, pt_error *err)
         r->stage->param_source_context = &r->zero_units;
     }
     return 0;
+}
+
+/* Each chunk's boundaries with the stages before and after it
+ * (parallel/boundary.c): its twins' one message, or re-sharded. */
+static int open_boundaries(rank_step *r, pt_error *err)
+{
+    r->boundaries = calloc(2 * (size_t)r->chunk_count, sizeof *r->boundaries);
+    if (r->boundaries == NULL)
+        return pt_fail(err, "out of memory for %d chunks' boundaries",
+                       r->chunk_count);
+    bool packed = r->chunks[0]->backend->packs_sequence_rows &&
+                  r->chunks[0]->spec.sequence_parallel;
+    for (int chunk = 0; chunk < r->chunk_count; chunk++) {
+        chunk_peers peers = peers_of(r, chunk);
+        int ends[2] = {peers.previous, peers.next};
+        for (int side = 0; side < 2; side++)
+            if (ends[side] >= 0 &&
+                pipeline_boundary_open(&r->boundaries[2 * chunk + side],
+                                       r->layout, r->c->rank, ends[side],
+                                       r->shard_offset, r->activation_floats,
+                                       packed, err) != 0)
+                return -1;
+    }
+    return 0;
+}
+
+static void close_boundaries(rank_step *r)
+{
+    for (int i = 0; r->boundaries != NULL && i < 2 * r->chunk_count; i++)
+        pipeline_boundary_close(&r->boundaries[i]);
+    free(r->boundaries);
+    r->boundaries = NULL;
 }
 
 static int zero_chunk_grads(rank_step *r, pt_error *err)
@@ -788,19 +884,20 @@ int pipeline_rank_step_chunks(const pipeline_layout *layout,
         comm_abort(c, err->message);
         return -1;
     }
-    int dp = layout->config.dp;
+    int stage_index = pipeline_rank_stage(layout, c->rank);
+    int dp = layout->stage_dp[stage_index];
     int replica = pipeline_rank_replica(layout, c->rank);
-    size_t window = (size_t)layout->shape.seq + 1;
-    size_t replica_windows = (size_t)(layout->config.gbs / dp);
     rank_step r = {
         .layout = layout,
         .stage = chunks[0],
         .chunks = chunks,
         .chunk_count = chunk_count,
         .c = c,
-        .stage_index = pipeline_rank_stage(layout, c->rank),
+        .stage_index = stage_index,
         .replica = replica,
-        .tokens = tokens + (size_t)replica * replica_windows * window,
+        .tp = layout->stage_tp[stage_index],
+        .dp = dp,
+        .mbs = layout->stage_mbs[stage_index],
         .loss_scale = 1.0f / (float)(layout->micro_batches * dp),
         .step_start_s = step_start_s,
         .events = events,
@@ -815,12 +912,21 @@ int pipeline_rank_step_chunks(const pipeline_layout *layout,
      * packed in the cuda backend's buffers, at their place in the cpu's */
     size_t first_row = 0, rows = 0;
     stage_sequence_rows(&chunks[0]->spec,
-                        (size_t)layout->config.mbs * layout->shape.seq,
-                        &first_row, &rows);
+                        (size_t)r.mbs * layout->shape.seq, &first_row,
+                        &rows);
     r.activation_floats = rows * (size_t)layout->shape.hidden;
     r.shard_offset = chunks[0]->backend->packs_sequence_rows
                          ? 0
                          : first_row * (size_t)layout->shape.hidden;
+    r.tokens = pipeline_replica_tokens(layout, stage_index, replica, tokens,
+                                       &r.owned_tokens, err);
+    if (r.tokens == NULL || open_boundaries(&r, err) != 0) {
+        close_boundaries(&r);
+        free(r.owned_tokens);
+        pt_error_prefix(err, "rank %d", c->rank);
+        comm_abort(c, err->message);
+        return -1;
+    }
     if (events != NULL)
         events->count = 0;
     int status = -1;
@@ -841,6 +947,8 @@ done:
     r.stage->units_on_stream = false;
     free(r.dp_group);
     free(r.dp_offsets);
+    close_boundaries(&r);
+    free(r.owned_tokens);
     if (status != 0 && r.overlap_armed) {
         /* disarm the backend; the world has failed, so this ends fast */
         pt_error ignored = {{0}};

@@ -15,7 +15,7 @@
  * zero_gather_unit; the others gather the whole stage and release it
  * (zeroed outside the shard, not freed).
  */
-#include "executor/parallel/parallel.h"
+#include "executor/parallel/internal.h"
 
 #include <stdlib.h>
 
@@ -118,12 +118,15 @@ int zero_reduce_micro_batch(const comm *c, const int *group, int dp,
 /* The tied embedding's gradient on the first stage and its copy's on the
  * last, each held in shards cut from different buffers: each stage's dp
  * group gathers its tensor whole, then each first-stage replica and its
- * last-stage partner sum the two. */
+ * last-stage partner sum the two (or, the two stages running different
+ * degrees, pipeline_tied_sum sums them). */
 /* The tied tensor whole in `whole` (backend memory; the shard's part of it
  * read from grads when they hold the shard only), gathered over the dp
  * group and summed with the partner's. */
 static int tied_gather_and_sum(const comm *c, const int *group, int dp,
-                               const size_t *offsets, const int pair[2],
+                               const size_t *offsets, const int *pair,
+                               const pipeline_layout *layout,
+                               model_stage *stage,
                                const param_tensor *tensor, float *whole,
                                pt_error *err)
 {
@@ -135,16 +138,23 @@ static int tied_gather_and_sum(const comm *c, const int *group, int dp,
     free(chunks);
     if (status != 0)
         return -1;
+    if (pair == NULL)
+        return pipeline_tied_sum(c, layout, stage, whole, false, err);
     return comm_all_reduce_sum(c, pair, 2, whole, tensor->count, err);
 }
 
 int zero_tied_embedding(const comm *c, const int *group, int dp,
-                        const size_t *offsets, const int pair[2],
-                        model_stage *stage, const param_tensor *tensor,
-                        pt_error *err)
+                        const size_t *offsets, const int *pair,
+                        const pipeline_layout *layout, model_stage *stage,
+                        const param_tensor *tensor, pt_error *err)
 {
+    if (stage->grads_bf16)
+        return pt_fail(err, "the tied embedding's sum over sharded "
+                            "gradients is fp32 only, not grad_precision "
+                            "bf16");
     if (!stage->grads_by_unit)
-        return tied_gather_and_sum(c, group, dp, offsets, pair, tensor,
+        return tied_gather_and_sum(c, group, dp, offsets, pair, layout,
+                                   stage, tensor,
                                    stage->grads + tensor->offset, err);
     /* the cpu backend's host memory: the tensor whole for the while */
     size_t lo = tensor->offset, hi = lo + tensor->count;
@@ -162,8 +172,8 @@ int zero_tied_embedding(const comm *c, const int *group, int dp,
     int status =
         (mine > 0 && model_stage_read_range(stage, STAGE_GRADS, from, mine,
                                             whole + (from - lo), err) != 0) ||
-                tied_gather_and_sum(c, group, dp, offsets, pair, tensor,
-                                    whole, err) != 0 ||
+                tied_gather_and_sum(c, group, dp, offsets, pair, layout,
+                                    stage, tensor, whole, err) != 0 ||
                 (mine > 0 &&
                  model_stage_write_range(stage, STAGE_GRADS, from, mine,
                                          whole + (from - lo), err) != 0)

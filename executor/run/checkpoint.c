@@ -53,12 +53,22 @@ static void blob_name(const run_context *ctx, const char *base, int rank,
         snprintf(out, size, "%s", base);
 }
 
-/* Whether the ranks keep ZeRO-1 shards of the AdamW state (the plan asks
- * and dp > 1): the checkpoint's moment blobs are shards then. */
+/* Whether a plan's ranks keep ZeRO-1 shards of the AdamW state (the
+ * plan asks and a stage runs dp > 1): the checkpoint's moment blobs are
+ * shards then (of the stages of dp > 1). */
+static bool plan_shards_optimizer(const plan *p)
+{
+    if (!p->config.distributed_optimizer)
+        return false;
+    for (int s = 0; s < p->config.pp; s++)
+        if (parallel_stage_config(&p->config, p->stages, s).dp > 1)
+            return true;
+    return false;
+}
+
 static bool sharded_optimizer(const run_context *ctx)
 {
-    return ctx->parallel && ctx->plan->config.distributed_optimizer &&
-           ctx->plan->config.dp > 1;
+    return ctx->parallel && plan_shards_optimizer(ctx->plan);
 }
 
 /* meta.json: what a person (or a resume) needs to know about the
@@ -99,6 +109,11 @@ static char *checkpoint_meta_text(run_context *ctx, long iteration,
     json_object_set_new(meta, "distributed_optimizer",
                         json_boolean(sharded_optimizer(ctx)));
     json_object_set_new(meta, "partition", partition);
+    /* stages of their own degrees: theirs, as plan.json writes them */
+    bool failed = false;
+    json_t *stages = plan_stages_to_json(ctx->plan, &failed);
+    if (stages != NULL)
+        json_object_set_new(meta, "stages", stages);
     json_object_set_new(meta, "seed", json_integer((json_int_t)seed));
     json_object_set_new(meta, "backend",
                         json_string(backend_name(ctx->options->backend)));
@@ -257,6 +272,32 @@ static int meta_integer(const json_t *meta, const char *key, int missing,
     return 0;
 }
 
+/* Stages of their own degrees: the checkpoint's "stages" (none: every
+ * stage at pp, dp, tp) against the plan's. */
+static int check_checkpoint_stages(const char *dir, const json_t *meta,
+                                   const plan *p, pt_error *err)
+{
+    bool failed = false;
+    json_t *expected = plan_stages_to_json(p, &failed);
+    if (failed)
+        return pt_fail(err, "out of memory");
+    const json_t *held = json_object_get(meta, "stages");
+    bool same = held == NULL ? expected == NULL
+                             : expected != NULL && json_equal(held, expected);
+    json_decref(expected);
+    if (same)
+        return 0;
+    return pt_fail(err, "%s: the checkpoint is of another layout: %s: "
+                        "stages %s, the plan's %s (a checkpoint resumes "
+                        "under the layout that saved it)",
+                   dir, BLOB_META,
+                   held == NULL ? "are the plan-wide tp and dp"
+                                : "have their own tp and dp",
+                   plan_first_asymmetric_stage(p) < 0
+                       ? "run the plan-wide ones"
+                       : "have their own, or other ones");
+}
+
 /* A checkpoint holds one set of blobs per rank of the layout that saved
  * it: refuse another layout, naming the first field that differs. */
 static int check_checkpoint_layout(const char *dir, const json_t *meta,
@@ -280,9 +321,10 @@ static int check_checkpoint_layout(const char *dir, const json_t *meta,
                            dir, BLOB_META, keys[i], value, keys[i],
                            expected[i]);
     }
+    if (check_checkpoint_stages(dir, meta, p, err) != 0)
+        return -1;
     const json_t *sharded = json_object_get(meta, "distributed_optimizer");
-    bool expected_sharded =
-        p->config.distributed_optimizer && p->config.dp > 1;
+    bool expected_sharded = plan_shards_optimizer(p);
     if (sharded != NULL && !json_is_boolean(sharded))
         return pt_fail(err, "%s: %s: distributed_optimizer is not a boolean",
                        dir, BLOB_META);

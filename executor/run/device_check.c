@@ -143,7 +143,6 @@ static const local_device *find_device(const local_device *devices,
 static void place_rank(const plan *p, int rank, const local_device *devices,
                        int device_count, rank_placement *out)
 {
-    int ranks_per_stage = p->config.tp * p->config.dp;
     int node = plan_rank_node(p, rank);
     char node_name[PT_NAME_MAX + 16];
     cluster_node_name(&p->cluster, node, node_name, sizeof node_name);
@@ -153,7 +152,7 @@ static void place_rank(const plan *p, int rank, const local_device *devices,
     out->type = &p->cluster.types[cluster_node_type(&p->cluster, node)];
     snprintf(out->label, sizeof out->label,
              "rank %d (stage %d, %s on node %s device %d)", rank,
-             rank / ranks_per_stage, out->type->gpu, node_name,
+             plan_stage_of_rank(p, rank), out->type->gpu, node_name,
              out->spec.index);
 }
 
@@ -164,19 +163,23 @@ static int check_gpu_count(const plan *p, int rank_count, int device_count,
 {
     const parallel_config *c = &p->config;
     int provided = plan_gpu_count(p);
+    char degrees[96];
+    if (plan_first_asymmetric_stage(p) >= 0)
+        snprintf(degrees, sizeof degrees, "its %d stages' tp x dp", c->pp);
+    else
+        snprintf(degrees, sizeof degrees, "pp %d x dp %d x tp %d", c->pp,
+                 c->dp, c->tp);
     if (provided != rank_count)
-        return pt_fail(err, "the plan needs %d GPUs (pp %d x dp %d x tp %d), "
-                       "its node order provides %d", rank_count, c->pp,
-                       c->dp, c->tp, provided);
+        return pt_fail(err, "the plan needs %d GPUs (%s), its node order "
+                       "provides %d", rank_count, degrees, provided);
     bool explicit_devices = false;
     for (int t = 0; t < p->cluster.type_count; t++)
         explicit_devices |= p->cluster.types[t].device_count > 0;
     /* Without device lists rank r runs on device r; with them, each
      * rank's device is checked by index below. */
     if (!explicit_devices && rank_count > device_count)
-        return pt_fail(err, "the plan needs %d GPUs (pp %d x dp %d x tp %d), "
-                       "this machine has %d", rank_count, c->pp, c->dp,
-                       c->tp, device_count);
+        return pt_fail(err, "the plan needs %d GPUs (%s), this machine has "
+                       "%d", rank_count, degrees, device_count);
     return 0;
 }
 
@@ -280,7 +283,7 @@ int device_check_plan(const plan *p, const local_device *devices,
                       int device_count, const double *needed_bytes,
                       pt_error *err)
 {
-    int rank_count = p->config.tp * p->config.dp * p->config.pp;
+    int rank_count = plan_rank_count(p);
     if (check_gpu_count(p, rank_count, device_count, err) != 0)
         return -1;
     rank_placement *ranks = calloc((size_t)rank_count, sizeof *ranks);

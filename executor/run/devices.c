@@ -210,8 +210,7 @@ static bool rank_alone_on_gpu(const run_context *ctx, int rank)
 {
     if (ctx->processes)
         return true;
-    int ranks = ctx->plan->config.pp * ctx->plan->config.dp *
-                ctx->plan->config.tp;
+    int ranks = plan_rank_count(ctx->plan);
     int gpu = rank_gpu_index(ctx->plan, rank);
     for (int other = 0; other < ranks; other++)
         if (other != rank && rank_gpu_index(ctx->plan, other) == gpu)
@@ -262,7 +261,7 @@ void run_describe_cuda_stage(run_context *ctx, run_result *out)
 static bool ranks_share_gpu(const plan *p, int *first, int *second,
                             int *gpu)
 {
-    int ranks = p->config.pp * p->config.dp * p->config.tp;
+    int ranks = plan_rank_count(p);
     for (int b = 1; b < ranks; b++)
         for (int a = 0; a < b; a++)
             if (rank_gpu_index(p, a) == rank_gpu_index(p, b)) {
@@ -283,7 +282,7 @@ static const bool nccl_built = false;
 /* Whether every rank of the plan is on one GPU. */
 static bool ranks_on_one_gpu(const plan *p)
 {
-    int ranks = p->config.pp * p->config.dp * p->config.tp;
+    int ranks = plan_rank_count(p);
     for (int rank = 1; rank < ranks; rank++)
         if (rank_gpu_index(p, rank) != rank_gpu_index(p, 0))
             return false;
@@ -351,7 +350,13 @@ int run_check_grad_precision(const run_context *ctx, pt_error *err)
         c->grad_precision != GRAD_PRECISION_BF16)
         return 0;
     const char *what = "grad_precision bf16 on the cuda backend";
-    if (c->dp > 1 && parallel_zero_stage(c) >= 2)
+    /* the widest stage's dp (stages of their own degrees) */
+    int dp = 1;
+    for (int stage = 0; stage < c->pp; stage++) {
+        int own = parallel_stage_config(c, ctx->plan->stages, stage).dp;
+        dp = own > dp ? own : dp;
+    }
+    if (dp > 1 && parallel_zero_stage(c) >= 2)
         return pt_fail(err, "%s: zero %d is not supported: ZeRO-2/3's "
                             "gradient units are fp32 (zero 0 or 1, or "
                             "grad_precision fp32)",
@@ -362,7 +367,7 @@ int run_check_grad_precision(const run_context *ctx, pt_error *err)
                             "bf16 gradients (grad_precision fp32)",
                        what);
     /* the dp sums and a pipeline's tied-embedding sum */
-    bool sums = c->dp > 1 || (c->pp > 1 && ctx->shape.tied_embeddings);
+    bool sums = dp > 1 || (c->pp > 1 && ctx->shape.tied_embeddings);
     if (ctx->parallel && sums && ctx->gpu_comm == RUN_GPU_COMM_HOST)
         return pt_fail(err, "%s: --gpu-comm host sums fp32 only; bf16 "
                             "gradients are summed over NCCL or the device "

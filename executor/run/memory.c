@@ -81,6 +81,7 @@ static int check_parallel_memory(const run_context *ctx, run_result *out,
 {
     double total = 0.0, largest_activations = 0.0;
     int largest_rank = run_local_first(ctx);
+    int largest_mbs = out->mbs;
     for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++) {
         int stage = pipeline_rank_stage(&ctx->layout, rank);
         double activations = 0.0, bytes = 0.0;
@@ -92,7 +93,7 @@ static int check_parallel_memory(const run_context *ctx, run_result *out,
                 0)
                 return -1;
             bytes += run_cpu_partial_stage_bytes(
-                &ctx->shape, &spec, out->mbs,
+                &ctx->shape, &spec, ctx->layout.stage_mbs[stage],
                 pipeline_chunk_slot_count(&ctx->layout, stage, c),
                 &chunk_activations);
             activations += chunk_activations;
@@ -103,6 +104,7 @@ static int check_parallel_memory(const run_context *ctx, run_result *out,
             rank == run_local_first(ctx)) {
             largest_rank = rank;
             largest_activations = activations;
+            largest_mbs = ctx->layout.stage_mbs[stage];
         }
     }
     out->peak_memory_bytes = out->rank_peak_memory_bytes[largest_rank];
@@ -124,7 +126,7 @@ static int check_parallel_memory(const run_context *ctx, run_result *out,
         return pt_fail(err, "not enough memory: rank %d of this plan needs "
                             "%s on the cpu backend (activations %s at "
                             "micro-batch %d), its machine has %s",
-                       largest_rank, total_text, act_text, out->mbs,
+                       largest_rank, total_text, act_text, largest_mbs,
                        have_text);
     return pt_fail(err, "not enough memory: the %d ranks of this plan run "
                         "as threads of one process and need %s in all on "
@@ -132,7 +134,7 @@ static int check_parallel_memory(const run_context *ctx, run_result *out,
                         "activations %s at micro-batch %d), the machine has "
                         "%s",
                    out->rank_count, total_text, largest_rank, rank_text,
-                   act_text, out->mbs, have_text);
+                   act_text, largest_mbs, have_text);
 }
 
 int run_check_memory(const run_context *ctx, run_result *out,

@@ -32,51 +32,75 @@ run_options run_options_defaults(long iterations)
     return options;
 }
 
-/* The cpu backend trains any model file's layer; the cuda backend
- * GPT-2's only (LayerNorm, GELU, learned positions, one key/value head
- * per head, biases) so far: another model is refused there, naming the
- * first field it differs in, rather than trained as a GPT layer of its
- * width (issue 35 item 3). */
+/* Both backends train every model file's layer (the cuda backend the
+ * Llama family's through executor/cuda/passes_llama.c); the cuda
+ * backend's Llama layer moves whole heads of bf16 through 16-byte rows
+ * (its qkv regrouping and rotation, the products of a (NH + 2 KVH) hs
+ * wide qkv), so a head size that is not a multiple of 8 is refused
+ * there (GPT-2's layer keeps its own checks). */
 int run_check_backend(const plan *p, backend_kind backend, pt_error *err)
 {
     const model_shape *m = &p->model;
-    const char *field = model_non_gpt_field(m);
-    if (backend != BACKEND_CUDA || field[0] == '\0')
+    if (backend != BACKEND_CUDA || model_is_gpt(m) ||
+        (m->hidden / m->heads) % 8 == 0)
         return 0;
-    char value[48];
-    if (strcmp(field, "kv_heads") == 0)
-        snprintf(value, sizeof value, "%d", m->kv_heads);
-    else if (strcmp(field, "norm") == 0)
-        snprintf(value, sizeof value, "\"%s\"", model_norm_name(m->norm));
-    else if (strcmp(field, "mlp") == 0)
-        snprintf(value, sizeof value, "\"%s\"", model_mlp_name(m->mlp));
-    else if (strcmp(field, "positions") == 0)
-        snprintf(value, sizeof value, "\"%s\"",
-                 model_positions_name(m->positions));
-    else
-        snprintf(value, sizeof value, "false");
-    return pt_fail(err, "model %s%s%s%s: %s %s: the cuda backend trains "
-                   "GPT-2's layer only (layernorm, gelu, learned positions, "
-                   "kv_heads = heads, biases); train this model with "
-                   "--backend cpu, or plan, estimate or export it",
+    return pt_fail(err, "model %s%s%s%s: hidden %d over %d heads: the cuda "
+                   "backend's Llama layer needs a head size that is a "
+                   "multiple of 8, not %d; train this model with --backend "
+                   "cpu, or plan, estimate or export it",
                    m->name, p->model_origin[0] ? " (" : "", p->model_origin,
-                   p->model_origin[0] ? ")" : "", field, value);
+                   p->model_origin[0] ? ")" : "", m->hidden, m->heads,
+                   m->hidden / m->heads);
 }
 
 /* Grouped-query attention's key/value heads are cut over tp, whole
  * groups to a shard; Megatron-LM copies them when there are fewer than
- * tp, which exec does not (issue 35). */
+ * tp, which exec does not (issue 35). Each stage's own tp. */
 static int check_kv_heads_split(const plan *p, pt_error *err)
 {
     const model_shape *m = &p->model;
-    int kv = model_kv_heads(m), tp = p->config.tp;
-    if (kv == m->heads || kv % tp == 0)
+    int kv = model_kv_heads(m);
+    for (int s = 0; s < p->config.pp; s++) {
+        int tp = parallel_stage_config(&p->config, p->stages, s).tp;
+        if (kv == m->heads || kv % tp == 0)
+            continue;
+        char stage[32] = "";
+        if (plan_first_asymmetric_stage(p) >= 0)
+            snprintf(stage, sizeof stage, "stages[%d]: ", s);
+        return pt_fail(err, "%smodel %s%s%s%s: kv_heads %d: tp %d does not "
+                       "divide them, and exec does not replicate key/value "
+                       "heads across tensor-parallel ranks; use a tp that "
+                       "divides %d",
+                       stage, m->name, p->model_origin[0] ? " (" : "",
+                       p->model_origin, p->model_origin[0] ? ")" : "", kv,
+                       tp, kv);
+    }
+    return 0;
+}
+
+/* Stages of their own degrees (issue 36): what exec does not run of
+ * them. The tied embedding between a first and a last stage of different
+ * degrees is summed from ZeRO-1's shards in fp32 only. */
+static int check_asymmetric(const plan *p, pt_error *err)
+{
+    const parallel_config *config = &p->config;
+    int own = plan_first_asymmetric_stage(p);
+    if (own < 0)
         return 0;
-    return pt_fail(err, "model %s%s%s%s: kv_heads %d: tp %d does not divide "
-                   "them, and exec does not replicate key/value heads "
-                   "across tensor-parallel ranks; use a tp that divides %d",
-                   m->name, p->model_origin[0] ? " (" : "", p->model_origin,
-                   p->model_origin[0] ? ")" : "", kv, tp, kv);
+    parallel_config first = parallel_stage_config(config, p->stages, 0);
+    parallel_config last =
+        parallel_stage_config(config, p->stages, config->pp - 1);
+    bool twins = first.tp == last.tp && first.dp == last.dp;
+    if (p->model.tied_embeddings && config->pp > 1 && !twins &&
+        config->distributed_optimizer &&
+        config->grad_precision == GRAD_PRECISION_BF16)
+        return pt_fail(err, "grad_precision: bf16 with the distributed "
+                       "optimizer and tied embeddings between a first stage "
+                       "of tp %d x dp %d and a last of tp %d x dp %d: exec "
+                       "sums the tied embedding from sharded gradients in "
+                       "fp32 only; use grad_precision fp32 or zero 0",
+                       first.tp, first.dp, last.tp, last.dp);
+    return 0;
 }
 
 int run_check_plan(const plan *p, pt_error *err)
@@ -89,6 +113,16 @@ int run_check_plan(const plan *p, pt_error *err)
                             "of 1 to %d stages, tp at most %d",
                        config->tp, config->dp, config->pp, RUN_MAX_RANKS,
                        PT_MAX_STAGES, PT_MAX_TP);
+    for (int s = 0; s < config->pp; s++) {
+        parallel_config stage = parallel_stage_config(config, p->stages, s);
+        if (stage.tp > PT_MAX_TP)
+            return pt_fail(err, "stages[%d]: tp %d: exec runs tp at most %d",
+                           s, stage.tp, PT_MAX_TP);
+    }
+    if (plan_rank_count(p) > RUN_MAX_RANKS)
+        return pt_fail(err, "stages: the stages' tp x dp sum to %d ranks; "
+                            "exec runs at most %d",
+                       plan_rank_count(p), RUN_MAX_RANKS);
     if (config->runtime != RUNTIME_PARTITA)
         return pt_fail(err, "runtime: %s: the plan is priced for %s, which "
                        "exec does not run (hand it over with partita export "
@@ -96,16 +130,7 @@ int run_check_plan(const plan *p, pt_error *err)
                        runtime_name(config->runtime),
                        runtime_name(config->runtime),
                        runtime_name(config->runtime));
-    int own = plan_first_asymmetric_stage(p);
-    if (own >= 0) {
-        parallel_config stage = parallel_stage_config(config, p->stages, own);
-        return pt_fail(err, "stages[%d]: tp %d x dp %d is its own (the "
-                       "plan's: tp %d x dp %d): exec does not run plans "
-                       "whose stages have their own degrees yet; estimate "
-                       "it, or give every stage the plan's tp and dp",
-                       own, stage.tp, stage.dp, config->tp, config->dp);
-    }
-    if (check_kv_heads_split(p, err) != 0)
+    if (check_kv_heads_split(p, err) != 0 || check_asymmetric(p, err) != 0)
         return -1;
     if (parallel_attention(config) == ATTENTION_UNFUSED)
         return pt_fail(err, "attention: unfused: exec computes attention "
@@ -115,8 +140,13 @@ int run_check_plan(const plan *p, pt_error *err)
         return pt_fail(err, "recompute: selective: Megatron-LM's selective "
                        "recompute is priced and exported, but exec runs "
                        "recompute none or full");
-    int ranks = config->tp * config->dp * config->pp;
+    int ranks = plan_rank_count(p);
     int gpus = plan_gpu_count(p);
+    if (ranks != gpus && plan_first_asymmetric_stage(p) >= 0)
+        return pt_fail(err, "stages: the stages' tp x dp sum to %d ranks, "
+                            "but the nodes of the plan's node order hold %d "
+                            "GPUs",
+                       ranks, gpus);
     if (ranks != gpus)
         return pt_fail(err, "the plan has tp x dp x pp = %d x %d x %d = %d "
                             "ranks, but the nodes of its node order hold %d "

@@ -26,8 +26,13 @@
 int run_check_process_world(run_context *ctx, pt_error *err)
 {
     const parallel_config *config = &ctx->plan->config;
-    int ranks = config->pp * config->dp * config->tp;
+    int ranks = plan_rank_count(ctx->plan);
     ctx->world = comm_mpi_handle(ctx->options->processes);
+    if (ctx->world.size != ranks && plan_first_asymmetric_stage(ctx->plan) >= 0)
+        return pt_fail(err, "%d processes were started (mpirun -np, srun "
+                            "--ntasks), but the plan's %d stages' tp x dp "
+                            "sum to %d ranks: start one process per rank",
+                       ctx->world.size, config->pp, ranks);
     if (ctx->world.size != ranks)
         return pt_fail(err, "%d processes were started (mpirun -np, srun "
                             "--ntasks), but the plan has tp %d x dp %d x pp "

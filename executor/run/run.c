@@ -126,6 +126,25 @@ static void describe_plan_fit(const plan *p, backend_kind backend,
     }
 }
 
+/* Stages of their own degrees: theirs, beside the plan-wide pp x dp x tp
+ * the notes below name. */
+static void describe_own_degrees(const plan *p, run_result *out)
+{
+    if (plan_first_asymmetric_stage(p) < 0)
+        return;
+    char note[512];
+    int used = snprintf(note, sizeof note,
+                        "stages of their own degrees (tp x dp, samples a "
+                        "replica's micro-batch):");
+    for (int s = 0; s < p->config.pp && used < (int)sizeof note - 24; s++) {
+        parallel_config own = parallel_stage_config(&p->config, p->stages, s);
+        used += snprintf(note + used, sizeof note - (size_t)used,
+                         "%s %d x %d (%d)", s > 0 ? "," : "", own.tp, own.dp,
+                         own.mbs);
+    }
+    run_add_note(out, note);
+}
+
 static void fill_result_header(const run_context *ctx, run_result *out)
 {
     const run_options *options = ctx->options;
@@ -137,7 +156,7 @@ static void fill_result_header(const run_context *ctx, run_result *out)
     out->mbs = config->mbs;
     out->pp = config->pp;
     out->dp = config->dp;
-    out->rank_count = config->pp * config->dp * config->tp;
+    out->rank_count = plan_rank_count(ctx->plan);
     out->tp = config->tp;
     /* per replica: each of the dp replicas runs gbs / dp windows */
     out->micro_batches = config->gbs / (config->dp * config->mbs);
@@ -175,12 +194,20 @@ static void fill_result_header(const run_context *ctx, run_result *out)
         out->devices[rank].rank = rank;
     }
     describe_plan_fit(ctx->plan, options->backend, out);
+    describe_own_degrees(ctx->plan, out);
+    char degrees[64];
+    if (plan_first_asymmetric_stage(ctx->plan) >= 0)
+        snprintf(degrees, sizeof degrees, "pp %d, each stage its tp x dp",
+                 out->pp);
+    else
+        snprintf(degrees, sizeof degrees, "pp %d x dp %d x tp %d", out->pp,
+                 out->dp, out->tp);
     if (ctx->processes) {
         char note[256];
         snprintf(note, sizeof note,
-                 "the %d ranks (pp %d x dp %d x tp %d) ran as %d processes "
-                 "(MPI), one rank each, %s",
-                 out->rank_count, out->pp, out->dp, out->tp, out->rank_count,
+                 "the %d ranks (%s) ran as %d processes (MPI), one rank "
+                 "each, %s",
+                 out->rank_count, degrees, out->rank_count,
                  options->backend == BACKEND_CPU
                      ? "communicating over MPI"
                      : "one GPU each, communicating over NCCL");
@@ -188,9 +215,8 @@ static void fill_result_header(const run_context *ctx, run_result *out)
     } else if (ctx->parallel) {
         char note[384];
         snprintf(note, sizeof note,
-                 "the %d ranks (pp %d x dp %d x tp %d) ran as threads of "
-                 "one process, %s",
-                 out->rank_count, out->pp, out->dp, out->tp,
+                 "the %d ranks (%s) ran as threads of one process, %s",
+                 out->rank_count, degrees,
                  options->backend == BACKEND_CPU
                      ? "sharing the cpu's cores and memory"
                  : ctx->gpu_comm == RUN_GPU_COMM_HOST
@@ -246,8 +272,8 @@ static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
                                err) < 0)
         return -1;
     ctx->largest_rank_params = ctx->param_count;
-    ctx->parallel = p->config.pp > 1 || p->config.dp > 1 || p->config.tp > 1;
-    int ranks = p->config.pp * p->config.dp * p->config.tp;
+    int ranks = plan_rank_count(p);
+    ctx->parallel = p->config.pp > 1 || ranks > 1;
     out->devices = calloc((size_t)ranks, sizeof *out->devices);
     out->rank_peak_memory_bytes =
         calloc((size_t)ranks, sizeof *out->rank_peak_memory_bytes);
@@ -264,8 +290,9 @@ static int prepare_layout(run_context *ctx, run_result *out, pt_error *err)
         return 0;
     if (run_resolve_gpu_comm(ctx, err) != 0)
         return -1;
-    if (pipeline_layout_init(&ctx->layout, &ctx->shape, &p->config,
-                             p->partition, p->config.pp, err) != 0)
+    if (pipeline_layout_init_stages(&ctx->layout, &ctx->shape, &p->config,
+                                    p->partition, p->config.pp, p->stages,
+                                    err) != 0)
         return -1;
     /* three buffers per chunk of each rank, four shared */
     int chunks = run_chunk_count(ctx);

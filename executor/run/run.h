@@ -141,7 +141,8 @@ typedef struct run_result {
     backend_kind backend;
     run_device device;           /* of rank 0 (the only rank of a one-stage
                                     run) */
-    int rank_count;              /* pp x dp x tp: 1 for a one-stage run */
+    int rank_count;              /* pp x dp x tp (or the stages' tp x dp
+                                    summed): 1 for a one-stage run */
     int pp, dp, tp;
     run_device *devices;         /* owned, rank_count, by rank */
     double *rank_peak_memory_bytes; /* owned, rank_count: each rank's
@@ -200,8 +201,9 @@ typedef struct run_result {
  * On the cuda backend run_training also checks a parallel plan against
  * this machine's GPUs (device_check_plan) before allocating anything. */
 int run_check_plan(const plan *p, pt_error *err);
-/* Fails for a model the backend cannot train: the cuda backend trains
- * GPT-2's layer only (the cpu backend every model file's). */
+/* Fails for a model the backend cannot train: on the cuda backend a
+ * Llama-family model whose head size is not a multiple of 8 (both
+ * backends train every other model file's layer). */
 int run_check_backend(const plan *p, backend_kind backend, pt_error *err);
 
 /* Host bytes a cpu-backend stage of the whole model needs at micro-batch

@@ -78,11 +78,6 @@ int model_stage_create(model_stage *out, const model_shape *shape,
     const stage_backend *backend = backend_find(kind, err);
     if (backend == NULL)
         return -1;
-    /* the cuda layer is GPT-2's so far (issue 35) */
-    if (kind == BACKEND_CUDA && !model_is_gpt(shape))
-        return pt_fail(err, "model %s: %s: the cuda backend trains GPT-2's "
-                       "layer only (the cpu backend trains this one)",
-                       shape->name, model_non_gpt_field(shape));
     size_t floats = 0;
     int count = stage_parameter_layout(shape, spec, NULL, &floats, err);
     if (count < 0)

@@ -5,7 +5,9 @@
 # estimates; run_one_gpu.sh (DRY_RUN) reports each plan as skipped with
 # its estimate; and a tiny copy of a sliced plan, trained on the cpu
 # backend, goes through bench/accuracy, whose memory-term table shows
-# the terms of a run that carries them.
+# the terms of a run that carries them. The Llama plans
+# (bench/accuracy/plans-llama, issue 35 item 7) likewise: their kinds,
+# their estimates, a tiny copy of the pp 2 plan run and compared.
 # Usage: accuracy_suite.sh PARTITA ACCURACY
 set -u
 partita=${1:?usage: accuracy_suite.sh PARTITA ACCURACY}
@@ -101,4 +103,56 @@ expect_in table.md "Memory per stage, term by term"
 expect_in table.md "| tiny-pp2 | 1 |"
 expect_in table.md " / - |"
 expect_in table.md "-2.0 %"
+
+# 5. the Llama plans (issue 35, item 7; bench/accuracy/plans-llama): at
+# least 6, every one a Llama-family model, the kinds the issue asks for
+python3 - "$root/bench/accuracy/plans-llama" <<'PY' || fail "plans-llama lacks a kind of plan"
+import glob, json, os, sys
+here = sys.argv[1]
+plans = [json.load(open(f)) for f in sorted(glob.glob(here + "/*.json"))]
+def model(p):
+    return json.load(open(os.path.join(here, p["model"])))
+def sliced(p):
+    c = json.load(open(os.path.join(here, p["cluster"])))
+    return any("sm_limit" in d for n in c["nodes"] for d in n.get("devices", []))
+def gqa(m):
+    return m.get("kv_heads", m["heads"]) < m["heads"]
+kinds = {"6 plans": len(plans) >= 6,
+         "every model Llama-shaped": all(model(p).get("norm") == "rmsnorm" and
+                                         model(p).get("mlp") == "swiglu" for p in plans),
+         "one GPU": any(not sliced(p) for p in plans),
+         "slices": any(sliced(p) for p in plans),
+         "tp with GQA": any(p["tp"] > 1 and gqa(model(p)) for p in plans),
+         "pp": any(p["pp"] > 1 for p in plans),
+         "ZeRO": any(p.get("distributed_optimizer") or p.get("zero") for p in plans),
+         "untied head": any(not model(p).get("tied_embeddings", True) for p in plans)}
+missing = [k for k, ok in kinds.items() if not ok]
+print("missing:", missing) if missing else None
+sys.exit(1 if missing else 0)
+PY
+for plan in "$root"/bench/accuracy/plans-llama/*.json; do
+    run 0 "$partita" estimate "$plan"
+    expect_in out.txt "memory per GPU by term"
+done
+# a tiny copy of the pp 2 Llama plan (tied embeddings across the two
+# stages) trained on the cpu backend and compared
+mkdir -p llama-plans llama-runs
+python3 - "$root/bench/accuracy/plans-llama/L04-2x40-1b-pp2.json" \
+    "$root/tests/data/models/llama-tiny.json" llama-plans/tiny-llama-pp2.json <<'PY'
+import json, os, sys
+plan = json.load(open(sys.argv[1]))
+plan["cluster"] = os.path.normpath(os.path.join(os.path.dirname(sys.argv[1]),
+                                                plan["cluster"]))
+model = json.load(open(sys.argv[2]))
+model.update(name="tiny-llama", tied_embeddings=True)
+model.pop("notes", None)
+plan["model"] = model
+plan.update(gbs=4, mbs=1, partition="2-2")
+json.dump(plan, open(sys.argv[3], "w"), indent=1)
+PY
+run 0 "$partita" exec llama-plans/tiny-llama-pp2.json --data corpus \
+    --backend cpu --iters 2 -o llama-runs/tiny-llama-pp2.run.json
+run 0 "$accuracy" llama-plans llama-runs llama-table.md charts-dir
+expect_in llama-table.md "1 of 1 plans measured"
+expect_in llama-table.md "tiny-llama on h200-slices-2x40: tp 1 dp 1 pp 2"
 echo "PASS [$case_name]"

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # End-to-end tests of plans whose stages run their own tp and dp (issue
-# 36): estimated, refused by exec in one line, and refused by export
-# naming the stage unless --symmetric asks for the nearest symmetric
-# plan; e2e.sh's conventions.
+# 36): estimated, run by exec on the cpu backend (the one-stage run's
+# losses) and reported, what exec cannot run of them refused in one
+# line, and refused by export naming the stage unless --symmetric asks
+# for the nearest symmetric plan; e2e.sh's conventions.
 # usage: asymmetric.sh PARTITA CASE   (run by meson, one test per case)
 # PARTITA_WRAPPER, when set, runs partita under it (valgrind, say).
 set -u
-# fail, run, expect_in, write_layout_plan; e2e_begin
+# fail, run, expect_in, write_layout_plan, write_gpus_plan, same_losses,
+# prep_corpus; e2e_begin
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 e2e_begin "$@"
 
@@ -51,22 +53,61 @@ PY
   run 2 partita estimate in-bad.json
   expect_in err.txt "in-bad.json: stages\[1\].dp: 3 replicas cannot share a micro-batch of dp x mbs = 8 x 1 = 8 samples"
   one_line
-  # report lays ranks out as a symmetric plan does: refused, one line
-  run 2 partita report in-plan.json -o report
-  expect_in err.txt "in-plan.json: stages\[0\]: a stage of its own tp and dp: report does not take such plans yet"
-  one_line
-  [ ! -e report ] || fail "a refused report wrote its folder"
+  # report lays each stage's ranks out at its own tp x dp
+  run 0 partita report in-plan.json -o report
+  expect_in report/report.md "Stages of their own degrees (tp x dp, samples a replica's micro-batch): stage 0 4 x 2 (4); stage 1 1 x 8 (1); stage 2 1 x 8 (1); stage 3 2 x 4 (2)"
+  expect_in report/report.md "| 3 | 24-31 | A10-FASOP |"
   ;;
-exec-refuses-asymmetric)
-  partita prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null \
-    || fail "prep of the corpus failed"
-  write_layout_plan in-plan.json 1 1 2 2 \
-    ', "stages": [{"tp": 2, "dp": 1}, {}]'
+exec-asymmetric)
+  # stage 0 tp 1 x dp 2, stage 1 tp 2 x dp 1 on 4 cpu ranks: each
+  # micro-batch's two samples merged onto stage 1's one replica, its
+  # activation scattered over two shards, the gradients back; the
+  # one-stage run's losses
+  prep_corpus
+  write_gpus_plan in-plan.json 4 1 1 2 2 \
+    ', "partition": "2-2", "stages": [{}, {"tp": 2, "dp": 1}]'
+  write_layout_plan in-one.json 1 1 1 1
+  run 0 partita exec in-one.json --data in-corpus --backend cpu --iters 3 \
+    --log-interval 1 -o run-one.json
+  cp out.txt one.log
+  run 0 partita exec in-plan.json --data in-corpus --backend cpu --iters 3 \
+    --log-interval 1 -o run.json
+  expect_in out.txt "exec: 3 iterations on 4 ranks (pp 2, each stage its tp x dp)"
+  expect_in out.txt "stages of their own degrees (tp x dp, samples a replica's micro-batch): 1 x 2 (1), 2 x 1 (2)"
+  same_losses one.log out.txt
+  python3 - run.json <<'PY' || fail "run.json does not hold every rank"
+import json, sys
+run = json.load(open(sys.argv[1]))
+assert run["plan"]["stages"] == [{"tp": 1, "dp": 2}, {"tp": 2, "dp": 1}]
+assert {e["rank"] for e in run["events"]} == {0, 1, 2, 3}
+assert {e["stage"] for e in run["events"] if e["rank"] >= 2} == {1}
+assert len(run["peak_memory_gib"]) == 4
+PY
+  # report reads it: each stage's ranks, the run's memory by rank
+  run 0 partita report in-plan.json run.json --any-device --per-rank -o report
+  expect_in report/report.md "| 3 | 1 | A100-FASOP |"
+  ;;
+exec-asymmetric-refusals)
+  prep_corpus
+  # the tied embedding between stages of different degrees is summed
+  # from ZeRO-1's shards in fp32 only
+  write_gpus_plan in-plan.json 4 1 1 2 2 \
+    ', "partition": "2-2", "stages": [{}, {"tp": 2, "dp": 1}], "distributed_optimizer": true, "grad_precision": "bf16"'
   run 2 partita exec in-plan.json --data in-corpus --backend cpu --iters 1 \
     -o run.json
-  expect_in err.txt "in-plan.json: stages\[0\]: tp 2 x dp 1 is its own (the plan's: tp 1 x dp 2): exec does not run plans whose stages have their own degrees yet"
+  expect_in err.txt "in-plan.json: grad_precision: bf16 with the distributed optimizer and tied embeddings between a first stage of tp 1 x dp 2 and a last of tp 2 x dp 1"
   one_line
   [ ! -e run.json ] || fail "a refused run wrote run.json"
+  # a checkpoint of stages of their own degrees resumes under them only
+  write_gpus_plan in-asym.json 4 1 1 2 2 \
+    ', "partition": "2-2", "stages": [{}, {"tp": 2, "dp": 1}]'
+  run 0 partita exec in-asym.json --data in-corpus --backend cpu --iters 2 \
+    --save ckpt -o run.json
+  write_layout_plan in-sym.json 1 1 2 2 ', "partition": "2-2"'
+  run 2 partita exec in-sym.json --data in-corpus --backend cpu --iters 3 \
+    --load ckpt -o resumed.json
+  expect_in err.txt "the checkpoint is of another layout: meta.json: stages have their own tp and dp"
+  one_line
   ;;
 export-asymmetric)
   write_hetero_plan in-plan.json 4 15-11-11-11
@@ -142,6 +183,24 @@ PY
   run 2 partita plan --model gpt2-xl --cluster h200x4-hetero --gbs 64 \
     --asymmetric --tp 2 -o big.json
   expect_in err.txt "--asymmetric: not with --tp 2 yet"
+  ;;
+plan-asymmetric-exec)
+  # the asymmetric search on a tiny model and the 4-GPU mixed cluster,
+  # its best plan run by exec on the cpu backend (asymmetric today:
+  # stage 0 tp 2 on the H200s, stage 1 dp 2 on the slices)
+  prep_corpus
+  cat >in-tiny.json <<'JSON'
+{ "name": "tiny", "layers": 4, "hidden": 64, "heads": 4, "seq": 16,
+  "vocab": 257 }
+JSON
+  run 0 partita plan --model in-tiny.json --cluster h200x4-hetero --gbs 16 \
+    --asymmetric --no-interleave --quiet -o plan.json
+  run 0 partita exec plan.json --data in-corpus --backend cpu --iters 2 \
+    -o run.json
+  expect_in out.txt "exec: 2 iterations on 4 ranks"
+  if grep -q '"stages"' plan.json; then
+    expect_in out.txt "stages of their own degrees"
+  fi
   ;;
 *)
   fail "unknown case"

@@ -1,5 +1,5 @@
 # Helpers shared by the command-line tests (e2e.sh, exec_report.sh,
-# zero.sh, mpi.sh, plan_options.sh):
+# zero.sh, mpi.sh, plan_options.sh, asymmetric.sh):
 # e2e.sh and zero.sh source it first and begin with e2e_begin, mpi.sh
 # after it set case_name and changed into its scratch folder.
 
@@ -62,15 +62,34 @@ JSON
 # A 4-layer tiny model on one node of tp x dp x pp "gpus"; EXTRA adds
 # plan fields (', "partition": "3-1"').
 write_layout_plan() { # FILE MBS TP DP PP [EXTRA]
-  local gpus=$(( $3 * $4 * $5 ))
+  write_gpus_plan "$1" $(( $3 * $4 * $5 )) "$2" "$3" "$4" "$5" "${6:-}"
+}
+
+# The same on a node of GPUS "gpus": a plan whose stages run their own
+# tp and dp (EXTRA ', "stages": [...]') holds their tp x dp summed.
+write_gpus_plan() { # FILE GPUS MBS TP DP PP [EXTRA]
   cat >"$1" <<JSON
 { "model": { "name": "tiny", "layers": 4, "hidden": 16, "heads": 2,
              "seq": 16, "vocab": 257 },
   "cluster": { "name": "one-box", "nodes": [
-      { "name": "box", "gpu": "A100-FASOP", "gpus": $gpus,
+      { "name": "box", "gpu": "A100-FASOP", "gpus": $2,
         "intra_node": { "bandwidth_GBps": 230, "latency_us": 5 } } ] },
-  "gbs": 4, "mbs": $2, "tp": $3, "dp": $4, "pp": $5${6:-} }
+  "gbs": 4, "mbs": $3, "tp": $4, "dp": $5, "pp": $6${7:-} }
 JSON
+}
+
+# The lm loss column of exec's log lines, one per iteration.
+losses() { grep -o 'lm loss: [^ ]*' "$1" | awk '{print $3}'; }
+
+# Two runs' losses within fp32 round-off (1e-5 relative): another
+# layout, or MPI, sums in its own order.
+same_losses() { # LOG LOG
+  losses "$1" >first.losses; losses "$2" >second.losses
+  [ -s first.losses ] || fail "no loss in $1"
+  paste first.losses second.losses | awk '
+    NF != 2 { bad = 1 }
+    { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 < 0 ? -$1 : $1) + 1e-6) bad = 1 }
+    END { exit bad }' || { paste first.losses second.losses; fail "losses differ"; }
 }
 
 no_leftovers() {

@@ -2,8 +2,10 @@
 # End-to-end tests of Llama-family models (issue 35: RMSNorm, SwiGLU,
 # rotary positions, grouped-query attention, untied head) through the
 # partita command: plan on a bundled mixed cluster, estimate, export to
-# Megatron-LM and DeepSpeed, exec on the cpu backend and the cuda
-# backend's refusal; e2e.sh's conventions.
+# Megatron-LM and DeepSpeed, exec on the cpu backend and what exec
+# refuses, profile a Llama layer on the cpu backend (its shape keyed
+# apart from a GPT-2 layer's), derive a profile from it; e2e.sh's
+# conventions.
 # usage: llama.sh PARTITA CASE   (run by meson, one test per case)
 # PARTITA_WRAPPER, when set, runs partita under it (valgrind, say).
 set -u
@@ -93,18 +95,92 @@ exec-cpu)
   expect_in second.json '"first_iteration": 5'
   ;;
 exec-refuses)
-  # the cuda backend trains GPT-2's layer only: one line, exit 2, naming
-  # the model file and the field; tp 4 over 2 key/value heads is not run
-  run 0 partita plan --model llama3.2-1b --cluster h200x8 --gbs 64 -o plan.json
-  run 2 partita exec plan.json --data in-none --backend cuda
-  expect_in err.txt "models/llama3.2-1b.json): kv_heads 8: the cuda backend trains GPT-2's layer only"
-  [ "$(wc -l <err.txt)" -eq 1 ] || fail "more than one line: $(cat err.txt)"
+  # tp 4 over 2 key/value heads is not run (one line, exit 2); the cuda
+  # backend trains Llama layers (tests/executor/gpu/test_cuda_llama_stage)
   write_llama_plan in-tp4.json 4 1 1
   run 2 partita exec in-tp4.json --data in-none
   expect_in err.txt "kv_heads 2: tp 4 does not divide them"
   [ "$(wc -l <err.txt)" -eq 1 ] || fail "more than one line: $(cat err.txt)"
-  run 2 partita profile --model llama3.2-1b
-  expect_in err.txt "llama3.2-1b.json: kv_heads: profile measures GPT-2's layer only"
+  ;;
+profile-llama)
+  # issue 35, item 4: partita profile measures llama-tiny's embedding,
+  # layer and untied head on the cpu backend; the profile's shape carries
+  # the layer's architecture, tp 4 (over 2 key/value heads) is skipped
+  # with a note, and the estimate of a Llama plan takes the measured
+  # Llama entries, never a GPT-2 layer's of the same widths
+  llama="$source_root/tests/data/models/llama-tiny.json"
+  cat >in-gpt-twin.json <<JSON
+{ "name": "gpt-twin", "layers": 4, "hidden": 64, "heads": 4, "ffn_hidden": 96,
+  "seq": 16, "vocab": 257, "tied_embeddings": false }
+JSON
+  cat >in-box.json <<JSON
+{ "name": "cpu-box", "nodes": [
+    { "name": "box", "gpu": "cpu", "gpus": 4,
+      "intra_node": { "bandwidth_GBps": 10, "latency_us": 5 } } ] }
+JSON
+  cat >in-plan.json <<JSON
+{ "model": "$llama", "cluster": "in-box.json",
+  "gbs": 4, "mbs": 1, "tp": 2, "dp": 1, "pp": 2 }
+JSON
+  sed "s|$llama|in-gpt-twin.json|" in-plan.json >in-gpt-plan.json
+  # a profile of the GPT-2 layer of llama-tiny's widths prices no Llama
+  # layer: the cpu profile has no efficiency model, so the estimate stops
+  run_profile partita profile --model in-gpt-twin.json --backend cpu --quick --tp 1,2 --mbs 1 -o cpu.json
+  run 2 partita estimate in-plan.json --profiles .
+  expect_in err.txt "profile cpu: holds no layer shape hidden 64, ffn_hidden 96, seq 16, vocab 257 (rmsnorm swiglu rope kv 2/4 nobias)"
+  run 0 partita estimate in-gpt-plan.json --profiles .
+  expect_in out.txt "3 of 3 profile entries measured"
+  # --missing-only adds the Llama layer as a shape of its own
+  run_profile partita profile --model in-gpt-twin.json,"$llama" --backend cpu --quick --tp 1,2,4 --mbs 1 --missing-only -o cpu.json
+  expect_in err.txt "model llama-tiny: tp 1 2 missing from cpu.json"
+  expect_in out.txt "# llama-tiny: 2 points (rmsnorm swiglu rope kv 2/4 nobias)"
+  expect_in err.txt "model llama-tiny: tp 4 not measured: it does not divide the key/value heads (4 heads, 2 for keys and values)"
+  [ "$(grep -c '"hidden"' cpu.json)" = 2 ] || fail "expected 2 shapes in cpu.json"
+  expect_in cpu.json '"kv_heads": 2'
+  expect_in cpu.json '"norm": "rmsnorm"'
+  expect_in cpu.json '"mlp": "swiglu"'
+  expect_in cpu.json '"positions": "rope"'
+  run 0 partita estimate in-plan.json --profiles .
+  expect_in out.txt "3 of 3 profile entries measured"
+  run 0 partita estimate in-gpt-plan.json --profiles .
+  expect_in out.txt "3 of 3 profile entries measured"
+  # the comparison names the Llama shape's entries apart
+  run 0 partita profile --compare cpu.json cpu.json
+  expect_in out.txt "h64 s16 rmsnorm swiglu rope kv 2/4 nobias tp 2 mbs 1 layer forward"
+  expect_in out.txt "h64 s16 tp 2 mbs 1 layer forward"
+  # a whole measurement of llama-tiny: every tp its key/value heads
+  # allow, every micro-batch
+  run_profile partita profile --model "$llama" --backend cpu --quick --tp 1,2,4 --mbs 1,2 -o whole.json
+  [ "$(grep -c '"mbs"' whole.json)" = 4 ] || fail "expected 4 points in whole.json"
+  expect_in whole.json '"model": "llama-tiny"'
+  expect_in whole.json 'tp 4 skipped: it does not divide the key/value heads'
+  expect_in out.txt "written to whole.json"
+  ;;
+derive-llama)
+  # a derived profile fitted on a measured profile that holds a Llama
+  # layer: the fit prices it with its own kernels (the points table lists
+  # it), and the derived profile prices a Llama plan by its roofline
+  llama="$source_root/tests/data/models/llama-tiny.json"
+  cat >in-gpt.json <<JSON
+{ "name": "gpt-small", "layers": 2, "hidden": 96, "heads": 4, "seq": 32,
+  "vocab": 257 }
+JSON
+  run_profile partita profile --model in-gpt.json,"$llama" --backend cpu --quick --tp 1,2 --mbs 1 --gpu-name H200 -o in-H200.json
+  mkdir in-profiles
+  run 0 partita profile --derive A10 --from in-H200.json --points -o in-profiles/A10.json
+  expect_in out.txt "rms log error"
+  expect_in out.txt "| H200 | 64 (rmsnorm swiglu rope kv 2/4 nobias) | 16 | 2 | 1 | layer fwd |"
+  expect_in out.txt "| H200 | 96 | 32 | 1 | 1 | layer bwd |"
+  expect_in in-profiles/A10.json '"source": "derived"'
+  cat >in-plan.json <<JSON
+{ "model": "$llama",
+  "cluster": { "name": "a10-box", "nodes": [
+      { "name": "box", "gpu": "A10", "gpus": 4,
+        "intra_node": { "bandwidth_GBps": 16, "latency_us": 10 } } ] },
+  "gbs": 4, "mbs": 1, "tp": 2, "dp": 1, "pp": 2 }
+JSON
+  run 0 partita estimate in-plan.json --profiles in-profiles
+  expect_in out.txt "derived profile without measured times for hidden 64, ffn_hidden 96, seq 16, vocab 257 (rmsnorm swiglu rope kv 2/4 nobias); priced by its roofline"
   ;;
 *)
   fail "unknown case"

@@ -26,7 +26,7 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 
-# fail, run, expect_in, write_layout_plan
+# fail, run, expect_in, write_layout_plan, write_gpus_plan, same_losses
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 mpi() { # N ARGS...: partita under mpirun with N processes
   local count="$1"; shift
@@ -36,19 +36,6 @@ mpi() { # N ARGS...: partita under mpirun with N processes
 "$partita" prep "$source_root/data/corpus.txt" -o in-corpus >/dev/null ||
   fail "prep of the corpus failed"
 
-
-# The lm loss column of the log lines, one per iteration.
-losses() { grep -o 'lm loss: [^ ]*' "$1" | awk '{print $3}'; }
-
-# Same losses within fp32 round-off (MPI sums in its own order).
-same_losses() { # THREADS_LOG MPI_LOG
-  losses "$1" >threads.losses; losses "$2" >mpi.losses
-  [ -s threads.losses ] || fail "no loss in $1"
-  paste threads.losses mpi.losses | awk '
-    NF != 2 { bad = 1 }
-    { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 < 0 ? -$1 : $1) + 1e-6) bad = 1 }
-    END { exit bad }' || { paste threads.losses mpi.losses; fail "losses differ"; }
-}
 
 # run.json holds every rank's events and device.
 every_rank_recorded() { # RUN_JSON RANKS
@@ -166,6 +153,22 @@ dp2-zero1|dp2-zero3)
   run 0 "$partita" exec in-zero.json --data in-corpus --iters 5 \
     --log-interval 1 --load ckpt-mpi -o run-resumed.json
   expect_in out.txt "iteration        5/"
+  ;;
+asymmetric|asymmetric-zero1)
+  # stages of their own degrees (issue 36): stage 0 tp 1 x dp 2, stage 1
+  # tp 2 x dp 1 (each micro-batch's two samples merged, its activation
+  # scattered over two shards) as processes, the threads launch's losses;
+  # and the one-stage run's
+  zero=""
+  [ "$case_name" = asymmetric-zero1 ] && zero=', "distributed_optimizer": true'
+  write_gpus_plan in-asym.json 4 1 1 2 2 \
+    ", \"partition\": \"2-2\", \"stages\": [{}, {\"tp\": 2, \"dp\": 1}]$zero"
+  compare_launches in-asym.json 4 3
+  write_layout_plan in-one.json 1 1 1 1
+  run 0 "$partita" exec in-one.json --data in-corpus --iters 3 \
+    --log-interval 1 -o run-one.json
+  cp out.txt one.log
+  same_losses one.log mpi.log
   ;;
 size-mismatch)
   run 2 mpi 3 exec in-pp2.json --data in-corpus --iters 2 -o run.json

@@ -124,16 +124,21 @@ static json_t *base_json(void)
     return root;
 }
 
+/* root (taken) read as profiles/T.json, which must load. */
+static void load_json(json_t *root, profile *p)
+{
+    json_place place = json_place_root("profiles/T.json");
+    pt_error err = {""};
+    if (profile_from_json(root, &place, p, &err) != 0)
+        fail_msg("%s", err.message);
+    json_decref(root);
+}
+
 static void test_valid_inline(void **state)
 {
     (void)state;
-    json_t *root = base_json();
-    json_place place = json_place_root("profiles/T.json");
     profile p;
-    pt_error err = {""};
-    if (profile_from_json(root, &place, &p, &err) != 0)
-        fail_msg("%s", err.message);
-    json_decref(root);
+    load_json(base_json(), &p);
     /* Points come sorted by tp, then mbs. */
     const profile_shape *shape = &p.shapes[0];
     assert_int_equal(shape->ffn_hidden, 256);
@@ -357,6 +362,20 @@ static void test_bad_profiles(void **state)
           {{"efficiency", "roofline", "attention_efficiency"}, "-1"}},
          "efficiency.roofline.attention_efficiency: must be a number in "
          "[1e-06, 2], got -1"},
+        /* a shape's layer architecture, spelt as in model files */
+        {{{{"shapes", "0", "norm"}, "\"batchnorm\""}},
+         "profiles/T.json: shapes[0].norm: must be \"layernorm\" or "
+         "\"rmsnorm\", got \"batchnorm\""},
+        {{{{"shapes", "0", "kv_heads"}, "3"}},
+         "profiles/T.json: shapes[0].kv_heads: 4 heads are not divisible by "
+         "3 key/value heads"},
+        {{{{"shapes", "0", "rope_base"}, "10000"}},
+         "profiles/T.json: shapes[0].rope_base: unknown key"},
+        {{{{"shapes", "0", "hidden"}, "96"},
+          {{"shapes", "0", "heads"}, "6"},
+          {{"shapes", "0", "kv_heads"}, "3"}},
+         "profiles/T.json: shapes[0].costs[0].tp: 2 neither divides the 3 "
+         "key/value heads nor is a multiple of them"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         json_t *root = base_json();
@@ -540,6 +559,122 @@ static void test_profile_named_for_another_gpu(void **state)
     profile_free(&p);
 }
 
+/* The base profile's shape again as a Llama layer (RMSNorm, SwiGLU,
+ * rotary positions, 2 key/value heads of 4, no biases), with layer times
+ * ten times the GPT-2 shape's. */
+static json_t *with_llama_shape(void)
+{
+    json_t *root = base_json();
+    json_t *shapes = json_object_get(root, "shapes");
+    json_t *llama = json_deep_copy(json_array_get(shapes, 0));
+    json_object_set_new(llama, "kv_heads", json_integer(2));
+    json_object_set_new(llama, "norm", json_string("rmsnorm"));
+    json_object_set_new(llama, "mlp", json_string("swiglu"));
+    json_object_set_new(llama, "positions", json_string("rope"));
+    json_object_set_new(llama, "bias", json_false());
+    json_t *costs = json_object_get(llama, "costs");
+    for (size_t i = 0; i < json_array_size(costs); i++) {
+        json_t *layer = json_object_get(json_array_get(costs, i), "layer");
+        const char *keys[] = {"forward_s", "backward_s"};
+        for (int k = 0; k < 2; k++)
+            json_object_set_new(
+                layer, keys[k],
+                json_real(10.0 *
+                          json_number_value(json_object_get(layer, keys[k]))));
+    }
+    json_array_append_new(shapes, llama);
+    return root;
+}
+
+/* issue 35, item 4: a Llama layer and a GPT-2 layer of the same widths are
+ * two shapes of one profile, each found by its own model only; the file
+ * without architecture keys (every profile before) is GPT-2's, and the
+ * keys are written back only where they are not GPT-2's. */
+static void test_llama_shape_keyed_apart(void **state)
+{
+    (void)state;
+    profile p;
+    load_json(with_llama_shape(), &p);
+    json_place place = json_place_root("profiles/T.json");
+    pt_error err = {""};
+    assert_int_equal(p.shape_count, 2);
+    assert_int_equal(p.shapes[0].norm, MODEL_NORM_LAYERNORM);
+    assert_int_equal(p.shapes[0].kv_heads, 0);
+    assert_int_equal(p.shapes[1].norm, MODEL_NORM_RMSNORM);
+    assert_int_equal(p.shapes[1].mlp, MODEL_MLP_SWIGLU);
+    assert_int_equal(p.shapes[1].positions, MODEL_POSITIONS_ROPE);
+    assert_int_equal(p.shapes[1].bias, MODEL_BIAS_NONE);
+    assert_int_equal(p.shapes[1].kv_heads, 2);
+
+    model_shape gpt = profile_shape_model(&p.shapes[0]);
+    model_shape llama = profile_shape_model(&p.shapes[1]);
+    assert_true(model_is_gpt(&gpt));
+    assert_false(model_is_gpt(&llama));
+    assert_int_equal(profile_find_shape(&p, &gpt), 0);
+    assert_int_equal(profile_find_shape(&p, &llama), 1);
+    /* one field away from the Llama layer is neither shape */
+    const char *fields[] = {"kv_heads", "norm", "mlp", "positions", "bias"};
+    for (int f = 0; f < 5; f++) {
+        model_shape other = llama;
+        if (f == 0)
+            other.kv_heads = 1;
+        else if (f == 1)
+            other.norm = MODEL_NORM_LAYERNORM;
+        else if (f == 2)
+            other.mlp = MODEL_MLP_GELU;
+        else if (f == 3)
+            other.positions = MODEL_POSITIONS_LEARNED;
+        else
+            other.bias = MODEL_BIAS_QKV;
+        if (profile_find_shape(&p, &other) != -1)
+            fail_msg("a Llama layer but its %s found a shape", fields[f]);
+    }
+    /* the key/value heads count as a share of the heads: 4 of 8 is 2 of 4 */
+    model_shape wider_heads = llama;
+    wider_heads.heads = 8;
+    wider_heads.kv_heads = 4;
+    assert_int_equal(profile_find_shape(&p, &wider_heads), 1);
+    /* what the owner writes: the GPT-2 shape as before, the Llama shape
+       with its architecture (no constants: rope_base, norm_eps) */
+    json_t *written = profile_to_json(&p, "T", &err);
+    assert_non_null(written);
+    json_t *shapes = json_object_get(written, "shapes");
+    json_t *first = json_array_get(shapes, 0), *second = json_array_get(shapes, 1);
+    assert_null(json_object_get(first, "norm"));
+    assert_null(json_object_get(first, "kv_heads"));
+    assert_string_equal(json_string_value(json_object_get(second, "norm")),
+                        "rmsnorm");
+    assert_int_equal(json_integer_value(json_object_get(second, "kv_heads")),
+                     2);
+    assert_true(json_is_false(json_object_get(second, "bias")));
+    assert_null(json_object_get(second, "rope_base"));
+    assert_null(json_object_get(second, "norm_eps"));
+    json_decref(written);
+
+    /* the same architecture and widths twice is one key */
+    json_t *root = with_llama_shape();
+    json_array_append(json_object_get(root, "shapes"),
+                      json_array_get(json_object_get(root, "shapes"), 1));
+    profile twice;
+    assert_int_equal(profile_from_json(root, &place, &twice, &err), -1);
+    EXPECT_MESSAGE(&err, "shapes[2]: same hidden, ffn_hidden, seq, vocab and "
+                         "layer architecture as shapes[1]");
+    json_decref(root);
+
+    /* --missing-only's merge adds the Llama shape to a GPT-2 profile */
+    profile gpt_only;
+    load_json(base_json(), &gpt_only);
+    int added = 0;
+    assert_int_equal(profile_add_points(&gpt_only, &p, &added, &err), 0);
+    assert_int_equal(added, p.shapes[1].point_count);
+    assert_int_equal(gpt_only.shape_count, 2);
+    assert_int_equal(profile_find_shape(&gpt_only, &llama), 1);
+    assert_true(gpt_only.shapes[1].points[0].layer.forward_s ==
+                p.shapes[1].points[0].layer.forward_s);
+    profile_free(&gpt_only);
+    profile_free(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -553,6 +688,7 @@ int main(void)
         cmocka_unit_test(test_backward_filled_by_ratio),
         cmocka_unit_test(test_profile_find),
         cmocka_unit_test(test_profile_named_for_another_gpu),
+        cmocka_unit_test(test_llama_shape_keyed_apart),
     };
     return cmocka_run_group_tests(tests, scratch_open, scratch_close);
 }

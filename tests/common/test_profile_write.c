@@ -131,6 +131,38 @@ static void test_derived_as_written(void **state)
     }
 }
 
+/* Profiles written before shapes carried their layer's architecture
+ * load as GPT-2 layers, and those Partita wrote (measured, derived) are
+ * written back key for key and value for value: none gains an
+ * architecture key. (The hand-written published ones are read, never
+ * rewritten: their backward times are filled in by a ratio.) */
+static void test_old_profiles_unchanged(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof bundled / sizeof bundled[0]; i++) {
+        char path[PT_PATH_MAX];
+        source_path(bundled[i], path, sizeof path);
+        pt_error err = {""};
+        json_t *file = pt_json_load_file(path, &err);
+        assert_non_null(file);
+        profile p;
+        load_bundled_profile(bundled[i], &p);
+        for (int s = 0; s < p.shape_count; s++) {
+            model_shape layer = profile_shape_model(&p.shapes[s]);
+            if (!model_is_gpt(&layer))
+                continue; /* a Llama shape measured since (issue 35) */
+            assert_int_equal(p.shapes[s].kv_heads, 0);
+        }
+        json_t *root = profile_to_json(&p, bundled[i], &err);
+        assert_non_null(root);
+        if (p.source != PROFILE_PUBLISHED && !json_equal(root, file))
+            fail_msg("%s: written again, it is not the file", bundled[i]);
+        json_decref(root);
+        json_decref(file);
+        profile_free(&p);
+    }
+}
+
 /* The measured H100 profile keeps its spreads; the same costs labelled
  * "published" are written without them. */
 static void test_spreads_for_measured_only(void **state)
@@ -176,6 +208,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundled_round_trip),
         cmocka_unit_test(test_derived_as_written),
+        cmocka_unit_test(test_old_profiles_unchanged),
         cmocka_unit_test(test_spreads_for_measured_only),
         cmocka_unit_test(test_refused_profile_is_not_written),
     };

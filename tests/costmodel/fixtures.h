@@ -32,6 +32,23 @@ static inline link_spec link_of(double gigabytes_per_s, double latency_us)
     return (link_spec){gigabytes_per_s * 1e9, latency_us * 1e-6};
 }
 
+/* One node of `gpus` GPUs of the profile's name. */
+static inline cluster one_node_cluster(const char *gpu, int gpus)
+{
+    cluster c;
+    memset(&c, 0, sizeof c);
+    pt_copy_string(c.name, sizeof c.name, "loo");
+    c.type_count = 1;
+    c.types = calloc(1, sizeof *c.types);
+    pt_copy_string(c.types[0].name, sizeof c.types[0].name, "box");
+    pt_copy_string(c.types[0].gpu, sizeof c.types[0].gpu, gpu);
+    c.types[0].count = 1;
+    c.types[0].gpus = gpus;
+    c.types[0].intra_node = link_of(300.0, 5.0);
+    c.node_count = 1;
+    return c;
+}
+
 /* Type 0: `a100_nodes` nodes of 4 A100s; type 1: `a10_nodes` nodes of 4
  * A10s. Node instances: the A100 nodes first. */
 static inline void make_cluster(cluster *c, int a100_nodes, int a10_nodes)

@@ -37,28 +37,6 @@ static void load_bundled(const char *gpu, profile *out)
         fail_msg("%s", err.message);
 }
 
-static int profile_shape_ffn_of(const profile_shape *shape)
-{
-    return shape->ffn_hidden > 0 ? shape->ffn_hidden : 4 * shape->hidden;
-}
-
-/* One node of `gpus` GPUs of the profile's name. */
-static cluster one_node_cluster(const char *gpu, int gpus)
-{
-    cluster c;
-    memset(&c, 0, sizeof c);
-    pt_copy_string(c.name, sizeof c.name, "loo");
-    c.type_count = 1;
-    c.types = calloc(1, sizeof *c.types);
-    pt_copy_string(c.types[0].name, sizeof c.types[0].name, "box");
-    pt_copy_string(c.types[0].gpu, sizeof c.types[0].gpu, gpu);
-    c.types[0].count = 1;
-    c.types[0].gpus = gpus;
-    c.types[0].intra_node = link_of(300.0, 5.0);
-    c.node_count = 1;
-    return c;
-}
-
 /* p without its shape `drop`. */
 static void drop_shape(profile *p, int drop)
 {
@@ -90,11 +68,9 @@ static void leave_out(const profile *source, int held, loo_error *between,
     if (profile_copy(&reduced, source, &err) != 0)
         fail_msg("%s", err.message);
     drop_shape(&reduced, held);
-    model_shape m = {.layers = 2, .hidden = shape->hidden,
-                     .heads = shape->heads,
-                     .ffn_hidden = profile_shape_ffn_of(shape),
-                     .seq = shape->seq, .vocab = shape->vocab,
-                     .tied_embeddings = true};
+    /* the shape's own layer (a Llama shape is priced as one) */
+    model_shape m = profile_shape_model(shape);
+    m.layers = 2;
     snprintf(m.name, sizeof m.name, "h%d", shape->hidden);
     cluster c = one_node_cluster(source->gpu, 8);
     costmodel cm;

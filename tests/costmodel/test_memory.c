@@ -1,7 +1,7 @@
 /* The cost model's memory terms against the cuda backend's memory plan
  * (executor/cuda/buffers.c, the code model_cuda.c allocates with), run
- * without a GPU: for random small models and plans (sequence parallelism
- * among them), every stage's
+ * without a GPU: for random small models (GPT-2's layer and the Llama
+ * family's) and plans (sequence parallelism among them), every stage's
  * estimated terms equal the bytes the executor's largest rank of that
  * stage allocates (the sum of its chunks' under the interleaved 1F1B), but where the linear form approximates (the ZeRO-1
  * shard's optimizer range, the allocator's rounding, what a stage of no
@@ -33,11 +33,15 @@ static int random_int(int low, int high)
     return low + (int)((rng_state >> 33) % (uint64_t)(high - low + 1));
 }
 
-/* A small GPT whose shard sizes the cuda backend accepts at tp (hidden
- * and ffn_hidden multiples of 8 tp). */
+/* A small GPT, or in a third of the draws a Llama-family model
+ * (RMSNorm, SwiGLU, rotary positions, grouped-query attention with
+ * kv_heads a multiple of tp, no biases or qkv biases, an untied head),
+ * whose shard sizes the cuda backend accepts at tp (hidden and
+ * ffn_hidden multiples of 8 tp, head sizes multiples of 8). */
 static model_shape random_model(int tp)
 {
     model_shape m = {0};
+    bool llama = random_int(0, 2) == 0;
     pt_copy_string(m.name, sizeof m.name, "random");
     int head_size = 8 * random_int(1, 2);
     m.heads = tp * random_int(1, 3);
@@ -49,6 +53,18 @@ static model_shape random_model(int tp)
     m.vocab = random_int(40, 700);
     m.layers = random_int(1, 8);
     m.tied_embeddings = random_int(0, 1) == 1;
+    if (llama) {
+        m.norm = MODEL_NORM_RMSNORM;
+        m.mlp = MODEL_MLP_SWIGLU;
+        m.positions = MODEL_POSITIONS_ROPE;
+        m.rope_base = 10000.0;
+        m.norm_eps = 1e-5;
+        m.bias = random_int(0, 1) == 1 ? MODEL_BIAS_NONE : MODEL_BIAS_QKV;
+        m.tied_embeddings = false;
+        /* tp key/value heads or a whole share of the query heads */
+        m.kv_heads = random_int(0, 1) == 1 ? tp : m.heads;
+        m.ffn_hidden = 8 * tp * random_int(1, 4);
+    }
     return m;
 }
 
@@ -107,10 +123,11 @@ static void describe(const pipeline_layout *layout, int stage, char *out,
     const parallel_config *c = &layout->config;
     const model_shape *m = &layout->shape;
     snprintf(out, size,
-             "h %d a %d s %d V %d l %d tied %d; tp %d dp %d pp %d mbs %d "
-             "gbs %d %s v %d recompute %d zero %d sp %d grads %s; stage "
-             "%d of %d layers",
-             m->hidden, m->heads, m->seq, m->vocab, m->layers,
+             "h %d a %d kv %d %s s %d V %d l %d tied %d; tp %d dp %d pp %d "
+             "mbs %d gbs %d %s v %d recompute %d zero %d sp %d grads %s; "
+             "stage %d of %d layers",
+             m->hidden, m->heads, model_kv_heads(m),
+             model_is_gpt(m) ? "gpt" : "llama", m->seq, m->vocab, m->layers,
              m->tied_embeddings, c->tp, c->dp, c->pp, c->mbs, c->gbs,
              schedule_name(c->schedule), pipeline_chunk_count(layout),
              c->recompute, parallel_zero_stage(c), c->sequence_parallel,

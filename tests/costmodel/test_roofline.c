@@ -50,7 +50,7 @@ static void large_gemms_approach_the_peak(void **state)
     model_part_costs costs;
     /* a wide layer: its time is close to FLOPs / (peak x efficiency) */
     model_shape wide = shape_of(12288, 96, 2048, 50257);
-    roofline_part_costs(&p, &device, &wide, (roofline_shard){1, 4, 2.0, false, 4.0, true}, &costs);
+    roofline_part_costs(&p, &device, &wide, (roofline_shard){1, 4, 2.0, false, 4.0, true, true}, &costs);
     double h = 12288, tokens = 4.0 * 2048;
     double flops = 2.0 * tokens * (4.0 * h * h + 2.0 * h * 4.0 * h) +
                    4.0 * 4 * 2048.0 * 2048 * h;
@@ -74,9 +74,9 @@ static void small_work_pays_overheads_and_ramps(void **state)
     roofline_device device = h200(132);
     model_shape small = shape_of(768, 12, 1024, 50257);
     model_part_costs one, sixteen, tp_two;
-    roofline_part_costs(&p, &device, &small, (roofline_shard){1, 1, 2.0, false, 4.0, true}, &one);
-    roofline_part_costs(&p, &device, &small, (roofline_shard){1, 16, 2.0, false, 4.0, true}, &sixteen);
-    roofline_part_costs(&p, &device, &small, (roofline_shard){2, 1, 2.0, false, 4.0, true}, &tp_two);
+    roofline_part_costs(&p, &device, &small, (roofline_shard){1, 1, 2.0, false, 4.0, true, true}, &one);
+    roofline_part_costs(&p, &device, &small, (roofline_shard){1, 16, 2.0, false, 4.0, true, true}, &sixteen);
+    roofline_part_costs(&p, &device, &small, (roofline_shard){2, 1, 2.0, false, 4.0, true, true}, &tp_two);
     /* 16x the work costs less than 16x the time: small GEMMs reach less
        of the peak and every kernel pays its overhead */
     assert_true(sixteen.layer.forward_s > 4.0 * one.layer.forward_s);
@@ -95,7 +95,7 @@ static void every_part_runs_its_kernels(void **state)
     roofline_device device = h200(132);
     model_shape small = shape_of(768, 12, 1024, 50257);
     model_part_costs costs;
-    roofline_part_costs(&p, &device, &small, (roofline_shard){2, 1, 2.0, false, 4.0, true}, &costs);
+    roofline_part_costs(&p, &device, &small, (roofline_shard){2, 1, 2.0, false, 4.0, true, true}, &costs);
     /* embedding: one kernel each way */
     assert_int_equal((int)floor(costs.embedding.forward_s), 1);
     assert_int_equal((int)floor(costs.embedding.backward_s), 1);
@@ -117,11 +117,11 @@ static void fewer_sms_are_slower(void **state)
     model_shape m = shape_of(1600, 16, 1024, 50257);
     model_part_costs full, forty, sixteen;
     roofline_device d = h200(132);
-    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true}, &full);
+    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true, true}, &full);
     d = h200(40);
-    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true}, &forty);
+    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true, true}, &forty);
     d = h200(16);
-    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true}, &sixteen);
+    roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true, true}, &sixteen);
     assert_true(forty.layer.forward_s > 2.0 * full.layer.forward_s);
     assert_true(sixteen.layer.forward_s > 2.0 * forty.layer.forward_s);
     /* 40 of 132 SMs (30%) is below the 45% that saturates bandwidth:
@@ -165,7 +165,7 @@ static void synthetic_profile(profile *p, const char *gpu,
             model_part_costs costs;
             roofline_part_costs(params, &device, &shapes[s],
                                 (roofline_shard){pt->tp, pt->mbs, 2.0, false, 4.0,
-                                                 true},
+                                                 true, true},
                                 &costs);
             pt->embedding = costs.embedding;
             pt->layer = costs.layer;
@@ -232,6 +232,89 @@ static void fit_leaves_out_times_it_cannot_model(void **state)
     }
     free(obs);
     profile_free(&source);
+}
+
+/* issue 35, item 4: a profile that holds a measured Llama layer (RMSNorm,
+ * SwiGLU, rotary positions, 4 key/value heads of 16, no biases) beside a
+ * GPT-2 layer of the same widths is fitted with each shape's own kernels:
+ * times made from known parameters come back exactly, the two layers'
+ * times differ, and a fit on them recovers the parameters. */
+static void llama_shapes_are_fitted_as_llama_layers(void **state)
+{
+    (void)state;
+    roofline_params truth = known_params();
+    model_shape gpt = shape_of(2048, 16, 2048, 128256);
+    gpt.ffn_hidden = 5632;
+    model_shape llama = gpt;
+    llama.kv_heads = 4;
+    llama.norm = MODEL_NORM_RMSNORM;
+    llama.mlp = MODEL_MLP_SWIGLU;
+    llama.positions = MODEL_POSITIONS_ROPE;
+    llama.rope_base = 500000.0;
+    llama.bias = MODEL_BIAS_NONE;
+    model_shape layers[2] = {gpt, llama};
+    roofline_device device = h200(132);
+    profile p;
+    memset(&p, 0, sizeof p);
+    pt_copy_string(p.gpu, sizeof p.gpu, "H200");
+    p.source = PROFILE_MEASURED;
+    p.peak_tflops = 989.0;
+    p.memory_bandwidth_GBps = 4800.0;
+    p.sms = 132;
+    p.shape_count = 2;
+    p.shapes = calloc(2, sizeof *p.shapes);
+    for (int s = 0; s < 2; s++) {
+        profile_shape *shape = &p.shapes[s];
+        *shape = profile_shape_of_model(&layers[s]);
+        shape->point_count = 12;
+        shape->points = calloc(12, sizeof *shape->points);
+        for (int i = 0; i < 12; i++) {
+            profile_point *pt = &shape->points[i];
+            pt->tp = 1 << (i / 4);
+            pt->mbs = 1 << (i % 4);
+            model_part_costs costs;
+            roofline_part_costs(&truth, &device, &layers[s],
+                                (roofline_shard){pt->tp, pt->mbs, 2.0, false,
+                                                 4.0, true, true},
+                                &costs);
+            pt->embedding = costs.embedding;
+            pt->layer = costs.layer;
+            pt->head = costs.head;
+        }
+    }
+    /* the same widths, not the same layer: SwiGLU's third matrix costs
+       more than grouped-query attention saves */
+    assert_true(p.shapes[1].points[0].layer.forward_s >
+                1.05 * p.shapes[0].points[0].layer.forward_s);
+    roofline_observation *obs = NULL;
+    int count = 0, left_out = 0;
+    pt_error err = {{0}};
+    assert_int_equal(roofline_observations(&truth, &p, &obs, &count,
+                                           &left_out, &err), 0);
+    assert_int_equal(count, 2 * 12 * 4);
+    for (int i = 0; i < count; i++)
+        if (!close_to(obs[i].predicted_s, obs[i].measured_s, 1e-12))
+            fail_msg("shape %d tp %d mbs %d part %d: %g s predicted, %g s "
+                     "made", obs[i].shape_index, obs[i].tp, obs[i].mbs,
+                     obs[i].part, obs[i].predicted_s, obs[i].measured_s);
+    free(obs);
+    /* beside fit_recovers_known_parameters' four sources, as a derived
+       profile is fitted on the measured ones */
+    profile sources[5];
+    synthetic_profile(&sources[0], "H200-40SM", &truth, h200(40));
+    synthetic_profile(&sources[1], "H200-16SM", &truth, h200(16));
+    synthetic_profile(&sources[2], "H100", &truth,
+                      (roofline_device){989e12, 3350e9, 132, 132});
+    synthetic_profile(&sources[3], "H200-8SM", &truth, h200(8));
+    sources[4] = p;
+    roofline_fit_result fit;
+    if (roofline_fit(sources, 5, &fit, &err) != 0)
+        fail_msg("%s", err.message);
+    assert_true(fit.sources[4].max_error < 0.01);
+    assert_true(fit.all.max_error < 0.01);
+    assert_true(close_to(fit.params.gemm_efficiency, 0.75, 0.02));
+    for (int i = 0; i < 5; i++)
+        profile_free(&sources[i]);
 }
 
 static void fit_needs_spec_figures(void **state)
@@ -471,6 +554,7 @@ int main(void)
         cmocka_unit_test(fit_recovers_known_parameters),
         cmocka_unit_test(fit_leaves_out_times_it_cannot_model),
         cmocka_unit_test(fit_needs_spec_figures),
+        cmocka_unit_test(llama_shapes_are_fitted_as_llama_layers),
         cmocka_unit_test(derived_profiles_reproduce_their_sources),
         cmocka_unit_test(sources_are_completed_from_the_spec_table),
         cmocka_unit_test(derived_profile_prices_any_shape),

@@ -16,10 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         (void)profile_source_name(p.source);
         for (int s = 0; s < p.shape_count; s++) {
             const profile_shape *shape = &p.shapes[s];
-            model_shape model = {.layers = 1, .hidden = shape->hidden,
-                                 .heads = shape->heads,
-                                 .ffn_hidden = shape->ffn_hidden,
-                                 .seq = shape->seq, .vocab = shape->vocab};
+            model_shape model = profile_shape_model(shape);
             (void)profile_find_shape(&p, &model);
             for (int i = 0; i < shape->point_count && i < 64; i++)
                 (void)profile_find_point(shape, shape->points[i].tp,

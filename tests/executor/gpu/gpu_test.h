@@ -22,6 +22,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "executor/cuda/buffers.h"
 #include "executor/cuda/cuda_backend.h"
 #include "executor/cuda/cuda_ops.h"
 
@@ -155,6 +156,27 @@ static inline void gpu_test_round_bf16(float *values, size_t count)
         values[i] = pt_bf16_to_float(pt_float_to_bf16(values[i]));
 }
 
+static inline void *gpu_test_host(size_t bytes);
+
+/* count fresh host values (the caller frees them), uniform in [-scale,
+ * scale) + offset; the _bf16 ones rounded to bf16, as a tensor the GPU
+ * reads in bf16. */
+static inline float *gpu_test_random(size_t count, float scale,
+                                     float offset, uint64_t *state)
+{
+    float *values = (float *)gpu_test_host(count * sizeof *values);
+    gpu_test_fill(values, count, scale, offset, state);
+    return values;
+}
+
+static inline float *gpu_test_random_bf16(size_t count, float scale,
+                                          uint64_t *state)
+{
+    float *values = gpu_test_random(count, scale, 0.0f, state);
+    gpu_test_round_bf16(values, count);
+    return values;
+}
+
 static inline void *gpu_test_host(size_t bytes)
 {
     void *p = calloc(bytes > 0 ? bytes : 1, 1);
@@ -172,6 +194,14 @@ static inline void *gpu_test_device(size_t bytes)
     void *p = NULL;
     GPU_CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 1));
     GPU_CHECK(cudaMemset(p, 0xff, bytes > 0 ? bytes : 1));
+    return p;
+}
+
+/* Device memory of zero bytes (scratch a kernel wants zeroed once). */
+static inline void *gpu_test_device_zeroed(size_t bytes)
+{
+    void *p = gpu_test_device(bytes);
+    GPU_CHECK(cudaMemset(p, 0, bytes > 0 ? bytes : 1));
     return p;
 }
 
@@ -233,6 +263,34 @@ static inline float *gpu_test_read_buffer(const model_stage *stage,
     float *host = gpu_test_host((stage->param_count + 1) * sizeof *host);
     PT_CHECK(model_stage_read(stage, which, host, &err), &err);
     return host;
+}
+
+/* The stage's device memory as tallied by term against the memory plan
+ * computed without the GPU (cuda_stage_memory_plan; recompute: the
+ * PARTITA_CUDA_RECOMPUTE the stage was made under): one check. */
+static inline void gpu_test_compare_memory(gpu_test_tally *tally,
+                                           const char *label,
+                                           const model_stage *stage,
+                                           const char *recompute)
+{
+    pt_error err;
+    pt_memory_terms tallied, planned;
+    cuda_stage_memory_terms(stage, &tallied);
+    PT_CHECK(cuda_stage_memory_plan(&stage->shape, &stage->spec,
+                                    stage->mbs_capacity, stage->slot_count,
+                                    recompute, &planned, &err),
+             &err);
+    bool same = true;
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+        same = same && tallied.bytes[t] == planned.bytes[t];
+    char line[200];
+    snprintf(line, sizeof line,
+             "%s: tallied device memory %.0f bytes by term as planned "
+             "(%.0f), %zu asked of cudaMalloc",
+             label, pt_memory_terms_total(&tallied, true),
+             pt_memory_terms_total(&planned, true),
+             cuda_stage_device_bytes(stage));
+    gpu_test_expect(tally, same, line);
 }
 
 #endif

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check of the cuda backend in one call, for the GPU machine:
-# the seven test programs of one GPU, then the benchmark against PyTorch
+# the nine test programs of one GPU, then the benchmark against PyTorch
 # (bench/exec_vs_torch/run.sh). Logs go to LOG_DIR; a summary comes last.
 #
 # Usage: tests/executor/gpu/run_all.sh BUILD_DIR [LOG_DIR]
@@ -37,6 +37,8 @@ run() { # NAME COMMAND...
 gpu="$build/tests/executor/gpu"
 run test_cuda_ops "$gpu/test_cuda_ops"
 run test_cuda_attention "$gpu/test_cuda_attention"
+run test_cuda_llama_ops "$gpu/test_cuda_llama_ops"
+run test_cuda_llama_stage "$gpu/test_cuda_llama_stage"
 # shellcheck disable=SC2086
 run test_cuda_training "$gpu/test_cuda_training"
 # shellcheck disable=SC2086

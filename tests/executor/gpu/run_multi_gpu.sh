@@ -16,6 +16,12 @@
 #   parallel4 (GPUS 4 only) run_parallel.sh GPUS=4 with the rows of four
 #             GPUs: pp 4 1F1B and GPipe, tp 2 x pp 2, dp 2 x pp 2, tp 4,
 #             dp 4 against one GPU's losses                    ~3 min
+#   asym4     (GPUS 4 only) run_parallel.sh GPUS=4 with the plans whose
+#             stages run their own tp and dp (issue 36): asym-merge,
+#             asym-merge-zero1, asym-split, asym-pp3 against one GPU's
+#             losses                                           ~2 min
+#   asym1     run_parallel.sh SHARED=1 SHARED_COMM=auto with the same
+#             plans on four slices of GPU 0 (the device exchange)  ~2 min
 #   all       run_all.sh SKIP_BENCH=1: the one-GPU test programs ~3 min
 #   mpi       run_mpi.sh BUILD system: one process per GPU, a killed
 #             rank ending the job naming it                    ~3 min
@@ -44,7 +50,7 @@
 # Usage: tests/executor/gpu/run_multi_gpu.sh BUILD_DIR GPUS [LOG_DIR]
 #   GPUS  2 or 4: the GPUs the rows use (the machine must have them)
 # Environment: SCRIPTS (nccl parallel parallel4 all mpi devcomm, without
-# parallel4 on two GPUs); BUDGET_S (570);
+# parallel4 on two GPUs; asym4 and asym1 only when named); BUDGET_S (570);
 # ITERS (20) for run_parallel.sh's loss rows. Exit status 0 when every
 # row passed, else 1.
 set -u
@@ -95,6 +101,7 @@ gpu_tests="$build/tests/executor/gpu"
 default_scripts="nccl parallel all mpi devcomm"
 [ "$want" = 4 ] && default_scripts="nccl parallel parallel4 all mpi devcomm"
 four_rows="pp4 pp4-gpipe tp2-pp2 dp2-pp2 tp4 dp4"
+asym_rows="asym-merge asym-merge-zero1 asym-split asym-pp3"
 for name in ${SCRIPTS:-$default_scripts}; do
     case $name in
     nccl)
@@ -112,6 +119,20 @@ for name in ${SCRIPTS:-$default_scripts}; do
             SKIP_RESUME=1 SKIP_HETERO=1 LOSS_ROWS="$four_rows" \
             ITERS="${ITERS:-20}" "$here/run_parallel.sh" "$build" \
             "$logs/parallel4" ;;
+    asym4)
+        if [ "$want" != 4 ]; then
+            gpu_note asym4 FAIL "needs GPUS 4"
+            continue
+        fi
+        script asym4 560 env GPUS=4 SKIP_BENCH=1 SKIP_NCCL_TEST=1 \
+            SKIP_RESUME=1 SKIP_HETERO=1 LOSS_ROWS="$asym_rows" \
+            ITERS="${ITERS:-20}" "$here/run_parallel.sh" "$build" \
+            "$logs/asym4" ;;
+    asym1)
+        script asym1 560 env SHARED=1 SHARED_COMM=auto SKIP_BENCH=1 \
+            SKIP_RESUME=1 SKIP_HETERO=1 LOSS_ROWS="$asym_rows" \
+            ITERS="${ITERS:-20}" "$here/run_parallel.sh" "$build" \
+            "$logs/asym1" ;;
     all)
         script all 560 env SKIP_BENCH=1 "$here/run_all.sh" "$build" \
             "$logs/all" ;;
@@ -121,7 +142,7 @@ for name in ${SCRIPTS:-$default_scripts}; do
         script devcomm 560 env SKIP_BENCH=1 "$here/run_devcomm.sh" \
             "$build" "$logs/devcomm" ;;
     *)
-        gpu_note "$name" FAIL "no such script (nccl parallel parallel4 all mpi devcomm)" ;;
+        gpu_note "$name" FAIL "no such script (nccl parallel parallel4 asym4 asym1 all mpi devcomm)" ;;
     esac
 done
 

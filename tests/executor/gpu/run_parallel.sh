@@ -19,7 +19,13 @@
 #      with sequence parallelism on four slices (tp2-pp2-sp: the pipeline
 #      carries each shard's rows); with GPUS=4 also pp = 4 (1F1B and
 #      GPipe, 2-2-1-1), tp 2 x pp 2, dp 2 x pp 2, tp 4 and dp 4 on four
-#      GPUs;
+#      GPUs; with GPUS=4 or SHARED=1 (four slices) also plans whose
+#      stages run their own tp and dp (issue 36): asym-merge (stage 0 tp
+#      1 x dp 2, stage 1 tp 2 x dp 1: each micro-batch's samples merged,
+#      its activation scattered over two shards), asym-merge-zero1 (the
+#      same with ZeRO-1: the tied embedding summed between stages of
+#      different degrees from the shards), asym-split (tp 2 x dp 1, then
+#      tp 1 x dp 2) and asym-pp3 (tp 1, tp 2, tp 1 over 2-2-2 layers);
 #   3. a pp = 2 run resumed from its checkpoint against the straight run;
 #   4. a heterogeneous pp = 2 run (GPU 1 in a green context of 40 SMs, 48
 #      GiB cap) against the same plan on two whole GPUs: stage 1's events
@@ -56,7 +62,7 @@
 # the parallel plans compared with one GPU (default: pp2 pp2-gpipe
 # pp2-interleaved pp2-recompute dp2 dp2-zero1 tp2 tp2-sp
 # tp2-sp-recompute, tp2-pp2-sp with SHARED=1, the rows of four GPUs with
-# GPUS=4);
+# GPUS=4, the asym-* rows with either);
 # SKIP_RESUME=1, SKIP_HETERO=1 skip
 # those parts. Exit status 0 when every check passed (a skip is a pass),
 # else 1.
@@ -183,6 +189,20 @@ sed 's/"precision": "bf16"/"precision": "bf16", "sequence_parallel": true/' \
 # again before its backward)
 sed 's/"precision": "bf16"/"precision": "bf16", "recompute": "full"/' \
     "$logs/plans/tp2-sp.json" >"$logs/plans/tp2-sp-recompute.json"
+# stages of their own degrees (issue 36) on four GPUs or four slices;
+# STAGES is plan.json's "stages" (and any lever after it)
+four_ranks=$four_gpus
+[ "$shared" = 1 ] && four_ranks=$four_slices
+asym_plan() { # NAME "tp dp pp" mbs partition STAGES
+    plan "$1" "$small" "$four_ranks" "$2" 16 "$3" "$4" 1f1b
+    sed -i "s/\"precision\": \"bf16\"/\"precision\": \"bf16\", \"stages\": $5/" \
+        "$logs/plans/$1.json"
+}
+asym_plan asym-merge "1 2 2" 2 3-3 '[{}, {"tp": 2, "dp": 1}]'
+asym_plan asym-merge-zero1 "1 2 2" 2 3-3 \
+    '[{}, {"tp": 2, "dp": 1}], "distributed_optimizer": true'
+asym_plan asym-split "2 1 2" 2 4-2 '[{}, {"tp": 1, "dp": 2}]'
+asym_plan asym-pp3 "1 1 3" 2 2-2-2 '[{}, {"tp": 2, "dp": 1}, {}]'
 if [ "$shared" = 1 ]; then
     plan tp2-pp2-sp "$small" "$four_slices" "2 1 2" 16 2 3-3 1f1b
     sed -i 's/"precision": "bf16"/"precision": "bf16", "sequence_parallel": true/' \
@@ -210,6 +230,8 @@ exec_run() {
 default_rows="pp2 pp2-gpipe pp2-interleaved pp2-recompute dp2 dp2-zero1 tp2 tp2-sp tp2-sp-recompute"
 [ "$shared" = 1 ] && default_rows+=" tp2-pp2-sp"
 [ "$want" = 4 ] && default_rows+=" pp4 pp4-gpipe tp2-pp2 dp2-pp2 tp4 dp4"
+asym_rows="asym-merge asym-merge-zero1 asym-split asym-pp3"
+[ "$want" = 4 ] || [ "$shared" = 1 ] && default_rows+=" $asym_rows"
 loss_rows=${LOSS_ROWS:-$default_rows}
 echo "# partita exec: one GPU, then $loss_rows ($iters iterations)"
 exec_run one one --iters "$iters"

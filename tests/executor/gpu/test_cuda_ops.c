@@ -20,16 +20,12 @@ static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
 static float *random_host(size_t count, float scale, float offset)
 {
-    float *values = gpu_test_host(count * sizeof *values);
-    gpu_test_fill(values, count, scale, offset, &rng_state);
-    return values;
+    return gpu_test_random(count, scale, offset, &rng_state);
 }
 
 static float *random_bf16_host(size_t count, float scale)
 {
-    float *values = random_host(count, scale, 0.0f);
-    gpu_test_round_bf16(values, count);
-    return values;
+    return gpu_test_random_bf16(count, scale, &rng_state);
 }
 
 /* ----------------------------------------------------------- embedding */
@@ -1067,6 +1063,11 @@ int main(void)
      * groups of blocks (2500 rows: 79 blocks); then the generic kernels */
     test_layernorm(&tally, 300, 768);
     test_layernorm(&tally, 2500, 1600);
+    /* the warp-row backward's widths (C <= 2048): several groups of
+     * blocks, a lane's partial last group, two blocks of 32 rows */
+    test_layernorm(&tally, 5000, 1024);
+    test_layernorm(&tally, 1500, 1280);
+    test_layernorm(&tally, 37, 2048);
     test_layernorm(&tally, 200, 2560);
     test_layernorm(&tally, 100, 5120);
     test_layernorm(&tally, 64, 12288); /* above 8192: generic, vector */

@@ -332,33 +332,12 @@ static void test_pipeline_split(gpu_test_tally *tally)
 
 /* ------------------------------------------------------- 3. variants */
 
-/* The stage's tally of its allocations, term by term, against the
- * memory plan computed without the GPU (executor/cuda/buffers.c) for the
- * same shape, slots and PARTITA_CUDA_RECOMPUTE: what the cost model's
- * formulas are tested against on the cpu (tests/costmodel/test_memory.c). */
-static void compare_tally(gpu_test_tally *tally, const char *label,
-                          const model_stage *stage, const char *recompute)
-{
-    pt_error err;
-    pt_memory_terms tallied, planned;
-    cuda_stage_memory_terms(stage, &tallied);
-    PT_CHECK(cuda_stage_memory_plan(&stage->shape, &stage->spec,
-                                    stage->mbs_capacity, stage->slot_count,
-                                    recompute, &planned, &err),
-             &err);
-    bool same = true;
-    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
-        same = same && tallied.bytes[t] == planned.bytes[t];
-    char line[200];
-    snprintf(line, sizeof line,
-             "%s: tallied device memory %.0f bytes by term as planned "
-             "(%.0f), %zu asked of cudaMalloc",
-             label, pt_memory_terms_total(&tallied, true),
-             pt_memory_terms_total(&planned, true),
-             cuda_stage_device_bytes(stage));
-    gpu_test_expect(tally, same, line);
-}
-
+/* One variant of the backend on the small model against the cpu: loss,
+ * gradients, and the stage's tally of its allocations, term by term,
+ * against the memory plan computed without the GPU (executor/cuda/
+ * buffers.c) for the same shape, slots and PARTITA_CUDA_RECOMPUTE: what
+ * the cost model's formulas are tested against on the cpu
+ * (tests/costmodel/test_memory.c). */
 static void test_variant(gpu_test_tally *tally, const char *label,
                          const char *recompute, const char *fuse, bool tied)
 {
@@ -378,7 +357,7 @@ static void test_variant(gpu_test_tally *tally, const char *label,
              &err);
     PT_CHECK(cuda_model_stage_create(&gpu, &shape, &spec, mbs, 1, &err),
              &err);
-    compare_tally(tally, label, &gpu, recompute);
+    gpu_test_compare_memory(tally, label, &gpu, recompute);
     unsetenv("PARTITA_CUDA_RECOMPUTE");
     unsetenv("PARTITA_CUDA_FUSE");
     PT_CHECK(model_stage_init_parameters(&cpu, 11, &err), &err);
@@ -423,8 +402,8 @@ static void test_full_recompute(gpu_test_tally *tally)
     PT_CHECK(cuda_model_stage_create(&recompute, &shape, &recompute_spec, mbs,
                                      micro_batches, &err),
              &err);
-    compare_tally(tally, "kept activations", &keep, NULL);
-    compare_tally(tally, "full recompute", &recompute, NULL);
+    gpu_test_compare_memory(tally, "kept activations", &keep, NULL);
+    gpu_test_compare_memory(tally, "full recompute", &recompute, NULL);
     PT_CHECK(model_stage_init_parameters(&keep, 11, &err), &err);
     PT_CHECK(model_stage_init_parameters(&recompute, 11, &err), &err);
     uint64_t state = 9;

@@ -20,6 +20,9 @@
  *      above, and against the plain tp pair of the same comm: the same
  *      loss to 1e-5 and gradients to 1e-3 (only the norms' gradients
  *      are summed in another order);
+ *      The same pairs of a Llama-shaped model (RMSNorm, SwiGLU, rotary
+ *      positions, 4 query heads over 2 key/value heads: one group a
+ *      shard, qkv biases, untied head), plain and sequence-parallel;
  *   2. a compute-only shard (the profiler's: no comm) runs and stays
  *      finite;
  *   3. grad_square_sums (one sum per tensor) against sums made on the
@@ -60,6 +63,24 @@ static model_shape tp_shape(bool tied)
     shape.seq = 96;        /* one and a half attention tiles */
     shape.vocab = 1001;    /* 501 + 500 rows: padded logits on both */
     shape.tied_embeddings = tied;
+    return shape;
+}
+
+/* The same made a Llama (issue 35): RMSNorm, SwiGLU, rotary positions,
+ * 4 query heads of 32 over 2 key/value heads (one group a shard), qkv
+ * biases (Qwen's) and an untied head. */
+static model_shape tp_llama_shape(void)
+{
+    model_shape shape = tp_shape(false);
+    snprintf(shape.name, sizeof shape.name, "tp-llama-test");
+    shape.heads = 4;
+    shape.kv_heads = 2;
+    shape.norm = MODEL_NORM_RMSNORM;
+    shape.norm_eps = 1e-5;
+    shape.mlp = MODEL_MLP_SWIGLU;
+    shape.positions = MODEL_POSITIONS_ROPE;
+    shape.rope_base = 10000.0;
+    shape.bias = MODEL_BIAS_QKV;
     return shape;
 }
 
@@ -368,17 +389,17 @@ static void compare_with_plain_tp(gpu_test_tally *tally, const char *label,
 }
 
 static void test_tensor_parallel_pair(gpu_test_tally *tally, bool tied,
-                                      bool exchange, bool sp)
+                                      bool exchange, bool sp, bool llama)
 {
     pt_error err;
-    model_shape shape = tp_shape(tied);
+    model_shape shape = llama ? tp_llama_shape() : tp_shape(tied);
     /* sequence parallelism: one sequence a micro-batch, so shard 1's
      * rows start mid sequence, in stages made for two */
     int capacity = 2, mbs = sp ? 1 : 2, micro_batches = 2;
     uint64_t seed = tied ? 31 : 32;
     char label[96];
-    snprintf(label, sizeof label, "tp=2%s %s%s", sp ? " sp" : "",
-             tied ? "tied" : "untied",
+    snprintf(label, sizeof label, "tp=2%s %s%s%s", sp ? " sp" : "",
+             llama ? "llama " : "", tied ? "tied" : "untied",
              exchange ? " (device exchange, bf16 sums on the stream)" : "");
     printf("# %s: %d layers, hidden %d, %d heads, ffn %d, vocab %d, seq %d, "
            "mbs %d x %d micro-batches\n",
@@ -654,12 +675,18 @@ int main(void)
 {
     gpu_test_require_device("test_cuda_tensor_parallel");
     gpu_test_tally tally = {0, 0};
-    test_tensor_parallel_pair(&tally, true, false, false);
-    test_tensor_parallel_pair(&tally, false, false, false);
-    test_tensor_parallel_pair(&tally, true, true, false);
-    test_tensor_parallel_pair(&tally, false, true, false);
-    test_tensor_parallel_pair(&tally, true, true, true);
-    test_tensor_parallel_pair(&tally, false, false, true);
+    test_tensor_parallel_pair(&tally, true, false, false, false);
+    test_tensor_parallel_pair(&tally, false, false, false, false);
+    test_tensor_parallel_pair(&tally, true, true, false, false);
+    test_tensor_parallel_pair(&tally, false, true, false, false);
+    test_tensor_parallel_pair(&tally, true, true, true, false);
+    test_tensor_parallel_pair(&tally, false, false, true, false);
+    /* the Llama layer (issue 35): both comms, with and without sequence
+     * parallelism */
+    test_tensor_parallel_pair(&tally, false, false, false, true);
+    test_tensor_parallel_pair(&tally, false, true, false, true);
+    test_tensor_parallel_pair(&tally, false, true, true, true);
+    test_tensor_parallel_pair(&tally, false, false, true, true);
     test_compute_only(&tally);
     test_square_sums(&tally);
     test_memory_cap(&tally);

@@ -16,6 +16,11 @@
  * Tensor-parallel shards are compared with their slice of the whole
  * tensor. Also the 1F1B order on a stage, the event
  * kinds, and a rank that fails ending every other rank with its name.
+ * Stages of their own tp and dp (issue 36) are held to the one-stage
+ * run alike: micro-batches split and merged between stages of different
+ * dp, activations re-sharded between stages of different tp, with and
+ * without sequence parallelism, ZeRO-1/2, recompute, tied and untied
+ * embeddings (test_asymmetric_*).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -39,6 +44,20 @@ static model_shape tiny_shape(bool tied)
                          .vocab = 31, .tied_embeddings = tied};
     return shape;
 }
+
+/* A plan's layout for check_layout: the plan-wide degrees, each stage's
+ * own (zeros: the plan's), and the levers. */
+typedef struct layout_case {
+    int pp, dp, tp, mbs, gbs;
+    schedule_kind schedule;
+    const int *partition;
+    bool tied;
+    stage_degrees stages[4];     /* pp entries; zeros: the plan's */
+    bool sequence_parallel;
+    int zero;                    /* 0 .. 2 */
+    bool recompute;
+    int heads;                   /* 0: the tiny shape's 2 */
+} layout_case;
 
 static train_config test_train_config(void)
 {
@@ -119,8 +138,9 @@ static void compare_parameters(const model_stage *whole,
                     largest_move = move;
             }
         }
-        int replica0 = rank - p->layout.config.tp *
-                                  pipeline_rank_replica(&p->layout, rank);
+        int replica0 = pipeline_rank_of(
+            &p->layout, pipeline_rank_stage(&p->layout, rank), 0,
+            pipeline_rank_tp(&p->layout, rank));
         assert_memory_equal(stage->params, p->stages[replica0].params,
                             stage->param_count * sizeof(float));
     }
@@ -130,32 +150,37 @@ static void compare_parameters(const model_stage *whole,
                  total);
 }
 
-static void check_tp_plan(int pp, int dp, int tp, int mbs, int gbs,
-                          schedule_kind schedule, const int *partition,
-                          bool tied)
+static void check_layout(const layout_case *l)
 {
-    model_shape shape = tiny_shape(tied);
+    model_shape shape = tiny_shape(l->tied);
+    if (l->heads > 0)
+        shape.heads = l->heads;
     train_config config = test_train_config();
-    uint32_t *tokens = make_tokens(&shape, gbs);
-    size_t batch = (size_t)gbs * (size_t)(shape.seq + 1);
+    uint32_t *tokens = make_tokens(&shape, l->gbs);
+    size_t batch = (size_t)l->gbs * (size_t)(shape.seq + 1);
     pt_error err;
 
     model_stage whole;
     stage_spec whole_spec = stage_spec_whole_model(&shape);
+    whole_spec.recompute_layers = l->recompute;
     assert_int_equal(model_stage_create(&whole, &shape, &whole_spec,
-                                        BACKEND_CPU, mbs, 1, &err),
+                                        BACKEND_CPU, l->mbs, 1, &err),
                      0);
     assert_int_equal(model_stage_init_parameters(&whole, SEED, &err), 0);
     float *initial = malloc(whole.param_count * sizeof(float));
     assert_non_null(initial);
     memcpy(initial, whole.params, whole.param_count * sizeof(float));
 
-    parallel_config parallel = {.gbs = gbs, .mbs = mbs, .tp = tp, .dp = dp,
-                                .pp = pp, .schedule = schedule,
-                                .precision = PRECISION_FP32};
+    parallel_config parallel = {.gbs = l->gbs, .mbs = l->mbs, .tp = l->tp,
+                                .dp = l->dp, .pp = l->pp,
+                                .schedule = l->schedule,
+                                .precision = PRECISION_FP32,
+                                .sequence_parallel = l->sequence_parallel,
+                                .recompute = l->recompute};
+    parallel_set_zero_stage(&parallel, l->zero);
     pipeline_layout layout;
-    if (pipeline_layout_init(&layout, &shape, &parallel, partition, pp,
-                             &err) != 0)
+    if (pipeline_layout_init_stages(&layout, &shape, &parallel, l->partition,
+                                    l->pp, l->stages, &err) != 0)
         fail_msg("%s", err.message);
     pipeline_threads p;
     if (pipeline_threads_create(&p, &layout, BACKEND_CPU, SEED, 30.0,
@@ -165,8 +190,9 @@ static void check_tp_plan(int pp, int dp, int tp, int mbs, int gbs,
     for (int step = 0; step < STEPS; step++) {
         step_result expected, got;
         const uint32_t *step_tokens = tokens + (size_t)step * batch;
-        assert_int_equal(train_step(&whole, &config, step_tokens, gbs / mbs,
-                                    mbs, &expected, &err),
+        assert_int_equal(train_step(&whole, &config, step_tokens,
+                                    l->gbs / l->mbs, l->mbs, &expected,
+                                    &err),
                          0);
         if (pipeline_threads_step(&p, &config, step_tokens, &got, &err) != 0)
             fail_msg("%s", err.message);
@@ -186,6 +212,16 @@ static void check_tp_plan(int pp, int dp, int tp, int mbs, int gbs,
     free(initial);
     model_stage_destroy(&whole);
     free(tokens);
+}
+
+static void check_tp_plan(int pp, int dp, int tp, int mbs, int gbs,
+                          schedule_kind schedule, const int *partition,
+                          bool tied)
+{
+    layout_case l = {.pp = pp, .dp = dp, .tp = tp, .mbs = mbs, .gbs = gbs,
+                     .schedule = schedule, .partition = partition,
+                     .tied = tied};
+    check_layout(&l);
 }
 
 static void check_plan(int pp, int dp, int mbs, int gbs,
@@ -244,6 +280,169 @@ static void test_tensor_parallel(void **state)
     check_tp_plan(1, 1, 2, 2, 8, SCHEDULE_1F1B, whole, false);
     check_tp_plan(2, 1, 2, 1, 8, SCHEDULE_1F1B, uneven, true);
     check_tp_plan(1, 2, 2, 1, 8, SCHEDULE_1F1B, whole, true);
+}
+
+/* Stages of their own degrees (issue 36). Two stages: a micro-batch of
+ * dp x mbs = 2 samples split over stage 0's two replicas and merged on
+ * stage 1's one (tp 2), and the other way; 1F1B and GPipe, tied and
+ * untied; stages of the same dp and different tp. */
+static void test_asymmetric_two_stages(void **state)
+{
+    (void)state;
+    static const int even[] = {2, 2}, uneven[] = {1, 3};
+    layout_case merge = {.pp = 2, .dp = 2, .tp = 1, .mbs = 1, .gbs = 8,
+                         .schedule = SCHEDULE_1F1B, .partition = even,
+                         .tied = true, .stages = {{0, 0}, {2, 1}}};
+    check_layout(&merge);
+    merge.schedule = SCHEDULE_GPIPE;
+    merge.tied = false;
+    check_layout(&merge);
+    layout_case split = {.pp = 2, .dp = 1, .tp = 2, .mbs = 2, .gbs = 8,
+                         .schedule = SCHEDULE_1F1B, .partition = uneven,
+                         .tied = true, .stages = {{0, 0}, {1, 2}}};
+    check_layout(&split);
+    split.tied = false;
+    check_layout(&split);
+    /* only tp differs: each replica's tied embedding summed with its
+     * twin's, shard by shard of rows; with ZeRO-1 too */
+    layout_case widen = {.pp = 2, .dp = 2, .tp = 1, .mbs = 1, .gbs = 8,
+                         .schedule = SCHEDULE_1F1B, .partition = even,
+                         .tied = true, .stages = {{0, 0}, {2, 2}}};
+    check_layout(&widen);
+    widen.zero = 1;
+    check_layout(&widen);
+}
+
+/* Three stages, each its own: tp 1 x dp 4, tp 2 x dp 1, tp 2 x dp 2
+ * (4 samples a micro-batch: 1, 4 and 2 a replica); with recompute; and
+ * a stage of no layers between two of their own. */
+static void test_asymmetric_three_stages(void **state)
+{
+    (void)state;
+    static const int middle[] = {1, 2, 1}, empty_middle[] = {2, 0, 2};
+    layout_case mixed = {.pp = 3, .dp = 2, .tp = 1, .mbs = 2, .gbs = 8,
+                         .schedule = SCHEDULE_1F1B, .partition = middle,
+                         .tied = true,
+                         .stages = {{1, 4}, {2, 1}, {2, 2}}};
+    check_layout(&mixed);
+    mixed.recompute = true;
+    check_layout(&mixed);
+    layout_case empty = {.pp = 3, .dp = 1, .tp = 2, .mbs = 2, .gbs = 4,
+                         .schedule = SCHEDULE_1F1B,
+                         .partition = empty_middle, .tied = true,
+                         .stages = {{0, 0}, {1, 2}, {0, 0}}};
+    check_layout(&empty);
+}
+
+/* Sequence parallelism across a boundary of tp 2 and tp 4 (4 heads):
+ * each rank sends and receives exactly its own rows. */
+static void test_asymmetric_sequence_parallel(void **state)
+{
+    (void)state;
+    static const int even[] = {2, 2};
+    layout_case widen = {.pp = 2, .dp = 2, .tp = 2, .mbs = 1, .gbs = 8,
+                         .schedule = SCHEDULE_1F1B, .partition = even,
+                         .tied = true, .stages = {{0, 0}, {4, 1}},
+                         .sequence_parallel = true, .heads = 4};
+    check_layout(&widen);
+    layout_case narrow = widen;
+    narrow.stages[0] = (stage_degrees){4, 1};
+    narrow.stages[1] = (stage_degrees){0, 0};
+    narrow.tied = false;
+    check_layout(&narrow);
+    /* the same boundaries without sequence parallelism: tp 4 gathers */
+    widen.sequence_parallel = false;
+    check_layout(&widen);
+}
+
+/* ZeRO-1 and ZeRO-2 on each stage's own dp group, the tied embedding
+ * summed between a first and a last stage of different degrees after
+ * their reduce-scatters. */
+static void test_asymmetric_zero(void **state)
+{
+    (void)state;
+    static const int even[] = {2, 2}, middle[] = {1, 2, 1};
+    for (int zero = 1; zero <= 2; zero++) {
+        layout_case merge = {.pp = 2, .dp = 2, .tp = 1, .mbs = 1, .gbs = 8,
+                             .schedule = SCHEDULE_1F1B, .partition = even,
+                             .tied = true, .stages = {{0, 0}, {2, 1}},
+                             .zero = zero};
+        check_layout(&merge);
+        layout_case mixed = {.pp = 3, .dp = 2, .tp = 1, .mbs = 2, .gbs = 8,
+                             .schedule = SCHEDULE_1F1B, .partition = middle,
+                             .tied = true,
+                             .stages = {{1, 4}, {2, 1}, {2, 2}},
+                             .zero = zero};
+        check_layout(&mixed);
+    }
+}
+
+/* The rank layout of stages of their own degrees, and what it refuses. */
+static void test_asymmetric_layout(void **state)
+{
+    (void)state;
+    model_shape shape = tiny_shape(true);
+    static const int middle[] = {1, 2, 1};
+    parallel_config config = {.gbs = 8, .mbs = 2, .tp = 1, .dp = 2,
+                              .pp = 3, .schedule = SCHEDULE_1F1B};
+    stage_degrees stages[3] = {{1, 4}, {2, 1}, {2, 2}};
+    pipeline_layout layout;
+    pt_error err;
+    assert_int_equal(pipeline_layout_init_stages(&layout, &shape, &config,
+                                                 middle, 3, stages, &err),
+                     0);
+    assert_true(layout.asymmetric);
+    assert_int_equal(layout.rank_count, 4 + 2 + 4);
+    assert_int_equal(layout.micro_batches, 2);
+    assert_int_equal(layout.stage_mbs[0], 1);
+    assert_int_equal(layout.stage_mbs[1], 4);
+    assert_int_equal(layout.stage_mbs[2], 2);
+    /* stage 2 from rank 6: rank = 6 + t + 2 d */
+    assert_int_equal(pipeline_rank_stage(&layout, 5), 1);
+    assert_int_equal(pipeline_rank_stage(&layout, 9), 2);
+    assert_int_equal(pipeline_rank_replica(&layout, 9), 1);
+    assert_int_equal(pipeline_rank_tp(&layout, 9), 1);
+    assert_int_equal(pipeline_rank_of(&layout, 2, 1, 0), 8);
+    /* rows of a micro-batch (4 samples x 8 positions): stage 1's two
+     * shards 16 each, stage 0's replicas 8 each */
+    size_t first = 0, count = 0;
+    pipeline_boundary_rows(&layout, 5, &first, &count);
+    assert_true(first == 16 && count == 16);
+    pipeline_boundary_rows(&layout, 3, &first, &count);
+    assert_true(first == 24 && count == 8);
+    /* groups: stage 0's dp group, stage 2's two; stage 1's tp group,
+     * stage 2's two; the tied embedding's pairs of replicas 0 and 1's
+     * shards (stage 0 whole, stage 2 in two) */
+    comm_groups groups;
+    assert_int_equal(pipeline_layout_groups(&layout, &groups, &err), 0);
+    static const int expected[][4] = {{0, 1, 2, 3}, {6, 8}, {7, 9},
+                                      {4, 5},       {6, 7}, {8, 9},
+                                      {0, 6},       {0, 7}, {1, 8},
+                                      {1, 9}};
+    static const int sizes[] = {4, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    assert_int_equal(groups.count, 10);
+    for (int g = 0; g < groups.count; g++) {
+        assert_int_equal(groups.offsets[g + 1] - groups.offsets[g],
+                         sizes[g]);
+        assert_memory_equal(groups.members + groups.offsets[g], expected[g],
+                            (size_t)sizes[g] * sizeof(int));
+    }
+    comm_groups_free(&groups);
+    /* a dp that cannot share the micro-batch's 4 samples */
+    stages[1] = (stage_degrees){2, 3};
+    assert_int_equal(pipeline_layout_init_stages(&layout, &shape, &config,
+                                                 middle, 3, stages, &err),
+                     -1);
+    assert_non_null(strstr(err.message, "stage 1"));
+    /* interleaving */
+    stages[1] = (stage_degrees){2, 1};
+    config.virtual_stages = 2;
+    static const int even[] = {2, 2, 2};
+    shape.layers = 6;
+    assert_int_equal(pipeline_layout_init_stages(&layout, &shape, &config,
+                                                 even, 3, stages, &err),
+                     -1);
+    assert_non_null(strstr(err.message, "virtual_stages"));
 }
 
 /* The order of a 1F1B stage and the events each rank records. */
@@ -401,6 +600,11 @@ int main(void)
         cmocka_unit_test(test_schedule_and_events),
         cmocka_unit_test(test_failing_rank_stops_everyone),
         cmocka_unit_test(test_layout_refusals),
+        cmocka_unit_test(test_asymmetric_layout),
+        cmocka_unit_test(test_asymmetric_two_stages),
+        cmocka_unit_test(test_asymmetric_three_stages),
+        cmocka_unit_test(test_asymmetric_sequence_parallel),
+        cmocka_unit_test(test_asymmetric_zero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -116,6 +116,58 @@ static inline run_options run_test_options(const run_scratch *s,
     return options;
 }
 
+/* ...with a little warm-up, so that the learning rate changes between
+ * steps. */
+static inline run_options run_test_warm_options(const run_scratch *s,
+                                                long iterations)
+{
+    run_options options = run_test_options(s, iterations);
+    options.train.schedule.warmup_steps = 1;
+    return options;
+}
+
+/* The Llama-shaped model of tests/data/models/llama-tiny.json (4
+ * layers, hidden 64, 4 heads sharing 2 key/value heads). */
+static inline json_t *run_test_llama_model(void)
+{
+    const char *source = getenv("PARTITA_SOURCE");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/models/llama-tiny.json",
+             source != NULL ? source : ".");
+    model_shape shape;
+    pt_error err = {{0}};
+    if (model_load_file(path, &shape, &err) != 0)
+        fail_msg("%s", err.message);
+    return model_to_json(&shape);
+}
+
+/* A plan of `model` (a reference is taken) on one node of `gpus`
+ * "gpus" at those degrees, `extra` (", \"partition\": \"3-1\"", levers,
+ * "stages") after them. */
+static inline void run_test_node_plan(plan *out, json_t *model, int gpus,
+                                      int gbs, int mbs, int tp, int dp,
+                                      int pp, const char *extra)
+{
+    char text[1600];
+    snprintf(text, sizeof text,
+             "{ \"cluster\": { \"name\": \"one\", \"nodes\": ["
+             "    { \"name\": \"box\", \"gpu\": \"A100-FASOP\", \"gpus\": %d,"
+             "      \"intra_node\": { \"bandwidth_GBps\": 230,"
+             "                        \"latency_us\": 5 } } ] },"
+             "  \"gbs\": %d, \"mbs\": %d, \"tp\": %d, \"dp\": %d, \"pp\": %d"
+             "%s }",
+             gpus, gbs, mbs, tp, dp, pp, extra);
+    json_error_t json_err;
+    json_t *root = json_loads(text, 0, &json_err);
+    if (root == NULL)
+        fail_msg("%s: %s", json_err.text, text);
+    json_object_set_new(root, "model", model);
+    pt_error err = {{0}};
+    if (plan_from_json(root, NULL, out, &err) != 0)
+        fail_msg("%s", err.message);
+    json_decref(root);
+}
+
 /* meta.json's "iteration": the iteration the checkpoint a load of dir
  * reads was saved after. */
 static inline long run_checkpoint_iteration(const char *dir)
@@ -231,6 +283,24 @@ static inline void run_expect_resumed_equals_straight(
                      want->grad_norm);
         assert_true(got->learning_rate == want->learning_rate);
     }
+}
+
+/* Resumes `options`' run from dir, expects the straight run's last 2
+ * iterations and frees the three records; returns the resuming options. */
+static inline run_options run_expect_resume_matches(const plan *p,
+                                                    run_options options,
+                                                    const char *dir,
+                                                    run_result *straight,
+                                                    run_result *first)
+{
+    run_result second;
+    options.load_dir = dir;
+    run_train_ok(p, &options, &second);
+    run_expect_resumed_equals_straight(&second, straight);
+    run_result_free(straight);
+    run_result_free(first);
+    run_result_free(&second);
+    return options;
 }
 
 #endif

@@ -25,42 +25,11 @@
 static void llama_plan(plan *out, int tp, int dp, int pp,
                        const char *partition)
 {
-    const char *source = getenv("PARTITA_SOURCE");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tests/data/models/llama-tiny.json",
-             source != NULL ? source : ".");
-    model_shape shape;
-    pt_error err = {{0}};
-    if (model_load_file(path, &shape, &err) != 0)
-        fail_msg("%s", err.message);
-    char text[1400];
-    snprintf(text, sizeof text,
-             "{ \"cluster\": { \"name\": \"one\", \"nodes\": ["
-             "    { \"name\": \"box\", \"gpu\": \"A100-FASOP\", \"gpus\": %d,"
-             "      \"intra_node\": { \"bandwidth_GBps\": 230,"
-             "                        \"latency_us\": 5 } } ] },"
-             "  \"gbs\": %d, \"mbs\": %d, \"tp\": %d, \"dp\": %d, \"pp\": %d"
-             "%s%s%s }",
-             tp * dp * pp, GBS, MBS, tp, dp, pp,
-             partition != NULL ? ", \"partition\": \"" : "",
-             partition != NULL ? partition : "",
-             partition != NULL ? "\"" : "");
-    json_error_t json_err;
-    json_t *root = json_loads(text, 0, &json_err);
-    assert_non_null(root);
-    json_object_set_new(root, "model", model_to_json(&shape));
-    int status = plan_from_json(root, NULL, out, &err);
-    if (status != 0)
-        fail_msg("%s", err.message);
-    json_decref(root);
-}
-
-static run_options base_options(const run_scratch *s, long iterations)
-{
-    run_options options = run_test_options(s, iterations);
-    /* a little warm-up so the learning rate changes between steps */
-    options.train.schedule.warmup_steps = 1;
-    return options;
+    char extra[128] = "";
+    if (partition != NULL)
+        snprintf(extra, sizeof extra, ", \"partition\": \"%s\"", partition);
+    run_test_node_plan(out, run_test_llama_model(), tp * dp * pp, GBS, MBS,
+                       tp, dp, pp, extra);
 }
 
 /* A layout's levers beside its degrees. */
@@ -89,7 +58,7 @@ static void expect_same_as_one_stage(const run_scratch *s, int tp, int dp,
     llama_plan(&one, 1, 1, 1, NULL);
     llama_plan(&parallel, tp, dp, pp, l->partition);
     apply_levers(&parallel, l);
-    run_options options = base_options(s, ITERATIONS);
+    run_options options = run_test_warm_options(s, ITERATIONS);
     run_result reference, result;
     run_train_ok(&one, &options, &reference);
     run_train_ok(&parallel, &options, &result);
@@ -148,7 +117,7 @@ static void recompute_changes_nothing(void **state)
     llama_plan(&keep, 2, 1, 2, "3-1");
     llama_plan(&recompute, 2, 1, 2, "3-1");
     recompute.config.recompute = true;
-    run_options options = base_options(s, ITERATIONS);
+    run_options options = run_test_warm_options(s, ITERATIONS);
     run_result kept, recomputed;
     run_train_ok(&keep, &options, &kept);
     run_train_ok(&recompute, &options, &recomputed);
@@ -167,7 +136,7 @@ static void loss_falls(void **state)
 {
     plan p;
     llama_plan(&p, 1, 1, 1, NULL);
-    run_options options = base_options(*state, 8);
+    run_options options = run_test_warm_options(*state, 8);
     options.train.schedule.max_lr = 1e-2;
     options.train.schedule.min_lr = 1e-3;
     run_result result;
@@ -189,8 +158,8 @@ static void checkpoint_resumes_exactly(void **state)
     const run_scratch *s = *state;
     plan p;
     llama_plan(&p, 2, 1, 2, "3-1");
-    run_options options = base_options(s, 4);
-    run_result straight, first, second;
+    run_options options = run_test_warm_options(s, 4);
+    run_result straight, first;
     run_train_ok(&p, &options, &straight);
     char dir[512];
     run_path(s, "llama-checkpoint", dir, sizeof dir);
@@ -214,29 +183,27 @@ static void checkpoint_resumes_exactly(void **state)
     assert_true(run_blob_bytes(dir, "adam_v.rank2") == 4 * floats);
     int vocab_rows = (p.model.vocab + 1) / 2;
     assert_true(floats > (size_t)vocab_rows * (size_t)p.model.hidden);
-    run_options resumed = options;
-    resumed.load_dir = dir;
-    run_train_ok(&p, &resumed, &second);
-    run_expect_resumed_equals_straight(&second, &straight);
-    run_result_free(&straight);
-    run_result_free(&first);
-    run_result_free(&second);
+    run_expect_resume_matches(&p, options, dir, &straight, &first);
     plan_free(&p);
 }
 
 /* tp 4 over 2 key/value heads would copy them (Megatron's layout): not
- * run; the cuda backend trains GPT-2's layer only, so far. */
+ * run; the cuda backend's Llama layer takes head sizes of multiples of 8
+ * only (16 heads of 4 channels here). */
 static void refusals(void **state)
 {
     plan p;
     llama_plan(&p, 4, 1, 1, NULL);
-    run_options options = base_options(*state, 1);
+    run_options options = run_test_warm_options(*state, 1);
     run_expect_refusal(&p, &options, "kv_heads 2: tp 4 does not divide them");
     plan_free(&p);
     llama_plan(&p, 1, 1, 1, NULL);
+    p.model.heads = 16;
     options.backend = BACKEND_CUDA;
-    run_expect_refusal(&p, &options, "model llama-tiny: kv_heads 2: the cuda "
-                                 "backend trains GPT-2's layer only");
+    run_expect_refusal(&p, &options, "model llama-tiny: hidden 64 over 16 "
+                                     "heads: the cuda backend's Llama layer "
+                                     "needs a head size that is a multiple "
+                                     "of 8, not 4");
     plan_free(&p);
 }
 

@@ -196,23 +196,6 @@ static void tp2_dp2_zero1_matches_one_stage(void **state)
     expect_run_same_as_one_stage(*state, 2, 2, 1, NULL, "1f1b", true);
 }
 
-/* Resumes `options`' run from dir, expects the straight run's last 2
- * iterations and frees the three records; returns the resuming options. */
-static run_options expect_resume_matches(const plan *p, run_options options,
-                                         const char *dir,
-                                         run_result *straight,
-                                         run_result *first)
-{
-    run_result second;
-    options.load_dir = dir;
-    run_train_ok(p, &options, &second);
-    run_expect_resumed_equals_straight(&second, straight);
-    run_result_free(straight);
-    run_result_free(first);
-    run_result_free(&second);
-    return options;
-}
-
 /* A ZeRO-1 checkpoint holds each replica's shard of the AdamW moments,
  * resumes bit for bit, and only under a plan with the same optimizer. */
 static void dp2_zero1_checkpoint_holds_shards_and_resumes(void **state)
@@ -236,7 +219,7 @@ static void dp2_zero1_checkpoint_holds_shards_and_resumes(void **state)
     assert_true(shard0 < params && shard1 < params);
     assert_int_equal(shard0 + shard1, params);
     run_options resumed =
-        expect_resume_matches(&p, options, dir, &straight, &first);
+        run_expect_resume_matches(&p, options, dir, &straight, &first);
     p.config.distributed_optimizer = false;
     pt_error err = {{0}};
     run_result refused;
@@ -439,7 +422,7 @@ static run_options expect_stopped_run_resumes(const run_scratch *s,
     run_train_ok(p, &first_half, &first);
     assert_true(first.stopped);
     assert_int_equal(first.last_checkpoint_iteration, 2);
-    return expect_resume_matches(p, options, dir, &straight, &first);
+    return run_expect_resume_matches(p, options, dir, &straight, &first);
 }
 
 /* The interleaved 1F1B (2 chunks a rank): a run stopped after 2 of 4

@@ -65,21 +65,24 @@ static void tensor_parallel_plan_is_refused(void **state)
     plan_free(&p);
 }
 
-/* A plan whose stages have their own tp or dp is refused in one line
- * naming the stage, never run as if it were symmetric (issue 36). */
+/* A plan whose stages have their own tp or dp runs (issue 36;
+ * test_asymmetric.c), but for what exec cannot do with them, refused in
+ * one line: the tied embedding between a first and a last stage of
+ * different degrees summed from ZeRO-1's shards of bf16 gradients. */
 static void asymmetric_plan_is_refused(void **state)
 {
     run_scratch *s = *state;
     plan p;
     tiny_plan_on_four("\"gbs\": 4, \"mbs\": 1, \"tp\": 1, \"dp\": 2, "
                       "\"pp\": 2, \"stages\": [{ \"tp\": 2, \"dp\": 1 }, "
-                      "{}]",
+                      "{}], \"distributed_optimizer\": true, "
+                      "\"grad_precision\": \"bf16\"",
                       &p);
     run_options options = run_test_options(s, 2);
     run_expect_refusal(&p, &options,
-                   "stages[0]: tp 2 x dp 1 is its own (the plan's: tp 1 x "
-                   "dp 2): exec does not run plans whose stages have their "
-                   "own degrees yet");
+                   "grad_precision: bf16 with the distributed optimizer and "
+                   "tied embeddings between a first stage of tp 2 x dp 1 "
+                   "and a last of tp 1 x dp 2");
     plan_free(&p);
 }
 

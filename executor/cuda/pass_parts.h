@@ -1,0 +1,101 @@
+/*
+ * Private to the cuda backend: the pieces of a stage's passes
+ * (pass_parts.c) that passes.c (the stage, the embedding, the head and
+ * GPT-2's layer) and passes_llama.c (the Llama family's layer) share:
+ * the linear layers' products with their tensor-parallel sums, the norms
+ * with their sequence-parallel gathers, and where a parameter or its
+ * gradient is read or written.
+ */
+#ifndef PARTITA_EXECUTOR_CUDA_PASS_PARTS_H
+#define PARTITA_EXECUTOR_CUDA_PASS_PARTS_H
+
+#include "executor/cuda/cuda_stage.h"
+
+/* out (N x OC, row-major) = in (N x IC) W^T [+ bias] [+ residual]. */
+typedef struct linear_forward {
+    const pt_bf16 *weight;          /* OC x IC, bf16 mirror */
+    const pt_bf16 *input;           /* N x IC */
+    void *out;                      /* N x OC */
+    bool out_fp32;
+    const void *bias;               /* of out's type */
+    const void *residual;           /* of out's type; NULL: none */
+    int N, IC, OC;
+    int ld_out;
+} linear_forward;
+
+/* Where the shard's rows start in an N x C buffer of every row (0
+ * without sequence parallelism). */
+static inline size_t shard_offset(const stage_dims *d)
+{
+    return (size_t)d->row0 * (size_t)d->C;
+}
+
+/* The product of a linear layer's forward; its input gradient
+ * d_in (N x IC, bf16) = alpha d_out (N x OC) W; its weight gradient
+ * d_W (OC x IC) += alpha d_out^T in (accumulated: beta = 1). */
+gemm_call pass_forward_call(const linear_forward *f);
+gemm_call pass_input_grad_call(pt_bf16 *d_in, const pt_bf16 *d_out,
+                               int ld_d_out, const pt_bf16 *weight, int N,
+                               int IC, int OC, float alpha);
+gemm_call pass_weight_grad_call(cuda_grad d_weight, const pt_bf16 *input,
+                                const pt_bf16 *d_out, int ld_d_out, int N,
+                                int IC, int OC, float alpha);
+/* The weight gradient's product, then the bias gradient (column sums of
+ * call->b). */
+int pass_weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
+                              cuda_grad d_bias, const stage_dims *d,
+                              pt_error *err);
+
+/* Where parameter `offset` is read (fp32, and its bf16 copy) and where
+ * its gradient goes; CUDA_NO_TENSOR (a tensor the model lacks): NULL. */
+cuda_grad pass_grad_at(const model_stage *stage, size_t offset);
+const float *pass_param_at(const model_stage *stage, size_t offset);
+pt_bf16 *pass_mirror_at(const cuda_stage_state *state, size_t offset);
+
+/* A row-parallel product into the bf16 stream: out = in W^T + bias +
+ * residual, summed over the tp group (reduce-scattered under sequence
+ * parallelism); `bias` the fp32 master of f.bias (both may be NULL). */
+int pass_row_parallel_forward(model_stage *stage, linear_forward f,
+                              const float *bias, const stage_dims *d,
+                              pt_error *err);
+/* The input gradient of a column-parallel product (call writes d_in, N x
+ * C bf16), summed over the tp group (reduce-scattered under sequence
+ * parallelism). */
+int pass_column_parallel_input_grad(model_stage *stage, gemm_call call,
+                                    const stage_dims *d, pt_error *err);
+
+/* The model's norm over R rows: LayerNorm (mean, rstd and bias), or
+ * RMSNorm (rstd only, its epsilon the model's). */
+cudaError_t pass_norm_rows_forward(const model_stage *stage, pt_bf16 *out,
+                                   float *mean, float *rstd,
+                                   const pt_bf16 *inp, const float *weight,
+                                   const float *bias, int R, int C,
+                                   cudaStream_t stream);
+/* The model's norm (LayerNorm, or RMSNorm: no mean, no bias) of the
+ * shard's rows into `kept` (NULL: recomputed later), the column-parallel
+ * product's input (every row) in *whole; again for a backward (kept, or
+ * recomputed). */
+int pass_norm_forward(model_stage *stage, pt_bf16 *kept, float *mean,
+                      float *rstd, const pt_bf16 *inp, const float *weight,
+                      const float *bias, const stage_dims *d,
+                      const pt_bf16 **whole, pt_error *err);
+int pass_norm_output_again(model_stage *stage, const pt_bf16 *kept,
+                           const pt_bf16 *inp, const float *weight,
+                           const float *bias, const stage_dims *d,
+                           const pt_bf16 **whole, pt_error *err);
+/* The norm's backward from scratch.d_norm into scratch.d_stream_bf16 in
+ * place (plus the stream gradient there with add_residual); its weight
+ * (and bias) gradient where pass_norm_grad says: the gradients, or under
+ * sequence parallelism run `run` of scratch.norm_grads, summed over the
+ * group by pass_add_norm_grads (targets of NULL data: none). */
+int pass_norm_backward(model_stage *stage, bool add_residual,
+                       cuda_grad d_weight, cuda_grad d_bias,
+                       const pt_bf16 *inp, const float *weight,
+                       const float *mean, const float *rstd,
+                       const stage_dims *d, pt_error *err);
+cuda_grad pass_norm_grad(model_stage *stage, const stage_dims *d, int run,
+                         size_t offset);
+int pass_add_norm_grads(model_stage *stage, const cuda_grad *targets,
+                        int count, const stage_dims *d, pt_error *err);
+
+#endif
