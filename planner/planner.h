@@ -219,7 +219,8 @@ void search_result_free(search_result *r);
  * and scored as the symmetric search scores a placement (surrogate plus
  * the largest per-step work); of those that score below the cutoff, the
  * best max(32, 2 keep) are simulated. max_tree_nodes stops it as it
- * stops planner_search, with a proved floor. */
+ * stops planner_search (a partial plan floored counting as 200 tree
+ * nodes), with a proved floor. */
 int planner_search_asymmetric(costmodel *cm, const search_options *options,
                               search_result *out, pt_error *err);
 
