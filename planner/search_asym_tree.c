@@ -316,8 +316,9 @@ static int collect_children(asym_tree *t, int depth, long long end)
         if (extend(t, depth, k, end, first, t->front) != 0)
             return -1;
     }
-    qsort(level->children, (size_t)level->count, sizeof *level->children,
-          compare_children);
+    if (level->count > 1) /* children is NULL while a level has none */
+        qsort(level->children, (size_t)level->count,
+              sizeof *level->children, compare_children);
     return 0;
 }
 
