@@ -433,6 +433,27 @@ static __device__ void sum_rows(float *out, const cuda_grad *d_weight,
     }
 }
 
+/* After every block has written its partial row (dw | db, 2C floats):
+ * the last block of each group to finish sums the group's rows, the last
+ * group the groups' sums into the gradients. */
+static __device__ void add_partial_rows(const layernorm_backward_args &a)
+{
+    size_t C2 = 2 * (size_t)a.C;
+    int blocks = gridDim.x;
+    int groups = (blocks + FUSED_GROUP_BLOCKS - 1) / FUSED_GROUP_BLOCKS;
+    int group = blockIdx.x / FUSED_GROUP_BLOCKS;
+    int group_first = group * FUSED_GROUP_BLOCKS;
+    int group_size = min(FUSED_GROUP_BLOCKS, blocks - group_first);
+    float *group_sums = a.partials + (size_t)blocks * C2;
+    if (!arrive_last(&a.counters[group], (unsigned int)group_size))
+        return;
+    sum_rows(group_sums + group * C2, &a.d_weight, &a.d_bias,
+             a.partials + group_first * C2, group_size, a.C);
+    if (!arrive_last(&a.counters[groups], (unsigned int)groups))
+        return;
+    sum_rows(NULL, &a.d_weight, &a.d_bias, group_sums, groups, a.C);
+}
+
 /* One kernel for the whole backward: the block's rows, its partial row,
  * then, in the last block of its group to finish, the group's sum, and
  * in the last group to finish, the gradients. */
@@ -459,19 +480,7 @@ layernorm_backward_fused(layernorm_backward_args a)
             store8(own + a.C + c, db[k]);
         }
     }
-    int blocks = gridDim.x;
-    int groups = (blocks + FUSED_GROUP_BLOCKS - 1) / FUSED_GROUP_BLOCKS;
-    int group = blockIdx.x / FUSED_GROUP_BLOCKS;
-    int group_first = group * FUSED_GROUP_BLOCKS;
-    int group_size = min(FUSED_GROUP_BLOCKS, blocks - group_first);
-    float *group_sums = a.partials + (size_t)blocks * C2;
-    if (!arrive_last(&a.counters[group], (unsigned int)group_size))
-        return;
-    sum_rows(group_sums + group * C2, &a.d_weight, &a.d_bias,
-             a.partials + group_first * C2, group_size, a.C);
-    if (!arrive_last(&a.counters[groups], (unsigned int)groups))
-        return;
-    sum_rows(NULL, &a.d_weight, &a.d_bias, group_sums, groups, a.C);
+    add_partial_rows(a);
 }
 
 /* ---------------------------------------------------- generic backward */
@@ -786,19 +795,7 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block)
     for (int j = threadIdx.x * 4; j < (int)C2; j += blockDim.x * 4)
         *reinterpret_cast<float4 *>(own + j) =
             *reinterpret_cast<const float4 *>(block_sums + j);
-    int blocks = gridDim.x;
-    int groups = (blocks + FUSED_GROUP_BLOCKS - 1) / FUSED_GROUP_BLOCKS;
-    int group = blockIdx.x / FUSED_GROUP_BLOCKS;
-    int group_first = group * FUSED_GROUP_BLOCKS;
-    int group_size = min(FUSED_GROUP_BLOCKS, blocks - group_first);
-    float *group_sums = a.partials + (size_t)blocks * C2;
-    if (!arrive_last(&a.counters[group], (unsigned int)group_size))
-        return;
-    sum_rows(group_sums + group * C2, &a.d_weight, &a.d_bias,
-             a.partials + group_first * C2, group_size, a.C);
-    if (!arrive_last(&a.counters[groups], (unsigned int)groups))
-        return;
-    sum_rows(NULL, &a.d_weight, &a.d_bias, group_sums, groups, a.C);
+    add_partial_rows(a);
 }
 
 /* PARTITA_LAYERNORM_BACKWARD=block keeps rows of C <= 2048 on the
