@@ -3,8 +3,9 @@
  * the formulas mirror what the executor's cuda backend allocates
  * (executor/cuda/buffers.c: fp32 weights, gradients and AdamW moments,
  * a bf16 weight mirror, one activation arena per micro-batch in flight,
- * one backward scratch, the cuBLASLt workspace, cuDNN's attention
- * workspace where the logits cannot lend it), each chunk of the
+ * one backward scratch, the fused head's chunk of logits, the cuBLASLt
+ * workspace, cuDNN's attention workspace where the head cannot lend it),
+ * each chunk of the
  * interleaved 1F1B counted as the stage of its own the executor makes
  * of it, plus the comm's buffers and the profile's context. Linear in the stage's layer count,
  * for the partition solvers; where the executor's sizes are not (ZeRO-1
@@ -30,6 +31,12 @@ enum {
     NCCL_SCRATCH_BYTES = 256 * 8,      /* the NCCL comm's host reduce */
 };
 #define GEMM_WORKSPACE_BYTES (32.0 * 1024 * 1024)
+/* The fused head's chunks (buffers.h: HEAD_CHUNK_BYTES, HEAD_CHUNK_ROW_
+ * MULTIPLE, ATTENTION_LENT_ROOM, ATTENTION_LENT_SLACK). */
+#define HEAD_CHUNK_BYTES (256.0 * 1024 * 1024)
+#define ATTENTION_LENT_ROOM (288.0 * 1024 * 1024)
+#define HEAD_CHUNK_ROW_MULTIPLE 128.0
+#define ATTENTION_LENT_SLACK (1024.0 * 1024)
 /* cuDNN's attention workspace pieces are 256-byte aligned. */
 #define CUDNN_ALIGNMENT 256.0
 /* Expected rounding of one allocation to the driver's 2 MiB pages. */
@@ -251,20 +258,25 @@ static double layernorm_scratch_bytes(double N, double C)
     return 4.0 * (counters + (blocks + groups) * 2.0 * C);
 }
 
-/* The backward scratch but its per-tensor and per-chunk partials. */
-static double scratch_bytes(const shard_dims *d, bool last)
+/* The backward scratch but its per-tensor and per-chunk partials;
+ * fc_in_head: the fc gradient lives in the fused head's chunk. */
+static double scratch_bytes(const shard_dims *d, bool last, bool fc_in_head)
 {
     double N = d->N, C = d->C, A = d->A, F = d->F, e = d->e;
     double qkv = d->KV == A ? 3.0 * A : A + 2.0 * d->KV;
     double widest = fmax(fmax(qkv, d->U * F), C);
+    /* the norm outputs are gathered there under sequence parallelism
+     * (and made again there under PARTITA_CUDA_RECOMPUTE=norm, which the
+     * cost model does not price) */
+    double norm_outputs = d->S > 1 ? 1.0 : 0.0;
     double bytes = 4.0 * N * C                 /* the fp32 input gradient */
-                   + e * 3.0 * N * C           /* bf16 stream, norm
-                                                  gradient, norm output */
+                   + e * (2.0 + norm_outputs) * N * C /* bf16 stream,
+                                                  norm gradient */
                    + e * N * (A + qkv)         /* attention, qkv grads */
-                   + e * N * F                 /* fc gradient (SwiGLU's
-                                                  input gradient is
-                                                  written over its
-                                                  input) */
+                   + (fc_in_head ? 0.0 : e * N * F) /* fc gradient
+                                                  (SwiGLU's input
+                                                  gradient is written
+                                                  over its input) */
                    + layernorm_scratch_bytes(N, C)
                    + 4.0 * ceil_div(N, BIAS_ROWS) * widest
                    + 4.0 * F                   /* an epilogue's bias grad */
@@ -279,25 +291,73 @@ static double scratch_bytes(const shard_dims *d, bool last)
     return bytes;
 }
 
-/* cuDNN's fused attention backward's workspace where the stage's logits
- * cannot lend it (executor/cuda/buffers.c, buffer_attention_workspace_
- * bytes): for the shapes cuDNN takes (head size a multiple of 8 up to
- * 128, T a multiple of 128), B x NH x T fp32 row sums and B x NH x T x T
- * bf16, each 256-byte aligned; the head's stage lends its N x Vp bf16
- * logits when they hold it. The linear form counts it for a stage of no
- * layers too (which prepares no attention). */
-static double attention_workspace_bytes(const shard_dims *d, bool last)
+/* cuDNN's fused attention backward's workspace of b sequences: b x NH
+ * x T fp32 row sums and b x NH x T x T bf16, each 256-byte aligned;
+ * 0 for a shape cuDNN does not take (head size a multiple of 8 up to
+ * 128, T a multiple of 128). */
+static double cudnn_workspace_bytes(const shard_dims *d, double b)
 {
     double head_size = d->A / d->NH;
     if (head_size != floor(head_size) || fmod(head_size, 8.0) != 0.0 ||
         head_size > 128.0 || fmod(d->T, 128.0) != 0.0)
         return 0.0;
-    double rows = d->B * d->NH * d->T;
-    double need = ceil_div(4.0 * rows, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT +
-                  ceil_div(2.0 * rows * d->T, CUDNN_ALIGNMENT) *
-                      CUDNN_ALIGNMENT;
-    double lendable = last ? 2.0 * d->N * d->Vp : 0.0;
-    return need <= lendable ? 0.0 : need;
+    double rows = b * d->NH * d->T;
+    return ceil_div(4.0 * rows, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT +
+           ceil_div(2.0 * rows * d->T, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT;
+}
+
+/* The head's logits and cuDNN's workspace of a chunk (executor/cuda/
+ * buffers.c, plan_head): under the partita runtime at tp 1 with
+ * gradients in the one buffer, the fused head keeps one chunk of rows of
+ * logits (every row under bf16 gradients, else the fewest chunks of at
+ * most HEAD_CHUNK_BYTES) in the scratch, none in the slots; otherwise
+ * each slot keeps N x Vp. cuDNN's backward runs in the fewest pieces of
+ * whole sequences whose workspace fits in what the head lends (the
+ * chunk, or up to ATTENTION_LENT_ROOM, which the chunk then grows to
+ * hold; a slot's logits), else in a workspace of its own. The linear form
+ * counts the workspace for a stage of no layers too (which prepares no
+ * attention). */
+typedef struct head_memory {
+    double slot_logits;        /* per slot */
+    double chunk;              /* the fused head's buffer, once */
+    double attention;          /* cuDNN's own workspace */
+} head_memory;
+
+static head_memory head_memory_of(const model_shape *m,
+                                  const parallel_config *c,
+                                  const shard_dims *d, int stage, bool head)
+{
+    head_memory h = {0};
+    bool fused = head && c->runtime == RUNTIME_PARTITA && d->tp == 1 &&
+                 !costmodel_zero_sharded_stage(m, c, stage);
+    double lendable = 0.0;
+    if (fused) {
+        double rows = d->N;
+        if (c->grad_precision != GRAD_PRECISION_BF16) {
+            double chunks = ceil_div(d->e * d->N * d->Vp, HEAD_CHUNK_BYTES);
+            rows = fmin(d->N, ceil_div(ceil_div(d->N, chunks),
+                                       HEAD_CHUNK_ROW_MULTIPLE) *
+                                  HEAD_CHUNK_ROW_MULTIPLE);
+        }
+        h.chunk = d->e * rows * d->Vp;
+        lendable = fmax(h.chunk, ATTENTION_LENT_ROOM);
+    } else if (head) {
+        h.slot_logits = d->e * d->N * d->Vp;
+        lendable = h.slot_logits;
+    }
+    double whole = cudnn_workspace_bytes(d, d->B);
+    if (whole == 0.0)
+        return h;
+    for (double pieces = 1.0; pieces <= d->B; pieces += 1.0) {
+        double piece = cudnn_workspace_bytes(d, d->B / pieces);
+        if (fmod(d->B, pieces) != 0.0 || piece > lendable)
+            continue;
+        if (fused && piece > h.chunk)
+            h.chunk = piece + ATTENTION_LENT_SLACK;
+        return h;
+    }
+    h.attention = whole;
+    return h;
 }
 
 /* What a rank allocates once per chunk (the interleaved 1F1B's chunks
@@ -311,9 +371,13 @@ typedef struct chunk_totals {
      * on every chunk but the head's */
     double boundaries;
     double scratch, attention, attention_allocations;
+    double head_chunk;         /* the fused head's buffer (in the head
+                                  chunk's scratch arena) */
+    double slot_logits;        /* per slot of the head's chunk */
 } chunk_totals;
 
-static chunk_totals chunk_totals_of(const parallel_config *config,
+static chunk_totals chunk_totals_of(const model_shape *model,
+                                    const parallel_config *config,
                                     const shard_dims *d, int stage)
 {
     int v = parallel_virtual_stages(config);
@@ -328,13 +392,17 @@ static chunk_totals chunk_totals_of(const parallel_config *config,
     for (int c = 0; c < v; c++) {
         /* the last stage's last chunk holds the head */
         bool head = stage == config->pp - 1 && c == v - 1;
-        double attention = attention_workspace_bytes(d, head);
+        head_memory h = head_memory_of(model, config, d, stage, head);
+        double attention = h.attention;
+        t.head_chunk += h.chunk;
+        if (head)
+            t.slot_logits = h.slot_logits;
         t.slots += slots[c];
         t.head_slots += head ? slots[c] : 0.0;
         bool embedding = stage == 0 && c == 0;
         t.boundaries += slots[c] * ((embedding ? 0.0 : 1.0) +
                                     (head ? 0.0 : 1.0));
-        t.scratch += scratch_bytes(d, head);
+        t.scratch += scratch_bytes(d, head, h.chunk >= d->e * d->N * d->F);
         t.attention += attention;
         t.attention_allocations += attention > 0.0 ? 1.0 : 0.0;
     }
@@ -349,7 +417,7 @@ void costmodel_stage_memory(const model_shape *model,
     shard_dims d = dims_of(model, config);
     bool first = stage == 0, last = stage == config->pp - 1;
     int v = parallel_virtual_stages(config);
-    chunk_totals chunks = chunk_totals_of(config, &d, stage);
+    chunk_totals chunks = chunk_totals_of(model, config, &d, stage);
     pt_memory_terms *fixed = &out->fixed, *layer = &out->per_layer;
 
     tensor_tally ends = end_tensors(model, config, &d, stage);
@@ -391,8 +459,9 @@ void costmodel_stage_memory(const model_shape *model,
         chunks.slots / v * layer_activation_bytes(&d, config->recompute);
     if (last)
         fixed->bytes[PT_MEMORY_LOGITS] +=
-            chunks.head_slots *
-            (d.e * d.N * d.C + 12.0 * d.N + d.e * d.N * d.Vp);
+            chunks.head_slots * (d.e * d.N * d.C + 12.0 * d.N +
+                                 chunks.slot_logits) +
+            chunks.head_chunk;
 
     /* selective recompute: one layer's scores made again in the backward */
     fixed->bytes[PT_MEMORY_SCRATCH] +=

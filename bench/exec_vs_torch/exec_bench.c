@@ -127,6 +127,20 @@ static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
     return 0;
 }
 
+/* The stage's device memory by term (what its allocations tally:
+ * docs/cuda-backend.md, "Memory"), one '#' line. */
+static void print_memory_terms(const model_stage *stage)
+{
+    pt_memory_terms terms;
+    cuda_stage_memory_terms(stage, &terms);
+    printf("# stage memory by term:");
+    for (int t = 0; t < PT_MEMORY_TERM_COUNT; t++)
+        if (terms.bytes[t] > 0.0)
+            printf(" %s %.4f GiB", pt_memory_term_name((pt_memory_term)t),
+                   terms.bytes[t] / (1 << 30));
+    printf("\n");
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -234,6 +248,7 @@ int main(int argc, char **argv)
            "%.2f GiB held by the stage, %.2f GiB in use by the process\n",
            tokens_per_step / step_s,
            flops_per_token * tokens_per_step / step_s / 1e12, held, used);
+    print_memory_terms(&stage);
     printf("RESULT impl=partita mode=cuda model=%s mbs=%d tokens_per_s=%.0f "
            "step_ms=%.3f peak_gib=%.3f process_gib=%.3f "
            "grad_precision=%s\n",

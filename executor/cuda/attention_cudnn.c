@@ -20,7 +20,11 @@
  *
  * dQ is written by its product directly: cuDNN's deterministic backward
  * (no fp32 accumulator, no atomics; llm.c asks for the same), so a step
- * gives the same bits on every run, as the own kernels do.
+ * gives the same bits on every run, as the own kernels do. Its workspace
+ * (B x H x T x T bf16) is large; where the caller lends less, the
+ * backward runs in pieces of whole sequences, each a call of the plan
+ * built for B / pieces (a sequence's gradients do not depend on the
+ * others': the same bits).
  *
  * Plans are built once per shape (cuDNN compiles kernels for them) and
  * kept with every descriptor they came from; each call makes its variant
@@ -40,14 +44,12 @@
 #include <cudnn_graph.h>
 #include <cudnn_version.h>
 
+#include "executor/cuda/attention_cudnn_graph.h"
 #include "executor/cuda/cuda_backend.h"
 
-#define GRAPH_MAX_DESCRIPTORS 112
-#define GRAPH_MAX_OPERATIONS 32
 #define ATTENTION_MAX_SHAPES 8
 #define ENGINE_CONFIGS_TRIED 16
 #define WORKSPACE_ALIGNMENT 256
-#define TENSOR_ALIGNMENT 16
 
 /* Unique ids of the tensors the caller's memory (or a host scalar)
  * backs, the variant pack's; virtual tensors are numbered after them. */
@@ -68,20 +70,6 @@ enum tensor_uid {
     UID_FIRST_VIRTUAL = 100
 };
 
-/* A graph being built: every descriptor made for it (destroyed together,
- * after its plan), its operations in order, and the first failure,
- * after which every step does nothing (one check at the end). */
-typedef struct graph {
-    cudnnBackendDescriptor_t owned[GRAPH_MAX_DESCRIPTORS];
-    int owned_count;
-    cudnnBackendDescriptor_t operations[GRAPH_MAX_OPERATIONS];
-    int operation_count;
-    int64_t next_uid;
-    const char *name;           /* "forward" or "backward" */
-    pt_error *err;
-    bool failed;
-} graph;
-
 /* An execution plan and the graph it was made from. */
 typedef struct sdpa_plan {
     graph *graph;
@@ -95,6 +83,8 @@ typedef struct sdpa_shape {
     sdpa_plan forward, backward;
     bool backward_borrows;      /* the backward's workspace is lent by the
                                    caller (cudnn_attention_prepare) */
+    int pieces;                 /* the backward's calls, each of
+                                   B / pieces sequences (its plan's) */
     char description[320];
 } sdpa_shape;
 
@@ -106,271 +96,6 @@ struct cudnn_attention {
     size_t workspace_bytes;
     float neg_inf;
 };
-
-/* ------------------------------------------------------- cuDNN errors */
-
-static int cudnn_fail(pt_error *err, const char *where, const char *call,
-                      const char *what, cudnnStatus_t status)
-{
-    char detail[600];
-    cudnnGetLastErrorString(detail, sizeof detail);
-    return pt_fail(err, "cuDNN attention, %s: %s(%s) failed: %s%s%s", where,
-                   call, what, cudnnGetErrorString(status),
-                   detail[0] != '\0' ? ": " : "", detail);
-}
-
-static void graph_failed(graph *g, const char *call, const char *what,
-                         cudnnStatus_t status)
-{
-    if (g->failed)
-        return;
-    g->failed = true;
-    char where[64];
-    snprintf(where, sizeof where, "%s graph", g->name);
-    cudnn_fail(g->err, where, call, what, status);
-}
-
-/* --------------------------------------------------- graph primitives */
-
-static cudnnBackendDescriptor_t graph_new(graph *g,
-                                          cudnnBackendDescriptorType_t type,
-                                          const char *what)
-{
-    if (g->failed)
-        return NULL;
-    if (g->owned_count == GRAPH_MAX_DESCRIPTORS) {
-        g->failed = true;
-        pt_fail(g->err, "cuDNN attention, %s graph: more than %d "
-                        "descriptors (at %s)",
-                g->name, GRAPH_MAX_DESCRIPTORS, what);
-        return NULL;
-    }
-    cudnnBackendDescriptor_t d = NULL;
-    cudnnStatus_t status = cudnnBackendCreateDescriptor(type, &d);
-    if (status != CUDNN_STATUS_SUCCESS) {
-        graph_failed(g, "cudnnBackendCreateDescriptor", what, status);
-        return NULL;
-    }
-    g->owned[g->owned_count++] = d;
-    return d;
-}
-
-static void graph_set_attribute(graph *g, cudnnBackendDescriptor_t d,
-                                cudnnBackendAttributeName_t name,
-                                cudnnBackendAttributeType_t type,
-                                int64_t count, const void *values,
-                                const char *what)
-{
-    if (g->failed)
-        return;
-    cudnnStatus_t status =
-        cudnnBackendSetAttribute(d, name, type, count, values);
-    if (status != CUDNN_STATUS_SUCCESS)
-        graph_failed(g, "cudnnBackendSetAttribute", what, status);
-}
-
-/* The attribute's name and the object it is set on, for messages. */
-#define SET(g, d, name, type, count, values, object)                         \
-    graph_set_attribute((g), (d), (name), (type), (count), (values),          \
-                        #name " of " object)
-
-static void graph_finalize(graph *g, cudnnBackendDescriptor_t d,
-                           const char *what)
-{
-    if (g->failed)
-        return;
-    cudnnStatus_t status = cudnnBackendFinalize(d);
-    if (status != CUDNN_STATUS_SUCCESS)
-        graph_failed(g, "cudnnBackendFinalize", what, status);
-}
-
-static void graph_add_operation(graph *g, cudnnBackendDescriptor_t op,
-                                const char *what)
-{
-    graph_finalize(g, op, what);
-    if (g->failed)
-        return;
-    if (g->operation_count == GRAPH_MAX_OPERATIONS) {
-        g->failed = true;
-        pt_fail(g->err, "cuDNN attention, %s graph: more than %d "
-                        "operations",
-                g->name, GRAPH_MAX_OPERATIONS);
-        return;
-    }
-    g->operations[g->operation_count++] = op;
-}
-
-static void graph_destroy(graph *g)
-{
-    if (g == NULL)
-        return;
-    for (int i = g->owned_count - 1; i >= 0; i--)
-        cudnnBackendDestroyDescriptor(g->owned[i]);
-    free(g);
-}
-
-/* ------------------------------------------------------------ tensors */
-
-typedef struct tensor_shape {
-    int64_t dims[4];
-    int64_t strides[4];
-} tensor_shape;
-
-static cudnnBackendDescriptor_t tensor(graph *g, const char *name,
-                                       int64_t uid, cudnnDataType_t type,
-                                       const tensor_shape *shape,
-                                       bool is_virtual, bool by_value)
-{
-    cudnnBackendDescriptor_t t =
-        graph_new(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR, name);
-    int64_t alignment = TENSOR_ALIGNMENT;
-    bool yes = true;
-    SET(g, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type,
-        "a tensor");
-    SET(g, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, shape->dims,
-        "a tensor");
-    SET(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, shape->strides,
-        "a tensor");
-    SET(g, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid,
-        "a tensor");
-    SET(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1,
-        &alignment, "a tensor");
-    if (is_virtual)
-        SET(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes,
-            "a tensor");
-    if (by_value)
-        SET(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes,
-            "a tensor");
-    graph_finalize(g, t, name);
-    return t;
-}
-
-/* A tensor that lives only inside cuDNN's fused kernels. */
-static cudnnBackendDescriptor_t virtual_tensor(graph *g, const char *name,
-                                               cudnnDataType_t type,
-                                               const tensor_shape *shape)
-{
-    return tensor(g, name, g->next_uid++, type, shape, true, false);
-}
-
-/* An fp32 scalar passed by value (a host pointer in the variant pack). */
-static cudnnBackendDescriptor_t scalar(graph *g, const char *name,
-                                       int64_t uid)
-{
-    static const tensor_shape one = {{1, 1, 1, 1}, {1, 1, 1, 1}};
-    return tensor(g, name, uid, CUDNN_DATA_FLOAT, &one, false, true);
-}
-
-/* ---------------------------------------------------------- operations */
-
-/* y = mode(x[, b[, t]]) in math precision `math`; axis: GEN_INDEX's
- * (else negative). */
-static void pointwise(graph *g, const char *label, cudnnPointwiseMode_t mode,
-                      cudnnDataType_t math, int64_t axis,
-                      cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
-                      cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y)
-{
-    cudnnBackendDescriptor_t pw =
-        graph_new(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, label);
-    SET(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode,
-        "a pointwise descriptor");
-    SET(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1,
-        &math, "a pointwise descriptor");
-    if (axis >= 0)
-        SET(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis,
-            "a pointwise descriptor");
-    graph_finalize(g, pw, label);
-    cudnnBackendDescriptor_t op =
-        graph_new(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, label);
-    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw, "a pointwise operation");
-    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "a pointwise operation");
-    if (b != NULL)
-        SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
-            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "a pointwise operation");
-    if (t != NULL)
-        SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC,
-            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, "a pointwise operation");
-    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "a pointwise operation");
-    graph_add_operation(g, op, label);
-}
-
-/* Elementwise y = x op b (b broadcast), in fp32. */
-static void binary(graph *g, const char *label, cudnnPointwiseMode_t mode,
-                   cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
-                   cudnnBackendDescriptor_t y)
-{
-    pointwise(g, label, mode, CUDNN_DATA_FLOAT, -1, x, b, NULL, y);
-}
-
-static void unary(graph *g, const char *label, cudnnPointwiseMode_t mode,
-                  cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
-{
-    pointwise(g, label, mode, CUDNN_DATA_FLOAT, -1, x, NULL, NULL, y);
-}
-
-/* c = a b over the last two dimensions, batched over the first two,
- * accumulated in fp32. */
-static void matmul(graph *g, const char *label, cudnnBackendDescriptor_t a,
-                   cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c)
-{
-    cudnnDataType_t math = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t desc =
-        graph_new(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR, label);
-    SET(g, desc, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &math,
-        "a matmul descriptor");
-    graph_finalize(g, desc, label);
-    cudnnBackendDescriptor_t op =
-        graph_new(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, label);
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a, "a matmul operation");
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "a matmul operation");
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, "a matmul operation");
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &desc, "a matmul operation");
-    graph_add_operation(g, op, label);
-}
-
-/* y (..., 1) = reduction of x (..., n) over its last dimension. */
-static void reduction(graph *g, const char *label,
-                      cudnnReduceTensorOp_t kind, cudnnBackendDescriptor_t x,
-                      cudnnBackendDescriptor_t y)
-{
-    cudnnDataType_t math = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t desc =
-        graph_new(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, label);
-    SET(g, desc, CUDNN_ATTR_REDUCTION_OPERATOR,
-        CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &kind, "a reduction");
-    SET(g, desc, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1,
-        &math, "a reduction");
-    graph_finalize(g, desc, label);
-    cudnnBackendDescriptor_t op =
-        graph_new(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, label);
-    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "a reduction operation");
-    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "a reduction operation");
-    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &desc, "a reduction operation");
-    graph_add_operation(g, op, label);
-}
-
-/* y = x seen with other dimensions and strides (here: transposed). */
-static void reshape(graph *g, const char *label, cudnnBackendDescriptor_t x,
-                    cudnnBackendDescriptor_t y)
-{
-    cudnnBackendDescriptor_t op =
-        graph_new(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, label);
-    SET(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "a reshape");
-    SET(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC,
-        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "a reshape");
-    graph_add_operation(g, op, label);
-}
 
 /* --------------------------------------------------------------- graphs */
 
@@ -416,69 +141,69 @@ static cudnnBackendDescriptor_t causal_mask(graph *g,
                                             cudnnBackendDescriptor_t neg_inf)
 {
     cudnnBackendDescriptor_t row =
-        virtual_tensor(g, "row index", CUDNN_DATA_INT32, shape);
+        sdpa_virtual_tensor(g, "row index", CUDNN_DATA_INT32, shape);
     cudnnBackendDescriptor_t column =
-        virtual_tensor(g, "column index", CUDNN_DATA_INT32, shape);
+        sdpa_virtual_tensor(g, "column index", CUDNN_DATA_INT32, shape);
     cudnnBackendDescriptor_t keep =
-        virtual_tensor(g, "causal", CUDNN_DATA_BOOLEAN, shape);
+        sdpa_virtual_tensor(g, "causal", CUDNN_DATA_BOOLEAN, shape);
     cudnnBackendDescriptor_t masked =
-        virtual_tensor(g, "masked scores", CUDNN_DATA_FLOAT, shape);
-    pointwise(g, "row index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, 2,
-              scores, NULL, NULL, row);
-    pointwise(g, "column index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT,
-              3, scores, NULL, NULL, column);
-    pointwise(g, "row >= column", CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN,
-              -1, row, column, NULL, keep);
-    pointwise(g, "causal select", CUDNN_POINTWISE_BINARY_SELECT,
-              CUDNN_DATA_FLOAT, -1, scores, neg_inf, keep, masked);
+        sdpa_virtual_tensor(g, "masked scores", CUDNN_DATA_FLOAT, shape);
+    sdpa_pointwise(g, "row index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT,
+                   2, scores, NULL, NULL, row);
+    sdpa_pointwise(g, "column index", CUDNN_POINTWISE_GEN_INDEX,
+                   CUDNN_DATA_FLOAT, 3, scores, NULL, NULL, column);
+    sdpa_pointwise(g, "row >= column", CUDNN_POINTWISE_CMP_GE,
+                   CUDNN_DATA_BOOLEAN, -1, row, column, NULL, keep);
+    sdpa_pointwise(g, "causal select", CUDNN_POINTWISE_BINARY_SELECT,
+                   CUDNN_DATA_FLOAT, -1, scores, neg_inf, keep, masked);
     return masked;
 }
 
 static void build_forward(graph *g, const sdpa_layout *l)
 {
     cudnnBackendDescriptor_t q =
-        tensor(g, "Q", UID_Q, CUDNN_DATA_BFLOAT16, &l->q, false, false);
+        sdpa_tensor(g, "Q", UID_Q, CUDNN_DATA_BFLOAT16, &l->q, false, false);
     cudnnBackendDescriptor_t kt =
-        tensor(g, "K^T", UID_K, CUDNN_DATA_BFLOAT16, &l->kt, false, false);
+        sdpa_tensor(g, "K^T", UID_K, CUDNN_DATA_BFLOAT16, &l->kt, false, false);
     cudnnBackendDescriptor_t v =
-        tensor(g, "V", UID_V, CUDNN_DATA_BFLOAT16, &l->kv, false, false);
+        sdpa_tensor(g, "V", UID_V, CUDNN_DATA_BFLOAT16, &l->kv, false, false);
     cudnnBackendDescriptor_t o =
-        tensor(g, "O", UID_O, CUDNN_DATA_BFLOAT16, &l->o, false, false);
-    cudnnBackendDescriptor_t stats = tensor(
+        sdpa_tensor(g, "O", UID_O, CUDNN_DATA_BFLOAT16, &l->o, false, false);
+    cudnnBackendDescriptor_t stats = sdpa_tensor(
         g, "stats", UID_STATS, CUDNN_DATA_FLOAT, &l->rows, false, false);
-    cudnnBackendDescriptor_t scale = scalar(g, "scale", UID_SCALE);
-    cudnnBackendDescriptor_t neg_inf = scalar(g, "-inf", UID_NEG_INF);
+    cudnnBackendDescriptor_t scale = sdpa_scalar(g, "scale", UID_SCALE);
+    cudnnBackendDescriptor_t neg_inf = sdpa_scalar(g, "-inf", UID_NEG_INF);
 
     cudnnBackendDescriptor_t s =
-        virtual_tensor(g, "Q K^T", CUDNN_DATA_FLOAT, &l->scores);
-    matmul(g, "Q K^T", q, kt, s);
+        sdpa_virtual_tensor(g, "Q K^T", CUDNN_DATA_FLOAT, &l->scores);
+    sdpa_matmul(g, "Q K^T", q, kt, s);
     cudnnBackendDescriptor_t scaled =
-        virtual_tensor(g, "scores", CUDNN_DATA_FLOAT, &l->scores);
-    binary(g, "scores x scale", CUDNN_POINTWISE_MUL, s, scale, scaled);
+        sdpa_virtual_tensor(g, "scores", CUDNN_DATA_FLOAT, &l->scores);
+    sdpa_binary(g, "scores x scale", CUDNN_POINTWISE_MUL, s, scale, scaled);
     cudnnBackendDescriptor_t masked =
         causal_mask(g, scaled, &l->scores, neg_inf);
     cudnnBackendDescriptor_t max =
-        virtual_tensor(g, "row max", CUDNN_DATA_FLOAT, &l->rows);
-    reduction(g, "row max", CUDNN_REDUCE_TENSOR_MAX, masked, max);
+        sdpa_virtual_tensor(g, "row max", CUDNN_DATA_FLOAT, &l->rows);
+    sdpa_reduction(g, "row max", CUDNN_REDUCE_TENSOR_MAX, masked, max);
     cudnnBackendDescriptor_t shifted =
-        virtual_tensor(g, "scores - max", CUDNN_DATA_FLOAT, &l->scores);
-    binary(g, "scores - max", CUDNN_POINTWISE_SUB, masked, max, shifted);
+        sdpa_virtual_tensor(g, "scores - max", CUDNN_DATA_FLOAT, &l->scores);
+    sdpa_binary(g, "scores - max", CUDNN_POINTWISE_SUB, masked, max, shifted);
     cudnnBackendDescriptor_t e =
-        virtual_tensor(g, "exp", CUDNN_DATA_FLOAT, &l->scores);
-    unary(g, "exp", CUDNN_POINTWISE_EXP, shifted, e);
+        sdpa_virtual_tensor(g, "exp", CUDNN_DATA_FLOAT, &l->scores);
+    sdpa_unary(g, "exp", CUDNN_POINTWISE_EXP, shifted, e);
     cudnnBackendDescriptor_t sum =
-        virtual_tensor(g, "row sum", CUDNN_DATA_FLOAT, &l->rows);
-    reduction(g, "row sum", CUDNN_REDUCE_TENSOR_ADD, e, sum);
+        sdpa_virtual_tensor(g, "row sum", CUDNN_DATA_FLOAT, &l->rows);
+    sdpa_reduction(g, "row sum", CUDNN_REDUCE_TENSOR_ADD, e, sum);
     cudnnBackendDescriptor_t log_sum =
-        virtual_tensor(g, "log row sum", CUDNN_DATA_FLOAT, &l->rows);
-    unary(g, "log row sum", CUDNN_POINTWISE_LOG, sum, log_sum);
-    binary(g, "stats = max + log sum", CUDNN_POINTWISE_ADD, max, log_sum,
-           stats);
+        sdpa_virtual_tensor(g, "log row sum", CUDNN_DATA_FLOAT, &l->rows);
+    sdpa_unary(g, "log row sum", CUDNN_POINTWISE_LOG, sum, log_sum);
+    sdpa_binary(g, "stats = max + log sum", CUDNN_POINTWISE_ADD, max, log_sum,
+                stats);
     /* the second product takes P in the inputs' type */
     cudnnBackendDescriptor_t p =
-        virtual_tensor(g, "P", CUDNN_DATA_BFLOAT16, &l->scores);
-    binary(g, "P = exp / sum", CUDNN_POINTWISE_DIV, e, sum, p);
-    matmul(g, "P V", p, v, o);
+        sdpa_virtual_tensor(g, "P", CUDNN_DATA_BFLOAT16, &l->scores);
+    sdpa_binary(g, "P = exp / sum", CUDNN_POINTWISE_DIV, e, sum, p);
+    sdpa_matmul(g, "P V", p, v, o);
 }
 
 /* The backward's P = exp(mask(Q K^T scale - stats)). */
@@ -488,19 +213,20 @@ static cudnnBackendDescriptor_t backward_probabilities(
     cudnnBackendDescriptor_t scale, cudnnBackendDescriptor_t neg_inf)
 {
     cudnnBackendDescriptor_t s =
-        virtual_tensor(g, "Q K^T", CUDNN_DATA_FLOAT, &l->scores);
-    matmul(g, "Q K^T", q, kt, s);
+        sdpa_virtual_tensor(g, "Q K^T", CUDNN_DATA_FLOAT, &l->scores);
+    sdpa_matmul(g, "Q K^T", q, kt, s);
     cudnnBackendDescriptor_t scaled =
-        virtual_tensor(g, "scores", CUDNN_DATA_FLOAT, &l->scores);
-    binary(g, "scores x scale", CUDNN_POINTWISE_MUL, s, scale, scaled);
+        sdpa_virtual_tensor(g, "scores", CUDNN_DATA_FLOAT, &l->scores);
+    sdpa_binary(g, "scores x scale", CUDNN_POINTWISE_MUL, s, scale, scaled);
     cudnnBackendDescriptor_t shifted =
-        virtual_tensor(g, "scores - stats", CUDNN_DATA_FLOAT, &l->scores);
-    binary(g, "scores - stats", CUDNN_POINTWISE_SUB, scaled, stats, shifted);
+        sdpa_virtual_tensor(g, "scores - stats", CUDNN_DATA_FLOAT, &l->scores);
+    sdpa_binary(g, "scores - stats", CUDNN_POINTWISE_SUB, scaled, stats,
+                shifted);
     cudnnBackendDescriptor_t masked =
         causal_mask(g, shifted, &l->scores, neg_inf);
     cudnnBackendDescriptor_t p =
-        virtual_tensor(g, "P", CUDNN_DATA_FLOAT, &l->scores);
-    unary(g, "P = exp", CUDNN_POINTWISE_EXP, masked, p);
+        sdpa_virtual_tensor(g, "P", CUDNN_DATA_FLOAT, &l->scores);
+    sdpa_unary(g, "P = exp", CUDNN_POINTWISE_EXP, masked, p);
     return p;
 }
 
@@ -511,16 +237,16 @@ static cudnnBackendDescriptor_t backward_delta(graph *g,
                                                cudnnBackendDescriptor_t d_out,
                                                cudnnBackendDescriptor_t o)
 {
-    cudnnBackendDescriptor_t one = scalar(g, "one", UID_ONE);
-    cudnnBackendDescriptor_t delta = tensor(
+    cudnnBackendDescriptor_t one = sdpa_scalar(g, "one", UID_ONE);
+    cudnnBackendDescriptor_t delta = sdpa_tensor(
         g, "delta", UID_DELTA, CUDNN_DATA_FLOAT, &l->rows, false, false);
     cudnnBackendDescriptor_t product =
-        virtual_tensor(g, "dO * O", CUDNN_DATA_FLOAT, &l->o_product);
-    binary(g, "dO * O", CUDNN_POINTWISE_MUL, d_out, o, product);
+        sdpa_virtual_tensor(g, "dO * O", CUDNN_DATA_FLOAT, &l->o_product);
+    sdpa_binary(g, "dO * O", CUDNN_POINTWISE_MUL, d_out, o, product);
     cudnnBackendDescriptor_t sum =
-        virtual_tensor(g, "rowsum dO * O", CUDNN_DATA_FLOAT, &l->rows);
-    reduction(g, "rowsum dO * O", CUDNN_REDUCE_TENSOR_ADD, product, sum);
-    binary(g, "delta", CUDNN_POINTWISE_MUL, sum, one, delta);
+        sdpa_virtual_tensor(g, "rowsum dO * O", CUDNN_DATA_FLOAT, &l->rows);
+    sdpa_reduction(g, "rowsum dO * O", CUDNN_REDUCE_TENSOR_ADD, product, sum);
+    sdpa_binary(g, "delta", CUDNN_POINTWISE_MUL, sum, one, delta);
     return delta;
 }
 
@@ -533,15 +259,16 @@ static backward_io backward_tensors(graph *g, const sdpa_layout *l)
 {
     cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, fp32 = CUDNN_DATA_FLOAT;
     backward_io io = {
-        .q = tensor(g, "Q", UID_Q, bf16, &l->q, false, false),
-        .kt = tensor(g, "K^T", UID_K, bf16, &l->kt, false, false),
-        .vt = tensor(g, "V^T", UID_V, bf16, &l->kt, false, false),
-        .o = tensor(g, "O", UID_O, bf16, &l->o, false, false),
-        .d_out = tensor(g, "dO", UID_D_OUT, bf16, &l->o, false, false),
-        .stats = tensor(g, "stats", UID_STATS, fp32, &l->rows, false, false),
-        .d_q = tensor(g, "dQ", UID_D_Q, bf16, &l->q, false, false),
-        .d_k = tensor(g, "dK", UID_D_K, bf16, &l->kv, false, false),
-        .d_v = tensor(g, "dV", UID_D_V, bf16, &l->kv, false, false),
+        .q = sdpa_tensor(g, "Q", UID_Q, bf16, &l->q, false, false),
+        .kt = sdpa_tensor(g, "K^T", UID_K, bf16, &l->kt, false, false),
+        .vt = sdpa_tensor(g, "V^T", UID_V, bf16, &l->kt, false, false),
+        .o = sdpa_tensor(g, "O", UID_O, bf16, &l->o, false, false),
+        .d_out = sdpa_tensor(g, "dO", UID_D_OUT, bf16, &l->o, false, false),
+        .stats =
+            sdpa_tensor(g, "stats", UID_STATS, fp32, &l->rows, false, false),
+        .d_q = sdpa_tensor(g, "dQ", UID_D_Q, bf16, &l->q, false, false),
+        .d_k = sdpa_tensor(g, "dK", UID_D_K, bf16, &l->kv, false, false),
+        .d_v = sdpa_tensor(g, "dV", UID_D_V, bf16, &l->kv, false, false),
     };
     return io;
 }
@@ -554,49 +281,52 @@ static void matmul_into_kv(graph *g, const char *label,
                            cudnnBackendDescriptor_t c)
 {
     if (l->kv.dims[1] == l->q.dims[1]) {
-        matmul(g, label, a, b, c);
+        sdpa_matmul(g, label, a, b, c);
         return;
     }
     cudnnBackendDescriptor_t full =
-        virtual_tensor(g, label, CUDNN_DATA_BFLOAT16, &l->kv_full);
-    matmul(g, label, a, b, full);
-    reduction(g, "sum over the group", CUDNN_REDUCE_TENSOR_ADD, full, c);
+        sdpa_virtual_tensor(g, label, CUDNN_DATA_BFLOAT16, &l->kv_full);
+    sdpa_matmul(g, label, a, b, full);
+    sdpa_reduction(g, "sum over the group", CUDNN_REDUCE_TENSOR_ADD, full, c);
 }
 
 static void build_backward(graph *g, const sdpa_layout *l)
 {
     cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, fp32 = CUDNN_DATA_FLOAT;
     backward_io io = backward_tensors(g, l);
-    cudnnBackendDescriptor_t scale = scalar(g, "scale", UID_SCALE);
-    cudnnBackendDescriptor_t neg_inf = scalar(g, "-inf", UID_NEG_INF);
+    cudnnBackendDescriptor_t scale = sdpa_scalar(g, "scale", UID_SCALE);
+    cudnnBackendDescriptor_t neg_inf = sdpa_scalar(g, "-inf", UID_NEG_INF);
     cudnnBackendDescriptor_t delta = backward_delta(g, l, io.d_out, io.o);
     cudnnBackendDescriptor_t p =
         backward_probabilities(g, l, io.q, io.kt, io.stats, scale, neg_inf);
     /* dV = P^T dO */
     cudnnBackendDescriptor_t p_t =
-        virtual_tensor(g, "P^T", bf16, &l->scores_t);
-    reshape(g, "P^T", p, p_t);
+        sdpa_virtual_tensor(g, "P^T", bf16, &l->scores_t);
+    sdpa_reshape(g, "P^T", p, p_t);
     matmul_into_kv(g, "dV = P^T dO", l, p_t, io.d_out, io.d_v);
     /* dS = P (dO V^T - delta) scale */
-    cudnnBackendDescriptor_t d_p = virtual_tensor(g, "dP", fp32, &l->scores);
-    matmul(g, "dP = dO V^T", io.d_out, io.vt, d_p);
+    cudnnBackendDescriptor_t d_p =
+        sdpa_virtual_tensor(g, "dP", fp32, &l->scores);
+    sdpa_matmul(g, "dP = dO V^T", io.d_out, io.vt, d_p);
     cudnnBackendDescriptor_t centred =
-        virtual_tensor(g, "dP - delta", fp32, &l->scores);
-    binary(g, "dP - delta", CUDNN_POINTWISE_SUB, d_p, delta, centred);
+        sdpa_virtual_tensor(g, "dP - delta", fp32, &l->scores);
+    sdpa_binary(g, "dP - delta", CUDNN_POINTWISE_SUB, d_p, delta, centred);
     cudnnBackendDescriptor_t d_s_raw =
-        virtual_tensor(g, "P (dP - delta)", fp32, &l->scores);
-    binary(g, "P (dP - delta)", CUDNN_POINTWISE_MUL, centred, p, d_s_raw);
-    cudnnBackendDescriptor_t d_s = virtual_tensor(g, "dS", fp32, &l->scores);
-    binary(g, "dS = ... x scale", CUDNN_POINTWISE_MUL, d_s_raw, scale, d_s);
+        sdpa_virtual_tensor(g, "P (dP - delta)", fp32, &l->scores);
+    sdpa_binary(g, "P (dP - delta)", CUDNN_POINTWISE_MUL, centred, p, d_s_raw);
+    cudnnBackendDescriptor_t d_s =
+        sdpa_virtual_tensor(g, "dS", fp32, &l->scores);
+    sdpa_binary(g, "dS = ... x scale", CUDNN_POINTWISE_MUL, d_s_raw, scale,
+                d_s);
     /* dK = dS^T Q */
     cudnnBackendDescriptor_t d_s_t =
-        virtual_tensor(g, "dS^T", bf16, &l->scores_t);
-    reshape(g, "dS^T", d_s, d_s_t);
+        sdpa_virtual_tensor(g, "dS^T", bf16, &l->scores_t);
+    sdpa_reshape(g, "dS^T", d_s, d_s_t);
     matmul_into_kv(g, "dK = dS^T Q", l, d_s_t, io.q, io.d_k);
     /* dQ = dS K, K being K^T seen transposed again */
-    cudnnBackendDescriptor_t k = virtual_tensor(g, "K", bf16, &l->kv);
-    reshape(g, "K", io.kt, k);
-    matmul(g, "dQ = dS K", d_s, k, io.d_q);
+    cudnnBackendDescriptor_t k = sdpa_virtual_tensor(g, "K", bf16, &l->kv);
+    sdpa_reshape(g, "K", io.kt, k);
+    sdpa_matmul(g, "dQ = dS K", d_s, k, io.d_q);
 }
 
 /* ---------------------------------------------------------------- plans */
@@ -605,7 +335,7 @@ static void build_backward(graph *g, const sdpa_layout *l)
 static cudnnBackendDescriptor_t operation_graph(graph *g, cudnnHandle_t handle)
 {
     cudnnBackendDescriptor_t og =
-        graph_new(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "graph");
+        sdpa_graph_new(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "graph");
     SET(g, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
         g->operation_count, g->operations, "the operation graph");
     /* deprecated in cuDNN 9 (set, as cudnn-frontend does, but a refusal
@@ -613,7 +343,7 @@ static cudnnBackendDescriptor_t operation_graph(graph *g, cudnnHandle_t handle)
     if (og != NULL)
         cudnnBackendSetAttribute(og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
                                  CUDNN_TYPE_HANDLE, 1, &handle);
-    graph_finalize(g, og, "the operation graph");
+    sdpa_graph_finalize(g, og, "the operation graph");
     return og;
 }
 
@@ -624,12 +354,12 @@ static int64_t engine_configs(graph *g, cudnnBackendDescriptor_t og,
 {
     cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     cudnnBackendDescriptor_t heuristics =
-        graph_new(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
+        sdpa_graph_new(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
     SET(g, heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
         CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og, "the heuristics");
     SET(g, heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1,
         &mode, "the heuristics");
-    graph_finalize(g, heuristics, "the heuristics (mode A)");
+    sdpa_graph_finalize(g, heuristics, "the heuristics (mode A)");
     int64_t available = 0, count = 0;
     if (g->failed)
         return 0;
@@ -638,23 +368,23 @@ static int64_t engine_configs(graph *g, cudnnBackendDescriptor_t og,
                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &available,
                                  NULL);
     if (status != CUDNN_STATUS_SUCCESS) {
-        graph_failed(g, "cudnnBackendGetAttribute",
-                     "CUDNN_ATTR_ENGINEHEUR_RESULTS (count)", status);
+        sdpa_graph_failed(g, "cudnnBackendGetAttribute",
+                          "CUDNN_ATTR_ENGINEHEUR_RESULTS (count)", status);
         return 0;
     }
     if (available > ENGINE_CONFIGS_TRIED)
         available = ENGINE_CONFIGS_TRIED;
     for (int64_t i = 0; i < available; i++)
-        configs[i] = graph_new(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
-                               "an engine configuration");
+        configs[i] = sdpa_graph_new(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
+                                    "an engine configuration");
     if (g->failed || available == 0)
         return 0;
     status = cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                       CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                       available, &count, configs);
     if (status != CUDNN_STATUS_SUCCESS) {
-        graph_failed(g, "cudnnBackendGetAttribute",
-                     "CUDNN_ATTR_ENGINEHEUR_RESULTS", status);
+        sdpa_graph_failed(g, "cudnnBackendGetAttribute",
+                          "CUDNN_ATTR_ENGINEHEUR_RESULTS", status);
         return 0;
     }
     return count;
@@ -695,7 +425,7 @@ static cudnnBackendDescriptor_t try_plan(cudnnHandle_t handle,
 static int64_t engine_index(graph *g, cudnnBackendDescriptor_t config)
 {
     cudnnBackendDescriptor_t engine =
-        graph_new(g, CUDNN_BACKEND_ENGINE_DESCRIPTOR, "an engine");
+        sdpa_graph_new(g, CUDNN_BACKEND_ENGINE_DESCRIPTOR, "an engine");
     int64_t count = 0, index = -1;
     if (engine == NULL ||
         cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE,
@@ -729,8 +459,9 @@ static int plan_graph(graph *g, cudnnHandle_t handle, sdpa_plan *out)
             plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
             1, &elements, &out->workspace);
         if (status != CUDNN_STATUS_SUCCESS) {
-            graph_failed(g, "cudnnBackendGetAttribute",
-                         "CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE", status);
+            sdpa_graph_failed(g, "cudnnBackendGetAttribute",
+                              "CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE",
+                              status);
             return -1;
         }
         out->plan = plan;
@@ -766,7 +497,7 @@ static int build_plan(cudnn_attention *a, const sdpa_layout *l, bool forward,
         out->graph = g;
         return 0;
     }
-    graph_destroy(g);
+    sdpa_graph_destroy(g);
     return -1;
 }
 
@@ -791,7 +522,7 @@ int cudnn_attention_create(cudnn_attention **out, pt_error *err)
     cudnnStatus_t status = cudnnCreate(&a->handle);
     if (status != CUDNN_STATUS_SUCCESS) {
         free(a);
-        return cudnn_fail(err, "setting up", "cudnnCreate", "", status);
+        return sdpa_fail(err, "setting up", "cudnnCreate", "", status);
     }
     /* what masked scores become: cuDNN before 9.10 wants the lowest
      * float rather than -inf (as cudnn-frontend does) */
@@ -805,8 +536,8 @@ void cudnn_attention_destroy(cudnn_attention *a)
     if (a == NULL)
         return;
     for (int i = 0; i < a->shape_count; i++) {
-        graph_destroy(a->shapes[i].forward.graph);
-        graph_destroy(a->shapes[i].backward.graph);
+        sdpa_graph_destroy(a->shapes[i].forward.graph);
+        sdpa_graph_destroy(a->shapes[i].backward.graph);
     }
     if (a->workspace != NULL) {
         cudaFree(a->workspace);
@@ -834,11 +565,12 @@ static size_t round_up(size_t bytes)
            WORKSPACE_ALIGNMENT;
 }
 
-/* The backward's delta (B x H x T floats) heads the workspace; cuDNN's
- * own workspace follows. */
+/* The backward's delta (B x H x T floats of one piece) heads the
+ * workspace; cuDNN's own workspace follows. */
 static size_t delta_bytes(const sdpa_shape *s)
 {
-    return round_up((size_t)s->B * s->H * s->T * sizeof(float));
+    return round_up((size_t)(s->B / s->pieces) * s->H * s->T *
+                    sizeof(float));
 }
 
 /* Grows the workspace to `bytes` (once per new largest shape: the old
@@ -872,6 +604,10 @@ static int grow_workspace(cudnn_attention *a, size_t bytes, pt_error *err)
 static void describe_shape(sdpa_shape *s)
 {
     size_t runtime = cudnnGetVersion();
+    char pieces[48] = "";
+    if (s->pieces > 1)
+        snprintf(pieces, sizeof pieces, ", %d calls of %d sequences",
+                 s->pieces, s->B / s->pieces);
     char grouped[48] = "";
     if (s->KVH != s->H)
         snprintf(grouped, sizeof grouped, " (grouped: %d key/value heads)",
@@ -879,7 +615,7 @@ static void describe_shape(sdpa_shape *s)
     snprintf(s->description, sizeof s->description,
              "cuDNN %zu.%zu.%zu (built with %d.%d.%d) fused attention%s: "
              "forward engine %lld (workspace %.1f MiB), backward engine "
-             "%lld (workspace %.1f MiB + %.1f MiB of row sums%s)",
+             "%lld (workspace %.1f MiB + %.1f MiB of row sums%s%s)",
              runtime / 10000, runtime % 10000 / 100, runtime % 100,
              CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, grouped,
              (long long)s->forward.engine,
@@ -887,13 +623,43 @@ static void describe_shape(sdpa_shape *s)
              (long long)s->backward.engine,
              (double)s->backward.workspace / (1 << 20),
              (double)delta_bytes(s) / (1 << 20),
-             s->backward_borrows ? ", in lent memory" : "");
+             s->backward_borrows ? ", in lent memory" : "", pieces);
 }
 
 /* The backward's workspace: its row sums and cuDNN's own. */
 static size_t backward_workspace_bytes(const sdpa_shape *s)
 {
     return delta_bytes(s) + round_up((size_t)s->backward.workspace);
+}
+
+/* Where the whole backward's workspace is more than `lendable`, the
+ * fewest pieces of whole sequences whose plan's workspace fits (cuDNN's
+ * grows with the sequences: a plan is built only for a count whose
+ * share of the whole one's fits); the whole plan is kept when none
+ * does. */
+static int split_backward(cudnn_attention *a, sdpa_shape *s,
+                          size_t lendable, pt_error *err)
+{
+    size_t whole = (size_t)s->backward.workspace;
+    for (int pieces = 2; pieces <= s->B; pieces++) {
+        if (s->B % pieces != 0)
+            continue;
+        sdpa_shape piece = *s;
+        piece.pieces = pieces;
+        if (delta_bytes(&piece) + round_up(whole / (size_t)pieces) >
+            lendable)
+            continue;
+        sdpa_layout l = layout_of(s->B / pieces, s->T, s->H, s->KVH, s->D);
+        if (build_plan(a, &l, false, &piece.backward, err) != 0)
+            return -1;
+        if (backward_workspace_bytes(&piece) <= lendable) {
+            sdpa_graph_destroy(s->backward.graph);
+            *s = piece;
+            return 0;
+        }
+        sdpa_graph_destroy(piece.backward.graph);
+    }
+    return 0;
 }
 
 int cudnn_attention_prepare(cudnn_attention *a, int B, int T, int H,
@@ -909,11 +675,14 @@ int cudnn_attention_prepare(cudnn_attention *a, int B, int T, int H,
         return pt_fail(err, "cuDNN attention: more than %d shapes",
                        ATTENTION_MAX_SHAPES);
     sdpa_shape *s = &a->shapes[a->shape_count];
-    *s = (sdpa_shape){.B = B, .T = T, .H = H, .KVH = KVH, .D = D};
+    *s = (sdpa_shape){
+        .B = B, .T = T, .H = H, .KVH = KVH, .D = D, .pieces = 1};
     sdpa_layout l = layout_of(B, T, H, KVH, D);
     if (build_plan(a, &l, true, &s->forward, err) != 0)
         return -1;
-    if (build_plan(a, &l, false, &s->backward, err) == 0) {
+    if (build_plan(a, &l, false, &s->backward, err) == 0 &&
+        (backward_workspace_bytes(s) <= lendable ||
+         split_backward(a, s, lendable, err) == 0)) {
         size_t need = round_up((size_t)s->forward.workspace);
         s->backward_borrows = backward_workspace_bytes(s) <= lendable;
         if (!s->backward_borrows && backward_workspace_bytes(s) > need)
@@ -923,9 +692,9 @@ int cudnn_attention_prepare(cudnn_attention *a, int B, int T, int H,
             a->shape_count++;
             return 0;
         }
-        graph_destroy(s->backward.graph);
     }
-    graph_destroy(s->forward.graph);
+    sdpa_graph_destroy(s->backward.graph);
+    sdpa_graph_destroy(s->forward.graph);
     return -1;
 }
 
@@ -938,7 +707,7 @@ static int execute(cudnn_attention *a, const sdpa_plan *plan,
 {
     cudnnStatus_t status = cudnnSetStream(a->handle, stream);
     if (status != CUDNN_STATUS_SUCCESS)
-        return cudnn_fail(err, what, "cudnnSetStream", "", status);
+        return sdpa_fail(err, what, "cudnnSetStream", "", status);
     cudnnBackendDescriptor_t pack = NULL;
     const char *call = "cudnnBackendCreateDescriptor";
     const char *attribute = "CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR";
@@ -976,7 +745,7 @@ static int execute(cudnn_attention *a, const sdpa_plan *plan,
     if (pack != NULL)
         cudnnBackendDestroyDescriptor(pack);
     if (status != CUDNN_STATUS_SUCCESS)
-        return cudnn_fail(err, what, call, attribute, status);
+        return sdpa_fail(err, what, call, attribute, status);
     return 0;
 }
 
@@ -1039,16 +808,34 @@ int cudnn_attention_backward(cudnn_attention *a, pt_bf16 *d_qkv,
                       UID_D_OUT, UID_STATS, UID_D_Q,   UID_D_K,
                       UID_D_V,   UID_SCALE, UID_NEG_INF, UID_ONE,
                       UID_DELTA};
-    void *pointers[] = {(void *)qkv,         (void *)(qkv + keys),
-                        (void *)(qkv + values), (void *)out,
-                        (void *)d_out,       (void *)stats,
-                        d_qkv,               d_qkv + keys,
-                        d_qkv + values,      &scale,
-                        &neg_inf,            &one,
-                        delta};
-    return execute(a, &s->backward, "backward", uids, pointers,
-                   (int64_t)(sizeof uids / sizeof uids[0]),
-                   delta + delta_bytes(s), stream, err);
+    /* each piece's sequences: qkv rows of (H + 2 KVH) D, out rows of
+     * H D, stats H x T a sequence */
+    int sequences = B / s->pieces;
+    size_t qkv_step = (size_t)sequences * T * (values + (size_t)KVH * D);
+    size_t out_step = (size_t)sequences * T * keys;
+    size_t stats_step = (size_t)sequences * H * T;
+    for (int p = 0; p < s->pieces; p++) {
+        const pt_bf16 *q = qkv + p * qkv_step;
+        pt_bf16 *dq = d_qkv + p * qkv_step;
+        void *pointers[] = {(void *)q,
+                            (void *)(q + keys),
+                            (void *)(q + values),
+                            (void *)(out + p * out_step),
+                            (void *)(d_out + p * out_step),
+                            (void *)(stats + p * stats_step),
+                            dq,
+                            dq + keys,
+                            dq + values,
+                            &scale,
+                            &neg_inf,
+                            &one,
+                            delta};
+        if (execute(a, &s->backward, "backward", uids, pointers,
+                    (int64_t)(sizeof uids / sizeof uids[0]),
+                    delta + delta_bytes(s), stream, err) != 0)
+            return -1;
+    }
+    return 0;
 }
 
 size_t cudnn_attention_device_bytes(const cudnn_attention *a)

@@ -48,7 +48,10 @@ void cudnn_attention_destroy(cudnn_attention *attention);
  * workspace to what they need. When the backward needs at most
  * `lendable` bytes (its fused kernels may want B x H x T x T bf16: 384
  * MiB at GPT-2 124M, mbs 16), it runs in memory its caller lends at each
- * call instead, and the own workspace covers the forward alone. Fails,
+ * call instead, and the own workspace covers the forward alone; where
+ * the whole backward's is more, in the fewest pieces of whole sequences
+ * whose workspace fits, one call of a plan built for the piece each
+ * (none fits: the own workspace holds the whole one). Fails,
  * with the cuDNN call and cuDNN's own message, when cuDNN cannot run the
  * shape; then nothing of it is kept. */
 int cudnn_attention_prepare(cudnn_attention *attention, int B, int T, int H,

@@ -70,7 +70,18 @@ size_t cuda_cudnn_backward_workspace_bytes(int B, int T, int NH)
            round_up_256(rows * (size_t)T * sizeof(pt_bf16));
 }
 
-size_t buffer_logits_lendable_bytes(const buffer_layout *layout)
+int cuda_cudnn_backward_split(int B, int T, int NH, size_t lendable)
+{
+    for (int pieces = 1; pieces <= B; pieces++)
+        if (B % pieces == 0 &&
+            cuda_cudnn_backward_workspace_bytes(B / pieces, T, NH) <=
+                lendable)
+            return pieces;
+    return 0;
+}
+
+/* Bytes of a slot's whole logits (N x Vp bf16; 0 without a head). */
+static size_t whole_logits_bytes(const buffer_layout *layout)
 {
     return layout->spec.has_head ? (size_t)layout->dims.N *
                                        (size_t)layout->ld_logits *
@@ -78,14 +89,27 @@ size_t buffer_logits_lendable_bytes(const buffer_layout *layout)
                                  : 0;
 }
 
+size_t buffer_logits_lendable_bytes(const buffer_layout *layout)
+{
+    return layout->head_rows > 0 ? layout->head_chunk_bytes
+                                 : whole_logits_bytes(layout);
+}
+
+/* Whether the stage's layers run cuDNN's attention (the plan assumes a
+ * build with cuDNN). */
+static bool cudnn_layers(const buffer_layout *layout)
+{
+    const stage_dims *d = &layout->dims;
+    return layout->layer_count > 0 &&
+           cuda_cudnn_attention_shape(d->T, d->A, d->NH);
+}
+
 size_t buffer_attention_workspace_bytes(const buffer_layout *layout)
 {
     const stage_dims *d = &layout->dims;
-    if (layout->layer_count == 0 ||
-        !cuda_cudnn_attention_shape(d->T, d->A, d->NH))
+    if (!cudnn_layers(layout) || layout->attention_split > 0)
         return 0;
-    size_t need = cuda_cudnn_backward_workspace_bytes(d->B, d->T, d->NH);
-    return need <= buffer_logits_lendable_bytes(layout) ? 0 : need;
+    return cuda_cudnn_backward_workspace_bytes(d->B, d->T, d->NH);
 }
 
 size_t cuda_square_sum_scratch(void)
@@ -182,7 +206,10 @@ void buffer_carve_slot(activation_slot *slot, arena *a,
         slot->final_out = take_bf16(a, N * C, term);
         slot->final_mean = take_floats(a, N, term);
         slot->final_rstd = take_floats(a, N, term);
-        slot->logits = take_bf16(a, N * (size_t)layout->ld_logits, term);
+        slot->logits = layout->head_rows > 0
+                           ? NULL
+                           : take_bf16(a, N * (size_t)layout->ld_logits,
+                                       term);
         slot->losses = take_floats(a, N, term);
     }
 }
@@ -207,8 +234,16 @@ void buffer_carve_scratch(backward_scratch *s,
     s->d_norm = take_bf16(a, N * C, term);
     s->d_att = take_bf16(a, N * A, term);
     s->d_qkv = take_bf16(a, N * QW, term);
-    s->d_fc = take_bf16(a, N * F, term);
-    s->norm_out = take_bf16(a, N * C, term);
+    /* the fc gradient in the fused head's chunk when it holds it: the
+     * head's forward uses the chunk after every layer's forward, the
+     * attention's backward after the MLP's in each layer's backward,
+     * where d_fc is dead */
+    bool fc_in_head = layout->head_rows > 0 &&
+                      layout->head_chunk_bytes >= N * F * sizeof(pt_bf16);
+    s->d_fc = fc_in_head ? NULL : take_bf16(a, N * F, term);
+    /* the norm outputs made again, or gathered from the shards */
+    s->norm_out = layout->recompute_norm || d->sp ? take_bf16(a, N * C, term)
+                                                  : NULL;
     s->norm_partials =
         take_floats(a, cuda_layernorm_backward_scratch(d->N, d->C), term);
     size_t widest = max_size(max_size(QW, FW), C);
@@ -231,6 +266,12 @@ void buffer_carve_scratch(backward_scratch *s,
     s->norm_grads = d->sp ? take_floats(a, 4 * C, term) : NULL;
     s->output_grad =
         layout->spec.has_head ? NULL : take_floats(a, N * C, term);
+    s->head_logits = layout->head_rows > 0
+                         ? arena_take(a, layout->head_chunk_bytes,
+                                      PT_MEMORY_LOGITS)
+                         : NULL;
+    if (fc_in_head)
+        s->d_fc = s->head_logits;
 }
 
 /* -------------------------------------------------- parameter buffers */
@@ -385,6 +426,57 @@ static int check_bf16_grads(const stage_spec *spec, pt_error *err)
     return 0;
 }
 
+/* Rows of the fused head's chunk: PARTITA_CUDA_HEAD_ROWS when set (a
+ * positive count; the plan then follows it too, the cost model not),
+ * every row under bf16 gradients (llm.c's recipe: one product adds the
+ * head's weight gradient, rounded once), else the fewest chunks of at
+ * most HEAD_CHUNK_BYTES, rows rounded up to HEAD_CHUNK_ROW_MULTIPLE. */
+static int head_chunk_rows(const buffer_layout *layout, const char *rows)
+{
+    size_t N = (size_t)layout->dims.N;
+    size_t row_bytes = (size_t)layout->ld_logits * sizeof(pt_bf16);
+    size_t chosen = N;
+    if (rows != NULL && atol(rows) > 0) {
+        chosen = (size_t)atol(rows);
+    } else if (!layout->spec.bf16_grads) {
+        size_t chunks = (N * row_bytes + HEAD_CHUNK_BYTES - 1) /
+                        HEAD_CHUNK_BYTES;
+        size_t multiple = HEAD_CHUNK_ROW_MULTIPLE;
+        chosen = (N + chunks - 1) / chunks;
+        chosen = (chosen + multiple - 1) / multiple * multiple;
+    }
+    return (int)(chosen < N ? chosen : N);
+}
+
+/* The fused head's chunk and the attention's pieces (buffer_layout's
+ * head_rows, head_chunk_bytes, attention_split). The fused head needs
+ * tp 1 (the vocab-parallel softmax sums whole rows over the group) and
+ * gradients in the one buffer (ZeRO-2/3's head unit opens in the
+ * backward). */
+static void plan_head(buffer_layout *out, const char *rows)
+{
+    const stage_dims *d = &out->dims;
+    bool fused = out->spec.has_head && d->tp == 1 && !out->grads_by_unit;
+    size_t lendable = whole_logits_bytes(out);
+    if (fused) {
+        out->head_rows = head_chunk_rows(out, rows);
+        size_t chunk = (size_t)out->head_rows * (size_t)out->ld_logits *
+                       sizeof(pt_bf16);
+        out->head_chunk_bytes = chunk;
+        lendable = chunk > ATTENTION_LENT_ROOM ? chunk : ATTENTION_LENT_ROOM;
+    }
+    if (!cudnn_layers(out))
+        return;
+    out->attention_split =
+        cuda_cudnn_backward_split(d->B, d->T, d->NH, lendable);
+    if (fused && out->attention_split > 0) {
+        size_t piece = cuda_cudnn_backward_workspace_bytes(
+            d->B / out->attention_split, d->T, d->NH);
+        if (piece > out->head_chunk_bytes)
+            out->head_chunk_bytes = piece + ATTENTION_LENT_SLACK;
+    }
+}
+
 int buffer_layout_init(const model_shape *shape, const stage_spec *spec,
                        const param_tensor *tensors, int tensor_count,
                        size_t optimizer_first, size_t optimizer_count,
@@ -419,6 +511,7 @@ int buffer_layout_init(const model_shape *shape, const stage_spec *spec,
     if (check_bf16_grads(spec, err) != 0)
         return -1;
     out->grad_count = out->grads_by_unit ? optimizer_count : params;
+    plan_head(out, getenv("PARTITA_CUDA_HEAD_ROWS"));
     stage_units_of(spec, tensors, tensor_count, params, &out->units);
     out->params_by_unit = out->grads_by_unit && spec->shard_parameters;
     out->params_count = out->params_by_unit ? optimizer_count : params;

@@ -36,6 +36,22 @@ typedef uint16_t pt_bf16;
  * `context` term, device memory in use less the tally, shows what it
  * misses). */
 #define CUDA_ALLOCATION_GRANULE (2u * 1024u * 1024u)
+/* The fused head (buffer_layout.head_rows) computes its logits in
+ * chunks of rows of at most about this many bytes under fp32 gradients
+ * (Megatron's recipe). */
+#define HEAD_CHUNK_BYTES (256u * 1024u * 1024u)
+/* The chunk's buffer, dead outside the head, also takes cuDNN's
+ * attention backward, which runs in as few pieces of whole sequences as
+ * fit in the chunk or in this many bytes (the chunk then grows to the
+ * piece's workspace): half of GPT-2 350M's at micro-batch 16 (256 MiB
+ * and its row sums) fits, so it runs in 2 calls, not 4. */
+#define ATTENTION_LENT_ROOM (288u * 1024u * 1024u)
+/* Rows of a head chunk are a multiple of this. */
+#define HEAD_CHUNK_ROW_MULTIPLE 128
+/* Room over cuDNN's workspace formula where the head's chunk buffer is
+ * sized by the attention rather than by the logits (cuDNN may ask a few
+ * hundred bytes more than B x NH x T x T bf16). */
+#define ATTENTION_LENT_SLACK (1u << 20)
 
 /* The shapes buffers and products are sized from. With tensor
  * parallelism the shard's: A attention channels and NH heads (C / tp and
@@ -135,10 +151,13 @@ typedef struct activation_slot {
     float *received;                /* R x C fp32 */
     float *output;                  /* R x C fp32 */
     layer_activations *layers;      /* owned host array */
-    pt_bf16 *final_out;             /* N x C (every shard's rows) */
+    pt_bf16 *final_out;             /* N x C (every shard's rows); under
+                                       the fused head, from the forward's
+                                       end its gradient */
     float *final_mean, *final_rstd; /* N (R used) */
     pt_bf16 *logits;                /* N x ld_logits: logits, then
-                                       softmax - onehot */
+                                       softmax - onehot; NULL under the
+                                       fused head (the scratch's chunk) */
     float *losses;                  /* N */
     const pt_bf16 *stream_out;      /* last layer's output, or input */
     int mbs;
@@ -158,8 +177,18 @@ typedef struct backward_scratch {
     pt_bf16 *d_norm;                /* N x C: gradient of a norm's output */
     pt_bf16 *d_att;                 /* N x A */
     pt_bf16 *d_qkv;                 /* N x QW */
-    pt_bf16 *d_fc;                  /* N x F; also the GELU recompute */
-    pt_bf16 *norm_out;              /* N x C: recomputed norm outputs */
+    pt_bf16 *d_fc;                  /* N x F; also the GELU recompute;
+                                       in head_logits when it holds it
+                                       (dead there while the head and
+                                       the attention's backward run) */
+    pt_bf16 *norm_out;              /* N x C: recomputed norm outputs,
+                                       gathered ones under sequence
+                                       parallelism (else NULL) */
+    pt_bf16 *head_logits;           /* the fused head's chunk of logits
+                                       (head_rows x ld_logits, or more:
+                                       buffer_head_chunk_bytes), lent to
+                                       the attention's backward; else
+                                       NULL */
     float *norm_partials;           /* layer-norm weight/bias partials */
     float *bias_partials;           /* bias-gradient partials */
     float *bias_grads;              /* F: an epilogue's bias gradient */
@@ -193,6 +222,20 @@ typedef struct buffer_layout {
     int layer_count;
     int ld_logits;                  /* Vp: the vocabulary rounded up */
     size_t head_pad;                /* (Vp - V) x C, 0 without a head */
+    /* The fused head (tp 1, gradients in the one buffer): the forward
+     * runs the head's logits, loss, softmax - onehot and both products
+     * of its backward head_rows rows at a time in one chunk buffer of
+     * head_chunk_bytes in the scratch, leaving the gradient of the final
+     * norm's output in the slot; 0 (and 0 bytes): the slots keep their
+     * whole logits for the backward, as every stage did before. */
+    int head_rows;
+    size_t head_chunk_bytes;
+    /* cuDNN's attention backward at full micro-batches runs in this many
+     * pieces of whole sequences so its workspace fits in the memory the
+     * head lends (buffer_logits_lendable_bytes); 0: it does not fit even
+     * one sequence at a time (or no head, or not cuDNN's shape), and the
+     * runner has a workspace of its own */
+    int attention_split;
     bool recompute_gelu;            /* PARTITA_CUDA_RECOMPUTE, see */
     bool recompute_norm;            /* cuda_backend.h */
     size_t param_count;             /* floats of params, grads */
@@ -329,14 +372,16 @@ void buffer_tally(pt_memory_terms *tally, pt_memory_term term,
                   size_t requested);
 void buffer_tally_arena(pt_memory_terms *tally, const arena *a);
 
-/* The bytes of bf16 logits the stage's head lends cuDNN's attention
- * backward (N x Vp; 0 without a head). */
+/* The bytes the stage's head lends cuDNN's attention backward: the
+ * fused head's chunk buffer, else a slot's N x Vp bf16 logits; 0
+ * without a head. */
 size_t buffer_logits_lendable_bytes(const buffer_layout *layout);
 /* The workspace the stage's attention runner allocates for cuDNN's
  * backward: 0 for a stage of no layers, a shape cuDNN does not take, or
- * logits that can lend it (cuda_cudnn_backward_workspace_bytes). A
- * build without cuDNN, or a cuDNN runtime the runner avoids, allocates
- * none: the plan assumes cuDNN. */
+ * a backward that fits, in pieces of whole sequences, in what the head
+ * lends (attention_split; cuda_cudnn_backward_workspace_bytes). A build
+ * without cuDNN, or a cuDNN runtime the runner avoids, allocates none:
+ * the plan assumes cuDNN. */
 size_t buffer_attention_workspace_bytes(const buffer_layout *layout);
 
 /* The device memory a cuda stage of this shape, spec, micro-batch

@@ -45,6 +45,12 @@
  *                           shape, else the own kernels; "own" or
  *                           "cudnn" force one (cudnn fails when cuDNN
  *                           cannot run the shape).
+ *   PARTITA_CUDA_HEAD_ROWS  rows of logits the fused head computes at a
+ *                           time (buffers.h, buffer_layout.head_rows);
+ *                           default: every row under bf16 gradients,
+ *                           else chunks of at most 256 MiB. For tests
+ *                           and measurements (the cost model prices the
+ *                           default).
  */
 #ifndef PARTITA_EXECUTOR_CUDA_BACKEND_H
 #define PARTITA_EXECUTOR_CUDA_BACKEND_H

@@ -102,11 +102,14 @@ typedef struct cuda_stage_state {
     cudaStream_t stream;
     gemm_context *gemm;
     attention_runner *attention;    /* cuDNN's or the own kernels */
-    /* A slot's logits (N x ld_logits bf16 at full micro-batches, 0
-     * without a head) are dead from the head's backward to the slot's
-     * next forward: the attention's backward borrows them for cuDNN's
-     * workspace (B x NH x T x T bf16 at most); attention_lent is the
-     * slot in backward's, NULL outside a backward. */
+    /* What the head lends the attention's backward for cuDNN's
+     * workspace (B x NH x T x T bf16 at most, or a piece of it:
+     * buffer_layout.attention_split), 0 without a head: the fused head's
+     * chunk buffer (scratch.head_logits), dead outside the head's
+     * forward, or else a slot's logits (N x ld_logits bf16 at full
+     * micro-batches), dead from the head's backward to the slot's next
+     * forward; attention_lent is the one of the backward under way, NULL
+     * outside a backward. */
     size_t logits_bytes;
     void *attention_lent;
     stage_offsets offsets;

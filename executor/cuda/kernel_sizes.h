@@ -67,9 +67,15 @@ bool cuda_cudnn_attention_shape(int T, int C, int NH);
 /* Bytes of the workspace cuDNN's fused attention backward runs in
  * (attention_cudnn.c): B x NH x T fp32 row sums, then cuDNN's own,
  * B x NH x T x T bf16 (what cuDNN 9.14's engine asks for), each rounded
- * up to 256 bytes. A stage lends it its idle logits when they hold it,
- * else allocates it. */
+ * up to 256 bytes. A stage lends it its head's idle logits, else
+ * allocates it. */
 size_t cuda_cudnn_backward_workspace_bytes(int B, int T, int NH);
+/* The fewest pieces of whole sequences (a divisor of B) cuDNN's backward
+ * of B sequences runs in so that one piece's workspace fits in
+ * `lendable` bytes; 0 when not even one sequence's fits. Each sequence's
+ * gradients do not depend on the others', so the pieces give the same
+ * bits as one call. */
+int cuda_cudnn_backward_split(int B, int T, int NH, size_t lendable);
 /* Doubles of scratch a sum of squares needs. */
 size_t cuda_square_sum_scratch(void);
 

@@ -324,19 +324,31 @@ int pass_norm_backward(model_stage *stage, bool add_residual,
                        const float *mean, const float *rstd,
                        const stage_dims *d, pt_error *err)
 {
+    const backward_scratch *s = &state_of(stage)->scratch;
+    return pass_norm_backward_from(stage, add_residual, d_weight, d_bias,
+                                   s->d_norm + shard_offset(d), inp, weight,
+                                   mean, rstd, d, err);
+}
+
+int pass_norm_backward_from(model_stage *stage, bool add_residual,
+                            cuda_grad d_weight, cuda_grad d_bias,
+                            const pt_bf16 *d_out, const pt_bf16 *inp,
+                            const float *weight, const float *mean,
+                            const float *rstd, const stage_dims *d,
+                            pt_error *err)
+{
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
     pt_bf16 *rows = s->d_stream_bf16 + shard_offset(d);
     if (stage->shape.norm == MODEL_NORM_RMSNORM) {
         CUDA_TRY(cuda_rmsnorm_backward(
-            NULL, rows, d_weight, NULL, add_residual ? rows : NULL,
-            s->d_norm + shard_offset(d), inp, weight, rstd,
-            s->norm_partials, d->R, d->C, state->stream));
+            NULL, rows, d_weight, NULL, add_residual ? rows : NULL, d_out,
+            inp, weight, rstd, s->norm_partials, d->R, d->C, state->stream));
         return 0;
     }
     CUDA_TRY(cuda_layernorm_backward(
-        NULL, rows, d_weight, d_bias, NULL, add_residual ? rows : NULL,
-        s->d_norm + shard_offset(d), inp, weight, mean, rstd,
-        s->norm_partials, d->R, d->C, state->stream));
+        NULL, rows, d_weight, d_bias, NULL, add_residual ? rows : NULL, d_out,
+        inp, weight, mean, rstd, s->norm_partials, d->R, d->C,
+        state->stream));
     return 0;
 }

@@ -93,6 +93,14 @@ int pass_norm_backward(model_stage *stage, bool add_residual,
                        const pt_bf16 *inp, const float *weight,
                        const float *mean, const float *rstd,
                        const stage_dims *d, pt_error *err);
+/* The same from the gradient of the norm's output at d_out (the shard's
+ * rows) instead of scratch.d_norm. */
+int pass_norm_backward_from(model_stage *stage, bool add_residual,
+                            cuda_grad d_weight, cuda_grad d_bias,
+                            const pt_bf16 *d_out, const pt_bf16 *inp,
+                            const float *weight, const float *mean,
+                            const float *rstd, const stage_dims *d,
+                            pt_error *err);
 cuda_grad pass_norm_grad(model_stage *stage, const stage_dims *d, int run,
                          size_t offset);
 int pass_add_norm_grads(model_stage *stage, const cuda_grad *targets,

@@ -191,13 +191,83 @@ static int vocab_parallel_loss(model_stage *stage, activation_slot *slot,
     return 0;
 }
 
-static int head_forward(model_stage *stage, activation_slot *slot,
-                        const pt_bf16 *stream_in, const stage_dims *d,
-                        float *mean_loss, pt_error *err)
+/* The fused head (buffer_layout.head_rows): the logits of head_rows
+ * rows at a time in scratch.head_logits, each chunk's losses and
+ * softmax - onehot, then at once the chunk's share of the head's
+ * backward: the weight gradient from its rows of final_out, then their
+ * input gradient written over them (alpha = loss_scale / N, as
+ * head_backward's). One chunk of logits is alive, not the slot's N rows;
+ * from here final_out holds d loss / d final_out for head_backward. */
+static int fused_head_chunks(model_stage *stage, activation_slot *slot,
+                             float loss_scale, const stage_dims *d,
+                             pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     const stage_offsets *o = &state->offsets;
-    int N = d->N, C = d->C, V = d->V;
+    int N = d->N, C = d->C, Vp = state->ld_logits;
+    int chunk_rows = state->layout.head_rows;
+    float alpha = loss_scale / (float)N;
+    pt_bf16 *logits = state->scratch.head_logits;
+    const pt_bf16 *weight = pass_mirror_at(state, o->head_weight);
+    for (int first = 0; first < N; first += chunk_rows) {
+        int rows = N - first < chunk_rows ? N - first : chunk_rows;
+        pt_bf16 *rows_out = slot->final_out + (size_t)first * C;
+        linear_forward head = {
+            .weight = weight, .input = rows_out, .out = logits,
+            .out_fp32 = false, .N = rows, .IC = C, .OC = Vp, .ld_out = Vp,
+        };
+        gemm_call call = pass_forward_call(&head);
+        if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+            return -1;
+        CUDA_TRY(cuda_classifier_forward(logits, slot->losses + first,
+                                         slot->tokens.targets + first, rows,
+                                         d->V, Vp, state->stream));
+        call = pass_weight_grad_call(pass_grad_at(stage, o->head_weight),
+                                     rows_out, logits, Vp, rows, C, Vp,
+                                     alpha);
+        if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+            return -1;
+        call = pass_input_grad_call(rows_out, logits, Vp, weight, rows, C,
+                                    Vp, alpha);
+        if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The head's logits: every row into the slot's, or the fused head's
+ * chunks. */
+static int head_logits(model_stage *stage, activation_slot *slot,
+                       float loss_scale, const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (state->layout.head_rows > 0)
+        return fused_head_chunks(stage, slot, loss_scale, d, err);
+    linear_forward head = {
+        .weight = pass_mirror_at(state, state->offsets.head_weight),
+        .input = slot->final_out, .out = slot->logits, .out_fp32 = false,
+        .N = d->N, .IC = d->C, .OC = state->ld_logits,
+        .ld_out = state->ld_logits,
+    };
+    gemm_call call = pass_forward_call(&head);
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+        return -1;
+    if (d->tp == 1)
+        CUDA_TRY(cuda_classifier_forward(slot->logits, slot->losses,
+                                         slot->tokens.targets, d->N, d->V,
+                                         state->ld_logits, state->stream));
+    else if (vocab_parallel_loss(stage, slot, d, err) != 0)
+        return -1;
+    return 0;
+}
+
+static int head_forward(model_stage *stage, activation_slot *slot,
+                        const pt_bf16 *stream_in, const stage_dims *d,
+                        float loss_scale, float *mean_loss, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    const stage_offsets *o = &state->offsets;
+    int N = d->N, C = d->C;
     /* the final norm of the shard's rows; the head reads every row */
     CUDA_TRY(pass_norm_rows_forward(
         stage, slot->final_out + shard_offset(d), slot->final_mean,
@@ -207,19 +277,7 @@ static int head_forward(model_stage *stage, activation_slot *slot,
     if (d->sp && cuda_tp_gather_rows(stage, slot->final_out, COMM_BFLOAT16,
                                      d, err) != 0)
         return -1;
-    linear_forward head = {
-        .weight = pass_mirror_at(state, o->head_weight), .input = slot->final_out,
-        .out = slot->logits, .out_fp32 = false,
-        .N = N, .IC = C, .OC = state->ld_logits, .ld_out = state->ld_logits,
-    };
-    gemm_call call = pass_forward_call(&head);
-    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
-        return -1;
-    if (d->tp == 1)
-        CUDA_TRY(cuda_classifier_forward(slot->logits, slot->losses,
-                                         slot->tokens.targets, N, V,
-                                         state->ld_logits, state->stream));
-    else if (vocab_parallel_loss(stage, slot, d, err) != 0)
+    if (head_logits(stage, slot, loss_scale, d, err) != 0)
         return -1;
     if (stage->defer_sync) {
         *mean_loss = 0.0f; /* the profiler's timing reads no loss */
@@ -342,7 +400,8 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
     if (stage->spec.has_head) {
         if (cuda_param_unit_use(stage, STAGE_UNIT_HEAD, 0, false, err) !=
                 0 ||
-            head_forward(stage, slot, stream_in, &d, mean_loss, err) != 0)
+            head_forward(stage, slot, stream_in, &d, io->loss_scale,
+                         mean_loss, err) != 0)
             return -1;
     } else if (!stage->defer_sync && cuda_sync_stage_stream(stage, err) != 0) {
         return -1;
@@ -566,22 +625,29 @@ static int head_backward(model_stage *stage, activation_slot *slot,
         CUDA_TRY(cudaMemsetAsync(s->norm_grads, 0,
                                  2 * (size_t)C * sizeof(float),
                                  state->stream));
-    gemm_call call = pass_input_grad_call(s->d_norm, slot->logits,
-                                     state->ld_logits,
-                                     pass_mirror_at(state, o->head_weight), N, C,
-                                     Vp, alpha);
-    if (pass_column_parallel_input_grad(stage, call, d, err) != 0)
-        return -1;
-    call = pass_weight_grad_call(pass_grad_at(stage, o->head_weight), slot->final_out,
-                            slot->logits, state->ld_logits, N, C, Vp, alpha);
-    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
-        return -1;
+    /* the fused head's forward made both products (fused_head_chunks)
+     * and left the final norm's output gradient in final_out */
+    const pt_bf16 *d_final = slot->final_out;
+    if (state->layout.head_rows == 0) {
+        gemm_call call = pass_input_grad_call(
+            s->d_norm, slot->logits, state->ld_logits,
+            pass_mirror_at(state, o->head_weight), N, C, Vp, alpha);
+        if (pass_column_parallel_input_grad(stage, call, d, err) != 0)
+            return -1;
+        call = pass_weight_grad_call(pass_grad_at(stage, o->head_weight),
+                                     slot->final_out, slot->logits,
+                                     state->ld_logits, N, C, Vp, alpha);
+        if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+            return -1;
+        d_final = s->d_norm;
+    }
     /* the final norm over the shard's rows (its statistics packed) */
-    if (pass_norm_backward(stage, false,
-                      pass_norm_grad(stage, d, 0, o->final_norm_weight),
-                      pass_norm_grad(stage, d, 1, o->final_norm_bias),
-                      slot->stream_out, pass_param_at(stage, o->final_norm_weight),
-                      slot->final_mean, slot->final_rstd, d, err) != 0)
+    if (pass_norm_backward_from(
+            stage, false, pass_norm_grad(stage, d, 0, o->final_norm_weight),
+            pass_norm_grad(stage, d, 1, o->final_norm_bias),
+            d_final + shard_offset(d), slot->stream_out,
+            pass_param_at(stage, o->final_norm_weight), slot->final_mean,
+            slot->final_rstd, d, err) != 0)
         return -1;
     const cuda_grad norms[2] = {pass_grad_at(stage, o->final_norm_weight),
                                 pass_grad_at(stage, o->final_norm_bias)};
@@ -655,7 +721,11 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
             cuda_grad_unit_done(stage, STAGE_UNIT_HEAD, 0, err) != 0)
             return -1;
         gradients_enqueued(state, state->offsets.final_norm_weight);
-        state->attention_lent = slot->logits; /* dead until its forward */
+        /* the fused head's chunk buffer, or the slot's logits: dead
+         * until the next forward */
+        state->attention_lent = state->layout.head_rows > 0
+                                    ? (void *)s->head_logits
+                                    : (void *)slot->logits;
     } else if (state->layer_count > 0 && !stage->boundary_free) {
         CUDA_TRY(cuda_convert_to_bf16(stream_grad, io->output_grad, RC,
                                       state->stream));

@@ -362,10 +362,13 @@ typedef struct stage_io {
                                     rows says where) */
     const float *output_grad;    /* backward without head: d loss / d output,
                                     mbs x seq x hidden (likewise) */
-    float loss_scale;            /* backward with head: gradients are of
+    float loss_scale;            /* with head: gradients are of
                                     loss_scale x (mean loss of this
                                     micro-batch); 1/micro-batches averages
-                                    accumulated micro-batches */
+                                    accumulated micro-batches. Give the
+                                    forward the backward's: the cuda
+                                    backend's fused head adds the head's
+                                    gradients in the forward */
 } stage_io;
 
 /* The buffers model_stage_read / model_stage_write move. */

@@ -22,6 +22,7 @@
 
 #include "executor/cpu/cpu.h"
 #include "executor/cuda/attention_runner.h"
+#include "executor/cuda/buffers.h"
 
 #define TOL_BF16_CHAIN 2e-2
 #define TOL_STATS 1e-3
@@ -179,19 +180,28 @@ static void check_determinism(gpu_test_tally *tally,
     result_free(&first), result_free(&second);
 }
 
+/* A cuDNN runner of the case's shape whose backward is lent lent_bytes
+ * at each call. */
+static attention_runner *borrowing_runner(const attention_case *c,
+                                          size_t lent_bytes)
+{
+    pt_error err;
+    attention_runner *runner = NULL;
+    PT_CHECK(attention_runner_create(&runner, ATTENTION_CUDNN, &err), &err);
+    PT_CHECK(attention_runner_prepare(runner, c->B, c->T, c->C, c->NH,
+                                      lent_bytes, &err),
+             &err);
+    return runner;
+}
+
 /* cuDNN's backward in lent memory (as a stage lends its logits): the
  * same bits as in the own workspace, and the description says so. */
 static void check_lent(gpu_test_tally *tally, const attention_case *c,
                        const attention_result *own_workspace)
 {
-    pt_error err;
-    attention_runner *borrower = NULL;
     size_t lent_bytes = (size_t)c->B * c->NH * c->T * c->T * 2 + (8u << 20);
     void *lent = gpu_test_device(lent_bytes);
-    PT_CHECK(attention_runner_create(&borrower, ATTENTION_CUDNN, &err), &err);
-    PT_CHECK(attention_runner_prepare(borrower, c->B, c->T, c->C, c->NH,
-                                      lent_bytes, &err),
-             &err);
+    attention_runner *borrower = borrowing_runner(c, lent_bytes);
     printf("# lent B=%d T=%d: %s\n", c->B, c->T,
            attention_runner_describe(borrower));
     attention_result r =
@@ -208,6 +218,50 @@ static void check_lent(gpu_test_tally *tally, const attention_case *c,
                     strstr(attention_runner_describe(borrower), "lent") !=
                         NULL,
                     "the description names the lent workspace");
+    result_free(&r);
+    attention_runner_destroy(borrower);
+    cudaFree(lent);
+}
+
+static double time_path(attention_runner *runner, const attention_case *c,
+                        int reps, void *lent, size_t lent_bytes,
+                        double *forward_ms);
+
+/* cuDNN's backward lent the workspace of half the sequences (and 1 MiB,
+ * as a stage's fused head lends it): it runs in pieces of whole
+ * sequences, the same bits as one call in the own workspace, and the
+ * description says so; its time beside the whole call's (a NOTE). */
+static void check_pieces(gpu_test_tally *tally, const attention_case *c,
+                         const attention_result *own_workspace,
+                         double whole_ms)
+{
+    if (c->B % 2 != 0)
+        return;
+    size_t lent_bytes =
+        cuda_cudnn_backward_workspace_bytes(c->B / 2, c->T, c->NH) +
+        ATTENTION_LENT_SLACK;
+    void *lent = gpu_test_device(lent_bytes);
+    attention_runner *borrower = borrowing_runner(c, lent_bytes);
+    const char *described = attention_runner_describe(borrower);
+    printf("# pieces B=%d T=%d: %s\n", c->B, c->T, described);
+    attention_result r =
+        run_path(tally, borrower, c, true, lent, lent_bytes, "pieces");
+    char what[128];
+    snprintf(what, sizeof what,
+             "cuDNN backward B=%d T=%d in 2 pieces: the same bits", c->B,
+             c->T);
+    gpu_test_expect(tally,
+                    memcmp(r.d_qkv, own_workspace->d_qkv,
+                           c->qkv_count * sizeof(float)) == 0,
+                    what);
+    gpu_test_expect(tally, strstr(described, "calls of") != NULL,
+                    "the description names the pieces");
+    double forward_ms = 0.0;
+    double pieces_ms = time_path(borrower, c, 10, lent, lent_bytes,
+                                 &forward_ms);
+    printf("NOTE attention B=%d T=%d NH=%d, cuDNN forward + backward: "
+           "whole %.3f ms, backward in 2 pieces %.3f ms\n",
+           c->B, c->T, c->NH, whole_ms, pieces_ms);
     result_free(&r);
     attention_runner_destroy(borrower);
     cudaFree(lent);
@@ -230,7 +284,8 @@ static void print_path(attention_runner *runner, const attention_case *c,
 /* Milliseconds of one forward + backward on the runner's path, the mean
  * of `reps` after one warm-up (a NOTE, never checked). */
 static double time_path(attention_runner *runner, const attention_case *c,
-                        int reps, double *forward_ms)
+                        int reps, void *lent, size_t lent_bytes,
+                        double *forward_ms)
 {
     pt_error err;
     path_buffers b = buffers_of(c);
@@ -248,8 +303,8 @@ static double time_path(attention_runner *runner, const attention_case *c,
         if (status == 0)
             status = attention_runner_backward(runner, d_qkv, c->d_out,
                                                c->qkv, out, lse, scratch,
-                                               c->B, c->T, c->C, c->NH, NULL,
-                                               0, 0, &err);
+                                               c->B, c->T, c->C, c->NH, lent,
+                                               lent_bytes, 0, &err);
         GPU_CHECK(cudaEventRecord(marks[2], 0));
         GPU_CHECK(cudaEventSynchronize(marks[2]));
         if (status != 0) {
@@ -310,13 +365,14 @@ static void test_shape(gpu_test_tally *tally, attention_runner *own,
         result_free(&want);
     } else {
         double own_fwd = 0, cudnn_fwd = 0;
-        double own_ms = time_path(own, &c, 10, &own_fwd);
-        double cudnn_ms = time_path(cudnn, &c, 10, &cudnn_fwd);
+        double own_ms = time_path(own, &c, 10, NULL, 0, &own_fwd);
+        double cudnn_ms = time_path(cudnn, &c, 10, NULL, 0, &cudnn_fwd);
         printf("NOTE attention B=%d T=%d C=%d NH=%d, forward + backward: "
                "own %.3f ms (forward %.3f), cuDNN %.3f ms (forward %.3f)\n",
                B, T, C, NH, own_ms, own_fwd, cudnn_ms, cudnn_fwd);
         check_determinism(tally, cudnn, &c);
         check_lent(tally, &c, &theirs);
+        check_pieces(tally, &c, &theirs, cudnn_ms);
     }
     result_free(&mine), result_free(&theirs);
     free(qkv), free(d_out);

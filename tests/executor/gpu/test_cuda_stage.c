@@ -9,7 +9,8 @@
  *      activation slots, gradients received in stage_output_grad_buffer)
  *      against the whole model on the cpu;
  *   3. the backend's variants (epilogues off, nothing or everything
- *      recomputed, untied head) on a small model;
+ *      recomputed, untied head, the fused head's logits in chunks of 40
+ *      of the 288 rows) on a small model;
  *   4. full activation recompute (a plan's "recompute": "full") against
  *      keeping every activation, three micro-batches in flight: the same
  *      loss and gradients, less device memory;
@@ -258,7 +259,7 @@ static void test_pipeline_split(gpu_test_tally *tally)
         const float *activation = NULL;
         for (int s = 0; s < 3; s++) {
             stage_io io = {.mbs = mbs, .tokens = tokens + m * mbs * window,
-                           .input = activation};
+                           .input = activation, .loss_scale = 0.5f};
             PT_CHECK(stage_forward(&stages[s], m, &io, &gpu_losses[m], &err),
                      &err);
             activation = stage_output(&stages[s], m);
@@ -339,7 +340,8 @@ static void test_pipeline_split(gpu_test_tally *tally)
  * the cost model's formulas are tested against on the cpu
  * (tests/costmodel/test_memory.c). */
 static void test_variant(gpu_test_tally *tally, const char *label,
-                         const char *recompute, const char *fuse, bool tied)
+                         const char *recompute, const char *fuse,
+                         const char *head_rows, bool tied)
 {
     pt_error err;
     model_shape shape = small_shape();
@@ -349,6 +351,8 @@ static void test_variant(gpu_test_tally *tally, const char *label,
         setenv("PARTITA_CUDA_RECOMPUTE", recompute, 1);
     if (fuse != NULL)
         setenv("PARTITA_CUDA_FUSE", fuse, 1);
+    if (head_rows != NULL)
+        setenv("PARTITA_CUDA_HEAD_ROWS", head_rows, 1);
     stage_spec spec = stage_spec_whole_model(&shape);
     spec.bf16_residual = true; /* the cpu's stream rounded as cuda's */
     model_stage cpu, gpu;
@@ -360,6 +364,7 @@ static void test_variant(gpu_test_tally *tally, const char *label,
     gpu_test_compare_memory(tally, label, &gpu, recompute);
     unsetenv("PARTITA_CUDA_RECOMPUTE");
     unsetenv("PARTITA_CUDA_FUSE");
+    unsetenv("PARTITA_CUDA_HEAD_ROWS");
     PT_CHECK(model_stage_init_parameters(&cpu, 11, &err), &err);
     PT_CHECK(model_stage_init_parameters(&gpu, 11, &err), &err);
     uint64_t state = 5;
@@ -494,11 +499,15 @@ int main(int argc, char **argv)
     }
     int seq = argc > 2 ? atoi(argv[2]) : 128;
     int mbs = argc > 3 ? atoi(argv[3]) : 2;
-    test_variant(&tally, "default options", NULL, NULL, true);
-    test_variant(&tally, "epilogues off", NULL, "0", true);
-    test_variant(&tally, "recompute none", "none", NULL, true);
-    test_variant(&tally, "recompute all", "all", NULL, true);
-    test_variant(&tally, "untied head", NULL, NULL, false);
+    test_variant(&tally, "default options", NULL, NULL, NULL, true);
+    test_variant(&tally, "epilogues off", NULL, "0", NULL, true);
+    test_variant(&tally, "recompute none", "none", NULL, NULL, true);
+    test_variant(&tally, "recompute all", "all", NULL, NULL, true);
+    test_variant(&tally, "untied head", NULL, NULL, NULL, false);
+    test_variant(&tally, "head in chunks of 40 rows", NULL, NULL, "40",
+                 true);
+    test_variant(&tally, "untied head in chunks of 40 rows", "none", NULL,
+                 "40", false);
     test_pipeline_split(&tally);
     test_full_recompute(&tally);
     test_deferred_sync(&tally);
