@@ -99,8 +99,9 @@ typedef struct cuda_param_units {
 /* What lets a step run without host waits (optimizer_step.c): the upload
  * of a micro-batch's tokens marked by an event, so that the host block
  * is written again only once the copy has read it (the host runs ahead
- * of the device), and the pinned block a one-stage step kept on the
- * device is read back into, once, when `done` has passed. */
+ * of the device; not under defer_sync, whose calls pass the same
+ * tokens), and the pinned block a one-stage step kept on the device is
+ * read back into, once, when `done` has passed. */
 typedef struct cuda_device_step {
     cudaEvent_t tokens_sent;
     bool tokens_in_flight;          /* tokens_sent recorded, not waited */

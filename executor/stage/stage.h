@@ -358,7 +358,9 @@ typedef struct model_stage {
     /* The profiler's back-to-back timing: forward, backward and the AdamW
      * step return once their work is queued (a backend that runs on the host finishes it
      * all the same), and a forward with the head reads no loss back (its
-     * mean_loss is 0); stage_synchronize waits for the work. Off for
+     * mean_loss is 0); stage_synchronize waits for the work. Calls that
+     * may overlap must be given the same tokens (the host staging of the
+     * next is written while the last may still read it). Off for
      * training. */
     bool defer_sync;
     /* The host side of spec.offload_optimizer (stage/offload.c); NULL
