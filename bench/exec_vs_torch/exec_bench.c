@@ -80,7 +80,7 @@ static int fast_init(model_stage *stage, pt_error *err)
 typedef struct phase_times {
     double forward;
     double backward;
-    double optimizer;     /* gradient norm + AdamW, and the step's wait */
+    double optimizer;     /* gradient norm + AdamW */
     double step;
 } phase_times;
 
@@ -98,11 +98,23 @@ static double median_of(double *values, int count)
                      : 0.5 * (values[count / 2 - 1] + values[count / 2]);
 }
 
+/* The phases' ends, seconds from the step's start: on the device's
+ * clock when the step stayed there (the host saw only their queueing;
+ * the device was idle at the start, the last step having waited), else
+ * the host's. */
+static int phase_ends(const model_stage *stage, double *ends, pt_error *err)
+{
+    if (!stage->step.marked)
+        return 0;
+    for (int mark = 1; mark <= 3; mark++)
+        if (stage_step_mark_seconds(stage, mark, &ends[mark - 1], err) != 0)
+            return -1;
+    return 0;
+}
+
 /* One step through stage_step_* (train_step's parts): on the cuda
  * backend the loss, the norm and the clipping stay on the device and the
- * host waits once, in stage_step_end, so the forward, backward and
- * optimizer phases are host time until their work is queued and the
- * step's time is the device's. */
+ * host waits once, in stage_step_end. */
 static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
                     float learning_rate, phase_times *times, float *loss,
                     pt_error *err)
@@ -112,10 +124,10 @@ static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
     if (stage_step_begin(stage, err) != 0 ||
         stage_step_forward(stage, &io, err) != 0)
         return -1;
-    double forward_end = pt_monotonic_seconds();
-    if (stage_backward(stage, 0, &io, err) != 0)
+    double ends[3] = {pt_monotonic_seconds() - start, 0.0, 0.0};
+    if (stage_step_backward(stage, &io, err) != 0)
         return -1;
-    double backward_end = pt_monotonic_seconds();
+    ends[1] = pt_monotonic_seconds() - start;
     train_config config = train_config_defaults();
     stage_step_totals totals;
     if (stage_step_apply(stage, &config, learning_rate, err) != 0 ||
@@ -124,12 +136,15 @@ static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
     if (!totals.applied)
         return pt_fail(err, "the loss (%g) or the gradient norm (%g) is not "
                             "finite", totals.loss_sum, totals.grad_norm);
-    double end = pt_monotonic_seconds();
+    double step = pt_monotonic_seconds() - start;
+    ends[2] = step;
+    if (phase_ends(stage, ends, err) != 0)
+        return -1;
     *loss = (float)totals.loss_sum;
-    times->forward += forward_end - start;
-    times->backward += backward_end - forward_end;
-    times->optimizer += end - backward_end;
-    times->step += end - start;
+    times->forward += ends[0];
+    times->backward += ends[1] - ends[0];
+    times->optimizer += ends[2] - ends[1];
+    times->step += step;
     return 0;
 }
 
@@ -231,9 +246,9 @@ int main(int argc, char **argv)
     printf("# loss %.4f -> %.4f nats/token (synthetic tokens)\n", first_loss,
            loss);
     printf("# attention: %s\n", cuda_stage_attention(&stage));
-    printf("# per step (means, host time until queued): forward %.2f ms, "
-           "backward %.2f ms, norm + AdamW + the step's wait %.2f ms, total "
-           "%.2f ms; median step %.2f ms\n",
+    printf("# per step (means; phases on the device's clock): forward "
+           "%.2f ms, backward %.2f ms, norm + AdamW %.2f ms, total %.2f ms; "
+           "median step %.2f ms\n",
            1e3 * timed.forward / steps, 1e3 * timed.backward / steps,
            1e3 * timed.optimizer / steps, 1e3 * mean_step_s, 1e3 * step_s);
     printf("# %.0f tokens/s at the median step, %.1f TFLOP/s (6N + "

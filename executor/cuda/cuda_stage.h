@@ -107,6 +107,9 @@ typedef struct cuda_device_step {
     bool tokens_in_flight;          /* tokens_sent recorded, not waited */
     cudaEvent_t done;
     cuda_step_values *host;         /* owned pinned memory */
+    cudaEvent_t *marks;             /* owned: timed events of the step's
+                                       marks, mark_count made so far */
+    int mark_count;
 } cuda_device_step;
 
 /* backend_state of a cuda stage. */
@@ -275,13 +278,12 @@ static inline size_t unit_place_of(const stage_units *u, size_t offset,
     return offset - unit_first_of(u, kind, layer);
 }
 
-/* optimizer_step.c: the backend's gradient norms and AdamW (entries of
- * stage_backend). open: the events and the pinned block of the step kept
- * on the device (close: safe on a zeroed one). tokens_writable: waits until the last upload has read
- * the host block; tokens_sent: marks an upload just enqueued. step_apply
- * and step_totals: the backend's entries of stage_backend (the one-stage
- * step kept on the device); loss_add: a forward's mean loss into the
- * step's sum. */
+/* optimizer_step.c: the backend's gradient norms, AdamW and the step
+ * kept on the device with its marks (entries of stage_backend). open:
+ * the events and the pinned block of the step kept on the device (close:
+ * safe on a zeroed one). tokens_writable: waits until the last upload
+ * has read the host block; tokens_sent: marks an upload just enqueued.
+ * loss_add: a forward's mean loss into the step's sum. */
 int cuda_grad_square_sum(const model_stage *stage, double *out,
                          pt_error *err);
 int cuda_grad_square_sums(const model_stage *stage, double *per_tensor,
@@ -298,6 +300,9 @@ int cuda_step_apply(model_stage *stage, const adamw_config *config,
                     float learning_rate, float max_grad_norm, pt_error *err);
 int cuda_step_totals(model_stage *stage, stage_step_totals *out,
                      pt_error *err);
+int cuda_step_mark(model_stage *stage, int mark, pt_error *err);
+int cuda_step_mark_seconds(const model_stage *stage, int mark,
+                           double *seconds, pt_error *err);
 
 /* The forward and backward of a cuda stage (passes.c), the entries of
  * the backend's table for stage_backend.forward and .backward. */

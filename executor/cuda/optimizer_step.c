@@ -14,6 +14,7 @@
 #include "executor/cuda/cuda_stage.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "executor/cuda/cuda_check.h"
 
@@ -156,6 +157,9 @@ void cuda_device_step_close(cuda_device_step *step)
         cudaEventDestroy(step->done);
     if (step->host != NULL)
         cudaFreeHost(step->host);
+    for (int i = 0; i < step->mark_count; i++)
+        cudaEventDestroy(step->marks[i]);
+    free(step->marks);
     *step = (cuda_device_step){0};
 }
 
@@ -223,5 +227,44 @@ int cuda_step_totals(model_stage *stage, stage_step_totals *out,
     out->loss_sum = values->loss_sum;
     out->grad_norm = values->grad_norm;
     out->applied = values->non_finite == 0;
+    return 0;
+}
+
+/* Timed events, made as a step first needs them (a run's micro-batches
+ * fix how many: 2 M + 2), recorded on the stage's stream. */
+int cuda_step_mark(model_stage *stage, int mark, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    cuda_device_step *step = &state->device_step;
+    if (mark >= step->mark_count) {
+        cudaEvent_t *grown =
+            realloc(step->marks, (size_t)(mark + 1) * sizeof *grown);
+        if (grown == NULL)
+            return pt_fail(err, "cuda backend: out of host memory for %d "
+                                "step marks",
+                           mark + 1);
+        step->marks = grown;
+        while (step->mark_count <= mark) {
+            CUDA_TRY(cudaEventCreate(&step->marks[step->mark_count]));
+            step->mark_count++;
+        }
+    }
+    CUDA_TRY(cudaEventRecord(step->marks[mark], state->stream));
+    return 0;
+}
+
+int cuda_step_mark_seconds(const model_stage *stage, int mark,
+                           double *seconds, pt_error *err)
+{
+    const cuda_device_step *step = &state_of(stage)->device_step;
+    if (mark >= step->mark_count)
+        return pt_fail(err, "cuda backend: step mark %d was never made",
+                       mark);
+    /* the update's mark follows the copy step_totals waited for */
+    CUDA_TRY(cudaEventSynchronize(step->marks[mark]));
+    float milliseconds = 0.0f;
+    CUDA_TRY(cudaEventElapsedTime(&milliseconds, step->marks[0],
+                                  step->marks[mark]));
+    *seconds = 1e-3 * milliseconds;
     return 0;
 }

@@ -33,9 +33,10 @@ enum { ITERATION_ABANDONED = 1 };
 
 /* The forwards and backwards of one iteration's micro-batches, with the
  * gradients averaged through loss_scale, as train_step does; each phase
- * timed from iteration_start (on a backend that keeps the step, until
- * its work is queued: stage_step_begin). ITERATION_ABANDONED when the
- * stop flag rose before a micro-batch. */
+ * timed from iteration_start (a step kept on the device: until its work
+ * is queued, the device's times replacing these at its end:
+ * device_phase_events). ITERATION_ABANDONED when the stop flag rose
+ * before a micro-batch. */
 static int accumulate_gradients(run_context *ctx, const run_result *out,
                                 double iteration_start, run_event *events,
                                 pt_error *err)
@@ -55,10 +56,8 @@ static int accumulate_gradients(run_context *ctx, const run_result *out,
         if (stage_step_forward(&ctx->stage, &io, err) != 0)
             return -1;
         double backward_start = pt_monotonic_seconds();
-        if (stage_backward(&ctx->stage, 0, &io, err) != 0) {
-            stage_step_abandon(&ctx->stage);
+        if (stage_step_backward(&ctx->stage, &io, err) != 0)
             return -1;
-        }
         double backward_end = pt_monotonic_seconds();
         set_event(&events[2 * m], m, "fwd", forward_start - iteration_start,
                   backward_start - iteration_start);
@@ -90,6 +89,30 @@ static int optimizer_step(run_context *ctx, const run_result *out,
     record->loss = (float)mean_loss;
     record->grad_norm = (float)totals.grad_norm;
     record->learning_rate = learning_rate;
+    return 0;
+}
+
+/* A step kept on the device: its phases' events from the device's marks
+ * (the host's clock saw only their queueing), counted from begin_s, the
+ * iteration's clock as the step began: the device was idle then (the
+ * last step ended with its wait), so that is its mark 0. Event e
+ * (forward m at 2m, backward m at 2m + 1, the optimizer at 2M) lies
+ * between marks e and e + 1. */
+static int device_phase_events(run_context *ctx, const run_result *out,
+                               double begin_s, run_event *events,
+                               pt_error *err)
+{
+    if (!ctx->stage.step.marked)
+        return 0;
+    double previous = 0.0;
+    for (int mark = 1; mark <= 2 * out->micro_batches + 1; mark++) {
+        double seconds = 0.0;
+        if (stage_step_mark_seconds(&ctx->stage, mark, &seconds, err) != 0)
+            return -1;
+        events[mark - 1].start_s = begin_s + previous;
+        events[mark - 1].end_s = begin_s + seconds;
+        previous = seconds;
+    }
     return 0;
 }
 
@@ -146,6 +169,7 @@ static int run_iteration_once(run_context *ctx, const run_result *out,
     if (ctx->parallel)
         return parallel_step(ctx, start, events, event_count, record, err);
     *event_count = 2 * out->micro_batches + 1;
+    double begin = pt_monotonic_seconds();
     if (stage_step_begin(&ctx->stage, err) != 0)
         return -1;
     int accumulated = accumulate_gradients(ctx, out, start, events, err);
@@ -157,6 +181,8 @@ static int run_iteration_once(run_context *ctx, const run_result *out,
     double end = pt_monotonic_seconds();
     set_event(&events[2 * out->micro_batches], -1, "optimizer",
               optimizer_start - start, end - start);
+    if (device_phase_events(ctx, out, begin - start, events, err) != 0)
+        return -1;
     record->step_time_s = end - start;
     return 0;
 }

@@ -255,6 +255,11 @@ typedef struct stage_step_totals {
 typedef struct stage_step_state {
     bool on_device;
     stage_step_totals host;
+    /* on_device with a backend that marks the device's progress
+     * (stage_backend.step_mark): stage_step_mark_seconds reads it,
+     * until the next stage_step_begin */
+    bool marked;
+    int micro_batches;            /* forwards of the step so far */
 } stage_step_state;
 
 /* What a backend calls per unit (floats [first, first + count) of the
@@ -486,6 +491,12 @@ typedef struct stage_backend {
                       pt_error *err);
     int (*step_totals)(model_stage *stage, stage_step_totals *out,
                        pt_error *err);
+    /* Marks where the device's queue has reached (mark 0, 1, ... in
+     * order within a step), and, once step_totals returned, the seconds
+     * from mark 0 to `mark` on the device's clock. NULL: no marks. */
+    int (*step_mark)(model_stage *stage, int mark, pt_error *err);
+    int (*step_mark_seconds)(const model_stage *stage, int mark,
+                             double *seconds, pt_error *err);
     /* Host memory the backend copies fastest from and to (pinned, on
      * cuda); NULL: malloc and free. */
     void *(*host_alloc)(size_t bytes);
@@ -706,8 +717,8 @@ int train_step(model_stage *stage, const train_config *config,
 /*
  * The same step in parts, for callers that time or interleave them (the
  * run's loop, the benchmark): begin (zero the gradients and the loss
- * sum), per micro-batch stage_step_forward (slot 0) and stage_backward,
- * then apply (global norm, clipping, AdamW at learning_rate) and end,
+ * sum), per micro-batch stage_step_forward and stage_step_backward (slot
+ * 0), then apply (global norm, clipping, AdamW at learning_rate) and end,
  * which fills *out and leaves optimizer_steps counting the update only
  * when it was applied (a loss or norm that is not finite: nothing
  * changed; the caller reports it). Only a whole-model stage of one rank
@@ -720,11 +731,21 @@ int train_step(model_stage *stage, const train_config *config,
 int stage_step_begin(model_stage *stage, pt_error *err);
 int stage_step_forward(model_stage *stage, const stage_io *io,
                        pt_error *err);
+int stage_step_backward(model_stage *stage, const stage_io *io,
+                        pt_error *err);
 int stage_step_apply(model_stage *stage, const train_config *config,
                      float learning_rate, pt_error *err);
 int stage_step_end(model_stage *stage, stage_step_totals *out,
                    pt_error *err);
 void stage_step_abandon(model_stage *stage);
+/* After stage_step_end of a step kept on a backend that marks its
+ * progress (stage_step_state.marked; else it fails): when the device
+ * reached mark `mark` of the step, in seconds from its begin. Mark 0 is
+ * the begin, 2m + 1 the end of micro-batch m's forward, 2m + 2 of its
+ * backward, 2M + 1 of the update (M micro-batches): the phases' device
+ * times, where the host's clock sees only their queueing. */
+int stage_step_mark_seconds(const model_stage *stage, int mark,
+                            double *seconds, pt_error *err);
 
 /* -------------------------------------------------- random numbers */
 

@@ -43,12 +43,24 @@ static bool step_stays_on_backend(const model_stage *stage)
            stage->offload == NULL && !stage->defer_sync;
 }
 
+/* Mark `mark` of a step that marks its device's progress. */
+static int mark_progress(model_stage *stage, int mark, pt_error *err)
+{
+    if (!stage->step.marked)
+        return 0;
+    return stage->backend->step_mark(stage, mark, err);
+}
+
 int stage_step_begin(model_stage *stage, pt_error *err)
 {
     memset(&stage->step, 0, sizeof stage->step);
     stage->step.on_device = step_stays_on_backend(stage);
-    if (stage_zero_grads(stage, err) != 0) {
-        stage->step.on_device = false;
+    stage->step.marked = stage->step.on_device &&
+                         stage->backend->step_mark != NULL &&
+                         stage->backend->step_mark_seconds != NULL;
+    if (mark_progress(stage, 0, err) != 0 ||
+        stage_zero_grads(stage, err) != 0) {
+        stage_step_abandon(stage);
         return -1;
     }
     return 0;
@@ -58,11 +70,24 @@ int stage_step_forward(model_stage *stage, const stage_io *io,
                        pt_error *err)
 {
     float loss = 0.0f;
-    if (stage_forward(stage, 0, io, &loss, err) != 0) {
-        stage->step.on_device = false;
+    if (stage_forward(stage, 0, io, &loss, err) != 0 ||
+        mark_progress(stage, 2 * stage->step.micro_batches + 1, err) != 0) {
+        stage_step_abandon(stage);
         return -1;
     }
+    stage->step.micro_batches++;
     stage->step.host.loss_sum += loss; /* 0 on the device path */
+    return 0;
+}
+
+int stage_step_backward(model_stage *stage, const stage_io *io,
+                        pt_error *err)
+{
+    if (stage_backward(stage, 0, io, err) != 0 ||
+        mark_progress(stage, 2 * stage->step.micro_batches, err) != 0) {
+        stage_step_abandon(stage);
+        return -1;
+    }
     return 0;
 }
 
@@ -95,9 +120,10 @@ int stage_step_apply(model_stage *stage, const train_config *config,
      * taken back by stage_step_end if the backend skipped the update */
     stage->optimizer_steps++;
     if (stage->backend->step_apply(stage, &config->adamw, learning_rate,
-                                   config->max_grad_norm, err) != 0) {
+                                   config->max_grad_norm, err) != 0 ||
+        mark_progress(stage, 2 * stage->step.micro_batches + 1, err) != 0) {
         stage->optimizer_steps--;
-        stage->step.on_device = false;
+        stage_step_abandon(stage);
         return -1;
     }
     return 0;
@@ -111,8 +137,10 @@ int stage_step_end(model_stage *stage, stage_step_totals *out,
         return 0;
     }
     stage->step.on_device = false;
-    if (stage->backend->step_totals(stage, out, err) != 0)
+    if (stage->backend->step_totals(stage, out, err) != 0) {
+        stage->step.marked = false;
         return -1;
+    }
     if (!out->applied)
         stage->optimizer_steps--;
     return 0;
@@ -121,6 +149,20 @@ int stage_step_end(model_stage *stage, stage_step_totals *out,
 void stage_step_abandon(model_stage *stage)
 {
     stage->step.on_device = false;
+    stage->step.marked = false;
+}
+
+int stage_step_mark_seconds(const model_stage *stage, int mark,
+                            double *seconds, pt_error *err)
+{
+    if (!stage->step.marked || stage->step.on_device)
+        return pt_fail(err, "stage step: no device marks to read (a step "
+                            "on the host, or not ended)");
+    if (mark < 0 || mark > 2 * stage->step.micro_batches + 1)
+        return pt_fail(err, "stage step: mark %d of a step of %d "
+                            "micro-batches",
+                       mark, stage->step.micro_batches);
+    return stage->backend->step_mark_seconds(stage, mark, seconds, err);
 }
 
 int train_step(model_stage *stage, const train_config *config,
@@ -151,10 +193,8 @@ int train_step(model_stage *stage, const train_config *config,
             .loss_scale = 1.0f / (float)micro_batches,
         };
         if (stage_step_forward(stage, &io, err) != 0 ||
-            stage_backward(stage, 0, &io, err) != 0) {
-            stage_step_abandon(stage);
+            stage_step_backward(stage, &io, err) != 0)
             return -1;
-        }
     }
     float learning_rate =
         (float)lr_schedule_at(&config->schedule, stage->optimizer_steps);

@@ -277,6 +277,19 @@ static void check_device_step(gpu_test_tally *tally, bool bf16_grads,
                         same_buffer(&gpu, &twin, STAGE_ADAM_V) &&
                         gpu.optimizer_steps == twin.optimizer_steps,
                     line);
+    /* the last step's marks: its phases on the device's clock, in order */
+    bool ordered = gpu.step.marked;
+    double previous = 0.0;
+    for (int mark = 1; ordered && mark <= 2 * micro_batches + 1; mark++) {
+        double seconds = 0.0;
+        PT_CHECK(stage_step_mark_seconds(&gpu, mark, &seconds, &err), &err);
+        ordered = seconds >= previous;
+        previous = seconds;
+    }
+    snprintf(line, sizeof line,
+             "device step, %s: the step's %d device marks come in order",
+             recipe, 2 * micro_batches + 2);
+    gpu_test_expect(tally, ordered, line);
     check_refusal(tally, &gpu, &twin, &config, tokens, micro_batches, mbs,
                   recipe);
     free(tokens);
