@@ -28,6 +28,7 @@ enum {
     LAYERNORM_COUNTERS = 64,           /* counter floats' alignment */
     BIAS_ROWS = 256,                   /* rows per bias-gradient partial */
     SQUARE_BLOCKS = 1024,              /* doubles of a sum of squares */
+    STEP_VALUES_BYTES = 32,            /* sizeof(cuda_step_values) */
     NCCL_SCRATCH_BYTES = 256 * 8,      /* the NCCL comm's host reduce */
 };
 #define GEMM_WORKSPACE_BYTES (32.0 * 1024 * 1024)
@@ -281,7 +282,8 @@ static double scratch_bytes(const shard_dims *d, bool last, bool fc_in_head)
                    + 4.0 * ceil_div(N, BIAS_ROWS) * widest
                    + 4.0 * F                   /* an epilogue's bias grad */
                    + 4.0 * d->B * d->NH * d->T /* attention backward */
-                   + 8.0 * SQUARE_BLOCKS + 8.0;
+                   + 8.0 * SQUARE_BLOCKS + 8.0 /* a double read back */
+                   + STEP_VALUES_BYTES;        /* the step's on the device */
     if (d->tp > 1)
         bytes += 4.0 * N * C + (last ? 16.0 * N : 0.0);
     if (d->S > 1)

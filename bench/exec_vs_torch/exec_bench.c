@@ -19,7 +19,6 @@
  * mean is printed beside it.
  * Exit status: 0, 1 on failure, 77 when no GPU is visible.
  */
-#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,31 +98,53 @@ static double median_of(double *values, int count)
                      : 0.5 * (values[count / 2 - 1] + values[count / 2]);
 }
 
+/* The phases' ends, seconds from the step's start: on the device's
+ * clock when the step stayed there (the host saw only their queueing;
+ * the device was idle at the start, the last step having waited), else
+ * the host's. */
+static int phase_ends(const model_stage *stage, double *ends, pt_error *err)
+{
+    if (!stage->step.marked)
+        return 0;
+    for (int mark = 1; mark <= 3; mark++)
+        if (stage_step_mark_seconds(stage, mark, &ends[mark - 1], err) != 0)
+            return -1;
+    return 0;
+}
+
+/* One step through stage_step_* (train_step's parts): on the cuda
+ * backend the loss, the norm and the clipping stay on the device and the
+ * host waits once, in stage_step_end. */
 static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
                     float learning_rate, phase_times *times, float *loss,
                     pt_error *err)
 {
     double start = pt_monotonic_seconds();
     stage_io io = {.mbs = mbs, .tokens = tokens, .loss_scale = 1.0f};
-    if (stage_zero_grads(stage, err) != 0 ||
-        stage_forward(stage, 0, &io, loss, err) != 0)
+    if (stage_step_begin(stage, err) != 0 ||
+        stage_step_forward(stage, &io, err) != 0)
         return -1;
-    double forward_end = pt_monotonic_seconds();
-    if (stage_backward(stage, 0, &io, err) != 0)
+    double ends[3] = {pt_monotonic_seconds() - start, 0.0, 0.0};
+    if (stage_step_backward(stage, &io, err) != 0)
         return -1;
-    double backward_end = pt_monotonic_seconds();
-    double square_sum = 0.0;
-    if (stage_grad_square_sum(stage, &square_sum, err) != 0)
+    ends[1] = pt_monotonic_seconds() - start;
+    train_config config = train_config_defaults();
+    stage_step_totals totals;
+    if (stage_step_apply(stage, &config, learning_rate, err) != 0 ||
+        stage_step_end(stage, &totals, err) != 0)
         return -1;
-    adamw_config config = adamw_defaults();
-    float scale = clip_coefficient(sqrt(square_sum), 1.0f);
-    if (stage_adamw_step(stage, &config, learning_rate, scale, err) != 0)
+    if (!totals.applied)
+        return pt_fail(err, "the loss (%g) or the gradient norm (%g) is not "
+                            "finite", totals.loss_sum, totals.grad_norm);
+    double step = pt_monotonic_seconds() - start;
+    ends[2] = step;
+    if (phase_ends(stage, ends, err) != 0)
         return -1;
-    double end = pt_monotonic_seconds();
-    times->forward += forward_end - start;
-    times->backward += backward_end - forward_end;
-    times->optimizer += end - backward_end;
-    times->step += end - start;
+    *loss = (float)totals.loss_sum;
+    times->forward += ends[0];
+    times->backward += ends[1] - ends[0];
+    times->optimizer += ends[2] - ends[1];
+    times->step += step;
     return 0;
 }
 
@@ -239,8 +260,9 @@ int main(int argc, char **argv)
     printf("# loss %.4f -> %.4f nats/token (synthetic tokens)\n", first_loss,
            loss);
     printf("# attention: %s\n", cuda_stage_attention(&stage));
-    printf("# per step (means): forward %.2f ms, backward %.2f ms, norm + "
-           "AdamW %.2f ms, total %.2f ms; median step %.2f ms\n",
+    printf("# per step (means; phases on the device's clock): forward "
+           "%.2f ms, backward %.2f ms, norm + AdamW %.2f ms, total %.2f ms; "
+           "median step %.2f ms\n",
            1e3 * timed.forward / steps, 1e3 * timed.backward / steps,
            1e3 * timed.optimizer / steps, 1e3 * mean_step_s, 1e3 * step_s);
     printf("# %.0f tokens/s at the median step, %.1f TFLOP/s (6N + "

@@ -255,6 +255,7 @@ void buffer_carve_scratch(backward_scratch *s,
     s->square_partials =
         arena_take(a, cuda_square_sum_scratch() * sizeof(double), term);
     s->reduced = arena_take(a, sizeof(double), term);
+    s->step = arena_take(a, sizeof(cuda_step_values), term);
     s->tensor_squares =
         arena_take(a, (size_t)layout->tensor_count * sizeof(double), term);
     s->chunk_squares =

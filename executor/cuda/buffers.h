@@ -195,6 +195,7 @@ typedef struct backward_scratch {
     float *attention;               /* B x NH x T */
     double *square_partials;
     double *reduced;                /* one double read back by the host */
+    cuda_step_values *step;         /* the one-stage step's values */
     double *tensor_squares;         /* tensor_count: grad_square_sums */
     double *chunk_squares;          /* a chunk table's count: their
                                        partials */

@@ -435,6 +435,16 @@ cudaError_t cuda_vocab_parallel_finish(pt_bf16 *logits_bf16, float *losses,
 /* out[0] = sum of values[0..count) / count, summed in double (device). */
 cudaError_t cuda_mean(double *out, const float *values, int count,
                       cudaStream_t stream);
+/* The same mean rounded to float (as a forward returns it) and added to
+ * sum[0] (device): the one-stage step's loss sum. */
+cudaError_t cuda_mean_add(double *sum, const float *values, int count,
+                          cudaStream_t stream);
+/* From step->square_sum and step->loss_sum: grad_norm = its square root,
+ * non_finite when the norm or the loss sum is not finite, clip_scale the
+ * clipping coefficient for max_norm (clip_coefficient's arithmetic, in
+ * double: the same float). One thread. */
+cudaError_t cuda_step_clip(cuda_step_values *step, float max_norm,
+                           cudaStream_t stream);
 
 /* -------------------------------------------------------------- optimizer */
 
@@ -446,12 +456,15 @@ cudaError_t cuda_mean(double *out, const float *values, int count,
 /* AdamW over every chunk (see cpu_adamw_update), then the bf16 mirror of
  * the updated parameters; the gradients fp32 or bf16 (read at the chunks'
  * offsets in elements of their type). first_correction /
- * second_correction: 1 - beta^step. */
+ * second_correction: 1 - beta^step. step (device; NULL: grad_scale
+ * applies): the one-stage step's values, whose clip_scale replaces
+ * grad_scale and whose non_finite leaves every buffer untouched. */
 typedef struct adamw_args {
     float learning_rate;
     float beta1, beta2, eps, weight_decay;
     float grad_scale;
     float first_correction, second_correction;
+    const cuda_step_values *step;
 } adamw_args;
 
 cudaError_t cuda_adamw(float *params, cuda_grad grads, float *adam_m,

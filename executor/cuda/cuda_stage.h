@@ -96,6 +96,22 @@ typedef struct cuda_param_units {
                                        (unit_id), 0: none */
 } cuda_param_units;
 
+/* What lets a step run without host waits (optimizer_step.c): the upload
+ * of a micro-batch's tokens marked by an event, so that the host block
+ * is written again only once the copy has read it (the host runs ahead
+ * of the device; not under defer_sync, whose calls pass the same
+ * tokens), and the pinned block a one-stage step kept on the device is
+ * read back into, once, when `done` has passed. */
+typedef struct cuda_device_step {
+    cudaEvent_t tokens_sent;
+    bool tokens_in_flight;          /* tokens_sent recorded, not waited */
+    cudaEvent_t done;
+    cuda_step_values *host;         /* owned pinned memory */
+    cudaEvent_t *marks;             /* owned: timed events of the step's
+                                       marks, mark_count made so far */
+    int mark_count;
+} cuda_device_step;
+
 /* backend_state of a cuda stage. */
 typedef struct cuda_stage_state {
     int device;
@@ -137,6 +153,7 @@ typedef struct cuda_stage_state {
     backward_scratch scratch;
     token_block host_tokens;        /* pinned host, one micro-batch */
     void *host_block;               /* owned pinned memory */
+    cuda_device_step device_step;
     void *token_counts;             /* owned host scratch of the
                                        embedding plan, zeroed */
     size_t device_bytes;            /* asked of cudaMalloc (the cap's) */
@@ -263,6 +280,32 @@ static inline size_t unit_place_of(const stage_units *u, size_t offset,
     *buffer = unit_buffer_of(kind, layer);
     return offset - unit_first_of(u, kind, layer);
 }
+
+/* optimizer_step.c: the backend's gradient norms, AdamW and the step
+ * kept on the device with its marks (entries of stage_backend). open:
+ * the events and the pinned block of the step kept on the device (close:
+ * safe on a zeroed one). tokens_writable: waits until the last upload
+ * has read the host block; tokens_sent: marks an upload just enqueued.
+ * loss_add: a forward's mean loss into the step's sum. */
+int cuda_grad_square_sum(const model_stage *stage, double *out,
+                         pt_error *err);
+int cuda_grad_square_sums(const model_stage *stage, double *per_tensor,
+                          pt_error *err);
+int cuda_adamw_step(model_stage *stage, const adamw_config *config,
+                    float learning_rate, float grad_scale, pt_error *err);
+int cuda_device_step_open(cuda_device_step *step, pt_error *err);
+void cuda_device_step_close(cuda_device_step *step);
+int cuda_tokens_writable(cuda_stage_state *state, pt_error *err);
+int cuda_tokens_sent(cuda_stage_state *state, pt_error *err);
+int cuda_step_loss_add(model_stage *stage, const float *losses, int count,
+                       pt_error *err);
+int cuda_step_apply(model_stage *stage, const adamw_config *config,
+                    float learning_rate, float max_grad_norm, pt_error *err);
+int cuda_step_totals(model_stage *stage, stage_step_totals *out,
+                     pt_error *err);
+int cuda_step_mark(model_stage *stage, int mark, pt_error *err);
+int cuda_step_mark_seconds(const model_stage *stage, int mark,
+                           double *seconds, pt_error *err);
 
 /* The forward and backward of a cuda stage (passes.c), the entries of
  * the backend's table for stage_backend.forward and .backward. */

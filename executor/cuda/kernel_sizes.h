@@ -49,6 +49,20 @@ typedef struct param_chunk {
     uint32_t decay;
 } param_chunk;
 
+/* What a one-stage step keeps on the device (optimizer_step.c): the sum of
+ * its micro-batches' mean losses (each rounded to float), the sum of
+ * squares of the gradients, their square root, the clipping coefficient
+ * AdamW reads and whether AdamW skipped the update (the loss sum or the
+ * norm not finite). One block in the backward scratch; the host reads it
+ * back once a step into pinned memory of the same layout. */
+typedef struct cuda_step_values {
+    double loss_sum;
+    double square_sum;
+    double grad_norm;
+    float clip_scale;
+    int32_t non_finite;
+} cuda_step_values;
+
 /* Floats of the layer-norm backward's completion counters (at the start
  * of its scratch, a fixed place whatever N). */
 size_t cuda_layernorm_counter_floats(int N);

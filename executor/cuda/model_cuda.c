@@ -1,9 +1,10 @@
 /*
  * The cuda backend: one model stage on one GPU. This file holds the
- * memory plan, the buffers and the optimizer step; the order of the
- * kernels of the forward and backward passes is passes.c's, the kernels
- * are in the .cu files beside it (declared in cuda_ops.h) and the matrix
- * products in gemm.c. cuda_stage.h holds the state they share.
+ * memory plan and the buffers; the gradient norms and the optimizer step
+ * are optimizer_step.c's, the order of the kernels of the forward and
+ * backward passes is passes.c's, the kernels are in the .cu files beside
+ * it (declared in cuda_ops.h) and the matrix products in gemm.c.
+ * cuda_stage.h holds the state they share.
  *
  * Precision: fp32 master parameters, gradients and AdamW moments (the
  * four buffers of model_stage), a bf16 mirror of the parameters that the
@@ -54,7 +55,6 @@
  */
 #include "executor/cuda/cuda_stage.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,6 +307,7 @@ static void cuda_release(model_stage *stage)
         cudaFree(state->optimizer_chunks.chunks);
     cudaFree(state->all_chunks.chunks);
     cudaFreeHost(state->host_block);
+    cuda_device_step_close(&state->device_step);
     free(state->token_counts);
     free(state->offsets.layers);
     attention_runner_destroy(state->attention);
@@ -536,6 +537,8 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
         a = (arena){.base = state->host_block, .used = 0};
         buffer_carve_tokens(&state->host_tokens, &a, (size_t)d.N);
     }
+    if (cuda_device_step_open(&state->device_step, err) != 0)
+        return -1;
     /* the attention's path for full micro-batches, cuDNN's plans and
      * workspace included, now rather than in the first step */
     state->logits_bytes = buffer_logits_lendable_bytes(&state->layout);
@@ -751,24 +754,6 @@ static void cuda_host_free(void *memory)
     cudaFreeHost(memory);
 }
 
-/* The gradients' buffer as the kernels read it (fp32 or bf16). */
-static cuda_grad stage_grads(const model_stage *stage)
-{
-    cuda_grad grads = {stage->grads, stage->grads_bf16};
-    return grads;
-}
-
-/* The same moved back by grad_first elements: the chunk tables' offsets
- * are the whole buffer's, a ZeRO-2/3 shard starts at grad_first of them
- * (never reached below it). */
-static cuda_grad grads_from_start(const model_stage *stage)
-{
-    cuda_grad grads = stage_grads(stage);
-    size_t size = element_bytes(stage, STAGE_GRADS);
-    grads.data = (char *)grads.data - stage->grad_first * size;
-    return grads;
-}
-
 static int cuda_zero_grads(model_stage *stage, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
@@ -784,81 +769,11 @@ static int cuda_zero_grads(model_stage *stage, pt_error *err)
                              stage->grad_count *
                                  element_bytes(stage, STAGE_GRADS),
                              state->stream));
-    return 0;
-}
-
-static int cuda_grad_square_sum(const model_stage *stage, double *out,
-                                pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    backward_scratch *s = &state->scratch;
-    CUDA_TRY(cudaSetDevice(state->device));
-    if (cuda_grad_units_settle(stage, err) != 0)
-        return -1;
-    CUDA_TRY(cuda_square_sum(
-        s->reduced,
-        cuda_grad_offset(stage_grads(stage),
-                         stage->optimizer_first - stage->grad_first),
-        stage->optimizer_count, s->square_partials, state->stream));
-    CUDA_TRY(cudaMemcpyAsync(out, s->reduced, sizeof *out,
-                             cudaMemcpyDeviceToHost, state->stream));
-    CUDA_TRY(cudaStreamSynchronize(state->stream));
-    return 0;
-}
-
-static int cuda_grad_square_sums(const model_stage *stage,
-                                 double *per_tensor, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    backward_scratch *s = &state->scratch;
-    if (stage->tensor_count == 0)
-        return 0;
-    CUDA_TRY(cudaSetDevice(state->device));
-    if (cuda_grad_units_settle(stage, err) != 0)
-        return -1;
-    /* the chunks' offsets are the whole buffer's; a ZeRO-2/3 shard of the
-     * gradients starts at grad_first of them */
-    CUDA_TRY(cuda_square_sums_per_tensor(
-        s->tensor_squares, grads_from_start(stage),
-        state->optimizer_chunks.chunks,
-        state->optimizer_chunks.count, state->optimizer_chunks.tensor_starts,
-        stage->tensor_count, s->chunk_squares, state->stream));
-    CUDA_TRY(cudaMemcpyAsync(per_tensor, s->tensor_squares,
-                             (size_t)stage->tensor_count * sizeof(double),
-                             cudaMemcpyDeviceToHost, state->stream));
-    CUDA_TRY(cudaStreamSynchronize(state->stream));
-    return 0;
-}
-
-static int cuda_adamw_step(model_stage *stage, const adamw_config *config,
-                           float learning_rate, float grad_scale,
-                           pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    CUDA_TRY(cudaSetDevice(state->device));
-    double step = (double)stage->optimizer_steps;
-    adamw_args args = {
-        .learning_rate = learning_rate,
-        .beta1 = config->beta1,
-        .beta2 = config->beta2,
-        .eps = config->eps,
-        .weight_decay = config->weight_decay,
-        .grad_scale = grad_scale,
-        .first_correction = (float)(1.0 - pow(config->beta1, step)),
-        .second_correction = (float)(1.0 - pow(config->beta2, step)),
-    };
-    if (cuda_grad_units_settle(stage, err) != 0)
-        return -1;
-    /* the chunks' offsets are the whole buffer's: the shards' bases
-     * moved back by their first float; ZeRO-3 keeps no mirror */
-    CUDA_TRY(cuda_adamw(stage->params - stage->params_first,
-                        grads_from_start(stage), stage->adam_m,
-                        stage->adam_v,
-                        stage->params_by_unit ? NULL : state->mirror,
-                        state->optimizer_chunks.chunks,
-                        state->optimizer_chunks.count, &args, state->stream));
-    if (!stage->defer_sync)
-        CUDA_TRY(cudaStreamSynchronize(state->stream));
+    /* a step kept on the device starts its loss sum here */
+    if (stage->step.on_device)
+        CUDA_TRY(cudaMemsetAsync(state->scratch.step, 0,
+                                 sizeof *state->scratch.step,
+                                 state->stream));
     return 0;
 }
 
@@ -917,6 +832,10 @@ static const stage_backend cuda_backend_table = {
     .grad_square_sum = cuda_grad_square_sum,
     .grad_square_sums = cuda_grad_square_sums,
     .adamw_step = cuda_adamw_step,
+    .step_apply = cuda_step_apply,
+    .step_totals = cuda_step_totals,
+    .step_mark = cuda_step_mark,
+    .step_mark_seconds = cuda_step_mark_seconds,
     .params_changed = cuda_params_changed,
     .synchronize = cuda_synchronize,
     .copy_to_host = cuda_copy_to_host,

@@ -6,7 +6,9 @@
  * bf16 gradients; the cost model takes the measured step over these as
  * the GPU's streaming rate). Work
  * comes as chunks of one tensor each (param_chunk), so the decay flag and
- * the mirror's offset are per block.
+ * the mirror's offset are per block. The clipping coefficient comes from
+ * the host or, in a one-stage step kept on the device, from device
+ * memory (adamw_args.step).
  */
 #include "executor/cuda/cuda_common.cuh"
 
@@ -31,6 +33,13 @@ __global__ void __launch_bounds__(OPTIMIZER_THREADS)
 adamw_kernel(float *params, const G *grads, float *adam_m, float *adam_v,
              bf16 *mirror, const param_chunk *chunks, adamw_args args)
 {
+    /* the one-stage step's clipping, computed on the device: no update
+     * from a loss or norm that is not finite */
+    if (args.step != NULL) {
+        if (args.step->non_finite)
+            return;
+        args.grad_scale = args.step->clip_scale;
+    }
     param_chunk chunk = chunks[blockIdx.x];
     float decay = chunk.decay ? args.weight_decay : 0.0f;
     float *p = params + chunk.offset;

@@ -134,6 +134,10 @@ static int upload_tokens(model_stage *stage, activation_slot *slot,
     cuda_stage_state *state = state_of(stage);
     token_block *host = &state->host_tokens;
     int T = d->T;
+    /* the profiler's back-to-back calls (defer_sync) pass the same
+     * tokens and are not held back (stage.h) */
+    if (!stage->defer_sync && cuda_tokens_writable(state, err) != 0)
+        return -1;
     for (int b = 0; b < d->B; b++) {
         const uint32_t *window = tokens + (size_t)b * (T + 1);
         memcpy(host->inputs + (size_t)b * T, window, T * sizeof *window);
@@ -158,7 +162,7 @@ static int upload_tokens(model_stage *stage, activation_slot *slot,
                             (char *)host->inputs);
     CUDA_TRY(cudaMemcpyAsync(slot->tokens.inputs, host->inputs, bytes,
                              cudaMemcpyHostToDevice, state->stream));
-    return 0;
+    return cuda_tokens_sent(state, err);
 }
 
 /* The vocab-parallel classifier over the shard's logits (cuda_ops.h): the
@@ -283,6 +287,10 @@ static int head_forward(model_stage *stage, activation_slot *slot,
         *mean_loss = 0.0f; /* the profiler's timing reads no loss */
         return 0;
     }
+    if (stage->step.on_device) {
+        *mean_loss = 0.0f; /* summed on the device, read once a step */
+        return cuda_step_loss_add(stage, slot->losses, N, err);
+    }
     CUDA_TRY(cuda_mean(state->scratch.reduced, slot->losses, N,
                        state->stream));
     /* the stream first, under the comm's deadline when sums are on it: a
@@ -403,7 +411,8 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
             head_forward(stage, slot, stream_in, &d, io->loss_scale,
                          mean_loss, err) != 0)
             return -1;
-    } else if (!stage->defer_sync && cuda_sync_stage_stream(stage, err) != 0) {
+    } else if (!stage->defer_sync && !stage->step.on_device &&
+               cuda_sync_stage_stream(stage, err) != 0) {
         return -1;
     }
     slot->mbs = io->mbs;
@@ -779,7 +788,9 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
         s->input_grad = s->d_stream_fp32;
     }
     state->attention_lent = NULL;
-    if (!stage->defer_sync && cuda_sync_stage_stream(stage, err) != 0)
+    /* a step kept on the device waits once, at its end (optimizer_step.c) */
+    if (!stage->defer_sync && !stage->step.on_device &&
+        cuda_sync_stage_stream(stage, err) != 0)
         return -1;
     slot->awaiting_backward = false;
     return 0;

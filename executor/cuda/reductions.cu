@@ -2,7 +2,7 @@
  * Reductions with a fixed summation order (results do not change between
  * runs): bias gradients (column sums of a bf16 matrix), the sum of
  * squares of the gradients (for the global norm), whole or per tensor,
- * and the mean loss.
+ * the mean loss, and the one-stage step's clipping coefficient.
  */
 #include "executor/cuda/cuda_common.cuh"
 
@@ -242,19 +242,64 @@ extern "C" cudaError_t cuda_square_sums_per_tensor(
 
 /* ------------------------------------------------------------------ mean */
 
-__global__ void mean_kernel(double *out, const float *values, int count)
+/* The mean of values[0..count) in double, on thread 0 of the block. */
+static __device__ double block_mean(const float *values, int count)
 {
     double sum = 0.0;
     for (int i = threadIdx.x; i < count; i += blockDim.x)
         sum += values[i];
-    sum = block_sum_double(sum);
+    return block_sum_double(sum) / count;
+}
+
+__global__ void mean_kernel(double *out, const float *values, int count)
+{
+    double mean = block_mean(values, count);
     if (threadIdx.x == 0)
-        out[0] = sum / count;
+        out[0] = mean;
 }
 
 extern "C" cudaError_t cuda_mean(double *out, const float *values, int count,
                                  cudaStream_t stream)
 {
     mean_kernel<<<1, 1024, 0, stream>>>(out, values, count);
+    return cudaGetLastError();
+}
+
+/* the float the host read back before the step stayed on the device,
+ * widened again, so the sum is the host's to the bit */
+__global__ void mean_add_kernel(double *sum, const float *values, int count)
+{
+    double mean = block_mean(values, count);
+    if (threadIdx.x == 0)
+        sum[0] += (double)(float)mean;
+}
+
+extern "C" cudaError_t cuda_mean_add(double *sum, const float *values,
+                                     int count, cudaStream_t stream)
+{
+    mean_add_kernel<<<1, 1024, 0, stream>>>(sum, values, count);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- clipping */
+
+/* clip_coefficient (executor/stage/optimizer.c) on the device: sqrt and
+ * the division in double are correctly rounded on both sides, so the
+ * norm and the coefficient are the host's. */
+__global__ void step_clip_kernel(cuda_step_values *step, float max_norm)
+{
+    double norm = sqrt(step->square_sum);
+    step->grad_norm = norm;
+    step->non_finite = !isfinite(step->loss_sum) || !isfinite(norm);
+    float scale = 1.0f;
+    if (max_norm > 0.0f && norm > max_norm)
+        scale = (float)(max_norm / (norm + 1e-6));
+    step->clip_scale = scale;
+}
+
+extern "C" cudaError_t cuda_step_clip(cuda_step_values *step, float max_norm,
+                                      cudaStream_t stream)
+{
+    step_clip_kernel<<<1, 1, 0, stream>>>(step, max_norm);
     return cudaGetLastError();
 }

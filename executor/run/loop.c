@@ -8,7 +8,6 @@
  */
 #include "executor/run/internal.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,28 +33,30 @@ enum { ITERATION_ABANDONED = 1 };
 
 /* The forwards and backwards of one iteration's micro-batches, with the
  * gradients averaged through loss_scale, as train_step does; each phase
- * timed from iteration_start. ITERATION_ABANDONED when the stop flag
- * rose before a micro-batch. */
+ * timed from iteration_start (a step kept on the device: until its work
+ * is queued, the device's times replacing these at its end:
+ * device_phase_events). ITERATION_ABANDONED when the stop flag rose
+ * before a micro-batch. */
 static int accumulate_gradients(run_context *ctx, const run_result *out,
                                 double iteration_start, run_event *events,
-                                double *mean_loss, pt_error *err)
+                                pt_error *err)
 {
     size_t window = (size_t)ctx->shape.seq + 1;
-    double loss_sum = 0.0;
     for (int m = 0; m < out->micro_batches; m++) {
-        if (stop_raised(ctx->options))
+        if (stop_raised(ctx->options)) {
+            stage_step_abandon(&ctx->stage);
             return ITERATION_ABANDONED;
+        }
         stage_io io = {
             .mbs = out->mbs,
             .tokens = ctx->tokens + (size_t)m * (size_t)out->mbs * window,
             .loss_scale = 1.0f / (float)out->micro_batches,
         };
-        float loss = 0.0f;
         double forward_start = pt_monotonic_seconds();
-        if (stage_forward(&ctx->stage, 0, &io, &loss, err) != 0)
+        if (stage_step_forward(&ctx->stage, &io, err) != 0)
             return -1;
         double backward_start = pt_monotonic_seconds();
-        if (stage_backward(&ctx->stage, 0, &io, err) != 0)
+        if (stage_step_backward(&ctx->stage, &io, err) != 0)
             return -1;
         double backward_end = pt_monotonic_seconds();
         set_event(&events[2 * m], m, "fwd", forward_start - iteration_start,
@@ -63,35 +64,55 @@ static int accumulate_gradients(run_context *ctx, const run_result *out,
         set_event(&events[2 * m + 1], m, "bwd",
                   backward_start - iteration_start,
                   backward_end - iteration_start);
-        loss_sum += loss;
     }
-    *mean_loss = loss_sum / out->micro_batches;
     return 0;
 }
 
-/* Global norm, clipping and AdamW: the "optimizer" event. */
-static int optimizer_step(run_context *ctx, double mean_loss,
+/* Global norm, clipping and AdamW: the "optimizer" event, which ends
+ * with the step's one wait for the loss and the norm. */
+static int optimizer_step(run_context *ctx, const run_result *out,
                           run_iteration *record, pt_error *err)
 {
     const train_config *train = &ctx->options->train;
-    double square_sum = 0.0;
-    if (stage_grad_square_sum(&ctx->stage, &square_sum, err) != 0)
+    float learning_rate = (float)lr_schedule_at(&train->schedule,
+                                                ctx->stage.optimizer_steps);
+    stage_step_totals totals;
+    if (stage_step_apply(&ctx->stage, train, learning_rate, err) != 0 ||
+        stage_step_end(&ctx->stage, &totals, err) != 0)
         return -1;
-    double grad_norm = sqrt(square_sum);
-    if (!isfinite(mean_loss) || !isfinite(grad_norm))
+    double mean_loss = totals.loss_sum / out->micro_batches;
+    if (!totals.applied)
         return pt_fail(err, "iteration %ld: the loss (%g) or the gradient "
                             "norm (%g) is not finite; the step was not "
                             "applied",
-                       record->iteration, mean_loss, grad_norm);
-    float learning_rate = (float)lr_schedule_at(&train->schedule,
-                                                ctx->stage.optimizer_steps);
-    float scale = clip_coefficient(grad_norm, train->max_grad_norm);
-    if (stage_adamw_step(&ctx->stage, &train->adamw, learning_rate, scale,
-                         err) != 0)
-        return -1;
+                       record->iteration, mean_loss, totals.grad_norm);
     record->loss = (float)mean_loss;
-    record->grad_norm = (float)grad_norm;
+    record->grad_norm = (float)totals.grad_norm;
     record->learning_rate = learning_rate;
+    return 0;
+}
+
+/* A step kept on the device: its phases' events from the device's marks
+ * (the host's clock saw only their queueing), counted from begin_s, the
+ * iteration's clock as the step began: the device was idle then (the
+ * last step ended with its wait), so that is its mark 0. Event e
+ * (forward m at 2m, backward m at 2m + 1, the optimizer at 2M) lies
+ * between marks e and e + 1. */
+static int device_phase_events(run_context *ctx, const run_result *out,
+                               double begin_s, run_event *events,
+                               pt_error *err)
+{
+    if (!ctx->stage.step.marked)
+        return 0;
+    double previous = 0.0;
+    for (int mark = 1; mark <= 2 * out->micro_batches + 1; mark++) {
+        double seconds = 0.0;
+        if (stage_step_mark_seconds(&ctx->stage, mark, &seconds, err) != 0)
+            return -1;
+        events[mark - 1].start_s = begin_s + previous;
+        events[mark - 1].end_s = begin_s + seconds;
+        previous = seconds;
+    }
     return 0;
 }
 
@@ -148,19 +169,20 @@ static int run_iteration_once(run_context *ctx, const run_result *out,
     if (ctx->parallel)
         return parallel_step(ctx, start, events, event_count, record, err);
     *event_count = 2 * out->micro_batches + 1;
-    double mean_loss = 0.0;
-    if (stage_zero_grads(&ctx->stage, err) != 0)
+    double begin = pt_monotonic_seconds();
+    if (stage_step_begin(&ctx->stage, err) != 0)
         return -1;
-    int accumulated = accumulate_gradients(ctx, out, start, events,
-                                           &mean_loss, err);
+    int accumulated = accumulate_gradients(ctx, out, start, events, err);
     if (accumulated != 0)
         return accumulated;
     double optimizer_start = pt_monotonic_seconds();
-    if (optimizer_step(ctx, mean_loss, record, err) != 0)
+    if (optimizer_step(ctx, out, record, err) != 0)
         return -1;
     double end = pt_monotonic_seconds();
     set_event(&events[2 * out->micro_batches], -1, "optimizer",
               optimizer_start - start, end - start);
+    if (device_phase_events(ctx, out, begin - start, events, err) != 0)
+        return -1;
     record->step_time_s = end - start;
     return 0;
 }

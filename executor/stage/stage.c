@@ -377,8 +377,7 @@ int stage_grad_norm_share(const model_stage *stage, double *out,
     return status;
 }
 
-int stage_adamw_step(model_stage *stage, const adamw_config *config,
-                     float learning_rate, float grad_scale, pt_error *err)
+int stage_adamw_check(const adamw_config *config, pt_error *err)
 {
     if (!(config->beta1 >= 0.0f && config->beta1 < 1.0f) ||
         !(config->beta2 >= 0.0f && config->beta2 < 1.0f) ||
@@ -387,6 +386,14 @@ int stage_adamw_step(model_stage *stage, const adamw_config *config,
                             "weight_decay >= 0 (got %g, %g, %g, %g)",
                        config->beta1, config->beta2, config->eps,
                        config->weight_decay);
+    return 0;
+}
+
+int stage_adamw_step(model_stage *stage, const adamw_config *config,
+                     float learning_rate, float grad_scale, pt_error *err)
+{
+    if (stage_adamw_check(config, err) != 0)
+        return -1;
     stage->optimizer_steps++;
     int status = stage->offload != NULL
                      ? stage_offload_step(stage, config, learning_rate,

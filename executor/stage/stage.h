@@ -234,6 +234,34 @@ stage_unit_kind stage_unit_at(const stage_units *units, size_t offset,
 struct stage_backend;
 struct model_stage;
 
+/* What a one-stage step reports once its update is queued: the sum of
+ * its micro-batches' mean losses (each rounded to float, as a forward
+ * returns it; nats per token), the global gradient norm before
+ * clipping, and whether the AdamW update was applied (not when the
+ * loss sum or the norm is not finite). */
+typedef struct stage_step_totals {
+    double loss_sum;
+    double grad_norm;
+    bool applied;
+} stage_step_totals;
+
+/* A one-stage step in progress (train.c). on_device: the backend keeps
+ * the loss sum, the norm and the clipping in its own memory
+ * (stage_backend.step_apply): its forward with the head adds its
+ * mean loss to the sum instead of returning it (it writes 0), and its
+ * forward and backward return once their work is queued, so the host
+ * waits once a step, in stage_step_end. Else the wrappers keep `host`
+ * from the losses forward returns and the norm the backend reads back. */
+typedef struct stage_step_state {
+    bool on_device;
+    stage_step_totals host;
+    /* on_device with a backend that marks the device's progress
+     * (stage_backend.step_mark): stage_step_mark_seconds reads it,
+     * until the next stage_step_begin */
+    bool marked;
+    int micro_batches;            /* forwards of the step so far */
+} stage_step_state;
+
 /* What a backend calls per unit (floats [first, first + count) of the
  * parameter buffer, in `unit`, backend memory) under ZeRO-2/3: with
  * spec.shard_gradients as each unit's gradients of one micro-batch are
@@ -343,6 +371,9 @@ typedef struct model_stage {
     /* The host side of spec.offload_optimizer (stage/offload.c); NULL
      * without offload. Owned. */
     struct stage_offload *offload;
+    /* The one-stage step in progress (stage_step_begin to
+     * stage_step_end, train.c). */
+    stage_step_state step;
 } model_stage;
 
 /* What one micro-batch brings to a stage's forward or backward call.
@@ -392,6 +423,9 @@ typedef struct adamw_config {
 } adamw_config;
 
 adamw_config adamw_defaults(void);
+/* Fails on hyper-parameters AdamW cannot use (betas outside [0, 1), eps
+ * not above 0, a negative decay). */
+int stage_adamw_check(const adamw_config *config, pt_error *err);
 
 /*
  * The backend interface: a table of functions every backend provides.
@@ -448,6 +482,24 @@ typedef struct stage_backend {
                       pt_error *err);
     int (*zero_range)(model_stage *stage, stage_buffer which, size_t first,
                       size_t count, pt_error *err);
+    /* The one-stage step kept on the backend (stage_step_state's
+     * on_device; NULL for a backend without it: cpu). step_apply queues
+     * the global norm of the gradients, the clipping coefficient for
+     * max_grad_norm (clip_coefficient's arithmetic) and AdamW, which
+     * reads the coefficient in backend memory and leaves every buffer
+     * as it was when the loss sum or the norm is not finite;
+     * step_totals waits for it and reads back the totals. */
+    int (*step_apply)(model_stage *stage, const adamw_config *config,
+                      float learning_rate, float max_grad_norm,
+                      pt_error *err);
+    int (*step_totals)(model_stage *stage, stage_step_totals *out,
+                       pt_error *err);
+    /* Marks where the device's queue has reached (mark 0, 1, ... in
+     * order within a step), and, once step_totals returned, the seconds
+     * from mark 0 to `mark` on the device's clock. NULL: no marks. */
+    int (*step_mark)(model_stage *stage, int mark, pt_error *err);
+    int (*step_mark_seconds)(const model_stage *stage, int mark,
+                             double *seconds, pt_error *err);
     /* Host memory the backend copies fastest from and to (pinned, on
      * cuda); NULL: malloc and free. */
     void *(*host_alloc)(size_t bytes);
@@ -555,7 +607,8 @@ void stage_offload_params_written(model_stage *stage);
  * Forward of one micro-batch into activation slot `slot` (kept until its
  * backward). A stage with the head writes the mean cross-entropy over the
  * micro-batch's mbs x seq positions (nats per token) to *mean_loss; others
- * write 0. mean_loss may be NULL.
+ * write 0, and so does one in a step kept on its backend
+ * (stage_step_state), which sums the loss there. mean_loss may be NULL.
  */
 int stage_forward(model_stage *stage, int slot, const stage_io *io,
                   float *mean_loss, pt_error *err);
@@ -663,6 +716,39 @@ typedef struct step_result {
 int train_step(model_stage *stage, const train_config *config,
                const uint32_t *tokens, int micro_batches, int mbs,
                step_result *out, pt_error *err);
+
+/*
+ * The same step in parts, for callers that time or interleave them (the
+ * run's loop, the benchmark): begin (zero the gradients and the loss
+ * sum), per micro-batch stage_step_forward and stage_step_backward (slot
+ * 0), then apply (global norm, clipping, AdamW at learning_rate) and end,
+ * which fills *out and leaves optimizer_steps counting the update only
+ * when it was applied (a loss or norm that is not finite: nothing
+ * changed; the caller reports it). Only a whole-model stage of one rank
+ * (tp 1, one optimizer shard, no offload, not defer_sync) keeps the
+ * step on a backend that can (cuda: no host wait between begin and
+ * end); every other stage takes the host path, the calls train_step
+ * made before. stage_step_abandon drops a step begun (the stop flag
+ * between micro-batches); nothing of it is applied.
+ */
+int stage_step_begin(model_stage *stage, pt_error *err);
+int stage_step_forward(model_stage *stage, const stage_io *io,
+                       pt_error *err);
+int stage_step_backward(model_stage *stage, const stage_io *io,
+                        pt_error *err);
+int stage_step_apply(model_stage *stage, const train_config *config,
+                     float learning_rate, pt_error *err);
+int stage_step_end(model_stage *stage, stage_step_totals *out,
+                   pt_error *err);
+void stage_step_abandon(model_stage *stage);
+/* After stage_step_end of a step kept on a backend that marks its
+ * progress (stage_step_state.marked; else it fails): when the device
+ * reached mark `mark` of the step, in seconds from its begin. Mark 0 is
+ * the begin, 2m + 1 the end of micro-batch m's forward, 2m + 2 of its
+ * backward, 2M + 1 of the update (M micro-batches): the phases' device
+ * times, where the host's clock sees only their queueing. */
+int stage_step_mark_seconds(const model_stage *stage, int mark,
+                            double *seconds, pt_error *err);
 
 /* -------------------------------------------------- random numbers */
 

@@ -8,7 +8,10 @@
  * cpu loss at every step (within 2 % relative, bf16 products against
  * fp32) and both must learn (the data follow a fixed successor rule
  * 90 % of the time, so the loss must fall well below its starting value
- * of about ln(vocab)).
+ * of about ln(vocab)). Then the step kept on the device (the loss sum,
+ * norm and clipping in device memory, one read-back) against the host
+ * path on a twin stage: the same numbers to the bit, and a step with a
+ * NaN refused with nothing applied.
  *
  * Usage: test_cuda_training [steps]
  */
@@ -136,6 +139,164 @@ static void train_recipe(gpu_test_tally *tally, int steps, bool bf16_grads,
     model_stage_destroy(&gpu);
 }
 
+/* The step as the cuda backend ran it before it stayed on the device
+ * (issue 34): each micro-batch's loss, then the norm, read back, the
+ * check and the clipping on the host. */
+static int host_path_step(model_stage *stage, const train_config *config,
+                          const uint32_t *tokens, int micro_batches, int mbs,
+                          step_result *out, pt_error *err)
+{
+    size_t window = (size_t)stage->shape.seq + 1;
+    double loss_sum = 0.0;
+    if (stage_zero_grads(stage, err) != 0)
+        return -1;
+    for (int m = 0; m < micro_batches; m++) {
+        stage_io io = {.mbs = mbs,
+                       .tokens = tokens + (size_t)m * (size_t)mbs * window,
+                       .loss_scale = 1.0f / (float)micro_batches};
+        float loss = 0.0f;
+        if (stage_forward(stage, 0, &io, &loss, err) != 0 ||
+            stage_backward(stage, 0, &io, err) != 0)
+            return -1;
+        loss_sum += loss;
+    }
+    double square_sum = 0.0;
+    if (stage_grad_square_sum(stage, &square_sum, err) != 0)
+        return -1;
+    double grad_norm = sqrt(square_sum);
+    float learning_rate =
+        (float)lr_schedule_at(&config->schedule, stage->optimizer_steps);
+    float scale = clip_coefficient(grad_norm, config->max_grad_norm);
+    if (stage_adamw_step(stage, &config->adamw, learning_rate, scale,
+                         err) != 0)
+        return -1;
+    out->loss = (float)(loss_sum / micro_batches);
+    out->grad_norm = (float)grad_norm;
+    out->learning_rate = learning_rate;
+    return 0;
+}
+
+/* Whether two stages' buffer `which` hold the same bits. */
+static bool same_buffer(const model_stage *a, const model_stage *b,
+                        stage_buffer which)
+{
+    float *x = gpu_test_read_buffer(a, which);
+    float *y = gpu_test_read_buffer(b, which);
+    bool same = memcmp(x, y, a->param_count * sizeof *x) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* A NaN in the parameters: train_step on the device path must refuse
+ * the step (not finite), leaving parameters, moments and the step count
+ * as they were. */
+static void check_refusal(gpu_test_tally *tally, model_stage *gpu,
+                          model_stage *twin, const train_config *config,
+                          const uint32_t *tokens, int micro_batches, int mbs,
+                          const char *recipe)
+{
+    pt_error err;
+    float nan_value = NAN;
+    const param_tensor *t = model_stage_find_tensor(gpu, "final_norm_weight");
+    PT_CHECK(model_stage_write_range(gpu, STAGE_PARAMS, t->offset, 1,
+                                     &nan_value, &err),
+             &err);
+    PT_CHECK(model_stage_write_range(twin, STAGE_PARAMS, t->offset, 1,
+                                     &nan_value, &err),
+             &err);
+    long steps_before = gpu->optimizer_steps;
+    step_result result;
+    int status = train_step(gpu, config, tokens, micro_batches, mbs,
+                            &result, &err);
+    char line[256];
+    snprintf(line, sizeof line,
+             "device step, %s: a NaN parameter is refused (%.120s), nothing "
+             "applied",
+             recipe, status != 0 ? err.message : "accepted");
+    gpu_test_expect(tally,
+                    status != 0 && strstr(err.message, "not finite") &&
+                        gpu->optimizer_steps == steps_before &&
+                        same_buffer(gpu, twin, STAGE_PARAMS) &&
+                        same_buffer(gpu, twin, STAGE_ADAM_M) &&
+                        same_buffer(gpu, twin, STAGE_ADAM_V),
+                    line);
+}
+
+/* The step kept on the device (train_step) against the host path on a
+ * twin cuda stage: the same losses, norms and parameters, to the bit. */
+static void check_device_step(gpu_test_tally *tally, bool bf16_grads,
+                              const char *recipe)
+{
+    pt_error err;
+    model_shape shape = test_shape();
+    int mbs = 4, micro_batches = 2, steps = 5;
+    stage_spec spec = stage_spec_whole_model(&shape);
+    spec.bf16_grads = bf16_grads;
+    model_stage gpu, twin;
+    PT_CHECK(cuda_model_stage_create(&gpu, &shape, &spec, mbs, 1, &err),
+             &err);
+    PT_CHECK(cuda_model_stage_create(&twin, &shape, &spec, mbs, 1, &err),
+             &err);
+    PT_CHECK(model_stage_init_parameters(&gpu, 7, &err), &err);
+    PT_CHECK(model_stage_init_parameters(&twin, 7, &err), &err);
+    train_config config = train_config_defaults();
+    config.schedule.max_lr = 2e-3;
+    config.schedule.warmup_steps = 2;
+    config.schedule.decay_steps = steps;
+    config.max_grad_norm = 0.5f; /* clips: the coefficient matters */
+    int window = shape.seq + 1;
+    uint32_t *tokens = gpu_test_host((size_t)mbs * micro_batches * window *
+                                     sizeof *tokens);
+    uint64_t state = 11;
+    bool same = true;
+    for (int step = 0; step < steps; step++) {
+        make_batch(tokens, mbs * micro_batches, window, shape.vocab, &state);
+        step_result device, host;
+        PT_CHECK(train_step(&gpu, &config, tokens, micro_batches, mbs,
+                            &device, &err),
+                 &err);
+        PT_CHECK(host_path_step(&twin, &config, tokens, micro_batches, mbs,
+                                &host, &err),
+                 &err);
+        same = same && memcmp(&device, &host, sizeof device) == 0;
+    }
+    char line[256];
+    snprintf(line, sizeof line,
+             "device step, %s: losses, norms and rates of %d steps the host "
+             "path's to the bit",
+             recipe, steps);
+    gpu_test_expect(tally, same, line);
+    snprintf(line, sizeof line,
+             "device step, %s: parameters and moments the host path's to "
+             "the bit",
+             recipe);
+    gpu_test_expect(tally,
+                    same_buffer(&gpu, &twin, STAGE_PARAMS) &&
+                        same_buffer(&gpu, &twin, STAGE_ADAM_M) &&
+                        same_buffer(&gpu, &twin, STAGE_ADAM_V) &&
+                        gpu.optimizer_steps == twin.optimizer_steps,
+                    line);
+    /* the last step's marks: its phases on the device's clock, in order */
+    bool ordered = gpu.step.marked;
+    double previous = 0.0;
+    for (int mark = 1; ordered && mark <= 2 * micro_batches + 1; mark++) {
+        double seconds = 0.0;
+        PT_CHECK(stage_step_mark_seconds(&gpu, mark, &seconds, &err), &err);
+        ordered = seconds >= previous;
+        previous = seconds;
+    }
+    snprintf(line, sizeof line,
+             "device step, %s: the step's %d device marks come in order",
+             recipe, 2 * micro_batches + 2);
+    gpu_test_expect(tally, ordered, line);
+    check_refusal(tally, &gpu, &twin, &config, tokens, micro_batches, mbs,
+                  recipe);
+    free(tokens);
+    model_stage_destroy(&gpu);
+    model_stage_destroy(&twin);
+}
+
 int main(int argc, char **argv)
 {
     gpu_test_require_device("test_cuda_training");
@@ -143,5 +304,7 @@ int main(int argc, char **argv)
     int steps = argc > 1 ? atoi(argv[1]) : 50;
     train_recipe(&tally, steps, false, "fp32 gradients");
     train_recipe(&tally, steps, true, "bf16 gradients (llm.c)");
+    check_device_step(&tally, false, "fp32 gradients");
+    check_device_step(&tally, true, "bf16 gradients (llm.c)");
     return gpu_test_finish(&tally, "test_cuda_training");
 }

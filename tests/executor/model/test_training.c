@@ -2,7 +2,8 @@
  * Training end to end on the cpu backend: a tiny GPT trained repeatedly on
  * one fixed batch must memorise it, and a step must report the gradient
  * norm and learning rate it used; under llm.c's recipe (bf16 gradients)
- * the gradients are bf16 values and the batch is memorised as well.
+ * the gradients are bf16 values and the batch is memorised as well; a
+ * step whose loss or norm is not finite is refused with nothing applied.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -219,6 +220,46 @@ static void test_bf16_residual(void **state)
     model_stage_destroy(&exact);
 }
 
+/* A NaN parameter makes the loss and the norm NaN: the step is refused
+ * and nothing of it applied (parameters, moments, the step count). */
+static void test_non_finite_refused(void **state)
+{
+    (void)state;
+    model_stage stage;
+    pt_error err;
+    open_tiny_stage(&stage, false, 3);
+    uint32_t *tokens = random_batch(8);
+    train_config config = memorise_config();
+    step_result result;
+    assert_int_equal(train_step(&stage, &config, tokens, MICRO_BATCHES, MBS,
+                                &result, &err),
+                     0);
+    const param_tensor *t = model_stage_find_tensor(&stage,
+                                                    "final_norm_weight");
+    assert_non_null(t);
+    float nan_value = NAN;
+    assert_int_equal(model_stage_write_range(&stage, STAGE_PARAMS, t->offset,
+                                             1, &nan_value, &err),
+                     0);
+    size_t bytes = stage.param_count * sizeof(float);
+    float *before = malloc(3 * bytes);
+    assert_non_null(before);
+    memcpy(before, stage.params, bytes);
+    memcpy((char *)before + bytes, stage.adam_m, bytes);
+    memcpy((char *)before + 2 * bytes, stage.adam_v, bytes);
+    assert_int_equal(train_step(&stage, &config, tokens, MICRO_BATCHES, MBS,
+                                &result, &err),
+                     -1);
+    assert_non_null(strstr(err.message, "not finite"));
+    assert_int_equal(stage.optimizer_steps, 1);
+    assert_memory_equal(before, stage.params, bytes);
+    assert_memory_equal((char *)before + bytes, stage.adam_m, bytes);
+    assert_memory_equal((char *)before + 2 * bytes, stage.adam_v, bytes);
+    free(before);
+    free(tokens);
+    model_stage_destroy(&stage);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -226,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_step_reports),
         cmocka_unit_test(test_bf16_grads),
         cmocka_unit_test(test_bf16_residual),
+        cmocka_unit_test(test_non_finite_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
