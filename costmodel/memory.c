@@ -342,7 +342,9 @@ static head_memory head_memory_of(const model_shape *m,
                                   HEAD_CHUNK_ROW_MULTIPLE);
         }
         h.chunk = d->e * rows * d->Vp;
-        lendable = fmax(h.chunk, ATTENTION_LENT_ROOM);
+        /* up to what the whole logits would lend (buffers.c) */
+        lendable = fmax(fmax(h.chunk, ATTENTION_LENT_ROOM),
+                        d->e * d->N * d->Vp);
     } else if (head) {
         h.slot_logits = d->e * d->N * d->Vp;
         lendable = h.slot_logits;

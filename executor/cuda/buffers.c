@@ -459,12 +459,19 @@ static void plan_head(buffer_layout *out, const char *rows)
     const stage_dims *d = &out->dims;
     bool fused = out->spec.has_head && d->tp == 1 && !out->grads_by_unit;
     size_t lendable = whole_logits_bytes(out);
+    size_t row_bytes = (size_t)out->ld_logits * sizeof(pt_bf16);
     if (fused) {
         out->head_rows = head_chunk_rows(out, rows);
-        size_t chunk = (size_t)out->head_rows * (size_t)out->ld_logits *
-                       sizeof(pt_bf16);
+        size_t chunk = (size_t)out->head_rows * row_bytes;
         out->head_chunk_bytes = chunk;
-        lendable = chunk > ATTENTION_LENT_ROOM ? chunk : ATTENTION_LENT_ROOM;
+        /* the chunk may grow to lend cuDNN what the whole logits would
+         * have: splitting the attention's backward into pieces costs
+         * 1-3 % of a GPT-2 step on an H200, the chunks themselves
+         * nothing (docs/cuda-backend.md, "The fused head") */
+        if (lendable < ATTENTION_LENT_ROOM)
+            lendable = ATTENTION_LENT_ROOM;
+        if (lendable < chunk)
+            lendable = chunk;
     }
     if (!cudnn_layers(out))
         return;
@@ -475,6 +482,13 @@ static void plan_head(buffer_layout *out, const char *rows)
             d->B / out->attention_split, d->T, d->NH);
         if (piece > out->head_chunk_bytes)
             out->head_chunk_bytes = piece + ATTENTION_LENT_SLACK;
+        /* rows the grown buffer holds: fewer chunks in the same bytes
+         * (unless PARTITA_CUDA_HEAD_ROWS fixed them) */
+        size_t fit = out->head_chunk_bytes / row_bytes /
+                     HEAD_CHUNK_ROW_MULTIPLE * HEAD_CHUNK_ROW_MULTIPLE;
+        if ((rows == NULL || atol(rows) <= 0) &&
+            fit > (size_t)out->head_rows)
+            out->head_rows = fit < (size_t)d->N ? (int)fit : d->N;
     }
 }
 
