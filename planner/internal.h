@@ -617,6 +617,7 @@ typedef struct asym_relax asym_relax;
 typedef struct asym_relax_view {
     bool infeasible;
     const double *bottleneck;            /* [layers + 1] */
+    const double *paced;   /* [layers + 1]: their least max (m - 1) T */
     int interval_count;
     const double *bounds;                /* [interval_count + 1] */
     void *table;

@@ -45,6 +45,7 @@ typedef struct block {
 typedef struct relax_table {
     int gpus, flags;
     double *bottleneck;                /* [(gpus + 1) x flags x (L + 1)] */
+    double *paced;                     /* the same of (m - 1) T alone */
     double *sums[INTERVALS + 1];       /* per interval */
     block *blocks;                     /* [shapes x ranks] */
     double *block_work;
@@ -137,28 +138,42 @@ static int position_of(const relax_table *t, int n)
     return i;
 }
 
-/* A block's C at x layers: (m - 1) T + W. */
+/* What a table holds. */
+typedef enum table_kind {
+    TABLE_MAX,   /* the least max C */
+    TABLE_PACED, /* the least max (m - 1) T */
+    TABLE_SUM    /* the least sum of T with every C under a bound */
+} table_kind;
+
+/* A block's C at x layers: (m - 1) T + W (W left out when paced). */
 static double block_cost(const block *b, int role, int x, double weight)
 {
     return weight * (b->fixed[role] + b->pace * x) + b->work[role][x];
 }
 
+static double block_paced(const block *b, int role, int x, double weight)
+{
+    return weight * (b->fixed[role] + b->pace * x);
+}
+
 /* out[y] = min(out[y], min over x of max(prev[y - x], C(x))), both
  * non-decreasing: the crossing moves right with y. */
 static void join_max(const double *prev, const block *b, int role, int cap,
-                     double weight, int layers, double *out)
+                     double weight, bool paced, int layers, double *out)
 {
+    double (*cost)(const block *, int, int, double) =
+        paced ? block_paced : block_cost;
     int x = 0;
     for (int y = 0; y <= layers; y++) {
         int most = cap < y ? cap : y;
         if (x > most)
             x = most;
-        while (x < most && block_cost(b, role, x, weight) < prev[y - x])
+        while (x < most && cost(b, role, x, weight) < prev[y - x])
             x++;
-        double best = asym_max(prev[y - x], block_cost(b, role, x, weight));
+        double best = asym_max(prev[y - x], cost(b, role, x, weight));
         if (x > 0)
             best = asym_min(best, asym_max(prev[y - x + 1],
-                                   block_cost(b, role, x - 1, weight)));
+                                           cost(b, role, x - 1, weight)));
         if (best < out[y])
             out[y] = best;
     }
@@ -214,10 +229,9 @@ static int room_under(const block *b, int role, int cap, double weight,
     return lo;
 }
 
-/* sums false: the least max C; true: the least sum of T with every C at
- * most `bound`. */
+/* The table of a kind (TABLE_SUM: every C at most `bound`). */
 static void run_table(asym_relax *r, const relax_table *t, int batch,
-                      bool sums, double bound, double *table)
+                      table_kind kind, double bound, double *table)
 {
     const asym_batch *mb = &r->batches[batch];
     int layers = r->layers, width = layers + 1, flags = t->flags;
@@ -240,8 +254,9 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
                     if (to < 0 || cap < 0)
                         continue;
                     double *out = &table[(n * flags + to) * width];
-                    if (!sums) {
-                        join_max(prev, b, role, cap, weight, layers, out);
+                    if (kind != TABLE_SUM) {
+                        join_max(prev, b, role, cap, weight,
+                                 kind == TABLE_PACED, layers, out);
                         continue;
                     }
                     int room = room_under(b, role, cap, weight, bound);
@@ -259,6 +274,7 @@ static void free_table(relax_table *t)
     if (t == NULL)
         return;
     free(t->bottleneck);
+    free(t->paced);
     for (int j = 0; j <= INTERVALS; j++)
         free(t->sums[j]);
     free(t->blocks);
@@ -299,7 +315,9 @@ static relax_table *build_table(asym_relax *r, int batch, int mask,
                                                  ASYM_ROLES * (r->layers + 1) +
                                              1));
     t->bottleneck = malloc(sizeof(double) * cells);
-    if (t->blocks == NULL || t->block_work == NULL || t->bottleneck == NULL) {
+    t->paced = malloc(sizeof(double) * cells);
+    if (t->blocks == NULL || t->block_work == NULL || t->bottleneck == NULL ||
+        t->paced == NULL) {
         free_table(t);
         pt_fail(err, "search: out of memory for the floors");
         return NULL;
@@ -308,8 +326,9 @@ static relax_table *build_table(asym_relax *r, int batch, int mask,
         free_table(t);
         return NULL;
     }
-    run_table(r, t, batch, false, INFINITY, t->bottleneck);
-    r->table_bytes += cells * sizeof(double);
+    run_table(r, t, batch, TABLE_MAX, INFINITY, t->bottleneck);
+    run_table(r, t, batch, TABLE_PACED, INFINITY, t->paced);
+    r->table_bytes += 2 * cells * sizeof(double);
     return t;
 }
 
@@ -471,7 +490,7 @@ int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
     const batch_state *s = &r->states[q->batch];
     *out = (asym_relax_view){.batch = q->batch, .bounds = s->bounds,
                              .interval_count = s->interval_count,
-                             .bottleneck = r->none};
+                             .bottleneck = r->none, .paced = r->none};
     if (n == 0)
         return 0; /* no GPU left: the stages placed are the plan */
     relax_table *t, *sums;
@@ -481,6 +500,7 @@ int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
     out->row = ((size_t)n * t->flags + flags) * (size_t)(r->layers + 1);
     out->table = sums;
     out->bottleneck = t->bottleneck + out->row;
+    out->paced = t->paced + out->row;
     out->infeasible = !(out->bottleneck[0] < INFINITY);
     return 0;
 }
@@ -498,7 +518,8 @@ int asym_relax_sum(asym_relax *r, const asym_relax_view *view, int j,
         t->sums[j] = malloc(sizeof(double) * cells);
         if (t->sums[j] == NULL)
             return pt_fail(err, "search: out of memory for the floors");
-        run_table(r, t, view->batch, true, view->bounds[j + 1], t->sums[j]);
+        run_table(r, t, view->batch, TABLE_SUM, view->bounds[j + 1],
+                  t->sums[j]);
         r->table_bytes += cells * sizeof(double);
     }
     *out = t->sums[j] + view->row;
