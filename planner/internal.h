@@ -606,6 +606,8 @@ typedef struct asym_floor_query {
     int inflight;           /* the stages to come hold at least this many
                                micro-batches in flight at their peak */
     bool root;              /* nothing placed: the last stage is to come */
+    bool full;              /* refined up to the threshold, not only until
+                               it is known not to cut */
 } asym_floor_query;
 
 /* search_asym_relax.c: the stages to come, relaxed. */

@@ -209,7 +209,8 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
     /* the intervals of max C from the least up: an interval's floor is at
        least its lower end plus that sum, so once that passes the least
        found no later one matters; once the least is below the threshold
-       (no cut), or that alone reaches it (a cut), it floors the rest */
+       (no cut; unless the query asks for the floor in full), or that alone
+       reaches it (a cut), it floors the rest */
     double best = INFINITY;
     for (int j = 0; j <= last; j++) {
         double from = fmax(view.bounds[j], low), to = view.bounds[j + 1];
@@ -217,7 +218,7 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
             continue;
         if (from + unbounded >= best)
             break;
-        if (best < threshold || from + unbounded >= threshold) {
+        if ((best < threshold && !q->full) || from + unbounded >= threshold) {
             best = fmin(best, from + unbounded);
             break;
         }

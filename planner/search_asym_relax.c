@@ -315,9 +315,10 @@ static relax_table *build_table(asym_relax *r, int batch, int mask,
                                                  ASYM_ROLES * (r->layers + 1) +
                                              1));
     t->bottleneck = malloc(sizeof(double) * cells);
-    t->paced = malloc(sizeof(double) * cells);
+    /* a floor at the root has no work floor to add (asym_bound_floor) */
+    t->paced = root ? NULL : malloc(sizeof(double) * cells);
     if (t->blocks == NULL || t->block_work == NULL || t->bottleneck == NULL ||
-        t->paced == NULL) {
+        (!root && t->paced == NULL)) {
         free_table(t);
         pt_fail(err, "search: out of memory for the floors");
         return NULL;
@@ -327,8 +328,9 @@ static relax_table *build_table(asym_relax *r, int batch, int mask,
         return NULL;
     }
     run_table(r, t, batch, TABLE_MAX, INFINITY, t->bottleneck);
-    run_table(r, t, batch, TABLE_PACED, INFINITY, t->paced);
-    r->table_bytes += 2 * cells * sizeof(double);
+    if (!root)
+        run_table(r, t, batch, TABLE_PACED, INFINITY, t->paced);
+    r->table_bytes += (root ? 1 : 2) * cells * sizeof(double);
     return t;
 }
 
@@ -500,7 +502,7 @@ int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
     out->row = ((size_t)n * t->flags + flags) * (size_t)(r->layers + 1);
     out->table = sums;
     out->bottleneck = t->bottleneck + out->row;
-    out->paced = t->paced + out->row;
+    out->paced = (t->paced != NULL ? t->paced : t->bottleneck) + out->row;
     out->infeasible = !(out->bottleneck[0] < INFINITY);
     return 0;
 }
