@@ -559,7 +559,8 @@ typedef struct asym_stages asym_stages;
 enum { ASYM_MIDDLE, ASYM_FIRST, ASYM_LAST, ASYM_ROLES };
 
 /* Floors of what any stage of a shape that holds a GPU of a type costs,
- * by role: its pace, its fixed time without sends, its per-step work by
+ * by role: its pace, its fixed time without sends (the relaxation adds
+ * asym_stages_send_floor's by the types left), its per-step work by
  * layers (the first and last with the embedding's all-reduce). */
 typedef struct asym_pure {
     double pace;
@@ -592,6 +593,10 @@ int asym_level_below(int level);
  * (the most a stage holding that type holds). */
 int asym_stages_caps(asym_stages *s, int batch, int k, int type, int level,
                      int *caps, pt_error *err);
+/* A floor of one send of shape k's stage to a neighbour when the
+ * stage lies on GPUs of the types in `mask` (a bit a type). */
+double asym_stages_send_floor(const asym_stages *s, int batch, int k,
+                              int mask);
 /* A floor of the tied embedding's all-reduce between the first and the
  * last stage, one of them of tp `tp` (0 s within one node). */
 double asym_stages_embedding_floor(const asym_stages *s, int tp);

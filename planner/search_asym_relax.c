@@ -78,9 +78,9 @@ struct asym_relax {
 /* ---------------------------------------------------------- the blocks */
 
 /* The blocks of a table: for shape k and rank position i, the least of
- * the mask's types from position i on. */
-static int fill_blocks(asym_relax *r, int batch, int level, relax_table *t,
-                       pt_error *err)
+ * the mask's types from position i on, and its sends on them. */
+static int fill_blocks(asym_relax *r, int batch, int mask, int level,
+                       relax_table *t, pt_error *err)
 {
     const asym_batch *mb = &r->batches[batch];
     int layers = r->layers, ranks = t->ranks;
@@ -95,15 +95,19 @@ static int fill_blocks(asym_relax *r, int batch, int level, relax_table *t,
                                  caps[i], err) != 0)
                 return -1;
         }
+        /* its sends: two in the middle, one at either end */
+        double send = asym_stages_send_floor(r->stages, batch, k, mask);
+        double sends[ASYM_ROLES] = {[ASYM_MIDDLE] = 2.0 * send,
+                                    [ASYM_FIRST] = send, [ASYM_LAST] = send};
         for (int i = ranks - 1; i >= 0; i--) {
             block *b = &t->blocks[k * ranks + i];
             const asym_pure *p = pure[i];
             const block *after = i + 1 < ranks ? b + 1 : NULL;
             b->pace = after ? fmin(after->pace, p->pace) : p->pace;
             for (int role = 0; role < ASYM_ROLES; role++) {
-                b->fixed[role] = after ? fmin(after->fixed[role],
-                                              p->fixed[role])
-                                       : p->fixed[role];
+                double fixed = p->fixed[role] + sends[role];
+                b->fixed[role] = after ? fmin(after->fixed[role], fixed)
+                                       : fixed;
                 b->cap[role] = after && after->cap[role] > caps[i][role]
                                    ? after->cap[role]
                                    : caps[i][role];
@@ -323,7 +327,7 @@ static relax_table *build_table(asym_relax *r, int batch, int mask,
         pt_fail(err, "search: out of memory for the floors");
         return NULL;
     }
-    if (fill_blocks(r, batch, level, t, err) != 0) {
+    if (fill_blocks(r, batch, mask, level, t, err) != 0) {
         free_table(t);
         return NULL;
     }
