@@ -568,9 +568,10 @@ typedef struct asym_pure {
     double *work[ASYM_ROLES]; /* [layers + 1] */
 } asym_pure;
 
+/* `cutoff`: no plan scoring at or above it is kept (asym_stages_caps). */
 int asym_stages_open(asym_stages **out, costmodel *cm,
                      const search_options *options, const asym_batch *batches,
-                     int batch_count, pt_error *err);
+                     int batch_count, double cutoff, pt_error *err);
 void asym_stages_close(asym_stages *s);
 /* Stage of shape k of micro-batch `batch` at `role` on GPUs first.. of
  * the lane (which must cover them): its terms without sends and its work
@@ -590,7 +591,9 @@ int asym_level(int inflight);
 int asym_level_below(int level);
 /* The memory caps of shape k on type `type` alone, by role, its middle
  * stages and first holding asym_level(level) micro-batches in flight
- * (the most a stage holding that type holds). */
+ * (the most a stage holding that type holds), each no more than the
+ * layers at which its floors put C = (m - 1) T + W at the cutoff (-1:
+ * none below it). */
 int asym_stages_caps(asym_stages *s, int batch, int k, int type, int level,
                      int *caps, pt_error *err);
 /* A floor of one send of shape k's stage to a neighbour when the
@@ -629,7 +632,7 @@ typedef struct asym_relax_view {
     const double *bounds;                /* [interval_count + 1] */
     void *table;
     size_t row;
-    int batch;
+    int batch, gpus;                     /* GPUs left */
 } asym_relax_view;
 
 int asym_relax_open(asym_relax **out, costmodel *cm,

@@ -35,6 +35,7 @@ struct asym_stages {
     const search_options *options;
     const asym_batch *batches;
     int batch_count, type_count, layers;
+    double cutoff;                     /* the caps' (asym_stages_caps) */
     asym_pure **pure;                  /* [batch] -> [shapes x types] */
     int **caps;    /* [batch] -> [shapes x types x levels x (roles + 1)] */
     memo_table segments;               /* stage terms by segment */
@@ -374,21 +375,34 @@ static int fill_shape(asym_stages *r, int batch, int k, pt_error *err)
     return 0;
 }
 
-/* Memory caps of type t's stage of shape k in every role at `level`
- * micro-batches in flight (the last stage's: one). */
 /* The caps of type t's stage of shape k in every role at `level`
- * micro-batches in flight, priced. */
+ * micro-batches in flight, priced: its memory's, and no more layers
+ * than its floors keep C = (m - 1) T + W under the cutoff at. A stage
+ * holding more makes a plan score no lower than the cutoff, which no
+ * plan kept reaches; so levels whose memory caps differ only above that
+ * share their tables (search_asym_relax.c). */
 static int price_caps(asym_stages *r, int batch, int k, int type, int level,
                       int *caps, pt_error *err)
 {
     node_lane lane = pure_lane(r, type, r->batches[batch].shape[k].gpus);
+    const asym_pure *pure = asym_stages_pure(r, batch, k, type, err);
+    if (pure == NULL)
+        return -1;
+    double weight = r->batches[batch].microbatches - 1;
     for (int role = 0; role < ASYM_ROLES; role++) {
         parallel_config own;
         stage_terms terms;
         if (pure_terms(r, batch, k, role, level, &lane, &own, &terms,
                        err) != 0)
             return -1;
-        caps[role] = terms.max_layers;
+        int most = terms.max_layers < r->layers ? terms.max_layers
+                                                : r->layers;
+        while (most >= 0 &&
+               !(weight * (pure->fixed[role] + pure->pace * most) +
+                     pure->work[role][most] <
+                 r->cutoff))
+            most--;
+        caps[role] = most < terms.max_layers ? most : terms.max_layers;
     }
     return 0;
 }
@@ -570,7 +584,7 @@ const asym_pure *asym_stages_pure(asym_stages *r, int batch, int k, int type,
 
 int asym_stages_open(asym_stages **out, costmodel *cm,
                      const search_options *options, const asym_batch *batches,
-                     int batch_count, pt_error *err)
+                     int batch_count, double cutoff, pt_error *err)
 {
     asym_stages *r = calloc(1, sizeof *r);
     *out = r;
@@ -580,6 +594,7 @@ int asym_stages_open(asym_stages **out, costmodel *cm,
     r->options = options;
     r->batches = batches;
     r->batch_count = batch_count;
+    r->cutoff = cutoff;
     r->type_count = cm->cluster->type_count;
     r->layers = cm->model.layers;
     r->pure = calloc((size_t)batch_count + 1, sizeof *r->pure);

@@ -594,7 +594,7 @@ static int open_tree(asym_tree *t, asym_walk *w)
         return -1;
     asym_relax *relax = NULL;
     if (asym_stages_open(&t->stages, w->cm, w->options, t->batches,
-                         t->batch_count, w->err) != 0)
+                         t->batch_count, w->cutoff, w->err) != 0)
         return -1;
     if (asym_relax_open(&relax, w->cm, w->options, t->batches,
                         t->batch_count, w->cutoff, t->stages, w->err) != 0) {
