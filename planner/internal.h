@@ -559,7 +559,8 @@ typedef struct asym_stages asym_stages;
 enum { ASYM_MIDDLE, ASYM_FIRST, ASYM_LAST, ASYM_ROLES };
 
 /* Floors of what any stage of a shape that holds a GPU of a type costs,
- * by role: its pace, its fixed time without sends, its per-step work by
+ * by role: its pace, its fixed time without sends (the relaxation adds
+ * asym_stages_send_floor's by the types left), its per-step work by
  * layers (the first and last with the embedding's all-reduce). */
 typedef struct asym_pure {
     double pace;
@@ -567,9 +568,10 @@ typedef struct asym_pure {
     double *work[ASYM_ROLES]; /* [layers + 1] */
 } asym_pure;
 
+/* `cutoff`: no plan scoring at or above it is kept (asym_stages_caps). */
 int asym_stages_open(asym_stages **out, costmodel *cm,
                      const search_options *options, const asym_batch *batches,
-                     int batch_count, pt_error *err);
+                     int batch_count, double cutoff, pt_error *err);
 void asym_stages_close(asym_stages *s);
 /* Stage of shape k of micro-batch `batch` at `role` on GPUs first.. of
  * the lane (which must cover them): its terms without sends and its work
@@ -589,9 +591,15 @@ int asym_level(int inflight);
 int asym_level_below(int level);
 /* The memory caps of shape k on type `type` alone, by role, its middle
  * stages and first holding asym_level(level) micro-batches in flight
- * (the most a stage holding that type holds). */
+ * (the most a stage holding that type holds), each no more than the
+ * layers at which its floors put C = (m - 1) T + W at the cutoff (-1:
+ * none below it). */
 int asym_stages_caps(asym_stages *s, int batch, int k, int type, int level,
                      int *caps, pt_error *err);
+/* A floor of one send of shape k's stage to a neighbour when the
+ * stage lies on GPUs of the types in `mask` (a bit a type). */
+double asym_stages_send_floor(const asym_stages *s, int batch, int k,
+                              int mask);
 /* A floor of the tied embedding's all-reduce between the first and the
  * last stage, one of them of tp `tp` (0 s within one node). */
 double asym_stages_embedding_floor(const asym_stages *s, int tp);
@@ -606,6 +614,8 @@ typedef struct asym_floor_query {
     int inflight;           /* the stages to come hold at least this many
                                micro-batches in flight at their peak */
     bool root;              /* nothing placed: the last stage is to come */
+    bool full;              /* refined up to the threshold, not only until
+                               it is known not to cut */
 } asym_floor_query;
 
 /* search_asym_relax.c: the stages to come, relaxed. */
@@ -617,11 +627,12 @@ typedef struct asym_relax asym_relax;
 typedef struct asym_relax_view {
     bool infeasible;
     const double *bottleneck;            /* [layers + 1] */
+    const double *paced;   /* [layers + 1]: their least max (m - 1) T */
     int interval_count;
     const double *bounds;                /* [interval_count + 1] */
     void *table;
     size_t row;
-    int batch;
+    int batch, gpus;                     /* GPUs left */
 } asym_relax_view;
 
 int asym_relax_open(asym_relax **out, costmodel *cm,

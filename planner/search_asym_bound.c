@@ -26,7 +26,9 @@
 struct asym_bound {
     asym_relax *relax;
     int layers;
+    double work_floor;  /* the query's floor of every completion's max W */
     double *bottleneck; /* [layers + 1] the placed stages' least max C */
+    double *relaxed;    /* [layers + 1] the stages to come's, with it */
     double *sum;        /* [layers + 1] their least sum T under a bound */
     double *values;     /* scratch: every C_i(l) of the placed stages */
     int *order, *heads; /* scratch */
@@ -39,9 +41,30 @@ static int most_layers(const asym_placed *p, int layers)
     return p->cap < layers ? p->cap : layers;
 }
 
-static double cost_at(const asym_placed *p, double weight, int l)
+/* A placed stage's C at l layers: (m - 1) T, plus the greater of its
+ * own W and the floor of the plan's max W (the score adds the largest W
+ * of any stage, so each stage's T is paid beside that). */
+static double cost_at(const asym_placed *p, double weight, double work_floor,
+                      int l)
 {
-    return weight * (p->fixed + p->pace * l) + p->work[l] + p->extra;
+    return weight * (p->fixed + p->pace * l) +
+           asym_max(p->work[l] + p->extra, work_floor);
+}
+
+/* A floor of the largest per-step work of any completion: no less than
+ * any placed stage's least W at the layers it may hold (the last stage
+ * is placed first, and it pays the embedding's all-reduce). */
+static double least_max_work(const asym_placed *placed, int count, int layers)
+{
+    double most = 0.0;
+    for (int i = 0; i < count; i++) {
+        const asym_placed *p = &placed[i];
+        double least = INFINITY;
+        for (int l = most_layers(p, layers); l >= 0; l--)
+            least = asym_min(least, p->work[l]);
+        most = asym_max(most, least + p->extra);
+    }
+    return most;
 }
 
 /* The least max over the placed stages of C_i(l_i) for holding x layers,
@@ -50,8 +73,8 @@ static double cost_at(const asym_placed *p, double weight, int l)
  * for fewer), no lower than any stage's C of none; INFINITY past what
  * they hold. The stages' rows are merged, the least head first. */
 static void least_bottleneck(const asym_placed *placed, int count,
-                             int layers, double weight, double *values,
-                             int *heads, double *out)
+                             int layers, double weight, double work_floor,
+                             double *values, int *heads, double *out)
 {
     int width = layers + 1;
     double none = 0.0;
@@ -62,7 +85,7 @@ static void least_bottleneck(const asym_placed *placed, int count,
         double right = INFINITY;
         for (int l = layers; l >= 0; l--) {
             if (l <= most)
-                right = asym_min(right, cost_at(p, weight, l));
+                right = asym_min(right, cost_at(p, weight, work_floor, l));
             row[l] = right;
         }
         none = asym_max(none, row[0]);
@@ -106,7 +129,8 @@ static void sort_by_pace(const asym_placed *placed, int count, int *order)
  * layers, each at most the most layers whose C is within `bound`:
  * their fixed times and the cheapest layers first. */
 static void least_sum(const asym_placed *placed, const int *order, int count,
-                      int layers, double weight, double bound, double *out)
+                      int layers, double weight, double work_floor,
+                      double bound, double *out)
 {
     for (int x = 0; x <= layers; x++)
         out[x] = INFINITY;
@@ -117,7 +141,8 @@ static void least_sum(const asym_placed *placed, const int *order, int count,
     for (int i = 0; i < count; i++) {
         const asym_placed *p = &placed[order[i]];
         int room = most_layers(p, layers);
-        while (room >= 0 && !(cost_at(p, weight, room) <= bound))
+        while (room >= 0 &&
+               !(cost_at(p, weight, work_floor, room) <= bound))
             room--;
         if (room < 0) {
             out[0] = INFINITY;
@@ -150,7 +175,7 @@ static int interval_sum(asym_bound *b, const asym_floor_query *q,
     if (asym_relax_sum(b->relax, view, j, &rest, err) != 0)
         return -1;
     least_sum(q->placed, b->order, q->count, b->layers, weight,
-              view->bounds[j + 1], b->sum);
+              b->work_floor, view->bounds[j + 1], b->sum);
     *out = meet(b->sum, rest, b->layers, true);
     return 0;
 }
@@ -165,9 +190,14 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
         return NAN;
     if (view.infeasible)
         return INFINITY;
-    least_bottleneck(q->placed, q->count, layers, weight, b->values,
-                     b->heads, b->bottleneck);
-    double low = meet(b->bottleneck, view.bottleneck, layers, false);
+    b->work_floor = least_max_work(q->placed, q->count, layers);
+    least_bottleneck(q->placed, q->count, layers, weight, b->work_floor,
+                     b->values, b->heads, b->bottleneck);
+    /* the stages to come: max C, and max (m - 1) T plus the work floor */
+    for (int y = 0; y <= layers; y++)
+        b->relaxed[y] = asym_max(view.bottleneck[y],
+                                 view.paced[y] + b->work_floor);
+    double low = meet(b->bottleneck, b->relaxed, layers, false);
     if (low == INFINITY)
         return INFINITY;
     sort_by_pace(q->placed, q->count, b->order);
@@ -179,7 +209,8 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
     /* the intervals of max C from the least up: an interval's floor is at
        least its lower end plus that sum, so once that passes the least
        found no later one matters; once the least is below the threshold
-       (no cut), or that alone reaches it (a cut), it floors the rest */
+       (no cut; unless the query asks for the floor in full), or that alone
+       reaches it (a cut), it floors the rest */
     double best = INFINITY;
     for (int j = 0; j <= last; j++) {
         double from = fmax(view.bounds[j], low), to = view.bounds[j + 1];
@@ -187,7 +218,7 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
             continue;
         if (from + unbounded >= best)
             break;
-        if (best < threshold || from + unbounded >= threshold) {
+        if ((best < threshold && !q->full) || from + unbounded >= threshold) {
             best = fmin(best, from + unbounded);
             break;
         }
@@ -215,11 +246,13 @@ int asym_bound_open(asym_bound **out, asym_relax *relax, int layers,
     size_t cells = (size_t)layers + 1;
     b->bottleneck = malloc(sizeof(double) * cells);
     b->sum = malloc(sizeof(double) * cells);
+    b->relaxed = malloc(sizeof(double) * cells);
     b->values = malloc(sizeof(double) * cells *
                        (size_t)(ASYM_MAX_STAGES + 1));
     b->order = malloc(sizeof(int) * (size_t)(ASYM_MAX_STAGES + 1));
     b->heads = malloc(sizeof(int) * (size_t)(ASYM_MAX_STAGES + 1));
-    if (b->bottleneck == NULL || b->sum == NULL || b->values == NULL ||
+    if (b->bottleneck == NULL || b->sum == NULL || b->relaxed == NULL ||
+        b->values == NULL ||
         b->order == NULL || b->heads == NULL)
         return pt_fail(err, "search: out of memory for the floors");
     return 0;
@@ -232,6 +265,7 @@ void asym_bound_close(asym_bound *b)
     asym_relax_close(b->relax);
     free(b->bottleneck);
     free(b->sum);
+    free(b->relaxed);
     free(b->values);
     free(b->order);
     free(b->heads);

@@ -45,7 +45,11 @@ typedef struct block {
 typedef struct relax_table {
     int gpus, flags;
     double *bottleneck;                /* [(gpus + 1) x flags x (L + 1)] */
+    double *paced;                     /* the same of (m - 1) T alone */
     double *sums[INTERVALS + 1];       /* per interval */
+    /* the rows (GPUs of the list) built so far, from 0: the tables are
+       filled row by row as far as a view asks */
+    int rows, sum_rows[INTERVALS + 1];
     block *blocks;                     /* [shapes x ranks] */
     double *block_work;
     int ranks;
@@ -60,6 +64,12 @@ typedef struct batch_state {
     double bounds[INTERVALS + 2];
 } batch_state;
 
+/* A window minimum's scratch: the z kept and their prev[z] - pace z. */
+typedef struct window {
+    int *at;
+    double *value;
+} window;
+
 struct asym_relax {
     costmodel *cm;
     asym_stages *stages;
@@ -69,17 +79,18 @@ struct asym_relax {
     int rank[PLANNER_MAX_TYPES];       /* types fastest first */
     batch_state *states;
     memo_table tables;                 /* relax_table * by key */
+    memo_table levels;                 /* table_level's, by its question */
     size_t table_bytes;
-    int *deque;                        /* [layers + 1] */
+    window deque;                      /* [layers + 1] each */
     double *none;      /* [layers + 1]: no stage to come (0, then INF) */
 };
 
 /* ---------------------------------------------------------- the blocks */
 
 /* The blocks of a table: for shape k and rank position i, the least of
- * the mask's types from position i on. */
-static int fill_blocks(asym_relax *r, int batch, int level, relax_table *t,
-                       pt_error *err)
+ * the mask's types from position i on, and its sends on them. */
+static int fill_blocks(asym_relax *r, int batch, int mask, int level,
+                       relax_table *t, pt_error *err)
 {
     const asym_batch *mb = &r->batches[batch];
     int layers = r->layers, ranks = t->ranks;
@@ -94,15 +105,19 @@ static int fill_blocks(asym_relax *r, int batch, int level, relax_table *t,
                                  caps[i], err) != 0)
                 return -1;
         }
+        /* its sends: two in the middle, one at either end */
+        double send = asym_stages_send_floor(r->stages, batch, k, mask);
+        double sends[ASYM_ROLES] = {[ASYM_MIDDLE] = 2.0 * send,
+                                    [ASYM_FIRST] = send, [ASYM_LAST] = send};
         for (int i = ranks - 1; i >= 0; i--) {
             block *b = &t->blocks[k * ranks + i];
             const asym_pure *p = pure[i];
             const block *after = i + 1 < ranks ? b + 1 : NULL;
             b->pace = after ? fmin(after->pace, p->pace) : p->pace;
             for (int role = 0; role < ASYM_ROLES; role++) {
-                b->fixed[role] = after ? fmin(after->fixed[role],
-                                              p->fixed[role])
-                                       : p->fixed[role];
+                double fixed = p->fixed[role] + sends[role];
+                b->fixed[role] = after ? fmin(after->fixed[role], fixed)
+                                       : fixed;
                 b->cap[role] = after && after->cap[role] > caps[i][role]
                                    ? after->cap[role]
                                    : caps[i][role];
@@ -137,48 +152,70 @@ static int position_of(const relax_table *t, int n)
     return i;
 }
 
-/* A block's C at x layers: (m - 1) T + W. */
+/* What a table holds. */
+typedef enum table_kind {
+    TABLE_MAX,   /* the least max C */
+    TABLE_PACED, /* the least max (m - 1) T */
+    TABLE_SUM    /* the least sum of T with every C under a bound */
+} table_kind;
+
+/* A block's C at x layers: (m - 1) T + W (W left out when paced). */
 static double block_cost(const block *b, int role, int x, double weight)
 {
     return weight * (b->fixed[role] + b->pace * x) + b->work[role][x];
 }
 
+static double block_paced(const block *b, int role, int x, double weight)
+{
+    return weight * (b->fixed[role] + b->pace * x);
+}
+
 /* out[y] = min(out[y], min over x of max(prev[y - x], C(x))), both
  * non-decreasing: the crossing moves right with y. */
 static void join_max(const double *prev, const block *b, int role, int cap,
-                     double weight, int layers, double *out)
+                     double weight, bool paced, int layers, double *out)
 {
+    double (*cost)(const block *, int, int, double) =
+        paced ? block_paced : block_cost;
     int x = 0;
     for (int y = 0; y <= layers; y++) {
         int most = cap < y ? cap : y;
         if (x > most)
             x = most;
-        while (x < most && block_cost(b, role, x, weight) < prev[y - x])
+        while (x < most && cost(b, role, x, weight) < prev[y - x])
             x++;
-        double best = asym_max(prev[y - x], block_cost(b, role, x, weight));
+        double best = asym_max(prev[y - x], cost(b, role, x, weight));
         if (x > 0)
             best = asym_min(best, asym_max(prev[y - x + 1],
-                                   block_cost(b, role, x - 1, weight)));
+                                           cost(b, role, x - 1, weight)));
         if (best < out[y])
             out[y] = best;
     }
 }
 
 /* out[y] = min(out[y], min over x <= room of prev[y - x] + fixed +
- * pace x): a window minimum of prev[z] - pace z. */
+ * pace x): a window minimum of prev[z] - pace z, over the z where prev
+ * is finite (from 0 up to its last finite one; past it every y further
+ * than room stays as it is). */
 static void join_sum(const double *prev, double fixed, double pace, int room,
-                     int layers, int *deque, double *out)
+                     int layers, window *deque, double *out)
 {
+    int finite = layers;
+    while (finite >= 0 && !(prev[finite] < INFINITY))
+        finite--;
+    int last = finite + room < layers ? finite + room : layers;
     int head = 0, tail = 0;
-    for (int y = 0; y <= layers; y++) {
-        double value = prev[y] - pace * y;
-        while (tail > head && prev[deque[tail - 1]] - pace * deque[tail - 1] >=
-                                  value)
-            tail--;
-        deque[tail++] = y;
-        while (deque[head] < y - room)
+    for (int y = 0; y <= last; y++) {
+        if (y <= finite) {
+            double value = prev[y] - pace * y;
+            while (tail > head && deque->value[tail - 1] >= value)
+                tail--;
+            deque->at[tail] = y;
+            deque->value[tail++] = value;
+        }
+        while (deque->at[head] < y - room)
             head++;
-        int z = deque[head];
+        int z = deque->at[head];
         double best = prev[z] + fixed + pace * (y - z);
         if (best < out[y])
             out[y] = best;
@@ -214,18 +251,21 @@ static int room_under(const block *b, int role, int cap, double weight,
     return lo;
 }
 
-/* sums false: the least max C; true: the least sum of T with every C at
- * most `bound`. */
+/* Rows `from` to `to` of the table of a kind (TABLE_SUM: every C at
+ * most `bound`); a row reads only the rows before it. */
 static void run_table(asym_relax *r, const relax_table *t, int batch,
-                      bool sums, double bound, double *table)
+                      table_kind kind, double bound, double *table, int from,
+                      int to)
 {
     const asym_batch *mb = &r->batches[batch];
     int layers = r->layers, width = layers + 1, flags = t->flags;
     double weight = mb->microbatches - 1;
-    for (size_t i = 0; i < (size_t)(t->gpus + 1) * flags * width; i++)
+    for (size_t i = (size_t)from * flags * width;
+         i < (size_t)(to + 1) * flags * width; i++)
         table[i] = INFINITY;
-    table[0] = 0.0;
-    for (int n = 1; n <= t->gpus; n++) {
+    if (from == 0)
+        table[0] = 0.0;
+    for (int n = from > 1 ? from : 1; n <= to; n++) {
         int i = position_of(t, n - 1);
         for (int k = 0; k < mb->count; k++) {
             int g = mb->shape[k].gpus;
@@ -240,14 +280,15 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
                     if (to < 0 || cap < 0)
                         continue;
                     double *out = &table[(n * flags + to) * width];
-                    if (!sums) {
-                        join_max(prev, b, role, cap, weight, layers, out);
+                    if (kind != TABLE_SUM) {
+                        join_max(prev, b, role, cap, weight,
+                                 kind == TABLE_PACED, layers, out);
                         continue;
                     }
                     int room = room_under(b, role, cap, weight, bound);
                     if (room >= 0)
                         join_sum(prev, b->fixed[role], b->pace, room, layers,
-                                 r->deque, out);
+                                 &r->deque, out);
                 }
             }
         }
@@ -259,6 +300,7 @@ static void free_table(relax_table *t)
     if (t == NULL)
         return;
     free(t->bottleneck);
+    free(t->paced);
     for (int j = 0; j <= INTERVALS; j++)
         free(t->sums[j]);
     free(t->blocks);
@@ -299,17 +341,25 @@ static relax_table *build_table(asym_relax *r, int batch, int mask,
                                                  ASYM_ROLES * (r->layers + 1) +
                                              1));
     t->bottleneck = malloc(sizeof(double) * cells);
-    if (t->blocks == NULL || t->block_work == NULL || t->bottleneck == NULL) {
+    /* a floor at the root has no work floor to add (asym_bound_floor) */
+    t->paced = root ? NULL : malloc(sizeof(double) * cells);
+    if (t->blocks == NULL || t->block_work == NULL || t->bottleneck == NULL ||
+        (!root && t->paced == NULL)) {
         free_table(t);
         pt_fail(err, "search: out of memory for the floors");
         return NULL;
     }
-    if (fill_blocks(r, batch, level, t, err) != 0) {
+    if (fill_blocks(r, batch, mask, level, t, err) != 0) {
         free_table(t);
         return NULL;
     }
-    run_table(r, t, batch, false, INFINITY, t->bottleneck);
-    r->table_bytes += cells * sizeof(double);
+    /* the root table's last row gives the intervals; the others are
+       filled as far as asked (ensure_rows) */
+    t->rows = root ? t->gpus : 0;
+    run_table(r, t, batch, TABLE_MAX, INFINITY, t->bottleneck, 0, t->rows);
+    if (!root)
+        run_table(r, t, batch, TABLE_PACED, INFINITY, t->paced, 0, 0);
+    r->table_bytes += (root ? 1 : 2) * cells * sizeof(double);
     return t;
 }
 
@@ -356,8 +406,8 @@ static relax_table *table_of(asym_relax *r, int batch, int mask, int level,
 
 /* The level whose tables are the same as level's: lowered while no cap
  * of the mask's types changes (tables are built once per level). */
-static int table_level(asym_relax *r, int batch, int mask, int level,
-                       pt_error *err)
+static int lowest_alike(asym_relax *r, int batch, int mask, int level,
+                        pt_error *err)
 {
     const asym_batch *mb = &r->batches[batch];
     while (level > 2) {
@@ -378,6 +428,26 @@ static int table_level(asym_relax *r, int batch, int mask, int level,
         level = below;
     }
     return level;
+}
+
+/* lowest_alike's, remembered: every floor asks it. */
+static int table_level(asym_relax *r, int batch, int mask, int level,
+                       pt_error *err)
+{
+    int key[3] = {batch, mask, level};
+    uint64_t hash = memo_hash(key, sizeof key);
+    const int *found = memo_find(&r->levels, key, sizeof key, hash);
+    if (found != NULL)
+        return *found;
+    int alike = lowest_alike(r, batch, mask, level, err);
+    int *room = alike < 0 ? NULL
+                          : memo_insert(&r->levels, key, sizeof key, hash,
+                                        sizeof alike);
+    if (alike >= 0 && room == NULL)
+        return pt_fail(err, "search: out of memory for the floors");
+    if (room != NULL)
+        memcpy(room, &alike, sizeof alike);
+    return alike;
 }
 
 /* A micro-batch's intervals of max C: from the least of any plan up,
@@ -454,6 +524,19 @@ static int tables_of(asym_relax *r, const asym_floor_query *q, int mask,
     return *sums == NULL ? -1 : 0;
 }
 
+/* The bottleneck tables of t filled up to row n. */
+static void ensure_rows(asym_relax *r, relax_table *t, int batch, int n)
+{
+    if (t->rows >= n)
+        return;
+    run_table(r, t, batch, TABLE_MAX, INFINITY, t->bottleneck, t->rows + 1,
+              n);
+    if (t->paced != NULL)
+        run_table(r, t, batch, TABLE_PACED, INFINITY, t->paced, t->rows + 1,
+                  n);
+    t->rows = n;
+}
+
 int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
                        asym_relax_view *out, pt_error *err)
 {
@@ -471,16 +554,19 @@ int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
     const batch_state *s = &r->states[q->batch];
     *out = (asym_relax_view){.batch = q->batch, .bounds = s->bounds,
                              .interval_count = s->interval_count,
-                             .bottleneck = r->none};
+                             .bottleneck = r->none, .paced = r->none};
     if (n == 0)
         return 0; /* no GPU left: the stages placed are the plan */
     relax_table *t, *sums;
     if (tables_of(r, q, mask, &t, &sums, err) != 0)
         return -1;
+    ensure_rows(r, t, q->batch, n);
     int flags = q->root ? (FLAG_FIRST | FLAG_LAST) : FLAG_FIRST;
     out->row = ((size_t)n * t->flags + flags) * (size_t)(r->layers + 1);
     out->table = sums;
+    out->gpus = n;
     out->bottleneck = t->bottleneck + out->row;
+    out->paced = (t->paced != NULL ? t->paced : t->bottleneck) + out->row;
     out->infeasible = !(out->bottleneck[0] < INFINITY);
     return 0;
 }
@@ -498,8 +584,13 @@ int asym_relax_sum(asym_relax *r, const asym_relax_view *view, int j,
         t->sums[j] = malloc(sizeof(double) * cells);
         if (t->sums[j] == NULL)
             return pt_fail(err, "search: out of memory for the floors");
-        run_table(r, t, view->batch, true, view->bounds[j + 1], t->sums[j]);
+        t->sum_rows[j] = -1;
         r->table_bytes += cells * sizeof(double);
+    }
+    if (t->sum_rows[j] < view->gpus) {
+        run_table(r, t, view->batch, TABLE_SUM, view->bounds[j + 1],
+                  t->sums[j], t->sum_rows[j] + 1, view->gpus);
+        t->sum_rows[j] = view->gpus;
     }
     *out = t->sums[j] + view->row;
     return 0;
@@ -545,9 +636,11 @@ int asym_relax_open(asym_relax **out, costmodel *cm,
             r->rank[j - 1] = swap;
         }
     r->states = calloc((size_t)batch_count + 1, sizeof *r->states);
-    r->deque = malloc(sizeof(int) * (size_t)(r->layers + 1));
+    r->deque.at = malloc(sizeof(int) * (size_t)(r->layers + 1));
+    r->deque.value = malloc(sizeof(double) * (size_t)(r->layers + 1));
     r->none = malloc(sizeof(double) * (size_t)(r->layers + 1));
-    if (r->states == NULL || r->deque == NULL || r->none == NULL)
+    if (r->states == NULL || r->deque.at == NULL || r->deque.value == NULL ||
+        r->none == NULL)
         return pt_fail(err, "search: out of memory for the floors");
     r->none[0] = 0.0;
     for (int l = 1; l <= r->layers; l++)
@@ -561,8 +654,10 @@ void asym_relax_close(asym_relax *r)
         return;
     drop_tables(r);
     memo_free(&r->tables);
+    memo_free(&r->levels);
     free(r->states);
-    free(r->deque);
+    free(r->deque.at);
+    free(r->deque.value);
     free(r->none);
     free(r);
 }

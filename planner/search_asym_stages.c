@@ -14,8 +14,9 @@
  * cheapest optimizer step and allreduce_floor_time over the links its dp
  * group may have; the first and last stage add the tied embedding's
  * all-reduce, over the fastest link between nodes (with two nodes or
- * more, some GPU pair it joins lies on two). A stage as large as a node
- * or larger sends across nodes on both sides. Its memory cap is its
+ * more, some GPU pair it joins lies on two). Its sends: over the fastest
+ * link of any kind, across nodes on both sides for a stage as large as
+ * a node or larger. Its memory cap is its
  * smallest type's, at most the type's own.
  */
 #include "planner/internal.h"
@@ -34,6 +35,7 @@ struct asym_stages {
     const search_options *options;
     const asym_batch *batches;
     int batch_count, type_count, layers;
+    double cutoff;                     /* the caps' (asym_stages_caps) */
     asym_pure **pure;                  /* [batch] -> [shapes x types] */
     int **caps;    /* [batch] -> [shapes x types x levels x (roles + 1)] */
     memo_table segments;               /* stage terms by segment */
@@ -42,8 +44,6 @@ struct asym_stages {
     int lane_types[PLANNER_MAX_NODES];
     int lane_starts[PLANNER_MAX_NODES + 1];
 };
-
-static double send_floor(const asym_stages *r, int batch, int k);
 
 /* ------------------------------------------------- the stages placed */
 
@@ -372,31 +372,37 @@ static int fill_shape(asym_stages *r, int batch, int k, pt_error *err)
                                           row[v].fixed[role]);
         }
     }
-    /* and its sends: two in the middle, one at either end */
-    double send = send_floor(r, batch, k);
-    for (int t = 0; t < r->type_count; t++) {
-        row[t].fixed[ASYM_MIDDLE] += 2.0 * send;
-        row[t].fixed[ASYM_FIRST] += send;
-        row[t].fixed[ASYM_LAST] += send;
-    }
     return 0;
 }
 
-/* Memory caps of type t's stage of shape k in every role at `level`
- * micro-batches in flight (the last stage's: one). */
 /* The caps of type t's stage of shape k in every role at `level`
- * micro-batches in flight, priced. */
+ * micro-batches in flight, priced: its memory's, and no more layers
+ * than its floors keep C = (m - 1) T + W under the cutoff at. A stage
+ * holding more makes a plan score no lower than the cutoff, which no
+ * plan kept reaches; so levels whose memory caps differ only above that
+ * share their tables (search_asym_relax.c). */
 static int price_caps(asym_stages *r, int batch, int k, int type, int level,
                       int *caps, pt_error *err)
 {
     node_lane lane = pure_lane(r, type, r->batches[batch].shape[k].gpus);
+    const asym_pure *pure = asym_stages_pure(r, batch, k, type, err);
+    if (pure == NULL)
+        return -1;
+    double weight = r->batches[batch].microbatches - 1;
     for (int role = 0; role < ASYM_ROLES; role++) {
         parallel_config own;
         stage_terms terms;
         if (pure_terms(r, batch, k, role, level, &lane, &own, &terms,
                        err) != 0)
             return -1;
-        caps[role] = terms.max_layers;
+        int most = terms.max_layers < r->layers ? terms.max_layers
+                                                : r->layers;
+        while (most >= 0 &&
+               !(weight * (pure->fixed[role] + pure->pace * most) +
+                     pure->work[role][most] <
+                 r->cutoff))
+            most--;
+        caps[role] = most < terms.max_layers ? most : terms.max_layers;
     }
     return 0;
 }
@@ -492,7 +498,35 @@ int asym_stages_caps(asym_stages *r, int batch, int k, int type, int level,
     return 0;
 }
 
-static double send_floor(const asym_stages *r, int batch, int k)
+/* The fastest links a stage on GPUs of the types in `mask` may send
+ * over: inside a node of one of them, or from one of them to a node of
+ * any type (its neighbours are on those GPUs or in front of them). */
+static void mask_links(const cluster *c, int mask, link_spec *inside,
+                       link_spec *between)
+{
+    *inside = (link_spec){0.0, INFINITY};
+    *between = (link_spec){0.0, INFINITY};
+    for (int a = 0; a < c->type_count; a++) {
+        if (!(mask >> a & 1) || c->types[a].count == 0)
+            continue;
+        inside->bandwidth_bytes_per_s =
+            fmax(inside->bandwidth_bytes_per_s,
+                 c->types[a].intra_node.bandwidth_bytes_per_s);
+        inside->latency_s = fmin(inside->latency_s,
+                                 c->types[a].intra_node.latency_s);
+        for (int b = 0; b < c->type_count; b++) {
+            if (c->types[b].count == 0 || (a == b && c->types[a].count < 2))
+                continue;
+            link_spec link = cluster_type_link(c, a, b);
+            between->bandwidth_bytes_per_s = fmax(
+                between->bandwidth_bytes_per_s, link.bandwidth_bytes_per_s);
+            between->latency_s = fmin(between->latency_s, link.latency_s);
+        }
+    }
+}
+
+double asym_stages_send_floor(const asym_stages *r, int batch, int k,
+                              int mask)
 {
     const cluster *c = r->cm->cluster;
     const asym_batch *mb = &r->batches[batch];
@@ -500,9 +534,16 @@ static double send_floor(const asym_stages *r, int batch, int k)
     for (int t = 0; t < c->type_count; t++)
         if (c->types[t].count > 0 && c->types[t].gpus > most_per_node)
             most_per_node = c->types[t].gpus;
-    if (mb->shape[k].gpus < most_per_node || c->node_count < 2)
-        return 0.0;
-    link_spec link = fastest_between(c), gather = fastest_inside(c);
+    link_spec inside, link;
+    mask_links(c, mask, &inside, &link);
+    /* a stage smaller than the largest node may send inside one (and
+       with one node it does); one as large sends across nodes */
+    if (mb->shape[k].gpus < most_per_node || c->node_count < 2) {
+        link.bandwidth_bytes_per_s = fmax(link.bandwidth_bytes_per_s,
+                                          inside.bandwidth_bytes_per_s);
+        link.latency_s = fmin(link.latency_s, inside.latency_s);
+    }
+    link_spec gather = fastest_inside(c);
     parallel_config own = asym_stage_config(r->options, 3, mb->samples,
                                             mb->shape[k].tp,
                                             mb->shape[k].dp);
@@ -511,8 +552,12 @@ static double send_floor(const asym_stages *r, int batch, int k)
         parallel_config to = asym_stage_config(
             r->options, 3, mb->samples, mb->shape[other].tp,
             mb->shape[other].dp);
-        least = fmin(least, costmodel_boundary_send_s(r->cm, &own, &to, -1,
-                                                      link, gather));
+        /* priced by the link or by any type's measured curve */
+        for (int curve = -1; curve < c->type_count; curve++)
+            if (curve < 0 || c->types[curve].count > 0)
+                least = fmin(least,
+                             costmodel_boundary_send_s(r->cm, &own, &to,
+                                                       curve, link, gather));
     }
     return least;
 }
@@ -539,7 +584,7 @@ const asym_pure *asym_stages_pure(asym_stages *r, int batch, int k, int type,
 
 int asym_stages_open(asym_stages **out, costmodel *cm,
                      const search_options *options, const asym_batch *batches,
-                     int batch_count, pt_error *err)
+                     int batch_count, double cutoff, pt_error *err)
 {
     asym_stages *r = calloc(1, sizeof *r);
     *out = r;
@@ -549,6 +594,7 @@ int asym_stages_open(asym_stages **out, costmodel *cm,
     r->options = options;
     r->batches = batches;
     r->batch_count = batch_count;
+    r->cutoff = cutoff;
     r->type_count = cm->cluster->type_count;
     r->layers = cm->model.layers;
     r->pure = calloc((size_t)batch_count + 1, sizeof *r->pure);

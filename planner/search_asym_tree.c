@@ -232,8 +232,9 @@ static int add_child(asym_tree *t, asym_tier *level, int k, int front,
     return 0;
 }
 
-/* The floor of the tree node with `depth` + 1 stages placed. */
-static double floor_here(asym_tree *t, int depth)
+/* The floor of the tree node with `depth` + 1 stages placed (in full:
+ * refined up to the threshold). */
+static double floor_here(asym_tree *t, int depth, bool full)
 {
     int left[PLANNER_MAX_TYPES];
     gpus_left(t, t->firsts[depth], left);
@@ -241,7 +242,7 @@ static double floor_here(asym_tree *t, int depth)
     int inflight = depth + 2 < mb->microbatches ? depth + 2
                                                 : mb->microbatches;
     asym_floor_query q = {t->batch, mb->microbatches, t->placed, depth + 1,
-                          left, inflight, false};
+                          left, inflight, false, full};
     return asym_bound_floor(t->bound, &q, asym_threshold(t->w), t->w->err);
 }
 
@@ -257,11 +258,11 @@ static int consider(asym_tree *t, int depth, int k, long long end, int front)
         t->placed[depth - 1] = t->unsent[depth - 1];
     if (place_unsent(t, depth, k, end) != 0)
         return -1;
-    double floor = floor_here(t, depth);
+    double floor = floor_here(t, depth, false);
     if (!isnan(floor) && floor < asym_threshold(w)) {
         if (settle(t, depth) != 0)
             return -1;
-        floor = floor_here(t, depth);
+        floor = floor_here(t, depth, false);
     }
     if (isnan(floor))
         return -1;
@@ -346,47 +347,96 @@ static int score_here(asym_tree *t, int depth)
     return w->failed ? -1 : 0;
 }
 
-static int descend(asym_tree *t, int depth, long long end);
+static int descend(asym_tree *t, int depth, long long end, double inherited);
 
-/* Visits child i of levels[depth]. */
-static int visit(asym_tree *t, int depth, long long end, int i)
+/* Children this shallow are floored in full when visited, their floors
+ * passed down: a floor holds for every plan under the node, so under a
+ * child the greater of its own and its ancestors' holds (which makes
+ * the gap a stopped walk proves that much smaller). */
+#define ASYM_REFINED_DEPTH 3
+
+/* Places child i of levels[depth]: its nodes put in front, its stage
+ * and the one behind it exact. */
+static int enter(asym_tree *t, int depth, long long end, int i)
 {
     asym_tier *level = &t->levels[depth];
     asym_child child = level->children[i];
-    int front = t->front;
     for (int j = 0; j < child.added; j++)
         lane_push(t, level->types[child.types_at + j]);
     if (depth > 0)
         t->placed[depth - 1] = t->unsent[depth - 1];
-    int rc = place_unsent(t, depth, child.shape, end) != 0 ||
-                     settle(t, depth) != 0
-                 ? -1
-                 : 0;
+    return place_unsent(t, depth, child.shape, end) != 0 ||
+                   settle(t, depth) != 0
+               ? -1
+               : 0;
+}
+
+/* Visits child i of levels[depth], whose ancestors' floors are at least
+ * `inherited`. */
+static int visit(asym_tree *t, int depth, long long end, int i,
+                 double inherited)
+{
+    int front = t->front;
+    int rc = enter(t, depth, end, i);
+    if (rc == 0 && t->firsts[depth] > 0 && depth < ASYM_REFINED_DEPTH) {
+        double floor = floor_here(t, depth, true);
+        rc = isnan(floor) ? -1 : 0;
+        inherited = asym_max(inherited, floor);
+    }
     if (rc == 0)
-        rc = t->firsts[depth] == 0 ? score_here(t, depth)
-                                   : descend(t, depth + 1, t->firsts[depth]);
+        rc = t->firsts[depth] == 0
+                 ? score_here(t, depth)
+                 : descend(t, depth + 1, t->firsts[depth], inherited);
     while (t->front < front)
         lane_pop(t);
     return rc;
 }
 
-static int descend(asym_tree *t, int depth, long long end)
+/* When the budget stops the walk at child i of levels[depth]: the least
+ * floor of the children from i on, refined in full (a child's floor was
+ * refined only until it was known not to cut). Children are sorted by
+ * their floors as kept, which are no higher than the refined ones: once
+ * the next kept floor reaches the least refined one, none after it is
+ * lower. NAN on error. */
+static double open_children_floor(asym_tree *t, int depth, long long end,
+                                  int i)
+{
+    asym_tier *level = &t->levels[depth];
+    double least = INFINITY;
+    for (; i < level->count && level->children[i].floor < least; i++) {
+        int front = t->front;
+        double floor = enter(t, depth, end, i) != 0
+                           ? NAN
+                           : floor_here(t, depth, true);
+        while (t->front < front)
+            lane_pop(t);
+        if (isnan(floor))
+            return NAN;
+        least = asym_min(least, floor);
+    }
+    return least;
+}
+
+static int descend(asym_tree *t, int depth, long long end, double inherited)
 {
     asym_walk *w = t->w;
     if (collect_children(t, depth, end) != 0)
         return -1;
     asym_tier *level = &t->levels[depth];
     for (int i = 0; i < level->count; i++) {
-        double floor = level->children[i].floor;
+        double floor = asym_max(level->children[i].floor, inherited);
         if (floor >= asym_threshold(w)) {
             w->pruned += level->count - i;
             break;
         }
         if (t->budget > 0 && w->nodes >= t->budget) {
-            stop_at(w, floor);
+            floor = open_children_floor(t, depth, end, i);
+            if (isnan(floor))
+                return -1;
+            stop_at(w, asym_max(floor, inherited));
             break;
         }
-        if (visit(t, depth, end, i) != 0)
+        if (visit(t, depth, end, i, inherited) != 0)
             return -1;
     }
     return 0;
@@ -415,22 +465,28 @@ static void start_task(asym_tree *t, int batch)
         t->left[type] = t->c->types[type].count;
 }
 
+/* The root floor of micro-batch b's task (in full: refined up to the
+ * threshold). */
+static double task_floor(asym_tree *t, int b, bool full)
+{
+    int left[PLANNER_MAX_TYPES];
+    for (int type = 0; type < t->type_count; type++)
+        left[type] = t->c->types[type].count * t->c->types[type].gpus;
+    const asym_batch *mb = &t->batches[b];
+    asym_floor_query q = {b, mb->microbatches, NULL, 0, left, 1, true, full};
+    return asym_bound_floor(t->bound, &q, asym_threshold(t->w), t->w->err);
+}
+
 /* Every micro-batch with its root floor, lowest first. */
 static asym_task *collect_tasks(asym_tree *t, int *count)
 {
     asym_task *tasks = malloc(sizeof *tasks * ((size_t)t->batch_count + 1));
     *count = 0;
-    int left[PLANNER_MAX_TYPES];
-    for (int type = 0; type < t->type_count; type++)
-        left[type] = t->c->types[type].count * t->c->types[type].gpus;
     for (int b = 0; tasks != NULL && b < t->batch_count; b++) {
         start_task(t, b);
         if (t->most_here < 2)
             continue;
-        const asym_batch *mb = &t->batches[b];
-        asym_floor_query q = {b, mb->microbatches, NULL, 0, left, 1, true};
-        double floor = asym_bound_floor(t->bound, &q, asym_threshold(t->w),
-                                        t->w->err);
+        double floor = task_floor(t, b, false);
         if (isnan(floor)) {
             free(tasks);
             return NULL;
@@ -458,11 +514,18 @@ static int walk_tasks(asym_tree *t)
             break;
         }
         if (t->budget > 0 && w->nodes >= t->budget) {
-            stop_at(w, tasks[i].floor);
+            /* as open_children_floor: the tasks left, refined */
+            double least = INFINITY;
+            for (int j = i; j < count && tasks[j].floor < least; j++)
+                least = asym_min(least, task_floor(t, tasks[j].batch, true));
+            if (isnan(least))
+                rc = -1;
+            stop_at(w, least);
             break;
         }
         start_task(t, tasks[i].batch);
-        rc = descend(t, 0, t->gpus);
+        double floor = task_floor(t, tasks[i].batch, true);
+        rc = isnan(floor) ? -1 : descend(t, 0, t->gpus, floor);
     }
     free(tasks);
     return rc;
@@ -531,7 +594,7 @@ static int open_tree(asym_tree *t, asym_walk *w)
         return -1;
     asym_relax *relax = NULL;
     if (asym_stages_open(&t->stages, w->cm, w->options, t->batches,
-                         t->batch_count, w->err) != 0)
+                         t->batch_count, w->cutoff, w->err) != 0)
         return -1;
     if (asym_relax_open(&relax, w->cm, w->options, t->batches,
                         t->batch_count, w->cutoff, t->stages, w->err) != 0) {
