@@ -145,7 +145,8 @@ static void least_sum(const asym_placed *placed, const int *order, int count,
                !(cost_at(p, weight, work_floor, room) <= bound))
             room--;
         if (room < 0) {
-            out[0] = INFINITY;
+            for (int x = 0; x <= layers; x++)
+                out[x] = INFINITY;
             return;
         }
         for (int l = 0; l < room && held < layers; l++, held++)
@@ -206,26 +207,33 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
     double unbounded;
     if (interval_sum(b, q, &view, last, weight, &unbounded, err) != 0)
         return NAN;
-    /* the intervals of max C from the least up: an interval's floor is at
-       least its lower end plus that sum, so once that passes the least
-       found no later one matters; once the least is below the threshold
-       (no cut; unless the query asks for the floor in full), or that alone
-       reaches it (a cut), it floors the rest */
-    double best = INFINITY;
-    for (int j = 0; j <= last; j++) {
-        double from = fmax(view.bounds[j], low), to = view.bounds[j + 1];
-        if (to <= low)
+    /* the intervals from the top down: a tighter bound never lowers the
+       least sum, so the sum of an interval above floors every interval
+       below it, and an interval whose lower end plus the last sum found
+       reaches the threshold (or, in full, the least found) needs no
+       table of its own (where the intervals below the cutoff all cut,
+       one or two sums prove it). Once the least is below the threshold
+       (no cut; unless the query asks for the floor in full), the lowest
+       interval's lower end plus that sum floors the rest. */
+    int first = 0;
+    while (first < last && view.bounds[first + 1] <= low)
+        first++;
+    double best = INFINITY, cover = unbounded;
+    for (int j = last; j >= first; j--) {
+        double from = fmax(view.bounds[j], low);
+        double stop = q->full ? fmin(best, threshold) : threshold;
+        if (from + cover >= stop) {
+            best = fmin(best, from + cover);
             continue;
-        if (from + unbounded >= best)
-            break;
-        if ((best < threshold && !q->full) || from + unbounded >= threshold) {
-            best = fmin(best, from + unbounded);
+        }
+        if (!q->full && best < threshold) {
+            best = fmin(best, fmax(view.bounds[first], low) + cover);
             break;
         }
-        double sum = unbounded;
-        if (j < last && interval_sum(b, q, &view, j, weight, &sum, err) != 0)
+        if (j < last &&
+            interval_sum(b, q, &view, j, weight, &cover, err) != 0)
             return NAN;
-        best = fmin(best, from + sum);
+        best = fmin(best, from + cover);
     }
     return best * FLOOR_SHADE;
 }
