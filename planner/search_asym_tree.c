@@ -38,6 +38,12 @@ typedef struct asym_tier {
  * the time of one floored and priced. */
 #define ASYM_NODE_WEIGHT 200
 
+/* The task and children this shallow are floored in full when a walk
+ * asks (refine_inherited): a floor holds for every plan under the node,
+ * so under a child the greater of its own and its ancestors' holds
+ * (which makes the gap a stopped walk proves that much smaller). */
+#define ASYM_REFINED_DEPTH 3
+
 /* A task: a micro-batch, with its root floor. */
 typedef struct asym_task {
     int batch;
@@ -68,6 +74,12 @@ typedef struct asym_tree {
     asym_placed unsent[ASYM_MAX_STAGES]; /* placed's, before their sends */
     double *work;          /* [stages x (layers + 1)] their work */
     asym_tier *levels;    /* [most stages] */
+    /* the floors in full of the task and the shallowest stages visited
+       (refine_inherited), each taken when first needed: the GPUs each
+       depth left, and whether its floor is known yet */
+    double task_full, depth_full[ASYM_REFINED_DEPTH];
+    bool task_known, depth_known[ASYM_REFINED_DEPTH];
+    int depth_left[ASYM_REFINED_DEPTH][PLANNER_MAX_TYPES];
     long long budget;      /* tree nodes at most; 0: none */
 } asym_tree;
 
@@ -234,16 +246,21 @@ static int add_child(asym_tree *t, asym_tier *level, int k, int front,
 
 /* The floor of the tree node with `depth` + 1 stages placed (in full:
  * refined up to the threshold). */
-static double floor_here(asym_tree *t, int depth, bool full)
+static double floor_of(asym_tree *t, int depth, int *left, bool full)
 {
-    int left[PLANNER_MAX_TYPES];
-    gpus_left(t, t->firsts[depth], left);
     const asym_batch *mb = &t->batches[t->batch];
     int inflight = depth + 2 < mb->microbatches ? depth + 2
                                                 : mb->microbatches;
     asym_floor_query q = {t->batch, mb->microbatches, t->placed, depth + 1,
                           left, inflight, false, full};
     return asym_bound_floor(t->bound, &q, asym_threshold(t->w), t->w->err);
+}
+
+static double floor_here(asym_tree *t, int depth, bool full)
+{
+    int left[PLANNER_MAX_TYPES];
+    gpus_left(t, t->firsts[depth], left);
+    return floor_of(t, depth, left, full);
 }
 
 /* Prices the stage at `depth` of shape k on the nodes as extended,
@@ -349,12 +366,6 @@ static int score_here(asym_tree *t, int depth)
 
 static int descend(asym_tree *t, int depth, long long end, double inherited);
 
-/* Children this shallow are floored in full when visited, their floors
- * passed down: a floor holds for every plan under the node, so under a
- * child the greater of its own and its ancestors' holds (which makes
- * the gap a stopped walk proves that much smaller). */
-#define ASYM_REFINED_DEPTH 3
-
 /* Places child i of levels[depth]: its nodes put in front, its stage
  * and the one behind it exact. */
 static int enter(asym_tree *t, int depth, long long end, int i)
@@ -376,13 +387,14 @@ static int enter(asym_tree *t, int depth, long long end, int i)
 static int visit(asym_tree *t, int depth, long long end, int i,
                  double inherited)
 {
+    const asym_tier *level = &t->levels[depth];
     int front = t->front;
     int rc = enter(t, depth, end, i);
     if (rc == 0 && t->firsts[depth] > 0 && depth < ASYM_REFINED_DEPTH) {
-        double floor = floor_here(t, depth, true);
-        rc = isnan(floor) ? -1 : 0;
-        inherited = asym_max(inherited, floor);
+        gpus_left(t, t->firsts[depth], t->depth_left[depth]);
+        t->depth_known[depth] = false;
     }
+    inherited = asym_max(inherited, level->children[i].floor);
     if (rc == 0)
         rc = t->firsts[depth] == 0
                  ? score_here(t, depth)
@@ -417,6 +429,42 @@ static double open_children_floor(asym_tree *t, int depth, long long end,
     return least;
 }
 
+static double task_floor(asym_tree *t, int b, bool full);
+
+/* The floor in full of the stages placed down to `depth` when visited:
+ * the stage at `depth` as then (without its sends), on the GPUs it left
+ * then; the stages behind it have not changed since. */
+static double depth_floor(asym_tree *t, int depth)
+{
+    asym_placed now = t->placed[depth];
+    t->placed[depth] = t->unsent[depth];
+    double floor = floor_of(t, depth, t->depth_left[depth], true);
+    t->placed[depth] = now;
+    return floor;
+}
+
+/* The greatest floor in full of the task and the ancestors (up to
+ * ASYM_REFINED_DEPTH) of the children at `depth`, each taken once per
+ * visit when first asked. NAN on error. */
+static double refine_inherited(asym_tree *t, int depth)
+{
+    if (!t->task_known) {
+        t->task_full = task_floor(t, t->batch, true);
+        t->task_known = !isnan(t->task_full);
+    }
+    double most = t->task_full;
+    for (int d = 0; d < depth && d < ASYM_REFINED_DEPTH && !isnan(most);
+         d++) {
+        if (!t->depth_known[d]) {
+            t->depth_full[d] = depth_floor(t, d);
+            t->depth_known[d] = !isnan(t->depth_full[d]);
+        }
+        most = isnan(t->depth_full[d]) ? NAN
+                                       : asym_max(most, t->depth_full[d]);
+    }
+    return most;
+}
+
 static int descend(asym_tree *t, int depth, long long end, double inherited)
 {
     asym_walk *w = t->w;
@@ -425,11 +473,22 @@ static int descend(asym_tree *t, int depth, long long end, double inherited)
     asym_tier *level = &t->levels[depth];
     for (int i = 0; i < level->count; i++) {
         double floor = asym_max(level->children[i].floor, inherited);
+        bool stopping = t->budget > 0 && w->nodes >= t->budget;
+        /* the ancestors' floors in full cut more only below the cutoff
+           (the shortlist full) and prove more only where the walk stops */
+        if (floor < asym_threshold(w) &&
+            (stopping || asym_threshold(w) < w->cutoff)) {
+            double full = refine_inherited(t, depth);
+            if (isnan(full))
+                return -1;
+            inherited = asym_max(inherited, full);
+            floor = asym_max(floor, inherited);
+        }
         if (floor >= asym_threshold(w)) {
             w->pruned += level->count - i;
             break;
         }
-        if (t->budget > 0 && w->nodes >= t->budget) {
+        if (stopping) {
             floor = open_children_floor(t, depth, end, i);
             if (isnan(floor))
                 return -1;
@@ -463,6 +522,7 @@ static void start_task(asym_tree *t, int batch)
     t->front = t->node_count;
     for (int type = 0; type < t->type_count; type++)
         t->left[type] = t->c->types[type].count;
+    t->task_known = false;
 }
 
 /* The root floor of micro-batch b's task (in full: refined up to the
@@ -524,8 +584,7 @@ static int walk_tasks(asym_tree *t)
             break;
         }
         start_task(t, tasks[i].batch);
-        double floor = task_floor(t, tasks[i].batch, true);
-        rc = isnan(floor) ? -1 : descend(t, 0, t->gpus, floor);
+        rc = descend(t, 0, t->gpus, tasks[i].floor);
     }
     free(tasks);
     return rc;
