@@ -30,8 +30,8 @@ struct asym_bound {
     double *bottleneck; /* [layers + 1] the placed stages' least max C */
     double *relaxed;    /* [layers + 1] the stages to come's, with it */
     double *sum;        /* [layers + 1] their least sum T under a bound */
-    double *values;     /* scratch: every C_i(l) of the placed stages */
-    int *order, *heads; /* scratch */
+    double *values;     /* scratch: a stage's C_i(l) and a merge */
+    int *order;         /* scratch */
 };
 
 /* ------------------------------------------------------ placed stages */
@@ -71,16 +71,16 @@ static double least_max_work(const asym_placed *placed, int count, int layers)
  * for every x: the x-th least of every stage's C of one more layer (each
  * made non-decreasing from the right: a lower C at more layers counts
  * for fewer), no lower than any stage's C of none; INFINITY past what
- * they hold. The stages' rows are merged, the least head first. */
+ * they hold. The stages' rows are merged into out one by one, only the
+ * least `layers` kept (row, merged: scratch of layers + 1). */
 static void least_bottleneck(const asym_placed *placed, int count,
                              int layers, double weight, double work_floor,
-                             double *values, int *heads, double *out)
+                             double *row, double *merged, double *out)
 {
-    int width = layers + 1;
     double none = 0.0;
+    int have = 0; /* out[1..have]: the least values so far, in order */
     for (int i = 0; i < count; i++) {
         const asym_placed *p = &placed[i];
-        double *row = values + (size_t)i * (size_t)width;
         int most = most_layers(p, layers);
         double right = INFINITY;
         for (int l = layers; l >= 0; l--) {
@@ -89,23 +89,16 @@ static void least_bottleneck(const asym_placed *placed, int count,
             row[l] = right;
         }
         none = asym_max(none, row[0]);
-        heads[i] = 1;
+        int a = 1, r = 1, n = 0;
+        while (n < layers)
+            merged[++n] = a <= have && !(row[r] < out[a]) ? out[a++]
+                                                          : row[r++];
+        memcpy(out + 1, merged + 1, sizeof(double) * (size_t)n);
+        have = n;
     }
     out[0] = none;
-    for (int x = 1; x <= layers; x++) {
-        int least = -1;
-        for (int i = 0; i < count; i++)
-            if (heads[i] <= layers &&
-                (least < 0 || values[(size_t)i * width + heads[i]] <
-                                  values[(size_t)least * width +
-                                         heads[least]]))
-                least = i;
-        double v = least < 0 ? INFINITY
-                             : values[(size_t)least * width + heads[least]];
-        if (least >= 0)
-            heads[least]++;
-        out[x] = asym_max(none, v);
-    }
+    for (int x = 1; x <= layers; x++)
+        out[x] = x <= have ? asym_max(none, out[x]) : INFINITY;
 }
 
 static const asym_placed *by_pace_base;
@@ -193,7 +186,7 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
         return INFINITY;
     b->work_floor = least_max_work(q->placed, q->count, layers);
     least_bottleneck(q->placed, q->count, layers, weight, b->work_floor,
-                     b->values, b->heads, b->bottleneck);
+                     b->values, b->values + layers + 1, b->bottleneck);
     /* the stages to come: max C, and max (m - 1) T plus the work floor */
     for (int y = 0; y <= layers; y++)
         b->relaxed[y] = asym_max(view.bottleneck[y],
@@ -255,13 +248,11 @@ int asym_bound_open(asym_bound **out, asym_relax *relax, int layers,
     b->bottleneck = malloc(sizeof(double) * cells);
     b->sum = malloc(sizeof(double) * cells);
     b->relaxed = malloc(sizeof(double) * cells);
-    b->values = malloc(sizeof(double) * cells *
-                       (size_t)(ASYM_MAX_STAGES + 1));
+    b->values = malloc(sizeof(double) * cells * 2);
     b->order = malloc(sizeof(int) * (size_t)(ASYM_MAX_STAGES + 1));
-    b->heads = malloc(sizeof(int) * (size_t)(ASYM_MAX_STAGES + 1));
     if (b->bottleneck == NULL || b->sum == NULL || b->relaxed == NULL ||
         b->values == NULL ||
-        b->order == NULL || b->heads == NULL)
+        b->order == NULL)
         return pt_fail(err, "search: out of memory for the floors");
     return 0;
 }
@@ -276,6 +267,5 @@ void asym_bound_close(asym_bound *b)
     free(b->relaxed);
     free(b->values);
     free(b->order);
-    free(b->heads);
     free(b);
 }
