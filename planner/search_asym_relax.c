@@ -159,15 +159,18 @@ typedef enum table_kind {
     TABLE_SUM    /* the least sum of T with every C under a bound */
 } table_kind;
 
-/* A block's C at x layers: (m - 1) T + W (W left out when paced). */
-static double block_cost(const block *b, int role, int x, double weight)
+/* A block's C at x layers: (m - 1) T + W, or (paced) (m - 1) T alone;
+ * inline, for join_max's loop. */
+static inline double block_cost_of(const block *b, int role, int x,
+                                   double weight, bool paced)
 {
-    return weight * (b->fixed[role] + b->pace * x) + b->work[role][x];
+    double t = weight * (b->fixed[role] + b->pace * x);
+    return paced ? t : t + b->work[role][x];
 }
 
-static double block_paced(const block *b, int role, int x, double weight)
+static double block_cost(const block *b, int role, int x, double weight)
 {
-    return weight * (b->fixed[role] + b->pace * x);
+    return block_cost_of(b, role, x, weight, false);
 }
 
 /* out[y] = min(out[y], min over x of max(prev[y - x], C(x))), both
@@ -175,19 +178,21 @@ static double block_paced(const block *b, int role, int x, double weight)
 static void join_max(const double *prev, const block *b, int role, int cap,
                      double weight, bool paced, int layers, double *out)
 {
-    double (*cost)(const block *, int, int, double) =
-        paced ? block_paced : block_cost;
     int x = 0;
     for (int y = 0; y <= layers; y++) {
         int most = cap < y ? cap : y;
         if (x > most)
             x = most;
-        while (x < most && cost(b, role, x, weight) < prev[y - x])
+        while (x < most &&
+               block_cost_of(b, role, x, weight, paced) < prev[y - x])
             x++;
-        double best = asym_max(prev[y - x], cost(b, role, x, weight));
+        double here = block_cost_of(b, role, x, weight, paced);
+        double best = asym_max(prev[y - x], here);
         if (x > 0)
-            best = asym_min(best, asym_max(prev[y - x + 1],
-                                           cost(b, role, x - 1, weight)));
+            best = asym_min(best,
+                            asym_max(prev[y - x + 1],
+                                     block_cost_of(b, role, x - 1, weight,
+                                                   paced)));
         if (best < out[y])
             out[y] = best;
     }
