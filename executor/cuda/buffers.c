@@ -427,18 +427,18 @@ static int check_bf16_grads(const stage_spec *spec, pt_error *err)
     return 0;
 }
 
-/* Rows of the fused head's chunk: PARTITA_CUDA_HEAD_ROWS when set (a
- * positive count; the plan then follows it too, the cost model not),
+/* Rows of the fused head's chunk: fixed_rows when positive
+ * (PARTITA_CUDA_HEAD_ROWS; the plan then follows it too, the cost model not),
  * every row under bf16 gradients (llm.c's recipe: one product adds the
  * head's weight gradient, rounded once), else the fewest chunks of at
  * most HEAD_CHUNK_BYTES, rows rounded up to HEAD_CHUNK_ROW_MULTIPLE. */
-static int head_chunk_rows(const buffer_layout *layout, const char *rows)
+static int head_chunk_rows(const buffer_layout *layout, long fixed_rows)
 {
     size_t N = (size_t)layout->dims.N;
     size_t row_bytes = (size_t)layout->ld_logits * sizeof(pt_bf16);
     size_t chosen = N;
-    if (rows != NULL && atol(rows) > 0) {
-        chosen = (size_t)atol(rows);
+    if (fixed_rows > 0) {
+        chosen = (size_t)fixed_rows;
     } else if (!layout->spec.bf16_grads) {
         size_t chunks = (N * row_bytes + HEAD_CHUNK_BYTES - 1) /
                         HEAD_CHUNK_BYTES;
@@ -454,14 +454,14 @@ static int head_chunk_rows(const buffer_layout *layout, const char *rows)
  * tp 1 (the vocab-parallel softmax sums whole rows over the group) and
  * gradients in the one buffer (ZeRO-2/3's head unit opens in the
  * backward). */
-static void plan_head(buffer_layout *out, const char *rows)
+static void plan_head(buffer_layout *out, long fixed_rows)
 {
     const stage_dims *d = &out->dims;
     bool fused = out->spec.has_head && d->tp == 1 && !out->grads_by_unit;
     size_t lendable = whole_logits_bytes(out);
     size_t row_bytes = (size_t)out->ld_logits * sizeof(pt_bf16);
     if (fused) {
-        out->head_rows = head_chunk_rows(out, rows);
+        out->head_rows = head_chunk_rows(out, fixed_rows);
         size_t chunk = (size_t)out->head_rows * row_bytes;
         out->head_chunk_bytes = chunk;
         /* the chunk may grow to lend cuDNN what the whole logits would
@@ -486,8 +486,7 @@ static void plan_head(buffer_layout *out, const char *rows)
          * (unless PARTITA_CUDA_HEAD_ROWS fixed them) */
         size_t fit = out->head_chunk_bytes / row_bytes /
                      HEAD_CHUNK_ROW_MULTIPLE * HEAD_CHUNK_ROW_MULTIPLE;
-        if ((rows == NULL || atol(rows) <= 0) &&
-            fit > (size_t)out->head_rows)
+        if (fixed_rows <= 0 && fit > (size_t)out->head_rows)
             out->head_rows = fit < (size_t)d->N ? (int)fit : d->N;
     }
 }
@@ -526,7 +525,8 @@ int buffer_layout_init(const model_shape *shape, const stage_spec *spec,
     if (check_bf16_grads(spec, err) != 0)
         return -1;
     out->grad_count = out->grads_by_unit ? optimizer_count : params;
-    plan_head(out, getenv("PARTITA_CUDA_HEAD_ROWS"));
+    const char *head_rows = getenv("PARTITA_CUDA_HEAD_ROWS");
+    plan_head(out, head_rows != NULL ? atol(head_rows) : 0);
     stage_units_of(spec, tensors, tensor_count, params, &out->units);
     out->params_by_unit = out->grads_by_unit && spec->shard_parameters;
     out->params_count = out->params_by_unit ? optimizer_count : params;

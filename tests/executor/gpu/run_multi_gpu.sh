@@ -110,24 +110,17 @@ for name in ${SCRIPTS:-$default_scripts}; do
         script parallel 560 env GPUS=2 SKIP_BENCH=1 SKIP_NCCL_TEST=1 \
             ITERS="${ITERS:-20}" "$here/run_parallel.sh" "$build" \
             "$logs/parallel" ;;
-    parallel4)
+    parallel4|asym4)
         if [ "$want" != 4 ]; then
-            gpu_note parallel4 FAIL "needs GPUS 4"
+            gpu_note "$name" FAIL "needs GPUS 4"
             continue
         fi
-        script parallel4 560 env GPUS=4 SKIP_BENCH=1 SKIP_NCCL_TEST=1 \
-            SKIP_RESUME=1 SKIP_HETERO=1 LOSS_ROWS="$four_rows" \
+        rows=$four_rows
+        [ "$name" = asym4 ] && rows=$asym_rows
+        script "$name" 560 env GPUS=4 SKIP_BENCH=1 SKIP_NCCL_TEST=1 \
+            SKIP_RESUME=1 SKIP_HETERO=1 LOSS_ROWS="$rows" \
             ITERS="${ITERS:-20}" "$here/run_parallel.sh" "$build" \
-            "$logs/parallel4" ;;
-    asym4)
-        if [ "$want" != 4 ]; then
-            gpu_note asym4 FAIL "needs GPUS 4"
-            continue
-        fi
-        script asym4 560 env GPUS=4 SKIP_BENCH=1 SKIP_NCCL_TEST=1 \
-            SKIP_RESUME=1 SKIP_HETERO=1 LOSS_ROWS="$asym_rows" \
-            ITERS="${ITERS:-20}" "$here/run_parallel.sh" "$build" \
-            "$logs/asym4" ;;
+            "$logs/$name" ;;
     asym1)
         script asym1 560 env SHARED=1 SHARED_COMM=auto SKIP_BENCH=1 \
             SKIP_RESUME=1 SKIP_HETERO=1 LOSS_ROWS="$asym_rows" \
