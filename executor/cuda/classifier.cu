@@ -1,10 +1,12 @@
 /*
  * The classifier: softmax + cross-entropy of the LM head's logits fused
- * with the start of the backward. One block per row: one pass finds the
- * row's maximum and sum of exponentials together (online softmax, from
- * the row's end backwards), a second overwrites the row with softmax -
- * onehot(target). The logits are bf16 and exist once; no fp32 logits or
- * probabilities are ever written to memory.
+ * with the start of the backward. One block per row, the last rows first
+ * (the head's product wrote them last): one pass finds the row's maximum
+ * and sum of exponentials together (online softmax, from the row's end
+ * backwards), a second overwrites the row with softmax - onehot(target),
+ * reading and writing it as streaming (evict-first) data so that L2
+ * keeps the rows still to be read again. The logits are bf16 and exist
+ * once; no fp32 logits or probabilities are ever written to memory.
  *
  * A vocab-parallel shard (tensor parallelism) holds some of the
  * vocabulary's columns: the same two passes run as three launches with
@@ -117,8 +119,12 @@ static __device__ void row_write_gradient(bf16 *z, int V, int ld, bool vector,
     int vector_end = vector ? V / 8 * 8 : 0;
     float shift = -max_value * LOG2E_F;
     for (int c = threadIdx.x * 8; c < vector_end; c += blockDim.x * 8) {
+        /* the row's last use and its gradient, both marked streaming
+         * (evict first): what L2 keeps is then the rows whose first pass
+         * is under way, which their second pass reads again */
+        int4 packed = __ldcs(reinterpret_cast<const int4 *>(z + c));
         float x[8];
-        bf16x8_to_float(*reinterpret_cast<const bf16x8 *>(z + c), x);
+        bf16x8_to_float(*reinterpret_cast<const bf16x8 *>(&packed), x);
 #pragma unroll
         for (int i = 0; i < 8; i++)
             x[i] = fast_exp2(fmaf(x[i], LOG2E_F, shift)) * inverse;
@@ -129,7 +135,9 @@ static __device__ void row_write_gradient(bf16 *z, int V, int ld, bool vector,
                 if (i == offset)
                     x[i] -= 1.0f;
         }
-        *reinterpret_cast<bf16x8 *>(z + c) = float_to_bf16x8(x);
+        bf16x8 gradient = float_to_bf16x8(x);
+        __stcs(reinterpret_cast<int4 *>(z + c),
+               *reinterpret_cast<const int4 *>(&gradient));
     }
     for (int c = vector_end + threadIdx.x; c < V; c += blockDim.x) {
         float p = expf(__bfloat162float(z[c]) - max_value) * inverse;
@@ -145,7 +153,9 @@ __global__ void __launch_bounds__(CLASSIFIER_THREADS)
 classifier_forward_kernel(bf16 *logits, float *losses,
                           const uint32_t *targets, int V, int ld, bool vector)
 {
-    int row = blockIdx.x;
+    /* the last rows first: the head's product wrote them last, so they
+     * are the likeliest still in L2 */
+    int row = (int)(gridDim.x - 1 - blockIdx.x);
     bf16 *z = logits + (size_t)row * ld;
     uint32_t target = targets[row];
     float target_logit = __bfloat162float(z[target]);

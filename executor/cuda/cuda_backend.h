@@ -51,6 +51,10 @@
  *                           else chunks of at most 256 MiB. For tests
  *                           and measurements (the cost model prices the
  *                           default).
+ *   PARTITA_CUDA_GRAPHS     "0" turns off the CUDA graphs that replay a
+ *                           one-stage step's forward and backward
+ *                           (cuda_stage.h, cuda_pass_graphs); default on.
+ *                           For tests and measurements.
  */
 #ifndef PARTITA_EXECUTOR_CUDA_BACKEND_H
 #define PARTITA_EXECUTOR_CUDA_BACKEND_H
@@ -87,6 +91,10 @@ const char *cuda_stage_attention(const model_stage *stage);
  * bf16 weight mirror, activations of every slot, backward scratch, the
  * cuBLASLt workspace and cuDNN's attention workspace. */
 size_t cuda_stage_device_bytes(const model_stage *stage);
+/* How many passes of the stage ran as replays of a CUDA graph
+ * (PARTITA_CUDA_GRAPHS): 0 where none could, e.g. off the one-stage step
+ * kept on the device. */
+long cuda_stage_graph_replays(const model_stage *stage);
 
 /* The same by memory term (common.h), with the allocator's rounding:
  * what executor/cuda/buffers.c's plan says for the stage's shape. The

@@ -112,6 +112,47 @@ typedef struct cuda_device_step {
     int mark_count;
 } cuda_device_step;
 
+/* The one-stage step's passes replayed as CUDA graphs (step_graphs.c):
+ * a step kept on the device (stage.h) runs the same kernels with the
+ * same pointers every step, so its forward (after the tokens' upload)
+ * and its backward (up to the embedding's, whose grid follows the
+ * micro-batch's distinct tokens) are captured once and replayed, which
+ * leaves the launches' host time and most of the gaps between kernels
+ * out of the step. One graph of each, for the calls of one slot, micro-
+ * batch size and loss scale: another key runs plainly once (lazy
+ * allocations, cuDNN's plans), is captured at its second call and
+ * replaces the graph. */
+typedef struct cuda_pass_graph {
+    cudaGraphExec_t exec;           /* NULL: not captured (yet) */
+    int slot, mbs;                  /* the calls it replays */
+    float loss_scale;
+    int plain_calls;                /* of this key, run without a graph */
+} cuda_pass_graph;
+
+typedef struct cuda_pass_graphs {
+    bool enabled;                   /* PARTITA_CUDA_GRAPHS is not "0" and
+                                       no capture has failed */
+    cuda_pass_graph forward[2];     /* [1]: a step's first forward, which
+                                       zeroes the gradients beside it
+                                       (cuda_side_zero) */
+    cuda_pass_graph backward;
+    long replays;                   /* launches of any of them */
+} cuda_pass_graphs;
+
+/* The gradients of a step kept on the device zeroed beside the step's
+ * first forward, on a stream of their own joined before the first
+ * gradient is written, instead of ahead of the forward on the stage's
+ * stream, where the GPU did nothing else for 0.1-1 ms a step at GPT-2's
+ * sizes (step_graphs.c). */
+typedef struct cuda_side_zero {
+    cudaStream_t stream;            /* NULL until first needed */
+    cudaEvent_t fork, done;
+    size_t bytes;                   /* of the gradients' buffer */
+    bool pending;                   /* zero_grads left it to the next
+                                       forward */
+    bool forked;                    /* the fill enqueued, not joined */
+} cuda_side_zero;
+
 /* backend_state of a cuda stage. */
 typedef struct cuda_stage_state {
     int device;
@@ -152,8 +193,17 @@ typedef struct cuda_stage_state {
     activation_slot *slots;         /* owned host array */
     backward_scratch scratch;
     token_block host_tokens;        /* pinned host, one micro-batch */
+    const uint32_t *host_tokens_of; /* the tokens host_tokens holds for
+                                       the next upload (passes.c), of
+                                       host_tokens_mbs sequences and
+                                       host_unique_tokens plan groups;
+                                       NULL: none */
+    int host_tokens_mbs;
+    int host_unique_tokens;
     void *host_block;               /* owned pinned memory */
     cuda_device_step device_step;
+    cuda_pass_graphs graphs;
+    cuda_side_zero side_zero;
     void *token_counts;             /* owned host scratch of the
                                        embedding plan, zeroed */
     size_t device_bytes;            /* asked of cudaMalloc (the cap's) */
@@ -281,6 +331,31 @@ static inline size_t unit_place_of(const stage_units *u, size_t offset,
     return offset - unit_first_of(u, kind, layer);
 }
 
+/* step_graphs.c. pass_run: `body` (a pass's kernels, nothing the host
+ * reads back) for the slot's micro-batch, through the graph of that
+ * pass when the stage's step is kept on the device and graphs are on
+ * (else plainly); a capture that fails turns the stage's graphs off and
+ * runs the body plainly. graphs_close: safe on a zeroed one. */
+typedef int (*cuda_pass_body)(model_stage *stage, int slot,
+                              const stage_io *io, pt_error *err);
+int cuda_pass_run(model_stage *stage, cuda_pass_graph *graph, int slot,
+                  const stage_io *io, cuda_pass_body body, pt_error *err);
+void cuda_pass_graphs_close(cuda_pass_graphs *graphs);
+/* The side zeroing (cuda_side_zero). defer: whether zero_grads may leave
+ * the `bytes` of gradients to the next forward (a step kept on the
+ * device, one buffer of gradients), which it then marks pending. fork:
+ * in a forward's passes, the fill on the side stream when pending (no
+ * longer pending then). join: the stage's stream waits for a forked
+ * fill (before the first gradient is written). settle: a pending fill
+ * made on the stage's stream, a forked one joined (before the gradients
+ * are copied). close: safe on a zeroed one. */
+int cuda_side_zero_defer(model_stage *stage, size_t bytes, bool *deferred,
+                         pt_error *err);
+int cuda_side_zero_fork(model_stage *stage, pt_error *err);
+int cuda_side_zero_join(model_stage *stage, pt_error *err);
+int cuda_side_zero_settle(const model_stage *stage, pt_error *err);
+void cuda_side_zero_close(cuda_side_zero *zero);
+
 /* optimizer_step.c: the backend's gradient norms, AdamW and the step
  * kept on the device with its marks (entries of stage_backend). open:
  * the events and the pinned block of the step kept on the device (close:
@@ -306,6 +381,11 @@ int cuda_step_totals(model_stage *stage, stage_step_totals *out,
 int cuda_step_mark(model_stage *stage, int mark, pt_error *err);
 int cuda_step_mark_seconds(const model_stage *stage, int mark,
                            double *seconds, pt_error *err);
+
+/* The host's work on a micro-batch's tokens ahead of its forward
+ * (stage_backend's prepare_tokens, passes.c). */
+int cuda_prepare_tokens(model_stage *stage, const stage_io *io,
+                        pt_error *err);
 
 /* The forward and backward of a cuda stage (passes.c), the entries of
  * the backend's table for stage_backend.forward and .backward. */

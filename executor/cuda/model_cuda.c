@@ -269,6 +269,8 @@ static int read_options(model_stage *stage, cuda_stage_state *state,
 {
     const char *fuse = getenv("PARTITA_CUDA_FUSE");
     state->fuse_epilogues = fuse == NULL || strcmp(fuse, "0") != 0;
+    const char *graphs = getenv("PARTITA_CUDA_GRAPHS");
+    state->graphs.enabled = graphs == NULL || strcmp(graphs, "0") != 0;
     if (buffer_layout_init(&stage->shape, &stage->spec, stage->tensors,
                            stage->tensor_count, stage->optimizer_first,
                            stage->optimizer_count, stage->mbs_capacity,
@@ -308,6 +310,8 @@ static void cuda_release(model_stage *stage)
     cudaFree(state->all_chunks.chunks);
     cudaFreeHost(state->host_block);
     cuda_device_step_close(&state->device_step);
+    cuda_pass_graphs_close(&state->graphs);
+    cuda_side_zero_close(&state->side_zero);
     free(state->token_counts);
     free(state->offsets.layers);
     attention_runner_destroy(state->attention);
@@ -650,6 +654,10 @@ static int copy_part(const model_stage *stage, stage_buffer which,
                      pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
+    /* gradients read or written between a step's start and its first
+     * forward: zeroed first, as they would have been */
+    if (which == STAGE_GRADS && cuda_side_zero_settle(stage, err) != 0)
+        return -1;
     char *part = (char *)model_stage_buffer(stage, which) +
                  at * element_bytes(stage, which);
     if (holds_bf16(stage, which))
@@ -764,11 +772,14 @@ static int cuda_zero_grads(model_stage *stage, pt_error *err)
      * micro-batch's tokens and embedding plan while the device zeroes
      * (a wait here left the GPU idle for both, 0.4-0.6 ms a step at GPT-2
      * 350M on an H200); whatever reads the gradients is behind it on the
-     * stream or waits for the stream first */
-    CUDA_TRY(cudaMemsetAsync(stage->grads, 0,
-                             stage->grad_count *
-                                 element_bytes(stage, STAGE_GRADS),
-                             state->stream));
+     * stream or waits for the stream first. A step kept on the device
+     * leaves the fill to its first forward, beside it (cuda_side_zero). */
+    size_t bytes = stage->grad_count * element_bytes(stage, STAGE_GRADS);
+    bool deferred = false;
+    if (cuda_side_zero_defer(stage, bytes, &deferred, err) != 0)
+        return -1;
+    if (!deferred)
+        CUDA_TRY(cudaMemsetAsync(stage->grads, 0, bytes, state->stream));
     /* a step kept on the device starts its loss sum here */
     if (stage->step.on_device)
         CUDA_TRY(cudaMemsetAsync(state->scratch.step, 0,
@@ -848,6 +859,7 @@ static const stage_backend cuda_backend_table = {
     .zero_range = cuda_zero_range,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .prepare_tokens = cuda_prepare_tokens,
     .packs_sequence_rows = true,
 };
 

@@ -125,15 +125,17 @@ static int model_layer_forward(model_stage *stage, layer_activations *act,
     return layer_forward(stage, act, o, input, d, err);
 }
 
-/* Copies the micro-batch's tokens (and, for the embedding, the plan of
- * its gradient) to the slot with one transfer. */
-static int upload_tokens(model_stage *stage, activation_slot *slot,
-                         const uint32_t *tokens, const stage_dims *d,
-                         pt_error *err)
+/* The host's part of a micro-batch's upload: its tokens into the pinned
+ * block, once the last upload has read it, and for the embedding the
+ * plan of its gradient; remembered for the forward of the same tokens
+ * (cuda_prepare_tokens does it ahead). */
+static int tokens_to_host_block(model_stage *stage, const uint32_t *tokens,
+                                const stage_dims *d, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     token_block *host = &state->host_tokens;
     int T = d->T;
+    state->host_tokens_of = NULL;
     /* the profiler's back-to-back calls (defer_sync) pass the same
      * tokens and are not held back (stage.h) */
     if (!stage->defer_sync && cuda_tokens_writable(state, err) != 0)
@@ -144,7 +146,7 @@ static int upload_tokens(model_stage *stage, activation_slot *slot,
         memcpy(host->targets + (size_t)b * T, window + 1,
                T * sizeof *window);
     }
-    slot->unique_tokens = 0;
+    state->host_unique_tokens = 0;
     if (stage->spec.has_embedding) {
         embedding_plan plan = {
             .starts = host->plan_starts,
@@ -154,8 +156,36 @@ static int upload_tokens(model_stage *stage, activation_slot *slot,
         embedding_plan_build_range(&plan, host->inputs, d->N,
                                    d->vocab_first, d->V,
                                    state->token_counts);
-        slot->unique_tokens = plan.unique_tokens;
+        state->host_unique_tokens = plan.unique_tokens;
     }
+    state->host_tokens_of = tokens;
+    state->host_tokens_mbs = d->B;
+    return 0;
+}
+
+int cuda_prepare_tokens(model_stage *stage, const stage_io *io,
+                        pt_error *err)
+{
+    CUDA_TRY(cudaSetDevice(state_of(stage)->device));
+    stage_dims d = dims_of(stage, io->mbs);
+    return tokens_to_host_block(stage, io->tokens, &d, err);
+}
+
+/* Copies the micro-batch's tokens (and, for the embedding, the plan of
+ * its gradient) to the slot with one transfer, from the pinned block
+ * (filled now unless cuda_prepare_tokens filled it with these tokens). */
+static int upload_tokens(model_stage *stage, activation_slot *slot,
+                         const uint32_t *tokens, const stage_dims *d,
+                         pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    token_block *host = &state->host_tokens;
+    bool prepared = state->host_tokens_of == tokens &&
+                    state->host_tokens_mbs == d->B;
+    if (!prepared && tokens_to_host_block(stage, tokens, d, err) != 0)
+        return -1;
+    state->host_tokens_of = NULL; /* the block is the device's now */
+    slot->unique_tokens = state->host_unique_tokens;
     /* host and device blocks share one layout: copy up to the plan's
      * end (the capacity's layout, so offsets match) */
     size_t bytes = (size_t)((char *)(host->plan_tokens + d->N) -
@@ -365,20 +395,31 @@ static int widen_output(model_stage *stage, activation_slot *slot,
     return 0;
 }
 
-int cuda_stage_forward(model_stage *stage, int slot_index,
-                       const stage_io *io, float *mean_loss, pt_error *err)
+/* What a forward leaves on the slot's host side for its backward (set
+ * here, not by the passes, which a replayed graph skips). */
+static void forward_done(const cuda_stage_state *state, activation_slot *slot,
+                         int mbs)
+{
+    slot->stream_out = state->layer_count > 0
+                           ? slot->layers[state->layer_count - 1].output
+                           : slot->input;
+    slot->mbs = mbs;
+    slot->awaiting_backward = true;
+}
+
+/* The forward's passes after the tokens' upload, into the slot; the
+ * mean loss read back into *mean_loss only off the device step. */
+static int forward_passes(model_stage *stage, int slot_index,
+                          const stage_io *io, float *mean_loss,
+                          pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
-    CUDA_TRY(cudaSetDevice(state->device));
     activation_slot *slot = &state->slots[slot_index];
     stage_dims d = dims_of(stage, io->mbs);
-    slot->awaiting_backward = false;
-    if (io->tokens != NULL &&
-        upload_tokens(stage, slot, io->tokens, &d, err) != 0)
-        return -1;
     /* ZeRO-3: each unit gathered before it, the next one's gather behind
      * it (param_units.c) */
-    if (cuda_param_pass_begin(stage, false, err) != 0)
+    if (cuda_param_pass_begin(stage, false, err) != 0 ||
+        cuda_side_zero_fork(stage, err) != 0)
         return -1;
     if (stage->spec.has_embedding) {
         if (cuda_param_unit_use(stage, STAGE_UNIT_EMBEDDING, 0, false,
@@ -405,6 +446,9 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
         widen_output(stage, slot, io, &d, err) != 0)
         return -1;
     *mean_loss = 0.0f;
+    /* the fused head writes its weight's gradient in the forward */
+    if (cuda_side_zero_join(stage, err) != 0)
+        return -1;
     if (stage->spec.has_head) {
         if (cuda_param_unit_use(stage, STAGE_UNIT_HEAD, 0, false, err) !=
                 0 ||
@@ -415,8 +459,42 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
                cuda_sync_stage_stream(stage, err) != 0) {
         return -1;
     }
-    slot->mbs = io->mbs;
-    slot->awaiting_backward = true;
+    return 0;
+}
+
+/* forward_passes as a graph's body: a step kept on the device reads no
+ * loss back (it sums them on the device). */
+static int forward_body(model_stage *stage, int slot_index,
+                        const stage_io *io, pt_error *err)
+{
+    float unread = 0.0f;
+    return forward_passes(stage, slot_index, io, &unread, err);
+}
+
+int cuda_stage_forward(model_stage *stage, int slot_index,
+                       const stage_io *io, float *mean_loss, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    CUDA_TRY(cudaSetDevice(state->device));
+    activation_slot *slot = &state->slots[slot_index];
+    stage_dims d = dims_of(stage, io->mbs);
+    slot->awaiting_backward = false;
+    if (io->tokens != NULL &&
+        upload_tokens(stage, slot, io->tokens, &d, err) != 0)
+        return -1;
+    *mean_loss = 0.0f;
+    if (stage->step.on_device) {
+        /* a step's first forward zeroes the gradients beside it: a graph
+         * of its own */
+        int first = state->side_zero.pending ? 1 : 0;
+        if (cuda_pass_run(stage, &state->graphs.forward[first], slot_index,
+                          io, forward_body, err) != 0)
+            return -1;
+        state->side_zero.pending = false; /* forked, or replayed */
+    } else if (forward_passes(stage, slot_index, io, mean_loss, err) != 0) {
+        return -1;
+    }
+    forward_done(state, slot, io->mbs);
     return 0;
 }
 
@@ -700,16 +778,26 @@ static void gradients_enqueued(const cuda_stage_state *state,
         state->grad_hook(state->grad_hook_data, ready_from);
 }
 
-int cuda_stage_backward(model_stage *stage, int slot_index,
-                        const stage_io *io, pt_error *err)
+/* The gradient of the stage's input in fp32 (the shard's rows, packed)
+ * for the embedding or the previous stage: converted from the bf16
+ * stream into scratch.d_stream_fp32 (backward_passes), or the output
+ * gradient itself when nothing came between. */
+static bool input_grad_converted(const model_stage *stage)
+{
+    const cuda_stage_state *state = state_of(stage);
+    return (stage->spec.has_head || state->layer_count > 0) &&
+           (!stage->boundary_free || stage->spec.has_embedding);
+}
+
+/* The backward's passes into the slot's gradients: the head's, the
+ * layers' and the input gradient's conversion (input_grad_converted),
+ * all but the embedding's, whose grid follows the micro-batch's
+ * distinct tokens (so that a graph can replay them). */
+static int backward_passes(model_stage *stage, int slot_index,
+                           const stage_io *io, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
-    CUDA_TRY(cudaSetDevice(state->device));
     activation_slot *slot = &state->slots[slot_index];
-    if (!slot->awaiting_backward || slot->mbs != io->mbs)
-        return pt_fail(err, "cuda backend: backward of slot %d without a "
-                            "forward of %d sequences before it",
-                       slot_index, io->mbs);
     backward_scratch *s = &state->scratch;
     stage_dims d = dims_of(stage, io->mbs);
     /* the gradient of the stage's output: the shard's rows under
@@ -720,7 +808,8 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
     pt_bf16 *stream_grad = s->d_stream_bf16 + shard_offset(&d);
     /* ZeRO-2/3's units (grad_units.c): the embeddings' buffer is open for
      * the whole backward (a tied head writes into it first) */
-    if (cuda_grad_unit_begin(stage, STAGE_UNIT_EMBEDDING, 0, err) != 0 ||
+    if (cuda_side_zero_settle(stage, err) != 0 ||
+        cuda_grad_unit_begin(stage, STAGE_UNIT_EMBEDDING, 0, err) != 0 ||
         cuda_param_pass_begin(stage, true, err) != 0)
         return -1;
     if (stage->spec.has_head) {
@@ -758,16 +847,30 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
             return -1;
         gradients_enqueued(state, state->offsets.layers[l].ln1_weight);
     }
-    /* the gradient of the stage's input in fp32 (the shard's rows,
-     * packed) for the embedding or the previous stage: from the bf16
-     * stream, or the output gradient itself when nothing came between */
-    const float *d_in = io->output_grad;
-    if ((stage->spec.has_head || state->layer_count > 0) &&
-        (!stage->boundary_free || stage->spec.has_embedding)) {
+    if (input_grad_converted(stage))
         CUDA_TRY(cuda_convert_to_float(s->d_stream_fp32, stream_grad, RC,
                                        state->stream));
-        d_in = s->d_stream_fp32;
-    }
+    return 0;
+}
+
+int cuda_stage_backward(model_stage *stage, int slot_index,
+                        const stage_io *io, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    CUDA_TRY(cudaSetDevice(state->device));
+    activation_slot *slot = &state->slots[slot_index];
+    if (!slot->awaiting_backward || slot->mbs != io->mbs)
+        return pt_fail(err, "cuda backend: backward of slot %d without a "
+                            "forward of %d sequences before it",
+                       slot_index, io->mbs);
+    backward_scratch *s = &state->scratch;
+    stage_dims d = dims_of(stage, io->mbs);
+    size_t RC = (size_t)d.R * d.C;
+    if (cuda_pass_run(stage, &state->graphs.backward, slot_index, io,
+                      backward_passes, err) != 0)
+        return -1;
+    const float *d_in =
+        input_grad_converted(stage) ? s->d_stream_fp32 : io->output_grad;
     if (stage->spec.has_embedding) {
         if (cuda_param_unit_use(stage, STAGE_UNIT_EMBEDDING, 0, true, err) !=
                 0 ||

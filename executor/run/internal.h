@@ -78,6 +78,14 @@ typedef struct run_context {
     size_t largest_rank_params; /* floats of the largest rank's stage
                                    (or chunk of one) */
     uint32_t *tokens;           /* gbs windows of seq + 1 ids */
+    /* A one-stage run draws the next iteration's windows while the
+     * device finishes the last step (loop.c), into next_tokens, the data
+     * position after them in next_position; next_ready: they are
+     * there. ctx->position stays the last finished iteration's (what a
+     * checkpoint saves) until the next iteration takes them. */
+    uint32_t *next_tokens;
+    data_position next_position;
+    bool next_ready;
     float *host_buffer;         /* largest_rank_params floats, for
                                    checkpoints */
     int events_per_iteration;   /* room per iteration: one-stage 2 x

@@ -58,6 +58,13 @@ static int accumulate_gradients(run_context *ctx, const run_result *out,
         double backward_start = pt_monotonic_seconds();
         if (stage_step_backward(&ctx->stage, &io, err) != 0)
             return -1;
+        /* the next micro-batch's host work while the device runs these */
+        if (m + 1 < out->micro_batches) {
+            stage_io next = io;
+            next.tokens += (size_t)out->mbs * window;
+            if (stage_prepare_tokens(&ctx->stage, &next, err) != 0)
+                return -1;
+        }
         double backward_end = pt_monotonic_seconds();
         set_event(&events[2 * m], m, "fwd", forward_start - iteration_start,
                   backward_start - iteration_start);
@@ -68,8 +75,30 @@ static int accumulate_gradients(run_context *ctx, const run_result *out,
     return 0;
 }
 
+/* The gbs windows of the iteration after `record`'s drawn while the
+ * device runs this one's update, and the first micro-batch's host work
+ * done (stage_prepare_tokens); not after the last iteration, nor once
+ * the stop flag is up. ctx->position is left as it is (next_position). */
+static int draw_next_iteration(run_context *ctx, const run_result *out,
+                               const run_iteration *record, pt_error *err)
+{
+    if (record->iteration >= out->last_iteration || stop_raised(ctx->options))
+        return 0;
+    size_t window = (size_t)ctx->shape.seq + 1;
+    ctx->next_position = ctx->position;
+    for (int sample = 0; sample < out->gbs; sample++)
+        if (gpt_sampler_next(&ctx->sampler, &ctx->next_position,
+                             ctx->next_tokens + (size_t)sample * window,
+                             err) != 0)
+            return -1;
+    ctx->next_ready = true;
+    stage_io first = {.mbs = out->mbs, .tokens = ctx->next_tokens};
+    return stage_prepare_tokens(&ctx->stage, &first, err);
+}
+
 /* Global norm, clipping and AdamW: the "optimizer" event, which ends
- * with the step's one wait for the loss and the norm. */
+ * with the step's one wait for the loss and the norm (the next
+ * iteration's data drawn before it). */
 static int optimizer_step(run_context *ctx, const run_result *out,
                           run_iteration *record, pt_error *err)
 {
@@ -78,6 +107,7 @@ static int optimizer_step(run_context *ctx, const run_result *out,
                                                 ctx->stage.optimizer_steps);
     stage_step_totals totals;
     if (stage_step_apply(&ctx->stage, train, learning_rate, err) != 0 ||
+        draw_next_iteration(ctx, out, record, err) != 0 ||
         stage_step_end(&ctx->stage, &totals, err) != 0)
         return -1;
     double mean_loss = totals.loss_sum / out->micro_batches;
@@ -162,10 +192,19 @@ static int run_iteration_once(run_context *ctx, const run_result *out,
 {
     size_t window = (size_t)ctx->shape.seq + 1;
     double start = pt_monotonic_seconds();
-    for (int sample = 0; sample < out->gbs; sample++)
-        if (gpt_sampler_next(&ctx->sampler, &ctx->position,
-                             ctx->tokens + (size_t)sample * window, err) != 0)
-            return -1;
+    if (ctx->next_ready) { /* drawn during the last step */
+        uint32_t *drawn = ctx->next_tokens;
+        ctx->next_tokens = ctx->tokens;
+        ctx->tokens = drawn;
+        ctx->position = ctx->next_position;
+        ctx->next_ready = false;
+    } else {
+        for (int sample = 0; sample < out->gbs; sample++)
+            if (gpt_sampler_next(&ctx->sampler, &ctx->position,
+                                 ctx->tokens + (size_t)sample * window,
+                                 err) != 0)
+                return -1;
+    }
     if (ctx->parallel)
         return parallel_step(ctx, start, events, event_count, record, err);
     *event_count = 2 * out->micro_batches + 1;
@@ -257,6 +296,7 @@ static int abandon_iteration(run_context *ctx, run_result *out,
                              pt_error *err)
 {
     ctx->position = *before;
+    ctx->next_ready = false;
     out->interrupted_iteration = iteration;
     out->stopped = true;
     if (iteration - 1 < out->first_iteration)

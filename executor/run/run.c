@@ -240,6 +240,9 @@ static int allocate_buffers(run_context *ctx, const run_result *out,
 {
     size_t window = (size_t)ctx->shape.seq + 1;
     ctx->tokens = malloc((size_t)out->gbs * window * sizeof *ctx->tokens);
+    if (!ctx->parallel)
+        ctx->next_tokens =
+            malloc((size_t)out->gbs * window * sizeof *ctx->next_tokens);
     ctx->events_per_iteration =
         ctx->parallel ? out->rank_count * (6 * out->micro_batches + 4) *
                             pipeline_chunk_count(&ctx->layout)
@@ -256,6 +259,7 @@ static int allocate_buffers(run_context *ctx, const run_result *out,
         ctx->host_buffer =
             malloc(ctx->largest_rank_params * sizeof(float) + 1);
     if (ctx->tokens == NULL || ctx->event_ring == NULL ||
+        (!ctx->parallel && ctx->next_tokens == NULL) ||
         ((ctx->options->save_dir != NULL || ctx->options->load_dir != NULL) &&
          ctx->host_buffer == NULL))
         return pt_fail(err, "out of memory for the run's buffers");
@@ -538,6 +542,7 @@ static void release_context(run_context *ctx)
     if (ctx->dataset_open)
         indexed_dataset_close(&ctx->dataset);
     free(ctx->tokens);
+    free(ctx->next_tokens);
     free(ctx->host_buffer);
     free(ctx->event_ring);
     free(ctx->world_members);

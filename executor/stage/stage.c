@@ -243,31 +243,17 @@ int model_stage_zero_range(model_stage *stage, stage_buffer which,
 
 /* ------------------------------------------------- forward and backward */
 
-static int check_io(const model_stage *stage, int slot, const stage_io *io,
-                    bool forward, pt_error *err)
+/* The micro-batch's tokens, where the stage reads them: inputs for the
+ * embedding, targets for the head (only those rows need be valid). */
+static int check_tokens(const model_stage *stage, const stage_io *io,
+                        pt_error *err)
 {
-    if (slot < 0 || slot >= stage->slot_count)
-        return pt_fail(err, "stage: activation slot %d does not exist (%d "
-                            "slots)",
-                       slot, stage->slot_count);
-    if (io->mbs < 1 || io->mbs > stage->mbs_capacity)
-        return pt_fail(err, "stage: micro-batch of %d sequences, capacity "
-                            "is %d",
-                       io->mbs, stage->mbs_capacity);
     bool needs_tokens = stage->spec.has_embedding || stage->spec.has_head;
-    if (needs_tokens && io->tokens == NULL)
-        return pt_fail(err, "stage: tokens are required by a stage with the "
-                            "embedding or the head");
-    if (forward && !stage->spec.has_embedding && io->input == NULL)
-        return pt_fail(err, "stage: forward of a stage without the "
-                            "embedding needs an input activation");
-    if (!forward && !stage->spec.has_head && io->output_grad == NULL)
-        return pt_fail(err, "stage: backward of a stage without the head "
-                            "needs the output gradient");
     if (!needs_tokens)
         return 0;
-    /* Only the rows a stage reads need be valid: inputs for the
-     * embedding, targets for the head; check those that will be read. */
+    if (io->tokens == NULL)
+        return pt_fail(err, "stage: tokens are required by a stage with the "
+                            "embedding or the head");
     size_t window = (size_t)stage->shape.seq + 1;
     for (int b = 0; b < io->mbs; b++) {
         for (size_t t = 0; t < window; t++) {
@@ -284,16 +270,67 @@ static int check_io(const model_stage *stage, int slot, const stage_io *io,
     return 0;
 }
 
+static int check_mbs(const model_stage *stage, const stage_io *io,
+                     pt_error *err)
+{
+    if (io->mbs < 1 || io->mbs > stage->mbs_capacity)
+        return pt_fail(err, "stage: micro-batch of %d sequences, capacity "
+                            "is %d",
+                       io->mbs, stage->mbs_capacity);
+    return 0;
+}
+
+static int check_io(const model_stage *stage, int slot, const stage_io *io,
+                    bool forward, pt_error *err)
+{
+    if (slot < 0 || slot >= stage->slot_count)
+        return pt_fail(err, "stage: activation slot %d does not exist (%d "
+                            "slots)",
+                       slot, stage->slot_count);
+    if (check_mbs(stage, io, err) != 0)
+        return -1;
+    if ((stage->spec.has_embedding || stage->spec.has_head) &&
+        io->tokens == NULL)
+        return check_tokens(stage, io, err); /* says they are required */
+    if (forward && !stage->spec.has_embedding && io->input == NULL)
+        return pt_fail(err, "stage: forward of a stage without the "
+                            "embedding needs an input activation");
+    if (!forward && !stage->spec.has_head && io->output_grad == NULL)
+        return pt_fail(err, "stage: backward of a stage without the head "
+                            "needs the output gradient");
+    /* checked already by stage_prepare_tokens */
+    bool prepared = forward && io->tokens != NULL &&
+                    io->tokens == stage->prepared_tokens &&
+                    io->mbs == stage->prepared_mbs;
+    return prepared ? 0 : check_tokens(stage, io, err);
+}
+
 int stage_forward(model_stage *stage, int slot, const stage_io *io,
                   float *mean_loss, pt_error *err)
 {
     if (check_io(stage, slot, io, true, err) != 0)
         return -1;
     float loss = 0.0f;
-    if (stage->backend->forward(stage, slot, io, &loss, err) != 0)
+    int status = stage->backend->forward(stage, slot, io, &loss, err);
+    stage->prepared_tokens = NULL;
+    if (status != 0)
         return -1;
     if (mean_loss != NULL)
         *mean_loss = loss;
+    return 0;
+}
+
+int stage_prepare_tokens(model_stage *stage, const stage_io *io,
+                         pt_error *err)
+{
+    stage->prepared_tokens = NULL;
+    if (check_mbs(stage, io, err) != 0 || check_tokens(stage, io, err) != 0)
+        return -1;
+    if (stage->backend->prepare_tokens != NULL && io->tokens != NULL &&
+        stage->backend->prepare_tokens(stage, io, err) != 0)
+        return -1;
+    stage->prepared_tokens = io->tokens;
+    stage->prepared_mbs = io->mbs;
     return 0;
 }
 

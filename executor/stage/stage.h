@@ -374,6 +374,10 @@ typedef struct model_stage {
     /* The one-stage step in progress (stage_step_begin to
      * stage_step_end, train.c). */
     stage_step_state step;
+    /* The tokens stage_prepare_tokens took (checked then) for the next
+     * forward of `prepared_mbs` sequences; NULL: none. */
+    const uint32_t *prepared_tokens;
+    int prepared_mbs;
 } model_stage;
 
 /* What one micro-batch brings to a stage's forward or backward call.
@@ -504,6 +508,10 @@ typedef struct stage_backend {
      * cuda); NULL: malloc and free. */
     void *(*host_alloc)(size_t bytes);
     void (*host_free)(void *memory);
+    /* The host's work on a micro-batch's tokens done ahead of its forward
+     * (stage_prepare_tokens); NULL: none to do ahead (cpu). */
+    int (*prepare_tokens)(model_stage *stage, const stage_io *io,
+                          pt_error *err);
     /* Under sequence parallelism, where the shard's rows of the stage's
      * input, output and their gradients (the pipeline's messages) lie:
      * packed from the buffers' start (true: cuda, whose buffers hold
@@ -612,6 +620,15 @@ void stage_offload_params_written(model_stage *stage);
  */
 int stage_forward(model_stage *stage, int slot, const stage_io *io,
                   float *mean_loss, pt_error *err);
+/* The next forward's tokens (io->tokens, io->mbs) handed over early:
+ * checked now, and the backend's host work on them (cuda: the copy into
+ * pinned memory and the embedding's gradient plan) done while the device
+ * still runs what is queued, so that the forward only sends them. The
+ * forward that takes the same io->tokens and mbs uses that work; the
+ * tokens must not change in between. A no-op on a backend with nothing
+ * to do ahead. */
+int stage_prepare_tokens(model_stage *stage, const stage_io *io,
+                         pt_error *err);
 /* Backward of the micro-batch in `slot` (its forward must be the last one
  * run in that slot): ADDS its parameter gradients to grads, so successive
  * micro-batches accumulate, and, when the stage has no embedding, leaves

@@ -195,6 +195,12 @@ int train_step(model_stage *stage, const train_config *config,
         if (stage_step_forward(stage, &io, err) != 0 ||
             stage_step_backward(stage, &io, err) != 0)
             return -1;
+        /* the next micro-batch's host work while the device runs these */
+        stage_io next = io;
+        next.tokens += (size_t)mbs * window;
+        if (m + 1 < micro_batches &&
+            stage_prepare_tokens(stage, &next, err) != 0)
+            return -1;
     }
     float learning_rate =
         (float)lr_schedule_at(&config->schedule, stage->optimizer_steps);

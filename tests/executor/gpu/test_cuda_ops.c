@@ -1080,8 +1080,13 @@ int main(void)
     test_attention(&tally, 3, 200, 192, 3);   /* D 64, T not a multiple */
     test_attention(&tally, 1, 130, 256, 2);   /* D 128 */
     test_attention(&tally, 2, 70, 48, 3);     /* D 16: plain fallback */
+    /* a row of 5 columns (the tail alone), and up to Llama 3's
+     * vocabulary */
     test_classifier(&tally, 64, 1000);
     test_classifier(&tally, 16, 50257);
+    test_classifier(&tally, 8, 5);
+    test_classifier(&tally, 8, 65536);
+    test_classifier(&tally, 8, 128256);
     test_vocab_parallel_classifier(&tally, 64, 1001, 2);
     test_vocab_parallel_classifier(&tally, 16, 50257, 4);
     test_optimizer(&tally);

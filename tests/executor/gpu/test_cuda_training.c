@@ -11,7 +11,10 @@
  * of about ln(vocab)). Then the step kept on the device (the loss sum,
  * norm and clipping in device memory, one read-back) against the host
  * path on a twin stage: the same numbers to the bit, and a step with a
- * NaN refused with nothing applied.
+ * NaN refused with nothing applied. The device step replays its forward
+ * and backward from CUDA graphs (step_graphs.c) unless
+ * PARTITA_CUDA_GRAPHS=0: the check says whether it did, and the bits
+ * must not change either way.
  *
  * Usage: test_cuda_training [steps]
  */
@@ -277,6 +280,14 @@ static void check_device_step(gpu_test_tally *tally, bool bf16_grads,
                         same_buffer(&gpu, &twin, STAGE_ADAM_V) &&
                         gpu.optimizer_steps == twin.optimizer_steps,
                     line);
+    const char *graphs = getenv("PARTITA_CUDA_GRAPHS");
+    bool graphs_on = graphs == NULL || strcmp(graphs, "0") != 0;
+    long replays = cuda_stage_graph_replays(&gpu);
+    snprintf(line, sizeof line,
+             "device step, %s: %ld passes replayed from CUDA graphs "
+             "(graphs %s)",
+             recipe, replays, graphs_on ? "on" : "off");
+    gpu_test_expect(tally, graphs_on ? replays > 0 : replays == 0, line);
     /* the last step's marks: its phases on the device's clock, in order */
     bool ordered = gpu.step.marked;
     double previous = 0.0;

@@ -1,0 +1,191 @@
+/*
+ * The one-stage step's forward and backward replayed as CUDA graphs
+ * (cuda_stage.h, cuda_pass_graphs). A step kept on the device enqueues
+ * the same 400 to 1,000 kernels with the same pointers every step; one
+ * launched at a time, each costs the host a few microseconds and leaves
+ * the GPU a gap of about 2 us behind the last one, and the GPU waits for
+ * the host at every step's start. Replayed from a graph, the host
+ * launches a pass at once and the device runs its kernels back to back.
+ * The graphs change no kernel, so a step gives the same bits with or
+ * without them (tests/executor/gpu/test_cuda_training.c).
+ */
+#include "executor/cuda/cuda_stage.h"
+
+#include "executor/cuda/cuda_check.h"
+
+/* Whether this call may go through a graph: a step kept on the device
+ * (whole model, one rank, no units, no offload: stage.h), not the
+ * profiler's back-to-back calls, nothing hooked on the gradients. */
+static bool graphable(const model_stage *stage)
+{
+    const cuda_stage_state *state = state_of(stage);
+    return state->graphs.enabled && stage->step.on_device &&
+           !stage->defer_sync && state->grad_hook == NULL &&
+           !stage->grads_by_unit && !stage->params_by_unit;
+}
+
+static bool same_key(const cuda_pass_graph *graph, int slot,
+                     const stage_io *io)
+{
+    return graph->slot == slot && graph->mbs == io->mbs &&
+           graph->loss_scale == io->loss_scale;
+}
+
+static void graph_forget(cuda_pass_graph *graph)
+{
+    if (graph->exec != NULL)
+        cudaGraphExecDestroy(graph->exec);
+    graph->exec = NULL;
+    graph->plain_calls = 0;
+}
+
+/* Captures the body into graph->exec and launches it; on a failed
+ * capture (an operation a capture refuses) the graphs go off and the
+ * body runs plainly, the capture having run nothing. */
+static int capture_and_launch(model_stage *stage, cuda_pass_graph *graph,
+                              int slot, const stage_io *io,
+                              cuda_pass_body body, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (cudaStreamBeginCapture(state->stream,
+                               cudaStreamCaptureModeThreadLocal) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        state->graphs.enabled = false;
+        return body(stage, slot, io, err);
+    }
+    pt_error capture_err;
+    int body_status = body(stage, slot, io, &capture_err);
+    cudaGraph_t captured = NULL;
+    bool ok = cudaStreamEndCapture(state->stream, &captured) ==
+                  cudaSuccess &&
+              body_status == 0 && captured != NULL &&
+              cudaGraphInstantiate(&graph->exec, captured, 0) ==
+                  cudaSuccess;
+    if (captured != NULL)
+        cudaGraphDestroy(captured);
+    if (!ok) {
+        (void)cudaGetLastError();
+        graph->exec = NULL;
+        state->graphs.enabled = false;
+        return body(stage, slot, io, err);
+    }
+    CUDA_TRY(cudaGraphLaunch(graph->exec, state->stream));
+    state->graphs.replays++;
+    return 0;
+}
+
+int cuda_pass_run(model_stage *stage, cuda_pass_graph *graph, int slot,
+                  const stage_io *io, cuda_pass_body body, pt_error *err)
+{
+    if (!graphable(stage))
+        return body(stage, slot, io, err);
+    if (!same_key(graph, slot, io)) {
+        graph_forget(graph);
+        graph->slot = slot;
+        graph->mbs = io->mbs;
+        graph->loss_scale = io->loss_scale;
+    }
+    if (graph->exec != NULL) {
+        CUDA_TRY(cudaGraphLaunch(graph->exec, state_of(stage)->stream));
+        state_of(stage)->graphs.replays++;
+        return 0;
+    }
+    /* the key's first call plainly: what it allocates or plans lazily
+     * (cuDNN's workspace and plans) is then in place for the capture */
+    if (graph->plain_calls < 1) {
+        graph->plain_calls++;
+        return body(stage, slot, io, err);
+    }
+    return capture_and_launch(stage, graph, slot, io, body, err);
+}
+
+void cuda_pass_graphs_close(cuda_pass_graphs *graphs)
+{
+    graph_forget(&graphs->forward[0]);
+    graph_forget(&graphs->forward[1]);
+    graph_forget(&graphs->backward);
+}
+
+/* ------------------------------------------------- the side zeroing */
+
+int cuda_side_zero_defer(model_stage *stage, size_t bytes, bool *deferred,
+                         pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    cuda_side_zero *zero = &state->side_zero;
+    *deferred = stage->step.on_device && !stage->defer_sync &&
+                !stage->grads_by_unit && !zero->forked;
+    if (!*deferred) {
+        zero->pending = false;
+        return 0;
+    }
+    if (zero->stream == NULL) {
+        if (cuda_rank_stream_create(&zero->stream, err) != 0)
+            return -1;
+        CUDA_TRY(cudaEventCreateWithFlags(&zero->fork,
+                                          cudaEventDisableTiming));
+        CUDA_TRY(cudaEventCreateWithFlags(&zero->done,
+                                          cudaEventDisableTiming));
+    }
+    zero->pending = true;
+    zero->bytes = bytes;
+    return 0;
+}
+
+int cuda_side_zero_fork(model_stage *stage, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    cuda_side_zero *zero = &state->side_zero;
+    if (!zero->pending)
+        return 0;
+    /* behind whatever the stage's stream did before (the last step's
+     * AdamW read these gradients) */
+    CUDA_TRY(cudaEventRecord(zero->fork, state->stream));
+    CUDA_TRY(cudaStreamWaitEvent(zero->stream, zero->fork, 0));
+    CUDA_TRY(cudaMemsetAsync(stage->grads, 0, zero->bytes, zero->stream));
+    CUDA_TRY(cudaEventRecord(zero->done, zero->stream));
+    zero->pending = false;
+    zero->forked = true;
+    return 0;
+}
+
+int cuda_side_zero_join(model_stage *stage, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    cuda_side_zero *zero = &state->side_zero;
+    if (!zero->forked)
+        return 0;
+    CUDA_TRY(cudaStreamWaitEvent(state->stream, zero->done, 0));
+    zero->forked = false;
+    return 0;
+}
+
+int cuda_side_zero_settle(const model_stage *stage, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    cuda_side_zero *zero = &state->side_zero;
+    if (zero->pending)
+        CUDA_TRY(cudaMemsetAsync(stage->grads, 0, zero->bytes,
+                                 state->stream));
+    zero->pending = false;
+    return cuda_side_zero_join((model_stage *)stage, err);
+}
+
+void cuda_side_zero_close(cuda_side_zero *zero)
+{
+    if (zero->stream != NULL) {
+        cudaStreamSynchronize(zero->stream);
+        cudaStreamDestroy(zero->stream);
+    }
+    if (zero->fork != NULL)
+        cudaEventDestroy(zero->fork);
+    if (zero->done != NULL)
+        cudaEventDestroy(zero->done);
+    *zero = (cuda_side_zero){0};
+}
+
+long cuda_stage_graph_replays(const model_stage *stage)
+{
+    return state_of(stage)->graphs.replays;
+}
