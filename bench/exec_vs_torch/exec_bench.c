@@ -76,12 +76,17 @@ static int fast_init(model_stage *stage, pt_error *err)
     return status;
 }
 
-/* Seconds spent in each phase over the timed steps. */
+/* Seconds spent in each phase over the timed steps, and the host's own
+ * share of a step: queueing its work (begin and forward, backward,
+ * norm and AdamW) and waiting for the device. */
 typedef struct phase_times {
     double forward;
     double backward;
     double optimizer;     /* gradient norm + AdamW */
     double step;
+    double host_queue_forward; /* stage_step_begin + stage_step_forward */
+    double host_queue_rest;    /* backward and apply queued */
+    double host_wait;          /* stage_step_end and the marks read */
 } phase_times;
 
 static int compare_doubles(const void *a, const void *b)
@@ -114,7 +119,8 @@ static int phase_ends(const model_stage *stage, double *ends, pt_error *err)
 
 /* One step through stage_step_* (train_step's parts): on the cuda
  * backend the loss, the norm and the clipping stay on the device and the
- * host waits once, in stage_step_end. */
+ * host waits once, in stage_step_end, having readied the next step's
+ * tokens (stage_prepare_tokens). */
 static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
                     float learning_rate, phase_times *times, float *loss,
                     pt_error *err)
@@ -125,13 +131,19 @@ static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
         stage_step_forward(stage, &io, err) != 0)
         return -1;
     double ends[3] = {pt_monotonic_seconds() - start, 0.0, 0.0};
+    double queued_forward = ends[0];
     if (stage_step_backward(stage, &io, err) != 0)
         return -1;
     ends[1] = pt_monotonic_seconds() - start;
     train_config config = train_config_defaults();
     stage_step_totals totals;
+    /* the next step's tokens (the same ones) readied while the device
+     * runs this one, as partita exec draws its next iteration's */
     if (stage_step_apply(stage, &config, learning_rate, err) != 0 ||
-        stage_step_end(stage, &totals, err) != 0)
+        stage_prepare_tokens(stage, &io, err) != 0)
+        return -1;
+    double queued = pt_monotonic_seconds() - start;
+    if (stage_step_end(stage, &totals, err) != 0)
         return -1;
     if (!totals.applied)
         return pt_fail(err, "the loss (%g) or the gradient norm (%g) is not "
@@ -140,6 +152,9 @@ static int run_step(model_stage *stage, const uint32_t *tokens, int mbs,
     ends[2] = step;
     if (phase_ends(stage, ends, err) != 0)
         return -1;
+    times->host_queue_forward += queued_forward;
+    times->host_queue_rest += queued - queued_forward;
+    times->host_wait += step - queued;
     *loss = (float)totals.loss_sum;
     times->forward += ends[0];
     times->backward += ends[1] - ends[0];
@@ -260,11 +275,17 @@ int main(int argc, char **argv)
     printf("# loss %.4f -> %.4f nats/token (synthetic tokens)\n", first_loss,
            loss);
     printf("# attention: %s\n", cuda_stage_attention(&stage));
+    printf("# passes replayed from CUDA graphs: %ld\n",
+           cuda_stage_graph_replays(&stage));
     printf("# per step (means; phases on the device's clock): forward "
            "%.2f ms, backward %.2f ms, norm + AdamW %.2f ms, total %.2f ms; "
            "median step %.2f ms\n",
            1e3 * timed.forward / steps, 1e3 * timed.backward / steps,
            1e3 * timed.optimizer / steps, 1e3 * mean_step_s, 1e3 * step_s);
+    printf("# host per step (means): begin + forward queued %.3f ms, "
+           "backward + norm + AdamW queued %.3f ms, waiting %.3f ms\n",
+           1e3 * timed.host_queue_forward / steps,
+           1e3 * timed.host_queue_rest / steps, 1e3 * timed.host_wait / steps);
     printf("# %.0f tokens/s at the median step, %.1f TFLOP/s (6N + "
            "attention), device memory: "
            "%.2f GiB held by the stage, %.2f GiB in use by the process\n",

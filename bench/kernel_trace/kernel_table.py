@@ -36,8 +36,8 @@ KINDS = [
     ("optimizer + grad norm", ("adam", "norm_squared", "global_norm",
                                "global_sum", "square_sum", "sum_chunk",
                                "sum_doubles", "refresh_mirror")),
-    ("casts, copies, fills", ("copy", "cast", "convert", "memset", "fill",
-                              "zero")),
+    ("casts, copies, fills", ("copy", "memcpy", "cast", "convert", "memset",
+                              "fill", "zero")),
 ]
 MARKERS = ("encoder_forward", "embedding_forward", "embedding_shard_forward")
 OPTIMIZER = ("adam",)
@@ -104,13 +104,26 @@ def steps_of(kernels, warmup):
     return training[warmup:]
 
 
+def idle_ms(step):
+    """Milliseconds of the step's span with nothing running on the GPU."""
+    idle, busy_until = 0, step[0][1]
+    for start, end, _ in step[1:]:
+        if start > busy_until:
+            idle += start - busy_until
+        busy_until = max(busy_until, end)
+    return idle / 1e6
+
+
 def per_kind(steps):
     """Median milliseconds per step of each kind, the step's wall time
-    from its first kernel's start to its last kernel's end, and the names
-    seen in each kind."""
+    from its first kernel's start to its last kernel's end, the GPU's
+    idle time inside a step and from a step's last record to the next
+    step's first kernel (medians, ms; negative where a fill of the next
+    step runs beside its first kernels), and the names seen in each
+    kind."""
     per_step = []
     names = collections.defaultdict(collections.Counter)
-    walls = []
+    walls, idles = [], []
     for step in steps:
         totals = collections.defaultdict(float)
         for start, end, name in step:
@@ -119,10 +132,14 @@ def per_kind(steps):
             names[kind][short_name(name)] += 1
         per_step.append(totals)
         walls.append((step[-1][1] - step[0][0]) / 1e6)
+        idles.append(idle_ms(step))
+    between = [(b[0][0] - max(e for _, e, _ in a)) / 1e6
+               for a, b in zip(steps, steps[1:])] or [0.0]
     kinds = {k for totals in per_step for k in totals}
     medians = {k: statistics.median(t.get(k, 0.0) for t in per_step)
                for k in kinds}
-    return medians, statistics.median(walls), names
+    gaps = (statistics.median(idles), statistics.median(between))
+    return medians, statistics.median(walls), gaps, names
 
 
 def model_flops(model_path, mbs):
@@ -155,8 +172,8 @@ def main():
         steps = steps_of(read_trace(path), args.warmup)
         if not steps:
             sys.exit(f"kernel_table: {path}: no training step found")
-        medians, wall, names = per_kind(steps)
-        columns.append((label, medians, wall, names, len(steps)))
+        medians, wall, gaps, names = per_kind(steps)
+        columns.append((label, medians, wall, gaps, names, len(steps)))
     kinds = [k for k, _ in KINDS] + ["other"]
     header = "| kind |" + "".join(
         f" {c[0]} ms/step | share | TFLOP/s |" for c in columns)
@@ -169,7 +186,7 @@ def main():
         if all(kind not in c[1] for c in columns):
             continue
         row = f"| {kind} |"
-        for _, medians, _, _, _ in columns:
+        for _, medians, _, _, _, _ in columns:
             ms = medians.get(kind, 0.0)
             total = sum(medians.values())
             rate = (f"{flops[kind] / (ms / 1e3) / 1e12:.0f}"
@@ -180,15 +197,16 @@ def main():
             b = columns[1][1].get(kind, 0.0)
             row += f" {b / a:.2f} |" if a > 0 else " - |"
         print(row)
-    row = "| all kernels |"
-    for _, medians, _, _, _ in columns:
-        row += f" {sum(medians.values()):.2f} | 100 % | |"
-    print(row)
-    row = "| step (first kernel to last) |"
-    for _, _, wall, _, _ in columns:
-        row += f" {wall:.2f} | | |"
-    print(row)
-    for label, _, _, names, count in columns:
+    print("| all kernels |" + "".join(
+        f" {sum(c[1].values()):.2f} | 100 % | |" for c in columns))
+    summary_rows = (
+        ("step (first kernel to last)", lambda c: f"{c[2]:.2f}"),
+        ("GPU idle a step (nothing running)",
+         lambda c: f"{c[3][0] + max(c[3][1], 0.0):.3f}"),
+    )
+    for title, value in summary_rows:
+        print(f"| {title} |" + "".join(f" {value(c)} | | |" for c in columns))
+    for label, _, _, _, names, count in columns:
         print(f"\n{label}: {count} steps; kernels of each kind (calls over "
               "the steps kept)")
         for kind in kinds:

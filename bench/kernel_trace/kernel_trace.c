@@ -1,8 +1,10 @@
 /*
  * A kernel tracer for any CUDA program, ours or a peer's (llm.c): loaded
  * by the driver through CUDA_INJECTION64_PATH, it records every kernel's
- * name, start, end, device and stream through CUPTI's activity API and writes them, one
- * line per kernel, to $KERNEL_TRACE_OUT when the program exits. Kernels
+ * name, start, end, device and stream through CUPTI's activity API, and
+ * every copy and fill as "[memcpy KIND BYTES]" or "[memset BYTES]" (the
+ * device's time between kernels that no kernel shows), and writes them,
+ * one line each, to $KERNEL_TRACE_OUT when the program exits. Kernels
  * run as they would without it (no replay, clocks left alone), so
  * kernel_table.py can cut the trace into steps and compare two programs
  * kernel kind by kernel kind (docs/benchmarks.md, "Against llm.c").
@@ -37,7 +39,8 @@ static void CUPTIAPI give_buffer(uint8_t **buffer, size_t *size,
     *max_records = 0;
 }
 
-static void keep(const CUpti_ActivityKernel10 *kernel)
+static void keep(uint64_t start_ns, uint64_t end_ns, uint32_t device,
+                 uint32_t stream, const char *what)
 {
     if (record_count == record_capacity) {
         size_t capacity = record_capacity ? 2 * record_capacity : 65536;
@@ -49,13 +52,35 @@ static void keep(const CUpti_ActivityKernel10 *kernel)
         records = grown;
         record_capacity = capacity;
     }
-    char *name = strdup(kernel->name != NULL ? kernel->name : "?");
+    char *name = strdup(what != NULL ? what : "?");
     if (name == NULL) {
         dropped++;
         return;
     }
-    records[record_count++] = (kernel_record){
-        kernel->start, kernel->end, kernel->deviceId, kernel->streamId, name};
+    records[record_count++] =
+        (kernel_record){start_ns, end_ns, device, stream, name};
+}
+
+/* One activity record: a kernel, a copy or a fill. */
+static void keep_record(const CUpti_Activity *record)
+{
+    char what[64];
+    if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL ||
+        record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+        const CUpti_ActivityKernel10 *k =
+            (const CUpti_ActivityKernel10 *)record;
+        keep(k->start, k->end, k->deviceId, k->streamId, k->name);
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+        const CUpti_ActivityMemcpy6 *c = (const CUpti_ActivityMemcpy6 *)record;
+        snprintf(what, sizeof what, "[memcpy %u %llu]", c->copyKind,
+                 (unsigned long long)c->bytes);
+        keep(c->start, c->end, c->deviceId, c->streamId, what);
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+        const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)record;
+        snprintf(what, sizeof what, "[memset %llu]",
+                 (unsigned long long)m->bytes);
+        keep(m->start, m->end, m->deviceId, m->streamId, what);
+    }
 }
 
 static void CUPTIAPI take_buffer(CUcontext context, uint32_t stream,
@@ -67,9 +92,7 @@ static void CUPTIAPI take_buffer(CUcontext context, uint32_t stream,
     CUpti_Activity *record = NULL;
     while (cuptiActivityGetNextRecord(buffer, valid, &record) ==
            CUPTI_SUCCESS)
-        if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL ||
-            record->kind == CUPTI_ACTIVITY_KIND_KERNEL)
-            keep((const CUpti_ActivityKernel10 *)record);
+        keep_record(record);
     size_t lost = 0;
     if (cuptiActivityGetNumDroppedRecords(context, stream, &lost) ==
             CUPTI_SUCCESS &&
@@ -96,7 +119,8 @@ static void write_trace(void)
                 (unsigned long long)records[i].end_ns, records[i].device,
                 records[i].stream, records[i].name);
     fclose(out);
-    fprintf(stderr, "kernel_trace: %zu kernels to %s%s\n", record_count,
+    fprintf(stderr, "kernel_trace: %zu kernels, copies and fills to %s%s\n",
+            record_count,
             path, dropped ? " (some records were dropped)" : "");
 }
 
@@ -107,7 +131,9 @@ int InitializeInjection(void)
     if (cuptiActivityRegisterCallbacks(give_buffer, take_buffer) !=
             CUPTI_SUCCESS ||
         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) !=
-            CUPTI_SUCCESS) {
+            CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET) != CUPTI_SUCCESS) {
         fprintf(stderr, "kernel_trace: CUPTI refused the activity trace\n");
         return 0;
     }
