@@ -216,12 +216,20 @@ static type_costs zero_unit_costs(const costmodel *cm,
 }
 
 /* One micro-batch's forward and backward of stage s of `layers` layers
- * at the pace of `zero_costs` (zero_unit_costs'); `scale` spreads a tp
- * group's slower all-reduces across nodes over the layer's two halves. */
-static void stage_compute_s(const parallel_config *config, int s, int layers,
-                            const type_costs *zero_costs, double scale,
+ * at the pace of `costs` with ZeRO's units (zero_unit_costs'), and
+ * ZeRO-3's time per pass beyond its units; `scale` spreads a tp group's
+ * slower all-reduces across nodes over the layer's two halves. */
+static void stage_compute_s(const costmodel *cm,
+                            const parallel_config *config,
+                            const stage_placement *place, int s, int layers,
+                            const type_costs *costs, double scale,
                             double *forward_s, double *backward_s)
 {
+    type_costs zero = zero_unit_costs(cm, config, place, costs);
+    const type_costs *zero_costs = &zero;
+    double pass_forward, pass_backward;
+    costmodel_zero_pass_extra_s(cm, config, place, s, costs, &pass_forward,
+                                &pass_backward);
     bool first = s == 0, last = s == config->pp - 1;
     int boundary_forward, boundary_backward;
     costmodel_boundary_count(s, config->pp, &boundary_forward,
@@ -233,7 +241,8 @@ static void stage_compute_s(const parallel_config *config, int s, int layers,
     *backward_s = layers * zero_costs->layer_backward_s * scale +
                   (first ? zero_costs->embedding_backward_s : 0.0) +
                   (last ? zero_costs->head_backward_s : 0.0) +
-                  boundary_backward * zero_costs->boundary_s;
+                  boundary_backward * zero_costs->boundary_s + pass_backward;
+    *forward_s += pass_forward;
 }
 
 /* Time and memory of every stage, and the simulator's inputs. */
@@ -270,7 +279,7 @@ static int price_stages(costmodel *cm, const int *partition,
         double pace = zero_costs.layer_forward_s + zero_costs.layer_backward_s;
         scratch->compute_scale[s] = pace > 0.0 ? terms.per_layer_s / pace
                                                : 1.0;
-        stage_compute_s(config, s, layers, &zero_costs,
+        stage_compute_s(cm, config, place, s, layers, slow,
                         scratch->compute_scale[s], &st->forward_s,
                         &st->backward_s);
         stage_neighbours around = {
@@ -589,8 +598,7 @@ static int rest_prepare(costmodel *cm, const estimate_scratch *scratch,
         if (costmodel_type_costs_at_rest(cm, place->slow_type, config, &rest,
                                          err) != 0)
             return -1;
-        type_costs zero_rest = zero_unit_costs(cm, config, place, &rest);
-        stage_compute_s(config, s, out->stages[s].layers, &zero_rest,
+        stage_compute_s(cm, config, place, s, out->stages[s].layers, &rest,
                         scratch->compute_scale[s], &w->rest_forward[s],
                         &w->rest_backward[s]);
     }

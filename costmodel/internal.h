@@ -289,6 +289,18 @@ void costmodel_zero_unit_costs(const costmodel *cm,
                                const parallel_config *config,
                                const stage_placement *place,
                                type_costs *costs);
+/* ZeRO-3's time per micro-batch of stage `stage` beyond its units'
+ * (zero.c; 0 below ZeRO-3 or at dp 1): the gather of the layer a pass
+ * starts at (a forward without the embeddings, a backward without the
+ * head), and the reduce the last backward left on the units' stream,
+ * which the next pass's first gather waits behind, shared out over the
+ * forwards and backwards that follow a backward in the schedule.
+ * `costs`: the type's before costmodel_zero_unit_costs. */
+void costmodel_zero_pass_extra_s(const costmodel *cm,
+                                 const parallel_config *config,
+                                 const stage_placement *place, int stage,
+                                 const type_costs *costs, double *forward_s,
+                                 double *backward_s);
 /* The per-step reduction under ZeRO-2/3 (only the last unit's reduce-
  * scatter is left after the backward, with its kernels on slices at
  * slow's streaming rate; ZeRO-3 gathers nothing after the optimizer).

@@ -192,9 +192,12 @@ void costmodel_terms_with_sends(const costmodel *cm,
     const model_shape *model = &cm->model;
     type_costs zero_costs = *slow; /* with ZeRO-2/3's gathers, reduces */
     costmodel_zero_unit_costs(cm, config, self, &zero_costs);
+    double pass_forward, pass_backward;
+    costmodel_zero_pass_extra_s(cm, config, self, stage, slow, &pass_forward,
+                                &pass_backward);
     slow = &zero_costs;
     bool first = stage == 0, last = stage == config->pp - 1;
-    out->fixed_s = sends_s;
+    out->fixed_s = sends_s + pass_forward + pass_backward;
     if (first)
         out->fixed_s += slow->embedding_forward_s + slow->embedding_backward_s;
     if (last)

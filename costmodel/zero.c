@@ -2,8 +2,10 @@
  * DeepSpeed's ZeRO stages 2 and 3 and ZeRO-Offload in the cost model
  * (docs/cost-model.md, section 11): what they add to a stage's layer,
  * embedding and head times (the per-unit reduce-scatter of gradients
- * and all-gather of weights, hidden behind compute as far as it goes),
- * to its per-step work, and what they take off its memory terms. Kept
+ * and all-gather of weights, on one stream beside the compute, as the
+ * cuda executor runs them: hidden behind it as far as it goes, the
+ * pass's first gathers and the last backward's reduces exposed), to its
+ * per-step work, and what they take off its memory terms. Kept
  * apart from ZeRO-1 (memory.c, stage.c), which these build on: every
  * ZeRO stage >= 1 shards the optimizer state as ZeRO-1 does.
  */
@@ -59,33 +61,125 @@ static double reduce_kernel_bytes(const parallel_config *config)
     return 4.0 * (1.0 + 4.0 / config->dp);
 }
 
-/* A unit's forward and backward with its ZeRO-2/3 communication on a
- * stream of its own: the next unit's gather and the last one's reduce
- * overlap this one's compute, so the unit takes the longer of the two;
- * on slices of one GPU the collectives' kernels take the unit's SMs
- * (at the slice's streaming rate: the AdamW step's per byte), so they
- * add to its compute. The embeddings end the first stage's backward:
- * their reduce runs under what follows (the next micro-batch's forward;
- * after the last one, the step's exposed reduce_s), not under their
- * own backward (`trailing`). */
-static void unit_times(const costmodel *cm, const parallel_config *config,
-                       const stage_placement *place, double params,
-                       double s_per_byte, bool trailing, double *forward_s,
-                       double *backward_s)
+/* A unit's forward and backward with ZeRO-2's reduce on a stream of its
+ * own: the last unit's reduce overlaps this one's compute, so the unit
+ * takes the longer of the two; on slices of one GPU the reduce's
+ * kernels take the unit's SMs (at the slice's streaming rate: the AdamW
+ * step's per byte), so they add to its compute. The embeddings end the
+ * first stage's backward: their reduce runs under what follows (the
+ * next micro-batch's forward, which gathers nothing; after the last
+ * one, the step's exposed reduce_s), not under their own backward
+ * (`trailing`). */
+static void reduce_unit_times(const costmodel *cm,
+                              const parallel_config *config,
+                              const stage_placement *place, double params,
+                              double s_per_byte, bool trailing,
+                              double *backward_s)
 {
-    bool gathers = parallel_zero_stage(config) >= 3;
-    double gather = gathers ? unit_collective_s(cm, config, place, params)
-                            : 0.0;
     double reduce = unit_collective_s(cm, config, place, params);
-    double gather_kernels = 0.0, reduce_kernels = 0.0;
+    double reduce_kernels =
+        place->slices_of_one_gpu
+            ? params * reduce_kernel_bytes(config) * s_per_byte
+            : 0.0;
+    *backward_s = fmax(*backward_s + reduce_kernels, trailing ? 0.0 : reduce);
+}
+
+/* ZeRO-3's work on the units' stream for one unit (executor/cuda/
+ * param_units.c and grad_units.c; docs/cost-model.md, section 11):
+ * `gather` the stream's time for its weights (the rank's part copied,
+ * 8 / d bytes a parameter, the transfer, the conversion to bf16, 6
+ * bytes), `reduce` for its gradients (the transfer, then the add of the
+ * rank's part into the shard, 12 / d bytes); the transfer is the
+ * collective's price or, on slices of one GPU, the exchange kernel's
+ * bytes at the streaming rate where that is longer (it runs inside the
+ * paced transfer). `*_kernels`: the SM time they take from the compute
+ * they run beside, on slices of one GPU only. */
+typedef struct unit_stream {
+    double gather, reduce, gather_kernels, reduce_kernels;
+} unit_stream;
+
+static unit_stream unit_stream_of(const costmodel *cm,
+                                  const parallel_config *config,
+                                  const stage_placement *place,
+                                  double params, double s_per_byte)
+{
+    double d = config->dp, byte_s = params * s_per_byte;
+    double transfer = unit_collective_s(cm, config, place, params);
+    double gather_transfer = transfer, reduce_transfer = transfer;
+    unit_stream u = {0};
     if (place->slices_of_one_gpu) {
-        gather_kernels =
-            gathers ? params * GATHER_KERNEL_BYTES * s_per_byte : 0.0;
-        reduce_kernels = params * reduce_kernel_bytes(config) * s_per_byte;
+        /* the exchange kernel: the rank's chunk into every other buffer
+         * (4 bytes a parameter); every member's chunk read, the sum
+         * written (4 + 4 / d) */
+        gather_transfer = fmax(transfer, 4.0 * byte_s);
+        reduce_transfer = fmax(transfer, (4.0 + 4.0 / d) * byte_s);
+        u.gather_kernels = GATHER_KERNEL_BYTES * byte_s;
+        u.reduce_kernels = reduce_kernel_bytes(config) * byte_s;
     }
-    *forward_s = fmax(*forward_s + gather_kernels, gather);
-    *backward_s = fmax(*backward_s + gather_kernels + reduce_kernels,
-                       gather + (trailing ? 0.0 : reduce));
+    u.gather = gather_transfer + (8.0 / d + 6.0) * byte_s;
+    u.reduce = reduce_transfer + 12.0 / d * byte_s;
+    return u;
+}
+
+/* Whether the head on the stage multiplies by the tied embedding, which
+ * then sits in the embeddings' unit (a tied model at pp 1): a backward
+ * gathers that unit first and keeps it to the end. */
+static bool tied_head_here(const costmodel *cm, const parallel_config *config)
+{
+    return cm->model.tied_embeddings && config->pp == 1;
+}
+
+/* ZeRO-3's unit times. The executor gathers the unit after the one
+ * being computed on the units' stream, behind the reduce of the one
+ * before it (backward); the gather of the pass's first unit waits for
+ * everything before it. Unit k starts at S_k, and exactly
+ *     S_(k+1) = S_k + max(c_k, R_(k-1) + G_(k+1)),
+ *     S_0 = B + G_0,
+ * c the compute (with the kernels of what runs beside it), G the next
+ * unit's gather, R the last unit's reduce (backward only), B what the
+ * units' stream still holds from the pass before (estimate: the
+ * backlog, costmodel_zero_pass_extra_s). Each unit is priced as its own
+ * term of that sum: a layer against a layer's gather (and reduce), the
+ * pass's first unit with its own gather before it, the end units
+ * against their neighbours. The lead of a pass that starts at a layer
+ * (a stage without the embeddings, forward; without the head, backward)
+ * is costmodel_zero_pass_extra_s's. */
+static void gather_unit_times(const costmodel *cm,
+                              const parallel_config *config,
+                              const stage_placement *place,
+                              type_costs *costs)
+{
+    zero_units size = units_of(&cm->model, config);
+    double s_per_byte = costs->stream_s_per_byte;
+    unit_stream L = unit_stream_of(cm, config, place, size.layer, s_per_byte);
+    unit_stream E = unit_stream_of(cm, config, place, size.embedding,
+                                   s_per_byte);
+    unit_stream H = unit_stream_of(cm, config, place, size.head, s_per_byte);
+    bool tied = tied_head_here(cm, config);
+    /* forward: embeddings, layers, head */
+    double layer_f =
+        fmax(costs->layer_forward_s + L.gather_kernels, L.gather);
+    costs->embedding_forward_s =
+        E.gather +
+        fmax(costs->embedding_forward_s + L.gather_kernels, L.gather);
+    costs->head_forward_s += H.gather_kernels + fmax(0.0, H.gather - layer_f);
+    costs->layer_forward_s = layer_f;
+    /* backward: (a tied head's embeddings,) head, layers, embeddings */
+    double layer_b =
+        fmax(costs->layer_backward_s + L.gather_kernels + L.reduce_kernels,
+             L.reduce + L.gather);
+    double head_lead = H.gather + (tied ? E.gather : 0.0);
+    costs->head_backward_s =
+        head_lead +
+        fmax(costs->head_backward_s + L.gather_kernels, L.gather) +
+        H.reduce_kernels + fmax(0.0, H.reduce + L.gather - layer_b);
+    /* the embeddings' gather under the first layer's backward (a tied
+     * head's: held since the pass began); their reduce is left to the
+     * units' stream after the pass (the backlog and reduce_s) */
+    if (!tied)
+        costs->embedding_backward_s +=
+            E.gather_kernels + fmax(0.0, L.reduce + E.gather - layer_b);
+    costs->layer_backward_s = layer_b;
 }
 
 /* The SM time of one unit's reduce-scatter and add on slices of one GPU
@@ -106,14 +200,81 @@ void costmodel_zero_unit_costs(const costmodel *cm,
 {
     if (!sharding(config))
         return;
+    if (parallel_zero_stage(config) >= 3) {
+        gather_unit_times(cm, config, place, costs);
+        return;
+    }
     zero_units u = units_of(&cm->model, config);
     double s_per_byte = costs->stream_s_per_byte;
-    unit_times(cm, config, place, u.layer, s_per_byte, false,
-               &costs->layer_forward_s, &costs->layer_backward_s);
-    unit_times(cm, config, place, u.embedding, s_per_byte, true,
-               &costs->embedding_forward_s, &costs->embedding_backward_s);
-    unit_times(cm, config, place, u.head, s_per_byte, false,
-               &costs->head_forward_s, &costs->head_backward_s);
+    reduce_unit_times(cm, config, place, u.layer, s_per_byte, false,
+                      &costs->layer_backward_s);
+    reduce_unit_times(cm, config, place, u.embedding, s_per_byte, true,
+                      &costs->embedding_backward_s);
+    reduce_unit_times(cm, config, place, u.head, s_per_byte, false,
+                      &costs->head_backward_s);
+}
+
+/* Of a stage's m backwards, how many are followed by a forward and how
+ * many by another backward on the same stage (the last is followed by
+ * the step's end): 1F1B runs w = pp - s - 1 forwards ahead, then pairs,
+ * then w backwards; GPipe all forwards, then all backwards. The
+ * interleaved 1F1B is counted as the plain one. */
+static void backward_successors(const parallel_config *config, int stage,
+                                int microbatches, int *to_forward,
+                                int *to_backward)
+{
+    int m = microbatches;
+    if (m <= 1 || config->schedule == SCHEDULE_GPIPE) {
+        *to_forward = 0;
+        *to_backward = m > 1 ? m - 1 : 0;
+        return;
+    }
+    int ahead = config->pp - stage - 1;
+    if (ahead > m)
+        ahead = m;
+    *to_forward = m - ahead - 1 > 0 ? m - ahead - 1 : 0;
+    *to_backward = m - 1 - *to_forward;
+}
+
+void costmodel_zero_pass_extra_s(const costmodel *cm,
+                                 const parallel_config *config,
+                                 const stage_placement *place, int stage,
+                                 const type_costs *costs, double *forward_s,
+                                 double *backward_s)
+{
+    *forward_s = *backward_s = 0.0;
+    if (!sharding(config) || parallel_zero_stage(config) < 3)
+        return;
+    zero_units size = units_of(&cm->model, config);
+    double s_per_byte = costs->stream_s_per_byte;
+    unit_stream L = unit_stream_of(cm, config, place, size.layer, s_per_byte);
+    bool first = stage == 0, last = stage == config->pp - 1;
+    /* a pass that starts at a layer waits for that layer's gather */
+    if (!first)
+        *forward_s += L.gather;
+    if (!last)
+        *backward_s += L.gather;
+    /* the backlog: the backward's last unit's reduce (the embeddings' on
+     * the first stage, the first layer's elsewhere), and what of the one
+     * before it outlasts that unit's compute, are still on the units'
+     * stream when the next pass's first gather is queued behind them */
+    double last_reduce, before_s;
+    if (first) {
+        unit_stream E = unit_stream_of(cm, config, place, size.embedding,
+                                       s_per_byte);
+        last_reduce = E.reduce;
+        before_s = fmax(0.0, L.reduce - costs->embedding_backward_s);
+    } else {
+        last_reduce = L.reduce;
+        before_s = fmax(0.0, L.reduce - costs->layer_backward_s);
+    }
+    double backlog = last_reduce + before_s;
+    int m = parallel_microbatches(config), to_forward, to_backward;
+    backward_successors(config, stage, m, &to_forward, &to_backward);
+    if (m > 0) {
+        *forward_s += backlog * to_forward / m;
+        *backward_s += backlog * to_backward / m;
+    }
 }
 
 bool costmodel_zero_step_work(const costmodel *cm,

@@ -5,7 +5,9 @@
  * offload takes AdamW's moments off the device and prices the step at
  * the host link and the CPU's rate; each unit's
  * gather and reduce-scatter pace its forward and backward when the dp
- * link is slow. */
+ * link is slow, a pass waits for its first gathers and for what the last
+ * backward left on the units' stream, shared out as the schedule
+ * orders the passes. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -149,8 +151,52 @@ static void offload_prices_the_host_step(void **state)
     fixture_close(&f);
 }
 
-/* On a slow dp link, ZeRO-3's forward of a layer is its gather and its
- * backward the gather and the reduce-scatter; ZeRO-2 only reduces. */
+/* ZeRO-3's work on the units' stream for a unit of `params` on separate
+ * GPUs: the gather is the transfer, the rank's part copied (8 / d bytes
+ * a parameter) and the conversion to bf16 (6); the reduce the transfer
+ * and the add into the shard (12 / d). */
+static double gather_of(double params, int dp, link_spec link, double s)
+{
+    return reduce_scatter_time(4.0 * params, dp, link) +
+           (8.0 / dp + 6.0) * params * s;
+}
+
+static double reduce_of(double params, int dp, link_spec link, double s)
+{
+    return reduce_scatter_time(4.0 * params, dp, link) +
+           12.0 / dp * params * s;
+}
+
+static type_costs costs_of(fixture *f, const parallel_config *config)
+{
+    type_costs costs;
+    pt_error err = {{0}};
+    assert_int_equal(costmodel_type_costs(&f->cm, 0, config, &costs, &err),
+                     0);
+    return costs;
+}
+
+/* What a first stage's backward of GPT-2 XL leaves on the units' stream:
+ * the embeddings' reduce, and the first layer's where it outlasts the
+ * embeddings' backward. */
+static double first_stage_backlog(const fixture *f, const type_costs *costs,
+                                  int dp, link_spec link)
+{
+    double s = costs->stream_s_per_byte;
+    double layer = model_layer_parameter_count(&f->model);
+    double embedding = (50257.0 + 1024.0) * 1600.0;
+    return reduce_of(embedding, dp, link, s) +
+           fmax(0.0, reduce_of(layer, dp, link, s) -
+                         costs->embedding_backward_s);
+}
+
+/* On a slow dp link, ZeRO-3's forward of a layer is the next layer's
+ * gather and its backward that and the last layer's reduce; a pass
+ * waits for its first unit's gather (the embeddings, then the first
+ * layer behind the embeddings' compute; a tied head's backward the
+ * embeddings and the head), and each forward after a backward waits
+ * behind that backward's last reduces (m - 1 of m forwards at pp 1).
+ * ZeRO-2 only reduces. */
 static void slow_link_paces_every_unit(void **state)
 {
     (void)state;
@@ -158,33 +204,29 @@ static void slow_link_paces_every_unit(void **state)
     open_one_node(&f, 0.05);
     link_spec link = f.cluster.types[0].intra_node;
     int partition[1] = {48};
-    parallel_config config = config_of(4, 1, 1, 4, 1);
-    type_costs costs;
-    pt_error err = {{0}};
-    assert_int_equal(costmodel_type_costs(&f.cm, 0, &config, &costs, &err), 0);
+    parallel_config config = config_of(12, 1, 1, 4, 1); /* m = 3 */
+    type_costs costs = costs_of(&f, &config);
+    double s = costs.stream_s_per_byte;
     double layer = model_layer_parameter_count(&f.model);
     double embedding = (50257.0 + 1024.0) * 1600.0, head = 2.0 * 1600.0;
-    double gather_layer = reduce_scatter_time(4.0 * layer, 4, link);
-    double reduce_layer = reduce_scatter_time(4.0 * layer, 4, link);
-    double gather_embedding = reduce_scatter_time(4.0 * embedding, 4, link);
+    double gather_layer = gather_of(layer, 4, link, s);
+    double reduce_layer = reduce_of(layer, 4, link, s);
+    double gather_embedding = gather_of(embedding, 4, link, s);
     double reduce_embedding = reduce_scatter_time(4.0 * embedding, 4, link);
-    double gather_head = reduce_scatter_time(4.0 * head, 4, link);
-    double reduce_head = reduce_scatter_time(4.0 * head, 4, link);
+    double gather_head = gather_of(head, 4, link, s);
     assert_true(gather_layer > costs.layer_backward_s);
+    assert_true(gather_layer > costs.head_backward_s);
 
     parallel_set_zero_stage(&config, 3);
     estimate e = estimate_of(&f, config, partition);
-    double forward = 48.0 * gather_layer +
-                     fmax(costs.embedding_forward_s, gather_embedding) +
-                     fmax(costs.head_forward_s, gather_head);
-    /* the embeddings end the backward: their reduce runs under what
-     * follows, the last one after the step's backward */
+    double backlog = first_stage_backlog(&f, &costs, 4, link);
+    double forward = gather_embedding + gather_layer +
+                     48.0 * gather_layer + costs.head_forward_s +
+                     2.0 / 3.0 * backlog;
     /* one stage: the stream gradient widened for the embedding */
-    double backward =
-        48.0 * (gather_layer + reduce_layer) +
-        fmax(costs.embedding_backward_s, gather_embedding) +
-        fmax(costs.head_backward_s, gather_head + reduce_head) +
-        costs.boundary_s;
+    double backward = gather_embedding + gather_head + gather_layer +
+                      48.0 * (gather_layer + reduce_layer) +
+                      costs.embedding_backward_s + costs.boundary_s;
     assert_true(close_to(e.stages[0].forward_s, forward, 1e-9));
     assert_true(close_to(e.stages[0].backward_s, backward, 1e-9));
     /* after the backward: the embedding's reduce-scatter, no gather */
@@ -193,14 +235,17 @@ static void slow_link_paces_every_unit(void **state)
 
     parallel_set_zero_stage(&config, 2);
     e = estimate_of(&f, config, partition);
+    double collective_layer = reduce_scatter_time(4.0 * layer, 4, link);
+    double collective_head = reduce_scatter_time(4.0 * head, 4, link);
     assert_true(close_to(e.stages[0].forward_s,
                          48.0 * costs.layer_forward_s +
                              costs.embedding_forward_s + costs.head_forward_s,
                          1e-9));
     assert_true(close_to(e.stages[0].backward_s,
-                         48.0 * fmax(costs.layer_backward_s, reduce_layer) +
+                         48.0 * fmax(costs.layer_backward_s,
+                                     collective_layer) +
                              costs.embedding_backward_s +
-                             fmax(costs.head_backward_s, reduce_head) +
+                             fmax(costs.head_backward_s, collective_head) +
                              costs.boundary_s,
                          1e-9));
     /* ZeRO-2 still gathers the updated weights once, as ZeRO-1: the fp32
@@ -214,12 +259,53 @@ static void slow_link_paces_every_unit(void **state)
     fixture_close(&f);
 }
 
+/* What the units' stream still holds after a backward (its last unit's
+ * reduce) delays the stage's next pass, forward or backward: at pp 2
+ * with 4 micro-batches the first stage's 1F1B runs F F B F B F B B (two
+ * backwards followed by a forward, one by a backward), GPipe F F F F B B
+ * B B (three by a backward). The schedules' forwards and backwards
+ * differ by those shares of it and their sum not at all. */
+static void backlog_follows_the_schedule(void **state)
+{
+    (void)state;
+    fixture f;
+    open_one_node(&f, 0.05);
+    link_spec link = f.cluster.types[0].intra_node;
+    int partition[2] = {24, 24};
+    parallel_config config = config_of(8, 1, 1, 2, 2); /* m = 4 */
+    type_costs costs = costs_of(&f, &config);
+    double backlog = first_stage_backlog(&f, &costs, 2, link);
+    parallel_set_zero_stage(&config, 3);
+    estimate one_f_one_b = estimate_of(&f, config, partition);
+    config.schedule = SCHEDULE_GPIPE;
+    estimate gpipe = estimate_of(&f, config, partition);
+    const stage_estimate *a = &one_f_one_b.stages[0], *b = &gpipe.stages[0];
+    assert_true(close_to(a->forward_s - b->forward_s, 2.0 / 4.0 * backlog,
+                         1e-9));
+    assert_true(close_to(b->backward_s - a->backward_s, 2.0 / 4.0 * backlog,
+                         1e-9));
+    /* the last stage runs F B F B F B F B under 1F1B: three forwards
+     * behind a backward, none under GPipe */
+    double s = costs.stream_s_per_byte;
+    double layer = model_layer_parameter_count(&f.model);
+    double tail = reduce_of(layer, 2, link, s) +
+                  fmax(0.0, reduce_of(layer, 2, link, s) -
+                                costs.layer_backward_s);
+    assert_true(close_to(one_f_one_b.stages[1].forward_s -
+                             gpipe.stages[1].forward_s,
+                         3.0 / 4.0 * tail, 1e-9));
+    estimate_free(&one_f_one_b);
+    estimate_free(&gpipe);
+    fixture_close(&f);
+}
+
 /* On slices of one GPU (every device entry index 0) the units'
  * collectives run their kernels in the rank's own SMs: a gather 14 bytes
  * a parameter, a reduce-scatter and its add 4 (1 + 4 / d), at the
  * profile's streaming rate (its AdamW step over 30 bytes a parameter),
- * lengthen each unit's forward (ZeRO-3) and backward, by at most that;
- * on separate GPUs they do not. */
+ * and the exchange kernel bounds each transfer from below; they
+ * lengthen the stage's forward (ZeRO-3) and backward, by at most those
+ * bytes over the stage's parameters; on separate GPUs they do not. */
 static void unit_kernels_take_the_slices_sms(void **state)
 {
     (void)state;
@@ -266,6 +352,7 @@ int main(void)
         cmocka_unit_test(sharded_memory_terms),
         cmocka_unit_test(offload_prices_the_host_step),
         cmocka_unit_test(slow_link_paces_every_unit),
+        cmocka_unit_test(backlog_follows_the_schedule),
         cmocka_unit_test(unit_kernels_take_the_slices_sms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
