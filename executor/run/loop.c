@@ -78,22 +78,26 @@ static int accumulate_gradients(run_context *ctx, const run_result *out,
 /* The gbs windows of the iteration after `record`'s drawn while the
  * device runs this one's update, and the first micro-batch's host work
  * done (stage_prepare_tokens); not after the last iteration, nor once
- * the stop flag is up. ctx->position is left as it is (next_position). */
-static int draw_next_iteration(run_context *ctx, const run_result *out,
-                               const run_iteration *record, pt_error *err)
+ * the stop flag is up. ctx->position is left as it is (next_position).
+ * A failure here leaves the windows undrawn and is not this iteration's:
+ * the next one draws them again and reports what fails then. */
+static void draw_next_iteration(run_context *ctx, const run_result *out,
+                                const run_iteration *record)
 {
+    ctx->next_ready = false;
     if (record->iteration >= out->last_iteration || stop_raised(ctx->options))
-        return 0;
+        return;
     size_t window = (size_t)ctx->shape.seq + 1;
+    pt_error ignored;
     ctx->next_position = ctx->position;
     for (int sample = 0; sample < out->gbs; sample++)
         if (gpt_sampler_next(&ctx->sampler, &ctx->next_position,
                              ctx->next_tokens + (size_t)sample * window,
-                             err) != 0)
-            return -1;
+                             &ignored) != 0)
+            return;
     ctx->next_ready = true;
     stage_io first = {.mbs = out->mbs, .tokens = ctx->next_tokens};
-    return stage_prepare_tokens(&ctx->stage, &first, err);
+    (void)stage_prepare_tokens(&ctx->stage, &first, &ignored);
 }
 
 /* Global norm, clipping and AdamW: the "optimizer" event, which ends
@@ -106,9 +110,10 @@ static int optimizer_step(run_context *ctx, const run_result *out,
     float learning_rate = (float)lr_schedule_at(&train->schedule,
                                                 ctx->stage.optimizer_steps);
     stage_step_totals totals;
-    if (stage_step_apply(&ctx->stage, train, learning_rate, err) != 0 ||
-        draw_next_iteration(ctx, out, record, err) != 0 ||
-        stage_step_end(&ctx->stage, &totals, err) != 0)
+    if (stage_step_apply(&ctx->stage, train, learning_rate, err) != 0)
+        return -1;
+    draw_next_iteration(ctx, out, record);
+    if (stage_step_end(&ctx->stage, &totals, err) != 0)
         return -1;
     double mean_loss = totals.loss_sum / out->micro_batches;
     if (!totals.applied)
