@@ -5,8 +5,8 @@
  * each chunk, the loss, softmax - onehot and at once the head matrix's
  * weight and input gradient products; the backward keeps only the final
  * norm's. The cost model prices those products in the forward there, so
- * the schedule sees the phases as they run (docs/cost-model.md, "The
- * head").
+ * the schedule sees the phases as they run (docs/cost-model.md,
+ * section 5, "The fused head's phases").
  */
 #include "costmodel/internal.h"
 
