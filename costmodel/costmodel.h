@@ -111,6 +111,11 @@ typedef struct type_costs {
     double layer_forward_s, layer_backward_s; /* backward includes the
                                                  recompute forward */
     double head_forward_s, head_backward_s;
+    double head_products_s;    /* of head_backward_s, the head matrix's
+                                  input and weight gradient products:
+                                  what the partita executor's fused head
+                                  runs in the forward instead
+                                  (costmodel_head_phases) */
     double optimizer_s_per_param; /* the AdamW step's: the GPU's, or
                                      under offload the host's (zero.c) */
     double stream_s_per_byte;  /* the GPU's streaming rate, what its
@@ -370,6 +375,24 @@ typedef struct stage_terms {
     double cap_bytes;        /* usable memory of the stage's smallest GPU */
     int max_layers;          /* largest layer count that fits; -1: none */
 } stage_terms;
+
+/* Whether stage `stage` of config, holding the head, runs it as the
+ * partita executor's fused head (executor/cuda/buffers.c, plan_head):
+ * the partita runtime at tp 1 with the gradients in the one buffer (not
+ * ZeRO-2/3's shard and units, costmodel_zero_sharded_stage's). False on
+ * a stage without the head. The memory model and the phases follow it. */
+bool costmodel_head_fused(const model_shape *model,
+                          const parallel_config *config, int stage);
+
+/* The head's forward and backward times of one micro-batch on stage
+ * `stage` as the executor runs them, from its type's costs: where the
+ * head is fused (costmodel_head_fused) its backward products
+ * (costs->head_products_s) move from the backward into the forward, the
+ * sum unchanged; 0 and 0 on a stage without the head. */
+void costmodel_head_phases(const model_shape *model,
+                           const parallel_config *config, int stage,
+                           const type_costs *costs, double *forward_s,
+                           double *backward_s);
 
 /* A stage's device memory per GPU, term by term (common.h's
  * pt_memory_terms), as a linear function of its transformer layers:
@@ -742,6 +765,15 @@ double roofline_attention_share(const roofline_params *params,
                                 const roofline_device *device,
                                 const model_shape *shape,
                                 roofline_shard shard);
+
+/* The head's backward products' share (the head matrix's input and
+ * weight gradients, not the final norm's backward) of the head's
+ * backward time on the roofline: what the partita executor's fused head
+ * runs in the forward (costmodel_head_phases). */
+double roofline_head_products_share(const roofline_params *params,
+                                    const roofline_device *device,
+                                    const model_shape *shape,
+                                    roofline_shard shard);
 
 /* One time of a source profile, as the fit sees it. part: 0 embedding,
  * 1 layer, 2 head. */

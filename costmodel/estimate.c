@@ -230,17 +230,20 @@ static void stage_compute_s(const costmodel *cm,
     double pass_forward, pass_backward;
     costmodel_zero_pass_extra_s(cm, config, place, s, costs, &pass_forward,
                                 &pass_backward);
-    bool first = s == 0, last = s == config->pp - 1;
+    bool first = s == 0;
     int boundary_forward, boundary_backward;
     costmodel_boundary_count(s, config->pp, &boundary_forward,
                              &boundary_backward);
+    /* the head's phases as the executor runs them (head.c) */
+    double head_forward, head_backward;
+    costmodel_head_phases(&cm->model, config, s, zero_costs, &head_forward,
+                          &head_backward);
     *forward_s = layers * zero_costs->layer_forward_s * scale +
                  (first ? zero_costs->embedding_forward_s : 0.0) +
-                 (last ? zero_costs->head_forward_s : 0.0) +
-                 boundary_forward * zero_costs->boundary_s;
+                 head_forward + boundary_forward * zero_costs->boundary_s;
     *backward_s = layers * zero_costs->layer_backward_s * scale +
                   (first ? zero_costs->embedding_backward_s : 0.0) +
-                  (last ? zero_costs->head_backward_s : 0.0) +
+                  head_backward +
                   boundary_backward * zero_costs->boundary_s + pass_backward;
     *forward_s += pass_forward;
 }

@@ -292,10 +292,13 @@ int costmodel_interleave_pipeline(const costmodel *cm,
         const type_costs *slow = &costs[placement[s].slow_type];
         const stage_estimate *st = &stages[s];
         interleave_stage *r = &ranks[s];
+        double head_forward, head_backward;
+        costmodel_head_phases(&cm->model, config, s, slow, &head_forward,
+                              &head_backward);
         r->ends_forward_s = s == 0 ? slow->embedding_forward_s
-                                   : slow->head_forward_s;
+                                   : head_forward;
         r->ends_backward_s = s == 0 ? slow->embedding_backward_s
-                                    : slow->head_backward_s;
+                                    : head_backward;
         if (s != 0 && s != pp - 1)
             r->ends_forward_s = r->ends_backward_s = 0.0;
         r->layers_forward_s = fmax(0.0, st->forward_s - r->ends_forward_s);

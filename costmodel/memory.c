@@ -330,8 +330,7 @@ static head_memory head_memory_of(const model_shape *m,
                                   const shard_dims *d, int stage, bool head)
 {
     head_memory h = {0};
-    bool fused = head && c->runtime == RUNTIME_PARTITA && d->tp == 1 &&
-                 !costmodel_zero_sharded_stage(m, c, stage);
+    bool fused = head && costmodel_head_fused(m, c, stage);
     double lendable = 0.0;
     if (fused) {
         double rows = d->N;

@@ -266,6 +266,18 @@ static part_times roofline_times(const profile *prof, const model_shape *m,
     return (part_times){costs.embedding, costs.layer, costs.head};
 }
 
+/* The profile's roofline device at the plan's compute rate; false when
+ * the profile has no roofline. */
+static bool plan_roofline_device(const profile *prof,
+                                 const parallel_config *config,
+                                 roofline_device *out)
+{
+    if (!prof->roofline.present || roofline_device_of(prof, out, NULL) != 0)
+        return false;
+    out->peak_flops = rate_or_tensor(prof, config) * 1e12;
+    return true;
+}
+
 /* Megatron's selective recompute runs the attention core's forward again
  * in the backward: its share of the layer's forward time, from the
  * profile's roofline when it has one, else by FLOPs (4 s^2 h of the
@@ -274,15 +286,27 @@ static double attention_core_share(const profile *prof, const model_shape *m,
                                    const parallel_config *config)
 {
     roofline_device device;
-    if (prof->roofline.present &&
-        roofline_device_of(prof, &device, NULL) == 0) {
-        device.peak_flops = rate_or_tensor(prof, config) * 1e12;
+    if (plan_roofline_device(prof, config, &device))
         return roofline_attention_share(&prof->roofline, &device, m,
                                         shard_of(config));
-    }
     double layer = model_layer_forward_flops(m, 1.0);
     return layer > 0.0 ? 4.0 * (double)m->seq * m->seq * m->hidden / layer
                        : 0.0;
+}
+
+/* The head's backward products' share of its backward time (the head
+ * matrix's input and weight gradients; the rest is the final norm's
+ * backward), from the profile's roofline when it has one; else all of
+ * it: the efficiency model prices the head's backward as those two
+ * products and the logits they read, and nothing else. */
+static double head_products_share(const profile *prof, const model_shape *m,
+                                  const parallel_config *config)
+{
+    roofline_device device;
+    if (plan_roofline_device(prof, config, &device))
+        return roofline_head_products_share(&prof->roofline, &device, m,
+                                            shard_of(config));
+    return 1.0;
 }
 
 /* One of the layer's tensor-parallel all-reduces (b x s x h elements) on
@@ -402,6 +426,8 @@ static int price_type_from(const costmodel *cm, int type_index,
     out->layer_backward_s = times.layer.backward_s;
     out->head_forward_s = times.head.forward_s;
     out->head_backward_s = times.head.backward_s;
+    out->head_products_s = head_products_share(prof, &cm->model, config) *
+                           times.head.backward_s;
     out->tp_allreduce_s = config->tp > 1
                               ? tp_allreduce_seconds(cm, type_index, config)
                               : 0.0;

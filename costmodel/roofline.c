@@ -312,6 +312,23 @@ double roofline_attention_share(const roofline_params *params,
     return whole > 0.0 ? list_seconds(params, device, &core) / whole : 0.0;
 }
 
+double roofline_head_products_share(const roofline_params *params,
+                                    const roofline_device *device,
+                                    const model_shape *shape,
+                                    roofline_shard shard)
+{
+    kernel_list backward, products = {0};
+    part_kernels(shape, shard, 2, true, &backward);
+    /* the backward's GEMMs: the head matrix's input and weight
+     * gradients (the final norm's backward is a memory pass) */
+    for (int i = 0; i < backward.count; i++)
+        if (backward.kernels[i].kind == KERNEL_GEMM)
+            products.kernels[products.count++] = backward.kernels[i];
+    double whole = list_seconds(params, device, &backward);
+    return whole > 0.0 ? list_seconds(params, device, &products) / whole
+                       : 0.0;
+}
+
 int roofline_device_of(const profile *p, roofline_device *out, pt_error *err)
 {
     if (!(p->peak_tflops > 0.0) || !(p->memory_bandwidth_GBps > 0.0) ||

@@ -279,11 +279,16 @@ static dp_backward last_backward(const costmodel *cm,
                                  const parallel_config *config, int stage,
                                  int layers, const type_costs *slow)
 {
-    bool first = stage == 0, last = stage == config->pp - 1;
+    bool first = stage == 0;
+    /* what the head's backward still runs (a fused head's products ran
+     * in its forward: head.c) */
+    double head_forward, head_backward;
+    costmodel_head_phases(&cm->model, config, stage, slow, &head_forward,
+                          &head_backward);
     return (dp_backward){
         .first = first,
         .layers = layers,
-        .head_s = last ? slow->head_backward_s : 0.0,
+        .head_s = head_backward,
         .layer_s = slow->layer_backward_s,
         .embedding_s = first ? slow->embedding_backward_s : 0.0,
         .fixed_bytes = 4.0 * stage_parameters_per_gpu(&cm->model, config,

@@ -454,10 +454,11 @@ static int head_chunk_rows(const buffer_layout *layout, long fixed_rows)
  * tp 1 (the vocab-parallel softmax sums whole rows over the group) and
  * gradients in the one buffer (ZeRO-2/3's head unit opens in the
  * backward). */
-static void plan_head(buffer_layout *out, long fixed_rows)
+static void plan_head(buffer_layout *out, const model_shape *shape,
+                      long fixed_rows)
 {
     const stage_dims *d = &out->dims;
-    bool fused = out->spec.has_head && d->tp == 1 && !out->grads_by_unit;
+    bool fused = buffer_head_fused(shape, &out->spec);
     size_t lendable = whole_logits_bytes(out);
     size_t row_bytes = (size_t)out->ld_logits * sizeof(pt_bf16);
     if (fused) {
@@ -526,7 +527,7 @@ int buffer_layout_init(const model_shape *shape, const stage_spec *spec,
         return -1;
     out->grad_count = out->grads_by_unit ? optimizer_count : params;
     const char *head_rows = getenv("PARTITA_CUDA_HEAD_ROWS");
-    plan_head(out, head_rows != NULL ? atol(head_rows) : 0);
+    plan_head(out, shape, head_rows != NULL ? atol(head_rows) : 0);
     stage_units_of(spec, tensors, tensor_count, params, &out->units);
     out->params_by_unit = out->grads_by_unit && spec->shard_parameters;
     out->params_count = out->params_by_unit ? optimizer_count : params;
@@ -605,6 +606,12 @@ bool buffer_grads_by_unit(const model_shape *shape, const stage_spec *spec)
     bool tied_pair = shape->tied_embeddings &&
                      spec->has_embedding != spec->has_head;
     return spec->shard_gradients && spec->optimizer_shards > 1 && !tied_pair;
+}
+
+bool buffer_head_fused(const model_shape *shape, const stage_spec *spec)
+{
+    return spec->has_head && stage_shard_of(shape, spec).tp == 1 &&
+           !buffer_grads_by_unit(shape, spec);
 }
 
 void buffer_grad_units_of(const buffer_layout *layout,

@@ -269,6 +269,13 @@ typedef struct buffer_layout {
  * pair is summed from whole buffers (zero_tied_embedding). */
 bool buffer_grads_by_unit(const model_shape *shape, const stage_spec *spec);
 
+/* Whether a cuda stage of this shape and spec runs the fused head
+ * (buffer_layout.head_rows > 0; docs/cuda-backend.md, "The fused
+ * head"): it holds the head at tp 1 with its gradients in the one
+ * buffer (not buffer_grads_by_unit). The cost model's
+ * costmodel_head_fused mirrors it (tests/costmodel/test_memory.c). */
+bool buffer_head_fused(const model_shape *shape, const stage_spec *spec);
+
 /* The gradient units' one block (grads_by_unit; 0 bytes without): two
  * layer buffers (the one the backward fills, the one being reduced),
  * the head's, the embeddings' (last: a tied head's padding rows run on

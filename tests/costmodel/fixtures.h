@@ -174,6 +174,24 @@ static inline double boundary_of(costmodel *cm, int type,
     return costs.boundary_s;
 }
 
+/* Roofline parameters of the order the fits find, and an H200's
+ * figures on sms_used SMs, for the tests that price from the roofline. */
+static inline roofline_params known_roofline_params(void)
+{
+    return (roofline_params){.present = true,
+                             .gemm_efficiency = 0.75,
+                             .gemm_half_work_flop = 2e7,
+                             .attention_efficiency = 0.9,
+                             .bandwidth_efficiency = 0.85,
+                             .kernel_overhead_s = 4e-6,
+                             .bandwidth_saturation_sm_fraction = 0.45};
+}
+
+static inline roofline_device h200_device(int sms_used)
+{
+    return (roofline_device){989e12, 4800e9, 132, sms_used};
+}
+
 static inline bool has_note_containing(const costmodel *cm, const char *text)
 {
     for (int i = 0; i < cm->note_count; i++)

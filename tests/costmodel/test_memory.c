@@ -187,6 +187,38 @@ static double whole_cudnn_workspace(const pipeline_layout *layout)
            ATTENTION_LENT_SLACK;
 }
 
+/* The cost model fuses the head (memory and phases, costmodel/head.c)
+ * exactly where the executor does: on the chunk that holds it, of every
+ * rank of the stage. */
+static void check_head_fused(const pipeline_layout *layout, int stage,
+                             const char *what)
+{
+    pt_error err = {{0}};
+    bool model = costmodel_head_fused(&layout->shape, &layout->config,
+                                      stage);
+    bool held = false;
+    for (int rank = 0; rank < layout->rank_count; rank++) {
+        if (pipeline_rank_stage(layout, rank) != stage)
+            continue;
+        for (int c = 0; c < pipeline_chunk_count(layout); c++) {
+            stage_spec spec;
+            if (pipeline_rank_chunk_spec(layout, rank, c, &spec, &err) != 0)
+                fail_msg("%s", err.message);
+            if (!spec.has_head)
+                continue;
+            held = true;
+            if (buffer_head_fused(&layout->shape, &spec) != model)
+                fail_msg("%s: the executor %s the head, the cost model "
+                         "%s", what,
+                         model ? "does not fuse" : "fuses",
+                         model ? "does" : "does not");
+        }
+    }
+    if (held != (stage == layout->config.pp - 1) || (!held && model))
+        fail_msg("%s: the head is %son this stage, the cost model fuses "
+                 "it %s", what, held ? "" : "not ", model ? "here" : "not");
+}
+
 /* One stage: the estimate against its largest rank's plan, term by
  * term, and that rank (tp rank 0, replica 0, the rank the cost model
  * describes) the largest indeed. */
@@ -212,6 +244,7 @@ static void check_stage(const pipeline_layout *layout, int stage)
         }
     if (pt_memory_terms_total(&plan, false) < largest_other)
         fail_msg("%s: rank (tp 0, replica 0) is not the largest", what);
+    check_head_fused(layout, stage, what);
     const pt_memory_term exact[] = {
         PT_MEMORY_WEIGHTS, PT_MEMORY_WEIGHT_MIRROR, PT_MEMORY_GRADIENTS,
         PT_MEMORY_ACTIVATIONS};

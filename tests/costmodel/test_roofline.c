@@ -17,22 +17,6 @@ static const char *const derived_gpus[] = {"A10", "RTX3090", "A100-40GB",
                                            "V100-32GB"};
 #define DERIVED_COUNT 6
 
-static roofline_params known_params(void)
-{
-    return (roofline_params){.present = true,
-                             .gemm_efficiency = 0.75,
-                             .gemm_half_work_flop = 2e7,
-                             .attention_efficiency = 0.9,
-                             .bandwidth_efficiency = 0.85,
-                             .kernel_overhead_s = 4e-6,
-                             .bandwidth_saturation_sm_fraction = 0.45};
-}
-
-static roofline_device h200(int sms_used)
-{
-    return (roofline_device){989e12, 4800e9, 132, sms_used};
-}
-
 static model_shape shape_of(int hidden, int heads, int seq, int vocab)
 {
     model_shape m = {.layers = 1, .hidden = hidden, .heads = heads,
@@ -44,9 +28,9 @@ static model_shape shape_of(int hidden, int heads, int seq, int vocab)
 static void large_gemms_approach_the_peak(void **state)
 {
     (void)state;
-    roofline_params p = known_params();
+    roofline_params p = known_roofline_params();
     p.kernel_overhead_s = 0.0;
-    roofline_device device = h200(132);
+    roofline_device device = h200_device(132);
     model_part_costs costs;
     /* a wide layer: its time is close to FLOPs / (peak x efficiency) */
     model_shape wide = shape_of(12288, 96, 2048, 50257);
@@ -70,8 +54,8 @@ static void large_gemms_approach_the_peak(void **state)
 static void small_work_pays_overheads_and_ramps(void **state)
 {
     (void)state;
-    roofline_params p = known_params();
-    roofline_device device = h200(132);
+    roofline_params p = known_roofline_params();
+    roofline_device device = h200_device(132);
     model_shape small = shape_of(768, 12, 1024, 50257);
     model_part_costs one, sixteen, tp_two;
     roofline_part_costs(&p, &device, &small, (roofline_shard){1, 1, 2.0, false, 4.0, true, true}, &one);
@@ -90,9 +74,9 @@ static void small_work_pays_overheads_and_ramps(void **state)
 static void every_part_runs_its_kernels(void **state)
 {
     (void)state;
-    roofline_params p = known_params();
+    roofline_params p = known_roofline_params();
     p.kernel_overhead_s = 1.0;
-    roofline_device device = h200(132);
+    roofline_device device = h200_device(132);
     model_shape small = shape_of(768, 12, 1024, 50257);
     model_part_costs costs;
     roofline_part_costs(&p, &device, &small, (roofline_shard){2, 1, 2.0, false, 4.0, true, true}, &costs);
@@ -113,14 +97,14 @@ static void every_part_runs_its_kernels(void **state)
 static void fewer_sms_are_slower(void **state)
 {
     (void)state;
-    roofline_params p = known_params();
+    roofline_params p = known_roofline_params();
     model_shape m = shape_of(1600, 16, 1024, 50257);
     model_part_costs full, forty, sixteen;
-    roofline_device d = h200(132);
+    roofline_device d = h200_device(132);
     roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true, true}, &full);
-    d = h200(40);
+    d = h200_device(40);
     roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true, true}, &forty);
-    d = h200(16);
+    d = h200_device(16);
     roofline_part_costs(&p, &d, &m, (roofline_shard){1, 8, 2.0, false, 4.0, true, true}, &sixteen);
     assert_true(forty.layer.forward_s > 2.0 * full.layer.forward_s);
     assert_true(sixteen.layer.forward_s > 2.0 * forty.layer.forward_s);
@@ -177,11 +161,11 @@ static void synthetic_profile(profile *p, const char *gpu,
 static void fit_recovers_known_parameters(void **state)
 {
     (void)state;
-    roofline_params truth = known_params();
+    roofline_params truth = known_roofline_params();
     profile sources[4];
-    synthetic_profile(&sources[0], "H200", &truth, h200(132));
-    synthetic_profile(&sources[1], "H200-40SM", &truth, h200(40));
-    synthetic_profile(&sources[2], "H200-16SM", &truth, h200(16));
+    synthetic_profile(&sources[0], "H200", &truth, h200_device(132));
+    synthetic_profile(&sources[1], "H200-40SM", &truth, h200_device(40));
+    synthetic_profile(&sources[2], "H200-16SM", &truth, h200_device(16));
     synthetic_profile(&sources[3], "H100", &truth,
                       (roofline_device){989e12, 3350e9, 132, 132});
     roofline_fit_result fit;
@@ -205,9 +189,9 @@ static void fit_recovers_known_parameters(void **state)
 static void fit_leaves_out_times_it_cannot_model(void **state)
 {
     (void)state;
-    roofline_params truth = known_params();
+    roofline_params truth = known_roofline_params();
     profile source;
-    synthetic_profile(&source, "H200", &truth, h200(132));
+    synthetic_profile(&source, "H200", &truth, h200_device(132));
     /* times taken inside a real tp group hold its all-reduces; backward
        times filled in by a ratio are not measurements */
     source.layer_times_include_tp_comm = true;
@@ -242,7 +226,7 @@ static void fit_leaves_out_times_it_cannot_model(void **state)
 static void llama_shapes_are_fitted_as_llama_layers(void **state)
 {
     (void)state;
-    roofline_params truth = known_params();
+    roofline_params truth = known_roofline_params();
     model_shape gpt = shape_of(2048, 16, 2048, 128256);
     gpt.ffn_hidden = 5632;
     model_shape llama = gpt;
@@ -253,7 +237,7 @@ static void llama_shapes_are_fitted_as_llama_layers(void **state)
     llama.rope_base = 500000.0;
     llama.bias = MODEL_BIAS_NONE;
     model_shape layers[2] = {gpt, llama};
-    roofline_device device = h200(132);
+    roofline_device device = h200_device(132);
     profile p;
     memset(&p, 0, sizeof p);
     pt_copy_string(p.gpu, sizeof p.gpu, "H200");
@@ -301,11 +285,11 @@ static void llama_shapes_are_fitted_as_llama_layers(void **state)
     /* beside fit_recovers_known_parameters' four sources, as a derived
        profile is fitted on the measured ones */
     profile sources[5];
-    synthetic_profile(&sources[0], "H200-40SM", &truth, h200(40));
-    synthetic_profile(&sources[1], "H200-16SM", &truth, h200(16));
+    synthetic_profile(&sources[0], "H200-40SM", &truth, h200_device(40));
+    synthetic_profile(&sources[1], "H200-16SM", &truth, h200_device(16));
     synthetic_profile(&sources[2], "H100", &truth,
                       (roofline_device){989e12, 3350e9, 132, 132});
-    synthetic_profile(&sources[3], "H200-8SM", &truth, h200(8));
+    synthetic_profile(&sources[3], "H200-8SM", &truth, h200_device(8));
     sources[4] = p;
     roofline_fit_result fit;
     if (roofline_fit(sources, 5, &fit, &err) != 0)
@@ -320,9 +304,9 @@ static void llama_shapes_are_fitted_as_llama_layers(void **state)
 static void fit_needs_spec_figures(void **state)
 {
     (void)state;
-    roofline_params truth = known_params();
+    roofline_params truth = known_roofline_params();
     profile source;
-    synthetic_profile(&source, "H200", &truth, h200(132));
+    synthetic_profile(&source, "H200", &truth, h200_device(132));
     source.sms = 0;
     roofline_fit_result fit;
     pt_error err = {{0}};
