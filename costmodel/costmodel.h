@@ -337,6 +337,16 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                          int layers, const type_costs *slow,
                          step_work *out);
 
+/* reduce_s + gather_s + optimizer_s of costmodel_step_work (the per-step
+ * work the planner's scores count) at every layer count from 0 to
+ * most_layers, into work_s[0 .. most_layers]: the same sums, without the
+ * parts the scores do not read. */
+void costmodel_step_work_sums(const costmodel *cm,
+                              const parallel_config *config,
+                              const stage_placement *placement, int stage,
+                              int most_layers, const type_costs *slow,
+                              double *work_s);
+
 /* ZeRO-Offload (docs/cost-model.md, section 11). Cluster files carry no
  * host link, so every GPU is taken to reach its host at PCIe 4.0 x16's
  * usable 25 GB/s each way (an assumption), and the executor's host AdamW

@@ -500,6 +500,20 @@ int costmodel_type_costs(costmodel *cm, int type_index,
     return costmodel_price_type(cm, type_index, config, cm, out, err);
 }
 
+int costmodel_slow_and_small_costs(costmodel *cm, const stage_placement *place,
+                                   const parallel_config *config,
+                                   type_costs *slow, type_costs *small,
+                                   pt_error *err)
+{
+    if (costmodel_type_costs(cm, place->slow_type, config, slow, err) != 0)
+        return -1;
+    if (place->small_type == place->slow_type) {
+        *small = *slow;
+        return 0;
+    }
+    return costmodel_type_costs(cm, place->small_type, config, small, err);
+}
+
 const char *price_method_name(price_method method)
 {
     static const char *const names[] = {

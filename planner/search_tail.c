@@ -52,12 +52,10 @@
 static void work_row(const bound_tables *t, const stage_placement *place,
                      int stage, double extra, double *row)
 {
-    for (int l = 0; l <= t->layers; l++) {
-        step_work work;
-        costmodel_step_work(t->cm, &t->config, place, stage, l,
-                            &t->costs[place->slow_type], &work);
-        row[l] = work.reduce_s + work.gather_s + work.optimizer_s + extra;
-    }
+    costmodel_step_work_sums(t->cm, &t->config, place, stage, t->layers,
+                             &t->costs[place->slow_type], row);
+    for (int l = 0; l <= t->layers; l++)
+        row[l] += extra;
     for (int l = t->layers; l-- > 0;)
         row[l] = fmin(row[l], row[l + 1]);
 }
