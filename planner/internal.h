@@ -660,5 +660,9 @@ void asym_bound_close(asym_bound *b);
  * refining once it is below threshold. */
 double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
                         double threshold, pt_error *err);
+/* Stage `stage` of the placed ones (from the last) and all in front of
+ * it have changed since the last floor: what the bound kept of them is
+ * taken again (the tree calls it on every change of a placed stage). */
+void asym_bound_forget(asym_bound *b, int stage);
 
 #endif

@@ -23,6 +23,21 @@
 /* A floor must not pass a score by a rounding. */
 #define FLOOR_SHADE (1.0 - 1e-9)
 
+/* What the floors keep of the placed stages from one query to the next:
+ * the stages from the last on change only at the front of the tree, so
+ * the merge of stages [0, p) is kept for every p and redone only from
+ * the first stage that changed (asym_bound_forget). Entry p holds the
+ * greatest least W of those stages and their merged C (at the work floor
+ * and weight it was taken at). */
+typedef struct placed_prefix {
+    int valid;           /* entries 0..valid are of the stages as now */
+    double *least_work;  /* [stages + 1] */
+    double *floor_at;    /* [stages + 1] the work floor of the merge */
+    double *weight_at;   /* [stages + 1] */
+    double *none;        /* [stages + 1] the greatest C of no layers */
+    double *merged;      /* [(stages + 1) x (layers + 1)] */
+} placed_prefix;
+
 struct asym_bound {
     asym_relax *relax;
     int layers;
@@ -30,8 +45,9 @@ struct asym_bound {
     double *bottleneck; /* [layers + 1] the placed stages' least max C */
     double *relaxed;    /* [layers + 1] the stages to come's, with it */
     double *sum;        /* [layers + 1] their least sum T under a bound */
-    double *values;     /* scratch: a stage's C_i(l) and a merge */
+    double *values;     /* scratch: a stage's C_i(l) */
     int *order;         /* scratch */
+    placed_prefix kept;
 };
 
 /* ------------------------------------------------------ placed stages */
@@ -53,33 +69,45 @@ static double cost_at(const asym_placed *p, double weight, double work_floor,
 
 /* A floor of the largest per-step work of any completion: no less than
  * any placed stage's least W at the layers it may hold (the last stage
- * is placed first, and it pays the embedding's all-reduce). */
-static double least_max_work(const asym_placed *placed, int count, int layers)
+ * is placed first, and it pays the embedding's all-reduce). Kept by
+ * prefix: only the stages from the first changed one are read. */
+static double least_max_work(placed_prefix *kept, const asym_placed *placed,
+                             int count, int layers)
 {
-    double most = 0.0;
-    for (int i = 0; i < count; i++) {
+    int from = kept->valid < count ? kept->valid : count;
+    for (int i = from; i < count; i++) {
         const asym_placed *p = &placed[i];
         double least = INFINITY;
         for (int l = most_layers(p, layers); l >= 0; l--)
             least = asym_min(least, p->work[l]);
-        most = asym_max(most, least + p->extra);
+        kept->least_work[i + 1] = asym_max(kept->least_work[i],
+                                           least + p->extra);
+        /* the merges past i were of other stages: taken again */
+        kept->floor_at[i + 1] = NAN;
     }
-    return most;
+    if (kept->valid < count)
+        kept->valid = count;
+    return kept->least_work[count];
 }
 
 /* The least max over the placed stages of C_i(l_i) for holding x layers,
  * for every x: the x-th least of every stage's C of one more layer (each
  * made non-decreasing from the right: a lower C at more layers counts
  * for fewer), no lower than any stage's C of none; INFINITY past what
- * they hold. The stages' rows are merged into out one by one, only the
- * least `layers` kept (row, merged: scratch of layers + 1). */
-static void least_bottleneck(const asym_placed *placed, int count,
-                             int layers, double weight, double work_floor,
-                             double *row, double *merged, double *out)
+ * they hold. The stages' rows are merged one by one, only the least
+ * `layers` kept, each merge kept by prefix (row: scratch of layers + 1);
+ * a merge is taken again from the first stage whose kept one was at
+ * another work floor or weight. */
+static void least_bottleneck(placed_prefix *kept, const asym_placed *placed,
+                             int count, int layers, double weight,
+                             double work_floor, double *row, double *out)
 {
-    double none = 0.0;
-    int have = 0; /* out[1..have]: the least values so far, in order */
-    for (int i = 0; i < count; i++) {
+    size_t width = (size_t)layers + 1;
+    int from = 0;
+    while (from < count && kept->floor_at[from + 1] == work_floor &&
+           kept->weight_at[from + 1] == weight)
+        from++;
+    for (int i = from; i < count; i++) {
         const asym_placed *p = &placed[i];
         int most = most_layers(p, layers);
         double right = INFINITY;
@@ -88,34 +116,36 @@ static void least_bottleneck(const asym_placed *placed, int count,
                 right = asym_min(right, cost_at(p, weight, work_floor, l));
             row[l] = right;
         }
-        none = asym_max(none, row[0]);
+        /* out[1..have]: the least values so far, in order */
+        const double *so_far = kept->merged + (size_t)i * width;
+        double *merged = kept->merged + (size_t)(i + 1) * width;
+        int have = i == 0 ? 0 : layers;
         int a = 1, r = 1, n = 0;
         while (n < layers)
-            merged[++n] = a <= have && !(row[r] < out[a]) ? out[a++]
-                                                          : row[r++];
-        memcpy(out + 1, merged + 1, sizeof(double) * (size_t)n);
-        have = n;
+            merged[++n] = a <= have && !(row[r] < so_far[a]) ? so_far[a++]
+                                                             : row[r++];
+        kept->none[i + 1] = asym_max(kept->none[i], row[0]);
+        kept->floor_at[i + 1] = work_floor;
+        kept->weight_at[i + 1] = weight;
     }
+    const double *merged = kept->merged + (size_t)count * width;
+    double none = kept->none[count];
+    int have = count == 0 ? 0 : layers;
     out[0] = none;
     for (int x = 1; x <= layers; x++)
-        out[x] = x <= have ? asym_max(none, out[x]) : INFINITY;
+        out[x] = x <= have ? asym_max(none, merged[x]) : INFINITY;
 }
 
-static const asym_placed *by_pace_base;
-static int compare_pace(const void *a, const void *b)
-{
-    double x = by_pace_base[*(const int *)a].pace,
-           y = by_pace_base[*(const int *)b].pace;
-    return (x > y) - (x < y);
-}
-
-/* The placed stages' indices by pace, cheapest first, into order. */
+/* The placed stages' indices by pace, cheapest first, into order (ties
+ * in placing order; an insertion sort: there are few). */
 static void sort_by_pace(const asym_placed *placed, int count, int *order)
 {
-    for (int i = 0; i < count; i++)
-        order[i] = i;
-    by_pace_base = placed;
-    qsort(order, (size_t)count, sizeof *order, compare_pace);
+    for (int i = 0; i < count; i++) {
+        int j = i;
+        for (; j > 0 && placed[order[j - 1]].pace > placed[i].pace; j--)
+            order[j] = order[j - 1];
+        order[j] = i;
+    }
 }
 
 /* The least sum of T over the placed stages (order: by pace) holding x
@@ -184,9 +214,9 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
         return NAN;
     if (view.infeasible)
         return INFINITY;
-    b->work_floor = least_max_work(q->placed, q->count, layers);
-    least_bottleneck(q->placed, q->count, layers, weight, b->work_floor,
-                     b->values, b->values + layers + 1, b->bottleneck);
+    b->work_floor = least_max_work(&b->kept, q->placed, q->count, layers);
+    least_bottleneck(&b->kept, q->placed, q->count, layers, weight,
+                     b->work_floor, b->values, b->bottleneck);
     /* the stages to come: max C, and max (m - 1) T plus the work floor */
     for (int y = 0; y <= layers; y++)
         b->relaxed[y] = asym_max(view.bottleneck[y],
@@ -248,13 +278,29 @@ int asym_bound_open(asym_bound **out, asym_relax *relax, int layers,
     b->bottleneck = malloc(sizeof(double) * cells);
     b->sum = malloc(sizeof(double) * cells);
     b->relaxed = malloc(sizeof(double) * cells);
-    b->values = malloc(sizeof(double) * cells * 2);
+    b->values = malloc(sizeof(double) * cells);
     b->order = malloc(sizeof(int) * (size_t)(ASYM_MAX_STAGES + 1));
+    placed_prefix *k = &b->kept;
+    size_t entries = (size_t)ASYM_MAX_STAGES + 1;
+    k->least_work = calloc(entries, sizeof(double));
+    k->floor_at = malloc(sizeof(double) * entries);
+    k->weight_at = malloc(sizeof(double) * entries);
+    k->none = calloc(entries, sizeof(double));
+    k->merged = malloc(sizeof(double) * entries * cells);
     if (b->bottleneck == NULL || b->sum == NULL || b->relaxed == NULL ||
-        b->values == NULL ||
-        b->order == NULL)
+        b->values == NULL || b->order == NULL || k->least_work == NULL ||
+        k->floor_at == NULL || k->weight_at == NULL || k->none == NULL ||
+        k->merged == NULL)
         return pt_fail(err, "search: out of memory for the floors");
+    for (size_t i = 0; i < entries; i++)
+        k->floor_at[i] = k->weight_at[i] = NAN;
     return 0;
+}
+
+void asym_bound_forget(asym_bound *b, int stage)
+{
+    if (b->kept.valid > stage)
+        b->kept.valid = stage;
 }
 
 void asym_bound_close(asym_bound *b)
@@ -267,5 +313,10 @@ void asym_bound_close(asym_bound *b)
     free(b->relaxed);
     free(b->values);
     free(b->order);
+    free(b->kept.least_work);
+    free(b->kept.floor_at);
+    free(b->kept.weight_at);
+    free(b->kept.none);
+    free(b->kept.merged);
     free(b);
 }
