@@ -36,6 +36,8 @@ typedef struct placed_prefix {
     double *weight_at;   /* [stages + 1] */
     double *none;        /* [stages + 1] the greatest C of no layers */
     double *merged;      /* [(stages + 1) x (layers + 1)] */
+    double *rows;        /* [stages x (layers + 1)] stage i's C of l or more
+                            layers, the least (non-decreasing in l) */
 } placed_prefix;
 
 struct asym_bound {
@@ -45,7 +47,6 @@ struct asym_bound {
     double *bottleneck; /* [layers + 1] the placed stages' least max C */
     double *relaxed;    /* [layers + 1] the stages to come's, with it */
     double *sum;        /* [layers + 1] their least sum T under a bound */
-    double *values;     /* scratch: a stage's C_i(l) */
     int *order;         /* scratch */
     placed_prefix kept;
 };
@@ -100,7 +101,7 @@ static double least_max_work(placed_prefix *kept, const asym_placed *placed,
  * another work floor or weight. */
 static void least_bottleneck(placed_prefix *kept, const asym_placed *placed,
                              int count, int layers, double weight,
-                             double work_floor, double *row, double *out)
+                             double work_floor, double *out)
 {
     size_t width = (size_t)layers + 1;
     int from = 0;
@@ -110,7 +111,7 @@ static void least_bottleneck(placed_prefix *kept, const asym_placed *placed,
     for (int i = from; i < count; i++) {
         const asym_placed *p = &placed[i];
         int most = most_layers(p, layers);
-        double right = INFINITY;
+        double right = INFINITY, *row = kept->rows + (size_t)i * width;
         for (int l = layers; l >= 0; l--) {
             if (l <= most)
                 right = asym_min(right, cost_at(p, weight, work_floor, l));
@@ -148,12 +149,31 @@ static void sort_by_pace(const asym_placed *placed, int count, int *order)
     }
 }
 
+/* The most layers l with row[l] within `bound` (-1: none): row is
+ * non-decreasing, so the most layers a stage holds with its C within
+ * the bound. */
+static int room_within(const double *row, int layers, double bound)
+{
+    if (!(row[0] <= bound))
+        return -1;
+    int lo = 0, hi = layers;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (row[mid] <= bound)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 /* The least sum of T over the placed stages (order: by pace) holding x
- * layers, each at most the most layers whose C is within `bound`:
- * their fixed times and the cheapest layers first. */
-static void least_sum(const asym_placed *placed, const int *order, int count,
-                      int layers, double weight, double work_floor,
-                      double bound, double *out)
+ * layers, each at most the most layers whose C is within `bound` (read
+ * from their rows, as least_bottleneck left them): their fixed times and
+ * the cheapest layers first. */
+static void least_sum(const placed_prefix *kept, const asym_placed *placed,
+                      const int *order, int count, int layers, double bound,
+                      double *out)
 {
     for (int x = 0; x <= layers; x++)
         out[x] = INFINITY;
@@ -163,10 +183,8 @@ static void least_sum(const asym_placed *placed, const int *order, int count,
     int held = 0;
     for (int i = 0; i < count; i++) {
         const asym_placed *p = &placed[order[i]];
-        int room = most_layers(p, layers);
-        while (room >= 0 &&
-               !(cost_at(p, weight, work_floor, room) <= bound))
-            room--;
+        int room = room_within(kept->rows + (size_t)order[i] * (layers + 1),
+                               layers, bound);
         if (room < 0) {
             for (int x = 0; x <= layers; x++)
                 out[x] = INFINITY;
@@ -192,14 +210,14 @@ static double meet(const double *a, const double *b, int layers, bool add)
 
 /* The least sum of T of a completion under interval j's bound. */
 static int interval_sum(asym_bound *b, const asym_floor_query *q,
-                        const asym_relax_view *view, int j, double weight,
-                        double *out, pt_error *err)
+                        const asym_relax_view *view, int j, double *out,
+                        pt_error *err)
 {
     const double *rest = NULL;
     if (asym_relax_sum(b->relax, view, j, &rest, err) != 0)
         return -1;
-    least_sum(q->placed, b->order, q->count, b->layers, weight,
-              b->work_floor, view->bounds[j + 1], b->sum);
+    least_sum(&b->kept, q->placed, b->order, q->count, b->layers,
+              view->bounds[j + 1], b->sum);
     *out = meet(b->sum, rest, b->layers, true);
     return 0;
 }
@@ -216,7 +234,7 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
         return INFINITY;
     b->work_floor = least_max_work(&b->kept, q->placed, q->count, layers);
     least_bottleneck(&b->kept, q->placed, q->count, layers, weight,
-                     b->work_floor, b->values, b->bottleneck);
+                     b->work_floor, b->bottleneck);
     /* the stages to come: max C, and max (m - 1) T plus the work floor */
     for (int y = 0; y <= layers; y++)
         b->relaxed[y] = asym_max(view.bottleneck[y],
@@ -228,7 +246,7 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
     /* the last interval is open: its sum floors every interval's */
     int last = view.interval_count - 1;
     double unbounded;
-    if (interval_sum(b, q, &view, last, weight, &unbounded, err) != 0)
+    if (interval_sum(b, q, &view, last, &unbounded, err) != 0)
         return NAN;
     /* the intervals from the top down: a tighter bound never lowers the
        least sum, so the sum of an interval above floors every interval
@@ -254,7 +272,7 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
             break;
         }
         if (j < last &&
-            interval_sum(b, q, &view, j, weight, &cover, err) != 0)
+            interval_sum(b, q, &view, j, &cover, err) != 0)
             return NAN;
         best = fmin(best, from + cover);
     }
@@ -278,7 +296,6 @@ int asym_bound_open(asym_bound **out, asym_relax *relax, int layers,
     b->bottleneck = malloc(sizeof(double) * cells);
     b->sum = malloc(sizeof(double) * cells);
     b->relaxed = malloc(sizeof(double) * cells);
-    b->values = malloc(sizeof(double) * cells);
     b->order = malloc(sizeof(int) * (size_t)(ASYM_MAX_STAGES + 1));
     placed_prefix *k = &b->kept;
     size_t entries = (size_t)ASYM_MAX_STAGES + 1;
@@ -287,8 +304,9 @@ int asym_bound_open(asym_bound **out, asym_relax *relax, int layers,
     k->weight_at = malloc(sizeof(double) * entries);
     k->none = calloc(entries, sizeof(double));
     k->merged = malloc(sizeof(double) * entries * cells);
+    k->rows = malloc(sizeof(double) * entries * cells);
     if (b->bottleneck == NULL || b->sum == NULL || b->relaxed == NULL ||
-        b->values == NULL || b->order == NULL || k->least_work == NULL ||
+        b->order == NULL || k->least_work == NULL || k->rows == NULL ||
         k->floor_at == NULL || k->weight_at == NULL || k->none == NULL ||
         k->merged == NULL)
         return pt_fail(err, "search: out of memory for the floors");
@@ -311,12 +329,12 @@ void asym_bound_close(asym_bound *b)
     free(b->bottleneck);
     free(b->sum);
     free(b->relaxed);
-    free(b->values);
     free(b->order);
     free(b->kept.least_work);
     free(b->kept.floor_at);
     free(b->kept.weight_at);
     free(b->kept.none);
     free(b->kept.merged);
+    free(b->kept.rows);
     free(b);
 }

@@ -279,6 +279,10 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
             const block *b = &t->blocks[k * t->ranks + i];
             for (int f = 0; f < flags; f++) {
                 const double *prev = &table[((n - g) * flags + f) * width];
+                /* a row is finite at no layers where it is anywhere
+                   (every block may hold none): none, nothing to join */
+                if (!(prev[0] < INFINITY))
+                    continue;
                 for (int role = 0; role < ASYM_ROLES; role++) {
                     int to = next_flags(f, role, flags);
                     int cap = b->cap[role] < layers ? b->cap[role] : layers;
