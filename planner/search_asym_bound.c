@@ -154,17 +154,16 @@ static void sort_by_pace(const asym_placed *placed, int count, int *order)
  * the bound. */
 static int room_within(const double *row, int layers, double bound)
 {
-    if (!(row[0] <= bound))
-        return -1;
-    int lo = 0, hi = layers;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (row[mid] <= bound)
-            lo = mid;
+    /* row[l] <= bound for every l < low, above it for every l >= high */
+    int low = 0, high = layers + 1;
+    while (low < high) {
+        int middle = low + (high - low) / 2;
+        if (row[middle] <= bound)
+            low = middle + 1;
         else
-            hi = mid - 1;
+            high = middle;
     }
-    return lo;
+    return low - 1;
 }
 
 /* The least sum of T over the placed stages (order: by pace) holding x
