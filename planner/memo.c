@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 uint64_t memo_hash(const void *key, size_t length)
 {
@@ -72,8 +73,15 @@ static int arena_take(memo_table *table, size_t length, size_t *offset)
         size_t size = table->arena_size ? 2 * table->arena_size : 65536;
         while (size < start + length)
             size *= 2;
-        unsigned char *arena = realloc(table->arena, size);
-        if (arena == NULL)
+        /* mapped pages of their own: growing moves the mapping, not the
+           bytes (a realloc would copy them into pages touched anew) */
+        void *arena =
+            table->arena == NULL
+                ? mmap(NULL, size, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                : mremap(table->arena, table->arena_size, size,
+                         MREMAP_MAYMOVE);
+        if (arena == MAP_FAILED)
             return -1;
         table->arena = arena;
         table->arena_size = size;
@@ -120,6 +128,7 @@ size_t memo_bytes(const memo_table *table)
 void memo_free(memo_table *table)
 {
     free(table->slots);
-    free(table->arena);
+    if (table->arena != NULL)
+        munmap(table->arena, table->arena_size);
     memset(table, 0, sizeof *table);
 }

@@ -17,10 +17,19 @@
 
 /* ------------------------------------------------------------ ranking */
 
+/* What the simulation of a kept candidate gives (a ranked_plan is
+ * written only for the few that can be ranked: each holds room for the
+ * most stages and nodes of any plan). */
+typedef struct simulated {
+    int kept; /* the candidate's index */
+    double step_time_s, tokens_per_s, tflops_per_gpu, cost_per_step_usd;
+    double peak_memory_gib_by_type[PLANNER_MAX_TYPES];
+} simulated;
+
 /* Peak memory per node type: the highest stage peak among the stages
  * that type's GPUs serve. */
 static void peak_by_type(const cluster *c, const asym_candidate *cand,
-                         const estimate *est, ranked_plan *out)
+                         const estimate *est, simulated *out)
 {
     long long position = 0;
     for (int i = 0; i < cand->node_count; i++) {
@@ -40,7 +49,7 @@ static void peak_by_type(const cluster *c, const asym_candidate *cand,
 
 /* Simulates a kept candidate; 1 when it fits (out filled), 0 when not. */
 static int simulate(costmodel *cm, const asym_candidate *cand,
-                    ranked_plan *out, pt_error *err)
+                    simulated *out, pt_error *err)
 {
     estimate est;
     if (costmodel_estimate_stages(cm, &cand->config, cand->stages,
@@ -49,13 +58,6 @@ static int simulate(costmodel *cm, const asym_candidate *cand,
         return -1;
     memset(out, 0, sizeof *out);
     int fits = est.fits;
-    out->config = cand->config;
-    out->node_count = cand->node_count;
-    int pp = cand->config.pp;
-    memcpy(out->node_order, cand->node_order,
-           sizeof(int) * (size_t)cand->node_count);
-    memcpy(out->partition, cand->partition, sizeof(int) * (size_t)pp);
-    memcpy(out->stages, cand->stages, sizeof(stage_degrees) * (size_t)pp);
     out->step_time_s = est.step_time_s;
     out->tokens_per_s = est.tokens_per_s;
     out->tflops_per_gpu = est.tflops_per_gpu;
@@ -70,10 +72,35 @@ static int simulate(costmodel *cm, const asym_candidate *cand,
     return fits;
 }
 
-static double objective_of(const search_options *o, const ranked_plan *p)
+/* The ranked plan of a simulated candidate. */
+static void ranked_of(const asym_candidate *cand, const simulated *sim,
+                      ranked_plan *out)
 {
-    return o->objective == OBJECTIVE_COST ? p->cost_per_step_usd
-                                          : p->step_time_s;
+    memset(out, 0, sizeof *out);
+    out->config = cand->config;
+    out->node_count = cand->node_count;
+    int pp = cand->config.pp;
+    memcpy(out->node_order, cand->node_order,
+           sizeof(int) * (size_t)cand->node_count);
+    memcpy(out->partition, cand->partition, sizeof(int) * (size_t)pp);
+    memcpy(out->stages, cand->stages, sizeof(stage_degrees) * (size_t)pp);
+    out->step_time_s = sim->step_time_s;
+    out->tokens_per_s = sim->tokens_per_s;
+    out->tflops_per_gpu = sim->tflops_per_gpu;
+    out->cost_per_step_usd = sim->cost_per_step_usd;
+    memcpy(out->peak_memory_gib_by_type, sim->peak_memory_gib_by_type,
+           sizeof out->peak_memory_gib_by_type);
+}
+
+static double objective_of(const search_options *o, double step_time_s,
+                           double cost_per_step_usd)
+{
+    return o->objective == OBJECTIVE_COST ? cost_per_step_usd : step_time_s;
+}
+
+static double ranked_objective(const search_options *o, const ranked_plan *p)
+{
+    return objective_of(o, p->step_time_s, p->cost_per_step_usd);
 }
 
 /* The symmetric plans and the simulated asymmetric ones that fit, merged
@@ -90,8 +117,8 @@ static int merge(const search_options *o, search_result *out,
     for (int i = 0; i < kept; i++) {
         bool take_symmetric =
             a < out->plan_count &&
-            (b == extra_count || objective_of(o, &out->plans[a]) <=
-                                     objective_of(o, &extra[b]));
+            (b == extra_count || ranked_objective(o, &out->plans[a]) <=
+                                     ranked_objective(o, &extra[b]));
         merged[i] = take_symmetric ? out->plans[a++] : extra[b++];
     }
     free(out->plans);
@@ -100,31 +127,43 @@ static int merge(const search_options *o, search_result *out,
     return 0;
 }
 
-static int compare_ranked(const void *x, const void *y, void *context)
+/* By the objective; on a tie in the order kept (by score). */
+static int compare_simulated(const void *x, const void *y, void *context)
 {
     const search_options *o = context;
-    double a = objective_of(o, x), b = objective_of(o, y);
-    return (a > b) - (a < b);
+    const simulated *p = x, *q = y;
+    double a = objective_of(o, p->step_time_s, p->cost_per_step_usd),
+           b = objective_of(o, q->step_time_s, q->cost_per_step_usd);
+    if (a != b)
+        return (a > b) - (a < b);
+    return (p->kept > q->kept) - (p->kept < q->kept);
 }
 
-/* Simulates the kept candidates and merges those that fit. */
+/* Simulates the kept candidates and merges those that fit (at most
+ * `keep` of them can be among the plans kept). */
 static int rank_kept(asym_walk *w, search_result *out, pt_error *err)
 {
-    ranked_plan *plans = calloc((size_t)w->kept_count + 1, sizeof *plans);
-    if (plans == NULL)
-        return pt_fail(err, "search: out of memory for the ranking");
-    int count = 0, rc = 0;
+    simulated *sims = calloc((size_t)w->kept_count + 1, sizeof *sims);
+    int keep = w->options->keep, count = 0, rc = 0;
+    ranked_plan *plans = calloc((size_t)keep + 1, sizeof *plans);
+    if (sims == NULL || plans == NULL)
+        rc = pt_fail(err, "search: out of memory for the ranking");
     for (int i = 0; i < w->kept_count && rc == 0; i++) {
-        int fits = simulate(w->cm, &w->kept[i], &plans[count], err);
+        int fits = simulate(w->cm, &w->kept[i], &sims[count], err);
         rc = fits < 0 ? -1 : 0;
+        sims[count].kept = i;
         count += fits > 0;
     }
     if (rc == 0) {
-        qsort_r(plans, (size_t)count, sizeof *plans, compare_ranked,
+        qsort_r(sims, (size_t)count, sizeof *sims, compare_simulated,
                 (void *)w->options);
-        rc = merge(w->options, out, plans, count, err);
+        int ranked = count < keep ? count : keep;
+        for (int i = 0; i < ranked; i++)
+            ranked_of(&w->kept[sims[i].kept], &sims[i], &plans[i]);
+        rc = merge(w->options, out, plans, ranked, err);
     }
     free(plans);
+    free(sims);
     return rc;
 }
 
@@ -144,7 +183,9 @@ int planner_search_asymmetric(costmodel *cm, const search_options *options,
     w.capacity = 2 * options->keep > ASYM_SHORTLIST_MINIMUM
                      ? 2 * options->keep
                      : ASYM_SHORTLIST_MINIMUM;
-    w.kept = calloc((size_t)w.capacity, sizeof *w.kept);
+    /* not zeroed: a kept candidate is written as far as its stages and
+       nodes reach (search_asym_score.c), and only that far read */
+    w.kept = malloc((size_t)w.capacity * sizeof *w.kept);
     int rc = w.kept == NULL ? pt_fail(err, "search: out of memory") : 0;
     if (rc == 0)
         rc = asym_walk_tree(&w) != 0 ? -1 : rank_kept(&w, out, err);
