@@ -205,6 +205,17 @@ double shortlist_threshold(const shortlist *list);
 /* Keeps a copy of the candidate when it is among the capacity best and no
  * candidate with the same task and key is there. */
 void shortlist_offer(shortlist *list, const candidate *offered);
+
+/* What simulating a placement gives the ranking, before a ranked_plan
+ * is written for it (a ranked_plan has room for the most stages and
+ * nodes of any plan: the rankings write one only for the few kept). */
+typedef struct simulated_figures {
+    double step_time_s, tokens_per_s, tflops_per_gpu, cost_per_step_usd;
+    double peak_memory_gib_by_type[PLANNER_MAX_TYPES];
+} simulated_figures;
+
+/* The figures into a ranked plan (shortlist.c). */
+void ranked_take_figures(ranked_plan *out, const simulated_figures *f);
 /* Bytes of the key of pp stages. */
 int shortlist_key_bytes(int pp);
 /* Writes the key of a placement (its stages' facts and its embedding

@@ -22,14 +22,13 @@
  * most stages and nodes of any plan). */
 typedef struct simulated {
     int kept; /* the candidate's index */
-    double step_time_s, tokens_per_s, tflops_per_gpu, cost_per_step_usd;
-    double peak_memory_gib_by_type[PLANNER_MAX_TYPES];
+    simulated_figures figures;
 } simulated;
 
 /* Peak memory per node type: the highest stage peak among the stages
  * that type's GPUs serve. */
 static void peak_by_type(const cluster *c, const asym_candidate *cand,
-                         const estimate *est, simulated *out)
+                         const estimate *est, simulated_figures *out)
 {
     long long position = 0;
     for (int i = 0; i < cand->node_count; i++) {
@@ -58,16 +57,17 @@ static int simulate(costmodel *cm, const asym_candidate *cand,
         return -1;
     memset(out, 0, sizeof *out);
     int fits = est.fits;
-    out->step_time_s = est.step_time_s;
-    out->tokens_per_s = est.tokens_per_s;
-    out->tflops_per_gpu = est.tflops_per_gpu;
+    simulated_figures *f = &out->figures;
+    f->step_time_s = est.step_time_s;
+    f->tokens_per_s = est.tokens_per_s;
+    f->tflops_per_gpu = est.tflops_per_gpu;
     double per_hour = 0.0;
     for (int i = 0; i < cand->node_count; i++)
         per_hour += cm->cluster->types[cluster_node_type(
                                            cm->cluster, cand->node_order[i])]
                         .price_per_hour;
-    out->cost_per_step_usd = est.step_time_s / 3600.0 * per_hour;
-    peak_by_type(cm->cluster, cand, &est, out);
+    f->cost_per_step_usd = est.step_time_s / 3600.0 * per_hour;
+    peak_by_type(cm->cluster, cand, &est, f);
     estimate_free(&est);
     return fits;
 }
@@ -84,12 +84,7 @@ static void ranked_of(const asym_candidate *cand, const simulated *sim,
            sizeof(int) * (size_t)cand->node_count);
     memcpy(out->partition, cand->partition, sizeof(int) * (size_t)pp);
     memcpy(out->stages, cand->stages, sizeof(stage_degrees) * (size_t)pp);
-    out->step_time_s = sim->step_time_s;
-    out->tokens_per_s = sim->tokens_per_s;
-    out->tflops_per_gpu = sim->tflops_per_gpu;
-    out->cost_per_step_usd = sim->cost_per_step_usd;
-    memcpy(out->peak_memory_gib_by_type, sim->peak_memory_gib_by_type,
-           sizeof out->peak_memory_gib_by_type);
+    ranked_take_figures(out, &sim->figures);
 }
 
 static double objective_of(const search_options *o, double step_time_s,
@@ -132,8 +127,10 @@ static int compare_simulated(const void *x, const void *y, void *context)
 {
     const search_options *o = context;
     const simulated *p = x, *q = y;
-    double a = objective_of(o, p->step_time_s, p->cost_per_step_usd),
-           b = objective_of(o, q->step_time_s, q->cost_per_step_usd);
+    double a = objective_of(o, p->figures.step_time_s,
+                            p->figures.cost_per_step_usd),
+           b = objective_of(o, q->figures.step_time_s,
+                            q->figures.cost_per_step_usd);
     if (a != b)
         return (a > b) - (a < b);
     return (p->kept > q->kept) - (p->kept < q->kept);
