@@ -37,6 +37,16 @@ typedef struct dp_overlap_options {
 /* The defaults: off, 25 MiB buckets, fraction 1. */
 dp_overlap_options dp_overlap_defaults(void);
 
+/* The shape coverage notes of a node type as formatted (price.c): they
+ * depend only on its profile and the model, every pricing of the type
+ * adds them again, and formatting them is dear. */
+#define COSTMODEL_COVERAGE_MEMO 8
+typedef struct coverage_memo {
+    const profile *profile; /* whose notes these are; NULL: none yet */
+    int count;
+    char text[2][256];
+} coverage_memo;
+
 /* Owns the profiles of a cluster's GPU types for one model. Built once;
  * afterwards an estimate writes it only to add a note it does not hold
  * yet. Threads may share one costmodel after costmodel_prepare (below),
@@ -58,6 +68,9 @@ typedef struct costmodel {
      * COSTMODEL_MAX_NOTES, the last of which then says more were left out. */
     int note_count;
     char notes[COSTMODEL_MAX_NOTES][256];
+    /* the first types' coverage notes, kept by costmodel_open's memset
+       and the notes' own writes: a copy of the costmodel keeps them */
+    coverage_memo coverage[COSTMODEL_COVERAGE_MEMO];
     /* dp_overlap_defaults() after costmodel_open; callers may change it
      * before estimating. */
     dp_overlap_options dp_overlap;

@@ -6,6 +6,7 @@
  * the list of how each part was priced, for the estimate.
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -127,7 +128,22 @@ static void describe_neighbours(const shape_neighbours *near, char *out,
                  "each part's work", a);
 }
 
-void costmodel_note_shape_coverage(costmodel *cm, int type_index)
+/* One coverage note into the memo, formatted as costmodel_add_note
+ * formats it. */
+static void coverage_note(coverage_memo *memo, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void coverage_note(coverage_memo *memo, const char *format, ...)
+{
+    va_list args;
+    va_start(args, format);
+    vsnprintf(memo->text[memo->count++], sizeof memo->text[0], format, args);
+    va_end(args);
+}
+
+/* The notes costmodel_note_shape_coverage adds for the type, in order. */
+static void coverage_notes(const costmodel *cm, int type_index,
+                      coverage_memo *memo)
 {
     const profile *prof = &cm->profiles[type_index];
     const model_shape *m = &cm->model;
@@ -136,50 +152,65 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
         return;
     if (!model_is_gpt(m) && prof->shape_count > 0 &&
         !holds_architecture(prof, m))
-        costmodel_add_note(cm,
-                           "%s: the profile measured no layer of %s's "
-                           "architecture (%s, %s, %s positions, %d key/value "
-                           "heads of %d); it is priced from its own FLOPs "
-                           "and bytes, not a GPT-2 layer's times "
-                           "(docs/cost-model.md, \"Llama-family layers\"; "
-                           "`partita profile --missing-only` measures it)",
-                           prof->gpu, m->name, model_norm_name(m->norm),
-                           model_mlp_name(m->mlp),
-                           model_positions_name(m->positions),
-                           model_kv_heads(m), m->heads);
+        coverage_note(memo,
+                      "%s: the profile measured no layer of %s's "
+                      "architecture (%s, %s, %s positions, %d key/value "
+                      "heads of %d); it is priced from its own FLOPs "
+                      "and bytes, not a GPT-2 layer's times "
+                      "(docs/cost-model.md, \"Llama-family layers\"; "
+                      "`partita profile --missing-only` measures it)",
+                      prof->gpu, m->name, model_norm_name(m->norm),
+                      model_mlp_name(m->mlp),
+                      model_positions_name(m->positions),
+                      model_kv_heads(m), m->heads);
     char key[160];
     shape_key_text(m, key, sizeof key);
     if (lookup_shape_neighbours(prof, m, 1, &near)) {
         char how[400];
         describe_neighbours(&near, how, sizeof how);
-        costmodel_add_note(cm,
-                           "%s: the profile holds no layer shape %s; %s "
-                           "(each part a power law of its work; "
-                           "docs/profiles.md states the error)",
-                           prof->gpu, key, how);
+        coverage_note(memo,
+                      "%s: the profile holds no layer shape %s; %s "
+                      "(each part a power law of its work; "
+                      "docs/profiles.md states the error)",
+                      prof->gpu, key, how);
         return;
     }
     if (check_efficiency_model(cm, &cm->profiles[type_index], NULL))
         return;
     if (prof->roofline.present) {
-        costmodel_add_note(cm,
-                           "%s: %s profile without measured times for %s; "
-                           "priced by its roofline (%.0f TFLOP/s, %.0f GB/s, "
-                           "%d SMs, efficiencies fitted on %s)",
-                           prof->gpu, profile_source_name(prof->source), key,
-                           prof->peak_tflops, prof->memory_bandwidth_GBps,
-                           prof->sm_limit > 0 ? prof->sm_limit : prof->sms,
-                           prof->source == PROFILE_DERIVED
-                               ? "what its provenance names"
-                               : "its own measured times");
+        coverage_note(memo,
+                      "%s: %s profile without measured times for %s; "
+                      "priced by its roofline (%.0f TFLOP/s, %.0f GB/s, "
+                      "%d SMs, efficiencies fitted on %s)",
+                      prof->gpu, profile_source_name(prof->source), key,
+                      prof->peak_tflops, prof->memory_bandwidth_GBps,
+                      prof->sm_limit > 0 ? prof->sm_limit : prof->sms,
+                      prof->source == PROFILE_DERIVED
+                          ? "what its provenance names"
+                          : "its own measured times");
         return;
     }
-    costmodel_add_note(cm,
-                       "%s: the profile holds no layer shape %s; priced by "
-                       "the efficiency model (%.0f TFLOP/s peak x %.3f %s)",
-                       prof->gpu, key,
-                       prof->peak_tflops, model_efficiency(prof, m),
-                       prof->flops_efficiency > 0.0 ? "given" : "fitted");
+    coverage_note(memo,
+                  "%s: the profile holds no layer shape %s; priced by "
+                  "the efficiency model (%.0f TFLOP/s peak x %.3f %s)",
+                  prof->gpu, key,
+                  prof->peak_tflops, model_efficiency(prof, m),
+                  prof->flops_efficiency > 0.0 ? "given" : "fitted");
+}
+
+void costmodel_note_shape_coverage(costmodel *cm, int type_index)
+{
+    const profile *prof = &cm->profiles[type_index];
+    coverage_memo fresh, *memo = type_index < COSTMODEL_COVERAGE_MEMO
+                                     ? &cm->coverage[type_index]
+                                     : &fresh;
+    if (memo == &fresh || memo->profile != prof) {
+        memo->profile = prof;
+        memo->count = 0;
+        coverage_notes(cm, type_index, memo);
+    }
+    for (int i = 0; i < memo->count; i++)
+        costmodel_add_note(cm, "%s", memo->text[i]);
 }
 
 /* Prices the three parts from FLOPs and bytes for a shape the profile
