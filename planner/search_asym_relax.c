@@ -29,6 +29,8 @@
 #define INTERVALS 48
 #define FIRST_WIDTH (1.0 / 1024.0)
 #define WIDTH_GROWTH 1.25
+/* run_table's mark of a row whose last finite entry is not known yet. */
+#define FINITE_UNKNOWN (-2)
 /* The tables are a cache: dropped past this size. */
 #define TABLE_BYTES ((size_t)512 << 20)
 
@@ -82,6 +84,7 @@ struct asym_relax {
     memo_table levels;                 /* table_level's, by its question */
     size_t table_bytes;
     window deque;                      /* [layers + 1] each */
+    int *finite;       /* [(GPUs + 1) x 4]: run_table's rows' last_finite */
     double *none;      /* [layers + 1]: no stage to come (0, then INF) */
 };
 
@@ -198,17 +201,50 @@ static void join_max(const double *prev, const block *b, int role, int cap,
     }
 }
 
-/* out[y] = min(out[y], min over x <= room of prev[y - x] + fixed +
- * pace x): a window minimum of prev[z] - pace z, over the z where prev
- * is finite (from 0 up to its last finite one; past it every y further
- * than room stays as it is). */
-static void join_sum(const double *prev, double fixed, double pace, int room,
-                     int layers, window *deque, double *out)
+/* The last layer count at which a row is finite (-1: none). */
+static int last_finite(const double *row, int layers)
 {
     int finite = layers;
-    while (finite >= 0 && !(prev[finite] < INFINITY))
+    while (finite >= 0 && !(row[finite] < INFINITY))
         finite--;
+    return finite;
+}
+
+/* join_sum where no z leaves the window (room reaches every y): the
+ * least prev[z] - pace z so far, the latest z on a tie, as the window's
+ * deque keeps it. */
+static void join_sum_open(const double *prev, double fixed, double pace,
+                          int finite, int last, double *out)
+{
+    double least = INFINITY;
+    int z = 0;
+    for (int y = 0; y <= last; y++) {
+        if (y <= finite) {
+            double value = prev[y] - pace * y;
+            if (value <= least) {
+                least = value;
+                z = y;
+            }
+        }
+        double best = prev[z] + fixed + pace * (y - z);
+        if (best < out[y])
+            out[y] = best;
+    }
+}
+
+/* out[y] = min(out[y], min over x <= room of prev[y - x] + fixed +
+ * pace x): a window minimum of prev[z] - pace z, over the z where prev
+ * is finite (from 0 up to `finite`, its last finite one; past it every
+ * y further than room stays as it is). */
+static void join_sum(const double *prev, int finite, double fixed,
+                     double pace, int room, int layers, window *deque,
+                     double *out)
+{
     int last = finite + room < layers ? finite + room : layers;
+    if (room >= last) {
+        join_sum_open(prev, fixed, pace, finite, last, out);
+        return;
+    }
     int head = 0, tail = 0;
     for (int y = 0; y <= last; y++) {
         if (y <= finite) {
@@ -270,6 +306,9 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
         table[i] = INFINITY;
     if (from == 0)
         table[0] = 0.0;
+    if (kind == TABLE_SUM)
+        for (int i = 0; i < (to + 1) * flags; i++)
+            r->finite[i] = FINITE_UNKNOWN;
     for (int n = from > 1 ? from : 1; n <= to; n++) {
         int i = position_of(t, n - 1);
         for (int k = 0; k < mb->count; k++) {
@@ -295,9 +334,13 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
                         continue;
                     }
                     int room = room_under(b, role, cap, weight, bound);
-                    if (room >= 0)
-                        join_sum(prev, b->fixed[role], b->pace, room, layers,
-                                 &r->deque, out);
+                    if (room < 0)
+                        continue;
+                    int *finite = &r->finite[(n - g) * flags + f];
+                    if (*finite == FINITE_UNKNOWN)
+                        *finite = last_finite(prev, layers);
+                    join_sum(prev, *finite, b->fixed[role], b->pace, room,
+                             layers, &r->deque, out);
                 }
             }
         }
@@ -648,8 +691,9 @@ int asym_relax_open(asym_relax **out, costmodel *cm,
     r->deque.at = malloc(sizeof(int) * (size_t)(r->layers + 1));
     r->deque.value = malloc(sizeof(double) * (size_t)(r->layers + 1));
     r->none = malloc(sizeof(double) * (size_t)(r->layers + 1));
+    r->finite = malloc(sizeof(int) * 4 * ((size_t)cluster_gpu_count(c) + 1));
     if (r->states == NULL || r->deque.at == NULL || r->deque.value == NULL ||
-        r->none == NULL)
+        r->none == NULL || r->finite == NULL)
         return pt_fail(err, "search: out of memory for the floors");
     r->none[0] = 0.0;
     for (int l = 1; l <= r->layers; l++)
@@ -668,5 +712,6 @@ void asym_relax_close(asym_relax *r)
     free(r->deque.at);
     free(r->deque.value);
     free(r->none);
+    free(r->finite);
     free(r);
 }
