@@ -66,6 +66,27 @@ int search_try_interleave(costmodel *cm, const search_options *options,
  * count (tp groups of whole nodes), among the types that have nodes. */
 bool search_tp_fits(const cluster *c, int tp);
 
+/* ------------------------------------------------------------ region */
+
+/* A bump allocator over a reservation of address space advised for huge
+ * pages (region.c): few page faults for tables filled piece by piece.
+ * Its memory is not zeroed; it is all given back at once. */
+typedef struct region {
+    unsigned char *base; /* NULL: no reservation (region_take: NULL) */
+    size_t reserved, used;
+} region;
+
+void region_open(region *r, size_t reserve);
+/* `bytes` of the region, 64-byte aligned; NULL when it has no room (the
+ * caller then mallocs, and region_release frees what it did not take). */
+void *region_take(region *r, size_t bytes);
+bool region_holds(const region *r, const void *p);
+/* Frees p unless the region holds it (NULL: nothing). */
+void region_release(region *r, void *p);
+/* Everything taken given back (the pages stay, as they are). */
+void region_reset(region *r);
+void region_close(region *r);
+
 /* ------------------------------------------------------ the thread pool */
 
 /* Runs work(context, worker, item) for item 0..item_count-1 on `threads`
@@ -98,6 +119,7 @@ typedef struct memo_table {
     memo_entry *slots;          /* key_length 0 = empty slot */
     unsigned char *arena;
     size_t arena_used, arena_size;
+    bool arena_huge;            /* moved to a reservation for huge pages */
 } memo_table;
 
 uint64_t memo_hash(const void *key, size_t length);

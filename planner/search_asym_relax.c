@@ -33,6 +33,10 @@
 #define FINITE_UNKNOWN (-2)
 /* The tables are a cache: dropped past this size. */
 #define TABLE_BYTES ((size_t)512 << 20)
+/* The address space their arrays are taken from: the tables' bytes and
+ * their blocks, and room for a view's worth more before they are dropped
+ * (past it they are malloc'd). */
+#define TABLE_REGION_BYTES ((size_t)1 << 30)
 
 enum { FLAG_FIRST = 1, FLAG_LAST = 2 };
 
@@ -85,6 +89,7 @@ struct asym_relax {
     size_t table_bytes;
     window deque;                      /* [layers + 1] each */
     int *finite;       /* [(GPUs + 1) x 4]: run_table's rows' last_finite */
+    region room;       /* the tables' arrays */
     double *none;      /* [layers + 1]: no stage to come (0, then INF) */
 };
 
@@ -347,16 +352,24 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
     }
 }
 
-static void free_table(relax_table *t)
+/* Room for a table's array: from the tables' region (malloc when it has
+ * none left). */
+static void *table_array(asym_relax *r, size_t bytes)
+{
+    void *room = region_take(&r->room, bytes);
+    return room != NULL ? room : malloc(bytes);
+}
+
+static void free_table(asym_relax *r, relax_table *t)
 {
     if (t == NULL)
         return;
-    free(t->bottleneck);
-    free(t->paced);
+    region_release(&r->room, t->bottleneck);
+    region_release(&r->room, t->paced);
     for (int j = 0; j <= INTERVALS; j++)
-        free(t->sums[j]);
-    free(t->blocks);
-    free(t->block_work);
+        region_release(&r->room, t->sums[j]);
+    region_release(&r->room, t->blocks);
+    region_release(&r->room, t->block_work);
     free(t);
 }
 
@@ -387,22 +400,23 @@ static relax_table *build_table(asym_relax *r, int batch, int mask,
     t->flags = root ? 4 : 2;
     int shapes = r->batches[batch].count;
     size_t cells = table_cells(t, r->layers);
-    t->blocks = calloc((size_t)shapes * (size_t)t->ranks + 1,
-                       sizeof *t->blocks);
-    t->block_work = malloc(sizeof(double) * ((size_t)shapes * t->ranks *
-                                                 ASYM_ROLES * (r->layers + 1) +
-                                             1));
-    t->bottleneck = malloc(sizeof(double) * cells);
+    /* every block is written whole (fill_blocks) */
+    t->blocks = table_array(r, ((size_t)shapes * (size_t)t->ranks + 1) *
+                                   sizeof *t->blocks);
+    t->block_work = table_array(
+        r, sizeof(double) *
+               ((size_t)shapes * t->ranks * ASYM_ROLES * (r->layers + 1) + 1));
+    t->bottleneck = table_array(r, sizeof(double) * cells);
     /* a floor at the root has no work floor to add (asym_bound_floor) */
-    t->paced = root ? NULL : malloc(sizeof(double) * cells);
+    t->paced = root ? NULL : table_array(r, sizeof(double) * cells);
     if (t->blocks == NULL || t->block_work == NULL || t->bottleneck == NULL ||
         (!root && t->paced == NULL)) {
-        free_table(t);
+        free_table(r, t);
         pt_fail(err, "search: out of memory for the floors");
         return NULL;
     }
     if (fill_blocks(r, batch, mask, level, t, err) != 0) {
-        free_table(t);
+        free_table(r, t);
         return NULL;
     }
     /* the root table's last row gives the intervals; the others are
@@ -425,9 +439,10 @@ static void drop_tables(asym_relax *r)
             continue;
         relax_table *t;
         memcpy(&t, r->tables.arena + e->value_offset, sizeof t);
-        free_table(t);
+        free_table(r, t);
     }
     memo_clear(&r->tables);
+    region_reset(&r->room);
     r->table_bytes = 0;
 }
 
@@ -448,7 +463,7 @@ static relax_table *table_of(asym_relax *r, int batch, int mask, int level,
         return NULL;
     void *room = memo_insert(&r->tables, key, sizeof key, hash, sizeof t);
     if (room == NULL) {
-        free_table(t);
+        free_table(r, t);
         pt_fail(err, "search: out of memory for the floors");
         return NULL;
     }
@@ -633,7 +648,7 @@ int asym_relax_sum(asym_relax *r, const asym_relax_view *view, int j,
     }
     if (t->sums[j] == NULL) {
         size_t cells = table_cells(t, r->layers);
-        t->sums[j] = malloc(sizeof(double) * cells);
+        t->sums[j] = table_array(r, sizeof(double) * cells);
         if (t->sums[j] == NULL)
             return pt_fail(err, "search: out of memory for the floors");
         t->sum_rows[j] = -1;
@@ -692,6 +707,7 @@ int asym_relax_open(asym_relax **out, costmodel *cm,
     r->deque.value = malloc(sizeof(double) * (size_t)(r->layers + 1));
     r->none = malloc(sizeof(double) * (size_t)(r->layers + 1));
     r->finite = malloc(sizeof(int) * 4 * ((size_t)cluster_gpu_count(c) + 1));
+    region_open(&r->room, TABLE_REGION_BYTES);
     if (r->states == NULL || r->deque.at == NULL || r->deque.value == NULL ||
         r->none == NULL || r->finite == NULL)
         return pt_fail(err, "search: out of memory for the floors");
@@ -713,5 +729,6 @@ void asym_relax_close(asym_relax *r)
     free(r->deque.value);
     free(r->none);
     free(r->finite);
+    region_close(&r->room);
     free(r);
 }
