@@ -47,6 +47,10 @@ typedef struct coverage_memo {
     char text[2][256];
 } coverage_memo;
 
+/* A memo of the prices of node types by config (price.c), attached for
+ * a while by costmodel_price_memo_attach. */
+typedef struct price_memo price_memo;
+
 /* Owns the profiles of a cluster's GPU types for one model. Built once;
  * afterwards an estimate writes it only to add a note it does not hold
  * yet. Threads may share one costmodel after costmodel_prepare (below),
@@ -71,6 +75,9 @@ typedef struct costmodel {
     /* the first types' coverage notes, kept by costmodel_open's memset
        and the notes' own writes: a copy of the costmodel keeps them */
     coverage_memo coverage[COSTMODEL_COVERAGE_MEMO];
+    /* NULL, or while attached (costmodel_price_memo_attach) the prices
+       of its types by config */
+    price_memo *price_memo;
     /* dp_overlap_defaults() after costmodel_open; callers may change it
      * before estimating. */
     dp_overlap_options dp_overlap;
@@ -82,6 +89,16 @@ int costmodel_open(costmodel *cm, const model_shape *model,
                    const cluster *cluster, const char *profile_dir,
                    pt_error *err);
 void costmodel_close(costmodel *cm);
+
+/* Keeps the prices of cm's node types by config from now until
+ * costmodel_price_memo_detach, so that a search pricing the same types
+ * at the same configs again and again prices each once: the same costs
+ * and, in cm, the same notes (a price noted once is not noted again:
+ * while attached, cm's notes must only grow). For one thread at a time,
+ * and no copy of cm may be used while attached. -1 when out of memory
+ * (nothing attached). */
+int costmodel_price_memo_attach(costmodel *cm, pt_error *err);
+void costmodel_price_memo_detach(costmodel *cm);
 
 /* Like costmodel_open with profiles given in memory, one per cluster node
  * type (profiles[t] prices cluster->types[t]); they are deep-copied, the

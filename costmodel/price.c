@@ -7,7 +7,9 @@
  */
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "costmodel/internal.h"
@@ -465,6 +467,49 @@ static int price_type_from(const costmodel *cm, int type_index,
     return 0;
 }
 
+/* ----------------------------------------------------- the price memo */
+
+/* Entries of the memo: a direct-mapped cache, a newcomer replaces what
+ * its slot held. */
+#define PRICE_MEMO_SLOTS 4096
+
+typedef struct price_entry {
+    bool used, noted; /* noted: its notes are in the costmodel's */
+    int type;
+    parallel_config config; /* compared byte by byte */
+    type_costs costs;
+} price_entry;
+
+struct price_memo {
+    price_entry slots[PRICE_MEMO_SLOTS];
+};
+
+int costmodel_price_memo_attach(costmodel *cm, pt_error *err)
+{
+    price_memo *memo = calloc(1, sizeof *memo);
+    if (memo == NULL)
+        return pt_fail(err, "costmodel: out of memory for the price memo");
+    costmodel_price_memo_detach(cm);
+    cm->price_memo = memo;
+    return 0;
+}
+
+void costmodel_price_memo_detach(costmodel *cm)
+{
+    free(cm->price_memo);
+    cm->price_memo = NULL;
+}
+
+static price_entry *price_slot(price_memo *memo, int type,
+                               const parallel_config *config)
+{
+    const unsigned char *bytes = (const unsigned char *)config;
+    uint64_t hash = 0x9e3779b97f4a7c15ULL ^ (uint64_t)type;
+    for (size_t i = 0; i < sizeof *config; i++)
+        hash = (hash ^ bytes[i]) * 0x100000001b3ULL;
+    return &memo->slots[(hash ^ hash >> 29) % PRICE_MEMO_SLOTS];
+}
+
 int costmodel_price_type(const costmodel *cm, int type_index,
                          const parallel_config *config,
                          costmodel *note_target, type_costs *out,
@@ -473,8 +518,24 @@ int costmodel_price_type(const costmodel *cm, int type_index,
     if (type_index < 0 || type_index >= cm->cluster->type_count)
         return pt_fail(err, "costmodel: node type %d does not exist (the "
                        "cluster has %d)", type_index, cm->cluster->type_count);
-    return price_type_from(cm, type_index, &cm->profiles[type_index], config,
-                           note_target, out, err);
+    /* notes for a costmodel other than cm: priced as without a memo */
+    price_entry *entry = cm->price_memo != NULL &&
+                                 (note_target == NULL || note_target == cm)
+                             ? price_slot(cm->price_memo, type_index, config)
+                             : NULL;
+    if (entry != NULL && entry->used && entry->type == type_index &&
+        memcmp(&entry->config, config, sizeof *config) == 0 &&
+        (entry->noted || note_target == NULL)) {
+        *out = entry->costs;
+        return 0;
+    }
+    if (price_type_from(cm, type_index, &cm->profiles[type_index], config,
+                        note_target, out, err) != 0)
+        return -1;
+    if (entry != NULL)
+        *entry = (price_entry){true, note_target != NULL, type_index, *config,
+                               *out};
+    return 0;
 }
 
 int costmodel_type_costs_at_rest(const costmodel *cm, int type_index,

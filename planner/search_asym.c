@@ -184,8 +184,13 @@ int planner_search_asymmetric(costmodel *cm, const search_options *options,
        nodes reach (search_asym_score.c), and only that far read */
     w.kept = malloc((size_t)w.capacity * sizeof *w.kept);
     int rc = w.kept == NULL ? pt_fail(err, "search: out of memory") : 0;
+    /* the tree prices the same node types at the same configs again and
+       again, on this thread alone */
+    if (rc == 0)
+        rc = costmodel_price_memo_attach(cm, err);
     if (rc == 0)
         rc = asym_walk_tree(&w) != 0 ? -1 : rank_kept(&w, out, err);
+    costmodel_price_memo_detach(cm);
     out->asymmetric_scored = w.scored;
     out->asymmetric_pruned = w.pruned;
     out->asymmetric_nodes = w.nodes;
