@@ -469,26 +469,43 @@ static int price_type_from(const costmodel *cm, int type_index,
 
 /* ----------------------------------------------------- the price memo */
 
-/* Entries of the memo: a direct-mapped cache, a newcomer replaces what
- * its slot held. */
+/* Slots of each of the memo's two caches: direct-mapped, a newcomer
+ * replaces the entry its slot held. Entries lie in the order first
+ * made, so the pages a memo touches grow with what it holds, not with
+ * its slots. */
 #define PRICE_MEMO_SLOTS 4096
 
 typedef struct price_entry {
-    bool used, noted; /* noted: its notes are in the costmodel's */
+    bool noted; /* its notes are in the costmodel's */
     int type;
     parallel_config config; /* compared byte by byte */
     type_costs costs;
 } price_entry;
 
+typedef struct memory_entry {
+    int stage;
+    double context_bytes;
+    parallel_config config;
+    double fixed_bytes, per_layer_bytes;
+} memory_entry;
+
 struct price_memo {
-    price_entry slots[PRICE_MEMO_SLOTS];
+    /* entry index + 1 of each slot (0: empty) */
+    int32_t price_slot[PRICE_MEMO_SLOTS], memory_slot[PRICE_MEMO_SLOTS];
+    int price_count, memory_count;
+    price_entry prices[PRICE_MEMO_SLOTS];
+    memory_entry memories[PRICE_MEMO_SLOTS];
 };
 
 int costmodel_price_memo_attach(costmodel *cm, pt_error *err)
 {
-    price_memo *memo = calloc(1, sizeof *memo);
+    /* only the slots zeroed: the entries are written as they are made */
+    price_memo *memo = malloc(sizeof *memo);
     if (memo == NULL)
         return pt_fail(err, "costmodel: out of memory for the price memo");
+    memset(memo->price_slot, 0, sizeof memo->price_slot);
+    memset(memo->memory_slot, 0, sizeof memo->memory_slot);
+    memo->price_count = memo->memory_count = 0;
     costmodel_price_memo_detach(cm);
     cm->price_memo = memo;
     return 0;
@@ -500,14 +517,55 @@ void costmodel_price_memo_detach(costmodel *cm)
     cm->price_memo = NULL;
 }
 
-static price_entry *price_slot(price_memo *memo, int type,
-                               const parallel_config *config)
+static size_t memo_slot_of(uint64_t seed, const parallel_config *config)
 {
     const unsigned char *bytes = (const unsigned char *)config;
-    uint64_t hash = 0x9e3779b97f4a7c15ULL ^ (uint64_t)type;
+    uint64_t hash = 0x9e3779b97f4a7c15ULL ^ seed;
     for (size_t i = 0; i < sizeof *config; i++)
         hash = (hash ^ bytes[i]) * 0x100000001b3ULL;
-    return &memo->slots[(hash ^ hash >> 29) % PRICE_MEMO_SLOTS];
+    return (size_t)((hash ^ hash >> 29) % PRICE_MEMO_SLOTS);
+}
+
+/* The index of the entry a slot holds, or of a new one it now holds. */
+static int memo_entry_of(int32_t *slot, int *count)
+{
+    if (*slot == 0)
+        *slot = ++*count;
+    return *slot - 1;
+}
+
+bool costmodel_memory_memo_find(const costmodel *cm,
+                                const parallel_config *config, int stage,
+                                double context_bytes, double *fixed_bytes,
+                                double *per_layer_bytes)
+{
+    const price_memo *memo = cm->price_memo;
+    if (memo == NULL)
+        return false;
+    int32_t at = memo->memory_slot[memo_slot_of((uint64_t)stage, config)];
+    const memory_entry *e = at > 0 ? &memo->memories[at - 1] : NULL;
+    if (e == NULL || e->stage != stage ||
+        memcmp(&e->context_bytes, &context_bytes, sizeof context_bytes) != 0 ||
+        memcmp(&e->config, config, sizeof *config) != 0)
+        return false;
+    *fixed_bytes = e->fixed_bytes;
+    *per_layer_bytes = e->per_layer_bytes;
+    return true;
+}
+
+void costmodel_memory_memo_keep(const costmodel *cm,
+                                const parallel_config *config, int stage,
+                                double context_bytes, double fixed_bytes,
+                                double per_layer_bytes)
+{
+    price_memo *memo = cm->price_memo;
+    if (memo == NULL)
+        return;
+    int at = memo_entry_of(
+        &memo->memory_slot[memo_slot_of((uint64_t)stage, config)],
+        &memo->memory_count);
+    memo->memories[at] = (memory_entry){stage, context_bytes, *config,
+                                        fixed_bytes, per_layer_bytes};
 }
 
 int costmodel_price_type(const costmodel *cm, int type_index,
@@ -519,22 +577,25 @@ int costmodel_price_type(const costmodel *cm, int type_index,
         return pt_fail(err, "costmodel: node type %d does not exist (the "
                        "cluster has %d)", type_index, cm->cluster->type_count);
     /* notes for a costmodel other than cm: priced as without a memo */
-    price_entry *entry = cm->price_memo != NULL &&
-                                 (note_target == NULL || note_target == cm)
-                             ? price_slot(cm->price_memo, type_index, config)
-                             : NULL;
-    if (entry != NULL && entry->used && entry->type == type_index &&
-        memcmp(&entry->config, config, sizeof *config) == 0 &&
-        (entry->noted || note_target == NULL)) {
-        *out = entry->costs;
+    price_memo *memo = cm->price_memo;
+    int32_t *slot = memo != NULL && (note_target == NULL || note_target == cm)
+                        ? &memo->price_slot[memo_slot_of(
+                              (uint64_t)type_index, config)]
+                        : NULL;
+    const price_entry *e =
+        slot != NULL && *slot > 0 ? &memo->prices[*slot - 1] : NULL;
+    if (e != NULL && e->type == type_index &&
+        memcmp(&e->config, config, sizeof *config) == 0 &&
+        (e->noted || note_target == NULL)) {
+        *out = e->costs;
         return 0;
     }
     if (price_type_from(cm, type_index, &cm->profiles[type_index], config,
                         note_target, out, err) != 0)
         return -1;
-    if (entry != NULL)
-        *entry = (price_entry){true, note_target != NULL, type_index, *config,
-                               *out};
+    if (slot != NULL)
+        memo->prices[memo_entry_of(slot, &memo->price_count)] =
+            (price_entry){note_target != NULL, type_index, *config, *out};
     return 0;
 }
 

@@ -233,13 +233,17 @@ void costmodel_terms_with_sends(const costmodel *cm,
 
     /* memory: docs/cost-model.md, "Memory per GPU" (memory.c) */
     double workspace = cm->profiles[self->small_type].workspace_gib * PT_GIB;
-    stage_memory memory;
-    costmodel_stage_memory(model, config, stage,
-                           costmodel_context_bytes(cm, config,
-                                                   self->small_type),
-                           &memory);
-    out->fixed_bytes = pt_memory_terms_total(&memory.fixed, true);
-    out->per_layer_bytes = pt_memory_terms_total(&memory.per_layer, true);
+    double context = costmodel_context_bytes(cm, config, self->small_type);
+    if (!costmodel_memory_memo_find(cm, config, stage, context,
+                                    &out->fixed_bytes,
+                                    &out->per_layer_bytes)) {
+        stage_memory memory;
+        costmodel_stage_memory(model, config, stage, context, &memory);
+        out->fixed_bytes = pt_memory_terms_total(&memory.fixed, true);
+        out->per_layer_bytes = pt_memory_terms_total(&memory.per_layer, true);
+        costmodel_memory_memo_keep(cm, config, stage, context,
+                                   out->fixed_bytes, out->per_layer_bytes);
+    }
     out->cap_bytes = small->memory_cap_bytes + workspace;
     out->max_layers = layers_that_fit(out, model->layers);
 }
