@@ -300,7 +300,8 @@ double costmodel_embedding_allreduce_s(const costmodel *cm,
  * for the dp overlap. */
 static dp_backward last_backward(const costmodel *cm,
                                  const parallel_config *config, int stage,
-                                 int layers, const type_costs *slow)
+                                 int layers, const type_costs *slow,
+                                 const parameter_counts *counts)
 {
     bool first = stage == 0, last = stage == config->pp - 1;
     return (dp_backward){
@@ -309,10 +310,9 @@ static dp_backward last_backward(const costmodel *cm,
         .head_s = last ? slow->head_backward_s : 0.0,
         .layer_s = slow->layer_backward_s,
         .embedding_s = first ? slow->embedding_backward_s : 0.0,
-        .fixed_bytes = 4.0 * stage_parameters_per_gpu(&cm->model, config,
-                                                      stage, 0),
-        .layer_bytes = 4.0 * model_layer_parameters_per_rank(&cm->model,
-                                                             config->tp)};
+        .fixed_bytes = 4.0 * stage_parameters_from(&cm->model, config,
+                                                   stage, 0, counts),
+        .layer_bytes = 4.0 * counts->per_rank};
 }
 
 
@@ -374,7 +374,8 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
     double params, gradient_bytes;
     reduce_and_step(cm, config, placement, stage, layers, slow, &counts, out,
                     &params, &gradient_bytes);
-    dp_backward backward = last_backward(cm, config, stage, layers, slow);
+    dp_backward backward = last_backward(cm, config, stage, layers, slow,
+                                         &counts);
     out->exposed_s = costmodel_dp_exposed_seconds(cm, config, placement,
                                                   &backward, out->reduce_s);
     out->sum_kernels_s =

@@ -7,6 +7,8 @@
 
 #include "planner/planner.h"
 
+#include <math.h>
+
 #define SEARCH_MAX_MBS_VALUES 16
 #define SEARCH_LEVER_SETS 14
 
@@ -65,6 +67,22 @@ int search_try_interleave(costmodel *cm, const search_options *options,
  * GPU count a multiple of it, or a multiple of every node type's GPU
  * count (tp groups of whole nodes), among the types that have nodes. */
 bool search_tp_fits(const cluster *c, int tp);
+
+/* ------------------------------------------------------ fmin, fmax */
+
+/* libm's fmin and fmax inlined where the symmetric floors call them
+ * millions of times (calls, without -ffinite-math-only): the same value
+ * for every pair, x86-64's minsd and maxsd on two numbers (the second
+ * on a tie, so of two zeros the second), the number when one is NAN. */
+static inline double search_fmin(double a, double b)
+{
+    return isnan(b) ? a : (a < b ? a : b);
+}
+
+static inline double search_fmax(double a, double b)
+{
+    return isnan(b) ? a : (a > b ? a : b);
+}
 
 /* ------------------------------------------------------------ region */
 
