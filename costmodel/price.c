@@ -475,17 +475,40 @@ static int price_type_from(const costmodel *cm, int type_index,
  * its slots. */
 #define PRICE_MEMO_SLOTS 4096
 
+/* A config's every field, as the memo compares them (a parallel_config's
+ * padding is not always written, so its bytes cannot be compared). */
+#define CONFIG_KEY_FIELDS 20
+typedef struct config_key {
+    int field[CONFIG_KEY_FIELDS];
+} config_key;
+
+/* A field added to parallel_config must be added to config_of too. */
+_Static_assert(sizeof(parallel_config) == 64,
+               "parallel_config changed: update config_of's fields");
+
+static config_key config_of(const parallel_config *c)
+{
+    return (config_key){{c->gbs, c->mbs, c->tp, c->dp, c->pp,
+                         (int)c->schedule, (int)c->precision, c->recompute,
+                         c->selective_recompute, c->distributed_optimizer,
+                         c->zero_stage, c->offload_optimizer,
+                         c->virtual_stages, c->sequence_parallel,
+                         (int)c->runtime, (int)c->attention,
+                         c->overlap_grad_reduce, c->overlap_param_gather,
+                         c->tf32, (int)c->grad_precision}};
+}
+
 typedef struct price_entry {
     bool noted; /* its notes are in the costmodel's */
     int type;
-    parallel_config config; /* compared byte by byte */
+    config_key config;
     type_costs costs;
 } price_entry;
 
 typedef struct memory_entry {
     int stage;
     double context_bytes;
-    parallel_config config;
+    config_key config;
     double fixed_bytes, per_layer_bytes;
 } memory_entry;
 
@@ -517,12 +540,11 @@ void costmodel_price_memo_detach(costmodel *cm)
     cm->price_memo = NULL;
 }
 
-static size_t memo_slot_of(uint64_t seed, const parallel_config *config)
+static size_t memo_slot_of(uint64_t seed, const config_key *key)
 {
-    const unsigned char *bytes = (const unsigned char *)config;
     uint64_t hash = 0x9e3779b97f4a7c15ULL ^ seed;
-    for (size_t i = 0; i < sizeof *config; i++)
-        hash = (hash ^ bytes[i]) * 0x100000001b3ULL;
+    for (int i = 0; i < CONFIG_KEY_FIELDS; i++)
+        hash = (hash ^ (uint32_t)key->field[i]) * 0x100000001b3ULL;
     return (size_t)((hash ^ hash >> 29) % PRICE_MEMO_SLOTS);
 }
 
@@ -542,11 +564,12 @@ bool costmodel_memory_memo_find(const costmodel *cm,
     const price_memo *memo = cm->price_memo;
     if (memo == NULL)
         return false;
-    int32_t at = memo->memory_slot[memo_slot_of((uint64_t)stage, config)];
+    config_key key = config_of(config);
+    int32_t at = memo->memory_slot[memo_slot_of((uint64_t)stage, &key)];
     const memory_entry *e = at > 0 ? &memo->memories[at - 1] : NULL;
     if (e == NULL || e->stage != stage ||
         memcmp(&e->context_bytes, &context_bytes, sizeof context_bytes) != 0 ||
-        memcmp(&e->config, config, sizeof *config) != 0)
+        memcmp(&e->config, &key, sizeof key) != 0)
         return false;
     *fixed_bytes = e->fixed_bytes;
     *per_layer_bytes = e->per_layer_bytes;
@@ -561,10 +584,11 @@ void costmodel_memory_memo_keep(const costmodel *cm,
     price_memo *memo = cm->price_memo;
     if (memo == NULL)
         return;
+    config_key key = config_of(config);
     int at = memo_entry_of(
-        &memo->memory_slot[memo_slot_of((uint64_t)stage, config)],
+        &memo->memory_slot[memo_slot_of((uint64_t)stage, &key)],
         &memo->memory_count);
-    memo->memories[at] = (memory_entry){stage, context_bytes, *config,
+    memo->memories[at] = (memory_entry){stage, context_bytes, key,
                                         fixed_bytes, per_layer_bytes};
 }
 
@@ -578,14 +602,15 @@ int costmodel_price_type(const costmodel *cm, int type_index,
                        "cluster has %d)", type_index, cm->cluster->type_count);
     /* notes for a costmodel other than cm: priced as without a memo */
     price_memo *memo = cm->price_memo;
-    int32_t *slot = memo != NULL && (note_target == NULL || note_target == cm)
-                        ? &memo->price_slot[memo_slot_of(
-                              (uint64_t)type_index, config)]
-                        : NULL;
+    bool memo_use = memo != NULL && (note_target == NULL || note_target == cm);
+    config_key key = memo_use ? config_of(config) : (config_key){{0}};
+    int32_t *slot = memo_use ? &memo->price_slot[memo_slot_of(
+                                   (uint64_t)type_index, &key)]
+                             : NULL;
     const price_entry *e =
         slot != NULL && *slot > 0 ? &memo->prices[*slot - 1] : NULL;
     if (e != NULL && e->type == type_index &&
-        memcmp(&e->config, config, sizeof *config) == 0 &&
+        memcmp(&e->config, &key, sizeof key) == 0 &&
         (e->noted || note_target == NULL)) {
         *out = e->costs;
         return 0;
@@ -595,7 +620,7 @@ int costmodel_price_type(const costmodel *cm, int type_index,
         return -1;
     if (slot != NULL)
         memo->prices[memo_entry_of(slot, &memo->price_count)] =
-            (price_entry){note_target != NULL, type_index, *config, *out};
+            (price_entry){note_target != NULL, type_index, key, *out};
     return 0;
 }
 
