@@ -117,14 +117,19 @@ static void least_bottleneck(placed_prefix *kept, const asym_placed *placed,
                 right = asym_min(right, cost_at(p, weight, work_floor, l));
             row[l] = right;
         }
-        /* out[1..have]: the least values so far, in order */
+        /* merged[1..layers]: the least values so far, in order; a run
+           runs out only once `layers` are taken, so no bound is read */
         const double *so_far = kept->merged + (size_t)i * width;
         double *merged = kept->merged + (size_t)(i + 1) * width;
-        int have = i == 0 ? 0 : layers;
-        int a = 1, r = 1, n = 0;
-        while (n < layers)
-            merged[++n] = a <= have && !(row[r] < so_far[a]) ? so_far[a++]
-                                                             : row[r++];
+        if (i == 0)
+            memcpy(merged + 1, row + 1, sizeof(double) * (size_t)layers);
+        for (int n = 1, a = 1, r = 1; i > 0 && n <= layers; n++) {
+            double kept_value = so_far[a], new_value = row[r];
+            bool take_kept = !(new_value < kept_value);
+            merged[n] = take_kept ? kept_value : new_value;
+            a += take_kept;
+            r += !take_kept;
+        }
         kept->none[i + 1] = asym_max(kept->none[i], row[0]);
         kept->floor_at[i + 1] = work_floor;
         kept->weight_at[i + 1] = weight;
