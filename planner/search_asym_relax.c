@@ -45,6 +45,9 @@ typedef struct block {
     double fixed[ASYM_ROLES], pace;
     int cap[ASYM_ROLES];
     double *work[ASYM_ROLES];    /* [layers + 1], non-decreasing */
+    /* [paced][role]: another block of as many GPUs costs no more at any
+       layers and holds as many (mark_dominated): the max joins skip it */
+    bool dominated[2][ASYM_ROLES];
 } block;
 
 /* The tables of one (micro-batch, mask, level, root). */
@@ -179,6 +182,52 @@ static inline double block_cost_of(const block *b, int role, int x,
 static double block_cost(const block *b, int role, int x, double weight)
 {
     return block_cost_of(b, role, x, weight, false);
+}
+
+/* Whether block a costs no more than block b at every layers b holds, a
+ * holding as many (caps of -1: none; the joins skip those). */
+static bool costs_no_more(const block *a, const block *b, int role, int layers,
+                          double weight, bool paced)
+{
+    int cap_a = a->cap[role] < layers ? a->cap[role] : layers;
+    int cap_b = b->cap[role] < layers ? b->cap[role] : layers;
+    if (cap_b < 0 || cap_a < cap_b)
+        return false;
+    for (int x = 0; x <= cap_b; x++)
+        if (block_cost_of(a, role, x, weight, paced) >
+            block_cost_of(b, role, x, weight, paced))
+            return false;
+    return true;
+}
+
+/* Marks the blocks another block of as many GPUs at the same rank
+ * position dominates: its C no higher at any layers and as many held,
+ * so a max join through it never gives less than through the other
+ * (every value the same: the joins take the least of maxima). Of blocks
+ * that dominate each other the first is kept, so every block marked has
+ * one not marked that dominates it. */
+static void mark_dominated(const asym_relax *r, int batch, relax_table *t)
+{
+    const asym_batch *mb = &r->batches[batch];
+    double weight = mb->microbatches - 1;
+    for (int i = 0; i < t->ranks; i++)
+        for (int k = 0; k < mb->count; k++)
+            for (int paced = 0; paced < 2; paced++)
+                for (int role = 0; role < ASYM_ROLES; role++) {
+                    block *b = &t->blocks[k * t->ranks + i];
+                    b->dominated[paced][role] = false;
+                    for (int j = 0; j < mb->count && !b->dominated[paced][role];
+                         j++) {
+                        const block *a = &t->blocks[j * t->ranks + i];
+                        if (j == k || mb->shape[j].gpus != mb->shape[k].gpus ||
+                            !costs_no_more(a, b, role, r->layers, weight,
+                                           paced))
+                            continue;
+                        b->dominated[paced][role] =
+                            j < k || !costs_no_more(b, a, role, r->layers,
+                                                    weight, paced);
+                    }
+                }
 }
 
 /* out[y] = min(out[y], min over x of max(prev[y - x], C(x))), both
@@ -334,8 +383,9 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
                         continue;
                     double *out = &table[(n * flags + to) * width];
                     if (kind != TABLE_SUM) {
-                        join_max(prev, b, role, cap, weight,
-                                 kind == TABLE_PACED, layers, out);
+                        if (!b->dominated[kind == TABLE_PACED][role])
+                            join_max(prev, b, role, cap, weight,
+                                     kind == TABLE_PACED, layers, out);
                         continue;
                     }
                     int room = room_under(b, role, cap, weight, bound);
@@ -419,6 +469,7 @@ static relax_table *build_table(asym_relax *r, int batch, int mask,
         free_table(r, t);
         return NULL;
     }
+    mark_dominated(r, batch, t);
     /* the root table's last row gives the intervals; the others are
        filled as far as asked (ensure_rows) */
     t->rows = root ? t->gpus : 0;
