@@ -98,12 +98,14 @@ static double ranked_objective(const search_options *o, const ranked_plan *p)
     return objective_of(o, p->step_time_s, p->cost_per_step_usd);
 }
 
-/* The symmetric plans and the simulated asymmetric ones that fit, merged
- * by the objective (the symmetric first on a tie), `keep` of them. */
-static int merge(const search_options *o, search_result *out,
-                 const ranked_plan *extra, int extra_count, pt_error *err)
+/* The symmetric plans and the simulated asymmetric ones that fit (sims,
+ * by the objective), merged by the objective (the symmetric first on a
+ * tie), `keep` of them; a ranked plan written only for those kept. */
+static int merge(const asym_walk *w, search_result *out,
+                 const simulated *sims, int count, pt_error *err)
 {
-    int total = out->plan_count + extra_count;
+    const search_options *o = w->options;
+    int total = out->plan_count + count;
     int kept = total < o->keep ? total : o->keep;
     ranked_plan *merged = calloc((size_t)kept + 1, sizeof *merged);
     if (merged == NULL)
@@ -112,9 +114,16 @@ static int merge(const search_options *o, search_result *out,
     for (int i = 0; i < kept; i++) {
         bool take_symmetric =
             a < out->plan_count &&
-            (b == extra_count || ranked_objective(o, &out->plans[a]) <=
-                                     ranked_objective(o, &extra[b]));
-        merged[i] = take_symmetric ? out->plans[a++] : extra[b++];
+            (b == count ||
+             ranked_objective(o, &out->plans[a]) <=
+                 objective_of(o, sims[b].figures.step_time_s,
+                              sims[b].figures.cost_per_step_usd));
+        if (take_symmetric) {
+            merged[i] = out->plans[a++];
+        } else {
+            ranked_of(&w->kept[sims[b].kept], &sims[b], &merged[i]);
+            b++;
+        }
     }
     free(out->plans);
     out->plans = merged;
@@ -136,15 +145,14 @@ static int compare_simulated(const void *x, const void *y, void *context)
     return (p->kept > q->kept) - (p->kept < q->kept);
 }
 
-/* Simulates the kept candidates and merges those that fit (at most
- * `keep` of them can be among the plans kept). */
+/* Simulates the kept candidates and merges those that fit. */
 static int rank_kept(asym_walk *w, search_result *out, pt_error *err)
 {
     simulated *sims = calloc((size_t)w->kept_count + 1, sizeof *sims);
-    int keep = w->options->keep, count = 0, rc = 0;
-    ranked_plan *plans = calloc((size_t)keep + 1, sizeof *plans);
-    if (sims == NULL || plans == NULL)
-        rc = pt_fail(err, "search: out of memory for the ranking");
+    int count = 0,
+        rc = sims == NULL
+                 ? pt_fail(err, "search: out of memory for the ranking")
+                 : 0;
     for (int i = 0; i < w->kept_count && rc == 0; i++) {
         int fits = simulate(w->cm, &w->kept[i], &sims[count], err);
         rc = fits < 0 ? -1 : 0;
@@ -154,12 +162,8 @@ static int rank_kept(asym_walk *w, search_result *out, pt_error *err)
     if (rc == 0) {
         qsort_r(sims, (size_t)count, sizeof *sims, compare_simulated,
                 (void *)w->options);
-        int ranked = count < keep ? count : keep;
-        for (int i = 0; i < ranked; i++)
-            ranked_of(&w->kept[sims[i].kept], &sims[i], &plans[i]);
-        rc = merge(w->options, out, plans, ranked, err);
+        rc = merge(w, out, sims, count, err);
     }
-    free(plans);
     free(sims);
     return rc;
 }
