@@ -515,9 +515,12 @@ typedef struct memory_entry {
 struct price_memo {
     /* entry index + 1 of each slot (0: empty) */
     int32_t price_slot[PRICE_MEMO_SLOTS], memory_slot[PRICE_MEMO_SLOTS];
-    int price_count, memory_count;
-    price_entry prices[PRICE_MEMO_SLOTS];
-    memory_entry memories[PRICE_MEMO_SLOTS];
+    /* the entries, grown as they are made (a memo of a small search
+       stays small: a block of every slot's entry would be mapped and
+       its pages touched anew for every search) */
+    int price_count, memory_count, price_room, memory_room;
+    price_entry *prices;
+    memory_entry *memories;
 };
 
 int costmodel_price_memo_attach(costmodel *cm, pt_error *err)
@@ -529,6 +532,9 @@ int costmodel_price_memo_attach(costmodel *cm, pt_error *err)
     memset(memo->price_slot, 0, sizeof memo->price_slot);
     memset(memo->memory_slot, 0, sizeof memo->memory_slot);
     memo->price_count = memo->memory_count = 0;
+    memo->price_room = memo->memory_room = 0;
+    memo->prices = NULL;
+    memo->memories = NULL;
     costmodel_price_memo_detach(cm);
     cm->price_memo = memo;
     return 0;
@@ -536,6 +542,10 @@ int costmodel_price_memo_attach(costmodel *cm, pt_error *err)
 
 void costmodel_price_memo_detach(costmodel *cm)
 {
+    if (cm->price_memo != NULL) {
+        free(cm->price_memo->prices);
+        free(cm->price_memo->memories);
+    }
     free(cm->price_memo);
     cm->price_memo = NULL;
 }
@@ -548,12 +558,30 @@ static size_t memo_slot_of(uint64_t seed, const config_key *key)
     return (size_t)((hash ^ hash >> 29) % PRICE_MEMO_SLOTS);
 }
 
-/* The index of the entry a slot holds, or of a new one it now holds. */
-static int memo_entry_of(int32_t *slot, int *count)
+/* The index of the entry a slot holds, or of a new one it now holds;
+ * -1 when a new one is wanted and the `room` entries are all used. */
+static int memo_entry_of(int32_t *slot, int *count, int room)
 {
-    if (*slot == 0)
-        *slot = ++*count;
+    if (*slot != 0)
+        return *slot - 1;
+    if (*count == room)
+        return -1;
+    *slot = ++*count;
     return *slot - 1;
+}
+
+/* Room for twice the entries (64 at first); false without memory. */
+static bool memo_grow(void *items_at, int *room, size_t size)
+{
+    void *items;
+    memcpy(&items, items_at, sizeof items);
+    int grown_room = *room > 0 ? 2 * *room : 64;
+    void *grown = realloc(items, size * (size_t)grown_room);
+    if (grown == NULL)
+        return false;
+    memcpy(items_at, &grown, sizeof grown);
+    *room = grown_room;
+    return true;
 }
 
 bool costmodel_memory_memo_find(const costmodel *cm,
@@ -585,11 +613,14 @@ void costmodel_memory_memo_keep(const costmodel *cm,
     if (memo == NULL)
         return;
     config_key key = config_of(config);
-    int at = memo_entry_of(
-        &memo->memory_slot[memo_slot_of((uint64_t)stage, &key)],
-        &memo->memory_count);
-    memo->memories[at] = (memory_entry){stage, context_bytes, key,
-                                        fixed_bytes, per_layer_bytes};
+    int32_t *slot = &memo->memory_slot[memo_slot_of((uint64_t)stage, &key)];
+    int at = memo_entry_of(slot, &memo->memory_count, memo->memory_room);
+    if (at < 0 && memo_grow(&memo->memories, &memo->memory_room,
+                            sizeof *memo->memories))
+        at = memo_entry_of(slot, &memo->memory_count, memo->memory_room);
+    if (at >= 0)
+        memo->memories[at] = (memory_entry){stage, context_bytes, key,
+                                            fixed_bytes, per_layer_bytes};
 }
 
 int costmodel_price_type(const costmodel *cm, int type_index,
@@ -618,8 +649,14 @@ int costmodel_price_type(const costmodel *cm, int type_index,
     if (price_type_from(cm, type_index, &cm->profiles[type_index], config,
                         note_target, out, err) != 0)
         return -1;
-    if (slot != NULL)
-        memo->prices[memo_entry_of(slot, &memo->price_count)] =
+    int at = slot != NULL ? memo_entry_of(slot, &memo->price_count,
+                                          memo->price_room)
+                          : -1;
+    if (at < 0 && slot != NULL &&
+        memo_grow(&memo->prices, &memo->price_room, sizeof *memo->prices))
+        at = memo_entry_of(slot, &memo->price_count, memo->price_room);
+    if (at >= 0)
+        memo->prices[at] =
             (price_entry){note_target != NULL, type_index, key, *out};
     return 0;
 }
