@@ -66,9 +66,12 @@ static int grow_slots(memo_table *table)
 }
 
 /* An arena past this size moves to a reservation of address space
- * advised for huge pages (region.c says why), this large or more. */
+ * advised for huge pages (region.c says why), this large or more (then
+ * grown by mremap as any arena: a reservation counts against a strict
+ * overcommit limit, and the symmetric search's workers each hold
+ * memos). */
 #define ARENA_HUGE_FROM ((size_t)256 << 10)
-#define ARENA_HUGE_RESERVE ((size_t)1 << 30)
+#define ARENA_HUGE_RESERVE ((size_t)32 << 20)
 
 /* The arena moved into a reservation of at least `size` bytes advised
  * for huge pages; 0, or -1 when none could be made (it stays). */

@@ -33,10 +33,10 @@
 #define FINITE_UNKNOWN (-2)
 /* The tables are a cache: dropped past this size. */
 #define TABLE_BYTES ((size_t)512 << 20)
-/* The address space their arrays are taken from: the tables' bytes and
- * their blocks, and room for a view's worth more before they are dropped
- * (past it they are malloc'd). */
-#define TABLE_REGION_BYTES ((size_t)1 << 30)
+/* The address space their arrays are taken from (past it they are
+ * malloc'd): the tables' bytes up to where they are dropped; the
+ * blocks and a view's worth more go to malloc at worst. */
+#define TABLE_REGION_BYTES TABLE_BYTES
 
 enum { FLAG_FIRST = 1, FLAG_LAST = 2 };
 
