@@ -40,8 +40,8 @@ static int one_stage_terms(costmodel *cm, const terms_scratch *t, int pp,
     const parallel_config *own = &t->configs[s];
     const stage_placement *place = &t->placement[s];
     type_costs slow, small;
-    if (costmodel_type_costs(cm, place->slow_type, own, &slow, err) != 0 ||
-        costmodel_type_costs(cm, place->small_type, own, &small, err) != 0)
+    if (costmodel_slow_and_small_costs(cm, place, own, &slow, &small,
+                                       err) != 0)
         return -1;
     stage_neighbours around = {s > 0 ? own - 1 : own, own,
                                s < pp - 1 ? own + 1 : own,
@@ -90,8 +90,8 @@ int costmodel_stage_terms_unsent(costmodel *cm, const parallel_config *own,
     type_costs slow, small;
     if (costmodel_place_stage_at(cm, own, NULL, lane, stage, first, &place,
                                  err) != 0 ||
-        costmodel_type_costs(cm, place.slow_type, own, &slow, err) != 0 ||
-        costmodel_type_costs(cm, place.small_type, own, &small, err) != 0)
+        costmodel_slow_and_small_costs(cm, &place, own, &slow, &small,
+                                       err) != 0)
         return -1;
     costmodel_terms_with_sends(cm, own, &place, stage, &slow, &small, 0.0,
                                out);
@@ -114,8 +114,8 @@ int costmodel_stage_terms_inner(costmodel *cm, const parallel_config *configs,
             return -1;
     }
     type_costs slow, small;
-    if (costmodel_type_costs(cm, place[1].slow_type, own, &slow, err) != 0 ||
-        costmodel_type_costs(cm, place[1].small_type, own, &small, err) != 0)
+    if (costmodel_slow_and_small_costs(cm, &place[1], own, &slow, &small,
+                                       err) != 0)
         return -1;
     stage_neighbours around = {has_before ? own - 1 : own, own,
                                has_after ? own + 1 : own,
@@ -155,11 +155,8 @@ int costmodel_stage_work_at(costmodel *cm, const parallel_config *own,
                                  err) != 0 ||
         costmodel_type_costs(cm, place.slow_type, own, &slow, err) != 0)
         return -1;
-    for (int layers = 0; layers <= most_layers; layers++) {
-        step_work work;
-        costmodel_step_work(cm, own, &place, stage, layers, &slow, &work);
-        work_s[layers] = work.reduce_s + work.gather_s + work.optimizer_s;
-    }
+    costmodel_step_work_sums(cm, own, &place, stage, most_layers, &slow,
+                             work_s);
     return 0;
 }
 

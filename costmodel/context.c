@@ -189,6 +189,7 @@ void costmodel_close(costmodel *cm)
     cm->rest_profiles = NULL;
     cm->rest_loaded = NULL;
     cm->note_count = 0;
+    costmodel_price_memo_detach(cm);
 }
 
 int costmodel_prepare(costmodel *cm, const parallel_config *config,

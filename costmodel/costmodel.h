@@ -37,6 +37,20 @@ typedef struct dp_overlap_options {
 /* The defaults: off, 25 MiB buckets, fraction 1. */
 dp_overlap_options dp_overlap_defaults(void);
 
+/* The shape coverage notes of a node type as formatted (price.c): they
+ * depend only on its profile and the model, every pricing of the type
+ * adds them again, and formatting them is dear. */
+#define COSTMODEL_COVERAGE_MEMO 8
+typedef struct coverage_memo {
+    const profile *profile; /* whose notes these are; NULL: none yet */
+    int count;
+    char text[2][256];
+} coverage_memo;
+
+/* A memo of the prices of node types by config (price.c), attached for
+ * a while by costmodel_price_memo_attach. */
+typedef struct price_memo price_memo;
+
 /* Owns the profiles of a cluster's GPU types for one model. Built once;
  * afterwards an estimate writes it only to add a note it does not hold
  * yet. Threads may share one costmodel after costmodel_prepare (below),
@@ -58,6 +72,12 @@ typedef struct costmodel {
      * COSTMODEL_MAX_NOTES, the last of which then says more were left out. */
     int note_count;
     char notes[COSTMODEL_MAX_NOTES][256];
+    /* the first types' coverage notes, kept by costmodel_open's memset
+       and the notes' own writes: a copy of the costmodel keeps them */
+    coverage_memo coverage[COSTMODEL_COVERAGE_MEMO];
+    /* NULL, or while attached (costmodel_price_memo_attach) the prices
+       of its types by config */
+    price_memo *price_memo;
     /* dp_overlap_defaults() after costmodel_open; callers may change it
      * before estimating. */
     dp_overlap_options dp_overlap;
@@ -69,6 +89,16 @@ int costmodel_open(costmodel *cm, const model_shape *model,
                    const cluster *cluster, const char *profile_dir,
                    pt_error *err);
 void costmodel_close(costmodel *cm);
+
+/* Keeps the prices of cm's node types by config from now until
+ * costmodel_price_memo_detach, so that a search pricing the same types
+ * at the same configs again and again prices each once: the same costs
+ * and, in cm, the same notes (a price noted once is not noted again:
+ * while attached, cm's notes must only grow). For one thread at a time,
+ * and no copy of cm may be used while attached. -1 when out of memory
+ * (nothing attached). */
+int costmodel_price_memo_attach(costmodel *cm, pt_error *err);
+void costmodel_price_memo_detach(costmodel *cm);
 
 /* Like costmodel_open with profiles given in memory, one per cluster node
  * type (profiles[t] prices cluster->types[t]); they are deep-copied, the
@@ -341,6 +371,16 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                          const stage_placement *placement, int stage,
                          int layers, const type_costs *slow,
                          step_work *out);
+
+/* reduce_s + gather_s + optimizer_s of costmodel_step_work (the per-step
+ * work the planner's scores count) at every layer count from 0 to
+ * most_layers, into work_s[0 .. most_layers]: the same sums, without the
+ * parts the scores do not read. */
+void costmodel_step_work_sums(const costmodel *cm,
+                              const parallel_config *config,
+                              const stage_placement *placement, int stage,
+                              int most_layers, const type_costs *slow,
+                              double *work_s);
 
 /* ZeRO-Offload (docs/cost-model.md, section 11). Cluster files carry no
  * host link, so every GPU is taken to reach its host at PCIe 4.0 x16's

@@ -13,6 +13,26 @@
 void costmodel_add_note(costmodel *cm, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* The costs of a placed stage's slowest type and of its type with the
+ * least memory (costmodel_type_costs of each, priced once when they are
+ * one type: its notes are the same). */
+int costmodel_slow_and_small_costs(costmodel *cm, const stage_placement *place,
+                                   const parallel_config *config,
+                                   type_costs *slow, type_costs *small,
+                                   pt_error *err);
+
+/* The memory totals of costmodel_stage_memory (fixed and per layer, the
+ * context in) from cm's price memo while one is attached: found (true)
+ * or kept. */
+bool costmodel_memory_memo_find(const costmodel *cm,
+                                const parallel_config *config, int stage,
+                                double context_bytes, double *fixed_bytes,
+                                double *per_layer_bytes);
+void costmodel_memory_memo_keep(const costmodel *cm,
+                                const parallel_config *config, int stage,
+                                double context_bytes, double fixed_bytes,
+                                double per_layer_bytes);
+
 /* Prices a GPU type like costmodel_type_costs; notes go to note_target
  * when it is not NULL (NULL: price silently, cm is only read). */
 int costmodel_price_type(const costmodel *cm, int type_index,

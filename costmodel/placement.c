@@ -110,9 +110,40 @@ typedef struct group_pace {
  * crosses nodes, the group as NCCL sees it: its nodes, the slowest
  * inter-node link between them and the slowest intra-node link of a node
  * holding two of its GPUs. */
+/* The types a stage's placement has priced at its config: a stage's
+ * groups and nodes are mostly of a few types, and pricing one (a profile
+ * lookup) is dear, so each is priced once per stage; a type past the
+ * first PRICED_TYPES is priced every time it is asked. */
+#define PRICED_TYPES 8
+
+typedef struct priced_types {
+    int count;
+    int type[PRICED_TYPES];
+    type_costs costs[PRICED_TYPES];
+} priced_types;
+
+static int price_once(const costmodel *cm, const parallel_config *config,
+                      priced_types *priced, int type, type_costs *out,
+                      pt_error *err)
+{
+    for (int i = 0; i < priced->count; i++)
+        if (priced->type[i] == type) {
+            *out = priced->costs[i];
+            return 0;
+        }
+    if (costmodel_price_type(cm, type, config, NULL, out, err) != 0)
+        return -1;
+    if (priced->count < PRICED_TYPES) {
+        priced->type[priced->count] = type;
+        priced->costs[priced->count++] = *out;
+    }
+    return 0;
+}
+
 static int price_group(const costmodel *cm, const parallel_config *config,
                        const node_lane *lane, lane_cursor *cursor,
-                       long long first, group_pace *out, pt_error *err)
+                       priced_types *priced, long long first,
+                       group_pace *out, pt_error *err)
 {
     const cluster *c = cm->cluster;
     int first_slot = slot_of(cursor, first);
@@ -130,7 +161,7 @@ static int price_group(const costmodel *cm, const parallel_config *config,
     for (int slot = first_slot; slot <= last_slot; slot++) {
         type_costs costs;
         int type = lane->types[slot];
-        if (costmodel_price_type(cm, type, config, NULL, &costs, err) != 0)
+        if (price_once(cm, config, priced, type, &costs, err) != 0)
             return -1;
         double pace = costs.layer_forward_s + costs.layer_backward_s;
         if (pace > slowest || (pace == slowest && type < out->slow_type)) {
@@ -156,7 +187,7 @@ static int price_group(const costmodel *cm, const parallel_config *config,
         }
     }
     type_costs slow;
-    if (costmodel_price_type(cm, out->slow_type, config, NULL, &slow, err) != 0)
+    if (price_once(cm, config, priced, out->slow_type, &slow, err) != 0)
         return -1;
     comm_group span = {.members = config->tp, .nodes = out->nodes,
                        .intra = out->intra_link, .inter = out->link};
@@ -172,10 +203,11 @@ static int stage_types(const costmodel *cm, const parallel_config *config,
                        stage_placement *out, pt_error *err)
 {
     lane_cursor cursor = {lane, 0};
+    priced_types priced = {0};
     double slowest = -1.0;
     for (int d = 0; d < config->dp; d++) {
         group_pace group;
-        if (price_group(cm, config, lane, &cursor,
+        if (price_group(cm, config, lane, &cursor, &priced,
                         first + (long long)d * config->tp, &group, err) != 0)
             return -1;
         /* ties go to the lower type index, so that the arrangement of a
@@ -198,7 +230,7 @@ static int stage_types(const costmodel *cm, const parallel_config *config,
          slot++) {
         type_costs costs;
         int type = lane->types[slot];
-        if (costmodel_price_type(cm, type, config, NULL, &costs, err) != 0)
+        if (price_once(cm, config, &priced, type, &costs, err) != 0)
             return -1;
         if (costs.memory_cap_bytes < smallest ||
             (costs.memory_cap_bytes == smallest && type < out->small_type)) {

@@ -6,7 +6,10 @@
  * the list of how each part was priced, for the estimate.
  */
 #include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "costmodel/internal.h"
@@ -127,7 +130,22 @@ static void describe_neighbours(const shape_neighbours *near, char *out,
                  "each part's work", a);
 }
 
-void costmodel_note_shape_coverage(costmodel *cm, int type_index)
+/* One coverage note into the memo, formatted as costmodel_add_note
+ * formats it. */
+static void coverage_note(coverage_memo *memo, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void coverage_note(coverage_memo *memo, const char *format, ...)
+{
+    va_list args;
+    va_start(args, format);
+    vsnprintf(memo->text[memo->count++], sizeof memo->text[0], format, args);
+    va_end(args);
+}
+
+/* The notes costmodel_note_shape_coverage adds for the type, in order. */
+static void coverage_notes(const costmodel *cm, int type_index,
+                      coverage_memo *memo)
 {
     const profile *prof = &cm->profiles[type_index];
     const model_shape *m = &cm->model;
@@ -136,50 +154,65 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
         return;
     if (!model_is_gpt(m) && prof->shape_count > 0 &&
         !holds_architecture(prof, m))
-        costmodel_add_note(cm,
-                           "%s: the profile measured no layer of %s's "
-                           "architecture (%s, %s, %s positions, %d key/value "
-                           "heads of %d); it is priced from its own FLOPs "
-                           "and bytes, not a GPT-2 layer's times "
-                           "(docs/cost-model.md, \"Llama-family layers\"; "
-                           "`partita profile --missing-only` measures it)",
-                           prof->gpu, m->name, model_norm_name(m->norm),
-                           model_mlp_name(m->mlp),
-                           model_positions_name(m->positions),
-                           model_kv_heads(m), m->heads);
+        coverage_note(memo,
+                      "%s: the profile measured no layer of %s's "
+                      "architecture (%s, %s, %s positions, %d key/value "
+                      "heads of %d); it is priced from its own FLOPs "
+                      "and bytes, not a GPT-2 layer's times "
+                      "(docs/cost-model.md, \"Llama-family layers\"; "
+                      "`partita profile --missing-only` measures it)",
+                      prof->gpu, m->name, model_norm_name(m->norm),
+                      model_mlp_name(m->mlp),
+                      model_positions_name(m->positions),
+                      model_kv_heads(m), m->heads);
     char key[160];
     shape_key_text(m, key, sizeof key);
     if (lookup_shape_neighbours(prof, m, 1, &near)) {
         char how[400];
         describe_neighbours(&near, how, sizeof how);
-        costmodel_add_note(cm,
-                           "%s: the profile holds no layer shape %s; %s "
-                           "(each part a power law of its work; "
-                           "docs/profiles.md states the error)",
-                           prof->gpu, key, how);
+        coverage_note(memo,
+                      "%s: the profile holds no layer shape %s; %s "
+                      "(each part a power law of its work; "
+                      "docs/profiles.md states the error)",
+                      prof->gpu, key, how);
         return;
     }
     if (check_efficiency_model(cm, &cm->profiles[type_index], NULL))
         return;
     if (prof->roofline.present) {
-        costmodel_add_note(cm,
-                           "%s: %s profile without measured times for %s; "
-                           "priced by its roofline (%.0f TFLOP/s, %.0f GB/s, "
-                           "%d SMs, efficiencies fitted on %s)",
-                           prof->gpu, profile_source_name(prof->source), key,
-                           prof->peak_tflops, prof->memory_bandwidth_GBps,
-                           prof->sm_limit > 0 ? prof->sm_limit : prof->sms,
-                           prof->source == PROFILE_DERIVED
-                               ? "what its provenance names"
-                               : "its own measured times");
+        coverage_note(memo,
+                      "%s: %s profile without measured times for %s; "
+                      "priced by its roofline (%.0f TFLOP/s, %.0f GB/s, "
+                      "%d SMs, efficiencies fitted on %s)",
+                      prof->gpu, profile_source_name(prof->source), key,
+                      prof->peak_tflops, prof->memory_bandwidth_GBps,
+                      prof->sm_limit > 0 ? prof->sm_limit : prof->sms,
+                      prof->source == PROFILE_DERIVED
+                          ? "what its provenance names"
+                          : "its own measured times");
         return;
     }
-    costmodel_add_note(cm,
-                       "%s: the profile holds no layer shape %s; priced by "
-                       "the efficiency model (%.0f TFLOP/s peak x %.3f %s)",
-                       prof->gpu, key,
-                       prof->peak_tflops, model_efficiency(prof, m),
-                       prof->flops_efficiency > 0.0 ? "given" : "fitted");
+    coverage_note(memo,
+                  "%s: the profile holds no layer shape %s; priced by "
+                  "the efficiency model (%.0f TFLOP/s peak x %.3f %s)",
+                  prof->gpu, key,
+                  prof->peak_tflops, model_efficiency(prof, m),
+                  prof->flops_efficiency > 0.0 ? "given" : "fitted");
+}
+
+void costmodel_note_shape_coverage(costmodel *cm, int type_index)
+{
+    const profile *prof = &cm->profiles[type_index];
+    coverage_memo fresh, *memo = type_index < COSTMODEL_COVERAGE_MEMO
+                                     ? &cm->coverage[type_index]
+                                     : &fresh;
+    if (memo == &fresh || memo->profile != prof) {
+        memo->profile = prof;
+        memo->count = 0;
+        coverage_notes(cm, type_index, memo);
+    }
+    for (int i = 0; i < memo->count; i++)
+        costmodel_add_note(cm, "%s", memo->text[i]);
 }
 
 /* Prices the three parts from FLOPs and bytes for a shape the profile
@@ -460,6 +493,162 @@ static int price_type_from(const costmodel *cm, int type_index,
     return 0;
 }
 
+/* ----------------------------------------------------- the price memo */
+
+/* Slots of each of the memo's two caches: direct-mapped, a newcomer
+ * replaces the entry its slot held. Entries lie in the order first
+ * made, so the pages a memo touches grow with what it holds, not with
+ * its slots. */
+#define PRICE_MEMO_SLOTS 4096
+
+/* A config's every field, as the memo compares them (a parallel_config's
+ * padding is not always written, so its bytes cannot be compared). */
+#define CONFIG_KEY_FIELDS 20
+typedef struct config_key {
+    int field[CONFIG_KEY_FIELDS];
+} config_key;
+
+/* A field added to parallel_config must be added to config_of too. */
+_Static_assert(sizeof(parallel_config) == 64,
+               "parallel_config changed: update config_of's fields");
+
+static config_key config_of(const parallel_config *c)
+{
+    return (config_key){{c->gbs, c->mbs, c->tp, c->dp, c->pp,
+                         (int)c->schedule, (int)c->precision, c->recompute,
+                         c->selective_recompute, c->distributed_optimizer,
+                         c->zero_stage, c->offload_optimizer,
+                         c->virtual_stages, c->sequence_parallel,
+                         (int)c->runtime, (int)c->attention,
+                         c->overlap_grad_reduce, c->overlap_param_gather,
+                         c->tf32, (int)c->grad_precision}};
+}
+
+typedef struct price_entry {
+    bool noted; /* its notes are in the costmodel's */
+    int type;
+    config_key config;
+    type_costs costs;
+} price_entry;
+
+typedef struct memory_entry {
+    int stage;
+    double context_bytes;
+    config_key config;
+    double fixed_bytes, per_layer_bytes;
+} memory_entry;
+
+struct price_memo {
+    /* entry index + 1 of each slot (0: empty) */
+    int32_t price_slot[PRICE_MEMO_SLOTS], memory_slot[PRICE_MEMO_SLOTS];
+    /* the entries, grown as they are made (a memo of a small search
+       stays small: a block of every slot's entry would be mapped and
+       its pages touched anew for every search) */
+    int price_count, memory_count, price_room, memory_room;
+    price_entry *prices;
+    memory_entry *memories;
+};
+
+int costmodel_price_memo_attach(costmodel *cm, pt_error *err)
+{
+    /* only the slots zeroed: the entries are written as they are made */
+    price_memo *memo = malloc(sizeof *memo);
+    if (memo == NULL)
+        return pt_fail(err, "costmodel: out of memory for the price memo");
+    memset(memo->price_slot, 0, sizeof memo->price_slot);
+    memset(memo->memory_slot, 0, sizeof memo->memory_slot);
+    memo->price_count = memo->memory_count = 0;
+    memo->price_room = memo->memory_room = 0;
+    memo->prices = NULL;
+    memo->memories = NULL;
+    costmodel_price_memo_detach(cm);
+    cm->price_memo = memo;
+    return 0;
+}
+
+void costmodel_price_memo_detach(costmodel *cm)
+{
+    if (cm->price_memo != NULL) {
+        free(cm->price_memo->prices);
+        free(cm->price_memo->memories);
+    }
+    free(cm->price_memo);
+    cm->price_memo = NULL;
+}
+
+static size_t memo_slot_of(uint64_t seed, const config_key *key)
+{
+    uint64_t hash = 0x9e3779b97f4a7c15ULL ^ seed;
+    for (int i = 0; i < CONFIG_KEY_FIELDS; i++)
+        hash = (hash ^ (uint32_t)key->field[i]) * 0x100000001b3ULL;
+    return (size_t)((hash ^ hash >> 29) % PRICE_MEMO_SLOTS);
+}
+
+/* The index of the entry a slot holds, or of a new one it now holds;
+ * -1 when a new one is wanted and the `room` entries are all used. */
+static int memo_entry_of(int32_t *slot, int *count, int room)
+{
+    if (*slot != 0)
+        return *slot - 1;
+    if (*count == room)
+        return -1;
+    *slot = ++*count;
+    return *slot - 1;
+}
+
+/* Room for twice the entries (64 at first); false without memory. */
+static bool memo_grow(void *items_at, int *room, size_t size)
+{
+    void *items;
+    memcpy(&items, items_at, sizeof items);
+    int grown_room = *room > 0 ? 2 * *room : 64;
+    void *grown = realloc(items, size * (size_t)grown_room);
+    if (grown == NULL)
+        return false;
+    memcpy(items_at, &grown, sizeof grown);
+    *room = grown_room;
+    return true;
+}
+
+bool costmodel_memory_memo_find(const costmodel *cm,
+                                const parallel_config *config, int stage,
+                                double context_bytes, double *fixed_bytes,
+                                double *per_layer_bytes)
+{
+    const price_memo *memo = cm->price_memo;
+    if (memo == NULL)
+        return false;
+    config_key key = config_of(config);
+    int32_t at = memo->memory_slot[memo_slot_of((uint64_t)stage, &key)];
+    const memory_entry *e = at > 0 ? &memo->memories[at - 1] : NULL;
+    if (e == NULL || e->stage != stage ||
+        memcmp(&e->context_bytes, &context_bytes, sizeof context_bytes) != 0 ||
+        memcmp(&e->config, &key, sizeof key) != 0)
+        return false;
+    *fixed_bytes = e->fixed_bytes;
+    *per_layer_bytes = e->per_layer_bytes;
+    return true;
+}
+
+void costmodel_memory_memo_keep(const costmodel *cm,
+                                const parallel_config *config, int stage,
+                                double context_bytes, double fixed_bytes,
+                                double per_layer_bytes)
+{
+    price_memo *memo = cm->price_memo;
+    if (memo == NULL)
+        return;
+    config_key key = config_of(config);
+    int32_t *slot = &memo->memory_slot[memo_slot_of((uint64_t)stage, &key)];
+    int at = memo_entry_of(slot, &memo->memory_count, memo->memory_room);
+    if (at < 0 && memo_grow(&memo->memories, &memo->memory_room,
+                            sizeof *memo->memories))
+        at = memo_entry_of(slot, &memo->memory_count, memo->memory_room);
+    if (at >= 0)
+        memo->memories[at] = (memory_entry){stage, context_bytes, key,
+                                            fixed_bytes, per_layer_bytes};
+}
+
 int costmodel_price_type(const costmodel *cm, int type_index,
                          const parallel_config *config,
                          costmodel *note_target, type_costs *out,
@@ -468,8 +657,34 @@ int costmodel_price_type(const costmodel *cm, int type_index,
     if (type_index < 0 || type_index >= cm->cluster->type_count)
         return pt_fail(err, "costmodel: node type %d does not exist (the "
                        "cluster has %d)", type_index, cm->cluster->type_count);
-    return price_type_from(cm, type_index, &cm->profiles[type_index], config,
-                           note_target, out, err);
+    /* notes for a costmodel other than cm: priced as without a memo */
+    price_memo *memo = cm->price_memo;
+    bool memo_use = memo != NULL && (note_target == NULL || note_target == cm);
+    config_key key = memo_use ? config_of(config) : (config_key){{0}};
+    int32_t *slot = memo_use ? &memo->price_slot[memo_slot_of(
+                                   (uint64_t)type_index, &key)]
+                             : NULL;
+    const price_entry *e =
+        slot != NULL && *slot > 0 ? &memo->prices[*slot - 1] : NULL;
+    if (e != NULL && e->type == type_index &&
+        memcmp(&e->config, &key, sizeof key) == 0 &&
+        (e->noted || note_target == NULL)) {
+        *out = e->costs;
+        return 0;
+    }
+    if (price_type_from(cm, type_index, &cm->profiles[type_index], config,
+                        note_target, out, err) != 0)
+        return -1;
+    int at = slot != NULL ? memo_entry_of(slot, &memo->price_count,
+                                          memo->price_room)
+                          : -1;
+    if (at < 0 && slot != NULL &&
+        memo_grow(&memo->prices, &memo->price_room, sizeof *memo->prices))
+        at = memo_entry_of(slot, &memo->price_count, memo->price_room);
+    if (at >= 0)
+        memo->prices[at] =
+            (price_entry){note_target != NULL, type_index, key, *out};
+    return 0;
 }
 
 int costmodel_type_costs_at_rest(const costmodel *cm, int type_index,
@@ -524,6 +739,20 @@ int costmodel_type_costs(costmodel *cm, int type_index,
                          pt_error *err)
 {
     return costmodel_price_type(cm, type_index, config, cm, out, err);
+}
+
+int costmodel_slow_and_small_costs(costmodel *cm, const stage_placement *place,
+                                   const parallel_config *config,
+                                   type_costs *slow, type_costs *small,
+                                   pt_error *err)
+{
+    if (costmodel_type_costs(cm, place->slow_type, config, slow, err) != 0)
+        return -1;
+    if (place->small_type == place->slow_type) {
+        *small = *slow;
+        return 0;
+    }
+    return costmodel_type_costs(cm, place->small_type, config, small, err);
 }
 
 const char *price_method_name(price_method method)

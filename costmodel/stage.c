@@ -8,17 +8,32 @@
 
 #include "costmodel/internal.h"
 
-double stage_parameters_per_gpu(const model_shape *model,
-                                const parallel_config *config, int stage,
-                                int layers)
+/* The parameter counts a stage's are made of, computed once where a
+ * loop asks for many layer counts (the same values, so the same sums,
+ * as stage_parameters_per_gpu computes each time). */
+typedef struct parameter_counts {
+    double layer, embedding, final_norm, per_rank;
+} parameter_counts;
+
+static parameter_counts parameter_counts_of(const model_shape *model, int tp)
+{
+    return (parameter_counts){model_layer_parameter_count(model),
+                              model_embedding_parameter_count(model),
+                              model_final_norm_parameter_count(model),
+                              model_layer_parameters_per_rank(model, tp)};
+}
+
+static double stage_parameters_from(const model_shape *model,
+                                    const parallel_config *config, int stage,
+                                    int layers, const parameter_counts *n)
 {
     double hidden = model->hidden;
     double word_embedding = (double)model->vocab * hidden;
-    double params = layers * model_layer_parameter_count(model);
+    double params = layers * n->layer;
     if (stage == 0)
-        params += model_embedding_parameter_count(model);
+        params += n->embedding;
     if (stage == config->pp - 1) {
-        params += model_final_norm_parameter_count(model);
+        params += n->final_norm;
         /* an untied head is its own matrix; a tied one is a copy of the
            word embedding on the last stage when that is not the first */
         if (!model->tied_embeddings || config->pp > 1)
@@ -26,9 +41,16 @@ double stage_parameters_per_gpu(const model_shape *model,
     }
     /* key/value heads copied on ranks beyond their count (exactly 0
        without grouped-query attention) */
-    double copies = model_layer_parameters_per_rank(model, config->tp) -
-                    model_layer_parameter_count(model) / config->tp;
+    double copies = n->per_rank - n->layer / config->tp;
     return params / config->tp + layers * copies;
+}
+
+double stage_parameters_per_gpu(const model_shape *model,
+                                const parallel_config *config, int stage,
+                                int layers)
+{
+    parameter_counts n = parameter_counts_of(model, config->tp);
+    return stage_parameters_from(model, config, stage, layers, &n);
 }
 
 double costmodel_offload_host_bytes(const model_shape *model,
@@ -214,13 +236,17 @@ void costmodel_terms_with_sends(const costmodel *cm,
 
     /* memory: docs/cost-model.md, "Memory per GPU" (memory.c) */
     double workspace = cm->profiles[self->small_type].workspace_gib * PT_GIB;
-    stage_memory memory;
-    costmodel_stage_memory(model, config, stage,
-                           costmodel_context_bytes(cm, config,
-                                                   self->small_type),
-                           &memory);
-    out->fixed_bytes = pt_memory_terms_total(&memory.fixed, true);
-    out->per_layer_bytes = pt_memory_terms_total(&memory.per_layer, true);
+    double context = costmodel_context_bytes(cm, config, self->small_type);
+    if (!costmodel_memory_memo_find(cm, config, stage, context,
+                                    &out->fixed_bytes,
+                                    &out->per_layer_bytes)) {
+        stage_memory memory;
+        costmodel_stage_memory(model, config, stage, context, &memory);
+        out->fixed_bytes = pt_memory_terms_total(&memory.fixed, true);
+        out->per_layer_bytes = pt_memory_terms_total(&memory.per_layer, true);
+        costmodel_memory_memo_keep(cm, config, stage, context,
+                                   out->fixed_bytes, out->per_layer_bytes);
+    }
     out->cap_bytes = small->memory_cap_bytes + workspace;
     out->max_layers = layers_that_fit(out, model->layers);
 }
@@ -241,8 +267,8 @@ int costmodel_stage_terms_between(costmodel *cm,
         return pt_fail(err, "costmodel: stage %d needs the placement of the "
                        "stage before it", stage);
     type_costs slow, small;
-    if (costmodel_type_costs(cm, self->slow_type, config, &slow, err) != 0 ||
-        costmodel_type_costs(cm, self->small_type, config, &small, err) != 0)
+    if (costmodel_slow_and_small_costs(cm, self, config, &slow, &small,
+                                       err) != 0)
         return -1;
     costmodel_terms_from_costs(cm, config, previous, self, stage, &slow,
                                &small, out);
@@ -277,7 +303,8 @@ double costmodel_embedding_allreduce_s(const costmodel *cm,
  * for the dp overlap. */
 static dp_backward last_backward(const costmodel *cm,
                                  const parallel_config *config, int stage,
-                                 int layers, const type_costs *slow)
+                                 int layers, const type_costs *slow,
+                                 const parameter_counts *counts)
 {
     bool first = stage == 0;
     /* what the head's backward still runs (a fused head's products ran
@@ -291,10 +318,9 @@ static dp_backward last_backward(const costmodel *cm,
         .head_s = head_backward,
         .layer_s = slow->layer_backward_s,
         .embedding_s = first ? slow->embedding_backward_s : 0.0,
-        .fixed_bytes = 4.0 * stage_parameters_per_gpu(&cm->model, config,
-                                                      stage, 0),
-        .layer_bytes = 4.0 * model_layer_parameters_per_rank(&cm->model,
-                                                             config->tp)};
+        .fixed_bytes = 4.0 * stage_parameters_from(&cm->model, config,
+                                                   stage, 0, counts),
+        .layer_bytes = 4.0 * counts->per_rank};
 }
 
 
@@ -319,33 +345,51 @@ static double sum_kernels_seconds(const parallel_config *config,
     return (gradient_bytes + written) * slow->stream_s_per_byte;
 }
 
-void costmodel_step_work(const costmodel *cm, const parallel_config *config,
-                         const stage_placement *placement, int stage,
-                         int layers, const type_costs *slow, step_work *out)
+/* The stage's gradient reduction, ZeRO-1's gather and its optimizer
+ * step (what the searches' scores count): into out's reduce_s, gather_s
+ * and optimizer_s; its parameters per GPU and gradient bytes into
+ * *params and *gradient_bytes. */
+static void reduce_and_step(const costmodel *cm, const parallel_config *config,
+                            const stage_placement *placement, int stage,
+                            int layers, const type_costs *slow,
+                            const parameter_counts *counts, step_work *out,
+                            double *params, double *gradient_bytes)
 {
-    int dp = config->dp;
-    double params = stage_parameters_per_gpu(&cm->model, config, stage,
-                                             layers);
+    *params = stage_parameters_from(&cm->model, config, stage, layers,
+                                    counts);
     /* the main gradients as the runtime keeps and reduces them */
-    double gradient_bytes = params * parallel_gradient_bytes(config);
+    *gradient_bytes = *params * parallel_gradient_bytes(config);
     bool zero1 = config->distributed_optimizer;
     out->reduce_s = costmodel_dp_reduce_seconds(cm, config, placement,
-                                                gradient_bytes, zero1);
+                                                *gradient_bytes, zero1);
     /* ZeRO-1's all-gather of the updated parameters, as a reduce-scatter
      * of the fp32 master parameters the executor gathers (it rebuilds
      * its half-precision copy from them afterwards) */
     out->gather_s = zero1 ? costmodel_dp_reduce_seconds(
                                 cm, config, placement,
-                                params * COSTMODEL_GATHER_BYTES_PER_PARAM,
+                                *params * COSTMODEL_GATHER_BYTES_PER_PARAM,
                                 true)
                           : 0.0;
-    dp_backward backward = last_backward(cm, config, stage, layers, slow);
+    double held = zero1 ? *params / config->dp : *params;
+    out->optimizer_s = held * slow->optimizer_s_per_param;
+}
+
+void costmodel_step_work(const costmodel *cm, const parallel_config *config,
+                         const stage_placement *placement, int stage,
+                         int layers, const type_costs *slow, step_work *out)
+{
+    parameter_counts counts = parameter_counts_of(&cm->model, config->tp);
+    double params, gradient_bytes;
+    reduce_and_step(cm, config, placement, stage, layers, slow, &counts, out,
+                    &params, &gradient_bytes);
+    dp_backward backward = last_backward(cm, config, stage, layers, slow,
+                                         &counts);
     out->exposed_s = costmodel_dp_exposed_seconds(cm, config, placement,
                                                   &backward, out->reduce_s);
     out->sum_kernels_s =
         sum_kernels_seconds(config, placement, gradient_bytes, slow);
-    double held = zero1 ? params / dp : params;
-    out->optimizer_s = held * slow->optimizer_s_per_param;
+    double held = config->distributed_optimizer ? params / config->dp
+                                                : params;
     /* the square sum of the gradients the rank steps (ZeRO-1: its shard),
      * before every rank meets the others' norms */
     out->norm_s = held * NORM_BYTES_PER_PARAM * slow->stream_s_per_byte;
@@ -362,4 +406,22 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                              : 1.0;
     /* ZeRO-2/3 reduce unit by unit during every backward (zero.c) */
     costmodel_zero_step_work(cm, config, placement, stage, slow, out);
+}
+
+void costmodel_step_work_sums(const costmodel *cm,
+                              const parallel_config *config,
+                              const stage_placement *placement, int stage,
+                              int most_layers, const type_costs *slow,
+                              double *work_s)
+{
+    parameter_counts counts = parameter_counts_of(&cm->model, config->tp);
+    for (int layers = 0; layers <= most_layers; layers++) {
+        step_work work;
+        double params, gradient_bytes;
+        reduce_and_step(cm, config, placement, stage, layers, slow, &counts,
+                        &work, &params, &gradient_bytes);
+        /* ZeRO-2/3 replace the reduction and the gather (zero.c) */
+        costmodel_zero_step_work(cm, config, placement, stage, slow, &work);
+        work_s[layers] = work.reduce_s + work.gather_s + work.optimizer_s;
+    }
 }

@@ -7,6 +7,8 @@
 
 #include "planner/planner.h"
 
+#include <math.h>
+
 #define SEARCH_MAX_MBS_VALUES 16
 #define SEARCH_LEVER_SETS 14
 
@@ -66,6 +68,43 @@ int search_try_interleave(costmodel *cm, const search_options *options,
  * count (tp groups of whole nodes), among the types that have nodes. */
 bool search_tp_fits(const cluster *c, int tp);
 
+/* ------------------------------------------------------ fmin, fmax */
+
+/* libm's fmin and fmax inlined where the symmetric floors call them
+ * millions of times (calls, without -ffinite-math-only): the same value
+ * for every pair, x86-64's minsd and maxsd on two numbers (the second
+ * on a tie, so of two zeros the second), the number when one is NAN. */
+static inline double search_fmin(double a, double b)
+{
+    return isnan(b) ? a : (a < b ? a : b);
+}
+
+static inline double search_fmax(double a, double b)
+{
+    return isnan(b) ? a : (a > b ? a : b);
+}
+
+/* ------------------------------------------------------------ region */
+
+/* A bump allocator over a reservation of address space advised for huge
+ * pages (region.c): few page faults for tables filled piece by piece.
+ * Its memory is not zeroed; it is all given back at once. */
+typedef struct region {
+    unsigned char *base; /* NULL: no reservation (region_take: NULL) */
+    size_t reserved, used;
+} region;
+
+void region_open(region *r, size_t reserve);
+/* `bytes` of the region, 64-byte aligned; NULL when it has no room (the
+ * caller then mallocs, and region_release frees what it did not take). */
+void *region_take(region *r, size_t bytes);
+bool region_holds(const region *r, const void *p);
+/* Frees p unless the region holds it (NULL: nothing). */
+void region_release(region *r, void *p);
+/* Everything taken given back (the pages stay, as they are). */
+void region_reset(region *r);
+void region_close(region *r);
+
 /* ------------------------------------------------------ the thread pool */
 
 /* Runs work(context, worker, item) for item 0..item_count-1 on `threads`
@@ -98,6 +137,7 @@ typedef struct memo_table {
     memo_entry *slots;          /* key_length 0 = empty slot */
     unsigned char *arena;
     size_t arena_used, arena_size;
+    bool arena_huge;            /* moved to a reservation for huge pages */
 } memo_table;
 
 uint64_t memo_hash(const void *key, size_t length);
@@ -205,6 +245,17 @@ double shortlist_threshold(const shortlist *list);
 /* Keeps a copy of the candidate when it is among the capacity best and no
  * candidate with the same task and key is there. */
 void shortlist_offer(shortlist *list, const candidate *offered);
+
+/* What simulating a placement gives the ranking, before a ranked_plan
+ * is written for it (a ranked_plan has room for the most stages and
+ * nodes of any plan: the rankings write one only for the few kept). */
+typedef struct simulated_figures {
+    double step_time_s, tokens_per_s, tflops_per_gpu, cost_per_step_usd;
+    double peak_memory_gib_by_type[PLANNER_MAX_TYPES];
+} simulated_figures;
+
+/* The figures into a ranked plan (shortlist.c). */
+void ranked_take_figures(ranked_plan *out, const simulated_figures *f);
 /* Bytes of the key of pp stages. */
 int shortlist_key_bytes(int pp);
 /* Writes the key of a placement (its stages' facts and its embedding
@@ -660,5 +711,9 @@ void asym_bound_close(asym_bound *b);
  * refining once it is below threshold. */
 double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
                         double threshold, pt_error *err);
+/* Stage `stage` of the placed ones (from the last) and all in front of
+ * it have changed since the last floor: what the bound kept of them is
+ * taken again (the tree calls it on every change of a placed stage). */
+void asym_bound_forget(asym_bound *b, int stage);
 
 #endif

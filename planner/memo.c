@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 uint64_t memo_hash(const void *key, size_t length)
 {
@@ -64,6 +65,55 @@ static int grow_slots(memo_table *table)
     return 0;
 }
 
+/* An arena past this size moves to a reservation of address space
+ * advised for huge pages (region.c says why), this large or more (then
+ * grown by mremap as any arena: a reservation counts against a strict
+ * overcommit limit, and the symmetric search's workers each hold
+ * memos). */
+#define ARENA_HUGE_FROM ((size_t)256 << 10)
+#define ARENA_HUGE_RESERVE ((size_t)32 << 20)
+
+/* The arena moved into a reservation of at least `size` bytes advised
+ * for huge pages; 0, or -1 when none could be made (it stays). */
+static int arena_to_huge(memo_table *table, size_t size)
+{
+    size_t reserve = size > ARENA_HUGE_RESERVE ? size : ARENA_HUGE_RESERVE;
+    unsigned char *arena = mmap(NULL, reserve, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                                -1, 0);
+    if (arena == MAP_FAILED)
+        return -1;
+#ifdef MADV_HUGEPAGE
+    madvise(arena, reserve, MADV_HUGEPAGE); /* advice: may be refused */
+#endif
+    memcpy(arena, table->arena, table->arena_used);
+    munmap(table->arena, table->arena_size);
+    table->arena = arena;
+    table->arena_size = reserve;
+    table->arena_huge = true;
+    return 0;
+}
+
+/* The arena grown to `size` bytes (at least). */
+static int arena_grow(memo_table *table, size_t size)
+{
+    if (table->arena != NULL && !table->arena_huge &&
+        size > ARENA_HUGE_FROM && arena_to_huge(table, size) == 0)
+        return 0;
+    /* mapped pages of their own: growing moves the mapping, not the
+       bytes (a realloc would copy them into pages touched anew) */
+    void *arena = table->arena == NULL
+                      ? mmap(NULL, size, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                      : mremap(table->arena, table->arena_size, size,
+                               MREMAP_MAYMOVE);
+    if (arena == MAP_FAILED)
+        return -1;
+    table->arena = arena;
+    table->arena_size = size;
+    return 0;
+}
+
 /* Room for `length` bytes in the arena, 8-byte aligned; its offset. */
 static int arena_take(memo_table *table, size_t length, size_t *offset)
 {
@@ -72,11 +122,8 @@ static int arena_take(memo_table *table, size_t length, size_t *offset)
         size_t size = table->arena_size ? 2 * table->arena_size : 65536;
         while (size < start + length)
             size *= 2;
-        unsigned char *arena = realloc(table->arena, size);
-        if (arena == NULL)
+        if (arena_grow(table, size) != 0)
             return -1;
-        table->arena = arena;
-        table->arena_size = size;
     }
     *offset = start;
     table->arena_used = start + length;
@@ -120,6 +167,7 @@ size_t memo_bytes(const memo_table *table)
 void memo_free(memo_table *table)
 {
     free(table->slots);
-    free(table->arena);
+    if (table->arena != NULL)
+        munmap(table->arena, table->arena_size);
     memset(table, 0, sizeof *table);
 }

@@ -349,11 +349,21 @@ static void merge_notes(costmodel *cm, const search_run *run)
 
 /* ------------------------------------------------------------- ranking */
 
+/* What the simulator made of a shortlisted placement: a ranked_plan is
+ * written only for the `keep` best (each has room for the most stages
+ * and nodes of any plan, pages a ranked plan for every entry would
+ * touch for nothing). */
+typedef struct simulated_plan {
+    parallel_config config;     /* as the interleaving left it */
+    simulated_figures figures;
+} simulated_plan;
+
 /* The shortlist and what the simulator made of each entry. */
 typedef struct ranking {
     search_run *run;
     const shortlist *list;
-    ranked_plan *plans;     /* [list count] */
+    simulated_plan *plans;  /* [list count] */
+    int *partitions;        /* [list count x max pp] */
     bool *usable;           /* [list count] */
     int **orders;           /* [workers] node-order scratch */
 } ranking;
@@ -384,7 +394,7 @@ static double cluster_price_per_hour(const cluster *c)
  * that type's GPUs serve. */
 static void peak_memory_by_type(const cluster *c, const int *order,
                                 int node_count, const parallel_config *config,
-                                const estimate *est, ranked_plan *out)
+                                const estimate *est, simulated_figures *out)
 {
     long long stage_gpus = (long long)config->dp * config->tp, position = 0;
     for (int i = 0; i < node_count; i++) {
@@ -413,7 +423,7 @@ static void simulate_candidate(void *context, int worker, int position)
     estimate est;
     pt_error err;
     parallel_config config = task->config;
-    int partition[PT_MAX_STAGES];
+    int *partition = rank->partitions + (size_t)position * run->max_pp;
     memcpy(partition, chosen->partition,
            (size_t)config.pp * sizeof *partition);
     if (costmodel_estimate(cm, &config, order, chosen->node_count, partition,
@@ -425,19 +435,16 @@ static void simulate_candidate(void *context, int worker, int position)
         return;
     }
     rank->usable[position] = est.fits;
-    ranked_plan *out = &rank->plans[position];
+    simulated_plan *out = &rank->plans[position];
     memset(out, 0, sizeof *out);
     out->config = config;
-    out->node_count = chosen->node_count;
-    memcpy(out->node_order, order, (size_t)chosen->node_count * sizeof(int));
-    memcpy(out->partition, partition, (size_t)config.pp * sizeof(int));
-    out->step_time_s = est.step_time_s;
-    out->tokens_per_s = est.tokens_per_s;
-    out->tflops_per_gpu = est.tflops_per_gpu;
-    out->cost_per_step_usd = est.step_time_s / 3600.0 *
+    out->figures.step_time_s = est.step_time_s;
+    out->figures.tokens_per_s = est.tokens_per_s;
+    out->figures.tflops_per_gpu = est.tflops_per_gpu;
+    out->figures.cost_per_step_usd = est.step_time_s / 3600.0 *
                              cluster_price_per_hour(cm->cluster);
     peak_memory_by_type(cm->cluster, order, chosen->node_count,
-                        &task->config, &est, out);
+                        &task->config, &est, &out->figures);
     estimate_free(&est);
 }
 
@@ -455,17 +462,38 @@ static int compare_keys(const void *a, const void *b)
     return (x->position > y->position) - (x->position < y->position);
 }
 
+/* The ranked plan of the shortlist's entry at `position`, simulated
+ * (out zeroed: each stage's degrees are the config's). */
+static void ranked_of(const ranking *rank, int position, ranked_plan *out)
+{
+    const candidate *chosen = shortlist_at(rank->list, position);
+    const simulated_plan *sim = &rank->plans[position];
+    const cluster *c = rank->run->cm->cluster;
+    out->config = sim->config;
+    out->node_count = chosen->node_count;
+    nodes_of_types(c, chosen->node_types, chosen->node_count,
+                   out->node_order);
+    memcpy(out->partition,
+           rank->partitions + (size_t)position * rank->run->max_pp,
+           (size_t)sim->config.pp * sizeof(int));
+    ranked_take_figures(out, &sim->figures);
+}
+
 /* Simulates the shortlist and keeps the `keep` best by the objective. */
 static int rank_shortlist(search_run *run, const shortlist *list,
                           int threads, search_result *out, pt_error *err)
 {
     int count = list->count;
-    ranking rank = {run, list, calloc((size_t)count + 1, sizeof(ranked_plan)),
+    ranking rank = {run, list,
+                    calloc((size_t)count + 1, sizeof(simulated_plan)),
+                    malloc(((size_t)count + 1) * (size_t)run->max_pp *
+                           sizeof(int)),
                     calloc((size_t)count + 1, sizeof(bool)),
                     calloc((size_t)run->worker_count, sizeof(int *))};
     ranked_key *keys = calloc((size_t)count + 1, sizeof *keys);
     int rc = 0;
-    if (!rank.plans || !rank.usable || !rank.orders || !keys)
+    if (!rank.plans || !rank.partitions || !rank.usable || !rank.orders ||
+        !keys)
         rc = pt_fail(err, "search: out of memory for the ranking");
     for (int i = 0; rc == 0 && i < run->worker_count; i++) {
         rank.orders[i] = malloc(((size_t)run->space->node_count + 1) *
@@ -483,7 +511,7 @@ static int rank_shortlist(search_run *run, const shortlist *list,
     for (int p = 0; rc == 0 && p < count; p++) {
         if (!rank.usable[p])
             continue;
-        const ranked_plan *plan = &rank.plans[p];
+        const simulated_figures *plan = &rank.plans[p].figures;
         keys[usable++] = (ranked_key){
             run->options->objective == OBJECTIVE_COST ? plan->cost_per_step_usd
                                                       : plan->step_time_s,
@@ -496,13 +524,14 @@ static int rank_shortlist(search_run *run, const shortlist *list,
         if (out->plans == NULL)
             rc = pt_fail(err, "search: out of memory for the plans");
         for (int i = 0; rc == 0 && i < kept; i++)
-            out->plans[i] = rank.plans[keys[i].position];
+            ranked_of(&rank, keys[i].position, &out->plans[i]);
         out->plan_count = rc == 0 ? kept : 0;
     }
     for (int i = 0; rank.orders && i < run->worker_count; i++)
         free(rank.orders[i]);
     free(rank.orders);
     free(rank.plans);
+    free(rank.partitions);
     free(rank.usable);
     free(keys);
     return rc;

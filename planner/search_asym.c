@@ -17,10 +17,18 @@
 
 /* ------------------------------------------------------------ ranking */
 
+/* What the simulation of a kept candidate gives (a ranked_plan is
+ * written only for the few that can be ranked: each holds room for the
+ * most stages and nodes of any plan). */
+typedef struct simulated {
+    int kept; /* the candidate's index */
+    simulated_figures figures;
+} simulated;
+
 /* Peak memory per node type: the highest stage peak among the stages
  * that type's GPUs serve. */
 static void peak_by_type(const cluster *c, const asym_candidate *cand,
-                         const estimate *est, ranked_plan *out)
+                         const estimate *est, simulated_figures *out)
 {
     long long position = 0;
     for (int i = 0; i < cand->node_count; i++) {
@@ -40,7 +48,7 @@ static void peak_by_type(const cluster *c, const asym_candidate *cand,
 
 /* Simulates a kept candidate; 1 when it fits (out filled), 0 when not. */
 static int simulate(costmodel *cm, const asym_candidate *cand,
-                    ranked_plan *out, pt_error *err)
+                    simulated *out, pt_error *err)
 {
     estimate est;
     if (costmodel_estimate_stages(cm, &cand->config, cand->stages,
@@ -49,6 +57,26 @@ static int simulate(costmodel *cm, const asym_candidate *cand,
         return -1;
     memset(out, 0, sizeof *out);
     int fits = est.fits;
+    simulated_figures *f = &out->figures;
+    f->step_time_s = est.step_time_s;
+    f->tokens_per_s = est.tokens_per_s;
+    f->tflops_per_gpu = est.tflops_per_gpu;
+    double per_hour = 0.0;
+    for (int i = 0; i < cand->node_count; i++)
+        per_hour += cm->cluster->types[cluster_node_type(
+                                           cm->cluster, cand->node_order[i])]
+                        .price_per_hour;
+    f->cost_per_step_usd = est.step_time_s / 3600.0 * per_hour;
+    peak_by_type(cm->cluster, cand, &est, f);
+    estimate_free(&est);
+    return fits;
+}
+
+/* The ranked plan of a simulated candidate. */
+static void ranked_of(const asym_candidate *cand, const simulated *sim,
+                      ranked_plan *out)
+{
+    memset(out, 0, sizeof *out);
     out->config = cand->config;
     out->node_count = cand->node_count;
     int pp = cand->config.pp;
@@ -56,32 +84,28 @@ static int simulate(costmodel *cm, const asym_candidate *cand,
            sizeof(int) * (size_t)cand->node_count);
     memcpy(out->partition, cand->partition, sizeof(int) * (size_t)pp);
     memcpy(out->stages, cand->stages, sizeof(stage_degrees) * (size_t)pp);
-    out->step_time_s = est.step_time_s;
-    out->tokens_per_s = est.tokens_per_s;
-    out->tflops_per_gpu = est.tflops_per_gpu;
-    double per_hour = 0.0;
-    for (int i = 0; i < cand->node_count; i++)
-        per_hour += cm->cluster->types[cluster_node_type(
-                                           cm->cluster, cand->node_order[i])]
-                        .price_per_hour;
-    out->cost_per_step_usd = est.step_time_s / 3600.0 * per_hour;
-    peak_by_type(cm->cluster, cand, &est, out);
-    estimate_free(&est);
-    return fits;
+    ranked_take_figures(out, &sim->figures);
 }
 
-static double objective_of(const search_options *o, const ranked_plan *p)
+static double objective_of(const search_options *o, double step_time_s,
+                           double cost_per_step_usd)
 {
-    return o->objective == OBJECTIVE_COST ? p->cost_per_step_usd
-                                          : p->step_time_s;
+    return o->objective == OBJECTIVE_COST ? cost_per_step_usd : step_time_s;
 }
 
-/* The symmetric plans and the simulated asymmetric ones that fit, merged
- * by the objective (the symmetric first on a tie), `keep` of them. */
-static int merge(const search_options *o, search_result *out,
-                 const ranked_plan *extra, int extra_count, pt_error *err)
+static double ranked_objective(const search_options *o, const ranked_plan *p)
 {
-    int total = out->plan_count + extra_count;
+    return objective_of(o, p->step_time_s, p->cost_per_step_usd);
+}
+
+/* The symmetric plans and the simulated asymmetric ones that fit (sims,
+ * by the objective), merged by the objective (the symmetric first on a
+ * tie), `keep` of them; a ranked plan written only for those kept. */
+static int merge(const asym_walk *w, search_result *out,
+                 const simulated *sims, int count, pt_error *err)
+{
+    const search_options *o = w->options;
+    int total = out->plan_count + count;
     int kept = total < o->keep ? total : o->keep;
     ranked_plan *merged = calloc((size_t)kept + 1, sizeof *merged);
     if (merged == NULL)
@@ -90,9 +114,16 @@ static int merge(const search_options *o, search_result *out,
     for (int i = 0; i < kept; i++) {
         bool take_symmetric =
             a < out->plan_count &&
-            (b == extra_count || objective_of(o, &out->plans[a]) <=
-                                     objective_of(o, &extra[b]));
-        merged[i] = take_symmetric ? out->plans[a++] : extra[b++];
+            (b == count ||
+             ranked_objective(o, &out->plans[a]) <=
+                 objective_of(o, sims[b].figures.step_time_s,
+                              sims[b].figures.cost_per_step_usd));
+        if (take_symmetric) {
+            merged[i] = out->plans[a++];
+        } else {
+            ranked_of(&w->kept[sims[b].kept], &sims[b], &merged[i]);
+            b++;
+        }
     }
     free(out->plans);
     out->plans = merged;
@@ -100,31 +131,40 @@ static int merge(const search_options *o, search_result *out,
     return 0;
 }
 
-static int compare_ranked(const void *x, const void *y, void *context)
+/* By the objective; on a tie in the order kept (by score). */
+static int compare_simulated(const void *x, const void *y, void *context)
 {
     const search_options *o = context;
-    double a = objective_of(o, x), b = objective_of(o, y);
-    return (a > b) - (a < b);
+    const simulated *p = x, *q = y;
+    double a = objective_of(o, p->figures.step_time_s,
+                            p->figures.cost_per_step_usd),
+           b = objective_of(o, q->figures.step_time_s,
+                            q->figures.cost_per_step_usd);
+    if (a != b)
+        return (a > b) - (a < b);
+    return (p->kept > q->kept) - (p->kept < q->kept);
 }
 
 /* Simulates the kept candidates and merges those that fit. */
 static int rank_kept(asym_walk *w, search_result *out, pt_error *err)
 {
-    ranked_plan *plans = calloc((size_t)w->kept_count + 1, sizeof *plans);
-    if (plans == NULL)
-        return pt_fail(err, "search: out of memory for the ranking");
-    int count = 0, rc = 0;
+    simulated *sims = calloc((size_t)w->kept_count + 1, sizeof *sims);
+    int count = 0,
+        rc = sims == NULL
+                 ? pt_fail(err, "search: out of memory for the ranking")
+                 : 0;
     for (int i = 0; i < w->kept_count && rc == 0; i++) {
-        int fits = simulate(w->cm, &w->kept[i], &plans[count], err);
+        int fits = simulate(w->cm, &w->kept[i], &sims[count], err);
         rc = fits < 0 ? -1 : 0;
+        sims[count].kept = i;
         count += fits > 0;
     }
     if (rc == 0) {
-        qsort_r(plans, (size_t)count, sizeof *plans, compare_ranked,
+        qsort_r(sims, (size_t)count, sizeof *sims, compare_simulated,
                 (void *)w->options);
-        rc = merge(w->options, out, plans, count, err);
+        rc = merge(w, out, sims, count, err);
     }
-    free(plans);
+    free(sims);
     return rc;
 }
 
@@ -144,10 +184,17 @@ int planner_search_asymmetric(costmodel *cm, const search_options *options,
     w.capacity = 2 * options->keep > ASYM_SHORTLIST_MINIMUM
                      ? 2 * options->keep
                      : ASYM_SHORTLIST_MINIMUM;
-    w.kept = calloc((size_t)w.capacity, sizeof *w.kept);
+    /* not zeroed: a kept candidate is written as far as its stages and
+       nodes reach (search_asym_score.c), and only that far read */
+    w.kept = malloc((size_t)w.capacity * sizeof *w.kept);
     int rc = w.kept == NULL ? pt_fail(err, "search: out of memory") : 0;
+    /* the tree prices the same node types at the same configs again and
+       again, on this thread alone */
+    if (rc == 0)
+        rc = costmodel_price_memo_attach(cm, err);
     if (rc == 0)
         rc = asym_walk_tree(&w) != 0 ? -1 : rank_kept(&w, out, err);
+    costmodel_price_memo_detach(cm);
     out->asymmetric_scored = w.scored;
     out->asymmetric_pruned = w.pruned;
     out->asymmetric_nodes = w.nodes;

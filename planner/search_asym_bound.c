@@ -23,6 +23,23 @@
 /* A floor must not pass a score by a rounding. */
 #define FLOOR_SHADE (1.0 - 1e-9)
 
+/* What the floors keep of the placed stages from one query to the next:
+ * the stages from the last on change only at the front of the tree, so
+ * the merge of stages [0, p) is kept for every p and redone only from
+ * the first stage that changed (asym_bound_forget). Entry p holds the
+ * greatest least W of those stages and their merged C (at the work floor
+ * and weight it was taken at). */
+typedef struct placed_prefix {
+    int valid;           /* entries 0..valid are of the stages as now */
+    double *least_work;  /* [stages + 1] */
+    double *floor_at;    /* [stages + 1] the work floor of the merge */
+    double *weight_at;   /* [stages + 1] */
+    double *none;        /* [stages + 1] the greatest C of no layers */
+    double *merged;      /* [(stages + 1) x (layers + 1)] */
+    double *rows;        /* [stages x (layers + 1)] stage i's C of l or more
+                            layers, the least (non-decreasing in l) */
+} placed_prefix;
+
 struct asym_bound {
     asym_relax *relax;
     int layers;
@@ -30,8 +47,8 @@ struct asym_bound {
     double *bottleneck; /* [layers + 1] the placed stages' least max C */
     double *relaxed;    /* [layers + 1] the stages to come's, with it */
     double *sum;        /* [layers + 1] their least sum T under a bound */
-    double *values;     /* scratch: a stage's C_i(l) and a merge */
     int *order;         /* scratch */
+    placed_prefix kept;
 };
 
 /* ------------------------------------------------------ placed stages */
@@ -53,77 +70,114 @@ static double cost_at(const asym_placed *p, double weight, double work_floor,
 
 /* A floor of the largest per-step work of any completion: no less than
  * any placed stage's least W at the layers it may hold (the last stage
- * is placed first, and it pays the embedding's all-reduce). */
-static double least_max_work(const asym_placed *placed, int count, int layers)
+ * is placed first, and it pays the embedding's all-reduce). Kept by
+ * prefix: only the stages from the first changed one are read. */
+static double least_max_work(placed_prefix *kept, const asym_placed *placed,
+                             int count, int layers)
 {
-    double most = 0.0;
-    for (int i = 0; i < count; i++) {
+    int from = kept->valid < count ? kept->valid : count;
+    for (int i = from; i < count; i++) {
         const asym_placed *p = &placed[i];
         double least = INFINITY;
         for (int l = most_layers(p, layers); l >= 0; l--)
             least = asym_min(least, p->work[l]);
-        most = asym_max(most, least + p->extra);
+        kept->least_work[i + 1] = asym_max(kept->least_work[i],
+                                           least + p->extra);
+        /* the merges past i were of other stages: taken again */
+        kept->floor_at[i + 1] = NAN;
     }
-    return most;
+    if (kept->valid < count)
+        kept->valid = count;
+    return kept->least_work[count];
 }
 
 /* The least max over the placed stages of C_i(l_i) for holding x layers,
  * for every x: the x-th least of every stage's C of one more layer (each
  * made non-decreasing from the right: a lower C at more layers counts
  * for fewer), no lower than any stage's C of none; INFINITY past what
- * they hold. The stages' rows are merged into out one by one, only the
- * least `layers` kept (row, merged: scratch of layers + 1). */
-static void least_bottleneck(const asym_placed *placed, int count,
-                             int layers, double weight, double work_floor,
-                             double *row, double *merged, double *out)
+ * they hold. The stages' rows are merged one by one, only the least
+ * `layers` kept, each merge kept by prefix (row: scratch of layers + 1);
+ * a merge is taken again from the first stage whose kept one was at
+ * another work floor or weight. */
+static void least_bottleneck(placed_prefix *kept, const asym_placed *placed,
+                             int count, int layers, double weight,
+                             double work_floor, double *out)
 {
-    double none = 0.0;
-    int have = 0; /* out[1..have]: the least values so far, in order */
-    for (int i = 0; i < count; i++) {
+    size_t width = (size_t)layers + 1;
+    int from = 0;
+    while (from < count && kept->floor_at[from + 1] == work_floor &&
+           kept->weight_at[from + 1] == weight)
+        from++;
+    for (int i = from; i < count; i++) {
         const asym_placed *p = &placed[i];
         int most = most_layers(p, layers);
-        double right = INFINITY;
+        double right = INFINITY, *row = kept->rows + (size_t)i * width;
         for (int l = layers; l >= 0; l--) {
             if (l <= most)
                 right = asym_min(right, cost_at(p, weight, work_floor, l));
             row[l] = right;
         }
-        none = asym_max(none, row[0]);
-        int a = 1, r = 1, n = 0;
-        while (n < layers)
-            merged[++n] = a <= have && !(row[r] < out[a]) ? out[a++]
-                                                          : row[r++];
-        memcpy(out + 1, merged + 1, sizeof(double) * (size_t)n);
-        have = n;
+        /* merged[1..layers]: the least values so far, in order; a run
+           runs out only once `layers` are taken, so no bound is read */
+        const double *so_far = kept->merged + (size_t)i * width;
+        double *merged = kept->merged + (size_t)(i + 1) * width;
+        if (i == 0)
+            memcpy(merged + 1, row + 1, sizeof(double) * (size_t)layers);
+        for (int n = 1, a = 1, r = 1; i > 0 && n <= layers; n++) {
+            double kept_value = so_far[a], new_value = row[r];
+            bool take_kept = !(new_value < kept_value);
+            merged[n] = take_kept ? kept_value : new_value;
+            a += take_kept;
+            r += !take_kept;
+        }
+        kept->none[i + 1] = asym_max(kept->none[i], row[0]);
+        kept->floor_at[i + 1] = work_floor;
+        kept->weight_at[i + 1] = weight;
     }
+    const double *merged = kept->merged + (size_t)count * width;
+    double none = kept->none[count];
+    int have = count == 0 ? 0 : layers;
     out[0] = none;
     for (int x = 1; x <= layers; x++)
-        out[x] = x <= have ? asym_max(none, out[x]) : INFINITY;
+        out[x] = x <= have ? asym_max(none, merged[x]) : INFINITY;
 }
 
-static const asym_placed *by_pace_base;
-static int compare_pace(const void *a, const void *b)
-{
-    double x = by_pace_base[*(const int *)a].pace,
-           y = by_pace_base[*(const int *)b].pace;
-    return (x > y) - (x < y);
-}
-
-/* The placed stages' indices by pace, cheapest first, into order. */
+/* The placed stages' indices by pace, cheapest first, into order (ties
+ * in placing order; an insertion sort: there are few). */
 static void sort_by_pace(const asym_placed *placed, int count, int *order)
 {
-    for (int i = 0; i < count; i++)
-        order[i] = i;
-    by_pace_base = placed;
-    qsort(order, (size_t)count, sizeof *order, compare_pace);
+    for (int i = 0; i < count; i++) {
+        int j = i;
+        for (; j > 0 && placed[order[j - 1]].pace > placed[i].pace; j--)
+            order[j] = order[j - 1];
+        order[j] = i;
+    }
+}
+
+/* The most layers l with row[l] within `bound` (-1: none): row is
+ * non-decreasing, so the most layers a stage holds with its C within
+ * the bound. */
+static int room_within(const double *row, int layers, double bound)
+{
+    /* row[l] <= bound for every l < low, above it for every l >= high */
+    int low = 0, high = layers + 1;
+    while (low < high) {
+        int middle = low + (high - low) / 2;
+        if (row[middle] <= bound)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low - 1;
 }
 
 /* The least sum of T over the placed stages (order: by pace) holding x
- * layers, each at most the most layers whose C is within `bound`:
- * their fixed times and the cheapest layers first. */
-static void least_sum(const asym_placed *placed, const int *order, int count,
-                      int layers, double weight, double work_floor,
-                      double bound, double *out)
+ * layers, each at most the most layers whose C is within `bound` (read
+ * from their rows, as least_bottleneck left them): their fixed times and
+ * the cheapest layers first. */
+static void least_sum(const placed_prefix *kept, const asym_placed *placed,
+                      const int *order, int count, int layers, double bound,
+                      double *out)
 {
     for (int x = 0; x <= layers; x++)
         out[x] = INFINITY;
@@ -133,10 +187,8 @@ static void least_sum(const asym_placed *placed, const int *order, int count,
     int held = 0;
     for (int i = 0; i < count; i++) {
         const asym_placed *p = &placed[order[i]];
-        int room = most_layers(p, layers);
-        while (room >= 0 &&
-               !(cost_at(p, weight, work_floor, room) <= bound))
-            room--;
+        int room = room_within(kept->rows + (size_t)order[i] * (layers + 1),
+                               layers, bound);
         if (room < 0) {
             for (int x = 0; x <= layers; x++)
                 out[x] = INFINITY;
@@ -162,14 +214,14 @@ static double meet(const double *a, const double *b, int layers, bool add)
 
 /* The least sum of T of a completion under interval j's bound. */
 static int interval_sum(asym_bound *b, const asym_floor_query *q,
-                        const asym_relax_view *view, int j, double weight,
-                        double *out, pt_error *err)
+                        const asym_relax_view *view, int j, double *out,
+                        pt_error *err)
 {
     const double *rest = NULL;
     if (asym_relax_sum(b->relax, view, j, &rest, err) != 0)
         return -1;
-    least_sum(q->placed, b->order, q->count, b->layers, weight,
-              b->work_floor, view->bounds[j + 1], b->sum);
+    least_sum(&b->kept, q->placed, b->order, q->count, b->layers,
+              view->bounds[j + 1], b->sum);
     *out = meet(b->sum, rest, b->layers, true);
     return 0;
 }
@@ -184,9 +236,9 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
         return NAN;
     if (view.infeasible)
         return INFINITY;
-    b->work_floor = least_max_work(q->placed, q->count, layers);
-    least_bottleneck(q->placed, q->count, layers, weight, b->work_floor,
-                     b->values, b->values + layers + 1, b->bottleneck);
+    b->work_floor = least_max_work(&b->kept, q->placed, q->count, layers);
+    least_bottleneck(&b->kept, q->placed, q->count, layers, weight,
+                     b->work_floor, b->bottleneck);
     /* the stages to come: max C, and max (m - 1) T plus the work floor */
     for (int y = 0; y <= layers; y++)
         b->relaxed[y] = asym_max(view.bottleneck[y],
@@ -198,7 +250,7 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
     /* the last interval is open: its sum floors every interval's */
     int last = view.interval_count - 1;
     double unbounded;
-    if (interval_sum(b, q, &view, last, weight, &unbounded, err) != 0)
+    if (interval_sum(b, q, &view, last, &unbounded, err) != 0)
         return NAN;
     /* the intervals from the top down: a tighter bound never lowers the
        least sum, so the sum of an interval above floors every interval
@@ -224,7 +276,7 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
             break;
         }
         if (j < last &&
-            interval_sum(b, q, &view, j, weight, &cover, err) != 0)
+            interval_sum(b, q, &view, j, &cover, err) != 0)
             return NAN;
         best = fmin(best, from + cover);
     }
@@ -248,13 +300,29 @@ int asym_bound_open(asym_bound **out, asym_relax *relax, int layers,
     b->bottleneck = malloc(sizeof(double) * cells);
     b->sum = malloc(sizeof(double) * cells);
     b->relaxed = malloc(sizeof(double) * cells);
-    b->values = malloc(sizeof(double) * cells * 2);
     b->order = malloc(sizeof(int) * (size_t)(ASYM_MAX_STAGES + 1));
+    placed_prefix *k = &b->kept;
+    size_t entries = (size_t)ASYM_MAX_STAGES + 1;
+    k->least_work = calloc(entries, sizeof(double));
+    k->floor_at = malloc(sizeof(double) * entries);
+    k->weight_at = malloc(sizeof(double) * entries);
+    k->none = calloc(entries, sizeof(double));
+    k->merged = malloc(sizeof(double) * entries * cells);
+    k->rows = malloc(sizeof(double) * entries * cells);
     if (b->bottleneck == NULL || b->sum == NULL || b->relaxed == NULL ||
-        b->values == NULL ||
-        b->order == NULL)
+        b->order == NULL || k->least_work == NULL || k->rows == NULL ||
+        k->floor_at == NULL || k->weight_at == NULL || k->none == NULL ||
+        k->merged == NULL)
         return pt_fail(err, "search: out of memory for the floors");
+    for (size_t i = 0; i < entries; i++)
+        k->floor_at[i] = k->weight_at[i] = NAN;
     return 0;
+}
+
+void asym_bound_forget(asym_bound *b, int stage)
+{
+    if (b->kept.valid > stage)
+        b->kept.valid = stage;
 }
 
 void asym_bound_close(asym_bound *b)
@@ -265,7 +333,12 @@ void asym_bound_close(asym_bound *b)
     free(b->bottleneck);
     free(b->sum);
     free(b->relaxed);
-    free(b->values);
     free(b->order);
+    free(b->kept.least_work);
+    free(b->kept.floor_at);
+    free(b->kept.weight_at);
+    free(b->kept.none);
+    free(b->kept.merged);
+    free(b->kept.rows);
     free(b);
 }

@@ -29,8 +29,14 @@
 #define INTERVALS 48
 #define FIRST_WIDTH (1.0 / 1024.0)
 #define WIDTH_GROWTH 1.25
+/* run_table's mark of a row whose last finite entry is not known yet. */
+#define FINITE_UNKNOWN (-2)
 /* The tables are a cache: dropped past this size. */
 #define TABLE_BYTES ((size_t)512 << 20)
+/* The address space their arrays are taken from (past it they are
+ * malloc'd): the tables' bytes up to where they are dropped; the
+ * blocks and a view's worth more go to malloc at worst. */
+#define TABLE_REGION_BYTES TABLE_BYTES
 
 enum { FLAG_FIRST = 1, FLAG_LAST = 2 };
 
@@ -39,6 +45,9 @@ typedef struct block {
     double fixed[ASYM_ROLES], pace;
     int cap[ASYM_ROLES];
     double *work[ASYM_ROLES];    /* [layers + 1], non-decreasing */
+    /* [paced][role]: another block of as many GPUs costs no more at any
+       layers and holds as many (mark_dominated): the max joins skip it */
+    bool dominated[2][ASYM_ROLES];
 } block;
 
 /* The tables of one (micro-batch, mask, level, root). */
@@ -82,6 +91,8 @@ struct asym_relax {
     memo_table levels;                 /* table_level's, by its question */
     size_t table_bytes;
     window deque;                      /* [layers + 1] each */
+    int *finite;       /* [(GPUs + 1) x 4]: run_table's rows' last_finite */
+    region room;       /* the tables' arrays */
     double *none;      /* [layers + 1]: no stage to come (0, then INF) */
 };
 
@@ -173,6 +184,52 @@ static double block_cost(const block *b, int role, int x, double weight)
     return block_cost_of(b, role, x, weight, false);
 }
 
+/* Whether block a costs no more than block b at every layers b holds, a
+ * holding as many (caps of -1: none; the joins skip those). */
+static bool costs_no_more(const block *a, const block *b, int role, int layers,
+                          double weight, bool paced)
+{
+    int cap_a = a->cap[role] < layers ? a->cap[role] : layers;
+    int cap_b = b->cap[role] < layers ? b->cap[role] : layers;
+    if (cap_b < 0 || cap_a < cap_b)
+        return false;
+    for (int x = 0; x <= cap_b; x++)
+        if (block_cost_of(a, role, x, weight, paced) >
+            block_cost_of(b, role, x, weight, paced))
+            return false;
+    return true;
+}
+
+/* Marks the blocks another block of as many GPUs at the same rank
+ * position dominates: its C no higher at any layers and as many held,
+ * so a max join through it never gives less than through the other
+ * (every value the same: the joins take the least of maxima). Of blocks
+ * that dominate each other the first is kept, so every block marked has
+ * one not marked that dominates it. */
+static void mark_dominated(const asym_relax *r, int batch, relax_table *t)
+{
+    const asym_batch *mb = &r->batches[batch];
+    double weight = mb->microbatches - 1;
+    for (int i = 0; i < t->ranks; i++)
+        for (int k = 0; k < mb->count; k++)
+            for (int paced = 0; paced < 2; paced++)
+                for (int role = 0; role < ASYM_ROLES; role++) {
+                    block *b = &t->blocks[k * t->ranks + i];
+                    b->dominated[paced][role] = false;
+                    for (int j = 0; j < mb->count && !b->dominated[paced][role];
+                         j++) {
+                        const block *a = &t->blocks[j * t->ranks + i];
+                        if (j == k || mb->shape[j].gpus != mb->shape[k].gpus ||
+                            !costs_no_more(a, b, role, r->layers, weight,
+                                           paced))
+                            continue;
+                        b->dominated[paced][role] =
+                            j < k || !costs_no_more(b, a, role, r->layers,
+                                                    weight, paced);
+                    }
+                }
+}
+
 /* out[y] = min(out[y], min over x of max(prev[y - x], C(x))), both
  * non-decreasing: the crossing moves right with y. */
 static void join_max(const double *prev, const block *b, int role, int cap,
@@ -198,17 +255,50 @@ static void join_max(const double *prev, const block *b, int role, int cap,
     }
 }
 
-/* out[y] = min(out[y], min over x <= room of prev[y - x] + fixed +
- * pace x): a window minimum of prev[z] - pace z, over the z where prev
- * is finite (from 0 up to its last finite one; past it every y further
- * than room stays as it is). */
-static void join_sum(const double *prev, double fixed, double pace, int room,
-                     int layers, window *deque, double *out)
+/* The last layer count at which a row is finite (-1: none). */
+static int last_finite(const double *row, int layers)
 {
     int finite = layers;
-    while (finite >= 0 && !(prev[finite] < INFINITY))
+    while (finite >= 0 && !(row[finite] < INFINITY))
         finite--;
+    return finite;
+}
+
+/* join_sum where no z leaves the window (room reaches every y): the
+ * least prev[z] - pace z so far, the latest z on a tie, as the window's
+ * deque keeps it. */
+static void join_sum_open(const double *prev, double fixed, double pace,
+                          int finite, int last, double *out)
+{
+    double least = INFINITY;
+    int z = 0;
+    for (int y = 0; y <= last; y++) {
+        if (y <= finite) {
+            double value = prev[y] - pace * y;
+            if (value <= least) {
+                least = value;
+                z = y;
+            }
+        }
+        double best = prev[z] + fixed + pace * (y - z);
+        if (best < out[y])
+            out[y] = best;
+    }
+}
+
+/* out[y] = min(out[y], min over x <= room of prev[y - x] + fixed +
+ * pace x): a window minimum of prev[z] - pace z, over the z where prev
+ * is finite (from 0 up to `finite`, its last finite one; past it every
+ * y further than room stays as it is). */
+static void join_sum(const double *prev, int finite, double fixed,
+                     double pace, int room, int layers, window *deque,
+                     double *out)
+{
     int last = finite + room < layers ? finite + room : layers;
+    if (room >= last) {
+        join_sum_open(prev, fixed, pace, finite, last, out);
+        return;
+    }
     int head = 0, tail = 0;
     for (int y = 0; y <= last; y++) {
         if (y <= finite) {
@@ -270,6 +360,9 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
         table[i] = INFINITY;
     if (from == 0)
         table[0] = 0.0;
+    if (kind == TABLE_SUM)
+        for (int i = 0; i < (to + 1) * flags; i++)
+            r->finite[i] = FINITE_UNKNOWN;
     for (int n = from > 1 ? from : 1; n <= to; n++) {
         int i = position_of(t, n - 1);
         for (int k = 0; k < mb->count; k++) {
@@ -279,6 +372,10 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
             const block *b = &t->blocks[k * t->ranks + i];
             for (int f = 0; f < flags; f++) {
                 const double *prev = &table[((n - g) * flags + f) * width];
+                /* a row is finite at no layers where it is anywhere
+                   (every block may hold none): none, nothing to join */
+                if (!(prev[0] < INFINITY))
+                    continue;
                 for (int role = 0; role < ASYM_ROLES; role++) {
                     int to = next_flags(f, role, flags);
                     int cap = b->cap[role] < layers ? b->cap[role] : layers;
@@ -286,30 +383,43 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
                         continue;
                     double *out = &table[(n * flags + to) * width];
                     if (kind != TABLE_SUM) {
-                        join_max(prev, b, role, cap, weight,
-                                 kind == TABLE_PACED, layers, out);
+                        if (!b->dominated[kind == TABLE_PACED][role])
+                            join_max(prev, b, role, cap, weight,
+                                     kind == TABLE_PACED, layers, out);
                         continue;
                     }
                     int room = room_under(b, role, cap, weight, bound);
-                    if (room >= 0)
-                        join_sum(prev, b->fixed[role], b->pace, room, layers,
-                                 &r->deque, out);
+                    if (room < 0)
+                        continue;
+                    int *finite = &r->finite[(n - g) * flags + f];
+                    if (*finite == FINITE_UNKNOWN)
+                        *finite = last_finite(prev, layers);
+                    join_sum(prev, *finite, b->fixed[role], b->pace, room,
+                             layers, &r->deque, out);
                 }
             }
         }
     }
 }
 
-static void free_table(relax_table *t)
+/* Room for a table's array: from the tables' region (malloc when it has
+ * none left). */
+static void *table_array(asym_relax *r, size_t bytes)
+{
+    void *room = region_take(&r->room, bytes);
+    return room != NULL ? room : malloc(bytes);
+}
+
+static void free_table(asym_relax *r, relax_table *t)
 {
     if (t == NULL)
         return;
-    free(t->bottleneck);
-    free(t->paced);
+    region_release(&r->room, t->bottleneck);
+    region_release(&r->room, t->paced);
     for (int j = 0; j <= INTERVALS; j++)
-        free(t->sums[j]);
-    free(t->blocks);
-    free(t->block_work);
+        region_release(&r->room, t->sums[j]);
+    region_release(&r->room, t->blocks);
+    region_release(&r->room, t->block_work);
     free(t);
 }
 
@@ -340,24 +450,26 @@ static relax_table *build_table(asym_relax *r, int batch, int mask,
     t->flags = root ? 4 : 2;
     int shapes = r->batches[batch].count;
     size_t cells = table_cells(t, r->layers);
-    t->blocks = calloc((size_t)shapes * (size_t)t->ranks + 1,
-                       sizeof *t->blocks);
-    t->block_work = malloc(sizeof(double) * ((size_t)shapes * t->ranks *
-                                                 ASYM_ROLES * (r->layers + 1) +
-                                             1));
-    t->bottleneck = malloc(sizeof(double) * cells);
+    /* every block is written whole (fill_blocks) */
+    t->blocks = table_array(r, ((size_t)shapes * (size_t)t->ranks + 1) *
+                                   sizeof *t->blocks);
+    t->block_work = table_array(
+        r, sizeof(double) *
+               ((size_t)shapes * t->ranks * ASYM_ROLES * (r->layers + 1) + 1));
+    t->bottleneck = table_array(r, sizeof(double) * cells);
     /* a floor at the root has no work floor to add (asym_bound_floor) */
-    t->paced = root ? NULL : malloc(sizeof(double) * cells);
+    t->paced = root ? NULL : table_array(r, sizeof(double) * cells);
     if (t->blocks == NULL || t->block_work == NULL || t->bottleneck == NULL ||
         (!root && t->paced == NULL)) {
-        free_table(t);
+        free_table(r, t);
         pt_fail(err, "search: out of memory for the floors");
         return NULL;
     }
     if (fill_blocks(r, batch, mask, level, t, err) != 0) {
-        free_table(t);
+        free_table(r, t);
         return NULL;
     }
+    mark_dominated(r, batch, t);
     /* the root table's last row gives the intervals; the others are
        filled as far as asked (ensure_rows) */
     t->rows = root ? t->gpus : 0;
@@ -378,9 +490,10 @@ static void drop_tables(asym_relax *r)
             continue;
         relax_table *t;
         memcpy(&t, r->tables.arena + e->value_offset, sizeof t);
-        free_table(t);
+        free_table(r, t);
     }
     memo_clear(&r->tables);
+    region_reset(&r->room);
     r->table_bytes = 0;
 }
 
@@ -401,7 +514,7 @@ static relax_table *table_of(asym_relax *r, int batch, int mask, int level,
         return NULL;
     void *room = memo_insert(&r->tables, key, sizeof key, hash, sizeof t);
     if (room == NULL) {
-        free_table(t);
+        free_table(r, t);
         pt_fail(err, "search: out of memory for the floors");
         return NULL;
     }
@@ -586,7 +699,7 @@ int asym_relax_sum(asym_relax *r, const asym_relax_view *view, int j,
     }
     if (t->sums[j] == NULL) {
         size_t cells = table_cells(t, r->layers);
-        t->sums[j] = malloc(sizeof(double) * cells);
+        t->sums[j] = table_array(r, sizeof(double) * cells);
         if (t->sums[j] == NULL)
             return pt_fail(err, "search: out of memory for the floors");
         t->sum_rows[j] = -1;
@@ -644,8 +757,10 @@ int asym_relax_open(asym_relax **out, costmodel *cm,
     r->deque.at = malloc(sizeof(int) * (size_t)(r->layers + 1));
     r->deque.value = malloc(sizeof(double) * (size_t)(r->layers + 1));
     r->none = malloc(sizeof(double) * (size_t)(r->layers + 1));
+    r->finite = malloc(sizeof(int) * 4 * ((size_t)cluster_gpu_count(c) + 1));
+    region_open(&r->room, TABLE_REGION_BYTES);
     if (r->states == NULL || r->deque.at == NULL || r->deque.value == NULL ||
-        r->none == NULL)
+        r->none == NULL || r->finite == NULL)
         return pt_fail(err, "search: out of memory for the floors");
     r->none[0] = 0.0;
     for (int l = 1; l <= r->layers; l++)
@@ -664,5 +779,7 @@ void asym_relax_close(asym_relax *r)
     free(r->deque.at);
     free(r->deque.value);
     free(r->none);
+    free(r->finite);
+    region_close(&r->room);
     free(r);
 }

@@ -12,6 +12,21 @@
 
 /* --------------------------------------------------------- the shortlist */
 
+/* A candidate's stages and nodes, not the room past them: a candidate
+ * has room for the most stages and nodes of any plan, and the pages of
+ * that room are left untouched. */
+static void copy_candidate(asym_candidate *to, const asym_candidate *from)
+{
+    int pp = from->config.pp;
+    to->score = from->score;
+    to->config = from->config;
+    to->node_count = from->node_count;
+    memcpy(to->stages, from->stages, sizeof(stage_degrees) * (size_t)pp);
+    memcpy(to->partition, from->partition, sizeof(int) * (size_t)pp);
+    memcpy(to->node_order, from->node_order,
+           sizeof(int) * (size_t)from->node_count);
+}
+
 /* Keeps the `capacity` lowest scores; on a tie the one found first. */
 static void offer(asym_walk *w, const asym_candidate *c)
 {
@@ -20,10 +35,10 @@ static void offer(asym_walk *w, const asym_candidate *c)
         return;
     int at = w->kept_count < w->capacity ? w->kept_count : w->capacity - 1;
     while (at > 0 && w->kept[at - 1].score > c->score) {
-        w->kept[at] = w->kept[at - 1];
+        copy_candidate(&w->kept[at], &w->kept[at - 1]);
         at--;
     }
-    w->kept[at] = *c;
+    copy_candidate(&w->kept[at], c);
     if (w->kept_count < w->capacity)
         w->kept_count++;
 }

@@ -173,6 +173,7 @@ static int place_exact(asym_tree *t, int depth)
     t->placed[depth].fixed = terms.fixed_s;
     t->placed[depth].pace = terms.per_layer_s;
     t->placed[depth].cap = terms.max_layers;
+    asym_bound_forget(t->bound, depth);
     return 0;
 }
 
@@ -189,6 +190,7 @@ static int place_unsent(asym_tree *t, int depth, int k, long long end)
         shape->dp);
     node_lane lane = lane_of(t);
     asym_placed *placed = &t->placed[depth];
+    asym_bound_forget(t->bound, depth);
     if (asym_stages_price(t->stages, t->batch, k, &role, &lane, first,
                           placed, t->w->err) != 0)
         return -1;
@@ -197,6 +199,13 @@ static int place_unsent(asym_tree *t, int depth, int k, long long end)
         placed->extra = asym_stages_embedding_floor(t->stages, shape->tp);
     t->unsent[depth] = *placed;
     return 0;
+}
+
+/* The stage at `depth` back to its terms without its sends. */
+static void restore_unsent(asym_tree *t, int depth)
+{
+    t->placed[depth] = t->unsent[depth];
+    asym_bound_forget(t->bound, depth);
 }
 
 /* With the stage at `depth` priced: the stage behind it made exact, and
@@ -272,7 +281,7 @@ static int consider(asym_tree *t, int depth, int k, long long end, int front)
     /* floored first with the stage behind it without its sends (a send
        only adds), then, unless that cuts it, exact */
     if (depth > 0)
-        t->placed[depth - 1] = t->unsent[depth - 1];
+        restore_unsent(t, depth - 1);
     if (place_unsent(t, depth, k, end) != 0)
         return -1;
     double floor = floor_here(t, depth, false);
@@ -375,7 +384,7 @@ static int enter(asym_tree *t, int depth, long long end, int i)
     for (int j = 0; j < child.added; j++)
         lane_push(t, level->types[child.types_at + j]);
     if (depth > 0)
-        t->placed[depth - 1] = t->unsent[depth - 1];
+        restore_unsent(t, depth - 1);
     return place_unsent(t, depth, child.shape, end) != 0 ||
                    settle(t, depth) != 0
                ? -1
@@ -437,9 +446,10 @@ static double task_floor(asym_tree *t, int b, bool full);
 static double depth_floor(asym_tree *t, int depth)
 {
     asym_placed now = t->placed[depth];
-    t->placed[depth] = t->unsent[depth];
+    restore_unsent(t, depth);
     double floor = floor_of(t, depth, t->depth_left[depth], true);
     t->placed[depth] = now;
+    asym_bound_forget(t->bound, depth);
     return floor;
 }
 

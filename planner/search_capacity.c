@@ -92,7 +92,7 @@ static void bound_kind(const bound_tables *t, int kind, int stage,
         double fixed = sends_at(t, stage) * t->send[type] +
                        (stage == 0 ? t->embedding[type] : 0.0) +
                        (stage == t->pp - 1 ? t->head[type] : 0.0);
-        double pace = fmax(rank_pace, t->pace[type]);
+        double pace = search_fmax(rank_pace, t->pace[type]);
         int room = t->caps_by_pace ? bound_pure_cap(t, type, stage)
                                    : roomiest;
         int held = layers_under(bottleneck_s, fixed, pace, room, t->layers);
@@ -100,9 +100,9 @@ static void bound_kind(const bound_tables *t, int kind, int stage,
             continue;
         out->held = held > out->held ? held : out->held;
         for (int q = 0; q < prices; q++)
-            out->lagrange[q] = fmin(out->lagrange[q],
-                                    fixed + fmin(0.0, pace - lambda[q]) *
-                                                held);
+            out->lagrange[q] = search_fmin(
+                out->lagrange[q],
+                fixed + search_fmin(0.0, pace - lambda[q]) * held);
     }
 }
 
@@ -197,7 +197,7 @@ static void fill_position(const bound_tables *t, int point, int stage,
                 best = sum > best ? sum : best;
                 for (int q = 0; q < table->kinds; q++) {
                     const double *after = sum_table(table, point, q, t->pp);
-                    sums[q] = fmin(sums[q], kinds[k].lagrange[q] +
+                    sums[q] = search_fmin(sums[q], kinds[k].lagrange[q] +
                                                 after[next + v - stride]);
                 }
             }
@@ -376,7 +376,7 @@ static long long placed_bound(const bound_tables *t,
         double fixed = terms->fixed_s;
         if (partial->pending && s == complete - 1) {
             const stage_placement *place = &partial->facts[s].place;
-            fixed += fmax(t->send[place->slow_type],
+            fixed += search_fmax(t->send[place->slow_type],
                           t->send[place->small_type]);
         }
         int layers = layers_under(bottleneck_s, fixed, terms->per_layer_s,
@@ -385,7 +385,7 @@ static long long placed_bound(const bound_tables *t,
             return -1;
         held += layers;
         for (int q = 0; q < table->kinds; q++)
-            lagrange[q] += fixed + fmin(0.0, terms->per_layer_s -
+            lagrange[q] += fixed + search_fmin(0.0, terms->per_layer_s -
                                                  table->price[q]) *
                                        layers;
     }
@@ -402,15 +402,15 @@ static double sum_floor(const bound_tables *t,
            embedding = INFINITY;
     for (int s = 0; s < complete; s++) {
         sum += partial->facts[s].terms.fixed_s;
-        pace = fmin(pace, partial->facts[s].terms.per_layer_s);
+        pace = search_fmin(pace, partial->facts[s].terms.per_layer_s);
     }
     for (int type = 0; type < t->type_count; type++) {
         if (partial->gpus_left[type] == 0)
             continue;
-        pace = fmin(pace, t->pace[type]);
-        send = fmin(send, t->send[type]);
-        head = fmin(head, t->head[type]);
-        embedding = fmin(embedding, t->embedding[type]);
+        pace = search_fmin(pace, t->pace[type]);
+        send = search_fmin(send, t->send[type]);
+        head = search_fmin(head, t->head[type]);
+        embedding = search_fmin(embedding, t->embedding[type]);
     }
     int left = t->pp - complete;
     if (left > 0) {
@@ -438,7 +438,7 @@ static bool point_fits(const bound_tables *t, const partial_placement *partial,
         return false;
     *sum_floor_s = -INFINITY;
     for (int q = 0; q < table->kinds; q++)
-        *sum_floor_s = fmax(*sum_floor_s,
+        *sum_floor_s = search_fmax(*sum_floor_s,
                             lagrange[q] +
                                 sum_table(table, point, q, t->pp)[at] +
                                 table->price[q] * t->layers);
@@ -502,12 +502,12 @@ double capacity_floor(const bound_tables *t, const partial_placement *partial)
         double at;
         point_fits(t, partial, g, complete, index, &at);
         /* a sum of stage times is never negative */
-        floor_s = fmin(floor_s, weight * below + fmax(at, 0.0));
+        floor_s = search_fmin(floor_s, weight * below + search_fmax(at, 0.0));
         below = table->grid_s[g];
     }
     if (weight * below < floor_s)
-        floor_s = fmin(floor_s, weight * below +
-                                    fmax(sums, sum_floor(t, partial,
+        floor_s = search_fmin(floor_s, weight * below +
+                                    search_fmax(sums, sum_floor(t, partial,
                                                          complete)));
     if (floor_s == INFINITY)
         return INFINITY;

@@ -52,14 +52,12 @@
 static void work_row(const bound_tables *t, const stage_placement *place,
                      int stage, double extra, double *row)
 {
-    for (int l = 0; l <= t->layers; l++) {
-        step_work work;
-        costmodel_step_work(t->cm, &t->config, place, stage, l,
-                            &t->costs[place->slow_type], &work);
-        row[l] = work.reduce_s + work.gather_s + work.optimizer_s + extra;
-    }
+    costmodel_step_work_sums(t->cm, &t->config, place, stage, t->layers,
+                             &t->costs[place->slow_type], row);
+    for (int l = 0; l <= t->layers; l++)
+        row[l] += extra;
     for (int l = t->layers; l-- > 0;)
-        row[l] = fmin(row[l], row[l + 1]);
+        row[l] = search_fmin(row[l], row[l + 1]);
 }
 
 /* Grows *values (owned, *allocated doubles) to hold `wanted`. */
@@ -139,7 +137,7 @@ static int pure_tail_fill(bound_tables *t, pt_error *err)
         double *middle = t->pure_tail + (size_t)type * width,
                *last = middle + (size_t)c->type_count * width;
         for (size_t l = 0; rc == 0 && l < width; l++)
-            middle[l] = fmin(middle[l], last[l]);
+            middle[l] = search_fmin(middle[l], last[l]);
         free(types);
         free(starts);
         if (rc != 0)
@@ -238,7 +236,7 @@ static int add_values(const bound_tables *t, const double *row, int top,
         if (row[l] <= low)
             continue;
         if (row[l] > window) {
-            *above = fmin(*above, row[l]);
+            *above = search_fmin(*above, row[l]);
             break;
         }
         t->tail_values[count++] = row[l];
@@ -284,7 +282,7 @@ static double rank_work(const bound_tables *t, const int *gpus_left,
     for (int k = r->first_eligible; k < t->type_count; k++) {
         int type = t->pace_order[k];
         if (gpus_left[type] > 0)
-            least = fmin(least, rows[(size_t)type * width + l]);
+            least = search_fmin(least, rows[(size_t)type * width + l]);
     }
     return least;
 }
@@ -354,15 +352,15 @@ int tail_walk_floor(bound_tables *t, search_memo *memo,
                 return -1;
     }
     for (int s = 0; s < placed; s++)
-        low = fmax(low, t->tail_rows[s][0]);
+        low = search_fmax(low, t->tail_rows[s][0]);
     /* the last stage, when still to come, is of a type left */
     if (t->pure_tail_known && placed < t->pp) {
         double last = INFINITY;
         for (int type = 0; type < t->type_count; type++)
             if (partial->gpus_left[type] > 0)
-                last = fmin(last, t->pure_tail[((size_t)t->type_count +
+                last = search_fmin(last, t->pure_tail[((size_t)t->type_count +
                                                 type) * width]);
-        low = fmax(low, last);
+        low = search_fmax(low, last);
     }
     /* a floor at or below `limit` does not cut */
     double limit = threshold_s / (1.0 - 1e-9) - sends;
@@ -374,9 +372,9 @@ int tail_walk_floor(bound_tables *t, search_memo *memo,
        limit, the walk would hardly cut */
     double work = low;
     for (int s = 0; s < placed; s++)
-        work = fmax(work, t->tail_rows[s][t->relaxed_layers[s]]);
+        work = search_fmax(work, t->tail_rows[s][t->relaxed_layers[s]]);
     for (int i = 0; t->pure_tail_known && i < t->pp - placed; i++)
-        work = fmax(work, rank_work(t, partial->gpus_left, &t->ranks[i],
+        work = search_fmax(work, rank_work(t, partial->gpus_left, &t->ranks[i],
                                     false, t->relaxed_layers[placed + i]));
     if (relaxed_s + work <= limit)
         return 0;
@@ -405,14 +403,14 @@ int tail_walk_floor(bound_tables *t, search_memo *memo,
                           t->pure_tail_known ? t->rank_caps : NULL,
                           from + sends, threshold_s, &value, err) != 0)
             return -1;
-        best = fmin(best, fmax(value, relaxed_s) + from);
+        best = search_fmin(best, search_fmax(value, relaxed_s) + from);
         if (best <= limit) { /* it cannot cut: stop here */
-            *floor_s = fmin(best, relaxed_s + low);
+            *floor_s = search_fmin(best, relaxed_s + low);
             return 0;
         }
     }
     if (above < INFINITY)
-        best = fmin(best, relaxed_s + above);
+        best = search_fmin(best, relaxed_s + above);
     *floor_s = best;
     return 0;
 }

@@ -174,3 +174,13 @@ void shortlist_offer(shortlist *list, const candidate *offered)
     list->sorted[position] = slot;
     copy_candidate(&list->slots[slot], offered);
 }
+
+void ranked_take_figures(ranked_plan *out, const simulated_figures *f)
+{
+    out->step_time_s = f->step_time_s;
+    out->tokens_per_s = f->tokens_per_s;
+    out->tflops_per_gpu = f->tflops_per_gpu;
+    out->cost_per_step_usd = f->cost_per_step_usd;
+    memcpy(out->peak_memory_gib_by_type, f->peak_memory_gib_by_type,
+           sizeof out->peak_memory_gib_by_type);
+}
