@@ -646,5 +646,12 @@ int costmodel_pricing(const costmodel *cm, int type_index,
         pt_copy_string(out[i].gpu, sizeof out[i].gpu, prof->gpu);
         pt_copy_string(out[i].how, sizeof out[i].how, how);
     }
+    /* the head's times as the profile holds them (docs/profiles.md) */
+    if (times.head_fused) {
+        size_t used = strlen(out[2].how);
+        snprintf(out[2].how + used, sizeof out[2].how - used,
+                 "; timed as the fused head (its backward products in the "
+                 "forward)");
+    }
     return 0;
 }
