@@ -67,12 +67,21 @@ static type_costs costs_of(head_fixture *f, const parallel_config *config)
     return costs;
 }
 
-static void phases_of(head_fixture *f, const parallel_config *config,
-                      double *forward, double *backward)
+/* The head's phases on the last stage of c: timed as timed_fused says,
+ * forward_s and backward_s (within rounding). */
+static void expect_phases(head_fixture *f, const parallel_config *c,
+                          bool timed_fused, double forward_s,
+                          double backward_s)
 {
-    type_costs costs = costs_of(f, config);
-    costmodel_head_phases(&f->model, config, config->pp - 1, &costs, forward,
-                          backward);
+    type_costs costs = costs_of(f, c);
+    assert_true(costs.head_timed_fused == timed_fused);
+    double forward, backward;
+    costmodel_head_phases(&f->model, c, c->pp - 1, &costs, &forward,
+                          &backward);
+    if (!close_to(forward, forward_s, 1e-12) ||
+        !close_to(backward, backward_s, 1e-12))
+        fail_msg("phases %.9g / %.9g s, expected %.9g / %.9g s", forward,
+                 backward, forward_s, backward_s);
 }
 
 /* tp 1, one stage, no ZeRO: the executor fuses the head */
@@ -94,13 +103,8 @@ static void timed_fused_stage_fused_uses_the_entries(void **state)
     open_fixture(&f, true);
     parallel_config c = fused_stage();
     assert_true(costmodel_head_fused(&f.model, &c, 0));
-    type_costs costs = costs_of(&f, &c);
-    assert_true(costs.head_timed_fused);
-    double forward, backward;
-    phases_of(&f, &c, &forward, &backward);
     part_cost head = measured_head(&f, 1, 2);
-    assert_true(forward == head.forward_s);
-    assert_true(backward == head.backward_s);
+    expect_phases(&f, &c, true, head.forward_s, head.backward_s);
     close_fixture(&f);
 }
 
@@ -119,22 +123,15 @@ static void timed_fused_stage_unfused_gets_the_products_back(void **state)
     const parallel_config *cases[2] = {&sharded, &megatron};
     for (int i = 0; i < 2; i++) {
         assert_false(costmodel_head_fused(&f.model, cases[i], 0));
-        type_costs costs = costs_of(&f, cases[i]);
-        assert_true(costs.head_timed_fused);
-        assert_true(close_to(costs.head_products_s, products, 1e-12));
-        double forward, backward;
-        phases_of(&f, cases[i], &forward, &backward);
-        assert_true(close_to(forward, head.forward_s - products, 1e-12));
-        assert_true(close_to(backward, head.backward_s + products, 1e-12));
+        assert_true(close_to(costs_of(&f, cases[i]).head_products_s,
+                             products, 1e-12));
+        expect_phases(&f, cases[i], true, head.forward_s - products,
+                      head.backward_s + products);
     }
     /* tp 2: the profiler's tp-2 points were timed unfused */
     parallel_config tp2 = config_of(8, 2, 2, 1, 1);
-    type_costs costs = costs_of(&f, &tp2);
-    assert_false(costs.head_timed_fused);
-    double forward, backward;
-    phases_of(&f, &tp2, &forward, &backward);
     part_cost head2 = measured_head(&f, 2, 2);
-    assert_true(forward == head2.forward_s && backward == head2.backward_s);
+    expect_phases(&f, &tp2, false, head2.forward_s, head2.backward_s);
     close_fixture(&f);
 }
 
@@ -147,16 +144,10 @@ static void timed_unfused_as_before(void **state)
     open_fixture(&f, false);
     part_cost head = measured_head(&f, 1, 2);
     parallel_config c = fused_stage();
-    type_costs costs = costs_of(&f, &c);
-    assert_false(costs.head_timed_fused);
-    double forward, backward;
-    phases_of(&f, &c, &forward, &backward);
     /* the efficiency model's head backward is all products */
-    assert_true(forward == head.forward_s + head.backward_s);
-    assert_true(backward == 0.0);
+    expect_phases(&f, &c, false, head.forward_s + head.backward_s, 0.0);
     c = sharded_stage();
-    phases_of(&f, &c, &forward, &backward);
-    assert_true(forward == head.forward_s && backward == head.backward_s);
+    expect_phases(&f, &c, false, head.forward_s, head.backward_s);
     close_fixture(&f);
 }
 
