@@ -372,9 +372,12 @@ static void print_comparison_row(const profile *ref, const profile_shape *shape,
                                  int *rows)
 {
     const part_cost *measured[3] = {&pt->embedding, &pt->layer, &pt->head};
-    double derived_forward[3] = {costs->embedding_forward_s,
-                                 costs->layer_forward_s,
-                                 costs->head_forward_s};
+    /* a head timed fused (head.fused) ran its backward products in the
+     * forward: the derived head's forward with them */
+    double derived_forward[3] = {
+        costs->embedding_forward_s, costs->layer_forward_s,
+        costs->head_forward_s + (pt->head_fused ? costs->head_products_s
+                                                : 0.0)};
     double ref_s = measured[part]->forward_s, ours = derived_forward[part];
     char suffix[80];
     architecture_suffix(shape, suffix, sizeof suffix);

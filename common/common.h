@@ -392,6 +392,7 @@ typedef struct profile_point {
     part_cost embedding;
     part_cost layer;     /* one transformer layer */
     part_cost head;      /* final norm, LM head, loss */
+    bool head_fused;     /* head timed fused: products in its forward */
 } profile_point;
 
 /* The costs of one layer shape, keyed by hidden, ffn_hidden, seq, vocab

@@ -64,6 +64,12 @@ static const char *const point_keys[] = {"tp", "mbs", "embedding", "layer",
 static const char *const part_keys[] = {"forward_s", "backward_s",
                                         "forward_spread", "backward_spread",
                                         NULL};
+/* The head's, and `fused`: true when the head was timed as the cuda
+ * backend's fused head (its backward products in the forward;
+ * docs/profiles.md); absent (every profile before it): unfused. */
+static const char *const head_keys[] = {"forward_s", "backward_s",
+                                        "forward_spread", "backward_spread",
+                                        "fused", NULL};
 static const char *const communication_keys[] = {"allreduce", "sendrecv",
                                                  NULL};
 static const char *const sample_keys[] = {"gpus", "bytes", "time_s",
@@ -200,9 +206,10 @@ static int efficiency_from_json(const json_t *root, const json_place *place,
     return roofline_from_json(obj, &where, out, err);
 }
 
+/* fused: NULL for a part without the key (the embedding, the layer). */
 static int part_from_json(const json_t *point, const json_place *place,
                           const char *key, double backward_over_forward,
-                          part_cost *out, pt_error *err)
+                          part_cost *out, bool *fused, pt_error *err)
 {
     json_place where = json_place_key(place, key);
     const json_t *obj = json_object_get(point, key);
@@ -210,7 +217,12 @@ static int part_from_json(const json_t *point, const json_place *place,
         return json_place_fail(&where, err, "missing (required)");
     bool backward_required = !(backward_over_forward > 0.0);
     out->backward_s = 0.0;
-    if (json_check_keys(obj, &where, part_keys, err) != 0 ||
+    if (fused)
+        *fused = false;
+    if (json_check_keys(obj, &where, fused ? head_keys : part_keys, err) !=
+            0 ||
+        (fused && json_get_bool(obj, &where, "fused", false, fused, err) !=
+                      0) ||
         json_get_positive_number(obj, &where, "forward_s", true,
                                  &out->forward_s, err) != 0 ||
         json_get_number(obj, &where, "forward_spread", false, 0.0, 1000.0,
@@ -273,11 +285,11 @@ static int point_from_json(const json_t *obj, const json_place *place,
                                "nor is a multiple of them",
                                out->tp, kv);
     if (part_from_json(obj, place, "embedding", backward_over_forward,
-                       &out->embedding, err) != 0 ||
+                       &out->embedding, NULL, err) != 0 ||
         part_from_json(obj, place, "layer", backward_over_forward,
-                       &out->layer, err) != 0 ||
+                       &out->layer, NULL, err) != 0 ||
         part_from_json(obj, place, "head", backward_over_forward, &out->head,
-                       err) != 0)
+                       &out->head_fused, err) != 0)
         return -1;
     return 0;
 }
@@ -744,8 +756,10 @@ static json_t *shape_to_json(const profile_shape *shape, bool spreads,
                  part_to_json(&point->embedding, spreads, failures), failures);
         json_put(entry, "layer", part_to_json(&point->layer, spreads, failures),
                  failures);
-        json_put(entry, "head", part_to_json(&point->head, spreads, failures),
-                 failures);
+        json_t *head = part_to_json(&point->head, spreads, failures);
+        if (point->head_fused) /* absent: unfused, as every older file */
+            json_put(head, "fused", json_true(), failures);
+        json_put(entry, "head", head, failures);
         json_push(costs, entry, failures);
     }
     json_put(obj, "costs", costs, failures);

@@ -141,11 +141,14 @@ typedef struct type_costs {
     double layer_forward_s, layer_backward_s; /* backward includes the
                                                  recompute forward */
     double head_forward_s, head_backward_s;
-    double head_products_s;    /* of head_backward_s, the head matrix's
-                                  input and weight gradient products:
-                                  what the partita executor's fused head
-                                  runs in the forward instead
-                                  (costmodel_head_phases) */
+    double head_products_s;    /* the head matrix's input and weight
+                                  gradient products, what the partita
+                                  executor's fused head runs in the
+                                  forward (costmodel_head_phases): part
+                                  of head_backward_s, or of
+                                  head_forward_s when head_timed_fused */
+    bool head_timed_fused;     /* the head's times are a fused head's
+                                  (profile points with head.fused) */
     double optimizer_s_per_param; /* the AdamW step's: the GPU's, or
                                      under offload the host's (zero.c) */
     double stream_s_per_byte;  /* the GPU's streaming rate, what its
@@ -426,9 +429,11 @@ bool costmodel_head_fused(const model_shape *model,
 
 /* The head's forward and backward times of one micro-batch on stage
  * `stage` as the executor runs them, from its type's costs: where the
- * head is fused (costmodel_head_fused) its backward products
- * (costs->head_products_s) move from the backward into the forward, the
- * sum unchanged; 0 and 0 on a stage without the head. */
+ * stage fuses the head (costmodel_head_fused) and its times are an
+ * unfused head's, the backward products (costs->head_products_s) move
+ * from the backward into the forward; where it does not and they are a
+ * fused head's (head_timed_fused), back from the forward into the
+ * backward; the sum unchanged; 0 and 0 on a stage without the head. */
 void costmodel_head_phases(const model_shape *model,
                            const parallel_config *config, int stage,
                            const type_costs *costs, double *forward_s,
@@ -814,6 +819,14 @@ double roofline_head_products_share(const roofline_params *params,
                                     const roofline_device *device,
                                     const model_shape *shape,
                                     roofline_shard shard);
+/* The same products' share of a fused head's forward on the roofline
+ * (the forward's kernels and the backward's two GEMMs): how much of a
+ * head timed fused (profile points with head.fused) the unfused head's
+ * backward gets back. */
+double roofline_head_fused_products_share(const roofline_params *params,
+                                          const roofline_device *device,
+                                          const model_shape *shape,
+                                          roofline_shard shard);
 
 /* One time of a source profile, as the fit sees it. part: 0 embedding,
  * 1 layer, 2 head. */

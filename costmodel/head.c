@@ -6,7 +6,8 @@
  * weight and input gradient products; the backward keeps only the final
  * norm's. The cost model prices those products in the forward there, so
  * the schedule sees the phases as they run (docs/cost-model.md,
- * section 5, "The fused head's phases").
+ * section 5, "The fused head's phases"), and in the backward where the
+ * stage does not fuse but the profile timed the head fused.
  */
 #include "costmodel/internal.h"
 
@@ -29,13 +30,15 @@ void costmodel_head_phases(const model_shape *model,
         return;
     *forward_s = costs->head_forward_s;
     *backward_s = costs->head_backward_s;
-    if (!costmodel_head_fused(model, config, stage))
-        return;
-    /* the products are part of the backward's time (price.c), so the
-     * backward never goes below the final norm's share */
-    double moved = costs->head_products_s < *backward_s
-                       ? costs->head_products_s
-                       : *backward_s;
-    *forward_s += moved;
-    *backward_s -= moved;
+    bool fused = costmodel_head_fused(model, config, stage);
+    if (fused == costs->head_timed_fused)
+        return; /* timed as it runs */
+    /* the products are part of the phase that was timed with them
+     * (price.c), so the other phase's part never goes below zero */
+    double *from = fused ? backward_s : forward_s;
+    double *to = fused ? forward_s : backward_s;
+    double moved = costs->head_products_s < *from ? costs->head_products_s
+                                                  : *from;
+    *to += moved;
+    *from -= moved;
 }

@@ -227,10 +227,17 @@ double model_layer_forward_flops(const model_shape *model, double microbatch);
 
 /* ------------------------------------------------------------ lookup.c */
 
-/* The three parts of the model priced for one micro-batch. */
+/* The three parts of the model priced for one micro-batch; head_fused:
+ * the head's times are a fused head's (from profile points timed so,
+ * profile_point.head_fused), its backward products in the forward. */
 typedef struct part_times {
     part_cost embedding, layer, head;
+    bool head_fused;
 } part_times;
+
+/* A fused head's times as the unfused head's: fused_share (the products'
+ * share of the fused forward) of the forward back in the backward. */
+part_cost lookup_head_unfused(part_cost head, double fused_share);
 
 /* A shape's ffn_hidden (4 x hidden when it says 0). */
 int profile_shape_ffn(const profile_shape *shape);
@@ -263,10 +270,12 @@ typedef struct lookup_path {
 } lookup_path;
 
 /* Times of one micro-batch at config's tp from a shape's points
- * (docs/cost-model.md 1.1, 1.2); path (may be NULL) says how. */
+ * (docs/cost-model.md 1.1, 1.2); path (may be NULL) says how. Where a
+ * head timed fused meets one timed unfused (points of merged profiles),
+ * both are taken unfused (lookup_head_unfused with fused_share). */
 part_times lookup_shape_times(const profile *prof, const profile_shape *shape,
                               const parallel_config *config,
-                              lookup_path *path);
+                              double fused_share, lookup_path *path);
 
 /* Two measured shapes around a shape the profile does not hold (same
  * vocabulary and ffn_hidden / hidden): a below and b above its layer
@@ -288,7 +297,8 @@ bool lookup_shape_neighbours(const profile *prof, const model_shape *model,
 part_times lookup_neighbour_times(const profile *prof,
                                   const model_shape *model,
                                   const shape_neighbours *near,
-                                  const parallel_config *config);
+                                  const parallel_config *config,
+                                  double fused_share);
 
 /* The backward of a stage's last micro-batch as the dp overlap sees it:
  * the head's backward first (last stage), then the layers', then the

@@ -86,7 +86,26 @@ static part_times point_times(const profile_point *point,
     return (part_times){
         completed_part(point->embedding, backward_over_forward),
         completed_part(point->layer, backward_over_forward),
-        completed_part(point->head, backward_over_forward)};
+        completed_part(point->head, backward_over_forward),
+        point->head_fused};
+}
+
+part_cost lookup_head_unfused(part_cost head, double fused_share)
+{
+    double moved = fused_share * head.forward_s;
+    head.forward_s -= moved;
+    head.backward_s += moved;
+    return head;
+}
+
+/* a and b with their heads timed alike: both unfused where they differ */
+static void heads_alike(part_times *a, part_times *b, double fused_share)
+{
+    if (a->head_fused == b->head_fused)
+        return;
+    part_times *fused = a->head_fused ? a : b;
+    fused->head = lookup_head_unfused(fused->head, fused_share);
+    fused->head_fused = false;
 }
 
 static part_cost blend_part(part_cost a, part_cost b, double weight_a,
@@ -97,12 +116,14 @@ static part_cost blend_part(part_cost a, part_cost b, double weight_a,
         .backward_s = a.backward_s * weight_a + b.backward_s * weight_b};
 }
 
+/* a and b's heads timed alike (heads_alike) */
 static part_times blend(part_times a, part_times b, double weight_a,
                         double weight_b)
 {
     return (part_times){blend_part(a.embedding, b.embedding, weight_a, weight_b),
                         blend_part(a.layer, b.layer, weight_a, weight_b),
-                        blend_part(a.head, b.head, weight_a, weight_b)};
+                        blend_part(a.head, b.head, weight_a, weight_b),
+                        a.head_fused};
 }
 
 static part_times scaled(part_times t, double factor)
@@ -152,7 +173,7 @@ static mbs_neighbours find_neighbours(const profile_shape *shape, int tp,
 
 /* Times at (tp, mbs) from the points measured at that tp. */
 static part_times times_at_mbs(const profile *prof, const mbs_neighbours *near,
-                               int mbs)
+                               int mbs, double fused_share)
 {
     double bof = prof->backward_over_forward;
     const profile_point *lower = near->lower, *upper = near->upper;
@@ -161,8 +182,9 @@ static part_times times_at_mbs(const profile *prof, const mbs_neighbours *near,
             return point_times(lower, bof);
         double weight_upper = (double)(mbs - lower->mbs) /
                               (upper->mbs - lower->mbs);
-        return blend(point_times(lower, bof), point_times(upper, bof),
-                     1.0 - weight_upper, weight_upper);
+        part_times a = point_times(lower, bof), b = point_times(upper, bof);
+        heads_alike(&a, &b, fused_share);
+        return blend(a, b, 1.0 - weight_upper, weight_upper);
     }
     /* linear scaling from the nearest measured micro-batch by ratio; ties
      * go to the larger, which runs the GPU closer to its steady state */
@@ -177,11 +199,11 @@ static part_times times_at_mbs(const profile *prof, const mbs_neighbours *near,
 
 part_times lookup_shape_times(const profile *prof, const profile_shape *shape,
                               const parallel_config *config,
-                              lookup_path *path)
+                              double fused_share, lookup_path *path)
 {
     int tp = nearest_tp(shape, config->tp);
     mbs_neighbours near = find_neighbours(shape, tp, config->mbs);
-    part_times times = times_at_mbs(prof, &near, config->mbs);
+    part_times times = times_at_mbs(prof, &near, config->mbs, fused_share);
     if (tp != config->tp)
         times = scaled(times, (double)tp / config->tp);
     if (path) {
@@ -328,14 +350,17 @@ static part_cost interpolated_part(part_cost a, part_cost b, double x_a,
 
 part_times lookup_neighbour_times(const profile *prof, const model_shape *m,
                                   const shape_neighbours *near,
-                                  const parallel_config *config)
+                                  const parallel_config *config,
+                                  double fused_share)
 {
     bool two = near->b != NULL;
     const profile_shape *b = two ? near->b : near->a;
-    part_times ta = lookup_shape_times(prof, near->a, config, NULL);
-    part_times tb = lookup_shape_times(prof, b, config, NULL);
+    part_times ta = lookup_shape_times(prof, near->a, config, fused_share,
+                                       NULL);
+    part_times tb = lookup_shape_times(prof, b, config, fused_share, NULL);
+    heads_alike(&ta, &tb, fused_share);
     part_cost *out_parts[3];
-    part_times out;
+    part_times out = {.head_fused = ta.head_fused};
     out_parts[0] = &out.embedding;
     out_parts[1] = &out.layer;
     out_parts[2] = &out.head;

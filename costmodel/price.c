@@ -248,7 +248,7 @@ static part_times efficiency_times(const profile *prof, const model_shape *m,
     double bytes_per_s = prof->memory_bandwidth_GBps * 1e9;
     double tokens = (double)config->mbs * m->seq;
     double element = precision_bytes(config->precision);
-    part_times t;
+    part_times t = {0};
 
     double layer_flops = model_layer_forward_flops(m, config->mbs) /
                          config->tp;
@@ -296,7 +296,7 @@ static part_times roofline_times(const profile *prof, const model_shape *m,
     device.peak_flops = rate_or_tensor(prof, config) * 1e12;
     roofline_part_costs(&prof->roofline, &device, m, shard_of(config),
                         &costs);
-    return (part_times){costs.embedding, costs.layer, costs.head};
+    return (part_times){costs.embedding, costs.layer, costs.head, false};
 }
 
 /* The profile's roofline device at the plan's compute rate; false when
@@ -340,6 +340,21 @@ static double head_products_share(const profile *prof, const model_shape *m,
         return roofline_head_products_share(&prof->roofline, &device, m,
                                             shard_of(config));
     return 1.0;
+}
+
+/* The same products' share of a fused head's forward (points timed with
+ * the executor's fused head), from the roofline when the profile has
+ * one; else by FLOPs: the forward's logits product and the backward's
+ * two of the same size, 2 of the 3. */
+static double head_fused_products_share(const profile *prof,
+                                        const model_shape *m,
+                                        const parallel_config *config)
+{
+    roofline_device device;
+    if (plan_roofline_device(prof, config, &device))
+        return roofline_head_fused_products_share(&prof->roofline, &device,
+                                                  m, shard_of(config));
+    return 2.0 / 3.0;
 }
 
 /* One of the layer's tensor-parallel all-reduces (b x s x h elements) on
@@ -394,15 +409,17 @@ static int type_times(const costmodel *cm, int type_index,
     const profile_shape *shape = lookup_held_shape(prof, &cm->model);
     shape_neighbours near;
     *add_tp_comm = !prof->layer_times_include_tp_comm;
+    double fused_share = head_fused_products_share(prof, &cm->model, config);
     if (shape) {
         lookup_path path;
-        *times = lookup_shape_times(prof, shape, config, &path);
+        *times = lookup_shape_times(prof, shape, config, fused_share, &path);
         if (note_target)
             note_lookup(note_target, cm, prof, config, &path);
         return 0;
     }
     if (lookup_shape_neighbours(prof, &cm->model, config->tp, &near)) {
-        *times = lookup_neighbour_times(prof, &cm->model, &near, config);
+        *times = lookup_neighbour_times(prof, &cm->model, &near, config,
+                                        fused_share);
     } else {
         if (check_efficiency_model(cm, prof, err) != 0)
             return -1;
@@ -459,8 +476,15 @@ static int price_type_from(const costmodel *cm, int type_index,
     out->layer_backward_s = times.layer.backward_s;
     out->head_forward_s = times.head.forward_s;
     out->head_backward_s = times.head.backward_s;
-    out->head_products_s = head_products_share(prof, &cm->model, config) *
-                           times.head.backward_s;
+    /* the products where the times hold them: an unfused head's
+     * backward, a fused head's forward (docs/cost-model.md 5) */
+    out->head_timed_fused = times.head_fused;
+    out->head_products_s =
+        times.head_fused
+            ? head_fused_products_share(prof, &cm->model, config) *
+                  times.head.forward_s
+            : head_products_share(prof, &cm->model, config) *
+                  times.head.backward_s;
     out->tp_allreduce_s = config->tp > 1
                               ? tp_allreduce_seconds(cm, type_index, config)
                               : 0.0;
@@ -836,7 +860,7 @@ int costmodel_pricing(const costmodel *cm, int type_index,
     price_method method;
     if (shape) {
         lookup_path path;
-        lookup_shape_times(prof, shape, config, &path);
+        lookup_shape_times(prof, shape, config, 0.0, &path);
         method = describe_lookup(config, &path, how, sizeof how);
     } else {
         method = describe_unheld(cm, prof, config, how, sizeof how);
@@ -850,6 +874,13 @@ int costmodel_pricing(const costmodel *cm, int type_index,
                                  .backward_s = costs[i].backward_s};
         pt_copy_string(out[i].gpu, sizeof out[i].gpu, prof->gpu);
         pt_copy_string(out[i].how, sizeof out[i].how, how);
+    }
+    /* the head's times as the profile holds them (docs/profiles.md) */
+    if (times.head_fused) {
+        size_t used = strlen(out[2].how);
+        snprintf(out[2].how + used, sizeof out[2].how - used,
+                 "; timed as the fused head (its backward products in the "
+                 "forward)");
     }
     return 0;
 }

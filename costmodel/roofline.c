@@ -240,6 +240,24 @@ static void part_kernels(const model_shape *m, roofline_shard shard,
         *out = forward;
 }
 
+/* The head's kernels as the partita executor's fused head runs them:
+ * the forward's and the backward's GEMMs (the head matrix's input and
+ * weight gradients) in the forward, the rest of the backward (the final
+ * norm's) in the backward. */
+static void fused_head_kernels(const model_shape *m, roofline_shard shard,
+                               bool backward, kernel_list *out)
+{
+    kernel_list back;
+    part_kernels(m, shard, 2, true, &back);
+    if (backward)
+        out->count = 0;
+    else
+        part_kernels(m, shard, 2, false, out);
+    for (int i = 0; i < back.count; i++)
+        if ((back.kernels[i].kind == KERNEL_GEMM) != backward)
+            out->kernels[out->count++] = back.kernels[i];
+}
+
 /* ------------------------------------------------------- kernel times */
 
 /* Share of the GPU's memory bandwidth that sms_used SMs can pull: all of
@@ -327,6 +345,21 @@ double roofline_head_products_share(const roofline_params *params,
     double whole = list_seconds(params, device, &backward);
     return whole > 0.0 ? list_seconds(params, device, &products) / whole
                        : 0.0;
+}
+
+double roofline_head_fused_products_share(const roofline_params *params,
+                                          const roofline_device *device,
+                                          const model_shape *shape,
+                                          roofline_shard shard)
+{
+    kernel_list forward, plain;
+    fused_head_kernels(shape, shard, false, &forward);
+    part_kernels(shape, shard, 2, false, &plain);
+    double whole = list_seconds(params, device, &forward);
+    /* the fused forward is the plain one's kernels and the products */
+    return whole > 0.0
+               ? (whole - list_seconds(params, device, &plain)) / whole
+               : 0.0;
 }
 
 int roofline_device_of(const profile *p, roofline_device *out, pt_error *err)
@@ -424,7 +457,13 @@ static int source_points(const profile *source, const roofline_device *device,
                                             SOURCE_MAIN_GRAD_BYTES,
                                             SOURCE_FUSED_CLASSIFIER,
                                             SOURCE_REGROUPED_QKV};
-                    part_kernels(&m, shard, part, backward, &fp->kernels);
+                    /* a head timed fused: the products in its forward */
+                    if (part == 2 && pt->head_fused)
+                        fused_head_kernels(&m, shard, backward,
+                                           &fp->kernels);
+                    else
+                        part_kernels(&m, shard, part, backward,
+                                     &fp->kernels);
                 }
             }
         }

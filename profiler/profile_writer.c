@@ -251,7 +251,11 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
                     "to the end of the stage's stream "
                     "(runs.queued_parts). The stage's per-call "
                     "synchronisation is not counted; tp > 1: shard 0 "
-                    "computed alone, without the tp all-reduces"),
+                    "computed alone, without the tp all-reduces. A head "
+                    "entry with fused: true was timed as the cuda "
+                    "backend's fused head (tp 1): its forward holds the "
+                    "head matrix's backward products, its backward the "
+                    "final norm's alone"),
         failures);
     json_put(obj, "statistic",
              json_string("mean over runs.processes processes, made one "
@@ -318,7 +322,8 @@ static int shape_of(const model_shape *model, const profiler_result *r,
         out->points[i] = (profile_point){
             .tp = point->tp, .mbs = point->mbs,
             .embedding = part_of(&point->embedding),
-            .layer = part_of(&point->layer), .head = part_of(&point->head)};
+            .layer = part_of(&point->layer), .head = part_of(&point->head),
+            .head_fused = point->head_fused};
     }
     return 0;
 }

@@ -408,6 +408,7 @@ static int measure_point(part_chain *chain, int mbs,
         seconds[LAYER_FORWARD] + seconds[LAYER_BACKWARD],
         seconds[HEAD_FORWARD] + seconds[HEAD_BACKWARD]};
     bool first_set = pool->count[1] == 0;
+    out->head_fused = chain->head.head_fused;
     chain_set_deferred(chain, true);
     int status = 0;
     for (int part = 0; part < 3 && status == 0; part++) {

@@ -123,6 +123,9 @@ typedef struct profiled_point {
                                 head */
     profiler_timing timed[3];    /* how the part's rounds were timed (the
                                 first set's; a fallback is to host) */
+    bool head_fused;         /* the head stage ran fused (model_stage's
+                                head_fused: its forward holds the backward
+                                products), written with the head's times */
 } profiled_point;
 
 /* Reported after each step of a measurement: done of total steps; point

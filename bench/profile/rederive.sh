@@ -12,7 +12,9 @@
 # prints each fit's error; then run `meson test costmodel_roofline
 # common_profile_write bench_published_runs e2e-plan-every-profile
 # e2e-plan-mixed-derived e2e-derive-profile` and bench/published/run.sh.
-# CPU only.
+# CPU only. A source's head timed fused (head.fused, docs/profiles.md)
+# is fitted by the fused head's kernels (costmodel/roofline.c); the
+# derived files hold no measured points, so no head.fused of their own.
 #
 # Usage: bench/profile/rederive.sh BUILD_DIR [DATE]   (DATE: YYYY-MM-DD
 # for the provenance, default today, UTC; with the sources unchanged and

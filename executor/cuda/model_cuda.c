@@ -430,6 +430,8 @@ static int allocate_parameters(model_stage *stage, cuda_stage_state *state,
 {
     /* ZeRO-2/3: the gradients of the optimizer's range only */
     stage->grads_by_unit = state->layout.grads_by_unit;
+    /* the head's backward products run in its forward (plan_head) */
+    stage->head_fused = state->layout.head_rows > 0;
     /* llm.c's recipe: bf16 gradients (buffer_parameter_bytes) */
     stage->grads_bf16 = stage->spec.bf16_grads;
     stage->grad_first = stage->grads_by_unit ? stage->optimizer_first : 0;

@@ -319,6 +319,12 @@ typedef struct model_stage {
      * values included). Reads and writes through model_stage_read and
      * the ranges convert to and from fp32. */
     bool grads_bf16;
+    /* The head runs fused (set by a backend that fuses it: cuda, where
+     * buffer_head_fused holds): the forward also computes the head
+     * matrix's weight and input gradient products, the backward only the
+     * final norm's; false on the cpu backend. The profiler records it
+     * with the head's times (docs/profiles.md). */
+    bool head_fused;
     stage_unit_hook grad_sink;
     void *grad_sink_context;
     /* params likewise: floats [params_first, params_first +

@@ -661,6 +661,20 @@ profile-compare)
   expect_in out.txt "0 differ by more than 3 %"
   expect_in out.txt "times of 0.5 ms or more: 0 differ by more than 3 %, largest difference 0.00 %"
   expect_in out.txt "tp 2 mbs 2 head backward"
+  # the cpu never fuses the head: no head.fused written; a copy whose
+  # tp-1 heads say fused is named so, entry by entry
+  grep -q '"fused"' p.json && fail "a cpu profile says its head was fused"
+  python3 - p.json in-fused.json <<'PY' || fail "could not mark the heads"
+import json, sys
+profile = json.load(open(sys.argv[1]))
+for shape in profile["shapes"]:
+    for point in shape["costs"]:
+        if point["tp"] == 1:
+            point["head"]["fused"] = True
+json.dump(profile, open(sys.argv[2], "w"), indent=1)
+PY
+  run 0 partita profile --compare p.json in-fused.json
+  expect_in out.txt "tp 1 mbs 2 head forward (fused in B only)"
   # the optimizer figure 1.5 times larger: one entry over (a figure made
   # larger by a digit put before it could pass the reader's sanity bound
   # on a slow machine)

@@ -228,6 +228,54 @@ static void apply_edit(json_t *root, const profile_edit *edit)
         assert_int_equal(json_object_set_new(parent, last, value), 0);
 }
 
+/* head.fused: absent (every profile before it) means unfused; the
+ * writer writes it where it is true only, so older files write back as
+ * they were. */
+static void test_head_timed_fused(void **state)
+{
+    (void)state;
+    profile p;
+    load_json(base_json(), &p);
+    for (int i = 0; i < p.shapes[0].point_count; i++)
+        assert_false(p.shapes[0].points[i].head_fused);
+    pt_error err = {""};
+    json_t *written = profile_to_json(&p, "T", &err);
+    assert_non_null(written);
+    const char *no_fused = json_dumps(written, JSON_COMPACT);
+    assert_null(strstr(no_fused, "fused"));
+    free((void *)no_fused);
+    json_decref(written);
+    profile_free(&p);
+
+    json_t *root = base_json();
+    profile_edit fused = {{"shapes", "0", "costs", "2", "head", "fused"},
+                          "true"};
+    apply_edit(root, &fused);
+    profile_edit unfused = {{"shapes", "0", "costs", "1", "head", "fused"},
+                            "false"};
+    apply_edit(root, &unfused);
+    load_json(root, &p);
+    /* sorted: tp 1 mbs 1 (costs[2]), tp 1 mbs 2, tp 2 mbs 1 */
+    assert_true(p.shapes[0].points[0].head_fused);
+    assert_false(p.shapes[0].points[1].head_fused);
+    assert_false(p.shapes[0].points[2].head_fused);
+    written = profile_to_json(&p, "T", &err);
+    assert_non_null(written);
+    json_t *costs = json_object_get(
+        json_array_get(json_object_get(written, "shapes"), 0), "costs");
+    json_t *head0 = json_object_get(json_array_get(costs, 0), "head");
+    assert_true(json_is_true(json_object_get(head0, "fused")));
+    for (size_t i = 1; i < 3; i++)
+        assert_null(json_object_get(
+            json_object_get(json_array_get(costs, i), "head"), "fused"));
+    profile copy;
+    assert_int_equal(profile_copy(&copy, &p, &err), 0);
+    assert_true(copy.shapes[0].points[0].head_fused);
+    profile_free(&copy);
+    json_decref(written);
+    profile_free(&p);
+}
+
 static void test_bad_profiles(void **state)
 {
     (void)state;
@@ -376,6 +424,12 @@ static void test_bad_profiles(void **state)
           {{"shapes", "0", "kv_heads"}, "3"}},
          "profiles/T.json: shapes[0].costs[0].tp: 2 neither divides the 3 "
          "key/value heads nor is a multiple of them"},
+        /* only the head says how it was timed */
+        {{{{"shapes", "0", "costs", "1", "layer", "fused"}, "true"}},
+         "profiles/T.json: shapes[0].costs[1].layer.fused: unknown key"},
+        {{{{"shapes", "0", "costs", "1", "head", "fused"}, "1"}},
+         "profiles/T.json: shapes[0].costs[1].head.fused: must be true or "
+         "false"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         json_t *root = base_json();
@@ -681,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_bundled_a100),
         cmocka_unit_test(test_bundled_a10),
         cmocka_unit_test(test_valid_inline),
+        cmocka_unit_test(test_head_timed_fused),
         cmocka_unit_test(test_derived_without_shapes),
         cmocka_unit_test(test_derived_with_roofline),
         cmocka_unit_test(test_bundled_derived),

@@ -200,6 +200,28 @@ static inline bool has_note_containing(const costmodel *cm, const char *text)
     return false;
 }
 
+/* Deterministic pseudo-random integers in [low, high] (a 64-bit LCG on
+ * *state), for the tests over random shapes. */
+static inline int fixture_random_int(uint64_t *state, int low, int high)
+{
+    *state = *state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return low + (int)((*state >> 33) % (uint64_t)(high - low + 1));
+}
+
+/* GPT-2 XL with random heads (a multiple of tp), widths, sequence,
+ * vocabulary and layers. */
+static inline model_shape fixture_random_shape(uint64_t *state, int tp)
+{
+    model_shape m = gpt2_xl();
+    m.heads = tp * fixture_random_int(state, 1, 16);
+    m.hidden = m.heads * 8 * fixture_random_int(state, 1, 16);
+    m.ffn_hidden = 4 * m.hidden;
+    m.seq = 64 * fixture_random_int(state, 1, 32);
+    m.vocab = fixture_random_int(state, 1000, 160000);
+    m.layers = fixture_random_int(state, 2, 48);
+    return m;
+}
+
 static inline bool close_to(double a, double b, double relative)
 {
     double scale = fabs(a) > fabs(b) ? fabs(a) : fabs(b);

@@ -4,7 +4,9 @@
  * sum unchanged, in the phases and in the estimate's stages; elsewhere
  * (tp > 1, ZeRO-2/3's shards, other runtimes, stages without the head)
  * nothing moves; and the roofline's share of the products is the head's
- * backward less the final norm's, by hand, over random shapes. That the
+ * backward less the final norm's, by hand, over random shapes, and its
+ * share of a fused head's forward gives the same products. How the
+ * profile timed the head: test_head_profile.c. That the
  * condition is the executor's is test_memory.c's check_head_fused. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,8 +20,7 @@
 static uint64_t rng_state = 0x2545f4914f6cdd1dULL;
 static int random_int(int low, int high)
 {
-    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return low + (int)((rng_state >> 33) % (uint64_t)(high - low + 1));
+    return fixture_random_int(&rng_state, low, high);
 }
 
 static type_costs costs_of(costmodel *cm, int type,
@@ -142,14 +143,7 @@ static void make_roofline_profile(profile *p)
 
 static model_shape random_shape(int tp)
 {
-    model_shape m = gpt2_xl();
-    m.heads = tp * random_int(1, 16);
-    m.hidden = m.heads * 8 * random_int(1, 16);
-    m.ffn_hidden = 4 * m.hidden;
-    m.seq = 64 * random_int(1, 32);
-    m.vocab = random_int(1000, 160000);
-    m.layers = random_int(2, 48);
-    return m;
+    return fixture_random_shape(&rng_state, tp);
 }
 
 /* The share by hand: what is not a product is the final norm's
@@ -181,6 +175,15 @@ static void roofline_share_is_the_head_backward_less_the_norm(void **state)
                      "norm's backward is %.6g s", trial, share,
                      costs.head.backward_s,
                      (1.0 - share) * costs.head.backward_s, norm_s);
+        /* a head timed fused gives the same products back: its share of
+         * the fused forward (the forward and the products) */
+        double products = share * costs.head.backward_s;
+        double fused =
+            roofline_head_fused_products_share(&p, &device, &m, shard);
+        if (!close_to(fused * (costs.head.forward_s + products), products,
+                      1e-9))
+            fail_msg("trial %d: fused share %.6f, share %.6f", trial, fused,
+                     share);
     }
 }
 

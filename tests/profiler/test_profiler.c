@@ -259,6 +259,8 @@ static void test_tiny_model_on_cpu(void **state)
          * every round queued on the host clock */
         for (int part = 0; part < 3; part++)
             assert_int_equal(p->timed[part], PROFILER_TIMING_HOST);
+        /* the cpu backend never fuses the head (head.fused) */
+        assert_false(p->head_fused);
     }
     assert_int_equal(result->note_count, 1);
     assert_non_null(strstr(result->notes[0], "tp 8 skipped"));

@@ -362,6 +362,14 @@ static void test_variant(gpu_test_tally *tally, const char *label,
     PT_CHECK(cuda_model_stage_create(&gpu, &shape, &spec, mbs, 1, &err),
              &err);
     gpu_test_compare_memory(tally, label, &gpu, recompute);
+    /* what the profiler records with the head's times (head.fused) */
+    char fused_name[160];
+    snprintf(fused_name, sizeof fused_name, "%s: head_fused is "
+             "buffer_head_fused's, false on the cpu", label);
+    gpu_test_expect(tally, gpu.head_fused ==
+                               buffer_head_fused(&shape, &spec) &&
+                           gpu.head_fused && !cpu.head_fused,
+                    fused_name);
     unsetenv("PARTITA_CUDA_RECOMPUTE");
     unsetenv("PARTITA_CUDA_FUSE");
     unsetenv("PARTITA_CUDA_HEAD_ROWS");
