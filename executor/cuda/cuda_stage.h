@@ -193,13 +193,7 @@ typedef struct cuda_stage_state {
     activation_slot *slots;         /* owned host array */
     backward_scratch scratch;
     token_block host_tokens;        /* pinned host, one micro-batch */
-    const uint32_t *host_tokens_of; /* the tokens host_tokens holds for
-                                       the next upload (passes.c), of
-                                       host_tokens_mbs sequences and
-                                       host_unique_tokens plan groups;
-                                       NULL: none */
-    int host_tokens_mbs;
-    int host_unique_tokens;
+    int host_unique_tokens;         /* groups of host_tokens' plan */
     void *host_block;               /* owned pinned memory */
     cuda_device_step device_step;
     cuda_pass_graphs graphs;

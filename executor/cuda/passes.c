@@ -127,15 +127,13 @@ static int model_layer_forward(model_stage *stage, layer_activations *act,
 
 /* The host's part of a micro-batch's upload: its tokens into the pinned
  * block, once the last upload has read it, and for the embedding the
- * plan of its gradient; remembered for the forward of the same tokens
- * (cuda_prepare_tokens does it ahead). */
+ * plan of its gradient (cuda_prepare_tokens does it ahead). */
 static int tokens_to_host_block(model_stage *stage, const uint32_t *tokens,
                                 const stage_dims *d, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     token_block *host = &state->host_tokens;
     int T = d->T;
-    state->host_tokens_of = NULL;
     /* the profiler's back-to-back calls (defer_sync) pass the same
      * tokens and are not held back (stage.h) */
     if (!stage->defer_sync && cuda_tokens_writable(state, err) != 0)
@@ -158,8 +156,6 @@ static int tokens_to_host_block(model_stage *stage, const uint32_t *tokens,
                                    state->token_counts);
         state->host_unique_tokens = plan.unique_tokens;
     }
-    state->host_tokens_of = tokens;
-    state->host_tokens_mbs = d->B;
     return 0;
 }
 
@@ -173,18 +169,18 @@ int cuda_prepare_tokens(model_stage *stage, const stage_io *io,
 
 /* Copies the micro-batch's tokens (and, for the embedding, the plan of
  * its gradient) to the slot with one transfer, from the pinned block
- * (filled now unless cuda_prepare_tokens filled it with these tokens). */
+ * (filled now unless stage_prepare_tokens filled it with these tokens:
+ * stage.h's prepared_tokens, which every forward clears). */
 static int upload_tokens(model_stage *stage, activation_slot *slot,
                          const uint32_t *tokens, const stage_dims *d,
                          pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     token_block *host = &state->host_tokens;
-    bool prepared = state->host_tokens_of == tokens &&
-                    state->host_tokens_mbs == d->B;
+    bool prepared = stage->prepared_tokens == tokens &&
+                    stage->prepared_mbs == d->B;
     if (!prepared && tokens_to_host_block(stage, tokens, d, err) != 0)
         return -1;
-    state->host_tokens_of = NULL; /* the block is the device's now */
     slot->unique_tokens = state->host_unique_tokens;
     /* host and device blocks share one layout: copy up to the plan's
      * end (the capacity's layout, so offsets match) */

@@ -14,14 +14,13 @@
 #include "executor/cuda/cuda_check.h"
 
 /* Whether this call may go through a graph: a step kept on the device
- * (whole model, one rank, no units, no offload: stage.h), not the
- * profiler's back-to-back calls, nothing hooked on the gradients. */
+ * (whole model, one rank, no units, no offload, not the profiler's
+ * back-to-back calls: train.c), nothing hooked on the gradients. */
 static bool graphable(const model_stage *stage)
 {
     const cuda_stage_state *state = state_of(stage);
     return state->graphs.enabled && stage->step.on_device &&
-           !stage->defer_sync && state->grad_hook == NULL &&
-           !stage->grads_by_unit && !stage->params_by_unit;
+           state->grad_hook == NULL;
 }
 
 static bool same_key(const cuda_pass_graph *graph, int slot,
@@ -114,8 +113,8 @@ int cuda_side_zero_defer(model_stage *stage, size_t bytes, bool *deferred,
 {
     cuda_stage_state *state = state_of(stage);
     cuda_side_zero *zero = &state->side_zero;
-    *deferred = stage->step.on_device && !stage->defer_sync &&
-                !stage->grads_by_unit && !zero->forked;
+    /* a step kept on the device has one buffer of gradients (train.c) */
+    *deferred = stage->step.on_device && !zero->forked;
     if (!*deferred) {
         zero->pending = false;
         return 0;

@@ -380,8 +380,9 @@ typedef struct model_stage {
     /* The one-stage step in progress (stage_step_begin to
      * stage_step_end, train.c). */
     stage_step_state step;
-    /* The tokens stage_prepare_tokens took (checked then) for the next
-     * forward of `prepared_mbs` sequences; NULL: none. */
+    /* The tokens stage_prepare_tokens took (checked, and the backend's
+     * host work on them done) for the next forward of `prepared_mbs`
+     * sequences; cleared by every forward. NULL: none. */
     const uint32_t *prepared_tokens;
     int prepared_mbs;
 } model_stage;
