@@ -8,9 +8,16 @@
  * run as they would without it (no replay, clocks left alone), so
  * kernel_table.py can cut the trace into steps and compare two programs
  * kernel kind by kernel kind (docs/benchmarks.md, "Against llm.c").
+ *
+ * With KERNEL_TRACE_API_ERRORS=1 it also prints, the moment it happens,
+ * every CUDA runtime call that returned an error (but "not ready"), with
+ * the call stack (addresses for addr2line): an error a later
+ * cudaGetLastError reports against an innocent kernel launch is found
+ * where it was made.
  */
 #include <cupti.h>
 
+#include <execinfo.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,6 +131,37 @@ static void write_trace(void)
             path, dropped ? " (some records were dropped)" : "");
 }
 
+/* Runtime calls that fail: named on stderr with the stack that made them. */
+static void CUPTIAPI on_runtime_call(void *userdata,
+                                     CUpti_CallbackDomain domain,
+                                     CUpti_CallbackId id, const void *data)
+{
+    (void)userdata;
+    (void)id;
+    const CUpti_CallbackData *call = data;
+    if (domain != CUPTI_CB_DOMAIN_RUNTIME_API ||
+        call->callbackSite != CUPTI_API_EXIT ||
+        call->functionReturnValue == NULL)
+        return;
+    /* a cudaError_t; 600 is cudaErrorNotReady, a query's answer */
+    int status = *(const int *)call->functionReturnValue;
+    if (status == 0 || status == 600)
+        return;
+    fprintf(stderr, "kernel_trace: %s returned error %d; called from:\n",
+            call->functionName, status);
+    void *frames[24];
+    backtrace_symbols_fd(frames, backtrace(frames, 24), 2);
+}
+
+static void watch_runtime_errors(void)
+{
+    static CUpti_SubscriberHandle subscriber;
+    if (cuptiSubscribe(&subscriber, on_runtime_call, NULL) != CUPTI_SUCCESS ||
+        cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API) !=
+            CUPTI_SUCCESS)
+        fprintf(stderr, "kernel_trace: CUPTI refused the runtime callbacks\n");
+}
+
 /* Called by the CUDA driver when it loads this library. */
 int InitializeInjection(void);
 int InitializeInjection(void)
@@ -138,5 +176,8 @@ int InitializeInjection(void)
         return 0;
     }
     atexit(write_trace);
+    const char *api_errors = getenv("KERNEL_TRACE_API_ERRORS");
+    if (api_errors != NULL && strcmp(api_errors, "1") == 0)
+        watch_runtime_errors();
     return 1;
 }

@@ -181,6 +181,14 @@ int cuda_tokens_writable(cuda_stage_state *state, pt_error *err)
 int cuda_tokens_sent(cuda_stage_state *state, pt_error *err)
 {
     cuda_device_step *step = &state->device_step;
+    /* An upload captured into a graph (the profiler's graphed rounds)
+     * runs nothing now, and an event recorded in a capture cannot be
+     * waited on from the host afterwards (cudaEventSynchronize says
+     * "invalid argument"): nothing is in flight. */
+    enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CUDA_TRY(cudaStreamIsCapturing(state->stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone)
+        return 0;
     CUDA_TRY(cudaEventRecord(step->tokens_sent, state->stream));
     step->tokens_in_flight = true;
     return 0;

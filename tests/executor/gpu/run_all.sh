@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of the cuda backend in one call, for the GPU machine:
-# the nine test programs of one GPU, then the benchmark against PyTorch
+# the nine test programs of one GPU, a small `partita profile`
+# (profile_smoke.sh), then the benchmark against PyTorch
 # (bench/exec_vs_torch/run.sh). Logs go to LOG_DIR; a summary comes last.
 #
 # Usage: tests/executor/gpu/run_all.sh BUILD_DIR [LOG_DIR]
@@ -46,6 +47,7 @@ run test_cuda_stage "$gpu/test_cuda_stage" ${STAGE_ARGS:-}
 run test_cuda_tensor_parallel "$gpu/test_cuda_tensor_parallel"
 run test_cuda_zero "$gpu/test_cuda_zero"
 run test_staged_comm "$gpu/test_staged_comm"
+run profile_smoke "$here/profile_smoke.sh" "$build" "$logs/profile_smoke"
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     gpu_row benchmark "${BENCH_LIMIT_S:-900}" \
