@@ -33,10 +33,12 @@ enum {
 };
 #define GEMM_WORKSPACE_BYTES (32.0 * 1024 * 1024)
 /* The fused head's chunks (buffers.h: HEAD_CHUNK_BYTES, HEAD_CHUNK_ROW_
- * MULTIPLE, ATTENTION_LENT_ROOM, ATTENTION_LENT_SLACK). */
+ * MULTIPLE, HEAD_CHUNK_MIN_ROWS, ATTENTION_LENT_ROOM,
+ * ATTENTION_LENT_SLACK). */
 #define HEAD_CHUNK_BYTES (256.0 * 1024 * 1024)
 #define ATTENTION_LENT_ROOM (288.0 * 1024 * 1024)
 #define HEAD_CHUNK_ROW_MULTIPLE 128.0
+#define HEAD_CHUNK_MIN_ROWS 4096.0
 #define ATTENTION_LENT_SLACK (1024.0 * 1024)
 /* cuDNN's attention workspace pieces are 256-byte aligned. */
 #define CUDNN_ALIGNMENT 256.0
@@ -312,7 +314,7 @@ static double cudnn_workspace_bytes(const shard_dims *d, double b)
  * buffers.c, plan_head): under the partita runtime at tp 1 with
  * gradients in the one buffer, the fused head keeps one chunk of rows of
  * logits (every row under bf16 gradients, else the fewest chunks of at
- * most HEAD_CHUNK_BYTES) in the scratch, none in the slots; otherwise
+ * most HEAD_CHUNK_BYTES, of at least HEAD_CHUNK_MIN_ROWS) in the scratch, none in the slots; otherwise
  * each slot keeps N x Vp. cuDNN's backward runs in the fewest pieces of
  * whole sequences whose workspace fits in what the head lends (the
  * chunk, or up to ATTENTION_LENT_ROOM, which the chunk then grows to
@@ -336,9 +338,10 @@ static head_memory head_memory_of(const model_shape *m,
         double rows = d->N;
         if (c->grad_precision != GRAD_PRECISION_BF16) {
             double chunks = ceil_div(d->e * d->N * d->Vp, HEAD_CHUNK_BYTES);
-            rows = fmin(d->N, ceil_div(ceil_div(d->N, chunks),
-                                       HEAD_CHUNK_ROW_MULTIPLE) *
-                                  HEAD_CHUNK_ROW_MULTIPLE);
+            rows = fmin(d->N, fmax(ceil_div(ceil_div(d->N, chunks),
+                                            HEAD_CHUNK_ROW_MULTIPLE) *
+                                       HEAD_CHUNK_ROW_MULTIPLE,
+                                   HEAD_CHUNK_MIN_ROWS));
         }
         h.chunk = d->e * rows * d->Vp;
         /* up to what the whole logits would lend (buffers.c) */

@@ -431,7 +431,8 @@ static int check_bf16_grads(const stage_spec *spec, pt_error *err)
  * (PARTITA_CUDA_HEAD_ROWS; the plan then follows it too, the cost model not),
  * every row under bf16 gradients (llm.c's recipe: one product adds the
  * head's weight gradient, rounded once), else the fewest chunks of at
- * most HEAD_CHUNK_BYTES, rows rounded up to HEAD_CHUNK_ROW_MULTIPLE. */
+ * most HEAD_CHUNK_BYTES, rows rounded up to HEAD_CHUNK_ROW_MULTIPLE and
+ * at least HEAD_CHUNK_MIN_ROWS. */
 static int head_chunk_rows(const buffer_layout *layout, long fixed_rows)
 {
     size_t N = (size_t)layout->dims.N;
@@ -445,6 +446,8 @@ static int head_chunk_rows(const buffer_layout *layout, long fixed_rows)
         size_t multiple = HEAD_CHUNK_ROW_MULTIPLE;
         chosen = (N + chunks - 1) / chunks;
         chosen = (chosen + multiple - 1) / multiple * multiple;
+        if (chosen < HEAD_CHUNK_MIN_ROWS)
+            chosen = HEAD_CHUNK_MIN_ROWS;
     }
     return (int)(chosen < N ? chosen : N);
 }

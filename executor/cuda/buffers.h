@@ -48,6 +48,14 @@ typedef uint16_t pt_bf16;
 #define ATTENTION_LENT_ROOM (288u * 1024u * 1024u)
 /* Rows of a head chunk are a multiple of this. */
 #define HEAD_CHUNK_ROW_MULTIPLE 128
+/* ... and at least this many (or every row): each chunk's weight-gradient
+ * product reads and writes the whole V x C fp32 gradient, so a chunk of
+ * few rows pays that traffic often. At Llama's vocabulary (128,256 rows
+ * of 256 KiB) 256 MiB holds only 1,024 rows; 4,096 were 1.5 % (Llama-3.2-1B)
+ * and 2.7 % (Llama-3-8B, 4 layers) faster a step at sequence 8192 on one
+ * H200 (docs/records/gpu-runs.md, ninth session, call 2). GPT-2's 256 MiB
+ * chunks hold 2,600 rows or more. */
+#define HEAD_CHUNK_MIN_ROWS 4096
 /* Room over cuDNN's workspace formula where the head's chunk buffer is
  * sized by the attention rather than by the logits (cuDNN may ask a few
  * hundred bytes more than B x NH x T x T bf16). */
