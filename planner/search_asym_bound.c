@@ -174,13 +174,13 @@ static int room_within(const double *row, int layers, double bound)
 /* The least sum of T over the placed stages (order: by pace) holding x
  * layers, each at most the most layers whose C is within `bound` (read
  * from their rows, as least_bottleneck left them): their fixed times and
- * the cheapest layers first. */
-static void least_sum(const placed_prefix *kept, const asym_placed *placed,
-                      const int *order, int count, int layers, double bound,
-                      double *out)
+ * the cheapest layers first. Written for x up to the most they hold
+ * together, which it returns (past it every sum is infinite: it is not
+ * written); -1 when one of them holds none within the bound. */
+static int least_sum(const placed_prefix *kept, const asym_placed *placed,
+                     const int *order, int count, int layers, double bound,
+                     double *out)
 {
-    for (int x = 0; x <= layers; x++)
-        out[x] = INFINITY;
     out[0] = 0.0;
     for (int i = 0; i < count; i++)
         out[0] += placed[i].fixed;
@@ -189,24 +189,20 @@ static void least_sum(const placed_prefix *kept, const asym_placed *placed,
         const asym_placed *p = &placed[order[i]];
         int room = room_within(kept->rows + (size_t)order[i] * (layers + 1),
                                layers, bound);
-        if (room < 0) {
-            for (int x = 0; x <= layers; x++)
-                out[x] = INFINITY;
-            return;
-        }
+        if (room < 0)
+            return -1;
         for (int l = 0; l < room && held < layers; l++, held++)
             out[held + 1] = out[held] + p->pace;
     }
+    return held;
 }
 
-/* min over x of max(a[x], b[layers - x]) (or their sum). */
-static double meet(const double *a, const double *b, int layers, bool add)
+/* min over x of max(a[x], b[layers - x]). */
+static double meet(const double *a, const double *b, int layers)
 {
     double best = INFINITY;
-    for (int x = 0; x <= layers; x++) {
-        double v = add ? a[x] + b[layers - x] : asym_max(a[x], b[layers - x]);
-        best = asym_min(best, v);
-    }
+    for (int x = 0; x <= layers; x++)
+        best = asym_min(best, asym_max(a[x], b[layers - x]));
     return best;
 }
 
@@ -220,9 +216,14 @@ static int interval_sum(asym_bound *b, const asym_floor_query *q,
     const double *rest = NULL;
     if (asym_relax_sum(b->relax, view, j, &rest, err) != 0)
         return -1;
-    least_sum(&b->kept, q->placed, b->order, q->count, b->layers,
-              view->bounds[j + 1], b->sum);
-    *out = meet(b->sum, rest, b->layers, true);
+    int held = least_sum(&b->kept, q->placed, b->order, q->count, b->layers,
+                         view->bounds[j + 1], b->sum);
+    /* min over x of sum[x] + rest[layers - x]: past `held` every sum is
+       infinite */
+    double best = INFINITY;
+    for (int x = 0; x <= held; x++)
+        best = asym_min(best, b->sum[x] + rest[b->layers - x]);
+    *out = best;
     return 0;
 }
 
@@ -243,7 +244,7 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
     for (int y = 0; y <= layers; y++)
         b->relaxed[y] = asym_max(view.bottleneck[y],
                                  view.paced[y] + b->work_floor);
-    double low = meet(b->bottleneck, b->relaxed, layers, false);
+    double low = meet(b->bottleneck, b->relaxed, layers);
     if (low == INFINITY)
         return INFINITY;
     sort_by_pace(q->placed, q->count, b->order);
