@@ -213,7 +213,7 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
         coverage_notes(cm, type_index, memo);
     }
     for (int i = 0; i < memo->count; i++)
-        costmodel_add_note(cm, "%s", memo->text[i]);
+        costmodel_add_note_text(cm, memo->text[i]);
 }
 
 /* Prices the three parts from FLOPs and bytes for a shape the profile

@@ -38,7 +38,18 @@ typedef struct placed_prefix {
     double *merged;      /* [(stages + 1) x (layers + 1)] */
     double *rows;        /* [stages x (layers + 1)] stage i's C of l or more
                             layers, the least (non-decreasing in l) */
+    /* each stage's room under an interval's bound (room_within of its
+       row), kept until its row is written again: siblings share all
+       their placed stages but the last. A row's stamp moves on each
+       write; a room is read back only at its row's stamp and bound */
+    unsigned *stamp;     /* [stages] */
+    unsigned *room_stamp;  /* [stages x ROOM_SLOTS] */
+    double *room_bound;    /* [stages x ROOM_SLOTS] */
+    int *room;             /* [stages x ROOM_SLOTS] */
 } placed_prefix;
+
+/* Rooms kept per stage: one an interval (j modulo it). */
+#define ROOM_SLOTS 64
 
 struct asym_bound {
     asym_relax *relax;
@@ -130,6 +141,8 @@ static void least_bottleneck(placed_prefix *kept, const asym_placed *placed,
             a += take_kept;
             r += !take_kept;
         }
+        if (++kept->stamp[i] == 0) /* 0 is a room never taken */
+            kept->stamp[i] = 1;
         kept->none[i + 1] = asym_max(kept->none[i], row[0]);
         kept->floor_at[i + 1] = work_floor;
         kept->weight_at[i + 1] = weight;
@@ -177,9 +190,9 @@ static int room_within(const double *row, int layers, double bound)
  * the cheapest layers first. Written for x up to the most they hold
  * together, which it returns (past it every sum is infinite: it is not
  * written); -1 when one of them holds none within the bound. */
-static int least_sum(const placed_prefix *kept, const asym_placed *placed,
-                     const int *order, int count, int layers, double bound,
-                     double *out)
+static int least_sum(placed_prefix *kept, const asym_placed *placed,
+                     const int *order, int count, int layers, int j,
+                     double bound, double *out)
 {
     out[0] = 0.0;
     for (int i = 0; i < count; i++)
@@ -187,8 +200,15 @@ static int least_sum(const placed_prefix *kept, const asym_placed *placed,
     int held = 0;
     for (int i = 0; i < count; i++) {
         const asym_placed *p = &placed[order[i]];
-        int room = room_within(kept->rows + (size_t)order[i] * (layers + 1),
-                               layers, bound);
+        size_t slot = (size_t)order[i] * ROOM_SLOTS + (size_t)(j % ROOM_SLOTS);
+        if (kept->room_stamp[slot] != kept->stamp[order[i]] ||
+            kept->room_bound[slot] != bound) {
+            kept->room[slot] = room_within(
+                kept->rows + (size_t)order[i] * (layers + 1), layers, bound);
+            kept->room_stamp[slot] = kept->stamp[order[i]];
+            kept->room_bound[slot] = bound;
+        }
+        int room = kept->room[slot];
         if (room < 0)
             return -1;
         for (int l = 0; l < room && held < layers; l++, held++)
@@ -217,7 +237,7 @@ static int interval_sum(asym_bound *b, const asym_floor_query *q,
     if (asym_relax_sum(b->relax, view, j, &rest, err) != 0)
         return -1;
     int held = least_sum(&b->kept, q->placed, b->order, q->count, b->layers,
-                         view->bounds[j + 1], b->sum);
+                         j, view->bounds[j + 1], b->sum);
     /* min over x of sum[x] + rest[layers - x]: past `held` every sum is
        infinite */
     double best = INFINITY;
@@ -310,13 +330,21 @@ int asym_bound_open(asym_bound **out, asym_relax *relax, int layers,
     k->none = calloc(entries, sizeof(double));
     k->merged = malloc(sizeof(double) * entries * cells);
     k->rows = malloc(sizeof(double) * entries * cells);
+    /* stamps from 1, rooms at 0: no room is read before it is taken */
+    k->stamp = malloc(sizeof(unsigned) * entries);
+    k->room_stamp = calloc(entries * ROOM_SLOTS, sizeof(unsigned));
+    k->room_bound = calloc(entries * ROOM_SLOTS, sizeof(double));
+    k->room = calloc(entries * ROOM_SLOTS, sizeof(int));
     if (b->bottleneck == NULL || b->sum == NULL || b->relaxed == NULL ||
         b->order == NULL || k->least_work == NULL || k->rows == NULL ||
         k->floor_at == NULL || k->weight_at == NULL || k->none == NULL ||
-        k->merged == NULL)
+        k->merged == NULL || k->stamp == NULL || k->room_stamp == NULL ||
+        k->room_bound == NULL || k->room == NULL)
         return pt_fail(err, "search: out of memory for the floors");
-    for (size_t i = 0; i < entries; i++)
+    for (size_t i = 0; i < entries; i++) {
         k->floor_at[i] = k->weight_at[i] = NAN;
+        k->stamp[i] = 1;
+    }
     return 0;
 }
 
@@ -341,5 +369,9 @@ void asym_bound_close(asym_bound *b)
     free(b->kept.none);
     free(b->kept.merged);
     free(b->kept.rows);
+    free(b->kept.stamp);
+    free(b->kept.room_stamp);
+    free(b->kept.room_bound);
+    free(b->kept.room);
     free(b);
 }
