@@ -140,17 +140,17 @@ static int merge(const asym_walk *w, search_result *out,
         a += symmetric[i];
         b += !symmetric[i];
     }
-    ranked_plan *merged = kept <= out->plan_count
-                              ? out->plans
-                              : calloc((size_t)kept + 1, sizeof *merged);
-    if (merged == NULL) {
+    bool in_place = kept <= out->plan_count;
+    ranked_plan *merged = in_place ? out->plans
+                                   : calloc((size_t)kept + 1, sizeof *merged);
+    if (!in_place && merged == NULL) {
         free(symmetric);
         return pt_fail(err, "search: out of memory for the plans");
     }
     for (int i = kept - 1; i >= 0; i--) {
         if (symmetric[i]) {
             a--;
-            if (merged != out->plans || a != i)
+            if (!in_place || a != i)
                 merged[i] = out->plans[a];
         } else {
             b--;
@@ -158,7 +158,7 @@ static int merge(const asym_walk *w, search_result *out,
         }
     }
     free(symmetric);
-    if (merged != out->plans)
+    if (!in_place)
         free(out->plans);
     out->plans = merged;
     out->plan_count = kept;

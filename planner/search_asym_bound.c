@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* A floor must not pass a score by a rounding. */
 #define FLOOR_SHADE (1.0 - 1e-9)
@@ -43,9 +44,13 @@ typedef struct placed_prefix {
        their placed stages but the last. A row's stamp moves on each
        write; a room is read back only at its row's stamp and bound */
     unsigned *stamp;     /* [stages] */
-    unsigned *room_stamp;  /* [stages x ROOM_SLOTS] */
-    double *room_bound;    /* [stages x ROOM_SLOTS] */
-    int *room;             /* [stages x ROOM_SLOTS] */
+    struct kept_room {
+        unsigned stamp;  /* 0: never taken */
+        int room;
+        double bound;
+    } *rooms;            /* [stages x ROOM_SLOTS], mapped: zero, and only
+                            the pages of the stages placed touched */
+    size_t rooms_bytes;
 } placed_prefix;
 
 /* Rooms kept per stage: one an interval (j modulo it). */
@@ -200,15 +205,16 @@ static int least_sum(placed_prefix *kept, const asym_placed *placed,
     int held = 0;
     for (int i = 0; i < count; i++) {
         const asym_placed *p = &placed[order[i]];
-        size_t slot = (size_t)order[i] * ROOM_SLOTS + (size_t)(j % ROOM_SLOTS);
-        if (kept->room_stamp[slot] != kept->stamp[order[i]] ||
-            kept->room_bound[slot] != bound) {
-            kept->room[slot] = room_within(
-                kept->rows + (size_t)order[i] * (layers + 1), layers, bound);
-            kept->room_stamp[slot] = kept->stamp[order[i]];
-            kept->room_bound[slot] = bound;
-        }
-        int room = kept->room[slot];
+        size_t slot = (size_t)order[i] * ROOM_SLOTS + (size_t)j % ROOM_SLOTS;
+        struct kept_room *kept_room = &kept->rooms[slot];
+        if (kept_room->stamp != kept->stamp[order[i]] ||
+            kept_room->bound != bound)
+            *kept_room = (struct kept_room){
+                kept->stamp[order[i]],
+                room_within(kept->rows + (size_t)order[i] * (layers + 1),
+                            layers, bound),
+                bound};
+        int room = kept_room->room;
         if (room < 0)
             return -1;
         for (int l = 0; l < room && held < layers; l++, held++)
@@ -332,14 +338,15 @@ int asym_bound_open(asym_bound **out, asym_relax *relax, int layers,
     k->rows = malloc(sizeof(double) * entries * cells);
     /* stamps from 1, rooms at 0: no room is read before it is taken */
     k->stamp = malloc(sizeof(unsigned) * entries);
-    k->room_stamp = calloc(entries * ROOM_SLOTS, sizeof(unsigned));
-    k->room_bound = calloc(entries * ROOM_SLOTS, sizeof(double));
-    k->room = calloc(entries * ROOM_SLOTS, sizeof(int));
+    k->rooms_bytes = entries * ROOM_SLOTS * sizeof *k->rooms;
+    k->rooms = mmap(NULL, k->rooms_bytes, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (k->rooms == MAP_FAILED)
+        k->rooms = NULL;
     if (b->bottleneck == NULL || b->sum == NULL || b->relaxed == NULL ||
         b->order == NULL || k->least_work == NULL || k->rows == NULL ||
         k->floor_at == NULL || k->weight_at == NULL || k->none == NULL ||
-        k->merged == NULL || k->stamp == NULL || k->room_stamp == NULL ||
-        k->room_bound == NULL || k->room == NULL)
+        k->merged == NULL || k->stamp == NULL || k->rooms == NULL)
         return pt_fail(err, "search: out of memory for the floors");
     for (size_t i = 0; i < entries; i++) {
         k->floor_at[i] = k->weight_at[i] = NAN;
@@ -370,8 +377,7 @@ void asym_bound_close(asym_bound *b)
     free(b->kept.merged);
     free(b->kept.rows);
     free(b->kept.stamp);
-    free(b->kept.room_stamp);
-    free(b->kept.room_bound);
-    free(b->kept.room);
+    if (b->kept.rooms != NULL)
+        munmap(b->kept.rooms, b->kept.rooms_bytes);
     free(b);
 }

@@ -222,7 +222,8 @@ static bool costs_no_more(const block *a, const block *b, int role, int layers,
     if (cap_b < 0 || cap_a < cap_b)
         return false;
     for (int x = 0; x <= cap_b; x++)
-        if (block_cost_of(a, role, x, paced) > block_cost_of(b, role, x, paced))
+        if (block_cost_of(a, role, x, paced) >
+            block_cost_of(b, role, x, paced))
             return false;
     return true;
 }
