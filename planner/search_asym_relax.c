@@ -83,6 +83,13 @@ typedef struct window {
     double *value;
 } window;
 
+/* tables_of's last question (level 0: the root's) and its answer. */
+typedef struct tables_asked {
+    bool valid;
+    int batch, mask, level;
+    relax_table *bottleneck, *sums;
+} tables_asked;
+
 struct asym_relax {
     costmodel *cm;
     asym_stages *stages;
@@ -98,6 +105,7 @@ struct asym_relax {
     int *finite;       /* [(GPUs + 1) x 4]: run_table's rows' last_finite */
     region room;       /* the tables' arrays */
     double *none;      /* [layers + 1]: no stage to come (0, then INF) */
+    tables_asked last; /* forgotten when the tables are dropped */
 };
 
 /* ---------------------------------------------------------- the blocks */
@@ -521,6 +529,7 @@ static void drop_tables(asym_relax *r)
     memo_clear(&r->tables);
     region_reset(&r->room);
     r->table_bytes = 0;
+    r->last.valid = false;
 }
 
 /* The table of (batch, mask, level, root), built when first asked. */
@@ -649,11 +658,16 @@ static int tables_of(asym_relax *r, const asym_floor_query *q, int mask,
                      pt_error *err)
 {
     int m = r->batches[q->batch].microbatches;
-    int level = q->root ? 2
-                        : table_level(r, q->batch, mask,
-                                      asym_level(q->inflight < m ? q->inflight
-                                                                 : m),
-                                      err);
+    int asked = q->root ? 0 : asym_level(q->inflight < m ? q->inflight : m);
+    /* the last query's answer: a node's children mostly ask the same */
+    tables_asked *last = &r->last;
+    if (last->valid && last->batch == q->batch && last->mask == mask &&
+        last->level == asked) {
+        *bottleneck = last->bottleneck;
+        *sums = last->sums;
+        return 0;
+    }
+    int level = q->root ? 2 : table_level(r, q->batch, mask, asked, err);
     int sum_level = 1;
     while (sum_level * 2 <= level)
         sum_level *= 2;
@@ -665,7 +679,10 @@ static int tables_of(asym_relax *r, const asym_floor_query *q, int mask,
     *sums = *bottleneck == NULL || sum_level == level
                 ? *bottleneck
                 : table_of(r, q->batch, mask, sum_level, q->root, err);
-    return *sums == NULL ? -1 : 0;
+    if (*sums == NULL)
+        return -1;
+    *last = (tables_asked){true, q->batch, mask, asked, *bottleneck, *sums};
+    return 0;
 }
 
 /* The bottleneck tables of t filled up to row n. */
