@@ -73,6 +73,7 @@ typedef struct profile_arguments {
     int rounds;                 /* --rounds, 0: the default (3) */
     int layer_stack;            /* --layer-stack, 0: the default (1) */
     double round_ms;            /* --round-ms, 0: the default (5) */
+    double hold_ms;             /* --hold-ms, < 0: the default (0) */
     const char *beside_list;    /* --beside: SMs of the busy neighbour
                                    slices, NULL: none */
     int beside_place;           /* --place: the measured slice's place in

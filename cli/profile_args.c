@@ -89,12 +89,20 @@ static void print_profile_help(void)
         "                         layers_stacked says how many were); default\n"
         "                         1, one layer in a stage of its own (a stack\n"
         "                         is not yet checked against whole models)\n"
+        "  --hold-ms MS           cuda: before the layer's and the head's\n"
+        "                         rounds of each point, run that part's\n"
+        "                         calls back to back for MS ms, untimed, so\n"
+        "                         the rounds see the clock its sustained\n"
+        "                         load holds (power cap); default 0, none\n"
         "  --no-comm              skip the NCCL curves\n"
         "  --timing HOW           cuda: how the layer's and the head's rounds\n"
         "                         are timed: gated (default: queued behind a\n"
         "                         gate, device clock), graph (CUDA graphs),\n"
         "                         host (queued, host clock, every part: the\n"
-        "                         profiler before 2026-11-28)\n"
+        "                         profiler before 2026-11-28), step (the\n"
+        "                         layer and the head inside training steps\n"
+        "                         of the whole chain replayed back to back,\n"
+        "                         after --hold-ms of them, default 1 s)\n"
         "  --graph                --timing graph\n"
         "  --missing-only         complete the profile -o names: measure\n"
         "                         only the models' shapes and tp it lacks\n"
@@ -115,7 +123,7 @@ enum {
     OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_GRAPH, OPT_COMPARE, OPT_TOLERANCE,
     OPT_MISSING_ONLY, OPT_BESIDE, OPT_PLACE, OPT_IDLE_NEIGHBOURS,
     OPT_STAGE_SETS, OPT_EMBEDDING_SETS, OPT_PROCESSES, OPT_ROUNDS, OPT_ROUND_MS,
-    OPT_TIMING, OPT_LAYER_STACK, OPT_HELP
+    OPT_TIMING, OPT_LAYER_STACK, OPT_HOLD_MS, OPT_HELP
 };
 
 int profile_bad_argument(const char *option, const char *expected,
@@ -199,6 +207,14 @@ static int apply_option(int option, const char *value, profile_arguments *a)
     }
     case OPT_ROUND_MS:
         return parse_positive("--round-ms", value, 1000.0, &a->round_ms);
+    case OPT_HOLD_MS:
+        /* 0 turns the hold off (parse_positive wants more than 0) */
+        if (strcmp(value, "0") == 0) {
+            a->hold_ms = 0.0;
+            return 0;
+        }
+        return parse_positive("--hold-ms", value, PROFILER_MAX_HOLD_S * 1e3,
+                              &a->hold_ms);
     case OPT_SM_LIMIT:
         if (parse_positive("--sm-limit", value, 100000, &number) != 0)
             return -1;
@@ -239,6 +255,7 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"rounds", required_argument, NULL, OPT_ROUNDS},
         {"round-ms", required_argument, NULL, OPT_ROUND_MS},
         {"layer-stack", required_argument, NULL, OPT_LAYER_STACK},
+        {"hold-ms", required_argument, NULL, OPT_HOLD_MS},
         {"timing", required_argument, NULL, OPT_TIMING},
         {"idle-neighbours", no_argument, NULL, OPT_IDLE_NEIGHBOURS},
         {"compare", no_argument, NULL, OPT_COMPARE},
@@ -248,7 +265,7 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {NULL, 0, NULL, 0}};
     *a = (profile_arguments){.backend = "cuda", .tp_list = "1,2,4,8",
                              .mbs_list = "1,2,4,8,16",
-                             .tolerance_percent = 3.0};
+                             .tolerance_percent = 3.0, .hold_ms = -1.0};
     optind = 1;
     int option;
     while ((option = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {

@@ -106,18 +106,19 @@ static int build_options(const profile_arguments *a,
     *options = profiler_options_defaults(backend);
     if (a->quick)
         profiler_options_quick(options);
-    const char *timings[] = {"gated", "graph", "host"};
-    const profiler_timing values[] = {PROFILER_TIMING_GATED,
-                                      PROFILER_TIMING_GRAPH,
-                                      PROFILER_TIMING_HOST};
+    const char *timings[] = {"gated", "graph", "host", "step"};
+    const profiler_timing values[] = {
+        PROFILER_TIMING_GATED, PROFILER_TIMING_GRAPH, PROFILER_TIMING_HOST,
+        PROFILER_TIMING_STEP};
     bool known = a->timing == NULL;
-    for (int i = 0; i < 3 && !known; i++)
+    for (int i = 0; i < 4 && !known; i++)
         if (strcmp(a->timing, timings[i]) == 0) {
             options->timing = values[i];
             known = true;
         }
     if (!known) {
-        profile_bad_argument("--timing", "gated, graph or host", a->timing);
+        profile_bad_argument("--timing", "gated, graph, host or step",
+                             a->timing);
         return -1;
     }
     if (a->stage_sets > 0)
@@ -134,6 +135,8 @@ static int build_options(const profile_arguments *a,
         options->layer_stack = a->layer_stack;
     if (a->round_ms > 0.0)
         options->round_s = a->round_ms / 1e3;
+    if (a->hold_ms >= 0.0)
+        options->hold_s = a->hold_ms / 1e3;
     options->sm_limit = a->sm_limit;
     options->beside_place = a->beside_place;
     options->neighbours_idle = a->neighbours_idle;
@@ -466,6 +469,11 @@ static int write_additions(const profile_arguments *a, int argc, char **argv,
     json_decref(measured);
     if (added < 0)
         return EXIT_BAD_INPUT;
+    /* the host at hand's AdamW, measured with the points: the rate an
+     * offloaded optimizer is priced at on this machine */
+    if (results[count - 1].host_adamw_s_per_param > 0.0)
+        have->host_adamw_s_per_param =
+            results[count - 1].host_adamw_s_per_param;
     json_t *root = profile_to_json(have, a->output, &err);
     if (root == NULL || json_write_file_atomic(root, a->output, &err) != 0) {
         json_decref(root);

@@ -478,6 +478,7 @@ typedef struct profile {
                                      a measured profile's context plus
                                      PROFILE_WORKSPACE_ALLOWANCE_GIB */
     double optimizer_s_per_param; /* AdamW step time per parameter */
+    double host_adamw_s_per_param; /* the host's (offload), measured; 0: no */
     /* efficiency model: prices shapes the profile does not hold */
     double peak_tflops;           /* dense bf16/fp16 tensor peak */
     double fp32_tflops;           /* plain FP32 peak; 0: not given */

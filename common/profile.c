@@ -40,8 +40,8 @@
 
 static const char *const profile_keys[] = {
     "format", "gpu", "memory_gib", "source", "provenance", "assumptions",
-    "workspace_gib", "optimizer_s_per_param", "efficiency", "shapes",
-    "communication", NULL};
+    "workspace_gib", "optimizer_s_per_param", "host_adamw_s_per_param",
+    "efficiency", "shapes", "communication", NULL};
 static const char *const assumption_keys[] = {
     "backward_over_forward", "microbatch_scaling",
     "layer_times_include_tp_comm", "flash_attention", NULL};
@@ -542,8 +542,18 @@ static int header_from_json(const json_t *obj, const json_place *place,
         json_get_number(obj, place, "workspace_gib", true, 0.0,
                         PROFILE_MAX_GIB, &out->workspace_gib, err) != 0 ||
         json_get_positive_number(obj, place, "optimizer_s_per_param", true,
-                                 &out->optimizer_s_per_param, err) != 0)
+                                 &out->optimizer_s_per_param, err) != 0 ||
+        json_get_positive_number(obj, place, "host_adamw_s_per_param", false,
+                                 &out->host_adamw_s_per_param, err) != 0)
         return -1;
+    if (out->host_adamw_s_per_param > PROFILE_MAX_OPTIMIZER_S_PER_PARAM) {
+        json_place where = json_place_key(place, "host_adamw_s_per_param");
+        return json_place_fail(&where, err,
+                               "%g s per parameter is more than %g: a unit "
+                               "mistake?",
+                               out->host_adamw_s_per_param,
+                               PROFILE_MAX_OPTIMIZER_S_PER_PARAM);
+    }
     out->source = (profile_source)source;
     if (out->optimizer_s_per_param > PROFILE_MAX_OPTIMIZER_S_PER_PARAM) {
         json_place where = json_place_key(place, "optimizer_s_per_param");
@@ -797,6 +807,9 @@ static json_t *profile_build_json(const profile *p, int *failures)
     json_put(root, "workspace_gib", json_real(p->workspace_gib), failures);
     json_put(root, "optimizer_s_per_param",
              json_real(p->optimizer_s_per_param), failures);
+    if (p->host_adamw_s_per_param > 0.0)
+        json_put(root, "host_adamw_s_per_param",
+                 json_real(p->host_adamw_s_per_param), failures);
     if (p->peak_tflops > 0.0)
         json_put(root, "efficiency", efficiency_to_json(p, failures),
                  failures);

@@ -396,8 +396,11 @@ void costmodel_step_work_sums(const costmodel *cm,
 #define COSTMODEL_HOST_LINK_BYTES_PER_S 25e9
 #define COSTMODEL_CPU_ADAMW_PARAMS_PER_S 1.08e9
 /* Seconds per parameter the rank updates: its fp32 gradient down and
- * its half-precision weight up over the host link, and the CPU's AdamW. */
-double costmodel_offload_s_per_param(const parallel_config *config);
+ * its half-precision weight up over the host link, and the CPU's AdamW:
+ * host_adamw_s_per_param when the GPU's profile measured its host's
+ * (`host_adamw_s_per_param`, > 0), else COSTMODEL_CPU_ADAMW_PARAMS_PER_S. */
+double costmodel_offload_s_per_param(const parallel_config *config,
+                                     double host_adamw_s_per_param);
 /* Host bytes a rank of stage `stage` with `layers` layers holds under
  * offload (fp32 master weights and AdamW's two moments of its optimizer
  * shard); 0 without offload. */

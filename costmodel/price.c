@@ -501,7 +501,9 @@ static int price_type_from(const costmodel *cm, int type_index,
                                  times.layer.forward_s;
     /* ZeRO-Offload: the step moves to the host (zero.c) */
     out->optimizer_s_per_param = config->offload_optimizer
-                                     ? costmodel_offload_s_per_param(config)
+                                     ? costmodel_offload_s_per_param(
+                                           config,
+                                           prof->host_adamw_s_per_param)
                                      : prof->optimizer_s_per_param;
     out->stream_s_per_byte =
         prof->optimizer_s_per_param / COSTMODEL_ADAMW_BYTES_PER_PARAM;

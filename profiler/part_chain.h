@@ -70,6 +70,18 @@ model_stage *chain_part_stage(part_chain *chain, int part, int mbs,
 int chain_queued_seconds(part_chain *chain, int part, bool with_backward,
                          int mbs, int count, double *out, pt_error *err);
 
+/* Part 1 (the layer stage) or 2 (the head) timed inside training steps
+ * of the chain at micro-batch mbs (profiler_step.c; `--timing step`):
+ * one step captured as a CUDA graph, replayed back to back for warm_s (0:
+ * a second), then `rounds` times, each waited for: the part's forward and
+ * its forward + backward, seconds per call, into forward[] and pair[].
+ * The stages' defer_sync must be on. 1 when the step cannot be captured
+ * (or no cuda build, or another part): nothing timed; -1 on a device
+ * failure. */
+int chain_step_rounds(part_chain *chain, int part, int mbs, double warm_s,
+                      int rounds, double *forward, double *pair,
+                      pt_error *err);
+
 /* Every stage's defer_sync: calls return once queued. */
 void chain_set_deferred(part_chain *chain, bool on);
 

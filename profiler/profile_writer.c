@@ -99,9 +99,11 @@ static json_t *optimizer_provenance(const profiler_result *r, int *failures)
 }
 
 /* Parts of every point of every model timed each way. */
-static void count_timed(const profiler_writeup *ctx, int counts[3])
+static void count_timed(const profiler_writeup *ctx,
+                        int counts[PROFILER_TIMINGS])
 {
-    counts[0] = counts[1] = counts[2] = 0;
+    for (int t = 0; t < PROFILER_TIMINGS; t++)
+        counts[t] = 0;
     for (int m = 0; m < ctx->model_count; m++)
         for (int p = 0; p < ctx->results[m].point_count; p++)
             for (int part = 0; part < 3; part++)
@@ -132,7 +134,7 @@ static json_t *runs_provenance(const profiler_writeup *ctx, int *failures)
 {
     const profiler_options *o = ctx->options;
     const profiler_result *r = &ctx->results[0];
-    int counts[3];
+    int counts[PROFILER_TIMINGS];
     count_timed(ctx, counts);
     json_t *obj = json_object();
     json_put(obj, "gated_parts", json_integer(counts[PROFILER_TIMING_GATED]),
@@ -141,6 +143,9 @@ static json_t *runs_provenance(const profiler_writeup *ctx, int *failures)
              failures);
     json_put(obj, "queued_parts", json_integer(counts[PROFILER_TIMING_HOST]),
              failures);
+    if (counts[PROFILER_TIMING_STEP] > 0)
+        json_put(obj, "stepped_parts",
+                 json_integer(counts[PROFILER_TIMING_STEP]), failures);
     json_put(obj, "warmup", json_integer(r->runs_warmup), failures);
     json_put(obj, "timed_max", json_integer(r->runs_timed_max), failures);
     json_put(obj, "timed_min", json_integer(r->runs_timed_min), failures);
@@ -156,6 +161,7 @@ static json_t *runs_provenance(const profiler_writeup *ctx, int *failures)
     json_put(obj, "calls_per_round_max", json_integer(PROFILER_MAX_QUEUED),
              failures);
     json_put(obj, "device_warmup_s", json_real(o->device_warmup_s), failures);
+    json_put(obj, "hold_s", json_real(o->hold_s), failures);
     json_put(obj, "layer_stack", json_integer(o->layer_stack), failures);
     /* one layer asked: every point stacked one */
     if (o->layer_stack > 1)
@@ -412,7 +418,8 @@ static int measured_profile(const profiler_writeup *ctx, profile *out)
                              ? d->context_bytes / PT_GIB +
                                    PROFILE_WORKSPACE_ALLOWANCE_GIB
                              : 0.0,
-        .optimizer_s_per_param = r->optimizer_s_per_param};
+        .optimizer_s_per_param = r->optimizer_s_per_param,
+        .host_adamw_s_per_param = r->host_adamw_s_per_param};
     pt_copy_string(out->gpu, sizeof out->gpu, ctx->gpu);
     efficiency_of(ctx, out);
     out->shapes = calloc((size_t)ctx->model_count + 1, sizeof *out->shapes);

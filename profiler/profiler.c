@@ -38,6 +38,8 @@
 /* The AdamW learning rate while timing: small, so that the repeated
  * steps leave the parameters (and so the timings) as they were. */
 #define PROFILER_LEARNING_RATE 1e-6f
+/* The parameters the host's AdamW rate is timed on. */
+#define PROFILER_HOST_ADAMW_PARAMS ((size_t)32 << 20)
 
 static void add_note(profiler_result *out, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
@@ -78,6 +80,7 @@ profiler_options profiler_options_defaults(backend_kind backend)
         .embedding_sets = 4,
         .processes = backend == BACKEND_CUDA ? 8 : 1,
         .round_s = 0.005,
+        .hold_s = 0.0,
         .timing = PROFILER_TIMING_GATED,
         /* one layer in a stage of its own until a stack is validated
          * against whole models on a GPU (docs/profiles.md, "Layer
@@ -99,6 +102,7 @@ void profiler_options_quick(profiler_options *options)
     options->embedding_sets = 0;
     options->processes = 1;
     options->round_s = 0.0;
+    options->hold_s = 0.0;
 }
 
 static int check_list(const char *what, const int *values, int count,
@@ -139,7 +143,8 @@ int profiler_options_check(const profiler_options *options, pt_error *err)
                             "timed",
                        options->warmup_runs, options->min_timed_runs,
                        options->timed_runs, PROFILER_MAX_RUNS);
-    if (!(options->device_warmup_s >= 0.0) || !(options->round_s >= 0.0))
+    if (!(options->device_warmup_s >= 0.0) || !(options->round_s >= 0.0) ||
+        !(options->hold_s >= 0.0) || options->hold_s > PROFILER_MAX_HOLD_S)
         return pt_fail(err, "profiler: time budgets must be >= 0 s");
     int most_sets = options->embedding_sets > options->stage_sets
                         ? options->embedding_sets
@@ -367,12 +372,18 @@ static profiler_timing part_timing(const profiler_options *o, int part)
  * layer stack's pair can hold more kernels than a gated round may queue
  * (profiler_gated_rounds refuses it): it is graphed instead, *timed
  * saying so, since a graph has no such bound. */
-static int device_rounds(const part_chain *chain, int part,
+static int device_rounds(part_chain *chain, int part, int mbs,
                          model_stage *stage, const stage_io *io, int count,
                          const profiler_options *o, double *forward,
                          double *pair, profiler_timing *timed, pt_error *err)
 {
     int status = 1;
+    if (*timed == PROFILER_TIMING_STEP) {
+        status = chain_step_rounds(chain, part, mbs, o->hold_s,
+                                   o->timing_rounds, forward, pair, err);
+        if (status == 1)
+            *timed = PROFILER_TIMING_GATED;
+    }
     if (*timed == PROFILER_TIMING_GATED)
         status = profiler_gated_rounds(stage, io, count, o->timing_rounds,
                                        forward, pair, err);
@@ -383,6 +394,28 @@ static int device_rounds(const part_chain *chain, int part,
         status = profiler_graph_rounds(stage, io, count, o->timing_rounds,
                                        forward, pair, err);
     return status;
+}
+
+/* The most pairs a hold queues: a hold of a launch-bound part (tens of
+ * microseconds a pair) stays a few seconds of host launches. */
+#define HOLD_PAIRS_MAX 20000
+
+/* The hold before a part's rounds (profiler_options.hold_s): its pairs
+ * queued back to back at the pace call_s says, not waited for, so that
+ * the first round's gate finds the device still busy with them. The
+ * embedding is not held: its calls draw little power, and its rounds are
+ * graphed, microseconds each. */
+static int hold_part(part_chain *chain, int part, int mbs, double call_s,
+                     const profiler_options *o, pt_error *err)
+{
+    if (o->backend != BACKEND_CUDA || o->hold_s <= 0.0 || part == 0 ||
+        o->timing == PROFILER_TIMING_STEP)
+        return 0; /* stepped: the steps warm the device themselves */
+    double wanted = call_s > 0.0 ? ceil(o->hold_s / call_s) : 1.0;
+    int pairs = wanted > HOLD_PAIRS_MAX ? HOLD_PAIRS_MAX : (int)wanted;
+    stage_io io;
+    model_stage *stage = chain_part_stage(chain, part, mbs, &io);
+    return profiler_queue_calls(stage, &io, true, pairs, err);
 }
 
 /* One part's rounds, added to the pool: forwards, then forward +
@@ -398,8 +431,8 @@ static int time_part(part_chain *chain, int part, int mbs, int count,
     stage_io io;
     model_stage *stage = chain_part_stage(chain, part, mbs, &io);
     *timed = part_timing(o, part);
-    int status = device_rounds(chain, part, stage, &io, count, o, forward,
-                               pair, timed, err);
+    int status = device_rounds(chain, part, mbs, stage, &io, count, o,
+                               forward, pair, timed, err);
     if (status == 1)
         *timed = PROFILER_TIMING_HOST;
     for (int r = 0; status == 1 && r < o->timing_rounds; r++)
@@ -449,7 +482,10 @@ static int measure_point(part_chain *chain, int mbs,
         int count = first_set ? calls_per_round(o, call_s[part])
                               : out->calls_per_round[part];
         profiler_timing timed = PROFILER_TIMING_HOST;
-        status = time_part(chain, part, mbs, count, o, pool, &timed, err);
+        status = hold_part(chain, part, mbs, call_s[part], o, err);
+        if (status == 0)
+            status = time_part(chain, part, mbs, count, o, pool, &timed,
+                               err);
         out->calls_per_round[part] = count;
         /* a set that fell back to the host clock marks the point so */
         if (first_set || timed == PROFILER_TIMING_HOST)
@@ -530,6 +566,16 @@ static int measure_optimizer(part_chain *chain, const profiler_options *o,
     out->embedding_parameters = (double)chain->embedding.param_count;
     out->optimizer_s_per_param =
         out->optimizer_layer.median_s / out->layer_parameters;
+    /* the host's AdamW, for offloaded optimizers: 32M parameters (512
+     * MiB of host memory) take tens of milliseconds a pass; fewer under
+     * --quick */
+    size_t host_params = o->warmup_runs > 1 ? PROFILER_HOST_ADAMW_PARAMS
+                                            : PROFILER_HOST_ADAMW_PARAMS / 8;
+    if (stage_offload_host_rate(host_params, o->timing_rounds,
+                                &out->host_adamw_s_per_param, err) != 0) {
+        pt_error_prefix(err, "profiler");
+        return -1;
+    }
     return 0;
 }
 

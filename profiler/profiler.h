@@ -50,6 +50,8 @@
 /* The most layers of the layer stage (--layer-stack): more than any
  * bundled model holds (Llama-3.1-405B: 126). */
 #define PROFILER_MAX_LAYER_STACK 256
+/* The longest hold before a part's rounds (profiler_options.hold_s). */
+#define PROFILER_MAX_HOLD_S 10.0
 
 /* A timed quantity: the median of its timed runs and their spread,
  * (third quartile - first quartile) / median (quartiles by linear
@@ -107,8 +109,14 @@ typedef enum profiler_timing {
     /* cuda: one CUDA graph, replayed (profiler_graph_rounds) */
     PROFILER_TIMING_GRAPH,
     /* queued as they come, host clock (the cpu; a cuda fallback) */
-    PROFILER_TIMING_HOST
+    PROFILER_TIMING_HOST,
+    /* cuda, the layer and the head: inside training steps of the whole
+     * chain, a CUDA graph of one step replayed back to back
+     * (chain_step_rounds); the embedding graphed */
+    PROFILER_TIMING_STEP
 } profiler_timing;
+
+#define PROFILER_TIMINGS 4
 
 typedef struct profiled_part {
     timing_summary forward;
@@ -202,6 +210,19 @@ typedef struct profiler_options {
                                     process); 1: in this process */
     double round_s;              /* a round lasts about this long: calls
                                     queued in it, 1 to PROFILER_MAX_QUEUED */
+    double hold_s;               /* cuda: before the layer's and the
+                                    head's rounds, the part's forward +
+                                    backward pairs run back to back this
+                                    long, untimed, so that the rounds
+                                    find the clock the part's sustained
+                                    load holds (a whole H200 training
+                                    GPT-2 1.5B holds its 700 W cap below
+                                    the clock of short rounds after
+                                    idle host pauses: docs/profiles.md,
+                                    "Held load"); 0: none. Timed by
+                                    steps (PROFILER_TIMING_STEP): the
+                                    steps run this long before the timed
+                                    ones, 0 meaning a second */
     profiler_timing timing;      /* cuda: how the layer's and the head's
                                     rounds are timed, gated by default; the
                                     embedding's are graphed, except under
@@ -261,6 +282,9 @@ typedef struct profiler_result {
     double embedding_parameters;
     /* optimizer_layer per parameter: a real stage is mostly layers. */
     double optimizer_s_per_param;
+    /* the host's AdamW as an offloaded optimizer runs it
+     * (stage_offload_host_rate), seconds per parameter */
+    double host_adamw_s_per_param;
     int runs_warmup;             /* as run (options, after checks) */
     int runs_timed_max;
     int runs_timed_min;

@@ -144,10 +144,9 @@ static void *adamw_part_main(void *argument)
 #define OFFLOAD_THREADS 8
 #define OFFLOAD_FLOATS_PER_THREAD (4u << 20)
 
-static void host_adamw(model_stage *stage, const adamw_config *config,
-                       float learning_rate, float grad_scale)
+/* The threads a range of `count` parameters is cut over. */
+static int offload_threads(size_t count)
 {
-    size_t count = stage->offload->count;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     size_t wanted = count / OFFLOAD_FLOATS_PER_THREAD + 1;
     int threads = (int)(wanted < OFFLOAD_THREADS ? wanted : OFFLOAD_THREADS);
@@ -157,6 +156,14 @@ static void host_adamw(model_stage *stage, const adamw_config *config,
     if (forced != NULL && atoi(forced) >= 1)
         threads = atoi(forced) < OFFLOAD_THREADS ? atoi(forced)
                                                  : OFFLOAD_THREADS;
+    return threads;
+}
+
+static void host_adamw(model_stage *stage, const adamw_config *config,
+                       float learning_rate, float grad_scale)
+{
+    size_t count = stage->offload->count;
+    int threads = offload_threads(count);
     adamw_part parts[OFFLOAD_THREADS];
     pthread_t ids[OFFLOAD_THREADS];
     bool started[OFFLOAD_THREADS] = {false};
@@ -210,4 +217,99 @@ int stage_offload_step(model_stage *stage, const adamw_config *config,
         return -1;
     host_adamw(stage, config, learning_rate, grad_scale);
     return copy_range(stage, STAGE_PARAMS, o->master, false, err);
+}
+
+/* ----------------------------------------------------- the host's rate */
+
+/* One thread's share of the rate's flat range (one tensor, decayed). */
+typedef struct rate_part {
+    float *master, *grads, *m, *v;
+    size_t count;
+    const adamw_config *config;
+} rate_part;
+
+static void *rate_part_main(void *argument)
+{
+    const rate_part *p = argument;
+    cpu_adamw_update(p->master, p->grads, p->m, p->v, p->count, p->config,
+                     1e-6f, 1.0f, 1, true);
+    return NULL;
+}
+
+/* One AdamW pass over the four arrays, cut as host_adamw cuts a range. */
+static void rate_pass(float *arrays[4], size_t count,
+                      const adamw_config *config)
+{
+    int threads = offload_threads(count);
+    rate_part parts[OFFLOAD_THREADS];
+    pthread_t ids[OFFLOAD_THREADS];
+    bool started[OFFLOAD_THREADS] = {false};
+    size_t share = count / (size_t)threads + 1;
+    for (int t = 0; t < threads; t++) {
+        size_t from = (size_t)t * share < count ? (size_t)t * share : count;
+        size_t to = from + share < count ? from + share : count;
+        parts[t] = (rate_part){arrays[0] + from, arrays[1] + from,
+                               arrays[2] + from, arrays[3] + from,
+                               to - from, config};
+        if (t > 0)
+            started[t] = pthread_create(&ids[t], NULL, rate_part_main,
+                                        &parts[t]) == 0;
+    }
+    rate_part_main(&parts[0]);
+    for (int t = 1; t < threads; t++) {
+        if (started[t])
+            pthread_join(ids[t], NULL);
+        else
+            rate_part_main(&parts[t]);
+    }
+}
+
+#define RATE_PASSES_MAX 15
+
+int stage_offload_host_rate(size_t count, int passes, double *s_per_param,
+                            pt_error *err)
+{
+    if (count == 0 || passes < 1)
+        return pt_fail(err, "host AdamW rate: %zu parameters, %d passes",
+                       count, passes);
+    float *arrays[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; i < 4; i++)
+        arrays[i] = malloc(count * sizeof(float));
+    int status = 0;
+    if (arrays[0] == NULL || arrays[1] == NULL || arrays[2] == NULL ||
+        arrays[3] == NULL) {
+        status = pt_fail(err, "host AdamW rate: out of host memory for "
+                              "%zu parameters",
+                         count);
+    } else {
+        /* values that are not trivial: weights and gradients of a few
+         * hundredths, moments from zero, as after the first step */
+        for (size_t k = 0; k < count; k++) {
+            float x = (float)((k * 2654435761u) % 1000u) * 4e-5f - 0.02f;
+            arrays[0][k] = x;
+            arrays[1][k] = -x;
+            arrays[2][k] = 0.0f;
+            arrays[3][k] = 0.0f;
+        }
+        adamw_config config = adamw_defaults();
+        rate_pass(arrays, count, &config); /* pages touched, threads made */
+        double took[RATE_PASSES_MAX];
+        int n = passes < RATE_PASSES_MAX ? passes : RATE_PASSES_MAX;
+        for (int p = 0; p < n; p++) {
+            double start = pt_monotonic_seconds();
+            rate_pass(arrays, count, &config);
+            took[p] = pt_monotonic_seconds() - start;
+        }
+        /* the median pass: a training run steps again and again */
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0 && took[j] < took[j - 1]; j--) {
+                double swap = took[j];
+                took[j] = took[j - 1];
+                took[j - 1] = swap;
+            }
+        *s_per_param = took[n / 2] / (double)count;
+    }
+    for (int i = 0; i < 4; i++)
+        free(arrays[i]);
+    return status;
 }

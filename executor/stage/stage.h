@@ -617,6 +617,14 @@ int stage_offload_step(model_stage *stage, const adamw_config *config,
 int stage_offload_copy(const model_stage *stage, stage_buffer which,
                        float *host, bool to_host, pt_error *err);
 void stage_offload_params_written(model_stage *stage);
+/* The host's AdamW rate as stage_offload_step runs it (the same threads,
+ * the cpu reference's update): `passes` passes (at most 15) over `count`
+ * parameters in host memory, the median's seconds per parameter into
+ * *s_per_param
+ * (the profiler's `host_adamw_s_per_param`: the rate the cost model
+ * prices an offloaded optimizer at). */
+int stage_offload_host_rate(size_t count, int passes, double *s_per_param,
+                            pt_error *err);
 
 /*
  * Forward of one micro-batch into activation slot `slot` (kept until its

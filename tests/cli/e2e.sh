@@ -551,6 +551,15 @@ profile-cpu)
   run_profile partita profile --model in-tiny.json --backend cpu --quick --rounds 4 --round-ms 2 --tp 1 --mbs 1 -o cpu-rounds.json
   expect_in cpu-rounds.json '"rounds": 4'
   expect_in cpu-rounds.json '"round_s": 0.002'
+  expect_in cpu-rounds.json '"hold_s": 0'
+  # the host's AdamW rate (an offloaded optimizer's price) is measured too
+  expect_in cpu-rounds.json '"host_adamw_s_per_param": '
+  # --hold-ms: recorded (the cpu backend holds nothing)
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --hold-ms 250 --tp 1 --mbs 1 -o cpu-hold.json
+  expect_in cpu-hold.json '"hold_s": 0.25'
+  # --timing step: the cpu backend queues every part on the host clock
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --timing step --tp 1 --mbs 1 -o cpu-step.json
+  expect_in cpu-step.json '"queued_parts": 3'
   grep -Eq '^\[[#.]+\] +[0-9]+/[0-9]+ +[0-9]+\.[0-9] s  tp 1, micro-batch 1' err.txt || fail "no seconds on the progress line: $(cat err.txt)"
   cat >in-box.json <<JSON
 { "name": "cpu-box", "nodes": [
@@ -629,7 +638,7 @@ profile-bad)
   run 2 partita profile --backend cpu --model in-tiny.json --sm-limit 16 --beside 16 --place x
   expect_in err.txt "\-\-place: expected a slice index"
   run 2 partita profile --backend cpu --model in-tiny.json --timing fast
-  expect_in err.txt "\-\-timing: expected gated, graph or host, got 'fast'"
+  expect_in err.txt "\-\-timing: expected gated, graph, host or step, got 'fast'"
   run 2 partita profile --backend cpu --model in-tiny.json --embedding-sets 0
   expect_in err.txt "\-\-embedding-sets: expected a number above 0"
   run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 3 --embedding-sets 2
@@ -644,6 +653,8 @@ profile-bad)
   expect_in err.txt "\-\-rounds: expected a whole number"
   run 2 partita profile --backend cpu --model in-tiny.json --round-ms 5ms
   expect_in err.txt "\-\-round-ms: expected a number above 0, at most 1000, got '5ms'"
+  run 2 partita profile --backend cpu --model in-tiny.json --hold-ms -1
+  expect_in err.txt "\-\-hold-ms: expected a number above 0, at most 10000, got '-1'"
   run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 40 --rounds 7
   expect_in err.txt "7 timing rounds of 40 sets of stages"
   run 2 partita profile --backend tpu --model in-tiny.json
