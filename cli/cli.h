@@ -40,6 +40,10 @@ int command_profile_measure(int argc, char **argv);
  * not load (cli/profile_compare.c). */
 int profile_compare(const char *path_a, const char *path_b,
                     double tolerance_percent);
+/* The layers a measured profile's layer entries were asked to be the
+ * mean of (provenance.runs.layer_stack): 1 when it does not say (one
+ * layer in a stage of its own, as before the option). */
+int profile_layer_stack(const profile *p);
 /* `partita profile --derive GPU --from ...` (cli/cmd_derive.c): the
  * measuring `partita profile` hands its whole argv here when --derive is
  * given; argv[0] names the command in messages. */
@@ -67,6 +71,7 @@ typedef struct profile_arguments {
     int processes;              /* --processes, 0: the default (8 on
                                    cuda, 1 on the cpu and --quick) */
     int rounds;                 /* --rounds, 0: the default (3) */
+    int layer_stack;            /* --layer-stack, 0: the default (1) */
     double round_ms;            /* --round-ms, 0: the default (5) */
     const char *beside_list;    /* --beside: SMs of the busy neighbour
                                    slices, NULL: none */

@@ -80,6 +80,15 @@ static void print_profile_help(void)
         "                         median)\n"
         "  --round-ms MS          calls queued in a round: enough for MS ms\n"
         "                         (default 5)\n"
+        "  --layer-stack K        time the layer as the mean layer of a stage\n"
+        "                         of K layers (their own parameters and\n"
+        "                         activations): an entry is the stage's time\n"
+        "                         per call over K, forward and backward; K is\n"
+        "                         cut to the model's layers and halved where\n"
+        "                         the stage does not fit (provenance.runs.\n"
+        "                         layers_stacked says how many were); default\n"
+        "                         1, one layer in a stage of its own (a stack\n"
+        "                         is not yet checked against whole models)\n"
         "  --no-comm              skip the NCCL curves\n"
         "  --timing HOW           cuda: how the layer's and the head's rounds\n"
         "                         are timed: gated (default: queued behind a\n"
@@ -106,7 +115,7 @@ enum {
     OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_GRAPH, OPT_COMPARE, OPT_TOLERANCE,
     OPT_MISSING_ONLY, OPT_BESIDE, OPT_PLACE, OPT_IDLE_NEIGHBOURS,
     OPT_STAGE_SETS, OPT_EMBEDDING_SETS, OPT_PROCESSES, OPT_ROUNDS, OPT_ROUND_MS,
-    OPT_TIMING, OPT_HELP
+    OPT_TIMING, OPT_LAYER_STACK, OPT_HELP
 };
 
 int profile_bad_argument(const char *option, const char *expected,
@@ -166,14 +175,17 @@ static int apply_option(int option, const char *value, profile_arguments *a)
     case OPT_STAGE_SETS:
     case OPT_EMBEDDING_SETS:
     case OPT_PROCESSES:
+    case OPT_LAYER_STACK:
     case OPT_ROUNDS: {
         const char *name = option == OPT_STAGE_SETS       ? "--stage-sets"
                            : option == OPT_EMBEDDING_SETS ? "--embedding-sets"
                            : option == OPT_PROCESSES      ? "--processes"
+                           : option == OPT_LAYER_STACK    ? "--layer-stack"
                                                           : "--rounds";
-        double most = option == OPT_PROCESSES ? PROFILER_MAX_PROCESSES
-                      : option == OPT_ROUNDS  ? PROFILER_MAX_RUNS
-                                              : PROFILER_MAX_SETS;
+        double most = option == OPT_PROCESSES      ? PROFILER_MAX_PROCESSES
+                      : option == OPT_ROUNDS       ? PROFILER_MAX_RUNS
+                      : option == OPT_LAYER_STACK  ? PROFILER_MAX_LAYER_STACK
+                                                   : PROFILER_MAX_SETS;
         if (parse_positive(name, value, most, &number) != 0)
             return -1;
         if (number != floor(number))
@@ -181,6 +193,7 @@ static int apply_option(int option, const char *value, profile_arguments *a)
         *(option == OPT_STAGE_SETS       ? &a->stage_sets
           : option == OPT_EMBEDDING_SETS ? &a->embedding_sets
           : option == OPT_PROCESSES      ? &a->processes
+          : option == OPT_LAYER_STACK    ? &a->layer_stack
                                          : &a->rounds) = (int)number;
         return 0;
     }
@@ -225,6 +238,7 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"processes", required_argument, NULL, OPT_PROCESSES},
         {"rounds", required_argument, NULL, OPT_ROUNDS},
         {"round-ms", required_argument, NULL, OPT_ROUND_MS},
+        {"layer-stack", required_argument, NULL, OPT_LAYER_STACK},
         {"timing", required_argument, NULL, OPT_TIMING},
         {"idle-neighbours", no_argument, NULL, OPT_IDLE_NEIGHBOURS},
         {"compare", no_argument, NULL, OPT_COMPARE},

@@ -11,6 +11,13 @@
 #include <stdio.h>
 #include <string.h>
 
+int profile_layer_stack(const profile *p)
+{
+    json_t *runs = json_object_get(p->provenance, "runs");
+    json_t *stack = json_object_get(runs, "layer_stack");
+    return json_is_integer(stack) ? (int)json_integer_value(stack) : 1;
+}
+
 typedef struct compare_tally {
     double tolerance_percent;
     int entries;
@@ -209,6 +216,12 @@ int profile_compare(const char *path_a, const char *path_b,
            profile_source_name(a.source), path_b, b.gpu,
            profile_source_name(b.source));
     printf("  %-40s %17s %17s %11s\n", "entry", "A", "B", "B vs A");
+    /* a stack's mean layer is not a lone layer: say so, the entries
+     * compared as they are */
+    if (profile_layer_stack(&a) != profile_layer_stack(&b))
+        printf("# layer entries: A's the mean layer of a stack of %d, B's "
+               "of %d (provenance.runs.layer_stack)\n",
+               profile_layer_stack(&a), profile_layer_stack(&b));
     compare_tally tally = {.tolerance_percent = tolerance_percent};
     compare_shapes(&tally, &a, &b);
     compare_entry(&tally, "optimizer per parameter",

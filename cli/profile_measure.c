@@ -130,6 +130,8 @@ static int build_options(const profile_arguments *a,
         options->processes = a->processes;
     if (a->rounds > 0)
         options->timing_rounds = a->rounds;
+    if (a->layer_stack > 0)
+        options->layer_stack = a->layer_stack;
     if (a->round_ms > 0.0)
         options->round_s = a->round_ms / 1e3;
     options->sm_limit = a->sm_limit;
@@ -186,17 +188,24 @@ static void print_points(const model_shape *shape, const profiler_result *r)
     model_architecture_tag(shape, tag, sizeof tag);
     printf("# %s: %d points%s%s%s\n", shape->name, r->point_count,
            tag[0] != '\0' ? " (" : "", tag, tag[0] != '\0' ? ")" : "");
-    printf("# %3s %4s  %21s  %21s  %21s\n", "tp", "mbs",
-           "embedding fwd/bwd ms", "layer fwd/bwd ms", "head fwd/bwd ms");
+    bool stacked = false;
+    for (int i = 0; i < r->point_count; i++)
+        stacked = stacked || r->points[i].layers_stacked > 1;
+    printf("# %3s %4s  %21s  %21s  %21s%s\n", "tp", "mbs",
+           "embedding fwd/bwd ms", "layer fwd/bwd ms", "head fwd/bwd ms",
+           stacked ? "  layers stacked" : "");
     for (int i = 0; i < r->point_count; i++) {
         const profiled_point *p = &r->points[i];
-        printf("  %3d %4d  %10.4f %10.4f  %10.4f %10.4f  %10.4f %10.4f\n",
+        printf("  %3d %4d  %10.4f %10.4f  %10.4f %10.4f  %10.4f %10.4f",
                p->tp, p->mbs, p->embedding.forward.median_s * 1e3,
                p->embedding.backward.median_s * 1e3,
                p->layer.forward.median_s * 1e3,
                p->layer.backward.median_s * 1e3,
                p->head.forward.median_s * 1e3,
                p->head.backward.median_s * 1e3);
+        if (stacked)
+            printf("  %14d", p->layers_stacked);
+        printf("\n");
     }
     for (int i = 0; i < r->note_count; i++)
         printf("# note: %s: %s\n", shape->name, r->notes[i]);
@@ -212,8 +221,8 @@ static void print_summary(const profiler_writeup *ctx, const char *output)
     printf("\n");
     for (int m = 0; m < ctx->model_count; m++)
         print_points(&ctx->shapes[m], &ctx->results[m]);
-    printf("# optimizer: %.3g s per parameter (AdamW step of one layer, "
-           "%.0f parameters, %.3f ms)\n",
+    printf("# optimizer: %.3g s per parameter (AdamW step of the layer "
+           "stage, %.0f parameters, %.3f ms)\n",
            r->optimizer_s_per_param, r->layer_parameters,
            r->optimizer_layer.median_s * 1e3);
     if (ctx->comm == NULL)
@@ -490,6 +499,11 @@ static int measure_missing(profile_arguments *a, int argc, char **argv)
         cli_error("profile", err.message);
         return EXIT_BAD_INPUT;
     }
+    if (profile_layer_stack(&have) != options.layer_stack)
+        fprintf(stderr, "# note: %s's layer entries were measured with "
+                        "--layer-stack %d, the points added with %d (their "
+                        "provenance under additions says so)\n",
+                a->output, profile_layer_stack(&have), options.layer_stack);
     for (int m = 0; m < model_count; m++) {
         per_model[wanted_count] = options;
         per_model[wanted_count].tp_count = missing_tps(

@@ -12,6 +12,9 @@
  * only when the note is new. */
 void costmodel_add_note(costmodel *cm, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
+/* The same with the note's text as it is (no formatting: a note kept
+ * and added again and again, price.c's coverage notes). */
+void costmodel_add_note_text(costmodel *cm, const char *text);
 
 /* The costs of a placed stage's slowest type and of its type with the
  * least memory (costmodel_type_costs of each, priced once when they are

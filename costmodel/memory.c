@@ -314,8 +314,8 @@ static double cudnn_workspace_bytes(const shard_dims *d, double b)
  * buffers.c, plan_head): under the partita runtime at tp 1 with
  * gradients in the one buffer, the fused head keeps one chunk of rows of
  * logits (every row under bf16 gradients, else the fewest chunks of at
- * most HEAD_CHUNK_BYTES, of at least HEAD_CHUNK_MIN_ROWS) in the scratch, none in the slots; otherwise
- * each slot keeps N x Vp. cuDNN's backward runs in the fewest pieces of
+ * most HEAD_CHUNK_BYTES, of at least HEAD_CHUNK_MIN_ROWS) in the
+ * scratch, none in the slots; otherwise each slot keeps N x Vp. cuDNN's backward runs in the fewest pieces of
  * whole sequences whose workspace fits in what the head lends (the
  * chunk, or up to ATTENTION_LENT_ROOM, which the chunk then grows to
  * hold; a slot's logits), else in a workspace of its own. The linear form

@@ -17,15 +17,19 @@ void costmodel_add_note(costmodel *cm, const char *format, ...)
     va_start(args, format);
     vsnprintf(text, sizeof text, format, args);
     va_end(args);
+    costmodel_add_note_text(cm, text);
+}
 
+void costmodel_add_note_text(costmodel *cm, const char *text)
+{
     for (int i = 0; i < cm->note_count; i++)
-        if (strcmp(cm->notes[i], text) == 0)
+        if (strncmp(cm->notes[i], text, sizeof cm->notes[0] - 1) == 0)
             return;
     if (cm->note_count >= COSTMODEL_MAX_NOTES)
         return;
-    if (cm->note_count == COSTMODEL_MAX_NOTES - 1)
-        pt_copy_string(text, sizeof text,
-                       "further notes left out (the list is full)");
-    pt_copy_string(cm->notes[cm->note_count], sizeof cm->notes[0], text);
+    pt_copy_string(cm->notes[cm->note_count], sizeof cm->notes[0],
+                   cm->note_count == COSTMODEL_MAX_NOTES - 1
+                       ? "further notes left out (the list is full)"
+                       : text);
     cm->note_count++;
 }

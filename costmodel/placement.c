@@ -13,6 +13,7 @@
  * search read the very same facts.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "costmodel/internal.h"
@@ -205,10 +206,23 @@ static int stage_types(const costmodel *cm, const parallel_config *config,
     lane_cursor cursor = {lane, 0};
     priced_types priced = {0};
     double slowest = -1.0;
+    /* a group inside one node is priced by that node's type alone: of
+       the groups inside nodes of one type the first says all (the
+       others would change nothing below); types 0 to 63 are kept */
+    uint64_t inside_seen = 0;
     for (int d = 0; d < config->dp; d++) {
         group_pace group;
-        if (price_group(cm, config, lane, &cursor, &priced,
-                        first + (long long)d * config->tp, &group, err) != 0)
+        long long at = first + (long long)d * config->tp;
+        int slot = slot_of(&cursor, at);
+        int type = lane->types[slot];
+        bool inside = lane->starts[slot + 1] >= at + config->tp;
+        if (inside && type < 64) {
+            if (inside_seen >> type & 1)
+                continue;
+            inside_seen |= (uint64_t)1 << type;
+        }
+        if (price_group(cm, config, lane, &cursor, &priced, at, &group,
+                        err) != 0)
             return -1;
         /* ties go to the lower type index, so that the arrangement of a
            stage's nodes does not change which type it names */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "costmodel/internal.h"
 
@@ -212,7 +213,7 @@ void costmodel_note_shape_coverage(costmodel *cm, int type_index)
         coverage_notes(cm, type_index, memo);
     }
     for (int i = 0; i < memo->count; i++)
-        costmodel_add_note(cm, "%s", memo->text[i]);
+        costmodel_add_note_text(cm, memo->text[i]);
 }
 
 /* Prices the three parts from FLOPs and bytes for a shape the profile
@@ -571,7 +572,63 @@ struct price_memo {
     int price_count, memory_count, price_room, memory_room;
     price_entry *prices;
     memory_entry *memories;
+    /* whether each lies in a reservation of its own (memo_grow) */
+    bool prices_mapped, memories_mapped;
 };
+
+/* A memo's entries lie in a reservation of address space advised for
+ * huge pages, made at the first entry and never moved: grown by realloc
+ * they were copied into pages touched anew each time, and every first
+ * touch of a small page is a page fault (about 15 us on a virtual
+ * machine; a memo of the asymmetric search holds hundreds of kilobytes).
+ * Where no reservation can be made, or once it is full, realloc. */
+#define PRICE_MEMO_RESERVE ((size_t)64 << 20)
+
+static void memo_items_free(void *items, bool mapped)
+{
+    if (mapped)
+        munmap(items, PRICE_MEMO_RESERVE);
+    else
+        free(items);
+}
+
+/* Room for more entries (the reservation's, or twice as many: 64 at
+ * first); false without memory. */
+static bool memo_grow(void *items_at, int *room, bool *mapped, size_t size)
+{
+    void *items;
+    memcpy(&items, items_at, sizeof items);
+    void *grown = NULL;
+    int grown_room = *room > 0 ? 2 * *room : 64;
+    if (*room == 0) {
+        void *reserved = mmap(NULL, PRICE_MEMO_RESERVE,
+                              PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                              -1, 0);
+        if (reserved != MAP_FAILED) {
+#ifdef MADV_HUGEPAGE
+            madvise(reserved, PRICE_MEMO_RESERVE, MADV_HUGEPAGE);
+#endif
+            grown = reserved;
+            grown_room = (int)(PRICE_MEMO_RESERVE / size);
+            *mapped = true;
+        }
+    }
+    if (grown == NULL) {
+        grown = *mapped ? malloc(size * (size_t)grown_room)
+                        : realloc(items, size * (size_t)grown_room);
+        if (grown == NULL)
+            return false;
+        if (*mapped) {
+            memcpy(grown, items, size * (size_t)*room);
+            munmap(items, PRICE_MEMO_RESERVE);
+            *mapped = false;
+        }
+    }
+    memcpy(items_at, &grown, sizeof grown);
+    *room = grown_room;
+    return true;
+}
 
 int costmodel_price_memo_attach(costmodel *cm, pt_error *err)
 {
@@ -585,6 +642,7 @@ int costmodel_price_memo_attach(costmodel *cm, pt_error *err)
     memo->price_room = memo->memory_room = 0;
     memo->prices = NULL;
     memo->memories = NULL;
+    memo->prices_mapped = memo->memories_mapped = false;
     costmodel_price_memo_detach(cm);
     cm->price_memo = memo;
     return 0;
@@ -592,9 +650,10 @@ int costmodel_price_memo_attach(costmodel *cm, pt_error *err)
 
 void costmodel_price_memo_detach(costmodel *cm)
 {
-    if (cm->price_memo != NULL) {
-        free(cm->price_memo->prices);
-        free(cm->price_memo->memories);
+    price_memo *memo = cm->price_memo;
+    if (memo != NULL) {
+        memo_items_free(memo->prices, memo->prices_mapped);
+        memo_items_free(memo->memories, memo->memories_mapped);
     }
     free(cm->price_memo);
     cm->price_memo = NULL;
@@ -618,20 +677,6 @@ static int memo_entry_of(int32_t *slot, int *count, int room)
         return -1;
     *slot = ++*count;
     return *slot - 1;
-}
-
-/* Room for twice the entries (64 at first); false without memory. */
-static bool memo_grow(void *items_at, int *room, size_t size)
-{
-    void *items;
-    memcpy(&items, items_at, sizeof items);
-    int grown_room = *room > 0 ? 2 * *room : 64;
-    void *grown = realloc(items, size * (size_t)grown_room);
-    if (grown == NULL)
-        return false;
-    memcpy(items_at, &grown, sizeof grown);
-    *room = grown_room;
-    return true;
 }
 
 bool costmodel_memory_memo_find(const costmodel *cm,
@@ -666,7 +711,7 @@ void costmodel_memory_memo_keep(const costmodel *cm,
     int32_t *slot = &memo->memory_slot[memo_slot_of((uint64_t)stage, &key)];
     int at = memo_entry_of(slot, &memo->memory_count, memo->memory_room);
     if (at < 0 && memo_grow(&memo->memories, &memo->memory_room,
-                            sizeof *memo->memories))
+                            &memo->memories_mapped, sizeof *memo->memories))
         at = memo_entry_of(slot, &memo->memory_count, memo->memory_room);
     if (at >= 0)
         memo->memories[at] = (memory_entry){stage, context_bytes, key,
@@ -703,7 +748,8 @@ int costmodel_price_type(const costmodel *cm, int type_index,
                                           memo->price_room)
                           : -1;
     if (at < 0 && slot != NULL &&
-        memo_grow(&memo->prices, &memo->price_room, sizeof *memo->prices))
+        memo_grow(&memo->prices, &memo->price_room, &memo->prices_mapped,
+                  sizeof *memo->prices))
         at = memo_entry_of(slot, &memo->price_count, memo->price_room);
     if (at >= 0)
         memo->prices[at] =

@@ -138,6 +138,12 @@ typedef struct memo_table {
     unsigned char *arena;
     size_t arena_used, arena_size;
     bool arena_huge;            /* moved to a reservation for huge pages */
+    /* set before first use: the arena and the slots lie in reservations
+       advised for huge pages from the first entry (a memo that fills
+       hundreds of kilobytes a few bytes at a time: the asymmetric
+       search's) */
+    bool huge;
+    region slot_room;           /* huge: the slots' arrays, each taken anew */
 } memo_table;
 
 uint64_t memo_hash(const void *key, size_t length);

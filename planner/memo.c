@@ -44,10 +44,27 @@ void *memo_find(const memo_table *table, const void *key, size_t length,
     }
 }
 
+/* A huge memo's slot arrays: each growth takes a new one from the
+ * reservation (zero: never touched before), the old ones left there. */
+#define SLOT_HUGE_RESERVE ((size_t)64 << 20)
+
+static memo_entry *new_slots(memo_table *table, size_t count)
+{
+    if (table->huge) {
+        if (table->slot_room.base == NULL && table->slot_count == 0)
+            region_open(&table->slot_room, SLOT_HUGE_RESERVE);
+        memo_entry *slots = region_take(&table->slot_room,
+                                        count * sizeof *slots);
+        if (slots != NULL)
+            return slots;
+    }
+    return calloc(count, sizeof(memo_entry));
+}
+
 static int grow_slots(memo_table *table)
 {
     size_t count = table->slot_count ? 2 * table->slot_count : 1024;
-    memo_entry *slots = calloc(count, sizeof *slots);
+    memo_entry *slots = new_slots(table, count);
     if (slots == NULL)
         return -1;
     for (size_t i = 0; i < table->slot_count; i++) {
@@ -59,7 +76,7 @@ static int grow_slots(memo_table *table)
             j = (j + 1) & (count - 1);
         slots[j] = *entry;
     }
-    free(table->slots);
+    region_release(&table->slot_room, table->slots);
     table->slots = slots;
     table->slot_count = count;
     return 0;
@@ -86,8 +103,10 @@ static int arena_to_huge(memo_table *table, size_t size)
 #ifdef MADV_HUGEPAGE
     madvise(arena, reserve, MADV_HUGEPAGE); /* advice: may be refused */
 #endif
-    memcpy(arena, table->arena, table->arena_used);
-    munmap(table->arena, table->arena_size);
+    if (table->arena != NULL) {
+        memcpy(arena, table->arena, table->arena_used);
+        munmap(table->arena, table->arena_size);
+    }
     table->arena = arena;
     table->arena_size = reserve;
     table->arena_huge = true;
@@ -97,8 +116,9 @@ static int arena_to_huge(memo_table *table, size_t size)
 /* The arena grown to `size` bytes (at least). */
 static int arena_grow(memo_table *table, size_t size)
 {
-    if (table->arena != NULL && !table->arena_huge &&
-        size > ARENA_HUGE_FROM && arena_to_huge(table, size) == 0)
+    if (!table->arena_huge && (table->huge || table->arena != NULL) &&
+        (table->huge || size > ARENA_HUGE_FROM) &&
+        arena_to_huge(table, size) == 0)
         return 0;
     /* mapped pages of their own: growing moves the mapping, not the
        bytes (a realloc would copy them into pages touched anew) */
@@ -166,8 +186,11 @@ size_t memo_bytes(const memo_table *table)
 
 void memo_free(memo_table *table)
 {
-    free(table->slots);
+    bool huge = table->huge;
+    region_release(&table->slot_room, table->slots);
+    region_close(&table->slot_room);
     if (table->arena != NULL)
         munmap(table->arena, table->arena_size);
     memset(table, 0, sizeof *table);
+    table->huge = huge;
 }

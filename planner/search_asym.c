@@ -98,34 +98,68 @@ static double ranked_objective(const search_options *o, const ranked_plan *p)
     return objective_of(o, p->step_time_s, p->cost_per_step_usd);
 }
 
-/* The symmetric plans and the simulated asymmetric ones that fit (sims,
- * by the objective), merged by the objective (the symmetric first on a
- * tie), `keep` of them; a ranked plan written only for those kept. */
+/* Whether the i-th plan of the merge is a symmetric one: the symmetric
+ * plans and the simulated asymmetric ones (sims, by the objective)
+ * merged by the objective, the symmetric first on a tie; into
+ * symmetric[kept]. */
+static void merge_order(const asym_walk *w, const search_result *out,
+                        const simulated *sims, int count, int kept,
+                        bool *symmetric)
+{
+    const search_options *o = w->options;
+    int a = 0, b = 0;
+    for (int i = 0; i < kept; i++) {
+        symmetric[i] =
+            a < out->plan_count &&
+            (b == count ||
+             ranked_objective(o, &out->plans[a]) <=
+                 objective_of(o, sims[b].figures.step_time_s,
+                              sims[b].figures.cost_per_step_usd));
+        a += symmetric[i];
+        b += !symmetric[i];
+    }
+}
+
+/* The merge, `keep` of them; a ranked plan written only for those kept.
+ * Where they fit in the symmetric plans' array the merge is made there,
+ * from the back (each symmetric plan moves to its place or stays): a
+ * ranked plan is tens of kilobytes, and a new array is pages touched
+ * anew. */
 static int merge(const asym_walk *w, search_result *out,
                  const simulated *sims, int count, pt_error *err)
 {
     const search_options *o = w->options;
     int total = out->plan_count + count;
     int kept = total < o->keep ? total : o->keep;
-    ranked_plan *merged = calloc((size_t)kept + 1, sizeof *merged);
-    if (merged == NULL)
+    bool *symmetric = malloc(sizeof(bool) * ((size_t)kept + 1));
+    if (symmetric == NULL)
         return pt_fail(err, "search: out of memory for the plans");
+    merge_order(w, out, sims, count, kept, symmetric);
     int a = 0, b = 0;
     for (int i = 0; i < kept; i++) {
-        bool take_symmetric =
-            a < out->plan_count &&
-            (b == count ||
-             ranked_objective(o, &out->plans[a]) <=
-                 objective_of(o, sims[b].figures.step_time_s,
-                              sims[b].figures.cost_per_step_usd));
-        if (take_symmetric) {
-            merged[i] = out->plans[a++];
+        a += symmetric[i];
+        b += !symmetric[i];
+    }
+    bool in_place = kept <= out->plan_count;
+    ranked_plan *merged = in_place ? out->plans
+                                   : calloc((size_t)kept + 1, sizeof *merged);
+    if (!in_place && merged == NULL) {
+        free(symmetric);
+        return pt_fail(err, "search: out of memory for the plans");
+    }
+    for (int i = kept - 1; i >= 0; i--) {
+        if (symmetric[i]) {
+            a--;
+            if (!in_place || a != i)
+                merged[i] = out->plans[a];
         } else {
+            b--;
             ranked_of(&w->kept[sims[b].kept], &sims[b], &merged[i]);
-            b++;
         }
     }
-    free(out->plans);
+    free(symmetric);
+    if (!in_place)
+        free(out->plans);
     out->plans = merged;
     out->plan_count = kept;
     return 0;

@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* A floor must not pass a score by a rounding. */
 #define FLOOR_SHADE (1.0 - 1e-9)
@@ -38,7 +39,22 @@ typedef struct placed_prefix {
     double *merged;      /* [(stages + 1) x (layers + 1)] */
     double *rows;        /* [stages x (layers + 1)] stage i's C of l or more
                             layers, the least (non-decreasing in l) */
+    /* each stage's room under an interval's bound (room_within of its
+       row), kept until its row is written again: siblings share all
+       their placed stages but the last. A row's stamp moves on each
+       write; a room is read back only at its row's stamp and bound */
+    unsigned *stamp;     /* [stages] */
+    struct kept_room {
+        unsigned stamp;  /* 0: never taken */
+        int room;
+        double bound;
+    } *rooms;            /* [stages x ROOM_SLOTS], mapped: zero, and only
+                            the pages of the stages placed touched */
+    size_t rooms_bytes;
 } placed_prefix;
+
+/* Rooms kept per stage: one an interval (j modulo it). */
+#define ROOM_SLOTS 64
 
 struct asym_bound {
     asym_relax *relax;
@@ -130,6 +146,8 @@ static void least_bottleneck(placed_prefix *kept, const asym_placed *placed,
             a += take_kept;
             r += !take_kept;
         }
+        if (++kept->stamp[i] == 0) /* 0 is a room never taken */
+            kept->stamp[i] = 1;
         kept->none[i + 1] = asym_max(kept->none[i], row[0]);
         kept->floor_at[i + 1] = work_floor;
         kept->weight_at[i + 1] = weight;
@@ -174,39 +192,43 @@ static int room_within(const double *row, int layers, double bound)
 /* The least sum of T over the placed stages (order: by pace) holding x
  * layers, each at most the most layers whose C is within `bound` (read
  * from their rows, as least_bottleneck left them): their fixed times and
- * the cheapest layers first. */
-static void least_sum(const placed_prefix *kept, const asym_placed *placed,
-                      const int *order, int count, int layers, double bound,
-                      double *out)
+ * the cheapest layers first. Written for x up to the most they hold
+ * together, which it returns (past it every sum is infinite: it is not
+ * written); -1 when one of them holds none within the bound. */
+static int least_sum(placed_prefix *kept, const asym_placed *placed,
+                     const int *order, int count, int layers, int j,
+                     double bound, double *out)
 {
-    for (int x = 0; x <= layers; x++)
-        out[x] = INFINITY;
     out[0] = 0.0;
     for (int i = 0; i < count; i++)
         out[0] += placed[i].fixed;
     int held = 0;
     for (int i = 0; i < count; i++) {
         const asym_placed *p = &placed[order[i]];
-        int room = room_within(kept->rows + (size_t)order[i] * (layers + 1),
-                               layers, bound);
-        if (room < 0) {
-            for (int x = 0; x <= layers; x++)
-                out[x] = INFINITY;
-            return;
-        }
+        size_t slot = (size_t)order[i] * ROOM_SLOTS + (size_t)j % ROOM_SLOTS;
+        struct kept_room *kept_room = &kept->rooms[slot];
+        if (kept_room->stamp != kept->stamp[order[i]] ||
+            kept_room->bound != bound)
+            *kept_room = (struct kept_room){
+                kept->stamp[order[i]],
+                room_within(kept->rows + (size_t)order[i] * (layers + 1),
+                            layers, bound),
+                bound};
+        int room = kept_room->room;
+        if (room < 0)
+            return -1;
         for (int l = 0; l < room && held < layers; l++, held++)
             out[held + 1] = out[held] + p->pace;
     }
+    return held;
 }
 
-/* min over x of max(a[x], b[layers - x]) (or their sum). */
-static double meet(const double *a, const double *b, int layers, bool add)
+/* min over x of max(a[x], b[layers - x]). */
+static double meet(const double *a, const double *b, int layers)
 {
     double best = INFINITY;
-    for (int x = 0; x <= layers; x++) {
-        double v = add ? a[x] + b[layers - x] : asym_max(a[x], b[layers - x]);
-        best = asym_min(best, v);
-    }
+    for (int x = 0; x <= layers; x++)
+        best = asym_min(best, asym_max(a[x], b[layers - x]));
     return best;
 }
 
@@ -220,9 +242,14 @@ static int interval_sum(asym_bound *b, const asym_floor_query *q,
     const double *rest = NULL;
     if (asym_relax_sum(b->relax, view, j, &rest, err) != 0)
         return -1;
-    least_sum(&b->kept, q->placed, b->order, q->count, b->layers,
-              view->bounds[j + 1], b->sum);
-    *out = meet(b->sum, rest, b->layers, true);
+    int held = least_sum(&b->kept, q->placed, b->order, q->count, b->layers,
+                         j, view->bounds[j + 1], b->sum);
+    /* min over x of sum[x] + rest[layers - x]: past `held` every sum is
+       infinite */
+    double best = INFINITY;
+    for (int x = 0; x <= held; x++)
+        best = asym_min(best, b->sum[x] + rest[b->layers - x]);
+    *out = best;
     return 0;
 }
 
@@ -243,7 +270,7 @@ double asym_bound_floor(asym_bound *b, const asym_floor_query *q,
     for (int y = 0; y <= layers; y++)
         b->relaxed[y] = asym_max(view.bottleneck[y],
                                  view.paced[y] + b->work_floor);
-    double low = meet(b->bottleneck, b->relaxed, layers, false);
+    double low = meet(b->bottleneck, b->relaxed, layers);
     if (low == INFINITY)
         return INFINITY;
     sort_by_pace(q->placed, q->count, b->order);
@@ -309,13 +336,22 @@ int asym_bound_open(asym_bound **out, asym_relax *relax, int layers,
     k->none = calloc(entries, sizeof(double));
     k->merged = malloc(sizeof(double) * entries * cells);
     k->rows = malloc(sizeof(double) * entries * cells);
+    /* stamps from 1, rooms at 0: no room is read before it is taken */
+    k->stamp = malloc(sizeof(unsigned) * entries);
+    k->rooms_bytes = entries * ROOM_SLOTS * sizeof *k->rooms;
+    k->rooms = mmap(NULL, k->rooms_bytes, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (k->rooms == MAP_FAILED)
+        k->rooms = NULL;
     if (b->bottleneck == NULL || b->sum == NULL || b->relaxed == NULL ||
         b->order == NULL || k->least_work == NULL || k->rows == NULL ||
         k->floor_at == NULL || k->weight_at == NULL || k->none == NULL ||
-        k->merged == NULL)
+        k->merged == NULL || k->stamp == NULL || k->rooms == NULL)
         return pt_fail(err, "search: out of memory for the floors");
-    for (size_t i = 0; i < entries; i++)
+    for (size_t i = 0; i < entries; i++) {
         k->floor_at[i] = k->weight_at[i] = NAN;
+        k->stamp[i] = 1;
+    }
     return 0;
 }
 
@@ -340,5 +376,8 @@ void asym_bound_close(asym_bound *b)
     free(b->kept.none);
     free(b->kept.merged);
     free(b->kept.rows);
+    free(b->kept.stamp);
+    if (b->kept.rooms != NULL)
+        munmap(b->kept.rooms, b->kept.rooms_bytes);
     free(b);
 }

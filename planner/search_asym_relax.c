@@ -48,6 +48,10 @@ typedef struct block {
     /* [paced][role]: another block of as many GPUs costs no more at any
        layers and holds as many (mark_dominated): the max joins skip it */
     bool dominated[2][ASYM_ROLES];
+    /* [paced][role][layers + 1]: its C, or (paced) its (m - 1) T, at
+       every layer count, taken once (fill_costs): the joins read each
+       many times */
+    const double *cost[2][ASYM_ROLES];
 } block;
 
 /* The tables of one (micro-batch, mask, level, root). */
@@ -60,7 +64,7 @@ typedef struct relax_table {
        filled row by row as far as a view asks */
     int rows, sum_rows[INTERVALS + 1];
     block *blocks;                     /* [shapes x ranks] */
-    double *block_work;
+    double *block_work, *block_cost;
     int ranks;
     int rank_type[PLANNER_MAX_TYPES];  /* the mask's types, fastest first */
     int rank_end[PLANNER_MAX_TYPES];   /* GPUs up to and with rank i */
@@ -79,6 +83,13 @@ typedef struct window {
     double *value;
 } window;
 
+/* tables_of's last question (level 0: the root's) and its answer. */
+typedef struct tables_asked {
+    bool valid;
+    int batch, mask, level;
+    relax_table *bottleneck, *sums;
+} tables_asked;
+
 struct asym_relax {
     costmodel *cm;
     asym_stages *stages;
@@ -94,6 +105,7 @@ struct asym_relax {
     int *finite;       /* [(GPUs + 1) x 4]: run_table's rows' last_finite */
     region room;       /* the tables' arrays */
     double *none;      /* [layers + 1]: no stage to come (0, then INF) */
+    tables_asked last; /* forgotten when the tables are dropped */
 };
 
 /* ---------------------------------------------------------- the blocks */
@@ -170,32 +182,56 @@ typedef enum table_kind {
     TABLE_SUM    /* the least sum of T with every C under a bound */
 } table_kind;
 
-/* A block's C at x layers: (m - 1) T + W, or (paced) (m - 1) T alone;
- * inline, for join_max's loop. */
-static inline double block_cost_of(const block *b, int role, int x,
-                                   double weight, bool paced)
+/* A block's C at x layers: (m - 1) T + W, or (paced) (m - 1) T alone. */
+static double block_cost_at(const block *b, int role, int x, double weight,
+                            bool paced)
 {
     double t = weight * (b->fixed[role] + b->pace * x);
     return paced ? t : t + b->work[role][x];
 }
 
-static double block_cost(const block *b, int role, int x, double weight)
+/* The blocks' costs at every layer count, into the table's block_cost. */
+static void fill_costs(const asym_relax *r, int batch, relax_table *t)
 {
-    return block_cost_of(b, role, x, weight, false);
+    const asym_batch *mb = &r->batches[batch];
+    double weight = mb->microbatches - 1;
+    size_t width = (size_t)r->layers + 1;
+    double *row = t->block_cost;
+    for (int i = 0; i < mb->count * t->ranks; i++)
+        for (int paced = 0; paced < 2; paced++)
+            for (int role = 0; role < ASYM_ROLES; role++, row += width) {
+                block *b = &t->blocks[i];
+                for (int x = 0; x <= r->layers; x++)
+                    row[x] = block_cost_at(b, role, x, weight, paced);
+                b->cost[paced][role] = row;
+            }
+}
+
+/* A block's C (or paced, (m - 1) T) at x layers, as fill_costs took it;
+ * inline, for join_max's loop. */
+static inline double block_cost_of(const block *b, int role, int x,
+                                   bool paced)
+{
+    return b->cost[paced][role][x];
+}
+
+static double block_cost(const block *b, int role, int x)
+{
+    return block_cost_of(b, role, x, false);
 }
 
 /* Whether block a costs no more than block b at every layers b holds, a
  * holding as many (caps of -1: none; the joins skip those). */
 static bool costs_no_more(const block *a, const block *b, int role, int layers,
-                          double weight, bool paced)
+                          bool paced)
 {
     int cap_a = a->cap[role] < layers ? a->cap[role] : layers;
     int cap_b = b->cap[role] < layers ? b->cap[role] : layers;
     if (cap_b < 0 || cap_a < cap_b)
         return false;
     for (int x = 0; x <= cap_b; x++)
-        if (block_cost_of(a, role, x, weight, paced) >
-            block_cost_of(b, role, x, weight, paced))
+        if (block_cost_of(a, role, x, paced) >
+            block_cost_of(b, role, x, paced))
             return false;
     return true;
 }
@@ -209,7 +245,6 @@ static bool costs_no_more(const block *a, const block *b, int role, int layers,
 static void mark_dominated(const asym_relax *r, int batch, relax_table *t)
 {
     const asym_batch *mb = &r->batches[batch];
-    double weight = mb->microbatches - 1;
     for (int i = 0; i < t->ranks; i++)
         for (int k = 0; k < mb->count; k++)
             for (int paced = 0; paced < 2; paced++)
@@ -220,12 +255,11 @@ static void mark_dominated(const asym_relax *r, int batch, relax_table *t)
                          j++) {
                         const block *a = &t->blocks[j * t->ranks + i];
                         if (j == k || mb->shape[j].gpus != mb->shape[k].gpus ||
-                            !costs_no_more(a, b, role, r->layers, weight,
-                                           paced))
+                            !costs_no_more(a, b, role, r->layers, paced))
                             continue;
                         b->dominated[paced][role] =
-                            j < k || !costs_no_more(b, a, role, r->layers,
-                                                    weight, paced);
+                            j < k ||
+                            !costs_no_more(b, a, role, r->layers, paced);
                     }
                 }
 }
@@ -233,23 +267,19 @@ static void mark_dominated(const asym_relax *r, int batch, relax_table *t)
 /* out[y] = min(out[y], min over x of max(prev[y - x], C(x))), both
  * non-decreasing: the crossing moves right with y. */
 static void join_max(const double *prev, const block *b, int role, int cap,
-                     double weight, bool paced, int layers, double *out)
+                     bool paced, int layers, double *out)
 {
+    const double *cost = b->cost[paced][role];
     int x = 0;
     for (int y = 0; y <= layers; y++) {
         int most = cap < y ? cap : y;
         if (x > most)
             x = most;
-        while (x < most &&
-               block_cost_of(b, role, x, weight, paced) < prev[y - x])
+        while (x < most && cost[x] < prev[y - x])
             x++;
-        double here = block_cost_of(b, role, x, weight, paced);
-        double best = asym_max(prev[y - x], here);
+        double best = asym_max(prev[y - x], cost[x]);
         if (x > 0)
-            best = asym_min(best,
-                            asym_max(prev[y - x + 1],
-                                     block_cost_of(b, role, x - 1, weight,
-                                                   paced)));
+            best = asym_min(best, asym_max(prev[y - x + 1], cost[x - 1]));
         if (best < out[y])
             out[y] = best;
     }
@@ -330,15 +360,14 @@ static int next_flags(int flags, int role, int flag_count)
 
 /* The most layers a block holds with its C at most `bound` (C does not
  * fall with layers). */
-static int room_under(const block *b, int role, int cap, double weight,
-                      double bound)
+static int room_under(const block *b, int role, int cap, double bound)
 {
-    if (!(block_cost(b, role, 0, weight) <= bound))
+    if (!(block_cost(b, role, 0) <= bound))
         return -1;
     int lo = 0, hi = cap;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (block_cost(b, role, mid, weight) <= bound)
+        if (block_cost(b, role, mid) <= bound)
             lo = mid;
         else
             hi = mid - 1;
@@ -354,7 +383,6 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
 {
     const asym_batch *mb = &r->batches[batch];
     int layers = r->layers, width = layers + 1, flags = t->flags;
-    double weight = mb->microbatches - 1;
     for (size_t i = (size_t)from * flags * width;
          i < (size_t)(to + 1) * flags * width; i++)
         table[i] = INFINITY;
@@ -384,11 +412,11 @@ static void run_table(asym_relax *r, const relax_table *t, int batch,
                     double *out = &table[(n * flags + to) * width];
                     if (kind != TABLE_SUM) {
                         if (!b->dominated[kind == TABLE_PACED][role])
-                            join_max(prev, b, role, cap, weight,
-                                     kind == TABLE_PACED, layers, out);
+                            join_max(prev, b, role, cap, kind == TABLE_PACED,
+                                     layers, out);
                         continue;
                     }
-                    int room = room_under(b, role, cap, weight, bound);
+                    int room = room_under(b, role, cap, bound);
                     if (room < 0)
                         continue;
                     int *finite = &r->finite[(n - g) * flags + f];
@@ -420,6 +448,7 @@ static void free_table(asym_relax *r, relax_table *t)
         region_release(&r->room, t->sums[j]);
     region_release(&r->room, t->blocks);
     region_release(&r->room, t->block_work);
+    region_release(&r->room, t->block_cost);
     free(t);
 }
 
@@ -456,11 +485,15 @@ static relax_table *build_table(asym_relax *r, int batch, int mask,
     t->block_work = table_array(
         r, sizeof(double) *
                ((size_t)shapes * t->ranks * ASYM_ROLES * (r->layers + 1) + 1));
+    t->block_cost = table_array(
+        r, sizeof(double) * ((size_t)shapes * t->ranks * 2 * ASYM_ROLES *
+                                 (r->layers + 1) +
+                             1));
     t->bottleneck = table_array(r, sizeof(double) * cells);
     /* a floor at the root has no work floor to add (asym_bound_floor) */
     t->paced = root ? NULL : table_array(r, sizeof(double) * cells);
-    if (t->blocks == NULL || t->block_work == NULL || t->bottleneck == NULL ||
-        (!root && t->paced == NULL)) {
+    if (t->blocks == NULL || t->block_work == NULL || t->block_cost == NULL ||
+        t->bottleneck == NULL || (!root && t->paced == NULL)) {
         free_table(r, t);
         pt_fail(err, "search: out of memory for the floors");
         return NULL;
@@ -469,6 +502,7 @@ static relax_table *build_table(asym_relax *r, int batch, int mask,
         free_table(r, t);
         return NULL;
     }
+    fill_costs(r, batch, t);
     mark_dominated(r, batch, t);
     /* the root table's last row gives the intervals; the others are
        filled as far as asked (ensure_rows) */
@@ -495,6 +529,7 @@ static void drop_tables(asym_relax *r)
     memo_clear(&r->tables);
     region_reset(&r->room);
     r->table_bytes = 0;
+    r->last.valid = false;
 }
 
 /* The table of (batch, mask, level, root), built when first asked. */
@@ -623,11 +658,16 @@ static int tables_of(asym_relax *r, const asym_floor_query *q, int mask,
                      pt_error *err)
 {
     int m = r->batches[q->batch].microbatches;
-    int level = q->root ? 2
-                        : table_level(r, q->batch, mask,
-                                      asym_level(q->inflight < m ? q->inflight
-                                                                 : m),
-                                      err);
+    int asked = q->root ? 0 : asym_level(q->inflight < m ? q->inflight : m);
+    /* the last query's answer: a node's children mostly ask the same */
+    tables_asked *last = &r->last;
+    if (last->valid && last->batch == q->batch && last->mask == mask &&
+        last->level == asked) {
+        *bottleneck = last->bottleneck;
+        *sums = last->sums;
+        return 0;
+    }
+    int level = q->root ? 2 : table_level(r, q->batch, mask, asked, err);
     int sum_level = 1;
     while (sum_level * 2 <= level)
         sum_level *= 2;
@@ -639,7 +679,10 @@ static int tables_of(asym_relax *r, const asym_floor_query *q, int mask,
     *sums = *bottleneck == NULL || sum_level == level
                 ? *bottleneck
                 : table_of(r, q->batch, mask, sum_level, q->root, err);
-    return *sums == NULL ? -1 : 0;
+    if (*sums == NULL)
+        return -1;
+    *last = (tables_asked){true, q->batch, mask, asked, *bottleneck, *sums};
+    return 0;
 }
 
 /* The bottleneck tables of t filled up to row n. */

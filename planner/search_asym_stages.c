@@ -27,6 +27,9 @@
 
 /* The segment memo is a cache: dropped past this size. */
 #define SEGMENT_MEMO_BYTES ((size_t)64 << 20)
+/* The address space the caps and work arrays are taken from (past it
+ * they are malloc'd). */
+#define STAGES_REGION_BYTES ((size_t)256 << 20)
 /* Micro-batches in flight the caps are priced at (asym_level). */
 #define CAP_LEVELS (ASYM_LEVELS_EXACT + 24)
 
@@ -41,6 +44,9 @@ struct asym_stages {
     memo_table segments;               /* stage terms by segment */
     int *key;
     double *scratch;                   /* [layers + 1] */
+    /* the caps' and the floors' work arrays: written a few cells at a
+       time, on pages touched once (region.c) */
+    region room;
     int lane_types[PLANNER_MAX_NODES];
     int lane_starts[PLANNER_MAX_NODES + 1];
 };
@@ -111,6 +117,14 @@ int asym_stages_price(asym_stages *r, int batch, int k, const asym_role *role,
     return 0;
 }
 
+/* Room for an array that lives as long as the stages: from their
+ * region (malloc when it has none left). */
+static void *stages_array(asym_stages *r, size_t bytes)
+{
+    void *room = region_take(&r->room, bytes);
+    return room != NULL ? room : malloc(bytes);
+}
+
 /* --------------------------------------------------- one type's stage */
 
 /* Where a stage of a role sits as the cost model reads it: the first of
@@ -175,26 +189,39 @@ static group_links links_of(const asym_stages *r, int type, int tp,
  * over the links its dp group may have (placement.c's dp_hierarchy):
  * whole nodes of that type's size, each member's node link no faster
  * than the type's own, or spread unevenly, a flat ring over the slowest
- * link of its rings, which crosses from the type's node to another. */
-static double span_work(const asym_stages *r, const parallel_config *own,
-                        int type, double cheapest_step, int layers)
+ * link of its rings, which crosses from the type's node to another.
+ * What does not depend on the layers is taken once (span_of), each
+ * layer count's work then (span_work). */
+typedef struct span {
+    double per_layer, gradient_bytes, cheapest_step, inter, intra;
+    int members, nodes_of_type;  /* nodes_of_type: 0 when not whole */
+} span;
+
+static span span_of(const asym_stages *r, const parallel_config *own,
+                    int type, double cheapest_step)
 {
     const cluster *c = r->cm->cluster;
-    double params = layers * model_layer_parameters_per_rank(&r->cm->model,
-                                                              own->tp);
     group_links links = links_of(r, type, own->tp, own->dp);
-    double bytes = params * parallel_gradient_bytes(own);
-    double reduce = allreduce_floor_time(bytes, own->dp, 1, links.inter,
-                                         links.inter);
     int gpus = c->types[type].gpus, stage_gpus = own->tp * own->dp;
-    if (stage_gpus % gpus == 0 && stage_gpus >= 2 * gpus &&
-        gpus % own->tp == 0)
-        reduce = fmin(reduce, allreduce_floor_time(
-                                  bytes, own->dp, gpus / own->tp,
-                                  c->types[type].intra_node
-                                      .bandwidth_bytes_per_s,
-                                  links.inter));
-    return params * cheapest_step + reduce;
+    bool whole = stage_gpus % gpus == 0 && stage_gpus >= 2 * gpus &&
+                 gpus % own->tp == 0;
+    return (span){model_layer_parameters_per_rank(&r->cm->model, own->tp),
+                  parallel_gradient_bytes(own), cheapest_step, links.inter,
+                  c->types[type].intra_node.bandwidth_bytes_per_s, own->dp,
+                  whole ? gpus / own->tp : 0};
+}
+
+static double span_work(const span *s, int layers)
+{
+    double params = layers * s->per_layer;
+    double bytes = params * s->gradient_bytes;
+    double reduce = allreduce_floor_time(bytes, s->members, 1, s->inter,
+                                         s->inter);
+    if (s->nodes_of_type > 0)
+        reduce = fmin(reduce, allreduce_floor_time(bytes, s->members,
+                                                   s->nodes_of_type, s->intra,
+                                                   s->inter));
+    return params * s->cheapest_step + reduce;
 }
 
 /* Shape k's stage of a role at `level` micro-batches in flight over
@@ -227,7 +254,8 @@ static int fill_pure(asym_stages *r, int batch, int k, int type,
         if (pure_terms(r, batch, k, role, 2, &lane, &own, &terms, err) != 0)
             return -1;
         out->fixed[role] = terms.fixed_s;
-        out->work[role] = malloc(sizeof(double) * (size_t)(r->layers + 1));
+        out->work[role] = stages_array(r, sizeof(double) *
+                                              (size_t)(r->layers + 1));
         if (out->work[role] == NULL)
             return pt_fail(err, "search: out of memory for the floors");
         if (inside && costmodel_stage_work_at(r->cm, &own, &lane,
@@ -238,8 +266,9 @@ static int fill_pure(asym_stages *r, int batch, int k, int type,
         double embedding = role == ASYM_MIDDLE
                                ? 0.0
                                : asym_stages_embedding_floor(r, shape->tp);
+        span across_nodes = span_of(r, &own, type, cheapest_step);
         for (int l = 0; l <= r->layers; l++) {
-            double across = span_work(r, &own, type, cheapest_step, l);
+            double across = span_work(&across_nodes, l);
             out->work[role][l] = (inside ? fmin(out->work[role][l], across)
                                          : across) +
                                  embedding;
@@ -481,13 +510,19 @@ int asym_stages_caps(asym_stages *r, int batch, int k, int type, int level,
     if (r->caps[batch] == NULL) {
         size_t cells = (size_t)r->batches[batch].count * r->type_count *
                        CAP_LEVELS * (ASYM_ROLES + 1);
-        r->caps[batch] = calloc(cells + 1, sizeof(int));
+        /* zero: the reservation's pages are new, and never reused */
+        r->caps[batch] = stages_array(r, (cells + 1) * sizeof(int));
+        if (r->caps[batch] != NULL && !region_holds(&r->room, r->caps[batch]))
+            memset(r->caps[batch], 0, (cells + 1) * sizeof(int));
         if (r->caps[batch] == NULL)
             return pt_fail(err, "search: out of memory for the floors");
     }
+    /* by level first: a table asks every shape and type at one level,
+       so the cells it touches share pages */
     int *cell = r->caps[batch] +
-                (((size_t)k * r->type_count + type) * CAP_LEVELS +
-                 level_index(level)) *
+                (((size_t)level_index(level) * r->batches[batch].count + k) *
+                     r->type_count +
+                 type) *
                     (ASYM_ROLES + 1);
     if (!cell[ASYM_ROLES]) {
         if (price_caps(r, batch, k, type, level, cell, err) != 0)
@@ -597,6 +632,8 @@ int asym_stages_open(asym_stages **out, costmodel *cm,
     r->cutoff = cutoff;
     r->type_count = cm->cluster->type_count;
     r->layers = cm->model.layers;
+    r->segments.huge = true;
+    region_open(&r->room, STAGES_REGION_BYTES);
     r->pure = calloc((size_t)batch_count + 1, sizeof *r->pure);
     r->caps = calloc((size_t)batch_count + 1, sizeof *r->caps);
     r->key = malloc(sizeof(int) * (size_t)(cm->cluster->node_count + 8));
@@ -616,13 +653,14 @@ void asym_stages_close(asym_stages *r)
         for (int i = 0; pure != NULL && i < r->batches[b].count * r->type_count;
              i++)
             for (int role = 0; role < ASYM_ROLES; role++)
-                free(pure[i].work[role]);
+                region_release(&r->room, pure[i].work[role]);
         free(pure);
-        free(r->caps != NULL ? r->caps[b] : NULL);
+        region_release(&r->room, r->caps != NULL ? r->caps[b] : NULL);
     }
     free(r->pure);
     free(r->caps);
     memo_free(&r->segments);
+    region_close(&r->room);
     free(r->key);
     free(r->scratch);
     free(r);

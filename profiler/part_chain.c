@@ -1,6 +1,7 @@
 /*
- * The profiler's part chain (profiler/part_chain.h): the embedding, one
- * layer and the head of a model made as three stages of a pipeline, with
+ * The profiler's part chain (profiler/part_chain.h): the embedding, the
+ * layer stage (one layer or a stack) and the head of a model made as three
+ * stages of a pipeline, with
  * GPT-2-like parameters and random tokens, and the calls that run them.
  */
 #include "profiler/part_chain.h"
@@ -189,10 +190,12 @@ static int chain_prime(part_chain *chain, pt_error *err)
 }
 
 int chain_create(part_chain *chain, const model_shape *shape, int tp,
-                 int capacity, const profiler_options *o, pt_error *err)
+                 int capacity, int layers, const profiler_options *o,
+                 pt_error *err)
 {
     memset(chain, 0, sizeof *chain);
     chain->capacity = capacity;
+    chain->layers = layers;
     chain->shape = shape;
     chain->tp = tp;
     chain->options = o;
@@ -205,7 +208,9 @@ int chain_create(part_chain *chain, const model_shape *shape, int tp,
         chain->tokens[i] =
             (uint32_t)(next_random(&state) % (uint64_t)shape->vocab);
     stage_spec embedding = EMBEDDING_SPEC;
-    stage_spec layer = {.first_layer = 0, .last_layer = 1};
+    /* layers 0..layers: each its own parameters (drawn from one seed,
+     * chunk by chunk) and activations */
+    stage_spec layer = {.first_layer = 0, .last_layer = layers};
     stage_spec head = {.first_layer = shape->layers,
                        .last_layer = shape->layers, .has_head = true};
     const struct {

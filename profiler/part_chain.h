@@ -1,8 +1,10 @@
 /*
- * The profiler's part chain: the embedding, one transformer layer and the
- * head of a model, made as three stages of a pipeline (the embedding's
- * output feeds the layer, the layer's the head; the head's input gradient
- * feeds the layer's backward, the layer's the embedding's), so that every
+ * The profiler's part chain: the embedding, the layer stage (one
+ * transformer layer, or a stack of them: profiler_options.layer_stack) and
+ * the head of a model, made as three stages of a pipeline (the embedding's
+ * output feeds the layer stage, its output the head; the head's input
+ * gradient feeds the layer stage's backward, its input gradient the
+ * embedding's), so that every
  * part the profiler times sees realistic data. Owned by profiler.c, which
  * makes a chain per set of stages and per busy neighbour.
  */
@@ -29,6 +31,7 @@ typedef struct part_chain {
     model_stage head;
     int made;                    /* stages made, in the order above */
     int capacity;                /* largest micro-batch */
+    int layers;                  /* in the layer stage: layers 0..layers */
     const model_shape *shape;    /* what it was made of, for a remake */
     int tp;
     const profiler_options *options;
@@ -37,11 +40,13 @@ typedef struct part_chain {
                                     host memory, for its remakes */
 } part_chain;
 
-/* Makes the three stages for micro-batches up to capacity, with
- * parameters from o->seed, and fills each stage's input once (the
- * previous part's output at the capacity). On failure nothing is left. */
+/* Makes the three stages for micro-batches up to capacity, the layer
+ * stage of `layers` layers (1 to shape->layers), with parameters from
+ * o->seed, and fills each stage's input once (the previous part's output
+ * at the capacity). On failure nothing is left. */
 int chain_create(part_chain *chain, const model_shape *shape, int tp,
-                 int capacity, const profiler_options *o, pt_error *err);
+                 int capacity, int layers, const profiler_options *o,
+                 pt_error *err);
 void chain_destroy(part_chain *chain);
 
 /* The embedding stage made again, in fresh memory (the new one is made

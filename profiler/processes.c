@@ -44,11 +44,15 @@ static timing_summary mean_summary(const timing_summary *const *each,
 
 /* One point's parts over the processes' points: each part's forward and
  * backward the mean of theirs; a process that fell back to the host
- * clock for a part marks it so. */
+ * clock for a part marks it so, and the layers stacked are the fewest of
+ * theirs (each process's layer entry is already per layer). */
 static void combine_point(const profiled_point *const *points, int count,
                           profiled_point *to)
 {
     *to = *points[0];
+    for (int i = 1; i < count; i++)
+        if (points[i]->layers_stacked < to->layers_stacked)
+            to->layers_stacked = points[i]->layers_stacked;
     profiled_part *into[3] = {&to->embedding, &to->layer, &to->head};
     for (int part = 0; part < 3; part++) {
         const timing_summary *forward[PROFILER_MAX_PROCESSES];

@@ -91,8 +91,9 @@ static json_t *optimizer_provenance(const profiler_result *r, int *failures)
     json_put(obj, "embedding_parameters", json_real(r->embedding_parameters),
         failures);
     json_put(obj, "used",
-        json_string("the layer stage's step per parameter: real stages are "
-                    "mostly layers"),
+        json_string("the layer stage's step per parameter (every layer of "
+                    "its stack: runs.layer_stack): real stages are mostly "
+                    "layers"),
         failures);
     return obj;
 }
@@ -105,6 +106,26 @@ static void count_timed(const profiler_writeup *ctx, int counts[3])
         for (int p = 0; p < ctx->results[m].point_count; p++)
             for (int part = 0; part < 3; part++)
                 counts[ctx->results[m].points[p].timed[part]]++;
+}
+
+/* How many layers each point's layer entries are the mean of: one
+ * object per point of every model. */
+static json_t *stacked_json(const profiler_writeup *ctx, int *failures)
+{
+    json_t *array = json_array();
+    for (int m = 0; m < ctx->model_count; m++)
+        for (int p = 0; p < ctx->results[m].point_count; p++) {
+            const profiled_point *point = &ctx->results[m].points[p];
+            json_t *obj = json_object();
+            json_put(obj, "model", json_string(ctx->shapes[m].name),
+                     failures);
+            json_put(obj, "tp", json_integer(point->tp), failures);
+            json_put(obj, "mbs", json_integer(point->mbs), failures);
+            json_put(obj, "layers", json_integer(point->layers_stacked),
+                     failures);
+            json_push(array, obj, failures);
+        }
+    return array;
 }
 
 static json_t *runs_provenance(const profiler_writeup *ctx, int *failures)
@@ -135,6 +156,11 @@ static json_t *runs_provenance(const profiler_writeup *ctx, int *failures)
     json_put(obj, "calls_per_round_max", json_integer(PROFILER_MAX_QUEUED),
              failures);
     json_put(obj, "device_warmup_s", json_real(o->device_warmup_s), failures);
+    json_put(obj, "layer_stack", json_integer(o->layer_stack), failures);
+    /* one layer asked: every point stacked one */
+    if (o->layer_stack > 1)
+        json_put(obj, "layers_stacked", stacked_json(ctx, failures),
+                 failures);
     return obj;
 }
 
@@ -267,6 +293,17 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
                          "the sets beyond; the AdamW step: its runs.rounds "
                          "rounds on the first set; a curve: its timed "
                          "runs, in this process)"),
+             failures);
+    json_put(obj, "layer",
+             json_string(ctx->options->layer_stack > 1
+                             ? "a layer entry: the time of a call of a stage "
+                               "of runs.layers_stacked layers (each its own "
+                               "parameters and activations; "
+                               "runs.layer_stack asked) over that many "
+                               "layers, forward and backward alike: the "
+                               "mean layer of a stack"
+                             : "a layer entry: one transformer layer in a "
+                               "stage of its own (runs.layer_stack 1)"),
              failures);
     json_put(obj, "spread",
         json_string("forward_spread, backward_spread, spread: interquartile "

@@ -1,6 +1,7 @@
 /*
  * The measuring half of `partita profile`: times the embedding, one
- * transformer layer and the head of a model, forward and backward, per
+ * transformer layer (the mean layer of a stage of options->layer_stack
+ * layers) and the head of a model, forward and backward, per
  * tensor-parallel shard and micro-batch, and the AdamW step per parameter.
  * profiler/profiler.h states what is measured; docs/profiles.md
  * ("Measuring") how and why.
@@ -78,6 +79,10 @@ profiler_options profiler_options_defaults(backend_kind backend)
         .processes = backend == BACKEND_CUDA ? 8 : 1,
         .round_s = 0.005,
         .timing = PROFILER_TIMING_GATED,
+        /* one layer in a stage of its own until a stack is validated
+         * against whole models on a GPU (docs/profiles.md, "Layer
+         * stack") */
+        .layer_stack = 1,
         .seed = 1234,
     };
     return options;
@@ -152,6 +157,11 @@ int profiler_options_check(const profiler_options *options, pt_error *err)
     if (options->processes < 1 || options->processes > PROFILER_MAX_PROCESSES)
         return pt_fail(err, "profiler: %d processes; expected 1 to %d",
                        options->processes, PROFILER_MAX_PROCESSES);
+    if (options->layer_stack < 1 ||
+        options->layer_stack > PROFILER_MAX_LAYER_STACK)
+        return pt_fail(err, "profiler: a layer stack of %d layers; "
+                            "expected 1 to %d",
+                       options->layer_stack, PROFILER_MAX_LAYER_STACK);
     if (options->backend == BACKEND_CPU &&
         (options->sm_limit != 0 || options->memory_limit_bytes != 0.0))
         return pt_fail(err, "profiler: an SM limit or memory limit needs the "
@@ -352,6 +362,29 @@ static profiler_timing part_timing(const profiler_options *o, int part)
     return o->timing;
 }
 
+/* One part's rounds timed on the device, as *timed says (gated or
+ * graphed): 0, 1 when they cannot be (nothing timed), -1 on a failure. A
+ * layer stack's pair can hold more kernels than a gated round may queue
+ * (profiler_gated_rounds refuses it): it is graphed instead, *timed
+ * saying so, since a graph has no such bound. */
+static int device_rounds(const part_chain *chain, int part,
+                         model_stage *stage, const stage_io *io, int count,
+                         const profiler_options *o, double *forward,
+                         double *pair, profiler_timing *timed, pt_error *err)
+{
+    int status = 1;
+    if (*timed == PROFILER_TIMING_GATED)
+        status = profiler_gated_rounds(stage, io, count, o->timing_rounds,
+                                       forward, pair, err);
+    if (status == 1 && *timed == PROFILER_TIMING_GATED && part == 1 &&
+        chain->layers > 1)
+        *timed = PROFILER_TIMING_GRAPH;
+    if (status == 1 && *timed == PROFILER_TIMING_GRAPH)
+        status = profiler_graph_rounds(stage, io, count, o->timing_rounds,
+                                       forward, pair, err);
+    return status;
+}
+
 /* One part's rounds, added to the pool: forwards, then forward +
  * backward pairs (graphed: the pairs, and the forward's share of them);
  * the backward of a round is its pair less its forward. Where the calls
@@ -365,13 +398,8 @@ static int time_part(part_chain *chain, int part, int mbs, int count,
     stage_io io;
     model_stage *stage = chain_part_stage(chain, part, mbs, &io);
     *timed = part_timing(o, part);
-    int status = 1;
-    if (*timed == PROFILER_TIMING_GRAPH)
-        status = profiler_graph_rounds(stage, &io, count, o->timing_rounds,
-                                       forward, pair, err);
-    else if (*timed == PROFILER_TIMING_GATED)
-        status = profiler_gated_rounds(stage, &io, count, o->timing_rounds,
-                                       forward, pair, err);
+    int status = device_rounds(chain, part, stage, &io, count, o, forward,
+                               pair, timed, err);
     if (status == 1)
         *timed = PROFILER_TIMING_HOST;
     for (int r = 0; status == 1 && r < o->timing_rounds; r++)
@@ -381,6 +409,12 @@ static int time_part(part_chain *chain, int part, int mbs, int count,
             return -1;
     if (status == -1)
         return -1;
+    /* the layer stage's calls run every layer it holds: a layer entry is
+     * their mean */
+    for (int r = 0; part == 1 && r < o->timing_rounds; r++) {
+        forward[r] /= chain->layers;
+        pair[r] /= chain->layers;
+    }
     memcpy(pool->forward[part] + pool->count[part], forward,
            (size_t)o->timing_rounds * sizeof *forward);
     profiler_backward_rounds(forward, pair, o->timing_rounds,
@@ -516,6 +550,7 @@ typedef struct neighbour {
     const model_shape *shape;
     int tp;
     int capacity;
+    int layers;                  /* of its layer stage: the measured one's */
     const profiler_options *options;
     atomic_int *phase;           /* shared: neighbour_phase */
     atomic_int *mbs;             /* shared: the micro-batch to run */
@@ -570,7 +605,7 @@ static void *neighbour_main(void *argument)
     int status = open_rank_device(n->options, n->slice, &n->err);
     if (status == 0) {
         status = chain_create(&chain, n->shape, n->tp, n->capacity,
-                              n->options, &n->err);
+                              n->layers, n->options, &n->err);
         if (status == 0) {
             status = neighbour_loop(n, &chain);
             chain_destroy(&chain);
@@ -603,11 +638,13 @@ static int neighbours_stop(neighbour_set *set, pt_error *err)
 
 /* Starts one thread per neighbour slice of the options (none without
  * --beside, or with its neighbours idle), each with a chain of the shape
- * at this tp and capacity, and waits until every one is busy. */
+ * at this tp and capacity, its layer stage as deep as the measured
+ * chain's, and waits until every one is busy. */
 static int neighbours_start(neighbour_set *set, const model_shape *shape,
-                            int tp, int capacity, const profiler_options *o,
-                            pt_error *err)
+                            int tp, const part_chain *measured,
+                            const profiler_options *o, pt_error *err)
 {
+    int capacity = measured->capacity;
     set->count = 0;
     atomic_init(&set->phase, NEIGHBOURS_LAYER);
     atomic_init(&set->mbs, capacity);
@@ -615,8 +652,8 @@ static int neighbours_start(neighbour_set *set, const model_shape *shape,
     for (int i = 0; i < o->beside_count && !o->neighbours_idle; i++) {
         neighbour *n = &set->members[set->count];
         *n = (neighbour){.slice = neighbour_slice(o, i), .shape = shape,
-                         .tp = tp,
-                         .capacity = capacity, .options = o,
+                         .tp = tp, .capacity = capacity,
+                         .layers = measured->layers, .options = o,
                          .phase = &set->phase, .mbs = &set->mbs};
         atomic_init(&n->state, 0);
         if (pthread_create(&n->thread, NULL, neighbour_main, n) != 0) {
@@ -635,7 +672,7 @@ static int neighbours_start(neighbour_set *set, const model_shape *shape,
         if (atomic_load(&set->members[i].state) < 0)
             return neighbours_stop(set, err);
 #else
-    (void)shape, (void)tp, (void)o, (void)err;
+    (void)shape, (void)tp, (void)measured, (void)o, (void)err;
 #endif
     return 0;
 }
@@ -655,16 +692,52 @@ const char *profiler_tp_refusal(const model_shape *shape, int tp)
     return NULL;
 }
 
-/* The chain of the largest micro-batch of the list that fits at this tp:
- * tries them from the largest down. Returns the index of that micro-batch
- * in the list, or -1 (err holds the smallest's failure). */
+/* The layers of the layer stage asked for, cut to the model's. */
+static int wanted_layers(const model_shape *shape, const profiler_options *o)
+{
+    return o->layer_stack < shape->layers ? o->layer_stack : shape->layers;
+}
+
+/* The chain at this capacity whose layer stage is the deepest that fits:
+ * the layers asked for, halved after each failure down to one. A stack
+ * also runs once at the capacity, forward and backward, so that what its
+ * calls allocate fits too (a lone layer's failure there ends the tp's
+ * larger micro-batches, as before stacks). A cut stack is noted. 0, or -1
+ * with err the one layer's failure. */
+static int stacked_chain(part_chain *chain, const model_shape *shape, int tp,
+                         int capacity, const profiler_options *o,
+                         profiler_result *out, pt_error *err)
+{
+    int wanted = wanted_layers(shape, o), failed = 0;
+    double seconds[CHAIN_CALLS];
+    for (int layers = wanted; layers >= 1; failed = layers, layers /= 2) {
+        if (chain_create(chain, shape, tp, capacity, layers, o, err) != 0)
+            continue;
+        if (layers > 1 && chain_run(chain, capacity, seconds, err) != 0) {
+            chain_destroy(chain);
+            continue;
+        }
+        if (layers < wanted)
+            add_note(out, "tp %d: a layer stack of %d layers, not %d: %d "
+                          "did not fit at micro-batch %d: %s",
+                     tp, layers, wanted, failed, capacity, err->message);
+        return 0;
+    }
+    return -1;
+}
+
+/* The chain of the largest micro-batch of the list that fits at this tp
+ * (stacked_chain: with the deepest layer stage that fits there): tries
+ * them from the largest down. Returns the index of that micro-batch in
+ * the list, or -1 (err holds the smallest's failure). */
 static int largest_chain(part_chain *chain, const model_shape *shape, int tp,
                          const profiler_options *o, profiler_result *out,
                          pt_error *err)
 {
     pt_error failure = {{0}};
     for (int i = o->mbs_count - 1; i >= 0; i--) {
-        if (chain_create(chain, shape, tp, o->mbs_values[i], o, err) == 0) {
+        if (stacked_chain(chain, shape, tp, o->mbs_values[i], o, out,
+                          err) == 0) {
             if (i < o->mbs_count - 1)
                 add_note(out, "tp %d: micro-batch %d and up not measured: "
                               "%s",
@@ -700,6 +773,7 @@ typedef struct tp_measurement {
     profiled_point *points;
     point_rounds *pools;
     int measured;                /* points measurable: cut by a failure */
+    int layers;                  /* of the layer stage, in every set */
 } tp_measurement;
 
 /* The embedding's sets beyond the sets of stages (options->embedding_sets,
@@ -807,7 +881,8 @@ static int measure_sets(tp_measurement *m, const model_shape *shape,
     for (int set = 0; set < o->stage_sets && status == 0 && m->measured > 0;
          set++) {
         if (set > 0 && chain_create(&m->chain, shape, m->tp,
-                                    o->mbs_values[last], o, err) != 0)
+                                    o->mbs_values[last], m->layers, o,
+                                    err) != 0)
             return -1;
         status = measure_set(m, set, o, out, progress, err);
         if (status == 0 && set == 0 && m->measured > 0 && !*optimizer_done) {
@@ -859,10 +934,10 @@ static int measure_tp(const model_shape *shape, int tp,
         return 0;
     }
     m.measured = last + 1;
+    m.layers = m.chain.layers;
     m.pools = calloc((size_t)m.measured, sizeof *m.pools);
     if (m.pools == NULL ||
-        neighbours_start(&m.neighbours, shape, tp, o->mbs_values[last], o,
-                         err) != 0) {
+        neighbours_start(&m.neighbours, shape, tp, &m.chain, o, err) != 0) {
         free(m.pools);
         chain_destroy(&m.chain);
         return m.pools == NULL ? pt_fail(err, "profiler: out of host memory "
@@ -870,7 +945,8 @@ static int measure_tp(const model_shape *shape, int tp,
                                : -1;
     }
     for (int i = 0; i < m.measured; i++)
-        m.points[i] = (profiled_point){.tp = tp, .mbs = o->mbs_values[i]};
+        m.points[i] = (profiled_point){.tp = tp, .mbs = o->mbs_values[i],
+                                       .layers_stacked = m.layers};
     int status =
         measure_sets(&m, shape, o, optimizer_done, out, progress, err);
     free(m.pools);
@@ -902,6 +978,9 @@ int profiler_measure(const model_shape *shape,
         .total = options->tp_count * options->mbs_count *
                      options->stage_sets +
                  1};
+    if (wanted_layers(shape, options) < options->layer_stack)
+        add_note(out, "a layer stack of the model's %d layers, not %d",
+                 shape->layers, options->layer_stack);
     bool optimizer_done = false;
     int status = 0;
     for (int i = 0; i < options->tp_count && status == 0; i++)

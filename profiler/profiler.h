@@ -13,7 +13,8 @@
 /*
  * `partita profile` (profiler/profiler.c, docs/profiles.md "Measuring"):
  * what the parts of a model cost on the device at hand. For every tp of
- * a list, shard 0 of the embedding, of one transformer layer and of the
+ * a list, shard 0 of the embedding, of one transformer layer (or of a
+ * stack of them, a layer entry their mean: layer_stack) and of the
  * head, each a stage of its own, tensor-parallel shards compute-only (the
  * tp all-reduces are priced separately, from the all-reduce curve), at
  * every micro-batch of a list that fits in memory. Warm-up runs of the
@@ -46,6 +47,9 @@
 #define PROFILER_MAX_SETS 64
 /* The most processes a measurement is repeated in. */
 #define PROFILER_MAX_PROCESSES 16
+/* The most layers of the layer stage (--layer-stack): more than any
+ * bundled model holds (Llama-3.1-405B: 126). */
+#define PROFILER_MAX_LAYER_STACK 256
 
 /* A timed quantity: the median of its timed runs and their spread,
  * (third quartile - first quartile) / median (quartiles by linear
@@ -83,9 +87,9 @@ int profiler_graph_rounds(model_stage *stage, const stage_io *io, int count,
  * device's time for the calls as a stream runs them, launch gaps
  * included, without the host's pace. `count` is cut so that a round's
  * kernels and copies fit the stream's queue. Seconds per call into
- * forward[rounds] and pair[rounds]; 1 when the calls cannot be gated (or
- * no cuda build): nothing timed, the caller queues them; -1 on a device
- * failure. */
+ * forward[rounds] and pair[rounds]; 1 when the calls cannot be gated (one
+ * pair's kernels alone too many for the queue, or no cuda build): nothing
+ * timed, the caller times them otherwise; -1 on a device failure. */
 int profiler_gated_rounds(model_stage *stage, const stage_io *io, int count,
                           int rounds, double *forward, double *pair,
                           pt_error *err);
@@ -126,6 +130,10 @@ typedef struct profiled_point {
     bool head_fused;         /* the head stage ran fused (model_stage's
                                 head_fused: its forward holds the backward
                                 products), written with the head's times */
+    int layers_stacked;      /* layers of the layer stage whose calls were
+                                timed: the layer entries are its times
+                                over this many (options.layer_stack, or
+                                fewer where that many did not fit) */
 } profiled_point;
 
 /* Reported after each step of a measurement: done of total steps; point
@@ -199,6 +207,15 @@ typedef struct profiler_options {
                                     embedding's are graphed, except under
                                     PROFILER_TIMING_HOST (every part as
                                     before 2026-11-28) */
+    /* The layer stage holds this many distinct layers (their own
+     * parameters and activations), each call running them all; a layer
+     * entry is the stage's time per call over the layers it holds (the
+     * mean layer of a stack, which runs slower than a lone layer on a
+     * GPU: docs/profiles.md, "Layer stack"). Cut to the model's layers,
+     * and halved until the stage at the largest micro-batch fits
+     * (profiled_point.layers_stacked says how many were). 1: one layer in
+     * a stage of its own, 1 to PROFILER_MAX_LAYER_STACK. */
+    int layer_stack;
     uint64_t seed;               /* parameters and tokens */
     profiler_progress_fn progress;   /* NULL: none */
     void *progress_data;
@@ -236,7 +253,8 @@ typedef struct profiler_result {
     int point_count;             /* sorted by tp, then mbs */
     profiled_point points[PROFILER_MAX_VALUES * PROFILER_MAX_VALUES];
     /* AdamW steps of the tp 1 (or smallest tp measured) layer and
-     * embedding stages, and the parameters each holds. */
+     * embedding stages, and the parameters each holds (the layer stage's:
+     * every layer of its stack). */
     timing_summary optimizer_layer;
     timing_summary optimizer_embedding;
     double layer_parameters;

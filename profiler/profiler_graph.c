@@ -271,6 +271,11 @@ int profiler_graph_rounds(model_stage *stage, const stage_io *io, int count,
  * queue is full (about a thousand entries), which would wait for the gate
  * the host opens only after its last launch. */
 #define GATED_NODES_MAX 256
+/* A round holds one pair at least: a pair of more kernels and copies than
+ * this (a deep layer stack's) is not gated, three quarters of the queue
+ * being as far as its launches may go behind a shut gate; the caller
+ * times it otherwise (profiler.c: a stack as a CUDA graph). */
+#define GATED_PAIR_NODES_MAX 768
 /* A gate the host failed to open in this time opens itself (the round is
  * then refused and the part queued on the host clock). */
 #define GATE_TIMEOUT_S 10
@@ -368,7 +373,7 @@ int profiler_gated_rounds(model_stage *stage, const stage_io *io, int count,
                           pt_error *err)
 {
     int nodes = pair_nodes(stage, io);
-    if (nodes < 1)
+    if (nodes < 1 || nodes > GATED_PAIR_NODES_MAX)
         return 1;
     int fit = GATED_NODES_MAX / nodes;
     if (count > fit)

@@ -174,8 +174,10 @@ static void fused_and_unfused_points_meet_unfused(void **state)
     close_fixture(&f);
 }
 
-/* The fit reads a fused head's point by the fused kernels: the products
- * move from the backward's prediction to the forward's, the sum kept. */
+/* The fit reads a fused head's point by the fused kernels: its forward
+ * is predicted with the backward's products (more than the plain
+ * forward), and its backward, which the kernel list does not describe
+ * (costmodel/roofline.c, time_is_usable), is left out of the fit. */
 static void fit_reads_a_fused_point_fused(void **state)
 {
     (void)state;
@@ -187,33 +189,34 @@ static void fit_reads_a_fused_point_fused(void **state)
     p.sms = 132;
     roofline_params params = known_roofline_params();
     roofline_observation *plain = NULL, *fused = NULL;
-    int plain_count, fused_count, left_out;
+    int plain_count, fused_count, plain_left_out, fused_left_out;
     pt_error err = {{0}};
     assert_int_equal(roofline_observations(&params, &p, &plain, &plain_count,
-                                           &left_out, &err), 0);
+                                           &plain_left_out, &err), 0);
     for (int i = 0; i < p.shapes[0].point_count; i++)
         p.shapes[0].points[i].head_fused = p.shapes[0].points[i].tp == 1;
     assert_int_equal(roofline_observations(&params, &p, &fused, &fused_count,
-                                           &left_out, &err), 0);
-    assert_int_equal(plain_count, fused_count);
+                                           &fused_left_out, &err), 0);
     int heads = 0;
-    for (int i = 0; i + 1 < plain_count; i++) {
-        const roofline_observation *a = &plain[i], *b = &fused[i];
-        if (a->part != 2 || a->backward || a->tp != 1) {
-            if (!(a->part == 2 && a->tp == 1))
-                assert_true(a->predicted_s == b->predicted_s);
+    for (int i = 0, j = 0; i < plain_count; i++) {
+        const roofline_observation *a = &plain[i];
+        bool fused_head = a->part == 2 && a->tp == 1;
+        if (fused_head && a->backward)
+            continue; /* left out */
+        assert_true(j < fused_count);
+        const roofline_observation *b = &fused[j++];
+        assert_true(a->part == b->part && a->backward == b->backward &&
+                    a->tp == b->tp && a->mbs == b->mbs);
+        if (!fused_head) {
+            assert_true(a->predicted_s == b->predicted_s);
             continue;
         }
-        /* the forward, then the backward of the same point */
-        assert_true(plain[i + 1].part == 2 && plain[i + 1].backward);
         assert_true(b->predicted_s > a->predicted_s);
-        assert_true(fused[i + 1].predicted_s < plain[i + 1].predicted_s);
-        assert_true(close_to(b->predicted_s + fused[i + 1].predicted_s,
-                             a->predicted_s + plain[i + 1].predicted_s,
-                             1e-9));
         heads++;
     }
     assert_int_equal(heads, 3);
+    assert_int_equal(fused_count, plain_count - 3);
+    assert_int_equal(fused_left_out, plain_left_out + 3);
     free(plain);
     free(fused);
     profile_free(&p);

@@ -30,11 +30,17 @@ static float *read_params(const model_stage *stage)
     return values;
 }
 
-static void make_chain(part_chain *chain, const profiler_options *options)
+static void make_stack(part_chain *chain, const profiler_options *options,
+                       int layers)
 {
     pt_error err = {{0}};
-    if (chain_create(chain, &wide_vocab, 1, 1, options, &err) != 0)
+    if (chain_create(chain, &wide_vocab, 1, 1, layers, options, &err) != 0)
         fail_msg("%s", err.message);
+}
+
+static void make_chain(part_chain *chain, const profiler_options *options)
+{
+    make_stack(chain, options, 1);
 }
 
 static void test_values_drawn_alike_and_kept(void **state)
@@ -77,10 +83,41 @@ static void test_values_drawn_alike_and_kept(void **state)
     chain_destroy(&first);
 }
 
+/* A layer stage of two layers holds two layers' parameters, the first
+ * drawn as the lone layer's (one seed, chunk by chunk from the first
+ * tensor), the second its own; a run of the chain goes through it. */
+static void test_layer_stack_holds_distinct_layers(void **state)
+{
+    (void)state;
+    profiler_options options = profiler_options_defaults(BACKEND_CPU);
+    part_chain lone, stack;
+    make_chain(&lone, &options);
+    make_stack(&stack, &options, 2);
+    assert_int_equal(lone.layers, 1);
+    assert_int_equal(stack.layers, 2);
+    size_t count = lone.layer.param_count;
+    assert_int_equal(stack.layer.param_count, 2 * count);
+    float *a = read_params(&lone.layer);
+    float *b = read_params(&stack.layer);
+    assert_memory_equal(a, b, count * sizeof *a);
+    assert_memory_not_equal(b, b + count, count * sizeof *b);
+    double seconds[CHAIN_CALLS];
+    pt_error err = {{0}};
+    assert_int_equal(chain_run(&stack, 1, seconds, &err), 0);
+    /* the embedding and the head are the lone layer's chain's */
+    assert_int_equal(stack.embedding.param_count, lone.embedding.param_count);
+    assert_int_equal(stack.head.param_count, lone.head.param_count);
+    test_free(b);
+    test_free(a);
+    chain_destroy(&stack);
+    chain_destroy(&lone);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values_drawn_alike_and_kept),
+        cmocka_unit_test(test_layer_stack_holds_distinct_layers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,7 +26,8 @@ static profiled_point made_point(int tp, int mbs, double seconds,
     profiled_point p = {.tp = tp, .mbs = mbs,
                         .embedding = {s, s}, .layer = {s, s},
                         .head = {s, twice},
-                        .calls_per_round = {7, 8, 9}};
+                        .calls_per_round = {7, 8, 9},
+                        .layers_stacked = 8};
     for (int part = 0; part < 3; part++)
         p.timed[part] = PROFILER_TIMING_GATED;
     return p;
@@ -53,6 +54,7 @@ static profiler_result *made_results(void)
         snprintf(r[i].device.name, sizeof r[i].device.name, "gpu %d", i);
     }
     r[2].points[1].timed[1] = PROFILER_TIMING_HOST;
+    r[1].points[2].layers_stacked = 4; /* (2,1): a stack cut there */
     return r;
 }
 
@@ -78,6 +80,9 @@ static void test_entries_are_means_over_processes(void **state)
     /* (2,1) kept its place after the point left out, host-marked */
     assert_int_equal(out->points[1].tp, 2);
     assert_int_equal(out->points[1].timed[1], PROFILER_TIMING_HOST);
+    /* the layers stacked: the fewest of the processes' */
+    assert_int_equal(p->layers_stacked, 8);
+    assert_int_equal(out->points[1].layers_stacked, 4);
     assert_int_equal(out->points[1].timed[0], PROFILER_TIMING_GATED);
     assert_int_equal(out->note_count, 1);
     assert_string_equal(out->notes[0], "tp 1, micro-batch 2: measured in "

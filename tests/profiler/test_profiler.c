@@ -154,6 +154,15 @@ static void test_option_checks(void **state)
     bad.beside_count = 1;
     bad.beside_sms[0] = 16;
     expect_refused(&bad, "cuda backend");
+    /* a layer stack of 1 (the default) to 256 layers */
+    assert_int_equal(options.layer_stack, 1);
+    bad = options;
+    bad.layer_stack = 0;
+    expect_refused(&bad, "a layer stack of 0 layers; expected 1 to 256");
+    bad.layer_stack = PROFILER_MAX_LAYER_STACK + 1;
+    expect_refused(&bad, "257 layers");
+    bad.layer_stack = PROFILER_MAX_LAYER_STACK;
+    assert_int_equal(profiler_options_check(&bad, &err), 0);
 }
 
 /* The default name says the SM limit and the busy neighbours. */
@@ -334,6 +343,38 @@ static void test_embedding_made_again_for_its_sets(void **state)
     test_free(result);
 }
 
+/* A stack of the tiny model's two layers: every point says it stacked
+ * two, the AdamW step covers both layers' parameters (twice the lone
+ * layer's, exactly); more layers than the model holds are cut to its two
+ * with a note. */
+static void test_layer_stack_of_the_model(void **state)
+{
+    (void)state;
+    progress_log log = {0};
+    profiler_options options = tiny_options((int[]){1, 2}, 2, &log);
+    profiler_result *lone = measure_tiny(&options);
+    progress_log again = {0};
+    options.progress_data = &again;
+    options.layer_stack = 3;
+    profiler_result *stack = measure_tiny(&options);
+    assert_int_equal(stack->point_count, 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(lone->points[i].layers_stacked, 1);
+        assert_int_equal(stack->points[i].layers_stacked, 2);
+        assert_int_equal(stack->points[i].tp, lone->points[i].tp);
+        assert_int_equal(stack->points[i].mbs, lone->points[i].mbs);
+        assert_positive(&stack->points[i].layer);
+    }
+    assert_float_equal(stack->layer_parameters, 2 * lone->layer_parameters,
+                       0.0);
+    assert_int_equal(lone->note_count, 0);
+    assert_int_equal(stack->note_count, 1);
+    assert_string_equal(stack->notes[0],
+                        "a layer stack of the model's 2 layers, not 3");
+    test_free(stack);
+    test_free(lone);
+}
+
 static void test_comm_needs_nccl_and_two_gpus(void **state)
 {
     (void)state;
@@ -361,6 +402,7 @@ int main(void)
         cmocka_unit_test(test_tiny_model_on_cpu),
         cmocka_unit_test(test_sets_of_stages_pool_their_rounds),
         cmocka_unit_test(test_embedding_made_again_for_its_sets),
+        cmocka_unit_test(test_layer_stack_of_the_model),
         cmocka_unit_test(test_comm_needs_nccl_and_two_gpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

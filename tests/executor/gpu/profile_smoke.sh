@@ -6,6 +6,8 @@
 # embedding's rounds were replayed as CUDA graphs (provenance.runs.
 # graph_parts): the path that broke when the token upload's event was
 # recorded inside the profiler's capture (2026-11-29, ninth session).
+# Then the same profile with the layer timed in a stack of 4 layers
+# (--layer-stack 4): both points, each recording its 4 layers.
 #
 # Usage: tests/executor/gpu/profile_smoke.sh BUILD_DIR OUT_DIR
 set -u
@@ -26,4 +28,25 @@ if len(points) != 2 or graphed == 0:
     print("FAIL: expected 2 points and graphed embedding rounds")
     sys.exit(1)
 print("PASS profile_smoke")
+PY
+[ $? = 0 ] || exit 1
+# the layer timed in a stack of 4 (docs/profiles.md, "Layer stack"): both
+# points measured, each recording its 4 layers, the stack's rounds timed
+# on the device (gated or graphed, not queued on the host clock)
+"$build/cli/partita" profile --model "$root/models/gpt2-124m.json" --tp 1 \
+    --mbs 1,2 --no-comm --stage-sets 1 --processes 1 --layer-stack 4 \
+    -o "$out/profile-stack.json" ||
+    { echo "FAIL: partita profile --layer-stack 4"; exit 1; }
+python3 - "$out/profile-stack.json" <<'PY'
+import json, sys
+profile = json.load(open(sys.argv[1]))
+runs = profile["provenance"]["runs"]
+points = [c for s in profile["shapes"] for c in s["costs"]]
+stacked = [e["layers"] for e in runs.get("layers_stacked", [])]
+print(f"{len(points)} points, layers stacked {stacked}, "
+      f"{runs['queued_parts']} parts queued")
+if len(points) != 2 or stacked != [4, 4] or runs["queued_parts"] != 0:
+    print("FAIL: expected 2 points of 4 layers each, timed on the device")
+    sys.exit(1)
+print("PASS profile_smoke --layer-stack 4")
 PY
