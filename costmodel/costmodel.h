@@ -408,6 +408,20 @@ double costmodel_offload_host_bytes(const model_shape *model,
                                     const parallel_config *config, int stage,
                                     int layers);
 
+/* ZeRO-3's all-gathers of units (a layer, the embeddings, the head) in
+ * one step of a rank of stage `stage` of `layers` layers, as the cuda
+ * executor makes them (executor/cuda/unit_holds.c; docs/cost-model.md,
+ * section 11): a unit its buffer still holds since the optimizer step is
+ * not gathered again, so the step's first forward gathers every unit, a
+ * pass after one the other way (a forward after a backward) all layers
+ * but two (L - 2), a pass after one the same way all of them (L; 2 at
+ * L = 3, none below), the embeddings and the head none after the first;
+ * the schedule orders the passes (interleaved 1F1B counted as 1F1B). 0
+ * below ZeRO-3, at dp 1, or on the tied embedding pair of a pipeline. */
+double costmodel_zero3_gathers(const model_shape *model,
+                               const parallel_config *config, int stage,
+                               int layers);
+
 /* -------------------------------------------------- linear stage terms */
 
 /* Stage time and memory as linear functions of its transformer layer

@@ -327,8 +327,13 @@ void costmodel_zero_unit_costs(const costmodel *cm,
  * starts at (a forward without the embeddings, a backward without the
  * head), and the reduce the last backward left on the units' stream,
  * which the next pass's first gather waits behind, shared out over the
- * forwards and backwards that follow a backward in the schedule.
- * `costs`: the type's before costmodel_zero_unit_costs. */
+ * forwards and backwards that follow a backward in the schedule; less
+ * what the units the executor still holds from the pass before save
+ * against those all-gathered terms (costmodel_zero3_gathers' rule), by
+ * the kind of pass, never more than a pass's price holds beyond its
+ * layers' terms (so the stage terms' fixed part stays at least
+ * ZeRO-1's). May be negative. `costs`: the type's before
+ * costmodel_zero_unit_costs. */
 void costmodel_zero_pass_extra_s(const costmodel *cm,
                                  const parallel_config *config,
                                  const stage_placement *place, int stage,

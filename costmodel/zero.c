@@ -4,8 +4,9 @@
  * embedding and head times (the per-unit reduce-scatter of gradients
  * and all-gather of weights, on one stream beside the compute, as the
  * cuda executor runs them: hidden behind it as far as it goes, the
- * pass's first gathers and the last backward's reduces exposed), to its
- * per-step work, and what they take off its memory terms. Kept
+ * pass's first gathers and the last backward's reduces exposed, no
+ * gather of a unit still held from the pass before), to its per-step
+ * work, and what they take off its memory terms. Kept
  * apart from ZeRO-1 (memory.c, stage.c), which these build on: every
  * ZeRO stage >= 1 shards the optimizer state as ZeRO-1 does.
  */
@@ -129,8 +130,10 @@ static bool tied_head_here(const costmodel *cm, const parallel_config *config)
     return cm->model.tied_embeddings && config->pp == 1;
 }
 
-/* ZeRO-3's unit times. The executor gathers the unit after the one
- * being computed on the units' stream, behind the reduce of the one
+/* ZeRO-3's unit times in a pass that gathers every unit (the step's
+ * first forward; costmodel_zero_pass_extra_s takes off what the units
+ * held from the pass before save). The executor gathers the unit after
+ * the one being computed on the units' stream, behind the reduce of the one
  * before it (backward); the gather of the pass's first unit waits for
  * everything before it. Unit k starts at S_k, and exactly
  *     S_(k+1) = S_k + max(c_k, R_(k-1) + G_(k+1)),
@@ -236,6 +239,218 @@ static void backward_successors(const parallel_config *config, int stage,
     *to_backward = m - 1 - *to_forward;
 }
 
+/* Passes of a stage's step by what comes before them (the executor keeps
+ * what the pass before gathered: executor/cuda/unit_holds.c): the first
+ * forward (after the optimizer step), forwards after a forward and after
+ * a backward, backwards after a forward and after a backward. */
+typedef struct pass_kinds {
+    int m, forward_forward, backward_forward, forward_backward,
+        backward_backward;
+} pass_kinds;
+
+static pass_kinds pass_kinds_of(const parallel_config *config, int stage)
+{
+    int m = parallel_microbatches(config), to_forward, to_backward;
+    backward_successors(config, stage, m, &to_forward, &to_backward);
+    pass_kinds k = {.m = m};
+    if (m <= 0)
+        return k;
+    k.backward_forward = to_forward;
+    k.forward_forward = m - 1 - to_forward;
+    k.backward_backward = to_backward;
+    k.forward_backward = m - to_backward;
+    return k;
+}
+
+double costmodel_zero3_gathers(const model_shape *model,
+                               const parallel_config *config, int stage,
+                               int layers)
+{
+    if (parallel_zero_stage(config) < 3 ||
+        !costmodel_zero_sharded_stage(model, config, stage))
+        return 0.0;
+    pass_kinds k = pass_kinds_of(config, stage);
+    if (k.m <= 0)
+        return 0.0;
+    double ends = (stage == 0) + (stage == config->pp - 1);
+    /* a pass the other way finds the two layers it starts with; one the
+     * same way finds the last two, overwritten before it reaches them
+     * but the middle one of three */
+    double turned = layers > 2 ? layers - 2 : 0;
+    double same = layers >= 4 ? layers : layers == 3 ? 2 : 0;
+    return ends + layers +
+           (k.forward_forward + k.backward_backward) * same +
+           (k.backward_forward + k.forward_backward) * turned;
+}
+
+/* ZeRO-3's chain (gather_unit_times) for a stage's passes: the units'
+ * stream work, a layer's terms, the compute of the units a held pass
+ * starts with, and the backlog a backward leaves. */
+typedef struct zero3_chain {
+    unit_stream L, E, H;
+    double layer_f, layer_b;          /* a layer's terms, all gathered */
+    double held_b;                    /* a layer's backward, the next
+                                         unit held: its reduces pace it
+                                         (their buffers), as ZeRO-2's */
+    double compute_f, compute_b;      /* a layer's compute alone */
+    double embedding_f, head_b;       /* the ends' compute alone */
+    double head_lead;                 /* a backward's gathers at its start */
+    double head_b_term;               /* the head's backward term */
+    double backlog;
+} zero3_chain;
+
+static zero3_chain chain_of(const costmodel *cm,
+                            const parallel_config *config,
+                            const stage_placement *place, int stage,
+                            const type_costs *costs)
+{
+    zero_units size = units_of(&cm->model, config);
+    double b = costs->stream_s_per_byte;
+    zero3_chain c = {
+        .L = unit_stream_of(cm, config, place, size.layer, b),
+        .E = unit_stream_of(cm, config, place, size.embedding, b),
+        .H = unit_stream_of(cm, config, place, size.head, b),
+        .compute_f = costs->layer_forward_s,
+        .compute_b = costs->layer_backward_s,
+        .embedding_f = costs->embedding_forward_s,
+        .head_b = costs->head_backward_s};
+    c.layer_f = fmax(c.compute_f + c.L.gather_kernels, c.L.gather);
+    c.layer_b = fmax(c.compute_b + c.L.gather_kernels + c.L.reduce_kernels,
+                     c.L.reduce + c.L.gather);
+    c.held_b = fmax(c.compute_b + c.L.reduce_kernels, c.L.reduce);
+    c.head_lead =
+        c.H.gather + (tied_head_here(cm, config) ? c.E.gather : 0.0);
+    c.head_b_term = fmax(c.head_b + c.L.gather_kernels, c.L.gather) +
+                    c.H.reduce_kernels +
+                    fmax(0.0, c.H.reduce + c.L.gather - c.layer_b);
+    /* what the backward's last unit's reduce (the embeddings' on the
+     * first stage, the first layer's elsewhere), and what of the one
+     * before it outlasts that unit's compute, leave on the units'
+     * stream for the next pass's first gather */
+    if (stage == 0)
+        c.backlog = c.E.reduce +
+                    fmax(0.0, c.L.reduce - costs->embedding_backward_s);
+    else
+        c.backlog = c.L.reduce + fmax(0.0, c.L.reduce - c.compute_b);
+    return c;
+}
+
+/* What the first stage's forward saves where the embeddings are held
+ * (every forward but the step's first): their gather at its start. What
+ * the last stage's forward saves where the head is held: its gather's
+ * exposed part and kernels, and the last layer's term against it. */
+static double held_ends_forward_s(const zero3_chain *c, bool first,
+                                  bool last)
+{
+    double saved = first ? c->E.gather : 0.0;
+    if (last)
+        saved += c->layer_f - c->compute_f + c->H.gather_kernels +
+                 fmax(0.0, c->H.gather - c->layer_f);
+    return saved;
+}
+
+/* A forward after a backward (its ends and first two layers held): the
+ * all-gathered terms of those units and the backlog, which it was
+ * priced with, less what it takes: their compute, and the third
+ * layer's gather, queued at the second layer behind the first's compute
+ * and behind the backlog. */
+static double forward_after_backward_s(const zero3_chain *c, bool first,
+                                       bool last)
+{
+    double lead = first ? c->embedding_f + c->compute_f : c->compute_f;
+    double third = fmax(c->compute_f + c->L.gather_kernels,
+                        fmax(0.0, c->backlog - lead) + c->L.gather);
+    double priced = c->backlog + 2.0 * c->layer_f +
+                    (first ? fmax(c->embedding_f + c->L.gather_kernels,
+                                  c->L.gather)
+                           : c->L.gather);
+    double taken = lead + third;
+    return held_ends_forward_s(c, first, false) + priced - taken +
+           (last ? held_ends_forward_s(c, false, true) : 0.0);
+}
+
+/* A backward after a forward (the head, a tied head's embeddings and the
+ * last two layers held): the head's term and those layers' (the
+ * pass's lead at a layer elsewhere) less their compute and reduces, and
+ * the third layer's gather behind the reduces of the two before it. */
+static double backward_after_forward_s(const zero3_chain *c, bool last)
+{
+    double held_layer = c->held_b;
+    if (!last)
+        return c->L.gather + c->layer_b - held_layer;
+    double head = c->head_b + c->H.reduce_kernels;
+    double third = fmax(c->compute_b + c->L.gather_kernels +
+                            c->L.reduce_kernels,
+                        fmax(0.0, c->H.reduce - held_layer) + c->L.reduce +
+                            c->L.gather);
+    return c->head_lead + c->head_b_term - head + 2.0 * c->layer_b -
+           held_layer - third;
+}
+
+/* A backward after a backward on the last stage (the head held, the
+ * layers gathered again): the gathers at its start and the backlog
+ * ahead of them, less the last layer's gather queued at the head behind
+ * that backlog. */
+static double backward_after_backward_s(const zero3_chain *c, bool last)
+{
+    if (!last)
+        return 0.0;
+    double head_first = fmax(c->head_b + c->L.gather_kernels, c->L.gather);
+    double behind = fmax(c->head_b + c->L.gather_kernels,
+                         c->backlog + c->L.gather);
+    return c->head_lead + c->backlog + head_first - behind;
+}
+
+/* Every backward of a first stage whose head is not the tied one finds
+ * the embeddings held: their gather under the first layer's backward,
+ * and that layer's term against it. */
+static double held_embeddings_backward_s(const costmodel *cm,
+                                         const parallel_config *config,
+                                         const zero3_chain *c, bool first)
+{
+    if (!first || tied_head_here(cm, config))
+        return 0.0;
+    return c->layer_b - c->held_b + c->E.gather_kernels +
+           fmax(0.0, c->L.reduce + c->E.gather - c->layer_b);
+}
+
+/* What a pass's price holds beyond its layers' terms, the most it may
+ * save (the stage terms are linear in the layers and their fixed part
+ * may not fall below ZeRO-1's; a stage of fewer than two layers saves
+ * exactly this, gathering nothing after its first pass): its start (the
+ * embeddings' term's gathers, a layer's lead, the head's backward term's
+ * gathers), the head's gather in a forward, the embeddings' in a
+ * backward, and after a backward the backlog. */
+static double forward_ends_s(const zero3_chain *c, bool first, bool last,
+                             bool after_backward)
+{
+    double start = first ? c->E.gather +
+                               fmax(c->embedding_f + c->L.gather_kernels,
+                                    c->L.gather) -
+                               c->embedding_f
+                         : c->L.gather;
+    double head = last ? c->H.gather_kernels +
+                             fmax(0.0, c->H.gather - c->layer_f)
+                       : 0.0;
+    return start + head + (after_backward ? c->backlog : 0.0);
+}
+
+static double backward_ends_s(const costmodel *cm,
+                              const parallel_config *config,
+                              const zero3_chain *c, bool first, bool last,
+                              bool after_backward)
+{
+    double start = last ? c->head_lead + c->head_b_term - c->head_b -
+                              c->H.reduce_kernels
+                        : c->L.gather;
+    double embeddings = first && !tied_head_here(cm, config)
+                            ? c->E.gather_kernels +
+                                  fmax(0.0, c->L.reduce + c->E.gather -
+                                                c->layer_b)
+                            : 0.0;
+    return start + embeddings + (after_backward ? c->backlog : 0.0);
+}
+
 void costmodel_zero_pass_extra_s(const costmodel *cm,
                                  const parallel_config *config,
                                  const stage_placement *place, int stage,
@@ -245,36 +460,37 @@ void costmodel_zero_pass_extra_s(const costmodel *cm,
     *forward_s = *backward_s = 0.0;
     if (!sharding(config) || parallel_zero_stage(config) < 3)
         return;
-    zero_units size = units_of(&cm->model, config);
-    double s_per_byte = costs->stream_s_per_byte;
-    unit_stream L = unit_stream_of(cm, config, place, size.layer, s_per_byte);
+    zero3_chain c = chain_of(cm, config, place, stage, costs);
     bool first = stage == 0, last = stage == config->pp - 1;
-    /* a pass that starts at a layer waits for that layer's gather */
+    /* all gathered: a pass that starts at a layer waits for that layer's
+     * gather, and a pass after a backward for the backlog first */
     if (!first)
-        *forward_s += L.gather;
+        *forward_s += c.L.gather;
     if (!last)
-        *backward_s += L.gather;
-    /* the backlog: the backward's last unit's reduce (the embeddings' on
-     * the first stage, the first layer's elsewhere), and what of the one
-     * before it outlasts that unit's compute, are still on the units'
-     * stream when the next pass's first gather is queued behind them */
-    double last_reduce, before_s;
-    if (first) {
-        unit_stream E = unit_stream_of(cm, config, place, size.embedding,
-                                       s_per_byte);
-        last_reduce = E.reduce;
-        before_s = fmax(0.0, L.reduce - costs->embedding_backward_s);
-    } else {
-        last_reduce = L.reduce;
-        before_s = fmax(0.0, L.reduce - costs->layer_backward_s);
-    }
-    double backlog = last_reduce + before_s;
-    int m = parallel_microbatches(config), to_forward, to_backward;
-    backward_successors(config, stage, m, &to_forward, &to_backward);
-    if (m > 0) {
-        *forward_s += backlog * to_forward / m;
-        *backward_s += backlog * to_backward / m;
-    }
+        *backward_s += c.L.gather;
+    pass_kinds k = pass_kinds_of(config, stage);
+    if (k.m <= 0)
+        return;
+    *forward_s += c.backlog * k.backward_forward / k.m;
+    *backward_s += c.backlog * k.backward_backward / k.m;
+    /* what the units the executor holds from the pass before save, by
+     * the kind of pass */
+    double embeddings = held_embeddings_backward_s(cm, config, &c, first);
+    double forward_forward = fmin(held_ends_forward_s(&c, first, last),
+                                  forward_ends_s(&c, first, last, false));
+    double backward_forward =
+        fmin(forward_after_backward_s(&c, first, last),
+             forward_ends_s(&c, first, last, true));
+    double forward_backward =
+        fmin(backward_after_forward_s(&c, last) + embeddings,
+             backward_ends_s(cm, config, &c, first, last, false));
+    double backward_backward =
+        fmin(backward_after_backward_s(&c, last) + embeddings,
+             backward_ends_s(cm, config, &c, first, last, true));
+    *forward_s -= (k.forward_forward * forward_forward +
+                   k.backward_forward * backward_forward) / k.m;
+    *backward_s -= (k.forward_backward * forward_backward +
+                    k.backward_backward * backward_backward) / k.m;
 }
 
 bool costmodel_zero_step_work(const costmodel *cm,

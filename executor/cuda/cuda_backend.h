@@ -55,6 +55,12 @@
  *                           one-stage step's forward and backward
  *                           (cuda_stage.h, cuda_pass_graphs); default on.
  *                           For tests and measurements.
+ *   PARTITA_CUDA_UNIT_HOLDS "0": ZeRO-3 gathers every unit of every pass
+ *                           again, even one its buffer still holds since
+ *                           the parameters last changed (unit_holds.h);
+ *                           default: it does not. Must give the same
+ *                           bits; for tests and measurements (the cost
+ *                           model prices the default).
  */
 #ifndef PARTITA_EXECUTOR_CUDA_BACKEND_H
 #define PARTITA_EXECUTOR_CUDA_BACKEND_H
@@ -95,6 +101,11 @@ size_t cuda_stage_device_bytes(const model_stage *stage);
  * (PARTITA_CUDA_GRAPHS): 0 where none could, e.g. off the one-stage step
  * kept on the device. */
 long cuda_stage_graph_replays(const model_stage *stage);
+/* How many units ZeRO-3 all-gathered on the stage since it was made (0
+ * without params_by_unit): what unit_holds.h's rule asked for, units
+ * still held from an earlier pass not counted (PARTITA_CUDA_UNIT_HOLDS=0:
+ * every unit of every pass). */
+long cuda_stage_param_gathers(const model_stage *stage);
 
 /* The same by memory term (common.h), with the allocator's rounding:
  * what executor/cuda/buffers.c's plan says for the stage's shape. The

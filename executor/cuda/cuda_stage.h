@@ -13,6 +13,7 @@
 #include "executor/cuda/cuda_backend.h"
 #include "executor/cuda/cuda_ops.h"
 #include "executor/cuda/gemm.h"
+#include "executor/cuda/unit_holds.h"
 
 /* The offset of a tensor the model lacks (a norm's bias under RMSNorm,
  * a linear layer's without biases, learned positions under RoPE). */
@@ -51,17 +52,10 @@ typedef struct chunk_table {
 /* ZeRO-2/3's gradient units on a cuda stage (grad_units.c; the stage's
  * grads_by_unit): a backward writes each unit's gradients into a buffer
  * of the block buffer_grad_units_of carves (layers alternate between
- * two), and as each unit is enqueued its reduce-scatter over dp and the
- * addition of the rank's part into the shard go on a stream of their
- * own, so they run while the backward goes on with the units below. */
-enum {
-    GRAD_UNIT_LAYER_A,
-    GRAD_UNIT_LAYER_B,
-    GRAD_UNIT_HEAD,
-    GRAD_UNIT_EMBEDDING,
-    GRAD_UNIT_BUFFERS
-};
-
+ * two: unit_holds.h's buffers), and as each unit is enqueued its
+ * reduce-scatter over dp and the addition of the rank's part into the
+ * shard go on a stream of their own, so they run while the backward
+ * goes on with the units below. */
 typedef struct cuda_grad_units {
     float *block;                   /* owned device memory */
     float *buffer[GRAD_UNIT_BUFFERS];
@@ -78,7 +72,8 @@ typedef struct cuda_grad_units {
  * unit's forward or backward its fp32 weights are gathered into a
  * buffer of the fp32 block and converted into the bf16 block's (the
  * products read them), on the gradient units' stream, one unit ahead of
- * the one computing (layers alternate between two buffers of each). */
+ * the one computing (layers alternate between two buffers of each). A
+ * unit a buffer still holds is not gathered again (unit_holds.h). */
 typedef struct cuda_param_units {
     bool active;                    /* stage->params_by_unit */
     float *block;                   /* owned device memory, fp32 */
@@ -92,8 +87,11 @@ typedef struct cuda_param_units {
     cudaEvent_t issued[GRAD_UNIT_BUFFERS];  /* the stage's stream when a
                                                fetch was asked */
     cudaEvent_t ready[GRAD_UNIT_BUFFERS];   /* the units' stream after it */
-    long holds[GRAD_UNIT_BUFFERS];  /* the unit fetched in this pass
-                                       (unit_id), 0: none */
+    unit_holds holds;               /* what the buffers hold gathered
+                                       with the parameters as they are;
+                                       forgotten when they change */
+    bool regather;                  /* PARTITA_CUDA_UNIT_HOLDS=0: each
+                                       pass forgets them first */
 } cuda_param_units;
 
 /* What lets a step run without host waits (optimizer_step.c): the upload
@@ -279,10 +277,14 @@ cuda_grad cuda_grad_at(const model_stage *stage, size_t offset);
  * the caller: buffer_unit_tables_bytes); close: safe on a zeroed one.
  * pass_begin: a forward's or backward's first fetches; unit_use: unit
  * (kind, layer) gathered for the stage's stream, the pass's next unit's
- * gather enqueued behind it. Nothing without params_by_unit. */
+ * gather enqueued behind it (each only where its buffer does not hold
+ * it still). Nothing without params_by_unit. params_changed: the
+ * parameters were written (the optimizer step, a copy from the host),
+ * so every unit is gathered again. */
 int cuda_param_units_open(model_stage *stage, cuda_stage_state *state,
                           pt_error *err);
 void cuda_param_units_close(cuda_param_units *units);
+void cuda_param_units_changed(cuda_stage_state *state);
 int cuda_param_pass_begin(model_stage *stage, bool backward, pt_error *err);
 int cuda_param_unit_use(model_stage *stage, stage_unit_kind kind, int layer,
                         bool backward, pt_error *err);
@@ -290,21 +292,6 @@ int cuda_param_unit_use(model_stage *stage, stage_unit_kind kind, int layer,
  * copy (the mirror, or its unit's buffers under ZeRO-3). */
 const float *cuda_param_at(const model_stage *stage, size_t offset);
 pt_bf16 *cuda_mirror_at(const cuda_stage_state *state, size_t offset);
-
-/* The buffer of a unit in the gradients' and the parameters' blocks:
- * layers alternate, so that one is reduced (or gathered) while the
- * pass computes the next. */
-static inline int unit_buffer_of(stage_unit_kind kind, int layer)
-{
-    switch (kind) {
-    case STAGE_UNIT_EMBEDDING:
-        return GRAD_UNIT_EMBEDDING;
-    case STAGE_UNIT_HEAD:
-        return GRAD_UNIT_HEAD;
-    default:
-        return layer % 2 == 0 ? GRAD_UNIT_LAYER_A : GRAD_UNIT_LAYER_B;
-    }
-}
 
 /* Where unit (kind, layer) starts in the parameter buffer. */
 static inline size_t unit_first_of(const stage_units *u, stage_unit_kind kind,

@@ -271,6 +271,8 @@ static int read_options(model_stage *stage, cuda_stage_state *state,
     state->fuse_epilogues = fuse == NULL || strcmp(fuse, "0") != 0;
     const char *graphs = getenv("PARTITA_CUDA_GRAPHS");
     state->graphs.enabled = graphs == NULL || strcmp(graphs, "0") != 0;
+    const char *holds = getenv("PARTITA_CUDA_UNIT_HOLDS");
+    state->param_units.regather = holds != NULL && strcmp(holds, "0") == 0;
     if (buffer_layout_init(&stage->shape, &stage->spec, stage->tensors,
                            stage->tensor_count, stage->optimizer_first,
                            stage->optimizer_count, stage->mbs_capacity,
@@ -696,7 +698,10 @@ static int finish_write(model_stage *stage, bool params_written,
                         pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
-    /* ZeRO-3's units make their bf16 copies as they are gathered */
+    /* ZeRO-3's units make their bf16 copies as they are gathered: those
+     * gathered before are stale */
+    if (params_written && stage->params_by_unit)
+        cuda_param_units_changed(state);
     if (params_written && !stage->params_by_unit)
         CUDA_TRY(cuda_refresh_mirror(state->mirror, stage->params,
                                      state->all_chunks.chunks,
@@ -796,8 +801,10 @@ static int cuda_zero_grads(model_stage *stage, pt_error *err)
 static int cuda_params_changed(model_stage *stage, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
-    if (stage->params_by_unit) /* gathered unit by unit */
+    if (stage->params_by_unit) { /* gathered unit by unit, again */
+        cuda_param_units_changed(state);
         return 0;
+    }
     CUDA_TRY(cudaSetDevice(state->device));
     CUDA_TRY(cuda_refresh_mirror(state->mirror, stage->params,
                                  state->all_chunks.chunks,

@@ -114,6 +114,9 @@ static int enqueue_adamw(model_stage *stage, const adamw_config *config,
     };
     if (cuda_grad_units_settle(stage, err) != 0)
         return -1;
+    /* ZeRO-3: the units gathered before the update are stale */
+    if (stage->params_by_unit)
+        cuda_param_units_changed(state);
     /* the chunks' offsets are the whole buffer's: the shards' bases
      * moved back by their first float; ZeRO-3 keeps no mirror */
     CUDA_TRY(cuda_adamw(stage->params - stage->params_first,

@@ -8,9 +8,12 @@
  * converted to the bf16 copy the matrix products read. The gathers run on
  * the units' stream (grad_units.c's), one unit ahead of the one the pass
  * computes, so each overlaps the compute before it; the pass waits for a
- * unit's event only when it reaches it. Every forward and every backward
- * gathers its units again (the buffers of layers are reused along a
- * pass).
+ * unit's event only when it reaches it. A unit its buffer still holds,
+ * gathered since the parameters last changed, is not gathered again
+ * (unit_holds.h's rule): a forward after a backward finds the
+ * embeddings, the head and the first two layers there, a backward the
+ * embeddings, the head and the last two; the optimizer step and every
+ * write of the parameters forget them all (cuda_param_units_changed).
  */
 #include "executor/cuda/cuda_stage.h"
 
@@ -95,14 +98,14 @@ void cuda_param_units_close(cuda_param_units *units)
     memset(units, 0, sizeof *units);
 }
 
-/* A unit's name within a pass (never 0). */
-static long unit_id(stage_unit_kind kind, int layer)
+void cuda_param_units_changed(cuda_stage_state *state)
 {
-    return (long)kind * 1000000L + layer + 1;
+    unit_holds_forget(&state->param_units.holds);
 }
 
 /* Gathers unit (kind, layer) into its buffers behind the stage's work so
- * far (which includes the last use of those buffers). */
+ * far (which includes the last use of those buffers); its buffer is
+ * already marked as holding it. */
 static int fetch(model_stage *stage, stage_unit_kind kind, int layer,
                  pt_error *err)
 {
@@ -112,7 +115,6 @@ static int fetch(model_stage *stage, stage_unit_kind kind, int layer,
     int b = unit_buffer_of(kind, layer);
     size_t first = unit_first_of(u, kind, layer), count = u->count[kind];
     cudaStream_t units = state->grad_units.stream;
-    p->holds[b] = unit_id(kind, layer);
     CUDA_TRY(cudaEventRecord(p->issued[b], state->stream));
     CUDA_TRY(cudaStreamWaitEvent(units, p->issued[b], 0));
     size_t end = stage->params_first + stage->params_count;
@@ -139,84 +141,53 @@ static int fetch(model_stage *stage, stage_unit_kind kind, int layer,
     return 0;
 }
 
-/* The stage's stream waits for the unit's gather (fetched if it is not
- * yet in this pass). */
+/* The stage's stream (when `wait`) waits for the unit's gather, fetched
+ * where its buffer does not hold it still. */
 static int ensure(model_stage *stage, stage_unit_kind kind, int layer,
                   bool wait, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     cuda_param_units *p = &state->param_units;
     int b = unit_buffer_of(kind, layer);
-    if (p->holds[b] != unit_id(kind, layer) &&
-        fetch(stage, kind, layer, err) != 0)
+    if (unit_holds_claim(&p->holds, kind, layer) &&
+        fetch(stage, kind, layer, err) != 0) {
+        /* what the buffer holds is unknown now */
+        unit_holds_forget(&p->holds);
         return -1;
+    }
     if (wait)
         CUDA_TRY(cudaStreamWaitEvent(state->stream, p->ready[b], 0));
     return 0;
 }
 
-/* The units of a pass in the order it computes them: a forward the
- * embeddings, the layers, the head; a backward the other way. Unit
- * `index` of them, false past the end. */
-static bool pass_unit(const model_stage *stage, bool backward, int index,
-                      stage_unit_kind *kind, int *layer)
-{
-    int layers = state_of(stage)->layer_count;
-    bool first = backward ? stage->spec.has_head : stage->spec.has_embedding;
-    bool last = backward ? stage->spec.has_embedding : stage->spec.has_head;
-    *layer = 0;
-    if (first && index-- == 0) {
-        *kind = backward ? STAGE_UNIT_HEAD : STAGE_UNIT_EMBEDDING;
-        return true;
-    }
-    if (index < layers) {
-        *kind = STAGE_UNIT_LAYER;
-        *layer = backward ? layers - 1 - index : index;
-        return true;
-    }
-    if (last && index == layers) {
-        *kind = backward ? STAGE_UNIT_EMBEDDING : STAGE_UNIT_HEAD;
-        return true;
-    }
-    return false;
-}
-
-/* Where unit (kind, layer) comes in its pass's order. */
-static int pass_index(const model_stage *stage, bool backward,
-                      stage_unit_kind kind, int layer)
-{
-    int layers = state_of(stage)->layer_count;
-    int before = backward ? stage->spec.has_head : stage->spec.has_embedding;
-    if (kind == STAGE_UNIT_LAYER)
-        return before + (backward ? layers - 1 - layer : layer);
-    bool leads = backward ? kind == STAGE_UNIT_HEAD
-                          : kind == STAGE_UNIT_EMBEDDING;
-    return leads ? 0 : before + layers;
-}
-
-/* Whether the stage's head multiplies by the tied token embedding, which
- * then sits in the embeddings' unit. */
-static bool tied_head_here(const model_stage *stage)
+/* The order of the stage's passes over its units: a tied head multiplies
+ * by the token embedding, which then sits in the embeddings' unit. */
+static unit_pass_shape pass_shape_of(const model_stage *stage)
 {
     const cuda_stage_state *state = state_of(stage);
-    return stage->spec.has_head && stage->spec.has_embedding &&
-           state->offsets.head_weight == state->offsets.token_embedding;
+    bool both = stage->spec.has_head && stage->spec.has_embedding;
+    return (unit_pass_shape){
+        .has_embedding = stage->spec.has_embedding,
+        .has_head = stage->spec.has_head,
+        .tied_head = both && state->offsets.head_weight ==
+                                 state->offsets.token_embedding,
+        .layers = state->layer_count};
 }
 
 int cuda_param_pass_begin(model_stage *stage, bool backward, pt_error *err)
 {
-    cuda_stage_state *state = state_of(stage);
-    cuda_param_units *p = &state->param_units;
     if (!stage->params_by_unit)
         return 0;
-    memset(p->holds, 0, sizeof p->holds);
+    if (state_of(stage)->param_units.regather)
+        cuda_param_units_changed(state_of(stage));
+    unit_pass_shape shape = pass_shape_of(stage);
     /* a backward's tied head reads the embeddings' unit first */
-    if (backward && tied_head_here(stage) &&
+    if (backward && shape.tied_head &&
         ensure(stage, STAGE_UNIT_EMBEDDING, 0, true, err) != 0)
         return -1;
     stage_unit_kind kind;
     int layer;
-    if (pass_unit(stage, backward, 0, &kind, &layer))
+    if (unit_pass_at(&shape, backward, 0, &kind, &layer))
         return ensure(stage, kind, layer, false, err);
     return 0;
 }
@@ -228,12 +199,20 @@ int cuda_param_unit_use(model_stage *stage, stage_unit_kind kind, int layer,
         return 0;
     if (ensure(stage, kind, layer, true, err) != 0)
         return -1;
+    unit_pass_shape shape = pass_shape_of(stage);
     stage_unit_kind next_kind;
     int next_layer;
-    int next = pass_index(stage, backward, kind, layer) + 1;
-    if (pass_unit(stage, backward, next, &next_kind, &next_layer))
+    int next = unit_pass_index(&shape, backward, kind, layer) + 1;
+    if (unit_pass_at(&shape, backward, next, &next_kind, &next_layer))
         return ensure(stage, next_kind, next_layer, false, err);
     return 0;
+}
+
+long cuda_stage_param_gathers(const model_stage *stage)
+{
+    return stage->params_by_unit
+               ? state_of(stage)->param_units.holds.gathers
+               : 0;
 }
 
 const float *cuda_param_at(const model_stage *stage, size_t offset)

@@ -7,7 +7,8 @@
  * gather and reduce-scatter pace its forward and backward when the dp
  * link is slow, a pass waits for its first gathers and for what the last
  * backward left on the units' stream, shared out as the schedule
- * orders the passes. */
+ * orders the passes, and gathers nothing the pass before left held
+ * (the executor's rule: test_zero_gathers.c). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -194,11 +195,15 @@ static double first_stage_backlog(const fixture *f, const type_costs *costs,
 }
 
 /* On a slow dp link, ZeRO-3's forward of a layer is the next layer's
- * gather and its backward that and the last layer's reduce; a pass
- * waits for its first unit's gather (the embeddings, then the first
- * layer behind the embeddings' compute; a tied head's backward the
- * embeddings and the head), and each forward after a backward waits
- * behind that backward's last reduces (m - 1 of m forwards at pp 1).
+ * gather and its backward that and the last layer's reduce. The step's
+ * first forward waits for its first unit's gather (the embeddings, then
+ * the first layer behind the embeddings' compute); a forward after a
+ * backward (m - 1 of m at pp 1) finds the embeddings, the first two
+ * layers and the head held, and the third layer's gather waits behind
+ * that backward's last reduces (the backlog) where they outlast the
+ * first two units' compute; a backward after a forward finds the tied
+ * head's embeddings, the head and the last two layers held, the third
+ * layer's gather behind the head's and the last layer's reduces.
  * ZeRO-2 only reduces. */
 static void slow_link_paces_every_unit(void **state)
 {
@@ -216,18 +221,37 @@ static void slow_link_paces_every_unit(void **state)
     double reduce_layer = reduce_of(layer, 4, link, s);
     double gather_embedding = gather_of(embedding, 4, link, s);
     double reduce_embedding = reduce_scatter_time(4.0 * embedding, 4, link);
-    double gather_head = gather_of(head, 4, link, s);
+    double reduce_head = reduce_of(head, 4, link, s);
     assert_true(gather_layer > costs.layer_backward_s);
     assert_true(gather_layer > costs.head_backward_s);
+    assert_true(gather_layer > costs.embedding_forward_s);
+    assert_true(reduce_layer > costs.layer_backward_s);
+    assert_true(reduce_head < reduce_layer);
 
     parallel_set_zero_stage(&config, 3);
     estimate e = estimate_of(&f, config, partition);
     double backlog = first_stage_backlog(&f, &costs, 4, link);
-    double forward = gather_embedding + gather_layer +
-                     48.0 * gather_layer + costs.head_forward_s +
-                     2.0 / 3.0 * backlog;
-    /* one stage: the stream gradient widened for the embedding */
-    double backward = gather_embedding + gather_head + gather_layer +
+    double c_e = costs.embedding_forward_s, c_f = costs.layer_forward_s;
+    /* the first forward: every unit gathered (the head's gather hidden
+     * under the last layer's term) */
+    double first_forward = gather_embedding + gather_layer +
+                           48.0 * gather_layer + costs.head_forward_s;
+    /* a forward after a backward: the embeddings and the first two
+     * layers computed as they come, the third's gather behind the
+     * backlog, 45 layers against the next one's gather, the last
+     * against the held head */
+    double later_forward = c_e + c_f +
+                           fmax(0.0, backlog - c_e - c_f) + gather_layer +
+                           45.0 * gather_layer + c_f +
+                           costs.head_forward_s;
+    double forward = (first_forward + 2.0 * later_forward) / 3.0;
+    /* every backward follows a forward: the head computed as it comes
+     * (the gathers at its start and the last layer's behind it held);
+     * the two held layers' gathers are worth more on this link than the
+     * pass's start, the most a pass saves (the stage terms' fixed part),
+     * so the 48 layers stay priced against a gather and a reduce; the
+     * stream gradient widened for the embedding */
+    double backward = costs.head_backward_s +
                       48.0 * (gather_layer + reduce_layer) +
                       costs.embedding_backward_s + costs.boundary_s;
     assert_true(close_to(e.stages[0].forward_s, forward, 1e-9));
@@ -262,12 +286,20 @@ static void slow_link_paces_every_unit(void **state)
     fixture_close(&f);
 }
 
-/* What the units' stream still holds after a backward (its last unit's
- * reduce) delays the stage's next pass, forward or backward: at pp 2
- * with 4 micro-batches the first stage's 1F1B runs F F B F B F B B (two
- * backwards followed by a forward, one by a backward), GPipe F F F F B B
- * B B (three by a backward). The schedules' forwards and backwards
- * differ by those shares of it and their sum not at all. */
+/* The schedule orders the passes, and the executor keeps what the pass
+ * before gathered: at pp 2 with 4 micro-batches the first stage's 1F1B
+ * runs F F B F B F B B (two forwards after a backward, one after a
+ * forward; three backwards after a forward, one after a backward), GPipe
+ * F F F F B B B B. A forward after a forward finds the embeddings held;
+ * one after a backward the first two layers too, the third layer's
+ * gather behind the backlog (what the units' stream still holds of that
+ * backward's reduces); a backward after a forward the last two layers,
+ * one after a backward none and the backlog ahead of its first gather.
+ * The last stage runs F B F B F B F B under 1F1B: its forwards after a
+ * backward find the head and the first two layers, under GPipe its
+ * forwards after a forward the head only (its gather larger than a
+ * layer's: the untied head's matrix at pp 2). A pass saves at most
+ * what its price holds beyond its layers' terms. */
 static void backlog_follows_the_schedule(void **state)
 {
     (void)state;
@@ -283,23 +315,87 @@ static void backlog_follows_the_schedule(void **state)
     config.schedule = SCHEDULE_GPIPE;
     estimate gpipe = estimate_of(&f, config, partition);
     const stage_estimate *a = &one_f_one_b.stages[0], *b = &gpipe.stages[0];
-    assert_true(close_to(a->forward_s - b->forward_s, 2.0 / 4.0 * backlog,
-                         1e-9));
-    assert_true(close_to(b->backward_s - a->backward_s, 2.0 / 4.0 * backlog,
-                         1e-9));
-    /* the last stage runs F B F B F B F B under 1F1B: three forwards
-     * behind a backward, none under GPipe */
     double s = costs.stream_s_per_byte;
     double layer = model_layer_parameter_count(&f.model);
-    double tail = reduce_of(layer, 2, link, s) +
-                  fmax(0.0, reduce_of(layer, 2, link, s) -
-                                costs.layer_backward_s);
+    double head = (50257.0 + 2.0) * 1600.0;
+    double gather_layer = gather_of(layer, 2, link, s);
+    double gather_head = gather_of(head, 2, link, s);
+    double reduce_layer = reduce_of(layer, 2, link, s);
+    double c_e = costs.embedding_forward_s, c_f = costs.layer_forward_s;
+    double c_b = costs.layer_backward_s;
+    assert_true(gather_head > gather_layer);
+    assert_true(reduce_layer > c_b);
+    assert_true(close_to(a->forward_s - b->forward_s,
+                         (c_e + c_f + fmax(0.0, backlog - c_e - c_f) -
+                          2.0 * gather_layer) / 2.0,
+                         1e-9));
+    /* every backward finds the embeddings held, and saves no more than
+     * their gather (its ends' part) after a forward or after a backward,
+     * so the schedules' backwards differ by the backlog's shares */
+    assert_true(close_to(b->backward_s - a->backward_s, 2.0 / 4.0 * backlog,
+                         1e-9));
+    /* the last stage: a forward after a backward saves the most a pass
+     * may (its lead, the head's gather, the backlog: the two held
+     * layers' gathers are worth more than the backlog adds to the
+     * third's on this link), one after a forward its head's gather and
+     * the last layer's term against it (it gathers no head) less that
+     * layer's compute: 1F1B's forwards come out shorter by 3/4 of it */
+    double tail = reduce_layer + fmax(0.0, reduce_layer - c_b);
+    assert_true(2.0 * gather_layer - 2.0 * c_f - fmax(0.0, tail - c_f) >
+                0.0);
     assert_true(close_to(one_f_one_b.stages[1].forward_s -
                              gpipe.stages[1].forward_s,
-                         3.0 / 4.0 * tail, 1e-9));
+                         -3.0 / 4.0 * c_f, 1e-9));
     estimate_free(&one_f_one_b);
     estimate_free(&gpipe);
     fixture_close(&f);
+}
+
+/* What the held units save never takes a pass below its compute: on
+ * stages of 0 to 5 layers (first or last of pp 2), tied and untied,
+ * both schedules, slow and fast links, ZeRO-3's forward and backward
+ * together are at least ZeRO-1's (which runs no collective during them;
+ * its fused head moves work from the backward into the forward). */
+static void held_units_keep_the_compute(void **state)
+{
+    (void)state;
+    const double links[2] = {0.05, 230.0};
+    for (int l = 0; l < 4; l++) {
+        fixture f;
+        model_shape model = gpt2_xl();
+        model.tied_embeddings = l % 2 == 0;
+        assert_int_equal(fixture_open(&f, &model, 1, 0), 0);
+        f.cluster.types[0].intra_node = link_of(links[l / 2], 5.0);
+        for (int small = 0; small <= 1; small++)
+            for (int gpipe = 0; gpipe <= 1; gpipe++)
+                for (int layers = 0; layers <= 5; layers++) {
+                    int partition[2] = {small ? layers : 48 - layers,
+                                        small ? 48 - layers : layers};
+                    const int pp = 2;
+                    parallel_config config = config_of(8, 1, 1, 2, pp);
+                    config.schedule =
+                        gpipe ? SCHEDULE_GPIPE : SCHEDULE_1F1B;
+                    parallel_set_zero_stage(&config, 1);
+                    estimate one = estimate_of(&f, config, partition);
+                    parallel_set_zero_stage(&config, 3);
+                    estimate three = estimate_of(&f, config, partition);
+                    for (int s = 0; s < pp; s++) {
+                        const stage_estimate *a = &one.stages[s];
+                        const stage_estimate *b = &three.stages[s];
+                        if (b->forward_s + b->backward_s <
+                            a->forward_s + a->backward_s - 1e-12)
+                            fail_msg("link %d small %d gpipe %d layers %d "
+                                     "stage %d: ZeRO-3 %.9g / %.9g s, "
+                                     "ZeRO-1 %.9g / %.9g s",
+                                     l, small, gpipe, layers, s,
+                                     b->forward_s, b->backward_s,
+                                     a->forward_s, a->backward_s);
+                    }
+                    estimate_free(&one);
+                    estimate_free(&three);
+                }
+        fixture_close(&f);
+    }
 }
 
 /* On slices of one GPU (every device entry index 0) the units'
@@ -356,6 +452,7 @@ int main(void)
         cmocka_unit_test(offload_prices_the_host_step),
         cmocka_unit_test(slow_link_paces_every_unit),
         cmocka_unit_test(backlog_follows_the_schedule),
+        cmocka_unit_test(held_units_keep_the_compute),
         cmocka_unit_test(unit_kernels_take_the_slices_sms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,11 +12,18 @@
  *     blocking): ZeRO-2 and ZeRO-3 likewise;
  *   - memory: every rank's allocations, term by term, are those of the
  *     memory plan (buffers.c, what the cost model is held to), ZeRO-2's
- *     gradients and ZeRO-3's weights and mirror below ZeRO-1's.
+ *     gradients and ZeRO-3's weights and mirror below ZeRO-1's;
+ *   - ZeRO-3's gathers: each rank all-gathers the units the cost model
+ *     counts (costmodel_zero3_gathers: a unit its buffer still holds
+ *     since the optimizer step is not gathered again), and with
+ *     PARTITA_CUDA_UNIT_HOLDS=0 (every unit of every pass gathered) the
+ *     losses, gradient norms and every rank's parameters are the same
+ *     bits.
  * Losses are compared, never times.
  */
 #include "gpu_test.h"
 
+#include "costmodel/costmodel.h"
 #include "executor/cuda/buffers.h"
 #include "executor/parallel/parallel.h"
 
@@ -37,9 +44,39 @@ typedef struct case_result {
     float loss[STEPS];
     float norm[STEPS];
     pt_memory_terms terms[8];    /* by rank */
+    long gathers[8];             /* ZeRO-3's units gathered, by rank */
+    long expected_gathers[8];    /* what the rule says (run_case) */
+    float *params[8];            /* owned: each rank's parameters (its
+                                    shard under ZeRO-3) after the steps */
+    size_t param_first[8], param_floats[8];
     int ranks;
     bool ok;
 } case_result;
+
+static void case_result_free(case_result *r)
+{
+    for (int i = 0; i < 8; i++)
+        free(r->params[i]);
+}
+
+/* A rank's parameters to the host, on its own thread. */
+typedef struct params_read {
+    float *host;
+    size_t first, floats;
+} params_read;
+
+static int read_params_task(void *data, int rank, model_stage *stage,
+                            pt_error *err)
+{
+    (void)rank;
+    params_read *read = data;
+    read->first = stage->params_first;
+    read->floats = model_stage_buffer_count(stage, STAGE_PARAMS);
+    read->host = malloc((read->floats + 1) * sizeof *read->host);
+    if (read->host == NULL)
+        return pt_fail(err, "out of host memory for the parameters");
+    return model_stage_read(stage, STAGE_PARAMS, read->host, err);
+}
 
 static model_shape shape_of(bool tied)
 {
@@ -75,8 +112,52 @@ static bool memory_matches(const pipeline_layout *layout, int rank,
     return same;
 }
 
+/* Each rank's gathers and parameters into `out`. */
+static bool read_ranks(pipeline_gpu *gpu, case_result *out)
+{
+    bool read_all = true;
+    for (int r = 0; r < out->ranks; r++) {
+        out->gathers[r] = cuda_stage_param_gathers(&gpu->threads.stages[r]);
+        params_read read = {NULL, 0, 0};
+        pt_error err = {{0}};
+        if (pipeline_threads_on_rank(&gpu->threads, r, read_params_task,
+                                     &read, &err) != 0) {
+            printf("# rank %d: %s\n", r, err.message);
+            read_all = false;
+        }
+        out->params[r] = read.host;
+        out->param_first[r] = read.first;
+        out->param_floats[r] = read.floats;
+    }
+    return read_all;
+}
+
+/* The units each rank gathers in STEPS steps under ZeRO-3: what the
+ * cost model counts (the executor's rule), or with `holds` false every
+ * unit of each of a step's 2 m passes (a tied head's backward gathers
+ * the embeddings first and keeps them to its end). */
+static void expect_gathers(const pipeline_layout *layout,
+                           const model_shape *shape,
+                           const parallel_config *config, bool holds,
+                           case_result *out)
+{
+    int m = parallel_microbatches(config);
+    for (int r = 0; r < layout->rank_count; r++) {
+        int stage = pipeline_rank_stage(layout, r);
+        int layers = layout->partition[stage];
+        /* 0 where the stage gathers no units (a tied pipeline's pair) */
+        double step = costmodel_zero3_gathers(shape, config, stage, layers);
+        if (!holds && step > 0.0)
+            step = 2.0 * m *
+                   (layers + (stage == 0) + (stage == config->pp - 1));
+        out->expected_gathers[r] = (long)(STEPS * step);
+    }
+}
+
+/* `holds` false: the run under PARTITA_CUDA_UNIT_HOLDS=0 (read as the
+ * stages are made). */
 static case_result run_case(gpu_test_tally *tally, const zero_case *c,
-                            int zero)
+                            int zero, bool holds)
 {
     case_result out = {.ok = false};
     model_shape shape = shape_of(c->tied);
@@ -96,12 +177,18 @@ static case_result run_case(gpu_test_tally *tally, const zero_case *c,
         gpu_test_expect(tally, false, err.message);
         return out;
     }
+    if (zero >= 3)
+        expect_gathers(&layout, &shape, &config, holds, &out);
     device_spec devices[8];
     for (int r = 0; r < layout.rank_count; r++)
         devices[r] = (device_spec){.index = 0, .sm_limit = SM_SLICE};
     pipeline_gpu gpu;
-    if (pipeline_gpu_start(&gpu, &layout, devices, c->comm, NULL, 7,
-                           TIMEOUT_S, &err) != 0) {
+    if (!holds)
+        setenv("PARTITA_CUDA_UNIT_HOLDS", "0", 1);
+    int started = pipeline_gpu_start(&gpu, &layout, devices, c->comm, NULL,
+                                     7, TIMEOUT_S, &err);
+    unsetenv("PARTITA_CUDA_UNIT_HOLDS");
+    if (started != 0) {
         printf("# %s\n", err.message);
         gpu_test_expect(tally, false, what);
         return out;
@@ -139,6 +226,8 @@ static case_result run_case(gpu_test_tally *tally, const zero_case *c,
              zero);
     if (ran)
         gpu_test_expect(tally, memory_ok, what);
+    if (ran && !read_ranks(&gpu, &out))
+        ran = false;
     free(tokens);
     pipeline_gpu_stop(&gpu);
     out.ok = ran;
@@ -158,11 +247,62 @@ static void compare_runs(gpu_test_tally *tally, const zero_case *c,
     snprintf(name, sizeof name,
              "%s, ZeRO-%d against plain dp: gradient norms", c->name, zero);
     gpu_test_compare(tally, name, got->norm, plain->norm, STEPS, 1e-2);
+    for (int r = 0; r < got->ranks; r++) {
+        snprintf(name, sizeof name,
+                 "%s, ZeRO-%d against plain dp: rank %d's parameters",
+                 c->name, zero, r);
+        gpu_test_compare(tally, name, got->params[r],
+                         plain->params[r] + got->param_first[r],
+                         got->param_floats[r], 1e-3);
+    }
     for (int s = 0; s < STEPS; s++)
         printf("# %s ZeRO-%d step %d: loss %.6f (plain %.6f), norm %.5f "
                "(plain %.5f)\n",
                c->name, zero, s, got->loss[s], plain->loss[s], got->norm[s],
                plain->norm[s]);
+}
+
+/* ZeRO-3: each rank gathered what the rule says; and against the run
+ * that gathers every unit again, the same bits. */
+static void compare_gathers(gpu_test_tally *tally, const zero_case *c,
+                            const case_result *held,
+                            const case_result *again)
+{
+    const case_result *runs[2] = {held, again};
+    for (int i = 0; i < 2; i++) {
+        const case_result *run = runs[i];
+        if (!run->ok)
+            continue;
+        bool same = true;
+        char counts[96] = "";
+        for (int r = 0; r < run->ranks; r++) {
+            same = same && run->gathers[r] == run->expected_gathers[r];
+            size_t used = strlen(counts);
+            snprintf(counts + used, sizeof counts - used, "%s%ld/%ld",
+                     r > 0 ? " " : "", run->gathers[r],
+                     run->expected_gathers[r]);
+        }
+        char what[240];
+        snprintf(what, sizeof what,
+                 "%s, ZeRO-3%s: units gathered by rank (made/expected) %s",
+                 c->name, i == 0 ? "" : ", PARTITA_CUDA_UNIT_HOLDS=0",
+                 counts);
+        gpu_test_expect(tally, same, what);
+    }
+    if (!held->ok || !again->ok)
+        return;
+    bool bits = memcmp(held->loss, again->loss, sizeof held->loss) == 0 &&
+                memcmp(held->norm, again->norm, sizeof held->norm) == 0;
+    for (int r = 0; r < held->ranks; r++)
+        bits = bits && held->param_floats[r] == again->param_floats[r] &&
+               memcmp(held->params[r], again->params[r],
+                      held->param_floats[r] * sizeof(float)) == 0;
+    char what[200];
+    snprintf(what, sizeof what,
+             "%s, ZeRO-3: losses, norms and parameters the same bits as "
+             "with every unit gathered again",
+             c->name);
+    gpu_test_expect(tally, bits, what);
 }
 
 /* Rank 0's bytes of one term. */
@@ -171,44 +311,57 @@ static double term_of(const case_result *r, pt_memory_term term)
     return r->terms[0].bytes[term];
 }
 
+/* ZeRO-2/3's gradients, and ZeRO-3's weights and mirror, below
+ * ZeRO-1's on rank 0. */
+static void compare_memory(gpu_test_tally *tally, const zero_case *c,
+                           int zero, const case_result *got,
+                           const case_result *one)
+{
+    char what[160];
+    snprintf(what, sizeof what,
+             "%s, ZeRO-%d: rank 0's gradients %.0f bytes, ZeRO-1's %.0f",
+             c->name, zero, term_of(got, PT_MEMORY_GRADIENTS),
+             term_of(one, PT_MEMORY_GRADIENTS));
+    gpu_test_expect(tally,
+                    term_of(got, PT_MEMORY_GRADIENTS) <
+                        term_of(one, PT_MEMORY_GRADIENTS),
+                    what);
+    if (zero < 3)
+        return;
+    double weights = term_of(got, PT_MEMORY_WEIGHTS) +
+                     term_of(got, PT_MEMORY_WEIGHT_MIRROR);
+    double ones = term_of(one, PT_MEMORY_WEIGHTS) +
+                  term_of(one, PT_MEMORY_WEIGHT_MIRROR);
+    snprintf(what, sizeof what,
+             "%s, ZeRO-3: rank 0's weights and mirror %.0f bytes, "
+             "ZeRO-1's %.0f",
+             c->name, weights, ones);
+    gpu_test_expect(tally, weights < ones, what);
+}
+
 static void test_zero_case(gpu_test_tally *tally, const zero_case *c,
                            const int *stages, int stage_count)
 {
-    case_result plain = run_case(tally, c, 0);
+    case_result plain = run_case(tally, c, 0, true);
     case_result one = {.ok = false};
     for (int i = 0; i < stage_count; i++) {
-        case_result got = run_case(tally, c, stages[i]);
+        case_result got = run_case(tally, c, stages[i], true);
         compare_runs(tally, c, stages[i], &plain, &got);
-        if (stages[i] == 1)
-            one = got;
-        if (!one.ok || !got.ok || stages[i] < 2)
+        if (stages[i] >= 3) {
+            case_result again = run_case(tally, c, stages[i], false);
+            compare_gathers(tally, c, &got, &again);
+            case_result_free(&again);
+        }
+        if (stages[i] == 1) {
+            one = got; /* kept for the stages after it */
             continue;
-        char what[160];
-        snprintf(what, sizeof what,
-                 "%s, ZeRO-%d: rank 0's gradients %.0f bytes, ZeRO-1's %.0f",
-                 c->name, stages[i], term_of(&got, PT_MEMORY_GRADIENTS),
-                 term_of(&one, PT_MEMORY_GRADIENTS));
-        gpu_test_expect(tally,
-                        term_of(&got, PT_MEMORY_GRADIENTS) <
-                            term_of(&one, PT_MEMORY_GRADIENTS),
-                        what);
-        if (stages[i] < 3)
-            continue;
-        snprintf(what, sizeof what,
-                 "%s, ZeRO-3: rank 0's weights and mirror %.0f bytes, "
-                 "ZeRO-1's %.0f",
-                 c->name,
-                 term_of(&got, PT_MEMORY_WEIGHTS) +
-                     term_of(&got, PT_MEMORY_WEIGHT_MIRROR),
-                 term_of(&one, PT_MEMORY_WEIGHTS) +
-                     term_of(&one, PT_MEMORY_WEIGHT_MIRROR));
-        gpu_test_expect(tally,
-                        term_of(&got, PT_MEMORY_WEIGHTS) +
-                                term_of(&got, PT_MEMORY_WEIGHT_MIRROR) <
-                            term_of(&one, PT_MEMORY_WEIGHTS) +
-                                term_of(&one, PT_MEMORY_WEIGHT_MIRROR),
-                        what);
+        }
+        if (one.ok && got.ok && stages[i] >= 2)
+            compare_memory(tally, c, stages[i], &got, &one);
+        case_result_free(&got);
     }
+    case_result_free(&one);
+    case_result_free(&plain);
 }
 
 int main(void)
