@@ -62,9 +62,9 @@ def kind_of(name):
 
 
 def read_trace_rows(path):
-    """Every kernel of a trace as a dict: start, end, device, stream, name
-    (traces written before device and stream were recorded read as GPU 0,
-    stream 0)."""
+    """Every kernel of a trace as a dict: start, end, device, stream,
+    launch, name (traces written before device and stream were recorded
+    read as GPU 0, stream 0; before the launch, as "-")."""
     rows = []
     with open(path) as f:
         columns = next(f).rstrip("\n").split("\t")
@@ -75,6 +75,7 @@ def read_trace_rows(path):
                          "end": int(raw["end_ns"]),
                          "device": int(raw.get("device", 0)),
                          "stream": int(raw.get("stream", 0)),
+                         "launch": raw.get("launch", "-"),
                          "name": raw["name"]})
     return rows
 

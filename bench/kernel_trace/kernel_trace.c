@@ -1,7 +1,8 @@
 /*
  * A kernel tracer for any CUDA program, ours or a peer's (llm.c): loaded
  * by the driver through CUDA_INJECTION64_PATH, it records every kernel's
- * name, start, end, device and stream through CUPTI's activity API, and
+ * name, start, end, device, stream and launch (grid, block, registers,
+ * shared memory) through CUPTI's activity API, and
  * every copy and fill as "[memcpy KIND BYTES]" or "[memset BYTES]" (the
  * device's time between kernels that no kernel shows), and writes them,
  * one line each, to $KERNEL_TRACE_OUT when the program exits. Kernels
@@ -30,6 +31,10 @@
 typedef struct kernel_record {
     uint64_t start_ns, end_ns;
     uint32_t device, stream; /* which GPU and which of its streams */
+    char launch[64];         /* a kernel's grid, block, registers and
+                                shared memory ("-" for a copy or fill):
+                                two runs of one kernel name can differ
+                                there (a product's split) */
     char *name;              /* owned */
 } kernel_record;
 
@@ -47,7 +52,7 @@ static void CUPTIAPI give_buffer(uint8_t **buffer, size_t *size,
 }
 
 static void keep(uint64_t start_ns, uint64_t end_ns, uint32_t device,
-                 uint32_t stream, const char *what)
+                 uint32_t stream, const char *launch, const char *what)
 {
     if (record_count == record_capacity) {
         size_t capacity = record_capacity ? 2 * record_capacity : 65536;
@@ -64,8 +69,9 @@ static void keep(uint64_t start_ns, uint64_t end_ns, uint32_t device,
         dropped++;
         return;
     }
-    records[record_count++] =
-        (kernel_record){start_ns, end_ns, device, stream, name};
+    kernel_record *r = &records[record_count++];
+    *r = (kernel_record){start_ns, end_ns, device, stream, {0}, name};
+    snprintf(r->launch, sizeof r->launch, "%s", launch);
 }
 
 /* One activity record: a kernel, a copy or a fill. */
@@ -76,17 +82,22 @@ static void keep_record(const CUpti_Activity *record)
         record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
         const CUpti_ActivityKernel10 *k =
             (const CUpti_ActivityKernel10 *)record;
-        keep(k->start, k->end, k->deviceId, k->streamId, k->name);
+        char launch[64];
+        snprintf(launch, sizeof launch, "%dx%dx%d/%dx%dx%d/r%u/s%d",
+                 k->gridX, k->gridY, k->gridZ, k->blockX, k->blockY,
+                 k->blockZ, (unsigned)k->registersPerThread,
+                 (int)(k->staticSharedMemory + k->dynamicSharedMemory));
+        keep(k->start, k->end, k->deviceId, k->streamId, launch, k->name);
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
         const CUpti_ActivityMemcpy6 *c = (const CUpti_ActivityMemcpy6 *)record;
         snprintf(what, sizeof what, "[memcpy %u %llu]", c->copyKind,
                  (unsigned long long)c->bytes);
-        keep(c->start, c->end, c->deviceId, c->streamId, what);
+        keep(c->start, c->end, c->deviceId, c->streamId, "-", what);
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
         const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)record;
         snprintf(what, sizeof what, "[memset %llu]",
                  (unsigned long long)m->bytes);
-        keep(m->start, m->end, m->deviceId, m->streamId, what);
+        keep(m->start, m->end, m->deviceId, m->streamId, "-", what);
     }
 }
 
@@ -119,12 +130,12 @@ static void write_trace(void)
         fprintf(stderr, "kernel_trace: cannot write %s\n", path);
         return;
     }
-    fprintf(out, "start_ns\tend_ns\tdevice\tstream\tname\n");
+    fprintf(out, "start_ns\tend_ns\tdevice\tstream\tlaunch\tname\n");
     for (size_t i = 0; i < record_count; i++)
-        fprintf(out, "%llu\t%llu\t%u\t%u\t%s\n",
+        fprintf(out, "%llu\t%llu\t%u\t%u\t%s\t%s\n",
                 (unsigned long long)records[i].start_ns,
                 (unsigned long long)records[i].end_ns, records[i].device,
-                records[i].stream, records[i].name);
+                records[i].stream, records[i].launch, records[i].name);
     fclose(out);
     fprintf(stderr, "kernel_trace: %zu kernels, copies and fills to %s%s\n",
             record_count,
