@@ -4,7 +4,10 @@
 #   suite   the one-GPU accuracy suite (run_one_gpu.sh: whole GPU, and
 #           slices over the device exchange);
 #   whole   the profile of the whole GPU (H200.json) for the suite's
-#           shapes, back-to-back profiler, no NCCL curves;
+#           shapes, no NCCL curves, timed as the bundled one was
+#           (WHOLE_OPTIONS, default "--timing step --layer-stack 8": the
+#           layer stage and the head inside training steps; WHOLE_S, 170
+#           s: 105 s on an H200, tenth session);
 #   beside  the profiles of the suite's slices with their neighbours busy
 #           and at rest (profile_beside.sh: H200-<N>SM-beside-... and its
 #           -idle twin, the `gpu` and `gpu_at_rest` types of
@@ -70,8 +73,9 @@ for part in $parts; do
         echo "rc $?"
         rm -f "$work/suite/corpus"* ;;
     whole)
-        profile H200 "$work/whole" "${PROFILE_S:-60}" --model "$suite_models" \
-            --tp 1,2,4 --mbs 1,2,4,8 ;;
+        # shellcheck disable=SC2086 # WHOLE_OPTIONS: words on purpose
+        profile H200 "$work/whole" "${WHOLE_S:-170}" --model "$suite_models" \
+            --tp 1,2,4 --mbs 1,2,4,8 ${WHOLE_OPTIONS---timing step --layer-stack 8} ;;
     beside)
         PROFILE_S=${BESIDE_S:-45} timeout -k 5 "${BESIDE_ALL_S:-300}" \
             "$here/profile_beside.sh" "$build" "$work/beside"

@@ -25,8 +25,10 @@
 # MBS_LARGE (1,2,4: the 7-8B layers, whose micro-batch of 4 at sequence
 # 8192 is already 32,768 tokens), MODEL_S (180: the time limit of one
 # model), BUDGET_S (300: no model is started past it), PROFILE_OPTIONS
-# ("--timing host --rounds 7 --round-ms 10 --stage-sets 1 --processes
-# 1"). Exit status: 0 when every model was added (or held already) and
+# ("--timing step --layer-stack 8 --rounds 7 --round-ms 10 --stage-sets 1
+# --processes 1", as the bundled Llama-3.2-1B and Llama-3-8B shapes were
+# measured in the tenth session; the others of the seventh session were
+# "--timing host ..."). Exit status: 0 when every model was added (or held already) and
 # the estimates are measured, 1 otherwise, 77 without an H200.
 set -u
 build=$(cd "${1:?usage: llama_shapes.sh BUILD_DIR OUT_DIR}" && pwd)
@@ -35,7 +37,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 partita="$build/cli/partita"
 models=${MODELS:-llama3.2-1b llama3-8b mistral-7b llama2-7b qwen2.5-7b}
-read -r -a options <<<"${PROFILE_OPTIONS:---timing host --rounds 7 --round-ms 10 --stage-sets 1 --processes 1}"
+read -r -a options <<<"${PROFILE_OPTIONS:---timing step --layer-stack 8 --rounds 7 --round-ms 10 --stage-sets 1 --processes 1}"
 export NCCL_NVLS_ENABLE=0 PARTITA_SOURCE="$root"
 [ -d "$build/lib" ] &&
     export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
