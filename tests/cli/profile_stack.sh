@@ -73,7 +73,7 @@ def masked(value, key=""):
         return {k: masked(v, k) for k, v in value.items() if k != "provenance"}
     if isinstance(value, list):
         return [masked(v) for v in value]
-    if key.endswith("_s") or key.endswith("_spread") or key == "optimizer_s_per_param":
+    if key.endswith("_s") or key.endswith("_spread") or key.endswith("_s_per_param"):
         return 0
     return value
 a, b = (json.dumps(masked(json.load(open(f)))) for f in sys.argv[1:])
