@@ -541,6 +541,7 @@ typedef struct asym_walk {
     asym_candidate *kept;
     int kept_count, capacity;
     long long scored, pruned, nodes;
+    long long offered;   /* plans the shortlist took */
     double cutoff;       /* plans scoring at or above it are not kept */
     double best_score;
     bool stopped;        /* the tree-node budget ran out */

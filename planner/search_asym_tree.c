@@ -24,14 +24,22 @@
 typedef struct asym_child {
     double floor;
     int shape, added, types_at;
+    int kin; /* its class of alike children (kin_of), -1: none */
 } asym_child;
 
-/* The children of one depth, and room for their node types. */
+/* What the walk knows of a class of alike children: none visited yet,
+ * one visited that kept no plan, or one that kept some. */
+enum { KIN_UNVISITED, KIN_BARREN, KIN_FRUITFUL };
+
+/* The children of one depth, room for their node types, and the state
+ * of their classes of alike children. */
 typedef struct asym_tier {
     asym_child *children;
     int count, capacity;
     int *types;
     int type_count, type_capacity;
+    unsigned char *kin_state;
+    int kin_count, kin_capacity;
 } asym_tier;
 
 /* Symmetric tree nodes (max_tree_nodes) a partial plan counts as: about
@@ -81,6 +89,10 @@ typedef struct asym_tree {
     bool task_known, depth_known[ASYM_REFINED_DEPTH];
     int depth_left[ASYM_REFINED_DEPTH][PLANNER_MAX_TYPES];
     long long budget;      /* tree nodes at most; 0: none */
+    /* alike children (kin_of): whether the cluster allows them, and the
+       classes of the children being collected, by key: their floor */
+    bool kin_allowed;
+    memo_table kin;
 } asym_tree;
 
 /* ------------------------------------------------------------ the lane */
@@ -248,7 +260,7 @@ static int add_child(asym_tree *t, asym_tier *level, int k, int front,
     for (int i = 0; i < added; i++)
         level->types[level->type_count + i] = t->types[front - 1 - i];
     level->children[level->count++] =
-        (asym_child){floor, k, added, level->type_count};
+        (asym_child){floor, k, added, level->type_count, -1};
     level->type_count += added;
     return 0;
 }
@@ -272,9 +284,113 @@ static double floor_here(asym_tree *t, int depth, bool full)
     return floor_of(t, depth, left, full);
 }
 
+/* A class of alike children: what a child's floor and every plan under
+ * it cost do not change when the nodes its stage puts in front wholly
+ * inside it are put in another order, where those nodes hold whole tp
+ * groups of the stage and the cluster's links between nodes are the
+ * slower of the two nodes' own (kin_allowed): every fact the cost model
+ * reads of a stage, of its neighbours' sends to it and of the embedding
+ * is then the same (a tp group in one node is priced by its type, ties
+ * going to the lower type; its dp ring, its sends and the embedding's
+ * all-reduce cross the slowest link of a set of node pairs that meets
+ * every node it meets in any order, and the slowest of those links is
+ * the slowest of those nodes' own; its memory is its smallest type's).
+ * The key: the shape, the type of the front node when it is shared with
+ * the stages to come, and how many of each type the others hold; into
+ * key, its length in ints, or 0 when the child has no class. */
+static int kin_of(const asym_tree *t, int k, long long first, int front,
+                  int *key)
+{
+    int tp = shape_of(t, k)->tp;
+    bool shared = t->starts[t->front] < first;
+    int from = t->front + shared;
+    if (!t->kin_allowed || front - from < 2 ||
+        (t->starts[from] - first) % tp != 0)
+        return 0;
+    int n = 0;
+    key[n++] = k;
+    key[n++] = shared ? t->types[t->front] : -1;
+    for (int type = 0; type < t->type_count; type++)
+        key[n + type] = 0;
+    for (int i = from; i < front; i++) {
+        if (t->c->types[t->types[i]].gpus % tp != 0)
+            return 0;
+        key[n + t->types[i]]++;
+    }
+    return n + t->type_count;
+}
+
+/* What the first child of a class was given while a node's children
+ * are collected (the memo `kin`, by kin_of's key): its floor, and its
+ * class in the level's kin_state (-1: it was cut). */
+typedef struct kin_floor {
+    double floor;
+    int kin;
+} kin_floor;
+
+static int new_kin(asym_tree *t, asym_tier *level)
+{
+    if (grow((void **)&level->kin_state, &level->kin_capacity,
+             level->kin_count + 1, 1, t->w->err) != 0)
+        return -1;
+    level->kin_state[level->kin_count] = KIN_UNVISITED;
+    return level->kin_count++;
+}
+
+static int price_and_floor(asym_tree *t, int depth, int k, long long end,
+                           double *floor);
+
 /* Prices the stage at `depth` of shape k on the nodes as extended,
- * floors it and keeps it when the floor is below the threshold. */
+ * floors it and keeps it when the floor is below the threshold; a child
+ * alike to one floored before takes its floor and class. */
 static int consider(asym_tree *t, int depth, int k, long long end, int front)
+{
+    asym_walk *w = t->w;
+    asym_tier *level = &t->levels[depth];
+    int key[2 + PLANNER_MAX_TYPES];
+    int length = kin_of(t, k, end - shape_of(t, k)->gpus, front, key);
+    size_t bytes = sizeof(int) * (size_t)length;
+    uint64_t hash = length > 0 ? memo_hash(key, bytes) : 0;
+    const kin_floor *known =
+        length > 0 ? memo_find(&t->kin, key, bytes, hash) : NULL;
+    if (known != NULL) {
+        if (known->floor >= asym_threshold(w)) {
+            w->pruned++;
+            return 0;
+        }
+        if (add_child(t, level, k, front, known->floor) != 0)
+            return -1;
+        level->children[level->count - 1].kin = known->kin;
+        return 0;
+    }
+    double floor;
+    if (price_and_floor(t, depth, k, end, &floor) != 0)
+        return -1;
+    kin_floor noted = {floor, -1};
+    if (length > 0 && floor < asym_threshold(w) &&
+        (noted.kin = new_kin(t, level)) < 0)
+        return -1;
+    if (length > 0) {
+        kin_floor *room = memo_insert(&t->kin, key, bytes, hash,
+                                      sizeof noted);
+        if (room == NULL)
+            return pt_fail(w->err, "search: out of memory for the tree");
+        *room = noted;
+    }
+    if (floor >= asym_threshold(w)) {
+        w->pruned++;
+        return 0;
+    }
+    if (add_child(t, level, k, front, floor) != 0)
+        return -1;
+    level->children[level->count - 1].kin = noted.kin;
+    return 0;
+}
+
+/* The floor of the stage at `depth` of shape k on the nodes as
+ * extended, priced. */
+static int price_and_floor(asym_tree *t, int depth, int k, long long end,
+                           double *out)
 {
     asym_walk *w = t->w;
     w->nodes++;
@@ -292,11 +408,8 @@ static int consider(asym_tree *t, int depth, int k, long long end, int front)
     }
     if (isnan(floor))
         return -1;
-    if (floor >= asym_threshold(w)) {
-        w->pruned++;
-        return 0;
-    }
-    return add_child(t, &t->levels[depth], k, front, floor);
+    *out = floor;
+    return 0;
 }
 
 /* Puts nodes in front, every type in turn, until they reach GPU `first`,
@@ -332,6 +445,8 @@ static int collect_children(asym_tree *t, int depth, long long end)
     asym_tier *level = &t->levels[depth];
     level->count = 0;
     level->type_count = 0;
+    level->kin_count = 0;
+    memo_clear(&t->kin);
     const asym_batch *mb = &t->batches[t->batch];
     for (int k = 0; k < mb->count; k++) {
         long long first = end - mb->shape[k].gpus;
@@ -505,8 +620,18 @@ static int descend(asym_tree *t, int depth, long long end, double inherited)
             stop_at(w, asym_max(floor, inherited));
             break;
         }
+        /* a child alike to one visited that kept no plan keeps none:
+           its plans cost what that one's did, and the threshold has
+           only fallen since */
+        int kin = level->children[i].kin;
+        if (kin >= 0 && level->kin_state[kin] == KIN_BARREN)
+            continue;
+        long long offered = w->offered;
         if (visit(t, depth, end, i, inherited) != 0)
             return -1;
+        if (kin >= 0 && level->kin_state[kin] == KIN_UNVISITED)
+            level->kin_state[kin] = w->offered == offered ? KIN_BARREN
+                                                          : KIN_FRUITFUL;
     }
     return 0;
 }
@@ -635,6 +760,31 @@ static int collect_batches(asym_tree *t, pt_error *err)
 
 /* ------------------------------------------------------------ set-up */
 
+/* Whether alike children (kin_of) may share a class: no link named for
+ * a pair of types, each link between nodes the slower of the two nodes'
+ * own (of two types the one of less bandwidth has no less latency), and
+ * no GPUs that are slices of one device. */
+static bool kin_allowed(const cluster *c)
+{
+    if (c->link_count > 0)
+        return false;
+    for (int a = 0; a < c->type_count; a++) {
+        const link_spec *x = &c->types[a].inter_node;
+        if (c->types[a].device_count > 0)
+            return false;
+        for (int b = 0; b < c->type_count; b++) {
+            const link_spec *y = &c->types[b].inter_node;
+            if (x->bandwidth_bytes_per_s < y->bandwidth_bytes_per_s &&
+                x->latency_s < y->latency_s)
+                return false;
+            if (x->bandwidth_bytes_per_s == y->bandwidth_bytes_per_s &&
+                x->latency_s != y->latency_s)
+                return false;
+        }
+    }
+    return true;
+}
+
 static int open_tree(asym_tree *t, asym_walk *w)
 {
     const cluster *c = w->cm->cluster;
@@ -646,6 +796,7 @@ static int open_tree(asym_tree *t, asym_walk *w)
     long long most = w->options->max_tree_nodes;
     t->budget = most > 0 ? (most + ASYM_NODE_WEIGHT - 1) / ASYM_NODE_WEIGHT
                          : 0;
+    t->kin_allowed = kin_allowed(c);
     t->most_stages = w->gpus < t->layers ? w->gpus : t->layers;
     if (t->most_stages > ASYM_MAX_STAGES)
         t->most_stages = ASYM_MAX_STAGES;
@@ -680,7 +831,9 @@ static void close_tree(asym_tree *t)
     for (int s = 0; t->levels != NULL && s < t->most_stages; s++) {
         free(t->levels[s].children);
         free(t->levels[s].types);
+        free(t->levels[s].kin_state);
     }
+    memo_free(&t->kin);
     free(t->levels);
     free(t->work);
     for (int b = 0; t->batches != NULL && b < t->batch_count; b++)
