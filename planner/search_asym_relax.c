@@ -3,9 +3,10 @@
  * 36; docs/planner.md, "Stages of their own degrees").
  *
  * The GPUs left are relaxed to the first n GPUs of a list of the types
- * left, fastest type first, with the nodes left of each type (a node
- * the stages placed share counted whole) and every node of the slowest
- * type: sort any completion's stages by their latest GPU in that order;
+ * left, fastest type first, with the GPUs left of each type (or, for a
+ * floor not asked in full, the nodes left, a node the stages placed
+ * share counted whole) and every GPU of the slowest type: sort any
+ * completion's stages by their latest GPU in that order;
  * the j-th holds a GPU no earlier than the list's (g_1 + .. + g_j)-th
  * (the list holds, position by position, GPUs no slower than the GPUs
  * left), so it costs no less than a block of the list of its size
@@ -719,7 +720,7 @@ int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
     int mask = 0, n = 0, list[PLANNER_MAX_TYPES], slowest = -1;
     for (int i = 0; i < r->type_count; i++) {
         int t = r->rank[i];
-        int per_node = r->cm->cluster->types[t].gpus;
+        int per_node = q->full ? 1 : r->cm->cluster->types[t].gpus;
         list[t] = (q->gpus_left[t] + per_node - 1) / per_node * per_node;
         if (q->gpus_left[t] > 0) {
             mask |= 1 << t;
@@ -727,13 +728,13 @@ int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
             slowest = t;
         }
     }
-    /* the list: the nodes left of each type, a node shared with the
-       stages placed counted whole (a list of more GPUs of the faster
-       types is no slower position by position; and where the tables
-       are the same, mostly: a node's GPUs at a time, few tables), and
-       of the slowest type every GPU: the GPUs left are a prefix of it,
-       so queries that differ only in that type's share a table (rows,
-       by GPUs of the list) */
+    /* the list: the GPUs left of each type, or for a floor not asked
+       in full the nodes left, a node shared with the stages placed
+       counted whole (a list of more GPUs of the faster types is no
+       slower position by position, and its tables are fewer: a node's
+       GPUs at a time); and of the slowest type every GPU: the GPUs left
+       are a prefix of it, so queries that differ only in that type's
+       share a table (rows, by GPUs of the list) */
     if (slowest >= 0)
         list[slowest] = r->cm->cluster->types[slowest].count *
                         r->cm->cluster->types[slowest].gpus;
