@@ -542,6 +542,7 @@ typedef struct asym_walk {
     int kept_count, capacity;
     long long scored, pruned, nodes;
     long long offered;   /* plans the shortlist took */
+    long long alike;     /* partial plans given an alike one's floor */
     double cutoff;       /* plans scoring at or above it are not kept */
     double best_score;
     bool stopped;        /* the tree-node budget ran out */

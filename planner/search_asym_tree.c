@@ -354,6 +354,7 @@ static int consider(asym_tree *t, int depth, int k, long long end, int front)
     const kin_floor *known =
         length > 0 ? memo_find(&t->kin, key, bytes, hash) : NULL;
     if (known != NULL) {
+        w->alike++;
         if (known->floor >= asym_threshold(w)) {
             w->pruned++;
             return 0;
