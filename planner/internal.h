@@ -675,6 +675,8 @@ typedef struct asym_floor_query {
     bool root;              /* nothing placed: the last stage is to come */
     bool full;              /* refined up to the threshold, not only until
                                it is known not to cut */
+    bool by_gpu;            /* the relaxation's list by the GPUs left of
+                               each type (search_asym_relax.c) */
 } asym_floor_query;
 
 /* search_asym_relax.c: the stages to come, relaxed. */

@@ -3,10 +3,10 @@
  * 36; docs/planner.md, "Stages of their own degrees").
  *
  * The GPUs left are relaxed to the first n GPUs of a list of the types
- * left, fastest type first, with the GPUs left of each type (or, for a
- * floor not asked in full, the nodes left, a node the stages placed
- * share counted whole) and every GPU of the slowest type: sort any
- * completion's stages by their latest GPU in that order;
+ * left, fastest type first, with every GPU of each type or (a floor
+ * asked by_gpu, and for types of at most LIST_NODES_MOST nodes) the GPUs
+ * left of it, and every GPU of the slowest type: sort any completion's
+ * stages by their latest GPU in that order;
  * the j-th holds a GPU no earlier than the list's (g_1 + .. + g_j)-th
  * (the list holds, position by position, GPUs no slower than the GPUs
  * left), so it costs no less than a block of the list of its size
@@ -33,6 +33,11 @@
 #define INTERVALS 48
 #define FIRST_WIDTH (1.0 / 1024.0)
 #define WIDTH_GROWTH 1.25
+/* Types of at most this many nodes are listed by the GPUs left when a
+ * floor asks (by_gpu); a type of more nodes by all its GPUs, as the
+ * tables of its counts left would be too many to build (mixed-1024's 32
+ * nodes a type: 11 s of tables where 3.4 s before, and no gap closed). */
+#define LIST_NODES_MOST 4
 /* run_table's mark of a row whose last finite entry is not known yet. */
 #define FINITE_UNKNOWN (-2)
 /* The tables are a cache: dropped past this size. */
@@ -717,24 +722,28 @@ static void ensure_rows(asym_relax *r, relax_table *t, int batch, int n)
 int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
                        asym_relax_view *out, pt_error *err)
 {
+    /* the list: of each type every GPU (a list of more GPUs of the
+       faster types is no slower position by position, and makes one
+       table per set of types left), or (by_gpu, a type of few nodes)
+       the GPUs left (one per count left); and of the slowest type
+       every GPU: the GPUs left are a prefix of it, so queries that
+       differ only in that type's share a table (rows, by GPUs of the
+       list) */
     int mask = 0, n = 0, list[PLANNER_MAX_TYPES], slowest = -1;
     for (int i = 0; i < r->type_count; i++) {
         int t = r->rank[i];
-        int per_node = q->full ? 1 : r->cm->cluster->types[t].gpus;
-        list[t] = (q->gpus_left[t] + per_node - 1) / per_node * per_node;
+        const node_type *of = &r->cm->cluster->types[t];
+        list[t] = q->by_gpu && of->count <= LIST_NODES_MOST
+                      ? q->gpus_left[t]
+                      : of->count * of->gpus;
         if (q->gpus_left[t] > 0) {
             mask |= 1 << t;
             n += q->gpus_left[t];
             slowest = t;
+        } else {
+            list[t] = 0;
         }
     }
-    /* the list: the GPUs left of each type, or for a floor not asked
-       in full the nodes left, a node shared with the stages placed
-       counted whole (a list of more GPUs of the faster types is no
-       slower position by position, and its tables are fewer: a node's
-       GPUs at a time); and of the slowest type every GPU: the GPUs left
-       are a prefix of it, so queries that differ only in that type's
-       share a table (rows, by GPUs of the list) */
     if (slowest >= 0)
         list[slowest] = r->cm->cluster->types[slowest].count *
                         r->cm->cluster->types[slowest].gpus;

@@ -89,6 +89,11 @@ typedef struct asym_tree {
     bool task_known, depth_known[ASYM_REFINED_DEPTH];
     int depth_left[ASYM_REFINED_DEPTH][PLANNER_MAX_TYPES];
     long long budget;      /* tree nodes at most; 0: none */
+    /* the tasks, lowest floor first, the one at hand, and whether the
+       floor of those after it was noted (stop_later_tasks) */
+    const asym_task *tasks;
+    int task_count, task_at;
+    bool tasks_noted;
     /* alike children (kin_of): whether the cluster allows them, and the
        classes of the children being collected, by key: their floor */
     bool kin_allowed;
@@ -267,21 +272,44 @@ static int add_child(asym_tree *t, asym_tier *level, int k, int front,
 
 /* The floor of the tree node with `depth` + 1 stages placed (in full:
  * refined up to the threshold). */
-static double floor_of(asym_tree *t, int depth, int *left, bool full)
+static double floor_of(asym_tree *t, int depth, int *left, bool full,
+                       bool by_gpu)
 {
     const asym_batch *mb = &t->batches[t->batch];
     int inflight = depth + 2 < mb->microbatches ? depth + 2
                                                 : mb->microbatches;
     asym_floor_query q = {t->batch, mb->microbatches, t->placed, depth + 1,
-                          left, inflight, false, full};
+                          left, inflight, false, full, by_gpu};
     return asym_bound_floor(t->bound, &q, asym_threshold(t->w), t->w->err);
+}
+
+/* The floor in full of the tree node with `depth` + 1 stages placed on
+ * the GPUs `left`, and where it is below `below` (where a higher floor
+ * would matter) the greater of it and the floor in full over the
+ * relaxation's list of the GPUs left (tighter, and dearer: a table per
+ * count left). NAN on error. */
+static double full_floor_of(asym_tree *t, int depth, int *left,
+                            double below)
+{
+    double coarse = floor_of(t, depth, left, true, false);
+    if (isnan(coarse) || !(coarse < below))
+        return coarse;
+    double fine = floor_of(t, depth, left, true, true);
+    return isnan(fine) ? fine : asym_max(coarse, fine);
 }
 
 static double floor_here(asym_tree *t, int depth, bool full)
 {
     int left[PLANNER_MAX_TYPES];
     gpus_left(t, t->firsts[depth], left);
-    return floor_of(t, depth, left, full);
+    return floor_of(t, depth, left, full, false);
+}
+
+static double full_floor_here(asym_tree *t, int depth, double below)
+{
+    int left[PLANNER_MAX_TYPES];
+    gpus_left(t, t->firsts[depth], left);
+    return full_floor_of(t, depth, left, below);
 }
 
 /* A class of alike children: what a child's floor and every plan under
@@ -540,11 +568,18 @@ static double open_children_floor(asym_tree *t, int depth, long long end,
 {
     asym_tier *level = &t->levels[depth];
     double least = INFINITY;
-    for (; i < level->count && level->children[i].floor < least; i++) {
+    /* below the floor noted already (the tasks after this one's, and
+       the deeper levels'), no child need be refined further: the least
+       floor noted is the one told */
+    double noted = t->w->open_floor;
+    for (; i < level->count &&
+           level->children[i].floor < asym_min(least, noted);
+         i++) {
         int front = t->front;
         double floor = enter(t, depth, end, i) != 0
                            ? NAN
-                           : floor_here(t, depth, true);
+                           : full_floor_here(t, depth,
+                                             asym_min(least, noted));
         while (t->front < front)
             lane_pop(t);
         if (isnan(floor))
@@ -555,6 +590,7 @@ static double open_children_floor(asym_tree *t, int depth, long long end,
 }
 
 static double task_floor(asym_tree *t, int b, bool full);
+static int stop_later_tasks(asym_tree *t);
 
 /* The floor in full of the stages placed down to `depth` when visited:
  * the stage at `depth` as then (without its sends), on the GPUs it left
@@ -563,7 +599,9 @@ static double depth_floor(asym_tree *t, int depth)
 {
     asym_placed now = t->placed[depth];
     restore_unsent(t, depth);
-    double floor = floor_of(t, depth, t->depth_left[depth], true);
+    double floor = full_floor_of(t, depth, t->depth_left[depth],
+                                 asym_min(asym_threshold(t->w),
+                                          t->w->open_floor));
     t->placed[depth] = now;
     asym_bound_forget(t->bound, depth);
     return floor;
@@ -615,6 +653,8 @@ static int descend(asym_tree *t, int depth, long long end, double inherited)
             break;
         }
         if (stopping) {
+            if (stop_later_tasks(t) != 0)
+                return -1;
             floor = open_children_floor(t, depth, end, i);
             if (isnan(floor))
                 return -1;
@@ -669,7 +709,9 @@ static double task_floor(asym_tree *t, int b, bool full)
     for (int type = 0; type < t->type_count; type++)
         left[type] = t->c->types[type].count * t->c->types[type].gpus;
     const asym_batch *mb = &t->batches[b];
-    asym_floor_query q = {b, mb->microbatches, NULL, 0, left, 1, true, full};
+    /* every GPU left: the list by GPUs is the list by types */
+    asym_floor_query q = {b, mb->microbatches, NULL, 0, left, 1,
+                          true, full, false};
     return asym_bound_floor(t->bound, &q, asym_threshold(t->w), t->w->err);
 }
 
@@ -695,6 +737,25 @@ static asym_task *collect_tasks(asym_tree *t, int *count)
     return tasks;
 }
 
+/* Where the walk stops: the least floor in full of the tasks after the
+ * one at hand (as open_children_floor: those lowest first, until the
+ * next is no lower), noted once and first, so that the open children's
+ * floors are refined only below it. */
+static int stop_later_tasks(asym_tree *t)
+{
+    if (t->tasks_noted)
+        return 0;
+    t->tasks_noted = true;
+    double least = INFINITY;
+    for (int j = t->task_at + 1;
+         j < t->task_count && t->tasks[j].floor < least; j++)
+        least = asym_min(least, task_floor(t, t->tasks[j].batch, true));
+    if (isnan(least))
+        return -1;
+    stop_at(t->w, least);
+    return 0;
+}
+
 static int walk_tasks(asym_tree *t)
 {
     asym_walk *w = t->w;
@@ -704,21 +765,19 @@ static int walk_tasks(asym_tree *t)
         return w->err->message[0] ? -1
                                   : pt_fail(w->err, "search: out of memory "
                                                     "for the tasks");
+    t->tasks = tasks;
+    t->task_count = count;
     for (int i = 0; i < count && rc == 0; i++) {
         if (tasks[i].floor >= asym_threshold(w)) {
             w->pruned += count - i;
             break;
         }
         if (t->budget > 0 && w->nodes >= t->budget) {
-            /* as open_children_floor: the tasks left, refined */
-            double least = INFINITY;
-            for (int j = i; j < count && tasks[j].floor < least; j++)
-                least = asym_min(least, task_floor(t, tasks[j].batch, true));
-            if (isnan(least))
-                rc = -1;
-            stop_at(w, least);
+            t->task_at = i - 1;
+            rc = stop_later_tasks(t);
             break;
         }
+        t->task_at = i;
         start_task(t, tasks[i].batch);
         rc = descend(t, 0, t->gpus, tasks[i].floor);
     }
