@@ -382,6 +382,9 @@ static int consider(asym_tree *t, int depth, int k, long long end, int front)
     const kin_floor *known =
         length > 0 ? memo_find(&t->kin, key, bytes, hash) : NULL;
     if (known != NULL) {
+        /* counted as floored: the budget bounds the listing of children
+           too (a stage over many nodes has thousands of node orders) */
+        w->nodes++;
         w->alike++;
         if (known->floor >= asym_threshold(w)) {
             w->pruned++;
