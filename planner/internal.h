@@ -541,6 +541,8 @@ typedef struct asym_walk {
     asym_candidate *kept;
     int kept_count, capacity;
     long long scored, pruned, nodes;
+    long long offered;   /* plans the shortlist took */
+    long long alike;     /* partial plans given an alike one's floor */
     double cutoff;       /* plans scoring at or above it are not kept */
     double best_score;
     bool stopped;        /* the tree-node budget ran out */
@@ -673,6 +675,8 @@ typedef struct asym_floor_query {
     bool root;              /* nothing placed: the last stage is to come */
     bool full;              /* refined up to the threshold, not only until
                                it is known not to cut */
+    bool by_gpu;            /* the relaxation's list by the GPUs left of
+                               each type (search_asym_relax.c) */
 } asym_floor_query;
 
 /* search_asym_relax.c: the stages to come, relaxed. */

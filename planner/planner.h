@@ -184,6 +184,9 @@ typedef struct search_result {
     long long asymmetric_scored;
     long long asymmetric_pruned; /* partial plans and tasks cut by a floor */
     long long asymmetric_nodes;  /* partial plans floored */
+    long long asymmetric_alike;  /* partial plans given the floor of an
+                                    alike one (its nodes in another
+                                    order) instead */
     double asymmetric_best_score_s;
     double asymmetric_cutoff_s;
     bool asymmetric_exact;

@@ -232,6 +232,7 @@ int planner_search_asymmetric(costmodel *cm, const search_options *options,
     out->asymmetric_scored = w.scored;
     out->asymmetric_pruned = w.pruned;
     out->asymmetric_nodes = w.nodes;
+    out->asymmetric_alike = w.alike;
     out->asymmetric_best_score_s = w.best_score;
     out->asymmetric_cutoff_s = w.cutoff;
     out->asymmetric_exact = !w.stopped;

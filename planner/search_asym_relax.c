@@ -2,12 +2,16 @@
  * The asymmetric tree's relaxation of the stages still to come (issue
  * 36; docs/planner.md, "Stages of their own degrees").
  *
- * The GPUs left are relaxed to the first n GPUs of every GPU of the
- * types left, fastest type first: sort any completion's stages by their
- * latest GPU in that order; the j-th holds a GPU no earlier than the
- * list's (g_1 + .. + g_j)-th, so it costs no less than a block of the
- * list of its size ending there, whose costs are the least of a stage
- * holding a GPU of any type at or after that one (search_asym_stages.c).
+ * The GPUs left are relaxed to the first n GPUs of a list of the types
+ * left, fastest type first, with every GPU of each type or (a floor
+ * asked by_gpu, and for types of at most LIST_NODES_MOST nodes) the GPUs
+ * left of it, and every GPU of the slowest type: sort any completion's
+ * stages by their latest GPU in that order;
+ * the j-th holds a GPU no earlier than the list's (g_1 + .. + g_j)-th
+ * (the list holds, position by position, GPUs no slower than the GPUs
+ * left), so it costs no less than a block of the list of its size
+ * ending there, whose costs are the least of a stage holding a GPU of
+ * any type at or after that one (search_asym_stages.c).
  * The blocks' order in the pipeline is free, so one of them is the first
  * stage (and at the root one the last), the others in the middle, at the
  * fewest micro-batches in flight the stages to come may hold.
@@ -29,6 +33,11 @@
 #define INTERVALS 48
 #define FIRST_WIDTH (1.0 / 1024.0)
 #define WIDTH_GROWTH 1.25
+/* Types of at most this many nodes are listed by the GPUs left when a
+ * floor asks (by_gpu); a type of more nodes by all its GPUs, as the
+ * tables of its counts left would be too many to build (mixed-1024's 32
+ * nodes a type: 11 s of tables where 3.4 s before, and no gap closed). */
+#define LIST_NODES_MOST 4
 /* run_table's mark of a row whose last finite entry is not known yet. */
 #define FINITE_UNKNOWN (-2)
 /* The tables are a cache: dropped past this size. */
@@ -87,6 +96,7 @@ typedef struct window {
 typedef struct tables_asked {
     bool valid;
     int batch, mask, level;
+    int list[PLANNER_MAX_TYPES];
     relax_table *bottleneck, *sums;
 } tables_asked;
 
@@ -457,22 +467,23 @@ static size_t table_cells(const relax_table *t, int layers)
     return (size_t)(t->gpus + 1) * (size_t)t->flags * (size_t)(layers + 1);
 }
 
-/* A table for the mask's types at `level`, with the last stage among
- * its blocks when `root`. */
+/* A table for the list of `list[type]` GPUs of each type in `mask`,
+ * fastest type first, at `level`, with the last stage among its blocks
+ * when `root`. */
 static relax_table *build_table(asym_relax *r, int batch, int mask,
-                                int level, bool root, pt_error *err)
+                                const int *list, int level, bool root,
+                                pt_error *err)
 {
     relax_table *t = calloc(1, sizeof *t);
     if (t == NULL) {
         pt_fail(err, "search: out of memory for the floors");
         return NULL;
     }
-    const cluster *c = r->cm->cluster;
     for (int i = 0; i < r->type_count; i++) {
         int type = r->rank[i];
         if (!(mask >> type & 1))
             continue;
-        t->gpus += c->types[type].gpus * c->types[type].count;
+        t->gpus += list[type];
         t->rank_type[t->ranks] = type;
         t->rank_end[t->ranks++] = t->gpus;
     }
@@ -532,22 +543,26 @@ static void drop_tables(asym_relax *r)
     r->last.valid = false;
 }
 
-/* The table of (batch, mask, level, root), built when first asked. */
-static relax_table *table_of(asym_relax *r, int batch, int mask, int level,
-                             bool root, pt_error *err)
+/* The table of (batch, mask, list, level, root), built when first
+ * asked. */
+static relax_table *table_of(asym_relax *r, int batch, int mask,
+                             const int *list, int level, bool root,
+                             pt_error *err)
 {
-    int key[4] = {batch, mask, level, root};
-    uint64_t hash = memo_hash(key, sizeof key);
-    void *found = memo_find(&r->tables, key, sizeof key, hash);
+    int key[4 + PLANNER_MAX_TYPES] = {batch, mask, level, root};
+    memcpy(key + 4, list, sizeof(int) * (size_t)r->type_count);
+    size_t length = sizeof(int) * (size_t)(4 + r->type_count);
+    uint64_t hash = memo_hash(key, length);
+    void *found = memo_find(&r->tables, key, length, hash);
     relax_table *t;
     if (found != NULL) {
         memcpy(&t, found, sizeof t);
         return t;
     }
-    t = build_table(r, batch, mask, level, root, err);
+    t = build_table(r, batch, mask, list, level, root, err);
     if (t == NULL)
         return NULL;
-    void *room = memo_insert(&r->tables, key, sizeof key, hash, sizeof t);
+    void *room = memo_insert(&r->tables, key, length, hash, sizeof t);
     if (room == NULL) {
         free_table(r, t);
         pt_fail(err, "search: out of memory for the floors");
@@ -640,10 +655,13 @@ static int ensure_intervals(asym_relax *r, int batch, pt_error *err)
 {
     if (r->states[batch].intervals_known)
         return 0;
-    int all = 0;
-    for (int type = 0; type < r->type_count; type++)
-        all |= r->cm->cluster->types[type].count > 0 ? 1 << type : 0;
-    relax_table *root = table_of(r, batch, all, 2, true, err);
+    int all = 0, list[PLANNER_MAX_TYPES];
+    for (int type = 0; type < r->type_count; type++) {
+        const node_type *of = &r->cm->cluster->types[type];
+        all |= of->count > 0 ? 1 << type : 0;
+        list[type] = of->count * of->gpus;
+    }
+    relax_table *root = table_of(r, batch, all, list, 2, true, err);
     if (root == NULL)
         return -1;
     fill_intervals(r, batch, root);
@@ -652,17 +670,18 @@ static int ensure_intervals(asym_relax *r, int batch, pt_error *err)
 
 /* The tables of a query: its bottleneck's at its level, its sums' at
  * the largest power of two at most that level (looser caps, fewer
- * tables: each has as many as intervals). */
+ * tables: each has as many as intervals), both over `list`. */
 static int tables_of(asym_relax *r, const asym_floor_query *q, int mask,
-                     relax_table **bottleneck, relax_table **sums,
-                     pt_error *err)
+                     const int *list, relax_table **bottleneck,
+                     relax_table **sums, pt_error *err)
 {
     int m = r->batches[q->batch].microbatches;
     int asked = q->root ? 0 : asym_level(q->inflight < m ? q->inflight : m);
+    size_t list_bytes = sizeof(int) * (size_t)r->type_count;
     /* the last query's answer: a node's children mostly ask the same */
     tables_asked *last = &r->last;
     if (last->valid && last->batch == q->batch && last->mask == mask &&
-        last->level == asked) {
+        last->level == asked && memcmp(last->list, list, list_bytes) == 0) {
         *bottleneck = last->bottleneck;
         *sums = last->sums;
         return 0;
@@ -675,13 +694,15 @@ static int tables_of(asym_relax *r, const asym_floor_query *q, int mask,
         (sum_level != level &&
          (sum_level = table_level(r, q->batch, mask, sum_level, err)) < 0))
         return -1;
-    *bottleneck = table_of(r, q->batch, mask, level, q->root, err);
+    *bottleneck = table_of(r, q->batch, mask, list, level, q->root, err);
     *sums = *bottleneck == NULL || sum_level == level
                 ? *bottleneck
-                : table_of(r, q->batch, mask, sum_level, q->root, err);
+                : table_of(r, q->batch, mask, list, sum_level, q->root, err);
     if (*sums == NULL)
         return -1;
-    *last = (tables_asked){true, q->batch, mask, asked, *bottleneck, *sums};
+    *last = (tables_asked){true, q->batch, mask, asked, {0}, *bottleneck,
+                           *sums};
+    memcpy(last->list, list, list_bytes);
     return 0;
 }
 
@@ -701,12 +722,31 @@ static void ensure_rows(asym_relax *r, relax_table *t, int batch, int n)
 int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
                        asym_relax_view *out, pt_error *err)
 {
-    int mask = 0, n = 0;
-    for (int t = 0; t < r->type_count; t++)
+    /* the list: of each type every GPU (a list of more GPUs of the
+       faster types is no slower position by position, and makes one
+       table per set of types left), or (by_gpu, a type of few nodes)
+       the GPUs left (one per count left); and of the slowest type
+       every GPU: the GPUs left are a prefix of it, so queries that
+       differ only in that type's share a table (rows, by GPUs of the
+       list) */
+    int mask = 0, n = 0, list[PLANNER_MAX_TYPES], slowest = -1;
+    for (int i = 0; i < r->type_count; i++) {
+        int t = r->rank[i];
+        const node_type *of = &r->cm->cluster->types[t];
+        list[t] = q->by_gpu && of->count <= LIST_NODES_MOST
+                      ? q->gpus_left[t]
+                      : of->count * of->gpus;
         if (q->gpus_left[t] > 0) {
             mask |= 1 << t;
             n += q->gpus_left[t];
+            slowest = t;
+        } else {
+            list[t] = 0;
         }
+    }
+    if (slowest >= 0)
+        list[slowest] = r->cm->cluster->types[slowest].count *
+                        r->cm->cluster->types[slowest].gpus;
     /* the tables are a cache, dropped here only: no view in use then */
     if (r->table_bytes > TABLE_BYTES)
         drop_tables(r);
@@ -719,7 +759,7 @@ int asym_relax_view_of(asym_relax *r, const asym_floor_query *q,
     if (n == 0)
         return 0; /* no GPU left: the stages placed are the plan */
     relax_table *t, *sums;
-    if (tables_of(r, q, mask, &t, &sums, err) != 0)
+    if (tables_of(r, q, mask, list, &t, &sums, err) != 0)
         return -1;
     ensure_rows(r, t, q->batch, n);
     int flags = q->root ? (FLAG_FIRST | FLAG_LAST) : FLAG_FIRST;

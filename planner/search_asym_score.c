@@ -39,6 +39,7 @@ static void offer(asym_walk *w, const asym_candidate *c)
         at--;
     }
     copy_candidate(&w->kept[at], c);
+    w->offered++;
     if (w->kept_count < w->capacity)
         w->kept_count++;
 }

@@ -24,14 +24,22 @@
 typedef struct asym_child {
     double floor;
     int shape, added, types_at;
+    int kin; /* its class of alike children (kin_of), -1: none */
 } asym_child;
 
-/* The children of one depth, and room for their node types. */
+/* What the walk knows of a class of alike children: none visited yet,
+ * one visited that kept no plan, or one that kept some. */
+enum { KIN_UNVISITED, KIN_BARREN, KIN_FRUITFUL };
+
+/* The children of one depth, room for their node types, and the state
+ * of their classes of alike children. */
 typedef struct asym_tier {
     asym_child *children;
     int count, capacity;
     int *types;
     int type_count, type_capacity;
+    unsigned char *kin_state;
+    int kin_count, kin_capacity;
 } asym_tier;
 
 /* Symmetric tree nodes (max_tree_nodes) a partial plan counts as: about
@@ -81,6 +89,15 @@ typedef struct asym_tree {
     bool task_known, depth_known[ASYM_REFINED_DEPTH];
     int depth_left[ASYM_REFINED_DEPTH][PLANNER_MAX_TYPES];
     long long budget;      /* tree nodes at most; 0: none */
+    /* the tasks, lowest floor first, the one at hand, and whether the
+       floor of those after it was noted (stop_later_tasks) */
+    const asym_task *tasks;
+    int task_count, task_at;
+    bool tasks_noted;
+    /* alike children (kin_of): whether the cluster allows them, and the
+       classes of the children being collected, by key: their floor */
+    bool kin_allowed;
+    memo_table kin;
 } asym_tree;
 
 /* ------------------------------------------------------------ the lane */
@@ -248,33 +265,164 @@ static int add_child(asym_tree *t, asym_tier *level, int k, int front,
     for (int i = 0; i < added; i++)
         level->types[level->type_count + i] = t->types[front - 1 - i];
     level->children[level->count++] =
-        (asym_child){floor, k, added, level->type_count};
+        (asym_child){floor, k, added, level->type_count, -1};
     level->type_count += added;
     return 0;
 }
 
 /* The floor of the tree node with `depth` + 1 stages placed (in full:
  * refined up to the threshold). */
-static double floor_of(asym_tree *t, int depth, int *left, bool full)
+static double floor_of(asym_tree *t, int depth, int *left, bool full,
+                       bool by_gpu)
 {
     const asym_batch *mb = &t->batches[t->batch];
     int inflight = depth + 2 < mb->microbatches ? depth + 2
                                                 : mb->microbatches;
     asym_floor_query q = {t->batch, mb->microbatches, t->placed, depth + 1,
-                          left, inflight, false, full};
+                          left, inflight, false, full, by_gpu};
     return asym_bound_floor(t->bound, &q, asym_threshold(t->w), t->w->err);
+}
+
+/* The floor in full of the tree node with `depth` + 1 stages placed on
+ * the GPUs `left`, and where it is below `below` (where a higher floor
+ * would matter) the greater of it and the floor in full over the
+ * relaxation's list of the GPUs left (tighter, and dearer: a table per
+ * count left). NAN on error. */
+static double full_floor_of(asym_tree *t, int depth, int *left,
+                            double below)
+{
+    double coarse = floor_of(t, depth, left, true, false);
+    if (isnan(coarse) || !(coarse < below))
+        return coarse;
+    double fine = floor_of(t, depth, left, true, true);
+    return isnan(fine) ? fine : asym_max(coarse, fine);
 }
 
 static double floor_here(asym_tree *t, int depth, bool full)
 {
     int left[PLANNER_MAX_TYPES];
     gpus_left(t, t->firsts[depth], left);
-    return floor_of(t, depth, left, full);
+    return floor_of(t, depth, left, full, false);
 }
 
+static double full_floor_here(asym_tree *t, int depth, double below)
+{
+    int left[PLANNER_MAX_TYPES];
+    gpus_left(t, t->firsts[depth], left);
+    return full_floor_of(t, depth, left, below);
+}
+
+/* A class of alike children: what a child's floor and every plan under
+ * it cost do not change when the nodes its stage puts in front wholly
+ * inside it are put in another order, where those nodes hold whole tp
+ * groups of the stage and the cluster's links between nodes are the
+ * slower of the two nodes' own (kin_allowed): every fact the cost model
+ * reads of a stage, of its neighbours' sends to it and of the embedding
+ * is then the same (a tp group in one node is priced by its type, ties
+ * going to the lower type; its dp ring, its sends and the embedding's
+ * all-reduce cross the slowest link of a set of node pairs that meets
+ * every node it meets in any order, and the slowest of those links is
+ * the slowest of those nodes' own; its memory is its smallest type's).
+ * The key: the shape, the type of the front node when it is shared with
+ * the stages to come, and how many of each type the others hold; into
+ * key, its length in ints, or 0 when the child has no class. */
+static int kin_of(const asym_tree *t, int k, long long first, int front,
+                  int *key)
+{
+    int tp = shape_of(t, k)->tp;
+    bool shared = t->starts[t->front] < first;
+    int from = t->front + shared;
+    if (!t->kin_allowed || front - from < 2 ||
+        (t->starts[from] - first) % tp != 0)
+        return 0;
+    int n = 0;
+    key[n++] = k;
+    key[n++] = shared ? t->types[t->front] : -1;
+    for (int type = 0; type < t->type_count; type++)
+        key[n + type] = 0;
+    for (int i = from; i < front; i++) {
+        if (t->c->types[t->types[i]].gpus % tp != 0)
+            return 0;
+        key[n + t->types[i]]++;
+    }
+    return n + t->type_count;
+}
+
+/* What the first child of a class was given while a node's children
+ * are collected (the memo `kin`, by kin_of's key): its floor, and its
+ * class in the level's kin_state (-1: it was cut). */
+typedef struct kin_floor {
+    double floor;
+    int kin;
+} kin_floor;
+
+static int new_kin(asym_tree *t, asym_tier *level)
+{
+    if (grow((void **)&level->kin_state, &level->kin_capacity,
+             level->kin_count + 1, 1, t->w->err) != 0)
+        return -1;
+    level->kin_state[level->kin_count] = KIN_UNVISITED;
+    return level->kin_count++;
+}
+
+static int price_and_floor(asym_tree *t, int depth, int k, long long end,
+                           double *floor);
+
 /* Prices the stage at `depth` of shape k on the nodes as extended,
- * floors it and keeps it when the floor is below the threshold. */
+ * floors it and keeps it when the floor is below the threshold; a child
+ * alike to one floored before takes its floor and class. */
 static int consider(asym_tree *t, int depth, int k, long long end, int front)
+{
+    asym_walk *w = t->w;
+    asym_tier *level = &t->levels[depth];
+    int key[2 + PLANNER_MAX_TYPES];
+    int length = kin_of(t, k, end - shape_of(t, k)->gpus, front, key);
+    size_t bytes = sizeof(int) * (size_t)length;
+    uint64_t hash = length > 0 ? memo_hash(key, bytes) : 0;
+    const kin_floor *known =
+        length > 0 ? memo_find(&t->kin, key, bytes, hash) : NULL;
+    if (known != NULL) {
+        /* counted as floored: the budget bounds the listing of children
+           too (a stage over many nodes has thousands of node orders) */
+        w->nodes++;
+        w->alike++;
+        if (known->floor >= asym_threshold(w)) {
+            w->pruned++;
+            return 0;
+        }
+        if (add_child(t, level, k, front, known->floor) != 0)
+            return -1;
+        level->children[level->count - 1].kin = known->kin;
+        return 0;
+    }
+    double floor;
+    if (price_and_floor(t, depth, k, end, &floor) != 0)
+        return -1;
+    kin_floor noted = {floor, -1};
+    if (length > 0 && floor < asym_threshold(w) &&
+        (noted.kin = new_kin(t, level)) < 0)
+        return -1;
+    if (length > 0) {
+        kin_floor *room = memo_insert(&t->kin, key, bytes, hash,
+                                      sizeof noted);
+        if (room == NULL)
+            return pt_fail(w->err, "search: out of memory for the tree");
+        *room = noted;
+    }
+    if (floor >= asym_threshold(w)) {
+        w->pruned++;
+        return 0;
+    }
+    if (add_child(t, level, k, front, floor) != 0)
+        return -1;
+    level->children[level->count - 1].kin = noted.kin;
+    return 0;
+}
+
+/* The floor of the stage at `depth` of shape k on the nodes as
+ * extended, priced. */
+static int price_and_floor(asym_tree *t, int depth, int k, long long end,
+                           double *out)
 {
     asym_walk *w = t->w;
     w->nodes++;
@@ -292,11 +440,8 @@ static int consider(asym_tree *t, int depth, int k, long long end, int front)
     }
     if (isnan(floor))
         return -1;
-    if (floor >= asym_threshold(w)) {
-        w->pruned++;
-        return 0;
-    }
-    return add_child(t, &t->levels[depth], k, front, floor);
+    *out = floor;
+    return 0;
 }
 
 /* Puts nodes in front, every type in turn, until they reach GPU `first`,
@@ -332,6 +477,8 @@ static int collect_children(asym_tree *t, int depth, long long end)
     asym_tier *level = &t->levels[depth];
     level->count = 0;
     level->type_count = 0;
+    level->kin_count = 0;
+    memo_clear(&t->kin);
     const asym_batch *mb = &t->batches[t->batch];
     for (int k = 0; k < mb->count; k++) {
         long long first = end - mb->shape[k].gpus;
@@ -424,11 +571,18 @@ static double open_children_floor(asym_tree *t, int depth, long long end,
 {
     asym_tier *level = &t->levels[depth];
     double least = INFINITY;
-    for (; i < level->count && level->children[i].floor < least; i++) {
+    /* below the floor noted already (the tasks after this one's, and
+       the deeper levels'), no child need be refined further: the least
+       floor noted is the one told */
+    double noted = t->w->open_floor;
+    for (; i < level->count &&
+           level->children[i].floor < asym_min(least, noted);
+         i++) {
         int front = t->front;
         double floor = enter(t, depth, end, i) != 0
                            ? NAN
-                           : floor_here(t, depth, true);
+                           : full_floor_here(t, depth,
+                                             asym_min(least, noted));
         while (t->front < front)
             lane_pop(t);
         if (isnan(floor))
@@ -439,6 +593,7 @@ static double open_children_floor(asym_tree *t, int depth, long long end,
 }
 
 static double task_floor(asym_tree *t, int b, bool full);
+static int stop_later_tasks(asym_tree *t);
 
 /* The floor in full of the stages placed down to `depth` when visited:
  * the stage at `depth` as then (without its sends), on the GPUs it left
@@ -447,7 +602,9 @@ static double depth_floor(asym_tree *t, int depth)
 {
     asym_placed now = t->placed[depth];
     restore_unsent(t, depth);
-    double floor = floor_of(t, depth, t->depth_left[depth], true);
+    double floor = full_floor_of(t, depth, t->depth_left[depth],
+                                 asym_min(asym_threshold(t->w),
+                                          t->w->open_floor));
     t->placed[depth] = now;
     asym_bound_forget(t->bound, depth);
     return floor;
@@ -499,14 +656,26 @@ static int descend(asym_tree *t, int depth, long long end, double inherited)
             break;
         }
         if (stopping) {
+            if (stop_later_tasks(t) != 0)
+                return -1;
             floor = open_children_floor(t, depth, end, i);
             if (isnan(floor))
                 return -1;
             stop_at(w, asym_max(floor, inherited));
             break;
         }
+        /* a child alike to one visited that kept no plan keeps none:
+           its plans cost what that one's did, and the threshold has
+           only fallen since */
+        int kin = level->children[i].kin;
+        if (kin >= 0 && level->kin_state[kin] == KIN_BARREN)
+            continue;
+        long long offered = w->offered;
         if (visit(t, depth, end, i, inherited) != 0)
             return -1;
+        if (kin >= 0 && level->kin_state[kin] == KIN_UNVISITED)
+            level->kin_state[kin] = w->offered == offered ? KIN_BARREN
+                                                          : KIN_FRUITFUL;
     }
     return 0;
 }
@@ -543,7 +712,9 @@ static double task_floor(asym_tree *t, int b, bool full)
     for (int type = 0; type < t->type_count; type++)
         left[type] = t->c->types[type].count * t->c->types[type].gpus;
     const asym_batch *mb = &t->batches[b];
-    asym_floor_query q = {b, mb->microbatches, NULL, 0, left, 1, true, full};
+    /* every GPU left: the list by GPUs is the list by types */
+    asym_floor_query q = {b, mb->microbatches, NULL, 0, left, 1,
+                          true, full, false};
     return asym_bound_floor(t->bound, &q, asym_threshold(t->w), t->w->err);
 }
 
@@ -569,6 +740,25 @@ static asym_task *collect_tasks(asym_tree *t, int *count)
     return tasks;
 }
 
+/* Where the walk stops: the least floor in full of the tasks after the
+ * one at hand (as open_children_floor: those lowest first, until the
+ * next is no lower), noted once and first, so that the open children's
+ * floors are refined only below it. */
+static int stop_later_tasks(asym_tree *t)
+{
+    if (t->tasks_noted)
+        return 0;
+    t->tasks_noted = true;
+    double least = INFINITY;
+    for (int j = t->task_at + 1;
+         j < t->task_count && t->tasks[j].floor < least; j++)
+        least = asym_min(least, task_floor(t, t->tasks[j].batch, true));
+    if (isnan(least))
+        return -1;
+    stop_at(t->w, least);
+    return 0;
+}
+
 static int walk_tasks(asym_tree *t)
 {
     asym_walk *w = t->w;
@@ -578,21 +768,19 @@ static int walk_tasks(asym_tree *t)
         return w->err->message[0] ? -1
                                   : pt_fail(w->err, "search: out of memory "
                                                     "for the tasks");
+    t->tasks = tasks;
+    t->task_count = count;
     for (int i = 0; i < count && rc == 0; i++) {
         if (tasks[i].floor >= asym_threshold(w)) {
             w->pruned += count - i;
             break;
         }
         if (t->budget > 0 && w->nodes >= t->budget) {
-            /* as open_children_floor: the tasks left, refined */
-            double least = INFINITY;
-            for (int j = i; j < count && tasks[j].floor < least; j++)
-                least = asym_min(least, task_floor(t, tasks[j].batch, true));
-            if (isnan(least))
-                rc = -1;
-            stop_at(w, least);
+            t->task_at = i - 1;
+            rc = stop_later_tasks(t);
             break;
         }
+        t->task_at = i;
         start_task(t, tasks[i].batch);
         rc = descend(t, 0, t->gpus, tasks[i].floor);
     }
@@ -635,6 +823,31 @@ static int collect_batches(asym_tree *t, pt_error *err)
 
 /* ------------------------------------------------------------ set-up */
 
+/* Whether alike children (kin_of) may share a class: no link named for
+ * a pair of types, each link between nodes the slower of the two nodes'
+ * own (of two types the one of less bandwidth has no less latency), and
+ * no GPUs that are slices of one device. */
+static bool kin_allowed(const cluster *c)
+{
+    if (c->link_count > 0)
+        return false;
+    for (int a = 0; a < c->type_count; a++) {
+        const link_spec *x = &c->types[a].inter_node;
+        if (c->types[a].device_count > 0)
+            return false;
+        for (int b = 0; b < c->type_count; b++) {
+            const link_spec *y = &c->types[b].inter_node;
+            if (x->bandwidth_bytes_per_s < y->bandwidth_bytes_per_s &&
+                x->latency_s < y->latency_s)
+                return false;
+            if (x->bandwidth_bytes_per_s == y->bandwidth_bytes_per_s &&
+                x->latency_s != y->latency_s)
+                return false;
+        }
+    }
+    return true;
+}
+
 static int open_tree(asym_tree *t, asym_walk *w)
 {
     const cluster *c = w->cm->cluster;
@@ -646,6 +859,7 @@ static int open_tree(asym_tree *t, asym_walk *w)
     long long most = w->options->max_tree_nodes;
     t->budget = most > 0 ? (most + ASYM_NODE_WEIGHT - 1) / ASYM_NODE_WEIGHT
                          : 0;
+    t->kin_allowed = kin_allowed(c);
     t->most_stages = w->gpus < t->layers ? w->gpus : t->layers;
     if (t->most_stages > ASYM_MAX_STAGES)
         t->most_stages = ASYM_MAX_STAGES;
@@ -680,7 +894,9 @@ static void close_tree(asym_tree *t)
     for (int s = 0; t->levels != NULL && s < t->most_stages; s++) {
         free(t->levels[s].children);
         free(t->levels[s].types);
+        free(t->levels[s].kin_state);
     }
+    memo_free(&t->kin);
     free(t->levels);
     free(t->work);
     for (int b = 0; t->batches != NULL && b < t->batch_count; b++)

@@ -186,21 +186,37 @@ static search_options small_options(random_source *r)
     return o;
 }
 
-static void test_against_enumeration(void **state)
+/* What the clusters of one test gave. */
+typedef struct enumerated {
+    int with_plans, asymmetric_best, below_cutoff;
+    long long alike;
+} enumerated;
+
+/* The search against the enumeration on `clusters` random clusters of
+ * make_cluster's; with every link between nodes of one latency when
+ * same_latency. */
+static enumerated against_enumeration(
+    random_source *r, int clusters,
+    void (*make_cluster)(random_source *, int, char *, size_t),
+    bool same_latency)
 {
-    (void)state;
-    random_source r = {0x2545f4914f6cdd1dULL};
     char profiles[PT_PATH_MAX];
     profile_root(profiles, sizeof profiles);
+    enumerated seen = {0};
     int with_plans = 0, asymmetric_best = 0, below_cutoff = 0;
-    for (int i = 0; i < CLUSTERS; i++) {
+    for (int i = 0; i < clusters; i++) {
         char text[4096];
-        small_cluster_text(&r, i, text, sizeof text);
+        make_cluster(r, i, text, sizeof text);
         cluster c;
         costmodel cm;
-        model_shape m = small_model(&r);
-        open_random_case(text, &m, profiles, &c, &cm);
-        search_options o = small_options(&r);
+        model_shape m = small_model(r);
+        cluster_from_text(text, "<random>", &c);
+        for (int t = 0; same_latency && t < c.type_count; t++)
+            c.types[t].inter_node.latency_s = 20e-6;
+        pt_error open_err = {{0}};
+        if (costmodel_open(&cm, &m, &c, profiles, &open_err) != 0)
+            fail_msg("%s", open_err.message);
+        search_options o = small_options(r);
         search_result symmetric, both;
         pt_error err = {{0}};
         if (planner_search(&cm, &o, &symmetric, &err) != 0 ||
@@ -233,6 +249,7 @@ static void test_against_enumeration(void **state)
             both.plan_count > 0 &&
             stage_degrees_first_own(&both.plans[0].config,
                                     both.plans[0].stages) >= 0;
+        seen.alike += both.asymmetric_alike;
         search_result_free(&symmetric);
         search_result_free(&both);
         costmodel_close(&cm);
@@ -240,9 +257,46 @@ static void test_against_enumeration(void **state)
     }
     print_message("%d clusters, %d with a plan, %d with a plan of stages of "
                   "their own degrees scoring below the symmetric best, %d "
-                  "best with such a plan\n", CLUSTERS, with_plans,
-                  below_cutoff, asymmetric_best);
-    assert_true(with_plans >= CLUSTERS / 2);
+                  "best with such a plan; %lld partial plans given an "
+                  "alike one's floor\n", clusters, with_plans, below_cutoff,
+                  asymmetric_best, seen.alike);
+    seen.with_plans = with_plans;
+    seen.asymmetric_best = asymmetric_best;
+    seen.below_cutoff = below_cutoff;
+    return seen;
+}
+
+static void test_against_enumeration(void **state)
+{
+    (void)state;
+    random_source r = {0x2545f4914f6cdd1dULL};
+    enumerated seen = against_enumeration(&r, CLUSTERS, small_cluster_text,
+                                          false);
+    assert_true(seen.with_plans >= CLUSTERS / 2);
+}
+
+/* 2 or 3 types, 3 or 4 nodes of 2 GPUs: stages over two nodes or more
+ * whose nodes may be put in another order, whose children share one
+ * floor (search_asym_tree.c's kin_of) once every link between nodes has
+ * one latency. */
+static void alike_cluster_text(random_source *r, int index, char *out,
+                               size_t size)
+{
+    static const int sizes[] = {2};
+    int types = 2 + pick(r, 2);
+    random_cluster_json(r, "alike", index, types, 3 + pick(r, 2), sizes, 1,
+                        out, size);
+}
+
+/* Where alike children share a floor the search is as exact: against
+ * the enumeration on 40 clusters where they do. */
+static void test_alike_children_against_enumeration(void **state)
+{
+    (void)state;
+    random_source r = {0x9e3779b97f4a7c15ULL};
+    enumerated seen = against_enumeration(&r, 40, alike_cluster_text, true);
+    assert_true(seen.alike > 0);
+    assert_true(seen.with_plans >= 20);
 }
 
 /* With a small budget of tree nodes it stops and says how far from
@@ -283,6 +337,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_enumeration),
+        cmocka_unit_test(test_alike_children_against_enumeration),
         cmocka_unit_test(test_budget_gives_a_floor),
     };
     return cmocka_run_group_tests_name("asymmetric_search", tests, NULL,
