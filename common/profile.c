@@ -519,6 +519,19 @@ static int communication_from_json(const json_t *root,
     return 0;
 }
 
+/* A time per parameter no optimizer takes: a unit mistake. */
+static int per_param_bounded(const json_place *place, const char *key,
+                             double value, pt_error *err)
+{
+    if (value <= PROFILE_MAX_OPTIMIZER_S_PER_PARAM)
+        return 0;
+    json_place where = json_place_key(place, key);
+    return json_place_fail(&where, err,
+                           "%g s per parameter is more than %g: a unit "
+                           "mistake?",
+                           value, PROFILE_MAX_OPTIMIZER_S_PER_PARAM);
+}
+
 static int header_from_json(const json_t *obj, const json_place *place,
                             profile *out, pt_error *err)
 {
@@ -546,23 +559,12 @@ static int header_from_json(const json_t *obj, const json_place *place,
         json_get_positive_number(obj, place, "host_adamw_s_per_param", false,
                                  &out->host_adamw_s_per_param, err) != 0)
         return -1;
-    if (out->host_adamw_s_per_param > PROFILE_MAX_OPTIMIZER_S_PER_PARAM) {
-        json_place where = json_place_key(place, "host_adamw_s_per_param");
-        return json_place_fail(&where, err,
-                               "%g s per parameter is more than %g: a unit "
-                               "mistake?",
-                               out->host_adamw_s_per_param,
-                               PROFILE_MAX_OPTIMIZER_S_PER_PARAM);
-    }
     out->source = (profile_source)source;
-    if (out->optimizer_s_per_param > PROFILE_MAX_OPTIMIZER_S_PER_PARAM) {
-        json_place where = json_place_key(place, "optimizer_s_per_param");
-        return json_place_fail(&where, err,
-                               "%g s per parameter is more than %g: a unit "
-                               "mistake?",
-                               out->optimizer_s_per_param,
-                               PROFILE_MAX_OPTIMIZER_S_PER_PARAM);
-    }
+    if (per_param_bounded(place, "optimizer_s_per_param",
+                          out->optimizer_s_per_param, err) != 0 ||
+        per_param_bounded(place, "host_adamw_s_per_param",
+                          out->host_adamw_s_per_param, err) != 0)
+        return -1;
     if (out->gpu[0] == '\0' || strchr(out->gpu, '/') != NULL) {
         json_place where = json_place_key(place, "gpu");
         return json_place_fail(&where, err,

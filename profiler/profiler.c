@@ -38,8 +38,6 @@
 /* The AdamW learning rate while timing: small, so that the repeated
  * steps leave the parameters (and so the timings) as they were. */
 #define PROFILER_LEARNING_RATE 1e-6f
-/* The parameters the host's AdamW rate is timed on. */
-#define PROFILER_HOST_ADAMW_PARAMS ((size_t)32 << 20)
 
 static void add_note(profiler_result *out, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
@@ -81,6 +79,9 @@ profiler_options profiler_options_defaults(backend_kind backend)
         .processes = backend == BACKEND_CUDA ? 8 : 1,
         .round_s = 0.005,
         .hold_s = 0.0,
+        /* 32M parameters, 512 MiB of host memory: tens of milliseconds a
+         * pass on 16 cores */
+        .host_adamw_params = (size_t)32 << 20,
         .timing = PROFILER_TIMING_GATED,
         /* one layer in a stage of its own until a stack is validated
          * against whole models on a GPU (docs/profiles.md, "Layer
@@ -103,6 +104,7 @@ void profiler_options_quick(profiler_options *options)
     options->processes = 1;
     options->round_s = 0.0;
     options->hold_s = 0.0;
+    options->host_adamw_params = (size_t)4 << 20;
 }
 
 static int check_list(const char *what, const int *values, int count,
@@ -566,12 +568,8 @@ static int measure_optimizer(part_chain *chain, const profiler_options *o,
     out->embedding_parameters = (double)chain->embedding.param_count;
     out->optimizer_s_per_param =
         out->optimizer_layer.median_s / out->layer_parameters;
-    /* the host's AdamW, for offloaded optimizers: 32M parameters (512
-     * MiB of host memory) take tens of milliseconds a pass; fewer under
-     * --quick */
-    size_t host_params = o->warmup_runs > 1 ? PROFILER_HOST_ADAMW_PARAMS
-                                            : PROFILER_HOST_ADAMW_PARAMS / 8;
-    if (stage_offload_host_rate(host_params, o->timing_rounds,
+    /* the host's AdamW, for offloaded optimizers */
+    if (stage_offload_host_rate(o->host_adamw_params, o->timing_rounds,
                                 &out->host_adamw_s_per_param, err) != 0) {
         pt_error_prefix(err, "profiler");
         return -1;

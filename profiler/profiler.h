@@ -223,6 +223,9 @@ typedef struct profiler_options {
                                     steps (PROFILER_TIMING_STEP): the
                                     steps run this long before the timed
                                     ones, 0 meaning a second */
+    size_t host_adamw_params;    /* the host's AdamW rate is timed on this
+                                    many parameters (stage_offload_host_rate;
+                                    profiler_result.host_adamw_s_per_param) */
     profiler_timing timing;      /* cuda: how the layer's and the head's
                                     rounds are timed, gated by default; the
                                     embedding's are graphed, except under

@@ -16,7 +16,6 @@
 #include "profiler/part_chain.h"
 
 #include <math.h>
-#include <stdlib.h>
 
 #include "common/common.h"
 

@@ -159,31 +159,41 @@ static int offload_threads(size_t count)
     return threads;
 }
 
+/* Runs part_main on each of `threads` parts (part t at parts + t x
+ * size), each on a thread of its own but the first, which runs on this
+ * one (a part whose thread cannot start runs here too). */
+static void run_parts(void *(*part_main)(void *), void *parts, size_t size,
+                      int threads)
+{
+    pthread_t ids[OFFLOAD_THREADS];
+    bool started[OFFLOAD_THREADS] = {false};
+    char *base = parts;
+    for (int t = 1; t < threads; t++)
+        started[t] =
+            pthread_create(&ids[t], NULL, part_main, base + t * size) == 0;
+    part_main(base);
+    for (int t = 1; t < threads; t++) {
+        if (started[t])
+            pthread_join(ids[t], NULL);
+        else
+            part_main(base + t * size);
+    }
+}
+
 static void host_adamw(model_stage *stage, const adamw_config *config,
                        float learning_rate, float grad_scale)
 {
     size_t count = stage->offload->count;
     int threads = offload_threads(count);
     adamw_part parts[OFFLOAD_THREADS];
-    pthread_t ids[OFFLOAD_THREADS];
-    bool started[OFFLOAD_THREADS] = {false};
     size_t lo = stage->optimizer_first, share = count / (size_t)threads + 1;
     for (int t = 0; t < threads; t++) {
         size_t from = lo + (size_t)t * share, to = from + share;
         parts[t] = (adamw_part){stage, config, learning_rate, grad_scale,
                                 from < lo + count ? from : lo + count,
                                 to < lo + count ? to : lo + count};
-        if (t > 0)
-            started[t] = pthread_create(&ids[t], NULL, adamw_part_main,
-                                        &parts[t]) == 0;
     }
-    adamw_part_main(&parts[0]);
-    for (int t = 1; t < threads; t++) {
-        if (started[t])
-            pthread_join(ids[t], NULL);
-        else
-            adamw_part_main(&parts[t]);
-    }
+    run_parts(adamw_part_main, parts, sizeof parts[0], threads);
 }
 
 /* The optimizer's range of params or grads to or from the host, through
@@ -242,8 +252,6 @@ static void rate_pass(float *arrays[4], size_t count,
 {
     int threads = offload_threads(count);
     rate_part parts[OFFLOAD_THREADS];
-    pthread_t ids[OFFLOAD_THREADS];
-    bool started[OFFLOAD_THREADS] = {false};
     size_t share = count / (size_t)threads + 1;
     for (int t = 0; t < threads; t++) {
         size_t from = (size_t)t * share < count ? (size_t)t * share : count;
@@ -251,17 +259,8 @@ static void rate_pass(float *arrays[4], size_t count,
         parts[t] = (rate_part){arrays[0] + from, arrays[1] + from,
                                arrays[2] + from, arrays[3] + from,
                                to - from, config};
-        if (t > 0)
-            started[t] = pthread_create(&ids[t], NULL, rate_part_main,
-                                        &parts[t]) == 0;
     }
-    rate_part_main(&parts[0]);
-    for (int t = 1; t < threads; t++) {
-        if (started[t])
-            pthread_join(ids[t], NULL);
-        else
-            rate_part_main(&parts[t]);
-    }
+    run_parts(rate_part_main, parts, sizeof parts[0], threads);
 }
 
 #define RATE_PASSES_MAX 15
