@@ -11,8 +11,8 @@
  *   - all-reduce sum and max on device floats, the host doubles, barrier;
  *   - a silent peer: rank 0 waits for a message rank 1 never sends; with
  *     a 3 s timeout rank 0 fails naming the peer and the operation, rank 1
- *     (in a barrier) returns naming rank 0, both well before any hang, and
- *     both aborted their communicators;
+ *     (in a barrier it enters 1.5 s late) returns naming rank 0, both
+ *     well before any hang, and both aborted their communicators;
  *   - green contexts: a rank opened with sm_limit 40 gets 40 SMs (rounded
  *     up to the device's granularity at most to 48) and streams in them;
  *     an sm_limit above the device's SMs is refused with the numbers;
@@ -218,8 +218,15 @@ static void test_collectives(gpu_test_tally *tally)
 static int silent_body(rank_run *r)
 {
     comm c = comm_nccl_rank(r->world, r->rank);
-    if (r->rank == 1)
-        return comm_barrier(&c, &r->err); /* never sends */
+    if (r->rank == 1) {
+        /* never sends; enters its barrier half a timeout late, so that
+         * rank 0's receive is the first wait to run out (with both
+         * waits begun together either may, and the one that loses names
+         * the other: seen on 2 x H200, 2026-11-29, three runs of six) */
+        struct timespec late = {.tv_sec = 1, .tv_nsec = 500000000L};
+        nanosleep(&late, NULL);
+        return comm_barrier(&c, &r->err);
+    }
     float *data = NULL;
     GPU_CHECK(cudaMalloc((void **)&data, 1024 * sizeof(float)));
     int status = comm_recv(&c, 1, 0, data, 1024, &r->err);
