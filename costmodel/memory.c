@@ -503,14 +503,46 @@ void costmodel_stage_memory(const model_shape *model,
     fixed->bytes[PT_MEMORY_CONTEXT] = context_bytes;
 }
 
+/* NCCL's own device memory on a rank, what `partita exec` left in use
+ * beyond every buffer it allocated and the profile's CUDA context, on
+ * every rank of the 12 plans of two H200s of 2026-11-29 (NV18 NVLink,
+ * NCCL 2.28; docs/accuracy.md, "The real 2-GPU suite of the eleventh
+ * session"): 1.24 GiB on ranks that only sum (dp, tp, ZeRO-2/3: 1.75
+ * GiB measured, within 0.01, against the profile's 0.51), 0.45 GiB more
+ * on ranks that also send and receive a pipeline's activations (2.19-
+ * 2.22 GiB). Each communicator the executor sums over connects its own
+ * channels (executor/comm/nccl_world.c: the world's, and each tp or dp
+ * group that is not the world); the pipeline's sends connect the two
+ * message communicators. Measured with two members on NVLink only. */
+#define NCCL_SUMMING_COMM_GIB 1.24
+#define NCCL_PIPELINE_PEERS_GIB 0.45
+
+/* NCCL's buffers on a rank of config (GiB): a communicator for the world
+ * (the loss and the gradient norm) and one for each of the tp and dp
+ * groups that is not the whole world; the pipeline's on top. */
+static double nccl_buffers_gib(const parallel_config *config)
+{
+    int world = config->tp * config->dp * config->pp;
+    if (world == 1)
+        return 0.0;
+    int summing = 1 + (config->tp > 1 && config->tp < world) +
+                  (config->dp > 1 && config->dp < world);
+    return summing * NCCL_SUMMING_COMM_GIB +
+           (config->pp > 1 ? NCCL_PIPELINE_PEERS_GIB : 0.0);
+}
+
+/* A measured profile's workspace_gib is its CUDA context plus
+ * PROFILE_WORKSPACE_ALLOWANCE_GIB for the libraries' buffers: the
+ * context, then NCCL's buffers as measured above in place of the
+ * allowance. A derived profile's is taken whole. */
 double costmodel_context_bytes(const costmodel *cm,
                                const parallel_config *config, int type)
 {
     const profile *prof = &cm->profiles[type];
     double gib = prof->workspace_gib;
-    bool one_rank = config->tp * config->dp * config->pp == 1;
-    if (one_rank && prof->source == PROFILE_MEASURED)
-        gib = fmax(0.0, gib - PROFILE_WORKSPACE_ALLOWANCE_GIB);
+    if (prof->source == PROFILE_MEASURED)
+        gib = fmax(0.0, gib - PROFILE_WORKSPACE_ALLOWANCE_GIB) +
+              nccl_buffers_gib(config);
     return gib * PT_GIB;
 }
 

@@ -80,7 +80,10 @@ static void memory_matches_hand_computation(void **state)
     int order[1] = {0}, partition[4] = {12, 12, 12, 12};
     estimate e;
     run_estimate(&f, &config, order, 1, partition, false, &e);
-    const double context = 536870912.0, workspace = 33554432.0;
+    /* the fixture's measured context (workspace_gib 0.5, less the 0.5
+     * allowance) and NCCL's buffers of a pipeline rank: the world's
+     * communicator and the pipeline's sends (costmodel/memory.c) */
+    const double context = (1.24 + 0.45) * PT_GIB, workspace = 33554432.0;
     const double with_cudnn = workspace + 52531200.0, mib = 1048576.0;
     /* weights, mirror, gradients, optimizer, activations, logits,
        scratch, workspace, comm, rounding, context (common.h's order) */
@@ -141,7 +144,7 @@ static void memory_with_recompute_and_distributed_optimizer(void **state)
     const double expected[PT_MEMORY_TERM_COUNT] = {
         3119430404.0, 1559993602.0, 3119987204.0, 3121742560.0,
         321167364.0, 109862912.0, 113056560.0, 33554432.0, 2048.0,
-        9437184.0, 536870912.0};
+        9437184.0, 3.0 * 1.24 * PT_GIB /* NCCL: world, tp, dp groups */};
     assert_terms(&e.stages[0], expected);
     estimate_free(&e);
     fixture_close(&f);
@@ -744,27 +747,42 @@ static void dp_event(const estimate *e, int stage, double *start, double *end)
     fail_msg("no dp_allreduce event on stage %d", stage);
 }
 
-/* The context term: the profile's workspace_gib, less its allowance for
- * NCCL and cuBLAS for a plan of one rank on a measured profile (no
- * communicator), never below 0; a derived profile keeps it whole. */
-static void context_of_one_rank_leaves_the_allowance_out(void **state)
+/* The context term: on a measured profile the context the profile
+ * measured (workspace_gib less its allowance), never below 0, plus
+ * NCCL's buffers as measured on two H200s for a plan of several ranks
+ * (costmodel/memory.c): 1.24 GiB a summing communicator (the world's,
+ * and a tp or dp group's that is not the world), 0.45 GiB for a
+ * pipeline's sends; a derived profile keeps its workspace_gib whole. */
+static void context_prices_nccl_buffers_by_communicator(void **state)
 {
     (void)state;
     model_shape m = gpt2_xl();
     fixture f;
     assert_int_equal(fixture_open(&f, &m, 1, 1), 0);
     parallel_config one = config_of(8, 1, 1, 1, 1);
-    parallel_config two = config_of(8, 1, 1, 2, 1);
+    parallel_config dp2 = config_of(8, 1, 1, 2, 1);
+    parallel_config pp2 = config_of(8, 1, 1, 1, 2);
+    parallel_config tp2_dp2 = config_of(8, 1, 2, 2, 1);
+    parallel_config tp2_pp2 = config_of(8, 1, 2, 1, 2);
+    double context = 1.25 - PROFILE_WORKSPACE_ALLOWANCE_GIB;
     f.cm.profiles[0].workspace_gib = 1.25;
     assert_true(close_to(costmodel_context_bytes(&f.cm, &one, 0),
-                         (1.25 - PROFILE_WORKSPACE_ALLOWANCE_GIB) * PT_GIB,
-                         1e-12));
-    assert_true(close_to(costmodel_context_bytes(&f.cm, &two, 0),
-                         1.25 * PT_GIB, 1e-12));
+                         context * PT_GIB, 1e-12));
+    assert_true(close_to(costmodel_context_bytes(&f.cm, &dp2, 0),
+                         (context + 1.24) * PT_GIB, 1e-12));
+    assert_true(close_to(costmodel_context_bytes(&f.cm, &pp2, 0),
+                         (context + 1.24 + 0.45) * PT_GIB, 1e-12));
+    /* the world, the tp group and the dp group: three communicators */
+    assert_true(close_to(costmodel_context_bytes(&f.cm, &tp2_dp2, 0),
+                         (context + 3 * 1.24) * PT_GIB, 1e-12));
+    assert_true(close_to(costmodel_context_bytes(&f.cm, &tp2_pp2, 0),
+                         (context + 2 * 1.24 + 0.45) * PT_GIB, 1e-12));
     f.cm.profiles[0].workspace_gib = 0.25;
     assert_true(costmodel_context_bytes(&f.cm, &one, 0) == 0.0);
     f.cm.profiles[0].source = PROFILE_DERIVED;
     assert_true(close_to(costmodel_context_bytes(&f.cm, &one, 0),
+                         0.25 * PT_GIB, 1e-12));
+    assert_true(close_to(costmodel_context_bytes(&f.cm, &pp2, 0),
                          0.25 * PT_GIB, 1e-12));
     fixture_close(&f);
 }
@@ -861,7 +879,7 @@ int main(void)
         cmocka_unit_test(step_figures_follow_from_the_timeline),
         cmocka_unit_test(notes_reach_the_estimate_context),
         cmocka_unit_test(dp_overlap_hides_the_reduction),
-        cmocka_unit_test(context_of_one_rank_leaves_the_allowance_out),
+        cmocka_unit_test(context_prices_nccl_buffers_by_communicator),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
