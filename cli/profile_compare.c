@@ -228,6 +228,9 @@ int profile_compare(const char *path_a, const char *path_b,
                   a.optimizer_s_per_param, b.optimizer_s_per_param, true);
     compare_curve(&tally, "all-reduce", &a.allreduce, &b.allreduce);
     compare_curve(&tally, "send/recv", &a.sendrecv, &b.sendrecv);
+    compare_curve(&tally, "reduce-scatter", &a.reduce_scatter,
+                  &b.reduce_scatter);
+    compare_curve(&tally, "all-gather", &a.all_gather, &b.all_gather);
     printf("# %d entries: %d differ by more than %g %%, %d in one profile "
            "only",
            tally.entries, tally.over, tolerance_percent, tally.missing);

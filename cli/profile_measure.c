@@ -233,9 +233,12 @@ static void print_summary(const profiler_writeup *ctx, const char *output)
     for (int i = 0; ctx->comm != NULL && i < ctx->comm->sample_count; i++) {
         char size[32];
         pt_format_bytes(ctx->comm->allreduce[i].bytes, size, sizeof size);
-        printf("# %10s  all-reduce %10.2f us  send/recv %10.2f us\n", size,
-               ctx->comm->allreduce[i].time.median_s * 1e6,
-               ctx->comm->sendrecv[i].time.median_s * 1e6);
+        printf("# %10s  all-reduce %10.2f us  send/recv %10.2f us  "
+               "reduce-scatter %10.2f us  all-gather %10.2f us\n",
+               size, ctx->comm->allreduce[i].time.median_s * 1e6,
+               ctx->comm->sendrecv[i].time.median_s * 1e6,
+               ctx->comm->reduce_scatter[i].time.median_s * 1e6,
+               ctx->comm->all_gather[i].time.median_s * 1e6);
     }
     char elapsed[32];
     pt_format_seconds(profiler_measured_seconds(ctx), elapsed,

@@ -490,8 +490,8 @@ typedef struct profile {
     roofline_params roofline;     /* prices any shape when present */
     int shape_count;
     profile_shape *shapes;        /* owned */
-    comm_curve allreduce;         /* optional, sample_count 0 if absent */
-    comm_curve sendrecv;
+    comm_curve allreduce, sendrecv; /* optional, sample_count 0 if absent */
+    comm_curve reduce_scatter, all_gather; /* bytes: the whole tensor */
     json_t *notes;                /* owned: the file's top-level notes, kept
                                      as written for output; NULL: none */
 } profile;

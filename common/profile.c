@@ -70,8 +70,8 @@ static const char *const part_keys[] = {"forward_s", "backward_s",
 static const char *const head_keys[] = {"forward_s", "backward_s",
                                         "forward_spread", "backward_spread",
                                         "fused", NULL};
-static const char *const communication_keys[] = {"allreduce", "sendrecv",
-                                                 NULL};
+static const char *const communication_keys[] = {
+    "allreduce", "sendrecv", "reducescatter", "allgather", NULL};
 static const char *const sample_keys[] = {"gpus", "bytes", "time_s",
                                           "spread", NULL};
 
@@ -514,7 +514,11 @@ static int communication_from_json(const json_t *root,
     if (json_check_keys(obj, &where, communication_keys, err) != 0 ||
         curve_from_json(obj, &where, "allreduce", &out->allreduce, err) !=
             0 ||
-        curve_from_json(obj, &where, "sendrecv", &out->sendrecv, err) != 0)
+        curve_from_json(obj, &where, "sendrecv", &out->sendrecv, err) != 0 ||
+        curve_from_json(obj, &where, "reducescatter", &out->reduce_scatter,
+                        err) != 0 ||
+        curve_from_json(obj, &where, "allgather", &out->all_gather, err) !=
+            0)
         return -1;
     return 0;
 }
@@ -828,6 +832,15 @@ static json_t *profile_build_json(const profile *p, int *failures)
                  curve_to_json(&p->allreduce, spreads, failures), failures);
         json_put(communication, "sendrecv",
                  curve_to_json(&p->sendrecv, spreads, failures), failures);
+        /* measured since 2026-11-29: profiles before hold neither */
+        if (p->reduce_scatter.sample_count > 0)
+            json_put(communication, "reducescatter",
+                     curve_to_json(&p->reduce_scatter, spreads, failures),
+                     failures);
+        if (p->all_gather.sample_count > 0)
+            json_put(communication, "allgather",
+                     curve_to_json(&p->all_gather, spreads, failures),
+                     failures);
         json_put(root, "communication", communication, failures);
     }
     if (p->notes != NULL)
@@ -861,6 +874,8 @@ int profile_copy(profile *dst, const profile *src, pt_error *err)
     dst->shape_count = 0;
     dst->allreduce = (comm_curve){0, NULL};
     dst->sendrecv = (comm_curve){0, NULL};
+    dst->reduce_scatter = (comm_curve){0, NULL};
+    dst->all_gather = (comm_curve){0, NULL};
     dst->provenance = src->provenance ? json_deep_copy(src->provenance)
                                       : NULL;
     dst->notes = src->notes ? json_deep_copy(src->notes) : NULL;
@@ -888,9 +903,12 @@ int profile_copy(profile *dst, const profile *src, pt_error *err)
         }
         dst->shape_count = i + 1;
     }
-    const comm_curve *curves_from[2] = {&src->allreduce, &src->sendrecv};
-    comm_curve *curves_to[2] = {&dst->allreduce, &dst->sendrecv};
-    for (int c = 0; c < 2; c++) {
+    const comm_curve *curves_from[4] = {&src->allreduce, &src->sendrecv,
+                                        &src->reduce_scatter,
+                                        &src->all_gather};
+    comm_curve *curves_to[4] = {&dst->allreduce, &dst->sendrecv,
+                                &dst->reduce_scatter, &dst->all_gather};
+    for (int c = 0; c < 4; c++) {
         if (curves_from[c]->sample_count <= 0)
             continue;
         size_t size = (size_t)curves_from[c]->sample_count *
@@ -918,6 +936,8 @@ void profile_free(profile *p)
     free(p->shapes);
     free(p->allreduce.samples);
     free(p->sendrecv.samples);
+    free(p->reduce_scatter.samples);
+    free(p->all_gather.samples);
     json_decref(p->provenance);
     json_decref(p->notes);
     memset(p, 0, sizeof *p);

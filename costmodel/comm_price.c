@@ -90,7 +90,15 @@ double costmodel_reduce_scatter_seconds(const costmodel *cm, double bytes,
 {
     const profile *prof = curve_profile(cm, curve_type);
     double measured;
-    /* a ring reduce-scatter (or all-gather) is half of a ring all-reduce */
+    /* the measured reduce-scatter of the whole tensor where the profile
+     * holds it for this group size; else half the measured all-reduce (a
+     * ring reduce-scatter, or all-gather, is half of a ring all-reduce).
+     * All-gathers are priced here too: their own curve is measured
+     * (`all_gather`) but not yet read */
+    if (members > 1 && bytes > 0.0 && prof &&
+        costmodel_curve_time(&prof->reduce_scatter, members, bytes,
+                             &measured))
+        return measured;
     if (members > 1 && bytes > 0.0 && prof &&
         costmodel_curve_time(&prof->allreduce, members, bytes, &measured))
         return 0.5 * measured;

@@ -433,7 +433,11 @@ static int measured_profile(const profiler_writeup *ctx, profile *out)
         (curve_of(ctx->comm->allreduce, ctx->comm->sample_count,
                   ctx->comm->gpus, &out->allreduce) != 0 ||
          curve_of(ctx->comm->sendrecv, ctx->comm->sample_count,
-                  ctx->comm->gpus, &out->sendrecv) != 0))
+                  ctx->comm->gpus, &out->sendrecv) != 0 ||
+         curve_of(ctx->comm->reduce_scatter, ctx->comm->sample_count,
+                  ctx->comm->gpus, &out->reduce_scatter) != 0 ||
+         curve_of(ctx->comm->all_gather, ctx->comm->sample_count,
+                  ctx->comm->gpus, &out->all_gather) != 0))
         return -1;
     return 0;
 }

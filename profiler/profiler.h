@@ -326,7 +326,9 @@ int profiler_results_combine(const profiler_result *results, int count,
 const char *profiler_tp_refusal(const model_shape *shape, int tp);
 
 /* Communication curves between two GPUs of this machine (devices 0 and
- * 1) through NCCL. */
+ * 1) through NCCL: all-reduce, send/recv, reduce-scatter and all-gather,
+ * each size the whole tensor's bytes (a reduce-scatter's input, an
+ * all-gather's output). */
 typedef struct profiled_comm_sample {
     double bytes;
     timing_summary time;         /* one operation */
@@ -337,6 +339,8 @@ typedef struct profiler_comm_result {
     int sample_count;            /* sizes, in each curve */
     profiled_comm_sample allreduce[PROFILER_MAX_COMM_SIZES];
     profiled_comm_sample sendrecv[PROFILER_MAX_COMM_SIZES];  /* 0 -> 1 */
+    profiled_comm_sample reduce_scatter[PROFILER_MAX_COMM_SIZES];
+    profiled_comm_sample all_gather[PROFILER_MAX_COMM_SIZES];
     int operations_per_run[PROFILER_MAX_COMM_SIZES]; /* back to back,
                                     timed together: small messages */
     char nccl_version[16];

@@ -1,6 +1,7 @@
 /*
- * The communication half of `partita profile`: NCCL all-reduce and
- * send/recv between GPUs 0 and 1 of this machine, one thread per GPU (as
+ * The communication half of `partita profile`: NCCL all-reduce,
+ * send/recv, reduce-scatter and all-gather between GPUs 0 and 1 of this
+ * machine, one thread per GPU (as
  * `partita exec` runs its ranks), message sizes in powers of two. Built
  * only with the cuda backend and NCCL (PARTITA_HAVE_NCCL); otherwise
  * profiler_comm_available says why not. profiler/profiler.h states
@@ -40,7 +41,12 @@
  * operations. */
 #define COMM_MAX_TIMED_RUNS 50
 
-typedef enum comm_kind { COMM_ALLREDUCE, COMM_SENDRECV } comm_kind;
+typedef enum comm_kind {
+    COMM_ALLREDUCE,
+    COMM_SENDRECV,
+    COMM_REDUCE_SCATTER, /* in place: each GPU keeps its half */
+    COMM_ALL_GATHER      /* in place: each GPU's half gathered */
+} comm_kind;
 
 /* What both GPU threads share. */
 typedef struct comm_bench {
@@ -88,11 +94,19 @@ static int enqueue(comm_thread *t, pt_error *err)
     int gpu = t->gpu;
     size_t count = bench->bytes / sizeof(float);
     ncclComm_t comm = bench->comms[gpu];
+    size_t part = count / COMM_GPUS;
+    float *mine = t->buffer + (size_t)gpu * part;
     for (int i = 0; i < bench->operations; i++) {
         if (bench->kind == COMM_ALLREDUCE)
             COMM_NCCL_TRY(ncclAllReduce(t->buffer, t->buffer, count,
                                         ncclFloat, ncclSum, comm,
                                         t->stream));
+        else if (bench->kind == COMM_REDUCE_SCATTER)
+            COMM_NCCL_TRY(ncclReduceScatter(t->buffer, mine, part, ncclFloat,
+                                            ncclSum, comm, t->stream));
+        else if (bench->kind == COMM_ALL_GATHER)
+            COMM_NCCL_TRY(ncclAllGather(mine, t->buffer, part, ncclFloat,
+                                        comm, t->stream));
         else if (gpu == 0)
             COMM_NCCL_TRY(
                 ncclSend(t->buffer, count, ncclFloat, 1, comm, t->stream));
@@ -223,9 +237,10 @@ static void report_size(const profiler_options *o, int done, int total,
 {
     if (o->progress == NULL)
         return;
-    char size[32], label[64];
+    char size[32], label[96];
     pt_format_bytes(bytes, size, sizeof size);
-    snprintf(label, sizeof label, "all-reduce and send/recv of %s", size);
+    snprintf(label, sizeof label,
+             "all-reduce, send/recv, reduce-scatter, all-gather of %s", size);
     o->progress(done, total, label, NULL, o->progress_data);
 }
 
@@ -242,9 +257,14 @@ static int measure_sizes(comm_bench *bench, double min_bytes,
         if (time_size(bench, COMM_ALLREDUCE, (size_t)bytes, operations,
                       &out->allreduce[i].time, err) != 0 ||
             time_size(bench, COMM_SENDRECV, (size_t)bytes, operations,
-                      &out->sendrecv[i].time, err) != 0)
+                      &out->sendrecv[i].time, err) != 0 ||
+            time_size(bench, COMM_REDUCE_SCATTER, (size_t)bytes, operations,
+                      &out->reduce_scatter[i].time, err) != 0 ||
+            time_size(bench, COMM_ALL_GATHER, (size_t)bytes, operations,
+                      &out->all_gather[i].time, err) != 0)
             return -1;
         out->allreduce[i].bytes = out->sendrecv[i].bytes = bytes;
+        out->reduce_scatter[i].bytes = out->all_gather[i].bytes = bytes;
         out->operations_per_run[i] = operations;
         out->sample_count++;
         report_size(bench->options, out->sample_count, total, bytes);

@@ -105,7 +105,10 @@ static const char *const base_profile =
     "   \"allreduce\": [{\"gpus\": 4, \"bytes\": 1024, \"time_s\": 3e-5},"
     "                 {\"gpus\": 2, \"bytes\": 4096, \"time_s\": 2e-5},"
     "                 {\"gpus\": 2, \"bytes\": 1024, \"time_s\": 1e-5}],"
-    "   \"sendrecv\": [{\"gpus\": 2, \"bytes\": 1024, \"time_s\": 1e-5}]}}";
+    "   \"sendrecv\": [{\"gpus\": 2, \"bytes\": 1024, \"time_s\": 1e-5}],"
+    "   \"reducescatter\": [{\"gpus\": 2, \"bytes\": 1024, \"time_s\": 6e-6}],"
+    "   \"allgather\": [{\"gpus\": 2, \"bytes\": 2048, \"time_s\": 7e-6},"
+    "                 {\"gpus\": 2, \"bytes\": 1024, \"time_s\": 5e-6}]}}";
 
 /* A complete efficiency block with a roofline (docs/formats.md). */
 #define ROOFLINE_EFFICIENCY                                                  \
@@ -154,6 +157,10 @@ static void test_valid_inline(void **state)
     assert_true(p.allreduce.samples[1].bytes == 4096);
     assert_int_equal(p.allreduce.samples[2].gpus, 4);
     assert_int_equal(p.sendrecv.sample_count, 1);
+    assert_int_equal(p.reduce_scatter.sample_count, 1);
+    assert_true(p.reduce_scatter.samples[0].time_s == 6e-6);
+    assert_int_equal(p.all_gather.sample_count, 2);
+    assert_true(p.all_gather.samples[0].bytes == 1024);
     assert_int_equal(p.mbs_scaling, MBS_SCALING_MEASURED);
     assert_false(p.layer_times_include_tp_comm);
     assert_true(p.peak_tflops == 0.0);
