@@ -106,12 +106,13 @@ static int build_options(const profile_arguments *a,
     *options = profiler_options_defaults(backend);
     if (a->quick)
         profiler_options_quick(options);
-    const char *timings[] = {"gated", "graph", "host", "step"};
-    const profiler_timing values[] = {
+    const char *timings[PROFILER_TIMINGS] = {"gated", "graph", "host",
+                                             "step"};
+    const profiler_timing values[PROFILER_TIMINGS] = {
         PROFILER_TIMING_GATED, PROFILER_TIMING_GRAPH, PROFILER_TIMING_HOST,
         PROFILER_TIMING_STEP};
     bool known = a->timing == NULL;
-    for (int i = 0; i < 4 && !known; i++)
+    for (int i = 0; i < PROFILER_TIMINGS && !known; i++)
         if (strcmp(a->timing, timings[i]) == 0) {
             options->timing = values[i];
             known = true;

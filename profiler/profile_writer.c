@@ -322,7 +322,10 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
     if (ctx->comm != NULL)
         snprintf(comm_text, sizeof comm_text,
                  "NCCL %s between GPUs 0 and 1, one thread per GPU%s; "
-                 "all-reduce: fp32 sum in place; send/recv: GPU 0 to GPU 1",
+                 "all-reduce: fp32 sum in place; send/recv: GPU 0 to GPU "
+                 "1; reduce-scatter and all-gather: fp32 in place, each "
+                 "GPU keeping or giving its half (bytes: the whole "
+                 "tensor)",
                  ctx->comm->nccl_version,
                  ctx->sm_limit > 0 ? ", both in the SM limit" : "");
     else
