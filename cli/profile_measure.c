@@ -231,15 +231,24 @@ static void print_summary(const profiler_writeup *ctx, const char *output)
            r->optimizer_layer.median_s * 1e3);
     if (ctx->comm == NULL)
         printf("# communication: not measured (%s)\n", ctx->comm_reason);
-    for (int i = 0; ctx->comm != NULL && i < ctx->comm->sample_count; i++) {
-        char size[32];
-        pt_format_bytes(ctx->comm->allreduce[i].bytes, size, sizeof size);
-        printf("# %10s  all-reduce %10.2f us  send/recv %10.2f us  "
-               "reduce-scatter %10.2f us  all-gather %10.2f us\n",
-               size, ctx->comm->allreduce[i].time.median_s * 1e6,
-               ctx->comm->sendrecv[i].time.median_s * 1e6,
-               ctx->comm->reduce_scatter[i].time.median_s * 1e6,
-               ctx->comm->all_gather[i].time.median_s * 1e6);
+    int sets = ctx->comm != NULL ? ctx->comm->count_sets : 0;
+    if (sets > 0)
+        printf("# %4s %10s %14s %14s %14s %14s\n", "GPUs", "size",
+               "all-reduce us", "send/recv us", "reduce-sc. us",
+               "all-gather us");
+    for (int c = 0; c < sets; c++) {
+        const profiled_comm_curves *set = &ctx->comm->curves[c];
+        for (int i = 0; i < ctx->comm->sample_count; i++) {
+            char size[32], sendrecv[32] = "-";
+            pt_format_bytes(set->allreduce[i].bytes, size, sizeof size);
+            if (set->sendrecv[i].bytes > 0.0)
+                snprintf(sendrecv, sizeof sendrecv, "%.2f",
+                         set->sendrecv[i].time.median_s * 1e6);
+            printf("# %4d %10s %14.2f %14s %14.2f %14.2f\n", set->gpus, size,
+                   set->allreduce[i].time.median_s * 1e6, sendrecv,
+                   set->reduce_scatter[i].time.median_s * 1e6,
+                   set->all_gather[i].time.median_s * 1e6);
+        }
     }
     char elapsed[32];
     pt_format_seconds(profiler_measured_seconds(ctx), elapsed,

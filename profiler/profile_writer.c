@@ -321,12 +321,15 @@ static json_t *provenance_json(const profiler_writeup *ctx, int *failures)
     char comm_text[512];
     if (ctx->comm != NULL)
         snprintf(comm_text, sizeof comm_text,
-                 "NCCL %s between GPUs 0 and 1, one thread per GPU%s; "
-                 "all-reduce: fp32 sum in place; send/recv: GPU 0 to GPU "
-                 "1; reduce-scatter and all-gather: fp32 in place, each "
-                 "GPU keeping or giving its half (bytes: the whole "
-                 "tensor)",
+                 "NCCL %s over GPUs 0 to %d (every power of two of them "
+                 "from 2), one thread per GPU%s; all-reduce: fp32 sum in "
+                 "place; send/recv: GPU 0 to GPU 1; reduce-scatter and "
+                 "all-gather: fp32 in place, each GPU keeping or giving "
+                 "its share (bytes: the whole tensor)",
                  ctx->comm->nccl_version,
+                 ctx->comm->count_sets > 0
+                     ? ctx->comm->curves[ctx->comm->count_sets - 1].gpus - 1
+                     : 1,
                  ctx->sm_limit > 0 ? ", both in the SM limit" : "");
     else
         snprintf(comm_text, sizeof comm_text,
@@ -374,18 +377,51 @@ static int shape_of(const model_shape *model, const profiler_result *r,
     return 0;
 }
 
-static int curve_of(const profiled_comm_sample *samples, int count, int gpus,
+/* The four curves of a GPU count. */
+typedef enum curve_kind {
+    CURVE_ALLREDUCE,
+    CURVE_SENDRECV,
+    CURVE_REDUCE_SCATTER,
+    CURVE_ALL_GATHER
+} curve_kind;
+
+static const profiled_comm_sample *
+curve_samples(const profiled_comm_curves *set, curve_kind kind)
+{
+    switch (kind) {
+    case CURVE_SENDRECV:
+        return set->sendrecv;
+    case CURVE_REDUCE_SCATTER:
+        return set->reduce_scatter;
+    case CURVE_ALL_GATHER:
+        return set->all_gather;
+    default:
+        return set->allreduce;
+    }
+}
+
+/* One kind of curve over every GPU count measured, counts whose curve
+ * was not measured (send/recv beyond 2 GPUs: bytes 0) left out; sorted
+ * by GPUs, then bytes, as the profile keeps a curve. */
+static int curve_of(const profiler_comm_result *comm, curve_kind kind,
                     comm_curve *out)
 {
-    out->samples = calloc((size_t)count + 1, sizeof *out->samples);
+    int most = comm->count_sets * comm->sample_count;
+    out->samples = calloc((size_t)most + 1, sizeof *out->samples);
     if (out->samples == NULL)
         return -1;
-    out->sample_count = count;
-    for (int i = 0; i < count; i++)
-        out->samples[i] = (comm_sample){.gpus = gpus,
-                                        .bytes = samples[i].bytes,
-                                        .time_s = samples[i].time.median_s,
-                                        .spread = samples[i].time.spread};
+    out->sample_count = 0;
+    for (int c = 0; c < comm->count_sets; c++) {
+        const profiled_comm_sample *samples =
+            curve_samples(&comm->curves[c], kind);
+        for (int i = 0; i < comm->sample_count; i++)
+            if (samples[i].bytes > 0.0)
+                out->samples[out->sample_count++] = (comm_sample){
+                    .gpus = comm->curves[c].gpus,
+                    .bytes = samples[i].bytes,
+                    .time_s = samples[i].time.median_s,
+                    .spread = samples[i].time.spread};
+    }
     return 0;
 }
 
@@ -433,14 +469,11 @@ static int measured_profile(const profiler_writeup *ctx, profile *out)
                      &out->shapes[m]) != 0)
             return -1;
     if (ctx->comm != NULL &&
-        (curve_of(ctx->comm->allreduce, ctx->comm->sample_count,
-                  ctx->comm->gpus, &out->allreduce) != 0 ||
-         curve_of(ctx->comm->sendrecv, ctx->comm->sample_count,
-                  ctx->comm->gpus, &out->sendrecv) != 0 ||
-         curve_of(ctx->comm->reduce_scatter, ctx->comm->sample_count,
-                  ctx->comm->gpus, &out->reduce_scatter) != 0 ||
-         curve_of(ctx->comm->all_gather, ctx->comm->sample_count,
-                  ctx->comm->gpus, &out->all_gather) != 0))
+        (curve_of(ctx->comm, CURVE_ALLREDUCE, &out->allreduce) != 0 ||
+         curve_of(ctx->comm, CURVE_SENDRECV, &out->sendrecv) != 0 ||
+         curve_of(ctx->comm, CURVE_REDUCE_SCATTER, &out->reduce_scatter) !=
+             0 ||
+         curve_of(ctx->comm, CURVE_ALL_GATHER, &out->all_gather) != 0))
         return -1;
     return 0;
 }

@@ -27,8 +27,8 @@
  * interquartile range over the median; on cuda the whole measurement is
  * made in several fresh processes and each time is the mean of theirs
  * (profiler/processes.c). Plus the AdamW step
- * per parameter and, built with NCCL and given two GPUs, all-reduce and
- * send/recv curves. Backend-agnostic except the device handling: on the
+ * per parameter and, built with NCCL and given two GPUs or more,
+ * all-reduce, send/recv, reduce-scatter and all-gather curves. Backend-agnostic except the device handling: on the
  * cpu backend it runs (slowly) on a tiny model, which is how CI tests it.
  */
 
@@ -325,34 +325,47 @@ int profiler_results_combine(const profiler_result *results, int count,
  * heads...), or NULL. */
 const char *profiler_tp_refusal(const model_shape *shape, int tp);
 
-/* Communication curves between two GPUs of this machine (devices 0 and
- * 1) through NCCL: all-reduce, send/recv, reduce-scatter and all-gather,
- * each size the whole tensor's bytes (a reduce-scatter's input, an
- * all-gather's output). */
+/* Communication curves between GPUs of this machine through NCCL:
+ * all-reduce, reduce-scatter and all-gather over GPUs 0 .. n - 1 for n =
+ * 2, 4 and 8 as far as the machine shows that many, and send/recv from
+ * GPU 0 to GPU 1; each size the whole tensor's bytes (a reduce-scatter's
+ * input, an all-gather's output). */
 typedef struct profiled_comm_sample {
     double bytes;
     timing_summary time;         /* one operation */
 } profiled_comm_sample;
 
-typedef struct profiler_comm_result {
-    int gpus;                    /* 2 */
-    int sample_count;            /* sizes, in each curve */
+/* The most GPU counts measured: 2, 4, 8. */
+#define PROFILER_MAX_COMM_COUNTS 3
+
+/* The curves of one GPU count. */
+typedef struct profiled_comm_curves {
+    int gpus;                    /* GPUs 0 .. gpus - 1 */
     profiled_comm_sample allreduce[PROFILER_MAX_COMM_SIZES];
-    profiled_comm_sample sendrecv[PROFILER_MAX_COMM_SIZES];  /* 0 -> 1 */
+    profiled_comm_sample sendrecv[PROFILER_MAX_COMM_SIZES];  /* 0 -> 1:
+                                    at 2 GPUs only, else unmeasured */
     profiled_comm_sample reduce_scatter[PROFILER_MAX_COMM_SIZES];
     profiled_comm_sample all_gather[PROFILER_MAX_COMM_SIZES];
+} profiled_comm_curves;
+
+typedef struct profiler_comm_result {
+    int count_sets;              /* GPU counts measured, in curves[] */
+    profiled_comm_curves curves[PROFILER_MAX_COMM_COUNTS];
+    int sample_count;            /* sizes, in each curve */
     int operations_per_run[PROFILER_MAX_COMM_SIZES]; /* back to back,
                                     timed together: small messages */
     char nccl_version[16];
     double elapsed_s;
 } profiler_comm_result;
 
-/* Whether this build has NCCL and this machine shows two GPUs; if not,
- * why, in reason (which may be NULL). */
+/* Whether this build has NCCL and this machine shows at least two GPUs;
+ * if not, why, in reason (which may be NULL). */
 bool profiler_comm_available(char *reason, size_t reason_size);
 
-/* All-reduce (fp32 sum, in place) over GPUs 0 and 1, and send/recv from
- * GPU 0 to GPU 1, for every power of two from min_bytes to max_bytes
+/* All-reduce (fp32 sum), reduce-scatter and all-gather, in place, over
+ * GPUs 0 .. n - 1 for n = 2, 4, 8 (as many as are visible), and
+ * send/recv from GPU 0 to GPU 1, for every power of two from min_bytes
+ * to max_bytes
  * (both powers of two): warm-up runs, then timed runs (the options'
  * counts), each of a few operations back to back when messages are small
  * (so that launch jitter averages out), host clock from the first GPU's

@@ -1,13 +1,14 @@
 /*
  * The communication half of `partita profile`: NCCL all-reduce,
- * send/recv, reduce-scatter and all-gather between GPUs 0 and 1 of this
- * machine, one thread per GPU (as
- * `partita exec` runs its ranks), message sizes in powers of two. Built
+ * reduce-scatter and all-gather over GPUs 0 .. n - 1 of this machine for
+ * n = 2, 4 and 8 as far as it has them, and send/recv from GPU 0 to GPU
+ * 1; one thread per GPU (as `partita exec` runs its ranks), message
+ * sizes in powers of two. Built
  * only with the cuda backend and NCCL (PARTITA_HAVE_NCCL); otherwise
  * profiler_comm_available says why not. profiler/profiler.h states
  * the measurement.
  *
- * Timing: the two threads meet at a barrier, each notes its start,
+ * Timing: the GPUs' threads meet at a barrier, each notes its start,
  * enqueues a few operations back to back and waits for its stream; a
  * run's time is from the earlier start to the later end, over the
  * operations. Small messages take several operations per run so that
@@ -29,7 +30,9 @@
 
 #include "executor/cuda/cuda_backend.h"
 
-#define COMM_GPUS 2
+/* The most GPUs measured together (PROFILER_MAX_COMM_COUNTS counts: 2,
+ * 4, 8). */
+#define COMM_MAX_GPUS 8
 /* Bytes that one run should move at least: below it, operations are
  * repeated back to back (at most COMM_MAX_OPERATIONS of them: a 4 KiB
  * all-reduce takes about 8 us, so a run of 1024 lasts about 8 ms, and the
@@ -48,21 +51,22 @@ typedef enum comm_kind {
     COMM_ALL_GATHER      /* in place: each GPU's half gathered */
 } comm_kind;
 
-/* What both GPU threads share. */
+/* What the GPU threads of one GPU count share. */
 typedef struct comm_bench {
     const profiler_options *options;
-    ncclComm_t comms[COMM_GPUS];
+    int gpus;                    /* GPUs 0 .. gpus - 1 */
+    ncclComm_t comms[COMM_MAX_GPUS];
     pthread_barrier_t barrier;
     size_t max_bytes;
     /* the run being timed, set by thread 0 between barriers */
     comm_kind kind;
     size_t bytes;
     int operations;
-    bool stop;                   /* a thread failed: both leave */
-    double starts[COMM_GPUS];
-    double ends[COMM_GPUS];
-    int status[COMM_GPUS];
-    pt_error errors[COMM_GPUS];
+    bool stop;                   /* a thread failed: all leave */
+    double starts[COMM_MAX_GPUS];
+    double ends[COMM_MAX_GPUS];
+    int status[COMM_MAX_GPUS];
+    pt_error errors[COMM_MAX_GPUS];
 } comm_bench;
 
 typedef struct comm_thread {
@@ -94,7 +98,7 @@ static int enqueue(comm_thread *t, pt_error *err)
     int gpu = t->gpu;
     size_t count = bench->bytes / sizeof(float);
     ncclComm_t comm = bench->comms[gpu];
-    size_t part = count / COMM_GPUS;
+    size_t part = count / (size_t)bench->gpus;
     float *mine = t->buffer + (size_t)gpu * part;
     for (int i = 0; i < bench->operations; i++) {
         if (bench->kind == COMM_ALLREDUCE)
@@ -107,10 +111,10 @@ static int enqueue(comm_thread *t, pt_error *err)
         else if (bench->kind == COMM_ALL_GATHER)
             COMM_NCCL_TRY(ncclAllGather(mine, t->buffer, part, ncclFloat,
                                         comm, t->stream));
-        else if (gpu == 0)
+        else if (gpu == 0) /* send/recv: GPU 0 to GPU 1, the others idle */
             COMM_NCCL_TRY(
                 ncclSend(t->buffer, count, ncclFloat, 1, comm, t->stream));
-        else
+        else if (gpu == 1)
             COMM_NCCL_TRY(
                 ncclRecv(t->buffer, count, ncclFloat, 0, comm, t->stream));
     }
@@ -130,7 +134,8 @@ static int setup_thread(comm_thread *t, pt_error *err)
     return 0;
 }
 
-/* Both threads wait here; true when both may go on. */
+/* Every thread (and the controller) waits here; true when all may go
+ * on. */
 static bool meet(comm_bench *bench)
 {
     pthread_barrier_wait(&bench->barrier);
@@ -195,8 +200,8 @@ bool profiler_comm_available(char *reason, size_t reason_size)
 #if defined(PARTITA_HAVE_CUDA) && defined(PARTITA_HAVE_NCCL)
 
 /* Seconds per operation of every timed run of one (kind, size): the
- * controller half, on the calling thread, which also drives GPU 0's
- * thread and GPU 1's through the barrier. */
+ * controller half, on the calling thread, which drives every GPU's
+ * thread through the barrier. */
 static int time_size(comm_bench *bench, comm_kind kind, size_t bytes,
                      int operations, timing_summary *out, pt_error *err)
 {
@@ -211,12 +216,15 @@ static int time_size(comm_bench *bench, comm_kind kind, size_t bytes,
         if (!meet(bench) || !meet(bench))
             break;
         if (i >= o->warmup_runs) {
-            double start = fmin(bench->starts[0], bench->starts[1]);
-            double end = fmax(bench->ends[0], bench->ends[1]);
+            double start = bench->starts[0], end = bench->ends[0];
+            for (int gpu = 1; gpu < bench->gpus; gpu++) {
+                start = fmin(start, bench->starts[gpu]);
+                end = fmax(end, bench->ends[gpu]);
+            }
             runs[i - o->warmup_runs] = (end - start) / operations;
         }
     }
-    for (int gpu = 0; gpu < COMM_GPUS; gpu++)
+    for (int gpu = 0; gpu < bench->gpus; gpu++)
         if (bench->status[gpu] != 0) {
             *err = bench->errors[gpu];
             return -1;
@@ -232,43 +240,46 @@ static int operations_for(size_t bytes)
                                         : (int)fmax(1.0, wanted);
 }
 
-static void report_size(const profiler_options *o, int done, int total,
-                        double bytes)
+static void report_size(const profiler_options *o, int gpus, int done,
+                        int total, double bytes)
 {
     if (o->progress == NULL)
         return;
-    char size[32], label[96];
+    char size[32], label[128];
     pt_format_bytes(bytes, size, sizeof size);
     snprintf(label, sizeof label,
-             "all-reduce, send/recv, reduce-scatter, all-gather of %s", size);
+             "%d GPUs: all-reduce, %sreduce-scatter, all-gather of %s", gpus,
+             gpus == 2 ? "send/recv, " : "", size);
     o->progress(done, total, label, NULL, o->progress_data);
 }
 
+/* Every size's curves of the bench's GPU count into *set (send/recv at 2
+ * GPUs only); the sizes and their operations into out. done counts the
+ * sizes measured so far over every count, of total. */
 static int measure_sizes(comm_bench *bench, double min_bytes,
-                         profiler_comm_result *out, pt_error *err)
+                         profiled_comm_curves *set, profiler_comm_result *out,
+                         int *done, int total, pt_error *err)
 {
-    int total = 0;
-    for (double b = min_bytes; b <= (double)bench->max_bytes; b *= 2)
-        total++;
+    int i = 0;
     for (double bytes = min_bytes; bytes <= (double)bench->max_bytes;
-         bytes *= 2) {
-        int i = out->sample_count;
+         bytes *= 2, i++) {
         int operations = operations_for((size_t)bytes);
         if (time_size(bench, COMM_ALLREDUCE, (size_t)bytes, operations,
-                      &out->allreduce[i].time, err) != 0 ||
-            time_size(bench, COMM_SENDRECV, (size_t)bytes, operations,
-                      &out->sendrecv[i].time, err) != 0 ||
+                      &set->allreduce[i].time, err) != 0 ||
+            (bench->gpus == 2 &&
+             time_size(bench, COMM_SENDRECV, (size_t)bytes, operations,
+                       &set->sendrecv[i].time, err) != 0) ||
             time_size(bench, COMM_REDUCE_SCATTER, (size_t)bytes, operations,
-                      &out->reduce_scatter[i].time, err) != 0 ||
+                      &set->reduce_scatter[i].time, err) != 0 ||
             time_size(bench, COMM_ALL_GATHER, (size_t)bytes, operations,
-                      &out->all_gather[i].time, err) != 0)
+                      &set->all_gather[i].time, err) != 0)
             return -1;
-        out->allreduce[i].bytes = out->sendrecv[i].bytes = bytes;
-        out->reduce_scatter[i].bytes = out->all_gather[i].bytes = bytes;
+        set->allreduce[i].bytes = set->sendrecv[i].bytes = bytes;
+        set->reduce_scatter[i].bytes = set->all_gather[i].bytes = bytes;
         out->operations_per_run[i] = operations;
-        out->sample_count++;
-        report_size(bench->options, out->sample_count, total, bytes);
+        report_size(bench->options, bench->gpus, ++*done, total, bytes);
     }
+    out->sample_count = i;
     return 0;
 }
 
@@ -292,6 +303,46 @@ static int check_sizes(double min_bytes, double max_bytes, pt_error *err)
     return 0;
 }
 
+/* The curves of GPUs 0 .. gpus - 1 into *set: their communicator, a
+ * thread per GPU, every size, then all torn down. */
+static int measure_count(const profiler_options *options, int gpus,
+                         double min_bytes, double max_bytes,
+                         profiled_comm_curves *set,
+                         profiler_comm_result *out, int *done, int total,
+                         pt_error *err)
+{
+    comm_bench bench = {.options = options, .gpus = gpus,
+                        .max_bytes = (size_t)max_bytes};
+    int devices[COMM_MAX_GPUS] = {0};
+    for (int gpu = 0; gpu < gpus; gpu++)
+        devices[gpu] = gpu;
+    ncclResult_t made = ncclCommInitAll(bench.comms, gpus, devices);
+    if (made != ncclSuccess)
+        return pt_fail(err, "profiler: ncclCommInitAll over GPUs 0 to %d "
+                            "failed: %s",
+                       gpus - 1, ncclGetErrorString(made));
+    pthread_barrier_init(&bench.barrier, NULL, (unsigned)gpus + 1);
+    comm_thread threads[COMM_MAX_GPUS];
+    pthread_t ids[COMM_MAX_GPUS];
+    for (int gpu = 0; gpu < gpus; gpu++) {
+        threads[gpu] = (comm_thread){.bench = &bench, .gpu = gpu};
+        pthread_create(&ids[gpu], NULL, comm_thread_main, &threads[gpu]);
+    }
+    set->gpus = gpus;
+    int status = measure_sizes(&bench, min_bytes, set, out, done, total,
+                               err);
+    /* 0 operations: the threads leave their loop */
+    bench.operations = 0;
+    if (!bench.stop)
+        meet(&bench);
+    for (int gpu = 0; gpu < gpus; gpu++)
+        pthread_join(ids[gpu], NULL);
+    pthread_barrier_destroy(&bench.barrier);
+    for (int gpu = 0; gpu < gpus; gpu++)
+        ncclCommDestroy(bench.comms[gpu]);
+    return status;
+}
+
 int profiler_measure_comm(const profiler_options *options, double min_bytes,
                           double max_bytes, profiler_comm_result *out,
                           pt_error *err)
@@ -305,31 +356,20 @@ int profiler_measure_comm(const profiler_options *options, double min_bytes,
     ncclGetVersion(&version);
     snprintf(out->nccl_version, sizeof out->nccl_version, "%d.%d.%d",
              version / 10000, version / 100 % 100, version % 100);
-    comm_bench bench = {.options = options, .max_bytes = (size_t)max_bytes};
-    int devices[COMM_GPUS] = {0, 1};
-    ncclResult_t made = ncclCommInitAll(bench.comms, COMM_GPUS, devices);
-    if (made != ncclSuccess)
-        return pt_fail(err, "profiler: ncclCommInitAll over GPUs 0 and 1 "
-                            "failed: %s",
-                       ncclGetErrorString(made));
-    pthread_barrier_init(&bench.barrier, NULL, COMM_GPUS + 1);
-    comm_thread threads[COMM_GPUS];
-    pthread_t ids[COMM_GPUS];
-    for (int gpu = 0; gpu < COMM_GPUS; gpu++) {
-        threads[gpu] = (comm_thread){.bench = &bench, .gpu = gpu};
-        pthread_create(&ids[gpu], NULL, comm_thread_main, &threads[gpu]);
+    int visible = cuda_device_count(), counts = 0;
+    for (int gpus = 2; gpus <= visible && gpus <= COMM_MAX_GPUS &&
+                       counts < PROFILER_MAX_COMM_COUNTS;
+         gpus *= 2)
+        counts++;
+    int sizes = (int)round(log2(max_bytes / min_bytes)) + 1, done = 0;
+    int status = 0;
+    for (int c = 0, gpus = 2; c < counts && status == 0; c++, gpus *= 2) {
+        status = measure_count(options, gpus, min_bytes, max_bytes,
+                               &out->curves[c], out, &done, counts * sizes,
+                               err);
+        if (status == 0)
+            out->count_sets = c + 1;
     }
-    int status = measure_sizes(&bench, min_bytes, out, err);
-    /* 0 operations: the threads leave their loop */
-    bench.operations = 0;
-    if (!bench.stop)
-        meet(&bench);
-    for (int gpu = 0; gpu < COMM_GPUS; gpu++)
-        pthread_join(ids[gpu], NULL);
-    pthread_barrier_destroy(&bench.barrier);
-    for (int gpu = 0; gpu < COMM_GPUS; gpu++)
-        ncclCommDestroy(bench.comms[gpu]);
-    out->gpus = COMM_GPUS;
     out->elapsed_s = pt_monotonic_seconds() - started;
     return status;
 }

@@ -2,7 +2,8 @@
  * The profiler (profiler/profiler.c): the median and spread of timed
  * runs, the checks of its options, and a whole measurement of a tiny
  * model on the cpu backend: every point that the shape allows is there,
- * the others are skipped with a note, progress reaches its total. No
+ * the others are skipped with a note, progress reaches its total; the
+ * profile's communication curves from the curves of every GPU count. No
  * time is asserted beyond being positive.
  */
 #include <stdarg.h>
@@ -375,6 +376,68 @@ static void test_layer_stack_of_the_model(void **state)
     test_free(lone);
 }
 
+/* A curve of the profile from the curves of every GPU count measured:
+ * two counts (2 and 4 GPUs) of two sizes each give all-reduce,
+ * reduce-scatter and all-gather samples of both counts, sorted by GPUs
+ * then bytes, and send/recv only the 2-GPU count's (it is measured
+ * between GPUs 0 and 1 alone). */
+static void test_curves_of_every_gpu_count(void **state)
+{
+    (void)state;
+    progress_log log = {0};
+    profiler_options options = tiny_options((int[]){1}, 1, &log);
+    profiler_result *result = measure_tiny(&options);
+    profiler_comm_result *comm = test_calloc(1, sizeof *comm);
+    comm->count_sets = 2;
+    comm->sample_count = 2;
+    for (int c = 0; c < 2; c++) {
+        profiled_comm_curves *set = &comm->curves[c];
+        set->gpus = 2 << c;
+        for (int i = 0; i < 2; i++) {
+            profiled_comm_sample sample = {
+                .bytes = 4096.0 * (1 << i),
+                .time = {.median_s = 1e-5 * (1 + i + 2 * c)}};
+            set->allreduce[i] = set->reduce_scatter[i] = sample;
+            set->all_gather[i] = sample;
+            if (set->gpus == 2)
+                set->sendrecv[i] = sample;
+        }
+    }
+    model_shape shape = {.name = "tiny", .layers = 2, .hidden = 32,
+                         .heads = 4, .ffn_hidden = 128, .seq = 16,
+                         .vocab = 100, .tied_embeddings = true};
+    profiler_writeup writeup = {.model_count = 1, .shapes = &shape,
+                                .options = &options, .results = result,
+                                .comm = comm, .gpu = "cpu",
+                                .command_line = "partita profile",
+                                .date_utc = "2026-11-29T00:00:00Z"};
+    pt_error err = {{0}};
+    json_t *root = profiler_profile_json(&writeup, "test.json", &err);
+    if (root == NULL)
+        fail_msg("%s", err.message);
+    const json_t *curves = json_object_get(root, "communication");
+    const char *collectives[] = {"allreduce", "reducescatter", "allgather"};
+    for (int k = 0; k < 3; k++) {
+        const json_t *samples = json_object_get(curves, collectives[k]);
+        assert_int_equal(json_array_size(samples), 4);
+        const int gpus[] = {2, 2, 4, 4};
+        for (size_t i = 0; i < 4; i++) {
+            const json_t *sample = json_array_get(samples, i);
+            assert_int_equal(
+                json_integer_value(json_object_get(sample, "gpus")),
+                gpus[i]);
+        }
+    }
+    const json_t *sendrecv = json_object_get(curves, "sendrecv");
+    assert_int_equal(json_array_size(sendrecv), 2);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_array_get(sendrecv, 1), "gpus")),
+                     2);
+    json_decref(root);
+    test_free(comm);
+    test_free(result);
+}
+
 static void test_comm_needs_nccl_and_two_gpus(void **state)
 {
     (void)state;
@@ -400,6 +463,7 @@ int main(void)
         cmocka_unit_test(test_option_checks),
         cmocka_unit_test(test_default_gpu_names),
         cmocka_unit_test(test_tiny_model_on_cpu),
+        cmocka_unit_test(test_curves_of_every_gpu_count),
         cmocka_unit_test(test_sets_of_stages_pool_their_rounds),
         cmocka_unit_test(test_embedding_made_again_for_its_sets),
         cmocka_unit_test(test_layer_stack_of_the_model),
