@@ -14,8 +14,32 @@
  */
 #include "executor/cuda/cuda_common.cuh"
 
-/* The largest dynamic shared memory a plain-fallback block may take. */
-#define PLAIN_SHARED_LIMIT (48 * 1024)
+/* Dynamic shared memory every block may take without asking. */
+#define PLAIN_SHARED_DEFAULT (48 * 1024)
+
+/* Lets `kernel` take `bytes` of dynamic shared memory a block: above the
+ * default, up to the device's opt-in limit (227 KiB on Hopper), through
+ * the kernel's attribute. A block of scores holds a row of the sequence
+ * in fp32 (dK and dV two, and two head rows): 66 KiB at 8,192 positions,
+ * which the default refused (Llama-3.2-1B at sequence 8192, micro-batch
+ * 4, whose cuDNN plan had not fit: twelfth session). */
+template <typename Kernel>
+static cudaError_t allow_shared(Kernel kernel, size_t bytes)
+{
+    if (bytes <= PLAIN_SHARED_DEFAULT)
+        return cudaSuccess;
+    int device = 0, optin = 0;
+    cudaError_t status = cudaGetDevice(&device);
+    if (status == cudaSuccess)
+        status = cudaDeviceGetAttribute(
+            &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (status != cudaSuccess)
+        return status;
+    if (bytes > (size_t)optin)
+        return cudaErrorInvalidValue;
+    return cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
 
 /* delta[bh, t] = dO . O of each query row and head (fp32). */
 __global__ void attention_delta_kernel(float *delta, const bf16 *d_out,
@@ -225,8 +249,11 @@ extern "C" cudaError_t cuda_gqa_attention_forward_plain(
 {
     float scale_log2 = LOG2E_F / sqrtf((float)D);
     size_t shared = (size_t)T * sizeof(float);
-    if (!gqa_shape_valid(NH, KVH, D) || shared > PLAIN_SHARED_LIMIT)
+    if (!gqa_shape_valid(NH, KVH, D))
         return cudaErrorInvalidValue;
+    cudaError_t allowed = allow_shared(attention_forward_plain_kernel, shared);
+    if (allowed != cudaSuccess)
+        return allowed;
     dim3 grid((unsigned)T, (unsigned)(B * NH));
     attention_forward_plain_kernel<<<grid, 128, shared, stream>>>(
         as_bf16(out_bf16), lse, as_bf16(qkv_bf16), T, NH, KVH, D,
@@ -247,8 +274,15 @@ extern "C" cudaError_t cuda_gqa_attention_backward_plain(
     float *delta = scratch;
     size_t dq_shared = (size_t)T * sizeof(float);
     size_t dkdv_shared = (2 * (size_t)T + 2 * (size_t)D) * sizeof(float);
-    if (!gqa_shape_valid(NH, KVH, D) || dkdv_shared > PLAIN_SHARED_LIMIT)
+    if (!gqa_shape_valid(NH, KVH, D))
         return cudaErrorInvalidValue;
+    cudaError_t allowed =
+        allow_shared(attention_backward_dq_plain_kernel, dq_shared);
+    if (allowed == cudaSuccess)
+        allowed =
+            allow_shared(attention_backward_dkdv_plain_kernel, dkdv_shared);
+    if (allowed != cudaSuccess)
+        return allowed;
     size_t rows = (size_t)B * T * NH;
     attention_delta_kernel<<<blocks_for(rows, 256), 256, 0, stream>>>(
         delta, d_out, as_bf16(out_bf16), B * T, T, NH, D);
