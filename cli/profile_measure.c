@@ -107,10 +107,10 @@ static int build_options(const profile_arguments *a,
     if (a->quick)
         profiler_options_quick(options);
     const char *timings[PROFILER_TIMINGS] = {"gated", "graph", "host",
-                                             "step"};
+                                             "step", "exec"};
     const profiler_timing values[PROFILER_TIMINGS] = {
         PROFILER_TIMING_GATED, PROFILER_TIMING_GRAPH, PROFILER_TIMING_HOST,
-        PROFILER_TIMING_STEP};
+        PROFILER_TIMING_STEP, PROFILER_TIMING_EXEC};
     bool known = a->timing == NULL;
     for (int i = 0; i < PROFILER_TIMINGS && !known; i++)
         if (strcmp(a->timing, timings[i]) == 0) {
@@ -118,7 +118,7 @@ static int build_options(const profile_arguments *a,
             known = true;
         }
     if (!known) {
-        profile_bad_argument("--timing", "gated, graph, host or step",
+        profile_bad_argument("--timing", "gated, graph, host, step or exec",
                              a->timing);
         return -1;
     }

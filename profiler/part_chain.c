@@ -243,6 +243,16 @@ int chain_create(part_chain *chain, const model_shape *shape, int tp,
     return 0;
 }
 
+int chain_make_whole_model(const part_chain *chain, int layers, int mbs,
+                           model_stage *out, pt_error *err)
+{
+    /* the stage keeps a copy of the shape */
+    model_shape shape = *chain->shape;
+    shape.layers = layers;
+    return make_stage(out, &shape, stage_spec_whole_model(&shape),
+                      chain->tp, chain->options, mbs, NULL, err);
+}
+
 int chain_remake_embedding(part_chain *chain, pt_error *err)
 {
     model_stage fresh;

@@ -82,6 +82,27 @@ int chain_step_rounds(part_chain *chain, int part, int mbs, double warm_s,
                       int rounds, double *forward, double *pair,
                       pt_error *err);
 
+/* A whole model of `layers` layers (the chain's shape so cut) as one
+ * stage at micro-batches up to mbs, the chain's tp, parameters drawn as
+ * the chain's. */
+int chain_make_whole_model(const part_chain *chain, int layers, int mbs,
+                           model_stage *out, pt_error *err);
+
+/* The layer timed inside the executor's own training steps
+ * (profiler_exec.c; `--timing exec`): whole models of the chain's layers
+ * and of half as many, each stepped through stage_step_* (two
+ * micro-batches of mbs a step, the second timed on the device's clock)
+ * for warm_s (0: a second), then `rounds` times (tp > 1: a compute-only
+ * shard, timed on the host's clock around its waiting calls). Per round:
+ * the layer's forward and forward + backward, the difference of the two
+ * depths over the layers between them, into layer_forward[] and
+ * layer_pair[]. 1 when it cannot be (no cuda build, a chain of one
+ * layer, a whole model that cannot be made beside the chain): nothing
+ * timed; -1 on a failure. */
+int chain_exec_rounds(part_chain *chain, int mbs, double warm_s, int rounds,
+                      double *layer_forward, double *layer_pair,
+                      pt_error *err);
+
 /* Every stage's defer_sync: calls return once queued. */
 void chain_set_deferred(part_chain *chain, bool on);
 

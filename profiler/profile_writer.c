@@ -146,6 +146,9 @@ static json_t *runs_provenance(const profiler_writeup *ctx, int *failures)
     if (counts[PROFILER_TIMING_STEP] > 0)
         json_put(obj, "stepped_parts",
                  json_integer(counts[PROFILER_TIMING_STEP]), failures);
+    if (counts[PROFILER_TIMING_EXEC] > 0)
+        json_put(obj, "executed_parts",
+                 json_integer(counts[PROFILER_TIMING_EXEC]), failures);
     json_put(obj, "warmup", json_integer(r->runs_warmup), failures);
     json_put(obj, "timed_max", json_integer(r->runs_timed_max), failures);
     json_put(obj, "timed_min", json_integer(r->runs_timed_min), failures);

@@ -380,6 +380,18 @@ static int device_rounds(part_chain *chain, int part, int mbs,
                          double *pair, profiler_timing *timed, pt_error *err)
 {
     int status = 1;
+    if (*timed == PROFILER_TIMING_EXEC && part == 1) {
+        status = chain_exec_rounds(chain, mbs, o->hold_s, o->timing_rounds,
+                                   forward, pair, err);
+        if (status == 1)
+            *timed = PROFILER_TIMING_STEP;
+    }
+    /* the head, a single unit, timed in the chain's steps: what the
+     * executor's steps leave of a whole model once its layers are taken
+     * off is a difference of two large times, too noisy for a part of a
+     * few percent (twelfth session: spreads of 100 % and more) */
+    if (*timed == PROFILER_TIMING_EXEC && part == 2)
+        *timed = PROFILER_TIMING_STEP;
     if (*timed == PROFILER_TIMING_STEP) {
         status = chain_step_rounds(chain, part, mbs, o->hold_s,
                                    o->timing_rounds, forward, pair, err);
@@ -411,7 +423,7 @@ static int hold_part(part_chain *chain, int part, int mbs, double call_s,
                      const profiler_options *o, pt_error *err)
 {
     if (o->backend != BACKEND_CUDA || o->hold_s <= 0.0 || part == 0 ||
-        o->timing == PROFILER_TIMING_STEP)
+        o->timing == PROFILER_TIMING_STEP || o->timing == PROFILER_TIMING_EXEC)
         return 0; /* stepped: the steps warm the device themselves */
     double wanted = call_s > 0.0 ? ceil(o->hold_s / call_s) : 1.0;
     int pairs = wanted > HOLD_PAIRS_MAX ? HOLD_PAIRS_MAX : (int)wanted;
@@ -445,8 +457,10 @@ static int time_part(part_chain *chain, int part, int mbs, int count,
     if (status == -1)
         return -1;
     /* the layer stage's calls run every layer it holds: a layer entry is
-     * their mean */
-    for (int r = 0; part == 1 && r < o->timing_rounds; r++) {
+     * their mean (executed rounds are a layer's already) */
+    for (int r = 0; part == 1 && *timed != PROFILER_TIMING_EXEC &&
+                    r < o->timing_rounds;
+         r++) {
         forward[r] /= chain->layers;
         pair[r] /= chain->layers;
     }

@@ -113,10 +113,15 @@ typedef enum profiler_timing {
     /* cuda, the layer and the head: inside training steps of the whole
      * chain, a CUDA graph of one step replayed back to back
      * (chain_step_rounds); the embedding graphed */
-    PROFILER_TIMING_STEP
+    PROFILER_TIMING_STEP,
+    /* cuda, the layer: inside the executor's own training steps of a
+     * whole model (stage_step_*), at two depths, the layer the difference
+     * (chain_exec_rounds); the head, and the layer where that cannot be,
+     * stepped; the embedding graphed */
+    PROFILER_TIMING_EXEC
 } profiler_timing;
 
-#define PROFILER_TIMINGS 4
+#define PROFILER_TIMINGS 5
 
 typedef struct profiled_part {
     timing_summary forward;

@@ -402,7 +402,7 @@ plan-schedule-levers)
   # written, estimated, run and resumed by exec
   run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 8 --quiet
   expect_in out.txt " v5 "
-  expect_in out.txt " sp "
+  grep -Eq ' ([a-z0-9]+\+)?sp ' out.txt || fail "no sequence-parallel plan among the top 8: $(cat out.txt)"
   expect_in plan.json '"virtual_stages": 5'
   run 0 partita estimate plan.json
   expect_in out.txt "virtual stages 5 a rank (interleaved 1F1B on)"
@@ -560,6 +560,9 @@ profile-cpu)
   # --timing step: the cpu backend queues every part on the host clock
   run_profile partita profile --model in-tiny.json --backend cpu --quick --timing step --tp 1 --mbs 1 -o cpu-step.json
   expect_in cpu-step.json '"queued_parts": 3'
+  # --timing exec: likewise (the executor's steps are timed on cuda only)
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --timing exec --tp 1 --mbs 1 -o cpu-exec.json
+  expect_in cpu-exec.json '"queued_parts": 3'
   grep -Eq '^\[[#.]+\] +[0-9]+/[0-9]+ +[0-9]+\.[0-9] s  tp 1, micro-batch 1' err.txt || fail "no seconds on the progress line: $(cat err.txt)"
   cat >in-box.json <<JSON
 { "name": "cpu-box", "nodes": [
@@ -638,7 +641,7 @@ profile-bad)
   run 2 partita profile --backend cpu --model in-tiny.json --sm-limit 16 --beside 16 --place x
   expect_in err.txt "\-\-place: expected a slice index"
   run 2 partita profile --backend cpu --model in-tiny.json --timing fast
-  expect_in err.txt "\-\-timing: expected gated, graph, host or step, got 'fast'"
+  expect_in err.txt "\-\-timing: expected gated, graph, host, step or exec, got 'fast'"
   run 2 partita profile --backend cpu --model in-tiny.json --embedding-sets 0
   expect_in err.txt "\-\-embedding-sets: expected a number above 0"
   run 2 partita profile --backend cpu --model in-tiny.json --stage-sets 3 --embedding-sets 2

@@ -7,7 +7,8 @@
 # graph_parts): the path that broke when the token upload's event was
 # recorded inside the profiler's capture (2026-11-29, ninth session).
 # Then the same profile with the layer timed in a stack of 4 layers
-# (--layer-stack 4): both points, each recording its 4 layers.
+# (--layer-stack 4): both points, each recording its 4 layers. Then the
+# layer timed inside the executor's own steps (--timing exec) at tp 1 and 2.
 #
 # Usage: tests/executor/gpu/profile_smoke.sh BUILD_DIR OUT_DIR
 set -u
@@ -49,4 +50,29 @@ if len(points) != 2 or stacked != [4, 4] or runs["queued_parts"] != 0:
     print("FAIL: expected 2 points of 4 layers each, timed on the device")
     sys.exit(1)
 print("PASS profile_smoke --layer-stack 4")
+PY
+[ $? = 0 ] || exit 1
+# the layer timed inside the executor's own steps (--timing exec,
+# docs/profiles.md, "Executed timing"): at tp 1 and 2, both points of each
+# with their layers executed (whole models of 4 and 2 layers) and every
+# layer time positive, the heads stepped in the chain
+"$build/cli/partita" profile --model "$root/models/gpt2-124m.json" --tp 1,2 \
+    --mbs 1,2 --no-comm --stage-sets 1 --processes 1 --layer-stack 4 \
+    --timing exec -o "$out/profile-exec.json" ||
+    { echo "FAIL: partita profile --timing exec"; exit 1; }
+python3 - "$out/profile-exec.json" <<'PY'
+import json, sys
+profile = json.load(open(sys.argv[1]))
+runs = profile["provenance"]["runs"]
+points = [c for s in profile["shapes"] for c in s["costs"]]
+executed, stepped = runs.get("executed_parts", 0), runs.get("stepped_parts", 0)
+layers = [(c["tp"], c["mbs"], c["layer"]["forward_s"], c["layer"]["backward_s"])
+          for c in points]
+print(f"{len(points)} points, {executed} parts executed, {stepped} stepped, "
+      f"layers (tp, mbs, fwd s, bwd s) {layers}")
+if (len(points) != 4 or executed != 4 or stepped != 4 or
+        any(f <= 0 or b <= 0 for _, _, f, b in layers)):
+    print("FAIL: expected 4 points, each layer executed and each head stepped")
+    sys.exit(1)
+print("PASS profile_smoke --timing exec")
 PY
