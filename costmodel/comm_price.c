@@ -2,8 +2,8 @@
  * Communication priced from a profile's measured curves where the GPUs of
  * a collective sit inside one node of a type that has them, else from
  * the cluster's links (docs/cost-model.md, section 2, "Measured
- * curves"): sends, all-reduces and reduce-scatters, and the bytes of one
- * activation message.
+ * curves"): sends, all-reduces, reduce-scatters and all-gathers, and the
+ * bytes of one activation message.
  */
 #include "costmodel/internal.h"
 
@@ -72,14 +72,37 @@ double costmodel_send_seconds(const costmodel *cm, double bytes,
     return p2p_time(bytes, link);
 }
 
+/* The collectives a profile may hold curves of. */
+typedef enum collective_curve {
+    CURVE_ALLREDUCE,
+    CURVE_REDUCE_SCATTER,
+    CURVE_ALL_GATHER
+} collective_curve;
+
+/* The measured time of `bytes` over `members` GPUs from node type
+ * curve_type's curve of that collective; false when it holds none for
+ * that group size (or there is no type, one member, no bytes). */
+static bool measured_seconds(const costmodel *cm, int curve_type,
+                             collective_curve which, int members,
+                             double bytes, double *out)
+{
+    const profile *prof = curve_profile(cm, curve_type);
+    if (members < 2 || bytes <= 0.0 || prof == NULL)
+        return false;
+    const comm_curve *curve = which == CURVE_ALLREDUCE ? &prof->allreduce
+                              : which == CURVE_REDUCE_SCATTER
+                                  ? &prof->reduce_scatter
+                                  : &prof->all_gather;
+    return costmodel_curve_time(curve, members, bytes, out);
+}
+
 double costmodel_allreduce_seconds(const costmodel *cm, double bytes,
                                    int members, int curve_type,
                                    link_spec link)
 {
-    const profile *prof = curve_profile(cm, curve_type);
     double measured;
-    if (members > 1 && bytes > 0.0 && prof &&
-        costmodel_curve_time(&prof->allreduce, members, bytes, &measured))
+    if (measured_seconds(cm, curve_type, CURVE_ALLREDUCE, members, bytes,
+                         &measured))
         return measured;
     return allreduce_time(bytes, members, link);
 }
@@ -88,21 +111,32 @@ double costmodel_reduce_scatter_seconds(const costmodel *cm, double bytes,
                                         int members, int curve_type,
                                         link_spec link)
 {
-    const profile *prof = curve_profile(cm, curve_type);
     double measured;
     /* the measured reduce-scatter of the whole tensor where the profile
      * holds it for this group size; else half the measured all-reduce (a
-     * ring reduce-scatter, or all-gather, is half of a ring all-reduce).
-     * All-gathers are priced here too: their own curve is measured
-     * (`all_gather`) but not yet read */
-    if (members > 1 && bytes > 0.0 && prof &&
-        costmodel_curve_time(&prof->reduce_scatter, members, bytes,
-                             &measured))
+     * ring reduce-scatter is half of a ring all-reduce) */
+    if (measured_seconds(cm, curve_type, CURVE_REDUCE_SCATTER, members,
+                         bytes, &measured))
         return measured;
-    if (members > 1 && bytes > 0.0 && prof &&
-        costmodel_curve_time(&prof->allreduce, members, bytes, &measured))
+    if (measured_seconds(cm, curve_type, CURVE_ALLREDUCE, members, bytes,
+                         &measured))
         return 0.5 * measured;
     return reduce_scatter_time(bytes, members, link);
+}
+
+double costmodel_all_gather_seconds(const costmodel *cm, double bytes,
+                                    int members, int curve_type,
+                                    link_spec link)
+{
+    /* the measured all-gather of the whole tensor where the profile holds
+     * it for this group size; else as the reduce-scatter (a ring
+     * all-gather moves what a ring reduce-scatter moves) */
+    double measured;
+    return measured_seconds(cm, curve_type, CURVE_ALL_GATHER, members,
+                            bytes, &measured)
+               ? measured
+               : costmodel_reduce_scatter_seconds(cm, bytes, members,
+                                                  curve_type, link);
 }
 
 double activation_message_bytes(const model_shape *model,

@@ -297,6 +297,18 @@ typedef struct stage_placement {
      * its dp sums are the device exchange's kernels on the ranks' own SMs
      * (docs/cost-model.md 7.1). */
     bool slices_of_one_gpu;
+    /* Whole GPUs whose dp group sits in one node whose type's profile
+     * prices the group's collectives from measured curves: NCCL's kernels
+     * for the dp collectives that run beside the compute (the gradient
+     * sums during the last backward; ZeRO-2/3's reduce-scatters and
+     * gathers) run at the pace those curves show, SM-bound, and hold the
+     * compute's SMs for their whole time, so the compute beside them
+     * grows by that time: nothing of them is hidden. Measured on two
+     * H200s over NVLink (docs/cost-model.md 7.1). Where a link's
+     * bandwidth prices the transfer (no curve: across nodes, or a node
+     * type measured without them), the kernels mostly wait on the link
+     * and the overlap hides what it can, as before. */
+    bool dp_collectives_contend;
 } stage_placement;
 
 /* Fills placement[pp]; fails when the node order does not hold exactly
@@ -725,9 +737,11 @@ double costmodel_sequence_shards(const parallel_config *config);
 double costmodel_pipeline_message_bytes(const model_shape *model,
                                         const parallel_config *config);
 /* One of a layer's tp collectives under sequence parallelism, from the
- * price of one reduce-scatter of the whole buffer: the reduce-scatter and
- * the all-gather (each priced as that reduce-scatter). */
-double costmodel_sequence_tp_comm_s(double reduce_scatter_s);
+ * prices of one reduce-scatter and one all-gather of the whole buffer:
+ * the row-parallel matmul's reduce-scatter and the next column-parallel
+ * one's all-gather. */
+double costmodel_sequence_tp_comm_s(double reduce_scatter_s,
+                                    double all_gather_s);
 
 /* ------------------------------------- interleaved 1F1B (interleave.c) */
 
@@ -994,8 +1008,11 @@ json_t *derive_profile_json(const derive_request *request,
  * for 2 GPUs, "allreduce" for `members` GPUs) of node type curve_type's
  * profile when it has samples for that GPU count, else from the link's
  * closed form (collectives.c). curve_type -1: the GPUs are not all inside
- * one node of one type, so the link prices it. A reduce-scatter (or an
- * all-gather) is half of the curve's all-reduce. */
+ * one node of one type, so the link prices it. A reduce-scatter and an
+ * all-gather (bytes: the whole tensor) from their own curves,
+ * "reducescatter" and "allgather", where the profile holds them; else a
+ * reduce-scatter is half of the curve's all-reduce and an all-gather is
+ * priced as the reduce-scatter. */
 double costmodel_send_seconds(const costmodel *cm, double bytes,
                               int curve_type, link_spec link);
 double costmodel_allreduce_seconds(const costmodel *cm, double bytes,
@@ -1004,6 +1021,9 @@ double costmodel_allreduce_seconds(const costmodel *cm, double bytes,
 double costmodel_reduce_scatter_seconds(const costmodel *cm, double bytes,
                                         int members, int curve_type,
                                         link_spec link);
+double costmodel_all_gather_seconds(const costmodel *cm, double bytes,
+                                    int members, int curve_type,
+                                    link_spec link);
 
 
 /* Ring all-reduce of `bytes` over `members` ranks on one link: 2(n-1)

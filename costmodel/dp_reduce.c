@@ -64,6 +64,22 @@ double costmodel_dp_reduce_seconds(const costmodel *cm,
                    : nccl_allreduce(bytes, &group).seconds;
 }
 
+double costmodel_dp_gather_seconds(const costmodel *cm,
+                                   const parallel_config *config,
+                                   const stage_placement *place,
+                                   double bytes)
+{
+    if (config->dp <= 1 || bytes <= 0.0)
+        return 0.0;
+    if (place->dp_curve_type >= 0)
+        return costmodel_all_gather_seconds(cm, bytes, config->dp,
+                                            place->dp_curve_type,
+                                            place->dp_link);
+    /* a ring all-gather moves what the ring reduce-scatter moves */
+    comm_group group = dp_group(config, place);
+    return nccl_reduce_scatter(bytes, &group);
+}
+
 /* The buckets' reductions on one stream, in the order their gradients
  * are ready during the last backward: a bucket closes when it holds
  * bucket_bytes, or at the end. Returns the seconds after the backward's

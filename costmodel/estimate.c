@@ -374,8 +374,12 @@ static void price_step_work(const costmodel *cm, estimate_scratch *scratch,
         }
         /* on slices of one GPU the kernels of the sums that overlap the
          * backward take its SMs; the exposed share's run within their
-         * paced transfers, which outlast them */
-        if (work.reduce_s > 0.0 && exposed < work.reduce_s)
+         * paced transfers, which outlast them; on whole GPUs of one node
+         * NCCL's hold them for the sums' whole time (sum_kernels_s =
+         * reduce_s), unless --dp-overlap states what hides */
+        bool stated = cm->dp_overlap.enabled &&
+                      place->dp_collectives_contend;
+        if (work.reduce_s > 0.0 && exposed < work.reduce_s && !stated)
             exposed += work.sum_kernels_s * (1.0 - exposed / work.reduce_s);
         tail->exposed_s = exposed;
         st->embedding_allreduce_s = tail->embedding_member ? embedding_s

@@ -384,6 +384,12 @@ double costmodel_dp_reduce_seconds(const costmodel *cm,
                                    const parallel_config *config,
                                    const stage_placement *place,
                                    double bytes, bool scatter);
+/* The dp all-gather of `bytes` (the whole tensor) of a placed stage
+ * (ZeRO's parameters; dp_reduce.c). */
+double costmodel_dp_gather_seconds(const costmodel *cm,
+                                   const parallel_config *config,
+                                   const stage_placement *place,
+                                   double bytes);
 
 /* Seconds of the reduction (reduce_s when it does not overlap) that the
  * step waits for after the last backward, under cm->dp_overlap. */

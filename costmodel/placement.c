@@ -328,6 +328,15 @@ const device_spec *costmodel_lane_device(const costmodel *cm,
     return local < type->device_count ? &type->devices[local] : NULL;
 }
 
+/* Whether node type `type`'s profile holds a measured all-reduce curve
+ * for `gpus` GPUs (-1: no type). */
+static bool measured_curve_for(const costmodel *cm, int type, int gpus)
+{
+    double seconds;
+    return type >= 0 && costmodel_curve_time(&cm->profiles[type].allreduce,
+                                             gpus, 1.0, &seconds);
+}
+
 /* What a stage's placement holds but its link towards the next stage:
  * the stage's GPUs are [first, first + its tp x dp). */
 static int place_own(const costmodel *cm, const parallel_config *config,
@@ -354,6 +363,9 @@ static int place_own(const costmodel *cm, const parallel_config *config,
     dp_hierarchy(c, lane, first, stage_gpus, config, first_slot, last_slot,
                  out);
     out->slices_of_one_gpu = slices_of_one_gpu(c, lane, first, stage_gpus);
+    out->dp_collectives_contend =
+        !out->slices_of_one_gpu && config->dp > 1 && out->dp_nodes == 1 &&
+        measured_curve_for(cm, out->dp_curve_type, config->dp);
     /* the last stage's: its first node's own link */
     out->next_link = slot_link(c, lane, first_slot, first_slot);
     out->next_curve_type = -1;

@@ -366,8 +366,11 @@ static double tp_allreduce_seconds(const costmodel *cm, int type_index,
     double bytes = activation_message_bytes(&cm->model, config);
     link_spec intra = cm->cluster->types[type_index].intra_node;
     if (config->sequence_parallel)
-        return costmodel_sequence_tp_comm_s(costmodel_reduce_scatter_seconds(
-            cm, bytes, config->tp, type_index, intra));
+        return costmodel_sequence_tp_comm_s(
+            costmodel_reduce_scatter_seconds(cm, bytes, config->tp,
+                                             type_index, intra),
+            costmodel_all_gather_seconds(cm, bytes, config->tp, type_index,
+                                         intra));
     double measured;
     if (costmodel_curve_time(&cm->profiles[type_index].allreduce, config->tp, bytes,
                    &measured))
@@ -791,7 +794,8 @@ double costmodel_tp_collective_across_s(const costmodel *cm,
 {
     double bytes = activation_message_bytes(&cm->model, config);
     if (config->sequence_parallel)
-        return costmodel_sequence_tp_comm_s(nccl_reduce_scatter(bytes, span));
+        return costmodel_sequence_tp_comm_s(nccl_reduce_scatter(bytes, span),
+                                            nccl_reduce_scatter(bytes, span));
     return nccl_allreduce(bytes, span).seconds;
 }
 

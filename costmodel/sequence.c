@@ -20,10 +20,11 @@ double costmodel_pipeline_message_bytes(const model_shape *model,
            costmodel_sequence_shards(config);
 }
 
-double costmodel_sequence_tp_comm_s(double reduce_scatter_s)
+double costmodel_sequence_tp_comm_s(double reduce_scatter_s,
+                                    double all_gather_s)
 {
     /* the reduce-scatter after the row-parallel matmul and the
-     * all-gather before the next column-parallel one move what one ring
-     * all-reduce moves, in as many steps */
-    return reduce_scatter_s + reduce_scatter_s;
+     * all-gather before the next column-parallel one (together they move
+     * what one ring all-reduce moves, in as many steps) */
+    return reduce_scatter_s + all_gather_s;
 }

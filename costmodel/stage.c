@@ -362,13 +362,12 @@ static void reduce_and_step(const costmodel *cm, const parallel_config *config,
     bool zero1 = config->distributed_optimizer;
     out->reduce_s = costmodel_dp_reduce_seconds(cm, config, placement,
                                                 *gradient_bytes, zero1);
-    /* ZeRO-1's all-gather of the updated parameters, as a reduce-scatter
-     * of the fp32 master parameters the executor gathers (it rebuilds
-     * its half-precision copy from them afterwards) */
-    out->gather_s = zero1 ? costmodel_dp_reduce_seconds(
+    /* ZeRO-1's all-gather of the updated parameters: the fp32 master
+     * parameters the executor gathers (it rebuilds its half-precision
+     * copy from them afterwards) */
+    out->gather_s = zero1 ? costmodel_dp_gather_seconds(
                                 cm, config, placement,
-                                *params * COSTMODEL_GATHER_BYTES_PER_PARAM,
-                                true)
+                                *params * COSTMODEL_GATHER_BYTES_PER_PARAM)
                           : 0.0;
     double held = zero1 ? *params / config->dp : *params;
     out->optimizer_s = held * slow->optimizer_s_per_param;
@@ -386,8 +385,12 @@ void costmodel_step_work(const costmodel *cm, const parallel_config *config,
                                          &counts);
     out->exposed_s = costmodel_dp_exposed_seconds(cm, config, placement,
                                                   &backward, out->reduce_s);
+    /* whole GPUs of one node: the sums' kernels hold the SMs for the
+     * sums' whole time */
     out->sum_kernels_s =
-        sum_kernels_seconds(config, placement, gradient_bytes, slow);
+        placement->dp_collectives_contend
+            ? out->reduce_s
+            : sum_kernels_seconds(config, placement, gradient_bytes, slow);
     double held = config->distributed_optimizer ? params / config->dp
                                                 : params;
     /* the square sum of the gradients the rank steps (ZeRO-1: its shard),

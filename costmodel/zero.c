@@ -37,15 +37,18 @@ static bool sharding(const parallel_config *config)
     return parallel_zero_stage(config) >= 2 && config->dp > 1;
 }
 
-/* One unit's collective over the stage's dp group: its weights
- * all-gathered (fp32, which the cuda executor then converts to its bf16
- * copy) or its gradients reduce-scattered (fp32), both priced as a
- * reduce-scatter of the unit's fp32 buffer (ZeRO-1's rule). */
+/* One unit's collective over the stage's dp group, of its fp32 buffer:
+ * its gradients reduce-scattered, or (gather) its weights all-gathered
+ * (fp32, which the cuda executor then converts to its bf16 copy). */
 static double unit_collective_s(const costmodel *cm,
                                 const parallel_config *config,
-                                const stage_placement *place, double params)
+                                const stage_placement *place, double params,
+                                bool gather)
 {
-    return costmodel_dp_reduce_seconds(cm, config, place, params * 4.0, true);
+    return gather ? costmodel_dp_gather_seconds(cm, config, place,
+                                                params * 4.0)
+                  : costmodel_dp_reduce_seconds(cm, config, place,
+                                                params * 4.0, true);
 }
 
 /* Bytes the SMs move per parameter of a unit, on slices of one GPU where
@@ -66,7 +69,9 @@ static double reduce_kernel_bytes(const parallel_config *config)
  * own: the last unit's reduce overlaps this one's compute, so the unit
  * takes the longer of the two; on slices of one GPU the reduce's
  * kernels take the unit's SMs (at the slice's streaming rate: the AdamW
- * step's per byte), so they add to its compute. The embeddings end the
+ * step's per byte), so they add to its compute, and on whole GPUs of one
+ * node NCCL's take them for the reduce's whole time (stage_placement's
+ * dp_collectives_contend). The embeddings end the
  * first stage's backward: their reduce runs under what follows (the
  * next micro-batch's forward, which gathers nothing; after the last
  * one, the step's exposed reduce_s), not under their own backward
@@ -77,11 +82,12 @@ static void reduce_unit_times(const costmodel *cm,
                               double s_per_byte, bool trailing,
                               double *backward_s)
 {
-    double reduce = unit_collective_s(cm, config, place, params);
+    double reduce = unit_collective_s(cm, config, place, params, false);
     double reduce_kernels =
         place->slices_of_one_gpu
             ? params * reduce_kernel_bytes(config) * s_per_byte
-            : 0.0;
+        : place->dp_collectives_contend ? reduce
+                                        : 0.0;
     *backward_s = fmax(*backward_s + reduce_kernels, trailing ? 0.0 : reduce);
 }
 
@@ -94,7 +100,9 @@ static void reduce_unit_times(const costmodel *cm,
  * collective's price or, on slices of one GPU, the exchange kernel's
  * bytes at the streaming rate where that is longer (it runs inside the
  * paced transfer). `*_kernels`: the SM time they take from the compute
- * they run beside, on slices of one GPU only. */
+ * they run beside: on slices of one GPU the exchange's and the copies',
+ * on whole GPUs of one node the stream's whole time (NCCL's kernels
+ * beside the compute hide nothing there), else none. */
 typedef struct unit_stream {
     double gather, reduce, gather_kernels, reduce_kernels;
 } unit_stream;
@@ -105,20 +113,28 @@ static unit_stream unit_stream_of(const costmodel *cm,
                                   double params, double s_per_byte)
 {
     double d = config->dp, byte_s = params * s_per_byte;
-    double transfer = unit_collective_s(cm, config, place, params);
-    double gather_transfer = transfer, reduce_transfer = transfer;
+    double gather_transfer = unit_collective_s(cm, config, place, params,
+                                               true);
+    double reduce_transfer = unit_collective_s(cm, config, place, params,
+                                               false);
     unit_stream u = {0};
     if (place->slices_of_one_gpu) {
         /* the exchange kernel: the rank's chunk into every other buffer
          * (4 bytes a parameter); every member's chunk read, the sum
          * written (4 + 4 / d) */
-        gather_transfer = fmax(transfer, 4.0 * byte_s);
-        reduce_transfer = fmax(transfer, (4.0 + 4.0 / d) * byte_s);
+        gather_transfer = fmax(gather_transfer, 4.0 * byte_s);
+        reduce_transfer = fmax(reduce_transfer, (4.0 + 4.0 / d) * byte_s);
         u.gather_kernels = GATHER_KERNEL_BYTES * byte_s;
         u.reduce_kernels = reduce_kernel_bytes(config) * byte_s;
     }
     u.gather = gather_transfer + (8.0 / d + 6.0) * byte_s;
     u.reduce = reduce_transfer + 12.0 / d * byte_s;
+    if (place->dp_collectives_contend) {
+        /* whole GPUs of one node: NCCL's kernels and the copies hold the
+         * compute's SMs for the stream's whole time */
+        u.gather_kernels = u.gather;
+        u.reduce_kernels = u.reduce;
+    }
     return u;
 }
 
@@ -509,7 +525,7 @@ bool costmodel_zero_step_work(const costmodel *cm,
                                                  : u.layer;
     /* its transfer and, on slices, its kernels (behind the backward's
      * last kernels on the units' stream) */
-    out->reduce_s = unit_collective_s(cm, config, place, last_unit) +
+    out->reduce_s = unit_collective_s(cm, config, place, last_unit, false) +
                     reduce_kernels_s(config, place, slow, last_unit);
     out->exposed_s = out->reduce_s;
     out->tail_fraction = 1.0;

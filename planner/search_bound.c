@@ -248,7 +248,7 @@ static double reduction_s(costmodel *cm, const parallel_config *config,
                                           cm, gradients, dp, curve_type,
                                           link)
                           : 0.0) +
-           (gathered > 0.0 ? costmodel_reduce_scatter_seconds(
+           (gathered > 0.0 ? costmodel_all_gather_seconds(
                                  cm, gathered, dp, curve_type, link)
                            : 0.0);
 }

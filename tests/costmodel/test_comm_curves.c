@@ -258,11 +258,73 @@ static void stage_terms_use_the_curves_too(void **state)
     fixture_close(&f);
 }
 
+/* The estimate with its timeline. */
+static estimate timed_estimate_of(fixture *f, parallel_config config,
+                                  const int *order, const int *partition)
+{
+    estimate e;
+    pt_error err = {{0}};
+    if (costmodel_estimate(&f->cm, &config, order, 1, partition, true, &e,
+                           &err) != 0)
+        fail_msg("%s", err.message);
+    return e;
+}
+
+/* Seconds from stage 0's last backward's end to its dp sync's end. */
+static double sync_after_backward(const estimate *e)
+{
+    double backward_end = 0.0, sync_end = -1.0;
+    for (int i = 0; i < e->event_count; i++) {
+        const timeline_event *ev = &e->events[i];
+        if (ev->stage != 0)
+            continue;
+        if (ev->kind == EVENT_BWD && ev->end_s > backward_end)
+            backward_end = ev->end_s;
+        if (ev->kind == EVENT_DP_ALLREDUCE && sync_end < 0.0)
+            sync_end = ev->end_s;
+    }
+    assert_true(sync_end >= 0.0);
+    return sync_end - backward_end;
+}
+
+/* Whole GPUs of one node whose all-reduce curve is measured: NCCL's
+ * kernels for the gradient sums beside the last backward hold its SMs
+ * for the sums' whole time, so none of the sum is hidden (docs/cost-
+ * model.md 7.1); on a node type priced by its link (the A10s here) the
+ * overlap hides all but the tail, as before. */
+static void dp_sums_beside_the_backward_contend_where_curves_price_them(
+    void **state)
+{
+    (void)state;
+    fixture f;
+    open_with_curves(&f, 1, 1);
+    parallel_config config = config_of(8, 1, 1, 4, 1);
+    int a100[1] = {0}, a10[1] = {1}, one_stage[1] = {48};
+    stage_placement place;
+    pt_error err = {{0}};
+    assert_int_equal(costmodel_place(&f.cm, &config, a100, 1, &place, &err),
+                     0);
+    assert_true(place.dp_collectives_contend);
+    estimate e = timed_estimate_of(&f, config, a100, one_stage);
+    assert_true(close_to(sync_after_backward(&e), e.stages[0].dp_allreduce_s,
+                         1e-9));
+    estimate_free(&e);
+    assert_int_equal(costmodel_place(&f.cm, &config, a10, 1, &place, &err),
+                     0);
+    assert_false(place.dp_collectives_contend);
+    e = timed_estimate_of(&f, config, a10, one_stage);
+    assert_true(sync_after_backward(&e) < e.stages[0].dp_allreduce_s);
+    estimate_free(&e);
+    fixture_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sends_inside_a_node_use_the_sendrecv_curve),
         cmocka_unit_test(dp_allreduce_inside_a_node_uses_the_allreduce_curve),
+        cmocka_unit_test(
+            dp_sums_beside_the_backward_contend_where_curves_price_them),
         cmocka_unit_test(a_reduce_scatter_curve_prices_the_reduce_scatter),
         cmocka_unit_test(a_curve_without_that_gpu_count_falls_back_to_the_link),
         cmocka_unit_test(embedding_allreduce_inside_a_node_uses_the_curve),
