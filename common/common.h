@@ -561,12 +561,9 @@ typedef enum grad_precision_kind {
 } grad_precision_kind;
 
 /* The program that will run the plan (docs/cost-model.md, "The
- * runtime"): memory and time follow its allocations and options.
- * Partita's executor keeps the residual stream in fp32 and the gradients
- * in the plan's grad_precision and overlaps the dp reduction with the
- * backward; Megatron-LM and DeepSpeed keep the residual stream in the
- * plan's precision and reduce after the backward unless told to
- * overlap. */
+ * runtime"): memory and time follow its allocations and options; only
+ * Partita's executor always overlaps the dp reduction with the backward
+ * (parallel_residual_bytes and parallel_gradient_bytes say the rest). */
 typedef enum runtime_kind {
     RUNTIME_PARTITA,
     RUNTIME_MEGATRON,
