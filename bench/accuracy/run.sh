@@ -43,7 +43,7 @@ for name in "${names[@]}"; do
     if "$partita" exec "$plan" --data "$data" --backend cuda --iters "$iters" \
         --log-interval "$iters" -o "$runs/$name.run.json" >"$runs/$name.log" 2>&1; then
         printf 'OK   %-32s %6.1f s  %s\n' "$name" \
-            "$(echo "$(date +%s.%N) - $start" | bc)" \
+            "$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{print b - a}')" \
             "$(grep -o 'median step time [^,]*' "$runs/$name.log")"
     else
         echo "FAIL $name (exit $?): $(tail -n 2 "$runs/$name.log" | tr '\n' ' ')"
