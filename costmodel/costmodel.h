@@ -365,9 +365,11 @@ typedef struct step_work {
     double gather_s;       /* ZeRO-1's parameter all-gather, else 0:
                               COSTMODEL_GATHER_BYTES_PER_PARAM a
                               parameter */
-    double sum_kernels_s;  /* slices_of_one_gpu: the SM time of the dp
-                              sums' kernels, which the backward they
-                              overlap cannot hide; else 0 */
+    double sum_kernels_s;  /* the SM time of the dp sums' kernels, which
+                              the backward they overlap cannot hide:
+                              slices_of_one_gpu, the device exchange's;
+                              dp_collectives_contend, NCCL's, reduce_s
+                              whole; else 0 */
     double norm_s;         /* the gradient-norm pass before the optimizer
                               step: the rank's square sum of the fp32
                               gradients it steps, at the streaming rate

@@ -1,9 +1,11 @@
 /* Communication from the profiles' measured curves: the pipeline's
  * send/recv, the data-parallel gradient all-reduce (and the distributed
- * optimizer's halves: a "reducescatter" curve where measured) and the
- * tied-embedding all-reduce use a profile's "sendrecv" / "allreduce"
- * curve when the GPUs involved sit in one node
- * of that profile's type, and the cluster's link figures otherwise. */
+ * optimizer's halves: "reducescatter" and "allgather" curves where
+ * measured) and the tied-embedding all-reduce use a profile's
+ * "sendrecv" / "allreduce" curve when the GPUs involved sit in one node
+ * of that profile's type, and the cluster's link figures otherwise;
+ * where a curve prices a dp group, its sums beside the backward hide
+ * nothing. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -136,9 +138,9 @@ static void dp_allreduce_inside_a_node_uses_the_allreduce_curve(void **state)
 
 /* A measured reduce-scatter curve (`partita profile` since 2026-11-29)
  * prices the distributed optimizer's reduce-scatter by itself, not as
- * half the all-reduce; its all-gather is priced by it too (the
- * all-gather curve is stored, not yet read). Where the curve lacks the
- * group size, half the all-reduce as before. */
+ * half the all-reduce; its all-gather too where the profile holds no
+ * all-gather curve, else that curve. Where the curves lack the group
+ * size, half the all-reduce each, as before. */
 static void a_reduce_scatter_curve_prices_the_reduce_scatter(void **state)
 {
     (void)state;
@@ -155,11 +157,22 @@ static void a_reduce_scatter_curve_prices_the_reduce_scatter(void **state)
     double curve = 25e-6 + (bytes - 1e6) / (1e9 - 1e6) * (6e-3 - 25e-6);
     assert_true(close_to(e.stages[0].dp_allreduce_s, 2.0 * curve, 1e-12));
     estimate_free(&e);
+    /* an all-gather curve prices the parameter gather */
+    static const comm_sample gather[] = {{4, 1e6, 20e-6, 0.0},
+                                         {4, 1e9, 5e-3, 0.0}};
+    f.cm.profiles[0].all_gather = (comm_curve){2, samples_of(gather, 2)};
+    e = estimate_of(&f, config, order, 1, one_stage);
+    double gathered = 20e-6 + (bytes - 1e6) / (1e9 - 1e6) * (5e-3 - 20e-6);
+    assert_true(close_to(e.stages[0].dp_allreduce_s, curve + gathered,
+                         1e-12));
+    estimate_free(&e);
     /* a curve of 2-GPU samples only: dp 4 falls back to the all-reduce */
     static const comm_sample pair[] = {{2, 1e6, 25e-6, 0.0},
                                        {2, 1e9, 6e-3, 0.0}};
     free(f.cm.profiles[0].reduce_scatter.samples);
+    free(f.cm.profiles[0].all_gather.samples);
     f.cm.profiles[0].reduce_scatter = (comm_curve){2, samples_of(pair, 2)};
+    f.cm.profiles[0].all_gather = (comm_curve){2, samples_of(pair, 2)};
     e = estimate_of(&f, config, order, 1, one_stage);
     assert_true(close_to(e.stages[0].dp_allreduce_s,
                          allreduce_curve(4, bytes), 1e-12));
