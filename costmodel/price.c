@@ -378,6 +378,36 @@ static double tp_allreduce_seconds(const costmodel *cm, int type_index,
     return allreduce_time(bytes, config->tp, intra);
 }
 
+/* What a layer's pass adds to its collectives under sequence
+ * parallelism in Partita's executor (docs/cost-model.md 1.7): the
+ * shard's rows copied into the gathered buffer, two in each pass (2
+ * bytes read and written a value), and in the backward the two norm
+ * outputs' rows gathered again for the weight gradients (Megatron-LM
+ * does the same but overlaps the gather with the input gradient's
+ * product; this executor's stream does not) and the group's sum of the
+ * norms' weight and bias gradients (4 h floats a layer and micro-batch).
+ * Under another runtime nothing: the gather hides under the product. */
+static double sequence_extra_seconds(const costmodel *cm, int type_index,
+                                     const parallel_config *config,
+                                     double stream_s_per_byte, bool backward)
+{
+    if (!config->sequence_parallel || config->tp < 2 ||
+        config->runtime != RUNTIME_PARTITA)
+        return 0.0;
+    double bytes = activation_message_bytes(&cm->model, config);
+    double copies = 2.0 * 4.0 * bytes / config->tp * stream_s_per_byte;
+    if (!backward)
+        return copies;
+    link_spec intra = cm->cluster->types[type_index].intra_node;
+    double gather = costmodel_all_gather_seconds(cm, bytes, config->tp,
+                                                 type_index, intra);
+    double norm_sum_bytes = 4.0 * cm->model.hidden * 4.0, norm_sum;
+    if (!costmodel_curve_time(&cm->profiles[type_index].allreduce,
+                              config->tp, norm_sum_bytes, &norm_sum))
+        norm_sum = allreduce_time(norm_sum_bytes, config->tp, intra);
+    return copies + 2.0 * gather + norm_sum;
+}
+
 /* Notes what a lookup stretched (another tp, a micro-batch far outside
  * the measured ones). */
 static void note_lookup(costmodel *note_target, const costmodel *cm,
@@ -493,8 +523,16 @@ static int price_type_from(const costmodel *cm, int type_index,
                               ? tp_allreduce_seconds(cm, type_index, config)
                               : 0.0;
     if (add_tp_comm) {
-        out->layer_forward_s += 2.0 * out->tp_allreduce_s;
-        out->layer_backward_s += 2.0 * out->tp_allreduce_s;
+        double stream_s_per_byte =
+            prof->optimizer_s_per_param / COSTMODEL_ADAMW_BYTES_PER_PARAM;
+        out->layer_forward_s +=
+            2.0 * out->tp_allreduce_s +
+            sequence_extra_seconds(cm, type_index, config,
+                                   stream_s_per_byte, false);
+        out->layer_backward_s +=
+            2.0 * out->tp_allreduce_s +
+            sequence_extra_seconds(cm, type_index, config,
+                                   stream_s_per_byte, true);
     }
     if (config->recompute)
         out->layer_backward_s += out->layer_forward_s;

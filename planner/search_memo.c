@@ -12,10 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Ints of a stage key before the node types: the config, the stage,
- * whether the next stage is known, where the window starts in its first
- * node and how many nodes it spans. */
-#define STAGE_KEY_HEADER 14
+/* Ints of a stage key before the node types: the config (its fields a
+ * search varies: sequence parallelism too, a task of its own beside the
+ * plain tp's), the stage, whether the next stage is known, where the
+ * window starts in its first node and how many nodes it spans. */
+#define STAGE_KEY_HEADER 15
 /* Ints of a partition key before the stages, and per stage (two doubles
  * and the cap). */
 #define PARTITION_KEY_HEADER 4
@@ -96,7 +97,7 @@ static int stage_key(const search_memo *memo, const parallel_config *config,
         config->gbs, config->mbs, config->tp, config->dp, config->pp,
         (int)config->schedule,
         (int)config->precision * 2 + (int)config->grad_precision,
-        config->recompute,
+        config->recompute, config->sequence_parallel,
         parallel_zero_stage(config), config->offload_optimizer, stage,
         next_known,
         (int)(window_low - lane->starts[first]), last - first + 1};

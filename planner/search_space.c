@@ -180,9 +180,13 @@ static int add_shape(search_space *space, int *capacity, int tp, int dp,
                                           levers[lever].offload};
             parallel_set_zero_stage(&config, levers[lever].zero);
             config.virtual_stages = 1;
-            config.sequence_parallel =
-                search_sequence_parallel_tried(options, &config, seq);
+            /* the plain tp, and where allowed sequence parallelism beside
+             * it: less memory, but in Partita's executor more time */
             if (add_task(space, capacity, &config, err) != 0)
+                return -1;
+            config.sequence_parallel = true;
+            if (search_sequence_parallel_tried(options, &config, seq) &&
+                add_task(space, capacity, &config, err) != 0)
                 return -1;
         }
     }

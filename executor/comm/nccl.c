@@ -438,11 +438,64 @@ static int clique_rank_of(const int *group, int group_size, int rank)
     return below;
 }
 
+/* Whether the chunks are equal and lie in the clique's rank order (chunk
+ * j is member j's, the members sorted): then NCCL's own reduce-scatter
+ * and all-gather take the buffer in place. */
+static bool chunks_in_clique_order(const int *group, int group_size,
+                                   const size_t *offsets)
+{
+    size_t chunk = offsets[1] - offsets[0];
+    for (int j = 0; j < group_size; j++)
+        if (offsets[j + 1] - offsets[j] != chunk ||
+            clique_rank_of(group, group_size, group[j]) != j)
+            return false;
+    return chunk > 0;
+}
+
+/* Enqueues the collective's NCCL calls on `on`: NCCL's reduce-scatter or
+ * all-gather in place where the chunks allow (sequence parallelism's
+ * rows, even shards: the collectives the profiler's curves time and
+ * Megatron-LM calls), else one NCCL group of per-chunk calls, so chunks of
+ * unequal size need no padding: chunk j reduced to (or broadcast from)
+ * member j (each member sends and receives (n - 1) / n of the buffer). */
+static ncclResult_t enqueue_chunks(const comm *c, const int *group,
+                                   int group_size, void *data,
+                                   const size_t *offsets, ncclDataType_t type,
+                                   size_t element_bytes, bool gather,
+                                   ncclComm_t comm, cudaStream_t on)
+{
+    char *base = (char *)data + offsets[0] * element_bytes;
+    if (chunks_in_clique_order(group, group_size, offsets)) {
+        size_t count = offsets[1] - offsets[0];
+        char *mine = base + (size_t)clique_rank_of(group, group_size,
+                                                   c->rank) *
+                                count * element_bytes;
+        return gather ? ncclAllGather(mine, base, count, type, comm, on)
+                      : ncclReduceScatter(base, mine, count, type, ncclSum,
+                                          comm, on);
+    }
+    ncclResult_t first_error = ncclGroupStart();
+    if (first_error != ncclSuccess)
+        return first_error;
+    for (int j = 0; j < group_size; j++) {
+        char *chunk = (char *)data + offsets[j] * element_bytes;
+        size_t count = offsets[j + 1] - offsets[j];
+        int root = clique_rank_of(group, group_size, group[j]);
+        ncclResult_t status =
+            gather ? ncclBroadcast(chunk, chunk, count, type, root, comm, on)
+                   : ncclReduce(chunk, chunk, count, type, ncclSum, root,
+                                comm, on);
+        if (status != ncclSuccess && status != ncclInProgress &&
+            first_error == ncclSuccess)
+            first_error = status;
+    }
+    ncclResult_t ended = ncclGroupEnd();
+    return first_error != ncclSuccess ? first_error : ended;
+}
+
 /* ZeRO-1's collectives (fp32) and sequence parallelism's (bf16 or fp32)
- * as one NCCL group of per-chunk calls, so chunks of unequal size need no
- * padding: chunk j reduced to (or broadcast from) member j. NCCL runs the
- * group like its reduce-scatter and all-gather (each member sends and
- * receives (n - 1) / n of the buffer). */
+ * over chunks at `offsets` (enqueue_chunks), on `stream` (NULL: the
+ * rank's collective stream, then waited for). */
 static int chunked_collective(const comm *c, const int *group, int group_size,
                               void *data, const size_t *offsets,
                               comm_element element, bool gather,
@@ -460,23 +513,9 @@ static int chunked_collective(const comm *c, const int *group, int group_size,
                         sizeof operation, &comm, err) != 0 ||
         (stream == NULL &&
          CUDA_STEP(comm_follow_caller(on, r->caller)) != 0) ||
-        settle(c, comm, ncclGroupStart(), operation, err) != 0)
-        return -1;
-    ncclResult_t first_error = ncclSuccess;
-    for (int j = 0; j < group_size; j++) {
-        char *chunk = (char *)data + offsets[j] * element_bytes;
-        size_t count = offsets[j + 1] - offsets[j];
-        int root = clique_rank_of(group, group_size, group[j]);
-        ncclResult_t status =
-            gather ? ncclBroadcast(chunk, chunk, count, type, root, comm, on)
-                   : ncclReduce(chunk, chunk, count, type, ncclSum, root,
-                                comm, on);
-        if (status != ncclSuccess && status != ncclInProgress &&
-            first_error == ncclSuccess)
-            first_error = status;
-    }
-    ncclResult_t ended = ncclGroupEnd();
-    if (settle(c, comm, first_error != ncclSuccess ? first_error : ended,
+        settle(c, comm,
+               enqueue_chunks(c, group, group_size, data, offsets, type,
+                              element_bytes, gather, comm, on),
                operation, err) != 0)
         return -1;
     if (stream != NULL)

@@ -400,9 +400,9 @@ prep)
 plan-schedule-levers)
   # Megatron's interleaved 1F1B and sequence parallelism: planned,
   # written, estimated, run and resumed by exec
-  run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 8 --quiet
+  run 0 partita plan --model gpt-13b --gbs 64 --cluster h200x8 --top 32 --quiet
   expect_in out.txt " v5 "
-  grep -Eq ' ([a-z0-9]+\+)?sp ' out.txt || fail "no sequence-parallel plan among the top 8: $(cat out.txt)"
+  grep -Eq ' ([a-z0-9]+\+)?sp ' out.txt || fail "no sequence-parallel plan among the top 32: $(cat out.txt)"
   expect_in plan.json '"virtual_stages": 5'
   run 0 partita estimate plan.json
   expect_in out.txt "virtual stages 5 a rank (interleaved 1F1B on)"

@@ -487,7 +487,7 @@ JSON
   # the planner searches this cluster too (its tp 4 tasks: test_search_tree)
   python3 -c "import json; p = json.load(open('in-plan.json')); json.dump(p['cluster'], open('in-cluster.json', 'w')); json.dump(p['model'], open('in-model.json', 'w'))"
   run 0 partita plan --model in-model.json --cluster in-cluster.json --gbs 4 --quiet -o plan.json
-  expect_in out.txt "of 50 tasks"
+  expect_in out.txt "of 88 tasks"
   run 0 partita estimate plan.json
   ;;
 *)

@@ -280,6 +280,45 @@ static void sequence_parallel_prices_and_saves(void **state)
     fixture_close(&f);
 }
 
+/* The backward of a layer under sequence parallelism in Partita's
+ * executor: the two norm outputs gathered again for the weight
+ * gradients, the group's sum of the norms' gradients (4 h floats) and
+ * the shard's rows copied into the gathered buffer (2 each pass, 4 bytes
+ * a value moved); under Megatron's runtime none of it (its gather hides
+ * under the input gradient's product). */
+static void sequence_parallel_backward_gathers_again(void **state)
+{
+    (void)state;
+    model_shape m = gpt2_xl();
+    fixture f;
+    assert_int_equal(fixture_open(&f, &m, 2, 0), 0);
+    f.cm.profiles[0].layer_times_include_tp_comm = false;
+    parallel_config plain = config_of(16, 2, 2, 1, 4);
+    plain.runtime = RUNTIME_PARTITA;
+    parallel_config sp = plain;
+    sp.sequence_parallel = true;
+    pt_error err = {{0}};
+    type_costs a, b;
+    assert_int_equal(costmodel_type_costs(&f.cm, 0, &plain, &a, &err), 0);
+    assert_int_equal(costmodel_type_costs(&f.cm, 0, &sp, &b, &err), 0);
+    double bytes = 2.0 * 1024 * 1600 * 2.0;
+    link_spec intra = f.cluster.types[0].intra_node;
+    double gather = costmodel_all_gather_seconds(&f.cm, bytes, 2, 0, intra);
+    double sum = allreduce_time(4.0 * 1600 * 4.0, 2, intra);
+    double copies = 2.0 * 4.0 * bytes / 2.0 * a.stream_s_per_byte;
+    double tp = b.tp_allreduce_s - a.tp_allreduce_s;
+    assert_true(close_to(b.layer_forward_s - a.layer_forward_s,
+                         2.0 * tp + copies, 1e-9));
+    assert_true(close_to(b.layer_backward_s - a.layer_backward_s,
+                         2.0 * tp + 2.0 * gather + sum + copies, 1e-9));
+    plain.runtime = sp.runtime = RUNTIME_MEGATRON;
+    assert_int_equal(costmodel_type_costs(&f.cm, 0, &plain, &a, &err), 0);
+    assert_int_equal(costmodel_type_costs(&f.cm, 0, &sp, &b, &err), 0);
+    assert_true(close_to(b.layer_backward_s - a.layer_backward_s,
+                         2.0 * (b.tp_allreduce_s - a.tp_allreduce_s), 1e-9));
+    fixture_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -289,6 +328,7 @@ int main(void)
         cmocka_unit_test(warmup_and_in_flight_follow_megatron),
         cmocka_unit_test(estimate_interleaves),
         cmocka_unit_test(sequence_parallel_prices_and_saves),
+        cmocka_unit_test(sequence_parallel_backward_gathers_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
