@@ -175,6 +175,9 @@ int cuda_rank_memory_reserve(size_t bytes, const char *what, pt_error *err);
 void cuda_rank_memory_release(size_t bytes);
 /* SMs the thread's kernels may use: the green context's, or the device's. */
 int cuda_rank_sm_count(void);
+/* Whether the thread's rank opened a slice of a GPU beside other ranks'
+ * slices (cuda_rank_device_open_slice with more than one). */
+bool cuda_rank_shares_device(void);
 
 /* ------------------------------------------- the device exchange's kernels */
 

@@ -134,6 +134,14 @@ typedef struct cuda_pass_graphs {
                                        zeroes the gradients beside it
                                        (cuda_side_zero) */
     cuda_pass_graph backward;
+    /* A pipeline stage's passes (cuda_slot_pass_run): one graph of each
+     * pass per activation slot, the same pointers every call of a slot;
+     * slot_count entries of each, allocated at first use (NULL before). */
+    cuda_pass_graph *slot_forward, *slot_backward;
+    int slot_graphs;
+    /* a slot pass's body is running: the head's loss read and the
+     * pass's closing wait are left to the caller (passes.c) */
+    bool in_slot_pass;
     long replays;                   /* launches of any of them */
 } cuda_pass_graphs;
 
@@ -321,6 +329,17 @@ typedef int (*cuda_pass_body)(model_stage *stage, int slot,
                               const stage_io *io, pt_error *err);
 int cuda_pass_run(model_stage *stage, cuda_pass_graph *graph, int slot,
                   const stage_io *io, cuda_pass_body body, pt_error *err);
+/* The same for a stage whose step is not kept on the device (a pipeline
+ * stage): slot_graphable says whether its forward (backward false) or
+ * backward may be replayed from graphs of their slot (graphs on, a GPU
+ * of its own, no tensor parallelism, no ZeRO units, no offload, not the
+ * profiler's calls; a backward, no gradient hook); slot_pass_run
+ * runs `body` of the forward (backward false) or the backward through
+ * its slot's graph with graphs.in_slot_pass set, else plainly. */
+bool cuda_slot_graphable(const model_stage *stage, bool backward);
+int cuda_slot_pass_run(model_stage *stage, bool backward, int slot,
+                       const stage_io *io, cuda_pass_body body,
+                       pt_error *err);
 void cuda_pass_graphs_close(cuda_pass_graphs *graphs);
 /* The side zeroing (cuda_side_zero). defer: whether zero_grads may leave
  * the `bytes` of gradients to the next forward (a step kept on the

@@ -53,6 +53,7 @@ typedef struct rank_device {
     green_api api;              /* set when green is */
     double memory_limit_bytes;  /* 0: no cap */
     double memory_held_bytes;   /* reserved through this thread */
+    bool shares_device;         /* a slice beside other ranks' slices */
 } rank_device;
 
 static _Thread_local rank_device current;
@@ -315,7 +316,8 @@ static int rank_device_open(int device, bool sliced, const int *sm_slices,
     rank_device opened = {.open = true,
                           .device = device,
                           .sm_limit = sm_limit,
-                          .memory_limit_bytes = memory_limit_bytes};
+                          .memory_limit_bytes = memory_limit_bytes,
+                          .shares_device = sliced && slice_count > 1};
     if (sm_limit > 0 &&
         make_green_context(&opened.api, device, sliced, sm_slices,
                            slice_count, index, sm_limit, &opened.green,
@@ -366,6 +368,11 @@ void cuda_rank_memory_release(size_t bytes)
     current.memory_held_bytes -= (double)bytes;
     if (current.memory_held_bytes < 0)
         current.memory_held_bytes = 0;
+}
+
+bool cuda_rank_shares_device(void)
+{
+    return current.shares_device;
 }
 
 int cuda_rank_sm_count(void)

@@ -291,6 +291,24 @@ static int head_logits(model_stage *stage, activation_slot *slot,
     return 0;
 }
 
+/* The micro-batch's mean loss, which the head's forward left in
+ * scratch.reduced, read back once the stage's stream has drained (under
+ * the comm's deadline when sums are on it: a copy into pageable memory
+ * would wait for it with no deadline). */
+static int read_mean_loss(model_stage *stage, float *mean_loss,
+                          pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (cuda_sync_stage_stream(stage, err) != 0)
+        return -1;
+    double loss = 0.0;
+    CUDA_TRY(cudaMemcpyAsync(&loss, state->scratch.reduced, sizeof loss,
+                             cudaMemcpyDeviceToHost, state->stream));
+    CUDA_TRY(cudaStreamSynchronize(state->stream));
+    *mean_loss = (float)loss;
+    return 0;
+}
+
 static int head_forward(model_stage *stage, activation_slot *slot,
                         const pt_bf16 *stream_in, const stage_dims *d,
                         float loss_scale, float *mean_loss, pt_error *err)
@@ -319,16 +337,10 @@ static int head_forward(model_stage *stage, activation_slot *slot,
     }
     CUDA_TRY(cuda_mean(state->scratch.reduced, slot->losses, N,
                        state->stream));
-    /* the stream first, under the comm's deadline when sums are on it: a
-     * copy into pageable memory would wait for it with no deadline */
-    if (cuda_sync_stage_stream(stage, err) != 0)
-        return -1;
-    double loss = 0.0;
-    CUDA_TRY(cudaMemcpyAsync(&loss, state->scratch.reduced, sizeof loss,
-                             cudaMemcpyDeviceToHost, state->stream));
-    CUDA_TRY(cudaStreamSynchronize(state->stream));
-    *mean_loss = (float)loss;
-    return 0;
+    *mean_loss = 0.0f;
+    /* a slot graph's body: the caller reads it after the pass */
+    return state->graphs.in_slot_pass ? 0
+                                      : read_mean_loss(stage, mean_loss, err);
 }
 
 /* Token + position embedding into the slot's input (the bf16 stream).
@@ -452,6 +464,7 @@ static int forward_passes(model_stage *stage, int slot_index,
                          mean_loss, err) != 0)
             return -1;
     } else if (!stage->defer_sync && !stage->step.on_device &&
+               !state->graphs.in_slot_pass &&
                cuda_sync_stage_stream(stage, err) != 0) {
         return -1;
     }
@@ -459,7 +472,8 @@ static int forward_passes(model_stage *stage, int slot_index,
 }
 
 /* forward_passes as a graph's body: a step kept on the device reads no
- * loss back (it sums them on the device). */
+ * loss back (it sums them on the device), a slot graph's caller reads it
+ * after the pass (cuda_stage_forward). */
 static int forward_body(model_stage *stage, int slot_index,
                         const stage_io *io, pt_error *err)
 {
@@ -487,6 +501,14 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
                           io, forward_body, err) != 0)
             return -1;
         state->side_zero.pending = false; /* forked, or replayed */
+    } else if (cuda_slot_graphable(stage, false)) {
+        /* a pipeline stage: its slot's graph, then the loss or the wait
+         * the body left out */
+        if (cuda_slot_pass_run(stage, false, slot_index, io, forward_body,
+                               err) != 0 ||
+            (stage->spec.has_head ? read_mean_loss(stage, mean_loss, err)
+                                  : cuda_sync_stage_stream(stage, err)) != 0)
+            return -1;
     } else if (forward_passes(stage, slot_index, io, mean_loss, err) != 0) {
         return -1;
     }
@@ -862,8 +884,11 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
     backward_scratch *s = &state->scratch;
     stage_dims d = dims_of(stage, io->mbs);
     size_t RC = (size_t)d.R * d.C;
-    if (cuda_pass_run(stage, &state->graphs.backward, slot_index, io,
-                      backward_passes, err) != 0)
+    if ((stage->step.on_device
+             ? cuda_pass_run(stage, &state->graphs.backward, slot_index, io,
+                             backward_passes, err)
+             : cuda_slot_pass_run(stage, true, slot_index, io,
+                                  backward_passes, err)) != 0)
         return -1;
     const float *d_in =
         input_grad_converted(stage) ? s->d_stream_fp32 : io->output_grad;

@@ -1,26 +1,41 @@
 /*
  * The one-stage step's forward and backward replayed as CUDA graphs
- * (cuda_stage.h, cuda_pass_graphs). A step kept on the device enqueues
+ * (cuda_stage.h, cuda_pass_graphs), and a pipeline stage's by slot. A
+ * step kept on the device enqueues
  * the same 400 to 1,000 kernels with the same pointers every step; one
  * launched at a time, each costs the host a few microseconds and leaves
  * the GPU a gap of about 2 us behind the last one, and the GPU waits for
  * the host at every step's start. Replayed from a graph, the host
  * launches a pass at once and the device runs its kernels back to back.
  * The graphs change no kernel, so a step gives the same bits with or
- * without them (tests/executor/gpu/test_cuda_training.c).
+ * without them (tests/executor/gpu/test_cuda_training.c). A pipeline
+ * stage's passes use the same fixed buffers for every call of one
+ * activation slot (its input, kept activations, output), so each slot
+ * has a graph of its forward and one of its backward; the wait for the
+ * stream and the head's loss read, which end such a pass, come after
+ * the replay (GPT-2 774M at micro-batch 2 stepped 3.8 % slower without
+ * graphs on one H200: docs/records/gpu-runs.md, thirteenth session).
  */
+#include <stdlib.h>
+
 #include "executor/cuda/cuda_stage.h"
 
 #include "executor/cuda/cuda_check.h"
 
 /* Whether this call may go through a graph: a step kept on the device
  * (whole model, one rank, no units, no offload, not the profiler's
- * back-to-back calls: train.c), nothing hooked on the gradients. */
-static bool graphable(const model_stage *stage)
+ * back-to-back calls: train.c) with nothing hooked on the gradients, or
+ * the forward of a dp rank (its hook enqueues the buckets' sums from the
+ * host as the backward goes; a forward calls none) that has a GPU to
+ * itself: beside other ranks' slices of one H200 such forwards stepped
+ * 3-4 % slower from graphs (docs/records/gpu-runs.md, thirteenth session,
+ * call 8). */
+static bool graphable(const model_stage *stage, bool backward)
 {
     const cuda_stage_state *state = state_of(stage);
     return state->graphs.enabled && stage->step.on_device &&
-           state->grad_hook == NULL;
+           (state->grad_hook == NULL ||
+            (!backward && !cuda_rank_shares_device()));
 }
 
 static bool same_key(const cuda_pass_graph *graph, int slot,
@@ -74,11 +89,12 @@ static int capture_and_launch(model_stage *stage, cuda_pass_graph *graph,
     return 0;
 }
 
-int cuda_pass_run(model_stage *stage, cuda_pass_graph *graph, int slot,
-                  const stage_io *io, cuda_pass_body body, pt_error *err)
+/* A graphable call through `graph`: replayed, captured, or run plainly
+ * at its key's first call. */
+static int run_through(model_stage *stage, cuda_pass_graph *graph, int slot,
+                       const stage_io *io, cuda_pass_body body,
+                       pt_error *err)
 {
-    if (!graphable(stage))
-        return body(stage, slot, io, err);
     if (!same_key(graph, slot, io)) {
         graph_forget(graph);
         graph->slot = slot;
@@ -99,11 +115,71 @@ int cuda_pass_run(model_stage *stage, cuda_pass_graph *graph, int slot,
     return capture_and_launch(stage, graph, slot, io, body, err);
 }
 
+int cuda_pass_run(model_stage *stage, cuda_pass_graph *graph, int slot,
+                  const stage_io *io, cuda_pass_body body, pt_error *err)
+{
+    if (!graphable(stage, graph == &state_of(stage)->graphs.backward))
+        return body(stage, slot, io, err);
+    return run_through(stage, graph, slot, io, body, err);
+}
+
+bool cuda_slot_graphable(const model_stage *stage, bool backward)
+{
+    const cuda_stage_state *state = state_of(stage);
+    /* not beside other ranks' slices of one GPU: a GPipe pipeline there
+       stepped 6-9 % slower from slot graphs (call 8 of the thirteenth
+       session's records) */
+    return state->graphs.enabled && !stage->step.on_device &&
+           !stage->defer_sync && !cuda_rank_shares_device() &&
+           (!backward || state->grad_hook == NULL) &&
+           stage_spec_tp(&stage->spec) == 1 && !stage->params_by_unit &&
+           !stage->grads_by_unit && stage->offload == NULL;
+}
+
+int cuda_slot_pass_run(model_stage *stage, bool backward, int slot,
+                       const stage_io *io, cuda_pass_body body,
+                       pt_error *err)
+{
+    cuda_pass_graphs *graphs = &state_of(stage)->graphs;
+    if (!cuda_slot_graphable(stage, backward) || slot < 0 ||
+        slot >= stage->slot_count)
+        return body(stage, slot, io, err);
+    if (graphs->slot_forward == NULL) {
+        graphs->slot_forward =
+            calloc((size_t)stage->slot_count, sizeof *graphs->slot_forward);
+        graphs->slot_backward =
+            calloc((size_t)stage->slot_count, sizeof *graphs->slot_backward);
+        if (graphs->slot_forward == NULL || graphs->slot_backward == NULL) {
+            free(graphs->slot_forward);
+            free(graphs->slot_backward);
+            graphs->slot_forward = graphs->slot_backward = NULL;
+            return pt_fail(err, "cuda backend: out of host memory for %d "
+                                "slots' pass graphs",
+                           stage->slot_count);
+        }
+        graphs->slot_graphs = stage->slot_count;
+    }
+    cuda_pass_graph *graph = backward ? &graphs->slot_backward[slot]
+                                      : &graphs->slot_forward[slot];
+    graphs->in_slot_pass = true;
+    int status = run_through(stage, graph, slot, io, body, err);
+    graphs->in_slot_pass = false;
+    return status;
+}
+
 void cuda_pass_graphs_close(cuda_pass_graphs *graphs)
 {
     graph_forget(&graphs->forward[0]);
     graph_forget(&graphs->forward[1]);
     graph_forget(&graphs->backward);
+    for (int s = 0; s < graphs->slot_graphs; s++) {
+        graph_forget(&graphs->slot_forward[s]);
+        graph_forget(&graphs->slot_backward[s]);
+    }
+    free(graphs->slot_forward);
+    free(graphs->slot_backward);
+    graphs->slot_forward = graphs->slot_backward = NULL;
+    graphs->slot_graphs = 0;
 }
 
 /* ------------------------------------------------- the side zeroing */

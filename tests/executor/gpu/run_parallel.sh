@@ -15,7 +15,10 @@
 #      parallelism (tp2-sp; tp2-sp-recompute with full recompute), each
 #      against the one-GPU losses, and tp2-sp
 #      against tp2 (the same sums, split in halves: within bf16 rounding,
-#      1e-4 at iteration 1 and 2e-3 after); with SHARED=1 also tp 2 x pp 2
+#      1e-4 at iteration 1 and 2e-3 after), and each pipeline and dp row
+#      again with PARTITA_CUDA_GRAPHS=0 against itself, to the bit (its
+#      passes replayed from graphs or launched one kernel at a time: the
+#      same kernels); with SHARED=1 also tp 2 x pp 2
 #      with sequence parallelism on four slices (tp2-pp2-sp: the pipeline
 #      carries each shard's rows); with GPUS=4 also pp = 4 (1F1B and
 #      GPipe, 2-2-1-1), tp 2 x pp 2, dp 2 x pp 2, tp 4 and dp 4 on four
@@ -247,6 +250,22 @@ if [ -f "$logs/tp2.run.json" ] && [ -f "$logs/tp2-sp.run.json" ]; then
     step losses-tp2-sp-vs-tp2 python3 "$checks" losses "$logs/tp2.run.json" \
         "$logs/tp2-sp.run.json" "tp2-sp against tp2" 1e-4 2e-3
 fi
+
+# a pipeline stage's passes replayed from its slots' CUDA graphs (and a
+# dp rank's forwards from theirs) change no kernel: the same losses to
+# the bit with PARTITA_CUDA_GRAPHS=0
+for name in pp2 pp2-gpipe pp2-interleaved pp2-recompute dp2 dp2-zero1; do
+    case " $loss_rows " in *" $name "*) ;; *) continue ;; esac
+    [ -f "$logs/$name.run.json" ] || continue
+    export PARTITA_CUDA_GRAPHS=0
+    exec_run "$name-graphs-off" "$name" --iters "$iters"
+    status=$?
+    unset PARTITA_CUDA_GRAPHS
+    [ $status = 0 ] &&
+        step "losses-$name-graphs-off" python3 "$checks" losses \
+            "$logs/$name.run.json" "$logs/$name-graphs-off.run.json" \
+            "$name without graphs" 0 0
+done
 
 # ------------------------------------------------------------ resume
 if [ "${SKIP_RESUME:-0}" != 1 ]; then
