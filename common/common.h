@@ -412,12 +412,14 @@ typedef struct profile_shape {
 } profile_shape;
 
 /* A measured communication time for a message size over `gpus` GPUs;
- * spread as in part_cost. */
+ * spread as in part_cost; compute_lost: the share of time_s that bf16
+ * products beside it on each GPU lost (a few sizes; 0: not measured). */
 typedef struct comm_sample {
     int gpus;
     double bytes;
     double time_s;
     double spread;
+    double compute_lost;
 } comm_sample;
 
 typedef struct comm_curve {

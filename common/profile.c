@@ -6,7 +6,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-
 #include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,11 +13,10 @@
 #include <sys/stat.h>
 
 #define PROFILE_FORMAT "partita-profile/1"
-/* No single layer of any real model takes a minute per micro-batch: a
- * larger figure is a unit mistake (ms written as s). */
+/* Unit mistakes (ms written as s): no layer of any real model takes a
+ * minute per micro-batch, no AdamW step of a billion parameters over
+ * 1000 s (real ones take 1e-11 to 1e-10 s per parameter). */
 #define PROFILE_MAX_PART_SECONDS 60.0
-/* An AdamW step of a billion parameters in over 1000 s is a unit mistake
- * too (real ones take 1e-11 to 1e-10 s per parameter). */
 #define PROFILE_MAX_OPTIMIZER_S_PER_PARAM 1e-6
 /* Beyond physical sense, and far enough inside a double that the cost
  * model's sums stay finite: memories from 1 MiB to 100 TiB, 1 GFLOP/s to
@@ -31,10 +29,9 @@
 #define PROFILE_MAX_BANDWIDTH_GBPS 1e6
 #define PROFILE_MAX_HALF_WORK_GFLOP 1e6
 #define PROFILE_MAX_MESSAGE_BYTES 1e15
-/* Measured noise: a larger micro-batch may come out a little faster than
- * a smaller one, but not by more than this share; times below
- * PROFILE_MBS_NOISE_FLOOR_S (launch-bound kernels, a tiny model on a busy
- * CPU) are not compared, their noise exceeds the share. */
+/* Measured noise: a larger micro-batch may come out faster than a smaller
+ * one by at most this share; times below PROFILE_MBS_NOISE_FLOOR_S
+ * (launch-bound kernels, a busy CPU) are not compared. */
 #define PROFILE_MBS_NOISE 0.10
 #define PROFILE_MBS_NOISE_FLOOR_S 1e-3
 
@@ -52,8 +49,8 @@ static const char *const roofline_keys[] = {
     "gemm_efficiency", "gemm_half_work_gflop_per_sm", "attention_efficiency",
     "bandwidth_efficiency", "kernel_overhead_us",
     "bandwidth_saturation_sm_fraction", NULL};
-/* kv_heads to qkv_bias: the layer's architecture, as a model file spells
- * it (absent: GPT-2's) */
+/* kv_heads to qkv_bias: the layer's architecture as a model file spells
+ * it (absent: GPT-2's); compute_lost: comm_sample's */
 static const char *const shape_keys[] = {
     "hidden", "heads", "ffn_hidden", "seq", "vocab", "kv_heads", "norm",
     "mlp", "positions", "bias", "qkv_bias", "costs", NULL};
@@ -61,19 +58,17 @@ static const char *const point_keys[] = {"tp", "mbs", "embedding", "layer",
                                          "head", NULL};
 /* The spreads are written by `partita profile` (interquartile range over
  * the median of the timed runs): checked, kept for people, not priced. */
-static const char *const part_keys[] = {"forward_s", "backward_s",
-                                        "forward_spread", "backward_spread",
-                                        NULL};
-/* The head's, and `fused`: true when the head was timed as the cuda
- * backend's fused head (its backward products in the forward;
- * docs/profiles.md); absent (every profile before it): unfused. */
+static const char *const part_keys[] = {
+    "forward_s", "backward_s", "forward_spread", "backward_spread", NULL};
+/* The head's, and `fused`: true when timed as the cuda backend's fused
+ * head (its backward products in the forward); absent: unfused. */
 static const char *const head_keys[] = {"forward_s", "backward_s",
                                         "forward_spread", "backward_spread",
                                         "fused", NULL};
 static const char *const communication_keys[] = {
     "allreduce", "sendrecv", "reducescatter", "allgather", NULL};
 static const char *const sample_keys[] = {"gpus", "bytes", "time_s",
-                                          "spread", NULL};
+                                          "spread", "compute_lost", NULL};
 
 static const char *const source_names[] = {"measured", "published",
                                            "derived", NULL};
@@ -484,7 +479,9 @@ static int curve_from_json(const json_t *communication,
             json_get_positive_number(obj, &sample_place, "time_s", true,
                                      &sample->time_s, err) != 0 ||
             json_get_number(obj, &sample_place, "spread", false, 0.0, 1000.0,
-                            &sample->spread, err) != 0)
+                            &sample->spread, err) != 0 ||
+            json_get_number(obj, &sample_place, "compute_lost", false, 1e-3,
+                            10.0, &sample->compute_lost, err) != 0)
             return -1;
         if (sample->time_s > PROFILE_MAX_PART_SECONDS)
             return json_place_fail(&sample_place, err,
@@ -794,6 +791,9 @@ static json_t *curve_to_json(const comm_curve *curve, bool spreads,
         json_put(entry, "time_s", json_real(sample->time_s), failures);
         if (spreads)
             json_put(entry, "spread", json_real(sample->spread), failures);
+        if (sample->compute_lost > 0.0) /* measured at a few sizes */
+            json_put(entry, "compute_lost", json_real(sample->compute_lost),
+                     failures);
         json_push(array, entry, failures);
     }
     return array;

@@ -2,10 +2,13 @@
  * Communication priced from a profile's measured curves where the GPUs of
  * a collective sit inside one node of a type that has them, else from
  * the cluster's links (docs/cost-model.md, section 2, "Measured
- * curves"): sends, all-reduces, reduce-scatters and all-gathers, and the
- * bytes of one activation message.
+ * curves"): sends, all-reduces, reduce-scatters and all-gathers, what
+ * they take from products beside them, and the bytes of one activation
+ * message.
  */
 #include "costmodel/internal.h"
+
+#include <math.h>
 
 /* Time of one measured communication curve at (gpus, bytes): piecewise
  * linear between samples, the last slope beyond them, the smallest sample
@@ -49,6 +52,27 @@ bool costmodel_curve_time(const comm_curve *curve, int gpus, double bytes,
             slope = largest->time_s / largest->bytes;
         *out = largest->time_s + (bytes - largest->bytes) * slope;
     }
+    return true;
+}
+
+bool costmodel_curve_compute_lost(const comm_curve *curve, int gpus,
+                                  double bytes, double *out)
+{
+    const comm_sample *nearest = NULL;
+    double distance = HUGE_VAL;
+    for (int i = 0; i < curve->sample_count; i++) {
+        const comm_sample *s = &curve->samples[i];
+        if (s->gpus != gpus || s->compute_lost <= 0.0 || s->bytes <= 0.0)
+            continue;
+        double d = fabs(log(s->bytes / bytes));
+        if (d < distance) {
+            distance = d;
+            nearest = s;
+        }
+    }
+    if (nearest == NULL)
+        return false;
+    *out = nearest->compute_lost;
     return true;
 }
 

@@ -407,6 +407,11 @@ double costmodel_dp_exposed_seconds(const costmodel *cm,
  * group size. */
 bool costmodel_curve_time(const comm_curve *curve, int gpus, double bytes,
                           double *out);
+/* The share of a collective's time that products beside it lose, from
+ * the curve's sample of that group size measured beside products
+ * (compute_lost) nearest in bytes (by ratio). False when none is. */
+bool costmodel_curve_compute_lost(const comm_curve *curve, int gpus,
+                                  double bytes, double *out);
 
 /* ----------------------------------------------------- least_squares.c */
 

@@ -101,11 +101,30 @@ static void reduce_unit_times(const costmodel *cm,
  * bytes at the streaming rate where that is longer (it runs inside the
  * paced transfer). `*_kernels`: the SM time they take from the compute
  * they run beside: on slices of one GPU the exchange's and the copies',
- * on whole GPUs of one node the stream's whole time (NCCL's kernels
- * beside the compute hide nothing there), else none. */
+ * on whole GPUs of one node the copies' and the reduce's whole time (the
+ * executor's compute waits on its units' reductions there) and of the
+ * gather's transfer the share that products beside it lose where the
+ * all-gather curve measured it (compute_lost), else the whole; else
+ * none. */
 typedef struct unit_stream {
     double gather, reduce, gather_kernels, reduce_kernels;
 } unit_stream;
+
+/* The share of a dp all-gather's time (`bytes`, the group inside one
+ * node of a type with curves) that the compute beside it loses: the
+ * profile's measured compute_lost, else all of it. */
+static double gather_compute_lost(const costmodel *cm,
+                                  const parallel_config *config,
+                                  const stage_placement *place, double bytes)
+{
+    double lost;
+    if (place->dp_curve_type < 0 ||
+        !costmodel_curve_compute_lost(
+            &cm->profiles[place->dp_curve_type].all_gather, config->dp,
+            bytes, &lost))
+        return 1.0;
+    return fmin(1.0, lost);
+}
 
 static unit_stream unit_stream_of(const costmodel *cm,
                                   const parallel_config *config,
@@ -130,9 +149,12 @@ static unit_stream unit_stream_of(const costmodel *cm,
     u.gather = gather_transfer + (8.0 / d + 6.0) * byte_s;
     u.reduce = reduce_transfer + 12.0 / d * byte_s;
     if (place->dp_collectives_contend) {
-        /* whole GPUs of one node: NCCL's kernels and the copies hold the
-         * compute's SMs for the stream's whole time */
-        u.gather_kernels = u.gather;
+        /* whole GPUs of one node: the copies hold the compute's SMs for
+         * their whole time, NCCL's gather for the share measured */
+        u.gather_kernels = u.gather - (1.0 - gather_compute_lost(
+                                                 cm, config, place,
+                                                 params * 4.0)) *
+                                          gather_transfer;
         u.reduce_kernels = u.reduce;
     }
     return u;

@@ -338,7 +338,16 @@ const char *profiler_tp_refusal(const model_shape *shape, int tp);
 typedef struct profiled_comm_sample {
     double bytes;
     timing_summary time;         /* one operation */
+    double compute_lost;         /* the share of the operations' time
+                                    that bf16 products on a stream beside
+                                    them lost (PROFILER_BESIDE_SIZES
+                                    only; 0: not measured) */
 } profiled_comm_sample;
+
+/* The sizes whose all-reduce, reduce-scatter and all-gather are also
+ * timed beside products (where inside the measured range): 16, 64 and
+ * 256 MiB, a layer's to a few layers' weights or gradients. */
+#define PROFILER_BESIDE_SIZES 3
 
 /* The most GPU counts measured: 2, 4, 8. */
 #define PROFILER_MAX_COMM_COUNTS 3
@@ -375,8 +384,12 @@ bool profiler_comm_available(char *reason, size_t reason_size);
  * counts), each of a few operations back to back when messages are small
  * (so that launch jitter averages out), host clock from the first GPU's
  * start to the last GPU's end; one thread per GPU, each in
- * options->sm_limit SMs when set. progress reports each size (point
- * NULL). */
+ * options->sm_limit SMs when set. Then, at PROFILER_BESIDE_SIZES, the
+ * first three again beside a stream of bf16 products (4096-square, on
+ * every GPU, long enough to outlast them): compute_lost is how much
+ * longer the products took than alone, over the collectives' own time
+ * (device clock), averaged over the GPUs. progress reports each size
+ * (point NULL). */
 int profiler_measure_comm(const profiler_options *options, double min_bytes,
                           double max_bytes, profiler_comm_result *out,
                           pt_error *err);

@@ -22,9 +22,11 @@
 
 #if defined(PARTITA_HAVE_CUDA) && defined(PARTITA_HAVE_NCCL)
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -51,11 +53,31 @@ typedef enum comm_kind {
     COMM_ALL_GATHER      /* in place: each GPU's half gathered */
 } comm_kind;
 
+/* What a run beside products enqueues (comm_bench.beside). */
+typedef enum beside_mode {
+    BESIDE_OFF,         /* the collectives alone, host-timed (the curves) */
+    BESIDE_PRODUCTS,    /* the products alone */
+    BESIDE_COLLECTIVES, /* the collectives alone, device-timed */
+    BESIDE_BOTH         /* both at once, on two streams */
+} beside_mode;
+
+/* The products beside the collectives: bf16, fp32 accumulate, square. */
+#define BESIDE_PRODUCT_SIZE 4096
+/* Seconds the collectives of one beside run take together; the products
+ * run twice as long, so that they outlast the collectives. */
+#define BESIDE_COLLECTIVES_S 0.015
+#define BESIDE_PROBE_PRODUCTS 16
+
 /* What the GPU threads of one GPU count share. */
 typedef struct comm_bench {
     const profiler_options *options;
     int gpus;                    /* GPUs 0 .. gpus - 1 */
     ncclComm_t comms[COMM_MAX_GPUS];
+    /* the start gate (gate_wait): 0 closed, 1 open, -1 leave at once (a
+       thread could not be started; the barrier would wait for it) */
+    pthread_mutex_t gate_lock;
+    pthread_cond_t gate_changed;
+    int gate;
     pthread_barrier_t barrier;
     size_t max_bytes;
     /* the run being timed, set by thread 0 between barriers */
@@ -63,8 +85,13 @@ typedef struct comm_bench {
     size_t bytes;
     int operations;
     bool stop;                   /* a thread failed: all leave */
+    beside_mode beside;
+    int products;                /* products of a beside run */
     double starts[COMM_MAX_GPUS];
     double ends[COMM_MAX_GPUS];
+    /* a beside run's device times, seconds (0: not enqueued) */
+    double products_s[COMM_MAX_GPUS];
+    double collectives_s[COMM_MAX_GPUS];
     int status[COMM_MAX_GPUS];
     pt_error errors[COMM_MAX_GPUS];
 } comm_bench;
@@ -74,6 +101,11 @@ typedef struct comm_thread {
     int gpu;
     cudaStream_t stream;
     float *buffer;
+    /* the products beside (products_open, at the first beside run) */
+    cudaStream_t product_stream;
+    cublasHandle_t blas;
+    void *matrices;              /* A, B, C: bf16 squares */
+    cudaEvent_t marks[4];        /* products' start, end; collectives' */
 } comm_thread;
 
 #define COMM_CUDA_TRY(call)                                                  \
@@ -92,7 +124,8 @@ typedef struct comm_thread {
                            #call, ncclGetErrorString(status_));              \
     } while (0)
 
-static int enqueue(comm_thread *t, pt_error *err)
+/* The run's collectives on the thread's stream, not waited for. */
+static int enqueue_collectives(comm_thread *t, pt_error *err)
 {
     comm_bench *bench = t->bench;
     int gpu = t->gpu;
@@ -118,6 +151,114 @@ static int enqueue(comm_thread *t, pt_error *err)
             COMM_NCCL_TRY(
                 ncclRecv(t->buffer, count, ncclFloat, 0, comm, t->stream));
     }
+    return 0;
+}
+
+#define COMM_BLAS_TRY(call)                                                  \
+    do {                                                                     \
+        cublasStatus_t status_ = (call);                                     \
+        if (status_ != CUBLAS_STATUS_SUCCESS)                                \
+            return pt_fail(err, "profiler: GPU %d: %s failed: status %d",    \
+                           gpu, #call, (int)status_);                        \
+    } while (0)
+
+/* The products' stream, cuBLAS handle, matrices (a constant non-zero
+ * bit pattern: zeros would draw less power than a layer's values) and
+ * events, at the thread's first beside run. */
+static int products_open(comm_thread *t, pt_error *err)
+{
+    int gpu = t->gpu;
+    size_t square = (size_t)BESIDE_PRODUCT_SIZE * BESIDE_PRODUCT_SIZE * 2;
+    if (cuda_rank_stream_create(&t->product_stream, err) != 0)
+        return -1;
+    COMM_BLAS_TRY(cublasCreate(&t->blas));
+    COMM_BLAS_TRY(cublasSetStream(t->blas, t->product_stream));
+    COMM_CUDA_TRY(cudaMalloc(&t->matrices, 3 * square));
+    COMM_CUDA_TRY(cudaMemset(t->matrices, 0x3c, 3 * square));
+    for (int i = 0; i < 4; i++)
+        COMM_CUDA_TRY(cudaEventCreate(&t->marks[i]));
+    return 0;
+}
+
+static void products_close(comm_thread *t)
+{
+    for (int i = 0; i < 4; i++)
+        if (t->marks[i] != NULL)
+            cudaEventDestroy(t->marks[i]);
+    if (t->blas != NULL)
+        cublasDestroy(t->blas);
+    if (t->matrices != NULL)
+        cudaFree(t->matrices);
+    if (t->product_stream != NULL)
+        cudaStreamDestroy(t->product_stream);
+}
+
+static int enqueue_products(comm_thread *t, pt_error *err)
+{
+    int gpu = t->gpu, n = BESIDE_PRODUCT_SIZE;
+    size_t square = (size_t)n * n;
+    const uint16_t *a = t->matrices; /* bf16 bits */
+    const uint16_t *b = a + square;
+    uint16_t *c = (uint16_t *)t->matrices + 2 * square;
+    float one = 1.0f, zero = 0.0f;
+    for (int i = 0; i < t->bench->products; i++)
+        COMM_BLAS_TRY(cublasGemmEx(t->blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n,
+                                   n, &one, a, CUDA_R_16BF, n, b,
+                                   CUDA_R_16BF, n, &zero, c, CUDA_R_16BF, n,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+/* Seconds between two events of the thread. */
+static int elapsed_s(comm_thread *t, int from, double *out, pt_error *err)
+{
+    int gpu = t->gpu;
+    float ms = 0.0f;
+    COMM_CUDA_TRY(cudaEventElapsedTime(&ms, t->marks[from],
+                                       t->marks[from + 1]));
+    *out = ms * 1e-3;
+    return 0;
+}
+
+/* A beside run: the products, the collectives or both, each between two
+ * events of its stream, then both streams waited for. */
+static int enqueue_beside(comm_thread *t, pt_error *err)
+{
+    comm_bench *bench = t->bench;
+    int gpu = t->gpu;
+    bool products = bench->beside != BESIDE_COLLECTIVES;
+    bool collectives = bench->beside != BESIDE_PRODUCTS;
+    if (t->blas == NULL && products_open(t, err) != 0)
+        return -1;
+    if (products) {
+        COMM_CUDA_TRY(cudaEventRecord(t->marks[0], t->product_stream));
+        if (enqueue_products(t, err) != 0)
+            return -1;
+        COMM_CUDA_TRY(cudaEventRecord(t->marks[1], t->product_stream));
+    }
+    if (collectives) {
+        COMM_CUDA_TRY(cudaEventRecord(t->marks[2], t->stream));
+        if (enqueue_collectives(t, err) != 0)
+            return -1;
+        COMM_CUDA_TRY(cudaEventRecord(t->marks[3], t->stream));
+    }
+    COMM_CUDA_TRY(cudaStreamSynchronize(t->product_stream));
+    COMM_CUDA_TRY(cudaStreamSynchronize(t->stream));
+    bench->products_s[gpu] = bench->collectives_s[gpu] = 0.0;
+    return (products && elapsed_s(t, 0, &bench->products_s[gpu], err) != 0) ||
+                   (collectives &&
+                    elapsed_s(t, 2, &bench->collectives_s[gpu], err) != 0)
+               ? -1
+               : 0;
+}
+
+static int enqueue(comm_thread *t, pt_error *err)
+{
+    if (t->bench->beside != BESIDE_OFF)
+        return enqueue_beside(t, err);
+    int gpu = t->gpu;
+    if (enqueue_collectives(t, err) != 0)
+        return -1;
     COMM_CUDA_TRY(cudaStreamSynchronize(t->stream));
     return 0;
 }
@@ -146,11 +287,33 @@ static bool meet(comm_bench *bench)
 
 /* The loop of one GPU's thread: set up, then for every run thread 0
  * has prepared (bench->operations > 0), run it; 0 operations end it. */
+/* Waits until the controller opens the gate (true) or sends every
+ * thread away (false: one could not be started). */
+static bool gate_wait(comm_bench *bench)
+{
+    pthread_mutex_lock(&bench->gate_lock);
+    while (bench->gate == 0)
+        pthread_cond_wait(&bench->gate_changed, &bench->gate_lock);
+    bool open = bench->gate > 0;
+    pthread_mutex_unlock(&bench->gate_lock);
+    return open;
+}
+
+static void gate_set(comm_bench *bench, int gate)
+{
+    pthread_mutex_lock(&bench->gate_lock);
+    bench->gate = gate;
+    pthread_cond_broadcast(&bench->gate_changed);
+    pthread_mutex_unlock(&bench->gate_lock);
+}
+
 static void *comm_thread_main(void *argument)
 {
     comm_thread *t = argument;
     comm_bench *bench = t->bench;
     int gpu = t->gpu;
+    if (!gate_wait(bench))
+        return NULL;
     bench->status[gpu] = setup_thread(t, &bench->errors[gpu]);
     if (bench->status[gpu] != 0)
         bench->stop = true;
@@ -167,6 +330,7 @@ static void *comm_thread_main(void *argument)
         if (!meet(bench))
             break;
     }
+    products_close(t);
     if (t->buffer != NULL)
         cudaFree(t->buffer);
     if (t->stream != NULL)
@@ -233,6 +397,88 @@ static int time_size(comm_bench *bench, comm_kind kind, size_t bytes,
     return 0;
 }
 
+/* One beside run of every GPU's thread (mode, products, and the kind,
+ * size and operations already set); false when a thread failed. */
+static bool beside_run(comm_bench *bench, beside_mode mode, int products)
+{
+    bench->beside = mode;
+    bench->products = products;
+    bool ran = meet(bench) && meet(bench);
+    bench->beside = BESIDE_OFF;
+    return ran;
+}
+
+static double largest(const double *values, int count)
+{
+    double most = values[0];
+    for (int i = 1; i < count; i++)
+        most = fmax(most, values[i]);
+    return most;
+}
+
+/* compute_lost of one (kind, size), whose curve time per operation is
+ * known (profiler.h): the products' step time is probed, then the
+ * collectives alone, the products alone and both at once, twice (the
+ * first a warm-up), on the device's clock. */
+static int measure_beside(comm_bench *bench, comm_kind kind, size_t bytes,
+                          double seconds_per_operation, double *lost,
+                          pt_error *err)
+{
+    bench->kind = kind;
+    bench->bytes = bytes;
+    bench->operations =
+        (int)fmax(2.0, ceil(BESIDE_COLLECTIVES_S / seconds_per_operation));
+    double alone[COMM_MAX_GPUS], collectives[COMM_MAX_GPUS];
+    if (!beside_run(bench, BESIDE_PRODUCTS, BESIDE_PROBE_PRODUCTS))
+        return -1;
+    double product_s =
+        largest(bench->products_s, bench->gpus) / BESIDE_PROBE_PRODUCTS;
+    for (int round = 0; round < 2; round++) {
+        if (!beside_run(bench, BESIDE_COLLECTIVES, 0))
+            return -1;
+        memcpy(collectives, bench->collectives_s, sizeof collectives);
+        int products = (int)ceil(
+            2.0 * largest(collectives, bench->gpus) / product_s);
+        if (!beside_run(bench, BESIDE_PRODUCTS, products))
+            return -1;
+        memcpy(alone, bench->products_s, sizeof alone);
+        if (!beside_run(bench, BESIDE_BOTH, products))
+            return -1;
+    }
+    double sum = 0.0;
+    for (int gpu = 0; gpu < bench->gpus; gpu++)
+        sum += (bench->products_s[gpu] - alone[gpu]) / collectives[gpu];
+    /* a measured share is kept as at least 0.001 (0 means unmeasured) */
+    *lost = fmin(10.0, fmax(1e-3, sum / bench->gpus));
+    (void)err;
+    return 0;
+}
+
+/* compute_lost at PROFILER_BESIDE_SIZES inside the measured range, for
+ * the all-reduce, the reduce-scatter and the all-gather. */
+static int measure_beside_sizes(comm_bench *bench, profiled_comm_curves *set,
+                                int sizes, pt_error *err)
+{
+    static const double beside_bytes[PROFILER_BESIDE_SIZES] = {
+        16.0 * 1048576, 64.0 * 1048576, 256.0 * 1048576};
+    for (int i = 0; i < sizes; i++)
+        for (int b = 0; b < PROFILER_BESIDE_SIZES; b++) {
+            if (set->allreduce[i].bytes != beside_bytes[b])
+                continue;
+            profiled_comm_sample *samples[3] = {&set->allreduce[i],
+                                                &set->reduce_scatter[i],
+                                                &set->all_gather[i]};
+            comm_kind kinds[3] = {COMM_ALLREDUCE, COMM_REDUCE_SCATTER,
+                                  COMM_ALL_GATHER};
+            for (int k = 0; k < 3; k++)
+                if (measure_beside(bench, kinds[k], (size_t)beside_bytes[b],
+                                   samples[k]->time.median_s,
+                                   &samples[k]->compute_lost, err) != 0)
+                    return -1;
+        }
+    return 0;
+}
+
 static int operations_for(size_t bytes)
 {
     double wanted = ceil(COMM_RUN_BYTES / (double)bytes);
@@ -280,7 +526,7 @@ static int measure_sizes(comm_bench *bench, double min_bytes,
         report_size(bench->options, bench->gpus, ++*done, total, bytes);
     }
     out->sample_count = i;
-    return 0;
+    return measure_beside_sizes(bench, set, i, err);
 }
 
 static bool is_power_of_two(double value)
@@ -322,21 +568,37 @@ static int measure_count(const profiler_options *options, int gpus,
                             "failed: %s",
                        gpus - 1, ncclGetErrorString(made));
     pthread_barrier_init(&bench.barrier, NULL, (unsigned)gpus + 1);
+    pthread_mutex_init(&bench.gate_lock, NULL);
+    pthread_cond_init(&bench.gate_changed, NULL);
     comm_thread threads[COMM_MAX_GPUS];
     pthread_t ids[COMM_MAX_GPUS];
-    for (int gpu = 0; gpu < gpus; gpu++) {
-        threads[gpu] = (comm_thread){.bench = &bench, .gpu = gpu};
-        pthread_create(&ids[gpu], NULL, comm_thread_main, &threads[gpu]);
+    int started = 0, status = 0;
+    for (; started < gpus; started++) {
+        threads[started] = (comm_thread){.bench = &bench, .gpu = started};
+        if (pthread_create(&ids[started], NULL, comm_thread_main,
+                           &threads[started]) != 0)
+            break;
     }
-    set->gpus = gpus;
-    int status = measure_sizes(&bench, min_bytes, set, out, done, total,
+    /* a thread that could not start would leave the others waiting at
+       the barrier for it: the gate sends those started away first */
+    gate_set(&bench, started == gpus ? 1 : -1);
+    if (started < gpus) {
+        status = pt_fail(err, "profiler: could not start the thread of GPU "
+                              "%d of %d",
+                         started, gpus);
+    } else {
+        set->gpus = gpus;
+        status = measure_sizes(&bench, min_bytes, set, out, done, total,
                                err);
-    /* 0 operations: the threads leave their loop */
-    bench.operations = 0;
-    if (!bench.stop)
-        meet(&bench);
-    for (int gpu = 0; gpu < gpus; gpu++)
+        /* 0 operations: the threads leave their loop */
+        bench.operations = 0;
+        if (!bench.stop)
+            meet(&bench);
+    }
+    for (int gpu = 0; gpu < started; gpu++)
         pthread_join(ids[gpu], NULL);
+    pthread_cond_destroy(&bench.gate_changed);
+    pthread_mutex_destroy(&bench.gate_lock);
     pthread_barrier_destroy(&bench.barrier);
     for (int gpu = 0; gpu < gpus; gpu++)
         ncclCommDestroy(bench.comms[gpu]);

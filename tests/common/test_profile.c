@@ -107,7 +107,8 @@ static const char *const base_profile =
     "                 {\"gpus\": 2, \"bytes\": 1024, \"time_s\": 1e-5}],"
     "   \"sendrecv\": [{\"gpus\": 2, \"bytes\": 1024, \"time_s\": 1e-5}],"
     "   \"reducescatter\": [{\"gpus\": 2, \"bytes\": 1024, \"time_s\": 6e-6}],"
-    "   \"allgather\": [{\"gpus\": 2, \"bytes\": 2048, \"time_s\": 7e-6},"
+    "   \"allgather\": [{\"gpus\": 2, \"bytes\": 2048, \"time_s\": 7e-6,"
+    "                  \"compute_lost\": 0.4},"
     "                 {\"gpus\": 2, \"bytes\": 1024, \"time_s\": 5e-6}]}}";
 
 /* A complete efficiency block with a roofline (docs/formats.md). */
@@ -161,6 +162,9 @@ static void test_valid_inline(void **state)
     assert_true(p.reduce_scatter.samples[0].time_s == 6e-6);
     assert_int_equal(p.all_gather.sample_count, 2);
     assert_true(p.all_gather.samples[0].bytes == 1024);
+    /* measured beside products at one size: 0 (not measured) elsewhere */
+    assert_true(p.all_gather.samples[0].compute_lost == 0.0);
+    assert_true(p.all_gather.samples[1].compute_lost == 0.4);
     assert_int_equal(p.mbs_scaling, MBS_SCALING_MEASURED);
     assert_false(p.layer_times_include_tp_comm);
     assert_true(p.peak_tflops == 0.0);
@@ -364,6 +368,8 @@ static void test_bad_profiles(void **state)
          "communication.sendrecv[0].time_s: must be a positive number"},
         {{{{"communication", "broadcast"}, "[]"}},
          "communication.broadcast: unknown key"},
+        {{{{"communication", "allgather", "0", "compute_lost"}, "0"}},
+         "communication.allgather[0].compute_lost: must be"},
         {{{{"gpu"}, "\"a/b\""}}, "profiles/T.json: gpu: must be a "
                                  "non-empty name without '/'"},
         /* inconsistent profiles */

@@ -45,6 +45,7 @@ static void assert_same_curve(const comm_curve *a, const comm_curve *b)
         assert_true(a->samples[i].bytes == b->samples[i].bytes);
         assert_true(a->samples[i].time_s == b->samples[i].time_s);
         assert_true(a->samples[i].spread == b->samples[i].spread);
+        assert_true(a->samples[i].compute_lost == b->samples[i].compute_lost);
     }
 }
 

@@ -5,7 +5,7 @@
  * "sendrecv" / "allreduce" curve when the GPUs involved sit in one node
  * of that profile's type, and the cluster's link figures otherwise;
  * where a curve prices a dp group, its sums beside the backward hide
- * nothing. */
+ * nothing, and ZeRO-3's gathers the share measured beside products. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,12 +32,12 @@ static void open_with_curves(fixture *f, int a100_nodes, int a10_nodes)
     f->model = gpt2_xl();
     make_cluster(&f->cluster, a100_nodes, a10_nodes);
     make_profiles(f->profiles);
-    static const comm_sample sendrecv[] = {{2, 1e6, 50e-6, 0.0},
-                                           {2, 1e7, 200e-6, 0.0}};
-    static const comm_sample allreduce[] = {{2, 1e6, 40e-6, 0.0},
-                                            {2, 1e9, 10e-3, 0.0},
-                                            {4, 1e6, 60e-6, 0.0},
-                                            {4, 1e9, 15e-3, 0.0}};
+    static const comm_sample sendrecv[] = {{2, 1e6, 50e-6, 0.0, 0.0},
+                                           {2, 1e7, 200e-6, 0.0, 0.0}};
+    static const comm_sample allreduce[] = {{2, 1e6, 40e-6, 0.0, 0.0},
+                                            {2, 1e9, 10e-3, 0.0, 0.0},
+                                            {4, 1e6, 60e-6, 0.0, 0.0},
+                                            {4, 1e9, 15e-3, 0.0, 0.0}};
     f->profiles[0].sendrecv = (comm_curve){2, samples_of(sendrecv, 2)};
     f->profiles[0].allreduce = (comm_curve){4, samples_of(allreduce, 4)};
     pt_error err = {{0}};
@@ -146,8 +146,8 @@ static void a_reduce_scatter_curve_prices_the_reduce_scatter(void **state)
     (void)state;
     fixture f;
     open_with_curves(&f, 2, 0);
-    static const comm_sample scatter[] = {{4, 1e6, 25e-6, 0.0},
-                                          {4, 1e9, 6e-3, 0.0}};
+    static const comm_sample scatter[] = {{4, 1e6, 25e-6, 0.0, 0.0},
+                                          {4, 1e9, 6e-3, 0.0, 0.0}};
     f.cm.profiles[0].reduce_scatter = (comm_curve){2, samples_of(scatter, 2)};
     int order[2] = {0, 1}, one_stage[1] = {48};
     parallel_config config = config_of(8, 1, 1, 4, 1);
@@ -158,8 +158,8 @@ static void a_reduce_scatter_curve_prices_the_reduce_scatter(void **state)
     assert_true(close_to(e.stages[0].dp_allreduce_s, 2.0 * curve, 1e-12));
     estimate_free(&e);
     /* an all-gather curve prices the parameter gather */
-    static const comm_sample gather[] = {{4, 1e6, 20e-6, 0.0},
-                                         {4, 1e9, 5e-3, 0.0}};
+    static const comm_sample gather[] = {{4, 1e6, 20e-6, 0.0, 0.0},
+                                         {4, 1e9, 5e-3, 0.0, 0.0}};
     f.cm.profiles[0].all_gather = (comm_curve){2, samples_of(gather, 2)};
     e = estimate_of(&f, config, order, 1, one_stage);
     double gathered = 20e-6 + (bytes - 1e6) / (1e9 - 1e6) * (5e-3 - 20e-6);
@@ -167,8 +167,8 @@ static void a_reduce_scatter_curve_prices_the_reduce_scatter(void **state)
                          1e-12));
     estimate_free(&e);
     /* a curve of 2-GPU samples only: dp 4 falls back to the all-reduce */
-    static const comm_sample pair[] = {{2, 1e6, 25e-6, 0.0},
-                                       {2, 1e9, 6e-3, 0.0}};
+    static const comm_sample pair[] = {{2, 1e6, 25e-6, 0.0, 0.0},
+                                       {2, 1e9, 6e-3, 0.0, 0.0}};
     free(f.cm.profiles[0].reduce_scatter.samples);
     free(f.cm.profiles[0].all_gather.samples);
     f.cm.profiles[0].reduce_scatter = (comm_curve){2, samples_of(pair, 2)};
@@ -203,7 +203,7 @@ static void a_curve_without_that_gpu_count_falls_back_to_the_link(
     f.model = gpt2_xl();
     make_cluster(&f.cluster, 1, 0);
     make_profiles(f.profiles);
-    static const comm_sample four_only[] = {{4, 1e6, 60e-6, 0.0}};
+    static const comm_sample four_only[] = {{4, 1e6, 60e-6, 0.0, 0.0}};
     f.profiles[0].allreduce = (comm_curve){1, samples_of(four_only, 1)};
     pt_error err = {{0}};
     assert_int_equal(costmodel_open_with_profiles(&f.cm, &f.model, &f.cluster,
@@ -331,6 +331,41 @@ static void dp_sums_beside_the_backward_contend_where_curves_price_them(
     fixture_close(&f);
 }
 
+/* ZeRO-3 on whole GPUs of one node: a unit's gather beside the compute
+ * takes from it its copies and the share of its transfer the all-gather
+ * curve measured beside products (compute_lost; the measured sample
+ * nearest in bytes), else the whole transfer. GPT-2 XL, dp 4, pp 1: the
+ * forward holds 48 layers' gathers beside the layers and the head's
+ * final norm's, so half the lost share takes 0.5 (48 T_L + T_H) off it,
+ * and up to one more layer's half where the embeddings' forward hides
+ * the first layer's gather (not below that gather's own time). */
+static void zero3_gathers_take_the_measured_share(void **state)
+{
+    (void)state;
+    fixture f;
+    open_with_curves(&f, 1, 0);
+    static const comm_sample gather[] = {{4, 1e6, 20e-6, 0.0, 0.0},
+                                         {4, 1e9, 5e-3, 0.0, 0.0}};
+    f.cm.profiles[0].all_gather = (comm_curve){2, samples_of(gather, 2)};
+    parallel_config config = config_of(8, 1, 1, 4, 1);
+    parallel_set_zero_stage(&config, 3);
+    int order[1] = {0}, one_stage[1] = {48};
+    estimate whole = estimate_of(&f, config, order, 1, one_stage);
+    f.cm.profiles[0].all_gather.samples[1].compute_lost = 0.5;
+    estimate half = estimate_of(&f, config, order, 1, one_stage);
+    double layer_bytes = 4.0 * model_layer_parameters_per_rank(&f.model, 1);
+    double T_L = 20e-6 + (layer_bytes - 1e6) / (1e9 - 1e6) * (5e-3 - 20e-6);
+    double T_H = 20e-6; /* below the curve: its smallest sample */
+    double least = 0.5 * (48.0 * T_L + T_H), most = least + 0.5 * T_L;
+    double got = whole.stages[0].forward_s - half.stages[0].forward_s;
+    if (got < least * (1.0 - 1e-9) || got > most * (1.0 + 1e-9))
+        fail_msg("the forward lost %g s less, expected %g to %g", got, least,
+                 most);
+    estimate_free(&whole);
+    estimate_free(&half);
+    fixture_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -342,6 +377,7 @@ int main(void)
         cmocka_unit_test(a_curve_without_that_gpu_count_falls_back_to_the_link),
         cmocka_unit_test(embedding_allreduce_inside_a_node_uses_the_curve),
         cmocka_unit_test(stage_terms_use_the_curves_too),
+        cmocka_unit_test(zero3_gathers_take_the_measured_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

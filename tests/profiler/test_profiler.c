@@ -380,7 +380,8 @@ static void test_layer_stack_of_the_model(void **state)
  * two counts (2 and 4 GPUs) of two sizes each give all-reduce,
  * reduce-scatter and all-gather samples of both counts, sorted by GPUs
  * then bytes, and send/recv only the 2-GPU count's (it is measured
- * between GPUs 0 and 1 alone). */
+ * between GPUs 0 and 1 alone); a sample's compute_lost is written where
+ * it was measured. */
 static void test_curves_of_every_gpu_count(void **state)
 {
     (void)state;
@@ -403,6 +404,8 @@ static void test_curves_of_every_gpu_count(void **state)
                 set->sendrecv[i] = sample;
         }
     }
+    /* measured beside products at one size of one count */
+    comm->curves[0].all_gather[1].compute_lost = 0.4;
     model_shape shape = {.name = "tiny", .layers = 2, .hidden = 32,
                          .heads = 4, .ffn_hidden = 128, .seq = 16,
                          .vocab = 100, .tied_embeddings = true};
@@ -427,6 +430,16 @@ static void test_curves_of_every_gpu_count(void **state)
                 json_integer_value(json_object_get(sample, "gpus")),
                 gpus[i]);
         }
+    }
+    /* compute_lost where measured, and nowhere else */
+    const json_t *gathers = json_object_get(curves, "allgather");
+    for (size_t i = 0; i < 4; i++) {
+        const json_t *lost =
+            json_object_get(json_array_get(gathers, i), "compute_lost");
+        if (i == 1)
+            assert_true(json_real_value(lost) == 0.4);
+        else
+            assert_null(lost);
     }
     const json_t *sendrecv = json_object_get(curves, "sendrecv");
     assert_int_equal(json_array_size(sendrecv), 2);
