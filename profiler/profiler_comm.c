@@ -426,8 +426,10 @@ static int measure_beside(comm_bench *bench, comm_kind kind, size_t bytes,
 {
     bench->kind = kind;
     bench->bytes = bytes;
-    bench->operations =
-        (int)fmax(2.0, ceil(BESIDE_COLLECTIVES_S / seconds_per_operation));
+    bench->operations = (int)fmin(
+        COMM_MAX_OPERATIONS,
+        fmax(2.0, ceil(BESIDE_COLLECTIVES_S /
+                       fmax(seconds_per_operation, 1e-6))));
     double alone[COMM_MAX_GPUS], collectives[COMM_MAX_GPUS];
     if (!beside_run(bench, BESIDE_PRODUCTS, BESIDE_PROBE_PRODUCTS))
         return -1;
@@ -437,8 +439,9 @@ static int measure_beside(comm_bench *bench, comm_kind kind, size_t bytes,
         if (!beside_run(bench, BESIDE_COLLECTIVES, 0))
             return -1;
         memcpy(collectives, bench->collectives_s, sizeof collectives);
-        int products = (int)ceil(
-            2.0 * largest(collectives, bench->gpus) / product_s);
+        int products = (int)fmin(
+            1e5, ceil(2.0 * largest(collectives, bench->gpus) /
+                      fmax(product_s, 1e-7)));
         if (!beside_run(bench, BESIDE_PRODUCTS, products))
             return -1;
         memcpy(alone, bench->products_s, sizeof alone);
@@ -447,7 +450,8 @@ static int measure_beside(comm_bench *bench, comm_kind kind, size_t bytes,
     }
     double sum = 0.0;
     for (int gpu = 0; gpu < bench->gpus; gpu++)
-        sum += (bench->products_s[gpu] - alone[gpu]) / collectives[gpu];
+        sum += (bench->products_s[gpu] - alone[gpu]) /
+               fmax(collectives[gpu], 1e-9);
     /* a measured share is kept as at least 0.001 (0 means unmeasured) */
     *lost = fmin(10.0, fmax(1e-3, sum / bench->gpus));
     (void)err;
