@@ -485,6 +485,21 @@ static void note_fp32(costmodel *note_target, const profile *prof,
                            prof->gpu, config->tf32 ? "TF32" : "FP32");
 }
 
+/* A layer's tensor-parallel collectives (two in each pass) and what
+ * sequence parallelism adds to them, into the layer times. */
+static void add_tp_collectives(const costmodel *cm, int type_index,
+                               const parallel_config *config, type_costs *out)
+{
+    out->layer_forward_s +=
+        2.0 * out->tp_allreduce_s +
+        sequence_extra_seconds(cm, type_index, config,
+                               out->stream_s_per_byte, false);
+    out->layer_backward_s +=
+        2.0 * out->tp_allreduce_s +
+        sequence_extra_seconds(cm, type_index, config,
+                               out->stream_s_per_byte, true);
+}
+
 /* Type type_index (checked by the callers) costs from profile prof (its
  * own, or its profile at rest); the tp all-reduce from its own profile's
  * curves either way. */
@@ -522,18 +537,10 @@ static int price_type_from(const costmodel *cm, int type_index,
     out->tp_allreduce_s = config->tp > 1
                               ? tp_allreduce_seconds(cm, type_index, config)
                               : 0.0;
-    if (add_tp_comm) {
-        double stream_s_per_byte =
-            prof->optimizer_s_per_param / COSTMODEL_ADAMW_BYTES_PER_PARAM;
-        out->layer_forward_s +=
-            2.0 * out->tp_allreduce_s +
-            sequence_extra_seconds(cm, type_index, config,
-                                   stream_s_per_byte, false);
-        out->layer_backward_s +=
-            2.0 * out->tp_allreduce_s +
-            sequence_extra_seconds(cm, type_index, config,
-                                   stream_s_per_byte, true);
-    }
+    out->stream_s_per_byte =
+        prof->optimizer_s_per_param / COSTMODEL_ADAMW_BYTES_PER_PARAM;
+    if (add_tp_comm)
+        add_tp_collectives(cm, type_index, config, out);
     if (config->recompute)
         out->layer_backward_s += out->layer_forward_s;
     else if (config->selective_recompute)
@@ -546,8 +553,6 @@ static int price_type_from(const costmodel *cm, int type_index,
                                            config,
                                            prof->host_adamw_s_per_param)
                                      : prof->optimizer_s_per_param;
-    out->stream_s_per_byte =
-        prof->optimizer_s_per_param / COSTMODEL_ADAMW_BYTES_PER_PARAM;
     /* the stage boundary of Partita's executor: fp32 message <-> bf16
      * stream, 4 bytes read and 2 written an element (or 2 and 4), of the
      * shard's rows under sequence parallelism */
