@@ -3,10 +3,10 @@
  * levers"): sequence parallelism is set on tasks of its own beside the
  * plain tp's (it changes memory and sends, so the tree's floors and
  * partitions see it; in Partita's executor it saves memory but costs
- * time: docs/cost-model.md 1.7); the interleaved 1F1B is tried on each plan the
- * simulator ranks, with its node order and a partition solved again for
- * the interleaved schedule, since its smaller bubble is the simulator's
- * to see and it only ever adds memory.
+ * time: docs/cost-model.md 1.7); the interleaved 1F1B is tried on each
+ * plan the simulator ranks, with its node order and a partition solved
+ * again for the interleaved schedule, since its smaller bubble is the
+ * simulator's to see and it only ever adds memory.
  */
 #include "planner/internal.h"
 
