@@ -486,18 +486,28 @@ static void note_fp32(costmodel *note_target, const profile *prof,
 }
 
 /* A layer's tensor-parallel collectives (two in each pass) and what
- * sequence parallelism adds to them, into the layer times. */
+ * sequence parallelism adds to them, into the layer times; the note says
+ * what the latter costs a layer. */
 static void add_tp_collectives(const costmodel *cm, int type_index,
-                               const parallel_config *config, type_costs *out)
+                               const parallel_config *config,
+                               costmodel *note_target, type_costs *out)
 {
-    out->layer_forward_s +=
-        2.0 * out->tp_allreduce_s +
-        sequence_extra_seconds(cm, type_index, config,
-                               out->stream_s_per_byte, false);
-    out->layer_backward_s +=
-        2.0 * out->tp_allreduce_s +
-        sequence_extra_seconds(cm, type_index, config,
-                               out->stream_s_per_byte, true);
+    double forward = sequence_extra_seconds(cm, type_index, config,
+                                            out->stream_s_per_byte, false);
+    double backward = sequence_extra_seconds(cm, type_index, config,
+                                             out->stream_s_per_byte, true);
+    out->layer_forward_s += 2.0 * out->tp_allreduce_s + forward;
+    out->layer_backward_s += 2.0 * out->tp_allreduce_s + backward;
+    if (note_target != NULL && backward > 0.0)
+        costmodel_add_note(note_target,
+                           "%s: sequence parallelism in Partita's executor "
+                           "adds %.3f ms to a layer's forward and %.3f ms "
+                           "to its backward (the norm outputs gathered "
+                           "again, the norms' gradient sum, the row "
+                           "copies; Megatron-LM hides the gather: "
+                           "docs/cost-model.md 1.7)",
+                           cm->cluster->types[type_index].gpu,
+                           forward * 1e3, backward * 1e3);
 }
 
 /* Type type_index (checked by the callers) costs from profile prof (its
@@ -540,7 +550,7 @@ static int price_type_from(const costmodel *cm, int type_index,
     out->stream_s_per_byte =
         prof->optimizer_s_per_param / COSTMODEL_ADAMW_BYTES_PER_PARAM;
     if (add_tp_comm)
-        add_tp_collectives(cm, type_index, config, out);
+        add_tp_collectives(cm, type_index, config, note_target, out);
     if (config->recompute)
         out->layer_backward_s += out->layer_forward_s;
     else if (config->selective_recompute)

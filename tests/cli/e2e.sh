@@ -414,6 +414,7 @@ plan-schedule-levers)
   write_layout_plan in-sp.json 1 2 1 2 ', "sequence_parallel": true'
   run 0 partita estimate in-sp.json
   expect_in out.txt "sequence parallel on"
+  expect_in out.txt "sequence parallelism in Partita's executor adds"
   write_layout_plan in-v2.json 2 1 1 2 ', "virtual_stages": 2'
   run 0 partita estimate --json in-v2.json
   expect_in out.txt '"virtual_stages": 2'
