@@ -395,7 +395,8 @@ static double sequence_extra_seconds(const costmodel *cm, int type_index,
         config->runtime != RUNTIME_PARTITA)
         return 0.0;
     double bytes = activation_message_bytes(&cm->model, config);
-    double copies = 2.0 * 4.0 * bytes / config->tp * stream_s_per_byte;
+    /* each copy reads and writes the shard's bytes, bytes / tp */
+    double copies = 2.0 * 2.0 * bytes / config->tp * stream_s_per_byte;
     if (!backward)
         return copies;
     link_spec intra = cm->cluster->types[type_index].intra_node;

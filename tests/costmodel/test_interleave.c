@@ -305,7 +305,7 @@ static void sequence_parallel_backward_gathers_again(void **state)
     link_spec intra = f.cluster.types[0].intra_node;
     double gather = costmodel_all_gather_seconds(&f.cm, bytes, 2, 0, intra);
     double sum = allreduce_time(4.0 * 1600 * 4.0, 2, intra);
-    double copies = 2.0 * 4.0 * bytes / 2.0 * a.stream_s_per_byte;
+    double copies = 2.0 * 2.0 * bytes / 2.0 * a.stream_s_per_byte;
     double tp = b.tp_allreduce_s - a.tp_allreduce_s;
     assert_true(close_to(b.layer_forward_s - a.layer_forward_s,
                          2.0 * tp + copies, 1e-9));
