@@ -363,6 +363,17 @@ bool profiler_comm_available(char *reason, size_t reason_size)
 
 #if defined(PARTITA_HAVE_CUDA) && defined(PARTITA_HAVE_NCCL)
 
+/* -1 with the first failed thread's error, or 0 when none failed. */
+static int thread_failure(const comm_bench *bench, pt_error *err)
+{
+    for (int gpu = 0; gpu < bench->gpus; gpu++)
+        if (bench->status[gpu] != 0) {
+            *err = bench->errors[gpu];
+            return -1;
+        }
+    return 0;
+}
+
 /* Seconds per operation of every timed run of one (kind, size): the
  * controller half, on the calling thread, which drives every GPU's
  * thread through the barrier. */
@@ -388,24 +399,27 @@ static int time_size(comm_bench *bench, comm_kind kind, size_t bytes,
             runs[i - o->warmup_runs] = (end - start) / operations;
         }
     }
-    for (int gpu = 0; gpu < bench->gpus; gpu++)
-        if (bench->status[gpu] != 0) {
-            *err = bench->errors[gpu];
-            return -1;
-        }
+    if (thread_failure(bench, err) != 0)
+        return -1;
     *out = timing_summarize(runs, timed);
     return 0;
 }
 
 /* One beside run of every GPU's thread (mode, products, and the kind,
- * size and operations already set); false when a thread failed. */
-static bool beside_run(comm_bench *bench, beside_mode mode, int products)
+ * size and operations already set); -1 with the failed thread's error. */
+static int beside_run(comm_bench *bench, beside_mode mode, int products,
+                      pt_error *err)
 {
     bench->beside = mode;
     bench->products = products;
     bool ran = meet(bench) && meet(bench);
     bench->beside = BESIDE_OFF;
-    return ran;
+    if (ran)
+        return 0;
+    return thread_failure(bench, err) != 0
+               ? -1
+               : pt_fail(err, "profiler: a GPU's thread stopped during the "
+                              "runs beside products");
 }
 
 static double largest(const double *values, int count)
@@ -431,21 +445,21 @@ static int measure_beside(comm_bench *bench, comm_kind kind, size_t bytes,
         fmax(2.0, ceil(BESIDE_COLLECTIVES_S /
                        fmax(seconds_per_operation, 1e-6))));
     double alone[COMM_MAX_GPUS], collectives[COMM_MAX_GPUS];
-    if (!beside_run(bench, BESIDE_PRODUCTS, BESIDE_PROBE_PRODUCTS))
+    if (beside_run(bench, BESIDE_PRODUCTS, BESIDE_PROBE_PRODUCTS, err) != 0)
         return -1;
     double product_s =
         largest(bench->products_s, bench->gpus) / BESIDE_PROBE_PRODUCTS;
     for (int round = 0; round < 2; round++) {
-        if (!beside_run(bench, BESIDE_COLLECTIVES, 0))
+        if (beside_run(bench, BESIDE_COLLECTIVES, 0, err) != 0)
             return -1;
         memcpy(collectives, bench->collectives_s, sizeof collectives);
         int products = (int)fmin(
             1e5, ceil(2.0 * largest(collectives, bench->gpus) /
                       fmax(product_s, 1e-7)));
-        if (!beside_run(bench, BESIDE_PRODUCTS, products))
+        if (beside_run(bench, BESIDE_PRODUCTS, products, err) != 0)
             return -1;
         memcpy(alone, bench->products_s, sizeof alone);
-        if (!beside_run(bench, BESIDE_BOTH, products))
+        if (beside_run(bench, BESIDE_BOTH, products, err) != 0)
             return -1;
     }
     double sum = 0.0;
@@ -454,7 +468,6 @@ static int measure_beside(comm_bench *bench, comm_kind kind, size_t bytes,
                fmax(collectives[gpu], 1e-9);
     /* a measured share is kept as at least 0.001 (0 means unmeasured) */
     *lost = fmin(10.0, fmax(1e-3, sum / bench->gpus));
-    (void)err;
     return 0;
 }
 
