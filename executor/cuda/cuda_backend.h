@@ -40,6 +40,10 @@
  *   PARTITA_CUDA_FUSE       "0" turns off the cuBLASLt GELU and
  *                           bias-gradient epilogues (separate kernels then
  *                           do that work); for tests and measurements.
+ *   PARTITA_CUDA_RESIDUAL_IN_NORM  "0" puts a layer's residual adds back
+ *                           in its products' epilogues (beta = 1) where
+ *                           they otherwise ride in the norm after them
+ *                           (tp 1); for measurements.
  *   PARTITA_CUDA_ATTENTION  "auto" (default): cuDNN's fused attention
  *                           where the build has cuDNN and it plans the
  *                           shape, else the own kernels; "own" or

@@ -231,6 +231,21 @@ cudaError_t cuda_rmsnorm_forward(pt_bf16 *out_bf16, float *rstd,
                                  const pt_bf16 *inp_bf16, const float *weight,
                                  float eps, int N, int C,
                                  cudaStream_t stream);
+/* A norm of a residual sum: sum_bf16 = inp_bf16 + skip_bf16 (added in
+ * fp32, rounded once: the stream's next value; sum_bf16 may be inp_bf16,
+ * in place), then out_bf16 = the norm of sum_bf16, as
+ * cuda_layernorm_forward (rms false; eps its fixed 1e-5) or
+ * cuda_rmsnorm_forward (rms true: mean and bias unused), in one pass
+ * over the rows. */
+cudaError_t cuda_norm_forward_after_add(pt_bf16 *out_bf16, float *mean,
+                                        float *rstd, pt_bf16 *sum_bf16,
+                                        const pt_bf16 *inp_bf16,
+                                        const pt_bf16 *skip_bf16,
+                                        const float *weight,
+                                        const float *bias, bool rms,
+                                        float eps, int N, int C,
+                                        cudaStream_t stream);
+
 /*
  * RMSNorm backward fused with the residual branch point, as
  * cuda_layernorm_backward (the same rules for its outputs and residual):

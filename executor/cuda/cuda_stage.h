@@ -191,6 +191,7 @@ typedef struct cuda_stage_state {
      * `output` pointed at the slot's */
     layer_activations recomputed;
     bool fuse_epilogues;
+    bool residual_in_norm;          /* pass_skip_to_norm's switch */
     pt_bf16 *mirror;                /* owned: bf16 copy of params */
     chunk_table all_chunks;         /* every parameter: the mirror */
     chunk_table optimizer_chunks;   /* the optimizer's range (AdamW, the

@@ -10,8 +10,10 @@
  * is read once into registers and written as bf16, the input of the next
  * matrix product (larger or odd rows take a generic kernel that reads the
  * row three times, the later reads from L1). The residual add that
- * precedes a norm rides on the products' epilogue (passes.c), so there is
- * nothing else to fuse here.
+ * precedes a norm may come in with it (`skip`): the row's sum is rounded
+ * to bf16, written back (the stream's next value) and normalised, one
+ * pass over the row where a product's epilogue with beta = 1 took about
+ * 30 us more than with beta = 0 (GPT-2 774M, docs/cuda-backend.md).
  *
  * Backward: fused with the residual branch point (d_inp = d_residual +
  * the norm's own term), it writes d_inp in fp32 and the bf16 copy the
@@ -45,6 +47,7 @@
 template <bool RMS>
 __global__ void layernorm_forward_generic(bf16 *out, float *mean,
                                           float *rstd, const bf16 *inp,
+                                          const bf16 *skip, bf16 *sum_out,
                                           const float *weight,
                                           const float *bias, int N, int C,
                                           float eps, bool vector)
@@ -54,6 +57,18 @@ __global__ void layernorm_forward_generic(bf16 *out, float *mean,
     if (row >= N)
         return;
     const bf16 *x = inp + (size_t)row * C;
+    if (skip != NULL) {
+        /* the residual sum first, rounded as the stream keeps it; the
+         * passes below read it back (written by other lanes: the warp
+         * synchronises its memory first) */
+        const bf16 *k = skip + (size_t)row * C;
+        bf16 *s = sum_out + (size_t)row * C;
+        for (int c = lane; c < C; c += WARP_SIZE)
+            s[c] = __float2bfloat16_rn(__bfloat162float(x[c]) +
+                                       __bfloat162float(k[c]));
+        __syncwarp();
+        x = s;
+    }
     bf16 *y = out + (size_t)row * C;
     float sum = 0.0f;
     if (RMS) {
@@ -124,8 +139,9 @@ __global__ void layernorm_forward_generic(bf16 *out, float *mean,
 template <int G, bool RMS>
 __global__ void __launch_bounds__(ROWS_PER_FORWARD_BLOCK *WARP_SIZE)
 layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
-                         const bf16 *inp, const float *weight,
-                         const float *bias, int N, int C, float eps)
+                         const bf16 *inp, const bf16 *skip, bf16 *sum_out,
+                         const float *weight, const float *bias, int N,
+                         int C, float eps)
 {
     int lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * ROWS_PER_FORWARD_BLOCK + threadIdx.x / WARP_SIZE;
@@ -139,6 +155,16 @@ layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
         int c = (lane + k * WARP_SIZE) * 8;
         if (c < C) {
             load8(values[k], x + c);
+            if (skip != NULL) {
+                /* the residual sum, rounded as the stream keeps it */
+                float added[8];
+                load8(added, skip + (size_t)row * C + c);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    values[k][i] = __bfloat162float(
+                        __float2bfloat16_rn(values[k][i] + added[i]));
+                store8(sum_out + (size_t)row * C + c, values[k]);
+            }
         } else {
 #pragma unroll
             for (int i = 0; i < 8; i++)
@@ -191,28 +217,33 @@ layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
 template <bool RMS>
 static cudaError_t launch_forward(pt_bf16 *out_bf16, float *mean,
                                   float *rstd, const pt_bf16 *inp_bf16,
-                                  const float *weight, const float *bias,
-                                  int N, int C, float eps,
+                                  const pt_bf16 *skip_bf16,
+                                  pt_bf16 *sum_bf16, const float *weight,
+                                  const float *bias, int N, int C, float eps,
                                   cudaStream_t stream)
 {
     if (N <= 0)
         return cudaSuccess;
     const bf16 *inp = as_bf16(inp_bf16);
+    const bf16 *skip = skip_bf16 != NULL ? as_bf16(skip_bf16) : NULL;
+    bf16 *sum = sum_bf16 != NULL ? as_bf16(sum_bf16) : NULL;
     bool vector = C % 8 == 0 && aligned16(out_bf16) && aligned16(inp) &&
-                  aligned16(weight) && aligned16(bias);
+                  aligned16(weight) && aligned16(bias) && aligned16(skip) &&
+                  aligned16(sum);
     unsigned int blocks = blocks_for((size_t)N, ROWS_PER_FORWARD_BLOCK);
     unsigned int threads = ROWS_PER_FORWARD_BLOCK * WARP_SIZE;
     int groups = (C / 8 + WARP_SIZE - 1) / WARP_SIZE;
     bf16 *out = as_bf16(out_bf16);
     if (!vector || groups > FORWARD_MAX_GROUPS) {
         layernorm_forward_generic<RMS><<<blocks, threads, 0, stream>>>(
-            out, mean, rstd, inp, weight, bias, N, C, eps, vector);
+            out, mean, rstd, inp, skip, sum, weight, bias, N, C, eps,
+            vector);
         return cudaGetLastError();
     }
 #define FORWARD_CASE(G)                                                      \
     case G:                                                                  \
         layernorm_forward_cached<G, RMS><<<blocks, threads, 0, stream>>>(    \
-            out, mean, rstd, inp, weight, bias, N, C, eps);                  \
+            out, mean, rstd, inp, skip, sum, weight, bias, N, C, eps);      \
         break
     switch (groups) {
         FORWARD_CASE(1);
@@ -236,8 +267,8 @@ extern "C" cudaError_t cuda_layernorm_forward(pt_bf16 *out_bf16, float *mean,
                                               const float *bias, int N, int C,
                                               cudaStream_t stream)
 {
-    return launch_forward<false>(out_bf16, mean, rstd, inp_bf16, weight,
-                                 bias, N, C, LAYERNORM_EPS, stream);
+    return launch_forward<false>(out_bf16, mean, rstd, inp_bf16, NULL, NULL,
+                                 weight, bias, N, C, LAYERNORM_EPS, stream);
 }
 
 extern "C" cudaError_t cuda_rmsnorm_forward(pt_bf16 *out_bf16, float *rstd,
@@ -245,8 +276,24 @@ extern "C" cudaError_t cuda_rmsnorm_forward(pt_bf16 *out_bf16, float *rstd,
                                             const float *weight, float eps,
                                             int N, int C, cudaStream_t stream)
 {
-    return launch_forward<true>(out_bf16, NULL, rstd, inp_bf16, weight, NULL,
-                                N, C, eps, stream);
+    return launch_forward<true>(out_bf16, NULL, rstd, inp_bf16, NULL, NULL,
+                                weight, NULL, N, C, eps, stream);
+}
+
+extern "C" cudaError_t cuda_norm_forward_after_add(
+    pt_bf16 *out_bf16, float *mean, float *rstd, pt_bf16 *sum_bf16,
+    const pt_bf16 *inp_bf16, const pt_bf16 *skip_bf16, const float *weight,
+    const float *bias, bool rms, float eps, int N, int C,
+    cudaStream_t stream)
+{
+    if (rms)
+        return launch_forward<true>(out_bf16, NULL, rstd, inp_bf16,
+                                    skip_bf16, sum_bf16, weight, NULL, N, C,
+                                    eps, stream);
+    /* layer norm's eps is its fixed one, as cuda_layernorm_forward's */
+    return launch_forward<false>(out_bf16, mean, rstd, inp_bf16, skip_bf16,
+                                 sum_bf16, weight, bias, N, C, LAYERNORM_EPS,
+                                 stream);
 }
 
 /* ------------------------------------------------------ fused backward */

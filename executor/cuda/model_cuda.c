@@ -269,6 +269,8 @@ static int read_options(model_stage *stage, cuda_stage_state *state,
 {
     const char *fuse = getenv("PARTITA_CUDA_FUSE");
     state->fuse_epilogues = fuse == NULL || strcmp(fuse, "0") != 0;
+    const char *in_norm = getenv("PARTITA_CUDA_RESIDUAL_IN_NORM");
+    state->residual_in_norm = in_norm == NULL || strcmp(in_norm, "0") != 0;
     const char *graphs = getenv("PARTITA_CUDA_GRAPHS");
     state->graphs.enabled = graphs == NULL || strcmp(graphs, "0") != 0;
     const char *holds = getenv("PARTITA_CUDA_UNIT_HOLDS");

@@ -196,17 +196,25 @@ int pass_row_parallel_forward(model_stage *stage, linear_forward f,
  * after it, every row: `kept` itself, or scratch.norm_out, where the
  * shards' rows are gathered under sequence parallelism. mean and rstd
  * may be NULL (a recomputation). */
-int pass_norm_forward(model_stage *stage, pt_bf16 *kept, float *mean,
-                      float *rstd, const pt_bf16 *inp, const float *weight,
-                      const float *bias, const stage_dims *d,
-                      const pt_bf16 **whole, pt_error *err)
+static int norm_forward(model_stage *stage, pt_bf16 *kept, float *mean,
+                        float *rstd, const pt_bf16 *inp, const pt_bf16 *skip,
+                        pt_bf16 *sum, const float *weight, const float *bias,
+                        const stage_dims *d, const pt_bf16 **whole,
+                        pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     pt_bf16 *norm_out = state->scratch.norm_out;
     pt_bf16 *mine = norm_out + shard_offset(d);
     pt_bf16 *out = kept != NULL ? kept : mine;
-    CUDA_TRY(pass_norm_rows_forward(stage, out, mean, rstd, inp, weight,
-                                    bias, d->R, d->C, state->stream));
+    if (skip != NULL)
+        CUDA_TRY(cuda_norm_forward_after_add(
+            out, mean, rstd, sum, inp, skip, weight, bias,
+            stage->shape.norm == MODEL_NORM_RMSNORM,
+            (float)model_norm_eps(&stage->shape), d->R, d->C,
+            state->stream));
+    else
+        CUDA_TRY(pass_norm_rows_forward(stage, out, mean, rstd, inp, weight,
+                                        bias, d->R, d->C, state->stream));
     *whole = out;
     if (!d->sp)
         return 0;
@@ -216,6 +224,47 @@ int pass_norm_forward(model_stage *stage, pt_bf16 *kept, float *mean,
                                  cudaMemcpyDeviceToDevice, state->stream));
     *whole = norm_out;
     return cuda_tp_gather_rows(stage, norm_out, COMM_BFLOAT16, d, err);
+}
+
+int pass_norm_forward(model_stage *stage, pt_bf16 *kept, float *mean,
+                      float *rstd, const pt_bf16 *inp, const float *weight,
+                      const float *bias, const stage_dims *d,
+                      const pt_bf16 **whole, pt_error *err)
+{
+    return norm_forward(stage, kept, mean, rstd, inp, NULL, NULL, weight,
+                        bias, d, whole, err);
+}
+
+int pass_norm_forward_after_add(model_stage *stage, pt_bf16 *kept,
+                                float *mean, float *rstd, pt_bf16 *sum,
+                                const pt_bf16 *skip, const float *weight,
+                                const float *bias, const stage_dims *d,
+                                const pt_bf16 **whole, pt_error *err)
+{
+    return norm_forward(stage, kept, mean, rstd, sum, skip, sum, weight,
+                        bias, d, whole, err);
+}
+
+bool pass_skip_to_norm(const model_stage *stage, const stage_dims *d)
+{
+    return d->tp == 1 && state_of(stage)->residual_in_norm;
+}
+
+bool pass_skip_past_layer(const model_stage *stage, const stage_dims *d)
+{
+    return pass_skip_to_norm(stage, d) && !stage->spec.recompute_layers;
+}
+
+int pass_layer_output_whole(model_stage *stage, pt_bf16 *output,
+                            const pt_bf16 *mid, const stage_dims *d,
+                            pt_error *err)
+{
+    if (!pass_skip_to_norm(stage, d) || pass_skip_past_layer(stage, d))
+        return 0;
+    cuda_stage_state *state = state_of(stage);
+    CUDA_TRY(cuda_stream_from_bf16(output, output, NULL, mid, d->R, d->C,
+                                   state->stream));
+    return 0;
 }
 
 /* The same norm output for a backward's weight gradient: the kept one

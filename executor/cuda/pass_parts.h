@@ -79,6 +79,32 @@ int pass_norm_forward(model_stage *stage, pt_bf16 *kept, float *mean,
                       float *rstd, const pt_bf16 *inp, const float *weight,
                       const float *bias, const stage_dims *d,
                       const pt_bf16 **whole, pt_error *err);
+/* pass_norm_forward of a residual sum: *sum += skip first (in place,
+ * rounded once into the bf16 stream), in the norm's own pass. */
+int pass_norm_forward_after_add(model_stage *stage, pt_bf16 *kept,
+                                float *mean, float *rstd, pt_bf16 *sum,
+                                const pt_bf16 *skip, const float *weight,
+                                const float *bias, const stage_dims *d,
+                                const pt_bf16 **whole, pt_error *err);
+/* Whether a row-parallel product leaves its residual add to the norm
+ * that reads its output (pass_norm_forward_after_add): unsplit (tp 1),
+ * where cuBLASLt's epilogue with beta = 1 costs more than the norm's
+ * extra read (docs/cuda-backend.md), unless
+ * PARTITA_CUDA_RESIDUAL_IN_NORM=0; split, the add rides on the sum's
+ * pass already. */
+bool pass_skip_to_norm(const model_stage *stage, const stage_dims *d);
+/* Whether a layer's second add is left to the next layer's first norm
+ * (or the final norm, or one pass after the stage's last layer): as
+ * pass_skip_to_norm, but not where whole layers are recomputed (the
+ * recomputation writes the layer's output again, which must be whole). */
+bool pass_skip_past_layer(const model_stage *stage, const stage_dims *d);
+/* After a layer's last product: output += mid where pass_skip_to_norm
+ * left the add out of the product but pass_skip_past_layer does not
+ * defer it (one pass, rounded as the norms round it, so every mode's
+ * stream holds the same values). */
+int pass_layer_output_whole(model_stage *stage, pt_bf16 *output,
+                            const pt_bf16 *mid, const stage_dims *d,
+                            pt_error *err);
 int pass_norm_output_again(model_stage *stage, const pt_bf16 *kept,
                            const pt_bf16 *inp, const float *weight,
                            const float *bias, const stage_dims *d,

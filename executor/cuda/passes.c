@@ -33,13 +33,20 @@ static layer_activations *layer_kept(model_stage *stage,
 
 /* One pre-norm transformer block:
  *   mid = x + proj(attention(qkv(ln1(x))));  out = mid + mlp(ln2(mid)).
- * The residual additions ride in the projections' epilogues (beta = 1
- * with the skip as C), or after the tensor-parallel sums. Under sequence
- * parallelism input, mid and out are the shard's rows; the norms' outputs
- * are gathered before the column-parallel products. */
+ * Unsplit, the residual additions ride in the norm after them
+ * (pass_skip_to_norm): mid's in ln2's pass; out's in the next layer's
+ * ln1 (input_skip: that layer's input lacks it until then), the final
+ * norm, or a pass after the stage's last layer (forward_passes); where
+ * pass_skip_past_layer says no, in a pass of its own after mlp_proj.
+ * With PARTITA_CUDA_RESIDUAL_IN_NORM=0 they ride in the projections'
+ * epilogues (beta = 1). Split, they come after the tensor-parallel
+ * sums. Under sequence parallelism input, mid and out are the shard's
+ * rows; the norms' outputs are gathered before the column-parallel
+ * products. */
 static int layer_forward(model_stage *stage, layer_activations *act,
-                         const layer_offsets *o, const pt_bf16 *input,
-                         const stage_dims *d, pt_error *err)
+                         const layer_offsets *o, pt_bf16 *input,
+                         const pt_bf16 *input_skip, const stage_dims *d,
+                         pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
@@ -47,9 +54,10 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     int N = d->N, C = d->C, A = d->A, F = d->F;
 
     const pt_bf16 *ln1_out = NULL;
-    if (pass_norm_forward(stage, act->ln1_out, act->ln1_mean, act->ln1_rstd,
-                     input, pass_param_at(stage, o->ln1_weight), pass_param_at(stage, o->ln1_bias), d, &ln1_out,
-                     err) != 0)
+    if (pass_norm_forward_after_add(
+            stage, act->ln1_out, act->ln1_mean, act->ln1_rstd, input,
+            input_skip, pass_param_at(stage, o->ln1_weight),
+            pass_param_at(stage, o->ln1_bias), d, &ln1_out, err) != 0)
         return -1;
     linear_forward qkv = {
         .weight = pass_mirror_at(state, o->qkv_weight), .input = ln1_out,
@@ -67,7 +75,8 @@ static int layer_forward(model_stage *stage, layer_activations *act,
     linear_forward proj = {
         .weight = pass_mirror_at(state, o->attn_proj_weight),
         .input = act->att_out, .out = act->residual_mid,
-        .bias = pass_mirror_at(state, o->attn_proj_bias), .residual = input,
+        .bias = pass_mirror_at(state, o->attn_proj_bias),
+        .residual = pass_skip_to_norm(stage, d) ? NULL : input,
         .N = N, .IC = A, .OC = C, .ld_out = C,
     };
     if (pass_row_parallel_forward(stage, proj,
@@ -76,9 +85,11 @@ static int layer_forward(model_stage *stage, layer_activations *act,
         return -1;
 
     const pt_bf16 *ln2_out = NULL;
-    if (pass_norm_forward(stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
-                     act->residual_mid, pass_param_at(stage, o->ln2_weight), pass_param_at(stage, o->ln2_bias),
-                     d, &ln2_out, err) != 0)
+    if (pass_norm_forward_after_add(
+            stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
+            act->residual_mid, pass_skip_to_norm(stage, d) ? input : NULL,
+            pass_param_at(stage, o->ln2_weight),
+            pass_param_at(stage, o->ln2_bias), d, &ln2_out, err) != 0)
         return -1;
     pt_bf16 *gelu_out = act->gelu_out != NULL ? act->gelu_out : s->d_fc;
     linear_forward fc = {
@@ -107,22 +118,28 @@ static int layer_forward(model_stage *stage, layer_activations *act,
         .weight = pass_mirror_at(state, o->mlp_proj_weight), .input = gelu_out,
         .out = act->output,
         .bias = pass_mirror_at(state, o->mlp_proj_bias),
-        .residual = act->residual_mid,
+        .residual = pass_skip_to_norm(stage, d) ? NULL : act->residual_mid,
         .N = N, .IC = F, .OC = C, .ld_out = C,
     };
-    return pass_row_parallel_forward(stage, mlp_proj,
-                                pass_param_at(stage, o->mlp_proj_bias), d, err);
+    if (pass_row_parallel_forward(stage, mlp_proj,
+                                  pass_param_at(stage, o->mlp_proj_bias), d,
+                                  err) != 0)
+        return -1;
+    return pass_layer_output_whole(stage, act->output, act->residual_mid, d,
+                                   err);
 }
 
 /* The model's layer: GPT-2's above, or the Llama family's
  * (passes_llama.c: every model that is not GPT-2's). */
 static int model_layer_forward(model_stage *stage, layer_activations *act,
-                               const layer_offsets *o, const pt_bf16 *input,
+                               const layer_offsets *o, pt_bf16 *input,
+                               const pt_bf16 *input_skip,
                                const stage_dims *d, pt_error *err)
 {
     if (state_of(stage)->llama_layer)
-        return cuda_llama_layer_forward(stage, act, o, input, d, err);
-    return layer_forward(stage, act, o, input, d, err);
+        return cuda_llama_layer_forward(stage, act, o, input, input_skip, d,
+                                        err);
+    return layer_forward(stage, act, o, input, input_skip, d, err);
 }
 
 /* The host's part of a micro-batch's upload: its tokens into the pinned
@@ -309,19 +326,30 @@ static int read_mean_loss(model_stage *stage, float *mean_loss,
     return 0;
 }
 
+/* The final norm, the head and the loss; stream_in += stream_skip first
+ * where the last layer left its second residual add (NULL: none). */
 static int head_forward(model_stage *stage, activation_slot *slot,
-                        const pt_bf16 *stream_in, const stage_dims *d,
-                        float loss_scale, float *mean_loss, pt_error *err)
+                        pt_bf16 *stream_in, const pt_bf16 *stream_skip,
+                        const stage_dims *d, float loss_scale,
+                        float *mean_loss, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     const stage_offsets *o = &state->offsets;
     int N = d->N, C = d->C;
     /* the final norm of the shard's rows; the head reads every row */
-    CUDA_TRY(pass_norm_rows_forward(
-        stage, slot->final_out + shard_offset(d), slot->final_mean,
-        slot->final_rstd, stream_in,
-        pass_param_at(stage, o->final_norm_weight),
-        pass_param_at(stage, o->final_norm_bias), d->R, C, state->stream));
+    pt_bf16 *final_out = slot->final_out + shard_offset(d);
+    const float *weight = pass_param_at(stage, o->final_norm_weight);
+    const float *bias = pass_param_at(stage, o->final_norm_bias);
+    if (stream_skip != NULL)
+        CUDA_TRY(cuda_norm_forward_after_add(
+            final_out, slot->final_mean, slot->final_rstd, stream_in,
+            stream_in, stream_skip, weight, bias,
+            stage->shape.norm == MODEL_NORM_RMSNORM,
+            (float)model_norm_eps(&stage->shape), d->R, C, state->stream));
+    else
+        CUDA_TRY(pass_norm_rows_forward(stage, final_out, slot->final_mean,
+                                        slot->final_rstd, stream_in, weight,
+                                        bias, d->R, C, state->stream));
     if (d->sp && cuda_tp_gather_rows(stage, slot->final_out, COMM_BFLOAT16,
                                      d, err) != 0)
         return -1;
@@ -439,15 +467,26 @@ static int forward_passes(model_stage *stage, int slot_index,
         CUDA_TRY(cuda_stream_from_float(slot->input, io->input, NULL, 1,
                                         NULL, d.R, d.C, state->stream));
     }
-    const pt_bf16 *stream_in = slot->input;
+    /* a layer's output may lack its second residual add (`pending`, its
+     * mid) until the norm that reads it next adds it (layer_forward) */
+    pt_bf16 *stream_in = slot->input;
+    const pt_bf16 *pending = NULL;
     for (int l = 0; l < state->layer_count; l++) {
+        layer_activations *act = layer_kept(stage, slot, l);
         if (cuda_param_unit_use(stage, STAGE_UNIT_LAYER, l, false, err) !=
                 0 ||
-            model_layer_forward(stage, layer_kept(stage, slot, l),
-                                &state->offsets.layers[l], stream_in, &d,
-                                err) != 0)
+            model_layer_forward(stage, act, &state->offsets.layers[l],
+                                stream_in, pending, &d, err) != 0)
             return -1;
         stream_in = slot->layers[l].output;
+        pending = pass_skip_past_layer(stage, &d) ? act->residual_mid : NULL;
+    }
+    if (pending != NULL &&
+        (!stage->spec.has_head || slot->output != NULL)) {
+        /* the stage's output leaves it whole */
+        CUDA_TRY(cuda_stream_from_bf16(stream_in, stream_in, NULL, pending,
+                                       d.R, d.C, state->stream));
+        pending = NULL;
     }
     slot->stream_out = stream_in;
     if (slot->output != NULL && !stage->boundary_free &&
@@ -460,8 +499,8 @@ static int forward_passes(model_stage *stage, int slot_index,
     if (stage->spec.has_head) {
         if (cuda_param_unit_use(stage, STAGE_UNIT_HEAD, 0, false, err) !=
                 0 ||
-            head_forward(stage, slot, stream_in, &d, io->loss_scale,
-                         mean_loss, err) != 0)
+            head_forward(stage, slot, stream_in, pending, &d,
+                         io->loss_scale, mean_loss, err) != 0)
             return -1;
     } else if (!stage->defer_sync && !stage->step.on_device &&
                !state->graphs.in_slot_pass &&
@@ -847,7 +886,7 @@ static int backward_passes(model_stage *stage, int slot_index,
                                       state->stream));
     }
     for (int l = state->layer_count - 1; l >= 0; l--) {
-        const pt_bf16 *layer_input =
+        pt_bf16 *layer_input =
             l > 0 ? slot->layers[l - 1].output : slot->input;
         layer_activations *act = layer_kept(stage, slot, l);
         if (cuda_param_unit_use(stage, STAGE_UNIT_LAYER, l, true, err) != 0)
@@ -856,7 +895,7 @@ static int backward_passes(model_stage *stage, int slot_index,
          * (rewriting its output with the same values) */
         if (stage->spec.recompute_layers &&
             model_layer_forward(stage, act, &state->offsets.layers[l],
-                                layer_input, &d, err) != 0)
+                                layer_input, NULL, &d, err) != 0)
             return -1;
         if (cuda_grad_unit_begin(stage, STAGE_UNIT_LAYER, l, err) != 0 ||
             model_layer_backward(stage, &state->offsets.layers[l], act,

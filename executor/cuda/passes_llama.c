@@ -43,21 +43,23 @@ static cudaError_t mlp_activation(const model_stage *stage, pt_bf16 *out,
     return cuda_gelu_forward(out, fc_pre, (size_t)d->N * d->F, stream);
 }
 
-/* norm1, the qkv product (grouped, in scratch.d_qkv), regrouped and
- * turned into act->qkv, the attention, and its row-parallel projection
- * with the skip into residual_mid. */
+/* norm1 (adding input_skip to input first, when not NULL), the qkv
+ * product (grouped, in scratch.d_qkv), regrouped and turned into
+ * act->qkv, the attention, and its row-parallel projection into
+ * residual_mid (the skip added there, or by norm2: pass_skip_to_norm). */
 static int attention_forward(model_stage *stage, layer_activations *act,
-                             const layer_offsets *o, const pt_bf16 *input,
-                             const stage_dims *d, pt_error *err)
+                             const layer_offsets *o, pt_bf16 *input,
+                             const pt_bf16 *input_skip, const stage_dims *d,
+                             pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
     cudaStream_t stream = state->stream;
     const pt_bf16 *ln1_out = NULL;
-    if (pass_norm_forward(stage, act->ln1_out, act->ln1_mean, act->ln1_rstd,
-                          input, pass_param_at(stage, o->ln1_weight),
-                          pass_param_at(stage, o->ln1_bias), d, &ln1_out,
-                          err) != 0)
+    if (pass_norm_forward_after_add(
+            stage, act->ln1_out, act->ln1_mean, act->ln1_rstd, input,
+            input_skip, pass_param_at(stage, o->ln1_weight),
+            pass_param_at(stage, o->ln1_bias), d, &ln1_out, err) != 0)
         return -1;
     linear_forward qkv = {
         .weight = pass_mirror_at(state, o->qkv_weight), .input = ln1_out,
@@ -78,7 +80,8 @@ static int attention_forward(model_stage *stage, layer_activations *act,
     linear_forward proj = {
         .weight = pass_mirror_at(state, o->attn_proj_weight),
         .input = act->att_out, .out = act->residual_mid,
-        .bias = pass_mirror_at(state, o->attn_proj_bias), .residual = input,
+        .bias = pass_mirror_at(state, o->attn_proj_bias),
+        .residual = pass_skip_to_norm(stage, d) ? NULL : input,
         .N = d->N, .IC = d->A, .OC = d->C, .ld_out = d->C,
     };
     return pass_row_parallel_forward(
@@ -86,22 +89,24 @@ static int attention_forward(model_stage *stage, layer_activations *act,
 }
 
 /* One pre-norm block: mid = x + proj(attention(rope(qkv(norm1(x))))),
- * out = mid + fc2(swiglu(fc1(norm2(mid)))). Under sequence parallelism
- * input, mid and out are the shard's rows. */
+ * out = mid + fc2(swiglu(fc1(norm2(mid)))), the residual adds where
+ * passes.c's GPT-2 layer does them (in the norms after them, unsplit).
+ * Under sequence parallelism input, mid and out are the shard's rows. */
 int cuda_llama_layer_forward(model_stage *stage, layer_activations *act,
-                             const layer_offsets *o, const pt_bf16 *input,
-                             const stage_dims *d, pt_error *err)
+                             const layer_offsets *o, pt_bf16 *input,
+                             const pt_bf16 *input_skip, const stage_dims *d,
+                             pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     cudaStream_t stream = state->stream;
-    if (attention_forward(stage, act, o, input, d, err) != 0)
+    if (attention_forward(stage, act, o, input, input_skip, d, err) != 0)
         return -1;
     const pt_bf16 *ln2_out = NULL;
-    if (pass_norm_forward(stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
-                          act->residual_mid,
-                          pass_param_at(stage, o->ln2_weight),
-                          pass_param_at(stage, o->ln2_bias), d, &ln2_out,
-                          err) != 0)
+    if (pass_norm_forward_after_add(
+            stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
+            act->residual_mid, pass_skip_to_norm(stage, d) ? input : NULL,
+            pass_param_at(stage, o->ln2_weight),
+            pass_param_at(stage, o->ln2_bias), d, &ln2_out, err) != 0)
         return -1;
     linear_forward fc = {
         .weight = pass_mirror_at(state, o->fc_weight), .input = ln2_out,
@@ -119,11 +124,14 @@ int cuda_llama_layer_forward(model_stage *stage, layer_activations *act,
         .weight = pass_mirror_at(state, o->mlp_proj_weight),
         .input = mlp_act, .out = act->output,
         .bias = pass_mirror_at(state, o->mlp_proj_bias),
-        .residual = act->residual_mid,
+        .residual = pass_skip_to_norm(stage, d) ? NULL : act->residual_mid,
         .N = d->N, .IC = d->F, .OC = d->C, .ld_out = d->C,
     };
-    return pass_row_parallel_forward(
-        stage, fc2, pass_param_at(stage, o->mlp_proj_bias), d, err);
+    if (pass_row_parallel_forward(
+            stage, fc2, pass_param_at(stage, o->mlp_proj_bias), d, err) != 0)
+        return -1;
+    return pass_layer_output_whole(stage, act->output, act->residual_mid, d,
+                                   err);
 }
 
 /* ------------------------------------------------------------- backward */

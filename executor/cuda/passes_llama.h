@@ -9,11 +9,14 @@
 #include "executor/cuda/cuda_stage.h"
 
 /* The Llama family's layer (passes_llama.c), forward and backward, with
- * the contract of passes.c's GPT-2 layer: the stream's gradient in
+ * the contract of passes.c's GPT-2 layer: the forward's input lacks
+ * input_skip until its first norm adds it (NULL: whole), its output may
+ * lack residual_mid (pass_skip_past_layer); the stream's gradient in
  * scratch.d_stream_bf16, replaced by that of the layer's input. */
 int cuda_llama_layer_forward(model_stage *stage, layer_activations *act,
-                             const layer_offsets *o, const pt_bf16 *input,
-                             const stage_dims *d, pt_error *err);
+                             const layer_offsets *o, pt_bf16 *input,
+                             const pt_bf16 *input_skip, const stage_dims *d,
+                             pt_error *err);
 int cuda_llama_layer_backward(model_stage *stage, const layer_offsets *o,
                               const layer_activations *act,
                               const pt_bf16 *input, const stage_dims *d,

@@ -1,6 +1,6 @@
 /*
  * The Llama layer's kernels of the cuda backend (RMSNorm, SwiGLU, RoPE,
- * grouped-query attention) against the cpu reference ops of
+ * grouped-query attention; both norms after a residual add) against the cpu reference ops of
  * executor/cpu/cpu.h (ops_llama_cpu.c), forward and backward, on fresh
  * random inputs at a few shapes each: hidden sizes on and off the
  * kernels' vector and block sizes, key/value heads = heads, heads / 4
@@ -35,6 +35,71 @@ static float *download_bf16(const pt_bf16 *device, size_t count)
     float *host = gpu_test_host(count * sizeof *host);
     gpu_test_download_bf16(host, device, count);
     return host;
+}
+
+/* ------------------------------------------------ a norm after an add */
+
+/* cuda_norm_forward_after_add (the stage's residual add in the norm that
+ * follows it): the sum rounded to bf16 as the stream keeps it, written
+ * in place over the input or apart, and the norm of that sum, against
+ * the cpu's norm of the rounded sum; layer norm and RMSNorm, on the
+ * register-cached kernel (C <= 2048) and the generic one. */
+static void test_norm_after_add(gpu_test_tally *tally, bool rms,
+                                bool in_place, int N, int C)
+{
+    char name[128];
+    size_t NC = (size_t)N * C;
+    float *inp = gpu_test_random_bf16(NC, 2.0f, &rng_state);
+    float *skip = gpu_test_random_bf16(NC, 1.0f, &rng_state);
+    float *weight = gpu_test_random((size_t)C, 0.5f, 1.0f, &rng_state);
+    float *bias = gpu_test_random((size_t)C, 0.5f, 0.0f, &rng_state);
+    float *sum = gpu_test_host(NC * sizeof(float));
+    for (size_t i = 0; i < NC; i++)
+        sum[i] = inp[i] + skip[i];
+    gpu_test_round_bf16(sum, NC);
+    float *want = gpu_test_host(NC * sizeof(float));
+    float *want_mean = gpu_test_host((size_t)N * sizeof(float));
+    float *want_rstd = gpu_test_host((size_t)N * sizeof(float));
+    if (rms)
+        cpu_rmsnorm_forward(want, want_rstd, sum, weight, RMSNORM_EPS, N, C);
+    else
+        cpu_layernorm_forward(want, want_mean, want_rstd, sum, weight, bias,
+                              N, C);
+
+    pt_bf16 *dev_inp = gpu_test_upload_bf16(inp, NC);
+    pt_bf16 *dev_skip = gpu_test_upload_bf16(skip, NC);
+    pt_bf16 *dev_sum =
+        in_place ? dev_inp : gpu_test_device(NC * sizeof(pt_bf16));
+    float *dev_weight = gpu_test_upload(weight, (size_t)C);
+    float *dev_bias = gpu_test_upload(bias, (size_t)C);
+    pt_bf16 *dev_out = gpu_test_device(NC * sizeof(pt_bf16));
+    float *dev_mean = gpu_test_device((size_t)N * sizeof(float));
+    float *dev_rstd = gpu_test_device((size_t)N * sizeof(float));
+    GPU_CHECK(cuda_norm_forward_after_add(
+        dev_out, dev_mean, dev_rstd, dev_sum, dev_inp, dev_skip, dev_weight,
+        rms ? NULL : dev_bias, rms, RMSNORM_EPS, N, C, 0));
+    float *got_sum = download_bf16(dev_sum, NC);
+    float *got = download_bf16(dev_out, NC);
+    float *got_rstd = gpu_test_host((size_t)N * sizeof(float));
+    gpu_test_download(got_rstd, dev_rstd, (size_t)N);
+    const char *what = rms ? "rmsnorm" : "layernorm";
+    const char *where = in_place ? "in place" : "apart";
+    snprintf(name, sizeof name, "%s after add N=%d C=%d: the sum (%s)", what,
+             N, C, where);
+    /* the same two bf16 values added in fp32 and rounded once */
+    gpu_test_compare(tally, name, got_sum, sum, NC, 0.0);
+    snprintf(name, sizeof name, "%s after add N=%d C=%d: out (bf16)", what,
+             N, C);
+    gpu_test_compare(tally, name, got, want, NC, TOL_BF16_OUT);
+    snprintf(name, sizeof name, "%s after add C=%d: rstd", what, C);
+    gpu_test_compare(tally, name, got_rstd, want_rstd, (size_t)N, TOL_FP32);
+    if (!rms) {
+        float *got_mean = gpu_test_host((size_t)N * sizeof(float));
+        gpu_test_download(got_mean, dev_mean, (size_t)N);
+        snprintf(name, sizeof name, "layernorm after add C=%d: mean", C);
+        gpu_test_compare(tally, name, got_mean, want_mean, (size_t)N,
+                         TOL_FP32);
+    }
 }
 
 /* ------------------------------------------------------------- rmsnorm */
@@ -444,6 +509,13 @@ int main(void)
     test_rmsnorm(&tally, 64, 8192);
     test_rmsnorm(&tally, 40, 12288);
     test_rmsnorm(&tally, 77, 100);
+    /* the cached kernel (768, 2048), the generic one (4096; 100 scalar) */
+    test_norm_after_add(&tally, false, true, 300, 768);
+    test_norm_after_add(&tally, false, false, 100, 2048);
+    test_norm_after_add(&tally, false, true, 64, 4096);
+    test_norm_after_add(&tally, true, true, 200, 2048);
+    test_norm_after_add(&tally, true, false, 64, 4096);
+    test_norm_after_add(&tally, true, true, 77, 100);
     test_swiglu(&tally, 64, 1024);
     test_swiglu(&tally, 16, 14336); /* Llama-3-8B's F */
     test_swiglu(&tally, 33, 1000);  /* F % 256 != 0 */

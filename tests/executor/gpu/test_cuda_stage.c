@@ -8,9 +8,10 @@
  *      tied head on different stages, two micro-batches in flight in two
  *      activation slots, gradients received in stage_output_grad_buffer)
  *      against the whole model on the cpu;
- *   3. the backend's variants (epilogues off, nothing or everything
- *      recomputed, untied head, the fused head's logits in chunks of 40
- *      of the 288 rows) on a small model;
+ *   3. the backend's variants (epilogues off, the residual adds in the
+ *      products' epilogues instead of the norms after them, nothing or
+ *      everything recomputed, untied head, the fused head's logits in
+ *      chunks of 40 of the 288 rows) on a small model;
  *   4. full activation recompute (a plan's "recompute": "full") against
  *      keeping every activation, three micro-batches in flight: the same
  *      loss and gradients, less device memory;
@@ -509,6 +510,11 @@ int main(int argc, char **argv)
     int mbs = argc > 3 ? atoi(argv[3]) : 2;
     test_variant(&tally, "default options", NULL, NULL, NULL, true);
     test_variant(&tally, "epilogues off", NULL, "0", NULL, true);
+    /* the residual adds back in the projections' epilogues (beta = 1) */
+    setenv("PARTITA_CUDA_RESIDUAL_IN_NORM", "0", 1);
+    test_variant(&tally, "residual adds in the epilogues", NULL, NULL, NULL,
+                 true);
+    unsetenv("PARTITA_CUDA_RESIDUAL_IN_NORM");
     test_variant(&tally, "recompute none", "none", NULL, NULL, true);
     test_variant(&tally, "recompute all", "all", NULL, NULL, true);
     test_variant(&tally, "untied head", NULL, NULL, NULL, false);
