@@ -20,6 +20,11 @@
 #             >= 0.99x llm.c's tokens/s, memory <= 1.05x), llmc = bf16
 #             gradients (>= 1.02x, memory <= 1.00x)
 #   TORCH=1   add torch.compile (bench/exec_vs_torch/torch_gpt.py)
+#   ROUNDS    runs of each program per config (default 1), alternating
+#             Partita's recipes and llm.c round by round; each column is
+#             the median of its rounds' tokens/s (memory: the largest),
+#             and every round's tokens/s are printed above the table
+#             (llm.c's own run-to-run spread is about 1-2 %)
 #   TRACE="model:mbs ..."   also trace every kernel of both programs at
 #             these configs (bench/kernel_trace: CUPTI through
 #             CUDA_INJECTION64_PATH) and print kernel_table.py's table;
@@ -34,6 +39,7 @@ configs=${CONFIGS:-"gpt2-124m:16 gpt2-350m:16 gpt2-774m:8 gpt2-xl:8"}
 warmup=${WARMUP:-5}
 steps=${STEPS:-20}
 trace_configs=${TRACE:-}
+rounds=${ROUNDS:-1}
 recipes=${RECIPES:-"megatron llmc"}
 for recipe in $recipes; do
     case $recipe in
@@ -97,6 +103,14 @@ llmc_step_ms() {
 
 value() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 
+# median VALUES...: the median of the numbers given (nothing: empty)
+median() {
+    printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) exit;
+        printf "%.0f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# largest VALUES...: the largest (memory over the rounds)
+largest() { printf '%s\n' "$@" | sort -g | tail -1; }
+
 status=0
 table=()
 for config in $configs; do
@@ -106,33 +120,44 @@ for config in $configs; do
     layers=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['layers'])" "$json")
     seq=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['seq'])" "$json")
     declare -A p_tps=() p_mem=()
-    l_tps="" l_mem="" t_tps=""
-    for recipe in $recipes; do
-        echo "== partita $model mbs $mbs, recipe $recipe"
-        plog="$logs/partita-$model-$recipe.log"
-        if measure "$plog" env PARTITA_CUDA_RECOMPUTE=none \
-            "$bench" "$json" "$mbs" "$warmup" "$steps" "$(grad_of "$recipe")"; then
-            grep '^#' "$plog"
-            p_tps[$recipe]=$(value tokens_per_s "$(grep '^RESULT' "$plog")")
-            p_mem[$recipe]=$peak_gib
+    l_tps="" l_mem="" t_tps="" l_all=""
+    for round in $(seq "$rounds"); do
+        for recipe in $recipes; do
+            echo "== partita $model mbs $mbs, recipe $recipe"
+            plog="$logs/partita-$model-$recipe.log"
+            if measure "$plog" env PARTITA_CUDA_RECOMPUTE=none \
+                "$bench" "$json" "$mbs" "$warmup" "$steps" "$(grad_of "$recipe")"; then
+                grep '^#' "$plog"
+                p_tps[$recipe]="${p_tps[$recipe]:-} $(value tokens_per_s "$(grep '^RESULT' "$plog")")"
+                p_mem[$recipe]="${p_mem[$recipe]:-} $peak_gib"
+            else
+                echo "FAIL partita $model $recipe"; tail -3 "$plog"; status=1
+            fi
+        done
+        echo "== llm.c $model mbs $mbs"
+        # -r 0: no recompute; -v, -m, -s: evaluate once on one batch, no
+        # sampling until the last step
+        llmc_args=(-e "d$layers" -b "$mbs" -t "$seq" -r 0 -v 100000 -m 1 -s 0
+                   -i "$tokens/train.bin" -j "$tokens/val.bin")
+        if measure "$logs/llmc-$model.log" "$llmc" "${llmc_args[@]}" \
+            -x $((warmup + steps)) &&
+            step_ms=$(llmc_step_ms "$logs/llmc-$model.log"); then
+            one=$(awk -v b="$mbs" -v t="$seq" -v ms="$step_ms" 'BEGIN { printf "%.0f", b * t / (ms / 1e3) }')
+            l_all="$l_all $one"
+            l_mem="$l_mem $peak_gib"
+            echo "# llm.c: median step $step_ms ms, $one tokens/s, peak $peak_gib GiB"
         else
-            echo "FAIL partita $model $recipe"; tail -3 "$plog"; status=1
+            echo "FAIL llm.c $model"; tail -3 "$logs/llmc-$model.log"; status=1
         fi
     done
-    echo "== llm.c $model mbs $mbs"
-    # -r 0: no recompute; -v, -m, -s: evaluate once on one batch, no
-    # sampling until the last step
-    llmc_args=(-e "d$layers" -b "$mbs" -t "$seq" -r 0 -v 100000 -m 1 -s 0
-               -i "$tokens/train.bin" -j "$tokens/val.bin")
-    if measure "$logs/llmc-$model.log" "$llmc" "${llmc_args[@]}" \
-        -x $((warmup + steps)) &&
-        step_ms=$(llmc_step_ms "$logs/llmc-$model.log"); then
-        l_tps=$(awk -v b="$mbs" -v t="$seq" -v ms="$step_ms" 'BEGIN { printf "%.0f", b * t / (ms / 1e3) }')
-        l_mem=$peak_gib
-        echo "# llm.c: median step $step_ms ms, $l_tps tokens/s, peak $l_mem GiB"
-    else
-        echo "FAIL llm.c $model"; tail -3 "$logs/llmc-$model.log"; status=1
-    fi
+    # each column's median over the rounds (one round: its value)
+    echo "# $model rounds (tokens/s): llm.c$l_all$(for r in $recipes; do printf '; %s%s' "$r" "${p_tps[$r]:-}"; done)"
+    l_tps=$(median $l_all)
+    [ -n "$l_mem" ] && l_mem=$(largest $l_mem)
+    for recipe in $recipes; do
+        [ -n "${p_tps[$recipe]:-}" ] && p_tps[$recipe]=$(median ${p_tps[$recipe]})
+        [ -n "${p_mem[$recipe]:-}" ] && p_mem[$recipe]=$(largest ${p_mem[$recipe]})
+    done
     if [ "${TORCH:-0}" = 1 ]; then
         echo "== torch.compile $model mbs $mbs"
         if PYTHONUNBUFFERED=1 python3 "$root/bench/exec_vs_torch/torch_gpt.py" \
