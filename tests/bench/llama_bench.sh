@@ -19,10 +19,7 @@ root=${PARTITA_SOURCE:?PARTITA_SOURCE names the source tree}
 here="$root/bench/exec_vs_torch"
 case_name=llama-bench
 source "$root/tests/cli/lib.sh"
-command -v python3 >/dev/null || { echo "SKIP: no python3"; exit 77; }
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
-cd "$scratch" || exit 1
+scratch_begin
 
 # 1. parameter counts
 torch_python=""

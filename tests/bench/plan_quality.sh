@@ -11,10 +11,7 @@ build=${1:?usage: plan_quality.sh BUILD_DIR}
 root=${PARTITA_SOURCE:?PARTITA_SOURCE names the source tree}
 case_name=plan-quality
 source "$root/tests/cli/lib.sh"
-command -v python3 >/dev/null || { echo "SKIP: no python3"; exit 77; }
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
-cd "$scratch" || exit 1
+scratch_begin
 cat >tiny.json <<'JSON'
 {"name": "tiny", "layers": 8, "hidden": 16, "heads": 2, "seq": 16, "vocab": 257}
 JSON

@@ -1,7 +1,9 @@
 # Helpers shared by the command-line tests (e2e.sh, exec_report.sh,
-# zero.sh, mpi.sh, plan_options.sh, asymmetric.sh):
-# e2e.sh and zero.sh source it first and begin with e2e_begin, mpi.sh
-# after it set case_name and changed into its scratch folder.
+# zero.sh, mpi.sh, plan_options.sh, asymmetric.sh) and the benchmarks'
+# (tests/bench/llama_bench.sh, plan_quality.sh, which begin with
+# scratch_begin): e2e.sh and zero.sh source it first and begin with
+# e2e_begin, mpi.sh after it set case_name and changed into its scratch
+# folder.
 
 fail() { echo "FAIL [$case_name]: $*"; exit 1; }
 
@@ -15,6 +17,15 @@ e2e_begin() {
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   cd "$work" || exit 1
+}
+# scratch_begin: how the benchmarks' tests (tests/bench) start: python3
+# or a skip (77), then a scratch folder ($scratch) to work in, removed at
+# exit.
+scratch_begin() {
+  command -v python3 >/dev/null || { echo "SKIP: no python3"; exit 77; }
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' EXIT
+  cd "$scratch" || exit 1
 }
 partita() { ${PARTITA_WRAPPER:-} "$partita_binary" "$@"; }
 # run EXPECTED_STATUS CMD...: runs, keeps output in out.txt / err.txt
