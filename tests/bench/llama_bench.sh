@@ -17,9 +17,8 @@ partita=${1:?usage: llama_bench.sh PARTITA}
 partita="$(cd "$(dirname "$partita")" && pwd)/$(basename "$partita")"
 root=${PARTITA_SOURCE:?PARTITA_SOURCE names the source tree}
 here="$root/bench/exec_vs_torch"
-case_name=llama-bench
 source "$root/tests/cli/lib.sh"
-scratch_begin
+scratch_begin llama-bench
 
 # 1. parameter counts
 torch_python=""

@@ -5,9 +5,8 @@
 set -u
 partita=${1:?usage: parallel_plans.sh PARTITA}
 root=${PARTITA_SOURCE:?PARTITA_SOURCE names the source tree}
-case_name=parallel-plans
 source "$root/tests/cli/lib.sh"
-scratch_begin
+scratch_begin parallel-plans
 plans="$root/bench/parallel/plans"
 count=0
 for plan in "$plans"/*.json; do

@@ -9,9 +9,8 @@
 set -u
 build=${1:?usage: plan_quality.sh BUILD_DIR}
 root=${PARTITA_SOURCE:?PARTITA_SOURCE names the source tree}
-case_name=plan-quality
 source "$root/tests/cli/lib.sh"
-scratch_begin
+scratch_begin plan-quality
 cat >tiny.json <<'JSON'
 {"name": "tiny", "layers": 8, "hidden": 16, "heads": 2, "seq": 16, "vocab": 257}
 JSON

@@ -18,10 +18,11 @@ e2e_begin() {
   trap 'rm -rf "$work"' EXIT
   cd "$work" || exit 1
 }
-# scratch_begin: how the benchmarks' tests (tests/bench) start: python3
-# or a skip (77), then a scratch folder ($scratch) to work in, removed at
-# exit.
+# scratch_begin CASE: how the benchmarks' tests (tests/bench) start: the
+# case's name for fail(), python3 or a skip (77), then a scratch folder
+# ($scratch) to work in, removed at exit.
 scratch_begin() {
+  case_name="$1"
   command -v python3 >/dev/null || { echo "SKIP: no python3"; exit 77; }
   scratch=$(mktemp -d)
   trap 'rm -rf "$scratch"' EXIT
