@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One process per GPU under mpirun on the 2-GPU machine (issue 4's
-# launch), against the threads launch of the same plans. The machine has
+# One process per GPU under mpirun on the 2- and 4-GPU machines (issue
+# 4's launch, issue 38's item 3), against the threads launch of the same
+# plans. The machine has
 # no Open MPI: it runs the copy bundle_mpi.sh made (BUNDLE_DIR, carried
 # with the build). Logs and run.json files go to LOG_DIR; a summary comes
 # last. A few minutes.
@@ -8,12 +9,16 @@
 #   0. the bundled mpirun on the cpu backend: a tiny pp = 2 plan as two
 #      processes, its losses against the threads launch's (same bits);
 #   1. `partita exec --backend cuda` of a small GPT (6 layers, hidden 256,
-#      seq 256) for ITERS iterations as pp = 2 (1F1B, 4-2), dp = 2 and
-#      tp = 2, each as threads of one process and as 2 processes under
-#      mpirun (NCCL communicators from ids broadcast over MPI): losses
-#      within 2e-3 at iteration 1 and 2e-2 after (the sums' order
-#      differs), and the processes' run.json holds both ranks' events and
-#      devices;
+#      seq 256) for ITERS iterations as pp = 2 (1F1B, 4-2), dp = 2, tp = 2,
+#      the interleaved pp = 2 (2 chunks a rank), dp = 2 with ZeRO-2 and
+#      with ZeRO-3, and pp = 2 on a whole GPU and one limited to 40 SMs
+#      (a heterogeneous pair), and where 4 GPUs are visible pp = 4, dp =
+#      4, tp = 4, tp 2 x pp 2, dp 2 x tp 2, dp 4 with ZeRO-3 and pp = 4
+#      over two whole GPUs and two of 40 SMs (issue 38, item 3), each as
+#      threads of one process and as one process a rank under mpirun
+#      (NCCL communicators from ids broadcast over MPI): losses within
+#      2e-3 at iteration 1 and 2e-2 after (the sums' order differs), and
+#      the processes' run.json holds every rank's events and devices;
 #   2. a pp = 2 checkpoint saved by 2 processes, resumed by the threads
 #      launch, against the straight threads run (1e-4);
 #   3. rank 1 killed mid-run: the job ends within 60 s, naming rank 1;
@@ -129,32 +134,64 @@ link='"intra_node": { "bandwidth_GBps": 300, "latency_us": 5 },
       "inter_node": { "bandwidth_GBps": 300, "latency_us": 5 }'
 two_gpus="{ \"name\": \"two\", \"nodes\": [ { \"name\": \"box\", \"gpu\": \"$gpu_type\", \"gpus\": 2, $link, \"devices\": [ { \"index\": 0 }, { \"index\": 1 } ] } ] }"
 small='{ "name": "small", "layers": 6, "hidden": 256, "heads": 4, "ffn_hidden": 1024, "seq": 256, "vocab": 257 }'
-plan() { # NAME "tp dp pp" [PARTITION]
-    local extra=""
+# cluster NAME DEVICES...: one box of as many GPUs as devices, each
+# device "INDEX" (whole) or "INDEX:40" (40 SMs, 48 GiB)
+cluster() {
+    local name=$1 list="" device; shift
+    for device in "$@"; do
+        list="$list${list:+, }{ \"index\": ${device%%:*}"
+        [ "$device" != "${device%%:*}" ] &&
+            list="$list, \"sm_limit\": ${device##*:}, \"memory_limit_gib\": 48"
+        list="$list }"
+    done
+    echo "{ \"name\": \"$name\", \"nodes\": [ { \"name\": \"box\", \"gpu\": \"$gpu_type\", \"gpus\": $#, $link, \"devices\": [ $list ] } ] }"
+}
+two_hetero=$(cluster two-hetero 0 1:40)
+four_gpus=$(cluster four 0 1 2 3)
+four_hetero=$(cluster four-hetero 0 1 2:40 3:40)
+plan() { # NAME "tp dp pp" [PARTITION [MORE_FIELDS [CLUSTER]]]
+    local extra="" cluster=${5:-$two_gpus}
     [ -n "${3:-}" ] && extra=", \"partition\": \"$3\""
+    [ -n "${4:-}" ] && extra="$extra, $4"
     read -r tp dp pp <<<"$2"
     cat >"$logs/plans/$1.json" <<JSON
-{ "model": $small, "cluster": $two_gpus, "gbs": 16, "mbs": 2,
+{ "model": $small, "cluster": $cluster, "gbs": 16, "mbs": 2,
   "tp": $tp, "dp": $dp, "pp": $pp, "precision": "bf16"$extra }
 JSON
 }
 plan pp2 "1 1 2" 4-2
 plan dp2 "1 2 1"
 plan tp2 "2 1 1"
+plan pp2-interleaved "1 1 2" 4-2 '"virtual_stages": 2'
+plan dp2-zero2 "1 2 1" "" '"distributed_optimizer": true, "zero": 2'
+plan dp2-zero3 "1 2 1" "" '"distributed_optimizer": true, "zero": 3'
+plan pp2-hetero "1 1 2" 2-4 "" "$two_hetero"
+rows="pp2:2 dp2:2 tp2:2 pp2-interleaved:2 dp2-zero2:2 dp2-zero3:2 pp2-hetero:2"
+if [ "$gpus" -ge 4 ]; then
+    plan pp4 "1 1 4" 2-2-1-1 "" "$four_gpus"
+    plan dp4 "1 4 1" "" "" "$four_gpus"
+    plan tp4 "4 1 1" "" "" "$four_gpus"
+    plan tp2-pp2 "2 1 2" 4-2 "" "$four_gpus"
+    plan dp2-tp2 "2 2 1" "" "" "$four_gpus"
+    plan dp4-zero3 "1 4 1" "" '"distributed_optimizer": true, "zero": 3' "$four_gpus"
+    plan pp4-hetero "1 1 4" 2-2-1-1 "" "$four_hetero"
+    rows="$rows pp4:4 dp4:4 tp4:4 tp2-pp2:4 dp2-tp2:4 dp4-zero3:4 pp4-hetero:4"
+fi
 cuda=(--backend cuda --log-interval 10 --comm-timeout 120)
 
-echo "# cuda: pp 2, dp 2, tp 2 as threads and as 2 processes ($iters iterations)"
-for name in pp2 dp2 tp2; do
+echo "# cuda: $rows (name:processes) as threads and as processes ($iters iterations)"
+for row in $rows; do
+    name=${row%%:*} ranks=${row##*:}
     step "threads-$name" "$partita" exec "$logs/plans/$name.json" \
         --data "$data" "${cuda[@]}" --iters "$iters" \
         -o "$logs/threads-$name.run.json" || continue
-    step "mpi-$name" mpi 2 exec "$logs/plans/$name.json" --data "$data" \
-        "${cuda[@]}" --iters "$iters" -o "$logs/mpi-$name.run.json" ||
-        continue
+    step "mpi-$name" mpi "$ranks" exec "$logs/plans/$name.json" \
+        --data "$data" "${cuda[@]}" --iters "$iters" \
+        -o "$logs/mpi-$name.run.json" || continue
     step "losses-$name" python3 "$checks" losses \
         "$logs/threads-$name.run.json" "$logs/mpi-$name.run.json" \
         "mpi-$name" 2e-3 2e-2
-    step "ranks-$name" every_rank "$logs/mpi-$name.run.json" 2
+    step "ranks-$name" every_rank "$logs/mpi-$name.run.json" "$ranks"
 done
 
 # -------------------------------------------------- 2. checkpoint, cuda
