@@ -296,7 +296,8 @@ static double scratch_bytes(const shard_dims *d, bool last, bool fc_in_head)
 }
 
 /* cuDNN's fused attention backward's workspace of b sequences: b x NH
- * x T fp32 row sums and b x NH x T x T bf16, each 256-byte aligned;
+ * x T fp32 row sums and b x NH x T x T bf16, and under grouped-query
+ * attention b x NH x T x head size fp32, each 256-byte aligned;
  * 0 for a shape cuDNN does not take (head size a multiple of 8 up to
  * 128, T a multiple of 128). */
 static double cudnn_workspace_bytes(const shard_dims *d, double b)
@@ -306,8 +307,15 @@ static double cudnn_workspace_bytes(const shard_dims *d, double b)
         head_size > 128.0 || fmod(d->T, 128.0) != 0.0)
         return 0.0;
     double rows = b * d->NH * d->T;
+    /* grouped key/value heads: fp32 rows of every query head's size
+     * more (kernel_sizes.h, cuda_cudnn_backward_workspace_bytes) */
+    double grouped = d->KV < d->A ? ceil_div(4.0 * rows * head_size,
+                                             CUDNN_ALIGNMENT) *
+                                        CUDNN_ALIGNMENT
+                                  : 0.0;
     return ceil_div(4.0 * rows, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT +
-           ceil_div(2.0 * rows * d->T, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT;
+           ceil_div(2.0 * rows * d->T, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT +
+           grouped;
 }
 
 /* The head's logits and cuDNN's workspace of a chunk (executor/cuda/

@@ -80,16 +80,21 @@ size_t cuda_attention_backward_scratch(int B, int T, int NH);
 bool cuda_cudnn_attention_shape(int T, int C, int NH);
 /* Bytes of the workspace cuDNN's fused attention backward runs in
  * (attention_cudnn.c): B x NH x T fp32 row sums, then cuDNN's own,
- * B x NH x T x T bf16 (what cuDNN 9.14's engine asks for), each rounded
- * up to 256 bytes. A stage lends it its head's idle logits, else
- * allocates it. */
-size_t cuda_cudnn_backward_workspace_bytes(int B, int T, int NH);
+ * B x NH x T x T bf16 and, with grouped key/value heads (KVH < NH), B x
+ * NH x T x D fp32 more, each rounded up to 256 bytes: what cuDNN 9.14's
+ * engine asked on an H200 (GPT-2's four sizes: the first term alone;
+ * Llama-3.2-1B, 2 sequences: 544 MiB, Llama-3-8B's layer, 2 sequences:
+ * 576 MiB; docs/cuda-backend.md, "The fused head"). A stage lends it
+ * its head's idle logits, else allocates it. */
+size_t cuda_cudnn_backward_workspace_bytes(int B, int T, int NH, int KVH,
+                                           int D);
 /* The fewest pieces of whole sequences (a divisor of B) cuDNN's backward
  * of B sequences runs in so that one piece's workspace fits in
  * `lendable` bytes; 0 when not even one sequence's fits. Each sequence's
  * gradients do not depend on the others', so the pieces give the same
  * bits as one call. */
-int cuda_cudnn_backward_split(int B, int T, int NH, size_t lendable);
+int cuda_cudnn_backward_split(int B, int T, int NH, int KVH, int D,
+                              size_t lendable);
 /* Doubles of scratch a sum of squares needs. */
 size_t cuda_square_sum_scratch(void);
 

@@ -183,7 +183,8 @@ static double whole_cudnn_workspace(const pipeline_layout *layout)
     if (!cuda_cudnn_attention_shape(m->seq, m->hidden / tp, m->heads / tp))
         return 0.0;
     return (double)cuda_cudnn_backward_workspace_bytes(
-               layout->config.mbs, m->seq, m->heads / tp) +
+               layout->config.mbs, m->seq, m->heads / tp,
+               (int)model_kv_heads_per_rank(m, tp), m->hidden / m->heads) +
            ATTENTION_LENT_SLACK;
 }
 

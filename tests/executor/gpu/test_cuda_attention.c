@@ -238,7 +238,8 @@ static void check_pieces(gpu_test_tally *tally, const attention_case *c,
     if (c->B % 2 != 0)
         return;
     size_t lent_bytes =
-        cuda_cudnn_backward_workspace_bytes(c->B / 2, c->T, c->NH) +
+        cuda_cudnn_backward_workspace_bytes(c->B / 2, c->T, c->NH, c->NH,
+                                            c->C / c->NH) +
         ATTENTION_LENT_SLACK;
     void *lent = gpu_test_device(lent_bytes);
     attention_runner *borrower = borrowing_runner(c, lent_bytes);
