@@ -96,18 +96,19 @@ measure() {
 # from its "step N/M | ... | T ms |" lines
 llmc_step_ms() {
     sed -n 's/^step *\([0-9]*\)\/[0-9]* |.*| *\([0-9.]*\) ms |.*/\1 \2/p' "$1" |
-        awk -v w="$warmup" '$1 > w { print $2 }' | sort -n |
-        awk '{ v[NR] = $1 } END { if (NR == 0) exit 1;
-             print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+        awk -v w="$warmup" '$1 > w { print $2 }' | median_lines %g
 }
 
 value() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 
-# median VALUES...: the median of the numbers given (nothing: empty)
-median() {
-    printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) exit;
-        printf "%.0f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+# median_lines FORMAT: the median of the numbers on standard input, one a
+# line, printed with FORMAT (none: nothing, status 1)
+median_lines() {
+    sort -n | awk -v f="$1" '{ v[NR] = $1 } END { if (NR == 0) exit 1;
+        printf f, (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
+# median VALUES...: their median, rounded (nothing: empty)
+median() { [ $# -gt 0 ] && printf '%s\n' "$@" | median_lines %.0f; }
 # largest VALUES...: the largest (memory over the rounds)
 largest() { printf '%s\n' "$@" | sort -g | tail -1; }
 

@@ -236,7 +236,8 @@ cudaError_t cuda_rmsnorm_forward(pt_bf16 *out_bf16, float *rstd,
  * in place), then out_bf16 = the norm of sum_bf16, as
  * cuda_layernorm_forward (rms false; eps its fixed 1e-5) or
  * cuda_rmsnorm_forward (rms true: mean and bias unused), in one pass
- * over the rows. */
+ * over the rows; skip_bf16 NULL: the norm of inp_bf16 alone (sum_bf16
+ * unused). */
 cudaError_t cuda_norm_forward_after_add(pt_bf16 *out_bf16, float *mean,
                                         float *rstd, pt_bf16 *sum_bf16,
                                         const pt_bf16 *inp_bf16,

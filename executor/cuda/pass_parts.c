@@ -124,16 +124,15 @@ pt_bf16 *pass_mirror_at(const cuda_stage_state *state, size_t offset)
 
 cudaError_t pass_norm_rows_forward(const model_stage *stage, pt_bf16 *out,
                                    float *mean, float *rstd,
-                                   const pt_bf16 *inp, const float *weight,
+                                   const pt_bf16 *inp, const pt_bf16 *skip,
+                                   pt_bf16 *sum, const float *weight,
                                    const float *bias, int R, int C,
                                    cudaStream_t stream)
 {
-    if (stage->shape.norm == MODEL_NORM_RMSNORM)
-        return cuda_rmsnorm_forward(out, rstd, inp, weight,
-                                    (float)model_norm_eps(&stage->shape), R,
-                                    C, stream);
-    return cuda_layernorm_forward(out, mean, rstd, inp, weight, bias, R, C,
-                                  stream);
+    return cuda_norm_forward_after_add(
+        out, mean, rstd, sum, inp, skip, weight, bias,
+        stage->shape.norm == MODEL_NORM_RMSNORM,
+        (float)model_norm_eps(&stage->shape), R, C, stream);
 }
 
 /* A row-parallel product into the bf16 stream: out = in W^T + bias +
@@ -206,15 +205,9 @@ static int norm_forward(model_stage *stage, pt_bf16 *kept, float *mean,
     pt_bf16 *norm_out = state->scratch.norm_out;
     pt_bf16 *mine = norm_out + shard_offset(d);
     pt_bf16 *out = kept != NULL ? kept : mine;
-    if (skip != NULL)
-        CUDA_TRY(cuda_norm_forward_after_add(
-            out, mean, rstd, sum, inp, skip, weight, bias,
-            stage->shape.norm == MODEL_NORM_RMSNORM,
-            (float)model_norm_eps(&stage->shape), d->R, d->C,
-            state->stream));
-    else
-        CUDA_TRY(pass_norm_rows_forward(stage, out, mean, rstd, inp, weight,
-                                        bias, d->R, d->C, state->stream));
+    CUDA_TRY(pass_norm_rows_forward(stage, out, mean, rstd, inp, skip, sum,
+                                    weight, bias, d->R, d->C,
+                                    state->stream));
     *whole = out;
     if (!d->sp)
         return 0;

@@ -65,10 +65,13 @@ int pass_column_parallel_input_grad(model_stage *stage, gemm_call call,
                                     const stage_dims *d, pt_error *err);
 
 /* The model's norm over R rows: LayerNorm (mean, rstd and bias), or
- * RMSNorm (rstd only, its epsilon the model's). */
+ * RMSNorm (rstd only, its epsilon the model's), of inp, or where skip is
+ * not NULL of sum = inp + skip (written to sum first, which may be inp:
+ * cuda_norm_forward_after_add). */
 cudaError_t pass_norm_rows_forward(const model_stage *stage, pt_bf16 *out,
                                    float *mean, float *rstd,
-                                   const pt_bf16 *inp, const float *weight,
+                                   const pt_bf16 *inp, const pt_bf16 *skip,
+                                   pt_bf16 *sum, const float *weight,
                                    const float *bias, int R, int C,
                                    cudaStream_t stream);
 /* The model's norm (LayerNorm, or RMSNorm: no mean, no bias) of the

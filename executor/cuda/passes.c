@@ -340,16 +340,10 @@ static int head_forward(model_stage *stage, activation_slot *slot,
     pt_bf16 *final_out = slot->final_out + shard_offset(d);
     const float *weight = pass_param_at(stage, o->final_norm_weight);
     const float *bias = pass_param_at(stage, o->final_norm_bias);
-    if (stream_skip != NULL)
-        CUDA_TRY(cuda_norm_forward_after_add(
-            final_out, slot->final_mean, slot->final_rstd, stream_in,
-            stream_in, stream_skip, weight, bias,
-            stage->shape.norm == MODEL_NORM_RMSNORM,
-            (float)model_norm_eps(&stage->shape), d->R, C, state->stream));
-    else
-        CUDA_TRY(pass_norm_rows_forward(stage, final_out, slot->final_mean,
-                                        slot->final_rstd, stream_in, weight,
-                                        bias, d->R, C, state->stream));
+    CUDA_TRY(pass_norm_rows_forward(stage, final_out, slot->final_mean,
+                                    slot->final_rstd, stream_in, stream_skip,
+                                    stream_in, weight, bias, d->R, C,
+                                    state->stream));
     if (d->sp && cuda_tp_gather_rows(stage, slot->final_out, COMM_BFLOAT16,
                                      d, err) != 0)
         return -1;
