@@ -28,7 +28,8 @@
 #   TRACE="model:mbs ..."   also trace every kernel of both programs at
 #             these configs (bench/kernel_trace: CUPTI through
 #             CUDA_INJECTION64_PATH) and print kernel_table.py's table;
-#             Partita runs the last recipe of RECIPES there
+#             Partita runs the last recipe of RECIPES there; every kernel
+#             by name goes to LOG_DIR/kernel-names-MODEL.md
 set -u
 build=${1:?usage: run.sh BUILD_DIR LLMC_BINARY [LOG_DIR]}
 llmc=${2:?usage: run.sh BUILD_DIR LLMC_BINARY [LOG_DIR]}
@@ -76,19 +77,30 @@ PY
 used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | head -1; }
 
 # measure LOG COMMAND...: runs COMMAND with its output in LOG while
-# sampling the GPU's memory; sets peak_gib (over the idle level)
+# sampling the GPU every 100 ms; sets peak_gib (memory over the idle
+# level) and gpu_state: the median SM clock (MHz) and power draw (W)
+# over the samples drawing at least 70 % of the run's highest power (the
+# training steps, not the start-up). Identical kernels of both programs
+# ran 1-8 % apart on 2026-11-30: the clocks say whether the GPU ran both
+# at one speed.
 measure() {
     local log=$1; shift
     local idle samples=$logs/memory.samples
     idle=$(used_mib)
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 \
-        -lms 100 >"$samples" 2>/dev/null &
+    nvidia-smi --query-gpu=memory.used,clocks.sm,power.draw \
+        --format=csv,noheader,nounits -i 0 -lms 100 >"$samples" 2>/dev/null &
     local sampler=$!
     "$@" >"$log" 2>&1
     local status=$?
     kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
-    peak_gib=$(awk -v idle="$idle" 'BEGIN { m = 0 } $1 + 0 > m { m = $1 + 0 }
+    peak_gib=$(awk -F', *' -v idle="$idle" 'BEGIN { m = 0 } $1 + 0 > m { m = $1 + 0 }
         END { printf "%.2f", (m - idle) / 1024 }' "$samples")
+    local top clock power busy
+    top=$(awk -F', *' 'BEGIN { m = 0 } $3 + 0 > m { m = $3 + 0 } END { print m }' "$samples")
+    busy=$(awk -F', *' -v top="$top" '$3 + 0 >= 0.7 * top' "$samples")
+    clock=$(echo "$busy" | awk -F', *' '{ print $2 }' | median_lines %.0f) || clock=-
+    power=$(echo "$busy" | awk -F', *' '{ print $3 }' | median_lines %.0f) || power=-
+    gpu_state="SM clock $clock MHz, power $power W (medians of $(echo "$busy" | grep -c .) samples at >= 70 % of the top power)"
     return $status
 }
 
@@ -129,6 +141,7 @@ for config in $configs; do
             if measure "$plog" env PARTITA_CUDA_RECOMPUTE=none \
                 "$bench" "$json" "$mbs" "$warmup" "$steps" "$(grad_of "$recipe")"; then
                 grep '^#' "$plog"
+                echo "# partita: $gpu_state"
                 p_tps[$recipe]="${p_tps[$recipe]:-} $(value tokens_per_s "$(grep '^RESULT' "$plog")")"
                 p_mem[$recipe]="${p_mem[$recipe]:-} $peak_gib"
             else
@@ -146,7 +159,7 @@ for config in $configs; do
             one=$(awk -v b="$mbs" -v t="$seq" -v ms="$step_ms" 'BEGIN { printf "%.0f", b * t / (ms / 1e3) }')
             l_all="$l_all $one"
             l_mem="$l_mem $peak_gib"
-            echo "# llm.c: median step $step_ms ms, $one tokens/s, peak $peak_gib GiB"
+            echo "# llm.c: median step $step_ms ms, $one tokens/s, peak $peak_gib GiB, $gpu_state"
         else
             echo "FAIL llm.c $model"; tail -3 "$logs/llmc-$model.log"; status=1
         fi
@@ -200,6 +213,11 @@ for config in $configs; do
         python3 "$root/bench/kernel_trace/kernel_table.py" --model "$json" --mbs "$mbs" \
             "llm.c=$logs/trace-llmc-$model.tsv" "Partita=$logs/trace-partita-$model.tsv" |
             tee "$logs/kernel-table-$model.md" || status=1
+        # every kernel by name, to its own file (long)
+        python3 "$root/bench/kernel_trace/kernel_table.py" --model "$json" --mbs "$mbs" \
+            --by-name "llm.c=$logs/trace-llmc-$model.tsv" \
+            "Partita=$logs/trace-partita-$model.tsv" \
+            >"$logs/kernel-names-$model.md" || status=1
     fi
 done
 

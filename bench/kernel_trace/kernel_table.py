@@ -9,7 +9,11 @@ attention the achieved TFLOP/s (from the model's own FLOP count, the same
 for both programs). Kernel names are matched as CUPTI gives them
 (mangled), so a kind is a keyword of the name.
 
-Usage: kernel_table.py --model MODEL.json --mbs N LABEL=TRACE [LABEL=TRACE]
+Usage: kernel_table.py --model MODEL.json --mbs N [--by-name]
+                       LABEL=TRACE [LABEL=TRACE]
+--by-name adds, per program, every kernel name's median ms a step and
+mean us a call (names up to 120 characters, so cuDNN's generated
+kernels keep their tile and knob suffixes), largest first.
 """
 import argparse
 import collections
@@ -44,8 +48,22 @@ OPTIMIZER = ("adam",)
 
 
 def short_name(name):
-    """The identifier of a mangled name (_Z18adamw_kernel... -> adamw_kernel)."""
-    match = re.match(r"_Z(?:N\d*)?(\d+)", name)
+    """The identifier of a mangled name (_Z18adamw_kernel... ->
+    adamw_kernel; a nested one, _ZN5cudnn6fusion9matmul_dq..., with its
+    namespaces: cudnn::fusion::matmul_dq)."""
+    if name.startswith("_ZN"):
+        parts, at = [], 3
+        while at < len(name):
+            match = re.match(r"\d+", name[at:])
+            if not match:
+                break
+            length = int(match.group(0))
+            start = at + match.end()
+            parts.append(name[start:start + length])
+            at = start + length
+        if parts:
+            return "::".join(parts)
+    match = re.match(r"_Z(\d+)", name)
     if match:
         length = int(match.group(1))
         start = match.end()
@@ -115,6 +133,43 @@ def idle_ms(step):
     return idle / 1e6
 
 
+def long_name(name):
+    """The identifier, or an unmangled name up to 120 characters."""
+    if name.startswith("_Z"):
+        return short_name(name)
+    return re.sub(r"[(<].*", "", name)[:120]
+
+
+def per_name(steps):
+    """Each kernel name's median ms a step and mean us a call."""
+    per_step = []
+    calls = collections.Counter()
+    spent = collections.Counter()
+    for step in steps:
+        totals = collections.defaultdict(float)
+        for start, end, name in step:
+            key = long_name(name)
+            totals[key] += (end - start) / 1e6
+            calls[key] += 1
+            spent[key] += (end - start) / 1e3
+        per_step.append(totals)
+    names = {k for totals in per_step for k in totals}
+    return {k: (statistics.median(t.get(k, 0.0) for t in per_step),
+                spent[k] / calls[k], calls[k] / len(steps))
+            for k in names}
+
+
+def print_by_name(label, steps):
+    print(f"\n{label}: every kernel, ms a step (median), us a call "
+          "(mean), calls a step")
+    print("| kind | kernel | ms/step | us/call | calls/step |")
+    print("|---|---|---|---|---|")
+    rows = sorted(per_name(steps).items(), key=lambda item: -item[1][0])
+    for name, (ms, us, calls) in rows:
+        print(f"| {kind_of(name)} | {name} | {ms:.3f} | {us:.1f} | "
+              f"{calls:.1f} |")
+
+
 def per_kind(steps):
     """Median milliseconds per step of each kind, the step's wall time
     from its first kernel's start to its last kernel's end, the GPU's
@@ -164,6 +219,7 @@ def main():
     parser.add_argument("--model", required=True)
     parser.add_argument("--mbs", type=int, required=True)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--by-name", action="store_true")
     parser.add_argument("traces", nargs="+", help="LABEL=TRACE.tsv")
     args = parser.parse_args()
     flops = model_flops(args.model, args.mbs)
@@ -174,7 +230,8 @@ def main():
         if not steps:
             sys.exit(f"kernel_table: {path}: no training step found")
         medians, wall, gaps, names = per_kind(steps)
-        columns.append((label, medians, wall, gaps, names, len(steps)))
+        columns.append((label, medians, wall, gaps, names, len(steps),
+                        steps))
     kinds = [k for k, _ in KINDS] + ["other"]
     header = "| kind |" + "".join(
         f" {c[0]} ms/step | share | TFLOP/s |" for c in columns)
@@ -187,7 +244,7 @@ def main():
         if all(kind not in c[1] for c in columns):
             continue
         row = f"| {kind} |"
-        for _, medians, _, _, _, _ in columns:
+        for _, medians, _, _, _, _, _ in columns:
             ms = medians.get(kind, 0.0)
             total = sum(medians.values())
             rate = (f"{flops[kind] / (ms / 1e3) / 1e12:.0f}"
@@ -207,7 +264,7 @@ def main():
     )
     for title, value in summary_rows:
         print(f"| {title} |" + "".join(f" {value(c)} | | |" for c in columns))
-    for label, _, _, _, names, count in columns:
+    for label, _, _, _, names, count, _ in columns:
         print(f"\n{label}: {count} steps; kernels of each kind (calls over "
               "the steps kept)")
         for kind in kinds:
@@ -215,6 +272,9 @@ def main():
                 listed = ", ".join(f"{n} x{c}" for n, c in
                                    names[kind].most_common(8))
                 print(f"- {kind}: {listed}")
+    if args.by_name:
+        for column in columns:
+            print_by_name(column[0], column[6])
 
 
 if __name__ == "__main__":
