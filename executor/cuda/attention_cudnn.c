@@ -24,7 +24,15 @@
  * (B x H x T x T bf16) is large; where the caller lends less, the
  * backward runs in pieces of whole sequences, each a call of the plan
  * built for B / pieces (a sequence's gradients do not depend on the
- * others': the same bits).
+ * others': the same bits). PARTITA_CUDA_ATTENTION_DQ=accumulate (cuDNN
+ * 9.6 or later; for measurements) writes dQ's product into an fp32
+ * accumulator of the workspace (B x H x T x D, after the row sums) and
+ * converts it to dQ, as cudnn-frontend's default (non-deterministic)
+ * backward does: cuDNN then adds the key blocks' shares with atomics,
+ * without the B x H x T x T products in memory and the separate dQ
+ * product kernel (`matmul_dq`, 150.8 us a layer of GPT-2 350M at micro-
+ * batch 16 on an H200, 2026-11-30), at the price of bits that may differ
+ * from run to run.
  *
  * Plans are built once per shape (cuDNN compiles kernels for them) and
  * kept with every descriptor they came from; each call makes its variant
@@ -67,6 +75,8 @@ enum tensor_uid {
     UID_NEG_INF,    /* by value: what masked scores become */
     UID_ONE,        /* by value: 1 */
     UID_DELTA,      /* rowsum(dO * O), B x H x T floats of workspace */
+    UID_DQ_ACCUM,   /* dQ in fp32, B x H x T x D floats of workspace
+                       (PARTITA_CUDA_ATTENTION_DQ=accumulate) */
     UID_FIRST_VIRTUAL = 100
 };
 
@@ -83,6 +93,7 @@ typedef struct sdpa_shape {
     sdpa_plan forward, backward;
     bool backward_borrows;      /* the backward's workspace is lent by the
                                    caller (cudnn_attention_prepare) */
+    bool dq_accumulated;        /* its dQ through the fp32 accumulator */
     int pieces;                 /* the backward's calls, each of
                                    B / pieces sequences (its plan's) */
     char description[320];
@@ -95,6 +106,8 @@ struct cudnn_attention {
     void *workspace;            /* device */
     size_t workspace_bytes;
     float neg_inf;
+    bool accumulate_dq;         /* PARTITA_CUDA_ATTENTION_DQ=accumulate on
+                                   cuDNN 9.6 or later */
 };
 
 /* --------------------------------------------------------------- graphs */
@@ -104,6 +117,7 @@ struct cudnn_attention {
  * W = (H + 2 KVH) D (3C without grouping), output rows of C. */
 typedef struct sdpa_layout {
     tensor_shape q;             /* Q, dQ: [B, H, T, D] */
+    tensor_shape q_packed;      /* dQ's fp32 accumulator, packed */
     tensor_shape kv;            /* K, V, dK, dV: [B, KVH, T, D] */
     tensor_shape kt;            /* K^T, V^T: [B, KVH, D, T] */
     tensor_shape kv_full;       /* dK, dV per query head (virtual) */
@@ -120,6 +134,7 @@ static sdpa_layout layout_of(int B, int T, int H, int KVH, int D)
     int64_t w = (h + 2 * kvh) * d;
     sdpa_layout l = {
         .q = {{b, h, t, d}, {t * w, d, w, 1}},
+        .q_packed = {{b, h, t, d}, {h * t * d, t * d, d, 1}},
         .kv = {{b, kvh, t, d}, {t * w, d, w, 1}},
         .kt = {{b, kvh, d, t}, {t * w, d, 1, w}},
         .kv_full = {{b, h, t, d}, {h * t * d, t * d, d, 1}},
@@ -290,7 +305,8 @@ static void matmul_into_kv(graph *g, const char *label,
     sdpa_reduction(g, "sum over the group", CUDNN_REDUCE_TENSOR_ADD, full, c);
 }
 
-static void build_backward(graph *g, const sdpa_layout *l)
+static void build_backward(graph *g, const sdpa_layout *l,
+                           bool accumulate_dq)
 {
     cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, fp32 = CUDNN_DATA_FLOAT;
     backward_io io = backward_tensors(g, l);
@@ -326,7 +342,16 @@ static void build_backward(graph *g, const sdpa_layout *l)
     /* dQ = dS K, K being K^T seen transposed again */
     cudnnBackendDescriptor_t k = sdpa_virtual_tensor(g, "K", bf16, &l->kv);
     sdpa_reshape(g, "K", io.kt, k);
-    sdpa_matmul(g, "dQ = dS K", d_s, k, io.d_q);
+    if (!accumulate_dq) {
+        sdpa_matmul(g, "dQ = dS K", d_s, k, io.d_q);
+        return;
+    }
+    /* cudnn-frontend's non-deterministic pattern: the product into a real
+     * fp32 tensor, then its copy in the output's type */
+    cudnnBackendDescriptor_t accumulator = sdpa_tensor(
+        g, "dQ accumulator", UID_DQ_ACCUM, fp32, &l->q_packed, false, false);
+    sdpa_matmul(g, "dQ = dS K (fp32)", d_s, k, accumulator);
+    sdpa_unary(g, "dQ", CUDNN_POINTWISE_IDENTITY, accumulator, io.d_q);
 }
 
 /* ---------------------------------------------------------------- plans */
@@ -487,7 +512,7 @@ static int build_plan(cudnn_attention *a, const sdpa_layout *l, bool forward,
     if (forward)
         build_forward(g, l);
     else
-        build_backward(g, l);
+        build_backward(g, l, a->accumulate_dq);
     /* room for what plan_graph adds: the operation graph, heuristics,
      * configurations, plan and engine */
     if (!g->failed && g->owned_count + ENGINE_CONFIGS_TRIED + 4 >
@@ -527,6 +552,11 @@ int cudnn_attention_create(cudnn_attention **out, pt_error *err)
     /* what masked scores become: cuDNN before 9.10 wants the lowest
      * float rather than -inf (as cudnn-frontend does) */
     a->neg_inf = cudnnGetVersion() < 91000 ? -FLT_MAX : -INFINITY;
+    /* before 9.6 the caller zeroed the accumulator (cudnn-frontend did):
+     * not done here, so the option needs 9.6 */
+    const char *dq = getenv("PARTITA_CUDA_ATTENTION_DQ");
+    a->accumulate_dq = dq != NULL && strcmp(dq, "accumulate") == 0 &&
+                       cudnnGetVersion() >= 90600;
     *out = a;
     return 0;
 }
@@ -566,11 +596,19 @@ static size_t round_up(size_t bytes)
 }
 
 /* The backward's delta (B x H x T floats of one piece) heads the
- * workspace; cuDNN's own workspace follows. */
+ * workspace, then dQ's fp32 accumulator where the plan has one (B x H x
+ * T x D floats); cuDNN's own workspace follows. */
 static size_t delta_bytes(const sdpa_shape *s)
 {
     return round_up((size_t)(s->B / s->pieces) * s->H * s->T *
                     sizeof(float));
+}
+
+static size_t accumulator_bytes(const sdpa_shape *s)
+{
+    return s->dq_accumulated ? round_up((size_t)(s->B / s->pieces) * s->H *
+                                        s->T * s->D * sizeof(float))
+                             : 0;
 }
 
 /* Grows the workspace to `bytes` (once per new largest shape: the old
@@ -615,7 +653,7 @@ static void describe_shape(sdpa_shape *s)
     snprintf(s->description, sizeof s->description,
              "cuDNN %zu.%zu.%zu (built with %d.%d.%d) fused attention%s: "
              "forward engine %lld (workspace %.1f MiB), backward engine "
-             "%lld (workspace %.1f MiB + %.1f MiB of row sums%s%s)",
+             "%lld (workspace %.1f MiB + %.1f MiB of row sums%s%s%s)",
              runtime / 10000, runtime % 10000 / 100, runtime % 100,
              CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, grouped,
              (long long)s->forward.engine,
@@ -623,13 +661,16 @@ static void describe_shape(sdpa_shape *s)
              (long long)s->backward.engine,
              (double)s->backward.workspace / (1 << 20),
              (double)delta_bytes(s) / (1 << 20),
+             s->dq_accumulated ? " + dQ's fp32 accumulator (non-deterministic)"
+                               : "",
              s->backward_borrows ? ", in lent memory" : "", pieces);
 }
 
 /* The backward's workspace: its row sums and cuDNN's own. */
 static size_t backward_workspace_bytes(const sdpa_shape *s)
 {
-    return delta_bytes(s) + round_up((size_t)s->backward.workspace);
+    return delta_bytes(s) + accumulator_bytes(s) +
+           round_up((size_t)s->backward.workspace);
 }
 
 /* Where the whole backward's workspace is more than `lendable`, the
@@ -646,7 +687,8 @@ static int split_backward(cudnn_attention *a, sdpa_shape *s,
             continue;
         sdpa_shape piece = *s;
         piece.pieces = pieces;
-        if (delta_bytes(&piece) + round_up(whole / (size_t)pieces) >
+        if (delta_bytes(&piece) + accumulator_bytes(&piece) +
+                round_up(whole / (size_t)pieces) >
             lendable)
             continue;
         sdpa_layout l = layout_of(s->B / pieces, s->T, s->H, s->KVH, s->D);
@@ -675,8 +717,13 @@ int cudnn_attention_prepare(cudnn_attention *a, int B, int T, int H,
         return pt_fail(err, "cuDNN attention: more than %d shapes",
                        ATTENTION_MAX_SHAPES);
     sdpa_shape *s = &a->shapes[a->shape_count];
-    *s = (sdpa_shape){
-        .B = B, .T = T, .H = H, .KVH = KVH, .D = D, .pieces = 1};
+    *s = (sdpa_shape){.B = B,
+                      .T = T,
+                      .H = H,
+                      .KVH = KVH,
+                      .D = D,
+                      .pieces = 1,
+                      .dq_accumulated = a->accumulate_dq};
     sdpa_layout l = layout_of(B, T, H, KVH, D);
     if (build_plan(a, &l, true, &s->forward, err) != 0)
         return -1;
@@ -804,10 +851,13 @@ int cudnn_attention_backward(cudnn_attention *a, pt_bf16 *d_qkv,
     }
     size_t keys = (size_t)H * D, values = keys + (size_t)KVH * D;
     float scale = 1.0f / sqrtf((float)D), neg_inf = a->neg_inf, one = 1.0f;
-    int64_t uids[] = {UID_Q,     UID_K,     UID_V,     UID_O,
-                      UID_D_OUT, UID_STATS, UID_D_Q,   UID_D_K,
+    int64_t uids[] = {UID_Q,     UID_K,     UID_V,       UID_O,
+                      UID_D_OUT, UID_STATS, UID_D_Q,     UID_D_K,
                       UID_D_V,   UID_SCALE, UID_NEG_INF, UID_ONE,
-                      UID_DELTA};
+                      UID_DELTA, UID_DQ_ACCUM};
+    /* the accumulator's uid is left out of a plan without one */
+    int64_t uid_count = (int64_t)(sizeof uids / sizeof uids[0]) -
+                        (s->dq_accumulated ? 0 : 1);
     /* each piece's sequences: qkv rows of (H + 2 KVH) D, out rows of
      * H D, stats H x T a sequence */
     int sequences = B / s->pieces;
@@ -829,10 +879,11 @@ int cudnn_attention_backward(cudnn_attention *a, pt_bf16 *d_qkv,
                             &scale,
                             &neg_inf,
                             &one,
-                            delta};
-        if (execute(a, &s->backward, "backward", uids, pointers,
-                    (int64_t)(sizeof uids / sizeof uids[0]),
-                    delta + delta_bytes(s), stream, err) != 0)
+                            delta,
+                            delta + delta_bytes(s)};
+        if (execute(a, &s->backward, "backward", uids, pointers, uid_count,
+                    delta + delta_bytes(s) + accumulator_bytes(s), stream,
+                    err) != 0)
             return -1;
     }
     return 0;

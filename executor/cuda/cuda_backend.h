@@ -44,6 +44,11 @@
  *                           in its products' epilogues (beta = 1) where
  *                           they otherwise ride in the norm after them
  *                           (tp 1); for measurements.
+ *   PARTITA_CUDA_ATTENTION_DQ  "accumulate": cuDNN's attention backward
+ *                           sums dQ in an fp32 accumulator (atomics, as
+ *                           cudnn-frontend's default) instead of its
+ *                           deterministic product; bits may then differ
+ *                           between runs; for measurements (cuDNN 9.6+).
  *   PARTITA_CUDA_ATTENTION  "auto" (default): cuDNN's fused attention
  *                           where the build has cuDNN and it plans the
  *                           shape, else the own kernels; "own" or

@@ -325,18 +325,28 @@ static double time_path(attention_runner *runner, const attention_case *c,
     return total / reps;
 }
 
-static void test_shape(gpu_test_tally *tally, attention_runner *own,
-                       attention_runner *cudnn, int B, int T, int C, int NH,
-                       bool with_cpu)
+/* A case of random inputs (qkv and d_out on the host too, rounded to
+ * bf16, for the cpu reference). */
+static attention_case random_case(int B, int T, int C, int NH, float **qkv,
+                                  float **d_out)
 {
     attention_case c = {.B = B, .T = T, .C = C, .NH = NH};
     c.N = (size_t)B * T;
     c.qkv_count = c.N * 3 * C, c.out_count = c.N * C;
     c.lse_count = (size_t)B * NH * T;
-    float *qkv = random_bf16_host(c.qkv_count, 1.5f);
-    float *d_out = random_bf16_host(c.out_count, 1.0f);
-    c.qkv = gpu_test_upload_bf16(qkv, c.qkv_count);
-    c.d_out = gpu_test_upload_bf16(d_out, c.out_count);
+    *qkv = random_bf16_host(c.qkv_count, 1.5f);
+    *d_out = random_bf16_host(c.out_count, 1.0f);
+    c.qkv = gpu_test_upload_bf16(*qkv, c.qkv_count);
+    c.d_out = gpu_test_upload_bf16(*d_out, c.out_count);
+    return c;
+}
+
+static void test_shape(gpu_test_tally *tally, attention_runner *own,
+                       attention_runner *cudnn, int B, int T, int C, int NH,
+                       bool with_cpu)
+{
+    float *qkv = NULL, *d_out = NULL;
+    attention_case c = random_case(B, T, C, NH, &qkv, &d_out);
     print_path(cudnn, &c, "cudnn mode");
     attention_result mine =
         run_path(tally, own, &c, false, NULL, 0, "own kernels");
@@ -378,6 +388,59 @@ static void test_shape(gpu_test_tally *tally, attention_runner *own,
     result_free(&mine), result_free(&theirs);
     free(qkv), free(d_out);
     cudaFree(c.qkv), cudaFree(c.d_out);
+}
+
+/* PARTITA_CUDA_ATTENTION_DQ=accumulate (attention_cudnn.c): cuDNN's
+ * backward with dQ summed in an fp32 accumulator, against the own
+ * kernels (its bits may differ between runs: not compared with the
+ * deterministic plan's), its description, and a NOTE of its time beside
+ * the deterministic plan's (GPT-2 124M's and 350M's shapes). */
+static void test_accumulated_dq(gpu_test_tally *tally, attention_runner *own,
+                                attention_runner *cudnn, int B, int T, int C,
+                                int NH)
+{
+    pt_error err;
+    attention_runner *accumulating = NULL;
+    setenv("PARTITA_CUDA_ATTENTION_DQ", "accumulate", 1);
+    int status = attention_runner_create(&accumulating, ATTENTION_CUDNN, &err);
+    unsetenv("PARTITA_CUDA_ATTENTION_DQ");
+    PT_CHECK(status, &err);
+    float *qkv = NULL, *d_out = NULL;
+    attention_case c = random_case(B, T, C, NH, &qkv, &d_out);
+    print_path(accumulating, &c, "cudnn mode, dQ accumulated");
+    const char *described = attention_runner_describe(accumulating);
+    int major = 0, minor = 0;
+    const char *at = strstr(described, "cuDNN ");
+    bool recent = at != NULL &&
+                  sscanf(at, "cuDNN %d.%d", &major, &minor) == 2 &&
+                  major * 100 + minor >= 906;
+    bool accumulated =
+        !recent || strstr(described, "accumulator") != NULL;
+    gpu_test_expect(tally, accumulated,
+                    "dQ accumulated: the description names the accumulator "
+                    "(cuDNN 9.6 or later)");
+    attention_result mine =
+        run_path(tally, own, &c, false, NULL, 0, "own kernels");
+    attention_result theirs = run_path(tally, accumulating, &c, true, NULL, 0,
+                                       "cuDNN, dQ accumulated");
+    char name[160];
+    snprintf(name, sizeof name,
+             "cuDNN (dQ accumulated) forward B=%d T=%d vs own", B, T);
+    gpu_test_compare(tally, name, theirs.out, mine.out, c.out_count,
+                     TOL_BF16_CHAIN);
+    compare_gradients(tally, &c, theirs.d_qkv, mine.d_qkv,
+                      "own (dQ accumulated)");
+    double forward_ms = 0.0;
+    double deterministic_ms = time_path(cudnn, &c, 10, NULL, 0, &forward_ms);
+    double accumulated_ms =
+        time_path(accumulating, &c, 10, NULL, 0, &forward_ms);
+    printf("NOTE attention B=%d T=%d C=%d NH=%d, cuDNN forward + backward: "
+           "deterministic %.3f ms, dQ accumulated %.3f ms\n",
+           B, T, C, NH, deterministic_ms, accumulated_ms);
+    result_free(&mine), result_free(&theirs);
+    free(qkv), free(d_out);
+    cudaFree(c.qkv), cudaFree(c.d_out);
+    attention_runner_destroy(accumulating);
 }
 
 /* auto mode: cuDNN for T = 256, the own kernels for T = 200 (not a
@@ -427,6 +490,9 @@ int main(void)
     test_shape(&tally, own, cudnn, 16, 1024, 768, 12, false); /* 124M */
     test_shape(&tally, own, cudnn, 8, 1024, 1600, 25, false); /* 1.5B */
     test_choice(&tally, cudnn);
+    test_accumulated_dq(&tally, own, cudnn, 2, 256, 128, 2);
+    test_accumulated_dq(&tally, own, cudnn, 16, 1024, 768, 12);   /* 124M */
+    test_accumulated_dq(&tally, own, cudnn, 16, 1024, 1024, 16);  /* 350M */
     attention_runner_destroy(own);
     attention_runner_destroy(cudnn);
     GPU_CHECK(cudaGetLastError());
