@@ -225,6 +225,8 @@ def main():
     flops = model_flops(args.model, args.mbs)
     columns = []
     for item in args.traces:
+        if "=" not in item:
+            parser.error(f"{item}: expected LABEL=TRACE.tsv")
         label, path = item.split("=", 1)
         steps = steps_of(read_trace(path), args.warmup)
         if not steps:
