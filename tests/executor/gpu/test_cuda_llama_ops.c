@@ -7,8 +7,9 @@
  * and 1, head sizes 64, 128 and others. Attention runs on every path a
  * stage may take: the plain grouped kernels, the own dispatcher (the
  * tensor-core kernels when KVH == NH) and, in builds with cuDNN, cuDNN's
- * fused attention forced by its runner; then RoPE and attention chained
- * as the layer runs them.
+ * fused attention forced by its runner (and, on two grouped shapes, with
+ * dQ accumulated in fp32: PARTITA_CUDA_ATTENTION_DQ=accumulate); then
+ * RoPE and attention chained as the layer runs them.
  *
  * Inputs the GPU reads as bf16 are rounded to bf16 before the cpu sees
  * them, so the errors are those of the computation alone (relative L2,
@@ -541,6 +542,21 @@ int main(void)
     test_gqa(&tally, cudnn, 1, 256, 8, 2, 128, 500000.0); /* RoPE chained */
     test_gqa(&tally, cudnn, 2, 128, 4, 4, 64, 10000.0);
     test_gqa_auto(&tally);
+    if (cudnn != NULL) {
+        /* cuDNN's backward with dQ summed in an fp32 accumulator
+         * (PARTITA_CUDA_ATTENTION_DQ=accumulate): the same comparisons on
+         * grouped shapes */
+        attention_runner *accumulating = NULL;
+        pt_error err = {0};
+        setenv("PARTITA_CUDA_ATTENTION_DQ", "accumulate", 1);
+        int status =
+            attention_runner_create(&accumulating, ATTENTION_CUDNN, &err);
+        unsetenv("PARTITA_CUDA_ATTENTION_DQ");
+        PT_CHECK(status, &err);
+        test_gqa(&tally, accumulating, 2, 128, 8, 2, 64, 0.0);
+        test_gqa(&tally, accumulating, 1, 256, 4, 1, 128, 0.0);
+        attention_runner_destroy(accumulating);
+    }
     attention_runner_destroy(cudnn);
     GPU_CHECK(cudaGetLastError());
     return gpu_test_finish(&tally, "test_cuda_llama_ops");
