@@ -91,6 +91,12 @@ static void print_exec_help(void)
         "  --grad-precision G   the main gradients: fp32 (Megatron-LM's bf16\n"
         "                       recipe) or bf16 (llm.c's; precision bf16\n"
         "                       only); default: the plan's grad_precision\n"
+        "  --deterministic      the same bits on every run (Megatron-LM's\n"
+        "                       --deterministic-mode; or the plan's\n"
+        "                       \"deterministic\": true): cuDNN's attention\n"
+        "                       backward without atomics, 1-2 %% slower and\n"
+        "                       its workspace larger; default: dQ summed in\n"
+        "                       fp32 with atomics, as Megatron-LM does\n"
         "  --save DIR           write checkpoints here: every\n"
         "                       --save-interval iterations and at the end;\n"
         "                       one run at a time saves into a DIR\n"
@@ -150,6 +156,7 @@ typedef struct exec_arguments {
     bool save_interval_given;
     bool checkpoint_keep_given;
     bool overwrite;
+    bool deterministic;       /* false: the plan's */
 } exec_arguments;
 
 /* Whole-string integer in [min, max]; prints its own message. */
@@ -207,7 +214,7 @@ enum {
     OPT_DATA = 256, OPT_BACKEND, OPT_ITERS, OPT_LOG_INTERVAL, OPT_SEED,
     OPT_LR, OPT_WARMUP, OPT_MIN_LR, OPT_SAVE, OPT_LOAD, OPT_SAVE_INTERVAL,
     OPT_COMM_TIMEOUT, OPT_LAUNCH, OPT_GPU_COMM, OPT_KEEP_CHECKPOINTS,
-    OPT_OVERWRITE, OPT_GRAD_PRECISION, OPT_HELP
+    OPT_OVERWRITE, OPT_GRAD_PRECISION, OPT_DETERMINISTIC, OPT_HELP
 };
 
 /* Seconds, positive and finite; prints its own message. */
@@ -255,6 +262,7 @@ static int apply_option(int option, const char *value, exec_arguments *args)
         return parse_count("keep-checkpoints", value, 1, 1000,
                            &args->checkpoint_keep);
     case OPT_OVERWRITE: args->overwrite = true; return 0;
+    case OPT_DETERMINISTIC: args->deterministic = true; return 0;
     case OPT_SEED: return parse_seed(value, args);
     case OPT_LR: return parse_rate("lr", value, &args->lr);
     case OPT_MIN_LR: return parse_rate("min-lr", value, &args->min_lr);
@@ -337,6 +345,7 @@ static int parse_exec_arguments(int argc, char **argv, exec_arguments *args)
         {"save-interval", required_argument, NULL, OPT_SAVE_INTERVAL},
         {"keep-checkpoints", required_argument, NULL, OPT_KEEP_CHECKPOINTS},
         {"overwrite", no_argument, NULL, OPT_OVERWRITE},
+        {"deterministic", no_argument, NULL, OPT_DETERMINISTIC},
         {"comm-timeout", required_argument, NULL, OPT_COMM_TIMEOUT},
         {"launch", required_argument, NULL, OPT_LAUNCH},
         {"gpu-comm", required_argument, NULL, OPT_GPU_COMM},
@@ -654,6 +663,8 @@ static int load_exec_plan(const exec_arguments *args, plan *p)
         plan_free(p);
         return -1;
     }
+    if (args->deterministic)
+        p->config.deterministic = true;
     if (run_check_plan(p, &err) != 0) {
         cli_error_in("exec", args->plan_path, err.message);
         plan_free(p);

@@ -57,6 +57,10 @@ static void print_plan_help(void)
         "  --precision P      bf16 (default), fp16 or fp32\n"
         "  --grad-precision G fp32 (default: Megatron-LM's recipe, fp32 main\n"
         "                     gradients) or bf16 (llm.c's; precision bf16)\n"
+        "  --deterministic    plans that give the same bits on every run\n"
+        "                     (Megatron-LM's --deterministic-mode): cuDNN's\n"
+        "                     deterministic attention backward, its larger\n"
+        "                     workspace priced\n"
         "  --max-mbs N        largest micro-batch tried (default 16)\n"
         "  --no-recompute     never use full activation recompute\n"
         "  --no-distributed-optimizer  never shard over dp (no ZeRO at all)\n"
@@ -150,7 +154,7 @@ enum { OPT_MODEL = 256, OPT_CLUSTER, OPT_GBS, OPT_OBJECTIVE, OPT_PARETO,
        OPT_QUIET, OPT_SEARCH, OPT_MAX_TREE_NODES, OPT_PER_RANK_TIMELINE,
        OPT_FULL_TIMELINE, OPT_TP, OPT_PP, OPT_DP, OPT_MBS, OPT_NODES,
        OPT_MAX_ZERO, OPT_NO_OFFLOAD, OPT_ZERO_LEVERS, OPT_ASYMMETRIC,
-       OPT_HELP };
+       OPT_DETERMINISTIC, OPT_HELP };
 static const struct option plan_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
     {"cluster", required_argument, NULL, OPT_CLUSTER},
@@ -162,6 +166,7 @@ static const struct option plan_options[] = {
     {"schedule", required_argument, NULL, OPT_SCHEDULE},
     {"precision", required_argument, NULL, OPT_PRECISION},
     {"grad-precision", required_argument, NULL, OPT_GRAD_PRECISION},
+    {"deterministic", no_argument, NULL, OPT_DETERMINISTIC},
     {"max-mbs", required_argument, NULL, OPT_MAX_MBS},
     {"no-recompute", no_argument, NULL, OPT_NO_RECOMPUTE},
     {"no-distributed-optimizer", no_argument, NULL, OPT_NO_ZERO},
@@ -283,6 +288,7 @@ static int apply_plan_option(int option, const char *value,
     case OPT_MAX_MBS:
         return parse_positive(value, "--max-mbs", &search->max_mbs);
     case OPT_NO_RECOMPUTE: search->allow_recompute = false; return 0;
+    case OPT_DETERMINISTIC: search->deterministic = true; return 0;
     case OPT_NO_ZERO: search->allow_distributed_optimizer = false; return 0;
     case OPT_NO_OFFLOAD: search->allow_offload = false; return 0;
     case OPT_MAX_ZERO:

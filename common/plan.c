@@ -26,7 +26,7 @@ static const char *const plan_keys[] = {
     "partition", "stages", "node_order", "schedule", "precision", "recompute",
     "distributed_optimizer", "zero", "offload_optimizer", "virtual_stages",
     "sequence_parallel", "runtime", "attention", "overlap_grad_reduce",
-    "overlap_param_gather", "tf32",
+    "overlap_param_gather", "tf32", "deterministic",
     "grad_precision", "origin", "estimate", "alternatives", "pareto", NULL};
 static const char *const origin_keys[] = {"model", "cluster", NULL};
 
@@ -366,6 +366,8 @@ static int degrees_part(const json_t *obj, const json_place *place,
         json_get_bool(obj, place, "overlap_param_gather", false,
                       &config->overlap_param_gather, err) != 0 ||
         json_get_bool(obj, place, "tf32", false, &config->tf32, err) != 0 ||
+        json_get_bool(obj, place, "deterministic", false,
+                      &config->deterministic, err) != 0 ||
         json_get_choice(obj, place, "grad_precision", false,
                         grad_precision_names, &grad_precision, err) != 0 ||
         json_get_bool(obj, place, "distributed_optimizer", false,
@@ -757,6 +759,8 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
         json_put(root, "overlap_param_gather", json_true(), &failures);
     if (config->tf32)
         json_put(root, "tf32", json_true(), &failures);
+    if (config->deterministic)
+        json_put(root, "deterministic", json_true(), &failures);
     if (sections != NULL) {
         put_section(root, "estimate", sections->estimate, &failures);
         put_section(root, "alternatives", sections->alternatives, &failures);

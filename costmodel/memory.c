@@ -76,6 +76,8 @@ typedef struct shard_dims {
     bool rms;          /* RMSNorm: one statistic a row, no bias */
     bool rope;         /* no position embedding */
     bool bias, qkv_bias;
+    bool deterministic; /* cuDNN's deterministic attention backward (a
+                           plan's "deterministic") */
 } shard_dims;
 
 static shard_dims dims_of(const model_shape *m, const parallel_config *c)
@@ -97,7 +99,8 @@ static shard_dims dims_of(const model_shape *m, const parallel_config *c)
         .rms = m->norm == MODEL_NORM_RMSNORM,
         .rope = m->positions == MODEL_POSITIONS_ROPE,
         .bias = m->bias == MODEL_BIAS_ALL,
-        .qkv_bias = m->bias != MODEL_BIAS_NONE};
+        .qkv_bias = m->bias != MODEL_BIAS_NONE,
+        .deterministic = c->deterministic};
     d.N = d.B * d.T;
     d.KV = model_kv_heads(m) == m->heads
                ? d.A
@@ -296,10 +299,13 @@ static double scratch_bytes(const shard_dims *d, bool last, bool fc_in_head)
 }
 
 /* cuDNN's fused attention backward's workspace of b sequences: b x NH
- * x T fp32 row sums and b x NH x T x T bf16, and under grouped-query
- * attention b x NH x T x head size fp32, each 256-byte aligned;
+ * x T fp32 row sums, then b x NH x T x T bf16 deterministic, else dQ's
+ * fp32 accumulator of b x NH x T x head size, and under grouped-query
+ * attention b x NH x T x head size fp32 more, each 256-byte aligned;
  * 0 for a shape cuDNN does not take (head size a multiple of 8 up to
- * 128, T a multiple of 128). */
+ * 128, T a multiple of 128). The same as executor/cuda/kernel_sizes.h's
+ * cuda_cudnn_backward_workspace_bytes (tests/costmodel/test_memory.c
+ * holds them together). */
 static double cudnn_workspace_bytes(const shard_dims *d, double b)
 {
     double head_size = d->A / d->NH;
@@ -307,15 +313,14 @@ static double cudnn_workspace_bytes(const shard_dims *d, double b)
         head_size > 128.0 || fmod(d->T, 128.0) != 0.0)
         return 0.0;
     double rows = b * d->NH * d->T;
-    /* grouped key/value heads: fp32 rows of every query head's size
-     * more (kernel_sizes.h, cuda_cudnn_backward_workspace_bytes) */
-    double grouped = d->KV < d->A ? ceil_div(4.0 * rows * head_size,
-                                             CUDNN_ALIGNMENT) *
-                                        CUDNN_ALIGNMENT
-                                  : 0.0;
+    double per_head =
+        ceil_div(4.0 * rows * head_size, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT;
+    double products =
+        d->deterministic
+            ? ceil_div(2.0 * rows * d->T, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT
+            : per_head;
     return ceil_div(4.0 * rows, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT +
-           ceil_div(2.0 * rows * d->T, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT +
-           grouped;
+           products + (d->KV < d->A ? per_head : 0.0);
 }
 
 /* The head's logits and cuDNN's workspace of a chunk (executor/cuda/

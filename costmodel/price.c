@@ -587,13 +587,13 @@ static int price_type_from(const costmodel *cm, int type_index,
 
 /* A config's every field, as the memo compares them (a parallel_config's
  * padding is not always written, so its bytes cannot be compared). */
-#define CONFIG_KEY_FIELDS 20
+#define CONFIG_KEY_FIELDS 21
 typedef struct config_key {
     int field[CONFIG_KEY_FIELDS];
 } config_key;
 
 /* A field added to parallel_config must be added to config_of too. */
-_Static_assert(sizeof(parallel_config) == 64,
+_Static_assert(sizeof(parallel_config) == 68,
                "parallel_config changed: update config_of's fields");
 
 static config_key config_of(const parallel_config *c)
@@ -605,7 +605,8 @@ static config_key config_of(const parallel_config *c)
                          c->virtual_stages, c->sequence_parallel,
                          (int)c->runtime, (int)c->attention,
                          c->overlap_grad_reduce, c->overlap_param_gather,
-                         c->tf32, (int)c->grad_precision}};
+                         c->tf32, (int)c->grad_precision,
+                         c->deterministic}};
 }
 
 typedef struct price_entry {

@@ -303,6 +303,10 @@ static int print_plan_args(FILE *out, const plan *p, pt_error *err)
         fprintf(out, "    --overlap-grad-reduce\n");
     if (c->overlap_param_gather)
         fprintf(out, "    --overlap-param-gather\n");
+    /* Transformer Engine's attention backward is deterministic only
+     * with NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, exported before launch */
+    if (c->deterministic)
+        fprintf(out, "    --deterministic-mode\n");
     fprintf(out, "    # an iteration line, with TFLOP/s, every 10 iterations\n"
                  "    --log-interval 10 --log-throughput\n)\n\n");
     return 0;
@@ -312,6 +316,10 @@ static void print_launch(FILE *out, const plan *p)
 {
     int gpus = plan_gpu_count(p);
     int nodes = p->node_order_count;
+    if (p->config.deterministic)
+        fprintf(out, "# the plan is deterministic: Transformer Engine's "
+                     "attention too\n"
+                     "export NVTE_ALLOW_NONDETERMINISTIC_ALGO=0\n");
     fprintf(out,
             "case ${LAUNCHER:-torchrun} in\n"
             "torchrun)\n"

@@ -111,6 +111,9 @@ typedef struct search_options {
     schedule_kind schedule;
     precision_kind precision;
     grad_precision_kind grad_precision; /* every plan's (issue 34) */
+    bool deterministic;       /* every plan's "deterministic" (Megatron-
+                                 LM's --deterministic-mode): the cuda
+                                 backend's attention workspace differs */
     int max_mbs;              /* largest micro-batch tried (power of two) */
     bool allow_recompute;     /* also try full recompute */
     bool allow_distributed_optimizer;

@@ -60,7 +60,8 @@ parallel_config asym_stage_config(const search_options *o, int pp,
     return (parallel_config){
         .gbs = o->gbs, .mbs = samples / dp, .tp = tp, .dp = dp, .pp = pp,
         .schedule = o->schedule, .precision = o->precision,
-        .grad_precision = o->grad_precision};
+        .grad_precision = o->grad_precision,
+        .deterministic = o->deterministic};
 }
 
 /* Whether every stage runs the same degrees: a symmetric plan, which the

@@ -96,7 +96,8 @@ static int stage_key(const search_memo *memo, const parallel_config *config,
     int header[STAGE_KEY_HEADER] = {
         config->gbs, config->mbs, config->tp, config->dp, config->pp,
         (int)config->schedule,
-        (int)config->precision * 2 + (int)config->grad_precision,
+        ((int)config->precision * 2 + (int)config->grad_precision) * 2 +
+            config->deterministic,
         config->recompute, config->sequence_parallel,
         parallel_zero_stage(config), config->offload_optimizer, stage,
         next_known,

@@ -175,6 +175,8 @@ static int add_shape(search_space *space, int *capacity, int tp, int dp,
                                       .precision = options->precision,
                                       .grad_precision =
                                           options->grad_precision,
+                                      .deterministic =
+                                          options->deterministic,
                                       .recompute = levers[lever].recompute,
                                       .offload_optimizer =
                                           levers[lever].offload};

@@ -18,21 +18,22 @@
  * backward dK and dV come out per query head (virtual tensors) and a
  * reduction over each group sums them onto the shared heads.
  *
- * dQ is written by its product directly: cuDNN's deterministic backward
- * (no fp32 accumulator, no atomics; llm.c asks for the same), so a step
- * gives the same bits on every run, as the own kernels do. Its workspace
- * (B x H x T x T bf16) is large; where the caller lends less, the
- * backward runs in pieces of whole sequences, each a call of the plan
- * built for B / pieces (a sequence's gradients do not depend on the
- * others': the same bits). PARTITA_CUDA_ATTENTION_DQ=accumulate (cuDNN
- * 9.6 or later; for measurements) writes dQ's product into an fp32
- * accumulator of the workspace (B x H x T x D, after the row sums) and
- * converts it to dQ, as cudnn-frontend's default (non-deterministic)
- * backward does: cuDNN then adds the key blocks' shares with atomics,
- * without the B x H x T x T products in memory and the separate dQ
- * product kernel (`matmul_dq`, 150.8 us a layer of GPT-2 350M at micro-
- * batch 16 on an H200, 2026-11-30), at the price of bits that may differ
- * from run to run.
+ * By default (cuDNN 9.6 or later) the backward writes dQ's product
+ * into an fp32 accumulator of the workspace (B x H x T x D, after the
+ * row sums) and converts it to dQ, as cudnn-frontend's default (non-
+ * deterministic) backward does, and Megatron-LM's and PyTorch's: cuDNN
+ * adds the key blocks' shares with atomics, without B x H x T x T
+ * products in memory and without the separate dQ product kernel
+ * (`matmul_dq`, 150.8 us a layer of GPT-2 350M at micro-batch 16 on an
+ * H200; a step 1.1-1.9 % faster, 2026-11-30), at the price of bits
+ * that may differ from run to run. Deterministic (a plan's
+ * "deterministic", Megatron-LM's --deterministic-mode; llm.c asks for
+ * the same), dQ is written by its product directly, no accumulator, no
+ * atomics: a step gives the same bits on every run, as the own kernels
+ * do. Its workspace (B x H x T x T bf16) is large; where the caller
+ * lends less, the backward runs in pieces of whole sequences, each a
+ * call of the plan built for B / pieces (a sequence's gradients do not
+ * depend on the others': the same bits).
  *
  * Plans are built once per shape (cuDNN compiles kernels for them) and
  * kept with every descriptor they came from; each call makes its variant
@@ -76,7 +77,7 @@ enum tensor_uid {
     UID_ONE,        /* by value: 1 */
     UID_DELTA,      /* rowsum(dO * O), B x H x T floats of workspace */
     UID_DQ_ACCUM,   /* dQ in fp32, B x H x T x D floats of workspace
-                       (PARTITA_CUDA_ATTENTION_DQ=accumulate) */
+                       (not deterministic) */
     UID_FIRST_VIRTUAL = 100
 };
 
@@ -106,8 +107,8 @@ struct cudnn_attention {
     void *workspace;            /* device */
     size_t workspace_bytes;
     float neg_inf;
-    bool accumulate_dq;         /* PARTITA_CUDA_ATTENTION_DQ=accumulate on
-                                   cuDNN 9.6 or later */
+    bool accumulate_dq;         /* not deterministic, on cuDNN 9.6 or
+                                   later */
 };
 
 /* --------------------------------------------------------------- graphs */
@@ -538,7 +539,8 @@ size_t cudnn_attention_build_version(void)
     return CUDNN_VERSION;
 }
 
-int cudnn_attention_create(cudnn_attention **out, pt_error *err)
+int cudnn_attention_create(cudnn_attention **out, bool deterministic,
+                           pt_error *err)
 {
     *out = NULL;
     cudnn_attention *a = calloc(1, sizeof *a);
@@ -554,9 +556,7 @@ int cudnn_attention_create(cudnn_attention **out, pt_error *err)
     a->neg_inf = cudnnGetVersion() < 91000 ? -FLT_MAX : -INFINITY;
     /* before 9.6 the caller zeroed the accumulator (cudnn-frontend did):
      * not done here, so the option needs 9.6 */
-    const char *dq = getenv("PARTITA_CUDA_ATTENTION_DQ");
-    a->accumulate_dq = dq != NULL && strcmp(dq, "accumulate") == 0 &&
-                       cudnnGetVersion() >= 90600;
+    a->accumulate_dq = !deterministic && cudnnGetVersion() >= 90600;
     *out = a;
     return 0;
 }
@@ -646,6 +646,10 @@ static void describe_shape(sdpa_shape *s)
     if (s->pieces > 1)
         snprintf(pieces, sizeof pieces, ", %d calls of %d sequences",
                  s->pieces, s->B / s->pieces);
+    char accumulator[32] = "";
+    if (s->dq_accumulated)
+        snprintf(accumulator, sizeof accumulator, " + %.1f MiB",
+                 (double)accumulator_bytes(s) / (1 << 20));
     char grouped[48] = "";
     if (s->KVH != s->H)
         snprintf(grouped, sizeof grouped, " (grouped: %d key/value heads)",
@@ -653,20 +657,22 @@ static void describe_shape(sdpa_shape *s)
     snprintf(s->description, sizeof s->description,
              "cuDNN %zu.%zu.%zu (built with %d.%d.%d) fused attention%s: "
              "forward engine %lld (workspace %.1f MiB), backward engine "
-             "%lld (workspace %.1f MiB + %.1f MiB of row sums%s%s%s)",
+             "%lld (workspace %.1f MiB + %.1f MiB of row sums%s%s%s%s)",
              runtime / 10000, runtime % 10000 / 100, runtime % 100,
              CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, grouped,
              (long long)s->forward.engine,
              (double)s->forward.workspace / (1 << 20),
              (long long)s->backward.engine,
              (double)s->backward.workspace / (1 << 20),
-             (double)delta_bytes(s) / (1 << 20),
-             s->dq_accumulated ? " + dQ's fp32 accumulator (non-deterministic)"
-                               : "",
+             (double)delta_bytes(s) / (1 << 20), accumulator,
+             s->dq_accumulated
+                 ? " of dQ's fp32 accumulator (not deterministic)"
+                 : "",
              s->backward_borrows ? ", in lent memory" : "", pieces);
 }
 
-/* The backward's workspace: its row sums and cuDNN's own. */
+/* The backward's workspace: its row sums, dQ's accumulator where it has
+ * one, and cuDNN's own. */
 static size_t backward_workspace_bytes(const sdpa_shape *s)
 {
     return delta_bytes(s) + accumulator_bytes(s) +

@@ -38,8 +38,13 @@ size_t cudnn_attention_runtime_version(void);
 size_t cudnn_attention_build_version(void);
 
 /* Creates the handle on the current device. Fails with cuDNN's message
- * (its libraries missing, no device, ...). */
-int cudnn_attention_create(cudnn_attention **out, pt_error *err);
+ * (its libraries missing, no device, ...). `deterministic`: every
+ * backward writes dQ by its own product (the same bits on every run);
+ * otherwise, on cuDNN 9.6 or later, dQ is summed in an fp32
+ * accumulator with atomics (faster, less workspace; the default of
+ * Megatron-LM and cudnn-frontend). */
+int cudnn_attention_create(cudnn_attention **out, bool deterministic,
+                           pt_error *err);
 void cudnn_attention_destroy(cudnn_attention *attention);
 
 /* Builds the forward and backward plans of B sequences of T positions,

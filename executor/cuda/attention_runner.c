@@ -31,6 +31,7 @@ typedef struct shape_choice {
 
 struct attention_runner {
     attention_mode mode;
+    bool deterministic;         /* cuDNN's deterministic backward */
     size_t lendable;            /* bytes the backward's caller lends */
     shape_choice shapes[RUNNER_MAX_SHAPES];
     int shape_count;
@@ -69,12 +70,13 @@ bool attention_cudnn_built(void)
 }
 
 int attention_runner_create(attention_runner **out, attention_mode mode,
-                            pt_error *err)
+                            bool deterministic, pt_error *err)
 {
     *out = calloc(1, sizeof **out);
     if (*out == NULL)
         return pt_fail(err, "cuda backend: out of host memory");
     (*out)->mode = mode;
+    (*out)->deterministic = deterministic;
     snprintf((*out)->description, sizeof (*out)->description,
              "no attention shape prepared yet");
     return 0;
@@ -127,7 +129,8 @@ static int cudnn_plan(attention_runner *runner, const shape_choice *s,
 {
 #ifdef PARTITA_HAVE_CUDNN
     if (runner->cudnn == NULL &&
-        cudnn_attention_create(&runner->cudnn, err) != 0)
+        cudnn_attention_create(&runner->cudnn, runner->deterministic,
+                               err) != 0)
         return -1;
     return cudnn_attention_prepare(runner->cudnn, s->B, s->T, s->NH, s->KVH,
                                    s->C / s->NH, runner->lendable, err);

@@ -39,9 +39,13 @@ bool attention_cudnn_built(void);
 typedef struct attention_runner attention_runner;
 
 /* A runner on the current device (cuDNN is set up at the first shape
- * that may use it). */
+ * that may use it). `deterministic` (a plan's "deterministic"): cuDNN's
+ * backward that gives the same bits on every run; otherwise the one
+ * that sums dQ in an fp32 accumulator with atomics where cuDNN has it
+ * (9.6 or later; attention_cudnn.h). The own kernels are deterministic
+ * either way. */
 int attention_runner_create(attention_runner **out, attention_mode mode,
-                            pt_error *err);
+                            bool deterministic, pt_error *err);
 void attention_runner_destroy(attention_runner *runner);
 
 /* Decides the path of B sequences of T positions, C channels in NH

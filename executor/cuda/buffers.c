@@ -64,22 +64,24 @@ static size_t round_up_256(size_t bytes)
 }
 
 size_t cuda_cudnn_backward_workspace_bytes(int B, int T, int NH, int KVH,
-                                           int D)
+                                           int D, bool deterministic)
 {
     size_t rows = (size_t)B * (size_t)NH * (size_t)T;
-    size_t grouped = KVH < NH ? round_up_256(rows * (size_t)D * sizeof(float))
-                              : 0;
-    return round_up_256(rows * sizeof(float)) +
-           round_up_256(rows * (size_t)T * sizeof(pt_bf16)) + grouped;
+    size_t per_head = round_up_256(rows * (size_t)D * sizeof(float));
+    size_t products = deterministic
+                          ? round_up_256(rows * (size_t)T * sizeof(pt_bf16))
+                          : per_head;
+    return round_up_256(rows * sizeof(float)) + products +
+           (KVH < NH ? per_head : 0);
 }
 
 int cuda_cudnn_backward_split(int B, int T, int NH, int KVH, int D,
-                              size_t lendable)
+                              bool deterministic, size_t lendable)
 {
     for (int pieces = 1; pieces <= B; pieces++)
         if (B % pieces == 0 &&
-            cuda_cudnn_backward_workspace_bytes(B / pieces, T, NH, KVH, D) <=
-                lendable)
+            cuda_cudnn_backward_workspace_bytes(B / pieces, T, NH, KVH, D,
+                                                deterministic) <= lendable)
             return pieces;
     return 0;
 }
@@ -114,7 +116,8 @@ size_t buffer_attention_workspace_bytes(const buffer_layout *layout)
     if (!cudnn_layers(layout) || layout->attention_split > 0)
         return 0;
     return cuda_cudnn_backward_workspace_bytes(d->B, d->T, d->NH, d->KVH,
-                                               d->hs);
+                                               d->hs,
+                                               layout->spec.deterministic);
 }
 
 size_t cuda_square_sum_scratch(void)
@@ -485,10 +488,12 @@ static void plan_head(buffer_layout *out, const model_shape *shape,
     if (!cudnn_layers(out))
         return;
     out->attention_split =
-        cuda_cudnn_backward_split(d->B, d->T, d->NH, d->KVH, d->hs, lendable);
+        cuda_cudnn_backward_split(d->B, d->T, d->NH, d->KVH, d->hs,
+                                  out->spec.deterministic, lendable);
     if (fused && out->attention_split > 0) {
         size_t piece = cuda_cudnn_backward_workspace_bytes(
-            d->B / out->attention_split, d->T, d->NH, d->KVH, d->hs);
+            d->B / out->attention_split, d->T, d->NH, d->KVH, d->hs,
+            out->spec.deterministic);
         if (piece > out->head_chunk_bytes)
             out->head_chunk_bytes = piece + ATTENTION_LENT_SLACK;
         /* rows the grown buffer holds: fewer chunks in the same bytes

@@ -44,11 +44,13 @@
  *                           in its products' epilogues (beta = 1) where
  *                           they otherwise ride in the norm after them
  *                           (tp 1); for measurements.
- *   PARTITA_CUDA_ATTENTION_DQ  "accumulate": cuDNN's attention backward
- *                           sums dQ in an fp32 accumulator (atomics, as
- *                           cudnn-frontend's default) instead of its
- *                           deterministic product; bits may then differ
- *                           between runs; for measurements (cuDNN 9.6+).
+ *   PARTITA_CUDA_DETERMINISTIC  "1": as a plan's "deterministic" (cuDNN's
+ *                           deterministic attention backward, the same
+ *                           bits on every run) whatever the plan says;
+ *                           for tests that compare bits between runs.
+ *                           Otherwise cuDNN 9.6 and later sum dQ in an
+ *                           fp32 accumulator with atomics (cudnn-
+ *                           frontend's, Megatron-LM's default).
  *   PARTITA_CUDA_ATTENTION  "auto" (default): cuDNN's fused attention
  *                           where the build has cuDNN and it plans the
  *                           shape, else the own kernels; "own" or

@@ -79,22 +79,25 @@ size_t cuda_attention_backward_scratch(int B, int T, int NH);
  * 8 up to 128, T a multiple of 128. */
 bool cuda_cudnn_attention_shape(int T, int C, int NH);
 /* Bytes of the workspace cuDNN's fused attention backward runs in
- * (attention_cudnn.c): B x NH x T fp32 row sums, then cuDNN's own,
- * B x NH x T x T bf16 and, with grouped key/value heads (KVH < NH), B x
- * NH x T x D fp32 more, each rounded up to 256 bytes: what cuDNN 9.14's
- * engine asked on an H200 (GPT-2's four sizes: the first term alone;
- * Llama-3.2-1B, 2 sequences: 544 MiB, Llama-3-8B's layer, 2 sequences:
- * 576 MiB; docs/cuda-backend.md, "The fused head"). A stage lends it
- * its head's idle logits, else allocates it. */
+ * (attention_cudnn.c): B x NH x T fp32 row sums, then, deterministic,
+ * cuDNN's own B x NH x T x T bf16, otherwise dQ's fp32 accumulator, B x
+ * NH x T x D floats; with grouped key/value heads (KVH < NH) B x NH x T
+ * x D fp32 more; each rounded up to 256 bytes: what cuDNN 9.14's engine
+ * asked on an H200 (deterministic, GPT-2's four sizes: the first two
+ * terms alone; Llama-3.2-1B, 2 sequences: 544 MiB, Llama-3-8B's layer,
+ * 2 sequences: 576 MiB; with the accumulator, GPT-2 350M: nothing of
+ * cuDNN's own, Llama-3.2-1B at 4 sequences of 2,048: 64 MiB;
+ * docs/cuda-backend.md, "The fused head"). A stage lends it its head's
+ * idle logits, else allocates it. */
 size_t cuda_cudnn_backward_workspace_bytes(int B, int T, int NH, int KVH,
-                                           int D);
+                                           int D, bool deterministic);
 /* The fewest pieces of whole sequences (a divisor of B) cuDNN's backward
  * of B sequences runs in so that one piece's workspace fits in
  * `lendable` bytes; 0 when not even one sequence's fits. Each sequence's
  * gradients do not depend on the others', so the pieces give the same
  * bits as one call. */
 int cuda_cudnn_backward_split(int B, int T, int NH, int KVH, int D,
-                              size_t lendable);
+                              bool deterministic, size_t lendable);
 /* Doubles of scratch a sum of squares needs. */
 size_t cuda_square_sum_scratch(void);
 

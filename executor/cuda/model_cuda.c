@@ -275,7 +275,13 @@ static int read_options(model_stage *stage, cuda_stage_state *state,
     state->graphs.enabled = graphs == NULL || strcmp(graphs, "0") != 0;
     const char *holds = getenv("PARTITA_CUDA_UNIT_HOLDS");
     state->param_units.regather = holds != NULL && strcmp(holds, "0") == 0;
-    if (buffer_layout_init(&stage->shape, &stage->spec, stage->tensors,
+    /* the plan's choice, or PARTITA_CUDA_DETERMINISTIC=1 (tests that
+     * compare bits between runs) */
+    stage_spec spec = stage->spec;
+    const char *deterministic = getenv("PARTITA_CUDA_DETERMINISTIC");
+    if (deterministic != NULL && strcmp(deterministic, "1") == 0)
+        spec.deterministic = true;
+    if (buffer_layout_init(&stage->shape, &spec, stage->tensors,
                            stage->tensor_count, stage->optimizer_first,
                            stage->optimizer_count, stage->mbs_capacity,
                            getenv("PARTITA_CUDA_RECOMPUTE"), &state->layout,
@@ -514,7 +520,8 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
     buffer_tally(&state->tally, PT_MEMORY_WORKSPACE, workspace);
     attention_mode attention = ATTENTION_AUTO;
     if (read_options(stage, state, &attention, err) != 0 ||
-        attention_runner_create(&state->attention, attention, err) != 0)
+        attention_runner_create(&state->attention, attention,
+                                state->layout.spec.deterministic, err) != 0)
         return -1;
     stage_dims d = state->layout.dims;
     state->ld_logits = state->layout.ld_logits;

@@ -192,6 +192,7 @@ int pipeline_rank_chunk_spec(const pipeline_layout *layout, int rank,
     out->recompute_layers = layout->config.recompute;
     out->bf16_grads = layout->config.grad_precision == GRAD_PRECISION_BF16;
     out->offload_optimizer = layout->config.offload_optimizer;
+    out->deterministic = layout->config.deterministic;
     out->sequence_parallel = layout->config.sequence_parallel && tp > 1;
     if (layout->config.distributed_optimizer && dp > 1) {
         out->optimizer_shards = dp;

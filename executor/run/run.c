@@ -380,6 +380,7 @@ static int prepare_run(run_context *ctx, run_result *out, pt_error *err)
     spec.bf16_grads =
         ctx->plan->config.grad_precision == GRAD_PRECISION_BF16;
     spec.offload_optimizer = ctx->plan->config.offload_optimizer;
+    spec.deterministic = ctx->plan->config.deterministic;
     if (options->load_dir != NULL && run_read_resume_state(ctx, err) != 0)
         return -1;
     out->seed = ctx->resume.active ? ctx->resume.seed : options->seed;

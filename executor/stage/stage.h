@@ -105,6 +105,11 @@ typedef struct stage_spec {
      * where the cuda one stores it (the embedding's output, a received
      * input, each residual add), so tests can hold the two together. */
     bool bf16_residual;
+    /* Megatron-LM's --deterministic-mode (a plan's "deterministic"): the
+     * same bits on every run. The cuda backend then runs cuDNN's
+     * deterministic attention backward instead of the one that sums dQ
+     * with atomics; the cpu backend always is. */
+    bool deterministic;
 } stage_spec;
 
 /* spec->tp, or 1 when it is 0. */

@@ -449,6 +449,44 @@ assert not any("recompute" in n for n in json.load(open(sys.argv[2]))["notes"])
 PY
   done
   ;;
+exec-deterministic)
+  # --deterministic (Megatron-LM's --deterministic-mode): on the cpu the
+  # same losses (it always is); the run's plan says so; a plan's own
+  # "deterministic" is exported to Megatron-LM with the flag and Transformer
+  # Engine's switch
+  prep_corpus
+  write_tiny_plan in-plan.json
+  run 0 partita exec in-plan.json --data in-corpus --iters 3 --log-interval 1 -o plain.json
+  grep -o 'lm loss: [0-9.E+-]*' out.txt >plain-loss.txt
+  run 0 partita exec in-plan.json --data in-corpus --iters 3 --log-interval 1 --deterministic -o det.json
+  grep -o 'lm loss: [0-9.E+-]*' out.txt >det-loss.txt
+  [ "$(wc -l <det-loss.txt)" = 3 ] || fail "expected 3 loss lines"
+  cmp -s plain-loss.txt det-loss.txt || fail "--deterministic changed the cpu losses"
+  expect_in det.json '"deterministic": true'
+  grep -q '"deterministic"' plain.json && fail "a plain run's plan says deterministic"
+  sed 's/"pp": 1 }/"pp": 1, "deterministic": true }/' in-plan.json >in-det.json
+  expect_in in-det.json '"deterministic": true'
+  run 0 partita export in-det.json --to megatron -o launch.sh
+  expect_in launch.sh "--deterministic-mode"
+  expect_in launch.sh "export NVTE_ALLOW_NONDETERMINISTIC_ALGO=0"
+  run 0 partita export in-plan.json --to megatron -o plain.sh
+  grep -q "deterministic" plain.sh && fail "a plain plan exported deterministic"
+  # partita plan --deterministic: every plan says so, and on a shape cuDNN
+  # takes, in a stage without the head's logits to lend it, its attention
+  # workspace (B x H x T x T bf16) costs more memory
+  for how in plain det; do
+    flag=""; [ "$how" = det ] && flag="--deterministic"
+    run 0 partita plan --model gpt2-350m --cluster h200x8 --gbs 64 --tp 1 --pp 2 --mbs 8 $flag --quiet -o plan-$how.json
+  done
+  expect_in plan-det.json '"deterministic": true'
+  grep -q '"deterministic"' plan-plain.json && fail "a plain plan says deterministic"
+  python3 - <<'PY' || fail "the deterministic plan's memory is not the larger"
+import json
+m = {h: json.load(open('plan-%s.json' % h))['estimate']['stages'][0]['peak_memory_gib']
+     for h in ('plain', 'det')}
+assert m['det'] > m['plain'], m
+PY
+  ;;
 exec-tp2)
   # Megatron tensor parallelism over 2 "gpus" on the cpu backend, with a
   # pipeline of 2 stages: 4 ranks as threads

@@ -87,6 +87,27 @@ static void test_defaults(void **state)
     assert_int_equal(p.config.grad_precision, GRAD_PRECISION_FP32);
     assert_int_equal(parallel_gradient_bytes(&p.config), 4);
     assert_int_equal(parallel_residual_bytes(&p.config), 2);
+    /* not deterministic unless asked (Megatron-LM's default), and then
+     * not written */
+    assert_false(p.config.deterministic);
+    json_t *plain = plan_to_json(&p, NULL, &err);
+    assert_non_null(plain);
+    assert_null(json_object_get(plain, "deterministic"));
+    json_decref(plain);
+    plan_free(&p);
+
+    /* "deterministic": Megatron-LM's --deterministic-mode, read and
+     * written back */
+    if (load_hetero_plan(state,
+                         "\"gbs\": 64, \"mbs\": 2, \"tp\": 2, \"dp\": 2, "
+                         "\"pp\": 8, \"deterministic\": true",
+                         &p, &err) != 0)
+        fail_msg("%s", err.message);
+    assert_true(p.config.deterministic);
+    json_t *kept = plan_to_json(&p, NULL, &err);
+    assert_non_null(kept);
+    assert_true(json_is_true(json_object_get(kept, "deterministic")));
+    json_decref(kept);
     plan_free(&p);
 
     /* llm.c's recipe: bf16 gradients, whatever the runtime */
@@ -250,6 +271,8 @@ static void test_bad_plans(void **state)
          "precision bf16 (the plan's precision is fp32)"},
         {DEGREES ", \"grad_precision\": \"fp16\"",
          "plans/bad.json: grad_precision"},
+        {DEGREES ", \"deterministic\": 1",
+         "plans/bad.json: deterministic"},
         {"\"gbs\": 64, \"mbs\": 3, \"tp\": 1, \"dp\": 4, \"pp\": 8",
          "plans/bad.json: gbs: 64 is not divisible by dp x mbs = 4 x 3 = 12"},
         {DEGREES ", \"node_order\": [\"a10[0]\", \"a10[1]\", \"a10[2]\", "

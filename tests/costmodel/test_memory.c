@@ -184,7 +184,8 @@ static double whole_cudnn_workspace(const pipeline_layout *layout)
         return 0.0;
     return (double)cuda_cudnn_backward_workspace_bytes(
                layout->config.mbs, m->seq, m->heads / tp,
-               (int)model_kv_heads_per_rank(m, tp), m->hidden / m->heads) +
+               (int)model_kv_heads_per_rank(m, tp), m->hidden / m->heads,
+               layout->config.deterministic) +
            ATTENTION_LENT_SLACK;
 }
 
@@ -385,6 +386,9 @@ static void estimate_matches_the_executor_plan(void **state)
          * stream and the stage's input are the shard's rows */
         c.sequence_parallel =
             tp > 1 && m.seq % tp == 0 && random_int(0, 1) == 1;
+        /* cuDNN's deterministic attention backward or the accumulating
+         * one (their workspaces differ) */
+        c.deterministic = random_int(0, 1) == 1;
         int partition[PT_MAX_STAGES];
         random_partition(m.layers, pp, partition);
         check_layout(&m, &c, partition, trial);
@@ -424,13 +428,18 @@ static void interleaved_estimate_matches_the_chunks(void **state)
                                                  : GRAD_PRECISION_FP32;
         c.sequence_parallel =
             tp > 1 && m.seq % tp == 0 && random_int(0, 1) == 1;
+        /* cuDNN's deterministic attention backward or the accumulating
+         * one (their workspaces differ) */
+        c.deterministic = random_int(0, 1) == 1;
         check_layout(&m, &c, partition, trial);
     }
 }
 
 /* cuDNN's attention backward's workspace, by hand: h 64 in 8 heads of 8,
  * s 128, mbs 1, pp 2 (one layer a stage): B x NH x T = 1,024 rows, so
- * 4 x 1,024 row sums + 2 x 1,024 x 128 = 266,240 bytes. Stage 0 has no
+ * deterministic 4 x 1,024 row sums + 2 x 1,024 x 128 = 266,240 bytes,
+ * else the row sums and dQ's fp32 accumulator, 4 x 1,024 x 8: 36,864
+ * bytes. Stage 0 has no
  * head to lend it; stage 1's fused head lends its chunk of logits, 2 N
  * Vp: at V 2,000, 524,288 bytes, enough; at V 100, 32,768 bytes, which
  * grows to the workspace and 1 MiB (ATTENTION_LENT_ROOM allows it), so
@@ -440,11 +449,13 @@ static void cudnn_workspace_where_no_logits_lend_it(void **state)
     (void)state;
     const struct {
         int seq, vocab;
+        bool deterministic;
         double stage_workspace[2];
     } cases[] = {
-        {128, 100, {GEMM_BYTES + 266240.0, GEMM_BYTES}},
-        {128, 2000, {GEMM_BYTES + 266240.0, GEMM_BYTES}},
-        {120, 100, {GEMM_BYTES, GEMM_BYTES}},
+        {128, 100, true, {GEMM_BYTES + 266240.0, GEMM_BYTES}},
+        {128, 2000, true, {GEMM_BYTES + 266240.0, GEMM_BYTES}},
+        {128, 100, false, {GEMM_BYTES + 36864.0, GEMM_BYTES}},
+        {120, 100, true, {GEMM_BYTES, GEMM_BYTES}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         model_shape m = {.hidden = 64, .heads = 8, .ffn_hidden = 256,
@@ -453,7 +464,8 @@ static void cudnn_workspace_where_no_logits_lend_it(void **state)
         pt_copy_string(m.name, sizeof m.name, "cudnn");
         parallel_config c = {.tp = 1, .dp = 1, .pp = 2, .mbs = 1, .gbs = 2,
                              .schedule = SCHEDULE_1F1B,
-                             .precision = PRECISION_BF16};
+                             .precision = PRECISION_BF16,
+                             .deterministic = cases[i].deterministic};
         int partition[2] = {1, 1};
         pipeline_layout layout;
         pt_error err = {{0}};

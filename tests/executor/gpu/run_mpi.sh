@@ -46,6 +46,8 @@ mkdir -p "$logs/plans"
 logs=$(cd "$logs" && pwd)
 export PARTITA_SOURCE="$root"
 export NCCL_NVLS_ENABLE=0
+# losses compared bit for bit: cuDNN's deterministic attention backward
+export PARTITA_CUDA_DETERMINISTIC=1
 [ -d "$build/lib" ] && export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ "$bundle" != system ]; then
     # shellcheck source=/dev/null

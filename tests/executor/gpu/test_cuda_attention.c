@@ -187,7 +187,7 @@ static attention_runner *borrowing_runner(const attention_case *c,
 {
     pt_error err;
     attention_runner *runner = NULL;
-    PT_CHECK(attention_runner_create(&runner, ATTENTION_CUDNN, &err), &err);
+    PT_CHECK(attention_runner_create(&runner, ATTENTION_CUDNN, true, &err), &err);
     PT_CHECK(attention_runner_prepare(runner, c->B, c->T, c->C, c->NH,
                                       lent_bytes, &err),
              &err);
@@ -239,7 +239,7 @@ static void check_pieces(gpu_test_tally *tally, const attention_case *c,
         return;
     size_t lent_bytes =
         cuda_cudnn_backward_workspace_bytes(c->B / 2, c->T, c->NH, c->NH,
-                                            c->C / c->NH) +
+                                            c->C / c->NH, true) +
         ATTENTION_LENT_SLACK;
     void *lent = gpu_test_device(lent_bytes);
     attention_runner *borrower = borrowing_runner(c, lent_bytes);
@@ -390,8 +390,9 @@ static void test_shape(gpu_test_tally *tally, attention_runner *own,
     cudaFree(c.qkv), cudaFree(c.d_out);
 }
 
-/* PARTITA_CUDA_ATTENTION_DQ=accumulate (attention_cudnn.c): cuDNN's
- * backward with dQ summed in an fp32 accumulator, against the own
+/* A runner that is not deterministic (the executor's default;
+ * attention_cudnn.c): cuDNN's backward with dQ summed in an fp32
+ * accumulator, against the own
  * kernels (its bits may differ between runs: not compared with the
  * deterministic plan's), its description, and a NOTE of its time beside
  * the deterministic plan's (GPT-2 124M's and 350M's shapes). */
@@ -401,10 +402,9 @@ static void test_accumulated_dq(gpu_test_tally *tally, attention_runner *own,
 {
     pt_error err;
     attention_runner *accumulating = NULL;
-    setenv("PARTITA_CUDA_ATTENTION_DQ", "accumulate", 1);
-    int status = attention_runner_create(&accumulating, ATTENTION_CUDNN, &err);
-    unsetenv("PARTITA_CUDA_ATTENTION_DQ");
-    PT_CHECK(status, &err);
+    PT_CHECK(attention_runner_create(&accumulating, ATTENTION_CUDNN, false,
+                                     &err),
+             &err);
     float *qkv = NULL, *d_out = NULL;
     attention_case c = random_case(B, T, C, NH, &qkv, &d_out);
     print_path(accumulating, &c, "cudnn mode, dQ accumulated");
@@ -449,7 +449,7 @@ static void test_choice(gpu_test_tally *tally, attention_runner *cudnn)
 {
     pt_error err;
     attention_runner *automatic = NULL;
-    PT_CHECK(attention_runner_create(&automatic, ATTENTION_AUTO, &err), &err);
+    PT_CHECK(attention_runner_create(&automatic, ATTENTION_AUTO, true, &err), &err);
     bool uses = false;
     PT_CHECK(attention_runner_uses_cudnn(automatic, 2, 256, 128, 2, &uses,
                                          &err),
@@ -482,8 +482,8 @@ int main(void)
     gpu_test_tally tally = {0, 0};
     pt_error err;
     attention_runner *own = NULL, *cudnn = NULL;
-    PT_CHECK(attention_runner_create(&own, ATTENTION_OWN, &err), &err);
-    PT_CHECK(attention_runner_create(&cudnn, ATTENTION_CUDNN, &err), &err);
+    PT_CHECK(attention_runner_create(&own, ATTENTION_OWN, true, &err), &err);
+    PT_CHECK(attention_runner_create(&cudnn, ATTENTION_CUDNN, true, &err), &err);
     test_shape(&tally, own, cudnn, 2, 256, 128, 2, true);   /* D 64 */
     test_shape(&tally, own, cudnn, 3, 128, 192, 3, true);   /* odd B, NH */
     test_shape(&tally, own, cudnn, 1, 256, 256, 2, true);   /* D 128 */

@@ -8,7 +8,7 @@
  * stage may take: the plain grouped kernels, the own dispatcher (the
  * tensor-core kernels when KVH == NH) and, in builds with cuDNN, cuDNN's
  * fused attention forced by its runner (and, on two grouped shapes, with
- * dQ accumulated in fp32: PARTITA_CUDA_ATTENTION_DQ=accumulate); then
+ * dQ accumulated in fp32, the executor's default); then
  * RoPE and attention chained as the layer runs them.
  *
  * Inputs the GPU reads as bf16 are rounded to bf16 before the cpu sees
@@ -484,7 +484,7 @@ static void test_gqa_auto(gpu_test_tally *tally)
 {
     pt_error err = {0};
     attention_runner *automatic = NULL;
-    PT_CHECK(attention_runner_create(&automatic, ATTENTION_AUTO, &err), &err);
+    PT_CHECK(attention_runner_create(&automatic, ATTENTION_AUTO, true, &err), &err);
     gqa_case c = gqa_case_make(2, 100, 8, 2, 64, 10000.0);
     test_gqa_path(tally, &c, PATH_RUNNER, automatic);
     printf("# auto, T=100: %s\n", attention_runner_describe(automatic));
@@ -528,7 +528,7 @@ int main(void)
     attention_runner *cudnn = NULL;
     if (attention_cudnn_built()) {
         pt_error err = {0};
-        PT_CHECK(attention_runner_create(&cudnn, ATTENTION_CUDNN, &err),
+        PT_CHECK(attention_runner_create(&cudnn, ATTENTION_CUDNN, true, &err),
                  &err);
     } else {
         printf("# this build has no cuDNN: its attention is not tested\n");
@@ -543,16 +543,14 @@ int main(void)
     test_gqa(&tally, cudnn, 2, 128, 4, 4, 64, 10000.0);
     test_gqa_auto(&tally);
     if (cudnn != NULL) {
-        /* cuDNN's backward with dQ summed in an fp32 accumulator
-         * (PARTITA_CUDA_ATTENTION_DQ=accumulate): the same comparisons on
-         * grouped shapes */
+        /* cuDNN's backward with dQ summed in an fp32 accumulator (a
+         * runner not deterministic, the executor's default): the same
+         * comparisons on grouped shapes */
         attention_runner *accumulating = NULL;
         pt_error err = {0};
-        setenv("PARTITA_CUDA_ATTENTION_DQ", "accumulate", 1);
-        int status =
-            attention_runner_create(&accumulating, ATTENTION_CUDNN, &err);
-        unsetenv("PARTITA_CUDA_ATTENTION_DQ");
-        PT_CHECK(status, &err);
+        PT_CHECK(attention_runner_create(&accumulating, ATTENTION_CUDNN,
+                                         false, &err),
+                 &err);
         test_gqa(&tally, accumulating, 2, 128, 8, 2, 64, 0.0);
         test_gqa(&tally, accumulating, 1, 256, 4, 1, 128, 0.0);
         attention_runner_destroy(accumulating);

@@ -311,6 +311,9 @@ static void check_device_step(gpu_test_tally *tally, bool bf16_grads,
 int main(int argc, char **argv)
 {
     gpu_test_require_device("test_cuda_training");
+    /* the checks compare bits between runs: cuDNN's deterministic
+     * attention backward (the default sums dQ with atomics) */
+    setenv("PARTITA_CUDA_DETERMINISTIC", "1", 1);
     gpu_test_tally tally = {0, 0};
     int steps = argc > 1 ? atoi(argv[1]) : 50;
     train_recipe(&tally, steps, false, "fp32 gradients");

@@ -367,6 +367,9 @@ static void test_zero_case(gpu_test_tally *tally, const zero_case *c,
 int main(void)
 {
     gpu_test_require_device(PROGRAM);
+    /* the checks compare bits between runs: cuDNN's deterministic
+     * attention backward (the default sums dQ with atomics) */
+    setenv("PARTITA_CUDA_DETERMINISTIC", "1", 1);
     struct cudaDeviceProp properties;
     GPU_CHECK(cudaGetDeviceProperties(&properties, 0));
     if (properties.multiProcessorCount < 4 * SM_SLICE) {
