@@ -20,6 +20,10 @@
 #             >= 0.99x llm.c's tokens/s, memory <= 1.05x), llmc = bf16
 #             gradients (>= 1.02x, memory <= 1.00x)
 #   TORCH=1   add torch.compile (bench/exec_vs_torch/torch_gpt.py)
+#   PARTITA_CUDA_DETERMINISTIC=1   Partita with cuDNN's deterministic
+#             attention backward, as llm.c runs it (default: dQ summed
+#             in fp32 with atomics, Megatron-LM's default; the table's
+#             last line says which)
 #   ROUNDS    runs of each program per config (default 1), alternating
 #             Partita's recipes and llm.c round by round; each column is
 #             the median of its rounds' tokens/s (memory: the largest),
@@ -228,4 +232,9 @@ echo "| model | mbs | recipe | llm.c | Partita | Partita / llm.c | llm.c memory 
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for row in "${table[@]}"; do echo "$row"; done
 echo "(recipes: megatron = bf16 activations, fp32 main gradients; llmc = bf16 gradients; targets of issue 34 per row)"
+if [ "${PARTITA_CUDA_DETERMINISTIC:-0}" = 1 ]; then
+    echo "(Partita's attention backward: cuDNN's deterministic one, as llm.c's)"
+else
+    echo "(Partita's attention backward: dQ summed in fp32 with atomics, Megatron-LM's default; llm.c's: cuDNN's deterministic one; PARTITA_CUDA_DETERMINISTIC=1 for the same)"
+fi
 exit $status
