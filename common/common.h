@@ -640,13 +640,7 @@ typedef struct parallel_config {
     /* The main gradients' type (above); bf16 only with precision bf16
      * (parallel_check_grad_precision). */
     grad_precision_kind grad_precision;
-    /* Megatron-LM's --deterministic-mode: the same bits on every run.
-     * Partita's cuda backend then runs cuDNN's attention backward that
-     * writes dQ by its own product (a B x NH x T x T workspace) instead
-     * of summing it in an fp32 accumulator with atomics, the default as
-     * in Megatron-LM, PyTorch and cudnn-frontend (memory.c prices
-     * each; docs/cuda-backend.md, "Attention"). */
-    bool deterministic;
+    bool deterministic; /* Megatron-LM's --deterministic-mode (formats.md) */
 } parallel_config;
 
 /* Fails when the config's grad_precision cannot go with its precision:
