@@ -9,6 +9,7 @@
  * degrees estimates exactly what the symmetric plan does.
  */
 #include <math.h>
+#include <stddef.h>
 
 #include "costmodel/internal.h"
 
@@ -19,6 +20,12 @@ static int stage_fail(pt_error *err, bool asymmetric, int stage)
     if (asymmetric)
         pt_error_prefix(err, "plan: stage %d", stage);
     return -1;
+}
+
+size_t costmodel_stage_configs_bytes(int pp)
+{
+    size_t align = _Alignof(max_align_t);
+    return ((size_t)pp * sizeof(parallel_config) + align - 1) / align * align;
 }
 
 int costmodel_stage_configs(const costmodel *cm,

@@ -6,7 +6,6 @@
  * and one stage's terms without its sends, the floor the search's tree
  * prices a stage by before it knows the stages around it.
  */
-#include <stddef.h>
 #include <stdlib.h>
 
 #include "costmodel/internal.h"
@@ -21,10 +20,7 @@ typedef struct terms_scratch {
 
 static int terms_scratch_open(terms_scratch *t, int pp, pt_error *err)
 {
-    /* the arrays after the configs start aligned for any type */
-    size_t align = _Alignof(max_align_t);
-    size_t configs =
-        ((size_t)pp * sizeof(parallel_config) + align - 1) / align * align;
+    size_t configs = costmodel_stage_configs_bytes(pp);
     size_t placement = (size_t)pp * sizeof(stage_placement);
     char *block = malloc(configs + placement +
                          (size_t)(pp + 1) * sizeof(long long));

@@ -4,7 +4,6 @@
  * backward (gradient all-reduce over dp, tied-embedding all-reduce,
  * optimizer step) and turns the result into the figures users compare.
  */
-#include <stddef.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -140,10 +139,7 @@ static int stages_allocate(const costmodel *cm, const parallel_config *config,
                            estimate_scratch *s, pt_error *err)
 {
     int pp = config->pp;
-    /* the arrays after the configs start aligned for any type */
-    size_t align = _Alignof(max_align_t);
-    size_t configs =
-        ((size_t)pp * sizeof(parallel_config) + align - 1) / align * align;
+    size_t configs = costmodel_stage_configs_bytes(pp);
     size_t firsts = (size_t)(pp + 1) * sizeof(long long);
     char *block = calloc(1, configs + firsts + (size_t)pp * sizeof(int));
     if (!block)

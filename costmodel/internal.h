@@ -166,6 +166,9 @@ int costmodel_stage_configs(const costmodel *cm,
                             const stage_degrees *stages,
                             parallel_config *configs, long long *firsts,
                             pt_error *err);
+/* Bytes of pp configs at the head of a block that holds other arrays
+ * after them: rounded up so that what follows is aligned for any type. */
+size_t costmodel_stage_configs_bytes(int pp);
 
 /* Places stage `stage` of config `own` on GPUs [first, first + its tp x
  * dp), with its link towards the next stage of config `next` (NULL: the

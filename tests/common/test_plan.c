@@ -50,6 +50,19 @@ static void test_example_plan(void **state)
 
 /* Writes a plan naming the bundled gpt2-xl model and hetero cluster by
  * absolute path, with `fields` appended, and loads it. */
+/* The field `key` of the plan as plan_to_json writes it (a reference of
+ * its own, for json_decref), or NULL when the plan does not write it. */
+static json_t *written_field(const plan *p, const char *key)
+{
+    pt_error err = {{0}};
+    json_t *root = plan_to_json(p, NULL, &err);
+    if (root == NULL)
+        fail_msg("%s", err.message);
+    json_t *field = json_incref(json_object_get(root, key));
+    json_decref(root);
+    return field;
+}
+
 static int load_hetero_plan(void **state, const char *fields, plan *p,
                             pt_error *err)
 {
@@ -90,10 +103,7 @@ static void test_defaults(void **state)
     /* not deterministic unless asked (Megatron-LM's default), and then
      * not written */
     assert_false(p.config.deterministic);
-    json_t *plain = plan_to_json(&p, NULL, &err);
-    assert_non_null(plain);
-    assert_null(json_object_get(plain, "deterministic"));
-    json_decref(plain);
+    assert_null(written_field(&p, "deterministic"));
     plan_free(&p);
 
     /* "deterministic": Megatron-LM's --deterministic-mode, read and
@@ -104,9 +114,8 @@ static void test_defaults(void **state)
                          &p, &err) != 0)
         fail_msg("%s", err.message);
     assert_true(p.config.deterministic);
-    json_t *kept = plan_to_json(&p, NULL, &err);
-    assert_non_null(kept);
-    assert_true(json_is_true(json_object_get(kept, "deterministic")));
+    json_t *kept = written_field(&p, "deterministic");
+    assert_true(json_is_true(kept));
     json_decref(kept);
     plan_free(&p);
 
@@ -120,11 +129,8 @@ static void test_defaults(void **state)
     assert_int_equal(parallel_gradient_bytes(&p.config), 2);
     p.config.runtime = RUNTIME_MEGATRON;
     assert_int_equal(parallel_gradient_bytes(&p.config), 2);
-    json_t *written = plan_to_json(&p, NULL, &err);
-    assert_non_null(written);
-    assert_string_equal(
-        json_string_value(json_object_get(written, "grad_precision")),
-        "bf16");
+    json_t *written = written_field(&p, "grad_precision");
+    assert_string_equal(json_string_value(written), "bf16");
     json_decref(written);
     plan_free(&p);
 
