@@ -482,11 +482,14 @@ static int write_additions(const profile_arguments *a, int argc, char **argv,
     json_decref(measured);
     if (added < 0)
         return EXIT_BAD_INPUT;
-    /* the host at hand's AdamW, measured with the points: the rate an
-     * offloaded optimizer is priced at on this machine */
+    /* the host at hand's AdamW and link, measured with the points: the
+     * rates an offloaded optimizer is priced at on this machine */
     if (results[count - 1].host_adamw_s_per_param > 0.0)
         have->host_adamw_s_per_param =
             results[count - 1].host_adamw_s_per_param;
+    if (results[count - 1].host_copy_s_per_param > 0.0)
+        have->host_copy_s_per_param =
+            results[count - 1].host_copy_s_per_param;
     json_t *root = profile_to_json(have, a->output, &err);
     if (root == NULL || json_write_file_atomic(root, a->output, &err) != 0) {
         json_decref(root);

@@ -476,11 +476,11 @@ typedef struct profile {
     bool flash_attention;         /* the layers measured keep no attention
                                      scores (fused attention): memory
                                      drops Korthikanti's 5 a s / h term */
-    double workspace_gib;         /* CUDA context, cuBLAS, NCCL buffers:
-                                     a measured profile's context plus
-                                     PROFILE_WORKSPACE_ALLOWANCE_GIB */
+    /* CUDA context, cuBLAS, NCCL: a measured context + the allowance */
+    double workspace_gib;
     double optimizer_s_per_param; /* AdamW step time per parameter */
-    double host_adamw_s_per_param; /* the host's (offload), measured; 0: no */
+    /* offload, measured (0: no): the host's AdamW; its link, 4 B each way */
+    double host_adamw_s_per_param, host_copy_s_per_param;
     /* efficiency model: prices shapes the profile does not hold */
     double peak_tflops;           /* dense bf16/fp16 tensor peak */
     double fp32_tflops;           /* plain FP32 peak; 0: not given */

@@ -400,8 +400,10 @@ void costmodel_step_work_sums(const costmodel *cm,
                               double *work_s);
 
 /* ZeRO-Offload (docs/cost-model.md, section 11). Cluster files carry no
- * host link, so every GPU is taken to reach its host at PCIe 4.0 x16's
- * usable 25 GB/s each way (an assumption), and the executor's host AdamW
+ * host link: a profile that measured its host's copies prices them
+ * (`host_copy_s_per_param`), else every GPU is taken to reach its host at
+ * PCIe 4.0 x16's usable 25 GB/s each way (an assumption); the executor's
+ * host AdamW
  * (stage/offload.c, up to 8 threads) to step 1.08e9 parameters a second
  * per GPU: calibrated from the step it measured on the one-GPU suite's
  * H200 machine (plan 22, 2026-11-25: 441 ms of host step with the copies
@@ -410,11 +412,14 @@ void costmodel_step_work_sums(const costmodel *cm,
 #define COSTMODEL_HOST_LINK_BYTES_PER_S 25e9
 #define COSTMODEL_CPU_ADAMW_PARAMS_PER_S 1.08e9
 /* Seconds per parameter the rank updates: its fp32 gradient down and
- * its half-precision weight up over the host link, and the CPU's AdamW:
- * host_adamw_s_per_param when the GPU's profile measured its host's
- * (`host_adamw_s_per_param`, > 0), else COSTMODEL_CPU_ADAMW_PARAMS_PER_S. */
+ * its fp32 weight up over the host link, host_copy_s_per_param when the
+ * GPU's profile measured its host's (> 0), else 8 bytes at
+ * COSTMODEL_HOST_LINK_BYTES_PER_S; and the CPU's AdamW,
+ * host_adamw_s_per_param when measured (> 0), else
+ * COSTMODEL_CPU_ADAMW_PARAMS_PER_S. */
 double costmodel_offload_s_per_param(const parallel_config *config,
-                                     double host_adamw_s_per_param);
+                                     double host_adamw_s_per_param,
+                                     double host_copy_s_per_param);
 /* Host bytes a rank of stage `stage` with `layers` layers holds under
  * offload (fp32 master weights and AdamW's two moments of its optimizer
  * shard); 0 without offload. */

@@ -559,16 +559,19 @@ bool costmodel_zero_step_work(const costmodel *cm,
 }
 
 double costmodel_offload_s_per_param(const parallel_config *config,
-                                     double host_adamw_s_per_param)
+                                     double host_adamw_s_per_param,
+                                     double host_copy_s_per_param)
 {
     /* the fp32 gradients down and the fp32 weights back up (the cuda
      * executor keeps fp32 weights on the device: stage/offload.c) */
     (void)config;
-    double bytes = 8.0;
+    double copy_s = host_copy_s_per_param > 0.0
+                        ? host_copy_s_per_param
+                        : 8.0 / COSTMODEL_HOST_LINK_BYTES_PER_S;
     double host_s = host_adamw_s_per_param > 0.0
                         ? host_adamw_s_per_param
                         : 1.0 / COSTMODEL_CPU_ADAMW_PARAMS_PER_S;
-    return bytes / COSTMODEL_HOST_LINK_BYTES_PER_S + host_s;
+    return copy_s + host_s;
 }
 
 bool costmodel_zero_sharded_stage(const model_shape *model,

@@ -113,12 +113,14 @@ int profiler_results_combine(const profiler_result *results, int count,
                        count, PROFILER_MAX_PROCESSES);
     const timing_summary *layer[PROFILER_MAX_PROCESSES];
     const timing_summary *embedding[PROFILER_MAX_PROCESSES];
-    double per_param = 0.0, host_per_param = 0.0, elapsed = 0.0;
+    double per_param = 0.0, host_per_param = 0.0, copy_per_param = 0.0;
+    double elapsed = 0.0;
     for (int i = 0; i < count; i++) {
         layer[i] = &results[i].optimizer_layer;
         embedding[i] = &results[i].optimizer_embedding;
         per_param += results[i].optimizer_s_per_param / count;
         host_per_param += results[i].host_adamw_s_per_param / count;
+        copy_per_param += results[i].host_copy_s_per_param / count;
         elapsed += results[i].elapsed_s;
     }
     profiler_result combined = results[0];
@@ -127,6 +129,7 @@ int profiler_results_combine(const profiler_result *results, int count,
     combined.optimizer_embedding = mean_summary(embedding, count);
     combined.optimizer_s_per_param = per_param;
     combined.host_adamw_s_per_param = host_per_param;
+    combined.host_copy_s_per_param = copy_per_param;
     combined.elapsed_s = elapsed;
     *out = combined;
     if (out->point_count == 0)

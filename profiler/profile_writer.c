@@ -467,7 +467,8 @@ static int measured_profile(const profiler_writeup *ctx, profile *out)
                                    PROFILE_WORKSPACE_ALLOWANCE_GIB
                              : 0.0,
         .optimizer_s_per_param = r->optimizer_s_per_param,
-        .host_adamw_s_per_param = r->host_adamw_s_per_param};
+        .host_adamw_s_per_param = r->host_adamw_s_per_param,
+        .host_copy_s_per_param = r->host_copy_s_per_param};
     pt_copy_string(out->gpu, sizeof out->gpu, ctx->gpu);
     efficiency_of(ctx, out);
     out->shapes = calloc((size_t)ctx->model_count + 1, sizeof *out->shapes);

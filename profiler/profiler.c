@@ -582,9 +582,11 @@ static int measure_optimizer(part_chain *chain, const profiler_options *o,
     out->embedding_parameters = (double)chain->embedding.param_count;
     out->optimizer_s_per_param =
         out->optimizer_layer.median_s / out->layer_parameters;
-    /* the host's AdamW, for offloaded optimizers */
+    /* the host's AdamW and the host link, for offloaded optimizers */
     if (stage_offload_host_rate(o->host_adamw_params, o->timing_rounds,
-                                &out->host_adamw_s_per_param, err) != 0) {
+                                &out->host_adamw_s_per_param, err) != 0 ||
+        stage_offload_copy_rate(&chain->layer, o->timing_rounds,
+                                &out->host_copy_s_per_param, err) != 0) {
         pt_error_prefix(err, "profiler");
         return -1;
     }

@@ -293,6 +293,10 @@ typedef struct profiler_result {
     /* the host's AdamW as an offloaded optimizer runs it
      * (stage_offload_host_rate), seconds per parameter */
     double host_adamw_s_per_param;
+    /* the host link's copies as an offloaded optimizer makes them
+     * (stage_offload_copy_rate on the layer stage), seconds per parameter
+     * for 4 bytes down and 4 up; 0: not measured */
+    double host_copy_s_per_param;
     int runs_warmup;             /* as run (options, after checks) */
     int runs_timed_max;
     int runs_timed_min;

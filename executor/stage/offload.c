@@ -5,7 +5,8 @@
  * fastest (pinned on the cuda backend), and the AdamW step on the CPU:
  * the range's gradients come down, the CPU updates the master weights
  * (the cpu reference's own AdamW, cpu_adamw_update), the weights go back
- * up. docs/executor.md, "Optimizer offload".
+ * up. docs/executor.md, "Optimizer offload". Also the two rates the
+ * profiler measures for the cost model: the host's AdamW and the copies.
  */
 #include "executor/cpu/cpu.h"
 #include "executor/stage/stage.h"
@@ -265,6 +266,18 @@ static void rate_pass(float *arrays[4], size_t count,
 
 #define RATE_PASSES_MAX 15
 
+/* The median of n pass times (sorted in place). */
+static double median_pass(double *took, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && took[j] < took[j - 1]; j--) {
+            double swap = took[j];
+            took[j] = took[j - 1];
+            took[j - 1] = swap;
+        }
+    return took[n / 2];
+}
+
 int stage_offload_host_rate(size_t count, int passes, double *s_per_param,
                             pt_error *err)
 {
@@ -300,15 +313,52 @@ int stage_offload_host_rate(size_t count, int passes, double *s_per_param,
             took[p] = pt_monotonic_seconds() - start;
         }
         /* the median pass: a training run steps again and again */
-        for (int i = 1; i < n; i++)
-            for (int j = i; j > 0 && took[j] < took[j - 1]; j--) {
-                double swap = took[j];
-                took[j] = took[j - 1];
-                took[j - 1] = swap;
-            }
-        *s_per_param = took[n / 2] / (double)count;
+        *s_per_param = median_pass(took, n) / (double)count;
     }
     for (int i = 0; i < 4; i++)
         free(arrays[i]);
     return status;
+}
+
+/* ------------------------------------------------- the host link's rate */
+
+int stage_offload_copy_rate(model_stage *stage, int passes,
+                            double *s_per_param, pt_error *err)
+{
+    size_t count = model_stage_buffer_count(stage, STAGE_PARAMS);
+    if (count == 0 || passes < 1)
+        return pt_fail(err, "host copy rate: %zu parameters, %d passes",
+                       count, passes);
+    float *host = host_floats(stage, count);
+    if (host == NULL)
+        return pt_fail(err, "host copy rate: out of host memory for %zu "
+                            "parameters",
+                       count);
+    /* a pass moves what an offloaded step moves per parameter: 4 bytes
+     * down and 4 back up, the weights written back refreshing the
+     * backend's mirror as the step's do; the values go back unchanged */
+    double took[RATE_PASSES_MAX];
+    int n = passes < RATE_PASSES_MAX ? passes : RATE_PASSES_MAX;
+    int status = 0;
+    for (int p = -1; p < n && status == 0; p++) { /* -1: the warm-up */
+        double start = pt_monotonic_seconds();
+        status = model_stage_read_range(stage, STAGE_PARAMS,
+                                        stage->params_first, count, host,
+                                        err);
+        if (status == 0)
+            status = model_stage_write_range(stage, STAGE_PARAMS,
+                                             stage->params_first, count,
+                                             host, err);
+        if (status == 0)
+            status = stage_synchronize(stage, err);
+        if (p >= 0)
+            took[p] = pt_monotonic_seconds() - start;
+    }
+    host_release(stage, host);
+    if (status != 0) {
+        pt_error_prefix(err, "host copy rate");
+        return -1;
+    }
+    *s_per_param = median_pass(took, n) / (double)count;
+    return 0;
 }

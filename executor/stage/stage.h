@@ -630,6 +630,14 @@ void stage_offload_params_written(model_stage *stage);
  * prices an offloaded optimizer at). */
 int stage_offload_host_rate(size_t count, int passes, double *s_per_param,
                             pt_error *err);
+/* The host link's rate as stage_offload_step uses it: `passes` passes
+ * (at most 15) of the stage's weights down to host memory of the
+ * backend's kind (pinned on cuda) and back up unchanged, the median's
+ * seconds per parameter into *s_per_param (the profiler's
+ * `host_copy_s_per_param`: 4 bytes each way, what an offloaded step
+ * moves per parameter). */
+int stage_offload_copy_rate(model_stage *stage, int passes,
+                            double *s_per_param, pt_error *err);
 
 /*
  * Forward of one micro-batch into activation slot `slot` (kept until its

@@ -553,8 +553,9 @@ profile-cpu)
   expect_in cpu-rounds.json '"rounds": 4'
   expect_in cpu-rounds.json '"round_s": 0.002'
   expect_in cpu-rounds.json '"hold_s": 0'
-  # the host's AdamW rate (an offloaded optimizer's price) is measured too
+  # the host's AdamW and copy rates (an offloaded optimizer's price) too
   expect_in cpu-rounds.json '"host_adamw_s_per_param": '
+  expect_in cpu-rounds.json '"host_copy_s_per_param": '
   # --hold-ms: recorded (the cpu backend holds nothing)
   run_profile partita profile --model in-tiny.json --backend cpu --quick --hold-ms 250 --tp 1 --mbs 1 -o cpu-hold.json
   expect_in cpu-hold.json '"hold_s": 0.25'

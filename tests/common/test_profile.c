@@ -381,6 +381,11 @@ static void test_bad_profiles(void **state)
         {{{{"optimizer_s_per_param"}, "0.001"}},
          "profiles/T.json: optimizer_s_per_param: 0.001 s per parameter is "
          "more than 1e-06: a unit mistake?"},
+        {{{{"host_copy_s_per_param"}, "0.002"}},
+         "profiles/T.json: host_copy_s_per_param: 0.002 s per parameter is "
+         "more than 1e-06: a unit mistake?"},
+        {{{{"host_copy_s_per_param"}, "-1"}},
+         "profiles/T.json: host_copy_s_per_param: must be"},
         {{{{"communication", "allreduce", "0", "time_s"}, "100"}},
          "profiles/T.json: communication.allreduce[0]: 100 s for one "
          "collective is more than 60 s"},

@@ -83,6 +83,8 @@ static void assert_same_profile(const profile *a, const profile *b)
     assert_int_equal(a->flash_attention, b->flash_attention);
     assert_true(a->workspace_gib == b->workspace_gib);
     assert_true(a->optimizer_s_per_param == b->optimizer_s_per_param);
+    assert_true(a->host_adamw_s_per_param == b->host_adamw_s_per_param);
+    assert_true(a->host_copy_s_per_param == b->host_copy_s_per_param);
     assert_true(a->peak_tflops == b->peak_tflops);
     assert_true(a->memory_bandwidth_GBps == b->memory_bandwidth_GBps);
     assert_int_equal(a->sms, b->sms);

@@ -129,11 +129,14 @@ static void offload_prices_the_host_step(void **state)
     config.offload_optimizer = true;
     /* fp32 gradients down, fp32 weights up, the host's AdamW */
     double per_param = 8.0 / 25e9 + 1.0 / 1.08e9;
-    assert_true(close_to(costmodel_offload_s_per_param(&config, 0.0),
+    assert_true(close_to(costmodel_offload_s_per_param(&config, 0.0, 0.0),
                          per_param, 1e-12));
-    /* a profile that measured its host's AdamW is priced at that rate */
-    assert_true(close_to(costmodel_offload_s_per_param(&config, 2e-9),
+    /* a profile that measured its host's AdamW is priced at that rate,
+     * one that measured its link's copies at theirs */
+    assert_true(close_to(costmodel_offload_s_per_param(&config, 2e-9, 0.0),
                          8.0 / 25e9 + 2e-9, 1e-12));
+    assert_true(close_to(costmodel_offload_s_per_param(&config, 2e-9, 1.6e-10),
+                         1.6e-10 + 2e-9, 1e-12));
     /* the GPU's own memory-bound work (the gradient norm, the slices'
      * sums and ZeRO's unit kernels) stays at its streaming rate */
     type_costs offloaded, on_gpu;
