@@ -235,6 +235,11 @@ void print_estimate_summary(const plan *p, const estimate *est)
            attention_name(parallel_attention(config)),
            parallel_residual_bytes(config), parallel_gradient_bytes(config),
            parallel_overlaps_grad_reduce(config) ? "overlapping" : "after");
+    if (config->deterministic)
+        printf("# deterministic: cuDNN's deterministic attention backward, "
+               "its workspace priced; its time is the profiles' layer "
+               "entries', whichever backward they timed (docs/cost-model.md, "
+               "\"Deterministic plans\")\n");
     printf("# partition %s, node order %s\n", partition, order);
     print_stage_table(p, est);
     print_memory_table(est);

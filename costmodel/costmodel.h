@@ -403,12 +403,12 @@ void costmodel_step_work_sums(const costmodel *cm,
  * host link: a profile that measured its host's copies prices them
  * (`host_copy_s_per_param`), else every GPU is taken to reach its host at
  * PCIe 4.0 x16's usable 25 GB/s each way (an assumption); the executor's
- * host AdamW
- * (stage/offload.c, up to 8 threads) to step 1.08e9 parameters a second
- * per GPU: calibrated from the step it measured on the one-GPU suite's
- * H200 machine (plan 22, 2026-11-25: 441 ms of host step with the copies
- * for 354.8M parameters, less the copies at that link), 0.99e9 on an H100
- * machine's host (2026-11-27). */
+ * host AdamW (stage/offload.c, up to 8 threads), where the profile did
+ * not measure it, to step 1.08e9 parameters a second per GPU: calibrated
+ * from the step it measured on the one-GPU suite's H200 machine (plan 22,
+ * 2026-11-25: 441 ms of host step with the copies for 354.8M parameters,
+ * less the copies at that link), 0.99e9 on an H100 machine's host
+ * (2026-11-27). */
 #define COSTMODEL_HOST_LINK_BYTES_PER_S 25e9
 #define COSTMODEL_CPU_ADAMW_PARAMS_PER_S 1.08e9
 /* Seconds per parameter the rank updates: its fp32 gradient down and

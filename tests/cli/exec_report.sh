@@ -471,6 +471,11 @@ exec-deterministic)
   expect_in launch.sh "export NVTE_ALLOW_NONDETERMINISTIC_ALGO=0"
   run 0 partita export in-plan.json --to megatron -o plain.sh
   grep -q "deterministic" plain.sh && fail "a plain plan exported deterministic"
+  # estimate says how a deterministic plan's time is priced
+  run 0 partita estimate in-det.json
+  expect_in out.txt "# deterministic: cuDNN's deterministic attention backward"
+  run 0 partita estimate in-plan.json
+  grep -q "# deterministic" out.txt && fail "a plain plan's estimate says deterministic"
   # partita plan --deterministic: every plan says so, and on a shape cuDNN
   # takes, in a stage without the head's logits to lend it, its attention
   # workspace (B x H x T x T bf16) costs more memory
