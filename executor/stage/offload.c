@@ -325,10 +325,17 @@ int stage_offload_host_rate(size_t count, int passes, double *s_per_param,
 int stage_offload_copy_rate(model_stage *stage, int passes,
                             double *s_per_param, pt_error *err)
 {
-    size_t count = model_stage_buffer_count(stage, STAGE_PARAMS);
+    /* the backend's own table, as copy_range above (stage.c calls this
+     * file, not the reverse) */
+    const stage_backend *backend = stage->backend;
+    size_t count = stage->params_count;
     if (count == 0 || passes < 1)
         return pt_fail(err, "host copy rate: %zu parameters, %d passes",
                        count, passes);
+    if (backend->copy_range == NULL)
+        return pt_fail(err, "host copy rate: the %s backend moves no part "
+                            "of a buffer",
+                       backend->name);
     float *host = host_floats(stage, count);
     if (host == NULL)
         return pt_fail(err, "host copy rate: out of host memory for %zu "
@@ -342,15 +349,14 @@ int stage_offload_copy_rate(model_stage *stage, int passes,
     int status = 0;
     for (int p = -1; p < n && status == 0; p++) { /* -1: the warm-up */
         double start = pt_monotonic_seconds();
-        status = model_stage_read_range(stage, STAGE_PARAMS,
-                                        stage->params_first, count, host,
-                                        err);
+        status = backend->copy_range(stage, STAGE_PARAMS, stage->params_first,
+                                     count, host, true, err);
         if (status == 0)
-            status = model_stage_write_range(stage, STAGE_PARAMS,
-                                             stage->params_first, count,
-                                             host, err);
-        if (status == 0)
-            status = stage_synchronize(stage, err);
+            status = backend->copy_range(stage, STAGE_PARAMS,
+                                         stage->params_first, count, host,
+                                         false, err);
+        if (status == 0 && backend->synchronize != NULL)
+            status = backend->synchronize(stage, err);
         if (p >= 0)
             took[p] = pt_monotonic_seconds() - start;
     }
