@@ -136,6 +136,32 @@ static void print_own_degrees(const plan *p)
 /* DeepSpeed's levers of a plan, when it has any: the ZeRO stage, the
  * offload's stated host figures and host memory, and what exec does not
  * realise yet. */
+/* The host rates each GPU type pacing a stage prices offload at: its
+ * profile's where it measured them, else the cost model's constants. */
+static void print_host_rates(const estimate *est)
+{
+    for (int s = 0; s < est->stage_count; s++) {
+        const stage_estimate *st = &est->stages[s];
+        bool seen = false;
+        for (int t = 0; t < s && !seen; t++)
+            seen = strcmp(est->stages[t].gpu, st->gpu) == 0;
+        if (seen)
+            continue;
+        double copy_s = st->host_copy_s_per_param;
+        double adamw_s = st->host_adamw_s_per_param;
+        printf("# offload on %s: host link %.0f GB/s each way (%s), CPU "
+               "AdamW %.2e parameters/s per GPU (%s)\n",
+               st->gpu,
+               copy_s > 0.0 ? 8.0 / copy_s / 1e9
+                            : COSTMODEL_HOST_LINK_BYTES_PER_S / 1e9,
+               copy_s > 0.0 ? "measured by its profile" : "assumed",
+               adamw_s > 0.0 ? 1.0 / adamw_s
+                             : COSTMODEL_CPU_ADAMW_PARAMS_PER_S,
+               adamw_s > 0.0 ? "measured by its profile"
+                             : "calibrated on a GPU machine's host");
+    }
+}
+
 static void print_zero_levers(const plan *p, const estimate *est)
 {
     const parallel_config *config = &p->config;
@@ -148,15 +174,12 @@ static void print_zero_levers(const plan *p, const estimate *est)
             &p->model, config, s, est->stages[s].layers);
         host = bytes > host ? bytes : host;
     }
-    if (config->offload_optimizer)
-        printf("# ZeRO stage %d, optimizer offload on (host link %.0f "
-               "GB/s assumed, CPU AdamW %.2e parameters/s per GPU "
-               "calibrated on a GPU machine's host; host memory %.2f GiB "
+    if (config->offload_optimizer) {
+        printf("# ZeRO stage %d, optimizer offload on (host memory %.2f GiB "
                "per GPU)\n",
-               parallel_zero_stage(config),
-               COSTMODEL_HOST_LINK_BYTES_PER_S / 1e9,
-               COSTMODEL_CPU_ADAMW_PARAMS_PER_S, host / PT_GIB);
-    else
+               parallel_zero_stage(config), host / PT_GIB);
+        print_host_rates(est);
+    } else
         printf("# ZeRO stage %d, optimizer offload off\n",
                parallel_zero_stage(config));
     if (parallel_zero_stage(config) >= 2 && config->dp > 1)

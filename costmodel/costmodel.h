@@ -151,6 +151,8 @@ typedef struct type_costs {
                                   (profile points with head.fused) */
     double optimizer_s_per_param; /* the AdamW step's: the GPU's, or
                                      under offload the host's (zero.c) */
+    /* the profile's host rates offload is priced at (0: not measured) */
+    double host_adamw_s_per_param, host_copy_s_per_param;
     double stream_s_per_byte;  /* the GPU's streaming rate, what its
                                   memory-bound kernels take a byte: the
                                   profile's AdamW step over the bytes it
@@ -631,6 +633,8 @@ typedef struct stage_estimate {
     double dp_allreduce_s;     /* gradient sync once per step */
     double embedding_allreduce_s;
     double optimizer_s;
+    /* its GPU type's type_costs host rates (offload; 0: not measured) */
+    double host_adamw_s_per_param, host_copy_s_per_param;
     double peak_memory_bytes;  /* the sum of memory's terms */
     pt_memory_terms memory;    /* by term, at the stage's layers */
     double memory_cap_bytes;

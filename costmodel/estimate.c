@@ -276,6 +276,8 @@ static int price_stages(costmodel *cm, const int *partition,
         st->ranks = config->tp * config->dp;
         pt_copy_string(st->gpu, sizeof st->gpu,
                        cm->cluster->types[place->slow_type].gpu);
+        st->host_adamw_s_per_param = slow->host_adamw_s_per_param;
+        st->host_copy_s_per_param = slow->host_copy_s_per_param;
         /* a tp group across nodes slows its layers' all-reduces; spread
            the difference over forward and backward as the layer is */
         type_costs zero_costs = zero_unit_costs(cm, config, place, slow);

@@ -565,6 +565,8 @@ static int price_type_from(const costmodel *cm, int type_index,
                                            prof->host_adamw_s_per_param,
                                            prof->host_copy_s_per_param)
                                      : prof->optimizer_s_per_param;
+    out->host_adamw_s_per_param = prof->host_adamw_s_per_param;
+    out->host_copy_s_per_param = prof->host_copy_s_per_param;
     /* the stage boundary of Partita's executor: fp32 message <-> bf16
      * stream, 4 bytes read and 2 written an element (or 2 and 4), of the
      * shard's rows under sequence parallelism */
