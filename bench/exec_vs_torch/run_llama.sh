@@ -23,6 +23,9 @@
 #   SEQ       sequence length (default 2048; the files' 8192 is a default
 #             training length, not the benchmark's)
 #   WARMUP, STEPS   steps per run (default 5 and 20)
+#   ROUNDS    runs of each program per shape (default 1), alternating
+#             Partita and torch; a side's tokens/s is the median of its
+#             rounds', its memory the largest (as bench/exec_vs_llmc)
 #   MODES     torch modes (default "compile"; "compile eager" adds eager)
 #   SCOPE     what torch.compile compiles: model (default, as
 #             torch_gpt.py) or block (each block and the loss: compiles
@@ -47,6 +50,7 @@ configs=${CONFIGS:-"llama3.2-1b:4 llama3.2-1b:8 llama3-8b:2:auto"}
 seq=${SEQ:-2048}
 warmup=${WARMUP:-5}
 steps=${STEPS:-20}
+rounds=${ROUNDS:-1}
 modes=${MODES:-compile}
 scope=${SCOPE:-model}
 residual=${RESIDUAL:-fp32}
@@ -71,6 +75,11 @@ if [[ " $modes " != *" compile "* ]]; then
 fi
 
 value() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+# median_lines: the median of the numbers on standard input, one a line
+median_lines() {
+    sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit 1;
+        printf "%.0f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 out_of_memory() { grep -qi -e 'out of memory' -e 'ALLOC_FAILED' -e '^OUT_OF_MEMORY' "$1"; }
 
@@ -134,8 +143,9 @@ failure() {
     else echo failed; fi
 }
 
-# run SIDE LOG COMMAND...: runs one program under RUN_TIMEOUT; sets
-# tps[SIDE] and mem[SIDE] from its RESULT line, or why[SIDE]
+# run SIDE LOG COMMAND...: runs one program under RUN_TIMEOUT; adds its
+# RESULT line's tokens/s and memory to all_tps[SIDE] and all_mem[SIDE],
+# or sets why[SIDE]
 run() {
     local side=$1 log=$2 code line
     shift 2
@@ -144,8 +154,8 @@ run() {
     code=$?
     if [ $code = 0 ] && line=$(grep '^RESULT' "$log"); then
         grep '^#' "$log"
-        tps[$side]=$(value tokens_per_s "$line")
-        mem[$side]=$(value peak_gib "$line")
+        all_tps[$side]+=" $(value tokens_per_s "$line")"
+        all_mem[$side]+=" $(value peak_gib "$line")"
     else
         why[$side]=$(failure "$log" $code)
         echo "${why[$side]}: $side ($log)"; tail -3 "$log"
@@ -153,17 +163,30 @@ run() {
     echo "# $side: $SECONDS s"
 }
 
-# measure FILE NAME MBS: Partita, then each torch mode, on one model file
+# measure FILE NAME MBS: Partita, then each torch mode, on one model
+# file, ROUNDS times; then each side's median tokens/s and largest memory
+# into tps[SIDE] and mem[SIDE] (a side that failed once: why[SIDE])
 measure() {
-    local file=$1 name=$2 mbs=$3 mode
+    local file=$1 name=$2 mbs=$3 mode round tag side
     echo "== $name, mbs $mbs"
-    run partita "$logs/partita-$name-mbs$mbs.log" "$bench" "$file" "$mbs" "$warmup" "$steps"
-    [ "${why[partita]:-}" = OOM ] && return
-    for mode in $modes; do
-        run "$mode" "$logs/torch-$mode-$name-mbs$mbs.log" "$python" "$here/torch_llama.py" \
-            --model "$file" --mbs "$mbs" --mode "$mode" --scope "$scope" \
-            --residual "$residual" --warmup "$warmup" --steps "$steps"
-        [ "${why[$mode]:-}" = OOM ] && [ "$mode" = compile ] && return
+    all_tps=() all_mem=()
+    for ((round = 1; round <= rounds; round++)); do
+        tag=""; [ "$rounds" -gt 1 ] && tag="-r$round" && echo "# round $round of $rounds"
+        run partita "$logs/partita-$name-mbs$mbs$tag.log" "$bench" "$file" "$mbs" "$warmup" "$steps"
+        [ "${why[partita]:-}" = OOM ] && break
+        for mode in $modes; do
+            run "$mode" "$logs/torch-$mode-$name-mbs$mbs$tag.log" "$python" "$here/torch_llama.py" \
+                --model "$file" --mbs "$mbs" --mode "$mode" --scope "$scope" \
+                --residual "$residual" --warmup "$warmup" --steps "$steps"
+            [ "${why[$mode]:-}" = OOM ] && [ "$mode" = compile ] && break 2
+        done
+        # a side that failed fails the shape: no more rounds
+        [ ${#why[@]} -gt 0 ] && break
+    done
+    for side in "${!all_tps[@]}"; do
+        [ -n "${why[$side]:-}" ] && continue
+        tps[$side]=$(echo "${all_tps[$side]}" | tr ' ' '\n' | grep . | median_lines)
+        mem[$side]=$(echo "${all_mem[$side]}" | tr ' ' '\n' | grep . | sort -g | tail -1)
     done
 }
 
@@ -172,7 +195,7 @@ shown_mem() { [ -n "${mem[$1]:-}" ] && echo "${mem[$1]} GiB" || echo -; }
 
 status=0
 table=()
-declare -A tps=() mem=() why=()
+declare -A tps=() mem=() why=() all_tps=() all_mem=()
 for config in $configs; do
     IFS=: read -r model mbs layers <<<"$config"
     tries=1

@@ -154,6 +154,25 @@ assert json.load(open(sides[3][1]))["layers"] == 28
 assert json.load(open(sides[2][1]))["layers"] == 29
 assert "--scope model" in " ".join(calls[1]) and "--residual fp32" in " ".join(calls[1])
 PY
+# ROUNDS=3: Partita and torch alternate three times; a side's tokens/s is
+# the median of its rounds' (100,000, 130,000, 120,000: 120,000), its
+# memory the largest
+mkdir -p build3/bench build3/cli
+ln -s "$partita" build3/cli/partita
+cat >build3/bench/exec_bench <<'SH'
+#!/usr/bin/env bash
+echo "partita $1 mbs $2" >>"$FAKE_LOG"
+n=$(grep -c '^partita' "$FAKE_LOG")
+tps=(0 100000 130000 120000)
+echo "RESULT impl=partita mode=cuda model=x mbs=$2 tokens_per_s=${tps[$n]} step_ms=1.0 peak_gib=1$n.000 process_gib=1.0 grad_precision=fp32"
+SH
+chmod +x build3/bench/exec_bench
+: >"$FAKE_LOG"
+run 0 env PATH="$scratch/bin:$PATH" PYTHON="$scratch/bin/python-stand-in" \
+    CONFIGS="llama3.2-1b:4" ROUNDS=3 WARMUP=1 STEPS=2 bash "$here/run_llama.sh" build3 logs3
+expect_in out.txt "| llama3.2-1b | 16 | 2048 | 4 | 120000 | 100000 | \*\*1.200\*\* | 13.000 GiB | 20.000 GiB | 0.650 | PASS |"
+[ "$(cut -d' ' -f1 "$FAKE_LOG" | tr '\n' ' ')" = "partita torch partita torch partita torch " ] ||
+    fail "ROUNDS=3 calls: $(cat "$FAKE_LOG")"
 # a torch run that fails is a row without a ratio and exit status 1
 cat >bin/python-stand-in <<'SH'
 #!/usr/bin/env bash
