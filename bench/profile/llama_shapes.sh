@@ -8,8 +8,10 @@
 # tp 1, 2, 4 and 8 (shard 0 of the group computed alone, as every
 # profile's tp points are; a tp that does not divide the heads or the
 # key/value heads is skipped with a note: Qwen2.5-7B's 28 heads at tp 8).
-# Measured as profiles/H200.json was (host clock, 7 rounds of 10 ms, one
-# set of stages, one process: PROFILE_OPTIONS), into a copy of it:
+# Measured as profiles/H200.json's Llama-3 shapes were (tp 1 inside the
+# executor's own steps, TP1_OPTIONS; the other tps in the stepped chain,
+# PROFILE_OPTIONS; 7 rounds of 10 ms, one set of stages, one process),
+# into a copy of it:
 # OUT_DIR/H200.json, which then holds the committed shapes unchanged
 # and the Llama ones added (provenance.additions says how each was
 # measured). A model's shape it already holds is not measured again, so
@@ -24,12 +26,19 @@
 # llama2-7b qwen2.5-7b"), TP (1,2,4,8), MBS_SMALL (1,2,4,8: Llama-3.2-1B),
 # MBS_LARGE (1,2,4: the 7-8B layers, whose micro-batch of 4 at sequence
 # 8192 is already 32,768 tokens), MODEL_S (180: the time limit of one
-# model), BUDGET_S (300: no model is started past it), PROFILE_OPTIONS
-# ("--timing step --layer-stack 8 --rounds 7 --round-ms 10 --stage-sets 1
-# --processes 1", as the bundled Llama-3.2-1B and Llama-3-8B shapes were
-# measured in the tenth session; the others of the seventh session were
-# "--timing host ..."). Exit status: 0 when every model was added (or held already) and
-# the estimates are measured, 1 otherwise, 77 without an H200.
+# profile call), BUDGET_S (300: no model is started past it),
+# PROFILE_OPTIONS ("--timing step --layer-stack 8 --rounds 7 --round-ms
+# 10 --stage-sets 1 --processes 1", as the bundled Llama-3.2-1B and
+# Llama-3-8B shapes' tp 2-8 points were measured in the tenth session; the
+# others of the seventh session were "--timing host ..."), TP1_OPTIONS
+# ("--timing exec --layer-stack 8 --rounds 7 --round-ms 10 --stage-sets 1
+# --processes 1": tp 1 timed inside the executor's own steps, in a call
+# of its own before the other tps, as the twelfth session measured those
+# two shapes' tp-1 points, the stepped chain's clock being about 10 %
+# higher; empty: tp 1 with PROFILE_OPTIONS in the one call), DRY_RUN=1
+# (print the profile calls only; no GPU needed). Exit status: 0 when
+# every model was added (or held already) and the estimates are
+# measured, 1 otherwise, 77 without an H200.
 set -u
 build=$(cd "${1:?usage: llama_shapes.sh BUILD_DIR OUT_DIR}" && pwd)
 out=${2:?usage: llama_shapes.sh BUILD_DIR OUT_DIR}
@@ -38,9 +47,33 @@ root=$(cd "$here/../.." && pwd)
 partita="$build/cli/partita"
 models=${MODELS:-llama3.2-1b llama3-8b mistral-7b llama2-7b qwen2.5-7b}
 read -r -a options <<<"${PROFILE_OPTIONS:---timing step --layer-stack 8 --rounds 7 --round-ms 10 --stage-sets 1 --processes 1}"
+read -r -a tp1_options <<<"${TP1_OPTIONS---timing exec --layer-stack 8 --rounds 7 --round-ms 10 --stage-sets 1 --processes 1}"
 export NCCL_NVLS_ENABLE=0 PARTITA_SOURCE="$root"
 [ -d "$build/lib" ] &&
     export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# calls: one "TP|OPTIONS" line per profile call of a model: tp 1 on its
+# own with TP1_OPTIONS (when TP holds 1 and TP1_OPTIONS is not empty),
+# the other tps with PROFILE_OPTIONS
+calls() {
+    local tps=${TP:-1,2,4,8} rest
+    if [ ${#tp1_options[@]} -gt 0 ] && [[ ",$tps," == *",1,"* ]]; then
+        echo "1|${tp1_options[*]}"
+        rest=$(echo ",$tps," | sed 's/,1,/,/; s/^,//; s/,$//')
+        [ -n "$rest" ] && echo "$rest|${options[*]}"
+    else
+        echo "$tps|${options[*]}"
+    fi
+}
+if [ "${DRY_RUN:-0}" = 1 ]; then
+    for model in $models; do
+        mbs=${MBS_LARGE:-1,2,4}
+        [ "$model" = llama3.2-1b ] && mbs=${MBS_SMALL:-1,2,4,8}
+        calls | while IFS='|' read -r tps opts; do
+            echo "partita profile --model $model --missing-only --tp $tps --mbs $mbs --no-comm $opts -o $out/H200.json"
+        done
+    done
+    exit 0
+fi
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 if ! echo "$gpu_name" | grep -q H200; then
     echo "SKIP llama_shapes: the profile is H200.json, this GPU is '${gpu_name:-none}'"
@@ -64,13 +97,19 @@ for model in $models; do
     [ "$model" = llama3.2-1b ] && mbs=${MBS_SMALL:-1,2,4,8}
     name=$(basename "$model" .json)
     start=$SECONDS
-    timeout -k 5 "${MODEL_S:-180}" "$partita" profile --model "$model" \
-        --missing-only --tp "${TP:-1,2,4,8}" --mbs "$mbs" --no-comm \
-        "${options[@]}" -o "$profile" >"$out/$name.log" 2>"$out/$name.err"
-    rc=$?
+    rc=0
+    : >"$out/$name.log"
+    : >"$out/$name.err"
+    while IFS='|' read -r tps opts; do
+        read -r -a call_options <<<"$opts"
+        timeout -k 5 "${MODEL_S:-180}" "$partita" profile --model "$model" \
+            --missing-only --tp "$tps" --mbs "$mbs" --no-comm \
+            "${call_options[@]}" -o "$profile" >>"$out/$name.log" 2>>"$out/$name.err" ||
+            rc=$?
+    done < <(calls)
     [ $rc -eq 0 ] || status=1
     # the points added (or "nothing to measure"), and any tp skipped
-    echo "$name: rc $rc, $((SECONDS - start)) s: $(grep -E '^# (added|.*nothing to measure)' "$out/$name.log" | tail -n 1)$( [ $rc -eq 0 ] || echo " $(tail -n 1 "$out/$name.err")")"
+    echo "$name: rc $rc, $((SECONDS - start)) s: $(grep -E '^# (added|.*nothing to measure)' "$out/$name.log" | tr '\n' ' ')$( [ $rc -eq 0 ] || echo " $(tail -n 1 "$out/$name.err")")"
     grep -h 'not measured\|skipped' "$out/$name.err" "$out/$name.log" |
         sed 's/^/    /' | sort -u
 done
