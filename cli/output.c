@@ -133,9 +133,6 @@ static void print_own_degrees(const plan *p)
     printf("\n");
 }
 
-/* DeepSpeed's levers of a plan, when it has any: the ZeRO stage, the
- * offload's stated host figures and host memory, and what exec does not
- * realise yet. */
 /* The host rates each GPU type pacing a stage prices offload at: its
  * profile's where it measured them, else the cost model's constants. */
 static void print_host_rates(const estimate *est)
@@ -162,6 +159,9 @@ static void print_host_rates(const estimate *est)
     }
 }
 
+/* DeepSpeed's levers of a plan, when it has any: the ZeRO stage, the
+ * offload's host memory and rates (print_host_rates), and what exec does
+ * not realise yet. */
 static void print_zero_levers(const plan *p, const estimate *est)
 {
     const parallel_config *config = &p->config;
