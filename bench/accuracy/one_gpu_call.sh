@@ -5,9 +5,11 @@
 #           slices over the device exchange);
 #   whole   the profile of the whole GPU (H200.json) for the suite's
 #           shapes, no NCCL curves, timed as the bundled one was
-#           (WHOLE_OPTIONS, default "--timing step --layer-stack 8": the
-#           layer stage and the head inside training steps; WHOLE_S, 170
-#           s: 105 s on an H200, tenth session);
+#           (WHOLE_OPTIONS, default "--timing exec --layer-stack 16
+#           --rounds 15 --round-ms 10": the layer inside the executor's
+#           own steps, as the twelfth and seventeenth sessions measured
+#           H200.json's GPT-2 layers; WHOLE_S, 300 s: 264 s for five
+#           models on an H200, seventeenth session);
 #   beside  the profiles of the suite's slices with their neighbours busy
 #           and at rest (profile_beside.sh: H200-<N>SM-beside-... and its
 #           -idle twin, the `gpu` and `gpu_at_rest` types of
@@ -74,8 +76,8 @@ for part in $parts; do
         rm -f "$work/suite/corpus"* ;;
     whole)
         # shellcheck disable=SC2086 # WHOLE_OPTIONS: words on purpose
-        profile H200 "$work/whole" "${WHOLE_S:-170}" --model "$suite_models" \
-            --tp 1,2,4 --mbs 1,2,4,8 ${WHOLE_OPTIONS---timing step --layer-stack 8} ;;
+        profile H200 "$work/whole" "${WHOLE_S:-300}" --model "$suite_models" \
+            --tp 1,2,4 --mbs 1,2,4,8 ${WHOLE_OPTIONS---timing exec --layer-stack 16 --rounds 15 --round-ms 10} ;;
     beside)
         PROFILE_S=${BESIDE_S:-45} timeout -k 5 "${BESIDE_ALL_S:-300}" \
             "$here/profile_beside.sh" "$build" "$work/beside"
