@@ -144,18 +144,19 @@ static void print_host_rates(const estimate *est)
             seen = strcmp(est->stages[t].gpu, st->gpu) == 0;
         if (seen)
             continue;
-        double copy_s = st->host_copy_s_per_param;
-        double adamw_s = st->host_adamw_s_per_param;
+        /* the rates as the cost model prices them (zero.c) */
+        double copy_s = costmodel_offload_copy_s(st->host_copy_s_per_param);
+        double adamw_s =
+            costmodel_offload_adamw_s(st->host_adamw_s_per_param);
         printf("# offload on %s: host link %.0f GB/s each way (%s), CPU "
                "AdamW %.2e parameters/s per GPU (%s)\n",
-               st->gpu,
-               copy_s > 0.0 ? 8.0 / copy_s / 1e9
-                            : COSTMODEL_HOST_LINK_BYTES_PER_S / 1e9,
-               copy_s > 0.0 ? "measured by its profile" : "assumed",
-               adamw_s > 0.0 ? 1.0 / adamw_s
-                             : COSTMODEL_CPU_ADAMW_PARAMS_PER_S,
-               adamw_s > 0.0 ? "measured by its profile"
-                             : "calibrated on a GPU machine's host");
+               st->gpu, 8.0 / copy_s / 1e9,
+               st->host_copy_s_per_param > 0.0 ? "measured by its profile"
+                                               : "assumed",
+               1.0 / adamw_s,
+               st->host_adamw_s_per_param > 0.0
+                   ? "measured by its profile"
+                   : "calibrated on a GPU machine's host");
     }
 }
 

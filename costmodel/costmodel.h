@@ -413,15 +413,15 @@ void costmodel_step_work_sums(const costmodel *cm,
  * (2026-11-27). */
 #define COSTMODEL_HOST_LINK_BYTES_PER_S 25e9
 #define COSTMODEL_CPU_ADAMW_PARAMS_PER_S 1.08e9
-/* Seconds per parameter the rank updates: its fp32 gradient down and
- * its fp32 weight up over the host link, host_copy_s_per_param when the
- * GPU's profile measured its host's (> 0), else 8 bytes at
- * COSTMODEL_HOST_LINK_BYTES_PER_S; and the CPU's AdamW,
- * host_adamw_s_per_param when measured (> 0), else
- * COSTMODEL_CPU_ADAMW_PARAMS_PER_S. */
+/* Seconds per parameter the rank updates: its fp32 gradient down and its
+ * fp32 weight up over the host link, then the CPU's AdamW, each the
+ * profile's measured figure (> 0) or the constant above. */
 double costmodel_offload_s_per_param(const parallel_config *config,
                                      double host_adamw_s_per_param,
                                      double host_copy_s_per_param);
+/* Each part alone, as priced: a profile's figure (0: none) or the constant */
+double costmodel_offload_copy_s(double host_copy_s_per_param);
+double costmodel_offload_adamw_s(double host_adamw_s_per_param);
 /* Host bytes a rank of stage `stage` with `layers` layers holds under
  * offload (fp32 master weights and AdamW's two moments of its optimizer
  * shard); 0 without offload. */

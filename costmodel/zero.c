@@ -558,20 +558,28 @@ bool costmodel_zero_step_work(const costmodel *cm,
     return true;
 }
 
+double costmodel_offload_copy_s(double host_copy_s_per_param)
+{
+    /* the fp32 gradients down and the fp32 weights back up (the cuda
+     * executor keeps fp32 weights on the device: stage/offload.c) */
+    return host_copy_s_per_param > 0.0 ? host_copy_s_per_param
+                                       : 8.0 / COSTMODEL_HOST_LINK_BYTES_PER_S;
+}
+
+double costmodel_offload_adamw_s(double host_adamw_s_per_param)
+{
+    return host_adamw_s_per_param > 0.0
+               ? host_adamw_s_per_param
+               : 1.0 / COSTMODEL_CPU_ADAMW_PARAMS_PER_S;
+}
+
 double costmodel_offload_s_per_param(const parallel_config *config,
                                      double host_adamw_s_per_param,
                                      double host_copy_s_per_param)
 {
-    /* the fp32 gradients down and the fp32 weights back up (the cuda
-     * executor keeps fp32 weights on the device: stage/offload.c) */
     (void)config;
-    double copy_s = host_copy_s_per_param > 0.0
-                        ? host_copy_s_per_param
-                        : 8.0 / COSTMODEL_HOST_LINK_BYTES_PER_S;
-    double host_s = host_adamw_s_per_param > 0.0
-                        ? host_adamw_s_per_param
-                        : 1.0 / COSTMODEL_CPU_ADAMW_PARAMS_PER_S;
-    return copy_s + host_s;
+    return costmodel_offload_copy_s(host_copy_s_per_param) +
+           costmodel_offload_adamw_s(host_adamw_s_per_param);
 }
 
 bool costmodel_zero_sharded_stage(const model_shape *model,
