@@ -15,6 +15,8 @@
  * cpu reference's, so late positions keep their digits), one sincos,
  * then turns that pair in every head of the row; neighbouring threads
  * hold neighbouring pairs, so each head's halves move in whole lines.
+ * The regrouping pass of the Llama-family models (below) has a second
+ * kernel for the head sizes those models have, a block's rows at a time.
  */
 #include "executor/cuda/cuda_common.cuh"
 
@@ -145,6 +147,69 @@ __global__ void regroup_rope_kernel(bf16 *out, const bf16 *in, double base,
     }
 }
 
+/*
+ * The same pass, a block's rows at a time, for head sizes that are
+ * multiples of 16 with 16-byte aligned tensors (every bundled Llama-family
+ * model): the block first takes its rows' angles once each into shared
+ * memory (double, as pair_angle), then each thread turns 8 pairs of one
+ * head of one row with 16-byte loads and stores. Why: the one-thread-per-
+ * pair kernel above moves 2 bytes an access and walks its row's heads one
+ * after the other; it ran at about 1.4 TB/s on an H200 (71 us for
+ * Llama-3.2-1B's 8,192 rows of 32 + 8 + 8 heads of 64), this one at 3.2
+ * (31.5 us; a plain copy of the same bytes 26.8), with the same bits
+ * (eighteenth session, docs/benchmarks.md). Taking a (row, pair)'s
+ * angle again in the thread of every head cost three times the old
+ * kernel's time: the double sines are the dear part, so each is made
+ * once a call.
+ */
+#define REGROUP_ROWS_ITEMS 1024 /* (row, head, 8 pairs) items a block */
+
+__global__ void regroup_rope_rows_kernel(bf16 *__restrict__ out,
+                                         const bf16 *__restrict__ in,
+                                         double base, bool turn,
+                                         bool to_heads, int N, int T, int NH,
+                                         int KVH, int hs, int rows_per_block)
+{
+    extern __shared__ float2 angles[]; /* [rows_per_block][hs / 2] */
+    int half = hs / 2, heads = NH + 2 * KVH, runs = half / 8;
+    int turned = turn ? NH + KVH : 0; /* values pass unturned */
+    int first = blockIdx.x * rows_per_block;
+    int rows = min(rows_per_block, N - first);
+    for (int k = threadIdx.x; turned > 0 && k < rows * half;
+         k += blockDim.x) {
+        float c, s;
+        pair_angle(base, (first + k / half) % T, k % half, hs,
+                   to_heads ? 1.0f : -1.0f, &c, &s);
+        angles[k] = make_float2(c, s);
+    }
+    __syncthreads();
+    size_t width = (size_t)heads * hs;
+    for (int k = threadIdx.x; k < rows * heads * runs; k += blockDim.x) {
+        int run = k % runs, h = k / runs % heads, r = k / runs / heads;
+        size_t row_at = (size_t)(first + r) * width;
+        size_t heads_at = row_at + (size_t)h * hs + run * 8;
+        size_t grouped_at = row_at + grouped_column(h, NH, KVH, hs) + run * 8;
+        const bf16 *p = in + (to_heads ? grouped_at : heads_at);
+        bf16 *q = out + (to_heads ? heads_at : grouped_at);
+        uint4 low = *reinterpret_cast<const uint4 *>(p);
+        uint4 high = *reinterpret_cast<const uint4 *>(p + half);
+        if (h < turned) {
+            bf16 *x1 = reinterpret_cast<bf16 *>(&low);
+            bf16 *x2 = reinterpret_cast<bf16 *>(&high);
+            const float2 *angle = angles + r * half + run * 8;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float a = __bfloat162float(x1[j]), b = __bfloat162float(x2[j]);
+                float c = angle[j].x, s = angle[j].y;
+                x1[j] = __float2bfloat16_rn(a * c - b * s);
+                x2[j] = __float2bfloat16_rn(b * c + a * s);
+            }
+        }
+        *reinterpret_cast<uint4 *>(q) = low;
+        *reinterpret_cast<uint4 *>(q + half) = high;
+    }
+}
+
 static cudaError_t regroup_launch(pt_bf16 *out, const pt_bf16 *in,
                                   double base, bool turn, bool to_heads,
                                   int B, int T, int NH, int KVH, int hs,
@@ -155,9 +220,19 @@ static cudaError_t regroup_launch(pt_bf16 *out, const pt_bf16 *in,
     size_t pairs = (size_t)B * T * (hs / 2);
     if (pairs == 0)
         return cudaSuccess;
+    int N = B * T, heads = NH + 2 * KVH;
+    if (hs % 16 == 0 && aligned16(out) && aligned16(in)) {
+        int rows_per_block = max(1, REGROUP_ROWS_ITEMS / (heads * hs / 16));
+        size_t shared = (size_t)rows_per_block * (hs / 2) * sizeof(float2);
+        regroup_rope_rows_kernel<<<(N + rows_per_block - 1) / rows_per_block,
+                                   ROPE_THREADS, shared, stream>>>(
+            as_bf16(out), as_bf16(in), base, turn, to_heads, N, T, NH, KVH,
+            hs, rows_per_block);
+        return cudaGetLastError();
+    }
     regroup_rope_kernel<<<blocks_for(pairs, ROPE_THREADS), ROPE_THREADS, 0,
                           stream>>>(as_bf16(out), as_bf16(in), base, turn,
-                                    to_heads, B * T, T, NH, KVH, hs);
+                                    to_heads, N, T, NH, KVH, hs);
     return cudaGetLastError();
 }
 
