@@ -135,6 +135,14 @@ void cpu_rope_forward(float *out, const float *inp, double base, int B,
 void cpu_rope_backward(float *d_inp, const float *d_out, double base, int B,
                        int T, int width, int heads, int head_size);
 
+/* The fused qkv product's rows (N of them, (NH + 2 KVH) head_size wide)
+ * between the weight's grouped order (Megatron-LM's: per key/value group
+ * its G = NH / KVH query heads, its key head, its value head) and the
+ * order cpu_gqa_attention reads (all query heads, all key heads, all
+ * value heads). to_heads: grouped -> heads; else back. out != inp. */
+void cpu_qkv_regroup(float *out, const float *inp, size_t N, int NH,
+                     int KVH, int head_size, bool to_heads);
+
 /* Causal grouped-query self-attention. qkv: B x T x (NH + 2 KVH) hs, each
  * row the NH query heads, then the KVH key heads, then the KVH value
  * heads (the layout of separate q, k and v projections side by side;

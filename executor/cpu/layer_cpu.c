@@ -83,36 +83,6 @@ void cpu_round_stream(const model_stage *stage, float *stream,
         cpu_round_to_bf16(stream + d->row0 * d->C, d->rows * d->C);
 }
 
-/* The qkv product's rows between the weight's grouped order (per
- * key/value group: its G = NH / KVH query heads, its key head, its value
- * head) and the order cpu_gqa_attention reads (all query heads, all key
- * heads, all value heads). to_heads: grouped -> heads; else back. */
-static void regroup_qkv(float *out, const float *in, bool to_heads,
-                        const stage_dims *d)
-{
-    size_t G = d->NH / d->KVH, hs = d->hs;
-    for (size_t n = 0; n < d->N; n++) {
-        const float *from = in + n * d->QW;
-        float *to = out + n * d->QW;
-        for (size_t g = 0; g < d->KVH; g++) {
-            size_t grouped = g * (G + 2) * hs;
-            /* where the group's query heads, key and value go */
-            size_t places[3] = {g * G * hs, (d->NH + g) * hs,
-                                (d->NH + d->KVH + g) * hs};
-            size_t widths[3] = {G * hs, hs, hs};
-            for (int part = 0; part < 3; part++) {
-                if (to_heads)
-                    memcpy(to + places[part], from + grouped,
-                           widths[part] * sizeof *to);
-                else
-                    memcpy(to + grouped, from + places[part],
-                           widths[part] * sizeof *to);
-                grouped += widths[part];
-            }
-        }
-    }
-}
-
 /* The attention half: qkv(norm(x)), regrouped and rotated as the model
  * says, into act->qkv; attention; its projection into residual_mid,
  * summed over the group. s->d_qkv holds the grouped product meanwhile. */
@@ -129,7 +99,8 @@ static int attention_forward(const model_stage *stage, layer_activations *act,
     cpu_matmul_forward(product, act->ln1_out, p->qkv_weight, p->qkv_bias, N,
                        C, QW);
     if (d->grouped_qkv)
-        regroup_qkv(act->qkv, product, true, d);
+        cpu_qkv_regroup(act->qkv, product, d->N, (int)d->NH, (int)d->KVH,
+                        (int)d->hs, true);
     /* queries and keys turned in place; the values pass */
     if (d->rope)
         cpu_rope_forward(act->qkv, act->qkv, d->rope_base, (int)d->B,
@@ -314,7 +285,8 @@ static const float *qkv_product_grad(backward_scratch *s,
         heads = s->d_qkv_raw;
     }
     float *grouped = heads == s->d_qkv ? s->d_qkv_raw : s->d_qkv;
-    regroup_qkv(grouped, heads, false, d);
+    cpu_qkv_regroup(grouped, heads, d->N, (int)d->NH, (int)d->KVH,
+                    (int)d->hs, false);
     return grouped;
 }
 

@@ -1,7 +1,9 @@
 /*
  * The CPU reference ops of the Llama-family layer, beside the GPT-2 ones
  * of ops_cpu.c: RMSNorm, SwiGLU, rotary positions and grouped-query
- * attention, forward and backward, in plain fp32 C. Written to be read
+ * attention, forward and backward, and the qkv product's regrouping
+ * between Megatron-LM's grouped order and the attention's, in plain fp32
+ * C. Written to be read
  * and checked (tests/executor/model/test_llama_ops.c holds each backward
  * against finite differences); the cuda kernels of these layers are to
  * be held to them. Every backward adds into its gradient outputs (see
@@ -161,6 +163,35 @@ void cpu_rope_backward(float *d_inp, const float *d_out, double base, int B,
                      -1.0f, true);
             for (size_t c = rotated; c < (size_t)width; c++)
                 d_inp[row + c] += d_out[row + c];
+        }
+    }
+}
+
+/* --------------------------------------------------------- regrouping */
+
+void cpu_qkv_regroup(float *out, const float *inp, size_t N, int NH,
+                     int KVH, int head_size, bool to_heads)
+{
+    size_t G = (size_t)(NH / KVH), hs = (size_t)head_size;
+    size_t width = ((size_t)NH + 2 * (size_t)KVH) * hs;
+    for (size_t n = 0; n < N; n++) {
+        const float *from = inp + n * width;
+        float *to = out + n * width;
+        for (size_t g = 0; g < (size_t)KVH; g++) {
+            size_t grouped = g * (G + 2) * hs;
+            /* where the group's query heads, key and value go */
+            size_t places[3] = {g * G * hs, ((size_t)NH + g) * hs,
+                                ((size_t)NH + (size_t)KVH + g) * hs};
+            size_t widths[3] = {G * hs, hs, hs};
+            for (int part = 0; part < 3; part++) {
+                if (to_heads)
+                    memcpy(to + places[part], from + grouped,
+                           widths[part] * sizeof *to);
+                else
+                    memcpy(to + grouped, from + places[part],
+                           widths[part] * sizeof *to);
+                grouped += widths[part];
+            }
         }
     }
 }

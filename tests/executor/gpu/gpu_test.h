@@ -213,15 +213,22 @@ static inline float *gpu_test_upload(const float *host, size_t count)
     return device;
 }
 
-static inline pt_bf16 *gpu_test_upload_bf16(const float *host, size_t count)
+/* host floats rounded to bf16 into device memory already there */
+static inline void gpu_test_upload_bf16_into(pt_bf16 *device,
+                                             const float *host, size_t count)
 {
     pt_bf16 *staging = gpu_test_host(count * sizeof *staging);
     for (size_t i = 0; i < count; i++)
         staging[i] = pt_float_to_bf16(host[i]);
-    pt_bf16 *device = gpu_test_device(count * sizeof *device);
     GPU_CHECK(cudaMemcpy(device, staging, count * sizeof *device,
                          cudaMemcpyHostToDevice));
     free(staging);
+}
+
+static inline pt_bf16 *gpu_test_upload_bf16(const float *host, size_t count)
+{
+    pt_bf16 *device = gpu_test_device(count * sizeof *device);
+    gpu_test_upload_bf16_into(device, host, count);
     return device;
 }
 
