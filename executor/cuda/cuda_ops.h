@@ -285,6 +285,16 @@ cudaError_t cuda_swiglu_backward(pt_bf16 *d_inp_bf16,
                                  const pt_bf16 *d_out_bf16,
                                  const pt_bf16 *inp_bf16, int N, int F,
                                  cudaStream_t stream);
+/* The backward and the forward again in one pass, for a layer that
+ * recomputes SwiGLU's output in its backward: reads d_out from
+ * d_out_then_out (N x F) and writes out = silu(gate) x up over it (the
+ * forward's bits), and d_gate, d_up into d_inp_bf16 as
+ * cuda_swiglu_backward; d_inp may be inp. One pass where the forward
+ * then the backward read the gate and up twice. */
+cudaError_t cuda_swiglu_backward_and_forward(pt_bf16 *d_inp_bf16,
+                                             pt_bf16 *d_out_then_out_bf16,
+                                             const pt_bf16 *inp_bf16, int N,
+                                             int F, cudaStream_t stream);
 
 /* ------------------------------------------------------------------- rope */
 

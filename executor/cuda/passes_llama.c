@@ -149,6 +149,37 @@ static int weight_grad(model_stage *stage, const gemm_call *call,
                                      err);
 }
 
+/* A recomputed SwiGLU's share of the MLP backward in one pass: fc2's
+ * input gradient into scratch.d_fc, then cuda_swiglu_backward_and_forward
+ * turns it into SwiGLU's output there (for fc2's weight gradient, after)
+ * while writing fc_pre's gradient over fc_pre. The forward then the
+ * backward read the gate and up twice (a quarter more bytes). */
+static int swiglu_recomputed_backward(model_stage *stage,
+                                      const layer_offsets *o,
+                                      const layer_activations *act,
+                                      const stage_dims *d, pt_bf16 **d_fc,
+                                      pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    int N = d->N, C = d->C, F = d->F;
+    gemm_call call = pass_input_grad_call(
+        s->d_fc, s->d_stream_bf16, C,
+        pass_mirror_at(state, o->mlp_proj_weight), N, F, C, 1.0f);
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+        return -1;
+    CUDA_TRY(cuda_swiglu_backward_and_forward(act->fc_pre, s->d_fc,
+                                              act->fc_pre, N, F,
+                                              state->stream));
+    call = pass_weight_grad_call(pass_grad_at(stage, o->mlp_proj_weight),
+                                 s->d_fc, s->d_stream_bf16, C, N, F, C,
+                                 1.0f);
+    if (weight_grad(stage, &call, o->mlp_proj_bias, d, err) != 0)
+        return -1;
+    *d_fc = act->fc_pre;
+    return 0;
+}
+
 /* fc2 and the activation backwards: fc2's gradients, then the gradient
  * of fc_pre, in *d_fc: SwiGLU's over fc_pre itself (in place), GELU's in
  * scratch.d_fc. */
@@ -162,6 +193,8 @@ static int mlp_output_backward(model_stage *stage, const layer_offsets *o,
     cudaStream_t stream = state->stream;
     int N = d->N, C = d->C, F = d->F;
     const pt_bf16 *mlp_act = act->gelu_out;
+    if (mlp_act == NULL && stage->shape.mlp == MODEL_MLP_SWIGLU)
+        return swiglu_recomputed_backward(stage, o, act, d, d_fc, err);
     if (mlp_act == NULL) {
         CUDA_TRY(mlp_activation(stage, s->d_fc, act->fc_pre, d, stream));
         mlp_act = s->d_fc;

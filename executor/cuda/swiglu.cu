@@ -12,7 +12,9 @@
  * Eight channels a thread (16-byte accesses) when F % 8 == 0 and the
  * tensors are 16-byte aligned, else one. The backward reads every input
  * of an element before it writes that element's gradients, so it may
- * write over the fc1 output it reads (d_inp == inp).
+ * write over the fc1 output it reads (d_inp == inp). A third kernel does
+ * the backward and the forward at once, for a layer that recomputes the
+ * activation in its backward (passes_llama.c).
  */
 #include "executor/cuda/cuda_common.cuh"
 
@@ -99,6 +101,35 @@ __global__ void swiglu_backward_kernel(bf16 *d_inp, const bf16 *d_out,
     store_run<VECTOR>(d_inp + gate_at + F, d_up);
 }
 
+/* The backward, and the forward's output written over the d_out it read
+ * (cuda_swiglu_backward_and_forward), by the same expressions as the two
+ * kernels above; each element is read before its one thread writes it. */
+template <int VECTOR>
+__global__ void swiglu_backward_forward_kernel(bf16 *d_inp,
+                                               bf16 *d_out_then_out,
+                                               const bf16 *inp, int N, int F)
+{
+    size_t gate_at, out_at;
+    size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (!swiglu_place<VECTOR>(index, N, F, &gate_at, &out_at))
+        return;
+    float gate[VECTOR], up[VECTOR], dy[VECTOR], y[VECTOR];
+    float d_gate[VECTOR], d_up[VECTOR];
+    load_run<VECTOR>(gate, inp + gate_at);
+    load_run<VECTOR>(up, inp + gate_at + F);
+    load_run<VECTOR>(dy, d_out_then_out + out_at);
+#pragma unroll
+    for (int i = 0; i < VECTOR; i++) {
+        float s = sigmoid_of(gate[i]);
+        d_gate[i] = dy[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
+        d_up[i] = dy[i] * gate[i] * s;
+        y[i] = gate[i] * sigmoid_of(gate[i]) * up[i];
+    }
+    store_run<VECTOR>(d_inp + gate_at, d_gate);
+    store_run<VECTOR>(d_inp + gate_at + F, d_up);
+    store_run<VECTOR>(d_out_then_out + out_at, y);
+}
+
 /* Whether the eight-channel kernels may run on these tensors. */
 static bool swiglu_vector(int F, const void *a, const void *b, const void *c)
 {
@@ -142,6 +173,27 @@ extern "C" cudaError_t cuda_swiglu_backward(pt_bf16 *d_inp_bf16,
                stream>>>(d_inp, d_out, inp, N, F);
     else
         swiglu_backward_kernel<1>
+            <<<blocks_for(count, SWIGLU_THREADS), SWIGLU_THREADS, 0,
+               stream>>>(d_inp, d_out, inp, N, F);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_swiglu_backward_and_forward(
+    pt_bf16 *d_inp_bf16, pt_bf16 *d_out_then_out_bf16,
+    const pt_bf16 *inp_bf16, int N, int F, cudaStream_t stream)
+{
+    if (N <= 0 || F <= 0)
+        return cudaSuccess;
+    bf16 *d_inp = as_bf16(d_inp_bf16);
+    bf16 *d_out = as_bf16(d_out_then_out_bf16);
+    const bf16 *inp = as_bf16(inp_bf16);
+    size_t count = (size_t)N * F;
+    if (swiglu_vector(F, d_inp, d_out, inp))
+        swiglu_backward_forward_kernel<8>
+            <<<blocks_for(count / 8, SWIGLU_THREADS), SWIGLU_THREADS, 0,
+               stream>>>(d_inp, d_out, inp, N, F);
+    else
+        swiglu_backward_forward_kernel<1>
             <<<blocks_for(count, SWIGLU_THREADS), SWIGLU_THREADS, 0,
                stream>>>(d_inp, d_out, inp, N, F);
     return cudaGetLastError();

@@ -198,7 +198,8 @@ static void test_rmsnorm(gpu_test_tally *tally, int N, int C)
 /* -------------------------------------------------------------- swiglu */
 
 /* Forward; backward into its own buffer and in place over the fc1
- * output (the same bits expected). */
+ * output (the same bits expected); both in one pass (the same bits as
+ * the two). */
 static void test_swiglu(gpu_test_tally *tally, int N, int F)
 {
     char name[112];
@@ -233,10 +234,33 @@ static void test_swiglu(gpu_test_tally *tally, int N, int F)
                            in_count * sizeof(float)) == 0,
                     name);
 
+    /* the backward and the forward in one pass, in place over the fc1
+     * output and over d_out, as a recomputing layer calls it: the two
+     * kernels' bits */
+    pt_bf16 *dev_fc = gpu_test_upload_bf16(inp, in_count);
+    pt_bf16 *dev_both = gpu_test_upload_bf16(grad_out, out_count);
+    GPU_CHECK(cuda_swiglu_backward_and_forward(dev_fc, dev_both, dev_fc, N, F,
+                                               0));
+    float *got_fused_dinp = download_bf16(dev_fc, in_count);
+    float *got_fused_out = download_bf16(dev_both, out_count);
+    snprintf(name, sizeof name,
+             "swiglu backward and forward F=%d: the backward's bits", F);
+    gpu_test_expect(tally,
+                    memcmp(got_fused_dinp, got_dinp,
+                           in_count * sizeof(float)) == 0,
+                    name);
+    snprintf(name, sizeof name,
+             "swiglu backward and forward F=%d: the forward's bits", F);
+    gpu_test_expect(tally,
+                    memcmp(got_fused_out, got, out_count * sizeof(float)) ==
+                        0,
+                    name);
+
     free(inp), free(want), free(got), free(grad_out), free(want_dinp);
-    free(got_dinp), free(got_inplace);
+    free(got_dinp), free(got_inplace), free(got_fused_dinp);
+    free(got_fused_out);
     cudaFree(dev_inp), cudaFree(dev_out), cudaFree(dev_grad_out);
-    cudaFree(dev_dinp);
+    cudaFree(dev_dinp), cudaFree(dev_fc), cudaFree(dev_both);
 }
 
 /* ---------------------------------------------------------------- rope */
