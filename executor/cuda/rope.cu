@@ -33,14 +33,26 @@ __device__ static void pair_angle(double base, int t, int i, int head_size,
     *s = (float)sine * sign;
 }
 
+/* A pair's two values turned by (c, s), each product rounded apart (no
+ * fused multiply-add): both kernels below then give the same bits
+ * whatever the compiler contracts, and the cpu reference's (C17, which
+ * does not contract). */
+__device__ static void turn_values(float x1, float x2, float c, float s,
+                                   float *y1, float *y2)
+{
+    *y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    *y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
 /* One pair of a head from p into q (may be p), turned. */
 __device__ static void turn_pair(bf16 *q, const bf16 *p, int half, float c,
                                  float s)
 {
-    float x1 = __bfloat162float(p[0]);
-    float x2 = __bfloat162float(p[half]);
-    q[0] = __float2bfloat16_rn(x1 * c - x2 * s);
-    q[half] = __float2bfloat16_rn(x2 * c + x1 * s);
+    float y1, y2;
+    turn_values(__bfloat162float(p[0]), __bfloat162float(p[half]), c, s,
+                &y1, &y2);
+    q[0] = __float2bfloat16_rn(y1);
+    q[half] = __float2bfloat16_rn(y2);
 }
 
 __global__ void rope_kernel(bf16 *x, double base, int N, int T, int width,
@@ -199,10 +211,11 @@ __global__ void regroup_rope_rows_kernel(bf16 *__restrict__ out,
             const float2 *angle = angles + r * half + run * 8;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                float a = __bfloat162float(x1[j]), b = __bfloat162float(x2[j]);
-                float c = angle[j].x, s = angle[j].y;
-                x1[j] = __float2bfloat16_rn(a * c - b * s);
-                x2[j] = __float2bfloat16_rn(b * c + a * s);
+                float y1, y2;
+                turn_values(__bfloat162float(x1[j]), __bfloat162float(x2[j]),
+                            angle[j].x, angle[j].y, &y1, &y2);
+                x1[j] = __float2bfloat16_rn(y1);
+                x2[j] = __float2bfloat16_rn(y2);
             }
         }
         *reinterpret_cast<uint4 *>(q) = low;
