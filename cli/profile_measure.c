@@ -32,6 +32,21 @@ static int parse_list(const char *option, const char *text, int *values,
 
 /* ------------------------------------------------------------ progress */
 
+/* How a part was timed, as its progress line says it (docs/profiles.md,
+ * "Measuring"): the executed and stepped parts are the ones a reader of a
+ * whole-GPU profile asks about. */
+static const char *timing_tag(profiler_timing timed)
+{
+    switch (timed) {
+    case PROFILER_TIMING_GATED: return "gated";
+    case PROFILER_TIMING_GRAPH: return "graphed";
+    case PROFILER_TIMING_HOST: return "host clock";
+    case PROFILER_TIMING_STEP: return "stepped";
+    case PROFILER_TIMING_EXEC: return "executed";
+    }
+    return "?";
+}
+
 /* Each line says the seconds since the first one, so that a batch job's
  * log shows where a long profile spends its time; the measuring children
  * inherit the start (they are forked after the first line). */
@@ -56,9 +71,10 @@ static void print_progress(int done, int total, const char *label,
         static const char *const names[] = {"embedding", "layer", "head"};
         double spread = 0.0;
         for (int i = 0; i < 3; i++) {
-            fprintf(stderr, "%s %s %.3f / %.3f ms", i == 0 ? ":" : ",",
+            fprintf(stderr, "%s %s %.3f / %.3f ms (%s)", i == 0 ? ":" : ",",
                     names[i], parts[i]->forward.median_s * 1e3,
-                    parts[i]->backward.median_s * 1e3);
+                    parts[i]->backward.median_s * 1e3,
+                    timing_tag(point->timed[i]));
             spread = fmax(spread, fmax(parts[i]->forward.spread,
                                        parts[i]->backward.spread));
         }

@@ -38,6 +38,14 @@ typedef struct part_chain {
     uint32_t *tokens;            /* capacity x (seq + 1), host memory */
     float *embedding_values;     /* the embedding's parameters as drawn,
                                     host memory, for its remakes */
+    /* What the executor's steps of the shallower whole model
+     * (chain_exec_rounds) left once its layers were taken off, per round:
+     * the embedding's and the head's forward and backward together, on
+     * the device's clock; exec_rest_rounds 0 where none was timed so
+     * (no executed rounds yet, or a tp shard timed on the host). */
+    double exec_rest_forward[PROFILER_MAX_RUNS];
+    double exec_rest_backward[PROFILER_MAX_RUNS];
+    int exec_rest_rounds;
 } part_chain;
 
 /* Makes the three stages for micro-batches up to capacity, the layer
@@ -96,9 +104,11 @@ int chain_make_whole_model(const part_chain *chain, int layers, int mbs,
  * shard, timed on the host's clock around its waiting calls). Per round:
  * the layer's forward and forward + backward, the difference of the two
  * depths over the layers between them, into layer_forward[] and
- * layer_pair[]. 1 when it cannot be (no cuda build, a chain of one
- * layer, a whole model that cannot be made beside the chain): nothing
- * timed; -1 on a failure. */
+ * layer_pair[]; where the steps were timed on the device (tp 1), what
+ * the shallower model leaves beside its layers into chain->exec_rest_*
+ * (the executed head, profiler.c). 1 when it cannot be (no cuda build,
+ * a chain of one layer, a whole model that cannot be made beside the
+ * chain): nothing timed; -1 on a failure. */
 int chain_exec_rounds(part_chain *chain, int mbs, double warm_s, int rounds,
                       double *layer_forward, double *layer_pair,
                       pt_error *err);

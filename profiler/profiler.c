@@ -13,7 +13,7 @@
  * Each stage's input buffer is
  * filled once (a copy) and then read in place, as a pipeline stage reads
  * the activation it received: the timed calls copy nothing a real stage
- * would not. Here: the options, the device, the sets of stages and their
+ * would not. Here: the device, the sets of stages and their
  * rounds (profiler_graph.c times them on cuda), the busy neighbours.
  */
 #include "profiler/profiler.h"
@@ -51,154 +51,6 @@ static void add_note(profiler_result *out, const char *format, ...)
     vsnprintf(out->notes[out->note_count++], sizeof out->notes[0], format,
               args);
     va_end(args);
-}
-
-/* ------------------------------------------------------------- options */
-
-profiler_options profiler_options_defaults(backend_kind backend)
-{
-    profiler_options options = {
-        .backend = backend,
-        .tp_count = 4,
-        .tp_values = {1, 2, 4, 8},
-        .mbs_count = 5,
-        .mbs_values = {1, 2, 4, 8, 16},
-        .warmup_runs = 5,
-        /* the curves' timed runs */
-        .timed_runs = PROFILER_MAX_RUNS,
-        .min_timed_runs = 7,
-        .device_warmup_s = 2.0,
-        /* 3 rounds of 5 ms: as repeatable as 5 of 5 ms, and a whole
-         * shape measured in under a minute (docs/profiles.md,
-         * "Repeatable entries" and "Time budget") */
-        .timing_rounds = 3,
-        /* 8 processes of one set each (the embedding 4): docs/profiles.md,
-         * "Processes" */
-        .stage_sets = 1,
-        .embedding_sets = 4,
-        .processes = backend == BACKEND_CUDA ? 8 : 1,
-        .round_s = 0.005,
-        .hold_s = 0.0,
-        /* 32M parameters, 512 MiB of host memory: tens of milliseconds a
-         * pass on 16 cores */
-        .host_adamw_params = (size_t)32 << 20,
-        .timing = PROFILER_TIMING_GATED,
-        /* one layer in a stage of its own until a stack is validated
-         * against whole models on a GPU (docs/profiles.md, "Layer
-         * stack") */
-        .layer_stack = 1,
-        .seed = 1234,
-    };
-    return options;
-}
-
-void profiler_options_quick(profiler_options *options)
-{
-    options->warmup_runs = 1;
-    options->timed_runs = 5;
-    options->min_timed_runs = 5;
-    options->device_warmup_s = 0.0;
-    options->timing_rounds = 3;
-    options->stage_sets = 1;
-    options->embedding_sets = 0;
-    options->processes = 1;
-    options->round_s = 0.0;
-    options->hold_s = 0.0;
-    options->host_adamw_params = (size_t)4 << 20;
-}
-
-static int check_list(const char *what, const int *values, int count,
-                      bool powers_of_two, pt_error *err)
-{
-    if (count < 1 || count > PROFILER_MAX_VALUES)
-        return pt_fail(err, "profiler: the %s list has %d entries, expected "
-                            "1 to %d",
-                       what, count, PROFILER_MAX_VALUES);
-    for (int i = 0; i < count; i++) {
-        int value = values[i];
-        if (value < 1 || value > 1024)
-            return pt_fail(err, "profiler: %s %d is outside 1..1024", what,
-                           value);
-        if (powers_of_two && (value & (value - 1)) != 0)
-            return pt_fail(err, "profiler: %s %d is not a power of two",
-                           what, value);
-        if (i > 0 && value <= values[i - 1])
-            return pt_fail(err, "profiler: the %s list must ascend without "
-                                "repeats (%d after %d)",
-                           what, value, values[i - 1]);
-    }
-    return 0;
-}
-
-int profiler_options_check(const profiler_options *options, pt_error *err)
-{
-    if (check_list("tp", options->tp_values, options->tp_count, true,
-                   err) != 0 ||
-        check_list("micro-batch", options->mbs_values, options->mbs_count,
-                   false, err) != 0)
-        return -1;
-    if (options->warmup_runs < 0 || options->min_timed_runs < 1 ||
-        options->timed_runs < options->min_timed_runs ||
-        options->timed_runs > PROFILER_MAX_RUNS)
-        return pt_fail(err, "profiler: runs: %d warm-up, %d to %d timed; "
-                            "expected >= 0 warm-up and 1 <= min <= max <= %d "
-                            "timed",
-                       options->warmup_runs, options->min_timed_runs,
-                       options->timed_runs, PROFILER_MAX_RUNS);
-    if (!(options->device_warmup_s >= 0.0) || !(options->round_s >= 0.0) ||
-        !(options->hold_s >= 0.0) || options->hold_s > PROFILER_MAX_HOLD_S)
-        return pt_fail(err, "profiler: time budgets must be >= 0 s");
-    int most_sets = options->embedding_sets > options->stage_sets
-                        ? options->embedding_sets
-                        : options->stage_sets;
-    if (options->timing_rounds < 1 || options->stage_sets < 1 ||
-        options->timing_rounds * most_sets > PROFILER_MAX_RUNS)
-        return pt_fail(err, "profiler: %d timing rounds of %d sets of "
-                            "stages; expected 1 to %d rounds in all",
-                       options->timing_rounds, most_sets, PROFILER_MAX_RUNS);
-    if (options->embedding_sets != 0 &&
-        options->embedding_sets < options->stage_sets)
-        return pt_fail(err, "profiler: %d sets of the embedding, fewer "
-                            "than the %d sets of stages",
-                       options->embedding_sets, options->stage_sets);
-    if (options->processes < 1 || options->processes > PROFILER_MAX_PROCESSES)
-        return pt_fail(err, "profiler: %d processes; expected 1 to %d",
-                       options->processes, PROFILER_MAX_PROCESSES);
-    if (options->layer_stack < 1 ||
-        options->layer_stack > PROFILER_MAX_LAYER_STACK)
-        return pt_fail(err, "profiler: a layer stack of %d layers; "
-                            "expected 1 to %d",
-                       options->layer_stack, PROFILER_MAX_LAYER_STACK);
-    if (options->backend == BACKEND_CPU &&
-        (options->sm_limit != 0 || options->memory_limit_bytes != 0.0))
-        return pt_fail(err, "profiler: an SM limit or memory limit needs the "
-                            "cuda backend");
-    if (options->sm_limit < 0 || options->memory_limit_bytes < 0.0)
-        return pt_fail(err, "profiler: SM and memory limits must be >= 0");
-    if (options->beside_count < 0 ||
-        options->beside_count > PROFILER_MAX_VALUES)
-        return pt_fail(err, "profiler: %d busy neighbour slices; expected "
-                            "0 to %d",
-                       options->beside_count, PROFILER_MAX_VALUES);
-    if (options->beside_count > 0 &&
-        (options->backend != BACKEND_CUDA || options->sm_limit == 0))
-        return pt_fail(err, "profiler: busy neighbour slices need the cuda "
-                            "backend and an SM limit (the measured slice)");
-    if (options->beside_place < 0 ||
-        options->beside_place > options->beside_count)
-        return pt_fail(err, "profiler: the measured slice's place %d is "
-                            "outside the split of %d slices (0 to %d)",
-                       options->beside_place, options->beside_count + 1,
-                       options->beside_count);
-    if (options->neighbours_idle && options->beside_count == 0)
-        return pt_fail(err, "profiler: idle neighbours need neighbour "
-                            "slices (--beside)");
-    for (int i = 0; i < options->beside_count; i++)
-        if (options->beside_sms[i] < 1)
-            return pt_fail(err, "profiler: neighbour slice %d has %d SMs; "
-                                "expected at least 1",
-                           i + 1, options->beside_sms[i]);
-    return 0;
 }
 
 /* -------------------------------------------------------------- device */
@@ -369,6 +221,28 @@ static profiler_timing part_timing(const profiler_options *o, int part)
     return o->timing;
 }
 
+/* The most a head taken from the executor's steps may spread (the
+ * interquartile range of its rounds' forward + backward over their
+ * median): what a whole model leaves once its layers are taken off is a
+ * difference of two large times; where the head is a few percent of the
+ * model (GPT-2's) its spread ran to 100 % and more (twelfth session),
+ * where it is a third (Llama's 128k-token vocabularies at 8,192
+ * positions) it is a few percent. */
+#define EXEC_HEAD_SPREAD_MAX 0.05
+
+/* Whether the executed rounds' rest (chain_exec_rounds) can stand for
+ * the head: timed on the device this point, and its rounds agree. */
+static bool executed_rest_agrees(const part_chain *chain, int rounds)
+{
+    if (chain->exec_rest_rounds != rounds)
+        return false;
+    double pair[PROFILER_MAX_RUNS];
+    for (int r = 0; r < rounds; r++)
+        pair[r] = chain->exec_rest_forward[r] + chain->exec_rest_backward[r];
+    timing_summary summary = timing_summarize(pair, rounds);
+    return summary.median_s > 0.0 && summary.spread <= EXEC_HEAD_SPREAD_MAX;
+}
+
 /* One part's rounds timed on the device, as *timed says (gated or
  * graphed): 0, 1 when they cannot be (nothing timed), -1 on a failure. A
  * layer stack's pair can hold more kernels than a gated round may queue
@@ -386,12 +260,17 @@ static int device_rounds(part_chain *chain, int part, int mbs,
         if (status == 1)
             *timed = PROFILER_TIMING_STEP;
     }
-    /* the head, a single unit, timed in the chain's steps: what the
-     * executor's steps leave of a whole model once its layers are taken
-     * off is a difference of two large times, too noisy for a part of a
-     * few percent (twelfth session: spreads of 100 % and more) */
-    if (*timed == PROFILER_TIMING_EXEC && part == 2)
+    if (*timed == PROFILER_TIMING_EXEC && part == 2 &&
+        !executed_rest_agrees(chain, o->timing_rounds))
         *timed = PROFILER_TIMING_STEP;
+    if (*timed == PROFILER_TIMING_EXEC && part == 2) {
+        for (int r = 0; r < o->timing_rounds; r++) {
+            forward[r] = chain->exec_rest_forward[r];
+            pair[r] = chain->exec_rest_forward[r] +
+                      chain->exec_rest_backward[r];
+        }
+        return 0; /* the embedding is taken off in time_part */
+    }
     if (*timed == PROFILER_TIMING_STEP) {
         status = chain_step_rounds(chain, part, mbs, o->hold_s,
                                    o->timing_rounds, forward, pair, err);
@@ -456,6 +335,17 @@ static int time_part(part_chain *chain, int part, int mbs, int count,
             return -1;
     if (status == -1)
         return -1;
+    /* an executed head is the rest of the executor's steps: the
+     * embedding's medians (timed just before, graphed) taken off it */
+    if (part == 2 && *timed == PROFILER_TIMING_EXEC) {
+        int n = pool->count[0];
+        timing_summary f = timing_summarize(pool->forward[0], n);
+        timing_summary b = timing_summarize(pool->backward[0], n);
+        for (int r = 0; r < o->timing_rounds; r++) {
+            forward[r] = fmax(forward[r] - f.median_s, 1e-9);
+            pair[r] = fmax(pair[r] - f.median_s - b.median_s, forward[r]);
+        }
+    }
     /* the layer stage's calls run every layer it holds: a layer entry is
      * their mean (executed rounds are a layer's already) */
     for (int r = 0; part == 1 && *timed != PROFILER_TIMING_EXEC &&
@@ -466,8 +356,15 @@ static int time_part(part_chain *chain, int part, int mbs, int count,
     }
     memcpy(pool->forward[part] + pool->count[part], forward,
            (size_t)o->timing_rounds * sizeof *forward);
-    profiler_backward_rounds(forward, pair, o->timing_rounds,
-                             pool->backward[part] + pool->count[part]);
+    double *backward = pool->backward[part] + pool->count[part];
+    profiler_backward_rounds(forward, pair, o->timing_rounds, backward);
+    /* the executed head's backward is the step's own backward phase, not
+     * a pair less a forward timed apart: no floor but a positive time
+     * (a fused head's is a few percent of its pair) */
+    for (int r = 0; part == 2 && *timed == PROFILER_TIMING_EXEC &&
+                    r < o->timing_rounds;
+         r++)
+        backward[r] = fmax(pair[r] - forward[r], 1e-9);
     pool->count[part] += o->timing_rounds;
     return 0;
 }
@@ -921,6 +818,15 @@ static int measure_set(tp_measurement *m, int set, const profiler_options *o,
     if (measure_embedding_sets(m, set, o, progress, err) != 0)
         return -1;
     for (int i = 0; last_set && i < m->measured; i++) {
+        if (o->timing == PROFILER_TIMING_EXEC &&
+            m->points[i].timed[1] == PROFILER_TIMING_STEP)
+            add_note(out, "tp %d, micro-batch %d: the layer stepped, not "
+                          "executed: %s",
+                     m->tp, o->mbs_values[i],
+                     m->layers < 2 ? "a stack of one layer has no second "
+                                     "depth"
+                                   : "the executor's whole models did not "
+                                     "fit beside the part chain");
         summarize_point(&m->pools[i], &m->points[i]);
         out->point_count++;
         snprintf(label, sizeof label, "tp %d, micro-batch %d", m->tp,
@@ -1021,6 +927,47 @@ static int measure_tp(const model_shape *shape, int tp,
     return status;
 }
 
+/* Executed timing on the cuda backend: a part chain for each micro-batch
+ * of the list in turn, each made for that micro-batch alone, so that the
+ * executor's whole models (chain_exec_rounds) fit beside it. A chain
+ * made for the list's largest micro-batch left Llama-3-8B at 8,192
+ * positions no room for them at any micro-batch, and every point was
+ * stepped (nineteenth session). A micro-batch that does not fit ends the
+ * list, as measure_tp's one chain would. */
+static int measure_tp_each_mbs(const model_shape *shape, int tp,
+                               const profiler_options *o,
+                               bool *optimizer_done, profiler_result *out,
+                               measure_progress *progress, pt_error *err)
+{
+    profiler_options one = *o;
+    one.mbs_count = 1;
+    for (int i = 0; i < o->mbs_count; i++) {
+        one.mbs_values[0] = o->mbs_values[i];
+        int points = out->point_count, notes = out->note_count;
+        if (measure_tp(shape, tp, &one, optimizer_done, out, progress,
+                       err) != 0)
+            return -1;
+        if (out->point_count > points)
+            continue;
+        /* measure_tp's "tp N skipped: why" said of the whole tp, where
+         * past the first micro-batch only this one and the larger ones
+         * are */
+        const char *why = i > 0 && notes < out->note_count
+                              ? strstr(out->notes[notes], "skipped: ")
+                              : NULL;
+        if (why != NULL) {
+            char reason[320];
+            snprintf(reason, sizeof reason, "%s", why + strlen("skipped: "));
+            out->note_count = notes;
+            add_note(out, "tp %d: micro-batch %d and up not measured: %s",
+                     tp, o->mbs_values[i], reason);
+        }
+        progress->done += (o->mbs_count - i - 1) * o->stage_sets;
+        break;
+    }
+    return 0;
+}
+
 int profiler_measure(const model_shape *shape,
                      const profiler_options *options, profiler_result *out,
                      pt_error *err)
@@ -1043,9 +990,18 @@ int profiler_measure(const model_shape *shape,
                  shape->layers, options->layer_stack);
     bool optimizer_done = false;
     int status = 0;
-    for (int i = 0; i < options->tp_count && status == 0; i++)
-        status = measure_tp(shape, options->tp_values[i], options,
-                            &optimizer_done, out, &progress, err);
+    bool each_mbs = options->timing == PROFILER_TIMING_EXEC &&
+                    options->backend == BACKEND_CUDA &&
+                    options->mbs_count > 1;
+    for (int i = 0; i < options->tp_count && status == 0; i++) {
+        int tp = options->tp_values[i];
+        if (each_mbs && profiler_tp_refusal(shape, tp) == NULL)
+            status = measure_tp_each_mbs(shape, tp, options, &optimizer_done,
+                                         out, &progress, err);
+        else
+            status = measure_tp(shape, tp, options, &optimizer_done, out,
+                                &progress, err);
+    }
     close_device(options);
     out->elapsed_s = pt_monotonic_seconds() - started;
     if (status != 0)

@@ -116,8 +116,10 @@ typedef enum profiler_timing {
     PROFILER_TIMING_STEP,
     /* cuda, the layer: inside the executor's own training steps of a
      * whole model (stage_step_*), at two depths, the layer the difference
-     * (chain_exec_rounds); the head, and the layer where that cannot be,
-     * stepped; the embedding graphed */
+     * (chain_exec_rounds); the head what the shallower model leaves
+     * beside its layers, less the embedding, where its rounds agree
+     * within 5 % (tp 1; profiler.c), else stepped, as the layer where
+     * that cannot be; the embedding graphed */
     PROFILER_TIMING_EXEC
 } profiler_timing;
 

@@ -42,7 +42,7 @@
  * difference leaves them out). */
 static int exec_step(model_stage *stage, const stage_io *io,
                      const train_config *config, double *times,
-                     pt_error *err)
+                     bool *on_device, pt_error *err)
 {
     stage_step_totals totals;
     if (stage_step_begin(stage, err) != 0)
@@ -64,6 +64,7 @@ static int exec_step(model_stage *stage, const stage_io *io,
         return -1;
     if (times == NULL)
         return 0;
+    *on_device = marked;
     if (!marked) {
         times[0] = host[0];
         times[1] = host[1];
@@ -86,23 +87,23 @@ static int exec_step(model_stage *stage, const stage_io *io,
 static int exec_stage_rounds(model_stage *stage, const uint32_t *tokens,
                              int mbs, double warm_s, int rounds,
                              double *forward, double *backward,
-                             pt_error *err)
+                             bool *on_device, pt_error *err)
 {
     stage_io io = {.mbs = mbs, .tokens = tokens, .loss_scale = 1.0f};
     train_config config = train_config_defaults();
-    int status = exec_step(stage, &io, &config, NULL, err);
+    int status = exec_step(stage, &io, &config, NULL, NULL, err);
     double start = pt_monotonic_seconds();
     if (status == 0)
-        status = exec_step(stage, &io, &config, NULL, err);
+        status = exec_step(stage, &io, &config, NULL, NULL, err);
     double pace = fmax(pt_monotonic_seconds() - start, 1e-4);
     double wanted =
         ceil((warm_s > 0.0 ? warm_s : EXEC_WARM_DEFAULT_S) / pace);
     int warm = wanted > EXEC_WARM_MAX ? EXEC_WARM_MAX : (int)wanted;
     for (int i = 0; i < warm && status == 0; i++)
-        status = exec_step(stage, &io, &config, NULL, err);
+        status = exec_step(stage, &io, &config, NULL, NULL, err);
     for (int r = 0; r < rounds && status == 0; r++) {
         double times[2];
-        status = exec_step(stage, &io, &config, times, err);
+        status = exec_step(stage, &io, &config, times, on_device, err);
         forward[r] = times[0];
         backward[r] = times[1];
     }
@@ -117,6 +118,8 @@ int chain_exec_rounds(part_chain *chain, int mbs, double warm_s, int rounds,
     if (chain->options->backend != BACKEND_CUDA || depths[1] < 1)
         return 1;
     double forward[2][PROFILER_MAX_RUNS], backward[2][PROFILER_MAX_RUNS];
+    bool on_device[2] = {false, false};
+    chain->exec_rest_rounds = 0;
     for (int d = 0; d < 2; d++) {
         /* a model that does not fit beside the chain (a large shape at
          * its largest micro-batch) is timed stepped instead */
@@ -126,7 +129,8 @@ int chain_exec_rounds(part_chain *chain, int mbs, double warm_s, int rounds,
             return 1;
         }
         int status = exec_stage_rounds(&stage, chain->tokens, mbs, warm_s,
-                                       rounds, forward[d], backward[d], err);
+                                       rounds, forward[d], backward[d],
+                                       &on_device[d], err);
         model_stage_destroy(&stage);
         if (status != 0)
             return status;
@@ -139,6 +143,19 @@ int chain_exec_rounds(part_chain *chain, int mbs, double warm_s, int rounds,
         double b = fmax((backward[0][r] - backward[1][r]) / between, 1e-9);
         layer_forward[r] = f;
         layer_pair[r] = f + b;
+        /* the shallower model less its layers, from the round's own
+         * difference (not the floored one): at that depth the two sum to
+         * what the executor's step took */
+        chain->exec_rest_forward[r] =
+            forward[1][r] - depths[1] * (forward[0][r] - forward[1][r]) /
+                                between;
+        chain->exec_rest_backward[r] =
+            backward[1][r] - depths[1] * (backward[0][r] - backward[1][r]) /
+                                 between;
     }
+    /* host-timed steps (a tp shard) hold fixed host costs the difference
+     * cancels and the rest does not */
+    if (on_device[0] && on_device[1])
+        chain->exec_rest_rounds = rounds;
     return 0;
 }

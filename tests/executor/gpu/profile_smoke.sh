@@ -54,8 +54,10 @@ PY
 [ $? = 0 ] || exit 1
 # the layer timed inside the executor's own steps (--timing exec,
 # docs/profiles.md, "Executed timing"): at tp 1 and 2, both points of each
-# with their layers executed (whole models of 4 and 2 layers) and every
-# layer time positive, the heads stepped in the chain
+# with their layers executed (whole models of 4 and 2 layers, a part
+# chain for each micro-batch) and every layer time positive, no note of
+# a layer that fell back to the chain; each head executed (tp 1, where
+# what the steps leave beside the layers agrees within 5 %) or stepped
 "$build/cli/partita" profile --model "$root/models/gpt2-124m.json" --tp 1,2 \
     --mbs 1,2 --no-comm --stage-sets 1 --processes 1 --layer-stack 4 \
     --timing exec -o "$out/profile-exec.json" ||
@@ -70,9 +72,12 @@ layers = [(c["tp"], c["mbs"], c["layer"]["forward_s"], c["layer"]["backward_s"])
           for c in points]
 print(f"{len(points)} points, {executed} parts executed, {stepped} stepped, "
       f"layers (tp, mbs, fwd s, bwd s) {layers}")
-if (len(points) != 4 or executed != 4 or stepped != 4 or
-        any(f <= 0 or b <= 0 for _, _, f, b in layers)):
-    print("FAIL: expected 4 points, each layer executed and each head stepped")
+fallbacks = [n for n in profile["provenance"].get("skipped", [])
+             if "stepped, not executed" in n]
+if (len(points) != 4 or executed < 4 or executed + stepped != 8 or
+        fallbacks or any(f <= 0 or b <= 0 for _, _, f, b in layers)):
+    print("FAIL: expected 4 points, each layer executed and each head "
+          f"executed or stepped (notes: {fallbacks})")
     sys.exit(1)
 print("PASS profile_smoke --timing exec")
 PY
