@@ -260,16 +260,17 @@ static int device_rounds(part_chain *chain, int part, int mbs,
         if (status == 1)
             *timed = PROFILER_TIMING_STEP;
     }
-    if (*timed == PROFILER_TIMING_EXEC && part == 2 &&
-        !executed_rest_agrees(chain, o->timing_rounds))
-        *timed = PROFILER_TIMING_STEP;
     if (*timed == PROFILER_TIMING_EXEC && part == 2) {
-        for (int r = 0; r < o->timing_rounds; r++) {
-            forward[r] = chain->exec_rest_forward[r];
-            pair[r] = chain->exec_rest_forward[r] +
-                      chain->exec_rest_backward[r];
+        if (!executed_rest_agrees(chain, o->timing_rounds)) {
+            *timed = PROFILER_TIMING_STEP;
+        } else {
+            for (int r = 0; r < o->timing_rounds; r++) {
+                forward[r] = chain->exec_rest_forward[r];
+                pair[r] = chain->exec_rest_forward[r] +
+                          chain->exec_rest_backward[r];
+            }
+            return 0; /* the embedding is taken off in time_part */
         }
-        return 0; /* the embedding is taken off in time_part */
     }
     if (*timed == PROFILER_TIMING_STEP) {
         status = chain_step_rounds(chain, part, mbs, o->hold_s,
@@ -866,11 +867,14 @@ static int measure_sets(tp_measurement *m, const model_shape *shape,
 
 /* Every micro-batch of the list up to the chain's capacity, in each of
  * the sets of stages; a run that fails in the first set ends the tp
- * (larger micro-batches would fail too). */
+ * (larger micro-batches would fail too). `later_list`: the list is the
+ * rest of a longer one whose smaller micro-batches were measured
+ * (measure_tp_each_mbs), so a chain that does not fit ends the list from
+ * its first micro-batch on, not the tp. */
 static int measure_tp(const model_shape *shape, int tp,
-                      const profiler_options *o, bool *optimizer_done,
-                      profiler_result *out, measure_progress *progress,
-                      pt_error *err)
+                      const profiler_options *o, bool later_list,
+                      bool *optimizer_done, profiler_result *out,
+                      measure_progress *progress, pt_error *err)
 {
     char label[400];
     int steps = o->mbs_count * o->stage_sets, done_before = progress->done;
@@ -893,7 +897,11 @@ static int measure_tp(const model_shape *shape, int tp,
     pt_error failure = {{0}};
     int last = largest_chain(&m.chain, shape, tp, o, out, &failure);
     if (last < 0) {
-        add_note(out, "tp %d skipped: %s", tp, failure.message);
+        if (later_list)
+            add_note(out, "tp %d: micro-batch %d and up not measured: %s",
+                     tp, o->mbs_values[0], failure.message);
+        else
+            add_note(out, "tp %d skipped: %s", tp, failure.message);
         snprintf(label, sizeof label, "tp %d skipped: %.300s", tp,
                  failure.message);
         report(o, progress, steps, label, NULL);
@@ -943,25 +951,12 @@ static int measure_tp_each_mbs(const model_shape *shape, int tp,
     one.mbs_count = 1;
     for (int i = 0; i < o->mbs_count; i++) {
         one.mbs_values[0] = o->mbs_values[i];
-        int points = out->point_count, notes = out->note_count;
-        if (measure_tp(shape, tp, &one, optimizer_done, out, progress,
+        int points = out->point_count;
+        if (measure_tp(shape, tp, &one, i > 0, optimizer_done, out, progress,
                        err) != 0)
             return -1;
         if (out->point_count > points)
             continue;
-        /* measure_tp's "tp N skipped: why" said of the whole tp, where
-         * past the first micro-batch only this one and the larger ones
-         * are */
-        const char *why = i > 0 && notes < out->note_count
-                              ? strstr(out->notes[notes], "skipped: ")
-                              : NULL;
-        if (why != NULL) {
-            char reason[320];
-            snprintf(reason, sizeof reason, "%s", why + strlen("skipped: "));
-            out->note_count = notes;
-            add_note(out, "tp %d: micro-batch %d and up not measured: %s",
-                     tp, o->mbs_values[i], reason);
-        }
         progress->done += (o->mbs_count - i - 1) * o->stage_sets;
         break;
     }
@@ -999,8 +994,8 @@ int profiler_measure(const model_shape *shape,
             status = measure_tp_each_mbs(shape, tp, options, &optimizer_done,
                                          out, &progress, err);
         else
-            status = measure_tp(shape, tp, options, &optimizer_done, out,
-                                &progress, err);
+            status = measure_tp(shape, tp, options, false, &optimizer_done,
+                                out, &progress, err);
     }
     close_device(options);
     out->elapsed_s = pt_monotonic_seconds() - started;

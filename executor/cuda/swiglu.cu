@@ -136,6 +136,18 @@ static bool swiglu_vector(int F, const void *a, const void *b, const void *c)
     return F % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(c);
 }
 
+/* One of the kernels above over `count` elements: its eight-channel
+ * instance where `vector` says it may run, else its one-channel one. */
+#define SWIGLU_LAUNCH(kernel, vector, count, stream, ...)                  \
+    do {                                                                   \
+        if (vector)                                                        \
+            kernel<8><<<blocks_for((count) / 8, SWIGLU_THREADS),           \
+                        SWIGLU_THREADS, 0, stream>>>(__VA_ARGS__);         \
+        else                                                               \
+            kernel<1><<<blocks_for(count, SWIGLU_THREADS), SWIGLU_THREADS, \
+                        0, stream>>>(__VA_ARGS__);                         \
+    } while (0)
+
 extern "C" cudaError_t cuda_swiglu_forward(pt_bf16 *out_bf16,
                                            const pt_bf16 *inp_bf16, int N,
                                            int F, cudaStream_t stream)
@@ -145,14 +157,9 @@ extern "C" cudaError_t cuda_swiglu_forward(pt_bf16 *out_bf16,
     bf16 *out = as_bf16(out_bf16);
     const bf16 *inp = as_bf16(inp_bf16);
     size_t count = (size_t)N * F;
-    if (swiglu_vector(F, out, inp, inp))
-        swiglu_forward_kernel<8>
-            <<<blocks_for(count / 8, SWIGLU_THREADS), SWIGLU_THREADS, 0,
-               stream>>>(out, inp, N, F);
-    else
-        swiglu_forward_kernel<1>
-            <<<blocks_for(count, SWIGLU_THREADS), SWIGLU_THREADS, 0,
-               stream>>>(out, inp, N, F);
+    bool vector = swiglu_vector(F, out, inp, inp);
+    SWIGLU_LAUNCH(swiglu_forward_kernel, vector, count, stream, out, inp, N,
+                  F);
     return cudaGetLastError();
 }
 
@@ -167,14 +174,9 @@ extern "C" cudaError_t cuda_swiglu_backward(pt_bf16 *d_inp_bf16,
     const bf16 *d_out = as_bf16(d_out_bf16);
     const bf16 *inp = as_bf16(inp_bf16);
     size_t count = (size_t)N * F;
-    if (swiglu_vector(F, d_inp, d_out, inp))
-        swiglu_backward_kernel<8>
-            <<<blocks_for(count / 8, SWIGLU_THREADS), SWIGLU_THREADS, 0,
-               stream>>>(d_inp, d_out, inp, N, F);
-    else
-        swiglu_backward_kernel<1>
-            <<<blocks_for(count, SWIGLU_THREADS), SWIGLU_THREADS, 0,
-               stream>>>(d_inp, d_out, inp, N, F);
+    bool vector = swiglu_vector(F, d_inp, d_out, inp);
+    SWIGLU_LAUNCH(swiglu_backward_kernel, vector, count, stream, d_inp, d_out,
+                  inp, N, F);
     return cudaGetLastError();
 }
 
@@ -188,13 +190,8 @@ extern "C" cudaError_t cuda_swiglu_backward_and_forward(
     bf16 *d_out = as_bf16(d_out_then_out_bf16);
     const bf16 *inp = as_bf16(inp_bf16);
     size_t count = (size_t)N * F;
-    if (swiglu_vector(F, d_inp, d_out, inp))
-        swiglu_backward_forward_kernel<8>
-            <<<blocks_for(count / 8, SWIGLU_THREADS), SWIGLU_THREADS, 0,
-               stream>>>(d_inp, d_out, inp, N, F);
-    else
-        swiglu_backward_forward_kernel<1>
-            <<<blocks_for(count, SWIGLU_THREADS), SWIGLU_THREADS, 0,
-               stream>>>(d_inp, d_out, inp, N, F);
+    bool vector = swiglu_vector(F, d_inp, d_out, inp);
+    SWIGLU_LAUNCH(swiglu_backward_forward_kernel, vector, count, stream,
+                  d_inp, d_out, inp, N, F);
     return cudaGetLastError();
 }

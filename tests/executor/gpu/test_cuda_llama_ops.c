@@ -302,6 +302,21 @@ static void test_rope(gpu_test_tally *tally, int B, int T, int NH, int KVH,
 
 /* ------------------------------------------------------------ regroup */
 
+/* The regrouping pass's two directions share one signature. */
+typedef cudaError_t (*regroup_pass)(pt_bf16 *, const pt_bf16 *, double, bool,
+                                    int, int, int, int, int, cudaStream_t);
+
+/* One pass of `count` values: `host` uploaded into `in`, turned into `out`,
+ * read back (the caller frees it). */
+static float *regroup_on_gpu(regroup_pass pass, pt_bf16 *out, pt_bf16 *in,
+                             const float *host, size_t count, double base,
+                             bool turn, int B, int T, int NH, int KVH, int hs)
+{
+    gpu_test_upload_bf16_into(in, host, count);
+    GPU_CHECK(pass(out, in, base, turn, B, T, NH, KVH, hs, 0));
+    return download_bf16(out, count);
+}
+
 /* cuda_qkv_to_heads and cuda_qkv_to_grouped (rope.cu) against the cpu's
  * regrouping and RoPE; head sizes that are multiples of 16 take the
  * rows kernel on aligned tensors, the others (and a tensor one element
@@ -322,19 +337,16 @@ static void test_regroup(gpu_test_tally *tally, int B, int T, int NH,
     /* one element more: the inputs again one element off 16 bytes */
     pt_bf16 *dev_in = gpu_test_device((count + 1) * sizeof(pt_bf16));
     pt_bf16 *dev_out = gpu_test_device((count + 1) * sizeof(pt_bf16));
-    gpu_test_upload_bf16_into(dev_in, grouped, count);
-    GPU_CHECK(cuda_qkv_to_heads(dev_out, dev_in, base, turn, B, T, NH, KVH,
-                                hs, 0));
-    float *got = download_bf16(dev_out, count);
+    float *got = regroup_on_gpu(cuda_qkv_to_heads, dev_out, dev_in, grouped,
+                                count, base, turn, B, T, NH, KVH, hs);
     snprintf(name, sizeof name,
              "qkv to heads B=%d T=%d NH=%d KVH=%d hs=%d%s", B, T, NH, KVH,
              hs, turn ? " turned" : "");
     gpu_test_compare(tally, name, got, want, count, TOL_BF16_OUT);
     if (hs % 16 == 0) { /* off 16 bytes: the per-pair kernel instead */
-        gpu_test_upload_bf16_into(dev_in + 1, grouped, count);
-        GPU_CHECK(cuda_qkv_to_heads(dev_out + 1, dev_in + 1, base, turn, B,
-                                    T, NH, KVH, hs, 0));
-        float *got_off = download_bf16(dev_out + 1, count);
+        float *got_off =
+            regroup_on_gpu(cuda_qkv_to_heads, dev_out + 1, dev_in + 1,
+                           grouped, count, base, turn, B, T, NH, KVH, hs);
         snprintf(name, sizeof name,
                  "qkv to heads hs=%d, per-pair kernel: the same bits", hs);
         gpu_test_expect(tally,
@@ -349,10 +361,9 @@ static void test_regroup(gpu_test_tally *tally, int B, int T, int NH,
     cpu_rope_backward(turned, grad, base, B, T, width, turn ? NH + KVH : 0,
                       hs);
     cpu_qkv_regroup(want_grad, turned, rows, NH, KVH, hs, false);
-    gpu_test_upload_bf16_into(dev_in, grad, count);
-    GPU_CHECK(cuda_qkv_to_grouped(dev_out, dev_in, base, turn, B, T, NH, KVH,
-                                  hs, 0));
-    float *got_grad = download_bf16(dev_out, count);
+    float *got_grad =
+        regroup_on_gpu(cuda_qkv_to_grouped, dev_out, dev_in, grad, count, base,
+                       turn, B, T, NH, KVH, hs);
     snprintf(name, sizeof name,
              "qkv to grouped B=%d T=%d NH=%d KVH=%d hs=%d%s", B, T, NH, KVH,
              hs, turn ? " turned back" : "");
