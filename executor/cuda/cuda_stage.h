@@ -133,7 +133,9 @@ typedef struct cuda_pass_graphs {
     cuda_pass_graph forward[2];     /* [1]: a step's first forward, which
                                        zeroes the gradients beside it
                                        (cuda_side_zero) */
-    cuda_pass_graph backward;
+    cuda_pass_graph backward[2];    /* [1]: a step's first backward,
+                                       whose products write their weights'
+                                       gradients (cuda_side_zero) */
     /* A pipeline stage's passes (cuda_slot_pass_run): one graph of each
      * pass per activation slot, the same pointers every call of a slot;
      * slot_count entries of each, allocated at first use (NULL before). */
@@ -145,18 +147,41 @@ typedef struct cuda_pass_graphs {
     long replays;                   /* launches of any of them */
 } cuda_pass_graphs;
 
+/* A range of the gradients' buffer, in its elements. */
+typedef struct cuda_grad_range {
+    size_t first, count;
+} cuda_grad_range;
+
 /* The gradients of a step kept on the device zeroed beside the step's
  * first forward, on a stream of their own joined before the first
  * gradient is written, instead of ahead of the forward on the stage's
  * stream, where the GPU did nothing else for 0.1-1 ms a step at GPT-2's
- * sizes (step_graphs.c). */
+ * sizes (step_graphs.c). Most of them need no zeroing at all: the
+ * weights of the layers' linear products and an untied head take their
+ * gradient whole from one product a micro-batch, which the step's first
+ * micro-batch may write (beta 0) instead of adding to zeros; the fill
+ * then covers the rest only (norms, biases, the embedding: what a kernel
+ * adds to), which spared the memory traffic of the fill beside the
+ * forward's products and the read of zeros in the backward's (8 layers
+ * of Llama-3-8B: 1.7 % of the step; docs/cuda-backend.md). */
 typedef struct cuda_side_zero {
     cudaStream_t stream;            /* NULL until first needed */
     cudaEvent_t fork, done;
     size_t bytes;                   /* of the gradients' buffer */
+    size_t element_bytes;           /* of one gradient */
+    cuda_grad_range *rest;          /* owned: what no product writes,
+                                       ascending; NULL where the
+                                       gradients are by unit */
+    int rest_count;
     bool pending;                   /* zero_grads left it to the next
                                        forward */
     bool forked;                    /* the fill enqueued, not joined */
+    bool products_write;            /* the fill covers `rest` only: the
+                                       step's first forward (the fused
+                                       head's) and backward products write
+                                       their gradients (cuda_grad_written) */
+    bool first_forward;             /* the step's first forward is under
+                                       way: only its fused head writes */
 } cuda_side_zero;
 
 /* backend_state of a cuda stage. */
@@ -342,19 +367,30 @@ int cuda_slot_pass_run(model_stage *stage, bool backward, int slot,
                        const stage_io *io, cuda_pass_body body,
                        pt_error *err);
 void cuda_pass_graphs_close(cuda_pass_graphs *graphs);
-/* The side zeroing (cuda_side_zero). defer: whether zero_grads may leave
- * the `bytes` of gradients to the next forward (a step kept on the
- * device, one buffer of gradients), which it then marks pending. fork:
- * in a forward's passes, the fill on the side stream when pending (no
- * longer pending then). join: the stage's stream waits for a forked
- * fill (before the first gradient is written). settle: a pending fill
- * made on the stage's stream, a forked one joined (before the gradients
- * are copied). close: safe on a zeroed one. */
+/* The side zeroing (cuda_side_zero). plan: at allocation, after the
+ * offsets, the ranges no product writes (none with gradients by unit).
+ * defer: whether zero_grads may leave the `bytes` of gradients to the
+ * next forward (a step kept on the device, one buffer of gradients),
+ * which it then marks pending, and products_write where the ranges are
+ * planned. fork: in a forward's passes, the fill (of the ranges under
+ * products_write) on the side stream when pending (no longer pending
+ * then). join: the stage's stream waits for a forked fill (before the
+ * first gradient is written). settle: a pending fill made whole on the
+ * stage's stream (products_write off), a forked one joined (before the
+ * gradients are copied). written: whether the product of the weight at
+ * `offset` writes its gradient (beta 0) rather than adding to it: under
+ * products_write, until the step's first backward ends
+ * (cuda_stage_backward), a layer's linear weight or the head's where it
+ * is the last tensor and not the token embedding (to which the
+ * embedding's backward adds). close: safe on a zeroed one. */
+int cuda_side_zero_plan(model_stage *stage, size_t element_bytes,
+                        pt_error *err);
 int cuda_side_zero_defer(model_stage *stage, size_t bytes, bool *deferred,
                          pt_error *err);
 int cuda_side_zero_fork(model_stage *stage, pt_error *err);
 int cuda_side_zero_join(model_stage *stage, pt_error *err);
 int cuda_side_zero_settle(const model_stage *stage, pt_error *err);
+bool cuda_grad_written(const model_stage *stage, size_t offset);
 void cuda_side_zero_close(cuda_side_zero *zero);
 
 /* optimizer_step.c: the backend's gradient norms, AdamW and the step

@@ -32,6 +32,9 @@
  * the gradients: its padding rows add exactly zero (zero rows of
  * d logits) to whatever follows the head tensor, and the gradient buffer
  * has (Vp - V) x C elements of slack at its end for a head stored last.
+ * Only a head stored last may have its gradient written (beta = 0) by the
+ * step's first product (cuda_side_zero): its padding rows' zeros then
+ * land in the slack.
  *
  * Tensor parallelism (spec.tp > 1, Megatron's split): the stage holds
  * its shard of every split tensor (the table of stage_parameter_layout)
@@ -596,6 +599,10 @@ static int cuda_allocate(model_stage *stage, pt_error *err)
     } else {
         map_offsets(stage, &state->offsets);
         status = allocate_parts(stage, state, err);
+        if (status == 0)
+            status = cuda_side_zero_plan(
+                stage, stage->grads_bf16 ? sizeof(pt_bf16) : sizeof(float),
+                err);
     }
     if (status != 0) {
         double allocated_gib = (double)state->device_bytes / PT_GIB;

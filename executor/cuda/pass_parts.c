@@ -58,13 +58,17 @@ gemm_call pass_input_grad_call(pt_bf16 *d_in, const pt_bf16 *d_out,
     return call;
 }
 
-/* d_W (OC x IC, fp32 or bf16: cuda_grad) += alpha d_out^T (OC x N) in
- * (N x IC); a bf16 gradient is read, added in fp32 and rounded once
- * (beta = 1 over a bf16 C and D, as llm.c accumulates). */
-gemm_call pass_weight_grad_call(cuda_grad d_weight, const pt_bf16 *input,
-                                const pt_bf16 *d_out, int ld_d_out, int N,
-                                int IC, int OC, float alpha)
+/* d_W (OC x IC, fp32 or bf16: cuda_grad; the weight at `offset`) +=
+ * alpha d_out^T (OC x N) in (N x IC); a bf16 gradient is read, added in
+ * fp32 and rounded once (beta = 1 over a bf16 C and D, as llm.c
+ * accumulates); written (beta = 0) where the step left it unzeroed for
+ * this product (cuda_grad_written). */
+gemm_call pass_weight_grad_call(const model_stage *stage, size_t offset,
+                                const pt_bf16 *input, const pt_bf16 *d_out,
+                                int ld_d_out, int N, int IC, int OC,
+                                float alpha)
 {
+    cuda_grad d_weight = pass_grad_at(stage, offset);
     gemm_call call = {
         .transpose_a = false,
         .transpose_b = true,
@@ -79,7 +83,7 @@ gemm_call pass_weight_grad_call(cuda_grad d_weight, const pt_bf16 *input,
         .ldd = IC,
         .d_fp32 = !d_weight.bf16,
         .alpha = alpha,
-        .beta = 1.0f,
+        .beta = cuda_grad_written(stage, offset) ? 0.0f : 1.0f,
         .epilogue = GEMM_PLAIN,
     };
     return call;

@@ -32,14 +32,17 @@ static inline size_t shard_offset(const stage_dims *d)
 
 /* The product of a linear layer's forward; its input gradient
  * d_in (N x IC, bf16) = alpha d_out (N x OC) W; its weight gradient
- * d_W (OC x IC) += alpha d_out^T in (accumulated: beta = 1). */
+ * d_W (OC x IC, the weight at `offset`) += alpha d_out^T in
+ * (accumulated: beta = 1; written, beta = 0, in a step's first backward
+ * that cuda_grad_written allows). */
 gemm_call pass_forward_call(const linear_forward *f);
 gemm_call pass_input_grad_call(pt_bf16 *d_in, const pt_bf16 *d_out,
                                int ld_d_out, const pt_bf16 *weight, int N,
                                int IC, int OC, float alpha);
-gemm_call pass_weight_grad_call(cuda_grad d_weight, const pt_bf16 *input,
-                                const pt_bf16 *d_out, int ld_d_out, int N,
-                                int IC, int OC, float alpha);
+gemm_call pass_weight_grad_call(const model_stage *stage, size_t offset,
+                                const pt_bf16 *input, const pt_bf16 *d_out,
+                                int ld_d_out, int N, int IC, int OC,
+                                float alpha);
 /* The weight gradient's product, then the bias gradient (column sums of
  * call->b). */
 int pass_weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,

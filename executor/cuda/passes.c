@@ -269,9 +269,11 @@ static int fused_head_chunks(model_stage *stage, activation_slot *slot,
         CUDA_TRY(cuda_classifier_forward(logits, slot->losses + first,
                                          slot->tokens.targets + first, rows,
                                          d->V, Vp, state->stream));
-        call = pass_weight_grad_call(pass_grad_at(stage, o->head_weight),
-                                     rows_out, logits, Vp, rows, C, Vp,
-                                     alpha);
+        call = pass_weight_grad_call(stage, o->head_weight, rows_out,
+                                     logits, Vp, rows, C, Vp, alpha);
+        /* the step's first forward's first chunk may write, no other */
+        if (first > 0 || !state->side_zero.first_forward)
+            call.beta = 1.0f;
         if (gemm_run(state->gemm, &call, state->stream, err) != 0)
             return -1;
         call = pass_input_grad_call(rows_out, logits, Vp, weight, rows, C,
@@ -530,8 +532,11 @@ int cuda_stage_forward(model_stage *stage, int slot_index,
         /* a step's first forward zeroes the gradients beside it: a graph
          * of its own */
         int first = state->side_zero.pending ? 1 : 0;
-        if (cuda_pass_run(stage, &state->graphs.forward[first], slot_index,
-                          io, forward_body, err) != 0)
+        state->side_zero.first_forward = first == 1;
+        int status = cuda_pass_run(stage, &state->graphs.forward[first],
+                                   slot_index, io, forward_body, err);
+        state->side_zero.first_forward = false;
+        if (status != 0)
             return -1;
         state->side_zero.pending = false; /* forked, or replayed */
     } else if (cuda_slot_graphable(stage, false)) {
@@ -572,8 +577,8 @@ static int mlp_projection_backward(model_stage *stage,
         gelu_out = s->d_fc;
     }
     gemm_call call =
-        pass_weight_grad_call(pass_grad_at(stage, o->mlp_proj_weight), gelu_out,
-                         s->d_stream_bf16, C, N, F, C, 1.0f);
+        pass_weight_grad_call(stage, o->mlp_proj_weight, gelu_out,
+                              s->d_stream_bf16, C, N, F, C, 1.0f);
     if (pass_weight_and_bias_grad(state, &call,
                              pass_grad_at(stage, o->mlp_proj_bias), d, err) != 0)
         return -1;
@@ -628,8 +633,8 @@ static int mlp_input_backward(model_stage *stage, const layer_offsets *o,
                           pass_param_at(stage, o->ln2_weight), pass_param_at(stage, o->ln2_bias), d, &ln2_out,
                           err) != 0)
         return -1;
-    gemm_call call = pass_weight_grad_call(pass_grad_at(stage, o->fc_weight), ln2_out, s->d_fc, F,
-                                      N, C, F, 1.0f);
+    gemm_call call = pass_weight_grad_call(stage, o->fc_weight, ln2_out,
+                                           s->d_fc, F, N, C, F, 1.0f);
     if (gemm_run(state->gemm, &call, stream, err) != 0)
         return -1;
     call = pass_input_grad_call(s->d_norm, s->d_fc, F,
@@ -660,8 +665,9 @@ static int attention_block_backward(model_stage *stage,
     if (d->sp && cuda_tp_gather_rows(stage, s->d_stream_bf16, COMM_BFLOAT16,
                                      d, err) != 0)
         return -1;
-    gemm_call call = pass_weight_grad_call(pass_grad_at(stage, o->attn_proj_weight), act->att_out,
-                                      s->d_stream_bf16, C, N, A, C, 1.0f);
+    gemm_call call = pass_weight_grad_call(stage, o->attn_proj_weight,
+                                           act->att_out, s->d_stream_bf16, C,
+                                           N, A, C, 1.0f);
     if (pass_weight_and_bias_grad(state, &call, pass_grad_at(stage, o->attn_proj_bias), d, err) !=
         0)
         return -1;
@@ -680,8 +686,8 @@ static int attention_block_backward(model_stage *stage,
     if (pass_norm_output_again(stage, act->ln1_out, input, pass_param_at(stage, o->ln1_weight),
                           pass_param_at(stage, o->ln1_bias), d, &ln1_out, err) != 0)
         return -1;
-    call = pass_weight_grad_call(pass_grad_at(stage, o->qkv_weight), ln1_out, s->d_qkv, 3 * A, N,
-                            C, 3 * A, 1.0f);
+    call = pass_weight_grad_call(stage, o->qkv_weight, ln1_out, s->d_qkv,
+                                 3 * A, N, C, 3 * A, 1.0f);
     if (pass_weight_and_bias_grad(state, &call, pass_grad_at(stage, o->qkv_bias), d, err) != 0)
         return -1;
     call = pass_input_grad_call(s->d_norm, s->d_qkv, 3 * A,
@@ -772,9 +778,9 @@ static int head_backward(model_stage *stage, activation_slot *slot,
             pass_mirror_at(state, o->head_weight), N, C, Vp, alpha);
         if (pass_column_parallel_input_grad(stage, call, d, err) != 0)
             return -1;
-        call = pass_weight_grad_call(pass_grad_at(stage, o->head_weight),
-                                     slot->final_out, slot->logits,
-                                     state->ld_logits, N, C, Vp, alpha);
+        call = pass_weight_grad_call(stage, o->head_weight, slot->final_out,
+                                     slot->logits, state->ld_logits, N, C,
+                                     Vp, alpha);
         if (gemm_run(state->gemm, &call, state->stream, err) != 0)
             return -1;
         d_final = s->d_norm;
@@ -917,12 +923,16 @@ int cuda_stage_backward(model_stage *stage, int slot_index,
     backward_scratch *s = &state->scratch;
     stage_dims d = dims_of(stage, io->mbs);
     size_t RC = (size_t)d.R * d.C;
+    /* a step's first backward may write its products' gradients: a graph
+     * of its own */
+    bool writes = state->side_zero.products_write;
     if ((stage->step.on_device
-             ? cuda_pass_run(stage, &state->graphs.backward, slot_index, io,
-                             backward_passes, err)
+             ? cuda_pass_run(stage, &state->graphs.backward[writes ? 1 : 0],
+                             slot_index, io, backward_passes, err)
              : cuda_slot_pass_run(stage, true, slot_index, io,
                                   backward_passes, err)) != 0)
         return -1;
+    state->side_zero.products_write = false; /* the rest add */
     const float *d_in =
         input_grad_converted(stage) ? s->d_stream_fp32 : io->output_grad;
     if (stage->spec.has_embedding) {

@@ -171,7 +171,7 @@ static int swiglu_recomputed_backward(model_stage *stage,
     CUDA_TRY(cuda_swiglu_backward_and_forward(act->fc_pre, s->d_fc,
                                               act->fc_pre, N, F,
                                               state->stream));
-    call = pass_weight_grad_call(pass_grad_at(stage, o->mlp_proj_weight),
+    call = pass_weight_grad_call(stage, o->mlp_proj_weight,
                                  s->d_fc, s->d_stream_bf16, C, N, F, C,
                                  1.0f);
     if (weight_grad(stage, &call, o->mlp_proj_bias, d, err) != 0)
@@ -199,9 +199,8 @@ static int mlp_output_backward(model_stage *stage, const layer_offsets *o,
         CUDA_TRY(mlp_activation(stage, s->d_fc, act->fc_pre, d, stream));
         mlp_act = s->d_fc;
     }
-    gemm_call call = pass_weight_grad_call(
-        pass_grad_at(stage, o->mlp_proj_weight), mlp_act, s->d_stream_bf16,
-        C, N, F, C, 1.0f);
+    gemm_call call = pass_weight_grad_call(stage, o->mlp_proj_weight, mlp_act,
+                                           s->d_stream_bf16, C, N, F, C, 1.0f);
     if (weight_grad(stage, &call, o->mlp_proj_bias, d, err) != 0)
         return -1;
     call = pass_input_grad_call(s->d_fc, s->d_stream_bf16, C,
@@ -239,7 +238,7 @@ static int mlp_backward(model_stage *stage, const layer_offsets *o,
                                pass_param_at(stage, o->ln2_bias), d, &ln2_out,
                                err) != 0)
         return -1;
-    gemm_call call = pass_weight_grad_call(pass_grad_at(stage, o->fc_weight),
+    gemm_call call = pass_weight_grad_call(stage, o->fc_weight,
                                            ln2_out, d_fc, FW, N, C, FW, 1.0f);
     if (weight_grad(stage, &call, o->fc_bias, d, err) != 0)
         return -1;
@@ -271,9 +270,9 @@ static int attention_backward(model_stage *stage, const layer_offsets *o,
     if (d->sp && cuda_tp_gather_rows(stage, s->d_stream_bf16, COMM_BFLOAT16,
                                      d, err) != 0)
         return -1;
-    gemm_call call = pass_weight_grad_call(
-        pass_grad_at(stage, o->attn_proj_weight), act->att_out,
-        s->d_stream_bf16, C, N, A, C, 1.0f);
+    gemm_call call = pass_weight_grad_call(stage, o->attn_proj_weight,
+                                           act->att_out, s->d_stream_bf16, C,
+                                           N, A, C, 1.0f);
     if (weight_grad(stage, &call, o->attn_proj_bias, d, err) != 0)
         return -1;
     call = pass_input_grad_call(s->d_att, s->d_stream_bf16, C,
@@ -295,7 +294,7 @@ static int attention_backward(model_stage *stage, const layer_offsets *o,
                                pass_param_at(stage, o->ln1_bias), d, &ln1_out,
                                err) != 0)
         return -1;
-    call = pass_weight_grad_call(pass_grad_at(stage, o->qkv_weight), ln1_out,
+    call = pass_weight_grad_call(stage, o->qkv_weight, ln1_out,
                                  d_product, QW, N, C, QW, 1.0f);
     if (weight_grad(stage, &call, o->qkv_bias, d, err) != 0)
         return -1;

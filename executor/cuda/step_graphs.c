@@ -15,6 +15,8 @@
  * stream and the head's loss read, which end such a pass, come after
  * the replay (GPT-2 774M at micro-batch 2 stepped 3.8 % slower without
  * graphs on one H200: docs/records/gpu-runs.md, thirteenth session).
+ * Also the side zeroing of such a step's gradients (cuda_side_zero),
+ * with the ranges its first products write left out.
  */
 #include <stdlib.h>
 
@@ -118,7 +120,9 @@ static int run_through(model_stage *stage, cuda_pass_graph *graph, int slot,
 int cuda_pass_run(model_stage *stage, cuda_pass_graph *graph, int slot,
                   const stage_io *io, cuda_pass_body body, pt_error *err)
 {
-    if (!graphable(stage, graph == &state_of(stage)->graphs.backward))
+    const cuda_pass_graphs *graphs = &state_of(stage)->graphs;
+    if (!graphable(stage, graph == &graphs->backward[0] ||
+                              graph == &graphs->backward[1]))
         return body(stage, slot, io, err);
     return run_through(stage, graph, slot, io, body, err);
 }
@@ -171,7 +175,8 @@ void cuda_pass_graphs_close(cuda_pass_graphs *graphs)
 {
     graph_forget(&graphs->forward[0]);
     graph_forget(&graphs->forward[1]);
-    graph_forget(&graphs->backward);
+    graph_forget(&graphs->backward[0]);
+    graph_forget(&graphs->backward[1]);
     for (int s = 0; s < graphs->slot_graphs; s++) {
         graph_forget(&graphs->slot_forward[s]);
         graph_forget(&graphs->slot_backward[s]);
@@ -184,6 +189,60 @@ void cuda_pass_graphs_close(cuda_pass_graphs *graphs)
 
 /* ------------------------------------------------- the side zeroing */
 
+/* Whether the weight at `offset` takes its gradient from one product a
+ * micro-batch, which may write it: a layer's linear weight, or the head's
+ * when it is not the token embedding and comes last (its product's Vp - V
+ * padding rows then write zeros into the buffer's slack, not over a
+ * gradient that follows: model_cuda.c). */
+static bool written_by_product(const model_stage *stage, size_t offset)
+{
+    const stage_offsets *o = &state_of(stage)->offsets;
+    int layers = stage->spec.last_layer - stage->spec.first_layer;
+    for (int l = 0; l < layers; l++) {
+        const layer_offsets *layer = &o->layers[l];
+        if (offset == layer->qkv_weight ||
+            offset == layer->attn_proj_weight ||
+            offset == layer->fc_weight || offset == layer->mlp_proj_weight)
+            return true;
+    }
+    return stage->spec.has_head && offset == o->head_weight &&
+           !(stage->spec.has_embedding && offset == o->token_embedding) &&
+           stage->tensor_count > 0 &&
+           stage->tensors[stage->tensor_count - 1].offset == offset;
+}
+
+int cuda_side_zero_plan(model_stage *stage, size_t element_bytes,
+                        pt_error *err)
+{
+    cuda_side_zero *zero = &state_of(stage)->side_zero;
+    zero->element_bytes = element_bytes;
+    if (stage->grads_by_unit)
+        return 0;
+    zero->rest = calloc((size_t)stage->tensor_count + 1, sizeof *zero->rest);
+    if (zero->rest == NULL)
+        return pt_fail(err, "cuda backend: out of host memory");
+    size_t first = 0; /* of what is not yet a range or a product's */
+    for (int t = 0; t < stage->tensor_count; t++) {
+        const param_tensor *tensor = &stage->tensors[t];
+        if (!written_by_product(stage, tensor->offset))
+            continue;
+        if (tensor->offset > first)
+            zero->rest[zero->rest_count++] =
+                (cuda_grad_range){first, tensor->offset - first};
+        first = tensor->offset + tensor->count;
+    }
+    if (first < stage->grad_count)
+        zero->rest[zero->rest_count++] =
+            (cuda_grad_range){first, stage->grad_count - first};
+    return 0;
+}
+
+bool cuda_grad_written(const model_stage *stage, size_t offset)
+{
+    return state_of(stage)->side_zero.products_write &&
+           written_by_product(stage, offset);
+}
+
 int cuda_side_zero_defer(model_stage *stage, size_t bytes, bool *deferred,
                          pt_error *err)
 {
@@ -191,6 +250,7 @@ int cuda_side_zero_defer(model_stage *stage, size_t bytes, bool *deferred,
     cuda_side_zero *zero = &state->side_zero;
     /* a step kept on the device has one buffer of gradients (train.c) */
     *deferred = stage->step.on_device && !zero->forked;
+    zero->products_write = false;
     if (!*deferred) {
         zero->pending = false;
         return 0;
@@ -205,6 +265,7 @@ int cuda_side_zero_defer(model_stage *stage, size_t bytes, bool *deferred,
     }
     zero->pending = true;
     zero->bytes = bytes;
+    zero->products_write = zero->rest != NULL;
     return 0;
 }
 
@@ -218,7 +279,12 @@ int cuda_side_zero_fork(model_stage *stage, pt_error *err)
      * AdamW read these gradients) */
     CUDA_TRY(cudaEventRecord(zero->fork, state->stream));
     CUDA_TRY(cudaStreamWaitEvent(zero->stream, zero->fork, 0));
-    CUDA_TRY(cudaMemsetAsync(stage->grads, 0, zero->bytes, zero->stream));
+    if (!zero->products_write)
+        CUDA_TRY(cudaMemsetAsync(stage->grads, 0, zero->bytes, zero->stream));
+    for (int r = 0; zero->products_write && r < zero->rest_count; r++)
+        CUDA_TRY(cudaMemsetAsync(
+            (char *)stage->grads + zero->rest[r].first * zero->element_bytes,
+            0, zero->rest[r].count * zero->element_bytes, zero->stream));
     CUDA_TRY(cudaEventRecord(zero->done, zero->stream));
     zero->pending = false;
     zero->forked = true;
@@ -240,9 +306,11 @@ int cuda_side_zero_settle(const model_stage *stage, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     cuda_side_zero *zero = &state->side_zero;
-    if (zero->pending)
+    if (zero->pending) {
         CUDA_TRY(cudaMemsetAsync(stage->grads, 0, zero->bytes,
                                  state->stream));
+        zero->products_write = false;
+    }
     zero->pending = false;
     return cuda_side_zero_join((model_stage *)stage, err);
 }
@@ -257,6 +325,7 @@ void cuda_side_zero_close(cuda_side_zero *zero)
         cudaEventDestroy(zero->fork);
     if (zero->done != NULL)
         cudaEventDestroy(zero->done);
+    free(zero->rest);
     *zero = (cuda_side_zero){0};
 }
 

@@ -262,6 +262,17 @@ static inline uint32_t *gpu_test_random_tokens(int count, int vocab,
     return tokens;
 }
 
+/* Llama's layer on `shape`: RMSNorm, SwiGLU, rotary positions (the
+ * caller sets heads, kv_heads, biases and the head's tying). */
+static inline void gpu_test_llama_layer(model_shape *shape)
+{
+    shape->norm = MODEL_NORM_RMSNORM;
+    shape->norm_eps = 1e-5;
+    shape->mlp = MODEL_MLP_SWIGLU;
+    shape->positions = MODEL_POSITIONS_ROPE;
+    shape->rope_base = 10000.0;
+}
+
 /* A stage's buffer `which` in host memory (the caller frees it). */
 static inline float *gpu_test_read_buffer(const model_stage *stage,
                                           stage_buffer which)

@@ -75,12 +75,8 @@ static model_shape tp_llama_shape(void)
     snprintf(shape.name, sizeof shape.name, "tp-llama-test");
     shape.heads = 4;
     shape.kv_heads = 2;
-    shape.norm = MODEL_NORM_RMSNORM;
-    shape.norm_eps = 1e-5;
-    shape.mlp = MODEL_MLP_SWIGLU;
-    shape.positions = MODEL_POSITIONS_ROPE;
-    shape.rope_base = 10000.0;
     shape.bias = MODEL_BIAS_QKV;
+    gpu_test_llama_layer(&shape);
     return shape;
 }
 

@@ -14,7 +14,12 @@
  * NaN refused with nothing applied. The device step replays its forward
  * and backward from CUDA graphs (step_graphs.c) unless
  * PARTITA_CUDA_GRAPHS=0: the check says whether it did, and the bits
- * must not change either way.
+ * must not change either way. Its first micro-batch writes the linear
+ * weights' gradients (beta 0) over what the last step left, where the
+ * host path adds them to zeros (cuda_side_zero): both stages' gradients
+ * start as NaN, so a gradient neither zeroed nor written shows; also on
+ * a small Llama (RMSNorm, SwiGLU, grouped-query attention, an untied
+ * head over a vocabulary of 257 rows, padded to 384 in its product).
  *
  * Usage: test_cuda_training [steps]
  */
@@ -55,6 +60,35 @@ static model_shape test_shape(void)
     shape.vocab = 256;
     shape.tied_embeddings = true;
     return shape;
+}
+
+/* The test's GPT as a small Llama: RMSNorm, SwiGLU, rotary positions, 2
+ * query heads over 1 key/value head, no biases, an untied head, 257
+ * tokens. */
+static model_shape llama_test_shape(void)
+{
+    model_shape shape = test_shape();
+    snprintf(shape.name, sizeof shape.name, "train-test-llama");
+    shape.vocab = 257;
+    shape.ffn_hidden = 344;
+    shape.tied_embeddings = false;
+    shape.kv_heads = 1;
+    shape.bias = MODEL_BIAS_NONE;
+    gpu_test_llama_layer(&shape);
+    return shape;
+}
+
+/* Every gradient of `stage` a NaN. */
+static void poison_grads(model_stage *stage)
+{
+    pt_error err;
+    float *nans = gpu_test_host(stage->grad_count * sizeof *nans);
+    for (size_t i = 0; i < stage->grad_count; i++)
+        nans[i] = NAN;
+    PT_CHECK(model_stage_write_range(stage, STAGE_GRADS, stage->grad_first,
+                                     stage->grad_count, nans, &err),
+             &err);
+    free(nans);
 }
 
 /* The cpu and the cuda stage of the whole model, the same
@@ -228,11 +262,12 @@ static void check_refusal(gpu_test_tally *tally, model_stage *gpu,
 
 /* The step kept on the device (train_step) against the host path on a
  * twin cuda stage: the same losses, norms and parameters, to the bit. */
-static void check_device_step(gpu_test_tally *tally, bool bf16_grads,
+static void check_device_step(gpu_test_tally *tally,
+                              const model_shape *model, bool bf16_grads,
                               const char *recipe)
 {
     pt_error err;
-    model_shape shape = test_shape();
+    model_shape shape = *model;
     int mbs = 4, micro_batches = 2, steps = 5;
     stage_spec spec = stage_spec_whole_model(&shape);
     spec.bf16_grads = bf16_grads;
@@ -243,6 +278,8 @@ static void check_device_step(gpu_test_tally *tally, bool bf16_grads,
              &err);
     PT_CHECK(model_stage_init_parameters(&gpu, 7, &err), &err);
     PT_CHECK(model_stage_init_parameters(&twin, 7, &err), &err);
+    poison_grads(&gpu);
+    poison_grads(&twin);
     train_config config = train_config_defaults();
     config.schedule.max_lr = 2e-3;
     config.schedule.warmup_steps = 2;
@@ -318,7 +355,11 @@ int main(int argc, char **argv)
     int steps = argc > 1 ? atoi(argv[1]) : 50;
     train_recipe(&tally, steps, false, "fp32 gradients");
     train_recipe(&tally, steps, true, "bf16 gradients (llm.c)");
-    check_device_step(&tally, false, "fp32 gradients");
-    check_device_step(&tally, true, "bf16 gradients (llm.c)");
+    model_shape gpt = test_shape(), llama = llama_test_shape();
+    check_device_step(&tally, &gpt, false, "fp32 gradients");
+    check_device_step(&tally, &gpt, true, "bf16 gradients (llm.c)");
+    check_device_step(&tally, &llama, false, "Llama, fp32 gradients");
+    check_device_step(&tally, &llama, true,
+                      "Llama, bf16 gradients (llm.c)");
     return gpu_test_finish(&tally, "test_cuda_training");
 }
