@@ -771,25 +771,98 @@ __global__ void layernorm_partials_kernel(cuda_grad d_weight,
  * last group). The block-per-rows kernel above met at a barrier every
  * few rows, which left an H200's SMs mostly waiting at hidden 1024
  * (130.9 us a call at 16384 rows, against 84.5 us for llm.c's).
+ *
+ * RMSNorm's lanes keep their weight-gradient sums in shared memory
+ * instead (a warp's G x 8 x 32 floats, lane-minor, so that a warp's
+ * accesses fall in distinct banks; the same additions in the same
+ * order): at C = 2048 the sums in registers took the thread to 203
+ * registers, 8 warps an SM; in shared memory 166, 12 warps (82.9 -> 79.4
+ * us at Llama-3.2-1B's 8,192 rows on an H200; capped at 128 registers
+ * for 16 warps, the thread spilled and took 115 us:
+ * docs/records/gpu-runs.md, twentieth session, call 4).
  */
 #define ROW_WARPS 4            /* warps of a warp-row block */
 #define ROW_MAX_GROUPS 8       /* 8-channel groups a lane: C <= 2048 */
+#define ROW_SHARED_MIN_BLOCKS 3 /* RMSNorm's blocks an SM: 16 warps */
+
+/* The dynamic shared memory of layernorm_backward_rows<G, RMS>. */
+static constexpr size_t rows_shared_bytes(int G, bool RMS)
+{
+    return RMS ? (size_t)ROW_WARPS * G * 8 * WARP_SIZE * sizeof(float) : 0;
+}
+
+/* The block's partial row [dw | db] (C each) from its warps' sums in
+ * registers, added in warp order in block_sums (2C floats). */
+template <int G>
+static __device__ __forceinline__ void
+register_sums_to_partial(float *own, float *block_sums, const float dw[G][8],
+                         const float db[G][8], int C)
+{
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    for (int v = 0; v < ROW_WARPS; v++) {
+        if (warp == v) {
+#pragma unroll
+            for (int k = 0; k < G; k++) {
+                int c = (lane + k * WARP_SIZE) * 8;
+                if (c >= C)
+                    continue;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    block_sums[c + i] = v == 0 ? dw[k][i]
+                                               : block_sums[c + i] + dw[k][i];
+                    block_sums[C + c + i] =
+                        v == 0 ? db[k][i] : block_sums[C + c + i] + db[k][i];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int j = threadIdx.x * 4; j < 2 * C; j += blockDim.x * 4)
+        *reinterpret_cast<float4 *>(own + j) =
+            *reinterpret_cast<const float4 *>(block_sums + j);
+}
+
+/* The same from the warps' sums in shared memory (RMSNorm: no bias, so
+ * the second half zeros), in warp order. */
+template <int G>
+static __device__ __forceinline__ void
+shared_sums_to_partial(float *own, const float *warp_sums, int C)
+{
+    __syncthreads();
+    for (int j = threadIdx.x; j < C; j += blockDim.x) {
+        int group = j / 8;
+        const float *sums = warp_sums +
+                            ((group / WARP_SIZE) * 8 + j % 8) * WARP_SIZE +
+                            group % WARP_SIZE;
+        float total = sums[0];
+        for (int v = 1; v < ROW_WARPS; v++)
+            total += sums[v * G * 8 * WARP_SIZE];
+        own[j] = total;
+        own[C + j] = 0.0f;
+    }
+}
 
 template <int G, bool RMS>
-__global__ void __launch_bounds__(ROW_WARPS *WARP_SIZE)
+__global__ void __launch_bounds__(ROW_WARPS *WARP_SIZE,
+                                  RMS ? ROW_SHARED_MIN_BLOCKS : 0)
 layernorm_backward_rows(layernorm_backward_args a, int rows_per_block)
 {
-    __shared__ float block_sums[2 * ROW_MAX_GROUPS * 8 * WARP_SIZE];
+    __shared__ float block_sums[RMS ? 1 : 2 * ROW_MAX_GROUPS * 8 * WARP_SIZE];
+    extern __shared__ float warp_sums[]; /* RMS: rows_shared_bytes */
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     int C = a.C;
     int first = blockIdx.x * rows_per_block;
     int last = min(first + rows_per_block, a.N);
+    float *lane_sums = warp_sums + warp * G * 8 * WARP_SIZE + lane;
     float dw[G][8], db[G][8];
 #pragma unroll
     for (int k = 0; k < G; k++)
 #pragma unroll
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < 8; i++) {
             dw[k][i] = db[k][i] = 0.0f;
+            if (RMS)
+                lane_sums[(k * 8 + i) * WARP_SIZE] = 0.0f;
+        }
     for (int row = first + warp; row < last; row += ROW_WARPS) {
         size_t base = (size_t)row * C;
         bf16x8 dy_raw[G], x_raw[G], residual_raw[G];
@@ -846,9 +919,12 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block)
                 float xhat = (x[i] - m) * rs;
                 value[i] = residual[i] +
                            rs * (dy[i] * w[i] - mean_g - xhat * mean_g_xhat);
-                dw[k][i] += dy[i] * xhat;
-                if (!RMS)
+                if (RMS) {
+                    lane_sums[(k * 8 + i) * WARP_SIZE] += dy[i] * xhat;
+                } else {
+                    dw[k][i] += dy[i] * xhat;
                     db[k][i] += dy[i];
+                }
             }
             if (a.d_inp != NULL)
                 store8(a.d_inp + base + c, value);
@@ -856,30 +932,11 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block)
                 store8(a.d_inp_bf16 + base + c, value);
         }
     }
-    /* the block's sums in warp order: [dw | db], C each */
-    for (int v = 0; v < ROW_WARPS; v++) {
-        if (warp == v) {
-#pragma unroll
-            for (int k = 0; k < G; k++) {
-                int c = (lane + k * WARP_SIZE) * 8;
-                if (c >= C)
-                    continue;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    block_sums[c + i] = v == 0 ? dw[k][i]
-                                               : block_sums[c + i] + dw[k][i];
-                    block_sums[C + c + i] =
-                        v == 0 ? db[k][i] : block_sums[C + c + i] + db[k][i];
-                }
-            }
-        }
-        __syncthreads();
-    }
-    size_t C2 = 2 * (size_t)C;
-    float *own = a.partials + blockIdx.x * C2;
-    for (int j = threadIdx.x * 4; j < (int)C2; j += blockDim.x * 4)
-        *reinterpret_cast<float4 *>(own + j) =
-            *reinterpret_cast<const float4 *>(block_sums + j);
+    float *own = a.partials + blockIdx.x * 2 * (size_t)C;
+    if (RMS)
+        shared_sums_to_partial<G>(own, warp_sums, C);
+    else
+        register_sums_to_partial<G>(own, block_sums, dw, db, C);
     add_partial_rows(a);
 }
 
@@ -907,7 +964,7 @@ static int rows_blocks_per_sm(void)
         return blocks;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
             &blocks, layernorm_backward_rows<G, RMS>, ROW_WARPS * WARP_SIZE,
-            0) != cudaSuccess ||
+            rows_shared_bytes(G, RMS)) != cudaSuccess ||
         blocks <= 0)
         blocks = 1;
     cached.store(blocks, std::memory_order_relaxed);
@@ -927,7 +984,8 @@ static void launch_rows_of(const layernorm_backward_args &a, int sms,
     unsigned int blocks =
         (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
     layernorm_backward_rows<G, RMS>
-        <<<blocks, ROW_WARPS * WARP_SIZE, 0, stream>>>(a, rows_per_block);
+        <<<blocks, ROW_WARPS * WARP_SIZE, rows_shared_bytes(G, RMS),
+           stream>>>(a, rows_per_block);
 }
 
 template <bool RMS>
