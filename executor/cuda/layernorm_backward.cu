@@ -1,0 +1,804 @@
+/*
+ * Layer norm's and RMSNorm's backward (layernorm.cu has their forward;
+ * RMS is the same template flag), fused with the residual branch point
+ * (d_inp = d_residual + the norm's own term): it writes d_inp in fp32
+ * and the bf16 copy the next matrix products read, and adds the weight
+ * and bias gradients, in one kernel: each block sums dy x xhat and dy
+ * over its rows (rows up to 2048 wide one warp a row, wider ones the
+ * whole block a row), writes them as its partial row, and the last block
+ * of each group of blocks to finish sums the group's partials, the last
+ * group the groups' sums (a fixed order everywhere, so results do not
+ * change between runs). Rows wider than FUSED_MAX_COLUMNS or not 16-byte
+ * vectorisable take two generic kernels (rows, then partials).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+
+#include "executor/cuda/cuda_common.cuh"
+
+#define BACKWARD_THREADS 256
+#define BACKWARD_ROWS CUDA_LAYERNORM_BACKWARD_ROWS /* kernel_sizes.h */
+#define FUSED_MAX_COLUMNS 8192     /* 256 threads x 4 groups of 8 */
+#define FUSED_GROUP_BLOCKS CUDA_LAYERNORM_GROUP_BLOCKS /* kernel_sizes.h */
+
+/* ------------------------------------------------------ fused backward */
+
+/* What the fused backward reads and writes (cuda_layernorm_backward's
+ * arguments; partials and counters: its scratch, see
+ * cuda_layernorm_backward_scratch). */
+struct layernorm_backward_args {
+    float *d_inp;                /* may be NULL: d_inp_bf16 alone */
+    bf16 *d_inp_bf16;            /* may be NULL (not with d_inp NULL) */
+    cuda_grad d_weight, d_bias;  /* added to; either's data may be NULL */
+    float *partials;             /* blocks x 2C, then groups x 2C */
+    unsigned int *counters;      /* groups + 1, zero between calls */
+    const float *d_residual;     /* may be NULL, may equal d_inp */
+    const bf16 *d_residual_bf16; /* used when d_residual is NULL; may be
+                                  * NULL, may equal d_inp_bf16 */
+    const bf16 *d_out;
+    const bf16 *inp;
+    const float *weight, *mean, *rstd; /* mean: NULL under RMSNorm */
+    int N, C;
+};
+
+/*
+ * The rows [first, last) of a block, ROWS at a time. Thread t owns the
+ * 8-channel groups t, t + blockDim.x, ... (G of them): for each row it
+ * computes its share of the row's sums of g = dy w and g xhat, the
+ * block adds the shares (one barrier per ROWS rows; the shared sums are
+ * double-buffered, so a buffer is rewritten only after the next
+ * barrier), then the thread writes its channels of d_inp and adds
+ * dy xhat and dy to its weight and bias sums dw, db. One function for
+ * the pass: the rows' values stay in registers between its steps. RMS:
+ * no mean, so neither the mean(g) term nor a bias sum.
+ */
+template <int G, int ROWS, bool RMS>
+static __device__ void fused_backward_rows(const layernorm_backward_args &a,
+                                           int first, int last,
+                                           float dw[G][8], float db[G][8])
+{
+    __shared__ float shares[2][BACKWARD_THREADS / WARP_SIZE][2 * ROWS];
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    int warps = blockDim.x / WARP_SIZE, C = a.C, buffer = 0;
+    float w[G][8];
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        int c = (threadIdx.x + k * blockDim.x) * 8;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            w[k][i] = 0.0f;
+        if (c < C)
+            load8(w[k], a.weight + c);
+    }
+    for (int row0 = first; row0 < last; row0 += ROWS) {
+        float dy[ROWS][G][8], xhat[ROWS][G][8], sums[2 * ROWS], rs[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            int row = row0 + r;
+            bool live = row < last;
+            float m = live && !RMS ? a.mean[row] : 0.0f;
+            rs[r] = live ? a.rstd[row] : 0.0f;
+            float g_sum = 0.0f, g_xhat_sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < G; k++) {
+                int c = (threadIdx.x + k * blockDim.x) * 8;
+                float x[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    dy[r][k][i] = x[i] = 0.0f;
+                if (live && c < C) {
+                    load8(dy[r][k], a.d_out + (size_t)row * C + c);
+                    load8(x, a.inp + (size_t)row * C + c);
+                }
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    xhat[r][k][i] = (x[i] - m) * rs[r];
+                    float g = dy[r][k][i] * w[k][i];
+                    g_sum += g;
+                    g_xhat_sum += g * xhat[r][k][i];
+                }
+            }
+            sums[2 * r] = RMS ? 0.0f : warp_sum(g_sum);
+            sums[2 * r + 1] = warp_sum(g_xhat_sum);
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < 2 * ROWS; j++)
+                shares[buffer][warp][j] = sums[j];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < 2 * ROWS; j++) {
+            float total = 0.0f;
+            for (int v = 0; v < warps; v++)
+                total += shares[buffer][v][j];
+            sums[j] = total / (float)C;
+        }
+        buffer ^= 1;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            size_t base = (size_t)(row0 + r) * C;
+#pragma unroll
+            for (int k = 0; k < G; k++) {
+                int c = (threadIdx.x + k * blockDim.x) * 8;
+                if (row0 + r >= last || c >= C)
+                    continue;
+                float residual[8], value[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    residual[i] = 0.0f;
+                if (a.d_residual != NULL)
+                    load8(residual, a.d_residual + base + c);
+                else if (a.d_residual_bf16 != NULL)
+                    load8(residual, a.d_residual_bf16 + base + c);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float g = dy[r][k][i] * w[k][i];
+                    value[i] = residual[i] +
+                               rs[r] * (g - sums[2 * r] -
+                                        xhat[r][k][i] * sums[2 * r + 1]);
+                    dw[k][i] += dy[r][k][i] * xhat[r][k][i];
+                    if (!RMS)
+                        db[k][i] += dy[r][k][i];
+                }
+                if (a.d_inp != NULL)
+                    store8(a.d_inp + base + c, value);
+                if (a.d_inp_bf16 != NULL)
+                    store8(a.d_inp_bf16 + base + c, value);
+            }
+        }
+    }
+}
+
+/* Counts the block in at *counter after its writes (fenced first); true
+ * in every thread of the block that completes the count (`expected`
+ * blocks), which then zeroes the counter for the next call and sees the
+ * other blocks' writes. */
+static __device__ bool arrive_last(unsigned int *counter,
+                                   unsigned int expected)
+{
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) + 1u == expected;
+        if (last)
+            *counter = 0u;
+    }
+    __syncthreads();
+    if (last)
+        __threadfence();
+    return last;
+}
+
+/* The column sums of count rows of C2 floats, in row order, 4 columns a
+ * thread at a time (read through L2: other blocks wrote them); written
+ * to out, or added to d_weight (columns < C) and d_bias when out is
+ * NULL. */
+static __device__ void sum_rows(float *out, const cuda_grad *d_weight,
+                                const cuda_grad *d_bias, const float *rows,
+                                int count, int C)
+{
+    int C2 = 2 * C;
+    for (int j = threadIdx.x * 4; j < C2; j += blockDim.x * 4) {
+        float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int r = 0; r < count; r++) {
+            float4 v = __ldcg(
+                reinterpret_cast<const float4 *>(rows + (size_t)r * C2 + j));
+            total.x += v.x;
+            total.y += v.y;
+            total.z += v.z;
+            total.w += v.w;
+        }
+        if (out != NULL) {
+            *reinterpret_cast<float4 *>(out + j) = total;
+            continue;
+        }
+        const cuda_grad *grad = j < C ? d_weight : d_bias;
+        size_t at = (size_t)(j < C ? j : j - C);
+        if (grad->data != NULL) {
+            grad_add(*grad, at, total.x);
+            grad_add(*grad, at + 1, total.y);
+            grad_add(*grad, at + 2, total.z);
+            grad_add(*grad, at + 3, total.w);
+        }
+    }
+}
+
+/* After every block has written its partial row (dw | db, 2C floats):
+ * the last block of each group to finish sums the group's rows, the last
+ * group the groups' sums into the gradients. */
+static __device__ void add_partial_rows(const layernorm_backward_args &a)
+{
+    size_t C2 = 2 * (size_t)a.C;
+    int blocks = gridDim.x;
+    int groups = (blocks + FUSED_GROUP_BLOCKS - 1) / FUSED_GROUP_BLOCKS;
+    int group = blockIdx.x / FUSED_GROUP_BLOCKS;
+    int group_first = group * FUSED_GROUP_BLOCKS;
+    int group_size = min(FUSED_GROUP_BLOCKS, blocks - group_first);
+    float *group_sums = a.partials + (size_t)blocks * C2;
+    if (!arrive_last(&a.counters[group], (unsigned int)group_size))
+        return;
+    sum_rows(group_sums + group * C2, &a.d_weight, &a.d_bias,
+             a.partials + group_first * C2, group_size, a.C);
+    if (!arrive_last(&a.counters[groups], (unsigned int)groups))
+        return;
+    sum_rows(NULL, &a.d_weight, &a.d_bias, group_sums, groups, a.C);
+}
+
+/* One kernel for the whole backward: the block's rows, its partial row,
+ * then, in the last block of its group to finish, the group's sum, and
+ * in the last group to finish, the gradients. */
+template <int G, int ROWS, bool RMS>
+__global__ void __launch_bounds__(BACKWARD_THREADS)
+layernorm_backward_fused(layernorm_backward_args a)
+{
+    int first = blockIdx.x * BACKWARD_ROWS;
+    int last = min(first + BACKWARD_ROWS, a.N);
+    float dw[G][8], db[G][8];
+#pragma unroll
+    for (int k = 0; k < G; k++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            dw[k][i] = db[k][i] = 0.0f;
+    fused_backward_rows<G, ROWS, RMS>(a, first, last, dw, db);
+    size_t C2 = 2 * (size_t)a.C;
+    float *own = a.partials + blockIdx.x * C2;
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        int c = (threadIdx.x + k * blockDim.x) * 8;
+        if (c < a.C) {
+            store8(own + c, dw[k]);
+            store8(own + a.C + c, db[k]);
+        }
+    }
+    add_partial_rows(a);
+}
+
+/* ---------------------------------------------------- generic backward */
+
+/*
+ * The generic backward (C % 8 != 0, unaligned tensors, or C above
+ * FUSED_MAX_COLUMNS), in two kernels. A block owns BACKWARD_ROWS rows.
+ * Phase 1, row-parallel: one warp per row writes d_inp (fp32 and bf16).
+ * Phase 2, column-parallel: each thread sums dy x xhat and dy of 8
+ * columns (VECTOR) over a share of the block's rows (re-read from L2,
+ * where phase 1 just left them); the shares are added in order in shared
+ * memory and written as the block's partials (partials[block][0..C)
+ * weight, [C..2C) bias). One kernel, and so one long function: the two
+ * phases share the block's rows through L2 and its shared memory, which
+ * a second kernel or a call would not keep.
+ */
+#define PARTIAL_SPACE (BACKWARD_THREADS * 16)
+
+template <int VECTOR, bool RMS>
+__global__ void __launch_bounds__(BACKWARD_THREADS)
+layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
+                          const float *d_residual,
+                          const bf16 *d_residual_bf16, const bf16 *d_out,
+                          const bf16 *inp, const float *weight,
+                          const float *mean, const float *rstd, int N, int C)
+{
+    __shared__ float shares[PARTIAL_SPACE];
+    int lane = threadIdx.x % WARP_SIZE;
+    int warp = threadIdx.x / WARP_SIZE;
+    int warps = blockDim.x / WARP_SIZE;
+    int first_row = blockIdx.x * BACKWARD_ROWS;
+    int last_row = min(first_row + BACKWARD_ROWS, N);
+    for (int row = first_row + warp; row < last_row; row += warps) {
+        size_t base = (size_t)row * C;
+        float row_mean = RMS ? 0.0f : mean[row];
+        float row_rstd = rstd[row];
+        float g_sum = 0.0f;
+        float g_xhat_sum = 0.0f;
+        for (int c = lane * VECTOR; c < C; c += WARP_SIZE * VECTOR) {
+            float dy[VECTOR], x[VECTOR], w[VECTOR];
+            if (VECTOR == 8) {
+                load8(dy, d_out + base + c);
+                load8(x, inp + base + c);
+                load8(w, weight + c);
+            } else {
+                dy[0] = __bfloat162float(d_out[base + c]);
+                x[0] = __bfloat162float(inp[base + c]);
+                w[0] = weight[c];
+            }
+#pragma unroll
+            for (int i = 0; i < VECTOR; i++) {
+                float g = dy[i] * w[i];
+                g_sum += g;
+                g_xhat_sum += g * (x[i] - row_mean) * row_rstd;
+            }
+        }
+        float g_mean = RMS ? 0.0f : warp_sum(g_sum) / (float)C;
+        float g_xhat_mean = warp_sum(g_xhat_sum) / (float)C;
+        for (int c = lane * VECTOR; c < C; c += WARP_SIZE * VECTOR) {
+            float dy[VECTOR], x[VECTOR], w[VECTOR], value[VECTOR];
+            if (VECTOR == 8) {
+                load8(dy, d_out + base + c);
+                load8(x, inp + base + c);
+                load8(w, weight + c);
+            } else {
+                dy[0] = __bfloat162float(d_out[base + c]);
+                x[0] = __bfloat162float(inp[base + c]);
+                w[0] = weight[c];
+            }
+            float residual[VECTOR];
+#pragma unroll
+            for (int i = 0; i < VECTOR; i++)
+                residual[i] = 0.0f;
+            if (d_residual != NULL) {
+                if (VECTOR == 8)
+                    load8(residual, d_residual + base + c);
+                else
+                    residual[0] = d_residual[base + c];
+            } else if (d_residual_bf16 != NULL) {
+                if (VECTOR == 8)
+                    load8(residual, d_residual_bf16 + base + c);
+                else
+                    residual[0] = __bfloat162float(d_residual_bf16[base + c]);
+            }
+#pragma unroll
+            for (int i = 0; i < VECTOR; i++) {
+                float xhat = (x[i] - row_mean) * row_rstd;
+                value[i] = residual[i] + row_rstd * (dy[i] * w[i] - g_mean -
+                                                     xhat * g_xhat_mean);
+            }
+            if (VECTOR == 8) {
+                if (d_inp != NULL)
+                    store8(d_inp + base + c, value);
+                if (d_inp_bf16 != NULL)
+                    store8(d_inp_bf16 + base + c, value);
+            } else {
+                if (d_inp != NULL)
+                    d_inp[base + c] = value[0];
+                if (d_inp_bf16 != NULL)
+                    d_inp_bf16[base + c] = __float2bfloat16_rn(value[0]);
+            }
+        }
+    }
+
+    /* phase 2: `lanes` threads share each group of VECTOR columns */
+    int groups = C / VECTOR;
+    int lanes = max(1, (int)blockDim.x / groups);
+    float *weight_partial = partials + (size_t)blockIdx.x * 2 * C;
+    float *bias_partial = weight_partial + C;
+    for (int item = threadIdx.x; item < groups * lanes; item += blockDim.x) {
+        int group = item % groups;
+        int share = item / groups;
+        int c = group * VECTOR;
+        float dw[VECTOR], db[VECTOR];
+#pragma unroll
+        for (int i = 0; i < VECTOR; i++)
+            dw[i] = db[i] = 0.0f;
+        for (int row = first_row + share; row < last_row; row += lanes) {
+            size_t base = (size_t)row * C + c;
+            float dy[VECTOR], x[VECTOR];
+            if (VECTOR == 8) {
+                load8(dy, d_out + base);
+                load8(x, inp + base);
+            } else {
+                dy[0] = __bfloat162float(d_out[base]);
+                x[0] = __bfloat162float(inp[base]);
+            }
+            float row_mean = RMS ? 0.0f : mean[row];
+            float row_rstd = rstd[row];
+#pragma unroll
+            for (int i = 0; i < VECTOR; i++) {
+                dw[i] += dy[i] * (x[i] - row_mean) * row_rstd;
+                if (!RMS)
+                    db[i] += dy[i];
+            }
+        }
+        if (lanes == 1) {
+#pragma unroll
+            for (int i = 0; i < VECTOR; i++) {
+                weight_partial[c + i] = dw[i];
+                bias_partial[c + i] = db[i];
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < VECTOR; i++) {
+                shares[share * 2 * C + c + i] = dw[i];
+                shares[share * 2 * C + C + c + i] = db[i];
+            }
+        }
+    }
+    if (lanes == 1)
+        return;
+    __syncthreads();
+    for (int j = threadIdx.x; j < 2 * C; j += blockDim.x) {
+        float total = 0.0f;
+        for (int share = 0; share < lanes; share++)
+            total += shares[share * 2 * C + j];
+        weight_partial[j] = total; /* bias_partial follows weight_partial */
+    }
+}
+
+/* Sums the blocks' partials of each of the 2C columns in block order
+ * (8 threads down the blocks, then in shared memory) and adds them to the
+ * gradients. */
+__global__ void layernorm_partials_kernel(cuda_grad d_weight,
+                                          cuda_grad d_bias,
+                                          const float *partials, int blocks,
+                                          int C)
+{
+    __shared__ float sums[8][WARP_SIZE + 1];
+    int j = blockIdx.x * WARP_SIZE + threadIdx.x;
+    float total = 0.0f;
+    if (j < 2 * C)
+        for (int b = threadIdx.y; b < blocks; b += 8)
+            total += partials[(size_t)b * 2 * C + j];
+    sums[threadIdx.y][threadIdx.x] = total;
+    __syncthreads();
+    if (threadIdx.y != 0 || j >= 2 * C)
+        return;
+    for (int y = 1; y < 8; y++)
+        total += sums[y][threadIdx.x];
+    if (j < C) {
+        if (d_weight.data != NULL)
+            grad_add(d_weight, (size_t)j, total);
+    } else if (d_bias.data != NULL) {
+        grad_add(d_bias, (size_t)(j - C), total);
+    }
+}
+
+/* ------------------------------------------------- warp-row backward */
+
+/*
+ * The backward of rows of C <= 2048 channels (C % 8 == 0, 16-byte
+ * aligned): one warp per row and no barrier between rows. Lane l owns
+ * the 8-channel groups l, l + 32, ... (G of them); a row's two sums
+ * are warp sums, so a warp goes from row to row on its own, with its
+ * loads (dy, x and the bf16 residual, read before the sums) in flight
+ * while other warps compute. The weight and bias gradients stay in the
+ * lane's registers over all the warp's rows; the block's warps add
+ * theirs in warp order in shared memory at the end (a fixed order, so
+ * results do not change between runs), and the block's partial row
+ * goes the way of the fused kernel's (its group's last block, then the
+ * last group). The block-per-rows kernel above met at a barrier every
+ * few rows, which left an H200's SMs mostly waiting at hidden 1024
+ * (130.9 us a call at 16384 rows, against 84.5 us for llm.c's).
+ *
+ * RMSNorm's lanes keep their weight-gradient sums in shared memory
+ * instead (a warp's G x 8 x 32 floats, lane-minor, so that a warp's
+ * accesses fall in distinct banks; the same additions in the same
+ * order): at C = 2048 the sums in registers took the thread to 203
+ * registers, 8 warps an SM; in shared memory 166, 12 warps (82.9 -> 79.4
+ * us at Llama-3.2-1B's 8,192 rows on an H200; capped at 128 registers
+ * for 16 warps, the thread spilled and took 115 us:
+ * docs/records/gpu-runs.md, twentieth session, call 4).
+ */
+#define ROW_WARPS 4            /* warps of a warp-row block */
+#define ROW_MAX_GROUPS 8       /* 8-channel groups a lane: C <= 2048 */
+#define ROW_SHARED_MIN_BLOCKS 3 /* RMSNorm's blocks an SM: 16 warps */
+
+/* The dynamic shared memory of layernorm_backward_rows<G, RMS>. */
+static constexpr size_t rows_shared_bytes(int G, bool RMS)
+{
+    return RMS ? (size_t)ROW_WARPS * G * 8 * WARP_SIZE * sizeof(float) : 0;
+}
+
+/* The block's partial row [dw | db] (C each) from its warps' sums in
+ * registers, added in warp order in block_sums (2C floats). */
+template <int G>
+static __device__ __forceinline__ void
+register_sums_to_partial(float *own, float *block_sums, const float dw[G][8],
+                         const float db[G][8], int C)
+{
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    for (int v = 0; v < ROW_WARPS; v++) {
+        if (warp == v) {
+#pragma unroll
+            for (int k = 0; k < G; k++) {
+                int c = (lane + k * WARP_SIZE) * 8;
+                if (c >= C)
+                    continue;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    block_sums[c + i] = v == 0 ? dw[k][i]
+                                               : block_sums[c + i] + dw[k][i];
+                    block_sums[C + c + i] =
+                        v == 0 ? db[k][i] : block_sums[C + c + i] + db[k][i];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int j = threadIdx.x * 4; j < 2 * C; j += blockDim.x * 4)
+        *reinterpret_cast<float4 *>(own + j) =
+            *reinterpret_cast<const float4 *>(block_sums + j);
+}
+
+/* The same from the warps' sums in shared memory (RMSNorm: no bias, so
+ * the second half zeros), in warp order. */
+template <int G>
+static __device__ __forceinline__ void
+shared_sums_to_partial(float *own, const float *warp_sums, int C)
+{
+    __syncthreads();
+    for (int j = threadIdx.x; j < C; j += blockDim.x) {
+        int group = j / 8;
+        const float *sums = warp_sums +
+                            ((group / WARP_SIZE) * 8 + j % 8) * WARP_SIZE +
+                            group % WARP_SIZE;
+        float total = sums[0];
+        for (int v = 1; v < ROW_WARPS; v++)
+            total += sums[v * G * 8 * WARP_SIZE];
+        own[j] = total;
+        own[C + j] = 0.0f;
+    }
+}
+
+template <int G, bool RMS>
+__global__ void __launch_bounds__(ROW_WARPS *WARP_SIZE,
+                                  RMS ? ROW_SHARED_MIN_BLOCKS : 0)
+layernorm_backward_rows(layernorm_backward_args a, int rows_per_block)
+{
+    __shared__ float block_sums[RMS ? 1 : 2 * ROW_MAX_GROUPS * 8 * WARP_SIZE];
+    extern __shared__ float warp_sums[]; /* RMS: rows_shared_bytes */
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    int C = a.C;
+    int first = blockIdx.x * rows_per_block;
+    int last = min(first + rows_per_block, a.N);
+    float *lane_sums = warp_sums + warp * G * 8 * WARP_SIZE + lane;
+    float dw[G][8], db[G][8];
+#pragma unroll
+    for (int k = 0; k < G; k++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            dw[k][i] = db[k][i] = 0.0f;
+            if (RMS)
+                lane_sums[(k * 8 + i) * WARP_SIZE] = 0.0f;
+        }
+    for (int row = first + warp; row < last; row += ROW_WARPS) {
+        size_t base = (size_t)row * C;
+        bf16x8 dy_raw[G], x_raw[G], residual_raw[G];
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            int c = (lane + k * WARP_SIZE) * 8;
+            if (c >= C)
+                continue;
+            dy_raw[k] = *reinterpret_cast<const bf16x8 *>(a.d_out + base + c);
+            x_raw[k] = *reinterpret_cast<const bf16x8 *>(a.inp + base + c);
+            if (a.d_residual == NULL && a.d_residual_bf16 != NULL)
+                residual_raw[k] = *reinterpret_cast<const bf16x8 *>(
+                    a.d_residual_bf16 + base + c);
+        }
+        float m = RMS ? 0.0f : a.mean[row], rs = a.rstd[row];
+        float g_sum = 0.0f, g_xhat_sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            int c = (lane + k * WARP_SIZE) * 8;
+            if (c >= C)
+                continue;
+            float dy[8], x[8], w[8];
+            bf16x8_to_float(dy_raw[k], dy);
+            bf16x8_to_float(x_raw[k], x);
+            load8(w, a.weight + c);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float g = dy[i] * w[i];
+                g_sum += g;
+                g_xhat_sum += g * (x[i] - m) * rs;
+            }
+        }
+        float mean_g = RMS ? 0.0f : warp_sum(g_sum) / (float)C;
+        float mean_g_xhat = warp_sum(g_xhat_sum) / (float)C;
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            int c = (lane + k * WARP_SIZE) * 8;
+            if (c >= C)
+                continue;
+            float dy[8], x[8], w[8], residual[8], value[8];
+            bf16x8_to_float(dy_raw[k], dy);
+            bf16x8_to_float(x_raw[k], x);
+            load8(w, a.weight + c);
+            if (a.d_residual != NULL)
+                load8(residual, a.d_residual + base + c);
+            else if (a.d_residual_bf16 != NULL)
+                bf16x8_to_float(residual_raw[k], residual);
+            else
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    residual[i] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float xhat = (x[i] - m) * rs;
+                value[i] = residual[i] +
+                           rs * (dy[i] * w[i] - mean_g - xhat * mean_g_xhat);
+                if (RMS) {
+                    lane_sums[(k * 8 + i) * WARP_SIZE] += dy[i] * xhat;
+                } else {
+                    dw[k][i] += dy[i] * xhat;
+                    db[k][i] += dy[i];
+                }
+            }
+            if (a.d_inp != NULL)
+                store8(a.d_inp + base + c, value);
+            if (a.d_inp_bf16 != NULL)
+                store8(a.d_inp_bf16 + base + c, value);
+        }
+    }
+    float *own = a.partials + blockIdx.x * 2 * (size_t)C;
+    if (RMS)
+        shared_sums_to_partial<G>(own, warp_sums, C);
+    else
+        register_sums_to_partial<G>(own, block_sums, dw, db, C);
+    add_partial_rows(a);
+}
+
+/* PARTITA_LAYERNORM_BACKWARD=block keeps rows of C <= 2048 on the
+ * block-per-rows kernel: for benchmarks that hold the two side by side
+ * in one call (bench/exec_vs_llmc/run.sh). Read once a process. */
+static bool force_block_kernel(void)
+{
+    static const bool forced = [] {
+        const char *choice = getenv("PARTITA_LAYERNORM_BACKWARD");
+        return choice != NULL && strcmp(choice, "block") == 0;
+    }();
+    return forced;
+}
+
+/* Blocks of layernorm_backward_rows<G, RMS> an SM holds at once (its
+ * registers decide: 72 to 255 a thread from G 1 to 8), asked of the
+ * runtime once a process. */
+template <int G, bool RMS>
+static int rows_blocks_per_sm(void)
+{
+    static std::atomic<int> cached{0};
+    int blocks = cached.load(std::memory_order_relaxed);
+    if (blocks > 0)
+        return blocks;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &blocks, layernorm_backward_rows<G, RMS>, ROW_WARPS * WARP_SIZE,
+            rows_shared_bytes(G, RMS)) != cudaSuccess ||
+        blocks <= 0)
+        blocks = 1;
+    cached.store(blocks, std::memory_order_relaxed);
+    return blocks;
+}
+
+/* The warp-row kernel's launch: rows_per_block so that the grid is one
+ * wave of the device's SMs, and at least BACKWARD_ROWS, so the grid
+ * never has more blocks than the scratch has partial rows for
+ * (cuda_layernorm_backward_scratch). */
+template <int G, bool RMS>
+static void launch_rows_of(const layernorm_backward_args &a, int sms,
+                           cudaStream_t stream)
+{
+    int aim = sms * rows_blocks_per_sm<G, RMS>();
+    int rows_per_block = max(BACKWARD_ROWS, (a.N + aim - 1) / aim);
+    unsigned int blocks =
+        (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
+    layernorm_backward_rows<G, RMS>
+        <<<blocks, ROW_WARPS * WARP_SIZE, rows_shared_bytes(G, RMS),
+           stream>>>(a, rows_per_block);
+}
+
+template <bool RMS>
+static void launch_rows(const layernorm_backward_args &a, cudaStream_t stream)
+{
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                               device) != cudaSuccess ||
+        sms <= 0)
+        sms = 1;
+    switch ((a.C / 8 + WARP_SIZE - 1) / WARP_SIZE) {
+    case 1: launch_rows_of<1, RMS>(a, sms, stream); break;
+    case 2: launch_rows_of<2, RMS>(a, sms, stream); break;
+    case 3: launch_rows_of<3, RMS>(a, sms, stream); break;
+    case 4: launch_rows_of<4, RMS>(a, sms, stream); break;
+    case 5: launch_rows_of<5, RMS>(a, sms, stream); break;
+    case 6: launch_rows_of<6, RMS>(a, sms, stream); break;
+    case 7: launch_rows_of<7, RMS>(a, sms, stream); break;
+    default: launch_rows_of<8, RMS>(a, sms, stream); break;
+    }
+}
+
+/* The fused kernel for rows of C % 8 == 0 channels, C <= 8192: G groups
+ * of 8 channels per thread, at most 256 threads, ROWS rows at a time (G
+ * x ROWS = 4: 64 values of the rows in registers). */
+template <bool RMS>
+static void launch_fused(const layernorm_backward_args &a, unsigned int blocks,
+                         cudaStream_t stream)
+{
+    int groups = a.C / 8;
+    int G = groups <= BACKWARD_THREADS ? 1
+            : groups <= 2 * BACKWARD_THREADS ? 2
+                                             : 4;
+    unsigned int threads =
+        (unsigned int)((groups + G - 1) / G + WARP_SIZE - 1) / WARP_SIZE *
+        WARP_SIZE;
+    if (G == 1)
+        layernorm_backward_fused<1, 4, RMS><<<blocks, threads, 0, stream>>>(a);
+    else if (G == 2)
+        layernorm_backward_fused<2, 2, RMS><<<blocks, threads, 0, stream>>>(a);
+    else
+        layernorm_backward_fused<4, 1, RMS><<<blocks, threads, 0, stream>>>(a);
+}
+
+/* The backward of either norm (mean NULL and d_bias empty under RMS). */
+template <bool RMS>
+static cudaError_t launch_backward(
+    float *d_inp, pt_bf16 *d_inp_bf16, cuda_grad d_weight, cuda_grad d_bias,
+    const float *d_residual, const pt_bf16 *d_residual_bf16,
+    const pt_bf16 *d_out_bf16, const pt_bf16 *inp_bf16, const float *weight,
+    const float *mean, const float *rstd, float *scratch, int N, int C,
+    cudaStream_t stream)
+{
+    if (N <= 0)
+        return cudaSuccess;
+    unsigned int blocks = blocks_for((size_t)N, BACKWARD_ROWS);
+    const bf16 *inp = as_bf16(inp_bf16);
+    if (d_inp == NULL && d_inp_bf16 == NULL)
+        return cudaErrorInvalidValue;
+    bool vector = C % 8 == 0 && aligned16(d_out_bf16) && aligned16(inp) &&
+                  aligned16(weight) && aligned16(scratch) &&
+                  (d_inp == NULL || aligned16(d_inp)) &&
+                  (d_inp_bf16 == NULL || aligned16(d_inp_bf16)) &&
+                  (d_residual == NULL || aligned16(d_residual)) &&
+                  (d_residual_bf16 == NULL || aligned16(d_residual_bf16));
+    const bf16 *residual_bf16 = d_residual == NULL ? as_bf16(d_residual_bf16)
+                                                   : NULL;
+    float *partials = scratch + cuda_layernorm_counter_floats(N);
+    if (vector && C <= FUSED_MAX_COLUMNS) {
+        layernorm_backward_args a = {
+            d_inp, as_bf16(d_inp_bf16), d_weight, d_bias, partials,
+            reinterpret_cast<unsigned int *>(scratch), d_residual,
+            residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd, N,
+            C};
+        if (C <= ROW_MAX_GROUPS * 8 * WARP_SIZE && !force_block_kernel())
+            launch_rows<RMS>(a, stream);
+        else
+            launch_fused<RMS>(a, blocks, stream);
+        return cudaGetLastError();
+    }
+    /* the shared shares hold lanes x 2C floats: lanes x C <= 8 x threads
+     * for the vector path, 1 x threads for the scalar one */
+    if (vector)
+        layernorm_backward_generic<8, RMS>
+            <<<blocks, BACKWARD_THREADS, 0, stream>>>(
+                d_inp, as_bf16(d_inp_bf16), partials, d_residual,
+                residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd,
+                N, C);
+    else
+        layernorm_backward_generic<1, RMS>
+            <<<blocks, BACKWARD_THREADS, 0, stream>>>(
+                d_inp, as_bf16(d_inp_bf16), partials, d_residual,
+                residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd,
+                N, C);
+    dim3 threads(WARP_SIZE, 8);
+    layernorm_partials_kernel<<<blocks_for((size_t)2 * C, WARP_SIZE), threads,
+                                0, stream>>>(d_weight, d_bias, partials,
+                                             (int)blocks, C);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_layernorm_backward(
+    float *d_inp, pt_bf16 *d_inp_bf16, cuda_grad d_weight, cuda_grad d_bias,
+    const float *d_residual, const pt_bf16 *d_residual_bf16,
+    const pt_bf16 *d_out_bf16,
+    const pt_bf16 *inp_bf16, const float *weight, const float *mean, const float *rstd,
+    float *scratch, int N, int C, cudaStream_t stream)
+{
+    return launch_backward<false>(d_inp, d_inp_bf16, d_weight, d_bias,
+                                  d_residual, d_residual_bf16, d_out_bf16,
+                                  inp_bf16, weight, mean, rstd, scratch, N, C,
+                                  stream);
+}
+
+extern "C" cudaError_t cuda_rmsnorm_backward(
+    float *d_inp, pt_bf16 *d_inp_bf16, cuda_grad d_weight,
+    const float *d_residual, const pt_bf16 *d_residual_bf16,
+    const pt_bf16 *d_out_bf16, const pt_bf16 *inp_bf16, const float *weight,
+    const float *rstd, float *scratch, int N, int C, cudaStream_t stream)
+{
+    cuda_grad no_bias = {NULL, false};
+    return launch_backward<true>(d_inp, d_inp_bf16, d_weight, no_bias,
+                                 d_residual, d_residual_bf16, d_out_bf16,
+                                 inp_bf16, weight, NULL, rstd, scratch, N, C,
+                                 stream);
+}
