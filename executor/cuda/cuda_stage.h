@@ -377,9 +377,12 @@ void cuda_pass_graphs_close(cuda_pass_graphs *graphs);
  * products_write) on the side stream when pending (no longer pending
  * then). join: the stage's stream waits for a forked fill (before the
  * first gradient is written). settle: a pending fill made whole on the
- * stage's stream (products_write off), a forked one joined (before the
- * gradients are copied). written: whether the product of the weight at
- * `offset` writes its gradient (beta 0) rather than adding to it: under
+ * stage's stream (products_write off), a forked one joined (at the
+ * backward's start). settle_all: the same before the gradients are
+ * copied, and under products_write the ranges the backward's products
+ * have yet to write zeroed too (products_write off): a copy sees what a
+ * whole fill would have left. written: whether the product of the weight
+ * at `offset` writes its gradient (beta 0) rather than adding to it: under
  * products_write, until the step's first backward ends
  * (cuda_stage_backward), a layer's linear weight or the head's where it
  * is the last tensor and not the token embedding (to which the
@@ -391,6 +394,7 @@ int cuda_side_zero_defer(model_stage *stage, size_t bytes, bool *deferred,
 int cuda_side_zero_fork(model_stage *stage, pt_error *err);
 int cuda_side_zero_join(model_stage *stage, pt_error *err);
 int cuda_side_zero_settle(const model_stage *stage, pt_error *err);
+int cuda_side_zero_settle_all(const model_stage *stage, pt_error *err);
 bool cuda_grad_written(const model_stage *stage, size_t offset);
 void cuda_side_zero_close(cuda_side_zero *zero);
 

@@ -675,8 +675,9 @@ static int copy_part(const model_stage *stage, stage_buffer which,
 {
     cuda_stage_state *state = state_of(stage);
     /* gradients read or written between a step's start and its first
-     * forward: zeroed first, as they would have been */
-    if (which == STAGE_GRADS && cuda_side_zero_settle(stage, err) != 0)
+     * backward: zeroed first where nothing has written them yet, as they
+     * would have been */
+    if (which == STAGE_GRADS && cuda_side_zero_settle_all(stage, err) != 0)
         return -1;
     char *part = (char *)model_stage_buffer(stage, which) +
                  at * element_bytes(stage, which);

@@ -237,6 +237,30 @@ int cuda_side_zero_plan(model_stage *stage, size_t element_bytes,
     return 0;
 }
 
+int cuda_side_zero_settle_all(const model_stage *stage, pt_error *err)
+{
+    if (cuda_side_zero_settle(stage, err) != 0)
+        return -1;
+    cuda_stage_state *state = state_of(stage);
+    cuda_side_zero *zero = &state->side_zero;
+    if (!zero->products_write)
+        return 0;
+    /* the first forward ran (settle found nothing pending): a fused head
+     * wrote its gradient there; the backward's products have not */
+    bool head_written = state->layout.head_rows > 0;
+    for (int t = 0; t < stage->tensor_count; t++) {
+        const param_tensor *tensor = &stage->tensors[t];
+        if (!written_by_product(stage, tensor->offset) ||
+            (head_written && tensor->offset == state->offsets.head_weight))
+            continue;
+        CUDA_TRY(cudaMemsetAsync(
+            (char *)stage->grads + tensor->offset * zero->element_bytes, 0,
+            tensor->count * zero->element_bytes, state->stream));
+    }
+    zero->products_write = false;
+    return 0;
+}
+
 bool cuda_grad_written(const model_stage *stage, size_t offset)
 {
     return state_of(stage)->side_zero.products_write &&

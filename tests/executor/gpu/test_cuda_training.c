@@ -20,6 +20,9 @@
  * start as NaN, so a gradient neither zeroed nor written shows; also on
  * a small Llama (RMSNorm, SwiGLU, grouped-query attention, an untied
  * head over a vocabulary of 257 rows, padded to 384 in its product).
+ * The gradients read between a device step's first forward and its
+ * first backward are what a whole fill and that forward leave (finite),
+ * and the step so read ends with the host path's bits.
  *
  * Usage: test_cuda_training [steps]
  */
@@ -89,6 +92,33 @@ static void poison_grads(model_stage *stage)
                                      stage->grad_count, nans, &err),
              &err);
     free(nans);
+}
+
+/* Two cuda stages of the whole model, the same initialisation, every
+ * gradient a NaN. */
+static void create_twins(model_stage *gpu, model_stage *twin,
+                         const model_shape *shape, const stage_spec *spec,
+                         int mbs)
+{
+    pt_error err;
+    PT_CHECK(cuda_model_stage_create(gpu, shape, spec, mbs, 1, &err), &err);
+    PT_CHECK(cuda_model_stage_create(twin, shape, spec, mbs, 1, &err), &err);
+    PT_CHECK(model_stage_init_parameters(gpu, 7, &err), &err);
+    PT_CHECK(model_stage_init_parameters(twin, 7, &err), &err);
+    poison_grads(gpu);
+    poison_grads(twin);
+}
+
+/* Micro-batch m of micro_batches in `tokens` (mbs windows each), its
+ * loss scaled to average over them. */
+static stage_io micro_batch(const model_stage *stage, const uint32_t *tokens,
+                            int m, int micro_batches, int mbs)
+{
+    size_t window = (size_t)stage->shape.seq + 1;
+    stage_io io = {.mbs = mbs,
+                   .tokens = tokens + (size_t)m * (size_t)mbs * window,
+                   .loss_scale = 1.0f / (float)micro_batches};
+    return io;
 }
 
 /* The cpu and the cuda stage of the whole model, the same
@@ -183,14 +213,11 @@ static int host_path_step(model_stage *stage, const train_config *config,
                           const uint32_t *tokens, int micro_batches, int mbs,
                           step_result *out, pt_error *err)
 {
-    size_t window = (size_t)stage->shape.seq + 1;
     double loss_sum = 0.0;
     if (stage_zero_grads(stage, err) != 0)
         return -1;
     for (int m = 0; m < micro_batches; m++) {
-        stage_io io = {.mbs = mbs,
-                       .tokens = tokens + (size_t)m * (size_t)mbs * window,
-                       .loss_scale = 1.0f / (float)micro_batches};
+        stage_io io = micro_batch(stage, tokens, m, micro_batches, mbs);
         float loss = 0.0f;
         if (stage_forward(stage, 0, &io, &loss, err) != 0 ||
             stage_backward(stage, 0, &io, err) != 0)
@@ -272,14 +299,7 @@ static void check_device_step(gpu_test_tally *tally,
     stage_spec spec = stage_spec_whole_model(&shape);
     spec.bf16_grads = bf16_grads;
     model_stage gpu, twin;
-    PT_CHECK(cuda_model_stage_create(&gpu, &shape, &spec, mbs, 1, &err),
-             &err);
-    PT_CHECK(cuda_model_stage_create(&twin, &shape, &spec, mbs, 1, &err),
-             &err);
-    PT_CHECK(model_stage_init_parameters(&gpu, 7, &err), &err);
-    PT_CHECK(model_stage_init_parameters(&twin, 7, &err), &err);
-    poison_grads(&gpu);
-    poison_grads(&twin);
+    create_twins(&gpu, &twin, &shape, &spec, mbs);
     train_config config = train_config_defaults();
     config.schedule.max_lr = 2e-3;
     config.schedule.warmup_steps = 2;
@@ -345,6 +365,76 @@ static void check_device_step(gpu_test_tally *tally,
     model_stage_destroy(&twin);
 }
 
+/* A device step (train_step's calls) whose gradients are read after its
+ * first forward. */
+static int step_read_mid_way(model_stage *stage, const train_config *config,
+                             const uint32_t *tokens, int micro_batches,
+                             int mbs, bool *finite, pt_error *err)
+{
+    if (stage_step_begin(stage, err) != 0)
+        return -1;
+    for (int m = 0; m < micro_batches; m++) {
+        stage_io io = micro_batch(stage, tokens, m, micro_batches, mbs);
+        if (stage_step_forward(stage, &io, err) != 0)
+            return -1;
+        if (m == 0) {
+            float *grads = gpu_test_read_buffer(stage, STAGE_GRADS);
+            *finite = true;
+            for (size_t i = 0; i < stage->grad_count; i++)
+                *finite = *finite && isfinite(grads[i]);
+            free(grads);
+        }
+        if (stage_step_backward(stage, &io, err) != 0)
+            return -1;
+    }
+    float learning_rate =
+        (float)lr_schedule_at(&config->schedule, stage->optimizer_steps);
+    stage_step_totals totals;
+    return stage_step_apply(stage, config, learning_rate, err) != 0 ||
+                   stage_step_end(stage, &totals, err) != 0
+               ? -1
+               : 0;
+}
+
+/* step_read_mid_way on NaN gradients against the host path on a twin:
+ * the read finite, then parameters and moments to the bit. */
+static void check_read_mid_step(gpu_test_tally *tally,
+                                const model_shape *shape, const char *label)
+{
+    pt_error err;
+    int mbs = 4, micro_batches = 2;
+    stage_spec spec = stage_spec_whole_model(shape);
+    model_stage gpu, twin;
+    create_twins(&gpu, &twin, shape, &spec, mbs);
+    train_config config = train_config_defaults();
+    uint32_t *tokens = gpu_test_host((size_t)mbs * micro_batches *
+                                     (shape->seq + 1) * sizeof *tokens);
+    uint64_t state = 13;
+    make_batch(tokens, mbs * micro_batches, shape->seq + 1, shape->vocab,
+               &state);
+    bool finite = false;
+    step_result host;
+    PT_CHECK(step_read_mid_way(&gpu, &config, tokens, micro_batches, mbs,
+                               &finite, &err),
+             &err);
+    PT_CHECK(host_path_step(&twin, &config, tokens, micro_batches, mbs,
+                            &host, &err),
+             &err);
+    char line[256];
+    snprintf(line, sizeof line,
+             "device step, %s: gradients read after the first forward are "
+             "finite, and the step ends with the host path's bits",
+             label);
+    gpu_test_expect(tally,
+                    finite && same_buffer(&gpu, &twin, STAGE_PARAMS) &&
+                        same_buffer(&gpu, &twin, STAGE_ADAM_M) &&
+                        same_buffer(&gpu, &twin, STAGE_ADAM_V),
+                    line);
+    free(tokens);
+    model_stage_destroy(&gpu);
+    model_stage_destroy(&twin);
+}
+
 int main(int argc, char **argv)
 {
     gpu_test_require_device("test_cuda_training");
@@ -361,5 +451,7 @@ int main(int argc, char **argv)
     check_device_step(&tally, &llama, false, "Llama, fp32 gradients");
     check_device_step(&tally, &llama, true,
                       "Llama, bf16 gradients (llm.c)");
+    check_read_mid_step(&tally, &gpt, "GPT");
+    check_read_mid_step(&tally, &llama, "Llama");
     return gpu_test_finish(&tally, "test_cuda_training");
 }
