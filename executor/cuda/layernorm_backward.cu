@@ -273,6 +273,23 @@ layernorm_backward_fused(layernorm_backward_args a)
  */
 #define PARTIAL_SPACE (BACKWARD_THREADS * 16)
 
+/* VECTOR channels of dy, x (bf16) and the weight, widened to fp32. */
+template <int VECTOR>
+static __device__ inline void load_group(float *dy, float *x, float *w,
+                                         const bf16 *d_out, const bf16 *inp,
+                                         const float *weight)
+{
+    if (VECTOR == 8) {
+        load8(dy, d_out);
+        load8(x, inp);
+        load8(w, weight);
+    } else {
+        dy[0] = __bfloat162float(d_out[0]);
+        x[0] = __bfloat162float(inp[0]);
+        w[0] = weight[0];
+    }
+}
+
 template <int VECTOR, bool RMS>
 __global__ void __launch_bounds__(BACKWARD_THREADS)
 layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
@@ -295,15 +312,8 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
         float g_xhat_sum = 0.0f;
         for (int c = lane * VECTOR; c < C; c += WARP_SIZE * VECTOR) {
             float dy[VECTOR], x[VECTOR], w[VECTOR];
-            if (VECTOR == 8) {
-                load8(dy, d_out + base + c);
-                load8(x, inp + base + c);
-                load8(w, weight + c);
-            } else {
-                dy[0] = __bfloat162float(d_out[base + c]);
-                x[0] = __bfloat162float(inp[base + c]);
-                w[0] = weight[c];
-            }
+            load_group<VECTOR>(dy, x, w, d_out + base + c, inp + base + c,
+                               weight + c);
 #pragma unroll
             for (int i = 0; i < VECTOR; i++) {
                 float g = dy[i] * w[i];
@@ -315,15 +325,8 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
         float g_xhat_mean = warp_sum(g_xhat_sum) / (float)C;
         for (int c = lane * VECTOR; c < C; c += WARP_SIZE * VECTOR) {
             float dy[VECTOR], x[VECTOR], w[VECTOR], value[VECTOR];
-            if (VECTOR == 8) {
-                load8(dy, d_out + base + c);
-                load8(x, inp + base + c);
-                load8(w, weight + c);
-            } else {
-                dy[0] = __bfloat162float(d_out[base + c]);
-                x[0] = __bfloat162float(inp[base + c]);
-                w[0] = weight[c];
-            }
+            load_group<VECTOR>(dy, x, w, d_out + base + c, inp + base + c,
+                               weight + c);
             float residual[VECTOR];
 #pragma unroll
             for (int i = 0; i < VECTOR; i++)

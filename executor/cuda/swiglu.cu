@@ -78,15 +78,20 @@ __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *inp, int N,
     store_run<VECTOR>(out + out_at, y);
 }
 
-template <int VECTOR>
-__global__ void swiglu_backward_kernel(bf16 *d_inp, const bf16 *d_out,
-                                       const bf16 *inp, int N, int F)
+/* Thread `index`'s share of the backward: the gate's and the
+ * up-projection's gradients from d_out; with OUTPUT, also the forward's
+ * output by swiglu_forward_kernel's expression (the same bits), written
+ * to `out` (it may be d_out: each element is read before its one thread
+ * writes it). */
+template <int VECTOR, bool OUTPUT>
+static __device__ __forceinline__ void
+swiglu_backward_at(size_t index, bf16 *d_inp, bf16 *out, const bf16 *d_out,
+                   const bf16 *inp, int N, int F)
 {
     size_t gate_at, out_at;
-    size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (!swiglu_place<VECTOR>(index, N, F, &gate_at, &out_at))
         return;
-    float gate[VECTOR], up[VECTOR], dy[VECTOR];
+    float gate[VECTOR], up[VECTOR], dy[VECTOR], y[VECTOR];
     float d_gate[VECTOR], d_up[VECTOR];
     load_run<VECTOR>(gate, inp + gate_at);
     load_run<VECTOR>(up, inp + gate_at + F);
@@ -96,38 +101,33 @@ __global__ void swiglu_backward_kernel(bf16 *d_inp, const bf16 *d_out,
         float s = sigmoid_of(gate[i]);
         d_gate[i] = dy[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
         d_up[i] = dy[i] * gate[i] * s;
+        y[i] = gate[i] * sigmoid_of(gate[i]) * up[i];
     }
     store_run<VECTOR>(d_inp + gate_at, d_gate);
     store_run<VECTOR>(d_inp + gate_at + F, d_up);
+    if (OUTPUT)
+        store_run<VECTOR>(out + out_at, y);
+}
+
+template <int VECTOR>
+__global__ void swiglu_backward_kernel(bf16 *d_inp, const bf16 *d_out,
+                                       const bf16 *inp, int N, int F)
+{
+    swiglu_backward_at<VECTOR, false>(
+        (size_t)blockIdx.x * blockDim.x + threadIdx.x, d_inp, NULL, d_out,
+        inp, N, F);
 }
 
 /* The backward, and the forward's output written over the d_out it read
- * (cuda_swiglu_backward_and_forward), by the same expressions as the two
- * kernels above; each element is read before its one thread writes it. */
+ * (cuda_swiglu_backward_and_forward). */
 template <int VECTOR>
 __global__ void swiglu_backward_forward_kernel(bf16 *d_inp,
                                                bf16 *d_out_then_out,
                                                const bf16 *inp, int N, int F)
 {
-    size_t gate_at, out_at;
-    size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (!swiglu_place<VECTOR>(index, N, F, &gate_at, &out_at))
-        return;
-    float gate[VECTOR], up[VECTOR], dy[VECTOR], y[VECTOR];
-    float d_gate[VECTOR], d_up[VECTOR];
-    load_run<VECTOR>(gate, inp + gate_at);
-    load_run<VECTOR>(up, inp + gate_at + F);
-    load_run<VECTOR>(dy, d_out_then_out + out_at);
-#pragma unroll
-    for (int i = 0; i < VECTOR; i++) {
-        float s = sigmoid_of(gate[i]);
-        d_gate[i] = dy[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
-        d_up[i] = dy[i] * gate[i] * s;
-        y[i] = gate[i] * sigmoid_of(gate[i]) * up[i];
-    }
-    store_run<VECTOR>(d_inp + gate_at, d_gate);
-    store_run<VECTOR>(d_inp + gate_at + F, d_up);
-    store_run<VECTOR>(d_out_then_out + out_at, y);
+    swiglu_backward_at<VECTOR, true>(
+        (size_t)blockIdx.x * blockDim.x + threadIdx.x, d_inp, d_out_then_out,
+        d_out_then_out, inp, N, F);
 }
 
 /* Whether the eight-channel kernels may run on these tensors. */
