@@ -36,7 +36,10 @@
  *   PARTITA_CUDA_RECOMPUTE  comma list of what the backward recomputes
  *                           instead of keeping: "gelu" (the MLP's GELU
  *                           output), "norm" (the layer-norm outputs),
- *                           "all", "none". Default: gelu.
+ *                           "all", "none". Default: gelu. At tp 1 the
+ *                           norm's backward writes its output again as
+ *                           it goes (one write of the rows); at tp > 1
+ *                           a forward pass of its own makes it.
  *   PARTITA_CUDA_FUSE       "0" turns off the cuBLASLt GELU and
  *                           bias-gradient epilogues (separate kernels then
  *                           do that work); for tests and measurements.

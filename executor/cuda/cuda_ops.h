@@ -269,6 +269,24 @@ cudaError_t cuda_rmsnorm_backward(float *d_inp, pt_bf16 *d_inp_bf16,
                                   float *scratch, int N, int C,
                                   cudaStream_t stream);
 
+/*
+ * Either norm's backward (rms: RMSNorm, mean and bias unused) with the
+ * stream gradient in bf16 alone, as cuda_layernorm_backward /
+ * cuda_rmsnorm_backward with d_inp NULL, that also writes the forward's
+ * output again: out_bf16 = the norm of inp_bf16 (from the forward's mean
+ * and rstd), the same bits the forward wrote (one write of the rows, in
+ * the kernel that reads them anyway): for a backward that did not keep
+ * the output and needs it after the norm's backward (a product's weight
+ * gradient). bias: layer norm's (not NULL when rms is false). The
+ * scratch under the same rules.
+ */
+cudaError_t cuda_norm_backward_and_output(
+    pt_bf16 *out_bf16, pt_bf16 *d_inp_bf16, cuda_grad d_weight,
+    cuda_grad d_bias, const pt_bf16 *d_residual_bf16,
+    const pt_bf16 *d_out_bf16, const pt_bf16 *inp_bf16, const float *weight,
+    const float *bias, const float *mean, const float *rstd, bool rms,
+    float *scratch, int N, int C, cudaStream_t stream);
+
 /* ----------------------------------------------------------------- swiglu */
 
 /* SwiGLU (swiglu.cu), one kernel each way. inp_bf16: N rows of 2F, the

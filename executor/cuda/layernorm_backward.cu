@@ -10,6 +10,12 @@
  * group the groups' sums (a fixed order everywhere, so results do not
  * change between runs). Rows wider than FUSED_MAX_COLUMNS or not 16-byte
  * vectorisable take two generic kernels (rows, then partials).
+ *
+ * Where the forward's output was not kept, the backward may write it
+ * again as it goes (norm_out: the row's values are in registers, so it
+ * costs one write of the row, where a forward pass of its own read the
+ * input once more): the same expression as the forward's
+ * (norm_output_value), so the same bits.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +49,44 @@ struct layernorm_backward_args {
     int N, C;
 };
 
+/* The forward's output written again (the kernels' OUTPUT flag): a
+ * kernel argument of its own, as fields of layernorm_backward_args made
+ * ptxas spill more in the kernels without it (layer norm's warp-row
+ * backward at G = 7: 116 bytes of spill loads to 200). */
+struct norm_output_args {
+    bf16 *out;
+    const float *bias; /* layer norm's bias */
+};
+
+/* The norm's output of one value from xhat = (x - mean) rstd, written
+ * as layernorm.cu's forward writes it (RMS: x rstd w, without the mean
+ * subtracted: xhat is x rstd). */
+template <bool RMS>
+static __device__ __forceinline__ float norm_output_value(float xhat, float w,
+                                                          float b)
+{
+    return RMS ? xhat * w : xhat * w + b;
+}
+
+/* Eight channels of the norm's output from their xhat, at out (channel
+ * c of the row; bias: layer norm's, unread under RMS). */
+template <bool RMS>
+static __device__ __forceinline__ void
+store_norm_output(bf16 *out, const float *xhat, const float *w,
+                  const float *bias, int c)
+{
+    float b[8], value[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        b[i] = 0.0f;
+    if (!RMS)
+        load8(b, bias + c);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        value[i] = norm_output_value<RMS>(xhat[i], w[i], b[i]);
+    store8(out, value);
+}
+
 /*
  * The rows [first, last) of a block, ROWS at a time. Thread t owns the
  * 8-channel groups t, t + blockDim.x, ... (G of them): for each row it
@@ -54,8 +98,9 @@ struct layernorm_backward_args {
  * the pass: the rows' values stay in registers between its steps. RMS:
  * no mean, so neither the mean(g) term nor a bias sum.
  */
-template <int G, int ROWS, bool RMS>
+template <int G, int ROWS, bool RMS, bool OUTPUT>
 static __device__ void fused_backward_rows(const layernorm_backward_args &a,
+                                           const norm_output_args &o,
                                            int first, int last,
                                            float dw[G][8], float db[G][8])
 {
@@ -147,6 +192,9 @@ static __device__ void fused_backward_rows(const layernorm_backward_args &a,
                     store8(a.d_inp + base + c, value);
                 if (a.d_inp_bf16 != NULL)
                     store8(a.d_inp_bf16 + base + c, value);
+                if (OUTPUT)
+                    store_norm_output<RMS>(o.out + base + c, xhat[r][k],
+                                           w[k], o.bias, c);
             }
         }
     }
@@ -173,16 +221,17 @@ static __device__ bool arrive_last(unsigned int *counter,
     return last;
 }
 
-/* The column sums of count rows of C2 floats, in row order, 4 columns a
- * thread at a time (read through L2: other blocks wrote them); written
- * to out, or added to d_weight (columns < C) and d_bias when out is
- * NULL. */
+/* The column sums of count rows of 2C floats (dw | db), in row order, 4
+ * columns a thread at a time (read through L2: other blocks wrote them);
+ * `columns`: 2C, or C where there is no bias (RMSNorm: the bias half is
+ * zeros, neither read nor written). Written to out, or added to d_weight
+ * (columns < C) and d_bias when out is NULL. */
 static __device__ void sum_rows(float *out, const cuda_grad *d_weight,
                                 const cuda_grad *d_bias, const float *rows,
-                                int count, int C)
+                                int count, int C, int columns)
 {
     int C2 = 2 * C;
-    for (int j = threadIdx.x * 4; j < C2; j += blockDim.x * 4) {
+    for (int j = threadIdx.x * 4; j < columns; j += blockDim.x * 4) {
         float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int r = 0; r < count; r++) {
             float4 v = __ldcg(
@@ -210,8 +259,10 @@ static __device__ void sum_rows(float *out, const cuda_grad *d_weight,
 /* After every block has written its partial row (dw | db, 2C floats):
  * the last block of each group to finish sums the group's rows, the last
  * group the groups' sums into the gradients. */
+template <bool RMS>
 static __device__ void add_partial_rows(const layernorm_backward_args &a)
 {
+    int columns = RMS ? a.C : 2 * a.C;
     size_t C2 = 2 * (size_t)a.C;
     int blocks = gridDim.x;
     int groups = (blocks + FUSED_GROUP_BLOCKS - 1) / FUSED_GROUP_BLOCKS;
@@ -222,18 +273,19 @@ static __device__ void add_partial_rows(const layernorm_backward_args &a)
     if (!arrive_last(&a.counters[group], (unsigned int)group_size))
         return;
     sum_rows(group_sums + group * C2, &a.d_weight, &a.d_bias,
-             a.partials + group_first * C2, group_size, a.C);
+             a.partials + group_first * C2, group_size, a.C, columns);
     if (!arrive_last(&a.counters[groups], (unsigned int)groups))
         return;
-    sum_rows(NULL, &a.d_weight, &a.d_bias, group_sums, groups, a.C);
+    sum_rows(NULL, &a.d_weight, &a.d_bias, group_sums, groups, a.C,
+             columns);
 }
 
 /* One kernel for the whole backward: the block's rows, its partial row,
  * then, in the last block of its group to finish, the group's sum, and
  * in the last group to finish, the gradients. */
-template <int G, int ROWS, bool RMS>
+template <int G, int ROWS, bool RMS, bool OUTPUT>
 __global__ void __launch_bounds__(BACKWARD_THREADS)
-layernorm_backward_fused(layernorm_backward_args a)
+layernorm_backward_fused(layernorm_backward_args a, norm_output_args o)
 {
     int first = blockIdx.x * BACKWARD_ROWS;
     int last = min(first + BACKWARD_ROWS, a.N);
@@ -243,7 +295,7 @@ layernorm_backward_fused(layernorm_backward_args a)
 #pragma unroll
         for (int i = 0; i < 8; i++)
             dw[k][i] = db[k][i] = 0.0f;
-    fused_backward_rows<G, ROWS, RMS>(a, first, last, dw, db);
+    fused_backward_rows<G, ROWS, RMS, OUTPUT>(a, o, first, last, dw, db);
     size_t C2 = 2 * (size_t)a.C;
     float *own = a.partials + blockIdx.x * C2;
 #pragma unroll
@@ -251,10 +303,11 @@ layernorm_backward_fused(layernorm_backward_args a)
         int c = (threadIdx.x + k * blockDim.x) * 8;
         if (c < a.C) {
             store8(own + c, dw[k]);
-            store8(own + a.C + c, db[k]);
+            if (!RMS)
+                store8(own + a.C + c, db[k]);
         }
     }
-    add_partial_rows(a);
+    add_partial_rows<RMS>(a);
 }
 
 /* ---------------------------------------------------- generic backward */
@@ -262,7 +315,8 @@ layernorm_backward_fused(layernorm_backward_args a)
 /*
  * The generic backward (C % 8 != 0, unaligned tensors, or C above
  * FUSED_MAX_COLUMNS), in two kernels. A block owns BACKWARD_ROWS rows.
- * Phase 1, row-parallel: one warp per row writes d_inp (fp32 and bf16).
+ * Phase 1, row-parallel: one warp per row writes d_inp (fp32 and bf16)
+ * and, where norm_out is not NULL, the norm's output again.
  * Phase 2, column-parallel: each thread sums dy x xhat and dy of 8
  * columns (VECTOR) over a share of the block's rows (re-read from L2,
  * where phase 1 just left them); the shares are added in order in shared
@@ -292,11 +346,12 @@ static __device__ inline void load_group(float *dy, float *x, float *w,
 
 template <int VECTOR, bool RMS>
 __global__ void __launch_bounds__(BACKWARD_THREADS)
-layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
-                          const float *d_residual,
+layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, bf16 *norm_out,
+                          float *partials, const float *d_residual,
                           const bf16 *d_residual_bf16, const bf16 *d_out,
                           const bf16 *inp, const float *weight,
-                          const float *mean, const float *rstd, int N, int C)
+                          const float *bias, const float *mean,
+                          const float *rstd, int N, int C)
 {
     __shared__ float shares[PARTIAL_SPACE];
     int lane = threadIdx.x % WARP_SIZE;
@@ -342,22 +397,29 @@ layernorm_backward_generic(float *d_inp, bf16 *d_inp_bf16, float *partials,
                 else
                     residual[0] = __bfloat162float(d_residual_bf16[base + c]);
             }
+            float out[VECTOR];
 #pragma unroll
             for (int i = 0; i < VECTOR; i++) {
                 float xhat = (x[i] - row_mean) * row_rstd;
                 value[i] = residual[i] + row_rstd * (dy[i] * w[i] - g_mean -
                                                      xhat * g_xhat_mean);
+                out[i] = norm_output_value<RMS>(
+                    xhat, w[i], RMS || norm_out == NULL ? 0.0f : bias[c + i]);
             }
             if (VECTOR == 8) {
                 if (d_inp != NULL)
                     store8(d_inp + base + c, value);
                 if (d_inp_bf16 != NULL)
                     store8(d_inp_bf16 + base + c, value);
+                if (norm_out != NULL)
+                    store8(norm_out + base + c, out);
             } else {
                 if (d_inp != NULL)
                     d_inp[base + c] = value[0];
                 if (d_inp_bf16 != NULL)
                     d_inp_bf16[base + c] = __float2bfloat16_rn(value[0]);
+                if (norm_out != NULL)
+                    norm_out[base + c] = __float2bfloat16_rn(out[0]);
             }
         }
     }
@@ -514,8 +576,8 @@ register_sums_to_partial(float *own, float *block_sums, const float dw[G][8],
             *reinterpret_cast<const float4 *>(block_sums + j);
 }
 
-/* The same from the warps' sums in shared memory (RMSNorm: no bias, so
- * the second half zeros), in warp order. */
+/* The same from the warps' sums in shared memory (RMSNorm: the weight
+ * half only), in warp order. */
 template <int G>
 static __device__ __forceinline__ void
 shared_sums_to_partial(float *own, const float *warp_sums, int C)
@@ -529,15 +591,15 @@ shared_sums_to_partial(float *own, const float *warp_sums, int C)
         float total = sums[0];
         for (int v = 1; v < ROW_WARPS; v++)
             total += sums[v * G * 8 * WARP_SIZE];
-        own[j] = total;
-        own[C + j] = 0.0f;
+        own[j] = total; /* RMSNorm: no bias half (sum_rows skips it) */
     }
 }
 
-template <int G, bool RMS>
+template <int G, bool RMS, bool OUTPUT>
 __global__ void __launch_bounds__(ROW_WARPS *WARP_SIZE,
                                   RMS ? ROW_SHARED_MIN_BLOCKS : 0)
-layernorm_backward_rows(layernorm_backward_args a, int rows_per_block)
+layernorm_backward_rows(layernorm_backward_args a, int rows_per_block,
+                        norm_output_args o)
 {
     __shared__ float block_sums[RMS ? 1 : 2 * ROW_MAX_GROUPS * 8 * WARP_SIZE];
     extern __shared__ float warp_sums[]; /* RMS: rows_shared_bytes */
@@ -606,11 +668,19 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block)
 #pragma unroll
                 for (int i = 0; i < 8; i++)
                     residual[i] = 0.0f;
+            float out[8], b[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                b[i] = 0.0f;
+            if (OUTPUT && !RMS)
+                load8(b, o.bias + c);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 float xhat = (x[i] - m) * rs;
                 value[i] = residual[i] +
                            rs * (dy[i] * w[i] - mean_g - xhat * mean_g_xhat);
+                if (OUTPUT)
+                    out[i] = norm_output_value<RMS>(xhat, w[i], b[i]);
                 if (RMS) {
                     lane_sums[(k * 8 + i) * WARP_SIZE] += dy[i] * xhat;
                 } else {
@@ -622,6 +692,8 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block)
                 store8(a.d_inp + base + c, value);
             if (a.d_inp_bf16 != NULL)
                 store8(a.d_inp_bf16 + base + c, value);
+            if (OUTPUT)
+                store8(o.out + base + c, out);
         }
     }
     float *own = a.partials + blockIdx.x * 2 * (size_t)C;
@@ -629,7 +701,7 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block)
         shared_sums_to_partial<G>(own, warp_sums, C);
     else
         register_sums_to_partial<G>(own, block_sums, dw, db, C);
-    add_partial_rows(a);
+    add_partial_rows<RMS>(a);
 }
 
 /* PARTITA_LAYERNORM_BACKWARD=block keeps rows of C <= 2048 on the
@@ -644,10 +716,10 @@ static bool force_block_kernel(void)
     return forced;
 }
 
-/* Blocks of layernorm_backward_rows<G, RMS> an SM holds at once (its
- * registers decide: 72 to 255 a thread from G 1 to 8), asked of the
+/* Blocks of layernorm_backward_rows<G, RMS, OUTPUT> an SM holds at once
+ * (its registers decide: 72 to 255 a thread from G 1 to 8), asked of the
  * runtime once a process. */
-template <int G, bool RMS>
+template <int G, bool RMS, bool OUTPUT>
 static int rows_blocks_per_sm(void)
 {
     static std::atomic<int> cached{0};
@@ -655,7 +727,8 @@ static int rows_blocks_per_sm(void)
     if (blocks > 0)
         return blocks;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &blocks, layernorm_backward_rows<G, RMS>, ROW_WARPS * WARP_SIZE,
+            &blocks, layernorm_backward_rows<G, RMS, OUTPUT>,
+            ROW_WARPS * WARP_SIZE,
             rows_shared_bytes(G, RMS)) != cudaSuccess ||
         blocks <= 0)
         blocks = 1;
@@ -667,21 +740,23 @@ static int rows_blocks_per_sm(void)
  * wave of the device's SMs, and at least BACKWARD_ROWS, so the grid
  * never has more blocks than the scratch has partial rows for
  * (cuda_layernorm_backward_scratch). */
-template <int G, bool RMS>
-static void launch_rows_of(const layernorm_backward_args &a, int sms,
+template <int G, bool RMS, bool OUTPUT>
+static void launch_rows_of(const layernorm_backward_args &a,
+                           const norm_output_args &o, int sms,
                            cudaStream_t stream)
 {
-    int aim = sms * rows_blocks_per_sm<G, RMS>();
+    int aim = sms * rows_blocks_per_sm<G, RMS, OUTPUT>();
     int rows_per_block = max(BACKWARD_ROWS, (a.N + aim - 1) / aim);
     unsigned int blocks =
         (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
-    layernorm_backward_rows<G, RMS>
+    layernorm_backward_rows<G, RMS, OUTPUT>
         <<<blocks, ROW_WARPS * WARP_SIZE, rows_shared_bytes(G, RMS),
-           stream>>>(a, rows_per_block);
+           stream>>>(a, rows_per_block, o);
 }
 
-template <bool RMS>
-static void launch_rows(const layernorm_backward_args &a, cudaStream_t stream)
+template <bool RMS, bool OUTPUT>
+static void launch_rows(const layernorm_backward_args &a,
+                        const norm_output_args &o, cudaStream_t stream)
 {
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
@@ -690,22 +765,23 @@ static void launch_rows(const layernorm_backward_args &a, cudaStream_t stream)
         sms <= 0)
         sms = 1;
     switch ((a.C / 8 + WARP_SIZE - 1) / WARP_SIZE) {
-    case 1: launch_rows_of<1, RMS>(a, sms, stream); break;
-    case 2: launch_rows_of<2, RMS>(a, sms, stream); break;
-    case 3: launch_rows_of<3, RMS>(a, sms, stream); break;
-    case 4: launch_rows_of<4, RMS>(a, sms, stream); break;
-    case 5: launch_rows_of<5, RMS>(a, sms, stream); break;
-    case 6: launch_rows_of<6, RMS>(a, sms, stream); break;
-    case 7: launch_rows_of<7, RMS>(a, sms, stream); break;
-    default: launch_rows_of<8, RMS>(a, sms, stream); break;
+    case 1: launch_rows_of<1, RMS, OUTPUT>(a, o, sms, stream); break;
+    case 2: launch_rows_of<2, RMS, OUTPUT>(a, o, sms, stream); break;
+    case 3: launch_rows_of<3, RMS, OUTPUT>(a, o, sms, stream); break;
+    case 4: launch_rows_of<4, RMS, OUTPUT>(a, o, sms, stream); break;
+    case 5: launch_rows_of<5, RMS, OUTPUT>(a, o, sms, stream); break;
+    case 6: launch_rows_of<6, RMS, OUTPUT>(a, o, sms, stream); break;
+    case 7: launch_rows_of<7, RMS, OUTPUT>(a, o, sms, stream); break;
+    default: launch_rows_of<8, RMS, OUTPUT>(a, o, sms, stream); break;
     }
 }
 
 /* The fused kernel for rows of C % 8 == 0 channels, C <= 8192: G groups
  * of 8 channels per thread, at most 256 threads, ROWS rows at a time (G
  * x ROWS = 4: 64 values of the rows in registers). */
-template <bool RMS>
-static void launch_fused(const layernorm_backward_args &a, unsigned int blocks,
+template <bool RMS, bool OUTPUT>
+static void launch_fused(const layernorm_backward_args &a,
+                         const norm_output_args &o, unsigned int blocks,
                          cudaStream_t stream)
 {
     int groups = a.C / 8;
@@ -716,21 +792,26 @@ static void launch_fused(const layernorm_backward_args &a, unsigned int blocks,
         (unsigned int)((groups + G - 1) / G + WARP_SIZE - 1) / WARP_SIZE *
         WARP_SIZE;
     if (G == 1)
-        layernorm_backward_fused<1, 4, RMS><<<blocks, threads, 0, stream>>>(a);
+        layernorm_backward_fused<1, 4, RMS, OUTPUT>
+            <<<blocks, threads, 0, stream>>>(a, o);
     else if (G == 2)
-        layernorm_backward_fused<2, 2, RMS><<<blocks, threads, 0, stream>>>(a);
+        layernorm_backward_fused<2, 2, RMS, OUTPUT>
+            <<<blocks, threads, 0, stream>>>(a, o);
     else
-        layernorm_backward_fused<4, 1, RMS><<<blocks, threads, 0, stream>>>(a);
+        layernorm_backward_fused<4, 1, RMS, OUTPUT>
+            <<<blocks, threads, 0, stream>>>(a, o);
 }
 
-/* The backward of either norm (mean NULL and d_bias empty under RMS). */
+/* The backward of either norm (mean NULL and d_bias empty under RMS);
+ * norm_out NULL or the forward's output written again (bias: layer
+ * norm's, read for it). */
 template <bool RMS>
 static cudaError_t launch_backward(
     float *d_inp, pt_bf16 *d_inp_bf16, cuda_grad d_weight, cuda_grad d_bias,
     const float *d_residual, const pt_bf16 *d_residual_bf16,
     const pt_bf16 *d_out_bf16, const pt_bf16 *inp_bf16, const float *weight,
-    const float *mean, const float *rstd, float *scratch, int N, int C,
-    cudaStream_t stream)
+    const float *mean, const float *rstd, pt_bf16 *norm_out,
+    const float *bias, float *scratch, int N, int C, cudaStream_t stream)
 {
     if (N <= 0)
         return cudaSuccess;
@@ -743,7 +824,9 @@ static cudaError_t launch_backward(
                   (d_inp == NULL || aligned16(d_inp)) &&
                   (d_inp_bf16 == NULL || aligned16(d_inp_bf16)) &&
                   (d_residual == NULL || aligned16(d_residual)) &&
-                  (d_residual_bf16 == NULL || aligned16(d_residual_bf16));
+                  (d_residual_bf16 == NULL || aligned16(d_residual_bf16)) &&
+                  (norm_out == NULL || aligned16(norm_out)) &&
+                  (norm_out == NULL || RMS || aligned16(bias));
     const bf16 *residual_bf16 = d_residual == NULL ? as_bf16(d_residual_bf16)
                                                    : NULL;
     float *partials = scratch + cuda_layernorm_counter_floats(N);
@@ -753,10 +836,17 @@ static cudaError_t launch_backward(
             reinterpret_cast<unsigned int *>(scratch), d_residual,
             residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd, N,
             C};
-        if (C <= ROW_MAX_GROUPS * 8 * WARP_SIZE && !force_block_kernel())
-            launch_rows<RMS>(a, stream);
+        norm_output_args o = {as_bf16(norm_out), bias};
+        bool rows = C <= ROW_MAX_GROUPS * 8 * WARP_SIZE &&
+                    !force_block_kernel();
+        if (rows && norm_out != NULL)
+            launch_rows<RMS, true>(a, o, stream);
+        else if (rows)
+            launch_rows<RMS, false>(a, o, stream);
+        else if (norm_out != NULL)
+            launch_fused<RMS, true>(a, o, blocks, stream);
         else
-            launch_fused<RMS>(a, blocks, stream);
+            launch_fused<RMS, false>(a, o, blocks, stream);
         return cudaGetLastError();
     }
     /* the shared shares hold lanes x 2C floats: lanes x C <= 8 x threads
@@ -764,15 +854,15 @@ static cudaError_t launch_backward(
     if (vector)
         layernorm_backward_generic<8, RMS>
             <<<blocks, BACKWARD_THREADS, 0, stream>>>(
-                d_inp, as_bf16(d_inp_bf16), partials, d_residual,
-                residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd,
-                N, C);
+                d_inp, as_bf16(d_inp_bf16), as_bf16(norm_out), partials,
+                d_residual, residual_bf16, as_bf16(d_out_bf16), inp, weight,
+                bias, mean, rstd, N, C);
     else
         layernorm_backward_generic<1, RMS>
             <<<blocks, BACKWARD_THREADS, 0, stream>>>(
-                d_inp, as_bf16(d_inp_bf16), partials, d_residual,
-                residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd,
-                N, C);
+                d_inp, as_bf16(d_inp_bf16), as_bf16(norm_out), partials,
+                d_residual, residual_bf16, as_bf16(d_out_bf16), inp, weight,
+                bias, mean, rstd, N, C);
     dim3 threads(WARP_SIZE, 8);
     layernorm_partials_kernel<<<blocks_for((size_t)2 * C, WARP_SIZE), threads,
                                 0, stream>>>(d_weight, d_bias, partials,
@@ -789,8 +879,8 @@ extern "C" cudaError_t cuda_layernorm_backward(
 {
     return launch_backward<false>(d_inp, d_inp_bf16, d_weight, d_bias,
                                   d_residual, d_residual_bf16, d_out_bf16,
-                                  inp_bf16, weight, mean, rstd, scratch, N, C,
-                                  stream);
+                                  inp_bf16, weight, mean, rstd, NULL, NULL,
+                                  scratch, N, C, stream);
 }
 
 extern "C" cudaError_t cuda_rmsnorm_backward(
@@ -802,6 +892,28 @@ extern "C" cudaError_t cuda_rmsnorm_backward(
     cuda_grad no_bias = {NULL, false};
     return launch_backward<true>(d_inp, d_inp_bf16, d_weight, no_bias,
                                  d_residual, d_residual_bf16, d_out_bf16,
-                                 inp_bf16, weight, NULL, rstd, scratch, N, C,
-                                 stream);
+                                 inp_bf16, weight, NULL, rstd, NULL, NULL,
+                                 scratch, N, C, stream);
+}
+
+extern "C" cudaError_t cuda_norm_backward_and_output(
+    pt_bf16 *out_bf16, pt_bf16 *d_inp_bf16, cuda_grad d_weight,
+    cuda_grad d_bias, const pt_bf16 *d_residual_bf16,
+    const pt_bf16 *d_out_bf16, const pt_bf16 *inp_bf16, const float *weight,
+    const float *bias, const float *mean, const float *rstd, bool rms,
+    float *scratch, int N, int C, cudaStream_t stream)
+{
+    if (out_bf16 == NULL || (!rms && bias == NULL))
+        return cudaErrorInvalidValue;
+    if (rms) {
+        cuda_grad no_bias = {NULL, false};
+        return launch_backward<true>(NULL, d_inp_bf16, d_weight, no_bias,
+                                     NULL, d_residual_bf16, d_out_bf16,
+                                     inp_bf16, weight, NULL, rstd, out_bf16,
+                                     NULL, scratch, N, C, stream);
+    }
+    return launch_backward<false>(NULL, d_inp_bf16, d_weight, d_bias, NULL,
+                                  d_residual_bf16, d_out_bf16, inp_bf16,
+                                  weight, mean, rstd, out_bf16, bias, scratch,
+                                  N, C, stream);
 }

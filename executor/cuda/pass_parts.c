@@ -287,6 +287,55 @@ int pass_norm_output_again(model_stage *stage, const pt_bf16 *kept,
     return cuda_tp_gather_rows(stage, norm_out, COMM_BFLOAT16, d, err);
 }
 
+/* The product's weight gradient from the norm's output `norm_out`, and
+ * its bias's where it has one here. */
+static int product_weight_grad(model_stage *stage, const norm_product *p,
+                               const pt_bf16 *norm_out, const stage_dims *d,
+                               pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    gemm_call call = pass_weight_grad_call(stage, p->weight, norm_out,
+                                           p->d_product, p->width, d->N,
+                                           d->C, p->width, 1.0f);
+    if (p->bias == CUDA_NO_TENSOR)
+        return gemm_run(state->gemm, &call, state->stream, err);
+    return pass_weight_and_bias_grad(state, &call,
+                                     pass_grad_at(stage, p->bias), d, err);
+}
+
+int pass_norm_product_backward(model_stage *stage, const norm_product *p,
+                               const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    const float *weight = pass_param_at(stage, p->norm_weight);
+    const float *bias = pass_param_at(stage, p->norm_bias);
+    bool rms = stage->shape.norm == MODEL_NORM_RMSNORM;
+    cuda_grad d_weight = pass_norm_grad(stage, d, p->run, p->norm_weight);
+    cuda_grad d_bias = pass_norm_grad(stage, d, p->run + 1, p->norm_bias);
+    gemm_call input_grad = pass_input_grad_call(
+        s->d_norm, p->d_product, p->width, pass_mirror_at(state, p->weight),
+        d->N, d->C, p->width, 1.0f);
+    if (p->kept == NULL && d->tp == 1 && (rms || bias != NULL)) {
+        pt_bf16 *rows = s->d_stream_bf16;
+        if (gemm_run(state->gemm, &input_grad, state->stream, err) != 0)
+            return -1;
+        CUDA_TRY(cuda_norm_backward_and_output(
+            s->norm_out, rows, d_weight, d_bias, rows, s->d_norm, p->inp,
+            weight, bias, p->mean, p->rstd, rms, s->norm_partials, d->R,
+            d->C, state->stream));
+        return product_weight_grad(stage, p, s->norm_out, d, err);
+    }
+    const pt_bf16 *norm_out = NULL;
+    if (pass_norm_output_again(stage, p->kept, p->inp, weight, bias, d,
+                               &norm_out, err) != 0 ||
+        product_weight_grad(stage, p, norm_out, d, err) != 0 ||
+        pass_column_parallel_input_grad(stage, input_grad, d, err) != 0)
+        return -1;
+    return pass_norm_backward(stage, true, d_weight, d_bias, p->inp, weight,
+                              p->mean, p->rstd, d, err);
+}
+
 /* The input gradient of a column-parallel layer (QKV, fc, LM head):
  * call writes d_in (bf16, N x C). Split, each shard saw some output
  * features, so its result is partial and the group sums it: on the

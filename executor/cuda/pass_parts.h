@@ -125,6 +125,30 @@ int pass_norm_backward(model_stage *stage, bool add_residual,
                        const pt_bf16 *inp, const float *weight,
                        const float *mean, const float *rstd,
                        const stage_dims *d, pt_error *err);
+/* A norm and the column-parallel product it feeds (qkv, fc), backwards:
+ * what pass_norm_product_backward reads. */
+typedef struct norm_product {
+    const pt_bf16 *kept; /* the norm's output kept by the forward, or NULL */
+    const pt_bf16 *inp;  /* the norm's input (the shard's rows) */
+    size_t norm_weight, norm_bias; /* offsets (CUDA_NO_TENSOR: none) */
+    const float *mean, *rstd;      /* the forward's statistics */
+    int run;                       /* pass_norm_grad's run of the weight
+                                      (the bias's: run + 1) */
+    size_t weight, bias;           /* the product's (bias CUDA_NO_TENSOR:
+                                      none, or added elsewhere) */
+    const pt_bf16 *d_product;      /* the product's output gradient */
+    int width;                     /* its columns */
+} norm_product;
+/* The product's weight (and bias) gradient from the norm's output, its
+ * input gradient into scratch.d_norm (summed over the group), then the
+ * norm's backward into scratch.d_stream_bf16 with the stream gradient
+ * there added. Where the forward kept no output and every row is the
+ * rank's (tp 1), the norm's backward comes before the weight gradient
+ * and writes the output again into scratch.norm_out as it goes
+ * (cuda_norm_backward_and_output); else the output is the kept one or
+ * one made again first (pass_norm_output_again). */
+int pass_norm_product_backward(model_stage *stage, const norm_product *p,
+                               const stage_dims *d, pt_error *err);
 /* The same from the gradient of the norm's output at d_out (the shard's
  * rows) instead of scratch.d_norm. */
 int pass_norm_backward_from(model_stage *stage, bool add_residual,

@@ -624,27 +624,15 @@ static int mlp_input_backward(model_stage *stage, const layer_offsets *o,
                               const layer_activations *act,
                               const stage_dims *d, pt_error *err)
 {
-    cuda_stage_state *state = state_of(stage);
-    backward_scratch *s = &state->scratch;
-    cudaStream_t stream = state->stream;
-    int N = d->N, C = d->C, F = d->F;
-    const pt_bf16 *ln2_out = NULL;
-    if (pass_norm_output_again(stage, act->ln2_out, act->residual_mid,
-                          pass_param_at(stage, o->ln2_weight), pass_param_at(stage, o->ln2_bias), d, &ln2_out,
-                          err) != 0)
-        return -1;
-    gemm_call call = pass_weight_grad_call(stage, o->fc_weight, ln2_out,
-                                           s->d_fc, F, N, C, F, 1.0f);
-    if (gemm_run(state->gemm, &call, stream, err) != 0)
-        return -1;
-    call = pass_input_grad_call(s->d_norm, s->d_fc, F,
-                           pass_mirror_at(state, o->fc_weight), N, C, F, 1.0f);
-    if (pass_column_parallel_input_grad(stage, call, d, err) != 0)
-        return -1;
-    return pass_norm_backward(stage, true, pass_norm_grad(stage, d, 2, o->ln2_weight),
-                         pass_norm_grad(stage, d, 3, o->ln2_bias),
-                         act->residual_mid, pass_param_at(stage, o->ln2_weight), act->ln2_mean,
-                         act->ln2_rstd, d, err);
+    /* the fc bias's gradient: the product's epilogue's, added later */
+    norm_product p = {
+        .kept = act->ln2_out, .inp = act->residual_mid,
+        .norm_weight = o->ln2_weight, .norm_bias = o->ln2_bias,
+        .mean = act->ln2_mean, .rstd = act->ln2_rstd, .run = 2,
+        .weight = o->fc_weight, .bias = CUDA_NO_TENSOR,
+        .d_product = state_of(stage)->scratch.d_fc, .width = d->F,
+    };
+    return pass_norm_product_backward(stage, &p, d, err);
 }
 
 /* mid = input + attn_proj(attention(qkv(ln1(input)))), backwards: from
@@ -682,23 +670,13 @@ static int attention_block_backward(model_stage *stage,
                                   state->attention_lent, state->logits_bytes,
                                   stream, err) != 0)
         return -1;
-    const pt_bf16 *ln1_out = NULL;
-    if (pass_norm_output_again(stage, act->ln1_out, input, pass_param_at(stage, o->ln1_weight),
-                          pass_param_at(stage, o->ln1_bias), d, &ln1_out, err) != 0)
-        return -1;
-    call = pass_weight_grad_call(stage, o->qkv_weight, ln1_out, s->d_qkv,
-                                 3 * A, N, C, 3 * A, 1.0f);
-    if (pass_weight_and_bias_grad(state, &call, pass_grad_at(stage, o->qkv_bias), d, err) != 0)
-        return -1;
-    call = pass_input_grad_call(s->d_norm, s->d_qkv, 3 * A,
-                           pass_mirror_at(state, o->qkv_weight), N, C, 3 * A,
-                           1.0f);
-    if (pass_column_parallel_input_grad(stage, call, d, err) != 0)
-        return -1;
-    return pass_norm_backward(stage, true, pass_norm_grad(stage, d, 0, o->ln1_weight),
-                         pass_norm_grad(stage, d, 1, o->ln1_bias), input,
-                         pass_param_at(stage, o->ln1_weight), act->ln1_mean, act->ln1_rstd, d,
-                         err);
+    norm_product p = {
+        .kept = act->ln1_out, .inp = input, .norm_weight = o->ln1_weight,
+        .norm_bias = o->ln1_bias, .mean = act->ln1_mean,
+        .rstd = act->ln1_rstd, .run = 0, .weight = o->qkv_weight,
+        .bias = o->qkv_bias, .d_product = s->d_qkv, .width = 3 * A,
+    };
+    return pass_norm_product_backward(stage, &p, d, err);
 }
 
 /* The block's backward in reverse order of its forward

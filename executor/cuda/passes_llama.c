@@ -226,32 +226,17 @@ static int mlp_backward(model_stage *stage, const layer_offsets *o,
                         const layer_activations *act, const stage_dims *d,
                         pt_error *err)
 {
-    cuda_stage_state *state = state_of(stage);
-    backward_scratch *s = &state->scratch;
-    int N = d->N, C = d->C, FW = d->FW;
     pt_bf16 *d_fc = NULL;
     if (mlp_output_backward(stage, o, act, d, &d_fc, err) != 0)
         return -1;
-    const pt_bf16 *ln2_out = NULL;
-    if (pass_norm_output_again(stage, act->ln2_out, act->residual_mid,
-                               pass_param_at(stage, o->ln2_weight),
-                               pass_param_at(stage, o->ln2_bias), d, &ln2_out,
-                               err) != 0)
-        return -1;
-    gemm_call call = pass_weight_grad_call(stage, o->fc_weight,
-                                           ln2_out, d_fc, FW, N, C, FW, 1.0f);
-    if (weight_grad(stage, &call, o->fc_bias, d, err) != 0)
-        return -1;
-    call = pass_input_grad_call(s->d_norm, d_fc, FW,
-                                pass_mirror_at(state, o->fc_weight), N, C, FW,
-                                1.0f);
-    if (pass_column_parallel_input_grad(stage, call, d, err) != 0)
-        return -1;
-    return pass_norm_backward(
-        stage, true, pass_norm_grad(stage, d, 2, o->ln2_weight),
-        pass_norm_grad(stage, d, 3, o->ln2_bias), act->residual_mid,
-        pass_param_at(stage, o->ln2_weight), act->ln2_mean, act->ln2_rstd, d,
-        err);
+    norm_product p = {
+        .kept = act->ln2_out, .inp = act->residual_mid,
+        .norm_weight = o->ln2_weight, .norm_bias = o->ln2_bias,
+        .mean = act->ln2_mean, .rstd = act->ln2_rstd, .run = 2,
+        .weight = o->fc_weight, .bias = o->fc_bias, .d_product = d_fc,
+        .width = d->FW,
+    };
+    return pass_norm_product_backward(stage, &p, d, err);
 }
 
 /* The attention half backwards: from d_mid in scratch.d_stream_bf16 to
@@ -266,7 +251,7 @@ static int attention_backward(model_stage *stage, const layer_offsets *o,
     cuda_stage_state *state = state_of(stage);
     backward_scratch *s = &state->scratch;
     cudaStream_t stream = state->stream;
-    int N = d->N, C = d->C, A = d->A, QW = d->QW;
+    int N = d->N, C = d->C, A = d->A;
     if (d->sp && cuda_tp_gather_rows(stage, s->d_stream_bf16, COMM_BFLOAT16,
                                      d, err) != 0)
         return -1;
@@ -288,26 +273,13 @@ static int attention_backward(model_stage *stage, const layer_offsets *o,
     CUDA_TRY(cuda_qkv_to_grouped(d_product, s->d_qkv, stage->shape.rope_base,
                                  turns(stage), d->B, d->T, d->NH, d->KVH,
                                  d->hs, stream));
-    const pt_bf16 *ln1_out = NULL;
-    if (pass_norm_output_again(stage, act->ln1_out, input,
-                               pass_param_at(stage, o->ln1_weight),
-                               pass_param_at(stage, o->ln1_bias), d, &ln1_out,
-                               err) != 0)
-        return -1;
-    call = pass_weight_grad_call(stage, o->qkv_weight, ln1_out,
-                                 d_product, QW, N, C, QW, 1.0f);
-    if (weight_grad(stage, &call, o->qkv_bias, d, err) != 0)
-        return -1;
-    call = pass_input_grad_call(s->d_norm, d_product, QW,
-                                pass_mirror_at(state, o->qkv_weight), N, C,
-                                QW, 1.0f);
-    if (pass_column_parallel_input_grad(stage, call, d, err) != 0)
-        return -1;
-    return pass_norm_backward(
-        stage, true, pass_norm_grad(stage, d, 0, o->ln1_weight),
-        pass_norm_grad(stage, d, 1, o->ln1_bias), input,
-        pass_param_at(stage, o->ln1_weight), act->ln1_mean, act->ln1_rstd, d,
-        err);
+    norm_product p = {
+        .kept = act->ln1_out, .inp = input, .norm_weight = o->ln1_weight,
+        .norm_bias = o->ln1_bias, .mean = act->ln1_mean,
+        .rstd = act->ln1_rstd, .run = 0, .weight = o->qkv_weight,
+        .bias = o->qkv_bias, .d_product = d_product, .width = d->QW,
+    };
+    return pass_norm_product_backward(stage, &p, d, err);
 }
 
 /* The block's backward in reverse order of its forward. Under sequence

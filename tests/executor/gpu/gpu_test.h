@@ -311,4 +311,75 @@ static inline void gpu_test_compare_memory(gpu_test_tally *tally,
     gpu_test_expect(tally, same, line);
 }
 
+/* Bits of count bf16 values at a and b (device) agree. */
+static inline bool gpu_test_same_bf16(const pt_bf16 *a, const pt_bf16 *b,
+                                      size_t count)
+{
+    pt_bf16 *ha = gpu_test_host(count * sizeof *ha);
+    pt_bf16 *hb = gpu_test_host(count * sizeof *hb);
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaMemcpy(ha, a, count * sizeof *ha, cudaMemcpyDeviceToHost));
+    GPU_CHECK(cudaMemcpy(hb, b, count * sizeof *hb, cudaMemcpyDeviceToHost));
+    bool same = memcmp(ha, hb, count * sizeof *ha) == 0;
+    free(ha);
+    free(hb);
+    return same;
+}
+
+/* cuda_norm_backward_and_output against the plain backward and the
+ * forward (forward_out: its output from inp): both backwards in place
+ * over a stream gradient of zeros; the one that writes the output again
+ * must give the plain one's stream, weight and bias gradient bits, and
+ * the forward's output bits. Two checks. */
+static inline void gpu_test_norm_output_again(
+    gpu_test_tally *tally, const char *label, const pt_bf16 *forward_out, const pt_bf16 *d_out, const pt_bf16 *inp,
+    const float *weight, const float *bias, const float *mean,
+    const float *rstd, bool rms, int N, int C)
+{
+    size_t NC = (size_t)N * C;
+    float *scratch = gpu_test_device_zeroed(
+        cuda_layernorm_backward_scratch(N, C) * sizeof(float));
+    pt_bf16 *plain = gpu_test_device_zeroed(NC * sizeof(pt_bf16));
+    pt_bf16 *fused = gpu_test_device_zeroed(NC * sizeof(pt_bf16));
+    pt_bf16 *out = gpu_test_device_zeroed(NC * sizeof(pt_bf16));
+    float *dw_plain = gpu_test_device_zeroed((size_t)C * sizeof(float));
+    float *dw_fused = gpu_test_device_zeroed((size_t)C * sizeof(float));
+    float *db_plain = gpu_test_device_zeroed((size_t)C * sizeof(float));
+    float *db_fused = gpu_test_device_zeroed((size_t)C * sizeof(float));
+    cuda_grad no = cuda_grad_fp32(NULL);
+    if (rms)
+        GPU_CHECK(cuda_rmsnorm_backward(NULL, plain, cuda_grad_fp32(dw_plain),
+                                        NULL, plain, d_out, inp, weight, rstd,
+                                        scratch, N, C, 0));
+    else
+        GPU_CHECK(cuda_layernorm_backward(
+            NULL, plain, cuda_grad_fp32(dw_plain), cuda_grad_fp32(db_plain),
+            NULL, plain, d_out, inp, weight, mean, rstd, scratch, N, C, 0));
+    GPU_CHECK(cuda_norm_backward_and_output(
+        out, fused, cuda_grad_fp32(dw_fused),
+        rms ? no : cuda_grad_fp32(db_fused), fused, d_out, inp, weight, bias,
+        mean, rstd, rms, scratch, N, C, 0));
+    char line[400];
+    snprintf(line, sizeof line, "%s: the backward writing the output again: "
+             "the plain backward's stream gradient and weight gradient bits",
+             label);
+    float *a = gpu_test_host((size_t)C * sizeof *a);
+    float *b = gpu_test_host((size_t)C * sizeof *b);
+    gpu_test_download(a, dw_plain, (size_t)C);
+    gpu_test_download(b, dw_fused, (size_t)C);
+    bool same_dw = memcmp(a, b, (size_t)C * sizeof *a) == 0;
+    gpu_test_download(a, db_plain, (size_t)C);
+    gpu_test_download(b, db_fused, (size_t)C);
+    same_dw = same_dw && memcmp(a, b, (size_t)C * sizeof *a) == 0;
+    gpu_test_expect(tally, gpu_test_same_bf16(plain, fused, NC) && same_dw,
+                    line);
+    snprintf(line, sizeof line, "%s: the output written again has the "
+             "forward's bits", label);
+    gpu_test_expect(tally, gpu_test_same_bf16(out, forward_out, NC), line);
+    free(a), free(b);
+    cudaFree(scratch), cudaFree(plain), cudaFree(fused), cudaFree(out);
+    cudaFree(dw_plain), cudaFree(dw_fused), cudaFree(db_plain);
+    cudaFree(db_fused);
+}
+
 #endif

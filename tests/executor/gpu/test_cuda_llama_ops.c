@@ -184,6 +184,10 @@ static void test_rmsnorm(gpu_test_tally *tally, int N, int C)
     snprintf(name, sizeof name,
              "rmsnorm backward bf16 stream gradient in place C=%d", C);
     gpu_test_compare(tally, name, got_copy, want_dinp, NC, TOL_BF16_OUT);
+    snprintf(name, sizeof name, "rmsnorm C=%d", C);
+    gpu_test_norm_output_again(tally, name, dev_out, dev_grad_out,
+                               dev_inp, dev_weight, NULL, NULL, dev_rstd,
+                               true, N, C);
     cudaFree(dev_stream);
 
     free(inp), free(weight), free(want), free(want_rstd), free(got);

@@ -359,6 +359,9 @@ static void test_layernorm(gpu_test_tally *tally, int N, int C)
     snprintf(name, sizeof name,
              "layernorm backward bf16 stream gradient in place C=%d", C);
     gpu_test_compare(tally, name, got_dinp, want_dinp, NC, TOL_BF16_OUT);
+    snprintf(name, sizeof name, "layernorm C=%d", C);
+    gpu_test_norm_output_again(tally, name, d_out, dev_grad_out, d_inp,
+                               d_weight, d_bias, d_mean, d_rstd, false, N, C);
     cudaFree(dev_stream);
 
     free(inp), free(weight), free(bias), free(want), free(want_mean);
