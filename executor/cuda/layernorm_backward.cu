@@ -517,105 +517,83 @@ __global__ void layernorm_partials_kernel(cuda_grad d_weight,
  * the 8-channel groups l, l + 32, ... (G of them); a row's two sums
  * are warp sums, so a warp goes from row to row on its own, with its
  * loads (dy, x and the bf16 residual, read before the sums) in flight
- * while other warps compute. The weight and bias gradients stay in the
- * lane's registers over all the warp's rows; the block's warps add
- * theirs in warp order in shared memory at the end (a fixed order, so
- * results do not change between runs), and the block's partial row
- * goes the way of the fused kernel's (its group's last block, then the
- * last group). The block-per-rows kernel above met at a barrier every
- * few rows, which left an H200's SMs mostly waiting at hidden 1024
- * (130.9 us a call at 16384 rows, against 84.5 us for llm.c's).
+ * while other warps compute. Each lane keeps its weight and bias
+ * gradient sums over all the warp's rows in shared memory (a warp's G x
+ * 8 x 32 floats of each, lane-minor, so that a warp's accesses fall in
+ * distinct banks); the block's warps add theirs in warp order at the end
+ * (a fixed order, so results do not change between runs), and the
+ * block's partial row goes the way of the fused kernel's (its group's
+ * last block, then the last group). The block-per-rows kernel above met
+ * at a barrier every few rows, which left an H200's SMs mostly waiting
+ * at hidden 1024 (130.9 us a call at 16384 rows, against 84.5 us for
+ * llm.c's).
  *
- * RMSNorm's lanes keep their weight-gradient sums in shared memory
- * instead (a warp's G x 8 x 32 floats, lane-minor, so that a warp's
- * accesses fall in distinct banks; the same additions in the same
- * order): at C = 2048 the sums in registers took the thread to 203
- * registers, 8 warps an SM; in shared memory 166, 12 warps (82.9 -> 79.4
- * us at Llama-3.2-1B's 8,192 rows on an H200; capped at 128 registers
- * for 16 warps, the thread spilled and took 115 us:
- * docs/records/gpu-runs.md, twentieth session, call 4).
+ * The sums were in registers first: at C = 2048 RMSNorm's took the
+ * thread to 203 registers, 8 warps an SM; in shared memory 166, 12 warps
+ * (82.9 -> 79.4 us at Llama-3.2-1B's 8,192 rows on an H200; capped at 128
+ * registers for 16 warps, the thread spilled and took 115 us:
+ * docs/records/gpu-runs.md, twentieth session, call 4). Layer norm's two
+ * sets took up to 255 registers and spilled from C = 1792 on (GPT-2
+ * 1.5B's 1600: 116 bytes of spill loads, 8 warps an SM); in shared
+ * memory 168, no spills, 12 warps: 100.7 -> 90.7 us a call at 8,192 x
+ * 1600, 62.6 -> 58.3 at 8,192 x 1280 (twenty-first session, call 7).
  */
 #define ROW_WARPS 4            /* warps of a warp-row block */
 #define ROW_MAX_GROUPS 8       /* 8-channel groups a lane: C <= 2048 */
-#define ROW_SHARED_MIN_BLOCKS 3 /* RMSNorm's blocks an SM: 16 warps */
+#define ROW_SHARED_MIN_BLOCKS 3 /* blocks an SM: 12 warps */
 
-/* The dynamic shared memory of layernorm_backward_rows<G, RMS>. */
+/* Floats of one set of a block's sums (weight or bias): its warps' G x
+ * 8 x 32. */
+#define ROW_SET_FLOATS(G) (ROW_WARPS * (G) * 8 * WARP_SIZE)
+
+/* The dynamic shared memory of layernorm_backward_rows<G, RMS>: the
+ * weight's sums, and layer norm's bias's after them (up to 64 KiB a
+ * block at G = 8: rows_blocks_per_sm lets the kernel have it). */
 static constexpr size_t rows_shared_bytes(int G, bool RMS)
 {
-    return RMS ? (size_t)ROW_WARPS * G * 8 * WARP_SIZE * sizeof(float) : 0;
+    return (RMS ? 1 : 2) * (size_t)ROW_SET_FLOATS(G) * sizeof(float);
 }
 
-/* The block's partial row [dw | db] (C each) from its warps' sums in
- * registers, added in warp order in block_sums (2C floats). */
-template <int G>
-static __device__ __forceinline__ void
-register_sums_to_partial(float *own, float *block_sums, const float dw[G][8],
-                         const float db[G][8], int C)
-{
-    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    for (int v = 0; v < ROW_WARPS; v++) {
-        if (warp == v) {
-#pragma unroll
-            for (int k = 0; k < G; k++) {
-                int c = (lane + k * WARP_SIZE) * 8;
-                if (c >= C)
-                    continue;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    block_sums[c + i] = v == 0 ? dw[k][i]
-                                               : block_sums[c + i] + dw[k][i];
-                    block_sums[C + c + i] =
-                        v == 0 ? db[k][i] : block_sums[C + c + i] + db[k][i];
-                }
-            }
-        }
-        __syncthreads();
-    }
-    for (int j = threadIdx.x * 4; j < 2 * C; j += blockDim.x * 4)
-        *reinterpret_cast<float4 *>(own + j) =
-            *reinterpret_cast<const float4 *>(block_sums + j);
-}
-
-/* The same from the warps' sums in shared memory (RMSNorm: the weight
- * half only), in warp order. */
-template <int G>
+/* The block's partial row [dw | db] (C each; RMSNorm: dw alone, sum_rows
+ * skips the bias half) from its warps' sums in shared memory, added in
+ * warp order. */
+template <int G, bool RMS>
 static __device__ __forceinline__ void
 shared_sums_to_partial(float *own, const float *warp_sums, int C)
 {
     __syncthreads();
-    for (int j = threadIdx.x; j < C; j += blockDim.x) {
-        int group = j / 8;
-        const float *sums = warp_sums +
-                            ((group / WARP_SIZE) * 8 + j % 8) * WARP_SIZE +
-                            group % WARP_SIZE;
-        float total = sums[0];
-        for (int v = 1; v < ROW_WARPS; v++)
-            total += sums[v * G * 8 * WARP_SIZE];
-        own[j] = total; /* RMSNorm: no bias half (sum_rows skips it) */
-    }
+    for (int set = 0; set < (RMS ? 1 : 2); set++)
+        for (int j = threadIdx.x; j < C; j += blockDim.x) {
+            int group = j / 8;
+            const float *sums = warp_sums + set * ROW_SET_FLOATS(G) +
+                                ((group / WARP_SIZE) * 8 + j % 8) * WARP_SIZE +
+                                group % WARP_SIZE;
+            float total = sums[0];
+            for (int v = 1; v < ROW_WARPS; v++)
+                total += sums[v * G * 8 * WARP_SIZE];
+            own[set * C + j] = total;
+        }
 }
 
 template <int G, bool RMS, bool OUTPUT>
-__global__ void __launch_bounds__(ROW_WARPS *WARP_SIZE,
-                                  RMS ? ROW_SHARED_MIN_BLOCKS : 0)
+__global__ void __launch_bounds__(ROW_WARPS *WARP_SIZE, ROW_SHARED_MIN_BLOCKS)
 layernorm_backward_rows(layernorm_backward_args a, int rows_per_block,
                         norm_output_args o)
 {
-    __shared__ float block_sums[RMS ? 1 : 2 * ROW_MAX_GROUPS * 8 * WARP_SIZE];
-    extern __shared__ float warp_sums[]; /* RMS: rows_shared_bytes */
+    extern __shared__ float warp_sums[]; /* rows_shared_bytes */
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     int C = a.C;
     int first = blockIdx.x * rows_per_block;
     int last = min(first + rows_per_block, a.N);
     float *lane_sums = warp_sums + warp * G * 8 * WARP_SIZE + lane;
-    float dw[G][8], db[G][8];
+    float *lane_bias_sums = lane_sums + ROW_SET_FLOATS(G);
 #pragma unroll
     for (int k = 0; k < G; k++)
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            dw[k][i] = db[k][i] = 0.0f;
-            if (RMS)
-                lane_sums[(k * 8 + i) * WARP_SIZE] = 0.0f;
+            lane_sums[(k * 8 + i) * WARP_SIZE] = 0.0f;
+            if (!RMS)
+                lane_bias_sums[(k * 8 + i) * WARP_SIZE] = 0.0f;
         }
     for (int row = first + warp; row < last; row += ROW_WARPS) {
         size_t base = (size_t)row * C;
@@ -681,12 +659,9 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block,
                            rs * (dy[i] * w[i] - mean_g - xhat * mean_g_xhat);
                 if (OUTPUT)
                     out[i] = norm_output_value<RMS>(xhat, w[i], b[i]);
-                if (RMS) {
-                    lane_sums[(k * 8 + i) * WARP_SIZE] += dy[i] * xhat;
-                } else {
-                    dw[k][i] += dy[i] * xhat;
-                    db[k][i] += dy[i];
-                }
+                lane_sums[(k * 8 + i) * WARP_SIZE] += dy[i] * xhat;
+                if (!RMS)
+                    lane_bias_sums[(k * 8 + i) * WARP_SIZE] += dy[i];
             }
             if (a.d_inp != NULL)
                 store8(a.d_inp + base + c, value);
@@ -697,10 +672,7 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block,
         }
     }
     float *own = a.partials + blockIdx.x * 2 * (size_t)C;
-    if (RMS)
-        shared_sums_to_partial<G>(own, warp_sums, C);
-    else
-        register_sums_to_partial<G>(own, block_sums, dw, db, C);
+    shared_sums_to_partial<G, RMS>(own, warp_sums, C);
     add_partial_rows<RMS>(a);
 }
 
@@ -716,23 +688,36 @@ static bool force_block_kernel(void)
     return forced;
 }
 
-/* Blocks of layernorm_backward_rows<G, RMS, OUTPUT> an SM holds at once
- * (its registers decide: 72 to 255 a thread from G 1 to 8), asked of the
- * runtime once a process. */
+/* Devices whose answer rows_blocks_per_sm keeps (a device past them is
+ * asked at every launch). */
+#define ROW_CACHED_DEVICES 16
+
+/* Blocks of layernorm_backward_rows<G, RMS, OUTPUT> an SM of `device`
+ * holds at once (its registers and shared memory decide), asked of the
+ * runtime once a process and device, after letting the kernel have
+ * rows_shared_bytes there (layer norm's is above the default 48 KiB from
+ * G = 7 on; the attribute is the device's). */
 template <int G, bool RMS, bool OUTPUT>
-static int rows_blocks_per_sm(void)
+static int rows_blocks_per_sm(int device)
 {
-    static std::atomic<int> cached{0};
-    int blocks = cached.load(std::memory_order_relaxed);
+    static std::atomic<int> cached[ROW_CACHED_DEVICES];
+    std::atomic<int> *slot = device >= 0 && device < ROW_CACHED_DEVICES
+                                 ? &cached[device]
+                                 : NULL;
+    int blocks = slot != NULL ? slot->load(std::memory_order_relaxed) : 0;
     if (blocks > 0)
         return blocks;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+    if (cudaFuncSetAttribute(layernorm_backward_rows<G, RMS, OUTPUT>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)rows_shared_bytes(G, RMS)) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
             &blocks, layernorm_backward_rows<G, RMS, OUTPUT>,
             ROW_WARPS * WARP_SIZE,
             rows_shared_bytes(G, RMS)) != cudaSuccess ||
         blocks <= 0)
         blocks = 1;
-    cached.store(blocks, std::memory_order_relaxed);
+    if (slot != NULL)
+        slot->store(blocks, std::memory_order_relaxed);
     return blocks;
 }
 
@@ -742,10 +727,10 @@ static int rows_blocks_per_sm(void)
  * (cuda_layernorm_backward_scratch). */
 template <int G, bool RMS, bool OUTPUT>
 static void launch_rows_of(const layernorm_backward_args &a,
-                           const norm_output_args &o, int sms,
+                           const norm_output_args &o, int device, int sms,
                            cudaStream_t stream)
 {
-    int aim = sms * rows_blocks_per_sm<G, RMS, OUTPUT>();
+    int aim = sms * rows_blocks_per_sm<G, RMS, OUTPUT>(device);
     int rows_per_block = max(BACKWARD_ROWS, (a.N + aim - 1) / aim);
     unsigned int blocks =
         (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
@@ -765,14 +750,14 @@ static void launch_rows(const layernorm_backward_args &a,
         sms <= 0)
         sms = 1;
     switch ((a.C / 8 + WARP_SIZE - 1) / WARP_SIZE) {
-    case 1: launch_rows_of<1, RMS, OUTPUT>(a, o, sms, stream); break;
-    case 2: launch_rows_of<2, RMS, OUTPUT>(a, o, sms, stream); break;
-    case 3: launch_rows_of<3, RMS, OUTPUT>(a, o, sms, stream); break;
-    case 4: launch_rows_of<4, RMS, OUTPUT>(a, o, sms, stream); break;
-    case 5: launch_rows_of<5, RMS, OUTPUT>(a, o, sms, stream); break;
-    case 6: launch_rows_of<6, RMS, OUTPUT>(a, o, sms, stream); break;
-    case 7: launch_rows_of<7, RMS, OUTPUT>(a, o, sms, stream); break;
-    default: launch_rows_of<8, RMS, OUTPUT>(a, o, sms, stream); break;
+    case 1: launch_rows_of<1, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    case 2: launch_rows_of<2, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    case 3: launch_rows_of<3, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    case 4: launch_rows_of<4, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    case 5: launch_rows_of<5, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    case 6: launch_rows_of<6, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    case 7: launch_rows_of<7, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    default: launch_rows_of<8, RMS, OUTPUT>(a, o, device, sms, stream); break;
     }
 }
 
