@@ -691,12 +691,27 @@ static bool force_block_kernel(void)
 /* Devices whose answer rows_blocks_per_sm keeps (a device past them is
  * asked at every launch). */
 #define ROW_CACHED_DEVICES 16
+/* Dynamic shared memory a kernel has without asking. */
+#define DEFAULT_SHARED_BYTES (48 * 1024)
+
+/* Lets layernorm_backward_rows<G, RMS, OUTPUT> have rows_shared_bytes
+ * where that is above the default (layer norm's from G = 7 on), in the
+ * current context: at every launch, since a green context of a slice
+ * of the GPU may be a context of its own (not a stream operation, so a
+ * launch being captured into a graph allows it). */
+template <int G, bool RMS, bool OUTPUT>
+static cudaError_t allow_rows_shared(void)
+{
+    if (rows_shared_bytes(G, RMS) <= DEFAULT_SHARED_BYTES)
+        return cudaSuccess;
+    return cudaFuncSetAttribute(layernorm_backward_rows<G, RMS, OUTPUT>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)rows_shared_bytes(G, RMS));
+}
 
 /* Blocks of layernorm_backward_rows<G, RMS, OUTPUT> an SM of `device`
  * holds at once (its registers and shared memory decide), asked of the
- * runtime once a process and device, after letting the kernel have
- * rows_shared_bytes there (layer norm's is above the default 48 KiB from
- * G = 7 on; the attribute is the device's). */
+ * runtime once a process and device. */
 template <int G, bool RMS, bool OUTPUT>
 static int rows_blocks_per_sm(int device)
 {
@@ -707,9 +722,7 @@ static int rows_blocks_per_sm(int device)
     int blocks = slot != NULL ? slot->load(std::memory_order_relaxed) : 0;
     if (blocks > 0)
         return blocks;
-    if (cudaFuncSetAttribute(layernorm_backward_rows<G, RMS, OUTPUT>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)rows_shared_bytes(G, RMS)) != cudaSuccess ||
+    if (allow_rows_shared<G, RMS, OUTPUT>() != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(
             &blocks, layernorm_backward_rows<G, RMS, OUTPUT>,
             ROW_WARPS * WARP_SIZE,
@@ -731,6 +744,8 @@ static void launch_rows_of(const layernorm_backward_args &a,
                            cudaStream_t stream)
 {
     int aim = sms * rows_blocks_per_sm<G, RMS, OUTPUT>(device);
+    if (allow_rows_shared<G, RMS, OUTPUT>() != cudaSuccess)
+        return; /* the launch's error, cudaGetLastError's */
     int rows_per_block = max(BACKWARD_ROWS, (a.N + aim - 1) / aim);
     unsigned int blocks =
         (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
