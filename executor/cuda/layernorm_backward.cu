@@ -52,7 +52,8 @@ struct layernorm_backward_args {
 /* The forward's output written again (the kernels' OUTPUT flag): a
  * kernel argument of its own, as fields of layernorm_backward_args made
  * ptxas spill more in the kernels without it (layer norm's warp-row
- * backward at G = 7: 116 bytes of spill loads to 200). */
+ * backward at G = 7, its sums then in registers: 116 bytes of spill
+ * loads to 200). */
 struct norm_output_args {
     bf16 *out;
     const float *bias; /* layer norm's bias */
