@@ -94,6 +94,17 @@ gemm_call pass_weight_grad_call(const model_stage *stage, size_t offset,
  * fusion on Hopper: it runs as a kernel of its own after the product, and
  * measured slower than ours (24 us against 9 us for 16384 x 768 on an
  * H100), so it is not used. */
+int pass_weight_grad(model_stage *stage, const gemm_call *call,
+                     size_t bias_offset, const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (bias_offset == CUDA_NO_TENSOR)
+        return gemm_run(state->gemm, call, state->stream, err);
+    return pass_weight_and_bias_grad(state, call,
+                                     pass_grad_at(stage, bias_offset), d,
+                                     err);
+}
+
 int pass_weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
                               cuda_grad d_bias, const stage_dims *d,
                               pt_error *err)
@@ -293,14 +304,10 @@ static int product_weight_grad(model_stage *stage, const norm_product *p,
                                const pt_bf16 *norm_out, const stage_dims *d,
                                pt_error *err)
 {
-    cuda_stage_state *state = state_of(stage);
     gemm_call call = pass_weight_grad_call(stage, p->weight, norm_out,
                                            p->d_product, p->width, d->N,
                                            d->C, p->width, 1.0f);
-    if (p->bias == CUDA_NO_TENSOR)
-        return gemm_run(state->gemm, &call, state->stream, err);
-    return pass_weight_and_bias_grad(state, &call,
-                                     pass_grad_at(stage, p->bias), d, err);
+    return pass_weight_grad(stage, &call, p->bias, d, err);
 }
 
 int pass_norm_product_backward(model_stage *stage, const norm_product *p,
@@ -318,7 +325,7 @@ int pass_norm_product_backward(model_stage *stage, const norm_product *p,
         d->N, d->C, p->width, 1.0f);
     if (p->kept == NULL && d->tp == 1 && (rms || bias != NULL)) {
         pt_bf16 *rows = s->d_stream_bf16;
-        if (gemm_run(state->gemm, &input_grad, state->stream, err) != 0)
+        if (pass_column_parallel_input_grad(stage, input_grad, d, err) != 0)
             return -1;
         CUDA_TRY(cuda_norm_backward_and_output(
             s->norm_out, rows, d_weight, d_bias, rows, s->d_norm, p->inp,

@@ -43,6 +43,11 @@ gemm_call pass_weight_grad_call(const model_stage *stage, size_t offset,
                                 const pt_bf16 *input, const pt_bf16 *d_out,
                                 int ld_d_out, int N, int IC, int OC,
                                 float alpha);
+/* A weight gradient's product, and its bias's gradient (column sums of
+ * call->b) where bias_offset is not CUDA_NO_TENSOR (a bias the model
+ * lacks, or one whose gradient comes elsewhere). */
+int pass_weight_grad(model_stage *stage, const gemm_call *call,
+                     size_t bias_offset, const stage_dims *d, pt_error *err);
 /* The weight gradient's product, then the bias gradient (column sums of
  * call->b). */
 int pass_weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,

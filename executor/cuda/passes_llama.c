@@ -136,19 +136,6 @@ int cuda_llama_layer_forward(model_stage *stage, layer_activations *act,
 
 /* ------------------------------------------------------------- backward */
 
-/* A weight gradient's product, and its bias's gradient when the model
- * has the bias. */
-static int weight_grad(model_stage *stage, const gemm_call *call,
-                       size_t bias_offset, const stage_dims *d, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    if (bias_offset == CUDA_NO_TENSOR)
-        return gemm_run(state->gemm, call, state->stream, err);
-    return pass_weight_and_bias_grad(state, call,
-                                     pass_grad_at(stage, bias_offset), d,
-                                     err);
-}
-
 /* A recomputed SwiGLU's share of the MLP backward in one pass: fc2's
  * input gradient into scratch.d_fc, then cuda_swiglu_backward_and_forward
  * turns it into SwiGLU's output there (for fc2's weight gradient, after)
@@ -174,7 +161,7 @@ static int swiglu_recomputed_backward(model_stage *stage,
     call = pass_weight_grad_call(stage, o->mlp_proj_weight,
                                  s->d_fc, s->d_stream_bf16, C, N, F, C,
                                  1.0f);
-    if (weight_grad(stage, &call, o->mlp_proj_bias, d, err) != 0)
+    if (pass_weight_grad(stage, &call, o->mlp_proj_bias, d, err) != 0)
         return -1;
     *d_fc = act->fc_pre;
     return 0;
@@ -201,7 +188,7 @@ static int mlp_output_backward(model_stage *stage, const layer_offsets *o,
     }
     gemm_call call = pass_weight_grad_call(stage, o->mlp_proj_weight, mlp_act,
                                            s->d_stream_bf16, C, N, F, C, 1.0f);
-    if (weight_grad(stage, &call, o->mlp_proj_bias, d, err) != 0)
+    if (pass_weight_grad(stage, &call, o->mlp_proj_bias, d, err) != 0)
         return -1;
     call = pass_input_grad_call(s->d_fc, s->d_stream_bf16, C,
                                 pass_mirror_at(state, o->mlp_proj_weight), N,
@@ -258,7 +245,7 @@ static int attention_backward(model_stage *stage, const layer_offsets *o,
     gemm_call call = pass_weight_grad_call(stage, o->attn_proj_weight,
                                            act->att_out, s->d_stream_bf16, C,
                                            N, A, C, 1.0f);
-    if (weight_grad(stage, &call, o->attn_proj_bias, d, err) != 0)
+    if (pass_weight_grad(stage, &call, o->attn_proj_bias, d, err) != 0)
         return -1;
     call = pass_input_grad_call(s->d_att, s->d_stream_bf16, C,
                                 pass_mirror_at(state, o->attn_proj_weight), N,
