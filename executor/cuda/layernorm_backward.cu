@@ -538,18 +538,30 @@ __global__ void layernorm_partials_kernel(cuda_grad d_weight,
  * 1.5B's 1600: 116 bytes of spill loads, 8 warps an SM); in shared
  * memory 168, no spills, 12 warps: 100.7 -> 90.7 us a call at 8,192 x
  * 1600, 62.6 -> 58.3 at 8,192 x 1280 (twenty-first session, call 7).
+ *
+ * Blocks of 8 warps, one an SM (up to 255 registers: 166-199, no
+ * spills), where 4-warp blocks ran three an SM: a grid of one wave then
+ * has half the blocks and partial rows, and at 4,096 rows or fewer, where
+ * the grid's 32-row floor leaves fewer blocks than SMs, twice the warps.
+ * Timed alone on an H200 (.devrun/rb2, twenty-second session, call 3;
+ * us a call, 4-warp -> 8-warp blocks): 8,192 x 2048 RMSNorm 74.0 ->
+ * 68.2, 4,096 x 2048 54.9 -> 43.4; layer norm 8,192 x 1600 81.7 ->
+ * 70.4, 4,096 x 1600 63.6 -> 45.7, 2,048 x 1600 53.1 -> 37.3, 8,192 x
+ * 1280 56.1 -> 53.1, 16,384 x 1024 and x 768 within 4 %; 6, 10 and 12
+ * warps a block came out between.
  */
-#define ROW_WARPS 4            /* warps of a warp-row block */
+#define ROW_WARPS 8            /* warps of a warp-row block */
 #define ROW_MAX_GROUPS 8       /* 8-channel groups a lane: C <= 2048 */
-#define ROW_SHARED_MIN_BLOCKS 3 /* blocks an SM: 12 warps */
+#define ROW_SHARED_MIN_BLOCKS 1 /* blocks an SM: 8 warps */
 
 /* Floats of one set of a block's sums (weight or bias): its warps' G x
  * 8 x 32. */
 #define ROW_SET_FLOATS(G) (ROW_WARPS * (G) * 8 * WARP_SIZE)
 
 /* The dynamic shared memory of layernorm_backward_rows<G, RMS>: the
- * weight's sums, and layer norm's bias's after them (up to 64 KiB a
- * block at G = 8: rows_blocks_per_sm lets the kernel have it). */
+ * weight's sums, and layer norm's bias's after them (16 KiB a group of
+ * layer norm, 8 of RMSNorm: up to 128 KiB a block at G = 8;
+ * allow_rows_shared lets the kernel have it). */
 static constexpr size_t rows_shared_bytes(int G, bool RMS)
 {
     return (RMS ? 1 : 2) * (size_t)ROW_SET_FLOATS(G) * sizeof(float);
@@ -692,18 +704,26 @@ static bool force_block_kernel(void)
 /* Devices whose answer rows_blocks_per_sm keeps (a device past them is
  * asked at every launch). */
 #define ROW_CACHED_DEVICES 16
-/* Dynamic shared memory a kernel has without asking. */
+/* Shared memory a block has without asking, static and dynamic
+ * together. */
 #define DEFAULT_SHARED_BYTES (48 * 1024)
+/* Room kept for the kernel's static shared memory (16 bytes, of which
+ * arrive_last's flag): a dynamic part of exactly 48 KiB does not launch
+ * without asking: cudaErrorInvalidValue, the step failing (4-warp
+ * blocks of layer norm at G = 6, C 1,288-1,536, until the twenty-second
+ * session; 8-warp blocks of layer norm at G = 3 and RMSNorm at G = 6). */
+#define ROW_STATIC_SHARED_ROOM 1024
 
 /* Lets layernorm_backward_rows<G, RMS, OUTPUT> have rows_shared_bytes
- * where that is above the default (layer norm's from G = 7 on), in the
- * current context: at every launch, since a green context of a slice
- * of the GPU may be a context of its own (not a stream operation, so a
- * launch being captured into a graph allows it). */
+ * where that and its static part pass the default, in the current
+ * context: at every launch, since a green context of a slice of the GPU
+ * may be a context of its own (not a stream operation, so a launch
+ * being captured into a graph allows it). */
 template <int G, bool RMS, bool OUTPUT>
 static cudaError_t allow_rows_shared(void)
 {
-    if (rows_shared_bytes(G, RMS) <= DEFAULT_SHARED_BYTES)
+    if (rows_shared_bytes(G, RMS) + ROW_STATIC_SHARED_ROOM <=
+        DEFAULT_SHARED_BYTES)
         return cudaSuccess;
     return cudaFuncSetAttribute(layernorm_backward_rows<G, RMS, OUTPUT>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,

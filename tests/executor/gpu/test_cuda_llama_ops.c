@@ -608,6 +608,10 @@ int main(void)
      * for C % 8 != 0 (the scalar path) */
     test_rmsnorm(&tally, 300, 768);
     test_rmsnorm(&tally, 2500, 1000);
+    /* the warp-row kernel at 48 KiB of sums a block (G = 6: a launch
+     * that must ask for it), and at Llama-3.2-1B's 2048 */
+    test_rmsnorm(&tally, 700, 1536);
+    test_rmsnorm(&tally, 1000, 2048);
     test_rmsnorm(&tally, 200, 4096);
     test_rmsnorm(&tally, 64, 8192);
     test_rmsnorm(&tally, 40, 12288);

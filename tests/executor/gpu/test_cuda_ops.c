@@ -1070,6 +1070,11 @@ int main(void)
      * blocks, a lane's partial last group, two blocks of 32 rows */
     test_layernorm(&tally, 5000, 1024);
     test_layernorm(&tally, 1500, 1280);
+    /* 48 KiB of sums a block (G = 3 at 8 warps a block; G = 6 at 4), a
+     * launch that must ask for it; 1 and 2 groups a lane */
+    test_layernorm(&tally, 700, 1536);
+    test_layernorm(&tally, 300, 256);
+    test_layernorm(&tally, 300, 512);
     test_layernorm(&tally, 37, 2048);
     test_layernorm(&tally, 200, 2560);
     test_layernorm(&tally, 100, 5120);
