@@ -24,6 +24,8 @@ enum {
     CHUNK_ELEMENTS = 16384,            /* parameters per optimizer chunk */
     CHUNK_BYTES = 32,                  /* sizeof(param_chunk) */
     LAYERNORM_ROWS = 32,               /* rows per layer-norm partial */
+    LAYERNORM_ROW_KERNEL_ROWS = 8,     /* the warp-row kernel's, at least */
+    LAYERNORM_ROW_KERNEL_BLOCKS = 256, /* and its partials, at most */
     LAYERNORM_GROUP = 16,              /* partials one fused block sums */
     LAYERNORM_COUNTERS = 64,           /* counter floats' alignment */
     BIAS_ROWS = 256,                   /* rows per bias-gradient partial */
@@ -253,11 +255,14 @@ static double recomputed_layer_bytes(const shard_dims *d)
 }
 
 /* The layer-norm backward's scratch: completion counters (padded), the
- * blocks' partial rows and the groups' sums (cuda_layernorm_backward_
- * scratch). */
+ * blocks' partial rows (of either kernel: 32-row blocks, or the warp-row
+ * kernel's up to 256 of at least 8 rows) and the groups' sums
+ * (cuda_layernorm_backward_scratch). */
 static double layernorm_scratch_bytes(double N, double C)
 {
-    double blocks = ceil_div(N, LAYERNORM_ROWS);
+    double blocks = fmax(ceil_div(N, LAYERNORM_ROWS),
+                         fmin(ceil_div(N, LAYERNORM_ROW_KERNEL_ROWS),
+                              LAYERNORM_ROW_KERNEL_BLOCKS));
     double groups = ceil_div(blocks, LAYERNORM_GROUP);
     double counters = ceil_div(groups + 1.0, LAYERNORM_COUNTERS) *
                       LAYERNORM_COUNTERS;

@@ -14,32 +14,11 @@
  */
 #include "executor/cuda/cuda_common.cuh"
 
-/* Dynamic shared memory every block may take without asking. */
-#define PLAIN_SHARED_DEFAULT (48 * 1024)
-
-/* Lets `kernel` take `bytes` of dynamic shared memory a block: above the
- * default, up to the device's opt-in limit (227 KiB on Hopper), through
- * the kernel's attribute. A block of scores holds a row of the sequence
- * in fp32 (dK and dV two, and two head rows): 66 KiB at 8,192 positions,
- * which the default refused (Llama-3.2-1B at sequence 8192, micro-batch
- * 4, whose cuDNN plan had not fit: twelfth session). */
-template <typename Kernel>
-static cudaError_t allow_shared(Kernel kernel, size_t bytes)
-{
-    if (bytes <= PLAIN_SHARED_DEFAULT)
-        return cudaSuccess;
-    int device = 0, optin = 0;
-    cudaError_t status = cudaGetDevice(&device);
-    if (status == cudaSuccess)
-        status = cudaDeviceGetAttribute(
-            &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (status != cudaSuccess)
-        return status;
-    if (bytes > (size_t)optin)
-        return cudaErrorInvalidValue;
-    return cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-}
+/* A block of scores holds a row of the sequence in fp32 (dK and dV
+ * two, and two head rows): 66 KiB at 8,192 positions, past the 48 KiB a
+ * block has without asking (Llama-3.2-1B at sequence 8192, micro-batch
+ * 4, whose cuDNN plan had not fit: twelfth session), so each launch asks
+ * (allow_dynamic_shared, cuda_common.cuh). */
 
 /* delta[bh, t] = dO . O of each query row and head (fp32). */
 __global__ void attention_delta_kernel(float *delta, const bf16 *d_out,
@@ -251,7 +230,8 @@ extern "C" cudaError_t cuda_gqa_attention_forward_plain(
     size_t shared = (size_t)T * sizeof(float);
     if (!gqa_shape_valid(NH, KVH, D))
         return cudaErrorInvalidValue;
-    cudaError_t allowed = allow_shared(attention_forward_plain_kernel, shared);
+    cudaError_t allowed =
+        allow_dynamic_shared(attention_forward_plain_kernel, shared);
     if (allowed != cudaSuccess)
         return allowed;
     dim3 grid((unsigned)T, (unsigned)(B * NH));
@@ -277,10 +257,11 @@ extern "C" cudaError_t cuda_gqa_attention_backward_plain(
     if (!gqa_shape_valid(NH, KVH, D))
         return cudaErrorInvalidValue;
     cudaError_t allowed =
-        allow_shared(attention_backward_dq_plain_kernel, dq_shared);
+        allow_dynamic_shared(attention_backward_dq_plain_kernel, dq_shared);
     if (allowed == cudaSuccess)
         allowed =
-            allow_shared(attention_backward_dkdv_plain_kernel, dkdv_shared);
+            allow_dynamic_shared(attention_backward_dkdv_plain_kernel,
+                                 dkdv_shared);
     if (allowed != cudaSuccess)
         return allowed;
     size_t rows = (size_t)B * T * NH;

@@ -12,10 +12,17 @@
 
 /* ------------------------------------------------ the kernels' scratch */
 
+/* Partial rows of either backward kernel: the fused one's blocks of 32
+ * rows, the warp-row one's up to one an SM of blocks of 8 rows or more. */
 static size_t layernorm_blocks(int N)
 {
-    return ((size_t)N + CUDA_LAYERNORM_BACKWARD_ROWS - 1) /
-           CUDA_LAYERNORM_BACKWARD_ROWS;
+    size_t fused = ((size_t)N + CUDA_LAYERNORM_BACKWARD_ROWS - 1) /
+                   CUDA_LAYERNORM_BACKWARD_ROWS;
+    size_t rows = ((size_t)N + CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS - 1) /
+                  CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS;
+    if (rows > CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS)
+        rows = CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS;
+    return fused > rows ? fused : rows;
 }
 
 static size_t layernorm_groups(int N)

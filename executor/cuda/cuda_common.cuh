@@ -1,6 +1,7 @@
 /*
  * Device-side helpers shared by the kernel files of the cuda backend:
- * bf16 conversions, 16-byte vectors, warp and block reductions. CUDA C++
+ * bf16 conversions, 16-byte vectors, warp and block reductions, and a
+ * launch's ask for dynamic shared memory past the default. CUDA C++
  * (nvcc needs it), kept C-like: no classes beyond plain structs.
  */
 #ifndef PARTITA_EXECUTOR_CUDA_COMMON_CUH
@@ -196,6 +197,41 @@ static inline unsigned int blocks_for(size_t count, unsigned int per_block)
 static inline __host__ __device__ bool aligned16(const void *p)
 {
     return ((uintptr_t)p & 15u) == 0;
+}
+
+/* Shared memory a block has without asking, static and dynamic
+ * together. */
+#define DEFAULT_BLOCK_SHARED_BYTES (48 * 1024)
+
+/* Lets `kernel` launch with `dynamic` bytes of dynamic shared memory a
+ * block, in the current context: where they and the kernel's static
+ * shared memory pass the 48 KiB a block has without asking, through the
+ * kernel's attribute, up to the device's opt-in limit (227 KiB on
+ * Hopper). A dynamic part of exactly 48 KiB beside a few static bytes
+ * does not launch without asking (cudaErrorInvalidValue: layer norm's
+ * warp-row backward at 1,288-1,536 channels until the twenty-second
+ * session). Not a stream operation: a launch being captured into a graph
+ * may ask. */
+template <typename Kernel>
+static cudaError_t allow_dynamic_shared(Kernel kernel, size_t dynamic)
+{
+    cudaFuncAttributes attributes;
+    cudaError_t status = cudaFuncGetAttributes(&attributes, kernel);
+    if (status != cudaSuccess)
+        return status;
+    if (dynamic + attributes.sharedSizeBytes <= DEFAULT_BLOCK_SHARED_BYTES)
+        return cudaSuccess;
+    int device = 0, optin = 0;
+    status = cudaGetDevice(&device);
+    if (status == cudaSuccess)
+        status = cudaDeviceGetAttribute(
+            &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (status != cudaSuccess)
+        return status;
+    if (dynamic + attributes.sharedSizeBytes > (size_t)optin)
+        return cudaErrorInvalidValue;
+    return cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dynamic);
 }
 
 /* GELU with the tanh approximation (GPT-2's), and its derivative. */

@@ -21,6 +21,11 @@ extern "C" {
 /* Rows per block of the layer-norm backward's weight partials (512
  * blocks for 16384 rows: full waves). */
 #define CUDA_LAYERNORM_BACKWARD_ROWS 32
+/* The warp-row backward's rows a block, at least (one a warp of its 8),
+ * and its blocks, at most (one an SM of any GPU: an H200 has 132): its
+ * partial rows, which the scratch holds beside the 32-row blocks'. */
+#define CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS 8
+#define CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS 256
 /* Blocks of the fused layer-norm backward whose partial rows the last of
  * them to finish sums. */
 #define CUDA_LAYERNORM_GROUP_BLOCKS 16

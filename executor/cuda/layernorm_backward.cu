@@ -704,30 +704,14 @@ static bool force_block_kernel(void)
 /* Devices whose answer rows_blocks_per_sm keeps (a device past them is
  * asked at every launch). */
 #define ROW_CACHED_DEVICES 16
-/* Shared memory a block has without asking, static and dynamic
- * together. */
-#define DEFAULT_SHARED_BYTES (48 * 1024)
-/* Room kept for the kernel's static shared memory (16 bytes, of which
- * arrive_last's flag): a dynamic part of exactly 48 KiB does not launch
- * without asking: cudaErrorInvalidValue, the step failing (4-warp
- * blocks of layer norm at G = 6, C 1,288-1,536, until the twenty-second
- * session; 8-warp blocks of layer norm at G = 3 and RMSNorm at G = 6). */
-#define ROW_STATIC_SHARED_ROOM 1024
-
 /* Lets layernorm_backward_rows<G, RMS, OUTPUT> have rows_shared_bytes
- * where that and its static part pass the default, in the current
- * context: at every launch, since a green context of a slice of the GPU
- * may be a context of its own (not a stream operation, so a launch
- * being captured into a graph allows it). */
+ * (allow_dynamic_shared) in the current context: at every launch, since
+ * a green context of a slice of the GPU may be a context of its own. */
 template <int G, bool RMS, bool OUTPUT>
 static cudaError_t allow_rows_shared(void)
 {
-    if (rows_shared_bytes(G, RMS) + ROW_STATIC_SHARED_ROOM <=
-        DEFAULT_SHARED_BYTES)
-        return cudaSuccess;
-    return cudaFuncSetAttribute(layernorm_backward_rows<G, RMS, OUTPUT>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)rows_shared_bytes(G, RMS));
+    return allow_dynamic_shared(layernorm_backward_rows<G, RMS, OUTPUT>,
+                                rows_shared_bytes(G, RMS));
 }
 
 /* Blocks of layernorm_backward_rows<G, RMS, OUTPUT> an SM of `device`
@@ -756,18 +740,23 @@ static int rows_blocks_per_sm(int device)
 }
 
 /* The warp-row kernel's launch: rows_per_block so that the grid is one
- * wave of the device's SMs, and at least BACKWARD_ROWS, so the grid
- * never has more blocks than the scratch has partial rows for
- * (cuda_layernorm_backward_scratch). */
+ * wave of the device's SMs, at least one row a warp (so that a call of
+ * few rows, 1,024 at GPT-2 micro-batch 1, still reaches every SM, where
+ * the floor of 32 rows a block it had, the fused kernel's, left 32
+ * blocks), and at most
+ * CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS blocks: the scratch's partial
+ * rows (cuda_layernorm_backward_scratch). */
 template <int G, bool RMS, bool OUTPUT>
 static void launch_rows_of(const layernorm_backward_args &a,
                            const norm_output_args &o, int device, int sms,
                            cudaStream_t stream)
 {
-    int aim = sms * rows_blocks_per_sm<G, RMS, OUTPUT>(device);
+    int aim = min(sms * rows_blocks_per_sm<G, RMS, OUTPUT>(device),
+                  CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS);
     if (allow_rows_shared<G, RMS, OUTPUT>() != cudaSuccess)
         return; /* the launch's error, cudaGetLastError's */
-    int rows_per_block = max(BACKWARD_ROWS, (a.N + aim - 1) / aim);
+    int rows_per_block =
+        max(CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS, (a.N + aim - 1) / aim);
     unsigned int blocks =
         (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
     layernorm_backward_rows<G, RMS, OUTPUT>

@@ -53,11 +53,12 @@ static void assert_terms(const stage_estimate *st, const double *expected)
  *       4 N h [norm outputs, bf16] + 8 N h [qkv and attention output,
  *       bf16] + 4 N a [log-sum-exp] + 4 N h [residual and output, bf16]
  *       + 2 N f [fc output, bf16])) = 1,932,541,968
- *     scratch 4 N h + 4 N h + 8 N h + 2 N f + 4 x (64 + (32 + 2) x
- *       2h) (the norm backward's counters, 32 blocks' partial rows and
- *       2 groups' sums) + 4 x 4 x f (bias partials) + 4 f + 4 N a +
- *       8,192 + 8 + 32 (the one-stage step's values) + 8 x 146 + 8 x
- *       27,521 + 4 N h (received gradient) = 46,771,384 (no norm
+ *     scratch 4 N h + 4 N h + 8 N h + 2 N f + 4 x (64 + (128 + 8) x
+ *       2h) (the norm backward's counters, the warp-row kernel's 128
+ *       blocks' partial rows, 8 rows each, and 8 groups' sums) + 4 x 4 x
+ *       f (bias partials) + 4 f + 4 N a + 8,192 + 8 + 32 (the one-stage
+ *       step's values) + 8 x 146 + 8 x 27,521 + 4 N h (received
+ *       gradient) = 48,076,984 (no norm
  *       outputs: none recomputed, no sequence parallelism)
  *     workspace 32 MiB and cuDNN's attention backward's (head size 64,
  *       s a multiple of 128; no logits to lend it; dQ summed in fp32, not
@@ -90,16 +91,16 @@ static void memory_matches_hand_computation(void **state)
        scratch, workspace, comm, rounding, context (common.h's order) */
     const double expected[4][PT_MEMORY_TERM_COUNT] = {
         {1803756804.0, 901878402.0, 1803756804.0, 3608397908.0,
-         1932541968.0, 0.0, 46771384.0, with_cudnn, 6555648.0,
+         1932541968.0, 0.0, 48076984.0, with_cudnn, 6555648.0,
          11534336.0 + mib, context},
         {1475558404.0, 737779202.0, 1475558404.0, 2951840844.0,
-         1469067276.0, 0.0, 46731304.0, with_cudnn, 13109248.0,
+         1469067276.0, 0.0, 48036904.0, with_cudnn, 13109248.0,
          10485760.0 + mib, context},
         {1475558404.0, 737779202.0, 1475558404.0, 2951840844.0,
-         979378184.0, 0.0, 46731304.0, with_cudnn, 13109248.0,
+         979378184.0, 0.0, 48036904.0, with_cudnn, 13109248.0,
          9437184.0 + mib, context},
         {1797216004.0, 898758402.0, 1797516804.0, 3595313176.0,
-         483135492.0, 106311680.0, 27109808.0, workspace, 6555648.0,
+         483135492.0, 106311680.0, 28415408.0, workspace, 6555648.0,
          8388608.0, context}};
     for (int s = 0; s < 4; s++) {
         assert_terms(&e.stages[s], expected[s]);
@@ -126,9 +127,10 @@ static void memory_matches_hand_computation(void **state)
  *   logits 2 N h + 12 N + 2 N Vp = 109,862,912
  *   (tp 2: the slot keeps its whole logits, no fused head)
  *   scratch with the recomputed layer and the tp sums' 4 N h + 16 N:
- *     113,056,560 (its residual after attention bf16; no norm outputs
+ *     115,667,760 (its residual after attention bf16; no norm outputs
  *     but the recomputed layer's; the one-stage step's 32 bytes; the norm
- *     backward's 4 x (64 + (64 + 4) x 2h)); comm 2,048 (no sends);
+ *     backward's 4 x (64 + (256 + 16) x 2h): the warp-row kernel's 256
+ *     blocks); comm 2,048 (no sends);
  *     rounding (6 + 1 + 1 + 1) MiB */
 static void memory_with_recompute_and_distributed_optimizer(void **state)
 {
@@ -144,7 +146,7 @@ static void memory_with_recompute_and_distributed_optimizer(void **state)
     run_estimate(&f, &config, order, 1, partition, false, &e);
     const double expected[PT_MEMORY_TERM_COUNT] = {
         3119430404.0, 1559993602.0, 3119987204.0, 3121742560.0,
-        321167364.0, 109862912.0, 113056560.0, 33554432.0, 2048.0,
+        321167364.0, 109862912.0, 115667760.0, 33554432.0, 2048.0,
         9437184.0, 3.0 * 1.24 * PT_GIB /* NCCL: world, tp, dp groups */};
     assert_terms(&e.stages[0], expected);
     estimate_free(&e);

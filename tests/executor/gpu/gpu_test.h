@@ -232,6 +232,23 @@ static inline pt_bf16 *gpu_test_upload_bf16(const float *host, size_t count)
     return device;
 }
 
+/* A plan of N rows' embedding groups (embedding_plan_build or _range)
+ * copied into the device arrays cuda_embedding_backward reads. */
+static inline void gpu_test_upload_embedding_plan(const embedding_plan *plan,
+                                                  int N, int *d_starts,
+                                                  int *d_rows,
+                                                  uint32_t *d_group_tokens)
+{
+    GPU_CHECK(cudaMemcpy(d_starts, plan->starts,
+                         (size_t)(N + 1) * sizeof(int),
+                         cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(d_rows, plan->rows, (size_t)N * sizeof(int),
+                         cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(d_group_tokens, plan->tokens,
+                         (size_t)N * sizeof(uint32_t),
+                         cudaMemcpyHostToDevice));
+}
+
 static inline void gpu_test_download(float *host, const float *device,
                                      size_t count)
 {

@@ -75,13 +75,8 @@ static void test_embedding(gpu_test_tally *tally)
     int *d_starts = gpu_test_device((size_t)(N + 1) * sizeof(int));
     int *d_rows = gpu_test_device((size_t)N * sizeof(int));
     uint32_t *d_group_tokens = gpu_test_device((size_t)N * sizeof(uint32_t));
-    GPU_CHECK(cudaMemcpy(d_starts, plan.starts, (size_t)(N + 1) * sizeof(int),
-                         cudaMemcpyHostToDevice));
-    GPU_CHECK(cudaMemcpy(d_rows, plan.rows, (size_t)N * sizeof(int),
-                         cudaMemcpyHostToDevice));
-    GPU_CHECK(cudaMemcpy(d_group_tokens, plan.tokens,
-                         (size_t)N * sizeof(uint32_t),
-                         cudaMemcpyHostToDevice));
+    gpu_test_upload_embedding_plan(&plan, N, d_starts, d_rows,
+                                   d_group_tokens);
     float *dev_grad_out = gpu_test_upload(grad_out, (size_t)N * C);
     GPU_CHECK(cuda_embedding_backward(cuda_grad_fp32(dev_grad_wte),
                                       cuda_grad_fp32(dev_grad_wpe),
@@ -103,108 +98,6 @@ static void test_embedding(gpu_test_tally *tally)
     cudaFree(d_wte), cudaFree(d_wpe), cudaFree(d_tokens), cudaFree(d_out);
     cudaFree(dev_grad_wte), cudaFree(dev_grad_wpe), cudaFree(d_starts);
     cudaFree(d_rows), cudaFree(d_group_tokens), cudaFree(dev_grad_out);
-}
-
-/* The vocab-parallel lookup of two shards (rows 0..V/2 and the rest),
- * summed on the host, plus the positions by cuda_add_broadcast_rows,
- * against the whole lookup; then each shard's token gradient through its
- * range plan against its rows of the whole gradient. */
-static void test_embedding_shards(gpu_test_tally *tally)
-{
-    int B = 2, T = 33, C = 64, V = 51;
-    int N = B * T, tp = 2;
-    size_t NC = (size_t)N * C;
-    float *wte = random_host((size_t)V * C, 1.0f, 0.0f);
-    float *wpe = random_host((size_t)T * C, 1.0f, 0.0f);
-    uint32_t *tokens = gpu_test_host((size_t)N * sizeof *tokens);
-    for (int i = 0; i < N; i++)
-        tokens[i] = (uint32_t)(gpu_test_uniform(&rng_state) * V);
-    float *want = gpu_test_host(NC * sizeof *want);
-    cpu_embedding_forward(want, tokens, wte, wpe, B, T, C);
-    float *grad_out = random_host(NC, 1.0f, 0.0f);
-    float *want_wte = gpu_test_host((size_t)V * C * sizeof(float));
-    float *want_wpe = gpu_test_host((size_t)T * C * sizeof(float));
-    cpu_embedding_backward(want_wte, want_wpe, grad_out, tokens, B, T, C);
-
-    uint32_t *d_tokens = gpu_test_device((size_t)N * sizeof *d_tokens);
-    GPU_CHECK(cudaMemcpy(d_tokens, tokens, (size_t)N * sizeof *tokens,
-                         cudaMemcpyHostToDevice));
-    float *d_out = gpu_test_device(NC * sizeof(float));
-    float *dev_grad_out = gpu_test_upload(grad_out, NC);
-    float *sum = gpu_test_host(NC * sizeof *sum);
-    float *part = gpu_test_host(NC * sizeof *part);
-    embedding_plan plan = {
-        .starts = gpu_test_host((size_t)(N + 1) * sizeof(int)),
-        .rows = gpu_test_host((size_t)N * sizeof(int)),
-        .tokens = gpu_test_host((size_t)N * sizeof(uint32_t)),
-    };
-    void *counts = calloc(1, embedding_plan_scratch_bytes(V));
-    int *d_starts = gpu_test_device((size_t)(N + 1) * sizeof(int));
-    int *d_rows = gpu_test_device((size_t)N * sizeof(int));
-    uint32_t *d_group_tokens = gpu_test_device((size_t)N * sizeof(uint32_t));
-    float *got_wte = gpu_test_host((size_t)V * C * sizeof(float));
-    for (int t = 0; t < tp; t++) {
-        int first = 0, count = 0;
-        stage_vocab_shard(V, tp, t, &first, &count);
-        float *d_shard = gpu_test_upload(wte + (size_t)first * C,
-                                         (size_t)count * C);
-        GPU_CHECK(cuda_embedding_shard_forward(d_out, d_tokens, d_shard,
-                                               first, count, N, C, 0));
-        gpu_test_download(part, d_out, NC);
-        for (size_t i = 0; i < NC; i++)
-            sum[i] = t == 0 ? part[i] : sum[i] + part[i];
-
-        /* the shard's token gradient from zero, through its range plan */
-        GPU_CHECK(cudaMemset(d_shard, 0, (size_t)count * C * sizeof(float)));
-        embedding_plan_build_range(&plan, tokens, N, first, count, counts);
-        GPU_CHECK(cudaMemcpy(d_starts, plan.starts,
-                             (size_t)(N + 1) * sizeof(int),
-                             cudaMemcpyHostToDevice));
-        GPU_CHECK(cudaMemcpy(d_rows, plan.rows, (size_t)N * sizeof(int),
-                             cudaMemcpyHostToDevice));
-        GPU_CHECK(cudaMemcpy(d_group_tokens, plan.tokens,
-                             (size_t)N * sizeof(uint32_t),
-                             cudaMemcpyHostToDevice));
-        GPU_CHECK(cuda_embedding_backward(cuda_grad_fp32(d_shard),
-                                          cuda_grad_fp32(NULL), dev_grad_out,
-                                          d_starts, d_rows, d_group_tokens,
-                                          plan.unique_tokens, B, T, C, 0));
-        gpu_test_download(got_wte + (size_t)first * C, d_shard,
-                          (size_t)count * C);
-        cudaFree(d_shard);
-    }
-    float *d_sum = gpu_test_upload(sum, NC);
-    float *d_wpe = gpu_test_upload(wpe, (size_t)T * C);
-    GPU_CHECK(cuda_add_broadcast_rows(d_sum, d_wpe, T, NULL, N, C, 0));
-    float *got = gpu_test_host(NC * sizeof *got);
-    gpu_test_download(got, d_sum, NC);
-    gpu_test_compare(tally, "embedding shards summed + positions", got, want,
-                     NC, 1e-7);
-    gpu_test_compare(tally, "embedding shards' token gradients", got_wte,
-                     want_wte, (size_t)V * C, 1e-6);
-
-    /* a bias and a residual, the row-parallel layers' epilogue */
-    float *out = random_host(NC, 1.0f, 0.0f);
-    float *bias = random_host((size_t)C, 1.0f, 0.0f);
-    float *residual = random_host(NC, 1.0f, 0.0f);
-    float *d_target = gpu_test_upload(out, NC);
-    float *d_bias = gpu_test_upload(bias, (size_t)C);
-    float *d_residual = gpu_test_upload(residual, NC);
-    for (size_t i = 0; i < NC; i++)
-        out[i] += bias[i % (size_t)C] + residual[i];
-    GPU_CHECK(cuda_add_broadcast_rows(d_target, d_bias, 1, d_residual, N, C,
-                                      0));
-    gpu_test_download(got, d_target, NC);
-    gpu_test_compare(tally, "add bias and residual", got, out, NC, 1e-7);
-
-    free(wte), free(wpe), free(tokens), free(want), free(grad_out);
-    free(want_wte), free(want_wpe), free(sum), free(part), free(got);
-    free(plan.starts), free(plan.rows), free(plan.tokens), free(counts);
-    free(got_wte), free(out), free(bias), free(residual);
-    cudaFree(d_tokens), cudaFree(d_out), cudaFree(dev_grad_out);
-    cudaFree(d_starts), cudaFree(d_rows), cudaFree(d_group_tokens);
-    cudaFree(d_sum), cudaFree(d_wpe), cudaFree(d_target), cudaFree(d_bias);
-    cudaFree(d_residual);
 }
 
 /* The bf16 stream from an fp32 sum (+ positions, or + bias + residual)
@@ -629,6 +522,60 @@ static void test_products(gpu_test_tally *tally)
 }
 
 /* ----------------------------------------------------------- attention */
+
+/* The plain attention's forward at T positions of one head of 16 (its
+ * scores, T floats, in dynamic shared memory beside 128 static bytes: at
+ * 12,288 positions exactly 48 KiB, which launches only when asked for),
+ * against a double-precision reference of a few query rows. */
+static void test_attention_rows(gpu_test_tally *tally, int T)
+{
+    enum { C = 16, ROWS = 6 };
+    size_t qkv_count = (size_t)T * 3 * C;
+    float *qkv = random_bf16_host(qkv_count, 1.5f);
+    pt_bf16 *dev_qkv = gpu_test_upload_bf16(qkv, qkv_count);
+    pt_bf16 *dev_out = gpu_test_device((size_t)T * C * sizeof(pt_bf16));
+    float *dev_lse = gpu_test_device((size_t)T * sizeof(float));
+    GPU_CHECK(cuda_attention_forward(dev_out, dev_lse, dev_qkv, 1, T, C, 1,
+                                     0));
+    float *all = gpu_test_host((size_t)T * C * sizeof(float));
+    gpu_test_download_bf16(all, dev_out, (size_t)T * C);
+    int rows[ROWS] = {0, 1, 4095, T / 2, T - 2, T - 1};
+    float got[ROWS * C], want[ROWS * C];
+    double *weights = gpu_test_host((size_t)T * sizeof(double));
+    for (int r = 0; r < ROWS; r++) {
+        int t = rows[r];
+        const float *q = qkv + (size_t)t * 3 * C;
+        double top = -INFINITY, total = 0.0;
+        for (int j = 0; j <= t; j++) {
+            const float *k = qkv + (size_t)j * 3 * C + C;
+            double dot = 0.0;
+            for (int c = 0; c < C; c++)
+                dot += (double)q[c] * k[c];
+            weights[j] = dot / sqrt((double)C);
+            top = fmax(top, weights[j]);
+        }
+        for (int j = 0; j <= t; j++)
+            total += weights[j] = exp(weights[j] - top);
+        for (int c = 0; c < C; c++) {
+            double sum = 0.0;
+            for (int j = 0; j <= t; j++)
+                sum += weights[j] * qkv[(size_t)j * 3 * C + 2 * C + c];
+            want[r * C + c] = (float)(sum / total);
+            got[r * C + c] = all[(size_t)t * C + c];
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "plain attention forward T=%d, %d rows", T,
+             ROWS);
+    gpu_test_compare(tally, name, got, want, (size_t)ROWS * C,
+                     TOL_BF16_CHAIN);
+    free(qkv);
+    free(all);
+    free(weights);
+    GPU_CHECK(cudaFree(dev_qkv));
+    GPU_CHECK(cudaFree(dev_out));
+    GPU_CHECK(cudaFree(dev_lse));
+}
 
 static void test_attention(gpu_test_tally *tally, int B, int T, int C,
                            int NH)
@@ -1059,7 +1006,6 @@ int main(void)
     gpu_test_require_device("test_cuda_ops");
     gpu_test_tally tally = {0, 0};
     test_embedding(&tally);
-    test_embedding_shards(&tally);
     test_stream_from(&tally, 120, 96, 40);  /* 8 channels a thread */
     test_stream_from(&tally, 77, 100, 7);   /* C % 8 != 0: one each */
     /* the fused backward: 1, 2 and 4 channel groups per thread, several
@@ -1088,6 +1034,7 @@ int main(void)
     test_attention(&tally, 3, 200, 192, 3);   /* D 64, T not a multiple */
     test_attention(&tally, 1, 130, 256, 2);   /* D 128 */
     test_attention(&tally, 2, 70, 48, 3);     /* D 16: plain fallback */
+    test_attention_rows(&tally, 12288);       /* 48 KiB of scores */
     /* a row of 5 columns (the tail alone), and up to Llama 3's
      * vocabulary */
     test_classifier(&tally, 64, 1000);

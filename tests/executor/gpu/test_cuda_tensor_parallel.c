@@ -28,7 +28,10 @@
  *   3. grad_square_sums (one sum per tensor) against sums made on the
  *      host and against grad_square_sum;
  *   4. the memory cap: a stage is refused under a cap smaller than it,
- *      and releasing a stage gives its bytes back to the cap.
+ *      and releasing a stage gives its bytes back to the cap;
+ *   5. the vocab-parallel embedding's lookup and token gradient of two
+ *      shards against the whole (cuda_embedding_shard_forward, range
+ *      plans).
  *
  * Usage: test_cuda_tensor_parallel
  * Tolerances: those of test_cuda_stage (bf16 products): loss 5e-3,
@@ -38,6 +41,7 @@
 
 #include "gpu_test.h"
 
+#include "executor/cpu/cpu.h"
 #include "executor/executor.h"
 #include "executor/parallel/parallel.h"
 
@@ -667,6 +671,106 @@ static void test_memory_cap(gpu_test_tally *tally)
     cuda_rank_device_close();
 }
 
+/* ------------------------------------------ the vocab-parallel embedding */
+
+static uint64_t embedding_rng = 0x9E3779B97F4A7C15ull;
+
+/* The vocab-parallel lookup of two shards (rows 0..V/2 and the rest),
+ * summed on the host, plus the positions by cuda_add_broadcast_rows,
+ * against the whole lookup; then each shard's token gradient through its
+ * range plan against its rows of the whole gradient. */
+static void test_embedding_shards(gpu_test_tally *tally)
+{
+    int B = 2, T = 33, C = 64, V = 51;
+    int N = B * T, tp = 2;
+    size_t NC = (size_t)N * C;
+    float *wte = gpu_test_random((size_t)V * C, 1.0f, 0.0f, &embedding_rng);
+    float *wpe = gpu_test_random((size_t)T * C, 1.0f, 0.0f, &embedding_rng);
+    uint32_t *tokens = gpu_test_host((size_t)N * sizeof *tokens);
+    for (int i = 0; i < N; i++)
+        tokens[i] = (uint32_t)(gpu_test_uniform(&embedding_rng) * V);
+    float *want = gpu_test_host(NC * sizeof *want);
+    cpu_embedding_forward(want, tokens, wte, wpe, B, T, C);
+    float *grad_out = gpu_test_random(NC, 1.0f, 0.0f, &embedding_rng);
+    float *want_wte = gpu_test_host((size_t)V * C * sizeof(float));
+    float *want_wpe = gpu_test_host((size_t)T * C * sizeof(float));
+    cpu_embedding_backward(want_wte, want_wpe, grad_out, tokens, B, T, C);
+
+    uint32_t *d_tokens = gpu_test_device((size_t)N * sizeof *d_tokens);
+    GPU_CHECK(cudaMemcpy(d_tokens, tokens, (size_t)N * sizeof *tokens,
+                         cudaMemcpyHostToDevice));
+    float *d_out = gpu_test_device(NC * sizeof(float));
+    float *dev_grad_out = gpu_test_upload(grad_out, NC);
+    float *sum = gpu_test_host(NC * sizeof *sum);
+    float *part = gpu_test_host(NC * sizeof *part);
+    embedding_plan plan = {
+        .starts = gpu_test_host((size_t)(N + 1) * sizeof(int)),
+        .rows = gpu_test_host((size_t)N * sizeof(int)),
+        .tokens = gpu_test_host((size_t)N * sizeof(uint32_t)),
+    };
+    void *counts = calloc(1, embedding_plan_scratch_bytes(V));
+    int *d_starts = gpu_test_device((size_t)(N + 1) * sizeof(int));
+    int *d_rows = gpu_test_device((size_t)N * sizeof(int));
+    uint32_t *d_group_tokens = gpu_test_device((size_t)N * sizeof(uint32_t));
+    float *got_wte = gpu_test_host((size_t)V * C * sizeof(float));
+    for (int t = 0; t < tp; t++) {
+        int first = 0, count = 0;
+        stage_vocab_shard(V, tp, t, &first, &count);
+        float *d_shard = gpu_test_upload(wte + (size_t)first * C,
+                                         (size_t)count * C);
+        GPU_CHECK(cuda_embedding_shard_forward(d_out, d_tokens, d_shard,
+                                               first, count, N, C, 0));
+        gpu_test_download(part, d_out, NC);
+        for (size_t i = 0; i < NC; i++)
+            sum[i] = t == 0 ? part[i] : sum[i] + part[i];
+
+        /* the shard's token gradient from zero, through its range plan */
+        GPU_CHECK(cudaMemset(d_shard, 0, (size_t)count * C * sizeof(float)));
+        embedding_plan_build_range(&plan, tokens, N, first, count, counts);
+        gpu_test_upload_embedding_plan(&plan, N, d_starts, d_rows,
+                                       d_group_tokens);
+        GPU_CHECK(cuda_embedding_backward(cuda_grad_fp32(d_shard),
+                                          cuda_grad_fp32(NULL), dev_grad_out,
+                                          d_starts, d_rows, d_group_tokens,
+                                          plan.unique_tokens, B, T, C, 0));
+        gpu_test_download(got_wte + (size_t)first * C, d_shard,
+                          (size_t)count * C);
+        cudaFree(d_shard);
+    }
+    float *d_sum = gpu_test_upload(sum, NC);
+    float *d_wpe = gpu_test_upload(wpe, (size_t)T * C);
+    GPU_CHECK(cuda_add_broadcast_rows(d_sum, d_wpe, T, NULL, N, C, 0));
+    float *got = gpu_test_host(NC * sizeof *got);
+    gpu_test_download(got, d_sum, NC);
+    gpu_test_compare(tally, "embedding shards summed + positions", got, want,
+                     NC, 1e-7);
+    gpu_test_compare(tally, "embedding shards' token gradients", got_wte,
+                     want_wte, (size_t)V * C, 1e-6);
+
+    /* a bias and a residual, the row-parallel layers' epilogue */
+    float *out = gpu_test_random(NC, 1.0f, 0.0f, &embedding_rng);
+    float *bias = gpu_test_random((size_t)C, 1.0f, 0.0f, &embedding_rng);
+    float *residual = gpu_test_random(NC, 1.0f, 0.0f, &embedding_rng);
+    float *d_target = gpu_test_upload(out, NC);
+    float *d_bias = gpu_test_upload(bias, (size_t)C);
+    float *d_residual = gpu_test_upload(residual, NC);
+    for (size_t i = 0; i < NC; i++)
+        out[i] += bias[i % (size_t)C] + residual[i];
+    GPU_CHECK(cuda_add_broadcast_rows(d_target, d_bias, 1, d_residual, N, C,
+                                      0));
+    gpu_test_download(got, d_target, NC);
+    gpu_test_compare(tally, "add bias and residual", got, out, NC, 1e-7);
+
+    free(wte), free(wpe), free(tokens), free(want), free(grad_out);
+    free(want_wte), free(want_wpe), free(sum), free(part), free(got);
+    free(plan.starts), free(plan.rows), free(plan.tokens), free(counts);
+    free(got_wte), free(out), free(bias), free(residual);
+    cudaFree(d_tokens), cudaFree(d_out), cudaFree(dev_grad_out);
+    cudaFree(d_starts), cudaFree(d_rows), cudaFree(d_group_tokens);
+    cudaFree(d_sum), cudaFree(d_wpe), cudaFree(d_target), cudaFree(d_bias);
+    cudaFree(d_residual);
+}
+
 int main(void)
 {
     gpu_test_require_device("test_cuda_tensor_parallel");
@@ -689,5 +793,6 @@ int main(void)
     test_compute_only(&tally);
     test_square_sums(&tally);
     test_memory_cap(&tally);
+    test_embedding_shards(&tally);
     return gpu_test_finish(&tally, "test_cuda_tensor_parallel");
 }
