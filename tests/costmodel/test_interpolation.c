@@ -19,7 +19,7 @@
  * backward, and of any single part and direction, for shapes with
  * measured neighbours on both sides and on one side. */
 #define BOUND_LAYER_BETWEEN 0.115
-#define BOUND_ANY_BETWEEN 0.53
+#define BOUND_ANY_BETWEEN 0.56
 #define BOUND_LAYER_ONE_SIDE 0.13
 #define BOUND_ANY_ONE_SIDE 0.48
 
