@@ -542,7 +542,8 @@ __global__ void layernorm_partials_kernel(cuda_grad d_weight,
  * Blocks of 8 warps, one an SM (up to 255 registers: 166-199, no
  * spills), where 4-warp blocks ran three an SM: a grid of one wave then
  * has half the blocks and partial rows, and at 4,096 rows or fewer, where
- * the grid's 32-row floor leaves fewer blocks than SMs, twice the warps.
+ * the 32-row floor the grid then had left fewer blocks than SMs, twice
+ * the warps (the floor is one row a warp since: launch_rows_of).
  * Timed alone on an H200 (.devrun/rb2, twenty-second session, call 3;
  * us a call, 4-warp -> 8-warp blocks): 8,192 x 2048 RMSNorm 74.0 ->
  * 68.2, 4,096 x 2048 54.9 -> 43.4; layer norm 8,192 x 1600 81.7 ->
@@ -743,9 +744,8 @@ static int rows_blocks_per_sm(int device)
  * wave of the device's SMs, at least one row a warp (so that a call of
  * few rows, 1,024 at GPT-2 micro-batch 1, still reaches every SM, where
  * the floor of 32 rows a block it had, the fused kernel's, left 32
- * blocks), and at most
- * CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS blocks: the scratch's partial
- * rows (cuda_layernorm_backward_scratch). */
+ * blocks), and at most CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS blocks: the
+ * scratch's partial rows (cuda_layernorm_backward_scratch). */
 template <int G, bool RMS, bool OUTPUT>
 static void launch_rows_of(const layernorm_backward_args &a,
                            const norm_output_args &o, int device, int sms,
