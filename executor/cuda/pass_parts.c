@@ -94,17 +94,6 @@ gemm_call pass_weight_grad_call(const model_stage *stage, size_t offset,
  * fusion on Hopper: it runs as a kernel of its own after the product, and
  * measured slower than ours (24 us against 9 us for 16384 x 768 on an
  * H100), so it is not used. */
-int pass_weight_grad(model_stage *stage, const gemm_call *call,
-                     size_t bias_offset, const stage_dims *d, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    if (bias_offset == CUDA_NO_TENSOR)
-        return gemm_run(state->gemm, call, state->stream, err);
-    return pass_weight_and_bias_grad(state, call,
-                                     pass_grad_at(stage, bias_offset), d,
-                                     err);
-}
-
 int pass_weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
                               cuda_grad d_bias, const stage_dims *d,
                               pt_error *err)
@@ -114,6 +103,19 @@ int pass_weight_and_bias_grad(cuda_stage_state *state, const gemm_call *call,
     CUDA_TRY(cuda_bias_grad(d_bias, call->b, state->scratch.bias_partials,
                             d->N, call->n, state->stream));
     return 0;
+}
+
+/* The weight gradient, and its bias's where the model has the bias here
+ * (pass_parts.h). */
+int pass_weight_grad(model_stage *stage, const gemm_call *call,
+                     size_t bias_offset, const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (bias_offset == CUDA_NO_TENSOR)
+        return gemm_run(state->gemm, call, state->stream, err);
+    return pass_weight_and_bias_grad(state, call,
+                                     pass_grad_at(stage, bias_offset), d,
+                                     err);
 }
 
 /* Where parameter `offset`'s gradient goes (its unit's buffer under
