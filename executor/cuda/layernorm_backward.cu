@@ -286,10 +286,11 @@ static __device__ void add_partial_rows(const layernorm_backward_args &a)
  * in the last group to finish, the gradients. */
 template <int G, int ROWS, bool RMS, bool OUTPUT>
 __global__ void __launch_bounds__(BACKWARD_THREADS)
-layernorm_backward_fused(layernorm_backward_args a, norm_output_args o)
+layernorm_backward_fused(layernorm_backward_args a, int rows_per_block,
+                         norm_output_args o)
 {
-    int first = blockIdx.x * BACKWARD_ROWS;
-    int last = min(first + BACKWARD_ROWS, a.N);
+    int first = blockIdx.x * rows_per_block;
+    int last = min(first + rows_per_block, a.N);
     float dw[G][8], db[G][8];
 #pragma unroll
     for (int k = 0; k < G; k++)
@@ -788,11 +789,51 @@ static void launch_rows(const layernorm_backward_args &a,
 
 /* The fused kernel for rows of C % 8 == 0 channels, C <= 8192: G groups
  * of 8 channels per thread, at most 256 threads, ROWS rows at a time (G
- * x ROWS = 4: 64 values of the rows in registers). */
+ * x ROWS = 4: 64 values of the rows in registers); rows a block so that
+ * the grid is about one wave of the blocks an SM holds (the occupancy,
+ * asked once a process and device), at least
+ * CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS rows and at most
+ * CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS blocks (the scratch's partial
+ * rows): at 4,096 rows of 4096 the 32 rows a block it had made 128
+ * blocks for 132 SMs that hold two each (119 us a call; 16 rows 79 us:
+ * docs/records/gpu-runs.md, twenty-second session, item 7). */
+template <int G, int ROWS, bool RMS, bool OUTPUT>
+static void launch_fused_of(const layernorm_backward_args &a,
+                            const norm_output_args &o, unsigned int threads,
+                            cudaStream_t stream)
+{
+    static std::atomic<int> cached[ROW_CACHED_DEVICES];
+    int device = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                               device) != cudaSuccess ||
+        sms <= 0)
+        sms = 1;
+    std::atomic<int> *slot = device >= 0 && device < ROW_CACHED_DEVICES
+                                 ? &cached[device]
+                                 : NULL;
+    per_sm = slot != NULL ? slot->load(std::memory_order_relaxed) : 0;
+    if (per_sm <= 0) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &per_sm, layernorm_backward_fused<G, ROWS, RMS, OUTPUT>,
+                (int)threads, 0) != cudaSuccess ||
+            per_sm <= 0)
+            per_sm = 1;
+        if (slot != NULL)
+            slot->store(per_sm, std::memory_order_relaxed);
+    }
+    int aim = min(sms * per_sm, CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS);
+    int rows_per_block =
+        max(CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS, (a.N + aim - 1) / aim);
+    unsigned int blocks =
+        (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
+    layernorm_backward_fused<G, ROWS, RMS, OUTPUT>
+        <<<blocks, threads, 0, stream>>>(a, rows_per_block, o);
+}
+
 template <bool RMS, bool OUTPUT>
 static void launch_fused(const layernorm_backward_args &a,
-                         const norm_output_args &o, unsigned int blocks,
-                         cudaStream_t stream)
+                         const norm_output_args &o, cudaStream_t stream)
 {
     int groups = a.C / 8;
     int G = groups <= BACKWARD_THREADS ? 1
@@ -802,14 +843,11 @@ static void launch_fused(const layernorm_backward_args &a,
         (unsigned int)((groups + G - 1) / G + WARP_SIZE - 1) / WARP_SIZE *
         WARP_SIZE;
     if (G == 1)
-        layernorm_backward_fused<1, 4, RMS, OUTPUT>
-            <<<blocks, threads, 0, stream>>>(a, o);
+        launch_fused_of<1, 4, RMS, OUTPUT>(a, o, threads, stream);
     else if (G == 2)
-        layernorm_backward_fused<2, 2, RMS, OUTPUT>
-            <<<blocks, threads, 0, stream>>>(a, o);
+        launch_fused_of<2, 2, RMS, OUTPUT>(a, o, threads, stream);
     else
-        layernorm_backward_fused<4, 1, RMS, OUTPUT>
-            <<<blocks, threads, 0, stream>>>(a, o);
+        launch_fused_of<4, 1, RMS, OUTPUT>(a, o, threads, stream);
 }
 
 /* The backward of either norm (mean NULL and d_bias empty under RMS);
@@ -854,9 +892,9 @@ static cudaError_t launch_backward(
         else if (rows)
             launch_rows<RMS, false>(a, o, stream);
         else if (norm_out != NULL)
-            launch_fused<RMS, true>(a, o, blocks, stream);
+            launch_fused<RMS, true>(a, o, stream);
         else
-            launch_fused<RMS, false>(a, o, blocks, stream);
+            launch_fused<RMS, false>(a, o, stream);
         return cudaGetLastError();
     }
     /* the shared shares hold lanes x 2C floats: lanes x C <= 8 x threads
