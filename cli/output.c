@@ -134,7 +134,9 @@ static void print_own_degrees(const plan *p)
 }
 
 /* The host rates each GPU type pacing a stage prices offload at: its
- * profile's where it measured them, else the cost model's constants. */
+ * profile's where it measured them, else the cost model's constants. The
+ * CPU's AdamW is the host's, not the GPU's (the H200 machine's leases ran
+ * plan 22's host step 17 % apart), so the line names whose it is. */
 static void print_host_rates(const estimate *est)
 {
     for (int s = 0; s < est->stage_count; s++) {
@@ -155,7 +157,7 @@ static void print_host_rates(const estimate *est)
                                                : "assumed",
                1.0 / adamw_s,
                st->host_adamw_s_per_param > 0.0
-                   ? "measured by its profile"
+                   ? "measured on its profile's host"
                    : "calibrated on a GPU machine's host");
     }
 }

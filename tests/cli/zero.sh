@@ -33,7 +33,7 @@ JSON
   expect_in out.txt "# offload on A10-FASOP: host link 25 GB/s each way (assumed), CPU AdamW 1.08e+09 parameters/s per GPU (calibrated"
   # the H200's did (docs/cost-model.md, section 11)
   run 0 partita estimate "$source_root/bench/accuracy/plans-1gpu/22-whole-350m-mbs4-offload.json"
-  expect_in out.txt "# offload on H200: host link 53 GB/s each way (measured by its profile), CPU AdamW 1.06e+09 parameters/s per GPU (measured by its profile)"
+  expect_in out.txt "# offload on H200: host link 53 GB/s each way (measured by its profile), CPU AdamW 1.06e+09 parameters/s per GPU (measured on its profile's host)"
   run 0 partita plan --model gpt2-xl --cluster hetero --gbs 64 --zero-levers always --no-interleave -o zero3.json
   expect_in out.txt " zero3"
   expect_in out.txt "the best plan's ZeRO-3 memory is the shards and unit buffers partita exec holds"
