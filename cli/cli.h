@@ -87,6 +87,7 @@ typedef struct profile_arguments {
     const char *timing;         /* --timing gated|graph|host, NULL:
                                    gated; --graph is --timing graph */
     bool missing_only;          /* --missing-only: complete -o's profile */
+    bool host_rates;            /* --host-rates: measure -o's host rates */
     bool compare;               /* --compare: compare_files, no measuring */
     double tolerance_percent;   /* --tolerance of --compare */
     const char *compare_files[2];

@@ -118,6 +118,13 @@ static void print_profile_help(void)
         "                         only the models' shapes and tp it lacks\n"
         "                         and add them (no curves); nothing to do\n"
         "                         when it holds them all\n"
+        "  --host-rates           measure only the host's rates an\n"
+        "                         offloaded optimizer is priced at (its\n"
+        "                         CPU AdamW and the host link's copies of\n"
+        "                         the first model's layer stage) and write\n"
+        "                         them into the profile -o names: they are\n"
+        "                         the host's, so measure them on the host\n"
+        "                         that will train\n"
         "  -o, --output FILE      profile to write (default NAME.json)\n"
         "\n"
         "  --compare A B          print every entry of two profiles with its\n"
@@ -131,7 +138,7 @@ static void print_profile_help(void)
 enum {
     OPT_MODEL = 256, OPT_GPU_NAME, OPT_SM_LIMIT, OPT_MEMORY_LIMIT, OPT_TP,
     OPT_MBS, OPT_BACKEND, OPT_QUICK, OPT_NO_COMM, OPT_GRAPH, OPT_COMPARE, OPT_TOLERANCE,
-    OPT_MISSING_ONLY, OPT_BESIDE, OPT_PLACE, OPT_IDLE_NEIGHBOURS,
+    OPT_MISSING_ONLY, OPT_HOST_RATES, OPT_BESIDE, OPT_PLACE, OPT_IDLE_NEIGHBOURS,
     OPT_STAGE_SETS, OPT_EMBEDDING_SETS, OPT_PROCESSES, OPT_ROUNDS, OPT_ROUND_MS,
     OPT_TIMING, OPT_LAYER_STACK, OPT_HOLD_MS, OPT_HELP
 };
@@ -176,6 +183,7 @@ static int apply_option(int option, const char *value, profile_arguments *a)
     case OPT_GRAPH: a->timing = "graph"; return 0;
     case OPT_TIMING: a->timing = value; return 0;
     case OPT_MISSING_ONLY: a->missing_only = true; return 0;
+    case OPT_HOST_RATES: a->host_rates = true; return 0;
     case OPT_BESIDE: a->beside_list = value; return 0;
     case OPT_IDLE_NEIGHBOURS: a->neighbours_idle = true; return 0;
     case OPT_PLACE: {
@@ -257,6 +265,7 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         {"no-comm", no_argument, NULL, OPT_NO_COMM},
         {"graph", no_argument, NULL, OPT_GRAPH},
         {"missing-only", no_argument, NULL, OPT_MISSING_ONLY},
+        {"host-rates", no_argument, NULL, OPT_HOST_RATES},
         {"beside", required_argument, NULL, OPT_BESIDE},
         {"place", required_argument, NULL, OPT_PLACE},
         {"stage-sets", required_argument, NULL, OPT_STAGE_SETS},
@@ -315,6 +324,16 @@ static int parse_arguments(int argc, char **argv, profile_arguments *a)
         a->beside_list == NULL) {
         fprintf(stderr, "partita profile: --place and --idle-neighbours need "
                         "--beside (the other slices of the split)\n");
+        return -1;
+    }
+    if (a->host_rates && a->output == NULL) {
+        fprintf(stderr, "partita profile: --host-rates writes into a "
+                        "profile: name it with -o\n");
+        return -1;
+    }
+    if (a->host_rates && (a->missing_only || a->beside_list != NULL)) {
+        fprintf(stderr, "partita profile: --host-rates measures the host "
+                        "alone: not with --missing-only or --beside\n");
         return -1;
     }
     if (a->missing_only && a->output == NULL) {

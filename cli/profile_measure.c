@@ -2,8 +2,10 @@
  * partita profile, measuring (in partita-exec, the executable that loads
  * the GPU stack): measures what the parts of a model cost on the GPU at
  * hand (executor's profiler) and writes profiles/<gpu>.json, source
- * "measured", with its provenance. `partita` itself parses the arguments
- * first and runs --derive and --compare (cli/cmd_profile.c).
+ * "measured", with its provenance; completes a profile (--missing-only) or
+ * writes only the host's offload rates into one (--host-rates). `partita`
+ * itself parses the arguments first and runs --derive and --compare
+ * (cli/cmd_profile.c).
  * docs/profiles.md ("Measuring") describes the measurement.
  */
 #include "cli/cli.h"
@@ -432,6 +434,22 @@ static int missing_tps(const profile *have, const model_shape *model,
     return count;
 }
 
+/* The profile's provenance.additions (made where it has none): what was
+ * measured into the profile after it was written, one entry a command. */
+static json_t *provenance_additions(profile *have)
+{
+    if (!json_is_object(have->provenance)) {
+        json_decref(have->provenance);
+        have->provenance = json_object();
+    }
+    json_t *additions = json_object_get(have->provenance, "additions");
+    if (!json_is_array(additions)) {
+        additions = json_array();
+        json_object_set_new(have->provenance, "additions", additions);
+    }
+    return additions;
+}
+
 /* Adds the measured profile's points to `have` and records where they
  * came from under provenance.additions; the number added, -1 (printed). */
 static int merge_measured(profile *have, const json_t *measured_json,
@@ -453,16 +471,7 @@ static int merge_measured(profile *have, const json_t *measured_json,
         cli_error("profile", err.message);
         added = -1;
     } else {
-        if (!json_is_object(have->provenance)) {
-            json_decref(have->provenance);
-            have->provenance = json_object();
-        }
-        json_t *additions = json_object_get(have->provenance, "additions");
-        if (!json_is_array(additions)) {
-            additions = json_array();
-            json_object_set_new(have->provenance, "additions", additions);
-        }
-        json_array_append(additions, measured.provenance);
+        json_array_append(provenance_additions(have), measured.provenance);
     }
     profile_free(&measured);
     return added;
@@ -579,12 +588,86 @@ static int measure_missing(profile_arguments *a, int argc, char **argv)
     return status;
 }
 
+/* ------------------------------------------------------- --host-rates */
+
+/* Notes the measurement under provenance.additions, as a completion's
+ * points are: where the rates now in the profile came from. */
+static void note_host_rates(profile *have, int argc, char **argv,
+                            const profiler_result *result)
+{
+    char command_line[2048], date_utc[32];
+    join_command_line(argc, argv, command_line, sizeof command_line);
+    format_date_utc(date_utc, sizeof date_utc);
+    json_t *entry = json_object();
+    json_object_set_new(entry, "command", json_string(command_line));
+    json_object_set_new(entry, "date_utc", json_string(date_utc));
+    json_object_set_new(entry, "measured",
+                        json_string("the host's rates alone (--host-rates): "
+                                    "host_adamw_s_per_param and "
+                                    "host_copy_s_per_param replaced"));
+    json_object_set_new(entry, "host_adamw_s_per_param",
+                        json_real(result->host_adamw_s_per_param));
+    json_object_set_new(entry, "host_copy_s_per_param",
+                        json_real(result->host_copy_s_per_param));
+    json_array_append_new(provenance_additions(have), entry);
+}
+
+/* The host's rates alone, written into the profile -o names (every other
+ * entry as it was), atomically. */
+static int measure_host_rates(const profile_arguments *a, int argc,
+                              char **argv)
+{
+    model_shape shapes[PROFILER_MAX_MODELS];
+    int model_count = 0;
+    profiler_options options;
+    profile have;
+    pt_error err = {{0}};
+    if (load_models(a->model, shapes, &model_count) != 0 ||
+        build_options(a, &options) != 0)
+        return EXIT_BAD_INPUT;
+    if (profile_load_file(a->output, &have, &err) != 0) {
+        cli_error("profile", err.message);
+        return EXIT_BAD_INPUT;
+    }
+    profiler_result result;
+    if (profiler_measure_host_rates(&shapes[0], &options, &result, &err) !=
+        0) {
+        fprintf(stderr, "partita profile: %s: %s\n", shapes[0].name,
+                err.message);
+        profile_free(&have);
+        return EXIT_FAILURE_RUN;
+    }
+    have.host_adamw_s_per_param = result.host_adamw_s_per_param;
+    have.host_copy_s_per_param = result.host_copy_s_per_param;
+    note_host_rates(&have, argc, argv, &result);
+    json_t *root = profile_to_json(&have, a->output, &err);
+    int status = EXIT_OK;
+    if (root == NULL || json_write_file_atomic(root, a->output, &err) != 0) {
+        cli_error("profile", err.message);
+        status = EXIT_FAILURE_RUN;
+    } else {
+        printf("# host AdamW %.3g s a parameter (%.3g parameters/s), host "
+               "link copies %.3g s a parameter (%.0f GB/s each way), "
+               "measured in %.1f s on %s; written to %s\n",
+               result.host_adamw_s_per_param,
+               1.0 / result.host_adamw_s_per_param,
+               result.host_copy_s_per_param,
+               8.0 / result.host_copy_s_per_param / 1e9, result.elapsed_s,
+               result.device.name, a->output);
+    }
+    json_decref(root);
+    profile_free(&have);
+    return status;
+}
+
 int command_profile_measure(int argc, char **argv)
 {
     profile_arguments args;
     int status = profile_run_unless_measuring(argc, argv, &args);
     if (status != PROFILE_MEASURE)
         return status;
+    if (args.host_rates)
+        return measure_host_rates(&args, argc, argv);
     if (args.missing_only)
         return measure_missing(&args, argc, argv);
     return measure_and_write(&args, argc, argv);

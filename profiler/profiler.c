@@ -2,7 +2,8 @@
  * The measuring half of `partita profile`: times the embedding, one
  * transformer layer (the mean layer of a stage of options->layer_stack
  * layers) and the head of a model, forward and backward, per
- * tensor-parallel shard and micro-batch, and the AdamW step per parameter.
+ * tensor-parallel shard and micro-batch, the AdamW step per parameter and
+ * the host's rates for an offloaded optimizer (alone: --host-rates).
  * profiler/profiler.h states what is measured; docs/profiles.md
  * ("Measuring") how and why.
  *
@@ -467,6 +468,21 @@ static int time_adamw(model_stage *stage, const profiler_options *o,
     return status;
 }
 
+/* The host's AdamW and the host link's copies of the chain's layer stage,
+ * the rates an offloaded optimizer is priced at. */
+static int measure_host(part_chain *chain, const profiler_options *o,
+                        profiler_result *out, pt_error *err)
+{
+    if (stage_offload_host_rate(o->host_adamw_params, o->timing_rounds,
+                                &out->host_adamw_s_per_param, err) != 0 ||
+        stage_offload_copy_rate(&chain->layer, o->timing_rounds,
+                                &out->host_copy_s_per_param, err) != 0) {
+        pt_error_prefix(err, "profiler");
+        return -1;
+    }
+    return 0;
+}
+
 static int measure_optimizer(part_chain *chain, const profiler_options *o,
                              profiler_result *out, pt_error *err)
 {
@@ -480,15 +496,7 @@ static int measure_optimizer(part_chain *chain, const profiler_options *o,
     out->embedding_parameters = (double)chain->embedding.param_count;
     out->optimizer_s_per_param =
         out->optimizer_layer.median_s / out->layer_parameters;
-    /* the host's AdamW and the host link, for offloaded optimizers */
-    if (stage_offload_host_rate(o->host_adamw_params, o->timing_rounds,
-                                &out->host_adamw_s_per_param, err) != 0 ||
-        stage_offload_copy_rate(&chain->layer, o->timing_rounds,
-                                &out->host_copy_s_per_param, err) != 0) {
-        pt_error_prefix(err, "profiler");
-        return -1;
-    }
-    return 0;
+    return measure_host(chain, o, out, err);
 }
 
 /* ------------------------------------------------ busy neighbours */
@@ -961,6 +969,28 @@ static int measure_tp_each_mbs(const model_shape *shape, int tp,
         break;
     }
     return 0;
+}
+
+int profiler_measure_host_rates(const model_shape *shape,
+                                const profiler_options *options,
+                                profiler_result *out, pt_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (profiler_options_check(options, err) != 0)
+        return -1;
+    double started = pt_monotonic_seconds();
+    if (open_device(options, &out->device, err) != 0)
+        return -1;
+    part_chain chain;
+    int status = chain_create(&chain, shape, 1, options->mbs_values[0],
+                              wanted_layers(shape, options), options, err);
+    if (status == 0) {
+        status = measure_host(&chain, options, out, err);
+        chain_destroy(&chain);
+    }
+    close_device(options);
+    out->elapsed_s = pt_monotonic_seconds() - started;
+    return status;
 }
 
 int profiler_measure(const model_shape *shape,

@@ -316,6 +316,16 @@ int profiler_measure(const model_shape *shape,
                      const profiler_options *options, profiler_result *out,
                      pt_error *err);
 
+/* The host's rates alone (`partita profile --host-rates`): its AdamW over
+ * options->host_adamw_params and the host link's copies of the layer
+ * stage of the shape at tp 1 and the first micro-batch, timing_rounds
+ * passes each, as profiler_measure times them beside its points; into
+ * out (zeroed first: host_adamw_s_per_param, host_copy_s_per_param,
+ * device, elapsed_s). -1 on a failure (err). */
+int profiler_measure_host_rates(const model_shape *shape,
+                                const profiler_options *options,
+                                profiler_result *out, pt_error *err);
+
 /* profiler_measure in options->processes child processes (fork, before
  * this process touches the device), one after the other, combined by
  * profiler_results_combine; profiler_measure itself for 1. The children

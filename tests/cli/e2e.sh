@@ -615,6 +615,42 @@ profile-missing)
   run 2 partita profile --model in-tiny.json --backend cpu --missing-only -o in-absent.json
   expect_in err.txt "in-absent.json"
   ;;
+profile-host-rates)
+  # --host-rates: the host's AdamW and copies alone, written into the
+  # profile -o names with a provenance entry, every other entry as it was;
+  # refused without -o, with --missing-only, or on a file it cannot read
+  write_profile_model in-tiny.json
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --tp 1 --mbs 1 -o cpu.json
+  python3 - cpu.json >in-before.txt <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+for k in ("host_adamw_s_per_param", "host_copy_s_per_param", "provenance"):
+    p.pop(k, None)
+print(json.dumps(p, sort_keys=True))
+PY
+  run_profile partita profile --model in-tiny.json --backend cpu --quick --host-rates -o cpu.json
+  expect_in out.txt "# host AdamW "
+  expect_in out.txt "written to cpu.json"
+  expect_in cpu.json "--host-rates"
+  python3 - cpu.json in-before.txt <<'PY' || fail "--host-rates changed more than the host rates"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["host_adamw_s_per_param"] > 0 and p["host_copy_s_per_param"] > 0
+entry = p["provenance"]["additions"][-1]
+assert entry["host_adamw_s_per_param"] == p["host_adamw_s_per_param"]
+for k in ("host_adamw_s_per_param", "host_copy_s_per_param", "provenance"):
+    p.pop(k, None)
+assert json.dumps(p, sort_keys=True) == open(sys.argv[2]).read().strip()
+PY
+  cp cpu.json in-kept.json
+  run 2 partita profile --model in-tiny.json --backend cpu --host-rates
+  expect_in err.txt "--host-rates writes into a profile: name it with -o"
+  run 2 partita profile --model in-tiny.json --backend cpu --host-rates --missing-only -o cpu.json
+  expect_in err.txt "--host-rates measures the host alone: not with --missing-only"
+  run 2 partita profile --model in-tiny.json --backend cpu --host-rates -o in-absent.json
+  expect_in err.txt "in-absent.json"
+  cmp -s cpu.json in-kept.json || fail "cpu.json changed by a refused run"
+  ;;
 profile-bad)
   write_profile_model in-tiny.json
   run 2 partita profile --backend cpu --model in-missing.json
