@@ -23,9 +23,10 @@ enum {
     VOCAB_ROUNDING = 128,              /* logits' row stride */
     CHUNK_ELEMENTS = 16384,            /* parameters per optimizer chunk */
     CHUNK_BYTES = 32,                  /* sizeof(param_chunk) */
-    LAYERNORM_ROWS = 32,               /* rows per layer-norm partial */
-    LAYERNORM_ROW_KERNEL_ROWS = 8,     /* the warp-row kernel's, at least */
-    LAYERNORM_ROW_KERNEL_BLOCKS = 256, /* and its partials, at most */
+    LAYERNORM_ROWS = 32,               /* rows per generic-kernel partial */
+    LAYERNORM_ROW_KERNEL_ROWS = 8,     /* the warp-row and fused kernels',
+                                          at least */
+    LAYERNORM_ROW_KERNEL_BLOCKS = 256, /* and their partials, at most */
     LAYERNORM_GROUP = 16,              /* partials one fused block sums */
     LAYERNORM_COUNTERS = 64,           /* counter floats' alignment */
     BIAS_ROWS = 256,                   /* rows per bias-gradient partial */
@@ -255,9 +256,9 @@ static double recomputed_layer_bytes(const shard_dims *d)
 }
 
 /* The layer-norm backward's scratch: completion counters (padded), the
- * blocks' partial rows (of either kernel: 32-row blocks, or the warp-row
- * kernel's up to 256 of at least 8 rows) and the groups' sums
- * (cuda_layernorm_backward_scratch). */
+ * blocks' partial rows (the generic kernel's 32-row blocks, or the
+ * warp-row and fused kernels' up to 256 of at least 8 rows) and the
+ * groups' sums (cuda_layernorm_backward_scratch). */
 static double layernorm_scratch_bytes(double N, double C)
 {
     double blocks = fmax(ceil_div(N, LAYERNORM_ROWS),

@@ -703,8 +703,8 @@ static bool force_block_kernel(void)
     return forced;
 }
 
-/* Devices whose answer rows_blocks_per_sm keeps (a device past them is
- * asked at every launch). */
+/* Devices whose occupancy answer blocks_per_sm keeps (a device past them
+ * is asked at every launch). */
 #define ROW_CACHED_DEVICES 16
 /* Lets layernorm_backward_rows<G, RMS, OUTPUT> have rows_shared_bytes
  * (allow_dynamic_shared) in the current context: at every launch, since
@@ -716,48 +716,81 @@ static cudaError_t allow_rows_shared(void)
                                 rows_shared_bytes(G, RMS));
 }
 
-/* Blocks of layernorm_backward_rows<G, RMS, OUTPUT> an SM of `device`
- * holds at once (its registers and shared memory decide), asked of the
- * runtime once a process and device. */
-template <int G, bool RMS, bool OUTPUT>
-static int rows_blocks_per_sm(int device)
+/* The current device and its SMs (1 where the runtime does not say). */
+static void current_device_sms(int *device, int *sms)
 {
-    static std::atomic<int> cached[ROW_CACHED_DEVICES];
+    *device = 0;
+    *sms = 0;
+    if (cudaGetDevice(device) != cudaSuccess ||
+        cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount,
+                               *device) != cudaSuccess ||
+        *sms <= 0)
+        *sms = 1;
+}
+
+/* Blocks a kernel's SM holds at once on `device`, `ask`ed of the runtime
+ * (its occupancy: registers and shared memory decide; 0 or less when it
+ * cannot say, taken as 1) once a process and device: `cached` is the
+ * kernel's own array of ROW_CACHED_DEVICES slots. */
+template <typename Ask>
+static int blocks_per_sm(std::atomic<int> *cached, int device, Ask ask)
+{
     std::atomic<int> *slot = device >= 0 && device < ROW_CACHED_DEVICES
                                  ? &cached[device]
                                  : NULL;
     int blocks = slot != NULL ? slot->load(std::memory_order_relaxed) : 0;
     if (blocks > 0)
         return blocks;
-    if (allow_rows_shared<G, RMS, OUTPUT>() != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &blocks, layernorm_backward_rows<G, RMS, OUTPUT>,
-            ROW_WARPS * WARP_SIZE,
-            rows_shared_bytes(G, RMS)) != cudaSuccess ||
-        blocks <= 0)
+    blocks = ask();
+    if (blocks <= 0)
         blocks = 1;
     if (slot != NULL)
         slot->store(blocks, std::memory_order_relaxed);
     return blocks;
 }
 
+/* Rows a block for a grid of about one wave of `per_sm` blocks on each of
+ * `sms` SMs: at least CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS (one row a warp
+ * of the warp-row kernel), at most CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS
+ * blocks, the scratch's partial rows (cuda_layernorm_backward_scratch). */
+static int one_wave_rows_per_block(int N, int sms, int per_sm)
+{
+    int aim = min(sms * per_sm, CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS);
+    return max(CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS, (N + aim - 1) / aim);
+}
+
+/* Blocks of layernorm_backward_rows<G, RMS, OUTPUT> an SM of `device`
+ * holds at once. */
+template <int G, bool RMS, bool OUTPUT>
+static int rows_blocks_per_sm(int device)
+{
+    static std::atomic<int> cached[ROW_CACHED_DEVICES];
+    return blocks_per_sm(cached, device, [] {
+        int blocks = 0;
+        if (allow_rows_shared<G, RMS, OUTPUT>() != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &blocks, layernorm_backward_rows<G, RMS, OUTPUT>,
+                ROW_WARPS * WARP_SIZE,
+                rows_shared_bytes(G, RMS)) != cudaSuccess)
+            return 0;
+        return blocks;
+    });
+}
+
 /* The warp-row kernel's launch: rows_per_block so that the grid is one
- * wave of the device's SMs, at least one row a warp (so that a call of
- * few rows, 1,024 at GPT-2 micro-batch 1, still reaches every SM, where
- * the floor of 32 rows a block it had, the fused kernel's, left 32
- * blocks), and at most CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS blocks: the
- * scratch's partial rows (cuda_layernorm_backward_scratch). */
+ * wave of the device's SMs (one_wave_rows_per_block: at least one row a
+ * warp, so that a call of few rows, 1,024 at GPT-2 micro-batch 1, still
+ * reaches every SM, where the floor of 32 rows a block it had left 32
+ * blocks). */
 template <int G, bool RMS, bool OUTPUT>
 static void launch_rows_of(const layernorm_backward_args &a,
                            const norm_output_args &o, int device, int sms,
                            cudaStream_t stream)
 {
-    int aim = min(sms * rows_blocks_per_sm<G, RMS, OUTPUT>(device),
-                  CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS);
+    int per_sm = rows_blocks_per_sm<G, RMS, OUTPUT>(device);
     if (allow_rows_shared<G, RMS, OUTPUT>() != cudaSuccess)
         return; /* the launch's error, cudaGetLastError's */
-    int rows_per_block =
-        max(CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS, (a.N + aim - 1) / aim);
+    int rows_per_block = one_wave_rows_per_block(a.N, sms, per_sm);
     unsigned int blocks =
         (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
     layernorm_backward_rows<G, RMS, OUTPUT>
@@ -770,11 +803,7 @@ static void launch_rows(const layernorm_backward_args &a,
                         const norm_output_args &o, cudaStream_t stream)
 {
     int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
-                               device) != cudaSuccess ||
-        sms <= 0)
-        sms = 1;
+    current_device_sms(&device, &sms);
     switch ((a.C / 8 + WARP_SIZE - 1) / WARP_SIZE) {
     case 1: launch_rows_of<1, RMS, OUTPUT>(a, o, device, sms, stream); break;
     case 2: launch_rows_of<2, RMS, OUTPUT>(a, o, device, sms, stream); break;
@@ -803,28 +832,17 @@ static void launch_fused_of(const layernorm_backward_args &a,
                             cudaStream_t stream)
 {
     static std::atomic<int> cached[ROW_CACHED_DEVICES];
-    int device = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
-                               device) != cudaSuccess ||
-        sms <= 0)
-        sms = 1;
-    std::atomic<int> *slot = device >= 0 && device < ROW_CACHED_DEVICES
-                                 ? &cached[device]
-                                 : NULL;
-    per_sm = slot != NULL ? slot->load(std::memory_order_relaxed) : 0;
-    if (per_sm <= 0) {
+    int device = 0, sms = 0;
+    current_device_sms(&device, &sms);
+    int per_sm = blocks_per_sm(cached, device, [threads] {
+        int blocks = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &per_sm, layernorm_backward_fused<G, ROWS, RMS, OUTPUT>,
-                (int)threads, 0) != cudaSuccess ||
-            per_sm <= 0)
-            per_sm = 1;
-        if (slot != NULL)
-            slot->store(per_sm, std::memory_order_relaxed);
-    }
-    int aim = min(sms * per_sm, CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS);
-    int rows_per_block =
-        max(CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS, (a.N + aim - 1) / aim);
+                &blocks, layernorm_backward_fused<G, ROWS, RMS, OUTPUT>,
+                (int)threads, 0) != cudaSuccess)
+            return 0;
+        return blocks;
+    });
+    int rows_per_block = one_wave_rows_per_block(a.N, sms, per_sm);
     unsigned int blocks =
         (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
     layernorm_backward_fused<G, ROWS, RMS, OUTPUT>
