@@ -43,7 +43,12 @@ KINDS = [
     ("casts, copies, fills", ("copy", "memcpy", "cast", "convert", "memset",
                               "fill", "zero")),
 ]
-MARKERS = ("encoder_forward", "embedding_forward", "embedding_shard_forward")
+# The first kernel of a step: the embedding's forward (llm.c, Partita);
+# torch.compile's block scope shows none of its own, so its steps are cut
+# at the loss's backward (Inductor's fused log-softmax backward, once a
+# step): a cycle from one to the next still holds one of every kernel.
+MARKERS = ("encoder_forward", "embedding_forward", "embedding_shard_forward",
+           "log_softmax__log_softmax_backward_data")
 OPTIMIZER = ("adam",)
 
 

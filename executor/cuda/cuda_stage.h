@@ -185,6 +185,27 @@ typedef struct cuda_side_zero {
                                        way: only its fused head writes */
 } cuda_side_zero;
 
+/* Tensor parallelism's backward sums beside the weight gradients
+ * (tp_sums.c; PARTITA_CUDA_TP_OVERLAP=1, PARTITA_CUDA_TP_SM_MARGIN): a
+ * column-parallel layer's input gradient is summed over the group on a
+ * stream of its own while the stage's stream runs the layer's
+ * weight-gradient product on all but sm_margin SMs (cuBLASLt's SM
+ * target: its kernels are persistent and would otherwise hold every SM
+ * until they end, the collective's waiting for them), and the stage's
+ * stream waits for the sum before the norm's backward reads it, as
+ * Megatron-LM overlaps the input gradient's all-reduce with the weight
+ * gradient. */
+typedef struct cuda_tp_overlap {
+    bool enabled;
+    bool forward;                   /* also the forward's row-parallel
+                                       products, in two halves of rows,
+                                       the first half's sum beside the
+                                       second's product (=2) */
+    int sm_margin;                  /* SMs left to the collective */
+    cudaStream_t stream;            /* the sums' (made at open) */
+    cudaEvent_t fork, join;
+} cuda_tp_overlap;
+
 /* backend_state of a cuda stage. */
 typedef struct cuda_stage_state {
     int device;
@@ -231,6 +252,7 @@ typedef struct cuda_stage_state {
     cuda_device_step device_step;
     cuda_pass_graphs graphs;
     cuda_side_zero side_zero;
+    cuda_tp_overlap tp_overlap;
     void *token_counts;             /* owned host scratch of the
                                        embedding plan, zeroed */
     size_t device_bytes;            /* asked of cudaMalloc (the cap's) */
@@ -277,6 +299,22 @@ int cuda_tp_reduce(const model_stage *stage, float *data, size_t count,
  * and the sum once more. */
 int cuda_tp_sum_bf16(const model_stage *stage, pt_bf16 *data, size_t count,
                      pt_error *err);
+/* The backward's sums beside the weight gradients (cuda_tp_overlap):
+ * open makes the stream and events where PARTITA_CUDA_TP_OVERLAP asks
+ * and the stage is split; overlapped: whether a layer's input-gradient
+ * sum goes beside (a stream-ordered comm, no sequence parallelism);
+ * sum_beside enqueues the bf16 sum of `data` on the overlap's stream
+ * behind the stage's; join: the stage's stream waits for it; sm_count:
+ * the SMs a product beside it may take. */
+int cuda_tp_overlap_open(model_stage *stage, pt_error *err);
+void cuda_tp_overlap_close(cuda_tp_overlap *overlap);
+bool cuda_tp_overlapped(const model_stage *stage, const stage_dims *d);
+bool cuda_tp_overlapped_forward(const model_stage *stage,
+                                const stage_dims *d);
+int cuda_tp_sum_bf16_beside(model_stage *stage, pt_bf16 *data, size_t count,
+                            pt_error *err);
+int cuda_tp_join_beside(model_stage *stage, pt_error *err);
+int cuda_tp_beside_sm_count(const model_stage *stage);
 /* Sequence parallelism over an N x C buffer of `type` in place, shard t's
  * rows at t x R x C: their sum over the group to each shard
  * (reduce-scatter; fp32 only off the stream), and each shard's rows to

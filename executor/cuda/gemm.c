@@ -25,6 +25,7 @@ typedef struct gemm_key {
     int lda, ldb, ldd, ld_aux;
     int d_fp32, epilogue;
     int align_a, align_b, align_c, align_d;
+    int sm_count;
 } gemm_key;
 
 /* Algorithms asked of the heuristic per shape: the first is used; the
@@ -143,6 +144,7 @@ static gemm_key key_of(const gemm_call *call)
     key.align_b = alignment_of(call->b);
     key.align_c = alignment_of(call->c != NULL ? call->c : call->d);
     key.align_d = alignment_of(call->d);
+    key.sm_count = call->sm_count;
     return key;
 }
 
@@ -178,6 +180,12 @@ static int plan_describe(gemm_plan *plan, const gemm_key *key, pt_error *err)
         plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
     CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    if (key->sm_count > 0) {
+        int32_t sm_count = key->sm_count;
+        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
+            plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_count,
+            sizeof sm_count));
+    }
     cublasLtEpilogue_t epilogue = epilogue_of((gemm_epilogue)key->epilogue);
     CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,

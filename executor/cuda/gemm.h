@@ -49,6 +49,9 @@ typedef struct gemm_call {
     void *bias;           /* see gemm_epilogue */
     pt_bf16 *aux;         /* GELU epilogues: m x n pre-activations */
     int ld_aux;
+    int sm_count;         /* SMs the product may take (cuBLASLt's
+                             target: the rest left to a collective
+                             beside it); 0: every SM */
 } gemm_call;
 
 /* A cuBLASLt handle, its workspace and the algorithms already chosen

@@ -325,6 +325,7 @@ static void cuda_release(model_stage *stage)
     cuda_device_step_close(&state->device_step);
     cuda_pass_graphs_close(&state->graphs);
     cuda_side_zero_close(&state->side_zero);
+    cuda_tp_overlap_close(&state->tp_overlap);
     free(state->token_counts);
     free(state->offsets.layers);
     attention_runner_destroy(state->attention);
@@ -511,6 +512,8 @@ static int allocate_parts(model_stage *stage, cuda_stage_state *state,
     if (cuda_rank_stream_create(&state->stream, err) != 0)
         return -1;
     stage->stream = state->stream;
+    if (cuda_tp_overlap_open(stage, err) != 0)
+        return -1;
     size_t workspace = gemm_workspace_bytes();
     if (cuda_rank_memory_reserve(workspace, "the cuBLASLt workspace",
                                  err) != 0)

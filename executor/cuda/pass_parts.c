@@ -152,6 +152,33 @@ cudaError_t pass_norm_rows_forward(const model_stage *stage, pt_bf16 *out,
         (float)model_norm_eps(&stage->shape), R, C, stream);
 }
 
+/* A row-parallel product's partial (call: plain, into bf16) in two
+ * halves of rows, the first half's sum beside the second half's product
+ * (cuda_tp_overlap), the second's after it. */
+static int row_parallel_halves(model_stage *stage, gemm_call call,
+                               pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    int first = call.n / 2;
+    gemm_call second = call;
+    call.n = first;
+    second.n -= first;
+    second.b += (size_t)first * (size_t)call.ldb;
+    second.d = (pt_bf16 *)call.d + (size_t)first * (size_t)call.ldd;
+    second.sm_count = cuda_tp_beside_sm_count(stage);
+    return gemm_run(state->gemm, &call, state->stream, err) != 0 ||
+                   cuda_tp_sum_bf16_beside(stage, call.d,
+                                           (size_t)first * call.ldd,
+                                           err) != 0 ||
+                   gemm_run(state->gemm, &second, state->stream, err) !=
+                       0 ||
+                   cuda_tp_join_beside(stage, err) != 0 ||
+                   cuda_tp_sum_bf16(stage, second.d,
+                                    (size_t)second.n * second.ldd, err) != 0
+               ? -1
+               : 0;
+}
+
 /* A row-parallel product into the bf16 stream: out = in W^T + bias +
  * residual (out and residual bf16; f.bias the bias's bf16 mirror, `bias`
  * its fp32 master). Unsplit, bias and residual ride in the epilogue (the
@@ -182,11 +209,16 @@ int pass_row_parallel_forward(model_stage *stage, linear_forward f,
         pt_bf16 *partial = (pt_bf16 *)state->scratch.d_partial;
         f.out = partial;
         gemm_call call = pass_forward_call(&f);
-        if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
-            (d->sp ? cuda_tp_scatter_rows(stage, partial, COMM_BFLOAT16, d,
-                                          err)
-                   : cuda_tp_sum_bf16(stage, partial, count, err)) != 0)
+        if (cuda_tp_overlapped_forward(stage, d)) {
+            if (row_parallel_halves(stage, call, err) != 0)
+                return -1;
+        } else if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||
+                   (d->sp ? cuda_tp_scatter_rows(stage, partial,
+                                                 COMM_BFLOAT16, d, err)
+                          : cuda_tp_sum_bf16(stage, partial, count, err)) !=
+                       0) {
             return -1;
+        }
         CUDA_TRY(cuda_stream_from_bf16(out, partial + shard_offset(d), bias,
                                        residual, d->R, f.OC, state->stream));
         return 0;
@@ -301,15 +333,45 @@ int pass_norm_output_again(model_stage *stage, const pt_bf16 *kept,
 }
 
 /* The product's weight gradient from the norm's output `norm_out`, and
- * its bias's where it has one here. */
+ * its bias's where it has one here, on sm_count SMs (0: all). */
 static int product_weight_grad(model_stage *stage, const norm_product *p,
                                const pt_bf16 *norm_out, const stage_dims *d,
-                               pt_error *err)
+                               int sm_count, pt_error *err)
 {
     gemm_call call = pass_weight_grad_call(stage, p->weight, norm_out,
                                            p->d_product, p->width, d->N,
                                            d->C, p->width, 1.0f);
+    call.sm_count = sm_count;
     return pass_weight_grad(stage, &call, p->bias, d, err);
+}
+
+/* The split backward with the input gradient's sum beside the weight
+ * gradient (cuda_tp_overlap): the input gradient first, its sum on the
+ * overlap's stream, the weight gradient on the SMs the sum leaves, then
+ * the norm's backward once the sum is in. */
+static int norm_product_backward_beside(model_stage *stage,
+                                        const norm_product *p,
+                                        gemm_call input_grad,
+                                        const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    const float *weight = pass_param_at(stage, p->norm_weight);
+    const float *bias = pass_param_at(stage, p->norm_bias);
+    const pt_bf16 *norm_out = NULL;
+    if (gemm_run(state->gemm, &input_grad, state->stream, err) != 0 ||
+        cuda_tp_sum_bf16_beside(stage, input_grad.d,
+                                (size_t)d->N * (size_t)d->C, err) != 0 ||
+        pass_norm_output_again(stage, p->kept, p->inp, weight, bias, d,
+                               &norm_out, err) != 0 ||
+        product_weight_grad(stage, p, norm_out, d,
+                            cuda_tp_beside_sm_count(stage), err) != 0 ||
+        cuda_tp_join_beside(stage, err) != 0)
+        return -1;
+    return pass_norm_backward(stage, true,
+                              pass_norm_grad(stage, d, p->run, p->norm_weight),
+                              pass_norm_grad(stage, d, p->run + 1,
+                                             p->norm_bias),
+                              p->inp, weight, p->mean, p->rstd, d, err);
 }
 
 int pass_norm_product_backward(model_stage *stage, const norm_product *p,
@@ -333,12 +395,14 @@ int pass_norm_product_backward(model_stage *stage, const norm_product *p,
             s->norm_out, rows, d_weight, d_bias, rows, s->d_norm, p->inp,
             weight, bias, p->mean, p->rstd, rms, s->norm_partials, d->R,
             d->C, state->stream));
-        return product_weight_grad(stage, p, s->norm_out, d, err);
+        return product_weight_grad(stage, p, s->norm_out, d, 0, err);
     }
+    if (cuda_tp_overlapped(stage, d))
+        return norm_product_backward_beside(stage, p, input_grad, d, err);
     const pt_bf16 *norm_out = NULL;
     if (pass_norm_output_again(stage, p->kept, p->inp, weight, bias, d,
                                &norm_out, err) != 0 ||
-        product_weight_grad(stage, p, norm_out, d, err) != 0 ||
+        product_weight_grad(stage, p, norm_out, d, 0, err) != 0 ||
         pass_column_parallel_input_grad(stage, input_grad, d, err) != 0)
         return -1;
     return pass_norm_backward(stage, true, d_weight, d_bias, p->inp, weight,

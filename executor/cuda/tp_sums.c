@@ -8,12 +8,21 @@
  * waits on the host between a collective and the kernels around it;
  * else the comm is blocking and reads the buffer when it is called, so
  * the stream is drained first. A compute-only stage (the profiler's)
- * skips them all.
+ * skips them all. Where PARTITA_CUDA_TP_OVERLAP asks, the backward's
+ * sums (and the forward's first halves) go on a stream of their own
+ * beside the products that follow them (cuda_tp_overlap).
  */
 #include "executor/comm/comm.h"
 #include "executor/cuda/cuda_stage.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "executor/cuda/cuda_check.h"
+
+/* SMs a weight-gradient product leaves to the sum beside it by default
+ * (PARTITA_CUDA_TP_SM_MARGIN) */
+#define TP_SM_MARGIN 8
 
 bool cuda_tp_on_stream(const model_stage *stage)
 {
@@ -58,6 +67,97 @@ int cuda_tp_sum_bf16(const model_stage *stage, pt_bf16 *data, size_t count,
                                      stage_spec_tp(&stage->spec), data, count,
                                      COMM_BFLOAT16, COMM_SUM,
                                      state_of(stage)->stream, err);
+}
+
+int cuda_tp_overlap_open(model_stage *stage, pt_error *err)
+{
+    cuda_tp_overlap *overlap = &state_of(stage)->tp_overlap;
+    const char *on = getenv("PARTITA_CUDA_TP_OVERLAP");
+    const char *margin = getenv("PARTITA_CUDA_TP_SM_MARGIN");
+    if (on != NULL && strcmp(on, "0") != 0 && strcmp(on, "1") != 0 &&
+        strcmp(on, "2") != 0)
+        return pt_fail(err, "PARTITA_CUDA_TP_OVERLAP: expected 0 (off), 1 "
+                            "(the backward's sums) or 2 (and the "
+                            "forward's), got \"%s\"",
+                       on);
+    overlap->sm_margin = TP_SM_MARGIN;
+    if (margin != NULL) {
+        char *end = NULL;
+        long value = strtol(margin, &end, 10);
+        if (end == margin || *end != '\0' || value < 0 || value > 1024)
+            return pt_fail(err, "PARTITA_CUDA_TP_SM_MARGIN: expected a count "
+                                "of SMs from 0 to 1024, got \"%s\"",
+                           margin);
+        overlap->sm_margin = (int)value;
+    }
+    overlap->enabled = on != NULL && strcmp(on, "0") != 0 &&
+                       stage_spec_tp(&stage->spec) > 1;
+    overlap->forward = overlap->enabled && strcmp(on, "2") == 0;
+    if (!overlap->enabled)
+        return 0;
+    if (cuda_rank_stream_create(&overlap->stream, err) != 0)
+        return -1;
+    CUDA_TRY(cudaEventCreateWithFlags(&overlap->fork,
+                                      cudaEventDisableTiming));
+    CUDA_TRY(cudaEventCreateWithFlags(&overlap->join,
+                                      cudaEventDisableTiming));
+    return 0;
+}
+
+void cuda_tp_overlap_close(cuda_tp_overlap *overlap)
+{
+    if (overlap->stream != NULL) {
+        cudaStreamSynchronize(overlap->stream);
+        cudaStreamDestroy(overlap->stream);
+    }
+    if (overlap->fork != NULL)
+        cudaEventDestroy(overlap->fork);
+    if (overlap->join != NULL)
+        cudaEventDestroy(overlap->join);
+    cudaGetLastError();
+    memset(overlap, 0, sizeof *overlap);
+}
+
+bool cuda_tp_overlapped(const model_stage *stage, const stage_dims *d)
+{
+    return state_of(stage)->tp_overlap.enabled && d->tp > 1 && !d->sp &&
+           cuda_tp_on_stream(stage);
+}
+
+bool cuda_tp_overlapped_forward(const model_stage *stage,
+                                const stage_dims *d)
+{
+    return state_of(stage)->tp_overlap.forward && cuda_tp_overlapped(stage, d);
+}
+
+int cuda_tp_sum_bf16_beside(model_stage *stage, pt_bf16 *data, size_t count,
+                            pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    cuda_tp_overlap *overlap = &state->tp_overlap;
+    CUDA_TRY(cudaEventRecord(overlap->fork, state->stream));
+    CUDA_TRY(cudaStreamWaitEvent(overlap->stream, overlap->fork, 0));
+    if (comm_all_reduce_on_stream(stage->tp_comm, stage->tp_group,
+                                  stage_spec_tp(&stage->spec), data, count,
+                                  COMM_BFLOAT16, COMM_SUM, overlap->stream,
+                                  err) != 0)
+        return -1;
+    CUDA_TRY(cudaEventRecord(overlap->join, overlap->stream));
+    return 0;
+}
+
+int cuda_tp_join_beside(model_stage *stage, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    CUDA_TRY(cudaStreamWaitEvent(state->stream, state->tp_overlap.join, 0));
+    return 0;
+}
+
+int cuda_tp_beside_sm_count(const model_stage *stage)
+{
+    int margin = state_of(stage)->tp_overlap.sm_margin;
+    int sms = cuda_rank_sm_count();
+    return margin > 0 && margin < sms ? sms - margin : 0;
 }
 
 /* One half of an all-reduce over the sequence shards' rows of an N x C
