@@ -222,6 +222,22 @@ int comm_all_reduce_on_stream(const comm *c, const int *group,
                                          type, op, stream, err);
 }
 
+int comm_all_reduce_on_stream_lean(const comm *c, const int *group,
+                                   int group_size, void *data, size_t count,
+                                   comm_element type, comm_reduce_op op,
+                                   void *stream, pt_error *err)
+{
+    if (check_stream(c, stream, "all-reduce", err) != 0)
+        return -1;
+    int checked = check_reduce(c, group, group_size, data != NULL, count, err);
+    if (checked != 0)
+        return checked < 0 ? -1 : 0;
+    const comm_stream_ops *ops = c->ops->on_stream;
+    return (ops->all_reduce_lean != NULL ? ops->all_reduce_lean
+                                         : ops->all_reduce)(
+        c, group, group_size, data, count, type, op, stream, err);
+}
+
 int comm_reduce_scatter_on_stream(const comm *c, const int *group,
                                   int group_size, void *data,
                                   const size_t *chunk_offsets,

@@ -71,6 +71,12 @@ typedef struct comm_stream_ops {
                       comm_element type, void *stream, pt_error *err);
     int (*wait)(const comm *c, void *stream, const char *operation,
                 pt_error *err);
+    /* all_reduce on the group's lean communicator where the comm made
+     * one (NCCL with PARTITA_NCCL_LEAN_CTAS: few CTAs, for a sum beside
+     * compute that needs the SMs); NULL: all_reduce */
+    int (*all_reduce_lean)(const comm *c, const int *group, int group_size,
+                           void *data, size_t count, comm_element type,
+                           comm_reduce_op op, void *stream, pt_error *err);
 } comm_stream_ops;
 
 /* What an implementation provides; the comm_* wrappers check arguments
@@ -176,6 +182,12 @@ int comm_all_reduce_on_stream(const comm *c, const int *group,
 /* The two halves of an all-reduce on the stream: ZeRO's (fp32) and
  * sequence parallelism's (bf16 activations, fp32 rows); chunk_offsets
  * in elements of `type`. */
+/* The same on the group's lean communicator (comm_stream_ops
+ * .all_reduce_lean), else as comm_all_reduce_on_stream. */
+int comm_all_reduce_on_stream_lean(const comm *c, const int *group,
+                                   int group_size, void *data, size_t count,
+                                   comm_element type, comm_reduce_op op,
+                                   void *stream, pt_error *err);
 int comm_reduce_scatter_on_stream(const comm *c, const int *group,
                                   int group_size, void *data,
                                   const size_t *chunk_offsets,

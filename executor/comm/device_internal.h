@@ -283,6 +283,9 @@ typedef struct nccl_clique {
     int *members;                /* increasing world ranks */
     ncclComm_t *comms;           /* by member index; NULL once aborted or
                                     destroyed */
+    int max_ctas;                /* NCCL's maxCTAs, 0: its default */
+    bool lean;                   /* a group's twin of few CTAs
+                                    (PARTITA_NCCL_LEAN_CTAS) */
 } nccl_clique;
 
 /* One staging buffer of a direction. */
@@ -358,6 +361,9 @@ static inline int nccl_compare_ints(const void *a, const void *b)
 
 /* The world's clique of these sorted ranks, or -1 (nccl_world.c). */
 int nccl_find_clique(const comm_nccl *world, const int *sorted, int count);
+/* The lean twin of that clique, or -1 where none was made. */
+int nccl_find_lean_clique(const comm_nccl *world, const int *sorted,
+                          int count);
 /* Records the first failure of the world and, with one process per
  * rank, tells the other processes when it is this one's. */
 void nccl_mark_failed(comm_nccl *world, int rank, const char *reason);

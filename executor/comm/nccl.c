@@ -330,10 +330,12 @@ static int nccl_recv(const comm *c, int peer, int tag, float *data,
     return wait_for(c, comm, lane->received, operation, err);
 }
 
-/* The rank's handle of the communicator of `group`, or an error saying
- * that no communicator was made for it. */
+/* The rank's handle of the communicator of `group` (lean: its lean twin
+ * where one was made, else the same), or an error saying that no
+ * communicator was made for it. */
 static int group_comm(const comm *c, const int *group, int group_size,
-                      const char *operation, ncclComm_t *out, pt_error *err)
+                      bool lean, const char *operation, ncclComm_t *out,
+                      pt_error *err)
 {
     comm_nccl *world = nccl_world(c);
     int local[64];
@@ -345,7 +347,9 @@ static int group_comm(const comm *c, const int *group, int group_size,
                        operation);
     memcpy(sorted, group, (size_t)group_size * sizeof *group);
     qsort(sorted, (size_t)group_size, sizeof *sorted, nccl_compare_ints);
-    int k = nccl_find_clique(world, sorted, group_size);
+    int k = lean ? nccl_find_lean_clique(world, sorted, group_size) : -1;
+    if (k < 0)
+        k = nccl_find_clique(world, sorted, group_size);
     if (sorted != local)
         free(sorted);
     if (k < 0)
@@ -377,7 +381,7 @@ static void describe_group(const char *what, const int *group,
  * rank is open, the group has a communicator (*comm). operation gets
  * the call's description for messages. */
 static int open_group_call(const comm *c, const int *group, int group_size,
-                           const char *what, char *operation,
+                           bool lean, const char *what, char *operation,
                            size_t operation_size, ncclComm_t *comm,
                            pt_error *err)
 {
@@ -388,20 +392,20 @@ static int open_group_call(const comm *c, const int *group, int group_size,
     if (!world->ranks[c->rank].open)
         return pt_fail(err, "rank %d: %s: the rank's comm is not open",
                        c->rank, operation);
-    return group_comm(c, group, group_size, operation, comm, err);
+    return group_comm(c, group, group_size, lean, operation, comm, err);
 }
 
 /* An all-reduce of `group` on `stream` (NULL: the rank's collective
  * stream, then waited for; else only enqueued). */
 static int collective(const comm *c, const int *group, int group_size,
-                      const char *what, const void *send, void *receive,
-                      size_t count, ncclDataType_t type, ncclRedOp_t op,
-                      cudaStream_t stream, pt_error *err)
+                      bool lean, const char *what, const void *send,
+                      void *receive, size_t count, ncclDataType_t type,
+                      ncclRedOp_t op, cudaStream_t stream, pt_error *err)
 {
     nccl_rank *r = &nccl_world(c)->ranks[c->rank];
     char operation[96];
     ncclComm_t comm = NULL;
-    if (open_group_call(c, group, group_size, what, operation,
+    if (open_group_call(c, group, group_size, lean, what, operation,
                         sizeof operation, &comm, err) != 0)
         return -1;
     cudaStream_t on = stream != NULL ? stream : r->collective_stream;
@@ -422,7 +426,7 @@ static int nccl_all_reduce(const comm *c, const int *group, int group_size,
                            float *data, size_t count, comm_reduce_op op,
                            pt_error *err)
 {
-    return collective(c, group, group_size,
+    return collective(c, group, group_size, false,
                       op == COMM_MAX ? "all-reduce (max)" : "all-reduce",
                       data, data, count, ncclFloat32,
                       op == COMM_MAX ? ncclMax : ncclSum, NULL, err);
@@ -508,7 +512,7 @@ static int chunked_collective(const comm *c, const int *group, int group_size,
     char operation[96];
     ncclComm_t comm = NULL;
     cudaStream_t on = stream != NULL ? stream : r->collective_stream;
-    if (open_group_call(c, group, group_size,
+    if (open_group_call(c, group, group_size, false,
                         gather ? "all-gather" : "reduce-scatter", operation,
                         sizeof operation, &comm, err) != 0 ||
         (stream == NULL &&
@@ -562,7 +566,7 @@ static int nccl_all_reduce_host(const comm *c, const int *group,
     if (CUDA_STEP(cudaMemcpyAsync(r->device_scratch, r->host_scratch, bytes,
                                   cudaMemcpyHostToDevice,
                                   r->collective_stream)) != 0 ||
-        collective(c, group, group_size, "all-reduce (host doubles)",
+        collective(c, group, group_size, false, "all-reduce (host doubles)",
                    r->device_scratch, r->device_scratch, count, ncclFloat64,
                    ncclSum, NULL, err) != 0 ||
         CUDA_STEP(cudaMemcpyAsync(r->host_scratch, r->device_scratch, bytes,
@@ -614,9 +618,26 @@ static int nccl_all_reduce_on_stream(const comm *c, const int *group,
                                      comm_element type, comm_reduce_op op,
                                      void *stream, pt_error *err)
 {
-    return collective(c, group, group_size,
+    return collective(c, group, group_size, false,
                       op == COMM_MAX ? "stream all-reduce (max)"
                                      : "stream all-reduce",
+                      data, data, count,
+                      type == COMM_BFLOAT16 ? ncclBfloat16 : ncclFloat32,
+                      op == COMM_MAX ? ncclMax : ncclSum,
+                      (cudaStream_t)stream, err);
+}
+
+/* The same on the group's lean twin (PARTITA_NCCL_LEAN_CTAS), else on
+ * its own communicator. */
+static int nccl_all_reduce_lean_on_stream(const comm *c, const int *group,
+                                          int group_size, void *data,
+                                          size_t count, comm_element type,
+                                          comm_reduce_op op, void *stream,
+                                          pt_error *err)
+{
+    return collective(c, group, group_size, true,
+                      op == COMM_MAX ? "stream all-reduce (max), lean"
+                                     : "stream all-reduce, lean",
                       data, data, count,
                       type == COMM_BFLOAT16 ? ncclBfloat16 : ncclFloat32,
                       op == COMM_MAX ? ncclMax : ncclSum,
@@ -667,6 +688,7 @@ static const comm_stream_ops nccl_stream_ops = {
     .reduce_scatter = nccl_reduce_scatter_on_stream,
     .all_gather = nccl_all_gather_on_stream,
     .wait = nccl_wait_stream,
+    .all_reduce_lean = nccl_all_reduce_lean_on_stream,
 };
 
 const comm_ops nccl_ops = {

@@ -64,17 +64,46 @@ int comm_nccl_check_arguments(int size, const int *devices, int device_count,
 /* ---------------------------------------------------------- bookkeeping */
 
 /* The collective clique whose members are exactly `sorted`, or -1. */
-int nccl_find_clique(const comm_nccl *world, const int *sorted, int count)
+/* The clique of these members, lean or not. */
+static int find_clique_of(const comm_nccl *world, const int *sorted,
+                          int count, bool lean)
 {
     for (int k = 0; k < world->clique_count; k++) {
         if (k == CLIQUE_TO_HIGHER || k == CLIQUE_TO_LOWER)
             continue;
         const nccl_clique *q = &world->cliques[k];
-        if (q->size == count &&
+        if (q->lean == lean && q->size == count &&
             memcmp(q->members, sorted, (size_t)count * sizeof *sorted) == 0)
             return k;
     }
     return -1;
+}
+
+int nccl_find_clique(const comm_nccl *world, const int *sorted, int count)
+{
+    return find_clique_of(world, sorted, count, false);
+}
+
+int nccl_find_lean_clique(const comm_nccl *world, const int *sorted,
+                          int count)
+{
+    return find_clique_of(world, sorted, count, true);
+}
+
+/* PARTITA_NCCL_LEAN_CTAS: the CTAs of each group's lean twin (0: no
+ * twins). Every process of a world must see the same value. */
+static int lean_ctas(pt_error *err)
+{
+    const char *value = getenv("PARTITA_NCCL_LEAN_CTAS");
+    if (value == NULL || value[0] == '\0')
+        return 0;
+    char *end = NULL;
+    long ctas = strtol(value, &end, 10);
+    if (end == value || *end != '\0' || ctas < 0 || ctas > 64)
+        return pt_fail(err, "PARTITA_NCCL_LEAN_CTAS: expected a count of "
+                            "CTAs from 0 to 64, got \"%s\"",
+                       value);
+    return (int)ctas;
 }
 
 static int add_clique(comm_nccl *world, const char *name, const int *members,
@@ -96,12 +125,17 @@ static int add_clique(comm_nccl *world, const char *name, const int *members,
     return 0;
 }
 
-/* The world, the two message cliques and each distinct group. */
+/* The world, the two message cliques and each distinct group (with
+ * PARTITA_NCCL_LEAN_CTAS, each group of two or more then a lean twin:
+ * the same members, NCCL's maxCTAs that many). */
 static int plan_cliques(comm_nccl *world, const comm_groups *groups,
                         pt_error *err)
 {
     int group_count = groups != NULL ? groups->count : 0;
-    world->cliques = calloc((size_t)(FIXED_CLIQUES + group_count),
+    int lean = lean_ctas(err);
+    if (lean < 0)
+        return -1;
+    world->cliques = calloc((size_t)(FIXED_CLIQUES + 2 * group_count),
                             sizeof *world->cliques);
     int *everyone = malloc((size_t)world->size * sizeof *everyone);
     if (world->cliques == NULL || everyone == NULL) {
@@ -130,6 +164,15 @@ static int plan_cliques(comm_nccl *world, const comm_groups *groups,
         snprintf(name, sizeof name, "group %d", g);
         if (nccl_find_clique(world, sorted, count) < 0)
             status = add_clique(world, name, sorted, count, err);
+        if (status == 0 && lean > 0 && count > 1 &&
+            nccl_find_lean_clique(world, sorted, count) < 0) {
+            snprintf(name, sizeof name, "group %d, lean", g);
+            status = add_clique(world, name, sorted, count, err);
+            if (status == 0) {
+                world->cliques[world->clique_count - 1].lean = true;
+                world->cliques[world->clique_count - 1].max_ctas = lean;
+            }
+        }
         free(sorted);
     }
     return status;
@@ -217,6 +260,8 @@ static int init_clique(comm_nccl *world, nccl_clique *q, pt_error *err)
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     config.commName = q->name;
+    if (q->max_ctas > 0)
+        config.maxCTAs = q->max_ctas;
     cudaError_t set = cudaSuccess;
     ncclGroupStart();
     for (int i = 0; i < q->size && status == ncclSuccess; i++) {
@@ -403,15 +448,17 @@ static int start_own_cliques(comm_nccl *world, const clique_ids *shared,
                        world->process_rank,
                        world->devices[world->process_rank],
                        cudaGetErrorString(set));
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
     ncclResult_t status = ncclGroupStart();
     for (int k = 0; k < world->clique_count && status == ncclSuccess; k++) {
         nccl_clique *q = &world->cliques[k];
         int member = own_member(world, q);
         if (member < 0)
             continue;
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
         config.commName = q->name;
+        if (q->max_ctas > 0)
+            config.maxCTAs = q->max_ctas;
         status = ncclCommInitRankConfig(&q->comms[member], q->size,
                                         shared->ids[k], member, &config);
         if (status == ncclInProgress)

@@ -137,10 +137,12 @@ int cuda_tp_sum_bf16_beside(model_stage *stage, pt_bf16 *data, size_t count,
     cuda_tp_overlap *overlap = &state->tp_overlap;
     CUDA_TRY(cudaEventRecord(overlap->fork, state->stream));
     CUDA_TRY(cudaStreamWaitEvent(overlap->stream, overlap->fork, 0));
-    if (comm_all_reduce_on_stream(stage->tp_comm, stage->tp_group,
-                                  stage_spec_tp(&stage->spec), data, count,
-                                  COMM_BFLOAT16, COMM_SUM, overlap->stream,
-                                  err) != 0)
+    /* on the group's lean communicator where the comm made one
+     * (PARTITA_NCCL_LEAN_CTAS): fewer CTAs, more SMs for the product */
+    if (comm_all_reduce_on_stream_lean(stage->tp_comm, stage->tp_group,
+                                       stage_spec_tp(&stage->spec), data,
+                                       count, COMM_BFLOAT16, COMM_SUM,
+                                       overlap->stream, err) != 0)
         return -1;
     CUDA_TRY(cudaEventRecord(overlap->join, overlap->stream));
     return 0;
