@@ -208,24 +208,12 @@ static int check_stream(const comm *c, const void *stream, const char *what,
     return 0;
 }
 
-int comm_all_reduce_on_stream(const comm *c, const int *group,
-                              int group_size, void *data, size_t count,
-                              comm_element type, comm_reduce_op op,
-                              void *stream, pt_error *err)
-{
-    if (check_stream(c, stream, "all-reduce", err) != 0)
-        return -1;
-    int checked = check_reduce(c, group, group_size, data != NULL, count, err);
-    if (checked != 0)
-        return checked < 0 ? -1 : 0;
-    return c->ops->on_stream->all_reduce(c, group, group_size, data, count,
-                                         type, op, stream, err);
-}
-
-int comm_all_reduce_on_stream_lean(const comm *c, const int *group,
-                                   int group_size, void *data, size_t count,
-                                   comm_element type, comm_reduce_op op,
-                                   void *stream, pt_error *err)
+/* A stream all-reduce, checked; lean: on the group's lean communicator
+ * where the comm has one. */
+static int all_reduce_on_stream(const comm *c, const int *group,
+                                int group_size, void *data, size_t count,
+                                comm_element type, comm_reduce_op op,
+                                void *stream, bool lean, pt_error *err)
 {
     if (check_stream(c, stream, "all-reduce", err) != 0)
         return -1;
@@ -233,9 +221,27 @@ int comm_all_reduce_on_stream_lean(const comm *c, const int *group,
     if (checked != 0)
         return checked < 0 ? -1 : 0;
     const comm_stream_ops *ops = c->ops->on_stream;
-    return (ops->all_reduce_lean != NULL ? ops->all_reduce_lean
-                                         : ops->all_reduce)(
+    return (lean && ops->all_reduce_lean != NULL ? ops->all_reduce_lean
+                                                 : ops->all_reduce)(
         c, group, group_size, data, count, type, op, stream, err);
+}
+
+int comm_all_reduce_on_stream(const comm *c, const int *group,
+                              int group_size, void *data, size_t count,
+                              comm_element type, comm_reduce_op op,
+                              void *stream, pt_error *err)
+{
+    return all_reduce_on_stream(c, group, group_size, data, count, type, op,
+                                stream, false, err);
+}
+
+int comm_all_reduce_on_stream_lean(const comm *c, const int *group,
+                                   int group_size, void *data, size_t count,
+                                   comm_element type, comm_reduce_op op,
+                                   void *stream, pt_error *err)
+{
+    return all_reduce_on_stream(c, group, group_size, data, count, type, op,
+                                stream, true, err);
 }
 
 int comm_reduce_scatter_on_stream(const comm *c, const int *group,

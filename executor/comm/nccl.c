@@ -613,12 +613,14 @@ static int nccl_failed_rank(const comm *c, char *reason, size_t reason_size)
 
 /* ------------------------------------------------ on the caller's stream */
 
-static int nccl_all_reduce_on_stream(const comm *c, const int *group,
-                                     int group_size, void *data, size_t count,
-                                     comm_element type, comm_reduce_op op,
-                                     void *stream, pt_error *err)
+/* An all-reduce on the caller's stream; lean: on the group's lean twin
+ * (PARTITA_NCCL_LEAN_CTAS) where one was made. */
+static int stream_all_reduce(const comm *c, const int *group,
+                             int group_size, void *data, size_t count,
+                             comm_element type, comm_reduce_op op,
+                             void *stream, bool lean, pt_error *err)
 {
-    return collective(c, group, group_size, false,
+    return collective(c, group, group_size, lean,
                       op == COMM_MAX ? "stream all-reduce (max)"
                                      : "stream all-reduce",
                       data, data, count,
@@ -627,21 +629,23 @@ static int nccl_all_reduce_on_stream(const comm *c, const int *group,
                       (cudaStream_t)stream, err);
 }
 
-/* The same on the group's lean twin (PARTITA_NCCL_LEAN_CTAS), else on
- * its own communicator. */
+static int nccl_all_reduce_on_stream(const comm *c, const int *group,
+                                     int group_size, void *data, size_t count,
+                                     comm_element type, comm_reduce_op op,
+                                     void *stream, pt_error *err)
+{
+    return stream_all_reduce(c, group, group_size, data, count, type, op,
+                             stream, false, err);
+}
+
 static int nccl_all_reduce_lean_on_stream(const comm *c, const int *group,
                                           int group_size, void *data,
                                           size_t count, comm_element type,
                                           comm_reduce_op op, void *stream,
                                           pt_error *err)
 {
-    return collective(c, group, group_size, true,
-                      op == COMM_MAX ? "stream all-reduce (max), lean"
-                                     : "stream all-reduce, lean",
-                      data, data, count,
-                      type == COMM_BFLOAT16 ? ncclBfloat16 : ncclFloat32,
-                      op == COMM_MAX ? ncclMax : ncclSum,
-                      (cudaStream_t)stream, err);
+    return stream_all_reduce(c, group, group_size, data, count, type, op,
+                             stream, true, err);
 }
 
 static int nccl_reduce_scatter_on_stream(const comm *c, const int *group,
