@@ -179,15 +179,15 @@ int comm_all_reduce_on_stream(const comm *c, const int *group,
                               int group_size, void *data, size_t count,
                               comm_element type, comm_reduce_op op,
                               void *stream, pt_error *err);
-/* The two halves of an all-reduce on the stream: ZeRO's (fp32) and
- * sequence parallelism's (bf16 activations, fp32 rows); chunk_offsets
- * in elements of `type`. */
 /* The same on the group's lean communicator (comm_stream_ops
  * .all_reduce_lean), else as comm_all_reduce_on_stream. */
 int comm_all_reduce_on_stream_lean(const comm *c, const int *group,
                                    int group_size, void *data, size_t count,
                                    comm_element type, comm_reduce_op op,
                                    void *stream, pt_error *err);
+/* The two halves of an all-reduce on the stream: ZeRO's (fp32) and
+ * sequence parallelism's (bf16 activations, fp32 rows); chunk_offsets
+ * in elements of `type`. */
 int comm_reduce_scatter_on_stream(const comm *c, const int *group,
                                   int group_size, void *data,
                                   const size_t *chunk_offsets,

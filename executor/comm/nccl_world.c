@@ -63,8 +63,8 @@ int comm_nccl_check_arguments(int size, const int *devices, int device_count,
 
 /* ---------------------------------------------------------- bookkeeping */
 
-/* The collective clique whose members are exactly `sorted`, or -1. */
-/* The clique of these members, lean or not. */
+/* The collective clique, lean or not, whose members are exactly
+ * `sorted`, or -1. */
 static int find_clique_of(const comm_nccl *world, const int *sorted,
                           int count, bool lean)
 {
