@@ -90,6 +90,24 @@ int nccl_find_lean_clique(const comm_nccl *world, const int *sorted,
     return find_clique_of(world, sorted, count, true);
 }
 
+/* NCCL's maxCTAs config came with 2.17: before it, no lean twins. */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 17, 0)
+#define HAVE_MAX_CTAS 1
+#else
+#define HAVE_MAX_CTAS 0
+#endif
+
+static void set_max_ctas(ncclConfig_t *config, int max_ctas)
+{
+#if HAVE_MAX_CTAS
+    if (max_ctas > 0)
+        config->maxCTAs = max_ctas;
+#else
+    (void)config;
+    (void)max_ctas;
+#endif
+}
+
 /* PARTITA_NCCL_LEAN_CTAS: the CTAs of each group's lean twin (0: no
  * twins). Every process of a world must see the same value. */
 static int lean_ctas(pt_error *err)
@@ -97,6 +115,10 @@ static int lean_ctas(pt_error *err)
     const char *value = getenv("PARTITA_NCCL_LEAN_CTAS");
     if (value == NULL || value[0] == '\0')
         return 0;
+    if (!HAVE_MAX_CTAS)
+        return pt_fail(err, "PARTITA_NCCL_LEAN_CTAS: this NCCL (%d) has no "
+                            "maxCTAs config (2.17 on)",
+                       NCCL_VERSION_CODE);
     char *end = NULL;
     long ctas = strtol(value, &end, 10);
     if (end == value || *end != '\0' || ctas < 0 || ctas > 64)
@@ -260,8 +282,7 @@ static int init_clique(comm_nccl *world, nccl_clique *q, pt_error *err)
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     config.commName = q->name;
-    if (q->max_ctas > 0)
-        config.maxCTAs = q->max_ctas;
+    set_max_ctas(&config, q->max_ctas);
     cudaError_t set = cudaSuccess;
     ncclGroupStart();
     for (int i = 0; i < q->size && status == ncclSuccess; i++) {
@@ -457,8 +478,7 @@ static int start_own_cliques(comm_nccl *world, const clique_ids *shared,
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = 0;
         config.commName = q->name;
-        if (q->max_ctas > 0)
-            config.maxCTAs = q->max_ctas;
+        set_max_ctas(&config, q->max_ctas);
         status = ncclCommInitRankConfig(&q->comms[member], q->size,
                                         shared->ids[k], member, &config);
         if (status == ncclInProgress)
