@@ -38,7 +38,6 @@ void pt_error_prefix(pt_error *err, const char *format, ...)
 /* ----------------------------------------------------------------- units */
 
 #define PT_GIB (1024.0 * 1024.0 * 1024.0)
-
 /* Human-readable time with its unit: "812 us", "14.2 ms", "3.41 s". */
 void pt_format_seconds(double seconds, char *out, size_t out_size);
 /* "1.50 GiB", "512 MiB", "4.0 KiB", "12 B". */
@@ -46,6 +45,10 @@ void pt_format_bytes(double bytes, char *out, size_t out_size);
 /* x rounded to `digits` significant digits (0 and non-finite x as given):
  * fitted figures are written no finer than they are known. */
 double pt_round_significant(double x, int digits);
+/* *out = the count (of `what`: "SMs") from 0 to `most` in environment
+ * variable `name`, or `fallback` if unset or empty; -1 and err if not. */
+int pt_env_count(const char *name, const char *what, long most,
+                 long fallback, long *out, pt_error *err);
 
 /* ---------------------------------------------------------- memory terms */
 
@@ -94,16 +97,13 @@ double pt_memory_terms_total(const pt_memory_terms *terms, bool with_context);
 
 /* Copies at most out_size-1 bytes and always terminates. */
 void pt_copy_string(char *out, size_t out_size, const char *text);
-
 /* Copies text with its control characters written as escapes (\n, \t,
  * \r, \x1b; the C1 controls U+0080..U+009F of UTF-8 as \u0080..), so
  * that bytes from an input file never steer the terminal they are shown
  * on; stops before an escape that does not fit, always terminates. */
 void pt_escape_controls(const char *text, char *out, size_t out_size);
-
 /* The directory part of path ("." when it has none). */
 void pt_directory_of(const char *path, char *out, size_t out_size);
-
 /* Resolves a relative path against base_dir; absolute paths pass as is. */
 void pt_resolve_path(const char *base_dir, const char *path, char *out,
                      size_t out_size);

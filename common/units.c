@@ -1,11 +1,30 @@
-/* Human-readable quantities, and string and path helpers. Every number a
+/* Human-readable quantities, string and path helpers, and counts read
+ * from the environment. Every number a
  * user sees carries its unit; three significant digits are enough for a
  * reader and keep columns narrow. */
 #include "common/common.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+int pt_env_count(const char *name, const char *what, long most,
+                 long fallback, long *out, pt_error *err)
+{
+    const char *value = getenv(name);
+    *out = fallback;
+    if (value == NULL || value[0] == '\0')
+        return 0;
+    char *end = NULL;
+    long count = strtol(value, &end, 10);
+    if (end == value || *end != '\0' || count < 0 || count > most)
+        return pt_fail(err, "%s: expected a count of %s from 0 to %ld, got "
+                            "\"%s\"",
+                       name, what, most, value);
+    *out = count;
+    return 0;
+}
 
 /* Three significant digits: 812, 14.2, 3.41. */
 static void format_three_digits(double value, const char *unit, char *out,

@@ -283,8 +283,8 @@ typedef struct nccl_clique {
     int *members;                /* increasing world ranks */
     ncclComm_t *comms;           /* by member index; NULL once aborted or
                                     destroyed */
-    int max_ctas;                /* NCCL's maxCTAs, 0: its default */
-    bool lean;                   /* a group's twin of few CTAs
+    int max_ctas;                /* NCCL's maxCTAs, 0: its default; more:
+                                    a group's lean twin
                                     (PARTITA_NCCL_LEAN_CTAS) */
 } nccl_clique;
 

@@ -72,7 +72,7 @@ static int find_clique_of(const comm_nccl *world, const int *sorted,
         if (k == CLIQUE_TO_HIGHER || k == CLIQUE_TO_LOWER)
             continue;
         const nccl_clique *q = &world->cliques[k];
-        if (q->lean == lean && q->size == count &&
+        if ((q->max_ctas > 0) == lean && q->size == count &&
             memcmp(q->members, sorted, (size_t)count * sizeof *sorted) == 0)
             return k;
     }
@@ -112,19 +112,14 @@ static void set_max_ctas(ncclConfig_t *config, int max_ctas)
  * twins). Every process of a world must see the same value. */
 static int lean_ctas(pt_error *err)
 {
-    const char *value = getenv("PARTITA_NCCL_LEAN_CTAS");
-    if (value == NULL || value[0] == '\0')
-        return 0;
-    if (!HAVE_MAX_CTAS)
+    long ctas = 0;
+    if (pt_env_count("PARTITA_NCCL_LEAN_CTAS", "CTAs", 64, 0, &ctas, err) !=
+        0)
+        return -1;
+    if (ctas > 0 && !HAVE_MAX_CTAS)
         return pt_fail(err, "PARTITA_NCCL_LEAN_CTAS: this NCCL (%d) has no "
                             "maxCTAs config (2.17 on)",
                        NCCL_VERSION_CODE);
-    char *end = NULL;
-    long ctas = strtol(value, &end, 10);
-    if (end == value || *end != '\0' || ctas < 0 || ctas > 64)
-        return pt_fail(err, "PARTITA_NCCL_LEAN_CTAS: expected a count of "
-                            "CTAs from 0 to 64, got \"%s\"",
-                       value);
     return (int)ctas;
 }
 
@@ -154,8 +149,8 @@ static int plan_cliques(comm_nccl *world, const comm_groups *groups,
                         pt_error *err)
 {
     int group_count = groups != NULL ? groups->count : 0;
-    int lean = lean_ctas(err);
-    if (lean < 0)
+    int twin_ctas = lean_ctas(err);
+    if (twin_ctas < 0)
         return -1;
     world->cliques = calloc((size_t)(FIXED_CLIQUES + 2 * group_count),
                             sizeof *world->cliques);
@@ -186,14 +181,12 @@ static int plan_cliques(comm_nccl *world, const comm_groups *groups,
         snprintf(name, sizeof name, "group %d", g);
         if (nccl_find_clique(world, sorted, count) < 0)
             status = add_clique(world, name, sorted, count, err);
-        if (status == 0 && lean > 0 && count > 1 &&
+        if (status == 0 && twin_ctas > 0 && count > 1 &&
             nccl_find_lean_clique(world, sorted, count) < 0) {
             snprintf(name, sizeof name, "group %d, lean", g);
             status = add_clique(world, name, sorted, count, err);
-            if (status == 0) {
-                world->cliques[world->clique_count - 1].lean = true;
-                world->cliques[world->clique_count - 1].max_ctas = lean;
-            }
+            if (status == 0)
+                world->cliques[world->clique_count - 1].max_ctas = twin_ctas;
         }
         free(sorted);
     }

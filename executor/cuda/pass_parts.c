@@ -345,35 +345,6 @@ static int product_weight_grad(model_stage *stage, const norm_product *p,
     return pass_weight_grad(stage, &call, p->bias, d, err);
 }
 
-/* The split backward with the input gradient's sum beside the weight
- * gradient (cuda_tp_overlap): the input gradient first, its sum on the
- * overlap's stream, the weight gradient on the SMs the sum leaves, then
- * the norm's backward once the sum is in. */
-static int norm_product_backward_beside(model_stage *stage,
-                                        const norm_product *p,
-                                        gemm_call input_grad,
-                                        const stage_dims *d, pt_error *err)
-{
-    cuda_stage_state *state = state_of(stage);
-    const float *weight = pass_param_at(stage, p->norm_weight);
-    const float *bias = pass_param_at(stage, p->norm_bias);
-    const pt_bf16 *norm_out = NULL;
-    if (gemm_run(state->gemm, &input_grad, state->stream, err) != 0 ||
-        cuda_tp_sum_bf16_beside(stage, input_grad.d,
-                                (size_t)d->N * (size_t)d->C, err) != 0 ||
-        pass_norm_output_again(stage, p->kept, p->inp, weight, bias, d,
-                               &norm_out, err) != 0 ||
-        product_weight_grad(stage, p, norm_out, d,
-                            cuda_tp_beside_sm_count(stage), err) != 0 ||
-        cuda_tp_join_beside(stage, err) != 0)
-        return -1;
-    return pass_norm_backward(stage, true,
-                              pass_norm_grad(stage, d, p->run, p->norm_weight),
-                              pass_norm_grad(stage, d, p->run + 1,
-                                             p->norm_bias),
-                              p->inp, weight, p->mean, p->rstd, d, err);
-}
-
 int pass_norm_product_backward(model_stage *stage, const norm_product *p,
                                const stage_dims *d, pt_error *err)
 {
@@ -397,13 +368,23 @@ int pass_norm_product_backward(model_stage *stage, const norm_product *p,
             d->C, state->stream));
         return product_weight_grad(stage, p, s->norm_out, d, 0, err);
     }
-    if (cuda_tp_overlapped(stage, d))
-        return norm_product_backward_beside(stage, p, input_grad, d, err);
+    /* with the sum beside the weight gradient (cuda_tp_overlap): the
+     * input gradient and its sum first, the weight gradient on the SMs
+     * the sum leaves, then the norm's backward once the sum is in */
+    bool beside = cuda_tp_overlapped(stage, d);
     const pt_bf16 *norm_out = NULL;
-    if (pass_norm_output_again(stage, p->kept, p->inp, weight, bias, d,
+    if ((beside &&
+         (gemm_run(state->gemm, &input_grad, state->stream, err) != 0 ||
+          cuda_tp_sum_bf16_beside(stage, input_grad.d,
+                                  (size_t)d->N * (size_t)d->C, err) != 0)) ||
+        pass_norm_output_again(stage, p->kept, p->inp, weight, bias, d,
                                &norm_out, err) != 0 ||
-        product_weight_grad(stage, p, norm_out, d, 0, err) != 0 ||
-        pass_column_parallel_input_grad(stage, input_grad, d, err) != 0)
+        product_weight_grad(stage, p, norm_out, d,
+                            beside ? cuda_tp_beside_sm_count(stage) : 0,
+                            err) != 0 ||
+        (beside ? cuda_tp_join_beside(stage, err)
+                : pass_column_parallel_input_grad(stage, input_grad, d,
+                                                  err)) != 0)
         return -1;
     return pass_norm_backward(stage, true, d_weight, d_bias, p->inp, weight,
                               p->mean, p->rstd, d, err);

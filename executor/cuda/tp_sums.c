@@ -73,23 +73,17 @@ int cuda_tp_overlap_open(model_stage *stage, pt_error *err)
 {
     cuda_tp_overlap *overlap = &state_of(stage)->tp_overlap;
     const char *on = getenv("PARTITA_CUDA_TP_OVERLAP");
-    const char *margin = getenv("PARTITA_CUDA_TP_SM_MARGIN");
     if (on != NULL && strcmp(on, "0") != 0 && strcmp(on, "1") != 0 &&
         strcmp(on, "2") != 0)
         return pt_fail(err, "PARTITA_CUDA_TP_OVERLAP: expected 0 (off), 1 "
                             "(the backward's sums) or 2 (and the "
                             "forward's), got \"%s\"",
                        on);
-    overlap->sm_margin = TP_SM_MARGIN;
-    if (margin != NULL) {
-        char *end = NULL;
-        long value = strtol(margin, &end, 10);
-        if (end == margin || *end != '\0' || value < 0 || value > 1024)
-            return pt_fail(err, "PARTITA_CUDA_TP_SM_MARGIN: expected a count "
-                                "of SMs from 0 to 1024, got \"%s\"",
-                           margin);
-        overlap->sm_margin = (int)value;
-    }
+    long sm_margin = 0;
+    if (pt_env_count("PARTITA_CUDA_TP_SM_MARGIN", "SMs", 1024, TP_SM_MARGIN,
+                     &sm_margin, err) != 0)
+        return -1;
+    overlap->sm_margin = (int)sm_margin;
     overlap->enabled = on != NULL && strcmp(on, "0") != 0 &&
                        stage_spec_tp(&stage->spec) > 1;
     overlap->forward = overlap->enabled && strcmp(on, "2") == 0;

@@ -1,4 +1,5 @@
-/* Errors, unit formatting, path helpers and the partition string. */
+/* Errors, unit formatting, path helpers, counts from the environment
+ * and the partition string. */
 #include "test_support.h"
 
 #include <limits.h>
@@ -71,6 +72,35 @@ static void test_format_bytes(void **state)
     char tiny[4];
     pt_format_bytes(1.5 * PT_GIB, tiny, sizeof tiny);
     assert_string_equal(tiny, "1.5");
+}
+
+static void test_env_count(void **state)
+{
+    (void)state;
+    const char *name = "PARTITA_TEST_ENV_COUNT";
+    pt_error err = {{0}};
+    long count = -1;
+    unsetenv(name);
+    assert_int_equal(pt_env_count(name, "SMs", 64, 8, &count, &err), 0);
+    assert_int_equal(count, 8);
+    setenv(name, "", 1);
+    assert_int_equal(pt_env_count(name, "SMs", 64, 8, &count, &err), 0);
+    assert_int_equal(count, 8);
+    setenv(name, "0", 1);
+    assert_int_equal(pt_env_count(name, "SMs", 64, 8, &count, &err), 0);
+    assert_int_equal(count, 0);
+    setenv(name, "64", 1);
+    assert_int_equal(pt_env_count(name, "SMs", 64, 8, &count, &err), 0);
+    assert_int_equal(count, 64);
+    const char *bad[] = {"65", "-1", "8x", "x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv(name, bad[i], 1);
+        assert_int_equal(pt_env_count(name, "SMs", 64, 8, &count, &err), -1);
+        assert_non_null(strstr(err.message, name));
+        assert_non_null(strstr(err.message, "a count of SMs from 0 to 64"));
+        assert_non_null(strstr(err.message, bad[i]));
+    }
+    unsetenv(name);
 }
 
 static void test_copy_string(void **state)
@@ -209,6 +239,7 @@ int main(void)
         cmocka_unit_test(test_prefix_truncates_safely),
         cmocka_unit_test(test_format_seconds),
         cmocka_unit_test(test_format_bytes),
+        cmocka_unit_test(test_env_count),
         cmocka_unit_test(test_copy_string),
         cmocka_unit_test(test_directory_and_resolve),
         cmocka_unit_test(test_partition_parse_valid),
