@@ -13,9 +13,9 @@
 /* ------------------------------------------------ the kernels' scratch */
 
 /* Partial rows of the backward's kernels: the generic one's blocks of 32
- * rows (rows wider than 8192, or not in 8-channel vectors), the warp-row
- * and fused ones' about one wave of blocks of 8 rows or more, at most
- * 256 (one_wave_rows_per_block, layernorm_backward.cu). */
+ * rows (rows wider than 8192, or not in 8-channel vectors), the team
+ * kernel's about one wave of blocks of 8 rows or more, at most 256
+ * (one_wave_rows_per_block, layernorm_backward.cu). */
 static size_t layernorm_blocks(int N)
 {
     size_t fused = ((size_t)N + CUDA_LAYERNORM_BACKWARD_ROWS - 1) /

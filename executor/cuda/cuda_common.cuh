@@ -1,7 +1,8 @@
 /*
  * Device-side helpers shared by the kernel files of the cuda backend:
- * bf16 conversions, 16-byte vectors, warp and block reductions, and a
- * launch's ask for dynamic shared memory past the default. CUDA C++
+ * bf16 conversions, 16-byte vectors, warp and block reductions, the
+ * norms' row teams, and a launch's ask for dynamic shared memory past
+ * the default. CUDA C++
  * (nvcc needs it), kept C-like: no classes beyond plain structs.
  */
 #ifndef PARTITA_EXECUTOR_CUDA_COMMON_CUH
@@ -10,6 +11,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "executor/cuda/cuda_ops.h"
 
@@ -96,6 +99,45 @@ static __device__ inline void grad_add(const cuda_grad &g, size_t i,
     } else {
         static_cast<float *>(g.data)[i] += value;
     }
+}
+
+/* Waits for the TEAM warps of team `team` of a block (named barrier 1 +
+ * team, so teams 0-14; barrier 0 is __syncthreads'), and orders their
+ * shared-memory accesses: a row's sums over the warps that share it
+ * (the norms' team kernels). Every thread of the team must arrive. */
+template <int TEAM>
+static __device__ __forceinline__ void team_barrier(int team)
+{
+    asm volatile("bar.sync %0, %1;" : : "r"(1 + team), "r"(TEAM * WARP_SIZE)
+                 : "memory");
+}
+
+/* The N of `variable`=teamN (PARTITA_LAYERNORM_FORWARD, _BACKWARD: a
+ * norm kernel's team forced, for benchmarks that time the sizes side by
+ * side, bench/norms/run.sh); 0 where unset or not of that form. */
+static inline int env_norm_team(const char *variable)
+{
+    const char *choice = getenv(variable);
+    if (choice == NULL || strncmp(choice, "team", 4) != 0)
+        return 0;
+    return atoi(choice + 4);
+}
+
+/* The warps of a norm's row team (of a block of 8) at `groups` 8-channel
+ * groups a row: `forced` (1, 2, 4 or 8) where its lanes then hold at most
+ * forced_groups each, else the fewest warps whose lanes hold at most
+ * max_groups (the twenty-fifth session's fastest at every width it
+ * timed: layernorm_backward.cu); 0 where no team of 8 holds the row. */
+static inline int norm_row_team(int groups, int forced, int max_groups,
+                                int forced_groups)
+{
+    if ((forced == 1 || forced == 2 || forced == 4 || forced == 8) &&
+        groups <= forced * WARP_SIZE * forced_groups)
+        return forced;
+    for (int team = 1; team <= 8; team *= 2)
+        if (groups <= team * WARP_SIZE * max_groups)
+            return team;
+    return 0;
 }
 
 /* Four consecutive gradient values from a 16-byte (fp32) or 8-byte
@@ -209,7 +251,7 @@ static inline __host__ __device__ bool aligned16(const void *p)
  * kernel's attribute, up to the device's opt-in limit (227 KiB on
  * Hopper). A dynamic part of exactly 48 KiB beside a few static bytes
  * does not launch without asking (cudaErrorInvalidValue: layer norm's
- * warp-row backward at 1,288-1,536 channels until the twenty-second
+ * one-warp-row backward at 1,288-1,536 channels until the twenty-second
  * session). Not a stream operation: a launch being captured into a graph
  * may ask. */
 template <typename Kernel>

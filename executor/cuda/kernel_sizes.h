@@ -21,10 +21,10 @@ extern "C" {
 /* Rows per block of the generic layer-norm backward's weight partials
  * (512 blocks for 16384 rows: full waves). */
 #define CUDA_LAYERNORM_BACKWARD_ROWS 32
-/* The warp-row and fused backwards' rows a block, at least (one a warp
- * of the warp-row kernel's 8), and their blocks, at most (a wave of any
- * GPU's: an H200 has 132 SMs): their partial rows, which the scratch
- * holds beside the generic kernel's 32-row blocks'. */
+/* The team backward's rows a block, at least (one a warp of its 8), and
+ * its blocks, at most (a wave of any GPU's: an H200 has 132 SMs): their
+ * partial rows, which the scratch holds beside the generic kernel's
+ * 32-row blocks'. */
 #define CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS 8
 #define CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS 256
 /* Blocks of the fused layer-norm backward whose partial rows the last of

@@ -7,10 +7,11 @@
  * kernels (and layer norm's instantiations are the code they were before
  * RMSNorm came).
  *
- * Forward: one warp per row; the row (C <= 2048 channels, C % 8 == 0)
- * is read once into registers and written as bf16, the input of the next
- * matrix product (larger or odd rows take a generic kernel that reads the
- * row three times, the later reads from L1). The residual add that
+ * Forward: a team of 1, 2, 4 or 8 warps a row; the row (C <= 8192
+ * channels, C % 8 == 0) is read once into registers and written as bf16,
+ * the input of the next matrix product (larger or odd rows take a
+ * generic kernel that reads the row three times, the later reads from
+ * L1). The residual add that
  * precedes a norm may come in with it (`skip`): the row's sum is rounded
  * to bf16, written back (the stream's next value) and normalised, one
  * pass over the row where a product's epilogue with beta = 1 took about
@@ -19,8 +20,10 @@
 #include "executor/cuda/cuda_common.cuh"
 
 #define LAYERNORM_EPS 1e-5f
-#define ROWS_PER_FORWARD_BLOCK 8   /* one warp each */
-#define FORWARD_MAX_GROUPS 8       /* 8-channel groups per lane: C <= 2048 */
+#define ROWS_PER_FORWARD_BLOCK 8   /* the generic kernel's: one warp each */
+#define FORWARD_WARPS 8            /* warps of a team kernel's block */
+#define FORWARD_MAX_GROUPS 4       /* 8-channel groups a lane, by the rule */
+#define FORWARD_FORCED_GROUPS 8    /* ... and where a team is forced */
 
 /* s = x + k over a row, rounded to bf16, 8 channels a lane per access
  * (C % 8 == 0, 16-byte aligned) where a scalar loop moves 2 bytes; s may
@@ -148,30 +151,62 @@ __global__ void layernorm_forward_generic(bf16 *out, float *mean,
 }
 
 
-/*
- * The forward of a row held in registers: lane l holds the 8-channel
- * groups l, l + 32, ... (G of them, C % 8 == 0, pointers 16-byte
- * aligned), so the row is read from memory once; the variance is taken
- * about the mean, two passes over the registers, as the cpu reference
- * does.
- */
-template <int G, bool RMS>
-__global__ void __launch_bounds__(ROWS_PER_FORWARD_BLOCK *WARP_SIZE)
-layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
-                         const bf16 *inp, const bf16 *skip, bf16 *sum_out,
-                         const float *weight, const float *bias, int N,
-                         int C, float eps)
+/* A row's sum over its team of TEAM warps (value: the warp's own sum,
+ * already summed over its lanes): the members' sums through shared
+ * memory (`shares`, a slot a warp, used once a kernel: each team takes
+ * one row) behind a named barrier of the team alone (team_barrier),
+ * added in member order. */
+template <int TEAM>
+static __device__ __forceinline__ float team_total(float value,
+                                                   float *shares, int team,
+                                                   int warp, int lane)
 {
-    int lane = threadIdx.x % WARP_SIZE;
-    int row = blockIdx.x * ROWS_PER_FORWARD_BLOCK + threadIdx.x / WARP_SIZE;
+    if (TEAM == 1)
+        return value;
+    if (lane == 0)
+        shares[warp] = value;
+    team_barrier<TEAM>(team);
+    float total = 0.0f;
+#pragma unroll
+    for (int m = 0; m < TEAM; m++)
+        total += shares[team * TEAM + m];
+    return total;
+}
+
+/*
+ * The forward of a row held in registers by a team of TEAM warps (a
+ * block's 8 warps are 8 / TEAM teams, a row each): lane l of member m
+ * holds the 8-channel groups m * 32 + l + k * 32 TEAM (k < G; C % 8 ==
+ * 0, pointers 16-byte aligned), so the row is read from memory once; the
+ * variance is taken about the mean, two passes over the registers, as
+ * the cpu reference does, each pass's sum over the team (team_total).
+ * TEAM 1 is the one-warp-a-row kernel rows up to 2048 wide had before
+ * the twenty-fifth session (the same bits); the team of the fewest warps
+ * whose lanes hold at most FORWARD_MAX_GROUPS groups (forward_team) has
+ * more rows in flight an SM, and rows wider than 2048 no longer take the
+ * generic kernel's three reads (docs/benchmarks.md, "The norms' kernels,
+ * timed alone": 46.7 -> 40.1 us a call at Llama-3.2-1B's 8,192 rows of
+ * 2048).
+ */
+template <int G, int TEAM, bool RMS>
+__global__ void __launch_bounds__(FORWARD_WARPS *WARP_SIZE)
+layernorm_forward_team(bf16 *out, float *mean, float *rstd, const bf16 *inp,
+                       const bf16 *skip, bf16 *sum_out, const float *weight,
+                       const float *bias, int N, int C, float eps)
+{
+    constexpr int STRIDE = TEAM * WARP_SIZE, TEAMS = FORWARD_WARPS / TEAM;
+    __shared__ float shares[2][FORWARD_WARPS];
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    int team = warp / TEAM, slot = (warp % TEAM) * WARP_SIZE + lane;
+    int row = blockIdx.x * TEAMS + team;
     if (row >= N)
-        return;
+        return; /* the whole team: its barrier waits for none of it */
     const bf16 *x = inp + (size_t)row * C;
     float values[G][8];
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < G; k++) {
-        int c = (lane + k * WARP_SIZE) * 8;
+        int c = (slot + k * STRIDE) * 8;
         if (c < C) {
             load8(values[k], x + c);
             if (skip != NULL) {
@@ -193,11 +228,14 @@ layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
         for (int i = 0; i < 8; i++)
             sum += values[k][i];
     }
-    float row_mean = RMS ? 0.0f : warp_sum(sum) / (float)C;
+    float row_mean =
+        RMS ? 0.0f
+            : team_total<TEAM>(warp_sum(sum), shares[0], team, warp, lane) /
+                  (float)C;
     float square_sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < G; k++) {
-        if ((lane + k * WARP_SIZE) * 8 >= C)
+        if ((slot + k * STRIDE) * 8 >= C)
             continue;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -205,11 +243,13 @@ layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
             square_sum += centred * centred;
         }
     }
-    float row_rstd = rsqrtf(warp_sum(square_sum) / (float)C + eps);
+    square_sum = team_total<TEAM>(warp_sum(square_sum), shares[1], team,
+                                  warp, lane);
+    float row_rstd = rsqrtf(square_sum / (float)C + eps);
     bf16 *y = out + (size_t)row * C;
 #pragma unroll
     for (int k = 0; k < G; k++) {
-        int c = (lane + k * WARP_SIZE) * 8;
+        int c = (slot + k * STRIDE) * 8;
         if (c >= C)
             continue;
         float w[8], b[8], normed[8];
@@ -223,7 +263,7 @@ layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
                                   b[i];
         store8(y + c, normed);
     }
-    if (lane == 0) {
+    if (slot == 0) {
         if (!RMS && mean != NULL)
             mean[row] = row_mean;
         if (rstd != NULL)
@@ -231,8 +271,48 @@ layernorm_forward_cached(bf16 *out, float *mean, float *rstd,
     }
 }
 
-/* The forward of either norm: the register-cached kernel where the row
- * fits (C <= 2048, vectorisable), else the generic one. */
+/* The warps of a row's team at `groups` 8-channel groups (norm_row_team:
+ * PARTITA_LAYERNORM_FORWARD=teamN, read once a process, forces N where a
+ * lane then holds at most FORWARD_FORCED_GROUPS: team1 at 2048 channels
+ * is the one-warp kernel of before); 0: the generic kernel. */
+static int forward_team(int groups)
+{
+    static const int forced = env_norm_team("PARTITA_LAYERNORM_FORWARD");
+    return norm_row_team(groups, forced, FORWARD_MAX_GROUPS,
+                         FORWARD_FORCED_GROUPS);
+}
+
+/* The team kernel of TEAM warps a row, its lanes' groups G from C. */
+template <int TEAM, bool RMS>
+static void launch_forward_team(bf16 *out, float *mean, float *rstd,
+                                const bf16 *inp, const bf16 *skip,
+                                bf16 *sum, const float *weight,
+                                const float *bias, int N, int C, float eps,
+                                cudaStream_t stream)
+{
+    unsigned int blocks = blocks_for((size_t)N, FORWARD_WARPS / TEAM);
+    unsigned int threads = FORWARD_WARPS * WARP_SIZE;
+#define FORWARD_CASE(G)                                                      \
+    case G:                                                                  \
+        layernorm_forward_team<G, TEAM, RMS><<<blocks, threads, 0, stream>>>( \
+            out, mean, rstd, inp, skip, sum, weight, bias, N, C, eps);      \
+        break
+    switch ((C / 8 + TEAM * WARP_SIZE - 1) / (TEAM * WARP_SIZE)) {
+        FORWARD_CASE(1);
+        FORWARD_CASE(2);
+        FORWARD_CASE(3);
+        FORWARD_CASE(4);
+        FORWARD_CASE(5);
+        FORWARD_CASE(6);
+        FORWARD_CASE(7);
+        default:
+        FORWARD_CASE(8);
+    }
+#undef FORWARD_CASE
+}
+
+/* The forward of either norm: a team kernel where the row fits (C <=
+ * 8192, vectorisable), else the generic one. */
 template <bool RMS>
 static cudaError_t launch_forward(pt_bf16 *out_bf16, float *mean,
                                   float *rstd, const pt_bf16 *inp_bf16,
@@ -249,33 +329,20 @@ static cudaError_t launch_forward(pt_bf16 *out_bf16, float *mean,
     bool vector = C % 8 == 0 && aligned16(out_bf16) && aligned16(inp) &&
                   aligned16(weight) && aligned16(bias) && aligned16(skip) &&
                   aligned16(sum);
-    unsigned int blocks = blocks_for((size_t)N, ROWS_PER_FORWARD_BLOCK);
-    unsigned int threads = ROWS_PER_FORWARD_BLOCK * WARP_SIZE;
-    int groups = (C / 8 + WARP_SIZE - 1) / WARP_SIZE;
+    int team = vector ? forward_team(C / 8) : 0;
     bf16 *out = as_bf16(out_bf16);
-    if (!vector || groups > FORWARD_MAX_GROUPS) {
-        layernorm_forward_generic<RMS><<<blocks, threads, 0, stream>>>(
-            out, mean, rstd, inp, skip, sum, weight, bias, N, C, eps,
-            vector);
-        return cudaGetLastError();
+    switch (team) {
+    case 1: launch_forward_team<1, RMS>(out, mean, rstd, inp, skip, sum, weight, bias, N, C, eps, stream); break;
+    case 2: launch_forward_team<2, RMS>(out, mean, rstd, inp, skip, sum, weight, bias, N, C, eps, stream); break;
+    case 4: launch_forward_team<4, RMS>(out, mean, rstd, inp, skip, sum, weight, bias, N, C, eps, stream); break;
+    case 8: launch_forward_team<8, RMS>(out, mean, rstd, inp, skip, sum, weight, bias, N, C, eps, stream); break;
+    default:
+        layernorm_forward_generic<RMS>
+            <<<blocks_for((size_t)N, ROWS_PER_FORWARD_BLOCK),
+               ROWS_PER_FORWARD_BLOCK * WARP_SIZE, 0, stream>>>(
+                out, mean, rstd, inp, skip, sum, weight, bias, N, C, eps,
+                vector);
     }
-#define FORWARD_CASE(G)                                                      \
-    case G:                                                                  \
-        layernorm_forward_cached<G, RMS><<<blocks, threads, 0, stream>>>(    \
-            out, mean, rstd, inp, skip, sum, weight, bias, N, C, eps);      \
-        break
-    switch (groups) {
-        FORWARD_CASE(1);
-        FORWARD_CASE(2);
-        FORWARD_CASE(3);
-        FORWARD_CASE(4);
-        FORWARD_CASE(5);
-        FORWARD_CASE(6);
-        FORWARD_CASE(7);
-        default:
-        FORWARD_CASE(8);
-    }
-#undef FORWARD_CASE
     return cudaGetLastError();
 }
 

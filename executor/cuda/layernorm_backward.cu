@@ -2,13 +2,13 @@
  * Layer norm's and RMSNorm's backward (layernorm.cu has their forward;
  * RMS is the same template flag), fused with the residual branch point
  * (d_inp = d_residual + the norm's own term): it writes d_inp in fp32
- * and the bf16 copy the next matrix products read, and adds the weight
- * and bias gradients, in one kernel: each block sums dy x xhat and dy
- * over its rows (rows up to 2048 wide one warp a row, wider ones the
- * whole block a row), writes them as its partial row, and the last block
- * of each group of blocks to finish sums the group's partials, the last
- * group the groups' sums (a fixed order everywhere, so results do not
- * change between runs). Rows wider than FUSED_MAX_COLUMNS or not 16-byte
+ * and/or the bf16 copy the next matrix products read, and adds the
+ * weight and bias gradients, in one kernel: a team of 1, 2, 4 or 8
+ * warps takes a row at a time, each block sums dy x xhat and dy over its
+ * rows, writes them as its partial row, and the last block of each group
+ * of blocks to finish sums the group's partials, the last group the
+ * groups' sums (a fixed order everywhere, so results do not change
+ * between runs). Rows wider than FUSED_MAX_COLUMNS or not 16-byte
  * vectorisable take two generic kernels (rows, then partials).
  *
  * Where the forward's output was not kept, the backward may write it
@@ -17,8 +17,6 @@
  * input once more): the same expression as the forward's
  * (norm_output_value), so the same bits.
  */
-#include <stdlib.h>
-#include <string.h>
 
 #include <atomic>
 
@@ -26,10 +24,10 @@
 
 #define BACKWARD_THREADS 256
 #define BACKWARD_ROWS CUDA_LAYERNORM_BACKWARD_ROWS /* kernel_sizes.h */
-#define FUSED_MAX_COLUMNS 8192     /* 256 threads x 4 groups of 8 */
+#define FUSED_MAX_COLUMNS 8192 /* a team of 8 warps x 4 groups of 8 */
 #define FUSED_GROUP_BLOCKS CUDA_LAYERNORM_GROUP_BLOCKS /* kernel_sizes.h */
 
-/* ------------------------------------------------------ fused backward */
+/* ------------------------------------ the fused backward's shared parts */
 
 /* What the fused backward reads and writes (cuda_layernorm_backward's
  * arguments; partials and counters: its scratch, see
@@ -51,7 +49,7 @@ struct layernorm_backward_args {
 
 /* The forward's output written again (the kernels' OUTPUT flag): a
  * kernel argument of its own, as fields of layernorm_backward_args made
- * ptxas spill more in the kernels without it (layer norm's warp-row
+ * ptxas spill more in the kernels without it (layer norm's one-warp-row
  * backward at G = 7, its sums then in registers: 116 bytes of spill
  * loads to 200). */
 struct norm_output_args {
@@ -67,138 +65,6 @@ static __device__ __forceinline__ float norm_output_value(float xhat, float w,
                                                           float b)
 {
     return RMS ? xhat * w : xhat * w + b;
-}
-
-/* Eight channels of the norm's output from their xhat, at out (channel
- * c of the row; bias: layer norm's, unread under RMS). */
-template <bool RMS>
-static __device__ __forceinline__ void
-store_norm_output(bf16 *out, const float *xhat, const float *w,
-                  const float *bias, int c)
-{
-    float b[8], value[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        b[i] = 0.0f;
-    if (!RMS)
-        load8(b, bias + c);
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        value[i] = norm_output_value<RMS>(xhat[i], w[i], b[i]);
-    store8(out, value);
-}
-
-/*
- * The rows [first, last) of a block, ROWS at a time. Thread t owns the
- * 8-channel groups t, t + blockDim.x, ... (G of them): for each row it
- * computes its share of the row's sums of g = dy w and g xhat, the
- * block adds the shares (one barrier per ROWS rows; the shared sums are
- * double-buffered, so a buffer is rewritten only after the next
- * barrier), then the thread writes its channels of d_inp and adds
- * dy xhat and dy to its weight and bias sums dw, db. One function for
- * the pass: the rows' values stay in registers between its steps. RMS:
- * no mean, so neither the mean(g) term nor a bias sum.
- */
-template <int G, int ROWS, bool RMS, bool OUTPUT>
-static __device__ void fused_backward_rows(const layernorm_backward_args &a,
-                                           const norm_output_args &o,
-                                           int first, int last,
-                                           float dw[G][8], float db[G][8])
-{
-    __shared__ float shares[2][BACKWARD_THREADS / WARP_SIZE][2 * ROWS];
-    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    int warps = blockDim.x / WARP_SIZE, C = a.C, buffer = 0;
-    float w[G][8];
-#pragma unroll
-    for (int k = 0; k < G; k++) {
-        int c = (threadIdx.x + k * blockDim.x) * 8;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            w[k][i] = 0.0f;
-        if (c < C)
-            load8(w[k], a.weight + c);
-    }
-    for (int row0 = first; row0 < last; row0 += ROWS) {
-        float dy[ROWS][G][8], xhat[ROWS][G][8], sums[2 * ROWS], rs[ROWS];
-#pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            int row = row0 + r;
-            bool live = row < last;
-            float m = live && !RMS ? a.mean[row] : 0.0f;
-            rs[r] = live ? a.rstd[row] : 0.0f;
-            float g_sum = 0.0f, g_xhat_sum = 0.0f;
-#pragma unroll
-            for (int k = 0; k < G; k++) {
-                int c = (threadIdx.x + k * blockDim.x) * 8;
-                float x[8];
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    dy[r][k][i] = x[i] = 0.0f;
-                if (live && c < C) {
-                    load8(dy[r][k], a.d_out + (size_t)row * C + c);
-                    load8(x, a.inp + (size_t)row * C + c);
-                }
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    xhat[r][k][i] = (x[i] - m) * rs[r];
-                    float g = dy[r][k][i] * w[k][i];
-                    g_sum += g;
-                    g_xhat_sum += g * xhat[r][k][i];
-                }
-            }
-            sums[2 * r] = RMS ? 0.0f : warp_sum(g_sum);
-            sums[2 * r + 1] = warp_sum(g_xhat_sum);
-        }
-        if (lane == 0) {
-#pragma unroll
-            for (int j = 0; j < 2 * ROWS; j++)
-                shares[buffer][warp][j] = sums[j];
-        }
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < 2 * ROWS; j++) {
-            float total = 0.0f;
-            for (int v = 0; v < warps; v++)
-                total += shares[buffer][v][j];
-            sums[j] = total / (float)C;
-        }
-        buffer ^= 1;
-#pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            size_t base = (size_t)(row0 + r) * C;
-#pragma unroll
-            for (int k = 0; k < G; k++) {
-                int c = (threadIdx.x + k * blockDim.x) * 8;
-                if (row0 + r >= last || c >= C)
-                    continue;
-                float residual[8], value[8];
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    residual[i] = 0.0f;
-                if (a.d_residual != NULL)
-                    load8(residual, a.d_residual + base + c);
-                else if (a.d_residual_bf16 != NULL)
-                    load8(residual, a.d_residual_bf16 + base + c);
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    float g = dy[r][k][i] * w[k][i];
-                    value[i] = residual[i] +
-                               rs[r] * (g - sums[2 * r] -
-                                        xhat[r][k][i] * sums[2 * r + 1]);
-                    dw[k][i] += dy[r][k][i] * xhat[r][k][i];
-                    if (!RMS)
-                        db[k][i] += dy[r][k][i];
-                }
-                if (a.d_inp != NULL)
-                    store8(a.d_inp + base + c, value);
-                if (a.d_inp_bf16 != NULL)
-                    store8(a.d_inp_bf16 + base + c, value);
-                if (OUTPUT)
-                    store_norm_output<RMS>(o.out + base + c, xhat[r][k],
-                                           w[k], o.bias, c);
-            }
-        }
-    }
 }
 
 /* Counts the block in at *counter after its writes (fenced first); true
@@ -279,37 +145,6 @@ static __device__ void add_partial_rows(const layernorm_backward_args &a)
         return;
     sum_rows(NULL, &a.d_weight, &a.d_bias, group_sums, groups, a.C,
              columns);
-}
-
-/* One kernel for the whole backward: the block's rows, its partial row,
- * then, in the last block of its group to finish, the group's sum, and
- * in the last group to finish, the gradients. */
-template <int G, int ROWS, bool RMS, bool OUTPUT>
-__global__ void __launch_bounds__(BACKWARD_THREADS)
-layernorm_backward_fused(layernorm_backward_args a, int rows_per_block,
-                         norm_output_args o)
-{
-    int first = blockIdx.x * rows_per_block;
-    int last = min(first + rows_per_block, a.N);
-    float dw[G][8], db[G][8];
-#pragma unroll
-    for (int k = 0; k < G; k++)
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            dw[k][i] = db[k][i] = 0.0f;
-    fused_backward_rows<G, ROWS, RMS, OUTPUT>(a, o, first, last, dw, db);
-    size_t C2 = 2 * (size_t)a.C;
-    float *own = a.partials + blockIdx.x * C2;
-#pragma unroll
-    for (int k = 0; k < G; k++) {
-        int c = (threadIdx.x + k * blockDim.x) * 8;
-        if (c < a.C) {
-            store8(own + c, dw[k]);
-            if (!RMS)
-                store8(own + a.C + c, db[k]);
-        }
-    }
-    add_partial_rows<RMS>(a);
 }
 
 /* ---------------------------------------------------- generic backward */
@@ -511,96 +346,137 @@ __global__ void layernorm_partials_kernel(cuda_grad d_weight,
     }
 }
 
-/* ------------------------------------------------- warp-row backward */
+/* ------------------------------------------------------ team backward */
 
 /*
- * The backward of rows of C <= 2048 channels (C % 8 == 0, 16-byte
- * aligned): one warp per row and no barrier between rows. Lane l owns
- * the 8-channel groups l, l + 32, ... (G of them); a row's two sums
- * are warp sums, so a warp goes from row to row on its own, with its
+ * The backward of rows of C <= FUSED_MAX_COLUMNS channels (C % 8 == 0,
+ * 16-byte aligned): a team of TEAM warps a row (a block's 8 warps are
+ * 8 / TEAM teams), each team going from row to row on its own, with its
  * loads (dy, x and the bf16 residual, read before the sums) in flight
- * while other warps compute. Each lane keeps its weight and bias
- * gradient sums over all the warp's rows in shared memory (a warp's G x
- * 8 x 32 floats of each, lane-minor, so that a warp's accesses fall in
- * distinct banks); the block's warps add theirs in warp order at the end
- * (a fixed order, so results do not change between runs), and the
- * block's partial row goes the way of the fused kernel's (its group's
- * last block, then the last group). The block-per-rows kernel above met
- * at a barrier every few rows, which left an H200's SMs mostly waiting
- * at hidden 1024 (130.9 us a call at 16384 rows, against 84.5 us for
- * llm.c's).
+ * while other teams compute; a row's two sums are warp sums, added over
+ * the team's warps behind a named barrier of the team alone. Each lane
+ * keeps its weight and bias gradient sums over all its team's rows in
+ * shared memory (a warp's G x 8 x 32 floats of each, lane-minor, so that
+ * a warp's accesses fall in distinct banks); the block's teams add
+ * theirs in team order at the end, and the block's partial row goes to
+ * its group's last block, then the last group (add_partial_rows).
  *
- * The sums were in registers first: at C = 2048 RMSNorm's took the
- * thread to 203 registers, 8 warps an SM; in shared memory 166, 12 warps
- * (82.9 -> 79.4 us at Llama-3.2-1B's 8,192 rows on an H200; capped at 128
- * registers for 16 warps, the thread spilled and took 115 us:
- * docs/records/gpu-runs.md, twentieth session, call 4). Layer norm's two
- * sets took up to 255 registers and spilled from C = 1792 on (GPT-2
- * 1.5B's 1600: 116 bytes of spill loads, 8 warps an SM); in shared
- * memory 168, no spills, 12 warps: 100.7 -> 90.7 us a call at 8,192 x
- * 1600, 62.6 -> 58.3 at 8,192 x 1280 (twenty-first session, call 7).
- *
- * Blocks of 8 warps, one an SM (up to 255 registers: 166-199, no
- * spills), where 4-warp blocks ran three an SM: a grid of one wave then
- * has half the blocks and partial rows, and at 4,096 rows or fewer, where
- * the 32-row floor the grid then had left fewer blocks than SMs, twice
- * the warps (the floor is one row a warp since: launch_rows_of).
- * Timed alone on an H200 (.devrun/rb2, twenty-second session, call 3;
- * us a call, 4-warp -> 8-warp blocks): 8,192 x 2048 RMSNorm 74.0 ->
- * 68.2, 4,096 x 2048 54.9 -> 43.4; layer norm 8,192 x 1600 81.7 ->
- * 70.4, 4,096 x 1600 63.6 -> 45.7, 2,048 x 1600 53.1 -> 37.3, 8,192 x
- * 1280 56.1 -> 53.1, 16,384 x 1024 and x 768 within 4 %; 6, 10 and 12
- * warps a block came out between.
+ * History, timed alone on an H200 (docs/records/gpu-runs.md): one warp
+ * a row (no barrier between rows) replaced a block a row for C <= 2048
+ * (130.9 -> 75.4 us at 16,384 x 1024; llm.c's 84.5); the sums moved from
+ * registers to shared memory (82.9 -> 79.4 us at 8,192 x 2048 RMSNorm;
+ * layer norm's had spilled from C = 1792 on); blocks of 8 warps where
+ * 4-warp blocks ran (74.0 -> 68.2 us at 8,192 x 2048). The twenty-fifth
+ * session (bench/norms/run.sh, us a call) gave every width a team of
+ * the fewest warps whose lanes hold at most 4 groups (ROW_MAX_GROUPS),
+ * where C <= 2048 had one warp of up to 8 groups a lane and wider rows
+ * the block a row: RMSNorm 8,192 x 2048 68.5 -> 56.4 (teams of 2), 4,096
+ * x 4096 77.9 -> 63.2 (4), 8,192 x 4096 135.2 -> 103.1 (4), 4,096 x
+ * 8192 208.0 -> 115.2 (8); layer norm 4,096 x 5120 205.1 -> 96.4 (8),
+ * 8,192 x 2560 125.7 -> 83.0 (4), 8,192 x 1600 70.2 -> 58.2 (2), 16,384
+ * x 1024 61.8 (1, as before). Fewer groups a lane than 4 came out slower
+ * (more teams' barriers and partial work a row), more too (fewer rows in
+ * flight an SM).
  */
-#define ROW_WARPS 8            /* warps of a warp-row block */
-#define ROW_MAX_GROUPS 8       /* 8-channel groups a lane: C <= 2048 */
-#define ROW_SHARED_MIN_BLOCKS 1 /* blocks an SM: 8 warps */
+#define ROW_WARPS 8            /* warps of a team kernel's block */
+#define ROW_MAX_GROUPS 4       /* 8-channel groups a lane, at most */
+
+/* Blocks of a team kernel an SM should hold at least (__launch_bounds__:
+ * at most 128 registers a thread, which 4 groups a lane need without
+ * spilling; 3 blocks, 85 registers, spilled at 2 groups). */
+#define ROW_MIN_BLOCKS 2
 
 /* Floats of one set of a block's sums (weight or bias): its warps' G x
  * 8 x 32. */
 #define ROW_SET_FLOATS(G) (ROW_WARPS * (G) * 8 * WARP_SIZE)
 
-/* The dynamic shared memory of layernorm_backward_rows<G, RMS>: the
- * weight's sums, and layer norm's bias's after them (16 KiB a group of
- * layer norm, 8 of RMSNorm: up to 128 KiB a block at G = 8;
+/* The dynamic shared memory of layernorm_backward_rows<G, TEAM, ...>:
+ * the weight's sums, and layer norm's bias's after them (16 KiB a group
+ * of layer norm, 8 of RMSNorm: up to 64 KiB a block at G = 4;
  * allow_rows_shared lets the kernel have it). */
 static constexpr size_t rows_shared_bytes(int G, bool RMS)
 {
     return (RMS ? 1 : 2) * (size_t)ROW_SET_FLOATS(G) * sizeof(float);
 }
 
+/* Where lane `lane` of warp `warp` keeps its sum of channel k * 8 + i of
+ * its groups (lane-minor: a warp's accesses fall in distinct banks). */
+template <int G>
+static __device__ __forceinline__ int lane_sum_index(int warp, int k, int i,
+                                                     int lane)
+{
+    return (warp * G * 8 + k * 8 + i) * WARP_SIZE + lane;
+}
+
 /* The block's partial row [dw | db] (C each; RMSNorm: dw alone, sum_rows
- * skips the bias half) from its warps' sums in shared memory, added in
- * warp order. */
-template <int G, bool RMS>
+ * skips the bias half) from its warps' sums in shared memory: channel
+ * group `group` is the member (group % STRIDE) / 32's, lane group % 32's,
+ * its k = group / STRIDE, in every team; the teams' sums added in team
+ * order. */
+template <int G, int TEAM, bool RMS>
 static __device__ __forceinline__ void
 shared_sums_to_partial(float *own, const float *warp_sums, int C)
 {
+    constexpr int STRIDE = TEAM * WARP_SIZE, TEAMS = ROW_WARPS / TEAM;
     __syncthreads();
     for (int set = 0; set < (RMS ? 1 : 2); set++)
         for (int j = threadIdx.x; j < C; j += blockDim.x) {
-            int group = j / 8;
+            int group = j / 8, slot = group % STRIDE;
             const float *sums = warp_sums + set * ROW_SET_FLOATS(G) +
-                                ((group / WARP_SIZE) * 8 + j % 8) * WARP_SIZE +
-                                group % WARP_SIZE;
+                                lane_sum_index<G>(slot / WARP_SIZE,
+                                                  group / STRIDE, j % 8,
+                                                  slot % WARP_SIZE);
             float total = sums[0];
-            for (int v = 1; v < ROW_WARPS; v++)
-                total += sums[v * G * 8 * WARP_SIZE];
+            for (int t = 1; t < TEAMS; t++)
+                total += sums[t * TEAM * G * 8 * WARP_SIZE];
             own[set * C + j] = total;
         }
 }
 
-template <int G, bool RMS, bool OUTPUT>
-__global__ void __launch_bounds__(ROW_WARPS *WARP_SIZE, ROW_SHARED_MIN_BLOCKS)
+/* A row's two sums over its team: each warp's (already warp sums) into
+ * shared memory, double-buffered (a warp rewrites a buffer two rows on,
+ * after the barrier of the row between, which its team mates pass only
+ * once they have read it), added in member order. */
+template <int TEAM>
+static __device__ __forceinline__ void
+team_row_sums(float (*shares)[ROW_WARPS][2], int &buffer, int team,
+              int warp, int lane, float *g_sum, float *g_xhat_sum)
+{
+    if (TEAM == 1)
+        return;
+    if (lane == 0) {
+        shares[buffer][warp][0] = *g_sum;
+        shares[buffer][warp][1] = *g_xhat_sum;
+    }
+    team_barrier<TEAM>(team);
+    float sum = 0.0f, xhat_sum = 0.0f;
+#pragma unroll
+    for (int m = 0; m < TEAM; m++) {
+        sum += shares[buffer][team * TEAM + m][0];
+        xhat_sum += shares[buffer][team * TEAM + m][1];
+    }
+    *g_sum = sum;
+    *g_xhat_sum = xhat_sum;
+    buffer ^= 1;
+}
+
+/* The team kernel (above): lane l of member m owns the 8-channel groups
+ * m * 32 + l + k * 32 TEAM (k < G); a row's two sums are the members'
+ * warp sums added in shared memory (team_row_sums). */
+template <int G, int TEAM, bool RMS, bool OUTPUT>
+__global__ void __launch_bounds__(ROW_WARPS *WARP_SIZE, ROW_MIN_BLOCKS)
 layernorm_backward_rows(layernorm_backward_args a, int rows_per_block,
                         norm_output_args o)
 {
+    constexpr int STRIDE = TEAM * WARP_SIZE, TEAMS = ROW_WARPS / TEAM;
     extern __shared__ float warp_sums[]; /* rows_shared_bytes */
+    __shared__ float team_shares[2][ROW_WARPS][2];
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    int C = a.C;
+    int team = warp / TEAM, slot = (warp % TEAM) * WARP_SIZE + lane;
+    int C = a.C, buffer = 0;
     int first = blockIdx.x * rows_per_block;
     int last = min(first + rows_per_block, a.N);
-    float *lane_sums = warp_sums + warp * G * 8 * WARP_SIZE + lane;
+    float *lane_sums = warp_sums + lane_sum_index<G>(warp, 0, 0, lane);
     float *lane_bias_sums = lane_sums + ROW_SET_FLOATS(G);
 #pragma unroll
     for (int k = 0; k < G; k++)
@@ -610,12 +486,12 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block,
             if (!RMS)
                 lane_bias_sums[(k * 8 + i) * WARP_SIZE] = 0.0f;
         }
-    for (int row = first + warp; row < last; row += ROW_WARPS) {
+    for (int row = first + team; row < last; row += TEAMS) {
         size_t base = (size_t)row * C;
         bf16x8 dy_raw[G], x_raw[G], residual_raw[G];
 #pragma unroll
         for (int k = 0; k < G; k++) {
-            int c = (lane + k * WARP_SIZE) * 8;
+            int c = (slot + k * STRIDE) * 8;
             if (c >= C)
                 continue;
             dy_raw[k] = *reinterpret_cast<const bf16x8 *>(a.d_out + base + c);
@@ -628,7 +504,7 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block,
         float g_sum = 0.0f, g_xhat_sum = 0.0f;
 #pragma unroll
         for (int k = 0; k < G; k++) {
-            int c = (lane + k * WARP_SIZE) * 8;
+            int c = (slot + k * STRIDE) * 8;
             if (c >= C)
                 continue;
             float dy[8], x[8], w[8];
@@ -642,11 +518,15 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block,
                 g_xhat_sum += g * (x[i] - m) * rs;
             }
         }
-        float mean_g = RMS ? 0.0f : warp_sum(g_sum) / (float)C;
-        float mean_g_xhat = warp_sum(g_xhat_sum) / (float)C;
+        g_sum = RMS ? 0.0f : warp_sum(g_sum);
+        g_xhat_sum = warp_sum(g_xhat_sum);
+        team_row_sums<TEAM>(team_shares, buffer, team, warp, lane, &g_sum,
+                            &g_xhat_sum);
+        float mean_g = g_sum / (float)C;
+        float mean_g_xhat = g_xhat_sum / (float)C;
 #pragma unroll
         for (int k = 0; k < G; k++) {
-            int c = (lane + k * WARP_SIZE) * 8;
+            int c = (slot + k * STRIDE) * 8;
             if (c >= C)
                 continue;
             float dy[8], x[8], w[8], residual[8], value[8];
@@ -687,20 +567,18 @@ layernorm_backward_rows(layernorm_backward_args a, int rows_per_block,
         }
     }
     float *own = a.partials + blockIdx.x * 2 * (size_t)C;
-    shared_sums_to_partial<G, RMS>(own, warp_sums, C);
+    shared_sums_to_partial<G, TEAM, RMS>(own, warp_sums, C);
     add_partial_rows<RMS>(a);
 }
 
-/* PARTITA_LAYERNORM_BACKWARD=block keeps rows of C <= 2048 on the
- * block-per-rows kernel: for benchmarks that hold the two side by side
- * in one call (bench/exec_vs_llmc/run.sh). Read once a process. */
-static bool force_block_kernel(void)
+/* The warps of a row's team at C channels (norm_row_team: at most
+ * ROW_MAX_GROUPS groups a lane; PARTITA_LAYERNORM_BACKWARD=teamN, read
+ * once a process, forces N where it holds the row); 0 where no team of 8
+ * holds it. */
+static int norm_team(int C)
 {
-    static const bool forced = [] {
-        const char *choice = getenv("PARTITA_LAYERNORM_BACKWARD");
-        return choice != NULL && strcmp(choice, "block") == 0;
-    }();
-    return forced;
+    static const int forced = env_norm_team("PARTITA_LAYERNORM_BACKWARD");
+    return norm_row_team(C / 8, forced, ROW_MAX_GROUPS, ROW_MAX_GROUPS);
 }
 
 /* Devices whose occupancy answer blocks_per_sm keeps (a device past them
@@ -709,10 +587,10 @@ static bool force_block_kernel(void)
 /* Lets layernorm_backward_rows<G, RMS, OUTPUT> have rows_shared_bytes
  * (allow_dynamic_shared) in the current context: at every launch, since
  * a green context of a slice of the GPU may be a context of its own. */
-template <int G, bool RMS, bool OUTPUT>
+template <int G, int TEAM, bool RMS, bool OUTPUT>
 static cudaError_t allow_rows_shared(void)
 {
-    return allow_dynamic_shared(layernorm_backward_rows<G, RMS, OUTPUT>,
+    return allow_dynamic_shared(layernorm_backward_rows<G, TEAM, RMS, OUTPUT>,
                                 rows_shared_bytes(G, RMS));
 }
 
@@ -751,7 +629,7 @@ static int blocks_per_sm(std::atomic<int> *cached, int device, Ask ask)
 
 /* Rows a block for a grid of about one wave of `per_sm` blocks on each of
  * `sms` SMs: at least CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS (one row a warp
- * of the warp-row kernel), at most CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS
+ * of a team kernel's block), at most CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS
  * blocks, the scratch's partial rows (cuda_layernorm_backward_scratch). */
 static int one_wave_rows_per_block(int N, int sms, int per_sm)
 {
@@ -759,17 +637,17 @@ static int one_wave_rows_per_block(int N, int sms, int per_sm)
     return max(CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS, (N + aim - 1) / aim);
 }
 
-/* Blocks of layernorm_backward_rows<G, RMS, OUTPUT> an SM of `device`
- * holds at once. */
-template <int G, bool RMS, bool OUTPUT>
+/* Blocks of layernorm_backward_rows<G, TEAM, RMS, OUTPUT> an SM of
+ * `device` holds at once. */
+template <int G, int TEAM, bool RMS, bool OUTPUT>
 static int rows_blocks_per_sm(int device)
 {
     static std::atomic<int> cached[ROW_CACHED_DEVICES];
     return blocks_per_sm(cached, device, [] {
         int blocks = 0;
-        if (allow_rows_shared<G, RMS, OUTPUT>() != cudaSuccess ||
+        if (allow_rows_shared<G, TEAM, RMS, OUTPUT>() != cudaSuccess ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &blocks, layernorm_backward_rows<G, RMS, OUTPUT>,
+                &blocks, layernorm_backward_rows<G, TEAM, RMS, OUTPUT>,
                 ROW_WARPS * WARP_SIZE,
                 rows_shared_bytes(G, RMS)) != cudaSuccess)
             return 0;
@@ -777,95 +655,54 @@ static int rows_blocks_per_sm(int device)
     });
 }
 
-/* The warp-row kernel's launch: rows_per_block so that the grid is one
+/* A team kernel's launch: rows_per_block so that the grid is one
  * wave of the device's SMs (one_wave_rows_per_block: at least one row a
  * warp, so that a call of few rows, 1,024 at GPT-2 micro-batch 1, still
  * reaches every SM, where the floor of 32 rows a block it had left 32
  * blocks). */
-template <int G, bool RMS, bool OUTPUT>
+template <int G, int TEAM, bool RMS, bool OUTPUT>
 static void launch_rows_of(const layernorm_backward_args &a,
                            const norm_output_args &o, int device, int sms,
                            cudaStream_t stream)
 {
-    int per_sm = rows_blocks_per_sm<G, RMS, OUTPUT>(device);
-    if (allow_rows_shared<G, RMS, OUTPUT>() != cudaSuccess)
+    int per_sm = rows_blocks_per_sm<G, TEAM, RMS, OUTPUT>(device);
+    if (allow_rows_shared<G, TEAM, RMS, OUTPUT>() != cudaSuccess)
         return; /* the launch's error, cudaGetLastError's */
     int rows_per_block = one_wave_rows_per_block(a.N, sms, per_sm);
     unsigned int blocks =
         (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
-    layernorm_backward_rows<G, RMS, OUTPUT>
+    layernorm_backward_rows<G, TEAM, RMS, OUTPUT>
         <<<blocks, ROW_WARPS * WARP_SIZE, rows_shared_bytes(G, RMS),
            stream>>>(a, rows_per_block, o);
 }
 
-template <bool RMS, bool OUTPUT>
-static void launch_rows(const layernorm_backward_args &a,
-                        const norm_output_args &o, cudaStream_t stream)
+/* The team kernel of TEAM warps a row, its lanes' groups G from C. */
+template <int TEAM, bool RMS, bool OUTPUT>
+static void launch_team(const layernorm_backward_args &a,
+                        const norm_output_args &o, int device, int sms,
+                        cudaStream_t stream)
 {
-    int device = 0, sms = 0;
-    current_device_sms(&device, &sms);
-    switch ((a.C / 8 + WARP_SIZE - 1) / WARP_SIZE) {
-    case 1: launch_rows_of<1, RMS, OUTPUT>(a, o, device, sms, stream); break;
-    case 2: launch_rows_of<2, RMS, OUTPUT>(a, o, device, sms, stream); break;
-    case 3: launch_rows_of<3, RMS, OUTPUT>(a, o, device, sms, stream); break;
-    case 4: launch_rows_of<4, RMS, OUTPUT>(a, o, device, sms, stream); break;
-    case 5: launch_rows_of<5, RMS, OUTPUT>(a, o, device, sms, stream); break;
-    case 6: launch_rows_of<6, RMS, OUTPUT>(a, o, device, sms, stream); break;
-    case 7: launch_rows_of<7, RMS, OUTPUT>(a, o, device, sms, stream); break;
-    default: launch_rows_of<8, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    switch ((a.C / 8 + TEAM * WARP_SIZE - 1) / (TEAM * WARP_SIZE)) {
+    case 1: launch_rows_of<1, TEAM, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    case 2: launch_rows_of<2, TEAM, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    case 3: launch_rows_of<3, TEAM, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    default: launch_rows_of<4, TEAM, RMS, OUTPUT>(a, o, device, sms, stream); break;
     }
 }
 
-/* The fused kernel for rows of C % 8 == 0 channels, C <= 8192: G groups
- * of 8 channels per thread, at most 256 threads, ROWS rows at a time (G
- * x ROWS = 4: 64 values of the rows in registers); rows a block so that
- * the grid is about one wave of the blocks an SM holds (the occupancy,
- * asked once a process and device), at least
- * CUDA_LAYERNORM_ROW_KERNEL_MIN_ROWS rows and at most
- * CUDA_LAYERNORM_ROW_KERNEL_MAX_BLOCKS blocks (the scratch's partial
- * rows): at 4,096 rows of 4096 the 32 rows a block it had made 128
- * blocks for 132 SMs that hold two each (119 us a call; 16 rows 79 us:
- * docs/records/gpu-runs.md, twenty-second session, item 7). */
-template <int G, int ROWS, bool RMS, bool OUTPUT>
-static void launch_fused_of(const layernorm_backward_args &a,
-                            const norm_output_args &o, unsigned int threads,
-                            cudaStream_t stream)
+template <bool RMS, bool OUTPUT>
+static void launch_rows(const layernorm_backward_args &a,
+                        const norm_output_args &o, int team,
+                        cudaStream_t stream)
 {
-    static std::atomic<int> cached[ROW_CACHED_DEVICES];
     int device = 0, sms = 0;
     current_device_sms(&device, &sms);
-    int per_sm = blocks_per_sm(cached, device, [threads] {
-        int blocks = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &blocks, layernorm_backward_fused<G, ROWS, RMS, OUTPUT>,
-                (int)threads, 0) != cudaSuccess)
-            return 0;
-        return blocks;
-    });
-    int rows_per_block = one_wave_rows_per_block(a.N, sms, per_sm);
-    unsigned int blocks =
-        (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
-    layernorm_backward_fused<G, ROWS, RMS, OUTPUT>
-        <<<blocks, threads, 0, stream>>>(a, rows_per_block, o);
-}
-
-template <bool RMS, bool OUTPUT>
-static void launch_fused(const layernorm_backward_args &a,
-                         const norm_output_args &o, cudaStream_t stream)
-{
-    int groups = a.C / 8;
-    int G = groups <= BACKWARD_THREADS ? 1
-            : groups <= 2 * BACKWARD_THREADS ? 2
-                                             : 4;
-    unsigned int threads =
-        (unsigned int)((groups + G - 1) / G + WARP_SIZE - 1) / WARP_SIZE *
-        WARP_SIZE;
-    if (G == 1)
-        launch_fused_of<1, 4, RMS, OUTPUT>(a, o, threads, stream);
-    else if (G == 2)
-        launch_fused_of<2, 2, RMS, OUTPUT>(a, o, threads, stream);
-    else
-        launch_fused_of<4, 1, RMS, OUTPUT>(a, o, threads, stream);
+    switch (team) {
+    case 1: launch_team<1, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    case 2: launch_team<2, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    case 4: launch_team<4, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    default: launch_team<8, RMS, OUTPUT>(a, o, device, sms, stream); break;
+    }
 }
 
 /* The backward of either norm (mean NULL and d_bias empty under RMS);
@@ -903,16 +740,11 @@ static cudaError_t launch_backward(
             residual_bf16, as_bf16(d_out_bf16), inp, weight, mean, rstd, N,
             C};
         norm_output_args o = {as_bf16(norm_out), bias};
-        bool rows = C <= ROW_MAX_GROUPS * 8 * WARP_SIZE &&
-                    !force_block_kernel();
-        if (rows && norm_out != NULL)
-            launch_rows<RMS, true>(a, o, stream);
-        else if (rows)
-            launch_rows<RMS, false>(a, o, stream);
-        else if (norm_out != NULL)
-            launch_fused<RMS, true>(a, o, stream);
+        int team = norm_team(C); /* C <= FUSED_MAX_COLUMNS: a team holds it */
+        if (norm_out != NULL)
+            launch_rows<RMS, true>(a, o, team, stream);
         else
-            launch_fused<RMS, false>(a, o, stream);
+            launch_rows<RMS, false>(a, o, team, stream);
         return cudaGetLastError();
     }
     /* the shared shares hold lanes x 2C floats: lanes x C <= 8 x threads
