@@ -186,7 +186,8 @@ static __device__ __forceinline__ float team_total(float value,
  * more rows in flight an SM, and rows wider than 2048 no longer take the
  * generic kernel's three reads (docs/benchmarks.md, "The norms' kernels,
  * timed alone": 46.7 -> 40.1 us a call at Llama-3.2-1B's 8,192 rows of
- * 2048).
+ * 2048). One function a little longer than a screen, for the same reason
+ * as the backward's: the row stays in registers throughout.
  */
 template <int G, int TEAM, bool RMS>
 __global__ void __launch_bounds__(FORWARD_WARPS *WARP_SIZE)

@@ -462,7 +462,9 @@ team_row_sums(float (*shares)[ROW_WARPS][2], int &buffer, int team,
 
 /* The team kernel (above): lane l of member m owns the 8-channel groups
  * m * 32 + l + k * 32 TEAM (k < G); a row's two sums are the members'
- * warp sums added in shared memory (team_row_sums). */
+ * warp sums added in shared memory (team_row_sums). One function, longer
+ * than a screen: a row's loaded values stay in registers from its sums
+ * to its writes, which a call across a split would not promise. */
 template <int G, int TEAM, bool RMS, bool OUTPUT>
 __global__ void __launch_bounds__(ROW_WARPS *WARP_SIZE, ROW_MIN_BLOCKS)
 layernorm_backward_rows(layernorm_backward_args a, int rows_per_block,
