@@ -123,18 +123,23 @@ static inline int env_norm_team(const char *variable)
     return atoi(choice + 4);
 }
 
-/* The warps of a norm's row team (of a block of 8) at `groups` 8-channel
- * groups a row: `forced` (1, 2, 4 or 8) where its lanes then hold at most
- * forced_groups each, else the fewest warps whose lanes hold at most
- * max_groups (the twenty-fifth session's fastest at every width it
- * timed: layernorm_backward.cu); 0 where no team of 8 holds the row. */
+/* Warps of a block of the norms' team kernels (layernorm.cu,
+ * layernorm_backward.cu): its teams are of 1, 2, 4 or 8 of them. */
+#define NORM_BLOCK_WARPS 8
+
+/* The warps of a norm's row team (of a block of NORM_BLOCK_WARPS) at
+ * `groups` 8-channel groups a row: `forced` (1, 2, 4 or 8) where its
+ * lanes then hold at most forced_groups each, else the fewest warps whose
+ * lanes hold at most max_groups (the twenty-fifth session's fastest at
+ * every width it timed: layernorm_backward.cu); 0 where no team of the
+ * whole block holds the row. */
 static inline int norm_row_team(int groups, int forced, int max_groups,
                                 int forced_groups)
 {
     if ((forced == 1 || forced == 2 || forced == 4 || forced == 8) &&
         groups <= forced * WARP_SIZE * forced_groups)
         return forced;
-    for (int team = 1; team <= 8; team *= 2)
+    for (int team = 1; team <= NORM_BLOCK_WARPS; team *= 2)
         if (groups <= team * WARP_SIZE * max_groups)
             return team;
     return 0;

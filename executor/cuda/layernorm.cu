@@ -21,7 +21,6 @@
 
 #define LAYERNORM_EPS 1e-5f
 #define ROWS_PER_FORWARD_BLOCK 8   /* the generic kernel's: one warp each */
-#define FORWARD_WARPS 8            /* warps of a team kernel's block */
 #define FORWARD_MAX_GROUPS 4       /* 8-channel groups a lane, by the rule */
 #define FORWARD_FORCED_GROUPS 8    /* ... and where a team is forced */
 
@@ -190,13 +189,13 @@ static __device__ __forceinline__ float team_total(float value,
  * as the backward's: the row stays in registers throughout.
  */
 template <int G, int TEAM, bool RMS>
-__global__ void __launch_bounds__(FORWARD_WARPS *WARP_SIZE)
+__global__ void __launch_bounds__(NORM_BLOCK_WARPS *WARP_SIZE)
 layernorm_forward_team(bf16 *out, float *mean, float *rstd, const bf16 *inp,
                        const bf16 *skip, bf16 *sum_out, const float *weight,
                        const float *bias, int N, int C, float eps)
 {
-    constexpr int STRIDE = TEAM * WARP_SIZE, TEAMS = FORWARD_WARPS / TEAM;
-    __shared__ float shares[2][FORWARD_WARPS];
+    constexpr int STRIDE = TEAM * WARP_SIZE, TEAMS = NORM_BLOCK_WARPS / TEAM;
+    __shared__ float shares[2][NORM_BLOCK_WARPS];
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     int team = warp / TEAM, slot = (warp % TEAM) * WARP_SIZE + lane;
     int row = blockIdx.x * TEAMS + team;
@@ -291,8 +290,8 @@ static void launch_forward_team(bf16 *out, float *mean, float *rstd,
                                 const float *bias, int N, int C, float eps,
                                 cudaStream_t stream)
 {
-    unsigned int blocks = blocks_for((size_t)N, FORWARD_WARPS / TEAM);
-    unsigned int threads = FORWARD_WARPS * WARP_SIZE;
+    unsigned int blocks = blocks_for((size_t)N, NORM_BLOCK_WARPS / TEAM);
+    unsigned int threads = NORM_BLOCK_WARPS * WARP_SIZE;
 #define FORWARD_CASE(G)                                                      \
     case G:                                                                  \
         layernorm_forward_team<G, TEAM, RMS><<<blocks, threads, 0, stream>>>( \

@@ -378,7 +378,6 @@ __global__ void layernorm_partials_kernel(cuda_grad d_weight,
  * (more teams' barriers and partial work a row), more too (fewer rows in
  * flight an SM).
  */
-#define ROW_WARPS 8            /* warps of a team kernel's block */
 #define ROW_MAX_GROUPS 4       /* 8-channel groups a lane, at most */
 
 /* Blocks of a team kernel an SM should hold at least (__launch_bounds__:
@@ -388,7 +387,7 @@ __global__ void layernorm_partials_kernel(cuda_grad d_weight,
 
 /* Floats of one set of a block's sums (weight or bias): its warps' G x
  * 8 x 32. */
-#define ROW_SET_FLOATS(G) (ROW_WARPS * (G) * 8 * WARP_SIZE)
+#define ROW_SET_FLOATS(G) (NORM_BLOCK_WARPS * (G) * 8 * WARP_SIZE)
 
 /* The dynamic shared memory of layernorm_backward_rows<G, TEAM, ...>:
  * the weight's sums, and layer norm's bias's after them (16 KiB a group
@@ -417,7 +416,7 @@ template <int G, int TEAM, bool RMS>
 static __device__ __forceinline__ void
 shared_sums_to_partial(float *own, const float *warp_sums, int C)
 {
-    constexpr int STRIDE = TEAM * WARP_SIZE, TEAMS = ROW_WARPS / TEAM;
+    constexpr int STRIDE = TEAM * WARP_SIZE, TEAMS = NORM_BLOCK_WARPS / TEAM;
     __syncthreads();
     for (int set = 0; set < (RMS ? 1 : 2); set++)
         for (int j = threadIdx.x; j < C; j += blockDim.x) {
@@ -439,7 +438,7 @@ shared_sums_to_partial(float *own, const float *warp_sums, int C)
  * once they have read it), added in member order. */
 template <int TEAM>
 static __device__ __forceinline__ void
-team_row_sums(float (*shares)[ROW_WARPS][2], int &buffer, int team,
+team_row_sums(float (*shares)[NORM_BLOCK_WARPS][2], int &buffer, int team,
               int warp, int lane, float *g_sum, float *g_xhat_sum)
 {
     if (TEAM == 1)
@@ -466,13 +465,13 @@ team_row_sums(float (*shares)[ROW_WARPS][2], int &buffer, int team,
  * than a screen: a row's loaded values stay in registers from its sums
  * to its writes, which a call across a split would not promise. */
 template <int G, int TEAM, bool RMS, bool OUTPUT>
-__global__ void __launch_bounds__(ROW_WARPS *WARP_SIZE, ROW_MIN_BLOCKS)
+__global__ void __launch_bounds__(NORM_BLOCK_WARPS *WARP_SIZE, ROW_MIN_BLOCKS)
 layernorm_backward_rows(layernorm_backward_args a, int rows_per_block,
                         norm_output_args o)
 {
-    constexpr int STRIDE = TEAM * WARP_SIZE, TEAMS = ROW_WARPS / TEAM;
+    constexpr int STRIDE = TEAM * WARP_SIZE, TEAMS = NORM_BLOCK_WARPS / TEAM;
     extern __shared__ float warp_sums[]; /* rows_shared_bytes */
-    __shared__ float team_shares[2][ROW_WARPS][2];
+    __shared__ float team_shares[2][NORM_BLOCK_WARPS][2];
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     int team = warp / TEAM, slot = (warp % TEAM) * WARP_SIZE + lane;
     int C = a.C, buffer = 0;
@@ -650,7 +649,7 @@ static int rows_blocks_per_sm(int device)
         if (allow_rows_shared<G, TEAM, RMS, OUTPUT>() != cudaSuccess ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                 &blocks, layernorm_backward_rows<G, TEAM, RMS, OUTPUT>,
-                ROW_WARPS * WARP_SIZE,
+                NORM_BLOCK_WARPS * WARP_SIZE,
                 rows_shared_bytes(G, RMS)) != cudaSuccess)
             return 0;
         return blocks;
@@ -674,7 +673,7 @@ static void launch_rows_of(const layernorm_backward_args &a,
     unsigned int blocks =
         (unsigned int)((a.N + rows_per_block - 1) / rows_per_block);
     layernorm_backward_rows<G, TEAM, RMS, OUTPUT>
-        <<<blocks, ROW_WARPS * WARP_SIZE, rows_shared_bytes(G, RMS),
+        <<<blocks, NORM_BLOCK_WARPS * WARP_SIZE, rows_shared_bytes(G, RMS),
            stream>>>(a, rows_per_block, o);
 }
 
