@@ -343,6 +343,8 @@ static double cudnn_workspace_bytes(const shard_dims *d, double b)
 typedef struct head_memory {
     double slot_logits;        /* per slot */
     double chunk;              /* the fused head's buffer, once */
+    double borrowed;           /* cuDNN's workspace in it, with its
+                                  slack */
     double attention;          /* cuDNN's own workspace */
 } head_memory;
 
@@ -379,10 +381,38 @@ static head_memory head_memory_of(const model_shape *m,
             continue;
         if (fused && piece > h.chunk)
             h.chunk = piece + ATTENTION_LENT_SLACK;
+        h.borrowed = fused ? piece + ATTENTION_LENT_SLACK : 0.0;
         return h;
     }
     h.attention = whole;
     return h;
+}
+
+static double aligned(double bytes)
+{
+    return ceil_div(bytes, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT;
+}
+
+/* The backward's buffers the fused head's chunk shares (buffers.h,
+ * buffer_head_shared_bytes and buffer_layout.head_shared_offset): the
+ * bf16 stream gradient, the norm's, the attention's and the qkv
+ * product's gradients, and with the embedding on the stage the fp32
+ * input gradient, placed behind the fc gradient (fc_in_head) and cuDNN's
+ * borrowed workspace if the chunk holds them all. Returns the bytes
+ * scratch_bytes counts of them that the chunk holds instead, or 0. */
+static double head_shared_bytes(const shard_dims *d, const head_memory *h,
+                                bool fc_in_head, bool embedding)
+{
+    double N = d->N, C = d->C, e = d->e;
+    double qkv = d->A + 2.0 * d->KV;
+    double fp32 = embedding ? 4.0 * N * C : 0.0;
+    double front = aligned(fmax(fc_in_head ? e * N * d->F : 0.0,
+                                h->borrowed));
+    double held = aligned(fp32) + 2.0 * aligned(e * N * C) +
+                  aligned(e * N * d->A) + aligned(e * N * qkv);
+    if (h->chunk == 0.0 || front == 0.0 || front + held > h->chunk)
+        return 0.0;
+    return fp32 + 2.0 * e * N * C + e * N * (d->A + qkv);
 }
 
 /* What a rank allocates once per chunk (the interleaved 1F1B's chunks
@@ -427,7 +457,9 @@ static chunk_totals chunk_totals_of(const model_shape *model,
         bool embedding = stage == 0 && c == 0;
         t.boundaries += slots[c] * ((embedding ? 0.0 : 1.0) +
                                     (head ? 0.0 : 1.0));
-        t.scratch += scratch_bytes(d, head, h.chunk >= d->e * d->N * d->F);
+        bool fc_in_head = h.chunk >= d->e * d->N * d->F;
+        t.scratch += scratch_bytes(d, head, fc_in_head) -
+                     head_shared_bytes(d, &h, fc_in_head, embedding);
         t.attention += attention;
         t.attention_allocations += attention > 0.0 ? 1.0 : 0.0;
     }

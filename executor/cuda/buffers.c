@@ -106,8 +106,10 @@ static size_t whole_logits_bytes(const buffer_layout *layout)
 
 size_t buffer_logits_lendable_bytes(const buffer_layout *layout)
 {
-    return layout->head_rows > 0 ? layout->head_chunk_bytes
-                                 : whole_logits_bytes(layout);
+    if (layout->head_rows == 0)
+        return whole_logits_bytes(layout);
+    return layout->head_shared_offset > 0 ? layout->head_shared_offset
+                                          : layout->head_chunk_bytes;
 }
 
 /* Whether the stage's layers run cuDNN's attention (the plan assumes a
@@ -236,21 +238,48 @@ static size_t max_size(size_t a, size_t b)
     return a > b ? a : b;
 }
 
+/* buffer_head_shared_bytes' buffers, in its order, the fp32 input
+ * gradient with_fp32. */
+static void carve_head_shared(backward_scratch *s, arena *a,
+                              const buffer_layout *layout, bool with_fp32,
+                              pt_memory_term term)
+{
+    const stage_dims *d = &layout->dims;
+    size_t N = (size_t)d->N, C = (size_t)d->C;
+    if (with_fp32)
+        s->d_stream_fp32 = take_floats(a, N * C, term);
+    s->d_stream_bf16 = take_bf16(a, N * C, term);
+    s->d_norm = take_bf16(a, N * C, term);
+    s->d_att = take_bf16(a, N * (size_t)d->A, term);
+    s->d_qkv = take_bf16(a, N * (size_t)d->QW, term);
+}
+
+size_t buffer_head_shared_bytes(const buffer_layout *layout)
+{
+    backward_scratch s;
+    arena a = {0};
+    carve_head_shared(&s, &a, layout, layout->spec.has_embedding,
+                      PT_MEMORY_SCRATCH);
+    return round_up_256(a.used);
+}
+
 void buffer_carve_scratch(backward_scratch *s,
                           layer_activations *recomputed, arena *a,
                           const buffer_layout *layout)
 {
     const stage_dims *d = &layout->dims;
     pt_memory_term term = PT_MEMORY_SCRATCH;
-    size_t N = (size_t)d->N, C = (size_t)d->C, A = (size_t)d->A,
-           F = (size_t)d->F, QW = (size_t)d->QW, FW = (size_t)d->FW;
+    size_t N = (size_t)d->N, C = (size_t)d->C, F = (size_t)d->F,
+           QW = (size_t)d->QW, FW = (size_t)d->FW;
     if (layout->spec.recompute_layers && layout->layer_count > 0)
         carve_layer(recomputed, a, layout, term);
-    s->d_stream_fp32 = take_floats(a, N * C, term);
-    s->d_stream_bf16 = take_bf16(a, N * C, term);
-    s->d_norm = take_bf16(a, N * C, term);
-    s->d_att = take_bf16(a, N * A, term);
-    s->d_qkv = take_bf16(a, N * QW, term);
+    /* buffer_head_shared_bytes' buffers, here or in the head's chunk
+     * (carved after it, below) */
+    bool shared = layout->head_shared_offset > 0;
+    if (!shared || !layout->spec.has_embedding)
+        s->d_stream_fp32 = take_floats(a, N * C, term);
+    if (!shared)
+        carve_head_shared(s, a, layout, false, term);
     /* the fc gradient in the fused head's chunk when it holds it: the
      * head's forward uses the chunk after every layer's forward, the
      * attention's backward after the MLP's in each layer's backward,
@@ -290,6 +319,16 @@ void buffer_carve_scratch(backward_scratch *s,
                          : NULL;
     if (fc_in_head)
         s->d_fc = s->head_logits;
+    if (shared) {
+        /* over the chunk's bytes, counted once, as the chunk's */
+        arena chunk = {
+            .base = s->head_logits != NULL
+                        ? (char *)s->head_logits + layout->head_shared_offset
+                        : NULL,
+        };
+        carve_head_shared(s, &chunk, layout, layout->spec.has_embedding,
+                          term);
+    }
 }
 
 /* -------------------------------------------------- parameter buffers */
@@ -469,6 +508,34 @@ static int head_chunk_rows(const buffer_layout *layout, long fixed_rows)
     return (int)(chosen < N ? chosen : N);
 }
 
+/* Where the backward's buffers that the head does not touch go in its
+ * chunk (buffer_layout.head_shared_offset): behind what the chunk holds
+ * while they are alive, the fc gradient (where it is there,
+ * buffer_carve_scratch) and cuDNN's borrowed workspace, if the rest
+ * holds them. The chunk is the head's only while its chunks run, after
+ * every layer's forward and before any backward; they are the
+ * backward's, the fp32 input gradient only until the embedding's
+ * backward on the same stage. */
+static void plan_head_shared(buffer_layout *out)
+{
+    const stage_dims *d = &out->dims;
+    size_t fc = (size_t)d->N * (size_t)d->F * sizeof(pt_bf16);
+    size_t front = out->head_chunk_bytes >= fc ? fc : 0;
+    /* cuDNN's plan may ask a little more than the formula (its slack:
+     * less would split a backward that fits, as the chunk's growth
+     * allows) */
+    if (out->attention_split > 0)
+        front = max_size(front, cuda_cudnn_backward_workspace_bytes(
+                                    d->B / out->attention_split, d->T,
+                                    d->NH, d->KVH, d->hs,
+                                    out->spec.deterministic) +
+                                    ATTENTION_LENT_SLACK);
+    front = round_up_256(front);
+    if (front > 0 &&
+        front + buffer_head_shared_bytes(out) <= out->head_chunk_bytes)
+        out->head_shared_offset = front;
+}
+
 /* The fused head's chunk and the attention's pieces (buffer_layout's
  * head_rows, head_chunk_bytes, attention_split). The fused head needs
  * tp 1 (the vocab-parallel softmax sums whole rows over the group) and
@@ -494,11 +561,10 @@ static void plan_head(buffer_layout *out, const model_shape *shape,
         if (lendable < chunk)
             lendable = chunk;
     }
-    if (!cudnn_layers(out))
-        return;
-    out->attention_split =
-        cuda_cudnn_backward_split(d->B, d->T, d->NH, d->KVH, d->hs,
-                                  out->spec.deterministic, lendable);
+    if (cudnn_layers(out))
+        out->attention_split =
+            cuda_cudnn_backward_split(d->B, d->T, d->NH, d->KVH, d->hs,
+                                      out->spec.deterministic, lendable);
     if (fused && out->attention_split > 0) {
         size_t piece = cuda_cudnn_backward_workspace_bytes(
             d->B / out->attention_split, d->T, d->NH, d->KVH, d->hs,
@@ -512,6 +578,8 @@ static void plan_head(buffer_layout *out, const model_shape *shape,
         if (fixed_rows <= 0 && fit > (size_t)out->head_rows)
             out->head_rows = fit < (size_t)d->N ? (int)fit : d->N;
     }
+    if (fused)
+        plan_head_shared(out);
 }
 
 int buffer_layout_init(const model_shape *shape, const stage_spec *spec,
@@ -704,6 +772,35 @@ static void tally_stage(const buffer_layout *layout, int slot_count,
         buffer_tally(out, PT_MEMORY_WORKSPACE, attention);
 }
 
+int cuda_stage_buffer_layout(const model_shape *shape,
+                             const stage_spec *spec, int mbs_capacity,
+                             const char *recompute, buffer_layout *out,
+                             pt_error *err)
+{
+    if (mbs_capacity < 1)
+        return pt_fail(err, "memory plan: micro-batch capacity (%d) must be "
+                            ">= 1",
+                       mbs_capacity);
+    size_t params = 0;
+    int count = stage_parameter_layout(shape, spec, NULL, &params, err);
+    if (count < 0)
+        return -1;
+    param_tensor *tensors = calloc((size_t)count + 1, sizeof *tensors);
+    if (tensors == NULL)
+        return pt_fail(err, "memory plan: out of memory");
+    int status = -1;
+    if (stage_parameter_layout(shape, spec, tensors, NULL, err) >= 0) {
+        size_t first = 0, moments = 0;
+        stage_optimizer_range(params, spec->optimizer_shards,
+                              spec->optimizer_shard, &first, &moments);
+        status = buffer_layout_init(shape, spec, tensors, count, first,
+                                    moments, mbs_capacity, recompute, out,
+                                    err);
+    }
+    free(tensors);
+    return status;
+}
+
 int cuda_stage_memory_plan(const model_shape *shape, const stage_spec *spec,
                            int mbs_capacity, int slot_count,
                            const char *recompute, pt_memory_terms *out,
@@ -714,30 +811,15 @@ int cuda_stage_memory_plan(const model_shape *shape, const stage_spec *spec,
         return pt_fail(err, "memory plan: micro-batch capacity (%d) and "
                             "activation slots (%d) must be >= 1",
                        mbs_capacity, slot_count);
-    size_t params = 0;
-    int count = stage_parameter_layout(shape, spec, NULL, &params, err);
-    if (count < 0)
+    buffer_layout layout;
+    if (cuda_stage_buffer_layout(shape, spec, mbs_capacity, recompute,
+                                 &layout, err) != 0)
         return -1;
-    param_tensor *tensors = calloc((size_t)count + 1, sizeof *tensors);
-    int layers = spec->last_layer - spec->first_layer;
-    layer_activations *acts = calloc((size_t)layers + 1, sizeof *acts);
-    int status = -1;
-    if (tensors == NULL || acts == NULL) {
-        pt_fail(err, "memory plan: out of memory");
-    } else if (stage_parameter_layout(shape, spec, tensors, NULL, err) >=
-               0) {
-        size_t first = 0, moments = 0;
-        stage_optimizer_range(params, spec->optimizer_shards,
-                              spec->optimizer_shard, &first, &moments);
-        buffer_layout layout;
-        if (buffer_layout_init(shape, spec, tensors, count, first, moments,
-                               mbs_capacity, recompute, &layout,
-                               err) == 0) {
-            tally_stage(&layout, slot_count, acts, out);
-            status = 0;
-        }
-    }
-    free(tensors);
+    layer_activations *acts =
+        calloc((size_t)layout.layer_count + 1, sizeof *acts);
+    if (acts == NULL)
+        return pt_fail(err, "memory plan: out of memory");
+    tally_stage(&layout, slot_count, acts, out);
     free(acts);
-    return status;
+    return 0;
 }

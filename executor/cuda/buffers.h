@@ -239,6 +239,12 @@ typedef struct buffer_layout {
      * whole logits for the backward, as every stage did before. */
     int head_rows;
     size_t head_chunk_bytes;
+    /* The backward's stream-wide buffers that the fused head never
+     * touches (buffer_head_shared_bytes) are dead while its chunks run: they
+     * live in the chunk from this offset, behind the fc gradient and
+     * cuDNN's borrowed workspace, where the chunk holds them (0: in the
+     * scratch of their own, as without a fused head). */
+    size_t head_shared_offset;
     /* cuDNN's attention backward at full micro-batches runs in this many
      * pieces of whole sequences so its workspace fits in the memory the
      * head lends (buffer_logits_lendable_bytes); 0: it does not fit even
@@ -283,6 +289,14 @@ bool buffer_grads_by_unit(const model_shape *shape, const stage_spec *spec);
  * buffer (not buffer_grads_by_unit). The cost model's
  * costmodel_head_fused mirrors it (tests/costmodel/test_memory.c). */
 bool buffer_head_fused(const model_shape *shape, const stage_spec *spec);
+
+/* Bytes of the backward's buffers that may live in the fused head's
+ * chunk (buffer_layout.head_shared_offset), each 256-byte aligned: the
+ * bf16 stream gradient, the norm's, the attention's and the qkv
+ * product's gradients, and on a stage with the embedding the fp32 input
+ * gradient (elsewhere it is sent while the next forward runs). The cost
+ * model's head_shared_bytes mirrors it. */
+size_t buffer_head_shared_bytes(const buffer_layout *layout);
 
 /* The gradient units' one block (grads_by_unit; 0 bytes without): two
  * layer buffers (the one the backward fills, the one being reduced),
@@ -389,8 +403,8 @@ void buffer_tally(pt_memory_terms *tally, pt_memory_term term,
 void buffer_tally_arena(pt_memory_terms *tally, const arena *a);
 
 /* The bytes the stage's head lends cuDNN's attention backward: the
- * fused head's chunk buffer, else a slot's N x Vp bf16 logits; 0
- * without a head. */
+ * fused head's chunk buffer (up to head_shared_offset where it shares
+ * the rest), else a slot's N x Vp bf16 logits; 0 without a head. */
 size_t buffer_logits_lendable_bytes(const buffer_layout *layout);
 /* The workspace the stage's attention runner allocates for cuDNN's
  * backward: 0 for a stage of no layers, a shape cuDNN does not take, or
@@ -408,5 +422,12 @@ int cuda_stage_memory_plan(const model_shape *shape, const stage_spec *spec,
                            int mbs_capacity, int slot_count,
                            const char *recompute, pt_memory_terms *out,
                            pt_error *err);
+/* The layout a cuda stage of this shape, spec, micro-batch capacity and
+ * PARTITA_CUDA_RECOMPUTE (NULL: the default) sizes its buffers from,
+ * without a GPU (what cuda_stage_memory_plan tallies). */
+int cuda_stage_buffer_layout(const model_shape *shape,
+                             const stage_spec *spec, int mbs_capacity,
+                             const char *recompute, buffer_layout *out,
+                             pt_error *err);
 
 #endif

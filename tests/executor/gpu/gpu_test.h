@@ -328,6 +328,27 @@ static inline void gpu_test_compare_memory(gpu_test_tally *tally,
     gpu_test_expect(tally, same, line);
 }
 
+/* Whether the stage's backward keeps its stream-wide buffers in the
+ * fused head's chunk (buffer_layout.head_shared_offset): one check that
+ * a variant meant to run them there does. */
+static inline void gpu_test_expect_head_shared(gpu_test_tally *tally,
+                                               const char *label,
+                                               const model_stage *stage)
+{
+    pt_error err;
+    buffer_layout layout;
+    PT_CHECK(cuda_stage_buffer_layout(&stage->shape, &stage->spec,
+                                      stage->mbs_capacity, NULL, &layout,
+                                      &err),
+             &err);
+    char line[200];
+    snprintf(line, sizeof line,
+             "%s: the backward's buffers in the head's chunk of %zu bytes "
+             "from byte %zu on",
+             label, layout.head_chunk_bytes, layout.head_shared_offset);
+    gpu_test_expect(tally, layout.head_shared_offset > 0, line);
+}
+
 /* Bits of count bf16 values at a and b (device) agree. */
 static inline bool gpu_test_same_bf16(const pt_bf16 *a, const pt_bf16 *b,
                                       size_t count)

@@ -8,7 +8,9 @@
  *      full layer recompute (a plan's "recompute": "full");
  *   2. its kin: Qwen's qkv biases, a tied head, multi-head attention
  *      (kv_heads = heads), GPT-2's LayerNorm and GELU under rotary
- *      positions and grouped-query attention;
+ *      positions and grouped-query attention, and a vocabulary of 1,000
+ *      whose fused head's chunk holds the backward's stream-wide buffers
+ *      (kept and fully recomputed layers);
  *   each: the loss, every parameter's gradient, and the device memory
  *   tallied by term against the memory plan computed without the GPU.
  *
@@ -111,7 +113,7 @@ static model_shape llama_tiny(void)
  * full: spec.recompute_layers. */
 static void test_variant(gpu_test_tally *tally, const char *label,
                          const model_shape *shape, const char *recompute,
-                         bool full)
+                         bool full, bool head_shared)
 {
     pt_error err;
     int mbs = 3, micro_batches = 2;
@@ -128,6 +130,8 @@ static void test_variant(gpu_test_tally *tally, const char *label,
              &err);
     printf("# %s: attention %s\n", label, cuda_stage_attention(&gpu));
     gpu_test_compare_memory(tally, label, &gpu, recompute);
+    if (head_shared)
+        gpu_test_expect_head_shared(tally, label, &gpu);
     unsetenv("PARTITA_CUDA_RECOMPUTE");
     PT_CHECK(model_stage_init_parameters(&cpu, 11, &err), &err);
     PT_CHECK(model_stage_init_parameters(&gpu, 11, &err), &err);
@@ -155,22 +159,33 @@ int main(void)
     gpu_test_require_device("test_cuda_llama_stage");
     gpu_test_tally tally = {0, 0};
     model_shape tiny = llama_tiny();
-    test_variant(&tally, "llama-tiny", &tiny, NULL, false);
-    test_variant(&tally, "llama-tiny recompute none", &tiny, "none", false);
-    test_variant(&tally, "llama-tiny recompute all", &tiny, "all", false);
-    test_variant(&tally, "llama-tiny full recompute", &tiny, NULL, true);
+    test_variant(&tally, "llama-tiny", &tiny, NULL, false, false);
+    test_variant(&tally, "llama-tiny recompute none", &tiny, "none", false,
+                 false);
+    test_variant(&tally, "llama-tiny recompute all", &tiny, "all", false,
+                 false);
+    test_variant(&tally, "llama-tiny full recompute", &tiny, NULL, true,
+                 false);
     model_shape kin = tiny;
     kin.bias = MODEL_BIAS_QKV;
-    test_variant(&tally, "qkv biases", &kin, NULL, false);
+    test_variant(&tally, "qkv biases", &kin, NULL, false, false);
     kin = tiny;
     kin.tied_embeddings = true;
-    test_variant(&tally, "tied head", &kin, NULL, false);
+    test_variant(&tally, "tied head", &kin, NULL, false, false);
     kin = tiny;
     kin.kv_heads = kin.heads;
-    test_variant(&tally, "multi-head", &kin, NULL, false);
+    test_variant(&tally, "multi-head", &kin, NULL, false, false);
     kin = tiny;
     kin.norm = MODEL_NORM_LAYERNORM;
     kin.mlp = MODEL_MLP_GELU;
-    test_variant(&tally, "layernorm and gelu", &kin, NULL, false);
+    test_variant(&tally, "layernorm and gelu", &kin, NULL, false, false);
+    /* a vocabulary whose head chunk (48 rows of 1,024) holds the fc
+     * gradient and the backward's stream-wide buffers behind it */
+    kin = tiny;
+    kin.vocab = 1000;
+    test_variant(&tally, "backward buffers in the head's chunk", &kin, NULL,
+                 false, true);
+    test_variant(&tally, "backward buffers in the head's chunk, full "
+                 "recompute", &kin, NULL, true, true);
     return gpu_test_finish(&tally, "test_cuda_llama_stage");
 }

@@ -11,7 +11,8 @@
  *   3. the backend's variants (epilogues off, the residual adds in the
  *      products' epilogues instead of the norms after them, nothing or
  *      everything recomputed, untied head, the fused head's logits in
- *      chunks of 40 of the 288 rows) on a small model;
+ *      chunks of 40 of the 288 rows, a vocabulary of 4,000 whose head
+ *      chunk holds the backward's stream-wide buffers) on a small model;
  *   4. full activation recompute (a plan's "recompute": "full") against
  *      keeping every activation, three micro-batches in flight: the same
  *      loss and gradients, less device memory;
@@ -342,11 +343,13 @@ static void test_pipeline_split(gpu_test_tally *tally)
  * (tests/costmodel/test_memory.c). */
 static void test_variant(gpu_test_tally *tally, const char *label,
                          const char *recompute, const char *fuse,
-                         const char *head_rows, bool tied)
+                         const char *head_rows, bool tied, int vocab)
 {
     pt_error err;
     model_shape shape = small_shape();
     shape.tied_embeddings = tied;
+    if (vocab > 0)
+        shape.vocab = vocab;
     int mbs = 3, micro_batches = 2;
     if (recompute != NULL)
         setenv("PARTITA_CUDA_RECOMPUTE", recompute, 1);
@@ -363,6 +366,8 @@ static void test_variant(gpu_test_tally *tally, const char *label,
     PT_CHECK(cuda_model_stage_create(&gpu, &shape, &spec, mbs, 1, &err),
              &err);
     gpu_test_compare_memory(tally, label, &gpu, recompute);
+    if (vocab > 0)
+        gpu_test_expect_head_shared(tally, label, &gpu);
     /* what the profiler records with the head's times (head.fused) */
     char fused_name[160];
     snprintf(fused_name, sizeof fused_name, "%s: head_fused is "
@@ -508,20 +513,24 @@ int main(int argc, char **argv)
     }
     int seq = argc > 2 ? atoi(argv[2]) : 128;
     int mbs = argc > 3 ? atoi(argv[3]) : 2;
-    test_variant(&tally, "default options", NULL, NULL, NULL, true);
-    test_variant(&tally, "epilogues off", NULL, "0", NULL, true);
+    test_variant(&tally, "default options", NULL, NULL, NULL, true, 0);
+    test_variant(&tally, "epilogues off", NULL, "0", NULL, true, 0);
     /* the residual adds back in the projections' epilogues (beta = 1) */
     setenv("PARTITA_CUDA_RESIDUAL_IN_NORM", "0", 1);
     test_variant(&tally, "residual adds in the epilogues", NULL, NULL, NULL,
-                 true);
+                 true, 0);
     unsetenv("PARTITA_CUDA_RESIDUAL_IN_NORM");
-    test_variant(&tally, "recompute none", "none", NULL, NULL, true);
-    test_variant(&tally, "recompute all", "all", NULL, NULL, true);
-    test_variant(&tally, "untied head", NULL, NULL, NULL, false);
+    test_variant(&tally, "recompute none", "none", NULL, NULL, true, 0);
+    test_variant(&tally, "recompute all", "all", NULL, NULL, true, 0);
+    test_variant(&tally, "untied head", NULL, NULL, NULL, false, 0);
     test_variant(&tally, "head in chunks of 40 rows", NULL, NULL, "40",
-                 true);
+                 true, 0);
     test_variant(&tally, "untied head in chunks of 40 rows", "none", NULL,
-                 "40", false);
+                 "40", false, 0);
+    /* a vocabulary whose head chunk (288 rows of 4,096) holds the fc
+     * gradient and the backward's stream-wide buffers behind it */
+    test_variant(&tally, "backward buffers in the head's chunk", NULL, NULL,
+                 NULL, true, 4000);
     test_pipeline_split(&tally);
     test_full_recompute(&tally);
     test_deferred_sync(&tally);
