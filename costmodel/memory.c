@@ -388,6 +388,8 @@ static head_memory head_memory_of(const model_shape *m,
     return h;
 }
 
+/* Bytes rounded up to the arena's 256-byte alignment (the executor's
+ * ARENA_ALIGNMENT, the same as cuDNN's). */
 static double aligned(double bytes)
 {
     return ceil_div(bytes, CUDNN_ALIGNMENT) * CUDNN_ALIGNMENT;

@@ -110,7 +110,8 @@ static model_shape llama_tiny(void)
 
 /* One whole-model stage of `shape` on both backends: loss, gradients,
  * memory. recompute: PARTITA_CUDA_RECOMPUTE (NULL: the default);
- * full: spec.recompute_layers. */
+ * full: spec.recompute_layers; head_shared: also a check that the head's
+ * chunk holds the backward's stream-wide buffers. */
 static void test_variant(gpu_test_tally *tally, const char *label,
                          const model_shape *shape, const char *recompute,
                          bool full, bool head_shared)

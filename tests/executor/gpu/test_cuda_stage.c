@@ -340,7 +340,9 @@ static void test_pipeline_split(gpu_test_tally *tally)
  * against the memory plan computed without the GPU (executor/cuda/
  * buffers.c) for the same shape, slots and PARTITA_CUDA_RECOMPUTE: what
  * the cost model's formulas are tested against on the cpu
- * (tests/costmodel/test_memory.c). */
+ * (tests/costmodel/test_memory.c). vocab > 0: that vocabulary instead,
+ * and a check that the head's chunk holds the backward's stream-wide
+ * buffers (buffer_layout.head_shared_offset). */
 static void test_variant(gpu_test_tally *tally, const char *label,
                          const char *recompute, const char *fuse,
                          const char *head_rows, bool tied, int vocab)
