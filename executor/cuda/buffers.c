@@ -238,6 +238,16 @@ static size_t max_size(size_t a, size_t b)
     return a > b ? a : b;
 }
 
+/* Whether the fused head's chunk also holds the MLP's fc gradient
+ * (N x F bf16): it does where it is that large (buffer_carve_scratch). */
+static bool fc_gradient_in_head(const buffer_layout *layout)
+{
+    return layout->head_rows > 0 &&
+           layout->head_chunk_bytes >= (size_t)layout->dims.N *
+                                           (size_t)layout->dims.F *
+                                           sizeof(pt_bf16);
+}
+
 /* buffer_head_shared_bytes' buffers, in its order, the fp32 input
  * gradient with_fp32. */
 static void carve_head_shared(backward_scratch *s, arena *a,
@@ -284,8 +294,7 @@ void buffer_carve_scratch(backward_scratch *s,
      * head's forward uses the chunk after every layer's forward, the
      * attention's backward after the MLP's in each layer's backward,
      * where d_fc is dead */
-    bool fc_in_head = layout->head_rows > 0 &&
-                      layout->head_chunk_bytes >= N * F * sizeof(pt_bf16);
+    bool fc_in_head = fc_gradient_in_head(layout);
     s->d_fc = fc_in_head ? NULL : take_bf16(a, N * F, term);
     /* the norm outputs made again, or gathered from the shards */
     s->norm_out = layout->recompute_norm || d->sp ? take_bf16(a, N * C, term)
@@ -508,6 +517,16 @@ static int head_chunk_rows(const buffer_layout *layout, long fixed_rows)
     return (int)(chosen < N ? chosen : N);
 }
 
+/* cuDNN's attention-backward workspace of one of attention_split
+ * pieces (formula, without its slack). */
+static size_t attention_piece_bytes(const buffer_layout *layout)
+{
+    const stage_dims *d = &layout->dims;
+    return cuda_cudnn_backward_workspace_bytes(
+        d->B / layout->attention_split, d->T, d->NH, d->KVH, d->hs,
+        layout->spec.deterministic);
+}
+
 /* Where the backward's buffers that the head does not touch go in its
  * chunk (buffer_layout.head_shared_offset): behind what the chunk holds
  * while they are alive, the fc gradient (where it is there,
@@ -519,17 +538,15 @@ static int head_chunk_rows(const buffer_layout *layout, long fixed_rows)
 static void plan_head_shared(buffer_layout *out)
 {
     const stage_dims *d = &out->dims;
-    size_t fc = (size_t)d->N * (size_t)d->F * sizeof(pt_bf16);
-    size_t front = out->head_chunk_bytes >= fc ? fc : 0;
+    size_t front = fc_gradient_in_head(out)
+                       ? (size_t)d->N * (size_t)d->F * sizeof(pt_bf16)
+                       : 0;
     /* cuDNN's plan may ask a little more than the formula (its slack:
      * less would split a backward that fits, as the chunk's growth
      * allows) */
     if (out->attention_split > 0)
-        front = max_size(front, cuda_cudnn_backward_workspace_bytes(
-                                    d->B / out->attention_split, d->T,
-                                    d->NH, d->KVH, d->hs,
-                                    out->spec.deterministic) +
-                                    ATTENTION_LENT_SLACK);
+        front = max_size(front,
+                         attention_piece_bytes(out) + ATTENTION_LENT_SLACK);
     front = round_up_256(front);
     if (front > 0 &&
         front + buffer_head_shared_bytes(out) <= out->head_chunk_bytes)
@@ -566,9 +583,7 @@ static void plan_head(buffer_layout *out, const model_shape *shape,
             cuda_cudnn_backward_split(d->B, d->T, d->NH, d->KVH, d->hs,
                                       out->spec.deterministic, lendable);
     if (fused && out->attention_split > 0) {
-        size_t piece = cuda_cudnn_backward_workspace_bytes(
-            d->B / out->attention_split, d->T, d->NH, d->KVH, d->hs,
-            out->spec.deterministic);
+        size_t piece = attention_piece_bytes(out);
         if (piece > out->head_chunk_bytes)
             out->head_chunk_bytes = piece + ATTENTION_LENT_SLACK;
         /* rows the grown buffer holds: fewer chunks in the same bytes
