@@ -286,8 +286,8 @@ typedef struct link_spec {
     double latency_s;
 } link_spec;
 
-/* A local device of a node, optionally throttled to pose as a slower
- * GPU type (used by exec; the planner ignores it). */
+/* A local device of a node, throttled to pose as a slower GPU type (exec;
+ * the cost model takes memory_limit_gib). */
 typedef struct device_spec {
     int index;
     int sm_limit;            /* 0: all SMs */
@@ -661,7 +661,7 @@ int parallel_residual_bytes(const parallel_config *config);
  * recipe (--accumulate-allreduce-grads-in-fp32), the plan's precision
  * for fp16 under Megatron-LM and DeepSpeed. */
 int parallel_gradient_bytes(const parallel_config *config);
-/* Whether the dp reduction overlaps the last backward. */
+/* Whether dp sums overlap the last backward (Partita: not interleaved). */
 bool parallel_overlaps_grad_reduce(const parallel_config *config);
 
 /* The most virtual_stages a plan may ask for. */

@@ -110,7 +110,12 @@ int parallel_gradient_bytes(const parallel_config *config)
 
 bool parallel_overlaps_grad_reduce(const parallel_config *config)
 {
-    return config->runtime == RUNTIME_PARTITA || config->overlap_grad_reduce;
+    /* Partita's executor sums the buckets of a rank's one chunk as its
+     * last backward goes; interleaved, each chunk's buffer is summed whole
+     * after the backward (executor/parallel/step.c) */
+    if (config->runtime == RUNTIME_PARTITA)
+        return parallel_virtual_stages(config) == 1;
+    return config->overlap_grad_reduce;
 }
 
 /* "virtual_stages" and "sequence_parallel", after the degrees and the

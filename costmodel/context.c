@@ -23,10 +23,55 @@ static int check_profiles(costmodel *cm, pt_error *err)
     return 0;
 }
 
-/* Last step of both ways to open: every type must be priceable; shapes
- * priced by the efficiency model are noted. */
+/* The smallest memory cap (memory_limit_gib) the cluster file puts on
+ * a device of node type t, 0 when none has one. */
+static double smallest_device_cap_gib(const node_type *type)
+{
+    double smallest = 0.0;
+    for (int d = 0; d < type->device_count; d++) {
+        double cap = type->devices[d].memory_limit_gib;
+        if (cap > 0.0 && (smallest == 0.0 || cap < smallest))
+            smallest = cap;
+    }
+    return smallest;
+}
+
+/* A device the cluster file caps (a GPU posing as a smaller type, as exec
+ * runs it) holds no more than its cap, whatever its profile measured:
+ * every rank of the type is priced with the smallest cap among the
+ * type's devices, so that a plan the planner fits is one exec fits.
+ * Applied to the type's profile when the model opens, to its profile at
+ * rest whenever one is loaded or set. */
+static void cap_memory(const node_type *type, profile *prof)
+{
+    double cap = smallest_device_cap_gib(type);
+    if (cap > 0.0 && cap < prof->memory_gib)
+        prof->memory_gib = cap;
+}
+
+static void apply_device_caps(costmodel *cm)
+{
+    for (int t = 0; t < cm->cluster->type_count; t++) {
+        const node_type *type = &cm->cluster->types[t];
+        double measured = cm->profiles[t].memory_gib;
+        cap_memory(type, &cm->profiles[t]);
+        if (cm->profiles[t].memory_gib < measured)
+            costmodel_add_note(cm,
+                               "%s (%s): %.4g GiB a GPU, the smallest "
+                               "memory_limit_gib of its devices, not the "
+                               "profile's %.4g GiB",
+                               type->name, type->gpu,
+                               cm->profiles[t].memory_gib, measured);
+        if (cm->rest_loaded && cm->rest_loaded[t])
+            cap_memory(type, &cm->rest_profiles[t]);
+    }
+}
+
+/* Last step of both ways to open: device caps applied; every type must be
+ * priceable; shapes priced by the efficiency model are noted. */
 static int finish_open(costmodel *cm, pt_error *err)
 {
+    apply_device_caps(cm);
     if (check_profiles(cm, err) != 0) {
         costmodel_close(cm);
         return -1;
@@ -112,6 +157,8 @@ int costmodel_set_rest_profile(costmodel *cm, int type_index,
     cm->rest_loaded[type_index] = false;
     if (profile_copy(&cm->rest_profiles[type_index], rest, err) != 0)
         return -1;
+    cap_memory(&cm->cluster->types[type_index],
+               &cm->rest_profiles[type_index]);
     cm->rest_loaded[type_index] = true;
     costmodel_add_note(cm, COSTMODEL_REST_NOTE);
     return 0;

@@ -327,6 +327,11 @@ static dp_backward last_backward(const costmodel *cm,
 /* Bytes the gradient-norm pass reads per parameter: the fp32 gradient
  * (executor/cuda/reductions.cu, cuda_square_sum), nothing written. */
 #define NORM_BYTES_PER_PARAM 4.0
+/* After ZeRO-1's (and ZeRO-2's) all-gather Partita's executor rebuilds
+ * the half-precision copy of every parameter of the stage from the fp32
+ * ones (cuda_params_changed): 4 bytes read, 2 written a parameter, at the
+ * GPU's streaming rate, inside the run's dp_allreduce event. */
+#define MIRROR_REBUILD_BYTES_PER_PARAM 6.0
 
 /* The SM time of the device exchange's dp sums on a slice: each member's
  * kernel reads its chunk of every member's gradients (the whole buffer)
@@ -369,6 +374,9 @@ static void reduce_and_step(const costmodel *cm, const parallel_config *config,
                                 cm, config, placement,
                                 *params * COSTMODEL_GATHER_BYTES_PER_PARAM)
                           : 0.0;
+    if (zero1 && config->dp > 1 && config->runtime == RUNTIME_PARTITA)
+        out->gather_s += *params * MIRROR_REBUILD_BYTES_PER_PARAM *
+                         slow->stream_s_per_byte;
     double held = zero1 ? *params / config->dp : *params;
     out->optimizer_s = held * slow->optimizer_s_per_param;
 }

@@ -100,6 +100,17 @@ static void test_defaults(void **state)
     assert_int_equal(p.config.grad_precision, GRAD_PRECISION_FP32);
     assert_int_equal(parallel_gradient_bytes(&p.config), 4);
     assert_int_equal(parallel_residual_bytes(&p.config), 2);
+    /* Partita's executor overlaps the dp sums with the last backward but
+     * under the interleaved 1F1B (each chunk summed after it);
+     * Megatron-LM where the plan says --overlap-grad-reduce */
+    assert_true(parallel_overlaps_grad_reduce(&p.config));
+    parallel_config interleaved = p.config;
+    interleaved.virtual_stages = 2;
+    assert_false(parallel_overlaps_grad_reduce(&interleaved));
+    interleaved.runtime = RUNTIME_MEGATRON;
+    assert_false(parallel_overlaps_grad_reduce(&interleaved));
+    interleaved.overlap_grad_reduce = true;
+    assert_true(parallel_overlaps_grad_reduce(&interleaved));
     /* not deterministic unless asked (Megatron-LM's default), and then
      * not written */
     assert_false(p.config.deterministic);

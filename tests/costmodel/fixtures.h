@@ -222,6 +222,15 @@ static inline model_shape fixture_random_shape(uint64_t *state, int tp)
     return m;
 }
 
+/* Partita's rebuild of the half-precision copy after ZeRO-1's (and
+ * ZeRO-2's) all-gather at dp > 1: 6 bytes a parameter at the streaming
+ * rate of the AdamW step, which moves 30 (costmodel/stage.c). */
+static inline double mirror_rebuild_s(double params,
+                                      double optimizer_s_per_param)
+{
+    return params * 6.0 * optimizer_s_per_param / 30.0;
+}
+
 static inline bool close_to(double a, double b, double relative)
 {
     double scale = fabs(a) > fabs(b) ? fabs(a) : fabs(b);

@@ -4,7 +4,7 @@
  * one changes nothing, a stage whose neighbours are its own ranks pays
  * the busy price, a pipeline's stages sit at the fixed point
  * rest + share x (busy - rest), and GPUs that are not slices keep their
- * price. */
+ * price; a device's memory_limit_gib caps its type's memory. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -182,6 +182,55 @@ static void whole_gpus_keep_their_price(void **state)
     expect_busy_estimate(false, false, slice_config(1, 1, 4, 8));
 }
 
+/* A device of the cluster file with memory_limit_gib (exec's cap) holds
+ * no more than the smallest cap of its type, noted; without caps the
+ * profile's memory stands. */
+static void capped_devices_price_their_cap(void **state)
+{
+    (void)state;
+    parallel_config config = slice_config(1, 1, 4, 8);
+    slices capped, plain;
+    slices_open(&plain, true, true, NULL);
+    memset(&capped, 0, sizeof capped);
+    capped.model = gpt2_xl();
+    make_cluster(&capped.cluster, 1, 0);
+    capped.cluster.type_count = 1;
+    node_type *type = &capped.cluster.types[0];
+    pt_copy_string(type->gpu, sizeof type->gpu, "BUSY");
+    type->intra_node = link_of(100.0, 10.0);
+    type->device_count = SLICES;
+    for (int i = 0; i < SLICES; i++)
+        type->devices[i] = (device_spec){.index = 0, .sm_limit = 16,
+                                         .memory_limit_gib = i == 2 ? 12.0
+                                                                    : 16.0};
+    make_profile(&capped.busy, "BUSY", 139.8, 2.0);
+    make_profile(&capped.rest, "REST", 139.8, 1.2);
+    pt_error err = {{0}};
+    if (costmodel_open_with_profiles(&capped.cm, &capped.model,
+                                     &capped.cluster, &capped.busy,
+                                     &err) != 0 ||
+        costmodel_set_rest_profile(&capped.cm, 0, &capped.rest, &err) != 0)
+        fail_msg("%s", err.message);
+    estimate a, b;
+    estimate_of(&plain.cm, &config, &a);
+    estimate_of(&capped.cm, &config, &b);
+    for (int s = 0; s < config.pp; s++) {
+        assert_true(near(a.stages[s].memory_cap_bytes,
+                         139.8 * PT_GIB, 1e-12));
+        assert_true(near(b.stages[s].memory_cap_bytes, 12.0 * PT_GIB,
+                         1e-12));
+        assert_true(near(b.stages[s].peak_memory_bytes,
+                         a.stages[s].peak_memory_bytes, 1e-12));
+    }
+    assert_true(near(b.step_time_s, a.step_time_s, 1e-12));
+    bool noted = false;
+    for (int i = 0; i < capped.cm.note_count; i++)
+        noted = noted || strstr(capped.cm.notes[i], "memory_limit_gib") != NULL;
+    assert_true(noted);
+    estimate_free(&a), estimate_free(&b);
+    slices_close(&plain), slices_close(&capped);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -189,6 +238,7 @@ int main(void)
         cmocka_unit_test(neighbours_of_one_stage_are_busy),
         cmocka_unit_test(pipeline_sits_at_the_fixed_point),
         cmocka_unit_test(whole_gpus_keep_their_price),
+        cmocka_unit_test(capped_devices_price_their_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
