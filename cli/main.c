@@ -36,8 +36,8 @@ static void print_usage(FILE *out)
     fprintf(out,
             "usage: partita <command> [options]\n"
             "\n"
-            "Plans and runs the training of GPT-style transformers on\n"
-            "clusters that mix GPU types.\n"
+            "Plans and runs the training of GPT-style and Llama-family\n"
+            "transformers on clusters that mix GPU types.\n"
             "\n"
             "commands:\n");
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
@@ -45,9 +45,10 @@ static void print_usage(FILE *out)
                 subcommands[i].summary);
     fprintf(out,
             "\n"
-            "exec runs one-stage plans (cpu or cuda) and, on the cpu\n"
-            "backend, pipeline and data-parallel plans (see\n"
-            "docs/executor.md).\n"
+            "exec runs every plan partita writes on the cpu backend\n"
+            "(threads) and on the GPUs of one machine (cuda: one thread\n"
+            "per GPU over NCCL, or one process per rank under mpirun);\n"
+            "see docs/executor.md.\n"
             "'partita <command> --help' describes a command.\n");
 }
 

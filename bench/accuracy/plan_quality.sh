@@ -73,6 +73,8 @@ def bare(plan):
 for rank, alt in enumerate(best.get("alternatives", [])[:2], start=2):
     plan = bare(best)
     plan.update({k: v for k, v in alt.items() if k in plan})
+    if "stages" in alt:  # a plan of stages of their own degrees
+        plan["stages"] = alt["stages"]
     json.dump(plan, open(f"{out}/q-top{rank}.json", "w"), indent=1)
 layers = sum(int(n) for n in str(plain["partition"]).split("-"))
 pp = plain["pp"]

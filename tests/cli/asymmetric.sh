@@ -171,6 +171,24 @@ PY
     --asymmetric --no-interleave --quiet -o plan.json
   expect_in out.txt "plans whose stages run their own tp and dp"
   grep -q '^ *[0-9].* asym ' out.txt || fail "no asymmetric plan ranked"
+  # each ranked plan of its own degrees, best or alternative, names its
+  # stages in plan.json (their tp x dp filling the GPUs of its order)
+  python3 - plan.json out.txt <<'PY' || fail "an asymmetric plan without its stages"
+import json, re, sys
+plan = json.load(open(sys.argv[1]))
+ranked = [l for l in open(sys.argv[2]) if re.match(r"^ +[0-9]+ ", l)]
+entries = [plan] + plan["alternatives"]
+assert len(entries) == len(ranked), (len(entries), len(ranked))
+gpus = {"a100": 8, "a10": 2}
+for line, entry in zip(ranked, entries):
+    if " asym " not in line:
+        assert "stages" not in entry or plan is entry, line
+        continue
+    stages = entry["stages"]
+    assert len(stages) == entry["pp"], entry
+    held = sum(gpus[n.split("[")[0]] for n in entry["node_order"])
+    assert sum(s["tp"] * s["dp"] for s in stages) == held, entry
+PY
   run 0 partita estimate plan.json
   # stopped by its budget: how far from exact it may be
   run 0 partita plan --model gpt2-xl --cluster hetero --gbs 64 \
