@@ -9,8 +9,9 @@
 # the other ranks of a plan on slices of one GPU do, or rest under
 # -idle; docs/profiles.md, "Slices beside busy neighbours" and "The
 # split, measured"), for the models, tp and micro-batches of the plans
-# of bench/accuracy/plans-1gpu that use it. Writes OUT_DIR/<type>.json
-# and .log; one line per profile. With MISSING_ONLY=1 each profile starts
+# of bench/accuracy/plans-1gpu that use it (a stage of its own degrees,
+# issue 36, adds its tp and its replicas' micro-batch). Writes
+# OUT_DIR/<type>.json and .log; one line per profile. With MISSING_ONLY=1 each profile starts
 # as a copy of the committed profiles/<type>.json (unless OUT_DIR holds
 # it already) and only the shapes and tp it lacks are measured and added
 # (`--missing-only`): how the Llama plans' shapes join the suite's
@@ -42,8 +43,14 @@ for name in sorted(os.listdir(plans)):
         continue
     path = os.path.join(plans, name)
     plan = json.load(open(path))
-    cluster = json.load(open(os.path.normpath(os.path.join(plans, plan["cluster"]))))
-    model = os.path.normpath(os.path.join(plans, plan["model"]))
+    # model and cluster as files beside the plan, or inline as `partita
+    # plan` writes them (the model then by its bundled name)
+    cluster = plan["cluster"]
+    if not isinstance(cluster, dict):
+        cluster = json.load(open(os.path.normpath(os.path.join(plans, cluster))))
+    model = plan["model"]
+    model = model["name"] if isinstance(model, dict) else \
+        os.path.normpath(os.path.join(plans, model))
     for gpu in [n[k] for n in cluster["nodes"] for k in ("gpu", "gpu_at_rest") if k in n]:
         m = re.fullmatch(r"[A-Za-z0-9]+-(\d+)SM(?:-place-(\d+))?-beside((?:-\d+)+)(-idle)?", gpu)
         if not m or (wanted and gpu not in wanted):
@@ -55,8 +62,11 @@ for name in sorted(os.listdir(plans)):
             "models": [], "tp": set(), "mbs": set()})
         if model not in t["models"]:
             t["models"].append(model)
-        t["tp"].add(plan["tp"])
-        t["mbs"].add(plan["mbs"])
+        # each stage's own tp and its replicas' micro-batch (issue 36)
+        for stage in plan.get("stages") or [{}]:
+            dp = stage.get("dp", plan["dp"])
+            t["tp"].add(stage.get("tp", plan["tp"]))
+            t["mbs"].add(plan["mbs"] * plan["dp"] // dp)
 for gpu, t in types.items():
     # the plan's micro-batch and its neighbours, for the interpolation
     mbs = sorted({b for m in t["mbs"] for b in (m // 2 or 1, m, 2 * m) if b <= 8})

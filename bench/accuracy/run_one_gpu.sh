@@ -73,10 +73,15 @@ elif [ ! -x "$partita" ]; then
 fi
 say "# run_one_gpu.sh: ${#names[@]} plans of $plans, $iters iterations each, budget $budget s; GPU: ${gpu_name:-none}"
 
-# The rank count of a plan, and its estimate's step time (the estimate
-# must succeed everywhere).
+# The rank count of a plan (each stage's own tp x dp where "stages" gives
+# them), and its estimate's step time (the estimate must succeed
+# everywhere).
 ranks_of() {
-    python3 -c "import json,sys; p=json.load(open(sys.argv[1])); print(p['tp']*p['dp']*p['pp'])" "$1"
+    python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))
+own = p.get('stages') or [{}] * p['pp']
+print(sum(s.get('tp', p['tp']) * s.get('dp', p['dp']) for s in own))" "$1"
 }
 status=0
 if [ -n "$no_run" ]; then

@@ -7,7 +7,9 @@
 # backend, goes through bench/accuracy, whose memory-term table shows
 # the terms of a run that carries them. The Llama plans
 # (bench/accuracy/plans-llama, issue 35 item 7) likewise: their kinds,
-# their estimates, a tiny copy of the pp 2 plan run and compared.
+# their estimates, a tiny copy of the pp 2 plan run and compared; and
+# the plans of stages of their own degrees (bench/accuracy/plans-asym,
+# issue 36 item 5) beside their symmetric rivals.
 # Usage: accuracy_suite.sh PARTITA ACCURACY
 set -u
 partita=${1:?usage: accuracy_suite.sh PARTITA ACCURACY}
@@ -155,4 +157,41 @@ run 0 "$partita" exec llama-plans/tiny-llama-pp2.json --data corpus \
 run 0 "$accuracy" llama-plans llama-runs llama-table.md charts-dir
 expect_in llama-table.md "1 of 1 plans measured"
 expect_in llama-table.md "tiny-llama on h200-slices-2x40: tp 1 dp 1 pp 2"
+
+# 6. stages of their own degrees on four and eight slices of one GPU
+# (issue 36, item 5; bench/accuracy/plans-asym): symmetric and asymmetric
+# plans, each estimated (the runner counts an asymmetric plan's ranks
+# from its stages), and a tiny copy of an asymmetric one run on the cpu
+# backend and compared
+python3 - "$root/bench/accuracy/plans-asym" <<'PY' || fail "plans-asym lacks a kind of plan"
+import glob, json, sys
+plans = [json.load(open(f)) for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+own = [p for p in plans if p.get("stages")]
+assert own and len(own) < len(plans), "both kinds"
+for p in own:  # the stages' tp x dp fill the cluster's GPUs
+    gpus = sum(n["gpus"] * n.get("count", 1) for n in p["cluster"]["nodes"])
+    assert sum(s["tp"] * s["dp"] for s in p["stages"]) == gpus, p["stages"]
+PY
+for plan in "$root"/bench/accuracy/plans-asym/*.json; do
+    run 0 "$partita" estimate "$plan"
+    expect_in out.txt "memory per GPU by term"
+done
+run 0 env DRY_RUN=1 PLANS="$root/bench/accuracy/plans-asym" \
+    "$root/bench/accuracy/run_one_gpu.sh" "$build" dry-asym
+expect_in out.txt "xl26h-gbs16-asymmetric-best: DRY_RUN=1 (estimated: step time [0-9]* ms, 4 ranks)"
+mkdir -p asym-plans asym-runs
+python3 - "$root/bench/accuracy/plans-asym/xl26h-gbs16-asymmetric-best.json" \
+    asym-plans/tiny-asym.json <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+plan["model"] = {"name": "tiny", "layers": 6, "hidden": 64, "heads": 4,
+                 "seq": 16, "vocab": 257}
+plan.update(gbs=4, partition="2-2-2")
+json.dump(plan, open(sys.argv[2], "w"), indent=1)
+PY
+run 0 "$partita" exec asym-plans/tiny-asym.json --data corpus \
+    --backend cpu --iters 2 -o asym-runs/tiny-asym.run.json
+expect_in out.txt "stages of their own degrees"
+run 0 "$accuracy" asym-plans asym-runs asym-table.md charts-dir
+expect_in asym-table.md "1 of 1 plans measured"
 echo "PASS [$case_name]"
