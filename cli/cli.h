@@ -171,6 +171,9 @@ int cli_locate(const char *kind, const char *name_or_path, char *out,
 
 /* Tables shared by plan and estimate. */
 void print_notes(const costmodel *cm);
+/* A note when a stage's tp does not split the model as exec needs (the
+ * cost model prices it as FASOP prices GPT-2 XL's 25 heads). */
+void print_tp_split_note(const plan *p);
 /* "# not measured: ..." for every entry of est->pricing that was not
  * measured, one line each, then how many were. */
 void print_pricing(const estimate *est);

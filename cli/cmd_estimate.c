@@ -167,6 +167,7 @@ static int report_estimate(const estimate_arguments *args, const plan *p,
                    cm->dp_overlap.hidden_fraction * 100.0);
         print_pricing(est);
         print_notes(cm);
+        print_tp_split_note(p);
         if (write)
             printf("# wrote %s (the plan with its estimate)\n",
                    args->output);

@@ -556,6 +556,7 @@ static int write_plan_file(const plan_arguments *args, const plan_inputs *in,
         return -1;
     }
     print_pricing(&est);
+    print_tp_split_note(&best);
     plan_json_sections sections = {
         .estimate = estimate_to_json(&est, &best.config, args->timeline,
                                      err),

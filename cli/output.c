@@ -10,6 +10,15 @@ void print_notes(const costmodel *cm)
         printf("# note: %s\n", cm->notes[i]);
 }
 
+void print_tp_split_note(const plan *p)
+{
+    pt_error why = {{0}};
+    if (plan_check_tp_split(p, &why) != 0)
+        printf("# note: partita exec cannot run this plan: %s; it is "
+               "priced all the same (docs/planner.md, \"Limits\")\n",
+               why.message);
+}
+
 void print_pricing(const estimate *est)
 {
     int measured = 0;

@@ -286,8 +286,7 @@ typedef struct link_spec {
     double latency_s;
 } link_spec;
 
-/* A local device of a node, throttled to pose as a slower GPU type (exec;
- * the cost model takes memory_limit_gib). */
+/* A node's local device; exec throttles it, the cost model reads caps. */
 typedef struct device_spec {
     int index;
     int sm_limit;            /* 0: all SMs */
@@ -782,10 +781,11 @@ int plan_rank_node(const plan *p, int rank);
 /* The first stage of p whose tp or dp is its own (not the plan-wide
  * one), or -1: a plan the symmetric tools (exec, export) can take. */
 int plan_first_asymmetric_stage(const plan *p);
-/* The ranks of a plan (tp x dp x pp, or its stages' tp x dp summed), the
- * ranks of stage `stage` and the first of them (stage_degrees_*), and
- * the stage holding a rank: what every layer that lays ranks out uses,
- * symmetric plan or not. */
+/* Fails where a stage's tp splits not whole heads, MLP columns and k/v
+ * heads (and some vocabulary each), as exec needs; priced anyway. */
+int plan_check_tp_split(const plan *p, pt_error *err);
+/* The ranks of a plan (tp x dp x pp, or its stages' tp x dp summed), of
+ * stage `stage`, the first of them and the stage holding a rank. */
 int plan_rank_count(const plan *p);
 int plan_stage_ranks(const plan *p, int stage);
 int plan_stage_first_rank(const plan *p, int stage);

@@ -1,7 +1,8 @@
 /* plan.json's "stages": each pipeline stage's own tensor- and
  * data-parallel degrees (issue 36), read, checked and written here for
- * common/plan.c, the format's owner, and the per-stage configs every
- * layer derives from them.
+ * common/plan.c, the format's owner, the per-stage configs every
+ * layer derives from them, and whether each stage's tp splits the model
+ * as exec needs.
  *
  * The plan-wide tp and dp stay the default, so a plan without the key
  * means what it always meant. Every stage runs the plan's micro-batches
@@ -72,6 +73,43 @@ int stage_degrees_first_rank(const parallel_config *config,
 int plan_first_asymmetric_stage(const plan *p)
 {
     return stage_degrees_first_own(&p->config, p->stages);
+}
+
+/* exec cuts each stage's heads, MLP columns and vocabulary over tp, and
+ * grouped-query attention's key/value heads whole groups to a shard:
+ * Megatron-LM copies them when there are fewer than tp, exec does not
+ * (issue 35). The cost model prices any tp of a GPT-2 model, as FASOP
+ * prices GPT-2 XL's 25 heads. */
+int plan_check_tp_split(const plan *p, pt_error *err)
+{
+    const model_shape *m = &p->model;
+    int kv = model_kv_heads(m);
+    for (int s = 0; s < p->config.pp; s++) {
+        int tp = parallel_stage_config(&p->config, p->stages, s).tp;
+        bool whole = m->heads % tp == 0 && m->ffn_hidden % tp == 0 &&
+                     m->vocab >= tp;
+        if (whole && (kv == m->heads || kv % tp == 0))
+            continue;
+        /* the message opens "stages[s]: model NAME (FILE): " */
+        char where[PT_PATH_MAX + PT_NAME_MAX + 48];
+        char stage[32] = "";
+        if (plan_first_asymmetric_stage(p) >= 0)
+            snprintf(stage, sizeof stage, "stages[%d]: ", s);
+        snprintf(where, sizeof where, "%smodel %s%s%s%s", stage, m->name,
+                 p->model_origin[0] ? " (" : "", p->model_origin,
+                 p->model_origin[0] ? ")" : "");
+        if (!whole)
+            return pt_fail(err, "%s: tp %d must divide the %d heads and "
+                           "ffn_hidden %d, and leave every shard some of "
+                           "the vocabulary of %d (exec, as Megatron-LM, "
+                           "splits whole heads and MLP columns)",
+                           where, tp, m->heads, m->ffn_hidden, m->vocab);
+        return pt_fail(err, "%s: kv_heads %d: tp %d does not divide them, "
+                       "and exec does not replicate key/value heads across "
+                       "tensor-parallel ranks; use a tp that divides %d",
+                       where, kv, tp, kv);
+    }
+    return 0;
 }
 
 int plan_rank_count(const plan *p)

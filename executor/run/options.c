@@ -53,31 +53,6 @@ int run_check_backend(const plan *p, backend_kind backend, pt_error *err)
                    m->hidden / m->heads);
 }
 
-/* Grouped-query attention's key/value heads are cut over tp, whole
- * groups to a shard; Megatron-LM copies them when there are fewer than
- * tp, which exec does not (issue 35). Each stage's own tp. */
-static int check_kv_heads_split(const plan *p, pt_error *err)
-{
-    const model_shape *m = &p->model;
-    int kv = model_kv_heads(m);
-    for (int s = 0; s < p->config.pp; s++) {
-        int tp = parallel_stage_config(&p->config, p->stages, s).tp;
-        if (kv == m->heads || kv % tp == 0)
-            continue;
-        char stage[32] = "";
-        if (plan_first_asymmetric_stage(p) >= 0)
-            snprintf(stage, sizeof stage, "stages[%d]: ", s);
-        return pt_fail(err, "%smodel %s%s%s%s: kv_heads %d: tp %d does not "
-                       "divide them, and exec does not replicate key/value "
-                       "heads across tensor-parallel ranks; use a tp that "
-                       "divides %d",
-                       stage, m->name, p->model_origin[0] ? " (" : "",
-                       p->model_origin, p->model_origin[0] ? ")" : "", kv,
-                       tp, kv);
-    }
-    return 0;
-}
-
 /* Stages of their own degrees (issue 36): what exec does not run of
  * them. The tied embedding between a first and a last stage of different
  * degrees is summed from ZeRO-1's shards in fp32 only. */
@@ -130,7 +105,7 @@ int run_check_plan(const plan *p, pt_error *err)
                        runtime_name(config->runtime),
                        runtime_name(config->runtime),
                        runtime_name(config->runtime));
-    if (check_kv_heads_split(p, err) != 0 || check_asymmetric(p, err) != 0)
+    if (plan_check_tp_split(p, err) != 0 || check_asymmetric(p, err) != 0)
         return -1;
     if (parallel_attention(config) == ATTENTION_UNFUSED)
         return pt_fail(err, "attention: unfused: exec computes attention "

@@ -73,6 +73,11 @@ PY
   run 0 partita plan --model gpt2-xl --gbs 64 --nodes a10:2 --tp 4 \
     --quiet -o plan.json
   ranked_column_in out.txt 2 "4"
+  # priced as FASOP prices GPT-2 XL, but not runnable by exec: said
+  expect_in out.txt "# note: partita exec cannot run this plan: model gpt2-xl"
+  expect_in out.txt "tp 4 must divide the 25 heads"
+  run 0 partita estimate plan.json
+  expect_in out.txt "# note: partita exec cannot run this plan"
   expect_in plan.json '"a10\[1\]"'
   ;;
 plan-constraints-pareto)

@@ -111,6 +111,15 @@ static void test_defaults(void **state)
     assert_false(parallel_overlaps_grad_reduce(&interleaved));
     interleaved.overlap_grad_reduce = true;
     assert_true(parallel_overlaps_grad_reduce(&interleaved));
+    /* GPT-2 XL's 25 heads: priced at tp 2, but exec cannot split them */
+    pt_error split = {""};
+    assert_int_equal(plan_check_tp_split(&p, &split), -1);
+    assert_non_null(strstr(split.message, "model gpt2-xl"));
+    assert_non_null(strstr(split.message, "tp 2 must divide the 25 heads "
+                                          "and ffn_hidden 6400"));
+    p.config.tp = 1;
+    assert_int_equal(plan_check_tp_split(&p, &split), 0);
+    p.config.tp = 2;
     /* not deterministic unless asked (Megatron-LM's default), and then
      * not written */
     assert_false(p.config.deterministic);
