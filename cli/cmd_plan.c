@@ -475,18 +475,6 @@ static void print_ranked_row(const cluster *c, ranking_widths w, int rank,
     printf(" %9.4f\n", ranked->cost_per_step_usd);
 }
 
-/* Each stage's resolved tp and dp, as plan.json's "stages". */
-static json_t *stages_to_json(const ranked_plan *r)
-{
-    json_t *stages = json_array();
-    for (int s = 0; stages != NULL && s < r->config.pp; s++) {
-        parallel_config own = parallel_stage_config(&r->config, r->stages, s);
-        json_array_append_new(stages, json_pack("{s:i, s:i}", "tp", own.tp,
-                                                "dp", own.dp));
-    }
-    return stages;
-}
-
 /* One compact entry of plan.json's "alternatives". */
 static json_t *alternative_to_json(const cluster *c, const ranked_plan *r)
 {
@@ -521,8 +509,12 @@ static json_t *alternative_to_json(const cluster *c, const ranked_plan *r)
     /* a plan of stages of their own degrees names them, as plan.json's
      * "stages" does: without them the entry would read as a plan of the
      * first stage's tp and dp everywhere */
-    if (entry != NULL && stage_degrees_first_own(&r->config, r->stages) >= 0)
-        json_object_set_new(entry, "stages", stages_to_json(r));
+    bool failed = false;
+    json_t *stages = entry != NULL ? stage_degrees_to_json(&r->config,
+                                                           r->stages, &failed)
+                                   : NULL;
+    if (stages != NULL)
+        json_object_set_new(entry, "stages", stages);
     return entry;
 }
 

@@ -795,11 +795,11 @@ int plan_stage_of_rank(const plan *p, int rank);
  * reader's last step (common/plan_stages.c). */
 int plan_stages_part(const json_t *obj, const json_place *place,
                      long long held_gpus, plan *out, pt_error *err);
-/* "stages" as the writer puts it, one {"tp", "dp"} a stage; NULL when
- * no stage has its own degrees (the key is then left out, so a
- * symmetric plan is written as it always was). *failed set when out of
- * memory. */
-json_t *plan_stages_to_json(const plan *p, bool *failed);
+/* "stages" as plan.json (and its alternatives) write it, one {"tp",
+ * "dp"} a stage; NULL when no stage has its own degrees (the key is then
+ * left out). *failed set when out of memory. */
+json_t *stage_degrees_to_json(const parallel_config *config,
+                              const stage_degrees *stages, bool *failed);
 /* Ranks of a stage: rank = t + tp x (d + dp x s), so stage s holds the
  * tp x dp consecutive ranks from s x tp x dp. */
 int parallel_ranks_per_stage(const parallel_config *config);

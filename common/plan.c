@@ -720,7 +720,8 @@ json_t *plan_to_json(const plan *p, const plan_json_sections *sections,
     json_put(root, "pp", json_integer(config->pp), &failures);
     json_put(root, "partition", json_string(partition), &failures);
     bool stages_failed = false;
-    json_t *stages = plan_stages_to_json(p, &stages_failed);
+    json_t *stages = stage_degrees_to_json(&p->config, p->stages,
+                                           &stages_failed);
     failures += stages_failed;
     if (stages != NULL)
         json_put(root, "stages", stages, &failures);

@@ -254,24 +254,25 @@ int plan_stages_part(const json_t *obj, const json_place *place,
 
 /* ------------------------------------------------------------- writer */
 
-json_t *plan_stages_to_json(const plan *p, bool *failed)
+json_t *stage_degrees_to_json(const parallel_config *config,
+                              const stage_degrees *stages, bool *failed)
 {
     *failed = false;
-    if (plan_first_asymmetric_stage(p) < 0)
+    if (stage_degrees_first_own(config, stages) < 0)
         return NULL;
-    json_t *stages = json_array();
-    int failures = stages == NULL;
-    for (int s = 0; failures == 0 && s < p->config.pp; s++) {
-        stage_degrees degrees = resolved(&p->config, p->stages, s);
+    json_t *out = json_array();
+    int failures = out == NULL;
+    for (int s = 0; failures == 0 && s < config->pp; s++) {
+        stage_degrees degrees = resolved(config, stages, s);
         json_t *entry = json_object();
         json_put(entry, "tp", json_integer(degrees.tp), &failures);
         json_put(entry, "dp", json_integer(degrees.dp), &failures);
-        json_push(stages, entry, &failures);
+        json_push(out, entry, &failures);
     }
     if (failures > 0) {
-        json_decref(stages);
+        json_decref(out);
         *failed = true;
         return NULL;
     }
-    return stages;
+    return out;
 }

@@ -111,7 +111,8 @@ static char *checkpoint_meta_text(run_context *ctx, long iteration,
     json_object_set_new(meta, "partition", partition);
     /* stages of their own degrees: theirs, as plan.json writes them */
     bool failed = false;
-    json_t *stages = plan_stages_to_json(ctx->plan, &failed);
+    json_t *stages = stage_degrees_to_json(&ctx->plan->config,
+                                           ctx->plan->stages, &failed);
     if (stages != NULL)
         json_object_set_new(meta, "stages", stages);
     json_object_set_new(meta, "seed", json_integer((json_int_t)seed));
@@ -278,7 +279,7 @@ static int check_checkpoint_stages(const char *dir, const json_t *meta,
                                    const plan *p, pt_error *err)
 {
     bool failed = false;
-    json_t *expected = plan_stages_to_json(p, &failed);
+    json_t *expected = stage_degrees_to_json(&p->config, p->stages, &failed);
     if (failed)
         return pt_fail(err, "out of memory");
     const json_t *held = json_object_get(meta, "stages");

@@ -24,8 +24,8 @@ typedef struct slices {
     costmodel cm;
 } slices;
 
-static void slices_open(slices *f, bool sliced, bool with_rest,
-                        const profile *rest_override)
+/* The fixture's model, cluster and profiles, the cost model not open. */
+static void slices_make(slices *f, bool sliced)
 {
     memset(f, 0, sizeof *f);
     f->model = gpt2_xl();
@@ -41,6 +41,13 @@ static void slices_open(slices *f, bool sliced, bool with_rest,
     }
     make_profile(&f->busy, "BUSY", 139.8, 2.0);
     make_profile(&f->rest, "REST", 139.8, 1.2);
+}
+
+/* The cost model over slices_make's fixture, with its profile at rest
+ * (rest_override's, or the fixture's) when with_rest. */
+static void slices_open_model(slices *f, bool with_rest,
+                              const profile *rest_override)
+{
     pt_error err = {{0}};
     if (costmodel_open_with_profiles(&f->cm, &f->model, &f->cluster,
                                      &f->busy, &err) != 0 ||
@@ -48,6 +55,13 @@ static void slices_open(slices *f, bool sliced, bool with_rest,
                           &f->cm, 0, rest_override ? rest_override : &f->rest,
                           &err) != 0))
         fail_msg("%s", err.message);
+}
+
+static void slices_open(slices *f, bool sliced, bool with_rest,
+                        const profile *rest_override)
+{
+    slices_make(f, sliced);
+    slices_open_model(f, with_rest, rest_override);
 }
 
 static void slices_close(slices *f)
@@ -191,26 +205,11 @@ static void capped_devices_price_their_cap(void **state)
     parallel_config config = slice_config(1, 1, 4, 8);
     slices capped, plain;
     slices_open(&plain, true, true, NULL);
-    memset(&capped, 0, sizeof capped);
-    capped.model = gpt2_xl();
-    make_cluster(&capped.cluster, 1, 0);
-    capped.cluster.type_count = 1;
-    node_type *type = &capped.cluster.types[0];
-    pt_copy_string(type->gpu, sizeof type->gpu, "BUSY");
-    type->intra_node = link_of(100.0, 10.0);
-    type->device_count = SLICES;
+    slices_make(&capped, true);
     for (int i = 0; i < SLICES; i++)
-        type->devices[i] = (device_spec){.index = 0, .sm_limit = 16,
-                                         .memory_limit_gib = i == 2 ? 12.0
-                                                                    : 16.0};
-    make_profile(&capped.busy, "BUSY", 139.8, 2.0);
-    make_profile(&capped.rest, "REST", 139.8, 1.2);
-    pt_error err = {{0}};
-    if (costmodel_open_with_profiles(&capped.cm, &capped.model,
-                                     &capped.cluster, &capped.busy,
-                                     &err) != 0 ||
-        costmodel_set_rest_profile(&capped.cm, 0, &capped.rest, &err) != 0)
-        fail_msg("%s", err.message);
+        capped.cluster.types[0].devices[i].memory_limit_gib =
+            i == 2 ? 12.0 : 16.0;
+    slices_open_model(&capped, true, NULL);
     estimate a, b;
     estimate_of(&plain.cm, &config, &a);
     estimate_of(&capped.cm, &config, &b);
