@@ -202,6 +202,14 @@ typedef struct cuda_tp_overlap {
                                        the first half's sum beside the
                                        second's product (=2) */
     int sm_margin;                  /* SMs left to the collective */
+    int split_percent;              /* =2: the first part's share of a
+                                       product's rows (PARTITA_CUDA_TP_SPLIT,
+                                       default 50) */
+    bool split_wide_only;           /* =2: only products whose shard's
+                                       input is at least twice the
+                                       output's width over tp, the MLP's
+                                       projection
+                                       (PARTITA_CUDA_TP_SPLIT_WIDE=1) */
     cudaStream_t stream;            /* the sums' (made at open) */
     cudaEvent_t fork, join;
 } cuda_tp_overlap;
@@ -309,6 +317,12 @@ int cuda_tp_sum_bf16(const model_stage *stage, pt_bf16 *data, size_t count,
 int cuda_tp_overlap_open(model_stage *stage, pt_error *err);
 void cuda_tp_overlap_close(cuda_tp_overlap *overlap);
 bool cuda_tp_overlapped(const model_stage *stage, const stage_dims *d);
+/* Whether a row-parallel product of input width `in` and output width
+ * `out` runs in two parts (=2, within PARTITA_CUDA_TP_SPLIT_WIDE), and
+ * the rows of its first part out of `rows` (a multiple of 64). */
+bool cuda_tp_split_product(const model_stage *stage, const stage_dims *d,
+                           int in, int out);
+int cuda_tp_split_rows(const model_stage *stage, int rows);
 bool cuda_tp_overlapped_forward(const model_stage *stage,
                                 const stage_dims *d);
 int cuda_tp_sum_bf16_beside(model_stage *stage, pt_bf16 *data, size_t count,

@@ -153,13 +153,13 @@ cudaError_t pass_norm_rows_forward(const model_stage *stage, pt_bf16 *out,
 }
 
 /* A row-parallel product's partial (call: plain, into bf16) in two
- * halves of rows, the first half's sum beside the second half's product
- * (cuda_tp_overlap), the second's after it. */
+ * parts of rows (cuda_tp_split_rows), the first part's sum beside the
+ * second part's product (cuda_tp_overlap), the second's after it. */
 static int row_parallel_halves(model_stage *stage, gemm_call call,
                                pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
-    int first = call.n / 2;
+    int first = cuda_tp_split_rows(stage, call.n);
     gemm_call second = call;
     call.n = first;
     second.n -= first;
@@ -209,7 +209,7 @@ int pass_row_parallel_forward(model_stage *stage, linear_forward f,
         pt_bf16 *partial = (pt_bf16 *)state->scratch.d_partial;
         f.out = partial;
         gemm_call call = pass_forward_call(&f);
-        if (cuda_tp_overlapped_forward(stage, d)) {
+        if (cuda_tp_split_product(stage, d, f.IC, f.OC)) {
             if (row_parallel_halves(stage, call, err) != 0)
                 return -1;
         } else if (gemm_run(state->gemm, &call, state->stream, err) != 0 ||

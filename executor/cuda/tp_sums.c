@@ -84,6 +84,17 @@ int cuda_tp_overlap_open(model_stage *stage, pt_error *err)
                      &sm_margin, err) != 0)
         return -1;
     overlap->sm_margin = (int)sm_margin;
+    long split = 0, wide = 0;
+    if (pt_env_count("PARTITA_CUDA_TP_SPLIT", "percent", 90, 50, &split,
+                     err) != 0 ||
+        pt_env_count("PARTITA_CUDA_TP_SPLIT_WIDE", "flag", 1, 0, &wide,
+                     err) != 0)
+        return -1;
+    if (split < 10)
+        return pt_fail(err, "PARTITA_CUDA_TP_SPLIT: expected a percentage "
+                            "of rows from 10 to 90, got %ld", split);
+    overlap->split_percent = (int)split;
+    overlap->split_wide_only = wide != 0;
     overlap->enabled = on != NULL && strcmp(on, "0") != 0 &&
                        stage_spec_tp(&stage->spec) > 1;
     overlap->forward = overlap->enabled && strcmp(on, "2") == 0;
@@ -122,6 +133,23 @@ bool cuda_tp_overlapped_forward(const model_stage *stage,
                                 const stage_dims *d)
 {
     return state_of(stage)->tp_overlap.forward && cuda_tp_overlapped(stage, d);
+}
+
+bool cuda_tp_split_product(const model_stage *stage, const stage_dims *d,
+                           int in, int out)
+{
+    /* the shard's input of the attention's projection is out / tp
+     * wide, the MLP's (ffn_hidden about 4 x hidden) 2.7 to 4 times that */
+    return cuda_tp_overlapped_forward(stage, d) &&
+           (!state_of(stage)->tp_overlap.split_wide_only ||
+            (long)in * d->tp >= 2L * out);
+}
+
+int cuda_tp_split_rows(const model_stage *stage, int rows)
+{
+    long first = (long)rows * state_of(stage)->tp_overlap.split_percent / 100;
+    first -= first % 64;
+    return first > 0 && first < rows ? (int)first : rows / 2;
 }
 
 int cuda_tp_sum_bf16_beside(model_stage *stage, pt_bf16 *data, size_t count,
