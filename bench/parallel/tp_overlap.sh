@@ -11,8 +11,9 @@
 #   VARIANTS  space-separated NAME=VAR=VALUE[,VAR=VALUE...] settings of
 #             the tp rows besides the in-line one (default: the option
 #             at margin 8, with the backward's sums on a lean
-#             communicator of 8 CTAs, and =2, the forward's row-parallel
-#             products in two halves, at margin 8)
+#             communicator of 8 CTAs, =2, the forward's row-parallel
+#             products in two halves, and =3, the forward in two halves
+#             of the micro-batch, both at margin 8)
 #   MODELS    which models: 13b, 26h or both (default "13b 26h")
 #   ITERS     iterations of a run (default 5 for the 13B stack, 6 for
 #             GPT-2 1.5B-26h), the first 2 left out of the timing
@@ -22,7 +23,7 @@ set -u
 build=$(cd "${1:?usage: tp_overlap.sh BUILD_DIR [LOG_DIR]}" && pwd)
 logs=${2:-$build/bench-tp-overlap-logs}
 here=$(cd "$(dirname "$0")" && pwd)
-variants=${VARIANTS:-"margin8=PARTITA_CUDA_TP_OVERLAP=1,PARTITA_CUDA_TP_SM_MARGIN=8 lean8=PARTITA_CUDA_TP_OVERLAP=1,PARTITA_CUDA_TP_SM_MARGIN=8,PARTITA_NCCL_LEAN_CTAS=8 halves8=PARTITA_CUDA_TP_OVERLAP=2,PARTITA_CUDA_TP_SM_MARGIN=8"}
+variants=${VARIANTS:-"margin8=PARTITA_CUDA_TP_OVERLAP=1,PARTITA_CUDA_TP_SM_MARGIN=8 lean8=PARTITA_CUDA_TP_OVERLAP=1,PARTITA_CUDA_TP_SM_MARGIN=8,PARTITA_NCCL_LEAN_CTAS=8 halves8=PARTITA_CUDA_TP_OVERLAP=2,PARTITA_CUDA_TP_SM_MARGIN=8 halves3=PARTITA_CUDA_TP_OVERLAP=3,PARTITA_CUDA_TP_SM_MARGIN=8"}
 models=${MODELS:-"13b 26h"}
 dry=${DRY_RUN:-0}
 mkdir -p "$logs/all"

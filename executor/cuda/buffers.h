@@ -80,6 +80,10 @@ typedef struct stage_dims {
     int tp;
     int R, row0;
     bool sp;
+    /* a forward in two halves of the micro-batch (cuda_tp_forward_halves;
+     * set by the forward, false elsewhere): B, N and R are a half's in
+     * its passes */
+    bool tp_halves;
 } stage_dims;
 
 static inline stage_dims dims_of_shape(const model_shape *shape,

@@ -210,8 +210,18 @@ typedef struct cuda_tp_overlap {
                                        output's width over tp, the MLP's
                                        projection
                                        (PARTITA_CUDA_TP_SPLIT_WIDE=1) */
+    bool halves;                    /* =3: the forward in two halves of
+                                       the micro-batch, each half's sums
+                                       beside the other half's products
+                                       (cuda_tp_forward_halves) */
+    int active_half;                /* the half whose segment is being
+                                       enqueued; -1: none */
     cudaStream_t stream;            /* the sums' (made at open) */
     cudaEvent_t fork, join;
+    cudaEvent_t half_done[2];       /* each half's last sum enqueued */
+    bool half_pending[2];           /* ... and not yet waited for (a
+                                       graph's capture may wait only on
+                                       its own events) */
 } cuda_tp_overlap;
 
 /* backend_state of a cuda stage. */
@@ -329,6 +339,16 @@ int cuda_tp_sum_bf16_beside(model_stage *stage, pt_bf16 *data, size_t count,
                             pt_error *err);
 int cuda_tp_join_beside(model_stage *stage, pt_error *err);
 int cuda_tp_beside_sm_count(const model_stage *stage);
+/* The forward in two halves of the micro-batch (=3, DeepSpeed Domino's
+ * idea; docs/cuda-backend.md): whether a forward of these dims runs so
+ * (a stream-ordered comm, no sequence parallelism, no recomputation, an
+ * even micro-batch, GPT-2's layer); sum_half enqueues the bf16 sum of
+ * `data` beside the stage's stream as half `half`'s, wait_half makes the
+ * stage's stream wait for that half's last sum. */
+bool cuda_tp_forward_halves(const model_stage *stage, const stage_dims *d);
+int cuda_tp_sum_half(model_stage *stage, pt_bf16 *data, size_t count,
+                     int half, pt_error *err);
+int cuda_tp_wait_half(model_stage *stage, int half, pt_error *err);
 /* Sequence parallelism over an N x C buffer of `type` in place, shard t's
  * rows at t x R x C: their sum over the group to each shard
  * (reduce-scatter; fp32 only off the stream), and each shard's rows to

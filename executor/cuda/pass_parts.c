@@ -179,6 +179,27 @@ static int row_parallel_halves(model_stage *stage, gemm_call call,
                : 0;
 }
 
+/* A row-parallel product of one half of the forward's micro-batch
+ * (cuda_tp_forward_halves), summed in place in the bf16 stream beside
+ * the stage's stream: shard 0's product carries the bias in its
+ * epilogue, the others' none, so the sum holds it once; the residual
+ * rides in the norm after it (pass_skip_to_norm). The product leaves
+ * SMs to the other half's sum. */
+static int row_parallel_half(model_stage *stage, linear_forward f,
+                             const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    if (stage->spec.tp_rank != 0)
+        f.bias = NULL;
+    f.residual = NULL;
+    gemm_call call = pass_forward_call(&f);
+    call.sm_count = cuda_tp_beside_sm_count(stage);
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
+        return -1;
+    return cuda_tp_sum_half(stage, f.out, (size_t)d->N * (size_t)f.OC,
+                            state->tp_overlap.active_half, err);
+}
+
 /* A row-parallel product into the bf16 stream: out = in W^T + bias +
  * residual (out and residual bf16; f.bias the bias's bf16 mirror, `bias`
  * its fp32 master). Unsplit, bias and residual ride in the epilogue (the
@@ -197,6 +218,8 @@ int pass_row_parallel_forward(model_stage *stage, linear_forward f,
         gemm_call call = pass_forward_call(&f);
         return gemm_run(state->gemm, &call, state->stream, err);
     }
+    if (d->tp_halves)
+        return row_parallel_half(stage, f, d, err);
     const pt_bf16 *residual = f.residual;
     pt_bf16 *out = f.out;
     f.bias = NULL;
@@ -289,7 +312,9 @@ int pass_norm_forward_after_add(model_stage *stage, pt_bf16 *kept,
 
 bool pass_skip_to_norm(const model_stage *stage, const stage_dims *d)
 {
-    return d->tp == 1 && state_of(stage)->residual_in_norm;
+    /* split, only the forward's halves sum the product whole into the
+     * stream before the norm (pass_row_parallel_forward) */
+    return (d->tp == 1 || d->tp_halves) && state_of(stage)->residual_in_norm;
 }
 
 bool pass_skip_past_layer(const model_stage *stage, const stage_dims *d)

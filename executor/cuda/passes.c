@@ -40,19 +40,27 @@ static layer_activations *layer_kept(model_stage *stage,
  * pass_skip_past_layer says no, in a pass of its own after mlp_proj.
  * With PARTITA_CUDA_RESIDUAL_IN_NORM=0 they ride in the projections'
  * epilogues (beta = 1). Split, they come after the tensor-parallel
- * sums. Under sequence parallelism input, mid and out are the shard's
- * rows; the norms' outputs are gathered before the column-parallel
- * products. */
-static int layer_forward(model_stage *stage, layer_activations *act,
-                         const layer_offsets *o, pt_bf16 *input,
-                         const pt_bf16 *input_skip, const stage_dims *d,
-                         pt_error *err)
+ * sums, except in the forward's halves (layer_forward_halves), where
+ * they ride in the norms as unsplit. Under sequence parallelism input,
+ * mid and out are the shard's rows; the norms' outputs are gathered
+ * before the column-parallel products. The block runs as two segments,
+ * each ending in a row-parallel product and its sum. */
+
+/* SMs a column-parallel product may take: all but the margin left to
+ * the other half's sum in the forward's halves, else every SM. */
+static int column_product_sms(const model_stage *stage, const stage_dims *d)
+{
+    return d->tp_halves ? cuda_tp_beside_sm_count(stage) : 0;
+}
+
+/* mid = x + proj(attention(qkv(ln1(x)))) */
+static int attention_segment(model_stage *stage, layer_activations *act,
+                             const layer_offsets *o, pt_bf16 *input,
+                             const pt_bf16 *input_skip, const stage_dims *d,
+                             pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
-    backward_scratch *s = &state->scratch;
-    cudaStream_t stream = state->stream;
-    int N = d->N, C = d->C, A = d->A, F = d->F;
-
+    int N = d->N, C = d->C, A = d->A;
     const pt_bf16 *ln1_out = NULL;
     if (pass_norm_forward_after_add(
             stage, act->ln1_out, act->ln1_mean, act->ln1_rstd, input,
@@ -66,11 +74,12 @@ static int layer_forward(model_stage *stage, layer_activations *act,
         .N = N, .IC = C, .OC = 3 * A, .ld_out = 3 * A,
     };
     gemm_call call = pass_forward_call(&qkv);
-    if (gemm_run(state->gemm, &call, stream, err) != 0)
+    call.sm_count = column_product_sms(stage, d);
+    if (gemm_run(state->gemm, &call, state->stream, err) != 0)
         return -1;
     if (attention_runner_forward(state->attention, act->att_out,
                                  act->att_lse, act->qkv, d->B, d->T, A,
-                                 d->NH, stream, err) != 0)
+                                 d->NH, state->stream, err) != 0)
         return -1;
     linear_forward proj = {
         .weight = pass_mirror_at(state, o->attn_proj_weight),
@@ -79,11 +88,21 @@ static int layer_forward(model_stage *stage, layer_activations *act,
         .residual = pass_skip_to_norm(stage, d) ? NULL : input,
         .N = N, .IC = A, .OC = C, .ld_out = C,
     };
-    if (pass_row_parallel_forward(stage, proj,
-                             pass_param_at(stage, o->attn_proj_bias), d,
-                             err) != 0)
-        return -1;
+    return pass_row_parallel_forward(stage, proj,
+                                     pass_param_at(stage, o->attn_proj_bias),
+                                     d, err);
+}
 
+/* out = mid + mlp(ln2(mid)) (input: the block's, whose add to mid
+ * ln2 makes where pass_skip_to_norm says) */
+static int mlp_segment(model_stage *stage, layer_activations *act,
+                       const layer_offsets *o, const pt_bf16 *input,
+                       const stage_dims *d, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    backward_scratch *s = &state->scratch;
+    cudaStream_t stream = state->stream;
+    int N = d->N, C = d->C, F = d->F;
     const pt_bf16 *ln2_out = NULL;
     if (pass_norm_forward_after_add(
             stage, act->ln2_out, act->ln2_mean, act->ln2_rstd,
@@ -98,10 +117,11 @@ static int layer_forward(model_stage *stage, layer_activations *act,
         .bias = pass_mirror_at(state, o->fc_bias),
         .N = N, .IC = C, .OC = F, .ld_out = F,
     };
-    call = pass_forward_call(&fc);
+    gemm_call call = pass_forward_call(&fc);
     call.epilogue = GEMM_GELU_AUX_BIAS;
     call.aux = act->fc_pre;
     call.ld_aux = F;
+    call.sm_count = column_product_sms(stage, d);
     if (state->fuse_epilogues && gemm_supported(state->gemm, &call)) {
         if (gemm_run(state->gemm, &call, stream, err) != 0)
             return -1;
@@ -109,6 +129,7 @@ static int layer_forward(model_stage *stage, layer_activations *act,
         /* bias in the product, GELU as its own pass */
         fc.out = act->fc_pre;
         call = pass_forward_call(&fc);
+        call.sm_count = column_product_sms(stage, d);
         if (gemm_run(state->gemm, &call, stream, err) != 0)
             return -1;
         CUDA_TRY(cuda_gelu_forward(gelu_out, act->fc_pre, (size_t)N * F,
@@ -121,12 +142,103 @@ static int layer_forward(model_stage *stage, layer_activations *act,
         .residual = pass_skip_to_norm(stage, d) ? NULL : act->residual_mid,
         .N = N, .IC = F, .OC = C, .ld_out = C,
     };
-    if (pass_row_parallel_forward(stage, mlp_proj,
-                                  pass_param_at(stage, o->mlp_proj_bias), d,
-                                  err) != 0)
+    return pass_row_parallel_forward(stage, mlp_proj,
+                                     pass_param_at(stage, o->mlp_proj_bias),
+                                     d, err);
+}
+
+static int layer_forward(model_stage *stage, layer_activations *act,
+                         const layer_offsets *o, pt_bf16 *input,
+                         const pt_bf16 *input_skip, const stage_dims *d,
+                         pt_error *err)
+{
+    if (attention_segment(stage, act, o, input, input_skip, d, err) != 0 ||
+        mlp_segment(stage, act, o, input, d, err) != 0)
         return -1;
     return pass_layer_output_whole(stage, act->output, act->residual_mid, d,
                                    err);
+}
+
+/* Half h of a micro-batch in the forward's halves: its B / 2 sequences'
+ * rows of the layer's activations, input and skip (rows are
+ * sequence-major; the attention's log-sum-exp B x NH x T), and its
+ * dims. */
+typedef struct forward_half {
+    layer_activations act;
+    pt_bf16 *input;
+    const pt_bf16 *skip;
+    stage_dims d;
+} forward_half;
+
+static pt_bf16 *rows_from(const pt_bf16 *p, size_t row, int width)
+{
+    return p != NULL ? (pt_bf16 *)p + row * (size_t)width : NULL;
+}
+
+static float *values_from(float *p, size_t first)
+{
+    return p != NULL ? p + first : NULL;
+}
+
+static forward_half half_of(const layer_activations *a, pt_bf16 *input,
+                            const pt_bf16 *skip, const stage_dims *d, int h)
+{
+    forward_half f = {.act = *a, .d = *d};
+    f.d.B = d->B / 2;
+    f.d.N = d->N / 2;
+    f.d.R = d->R / 2;
+    size_t r = (size_t)h * (size_t)f.d.N;
+    layer_activations *v = &f.act;
+    v->ln1_mean = values_from(a->ln1_mean, r);
+    v->ln1_rstd = values_from(a->ln1_rstd, r);
+    v->ln1_out = rows_from(a->ln1_out, r, d->C);
+    v->qkv = rows_from(a->qkv, r, d->QW);
+    v->att_out = rows_from(a->att_out, r, d->A);
+    v->att_lse = values_from(a->att_lse, (size_t)h * (size_t)f.d.B *
+                                             (size_t)d->NH * (size_t)d->T);
+    v->residual_mid = rows_from(a->residual_mid, r, d->C);
+    v->ln2_mean = values_from(a->ln2_mean, r);
+    v->ln2_rstd = values_from(a->ln2_rstd, r);
+    v->ln2_out = rows_from(a->ln2_out, r, d->C);
+    v->fc_pre = rows_from(a->fc_pre, r, d->FW);
+    v->gelu_out = rows_from(a->gelu_out, r, d->F);
+    v->output = rows_from(a->output, r, d->C);
+    f.input = rows_from(input, r, d->C);
+    f.skip = rows_from(skip, r, d->C);
+    return f;
+}
+
+/* The block over two halves of the micro-batch (cuda_tp_forward_halves):
+ * each segment's sum of one half runs beside the next segment of the
+ * other (A's attention, B's attention beside A's sum, A's MLP beside B's
+ * sum, B's MLP beside A's, the next layer's A beside B's), so only the
+ * last sum of a pass waits in line. */
+static int layer_forward_halves(model_stage *stage, layer_activations *act,
+                                const layer_offsets *o, pt_bf16 *input,
+                                const pt_bf16 *input_skip,
+                                const stage_dims *d, pt_error *err)
+{
+    cuda_tp_overlap *overlap = &state_of(stage)->tp_overlap;
+    forward_half halves[2] = {half_of(act, input, input_skip, d, 0),
+                              half_of(act, input, input_skip, d, 1)};
+    int rc = 0;
+    for (int h = 0; h < 2 && rc == 0; h++) {
+        forward_half *f = &halves[h];
+        overlap->active_half = h;
+        if (cuda_tp_wait_half(stage, h, err) != 0 ||
+            attention_segment(stage, &f->act, o, f->input, f->skip, &f->d,
+                              err) != 0)
+            rc = -1;
+    }
+    for (int h = 0; h < 2 && rc == 0; h++) {
+        forward_half *f = &halves[h];
+        overlap->active_half = h;
+        if (cuda_tp_wait_half(stage, h, err) != 0 ||
+            mlp_segment(stage, &f->act, o, f->input, &f->d, err) != 0)
+            rc = -1;
+    }
+    overlap->active_half = -1;
+    return rc;
 }
 
 /* The model's layer: GPT-2's above, or the Llama family's
@@ -136,6 +248,9 @@ static int model_layer_forward(model_stage *stage, layer_activations *act,
                                const pt_bf16 *input_skip,
                                const stage_dims *d, pt_error *err)
 {
+    if (d->tp_halves)
+        return layer_forward_halves(stage, act, o, input, input_skip, d,
+                                    err);
     if (state_of(stage)->llama_layer)
         return cuda_llama_layer_forward(stage, act, o, input, input_skip, d,
                                         err);
@@ -467,16 +582,23 @@ static int forward_passes(model_stage *stage, int slot_index,
      * mid) until the norm that reads it next adds it (layer_forward) */
     pt_bf16 *stream_in = slot->input;
     const pt_bf16 *pending = NULL;
+    stage_dims layer_dims = d;
+    layer_dims.tp_halves = cuda_tp_forward_halves(stage, &d);
     for (int l = 0; l < state->layer_count; l++) {
         layer_activations *act = layer_kept(stage, slot, l);
         if (cuda_param_unit_use(stage, STAGE_UNIT_LAYER, l, false, err) !=
                 0 ||
             model_layer_forward(stage, act, &state->offsets.layers[l],
-                                stream_in, pending, &d, err) != 0)
+                                stream_in, pending, &layer_dims, err) != 0)
             return -1;
         stream_in = slot->layers[l].output;
-        pending = pass_skip_past_layer(stage, &d) ? act->residual_mid : NULL;
+        pending = pass_skip_past_layer(stage, &layer_dims) ? act->residual_mid
+                                                           : NULL;
     }
+    /* the halves' last sums, in line */
+    if (layer_dims.tp_halves && (cuda_tp_wait_half(stage, 0, err) != 0 ||
+                                 cuda_tp_wait_half(stage, 1, err) != 0))
+        return -1;
     if (pending != NULL &&
         (!stage->spec.has_head || slot->output != NULL)) {
         /* the stage's output leaves it whole */

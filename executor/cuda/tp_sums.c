@@ -74,10 +74,12 @@ int cuda_tp_overlap_open(model_stage *stage, pt_error *err)
     cuda_tp_overlap *overlap = &state_of(stage)->tp_overlap;
     const char *on = getenv("PARTITA_CUDA_TP_OVERLAP");
     if (on != NULL && strcmp(on, "0") != 0 && strcmp(on, "1") != 0 &&
-        strcmp(on, "2") != 0)
+        strcmp(on, "2") != 0 && strcmp(on, "3") != 0)
         return pt_fail(err, "PARTITA_CUDA_TP_OVERLAP: expected 0 (off), 1 "
-                            "(the backward's sums) or 2 (and the "
-                            "forward's), got \"%s\"",
+                            "(the backward's sums), 2 (and the forward's, "
+                            "in two parts of a product's rows) or 3 (and "
+                            "the forward in two halves of the "
+                            "micro-batch), got \"%s\"",
                        on);
     long sm_margin = 0;
     if (pt_env_count("PARTITA_CUDA_TP_SM_MARGIN", "SMs", 1024, TP_SM_MARGIN,
@@ -98,8 +100,13 @@ int cuda_tp_overlap_open(model_stage *stage, pt_error *err)
     overlap->enabled = on != NULL && strcmp(on, "0") != 0 &&
                        stage_spec_tp(&stage->spec) > 1;
     overlap->forward = overlap->enabled && strcmp(on, "2") == 0;
+    overlap->halves = overlap->enabled && strcmp(on, "3") == 0;
+    overlap->active_half = -1;
     if (!overlap->enabled)
         return 0;
+    for (int h = 0; h < 2; h++)
+        CUDA_TRY(cudaEventCreateWithFlags(&overlap->half_done[h],
+                                          cudaEventDisableTiming));
     if (cuda_rank_stream_create(&overlap->stream, err) != 0)
         return -1;
     CUDA_TRY(cudaEventCreateWithFlags(&overlap->fork,
@@ -119,6 +126,9 @@ void cuda_tp_overlap_close(cuda_tp_overlap *overlap)
         cudaEventDestroy(overlap->fork);
     if (overlap->join != NULL)
         cudaEventDestroy(overlap->join);
+    for (int h = 0; h < 2; h++)
+        if (overlap->half_done[h] != NULL)
+            cudaEventDestroy(overlap->half_done[h]);
     cudaGetLastError();
     memset(overlap, 0, sizeof *overlap);
 }
@@ -152,8 +162,10 @@ int cuda_tp_split_rows(const model_stage *stage, int rows)
     return first > 0 && first < rows ? (int)first : rows / 2;
 }
 
-int cuda_tp_sum_bf16_beside(model_stage *stage, pt_bf16 *data, size_t count,
-                            pt_error *err)
+/* The bf16 sum of `data` on the overlap's stream behind the stage's,
+ * `done` recorded after it. */
+static int sum_beside(model_stage *stage, pt_bf16 *data, size_t count,
+                      cudaEvent_t done, pt_error *err)
 {
     cuda_stage_state *state = state_of(stage);
     cuda_tp_overlap *overlap = &state->tp_overlap;
@@ -166,7 +178,41 @@ int cuda_tp_sum_bf16_beside(model_stage *stage, pt_bf16 *data, size_t count,
                                        count, COMM_BFLOAT16, COMM_SUM,
                                        overlap->stream, err) != 0)
         return -1;
-    CUDA_TRY(cudaEventRecord(overlap->join, overlap->stream));
+    CUDA_TRY(cudaEventRecord(done, overlap->stream));
+    return 0;
+}
+
+int cuda_tp_sum_bf16_beside(model_stage *stage, pt_bf16 *data, size_t count,
+                            pt_error *err)
+{
+    return sum_beside(stage, data, count, state_of(stage)->tp_overlap.join,
+                      err);
+}
+
+bool cuda_tp_forward_halves(const model_stage *stage, const stage_dims *d)
+{
+    const cuda_stage_state *state = state_of(stage);
+    return state->tp_overlap.halves && cuda_tp_overlapped(stage, d) &&
+           d->B % 2 == 0 && !stage->spec.recompute_layers &&
+           !state->llama_layer && state->residual_in_norm;
+}
+
+int cuda_tp_sum_half(model_stage *stage, pt_bf16 *data, size_t count,
+                     int half, pt_error *err)
+{
+    cuda_tp_overlap *overlap = &state_of(stage)->tp_overlap;
+    overlap->half_pending[half] = true;
+    return sum_beside(stage, data, count, overlap->half_done[half], err);
+}
+
+int cuda_tp_wait_half(model_stage *stage, int half, pt_error *err)
+{
+    cuda_stage_state *state = state_of(stage);
+    cuda_tp_overlap *overlap = &state->tp_overlap;
+    if (!overlap->half_pending[half])
+        return 0;
+    overlap->half_pending[half] = false;
+    CUDA_TRY(cudaStreamWaitEvent(state->stream, overlap->half_done[half], 0));
     return 0;
 }
 

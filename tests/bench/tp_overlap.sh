@@ -16,7 +16,8 @@ expect_in out.txt "run 13b-inline: ITERS=5 ROWS=tp2-13b"
 expect_in out.txt "run 13b-lean8: ITERS=5 ROWS=tp2-13b PARTITA_CUDA_TP_OVERLAP=1 PARTITA_CUDA_TP_SM_MARGIN=8 PARTITA_NCCL_LEAN_CTAS=8"
 expect_in out.txt "run 26h-margin8: ITERS=6 ROWS=tp2 PARTITA_CUDA_TP_OVERLAP=1 PARTITA_CUDA_TP_SM_MARGIN=8"
 expect_in out.txt "run 13b-halves8: ITERS=5 ROWS=tp2-13b PARTITA_CUDA_TP_OVERLAP=2 PARTITA_CUDA_TP_SM_MARGIN=8"
-[ "$(grep -c '^run ' out.txt)" = 10 ] || fail "expected 10 runs: $(cat out.txt)"
+expect_in out.txt "run 26h-halves3: ITERS=6 ROWS=tp2 PARTITA_CUDA_TP_OVERLAP=3 PARTITA_CUDA_TP_SM_MARGIN=8"
+[ "$(grep -c '^run ' out.txt)" = 12 ] || fail "expected 12 runs: $(cat out.txt)"
 DRY_RUN=1 MODELS=13b ITERS=3 VARIANTS="m4=PARTITA_CUDA_TP_OVERLAP=1,PARTITA_CUDA_TP_SM_MARGIN=4" \
     run 0 bash "$script" build logs
 expect_in out.txt "run one-gpu-13b: ITERS=3 ROWS=one-gpu-13b CUDA_VISIBLE_DEVICES=0"
