@@ -134,7 +134,7 @@ static void write_summary(FILE *out, const report_input *in,
     fprintf(out, "| model TFLOP/s per GPU |");
     write_comparison_cells(out, est->tflops_per_gpu,
                            run ? run->tflops_per_gpu : NAN, UNIT_TFLOPS);
-    fprintf(out, "| peak memory, largest GPU |");
+    fprintf(out, "| peak memory, largest GPU (CUDA context aside) |");
     write_comparison_cells(out, largest_estimate_measured(cmp),
                            largest(cmp->measured_memory_gib, cmp->rank_count),
                            UNIT_GIB);
@@ -180,6 +180,8 @@ static void write_rank_memory_table(FILE *out, const report_input *in,
                                     const report_comparison *cmp)
 {
     fprintf(out, "## Peak memory per GPU\n\n"
+                 "Both leave the CUDA context out, as run.json's peak "
+                 "does.\n\n"
                  "| rank | stage | GPU | estimated | measured | error |\n"
                  "|---:|---:|---|---:|---:|---:|\n");
     for (int r = 0; r < cmp->rank_count; r++) {
@@ -200,7 +202,8 @@ static void write_stage_memory_table(FILE *out, const report_input *in,
     fprintf(out, "## Peak memory per stage\n\n"
                  "The estimate holds for every GPU of the stage; measured "
                  "is the stage's fullest GPU (`--per-rank` lists every "
-                 "rank).\n\n"
+                 "rank). Both leave the CUDA context out, as run.json's "
+                 "peak does.\n\n"
                  "| stage | ranks | GPU | estimated | measured | error |\n"
                  "|---:|---:|---|---:|---:|---:|\n");
     for (int s = 0; s < cmp->stage_count; s++) {

@@ -180,10 +180,20 @@ static int keep_measured_terms(const plan *p, const run_record *run,
         calloc((size_t)row->stage_count, sizeof *row->measured_terms);
     if (row->measured_terms == NULL)
         return -1;
-    int per_stage = parallel_ranks_per_stage(&p->config);
+    /* A stage's ranks by its own degrees (plans whose stages run their
+     * own tp and dp take other ranks than the plan-wide layout). A run
+     * with fewer ranks than the plan (a stage that never started) leaves
+     * that stage's terms unknown rather than reading past the run. */
     for (int s = 0; s < row->stage_count; s++) {
-        int first = parallel_stage_first_rank(&p->config, s), largest = first;
-        for (int rank = first; rank < first + per_stage; rank++)
+        int first = plan_stage_first_rank(p, s);
+        int count = plan_stage_ranks(p, s);
+        if (first >= run->rank_count) {
+            for (int term = 0; term < PT_MEMORY_TERM_COUNT; term++)
+                row->measured_terms[s].bytes[term] = NAN;
+            continue;
+        }
+        int largest = first;
+        for (int rank = first; rank < first + count; rank++)
             if (rank < run->rank_count &&
                 run->peak_memory_gib[rank] > run->peak_memory_gib[largest])
                 largest = rank;

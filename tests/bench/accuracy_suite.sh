@@ -194,4 +194,13 @@ run 0 "$partita" exec asym-plans/tiny-asym.json --data corpus \
 expect_in out.txt "stages of their own degrees"
 run 0 "$accuracy" asym-plans asym-runs asym-table.md charts-dir
 expect_in asym-table.md "1 of 1 plans measured"
+# the committed GPU runs of these plans (twenty-seventh session): each
+# stage's memory terms come from that stage's own ranks (stage 2 of the
+# Llama pp 3 plan at gbs 8, tp 4 / 2 / 2, holds ranks 6-7: its terms
+# were once read from past the run's 8 ranks)
+run 0 "$accuracy" "$root/bench/accuracy/plans-asym" \
+    "$root/docs/accuracy/runs-2026-12-01-s27-asym" s27-table.md charts-dir
+expect_in s27-table.md "8 of 8 plans measured"
+grep -q "^| llama1b-pp8-gbs8-asymmetric-best | 2 | 0.49 / 0.49 |" s27-table.md ||
+    fail "the asymmetric plan's last stage lacks its own ranks' terms"
 echo "PASS [$case_name]"
