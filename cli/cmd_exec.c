@@ -756,6 +756,15 @@ int command_exec(int argc, char **argv)
         options.observer = observe_iteration;
         options.observer_data = &printer;
     }
+    /* a large checkpoint is read whole and checked against its crc32s
+     * before the first iteration's line: say what the run waits on (the
+     * two ranks of a 1.5B model's tp 2 hold 18 GB) */
+    if (rank == 0 && args.load_dir != NULL) {
+        printf("checkpoint: loading %s (every blob read and checked "
+               "against its crc32 before the first iteration)\n",
+               args.load_dir);
+        fflush(stdout);
+    }
     pt_error err = {{0}};
     run_result result;
     int status = run_training(&p, &options, &result, &err);

@@ -47,6 +47,7 @@ exec-resume)
   expect_in out.txt "checkpoint: iteration 4 saved to ckpt"
   [ -s ckpt/manifest.json ] || fail "no checkpoint written"
   run 0 partita exec in-plan.json --data in-corpus --iters 6 --load ckpt -o second.json
+  expect_in out.txt "checkpoint: loading ckpt (every blob read and checked"
   expect_in out.txt "iteration        6/       6"
   grep -q "iteration        4/" out.txt && fail "a resumed run repeated iteration 4"
   expect_in second.json '"resumed_from": "ckpt"'
