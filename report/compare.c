@@ -139,14 +139,12 @@ int report_compare(const plan *p, const estimate *est, const run_record *run,
     } else
         for (int s = 0; s < pp; s++)
             out->measured[s] = (stage_phases){NAN, NAN, NAN, NAN, NAN};
-    /* Memory without the CUDA context on both sides: run.json's peak
-     * (the cuda backend's allocations) and the training logs' allocator
-     * peaks leave it out, the estimate's peak counts it. */
+    /* Memory without the CUDA context on both sides, as bench/accuracy
+     * compares it: run.json's peak (the cuda backend's allocations) and
+     * the training logs' allocator peaks leave it out. */
     for (int s = 0; s < pp; s++) {
-        double context = est->stages[s].memory.bytes[PT_MEMORY_CONTEXT];
         out->stage_estimated_memory_gib[s] =
-            (est->stages[s].peak_memory_bytes -
-             (isfinite(context) ? context : 0.0)) / PT_GIB;
+            pt_memory_terms_total(&est->stages[s].memory, false) / PT_GIB;
         out->stage_measured_memory_gib[s] = NAN;
         out->stage_measured_memory_rank[s] = -1;
     }

@@ -9,8 +9,9 @@
  * else the comm is blocking and reads the buffer when it is called, so
  * the stream is drained first. A compute-only stage (the profiler's)
  * skips them all. Where PARTITA_CUDA_TP_OVERLAP asks, the backward's
- * sums (and the forward's first halves) go on a stream of their own
- * beside the products that follow them (cuda_tp_overlap).
+ * sums (and the forward's: under =2 a product's first part's, under =3
+ * each half micro-batch's) go on a stream of their own beside the
+ * products that follow them (cuda_tp_overlap).
  */
 #include "executor/comm/comm.h"
 #include "executor/cuda/cuda_stage.h"

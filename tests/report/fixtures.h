@@ -30,9 +30,10 @@ static inline void report_fixture_init(report_fixture *f)
         f->stages[s].send_s = s == 0 ? 0.0005 : 0;
         f->stages[s].send_bwd_s = s == 1 ? 0.0005 : 0;
         f->stages[s].optimizer_s = 0.001;
-        /* 2 GiB and a context of 0.5 GiB, which the comparison leaves
-         * out as run.json's peak does */
+        /* 2 GiB of weights and a context of 0.5 GiB, which the
+         * comparison leaves out as run.json's peak does */
         f->stages[s].peak_memory_bytes = 2.5 * PT_GIB;
+        f->stages[s].memory.bytes[PT_MEMORY_WEIGHTS] = 2.0 * PT_GIB;
         f->stages[s].memory.bytes[PT_MEMORY_CONTEXT] = 0.5 * PT_GIB;
     }
     /* As costmodel_estimate gives them: once per stage, rank -1. */
