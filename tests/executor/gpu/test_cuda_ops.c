@@ -521,6 +521,50 @@ static void test_products(gpu_test_tally *tally)
     gemm_context_destroy(context);
 }
 
+/* The bias epilogue at 1664-wide layers' shapes: in W^T + bias (bf16)
+ * less in W^T (fp32), averaged over n rows, is the bias to about 1e-5
+ * (biases up to 0.05); one added twice or not at all is off by itself. */
+static void test_bias_epilogue(gpu_test_tally *tally, int m, int n, int k)
+{
+    pt_error err;
+    gemm_context *context = NULL;
+    PT_CHECK(gemm_context_create(&context, &err), &err);
+    size_t d_count = (size_t)m * n;
+    float *weight = random_bf16_host((size_t)m * k, 0.02f);
+    float *inp = random_bf16_host((size_t)n * k, 1.0f);
+    float *bias = random_bf16_host((size_t)m, 0.05f);
+    float *dev_plain = gpu_test_device(d_count * sizeof(float));
+    float *dev_wide = gpu_test_device(d_count * sizeof(float));
+    gemm_call call = {
+        .transpose_a = true, .m = m, .n = n, .k = k,
+        .a = gpu_test_upload_bf16(weight, (size_t)m * k), .lda = k,
+        .b = gpu_test_upload_bf16(inp, (size_t)n * k), .ldb = k,
+        .d = gpu_test_device(d_count * sizeof(pt_bf16)), .ldd = m,
+        .alpha = 1.0f, .epilogue = GEMM_BIAS,
+        .bias = gpu_test_upload_bf16(bias, (size_t)m),
+    };
+    gemm_call plain = call;
+    plain.d = dev_plain, plain.d_fp32 = true, plain.epilogue = GEMM_PLAIN;
+    PT_CHECK(gemm_run(context, &call, 0, &err), &err);
+    PT_CHECK(gemm_run(context, &plain, 0, &err), &err);
+    GPU_CHECK(cuda_convert_to_float(dev_wide, call.d, d_count, 0));
+    float *with_bias = gpu_test_host(d_count * 4), *without =
+        gpu_test_host(d_count * 4);
+    float *mean = gpu_test_host((size_t)m * sizeof(float));
+    gpu_test_download(with_bias, dev_wide, d_count);
+    gpu_test_download(without, dev_plain, d_count);
+    for (size_t j = 0; j < d_count; j++) /* mean: zeroed by calloc */
+        mean[j % (size_t)m] += (with_bias[j] - without[j]) / (float)n;
+    char name[96];
+    snprintf(name, sizeof name, "bias epilogue, m %d n %d k %d: bias", m, n,
+             k);
+    gpu_test_compare(tally, name, mean, bias, (size_t)m, 1e-2);
+    free(weight), free(inp), free(bias), free(with_bias), free(without);
+    free(mean), cudaFree(dev_plain), cudaFree(dev_wide), cudaFree(call.d);
+    cudaFree((void *)call.a), cudaFree((void *)call.b), cudaFree(call.bias);
+    gemm_context_destroy(context);
+}
+
 /* ----------------------------------------------------------- attention */
 
 /* The plain attention's forward at T positions of one head of 16 (its
@@ -1030,6 +1074,9 @@ int main(void)
     test_bias_grad(&tally, 333, 100);
     test_gelu(&tally);
     test_products(&tally);
+    test_bias_epilogue(&tally, 1664, 4096, 1664); /* GPT-2 1.5B's shapes */
+    test_bias_epilogue(&tally, 1664, 4096, 6656); /* at mbs 4, seq 1024 */
+    test_bias_epilogue(&tally, 4992, 4096, 1664);
     test_attention(&tally, 2, 256, 128, 2);   /* D 64, whole tiles */
     test_attention(&tally, 3, 200, 192, 3);   /* D 64, T not a multiple */
     test_attention(&tally, 1, 130, 256, 2);   /* D 128 */

@@ -1,59 +1,63 @@
-"""The verdicts of tp_after_step.sh: for each model, every tp 2 row's
-losses at iterations 2 and 3 against the tp 1 row's (relative), and the
-cpu row's distance where there is one. One line a row:
-VERDICT NAME TEXT (PASS, FAIL or NOTE; NOTE is reported, not judged).
+"""The verdicts of tp_after_step.sh: per model and seed, every cuda row's
+iteration-2 loss against the cpu backend's from the same checkpoint
+(relative), and the two cpu runs' distance (tp 1's and tp 2's fp32
+steps), which is reported, not judged. One line a row:
+VERDICT NAME TEXT (PASS, FAIL or NOTE).
 
-Usage: tp_after_step.py LOG_DIR MODEL...
+Usage: tp_after_step.py LOG_DIR "SEED..." MODEL...
 """
 import json
 import os
 import sys
 
-TOLERANCE = 1.5e-4  # =3 and tp 1 agreed to 2e-5, in line was 3e-4 off
-VARIANTS = ("inline", "o1", "o3", "host", "fuse0")
+# From the same parameters every path came within 5.8e-4 of the fp32
+# forward on three seeds of both models, the order of the paths
+# changing from seed to seed (thirty-second session): the
+# bf16 forward's own spread after a step. A parameter handled wrongly
+# moves the loss by a share of what the step moved it (5-10 %).
+TOLERANCE = 1e-3
+ROWS = (("tp1", 1), ("tp1-epilogue", 1), ("tp2-inline", 2), ("tp2-o1", 2),
+        ("tp2-o3", 2), ("tp2-host", 2), ("tp2-fuse0", 2))
 
 
-def losses(path):
-    """Iterations 2 and 3's losses of a run.json, or None."""
+def loss_at(path, iteration):
+    """The loss of one iteration in a run.json, or None."""
     try:
         with open(path) as f:
             run = json.load(f)
     except (OSError, ValueError):
         return None
-    by_iteration = {i["iteration"]: i["loss"] for i in run["iterations"]}
-    if 2 not in by_iteration or 3 not in by_iteration:
-        return None
-    return by_iteration[2], by_iteration[3]
+    for entry in run.get("iterations", []):
+        if entry.get("iteration") == iteration:
+            return entry.get("loss")
+    return None
 
 
-def distance(got, want):
-    return max(abs(g - w) / abs(w) for g, w in zip(got, want))
-
-
-def verdicts(logs, models):
+def verdicts(logs, seeds, models):
     for model in models:
-        reference = losses(os.path.join(logs, model + "-tp1.run.json"))
-        if reference is None:
-            yield "FAIL", model + "-after-step", "no tp 1 run to compare with"
-            continue
-        rows = [(model + "-tp2-" + v, True) for v in VARIANTS]
-        if os.path.exists(os.path.join(logs, model + "-cpu.run.json")):
-            rows.append((model + "-cpu", False))
-        for name, judged in rows:
-            got = losses(os.path.join(logs, name + ".run.json"))
-            if got is None:
-                yield "FAIL", name + "-after-step", "no losses of iterations 2 and 3"
-                continue
-            d = distance(got, reference)
-            text = ("iterations 2, 3: %.5f, %.5f against tp 1's %.5f, %.5f "
-                    "(%.1e relative%s)" % (got + reference + (d, "" if not judged
-                        else ", at most %.1e" % TOLERANCE)))
-            verdict = ("PASS" if d <= TOLERANCE else "FAIL") if judged else "NOTE"
-            yield verdict, name + "-after-step", text
+        for seed in seeds:
+            at = "%s-s%s" % (model, seed)
+            cpu = {tp: loss_at(os.path.join(logs, "%s-cpu%d.run.json" % (at, tp)), 2)
+                   for tp in (1, 2)}
+            if cpu[1] is not None and cpu[2] is not None:
+                yield ("NOTE", at + "-cpu", "iteration 2: tp 1 %.6f, tp 2 %.6f "
+                       "(%.1e relative)" % (cpu[1], cpu[2],
+                                            abs(cpu[2] - cpu[1]) / abs(cpu[1])))
+            for row, tp in ROWS:
+                name = "%s-%s" % (at, row)
+                got = loss_at(os.path.join(logs, name + ".run.json"), 2)
+                if cpu[tp] is None or got is None:
+                    yield ("FAIL", name + "-forward",
+                           "no iteration-2 loss (this row's or the cpu's)")
+                    continue
+                d = abs(got - cpu[tp]) / abs(cpu[tp])
+                yield ("PASS" if d <= TOLERANCE else "FAIL", name + "-forward",
+                       "iteration 2: %.6f against the cpu's %.6f (%.1e "
+                       "relative, at most %.0e)" % (got, cpu[tp], d, TOLERANCE))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
+    if len(sys.argv) < 4:
         sys.exit(__doc__)
-    for v, name, text in verdicts(sys.argv[1], sys.argv[2:]):
+    for v, name, text in verdicts(sys.argv[1], sys.argv[2].split(), sys.argv[3:]):
         print(v, name, text)
