@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,10 +84,44 @@ static const uint32_t crc32_table[256] = {
     0x2d02ef8du,
 };
 
+/* Slicing by 8: crc32_slices[t][n] is the CRC of byte n followed by t
+ * zero bytes, so eight table reads advance the CRC by eight bytes at
+ * once, about five times the byte-at-a-time rate (a checkpoint's tens
+ * of GB are summed when written and twice when loaded). Filled once
+ * from crc32_table. */
+static uint32_t crc32_slices[8][256];
+static pthread_once_t crc32_slices_once = PTHREAD_ONCE_INIT;
+
+static void crc32_slices_fill(void)
+{
+    for (int n = 0; n < 256; n++)
+        crc32_slices[0][n] = crc32_table[n];
+    for (int t = 1; t < 8; t++)
+        for (int n = 0; n < 256; n++) {
+            uint32_t before = crc32_slices[t - 1][n];
+            crc32_slices[t][n] =
+                (before >> 8) ^ crc32_table[before & 0xff];
+        }
+}
+
 uint32_t pt_crc32_update(uint32_t crc, const void *data, size_t size)
 {
+    pthread_once(&crc32_slices_once, crc32_slices_fill);
+    const uint32_t(*slice)[256] = (const uint32_t(*)[256])crc32_slices;
     const unsigned char *bytes = data;
     crc = ~crc;
+    for (; size >= 8; size -= 8, bytes += 8) {
+        /* the little-endian words of the next eight bytes */
+        uint32_t low = (uint32_t)bytes[0] | (uint32_t)bytes[1] << 8 |
+                       (uint32_t)bytes[2] << 16 | (uint32_t)bytes[3] << 24;
+        uint32_t high = (uint32_t)bytes[4] | (uint32_t)bytes[5] << 8 |
+                        (uint32_t)bytes[6] << 16 | (uint32_t)bytes[7] << 24;
+        low ^= crc;
+        crc = slice[7][low & 0xff] ^ slice[6][(low >> 8) & 0xff] ^
+              slice[5][(low >> 16) & 0xff] ^ slice[4][low >> 24] ^
+              slice[3][high & 0xff] ^ slice[2][(high >> 8) & 0xff] ^
+              slice[1][(high >> 16) & 0xff] ^ slice[0][high >> 24];
+    }
     for (size_t i = 0; i < size; i++)
         crc = crc32_table[(crc ^ bytes[i]) & 0xff] ^ (crc >> 8);
     return ~crc;

@@ -37,6 +37,33 @@ static void crc32_matches_known_values(void **state)
     }
 }
 
+/* Eight bytes at a time against bit by bit: every length up to 300 from
+ * every offset of an 8-byte word (the tail, the word path, unaligned
+ * starts), and the same data fed in pieces of every size up to 20. */
+static void crc32_slices_match_bitwise(void **state)
+{
+    (void)state;
+    unsigned char data[320];
+    uint32_t mix = 0x12345678u;
+    for (size_t i = 0; i < sizeof data; i++) {
+        mix = mix * 1664525u + 1013904223u;
+        data[i] = (unsigned char)(mix >> 24);
+    }
+    for (size_t offset = 0; offset < 8; offset++)
+        for (size_t size = 0; size <= 300; size++)
+            assert_int_equal(pt_crc32(data + offset, size),
+                             crc32_bitwise(data + offset, size));
+    uint32_t whole = crc32_bitwise(data, sizeof data);
+    for (size_t piece = 1; piece <= 20; piece++) {
+        uint32_t crc = 0;
+        for (size_t at = 0; at < sizeof data; at += piece) {
+            size_t left = sizeof data - at;
+            crc = pt_crc32_update(crc, data + at, left < piece ? left : piece);
+        }
+        assert_int_equal(crc, whole);
+    }
+}
+
 /* The blobs a training run saves, filled from a seed. */
 typedef struct run_state {
     float params[1000];
@@ -487,6 +514,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(crc32_matches_known_values),
+        cmocka_unit_test(crc32_slices_match_bitwise),
         SCRATCH_TEST(round_trip),
         SCRATCH_TEST(corrupted_byte_is_detected),
         SCRATCH_TEST(truncated_blob_is_detected),
