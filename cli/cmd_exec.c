@@ -390,12 +390,32 @@ typedef struct exec_printer {
     const char *save_dir;
     bool progress;              /* stderr is a terminal: draw a bar */
     double started_s;
+    double load_line_s;         /* when the last checking line came */
 } exec_printer;
 
 static void clear_progress(const exec_printer *printer)
 {
     if (printer->progress)
         fputs("\r\033[K", stderr);
+}
+
+/* While --load checks the checkpoint: a line every 5 s and after the
+ * last blob, so a batch log shows the wait going on (GPT-2 1.5B's tp 2
+ * checkpoint is 18 GB). */
+static void observe_load(uint64_t bytes_done, uint64_t bytes_total,
+                         int blobs_done, int blob_count, void *data)
+{
+    exec_printer *printer = data;
+    double now = pt_monotonic_seconds();
+    if (blobs_done < blob_count && now - printer->load_line_s < 5.0)
+        return;
+    printer->load_line_s = now;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    printf("checkpoint: checked %.1f of %.1f GiB (%d of %d blobs) in "
+           "%.0f s\n",
+           (double)bytes_done / gib, (double)bytes_total / gib, blobs_done,
+           blob_count, now - printer->started_s);
+    fflush(stdout);
 }
 
 /* Megatron's line: averages over the interval for time and loss, the last
@@ -751,9 +771,11 @@ int command_exec(int argc, char **argv)
         .progress = isatty(STDERR_FILENO) != 0,
         .started_s = pt_monotonic_seconds(),
     };
+    printer.load_line_s = printer.started_s;
     /* one process per rank: rank 0 speaks for the run */
     if (rank == 0) {
         options.observer = observe_iteration;
+        options.load_observer = observe_load;
         options.observer_data = &printer;
     }
     /* a large checkpoint is read whole and checked against its crc32s

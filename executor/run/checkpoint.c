@@ -541,7 +541,8 @@ static int check_rank_blob_sizes(const char *dir, const run_context *ctx,
 int run_read_resume_state(run_context *ctx, pt_error *err)
 {
     const char *dir = ctx->options->load_dir;
-    if (checkpoint_verify(dir, err) != 0)
+    if (checkpoint_verify_observed(dir, ctx->options->load_observer,
+                                   ctx->options->observer_data, err) != 0)
         return -1;
     unsigned char steps[8], rng[8];
     if (checkpoint_read_blob(dir, BLOB_STEPS, steps, sizeof steps, err) != 0 ||

@@ -789,19 +789,31 @@ static void unmap_blob(const unsigned char *map, const checkpoint_blob *blob)
         munmap((void *)map, blob->bytes);
 }
 
-int checkpoint_verify(const char *dir, pt_error *err)
+int checkpoint_verify_observed(const char *dir, checkpoint_progress progress,
+                               void *data, pt_error *err)
 {
     checkpoint_manifest manifest;
     if (checkpoint_read_manifest(dir, &manifest, err) != 0)
         return -1;
+    uint64_t total = 0, done = 0;
+    for (int b = 0; b < manifest.blob_count; b++)
+        total += manifest.blobs[b].bytes;
     for (int b = 0; b < manifest.blob_count; b++) {
         const unsigned char *map;
         if (map_verified_blob(dir, &manifest, &manifest.blobs[b], &map,
                               err) != 0)
             return -1;
         unmap_blob(map, &manifest.blobs[b]);
+        done += manifest.blobs[b].bytes;
+        if (progress != NULL)
+            progress(done, total, b + 1, manifest.blob_count, data);
     }
     return 0;
+}
+
+int checkpoint_verify(const char *dir, pt_error *err)
+{
+    return checkpoint_verify_observed(dir, NULL, NULL, err);
 }
 
 static int find_blob(const char *dir, const checkpoint_manifest *m,

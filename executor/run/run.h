@@ -41,6 +41,13 @@ struct run_result;
  * pointer. */
 typedef void (*run_observer)(const struct run_result *so_far, void *data);
 
+/* Called as a checkpoint is checked (checkpoint_verify_observed; a
+ * run's --load, before the model is allocated) after each blob: bytes
+ * and blobs checked so far and in all. For printing progress. */
+typedef void (*checkpoint_progress)(uint64_t bytes_done, uint64_t bytes_total,
+                                    int blobs_done, int blob_count,
+                                    void *data);
+
 /* The comm of a parallel plan's ranks on GPUs (executor/parallel/parallel.h):
  * NCCL, one GPU per rank; the device exchange, every rank on one GPU
  * (each in its own slice of SMs), through its memory, paced to the
@@ -98,7 +105,8 @@ typedef struct run_options {
                                     save_dir is set, and return normally.
                                     NULL: never */
     run_observer observer;       /* NULL: none */
-    void *observer_data;
+    checkpoint_progress load_observer; /* while --load checks; NULL: none */
+    void *observer_data;         /* handed to both observers */
 } run_options;
 
 /* Defaults for a run of `iterations` iterations: cpu backend, seed 1234,
@@ -419,6 +427,9 @@ int checkpoint_read_manifest(const char *dir, checkpoint_manifest *out,
 /* Checks every blob's size and CRC-32: call it before reading blobs to
  * restore all or nothing. */
 int checkpoint_verify(const char *dir, pt_error *err);
+/* The same, calling progress (when not NULL) after each blob. */
+int checkpoint_verify_observed(const char *dir, checkpoint_progress progress,
+                               void *data, pt_error *err);
 /* The recorded size of a blob. */
 int checkpoint_blob_size(const char *dir, const char *name, uint64_t *bytes,
                          pt_error *err);

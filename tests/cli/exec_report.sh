@@ -48,6 +48,8 @@ exec-resume)
   [ -s ckpt/manifest.json ] || fail "no checkpoint written"
   run 0 partita exec in-plan.json --data in-corpus --iters 6 --load ckpt -o second.json
   expect_in out.txt "checkpoint: loading ckpt (every blob read and checked"
+  # the checking's progress: at least its last line, every blob counted
+  expect_in out.txt "checkpoint: checked 0.0 of 0.0 GiB (\([0-9]*\) of \1 blobs) in [0-9]* s"
   expect_in out.txt "iteration        6/       6"
   grep -q "iteration        4/" out.txt && fail "a resumed run repeated iteration 4"
   expect_in second.json '"resumed_from": "ckpt"'
