@@ -399,11 +399,12 @@ static void clear_progress(const exec_printer *printer)
         fputs("\r\033[K", stderr);
 }
 
-/* While --load checks the checkpoint: a line every 5 s and after the
- * last blob, so a batch log shows the wait going on (GPT-2 1.5B's tp 2
- * checkpoint is 18 GB). */
-static void observe_load(uint64_t bytes_done, uint64_t bytes_total,
-                         int blobs_done, int blob_count, void *data)
+/* While --load checks the checkpoint and restores from it: a line every
+ * 5 s and after the last blob of each, so a batch log shows the wait
+ * going on (GPT-2 1.5B's tp 2 checkpoint is 18 GB). */
+static void observe_load(const char *what, uint64_t bytes_done,
+                         uint64_t bytes_total, int blobs_done, int blob_count,
+                         void *data)
 {
     exec_printer *printer = data;
     double now = pt_monotonic_seconds();
@@ -411,9 +412,9 @@ static void observe_load(uint64_t bytes_done, uint64_t bytes_total,
         return;
     printer->load_line_s = now;
     const double gib = 1024.0 * 1024.0 * 1024.0;
-    printf("checkpoint: checked %.1f of %.1f GiB (%d of %d blobs) in "
-           "%.0f s\n",
-           (double)bytes_done / gib, (double)bytes_total / gib, blobs_done,
+    printf("checkpoint: %s %.1f of %.1f GiB (%d of %d blobs) in %.0f s\n",
+           what, (double)bytes_done / gib, (double)bytes_total / gib,
+           blobs_done,
            blob_count, now - printer->started_s);
     fflush(stdout);
 }

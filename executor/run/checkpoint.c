@@ -592,25 +592,6 @@ static int restore_state_blob(run_context *ctx, int rank, int chunk,
     return copy_stage_buffer(ctx, rank, chunk, which, false, err);
 }
 
-/* Every chunk keeps its own step count: AdamW's bias correction reads
- * it. */
-int run_restore_checkpoint(run_context *ctx, pt_error *err)
-{
-    for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++)
-        for (int chunk = 0; chunk < run_chunk_count(ctx); chunk++) {
-            if (restore_state_blob(ctx, rank, chunk, STAGE_PARAMS,
-                                   BLOB_PARAMS, err) != 0 ||
-                restore_state_blob(ctx, rank, chunk, STAGE_ADAM_M,
-                                   BLOB_ADAM_M, err) != 0 ||
-                restore_state_blob(ctx, rank, chunk, STAGE_ADAM_V,
-                                   BLOB_ADAM_V, err) != 0)
-                return -1;
-            rank_chunk(ctx, rank, chunk)->optimizer_steps =
-                ctx->resume.optimizer_steps;
-        }
-    return 0;
-}
-
 /* The three state blobs of each chunk of a rank, in the order
  * write_rank_blobs writes them, and their buffers. */
 static const char *const rank_blob_bases[] = {BLOB_PARAMS, BLOB_ADAM_M,
@@ -618,6 +599,39 @@ static const char *const rank_blob_bases[] = {BLOB_PARAMS, BLOB_ADAM_M,
 static const stage_buffer rank_blob_buffers[] = {STAGE_PARAMS, STAGE_ADAM_M,
                                                  STAGE_ADAM_V};
 enum { RANK_BLOBS = 3 };
+
+/* Every chunk keeps its own step count: AdamW's bias correction reads
+ * it. The load observer hears of each blob restored. */
+int run_restore_checkpoint(run_context *ctx, pt_error *err)
+{
+    const run_options *options = ctx->options;
+    uint64_t total = 0, done = 0;
+    int blob_count = 0, blobs_done = 0;
+    for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++)
+        for (int chunk = 0; chunk < run_chunk_count(ctx); chunk++)
+            for (int b = 0; b < RANK_BLOBS; b++, blob_count++)
+                total += model_stage_buffer_count(rank_chunk(ctx, rank, chunk),
+                                                  rank_blob_buffers[b]) *
+                         sizeof(float);
+    for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++)
+        for (int chunk = 0; chunk < run_chunk_count(ctx); chunk++) {
+            model_stage *stage = rank_chunk(ctx, rank, chunk);
+            for (int b = 0; b < RANK_BLOBS; b++) {
+                if (restore_state_blob(ctx, rank, chunk, rank_blob_buffers[b],
+                                       rank_blob_bases[b], err) != 0)
+                    return -1;
+                done += model_stage_buffer_count(stage, rank_blob_buffers[b]) *
+                        sizeof(float);
+                if (options->load_observer != NULL)
+                    options->load_observer("restored", done, total,
+                                           ++blobs_done, blob_count,
+                                           options->observer_data);
+            }
+            stage->optimizer_steps = ctx->resume.optimizer_steps;
+        }
+    return 0;
+}
+
 
 /* A rank's slots in the report of a save of one process per rank: a
  * failure flag, then the CRC of each blob of each of its chunks. */

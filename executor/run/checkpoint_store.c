@@ -806,7 +806,8 @@ int checkpoint_verify_observed(const char *dir, checkpoint_progress progress,
         unmap_blob(map, &manifest.blobs[b]);
         done += manifest.blobs[b].bytes;
         if (progress != NULL)
-            progress(done, total, b + 1, manifest.blob_count, data);
+            progress("checked", done, total, b + 1, manifest.blob_count,
+                     data);
     }
     return 0;
 }

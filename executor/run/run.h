@@ -41,12 +41,14 @@ struct run_result;
  * pointer. */
 typedef void (*run_observer)(const struct run_result *so_far, void *data);
 
-/* Called as a checkpoint is checked (checkpoint_verify_observed; a
- * run's --load, before the model is allocated) after each blob: bytes
- * and blobs checked so far and in all. For printing progress. */
-typedef void (*checkpoint_progress)(uint64_t bytes_done, uint64_t bytes_total,
-                                    int blobs_done, int blob_count,
-                                    void *data);
+/* Called after each blob as a checkpoint is checked ("checked":
+ * checkpoint_verify_observed; a run's --load, before the model is
+ * allocated) and as a run restores its ranks' blobs from it
+ * ("restored"): bytes and blobs so far and in all. For printing
+ * progress. */
+typedef void (*checkpoint_progress)(const char *what, uint64_t bytes_done,
+                                    uint64_t bytes_total, int blobs_done,
+                                    int blob_count, void *data);
 
 /* The comm of a parallel plan's ranks on GPUs (executor/parallel/parallel.h):
  * NCCL, one GPU per rank; the device exchange, every rank on one GPU
@@ -105,7 +107,8 @@ typedef struct run_options {
                                     save_dir is set, and return normally.
                                     NULL: never */
     run_observer observer;       /* NULL: none */
-    checkpoint_progress load_observer; /* while --load checks; NULL: none */
+    checkpoint_progress load_observer; /* while --load checks and restores;
+                                          NULL: none */
     void *observer_data;         /* handed to both observers */
 } run_options;
 

@@ -50,6 +50,7 @@ exec-resume)
   expect_in out.txt "checkpoint: loading ckpt (every blob read and checked"
   # the checking's progress: at least its last line, every blob counted
   expect_in out.txt "checkpoint: checked 0.0 of 0.0 GiB (\([0-9]*\) of \1 blobs) in [0-9]* s"
+  expect_in out.txt "checkpoint: restored 0.0 of 0.0 GiB (3 of 3 blobs) in [0-9]* s"
   expect_in out.txt "iteration        6/       6"
   grep -q "iteration        4/" out.txt && fail "a resumed run repeated iteration 4"
   expect_in second.json '"resumed_from": "ckpt"'
