@@ -414,8 +414,7 @@ static void observe_load(const char *what, uint64_t bytes_done,
     const double gib = 1024.0 * 1024.0 * 1024.0;
     printf("checkpoint: %s %.1f of %.1f GiB (%d of %d blobs) in %.0f s\n",
            what, (double)bytes_done / gib, (double)bytes_total / gib,
-           blobs_done,
-           blob_count, now - printer->started_s);
+           blobs_done, blob_count, now - printer->started_s);
     fflush(stdout);
 }
 

@@ -577,21 +577,6 @@ int run_read_resume_state(run_context *ctx, pt_error *err)
     return 0;
 }
 
-static int restore_state_blob(run_context *ctx, int rank, int chunk,
-                              stage_buffer which, const char *base,
-                              pt_error *err)
-{
-    model_stage *stage = rank_chunk(ctx, rank, chunk);
-    char name[64];
-    blob_name(ctx, base, rank, chunk, name, sizeof name);
-    if (checkpoint_read_blob(
-            ctx->options->load_dir, name, ctx->host_buffer,
-            model_stage_buffer_count(stage, which) * sizeof(float),
-            err) != 0)
-        return -1;
-    return copy_stage_buffer(ctx, rank, chunk, which, false, err);
-}
-
 /* The three state blobs of each chunk of a rank, in the order
  * write_rank_blobs writes them, and their buffers. */
 static const char *const rank_blob_bases[] = {BLOB_PARAMS, BLOB_ADAM_M,
@@ -599,6 +584,26 @@ static const char *const rank_blob_bases[] = {BLOB_PARAMS, BLOB_ADAM_M,
 static const stage_buffer rank_blob_buffers[] = {STAGE_PARAMS, STAGE_ADAM_M,
                                                  STAGE_ADAM_V};
 enum { RANK_BLOBS = 3 };
+
+/* Bytes of state blob b (rank_blob_buffers) of a local rank's chunk. */
+static uint64_t local_blob_bytes(run_context *ctx, int rank, int chunk, int b)
+{
+    return (uint64_t)model_stage_buffer_count(rank_chunk(ctx, rank, chunk),
+                                              rank_blob_buffers[b]) *
+           sizeof(float);
+}
+
+static int restore_state_blob(run_context *ctx, int rank, int chunk, int b,
+                              pt_error *err)
+{
+    char name[64];
+    blob_name(ctx, rank_blob_bases[b], rank, chunk, name, sizeof name);
+    if (checkpoint_read_blob(ctx->options->load_dir, name, ctx->host_buffer,
+                             local_blob_bytes(ctx, rank, chunk, b), err) != 0)
+        return -1;
+    return copy_stage_buffer(ctx, rank, chunk, rank_blob_buffers[b], false,
+                             err);
+}
 
 /* Every chunk keeps its own step count: AdamW's bias correction reads
  * it. The load observer hears of each blob restored. */
@@ -610,28 +615,23 @@ int run_restore_checkpoint(run_context *ctx, pt_error *err)
     for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++)
         for (int chunk = 0; chunk < run_chunk_count(ctx); chunk++)
             for (int b = 0; b < RANK_BLOBS; b++, blob_count++)
-                total += model_stage_buffer_count(rank_chunk(ctx, rank, chunk),
-                                                  rank_blob_buffers[b]) *
-                         sizeof(float);
+                total += local_blob_bytes(ctx, rank, chunk, b);
     for (int rank = run_local_first(ctx); rank < run_local_end(ctx); rank++)
         for (int chunk = 0; chunk < run_chunk_count(ctx); chunk++) {
-            model_stage *stage = rank_chunk(ctx, rank, chunk);
             for (int b = 0; b < RANK_BLOBS; b++) {
-                if (restore_state_blob(ctx, rank, chunk, rank_blob_buffers[b],
-                                       rank_blob_bases[b], err) != 0)
+                if (restore_state_blob(ctx, rank, chunk, b, err) != 0)
                     return -1;
-                done += model_stage_buffer_count(stage, rank_blob_buffers[b]) *
-                        sizeof(float);
+                done += local_blob_bytes(ctx, rank, chunk, b);
                 if (options->load_observer != NULL)
                     options->load_observer("restored", done, total,
                                            ++blobs_done, blob_count,
                                            options->observer_data);
             }
-            stage->optimizer_steps = ctx->resume.optimizer_steps;
+            rank_chunk(ctx, rank, chunk)->optimizer_steps =
+                ctx->resume.optimizer_steps;
         }
     return 0;
 }
-
 
 /* A rank's slots in the report of a save of one process per rank: a
  * failure flag, then the CRC of each blob of each of its chunks. */
